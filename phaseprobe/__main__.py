@@ -1,0 +1,7 @@
+"""``python -m phaseprobe`` is the ``phaseprobe`` command."""
+
+import sys
+
+from phaseprobe.present.cli import main
+
+sys.exit(main())

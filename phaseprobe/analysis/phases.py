@@ -1,0 +1,173 @@
+"""Per-request phase attribution from two ``/metrics`` snapshots, and isolation checks.
+
+Pure functions: snapshots and usage in, :class:`ServerPhases` / :class:`Isolation` out.
+
+vLLM observes its phase histograms once per *finished* request, so when exactly one request ran
+between two scrapes, ``_sum(after) − _sum(before)`` is that request's phase time and every
+``_count`` moved by exactly 1. Isolation is verified, not assumed: nothing running or waiting
+around the request, every count delta exactly 1, token counters moved by the request's usage.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from phaseprobe.records import Isolation, Run, ServerPhases
+from phaseprobe.sources.vllm_metrics import MetricSnapshot
+
+__all__ = [
+    "PHASE_HISTOGRAMS",
+    "TRACKED_COUNTERS",
+    "attribute",
+    "idle_reasons",
+    "histograms_moved",
+    "Summary",
+    "summarize",
+    "percentile",
+]
+
+# ServerPhases field → canonical histogram.
+PHASE_HISTOGRAMS: dict[str, str] = {
+    "queue_s": "queue_time",
+    "prefill_s": "prefill_time",
+    "decode_s": "decode_time",
+    "inference_s": "inference_time",
+    "ttft_s": "ttft",
+    "e2e_s": "e2e_latency",
+}
+TRACKED_COUNTERS = ("prompt_tokens", "generation_tokens", "prefix_cache_queries",
+                    "prefix_cache_hits", "num_preemptions")
+
+
+def idle_reasons(snap: MetricSnapshot, model: str | None, when: str) -> list[str]:
+    """Why the server is not idle at this snapshot (empty list: idle)."""
+    reasons = []
+    for canonical, what in (("requests_running", "running"), ("requests_waiting", "waiting")):
+        n = snap.value(canonical, model=model)
+        if n:
+            reasons.append(f"{n:g} request(s) {what} {when} the run")
+    return reasons
+
+
+def histograms_moved(before: MetricSnapshot, after: MetricSnapshot, model: str | None) -> bool:
+    """True once every present phase histogram has observed at least one more request."""
+    moved = False
+    for canonical in PHASE_HISTOGRAMS.values():
+        b = before.value(canonical, "_count", model)
+        a = after.value(canonical, "_count", model)
+        if a is None or b is None:
+            continue
+        if a - b < 1:
+            return False
+        moved = True
+    return moved
+
+
+def attribute(before: MetricSnapshot, after: MetricSnapshot, *, model: str | None,
+              prompt_tokens: int | None, completion_tokens: int | None
+              ) -> tuple[ServerPhases, Isolation]:
+    """Phase times of the one request that ran between ``before`` and ``after``."""
+    reasons = idle_reasons(before, model, "before") + idle_reasons(after, model, "after")
+    phases: dict[str, float | None] = {}
+    counts: dict[str, float] = {}
+    for field_name, canonical in PHASE_HISTOGRAMS.items():
+        s_b, s_a = before.value(canonical, "_sum", model), after.value(canonical, "_sum", model)
+        c_b, c_a = before.value(canonical, "_count", model), after.value(canonical, "_count", model)
+        if None in (s_b, s_a, c_b, c_a):
+            phases[field_name] = None
+            continue
+        dc = c_a - c_b  # type: ignore[operator]
+        counts[canonical] = dc
+        if dc != 1:
+            reasons.append(f"{after.resolve(canonical)}_count moved by {dc:g}, not 1")
+        # With dc > 1 the sum mixes requests; keep it for the record, the flag says so.
+        phases[field_name] = (s_a - s_b) if dc >= 1 else None  # type: ignore[operator]
+
+    counters: dict[str, float] = {}
+    for canonical in TRACKED_COUNTERS:
+        b, a = before.value(canonical, model=model), after.value(canonical, model=model)
+        if a is not None and b is not None:
+            counters[canonical] = a - b
+    for canonical, expected in (("prompt_tokens", prompt_tokens),
+                                ("generation_tokens", completion_tokens)):
+        got = counters.get(canonical)
+        if got is not None and expected is not None and got != expected:
+            reasons.append(f"{canonical} counter moved by {got:g}, the request's usage says "
+                           f"{expected}")
+    server = ServerPhases(count_deltas=counts, counter_deltas=counters, **phases)
+    return server, Isolation(verified=True, isolated=not reasons, reasons=tuple(reasons))
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Medians over the ok runs of an experiment (None where nothing was measured)."""
+
+    n_runs: int
+    n_ok: int
+    n_isolated: int
+    n_clean: int  # runs the medians are taken over
+    client_ttft_s: float | None
+    client_e2e_s: float | None
+    client_tpot_s: float | None
+    itl_p50_s: float | None
+    itl_p99_s: float | None
+    server_queue_s: float | None
+    server_prefill_s: float | None
+    server_decode_s: float | None
+    server_ttft_s: float | None
+    server_e2e_s: float | None
+    decode_share_of_e2e: float | None  # server decode / client e2e
+    ttft_gap_s: float | None  # client TTFT − server TTFT: network + HTTP + client overhead
+
+    def to_dict(self) -> dict[str, float | int | None]:
+        return dict(self.__dict__)
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Linear-interpolated percentile (q in 0..100), as numpy's default."""
+    if not values:
+        return None
+    xs = sorted(values)
+    k = (len(xs) - 1) * q / 100
+    lo = int(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def summarize(runs: Sequence[Run]) -> Summary:
+    ok = [r for r in runs if r.status in ("ok", "isolation_failed") and r.client is not None]
+    clean = [r for r in ok if r.isolated or not r.isolation.verified]
+    # Medians come from runs that were alone on the server (or could not be checked);
+    # isolation failures are shown per run but never mixed into the summary.
+    client = [r.client for r in clean if r.client]
+    server = [r.server for r in clean if r.server]
+    itl = [g for c in client for g in c.itl_s]
+    e2e = _median([c.e2e_s for c in client])
+    decode = _median([s.decode_s for s in server])
+    c_ttft = _median([c.ttft_s for c in client])
+    s_ttft = _median([s.ttft_s for s in server])
+    return Summary(
+        n_runs=len(runs),
+        n_ok=len(ok),
+        n_isolated=sum(1 for r in runs if r.isolated),
+        n_clean=len(clean),
+        client_ttft_s=c_ttft,
+        client_e2e_s=e2e,
+        client_tpot_s=_median([c.tpot_s for c in client]),
+        itl_p50_s=percentile(itl, 50),
+        itl_p99_s=percentile(itl, 99),
+        server_queue_s=_median([s.queue_s for s in server]),
+        server_prefill_s=_median([s.prefill_s for s in server]),
+        server_decode_s=decode,
+        server_ttft_s=s_ttft,
+        server_e2e_s=_median([s.e2e_s for s in server]),
+        decode_share_of_e2e=(decode / e2e) if decode is not None and e2e else None,
+        ttft_gap_s=(c_ttft - s_ttft) if c_ttft is not None and s_ttft is not None else None,
+    )

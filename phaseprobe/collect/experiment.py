@@ -1,0 +1,220 @@
+"""Drive a controlled single-request experiment: warm up, then N isolated, measured runs.
+
+For each run: wait until vLLM reports nothing running or waiting, scrape ``/metrics``, stream
+one request (every token event stamped on arrival), poll ``/metrics`` until vLLM has observed
+the finished request in its histograms, attribute the phases from the deltas, and commit the run
+to the store before the next one starts. Faults become data: an HTTP error or a cut stream is an
+``error`` run with what was seen; ``/metrics`` going away turns the remaining runs client-only.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+import requests
+
+from phaseprobe.analysis.phases import attribute, histograms_moved, idle_reasons
+from phaseprobe.collect.prompts import PromptBuilder
+from phaseprobe.errors import MetricsUnavailable
+from phaseprobe.records import Experiment, Isolation, Run, RunSpec
+from phaseprobe.sources.openai_stream import StreamClient, build_body, check_endpoint
+from phaseprobe.sources.vllm_metrics import MetricSnapshot, MetricsScraper
+from phaseprobe.store import Store
+
+__all__ = ["ProbeSettings", "ProbeResult", "ProgressHook", "NullProgress", "run_probe"]
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    runs: int = 5
+    warmup: int = 1
+    pause_s: float = 0.0
+    idle_timeout_s: float = 10.0  # how long to wait for the server to go idle before a run
+    metrics_timeout_s: float = 10.0  # how long to wait for the histograms to observe the run
+    poll_s: float = 0.02
+    name: str = "probe"
+
+
+@dataclass
+class ProbeResult:
+    experiment_id: int
+    runs: list[Run]
+    server_info: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+
+
+class ProgressHook(Protocol):
+    def on_start(self, total: int, warmup: int) -> None: ...
+    def on_warmup(self, index: int, error: str | None) -> None: ...
+    def on_run(self, run: Run) -> None: ...
+    def on_end(self) -> None: ...
+
+
+class NullProgress:
+    def on_start(self, total: int, warmup: int) -> None: ...
+    def on_warmup(self, index: int, error: str | None) -> None: ...
+    def on_run(self, run: Run) -> None: ...
+    def on_end(self) -> None: ...
+
+
+def _server_info(base_url: str, session: requests.Session, headers: dict[str, str],
+                 models: list[dict[str, Any]], snap: MetricSnapshot | None) -> dict[str, Any]:
+    info: dict[str, Any] = {"models": models, "vllm_version": None, "cache_config": None}
+    try:
+        resp = session.get(base_url.rstrip("/") + "/version", headers=headers, timeout=5)
+        if resp.status_code == 200:
+            info["vllm_version"] = resp.json().get("version")
+    except (requests.RequestException, ValueError, AttributeError):
+        pass
+    if snap is not None:
+        labels = snap.labels_of("cache_config_info")
+        info["cache_config"] = labels[0] if labels else None
+        info["metrics_families"] = sorted({n for n in snap.samples if n.startswith("vllm")})
+    return info
+
+
+class _Collector:
+    def __init__(self, spec: RunSpec, settings: ProbeSettings, client: StreamClient,
+                 scraper: MetricsScraper | None, sleep: Callable[[float], None],
+                 clock: Callable[[], float]) -> None:
+        self.spec = spec
+        self.settings = settings
+        self.client = client
+        self.scraper = scraper
+        self.sleep = sleep
+        self.clock = clock
+        self.notes: list[str] = []
+
+    def _scrape(self) -> MetricSnapshot | None:
+        if self.scraper is None:
+            return None
+        try:
+            return self.scraper.scrape()
+        except MetricsUnavailable as exc:
+            self.notes.append(f"{exc}; later runs are client-only")
+            self.scraper = None
+            return None
+
+    def _wait_idle(self) -> MetricSnapshot | None:
+        deadline = self.clock() + self.settings.idle_timeout_s
+        while True:
+            snap = self._scrape()
+            if snap is None or not idle_reasons(snap, self.spec.model, "before"):
+                return snap
+            if self.clock() >= deadline:
+                return snap  # not idle: attribute() flags it
+            self.sleep(self.settings.poll_s)
+
+    def _wait_observed(self, before: MetricSnapshot) -> tuple[MetricSnapshot | None, bool]:
+        deadline = self.clock() + self.settings.metrics_timeout_s
+        while True:
+            after = self._scrape()
+            if after is None:
+                return None, False
+            if histograms_moved(before, after, self.spec.model):
+                return after, True
+            if self.clock() >= deadline:
+                return after, False
+            self.sleep(self.settings.poll_s)
+
+    def measure(self, seq: int, prompt: str) -> Run:
+        spec = self.spec
+        body = build_body(model=spec.model, prompt=prompt, max_tokens=spec.max_tokens,
+                          chat=spec.api == "chat", temperature=spec.temperature, seed=spec.seed,
+                          ignore_eos=spec.ignore_eos)
+        before = self._wait_idle()
+        outcome = self.client.stream(body)
+        timeline = outcome.timeline
+        if outcome.error is not None:
+            # An error run keeps its partial timeline; its server deltas would be meaningless.
+            return Run(seq=seq, status="error", prompt=prompt, client=timeline, server=None,
+                       isolation=Isolation(verified=False, isolated=False,
+                                           reasons=("request failed",)),
+                       error=outcome.error)
+        if before is None:
+            return Run(seq=seq, status="ok", prompt=prompt, client=timeline, server=None,
+                       isolation=Isolation(verified=False, isolated=False,
+                                           reasons=("no vLLM metrics: isolation not verified",)))
+        after, moved = self._wait_observed(before)
+        if after is None:
+            return Run(seq=seq, status="ok", prompt=prompt, client=timeline, server=None,
+                       isolation=Isolation(verified=False, isolated=False,
+                                           reasons=("metrics lost after the request",)))
+        server, isolation = attribute(before, after, model=spec.model,
+                                      prompt_tokens=timeline.prompt_tokens,
+                                      completion_tokens=timeline.completion_tokens)
+        if not moved:
+            isolation = replace(isolation, isolated=False, reasons=isolation.reasons + (
+                f"vLLM histograms did not observe the request within "
+                f"{self.settings.metrics_timeout_s:g} s",))
+        status = "ok" if isolation.isolated else "isolation_failed"
+        return Run(seq=seq, status=status, prompt=prompt, client=timeline, server=server,
+                   isolation=isolation)
+
+
+def run_probe(spec: RunSpec, store: Store, *, settings: ProbeSettings = ProbeSettings(),
+              api_key: str | None = None, progress: ProgressHook | None = None,
+              session: requests.Session | None = None, timeout_s: float = 120.0,
+              sleep: Callable[[float], None] = time.sleep,
+              clock: Callable[[], float] = time.monotonic) -> ProbeResult:
+    """Run one probe experiment; every completed run is in ``store`` before the next starts.
+
+    Raises :class:`~phaseprobe.errors.EndpointUnreachable` before any run if nothing answers.
+    """
+    progress = progress or NullProgress()
+    session = session or requests.Session()
+    client = StreamClient(spec.endpoint, api_key=api_key, session=session, timeout_s=timeout_s)
+    headers = {k: v for k, v in client.headers.items() if k == "Authorization"}
+    models = check_endpoint(spec.endpoint, session=session, headers=headers)
+    notes: list[str] = []
+    scraper: MetricsScraper | None = MetricsScraper(spec.endpoint, session=session,
+                                                    headers=headers)
+    first: MetricSnapshot | None = None
+    try:
+        first = scraper.scrape()  # type: ignore[union-attr]
+    except MetricsUnavailable as exc:
+        notes.append(f"{exc}: runs are client-only (no server phases, isolation not verified)")
+        scraper = None
+    info = _server_info(spec.endpoint, session, headers, models, first)
+
+    builder = PromptBuilder(spec.endpoint, spec.model, session=session, headers=headers,
+                            seed=spec.seed)
+    total = settings.warmup + settings.runs
+    if spec.prompt_tokens_target is not None:
+        prompts = [builder.build(spec.prompt_tokens_target, i).text for i in range(total)]
+        if builder.tokenize_available is False:
+            notes.append("endpoint has no /tokenize: prompt lengths are approximate")
+    else:
+        prompts = [spec.prompt] * total
+
+    collector = _Collector(spec, settings, client, scraper, sleep, clock)
+    experiment_id = store.create_experiment(Experiment(
+        name=settings.name, kind="probe", spec=spec, server_info=info,
+        created_wall_ns=time.time_ns()))
+    runs: list[Run] = []
+    progress.on_start(settings.runs, settings.warmup)
+    try:
+        for i in range(settings.warmup):
+            warm = collector.client.stream(build_body(
+                model=spec.model, prompt=prompts[i], max_tokens=spec.max_tokens,
+                chat=spec.api == "chat", seed=spec.seed, ignore_eos=spec.ignore_eos))
+            progress.on_warmup(i, warm.error)
+        for seq in range(settings.runs):
+            if seq and settings.pause_s:
+                sleep(settings.pause_s)
+            run = collector.measure(seq, prompts[settings.warmup + seq])
+            run_id = store.add_run(experiment_id, run)  # durable before the next run starts
+            run = replace(run, run_id=run_id, experiment_id=experiment_id)
+            runs.append(run)
+            progress.on_run(run)
+    except KeyboardInterrupt:
+        notes.append(f"cancelled after {len(runs)} of {settings.runs} runs")
+        raise
+    finally:
+        notes.extend(collector.notes)
+        store.finish_experiment(experiment_id, notes)
+        progress.on_end()
+    return ProbeResult(experiment_id=experiment_id, runs=runs, server_info=info, notes=notes)

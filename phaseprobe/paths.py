@@ -1,0 +1,33 @@
+"""Where phaseprobe keeps things on disk (XDG base directories, overridable).
+
+``PHASEPROBE_CACHE_DIR`` / ``PHASEPROBE_DATA_DIR`` override the defaults; tests point them at
+temporary folders so they never touch a user's real store.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = ["cache_dir", "data_dir", "default_store_path"]
+
+
+def _xdg(var: str, fallback: str) -> Path:
+    value = os.environ.get(var)
+    return Path(value) if value else Path.home() / fallback
+
+
+def cache_dir() -> Path:
+    """Re-creatable things: the local vLLM virtual environment, the tiny model, server logs."""
+    override = os.environ.get("PHASEPROBE_CACHE_DIR")
+    return Path(override) if override else _xdg("XDG_CACHE_HOME", ".cache") / "phaseprobe"
+
+
+def data_dir() -> Path:
+    """Things worth keeping: the experiment store."""
+    override = os.environ.get("PHASEPROBE_DATA_DIR")
+    return Path(override) if override else _xdg("XDG_DATA_HOME", ".local/share") / "phaseprobe"
+
+
+def default_store_path() -> Path:
+    return data_dir() / "phaseprobe.sqlite"

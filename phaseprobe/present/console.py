@@ -1,0 +1,105 @@
+"""Human output: the phase table, the summary and a progress bar (rich, on stderr).
+
+Only this layer knows about rich. Progress goes to stderr so ``--json`` stdout stays clean.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                           TimeElapsedColumn, TimeRemainingColumn)
+from rich.table import Table
+
+from phaseprobe.analysis.phases import Summary, percentile
+from phaseprobe.records import Run
+
+__all__ = ["RichProgress", "render_probe", "render_experiments", "ms"]
+
+
+def ms(seconds: float | None, digits: int = 1) -> str:
+    return "—" if seconds is None else f"{seconds * 1e3:.{digits}f}"
+
+
+class RichProgress:
+    """Progress bar with ETA over warm-ups and measured runs."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self._progress = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
+            console=console, transient=True)
+        self._task: Any = None
+
+    def on_start(self, total: int, warmup: int) -> None:
+        self._progress.start()
+        self._task = self._progress.add_task("warm-up" if warmup else "runs",
+                                             total=total + warmup)
+
+    def on_warmup(self, index: int, error: str | None) -> None:
+        if error:
+            self.console.print(f"[yellow]warm-up {index + 1} failed: {error}")
+        self._progress.update(self._task, advance=1, description="warm-up")
+
+    def on_run(self, run: Run) -> None:
+        if run.error:
+            self.console.print(f"[red]run {run.seq + 1}: {run.error}")
+        self._progress.update(self._task, advance=1, description="runs")
+
+    def on_end(self) -> None:
+        self._progress.stop()
+
+
+def _itl(run: Run, q: float) -> float | None:
+    return percentile(run.client.itl_s, q) if run.client else None
+
+
+def render_probe(console: Console, runs: Sequence[Run], summary: Summary,
+                 info: dict[str, Any], notes: Sequence[str], experiment_id: int) -> None:
+    version = info.get("vllm_version") or "?"
+    table = Table(title=f"phaseprobe · experiment {experiment_id} · vLLM {version}",
+                  caption="times in ms; server columns are vLLM's own histograms per request")
+    for col in ("run", "status", "TTFT", "queue", "prefill", "decode", "TPOT", "ITL p50",
+                "ITL p99", "e2e", "in", "out", "isolated"):
+        table.add_column(col, justify="left" if col == "status" else "right")
+    for r in runs:
+        c, s = r.client, r.server
+        iso = "yes" if r.isolated else ("n/a" if not r.isolation.verified else "[red]NO")
+        table.add_row(
+            str(r.seq + 1), r.status if r.status == "ok" else f"[red]{r.status}",
+            ms(c.ttft_s if c else None), ms(s.queue_s if s else None, 2),
+            ms(s.prefill_s if s else None), ms(s.decode_s if s else None),
+            ms(c.tpot_s if c else None, 2), ms(_itl(r, 50), 2), ms(_itl(r, 99), 2),
+            ms(c.e2e_s if c else None), str(c.prompt_tokens if c else "—"),
+            str(c.completion_tokens if c else "—"), iso)
+    console.print(table)
+    share = summary.decode_share_of_e2e
+    console.print(
+        f"[bold]median[/] over {summary.n_clean} clean run(s): "
+        f"client TTFT {ms(summary.client_ttft_s)} ms · e2e {ms(summary.client_e2e_s)} ms · "
+        f"TPOT {ms(summary.client_tpot_s, 2)} ms · ITL p50/p99 {ms(summary.itl_p50_s, 2)}/"
+        f"{ms(summary.itl_p99_s, 2)} ms")
+    console.print(
+        f"server: queue {ms(summary.server_queue_s, 2)} ms · prefill "
+        f"{ms(summary.server_prefill_s)} ms · decode {ms(summary.server_decode_s)} ms · "
+        f"decode share of e2e {'—' if share is None else f'{share:.0%}'} · "
+        f"client−server TTFT gap {ms(summary.ttft_gap_s)} ms")
+    for note in notes:
+        console.print(f"[yellow]note:[/] {note}")
+    bad = [r for r in runs if r.isolation.verified and not r.isolated]
+    for r in bad:
+        console.print(f"[red]run {r.seq + 1} not isolated:[/] {'; '.join(r.isolation.reasons)}")
+
+
+def render_experiments(console: Console, rows: Sequence[dict[str, Any]]) -> None:
+    table = Table(title="stored experiments")
+    for col in ("id", "name", "kind", "model", "endpoint", "runs", "ok", "isolated", "finished"):
+        table.add_column(col)
+    for row in rows:
+        table.add_row(str(row["id"]), row["name"], row["kind"], row["model"], row["endpoint"],
+                      str(row["n_runs"]), str(row["n_ok"] or 0), str(row["n_isolated"] or 0),
+                      "yes" if row["finished_wall_ns"] else "no")
+    console.print(table)

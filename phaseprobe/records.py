@@ -1,0 +1,206 @@
+"""Data contracts: what one run and one experiment are, with units in every field name.
+
+Definitions phaseprobe uses (they differ between tools, so they are stated once, here):
+
+* ``client.ttft_s`` — request sent → arrival of the bytes of the first *content* token event
+  (a chat stream's leading role-only chunk is not a token).
+* ``client.itl_s`` — gaps between consecutive token events, stamped when their bytes arrive.
+  A streamed event can carry several tokens (vLLM merges them when the client lags), so
+  ``len(itl_s)`` can be smaller than ``completion_tokens − 1``.
+* ``client.tpot_s`` — (e2e − ttft) / (completion_tokens − 1), with ``completion_tokens`` from the
+  server's usage block, not from counting chunks. (GuideLLM's TPOT includes the first token;
+  llmperf's ITL includes TTFT; phaseprobe's do not.)
+* ``client.e2e_s`` — request sent → end of the stream (``[DONE]`` or connection close).
+* ``server.*`` — per-request deltas of vLLM's own histograms (``_sum`` after − before, with
+  ``_count`` moved by exactly one): queue = scheduled − queued, prefill = first token −
+  scheduled, decode = last token − first token, inference = last token − scheduled, and server
+  TTFT / e2e measured from arrival (they include tokenization).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+__all__ = [
+    "RunStatus",
+    "RunSpec",
+    "ClientTimeline",
+    "ServerPhases",
+    "Isolation",
+    "Run",
+    "Experiment",
+]
+
+RunStatus = Literal["ok", "error", "isolation_failed", "cancelled"]
+Api = Literal["completions", "chat"]
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What is asked of the server, identical for every run of an experiment."""
+
+    endpoint: str
+    model: str
+    prompt: str
+    max_tokens: int
+    api: Api = "completions"
+    prompt_tokens_target: int | None = None  # the length asked for with --prompt-tokens
+    unique_prefix: bool = True  # each run's prompt starts differently: defeats prefix caching
+    temperature: float = 0.0
+    seed: int = 0
+    ignore_eos: bool = True
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ClientTimeline:
+    """What the client saw. ``event_offsets_ns`` are arrival times relative to the send."""
+
+    sent_wall_ns: int  # time.time_ns() at send: joins with Prometheus / NVML series
+    event_offsets_ns: tuple[int, ...]
+    end_offset_ns: int
+    http_status: int | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    finish_reason: str | None
+    complete: bool  # the stream ended normally ([DONE] seen)
+
+    @property
+    def ttft_s(self) -> float | None:
+        return self.event_offsets_ns[0] / 1e9 if self.event_offsets_ns else None
+
+    @property
+    def e2e_s(self) -> float:
+        return self.end_offset_ns / 1e9
+
+    @property
+    def itl_s(self) -> list[float]:
+        t = self.event_offsets_ns
+        return [(b - a) / 1e9 for a, b in zip(t, t[1:])]
+
+    @property
+    def tpot_s(self) -> float | None:
+        n = self.completion_tokens
+        ttft = self.ttft_s
+        if ttft is None or n is None or n < 2:
+            return None
+        return (self.e2e_s - ttft) / (n - 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "sent_wall_ns": self.sent_wall_ns,
+            "event_offsets_ns": list(self.event_offsets_ns),
+            "end_offset_ns": self.end_offset_ns,
+            "http_status": self.http_status,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "finish_reason": self.finish_reason,
+            "complete": self.complete,
+            "n_events": len(self.event_offsets_ns),
+            "ttft_s": self.ttft_s,
+            "e2e_s": self.e2e_s,
+            "tpot_s": self.tpot_s,
+            "itl_s": self.itl_s,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ClientTimeline:
+        return cls(
+            sent_wall_ns=d["sent_wall_ns"],
+            event_offsets_ns=tuple(d["event_offsets_ns"]),
+            end_offset_ns=d["end_offset_ns"],
+            http_status=d["http_status"],
+            prompt_tokens=d["prompt_tokens"],
+            completion_tokens=d["completion_tokens"],
+            finish_reason=d["finish_reason"],
+            complete=d["complete"],
+        )
+
+
+@dataclass(frozen=True)
+class ServerPhases:
+    """One request's phase times from vLLM's histogram deltas (None: metric absent)."""
+
+    queue_s: float | None
+    prefill_s: float | None
+    decode_s: float | None
+    inference_s: float | None
+    ttft_s: float | None
+    e2e_s: float | None
+    count_deltas: dict[str, float]  # canonical histogram name → _count delta (1 when isolated)
+    counter_deltas: dict[str, float]  # prompt/generation tokens, prefix-cache hits, preemptions
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ServerPhases:
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """Was this request alone on the server? ``reasons`` says why not, in words."""
+
+    verified: bool  # False when it could not be checked (no vLLM metrics)
+    isolated: bool
+    reasons: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"verified": self.verified, "isolated": self.isolated, "reasons": list(self.reasons)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Isolation:
+        return cls(verified=d["verified"], isolated=d["isolated"], reasons=tuple(d["reasons"]))
+
+
+@dataclass(frozen=True)
+class Run:
+    """One measured request: the spec's prompt as sent, what the client saw, what vLLM said."""
+
+    seq: int
+    status: RunStatus
+    prompt: str
+    client: ClientTimeline | None  # None only when not even a connection was made
+    server: ServerPhases | None  # None: client-only run (no usable /metrics)
+    isolation: Isolation
+    error: str | None = None
+    experiment_id: int | None = None
+    run_id: int | None = None
+
+    @property
+    def isolated(self) -> bool:
+        return self.isolation.isolated
+
+    def to_dict(self) -> dict[str, Any]:
+        client = self.client.to_dict() if self.client else None
+        return {
+            "run_id": self.run_id,
+            "experiment_id": self.experiment_id,
+            "seq": self.seq,
+            "status": self.status,
+            "error": self.error,
+            "isolated": self.isolation.isolated,
+            "isolation": self.isolation.to_dict(),
+            "prompt_tokens": client["prompt_tokens"] if client else None,
+            "completion_tokens": client["completion_tokens"] if client else None,
+            "client": client,
+            "server": self.server.to_dict() if self.server else None,
+        }
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """A named set of runs with the server as it was observed when they were taken."""
+
+    name: str
+    kind: str  # "probe" for now; later "ab-arm", ...
+    spec: RunSpec
+    server_info: dict[str, Any]  # vLLM version, /v1/models, cache_config_info labels
+    created_wall_ns: int
+    experiment_id: int | None = None
+    notes: tuple[str, ...] = ()

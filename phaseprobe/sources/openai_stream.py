@@ -1,0 +1,241 @@
+"""Stream one completion from an OpenAI-compatible endpoint and stamp every token event.
+
+Timing is the point of this module, so it reads the socket the cheap way: with
+``requests`` in stream mode, one HTTP chunk at a time (``iter_content(chunk_size=None)``, which
+for a chunked response yields each chunk as soon as it is complete — vLLM/uvicorn send one SSE
+event per chunk), or ``read1`` for a close-delimited body. The stamp is taken right after the
+bytes arrive, before any JSON parsing. ``iter_lines``' default 512-byte reads are avoided: they
+can hold a finished event back until more bytes arrive, which merges tokens and corrupts ITL.
+
+Faults are data, not exceptions: an HTTP error, a cut stream or a timeout returns a
+``StreamOutcome`` with ``error`` set and the partial timeline kept. Only "nothing answers at
+all" is raised, by :func:`check_endpoint`, before any run starts.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import requests
+import urllib3
+
+from phaseprobe.errors import EndpointUnreachable
+from phaseprobe.records import ClientTimeline
+
+__all__ = ["StreamClient", "StreamOutcome", "check_endpoint", "build_body"]
+
+_ERROR_EXCERPT = 500
+
+
+@dataclass(frozen=True)
+class StreamOutcome:
+    timeline: ClientTimeline
+    error: str | None  # None: the stream completed normally
+    text: str  # generated text (for a human glance; never used for token counts)
+
+
+def build_body(
+    *, model: str, prompt: str, max_tokens: int, chat: bool, temperature: float = 0.0,
+    seed: int = 0, ignore_eos: bool = True,
+) -> dict[str, Any]:
+    """The request body of a controlled run: fixed length, greedy, usage reported."""
+    body: dict[str, Any] = {
+        "model": model,
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        "seed": seed,
+        "stream": True,
+        # n_out comes from the server's usage, never from counting chunks.
+        "stream_options": {"include_usage": True},
+        "ignore_eos": ignore_eos,  # vLLM extension: decode exactly max_tokens
+    }
+    if chat:
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt
+    return body
+
+
+def check_endpoint(base_url: str, *, session: requests.Session, headers: dict[str, str],
+                   timeout_s: float = 10.0) -> list[dict[str, Any]]:
+    """Fail early and clearly if nothing usable answers; return ``/v1/models``' data list."""
+    url = base_url.rstrip("/") + "/v1/models"
+    try:
+        resp = session.get(url, headers=headers, timeout=timeout_s)
+    except requests.RequestException as exc:
+        raise EndpointUnreachable(url, type(exc).__name__ + ": " + _short(str(exc))) from None
+    if resp.status_code != 200:
+        raise EndpointUnreachable(url, f"HTTP {resp.status_code}: {_short(resp.text)}")
+    try:
+        data = resp.json()["data"]
+    except (ValueError, KeyError, TypeError):
+        raise EndpointUnreachable(url, "answer is not an OpenAI model list") from None
+    return list(data)
+
+
+class StreamClient:
+    """Sends streaming completion requests; the clock is injectable for tests."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        timeout_s: float = 120.0,
+        session: requests.Session | None = None,
+        clock_ns: Callable[[], int] = time.perf_counter_ns,
+        wall_ns: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.session = session or requests.Session()
+        self._clock_ns = clock_ns
+        self._wall_ns = wall_ns
+        # The key lives only in this header dict: never logged, stored or put in a message.
+        self.headers = {"Accept": "text/event-stream"}
+        if api_key:
+            self.headers["Authorization"] = f"Bearer {api_key}"
+
+    def stream(self, body: dict[str, Any]) -> StreamOutcome:
+        chat = "messages" in body
+        url = self.base_url + ("/v1/chat/completions" if chat else "/v1/completions")
+        events: list[int] = []
+        state = _StreamState()
+        status: int | None = None
+        error: str | None = None
+        wall0 = self._wall_ns()
+        t0 = self._clock_ns()
+        try:
+            with self.session.post(url, json=body, headers=self.headers, stream=True,
+                                   timeout=self.timeout_s) as resp:
+                status = resp.status_code
+                if status >= 400:
+                    error = f"HTTP {status}: {_short(resp.text)}"
+                else:
+                    self._read_events(resp, t0, chat, events, state)
+                    if state.error:
+                        error = state.error
+                    elif not state.done:
+                        error = f"stream ended before [DONE] after {len(events)} token events"
+        except requests.RequestException as exc:
+            if _is_timeout(exc):
+                error = (f"timeout: no bytes for {self.timeout_s:g} s after "
+                         f"{len(events)} token events at {url}")
+            else:
+                    error = (f"stream cut after {len(events)} token events: "
+                         f"{type(exc).__name__}: {_short(str(exc))}")
+        end = self._clock_ns() - t0
+        usage = state.usage or {}
+        timeline = ClientTimeline(
+            sent_wall_ns=wall0,
+            event_offsets_ns=tuple(events),
+            end_offset_ns=end,
+            http_status=status,
+            prompt_tokens=usage.get("prompt_tokens"),
+            completion_tokens=usage.get("completion_tokens"),
+            finish_reason=state.finish_reason,
+            complete=state.done and error is None,
+        )
+        return StreamOutcome(timeline=timeline, error=error, text="".join(state.text))
+
+    def _read_events(self, resp: requests.Response, t0: int, chat: bool, events: list[int],
+                     state: _StreamState) -> None:
+        clock = self._clock_ns
+        buf = b""
+        for chunk in _chunks(resp):
+            t = clock() - t0  # stamped on arrival, before any parsing
+            buf += chunk
+            while True:
+                bounds = _event_bounds(buf)
+                if bounds is None:
+                    break
+                raw, buf = buf[:bounds[0]], buf[bounds[1]:]
+                if state.feed(raw, chat):
+                    events.append(t)
+                if state.done or state.error:
+                    return
+
+
+class _StreamState:
+    """Parses SSE events; ``feed`` says whether an event carried generated tokens."""
+
+    __slots__ = ("done", "error", "usage", "finish_reason", "text")
+
+    def __init__(self) -> None:
+        self.done = False
+        self.error: str | None = None
+        self.usage: dict[str, Any] | None = None
+        self.finish_reason: str | None = None
+        self.text: list[str] = []
+
+    def feed(self, raw: bytes, chat: bool) -> bool:
+        data = b"".join(line[5:].lstrip() for line in raw.splitlines() if line.startswith(b"data:"))
+        if not data:
+            return False  # comment / keep-alive
+        if data == b"[DONE]":
+            self.done = True
+            return False
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            self.error = f"malformed SSE event: {_short(data.decode('utf-8', 'replace'))}"
+            return False
+        if "error" in obj and "choices" not in obj:  # vLLM reports mid-stream failures so
+            self.error = "server error mid-stream: " + _short(json.dumps(obj["error"]))
+            return False
+        if obj.get("usage"):
+            self.usage = obj["usage"]
+        choices = obj.get("choices") or ()
+        if not choices:
+            return False  # the usage-only chunk
+        choice = choices[0]
+        piece = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
+        finish = choice.get("finish_reason")
+        if finish:
+            self.finish_reason = finish
+        if piece:
+            self.text.append(piece)
+            return True
+        # A chat stream opens with a role-only chunk (content ""): not a token. A final chunk
+        # with a finish reason but no text still marks when the last token was emitted.
+        return bool(finish)
+
+
+def _chunks(resp: requests.Response) -> Iterator[bytes]:
+    raw = resp.raw
+    if getattr(raw, "chunked", False):
+        yield from resp.iter_content(chunk_size=None)
+        return
+    # Close-delimited body: iter_content(None) would read to EOF in one go; read1 returns
+    # whatever has arrived.
+    while True:
+        data = raw.read1(65536)
+        if not data:
+            return
+        yield data
+
+
+def _event_bounds(buf: bytes) -> tuple[int, int] | None:
+    """(end of the first complete SSE event, start of the next), or None if none is complete."""
+    i = buf.find(b"\n\n")
+    j = buf.find(b"\r\n\r\n")
+    if i < 0 and j < 0:
+        return None
+    if j >= 0 and (i < 0 or j < i):
+        return (j, j + 4)
+    return (i, i + 2)
+
+
+def _is_timeout(exc: requests.RequestException) -> bool:
+    # Mid-stream, requests wraps urllib3's ReadTimeoutError in a ConnectionError.
+    return isinstance(exc, requests.Timeout) or any(
+        isinstance(arg, urllib3.exceptions.TimeoutError) for arg in exc.args)
+
+
+def _short(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= _ERROR_EXCERPT else text[:_ERROR_EXCERPT] + "…"

@@ -1,0 +1,170 @@
+"""Scrape vLLM's ``/metrics`` and resolve metric names across vLLM versions.
+
+Parsing is ``prometheus_client.parser``'s, not regexes. A :class:`MetricSnapshot` keeps every
+sample by its sample name (``…_sum``, ``…_count``, ``…_total``, gauges) with its labels, so
+deltas between two snapshots are plain subtractions.
+
+vLLM renamed metrics over time (``gpu_cache_usage_perc`` → ``kv_cache_usage_perc``,
+``time_per_output_token_seconds`` → ``inter_token_latency_seconds``, ``gpu_prefix_cache_*`` →
+``prefix_cache_*``), counters appear with or without ``_total``, and some exporters rewrite the
+``vllm:`` prefix as ``vllm_``. :data:`ALIASES` is the one table that maps phaseprobe's canonical
+names to every spelling; :meth:`MetricSnapshot.resolve` picks the one this server exposes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from phaseprobe.errors import MetricsUnavailable, UnknownMetric
+
+__all__ = ["ALIASES", "KINDS", "MetricSnapshot", "MetricsScraper", "parse_exposition"]
+
+Kind = Literal["histogram", "counter", "gauge"]
+
+# canonical name → (kind, base names newest first). Prefix spellings are added by _spellings.
+ALIASES: dict[str, tuple[Kind, tuple[str, ...]]] = {
+    "queue_time": ("histogram", ("request_queue_time_seconds",)),
+    "prefill_time": ("histogram", ("request_prefill_time_seconds",)),
+    "decode_time": ("histogram", ("request_decode_time_seconds",)),
+    "inference_time": ("histogram", ("request_inference_time_seconds",)),
+    "ttft": ("histogram", ("time_to_first_token_seconds",)),
+    "e2e_latency": ("histogram", ("e2e_request_latency_seconds",)),
+    "itl": ("histogram", ("inter_token_latency_seconds", "time_per_output_token_seconds")),
+    "request_tpot": ("histogram", ("request_time_per_output_token_seconds",)),
+    "prompt_tokens": ("counter", ("prompt_tokens",)),
+    "generation_tokens": ("counter", ("generation_tokens",)),
+    "prefix_cache_queries": ("counter", ("prefix_cache_queries", "gpu_prefix_cache_queries")),
+    "prefix_cache_hits": ("counter", ("prefix_cache_hits", "gpu_prefix_cache_hits")),
+    "num_preemptions": ("counter", ("num_preemptions",)),
+    "request_success": ("counter", ("request_success",)),
+    "requests_running": ("gauge", ("num_requests_running",)),
+    "requests_waiting": ("gauge", ("num_requests_waiting",)),
+    "kv_cache_usage": ("gauge", ("kv_cache_usage_perc", "gpu_cache_usage_perc")),
+    "cache_config_info": ("gauge", ("cache_config_info",)),
+}
+KINDS: dict[str, Kind] = {name: kind for name, (kind, _) in ALIASES.items()}
+
+_PREFIXES = ("vllm:", "vllm_")
+
+Labels = dict[str, str]
+
+
+def _spellings(kind: Kind, base: str) -> Iterable[str]:
+    """Sample names that carry this metric's value (the histogram's ``_count`` is the probe)."""
+    for prefix in _PREFIXES:
+        name = prefix + base
+        if kind == "histogram":
+            yield name
+        elif kind == "counter":
+            yield name + "_total"
+            yield name  # pre-OpenMetrics exporters and hand-written ones
+        else:
+            yield name
+
+
+@dataclass(frozen=True)
+class MetricSnapshot:
+    """All samples of one scrape: sample name → [(labels, value)]."""
+
+    samples: dict[str, list[tuple[Labels, float]]]
+    wall_ns: int
+    source: str = "<text>"
+    _resolved: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+
+    def has_vllm(self) -> bool:
+        return any(name.startswith(_PREFIXES) for name in self.samples)
+
+    def resolve(self, canonical: str, vllm_version: str | None = None) -> str:
+        """The sample name (histograms: without ``_sum``/``_count``) this server uses."""
+        if canonical in self._resolved:
+            return self._resolved[canonical]
+        if canonical not in ALIASES:
+            raise UnknownMetric(canonical, [], vllm_version)
+        kind, bases = ALIASES[canonical]
+        tried: list[str] = []
+        for base in bases:
+            for name in _spellings(kind, base):
+                probe = name + "_count" if kind == "histogram" else name
+                tried.append(probe)
+                if probe in self.samples:
+                    self._resolved[canonical] = name
+                    return name
+        raise UnknownMetric(canonical, tried, vllm_version)
+
+    def has(self, canonical: str) -> bool:
+        try:
+            self.resolve(canonical)
+        except UnknownMetric:
+            return False
+        return True
+
+    def total(self, sample_name: str, model: str | None = None) -> float | None:
+        """Sum over label sets (all engines), restricted to ``model_name`` when given."""
+        rows = self.samples.get(sample_name)
+        if rows is None:
+            return None
+        return sum(v for labels, v in rows if model is None or labels.get("model_name") == model)
+
+    def value(self, canonical: str, part: str = "", model: str | None = None) -> float | None:
+        """Value of a canonical metric; ``part`` is ``_sum``/``_count`` for histograms."""
+        try:
+            name = self.resolve(canonical)
+        except UnknownMetric:
+            return None
+        return self.total(name + part, model)
+
+    def labels_of(self, canonical: str) -> list[Labels]:
+        try:
+            name = self.resolve(canonical)
+        except UnknownMetric:
+            return []
+        return [labels for labels, _ in self.samples.get(name, [])]
+
+    def model_names(self) -> set[str]:
+        return {labels["model_name"] for rows in self.samples.values() for labels, _ in rows
+                if "model_name" in labels}
+
+
+def parse_exposition(text: str, *, source: str = "<text>", wall_ns: int | None = None
+                     ) -> MetricSnapshot:
+    """Parse Prometheus text exposition into a snapshot (raises MetricsUnavailable on junk)."""
+    samples: dict[str, list[tuple[Labels, float]]] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                samples.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+    except ValueError as exc:  # the parser's way of saying "this is not exposition text"
+        raise MetricsUnavailable(source, f"not Prometheus text format ({exc})") from None
+    return MetricSnapshot(samples=samples, wall_ns=wall_ns if wall_ns is not None
+                          else time.time_ns(), source=source)
+
+
+class MetricsScraper:
+    """GETs ``/metrics`` from a vLLM server; the HTTP session and wall clock are injectable."""
+
+    def __init__(self, base_url: str, *, session: requests.Session | None = None,
+                 headers: dict[str, str] | None = None, timeout_s: float = 5.0,
+                 wall_ns: Callable[[], int] = time.time_ns) -> None:
+        self.url = base_url.rstrip("/") + "/metrics"
+        self.session = session or requests.Session()
+        self.headers = headers or {}
+        self.timeout_s = timeout_s
+        self._wall_ns = wall_ns
+
+    def scrape(self) -> MetricSnapshot:
+        try:
+            resp = self.session.get(self.url, headers=self.headers, timeout=self.timeout_s)
+        except requests.RequestException as exc:
+            raise MetricsUnavailable(self.url, type(exc).__name__) from None
+        if resp.status_code != 200:
+            raise MetricsUnavailable(self.url, f"HTTP {resp.status_code}")
+        snap = parse_exposition(resp.text, source=self.url, wall_ns=self._wall_ns())
+        if not snap.has_vllm():
+            raise MetricsUnavailable(self.url, "no vllm: series in the exposition")
+        return snap

@@ -1,0 +1,203 @@
+"""The embedded experiment store: one SQLite file (WAL), one transaction per completed run.
+
+A run is committed before the next one starts, so a crash or Ctrl-C loses at most the run in
+flight. Scalar columns (``client_ttft_s``, ``server_decode_s``, …) are there for SQL and
+dashboards; the ``*_json`` columns keep the full record (every token arrival time).
+The schema version lives in ``PRAGMA user_version`` and migrates forward in :data:`_MIGRATIONS`.
+Nothing secret is stored: run specs carry no API key, and URLs lose any ``user:pass@``.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from phaseprobe.errors import StoreError
+from phaseprobe.records import ClientTimeline, Experiment, Isolation, Run, RunSpec, ServerPhases
+
+__all__ = ["Store", "redact_url", "SCHEMA_VERSION"]
+
+_MIGRATIONS: list[str] = [
+    # 1: experiments and runs
+    """
+    CREATE TABLE experiments (
+        id INTEGER PRIMARY KEY,
+        name TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        created_wall_ns INTEGER NOT NULL,
+        finished_wall_ns INTEGER,
+        endpoint TEXT NOT NULL,
+        model TEXT NOT NULL,
+        spec_json TEXT NOT NULL,
+        server_json TEXT NOT NULL,
+        notes_json TEXT NOT NULL DEFAULT '[]'
+    );
+    CREATE TABLE runs (
+        id INTEGER PRIMARY KEY,
+        experiment_id INTEGER NOT NULL REFERENCES experiments(id),
+        seq INTEGER NOT NULL,
+        status TEXT NOT NULL,
+        isolated INTEGER NOT NULL,
+        error TEXT,
+        prompt TEXT NOT NULL,
+        sent_wall_ns INTEGER,
+        client_ttft_s REAL, client_e2e_s REAL, client_tpot_s REAL,
+        server_queue_s REAL, server_prefill_s REAL, server_decode_s REAL,
+        server_inference_s REAL, server_ttft_s REAL, server_e2e_s REAL,
+        prompt_tokens INTEGER, completion_tokens INTEGER,
+        client_json TEXT, server_json TEXT, isolation_json TEXT NOT NULL,
+        UNIQUE (experiment_id, seq)
+    );
+    CREATE INDEX runs_by_experiment ON runs(experiment_id, seq);
+    """,
+]
+SCHEMA_VERSION = len(_MIGRATIONS)
+
+
+def redact_url(url: str) -> str:
+    """Drop ``user:password@`` from a URL so credentials never reach the store or output."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port:
+        host += f":{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
+
+
+class Store:
+    """Open (creating and migrating as needed) the store at ``path``."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            # isolation_level=None: we open transactions ourselves, one per run.
+            self._db = sqlite3.connect(self.path, isolation_level=None, timeout=10.0)
+            self._db.row_factory = sqlite3.Row
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA foreign_keys=ON")
+            self._migrate()
+        except (sqlite3.Error, OSError) as exc:
+            raise StoreError(f"cannot open experiment store {self.path}: {exc}") from None
+
+    def _migrate(self) -> None:
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise StoreError(f"{self.path} has schema version {version}; this phaseprobe knows "
+                             f"up to {SCHEMA_VERSION}: upgrade phaseprobe")
+        for target in range(version + 1, SCHEMA_VERSION + 1):
+            self._db.execute("BEGIN IMMEDIATE")
+            for statement in _MIGRATIONS[target - 1].split(";"):
+                if statement.strip():
+                    self._db.execute(statement)
+            self._db.execute(f"PRAGMA user_version = {target}")
+            self._db.execute("COMMIT")
+
+    # -- writing -------------------------------------------------------------------------
+
+    def create_experiment(self, exp: Experiment) -> int:
+        spec = exp.spec.to_dict()
+        spec["endpoint"] = redact_url(spec["endpoint"])
+        cur = self._write(
+            "INSERT INTO experiments (name, kind, created_wall_ns, endpoint, model, spec_json,"
+            " server_json, notes_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (exp.name, exp.kind, exp.created_wall_ns, spec["endpoint"], exp.spec.model,
+             json.dumps(spec), json.dumps(exp.server_info), json.dumps(list(exp.notes))),
+        )
+        return int(cur.lastrowid or 0)
+
+    def add_run(self, experiment_id: int, run: Run) -> int:
+        """Commit one run durably (its own transaction) and return its id."""
+        c = run.client
+        s = run.server
+        cur = self._write(
+            "INSERT INTO runs (experiment_id, seq, status, isolated, error, prompt, sent_wall_ns,"
+            " client_ttft_s, client_e2e_s, client_tpot_s, server_queue_s, server_prefill_s,"
+            " server_decode_s, server_inference_s, server_ttft_s, server_e2e_s, prompt_tokens,"
+            " completion_tokens, client_json, server_json, isolation_json)"
+            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (experiment_id, run.seq, run.status, int(run.isolated), run.error, run.prompt,
+             c.sent_wall_ns if c else None, c.ttft_s if c else None, c.e2e_s if c else None,
+             c.tpot_s if c else None, s.queue_s if s else None, s.prefill_s if s else None,
+             s.decode_s if s else None, s.inference_s if s else None, s.ttft_s if s else None,
+             s.e2e_s if s else None, c.prompt_tokens if c else None,
+             c.completion_tokens if c else None,
+             json.dumps(c.to_dict()) if c else None, json.dumps(s.to_dict()) if s else None,
+             json.dumps(run.isolation.to_dict())),
+        )
+        return int(cur.lastrowid or 0)
+
+    def finish_experiment(self, experiment_id: int, notes: list[str] | None = None) -> None:
+        if notes is None:
+            self._write("UPDATE experiments SET finished_wall_ns = ? WHERE id = ?",
+                        (time.time_ns(), experiment_id))
+        else:
+            self._write("UPDATE experiments SET finished_wall_ns = ?, notes_json = ? WHERE id = ?",
+                        (time.time_ns(), json.dumps(notes), experiment_id))
+
+    def _write(self, sql: str, params: tuple[Any, ...]) -> sqlite3.Cursor:
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+            cur = self._db.execute(sql, params)
+            self._db.execute("COMMIT")
+            return cur
+        except sqlite3.Error as exc:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            raise StoreError(f"cannot write to experiment store {self.path}: {exc}") from None
+
+    # -- reading -------------------------------------------------------------------------
+
+    def experiments(self) -> list[dict[str, Any]]:
+        rows = self._db.execute(
+            "SELECT e.id, e.name, e.kind, e.created_wall_ns, e.finished_wall_ns, e.endpoint,"
+            " e.model, COUNT(r.id) AS n_runs, SUM(r.status = 'ok') AS n_ok,"
+            " SUM(r.isolated) AS n_isolated FROM experiments e LEFT JOIN runs r"
+            " ON r.experiment_id = e.id GROUP BY e.id ORDER BY e.id").fetchall()
+        return [dict(row) for row in rows]
+
+    def experiment(self, experiment_id: int) -> Experiment:
+        row = self._db.execute("SELECT * FROM experiments WHERE id = ?",
+                               (experiment_id,)).fetchone()
+        if row is None:
+            raise StoreError(f"no experiment {experiment_id} in {self.path}")
+        spec = json.loads(row["spec_json"])
+        return Experiment(name=row["name"], kind=row["kind"], spec=RunSpec(**spec),
+                          server_info=json.loads(row["server_json"]),
+                          created_wall_ns=row["created_wall_ns"], experiment_id=row["id"],
+                          notes=tuple(json.loads(row["notes_json"])))
+
+    def runs(self, experiment_id: int) -> list[Run]:
+        rows = self._db.execute("SELECT * FROM runs WHERE experiment_id = ? ORDER BY seq",
+                                (experiment_id,)).fetchall()
+        return [_run_from_row(row) for row in rows]
+
+    def latest_experiment_id(self) -> int | None:
+        row = self._db.execute("SELECT MAX(id) FROM experiments").fetchone()
+        return row[0]
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+def _run_from_row(row: sqlite3.Row) -> Run:
+    client = ClientTimeline.from_dict(json.loads(row["client_json"])) if row["client_json"] \
+        else None
+    server = ServerPhases.from_dict(json.loads(row["server_json"])) if row["server_json"] \
+        else None
+    return Run(seq=row["seq"], status=row["status"], prompt=row["prompt"], client=client,
+               server=server, isolation=Isolation.from_dict(json.loads(row["isolation_json"])),
+               error=row["error"], experiment_id=row["experiment_id"], run_id=row["id"])
