@@ -267,7 +267,8 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace, Console, Console], int]] = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    out = Console(soft_wrap=True)
+    # Piped output still gets the whole table (rich would assume 80 columns).
+    out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
     err = Console(stderr=True)
     try:
         return _COMMANDS[args.command](args, out, err)

@@ -64,7 +64,7 @@ def render_probe(console: Console, runs: Sequence[Run], summary: Summary,
                   caption="times in ms; server columns are vLLM's own histograms per request")
     for col in ("run", "status", "TTFT", "queue", "prefill", "decode", "TPOT", "ITL p50",
                 "ITL p99", "e2e", "in", "out", "isolated"):
-        table.add_column(col, justify="left" if col == "status" else "right")
+        table.add_column(col, justify="left" if col == "status" else "right", no_wrap=True)
     for r in runs:
         c, s = r.client, r.server
         iso = "yes" if r.isolated else ("n/a" if not r.isolation.verified else "[red]NO")

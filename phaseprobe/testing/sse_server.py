@@ -1,0 +1,465 @@
+"""A tiny OpenAI-compatible streaming server that emits tokens at known times.
+
+It is a test instrument, not a stand-in for vLLM: it answers ``/v1/completions`` and
+``/v1/chat/completions`` with vLLM-shaped SSE chunks paced by a :class:`Script`, and records the
+``time.perf_counter_ns()`` taken right before each token event is written. Client and server run
+on the same machine and share that monotonic clock, so a client's arrival stamps can be compared
+with :attr:`RequestRecord.send_ns` directly (the difference is transport + client overhead).
+
+    with SseServer(script=Script(n_tokens=16, gap_s=0.02)) as server:
+        run_client(server.base_url)
+        record = server.requests[-1]
+        record.send_ns   # one stamp per token event
+
+Only the standard library is used, so users' own tests can ship with it.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Final, Self
+
+__all__ = ["RequestRecord", "Script", "SseServer"]
+
+# Sleeping is only precise to ~50-100 µs on Linux, so the last stretch before a deadline is
+# spun on the clock instead.
+_SPIN_NS: Final = 200_000
+_TOKEN_TEXT: Final = "tok"
+_STREAM_PATHS: Final = ("/v1/completions", "/v1/chat/completions")
+# vLLM's error "type" per status (its ErrorResponse); others fall back to the HTTP phrase.
+_ERROR_TYPES: Final = {
+    400: "BadRequestError",
+    401: "UnauthorizedError",
+    404: "NotFoundError",
+    500: "InternalServerError",
+    503: "ServiceUnavailableError",
+}
+
+
+@dataclass(frozen=True)
+class Script:
+    """What one streaming request gets.
+
+    ``gap_s`` separates token *events* (an event carries ``tokens_per_event`` tokens, the way vLLM
+    merges tokens into one chunk when the client lags); events are paced against absolute
+    deadlines ``start + first_delay_s + i * gap_s`` so write costs never accumulate as drift.
+    ``cut_after=k`` closes the connection after k token events with neither usage nor [DONE]
+    (k >= the number of events sends every token, then cuts). ``status`` other than 200 answers a
+    vLLM-style JSON error instead of a stream; ``error_body`` is its message.
+    """
+
+    n_tokens: int = 8
+    first_delay_s: float = 0.0
+    gap_s: float = 0.0
+    chunked: bool = True
+    cut_after: int | None = None
+    status: int = 200
+    error_body: str | None = None
+    tokens_per_event: int = 1
+    include_usage_if_asked: bool = True
+    prompt_tokens: int | None = None  # None: counted from the request (words, or ids)
+
+    def __post_init__(self) -> None:
+        if self.n_tokens < 1:
+            raise ValueError(f"Script.n_tokens must be >= 1, got {self.n_tokens}")
+        if self.first_delay_s < 0 or self.gap_s < 0:
+            raise ValueError(
+                f"Script delays must be >= 0, got first_delay_s={self.first_delay_s} "
+                f"gap_s={self.gap_s}"
+            )
+        if self.tokens_per_event < 1:
+            raise ValueError(f"Script.tokens_per_event must be >= 1, got {self.tokens_per_event}")
+        if self.cut_after is not None and self.cut_after < 0:
+            raise ValueError(f"Script.cut_after must be >= 0 or None, got {self.cut_after}")
+        if self.status != 200 and not 400 <= self.status <= 599:
+            raise ValueError(f"Script.status must be 200 or 4xx/5xx, got {self.status}")
+
+    @property
+    def n_events(self) -> int:
+        """Token events in a full stream (the last one may carry fewer tokens)."""
+        return -(-self.n_tokens // self.tokens_per_event)
+
+
+@dataclass
+class RequestRecord:
+    """What the server saw and did for one request (filled in while the request is served).
+
+    ``headers`` has lower-cased names. ``send_ns`` holds one ``perf_counter_ns`` per token
+    event, taken immediately before its bytes were written; ``role_ns`` is the chat role-only
+    chunk's (not a token). ``done`` is set once the server has finished with the request.
+    """
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    raw_body: bytes
+    body: Any
+    script: Script | None
+    start_ns: int
+    role_ns: int | None = None
+    send_ns: list[int] = field(default_factory=list)
+    end_ns: int | None = None
+    cut: bool = False
+    client_disconnected: bool = False
+    done: threading.Event = field(default_factory=threading.Event, repr=False)
+
+
+class _HttpServer(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 64
+    owner: SseServer
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _HttpServer
+    protocol_version = "HTTP/1.1"  # keep-alive and chunked bodies, like uvicorn
+    server_version = "sse-test"
+    disable_nagle_algorithm = True  # TCP_NODELAY: each small event leaves at once
+
+    def version_string(self) -> str:
+        return self.server_version  # the default appends a space and the Python version
+
+    def setup(self) -> None:
+        super().setup()
+        self.server.owner._track(self.connection, add=True)
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            self.server.owner._track(self.connection, add=False)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # test output stays clean; the records are the log
+
+    # --- routing -------------------------------------------------------------------------
+
+    def do_GET(self) -> None:
+        owner = self.server.owner
+        self._record(b"", None, None)
+        if self.path == "/health":
+            self._send_json(200, None)
+        elif self.path == "/version":
+            self._send_json(200, {"version": "sse-test"})
+        elif self.path == "/v1/models":
+            model = {"id": owner.model, "object": "model", "created": owner.created,
+                     "owned_by": "sse-test", "root": owner.model, "parent": None,
+                     "max_model_len": 2048}
+            self._send_json(200, {"object": "list", "data": [model]})
+        else:
+            # /metrics included: this server has no vLLM metrics, so clients must fall back
+            # to client-only runs, exactly as against an endpoint that hides them.
+            self._send_json(404, {"detail": "Not Found"})
+
+    def do_POST(self) -> None:
+        owner = self.server.owner
+        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            body = None
+        if self.path not in _STREAM_PATHS:
+            self._record(raw, body, None)
+            self._send_json(404, {"detail": "Not Found"})
+            return
+        script = owner._next_script()
+        rec = self._record(raw, body, script)
+        try:
+            if owner.api_key is not None and (
+                self.headers.get("Authorization") != f"Bearer {owner.api_key}"
+            ):
+                self._send_json(401, {"error": "Unauthorized"})  # vLLM's exact answer
+            elif not isinstance(body, dict):
+                self._send_error(400, "request body is not a JSON object")
+            elif body.get("stream") is not True:
+                self._send_error(400, "the SSE test server only answers stream=true")
+            elif script.status != 200:
+                self._send_error(script.status, script.error_body)
+            else:
+                _Stream(self, rec, script, body).run()
+        finally:
+            rec.end_ns = time.perf_counter_ns()
+            rec.done.set()
+
+    # --- helpers -------------------------------------------------------------------------
+
+    def _record(self, raw: bytes, body: Any, script: Script | None) -> RequestRecord:
+        rec = RequestRecord(
+            method=self.command, path=self.path,
+            headers={k.lower(): v for k, v in self.headers.items()},
+            raw_body=raw, body=body, script=script, start_ns=time.perf_counter_ns(),
+        )
+        self.server.owner._add_record(rec)
+        if script is None:
+            rec.done.set()  # nothing streamed; the record is complete already
+        return rec
+
+    def _send_json(self, status: int, payload: Any) -> None:
+        data = b"" if payload is None else json.dumps(payload).encode()
+        self.send_response(status)
+        if payload is not None:
+            self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _send_error(self, status: int, message: str | None) -> None:
+        try:
+            phrase = HTTPStatus(status).phrase
+        except ValueError:
+            phrase = ""  # a status http.HTTPStatus does not name (e.g. 599)
+        self._send_json(status, {
+            "object": "error",
+            "message": message if message is not None else f"scripted error {status} {phrase}",
+            "type": _ERROR_TYPES.get(status, phrase.replace(" ", "") or "Error"),
+            "param": None,
+            "code": status,
+        })
+
+
+class _Stream:
+    """Writes one scripted SSE response; split from the handler to keep routing readable."""
+
+    def __init__(self, handler: _Handler, rec: RequestRecord, script: Script,
+                 body: dict[str, Any]) -> None:
+        self.h = handler
+        self.rec = rec
+        self.script = script
+        self.chat = handler.path == "/v1/chat/completions"
+        options = body.get("stream_options")
+        self.usage = bool(script.include_usage_if_asked and isinstance(options, dict)
+                          and options.get("include_usage"))
+        owner = handler.server.owner
+        model = body.get("model")
+        self.base: dict[str, Any] = {
+            "id": ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex,
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": int(time.time()),
+            "model": model if isinstance(model, str) else owner.model,
+        }
+        self.prompt_tokens = (script.prompt_tokens if script.prompt_tokens is not None
+                              else _count_prompt_tokens(body, self.chat))
+        self.closing = owner._closing
+
+    def run(self) -> None:
+        h, script = self.h, self.script
+        if not script.chunked:
+            # HTTP/1.0-style: no length, the body ends when the connection closes. Set before
+            # send_response, which writes the status line with this version.
+            h.protocol_version = "HTTP/1.0"
+        h.send_response(200)
+        h.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        if script.chunked:
+            h.send_header("Transfer-Encoding", "chunked")
+        else:
+            h.send_header("Connection", "close")
+            h.close_connection = True
+        h.end_headers()
+        try:
+            self._body()
+        except (BrokenPipeError, ConnectionResetError):
+            self.rec.client_disconnected = True
+            h.close_connection = True
+
+    def _body(self) -> None:
+        script, rec = self.script, self.rec
+        if self.chat:
+            # vLLM sends this at once, before any token: it must not count as the first token.
+            role = self._event(self._chat_choice({"role": "assistant", "content": ""}, None))
+            rec.role_ns = time.perf_counter_ns()
+            self._write(role)
+        start = rec.start_ns + int(script.first_delay_s * 1e9)
+        gap = int(script.gap_s * 1e9)
+        n_events = script.n_events
+        for i in range(n_events):
+            if script.cut_after is not None and i >= script.cut_after:
+                self._cut()
+                return
+            k = min(script.tokens_per_event, script.n_tokens - i * script.tokens_per_event)
+            finish = "length" if i == n_events - 1 else None
+            frame = self._token_frame(_TOKEN_TEXT * k, finish)  # built before the wait
+            if not self._wait_until(start + i * gap):
+                self.h.close_connection = True  # close() was called: drop the stream
+                return
+            rec.send_ns.append(time.perf_counter_ns())
+            self._write(frame)
+        if script.cut_after is not None:
+            self._cut()
+            return
+        if self.usage:
+            usage = {"prompt_tokens": self.prompt_tokens,
+                     "total_tokens": self.prompt_tokens + script.n_tokens,
+                     "completion_tokens": script.n_tokens}
+            self._write(self._event({**self.base, "choices": [], "usage": usage}))
+        self._write(self._frame(b"data: [DONE]\n\n"))
+        if script.chunked:
+            self.h.wfile.write(b"0\r\n\r\n")  # last-chunk: the body ended cleanly
+
+    def _token_frame(self, text: str, finish: str | None) -> bytes:
+        if self.chat:
+            return self._event(self._chat_choice({"content": text}, finish))
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish,
+                  "stop_reason": None}
+        return self._event({**self.base, "choices": [choice], "usage": None})
+
+    def _chat_choice(self, delta: dict[str, str], finish: str | None) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None,
+                                  "finish_reason": finish}
+        if finish is not None:
+            choice["stop_reason"] = None
+        return {**self.base, "choices": [choice]}
+
+    def _event(self, payload: dict[str, Any]) -> bytes:
+        data = json.dumps(payload, separators=(",", ":")).encode()
+        return self._frame(b"data: " + data + b"\n\n")
+
+    def _frame(self, event: bytes) -> bytes:
+        # One HTTP chunk per SSE event, as uvicorn writes vLLM's stream.
+        if self.script.chunked:
+            return b"%x\r\n%b\r\n" % (len(event), event)
+        return event
+
+    def _write(self, data: bytes) -> None:
+        # wfile is unbuffered (wbufsize 0): one write is one sendall, nothing waits in Python.
+        self.h.wfile.write(data)
+
+    def _cut(self) -> None:
+        self.rec.cut = True
+        self.h.close_connection = True
+        try:
+            self.h.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # the client may already be gone
+
+    def _wait_until(self, deadline_ns: int) -> bool:
+        """Sleep, then spin, until ``deadline_ns``; False if the server is closing."""
+        remaining = deadline_ns - time.perf_counter_ns()
+        # Event.wait rather than sleep, so close() interrupts a long scripted delay.
+        if remaining > _SPIN_NS and self.closing.wait((remaining - _SPIN_NS) / 1e9):
+            return False
+        while time.perf_counter_ns() < deadline_ns:
+            pass
+        return True
+
+
+def _count_prompt_tokens(body: dict[str, Any], chat: bool) -> int:
+    """A stand-in token count: words of text, or the length of a token-id list."""
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list):
+            return 0
+        return sum(len(str(m.get("content", "")).split()) for m in messages
+                   if isinstance(m, dict))
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return len(prompt.split())
+    if isinstance(prompt, list):
+        return len(prompt) if all(isinstance(t, int) for t in prompt) else sum(
+            len(p.split()) if isinstance(p, str) else len(p) for p in prompt)
+    return 0
+
+
+class SseServer:
+    """The streaming test server, on 127.0.0.1 and a free port, served by a daemon thread.
+
+    Each streaming request takes the next script from the queue (:meth:`enqueue`), or else the
+    current :attr:`script`. With ``api_key`` set, requests without ``Authorization: Bearer
+    <api_key>`` get vLLM's 401 answer. Every request is recorded in :attr:`requests`.
+    """
+
+    def __init__(self, script: Script | None = None, *, model: str = "sse-test-model",
+                 api_key: str | None = None) -> None:
+        self.model = model
+        self.api_key = api_key
+        self.created = int(time.time())
+        self._script = script if script is not None else Script()
+        self._queue: collections.deque[Script] = collections.deque()
+        self._records: list[RequestRecord] = []
+        self._conns: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self._closing = threading.Event()
+        self._httpd = _HttpServer(("127.0.0.1", 0), _Handler)
+        self._httpd.owner = self
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.02},
+            name=f"sse-server-{self.port}", daemon=True,
+        )
+        self._thread.start()
+
+    @property
+    def port(self) -> int:
+        return int(self._httpd.server_address[1])
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def script(self) -> Script:
+        """The script used when the queue is empty; assign to change it between requests."""
+        return self._script
+
+    @script.setter
+    def script(self, script: Script) -> None:
+        self._script = script
+
+    def enqueue(self, *scripts: Script) -> None:
+        """Queue scripts consumed one per streaming request, before :attr:`script` applies."""
+        with self._lock:
+            self._queue.extend(scripts)
+
+    @property
+    def requests(self) -> list[RequestRecord]:
+        """Records of every request so far, oldest first (a snapshot of the list)."""
+        with self._lock:
+            return list(self._records)
+
+    def clear(self) -> None:
+        """Forget the records (e.g. between benchmark rounds)."""
+        with self._lock:
+            self._records.clear()
+
+    def close(self) -> None:
+        """Stop serving and drop open connections (idempotent)."""
+        if self._closing.is_set():
+            return
+        self._closing.set()
+        self._httpd.shutdown()
+        with self._lock:
+            conns = list(self._conns)
+        for conn in conns:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)  # wakes handlers blocked on keep-alive reads
+            except OSError:
+                pass
+        self._httpd.server_close()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _next_script(self) -> Script:
+        with self._lock:
+            return self._queue.popleft() if self._queue else self._script
+
+    def _add_record(self, rec: RequestRecord) -> None:
+        with self._lock:
+            self._records.append(rec)
+
+    def _track(self, conn: socket.socket, *, add: bool) -> None:
+        with self._lock:
+            if add:
+                self._conns.add(conn)
+            else:
+                self._conns.discard(conn)
