@@ -144,20 +144,35 @@ class StreamClient:
 
     def _read_events(self, resp: requests.Response, t0: int, chat: bool, events: list[int],
                      state: _StreamState) -> None:
+        # Hot path: stamp, split, keep the raw event. JSON is parsed after the stream ends, so
+        # the next event's stamp never waits on the previous one's parsing.
         clock = self._clock_ns
+        raw_events: list[tuple[int, bytes]] = []
         buf = b""
-        for chunk in _chunks(resp):
-            t = clock() - t0  # stamped on arrival, before any parsing
-            buf += chunk
-            while True:
-                bounds = _event_bounds(buf)
-                if bounds is None:
+        try:
+            for chunk in _chunks(resp):
+                t = clock() - t0
+                buf = buf + chunk if buf else chunk
+                while True:
+                    i = buf.find(b"\n\n")
+                    if i < 0 and b"\r" in buf:
+                        i = buf.find(b"\r\n\r\n")
+                        skip = 4
+                    else:
+                        skip = 2
+                    if i < 0:
+                        break
+                    raw_events.append((t, buf[:i]))
+                    buf = buf[i + skip:]
+                if raw_events and raw_events[-1][1].endswith(b"[DONE]"):
                     break
-                raw, buf = buf[:bounds[0]], buf[bounds[1]:]
+        finally:
+            # Even a cut stream's events are parsed: the partial timeline is kept.
+            for t, raw in raw_events:
                 if state.feed(raw, chat):
                     events.append(t)
                 if state.done or state.error:
-                    return
+                    break
 
 
 class _StreamState:
@@ -217,17 +232,6 @@ def _chunks(resp: requests.Response) -> Iterator[bytes]:
         if not data:
             return
         yield data
-
-
-def _event_bounds(buf: bytes) -> tuple[int, int] | None:
-    """(end of the first complete SSE event, start of the next), or None if none is complete."""
-    i = buf.find(b"\n\n")
-    j = buf.find(b"\r\n\r\n")
-    if i < 0 and j < 0:
-        return None
-    if j >= 0 and (i < 0 or j < i):
-        return (j, j + 4)
-    return (i, i + 2)
 
 
 def _is_timeout(exc: requests.RequestException) -> bool:
