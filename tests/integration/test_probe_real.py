@@ -1,0 +1,133 @@
+"""The probe against a real vLLM (CPU build, tiny model): phases, isolation, faults."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import requests
+
+from phaseprobe.collect.experiment import NullProgress, ProbeSettings, run_probe
+from phaseprobe.present.cli import main
+from phaseprobe.records import RunSpec
+from phaseprobe.store import Store
+
+pytestmark = pytest.mark.integration
+
+
+def _spec(target, **kw) -> RunSpec:
+    base = dict(endpoint=target.base_url, model=target.model, prompt="", max_tokens=32,
+                prompt_tokens_target=64)
+    base.update(kw)
+    return RunSpec(**base)
+
+
+def test_probe_attributes_prefill_and_decode(local_vllm, tmp_path):
+    with Store(tmp_path / "s.sqlite") as store:
+        result = run_probe(_spec(local_vllm), store, settings=ProbeSettings(runs=3, warmup=1))
+        stored = store.runs(result.experiment_id)
+    assert len(result.runs) == 3 and len(stored) == 3
+    assert result.server_info["vllm_version"]
+    for run in result.runs:
+        assert run.status == "ok", (run.error, run.isolation.reasons)
+        assert run.isolated and run.isolation.verified
+        c, s = run.client, run.server
+        assert c.completion_tokens == 32
+        assert s.prefill_s > 0 and s.decode_s > 0 and s.queue_s >= 0
+        assert c.e2e_s >= s.inference_s
+        # vLLM defines inference = prefill + decode (both from the same engine timestamps).
+        assert s.prefill_s + s.decode_s == pytest.approx(s.inference_s, abs=1e-3)
+        assert s.counter_deltas["generation_tokens"] == 32
+        assert set(s.count_deltas.values()) == {1}
+        # Unique prompts: the prefix cache served nothing.
+        assert s.counter_deltas.get("prefix_cache_hits", 0) == 0
+        # Client TTFT contains the server's prefill (and its HTTP + tokenization on top).
+        assert c.ttft_s > s.prefill_s
+        assert abs(c.prompt_tokens - 64) <= 3
+
+
+def test_concurrent_request_is_flagged_not_isolated(local_vllm, tmp_path):
+    """Another request overlapping a measured run must be caught, the run kept and flagged."""
+    errors: list[BaseException] = []
+
+    def intruder() -> None:
+        try:
+            time.sleep(0.15)  # after the before-scrape, while our 200-token run decodes
+            requests.post(f"{local_vllm.base_url}/v1/completions", timeout=60, json={
+                "model": local_vllm.model, "prompt": "an intruding request " + str(time.time()),
+                "max_tokens": 40, "ignore_eos": True}).raise_for_status()
+        except BaseException as exc:  # reported below, not swallowed
+            errors.append(exc)
+
+    class StartIntruder(NullProgress):
+        def on_start(self, total: int, warmup: int) -> None:
+            threading.Thread(target=intruder, daemon=True).start()
+
+    with Store(tmp_path / "s.sqlite") as store:
+        result = run_probe(_spec(local_vllm, max_tokens=200), store,
+                           settings=ProbeSettings(runs=1, warmup=0), progress=StartIntruder())
+        stored = store.runs(result.experiment_id)
+    time.sleep(0.5)
+    assert not errors, errors
+    run = result.runs[0]
+    assert run.status == "isolation_failed"
+    assert run.isolation.verified and not run.isolated
+    assert run.isolation.reasons  # says why, in words
+    assert stored[0].status == "isolation_failed"  # kept, flagged, not dropped
+
+
+def test_chat_api(local_vllm, tmp_path):
+    with Store(tmp_path / "s.sqlite") as store:
+        result = run_probe(_spec(local_vllm, api="chat", max_tokens=16), store,
+                           settings=ProbeSettings(runs=2, warmup=0))
+    for run in result.runs:
+        assert run.status == "ok", (run.error, run.isolation.reasons)
+        assert run.client.completion_tokens == 16 and run.server.decode_s > 0
+
+
+def test_cli_json_against_a_running_vllm(local_vllm, tmp_path, capsys):
+    code = main(["probe", "--endpoint", local_vllm.base_url, "--runs", "3", "--max-tokens",
+                 "16", "--store", str(tmp_path / "s.sqlite"), "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert doc["summary"]["n_clean"] == 3
+    assert doc["summary"]["decode_share_of_e2e"] > 0.3
+    for run in doc["runs"]:
+        assert run["status"] == "ok" and run["isolated"] is True
+        assert run["completion_tokens"] == 16
+        for key in ("queue_s", "prefill_s", "decode_s", "ttft_s", "e2e_s"):
+            assert run["server"][key] is not None
+        for key in ("ttft_s", "e2e_s", "tpot_s"):
+            assert run["client"][key] > 0
+        assert len(run["client"]["itl_s"]) >= 1
+
+
+def test_request_rejected_by_vllm_is_an_error_run(local_vllm, tmp_path):
+    # max_tokens beyond max_model_len (1024): vLLM answers 400; the experiment goes on.
+    with Store(tmp_path / "s.sqlite") as store:
+        result = run_probe(_spec(local_vllm, max_tokens=5000), store,
+                           settings=ProbeSettings(runs=2, warmup=0))
+    assert [r.status for r in result.runs] == ["error", "error"]
+    assert "HTTP 400" in result.runs[0].error
+
+
+@pytest.mark.skipif(bool(os.environ.get("PHASEPROBE_TEST_ENDPOINT")),
+                    reason="an external endpoint was given: the embedded default is not tested")
+def test_embedded_default_end_to_end(local_vllm, tmp_path):
+    """`phaseprobe probe --json --runs 3` with no endpoint: starts, measures, stops its vLLM."""
+    env = dict(os.environ, PHASEPROBE_DATA_DIR=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-m", "phaseprobe", "probe", "--json", "--runs", "3"],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)
+    assert [r["status"] for r in doc["runs"]] == ["ok"] * 3
+    assert all(r["isolated"] for r in doc["runs"])
+    assert (tmp_path / "phaseprobe.sqlite").exists()
+    # Its server is gone: the port it used answers nothing.
+    with pytest.raises(requests.ConnectionError):
+        requests.get(doc["spec"]["endpoint"] + "/health", timeout=2)
