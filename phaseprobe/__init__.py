@@ -25,7 +25,12 @@ from phaseprobe.errors import (
 )
 from phaseprobe.records import ClientTimeline, Experiment, Isolation, Run, RunSpec, ServerPhases
 from phaseprobe.sources.openai_stream import StreamClient, StreamOutcome
-from phaseprobe.sources.vllm_metrics import ALIASES, MetricSnapshot, MetricsScraper, parse_exposition
+from phaseprobe.sources.vllm_metrics import (
+    ALIASES,
+    MetricSnapshot,
+    MetricsScraper,
+    parse_exposition,
+)
 from phaseprobe.store import Store
 
 __all__ = [

@@ -19,7 +19,7 @@ import requests
 from phaseprobe.analysis.phases import attribute, histograms_moved, idle_reasons
 from phaseprobe.collect.prompts import PromptBuilder
 from phaseprobe.errors import MetricsUnavailable
-from phaseprobe.records import Experiment, Isolation, Run, RunSpec
+from phaseprobe.records import Experiment, Isolation, Run, RunSpec, RunStatus
 from phaseprobe.sources.openai_stream import StreamClient, build_body, check_endpoint
 from phaseprobe.sources.vllm_metrics import MetricSnapshot, MetricsScraper
 from phaseprobe.store import Store
@@ -150,7 +150,7 @@ class _Collector:
             isolation = replace(isolation, isolated=False, reasons=isolation.reasons + (
                 f"vLLM histograms did not observe the request within "
                 f"{self.settings.metrics_timeout_s:g} s",))
-        status = "ok" if isolation.isolated else "isolation_failed"
+        status: RunStatus = "ok" if isolation.isolated else "isolation_failed"
         return Run(seq=seq, status=status, prompt=prompt, client=timeline, server=server,
                    isolation=isolation)
 

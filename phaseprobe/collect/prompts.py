@@ -94,4 +94,16 @@ class PromptBuilder:
             else:
                 hi = mid - 1
         n_words, tokens = best if best else (1, self._count(words[0]) or 0)
-        return BuiltPrompt(" ".join(words[:n_words]), tokens)
+        text = " ".join(words[:n_words])
+        # Word boundaries can leave us a token or two short: pad with one-token marks.
+        for _ in range(8):
+            if tokens >= target_tokens:
+                break
+            for pad in (" .", ",", " a", "!"):
+                n = self._count(text + pad)
+                if n == tokens + 1:
+                    text, tokens = text + pad, n
+                    break
+            else:
+                break
+        return BuiltPrompt(text, tokens)

@@ -106,7 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     _store_and_json(probe)
 
     runs = sub.add_parser("runs", help="list stored experiments, or the runs of one")
-    runs.add_argument("experiment", nargs="?", type=int, help="experiment id (omit to list experiments)")
+    runs.add_argument("experiment", nargs="?", type=int,
+                      help="experiment id (omit to list experiments)")
     runs.add_argument("--latest", action="store_true", help="show the runs of the latest "
                       "experiment")
     _store_and_json(runs)
