@@ -15,7 +15,8 @@ import requests
 
 from phaseprobe.testing.sse_server import RequestRecord, Script, SseServer
 
-COMPLETION: dict[str, Any] = {"model": "sse-test-model", "prompt": "one two three four", "stream": True}
+COMPLETION: dict[str, Any] = {"model": "sse-test-model", "prompt": "one two three four",
+                              "stream": True}
 CHAT: dict[str, Any] = {"model": "sse-test-model", "stream": True,
         "messages": [{"role": "user", "content": "say five words please"}]}
 WITH_USAGE: dict[str, Any] = {"stream_options": {"include_usage": True}}
