@@ -26,6 +26,7 @@ __all__ = [
     "Summary",
     "summarize",
     "percentile",
+    "consistency_notes",
 ]
 
 # ServerPhases field → canonical histogram.
@@ -171,3 +172,25 @@ def summarize(runs: Sequence[Run]) -> Summary:
         decode_share_of_e2e=(decode / e2e) if decode is not None and e2e else None,
         ttft_gap_s=(c_ttft - s_ttft) if c_ttft is not None and s_ttft is not None else None,
     )
+
+
+def consistency_notes(runs: Sequence[Run], tolerance_s: float = 0.002) -> list[str]:
+    """Server phases that cannot be true given what the client saw.
+
+    The client's e2e contains the server's inference time and the client's TTFT contains the
+    server's prefill; a server number larger than its client bound (beyond clock tolerance)
+    means the histograms are not what they claim (vLLM once shipped prefill and decode
+    swapped, PR #10853) or belong to another request.
+    """
+    notes = []
+    for r in runs:
+        c, s = r.client, r.server
+        if c is None or s is None or c.ttft_s is None:
+            continue
+        if s.inference_s is not None and s.inference_s > c.e2e_s + tolerance_s:
+            notes.append(f"run {r.seq + 1}: server inference {s.inference_s * 1e3:.1f} ms exceeds "
+                         f"client e2e {c.e2e_s * 1e3:.1f} ms")
+        if s.prefill_s is not None and s.prefill_s > c.ttft_s + tolerance_s:
+            notes.append(f"run {r.seq + 1}: server prefill {s.prefill_s * 1e3:.1f} ms exceeds "
+                         f"client TTFT {c.ttft_s * 1e3:.1f} ms (swapped or foreign histograms?)")
+    return notes

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import requests
 
-from phaseprobe.analysis.phases import attribute, histograms_moved, idle_reasons
+from phaseprobe.analysis.phases import attribute, consistency_notes, histograms_moved, idle_reasons
 from phaseprobe.collect.prompts import PromptBuilder
 from phaseprobe.errors import MetricsUnavailable
 from phaseprobe.records import Experiment, Isolation, Run, RunSpec, RunStatus
@@ -189,6 +189,8 @@ def run_probe(spec: RunSpec, store: Store, *, settings: ProbeSettings = ProbeSet
             notes.append("endpoint has no /tokenize: prompt lengths are approximate")
     else:
         prompts = [spec.prompt] * total
+        notes.append("the same prompt text is sent every run: vLLM's prefix cache may serve "
+                     "part of its prefill (see server counter_deltas.prefix_cache_hits)")
 
     collector = _Collector(spec, settings, client, scraper, sleep, clock)
     experiment_id = store.create_experiment(Experiment(
@@ -215,6 +217,7 @@ def run_probe(spec: RunSpec, store: Store, *, settings: ProbeSettings = ProbeSet
         raise
     finally:
         notes.extend(collector.notes)
+        notes.extend(consistency_notes(runs))
         store.finish_experiment(experiment_id, notes)
         progress.on_end()
     return ProbeResult(experiment_id=experiment_id, runs=runs, server_info=info, notes=notes)

@@ -107,3 +107,21 @@ def test_percentile_matches_linear_interpolation():
     assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
     assert percentile([5.0], 99) == 5.0
     assert percentile([], 50) is None
+
+
+def test_server_phases_larger_than_client_bounds_are_reported():
+    from phaseprobe.analysis.phases import consistency_notes
+    from phaseprobe.records import ServerPhases
+
+    def with_server(prefill, inference):
+        run = _run(0, [20_000_000, 22_000_000], 30_000_000)
+        server = ServerPhases(queue_s=0.0, prefill_s=prefill, decode_s=0.005,
+                              inference_s=inference, ttft_s=0.019, e2e_s=0.029,
+                              count_deltas={}, counter_deltas={})
+        return Run(seq=0, status="ok", prompt="p", client=run.client, server=server,
+                   isolation=run.isolation)
+
+    assert consistency_notes([with_server(0.012, 0.017)]) == []
+    swapped = consistency_notes([with_server(0.090, 0.017)])
+    assert len(swapped) == 1 and "prefill 90.0 ms exceeds client TTFT 20.0 ms" in swapped[0]
+    assert "exceeds client e2e" in consistency_notes([with_server(0.012, 0.050)])[0]
