@@ -199,10 +199,17 @@ class _StreamState:
         except ValueError:
             self.error = f"malformed SSE event: {_short(data.decode('utf-8', 'replace'))}"
             return False
+        try:
+            return self._take(obj, chat)
+        except (AttributeError, TypeError, KeyError, IndexError):
+            self.error = "unexpected SSE event shape: " + _short(data.decode("utf-8", "replace"))
+            return False
+
+    def _take(self, obj: Any, chat: bool) -> bool:
         if "error" in obj and "choices" not in obj:  # vLLM reports mid-stream failures so
             self.error = "server error mid-stream: " + _short(json.dumps(obj["error"]))
             return False
-        if obj.get("usage"):
+        if isinstance(obj.get("usage"), dict):
             self.usage = obj["usage"]
         choices = obj.get("choices") or ()
         if not choices:
@@ -211,9 +218,9 @@ class _StreamState:
         piece = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
         finish = choice.get("finish_reason")
         if finish:
-            self.finish_reason = finish
+            self.finish_reason = str(finish)
         if piece:
-            self.text.append(piece)
+            self.text.append(str(piece))
             return True
         # A chat stream opens with a role-only chunk (content ""): not a token. A final chunk
         # with a finish reason but no text still marks when the last token was emitted.
