@@ -174,13 +174,16 @@ def summarize(runs: Sequence[Run]) -> Summary:
     )
 
 
-def consistency_notes(runs: Sequence[Run], tolerance_s: float = 0.002) -> list[str]:
+def consistency_notes(runs: Sequence[Run], tolerance_s: float = 0.002,
+                      late_delivery_s: float = 0.050) -> list[str]:
     """Server phases that cannot be true given what the client saw.
 
     The client's e2e contains the server's inference time and the client's TTFT contains the
     server's prefill; a server number larger than its client bound (beyond clock tolerance)
     means the histograms are not what they claim (vLLM once shipped prefill and decode
-    swapped, PR #10853) or belong to another request.
+    swapped, PR #10853) or belong to another request. The other way round, a client TTFT far
+    above the server's means tokens were produced on time but delivered late: a buffering proxy
+    (nginx without ``proxy_buffering off``), the network, or a stalled API server.
     """
     notes = []
     for r in runs:
@@ -193,4 +196,8 @@ def consistency_notes(runs: Sequence[Run], tolerance_s: float = 0.002) -> list[s
         if s.prefill_s is not None and s.prefill_s > c.ttft_s + tolerance_s:
             notes.append(f"run {r.seq + 1}: server prefill {s.prefill_s * 1e3:.1f} ms exceeds "
                          f"client TTFT {c.ttft_s * 1e3:.1f} ms (swapped or foreign histograms?)")
+        if s.ttft_s is not None and c.ttft_s - s.ttft_s > max(late_delivery_s, s.ttft_s):
+            notes.append(f"run {r.seq + 1}: tokens delivered late: client TTFT "
+                         f"{c.ttft_s * 1e3:.1f} ms vs server TTFT {s.ttft_s * 1e3:.1f} ms "
+                         "(buffering proxy, network, or a stalled API server)")
     return notes

@@ -125,3 +125,16 @@ def test_server_phases_larger_than_client_bounds_are_reported():
     swapped = consistency_notes([with_server(0.090, 0.017)])
     assert len(swapped) == 1 and "prefill 90.0 ms exceeds client TTFT 20.0 ms" in swapped[0]
     assert "exceeds client e2e" in consistency_notes([with_server(0.012, 0.050)])[0]
+
+
+def test_late_delivery_is_reported():
+    from phaseprobe.analysis.phases import consistency_notes
+    from phaseprobe.records import ServerPhases
+
+    base = _run(0, [210_000_000, 211_000_000], 212_000_000)  # client TTFT 210 ms
+    server = ServerPhases(queue_s=0.0, prefill_s=0.008, decode_s=0.19, inference_s=0.198,
+                          ttft_s=0.012, e2e_s=0.2, count_deltas={}, counter_deltas={})
+    late = Run(seq=0, status="ok", prompt="p", client=base.client, server=server,
+               isolation=base.isolation)
+    notes = consistency_notes([late])
+    assert len(notes) == 1 and "delivered late" in notes[0] and "210.0 ms" in notes[0]
