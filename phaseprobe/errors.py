@@ -12,8 +12,21 @@ The hierarchy, in one picture (catch ``PhaseprobeError`` to catch them all)::
     ├── StoreError             the experiment store cannot be opened or written
     ├── LocalServerError       the local (embedded) vLLM could not be installed/started/stopped
     │   └── LocalServerNotInstalled
+    ├── PrometheusError        a Prometheus server cannot answer (the URL is always named)
+    │   ├── PrometheusUnreachable  connection refused / DNS / TLS / timeout / not a Prometheus API
+    │   ├── PrometheusHTTPError    any other HTTP error status (401/403: token; 5xx: server)
+    │   ├── PromQLError            the server rejected the expression (its own message quoted)
+    │   ├── EmptyResult            the query matched no series (the selector is shown)
+    │   └── PrometheusServerError  the test Prometheus (phaseprobe.testing) could not start
     ├── NvmlUnavailable        no NVIDIA driver / NVML library (experiments go on without GPU data)
-    └── ParseError             a recognised but malformed input line (file, line number, line)
+    ├── ParseError             a recognised but malformed input line (file, line number, line)
+    └── GrafanaError           a Grafana dashboard file or Grafana's HTTP API cannot be used
+        ├── DashboardInvalid       dashboard JSON unreadable, corrupt or not a dashboard (file)
+        ├── GrafanaUnreachable     nothing answers at the Grafana URL (refused, DNS, TLS, timeout)
+        └── GrafanaApiError        Grafana answered with an error (URL, status, its message)
+            ├── GrafanaAuthError       401/403: token missing, rejected or lacking permission
+            ├── GrafanaNotFound        404: no such API path, folder or datasource
+            └── GrafanaConflict        412: version or name conflict (retry with --overwrite)
 
 Expected errors become one red line and a non-zero exit in the CLI; anything else is a bug and
 keeps its traceback. Messages always name the URL, file or line they are about, and never
@@ -33,8 +46,21 @@ __all__ = [
     "StoreError",
     "LocalServerError",
     "LocalServerNotInstalled",
+    "PrometheusError",
+    "PrometheusUnreachable",
+    "PrometheusHTTPError",
+    "PromQLError",
+    "EmptyResult",
+    "PrometheusServerError",
     "NvmlUnavailable",
     "ParseError",
+    "GrafanaError",
+    "DashboardInvalid",
+    "GrafanaUnreachable",
+    "GrafanaApiError",
+    "GrafanaAuthError",
+    "GrafanaNotFound",
+    "GrafanaConflict",
 ]
 
 
@@ -111,3 +137,99 @@ class ParseError(PhaseprobeError):
         self.line_no = line_no
         self.line = line
         self.reason = reason
+
+
+class GrafanaError(PhaseprobeError):
+    """A Grafana dashboard file or Grafana's HTTP API cannot be used."""
+
+
+class DashboardInvalid(GrafanaError):
+    """A dashboard file that cannot be read, is not JSON, or is not a Grafana dashboard."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"dashboard {path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+class GrafanaUnreachable(GrafanaError):
+    """Nothing answers at the Grafana URL (connection refused, DNS, TLS or timeout)."""
+
+    def __init__(self, url: str, reason: str) -> None:
+        super().__init__(f"Grafana unreachable at {url} ({reason})")
+        self.url = url
+        self.reason = reason
+
+
+class GrafanaApiError(GrafanaError):
+    """Grafana answered an API call with an error status; quotes Grafana's own message."""
+
+    def __init__(self, url: str, status: int, message: str, hint: str = "") -> None:
+        text = f"Grafana {url} answered HTTP {status}: {message}"
+        super().__init__(f"{text} ({hint})" if hint else text)
+        self.url = url
+        self.status = status
+        self.message = message
+        self.hint = hint
+
+
+class GrafanaAuthError(GrafanaApiError):
+    """401 (token missing or rejected) or 403 (the token's role may not do this)."""
+
+
+class GrafanaNotFound(GrafanaApiError):
+    """404: the API path, folder or datasource does not exist (or the URL is not Grafana)."""
+
+
+class GrafanaConflict(GrafanaApiError):
+    """412: a dashboard with this uid or title exists or changed (``--overwrite`` replaces it)."""
+
+
+class PrometheusError(PhaseprobeError):
+    """A Prometheus server cannot answer; ``url`` is the server's (credentials stripped)."""
+
+    def __init__(self, url: str, message: str) -> None:
+        super().__init__(message)
+        self.url = url
+
+
+class PrometheusUnreachable(PrometheusError):
+    """Nothing usable answers at the URL: refused, DNS, TLS, timeout, or not a Prometheus API."""
+
+    def __init__(self, url: str, reason: str) -> None:
+        super().__init__(url, f"Prometheus unreachable at {url}: {reason}")
+        self.reason = reason
+
+
+class PrometheusHTTPError(PrometheusError):
+    """An HTTP error status other than a rejected query (401/403: the token; 5xx: the server)."""
+
+    def __init__(self, url: str, status: int, detail: str) -> None:
+        super().__init__(url, f"Prometheus at {url} answered HTTP {status}: {detail}")
+        self.status = status
+        self.detail = detail
+
+
+class PromQLError(PrometheusError):
+    """The server rejected the expression; ``server_message`` is its own words."""
+
+    def __init__(self, url: str, expr: str, server_message: str) -> None:
+        one_line = " ".join(expr.split())  # the CLI's error is one line; queries span several
+        super().__init__(url, f"Prometheus at {url} rejected the query: {server_message} "
+                              f"(query: {one_line})")
+        self.expr = expr
+        self.server_message = server_message
+
+
+class EmptyResult(PrometheusError):
+    """The query matched no series: usually a selector that matches nothing, or no scrape yet."""
+
+    def __init__(self, url: str, query: str, selector: str) -> None:
+        shown = f"{{{selector}}}" if selector else "{} (no selector)"
+        super().__init__(url, f"no data from {url} for {query} with selector {shown}")
+        self.query = query
+        self.selector = selector
+
+
+class PrometheusServerError(PrometheusError):
+    """The Prometheus that :mod:`phaseprobe.testing.prometheus_server` starts did not come up."""

@@ -25,6 +25,7 @@ from phaseprobe.analysis.phases import summarize
 from phaseprobe.collect.experiment import ProbeSettings, run_probe
 from phaseprobe.errors import ConfigError, PhaseprobeError
 from phaseprobe.paths import default_store_path
+from phaseprobe.present import cmd_grafana, cmd_query
 from phaseprobe.present.console import RichProgress, render_experiments, render_probe
 from phaseprobe.records import RunSpec
 from phaseprobe.store import Store, redact_url
@@ -122,6 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
                        ("status", "is the background local vLLM running and healthy?")):
         p = local_sub.add_parser(name, help=text, description=text)
         p.add_argument("--json", action="store_true", help="print one JSON document")
+    cmd_query.register(sub)
+    cmd_grafana.register(sub)
     return parser
 
 
@@ -263,6 +266,8 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace, Console, Console], int]] = {
     "probe": _cmd_probe,
     "runs": _cmd_runs,
     "local": _cmd_local,
+    "query": cmd_query.run,
+    "grafana": cmd_grafana.run,
 }
 
 
@@ -270,7 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # Piped output still gets the whole table (rich would assume 80 columns).
     out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
-    err = Console(stderr=True)
+    err = Console(stderr=True, soft_wrap=True)  # an error stays one line, even when piped
     try:
         return _COMMANDS[args.command](args, out, err)
     except PhaseprobeError as exc:

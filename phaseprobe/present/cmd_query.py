@@ -1,0 +1,247 @@
+"""``phaseprobe query``: run the named PromQL queries against a Prometheus server.
+
+    phaseprobe query --list
+    phaseprobe query avg_prefill_time avg_decode_time --prom http://prom:9090 \\
+        --selector 'model_name="m"' --window 5m
+    phaseprobe query ttft_p99 --prom URL --range now-1h now --step 1m --json
+
+Queries are rendered for the vLLM metric names the server actually holds (old releases and
+``vllm_`` exporters included). The bearer token comes from ``$PHASEPROBE_PROM_TOKEN`` (or the
+variable ``--token-env`` names) and is never printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from phaseprobe.errors import ConfigError, EmptyResult
+from phaseprobe.query_catalog import Query, load_catalog
+from phaseprobe.sources.prometheus import DEFAULT_TOKEN_ENV, NamedResult, PrometheusClient
+
+__all__ = ["register", "cmd_query", "run", "parse_time"]
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
+_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+_RELATIVE = re.compile(r"now(?:([-+])((?:\d+(?:\.\d+)?(?:ms|s|m|h|d|w))+))?")
+
+
+def _duration_s(text: str) -> float:
+    if not re.fullmatch(r"(?:\d+(?:\.\d+)?(?:ms|s|m|h|d|w))+", text):
+        raise ConfigError(f"{text!r} is not a duration (e.g. 30s, 5m, 1h30m)")
+    return sum(float(n) * _SECONDS[u] for n, u in _DURATION.findall(text))
+
+
+def parse_time(text: str, now: float | None = None) -> float:
+    """Unix seconds from ``now``, ``now-15m``, a unix timestamp or an ISO 8601 time (a time
+    without a zone is UTC, as in Prometheus)."""
+    text = text.strip()
+    now = time.time() if now is None else now
+    relative = _RELATIVE.fullmatch(text)
+    if relative:
+        sign, span = relative.groups()
+        offset = _duration_s(span) if span else 0.0
+        return now - offset if sign == "-" else now + offset
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ConfigError(f"time {text!r}: use now, now-15m, unix seconds or ISO 8601"
+                          ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``query`` command to the CLI's subparsers."""
+    p = subparsers.add_parser(
+        "query", help="run named PromQL queries (phase times, quantiles, throughput) against "
+                      "Prometheus",
+        description="Run phaseprobe's named PromQL queries against a Prometheus server that "
+                    "scrapes vLLM. Metric names are matched to the vLLM version the server "
+                    "holds. --list shows the queries.")
+    p.add_argument("names", nargs="*", metavar="NAME", help="query names (see --list); "
+                   "'all' runs every query")
+    p.add_argument("--list", action="store_true", help="list the named queries and exit")
+    p.add_argument("--prom", metavar="URL", help="Prometheus base URL, e.g. http://127.0.0.1:9090")
+    p.add_argument("--selector", default="", help="label matchers, e.g. 'model_name=\"m\"' "
+                   "(braces optional; default: every vLLM series)")
+    p.add_argument("--window", default="5m", help="range for rate/increase (default: 5m)")
+    p.add_argument("--at", metavar="TIME", help="evaluate at this time instead of now "
+                   "(now-10m, unix seconds or ISO 8601)")
+    p.add_argument("--range", nargs=2, metavar=("START", "END"),
+                   help="range query from START to END (now-1h now, unix seconds, ISO 8601)")
+    p.add_argument("--step", default=None, help="range query resolution (e.g. 15s; "
+                   "default: about 250 points)")
+    p.add_argument("--token-env", metavar="VAR", default=None,
+                   help=f"environment variable holding a bearer token (default: "
+                        f"{DEFAULT_TOKEN_ENV} when set); never printed")
+    tls = p.add_mutually_exclusive_group()
+    tls.add_argument("--insecure", action="store_true", help="do not verify TLS certificates")
+    tls.add_argument("--ca-bundle", metavar="FILE", help="CA bundle to verify TLS with")
+    p.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
+                   help="per-request timeout (default: 10)")
+    p.add_argument("--show-expr", action="store_true", help="also print the PromQL sent")
+    p.add_argument("--json", action="store_true", help="print one JSON document to stdout")
+
+
+def _selected(args: argparse.Namespace, catalog: dict[str, Query]) -> list[Query]:
+    names = list(catalog) if args.names == ["all"] else args.names
+    unknown = [n for n in names if n not in catalog]
+    if unknown:
+        raise ConfigError(f"unknown query {', '.join(unknown)} (phaseprobe query --list)")
+    return [catalog[n] for n in names]
+
+
+def _client(args: argparse.Namespace) -> PrometheusClient:
+    token_env = args.token_env or DEFAULT_TOKEN_ENV
+    if args.token_env and args.token_env not in os.environ:
+        raise ConfigError(f"--token-env {args.token_env}: that environment variable is not set")
+    verify: bool | str = False if args.insecure else (args.ca_bundle or True)
+    return PrometheusClient(args.prom, token_env=token_env, verify=verify,
+                            timeout_s=args.timeout)
+
+
+def cmd_query(args: argparse.Namespace, out: Console, err: Console) -> int:
+    """The handler: ``(args, out, err) -> exit code``, like the other commands."""
+    catalog = load_catalog()
+    if args.list:
+        return _list(args, out, catalog)
+    if not args.names:
+        raise ConfigError("name one or more queries (or 'all'); phaseprobe query --list")
+    if not args.prom:
+        raise ConfigError("--prom URL is required to run a query")
+    queries = _selected(args, catalog)
+    if args.step and not args.range:
+        raise ConfigError("--step needs --range START END")
+    window = args.window
+    queries[0].render(args.selector, window)  # a bad --window fails before any request
+    with _client(args) as client:
+        names = client.names_map()
+        results: list[NamedResult | EmptyResult] = []
+        if args.range:
+            start, end = (parse_time(t) for t in args.range)
+            if end <= start:
+                raise ConfigError("--range: END must be after START")
+            step: float | str = args.step or f"{max(1.0, (end - start) / 250):.0f}s"
+            for q in queries:
+                results.append(_one(lambda q=q: client.run_range(
+                    q, start=start, end=end, step=step, selector=args.selector,
+                    window=window, names=names), len(queries)))
+        else:
+            at = parse_time(args.at) if args.at else None
+            for q in queries:
+                results.append(_one(lambda q=q: client.run(
+                    q, selector=args.selector, window=window, at=at, names=names),
+                    len(queries)))
+        doc = _document(client.shown_url, args, catalog, results)
+    if args.json:
+        out.out(json.dumps(doc), highlight=False)
+    else:
+        _render(out, err, doc, args.show_expr)
+    return 1 if any(isinstance(r, EmptyResult) for r in results) else 0
+
+
+def _one(run: Any, n_queries: int) -> NamedResult | EmptyResult:
+    """Several queries: an empty one is reported beside the others. A single one: its
+    EmptyResult is the command's error."""
+    try:
+        result: NamedResult = run()
+        return result
+    except EmptyResult as exc:
+        if n_queries == 1:
+            raise
+        return exc
+
+
+def _document(url: str, args: argparse.Namespace, catalog: dict[str, Query],
+              results: list[NamedResult | EmptyResult]) -> dict[str, Any]:
+    entries: list[dict[str, Any]] = []
+    for r in results:
+        if isinstance(r, EmptyResult):
+            q = catalog[r.query]
+            entries.append({"name": q.name, "unit": q.unit, "help": q.help, "expr": None,
+                            "error": str(r), "result": []})
+            continue
+        q = catalog[r.name]
+        rows = [s.to_dict() for s in (r.series or r.samples)]
+        entries.append({"name": r.name, "unit": r.unit, "help": q.help, "expr": r.expr,
+                        "error": None, "result": rows})
+    return {"prometheus": url, "selector": args.selector, "window": args.window,
+            "range": args.range, "step": args.step, "queries": entries}
+
+
+def _fmt(value: Any, unit: str) -> str:
+    if value is None:
+        return "NaN (no data in window)"
+    if isinstance(value, str):
+        return value
+    if math.isfinite(value) and unit == "s":
+        return f"{value * 1000:.2f} ms" if abs(value) < 1 else f"{value:.3f} s"
+    if unit in ("ratio", "fraction"):
+        return f"{value:.3f} ({value * 100:.1f} %)"
+    return f"{value:.4g} {unit}"
+
+
+def _labels(labels: dict[str, str]) -> str:
+    return escape(", ".join(f"{k}={v}" for k, v in sorted(labels.items()))) or "-"
+
+
+def _render(out: Console, err: Console, doc: dict[str, Any], show_expr: bool) -> None:
+    ranged = doc["range"] is not None
+    title = f"{doc['prometheus']}  selector {{{doc['selector']}}}  window {doc['window']}"
+    table = Table(title=escape(title), title_justify="left")
+    table.add_column("query")
+    table.add_column("labels")
+    table.add_column("points" if ranged else "value", justify="right")
+    if ranged:
+        table.add_column("last", justify="right")
+    for e in doc["queries"]:
+        if e["error"]:
+            err.print(f"[yellow]{escape(e['error'])}")
+            table.add_row(e["name"], "-", "no data", *([""] if ranged else []))
+            continue
+        for row in e["result"]:
+            if ranged:
+                pts = row["points"]
+                table.add_row(e["name"], _labels(row["labels"]), str(len(pts)),
+                              _fmt(pts[-1][1], e["unit"]) if pts else "-")
+            else:
+                table.add_row(e["name"], _labels(row["labels"]), _fmt(row["value"], e["unit"]))
+        if show_expr and e["expr"]:
+            out.print(f"[dim]{e['name']}:[/] {escape(e['expr'])}", highlight=False, soft_wrap=True)
+    out.print(table)
+
+
+def _list(args: argparse.Namespace, out: Console, catalog: dict[str, Query]) -> int:
+    if args.json:
+        doc = {"queries": [{"name": q.name, "unit": q.unit, "help": q.help,
+                            "template": q.template} for q in catalog.values()]}
+        out.out(json.dumps(doc), highlight=False)
+        return 0
+    table = Table(title=f"{len(catalog)} named queries ($selector, $window)",
+                  title_justify="left")
+    table.add_column("name")
+    table.add_column("unit")
+    table.add_column("what")
+    for q in catalog.values():
+        table.add_row(q.name, q.unit, q.help)
+    out.print(table)
+    return 0
+
+
+run = cmd_query  # the name cli.py's command table uses for every command module
