@@ -159,10 +159,13 @@ def run_probe(spec: RunSpec, store: Store, *, settings: ProbeSettings = ProbeSet
               api_key: str | None = None, progress: ProgressHook | None = None,
               session: requests.Session | None = None, timeout_s: float = 120.0,
               sleep: Callable[[float], None] = time.sleep,
-              clock: Callable[[], float] = time.monotonic) -> ProbeResult:
+              clock: Callable[[], float] = time.monotonic,
+              before_runs: Callable[[], None] | None = None) -> ProbeResult:
     """Run one probe experiment; every completed run is in ``store`` before the next starts.
 
     Raises :class:`~phaseprobe.errors.EndpointUnreachable` before any run if nothing answers.
+    ``before_runs`` is called after the warm-ups, before the first measured run (e.g. to let
+    Prometheus take a scrape that excludes the warm-ups).
     """
     progress = progress or NullProgress()
     session = session or requests.Session()
@@ -204,6 +207,8 @@ def run_probe(spec: RunSpec, store: Store, *, settings: ProbeSettings = ProbeSet
                 model=spec.model, prompt=prompts[i], max_tokens=spec.max_tokens,
                 chat=spec.api == "chat", seed=spec.seed, ignore_eos=spec.ignore_eos))
             progress.on_warmup(i, warm.error)
+        if before_runs is not None:
+            before_runs()
         for seq in range(settings.runs):
             if seq and settings.pause_s:
                 sleep(settings.pause_s)

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -26,9 +26,17 @@ from phaseprobe.collect.experiment import ProbeSettings, run_probe
 from phaseprobe.errors import ConfigError, PhaseprobeError
 from phaseprobe.paths import default_store_path
 from phaseprobe.present import cmd_grafana, cmd_query
-from phaseprobe.present.console import RichProgress, render_experiments, render_probe
+from phaseprobe.present.console import (
+    RichProgress,
+    render_experiments,
+    render_probe,
+    render_prom_comparison,
+)
 from phaseprobe.records import RunSpec
 from phaseprobe.store import Store, redact_url
+
+if TYPE_CHECKING:
+    from phaseprobe.collect.prom_summary import PromSidecar
 
 __all__ = ["main", "build_parser"]
 
@@ -104,6 +112,17 @@ def build_parser() -> argparse.ArgumentParser:
                        "the API key (default: OPENAI_API_KEY, then VLLM_API_KEY); keys are "
                        "never stored or printed")
     probe.add_argument("--name", default="probe", help="experiment name in the store")
+    probe.add_argument("--prom", metavar="URL", help="also summarise the experiment from this "
+                       "Prometheus (which scrapes the endpoint): PromQL per-request means over "
+                       "the experiment window beside the direct-scrape ones")
+    probe.add_argument("--prom-selector", metavar="MATCHERS", default=None,
+                       help="label matchers for the PromQL (default: model_name=\"MODEL\"); "
+                            "pin the instance when Prometheus scrapes a fleet")
+    probe.add_argument("--prom-token-env", metavar="VAR", default="PHASEPROBE_PROM_TOKEN",
+                       help="environment variable with a bearer token for Prometheus")
+    probe.add_argument("--prom-wait", type=float, default=60.0, metavar="SECONDS",
+                       help="how long to wait for Prometheus to scrape after the last run "
+                            "(default: 60)")
     _store_and_json(probe)
 
     runs = sub.add_parser("runs", help="list stored experiments, or the runs of one")
@@ -171,19 +190,41 @@ def _cmd_probe(args: argparse.Namespace, out: Console, err: Console) -> int:
                                  name=args.name)
         store = stack.enter_context(Store(args.store or default_store_path()))
         progress = RichProgress(err)
+        sidecar = _prom_sidecar(args, model, stack) if args.prom else None
         result = run_probe(spec, store, settings=settings, api_key=api_key, progress=progress,
-                           timeout_s=args.timeout)
+                           timeout_s=args.timeout,
+                           before_runs=sidecar.before_runs if sidecar else None)
+        prom = None
+        if sidecar is not None:
+            with err.status("waiting for Prometheus to scrape after the last run…"):
+                prom = sidecar.finish(result.runs)
+            if "error" in prom:  # the runs are stored and shown; only the summary is missing
+                err.print(f"[yellow]Prometheus summary unavailable:[/] {escape(prom['error'])}")
     summary = summarize(result.runs)
     if args.json:
         doc = {"experiment_id": result.experiment_id,
                "spec": {**spec.to_dict(), "endpoint": redact_url(spec.endpoint)},
                "server": result.server_info, "notes": result.notes,
                "summary": summary.to_dict(), "runs": [r.to_dict() for r in result.runs]}
+        if prom is not None:
+            doc["prometheus"] = prom
         out.out(json.dumps(doc), highlight=False)  # plain: no markup, no wrapping
     else:
         render_probe(out, result.runs, summary, result.server_info, result.notes,
                      result.experiment_id)
+        if prom is not None:
+            render_prom_comparison(out, prom)
     return 0 if any(r.status == "ok" for r in result.runs) else 1
+
+
+def _prom_sidecar(args: argparse.Namespace, model: str, stack: ExitStack) -> PromSidecar:
+    from phaseprobe.collect.prom_summary import PromSidecar
+    from phaseprobe.sources.prometheus import PrometheusClient
+
+    selector = args.prom_selector if args.prom_selector is not None else \
+        f'model_name="{model}"'
+    client = stack.enter_context(PrometheusClient(args.prom, token_env=args.prom_token_env))
+    return PromSidecar(client, selector=selector, wait_s=args.prom_wait)
 
 
 def _first_model(endpoint: str, api_key: str | None) -> str:

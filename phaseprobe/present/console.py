@@ -22,7 +22,7 @@ from rich.table import Table
 from phaseprobe.analysis.phases import Summary, percentile
 from phaseprobe.records import Run
 
-__all__ = ["RichProgress", "render_probe", "render_experiments", "ms"]
+__all__ = ["RichProgress", "render_probe", "render_experiments", "render_prom_comparison", "ms"]
 
 
 def ms(seconds: float | None, digits: int = 1) -> str:
@@ -109,3 +109,30 @@ def render_experiments(console: Console, rows: Sequence[dict[str, Any]]) -> None
                       str(row["n_runs"]), str(row["n_ok"] or 0), str(row["n_isolated"] or 0),
                       "yes" if row["finished_wall_ns"] else "no")
     console.print(table)
+
+
+def render_prom_comparison(console: Console, prom: dict[str, Any]) -> None:
+    """PromQL per-request means over the experiment window beside the direct-scrape ones."""
+    if "error" in prom:
+        console.print(f"[yellow]Prometheus ({prom['url']}): {prom['error']}")
+        return
+    table = Table(title=f"Prometheus {prom['url']} · {{{prom['selector']}}} · "
+                        f"window {prom['window_s']:.1f} s",
+                  caption="per-request means: increase(_sum)/increase(_count) vs direct scrape")
+    for col in ("query", "PromQL", "direct scrape", "diff"):
+        table.add_column(col, justify="left" if col == "query" else "right")
+    for name, p in prom["prometheus"].items():
+        d = prom["direct"].get(name)
+        share = name == "decode_share"
+
+        def fmt(v: float | None, share: bool = share) -> str:
+            if v is None:
+                return "—"
+            return f"{v:.1%}" if share else f"{v * 1e3:.2f} ms"
+        diff = "—" if p is None or d is None or not d else f"{(p - d) / d:+.1%}"
+        table.add_row(name, fmt(p), fmt(d), diff)
+    console.print(table)
+    for note in prom["disagreements"]:
+        console.print(f"[red]disagreement:[/] {note}")
+    if not prom["disagreements"]:
+        console.print("PromQL and the direct scrape agree.")

@@ -180,3 +180,44 @@ def test_cli_query_all_json(experiment):
     assert code == 0
     assert {q["name"] for q in doc["queries"]} == set(load_catalog())
     assert all(q["error"] is None and q["result"] for q in doc["queries"])
+
+
+def test_probe_with_prom_summarises_the_experiment_from_promql(prometheus, local_vllm,
+                                                               tmp_path, capsys):
+    """`phaseprobe probe --prom URL`: PromQL means over the experiment window (warm-up
+    excluded) agree with the direct-scrape attribution, and nothing disagrees."""
+    from phaseprobe.present.cli import main
+
+    code = main(["probe", "--endpoint", local_vllm.base_url, "--prom", prometheus.url,
+                 "--runs", "3", "--warmup", "1", "--max-tokens", "24", "--prom-wait", "30",
+                 "--store", str(tmp_path / "s.sqlite"), "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0
+    prom = doc["prometheus"]
+    assert "error" not in prom, prom
+    assert prom["disagreements"] == []
+    direct = [r["server"]["decode_s"] for r in doc["runs"]]
+    assert prom["prometheus"]["avg_decode_time"] == pytest.approx(statistics.fmean(direct),
+                                                                  rel=0.02)
+    assert prom["prometheus"]["avg_prefill_time"] > 0
+    assert 0 < prom["prometheus"]["decode_share"] < 1
+
+
+def test_probe_with_prometheus_down_still_measures(local_vllm, tmp_path, capsys):
+    import socket
+
+    from phaseprobe.present.cli import main
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    code = main(["probe", "--endpoint", local_vllm.base_url, "--prom",
+                 f"http://127.0.0.1:{port}", "--runs", "2", "--max-tokens", "8",
+                 "--store", str(tmp_path / "s.sqlite"), "--json"])
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)
+    assert code == 0
+    assert [r["status"] for r in doc["runs"]] == ["ok", "ok"]
+    assert f"127.0.0.1:{port}" in doc["prometheus"]["error"]
+    assert "Prometheus summary" in captured.err or f"127.0.0.1:{port}" in captured.err
