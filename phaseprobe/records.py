@@ -45,8 +45,9 @@ class RunSpec:
     prompt: str
     max_tokens: int
     api: Api = "completions"
-    prompt_tokens_target: int | None = None  # the length asked for with --prompt-tokens
-    unique_prefix: bool = True  # each run's prompt starts differently: defeats prefix caching
+    # The length asked for with --prompt-tokens; such prompts differ per run from their first
+    # words on, so prefix caching cannot shorten prefill. None: ``prompt`` is sent every run.
+    prompt_tokens_target: int | None = None
     temperature: float = 0.0
     seed: int = 0
     ignore_eos: bool = True

@@ -179,13 +179,10 @@ def _cmd_probe(args: argparse.Namespace, out: Console, err: Console) -> int:
             err.print(f"local vLLM ready at {server.base_url} (log: {server.log_path})")
             endpoint = server.base_url
         model = args.model or _first_model(endpoint, api_key)
-        target = args.prompt_tokens if args.prompt is None else None
-        if args.prompt is None and target is None:
-            target = 128
+        target = None if args.prompt is not None else (args.prompt_tokens or 128)
         spec = RunSpec(endpoint=endpoint, model=model, prompt=args.prompt or "",
                        max_tokens=args.max_tokens, api="chat" if args.chat else "completions",
-                       prompt_tokens_target=target, unique_prefix=args.prompt is None,
-                       ignore_eos=not args.no_ignore_eos)
+                       prompt_tokens_target=target, ignore_eos=not args.no_ignore_eos)
         settings = ProbeSettings(runs=args.runs, warmup=args.warmup, pause_s=args.pause,
                                  name=args.name)
         store = stack.enter_context(Store(args.store or default_store_path()))
