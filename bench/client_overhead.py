@@ -90,6 +90,7 @@ def phaseprobe_trial(server: RemoteServer, body: dict) -> tuple[list[int], float
     cpu0 = time.thread_time_ns()
     out = client.stream(body)
     cpu = time.thread_time_ns() - cpu0
+    client.session.close()
     send = server.last_send_ns()
     offsets = out.timeline.event_offsets_ns
     if out.error or len(offsets) != len(send) or clock.first is None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import json
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -116,6 +117,12 @@ class _HttpServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 64
     owner: SseServer
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that goes away with a keep-alive connection open is normal, not an error.
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
 
 
 class _Handler(BaseHTTPRequestHandler):
