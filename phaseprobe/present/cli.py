@@ -25,7 +25,7 @@ from phaseprobe.analysis.phases import summarize
 from phaseprobe.collect.experiment import ProbeSettings, run_probe
 from phaseprobe.errors import ConfigError, PhaseprobeError
 from phaseprobe.paths import default_store_path
-from phaseprobe.present import cmd_grafana, cmd_query
+from phaseprobe.present import cmd_grafana, cmd_plan, cmd_query
 from phaseprobe.present.console import (
     RichProgress,
     render_experiments,
@@ -144,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--json", action="store_true", help="print one JSON document")
     cmd_query.register(sub)
     cmd_grafana.register(sub)
+    cmd_plan.register(sub)
     return parser
 
 
@@ -306,6 +307,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace, Console, Console], int]] = {
     "local": _cmd_local,
     "query": cmd_query.run,
     "grafana": cmd_grafana.run,
+    "plan": cmd_plan.run,
 }
 
 

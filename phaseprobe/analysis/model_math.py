@@ -1,0 +1,533 @@
+"""Model arithmetic from a Hugging Face ``config.json``: parameters, bytes, KV cache, FLOPs.
+
+Everything here is pure arithmetic on a config dict except :func:`load_config`, the one helper
+that reads a local file (a ``config.json`` or a model directory holding one). The formulas:
+
+- KV cache bytes per token = 2 (K and V) × layers × kv_heads × head_dim × bytes; with MLA
+  (DeepSeek) one compressed latent per layer: layers × (kv_lora_rank + qk_rope_head_dim) × bytes.
+- Decode FLOPs per token ≈ 2 × active matmul params + 4 × layers × heads × head_dim × context
+  (QKᵀ and AV; MLA with its own q/k and v widths); prefill of P tokens sums that over
+  positions 1..P (the causal quadratic term).
+- Weights are counted layer by layer (embeddings, attention with GQA/MQA/MLA, gated or plain MLP,
+  MoE experts with total vs active per token), so a config's own figure can be checked.
+
+Then capacity planning (:func:`plan_capacity`: how many tokens of KV fit beside the weights,
+per user and per context length) and the memory-bandwidth floor of a decode step
+(:func:`decode_floor`: bytes that must be read per step / bandwidth).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from phaseprobe.errors import ConfigError
+
+__all__ = [
+    "DTYPE_BYTES",
+    "AttentionShape",
+    "MoEShape",
+    "ModelShape",
+    "WeightFormat",
+    "ParamCount",
+    "load_config",
+    "parse_shape",
+    "count_params",
+    "weight_format",
+    "weight_bytes",
+    "decode_weight_bytes",
+    "kv_dtype_bytes",
+    "kv_bytes_per_token",
+    "decode_flops_per_token",
+    "prefill_flops",
+    "canonical_dtype",
+    "UsersAtContext",
+    "CapacityPlan",
+    "plan_capacity",
+    "DecodeFloor",
+    "decode_floor",
+    "GIB",
+    "PLAN_CONTEXTS",
+]
+
+# Bytes per element. fp8/int8 are one byte; int4 packs two weights per byte.
+DTYPE_BYTES: dict[str, float] = {
+    "fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5,
+}
+_DTYPE_ALIASES = {
+    "float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16",
+    "fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "float8_e4m3fn": "fp8", "float8": "fp8",
+}
+_QUANTIZED = ("fp8", "int8", "int4")
+
+
+def canonical_dtype(name: str) -> str:
+    """``bfloat16`` → ``bf16`` etc.; :class:`ConfigError` for a dtype this module cannot size."""
+    key = name.strip().lower()
+    key = _DTYPE_ALIASES.get(key, key)
+    if key not in DTYPE_BYTES:
+        raise ConfigError(f"dtype {name!r} is not one of {', '.join(DTYPE_BYTES)}")
+    return key
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    kind: str  # "mha", "gqa", "mqa" or "mla"
+    num_heads: int
+    num_kv_heads: int  # MLA: 1 (one shared latent per token, as vLLM treats it)
+    head_dim: int  # MLA: qk_nope_head_dim + qk_rope_head_dim (the query/key width)
+    bias: bool = False
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+
+
+@dataclass(frozen=True)
+class MoEShape:
+    num_experts: int
+    experts_per_token: int
+    expert_intermediate_size: int
+    shared_intermediate_size: int  # all shared experts together; 0 when there are none
+    moe_layers: int  # how many of the decoder layers are MoE (the rest are dense MLP)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The numbers of a config.json that size the model (``source`` names the file)."""
+
+    source: str
+    model_type: str
+    hidden_size: int
+    num_layers: int
+    intermediate_size: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    gated_mlp: bool
+    max_context_tokens: int | None
+    config_dtype: str  # the checkpoint's torch dtype (bf16 when the config does not say)
+    attention: AttentionShape
+    moe: MoEShape | None
+    quantization: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class ParamCount:
+    """Parameters by role. ``active`` counts what one token touches (top-k experts only)."""
+
+    embedding: int
+    lm_head: int  # 0 when tied to the embedding
+    attention: int
+    dense_mlp: int
+    experts_total: int  # routed + shared expert weights, all experts
+    experts_active: int  # routed top-k + shared, per token
+    router: int
+    norms: int
+
+    @property
+    def total(self) -> int:
+        return (self.embedding + self.lm_head + self.attention + self.dense_mlp
+                + self.experts_total + self.router + self.norms)
+
+    @property
+    def active(self) -> int:
+        return self.total - self.experts_total + self.experts_active
+
+    @property
+    def linear_total(self) -> int:
+        """Decoder linear layers: what weight quantization (fp8/int8/int4) applies to."""
+        return self.attention + self.dense_mlp + self.experts_total
+
+    @property
+    def matmul_active(self) -> int:
+        """Weights multiplied per token: the input embedding is a row lookup, not a matmul,
+        but the LM head is one (even when tied to the embedding table)."""
+        head = self.lm_head if self.lm_head else self.embedding
+        return self.attention + self.dense_mlp + self.experts_active + self.router + head
+
+
+def load_config(path: str | Path) -> tuple[dict[str, Any], str]:
+    """Read ``config.json`` (or ``DIR/config.json``); returns the dict and the file's name."""
+    p = Path(path).expanduser()
+    file = p / "config.json" if p.is_dir() else p
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        where = f"{p} has no config.json" if p.is_dir() else f"{file}: no such file"
+        raise ConfigError(f"model config {where}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"model config {file}: cannot read ({exc})") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"model config {file}: not valid JSON (line {exc.lineno}: "
+                          f"{exc.msg})") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"model config {file}: expected a JSON object, got "
+                          f"{type(doc).__name__}")
+    return doc, str(file)
+
+
+def _int(cfg: dict[str, Any], source: str, *keys: str, default: int | None = None) -> int:
+    for key in keys:
+        value = cfg.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"model config {source}: {key}={value!r} is not a "
+                              f"non-negative integer")
+        return value
+    if default is None:
+        raise ConfigError(f"model config {source}: no {' / '.join(keys)} (unsupported "
+                          f"architecture or not a decoder config)")
+    return default
+
+
+def parse_shape(cfg: dict[str, Any], source: str = "config.json") -> ModelShape:
+    """The sizing numbers of a config dict; :class:`ConfigError` naming ``source`` if absent."""
+    # Multimodal wrappers (Llava, Gemma 3, Llama 4...) keep the language model in text_config;
+    # the vision tower is not sized here.
+    if "hidden_size" not in cfg and isinstance(cfg.get("text_config"), dict):
+        cfg = {**cfg["text_config"], "quantization_config": cfg.get("quantization_config")}
+    hidden = _int(cfg, source, "hidden_size", "n_embd", "d_model")
+    layers = _int(cfg, source, "num_hidden_layers", "n_layer", "num_layers")
+    heads = _int(cfg, source, "num_attention_heads", "n_head")
+    vocab = _int(cfg, source, "vocab_size")
+    if heads == 0 or hidden == 0 or layers == 0:
+        raise ConfigError(f"model config {source}: hidden size, layers and heads must be > 0")
+    inter = _int(cfg, source, "intermediate_size", "n_inner", "ffn_dim", default=4 * hidden)
+    model_type = str(cfg.get("model_type", "unknown"))
+    attention = _attention(cfg, source, hidden, heads, model_type)
+    act = str(cfg.get("hidden_act", cfg.get("activation_function", "silu"))).lower()
+    gated = act in ("silu", "swiglu", "swish") or "glu" in act
+    dtype_name = cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"
+    try:
+        config_dtype = canonical_dtype(str(dtype_name))
+    except ConfigError:
+        config_dtype = "bf16"  # an exotic checkpoint dtype: size activations as 16-bit
+    quant = cfg.get("quantization_config")
+    return ModelShape(
+        source=source, model_type=model_type, hidden_size=hidden, num_layers=layers,
+        intermediate_size=inter, vocab_size=vocab,
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)), gated_mlp=gated,
+        max_context_tokens=_int(cfg, source, "max_position_embeddings", "n_positions",
+                                default=0) or None,
+        config_dtype=config_dtype, attention=attention, moe=_moe(cfg, source, layers, inter),
+        quantization=quant if isinstance(quant, dict) else None)
+
+
+def _attention(cfg: dict[str, Any], source: str, hidden: int, heads: int,
+               model_type: str) -> AttentionShape:
+    bias = bool(cfg.get("attention_bias", False)) or model_type in ("qwen2", "qwen2_moe")
+    if cfg.get("kv_lora_rank"):
+        nope = _int(cfg, source, "qk_nope_head_dim")
+        rope = _int(cfg, source, "qk_rope_head_dim")
+        return AttentionShape(
+            kind="mla", num_heads=heads, num_kv_heads=1, head_dim=nope + rope, bias=False,
+            kv_lora_rank=_int(cfg, source, "kv_lora_rank"),
+            q_lora_rank=_int(cfg, source, "q_lora_rank", default=0), qk_rope_head_dim=rope,
+            v_head_dim=_int(cfg, source, "v_head_dim", default=nope))
+    kv_heads = _int(cfg, source, "num_key_value_heads", "num_kv_heads", default=heads)
+    if cfg.get("multi_query") is True:  # Falcon-7B style flag instead of a head count
+        kv_heads = 1
+    if hidden % heads and not cfg.get("head_dim"):
+        raise ConfigError(f"model config {source}: hidden_size {hidden} is not a multiple of "
+                          f"num_attention_heads {heads} and there is no head_dim")
+    head_dim = _int(cfg, source, "head_dim", default=hidden // heads)
+    if kv_heads == 0 or heads % kv_heads:
+        raise ConfigError(f"model config {source}: {heads} attention heads cannot share "
+                          f"{kv_heads} KV heads")
+    kind = "mha" if kv_heads == heads else "mqa" if kv_heads == 1 else "gqa"
+    return AttentionShape(kind=kind, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+                          bias=bias)
+
+
+def _moe(cfg: dict[str, Any], source: str, layers: int, inter: int) -> MoEShape | None:
+    if cfg.get("num_local_experts"):  # Mixtral: every layer is MoE, experts as wide as the MLP
+        return MoEShape(num_experts=_int(cfg, source, "num_local_experts"),
+                        experts_per_token=_int(cfg, source, "num_experts_per_tok", default=2),
+                        expert_intermediate_size=inter, shared_intermediate_size=0,
+                        moe_layers=layers)
+    if cfg.get("n_routed_experts"):  # DeepSeek V2/V3: first k layers dense, then every freq-th
+        expert = _int(cfg, source, "moe_intermediate_size")
+        first_dense = _int(cfg, source, "first_k_dense_replace", default=0)
+        freq = max(1, _int(cfg, source, "moe_layer_freq", default=1))
+        moe_layers = sum(1 for i in range(first_dense, layers) if i % freq == 0)
+        return MoEShape(num_experts=_int(cfg, source, "n_routed_experts"),
+                        experts_per_token=_int(cfg, source, "num_experts_per_tok"),
+                        expert_intermediate_size=expert,
+                        shared_intermediate_size=expert * _int(cfg, source, "n_shared_experts",
+                                                               default=0),
+                        moe_layers=moe_layers)
+    if cfg.get("num_experts") and cfg.get("moe_intermediate_size"):  # Qwen2/3-MoE
+        step = max(1, _int(cfg, source, "decoder_sparse_step", default=1))
+        dense_only = set(cfg.get("mlp_only_layers") or [])
+        moe_layers = sum(1 for i in range(layers) if (i + 1) % step == 0 and i not in dense_only)
+        return MoEShape(num_experts=_int(cfg, source, "num_experts"),
+                        experts_per_token=_int(cfg, source, "num_experts_per_tok"),
+                        expert_intermediate_size=_int(cfg, source, "moe_intermediate_size"),
+                        shared_intermediate_size=_int(cfg, source,
+                                                      "shared_expert_intermediate_size",
+                                                      default=0),
+                        moe_layers=moe_layers)
+    return None
+
+
+def count_params(shape: ModelShape) -> ParamCount:
+    """Parameters by role, from the shapes alone (norm weights included; biases only where
+    the config says the projections have them)."""
+    h, layers, a = shape.hidden_size, shape.num_layers, shape.attention
+    if a.kind == "mla":
+        q = (h * a.q_lora_rank + a.q_lora_rank + a.q_lora_rank * a.num_heads * a.head_dim
+             if a.q_lora_rank else h * a.num_heads * a.head_dim)
+        kv_a = h * (a.kv_lora_rank + a.qk_rope_head_dim) + a.kv_lora_rank  # + its RMSNorm
+        nope = a.head_dim - a.qk_rope_head_dim
+        kv_b = a.kv_lora_rank * a.num_heads * (nope + a.v_head_dim)
+        per_layer_attn = q + kv_a + kv_b + a.num_heads * a.v_head_dim * h
+    else:
+        q_out, kv_out = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
+        per_layer_attn = h * q_out + 2 * h * kv_out + q_out * h
+        if a.bias:
+            per_layer_attn += q_out + 2 * kv_out
+    mats = 3 if shape.gated_mlp else 2  # gate + up + down, or up + down
+    moe = shape.moe
+    dense_layers = layers - (moe.moe_layers if moe else 0)
+    experts_total = experts_active = router = 0
+    if moe:
+        per_expert = mats * h * moe.expert_intermediate_size
+        shared = mats * h * moe.shared_intermediate_size
+        experts_total = moe.moe_layers * (moe.num_experts * per_expert + shared)
+        experts_active = moe.moe_layers * (moe.experts_per_token * per_expert + shared)
+        router = moe.moe_layers * moe.num_experts * h
+    embedding = shape.vocab_size * h
+    return ParamCount(
+        embedding=embedding, lm_head=0 if shape.tie_word_embeddings else embedding,
+        attention=layers * per_layer_attn,
+        dense_mlp=dense_layers * mats * h * shape.intermediate_size,
+        experts_total=experts_total, experts_active=experts_active, router=router,
+        norms=layers * 2 * h + h)
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    """How decoder linear weights are stored; embeddings, LM head, norms and routers stay in
+    ``base_dtype`` (that is what fp8/GPTQ/AWQ checkpoints and vLLM's online fp8 do)."""
+
+    name: str
+    linear_bytes_per_param: float  # includes per-group scales/zeros where the format has them
+    base_dtype: str
+    source: str  # "--dtype", "quantization_config" or "config dtype"
+
+
+def weight_format(shape: ModelShape, dtype: str | None = None) -> WeightFormat:
+    """The weight format: ``dtype`` when given, else the config's quantization_config, else
+    the checkpoint's torch dtype."""
+    base = shape.config_dtype if shape.config_dtype not in _QUANTIZED else "bf16"
+    source = "config dtype"
+    if base == "fp32":  # vLLM's --dtype auto serves fp32 checkpoints in fp16
+        base, source = "fp16", "fp32 checkpoint served as fp16 (vLLM --dtype auto)"
+    if dtype is not None:
+        d = canonical_dtype(dtype)
+        return WeightFormat(d, DTYPE_BYTES[d], d if d not in _QUANTIZED else base, "--dtype")
+    if shape.quantization:
+        name, per_param = _quantized_bytes(shape.quantization, shape.source)
+        return WeightFormat(name, per_param, base, "quantization_config")
+    return WeightFormat(base, DTYPE_BYTES[base], base, source)
+
+
+def _quantized_bytes(q: dict[str, Any], source: str) -> tuple[str, float]:
+    method = str(q.get("quant_method", "")).lower()
+    if method in ("fp8", "fbgemm_fp8"):
+        return "fp8", 1.0
+    if method == "mxfp4":  # 4-bit values, one 1-byte shared exponent per 32
+        return "mxfp4", 0.5 + 1 / 32
+    if method == "bitsandbytes":  # NF4: blocks of 64 with an fp32 absmax; int8: per-row scales
+        return ("int4", 0.5 + 4 / 64) if q.get("load_in_4bit") else ("int8", 1.0)
+    if method == "compressed-tensors":
+        for group in (q.get("config_groups") or {}).values():
+            weights = (group.get("weights") or {}) if isinstance(group, dict) else {}
+            if weights.get("num_bits"):
+                bits = int(weights["num_bits"])
+                size = weights.get("group_size") or 0
+                scale = 2 / size if size and size > 0 else 0.0  # one 16-bit scale per group
+                kind = "fp" if weights.get("type") == "float" else "int"
+                return f"{kind}{bits}", bits / 8 + scale
+    if method in ("gptq", "awq", "gptq_marlin", "awq_marlin", "marlin") or "bits" in q:
+        bits = int(q.get("bits", q.get("w_bit", 4)))
+        size = int(q.get("group_size", q.get("q_group_size", 128)) or -1)
+        # One fp16 scale and one packed zero point per group; per-channel (-1) is negligible.
+        extra = (2 + bits / 8) / size if size > 0 else 0.0
+        return f"int{bits}", bits / 8 + extra
+    raise ConfigError(f"model config {source}: quantization_config quant_method {method!r} "
+                      f"is not sized here; pass --dtype to size the weights")
+
+
+def weight_bytes(params: ParamCount, fmt: WeightFormat, active_only: bool = False) -> int:
+    """Bytes of weights (``active_only``: the experts one token reads, not all of them)."""
+    experts = params.experts_active if active_only else params.experts_total
+    linear = params.attention + params.dense_mlp + experts
+    other = params.embedding + params.lm_head + params.router + params.norms
+    return round(linear * fmt.linear_bytes_per_param + other * DTYPE_BYTES[fmt.base_dtype])
+
+
+def decode_weight_bytes(params: ParamCount, fmt: WeightFormat, shape: ModelShape,
+                        batch_size: int = 1) -> int:
+    """Weight bytes one decode step must read for ``batch_size`` sequences.
+
+    The input embedding is a row lookup, so its table is not read (unless tied: it is the LM
+    head). For MoE each sequence picks top-k of E experts; with uniform routing a layer
+    touches E × (1 − (1 − k/E)^batch) distinct experts, so a big batch reads them all.
+    """
+    touched = weight_bytes(params, fmt)
+    if shape.moe and params.experts_total:
+        e, k = shape.moe.num_experts, shape.moe.experts_per_token
+        routed_all = params.experts_total - params.experts_active  # unread at batch 1
+        fraction_unread = (1 - k / e) ** batch_size / (1 - k / e) if k < e else 0.0
+        touched -= round(routed_all * fraction_unread * fmt.linear_bytes_per_param)
+    if not shape.tie_word_embeddings:
+        touched -= round(params.embedding * DTYPE_BYTES[fmt.base_dtype])
+    return touched
+
+
+def kv_dtype_bytes(kv_dtype: str, fmt: WeightFormat) -> float:
+    """``auto`` stores KV in the activation dtype (vLLM's default); else the named dtype."""
+    if kv_dtype == "auto":
+        return DTYPE_BYTES[fmt.base_dtype]
+    return DTYPE_BYTES[canonical_dtype(kv_dtype)]
+
+
+def kv_bytes_per_token(shape: ModelShape, bytes_per_element: float) -> int:
+    """KV cache bytes one token occupies across all layers (one copy of the model)."""
+    a = shape.attention
+    if a.kind == "mla":
+        width = a.kv_lora_rank + a.qk_rope_head_dim  # one latent, shared by K and V
+        return round(shape.num_layers * width * bytes_per_element)
+    return round(2 * shape.num_layers * a.num_kv_heads * a.head_dim * bytes_per_element)
+
+
+def _attention_flops_per_position(shape: ModelShape) -> int:
+    """FLOPs of QKᵀ plus AV for one query against one cached position, all layers (MLA in its
+    plain form, per head; vLLM's absorbed decode kernel trades these for latent-width ones)."""
+    a = shape.attention
+    v_dim = a.v_head_dim if a.kind == "mla" else a.head_dim
+    return 2 * shape.num_layers * a.num_heads * (a.head_dim + v_dim)
+
+
+def decode_flops_per_token(shape: ModelShape, params: ParamCount, context_tokens: int) -> int:
+    """One decode step for one sequence: 2 × active matmul weights + attention over context."""
+    return 2 * params.matmul_active + _attention_flops_per_position(shape) * context_tokens
+
+
+def prefill_flops(shape: ModelShape, params: ParamCount, prompt_tokens: int) -> int:
+    """A prefill of P tokens: 2 × weights × P plus the causal attention term (token i attends
+    to i positions, so Σ i = P(P+1)/2)."""
+    p = prompt_tokens
+    return (2 * params.matmul_active * p
+            + _attention_flops_per_position(shape) * p * (p + 1) // 2)
+
+
+GIB = 1 << 30
+# Context lengths of the "users per context length" table (2k, 8k, 32k, 128k tokens).
+PLAN_CONTEXTS = (2048, 8192, 32768, 131072)
+
+
+@dataclass(frozen=True)
+class UsersAtContext:
+    context_tokens: int
+    users: int  # sequences of this length whose KV fits at once
+
+
+@dataclass(frozen=True)
+class CapacityPlan:
+    """Memory budget of one model instance spread over ``gpus`` (tensor parallel)."""
+
+    gpus: int
+    gpu_mem_bytes_each: int
+    gpu_memory_utilization: float
+    reserve_bytes_per_gpu: int  # activations, CUDA graphs, non-torch memory
+    concurrent_users: int
+    usable_bytes: int  # gpus × memory × utilization: what vLLM lets itself use
+    weight_bytes: int
+    reserve_bytes: int
+    kv_budget_bytes: int  # usable − weights − reserve (0 when the weights do not fit)
+    kv_bytes_per_token: int  # one copy of the model's KV for one token
+    kv_replication: int  # copies of each token's KV across the GPUs (see plan_capacity)
+    kv_capacity_tokens: int
+    max_context_per_user_tokens: int
+    model_max_context_tokens: int | None
+    users_at_context: tuple[UsersAtContext, ...]
+
+    @property
+    def fits(self) -> bool:
+        return self.kv_budget_bytes > 0
+
+
+def plan_capacity(shape: ModelShape, weight_bytes_total: int, kv_token_bytes: int, *,
+                  gpu_mem_bytes: int, gpus: int, concurrent_users: int,
+                  gpu_memory_utilization: float = 0.9, reserve_bytes_per_gpu: int = 2 * GIB,
+                  contexts: tuple[int, ...] = PLAN_CONTEXTS) -> CapacityPlan:
+    """The seed's capacity function: KV budget / (KV bytes per token × users).
+
+    Tensor parallelism splits KV heads over GPUs; with more GPUs than KV heads vLLM replicates
+    each head, so every token's KV is stored ``gpus / kv_heads`` times (MLA's single latent is
+    replicated on every GPU). Exact division, no block rounding: vLLM's 16-token blocks lose
+    at most one partial block per sequence.
+    """
+    if gpus < 1 or concurrent_users < 1 or gpu_mem_bytes <= 0:
+        raise ConfigError("GPU memory, number of GPUs and concurrent users must be positive")
+    if not 0 < gpu_memory_utilization <= 1:
+        raise ConfigError(f"gpu memory utilization {gpu_memory_utilization} must be in (0, 1]")
+    if reserve_bytes_per_gpu < 0:
+        raise ConfigError("the per-GPU reserve cannot be negative")
+    usable = int(gpus * gpu_mem_bytes * gpu_memory_utilization)
+    reserve = gpus * reserve_bytes_per_gpu
+    budget = max(0, usable - weight_bytes_total - reserve)
+    replication = max(1, math.ceil(gpus / shape.attention.num_kv_heads))
+    per_token = kv_token_bytes * replication
+    capacity = budget // per_token if per_token else 0
+    return CapacityPlan(
+        gpus=gpus, gpu_mem_bytes_each=gpu_mem_bytes,
+        gpu_memory_utilization=gpu_memory_utilization,
+        reserve_bytes_per_gpu=reserve_bytes_per_gpu, concurrent_users=concurrent_users,
+        usable_bytes=usable, weight_bytes=weight_bytes_total, reserve_bytes=reserve,
+        kv_budget_bytes=budget, kv_bytes_per_token=kv_token_bytes, kv_replication=replication,
+        kv_capacity_tokens=capacity, max_context_per_user_tokens=capacity // concurrent_users,
+        model_max_context_tokens=shape.max_context_tokens,
+        users_at_context=tuple(UsersAtContext(c, capacity // c) for c in contexts))
+
+
+@dataclass(frozen=True)
+class DecodeFloor:
+    """Memory-bandwidth lower bound of one decode step: every byte a step must read, once."""
+
+    batch_size: int
+    context_tokens: int
+    bandwidth_bytes_per_s: float  # aggregate over the GPUs
+    weight_bytes_read: int
+    kv_bytes_read: int
+    step_floor_s: float  # one step produces one token for each of batch_size sequences
+
+    @property
+    def tokens_per_s_ceiling(self) -> float:
+        return self.batch_size / self.step_floor_s if self.step_floor_s else math.inf
+
+
+def decode_floor(weight_bytes_read: int, bandwidth_bytes_per_s: float, *,
+                 kv_token_bytes: int = 0, context_tokens: int = 0,
+                 batch_size: int = 1) -> DecodeFloor:
+    """(weights read once per step + each sequence's KV at its context) / bandwidth.
+
+    ``weight_bytes_read`` is what a step touches: all dense weights, but for MoE at batch 1
+    only the top-k experts (:func:`weight_bytes` with ``active_only``); the input embedding
+    table is a row lookup and can be left out.
+    """
+    if bandwidth_bytes_per_s <= 0:
+        raise ConfigError(f"bandwidth {bandwidth_bytes_per_s} must be positive")
+    kv = kv_token_bytes * context_tokens * batch_size
+    return DecodeFloor(batch_size=batch_size, context_tokens=context_tokens,
+                       bandwidth_bytes_per_s=bandwidth_bytes_per_s,
+                       weight_bytes_read=weight_bytes_read, kv_bytes_read=kv,
+                       step_floor_s=(weight_bytes_read + kv) / bandwidth_bytes_per_s)

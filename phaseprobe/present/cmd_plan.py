@@ -1,0 +1,222 @@
+"""``phaseprobe plan``: the memory budget of a model from its config.json, before serving it.
+
+    phaseprobe plan --config ~/models/Llama-3-70B --gpu-mem-gb 80 --gpus 8 --concurrent 32
+    phaseprobe plan --config config.json --gpu-mem-gb 80 --kv-dtype fp8 --bandwidth-tbs 3.35
+
+Prints the weights, KV bytes per token, the KV budget left beside them, the longest context
+each of the concurrent users can hold, users per context length, FLOPs per token, and (with
+``--bandwidth-tbs``) the memory-bandwidth floor of a decode step. Memory is in GiB (2³⁰ bytes:
+an "80 GB" card holds about 80 GiB); bandwidth in decimal TB/s, as data sheets give it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import asdict
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from phaseprobe.analysis import model_math as mm
+from phaseprobe.errors import ConfigError
+
+__all__ = ["register", "cmd_plan", "run", "plan_document"]
+
+_KV_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bf16", "fp16", "fp32")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return n
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``plan`` command to the CLI's subparsers."""
+    p = subparsers.add_parser(
+        "plan", help="memory budget from a config.json: weights, KV per token, max context "
+                     "per user, decode floor",
+        description="Model arithmetic from a Hugging Face config.json (a file or a model "
+                    "directory): parameters, weight bytes, KV cache bytes per token (GQA/MQA/"
+                    "MLA aware), the KV budget on the given GPUs and the longest context each "
+                    "concurrent user can keep. Memory in GiB; bandwidth in TB/s.")
+    p.add_argument("--config", required=True, metavar="PATH",
+                   help="config.json, or a model directory holding one")
+    p.add_argument("--gpu-mem-gb", required=True, type=float, metavar="G",
+                   help="memory of one GPU in GiB (e.g. 80 for an H100 80GB)")
+    p.add_argument("--gpus", type=_positive_int, default=1, metavar="N",
+                   help="GPUs holding one model copy (tensor parallel; default: 1)")
+    p.add_argument("--concurrent", type=_positive_int, default=1, metavar="U",
+                   help="users served at once, each with its own context (default: 1)")
+    p.add_argument("--dtype", default=None,
+                   help="weight dtype: fp32, bf16, fp16, fp8, int8, int4 (default: the "
+                        "config's quantization_config, else its torch dtype)")
+    p.add_argument("--kv-dtype", default="auto", choices=_KV_DTYPES,
+                   help="KV cache dtype (auto: the model's activation dtype, as vLLM)")
+    p.add_argument("--gpu-util", type=float, default=0.9, metavar="F",
+                   help="vLLM --gpu-memory-utilization (default: 0.9)")
+    p.add_argument("--reserve-gb", type=float, default=2.0, metavar="G",
+                   help="per GPU, for activations, CUDA graphs and non-torch memory "
+                        "(default: 2 GiB; vLLM measures the real peak at start-up)")
+    p.add_argument("--context", type=_positive_int, default=None, metavar="C",
+                   help="context length for FLOPs and the decode floor (default: the plan's "
+                        "max context per user, capped at the model's maximum)")
+    p.add_argument("--bandwidth-tbs", type=float, default=None, metavar="X",
+                   help="HBM bandwidth of ONE GPU in TB/s (H100 SXM: 3.35): adds the decode "
+                        "floor per token")
+    p.add_argument("--json", action="store_true", help="print one JSON document to stdout")
+
+
+def plan_document(args: argparse.Namespace) -> dict[str, Any]:
+    """Every figure of the plan as a JSON-ready dict (bytes, tokens, FLOPs, seconds)."""
+    if not math.isfinite(args.gpu_mem_gb) or args.gpu_mem_gb <= 0:
+        raise ConfigError(f"--gpu-mem-gb {args.gpu_mem_gb}: must be a positive number of GiB")
+    if not 0 < args.gpu_util <= 1:
+        raise ConfigError(f"--gpu-util {args.gpu_util}: must be in (0, 1]")
+    if args.reserve_gb < 0:
+        raise ConfigError(f"--reserve-gb {args.reserve_gb}: cannot be negative")
+    cfg, source = mm.load_config(args.config)
+    shape = mm.parse_shape(cfg, source)
+    params = mm.count_params(shape)
+    fmt = mm.weight_format(shape, args.dtype)
+    weights = mm.weight_bytes(params, fmt)
+    kv_elem = mm.kv_dtype_bytes(args.kv_dtype, fmt)
+    kv_token = mm.kv_bytes_per_token(shape, kv_elem)
+    plan = mm.plan_capacity(
+        shape, weights, kv_token, gpu_mem_bytes=int(args.gpu_mem_gb * mm.GIB), gpus=args.gpus,
+        concurrent_users=args.concurrent, gpu_memory_utilization=args.gpu_util,
+        reserve_bytes_per_gpu=int(args.reserve_gb * mm.GIB))
+    if args.context is not None:
+        context, context_from = args.context, "--context"
+    else:
+        context = plan.max_context_per_user_tokens
+        context_from = "max context per user"
+        if shape.max_context_tokens and context > shape.max_context_tokens:
+            context, context_from = shape.max_context_tokens, "model maximum"
+    doc: dict[str, Any] = {
+        "config": source, "model_type": shape.model_type, "num_layers": shape.num_layers,
+        "hidden_size": shape.hidden_size,
+        "attention": asdict(shape.attention),
+        "moe": asdict(shape.moe) if shape.moe else None,
+        "params": {**asdict(params), "total": params.total, "active": params.active,
+                   "matmul_active": params.matmul_active},
+        "weights": {**asdict(fmt), "bytes": weights,
+                    "active_bytes": mm.weight_bytes(params, fmt, active_only=True)},
+        "kv": {"dtype": args.kv_dtype, "bytes_per_element": kv_elem,
+               "bytes_per_token": kv_token},
+        "plan": {**asdict(plan), "fits": plan.fits},
+        "context_tokens": context, "context_from": context_from,
+        "flops": {"decode_per_token": mm.decode_flops_per_token(shape, params, context),
+                  "prefill_of_context": mm.prefill_flops(shape, params, context)},
+        "decode_floor": None,
+    }
+    if args.bandwidth_tbs is not None:
+        if not math.isfinite(args.bandwidth_tbs) or args.bandwidth_tbs <= 0:
+            raise ConfigError(f"--bandwidth-tbs {args.bandwidth_tbs}: must be positive")
+        # Tensor parallel: each GPU reads its shard at once, so bandwidths add up; replicated
+        # KV heads are read on every GPU holding a copy.
+        bandwidth = args.bandwidth_tbs * 1e12 * args.gpus
+        replicated = kv_token * plan.kv_replication
+        floors = [mm.decode_floor(mm.decode_weight_bytes(params, fmt, shape, batch),
+                                  bandwidth,
+                                  kv_token_bytes=replicated, context_tokens=context,
+                                  batch_size=batch)
+                  for batch in sorted({1, args.concurrent})]
+        doc["decode_floor"] = [{**asdict(f), "tokens_per_s_ceiling": f.tokens_per_s_ceiling}
+                               for f in floors]
+    return doc
+
+
+def cmd_plan(args: argparse.Namespace, out: Console, err: Console) -> int:
+    """The handler: ``(args, out, err) -> exit code`` (1 when the weights do not fit)."""
+    doc = plan_document(args)
+    if args.json:
+        out.out(json.dumps(doc), highlight=False)
+    else:
+        _render(out, doc)
+    if not doc["plan"]["fits"]:
+        err.print("[yellow]the weights and the reserve leave no room for KV cache: more GPUs, "
+                  "a smaller --dtype or a lower --reserve-gb")
+        return 1
+    return 0
+
+
+def _bytes(n: float) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= size:
+            return f"{n / size:,.2f} {unit}"
+    return f"{n:,.0f} B"
+
+
+def _count(n: float) -> str:
+    for unit, size in (("P", 1e15), ("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n:.0f}"
+
+
+def _render(out: Console, doc: dict[str, Any]) -> None:
+    p, plan, w, kv = doc["params"], doc["plan"], doc["weights"], doc["kv"]
+    a = doc["attention"]
+    table = Table(title=escape(f"{doc['config']}  ({doc['model_type']}, {a['kind'].upper()})"),
+                  title_justify="left", show_header=False)
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    table.add_column("how", style="dim")
+    active = f"; {_count(p['active'])} active per token" if doc["moe"] else ""
+    table.add_row("parameters", f"{_count(p['total'])}", f"{p['total']:,}{active}")
+    table.add_row("weights", _bytes(w["bytes"]),
+                  f"{w['name']} linear layers ({w['source']}), {w['base_dtype']} embeddings")
+    layers, elem = doc["num_layers"], f"{kv['bytes_per_element']:g} B ({kv['dtype']})"
+    if a["kind"] == "mla":
+        how = f"{layers} layers × ({a['kv_lora_rank']} + {a['qk_rope_head_dim']}) latent × {elem}"
+    else:
+        how = (f"2 (K, V) × {layers} layers × {a['num_kv_heads']} KV heads × {a['head_dim']} "
+               f"dim × {elem}")
+    table.add_row("KV per token", _bytes(kv["bytes_per_token"]),
+                  f"{kv['bytes_per_token']:,} B = {how}")
+    gib = plan["gpu_mem_bytes_each"] / (1 << 30)
+    table.add_row("usable memory", _bytes(plan["usable_bytes"]),
+                  f"{plan['gpus']} × {gib:g} GiB × {plan['gpu_memory_utilization']:g}")
+    table.add_row("reserve", _bytes(plan["reserve_bytes"]),
+                  f"{plan['gpus']} × {_bytes(plan['reserve_bytes_per_gpu'])}")
+    table.add_row("KV budget", _bytes(plan["kv_budget_bytes"]), "usable − weights − reserve")
+    rep = plan["kv_replication"]
+    table.add_row("KV capacity", f"{plan['kv_capacity_tokens']:,} tokens",
+                  f"budget / KV per token{f' × {rep} copies (GPUs > KV heads)' if rep > 1 else ''}")
+    limit = plan["model_max_context_tokens"]
+    note = (f"; model maximum {limit:,}" if limit else "")
+    n = plan["concurrent_users"]
+    table.add_row(f"max context per user ({n} user{'s' if n > 1 else ''})",
+                  f"{plan['max_context_per_user_tokens']:,} tokens", f"capacity / users{note}")
+    c = doc["context_tokens"]
+    table.add_row(f"decode FLOPs per token @ {c:,}", _count(doc["flops"]["decode_per_token"]),
+                  f"2 × {_count(p['matmul_active'])} + attention (context from "
+                  f"{doc['context_from']})")
+    table.add_row(f"prefill FLOPs of {c:,} tokens", _count(doc["flops"]["prefill_of_context"]),
+                  "2 × weights × P + causal attention")
+    for f in doc["decode_floor"] or []:
+        table.add_row(f"decode floor, batch {f['batch_size']} @ {c:,}",
+                      f"{f['step_floor_s'] * 1e3:.2f} ms/step",
+                      f"({_bytes(f['weight_bytes_read'])} weights + {_bytes(f['kv_bytes_read'])}"
+                      f" KV) / {f['bandwidth_bytes_per_s'] / 1e12:g} TB/s; ≤ "
+                      f"{f['tokens_per_s_ceiling']:,.0f} tokens/s")
+    out.print(table)
+    users = Table(title="users per context length (KV only)", title_justify="left")
+    users.add_column("context", justify="right")
+    users.add_column("users", justify="right")
+    for row in plan["users_at_context"]:
+        over = " (over the model maximum)" if limit and row["context_tokens"] > limit else ""
+        users.add_row(f"{row['context_tokens']:,}{over}", f"{row['users']:,}")
+    out.print(users)
+
+
+run = cmd_plan  # the name cli.py's command table uses for every command module
