@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from phaseprobe.analysis import capacity as cap
 from phaseprobe.analysis import model_math as mm
 from phaseprobe.errors import ConfigError
 
@@ -90,10 +91,10 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
     weights = mm.weight_bytes(params, fmt)
     kv_elem = mm.kv_dtype_bytes(args.kv_dtype, fmt)
     kv_token = mm.kv_bytes_per_token(shape, kv_elem)
-    plan = mm.plan_capacity(
-        shape, weights, kv_token, gpu_mem_bytes=int(args.gpu_mem_gb * mm.GIB), gpus=args.gpus,
+    plan = cap.plan_capacity(
+        shape, weights, kv_token, gpu_mem_bytes=int(args.gpu_mem_gb * cap.GIB), gpus=args.gpus,
         concurrent_users=args.concurrent, gpu_memory_utilization=args.gpu_util,
-        reserve_bytes_per_gpu=int(args.reserve_gb * mm.GIB))
+        reserve_bytes_per_gpu=int(args.reserve_gb * cap.GIB))
     if args.context is not None:
         context, context_from = args.context, "--context"
     else:
@@ -125,7 +126,7 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
         # KV heads are read on every GPU holding a copy.
         bandwidth = args.bandwidth_tbs * 1e12 * args.gpus
         replicated = kv_token * plan.kv_replication
-        floors = [mm.decode_floor(mm.decode_weight_bytes(params, fmt, shape, batch),
+        floors = [cap.decode_floor(mm.decode_weight_bytes(params, fmt, shape, batch),
                                   bandwidth,
                                   kv_token_bytes=replicated, context_tokens=context,
                                   batch_size=batch)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from phaseprobe.analysis import capacity as cap
 from phaseprobe.analysis import model_math as mm
 from phaseprobe.errors import ConfigError
 
@@ -76,7 +77,7 @@ def test_head_dim_from_config_overrides_hidden_over_heads():
 
 def test_decode_floor_worked_example_70b_fp16_on_3_35_tbs():
     # 70e9 params × 2 B = 140 GB read per token / 3.35e12 B/s = 41.8 ms.
-    floor = mm.decode_floor(int(70e9 * 2), 3.35e12)
+    floor = cap.decode_floor(int(70e9 * 2), 3.35e12)
     assert floor.step_floor_s == pytest.approx(0.0418, abs=0.0005)
     assert floor.tokens_per_s_ceiling == pytest.approx(1 / floor.step_floor_s)
     # From the Llama-2-70B config (fp16): all weights but the input embedding table.
@@ -85,14 +86,14 @@ def test_decode_floor_worked_example_70b_fp16_on_3_35_tbs():
     assert fmt.name == "fp16"
     read = mm.decode_weight_bytes(params, fmt, shape)
     assert read == 2 * (LLAMA2_70B - 32_000 * 8192)
-    assert mm.decode_floor(read, 3.35e12).step_floor_s == pytest.approx(0.042, rel=0.03)
+    assert cap.decode_floor(read, 3.35e12).step_floor_s == pytest.approx(0.042, rel=0.03)
     # KV reads at context: 4096 tokens × 327,680 B more per sequence.
-    with_kv = mm.decode_floor(read, 3.35e12, kv_token_bytes=327_680, context_tokens=4096,
+    with_kv = cap.decode_floor(read, 3.35e12, kv_token_bytes=327_680, context_tokens=4096,
                               batch_size=4)
     assert with_kv.kv_bytes_read == 4 * 4096 * 327_680
     assert with_kv.step_floor_s == pytest.approx((read + 4 * 4096 * 327_680) / 3.35e12)
     with pytest.raises(ConfigError):
-        mm.decode_floor(read, 0)
+        cap.decode_floor(read, 0)
 
 
 def test_mixtral_total_vs_active():
@@ -187,7 +188,7 @@ def test_capacity_plan_llama_3_70b_on_8_x_80_gib_32_users():
     # KV budget = 460,188,008,448 B; / 327,680 B per token = 1,404,382 tokens (floor);
     # / 32 users = 43,886 tokens each; at 8k: 171 users, at 128k: 10.
     shape = shape_of("llama-3-70b")
-    plan = mm.plan_capacity(shape, 2 * LLAMA3_70B, 327_680, gpu_mem_bytes=80 * mm.GIB, gpus=8,
+    plan = cap.plan_capacity(shape, 2 * LLAMA3_70B, 327_680, gpu_mem_bytes=80 * cap.GIB, gpus=8,
                             concurrent_users=32)
     assert plan.usable_bytes == 618_475_290_624
     assert plan.kv_budget_bytes == 460_188_008_448
@@ -200,7 +201,7 @@ def test_capacity_plan_llama_3_70b_on_8_x_80_gib_32_users():
 
 def test_capacity_replicates_kv_when_gpus_outnumber_kv_heads():
     shape = shape_of("llama-3-8b")  # 8 KV heads on 16 GPUs: each head held twice
-    plan = mm.plan_capacity(shape, 2 * LLAMA3_8B, 131_072, gpu_mem_bytes=80 * mm.GIB,
+    plan = cap.plan_capacity(shape, 2 * LLAMA3_8B, 131_072, gpu_mem_bytes=80 * cap.GIB,
                             gpus=16, concurrent_users=1, reserve_bytes_per_gpu=0)
     assert plan.kv_replication == 2
     assert plan.kv_capacity_tokens == plan.kv_budget_bytes // (2 * 131_072)
@@ -208,14 +209,14 @@ def test_capacity_replicates_kv_when_gpus_outnumber_kv_heads():
 
 def test_capacity_when_weights_do_not_fit_and_bad_inputs():
     shape = shape_of("llama-3-70b")
-    plan = mm.plan_capacity(shape, 2 * LLAMA3_70B, 327_680, gpu_mem_bytes=80 * mm.GIB,
+    plan = cap.plan_capacity(shape, 2 * LLAMA3_70B, 327_680, gpu_mem_bytes=80 * cap.GIB,
                             gpus=1, concurrent_users=4)
     assert not plan.fits and plan.kv_capacity_tokens == 0
     assert plan.max_context_per_user_tokens == 0
     for bad in ({"gpu_memory_utilization": 1.5}, {"gpus": 0}, {"reserve_bytes_per_gpu": -1}):
-        kwargs = {"gpu_mem_bytes": 80 * mm.GIB, "gpus": 1, "concurrent_users": 1, **bad}
+        kwargs = {"gpu_mem_bytes": 80 * cap.GIB, "gpus": 1, "concurrent_users": 1, **bad}
         with pytest.raises(ConfigError):
-            mm.plan_capacity(shape, 1, 1, **kwargs)  # type: ignore[arg-type]
+            cap.plan_capacity(shape, 1, 1, **kwargs)  # type: ignore[arg-type]
 
 
 def test_load_config_errors_name_the_file(tmp_path):
