@@ -19,6 +19,7 @@ The hierarchy, in one picture (catch ``PhaseprobeError`` to catch them all)::
     │   ├── EmptyResult            the query matched no series (the selector is shown)
     │   └── PrometheusServerError  the test Prometheus (phaseprobe.testing) could not start
     ├── NvmlUnavailable        no NVIDIA driver / NVML library (experiments go on without GPU data)
+    ├── CalibrationError       the calibration benchmark failed, timed out or printed no result
     ├── ParseError             a recognised but malformed input line (file, line number, line)
     └── GrafanaError           a Grafana dashboard file or Grafana's HTTP API cannot be used
         ├── DashboardInvalid       dashboard JSON unreadable, corrupt or not a dashboard (file)
@@ -53,6 +54,7 @@ __all__ = [
     "EmptyResult",
     "PrometheusServerError",
     "NvmlUnavailable",
+    "CalibrationError",
     "ParseError",
     "GrafanaError",
     "DashboardInvalid",
@@ -125,6 +127,10 @@ class LocalServerNotInstalled(LocalServerError):
 
 class NvmlUnavailable(PhaseprobeError):
     """NVML (the NVIDIA driver's management library) cannot be loaded: no GPU data."""
+
+
+class CalibrationError(PhaseprobeError):
+    """The benchmark script failed, timed out, or printed something that is not its result."""
 
 
 class ParseError(PhaseprobeError):

@@ -25,7 +25,7 @@ from phaseprobe.analysis.phases import summarize
 from phaseprobe.collect.experiment import ProbeSettings, run_probe
 from phaseprobe.errors import ConfigError, PhaseprobeError
 from phaseprobe.paths import default_store_path
-from phaseprobe.present import cmd_grafana, cmd_plan, cmd_query
+from phaseprobe.present import cmd_calibrate, cmd_grafana, cmd_plan, cmd_query
 from phaseprobe.present.console import (
     RichProgress,
     render_experiments,
@@ -145,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmd_query.register(sub)
     cmd_grafana.register(sub)
     cmd_plan.register(sub)
+    cmd_calibrate.register(sub)
     return parser
 
 
@@ -308,6 +309,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace, Console, Console], int]] = {
     "query": cmd_query.run,
     "grafana": cmd_grafana.run,
     "plan": cmd_plan.run,
+    "calibrate": cmd_calibrate.run,
 }
 
 

@@ -1,0 +1,260 @@
+"""Run the torch benchmark in an interpreter that has torch, and keep its results.
+
+phaseprobe never imports torch: :data:`SCRIPT` (``bench_script.py``, stdlib + torch only) runs
+in a subprocess. The interpreter is the first of
+
+1. the one given explicitly (``--python``),
+2. the current one, when ``torch`` is importable here,
+3. the local vLLM venv's (``phaseprobe local install``; its CPU torch is real torch),
+
+and a :class:`~phaseprobe.errors.ConfigError` saying how to get one when there is none.
+
+Results are stored in ``data_dir()/calibration.json``, one entry per device name (the latest
+measurement of each device wins), written atomically so a crash never leaves half a file.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from phaseprobe.analysis.roofline import Peaks
+from phaseprobe.errors import CalibrationError, ConfigError
+from phaseprobe.local.venv import default_venv_dir, is_installed, venv_python
+from phaseprobe.paths import data_dir
+
+__all__ = [
+    "SCRIPT",
+    "CALIBRATION_FILE",
+    "CalibrationError",
+    "Calibration",
+    "Completed",
+    "Runner",
+    "find_interpreter",
+    "run_benchmark",
+    "parse_output",
+    "calibration_path",
+    "save",
+    "load_all",
+    "load",
+]
+
+SCRIPT = Path(__file__).with_name("bench_script.py")
+CALIBRATION_FILE = "calibration.json"
+FILE_SCHEMA = 1
+_TAIL_LINES = 15
+
+
+@dataclass(frozen=True)
+class Completed:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+Runner = Callable[[Sequence[str], float], Completed]
+"""Runs an argv with a timeout in seconds; raises ``subprocess.TimeoutExpired``/``OSError``."""
+
+
+def run_subprocess(argv: Sequence[str], timeout_s: float) -> Completed:
+    """Default :data:`Runner`. Threads are left to torch's default (all cores)."""
+    proc = subprocess.run(list(argv), capture_output=True, text=True, errors="replace",
+                          timeout=timeout_s, stdin=subprocess.DEVNULL,
+                          env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    return Completed(proc.returncode, proc.stdout, proc.stderr)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """One device's measured peaks (decimal units, like the datasheets)."""
+
+    device: str  # "cpu" or "cuda"
+    device_name: str  # torch's name for it: "NVIDIA H100 80GB HBM3", the CPU model...
+    mem_bandwidth_best_gb_s: float
+    mem_bandwidth_median_gb_s: float
+    matmul_best_tflop_s: dict[str, float]  # dtype ("bf16", "fp32") → best of the repeats
+    matmul_median_tflop_s: dict[str, float]
+    measured_at: float  # unix seconds
+    torch_version: str
+    interpreter: str
+    raw: dict[str, Any] = field(default_factory=dict, compare=False)  # the script's output
+
+    def to_peaks(self, dtype: str = "bf16") -> Peaks:
+        """Peaks for the roofline: best bandwidth, and the best matmul rate of ``dtype``
+        (falling back to fp32 when that dtype was not measured)."""
+        flops = self.matmul_best_tflop_s.get(dtype)
+        used = dtype
+        if flops is None and "fp32" in self.matmul_best_tflop_s:
+            flops, used = self.matmul_best_tflop_s["fp32"], "fp32"
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(self.measured_at))
+        return Peaks(self.mem_bandwidth_best_gb_s * 1e9,
+                     None if flops is None else flops * 1e12,
+                     f"calibrated {self.device_name} ({used} matmul, {when})")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "device": self.device, "device_name": self.device_name,
+            "mem_bandwidth_best_gb_s": self.mem_bandwidth_best_gb_s,
+            "mem_bandwidth_median_gb_s": self.mem_bandwidth_median_gb_s,
+            "matmul_best_tflop_s": dict(self.matmul_best_tflop_s),
+            "matmul_median_tflop_s": dict(self.matmul_median_tflop_s),
+            "measured_at": self.measured_at, "torch_version": self.torch_version,
+            "interpreter": self.interpreter, "raw": self.raw,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Calibration:
+        return cls(
+            device=str(d["device"]), device_name=str(d["device_name"]),
+            mem_bandwidth_best_gb_s=float(d["mem_bandwidth_best_gb_s"]),
+            mem_bandwidth_median_gb_s=float(d["mem_bandwidth_median_gb_s"]),
+            matmul_best_tflop_s={str(k): float(v) for k, v in d["matmul_best_tflop_s"].items()},
+            matmul_median_tflop_s={str(k): float(v)
+                                   for k, v in d["matmul_median_tflop_s"].items()},
+            measured_at=float(d["measured_at"]), torch_version=str(d["torch_version"]),
+            interpreter=str(d["interpreter"]), raw=dict(d.get("raw") or {}))
+
+
+def _torch_importable() -> bool:
+    """Whether this interpreter could import torch (without importing it: that takes seconds
+    and hundreds of MB, and phaseprobe must not depend on it)."""
+    return importlib.util.find_spec("torch") is not None
+
+
+def find_interpreter(explicit: str | None = None, *, venv: Path | None = None) -> str:
+    """The Python that will run the benchmark (see the module docstring for the order)."""
+    if explicit:
+        if not Path(explicit).exists():
+            raise ConfigError(f"--python {explicit}: no such file")
+        return explicit
+    if _torch_importable():
+        return sys.executable
+    venv = venv or default_venv_dir()
+    if is_installed(venv):
+        return str(venv_python(venv))
+    raise ConfigError(
+        f"calibrate needs torch: it is not importable by {sys.executable} and the local vLLM "
+        f"venv ({venv}) is not installed; `pip install torch`, run `phaseprobe local install`, "
+        f"or pass --python PATH to an interpreter that has torch")
+
+
+def _tail(text: str) -> str:
+    lines = [line for line in text.splitlines() if line.strip()]
+    return "\n".join(lines[-_TAIL_LINES:])
+
+
+def _rate(section: Any, key: str, what: str) -> float:
+    value = section.get(key) if isinstance(section, dict) else None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+            or value <= 0:
+        raise CalibrationError(f"benchmark result has no positive {what} ({key}={value!r})")
+    return float(value)
+
+
+def parse_output(stdout: str, interpreter: str) -> Calibration:
+    """The :class:`Calibration` in the script's stdout: its last line that is a JSON object
+    (library warnings may precede it)."""
+    doc: Any = None
+    for line in reversed(stdout.splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                doc = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            break
+    if not isinstance(doc, dict):
+        excerpt = _tail(stdout) or "(no output)"
+        raise CalibrationError(f"benchmark printed no JSON result; stdout:\n{excerpt}")
+    memory = doc.get("memory")
+    matmul = doc.get("matmul")
+    if not isinstance(matmul, dict):
+        matmul = {}
+    best, median = {}, {}
+    for dtype, section in matmul.items():
+        if isinstance(section, dict) and "error" not in section:
+            best[dtype] = _rate(section, "best_tflop_s", f"{dtype} matmul rate")
+            median[dtype] = _rate(section, "median_tflop_s", f"{dtype} matmul rate")
+    if not best:
+        raise CalibrationError("benchmark result has no matmul measurement")
+    return Calibration(
+        device=str(doc.get("device", "?")), device_name=str(doc.get("device_name", "?")),
+        mem_bandwidth_best_gb_s=_rate(memory, "best_gb_s", "memory bandwidth"),
+        mem_bandwidth_median_gb_s=_rate(memory, "median_gb_s", "memory bandwidth"),
+        matmul_best_tflop_s=best, matmul_median_tflop_s=median,
+        measured_at=float(doc.get("measured_at") or time.time()),
+        torch_version=str(doc.get("torch_version", "?")), interpreter=interpreter, raw=doc)
+
+
+def run_benchmark(device: str = "auto", *, interpreter: str | None = None, quick: bool = False,
+                  timeout_s: float = 300.0, runner: Runner = run_subprocess,
+                  script: Path = SCRIPT) -> Calibration:
+    """Run :data:`SCRIPT` on ``device`` (``auto``: CUDA when torch sees one, else CPU)."""
+    if device not in ("auto", "cpu", "cuda"):
+        raise ConfigError(f"--device {device!r}: use cpu, cuda or auto")
+    python = find_interpreter(interpreter)
+    argv = [python, str(script), "--device", device, *(["--quick"] if quick else [])]
+    try:
+        done = runner(argv, timeout_s)
+    except subprocess.TimeoutExpired:
+        raise CalibrationError(f"benchmark did not finish within {timeout_s:g} s "
+                               f"({' '.join(argv)})") from None
+    except OSError as exc:
+        raise CalibrationError(f"cannot run {python}: {exc}") from None
+    if done.returncode != 0:
+        raise CalibrationError(f"benchmark failed with exit code {done.returncode} "
+                               f"({python}); last output:\n{_tail(done.stderr or done.stdout)}")
+    return parse_output(done.stdout, python)
+
+
+def calibration_path() -> Path:
+    return data_dir() / CALIBRATION_FILE
+
+
+def load_all(path: Path | None = None) -> dict[str, Calibration]:
+    """Every stored calibration by device name ({} when none was stored yet)."""
+    path = path or calibration_path()
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"calibration file {path} cannot be read ({exc}); delete it and "
+                          f"run `phaseprobe calibrate` again") from None
+    devices = doc.get("devices") if isinstance(doc, dict) else None
+    if not isinstance(devices, dict):
+        raise ConfigError(f"calibration file {path} is not a phaseprobe calibration file")
+    try:
+        return {name: Calibration.from_dict(entry) for name, entry in devices.items()}
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ConfigError(f"calibration file {path}: malformed entry ({exc!r})") from None
+
+
+def save(cal: Calibration, path: Path | None = None) -> Path:
+    """Add or replace ``cal``'s device entry; the file is replaced atomically."""
+    path = path or calibration_path()
+    entries = load_all(path)
+    entries[cal.device_name] = cal
+    doc = {"schema": FILE_SCHEMA, "devices": {k: v.to_dict() for k, v in entries.items()}}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def load(device_name: str | None = None, path: Path | None = None) -> Calibration | None:
+    """The stored calibration of ``device_name``, or the most recent one when None."""
+    entries = load_all(path)
+    if device_name is not None:
+        return entries.get(device_name)
+    return max(entries.values(), key=lambda c: c.measured_at, default=None)

@@ -1,0 +1,158 @@
+"""``phaseprobe calibrate``: measure achieved memory bandwidth and matmul FLOP/s, and store them.
+
+    phaseprobe calibrate                  # CUDA when torch sees a GPU, else the CPU
+    phaseprobe calibrate --device cpu --json
+    phaseprobe calibrate --show           # what is stored
+
+The figures become the roofline's peaks for this machine (``probe`` shows efficiency against
+them, or against the datasheet table for a known GPU). When the device is a GPU of the table,
+the measured figures are also shown as a fraction of its datasheet peaks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from phaseprobe.analysis.gpu_peaks import GpuSpec, match_device
+from phaseprobe.calibrate.run import (
+    Calibration,
+    calibration_path,
+    load_all,
+    run_benchmark,
+    save,
+)
+
+__all__ = ["register", "cmd_calibrate", "run", "compare"]
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``calibrate`` command to the CLI's subparsers."""
+    p = subparsers.add_parser(
+        "calibrate", help="measure this device's memory bandwidth and matmul FLOP/s (torch)",
+        description="Measure achieved memory bandwidth (large tensor copy) and matmul FLOP/s "
+                    "(square bf16 and fp32 GEMMs) with torch, on CUDA when available, else "
+                    "the CPU, and store them as this machine's roofline peaks. torch runs in a "
+                    "subprocess: the current Python if it has torch, else the local vLLM venv.")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="device to measure (default: auto = cuda when present, else cpu)")
+    p.add_argument("--show", action="store_true", help="show the stored calibrations and exit")
+    p.add_argument("--python", metavar="PATH", default=None,
+                   help="interpreter with torch to run the benchmark (default: this one if it "
+                        "has torch, else the local vLLM venv's)")
+    p.add_argument("--quick", action="store_true", help="smaller sizes: faster, less accurate")
+    p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
+                   help="give up after this long (default: 300)")
+    p.add_argument("--json", action="store_true", help="print one JSON document to stdout")
+
+
+def compare(cal: Calibration, spec: GpuSpec | None) -> dict[str, Any] | None:
+    """Measured / datasheet for the figures both have (None: not a GPU of the table)."""
+    if spec is None:
+        return None
+    out: dict[str, Any] = {
+        "gpu": spec.name, "source": spec.source,
+        "datasheet_mem_bandwidth_gb_s": spec.mem_bandwidth_gb_s,
+        "datasheet_bf16_dense_tflop_s": spec.bf16_dense_tflop_s,
+        "mem_bandwidth_fraction": cal.mem_bandwidth_best_gb_s / spec.mem_bandwidth_gb_s,
+        "bf16_matmul_fraction": None,
+    }
+    measured = cal.matmul_best_tflop_s.get("bf16")
+    if measured is not None and spec.bf16_dense_tflop_s:
+        out["bf16_matmul_fraction"] = measured / spec.bf16_dense_tflop_s
+    return out
+
+
+def cmd_calibrate(args: argparse.Namespace, out: Console, err: Console) -> int:
+    """The handler: ``(args, out, err) -> exit code``, like the other commands."""
+    if args.show:
+        return _show(args, out)
+    where = "the GPU" if args.device == "cuda" else "this device"
+    with err.status(f"measuring {where} with torch (about 5-20 s)…"):
+        cal = run_benchmark(args.device, interpreter=args.python, quick=args.quick,
+                            timeout_s=args.timeout)
+    path = save(cal)
+    comparison = compare(cal, match_device(cal.device_name))
+    if args.json:
+        doc = {"calibration": cal.to_dict(), "stored_in": str(path),
+               "datasheet_comparison": comparison}
+        out.out(json.dumps(doc), highlight=False)
+        return 0
+    out.print(_table([cal], f"calibration · {cal.device} · {cal.device_name}"))
+    if comparison:
+        _print_comparison(out, comparison)
+    elif cal.device == "cpu":
+        out.print("[dim]CPU: no datasheet row; these measured figures are this machine's "
+                  "roofline peaks.", highlight=False)
+    else:
+        out.print(f"[dim]{escape(cal.device_name)} is not in the datasheet table; the measured "
+                  "figures are its roofline peaks.", highlight=False)
+    err.print(f"[dim]stored in {escape(str(path))}", highlight=False)
+    return 0
+
+
+def _fmt_rate(value: float | None, unit: str) -> str:
+    if value is None:
+        return "—"
+    if unit == "TFLOP/s" and value < 1:
+        return f"{value * 1e3:.1f} GFLOP/s"
+    return f"{value:.2f} {unit}" if value < 100 else f"{value:.0f} {unit}"
+
+
+def _table(cals: list[Calibration], title: str) -> Table:
+    table = Table(title=escape(title), title_justify="left",
+                  caption="best of the repeats (median in brackets); decimal units")
+    for col in ("device", "memory bandwidth", "matmul bf16", "matmul fp32", "measured"):
+        table.add_column(col, justify="left" if col == "device" else "right")
+    for c in cals:
+        cells = [f"{_fmt_rate(c.mem_bandwidth_best_gb_s, 'GB/s')} "
+                 f"({_fmt_rate(c.mem_bandwidth_median_gb_s, 'GB/s')})"]
+        for dtype in ("bf16", "fp32"):
+            best = c.matmul_best_tflop_s.get(dtype)
+            median = c.matmul_median_tflop_s.get(dtype)
+            cells.append(f"{_fmt_rate(best, 'TFLOP/s')} ({_fmt_rate(median, 'TFLOP/s')})"
+                         if best is not None else "—")
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(c.measured_at))
+        table.add_row(escape(f"{c.device} · {c.device_name}"), *cells, when)
+    return table
+
+
+def _print_comparison(out: Console, comp: dict[str, Any]) -> None:
+    bw = comp["mem_bandwidth_fraction"]
+    line = (f"vs datasheet {escape(comp['gpu'])}: memory {bw * 100:.0f} % of "
+            f"{comp['datasheet_mem_bandwidth_gb_s']:.0f} GB/s")
+    if comp["bf16_matmul_fraction"] is not None:
+        line += (f", bf16 matmul {comp['bf16_matmul_fraction'] * 100:.0f} % of "
+                 f"{comp['datasheet_bf16_dense_tflop_s']:g} TFLOP/s dense")
+    out.print(line, highlight=False)
+    out.print(f"[dim]source: {escape(comp['source'])}", highlight=False)
+
+
+def _show(args: argparse.Namespace, out: Console) -> int:
+    path = calibration_path()
+    cals = sorted(load_all(path).values(), key=lambda c: c.measured_at, reverse=True)
+    if args.json:
+        doc = {"path": str(path), "calibrations": [
+            {**c.to_dict(), "datasheet_comparison": compare(c, match_device(c.device_name))}
+            for c in cals]}
+        out.out(json.dumps(doc), highlight=False)
+        return 0
+    if not cals:
+        out.print(f"no calibration stored yet ({escape(str(path))}); run `phaseprobe "
+                  "calibrate`", highlight=False)
+        return 0
+    out.print(_table(cals, f"stored calibrations · {path}"))
+    for c in cals:
+        comparison = compare(c, match_device(c.device_name))
+        if comparison:
+            _print_comparison(out, comparison)
+    return 0
+
+
+run = cmd_calibrate  # the name cli.py's command table uses for every command module
