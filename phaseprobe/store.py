@@ -14,13 +14,16 @@ import sqlite3
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 from phaseprobe.errors import StoreError
 from phaseprobe.records import ClientTimeline, Experiment, Isolation, Run, RunSpec, ServerPhases
 
-__all__ = ["Store", "redact_url", "SCHEMA_VERSION"]
+if TYPE_CHECKING:  # pandas only inside the GPU methods: `import phaseprobe` stays light
+    import pandas as pd
+
+__all__ = ["Store", "redact_url", "SCHEMA_VERSION", "GPU_SAMPLE_COLUMNS"]
 
 _MIGRATIONS: list[str] = [
     # 1: experiments and runs
@@ -55,7 +58,30 @@ _MIGRATIONS: list[str] = [
     );
     CREATE INDEX runs_by_experiment ON runs(experiment_id, seq);
     """,
+    # 2: GPU samples (NVML sampler or imports), joined to runs by wall-clock t_ns. Written out
+    # literally: a migration must not change when the sample columns later grow.
+    """
+    CREATE TABLE gpu_samples (
+        experiment_id INTEGER NOT NULL REFERENCES experiments(id),
+        t_ns INTEGER NOT NULL,
+        gpu_index INTEGER NOT NULL,
+        mem_used_bytes REAL, mem_total_bytes REAL, mem_reserved_bytes REAL,
+        util_gpu_pct REAL, util_mem_pct REAL, power_w REAL,
+        sm_clock_mhz REAL, mem_clock_mhz REAL, temperature_c REAL,
+        pcie_rx_bytes_per_s REAL, pcie_tx_bytes_per_s REAL,
+        nvlink_rx_bytes_per_s REAL, nvlink_tx_bytes_per_s REAL
+    );
+    CREATE INDEX gpu_samples_by_experiment ON gpu_samples(experiment_id, t_ns);
+    """,
 ]
+# The gpu_samples columns, in table order (phaseprobe.sources.nvml.COLUMNS; a test keeps the
+# two equal).
+GPU_SAMPLE_COLUMNS = (
+    "t_ns", "gpu_index", "mem_used_bytes", "mem_total_bytes", "mem_reserved_bytes",
+    "util_gpu_pct", "util_mem_pct", "power_w", "sm_clock_mhz", "mem_clock_mhz", "temperature_c",
+    "pcie_rx_bytes_per_s", "pcie_tx_bytes_per_s", "nvlink_rx_bytes_per_s",
+    "nvlink_tx_bytes_per_s",
+)
 SCHEMA_VERSION = len(_MIGRATIONS)
 
 
@@ -141,6 +167,29 @@ class Store:
             self._write("UPDATE experiments SET finished_wall_ns = ?, notes_json = ? WHERE id = ?",
                         (time.time_ns(), json.dumps(notes), experiment_id))
 
+    def add_gpu_samples(self, experiment_id: int, samples: pd.DataFrame) -> int:
+        """Store GPU samples (a frame with :data:`phaseprobe.sources.nvml.COLUMNS`; other
+        columns are not stored) in one transaction; returns the number of rows. NaN is NULL."""
+        from phaseprobe.sources.nvml import conform
+
+        frame = conform(samples, source="GPU samples to store")
+        if frame.empty:
+            return 0
+        table = frame[list(GPU_SAMPLE_COLUMNS)].astype(object)
+        rows = [(experiment_id, *row) for row in
+                table.where(table.notna(), None).itertuples(index=False, name=None)]
+        sql = (f"INSERT INTO gpu_samples (experiment_id, {', '.join(GPU_SAMPLE_COLUMNS)})"
+               f" VALUES ({', '.join('?' * (len(GPU_SAMPLE_COLUMNS) + 1))})")
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.executemany(sql, rows)
+            self._db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            raise StoreError(f"cannot write to experiment store {self.path}: {exc}") from None
+        return len(rows)
+
     def _write(self, sql: str, params: tuple[Any, ...]) -> sqlite3.Cursor:
         try:
             self._db.execute("BEGIN IMMEDIATE")
@@ -177,6 +226,19 @@ class Store:
         rows = self._db.execute("SELECT * FROM runs WHERE experiment_id = ? ORDER BY seq",
                                 (experiment_id,)).fetchall()
         return [_run_from_row(row) for row in rows]
+
+    def gpu_samples(self, experiment_id: int) -> pd.DataFrame:
+        """The experiment's GPU samples ordered by time then GPU (an empty frame when none)."""
+        import pandas as pd
+
+        from phaseprobe.sources.nvml import conform
+
+        rows = self._db.execute(
+            f"SELECT {', '.join(GPU_SAMPLE_COLUMNS)} FROM gpu_samples WHERE experiment_id = ?"
+            " ORDER BY t_ns, gpu_index", (experiment_id,)).fetchall()
+        frame = pd.DataFrame.from_records([tuple(r) for r in rows],
+                                          columns=list(GPU_SAMPLE_COLUMNS))
+        return conform(frame, source=f"{self.path} gpu_samples")
 
     def latest_experiment_id(self) -> int | None:
         row = self._db.execute("SELECT MAX(id) FROM experiments").fetchone()

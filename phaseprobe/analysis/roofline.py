@@ -206,7 +206,10 @@ def model_cost(shape: model_math.ModelShape, dtype: str | None = None,
     kv = model_math.kv_bytes_per_token(shape, model_math.kv_dtype_bytes(kv_dtype, fmt))
     at0 = model_math.decode_flops_per_token(shape, params, 0)
     per_position = model_math.decode_flops_per_token(shape, params, 1) - at0
-    return ModelCost(weight_bytes=float(model_math.weight_bytes(params, fmt, active_only=True)),
+    # A batch-1 decode step reads what decode_weight_bytes counts (not the embedding table,
+    # which is a row lookup; only the routed experts in use for MoE).
+    read = model_math.decode_weight_bytes(params, fmt, shape, batch_size=1)
+    return ModelCost(weight_bytes=float(read),
                      kv_bytes_per_token=float(kv), linear_flops_per_token=float(at0),
                      attention_flops_per_position=float(per_position))
 

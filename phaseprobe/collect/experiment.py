@@ -20,6 +20,7 @@ from phaseprobe.analysis.phases import attribute, consistency_notes, histograms_
 from phaseprobe.collect.prompts import PromptBuilder
 from phaseprobe.errors import MetricsUnavailable
 from phaseprobe.records import Experiment, Isolation, Run, RunSpec, RunStatus
+from phaseprobe.sources.nvml import GpuSampler
 from phaseprobe.sources.openai_stream import StreamClient, build_body, check_endpoint
 from phaseprobe.sources.vllm_metrics import MetricSnapshot, MetricsScraper
 from phaseprobe.store import Store
@@ -160,12 +161,15 @@ def run_probe(spec: RunSpec, store: Store, *, settings: ProbeSettings = ProbeSet
               session: requests.Session | None = None, timeout_s: float = 120.0,
               sleep: Callable[[float], None] = time.sleep,
               clock: Callable[[], float] = time.monotonic,
-              before_runs: Callable[[], None] | None = None) -> ProbeResult:
+              before_runs: Callable[[], None] | None = None,
+              gpu_sampler: GpuSampler | None = None) -> ProbeResult:
     """Run one probe experiment; every completed run is in ``store`` before the next starts.
 
     Raises :class:`~phaseprobe.errors.EndpointUnreachable` before any run if nothing answers.
     ``before_runs`` is called after the warm-ups, before the first measured run (e.g. to let
-    Prometheus take a scrape that excludes the warm-ups).
+    Prometheus take a scrape that excludes the warm-ups). ``gpu_sampler`` (not started) samples
+    the GPUs through the whole experiment; its samples are stored with it, joined to the runs
+    by wall-clock time.
     """
     progress = progress or NullProgress()
     session = session or requests.Session()
@@ -200,6 +204,9 @@ def run_probe(spec: RunSpec, store: Store, *, settings: ProbeSettings = ProbeSet
         name=settings.name, kind="probe", spec=spec, server_info=info,
         created_wall_ns=time.time_ns()))
     runs: list[Run] = []
+    if gpu_sampler is not None:
+        gpu_sampler.start()
+        info["gpus"] = gpu_sampler.device_names()
     progress.on_start(settings.runs, settings.warmup)
     try:
         for i in range(settings.warmup):
@@ -221,6 +228,13 @@ def run_probe(spec: RunSpec, store: Store, *, settings: ProbeSettings = ProbeSet
         notes.append(f"cancelled after {len(runs)} of {settings.runs} runs")
         raise
     finally:
+        if gpu_sampler is not None:
+            gpu_sampler.stop()  # joins the thread
+            n = store.add_gpu_samples(experiment_id, gpu_sampler.frame())
+            notes.append(f"{n} GPU samples stored ({len(info['gpus'])} GPU(s))")
+            if gpu_sampler.missed or gpu_sampler.failed_reads:
+                notes.append(f"GPU sampler: {gpu_sampler.missed} ticks missed, "
+                             f"{gpu_sampler.failed_reads} failed reads ({gpu_sampler.error})")
         notes.extend(collector.notes)
         notes.extend(consistency_notes(runs))
         store.finish_experiment(experiment_id, notes)

@@ -20,19 +20,22 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.markup import escape
 
-from phaseprobe import __version__
+from phaseprobe import __version__, calibrate
 from phaseprobe.analysis.phases import summarize
+from phaseprobe.collect.efficiency import efficiency_report
 from phaseprobe.collect.experiment import ProbeSettings, run_probe
 from phaseprobe.errors import ConfigError, PhaseprobeError
 from phaseprobe.paths import default_store_path
-from phaseprobe.present import cmd_calibrate, cmd_grafana, cmd_plan, cmd_query
+from phaseprobe.present import cmd_calibrate, cmd_gpu, cmd_grafana, cmd_plan, cmd_query
 from phaseprobe.present.console import (
     RichProgress,
+    render_efficiency,
     render_experiments,
     render_probe,
     render_prom_comparison,
 )
 from phaseprobe.records import RunSpec
+from phaseprobe.sources.nvml import open_sampler
 from phaseprobe.store import Store, redact_url
 
 if TYPE_CHECKING:
@@ -112,6 +115,22 @@ def build_parser() -> argparse.ArgumentParser:
                        "the API key (default: OPENAI_API_KEY, then VLLM_API_KEY); keys are "
                        "never stored or printed")
     probe.add_argument("--name", default="probe", help="experiment name in the store")
+    gpu = probe.add_mutually_exclusive_group()
+    gpu.add_argument("--gpu", dest="gpu", action="store_const", const="on", default="auto",
+                     help="sample the GPUs through NVML during the experiment (default: on when "
+                          "NVML is present; without a driver the probe goes on and says so)")
+    gpu.add_argument("--no-gpu", dest="gpu", action="store_const", const="off",
+                     help="do not sample the GPUs")
+    probe.add_argument("--gpu-period", type=float, default=0.1, metavar="SECONDS",
+                       help="GPU sampling period (default: 0.1, down to 0.01)")
+    probe.add_argument("--peaks", metavar="GPU|calibrated", default=None,
+                       help="hardware peaks for the roofline: a GPU from the datasheet table "
+                            "(e.g. h100-sxm, a100-80gb-sxm, l40s) or 'calibrated' (this "
+                            "machine's `phaseprobe calibrate`); default with the local vLLM: "
+                            "calibrated when a calibration exists")
+    probe.add_argument("--model-config", metavar="PATH", default=None,
+                       help="the served model's config.json (or its directory) for the "
+                            "roofline, when /v1/models does not name a local path")
     probe.add_argument("--prom", metavar="URL", help="also summarise the experiment from this "
                        "Prometheus (which scrapes the endpoint): PromQL per-request means over "
                        "the experiment window beside the direct-scrape ones")
@@ -146,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmd_grafana.register(sub)
     cmd_plan.register(sub)
     cmd_calibrate.register(sub)
+    cmd_gpu.register(sub)
     return parser
 
 
@@ -190,27 +210,40 @@ def _cmd_probe(args: argparse.Namespace, out: Console, err: Console) -> int:
         store = stack.enter_context(Store(args.store or default_store_path()))
         progress = RichProgress(err)
         sidecar = _prom_sidecar(args, model, stack) if args.prom else None
+        sampler = None
+        if args.gpu != "off":
+            sampler, why_not = open_sampler(args.gpu_period)
+            if sampler is None:
+                err.print(f"[yellow]no GPU data:[/] {escape(why_not or '')}")
         result = run_probe(spec, store, settings=settings, api_key=api_key, progress=progress,
                            timeout_s=args.timeout,
-                           before_runs=sidecar.before_runs if sidecar else None)
+                           before_runs=sidecar.before_runs if sidecar else None,
+                           gpu_sampler=sampler)
         prom = None
         if sidecar is not None:
             with err.status("waiting for Prometheus to scrape after the last run…"):
                 prom = sidecar.finish(result.runs)
             if "error" in prom:  # the runs are stored and shown; only the summary is missing
                 err.print(f"[yellow]Prometheus summary unavailable:[/] {escape(prom['error'])}")
+        peaks_choice = args.peaks
+        if peaks_choice is None and args.endpoint is None and calibrate.load() is not None:
+            peaks_choice = "calibrated"  # the local vLLM runs on this machine's CPU
+        efficiency = efficiency_report(result.runs, result.server_info,
+                                       peaks_choice=peaks_choice, model_config=args.model_config)
     summary = summarize(result.runs)
     if args.json:
         doc = {"experiment_id": result.experiment_id,
                "spec": {**spec.to_dict(), "endpoint": redact_url(spec.endpoint)},
                "server": result.server_info, "notes": result.notes,
                "summary": summary.to_dict(), "runs": [r.to_dict() for r in result.runs]}
+        doc["efficiency"] = efficiency
         if prom is not None:
             doc["prometheus"] = prom
         out.out(json.dumps(doc), highlight=False)  # plain: no markup, no wrapping
     else:
         render_probe(out, result.runs, summary, result.server_info, result.notes,
                      result.experiment_id)
+        render_efficiency(out, efficiency)
         if prom is not None:
             render_prom_comparison(out, prom)
     return 0 if any(r.status == "ok" for r in result.runs) else 1
@@ -310,6 +343,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace, Console, Console], int]] = {
     "grafana": cmd_grafana.run,
     "plan": cmd_plan.run,
     "calibrate": cmd_calibrate.run,
+    "gpu": cmd_gpu.run,
 }
 
 

@@ -22,7 +22,8 @@ from rich.table import Table
 from phaseprobe.analysis.phases import Summary, percentile
 from phaseprobe.records import Run
 
-__all__ = ["RichProgress", "render_probe", "render_experiments", "render_prom_comparison", "ms"]
+__all__ = ["RichProgress", "render_probe", "render_experiments", "render_prom_comparison",
+           "render_efficiency", "ms"]
 
 
 def ms(seconds: float | None, digits: int = 1) -> str:
@@ -136,3 +137,19 @@ def render_prom_comparison(console: Console, prom: dict[str, Any]) -> None:
         console.print(f"[red]disagreement:[/] {note}")
     if not prom["disagreements"]:
         console.print("PromQL and the direct scrape agree.")
+
+
+def render_efficiency(console: Console, eff: dict[str, Any]) -> None:
+    """One line per phase: physical bound, measured, and their ratio (the efficiency)."""
+    if "skipped" in eff:
+        console.print(f"[dim]roofline: {eff['skipped']}")
+        return
+
+    def pct(v: float | None) -> str:
+        return "—" if v is None else f"{v:.1%}"
+    console.print(
+        f"roofline ({eff['peaks']}): decode bound {ms(eff['decode_bound_s_per_token'], 3)} "
+        f"ms/token vs measured {ms(eff['decode_measured_s_per_token'], 3)} ms/token → "
+        f"efficiency {pct(eff['decode_efficiency'])} · prefill bound "
+        f"({eff['prefill_bound_kind'] or '?'}) {ms(eff['prefill_bound_s'], 3)} ms vs "
+        f"{ms(eff['prefill_measured_s'], 2)} ms → {pct(eff['prefill_efficiency'])}")

@@ -122,3 +122,41 @@ def test_help_states_the_definitions(capsys):
         main(["probe", "--help"])
     out = capsys.readouterr().out
     assert "TPOT" in out and "(e2e - TTFT) / (completion_tokens - 1)" in out
+
+
+def test_probe_samples_gpus_through_the_injected_backend_and_stores_them(tmp_path):
+    """The fake NVML backend stands in at the one boundary; samples land with the experiment."""
+    from phaseprobe.collect.experiment import ProbeSettings, run_probe
+    from phaseprobe.records import RunSpec
+    from phaseprobe.sources.nvml import open_sampler
+    from phaseprobe.testing.fake_nvml import FakeNvmlBackend, demo_devices
+
+    sampler, why_not = open_sampler(0.01, backend=FakeNvmlBackend(demo_devices(2)))
+    assert sampler is not None and why_not is None
+    with SseServer(Script(n_tokens=20, gap_s=0.005)) as srv, Store(tmp_path / "s.sqlite") as st:
+        spec = RunSpec(endpoint=srv.base_url, model="sse-test-model", prompt="hi",
+                       max_tokens=20)
+        result = run_probe(spec, st, settings=ProbeSettings(runs=3, warmup=0),
+                           gpu_sampler=sampler)
+        samples = st.gpu_samples(result.experiment_id)
+    assert result.server_info["gpus"] and len(result.server_info["gpus"]) == 2
+    assert set(samples["gpu_index"]) == {0, 1}
+    assert len(samples) >= 2 * 10  # ≥ 0.3 s of experiment at 10 ms per sample and GPU
+    first_sent = min(r.client.sent_wall_ns for r in result.runs)
+    assert samples["t_ns"].min() <= first_sent  # the series covers the runs: joinable by time
+    assert any("GPU samples stored" in n for n in result.notes)
+
+
+def test_probe_without_nvml_says_so_and_goes_on(store_path, capsys):
+    from phaseprobe.sources.nvml import open_sampler
+
+    sampler, _ = open_sampler()
+    if sampler is not None:
+        pytest.skip("this machine has a real NVIDIA driver")
+    with SseServer(Script(n_tokens=3)) as srv:
+        code = main(["probe", "--endpoint", srv.base_url, "--runs", "1", "--max-tokens", "3",
+                     "--gpu", "--store", str(store_path), "--json"])
+    captured = capsys.readouterr()
+    assert code == 0
+    assert "no GPU data" in captured.err and "NVML" in captured.err
+    assert json.loads(captured.out)["runs"][0]["status"] == "ok"
