@@ -22,10 +22,12 @@ from phaseprobe.analysis.roofline import (
     peaks_from_spec,
     roofline_for_run,
 )
+from phaseprobe.collect.experiment import ProbeResult
 from phaseprobe.errors import PhaseprobeError
 from phaseprobe.records import Run
+from phaseprobe.store import Store
 
-__all__ = ["efficiency_report", "model_config_path", "resolve_peaks"]
+__all__ = ["efficiency_report", "kv_reservation_report", "model_config_path", "resolve_peaks"]
 
 
 def model_config_path(server_info: dict[str, Any], explicit: str | None) -> Path | None:
@@ -85,3 +87,21 @@ def efficiency_report(runs: Sequence[Run], server_info: dict[str, Any], *,
         "prefill_measured_s": _median([r.prefill_measured_s for r in per_run]),
         "runs": [r.to_dict() for r in per_run],
     }
+
+
+def kv_reservation_report(store: Store, result: ProbeResult, *,
+                          model_config: str | None) -> dict[str, Any]:
+    """The experiment's GPU memory series beside vLLM's cache config: reservation or growth."""
+    from phaseprobe.analysis.kv_reservation import analyze_kv_reservation, run_windows
+
+    kv_per_token: float | None = None
+    path = model_config_path(result.server_info, model_config)
+    if path is not None:
+        try:
+            kv_per_token = model_cost_from_config(path).kv_bytes_per_token
+        except PhaseprobeError:
+            kv_per_token = None  # the verdict does not need it; capacity in tokens does
+    report = analyze_kv_reservation(
+        store.gpu_samples(result.experiment_id), run_windows=run_windows(result.runs),
+        cache=result.server_info.get("cache_config") or {}, kv_bytes_per_token=kv_per_token)
+    return report.to_dict()

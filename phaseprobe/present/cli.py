@@ -22,7 +22,7 @@ from rich.markup import escape
 
 from phaseprobe import __version__, calibrate
 from phaseprobe.analysis.phases import summarize
-from phaseprobe.collect.efficiency import efficiency_report
+from phaseprobe.collect.efficiency import efficiency_report, kv_reservation_report
 from phaseprobe.collect.experiment import ProbeSettings, run_probe
 from phaseprobe.errors import ConfigError, PhaseprobeError
 from phaseprobe.paths import default_store_path
@@ -121,6 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "NVML is present; without a driver the probe goes on and says so)")
     gpu.add_argument("--no-gpu", dest="gpu", action="store_const", const="off",
                      help="do not sample the GPUs")
+    gpu.add_argument("--gpu-fake", dest="gpu", action="store_const", const="fake",
+                     help="demo: sample two scripted fake GPUs instead of NVML")
     probe.add_argument("--gpu-period", type=float, default=0.1, metavar="SECONDS",
                        help="GPU sampling period (default: 0.1, down to 0.01)")
     probe.add_argument("--peaks", metavar="GPU|calibrated", default=None,
@@ -211,7 +213,11 @@ def _cmd_probe(args: argparse.Namespace, out: Console, err: Console) -> int:
         progress = RichProgress(err)
         sidecar = _prom_sidecar(args, model, stack) if args.prom else None
         sampler = None
-        if args.gpu != "off":
+        if args.gpu == "fake":
+            from phaseprobe.testing.fake_nvml import FakeNvmlBackend, demo_devices
+
+            sampler, _ = open_sampler(args.gpu_period, backend=FakeNvmlBackend(demo_devices()))
+        elif args.gpu != "off":
             sampler, why_not = open_sampler(args.gpu_period)
             if sampler is None:
                 err.print(f"[yellow]no GPU data:[/] {escape(why_not or '')}")
@@ -230,6 +236,9 @@ def _cmd_probe(args: argparse.Namespace, out: Console, err: Console) -> int:
             peaks_choice = "calibrated"  # the local vLLM runs on this machine's CPU
         efficiency = efficiency_report(result.runs, result.server_info,
                                        peaks_choice=peaks_choice, model_config=args.model_config)
+        kv_report = None
+        if sampler is not None:
+            kv_report = kv_reservation_report(store, result, model_config=args.model_config)
     summary = summarize(result.runs)
     if args.json:
         doc = {"experiment_id": result.experiment_id,
@@ -237,6 +246,8 @@ def _cmd_probe(args: argparse.Namespace, out: Console, err: Console) -> int:
                "server": result.server_info, "notes": result.notes,
                "summary": summary.to_dict(), "runs": [r.to_dict() for r in result.runs]}
         doc["efficiency"] = efficiency
+        if kv_report is not None:
+            doc["kv_reservation"] = kv_report
         if prom is not None:
             doc["prometheus"] = prom
         out.out(json.dumps(doc), highlight=False)  # plain: no markup, no wrapping
@@ -244,6 +255,8 @@ def _cmd_probe(args: argparse.Namespace, out: Console, err: Console) -> int:
         render_probe(out, result.runs, summary, result.server_info, result.notes,
                      result.experiment_id)
         render_efficiency(out, efficiency)
+        if kv_report is not None:
+            out.print(f"GPU memory: {kv_report['verdict']}")
         if prom is not None:
             render_prom_comparison(out, prom)
     return 0 if any(r.status == "ok" for r in result.runs) else 1

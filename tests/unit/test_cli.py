@@ -160,3 +160,17 @@ def test_probe_without_nvml_says_so_and_goes_on(store_path, capsys):
     assert code == 0
     assert "no GPU data" in captured.err and "NVML" in captured.err
     assert json.loads(captured.out)["runs"][0]["status"] == "ok"
+
+
+def test_probe_with_fake_gpus_reports_the_memory_verdict(store_path, capsys):
+    with SseServer(Script(n_tokens=10, gap_s=0.005)) as srv:
+        code = main(["probe", "--endpoint", srv.base_url, "--runs", "3", "--max-tokens", "10",
+                     "--gpu-fake", "--gpu-period", "0.01", "--store", str(store_path),
+                     "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert len(doc["server"]["gpus"]) == 2
+    report = doc["kv_reservation"]
+    assert report["verdict"] and len(report["gpus"]) == 2
+    with Store(store_path) as store:
+        assert len(store.gpu_samples(doc["experiment_id"])) >= 2
