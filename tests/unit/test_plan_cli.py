@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from rich.console import Console
-from rich.markup import escape
 
-from phaseprobe.errors import PhaseprobeError
-from phaseprobe.present import cli, cmd_plan
+from phaseprobe.present import cli
 
 CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
 LLAMA3_70B = str(CONFIGS / "llama-3-70b.json")
@@ -20,19 +16,7 @@ EMBED_70B = 128_256 * 8192
 
 
 def _main(argv: Sequence[str]) -> int:
-    """cli.main once the lead wires ``plan`` in; until then the same parser shape and the same
-    error handling (one red line, exit 2) around cmd_plan."""
-    if "plan" in cli._COMMANDS:
-        return cli.main(list(argv))
-    parser = argparse.ArgumentParser(prog="phaseprobe")
-    cmd_plan.register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(list(argv))
-    out, err = Console(soft_wrap=True, width=160), Console(stderr=True, soft_wrap=True)
-    try:
-        return cmd_plan.run(args, out, err)
-    except PhaseprobeError as exc:
-        err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
-        return cli.EXIT_EXPECTED_ERROR
+    return cli.main(list(argv))
 
 
 def _plan_json(capsys, *extra: str) -> dict:
