@@ -26,7 +26,14 @@ from phaseprobe.collect.efficiency import efficiency_report, kv_reservation_repo
 from phaseprobe.collect.experiment import ProbeSettings, run_probe
 from phaseprobe.errors import ConfigError, PhaseprobeError
 from phaseprobe.paths import default_store_path
-from phaseprobe.present import cmd_calibrate, cmd_gpu, cmd_grafana, cmd_plan, cmd_query
+from phaseprobe.present import (
+    cmd_calibrate,
+    cmd_gpu,
+    cmd_grafana,
+    cmd_nccl,
+    cmd_plan,
+    cmd_query,
+)
 from phaseprobe.present.console import (
     RichProgress,
     render_efficiency,
@@ -168,6 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmd_plan.register(sub)
     cmd_calibrate.register(sub)
     cmd_gpu.register(sub)
+    cmd_nccl.register(sub)
     return parser
 
 
@@ -357,6 +365,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace, Console, Console], int]] = {
     "plan": cmd_plan.run,
     "calibrate": cmd_calibrate.run,
     "gpu": cmd_gpu.run,
+    "nccl": cmd_nccl.run,
 }
 
 

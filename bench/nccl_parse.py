@@ -1,0 +1,118 @@
+"""Benchmark: NCCL log parsing throughput and memory against ``grep -c`` on the same file.
+
+    python bench/nccl_parse.py                 # ~5 M lines (~1 GB), like a long TP=8 decode run
+    python bench/nccl_parse.py --lines 1000000 # quicker
+
+Generates a realistic log in a temp dir (init block, then per-call COLL lines from 8 ranks of a
+tensor-parallel job interleaved with TUNING lines and some program output), then measures, in
+this one run: ``grep -c 'NCCL INFO'`` wall time, phaseprobe's parse wall time, lines/s, the ratio,
+and peak RSS before and after parsing (``resource.getrusage``) to show memory stays flat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from phaseprobe.analysis.nccl_summary import summarize
+from phaseprobe.sources.nccl_log import parse_files
+
+_INIT = """NCCL version 2.21.5+cuda12.4
+{h}:{pid}:{pid} [{r}] NCCL INFO Bootstrap : Using eth0:10.0.0.1<0>
+{h}:{pid}:{tid} [{r}] NCCL INFO ncclCommInitRank comm 0x7f{r:04x} rank {r} nranks 8 cudaDev {r} \
+nvmlDev {r} busId {r}000 commId 0xbeef - Init START
+{h}:{pid}:{tid} [{r}] NCCL INFO Channel 00/0 : {r}[{r}] -> {n}[{n}] via P2P/IPC/read
+{h}:{pid}:{tid} [{r}] NCCL INFO 24 coll channels, 24 collnet channels, 0 nvls channels, \
+32 p2p channels, 4 p2p channels per peer
+{h}:{pid}:{tid} [{r}] NCCL INFO ncclCommInitRank comm 0x7f{r:04x} rank {r} nranks 8 cudaDev {r} \
+nvmlDev {r} busId {r}000 commId 0xbeef - Init COMPLETE
+"""
+_COLL = ("{h}:{pid}:{pid} [{r}] NCCL INFO AllReduce: opCount {op:x} sendbuff 0x7f3a{b:08x} "
+         "recvbuff 0x7f3a{b:08x} count {c} datatype 9 op 0 root 0 comm 0x7f{r:04x} [nranks=8] "
+         "stream 0x55d0{r:06x}\n")
+_TUNE = ("{h}:{pid}:{pid} [0] NCCL INFO AllReduce: {nb} Bytes -> Algo RING proto LL "
+         "channel{{Lo..Hi}}={{0..7}}\n")
+
+
+def generate(path: Path, n_lines: int, seed: int = 0) -> int:
+    rng = random.Random(seed)
+    host = "gpu-node-017"
+    written = 0
+    with open(path, "w", encoding="utf-8") as fh:
+        for r in range(8):
+            block = _INIT.format(h=host, pid=4000 + r, tid=4100 + r, r=r, n=(r + 1) % 8)
+            fh.write(block)
+            written += block.count("\n")
+        chunk: list[str] = []
+        op = 0
+        while written < n_lines:
+            tokens = rng.choice((1, 1, 1, 1, 2, 4, 8, 16, 32, 128, 512))
+            count = tokens * 4096
+            for r in range(8):
+                chunk.append(_COLL.format(h=host, pid=4000 + r, r=r, op=op, b=r * 4096,
+                                          c=count))
+            chunk.append(_TUNE.format(h=host, pid=4000, nb=count * 2))
+            written += 9
+            if op % 64 == 0:
+                chunk.append(f"INFO 10:00:{op % 60:02d} engine.py:88] step {op} done\n")
+                written += 1
+            op += 1
+            if len(chunk) > 20000:
+                fh.write("".join(chunk))
+                chunk.clear()
+        fh.write("".join(chunk))
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lines", type=int, default=5_000_000)
+    ap.add_argument("--keep", action="store_true", help="keep the generated file")
+    args = ap.parse_args(argv)
+    tmp = Path(tempfile.mkdtemp(prefix="pp-nccl-bench-"))
+    try:
+        path = tmp / "nccl.log"
+        t0 = time.perf_counter()
+        n = generate(path, args.lines)
+        size = path.stat().st_size
+        print(f"generated {n:,} lines, {size / 1e9:.2f} GB in {time.perf_counter() - t0:.1f} s")
+        rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        grep_s = None
+        if shutil.which("grep"):
+            t0 = time.perf_counter()
+            res = subprocess.run(["grep", "-c", "NCCL INFO", str(path)], capture_output=True,
+                                 text=True, check=False)
+            grep_s = time.perf_counter() - t0
+            print(f"grep -c 'NCCL INFO': {res.stdout.strip()} lines in {grep_s:.2f} s")
+        t0 = time.perf_counter()
+        log = parse_files([path])
+        parse_s = time.perf_counter() - t0
+        doc = summarize(log)
+        total_s = time.perf_counter() - t0
+        rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        print(f"phaseprobe parse: {log.lines_total:,} lines in {parse_s:.2f} s = "
+              f"{log.lines_total / parse_s / 1e6:.2f} M lines/s, "
+              f"{size / parse_s / 1e6:.0f} MB/s (summary included: {total_s:.2f} s)")
+        print(f"  collectives {doc['collectives']['calls']:,}, tuning "
+              f"{doc['tuning']['decisions']:,}, malformed {doc['lines']['malformed']}")
+        if grep_s:
+            print(f"ratio parse / grep -c: {parse_s / grep_s:.1f}x (target: within 5x)")
+        print(f"peak RSS: {rss0 / 1024:.0f} MB before parsing, {rss1 / 1024:.0f} MB after "
+              f"(file {size / 1e6:.0f} MB)")
+        if args.keep:
+            print(f"kept {path}")
+    finally:
+        if not args.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,240 @@
+"""``phaseprobe nccl``: what multi-GPU communication costs, read from NCCL debug logs.
+
+    phaseprobe nccl rank*.log                      # versions, comms, channels, transports, flags
+    phaseprobe nccl run.log --steps 512 --json     # + collectives per decode step
+    phaseprobe nccl run.log --experiment 3 --store pp.db   # steps from a probe's runs
+    phaseprobe nccl diff before.log after.log      # what got worse first
+
+Logs come from ``NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ENV,COLL,TUNING`` (or ``ALL``). Lenient by
+default: lines NCCL did not write are skipped and counted, cut records counted as malformed;
+``--strict`` stops at the first malformed NCCL line with its file and line number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from phaseprobe.analysis.nccl_summary import decode_steps, diff, summarize
+from phaseprobe.errors import ConfigError
+from phaseprobe.sources.nccl_log import parse_files
+
+__all__ = ["register", "run", "cmd_nccl", "analyze"]
+
+_BIG = 64 << 20  # files above this size get a progress bar on stderr
+_SEV = {"high": "red", "medium": "yellow", "low": "cyan"}
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``nccl`` command to the CLI's subparsers."""
+    p = subparsers.add_parser(
+        "nccl", help="analyse NCCL debug logs (channels, transports, collectives, red flags); "
+                     "'nccl diff A B' compares two",
+        description="Read NCCL_DEBUG=INFO output (any version 2.7-2.30, launcher prefixes and "
+                    "interleaved processes included) and summarise communicators, channels, "
+                    "transports, per-call collectives and tuning choices. "
+                    "'phaseprobe nccl diff A B' compares two logs.")
+    p.add_argument("files", nargs="+", metavar="FILE",
+                   help="log files (.gz allowed); or: diff A B")
+    p.add_argument("--strict", action="store_true",
+                   help="stop at the first malformed NCCL line (file:line in the error)")
+    p.add_argument("--steps", type=int, default=None, metavar="N",
+                   help="decode steps the log covers: adds collectives per step")
+    p.add_argument("--experiment", type=int, default=None, metavar="ID",
+                   help="take the decode-step count from this experiment's runs")
+    p.add_argument("--store", default=None, metavar="PATH",
+                   help="experiment store for --experiment")
+    p.add_argument("--save", default=None, metavar="FILE",
+                   help="also write the JSON document to FILE (to keep beside an experiment)")
+    p.add_argument("--json", action="store_true", help="print one JSON document to stdout")
+
+
+def _steps(args: argparse.Namespace) -> int | None:
+    if args.steps is not None:
+        if args.steps <= 0:
+            raise ConfigError("--steps must be a positive number of decode steps")
+        return int(args.steps)
+    if args.experiment is None:
+        return None
+    if not args.store:
+        raise ConfigError("--experiment needs --store PATH")
+    if not Path(args.store).is_file():  # Store() would create an empty one
+        raise ConfigError(f"--store {args.store}: no such file")
+    from phaseprobe.store import Store  # only this option touches the store
+
+    with Store(args.store) as store:
+        runs = store.runs(args.experiment)
+    steps = decode_steps([r.client.completion_tokens if r.client else None for r in runs])
+    if steps <= 0:
+        raise ConfigError(f"experiment {args.experiment} has no completed tokens to count "
+                          "decode steps from")
+    return steps
+
+
+def analyze(files: list[str], strict: bool, err: Console | None,
+            steps: int | None = None) -> dict[str, Any]:
+    """Parse ``files`` (progress bar on ``err`` for big files) and summarise them."""
+    size = sum(Path(f).stat().st_size for f in files if Path(f).is_file())
+    if err is None or size < _BIG:
+        return summarize(parse_files(files, strict=strict), steps)
+    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(),
+                        TimeRemainingColumn(), console=err, transient=True)
+    tasks: dict[str, Any] = {}
+
+    def tick(src: str, done: int, total: int) -> None:
+        if src not in tasks:
+            tasks[src] = progress.add_task(Path(src).name, total=total)
+        progress.update(tasks[src], completed=done)
+
+    with progress:
+        log = parse_files(files, strict=strict, on_progress=tick)
+    return summarize(log, steps)
+
+
+def cmd_nccl(args: argparse.Namespace, out: Console, err: Console) -> int:
+    """The handler: ``(args, out, err) -> exit code``, like the other commands."""
+    files = list(args.files)
+    if files[0] == "diff" and not Path("diff").exists():
+        if len(files) != 3:
+            raise ConfigError("usage: phaseprobe nccl diff A B")
+        a = analyze([files[1]], args.strict, err)
+        b = analyze([files[2]], args.strict, err)
+        for d in (a, b):
+            if not d["found"]:
+                raise ConfigError(f"no NCCL output found in {d['sources'][0]}")
+        doc = diff(a, b)
+        _emit(args, out, doc)
+        if not args.json:
+            _render_diff(out, doc)
+        return 0
+    doc = analyze(files, args.strict, err, _steps(args))
+    if not doc["found"]:
+        raise ConfigError(f"no NCCL output found in {', '.join(files)} "
+                          f"({doc['lines']['total']} lines read; run with NCCL_DEBUG=INFO)")
+    _emit(args, out, doc)
+    if not args.json:
+        _render(out, doc)
+    return 0
+
+
+def _emit(args: argparse.Namespace, out: Console, doc: dict[str, Any]) -> None:
+    text = json.dumps(doc)
+    if args.save:
+        try:
+            Path(args.save).write_text(text + "\n", encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"--save {args.save}: {exc}") from exc
+    if args.json:
+        out.out(text, highlight=False)
+
+
+def _kv(title: str, rows: list[tuple[str, str]]) -> Table:
+    t = Table(title=title, title_justify="left", show_header=False)
+    t.add_column("what", style="bold")
+    t.add_column("value")
+    for k, v in rows:
+        t.add_row(escape(k), escape(v))
+    return t
+
+
+def _render(out: Console, d: dict[str, Any]) -> None:
+    versions = ", ".join(f"{v['version']}+cuda{v['cuda']}" if v["cuda"] else v["version"]
+                         for v in d["nccl_versions"]) or "no banner"
+    tr = d["transports"]
+    lines = d["lines"]
+    rows = [("NCCL", versions), ("hosts / processes", f"{len(d['hosts'])} / {d['processes']}"),
+            ("network", ", ".join(tr["networks"]) or "-"),
+            ("net plugin", ", ".join(f"{k}: {v}" for k, v in tr["net_plugin"].items()) or "-"),
+            ("lines", f"{lines['total']} total, {lines['parsed']} NCCL, {lines['skipped']} "
+                      f"skipped, {lines['malformed']} malformed")]
+    if d["per_step"]:
+        ps = d["per_step"]
+        rows.append(("per decode step", f"{ps['calls_per_step']:.2f} collectives, "
+                                        f"{ps['bytes_per_step'] / 1e6:.3f} MB per rank "
+                                        f"({ps['steps']} steps)"))
+    out.print(_kv("phaseprobe nccl", rows))
+    g = Table(title="communicators", title_justify="left")
+    for col in ("id", "nranks", "ranks seen", "nodes", "coll ch", "p2p ch", "nvls ch"):
+        g.add_column(col, justify="left" if col == "id" else "right")
+    chans: dict[str, list[dict[str, int]]] = {}
+    for c in d["communicators"]:
+        chans.setdefault(c["comm_id"] or f"nranks={c['nranks']}", []).append(c["channels"])
+    for grp in d["comm_groups"]:
+        cs = chans.get(grp["id"], [])
+
+        def rng(key: str, cs: list[dict[str, int]] = cs) -> str:
+            vals = [c[key] for c in cs if key in c]
+            return "-" if not vals else (f"{min(vals)}" if min(vals) == max(vals)
+                                         else f"{min(vals)}-{max(vals)}")
+        g.add_row(escape(grp["id"]), str(grp["nranks"]), str(grp["ranks_seen"]),
+                  str(grp["nnodes"] or "?"), rng("coll"), rng("p2p"), rng("nvls"))
+    out.print(g)
+    if tr["connections"]:
+        t = Table(title=f"transports ({tr['connections']} connections, "
+                        f"{tr['gdrdma']} with GDRDMA)", title_justify="left")
+        t.add_column("transport")
+        t.add_column("connections", justify="right")
+        for k, n in tr["by_kind"].items():
+            t.add_row(escape(k), str(n))
+        out.print(t)
+    coll = d["collectives"]
+    if coll["calls"]:
+        t = Table(title=f"collectives ({coll['calls']} calls, {coll['bytes'] / 1e9:.3f} GB)",
+                  title_justify="left")
+        for col in ("op", "calls", "bytes"):
+            t.add_column(col, justify="left" if col == "op" else "right")
+        for op, v in coll["by_op"].items():
+            t.add_row(op, str(v["calls"]), f"{v['bytes']:,}")
+        out.print(t)
+        sizes: dict[int, int] = {}
+        for h in coll["size_histogram"]:
+            sizes[h["lo"]] = sizes.get(h["lo"], 0) + h["calls"]
+        hist = Table(title="message sizes (bytes per call)", title_justify="left")
+        hist.add_column("size", justify="right")
+        hist.add_column("calls", justify="right")
+        hist.add_column("share", justify="right")
+        for lo in sorted(sizes):
+            hist.add_row(f"{_size(lo)}–{_size(lo * 2)}", str(sizes[lo]),
+                         f"{sizes[lo] / coll['calls']:.1%}")
+        out.print(hist)
+    if d["tuning"]["decisions"]:
+        out.print(_kv("tuning (algorithm/protocol choices)",
+                      [(k, str(v)) for k, v in d["tuning"]["by_choice"].items()]))
+    for w in d["warnings"]["items"][:10]:
+        out.print(f"[red]WARN[/] line {w['line_no']} {escape(str(w['file']))}:{w['line']}: "
+                  f"{escape(w['message'])}", highlight=False)
+    for f in d["red_flags"]:
+        out.print(f"[{_SEV[f['severity']]}]{f['severity']}[/] {escape(f['message'])}")
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{n}{unit}"
+        n //= 1024
+    return f"{n}TiB"
+
+
+def _render_diff(out: Console, doc: dict[str, Any]) -> None:
+    t = Table(title="nccl diff", title_justify="left")
+    t.add_column("")
+    t.add_column(escape(", ".join(doc["a"]["sources"])))
+    t.add_column(escape(", ".join(doc["b"]["sources"])))
+    for key in ("channels", "transports", "transport_share", "networks", "tuning", "size_mix",
+                "collectives", "warnings"):
+        t.add_row(key, escape(json.dumps(doc["a"][key])), escape(json.dumps(doc["b"][key])))
+    out.print(t)
+    if not doc["worse"]:
+        out.print("[green]nothing got worse")
+    for w in doc["worse"]:
+        out.print(f"[{_SEV[w['severity']]}]{w['severity']}[/] {escape(w['message'])}")
+
+
+run = cmd_nccl  # the name cli.py's command table uses for every command module

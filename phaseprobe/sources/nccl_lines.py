@@ -1,0 +1,181 @@
+"""Line-level pieces of the NCCL debug-log parser: where a record starts, who wrote it, and the
+fixed tables (datatypes, algorithms) needed to read COLL and TUNING messages.
+
+Format facts come from NCCL's ``src/debug.cc``, ``enqueue.cc`` and ``tuning.cc`` (2.7 → 2.30);
+see ``shared/research/formats_nccl_nsys.md``. Everything here is pure and allocation-light: the
+parser calls :func:`split_record` once per line, so the common case must be a couple of
+``str.find`` calls and one dict lookup.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+__all__ = [
+    "Header", "Record", "split_record", "parse_header", "DTYPE_BYTES", "DTYPE_NAMES",
+    "ALGO_BY_INT", "PROTO_BY_INT", "REDOP_NAMES", "COLL_OPS", "transport_kind", "transport_class",
+    "LEVELS",
+]
+
+# The level words NCCL prints after the header. "version" is the bare banner (≤2.21 printf).
+LEVELS = ("INFO", "WARN", "TRACE", "CALL", "version")
+_MARK = "NCCL "
+
+# nccl.h.in ncclDataType_t: element size in bytes and the name users know it by.
+DTYPE_BYTES = {0: 1, 1: 1, 2: 4, 3: 4, 4: 8, 5: 8, 6: 2, 7: 4, 8: 8, 9: 2, 10: 1, 11: 1}
+DTYPE_NAMES = {0: "int8", 1: "uint8", 2: "int32", 3: "uint32", 4: "int64", 5: "uint64",
+               6: "float16", 7: "float32", 8: "float64", 9: "bfloat16", 10: "float8e4m3",
+               11: "float8e5m2"}
+REDOP_NAMES = {0: "sum", 1: "prod", 2: "max", 3: "min", 4: "avg"}
+# Integer algorithm/protocol ids printed by TUNING lines in 2.21–2.23 (2.19+ enum order).
+ALGO_BY_INT = {0: "TREE", 1: "RING", 2: "COLLNET_DIRECT", 3: "COLLNET_CHAIN", 4: "NVLS",
+               5: "NVLS_TREE", 6: "PAT"}
+PROTO_BY_INT = {0: "LL", 1: "LL128", 2: "SIMPLE"}
+COLL_OPS = frozenset({"AllReduce", "Broadcast", "Reduce", "AllGather", "ReduceScatter", "Send",
+                      "Recv", "AlltoAll", "Gather", "Scatter", "PutSignal", "Signal",
+                      "WaitSignal"})
+
+# host:pid:tid [dev]  — optionally followed, on WARN/TRACE lines, by "<file>:<line> " (and
+# "(<func>) " in 2.30) or "<ms> <func>:<line> ". Searched at the *end* of what precedes the level
+# word, so launcher prefixes (srun "12: ", mpirun "[1,0]<stdout>:") and timestamps are skipped.
+_HEADER = re.compile(
+    r"(?P<host>[^\s:\[\]]+):(?P<pid>\d+):(?P<tid>\d+)(?: \[(?P<dev>-?\d+)\])?"
+    r"(?: (?:[\d.]+ )?(?P<src>[\w./+-]+):(?P<srcline>\d+)(?: \([^)]*\))?)? ?$")
+_SRUN = re.compile(r"^\s*(\d+): ")
+_MPIRUN = re.compile(r"^\[(\d+),(\d+)\]<std(?:out|err)>: ?")
+_STAMP = re.compile(r"\[(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?)\]")
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    """Who wrote a record: the ``host:pid:tid [dev]`` prefix plus whatever wrapped it."""
+
+    host: str
+    pid: int
+    tid: int
+    dev: int | None
+    launcher_rank: int | None = None  # srun -l / mpirun --tag-output rank, when present
+    src_file: str | None = None  # WARN lines: NCCL's source file and line
+    src_line: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One NCCL record found in a physical line (a line may hold a cut record and a whole one)."""
+
+    level: str  # one of LEVELS
+    pre: str  # text before "NCCL <level>"
+    msg: str  # text after it, stripped of the trailing newline
+    cut: bool  # another record starts inside msg: this one was cut mid-write
+
+
+def split_record(line: str, start: int = 0) -> tuple[Record | None, int]:
+    """Find the next NCCL record in ``line`` from ``start``; returns it and where the next one
+    may begin (``-1`` when there is none). ``(None, -1)`` for a line with no NCCL record."""
+    i = line.find(_MARK, start)
+    while i >= 0:
+        j = i + 5
+        sp = line.find(" ", j)
+        word = line[j:sp] if sp >= 0 else line[j:].rstrip()
+        if word in ("INFO", "WARN", "TRACE", "CALL"):
+            body = sp + 1 if sp >= 0 else len(line)
+            nxt = _next_header_mark(line, body)
+            if nxt < 0:
+                return Record(word, line[start:i], line[body:].rstrip("\r\n"), False), -1
+            cut_at = _header_start(line, body, nxt)
+            return Record(word, line[start:i], line[body:cut_at], True), cut_at
+        if word == "version" and (i == start or line[i - 1] in " :>\t"):
+            return Record("version", line[start:i], line[j + 8:].rstrip("\r\n"), False), -1
+        i = line.find(_MARK, j)
+    return None, -1
+
+
+def _next_header_mark(line: str, pos: int) -> int:
+    """Position of a later " NCCL INFO/WARN" marker, i.e. a second record glued to this one."""
+    best = -1
+    for mark in (" NCCL INFO ", " NCCL WARN "):
+        k = line.find(mark, pos)
+        if k >= 0 and (best < 0 or k < best):
+            best = k
+    return best
+
+
+def _header_start(line: str, lo: int, mark: int) -> int:
+    """Where the glued record's ``host:pid:tid`` begins: scan back from its marker past the
+    ``[dev]`` and the three colon-separated fields."""
+    last = None
+    for m in _HEADER_BACK.finditer(line, lo, mark + 1):
+        last = m
+    return last.start() if last is not None and last.end() == mark + 1 else mark + 1
+
+
+_HEADER_BACK = re.compile(r"[^\s:\[\]]+:\d+:\d+(?: \[-?\d+\])?(?: [\w./+-]+:\d+(?: \([^)]*\))?)? ")
+
+_cache: dict[str, tuple[Header | None, str | None]] = {}
+
+
+def parse_header(pre: str) -> tuple[Header | None, str | None]:
+    """``(header, timestamp)`` of the text before the level word; header is None when no
+    ``host:pid:tid`` can be found (a cut or foreign line). Memoised: a log has few distinct
+    prefixes (one per thread), so most lines cost one dict lookup."""
+    hit = _cache.get(pre)
+    if hit is not None:
+        return hit
+    stamp = None
+    rest = pre
+    if "[" in pre and "-" in pre:
+        m = _STAMP.search(pre)
+        if m:
+            stamp = m.group(1)
+            rest = pre[:m.start()] + pre[m.end():].lstrip()
+    launcher = None
+    m2 = _SRUN.match(rest) or _MPIRUN.match(rest)
+    if m2:
+        launcher = int(m2.group(1) if m2.re is _SRUN else m2.group(2))
+        rest = rest[m2.end():]
+    h = _HEADER.search(rest)
+    header = None
+    if h:
+        dev, srcline = h.group("dev"), h.group("srcline")
+        header = Header(h.group("host"), int(h.group("pid")), int(h.group("tid")),
+                        int(dev) if dev is not None else None, launcher, h.group("src"),
+                        int(srcline) if srcline is not None else None)
+    result = (header, stamp)
+    if stamp is None:  # stamped prefixes differ on every line: caching them would only grow
+        if len(_cache) > 4096:
+            _cache.clear()
+        _cache[pre] = result
+    return result
+
+
+def transport_kind(via: str) -> str:
+    """A stable name for the text after ``via`` on a connection line."""
+    if via.startswith("P2P/"):
+        for name in ("P2P/IPC", "P2P/CUMEM", "P2P/MNNVL", "P2P/direct", "P2P/indirect"):
+            if via.startswith(name):
+                return name
+        return "P2P"
+    if via.startswith("SHM") or via.startswith("direct shared memory"):
+        return "SHM"
+    if via.startswith("NET/"):
+        # NET/<netName>/<dev>[(proxy)][/GDRDMA]...; the net name may contain spaces.
+        parts = via.split("/")
+        name = parts[1] if len(parts) > 1 else "?"
+        return f"NET/{name}"
+    if via.startswith("COLLNET") or via.startswith("CollNet"):
+        return "COLLNET"
+    if via.startswith("NVLS"):
+        return "NVLS"
+    return via.split("/")[0].split(" ")[0] or "?"
+
+
+def transport_class(kind: str) -> str:
+    """Coarse class for the transport mix: p2p (NVLink/PCIe peer), shm, net, collnet, nvls."""
+    if kind.startswith("P2P"):
+        return "p2p"
+    if kind == "SHM":
+        return "shm"
+    if kind.startswith("NET/"):
+        return "net"
+    return kind.lower()

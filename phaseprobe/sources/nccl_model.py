@@ -1,0 +1,195 @@
+"""What an NCCL debug log says, as plain data: the result of :mod:`phaseprobe.sources.nccl_log`.
+
+Everything is aggregated while streaming so memory does not grow with the file: per-call COLL
+lines are folded into counters keyed by (comm, op, datatype, count), connection lines into
+counters per transport, WARNs kept up to ``MAX_ITEMS`` (all of them counted). ``to_dict`` is the
+``--json`` document the CLI prints.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from phaseprobe.sources.nccl_lines import DTYPE_BYTES, DTYPE_NAMES
+
+__all__ = ["Communicator", "Warn", "NcclLog", "CollKey", "MAX_ITEMS", "MAX_COLL_KEYS"]
+
+MAX_ITEMS = 200  # WARNs, errors and malformed line numbers kept verbatim (all are counted)
+MAX_COLL_KEYS = 100_000  # distinct (comm, op, dtype, count) keys before sizes are rounded
+CHANNEL_FIELDS = ("coll", "nvls", "collnet", "p2p", "p2p_per_peer")
+
+# (host, pid, comm pointer, op, datatype, count): one COLL counter cell.
+CollKey = tuple[str, int, str, str, int, int]
+
+
+@dataclass(slots=True)
+class Communicator:
+    """One ``comm 0x…`` of one process (pointers are only unique within a process)."""
+
+    host: str
+    pid: int
+    comm: str
+    rank: int | None = None
+    nranks: int | None = None
+    nnodes: int | None = None
+    local_ranks: int | None = None
+    cuda_dev: int | None = None
+    nvml_dev: int | None = None
+    bus_id: str | None = None
+    comm_id: str | None = None
+    parent: str | None = None
+    init_func: str | None = None
+    state: str = "seen"  # seen | init_start | init_complete | destroyed | aborted
+    init_line: int | None = None
+    init_total_s: float | None = None
+    init_timings_s: dict[str, float] = field(default_factory=dict)
+    channels: dict[str, int] = field(default_factory=dict)
+    rings: int = 0  # "Channel NN/MM :  0 1 2" ring dumps (rank 0 only)
+    trees: int = 0  # "[c] d/d/d->r->u" entries of the Trees line
+    streams: set[str] = field(default_factory=set)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "host": self.host, "pid": self.pid, "comm": self.comm, "rank": self.rank,
+            "nranks": self.nranks, "nnodes": self.nnodes, "local_ranks": self.local_ranks,
+            "cuda_dev": self.cuda_dev, "nvml_dev": self.nvml_dev, "bus_id": self.bus_id,
+            "comm_id": self.comm_id, "parent": self.parent, "init_func": self.init_func,
+            "state": self.state, "init_total_s": self.init_total_s,
+            "init_timings_s": dict(self.init_timings_s), "channels": dict(self.channels),
+            "rings": self.rings, "trees": self.trees, "streams": len(self.streams),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Warn:
+    """A WARN line (or an error-trail ``file:line -> code`` INFO line) with where it came from."""
+
+    line_no: int
+    host: str | None
+    pid: int | None
+    src_file: str | None
+    src_line: int | None
+    message: str
+    timestamp: str | None = None
+    code: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"line_no": self.line_no, "host": self.host, "pid": self.pid,
+                "file": self.src_file, "line": self.src_line, "message": self.message,
+                "timestamp": self.timestamp, "code": self.code}
+
+
+@dataclass(slots=True)
+class NcclLog:
+    """Everything one or more log files said (several files merge into one model)."""
+
+    sources: list[str] = field(default_factory=list)
+    versions: Counter[tuple[str, str | None]] = field(default_factory=Counter)
+    cuda_drivers: set[int] = field(default_factory=set)
+    hosts: set[str] = field(default_factory=set)
+    processes: set[tuple[str, int]] = field(default_factory=set)
+    comms: dict[tuple[str, int, str], Communicator] = field(default_factory=dict)
+    networks: Counter[str] = field(default_factory=Counter)  # "Using network X"
+    net_devices: set[str] = field(default_factory=set)  # "[0]mlx5_0:1/IB", "[0]eth0:10.0.0.1<0>"
+    net_plugin: dict[str, str] = field(default_factory=dict)
+    transports: Counter[str] = field(default_factory=Counter)  # connection lines per kind
+    gdrdma: int = 0
+    peer_links: set[tuple[int, int, str]] = field(default_factory=set)
+    env: dict[str, str] = field(default_factory=dict)
+    nvls_available: Counter[bool] = field(default_factory=Counter)
+    coll: Counter[CollKey] = field(default_factory=Counter)
+    coll_sizes_rounded: bool = False
+    coll_first_ts: str | None = None
+    coll_last_ts: str | None = None
+    coll_stamped: int = 0
+    api_calls: Counter[str] = field(default_factory=Counter)  # NCCL CALL lines (TRACE builds)
+    tuning: Counter[tuple[str, str, str, int | None]] = field(default_factory=Counter)
+    tuning_bytes: Counter[tuple[str, str, str]] = field(default_factory=Counter)
+    warns: list[Warn] = field(default_factory=list)
+    warn_count: int = 0
+    errors: list[Warn] = field(default_factory=list)
+    error_count: int = 0
+    kinds: Counter[str] = field(default_factory=Counter)  # parsed lines per message kind
+    lines_total: int = 0
+    lines_nccl: int = 0
+    lines_skipped: int = 0
+    lines_malformed: int = 0
+    malformed_line_nos: list[tuple[str, int]] = field(default_factory=list)
+    streams: set[tuple[str, int, str, str]] = field(default_factory=set)
+    coll_nranks: dict[tuple[str, int, str], int] = field(default_factory=dict)
+
+    def add_coll(self, key: CollKey, n: int = 1) -> None:
+        if len(self.coll) >= MAX_COLL_KEYS and key not in self.coll:
+            # Bounded memory on adversarial logs: fold the count to a power of two.
+            self.coll_sizes_rounded = True
+            c = key[5]
+            key = key[:5] + ((1 << (c.bit_length() - 1)) if c > 0 else 0,)
+        self.coll[key] += n
+
+    def unglue_hosts(self) -> None:
+        """Program output written without a newline sticks to the next header ("0mew0:64904:…"
+        from "…  0" + "mew0:64904:…"): a host that ends with the name of another host of the
+        same pid is that host."""
+        log = self
+        alias: dict[tuple[str, int], str] = {}
+        for host, pid in log.processes:
+            for other, opid in log.processes:
+                if opid == pid and len(host) > len(other) and host.endswith(other):
+                    alias[(host, pid)] = other
+        if not alias:
+            return
+
+        def fix(host: str, pid: int) -> str:
+            return alias.get((host, pid), host)
+
+        log.processes = {(fix(h, p), p) for h, p in log.processes}
+        log.hosts = {h for h, _ in log.processes}
+        coll = log.coll.copy()
+        log.coll.clear()
+        for (h, p, comm, op, dtype, count), n in coll.items():
+            log.coll[(fix(h, p), p, comm, op, dtype, count)] += n
+        log.streams = {(fix(h, p), p, c, s) for h, p, c, s in log.streams}
+        log.coll_nranks = {(fix(h, p), p, c): n for (h, p, c), n in log.coll_nranks.items()}
+        comms = log.comms
+        log.comms = {}
+        for (h, p, c), comm_obj in comms.items():
+            key = (fix(h, p), p, c)
+            if key not in log.comms:
+                comm_obj.host = key[0]
+                log.comms[key] = comm_obj
+
+    @property
+    def found(self) -> bool:
+        return self.lines_nccl > 0
+
+    def coll_rows(self) -> list[dict[str, Any]]:
+        """The COLL counters as rows (comm, op, dtype, count, bytes per call, calls)."""
+        rows = []
+        for (host, pid, comm, op, dtype, count), calls in self.coll.items():
+            rows.append({"host": host, "pid": pid, "comm": comm, "op": op,
+                         "dtype": DTYPE_NAMES.get(dtype, str(dtype)), "count": count,
+                         "bytes": count * DTYPE_BYTES.get(dtype, 1), "calls": calls})
+        return rows
+
+    def to_dict(self) -> dict[str, Any]:
+        """The raw model (the CLI adds the summaries of :mod:`phaseprobe.analysis.nccl_summary`)."""
+        return {
+            "sources": list(self.sources),
+            "nccl_versions": [{"version": v, "cuda": c, "banners": n}
+                              for (v, c), n in sorted(self.versions.items())],
+            "cuda_drivers": sorted(self.cuda_drivers),
+            "hosts": sorted(self.hosts),
+            "processes": len(self.processes),
+            "communicators": [c.to_dict() for c in self.comms.values()],
+            "env": dict(sorted(self.env.items())),
+            "warnings": {"count": self.warn_count,
+                         "items": [w.to_dict() for w in self.warns]},
+            "errors": {"count": self.error_count,
+                       "items": [e.to_dict() for e in self.errors]},
+            "lines": {"total": self.lines_total, "parsed": self.lines_nccl,
+                      "skipped": self.lines_skipped, "malformed": self.lines_malformed,
+                      "malformed_at": [f"{s}:{n}" for s, n in self.malformed_line_nos],
+                      "by_kind": dict(self.kinds.most_common())},
+        }
