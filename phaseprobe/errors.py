@@ -21,6 +21,7 @@ The hierarchy, in one picture (catch ``PhaseprobeError`` to catch them all)::
     ├── NvmlUnavailable        no NVIDIA driver / NVML library (experiments go on without GPU data)
     ├── CalibrationError       the calibration benchmark failed, timed out or printed no result
     ├── ParseError             a recognised but malformed input line (file, line number, line)
+    ├── TraceError             an Nsight export, nsys stats CSV or torch trace is unusable (file)
     └── GrafanaError           a Grafana dashboard file or Grafana's HTTP API cannot be used
         ├── DashboardInvalid       dashboard JSON unreadable, corrupt or not a dashboard (file)
         ├── GrafanaUnreachable     nothing answers at the Grafana URL (refused, DNS, TLS, timeout)
@@ -56,6 +57,7 @@ __all__ = [
     "NvmlUnavailable",
     "CalibrationError",
     "ParseError",
+    "TraceError",
     "GrafanaError",
     "DashboardInvalid",
     "GrafanaUnreachable",
@@ -239,3 +241,12 @@ class EmptyResult(PrometheusError):
 
 class PrometheusServerError(PrometheusError):
     """The Prometheus that :mod:`phaseprobe.testing.prometheus_server` starts did not come up."""
+
+
+class TraceError(PhaseprobeError):
+    """A timeline file (Nsight SQLite export, ``nsys stats`` CSV, Kineto JSON) cannot be used."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"trace {path}: {reason}")
+        self.path = path
+        self.reason = reason

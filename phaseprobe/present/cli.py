@@ -23,17 +23,21 @@ from rich.markup import escape
 from phaseprobe import __version__, calibrate
 from phaseprobe.analysis.phases import summarize
 from phaseprobe.collect.efficiency import efficiency_report, kv_reservation_report
-from phaseprobe.collect.experiment import ProbeSettings, run_probe
+from phaseprobe.collect.experiment import ProbeResult, ProbeSettings, run_probe
 from phaseprobe.errors import ConfigError, PhaseprobeError
 from phaseprobe.paths import default_store_path
 from phaseprobe.present import (
     cmd_calibrate,
+    cmd_check,
     cmd_gpu,
     cmd_grafana,
     cmd_nccl,
     cmd_plan,
     cmd_query,
+    cmd_trace,
 )
+from phaseprobe.present.cmd_trace import render as render_trace
+from phaseprobe.present.cmd_trace import summarize_trace_file
 from phaseprobe.present.console import (
     RichProgress,
     render_efficiency,
@@ -43,6 +47,7 @@ from phaseprobe.present.console import (
 )
 from phaseprobe.records import RunSpec
 from phaseprobe.sources.nvml import open_sampler
+from phaseprobe.sources.torch_trace import capture_profile
 from phaseprobe.store import Store, redact_url
 
 if TYPE_CHECKING:
@@ -140,6 +145,12 @@ def build_parser() -> argparse.ArgumentParser:
     probe.add_argument("--model-config", metavar="PATH", default=None,
                        help="the served model's config.json (or its directory) for the "
                             "roofline, when /v1/models does not name a local path")
+    probe.add_argument("--torch-profile", metavar="DIR", default=None,
+                       help="capture vLLM's torch profiler around the measured runs "
+                            "(/start_profile, /stop_profile) into DIR and summarise the trace: "
+                            "kernel classes, idle gaps, prefill vs decode steps. The server "
+                            "must run with --profiler-config (the local one is started so); "
+                            "timings taken under the profiler are slower than without")
     probe.add_argument("--prom", metavar="URL", help="also summarise the experiment from this "
                        "Prometheus (which scrapes the endpoint): PromQL per-request means over "
                        "the experiment window beside the direct-scrape ones")
@@ -176,6 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
     cmd_calibrate.register(sub)
     cmd_gpu.register(sub)
     cmd_nccl.register(sub)
+    cmd_trace.register(sub)
+    cmd_check.register(sub)
     return parser
 
 
@@ -200,6 +213,7 @@ def _cmd_probe(args: argparse.Namespace, out: Console, err: Console) -> int:
     from phaseprobe.local import LocalVllm, ensure_model, install
 
     api_key = _api_key(args.api_key_env)
+    profile_dir = Path(args.torch_profile).resolve() if args.torch_profile else None
     with ExitStack() as stack:
         endpoint = args.endpoint
         if endpoint is None:
@@ -207,7 +221,8 @@ def _cmd_probe(args: argparse.Namespace, out: Console, err: Console) -> int:
             venv = install(progress=lambda line: err.print(f"[dim]{line}"))
             ensure_model(venv=venv)
             with err.status("starting local vLLM (about 30 s on 2 cores)…"):
-                server = stack.enter_context(LocalVllm(venv=venv))
+                server = stack.enter_context(LocalVllm(venv=venv,
+                                                       extra_args=_profiler_args(profile_dir)))
             err.print(f"local vLLM ready at {server.base_url} (log: {server.log_path})")
             endpoint = server.base_url
         model = args.model or _first_model(endpoint, api_key)
@@ -229,10 +244,19 @@ def _cmd_probe(args: argparse.Namespace, out: Console, err: Console) -> int:
             sampler, why_not = open_sampler(args.gpu_period)
             if sampler is None:
                 err.print(f"[yellow]no GPU data:[/] {escape(why_not or '')}")
-        result = run_probe(spec, store, settings=settings, api_key=api_key, progress=progress,
-                           timeout_s=args.timeout,
-                           before_runs=sidecar.before_runs if sidecar else None,
-                           gpu_sampler=sampler)
+        def measure() -> ProbeResult:
+            return run_probe(spec, store, settings=settings, api_key=api_key, progress=progress,
+                             timeout_s=args.timeout,
+                             before_runs=sidecar.before_runs if sidecar else None,
+                             gpu_sampler=sampler)
+
+        trace_doc = None
+        if profile_dir is None:
+            result = measure()
+        else:
+            result, files = capture_profile(endpoint, profile_dir, measure)
+            with err.status("reading the torch-profiler trace…"):
+                trace_doc = summarize_trace_file(files[0])  # the worker's rank file first
         prom = None
         if sidecar is not None:
             with err.status("waiting for Prometheus to scrape after the last run…"):
@@ -254,6 +278,8 @@ def _cmd_probe(args: argparse.Namespace, out: Console, err: Console) -> int:
                "server": result.server_info, "notes": result.notes,
                "summary": summary.to_dict(), "runs": [r.to_dict() for r in result.runs]}
         doc["efficiency"] = efficiency
+        if trace_doc is not None:
+            doc["trace"] = trace_doc
         if kv_report is not None:
             doc["kv_reservation"] = kv_report
         if prom is not None:
@@ -263,11 +289,22 @@ def _cmd_probe(args: argparse.Namespace, out: Console, err: Console) -> int:
         render_probe(out, result.runs, summary, result.server_info, result.notes,
                      result.experiment_id)
         render_efficiency(out, efficiency)
+        if trace_doc is not None:
+            render_trace(out, trace_doc)
         if kv_report is not None:
             out.print(f"GPU memory: {kv_report['verdict']}")
         if prom is not None:
             render_prom_comparison(out, prom)
     return 0 if any(r.status == "ok" for r in result.runs) else 1
+
+
+def _profiler_args(profile_dir: Path | None) -> list[str]:
+    """vLLM's torch profiler, writing to ``profile_dir`` (no stacks: 3 MB instead of 52 MB)."""
+    if profile_dir is None:
+        return []
+    config = {"profiler": "torch", "torch_profiler_dir": str(profile_dir),
+              "torch_profiler_with_stack": False}
+    return ["--profiler-config", json.dumps(config)]
 
 
 def _prom_sidecar(args: argparse.Namespace, model: str, stack: ExitStack) -> PromSidecar:
@@ -366,6 +403,9 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace, Console, Console], int]] = {
     "calibrate": cmd_calibrate.run,
     "gpu": cmd_gpu.run,
     "nccl": cmd_nccl.run,
+    "nsys": cmd_trace.run,
+    "trace": cmd_trace.run,
+    "check": cmd_check.run,
 }
 
 

@@ -1,0 +1,143 @@
+"""Benchmark: summarise a synthetic Nsight Systems export with 10 M kernel rows.
+
+    python bench/nsys_scale.py [--rows 10000000] [--build-budget-s 60] [--keep DIR]
+
+Builds an nsys-shaped SQLite (schema 2022 generation: StringIds, CUPTI kernel + runtime
+tables, NVTX step ranges) in a temporary directory — generated inside SQLite by a recursive
+CTE, 1 M rows per batch, stopping early if the build budget runs out — then times
+``read_nsys`` and every timeline analysis, and prints rows/s and peak RSS. The reference is a
+bare ``SELECT count(*), sum(end - start)`` scan of the same table in the same run: the ratio
+says how much the full summary costs over just touching every kernel row once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import sqlite3
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from phaseprobe.analysis import timeline as tla  # noqa: E402
+from phaseprobe.sources.nsys_export import read_nsys  # noqa: E402
+
+TID = (4242 << 24) | 4243
+PID = 4242 << 24
+NAMES = (["ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "cross_device_reduce_1stage",
+          "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", "nvjet_tst_128x64_64x8_1x1_v_bz_TNT",
+          "flash_fwd_splitkv_kernel", "reshape_and_cache_flash_kernel"]
+         + [f"elementwise_kernel_{i}" for i in range(44)])
+SCHEMA = """
+PRAGMA journal_mode = OFF; PRAGMA synchronous = OFF;
+CREATE TABLE StringIds (id INTEGER NOT NULL PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE EXPORT_META_DATA (name TEXT NOT NULL, value TEXT);
+CREATE TABLE TARGET_INFO_GPU (vmId INTEGER NOT NULL, id INTEGER NOT NULL, name TEXT);
+CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER NOT NULL, end INTEGER NOT NULL,
+    deviceId INTEGER NOT NULL, contextId INTEGER NOT NULL, streamId INTEGER NOT NULL,
+    correlationId INTEGER, globalPid INTEGER, demangledName INTEGER NOT NULL,
+    shortName INTEGER NOT NULL, mangledName INTEGER, registersPerThread INTEGER);
+CREATE TABLE CUPTI_ACTIVITY_KIND_RUNTIME (start INTEGER NOT NULL, end INTEGER NOT NULL,
+    eventClass INTEGER NOT NULL, globalTid INTEGER, correlationId INTEGER,
+    nameId INTEGER NOT NULL, returnValue INTEGER NOT NULL, callchainId INTEGER);
+CREATE TABLE NVTX_EVENTS (start INTEGER NOT NULL, end INTEGER, eventType INTEGER NOT NULL,
+    text TEXT, globalTid INTEGER, textId INTEGER, domainId INTEGER);
+INSERT INTO EXPORT_META_DATA VALUES ('EXPORT_SCHEMA_VERSION', '2.9.1');
+INSERT INTO TARGET_INFO_GPU VALUES (1, 0, 'synthetic GPU 0'), (1, 1, 'synthetic GPU 1');
+"""
+BATCH = 1_000_000
+
+
+def build(path: Path, rows: int, budget_s: float) -> int:
+    conn = sqlite3.connect(path)
+    conn.executescript(SCHEMA)
+    conn.executemany("INSERT INTO StringIds VALUES (?, ?)",
+                     [(i + 1, n) for i, n in enumerate(NAMES)] + [(100, "cudaLaunchKernel")])
+    started = time.perf_counter()
+    done = 0
+    while done < rows and time.perf_counter() - started < budget_s:
+        n = min(BATCH, rows - done)
+        # kernel x: every 4th slot of 1 µs; device x%2, 3 streams; a 50 µs hole every 1000
+        # kernels (idle gaps); launched 5 µs before it runs
+        conn.execute(f"""
+            WITH RECURSIVE c(x) AS (SELECT {done} UNION ALL SELECT x + 1 FROM c
+                                    WHERE x < {done + n - 1})
+            INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL
+            SELECT x * 1000 + (x / 1000) * 50000, x * 1000 + (x / 1000) * 50000 + 600
+                   + (x % 13) * 37, x % 2, 1, 7 + x % 3, x, {PID}, 1 + x % 50, 1 + x % 50,
+                   NULL, 32 FROM c""")
+        conn.execute(f"""
+            WITH RECURSIVE c(x) AS (SELECT {done} UNION ALL SELECT x + 1 FROM c
+                                    WHERE x < {done + n - 1})
+            INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME
+            SELECT x * 1000 + (x / 1000) * 50000 - 5000, x * 1000 + (x / 1000) * 50000 - 4000,
+                   0, {TID}, x, 100, 0, NULL FROM c""")
+        done += n
+    # one vLLM-style step range per 1000 kernels, alternating prefill and decode
+    steps = [(i * 1000 * 1000 + i * 50000 - 5000, (i + 1) * 1000 * 1000 + i * 50000 - 5001,
+              "execute_context_1(512)_generation_0(0)" if i % 8 == 0
+              else "execute_context_0(0)_generation_8(8)") for i in range(done // 1000)]
+    conn.executemany("INSERT INTO NVTX_EVENTS VALUES (?, ?, 59, ?, ?, NULL, 0)",
+                     [(s, e, t, TID) for s, e, t in steps])
+    conn.commit()
+    conn.close()
+    return done
+
+
+def timed(label: str, fn, *args, **kwargs):  # type: ignore[no-untyped-def]
+    t0 = time.perf_counter()
+    out = fn(*args, **kwargs)
+    dt = time.perf_counter() - t0
+    print(f"  {label:<28} {dt:8.2f} s", flush=True)
+    return out, dt
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=10_000_000)
+    ap.add_argument("--build-budget-s", type=float, default=60.0)
+    ap.add_argument("--gap-us", type=float, default=20.0)
+    ap.add_argument("--keep", metavar="DIR", help="build the export in DIR and keep it")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(args.keep or tmp) / "synthetic.sqlite"
+        path.unlink(missing_ok=True)
+        t0 = time.perf_counter()
+        rows = build(path, args.rows, args.build_budget_s)
+        print(f"built {rows:,} kernels (+{rows:,} runtime calls) in "
+              f"{time.perf_counter() - t0:.1f} s, {path.stat().st_size / 2**20:,.0f} MiB",
+              flush=True)
+        conn = sqlite3.connect(path)
+        t1 = time.perf_counter()
+        conn.execute('SELECT count(*), sum("end" - start) FROM CUPTI_ACTIVITY_KIND_KERNEL'
+                     ).fetchone()
+        ref = time.perf_counter() - t1
+        conn.close()
+        print(f"reference: SQL count/sum scan {ref:.2f} s")
+        tl, t_read = timed("read_nsys (with launches)", read_nsys, path)
+        acts = tl.activities
+        total = t_read
+        for label, fn, fargs in (
+                ("class_times", tla.class_times, (acts,)),
+                ("comm_compute_overlap", tla.comm_compute_overlap, (acts,)),
+                ("idle_gaps", tla.idle_gaps, (acts, int(args.gap_us * 1000))),
+                ("top_kernels", tla.top_kernels, (acts,)),
+                ("range_breakdown", tla.range_breakdown, (acts, tl.ranges))):
+            out, dt = timed(label, fn, *fargs)
+            total += dt
+            if label == "idle_gaps":
+                print(f"    {len(out):,} gaps")
+            if label == "range_breakdown":
+                print(f"    {len(out):,} ranges, phases: "
+                      f"{tla.phase_summary(out)[['phase', 'ranges']].to_dict('records')}")
+    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"summary of {rows:,} kernel rows: {total:.2f} s = {rows / total:,.0f} rows/s; "
+          f"ratio to the bare SQL scan {total / ref:.1f}x; peak RSS {peak_mib:,.0f} MiB")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

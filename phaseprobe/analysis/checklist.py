@@ -1,0 +1,127 @@
+"""The troubleshooting checklist: registered rules run over one :class:`Evidence` bundle.
+
+Pure: evidence in (built by :mod:`phaseprobe.collect.evidence`, or by hand in a test), a
+:class:`Report` of :class:`Verdict` out. :data:`RULES` is the one place rules are listed, in
+the order the report shows them; adding a rule is one function in ``rules/`` and one line here.
+
+Verdicts: ``pass`` (checked, fine), ``warn`` (worth a look, not wrong), ``fail`` (wrong, or
+far off the target: the CLI exits 1), ``skipped`` (the evidence it needs is missing; the
+summary says which). A rule that hits an expected phaseprobe error on odd input is reported
+as skipped with that error rather than sinking the other verdicts.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from phaseprobe.analysis.rules import latency, memory, parallel
+from phaseprobe.analysis.rules.base import USE_CASE_TTFT_S, Evidence, Status, Verdict
+from phaseprobe.errors import ConfigError, PhaseprobeError
+
+__all__ = ["Rule", "RULES", "Report", "run_checklist", "rule_ids", "Evidence", "Verdict",
+           "Status", "USE_CASE_TTFT_S"]
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    title: str  # the question the checklist asks
+    check: Callable[[Evidence], Verdict]
+    needs: str  # evidence it reads, for --list and docs
+
+
+RULES: tuple[Rule, ...] = (
+    # The seed's five.
+    Rule("decode_vs_prefill", "Decode >> prefill?", latency.decode_vs_prefill,
+         "server phases of the runs"),
+    Rule("even_gpus_slow", "GPUs evenly utilised but latency still high?",
+         parallel.even_gpus_slow, "GPU utilisation samples + client TTFT / decode efficiency"),
+    Rule("memory_flat", "GPU memory flat right after startup?", memory.memory_flat,
+         "GPU memory samples (+ server log to confirm)"),
+    Rule("idle_gaps", "Idle gaps in the timeline trace?", parallel.idle_gaps,
+         "trace summary (--trace / --nsys)"),
+    Rule("scaling_regression", "Latency up after adding GPUs?", latency.scaling_regression,
+         "baseline experiment + GPU counts of both"),
+    # Issue 8's additions.
+    Rule("run_errors", "Did every run complete?", latency.run_errors, "stored runs"),
+    Rule("isolation", "Was every run alone on the server?", latency.isolation, "stored runs"),
+    Rule("phase_consistency", "Do vLLM's phase histograms agree with client timing?",
+         latency.phase_consistency, "server phases + client timeline"),
+    Rule("ttft_gap", "Client vs server TTFT gap small?", latency.ttft_gap,
+         "client + server TTFT"),
+    Rule("itl_jitter", "Inter-token latency steady (no stalls)?", latency.itl_jitter,
+         "client token arrival times"),
+    Rule("ttft_target", "TTFT within the use-case target?", latency.ttft_target,
+         "client TTFT + --use-case"),
+    Rule("kv_pressure", "KV cache near full, with preemptions?", memory.kv_pressure,
+         "Prometheus (--prom) or server log or run counters"),
+    Rule("prefix_cache", "Prefix cache used when prompts share a prefix?", memory.prefix_cache,
+         "prefix-cache counters of the runs + prompts + block size"),
+    Rule("decode_efficiency", "Decode near its memory-bandwidth bound?",
+         latency.decode_efficiency, "--peaks + model config"),
+    Rule("collectives", "Collectives per decode step and transports OK?", parallel.collectives,
+         "NCCL log summary (--nccl)"),
+    Rule("kv_preallocated", "Does the vLLM log show the KV cache pre-allocated?",
+         memory.kv_preallocated_log, "server log (--server-log)"),
+)
+
+
+def rule_ids() -> list[str]:
+    return [r.id for r in RULES]
+
+
+@dataclass(frozen=True)
+class Report:
+    experiment_id: int | None
+    experiment_name: str
+    use_case: str
+    verdicts: tuple[Verdict, ...]
+    sources: dict[str, str]
+
+    @property
+    def counts(self) -> dict[str, int]:
+        c = Counter(v.status for v in self.verdicts)
+        return {s: c.get(s, 0) for s in ("pass", "warn", "fail", "skipped")}
+
+    @property
+    def failed(self) -> bool:
+        return any(v.status == "fail" for v in self.verdicts)
+
+    @property
+    def exit_code(self) -> int:
+        """0 when nothing failed, 1 when a rule failed (CI gates on this)."""
+        return 1 if self.failed else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"experiment_id": self.experiment_id, "experiment": self.experiment_name,
+                "use_case": self.use_case, "counts": self.counts, "failed": self.failed,
+                "sources": dict(self.sources), "verdicts": [v.to_dict() for v in self.verdicts]}
+
+
+def run_checklist(ev: Evidence, *, only: Iterable[str] | None = None,
+                  sources: dict[str, str] | None = None) -> Report:
+    """Run the registered rules (``only``: a subset by id) over ``ev``."""
+    if ev.use_case not in USE_CASE_TTFT_S:
+        raise ConfigError(f"unknown use case {ev.use_case!r}: choose one of "
+                          + ", ".join(f"{k} (TTFT < {v * 1e3:g} ms)"
+                                      for k, v in USE_CASE_TTFT_S.items()))
+    chosen = list(RULES)
+    if only is not None:
+        wanted = list(only)
+        unknown = [w for w in wanted if w not in rule_ids()]
+        if unknown:
+            raise ConfigError(f"unknown rule(s) {', '.join(unknown)}; known: "
+                              + ", ".join(rule_ids()))
+        chosen = [r for r in RULES if r.id in wanted]
+    verdicts = []
+    for rule in chosen:
+        try:
+            verdict = rule.check(ev)
+        except PhaseprobeError as exc:  # odd input for this rule only; the others still run
+            verdict = Verdict("skipped", f"skipped: {exc}")
+        verdicts.append(replace(verdict, rule=rule.id, title=rule.title))
+    return Report(ev.experiment_id, ev.experiment_name, ev.use_case, tuple(verdicts),
+                  dict(sources or {}))

@@ -1,0 +1,230 @@
+"""Gather what the checklist may use about one experiment into an :class:`Evidence` bundle.
+
+The I/O half of ``phaseprobe check``: the store (runs, GPU samples, server info), and, each only
+when asked for, a Prometheus server, the vLLM server log, NCCL logs, a trace, hardware peaks, a
+baseline experiment. Readers written by other parts of phaseprobe (NCCL, traces) are imported
+only when their option is used. Every input that could not be read becomes a note and a missing
+piece of evidence (its rules say ``skipped``), except files the user named that do not exist:
+those are a :class:`ConfigError`, since a typo should not pass as "nothing to check".
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from phaseprobe.analysis.kv_reservation import run_windows
+from phaseprobe.analysis.rules.base import Evidence
+from phaseprobe.errors import ConfigError
+from phaseprobe.store import Store
+
+__all__ = ["EvidenceOptions", "build_evidence", "prometheus_evidence", "trace_evidence",
+           "nccl_evidence", "model_layers"]
+
+
+@dataclass(frozen=True)
+class EvidenceOptions:
+    use_case: str = "chat"
+    prom_url: str | None = None
+    prom_selector: str = ""
+    server_log: str | None = None
+    nccl_logs: Sequence[str] = ()
+    nsys: str | None = None
+    trace: str | None = None
+    peaks: str | None = None  # a GPU from the peaks table, or "calibrated"
+    model_config: str | None = None
+    tensor_parallel_size: int | None = None
+    baseline_id: int | None = None
+    baseline_tp: int | None = None
+    notes: list[str] = field(default_factory=list)  # filled while building
+
+
+def build_evidence(store: Store, experiment_id: int, opts: EvidenceOptions
+                   ) -> tuple[Evidence, dict[str, str]]:
+    """The bundle for ``experiment_id`` and where each piece came from (shown in the report)."""
+    exp = store.experiment(experiment_id)
+    runs = tuple(store.runs(experiment_id))
+    info = dict(exp.server_info)
+    sources = {"runs": f"{store.path} experiment {experiment_id} ({len(runs)} runs)"}
+    gpu = store.gpu_samples(experiment_id)
+    if not gpu.empty:
+        sources["gpu_samples"] = f"{len(gpu)} samples from the store"
+    log_text = _read_text(opts.server_log, "--server-log") if opts.server_log else None
+    if opts.server_log:
+        sources["server_log"] = opts.server_log
+    prom = None
+    if opts.prom_url:
+        prom = prometheus_evidence(opts.prom_url, runs, opts.prom_selector, opts.notes)
+        sources["prom"] = opts.prom_url if prom is not None else "unavailable"
+    steps = sum(max(0, (r.client.completion_tokens or 0) - 1) for r in runs if r.client)
+    nccl = nccl_evidence(opts.nccl_logs, steps) if opts.nccl_logs else None
+    if opts.nccl_logs:
+        sources["nccl"] = ", ".join(opts.nccl_logs)
+    trace_file = opts.trace or opts.nsys
+    trace = trace_evidence(trace_file, nsys=opts.trace is None) if trace_file else None
+    if trace_file:
+        sources["trace"] = trace_file
+    efficiency = None
+    if opts.peaks:
+        from phaseprobe.collect.efficiency import efficiency_report
+
+        efficiency = efficiency_report(runs, info, peaks_choice=opts.peaks,
+                                       model_config=opts.model_config)
+        sources["efficiency"] = f"peaks {opts.peaks}"
+    baseline = None
+    if opts.baseline_id is not None:
+        if opts.baseline_id == experiment_id:
+            raise ConfigError("--baseline must name another experiment")
+        baseline, _ = build_evidence(store, opts.baseline_id, EvidenceOptions(
+            use_case=opts.use_case, tensor_parallel_size=opts.baseline_tp))
+        sources["baseline"] = f"experiment {opts.baseline_id}"
+    tp = opts.tensor_parallel_size or _label_int(exp.spec.labels, "tp",
+                                                  "tensor_parallel_size")
+    ev = Evidence(runs=runs, experiment_id=experiment_id, experiment_name=exp.name,
+                  server_info=info, use_case=opts.use_case,
+                  gpu_samples=None if gpu.empty else gpu, prom=prom, server_log=log_text,
+                  nccl=nccl, trace=trace, efficiency=efficiency,
+                  model_layers=model_layers(info, opts.model_config),
+                  tensor_parallel_size=tp, baseline=baseline, store_path=str(store.path))
+    return ev, sources
+
+
+def _read_text(path: str, option: str) -> str:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{option} {path}: no such file")
+    try:
+        return p.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise ConfigError(f"{option} {path}: {exc.strerror}") from None
+
+
+def _label_int(labels: dict[str, str], *keys: str) -> int | None:
+    for key in keys:
+        try:
+            return int(labels[key])
+        except (KeyError, ValueError):
+            continue
+    return None
+
+
+def model_layers(server_info: dict[str, Any], explicit: str | None) -> int | None:
+    """``num_hidden_layers`` of the served model's config.json, when it is reachable."""
+    from phaseprobe.collect.efficiency import model_config_path
+
+    path = model_config_path(server_info, explicit)
+    if path is None:
+        return None
+    file = path / "config.json" if path.is_dir() else path
+    try:
+        cfg = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    cfg = cfg.get("text_config", cfg) if isinstance(cfg, dict) else {}
+    layers = cfg.get("num_hidden_layers") if isinstance(cfg, dict) else None
+    return int(layers) if isinstance(layers, int) and layers > 0 else None
+
+
+def prometheus_evidence(url: str, runs: Sequence[Any], selector: str,
+                        notes: list[str]) -> dict[str, float | None] | None:
+    """KV-cache usage peak, preemptions and prefix-cache hit rate over the runs' window
+    (None and a note when Prometheus cannot be asked)."""
+    from phaseprobe.errors import PrometheusError
+    from phaseprobe.sources.prometheus import PrometheusClient
+
+    windows = run_windows(runs)
+    if not windows:
+        notes.append("Prometheus: the experiment has no runs to take a window from")
+        return None
+    start = min(a for a, _ in windows) / 1e9 - 1.0
+    # A scrape after the last run may come up to one interval later; cap at now.
+    at = min(time.time(), max(b for _, b in windows) / 1e9 + 30.0)
+    window = f"{max(1, math.ceil(at - start))}s"
+    bare = selector.strip().removeprefix("{").removesuffix("}")
+    sel = f"{{{bare}}}" if bare else ""
+    try:
+        with PrometheusClient(url) as client:
+            names = client.names_map()
+
+            def name(newest: str) -> str:
+                return names.get(newest, newest)
+
+            def one(expr: str) -> float | None:
+                samples = client.instant_query(expr, at=at)
+                values = [s.value for s in samples if not math.isnan(s.value)]
+                return max(values) if values else None
+
+            kv = name("vllm:kv_cache_usage_perc")
+            pre = name("vllm:num_preemptions_total")
+            hits, queries = name("vllm:prefix_cache_hits_total"), \
+                name("vllm:prefix_cache_queries_total")
+            return {
+                "kv_cache_usage_max": one(f"max(max_over_time({kv}{sel}[{window}]))"),
+                "preemptions": one(f"sum(increase({pre}{sel}[{window}]))"),
+                "prefix_cache_hit_rate": one(f"sum(increase({hits}{sel}[{window}])) / "
+                                             f"sum(increase({queries}{sel}[{window}]))"),
+            }
+    except PrometheusError as exc:
+        notes.append(f"Prometheus: {exc}")
+        return None
+
+
+def nccl_evidence(paths: Sequence[str], decode_steps: int) -> dict[str, Any]:
+    """A ``phaseprobe nccl --json`` document: a saved one (``.json``) as is, else the logs
+    parsed (leniently) with per-step counts over the experiment's decode steps. The steps are
+    the stored runs'; a log that also covers warm-up runs overstates per-step calls a little."""
+    if len(paths) == 1 and paths[0].endswith(".json"):
+        doc = json.loads(_read_text(paths[0], "--nccl"))
+        if not isinstance(doc, dict):
+            raise ConfigError(f"--nccl {paths[0]}: not a phaseprobe nccl --json document")
+        return doc
+    from phaseprobe.analysis.nccl_summary import summarize
+    from phaseprobe.sources.nccl_log import parse_files
+
+    return summarize(parse_files(paths), steps=decode_steps or None)
+
+
+def trace_evidence(path: str, *, nsys: bool, min_gap_ns: int = 100_000) -> dict[str, Any]:
+    """A ``phaseprobe trace|nsys --json``-shaped document (the keys the idle-gap rule reads):
+    a saved ``.json`` summary as is, else the trace read and summarised here."""
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"{'--nsys' if nsys else '--trace'} {path}: no such file")
+    if p.suffix == ".json" and p.stat().st_size < (64 << 20):
+        try:
+            doc = json.loads(p.read_text(encoding="utf-8"))
+        except ValueError:
+            doc = None
+        if isinstance(doc, dict) and "idle_gaps_total_ns" in doc:
+            return doc
+    from phaseprobe.analysis import timeline as tla
+
+    if nsys:
+        from phaseprobe.sources.nsys_export import read_nsys
+
+        tl = read_nsys(p)
+    else:
+        from phaseprobe.sources.torch_trace import find_traces, read_torch_trace
+
+        if p.is_dir():
+            found = find_traces(p)
+            if not found:
+                raise ConfigError(f"--trace {path}: no *.pt.trace.json[.gz] in this directory")
+            p = found[0]
+        tl, _ = read_torch_trace(p)
+    gaps = tla.idle_gaps(tl.activities, min_gap_ns)
+    overlap = tla.comm_compute_overlap(tl.activities)
+    devices = [{k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
+               for row in overlap.to_dict("records")]
+    top = gaps.nlargest(15, "gap_ns") if not gaps.empty else gaps
+    return {"file": str(p), "devices": devices, "idle_gaps_count": len(gaps),
+            "idle_gaps_total_ns": int(gaps["gap_ns"].sum()) if not gaps.empty else 0,
+            "idle_gap_min_ns": min_gap_ns,
+            "idle_gaps": [{k: (v.item() if hasattr(v, "item") else v) for k, v in r.items()}
+                          for r in top.to_dict("records")]}
+

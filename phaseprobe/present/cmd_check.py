@@ -1,0 +1,179 @@
+"""``phaseprobe check``: the troubleshooting checklist, each verdict with the numbers behind it.
+
+    phaseprobe check                           # the latest experiment in the default store
+    phaseprobe check --experiment 3 --use-case voice --server-log vllm.log
+    phaseprobe check --latest --nccl rank*.log --trace profile.pt.trace.json.gz --prom URL
+    phaseprobe check --experiment 5 --baseline 4 --tp 4 --baseline-tp 2   # after adding GPUs
+    phaseprobe check --latest --json          # one JSON document; exit 1 when a rule failed
+
+Exit codes: 0 nothing failed, 1 a rule failed (for CI), 2 an expected error (bad option,
+missing store or file). Each rule that lacks its evidence says ``skipped: needs …``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+
+from phaseprobe.analysis.checklist import RULES, USE_CASE_TTFT_S, Report, run_checklist
+from phaseprobe.collect.evidence import EvidenceOptions, build_evidence
+from phaseprobe.errors import ConfigError, PhaseprobeError
+from phaseprobe.paths import default_store_path
+from phaseprobe.store import Store
+
+__all__ = ["register", "run", "main", "render_text", "render_markdown", "SYMBOLS"]
+
+SYMBOLS = {"pass": "✓", "warn": "!", "fail": "✗", "skipped": "-"}
+_STYLE = {"pass": "green", "warn": "yellow", "fail": "red", "skipped": "dim"}
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``check`` command to the CLI's subparsers."""
+    p = subparsers.add_parser(
+        "check", help="troubleshooting checklist over an experiment: pass/warn/fail with "
+                      "evidence (exit 1 when a rule fails)",
+        description="Run the troubleshooting rules over a stored experiment and whatever else "
+                    "is given (server log, Prometheus, NCCL logs, a trace, a baseline). Each "
+                    "verdict cites the numbers that decided it; rules without their evidence "
+                    "say what they need.",
+        epilog="use-case TTFT targets: " + ", ".join(
+            f"{k} < {v * 1e3:g} ms" for k, v in USE_CASE_TTFT_S.items()))
+    add_arguments(p)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("experiment_pos", nargs="?", type=int, metavar="EXPERIMENT",
+                   help="experiment id (same as --experiment)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--experiment", type=int, metavar="ID", help="experiment to check")
+    which.add_argument("--latest", action="store_true",
+                       help="the latest experiment (the default)")
+    p.add_argument("--store", type=Path, default=None,
+                   help=f"experiment store (default: {default_store_path()})")
+    p.add_argument("--baseline", type=int, metavar="ID",
+                   help="experiment to compare against (before/after rules)")
+    p.add_argument("--tp", type=int, metavar="N", help="GPUs (tensor-parallel size) of the "
+                   "experiment, when neither its log nor NCCL says")
+    p.add_argument("--baseline-tp", type=int, metavar="N", help="GPUs of the baseline")
+    p.add_argument("--nccl", nargs="+", metavar="LOG", default=[],
+                   help="NCCL_DEBUG=INFO logs of the experiment (or a saved nccl --json)")
+    p.add_argument("--nsys", metavar="FILE", help="Nsight Systems SQLite export")
+    p.add_argument("--trace", metavar="FILE", help="PyTorch profiler trace (or a saved "
+                   "phaseprobe trace --json)")
+    p.add_argument("--prom", metavar="URL", help="Prometheus that scraped the server")
+    p.add_argument("--prom-selector", default="", metavar="MATCHERS",
+                   help="label matchers for the server's series, e.g. 'instance=\"a:8000\"'")
+    p.add_argument("--server-log", metavar="FILE", help="the vLLM server's log")
+    p.add_argument("--use-case", default="chat", choices=list(USE_CASE_TTFT_S),
+                   help="TTFT target to hold the runs to (default: chat)")
+    p.add_argument("--peaks", metavar="GPU|calibrated", help="hardware peaks for the "
+                   "decode-efficiency rule (a GPU name, or 'calibrated')")
+    p.add_argument("--model-config", metavar="PATH", help="the model's config.json (or its "
+                   "directory) when the server's model root is not reachable")
+    p.add_argument("--rule", action="append", metavar="ID", help="run only these rules "
+                   "(repeatable; --list shows them)")
+    p.add_argument("--list", action="store_true", help="list the rules and what they need")
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="print one JSON document to stdout")
+    fmt.add_argument("--markdown", action="store_true", help="print a Markdown checklist")
+
+
+def run(args: argparse.Namespace, out: Console, err: Console) -> int:
+    if args.list:
+        for rule in RULES:
+            out.print(f"{rule.id:20} {escape(rule.title)}  [dim]needs: {escape(rule.needs)}")
+        return 0
+    if args.experiment is not None and args.experiment_pos is not None \
+            and args.experiment != args.experiment_pos:
+        raise ConfigError("give the experiment once (EXPERIMENT or --experiment)")
+    path = args.store or default_store_path()
+    if not Path(path).is_file():
+        raise ConfigError(f"no experiment store at {path} (run `phaseprobe probe` first)")
+    opts = EvidenceOptions(
+        use_case=args.use_case, prom_url=args.prom, prom_selector=args.prom_selector,
+        server_log=args.server_log, nccl_logs=tuple(args.nccl), nsys=args.nsys,
+        trace=args.trace, peaks=args.peaks, model_config=args.model_config,
+        tensor_parallel_size=args.tp, baseline_id=args.baseline, baseline_tp=args.baseline_tp)
+    with Store(path) as store:
+        exp_id = args.experiment if args.experiment is not None else args.experiment_pos
+        if exp_id is None:
+            exp_id = store.latest_experiment_id()
+            if exp_id is None:
+                raise ConfigError(f"{path} holds no experiment (run `phaseprobe probe` first)")
+        evidence, sources = build_evidence(store, exp_id, opts)
+    for note in opts.notes:
+        err.print(f"[yellow]note:[/yellow] {escape(note)}")
+    report = run_checklist(evidence, only=args.rule, sources=sources)
+    if args.json:
+        doc = report.to_dict()
+        doc["notes"] = list(opts.notes)
+        out.out(json.dumps(doc), highlight=False)
+    elif args.markdown:
+        out.out(render_markdown(report), highlight=False)
+    else:
+        render_text(out, report)
+    return report.exit_code
+
+
+def render_text(out: Console, report: Report) -> None:
+    out.print(f"[bold]checklist[/bold] experiment {report.experiment_id} "
+              f"({escape(report.experiment_name)}), use case {report.use_case}")
+    for v in report.verdicts:
+        style = _STYLE[v.status]
+        out.print(f"[{style}]{SYMBOLS[v.status]}[/{style}] [bold]{escape(v.title)}[/bold] "
+                  f"[dim]({v.rule})[/dim]")
+        out.print(f"    [{style}]{escape(v.summary)}[/{style}]")
+        if v.status in ("warn", "fail") and v.recommendation:
+            out.print(f"    → {escape(v.recommendation)}")
+        if v.status != "pass" and v.next_command:
+            out.print(f"    next: [cyan]{escape(v.next_command)}[/cyan]")
+    c = report.counts
+    out.print(f"[bold]{c['pass']} passed, {c['warn']} warnings, {c['fail']} failed, "
+              f"{c['skipped']} skipped[/bold]")
+
+
+def render_markdown(report: Report) -> str:
+    lines = [f"## phaseprobe check: experiment {report.experiment_id} "
+             f"({report.experiment_name}), use case {report.use_case}", ""]
+    for v in report.verdicts:
+        box = "x" if v.status == "pass" else " "
+        lines.append(f"- [{box}] {SYMBOLS[v.status]} **{v.title}** (`{v.rule}`, {v.status}): "
+                     f"{v.summary}")
+        if v.status in ("warn", "fail") and v.recommendation:
+            lines.append(f"  - recommendation: {v.recommendation}")
+        if v.status != "pass" and v.next_command:
+            lines.append(f"  - next: `{v.next_command}`")
+        if v.thresholds and v.status != "skipped":
+            shown = ", ".join(f"{k}={val}" for k, val in v.thresholds.items() if val is not None)
+            if shown:
+                lines.append(f"  - thresholds: {shown}")
+    c = report.counts
+    lines += ["", f"{c['pass']} passed, {c['warn']} warnings, {c['fail']} failed, "
+                  f"{c['skipped']} skipped"]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None, out: Console | None = None,
+         err: Console | None = None) -> int:
+    """Run ``check`` on its own (before it is wired into ``phaseprobe``, and for tests)."""
+    parser = argparse.ArgumentParser(prog="phaseprobe check")
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    out = out or Console(soft_wrap=True)
+    err = err or Console(stderr=True)
+    try:
+        return run(args, out, err)
+    except PhaseprobeError as exc:
+        err.print(f"[red]error:[/red] {escape(str(exc))}")
+        return 2
+
+
+if __name__ == "__main__":  # python -m phaseprobe.present.cmd_check
+    sys.exit(main())

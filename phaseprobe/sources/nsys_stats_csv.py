@@ -1,0 +1,109 @@
+"""Read an ``nsys stats --format csv`` report (old ≤2022.4 and new 2023+ report names).
+
+The report is recognised from its header, not its file name: the same table is called
+``gpukernsum`` in 2022 and ``cuda_gpu_kern_sum`` later, and stdout captures carry preamble lines
+(``Generating SQLite file …``, ``Processing [x.sqlite] with [...]...``) before the header.
+Column names are normalised to snake case with their unit (``Total Time (ns)`` →
+``total_time_ns``, ``Time (%)`` → ``time_pct``, 2020's bare ``Average`` → ``avg_ns``) and the
+report gets its new (2023+) name.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from phaseprobe.errors import TraceError
+
+__all__ = ["StatsReport", "read_stats_csv", "normalise_column", "REPORTS", "OLD_NAMES"]
+
+OLD_NAMES = {"gpukernsum": "cuda_gpu_kern_sum", "gpumemtimesum": "cuda_gpu_mem_time_sum",
+             "gpumemsizesum": "cuda_gpu_mem_size_sum", "cudaapisum": "cuda_api_sum",
+             "nvtxsum": "nvtx_sum", "nvtxgpuproj": "nvtx_gpu_proj_trace",
+             "nvtxkernsum": "nvtx_kern_sum", "nvtxpptrace": "nvtx_pushpop_trace",
+             "gputrace": "cuda_gpu_trace"}
+# report → columns that identify it (first match wins, so more specific ones come first)
+REPORTS: list[tuple[str, frozenset[str]]] = [
+    ("nvtx_gpu_proj_sum", frozenset({"range", "total_proj_time_ns"})),
+    ("nvtx_gpu_proj_trace", frozenset({"name", "projected_start_ns"})),
+    ("nvtx_kern_sum", frozenset({"nvtx_range", "kernel_name", "total_time_ns"})),
+    ("nvtx_pushpop_trace", frozenset({"start_ns", "end_ns", "name", "lvl"})),
+    ("nvtx_sum", frozenset({"range", "style", "total_time_ns"})),
+    ("cuda_gpu_trace", frozenset({"start_ns", "duration_ns", "name"})),
+    ("cuda_gpu_mem_size_sum", frozenset({"total_mb", "operation"})),
+    ("cuda_gpu_mem_time_sum", frozenset({"total_time_ns", "operation"})),
+    ("cuda_api_sum", frozenset({"total_time_ns", "num_calls", "name"})),
+    ("cuda_gpu_kern_sum", frozenset({"total_time_ns", "instances", "name"})),
+]
+_BARE_NS = {"average": "avg_ns", "minimum": "min_ns", "maximum": "max_ns", "median": "med_ns"}
+_UNIT = {"%": "pct", "mbps": "mb_s", "mb/s": "mb_s"}
+
+
+@dataclass(frozen=True)
+class StatsReport:
+    report: str  # new-style report name, or "unknown"
+    frame: pd.DataFrame  # normalised columns; numbers as numbers
+
+
+def normalise_column(label: str) -> str:
+    """``Total Time (ns)`` → ``total_time_ns``; ``Time(%)`` → ``time_pct``."""
+    text = label.strip().lower()
+    if text in _BARE_NS:
+        return _BARE_NS[text]
+    m = re.fullmatch(r"(.*?)\s*\(([^)]*)\)", text)
+    base, unit = (m.group(1), m.group(2)) if m else (text, "")
+    unit = _UNIT.get(unit, re.sub(r"[^a-z0-9]+", "_", unit).strip("_"))
+    base = re.sub(r"[^a-z0-9]+", "_", base).strip("_")
+    return f"{base}_{unit}" if unit else base
+
+
+def _identify(cols: set[str]) -> str | None:
+    return next((name for name, need in REPORTS if need <= cols), None)
+
+
+def read_stats_csv(path: str | os.PathLike[str]) -> StatsReport:
+    """Parse one report; raises :class:`TraceError` (naming the file) when no header is found
+    or the rows do not fit it."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise TraceError(str(p), f"cannot read ({exc.strerror or exc})") from None
+    lines = text.splitlines()
+    header_at, report = -1, None
+    for i, line in enumerate(lines[:200]):  # preambles are a few lines; never scan the data
+        if "," not in line:
+            continue
+        cols = {normalise_column(c) for c in next(csv.reader([line]), [])}
+        report = _identify(cols)
+        if report:
+            header_at = i
+            break
+    if header_at < 0:
+        stem = p.stem.rsplit("_", 1)[-1]
+        hint = f" (looks like {OLD_NAMES.get(stem, stem)})" if stem else ""
+        raise TraceError(str(p), "no nsys stats CSV header found; produce one with "
+                                 f"nsys stats --format csv{hint}")
+    body = "\n".join(lines[header_at:])
+    try:
+        df = pd.read_csv(io.StringIO(body), dtype=str, keep_default_na=False,
+                         skipinitialspace=True)
+    except (pd.errors.ParserError, ValueError) as exc:
+        raise TraceError(str(p), f"malformed CSV after the header ({exc})") from None
+    df.columns = [normalise_column(c) for c in df.columns]
+    for col in df.columns:
+        cells: pd.Series = df[col].astype(str).str.strip()
+        present = ~cells.isin(["", "None"])  # 2022 gputrace prints empty cells as None
+        unit_col = re.search(r"_(ns|pct|mb|mb_s|us|ms|s)$", col) is not None
+        # thousands separators only in columns that are numbers by their unit
+        cleaned = cells.str.replace(",", "", regex=False) if unit_col else cells
+        numbers = pd.to_numeric(cleaned.where(present).to_numpy(), errors="coerce")
+        if unit_col or int(pd.notna(numbers).sum()) == int(present.sum()):
+            df[col] = numbers
+    return StatsReport(report=report or "unknown", frame=df)

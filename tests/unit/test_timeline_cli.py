@@ -1,0 +1,74 @@
+"""``phaseprobe nsys`` / ``phaseprobe trace``: JSON document, tables, one-line errors."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from phaseprobe.errors import TraceError
+from phaseprobe.present import cmd_trace
+from tests.unit.test_nsys_export import SCHEMA_2022, build
+from tests.unit.test_nsys_stats_csv import NEW_KERN
+from tests.unit.test_torch_trace import cpu_trace, gpu_trace, write
+
+
+def run(argv: list[str]) -> tuple[int, str, str]:
+    parser = argparse.ArgumentParser()
+    cmd_trace.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(argv)
+    out, err = io.StringIO(), io.StringIO()
+    code = cmd_trace.run(args, Console(file=out, width=200), Console(file=err, width=200))
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_nsys_json_document(tmp_path: Path) -> None:
+    path = build(tmp_path / "r.sqlite", SCHEMA_2022)
+    code, out, _ = run(["nsys", str(path), "--json", "--gap-us", "0.1"])
+    doc = json.loads(out)
+    assert code == 0
+    assert {"devices", "kernels", "classes", "idle_gaps", "ranges"} <= set(doc)
+    assert doc["kernels"]["count"] == 4 and doc["kernels"]["memcpy_count"] == 2
+    assert doc["kernels"]["communication_count"] == 1
+    assert {d["device"] for d in doc["devices"]} == {"cuda:0", "cuda:1"}
+    assert {c["cls"] for c in doc["classes"]} >= {"gemm", "communication", "attention"}
+    assert doc["idle_gaps"][0]["prev_name"] == "ncclDevKernel_AllReduce_Sum_bf16_RING_LL"
+    assert {p["phase"] for p in doc["ranges"]["phases"]} == {"prefill", "decode"}
+    assert doc["api"][0]["name"]
+
+
+def test_nsys_tables_and_stats_csv(tmp_path: Path) -> None:
+    code, out, _ = run(["nsys", str(build(tmp_path / "r.sqlite", SCHEMA_2022))])
+    assert code == 0 and "time per class" in out and "top kernels" in out
+    csv = tmp_path / "r_cuda_gpu_kern_sum.csv"
+    csv.write_text(NEW_KERN)
+    code, out, _ = run(["nsys", str(csv), "--json"])
+    doc = json.loads(out)
+    assert doc["report"] == "cuda_gpu_kern_sum" and doc["kernels"]["count"] == 6
+    assert doc["kernels"]["communication_count"] == 2
+    assert {c["cls"] for c in doc["classes"]} == {"gemm", "communication", "compute_other"}
+
+
+def test_trace_json_and_directory(tmp_path: Path) -> None:
+    write(tmp_path / "rank0.5.pt.trace.json.gz", gpu_trace(), gz=True)
+    code, out, _ = run(["trace", str(tmp_path), "--json"])
+    doc = json.loads(out)
+    assert code == 0 and doc["source"] == "torch"
+    assert doc["kernels"]["count"] == 3 and doc["comms"][0]["collective"] == "allreduce"
+    assert doc["devices"][0]["overlap_ns"] == 20250
+    cpu = write(tmp_path / "cpu.json", cpu_trace())
+    code, out, _ = run(["trace", str(cpu)])
+    assert "outermost CPU ops" in out and "prefill" in out
+
+
+def test_errors_are_typed(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.sqlite"
+    bad.write_bytes(b"nope" * 100)
+    with pytest.raises(TraceError):
+        run(["nsys", str(bad)])
+    with pytest.raises(TraceError, match="no \\*.pt.trace.json"):
+        run(["trace", str(tmp_path)])
