@@ -9,21 +9,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from contextlib import ExitStack
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 
-from phaseprobe import __version__, calibrate
+from phaseprobe import __version__
 from phaseprobe.analysis.phases import summarize
-from phaseprobe.collect.efficiency import efficiency_report, kv_reservation_report
-from phaseprobe.collect.experiment import ProbeResult, ProbeSettings, run_probe
 from phaseprobe.errors import ConfigError, PhaseprobeError
 from phaseprobe.paths import default_store_path
 from phaseprobe.present import (
@@ -33,58 +28,17 @@ from phaseprobe.present import (
     cmd_grafana,
     cmd_nccl,
     cmd_plan,
+    cmd_probe,
     cmd_query,
     cmd_trace,
 )
-from phaseprobe.present.cmd_trace import render as render_trace
-from phaseprobe.present.cmd_trace import summarize_trace_file
-from phaseprobe.present.console import (
-    RichProgress,
-    render_efficiency,
-    render_experiments,
-    render_probe,
-    render_prom_comparison,
-)
-from phaseprobe.records import RunSpec
-from phaseprobe.sources.nvml import open_sampler
-from phaseprobe.sources.torch_trace import capture_profile
-from phaseprobe.store import Store, redact_url
-
-if TYPE_CHECKING:
-    from phaseprobe.collect.prom_summary import PromSidecar
+from phaseprobe.present.args import store_and_json_args
+from phaseprobe.present.console import render_experiments, render_probe
+from phaseprobe.store import Store
 
 __all__ = ["main", "build_parser"]
 
 EXIT_EXPECTED_ERROR = 2
-DEFAULT_KEY_VARS = ("OPENAI_API_KEY", "VLLM_API_KEY")
-
-_DEFINITIONS = """\
-definitions (phaseprobe's; other tools differ):
-  TTFT (client)  request sent -> arrival of the first content token event
-  ITL            gap between consecutive token events, stamped on arrival
-  TPOT           (e2e - TTFT) / (completion_tokens - 1); tokens from the server's usage
-  e2e            request sent -> end of stream
-  queue/prefill/decode (server)  vLLM's own per-request histograms, from the _sum delta of a
-                 /metrics scrape before and after each run (queue = scheduled - queued,
-                 prefill = first token - scheduled, decode = last token - first token)
-  isolated       nothing else running/waiting, every histogram _count moved by exactly 1,
-                 token counters moved by the request's usage. Non-isolated runs are kept but
-                 flagged and left out of the medians.
-"""
-
-
-def _positive(value: str) -> int:
-    n = int(value)
-    if n < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return n
-
-
-def _non_negative(value: str) -> int:
-    n = int(value)
-    if n < 0:
-        raise argparse.ArgumentTypeError("must be 0 or more")
-    return n
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -95,81 +49,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"phaseprobe {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    probe = sub.add_parser(
-        "probe", help="measure prefill and decode of single, isolated requests",
-        description="Send N identical-length streaming requests one at a time and attribute "
-                    "each one's time to queue, prefill and decode from vLLM's own histograms. "
-                    "Without --endpoint, a local CPU vLLM with a tiny model is started (and "
-                    "installed on first use), probed and stopped.",
-        epilog=_DEFINITIONS, formatter_class=argparse.RawDescriptionHelpFormatter)
-    probe.add_argument("--endpoint", help="base URL of an OpenAI-compatible vLLM server, e.g. "
-                       "http://127.0.0.1:8000 (default: start the local one)")
-    probe.add_argument("--model", help="model name to request (default: the first model the "
-                       "endpoint lists)")
-    group = probe.add_mutually_exclusive_group()
-    group.add_argument("--prompt", help="exact prompt text, sent unchanged every run")
-    group.add_argument("--prompt-tokens", type=_positive, default=None,
-                       help="generate a prompt of N tokens, unique per run so prefix caching "
-                            "cannot shorten prefill (default: 128)")
-    probe.add_argument("--max-tokens", type=_positive, default=64,
-                       help="tokens to generate; ignore_eos makes it exact (default: 64)")
-    probe.add_argument("--runs", type=_positive, default=5, help="measured runs (default: 5)")
-    probe.add_argument("--warmup", type=_non_negative, default=1,
-                       help="warm-up runs, not stored (default: 1)")
-    probe.add_argument("--pause", type=float, default=0.0, metavar="SECONDS",
-                       help="pause between runs (default: 0)")
-    probe.add_argument("--chat", action="store_true", help="use /v1/chat/completions")
-    probe.add_argument("--no-ignore-eos", action="store_true",
-                       help="let the model stop early (then TPOT uses what it generated)")
-    probe.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS",
-                       help="per-request timeout (default: 120)")
-    probe.add_argument("--api-key-env", metavar="VAR", help="environment variable holding "
-                       "the API key (default: OPENAI_API_KEY, then VLLM_API_KEY); keys are "
-                       "never stored or printed")
-    probe.add_argument("--name", default="probe", help="experiment name in the store")
-    gpu = probe.add_mutually_exclusive_group()
-    gpu.add_argument("--gpu", dest="gpu", action="store_const", const="on", default="auto",
-                     help="sample the GPUs through NVML during the experiment (default: on when "
-                          "NVML is present; without a driver the probe goes on and says so)")
-    gpu.add_argument("--no-gpu", dest="gpu", action="store_const", const="off",
-                     help="do not sample the GPUs")
-    gpu.add_argument("--gpu-fake", dest="gpu", action="store_const", const="fake",
-                     help="demo: sample two scripted fake GPUs instead of NVML")
-    probe.add_argument("--gpu-period", type=float, default=0.1, metavar="SECONDS",
-                       help="GPU sampling period (default: 0.1, down to 0.01)")
-    probe.add_argument("--peaks", metavar="GPU|calibrated", default=None,
-                       help="hardware peaks for the roofline: a GPU from the datasheet table "
-                            "(e.g. h100-sxm, a100-80gb-sxm, l40s) or 'calibrated' (this "
-                            "machine's `phaseprobe calibrate`); default with the local vLLM: "
-                            "calibrated when a calibration exists")
-    probe.add_argument("--model-config", metavar="PATH", default=None,
-                       help="the served model's config.json (or its directory) for the "
-                            "roofline, when /v1/models does not name a local path")
-    probe.add_argument("--torch-profile", metavar="DIR", default=None,
-                       help="capture vLLM's torch profiler around the measured runs "
-                            "(/start_profile, /stop_profile) into DIR and summarise the trace: "
-                            "kernel classes, idle gaps, prefill vs decode steps. The server "
-                            "must run with --profiler-config (the local one is started so); "
-                            "timings taken under the profiler are slower than without")
-    probe.add_argument("--prom", metavar="URL", help="also summarise the experiment from this "
-                       "Prometheus (which scrapes the endpoint): PromQL per-request means over "
-                       "the experiment window beside the direct-scrape ones")
-    probe.add_argument("--prom-selector", metavar="MATCHERS", default=None,
-                       help="label matchers for the PromQL (default: model_name=\"MODEL\"); "
-                            "pin the instance when Prometheus scrapes a fleet")
-    probe.add_argument("--prom-token-env", metavar="VAR", default="PHASEPROBE_PROM_TOKEN",
-                       help="environment variable with a bearer token for Prometheus")
-    probe.add_argument("--prom-wait", type=float, default=60.0, metavar="SECONDS",
-                       help="how long to wait for Prometheus to scrape after the last run "
-                            "(default: 60)")
-    _store_and_json(probe)
+    cmd_probe.register(sub)
 
     runs = sub.add_parser("runs", help="list stored experiments, or the runs of one")
     runs.add_argument("experiment", nargs="?", type=int,
                       help="experiment id (omit to list experiments)")
     runs.add_argument("--latest", action="store_true", help="show the runs of the latest "
                       "experiment")
-    _store_and_json(runs)
+    store_and_json_args(runs)
 
     local = sub.add_parser("local", help="the embedded local CPU vLLM (install, start, stop, "
                            "status)")
@@ -190,143 +77,6 @@ def build_parser() -> argparse.ArgumentParser:
     cmd_trace.register(sub)
     cmd_check.register(sub)
     return parser
-
-
-def _store_and_json(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--store", type=Path, default=None,
-                   help=f"experiment store (default: {default_store_path()})")
-    p.add_argument("--json", action="store_true", help="print one JSON document to stdout")
-
-
-def _api_key(var: str | None) -> str | None:
-    if var:
-        if var not in os.environ:
-            raise ConfigError(f"--api-key-env {var}: that environment variable is not set")
-        return os.environ[var]
-    for name in DEFAULT_KEY_VARS:
-        if os.environ.get(name):
-            return os.environ[name]
-    return None
-
-
-def _cmd_probe(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from phaseprobe.local import LocalVllm, ensure_model, install
-
-    api_key = _api_key(args.api_key_env)
-    profile_dir = Path(args.torch_profile).resolve() if args.torch_profile else None
-    with ExitStack() as stack:
-        endpoint = args.endpoint
-        if endpoint is None:
-            err.print("[bold]no --endpoint: using the local CPU vLLM with the tiny model")
-            venv = install(progress=lambda line: err.print(f"[dim]{line}"))
-            ensure_model(venv=venv)
-            with err.status("starting local vLLM (about 30 s on 2 cores)…"):
-                server = stack.enter_context(LocalVllm(venv=venv,
-                                                       extra_args=_profiler_args(profile_dir)))
-            err.print(f"local vLLM ready at {server.base_url} (log: {server.log_path})")
-            endpoint = server.base_url
-        model = args.model or _first_model(endpoint, api_key)
-        target = None if args.prompt is not None else (args.prompt_tokens or 128)
-        spec = RunSpec(endpoint=endpoint, model=model, prompt=args.prompt or "",
-                       max_tokens=args.max_tokens, api="chat" if args.chat else "completions",
-                       prompt_tokens_target=target, ignore_eos=not args.no_ignore_eos)
-        settings = ProbeSettings(runs=args.runs, warmup=args.warmup, pause_s=args.pause,
-                                 name=args.name)
-        store = stack.enter_context(Store(args.store or default_store_path()))
-        progress = RichProgress(err)
-        sidecar = _prom_sidecar(args, model, stack) if args.prom else None
-        sampler = None
-        if args.gpu == "fake":
-            from phaseprobe.testing.fake_nvml import FakeNvmlBackend, demo_devices
-
-            sampler, _ = open_sampler(args.gpu_period, backend=FakeNvmlBackend(demo_devices()))
-        elif args.gpu != "off":
-            sampler, why_not = open_sampler(args.gpu_period)
-            if sampler is None:
-                err.print(f"[yellow]no GPU data:[/] {escape(why_not or '')}")
-        def measure() -> ProbeResult:
-            return run_probe(spec, store, settings=settings, api_key=api_key, progress=progress,
-                             timeout_s=args.timeout,
-                             before_runs=sidecar.before_runs if sidecar else None,
-                             gpu_sampler=sampler)
-
-        trace_doc = None
-        if profile_dir is None:
-            result = measure()
-        else:
-            result, files = capture_profile(endpoint, profile_dir, measure)
-            with err.status("reading the torch-profiler trace…"):
-                trace_doc = summarize_trace_file(files[0])  # the worker's rank file first
-        prom = None
-        if sidecar is not None:
-            with err.status("waiting for Prometheus to scrape after the last run…"):
-                prom = sidecar.finish(result.runs)
-            if "error" in prom:  # the runs are stored and shown; only the summary is missing
-                err.print(f"[yellow]Prometheus summary unavailable:[/] {escape(prom['error'])}")
-        peaks_choice = args.peaks
-        if peaks_choice is None and args.endpoint is None and calibrate.load() is not None:
-            peaks_choice = "calibrated"  # the local vLLM runs on this machine's CPU
-        efficiency = efficiency_report(result.runs, result.server_info,
-                                       peaks_choice=peaks_choice, model_config=args.model_config)
-        kv_report = None
-        if sampler is not None:
-            kv_report = kv_reservation_report(store, result, model_config=args.model_config)
-    summary = summarize(result.runs)
-    if args.json:
-        doc = {"experiment_id": result.experiment_id,
-               "spec": {**spec.to_dict(), "endpoint": redact_url(spec.endpoint)},
-               "server": result.server_info, "notes": result.notes,
-               "summary": summary.to_dict(), "runs": [r.to_dict() for r in result.runs]}
-        doc["efficiency"] = efficiency
-        if trace_doc is not None:
-            doc["trace"] = trace_doc
-        if kv_report is not None:
-            doc["kv_reservation"] = kv_report
-        if prom is not None:
-            doc["prometheus"] = prom
-        out.out(json.dumps(doc), highlight=False)  # plain: no markup, no wrapping
-    else:
-        render_probe(out, result.runs, summary, result.server_info, result.notes,
-                     result.experiment_id)
-        render_efficiency(out, efficiency)
-        if trace_doc is not None:
-            render_trace(out, trace_doc)
-        if kv_report is not None:
-            out.print(f"GPU memory: {kv_report['verdict']}")
-        if prom is not None:
-            render_prom_comparison(out, prom)
-    return 0 if any(r.status == "ok" for r in result.runs) else 1
-
-
-def _profiler_args(profile_dir: Path | None) -> list[str]:
-    """vLLM's torch profiler, writing to ``profile_dir`` (no stacks: 3 MB instead of 52 MB)."""
-    if profile_dir is None:
-        return []
-    config = {"profiler": "torch", "torch_profiler_dir": str(profile_dir),
-              "torch_profiler_with_stack": False}
-    return ["--profiler-config", json.dumps(config)]
-
-
-def _prom_sidecar(args: argparse.Namespace, model: str, stack: ExitStack) -> PromSidecar:
-    from phaseprobe.collect.prom_summary import PromSidecar
-    from phaseprobe.sources.prometheus import PrometheusClient
-
-    selector = args.prom_selector if args.prom_selector is not None else \
-        f'model_name="{model}"'
-    client = stack.enter_context(PrometheusClient(args.prom, token_env=args.prom_token_env))
-    return PromSidecar(client, selector=selector, wait_s=args.prom_wait)
-
-
-def _first_model(endpoint: str, api_key: str | None) -> str:
-    import requests
-
-    from phaseprobe.sources.openai_stream import check_endpoint
-
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    models = check_endpoint(endpoint, session=requests.Session(), headers=headers)
-    if not models:
-        raise ConfigError(f"{redact_url(endpoint)}/v1/models lists no model; pass --model")
-    return str(models[0]["id"])
 
 
 def _cmd_runs(args: argparse.Namespace, out: Console, err: Console) -> int:
@@ -394,7 +144,7 @@ def _cmd_local(args: argparse.Namespace, out: Console, err: Console) -> int:
 
 
 _COMMANDS: dict[str, Callable[[argparse.Namespace, Console, Console], int]] = {
-    "probe": _cmd_probe,
+    "probe": cmd_probe.run,
     "runs": _cmd_runs,
     "local": _cmd_local,
     "query": cmd_query.run,
