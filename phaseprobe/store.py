@@ -73,6 +73,20 @@ _MIGRATIONS: list[str] = [
     );
     CREATE INDEX gpu_samples_by_experiment ON gpu_samples(experiment_id, t_ns);
     """,
+    # 3: A/B sessions. The playbook text itself is kept, so `ab --resume` replays the session
+    # as it was defined even if the file changed since; arms_json maps arm name -> experiment.
+    """
+    CREATE TABLE ab_sessions (
+        id INTEGER PRIMARY KEY,
+        name TEXT NOT NULL,
+        created_wall_ns INTEGER NOT NULL,
+        finished_wall_ns INTEGER,
+        playbook_path TEXT NOT NULL,
+        playbook_text TEXT NOT NULL,
+        settings_json TEXT NOT NULL,
+        arms_json TEXT NOT NULL DEFAULT '{}'
+    );
+    """,
 ]
 # The gpu_samples columns, in table order (phaseprobe.sources.nvml.COLUMNS; a test keeps the
 # two equal).
@@ -190,6 +204,23 @@ class Store:
             raise StoreError(f"cannot write to experiment store {self.path}: {exc}") from None
         return len(rows)
 
+    def create_ab_session(self, name: str, playbook_path: str, playbook_text: str,
+                          settings: dict[str, Any]) -> int:
+        cur = self._write(
+            "INSERT INTO ab_sessions (name, created_wall_ns, playbook_path, playbook_text,"
+            " settings_json) VALUES (?, ?, ?, ?, ?)",
+            (name, time.time_ns(), playbook_path, playbook_text, json.dumps(settings)))
+        return int(cur.lastrowid or 0)
+
+    def set_ab_arms(self, session_id: int, arms: dict[str, int]) -> None:
+        """Record arm name -> experiment id (committed before any run of the session)."""
+        self._write("UPDATE ab_sessions SET arms_json = ? WHERE id = ?",
+                    (json.dumps(arms), session_id))
+
+    def finish_ab_session(self, session_id: int) -> None:
+        self._write("UPDATE ab_sessions SET finished_wall_ns = ? WHERE id = ?",
+                    (time.time_ns(), session_id))
+
     def _write(self, sql: str, params: tuple[Any, ...]) -> sqlite3.Cursor:
         try:
             self._db.execute("BEGIN IMMEDIATE")
@@ -217,7 +248,9 @@ class Store:
         if row is None:
             raise StoreError(f"no experiment {experiment_id} in {self.path}")
         spec = json.loads(row["spec_json"])
-        return Experiment(name=row["name"], kind=row["kind"], spec=RunSpec(**spec),
+        # Specs written by other phaseprobe versions may carry fields this one lacks.
+        known = {k: v for k, v in spec.items() if k in RunSpec.__dataclass_fields__}
+        return Experiment(name=row["name"], kind=row["kind"], spec=RunSpec(**known),
                           server_info=json.loads(row["server_json"]),
                           created_wall_ns=row["created_wall_ns"], experiment_id=row["id"],
                           notes=tuple(json.loads(row["notes_json"])))
@@ -239,6 +272,18 @@ class Store:
         frame = pd.DataFrame.from_records([tuple(r) for r in rows],
                                           columns=list(GPU_SAMPLE_COLUMNS))
         return conform(frame, source=f"{self.path} gpu_samples")
+
+    def ab_session(self, session_id: int) -> dict[str, Any]:
+        """One A/B session: its playbook text, settings and ``arms`` (name -> experiment id)."""
+        row = self._db.execute("SELECT * FROM ab_sessions WHERE id = ?",
+                               (session_id,)).fetchone()
+        if row is None:
+            raise StoreError(f"no A/B session {session_id} in {self.path}")
+        return {"id": row["id"], "name": row["name"], "created_wall_ns": row["created_wall_ns"],
+                "finished_wall_ns": row["finished_wall_ns"],
+                "playbook_path": row["playbook_path"], "playbook_text": row["playbook_text"],
+                "settings": json.loads(row["settings_json"]),
+                "arms": json.loads(row["arms_json"])}
 
     def latest_experiment_id(self) -> int | None:
         row = self._db.execute("SELECT MAX(id) FROM experiments").fetchone()

@@ -25,7 +25,8 @@ from phaseprobe.sources.openai_stream import StreamClient, build_body, check_end
 from phaseprobe.sources.vllm_metrics import MetricSnapshot, MetricsScraper
 from phaseprobe.store import Store
 
-__all__ = ["ProbeSettings", "ProbeResult", "ProgressHook", "NullProgress", "run_probe"]
+__all__ = ["ProbeSettings", "ProbeResult", "ProgressHook", "NullProgress", "RunCollector",
+           "server_info", "run_probe"]
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ class NullProgress:
     def on_end(self) -> None: ...
 
 
-def _server_info(base_url: str, session: requests.Session, headers: dict[str, str],
+def server_info(base_url: str, session: requests.Session, headers: dict[str, str],
                  models: list[dict[str, Any]], snap: MetricSnapshot | None) -> dict[str, Any]:
     info: dict[str, Any] = {"models": models, "vllm_version": None, "cache_config": None}
     try:
@@ -77,7 +78,10 @@ def _server_info(base_url: str, session: requests.Session, headers: dict[str, st
     return info
 
 
-class _Collector:
+class RunCollector:
+    """One isolated, attributed run at a time against one endpoint (``measure``); shared by the
+    probe and the A/B engine so both attribute runs identically."""
+
     def __init__(self, spec: RunSpec, settings: ProbeSettings, client: StreamClient,
                  scraper: MetricsScraper | None, sleep: Callable[[float], None],
                  clock: Callable[[], float]) -> None:
@@ -185,7 +189,7 @@ def run_probe(spec: RunSpec, store: Store, *, settings: ProbeSettings = ProbeSet
     except MetricsUnavailable as exc:
         notes.append(f"{exc}: runs are client-only (no server phases, isolation not verified)")
         scraper = None
-    info = _server_info(spec.endpoint, session, headers, models, first)
+    info = server_info(spec.endpoint, session, headers, models, first)
 
     builder = PromptBuilder(spec.endpoint, spec.model, session=session, headers=headers,
                             seed=spec.seed)
@@ -199,7 +203,7 @@ def run_probe(spec: RunSpec, store: Store, *, settings: ProbeSettings = ProbeSet
         notes.append("the same prompt text is sent every run: vLLM's prefix cache may serve "
                      "part of its prefill (see server counter_deltas.prefix_cache_hits)")
 
-    collector = _Collector(spec, settings, client, scraper, sleep, clock)
+    collector = RunCollector(spec, settings, client, scraper, sleep, clock)
     experiment_id = store.create_experiment(Experiment(
         name=settings.name, kind="probe", spec=spec, server_info=info,
         created_wall_ns=time.time_ns()))

@@ -22,6 +22,7 @@ from phaseprobe.analysis.phases import summarize
 from phaseprobe.errors import ConfigError, PhaseprobeError
 from phaseprobe.paths import default_store_path
 from phaseprobe.present import (
+    cmd_ab,
     cmd_calibrate,
     cmd_check,
     cmd_gpu,
@@ -50,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     cmd_probe.register(sub)
+    cmd_ab.register(sub)
 
     runs = sub.add_parser("runs", help="list stored experiments, or the runs of one")
     runs.add_argument("experiment", nargs="?", type=int,
@@ -145,6 +147,7 @@ def _cmd_local(args: argparse.Namespace, out: Console, err: Console) -> int:
 
 _COMMANDS: dict[str, Callable[[argparse.Namespace, Console, Console], int]] = {
     "probe": cmd_probe.run,
+    "ab": cmd_ab.run,
     "runs": _cmd_runs,
     "local": _cmd_local,
     "query": cmd_query.run,

@@ -1,0 +1,243 @@
+"""A/B statistics: is arm B faster or slower than arm A, beyond the noise? (pure; no I/O)
+
+Per metric (all latencies, lower is better):
+
+* medians of each arm (robust to the odd slow run a CPU or a noisy GPU neighbour produces);
+* the ratio median(B)/median(A) with a bootstrap confidence interval (``scipy.stats.bootstrap``,
+  the two arms resampled independently, percentile method — BCa degenerates on the tied
+  medians small integer-ish samples give);
+* a two-sided Mann–Whitney U test (no normality assumed: latency tails are long);
+* the minimum detectable effect (MDE) at this N and this noise: the smallest relative change
+  that an interval of this width would reliably tell from zero (80 % power, α = 0.05);
+* a verdict against the user's threshold ``min_effect``: *improvement* / *regression* when
+  the test is significant, the interval excludes 1 and the change is at least ``min_effect``;
+  otherwise *no significant change*.
+
+Both the U test and the interval must agree before a change is called: an A/A (the same arm
+twice) then comes out "no significant change" at about the α rate or less.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+from scipy import stats
+
+from phaseprobe.records import Run
+
+__all__ = ["METRICS", "PHASES", "MetricComparison", "Comparison", "compare_samples",
+           "compare_runs", "run_metrics", "phase_line", "pct"]
+
+Verdict = Literal["improvement", "regression", "no significant change", "insufficient data"]
+
+_Z_ALPHA = 1.959964  # two-sided α = 0.05
+_Z_POWER = 0.841621  # 80 % power
+_MIN_N = 5  # below this per arm Mann–Whitney cannot reach p < 0.05 with room to spare
+
+
+def _itl_q(run: Run, q: float) -> float | None:
+    if run.client is None or not run.client.itl_s:
+        return None
+    return float(np.percentile(run.client.itl_s, q))
+
+
+# name → (label, extractor). Order is the report's.
+METRICS: dict[str, tuple[str, Callable[[Run], float | None]]] = {
+    "client_ttft_s": ("client TTFT", lambda r: r.client.ttft_s if r.client else None),
+    "client_e2e_s": ("client e2e", lambda r: r.client.e2e_s if r.client else None),
+    "client_tpot_s": ("client TPOT", lambda r: r.client.tpot_s if r.client else None),
+    "client_itl_p50_s": ("ITL p50", lambda r: _itl_q(r, 50)),
+    "client_itl_p99_s": ("ITL p99", lambda r: _itl_q(r, 99)),
+    "server_queue_s": ("server queue", lambda r: r.server.queue_s if r.server else None),
+    "server_prefill_s": ("server prefill", lambda r: r.server.prefill_s if r.server else None),
+    "server_decode_s": ("server decode", lambda r: r.server.decode_s if r.server else None),
+}
+# The phase line: vLLM's own phases when the server exposed them, else the client's view.
+PHASES = (("decode", "server_decode_s", "client_tpot_s"),
+          ("prefill", "server_prefill_s", "client_ttft_s"))
+
+
+@dataclass(frozen=True)
+class MetricComparison:
+    metric: str
+    label: str
+    n_a: int
+    n_b: int
+    median_a: float | None
+    median_b: float | None
+    ratio: float | None  # median(B) / median(A)
+    ci_low: float | None  # bootstrap interval of the ratio
+    ci_high: float | None
+    p_value: float | None  # Mann–Whitney U, two-sided
+    mde: float | None  # minimum detectable relative effect at this N and noise
+    noise_a: float | None  # robust relative spread: 1.4826·MAD / median
+    noise_b: float | None
+    verdict: Verdict
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def change(self) -> float | None:
+        return None if self.ratio is None else self.ratio - 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["warnings"] = list(self.warnings)
+        d["change"] = self.change
+        return d
+
+
+@dataclass(frozen=True)
+class Comparison:
+    arm_a: str
+    arm_b: str
+    min_effect: float
+    confidence: float
+    metrics: dict[str, MetricComparison]
+    phase_line: str
+    warnings: tuple[str, ...] = field(default_factory=tuple)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"arm_a": self.arm_a, "arm_b": self.arm_b, "min_effect": self.min_effect,
+                "confidence": self.confidence, "phase_line": self.phase_line,
+                "warnings": list(self.warnings),
+                "metrics": {k: v.to_dict() for k, v in self.metrics.items()}}
+
+
+def _noise(x: np.ndarray) -> float:
+    med = float(np.median(x))
+    if med == 0:
+        return 0.0
+    return float(1.4826 * np.median(np.abs(x - med)) / abs(med))
+
+
+def _mde(noise_a: float, noise_b: float, n_a: int, n_b: int) -> float:
+    # The sample median's standard error is ≈ 1.2533·σ/√n; on the log scale σ is the relative
+    # spread, so the log-ratio's SE adds the two arms' in quadrature.
+    se = 1.2533 * math.sqrt(noise_a ** 2 / n_a + noise_b ** 2 / n_b)
+    return math.expm1((_Z_ALPHA + _Z_POWER) * se)
+
+
+def compare_samples(a: Sequence[float], b: Sequence[float], *, metric: str = "value",
+                    label: str | None = None, min_effect: float = 0.05,
+                    confidence: float = 0.95, n_resamples: int = 2000,
+                    seed: int = 0) -> MetricComparison:
+    """Compare two samples of a lower-is-better quantity (B against the baseline A)."""
+    xa = np.asarray([v for v in a if v is not None and math.isfinite(v)], dtype=float)
+    xb = np.asarray([v for v in b if v is not None and math.isfinite(v)], dtype=float)
+    label = label or metric
+    if len(xa) < 2 or len(xb) < 2:
+        return MetricComparison(metric, label, len(xa), len(xb),
+                                float(np.median(xa)) if len(xa) else None,
+                                float(np.median(xb)) if len(xb) else None, None, None, None,
+                                None, None, None, None, "insufficient data",
+                                (f"{label}: fewer than 2 values in an arm",))
+    med_a, med_b = float(np.median(xa)), float(np.median(xb))
+    if med_a <= 0:
+        return MetricComparison(metric, label, len(xa), len(xb), med_a, med_b, None, None, None,
+                                None, None, None, None, "insufficient data",
+                                (f"{label}: baseline median is {med_a:g}; no ratio",))
+    ratio = med_b / med_a
+
+    def stat(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
+        return np.asarray(np.median(y, axis=axis) / np.median(x, axis=axis))
+
+    if np.ptp(xa) == 0 and np.ptp(xb) == 0:
+        lo = hi = ratio  # no spread at all: the interval is the point
+    else:
+        res = stats.bootstrap((xa, xb), stat, vectorized=True, paired=False,
+                              confidence_level=confidence, n_resamples=n_resamples,
+                              method="percentile", rng=np.random.default_rng(seed))
+        lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
+    p = float(stats.mannwhitneyu(xa, xb, alternative="two-sided").pvalue)
+    noise_a, noise_b = _noise(xa), _noise(xb)
+    mde = _mde(noise_a, noise_b, len(xa), len(xb))
+    alpha = 1 - confidence
+    significant = p < alpha and (lo > 1 or hi < 1)
+    verdict: Verdict = "no significant change"
+    if significant and abs(ratio - 1) >= min_effect:
+        verdict = "improvement" if ratio < 1 else "regression"
+    warnings: list[str] = []
+    n = min(len(xa), len(xb))
+    if n < _MIN_N:
+        warnings.append(f"{label}: only {n} runs in an arm; the U test needs at least "
+                        f"{_MIN_N} per arm to call anything")
+    elif mde > min_effect:
+        need = math.ceil(n * (mde / min_effect) ** 2)
+        warnings.append(f"{label}: at this noise ({max(noise_a, noise_b):.1%}) N={n} per arm "
+                        f"only detects changes ≥ {mde:.1%}, above --min-effect "
+                        f"{min_effect:.1%}: use about {need} runs per arm")
+    if significant and verdict == "no significant change":
+        warnings.append(f"{label}: {ratio - 1:+.1%} is statistically real but below "
+                        f"--min-effect {min_effect:.1%}")
+    return MetricComparison(metric, label, len(xa), len(xb), med_a, med_b, ratio, lo, hi, p,
+                            mde, noise_a, noise_b, verdict, tuple(warnings))
+
+
+def usable(run: Run) -> bool:
+    """Runs that enter the statistics: ok, and isolated where isolation could be checked."""
+    return run.status == "ok" and (run.isolated or not run.isolation.verified)
+
+
+def run_metrics(runs: Sequence[Run]) -> dict[str, list[float]]:
+    """Each metric's values over the usable runs (missing values left out)."""
+    out: dict[str, list[float]] = {}
+    for name, (_, get) in METRICS.items():
+        values = [get(r) for r in runs if usable(r)]
+        out[name] = [v for v in values if v is not None]
+    return out
+
+
+def pct(x: float) -> str:
+    """Signed percentage with a real minus sign: −52 %, +3 %."""
+    v = x * 100
+    text = f"{abs(v):.0f}" if abs(v) >= 10 else f"{abs(v):.1f}"
+    return ("−" if v < 0 else "+") + text
+
+
+def phase_line(metrics: dict[str, MetricComparison]) -> str:
+    """``decode −52 % [−55, −49], prefill ±2 % (noise)``: the headline of an A/B."""
+    parts: list[str] = []
+    for phase, server, client in PHASES:
+        m = metrics.get(server)
+        if m is None or m.ratio is None:
+            m, phase = metrics.get(client), f"{phase} ({'TTFT' if phase == 'prefill' else 'TPOT'})"
+        if m is None or m.ratio is None or m.ci_low is None or m.ci_high is None:
+            parts.append(f"{phase} n/a")
+            continue
+        if m.verdict in ("improvement", "regression"):
+            parts.append(f"{phase} {pct(m.ratio - 1)} % [{pct(m.ci_low - 1)}, "
+                         f"{pct(m.ci_high - 1)}]")
+        else:
+            bound = max(abs(m.ci_low - 1), abs(m.ci_high - 1))
+            parts.append(f"{phase} ±{pct(bound)[1:]} % (noise)")
+    return ", ".join(parts)
+
+
+def compare_runs(runs_a: Sequence[Run], runs_b: Sequence[Run], *, arm_a: str = "A",
+                 arm_b: str = "B", min_effect: float = 0.05, confidence: float = 0.95,
+                 n_resamples: int = 2000, seed: int = 0) -> Comparison:
+    """Every metric of :data:`METRICS` compared; metrics absent in both arms are left out."""
+    va, vb = run_metrics(runs_a), run_metrics(runs_b)
+    metrics: dict[str, MetricComparison] = {}
+    for name, (label, _) in METRICS.items():
+        if not va[name] and not vb[name]:
+            continue
+        metrics[name] = compare_samples(va[name], vb[name], metric=name, label=label,
+                                        min_effect=min_effect, confidence=confidence,
+                                        n_resamples=n_resamples, seed=seed)
+    warnings: list[str] = []
+    for arm, runs in ((arm_a, runs_a), (arm_b, runs_b)):
+        dropped = sum(1 for r in runs if not usable(r))
+        if dropped:
+            warnings.append(f"arm {arm}: {dropped} of {len(runs)} runs left out (errors or "
+                            f"not isolated)")
+    if not any(k.startswith("server_") for k in metrics):
+        warnings.append("no server phases (no vLLM /metrics): the comparison is client-side")
+    for m in metrics.values():
+        warnings.extend(m.warnings)
+    return Comparison(arm_a, arm_b, min_effect, confidence, metrics, phase_line(metrics),
+                      tuple(warnings))

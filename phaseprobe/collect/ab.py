@@ -1,0 +1,343 @@
+"""The A/B engine: two arms, runs interleaved, every run committed before the next.
+
+Arms alternate (A B A B …, or randomised blocks) so slow drift — thermal, a neighbour, the
+page cache — lands on both arms instead of masquerading as an effect. Each arm is one stored
+Experiment of kind ``ab-arm``; the session row links both and keeps the playbook text, so
+``resume_ab`` can restart the servers and continue exactly where a killed session stopped: the
+schedule is a pure function of the playbook, and a (arm, seq) already in the store is skipped
+(the store's UNIQUE(experiment_id, seq) makes a duplicate impossible anyway).
+
+Servers an arm launches bind 127.0.0.1 on a free port, are health-checked, and are stopped on
+every exit path (an ExitStack around the whole session). Arms with identical launches share
+one server: an A/A then measures the noise of one server, not of two processes' placements.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+import requests
+
+from phaseprobe.collect.experiment import ProbeSettings, RunCollector, server_info
+from phaseprobe.collect.playbook import LOCAL_MODEL, Arm, Playbook, parse_playbook
+from phaseprobe.collect.prompts import PromptBuilder
+from phaseprobe.errors import ConfigError, LocalServerError, MetricsUnavailable, StoreError
+from phaseprobe.local.process import (
+    free_port,
+    proc_start_ticks,
+    stop_process_group,
+    wait_healthy,
+)
+from phaseprobe.paths import cache_dir
+from phaseprobe.records import Experiment, Run, RunSpec
+from phaseprobe.sources.openai_stream import StreamClient, build_body, check_endpoint
+from phaseprobe.sources.vllm_metrics import MetricsScraper
+from phaseprobe.store import Store
+
+__all__ = ["AbProgress", "NullAbProgress", "AbResult", "schedule", "run_ab", "resume_ab",
+           "launch_server", "Launcher"]
+
+# Launcher: an arm → a context manager yielding the base URL of its running server.
+Launcher = Callable[[Arm], contextlib.AbstractContextManager[str]]
+_ARM_OFFSET = 1_000_000  # prompt index space per arm: unique prompts even on a shared server
+_WARMUP_OFFSET = 500_000
+
+
+class AbProgress(Protocol):
+    def on_status(self, text: str) -> None: ...
+    def on_start(self, total: int, done: int) -> None: ...
+    def on_warmup(self, arm: str, index: int, error: str | None) -> None: ...
+    def on_run(self, arm: str, run: Run) -> None: ...
+    def on_end(self) -> None: ...
+
+
+class NullAbProgress:
+    def on_status(self, text: str) -> None: ...
+    def on_start(self, total: int, done: int) -> None: ...
+    def on_warmup(self, arm: str, index: int, error: str | None) -> None: ...
+    def on_run(self, arm: str, run: Run) -> None: ...
+    def on_end(self) -> None: ...
+
+
+@dataclass
+class AbResult:
+    session_id: int
+    playbook: Playbook
+    runs_per_arm: int
+    experiments: dict[str, int]  # arm name → experiment id
+    runs: dict[str, list[Run]]  # every stored run of each arm (resumed ones included)
+    notes: list[str] = field(default_factory=list)
+    # The engine's time between two runs (store commit, bookkeeping, progress): wall clock,
+    # and this thread's CPU time (the engine's own cost: on a busy 2-core machine the wall
+    # clock also counts time the OS gave to the servers still winding down).
+    overhead_s: list[float] = field(default_factory=list)
+    overhead_cpu_s: list[float] = field(default_factory=list)
+    complete: bool = False
+
+
+def schedule(playbook: Playbook, runs: int) -> list[int]:
+    """The arm index (0 = A, 1 = B) of every measured run, in order. Deterministic, so a
+    resumed session replays the same order."""
+    plan = playbook.run
+    if plan.order == "interleaved":
+        return [i % 2 for i in range(2 * runs)]
+    rng = random.Random(plan.seed)
+    order: list[int] = []
+    left = [runs, runs]
+    while left[0] or left[1]:
+        block = [0] * min(plan.block_size, left[0]) + [1] * min(plan.block_size, left[1])
+        rng.shuffle(block)
+        for arm in block:
+            left[arm] -= 1
+        order.extend(block)
+    return order
+
+
+# A server must not outlive a `kill -9`ed phaseprobe (no cleanup code runs then): a small
+# process in its own session watches phaseprobe and stops the server's process group when
+# phaseprobe is gone. Start times (/proc ticks) guard against a reused PID.
+_WATCHDOG = """
+import os, signal, sys, time
+parent, parent_ticks, pgid, pgid_ticks = sys.argv[1:5]
+def ticks(pid):
+    try:
+        raw = open(f"/proc/{pid}/stat").read()
+    except OSError:
+        return None
+    fields = raw[raw.rfind(")") + 2:].split()
+    return None if fields[0] in ("Z", "X") else fields[19]
+while ticks(parent) == parent_ticks:
+    time.sleep(0.5)
+if ticks(pgid) == pgid_ticks:
+    for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 0)):
+        try:
+            os.killpg(int(pgid), sig)
+        except ProcessLookupError:
+            break
+        time.sleep(wait)
+"""
+
+
+@contextlib.contextmanager
+def _watchdog(pgid: int) -> Iterator[None]:
+    argv = [sys.executable, "-c", _WATCHDOG, str(os.getpid()),
+            str(proc_start_ticks(os.getpid())), str(pgid), str(proc_start_ticks(pgid))]
+    dog = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        yield
+    finally:
+        dog.kill()
+        dog.wait()
+
+
+@contextlib.contextmanager
+def launch_server(arm: Arm) -> Iterator[str]:
+    """Start the arm's server on 127.0.0.1, wait for /health, yield its URL; always stop it."""
+    launch = arm.launch
+    if launch is None:
+        raise LocalServerError(f"arm {arm.name!r} has no launch")
+    if arm.model == LOCAL_MODEL and launch.command is None:
+        from phaseprobe.local import LocalVllm
+
+        with LocalVllm(extra_args=launch.args, extra_env=launch.env,
+                       startup_timeout=launch.startup_timeout_s) as server, \
+                _watchdog(server.pid):
+            yield server.base_url
+        return
+    from phaseprobe.local.server import build_env
+
+    port = free_port()
+    command = list(launch.command or ("vllm", "serve"))
+    argv = [*command, arm.model, *launch.args, "--host", "127.0.0.1", "--port", str(port)]
+    log_dir = cache_dir() / "ab" / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{arm.name}-{time.strftime('%Y%m%d-%H%M%S')}-{port}.log"
+    with open(log_path, "ab") as log:
+        try:
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env=build_env(launch.env),
+                                    start_new_session=True)  # its own group: stopped whole
+        except OSError as exc:
+            raise LocalServerError(f"arm {arm.name!r}: cannot start {argv[0]}: {exc}") from None
+    url = f"http://127.0.0.1:{port}"
+    try:
+        with _watchdog(proc.pid):
+            wait_healthy(url, timeout=launch.startup_timeout_s, exit_code=proc.poll,
+                         log_path=log_path)
+            yield url
+    finally:
+        stop_process_group(proc.pid, reap=proc.poll)
+
+
+class _Arm:
+    """One arm during a session: its endpoint, collector, prompts and stored runs."""
+
+    def __init__(self, index: int, arm: Arm, url: str, playbook: Playbook, runs: int,
+                 session: requests.Session, api_key: str | None,
+                 settings: ProbeSettings) -> None:
+        plan = playbook.run
+        self.index, self.arm, self.url = index, arm, url
+        self.client = StreamClient(url, api_key=api_key, session=session,
+                                   timeout_s=plan.timeout_s)
+        headers = {k: v for k, v in self.client.headers.items() if k == "Authorization"}
+        models = check_endpoint(url, session=session, headers=headers)
+        self.scraper: MetricsScraper | None = MetricsScraper(url, session=session,
+                                                             headers=headers)
+        self.notes: list[str] = []
+        try:
+            first = self.scraper.scrape() if self.scraper else None
+        except MetricsUnavailable as exc:
+            self.notes.append(f"arm {arm.name}: {exc}: client-only runs")
+            self.scraper, first = None, None
+        self.info = server_info(url, session, headers, models, first)
+        served = [str(m.get("id")) for m in models if isinstance(m, dict)]
+        if arm.served_model not in served:
+            # Caught before any run: otherwise every run would be a 404 error run.
+            raise ConfigError(f"arm {arm.name}: model {arm.served_model!r} is not served at "
+                              f"{url} (it serves: {', '.join(served) or 'nothing'}); set the "
+                              f"arm's model to the served name")
+        self.spec = RunSpec(endpoint=url, model=arm.served_model, prompt=plan.prompt or "",
+                            max_tokens=plan.max_tokens, api=plan.api,
+                            prompt_tokens_target=plan.prompt_tokens, seed=plan.seed,
+                            ignore_eos=plan.ignore_eos,
+                            labels={"ab_playbook": playbook.name, "ab_arm": arm.name,
+                                    "ab_role": "AB"[index]})
+        builder = PromptBuilder(url, self.spec.model, session=session, headers=headers,
+                                seed=plan.seed)
+
+        def prompt(i: int) -> str:
+            if plan.prompt_tokens is None:
+                return plan.prompt or ""
+            return builder.build(plan.prompt_tokens, index * _ARM_OFFSET + i).text
+
+        # Built before the first run: no tokenizer round trips between measured runs.
+        self.warmups = [prompt(_WARMUP_OFFSET + i) for i in range(plan.warmup)]
+        self.prompts = [prompt(i) for i in range(runs)]
+        if plan.prompt_tokens is not None and builder.tokenize_available is False:
+            self.notes.append(f"arm {arm.name}: no /tokenize; prompt lengths are approximate")
+        self.collector = RunCollector(self.spec, settings, self.client, self.scraper,
+                                      time.sleep, time.monotonic)
+        self.experiment_id = 0
+        self.done: set[int] = set()
+
+
+def run_ab(playbook: Playbook, store: Store, *, runs: int | None = None,
+           progress: AbProgress | None = None, launcher: Launcher = launch_server,
+           api_key: str | None = None, settings: ProbeSettings | None = None,
+           session_id: int | None = None) -> AbResult:
+    """Run (or with ``session_id``, continue) an A/B session; returns every stored run."""
+    progress = progress or NullAbProgress()
+    n = runs or playbook.run.runs
+    known: dict[str, int] = {} if session_id is None else store.ab_session(session_id)["arms"]
+    result = AbResult(session_id or 0, playbook, n, {}, {a.name: [] for a in playbook.arms})
+    http = requests.Session()
+    with contextlib.ExitStack() as stack:
+        urls: dict[tuple[Any, ...], str] = {}
+        arms: list[_Arm] = []
+        for i, arm in enumerate(playbook.arms):
+            if arm.endpoint is not None:
+                url = arm.endpoint
+            else:
+                key = arm.launch.key(arm.model) if arm.launch else ()
+                if key not in urls:
+                    progress.on_status(f"starting the server of arm {arm.name}…")
+                    urls[key] = stack.enter_context(launcher(arm))
+                else:
+                    result.notes.append(f"arm {arm.name} shares arm A's server (same launch)")
+                url = urls[key]
+            arms.append(_Arm(i, arm, url, playbook, n, http, api_key,
+                             settings or ProbeSettings()))
+        if session_id is None:
+            # Created once every server answers with the right model: a playbook that cannot
+            # start leaves no empty session behind.
+            session_id = store.create_ab_session(playbook.name, playbook.path, playbook.text,
+                                                 {"runs": n})
+            result.session_id = session_id
+        # Shown before the first run: after a kill -9 this is the ID to resume.
+        progress.on_status(f"A/B session {session_id}; if stopped, continue it with "
+                           f"`phaseprobe ab --resume {session_id}`")
+        for a in arms:
+            exp_id = known.get(a.arm.name)
+            if exp_id is None:
+                a.info["ab"] = {"session_id": session_id, "arm": a.arm.name,
+                                "role": "AB"[a.index], "endpoint": a.arm.endpoint,
+                                "launch": None if a.arm.launch is None else {
+                                    "command": a.arm.launch.command,
+                                    "args": list(a.arm.launch.args),
+                                    "env": a.arm.launch.env}}
+                exp_id = store.create_experiment(Experiment(
+                    name=f"{playbook.name}:{a.arm.name}", kind="ab-arm", spec=a.spec,
+                    server_info=a.info, created_wall_ns=time.time_ns()))
+            a.experiment_id = exp_id
+            a.done = {r.seq for r in store.runs(exp_id)}
+            result.experiments[a.arm.name] = exp_id
+        store.set_ab_arms(session_id, result.experiments)
+        _measure(arms, playbook, n, store, progress, result)
+    for a in arms:
+        result.notes.extend(a.notes + a.collector.notes)
+        result.runs[a.arm.name] = store.runs(a.experiment_id)
+    return result
+
+
+def _measure(arms: list[_Arm], playbook: Playbook, n: int, store: Store,
+             progress: AbProgress, result: AbResult) -> None:
+    order = schedule(playbook, n)
+    done = sum(len(a.done) for a in arms)
+    progress.on_start(len(order) + playbook.run.warmup * 2, done)
+    try:
+        # Warm-ups per arm, interleaved too, after every server is up (again on resume: a
+        # restarted server is cold).
+        for w in range(playbook.run.warmup):
+            for a in arms:
+                p = playbook.run
+                out = a.client.stream(build_body(
+                    model=a.spec.model, prompt=a.warmups[w], max_tokens=p.max_tokens,
+                    chat=p.api == "chat", seed=p.seed, ignore_eos=p.ignore_eos))
+                progress.on_warmup(a.arm.name, w, out.error)
+        seqs = [0, 0]
+        mark: float | None = None
+        mark_cpu = 0.0
+        for arm_index in order:
+            a = arms[arm_index]
+            seq = seqs[arm_index]
+            seqs[arm_index] += 1
+            if seq in a.done:
+                continue
+            if mark is not None:
+                result.overhead_s.append(time.perf_counter() - mark)
+                result.overhead_cpu_s.append(time.thread_time() - mark_cpu)
+            if playbook.run.pause_s and mark is not None:
+                time.sleep(playbook.run.pause_s)  # deliberate, so not engine overhead
+            run = a.collector.measure(seq, a.prompts[seq])
+            mark, mark_cpu = time.perf_counter(), time.thread_time()  # engine overhead starts
+            run_id = store.add_run(a.experiment_id, run)  # durable before the next run
+            a.done.add(seq)
+            progress.on_run(a.arm.name, replace(run, run_id=run_id,
+                                                experiment_id=a.experiment_id))
+        result.complete = all(len(a.done) >= n for a in arms)
+    finally:
+        for a in arms:
+            with contextlib.suppress(StoreError):
+                store.finish_experiment(a.experiment_id, a.notes + a.collector.notes)
+        if result.complete:
+            store.finish_ab_session(result.session_id)
+        progress.on_end()
+
+
+def resume_ab(session_id: int, store: Store, **kwargs: Any) -> AbResult:
+    """Continue a stored session from its own playbook text (not the file, which may have
+    changed) with its original number of runs."""
+    stored = store.ab_session(session_id)
+    playbook = parse_playbook(stored["playbook_text"], stored["playbook_path"])
+    kwargs.pop("runs", None)
+    return run_ab(playbook, store, runs=int(stored["settings"]["runs"]),
+                  session_id=session_id, **kwargs)

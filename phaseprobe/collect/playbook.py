@@ -1,0 +1,323 @@
+"""A/B playbooks: TOML data (stdlib ``tomllib``), read and validated before anything starts.
+
+A playbook is the run spec every arm shares plus exactly two arms (A is the baseline, B the
+variant)::
+
+    name = "cpu-dtype"
+    description = "what this A/B tests"
+    model = "local"                 # "local": phaseprobe's embedded tiny model on the CPU vLLM
+
+    [run]
+    prompt_tokens = 64              # or: prompt = "fixed text"
+    max_tokens = 32
+    runs = 12                       # measured runs per arm
+    warmup = 2                      # per arm, after its server is up
+    api = "completions"             # or "chat"
+    order = "interleaved"           # A B A B ...; or "blocks" (randomised A B / B A blocks)
+    min_effect = "5%"
+    pause_s = 0.0                   # quiet time before each run
+
+    [[arm]]
+    name = "bf16"
+    launch = { args = ["--dtype", "bfloat16"], env = { VLLM_CPU_KVCACHE_SPACE = "1" } }
+
+    [[arm]]
+    name = "remote"
+    endpoint = "http://10.0.0.5:8000"   # already up; model is its served name
+
+A launch is an argv list, never a shell string: playbooks are data, nothing in them is handed
+to a shell. Every mistake raises :class:`PlaybookError` naming the file and the key.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from phaseprobe.errors import ConfigError
+
+__all__ = ["PlaybookError", "Launch", "Arm", "RunPlan", "Playbook", "load_playbook",
+           "parse_playbook", "parse_effect", "LOCAL_MODEL", "shipped_playbooks"]
+
+LOCAL_MODEL = "local"  # the embedded tiny model served by phaseprobe's CPU vLLM
+_TOP_KEYS = {"name", "description", "model", "run", "arm"}
+_RUN_KEYS = {"prompt", "prompt_tokens", "max_tokens", "runs", "warmup", "api", "order",
+             "block_size", "seed", "min_effect", "ignore_eos", "timeout_s", "pause_s"}
+_ARM_KEYS = {"name", "description", "model", "endpoint", "launch"}
+_LAUNCH_KEYS = {"command", "args", "env", "startup_timeout_s"}
+# phaseprobe chooses where a launched server listens (127.0.0.1, a free port).
+_RESERVED_ARGS = {"--host", "--port"}
+
+
+class PlaybookError(ConfigError):
+    """A playbook that cannot be used; ``key`` is the dotted TOML key at fault."""
+
+    def __init__(self, path: str, key: str, message: str) -> None:
+        super().__init__(f"playbook {path}: {key}: {message}" if key else
+                         f"playbook {path}: {message}")
+        self.path = path
+        self.key = key
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A server phaseprobe starts for an arm. ``command`` None: ``vllm serve`` for a model path,
+    phaseprobe's own CPU vLLM for the ``local`` model."""
+
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    command: tuple[str, ...] | None = None
+    startup_timeout_s: float = 600.0
+
+    def key(self, model: str) -> tuple[Any, ...]:
+        """Arms with equal keys share one server (an A/A on one launch starts it once)."""
+        return (model, self.command, self.args, tuple(sorted(self.env.items())))
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    model: str
+    endpoint: str | None = None
+    launch: Launch | None = None
+    description: str = ""
+
+    @property
+    def served_model(self) -> str:
+        """The model name requests carry: --served-model-name when the launch sets one."""
+        if self.launch is None:
+            return self.model
+        args = list(self.launch.args)
+        for i in range(len(args) - 1, -1, -1):  # the last one wins, as in vLLM's argparse
+            if args[i] == "--served-model-name" and i + 1 < len(args):
+                return args[i + 1]
+            if args[i].startswith("--served-model-name="):
+                return args[i].split("=", 1)[1]
+        if self.model == LOCAL_MODEL and self.launch.command is None:
+            from phaseprobe.local.server import DEFAULT_SERVED_NAME
+
+            return DEFAULT_SERVED_NAME
+        return self.model
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    max_tokens: int
+    runs: int
+    warmup: int = 1
+    prompt: str | None = None
+    prompt_tokens: int | None = None
+    api: Literal["completions", "chat"] = "completions"
+    order: Literal["interleaved", "blocks"] = "interleaved"
+    block_size: int = 2
+    seed: int = 0
+    min_effect: float = 0.05  # a fraction: 0.05 is 5 %
+    ignore_eos: bool = True
+    timeout_s: float = 120.0
+    pause_s: float = 0.0  # quiet time before each run (lets the other arm's server settle)
+
+
+@dataclass(frozen=True)
+class Playbook:
+    name: str
+    description: str
+    path: str
+    text: str
+    run: RunPlan
+    arms: tuple[Arm, Arm]
+
+
+def parse_effect(value: object, where: str = "--min-effect", path: str = "") -> float:
+    """``"5%"``, ``"5 %"``, ``5%`` or ``0.05`` → 0.05."""
+    try:
+        if isinstance(value, str):
+            text = value.strip()
+            number = float(text.rstrip("%").strip()) / 100 if text.endswith("%") else float(text)
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            number = float(value)
+        else:
+            raise ValueError
+    except ValueError:
+        raise PlaybookError(path or "(command line)", where,
+                            f"{value!r} is not an effect size (e.g. \"5%\" or 0.05)") from None
+    if not 0 < number < 10:
+        raise PlaybookError(path or "(command line)", where,
+                            f"{value!r} must be a positive effect such as \"5%\"")
+    return number
+
+
+class _Reader:
+    """Typed access to one TOML table; every failure names the file and the dotted key."""
+
+    def __init__(self, path: str, table: dict[str, Any], prefix: str, allowed: set[str]) -> None:
+        self.path, self.table, self.prefix = path, table, prefix
+        unknown = sorted(set(table) - allowed)
+        if unknown:
+            raise PlaybookError(path, self.key(unknown[0]),
+                                f"unknown key (allowed here: {', '.join(sorted(allowed))})")
+
+    def key(self, name: str) -> str:
+        return f"{self.prefix}{name}"
+
+    def fail(self, name: str, message: str) -> PlaybookError:
+        return PlaybookError(self.path, self.key(name), message)
+
+    def str_(self, name: str, default: str | None = None) -> str | None:
+        if name not in self.table:
+            return default
+        value = self.table[name]
+        if not isinstance(value, str) or not value.strip():
+            raise self.fail(name, f"must be a non-empty string, not {value!r}")
+        return value
+
+    def int_(self, name: str, default: int | None, minimum: int) -> int | None:
+        value = self.table.get(name, default)
+        if value is None:
+            return None
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            raise self.fail(name, f"must be an integer >= {minimum}, not {value!r}")
+        return value
+
+    def argv(self, name: str) -> tuple[str, ...] | None:
+        value = self.table.get(name)
+        if value is None:
+            return None
+        if isinstance(value, str):
+            raise self.fail(name, f"must be an argv list such as [\"--dtype\", \"float16\"], "
+                                  f"not a shell string ({value!r}): playbooks are never run "
+                                  f"through a shell")
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise self.fail(name, f"must be a list of strings, not {value!r}")
+        for item in value:
+            # "--dtype float16" as one element would reach vLLM as one unknown flag.
+            if item.startswith("-") and "=" not in item and any(c.isspace() for c in item):
+                raise self.fail(name, f"element {item!r} looks like several arguments in one "
+                                      f"string; split it: {item.split()!r}")
+        return tuple(value)
+
+
+def _launch(path: str, raw: object, prefix: str) -> Launch:
+    if not isinstance(raw, dict):
+        raise PlaybookError(path, prefix.rstrip("."), "must be a table (args = [...], env = {})")
+    r = _Reader(path, raw, prefix, _LAUNCH_KEYS)
+    args = r.argv("args") or ()
+    reserved = [a for a in args if a.split("=", 1)[0] in _RESERVED_ARGS]
+    if reserved:
+        raise r.fail("args", f"{reserved[0]} is chosen by phaseprobe (servers it starts listen "
+                             f"on 127.0.0.1, on a free port)")
+    env = raw.get("env", {})
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                            for k, v in env.items()):
+        raise r.fail("env", f"must be a table of string values (NCCL_ALGO = \"Ring\"), "
+                            f"not {env!r}")
+    timeout = raw.get("startup_timeout_s", 600.0)
+    if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout <= 0:
+        raise r.fail("startup_timeout_s", f"must be a positive number, not {timeout!r}")
+    command = r.argv("command")
+    if command is not None and not command:
+        raise r.fail("command", "must not be empty")
+    return Launch(args=args, env=dict(env), command=command, startup_timeout_s=float(timeout))
+
+
+def _arm(path: str, raw: object, index: int, default_model: str | None) -> Arm:
+    prefix = f"arm[{index}]."
+    if not isinstance(raw, dict):
+        raise PlaybookError(path, f"arm[{index}]", "must be a table ([[arm]])")
+    r = _Reader(path, raw, prefix, _ARM_KEYS)
+    name = r.str_("name")
+    if name is None:
+        raise r.fail("name", "missing (each arm needs a name, e.g. \"baseline\")")
+    model = r.str_("model") or default_model
+    endpoint = r.str_("endpoint")
+    if model is None:
+        raise r.fail("model", "missing: set model at the top of the playbook or in the arm "
+                              "(a model path, a served model name, or \"local\")")
+    has_launch = "launch" in raw
+    if (endpoint is None) == (not has_launch):
+        raise PlaybookError(path, f"arm[{index}]", f"arm {name!r} needs exactly one of "
+                            f"endpoint (a server already up) or launch (one phaseprobe starts)")
+    if endpoint is not None and not endpoint.startswith(("http://", "https://")):
+        raise r.fail("endpoint", f"must be an http(s) URL, not {endpoint!r}")
+    launch = _launch(path, raw["launch"], prefix + "launch.") if has_launch else None
+    return Arm(name=name, model=model, endpoint=endpoint, launch=launch,
+               description=r.str_("description", "") or "")
+
+
+def _run_plan(path: str, raw: object) -> RunPlan:
+    if not isinstance(raw, dict):
+        raise PlaybookError(path, "run", "missing or not a table ([run] max_tokens = ...)")
+    r = _Reader(path, raw, "run.", _RUN_KEYS)
+    prompt = r.str_("prompt")
+    prompt_tokens = r.int_("prompt_tokens", None, 1)
+    if (prompt is None) == (prompt_tokens is None):
+        raise r.fail("prompt", "set exactly one of prompt (fixed text) or prompt_tokens "
+                               "(unique prompts of that many tokens)")
+    max_tokens = r.int_("max_tokens", None, 2)
+    if max_tokens is None:
+        raise r.fail("max_tokens", "missing (the same max_tokens is asked of every arm)")
+    api = r.str_("api", "completions")
+    if api not in ("completions", "chat"):
+        raise r.fail("api", f"must be \"completions\" or \"chat\", not {api!r}")
+    order = r.str_("order", "interleaved")
+    if order not in ("interleaved", "blocks"):
+        raise r.fail("order", f"must be \"interleaved\" or \"blocks\", not {order!r}")
+    ignore_eos = raw.get("ignore_eos", True)
+    if not isinstance(ignore_eos, bool):
+        raise r.fail("ignore_eos", f"must be true or false, not {ignore_eos!r}")
+    timeout = raw.get("timeout_s", 120.0)
+    if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout <= 0:
+        raise r.fail("timeout_s", f"must be a positive number, not {timeout!r}")
+    pause = raw.get("pause_s", 0.0)
+    if not isinstance(pause, int | float) or isinstance(pause, bool) or pause < 0:
+        raise r.fail("pause_s", f"must be a number >= 0, not {pause!r}")
+    return RunPlan(
+        pause_s=float(pause), prompt=prompt, prompt_tokens=prompt_tokens, max_tokens=max_tokens,
+        runs=r.int_("runs", 10, 1) or 10, warmup=r.int_("warmup", 1, 0) or 0,
+        api="chat" if api == "chat" else "completions",
+        order="blocks" if order == "blocks" else "interleaved",
+        block_size=r.int_("block_size", 2, 1) or 2, seed=r.int_("seed", 0, 0) or 0,
+        min_effect=parse_effect(raw.get("min_effect", 0.05), "run.min_effect", path),
+        ignore_eos=ignore_eos, timeout_s=float(timeout))
+
+
+def parse_playbook(text: str, path: str = "<playbook>") -> Playbook:
+    """Validate a playbook's TOML text (``path`` only names it in errors)."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise PlaybookError(path, "", f"not valid TOML: {exc}") from None
+    top = _Reader(path, data, "", _TOP_KEYS)
+    name = top.str_("name") or Path(path).stem
+    model = top.str_("model")
+    run = _run_plan(path, data.get("run"))
+    raw_arms = data.get("arm")
+    if not isinstance(raw_arms, list) or len(raw_arms) != 2:
+        n = len(raw_arms) if isinstance(raw_arms, list) else 0
+        raise PlaybookError(path, "arm", f"an A/B needs exactly two [[arm]] tables "
+                                         f"(A: baseline, B: variant); found {n}")
+    arms = tuple(_arm(path, raw, i, model) for i, raw in enumerate(raw_arms))
+    if arms[0].name == arms[1].name:
+        raise PlaybookError(path, "arm[1].name", f"both arms are named {arms[0].name!r}")
+    return Playbook(name=name, description=top.str_("description", "") or "", path=path,
+                    text=text, run=run, arms=(arms[0], arms[1]))
+
+
+def shipped_playbooks() -> Path:
+    """The directory of the playbooks shipped with phaseprobe (``phaseprobe/playbooks``)."""
+    return Path(__file__).resolve().parent.parent / "playbooks"
+
+
+def load_playbook(path: str | Path) -> Playbook:
+    """Read a playbook file; a bare name (``cpu-dtype``) finds a shipped playbook."""
+    p = Path(path)
+    if not p.exists() and p.parent == Path(".") and not p.suffix:
+        shipped = shipped_playbooks() / f"{p.name}.toml"
+        if shipped.is_file():
+            p = shipped
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PlaybookError(str(path), "", f"cannot read: {exc.strerror or exc}") from None
+    return parse_playbook(text, str(path))

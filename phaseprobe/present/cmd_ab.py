@@ -1,0 +1,308 @@
+"""``phaseprobe ab``: run an A/B playbook and say whether B beat A beyond the noise.
+
+    phaseprobe ab playbooks/cpu-compile.toml --runs 12      # or a shipped name: cpu-compile
+    phaseprobe ab --resume 3                                # continue a killed session
+    phaseprobe ab report 3 [--json | --markdown]
+    phaseprobe ab compare 7 9                               # two stored experiments
+    phaseprobe ab                                           # list the shipped playbooks
+
+Every run is in the store before the next starts; Ctrl-C or kill -9 loses at most the run in
+flight, and ``--resume ID`` continues the session. Latencies are lower-is-better: the ratio is
+median(B)/median(A), with a bootstrap interval, a Mann–Whitney U test and the minimum effect
+this N and this noise can detect.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+from phaseprobe.analysis.ab_stats import Comparison, compare_runs
+from phaseprobe.collect.ab import resume_ab, run_ab
+from phaseprobe.collect.playbook import (
+    load_playbook,
+    parse_effect,
+    parse_playbook,
+    shipped_playbooks,
+)
+from phaseprobe.errors import ConfigError
+from phaseprobe.paths import default_store_path
+from phaseprobe.records import Run
+from phaseprobe.store import Store
+
+__all__ = ["register", "run", "RichAbProgress", "render_comparison", "markdown"]
+
+_KEY_VARS = ("VLLM_API_KEY", "OPENAI_API_KEY")
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "ab", help="A/B experiment from a playbook: interleaved arms, verdict per phase",
+        description="Run an A/B playbook (two arms: endpoints or vLLM launches), or report on a "
+                    "stored session (ab report ID), or compare two stored experiments "
+                    "(ab compare EXP_A EXP_B). Without arguments: list the shipped playbooks.")
+    p.add_argument("target", nargs="*", metavar="PLAYBOOK | report ID | compare EXP_A EXP_B")
+    p.add_argument("--runs", type=int, default=None, metavar="N",
+                   help="measured runs per arm (default: the playbook's)")
+    p.add_argument("--resume", type=int, default=None, metavar="ID",
+                   help="continue a stopped A/B session")
+    p.add_argument("--min-effect", default=None, metavar="PCT",
+                   help="smallest change worth calling (default: the playbook's, else 5%%)")
+    p.add_argument("--store", type=Path, default=None,
+                   help=f"experiment store (default: {default_store_path()})")
+    p.add_argument("--api-key-env", metavar="VAR", default=None,
+                   help="environment variable holding the endpoints' API key (default: "
+                        "VLLM_API_KEY or OPENAI_API_KEY when set); never stored or printed")
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="print one JSON document to stdout")
+    fmt.add_argument("--markdown", action="store_true", help="report as Markdown")
+
+
+class RichAbProgress:
+    """Progress bar with ETA on stderr; server starts and failures as lines above it."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self._progress = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
+            console=console, transient=True)
+        self._task: Any = None
+
+    def on_status(self, text: str) -> None:
+        self.console.print(f"[dim]{escape(text)}")
+
+    def on_start(self, total: int, done: int) -> None:
+        self._progress.start()
+        self._task = self._progress.add_task("warm-up", total=total, completed=done)
+
+    def on_warmup(self, arm: str, index: int, error: str | None) -> None:
+        if error:
+            self.console.print(f"[yellow]arm {escape(arm)} warm-up {index + 1}: "
+                               f"{escape(error)}")
+        self._progress.update(self._task, advance=1)
+
+    def on_run(self, arm: str, run: Run) -> None:
+        if run.error:
+            self.console.print(f"[red]arm {escape(arm)} run {run.seq + 1}: "
+                               f"{escape(run.error)}")
+        self._progress.update(self._task, advance=1, description=f"arm {arm}")
+
+    def on_end(self) -> None:
+        self._progress.stop()
+
+
+def _store_path(args: argparse.Namespace, must_exist: bool) -> Path:
+    path: Path = args.store or default_store_path()
+    if must_exist and not path.exists():
+        raise ConfigError(f"no experiment store at {path}")
+    return path
+
+
+def _api_key(var: str | None) -> str | None:
+    if var:
+        if var not in os.environ:
+            raise ConfigError(f"--api-key-env {var}: that environment variable is not set")
+        return os.environ[var]
+    return next((os.environ[v] for v in _KEY_VARS if os.environ.get(v)), None)
+
+
+def _fmt_ms(v: float | None) -> str:
+    return "—" if v is None else f"{v * 1e3:.2f}"
+
+
+def _fmt_pct(v: float | None) -> str:
+    return "—" if v is None else f"{(v - 1) * 100:+.1f} %"
+
+
+def _doc(comparison: Comparison, extra: dict[str, Any]) -> dict[str, Any]:
+    return {**extra, "comparison": comparison.to_dict()}
+
+
+def render_comparison(out: Console, c: Comparison, title: str) -> None:
+    table = Table(title=escape(title), title_justify="left",
+                  caption=f"B/A = median(B)/median(A); {c.confidence:.0%} bootstrap interval; "
+                          f"p: Mann–Whitney U; MDE: smallest change this N and noise detect")
+    for col in ("metric", "n A/B", f"A {c.arm_a} ms", f"B {c.arm_b} ms", "B/A", "interval",
+                "p", "MDE", "verdict"):
+        table.add_column(escape(col), justify="left" if col in ("metric", "verdict")
+                         else "right")
+    colours = {"improvement": "green", "regression": "red"}
+    for m in c.metrics.values():
+        interval = "—" if m.ci_low is None else f"[{_fmt_pct(m.ci_low)}, {_fmt_pct(m.ci_high)}]"
+        colour = colours.get(m.verdict, "dim")
+        table.add_row(m.label, f"{m.n_a}/{m.n_b}", _fmt_ms(m.median_a), _fmt_ms(m.median_b),
+                      _fmt_pct(m.ratio), interval,
+                      "—" if m.p_value is None else f"{m.p_value:.3g}",
+                      "—" if m.mde is None else f"{m.mde:.1%}",
+                      f"[{colour}]{m.verdict}")
+    out.print(table)
+    out.print(f"[bold]B vs A:[/] {escape(c.phase_line)}  (min effect {c.min_effect:.0%})")
+    for w in c.warnings:
+        out.print(f"[yellow]warning:[/] {escape(w)}")
+
+
+def markdown(c: Comparison, title: str) -> str:
+    lines = [f"## {title}", "", f"**B vs A:** {c.phase_line} (min effect {c.min_effect:.0%})",
+             "", f"| metric | n A/B | A {c.arm_a} ms | B {c.arm_b} ms | B/A | interval | p | "
+             f"MDE | verdict |", "|---|---|---|---|---|---|---|---|---|"]
+    for m in c.metrics.values():
+        interval = "—" if m.ci_low is None else f"[{_fmt_pct(m.ci_low)}, {_fmt_pct(m.ci_high)}]"
+        p = "—" if m.p_value is None else f"{m.p_value:.3g}"
+        mde = "—" if m.mde is None else f"{m.mde:.1%}"
+        lines.append(f"| {m.label} | {m.n_a}/{m.n_b} | {_fmt_ms(m.median_a)} | "
+                     f"{_fmt_ms(m.median_b)} | {_fmt_pct(m.ratio)} | {interval} | {p} | {mde} | "
+                     f"{m.verdict} |")
+    lines += [""] + [f"- warning: {w}" for w in c.warnings]
+    return "\n".join(lines) + "\n"
+
+
+def _emit(args: argparse.Namespace, out: Console, c: Comparison, title: str,
+          extra: dict[str, Any]) -> None:
+    if args.json:
+        out.out(json.dumps(_doc(c, extra)), highlight=False)
+    elif args.markdown:
+        out.out(markdown(c, title), highlight=False)
+    else:
+        render_comparison(out, c, title)
+        for note in extra.get("notes", []):
+            out.print(f"[yellow]note:[/] {escape(note)}")
+
+
+def _int(text: str, what: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"{what} must be an integer id, not {text!r}") from None
+
+
+def _report(args: argparse.Namespace, out: Console, session_id: int) -> int:
+    with Store(_store_path(args, True)) as store:
+        session = store.ab_session(session_id)
+        playbook = parse_playbook(session["playbook_text"], session["playbook_path"])
+        names = [a.name for a in playbook.arms]
+        missing = [n for n in names if n not in session["arms"]]
+        if missing:
+            raise ConfigError(f"A/B session {session_id} has no experiment for arm "
+                              f"{missing[0]} (it stopped before its first run)")
+        runs = {n: store.runs(session["arms"][n]) for n in names}
+    min_effect = parse_effect(args.min_effect) if args.min_effect else playbook.run.min_effect
+    c = compare_runs(runs[names[0]], runs[names[1]], arm_a=names[0], arm_b=names[1],
+                     min_effect=min_effect, seed=playbook.run.seed)
+    title = (f"A/B session {session_id} · {playbook.name} · {names[0]} (A) vs {names[1]} (B)"
+             + ("" if session["finished_wall_ns"] else " · unfinished: --resume to complete"))
+    _emit(args, out, c, title, {
+        "session_id": session_id, "playbook": playbook.name,
+        "finished": session["finished_wall_ns"] is not None,
+        "arms": {n: {"experiment_id": session["arms"][n], "runs": len(runs[n])}
+                 for n in names}})
+    return 0
+
+
+def _compare(args: argparse.Namespace, out: Console, exp_a: int, exp_b: int) -> int:
+    with Store(_store_path(args, True)) as store:
+        a, b = store.experiment(exp_a), store.experiment(exp_b)
+        runs_a, runs_b = store.runs(exp_a), store.runs(exp_b)
+    min_effect = parse_effect(args.min_effect) if args.min_effect else 0.05
+    c = compare_runs(runs_a, runs_b, arm_a=a.name, arm_b=b.name, min_effect=min_effect)
+    notes = []
+    for field in ("model", "max_tokens", "prompt_tokens_target", "api"):
+        va, vb = getattr(a.spec, field), getattr(b.spec, field)
+        if va != vb:
+            notes.append(f"the experiments differ in {field} ({va!r} vs {vb!r}): not a "
+                         f"controlled A/B")
+    _emit(args, out, c, f"experiment {exp_a} ({a.name}) vs {exp_b} ({b.name})",
+          {"experiment_a": exp_a, "experiment_b": exp_b, "notes": notes})
+    return 0
+
+
+def _list(out: Console, as_json: bool) -> int:
+    books = [parse_playbook(p.read_text(encoding="utf-8"), str(p))
+             for p in sorted(shipped_playbooks().glob("*.toml"))]
+    if as_json:
+        out.out(json.dumps({"playbooks": [{"name": b.name, "path": b.path,
+                                           "description": b.description} for b in books]}),
+                highlight=False)
+        return 0
+    table = Table(title="shipped A/B playbooks (phaseprobe ab NAME)", title_justify="left")
+    table.add_column("name")
+    table.add_column("arms")
+    table.add_column("what it tests")
+    for b in books:
+        table.add_row(Path(b.path).stem, " vs ".join(a.name for a in b.arms),
+                      escape(b.description))
+    out.print(table)
+    return 0
+
+
+def cmd_ab(args: argparse.Namespace, out: Console, err: Console) -> int:
+    target: list[str] = args.target
+    if target and target[0] == "report":
+        if len(target) != 2:
+            raise ConfigError("usage: phaseprobe ab report ID")
+        return _report(args, out, _int(target[1], "ab report ID"))
+    if target and target[0] == "compare":
+        if len(target) != 3:
+            raise ConfigError("usage: phaseprobe ab compare EXP_A EXP_B")
+        return _compare(args, out, _int(target[1], "EXP_A"), _int(target[2], "EXP_B"))
+    if args.runs is not None and args.runs < 1:
+        raise ConfigError(f"--runs must be at least 1, not {args.runs}")
+    if not target and args.resume is None:
+        return _list(out, args.json)
+    if len(target) > 1 or (target and args.resume is not None):
+        raise ConfigError("give one PLAYBOOK, or --resume ID alone")
+    api_key = _api_key(args.api_key_env)
+    progress = RichAbProgress(err)
+    with Store(_store_path(args, args.resume is not None)) as store:
+        if args.resume is not None:
+            result = resume_ab(args.resume, store, progress=progress, api_key=api_key)
+        else:
+            playbook = load_playbook(target[0])
+            if args.min_effect:
+                parse_effect(args.min_effect)  # a bad value fails before any server starts
+            result = run_ab(playbook, store, runs=args.runs, progress=progress,
+                            api_key=api_key)
+    pb = result.playbook
+    names = [a.name for a in pb.arms]
+    min_effect = parse_effect(args.min_effect) if args.min_effect else pb.run.min_effect
+    c = compare_runs(result.runs[names[0]], result.runs[names[1]], arm_a=names[0],
+                     arm_b=names[1], min_effect=min_effect, seed=pb.run.seed)
+    overhead, cpu = result.overhead_s, result.overhead_cpu_s
+    extra = {"session_id": result.session_id, "playbook": pb.name, "finished": result.complete,
+             "runs_per_arm": result.runs_per_arm,
+             "arms": {n: {"experiment_id": result.experiments[n],
+                          "runs": len(result.runs[n])} for n in names},
+             "engine_overhead_ms": None if not overhead else {
+                 "median": statistics.median(overhead) * 1e3, "max": max(overhead) * 1e3,
+                 "cpu_median": statistics.median(cpu) * 1e3, "cpu_max": max(cpu) * 1e3},
+             "notes": result.notes}
+    title = f"A/B session {result.session_id} · {pb.name} · {names[0]} (A) vs {names[1]} (B)"
+    _emit(args, out, c, title, extra)
+    if not args.json and not args.markdown:
+        if overhead:
+            wall_ms, cpu_ms = statistics.median(overhead) * 1e3, statistics.median(cpu) * 1e3
+            out.print(f"[dim]engine overhead between runs: median {wall_ms:.2f} ms wall, "
+                      f"{cpu_ms:.2f} ms CPU")
+        out.print(f"[dim]stored as A/B session {result.session_id} (phaseprobe ab report "
+                  f"{result.session_id}); experiments "
+                  f"{', '.join(str(v) for v in result.experiments.values())}")
+    return 0
+
+
+run = cmd_ab  # the name cli.py's command table uses for every command module

@@ -1,0 +1,109 @@
+"""``phaseprobe ab`` (run, --resume, report, compare, list) against two SSE test servers."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+from rich.console import Console
+
+from phaseprobe.errors import ConfigError, PhaseprobeError
+from phaseprobe.present import cmd_ab
+from phaseprobe.testing.sse_server import Script, SseServer
+
+BOOK = """
+name = "sse"
+model = "sse-test-model"
+[run]
+prompt = "hello"
+max_tokens = 8
+runs = 6
+warmup = 1
+[[arm]]
+name = "slow"
+endpoint = "{a}"
+[[arm]]
+name = "fast"
+endpoint = "{b}"
+"""
+
+
+def _run(argv: list[str], capsys) -> tuple[int, str]:
+    parser = argparse.ArgumentParser()
+    cmd_ab.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["ab", *argv])
+    rc = cmd_ab.run(args, Console(width=200), Console(stderr=True))
+    return rc, capsys.readouterr().out
+
+
+@pytest.fixture
+def book(tmp_path):
+    with SseServer(Script(n_tokens=8, gap_s=0.006)) as a, \
+            SseServer(Script(n_tokens=8, gap_s=0.003)) as b:
+        path = tmp_path / "sse.toml"
+        path.write_text(BOOK.format(a=a.base_url, b=b.base_url))
+        yield path
+
+
+def test_run_json_then_report_and_compare(book, tmp_path, capsys):
+    store = str(tmp_path / "s.sqlite")
+    rc, out = _run([str(book), "--json", "--store", store, "--runs", "5"], capsys)
+    doc = json.loads(out)
+    assert rc == 0 and doc["finished"] and doc["runs_per_arm"] == 5
+    tpot = doc["comparison"]["metrics"]["client_tpot_s"]
+    assert tpot["verdict"] == "improvement" and tpot["ratio"] < 0.7
+    assert doc["engine_overhead_ms"]["median"] < 5
+    sid = doc["session_id"]
+
+    rc, out = _run(["report", str(sid), "--markdown", "--store", store], capsys)
+    assert rc == 0 and out.startswith(f"## A/B session {sid}")
+    assert "| client TPOT | 5/5 |" in out and "improvement" in out
+
+    rc, out = _run(["report", str(sid), "--store", store], capsys)
+    assert "B vs A:" in out and "decode (TPOT) −" in out
+
+    exp_a, exp_b = doc["arms"]["slow"]["experiment_id"], doc["arms"]["fast"]["experiment_id"]
+    rc, out = _run(["compare", str(exp_a), str(exp_b), "--json", "--store", store], capsys)
+    cmp = json.loads(out)
+    assert cmp["comparison"]["metrics"]["client_tpot_s"]["verdict"] == "improvement"
+    assert cmp["notes"] == []
+
+
+def test_min_effect_above_the_change_gives_no_verdict(book, tmp_path, capsys):
+    rc, out = _run([str(book), "--json", "--store", str(tmp_path / "s.sqlite"),
+                    "--min-effect", "90%"], capsys)
+    doc = json.loads(out)
+    assert doc["comparison"]["min_effect"] == pytest.approx(0.9)
+    m = doc["comparison"]["metrics"]["client_tpot_s"]
+    assert m["verdict"] == "no significant change" and m["ratio"] < 0.7
+    assert any("below --min-effect" in w for w in m["warnings"])
+
+
+def test_list_shipped_playbooks(capsys):
+    rc, out = _run(["--json"], capsys)
+    names = {p["name"] for p in json.loads(out)["playbooks"]}
+    assert {"cpu-dtype", "cpu-aa", "gpu-quantization"} <= names
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["report"], "usage: phaseprobe ab report ID"),
+    (["report", "x"], "integer id"),
+    (["compare", "1"], "usage: phaseprobe ab compare"),
+    (["a.toml", "b.toml"], "one PLAYBOOK"),
+    (["nope.toml"], "cannot read"),
+])
+def test_usage_errors_are_config_errors(argv, words, capsys, tmp_path):
+    with pytest.raises(ConfigError, match=words):
+        _run([*argv, "--store", str(tmp_path / "s.sqlite")], capsys)
+
+
+def test_unknown_session_and_wrong_model(book, tmp_path, capsys):
+    store = str(tmp_path / "s.sqlite")
+    _run([str(book), "--json", "--store", store, "--runs", "2"], capsys)
+    with pytest.raises(PhaseprobeError, match="no A/B session 99"):
+        _run(["report", "99", "--store", store], capsys)
+    wrong = tmp_path / "wrong.toml"
+    wrong.write_text(book.read_text().replace('model = "sse-test-model"', 'model = "other"'))
+    with pytest.raises(ConfigError, match="'other' is not served .*it serves: sse-test-model"):
+        _run([str(wrong), "--store", store], capsys)
