@@ -14,7 +14,7 @@ import argparse
 import resource
 import time
 
-from phaseprobe.sources.nvml import open_sampler
+from phaseprobe.sources.gpu_sampler import open_sampler
 from phaseprobe.testing.fake_nvml import FakeNvmlBackend, demo_devices
 
 

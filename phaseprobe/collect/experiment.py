@@ -20,7 +20,7 @@ from phaseprobe.analysis.phases import attribute, consistency_notes, histograms_
 from phaseprobe.collect.prompts import PromptBuilder
 from phaseprobe.errors import MetricsUnavailable
 from phaseprobe.records import Experiment, Isolation, Run, RunSpec, RunStatus
-from phaseprobe.sources.nvml import GpuSampler
+from phaseprobe.sources.gpu_sampler import GpuSampler
 from phaseprobe.sources.openai_stream import StreamClient, build_body, check_endpoint
 from phaseprobe.sources.vllm_metrics import MetricSnapshot, MetricsScraper
 from phaseprobe.store import Store

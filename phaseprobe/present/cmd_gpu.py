@@ -29,7 +29,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from phaseprobe.errors import ConfigError
-from phaseprobe.sources.nvml import COLUMNS, DEFAULT_PERIOD_S, MIN_PERIOD_S, GpuSampler
+from phaseprobe.sources.gpu_sampler import GpuSampler
+from phaseprobe.sources.nvml import COLUMNS, DEFAULT_PERIOD_S, MIN_PERIOD_S
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -33,7 +33,7 @@ from phaseprobe.present.console import (
     render_prom_comparison,
 )
 from phaseprobe.records import RunSpec
-from phaseprobe.sources.nvml import open_sampler
+from phaseprobe.sources.gpu_sampler import open_sampler
 from phaseprobe.sources.torch_trace import capture_profile
 from phaseprobe.store import Store, redact_url
 

@@ -18,13 +18,12 @@ from rich.console import Console
 
 from phaseprobe.errors import ConfigError, NvmlUnavailable
 from phaseprobe.present import cmd_gpu
+from phaseprobe.sources.gpu_sampler import GpuSampler, open_sampler
 from phaseprobe.sources.nvml import (
     COLUMNS,
-    GpuSampler,
     PynvmlBackend,
     conform,
     empty_frame,
-    open_sampler,
 )
 from phaseprobe.testing.fake_nvml import FakeDevice, FakeNvmlBackend, GiB, demo_devices, value_at
 

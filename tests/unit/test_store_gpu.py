@@ -13,7 +13,8 @@ import pytest
 
 from phaseprobe.errors import StoreError
 from phaseprobe.records import ClientTimeline, Experiment, Isolation, Run, RunSpec
-from phaseprobe.sources.nvml import COLUMNS, GpuSampler
+from phaseprobe.sources.gpu_sampler import GpuSampler
+from phaseprobe.sources.nvml import COLUMNS
 from phaseprobe.store import GPU_SAMPLE_COLUMNS, SCHEMA_VERSION, Store
 from phaseprobe.testing.fake_nvml import FakeNvmlBackend, demo_devices
 
