@@ -23,14 +23,6 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 from rich.table import Table
 
 from phaseprobe.analysis.ab_stats import Comparison, compare_runs
@@ -43,6 +35,7 @@ from phaseprobe.collect.playbook import (
 )
 from phaseprobe.errors import ConfigError
 from phaseprobe.paths import default_store_path
+from phaseprobe.present.console import progress_bar
 from phaseprobe.records import Run
 from phaseprobe.store import Store
 
@@ -79,10 +72,7 @@ class RichAbProgress:
 
     def __init__(self, console: Console) -> None:
         self.console = console
-        self._progress = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
-            console=console, transient=True)
+        self._progress = progress_bar(console)
         self._task: Any = None
 
     def on_status(self, text: str) -> None:

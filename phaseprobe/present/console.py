@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -22,12 +23,19 @@ from rich.table import Table
 from phaseprobe.analysis.phases import Summary, percentile
 from phaseprobe.records import Run
 
-__all__ = ["RichProgress", "render_probe", "render_experiments", "render_prom_comparison",
-           "render_efficiency", "ms"]
+__all__ = ["RichProgress", "progress_bar", "render_probe", "render_experiments",
+           "render_prom_comparison", "render_efficiency", "ms"]
 
 
 def ms(seconds: float | None, digits: int = 1) -> str:
     return "—" if seconds is None else f"{seconds * 1e3:.{digits}f}"
+
+
+def progress_bar(console: Console) -> Progress:
+    """The one progress bar look: what, bar, n/total, elapsed, ETA (transient, on stderr)."""
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
+                    console=console, transient=True)
 
 
 class RichProgress:
@@ -35,10 +43,7 @@ class RichProgress:
 
     def __init__(self, console: Console) -> None:
         self.console = console
-        self._progress = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
-            console=console, transient=True)
+        self._progress = progress_bar(console)
         self._task: Any = None
 
     def on_start(self, total: int, warmup: int) -> None:
@@ -48,12 +53,12 @@ class RichProgress:
 
     def on_warmup(self, index: int, error: str | None) -> None:
         if error:
-            self.console.print(f"[yellow]warm-up {index + 1} failed: {error}")
+            self.console.print(f"[yellow]warm-up {index + 1} failed: {escape(error)}")
         self._progress.update(self._task, advance=1, description="warm-up")
 
     def on_run(self, run: Run) -> None:
         if run.error:
-            self.console.print(f"[red]run {run.seq + 1}: {run.error}")
+            self.console.print(f"[red]run {run.seq + 1}: {escape(run.error)}")
         self._progress.update(self._task, advance=1, description="runs")
 
     def on_end(self) -> None:
