@@ -25,8 +25,10 @@ from phaseprobe.present import (
     cmd_ab,
     cmd_calibrate,
     cmd_check,
+    cmd_dashboard,
     cmd_gpu,
     cmd_grafana,
+    cmd_interplay,
     cmd_nccl,
     cmd_plan,
     cmd_probe,
@@ -78,6 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     cmd_nccl.register(sub)
     cmd_trace.register(sub)
     cmd_check.register(sub)
+    cmd_dashboard.register(sub)
+    cmd_interplay.register(sub)
     return parser
 
 
@@ -159,6 +163,10 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace, Console, Console], int]] = {
     "nsys": cmd_trace.run,
     "trace": cmd_trace.run,
     "check": cmd_check.run,
+    "dashboard": cmd_dashboard.run,
+    "prefix": cmd_interplay.run,
+    "batch": cmd_interplay.run,
+    "interfere": cmd_interplay.run,
 }
 
 

@@ -19,13 +19,12 @@ import json
 import os
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from phaseprobe.analysis.ab_stats import Comparison, compare_runs
 from phaseprobe.collect.ab import resume_ab, run_ab
 from phaseprobe.collect.playbook import (
     load_playbook,
@@ -38,6 +37,9 @@ from phaseprobe.paths import default_store_path
 from phaseprobe.present.console import progress_bar
 from phaseprobe.records import Run
 from phaseprobe.store import Store
+
+if TYPE_CHECKING:  # scipy (via ab_stats) costs ~1 s to import: only when comparing
+    from phaseprobe.analysis.ab_stats import Comparison
 
 __all__ = ["register", "run", "RichAbProgress", "render_comparison", "markdown"]
 
@@ -193,6 +195,7 @@ def _report(args: argparse.Namespace, out: Console, session_id: int) -> int:
                               f"{missing[0]} (it stopped before its first run)")
         runs = {n: store.runs(session["arms"][n]) for n in names}
     min_effect = parse_effect(args.min_effect) if args.min_effect else playbook.run.min_effect
+    from phaseprobe.analysis.ab_stats import compare_runs
     c = compare_runs(runs[names[0]], runs[names[1]], arm_a=names[0], arm_b=names[1],
                      min_effect=min_effect, seed=playbook.run.seed)
     title = (f"A/B session {session_id} · {playbook.name} · {names[0]} (A) vs {names[1]} (B)"
@@ -210,6 +213,7 @@ def _compare(args: argparse.Namespace, out: Console, exp_a: int, exp_b: int) -> 
         a, b = store.experiment(exp_a), store.experiment(exp_b)
         runs_a, runs_b = store.runs(exp_a), store.runs(exp_b)
     min_effect = parse_effect(args.min_effect) if args.min_effect else 0.05
+    from phaseprobe.analysis.ab_stats import compare_runs
     c = compare_runs(runs_a, runs_b, arm_a=a.name, arm_b=b.name, min_effect=min_effect)
     notes = []
     for field in ("model", "max_tokens", "prompt_tokens_target", "api"):
@@ -271,6 +275,7 @@ def cmd_ab(args: argparse.Namespace, out: Console, err: Console) -> int:
     pb = result.playbook
     names = [a.name for a in pb.arms]
     min_effect = parse_effect(args.min_effect) if args.min_effect else pb.run.min_effect
+    from phaseprobe.analysis.ab_stats import compare_runs
     c = compare_runs(result.runs[names[0]], result.runs[names[1]], arm_a=names[0],
                      arm_b=names[1], min_effect=min_effect, seed=pb.run.seed)
     overhead, cpu = result.overhead_s, result.overhead_cpu_s

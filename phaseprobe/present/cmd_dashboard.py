@@ -1,0 +1,91 @@
+"""``phaseprobe dashboard``: open the Streamlit dashboard on the experiment store.
+
+    phaseprobe dashboard                      # the default store, http://127.0.0.1:8501
+    phaseprobe dashboard --store runs.db --port 8600
+    phaseprobe dashboard --address 0.0.0.0    # reachable from other hosts (warns)
+
+It runs ``python -m streamlit run`` on :mod:`phaseprobe.present.dashboard.app` in the
+foreground, with usage statistics off and no browser opened, until Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from phaseprobe.errors import ConfigError
+from phaseprobe.paths import default_store_path
+from phaseprobe.present.args import positive_int
+
+__all__ = ["register", "run", "cmd_dashboard", "streamlit_command", "APP"]
+
+APP = Path(__file__).with_name("dashboard") / "app.py"
+STORE_ENV = "PHASEPROBE_STORE"  # read by dashboard.data.store_path
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``dashboard`` command to the CLI's subparsers."""
+    p = subparsers.add_parser(
+        "dashboard", help="open the Streamlit dashboard on the experiment store",
+        description="Start the Streamlit dashboard (experiments, run timelines, phases, GPU, "
+                    "checklist) on the experiment store. It binds to 127.0.0.1 unless "
+                    "--address says otherwise.")
+    p.add_argument("--store", type=Path, default=None,
+                   help=f"experiment store (default: {default_store_path()})")
+    p.add_argument("--port", type=positive_int, default=8501, help="port (default: 8501)")
+    p.add_argument("--address", default="127.0.0.1",
+                   help="address to bind (default: 127.0.0.1; anything else exposes the "
+                        "store's contents to the network)")
+
+
+def streamlit_command(port: int, address: str) -> list[str]:
+    return [sys.executable, "-m", "streamlit", "run", str(APP),
+            "--server.headless=true", f"--server.address={address}", f"--server.port={port}",
+            "--browser.gatherUsageStats=false"]
+
+
+def _is_loopback(address: str) -> bool:
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def cmd_dashboard(args: argparse.Namespace, out: Console, err: Console) -> int:
+    """The handler: ``(args, out, err) -> exit code``, like the other commands."""
+    try:
+        import streamlit  # noqa: F401
+    except ImportError:
+        raise ConfigError("streamlit is not installed: pip install 'streamlit>=1.30'") from None
+    store = Path(args.store) if args.store else default_store_path()
+    if args.port > 65535:
+        raise ConfigError(f"--port {args.port} is not a TCP port (1-65535)")
+    if not _is_loopback(args.address):
+        err.print(f"[yellow]warning:[/] binding to {args.address}: anyone who can reach this "
+                  "host can read the experiment store (prompts included). Use 127.0.0.1 "
+                  "unless you mean it.")
+    env = dict(os.environ)
+    env[STORE_ENV] = str(store.expanduser().resolve())
+    env["STREAMLIT_BROWSER_GATHER_USAGE_STATS"] = "false"
+    # The app imports phaseprobe: make it the same phaseprobe as this process.
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    host = f"[{args.address}]" if ":" in args.address else args.address
+    out.print(f"phaseprobe dashboard on http://{host}:{args.port} (store {store}); "
+              "Ctrl-C stops it")
+    try:
+        return subprocess.call(streamlit_command(args.port, args.address), env=env)
+    except KeyboardInterrupt:
+        return 0
+
+
+run = cmd_dashboard

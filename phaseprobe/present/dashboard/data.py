@@ -1,0 +1,117 @@
+"""Cached reads of the experiment store for the dashboard pages.
+
+Every loader takes the store path and a ``stamp`` (the database files' modification times), so
+the cache is invalidated as soon as a probe writes to the store while the dashboard is open.
+Loaders return plain values (records, frames); a store that cannot be opened raises
+:class:`~phaseprobe.errors.StoreError`, which the app shows as one line.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from phaseprobe.records import Experiment, Run
+from phaseprobe.store import Store
+
+__all__ = ["STORE_ENV", "store_path", "stamp", "experiments_frame", "experiment", "runs",
+           "gpu_samples", "fmt_ms", "wall_time"]
+
+STORE_ENV = "PHASEPROBE_STORE"
+
+
+def store_path() -> Path:
+    """The store the dashboard shows: ``$PHASEPROBE_STORE`` or the default store."""
+    from phaseprobe.paths import default_store_path
+
+    env = os.environ.get(STORE_ENV)
+    return Path(env) if env else default_store_path()
+
+
+def stamp(path: Path) -> tuple[float, ...]:
+    """Modification times of the database and its WAL: the cache key part that changes when
+    anything is written."""
+    out = []
+    for p in (path, path.with_name(path.name + "-wal")):
+        try:
+            out.append(p.stat().st_mtime)
+        except OSError:
+            out.append(0.0)
+    return tuple(out)
+
+
+def _open(path: str) -> Store:
+    return Store(path)
+
+
+@st.cache_data(show_spinner=False)
+def experiments_frame(path: str, key: tuple[float, ...] = ()) -> pd.DataFrame:
+    """One row per experiment with run counts, created time (UTC) and status badges."""
+    with _open(path) as store:
+        rows = store.experiments()
+        labels: dict[int, str] = {}
+        for row in rows:
+            spec = store.experiment(int(row["id"])).spec
+            labels[int(row["id"])] = ", ".join(f"{k}={v}" for k, v in sorted(spec.labels.items()))
+    frame = pd.DataFrame(rows, columns=["id", "name", "kind", "created_wall_ns",
+                                        "finished_wall_ns", "endpoint", "model", "n_runs",
+                                        "n_ok", "n_isolated"])
+    if frame.empty:
+        return frame.assign(created=pd.Series(dtype="datetime64[ns, UTC]"),
+                            labels=pd.Series(dtype=object), status=pd.Series(dtype=object),
+                            isolation=pd.Series(dtype=object))
+    frame[["n_runs", "n_ok", "n_isolated"]] = frame[["n_runs", "n_ok", "n_isolated"]] \
+        .fillna(0).astype(int)
+    frame["created"] = pd.to_datetime(frame["created_wall_ns"], unit="ns", utc=True)
+    frame["labels"] = frame["id"].map(labels).fillna("")
+    frame["status"] = [_status_badge(r) for r in frame.itertuples()]
+    frame["isolation"] = [_isolation_badge(r) for r in frame.itertuples()]
+    return frame
+
+
+def _status_badge(row: Any) -> str:
+    if pd.isna(row.finished_wall_ns):
+        return "⏳ unfinished"
+    if row.n_runs == 0:
+        return "∅ no runs"
+    return "✅ ok" if row.n_ok == row.n_runs else f"⚠️ {row.n_runs - row.n_ok} failed"
+
+
+def _isolation_badge(row: Any) -> str:
+    if row.n_runs == 0:
+        return "–"
+    if row.n_isolated == row.n_runs:
+        return "🔒 all isolated"
+    return f"🔓 {row.n_isolated}/{row.n_runs} isolated"
+
+
+@st.cache_data(show_spinner=False)
+def experiment(path: str, experiment_id: int, key: tuple[float, ...] = ()) -> Experiment:
+    with _open(path) as store:
+        return store.experiment(experiment_id)
+
+
+@st.cache_data(show_spinner=False)
+def runs(path: str, experiment_id: int, key: tuple[float, ...] = ()) -> list[Run]:
+    with _open(path) as store:
+        return store.runs(experiment_id)
+
+
+@st.cache_data(show_spinner=False)
+def gpu_samples(path: str, experiment_id: int, key: tuple[float, ...] = ()) -> pd.DataFrame:
+    with _open(path) as store:
+        return store.gpu_samples(experiment_id)
+
+
+def fmt_ms(seconds: float | None) -> str:
+    """Seconds as milliseconds for a metric tile ("–" when not measured)."""
+    return "–" if seconds is None else f"{seconds * 1e3:.1f} ms"
+
+
+def wall_time(ns: int) -> datetime:
+    return datetime.fromtimestamp(ns / 1e9, tz=UTC)

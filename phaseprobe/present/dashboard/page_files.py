@@ -1,0 +1,121 @@
+"""NCCL and Traces: summaries of an uploaded file — an NCCL debug log (or a saved
+``phaseprobe nccl --json``) and a PyTorch/Kineto trace (``.json`` / ``.json.gz``, or a saved
+``phaseprobe trace --json``): transport mix, collectives per step, class breakdown, idle gaps.
+
+The same summarisers as ``phaseprobe nccl`` / ``phaseprobe trace``; the upload is written to a
+temporary file because the parsers stream from a path."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+from phaseprobe.collect.evidence import nccl_evidence
+from phaseprobe.errors import PhaseprobeError
+from phaseprobe.present.dashboard.context import Context
+
+__all__ = ["render_nccl", "render_traces", "scalars", "tables"]
+
+
+def scalars(doc: dict[str, Any], prefix: str = "") -> list[tuple[str, str]]:
+    """(dotted key, value) for every scalar, nested dicts of scalars included."""
+    out: list[tuple[str, str]] = []
+    for key, value in doc.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out += scalars(value, f"{name}.")
+        elif not isinstance(value, list) and value is not None:
+            out.append((name, str(value)))
+    return out
+
+
+def tables(doc: dict[str, Any], prefix: str = "") -> list[tuple[str, pd.DataFrame]]:
+    """(dotted key, frame) for every non-empty list of records."""
+    out: list[tuple[str, pd.DataFrame]] = []
+    for key, value in doc.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out += tables(value, f"{name}.")
+        elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            out.append((name, pd.json_normalize(value)))
+    return out
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def _summarize(kind: str, name: str, content: bytes) -> dict[str, Any]:
+    suffix = "".join(Path(name).suffixes[-2:]) or ".log"
+    with tempfile.TemporaryDirectory(prefix="phaseprobe-dash-") as tmp:
+        path = Path(tmp) / f"upload{suffix}"
+        path.write_bytes(content)
+        if kind == "nccl":
+            return nccl_evidence([str(path)], 0)
+        if path.suffix == ".json":
+            try:
+                doc = json.loads(content)
+            except ValueError:
+                doc = None
+            if isinstance(doc, dict) and "idle_gaps_total_ns" in doc:
+                return doc  # a saved phaseprobe trace --json summary
+        from phaseprobe.present.cmd_trace import summarize_trace_file
+
+        return summarize_trace_file(path)
+
+
+def _show(doc: dict[str, Any], chart: tuple[str, str, str] | None) -> None:
+    values = scalars(doc)
+    if values:
+        st.dataframe(pd.DataFrame(values, columns=["field", "value"]), hide_index=True)
+    for name, frame in tables(doc):
+        st.subheader(name)
+        if chart is not None and name == chart[0] and {chart[1], chart[2]} <= set(frame):
+            st.altair_chart(alt.Chart(frame).mark_bar().encode(
+                x=alt.X(f"{chart[2]}:Q"), y=alt.Y(f"{chart[1]}:N", sort="-x", title=None)))
+        st.dataframe(frame, hide_index=True)
+
+
+def _upload(kind: str, label: str, types: list[str] | None) -> dict[str, Any] | None:
+    upload = st.file_uploader(label, type=types, key=f"upload_{kind}")
+    if upload is None:
+        return None
+    try:
+        return _summarize(kind, upload.name, upload.getvalue())
+    except (PhaseprobeError, OSError, ValueError) as exc:
+        st.error(f"{upload.name}: {exc}")
+        return None
+
+
+def render_nccl(ctx: Context) -> None:
+    st.header("NCCL")
+    doc = _upload("nccl", "NCCL debug log (NCCL_DEBUG=INFO) or a saved `phaseprobe nccl "
+                  "--json`", None)
+    if doc is None:
+        st.info("Upload an NCCL log to see transports, rings/trees and collectives. "
+                "Per-step counts need decode steps: `phaseprobe check --nccl LOG` uses the "
+                "experiment's.")
+        return
+    by_kind = (doc.get("transports") or {}).get("by_kind") or {}
+    if by_kind:
+        st.subheader("Transport mix")
+        mix = pd.DataFrame({"transport": list(by_kind), "connections": list(by_kind.values())})
+        st.altair_chart(alt.Chart(mix).mark_bar().encode(
+            x="connections:Q", y=alt.Y("transport:N", sort="-x", title=None)))
+    else:
+        st.info("No transport lines in this log (NCCL_DEBUG=INFO prints them at init).")
+    _show(doc, None)
+
+
+def render_traces(ctx: Context) -> None:
+    st.header("Traces")
+    doc = _upload("trace", "PyTorch / Kineto trace (.json, .json.gz) or a saved "
+                  "`phaseprobe trace --json`", ["json", "gz"])
+    if doc is None:
+        st.info("Upload a trace (`phaseprobe probe --torch-profile` writes one) to see the "
+                "kernel class breakdown and idle gaps. nsys reports: `phaseprobe nsys`.")
+        return
+    _show(doc, ("classes", "cls", "time_ns"))

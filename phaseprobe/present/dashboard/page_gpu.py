@@ -1,0 +1,78 @@
+"""GPU: memory, utilisation, power and clocks over time per GPU with the runs shaded, and the
+KV-cache reservation verdict: vLLM reserves the cache at start-up, so flat memory during the
+runs is the plateau it holds, not an idle GPU."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+from phaseprobe.analysis.kv_reservation import analyze_kv_reservation, run_windows
+from phaseprobe.present.dashboard.context import Context
+
+__all__ = ["render", "METRICS"]
+
+# column -> (title, scale to the shown unit)
+METRICS: dict[str, tuple[str, float]] = {
+    "mem_used_bytes": ("memory used (GiB)", 1 / 2**30),
+    "util_gpu_pct": ("GPU utilisation (%)", 1.0),
+    "power_w": ("power (W)", 1.0),
+    "sm_clock_mhz": ("SM clock (MHz)", 1.0),
+}
+
+
+def _cache_config(info: Mapping[str, Any]) -> dict[str, Any]:
+    cfg = info.get("cache_config")
+    return dict(cfg) if isinstance(cfg, Mapping) else {}
+
+
+def _chart(samples: pd.DataFrame, column: str, title: str, scale: float,
+           windows: pd.DataFrame, plateau: pd.DataFrame | None) -> alt.LayerChart | alt.FacetChart:
+    frame = pd.DataFrame({"time": pd.to_datetime(samples["t_ns"], unit="ns", utc=True),
+                          "gpu": "GPU " + samples["gpu_index"].astype(str),
+                          "value": samples[column] * scale})
+    layers: list[alt.Chart] = []
+    if not windows.empty:
+        layers.append(alt.Chart(windows).mark_rect(opacity=0.15, color="#4c78a8").encode(
+            x="start:T", x2="end:T", tooltip=["run"]))
+    layers.append(alt.Chart(frame).mark_line().encode(
+        x=alt.X("time:T", title=None), y=alt.Y("value:Q", title=title), color="gpu:N"))
+    if plateau is not None and not plateau.empty:
+        layers.append(alt.Chart(plateau).mark_rule(strokeDash=[6, 3], color="#e4572e").encode(
+            y="value:Q", tooltip=["label"]))
+    return alt.layer(*layers).properties(height=200)
+
+
+def render(ctx: Context) -> None:
+    st.header("GPU")
+    samples = ctx.gpu_samples()
+    if samples.empty:
+        st.info("No GPU samples stored for this experiment (NVML was unavailable or the "
+                "probe ran without `--gpu`).")
+        return
+    runs = ctx.runs()
+    spans = run_windows(runs)
+    windows = pd.DataFrame(
+        {"start": pd.to_datetime([a for a, _ in spans], unit="ns", utc=True),
+         "end": pd.to_datetime([b for _, b in spans], unit="ns", utc=True),
+         "run": [f"run {r.seq}" for r in runs if r.client is not None]})
+    info = ctx.experiment().server_info
+    report = analyze_kv_reservation(samples, run_windows=spans, cache=_cache_config(info))
+    plateau = pd.DataFrame([{"value": g.plateau_bytes / 2**30,
+                             "label": f"GPU {g.gpu_index} KV reservation plateau"}
+                            for g in report.gpus if g.plateau_bytes is not None])
+    st.info(f"**Flat memory ≠ idle.** {report.verdict}")
+    for note in report.notes:
+        st.caption(note)
+    n_gpus = samples["gpu_index"].nunique()
+    st.caption(f"{len(samples)} samples from {n_gpus} GPU(s); shaded: the runs.")
+    for column, (title, scale) in METRICS.items():
+        if column not in samples or samples[column].isna().all():
+            st.caption(f"{title}: not reported by this device.")
+            continue
+        st.altair_chart(_chart(samples, column, title, scale, windows,
+                               plateau if column == "mem_used_bytes" else None))

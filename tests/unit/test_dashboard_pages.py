@@ -1,0 +1,280 @@
+"""Every dashboard page rendered by Streamlit's AppTest on a store filled here: runs with
+server phases, a client-only run, a failed run, fake GPU series, an experiment with no runs,
+and an empty / missing store."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from phaseprobe.present.cmd_dashboard import APP
+from phaseprobe.records import ClientTimeline, Experiment, Isolation, Run, RunSpec, ServerPhases
+from phaseprobe.sources.nvml import COLUMNS
+from phaseprobe.store import Store
+
+T0 = 1_700_000_000_000_000_000
+GiB = 2**30
+
+
+def _run(seq: int, *, server: bool = True, status: str = "ok", slow: float = 1.0) -> Run:
+    sent = T0 + seq * 2_000_000_000
+    ttft_ns = 40_000_000 + seq * 1_000_000
+    events = tuple(ttft_ns + int(slow * (i * 10_000_000 + (5_000_000 if i == 7 else 0)))
+                   + seq * 1000 for i in range(16))
+    client = ClientTimeline(sent_wall_ns=sent, event_offsets_ns=events,
+                            end_offset_ns=events[-1] + 1_000_000, http_status=200,
+                            prompt_tokens=32, completion_tokens=16, finish_reason="length",
+                            complete=True)
+    phases = ServerPhases(queue_s=0.001, prefill_s=0.030, decode_s=0.150 * slow + seq * 1e-4,
+                          inference_s=0.180,
+                          ttft_s=0.035, e2e_s=0.185, count_deltas={}, counter_deltas={}) \
+        if server else None
+    iso = Isolation(verified=server, isolated=server)
+    return Run(seq=seq, status=status, prompt=f"p{seq}", client=client, server=phases,  # type: ignore[arg-type]
+               isolation=iso)
+
+
+def _gpu_frame() -> pd.DataFrame:
+    rows = []
+    for k in range(80):  # 8 s at 0.1 s: load, reserve KV, then flat during the runs
+        t = T0 - 2_000_000_000 + k * 100_000_000
+        for gpu in (0, 1):
+            mem = min(k, 20) / 20 * 72 * GiB
+            rows.append({"t_ns": t, "gpu_index": gpu, "mem_used_bytes": mem,
+                         "mem_total_bytes": 80 * GiB, "util_gpu_pct": 90.0 if k > 20 else 0.0,
+                         "power_w": 300.0 + k, "sm_clock_mhz": 1980.0})
+    frame = pd.DataFrame(rows)
+    for col in COLUMNS:
+        if col not in frame:
+            frame[col] = np.nan
+    return frame[list(COLUMNS)]
+
+
+def _experiment(store: Store, name: str, **labels: str) -> int:
+    spec = RunSpec(endpoint="http://127.0.0.1:8000", model="tiny", prompt="hi", max_tokens=16,
+                   labels=dict(labels))
+    return store.create_experiment(Experiment(name=name, kind="probe", spec=spec,
+                                              server_info={}, created_wall_ns=T0))
+
+
+@pytest.fixture(scope="module")
+def filled(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("dash") / "store.db"
+    with Store(path) as store:
+        first = _experiment(store, "baseline", gpu="a100")
+        for seq in range(3):
+            store.add_run(first, _run(seq))
+        store.add_gpu_samples(first, _gpu_frame())
+        store.finish_experiment(first)
+        empty = _experiment(store, "nothing-ran")
+        store.finish_experiment(empty)
+        mixed = _experiment(store, "client-only", gpu="l4")
+        store.add_run(mixed, _run(0, server=False))
+        store.add_run(mixed, Run(seq=1, status="error", prompt="p", client=None, server=None,
+                                 isolation=Isolation(False, False), error="connection refused"))
+        store.finish_experiment(mixed)
+    return path
+
+
+def _app(monkeypatch: pytest.MonkeyPatch, store: Path) -> AppTest:
+    monkeypatch.setenv("PHASEPROBE_STORE", str(store))
+    at = AppTest.from_file(str(APP), default_timeout=60)
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def _goto(at: AppTest, page: str, experiment: int | None = None) -> AppTest:
+    at.sidebar.radio(key="page").set_value(page).run()
+    if experiment is not None:
+        at.sidebar.selectbox(key="experiment").set_value(experiment).run()
+    assert not at.exception, at.exception
+    return at
+
+
+def _charts(at: AppTest) -> int:
+    return len(at.get("arrow_vega_lite_chart")) + len(at.get("vega_lite_chart"))
+
+
+def _text(at: AppTest) -> str:
+    parts = [e.value for kind in ("info", "caption", "markdown", "warning", "error")
+             for e in at.get(kind) if isinstance(getattr(e, "value", None), str)]
+    return "\n".join(parts)
+
+
+def test_missing_store_says_so(monkeypatch, tmp_path):
+    at = _app(monkeypatch, tmp_path / "absent.db")
+    assert "No experiment store" in at.info[0].value
+
+
+def test_empty_store_says_so(monkeypatch, tmp_path):
+    Store(tmp_path / "empty.db").close()
+    at = _app(monkeypatch, tmp_path / "empty.db")
+    for page in ("Experiments", "Run timeline", "Phases", "GPU", "Checklist"):
+        _goto(at, page)
+        assert "no experiments yet" in at.info[0].value
+
+
+def test_experiments_page_lists_filters_and_selects(monkeypatch, filled):
+    at = _app(monkeypatch, filled)
+    assert at.sidebar.selectbox(key="experiment").value == 3  # the latest by default
+    table = at.dataframe[0].value
+    assert list(table["name"]) == ["baseline", "nothing-ran", "client-only"]
+    assert "✅ ok" in list(table["status"]) and "⚠️ 1 failed" in list(table["status"])
+    assert "🔒 all isolated" in list(table["isolation"])
+    runs = at.dataframe[1].value
+    assert list(runs["status"]) == ["ok", "error"]
+    assert "connection refused" in list(runs["note"])
+    at.text_input(key="label_filter").set_value("a100").run()
+    assert list(at.dataframe[0].value["name"]) == ["baseline"]
+    at.selectbox(key="pick").set_value(1).run()
+    at.button(key="select_button").click().run()
+    assert not at.exception
+    assert at.sidebar.selectbox(key="experiment").value == 1
+    assert at.subheader[0].value.startswith("#1 baseline")
+    assert len(at.dataframe[1].value) == 3
+
+
+def test_experiment_without_runs(monkeypatch, filled):
+    at = _app(monkeypatch, filled)
+    _goto(at, "Experiments", 2)
+    assert "no runs stored" in _text(at)
+    for page in ("Run timeline", "Phases", "GPU", "Checklist"):
+        _goto(at, page)
+        assert at.info or at.get("metric"), page
+
+
+def test_timeline_page(monkeypatch, filled):
+    at = _goto(_app(monkeypatch, filled), "Run timeline", 1)
+    assert _charts(at) == 2  # swimlane + ITL
+    assert at.selectbox(key="timeline_run").options == ["0", "1", "2"]
+    assert "p50 10.00 ms · p99 14.30 ms over 15 gaps" in _text(at)
+    side = at.dataframe[0].value
+    assert dict(zip(side["phase"], side["server"], strict=True))["prefill"] == "30.0 ms"
+    assert dict(zip(side["phase"], side["client"], strict=True))["TTFT"] == "40.0 ms"  # run 0
+    at.selectbox(key="timeline_run").set_value(2).run()
+    assert dict(zip(at.dataframe[0].value["phase"], at.dataframe[0].value["client"],
+                    strict=True))["TTFT"] == "42.0 ms"
+    metric = at.get("metric")[0]
+    assert metric.label == "Client − server TTFT"
+
+
+def test_timeline_client_only(monkeypatch, filled):
+    at = _goto(_app(monkeypatch, filled), "Run timeline", 3)
+    assert _charts(at) == 2
+    assert "client-only" in _text(at)
+
+
+def test_phases_page(monkeypatch, filled):
+    at = _goto(_app(monkeypatch, filled), "Phases", 1)
+    metrics = {m.label: m.value for m in at.get("metric")}
+    assert metrics["Prefill (median)"] == "30.0 ms"
+    assert metrics["Decode (median)"] == "150.1 ms"  # 150.0, 150.1, 150.2
+    assert metrics["TTFT (median)"] == "41.0 ms"
+    assert metrics["Decode share of e2e"].endswith("%")
+    assert _charts(at) == 3  # per run, per experiment, distributions
+    _goto(at, "Phases", 3)
+    assert "No server phases stored" in _text(at)
+
+
+def test_gpu_page(monkeypatch, filled):
+    at = _goto(_app(monkeypatch, filled), "GPU", 1)
+    assert "Flat memory ≠ idle" in _text(at)
+    assert _charts(at) == 4  # memory, utilisation, power, SM clock
+    assert "1,600 samples" in _text(at) or "160 samples from 2 GPU(s)" in _text(at)
+    _goto(at, "GPU", 3)
+    assert "No GPU samples" in _text(at)
+
+
+def test_checklist_page(monkeypatch, filled):
+    at = _goto(_app(monkeypatch, filled), "Checklist", 1)
+    metrics = {m.label: int(m.value) for m in at.get("metric")}
+    assert sum(metrics.values()) == 16
+    rules = list(at.dataframe[0].value["rule"])
+    assert "decode_vs_prefill" in rules and "memory_flat" in rules
+    assert at.expander, "no verdict details"
+    at.selectbox(key="use_case").set_value("voice").run()
+    assert not at.exception
+    _goto(at, "Checklist", 3)
+    rows = at.dataframe[0].value
+    run_errors = rows[rows["rule"] == "run_errors"].iloc[0]
+    assert run_errors[""] in ("⚠️", "❌")
+
+
+def test_many_experiments_open_fast(monkeypatch, tmp_path):
+    path = tmp_path / "many.db"
+    with Store(path) as store:
+        for i in range(1000):
+            _experiment(store, f"e{i}")
+    monkeypatch.setenv("PHASEPROBE_STORE", str(path))
+    at = AppTest.from_file(str(APP), default_timeout=60)
+    start = time.perf_counter()
+    at.run()
+    assert not at.exception
+    assert len(at.dataframe[0].value) == 1000
+    assert time.perf_counter() - start < 2.0
+
+
+def test_ab_page_needs_two_experiments(monkeypatch, tmp_path):
+    with Store(tmp_path / "one.db") as store:
+        store.add_run(_experiment(store, "only"), _run(0))
+    at = _goto(_app(monkeypatch, tmp_path / "one.db"), "A/B")
+    assert "needs two experiments" in at.info[0].value
+
+
+def test_ab_page(monkeypatch, tmp_path):
+    path = tmp_path / "ab.db"
+    with Store(path) as store:
+        for name, slow in (("arm-a", 1.0), ("arm-b", 1.3)):
+            eid = _experiment(store, name)
+            for seq in range(8):
+                store.add_run(eid, _run(seq, slow=slow))
+    at = _goto(_app(monkeypatch, path), "A/B")
+    assert at.selectbox(key="ab_a").value == 1 and at.selectbox(key="ab_b").value == 2
+    table = at.dataframe[0].value
+    row = table[table["metric"] == "server decode"].iloc[0]
+    assert row["ratio B/A"] == pytest.approx(1.3, rel=0.01)
+    assert row["CI low"] <= row["ratio B/A"] <= row["CI high"]
+    assert row["verdict"] == "regression"
+    assert _charts(at) == 1  # the forest plot
+    at.selectbox(key="ab_b").set_value(1).run()
+    assert "two different experiments" in at.info[0].value
+
+
+def test_nccl_and_traces_without_upload(monkeypatch, filled):
+    at = _app(monkeypatch, filled)
+    _goto(at, "NCCL")
+    assert "Upload an NCCL log" in at.info[0].value
+    _goto(at, "Traces")
+    assert "Upload a trace" in at.info[0].value
+
+
+def test_file_summaries():
+    """The upload path (AppTest cannot drive st.file_uploader): the cached summariser and the
+    flatteners the pages render with."""
+    import json
+
+    from phaseprobe.present.dashboard import page_files
+
+    log = Path(__file__).parents[1] / "data" / "nccl" / "v2_18_mpirun_ib_2node.log"
+    doc = page_files._summarize("nccl", log.name, log.read_bytes())
+    assert doc["transports"]["by_kind"]["NET/IB"] == 4
+    assert ("transports.by_kind.NET/IB", "4") in page_files.scalars(doc)
+    assert any(name == "transports.peers" for name, _ in page_files.tables(doc))
+
+    from tests.unit.test_torch_trace import gpu_trace
+
+    trace = page_files._summarize("trace", "t.json", json.dumps(gpu_trace()).encode())
+    classes = dict(page_files.tables(trace))["classes"]
+    assert {"cls", "time_ns"} <= set(classes) and "gemm" in set(classes["cls"])
+    saved = page_files._summarize("trace", "s.json", json.dumps(trace).encode())
+    assert saved["idle_gaps_total_ns"] == trace["idle_gaps_total_ns"]
+    from phaseprobe.errors import PhaseprobeError
+
+    with pytest.raises((PhaseprobeError, OSError, ValueError)):  # the page: one error line
+        page_files._summarize("trace", "bad.json", b"not json")
