@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,6 +34,7 @@ from phaseprobe.collect.playbook import (
 from phaseprobe.errors import ConfigError
 from phaseprobe.paths import default_store_path
 from phaseprobe.present.console import progress_bar
+from phaseprobe.present.endpoint import api_key_from_env
 from phaseprobe.records import Run
 from phaseprobe.store import Store
 
@@ -43,7 +43,6 @@ if TYPE_CHECKING:  # scipy (via ab_stats) costs ~1 s to import: only when compar
 
 __all__ = ["register", "run", "RichAbProgress", "render_comparison", "markdown"]
 
-_KEY_VARS = ("VLLM_API_KEY", "OPENAI_API_KEY")
 
 
 def register(subparsers: Any) -> None:
@@ -63,7 +62,7 @@ def register(subparsers: Any) -> None:
                    help=f"experiment store (default: {default_store_path()})")
     p.add_argument("--api-key-env", metavar="VAR", default=None,
                    help="environment variable holding the endpoints' API key (default: "
-                        "VLLM_API_KEY or OPENAI_API_KEY when set); never stored or printed")
+                        "OPENAI_API_KEY, then VLLM_API_KEY); never stored or printed")
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="print one JSON document to stdout")
     fmt.add_argument("--markdown", action="store_true", help="report as Markdown")
@@ -105,14 +104,6 @@ def _store_path(args: argparse.Namespace, must_exist: bool) -> Path:
     if must_exist and not path.exists():
         raise ConfigError(f"no experiment store at {path}")
     return path
-
-
-def _api_key(var: str | None) -> str | None:
-    if var:
-        if var not in os.environ:
-            raise ConfigError(f"--api-key-env {var}: that environment variable is not set")
-        return os.environ[var]
-    return next((os.environ[v] for v in _KEY_VARS if os.environ.get(v)), None)
 
 
 def _fmt_ms(v: float | None) -> str:
@@ -261,7 +252,7 @@ def cmd_ab(args: argparse.Namespace, out: Console, err: Console) -> int:
         return _list(out, args.json)
     if len(target) > 1 or (target and args.resume is not None):
         raise ConfigError("give one PLAYBOOK, or --resume ID alone")
-    api_key = _api_key(args.api_key_env)
+    api_key = api_key_from_env(args.api_key_env)
     progress = RichAbProgress(err)
     with Store(_store_path(args, args.resume is not None)) as store:
         if args.resume is not None:

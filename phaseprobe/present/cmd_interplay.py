@@ -31,7 +31,7 @@ from phaseprobe.collect.interplay import (
 from phaseprobe.errors import ConfigError
 from phaseprobe.paths import default_store_path
 from phaseprobe.present.args import positive_int, store_and_json_args
-from phaseprobe.present.cmd_probe import _api_key, _first_model
+from phaseprobe.present.endpoint import api_key_from_env, endpoint_or_local, first_model
 from phaseprobe.store import Store, redact_url
 
 __all__ = ["register", "run", "COMMANDS"]
@@ -127,27 +127,17 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from phaseprobe.local import LocalVllm, ensure_model, install
-
     kind = getattr(args, "interplay", None)
     if kind not in COMMANDS:
         raise ConfigError(f"unknown interplay probe {kind!r}")
-    api_key = _api_key(args.api_key_env)
+    api_key = api_key_from_env(args.api_key_env)
 
     def progress(line: str) -> None:
         err.print(f"[dim]{escape(line)}")
 
     with ExitStack() as stack:
-        endpoint = args.endpoint
-        if endpoint is None:
-            err.print("[bold]no --endpoint: using the local CPU vLLM with the tiny model")
-            venv = install(progress=lambda line: err.print(f"[dim]{escape(line)}"))
-            ensure_model(venv=venv)
-            with err.status("starting local vLLM (about 30 s on 2 cores)…"):
-                server = stack.enter_context(LocalVllm(venv=venv))
-            err.print(f"local vLLM ready at {server.base_url} (log: {server.log_path})")
-            endpoint = server.base_url
-        model = args.model or _first_model(endpoint, api_key)
+        endpoint = endpoint_or_local(args.endpoint, stack, err)
+        model = args.model or first_model(endpoint, api_key)
         target = Target(endpoint=endpoint, model=model, api_key=api_key, chat=args.chat,
                         timeout_s=args.timeout)
         store = stack.enter_context(Store(args.store or default_store_path()))

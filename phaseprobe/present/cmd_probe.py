@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,7 +20,6 @@ from phaseprobe import calibrate
 from phaseprobe.analysis.phases import summarize
 from phaseprobe.collect.efficiency import efficiency_report, kv_reservation_report
 from phaseprobe.collect.experiment import ProbeResult, ProbeSettings, run_probe
-from phaseprobe.errors import ConfigError
 from phaseprobe.paths import default_store_path
 from phaseprobe.present.args import non_negative_int, positive_int, store_and_json_args
 from phaseprobe.present.cmd_trace import render as render_trace
@@ -32,6 +30,11 @@ from phaseprobe.present.console import (
     render_probe,
     render_prom_comparison,
 )
+from phaseprobe.present.endpoint import (
+    api_key_from_env,
+    endpoint_or_local,
+    first_model,
+)
 from phaseprobe.records import RunSpec
 from phaseprobe.sources.gpu_sampler import open_sampler
 from phaseprobe.sources.torch_trace import capture_profile
@@ -40,9 +43,8 @@ from phaseprobe.store import Store, redact_url
 if TYPE_CHECKING:
     from phaseprobe.collect.prom_summary import PromSidecar
 
-__all__ = ["register", "run", "DEFAULT_KEY_VARS"]
+__all__ = ["register", "run"]
 
-DEFAULT_KEY_VARS = ("OPENAI_API_KEY", "VLLM_API_KEY")
 
 _DEFINITIONS = """\
 definitions (phaseprobe's; other tools differ):
@@ -130,34 +132,12 @@ def register(subparsers: Any) -> None:
     store_and_json_args(probe)
 
 
-def _api_key(var: str | None) -> str | None:
-    if var:
-        if var not in os.environ:
-            raise ConfigError(f"--api-key-env {var}: that environment variable is not set")
-        return os.environ[var]
-    for name in DEFAULT_KEY_VARS:
-        if os.environ.get(name):
-            return os.environ[name]
-    return None
-
-
 def run(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from phaseprobe.local import LocalVllm, ensure_model, install
-
-    api_key = _api_key(args.api_key_env)
+    api_key = api_key_from_env(args.api_key_env)
     profile_dir = Path(args.torch_profile).resolve() if args.torch_profile else None
     with ExitStack() as stack:
-        endpoint = args.endpoint
-        if endpoint is None:
-            err.print("[bold]no --endpoint: using the local CPU vLLM with the tiny model")
-            venv = install(progress=lambda line: err.print(f"[dim]{line}"))
-            ensure_model(venv=venv)
-            with err.status("starting local vLLM (about 30 s on 2 cores)…"):
-                server = stack.enter_context(LocalVllm(venv=venv,
-                                                       extra_args=_profiler_args(profile_dir)))
-            err.print(f"local vLLM ready at {server.base_url} (log: {server.log_path})")
-            endpoint = server.base_url
-        model = args.model or _first_model(endpoint, api_key)
+        endpoint = endpoint_or_local(args.endpoint, stack, err, _profiler_args(profile_dir))
+        model = args.model or first_model(endpoint, api_key)
         target = None if args.prompt is not None else (args.prompt_tokens or 128)
         spec = RunSpec(endpoint=endpoint, model=model, prompt=args.prompt or "",
                        max_tokens=args.max_tokens, api="chat" if args.chat else "completions",
@@ -249,13 +229,3 @@ def _prom_sidecar(args: argparse.Namespace, model: str, stack: ExitStack) -> Pro
     return PromSidecar(client, selector=selector, wait_s=args.prom_wait)
 
 
-def _first_model(endpoint: str, api_key: str | None) -> str:
-    import requests
-
-    from phaseprobe.sources.openai_stream import check_endpoint
-
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    models = check_endpoint(endpoint, session=requests.Session(), headers=headers)
-    if not models:
-        raise ConfigError(f"{redact_url(endpoint)}/v1/models lists no model; pass --model")
-    return str(models[0]["id"])

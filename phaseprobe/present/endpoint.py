@@ -1,0 +1,61 @@
+"""The endpoint a command talks to: the user's, or the embedded local vLLM; and its API key.
+
+Shared by ``probe``, ``ab`` and the interplay probes so they agree on where keys come from and
+on how the local server is started and always stopped.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from contextlib import ExitStack
+
+from rich.console import Console
+from rich.markup import escape
+
+from phaseprobe.errors import ConfigError
+from phaseprobe.store import redact_url
+
+__all__ = ["DEFAULT_KEY_VARS", "api_key_from_env", "endpoint_or_local", "first_model"]
+
+# Looked at in this order when no --api-key-env is given.
+DEFAULT_KEY_VARS = ("OPENAI_API_KEY", "VLLM_API_KEY")
+
+
+def api_key_from_env(var: str | None) -> str | None:
+    """The API key: from ``var`` when named (it must be set), else the default variables."""
+    if var:
+        if var not in os.environ:
+            raise ConfigError(f"--api-key-env {var}: that environment variable is not set")
+        return os.environ[var]
+    return next((os.environ[v] for v in DEFAULT_KEY_VARS if os.environ.get(v)), None)
+
+
+def endpoint_or_local(endpoint: str | None, stack: ExitStack, err: Console,
+                      extra_args: Sequence[str] = ()) -> str:
+    """``endpoint``, or start the local CPU vLLM with the tiny model (installing it on first
+    use) inside ``stack``, which stops it on exit, Ctrl-C or error."""
+    if endpoint is not None:
+        return endpoint
+    from phaseprobe.local import LocalVllm, ensure_model, install
+
+    err.print("[bold]no --endpoint: using the local CPU vLLM with the tiny model")
+    venv = install(progress=lambda line: err.print(f"[dim]{escape(line)}"))
+    ensure_model(venv=venv)
+    with err.status("starting local vLLM (about 30 s on 2 cores)…"):
+        server = stack.enter_context(LocalVllm(venv=venv, extra_args=extra_args))
+    err.print(f"local vLLM ready at {server.base_url} (log: {server.log_path})")
+    return server.base_url
+
+
+def first_model(endpoint: str, api_key: str | None) -> str:
+    """The first model the endpoint lists (raises EndpointUnreachable before any run)."""
+    import requests
+
+    from phaseprobe.sources.openai_stream import check_endpoint
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    models = check_endpoint(endpoint, session=requests.Session(), headers=headers)
+    if not models:
+        raise ConfigError(f"{redact_url(endpoint)}/v1/models lists no model; pass --model")
+    return str(models[0]["id"])
