@@ -285,6 +285,11 @@ class Store:
                 "settings": json.loads(row["settings_json"]),
                 "arms": json.loads(row["arms_json"])}
 
+    def ab_sessions(self) -> list[dict[str, Any]]:
+        """Every A/B session, oldest first, as :meth:`ab_session` gives it."""
+        ids = [row[0] for row in self._db.execute("SELECT id FROM ab_sessions ORDER BY id")]
+        return [self.ab_session(i) for i in ids]
+
     def latest_experiment_id(self) -> int | None:
         row = self._db.execute("SELECT MAX(id) FROM experiments").fetchone()
         return row[0]

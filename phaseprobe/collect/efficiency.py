@@ -74,7 +74,8 @@ def efficiency_report(runs: Sequence[Run], server_info: dict[str, Any], *,
         cost: ModelCost = model_cost_from_config(path)
     except PhaseprobeError as exc:
         return {"skipped": str(exc)}
-    per_run = [roofline_for_run(r, cost, peaks) for r in runs if r.status != "error"]
+    done = [r for r in runs if r.status != "error"]
+    per_run = [roofline_for_run(r, cost, peaks) for r in done]
     return {
         "peaks": peaks.origin,
         "model_config": str(path),
@@ -85,7 +86,7 @@ def efficiency_report(runs: Sequence[Run], server_info: dict[str, Any], *,
         "prefill_bound_s": _median([r.prefill_bound_s for r in per_run]),
         "prefill_bound_kind": per_run[0].prefill_bound_kind if per_run else None,
         "prefill_measured_s": _median([r.prefill_measured_s for r in per_run]),
-        "runs": [r.to_dict() for r in per_run],
+        "runs": [{"seq": r.seq, **rl.to_dict()} for r, rl in zip(done, per_run)],
     }
 
 

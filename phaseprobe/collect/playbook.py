@@ -39,7 +39,7 @@ from typing import Any, Literal
 from phaseprobe.errors import ConfigError
 
 __all__ = ["PlaybookError", "Launch", "Arm", "RunPlan", "Playbook", "load_playbook",
-           "parse_playbook", "parse_effect", "LOCAL_MODEL", "shipped_playbooks"]
+           "parse_playbook", "parse_effect", "session_arms", "LOCAL_MODEL", "shipped_playbooks"]
 
 LOCAL_MODEL = "local"  # the embedded tiny model served by phaseprobe's CPU vLLM
 _TOP_KEYS = {"name", "description", "model", "run", "arm"}
@@ -321,3 +321,17 @@ def load_playbook(path: str | Path) -> Playbook:
     except OSError as exc:
         raise PlaybookError(str(path), "", f"cannot read: {exc.strerror or exc}") from None
     return parse_playbook(text, str(path))
+
+
+def session_arms(session: dict[str, Any]) -> tuple[Playbook, list[tuple[str, int]]]:
+    """A stored A/B session (:meth:`Store.ab_session`) as its playbook and its arms in playbook
+    order, A first, each with its experiment id. An arm without an experiment (the session
+    stopped before its first run) is a :class:`ConfigError`."""
+    playbook = parse_playbook(session["playbook_text"], session["playbook_path"])
+    arms = []
+    for arm in playbook.arms:
+        if arm.name not in session["arms"]:
+            raise ConfigError(f"A/B session {session['id']} has no experiment for arm "
+                              f"{arm.name} (it stopped before its first run)")
+        arms.append((arm.name, int(session["arms"][arm.name])))
+    return playbook, arms

@@ -29,6 +29,7 @@ from phaseprobe.collect.playbook import (
     load_playbook,
     parse_effect,
     parse_playbook,
+    session_arms,
     shipped_playbooks,
 )
 from phaseprobe.errors import ConfigError
@@ -178,13 +179,9 @@ def _int(text: str, what: str) -> int:
 def _report(args: argparse.Namespace, out: Console, session_id: int) -> int:
     with Store(_store_path(args, True)) as store:
         session = store.ab_session(session_id)
-        playbook = parse_playbook(session["playbook_text"], session["playbook_path"])
-        names = [a.name for a in playbook.arms]
-        missing = [n for n in names if n not in session["arms"]]
-        if missing:
-            raise ConfigError(f"A/B session {session_id} has no experiment for arm "
-                              f"{missing[0]} (it stopped before its first run)")
-        runs = {n: store.runs(session["arms"][n]) for n in names}
+        playbook, arms = session_arms(session)
+        names = [name for name, _ in arms]
+        runs = {name: store.runs(exp_id) for name, exp_id in arms}
     min_effect = parse_effect(args.min_effect) if args.min_effect else playbook.run.min_effect
     from phaseprobe.analysis.ab_stats import compare_runs
     c = compare_runs(runs[names[0]], runs[names[1]], arm_a=names[0], arm_b=names[1],

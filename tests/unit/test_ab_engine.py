@@ -15,7 +15,7 @@ import pytest
 
 from phaseprobe.analysis.ab_stats import compare_runs
 from phaseprobe.collect.ab import NullAbProgress, launch_server, resume_ab, run_ab, schedule
-from phaseprobe.collect.playbook import Arm, Launch, parse_playbook
+from phaseprobe.collect.playbook import Arm, Launch, parse_playbook, session_arms
 from phaseprobe.errors import LocalServerError
 from phaseprobe.store import Store
 from phaseprobe.testing.sse_server import Script, SseServer
@@ -59,6 +59,10 @@ def test_interleaved_arms_are_stored_and_compared(servers, tmp_path):
         result = run_ab(pb, store)
         session = store.ab_session(result.session_id)
         exps = {n: store.experiment(i) for n, i in session["arms"].items()}
+        listed = store.ab_sessions()
+        _, arms = session_arms(session)
+    assert listed == [session]
+    assert arms == [("slow", session["arms"]["slow"]), ("fast", session["arms"]["fast"])]
     assert result.complete and session["finished_wall_ns"]
     assert session["playbook_text"] == pb.text and set(session["arms"]) == {"slow", "fast"}
     assert {e.kind for e in exps.values()} == {"ab-arm"}

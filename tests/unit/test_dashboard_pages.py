@@ -182,6 +182,32 @@ def test_phases_page(monkeypatch, filled):
     assert "No server phases stored" in _text(at)
 
 
+def test_phases_page_against_the_bound(monkeypatch, filled, tmp_path):
+    import json
+
+    from tests.unit.test_roofline import LLAMA2_70B_CONFIG
+
+    monkeypatch.setenv("PHASEPROBE_DATA_DIR", str(tmp_path))  # no calibration stored
+    at = _goto(_app(monkeypatch, filled), "Phases", 1)
+    assert at.selectbox(key="bound_peaks").value == "— choose —"
+    assert "Choose the hardware peaks" in _text(at)
+    at.selectbox(key="bound_peaks").set_value("H100 SXM").run()
+    # The stored server info names no model directory: the page asks for a config.
+    assert "Not computable" in _text(at) and "config.json" in _text(at)
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA2_70B_CONFIG))
+    at.text_input(key="bound_config_1").set_value(str(tmp_path)).run()
+    assert not at.exception, at.exception
+    metrics = {m.label: m.value for m in at.get("metric")}
+    # 16 tokens in 150 ms of decode vs ~138 GB of fp16 weights at 3.35 TB/s (~41 ms/token):
+    # the fake runs are far faster than a 70B model could be, so efficiency is way over 100 %.
+    assert metrics["Decode efficiency (median)"].endswith("%")
+    assert int(metrics["Decode efficiency (median)"].rstrip("%").replace(",", "")) > 100
+    assert "/ 41." in metrics["Decode per token: measured / bound"]
+    assert "faster than their physical bound" in at.warning[0].value
+    assert _charts(at) == 4  # per run, per experiment, distributions, against the bound
+    assert "H100 SXM" in _text(at)
+
+
 def test_gpu_page(monkeypatch, filled):
     at = _goto(_app(monkeypatch, filled), "GPU", 1)
     assert "Flat memory ≠ idle" in _text(at)
@@ -244,6 +270,43 @@ def test_ab_page(monkeypatch, tmp_path):
     assert _charts(at) == 1  # the forest plot
     at.selectbox(key="ab_b").set_value(1).run()
     assert "two different experiments" in at.info[0].value
+
+
+def _ab_session_store(path: Path, *, b_slow: float, arms: int = 2) -> None:
+    from phaseprobe.collect.playbook import shipped_playbooks
+
+    book = shipped_playbooks() / "cpu-compile.toml"
+    with Store(path) as store:
+        sid = store.create_ab_session("cpu-compile", str(book), book.read_text(), {"runs": 8})
+        ids = {}
+        for name, slow in (("eager", 1.0), ("compiled", b_slow))[:arms]:
+            ids[name] = _experiment(store, f"cpu-compile/{name}")
+            for seq in range(8):
+                store.add_run(ids[name], _run(seq, slow=slow))
+        store.add_run(_experiment(store, "unrelated"), _run(0))
+        store.set_ab_arms(sid, ids)
+
+
+def test_ab_page_shows_a_stored_session(monkeypatch, tmp_path):
+    _ab_session_store(tmp_path / "s.db", b_slow=0.7)
+    at = _goto(_app(monkeypatch, tmp_path / "s.db"), "A/B")
+    assert at.radio(key="ab_source").value == "A/B session"
+    assert at.selectbox(key="ab_session").value == 1
+    assert "A = **eager** (experiment #1), B = **compiled** (experiment #2)" in _text(at)
+    table = at.dataframe[0].value
+    row = table[table["metric"] == "server decode"].iloc[0]
+    assert row["ratio B/A"] == pytest.approx(0.7, rel=0.02)
+    assert row["verdict"] == "improvement"
+    # The other source is still there: any two experiments, the selected one as B.
+    at.radio(key="ab_source").set_value("Any two experiments").run()
+    assert not at.exception
+    assert at.selectbox(key="ab_b").value == 3
+
+
+def test_ab_page_session_missing_an_arm(monkeypatch, tmp_path):
+    _ab_session_store(tmp_path / "s.db", b_slow=1.0, arms=1)
+    at = _goto(_app(monkeypatch, tmp_path / "s.db"), "A/B")
+    assert "no experiment for arm compiled" in at.error[0].value
 
 
 def test_nccl_and_traces_without_upload(monkeypatch, filled):

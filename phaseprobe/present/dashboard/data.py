@@ -20,7 +20,7 @@ from phaseprobe.records import Experiment, Run
 from phaseprobe.store import Store
 
 __all__ = ["STORE_ENV", "store_path", "stamp", "experiments_frame", "experiment", "runs",
-           "gpu_samples", "fmt_ms", "wall_time"]
+           "gpu_samples", "ab_sessions", "fmt_ms", "wall_time"]
 
 STORE_ENV = "PHASEPROBE_STORE"
 
@@ -106,6 +106,12 @@ def runs(path: str, experiment_id: int, key: tuple[float, ...] = ()) -> list[Run
 def gpu_samples(path: str, experiment_id: int, key: tuple[float, ...] = ()) -> pd.DataFrame:
     with _open(path) as store:
         return store.gpu_samples(experiment_id)
+
+
+@st.cache_data(show_spinner=False)
+def ab_sessions(path: str, key: tuple[float, ...] = ()) -> list[dict[str, Any]]:
+    with _open(path) as store:
+        return store.ab_sessions()
 
 
 def fmt_ms(seconds: float | None) -> str:

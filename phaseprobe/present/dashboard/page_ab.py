@@ -1,6 +1,7 @@
-"""A/B: two stored experiments as arms side by side, the ratio B/A of each metric's median with
-its bootstrap confidence interval (a forest plot), and the verdicts — the numbers
-``phaseprobe ab compare A B`` prints."""
+"""A/B: the arms of a stored A/B session (``phaseprobe ab PLAYBOOK``) — or any two stored
+experiments — side by side, the ratio B/A of each metric's median with its bootstrap confidence
+interval (a forest plot), and the verdicts: the numbers ``phaseprobe ab report`` / ``ab compare``
+print."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pandas as pd
 import streamlit as st
 
 from phaseprobe.analysis.ab_stats import Comparison, compare_runs
+from phaseprobe.collect.playbook import session_arms
 from phaseprobe.present.dashboard import data
 from phaseprobe.present.dashboard.context import Context
 from phaseprobe.present.dashboard.data import fmt_ms
@@ -21,12 +23,13 @@ _VERDICT_COLORS = alt.Scale(domain=["improvement", "regression", "no significant
 
 
 @st.cache_data(show_spinner=False)
-def _compare(path: str, a: int, b: int, min_effect: float,
-             key: tuple[float, ...] = ()) -> Comparison:
-    exp_a, exp_b = data.experiment(path, a, key), data.experiment(path, b, key)
-    return compare_runs(data.runs(path, a, key), data.runs(path, b, key),
-                        arm_a=f"#{a} {exp_a.name}", arm_b=f"#{b} {exp_b.name}",
-                        min_effect=min_effect)
+def _compare(path: str, a: int, b: int, min_effect: float, seed: int = 0,
+             names: tuple[str, str] | None = None, key: tuple[float, ...] = ()) -> Comparison:
+    if names is None:
+        names = (f"#{a} {data.experiment(path, a, key).name}",
+                 f"#{b} {data.experiment(path, b, key).name}")
+    return compare_runs(data.runs(path, a, key), data.runs(path, b, key), arm_a=names[0],
+                        arm_b=names[1], min_effect=min_effect, seed=seed)
 
 
 def comparison_frame(c: Comparison) -> pd.DataFrame:
@@ -37,12 +40,28 @@ def comparison_frame(c: Comparison) -> pd.DataFrame:
         for m in c.metrics.values()])
 
 
-def render(ctx: Context) -> None:
-    st.header("A/B")
+def _from_session(ctx: Context, sessions: list[dict]) -> Comparison | None:
+    """The comparison ``phaseprobe ab report ID`` prints, for a session picked here."""
+    by_id = {int(s["id"]): s for s in sessions}
+    sid = st.selectbox("A/B session", list(by_id), index=len(by_id) - 1, key="ab_session",
+                       format_func=lambda i: f"#{i} {by_id[i]['name']}"
+                       + ("" if by_id[i]["finished_wall_ns"] else " (unfinished)"))
+    playbook, arms = session_arms(by_id[int(sid)])
+    (name_a, exp_a), (name_b, exp_b) = arms
+    min_effect = st.number_input("Smallest effect that matters", min_value=0.0, max_value=1.0,
+                                 value=playbook.run.min_effect, step=0.01,
+                                 key=f"ab_session_effect_{sid}")
+    st.caption(f"{playbook.description}  \nA = **{name_a}** (experiment #{exp_a}), "
+               f"B = **{name_b}** (experiment #{exp_b}); playbook `{playbook.path}`")
+    return _compare(ctx.path, exp_a, exp_b, float(min_effect), playbook.run.seed,
+                    (name_a, name_b), ctx.key)
+
+
+def _from_experiments(ctx: Context) -> Comparison | None:
     ids = [int(i) for i in ctx.experiments["id"]]
     if len(ids) < 2:
         st.info("A/B needs two experiments in the store: run `phaseprobe ab PLAYBOOK`.")
-        return
+        return None
     names = dict(zip(ids, ctx.experiments["name"], strict=True))
     b_default = ids.index(ctx.experiment_id)
     a_default = b_default - 1 if b_default > 0 else 1
@@ -55,8 +74,18 @@ def render(ctx: Context) -> None:
                                       max_value=1.0, value=0.05, step=0.01, key="ab_effect")
     if a == b:
         st.info("Choose two different experiments.")
+        return None
+    return _compare(ctx.path, int(a), int(b), float(min_effect), key=ctx.key)
+
+
+def render(ctx: Context) -> None:
+    st.header("A/B")
+    sessions = data.ab_sessions(ctx.path, ctx.key)
+    source = st.radio("Compare", ["A/B session", "Any two experiments"], horizontal=True,
+                      key="ab_source") if sessions else "Any two experiments"
+    c = _from_session(ctx, sessions) if source == "A/B session" else _from_experiments(ctx)
+    if c is None:
         return
-    c = _compare(ctx.path, int(a), int(b), float(min_effect), ctx.key)
     if not c.metrics:
         st.info("Neither arm has usable runs (ok and isolated): nothing to compare.")
         return

@@ -1,5 +1,6 @@
 """Phases: queue / prefill / decode stacked per run and per experiment (medians), the decode
-share of end-to-end time, and the TTFT and TPOT distributions."""
+share of end-to-end time, the TTFT and TPOT distributions, and each phase against its physical
+bound."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from phaseprobe.present.dashboard import data
 from phaseprobe.present.dashboard.context import Context
 from phaseprobe.present.dashboard.data import fmt_ms
 from phaseprobe.present.dashboard.page_timeline import PHASE_COLORS
+from phaseprobe.present.dashboard.phases_bound import render_bound
 
 __all__ = ["render", "per_run_phases", "per_experiment_phases"]
 
@@ -100,5 +102,4 @@ def render(ctx: Context) -> None:
         ).properties(height=180).facet(column=alt.Column("metric:N", title=None)).resolve_scale(
             x="independent")
         st.altair_chart(chart)
-    st.caption("Efficiency against the memory-bandwidth bound needs GPU peaks and the model "
-               "config: `phaseprobe check --peaks ...` reports it.")
+    render_bound(ctx)
