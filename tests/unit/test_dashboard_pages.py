@@ -16,6 +16,7 @@ from phaseprobe.present.cmd_dashboard import APP
 from phaseprobe.records import ClientTimeline, Experiment, Isolation, Run, RunSpec, ServerPhases
 from phaseprobe.sources.nvml import COLUMNS
 from phaseprobe.store import Store
+from tests.dashboard_apptest import count_charts, goto, open_app, page_text
 
 T0 = 1_700_000_000_000_000_000
 GiB = 2**30
@@ -81,47 +82,21 @@ def filled(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _app(monkeypatch: pytest.MonkeyPatch, store: Path) -> AppTest:
-    monkeypatch.setenv("PHASEPROBE_STORE", str(store))
-    at = AppTest.from_file(str(APP), default_timeout=60)
-    at.run()
-    assert not at.exception, at.exception
-    return at
-
-
-def _goto(at: AppTest, page: str, experiment: int | None = None) -> AppTest:
-    at.sidebar.radio(key="page").set_value(page).run()
-    if experiment is not None:
-        at.sidebar.selectbox(key="experiment").set_value(experiment).run()
-    assert not at.exception, at.exception
-    return at
-
-
-def _charts(at: AppTest) -> int:
-    return len(at.get("arrow_vega_lite_chart")) + len(at.get("vega_lite_chart"))
-
-
-def _text(at: AppTest) -> str:
-    parts = [e.value for kind in ("info", "caption", "markdown", "warning", "error")
-             for e in at.get(kind) if isinstance(getattr(e, "value", None), str)]
-    return "\n".join(parts)
-
-
 def test_missing_store_says_so(monkeypatch, tmp_path):
-    at = _app(monkeypatch, tmp_path / "absent.db")
+    at = open_app(monkeypatch, tmp_path / "absent.db")
     assert "No experiment store" in at.info[0].value
 
 
 def test_empty_store_says_so(monkeypatch, tmp_path):
     Store(tmp_path / "empty.db").close()
-    at = _app(monkeypatch, tmp_path / "empty.db")
+    at = open_app(monkeypatch, tmp_path / "empty.db")
     for page in ("Experiments", "Run timeline", "Phases", "GPU", "Checklist"):
-        _goto(at, page)
+        goto(at, page)
         assert "no experiments yet" in at.info[0].value
 
 
 def test_experiments_page_lists_filters_and_selects(monkeypatch, filled):
-    at = _app(monkeypatch, filled)
+    at = open_app(monkeypatch, filled)
     assert at.sidebar.selectbox(key="experiment").value == 3  # the latest by default
     table = at.dataframe[0].value
     assert list(table["name"]) == ["baseline", "nothing-ran", "client-only"]
@@ -141,19 +116,19 @@ def test_experiments_page_lists_filters_and_selects(monkeypatch, filled):
 
 
 def test_experiment_without_runs(monkeypatch, filled):
-    at = _app(monkeypatch, filled)
-    _goto(at, "Experiments", 2)
-    assert "no runs stored" in _text(at)
+    at = open_app(monkeypatch, filled)
+    goto(at, "Experiments", 2)
+    assert "no runs stored" in page_text(at)
     for page in ("Run timeline", "Phases", "GPU", "Checklist"):
-        _goto(at, page)
+        goto(at, page)
         assert at.info or at.get("metric"), page
 
 
 def test_timeline_page(monkeypatch, filled):
-    at = _goto(_app(monkeypatch, filled), "Run timeline", 1)
-    assert _charts(at) == 2  # swimlane + ITL
+    at = goto(open_app(monkeypatch, filled), "Run timeline", 1)
+    assert count_charts(at) == 2  # swimlane + ITL
     assert at.selectbox(key="timeline_run").options == ["0", "1", "2"]
-    assert "p50 10.00 ms · p99 14.30 ms over 15 gaps" in _text(at)
+    assert "p50 10.00 ms · p99 14.30 ms over 15 gaps" in page_text(at)
     side = at.dataframe[0].value
     assert dict(zip(side["phase"], side["server"], strict=True))["prefill"] == "30.0 ms"
     assert dict(zip(side["phase"], side["client"], strict=True))["TTFT"] == "40.0 ms"  # run 0
@@ -165,21 +140,21 @@ def test_timeline_page(monkeypatch, filled):
 
 
 def test_timeline_client_only(monkeypatch, filled):
-    at = _goto(_app(monkeypatch, filled), "Run timeline", 3)
-    assert _charts(at) == 2
-    assert "client-only" in _text(at)
+    at = goto(open_app(monkeypatch, filled), "Run timeline", 3)
+    assert count_charts(at) == 2
+    assert "client-only" in page_text(at)
 
 
 def test_phases_page(monkeypatch, filled):
-    at = _goto(_app(monkeypatch, filled), "Phases", 1)
+    at = goto(open_app(monkeypatch, filled), "Phases", 1)
     metrics = {m.label: m.value for m in at.get("metric")}
     assert metrics["Prefill (median)"] == "30.0 ms"
     assert metrics["Decode (median)"] == "150.1 ms"  # 150.0, 150.1, 150.2
     assert metrics["TTFT (median)"] == "41.0 ms"
     assert metrics["Decode share of e2e"].endswith("%")
-    assert _charts(at) == 3  # per run, per experiment, distributions
-    _goto(at, "Phases", 3)
-    assert "No server phases stored" in _text(at)
+    assert count_charts(at) == 3  # per run, per experiment, distributions
+    goto(at, "Phases", 3)
+    assert "No server phases stored" in page_text(at)
 
 
 def test_phases_page_against_the_bound(monkeypatch, filled, tmp_path):
@@ -188,12 +163,12 @@ def test_phases_page_against_the_bound(monkeypatch, filled, tmp_path):
     from tests.unit.test_roofline import LLAMA2_70B_CONFIG
 
     monkeypatch.setenv("PHASEPROBE_DATA_DIR", str(tmp_path))  # no calibration stored
-    at = _goto(_app(monkeypatch, filled), "Phases", 1)
+    at = goto(open_app(monkeypatch, filled), "Phases", 1)
     assert at.selectbox(key="bound_peaks").value == "— choose —"
-    assert "Choose the hardware peaks" in _text(at)
+    assert "Choose the hardware peaks" in page_text(at)
     at.selectbox(key="bound_peaks").set_value("H100 SXM").run()
     # The stored server info names no model directory: the page asks for a config.
-    assert "Not computable" in _text(at) and "config.json" in _text(at)
+    assert "Not computable" in page_text(at) and "config.json" in page_text(at)
     (tmp_path / "config.json").write_text(json.dumps(LLAMA2_70B_CONFIG))
     at.text_input(key="bound_config_1").set_value(str(tmp_path)).run()
     assert not at.exception, at.exception
@@ -204,21 +179,21 @@ def test_phases_page_against_the_bound(monkeypatch, filled, tmp_path):
     assert int(metrics["Decode efficiency (median)"].rstrip("%").replace(",", "")) > 100
     assert "/ 41." in metrics["Decode per token: measured / bound"]
     assert "faster than their physical bound" in at.warning[0].value
-    assert _charts(at) == 4  # per run, per experiment, distributions, against the bound
-    assert "H100 SXM" in _text(at)
+    assert count_charts(at) == 4  # per run, per experiment, distributions, against the bound
+    assert "H100 SXM" in page_text(at)
 
 
 def test_gpu_page(monkeypatch, filled):
-    at = _goto(_app(monkeypatch, filled), "GPU", 1)
-    assert "Flat memory ≠ idle" in _text(at)
-    assert _charts(at) == 4  # memory, utilisation, power, SM clock
-    assert "1,600 samples" in _text(at) or "160 samples from 2 GPU(s)" in _text(at)
-    _goto(at, "GPU", 3)
-    assert "No GPU samples" in _text(at)
+    at = goto(open_app(monkeypatch, filled), "GPU", 1)
+    assert "Flat memory ≠ idle" in page_text(at)
+    assert count_charts(at) == 4  # memory, utilisation, power, SM clock
+    assert "1,600 samples" in page_text(at) or "160 samples from 2 GPU(s)" in page_text(at)
+    goto(at, "GPU", 3)
+    assert "No GPU samples" in page_text(at)
 
 
 def test_checklist_page(monkeypatch, filled):
-    at = _goto(_app(monkeypatch, filled), "Checklist", 1)
+    at = goto(open_app(monkeypatch, filled), "Checklist", 1)
     metrics = {m.label: int(m.value) for m in at.get("metric")}
     assert sum(metrics.values()) == 16
     rules = list(at.dataframe[0].value["rule"])
@@ -226,7 +201,7 @@ def test_checklist_page(monkeypatch, filled):
     assert at.expander, "no verdict details"
     at.selectbox(key="use_case").set_value("voice").run()
     assert not at.exception
-    _goto(at, "Checklist", 3)
+    goto(at, "Checklist", 3)
     rows = at.dataframe[0].value
     run_errors = rows[rows["rule"] == "run_errors"].iloc[0]
     assert run_errors[""] in ("⚠️", "❌")
@@ -249,7 +224,7 @@ def test_many_experiments_open_fast(monkeypatch, tmp_path):
 def test_ab_page_needs_two_experiments(monkeypatch, tmp_path):
     with Store(tmp_path / "one.db") as store:
         store.add_run(_experiment(store, "only"), _run(0))
-    at = _goto(_app(monkeypatch, tmp_path / "one.db"), "A/B")
+    at = goto(open_app(monkeypatch, tmp_path / "one.db"), "A/B")
     assert "needs two experiments" in at.info[0].value
 
 
@@ -260,14 +235,14 @@ def test_ab_page(monkeypatch, tmp_path):
             eid = _experiment(store, name)
             for seq in range(8):
                 store.add_run(eid, _run(seq, slow=slow))
-    at = _goto(_app(monkeypatch, path), "A/B")
+    at = goto(open_app(monkeypatch, path), "A/B")
     assert at.selectbox(key="ab_a").value == 1 and at.selectbox(key="ab_b").value == 2
     table = at.dataframe[0].value
     row = table[table["metric"] == "server decode"].iloc[0]
     assert row["ratio B/A"] == pytest.approx(1.3, rel=0.01)
     assert row["CI low"] <= row["ratio B/A"] <= row["CI high"]
     assert row["verdict"] == "regression"
-    assert _charts(at) == 1  # the forest plot
+    assert count_charts(at) == 1  # the forest plot
     at.selectbox(key="ab_b").set_value(1).run()
     assert "two different experiments" in at.info[0].value
 
@@ -289,10 +264,10 @@ def _ab_session_store(path: Path, *, b_slow: float, arms: int = 2) -> None:
 
 def test_ab_page_shows_a_stored_session(monkeypatch, tmp_path):
     _ab_session_store(tmp_path / "s.db", b_slow=0.7)
-    at = _goto(_app(monkeypatch, tmp_path / "s.db"), "A/B")
+    at = goto(open_app(monkeypatch, tmp_path / "s.db"), "A/B")
     assert at.radio(key="ab_source").value == "A/B session"
     assert at.selectbox(key="ab_session").value == 1
-    assert "A = **eager** (experiment #1), B = **compiled** (experiment #2)" in _text(at)
+    assert "A = **eager** (experiment #1), B = **compiled** (experiment #2)" in page_text(at)
     table = at.dataframe[0].value
     row = table[table["metric"] == "server decode"].iloc[0]
     assert row["ratio B/A"] == pytest.approx(0.7, rel=0.02)
@@ -305,15 +280,15 @@ def test_ab_page_shows_a_stored_session(monkeypatch, tmp_path):
 
 def test_ab_page_session_missing_an_arm(monkeypatch, tmp_path):
     _ab_session_store(tmp_path / "s.db", b_slow=1.0, arms=1)
-    at = _goto(_app(monkeypatch, tmp_path / "s.db"), "A/B")
+    at = goto(open_app(monkeypatch, tmp_path / "s.db"), "A/B")
     assert "no experiment for arm compiled" in at.error[0].value
 
 
 def test_nccl_and_traces_without_upload(monkeypatch, filled):
-    at = _app(monkeypatch, filled)
-    _goto(at, "NCCL")
+    at = open_app(monkeypatch, filled)
+    goto(at, "NCCL")
     assert "Upload an NCCL log" in at.info[0].value
-    _goto(at, "Traces")
+    goto(at, "Traces")
     assert "Upload a trace" in at.info[0].value
 
 

@@ -1,0 +1,114 @@
+"""Every dashboard page (Streamlit AppTest) on a store filled by real probes of the local vLLM:
+two `phaseprobe probe` experiments with the scripted fake GPUs sampled alongside, and a real
+prefix-reuse probe. The numbers on the pages must be the stored measurements."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import pytest
+
+from phaseprobe.present.cli import main
+from phaseprobe.store import Store
+from tests.dashboard_apptest import count_charts, goto, open_app, page_text
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def probed(local_vllm, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("dash-real") / "store.sqlite"
+    for name in ("first", "second"):
+        code = main(["probe", "--endpoint", local_vllm.base_url, "--runs", "4",
+                     "--max-tokens", "24", "--prompt-tokens", "48", "--gpu-fake",
+                     "--gpu-period", "0.05", "--name", name, "--store", str(path), "--json"])
+        assert code == 0
+    assert main(["prefix", "--endpoint", local_vllm.base_url, "--prefix-tokens", "160",
+                 "--reps", "2", "--store", str(path), "--json"]) == 0
+    return path
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms"
+
+
+def test_experiments_page_lists_the_probes(monkeypatch, probed):
+    with Store(probed) as store:
+        kinds = [row["kind"] for row in store.experiments()]
+    assert kinds[:2] == ["probe", "probe"] and len(kinds) == 3
+    at = goto(open_app(monkeypatch, probed), "Experiments")
+    table = at.dataframe[0].value
+    assert list(table["name"])[:2] == ["first", "second"]
+    assert "✅ ok" in list(table["status"])
+    assert "🔒 all isolated" in list(table["isolation"])
+
+
+def test_timeline_and_phases_show_the_stored_measurements(monkeypatch, probed):
+    with Store(probed) as store:
+        runs = store.runs(1)
+    assert len(runs) == 4 and all(r.status == "ok" and r.server for r in runs)
+    at = goto(open_app(monkeypatch, probed), "Run timeline", 1)
+    assert count_charts(at) == 2  # the swimlanes and the ITL series
+    assert at.selectbox(key="timeline_run").options == ["0", "1", "2", "3"]
+    side = at.dataframe[0].value
+    server = dict(zip(side["phase"], side["server"], strict=True))
+    assert server["prefill"] == _ms(runs[0].server.prefill_s)
+    assert server["decode"] == _ms(runs[0].server.decode_s)
+    assert "over 23 gaps" in page_text(at)  # 24 tokens
+
+    goto(at, "Phases", 1)
+    metrics = {m.label: m.value for m in at.get("metric")}
+    clean = [r for r in runs if r.isolated]
+    assert metrics["Decode (median)"] == _ms(statistics.median(r.server.decode_s for r in clean))
+    assert metrics["Prefill (median)"] == _ms(
+        statistics.median(r.server.prefill_s for r in clean))
+
+
+def test_phases_against_the_bound_finds_the_local_model(monkeypatch, probed, tmp_path):
+    monkeypatch.setenv("PHASEPROBE_DATA_DIR", str(tmp_path))  # no calibration: nothing chosen
+    at = goto(open_app(monkeypatch, probed), "Phases", 1)
+    # The local vLLM's /v1/models root is the tiny model's directory: found, not typed.
+    assert (Path(at.text_input(key="bound_config_1").value) / "config.json").is_file()
+    at.selectbox(key="bound_peaks").set_value("H100 SXM").run()
+    assert not at.exception, at.exception
+    metrics = {m.label: m.value for m in at.get("metric")}
+    # A sub-million-parameter model on a CPU against an H100's bound: far below 100 %.
+    decode = metrics["Decode efficiency (median)"]
+    assert decode.endswith("%") and int(decode.rstrip("%")) < 10
+    assert count_charts(at) == 4
+    assert not at.warning
+
+
+def test_gpu_page_shows_the_fake_series_sampled_during_the_probe(monkeypatch, probed):
+    with Store(probed) as store:
+        samples = store.gpu_samples(1)
+    assert len(samples) > 0 and set(samples["gpu_index"]) == {0, 1}
+    at = goto(open_app(monkeypatch, probed), "GPU", 1)
+    assert f"{len(samples)} samples from 2 GPU(s)" in page_text(at)
+    assert "Flat memory ≠ idle" in page_text(at)
+    assert count_charts(at) >= 3
+
+
+def test_checklist_and_ab_pages(monkeypatch, probed):
+    at = goto(open_app(monkeypatch, probed), "Checklist", 2)
+    counts = {m.label: int(m.value) for m in at.get("metric")}
+    assert sum(counts.values()) == 16
+    rules = dict(zip(at.dataframe[0].value["rule"], at.dataframe[0].value.iloc[:, 0],
+                     strict=True))
+    assert rules["isolation"] == "✅"  # every stored run was verified isolated
+    goto(at, "A/B", 2)
+    table = at.dataframe[0].value
+    decode = table[table["metric"] == "server decode"].iloc[0]
+    assert decode["n A"] == 4 and decode["n B"] == 4
+    assert decode["verdict"] in {"improvement", "regression", "no significant change",
+                                 "insufficient data"}
+    assert count_charts(at) == 1
+
+
+def test_prefix_probe_pages(monkeypatch, probed):
+    at = goto(open_app(monkeypatch, probed), "Run timeline", 3)
+    assert count_charts(at) == 2
+    goto(at, "Phases", 3)
+    assert not at.exception
+    assert at.get("metric")
