@@ -87,6 +87,20 @@ _MIGRATIONS: list[str] = [
         arms_json TEXT NOT NULL DEFAULT '{}'
     );
     """,
+    # 4: file analyses kept with `--keep` (NCCL logs, torch traces, nsys exports) or by
+    # `probe --torch-profile`: the summary document, not the file, optionally attached to the
+    # experiment it explains, so the dashboard can show it without the file at hand.
+    """
+    CREATE TABLE analyses (
+        id INTEGER PRIMARY KEY,
+        experiment_id INTEGER REFERENCES experiments(id),
+        kind TEXT NOT NULL,
+        source TEXT NOT NULL,
+        created_wall_ns INTEGER NOT NULL,
+        doc_json TEXT NOT NULL
+    );
+    CREATE INDEX analyses_by_experiment ON analyses(experiment_id, kind);
+    """,
 ]
 # The gpu_samples columns, in table order (phaseprobe.sources.nvml.COLUMNS; a test keeps the
 # two equal).
@@ -221,6 +235,18 @@ class Store:
         self._write("UPDATE ab_sessions SET finished_wall_ns = ? WHERE id = ?",
                     (time.time_ns(), session_id))
 
+    def add_analysis(self, kind: str, source: str, doc: dict[str, Any],
+                     experiment_id: int | None = None) -> int:
+        """Keep a file's summary (``kind``: nccl, trace, nsys), attached to an experiment or
+        not; the experiment must exist."""
+        if experiment_id is not None:
+            self.experiment(experiment_id)  # a typed error naming the missing experiment
+        cur = self._write(
+            "INSERT INTO analyses (experiment_id, kind, source, created_wall_ns, doc_json)"
+            " VALUES (?, ?, ?, ?, ?)",
+            (experiment_id, kind, source, time.time_ns(), json.dumps(doc)))
+        return int(cur.lastrowid or 0)
+
     def _write(self, sql: str, params: tuple[Any, ...]) -> sqlite3.Cursor:
         try:
             self._db.execute("BEGIN IMMEDIATE")
@@ -289,6 +315,22 @@ class Store:
         """Every A/B session, oldest first, as :meth:`ab_session` gives it."""
         ids = [row[0] for row in self._db.execute("SELECT id FROM ab_sessions ORDER BY id")]
         return [self.ab_session(i) for i in ids]
+
+    def analyses(self, kind: str | None = None) -> list[dict[str, Any]]:
+        """Kept analyses (without their documents), oldest first, optionally of one kind."""
+        sql = "SELECT id, experiment_id, kind, source, created_wall_ns FROM analyses"
+        rows = self._db.execute(sql + (" WHERE kind = ? ORDER BY id" if kind else " ORDER BY id"),
+                                (kind,) if kind else ()).fetchall()
+        return [dict(row) for row in rows]
+
+    def analysis(self, analysis_id: int) -> dict[str, Any]:
+        """One kept analysis's summary document."""
+        row = self._db.execute("SELECT doc_json FROM analyses WHERE id = ?",
+                               (analysis_id,)).fetchone()
+        if row is None:
+            raise StoreError(f"no analysis {analysis_id} in {self.path}")
+        doc: dict[str, Any] = json.loads(row["doc_json"])
+        return doc
 
     def latest_experiment_id(self) -> int | None:
         row = self._db.execute("SELECT MAX(id) FROM experiments").fetchone()

@@ -24,6 +24,7 @@ from rich.table import Table
 
 from phaseprobe.analysis.nccl_summary import decode_steps, diff, summarize
 from phaseprobe.errors import ConfigError
+from phaseprobe.present.keep import add_keep_args, check_keep, keep, store_path
 from phaseprobe.sources.nccl_log import parse_files
 
 __all__ = ["register", "run", "cmd_nccl", "analyze"]
@@ -47,10 +48,8 @@ def register(subparsers: Any) -> None:
                    help="stop at the first malformed NCCL line (file:line in the error)")
     p.add_argument("--steps", type=int, default=None, metavar="N",
                    help="decode steps the log covers: adds collectives per step")
-    p.add_argument("--experiment", type=int, default=None, metavar="ID",
-                   help="take the decode-step count from this experiment's runs")
-    p.add_argument("--store", default=None, metavar="PATH",
-                   help="experiment store for --experiment")
+    add_keep_args(p, experiment_help="the stored experiment this log belongs to: its decode "
+                                     "steps give collectives per step; --keep attaches to it")
     p.add_argument("--save", default=None, metavar="FILE",
                    help="also write the JSON document to FILE (to keep beside an experiment)")
     p.add_argument("--json", action="store_true", help="print one JSON document to stdout")
@@ -63,13 +62,9 @@ def _steps(args: argparse.Namespace) -> int | None:
         return int(args.steps)
     if args.experiment is None:
         return None
-    if not args.store:
-        raise ConfigError("--experiment needs --store PATH")
-    if not Path(args.store).is_file():  # Store() would create an empty one
-        raise ConfigError(f"--store {args.store}: no such file")
     from phaseprobe.store import Store  # only this option touches the store
 
-    with Store(args.store) as store:
+    with Store(store_path(args)) as store:
         runs = store.runs(args.experiment)
     steps = decode_steps([r.client.completion_tokens if r.client else None for r in runs])
     if steps <= 0:
@@ -114,11 +109,13 @@ def cmd_nccl(args: argparse.Namespace, out: Console, err: Console) -> int:
         if not args.json:
             _render_diff(out, doc)
         return 0
+    check_keep(args)
     doc = analyze(files, args.strict, err, _steps(args))
     if not doc["found"]:
         raise ConfigError(f"no NCCL output found in {', '.join(files)} "
                           f"({doc['lines']['total']} lines read; run with NCCL_DEBUG=INFO)")
     _emit(args, out, doc)
+    keep(args, err, "nccl", ", ".join(files), doc)
     if not args.json:
         _render(out, doc)
     return 0

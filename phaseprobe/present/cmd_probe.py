@@ -169,6 +169,8 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
             result, files = capture_profile(endpoint, profile_dir, measure)
             with err.status("reading the torch-profiler trace…"):
                 trace_doc = summarize_trace_file(files[0])  # the worker's rank file first
+            # Kept with the experiment: the dashboard's Traces page shows it without the file.
+            store.add_analysis("trace", str(files[0]), trace_doc, result.experiment_id)
         prom = None
         if sidecar is not None:
             with err.status("waiting for Prometheus to scrape after the last run…"):

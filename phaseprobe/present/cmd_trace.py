@@ -26,6 +26,7 @@ from rich.table import Table
 
 from phaseprobe.analysis import timeline as tla
 from phaseprobe.errors import ConfigError, TraceError
+from phaseprobe.present.keep import add_keep_args, check_keep, keep
 
 __all__ = ["register", "run", "run_nsys", "run_trace", "summarize", "summarize_stats_csv",
            "summarize_trace_file", "render"]
@@ -47,6 +48,7 @@ def register(subparsers: Any) -> None:
         p.add_argument("--top", type=int, default=15, metavar="N",
                        help="rows in the top-kernel and idle-gap tables (default: 15)")
         p.add_argument("--json", action="store_true", help="print one JSON document to stdout")
+        add_keep_args(p)
         p.set_defaults(trace_kind=name)
 
 
@@ -58,6 +60,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
 def _check(args: argparse.Namespace) -> None:
     if args.gap_us < 0 or args.top < 1:
         raise ConfigError("--gap-us must be >= 0 and --top >= 1")
+    check_keep(args)
 
 
 def run_nsys(args: argparse.Namespace, out: Console, err: Console) -> int:
@@ -71,6 +74,7 @@ def run_nsys(args: argparse.Namespace, out: Console, err: Console) -> int:
         doc = summarize(nsys_export.read_nsys(path), str(path), int(args.gap_us * 1000),
                         args.top)
     _emit(args, out, doc)
+    keep(args, err, "nsys", str(path), doc)
     return 0
 
 
@@ -84,7 +88,9 @@ def run_trace(args: argparse.Namespace, out: Console, err: Console) -> int:
             raise TraceError(str(path), "no *.pt.trace.json[.gz] file in this directory")
         path = found[0]
     err.print(f"[dim]reading {escape(str(path))}…[/dim]")
-    _emit(args, out, summarize_trace_file(path, int(args.gap_us * 1000), args.top))
+    doc = summarize_trace_file(path, int(args.gap_us * 1000), args.top)
+    _emit(args, out, doc)
+    keep(args, err, "trace", str(path), doc)
     return 0
 
 

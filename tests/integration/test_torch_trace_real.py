@@ -73,3 +73,10 @@ def test_probe_torch_profile_with_the_embedded_vllm(tmp_path):
     # per 8-token request.
     assert phases["prefill"]["ranges"] == 3 and phases["decode"]["ranges"] == 3 * 7
     assert list((tmp_path / "prof").glob("*.pt.trace.json.gz"))
+    # The summary is kept with the experiment, for the dashboard's Traces page.
+    from phaseprobe.store import Store
+
+    with Store(tmp_path / "data" / "phaseprobe.sqlite") as store:
+        kept = store.analyses("trace")
+        assert [a["experiment_id"] for a in kept] == [doc["experiment_id"]]
+        assert store.analysis(kept[0]["id"]) == doc["trace"]

@@ -316,3 +316,40 @@ def test_file_summaries():
 
     with pytest.raises((PhaseprobeError, OSError, ValueError)):  # the page: one error line
         page_files._summarize("trace", "bad.json", b"not json")
+
+
+def test_nccl_and_traces_from_kept_analyses(monkeypatch, tmp_path, filled):
+    """Summaries kept with `phaseprobe nccl|trace --keep` show without the file; the one
+    attached to the selected experiment comes first."""
+    import shutil
+
+    from phaseprobe.present.cli import main
+    from tests.unit.test_torch_trace import gpu_trace, write
+
+    store = tmp_path / "kept.db"
+    shutil.copy(filled, store)
+    logs = Path(__file__).parents[1] / "data" / "nccl"
+    assert main(["nccl", str(logs / "v2_18_mpirun_ib_2node.log"), "--keep",
+                 "--store", str(store)]) == 0
+    assert main(["nccl", str(logs / "v2_7_srun_socket_shm.log"), "--keep", "--experiment", "3",
+                 "--store", str(store)]) == 0
+    trace = write(tmp_path / "rank0.1.pt.trace.json.gz", gpu_trace(), gz=True)
+    assert main(["trace", str(trace), "--keep", "--experiment", "1", "--store", str(store)]) == 0
+
+    at = goto(open_app(monkeypatch, store), "NCCL", 3)
+    assert at.radio(key="source_nccl").value == "Kept in the store (2)"
+    assert at.selectbox(key="kept_nccl").value == 2  # attached to #3, before the newer loose one
+    assert "v2_7_srun_socket_shm.log" in page_text(at)
+    assert count_charts(at) == 1  # the transport mix
+    at.selectbox(key="kept_nccl").set_value(1).run()
+    assert "v2_18_mpirun_ib_2node.log" in page_text(at)
+    assert "NET/IB" in set(at.dataframe[0].value["field"].str.rsplit(".", n=1).str[-1])
+    at.radio(key="source_nccl").set_value("Upload a file").run()
+    assert "Upload an NCCL log" in at.info[0].value
+
+    goto(at, "Traces", 1)
+    assert at.selectbox(key="kept_trace").value == 3
+    assert "classes" in [h.value for h in at.subheader]
+    assert count_charts(at) == 1  # time per kernel class
+    goto(at, "Traces", 2)
+    assert "None is attached to experiment #2" in page_text(at)

@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from phaseprobe.analysis.nccl_summary import decode_steps, diff, size_bucket, summarize
-from phaseprobe.errors import ConfigError
+from phaseprobe.errors import ConfigError, StoreError
 from phaseprobe.present import cmd_nccl
 from phaseprobe.sources.nccl_log import parse_files, parse_lines
 
@@ -116,7 +116,8 @@ def test_cli_diff(tmp_path: Path) -> None:
     assert "collective channels dropped from 16 to 2" in out
 
 
-def test_cli_no_nccl_output_is_a_clear_error() -> None:
+def test_cli_no_nccl_output_is_a_clear_error(monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PHASEPROBE_DATA_DIR", str(tmp_path))  # no default store here
     with pytest.raises(ConfigError, match="no NCCL output found"):
         _run(str(DATA / "no_nccl.log"))
     with pytest.raises(ConfigError, match="usage"):
@@ -150,3 +151,16 @@ def test_steps_from_a_stored_experiment(tmp_path: Path) -> None:
     code, out, _ = _run(str(DATA / "v2_21_tuning_ints.log"), "--experiment", str(exp),
                         "--store", str(path), "--json")
     assert code == 0 and json.loads(out)["per_step"]["steps"] == 4 + 2
+    # --keep: the summary is stored, attached to the experiment, for the dashboard.
+    code, out, err = _run(str(DATA / "v2_21_tuning_ints.log"), "--experiment", str(exp),
+                          "--store", str(path), "--json", "--keep")
+    assert code == 0 and "kept as analysis 1 attached to experiment 1" in err
+    with Store(path) as store:
+        assert [(a["kind"], a["experiment_id"]) for a in store.analyses()] == [("nccl", exp)]
+        assert store.analysis(1) == json.loads(out)
+    # An experiment that is not there fails before the log is read, and keeps nothing.
+    with pytest.raises(StoreError, match="no experiment 9"):
+        _run(str(DATA / "v2_21_tuning_ints.log"), "--store", str(path), "--keep",
+             "--experiment", "9", "--steps", "3")
+    with Store(path) as store:
+        assert len(store.analyses()) == 1

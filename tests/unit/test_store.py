@@ -92,3 +92,23 @@ def test_newer_schema_and_garbage_files_are_typed_errors(tmp_path):
         Store(junk)
     with Store(tmp_path / "ok.sqlite") as store, pytest.raises(StoreError, match="no experiment"):
         store.experiment(42)
+
+
+def test_kept_analyses_attach_to_experiments(tmp_path):
+    path = tmp_path / "s.sqlite"
+    with Store(path) as store:
+        exp_id = store.create_experiment(Experiment(name="probe", kind="probe", spec=SPEC,
+                                                    server_info={}, created_wall_ns=1))
+        loose = store.add_analysis("nccl", "/logs/rank0.log", {"found": True, "comms": []})
+        attached = store.add_analysis("trace", "t.json.gz", {"classes": [{"cls": "gemm"}]},
+                                      experiment_id=exp_id)
+        with pytest.raises(StoreError, match="no experiment 99"):
+            store.add_analysis("trace", "x", {}, experiment_id=99)
+    with Store(path) as store:
+        rows = store.analyses()
+        assert [(r["id"], r["kind"], r["experiment_id"]) for r in rows] == [
+            (loose, "nccl", None), (attached, "trace", exp_id)]
+        assert [r["id"] for r in store.analyses("trace")] == [attached]
+        assert store.analysis(attached) == {"classes": [{"cls": "gemm"}]}
+        with pytest.raises(StoreError, match="no analysis 7"):
+            store.analysis(7)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from phaseprobe.errors import TraceError
+from phaseprobe.errors import ConfigError, TraceError
 from phaseprobe.present import cmd_trace
 from tests.unit.test_nsys_export import SCHEMA_2022, build
 from tests.unit.test_nsys_stats_csv import NEW_KERN
@@ -63,6 +63,26 @@ def test_trace_json_and_directory(tmp_path: Path) -> None:
     cpu = write(tmp_path / "cpu.json", cpu_trace())
     code, out, _ = run(["trace", str(cpu)])
     assert "outermost CPU ops" in out and "prefill" in out
+
+
+def test_keep_stores_the_summary(tmp_path: Path) -> None:
+    from phaseprobe.store import Store
+
+    trace = write(tmp_path / "rank0.5.pt.trace.json.gz", gpu_trace(), gz=True)
+    store_path = tmp_path / "s.sqlite"
+    with pytest.raises(ConfigError, match="no such file"):  # no store yet: nothing is created
+        run(["trace", str(trace), "--keep", "--store", str(store_path)])
+    assert not store_path.exists()
+    Store(store_path).close()
+    code, out, err = run(["trace", str(trace), "--keep", "--store", str(store_path), "--json"])
+    assert code == 0 and "kept as analysis 1 in" in err
+    nsys = build(tmp_path / "r.sqlite", SCHEMA_2022)
+    assert run(["nsys", str(nsys), "--keep", "--store", str(store_path)])[0] == 0
+    with Store(store_path) as store:
+        kept = store.analyses()
+        assert [(a["kind"], a["source"], a["experiment_id"]) for a in kept] == [
+            ("trace", str(trace), None), ("nsys", str(nsys), None)]
+        assert store.analysis(1) == json.loads(out)
 
 
 def test_errors_are_typed(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from phaseprobe.records import Experiment, Run
 from phaseprobe.store import Store
 
 __all__ = ["STORE_ENV", "store_path", "stamp", "experiments_frame", "experiment", "runs",
-           "gpu_samples", "ab_sessions", "fmt_ms", "wall_time"]
+           "gpu_samples", "ab_sessions", "analyses", "analysis", "fmt_ms", "wall_time"]
 
 STORE_ENV = "PHASEPROBE_STORE"
 
@@ -112,6 +112,18 @@ def gpu_samples(path: str, experiment_id: int, key: tuple[float, ...] = ()) -> p
 def ab_sessions(path: str, key: tuple[float, ...] = ()) -> list[dict[str, Any]]:
     with _open(path) as store:
         return store.ab_sessions()
+
+
+@st.cache_data(show_spinner=False)
+def analyses(path: str, key: tuple[float, ...] = ()) -> list[dict[str, Any]]:
+    with _open(path) as store:
+        return store.analyses()
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def analysis(path: str, analysis_id: int, key: tuple[float, ...] = ()) -> dict[str, Any]:
+    with _open(path) as store:
+        return store.analysis(analysis_id)
 
 
 def fmt_ms(seconds: float | None) -> str:

@@ -1,4 +1,5 @@
-"""NCCL and Traces: summaries of an uploaded file — an NCCL debug log (or a saved
+"""NCCL and Traces: summaries kept in the store (``phaseprobe nccl|trace|nsys --keep``, and
+``probe --torch-profile``) or of an uploaded file — an NCCL debug log (or a saved
 ``phaseprobe nccl --json``) and a PyTorch/Kineto trace (``.json`` / ``.json.gz``, or a saved
 ``phaseprobe trace --json``): transport mix, collectives per step, class breakdown, idle gaps.
 
@@ -18,6 +19,7 @@ import streamlit as st
 
 from phaseprobe.collect.evidence import nccl_evidence
 from phaseprobe.errors import PhaseprobeError
+from phaseprobe.present.dashboard import data
 from phaseprobe.present.dashboard.context import Context
 
 __all__ = ["render_nccl", "render_traces", "scalars", "tables"]
@@ -90,12 +92,45 @@ def _upload(kind: str, label: str, types: list[str] | None) -> dict[str, Any] | 
         return None
 
 
+def _kept(ctx: Context, kinds: tuple[str, ...]) -> dict[str, Any] | None:
+    """A kept analysis chosen here; None when the user picks an upload instead (or nothing is
+    kept). Those attached to the selected experiment come first."""
+    kept = [a for a in data.analyses(ctx.path, ctx.key) if a["kind"] in kinds]
+    if not kept:
+        return None
+    mine = [a for a in kept if a["experiment_id"] == ctx.experiment_id]
+    source = st.radio("Source", [f"Kept in the store ({len(kept)})", "Upload a file"],
+                      horizontal=True, key=f"source_{kinds[0]}")
+    if source == "Upload a file":
+        return None
+    ordered = mine + [a for a in reversed(kept) if a not in mine]
+    by_id = {int(a["id"]): a for a in ordered}
+
+    def label(i: int) -> str:
+        a = by_id[i]
+        exp = f"experiment #{a['experiment_id']}" if a["experiment_id"] else "no experiment"
+        return f"#{i} {a['kind']} · {Path(a['source']).name} · {exp}"
+
+    chosen = st.selectbox("Analysis", list(by_id), key=f"kept_{kinds[0]}", format_func=label)
+    if not mine:
+        st.caption(f"None is attached to experiment #{ctx.experiment_id} (`--keep "
+                   f"--experiment {ctx.experiment_id}` attaches one).")
+    st.caption(f"from `{by_id[int(chosen)]['source']}`")
+    return data.analysis(ctx.path, int(chosen), ctx.key)
+
+
+def _doc(ctx: Context, kinds: tuple[str, ...], label: str,
+         types: list[str] | None) -> dict[str, Any] | None:
+    return _kept(ctx, kinds) or _upload(kinds[0], label, types)
+
+
 def render_nccl(ctx: Context) -> None:
     st.header("NCCL")
-    doc = _upload("nccl", "NCCL debug log (NCCL_DEBUG=INFO) or a saved `phaseprobe nccl "
-                  "--json`", None)
+    doc = _doc(ctx, ("nccl",), "NCCL debug log (NCCL_DEBUG=INFO) or a saved `phaseprobe nccl "
+               "--json`", None)
     if doc is None:
-        st.info("Upload an NCCL log to see transports, rings/trees and collectives. "
+        st.info("Upload an NCCL log (or keep one: `phaseprobe nccl LOG --keep --experiment "
+                "ID`) to see transports, rings/trees and collectives. "
                 "Per-step counts need decode steps: `phaseprobe check --nccl LOG` uses the "
                 "experiment's.")
         return
@@ -112,10 +147,11 @@ def render_nccl(ctx: Context) -> None:
 
 def render_traces(ctx: Context) -> None:
     st.header("Traces")
-    doc = _upload("trace", "PyTorch / Kineto trace (.json, .json.gz) or a saved "
-                  "`phaseprobe trace --json`", ["json", "gz"])
+    doc = _doc(ctx, ("trace", "nsys"), "PyTorch / Kineto trace (.json, .json.gz) or a saved "
+               "`phaseprobe trace --json`", ["json", "gz"])
     if doc is None:
-        st.info("Upload a trace (`phaseprobe probe --torch-profile` writes one) to see the "
-                "kernel class breakdown and idle gaps. nsys reports: `phaseprobe nsys`.")
+        st.info("Upload a trace (`phaseprobe probe --torch-profile` writes one and keeps its "
+                "summary here) to see the kernel class breakdown and idle gaps. nsys exports: "
+                "`phaseprobe nsys FILE --keep`.")
         return
     _show(doc, ("classes", "cls", "time_ns"))
