@@ -4,15 +4,12 @@ and an empty / missing store."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
-from streamlit.testing.v1 import AppTest
 
-from phaseprobe.present.cmd_dashboard import APP
 from phaseprobe.records import ClientTimeline, Experiment, Isolation, Run, RunSpec, ServerPhases
 from phaseprobe.sources.nvml import COLUMNS
 from phaseprobe.store import Store
@@ -207,18 +204,15 @@ def test_checklist_page(monkeypatch, filled):
     assert run_errors[""] in ("⚠️", "❌")
 
 
-def test_many_experiments_open_fast(monkeypatch, tmp_path):
+def test_many_experiments_are_all_listed(monkeypatch, tmp_path):
+    """How fast they open is measured by bench/dashboard_open.py, not asserted here."""
     path = tmp_path / "many.db"
     with Store(path) as store:
         for i in range(1000):
             _experiment(store, f"e{i}")
-    monkeypatch.setenv("PHASEPROBE_STORE", str(path))
-    at = AppTest.from_file(str(APP), default_timeout=60)
-    start = time.perf_counter()
-    at.run()
-    assert not at.exception
+    at = open_app(monkeypatch, path)
     assert len(at.dataframe[0].value) == 1000
-    assert time.perf_counter() - start < 2.0
+    assert at.sidebar.selectbox(key="experiment").value == 1000
 
 
 def test_ab_page_needs_two_experiments(monkeypatch, tmp_path):
