@@ -1,16 +1,29 @@
 #!/usr/bin/env bash
 # Set up and run the whole test suite on a fresh machine (Python >= 3.11 with pip, and apt):
 #   1. Prometheus from Debian (the integration tests start a real one; promtool checks PromQL)
-#   2. phaseprobe with its test extras, editable
+#      and Chromium with an emoji font (the dashboard's end-to-end test drives it headless
+#      through Playwright; no browser is downloaded)
+#   2. phaseprobe with its test extras (playwright among them), editable
 #   3. the local CPU vLLM and tiny model (~2.5 min and ~2.5 GB the first time, then cached)
-#   4. pytest: unit tests and the integration tests against the real vLLM
+#   4. pytest: unit tests and the integration tests against the real vLLM; the dashboard's
+#      screenshots go to $PHASEPROBE_ARTIFACTS_DIR (default: artifacts/ at the repo root)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+apt_packages=()
 if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
+  apt_packages+=(prometheus)
+fi
+[ -x /usr/bin/chromium ] || apt_packages+=(chromium)
+# without it the dashboard's status emoji are empty boxes in the screenshots
+[ -e /usr/share/fonts/truetype/noto/NotoColorEmoji.ttf ] || apt_packages+=(fonts-noto-color-emoji)
+if [ "${#apt_packages[@]}" -gt 0 ]; then
   sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
   $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends prometheus
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
+    "${apt_packages[@]}"
 fi
 python3 -m pip install -q -e '.[test]'
 python3 -m phaseprobe local install
+# A missing browser fails the dashboard's browser test here instead of skipping it.
+export PHASEPROBE_REQUIRE_BROWSER=1
 exec python3 -m pytest -m "integration or not integration" "$@"

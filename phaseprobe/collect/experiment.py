@@ -237,8 +237,9 @@ def run_probe(spec: RunSpec, store: Store, *, settings: ProbeSettings = ProbeSet
             n = store.add_gpu_samples(experiment_id, gpu_sampler.frame())
             notes.append(f"{n} GPU samples stored ({len(info['gpus'])} GPU(s))")
             if gpu_sampler.missed or gpu_sampler.failed_reads:
+                why = f" ({gpu_sampler.error})" if gpu_sampler.error else ""
                 notes.append(f"GPU sampler: {gpu_sampler.missed} ticks missed, "
-                             f"{gpu_sampler.failed_reads} failed reads ({gpu_sampler.error})")
+                             f"{gpu_sampler.failed_reads} failed reads{why}")
         notes.extend(collector.notes)
         notes.extend(consistency_notes(runs))
         store.finish_experiment(experiment_id, notes)

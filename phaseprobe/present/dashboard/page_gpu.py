@@ -30,17 +30,22 @@ def _cache_config(info: Mapping[str, Any]) -> dict[str, Any]:
     return dict(cfg) if isinstance(cfg, Mapping) else {}
 
 
+# Seconds since the first sample, not wall-clock time: an experiment lasts seconds, and a time
+# axis over a few seconds shows only millisecond fractions (".900", ".950").
+_X_TITLE = "s since sampling started"
+
+
 def _chart(samples: pd.DataFrame, column: str, title: str, scale: float,
            windows: pd.DataFrame, plateau: pd.DataFrame | None) -> alt.LayerChart | alt.FacetChart:
-    frame = pd.DataFrame({"time": pd.to_datetime(samples["t_ns"], unit="ns", utc=True),
+    frame = pd.DataFrame({"s": (samples["t_ns"] - samples["t_ns"].min()) / 1e9,
                           "gpu": "GPU " + samples["gpu_index"].astype(str),
                           "value": samples[column] * scale})
     layers: list[alt.Chart] = []
     if not windows.empty:
         layers.append(alt.Chart(windows).mark_rect(opacity=0.15, color="#4c78a8").encode(
-            x="start:T", x2="end:T", tooltip=["run"]))
+            x="start_s:Q", x2="end_s:Q", tooltip=["run"]))
     layers.append(alt.Chart(frame).mark_line().encode(
-        x=alt.X("time:T", title=None), y=alt.Y("value:Q", title=title), color="gpu:N"))
+        x=alt.X("s:Q", title=_X_TITLE), y=alt.Y("value:Q", title=title), color="gpu:N"))
     if plateau is not None and not plateau.empty:
         layers.append(alt.Chart(plateau).mark_rule(strokeDash=[6, 3], color="#e4572e").encode(
             y="value:Q", tooltip=["label"]))
@@ -56,10 +61,10 @@ def render(ctx: Context) -> None:
         return
     runs = ctx.runs()
     spans = run_windows(runs)
-    windows = pd.DataFrame(
-        {"start": pd.to_datetime([a for a, _ in spans], unit="ns", utc=True),
-         "end": pd.to_datetime([b for _, b in spans], unit="ns", utc=True),
-         "run": [f"run {r.seq}" for r in runs if r.client is not None]})
+    t0 = int(samples["t_ns"].min())
+    windows = pd.DataFrame({"start_s": [(a - t0) / 1e9 for a, _ in spans],
+                            "end_s": [(b - t0) / 1e9 for _, b in spans],
+                            "run": [f"run {r.seq}" for r in runs if r.client is not None]})
     info = ctx.experiment().server_info
     report = analyze_kv_reservation(samples, run_windows=spans, cache=_cache_config(info))
     plateau = pd.DataFrame([{"value": g.plateau_bytes / 2**30,
@@ -69,7 +74,8 @@ def render(ctx: Context) -> None:
     for note in report.notes:
         st.caption(note)
     n_gpus = samples["gpu_index"].nunique()
-    st.caption(f"{len(samples)} samples from {n_gpus} GPU(s); shaded: the runs.")
+    started = pd.Timestamp(t0, unit="ns", tz="UTC").strftime("%Y-%m-%d %H:%M:%S UTC")
+    st.caption(f"{len(samples)} samples from {n_gpus} GPU(s) from {started}; shaded: the runs.")
     for column, (title, scale) in METRICS.items():
         if column not in samples or samples[column].isna().all():
             st.caption(f"{title}: not reported by this device.")

@@ -69,7 +69,9 @@ def _swimlane(bars: pd.DataFrame, ticks: pd.DataFrame) -> alt.LayerChart | alt.F
                  alt.Tooltip("end_ms:Q", format=".1f")])
     tick = alt.Chart(ticks).mark_tick(color="black", thickness=1, size=18, opacity=0.6).encode(
         x="t_ms:Q", y=y)
-    return alt.layer(layer, tick).properties(height=max(80, 28 * len(order)))
+    # A step per lane, not a fixed height: Streamlit fits the axis title and the legend into
+    # a fixed height, and with few lanes that left the plot area no room (all lanes on one row).
+    return alt.layer(layer, tick).properties(height=alt.Step(28))
 
 
 def render(ctx: Context) -> None:
