@@ -65,10 +65,14 @@ def build_evidence(store: Store, experiment_id: int, opts: EvidenceOptions
     nccl = nccl_evidence(opts.nccl_logs, steps) if opts.nccl_logs else None
     if opts.nccl_logs:
         sources["nccl"] = ", ".join(opts.nccl_logs)
+    else:  # a summary kept with `phaseprobe nccl --keep --experiment ID`
+        nccl = _kept(store, experiment_id, ("nccl",), sources, "nccl")
     trace_file = opts.trace or opts.nsys
     trace = trace_evidence(trace_file, nsys=opts.trace is None) if trace_file else None
     if trace_file:
         sources["trace"] = trace_file
+    else:  # `trace|nsys --keep --experiment ID`, or `probe --torch-profile`
+        trace = _kept(store, experiment_id, ("trace", "nsys"), sources, "trace")
     efficiency = None
     if opts.peaks:
         from phaseprobe.collect.efficiency import efficiency_report
@@ -92,6 +96,19 @@ def build_evidence(store: Store, experiment_id: int, opts: EvidenceOptions
                   model_layers=model_layers(info, opts.model_config),
                   tensor_parallel_size=tp, baseline=baseline, store_path=str(store.path))
     return ev, sources
+
+
+def _kept(store: Store, experiment_id: int, kinds: tuple[str, ...], sources: dict[str, str],
+          name: str) -> dict[str, Any] | None:
+    """The newest analysis of ``kinds`` kept with this experiment (None when there is none);
+    names it in ``sources``."""
+    mine = [a for a in store.analyses() if a["kind"] in kinds
+            and a["experiment_id"] == experiment_id]
+    if not mine:
+        return None
+    newest = mine[-1]
+    sources[name] = f"kept analysis {newest['id']} ({newest['source']})"
+    return store.analysis(int(newest["id"]))
 
 
 def _read_text(path: str, option: str) -> str:

@@ -162,6 +162,32 @@ def test_evidence_from_saved_documents(tmp_path):
         trace_evidence(str(tmp_path / "nope.json"), nsys=False)
 
 
+def test_evidence_from_analyses_kept_with_the_experiment(tmp_path):
+    """`nccl|trace --keep --experiment ID` summaries are used when no file is given; a file
+    given on the command line wins; another experiment's analyses are not used."""
+    store, exp_id = _store(tmp_path, [make_run(i) for i in range(2)])
+    with Store(store) as s:
+        other = s.create_experiment(Experiment(name="other", kind="probe", spec=RunSpec(
+            endpoint="http://x", model="m", prompt="", max_tokens=4), server_info={},
+            created_wall_ns=T0))
+        s.add_analysis("trace", "/old/trace.json.gz", {"idle_gaps_total_ns": 1}, exp_id)
+        kept = s.add_analysis("nsys", "/r/report.sqlite", {"idle_gaps_total_ns": 7}, exp_id)
+        s.add_analysis("trace", "/other.json", {"idle_gaps_total_ns": 9}, other)
+        s.add_analysis("nccl", "/logs/other.log", {"per_step": {"calls_per_step": 3.0}}, other)
+        evd, sources = build_evidence(s, exp_id, EvidenceOptions())
+        assert evd.trace == {"idle_gaps_total_ns": 7}  # the newest kept with this experiment
+        assert sources["trace"] == f"kept analysis {kept} (/r/report.sqlite)"
+        assert evd.nccl is None and "nccl" not in sources
+        trace = tmp_path / "trace.json"
+        trace.write_text(json.dumps({"idle_gaps_total_ns": 50, "idle_gaps": []}))
+        evd, sources = build_evidence(s, exp_id, EvidenceOptions(trace=str(trace)))
+        assert evd.trace is not None and evd.trace["idle_gaps_total_ns"] == 50
+        assert sources["trace"] == str(trace)
+        evd, sources = build_evidence(s, other, EvidenceOptions())
+        assert evd.nccl == {"per_step": {"calls_per_step": 3.0}}
+        assert sources["nccl"].startswith("kept analysis")
+
+
 def test_nccl_adapter_on_a_real_log_when_the_parser_is_there(tmp_path):
     """Thin adapter over the NCCL analyzer (skipped while that module is absent)."""
     pytest.importorskip("phaseprobe.sources.nccl_log")

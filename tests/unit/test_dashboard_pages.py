@@ -347,3 +347,8 @@ def test_nccl_and_traces_from_kept_analyses(monkeypatch, tmp_path, filled):
     assert count_charts(at) == 1  # time per kernel class
     goto(at, "Traces", 2)
     assert "None is attached to experiment #2" in page_text(at)
+    # The checklist takes the trace kept with experiment #1 as its timeline evidence.
+    goto(at, "Checklist", 1)
+    verdicts = at.dataframe[0].value.set_index("rule")["verdict"]
+    assert not verdicts["idle_gaps"].startswith("skipped")
+    assert "kept analysis 3" in page_text(at)

@@ -90,8 +90,8 @@ def render(ctx: Context) -> None:
         st.info("Neither arm has usable runs (ok and isolated): nothing to compare.")
         return
     st.write(c.phase_line)
-    for w in c.warnings:
-        st.warning(w)
+    if c.warnings:  # one box: with few runs every metric has the same caveat
+        st.warning("\n".join(f"- {w}" for w in c.warnings))
     frame = comparison_frame(c)
     st.dataframe(frame, hide_index=True)
     plot = frame.dropna(subset=["ratio B/A"])

@@ -1,5 +1,6 @@
 """Checklist: run the diagnostic checklist on the selected experiment (evidence from the
-store only: runs and GPU samples) and show each verdict with the numbers that decided it."""
+store only: runs, GPU samples, and the NCCL / trace summaries kept with it) and show each
+verdict with the numbers that decided it."""
 
 from __future__ import annotations
 
@@ -47,4 +48,5 @@ def render(ctx: Context) -> None:
             if v.next_command:
                 st.code(v.next_command, language="bash")
     st.caption("Evidence: " + "; ".join(f"{k}: {s}" for k, s in report.sources.items())
-               + ". Logs, traces, NCCL and Prometheus: `phaseprobe check` with their flags.")
+               + ". Prometheus, the server log and peaks: `phaseprobe check` with their flags; "
+               "NCCL logs and traces kept with `--keep --experiment ID` are used here.")
