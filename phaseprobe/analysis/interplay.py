@@ -1,21 +1,32 @@
 """Pure arithmetic of the phase-interaction probes: decode stalls, batch scaling, prefix blocks.
 
-Nothing here does I/O; the collectors in :mod:`phaseprobe.collect.interplay` hand in client
-timelines (arrival offsets) and metric values, and the tables and JSON are built from the
-dataclasses returned here.
+Nothing here does I/O; the collectors (:mod:`phaseprobe.collect.interplay` and its modules)
+hand in client timelines (arrival offsets) and metric values, and the tables and JSON are built
+from the dataclasses returned here.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from phaseprobe.analysis.phases import percentile
+from phaseprobe.records import Run
 
-__all__ = ["Stall", "stall", "LevelStats", "level_stats", "Scaling", "scaling",
-           "steady_window_rate", "prefix_block_note", "expected_hit_tokens"]
+__all__ = ["Stall", "stall", "LevelStats", "level_stats", "merge_rounds", "Scaling", "scaling",
+           "steady_window_rate", "prefix_block_note", "expected_hit_tokens", "CONCURRENT_MARK",
+           "CONCURRENT_KINDS", "concurrent_by_design", "median_or_none", "ARM_METRICS",
+           "compare_arms"]
+
+# Runs that shared the server on purpose carry this at the start of their isolation reason.
+CONCURRENT_MARK = "concurrent by design"
+# Experiment kinds whose runs are (partly) concurrent by design.
+CONCURRENT_KINDS = ("batch", "interfere")
+# Reasons written before CONCURRENT_MARK existed (the same roles, unprefixed).
+_LEGACY_ROLES = ("batch level:", "interfere pair ")
 
 # A level that adds less than this factor of throughput over the previous one has stopped
 # scaling: on a noisy machine a few percent is noise, so the bar is 10 %.
@@ -39,6 +50,7 @@ class Stall:
     gaps_in_window: int
     b_arrival_s: float  # B sent, seconds after A was sent
     b_ttft_s: float | None
+    a_tokens_before_b: int = 0  # A's token events that had arrived when B was sent
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -57,7 +69,8 @@ def stall(a_events_s: Sequence[float], b_arrival_s: float, b_ttft_s: float | Non
     ratio = (max_itl / baseline_itl_s
              if max_itl is not None and baseline_itl_s else None)
     return Stall(baseline_itl_s=baseline_itl_s, max_itl_s=max_itl, extra_s=extra, ratio=ratio,
-                 gaps_in_window=len(sizes), b_arrival_s=b_arrival_s, b_ttft_s=b_ttft_s)
+                 gaps_in_window=len(sizes), b_arrival_s=b_arrival_s, b_ttft_s=b_ttft_s,
+                 a_tokens_before_b=sum(1 for t in a_events_s if t <= b_arrival_s))
 
 
 def steady_window_rate(streams: Sequence[Sequence[float]]) -> tuple[float | None, float]:
@@ -99,9 +112,21 @@ class LevelStats:
     max_running: float | None
     max_kv_usage: float | None  # 0–1
     preemptions: float | None  # counter delta over the level
+    rounds: int = 1  # with several rounds: every field is the median (maxima/sums, see
+    round_tokens_per_s: tuple[float | None, ...] = ()  # merge_rounds); each round's rate
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        d["round_tokens_per_s"] = list(self.round_tokens_per_s)
+        return d
+
+    @property
+    def round_spread(self) -> float | None:
+        """(max − min) ÷ median of the rounds' tokens/s: how steady the level was."""
+        xs = [x for x in self.round_tokens_per_s if x is not None]
+        if len(xs) < 2 or not self.tokens_per_s:
+            return None
+        return (max(xs) - min(xs)) / self.tokens_per_s
 
 
 def level_stats(concurrency: int, streams: Sequence[Sequence[float]], tpots: Sequence[float],
@@ -127,6 +152,45 @@ def level_stats(concurrency: int, streams: Sequence[Sequence[float]], tpots: Seq
         itl_p50_s=percentile(itl, 50), itl_p99_s=percentile(itl, 99),
         max_waiting=max_waiting, max_running=max_running, max_kv_usage=max_kv_usage,
         preemptions=preemptions)
+
+
+def median_or_none(values: Sequence[float | None]) -> float | None:
+    xs = [v for v in values if v is not None]
+    return statistics.median(xs) if xs else None
+
+
+def merge_rounds(rounds: Sequence[LevelStats]) -> LevelStats:
+    """One level repeated: the median of every rate and time over its rounds, so one unlucky
+    round (a neighbour, a burst of late tokens) does not set the level. Gauges keep their
+    maximum and preemptions their sum: pressure in any round is pressure."""
+    if not rounds:
+        raise ValueError("merge_rounds needs at least one round")
+    if len({lv.concurrency for lv in rounds}) != 1:
+        raise ValueError("merge_rounds: rounds of different concurrency levels")
+
+    def med(name: str) -> float | None:
+        return median_or_none([getattr(lv, name) for lv in rounds])
+
+    def most(name: str) -> float | None:
+        xs = [getattr(lv, name) for lv in rounds if getattr(lv, name) is not None]
+        return max(xs) if xs else None
+
+    bases = {lv.rate_basis for lv in rounds}
+    pre = [lv.preemptions for lv in rounds if lv.preemptions is not None]
+    return LevelStats(
+        concurrency=rounds[0].concurrency, streams_ok=min(lv.streams_ok for lv in rounds),
+        output_tokens=int(statistics.median(lv.output_tokens for lv in rounds)),
+        span_s=statistics.median(lv.span_s for lv in rounds),
+        tokens_per_s=med("tokens_per_s"),
+        rate_basis=bases.pop() if len(bases) == 1 else "mixed",
+        span_tokens_per_s=med("span_tokens_per_s"),
+        server_tokens_per_s=med("server_tokens_per_s"),
+        steady_window_s=statistics.median(lv.steady_window_s for lv in rounds),
+        tpot_median_s=med("tpot_median_s"), itl_p50_s=med("itl_p50_s"),
+        itl_p99_s=med("itl_p99_s"), max_waiting=most("max_waiting"),
+        max_running=most("max_running"), max_kv_usage=most("max_kv_usage"),
+        preemptions=sum(pre) if pre else None, rounds=len(rounds),
+        round_tokens_per_s=tuple(lv.tokens_per_s for lv in rounds))
 
 
 @dataclass(frozen=True)
@@ -208,3 +272,44 @@ def prefix_block_note(prefix_tokens: int | None, block_size: int | None) -> str 
                 "stay 0 and the warm pass cannot be faster. Use --prefix-tokens "
                 f"≥ {block_size} (better ≥ {2 * block_size}).")
     return None
+
+
+def concurrent_by_design(run: Run) -> bool:
+    """A run that shared the server on purpose (a batch stream, an interfere pair): its
+    isolation was never checked, and it must not enter medians of isolated requests."""
+    if run.isolation.verified:
+        return False
+    return any(r.startswith(CONCURRENT_MARK) or r.startswith(_LEGACY_ROLES)
+               for r in run.isolation.reasons)
+
+
+# The quantities compared between two interfere arms: (key, label), all lower-is-better.
+ARM_METRICS = (("max_itl_s", "A's max ITL around B's arrival"),
+               ("extra_s", "A's time lost vs its baseline ITL"),
+               ("b_ttft_s", "B's TTFT"))
+
+
+def compare_arms(name_a: str, stalls_a: Sequence[Stall], name_b: str,
+                 stalls_b: Sequence[Stall], *, min_effect: float = 0.05) -> dict[str, Any]:
+    """Arm B against arm A (the baseline) on each stall quantity: medians, and from
+    :func:`~phaseprobe.analysis.ab_stats.compare_samples` the ratio of medians with its
+    bootstrap interval, the U test and the verdict (lower is better for all three)."""
+    import numpy as np
+
+    from phaseprobe.analysis.ab_stats import compare_samples  # scipy: only when comparing
+
+    out: dict[str, Any] = {"arm_a": name_a, "arm_b": name_b, "min_effect": min_effect,
+                           "metrics": {}}
+    for key, label in ARM_METRICS:
+        xa = [getattr(s, key) for s in stalls_a]
+        xb = [getattr(s, key) for s in stalls_b]
+        # A's time lost is often exactly 0 in some pairs: a resample whose median is 0 gives
+        # an infinite ratio. Such bounds are reported as None (unbounded), never as inf/NaN
+        # (not JSON).
+        with np.errstate(divide="ignore", invalid="ignore"):
+            m = compare_samples([x for x in xa if x is not None],
+                                [x for x in xb if x is not None],
+                                metric=key, label=label, min_effect=min_effect)
+        out["metrics"][key] = {k: None if isinstance(v, float) and not math.isfinite(v) else v
+                               for k, v in m.to_dict().items()}
+    return out

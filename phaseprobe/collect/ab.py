@@ -43,7 +43,7 @@ from phaseprobe.sources.vllm_metrics import MetricsScraper
 from phaseprobe.store import Store
 
 __all__ = ["AbProgress", "NullAbProgress", "AbResult", "schedule", "run_ab", "resume_ab",
-           "launch_server", "Launcher"]
+           "launch_server", "Launcher", "start_arms"]
 
 # Launcher: an arm → a context manager yielding the base URL of its running server.
 Launcher = Callable[[Arm], contextlib.AbstractContextManager[str]]
@@ -178,6 +178,26 @@ def launch_server(arm: Arm) -> Iterator[str]:
         stop_process_group(proc.pid, reap=proc.poll)
 
 
+def start_arms(playbook: Playbook, stack: contextlib.ExitStack, launcher: Launcher,
+               status: Callable[[str], None], notes: list[str]) -> list[str]:
+    """Every arm's base URL, in arm order: its endpoint, or a server ``launcher`` starts (kept
+    up until ``stack`` closes). Arms with identical launches share one server."""
+    urls: dict[tuple[Any, ...], str] = {}
+    out: list[str] = []
+    for arm in playbook.arms:
+        if arm.endpoint is not None:
+            out.append(arm.endpoint)
+            continue
+        key = arm.launch.key(arm.model) if arm.launch else ()
+        if key not in urls:
+            status(f"starting the server of arm {arm.name}…")
+            urls[key] = stack.enter_context(launcher(arm))
+        else:
+            notes.append(f"arm {arm.name} shares arm A's server (same launch)")
+        out.append(urls[key])
+    return out
+
+
 class _Arm:
     """One arm during a session: its endpoint, collector, prompts and stored runs."""
 
@@ -241,21 +261,9 @@ def run_ab(playbook: Playbook, store: Store, *, runs: int | None = None,
     result = AbResult(session_id or 0, playbook, n, {}, {a.name: [] for a in playbook.arms})
     http = requests.Session()
     with contextlib.ExitStack() as stack:
-        urls: dict[tuple[Any, ...], str] = {}
-        arms: list[_Arm] = []
-        for i, arm in enumerate(playbook.arms):
-            if arm.endpoint is not None:
-                url = arm.endpoint
-            else:
-                key = arm.launch.key(arm.model) if arm.launch else ()
-                if key not in urls:
-                    progress.on_status(f"starting the server of arm {arm.name}…")
-                    urls[key] = stack.enter_context(launcher(arm))
-                else:
-                    result.notes.append(f"arm {arm.name} shares arm A's server (same launch)")
-                url = urls[key]
-            arms.append(_Arm(i, arm, url, playbook, n, http, api_key,
-                             settings or ProbeSettings()))
+        urls = start_arms(playbook, stack, launcher, progress.on_status, result.notes)
+        arms = [_Arm(i, arm, url, playbook, n, http, api_key, settings or ProbeSettings())
+                for i, (arm, url) in enumerate(zip(playbook.arms, urls))]
         if session_id is None:
             # Created once every server answers with the right model: a playbook that cannot
             # start leaves no empty session behind.

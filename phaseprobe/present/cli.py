@@ -18,9 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from phaseprobe import __version__
-from phaseprobe.analysis.phases import summarize
-from phaseprobe.errors import ConfigError, PhaseprobeError
-from phaseprobe.paths import default_store_path
+from phaseprobe.errors import PhaseprobeError
 from phaseprobe.present import (
     cmd_ab,
     cmd_calibrate,
@@ -33,11 +31,9 @@ from phaseprobe.present import (
     cmd_plan,
     cmd_probe,
     cmd_query,
+    cmd_runs,
     cmd_trace,
 )
-from phaseprobe.present.args import store_and_json_args
-from phaseprobe.present.console import render_experiments, render_probe
-from phaseprobe.store import Store
 
 __all__ = ["main", "build_parser"]
 
@@ -55,12 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmd_probe.register(sub)
     cmd_ab.register(sub)
 
-    runs = sub.add_parser("runs", help="list stored experiments, or the runs of one")
-    runs.add_argument("experiment", nargs="?", type=int,
-                      help="experiment id (omit to list experiments)")
-    runs.add_argument("--latest", action="store_true", help="show the runs of the latest "
-                      "experiment")
-    store_and_json_args(runs)
+    cmd_runs.register(sub)
 
     local = sub.add_parser("local", help="the embedded local CPU vLLM (install, start, stop, "
                            "status)")
@@ -83,34 +74,6 @@ def build_parser() -> argparse.ArgumentParser:
     cmd_dashboard.register(sub)
     cmd_interplay.register(sub)
     return parser
-
-
-def _cmd_runs(args: argparse.Namespace, out: Console, err: Console) -> int:
-    path = args.store or default_store_path()
-    if not path.exists():
-        raise ConfigError(f"no experiment store at {path} (run `phaseprobe probe` first)")
-    with Store(path) as store:
-        exp_id = args.experiment
-        if exp_id is None and args.latest:
-            exp_id = store.latest_experiment_id()
-        if exp_id is None:
-            rows = store.experiments()
-            if args.json:
-                out.out(json.dumps({"store": str(path), "experiments": rows}), highlight=False)
-            else:
-                render_experiments(out, rows)
-            return 0
-        exp = store.experiment(exp_id)
-        runs = store.runs(exp_id)
-    summary = summarize(runs)
-    if args.json:
-        doc = {"experiment_id": exp_id, "name": exp.name, "spec": exp.spec.to_dict(),
-               "server": exp.server_info, "notes": list(exp.notes),
-               "summary": summary.to_dict(), "runs": [r.to_dict() for r in runs]}
-        out.out(json.dumps(doc), highlight=False)
-    else:
-        render_probe(out, runs, summary, exp.server_info, exp.notes, exp_id)
-    return 0
 
 
 def _cmd_local(args: argparse.Namespace, out: Console, err: Console) -> int:
@@ -152,7 +115,7 @@ def _cmd_local(args: argparse.Namespace, out: Console, err: Console) -> int:
 _COMMANDS: dict[str, Callable[[argparse.Namespace, Console, Console], int]] = {
     "probe": cmd_probe.run,
     "ab": cmd_ab.run,
-    "runs": _cmd_runs,
+    "runs": cmd_runs.run,
     "local": _cmd_local,
     "query": cmd_query.run,
     "grafana": cmd_grafana.run,

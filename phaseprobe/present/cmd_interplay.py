@@ -3,35 +3,53 @@
     phaseprobe prefix --endpoint URL --prefix-tokens 512
     phaseprobe batch --endpoint URL --concurrency 1,2,4,8 --max-tokens 128
     phaseprobe interfere --endpoint URL --b-prompt-tokens 2000 --at-token 16
+    phaseprobe interfere --endpoint URL --endpoint-b URL2 --arm-names chunked,unchunked
+    phaseprobe interfere --playbook cpu-interfere-chunked
 
 Without ``--endpoint`` the local CPU vLLM with the tiny model is started, used and stopped, as
-for ``phaseprobe probe``. Every probe is stored as an experiment of its own kind.
+for ``phaseprobe probe``. Every probe is stored as an experiment of its own kind; a two-arm
+interfere stores one experiment per arm.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from contextlib import ExitStack
+from dataclasses import replace
 from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from phaseprobe.collect.interplay import (
+    ArmsResult,
     BatchResult,
+    InterfereArm,
     InterfereResult,
+    InterfereSettings,
     PrefixResult,
     Target,
+    Trigger,
+    interfere_playbook,
+    playbook_settings,
     run_batch,
     run_interfere,
+    run_interfere_arms,
     run_prefix,
 )
+from phaseprobe.collect.playbook import load_playbook, parse_effect
 from phaseprobe.errors import ConfigError
 from phaseprobe.paths import default_store_path
 from phaseprobe.present.args import positive_int, store_and_json_args
 from phaseprobe.present.endpoint import api_key_from_env, endpoint_or_local, first_model
+from phaseprobe.present.render_interplay import (
+    render_arms,
+    render_batch,
+    render_interfere,
+    render_prefix,
+)
 from phaseprobe.store import Store, redact_url
 
 __all__ = ["register", "run", "COMMANDS"]
@@ -100,30 +118,85 @@ def register(subparsers: Any) -> None:
                    help="prompt length per stream (default: 32)")
     p.add_argument("--max-tokens", type=positive_int, default=128,
                    help="tokens per stream; sets how long each level runs (default: 128)")
+    p.add_argument("--repeats", type=positive_int, default=1, metavar="R",
+                   help="rounds per level, round-robin over the levels; each level reports "
+                        "the median over its rounds (default: 1)")
     _common(p, "batch")
 
     p = subparsers.add_parser(
         "interfere", help="measure how a long prefill stalls a decoding request",
         formatter_class=fmt,
         description="Stream A decodes alone (baseline), then again while request B with a "
-                    "long prompt arrives mid-decode (at A's token --at-token, timed from the "
-                    "baseline). A's stall: the largest A gap overlapping B's prefill, and the "
-                    "time A lost vs its baseline ITL; B's TTFT. JSON carries the swimlane "
-                    "data (token arrival times of A and B per pair). To compare chunked "
-                    "prefill on/off, run it against two endpoints (or two A/B arms).")
-    p.add_argument("--a-prompt-tokens", type=positive_int, default=32,
-                   help="A's prompt length (default: 32)")
-    p.add_argument("--a-tokens", type=positive_int, default=64,
-                   help="tokens A generates (default: 64)")
+                    "long prompt arrives mid-decode: when A's --at-token-th token reaches the "
+                    "client, or --at-time seconds after A's send. A's stall: the largest A gap "
+                    "overlapping B's prefill, and the time A lost vs its baseline ITL; B's "
+                    "TTFT. JSON carries the swimlane data (token arrival times of A and B per "
+                    "pair). Two arms (--endpoint-b, or --playbook whose arms phaseprobe "
+                    "launches, e.g. chunked prefill on/off) run interleaved, one experiment "
+                    "per arm, and are compared: medians, ratio with a bootstrap interval, "
+                    "verdict.")
+    p.add_argument("--a-prompt-tokens", type=positive_int, default=None,
+                   help="A's prompt length (default: 32, or the playbook's prompt_tokens)")
+    p.add_argument("--a-tokens", type=positive_int, default=None,
+                   help="tokens A generates (default: 64, or the playbook's max_tokens)")
     p.add_argument("--b-prompt-tokens", type=positive_int, default=600,
                    help="B's prompt length: the long prefill (default: 600)")
     p.add_argument("--b-tokens", type=positive_int, default=1,
                    help="tokens B generates (default: 1)")
-    p.add_argument("--at-token", type=positive_int, default=16,
-                   help="send B when A is at about this token (default: 16)")
-    p.add_argument("--reps", type=positive_int, default=3,
-                   help="baseline runs and A/B pairs (default: 3)")
+    p.add_argument("--at-token", type=positive_int, default=16, metavar="K",
+                   help="send B when A's K-th token reaches the client (default: 16)")
+    p.add_argument("--at-time", type=_at_time, default=None, metavar="SECONDS|auto",
+                   help="send B this long after A's send instead; 'auto': when A should "
+                        "reach --at-token, estimated from the baseline on vLLM's clock (for a "
+                        "starved API server that delivers tokens in bursts)")
+    p.add_argument("--reps", type=positive_int, default=None,
+                   help="baseline runs and A/B pairs per arm (default: 3, or the playbook's "
+                        "runs)")
+    p.add_argument("--endpoint-b", metavar="URL",
+                   help="a second arm: the same experiment against this endpoint too")
+    p.add_argument("--model-b", help="model name at --endpoint-b (default: its first model)")
+    p.add_argument("--arm-names", type=_arm_names, default=("a", "b"), metavar="A,B",
+                   help="names of the two arms with --endpoint-b (default: a,b)")
+    p.add_argument("--playbook", metavar="NAME|PATH",
+                   help="an A/B playbook (e.g. cpu-interfere-chunked): its arms are the two "
+                        "arms, launched by phaseprobe; [run] gives A's prompt_tokens, "
+                        "max_tokens (A's length), runs (pairs), warmup, pause_s, min_effect")
+    p.add_argument("--pause", type=float, default=None, metavar="SECONDS",
+                   help="quiet time before each step with two arms (default: the playbook's "
+                        "pause_s, else 0)")
+    p.add_argument("--min-effect", default=None, metavar="PCT",
+                   help="smallest change worth calling between arms (default: the playbook's, "
+                        "else 5%%)")
     _common(p, "interfere")
+
+
+def _at_time(text: str) -> float | str:
+    if text == "auto":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("seconds (e.g. 0.5) or 'auto'") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be 0 or more")
+    return value
+
+
+def _arm_names(text: str) -> tuple[str, str]:
+    names = [x.strip() for x in text.split(",")]
+    if len(names) != 2 or not all(names) or names[0] == names[1]:
+        raise argparse.ArgumentTypeError("two different names, e.g. chunked,unchunked")
+    return names[0], names[1]
+
+
+def _interfere_settings(args: argparse.Namespace) -> InterfereSettings:
+    at = args.at_time
+    trigger = (Trigger("token", args.at_token) if at is None else
+               Trigger("estimate", args.at_token) if at == "auto" else Trigger("time", at))
+    return InterfereSettings(
+        a_prompt_tokens=args.a_prompt_tokens or 32, a_tokens=args.a_tokens or 64,
+        b_prompt_tokens=args.b_prompt_tokens, b_tokens=args.b_tokens, trigger=trigger,
+        reps=args.reps or 3)
 
 
 def run(args: argparse.Namespace, out: Console, err: Console) -> int:
@@ -135,13 +208,15 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     def progress(line: str) -> None:
         err.print(f"[dim]{escape(line)}")
 
+    if kind == "interfere" and args.playbook:
+        return _run_playbook(args, out, api_key, progress)
     with ExitStack() as stack:
         endpoint = endpoint_or_local(args.endpoint, stack, err)
         model = args.model or first_model(endpoint, api_key)
         target = Target(endpoint=endpoint, model=model, api_key=api_key, chat=args.chat,
                         timeout_s=args.timeout)
         store = stack.enter_context(Store(args.store or default_store_path()))
-        result: PrefixResult | BatchResult | InterfereResult
+        result: PrefixResult | BatchResult | InterfereResult | ArmsResult
         if kind == "prefix":
             result = run_prefix(target, store, prefix_tokens=args.prefix_tokens,
                                 suffix_tokens=args.suffix_tokens, max_tokens=args.max_tokens,
@@ -149,12 +224,23 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
         elif kind == "batch":
             result = run_batch(target, store, levels=args.concurrency,
                                prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens,
-                               name=args.name, progress=progress)
+                               rounds=args.repeats, name=args.name, progress=progress)
+        elif args.endpoint_b:
+            model_b = args.model_b or first_model(args.endpoint_b, api_key)
+            target_b = Target(endpoint=args.endpoint_b, model=model_b, api_key=api_key,
+                              chat=args.chat, timeout_s=args.timeout)
+            arms = [InterfereArm(n, t, {"endpoint": redact_url(t.endpoint)})
+                    for n, t in zip(args.arm_names, (target, target_b))]
+            result = run_interfere_arms(
+                arms, store, _interfere_settings(args), name=args.name,
+                pause_s=args.pause or 0.0, min_effect=parse_effect(args.min_effect or 0.05),
+                progress=progress)
         else:
-            result = run_interfere(target, store, a_prompt_tokens=args.a_prompt_tokens,
-                                   a_tokens=args.a_tokens, b_prompt_tokens=args.b_prompt_tokens,
-                                   b_tokens=args.b_tokens, at_token=args.at_token,
-                                   reps=args.reps, name=args.name, progress=progress)
+            result = run_interfere(target, store, _interfere_settings(args), name=args.name,
+                                   progress=progress)
+    if isinstance(result, ArmsResult):
+        return _emit_arms(args, out, result, {"endpoints": [redact_url(endpoint),
+                                                            redact_url(args.endpoint_b)]})
     if args.json:
         doc = {"kind": kind, "endpoint": redact_url(endpoint), "model": model,
                "server": result.server_info, **result.to_dict()}
@@ -168,80 +254,34 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     return 0 if any(r.status != "error" for r in result.runs) else 1
 
 
-def _ms(v: float | None) -> str:
-    return "—" if v is None else f"{v * 1000:.1f}"
+def _run_playbook(args: argparse.Namespace, out: Console, api_key: str | None,
+                  progress: Callable[[str], None]) -> int:
+    if args.endpoint or args.endpoint_b:
+        raise ConfigError("--playbook brings its own arms: drop --endpoint/--endpoint-b")
+    playbook = load_playbook(args.playbook)
+    settings = playbook_settings(playbook, _interfere_settings(args))
+    overrides = {k: v for k, v in (("a_prompt_tokens", args.a_prompt_tokens),
+                                   ("a_tokens", args.a_tokens), ("reps", args.reps))
+                 if v is not None}
+    settings = replace(settings, **overrides)
+    if args.pause is not None or args.min_effect is not None:
+        playbook = replace(playbook, run=replace(
+            playbook.run, pause_s=playbook.run.pause_s if args.pause is None else args.pause,
+            min_effect=(playbook.run.min_effect if args.min_effect is None
+                        else parse_effect(args.min_effect))))
+    with Store(args.store or default_store_path()) as store:
+        result = interfere_playbook(playbook, store, settings,
+                                    name=None if args.name == "interfere" else args.name,
+                                    api_key=api_key, progress=progress)
+    return _emit_arms(args, out, result, {"playbook_path": playbook.path})
 
 
-def _num(v: float | None, fmt: str = "{:g}") -> str:
-    return "—" if v is None else fmt.format(v)
-
-
-def _notes(out: Console, notes: list[str]) -> None:
-    for note in notes:
-        out.print(f"[yellow]note:[/] {escape(note)}")
-
-
-def render_prefix(out: Console, r: PrefixResult) -> None:
-    t = Table(title=f"prefix reuse (experiment {r.experiment_id}): shared prefix "
-                    f"{_num(r.prefix_tokens)} tokens, KV block {_num(r.block_size)} tokens, "
-                    f"up to {_num(r.expected_hit_tokens)} tokens can hit")
-    for col in ("pass", "runs", "TTFT ms", "server prefill ms", "prefix queries", "prefix hits"):
-        t.add_column(col, justify="left" if col == "pass" else "right")
-    for name in ("cold", "warm"):
-        s = r.summary[name]
-        t.add_row(name, _num(s["runs"]), _ms(s["ttft_s"]), _ms(s["server_prefill_s"]),
-                  _num(s["prefix_cache_queries"]), _num(s["prefix_cache_hits"]))
-    out.print(t)
-    cold, warm = r.summary["cold"]["ttft_s"], r.summary["warm"]["ttft_s"]
-    if cold and warm:
-        out.print(f"warm TTFT is {warm / cold * 100:.0f}% of cold")
-    _notes(out, r.notes)
-
-
-def render_batch(out: Console, r: BatchResult) -> None:
-    t = Table(title=f"batch scaling (experiment {r.experiment_id})")
-    for col in ("concurrency", "streams ok", "tokens/s", "over", "× vs lowest", "efficiency",
-                "server tok/s", "server ×",
-                "TPOT ms", "ITL p50 ms", "ITL p99 ms", "max waiting", "max KV %",
-                "preemptions"):
-        t.add_column(col, justify="right")
-    for lv in r.levels:
-        ratio = r.scaling.ratios.get(lv.concurrency)
-        eff = r.scaling.efficiency.get(lv.concurrency)
-        t.add_row(str(lv.concurrency), str(lv.streams_ok), _num(lv.tokens_per_s, "{:.1f}"),
-                  lv.rate_basis,
-                  _num(ratio, "{:.2f}"), _num(eff, "{:.0%}"),
-                  _num(lv.server_tokens_per_s, "{:.1f}"),
-                  _num(r.scaling.server_ratios.get(lv.concurrency), "{:.2f}"),
-                  _ms(lv.tpot_median_s),
-                  _ms(lv.itl_p50_s), _ms(lv.itl_p99_s), _num(lv.max_waiting),
-                  _num(lv.max_kv_usage * 100 if lv.max_kv_usage is not None else None,
-                       "{:.1f}"), _num(lv.preemptions))
-    out.print(t)
-    if r.scaling.stops_at is not None:
-        out.print(f"scaling stops after concurrency {r.scaling.stops_at}:")
-        for why in r.scaling.why:
-            out.print(f"  - {escape(why)}")
+def _emit_arms(args: argparse.Namespace, out: Console, result: ArmsResult,
+               extra: dict[str, Any]) -> int:
+    if args.json:
+        doc = {"kind": "interfere", "mode": "arms", **extra, **result.to_dict()}
+        out.out(json.dumps(doc), highlight=False)
     else:
-        out.print("throughput still rose at every level tested")
-    _notes(out, r.notes)
-
-
-def render_interfere(out: Console, r: InterfereResult) -> None:
-    t = Table(title=f"interference (experiment {r.experiment_id}): A decoding, B's long "
-                    f"prefill arriving; A-alone TPOT {_ms(r.baseline_itl_s)} ms, "
-                    f"TTFT {_ms(r.baseline_ttft_s)} ms")
-    for col in ("pair", "B sent at ms", "B TTFT ms", "A max ITL ms", "× baseline",
-                "A time lost ms", "A gaps in window"):
-        t.add_column(col, justify="right")
-    for i, s in enumerate(r.stalls):
-        t.add_row(str(i), _ms(s.b_arrival_s), _ms(s.b_ttft_s), _ms(s.max_itl_s),
-                  _num(s.ratio, "{:.1f}"), _ms(s.extra_s), str(s.gaps_in_window))
-    out.print(t)
-    sm = r.summary()
-    out.print(f"A alone over the same window (control): max ITL {_ms(sm['control_max_itl_s'])} "
-              f"ms, time lost {_ms(sm['control_extra_s'])} ms; with B: max ITL "
-              f"{_ms(sm['max_itl_s'])} ms, time lost {_ms(sm['extra_s'])} ms (medians)")
-    out.print(f"A's decode on vLLM's clock: alone {_ms(sm['server_decode_alone_s'])} ms, with B "
-              f"{_ms(sm['server_decode_with_b_s'])} ms (medians; needs --b-tokens 1)")
-    _notes(out, r.notes)
+        render_arms(out, result)
+    ok = all(any(r.status != "error" for r in res.runs) for res in result.arms.values())
+    return 0 if ok else 1

@@ -20,6 +20,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from phaseprobe.analysis.interplay import CONCURRENT_KINDS, concurrent_by_design
 from phaseprobe.analysis.phases import Summary, percentile
 from phaseprobe.records import Run
 
@@ -79,7 +80,8 @@ def render_probe(console: Console, runs: Sequence[Run], summary: Summary,
         table.add_column(col, justify="left" if col == "status" else "right", no_wrap=True)
     for r in runs:
         c, s = r.client, r.server
-        iso = "yes" if r.isolated else ("n/a" if not r.isolation.verified else "[red]NO")
+        iso = ("yes" if r.isolated else "concurrent" if concurrent_by_design(r)
+               else "n/a" if not r.isolation.verified else "[red]NO")
         table.add_row(
             str(r.seq + 1), r.status if r.status == "ok" else f"[red]{r.status}",
             ms(c.ttft_s if c else None), ms(s.queue_s if s else None, 2),
@@ -111,7 +113,8 @@ def render_experiments(console: Console, rows: Sequence[dict[str, Any]]) -> None
     for col in ("id", "name", "kind", "model", "endpoint", "runs", "ok", "isolated", "finished"):
         table.add_column(col)
     for row in rows:
-        table.add_row(str(row["id"]), row["name"], row["kind"], row["model"], row["endpoint"],
+        kind = row["kind"] + ("[yellow]*[/]" if row["kind"] in CONCURRENT_KINDS else "")
+        table.add_row(str(row["id"]), row["name"], kind, row["model"], row["endpoint"],
                       str(row["n_runs"]), str(row["n_ok"] or 0), str(row["n_isolated"] or 0),
                       "yes" if row["finished_wall_ns"] else "no")
     console.print(table)

@@ -26,7 +26,8 @@ import urllib3
 from phaseprobe.errors import EndpointUnreachable
 from phaseprobe.records import ClientTimeline
 
-__all__ = ["StreamClient", "StreamOutcome", "check_endpoint", "build_body"]
+__all__ = ["StreamClient", "StreamOutcome", "TokenEventCounter", "check_endpoint",
+           "build_body"]
 
 _ERROR_EXCERPT = 500
 
@@ -100,7 +101,11 @@ class StreamClient:
         if api_key:
             self.headers["Authorization"] = f"Bearer {api_key}"
 
-    def stream(self, body: dict[str, Any]) -> StreamOutcome:
+    def stream(self, body: dict[str, Any],
+               on_events: Callable[[list[bytes]], None] | None = None) -> StreamOutcome:
+        """Send ``body`` and stamp every event. ``on_events(raw)`` is called from this thread
+        with the SSE events each read completed, right after they are stamped (a
+        :class:`TokenEventCounter` tells which carry tokens); it must be quick."""
         chat = "messages" in body
         url = self.base_url + ("/v1/chat/completions" if chat else "/v1/completions")
         events: list[int] = []
@@ -116,7 +121,7 @@ class StreamClient:
                 if status >= 400:
                     error = f"HTTP {status}: {_short(resp.text)}"
                 else:
-                    self._read_events(resp, t0, chat, events, state)
+                    self._read_events(resp, t0, chat, events, state, on_events)
                     if state.error:
                         error = state.error
                     elif not state.done:
@@ -143,7 +148,8 @@ class StreamClient:
         return StreamOutcome(timeline=timeline, error=error, text="".join(state.text))
 
     def _read_events(self, resp: requests.Response, t0: int, chat: bool, events: list[int],
-                     state: _StreamState) -> None:
+                     state: _StreamState,
+                     on_events: Callable[[list[bytes]], None] | None = None) -> None:
         # Hot path: stamp, split, keep the raw event. JSON is parsed after the stream ends, so
         # the next event's stamp never waits on the previous one's parsing.
         clock = self._clock_ns
@@ -152,6 +158,7 @@ class StreamClient:
         try:
             for chunk in _chunks(resp):
                 t = clock() - t0
+                n_before = len(raw_events)
                 buf = buf + chunk if buf else chunk
                 while True:
                     i = buf.find(b"\n\n")
@@ -164,6 +171,8 @@ class StreamClient:
                         break
                     raw_events.append((t, buf[:i]))
                     buf = buf[i + skip:]
+                if on_events is not None and len(raw_events) > n_before:
+                    on_events([raw for _, raw in raw_events[n_before:]])
                 if raw_events and raw_events[-1][1].endswith(b"[DONE]"):
                     break
         finally:
@@ -173,6 +182,24 @@ class StreamClient:
                     events.append(t)
                 if state.done or state.error:
                     break
+
+
+class TokenEventCounter:
+    """Counts the token events among raw SSE events as they arrive, by the same rule as the
+    timeline (an event with text, or the final one with a finish reason): a role-only chat
+    event, the usage chunk or an event whose text is still empty (a token that completes no
+    character yet) is not a token event."""
+
+    def __init__(self, chat: bool) -> None:
+        self.chat = chat
+        self.count = 0
+        self._state = _StreamState()
+
+    def feed(self, raw_events: list[bytes]) -> int:
+        for raw in raw_events:
+            if self._state.feed(raw, self.chat):
+                self.count += 1
+        return self.count
 
 
 class _StreamState:

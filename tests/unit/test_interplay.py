@@ -16,7 +16,14 @@ from phaseprobe.analysis.interplay import (
     stall,
     steady_window_rate,
 )
-from phaseprobe.collect.interplay import Target, run_batch, run_interfere, run_prefix
+from phaseprobe.collect.interplay import (
+    InterfereSettings,
+    Target,
+    Trigger,
+    run_batch,
+    run_interfere,
+    run_prefix,
+)
 from phaseprobe.present import cmd_interplay
 from phaseprobe.store import Store
 from phaseprobe.testing.sse_server import Script, SseServer
@@ -103,8 +110,8 @@ def test_interfere_times_b_from_the_baseline_and_keeps_swimlanes(tmp_path):
         b = Script(n_tokens=1, first_delay_s=0.05)
         # warm-up, 2 baselines, then per pair A then B (A is sent first, B later).
         srv.enqueue(a, a, a, a, b, a, b)
-        res = run_interfere(Target(srv.base_url, srv.model), store, a_tokens=30,
-                            at_token=10, reps=2)
+        res = run_interfere(Target(srv.base_url, srv.model), store, InterfereSettings(
+            a_tokens=30, trigger=Trigger("estimate", 10), reps=2))
         assert res.baseline_itl_s == pytest.approx(0.01, rel=0.3)
         for st in res.stalls:
             assert 0.08 < st.b_arrival_s < 0.2  # ≈ TTFT + 10 × 10 ms

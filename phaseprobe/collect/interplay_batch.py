@@ -1,0 +1,216 @@
+"""``phaseprobe batch``: decode throughput and ITL as concurrency rises.
+
+At each level, ``c`` streams start together (one barrier) and the aggregate decode rate is taken
+over the steady window when every stream decodes. Each level runs ``rounds`` times; rounds go
+round-robin over the levels (1, 2, 4, 1, 2, 4, …) so slow drift lands on every level instead of
+bending the scaling curve, and the level reports the median over its rounds. Streams share the
+server on purpose: they are stored client-only, marked concurrent by design.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import requests
+
+from phaseprobe.analysis.interplay import LevelStats, Scaling, level_stats, merge_rounds, scaling
+from phaseprobe.collect.interplay_context import (
+    ProbeContext,
+    Progress,
+    Target,
+    concurrent_run,
+    events_s,
+    metric_delta,
+    quiet,
+    store_run,
+)
+from phaseprobe.errors import MetricsUnavailable
+from phaseprobe.records import Experiment, Run
+from phaseprobe.sources.openai_stream import StreamOutcome
+from phaseprobe.sources.vllm_metrics import MetricSnapshot, MetricsScraper
+from phaseprobe.store import Store
+
+__all__ = ["BatchResult", "run_batch"]
+
+
+@dataclass
+class BatchResult:
+    experiment_id: int
+    levels: list[LevelStats]  # per level: the median over its rounds
+    scaling: Scaling
+    runs: list[Run]
+    server_info: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+    rounds: dict[int, list[LevelStats]] = field(default_factory=dict)  # level → every round
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"experiment_id": self.experiment_id,
+                "levels": [lv.to_dict() for lv in self.levels],
+                "rounds": {str(c): [lv.to_dict() for lv in rs] for c, rs in self.rounds.items()},
+                "scaling": self.scaling.to_dict(), "notes": self.notes,
+                "runs": [r.to_dict() for r in self.runs]}
+
+
+class _GaugeSampler:
+    """Polls /metrics in a thread during a level: the max of waiting, running and KV usage."""
+
+    # A /metrics scrape costs the API server CPU; 4 Hz is enough to catch waiting requests
+    # without slowing a small CPU server.
+    def __init__(self, ctx: ProbeContext, model: str, period_s: float = 0.25) -> None:
+        self.ctx = ctx
+        self.model = model
+        self.period_s = period_s
+        self.max: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="batch-gauges", daemon=True)
+
+    def _loop(self) -> None:
+        # Its own scraper/session: the main session belongs to the main thread.
+        scraper = MetricsScraper(self.ctx.target.endpoint, session=requests.Session(),
+                                 headers=self.ctx.headers)
+        while not self._stop.is_set():
+            try:
+                snap = scraper.scrape()
+            except MetricsUnavailable:
+                return
+            for key in ("requests_waiting", "requests_running", "kv_cache_usage"):
+                v = snap.value(key, model=self.model)
+                if v is not None:
+                    self.max[key] = max(v, self.max.get(key, v))
+            self._stop.wait(self.period_s)
+
+    def __enter__(self) -> _GaugeSampler:
+        if self.ctx.scraper is not None:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+
+
+def _fan_out(ctx: ProbeContext, bodies: list[dict[str, Any]]
+             ) -> tuple[list[StreamOutcome], list[int]]:
+    """Send all bodies at once (released by one barrier); return outcomes and send stamps."""
+    n = len(bodies)
+    outcomes: list[StreamOutcome | None] = [None] * n
+    sent_ns = [0] * n
+    barrier = threading.Barrier(n)
+    clients = [ctx.new_client() for _ in range(n)]
+
+    def work(i: int) -> None:
+        barrier.wait()
+        sent_ns[i] = time.perf_counter_ns()
+        outcomes[i] = clients[i].stream(bodies[i])
+
+    threads = [threading.Thread(target=work, args=(i,), name=f"stream-{i}") for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return [o for o in outcomes if o is not None], sent_ns
+
+
+def run_batch(target: Target, store: Store, *, levels: tuple[int, ...] = (1, 2, 4, 8, 16, 32),
+              prompt_tokens: int = 32, max_tokens: int = 128, rounds: int = 1,
+              warmup: bool = True, name: str = "batch",
+              progress: Progress | None = None) -> BatchResult:
+    """Each level: ``c`` streams started together, ``rounds`` times; steady-state aggregate
+    decode tokens/s, the median over the rounds.
+
+    ``max_tokens`` sets how long a round runs: the steady window (every stream decoding) is
+    roughly ``max_tokens`` × ITL, so raise it when the window is short.
+    """
+    if rounds < 1:
+        raise ValueError("rounds must be at least 1")
+    say = progress or quiet
+    ctx = ProbeContext(target)
+    notes = list(ctx.notes)
+    salt = time.time_ns() % 1_000_000_007
+    prompts = [ctx.builder.build(prompt_tokens, salt + i).text
+               for i in range(rounds * sum(levels) + 1)]
+    spec = ctx.spec(prompts[0], max_tokens, {"probe": "batch",
+                                             "levels": ",".join(map(str, levels)),
+                                             "rounds": str(rounds),
+                                             "prompt_tokens": str(prompt_tokens)})
+    exp_id = store.create_experiment(Experiment(
+        name=name, kind="batch", spec=spec, server_info=ctx.info,
+        created_wall_ns=time.time_ns()))
+    runs: list[Run] = []
+    per_level: dict[int, list[LevelStats]] = {c: [] for c in levels}
+    used = 1
+    try:
+        if warmup:  # the first request after start pays one-off costs; keep it out
+            ctx.client.stream(ctx.body(prompts[0], 4))
+        for r in range(rounds):
+            for c in levels:
+                mine = prompts[used:used + c]
+                used += c
+                lv = _level(ctx, store, exp_id, runs, c, r, mine, max_tokens, notes)
+                per_level[c].append(lv)
+                say(f"batch concurrency {c}" + (f" round {r + 1}/{rounds}" if rounds > 1 else "")
+                    + f": {lv.tokens_per_s or 0:.1f} tokens/s")
+    finally:
+        store.finish_experiment(exp_id, notes)
+    stats = [merge_rounds(rs) for rs in per_level.values() if rs]
+    sc = scaling(stats)
+    spans = [str(lv.concurrency) for lv in stats if lv.rate_basis != "steady window"]
+    if spans:
+        notes.append(f"concurrency {', '.join(spans)}: tokens/s over the whole span (prefill "
+                     "ramp included) in some or all rounds, not a steady window: tokens "
+                     "arrived in bursts or the streams barely overlapped; raise --max-tokens "
+                     "for steadier numbers")
+    return BatchResult(exp_id, stats, sc, runs, ctx.info, notes, per_level)
+
+
+def _level(ctx: ProbeContext, store: Store, exp_id: int, runs: list[Run], c: int, rnd: int,
+           prompts: list[str], max_tokens: int, notes: list[str]) -> LevelStats:
+    """One round of one level: send, store every stream, and read the level's figures."""
+    model = ctx.target.model
+    before = ctx.scrape()
+    with _GaugeSampler(ctx, model) as gauges:
+        outcomes, sent = _fan_out(ctx, [ctx.body(p, max_tokens) for p in prompts])
+    after = ctx.observed(before, c)
+    t0 = min(sent)
+    streams: list[list[float]] = []
+    tpots: list[float] = []
+    out_tokens = 0
+    end = 0.0
+    for i, (p, o) in enumerate(zip(prompts, outcomes)):
+        runs.append(store_run(store, exp_id, concurrent_run(
+            len(runs), p, o, f"batch level: concurrency {c}, round {rnd}, stream {i}")))
+        base = (sent[i] - t0) / 1e9  # stream i's offsets on the level's clock
+        end = max(end, base + o.timeline.end_offset_ns / 1e9)
+        if o.error:
+            continue
+        streams.append([base + t for t in events_s(o)])
+        out_tokens += o.timeline.completion_tokens or 0
+        if o.timeline.tpot_s is not None:
+            tpots.append(o.timeline.tpot_s)
+    preempt = metric_delta(before, after, "num_preemptions", "", model)
+    errors = c - len(streams)
+    if errors:
+        notes.append(f"concurrency {c}, round {rnd + 1}: {errors} stream(s) failed")
+    return level_stats(c, streams, tpots, out_tokens, end,
+                       server_tokens_per_s=_server_decode_rate(before, after, model),
+                       max_waiting=gauges.max.get("requests_waiting"),
+                       max_running=gauges.max.get("requests_running"),
+                       max_kv_usage=gauges.max.get("kv_cache_usage"), preemptions=preempt)
+
+
+def _server_decode_rate(before: MetricSnapshot | None, after: MetricSnapshot | None,
+                        model: str) -> float | None:
+    """Aggregate decode tokens/s from vLLM's own clocks: n × (tokens after the first) ÷ the
+    mean decode time. vLLM stamps first and last token in the engine, so a starved API server
+    (tokens reaching the client in bursts) does not skew it; it assumes the streams decoded
+    side by side, which they do when started together with equal lengths."""
+    n = metric_delta(before, after, "decode_time", "_count", model)
+    total = metric_delta(before, after, "decode_time", "_sum", model)
+    gen = metric_delta(before, after, "generation_tokens", "", model)
+    if not n or not total or gen is None or gen <= n:
+        return None
+    return (gen - n) / (total / n)

@@ -1,0 +1,325 @@
+"""``phaseprobe interfere`` on one endpoint: what a long prefill does to a decoding request.
+
+Stream A decodes alone ``reps`` times (isolated, attributed baseline runs), then ``reps`` times
+while request B with a long prompt arrives mid-decode. When B is sent is a :class:`Trigger`:
+
+* ``token``: the moment A's k-th token event reaches the client (counted as the timeline
+  counts them). A's thread sets a ``threading.Event`` from the stream's event hook; B's thread
+  waits on it, so B is sent within a thread wake-up of the token, whatever A's pace;
+* ``time``: a fixed delay after A's send;
+* ``estimate``: the time A should reach token k, from the baseline on vLLM's own clock (queue
+  + prefill + k × decode pace). Use it when the API server is starved and delivers A's tokens
+  late and in bursts: a token trigger would then fire late, possibly after A has finished.
+
+B's actual arrival on A's clock comes from both sends' wall stamps, so the stall window is
+exact whichever trigger fired. :class:`InterfereSession` exposes the steps (baseline run,
+pair, finish) so two arms can be interleaved (:mod:`phaseprobe.collect.interplay_arms`).
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from phaseprobe.analysis.interplay import Stall, median_or_none, stall
+from phaseprobe.collect.experiment import ProbeSettings, RunCollector
+from phaseprobe.collect.interplay_context import (
+    ProbeContext,
+    Progress,
+    Target,
+    concurrent_run,
+    events_s,
+    fmt_ms,
+    metric_delta,
+    quiet,
+    store_run,
+)
+from phaseprobe.records import Experiment, Run
+from phaseprobe.sources.openai_stream import StreamOutcome, TokenEventCounter
+from phaseprobe.store import Store
+
+__all__ = ["Trigger", "InterfereSettings", "InterfereResult", "InterfereSession",
+           "run_interfere"]
+
+
+@dataclass(frozen=True)
+class Trigger:
+    """When B is sent: at A's ``k``-th streamed token, ``s`` seconds after A's send, or at the
+    baseline's estimate of when A reaches token ``k``."""
+
+    kind: Literal["token", "time", "estimate"] = "token"
+    value: float = 16  # the token index k (token, estimate) or seconds (time)
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("token", "time", "estimate"):
+            raise ValueError(f"unknown trigger {self.kind!r}")
+        if self.value < 0 or (self.kind != "time" and (self.value < 1
+                                                       or self.value != int(self.value))):
+            raise ValueError(f"trigger {self.kind}: bad value {self.value!r}")
+
+    def describe(self) -> str:
+        if self.kind == "token":
+            return f"at A's token {int(self.value)}"
+        if self.kind == "time":
+            return f"{self.value:g} s after A's send"
+        return f"when A should reach token {int(self.value)} (estimated from the baseline)"
+
+
+@dataclass(frozen=True)
+class InterfereSettings:
+    a_prompt_tokens: int = 32
+    a_tokens: int = 64
+    b_prompt_tokens: int = 600
+    b_tokens: int = 1
+    trigger: Trigger = field(default_factory=Trigger)
+    reps: int = 3
+    warmup: int = 1  # requests before the baseline, not stored
+
+
+@dataclass
+class InterfereResult:
+    experiment_id: int
+    baseline_itl_s: float | None
+    baseline_ttft_s: float | None
+    stalls: list[Stall]
+    swimlanes: list[dict[str, Any]]  # per pair: lanes A and B with send and token times
+    runs: list[Run]
+    server_info: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+    controls: list[Stall] = field(default_factory=list)  # A alone, same window, no B
+    server_decode_with_b_s: list[float] = field(default_factory=list)  # per pair (vLLM's)
+    server_decode_alone_s: float | None = None  # median over the baseline runs (vLLM's)
+    trigger: Trigger = field(default_factory=Trigger)
+
+    def summary(self) -> dict[str, float | None]:
+        return {"baseline_itl_s": self.baseline_itl_s,
+                "max_itl_s": median_or_none([s.max_itl_s for s in self.stalls]),
+                "extra_s": median_or_none([s.extra_s for s in self.stalls]),
+                "ratio": median_or_none([s.ratio for s in self.stalls]),
+                "b_ttft_s": median_or_none([s.b_ttft_s for s in self.stalls]),
+                "b_arrival_s": median_or_none([s.b_arrival_s for s in self.stalls]),
+                "control_max_itl_s": median_or_none([s.max_itl_s for s in self.controls]),
+                "control_extra_s": median_or_none([s.extra_s for s in self.controls]),
+                "server_decode_alone_s": self.server_decode_alone_s,
+                "server_decode_with_b_s": median_or_none(list(self.server_decode_with_b_s))}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"experiment_id": self.experiment_id, "summary": self.summary(),
+                "trigger": {"kind": self.trigger.kind, "value": self.trigger.value,
+                            "text": self.trigger.describe()},
+                "baseline_ttft_s": self.baseline_ttft_s,
+                "stalls": [s.to_dict() for s in self.stalls],
+                "controls": [s.to_dict() for s in self.controls], "swimlanes": self.swimlanes,
+                "notes": self.notes, "runs": [r.to_dict() for r in self.runs]}
+
+
+class InterfereSession:
+    """One endpoint's interfere experiment, step by step: ``warm_up``, ``baseline(i)`` for
+    every i, ``pair(i)`` for every i, then ``finish``. Every run is stored as it completes."""
+
+    def __init__(self, target: Target, store: Store, settings: InterfereSettings, *,
+                 name: str = "interfere", labels: dict[str, str] | None = None,
+                 info: dict[str, Any] | None = None, require_model: bool = False) -> None:
+        st = self.settings = settings
+        self.store = store
+        self.ctx = ctx = ProbeContext(target, require_model=require_model)
+        self.notes = list(ctx.notes)
+        ctx.info.update(info or {})
+        salt = time.time_ns() % 1_000_000_007
+        self.a_prompts = [ctx.builder.build(st.a_prompt_tokens, salt + i).text
+                          for i in range(2 * st.reps + st.warmup)]
+        self.b_prompts = [ctx.builder.build(st.b_prompt_tokens, salt + 10_000 + i).text
+                          for i in range(st.reps)]
+        self.spec = ctx.spec(self.a_prompts[0], st.a_tokens, {
+            "probe": "interfere", "b_prompt_tokens": str(st.b_prompt_tokens),
+            "b_tokens": str(st.b_tokens), "trigger": st.trigger.kind,
+            "at": f"{st.trigger.value:g}", "order": f"{st.reps} A-alone runs, then A/B pairs",
+            **(labels or {})})
+        self.collector = RunCollector(self.spec, ProbeSettings(runs=st.reps, warmup=0, name=name),
+                                      ctx.client, ctx.scraper, time.sleep, time.monotonic)
+        self.experiment_id = store.create_experiment(Experiment(
+            name=name, kind="interfere", spec=self.spec, server_info=ctx.info,
+            created_wall_ns=time.time_ns()))
+        self.runs: list[Run] = []
+        self.baseline_runs: list[Run] = []
+        self.stalls: list[Stall] = []
+        self.lanes: list[dict[str, Any]] = []
+        self.server_decode: list[float] = []  # A's server decode time with B, per pair
+        self.base_itl: float | None = None
+        self.base_ttft: float | None = None
+        self.delay_s: float | None = None  # B's send delay (time / estimate triggers)
+        self._finished = False
+
+    def warm_up(self) -> None:
+        for w in range(self.settings.warmup):  # one-off costs of a fresh server, not stored
+            self.ctx.client.stream(self.ctx.body(self.a_prompts[2 * self.settings.reps + w], 4))
+
+    def baseline(self, i: int) -> Run:
+        run = store_run(self.store, self.experiment_id,
+                        self.collector.measure(len(self.runs), self.a_prompts[i]))
+        self.runs.append(run)
+        self.baseline_runs.append(run)
+        return run
+
+    def prepare(self) -> None:
+        """A's pace from the baseline, and B's send delay for the time-based triggers."""
+        ok = [r for r in self.baseline_runs if r.client and not r.error]
+        # TPOT, not the median gap, is A's baseline pace: a server that delivers tokens in
+        # bursts has a median gap near zero, which would make every gap look like a stall.
+        itls = [r.client.tpot_s for r in ok if r.client and r.client.tpot_s is not None]
+        ttfts = [r.client.ttft_s for r in ok if r.client and r.client.ttft_s is not None]
+        self.base_itl = statistics.median(itls) if itls else None
+        self.base_ttft = statistics.median(ttfts) if ttfts else None
+        # vLLM's own clock when it can: engine time to first token = queue + prefill; pace =
+        # decode/(n−1). A starved API server delivers A's tokens late and in bursts.
+        paces: list[float] = []
+        firsts: list[float] = []
+        for r in self.baseline_runs:
+            n_out = r.client.completion_tokens if r.client else None
+            sv = r.server
+            if sv is None or sv.decode_s is None or sv.prefill_s is None or not n_out \
+                    or n_out < 2:
+                continue
+            paces.append(sv.decode_s / (n_out - 1))
+            firsts.append((sv.queue_s or 0.0) + sv.prefill_s)
+        if paces:
+            self.base_itl = statistics.median(paces)  # A's pace on the engine clock
+        trig = self.settings.trigger
+        if trig.kind == "time":
+            self.delay_s = trig.value
+        elif trig.kind == "estimate":
+            first = statistics.median(firsts) if paces else (min(ttfts) if ttfts else 0.0)
+            self.delay_s = first + trig.value * (self.base_itl or 0.0)
+        gaps = [g for r in ok if r.client for g in r.client.itl_s]
+        if self.base_itl and gaps and statistics.median(gaps) < 0.1 * self.base_itl:
+            self.notes.append(
+                "A's tokens reached the client in bursts (median gap "
+                f"{statistics.median(gaps) * 1e3:.2f} ms vs TPOT {self.base_itl * 1e3:.2f} ms): "
+                "the server's output delivery, not decode, sets the gaps, so the stall numbers "
+                "are coarse" + ("; --at-time auto times B from vLLM's clock instead"
+                                if trig.kind == "token" else ""))
+
+    def pair(self, i: int) -> Stall:
+        st, ctx = self.settings, self.ctx
+        pre = ctx.scrape()
+        a_out, b_out = _pair(ctx, ctx.body(self.a_prompts[st.reps + i], st.a_tokens),
+                             ctx.body(self.b_prompts[i], st.b_tokens), st.trigger,
+                             self.delay_s or 0.0)
+        post = ctx.observed(pre, 2)
+        model = ctx.target.model
+        # With one token, B's decode time is 0 (first token = last token), so the pair's
+        # decode-histogram delta is A's decode time alone, on the engine's clock.
+        if st.b_tokens == 1 and metric_delta(pre, post, "decode_time", "_count", model) == 2:
+            a_decode = metric_delta(pre, post, "decode_time", "_sum", model)
+            if a_decode is not None:
+                self.server_decode.append(a_decode)
+        for prompt, out, role in ((self.a_prompts[st.reps + i], a_out, "A (decoding)"),
+                                  (self.b_prompts[i], b_out, "B (long prefill)")):
+            self.runs.append(store_run(self.store, self.experiment_id, concurrent_run(
+                len(self.runs), prompt, out, f"interfere pair {i}: {role}")))
+        b_arrival = (b_out.timeline.sent_wall_ns - a_out.timeline.sent_wall_ns) / 1e9
+        a_events = events_s(a_out)
+        result = stall(a_events, b_arrival, b_out.timeline.ttft_s, self.base_itl)
+        self.stalls.append(result)
+        self.lanes.append({"pair": i, "lanes": [
+            {"lane": "A", "sent_s": 0.0, "events_s": a_events, "error": a_out.error},
+            {"lane": "B", "sent_s": b_arrival,
+             "events_s": [b_arrival + t for t in events_s(b_out)], "error": b_out.error},
+        ]})
+        if a_events and a_events[-1] < b_arrival:
+            self.notes.append(f"pair {i}: A finished before B arrived; lower the trigger "
+                              "(--at-token/--at-time) or raise --a-tokens")
+        return result
+
+    def finish(self) -> InterfereResult:
+        """The controls, the stored notes, the result; safe to call after a failure too."""
+        controls: list[Stall] = []
+        b_ttfts = [s.b_ttft_s for s in self.stalls if s.b_ttft_s is not None]
+        window = statistics.median(b_ttfts) if b_ttfts else None
+        if self.stalls:
+            # The control: A alone, read over the same window as if B had arrived. Without it
+            # a server whose tokens come in bursts anyway would look like it stalled.
+            for r in self.baseline_runs:
+                ev = events_s(r)
+                if not r.client or r.error or not ev:
+                    continue
+                at = self.delay_s
+                if self.settings.trigger.kind == "token":
+                    k = int(self.settings.trigger.value)
+                    at = ev[min(k, len(ev)) - 1]  # when this run's k-th token arrived
+                controls.append(stall(ev, at or 0.0, window, self.base_itl))
+        if not self._finished:
+            self._finished = True
+            self.notes.extend(self.collector.notes)
+            self.store.finish_experiment(self.experiment_id, self.notes)
+        alone = [r.server.decode_s for r in self.baseline_runs
+                 if r.server is not None and r.server.decode_s is not None]
+        return InterfereResult(self.experiment_id, self.base_itl, self.base_ttft, self.stalls,
+                               self.lanes, self.runs, self.ctx.info, self.notes, controls,
+                               self.server_decode, median_or_none(alone), self.settings.trigger)
+
+
+def run_interfere(target: Target, store: Store,
+                  settings: InterfereSettings | None = None, *, name: str = "interfere",
+                  progress: Progress | None = None) -> InterfereResult:
+    """A decodes alone ``reps`` times (baseline), then ``reps`` times with B arriving."""
+    st = settings or InterfereSettings()
+    say = progress or quiet
+    session = InterfereSession(target, store, st, name=name)
+    try:
+        session.warm_up()
+        for i in range(st.reps):
+            session.baseline(i)
+            say(f"interfere baseline {i + 1}/{st.reps}")
+        session.prepare()
+        for i in range(st.reps):
+            s = session.pair(i)
+            say(f"interfere pair {i + 1}/{st.reps}: A max ITL {fmt_ms(s.max_itl_s)}")
+    finally:
+        result = session.finish()
+    return result
+
+
+def _pair(ctx: ProbeContext, a_body: dict[str, Any], b_body: dict[str, Any], trigger: Trigger,
+          delay_s: float) -> tuple[StreamOutcome, StreamOutcome]:
+    """A and B, each on its own thread and session; B sent when the trigger fires."""
+    results: dict[str, StreamOutcome] = {}
+    a_client, b_client = ctx.new_client(), ctx.new_client()
+    started = threading.Event()
+    go = threading.Event()  # token trigger: set by A's thread at its k-th token event
+    need = int(trigger.value)
+    counter = TokenEventCounter(chat="messages" in a_body)
+
+    def fire(raw_events: list[bytes]) -> None:
+        # Parses only until the trigger fires: A's later events cost a set-flag check.
+        if not go.is_set() and counter.feed(raw_events) >= need:
+            go.set()
+
+    on_events: Callable[[list[bytes]], None] | None = fire if trigger.kind == "token" else None
+
+    def run_a() -> None:
+        started.set()
+        try:
+            results["a"] = a_client.stream(a_body, on_events=on_events)
+        finally:
+            go.set()  # A ended before token k (short or failed): B still goes, noted later
+
+    def run_b() -> None:
+        if trigger.kind == "token":
+            go.wait()
+        else:
+            started.wait()
+            time.sleep(delay_s)
+        results["b"] = b_client.stream(b_body)
+
+    threads = [threading.Thread(target=run_a, name="interfere-A"),
+               threading.Thread(target=run_b, name="interfere-B")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results["a"], results["b"]

@@ -1,0 +1,124 @@
+"""``phaseprobe prefix``: the same long shared prefix, cold then warm.
+
+Per repetition a fresh prefix is sent twice with different suffixes; both requests are
+isolated, attributed runs (:class:`RunCollector`), so TTFT, vLLM's prefill time and the
+``prefix_cache_queries/hits`` deltas are per request. vLLM caches whole KV blocks: a prefix
+shorter than one block never hits, and the result says so.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from phaseprobe.analysis.interplay import expected_hit_tokens, prefix_block_note
+from phaseprobe.collect.experiment import ProbeSettings, RunCollector
+from phaseprobe.collect.interplay_context import (
+    ProbeContext,
+    Progress,
+    Target,
+    fmt_ms,
+    quiet,
+    store_run,
+)
+from phaseprobe.records import Experiment, Run
+from phaseprobe.store import Store
+
+__all__ = ["PrefixResult", "run_prefix"]
+
+
+@dataclass
+class PrefixResult:
+    experiment_id: int
+    runs: list[Run]  # per repetition: cold (even seq) then warm (odd seq)
+    block_size: int | None
+    prefix_tokens: int | None
+    expected_hit_tokens: int | None
+    summary: dict[str, dict[str, float | None]]  # "cold"/"warm" → medians
+    server_info: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"experiment_id": self.experiment_id, "block_size": self.block_size,
+                "prefix_tokens": self.prefix_tokens,
+                "expected_hit_tokens": self.expected_hit_tokens, "summary": self.summary,
+                "notes": self.notes, "runs": [r.to_dict() for r in self.runs]}
+
+
+def _pass_summary(runs: list[Run]) -> dict[str, float | None]:
+    def med(vals: list[float | None]) -> float | None:
+        xs = [v for v in vals if v is not None]
+        return statistics.median(xs) if xs else None
+
+    ok = [r for r in runs if r.status != "error" and r.client]
+    srv = [r.server for r in ok if r.server]
+    return {
+        "runs": float(len(ok)),
+        "ttft_s": med([r.client.ttft_s for r in ok if r.client]),
+        "server_prefill_s": med([s.prefill_s for s in srv]),
+        "prefix_cache_queries": med([s.counter_deltas.get("prefix_cache_queries") for s in srv]),
+        "prefix_cache_hits": med([s.counter_deltas.get("prefix_cache_hits") for s in srv]),
+    }
+
+
+def run_prefix(target: Target, store: Store, *, prefix_tokens: int = 512,
+               suffix_tokens: int = 16, max_tokens: int = 4, reps: int = 3,
+               name: str = "prefix", progress: Progress | None = None) -> PrefixResult:
+    """Per repetition a fresh shared prefix: a cold request, then a warm one with another suffix.
+
+    Both are isolated, attributed runs, so TTFT, server prefill and the prefix-cache counter
+    deltas are per request. Prefixes are drawn from ``(seed, wall-clock)`` so a rerun against
+    a server that already saw them still starts cold.
+    """
+    say = progress or quiet
+    ctx = ProbeContext(target)
+    notes = list(ctx.notes)
+    block = ctx.block_size()
+    salt = time.time_ns() % 1_000_000_007  # fresh prefixes per invocation: cold means cold
+    prompts: list[str] = []
+    measured_prefix: int | None = None
+    for rep in range(reps):
+        pre = ctx.builder.build(prefix_tokens, salt + 3 * rep)
+        measured_prefix = pre.tokens if pre.tokens is not None else measured_prefix
+        for k in (1, 2):
+            suf = ctx.builder.build(suffix_tokens, salt + 3 * rep + k)
+            # The suffix's BOS is not sent twice: the text is joined, the server tokenizes it.
+            prompts.append(pre.text + " " + suf.text)
+    if ctx.builder.tokenize_available is False:
+        notes.append("endpoint has no /tokenize: prefix length is approximate")
+    shared = measured_prefix if measured_prefix is not None else prefix_tokens
+    note = prefix_block_note(shared, block)
+    if note:
+        notes.append(note)
+    if block is None:
+        notes.append("block size unknown (no cache_config_info): cannot say how many prefix "
+                     "tokens can hit")
+    spec = ctx.spec(prompts[0], max_tokens, {"probe": "prefix",
+                                             "prefix_tokens": str(shared),
+                                             "suffix_tokens": str(suffix_tokens),
+                                             "order": "cold,warm per repetition"})
+    settings = ProbeSettings(runs=2 * reps, warmup=0, name=name)
+    collector = RunCollector(spec, settings, ctx.client, ctx.scraper, time.sleep,
+                             time.monotonic)
+    exp_id = store.create_experiment(Experiment(
+        name=name, kind="prefix", spec=spec, server_info=ctx.info,
+        created_wall_ns=time.time_ns()))
+    runs: list[Run] = []
+    try:
+        # The first request after a start pays one-off costs; a prompt sharing nothing with
+        # the measured ones keeps them out of the first cold run.
+        ctx.client.stream(ctx.body(ctx.builder.build(16, salt + 3 * reps).text, 2))
+        for seq, prompt in enumerate(prompts):
+            run = store_run(store, exp_id, collector.measure(seq, prompt))
+            runs.append(run)
+            say(f"prefix rep {seq // 2 + 1}/{reps} {'warm' if seq % 2 else 'cold'}: "
+                f"TTFT {fmt_ms(run.client.ttft_s if run.client else None)}")
+    finally:
+        notes.extend(collector.notes)
+        store.finish_experiment(exp_id, notes)
+    summary = {"cold": _pass_summary(runs[0::2]), "warm": _pass_summary(runs[1::2])}
+    return PrefixResult(exp_id, runs, block, shared,
+                        expected_hit_tokens(shared, block) if block else None, summary,
+                        ctx.info, notes)

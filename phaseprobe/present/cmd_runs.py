@@ -1,0 +1,96 @@
+"""``phaseprobe runs``: the stored experiments, or one experiment's runs and medians.
+
+    phaseprobe runs              # every experiment, with its kind
+    phaseprobe runs 12 [--json]  # the runs of experiment 12 and their medians
+
+The medians are those of isolated requests (or requests whose isolation could not be checked).
+``batch`` and ``interfere`` experiments also hold runs that shared the server *on purpose*
+(batch streams, the A/B pairs of interfere): they are stored ``ok`` with isolation unverified,
+so without care they would pass for unchecked single requests. They are shown, marked
+"concurrent", and left out of the medians; the probe's own command reports them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from rich.console import Console
+
+from phaseprobe.analysis.interplay import CONCURRENT_KINDS, concurrent_by_design
+from phaseprobe.analysis.phases import summarize
+from phaseprobe.errors import ConfigError
+from phaseprobe.paths import default_store_path
+from phaseprobe.present.args import store_and_json_args
+from phaseprobe.present.console import render_experiments, render_probe
+from phaseprobe.store import Store
+
+__all__ = ["register", "run", "CONCURRENT_NOTE"]
+
+CONCURRENT_NOTE = ("batch and interfere experiments hold runs that are concurrent by design "
+                   "(batch streams, interfere A/B pairs): never isolated, so `phaseprobe runs "
+                   "ID` leaves them out of the medians; `phaseprobe batch|interfere` report "
+                   "them")
+
+
+def register(subparsers: Any) -> None:
+    runs = subparsers.add_parser("runs", help="list stored experiments, or the runs of one")
+    runs.add_argument("experiment", nargs="?", type=int,
+                      help="experiment id (omit to list experiments)")
+    runs.add_argument("--latest", action="store_true", help="show the runs of the latest "
+                      "experiment")
+    store_and_json_args(runs)
+
+
+def run(args: argparse.Namespace, out: Console, err: Console) -> int:
+    path = args.store or default_store_path()
+    if not path.exists():
+        raise ConfigError(f"no experiment store at {path} (run `phaseprobe probe` first)")
+    with Store(path) as store:
+        exp_id = args.experiment
+        if exp_id is None and args.latest:
+            exp_id = store.latest_experiment_id()
+        if exp_id is None:
+            rows = store.experiments()
+            for row in rows:
+                row["concurrent_by_design"] = row["kind"] in CONCURRENT_KINDS
+            if args.json:
+                out.out(json.dumps({"store": str(path), "experiments": rows,
+                                    "note": CONCURRENT_NOTE}), highlight=False)
+            else:
+                render_experiments(out, rows)
+                if any(row["concurrent_by_design"] for row in rows):
+                    out.print(f"[yellow]*[/] {CONCURRENT_NOTE}")
+            return 0
+        exp = store.experiment(exp_id)
+        runs = store.runs(exp_id)
+    concurrent = [r for r in runs if concurrent_by_design(r)]
+    summary = summarize([r for r in runs if not concurrent_by_design(r)])
+    why = None
+    if concurrent:
+        why = (f"{len(concurrent)} of {len(runs)} runs of this {exp.kind} experiment shared the "
+               f"server on purpose ({_roles(exp.kind)}): they are left out of the medians, "
+               f"which cover the other {summary.n_clean} run(s)")
+    if args.json:
+        doc = {"experiment_id": exp_id, "name": exp.name, "kind": exp.kind,
+               "spec": exp.spec.to_dict(), "server": exp.server_info, "notes": list(exp.notes),
+               "summary": summary.to_dict(),
+               "excluded_from_summary": {"concurrent_by_design": len(concurrent),
+                                         "seqs": [r.seq for r in concurrent], "why": why},
+               "runs": [r.to_dict() for r in runs]}
+        out.out(json.dumps(doc), highlight=False)
+    else:
+        out.print(f"experiment {exp_id}: {exp.name} (kind {exp.kind})")
+        render_probe(out, runs, summary, exp.server_info, exp.notes, exp_id)
+        if why:
+            out.print(f"[yellow]left out:[/] {why}")
+    return 0
+
+
+def _roles(kind: str) -> str:
+    if kind == "batch":
+        return "batch streams"
+    if kind == "interfere":
+        return "A/B pairs; the A-alone baseline runs are isolated"
+    return "concurrent by design"

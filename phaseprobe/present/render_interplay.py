@@ -1,0 +1,134 @@
+"""Tables for ``phaseprobe prefix | batch | interfere`` (rich; only this layer knows about it)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from phaseprobe.analysis.interplay import ARM_METRICS
+from phaseprobe.collect.interplay import ArmsResult, BatchResult, InterfereResult, PrefixResult
+
+__all__ = ["render_prefix", "render_batch", "render_interfere", "render_arms"]
+
+
+def _ms(v: float | None) -> str:
+    return "—" if v is None else f"{v * 1000:.1f}"
+
+
+def _num(v: float | None, fmt: str = "{:g}") -> str:
+    return "—" if v is None else fmt.format(v)
+
+
+def _notes(out: Console, notes: list[str]) -> None:
+    for note in notes:
+        out.print(f"[yellow]note:[/] {escape(note)}")
+
+
+def render_prefix(out: Console, r: PrefixResult) -> None:
+    t = Table(title=f"prefix reuse (experiment {r.experiment_id}): shared prefix "
+                    f"{_num(r.prefix_tokens)} tokens, KV block {_num(r.block_size)} tokens, "
+                    f"up to {_num(r.expected_hit_tokens)} tokens can hit")
+    for col in ("pass", "runs", "TTFT ms", "server prefill ms", "prefix queries", "prefix hits"):
+        t.add_column(col, justify="left" if col == "pass" else "right")
+    for name in ("cold", "warm"):
+        s = r.summary[name]
+        t.add_row(name, _num(s["runs"]), _ms(s["ttft_s"]), _ms(s["server_prefill_s"]),
+                  _num(s["prefix_cache_queries"]), _num(s["prefix_cache_hits"]))
+    out.print(t)
+    cold, warm = r.summary["cold"]["ttft_s"], r.summary["warm"]["ttft_s"]
+    if cold and warm:
+        out.print(f"warm TTFT is {warm / cold * 100:.0f}% of cold")
+    _notes(out, r.notes)
+
+
+def render_batch(out: Console, r: BatchResult) -> None:
+    t = Table(title=f"batch scaling (experiment {r.experiment_id})")
+    for col in ("concurrency", "rounds", "streams ok", "tokens/s", "round spread", "over",
+                "× vs lowest", "efficiency", "server tok/s", "server ×",
+                "TPOT ms", "ITL p50 ms", "ITL p99 ms", "max waiting", "max KV %",
+                "preemptions"):
+        t.add_column(col, justify="right")
+    for lv in r.levels:
+        ratio = r.scaling.ratios.get(lv.concurrency)
+        eff = r.scaling.efficiency.get(lv.concurrency)
+        t.add_row(str(lv.concurrency), str(lv.rounds), str(lv.streams_ok),
+                  _num(lv.tokens_per_s, "{:.1f}"), _num(lv.round_spread, "{:.0%}"),
+                  lv.rate_basis,
+                  _num(ratio, "{:.2f}"), _num(eff, "{:.0%}"),
+                  _num(lv.server_tokens_per_s, "{:.1f}"),
+                  _num(r.scaling.server_ratios.get(lv.concurrency), "{:.2f}"),
+                  _ms(lv.tpot_median_s),
+                  _ms(lv.itl_p50_s), _ms(lv.itl_p99_s), _num(lv.max_waiting),
+                  _num(lv.max_kv_usage * 100 if lv.max_kv_usage is not None else None,
+                       "{:.1f}"), _num(lv.preemptions))
+    out.print(t)
+    if any(lv.rounds > 1 for lv in r.levels):
+        out.print("each level: the median over its rounds (round spread: (max − min) ÷ median "
+                  "of the rounds' tokens/s; streams ok: the fewest in any round)")
+    if r.scaling.stops_at is not None:
+        out.print(f"scaling stops after concurrency {r.scaling.stops_at}:")
+        for why in r.scaling.why:
+            out.print(f"  - {escape(why)}")
+    else:
+        out.print("throughput still rose at every level tested")
+    _notes(out, r.notes)
+
+
+def render_interfere(out: Console, r: InterfereResult, arm: str | None = None) -> None:
+    who = f"arm {arm}, " if arm else ""
+    t = Table(title=f"interference ({who}experiment {r.experiment_id}): A decoding, B's long "
+                    f"prefill sent {r.trigger.describe()}; A-alone TPOT "
+                    f"{_ms(r.baseline_itl_s)} ms, TTFT {_ms(r.baseline_ttft_s)} ms")
+    for col in ("pair", "B sent at ms", "A tokens before B", "B TTFT ms", "A max ITL ms",
+                "× baseline", "A time lost ms", "A gaps in window"):
+        t.add_column(col, justify="right")
+    for i, s in enumerate(r.stalls):
+        t.add_row(str(i), _ms(s.b_arrival_s), str(s.a_tokens_before_b), _ms(s.b_ttft_s),
+                  _ms(s.max_itl_s), _num(s.ratio, "{:.1f}"), _ms(s.extra_s),
+                  str(s.gaps_in_window))
+    out.print(t)
+    sm = r.summary()
+    out.print(f"A alone over the same window (control): max ITL {_ms(sm['control_max_itl_s'])} "
+              f"ms, time lost {_ms(sm['control_extra_s'])} ms; with B: max ITL "
+              f"{_ms(sm['max_itl_s'])} ms, time lost {_ms(sm['extra_s'])} ms (medians)")
+    out.print(f"A's decode on vLLM's clock: alone {_ms(sm['server_decode_alone_s'])} ms, with B "
+              f"{_ms(sm['server_decode_with_b_s'])} ms (medians; needs --b-tokens 1)")
+    _notes(out, r.notes)
+
+
+def render_arms(out: Console, r: ArmsResult) -> None:
+    """Each arm's pairs, then one table side by side and the comparison of B's arm to A's."""
+    for name, res in r.arms.items():
+        render_interfere(out, res, arm=name)
+        out.print()
+    names = list(r.arms)
+    t = Table(title="interference by arm (medians over the pairs)" +
+                    (f" · playbook {r.playbook}" if r.playbook else ""))
+    for col in ("arm", "experiment", "pairs", "A-alone TPOT ms", "A max ITL ms", "× baseline",
+                "A time lost ms", "B TTFT ms", "control max ITL ms", "server decode alone ms",
+                "with B ms"):
+        t.add_column(col, justify="left" if col == "arm" else "right")
+    for name in names:
+        res = r.arms[name]
+        sm = res.summary()
+        t.add_row(name, str(res.experiment_id), str(len(res.stalls)),
+                  _ms(sm["baseline_itl_s"]), _ms(sm["max_itl_s"]), _num(sm["ratio"], "{:.1f}"),
+                  _ms(sm["extra_s"]), _ms(sm["b_ttft_s"]), _ms(sm["control_max_itl_s"]),
+                  _ms(sm["server_decode_alone_s"]), _ms(sm["server_decode_with_b_s"]))
+    out.print(t)
+    c = r.comparison
+    t = Table(title=f"arm {c['arm_b']} vs arm {c['arm_a']} (ratio of medians, "
+                    f"{c['arm_b']} ÷ {c['arm_a']}; lower is better)")
+    for col in ("quantity", c["arm_a"], c["arm_b"], "ratio", "95% CI", "p", "verdict"):
+        t.add_column(col, justify="left" if col in ("quantity", "verdict") else "right")
+    warnings: list[str] = []
+    for key, label in ARM_METRICS:
+        m = c["metrics"][key]
+        lo, hi = m["ci_low"], m["ci_high"]
+        ci = "—" if lo is None and hi is None else f"{_num(lo, '{:.2f}')}–{_num(hi, '{:.2f}')}"
+        t.add_row(label, _ms(m["median_a"]), _ms(m["median_b"]), _num(m["ratio"], "{:.2f}"),
+                  ci, _num(m["p_value"], "{:.2g}"), m["verdict"])
+        warnings.extend(m["warnings"])
+    out.print(t)
+    _notes(out, r.notes + warnings)
