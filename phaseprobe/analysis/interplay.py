@@ -8,6 +8,7 @@ from the dataclasses returned here.
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -19,7 +20,7 @@ from phaseprobe.records import Run
 __all__ = ["Stall", "stall", "LevelStats", "level_stats", "merge_rounds", "Scaling", "scaling",
            "steady_window_rate", "prefix_block_note", "expected_hit_tokens", "CONCURRENT_MARK",
            "CONCURRENT_KINDS", "concurrent_by_design", "median_or_none", "ARM_METRICS",
-           "compare_arms"]
+           "compare_arms", "interfere_role", "interfere_pair_of"]
 
 # Runs that shared the server on purpose carry this at the start of their isolation reason.
 CONCURRENT_MARK = "concurrent by design"
@@ -281,6 +282,26 @@ def concurrent_by_design(run: Run) -> bool:
         return False
     return any(r.startswith(CONCURRENT_MARK) or r.startswith(_LEGACY_ROLES)
                for r in run.isolation.reasons)
+
+
+def interfere_role(pair: int, lane: str) -> str:
+    """The role an interfere pair's run is stored with (``lane``: "A" or "B"), which
+    :func:`interfere_pair_of` reads back."""
+    return f"interfere pair {pair}: {lane} ({_LANE_WHAT[lane]})"
+
+
+_LANE_WHAT = {"A": "decoding", "B": "long prefill"}
+_PAIR_ROLE = re.compile(r"interfere pair (\d+): ([AB]) ")
+
+
+def interfere_pair_of(run: Run) -> tuple[int, str] | None:
+    """(pair index, "A" or "B") of a run stored by an interfere pair; None for other runs
+    (A-alone baselines included)."""
+    for reason in run.isolation.reasons:
+        m = _PAIR_ROLE.search(reason)
+        if m:
+            return int(m.group(1)), m.group(2)
+    return None
 
 
 # The quantities compared between two interfere arms: (key, label), all lower-is-better.

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from phaseprobe.analysis.interplay import Stall, median_or_none, stall
+from phaseprobe.analysis.interplay import Stall, interfere_role, median_or_none, stall
 from phaseprobe.collect.experiment import ProbeSettings, RunCollector
 from phaseprobe.collect.interplay_context import (
     ProbeContext,
@@ -217,10 +217,10 @@ class InterfereSession:
             a_decode = metric_delta(pre, post, "decode_time", "_sum", model)
             if a_decode is not None:
                 self.server_decode.append(a_decode)
-        for prompt, out, role in ((self.a_prompts[st.reps + i], a_out, "A (decoding)"),
-                                  (self.b_prompts[i], b_out, "B (long prefill)")):
+        for prompt, out, lane in ((self.a_prompts[st.reps + i], a_out, "A"),
+                                  (self.b_prompts[i], b_out, "B")):
             self.runs.append(store_run(self.store, self.experiment_id, concurrent_run(
-                len(self.runs), prompt, out, f"interfere pair {i}: {role}")))
+                len(self.runs), prompt, out, interfere_role(i, lane))))
         b_arrival = (b_out.timeline.sent_wall_ns - a_out.timeline.sent_wall_ns) / 1e9
         a_events = events_s(a_out)
         result = stall(a_events, b_arrival, b_out.timeline.ttft_s, self.base_itl)

@@ -83,7 +83,8 @@ def artifacts() -> Path:
 
 @pytest.fixture(scope="module")
 def real_store(browser_ready, local_vllm, tmp_path_factory) -> Path:
-    """Two probe experiments from the real vLLM; the second carries a fake-NVML GPU series."""
+    """Two probe experiments from the real vLLM; the second carries a fake-NVML GPU series and
+    a kept NCCL summary."""
     path = tmp_path_factory.mktemp("dashboard") / "store.db"
     spec = RunSpec(endpoint=local_vllm.base_url, model=local_vllm.model, prompt="",
                    max_tokens=16, prompt_tokens_target=64)
@@ -96,6 +97,12 @@ def real_store(browser_ready, local_vllm, tmp_path_factory) -> Path:
                                                   name="e2e-b"),
                            gpu_sampler=sampler)
         assert len(store.gpu_samples(second.experiment_id)) > 0
+    # An NCCL summary kept with the second experiment, as `phaseprobe nccl --keep` leaves it.
+    from phaseprobe.present.cli import main
+
+    log = REPO / "tests" / "data" / "nccl" / "v2_18_mpirun_ib_2node.log"
+    assert main(["nccl", str(log), "--keep", "--experiment", str(second.experiment_id),
+                 "--store", str(path), "--json"]) == 0
     for run in first.runs + second.runs:  # (an overlapping stray request only flags a run)
         assert run.status in ("ok", "isolation_failed"), (run.error, run.isolation.reasons)
     return path
@@ -266,3 +273,8 @@ def test_every_page_renders_without_an_exception(page, artifacts):
     main = page.get_by_test_id("stMain")
     main.get_by_text("Flat memory ≠ idle", exact=False).first.wait_for()
     assert main.get_by_test_id("stVegaLiteChart").count() >= 3
+    # The NCCL page shows the summary kept with this experiment, without any upload.
+    _goto(page, "NCCL")
+    main.get_by_role("heading", name="Transport mix", exact=True).wait_for()
+    main.get_by_text("v2_18_mpirun_ib_2node.log", exact=False).first.wait_for()
+    assert main.get_by_test_id("stVegaLiteChart").count() == 1

@@ -1,6 +1,7 @@
 """Every dashboard page (Streamlit AppTest) on a store filled by real probes of the local vLLM:
-two `phaseprobe probe` experiments with the scripted fake GPUs sampled alongside, and a real
-prefix-reuse probe. The numbers on the pages must be the stored measurements."""
+two `phaseprobe probe` experiments with the scripted fake GPUs sampled alongside, a real
+prefix-reuse probe and a real interference probe. The numbers on the pages must be the stored
+measurements."""
 
 from __future__ import annotations
 
@@ -26,6 +27,9 @@ def probed(local_vllm, tmp_path_factory: pytest.TempPathFactory) -> Path:
         assert code == 0
     assert main(["prefix", "--endpoint", local_vllm.base_url, "--prefix-tokens", "160",
                  "--reps", "2", "--store", str(path), "--json"]) == 0
+    assert main(["interfere", "--endpoint", local_vllm.base_url, "--reps", "2",
+                 "--a-tokens", "48", "--b-prompt-tokens", "400", "--store", str(path),
+                 "--json"]) == 0
     return path
 
 
@@ -36,7 +40,7 @@ def _ms(seconds: float) -> str:
 def test_experiments_page_lists_the_probes(monkeypatch, probed):
     with Store(probed) as store:
         kinds = [row["kind"] for row in store.experiments()]
-    assert kinds[:2] == ["probe", "probe"] and len(kinds) == 3
+    assert kinds == ["probe", "probe", "prefix", "interfere"]
     at = goto(open_app(monkeypatch, probed), "Experiments")
     table = at.dataframe[0].value
     assert list(table["name"])[:2] == ["first", "second"]
@@ -112,3 +116,19 @@ def test_prefix_probe_pages(monkeypatch, probed):
     goto(at, "Phases", 3)
     assert not at.exception
     assert at.get("metric")
+
+
+def test_interfere_pairs_drawn_from_the_stored_runs(monkeypatch, probed):
+    from phaseprobe.present.dashboard.interfere_pairs import pairs
+
+    with Store(probed) as store:
+        found = pairs(store.runs(4))
+    assert list(found) == [0, 1]  # both pairs stored with their A and B
+    for pair in found.values():
+        a, b = pair["A"].client, pair["B"].client
+        assert b.sent_wall_ns > a.sent_wall_ns  # B is sent while A decodes
+        assert b.sent_wall_ns < a.sent_wall_ns + a.end_offset_ns
+    at = goto(open_app(monkeypatch, probed), "Run timeline", 4)
+    assert at.selectbox(key="interfere_pair").options == ["0", "1"]
+    assert count_charts(at) == 4
+    assert "A's largest gap after B was sent" in page_text(at)

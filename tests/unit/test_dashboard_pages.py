@@ -352,3 +352,44 @@ def test_nccl_and_traces_from_kept_analyses(monkeypatch, tmp_path, filled):
     verdicts = at.dataframe[0].value.set_index("rule")["verdict"]
     assert not verdicts["idle_gaps"].startswith("skipped")
     assert "kept analysis 3" in page_text(at)
+
+
+def test_interfere_pairs_on_one_clock(monkeypatch, tmp_path):
+    """An interfere experiment's pairs, read back from the stored runs: A and B on A's clock,
+    B's send and first token marked, A's gaps over time."""
+    from phaseprobe.analysis.interplay import interfere_role
+    from phaseprobe.collect.interplay_context import concurrent_run
+    from phaseprobe.present.dashboard.interfere_pairs import a_gaps, pair_lanes, pairs
+    from phaseprobe.sources.openai_stream import StreamOutcome
+
+    def outcome(sent_ns: int, offsets_ms: list[float]) -> StreamOutcome:
+        ev = tuple(int(t * 1e6) for t in offsets_ms)
+        return StreamOutcome(timeline=ClientTimeline(
+            sent_wall_ns=sent_ns, event_offsets_ns=ev, end_offset_ns=ev[-1] + 1_000_000,
+            http_status=200, prompt_tokens=32, completion_tokens=len(ev),
+            finish_reason="length", complete=True), error=None, text="")
+
+    path = tmp_path / "i.db"
+    a_ms = [10.0 + 4 * k for k in range(10)] + [90.0 + 4 * k for k in range(10)]  # a 44 ms gap
+    with Store(path) as store:
+        eid = store.create_experiment(Experiment(
+            name="interfere", kind="interfere", spec=RunSpec(
+                endpoint="http://127.0.0.1:8000", model="tiny", prompt="", max_tokens=20),
+            server_info={}, created_wall_ns=T0))
+        store.add_run(eid, _run(0))  # an A-alone baseline: not part of a pair
+        store.add_run(eid, concurrent_run(1, "a", outcome(T0, a_ms), interfere_role(0, "A")))
+        store.add_run(eid, concurrent_run(2, "b", outcome(T0 + 40_000_000, [38.0]),
+                                          interfere_role(0, "B")))
+        store.add_run(eid, concurrent_run(3, "a", outcome(T0, a_ms), interfere_role(1, "A")))
+        runs = store.runs(eid)
+    found = pairs(runs)
+    assert list(found) == [0]  # pair 1 has no B: not drawn
+    assert pair_lanes(found[0]) == {1: ("A (decoding)", 0.0), 2: ("B (long prefill)", 40.0)}
+    gaps = a_gaps(found[0])
+    assert gaps["gap_ms"].max() == pytest.approx(44.0) and len(gaps) == 19
+
+    at = goto(open_app(monkeypatch, path), "Run timeline", 1)
+    assert at.selectbox(key="interfere_pair").options == ["0"]
+    assert count_charts(at) == 4  # all runs, the pair, A's gaps, one run's ITL
+    assert "A's largest gap after B was sent: 44.0 ms; its median gap before: 4.0 ms" \
+        in page_text(at)
