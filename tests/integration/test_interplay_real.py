@@ -71,26 +71,37 @@ def test_batch_aggregate_throughput_rises_with_concurrency(local_vllm, tmp_path)
     assert all(lv.preemptions == 0 for lv in res.levels)
 
 
-def test_interfere_long_prefill_stalls_a_decoding_stream(local_vllm, tmp_path):
-    with Store(tmp_path / "s.db") as store:
-        # A decodes ~1 s, so B (timed from A's baseline) lands mid-decode even on a loaded box.
-        res = run_interfere(_target(local_vllm), store, InterfereSettings(
-            a_tokens=256, b_prompt_tokens=600, trigger=Trigger("estimate", 8), reps=3))
-        assert store.experiment(res.experiment_id).kind == "interfere"
-        assert len(store.runs(res.experiment_id)) == 3 + 2 * 3
-    assert res.baseline_itl_s is not None and res.baseline_ttft_s is not None
-    assert all(st.b_ttft_s is not None for st in res.stalls)
-    assert len(res.swimlanes) == 3 and res.swimlanes[0]["lanes"][1]["lane"] == "B"
+def _stall_seen(res) -> bool:
+    """A shared 2-core box starves vLLM's API server now and then (a whole stream reaches the
+    client in one burst) and slows the engine by as much as one 600-token prefill, so the stall
+    is asked of either view: the clearest pair's client gap well above A's pace, or A's decode
+    on vLLM's own clock longer with B than alone."""
     s = res.summary()
-    assert len(res.server_decode_with_b_s) >= 2, res.notes
-    # A shared 2-core box starves vLLM's API server now and then (a whole stream reaches the
-    # client in one burst) and slows the engine by as much as one 600-token prefill, so the
-    # stall is asked of either view: the clearest pair's client gap well above A's pace, or
-    # A's decode on vLLM's own clock longer with B than alone.
     hit = [st.max_itl_s for st in res.stalls if st.gaps_in_window and st.max_itl_s is not None]
     client_stall = bool(hit) and max(hit) > 2 * res.baseline_itl_s
-    server_stall = s["server_decode_with_b_s"] > s["server_decode_alone_s"]
-    assert client_stall or server_stall, (s, res.to_dict()["stalls"])
+    return client_stall or s["server_decode_with_b_s"] > s["server_decode_alone_s"]
+
+
+def test_interfere_long_prefill_stalls_a_decoding_stream(local_vllm, tmp_path):
+    seen = []
+    # A second experiment only when the first shows no stall: seen here once in CI, when the
+    # client process itself was starved and B left at A's 252nd of 256 tokens.
+    for attempt in range(2):
+        with Store(tmp_path / f"s{attempt}.db") as store:
+            # A decodes ~1 s, so B (timed from A's baseline) lands mid-decode on a loaded box.
+            res = run_interfere(_target(local_vllm), store, InterfereSettings(
+                a_tokens=256, b_prompt_tokens=600, trigger=Trigger("estimate", 8), reps=3))
+            assert store.experiment(res.experiment_id).kind == "interfere"
+            assert len(store.runs(res.experiment_id)) == 3 + 2 * 3
+        assert res.baseline_itl_s is not None and res.baseline_ttft_s is not None
+        assert all(st.b_ttft_s is not None for st in res.stalls)
+        assert len(res.swimlanes) == 3 and res.swimlanes[0]["lanes"][1]["lane"] == "B"
+        assert len(res.server_decode_with_b_s) >= 2, res.notes
+        seen.append((res.summary(), res.to_dict()["stalls"]))
+        if _stall_seen(res):
+            break
+    else:
+        pytest.fail(f"no stall in two experiments: {seen}")
 
 
 def test_interfere_two_arms_chunked_prefill_playbook(tmp_path):

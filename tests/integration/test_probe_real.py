@@ -15,6 +15,7 @@ import requests
 from phaseprobe.collect.experiment import NullProgress, ProbeSettings, run_probe
 from phaseprobe.present.cli import main
 from phaseprobe.records import RunSpec
+from phaseprobe.sources.vllm_metrics import MetricsScraper
 from phaseprobe.store import Store
 
 pytestmark = pytest.mark.integration
@@ -57,7 +58,17 @@ def test_concurrent_request_is_flagged_not_isolated(local_vllm, tmp_path):
 
     def intruder() -> None:
         try:
-            time.sleep(0.15)  # after the before-scrape, while our 200-token run decodes
+            # Sent once our 600-token run (~2.5 s) is running on the server, not after a fixed
+            # sleep: on a loaded machine the run's preparation (prompt, idle wait, scrape) can
+            # outlast any sleep, and the collector then rightly waits for the intruder to finish
+            # first. The run is long because this box starves processes for up to ~1.5 s while
+            # vLLM serves (research/vllm_cpu.md): the intruder must still land inside it.
+            scraper = MetricsScraper(local_vllm.base_url)
+            deadline = time.monotonic() + 30
+            while (scraper.scrape().value("requests_running", "", local_vllm.model) or 0) < 1:
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the measured run never showed as running")
+                time.sleep(0.01)
             requests.post(f"{local_vllm.base_url}/v1/completions", timeout=60, json={
                 "model": local_vllm.model, "prompt": "an intruding request " + str(time.time()),
                 "max_tokens": 40, "ignore_eos": True}).raise_for_status()
@@ -69,7 +80,7 @@ def test_concurrent_request_is_flagged_not_isolated(local_vllm, tmp_path):
             threading.Thread(target=intruder, daemon=True).start()
 
     with Store(tmp_path / "s.sqlite") as store:
-        result = run_probe(_spec(local_vllm, max_tokens=200), store,
+        result = run_probe(_spec(local_vllm, max_tokens=600), store,
                            settings=ProbeSettings(runs=1, warmup=0), progress=StartIntruder())
         stored = store.runs(result.experiment_id)
     time.sleep(0.5)
