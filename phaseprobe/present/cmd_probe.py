@@ -19,7 +19,7 @@ from rich.markup import escape
 from phaseprobe import calibrate
 from phaseprobe.analysis.phases import summarize
 from phaseprobe.collect.efficiency import efficiency_report, kv_reservation_report
-from phaseprobe.collect.experiment import ProbeResult, ProbeSettings, run_probe
+from phaseprobe.collect.experiment import ProbeSettings, run_probe
 from phaseprobe.paths import default_store_path
 from phaseprobe.present.args import non_negative_int, positive_int, store_and_json_args
 from phaseprobe.present.cmd_trace import render as render_trace
@@ -37,7 +37,7 @@ from phaseprobe.present.endpoint import (
 )
 from phaseprobe.records import RunSpec
 from phaseprobe.sources.gpu_sampler import open_sampler
-from phaseprobe.sources.torch_trace import capture_profile
+from phaseprobe.sources.torch_trace import ProfileCapture
 from phaseprobe.store import Store, redact_url
 
 if TYPE_CHECKING:
@@ -156,17 +156,25 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
             sampler, why_not = open_sampler(args.gpu_period)
             if sampler is None:
                 err.print(f"[yellow]no GPU data:[/] {escape(why_not or '')}")
-        def measure() -> ProbeResult:
-            return run_probe(spec, store, settings=settings, api_key=api_key, progress=progress,
-                             timeout_s=args.timeout,
-                             before_runs=sidecar.before_runs if sidecar else None,
-                             gpu_sampler=sampler)
+        capture = ProfileCapture(endpoint, profile_dir) if profile_dir else None
+
+        def before_runs() -> None:  # after the warm-ups: they stay out of the trace
+            if sidecar is not None:
+                sidecar.before_runs()
+            if capture is not None:
+                capture.start()
 
         trace_doc = None
-        if profile_dir is None:
-            result = measure()
-        else:
-            result, files = capture_profile(endpoint, profile_dir, measure)
+        try:
+            result = run_probe(spec, store, settings=settings, api_key=api_key,
+                               progress=progress, timeout_s=args.timeout,
+                               before_runs=before_runs, gpu_sampler=sampler)
+        except BaseException:
+            if capture is not None and capture.started:
+                capture.stop(wait=False)
+            raise
+        if capture is not None:
+            files = capture.stop()
             with err.status("reading the torch-profiler trace…"):
                 trace_doc = summarize_trace_file(files[0])  # the worker's rank file first
             # Kept with the experiment: the dashboard's Traces page shows it without the file.

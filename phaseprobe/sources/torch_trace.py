@@ -33,8 +33,8 @@ import requests
 from phaseprobe.analysis.timeline import Timeline, empty_activities, empty_ranges
 from phaseprobe.errors import TraceError
 
-__all__ = ["read_torch_trace", "iter_trace", "COMM_COLUMNS", "capture_profile",
-           "find_traces"]
+__all__ = ["read_torch_trace", "iter_trace", "COMM_COLUMNS", "ProfileCapture",
+           "capture_profile", "find_traces"]
 
 COMM_COLUMNS: dict[str, str] = {
     "start_ns": "int64", "dur_ns": "int64", "device": "str", "name": "str — kernel name",
@@ -334,39 +334,68 @@ def find_traces(directory: str | os.PathLike[str]) -> list[Path]:
     return sorted(found, key=lambda p: (not p.name.startswith("rank"), -p.stat().st_mtime))
 
 
-def capture_profile(base_url: str, trace_dir: str | os.PathLike[str], run: Callable[[], T], *,
-                    timeout_s: float = 120.0, session: Any = None,
-                    clock: Callable[[], float] = time.monotonic,
-                    sleep: Callable[[float], None] = time.sleep) -> tuple[T, list[Path]]:
-    """POST ``/start_profile``, call ``run()``, POST ``/stop_profile``; return run's result and
-    the trace files that appeared in ``trace_dir`` (the server must have been started with
-    ``--profiler-config '{"profiler":"torch","torch_profiler_dir":"<trace_dir>"}'``).
+class ProfileCapture:
+    """vLLM's torch profiler around part of the work: :meth:`start` POSTs ``/start_profile``,
+    :meth:`stop` POSTs ``/stop_profile`` and returns the trace files that appeared in
+    ``trace_dir`` (the server must have been started with ``--profiler-config
+    '{"profiler":"torch","torch_profiler_dir":"<trace_dir>"}'``). Split in two so a probe can
+    start it after its warm-ups: only the measured requests are then in the trace.
 
-    Stopping writes the files asynchronously (0.8 s without stacks, ~18 s with), so this waits
-    until new files exist and their sizes stop changing.
+    Stopping writes the files asynchronously (0.8 s without stacks, ~18 s with), so
+    :meth:`stop` waits until new files exist and their sizes stop changing.
     """
-    http = session or requests.Session()
-    base = base_url.rstrip("/").removesuffix("/v1")
-    before = {p: p.stat().st_mtime for p in find_traces(trace_dir)} \
-        if Path(trace_dir).is_dir() else {}
-    _post(http, f"{base}/start_profile", timeout_s)
+
+    def __init__(self, base_url: str, trace_dir: str | os.PathLike[str], *,
+                 timeout_s: float = 120.0, session: Any = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.http = session or requests.Session()
+        self.base = base_url.rstrip("/").removesuffix("/v1")
+        self.trace_dir = trace_dir
+        self.timeout_s, self.clock, self.sleep = timeout_s, clock, sleep
+        self.started = False
+        self._before: dict[Path, float] = {}
+
+    def start(self) -> None:
+        self._before = {p: p.stat().st_mtime for p in find_traces(self.trace_dir)} \
+            if Path(self.trace_dir).is_dir() else {}
+        _post(self.http, f"{self.base}/start_profile", self.timeout_s)
+        self.started = True
+
+    def stop(self, *, wait: bool = True) -> list[Path]:
+        """Stop the profiler; with ``wait``, the new trace files once they are complete."""
+        _post(self.http, f"{self.base}/stop_profile", self.timeout_s)
+        self.started = False
+        if not wait:
+            return []
+        deadline = self.clock() + self.timeout_s
+        sizes: dict[Path, int] = {}
+        while True:
+            new = [p for p in find_traces(self.trace_dir)
+                   if self._before.get(p) != p.stat().st_mtime] \
+                if Path(self.trace_dir).is_dir() else []
+            now_sizes = {p: p.stat().st_size for p in new}
+            if new and now_sizes == sizes:
+                return new
+            if self.clock() > deadline:
+                raise TraceError(str(self.trace_dir), "no profiler trace appeared after "
+                                 f"/stop_profile within {self.timeout_s:.0f} s")
+            sizes = now_sizes
+            self.sleep(0.5)
+
+
+def capture_profile(base_url: str, trace_dir: str | os.PathLike[str], run: Callable[[], T],
+                    **kwargs: Any) -> tuple[T, list[Path]]:
+    """The profiler around all of ``run()``: its result and the new trace files (keyword
+    arguments as :class:`ProfileCapture`)."""
+    capture = ProfileCapture(base_url, trace_dir, **kwargs)
+    capture.start()
     try:
         result = run()
-    finally:
-        _post(http, f"{base}/stop_profile", timeout_s)
-    deadline = clock() + timeout_s
-    sizes: dict[Path, int] = {}
-    while True:
-        new = [p for p in find_traces(trace_dir) if before.get(p) != p.stat().st_mtime] \
-            if Path(trace_dir).is_dir() else []
-        now_sizes = {p: p.stat().st_size for p in new}
-        if new and now_sizes == sizes:
-            return result, new
-        if clock() > deadline:
-            raise TraceError(str(trace_dir), "no profiler trace appeared after /stop_profile "
-                                             f"within {timeout_s:.0f} s")
-        sizes = now_sizes
-        sleep(0.5)
+    except BaseException:
+        capture.stop(wait=False)
+        raise
+    return result, capture.stop()
 
 
 def _post(http: Any, url: str, timeout_s: float) -> None:

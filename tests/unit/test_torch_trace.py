@@ -13,7 +13,12 @@ from hypothesis import strategies as st
 
 from phaseprobe.analysis import timeline as tla
 from phaseprobe.errors import TraceError
-from phaseprobe.sources.torch_trace import capture_profile, iter_trace, read_torch_trace
+from phaseprobe.sources.torch_trace import (
+    ProfileCapture,
+    capture_profile,
+    iter_trace,
+    read_torch_trace,
+)
 
 BASE_US = 1_700_000_000_000_000  # absolute epoch µs, as older Kineto writes
 
@@ -200,6 +205,27 @@ def test_capture_profile_posts_and_collects(tmp_path: Path) -> None:
     result, files = capture_profile("http://127.0.0.1:1/v1", tmp_path, lambda: 42,
                                     session=session, sleep=lambda s: None)
     assert result == 42 and [f.name for f in files] == ["rank0.99.pt.trace.json.gz"]
+    assert session.calls == ["http://127.0.0.1:1/start_profile",
+                             "http://127.0.0.1:1/stop_profile"]
+
+
+def test_profile_capture_started_late_and_stopped_after_a_failure(tmp_path: Path) -> None:
+    session = _Session(200, tmp_path)
+    capture = ProfileCapture("http://127.0.0.1:1", tmp_path, session=session,
+                             sleep=lambda s: None)
+    assert session.calls == [] and not capture.started  # nothing until start()
+    capture.start()
+    assert capture.started
+    assert [f.name for f in capture.stop()] == ["rank0.99.pt.trace.json.gz"]
+    assert session.calls == ["http://127.0.0.1:1/start_profile",
+                             "http://127.0.0.1:1/stop_profile"]
+
+    def boom() -> None:
+        raise RuntimeError("the endpoint died")
+
+    session.calls.clear()
+    with pytest.raises(RuntimeError, match="died"):  # the profiler is stopped all the same
+        capture_profile("http://127.0.0.1:1", tmp_path, boom, session=session)
     assert session.calls == ["http://127.0.0.1:1/start_profile",
                              "http://127.0.0.1:1/stop_profile"]
 
