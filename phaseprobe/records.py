@@ -69,6 +69,9 @@ class ClientTimeline:
     completion_tokens: int | None
     finish_reason: str | None
     complete: bool  # the stream ended normally ([DONE] seen)
+    # The longest this client process went unscheduled while stamping (StallWatch): stamps
+    # can be late by up to this. None: not watched (concurrent streams, older stores).
+    client_stall_s: float | None = None
 
     @property
     def ttft_s(self) -> float | None:
@@ -101,6 +104,7 @@ class ClientTimeline:
             "completion_tokens": self.completion_tokens,
             "finish_reason": self.finish_reason,
             "complete": self.complete,
+            "client_stall_s": self.client_stall_s,
             "n_events": len(self.event_offsets_ns),
             "ttft_s": self.ttft_s,
             "e2e_s": self.e2e_s,
@@ -119,6 +123,7 @@ class ClientTimeline:
             completion_tokens=d["completion_tokens"],
             finish_reason=d["finish_reason"],
             complete=d["complete"],
+            client_stall_s=d.get("client_stall_s"),
         )
 
 

@@ -174,6 +174,10 @@ def summarize(runs: Sequence[Run]) -> Summary:
     )
 
 
+# A client stall at least this share of the late-delivery gap explains the gap.
+CLIENT_STALL_SHARE = 0.5
+
+
 def consistency_notes(runs: Sequence[Run], tolerance_s: float = 0.002,
                       late_delivery_s: float = 0.050) -> list[str]:
     """Server phases that cannot be true given what the client saw.
@@ -188,7 +192,12 @@ def consistency_notes(runs: Sequence[Run], tolerance_s: float = 0.002,
     notes = []
     for r in runs:
         c, s = r.client, r.server
-        if c is None or s is None or c.ttft_s is None:
+        if c is None or c.ttft_s is None:
+            continue
+        stall = c.client_stall_s
+        if s is None:  # client-only: its stamps can still be late on a starved client
+            if stall is not None and stall > late_delivery_s:
+                notes.append(_stall_note(r.seq, stall))
             continue
         if s.inference_s is not None and s.inference_s > c.e2e_s + tolerance_s:
             notes.append(f"run {r.seq + 1}: server inference {s.inference_s * 1e3:.1f} ms exceeds "
@@ -196,8 +205,26 @@ def consistency_notes(runs: Sequence[Run], tolerance_s: float = 0.002,
         if s.prefill_s is not None and s.prefill_s > c.ttft_s + tolerance_s:
             notes.append(f"run {r.seq + 1}: server prefill {s.prefill_s * 1e3:.1f} ms exceeds "
                          f"client TTFT {c.ttft_s * 1e3:.1f} ms (swapped or foreign histograms?)")
-        if s.ttft_s is not None and c.ttft_s - s.ttft_s > max(late_delivery_s, s.ttft_s):
+        late = s.ttft_s is not None and c.ttft_s - s.ttft_s > max(late_delivery_s, s.ttft_s)
+        if late and s.ttft_s is not None:
+            gap = c.ttft_s - s.ttft_s
+            if stall is not None and stall >= CLIENT_STALL_SHARE * gap:
+                why = (f"this client process was itself unscheduled for up to "
+                       f"{stall * 1e3:.0f} ms during the run: a loaded client machine, not "
+                       "the server")
+            else:
+                why = "buffering proxy, network, or a stalled API server" + (
+                    "" if stall is None else f"; the client was scheduled on time (longest "
+                                             f"stall {stall * 1e3:.0f} ms)")
             notes.append(f"run {r.seq + 1}: tokens delivered late: client TTFT "
                          f"{c.ttft_s * 1e3:.1f} ms vs server TTFT {s.ttft_s * 1e3:.1f} ms "
-                         "(buffering proxy, network, or a stalled API server)")
+                         f"({why})")
+        elif stall is not None and stall > late_delivery_s:
+            notes.append(_stall_note(r.seq, stall))
     return notes
+
+
+def _stall_note(seq: int, stall_s: float) -> str:
+    return (f"run {seq + 1}: the client process was unscheduled for up to "
+            f"{stall_s * 1e3:.0f} ms during the run: its token stamps (ITL, TTFT) can be late "
+            "by that much")

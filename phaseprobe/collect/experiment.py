@@ -22,6 +22,7 @@ from phaseprobe.errors import MetricsUnavailable
 from phaseprobe.records import Experiment, Isolation, Run, RunSpec, RunStatus
 from phaseprobe.sources.gpu_sampler import GpuSampler
 from phaseprobe.sources.openai_stream import StreamClient, build_body, check_endpoint
+from phaseprobe.sources.stall_watch import StallWatch
 from phaseprobe.sources.vllm_metrics import MetricSnapshot, MetricsScraper
 from phaseprobe.store import Store
 
@@ -131,8 +132,9 @@ class RunCollector:
                           chat=spec.api == "chat", temperature=spec.temperature, seed=spec.seed,
                           ignore_eos=spec.ignore_eos)
         before = self._wait_idle()
-        outcome = self.client.stream(body)
-        timeline = outcome.timeline
+        with StallWatch() as watch:
+            outcome = self.client.stream(body)
+        timeline = replace(outcome.timeline, client_stall_s=watch.max_stall_s)
         if outcome.error is not None:
             # An error run keeps its partial timeline; its server deltas would be meaningless.
             return Run(seq=seq, status="error", prompt=prompt, client=timeline, server=None,

@@ -12,10 +12,9 @@ import time
 import pytest
 import requests
 
-from phaseprobe.collect.experiment import NullProgress, ProbeSettings, run_probe
+from phaseprobe.collect.experiment import ProbeSettings, run_probe
 from phaseprobe.present.cli import main
 from phaseprobe.records import RunSpec
-from phaseprobe.sources.vllm_metrics import MetricsScraper
 from phaseprobe.store import Store
 
 pytestmark = pytest.mark.integration
@@ -39,6 +38,7 @@ def test_probe_attributes_prefill_and_decode(local_vllm, tmp_path):
         assert run.isolated and run.isolation.verified
         c, s = run.client, run.server
         assert c.completion_tokens == 32
+        assert c.client_stall_s is not None and c.client_stall_s >= 0  # the client was watched
         assert s.prefill_s > 0 and s.decode_s > 0 and s.queue_s >= 0
         assert c.e2e_s >= s.inference_s
         # vLLM defines inference = prefill + decode (both from the same engine timestamps).
@@ -58,35 +58,31 @@ def test_concurrent_request_is_flagged_not_isolated(local_vllm, tmp_path):
 
     def intruder() -> None:
         try:
-            # Sent once our 600-token run (~2.5 s) is running on the server, not after a fixed
-            # sleep: on a loaded machine the run's preparation (prompt, idle wait, scrape) can
-            # outlast any sleep, and the collector then rightly waits for the intruder to finish
-            # first. The run is long because this box starves processes for up to ~1.5 s while
-            # vLLM serves (research/vllm_cpu.md): the intruder must still land inside it.
-            scraper = MetricsScraper(local_vllm.base_url)
-            deadline = time.monotonic() + 30
-            while (scraper.scrape().value("requests_running", "", local_vllm.model) or 0) < 1:
-                if time.monotonic() > deadline:
-                    raise TimeoutError("the measured run never showed as running")
-                time.sleep(0.01)
+            time.sleep(0.3)  # our 600-token run (~2.5 s) has started and is decoding
             requests.post(f"{local_vllm.base_url}/v1/completions", timeout=60, json={
                 "model": local_vllm.model, "prompt": "an intruding request " + str(time.time()),
                 "max_tokens": 40, "ignore_eos": True}).raise_for_status()
         except BaseException as exc:  # reported below, not swallowed
             errors.append(exc)
 
-    class StartIntruder(NullProgress):
-        def on_start(self, total: int, warmup: int) -> None:
-            threading.Thread(target=intruder, daemon=True).start()
+    class SendsAnIntruder(requests.Session):
+        """Starts the intruder when the measured request itself is sent: timed from a sleep
+        or from /metrics polling, it can land after the run on this box, which starves
+        processes for up to ~1.5 s and answers /metrics slowly while it streams."""
+
+        def post(self, url, *args, **kwargs):  # type: ignore[override]
+            if url.endswith("/v1/completions") and kwargs.get("stream"):
+                threading.Thread(target=intruder, daemon=True).start()
+            return super().post(url, *args, **kwargs)
 
     with Store(tmp_path / "s.sqlite") as store:
         result = run_probe(_spec(local_vllm, max_tokens=600), store,
-                           settings=ProbeSettings(runs=1, warmup=0), progress=StartIntruder())
+                           settings=ProbeSettings(runs=1, warmup=0), session=SendsAnIntruder())
         stored = store.runs(result.experiment_id)
     time.sleep(0.5)
     assert not errors, errors
     run = result.runs[0]
-    assert run.status == "isolation_failed"
+    assert run.status == "isolation_failed", run.isolation.reasons
     assert run.isolation.verified and not run.isolated
     assert run.isolation.reasons  # says why, in words
     assert stored[0].status == "isolation_failed"  # kept, flagged, not dropped

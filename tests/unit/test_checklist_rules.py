@@ -226,6 +226,23 @@ def test_ttft_gap():
     assert b.status == "fail" and "burst" in b.summary
     assert check(latency.ttft_gap, ev([make_run(i, server=False) for i in range(2)])).status \
         == "skipped"
+    assert ok.numbers["client_stall_max_s"] is None  # runs not watched
+
+
+def test_ttft_gap_blames_a_starved_client():
+    from dataclasses import replace
+
+    def stalled(i: int, stall_s: float) -> Run:
+        r = make_run(i, ttft=0.150)
+        return replace(r, client=replace(r.client, client_stall_s=stall_s))
+
+    v = check(latency.ttft_gap, ev([stalled(i, 0.110) for i in range(3)]))
+    assert v.status == "warn" and "unscheduled for up to 110.0 ms" in v.summary
+    assert "client machine is starved" in v.recommendation
+    assert v.numbers["client_stall_max_s"] == pytest.approx(0.110)
+    # A client scheduled on time: the gap is the network's / server's, as before.
+    on_time = check(latency.ttft_gap, ev([stalled(i, 0.002) for i in range(3)]))
+    assert on_time.status == "warn" and "proxy_buffering" in on_time.recommendation
 
 
 def test_phase_consistency():

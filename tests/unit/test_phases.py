@@ -138,3 +138,30 @@ def test_late_delivery_is_reported():
                isolation=base.isolation)
     notes = consistency_notes([late])
     assert len(notes) == 1 and "delivered late" in notes[0] and "210.0 ms" in notes[0]
+    assert "stalled API server" in notes[0]  # the client was not watched: no claim about it
+
+    from dataclasses import replace
+
+    def watched(stall_s: float) -> Run:
+        return replace(late, client=replace(base.client, client_stall_s=stall_s))
+
+    # The client itself was unscheduled for most of the 198 ms gap: its machine, not vLLM.
+    client_side = consistency_notes([watched(0.180)])
+    assert len(client_side) == 1 and "unscheduled for up to 180 ms" in client_side[0]
+    assert "not the server" in client_side[0]
+    # Scheduled on time: the delay is between vLLM and the client.
+    server_side = consistency_notes([watched(0.003)])
+    assert "stalled API server" in server_side[0] and "longest stall 3 ms" in server_side[0]
+
+
+def test_a_client_stall_without_late_delivery_is_noted():
+    from dataclasses import replace
+
+    from phaseprobe.analysis.phases import consistency_notes
+
+    run = _run(0, [20_000_000, 22_000_000], 30_000_000)
+    stalled = replace(run, client=replace(run.client, client_stall_s=0.120))
+    notes = consistency_notes([stalled])
+    assert len(notes) == 1 and "unscheduled for up to 120 ms" in notes[0]
+    assert consistency_notes([replace(run, client=replace(run.client,
+                                                          client_stall_s=0.004))]) == []

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import statistics
 
-from phaseprobe.analysis.phases import consistency_notes, percentile
+from phaseprobe.analysis.phases import CLIENT_STALL_SHARE, consistency_notes, percentile
 from phaseprobe.analysis.rules.base import (
     USE_CASE_TTFT_S,
     Evidence,
@@ -127,8 +127,22 @@ def ttft_gap(ev: Evidence) -> Verdict:
     if burst:
         said += (f"; tokens arrived in a burst: client saw first-to-last token in {ms(window)} "
                  f"while the server decoded for {ms(s.server_decode_s)}")
+    # The client's own scheduling (StallWatch): a starved client stamps late by itself.
+    stalls = [r.client.client_stall_s for r in clean_runs(ev)
+              if r.client and r.client.client_stall_s is not None]
+    stall = max(stalls) if stalls else None
+    numbers["client_stall_max_s"] = stall
     if s.ttft_gap_s <= TTFT_GAP_WARN_S and not burst:
         return Verdict("pass", said, numbers, th)
+    if stall is not None and stall >= CLIENT_STALL_SHARE * s.ttft_gap_s:
+        return Verdict(
+            "fail" if s.ttft_gap_s > TTFT_GAP_FAIL_S or burst else "warn",
+            said + f"; this client process was itself unscheduled for up to {ms(stall)}",
+            numbers, {**th, "client_stall_explains_at_share_of_gap": CLIENT_STALL_SHARE},
+            "the client machine is starved (other work on its CPUs, e.g. the server on the same "
+            "cores): its stamps are late, not necessarily the server; probe again from an idle "
+            "host before tuning the server",
+            "phaseprobe probe --endpoint URL")
     return Verdict(
         "fail" if s.ttft_gap_s > TTFT_GAP_FAIL_S or burst else "warn", said, numbers,
         {**th, "burst_if_client_window_below_share_of_server_decode": BURST_SHARE},
