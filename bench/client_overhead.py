@@ -5,7 +5,8 @@ each write; the client stamps each event on arrival with the same clock. For eve
 ``lag = arrival − send`` is transport + client work. We compare:
 
 * bare    — a minimal ``requests`` loop that only stamps chunks (the floor);
-* phaseprobe — ``StreamClient.stream`` (stamping, SSE splitting, JSON parsing, usage).
+* phaseprobe — ``StreamClient.stream`` (stamping, SSE splitting, JSON parsing, usage);
+* +stallwatch — the same with the collector's StallWatch thread running beside it.
 
 The server runs in its own process (one GIL each, as with a real server); perf_counter_ns is
 the system-wide monotonic clock, so its stamps and the client's compare directly. Trials are
@@ -26,6 +27,7 @@ from multiprocessing.connection import Connection
 import requests
 
 from phaseprobe.sources.openai_stream import StreamClient, build_body
+from phaseprobe.sources.stall_watch import StallWatch
 from phaseprobe.testing.sse_server import Script, SseServer
 
 
@@ -98,6 +100,12 @@ def phaseprobe_trial(server: RemoteServer, body: dict) -> tuple[list[int], float
     return [clock.first + o - s for o, s in zip(offsets, send)], cpu / len(send)
 
 
+def watched_trial(server: RemoteServer, body: dict) -> tuple[list[int], float]:
+    """As the collector measures a run: the stream with the StallWatch thread beside it."""
+    with StallWatch():
+        return phaseprobe_trial(server, body)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--events", type=int, default=2000)
@@ -106,12 +114,14 @@ def main() -> None:
     args = ap.parse_args()
     script = Script(n_tokens=args.events, gap_s=args.gap_ms / 1e3, first_delay_s=0.005)
     body = build_body(model="sse-test-model", prompt="bench", max_tokens=args.events, chat=False)
-    lag: dict[str, list[int]] = {"bare": [], "phaseprobe": []}
-    cpu: dict[str, list[float]] = {"bare": [], "phaseprobe": []}
+    arms = (("bare", bare_trial), ("phaseprobe", phaseprobe_trial),
+            ("+stallwatch", watched_trial))
+    lag: dict[str, list[int]] = {name: [] for name, _ in arms}
+    cpu: dict[str, list[float]] = {name: [] for name, _ in arms}
     server = RemoteServer(script)
     try:
         for _ in range(args.trials):  # interleaved: drift and noise hit both
-            for name, trial in (("bare", bare_trial), ("phaseprobe", phaseprobe_trial)):
+            for name, trial in arms:
                 lags, cpu_per_event = trial(server, body)
                 lag[name] += lags
                 cpu[name].append(cpu_per_event)
@@ -123,12 +133,15 @@ def main() -> None:
     rate = 1e3 / args.gap_ms
     print(f"{args.trials} interleaved trials x {args.events} token events at {rate:,.0f}/s "
           "from the SSE test server (separate process)")
-    for k in ("bare", "phaseprobe"):
+    for k, _ in arms:
         print(f"  {k:<11} arrival lag median {med[k]:7.1f} µs  p99 {p99[k]:8.1f} µs   "
               f"client CPU {cpu_med[k]:6.1f} µs/event")
     print(f"phaseprobe overhead per token event: {med['phaseprobe'] - med['bare']:+.1f} µs "
           f"(median lag), CPU ratio {cpu_med['phaseprobe'] / cpu_med['bare']:.2f}x the bare loop "
           f"(+{cpu_med['phaseprobe'] - cpu_med['bare']:.1f} µs/event)")
+    print(f"the collector's StallWatch thread (5 ms wake-ups) adds "
+          f"{med['+stallwatch'] - med['phaseprobe']:+.1f} µs median lag, p99 "
+          f"{p99['+stallwatch'] - p99['phaseprobe']:+.1f} µs (stream thread CPU only)")
 
 
 if __name__ == "__main__":
