@@ -7,12 +7,9 @@ import argparse
 import io
 import json
 import math
-import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -29,6 +26,7 @@ from phaseprobe.sources.gpu_import import (
 )
 from phaseprobe.sources.nvml import COLUMNS
 from phaseprobe.sources.prometheus import PrometheusClient
+from tests.prometheus_stub import Reply, Stub
 
 MiB = 1024**2
 
@@ -179,49 +177,26 @@ _DCGM_VALUES = {  # metric -> per gpu, per time
 }
 
 
-class DcgmStub:
+def dcgm_stub(values: dict[str, list[list[float]]]) -> Stub:
     """A Prometheus query_range API answering DCGM-exporter series (two GPUs, three points)."""
+    stub = Stub()
 
-    def __init__(self, values: dict[str, list[list[float]]]) -> None:
-        self.queries: list[str] = []
-        stub = self
+    def query_range(params: dict[str, list[str]]) -> Reply:
+        metric = params.get("query", [""])[0].split("{")[0]
+        result = [{"metric": {"__name__": metric, "gpu": str(g), "Hostname": "node1",
+                              "UUID": f"GPU-{g}"},
+                   "values": [[T + i, str(v)] for i, v in enumerate(per_t)]}
+                  for g, per_t in enumerate(values.get(metric, []))]
+        return Reply(body={"status": "success",
+                           "data": {"resultType": "matrix", "result": result}})
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-                parts = urlsplit(self.path)
-                query = parse_qs(parts.query).get("query", [""])[0]
-                stub.queries.append(query)
-                metric = query.split("{")[0]
-                result = [{"metric": {"__name__": metric, "gpu": str(g), "Hostname": "node1",
-                                      "UUID": f"GPU-{g}"},
-                           "values": [[T + i, str(v)] for i, v in enumerate(per_t)]}
-                          for g, per_t in enumerate(values.get(metric, []))]
-                body = json.dumps({"status": "success",
-                                   "data": {"resultType": "matrix", "result": result}}).encode()
-                self.send_response(200 if parts.path == "/api/v1/query_range" else 404)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever,
-                                       kwargs={"poll_interval": 0.05}, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(5)
+    stub.routes["/api/v1/query_range"] = query_range
+    return stub
 
 
 @pytest.fixture
-def dcgm() -> Iterator[DcgmStub]:
-    stub = DcgmStub(_DCGM_VALUES)
+def dcgm() -> Iterator[Stub]:
+    stub = dcgm_stub(_DCGM_VALUES)
     yield stub
     stub.close()
 
@@ -239,11 +214,11 @@ def test_dcgm_series_become_gpu_samples(dcgm):
     assert f.util_gpu_pct[4] == 97 and f.util_mem_pct[4] == 40 and f.power_w[2] == 300.25
     assert f.sm_clock_mhz[2] == 1980 and f.temperature_c[5] == 57
     assert math.isnan(f.pcie_rx_bytes_per_s[0])  # PROF metrics not exported
-    assert 'DCGM_FI_DEV_FB_USED{Hostname="node1"}' in dcgm.queries
+    assert 'DCGM_FI_DEV_FB_USED{Hostname="node1"}' in dcgm.queries()
 
 
 def test_dcgm_without_series_is_empty_result():
-    stub = DcgmStub({})
+    stub = dcgm_stub({})
     try:
         with PrometheusClient(stub.url, environ={}, retries=0) as client, \
                 pytest.raises(EmptyResult, match="DCGM"):

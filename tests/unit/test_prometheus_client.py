@@ -6,13 +6,9 @@ import argparse
 import json
 import math
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from rich.console import Console
@@ -29,62 +25,10 @@ from phaseprobe.present.cmd_query import cmd_query, parse_time, register
 from phaseprobe.query_catalog import load_catalog
 from phaseprobe.sources.prometheus import PHASE_QUERIES, PrometheusClient, phase_means
 from phaseprobe.testing.prometheus_server import PrometheusServer, scrape_config
+from tests.prometheus_stub import Reply, Stub
 
 TOKEN = "s3cret-token-value"
 PARSE_ERROR = 'invalid parameter "query": 1:5: parse error: unclosed left parenthesis'
-
-
-@dataclass
-class Reply:
-    status: int = 200
-    body: Any = field(default_factory=lambda: {"status": "success",
-                                               "data": {"resultType": "vector", "result": []}})
-    content_type: str = "application/json"
-
-
-@dataclass
-class Seen:
-    path: str
-    params: dict[str, list[str]]
-    headers: dict[str, str]
-
-
-class Stub:
-    """A scripted Prometheus API: ``routes[path](params) -> Reply``; records every request."""
-
-    def __init__(self) -> None:
-        self.routes: dict[str, Callable[[dict[str, list[str]]], Reply]] = {}
-        self.seen: list[Seen] = []
-        stub = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-                parts = urlsplit(self.path)
-                params = parse_qs(parts.query)
-                stub.seen.append(Seen(parts.path, params, dict(self.headers)))
-                route = stub.routes.get(parts.path)
-                reply = route(params) if route else Reply(404, "404 page not found",
-                                                          "text/plain")
-                raw = reply.body if isinstance(reply.body, str) else json.dumps(reply.body)
-                data = raw.encode()
-                self.send_response(reply.status)
-                self.send_header("Content-Type", reply.content_type)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever,
-                                       kwargs={"poll_interval": 0.05}, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture
