@@ -57,8 +57,12 @@ def phase_bars(runs: Sequence[Run],
 
 def token_ticks(runs: Sequence[Run],
                 lanes: Mapping[int, tuple[str, float]] | None = None) -> pd.DataFrame:
-    rows = [{"lane": _lane(r, lanes)[0], "t_ms": _lane(r, lanes)[1] + off / 1e6}
-            for r in runs if r.client is not None for off in r.client.event_offsets_ns]
+    rows = []
+    for r in runs:
+        if r.client is None:
+            continue
+        lane, t0 = _lane(r, lanes)  # once per run, not per token event
+        rows += [{"lane": lane, "t_ms": t0 + off / 1e6} for off in r.client.event_offsets_ns]
     return pd.DataFrame(rows, columns=["lane", "t_ms"])
 
 
