@@ -231,6 +231,12 @@ class Store:
         self._write("UPDATE ab_sessions SET arms_json = ? WHERE id = ?",
                     (json.dumps(arms), session_id))
 
+    def update_ab_settings(self, session_id: int, changes: dict[str, Any]) -> None:
+        """Merge ``changes`` into a session's settings (a sequential session's stop record)."""
+        settings = self.ab_session(session_id)["settings"]
+        self._write("UPDATE ab_sessions SET settings_json = ? WHERE id = ?",
+                    (json.dumps({**settings, **changes}), session_id))
+
     def finish_ab_session(self, session_id: int) -> None:
         self._write("UPDATE ab_sessions SET finished_wall_ns = ? WHERE id = ?",
                     (time.time_ns(), session_id))

@@ -15,6 +15,11 @@ Per metric (all latencies, lower is better):
 
 Both the U test and the interval must agree before a change is called: an A/A (the same arm
 twice) then comes out "no significant change" at about the α rate or less.
+
+A *sequential* session (``ab --until-decided``) is compared differently, on paired runs with
+an anytime-valid interval (:mod:`phaseprobe.analysis.ab_sequential`): ``compare_runs(...,
+plan=SequentialPlan(...))``. Its verdicts are *improvement*, *regression*, *equivalent*
+(within ±min_effect) and *undecided*; the ratio is the geometric mean of the paired ratios.
 """
 
 from __future__ import annotations
@@ -27,12 +32,21 @@ from typing import Any, Literal
 import numpy as np
 from scipy import stats
 
+from phaseprobe.analysis.ab_noise import NoiseDiagnosis, diagnose_noise
+from phaseprobe.analysis.ab_sequential import (
+    PRIMARY_PHASES,
+    SequentialPlan,
+    evaluate,
+    paired_log_ratios,
+)
 from phaseprobe.records import Run
 
 __all__ = ["METRICS", "PHASES", "MetricComparison", "Comparison", "compare_samples",
-           "compare_runs", "run_metrics", "phase_line", "pct"]
+           "compare_runs", "compare_paired", "run_metrics", "metric_by_seq", "phase_line",
+           "pct", "resolve_primary"]
 
-Verdict = Literal["improvement", "regression", "no significant change", "insufficient data"]
+Verdict = Literal["improvement", "regression", "no significant change", "insufficient data",
+                  "equivalent", "undecided"]
 
 _Z_ALPHA = 1.959964  # two-sided α = 0.05
 _Z_POWER = 0.841621  # 80 % power
@@ -78,6 +92,9 @@ class MetricComparison:
     noise_b: float | None
     verdict: Verdict
     warnings: tuple[str, ...] = ()
+    method: Literal["fixed", "sequential"] = "fixed"
+    n_pairs: int | None = None  # sequential: the pairs the interval is built on
+    more_runs: int | None = None  # sequential, undecided: ~runs per arm still needed
 
     @property
     def change(self) -> float | None:
@@ -99,11 +116,15 @@ class Comparison:
     metrics: dict[str, MetricComparison]
     phase_line: str
     warnings: tuple[str, ...] = field(default_factory=tuple)
+    method: Literal["fixed", "sequential"] = "fixed"
+    primary: str | None = None  # sequential: the metric whose verdict ends the session
+    noise: tuple[NoiseDiagnosis, ...] = ()  # the phase metrics' noise, explained
 
     def to_dict(self) -> dict[str, Any]:
         return {"arm_a": self.arm_a, "arm_b": self.arm_b, "min_effect": self.min_effect,
-                "confidence": self.confidence, "phase_line": self.phase_line,
-                "warnings": list(self.warnings),
+                "confidence": self.confidence, "method": self.method, "primary": self.primary,
+                "phase_line": self.phase_line, "warnings": list(self.warnings),
+                "noise": [n.to_dict() for n in self.noise],
                 "metrics": {k: v.to_dict() for k, v in self.metrics.items()}}
 
 
@@ -184,11 +205,64 @@ def usable(run: Run) -> bool:
 
 def run_metrics(runs: Sequence[Run]) -> dict[str, list[float]]:
     """Each metric's values over the usable runs (missing values left out)."""
-    out: dict[str, list[float]] = {}
-    for name, (_, get) in METRICS.items():
-        values = [get(r) for r in runs if usable(r)]
-        out[name] = [v for v in values if v is not None]
+    return {name: list(metric_by_seq(runs, name).values()) for name in METRICS}
+
+
+def metric_by_seq(runs: Sequence[Run], name: str) -> dict[int, float]:
+    """One metric over the usable runs, keyed by run number (how pairs are matched)."""
+    get = METRICS[name][1]
+    out: dict[int, float] = {}
+    for r in runs:
+        v = get(r) if usable(r) else None
+        if v is not None and math.isfinite(v):
+            out[r.seq] = v
     return out
+
+
+def resolve_primary(primary: str, runs_a: Sequence[Run], runs_b: Sequence[Run]) -> str:
+    """The metric a sequential session decides on: a phase's server metric when both arms
+    have it, else the client's view of that phase; a metric name is taken as it is."""
+    if primary not in PRIMARY_PHASES:
+        return primary
+    server, client = PRIMARY_PHASES[primary]
+    has = metric_by_seq(runs_a, server) and metric_by_seq(runs_b, server)
+    return server if has else client
+
+
+def compare_paired(a: dict[int, float], b: dict[int, float], plan: SequentialPlan, *,
+                   metric: str = "value", label: str | None = None) -> MetricComparison:
+    """The sequential view of one metric: runs paired by number, the anytime interval of the
+    geometric-mean ratio B/A, and the four-way verdict (see :mod:`ab_sequential`)."""
+    label = label or metric
+    d = paired_log_ratios(a, b)
+    est = evaluate(d, plan)
+    paired = sorted(a.keys() & b.keys())
+    xa = np.asarray([a[k] for k in paired], dtype=float)
+    xb = np.asarray([b[k] for k in paired], dtype=float)
+    med_a = float(np.median(xa)) if len(xa) else None
+    med_b = float(np.median(xb)) if len(xb) else None
+    noise_a = _noise(xa) if len(xa) >= 2 else None
+    noise_b = _noise(xb) if len(xb) >= 2 else None
+    warnings: list[str] = []
+    if est.ratio is None:
+        warnings.append(f"{label}: fewer than 2 pairs")
+    elif est.verdict == "undecided":
+        more = (f"about {est.more_pairs} more runs per arm would decide it at this noise"
+                if est.more_pairs is not None else
+                "no run count decides it at this noise: the estimate sits on the "
+                f"±{plan.min_effect:.0%} line")
+        warnings.append(f"{label}: undecided after {est.n_pairs} pairs; {more}")
+    if est.winsorised:
+        warnings.append(f"{label}: {est.winsorised} of {est.n_pairs} pairs were outliers "
+                        f"(beyond 3 robust SDs), pulled in before the interval")
+    if est.verdict == "equivalent" and est.ci_low is not None and est.ci_high is not None \
+            and (est.ci_high < 1 or est.ci_low > 1):
+        warnings.append(f"{label}: {pct((est.ratio or 1) - 1)} % is real but inside "
+                        f"±{plan.min_effect:.0%}, the smallest change worth calling")
+    return MetricComparison(metric, label, len(xa), len(xb), med_a, med_b, est.ratio,
+                            est.ci_low, est.ci_high, None, None, noise_a, noise_b, est.verdict,
+                            tuple(warnings), method="sequential", n_pairs=est.n_pairs,
+                            more_runs=est.more_pairs)
 
 
 def pct(x: float) -> str:
@@ -211,6 +285,12 @@ def phase_line(metrics: dict[str, MetricComparison]) -> str:
         if m.verdict in ("improvement", "regression"):
             parts.append(f"{phase} {pct(m.ratio - 1)} % [{pct(m.ci_low - 1)}, "
                          f"{pct(m.ci_high - 1)}]")
+        elif m.verdict == "equivalent":
+            parts.append(f"{phase} {pct(m.ratio - 1)} % [{pct(m.ci_low - 1)}, "
+                         f"{pct(m.ci_high - 1)}] (equivalent)")
+        elif m.verdict == "undecided":
+            parts.append(f"{phase} {pct(m.ratio - 1)} % [{pct(m.ci_low - 1)}, "
+                         f"{pct(m.ci_high - 1)}] (undecided)")
         else:
             bound = max(abs(m.ci_low - 1), abs(m.ci_high - 1))
             parts.append(f"{phase} ±{pct(bound)[1:]} % (noise)")
@@ -219,16 +299,28 @@ def phase_line(metrics: dict[str, MetricComparison]) -> str:
 
 def compare_runs(runs_a: Sequence[Run], runs_b: Sequence[Run], *, arm_a: str = "A",
                  arm_b: str = "B", min_effect: float = 0.05, confidence: float = 0.95,
-                 n_resamples: int = 2000, seed: int = 0) -> Comparison:
-    """Every metric of :data:`METRICS` compared; metrics absent in both arms are left out."""
-    va, vb = run_metrics(runs_a), run_metrics(runs_b)
+                 n_resamples: int = 2000, seed: int = 0,
+                 plan: SequentialPlan | None = None) -> Comparison:
+    """Every metric of :data:`METRICS` compared; metrics absent in both arms are left out.
+    With ``plan`` the session was sequential: paired runs, anytime intervals, its verdicts
+    (``plan.min_effect`` then rules, and ``confidence`` is ``1 − plan.alpha``)."""
     metrics: dict[str, MetricComparison] = {}
-    for name, (label, _) in METRICS.items():
-        if not va[name] and not vb[name]:
-            continue
-        metrics[name] = compare_samples(va[name], vb[name], metric=name, label=label,
-                                        min_effect=min_effect, confidence=confidence,
-                                        n_resamples=n_resamples, seed=seed)
+    primary = None
+    if plan is not None:
+        min_effect, confidence = plan.min_effect, 1 - plan.alpha
+        primary = resolve_primary(plan.primary, runs_a, runs_b)
+        for name, (label, _) in METRICS.items():
+            sa, sb = metric_by_seq(runs_a, name), metric_by_seq(runs_b, name)
+            if sa or sb:
+                metrics[name] = compare_paired(sa, sb, plan, metric=name, label=label)
+    else:
+        va, vb = run_metrics(runs_a), run_metrics(runs_b)
+        for name, (label, _) in METRICS.items():
+            if not va[name] and not vb[name]:
+                continue
+            metrics[name] = compare_samples(va[name], vb[name], metric=name, label=label,
+                                            min_effect=min_effect, confidence=confidence,
+                                            n_resamples=n_resamples, seed=seed)
     warnings: list[str] = []
     for arm, runs in ((arm_a, runs_a), (arm_b, runs_b)):
         dropped = sum(1 for r in runs if not usable(r))
@@ -239,5 +331,29 @@ def compare_runs(runs_a: Sequence[Run], runs_b: Sequence[Run], *, arm_a: str = "
         warnings.append("no server phases (no vLLM /metrics): the comparison is client-side")
     for m in metrics.values():
         warnings.extend(m.warnings)
+    noise = tuple(_diagnose(runs_a, runs_b, arm_a, arm_b, m, min_effect)
+                  for m in _phase_metrics(metrics))
     return Comparison(arm_a, arm_b, min_effect, confidence, metrics, phase_line(metrics),
-                      tuple(warnings))
+                      tuple(warnings), method="fixed" if plan is None else "sequential",
+                      primary=primary, noise=noise)
+
+
+def _phase_metrics(metrics: dict[str, MetricComparison]) -> list[MetricComparison]:
+    """The metric the phase line shows for each phase (server's, else the client's)."""
+    out = []
+    for _, server, client in PHASES:
+        m = metrics.get(server) if server in metrics and metrics[server].ratio is not None \
+            else metrics.get(client)
+        if m is not None:
+            out.append(m)
+    return out
+
+
+def _diagnose(runs_a: Sequence[Run], runs_b: Sequence[Run], arm_a: str, arm_b: str,
+              m: MetricComparison, min_effect: float) -> NoiseDiagnosis:
+    # "High" noise: more than the smallest change worth calling, per run.
+    if arm_a == arm_b:  # two experiments of one name (ab compare): keep both series
+        arm_a, arm_b = f"{arm_a} (A)", f"{arm_b} (B)"
+    series = {arm: sorted(metric_by_seq(runs, m.metric).items())
+              for arm, runs in ((arm_a, runs_a), (arm_b, runs_b))}
+    return diagnose_noise(series, metric=m.metric, label=m.label, high_threshold=min_effect)

@@ -1,7 +1,15 @@
 """The A/B engine: two arms, runs interleaved, every run committed before the next.
 
-Arms alternate (A B A B …, or randomised blocks) so slow drift — thermal, a neighbour, the
-page cache — lands on both arms instead of masquerading as an effect. Each arm is one stored
+Arms alternate (A B B A A B …, or randomised blocks) so slow drift — thermal, a neighbour, the
+page cache — lands on both arms instead of masquerading as an effect; the k-th runs of the two
+arms are neighbours (a pair), and which goes first alternates, so "the second request after a
+pause" is not always the same arm.
+
+A sequential session (``until_decided``) evaluates its primary metric after every block of
+pairs (:mod:`phaseprobe.analysis.ab_sequential`) and stops once it is decided, or when the
+budget (runs per arm, minutes of measuring) is spent; why it stopped is kept in the session's
+settings, and ``resume_ab`` continues the same test (an anytime-valid interval does not mind
+another look). Each arm is one stored
 Experiment of kind ``ab-arm``; the session row links both and keeps the playbook text, so
 ``resume_ab`` can restart the servers and continue exactly where a killed session stopped: the
 schedule is a pure function of the playbook, and a (arm, seq) already in the store is skipped
@@ -22,10 +30,11 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import requests
 
+from phaseprobe.analysis.ab_sequential import SequentialPlan
 from phaseprobe.collect.experiment import ProbeSettings, RunCollector, server_info
 from phaseprobe.collect.playbook import LOCAL_MODEL, Arm, Playbook, parse_playbook
 from phaseprobe.collect.prompts import PromptBuilder
@@ -42,6 +51,9 @@ from phaseprobe.sources.openai_stream import StreamClient, build_body, check_end
 from phaseprobe.sources.vllm_metrics import MetricsScraper
 from phaseprobe.store import Store
 
+if TYPE_CHECKING:  # scipy (via ab_stats) costs ~1 s to import: only at the first look
+    from phaseprobe.analysis.ab_stats import MetricComparison
+
 __all__ = ["AbProgress", "NullAbProgress", "AbResult", "schedule", "run_ab", "resume_ab",
            "launch_server", "Launcher", "start_arms"]
 
@@ -56,6 +68,7 @@ class AbProgress(Protocol):
     def on_start(self, total: int, done: int) -> None: ...
     def on_warmup(self, arm: str, index: int, error: str | None) -> None: ...
     def on_run(self, arm: str, run: Run) -> None: ...
+    def on_look(self, text: str) -> None: ...
     def on_end(self) -> None: ...
 
 
@@ -64,6 +77,7 @@ class NullAbProgress:
     def on_start(self, total: int, done: int) -> None: ...
     def on_warmup(self, arm: str, index: int, error: str | None) -> None: ...
     def on_run(self, arm: str, run: Run) -> None: ...
+    def on_look(self, text: str) -> None: ...
     def on_end(self) -> None: ...
 
 
@@ -80,7 +94,11 @@ class AbResult:
     # clock also counts time the OS gave to the servers still winding down).
     overhead_s: list[float] = field(default_factory=list)
     overhead_cpu_s: list[float] = field(default_factory=list)
-    complete: bool = False
+    complete: bool = False  # finished: every run done, or (sequential) decided / budget spent
+    plan: SequentialPlan | None = None  # sequential sessions only
+    # Sequential: why it stopped ("decided", "max-runs", "max-minutes"), the primary metric's
+    # verdict then, pairs and runs used, minutes of measuring, looks taken.
+    stop: dict[str, Any] | None = None
 
 
 def schedule(playbook: Playbook, runs: int) -> list[int]:
@@ -88,7 +106,8 @@ def schedule(playbook: Playbook, runs: int) -> list[int]:
     resumed session replays the same order."""
     plan = playbook.run
     if plan.order == "interleaved":
-        return [i % 2 for i in range(2 * runs)]
+        # A B B A A B B A …: pair k is runs 2k and 2k+1, A first in even pairs, B in odd.
+        return [(i % 2) ^ ((i // 2) % 2) for i in range(2 * runs)]
     rng = random.Random(plan.seed)
     order: list[int] = []
     left = [runs, runs]
@@ -248,17 +267,23 @@ class _Arm:
                                       time.sleep, time.monotonic)
         self.experiment_id = 0
         self.done: set[int] = set()
+        self.runs: list[Run] = []  # stored runs, in order (earlier invocations' first)
 
 
 def run_ab(playbook: Playbook, store: Store, *, runs: int | None = None,
            progress: AbProgress | None = None, launcher: Launcher = launch_server,
            api_key: str | None = None, settings: ProbeSettings | None = None,
-           session_id: int | None = None) -> AbResult:
-    """Run (or with ``session_id``, continue) an A/B session; returns every stored run."""
+           session_id: int | None = None, plan: SequentialPlan | None = None) -> AbResult:
+    """Run (or with ``session_id``, continue) an A/B session; returns every stored run.
+    With ``plan`` (or a playbook with ``until_decided``) the session is sequential: up to
+    ``plan.max_runs`` per arm, stopping once the primary metric is decided."""
     progress = progress or NullAbProgress()
-    n = runs or playbook.run.runs
+    if plan is None and playbook.run.until_decided and session_id is None:
+        plan = playbook.run.sequential()
+    n = plan.max_runs if plan is not None else (runs or playbook.run.runs)
     known: dict[str, int] = {} if session_id is None else store.ab_session(session_id)["arms"]
-    result = AbResult(session_id or 0, playbook, n, {}, {a.name: [] for a in playbook.arms})
+    result = AbResult(session_id or 0, playbook, n, {}, {a.name: [] for a in playbook.arms},
+                      plan=plan)
     http = requests.Session()
     with contextlib.ExitStack() as stack:
         urls = start_arms(playbook, stack, launcher, progress.on_status, result.notes)
@@ -267,8 +292,9 @@ def run_ab(playbook: Playbook, store: Store, *, runs: int | None = None,
         if session_id is None:
             # Created once every server answers with the right model: a playbook that cannot
             # start leaves no empty session behind.
+            stored = {"runs": n} if plan is None else {"runs": n, "sequential": plan.to_dict()}
             session_id = store.create_ab_session(playbook.name, playbook.path, playbook.text,
-                                                 {"runs": n})
+                                                 stored)
             result.session_id = session_id
         # Shown before the first run: after a kill -9 this is the ID to resume.
         progress.on_status(f"A/B session {session_id}; if stopped, continue it with "
@@ -286,7 +312,8 @@ def run_ab(playbook: Playbook, store: Store, *, runs: int | None = None,
                     name=f"{playbook.name}:{a.arm.name}", kind="ab-arm", spec=a.spec,
                     server_info=a.info, created_wall_ns=time.time_ns()))
             a.experiment_id = exp_id
-            a.done = {r.seq for r in store.runs(exp_id)}
+            a.runs = store.runs(exp_id)
+            a.done = {r.seq for r in a.runs}
             result.experiments[a.arm.name] = exp_id
         store.set_ab_arms(session_id, result.experiments)
         _measure(arms, playbook, n, store, progress, result)
@@ -296,12 +323,71 @@ def run_ab(playbook: Playbook, store: Store, *, runs: int | None = None,
     return result
 
 
+class _Sequential:
+    """A sequential session's bookkeeping: when to look, what the look says, when to stop."""
+
+    def __init__(self, plan: SequentialPlan, arms: list[_Arm], pause_s: float,
+                 progress: AbProgress) -> None:
+        self.plan, self.arms, self.progress = plan, arms, progress
+        # Imported here, before the first run: scipy's ~1 s import must not land between two
+        # measured runs at the first look.
+        import phaseprobe.analysis.ab_stats  # noqa: F401
+        # Measuring time of earlier invocations (a resumed session): their requests and
+        # pauses; this invocation's is the wall clock of its measuring loop.
+        self.earlier_s = sum((r.client.e2e_s if r.client else 0.0) + pause_s
+                             for a in arms for r in a.runs)
+        self.started = time.monotonic()
+        self.looks = 0
+
+    def minutes(self) -> float:
+        return (self.earlier_s + time.monotonic() - self.started) / 60
+
+    def pairs(self) -> int:
+        """Pairs both of whose runs are done (stored, whatever their status)."""
+        return len(self.arms[0].done & self.arms[1].done)
+
+    def primary(self) -> MetricComparison:
+        """The primary metric as the interval sees it over every stored pair."""
+        from phaseprobe.analysis.ab_stats import compare_paired, metric_by_seq, resolve_primary
+
+        runs_a, runs_b = self.arms[0].runs, self.arms[1].runs
+        metric = resolve_primary(self.plan.primary, runs_a, runs_b)
+        return compare_paired(metric_by_seq(runs_a, metric), metric_by_seq(runs_b, metric),
+                              self.plan, metric=metric)
+
+    def look(self) -> dict[str, Any] | None:
+        """Evaluate the primary metric; the stop record when it is decided, else None."""
+        self.looks += 1
+        m = self.primary()
+        shown = "—" if m.ratio is None or m.ci_low is None or m.ci_high is None else (
+            f"{(m.ratio - 1) * 100:+.1f} % [{(m.ci_low - 1) * 100:+.1f}, "
+            f"{(m.ci_high - 1) * 100:+.1f}]")
+        self.progress.on_look(f"look {self.looks} after {self.pairs()} pairs: {m.metric} B/A "
+                              f"{shown} → {m.verdict}")
+        return self.record("decided", m) if m.verdict != "undecided" else None
+
+    def record(self, reason: str, m: MetricComparison | None = None) -> dict[str, Any]:
+        m = m or self.primary()
+        return {"reason": reason, "primary": m.metric, "verdict": m.verdict,
+                "pairs": m.n_pairs, "runs": {a.arm.name: len(a.done) for a in self.arms},
+                "minutes": round(self.minutes(), 3), "looks": self.looks,
+                "more_runs": m.more_runs}
+
+
 def _measure(arms: list[_Arm], playbook: Playbook, n: int, store: Store,
              progress: AbProgress, result: AbResult) -> None:
     order = schedule(playbook, n)
     done = sum(len(a.done) for a in arms)
     progress.on_start(len(order) + playbook.run.warmup * 2, done)
+    seq_state = None if result.plan is None else _Sequential(result.plan, arms,
+                                                             playbook.run.pause_s, progress)
     try:
+        if seq_state is not None and seq_state.pairs() >= seq_state.plan.min_pairs:
+            # Resumed: the runs already stored may decide it (one more look costs nothing).
+            result.stop = seq_state.look()
+            if result.stop is not None:
+                result.complete = True
+                return
         # Warm-ups per arm, interleaved too, after every server is up (again on resume: a
         # restarted server is cold).
         for w in range(playbook.run.warmup):
@@ -311,6 +397,8 @@ def _measure(arms: list[_Arm], playbook: Playbook, n: int, store: Store,
                     model=a.spec.model, prompt=a.warmups[w], max_tokens=p.max_tokens,
                     chat=p.api == "chat", seed=p.seed, ignore_eos=p.ignore_eos))
                 progress.on_warmup(a.arm.name, w, out.error)
+        if seq_state is not None:
+            seq_state.started = time.monotonic()  # the budget counts measuring, not warm-up
         seqs = [0, 0]
         mark: float | None = None
         mark_cpu = 0.0
@@ -329,23 +417,43 @@ def _measure(arms: list[_Arm], playbook: Playbook, n: int, store: Store,
             mark, mark_cpu = time.perf_counter(), time.thread_time()  # engine overhead starts
             run_id = store.add_run(a.experiment_id, run)  # durable before the next run
             a.done.add(seq)
-            progress.on_run(a.arm.name, replace(run, run_id=run_id,
-                                                experiment_id=a.experiment_id))
-        result.complete = all(len(a.done) >= n for a in arms)
+            stored = replace(run, run_id=run_id, experiment_id=a.experiment_id)
+            a.runs.append(stored)
+            progress.on_run(a.arm.name, stored)
+            if seq_state is None or seq not in arms[1 - arm_index].done:
+                continue  # a look only when this run completed a pair
+            pairs = seq_state.pairs()
+            if seq_state.plan.is_look(pairs):
+                result.stop = seq_state.look()
+                if result.stop is not None:
+                    break
+            mm = seq_state.plan.max_minutes
+            if mm is not None and seq_state.minutes() >= mm:
+                result.stop = seq_state.record("max-minutes")
+                break
+        if seq_state is not None and result.stop is None:
+            result.stop = seq_state.record("max-runs")  # the last look: budget spent
+        result.complete = result.stop is not None or all(len(a.done) >= n for a in arms)
     finally:
         for a in arms:
             with contextlib.suppress(StoreError):
                 store.finish_experiment(a.experiment_id, a.notes + a.collector.notes)
         if result.complete:
+            if result.stop is not None:
+                store.update_ab_settings(result.session_id, {"stop": result.stop})
             store.finish_ab_session(result.session_id)
         progress.on_end()
 
 
 def resume_ab(session_id: int, store: Store, **kwargs: Any) -> AbResult:
     """Continue a stored session from its own playbook text (not the file, which may have
-    changed) with its original number of runs."""
+    changed) with its original number of runs, or its original sequential plan: the same
+    test goes on, its interval built on every stored run."""
     stored = store.ab_session(session_id)
     playbook = parse_playbook(stored["playbook_text"], stored["playbook_path"])
     kwargs.pop("runs", None)
+    kwargs.pop("plan", None)
+    seq = stored["settings"].get("sequential")
     return run_ab(playbook, store, runs=int(stored["settings"]["runs"]),
-                  session_id=session_id, **kwargs)
+                  session_id=session_id,
+                  plan=None if seq is None else SequentialPlan.from_dict(seq), **kwargs)

@@ -10,10 +10,14 @@ variant)::
     [run]
     prompt_tokens = 64              # or: prompt = "fixed text"
     max_tokens = 32
-    runs = 12                       # measured runs per arm
+    runs = 12                       # measured runs per arm (fixed-N mode)
+    until_decided = true            # or: sequential mode, pairs until the primary is decided
+    max_runs = 60                   #   its budget: runs per arm ...
+    max_minutes = 20                #   ... and measuring minutes (either ends it)
+    primary = "decode"              #   the metric that decides: decode, prefill, or a metric
     warmup = 2                      # per arm, after its server is up
     api = "completions"             # or "chat"
-    order = "interleaved"           # A B A B ...; or "blocks" (randomised A B / B A blocks)
+    order = "interleaved"           # A B B A A B ...; or "blocks" (randomised A B / B A blocks)
     min_effect = "5%"
     pause_s = 0.0                   # quiet time before each run
 
@@ -32,19 +36,21 @@ to a shell. Every mistake raises :class:`PlaybookError` naming the file and the 
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from phaseprobe.analysis.ab_sequential import SequentialPlan, check_primary
 from phaseprobe.errors import ConfigError
 
 __all__ = ["PlaybookError", "Launch", "Arm", "RunPlan", "Playbook", "load_playbook",
-           "parse_playbook", "parse_effect", "session_arms", "LOCAL_MODEL", "shipped_playbooks"]
+           "parse_playbook", "parse_effect", "session_arms", "session_plan", "LOCAL_MODEL", "shipped_playbooks"]
 
 LOCAL_MODEL = "local"  # the embedded tiny model served by phaseprobe's CPU vLLM
 _TOP_KEYS = {"name", "description", "model", "run", "arm"}
 _RUN_KEYS = {"prompt", "prompt_tokens", "max_tokens", "runs", "warmup", "api", "order",
-             "block_size", "seed", "min_effect", "ignore_eos", "timeout_s", "pause_s"}
+             "block_size", "seed", "min_effect", "ignore_eos", "timeout_s", "pause_s",
+             "until_decided", "max_runs", "max_minutes", "primary"}
 _ARM_KEYS = {"name", "description", "model", "endpoint", "launch"}
 _LAUNCH_KEYS = {"command", "args", "env", "startup_timeout_s"}
 # phaseprobe chooses where a launched server listens (127.0.0.1, a free port).
@@ -117,6 +123,22 @@ class RunPlan:
     ignore_eos: bool = True
     timeout_s: float = 120.0
     pause_s: float = 0.0  # quiet time before each run (lets the other arm's server settle)
+    # Sequential mode (analysis/ab_sequential.py): pairs until ``primary`` is decided or the
+    # budget (max_runs per arm, max_minutes of measuring) is spent.
+    until_decided: bool = False
+    max_runs: int = 60
+    max_minutes: float | None = None
+    primary: str = "decode"
+
+    def sequential(self, *, max_runs: int | None = None, max_minutes: float | None = None,
+                   min_effect: float | None = None, primary: str | None = None
+                   ) -> SequentialPlan:
+        """The sequential plan of this run table, with command-line overrides."""
+        return SequentialPlan(
+            min_effect=self.min_effect if min_effect is None else min_effect,
+            max_runs=self.max_runs if max_runs is None else max_runs,
+            max_minutes=self.max_minutes if max_minutes is None else max_minutes,
+            primary=self.primary if primary is None else primary)
 
 
 @dataclass(frozen=True)
@@ -272,7 +294,23 @@ def _run_plan(path: str, raw: object) -> RunPlan:
     pause = raw.get("pause_s", 0.0)
     if not isinstance(pause, int | float) or isinstance(pause, bool) or pause < 0:
         raise r.fail("pause_s", f"must be a number >= 0, not {pause!r}")
+    until = raw.get("until_decided", False)
+    if not isinstance(until, bool):
+        raise r.fail("until_decided", f"must be true or false, not {until!r}")
+    max_minutes = raw.get("max_minutes")
+    if max_minutes is not None and (not isinstance(max_minutes, int | float)
+                                    or isinstance(max_minutes, bool) or not
+                                    0 < max_minutes <= 7 * 24 * 60):
+        raise r.fail("max_minutes", f"must be a number of minutes > 0 (at most a week), not "
+                                    f"{max_minutes!r}")
+    primary = r.str_("primary", "decode") or "decode"
+    try:
+        check_primary(primary)
+    except ValueError as exc:
+        raise r.fail("primary", str(exc)) from None
     return RunPlan(
+        until_decided=until, max_runs=r.int_("max_runs", 60, 2) or 60,
+        max_minutes=None if max_minutes is None else float(max_minutes), primary=primary,
         pause_s=float(pause), prompt=prompt, prompt_tokens=prompt_tokens, max_tokens=max_tokens,
         runs=r.int_("runs", 10, 1) or 10, warmup=r.int_("warmup", 1, 0) or 0,
         api="chat" if api == "chat" else "completions",
@@ -335,3 +373,14 @@ def session_arms(session: dict[str, Any]) -> tuple[Playbook, list[tuple[str, int
                               f"{arm.name} (it stopped before its first run)")
         arms.append((arm.name, int(session["arms"][arm.name])))
     return playbook, arms
+
+
+def session_plan(session: dict[str, Any], min_effect: float | None = None
+                 ) -> SequentialPlan | None:
+    """A stored session's sequential plan (None: a fixed-N session), optionally re-judged
+    at another ``min_effect``; its stop record, when it has one, is ``settings["stop"]``."""
+    raw = session["settings"].get("sequential")
+    if raw is None:
+        return None
+    plan = SequentialPlan.from_dict(raw)
+    return plan if min_effect is None else replace(plan, min_effect=min_effect)

@@ -1,6 +1,7 @@
 """``phaseprobe ab``: run an A/B playbook and say whether B beat A beyond the noise.
 
     phaseprobe ab playbooks/cpu-compile.toml --runs 12      # or a shipped name: cpu-compile
+    phaseprobe ab cpu-aa --until-decided --max-runs 60      # sequential: stops once decided
     phaseprobe ab --resume 3                                # continue a killed session
     phaseprobe ab report 3 [--json | --markdown]
     phaseprobe ab compare 7 9                               # two stored experiments
@@ -9,7 +10,10 @@
 Every run is in the store before the next starts; Ctrl-C or kill -9 loses at most the run in
 flight, and ``--resume ID`` continues the session. Latencies are lower-is-better: the ratio is
 median(B)/median(A), with a bootstrap interval, a Mann–Whitney U test and the minimum effect
-this N and this noise can detect.
+this N and this noise can detect. With ``--until-decided`` (or ``until_decided = true`` in the
+playbook) the engine decides N itself: pairs until the primary metric is decided on an
+anytime-valid interval (improvement / regression / equivalent within ±min-effect), or the
+budget is spent (undecided, with the runs that would decide it).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,11 +30,14 @@ from rich.markup import escape
 from rich.table import Table
 
 from phaseprobe.collect.ab import resume_ab, run_ab
+from phaseprobe.analysis.ab_sequential import PRIMARY_METRICS, PRIMARY_PHASES, SequentialPlan
 from phaseprobe.collect.playbook import (
+    RunPlan,
     load_playbook,
     parse_effect,
     parse_playbook,
     session_arms,
+    session_plan,
     shipped_playbooks,
 )
 from phaseprobe.errors import ConfigError
@@ -40,7 +48,7 @@ from phaseprobe.records import Run
 from phaseprobe.store import Store
 
 if TYPE_CHECKING:  # scipy (via ab_stats) costs ~1 s to import: only when comparing
-    from phaseprobe.analysis.ab_stats import Comparison
+    from phaseprobe.analysis.ab_stats import Comparison, MetricComparison
 
 __all__ = ["register", "run", "RichAbProgress", "render_comparison", "markdown"]
 
@@ -54,7 +62,22 @@ def register(subparsers: Any) -> None:
                     "(ab compare EXP_A EXP_B). Without arguments: list the shipped playbooks.")
     p.add_argument("target", nargs="*", metavar="PLAYBOOK | report ID | compare EXP_A EXP_B")
     p.add_argument("--runs", type=int, default=None, metavar="N",
-                   help="measured runs per arm (default: the playbook's)")
+                   help="measured runs per arm, fixed (default: the playbook's)")
+    seq = p.add_argument_group(
+        "sequential mode", "run A B B A blocks until the primary metric is decided on an "
+        "anytime-valid 95 %% interval (valid however often it is looked at), or the budget "
+        "ends; see README § A/B statistics")
+    seq.add_argument("--until-decided", action="store_true",
+                     help="decide the number of runs (also: until_decided = true in [run])")
+    seq.add_argument("--max-runs", type=int, default=None, metavar="N",
+                     help="budget: runs per arm at most (default: the playbook's, else 60)")
+    seq.add_argument("--max-minutes", type=float, default=None, metavar="M",
+                     help="budget: minutes of measuring at most (default: the playbook's, "
+                          "else none)")
+    seq.add_argument("--primary", default=None, metavar="METRIC",
+                     choices=[*PRIMARY_PHASES, *PRIMARY_METRICS],
+                     help="the metric that decides: decode (default), prefill, or a metric "
+                          f"name ({', '.join(PRIMARY_METRICS)})")
     p.add_argument("--resume", type=int, default=None, metavar="ID",
                    help="continue a stopped A/B session")
     p.add_argument("--min-effect", default=None, metavar="PCT",
@@ -96,6 +119,9 @@ class RichAbProgress:
                                f"{escape(run.error)}")
         self._progress.update(self._task, advance=1, description=f"arm {arm}")
 
+    def on_look(self, text: str) -> None:
+        self.console.print(f"[dim]{escape(text)}")
+
     def on_end(self) -> None:
         self._progress.stop()
 
@@ -119,54 +145,115 @@ def _doc(comparison: Comparison, extra: dict[str, Any]) -> dict[str, Any]:
     return {**extra, "comparison": comparison.to_dict()}
 
 
-def render_comparison(out: Console, c: Comparison, title: str) -> None:
-    table = Table(title=escape(title), title_justify="left",
-                  caption=f"B/A = median(B)/median(A); {c.confidence:.0%} bootstrap interval; "
-                          f"p: Mann–Whitney U; MDE: smallest change this N and noise detect")
-    for col in ("metric", "n A/B", f"A {c.arm_a} ms", f"B {c.arm_b} ms", "B/A", "interval",
-                "p", "MDE", "verdict"):
+def _columns(c: Comparison) -> list[str]:
+    if c.method == "sequential":
+        return ["metric", "pairs", f"A {c.arm_a} ms", f"B {c.arm_b} ms", "B/A",
+                "anytime interval", "verdict", "runs to decide"]
+    return ["metric", "n A/B", f"A {c.arm_a} ms", f"B {c.arm_b} ms", "B/A", "interval", "p",
+            "MDE", "verdict"]
+
+
+def _cells(c: Comparison, m: MetricComparison) -> list[str]:
+    interval = "—" if m.ci_low is None else f"[{_fmt_pct(m.ci_low)}, {_fmt_pct(m.ci_high)}]"
+    head = [m.label, str(m.n_pairs) if c.method == "sequential" else f"{m.n_a}/{m.n_b}",
+            _fmt_ms(m.median_a), _fmt_ms(m.median_b), _fmt_pct(m.ratio), interval]
+    verdict = m.verdict + (" (primary)" if m.metric == c.primary else "")
+    if c.method == "sequential":
+        return [*head, verdict, "—" if m.more_runs is None else f"+{m.more_runs}"]
+    return [*head, "—" if m.p_value is None else f"{m.p_value:.3g}",
+            "—" if m.mde is None else f"{m.mde:.1%}", verdict]
+
+
+def _caption(c: Comparison) -> str:
+    if c.method == "sequential":
+        return (f"B/A = geometric mean of paired runs' ratios; {c.confidence:.0%} anytime-valid "
+                f"interval (Lai's t-mixture confidence sequence); equivalent = interval inside "
+                f"±{c.min_effect:.0%}; runs to decide: more runs per arm at this noise")
+    return (f"B/A = median(B)/median(A); {c.confidence:.0%} bootstrap interval; p: Mann–Whitney "
+            f"U; MDE: smallest change this N and noise detect")
+
+
+_REASONS = {"decided": "decided", "max-runs": "budget spent: --max-runs reached",
+            "max-minutes": "budget spent: --max-minutes reached"}
+
+
+def stop_line(stop: dict[str, Any] | None, plan: SequentialPlan | None) -> str | None:
+    """Why a sequential session stopped, with the runs it used: one line."""
+    if plan is None:
+        return None
+    if stop is None:
+        return "sequential session not finished (stopped early): --resume continues the test"
+    runs = ", ".join(f"{n} {arm}" for arm, n in stop["runs"].items())
+    reason = _REASONS.get(stop["reason"], stop["reason"])
+    text = (f"sequential: stopped after {runs} runs ({stop['pairs']} pairs, {stop['looks']} "
+            f"looks, {stop['minutes']:.1f} min of measuring): {reason}; {stop['primary']} "
+            f"{stop['verdict']}")
+    if stop["verdict"] == "undecided":
+        text += (f"; about {stop['more_runs']} more runs per arm would decide it at this noise"
+                 if stop.get("more_runs") is not None else
+                 "; no run count decides it at this noise")
+    limit = f"max {plan.max_runs} runs/arm" + (
+        f", {plan.max_minutes:g} min" if plan.max_minutes is not None else "")
+    return f"{text} ({limit})"
+
+
+def render_comparison(out: Console, c: Comparison, title: str,
+                      stop: str | None = None) -> None:
+    table = Table(title=escape(title), title_justify="left", caption=_caption(c))
+    for col in _columns(c):
         table.add_column(escape(col), justify="left" if col in ("metric", "verdict")
                          else "right")
-    colours = {"improvement": "green", "regression": "red"}
+    colours = {"improvement": "green", "regression": "red", "equivalent": "blue",
+               "undecided": "yellow"}
     for m in c.metrics.values():
-        interval = "—" if m.ci_low is None else f"[{_fmt_pct(m.ci_low)}, {_fmt_pct(m.ci_high)}]"
-        colour = colours.get(m.verdict, "dim")
-        table.add_row(m.label, f"{m.n_a}/{m.n_b}", _fmt_ms(m.median_a), _fmt_ms(m.median_b),
-                      _fmt_pct(m.ratio), interval,
-                      "—" if m.p_value is None else f"{m.p_value:.3g}",
-                      "—" if m.mde is None else f"{m.mde:.1%}",
-                      f"[{colour}]{m.verdict}")
+        cells = [escape(x) for x in _cells(c, m)]
+        at = _columns(c).index("verdict")
+        cells[at] = f"[{colours.get(m.verdict, 'dim')}]{cells[at]}"
+        table.add_row(*cells)
     out.print(table)
     out.print(f"[bold]B vs A:[/] {escape(c.phase_line)}  (min effect {c.min_effect:.0%})")
+    if stop:
+        out.print(f"[bold]{escape(stop)}")
+    for diag in c.noise:
+        out.print(f"[dim]noise, {escape(diag.label)}:[/] {escape(diag.summary)}")
+        for f in diag.findings:
+            out.print(f"  [dim]· {escape(f.text)}")
     for w in c.warnings:
         out.print(f"[yellow]warning:[/] {escape(w)}")
 
 
-def markdown(c: Comparison, title: str) -> str:
+def markdown(c: Comparison, title: str, stop: str | None = None) -> str:
+    cols = _columns(c)
     lines = [f"## {title}", "", f"**B vs A:** {c.phase_line} (min effect {c.min_effect:.0%})",
-             "", f"| metric | n A/B | A {c.arm_a} ms | B {c.arm_b} ms | B/A | interval | p | "
-             f"MDE | verdict |", "|---|---|---|---|---|---|---|---|---|"]
-    for m in c.metrics.values():
-        interval = "—" if m.ci_low is None else f"[{_fmt_pct(m.ci_low)}, {_fmt_pct(m.ci_high)}]"
-        p = "—" if m.p_value is None else f"{m.p_value:.3g}"
-        mde = "—" if m.mde is None else f"{m.mde:.1%}"
-        lines.append(f"| {m.label} | {m.n_a}/{m.n_b} | {_fmt_ms(m.median_a)} | "
-                     f"{_fmt_ms(m.median_b)} | {_fmt_pct(m.ratio)} | {interval} | {p} | {mde} | "
-                     f"{m.verdict} |")
-    lines += [""] + [f"- warning: {w}" for w in c.warnings]
+             ""]
+    if stop:
+        lines += [f"**{stop}**", ""]
+    lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(_cells(c, m)) + " |" for m in c.metrics.values()]
+    lines += ["", _caption(c), ""]
+    for diag in c.noise:
+        lines.append(f"- noise, {diag.label}: {diag.summary}")
+        lines += [f"  - {f.text}" for f in diag.findings]
+    lines += [f"- warning: {w}" for w in c.warnings]
     return "\n".join(lines) + "\n"
 
 
 def _emit(args: argparse.Namespace, out: Console, c: Comparison, title: str,
-          extra: dict[str, Any]) -> None:
+          extra: dict[str, Any], stop: str | None = None) -> None:
     if args.json:
         out.out(json.dumps(_doc(c, extra)), highlight=False)
     elif args.markdown:
-        out.out(markdown(c, title), highlight=False)
+        out.out(markdown(c, title, stop), highlight=False)
     else:
-        render_comparison(out, c, title)
+        render_comparison(out, c, title, stop)
         for note in extra.get("notes", []):
             out.print(f"[yellow]note:[/] {escape(note)}")
+
+
+def _sequential_doc(plan: SequentialPlan | None, stop: dict[str, Any] | None
+                    ) -> dict[str, Any] | None:
+    return None if plan is None else {"plan": plan.to_dict(), "stop": stop,
+                                      "stop_line": stop_line(stop, plan)}
 
 
 def _int(text: str, what: str) -> int:
@@ -183,16 +270,19 @@ def _report(args: argparse.Namespace, out: Console, session_id: int) -> int:
         names = [name for name, _ in arms]
         runs = {name: store.runs(exp_id) for name, exp_id in arms}
     min_effect = parse_effect(args.min_effect) if args.min_effect else playbook.run.min_effect
+    plan = session_plan(session, min_effect)
+    stop = session["settings"].get("stop")
     from phaseprobe.analysis.ab_stats import compare_runs
     c = compare_runs(runs[names[0]], runs[names[1]], arm_a=names[0], arm_b=names[1],
-                     min_effect=min_effect, seed=playbook.run.seed)
+                     min_effect=min_effect, seed=playbook.run.seed, plan=plan)
     title = (f"A/B session {session_id} · {playbook.name} · {names[0]} (A) vs {names[1]} (B)"
              + ("" if session["finished_wall_ns"] else " · unfinished: --resume to complete"))
     _emit(args, out, c, title, {
         "session_id": session_id, "playbook": playbook.name,
         "finished": session["finished_wall_ns"] is not None,
         "arms": {n: {"experiment_id": session["arms"][n], "runs": len(runs[n])}
-                 for n in names}})
+                 for n in names},
+        "sequential": _sequential_doc(plan, stop)}, stop_line(stop, plan))
     return 0
 
 
@@ -233,6 +323,33 @@ def _list(out: Console, as_json: bool) -> int:
     return 0
 
 
+def _check_numbers(args: argparse.Namespace) -> None:
+    if args.runs is not None and args.runs < 1:
+        raise ConfigError(f"--runs must be at least 1, not {args.runs}")
+    if args.max_runs is not None and not 2 <= args.max_runs <= 100_000:
+        raise ConfigError(f"--max-runs must be between 2 and 100000, not {args.max_runs}")
+    if args.max_minutes is not None and not 0 < args.max_minutes <= 7 * 24 * 60:
+        raise ConfigError(f"--max-minutes must be > 0 and at most a week, not "
+                          f"{args.max_minutes}")
+    sequential_only = [flag for flag, v in (("--max-runs", args.max_runs),
+                                            ("--max-minutes", args.max_minutes),
+                                            ("--primary", args.primary)) if v is not None]
+    if args.runs is not None and (args.until_decided or sequential_only):
+        raise ConfigError("--runs fixes the run count; --until-decided and its budget "
+                          "(--max-runs, --max-minutes) let phaseprobe decide it: pick one")
+
+
+def _plan(args: argparse.Namespace, run: RunPlan, min_effect: float | None
+          ) -> SequentialPlan | None:
+    """The sequential plan the command line and the playbook ask for (None: fixed N)."""
+    asked = args.until_decided or any(v is not None for v in
+                                      (args.max_runs, args.max_minutes, args.primary))
+    if args.runs is not None or not (asked or run.until_decided):
+        return None
+    return run.sequential(max_runs=args.max_runs, max_minutes=args.max_minutes,
+                          min_effect=min_effect, primary=args.primary)
+
+
 def cmd_ab(args: argparse.Namespace, out: Console, err: Console) -> int:
     target: list[str] = args.target
     if target and target[0] == "report":
@@ -243,8 +360,7 @@ def cmd_ab(args: argparse.Namespace, out: Console, err: Console) -> int:
         if len(target) != 3:
             raise ConfigError("usage: phaseprobe ab compare EXP_A EXP_B")
         return _compare(args, out, _int(target[1], "EXP_A"), _int(target[2], "EXP_B"))
-    if args.runs is not None and args.runs < 1:
-        raise ConfigError(f"--runs must be at least 1, not {args.runs}")
+    _check_numbers(args)
     if not target and args.resume is None:
         return _list(out, args.json)
     if len(target) > 1 or (target and args.resume is not None):
@@ -253,19 +369,25 @@ def cmd_ab(args: argparse.Namespace, out: Console, err: Console) -> int:
     progress = RichAbProgress(err)
     with Store(_store_path(args, args.resume is not None)) as store:
         if args.resume is not None:
+            if args.until_decided or args.runs is not None:
+                raise ConfigError("--resume continues the session as it was planned: "
+                                  "--runs and --until-decided do not apply")
             result = resume_ab(args.resume, store, progress=progress, api_key=api_key)
         else:
             playbook = load_playbook(target[0])
-            if args.min_effect:
-                parse_effect(args.min_effect)  # a bad value fails before any server starts
+            # A bad value fails before any server starts.
+            effect = parse_effect(args.min_effect) if args.min_effect else None
+            plan = _plan(args, playbook.run, effect)
             result = run_ab(playbook, store, runs=args.runs, progress=progress,
-                            api_key=api_key)
+                            api_key=api_key, plan=plan)
     pb = result.playbook
     names = [a.name for a in pb.arms]
     min_effect = parse_effect(args.min_effect) if args.min_effect else pb.run.min_effect
+    plan = result.plan if result.plan is None or not args.min_effect else \
+        replace(result.plan, min_effect=min_effect)
     from phaseprobe.analysis.ab_stats import compare_runs
     c = compare_runs(result.runs[names[0]], result.runs[names[1]], arm_a=names[0],
-                     arm_b=names[1], min_effect=min_effect, seed=pb.run.seed)
+                     arm_b=names[1], min_effect=min_effect, seed=pb.run.seed, plan=plan)
     overhead, cpu = result.overhead_s, result.overhead_cpu_s
     extra = {"session_id": result.session_id, "playbook": pb.name, "finished": result.complete,
              "runs_per_arm": result.runs_per_arm,
@@ -274,9 +396,10 @@ def cmd_ab(args: argparse.Namespace, out: Console, err: Console) -> int:
              "engine_overhead_ms": None if not overhead else {
                  "median": statistics.median(overhead) * 1e3, "max": max(overhead) * 1e3,
                  "cpu_median": statistics.median(cpu) * 1e3, "cpu_max": max(cpu) * 1e3},
+             "sequential": _sequential_doc(result.plan, result.stop),
              "notes": result.notes}
     title = f"A/B session {result.session_id} · {pb.name} · {names[0]} (A) vs {names[1]} (B)"
-    _emit(args, out, c, title, extra)
+    _emit(args, out, c, title, extra, stop_line(result.stop, result.plan))
     if not args.json and not args.markdown:
         if overhead:
             wall_ms, cpu_ms = statistics.median(overhead) * 1e3, statistics.median(cpu) * 1e3

@@ -53,7 +53,8 @@ def test_run_json_then_report_and_compare(book, tmp_path, capsys):
     assert rc == 0 and doc["finished"] and doc["runs_per_arm"] == 5
     tpot = doc["comparison"]["metrics"]["client_tpot_s"]
     assert tpot["verdict"] == "improvement" and tpot["ratio"] < 0.7
-    assert doc["engine_overhead_ms"]["median"] < 5
+    overhead = doc["engine_overhead_ms"]  # the figure itself: bench/ab_overhead.py
+    assert 0 < overhead["cpu_median"] <= overhead["cpu_max"]
     sid = doc["session_id"]
 
     rc, out = _run(["report", str(sid), "--markdown", "--store", store], capsys)

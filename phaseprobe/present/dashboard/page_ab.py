@@ -9,8 +9,9 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
+from phaseprobe.analysis.ab_sequential import SequentialPlan
 from phaseprobe.analysis.ab_stats import Comparison, compare_runs
-from phaseprobe.collect.playbook import session_arms
+from phaseprobe.collect.playbook import session_arms, session_plan
 from phaseprobe.present.dashboard import data
 from phaseprobe.present.dashboard.context import Context
 from phaseprobe.present.dashboard.data import fmt_ms
@@ -18,18 +19,20 @@ from phaseprobe.present.dashboard.data import fmt_ms
 __all__ = ["render", "comparison_frame"]
 
 _VERDICT_COLORS = alt.Scale(domain=["improvement", "regression", "no significant change",
-                                    "insufficient data"],
-                            range=["#2e7d32", "#c62828", "#757575", "#bdbdbd"])
+                                    "insufficient data", "equivalent", "undecided"],
+                            range=["#2e7d32", "#c62828", "#757575", "#bdbdbd", "#1565c0",
+                                   "#f9a825"])
 
 
 @st.cache_data(show_spinner=False)
 def _compare(path: str, a: int, b: int, min_effect: float, seed: int = 0,
-             names: tuple[str, str] | None = None, key: tuple[float, ...] = ()) -> Comparison:
+             names: tuple[str, str] | None = None, key: tuple[float, ...] = (),
+             plan: SequentialPlan | None = None) -> Comparison:
     if names is None:
         names = (f"#{a} {data.experiment(path, a, key).name}",
                  f"#{b} {data.experiment(path, b, key).name}")
     return compare_runs(data.runs(path, a, key), data.runs(path, b, key), arm_a=names[0],
-                        arm_b=names[1], min_effect=min_effect, seed=seed)
+                        arm_b=names[1], min_effect=min_effect, seed=seed, plan=plan)
 
 
 def comparison_frame(c: Comparison) -> pd.DataFrame:
@@ -53,8 +56,14 @@ def _from_session(ctx: Context, sessions: list[dict]) -> Comparison | None:
                                  key=f"ab_session_effect_{sid}")
     st.caption(f"{playbook.description}  \nA = **{name_a}** (experiment #{exp_a}), "
                f"B = **{name_b}** (experiment #{exp_b}); playbook `{playbook.path}`")
+    plan = session_plan(by_id[int(sid)], float(min_effect))
+    stop = by_id[int(sid)]["settings"].get("stop")
+    if stop:
+        st.caption(f"Sequential session: stopped ({stop['reason']}) after "
+                   f"{', '.join(f'{v} {k}' for k, v in stop['runs'].items())} runs, "
+                   f"{stop['minutes']:.1f} min; {stop['primary']} {stop['verdict']}")
     return _compare(ctx.path, exp_a, exp_b, float(min_effect), playbook.run.seed,
-                    (name_a, name_b), ctx.key)
+                    (name_a, name_b), ctx.key, plan)
 
 
 def _from_experiments(ctx: Context) -> Comparison | None:
@@ -92,6 +101,9 @@ def render(ctx: Context) -> None:
     st.write(c.phase_line)
     if c.warnings:  # one box: with few runs every metric has the same caveat
         st.warning("\n".join(f"- {w}" for w in c.warnings))
+    for diag in c.noise:
+        st.caption(f"**Noise, {diag.label}:** {diag.summary}"
+                   + "".join(f"  \n- {f.text}" for f in diag.findings))
     frame = comparison_frame(c)
     st.dataframe(frame, hide_index=True)
     plot = frame.dropna(subset=["ratio B/A"])
@@ -100,7 +112,9 @@ def render(ctx: Context) -> None:
         return
     y = alt.Y("metric:N", sort=list(plot["metric"]), title=None)
     ci = alt.Chart(plot).mark_rule(strokeWidth=2).encode(
-        x=alt.X("CI low:Q", title="ratio B / A (median) with confidence interval",
+        x=alt.X("CI low:Q", title="ratio B / A (median) with confidence interval"
+                if c.method == "fixed" else "ratio B / A (geometric mean of paired runs) "
+                "with anytime-valid interval",
                 scale=alt.Scale(zero=False)), x2="CI high:Q", y=y,
         color=alt.Color("verdict:N", scale=_VERDICT_COLORS))
     point = alt.Chart(plot).mark_point(filled=True, size=80).encode(
