@@ -30,20 +30,52 @@ def venv_py() -> str:
 
 
 def test_real_cpu_figures_are_plausible(venv_py):
+    """Properties that hold on any CPU, idle or busy: the figures are what the raw timings
+    say in the units the fields name, best is never below median, and every rate lies inside
+    bounds no real machine reaches either side of. No floor tuned to one CPU: a CI machine's
+    bf16 path measured 0.89 GFLOP/s (its fp32 116), and either dtype may be the faster."""
     started = time.monotonic()
-    cal = run_benchmark("cpu", interpreter=venv_py, timeout_s=120)
+    # The product's default timeout: a slow bf16 path takes ~20 s on a 2-core box, more when
+    # the box is shared; this only guards against a hang.
+    cal = run_benchmark("cpu", interpreter=venv_py)
     elapsed = time.monotonic() - started
     print(f"\n[calibrate] {cal.device_name}: copy best {cal.mem_bandwidth_best_gb_s:.2f} GB/s "
           f"(median {cal.mem_bandwidth_median_gb_s:.2f}); matmul best "
           + ", ".join(f"{k} {v * 1e3:.1f} GFLOP/s" for k, v in cal.matmul_best_tflop_s.items())
           + f"; {elapsed:.1f} s", file=sys.__stderr__, flush=True)
     assert cal.device == "cpu" and cal.torch_version.startswith("2.")
-    assert 0.5 <= cal.mem_bandwidth_best_gb_s <= 500
+    raw = cal.raw
+    assert raw["device"] == "cpu" and raw["quick"] is False
+    # The script timed itself inside the subprocess this call waited for.
+    assert 0 < raw["seconds"] <= elapsed
+
+    # Memory bandwidth: STREAM copy convention, decimal GB/s = bytes moved / best time / 1e9.
+    mem = raw["memory"]
+    assert mem["bytes_moved_per_copy"] == 2 * mem["bytes_per_copy"]
+    assert cal.mem_bandwidth_best_gb_s == mem["best_gb_s"]
+    assert cal.mem_bandwidth_median_gb_s == mem["median_gb_s"]
+    assert cal.mem_bandwidth_best_gb_s == pytest.approx(
+        mem["bytes_moved_per_copy"] / mem["best_s"] / 1e9, rel=1e-9)
+    assert 0 < mem["best_s"] <= mem["median_s"]
     assert cal.mem_bandwidth_median_gb_s <= cal.mem_bandwidth_best_gb_s
+    # 10 MB/s .. 100 TB/s: no machine that runs torch copies slower or faster than that.
+    assert 1e7 <= cal.mem_bandwidth_best_gb_s * 1e9 <= 1e14
+
+    # Matmul: 2·n³ FLOP per product, decimal TFLOP/s = FLOP / best time / 1e12.
+    assert set(cal.matmul_best_tflop_s) == {"bf16", "fp32"}, raw["matmul"]
     for dtype in ("bf16", "fp32"):
-        flops = cal.matmul_best_tflop_s[dtype] * 1e12
-        assert 1e9 <= flops <= 50e12, (dtype, flops)
-    assert elapsed < 30
+        section = raw["matmul"][dtype]
+        n = section["n"]
+        assert section["flops_per_matmul"] == 2.0 * n ** 3
+        assert section["repeats"] >= 5  # the script's minimum: a best of one is no best
+        assert 0 < section["best_s"] <= section["median_s"]
+        best, median = cal.matmul_best_tflop_s[dtype], cal.matmul_median_tflop_s[dtype]
+        assert best == pytest.approx(section["flops_per_matmul"] / section["best_s"] / 1e12,
+                                     rel=1e-9), (dtype, section)
+        assert 0 < median <= best, (dtype, median, best)
+        # 1 MFLOP/s .. 10 PFLOP/s: far outside any CPU (a 1024³ product at 1 MFLOP/s would
+        # take half an hour, and no CPU reaches a petaFLOP/s).
+        assert 1e6 <= best * 1e12 <= 1e16, (dtype, best)
 
 
 def test_cli_stores_what_it_measured(venv_py, tmp_path, monkeypatch, capsys):

@@ -33,16 +33,21 @@ def test_check_after_a_real_probe(local_vllm, tmp_path):
     by = {v.rule: v for v in report.verdicts}
     assert list(by) == rule_ids()
 
-    # decode >> prefill on this model (32 tokens decoded vs a 64-token prompt), with the
-    # medians phaseprobe's own summary gives
+    # The rule reads the medians phaseprobe's own summary gives, and its verdict follows its
+    # own threshold on them. Decode (31 engine steps) outlasts prefill (one step of a 64-token
+    # prompt) on any machine; by how much depends on the CPU and its load, so the verdict is
+    # checked against the ratio, not fixed to "warn".
     summary = summarize(result.runs)
     d = by["decode_vs_prefill"]
     assert d.numbers["decode_median_s"] == pytest.approx(summary.server_decode_s)
     assert d.numbers["prefill_median_s"] == pytest.approx(summary.server_prefill_s)
-    assert d.numbers["decode_over_prefill"] == pytest.approx(
-        summary.server_decode_s / summary.server_prefill_s, rel=0.01)
-    assert d.status == "warn", d.summary
+    ratio = summary.server_decode_s / summary.server_prefill_s
+    assert d.numbers["decode_over_prefill"] == pytest.approx(ratio, rel=0.01)
+    assert ratio > 1, d.summary
+    warn_at = d.thresholds["decode_over_prefill_warn"]
+    assert d.status == ("warn" if ratio >= warn_at else "pass"), (d.status, d.summary)
     assert f"{summary.server_decode_s * 1e3:.1f} ms" in d.summary
+    print(f"\ndecode/prefill {ratio:.1f}x (warn at {warn_at:g}x): {d.status}")
 
     for rule in ("isolation", "phase_consistency", "run_errors", "prefix_cache"):
         assert by[rule].status == "pass", (rule, by[rule].summary)

@@ -59,7 +59,12 @@ def test_timeline_and_phases_show_the_stored_measurements(monkeypatch, probed):
     server = dict(zip(side["phase"], side["server"], strict=True))
     assert server["prefill"] == _ms(runs[0].server.prefill_s)
     assert server["decode"] == _ms(runs[0].server.decode_s)
-    assert "over 23 gaps" in page_text(at)  # 24 tokens
+    # The ITL caption is over the selected run's (run 0's) stored gaps: 23 for 24 tokens when
+    # every token comes in its own event, fewer when vLLM merged tokens into one event (it
+    # does when the client lags, which depends on the machine and its load).
+    gaps = len(runs[0].client.itl_s)
+    assert 1 <= gaps <= runs[0].client.completion_tokens - 1 == 23
+    assert f"over {gaps} gaps" in page_text(at)
 
     goto(at, "Phases", 1)
     metrics = {m.label: m.value for m in at.get("metric")}
@@ -126,10 +131,14 @@ def test_interfere_pairs_drawn_from_the_stored_runs(monkeypatch, probed):
     assert list(found) == [0, 1]  # both pairs stored with their A and B
     for pair in found.values():
         a, b = pair["A"].client, pair["B"].client
-        # --at-token 16 (the default): B leaves once A's 16th token has reached the client.
-        # Not "before A ends": when this box starves the processes, A's whole stream can
-        # arrive in one burst, and B then leaves right after it (the probe notes such pairs).
-        assert b.sent_wall_ns >= a.sent_wall_ns + a.event_offsets_ns[15]
+        # --at-token 16 (the default): B leaves once A's 16th token event has reached the
+        # client. Not "before A ends": when the box starves the processes, A's stream can
+        # arrive in a few bursts, and B then leaves right after it (the probe notes such
+        # pairs). With fewer than 16 events (vLLM merges tokens when the client lags) the
+        # trigger fires when A's stream ends.
+        fired = (a.event_offsets_ns[15] if len(a.event_offsets_ns) >= 16
+                 else a.end_offset_ns)
+        assert b.sent_wall_ns >= a.sent_wall_ns + fired, (len(a.event_offsets_ns), fired)
     at = goto(open_app(monkeypatch, probed), "Run timeline", 4)
     assert at.selectbox(key="interfere_pair").options == ["0", "1"]
     assert count_charts(at) == 4

@@ -12,6 +12,7 @@ from dataclasses import replace
 
 import pytest
 
+from phaseprobe.analysis.interplay import interfere_pair_of
 from phaseprobe.collect.ab import launch_server
 from phaseprobe.collect.interplay import (
     InterfereSettings,
@@ -104,6 +105,16 @@ def test_interfere_long_prefill_stalls_a_decoding_stream(local_vllm, tmp_path):
         pytest.fail(f"no stall in two experiments: {seen}")
 
 
+def _a_events_per_pair(runs) -> list[int]:
+    """How many token events stream A of each stored pair received, in pair order."""
+    found = {}
+    for r in runs:
+        role = interfere_pair_of(r)
+        if role is not None and role[1] == "A":
+            found[role[0]] = len(r.client.event_offsets_ns) if r.client else 0
+    return [found[i] for i in sorted(found)]
+
+
 def test_interfere_two_arms_chunked_prefill_playbook(tmp_path):
     """cpu-interfere-chunked end to end: both arms' servers launched by the A/B machinery, B
     sent at A's 16th streamed token. A 600-token prefill in 128-token chunks must stall the
@@ -133,8 +144,14 @@ def test_interfere_two_arms_chunked_prefill_playbook(tmp_path):
                 assert exp.kind == "interfere" and exp.spec.labels["interfere_arm"] == name
                 assert len(store.runs(r.experiment_id)) == 3 * 4
                 assert len(r.swimlanes) == 4 and all(s.b_ttft_s is not None for s in r.stalls)
-                # B left on A's k-th token event (at least k had arrived when it was sent).
-                assert all(s.a_tokens_before_b >= k for s in r.stalls), r.to_dict()["stalls"]
+                # B left on A's k-th token event (at least k had arrived when it was sent),
+                # or at A's end when vLLM merged A's 192 tokens into fewer than k events (it
+                # does when the client lags: how often depends on the machine and its load).
+                a_events = _a_events_per_pair(store.runs(r.experiment_id))
+                assert len(a_events) == len(r.stalls) == 4, a_events
+                assert all(s.a_tokens_before_b >= min(k, n)
+                           for s, n in zip(r.stalls, a_events, strict=True)), (
+                    a_events, r.to_dict()["stalls"])
             one, chunked = (res.arms[n].summary() for n in ("unchunked", "chunked-128"))
             print(f"\ncpu-interfere-chunked attempt {attempt + 1}: A max ITL "
                   f"{one['max_itl_s'] * 1e3:.1f} ms one step vs {chunked['max_itl_s'] * 1e3:.1f}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any, Protocol
@@ -12,7 +13,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from phaseprobe.local import start_detached, status, stop_from_state
-from phaseprobe.local.process import process_group_alive
+from phaseprobe.local.process import DEFAULT_STOP_TIMEOUT, process_group_alive
 
 
 class VllmTarget(Protocol):  # what conftest's local_vllm fixture yields (conftest is not imported)
@@ -69,7 +70,11 @@ def test_detached_start_status_stop_leaves_no_process(tmp_path: Path) -> None:
         started = time.monotonic()
         stop_from_state(state_path=state_path)
         stop_seconds = time.monotonic() - started
+    print(f"\nstop took {stop_seconds:.1f} s", file=sys.__stderr__)
     assert not process_group_alive(state.pid)
-    assert stop_seconds < 15
+    # How fast vLLM winds down on SIGTERM depends on the machine and its load; stop() itself
+    # bounds the wait (SIGTERM, DEFAULT_STOP_TIMEOUT, then SIGKILL and 5 s). Only a stop
+    # that ignored its own deadlines could exceed this.
+    assert stop_seconds < DEFAULT_STOP_TIMEOUT + 5.0 + 10.0
     assert not state_path.exists()
     assert status(state_path=state_path).state is None

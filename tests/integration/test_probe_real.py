@@ -55,10 +55,10 @@ def test_probe_attributes_prefill_and_decode(local_vllm, tmp_path):
 def test_concurrent_request_is_flagged_not_isolated(local_vllm, tmp_path):
     """Another request overlapping a measured run must be caught, the run kept and flagged."""
     errors: list[BaseException] = []
+    intruders: list[threading.Thread] = []
 
     def intruder() -> None:
         try:
-            time.sleep(0.3)  # our 600-token run (~2.5 s) has started and is decoding
             requests.post(f"{local_vllm.base_url}/v1/completions", timeout=60, json={
                 "model": local_vllm.model, "prompt": "an intruding request " + str(time.time()),
                 "max_tokens": 40, "ignore_eos": True}).raise_for_status()
@@ -66,20 +66,25 @@ def test_concurrent_request_is_flagged_not_isolated(local_vllm, tmp_path):
             errors.append(exc)
 
     class SendsAnIntruder(requests.Session):
-        """Starts the intruder when the measured request itself is sent: timed from a sleep
-        or from /metrics polling, it can land after the run on this box, which starves
-        processes for up to ~1.5 s and answers /metrics slowly while it streams."""
+        """Starts the intruder once vLLM has answered the measured request's headers: that
+        request is in the server then, with ~600 tokens still to decode, whatever the
+        machine's pace. (Timed from a fixed sleep, the intruder could land after the run on
+        a fast machine or a starved one, which answers /metrics slowly while it streams.)"""
 
         def post(self, url, *args, **kwargs):  # type: ignore[override]
+            response = super().post(url, *args, **kwargs)
             if url.endswith("/v1/completions") and kwargs.get("stream"):
-                threading.Thread(target=intruder, daemon=True).start()
-            return super().post(url, *args, **kwargs)
+                intruders.append(threading.Thread(target=intruder, daemon=True))
+                intruders[-1].start()
+            return response
 
     with Store(tmp_path / "s.sqlite") as store:
         result = run_probe(_spec(local_vllm, max_tokens=600), store,
                            settings=ProbeSettings(runs=1, warmup=0), session=SendsAnIntruder())
         stored = store.runs(result.experiment_id)
-    time.sleep(0.5)
+    for thread in intruders:  # done before the next test shares the server
+        thread.join(timeout=70)  # the intruder's own request times out after 60 s
+    assert len(intruders) == 1 and not intruders[0].is_alive()
     assert not errors, errors
     run = result.runs[0]
     assert run.status == "isolation_failed", run.isolation.reasons
@@ -102,8 +107,15 @@ def test_cli_json_against_a_running_vllm(local_vllm, tmp_path, capsys):
                  "16", "--store", str(tmp_path / "s.sqlite"), "--json"])
     doc = json.loads(capsys.readouterr().out)
     assert code == 0
-    assert doc["summary"]["n_clean"] == 3
-    assert doc["summary"]["decode_share_of_e2e"] > 0.3
+    summary = doc["summary"]
+    assert summary["n_clean"] == 3
+    # Decode (15 engine steps) outlasts prefill (one step) on any machine; how much of the
+    # client's e2e it fills depends on the machine (a starved API server delivers late and
+    # stretches e2e), so the share is checked for what it is: server decode over client e2e.
+    assert summary["server_decode_s"] > summary["server_prefill_s"] > 0
+    assert summary["decode_share_of_e2e"] == pytest.approx(
+        summary["server_decode_s"] / summary["client_e2e_s"], rel=1e-6)
+    assert 0 < summary["decode_share_of_e2e"] <= 1
     for run in doc["runs"]:
         assert run["status"] == "ok" and run["isolated"] is True
         assert run["completion_tokens"] == 16

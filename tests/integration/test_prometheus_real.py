@@ -139,8 +139,15 @@ def test_promql_phase_means_agree_with_direct_attribution(experiment):
         queue = _value(client, "avg_queue_time", experiment)
     for name, value in direct.items():
         assert promql[name] == pytest.approx(value, rel=0.01), (name, promql[name], value)
-    assert queue == pytest.approx(statistics.fmean(r.server.queue_s for r in runs), abs=2e-3)
-    assert direct["decode_share"] > 0.3
+    # The same ratio of extrapolated increases as the others: relative agreement. The queue of
+    # a request sent to an idle server is tiny (tens of µs here), so a floor of 10 µs keeps
+    # float noise from counting; a busy machine's longer queue is held to 1 %.
+    direct_queue = statistics.fmean(r.server.queue_s for r in runs)
+    assert queue == pytest.approx(direct_queue, rel=0.01, abs=1e-5), (queue, direct_queue)
+    # Decode (31 engine steps) outweighs prefill (one step of a 64-token prompt) on any
+    # machine; what share of vLLM's e2e it fills depends on the machine's load.
+    prefill_share = sum(r.server.prefill_s for r in runs) / sum(r.server.e2e_s for r in runs)
+    assert prefill_share < direct["decode_share"] < 1, (prefill_share, direct["decode_share"])
 
 
 def test_phase_means_fit_the_window_to_the_experiment(experiment):
@@ -159,12 +166,18 @@ def test_phase_means_fit_the_window_to_the_experiment(experiment):
 
 
 def test_range_query_over_the_experiment(experiment):
+    # From the first run's send (or 8 s back, if the experiment was quicker): the range holds
+    # the runs however long this machine took for them.
+    first_sent = experiment.runs[0].client.sent_wall_ns / 1e9
+    start = min(experiment.at - 8, first_sent)
     with PrometheusClient(experiment.prom_url, environ={}) as client:
         result = client.run_range(load_catalog()["generation_token_throughput"],
-                                  start=experiment.at - 8, end=experiment.at, step="1s",
+                                  start=start, end=experiment.at, step="1s",
                                   selector=experiment.selector, window="5s")
     (series,) = result.series
     assert len(series.points) >= 4  # one a second, once rate() has two samples
+    assert all(start - 1 <= t <= experiment.at + 1 for t, _ in series.points)
+    assert all(math.isfinite(v) and v >= 0 for _, v in series.points)
     assert max(v for _, v in series.points) > 0  # tokens were generated in there
 
 
