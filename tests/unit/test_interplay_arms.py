@@ -132,7 +132,10 @@ def test_time_trigger_sends_b_after_a_fixed_delay(tmp_path):
         res = run_interfere(Target(srv.base_url, srv.model), store,
                             InterfereSettings(a_tokens=30, trigger=Trigger("time", 0.12),
                                               reps=1))
-    assert res.stalls[0].b_arrival_s == pytest.approx(0.12, abs=0.03)
+    # Never early, and while A still streams. How late the sleeping thread wakes is the
+    # machine's business (0.27 s seen under load): the stored value is the real send time.
+    st = res.stalls[0]
+    assert 0.12 <= st.b_arrival_s and st.a_tokens_before_b < 30
 
 
 def _two_servers():
