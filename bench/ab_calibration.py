@@ -16,8 +16,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from phaseprobe.analysis.ab_calibration import DEFAULT_EFFECTS, DEFAULT_NOISES, \
-    calibration_table
+from phaseprobe.analysis.ab_calibration import DEFAULT_EFFECTS, DEFAULT_NOISES, calibration_table
 from phaseprobe.analysis.ab_sequential import ALPHA, SequentialPlan
 
 

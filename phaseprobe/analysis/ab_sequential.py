@@ -46,8 +46,8 @@ from typing import Any, Literal
 import numpy as np
 
 __all__ = ["ALPHA", "MIN_PAIRS", "PRIMARY_PHASES", "PRIMARY_METRICS", "check_primary", "T_STAR",
-           "WINSOR_K", "SeqVerdict", "SequentialPlan", "SequentialEstimate", "halfwidth", "paired_log_ratios", "robust_mean_sd",
-           "evaluate", "evaluate_many"]
+           "WINSOR_K", "SeqVerdict", "SequentialPlan", "SequentialEstimate", "halfwidth",
+           "paired_log_ratios", "robust_mean_sd", "evaluate", "evaluate_many"]
 
 SeqVerdict = Literal["improvement", "regression", "equivalent", "undecided"]
 

@@ -44,7 +44,8 @@ from phaseprobe.analysis.ab_sequential import SequentialPlan, check_primary
 from phaseprobe.errors import ConfigError
 
 __all__ = ["PlaybookError", "Launch", "Arm", "RunPlan", "Playbook", "load_playbook",
-           "parse_playbook", "parse_effect", "session_arms", "session_plan", "LOCAL_MODEL", "shipped_playbooks"]
+           "parse_playbook", "parse_effect", "session_arms", "session_plan", "LOCAL_MODEL",
+           "shipped_playbooks"]
 
 LOCAL_MODEL = "local"  # the embedded tiny model served by phaseprobe's CPU vLLM
 _TOP_KEYS = {"name", "description", "model", "run", "arm"}

@@ -29,8 +29,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from phaseprobe.collect.ab import resume_ab, run_ab
 from phaseprobe.analysis.ab_sequential import PRIMARY_METRICS, PRIMARY_PHASES, SequentialPlan
+from phaseprobe.collect.ab import resume_ab, run_ab
 from phaseprobe.collect.playbook import (
     RunPlan,
     load_playbook,

@@ -78,7 +78,7 @@ def test_cpu_compile_playbook_shows_compiled_decodes_faster(tmp_path, capsys):
 
 
 def test_cpu_aa_playbook_never_shows_a_direction(tmp_path, capsys):
-    doc = _cli(["cpu-aa", "--until-decided", "--max-runs", "40", "--json", "--store",
+    doc = _cli(["cpu-aa", "--until-decided", "--max-runs", "60", "--json", "--store",
                 str(tmp_path / "ab.sqlite")], capsys)
     metrics = doc["comparison"]["metrics"]
     stop = doc["sequential"]["stop"]
@@ -96,7 +96,7 @@ def test_cpu_aa_playbook_never_shows_a_direction(tmp_path, capsys):
     if stop["reason"] == "decided":
         assert stop["verdict"] == "equivalent"
     else:
-        assert stop["verdict"] == "undecided" and stop["pairs"] == 40
+        assert stop["verdict"] == "undecided" and stop["pairs"] == 60
     line = doc["comparison"]["phase_line"]  # decode and prefill, each without a direction
     assert line.count("(equivalent)") + line.count("(undecided)") == 2, line
     # §7: the engine's own cost between runs is a figure of bench/ab_overhead.py; here it is

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import pytest
-from rich.console import Console
 
 from phaseprobe.errors import ConfigError, PhaseprobeError
-from phaseprobe.present import cmd_ab
 from phaseprobe.testing.sse_server import Script, SseServer
+from tests.ab_helpers import run_cli
 
 BOOK = """
 name = "sse"
@@ -30,11 +28,7 @@ endpoint = "{b}"
 
 
 def _run(argv: list[str], capsys) -> tuple[int, str]:
-    parser = argparse.ArgumentParser()
-    cmd_ab.register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["ab", *argv])
-    rc = cmd_ab.run(args, Console(width=200), Console(stderr=True))
-    return rc, capsys.readouterr().out
+    return run_cli(argv, capsys)
 
 
 @pytest.fixture

@@ -13,11 +13,12 @@ from collections.abc import Iterator
 import pytest
 
 from phaseprobe.analysis.ab_stats import compare_runs
-from phaseprobe.collect.ab import NullAbProgress, launch_server, resume_ab, run_ab, schedule
+from phaseprobe.collect.ab import launch_server, resume_ab, run_ab, schedule
 from phaseprobe.collect.playbook import Arm, Launch, parse_playbook, session_arms
 from phaseprobe.errors import LocalServerError
 from phaseprobe.store import Store
 from phaseprobe.testing.sse_server import Script, SseServer
+from tests.ab_helpers import Crash, CrashAfter
 
 
 def _playbook(url_a: str, url_b: str, runs: int = 6, order: str = "interleaved",
@@ -92,26 +93,12 @@ def test_randomised_blocks_schedule_is_balanced_and_deterministic():
     assert all(order[i:i + 4].count(0) == 2 for i in range(0, 20, 4))  # balanced blocks
 
 
-class _Crash(Exception):
-    pass
-
-
-class _CrashAfter(NullAbProgress):
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def on_run(self, arm: str, run) -> None:
-        self.n -= 1
-        if self.n == 0:
-            raise _Crash
-
-
 def test_resume_after_crash_neither_loses_nor_duplicates(servers, tmp_path):
     a, b = servers
     pb = parse_playbook(_playbook(a.base_url, b.base_url, runs=5))
     path = tmp_path / "s.sqlite"
-    with Store(path) as store, pytest.raises(_Crash):
-        run_ab(pb, store, progress=_CrashAfter(3))
+    with Store(path) as store, pytest.raises(Crash):
+        run_ab(pb, store, progress=CrashAfter(3))
     session_id = 1  # the store's first session
     with Store(path) as store:
         stored = store.ab_session(session_id)
@@ -183,8 +170,8 @@ def test_identical_launches_share_one_server_and_servers_stop_on_error(servers, 
         result = run_ab(pb, store, launcher=fake_launcher)
         assert entered == ["slow"] and exited == ["slow"]  # one server for the A/A
         assert any("shares" in n for n in result.notes)
-        with pytest.raises(_Crash):
-            run_ab(pb, store, launcher=fake_launcher, progress=_CrashAfter(1))
+        with pytest.raises(Crash):
+            run_ab(pb, store, launcher=fake_launcher, progress=CrashAfter(1))
     assert exited == ["slow", "slow"]  # stopped on the error path too
 
 

@@ -3,19 +3,17 @@ store the stop, resume the same test, and the CLI's table/JSON report it."""
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import pytest
-from rich.console import Console
 
 from phaseprobe.analysis.ab_sequential import SequentialPlan
 from phaseprobe.collect.ab import NullAbProgress, resume_ab, run_ab
 from phaseprobe.collect.playbook import parse_playbook, session_plan
 from phaseprobe.errors import ConfigError
-from phaseprobe.present import cmd_ab
 from phaseprobe.store import Store
 from phaseprobe.testing.sse_server import Script, SseServer
+from tests.ab_helpers import Crash, CrashAfter, run_cli
 
 BOOK = """
 name = "sse-seq"
@@ -87,28 +85,14 @@ def test_budget_spent_is_undecided_with_runs_to_decide(tmp_path):
     assert result.stop["more_runs"] >= 2  # at least up to the first possible look
 
 
-class _Crash(Exception):
-    pass
-
-
-class _CrashAfter(NullAbProgress):
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def on_run(self, arm: str, run) -> None:
-        self.n -= 1
-        if self.n == 0:
-            raise _Crash
-
-
 def test_resume_continues_the_same_sequential_test(tmp_path):
     path = tmp_path / "s.sqlite"
     with SseServer(Script(n_tokens=8, gap_s=0.012)) as a, \
             SseServer(Script(n_tokens=8, gap_s=0.004)) as b:
         pb = parse_playbook(_book(a.base_url, b.base_url, max_runs=30))
         plan = SequentialPlan(min_effect=0.10, max_runs=30, primary="decode")
-        with Store(path) as store, pytest.raises(_Crash):
-            run_ab(pb, store, progress=_CrashAfter(5), plan=plan)
+        with Store(path) as store, pytest.raises(Crash):
+            run_ab(pb, store, progress=CrashAfter(5), plan=plan)
         with Store(path) as store:
             stored = store.ab_session(1)
             assert not stored["finished_wall_ns"] and session_plan(stored) == plan
@@ -123,11 +107,7 @@ def test_resume_continues_the_same_sequential_test(tmp_path):
 
 
 def _cli(argv: list[str], capsys) -> tuple[int, str]:
-    parser = argparse.ArgumentParser()
-    cmd_ab.register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["ab", *argv])
-    rc = cmd_ab.run(args, Console(width=220), Console(stderr=True))
-    return rc, capsys.readouterr().out
+    return run_cli(argv, capsys, width=220)
 
 
 def test_cli_until_decided_table_and_json_say_runs_and_why(tmp_path, capsys):
