@@ -95,6 +95,7 @@ class MetricComparison:
     method: Literal["fixed", "sequential"] = "fixed"
     n_pairs: int | None = None  # sequential: the pairs the interval is built on
     more_runs: int | None = None  # sequential, undecided: ~runs per arm still needed
+    winsorised: int = 0  # sequential: outlier pairs pulled in before the interval
 
     @property
     def change(self) -> float | None:
@@ -243,18 +244,11 @@ def compare_paired(a: dict[int, float], b: dict[int, float], plan: SequentialPla
     med_b = float(np.median(xb)) if len(xb) else None
     noise_a = _noise(xa) if len(xa) >= 2 else None
     noise_b = _noise(xb) if len(xb) >= 2 else None
+    # An undecided metric's "runs to decide" is a column of the table (``more_runs``), and
+    # pulled-in outliers are summed up over metrics by compare_runs: no warning per metric.
     warnings: list[str] = []
     if est.ratio is None:
         warnings.append(f"{label}: fewer than 2 pairs")
-    elif est.verdict == "undecided":
-        more = (f"about {est.more_pairs} more runs per arm would decide it at this noise"
-                if est.more_pairs is not None else
-                "no run count decides it at this noise: the estimate sits on the "
-                f"±{plan.min_effect:.0%} line")
-        warnings.append(f"{label}: undecided after {est.n_pairs} pairs; {more}")
-    if est.winsorised:
-        warnings.append(f"{label}: {est.winsorised} of {est.n_pairs} pairs were outliers "
-                        f"(beyond 3 robust SDs), pulled in before the interval")
     if est.verdict == "equivalent" and est.ci_low is not None and est.ci_high is not None \
             and (est.ci_high < 1 or est.ci_low > 1):
         warnings.append(f"{label}: {pct((est.ratio or 1) - 1)} % is real but inside "
@@ -262,7 +256,7 @@ def compare_paired(a: dict[int, float], b: dict[int, float], plan: SequentialPla
     return MetricComparison(metric, label, len(xa), len(xb), med_a, med_b, est.ratio,
                             est.ci_low, est.ci_high, None, None, noise_a, noise_b, est.verdict,
                             tuple(warnings), method="sequential", n_pairs=est.n_pairs,
-                            more_runs=est.more_pairs)
+                            more_runs=est.more_pairs, winsorised=est.winsorised)
 
 
 def pct(x: float) -> str:
@@ -331,6 +325,10 @@ def compare_runs(runs_a: Sequence[Run], runs_b: Sequence[Run], *, arm_a: str = "
         warnings.append("no server phases (no vLLM /metrics): the comparison is client-side")
     for m in metrics.values():
         warnings.extend(m.warnings)
+    pulled = [f"{m.label} {m.winsorised}/{m.n_pairs}" for m in metrics.values() if m.winsorised]
+    if pulled:
+        warnings.append(f"outlier pairs (beyond 3 robust SDs of their metric) pulled in before "
+                        f"the interval: {', '.join(pulled)}")
     noise = tuple(_diagnose(runs_a, runs_b, arm_a, arm_b, m, min_effect)
                   for m in _phase_metrics(metrics))
     return Comparison(arm_a, arm_b, min_effect, confidence, metrics, phase_line(metrics),

@@ -168,7 +168,9 @@ def _caption(c: Comparison) -> str:
     if c.method == "sequential":
         return (f"B/A = geometric mean of paired runs' ratios; {c.confidence:.0%} anytime-valid "
                 f"interval (Lai's t-mixture confidence sequence); equivalent = interval inside "
-                f"±{c.min_effect:.0%}; runs to decide: more runs per arm at this noise")
+                f"±{c.min_effect:.0%}; runs to decide: about how many more runs per arm would "
+                f"decide it at this noise (—: decided, or none would: the estimate sits on the "
+                f"±{c.min_effect:.0%} line)")
     return (f"B/A = median(B)/median(A); {c.confidence:.0%} bootstrap interval; p: Mann–Whitney "
             f"U; MDE: smallest change this N and noise detect")
 
@@ -269,9 +271,16 @@ def _report(args: argparse.Namespace, out: Console, session_id: int) -> int:
         playbook, arms = session_arms(session)
         names = [name for name, _ in arms]
         runs = {name: store.runs(exp_id) for name, exp_id in arms}
-    min_effect = parse_effect(args.min_effect) if args.min_effect else playbook.run.min_effect
+    stored_plan = session_plan(session)
+    # The effect the session was judged at (its plan's, which --min-effect may have set when
+    # it ran), unless --min-effect re-judges it now.
+    min_effect = parse_effect(args.min_effect) if args.min_effect else (
+        stored_plan.min_effect if stored_plan else playbook.run.min_effect)
     plan = session_plan(session, min_effect)
     stop = session["settings"].get("stop")
+    notes = [] if stored_plan is None or min_effect == stored_plan.min_effect else [
+        f"re-judged at ±{min_effect:.0%}; the session stopped on its own plan's "
+        f"±{stored_plan.min_effect:.0%}"]
     from phaseprobe.analysis.ab_stats import compare_runs
     c = compare_runs(runs[names[0]], runs[names[1]], arm_a=names[0], arm_b=names[1],
                      min_effect=min_effect, seed=playbook.run.seed, plan=plan)
@@ -282,7 +291,7 @@ def _report(args: argparse.Namespace, out: Console, session_id: int) -> int:
         "finished": session["finished_wall_ns"] is not None,
         "arms": {n: {"experiment_id": session["arms"][n], "runs": len(runs[n])}
                  for n in names},
-        "sequential": _sequential_doc(plan, stop)}, stop_line(stop, plan))
+        "sequential": _sequential_doc(plan, stop), "notes": notes}, stop_line(stop, plan))
     return 0
 
 

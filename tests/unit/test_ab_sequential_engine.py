@@ -117,7 +117,7 @@ def test_cli_until_decided_table_and_json_say_runs_and_why(tmp_path, capsys):
         book.write_text(_book(a.base_url, b.base_url).replace("until_decided = true", ""))
         store = str(tmp_path / "s.sqlite")
         rc, out = _cli([str(book), "--until-decided", "--max-runs", "30", "--json",
-                        "--store", store], capsys)
+                        "--min-effect", "20%", "--store", store], capsys)
         doc = json.loads(out)
         assert rc == 0 and doc["finished"]
         seq = doc["sequential"]
@@ -129,6 +129,12 @@ def test_cli_until_decided_table_and_json_say_runs_and_why(tmp_path, capsys):
         assert tpot["verdict"] == "improvement" and tpot["ci_high"] < 1
         assert tpot["n_pairs"] == seq["stop"]["pairs"]
         assert doc["comparison"]["noise"] and "summary" in doc["comparison"]["noise"][0]
+        # The report judges at the effect the session ran with (20 %, not the playbook's 10 %),
+        # so its primary verdict is the one the session stopped on.
+        rc, out = _cli(["report", str(doc["session_id"]), "--json", "--store", store], capsys)
+        rep = json.loads(out)
+        assert rep["comparison"]["min_effect"] == pytest.approx(0.2) and rep["notes"] == []
+        assert rep["comparison"]["metrics"]["client_tpot_s"]["verdict"] == seq["stop"]["verdict"]
         # The table says the same, with the stop line under it.
         rc, out = _cli(["report", str(doc["session_id"]), "--store", store], capsys)
         assert rc == 0 and "anytime interval" in out and "stopped after" in out
