@@ -185,8 +185,10 @@ def compare_samples(a: Sequence[float], b: Sequence[float], *, metric: str = "va
     warnings: list[str] = []
     n = min(len(xa), len(xb))
     if n < _MIN_N:
-        warnings.append(f"{label}: only {n} runs in an arm; the U test needs at least "
-                        f"{_MIN_N} per arm to call anything")
+        # Too few runs to call anything either way: "no significant change" would read as
+        # evidence of no change (it once stood beside a ratio of 0.38).
+        verdict = "insufficient data"
+        warnings.append(small_n_warning(n))
     elif mde > min_effect:
         need = math.ceil(n * (mde / min_effect) ** 2)
         warnings.append(f"{label}: at this noise ({max(noise_a, noise_b):.1%}) N={n} per arm "
@@ -197,6 +199,11 @@ def compare_samples(a: Sequence[float], b: Sequence[float], *, metric: str = "va
                         f"--min-effect {min_effect:.1%}")
     return MetricComparison(metric, label, len(xa), len(xb), med_a, med_b, ratio, lo, hi, p,
                             mde, noise_a, noise_b, verdict, tuple(warnings))
+
+
+def small_n_warning(n: int) -> str:
+    return (f"only {n} runs in an arm: the U test needs at least {_MIN_N} per arm to call "
+            f"a change either way, so every metric is \"insufficient data\"")
 
 
 def usable(run: Run) -> bool:
@@ -267,7 +274,8 @@ def pct(x: float) -> str:
 
 
 def phase_line(metrics: dict[str, MetricComparison]) -> str:
-    """``decode −52 % [−55, −49], prefill ±2 % (noise)``: the headline of an A/B."""
+    """``decode −52 % [−55, −49], prefill +0.4 % [−1.6, +2.3] (no significant change)``: the
+    headline of an A/B, every phase with its estimate and interval."""
     parts: list[str] = []
     for phase, server, client in PHASES:
         m = metrics.get(server)
@@ -282,12 +290,11 @@ def phase_line(metrics: dict[str, MetricComparison]) -> str:
         elif m.verdict == "equivalent":
             parts.append(f"{phase} {pct(m.ratio - 1)} % [{pct(m.ci_low - 1)}, "
                          f"{pct(m.ci_high - 1)}] (equivalent)")
-        elif m.verdict == "undecided":
-            parts.append(f"{phase} {pct(m.ratio - 1)} % [{pct(m.ci_low - 1)}, "
-                         f"{pct(m.ci_high - 1)}] (undecided)")
         else:
-            bound = max(abs(m.ci_low - 1), abs(m.ci_high - 1))
-            parts.append(f"{phase} ±{pct(bound)[1:]} % (noise)")
+            # Undecided, no significant change, insufficient data: the estimate and its
+            # interval still show, so a wide interval cannot hide a large median change.
+            parts.append(f"{phase} {pct(m.ratio - 1)} % [{pct(m.ci_low - 1)}, "
+                         f"{pct(m.ci_high - 1)}] ({m.verdict})")
     return ", ".join(parts)
 
 
@@ -323,8 +330,11 @@ def compare_runs(runs_a: Sequence[Run], runs_b: Sequence[Run], *, arm_a: str = "
                             f"not isolated)")
     if not any(k.startswith("server_") for k in metrics):
         warnings.append("no server phases (no vLLM /metrics): the comparison is client-side")
+    small = sorted({w for m in metrics.values() for w in m.warnings
+                    if w.startswith("only ") and "runs in an arm" in w})
+    warnings.extend(small)  # the same words for every metric: said once
     for m in metrics.values():
-        warnings.extend(m.warnings)
+        warnings.extend(w for w in m.warnings if w not in small)
     pulled = [f"{m.label} {m.winsorised}/{m.n_pairs}" for m in metrics.values() if m.winsorised]
     if pulled:
         warnings.append(f"outlier pairs (beyond 3 robust SDs of their metric) pulled in before "

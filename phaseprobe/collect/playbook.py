@@ -42,6 +42,7 @@ from typing import Any, Literal
 
 from phaseprobe.analysis.ab_sequential import SequentialPlan, check_primary
 from phaseprobe.errors import ConfigError
+from phaseprobe.sources.openai_stream import normalize_base_url
 
 __all__ = ["PlaybookError", "Launch", "Arm", "RunPlan", "Playbook", "load_playbook",
            "parse_playbook", "parse_effect", "session_arms", "session_plan", "LOCAL_MODEL",
@@ -261,8 +262,11 @@ def _arm(path: str, raw: object, index: int, default_model: str | None) -> Arm:
     if (endpoint is None) == (not has_launch):
         raise PlaybookError(path, f"arm[{index}]", f"arm {name!r} needs exactly one of "
                             f"endpoint (a server already up) or launch (one phaseprobe starts)")
-    if endpoint is not None and not endpoint.startswith(("http://", "https://")):
-        raise r.fail("endpoint", f"must be an http(s) URL, not {endpoint!r}")
+    if endpoint is not None:
+        try:  # http://host:8000/v1 (an OpenAI base_url) means http://host:8000
+            endpoint = normalize_base_url(endpoint)
+        except ConfigError as exc:
+            raise r.fail("endpoint", str(exc)) from None
     launch = _launch(path, raw["launch"], prefix + "launch.") if has_launch else None
     return Arm(name=name, model=model, endpoint=endpoint, launch=launch,
                description=r.str_("description", "") or "")

@@ -16,7 +16,8 @@ from rich.markup import escape
 from phaseprobe.errors import ConfigError
 from phaseprobe.store import redact_url
 
-__all__ = ["DEFAULT_KEY_VARS", "api_key_from_env", "endpoint_or_local", "first_model"]
+__all__ = ["DEFAULT_KEY_VARS", "api_key_from_env", "endpoint_or_local", "first_model",
+           "served_model"]
 
 # Looked at in this order when no --api-key-env is given.
 DEFAULT_KEY_VARS = ("OPENAI_API_KEY", "VLLM_API_KEY")
@@ -36,7 +37,9 @@ def endpoint_or_local(endpoint: str | None, stack: ExitStack, err: Console,
     """``endpoint``, or start the local CPU vLLM with the tiny model (installing it on first
     use) inside ``stack``, which stops it on exit, Ctrl-C or error."""
     if endpoint is not None:
-        return endpoint
+        from phaseprobe.sources.openai_stream import normalize_base_url
+
+        return normalize_base_url(endpoint)
     from phaseprobe.local import LocalVllm, ensure_model, install
 
     err.print("[bold]no --endpoint: using the local CPU vLLM with the tiny model")
@@ -50,12 +53,27 @@ def endpoint_or_local(endpoint: str | None, stack: ExitStack, err: Console,
 
 def first_model(endpoint: str, api_key: str | None) -> str:
     """The first model the endpoint lists (raises EndpointUnreachable before any run)."""
+    return served_model(endpoint, api_key, None)
+
+
+def served_model(endpoint: str, api_key: str | None, model: str | None,
+                 option: str = "--model") -> str:
+    """``model`` if the endpoint serves it, else a ConfigError listing what it serves; the
+    first listed model when ``model`` is None. Checked before any run: a wrong name would
+    otherwise become a whole experiment of 404 error runs."""
     import requests
 
-    from phaseprobe.sources.openai_stream import check_endpoint
+    from phaseprobe.sources.openai_stream import check_endpoint, normalize_base_url
 
+    endpoint = normalize_base_url(endpoint)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     models = check_endpoint(endpoint, session=requests.Session(), headers=headers)
-    if not models:
-        raise ConfigError(f"{redact_url(endpoint)}/v1/models lists no model; pass --model")
-    return str(models[0]["id"])
+    served = [str(m["id"]) for m in models if isinstance(m, dict) and "id" in m]
+    if not served:
+        raise ConfigError(f"{redact_url(endpoint)}/v1/models lists no model; pass {option}")
+    if model is None:
+        return served[0]
+    if model not in served:
+        raise ConfigError(f"{option} {model!r} is not served at {redact_url(endpoint)} (it "
+                          f"serves: {', '.join(served)})")
+    return model

@@ -23,10 +23,11 @@ from typing import Any
 import requests
 import urllib3
 
-from phaseprobe.errors import EndpointUnreachable
+from phaseprobe.errors import ConfigError, EndpointUnreachable
 from phaseprobe.records import ClientTimeline
 
 __all__ = ["StreamClient", "StreamOutcome", "TokenEventCounter", "check_endpoint",
+           "normalize_base_url",
            "build_body"]
 
 _ERROR_EXCERPT = 500
@@ -59,6 +60,27 @@ def build_body(
     else:
         body["prompt"] = prompt
     return body
+
+
+def normalize_base_url(url: str) -> str:
+    """The server's base URL as phaseprobe appends paths to it: ``host:8000`` and
+    ``http://host:8000/v1/`` both become ``http://host:8000``. What newcomers type (the
+    OpenAI client's ``base_url`` ends in ``/v1``; a bare host has no scheme) would otherwise
+    end in ``…/v1/v1/models (HTTP 404)`` or requests' "No connection adapters"."""
+    text = url.strip()
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        scheme, rest = "http", text  # host:port, as vLLM's own log prints it
+    if scheme.lower() not in ("http", "https"):
+        raise ConfigError(f"endpoint {url!r}: the scheme must be http:// or https://, e.g. "
+                          f"http://127.0.0.1:8000")
+    rest = rest.rstrip("/")
+    if rest.endswith("/v1"):
+        rest = rest[:-3].rstrip("/")
+    if not rest or rest.startswith("/"):
+        raise ConfigError(f"endpoint {url!r} names no host: type it as http://HOST:PORT, "
+                          f"e.g. http://127.0.0.1:8000")
+    return f"{scheme.lower()}://{rest}"
 
 
 def check_endpoint(base_url: str, *, session: requests.Session, headers: dict[str, str],

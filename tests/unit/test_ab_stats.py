@@ -67,8 +67,23 @@ def test_power_matches_the_minimum_detectable_effect_by_simulation():
 
 def test_small_n_warns_and_cannot_call_a_change():
     m = compare_samples([1.0, 1.1, 0.9], [0.5, 0.55, 0.45])
-    assert m.verdict == "no significant change"  # n=3: the U test cannot reach p < 0.05
+    # n=3: the U test cannot reach p < 0.05; that is no evidence of "no change" either.
+    assert m.verdict == "insufficient data" and m.ratio == pytest.approx(0.5)
     assert any("only 3 runs" in w for w in m.warnings)
+
+
+def test_three_runs_per_arm_say_insufficient_data_once_and_show_the_change():
+    # Issue 16: `ab` with 3 runs per arm said "no significant change" for a ratio of 0.38,
+    # printed 8 identical warnings, and its headline read "decode ±78 % (noise)".
+    def runs(decode: list[float]) -> list:
+        return [_run(i, 0.02, d) for i, d in enumerate(decode)]
+
+    c = compare_runs(runs([0.100, 0.130, 0.080]), runs([0.038, 0.050, 0.030]))
+    decode = c.metrics["server_decode_s"]
+    assert decode.verdict == "insufficient data" and decode.ratio == pytest.approx(0.38)
+    assert all(m.verdict == "insufficient data" for m in c.metrics.values())
+    assert sum("only 3 runs" in w for w in c.warnings) == 1
+    assert c.phase_line.startswith("decode −62 % [") and "(insufficient data)" in c.phase_line
 
 
 def test_noisy_n_warns_with_runs_needed():
@@ -94,8 +109,8 @@ def test_pct_and_phase_line_format():
     pre = compare_samples(_lognormal(rng, 20, 0.01, 0.02), _lognormal(rng, 20, 0.01, 0.02),
                           metric="server_prefill_s")
     line = phase_line({"server_decode_s": dec, "server_prefill_s": pre})
-    assert line.startswith("decode −52 % [−") and line.endswith(" % (noise)")
-    assert ", prefill ±" in line
+    assert line.startswith("decode −52 % [−") and line.endswith("] (no significant change)")
+    assert ", prefill " in line and "±" not in line
 
 
 def _run(seq: int, ttft: float, decode: float, ok: bool = True) -> Run:
@@ -127,7 +142,8 @@ def test_compare_runs_uses_every_metric_and_drops_unisolated_runs():
     assert c.metrics["server_decode_s"].n_b == 12
     assert c.metrics["server_prefill_s"].verdict == "no significant change"
     assert c.metrics["client_tpot_s"].verdict == "improvement"
-    assert re.match(r"decode −5\d % \[−5\d, −\d\d\], prefill ±\d\.\d % \(noise\)$",
+    assert re.match(r"decode −5\d % \[−5\d, −\d\d\], prefill [+−]\d\.\d % \[[+−]\d\.\d, "
+                    r"[+−]\d\.\d\] \(no significant change\)$",
                     c.phase_line), c.phase_line
     assert any("1 of 13 runs left out" in w for w in c.warnings)
     assert c.to_dict()["metrics"]["server_decode_s"]["verdict"] == "improvement"

@@ -88,7 +88,7 @@ def test_every_shipped_playbook_loads_and_has_a_description():
      "effect size"),
     (GOOD.replace('runs = 4', 'runs = 4\norder = "random"'), "run.order", "interleaved"),
     (GOOD.replace('name = "b"', 'name = "a"'), "arm[1].name", "both arms"),
-    (GOOD.replace('http://127.0.0.1:9', '127.0.0.1:9'), "arm[1].endpoint", "http"),
+    (GOOD.replace('http://127.0.0.1:9', 'ws://127.0.0.1:9'), "arm[1].endpoint", "http"),
 ])
 def test_bad_playbooks_name_the_key(text, key, words):
     err = _bad(text)
