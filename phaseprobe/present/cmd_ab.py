@@ -92,6 +92,20 @@ def register(subparsers: Any) -> None:
     fmt.add_argument("--markdown", action="store_true", help="report as Markdown")
 
 
+def run_line(arm: str, run: Run) -> str:
+    """One measured run in a line (stderr, above the bar): what each run saw, as it comes."""
+    parts = [f"arm {arm} run {run.seq + 1}:"]
+    if run.server is not None and run.server.decode_s is not None:
+        parts.append(f"decode {run.server.decode_s * 1e3:.1f} ms")
+    if run.server is not None and run.server.prefill_s is not None:
+        parts.append(f"prefill {run.server.prefill_s * 1e3:.1f} ms")
+    if run.client is not None and run.client.ttft_s is not None:
+        parts.append(f"TTFT {run.client.ttft_s * 1e3:.1f} ms, e2e {run.client.e2e_s * 1e3:.1f} ms")
+    if run.isolation.verified and not run.isolated:
+        parts.append("(not isolated: left out)")
+    return " ".join(parts)
+
+
 class RichAbProgress:
     """Progress bar with ETA on stderr; server starts and failures as lines above it."""
 
@@ -117,6 +131,8 @@ class RichAbProgress:
         if run.error:
             self.console.print(f"[red]arm {escape(arm)} run {run.seq + 1}: "
                                f"{escape(run.error)}")
+        else:
+            self.console.print(f"[dim]{escape(run_line(arm, run))}")
         self._progress.update(self._task, advance=1, description=f"arm {arm}")
 
     def on_look(self, text: str) -> None:

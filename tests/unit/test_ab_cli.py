@@ -103,3 +103,24 @@ def test_unknown_session_and_wrong_model(book, tmp_path, capsys):
     wrong.write_text(book.read_text().replace('model = "sse-test-model"', 'model = "other"'))
     with pytest.raises(ConfigError, match="'other' is not served .*it serves: sse-test-model"):
         _run([str(wrong), "--store", store], capsys)
+
+
+def test_each_run_is_reported_as_it_comes(book, tmp_path, capsys):
+    # Issue 16: `ab` printed nothing per run (unlike interfere, prefix and batch). The lines go
+    # to stderr, so --json's stdout stays one document.
+    import argparse
+
+    from rich.console import Console
+
+    from phaseprobe.present import cmd_ab
+
+    parser = argparse.ArgumentParser()
+    cmd_ab.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["ab", str(book), "--json", "--store", str(tmp_path / "s.sqlite"),
+                              "--runs", "3"])
+    assert cmd_ab.run(args, Console(width=200), Console(stderr=True, width=200)) == 0
+    captured = capsys.readouterr()
+    json.loads(captured.out)
+    for arm in ("slow", "fast"):
+        for n in (1, 2, 3):
+            assert f"arm {arm} run {n}: TTFT " in captured.err
