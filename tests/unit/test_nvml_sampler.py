@@ -80,7 +80,9 @@ def test_context_manager_stops_on_error_and_stop_is_prompt():
     t0 = time.monotonic()
     with GpuSampler(FakeNvmlBackend([FakeDevice()]), 5.0) as s:
         pass
-    assert time.monotonic() - t0 < 1.0 and s.ticks == 1
+    # Under half the 5 s period: stop() did not wait a period out (a relation to the period,
+    # with room for a busy 2-core machine, not a speed figure).
+    assert time.monotonic() - t0 < 2.5 and s.ticks == 1
 
 
 def test_period_below_minimum_is_refused():
