@@ -219,14 +219,46 @@ def _size(n: int) -> str:
     return f"{n}TiB"
 
 
+def cell(value: Any, share: bool = False) -> str:
+    """A diff cell in words, never a Python or JSON literal: ``coll 2, p2p 2``,
+    ``P2P/IPC 112, NET/IB 40``, ``p2p 74 %``; a {min, max} pair reads ``2`` or ``2–4``."""
+    if value is None or value == {} or value == []:
+        return "—"
+    if isinstance(value, dict):
+        if set(value) == {"min", "max"}:
+            lo, hi = value["min"], value["max"]
+            return f"{lo}" if lo == hi else f"{lo}–{hi}"
+        return ", ".join(f"{_key(k)} {cell(v, share)}" for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return ", ".join(cell(v, share) for v in value)
+    if share and isinstance(value, float):
+        return f"{value:.0%}"
+    return str(value)
+
+
+def _key(key: Any) -> str:
+    """``"8388608-16777216"`` (a message-size bucket in bytes) reads ``8MiB–16MiB``."""
+    lo, sep, hi = str(key).partition("-")
+    if sep and lo.isdigit() and hi.isdigit():
+        return f"{_size(int(lo))}–{_size(int(hi))}"
+    return str(key)
+
+
+# Row label and whether its numbers are fractions (shown as %).
+_DIFF_ROWS = (("channels", "channels (min–max per rank)", False),
+              ("transports", "connections by transport", False),
+              ("transport_share", "transport share", True), ("networks", "networks", False),
+              ("tuning", "tuning", False), ("size_mix", "share of calls by message size", True),
+              ("collectives", "collectives", False), ("warnings", "warnings", False))
+
+
 def _render_diff(out: Console, doc: dict[str, Any]) -> None:
     t = Table(title="nccl diff", title_justify="left")
     t.add_column("")
     t.add_column(escape(", ".join(doc["a"]["sources"])))
     t.add_column(escape(", ".join(doc["b"]["sources"])))
-    for key in ("channels", "transports", "transport_share", "networks", "tuning", "size_mix",
-                "collectives", "warnings"):
-        t.add_row(key, escape(json.dumps(doc["a"][key])), escape(json.dumps(doc["b"][key])))
+    for key, label, share in _DIFF_ROWS:
+        t.add_row(label, escape(cell(doc["a"][key], share)), escape(cell(doc["b"][key], share)))
     out.print(t)
     if not doc["worse"]:
         out.print("[green]nothing got worse")
