@@ -28,6 +28,7 @@ __all__ = [
     "ClientTimeline",
     "ServerPhases",
     "Isolation",
+    "ClientCheck",
     "Run",
     "Experiment",
 ]
@@ -165,6 +166,32 @@ class Isolation:
 
 
 @dataclass(frozen=True)
+class ClientCheck:
+    """Is the client's timeline consistent with the server's own phases for this request?
+
+    ``consistent`` False: the client stamped what it could not have seen on time (a stalled
+    client, a buffering hop): such a run is kept and shown, but left out of medians and
+    statistics like a non-isolated run. ``reasons`` quote the numbers that decided it;
+    ``cause`` names who held the tokens back (``client``, ``api_server``, ``hop``) when known.
+    ``checked`` False: nothing to check against (no server phases, not isolated).
+    """
+
+    checked: bool
+    consistent: bool
+    reasons: tuple[str, ...] = ()
+    cause: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"checked": self.checked, "consistent": self.consistent,
+                "reasons": list(self.reasons), "cause": self.cause}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ClientCheck:
+        return cls(checked=bool(d.get("checked", True)), consistent=bool(d["consistent"]),
+                   reasons=tuple(d.get("reasons") or ()), cause=d.get("cause"))
+
+
+@dataclass(frozen=True)
 class Run:
     """One measured request: the spec's prompt as sent, what the client saw, what vLLM said."""
 
@@ -177,6 +204,9 @@ class Run:
     error: str | None = None
     experiment_id: int | None = None
     run_id: int | None = None
+    # The client/server consistency verdict taken when the run was measured; None: not
+    # judged (stores written before it existed; see phaseprobe.analysis.client_check).
+    client_check: ClientCheck | None = None
 
     @property
     def isolated(self) -> bool:
@@ -192,6 +222,7 @@ class Run:
             "error": self.error,
             "isolated": self.isolation.isolated,
             "isolation": self.isolation.to_dict(),
+            "client_check": self.client_check.to_dict() if self.client_check else None,
             "prompt_tokens": client["prompt_tokens"] if client else None,
             "completion_tokens": client["completion_tokens"] if client else None,
             "client": client,

@@ -18,7 +18,15 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 from phaseprobe.errors import StoreError
-from phaseprobe.records import ClientTimeline, Experiment, Isolation, Run, RunSpec, ServerPhases
+from phaseprobe.records import (
+    ClientCheck,
+    ClientTimeline,
+    Experiment,
+    Isolation,
+    Run,
+    RunSpec,
+    ServerPhases,
+)
 
 if TYPE_CHECKING:  # pandas only inside the GPU methods: `import phaseprobe` stays light
     import pandas as pd
@@ -101,6 +109,11 @@ _MIGRATIONS: list[str] = [
     );
     CREATE INDEX analyses_by_experiment ON analyses(experiment_id, kind);
     """,
+    # 5: the client/server consistency verdict per run (phaseprobe.analysis.client_check).
+    # NULL for runs stored before it existed: readers judge those when they read them.
+    """
+    ALTER TABLE runs ADD COLUMN client_check_json TEXT;
+    """,
 ]
 # The gpu_samples columns, in table order (phaseprobe.sources.nvml.COLUMNS; a test keeps the
 # two equal).
@@ -148,10 +161,20 @@ class Store:
         for target in range(version + 1, SCHEMA_VERSION + 1):
             self._db.execute("BEGIN IMMEDIATE")
             for statement in _MIGRATIONS[target - 1].split(";"):
-                if statement.strip():
+                if statement.strip() and not self._column_exists(statement):
                     self._db.execute(statement)
             self._db.execute(f"PRAGMA user_version = {target}")
             self._db.execute("COMMIT")
+
+    def _column_exists(self, statement: str) -> bool:
+        """True for an ``ALTER TABLE t ADD COLUMN c`` whose column is already there (a store
+        rebuilt from a newer schema's tables): adding it again would fail."""
+        words = statement.split()
+        if [w.upper() for w in words[:2]] != ["ALTER", "TABLE"] or len(words) < 6 \
+                or [w.upper() for w in words[3:5]] != ["ADD", "COLUMN"]:
+            return False
+        cols = {row[1] for row in self._db.execute(f"PRAGMA table_info({words[2]})")}
+        return words[5] in cols
 
     # -- writing -------------------------------------------------------------------------
 
@@ -174,8 +197,8 @@ class Store:
             "INSERT INTO runs (experiment_id, seq, status, isolated, error, prompt, sent_wall_ns,"
             " client_ttft_s, client_e2e_s, client_tpot_s, server_queue_s, server_prefill_s,"
             " server_decode_s, server_inference_s, server_ttft_s, server_e2e_s, prompt_tokens,"
-            " completion_tokens, client_json, server_json, isolation_json)"
-            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            " completion_tokens, client_json, server_json, isolation_json, client_check_json)"
+            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (experiment_id, run.seq, run.status, int(run.isolated), run.error, run.prompt,
              c.sent_wall_ns if c else None, c.ttft_s if c else None, c.e2e_s if c else None,
              c.tpot_s if c else None, s.queue_s if s else None, s.prefill_s if s else None,
@@ -183,7 +206,8 @@ class Store:
              s.e2e_s if s else None, c.prompt_tokens if c else None,
              c.completion_tokens if c else None,
              json.dumps(c.to_dict()) if c else None, json.dumps(s.to_dict()) if s else None,
-             json.dumps(run.isolation.to_dict())),
+             json.dumps(run.isolation.to_dict()),
+             json.dumps(run.client_check.to_dict()) if run.client_check else None),
         )
         return int(cur.lastrowid or 0)
 
@@ -358,6 +382,8 @@ def _run_from_row(row: sqlite3.Row) -> Run:
         else None
     server = ServerPhases.from_dict(json.loads(row["server_json"])) if row["server_json"] \
         else None
+    check = row["client_check_json"] if "client_check_json" in row.keys() else None
     return Run(seq=row["seq"], status=row["status"], prompt=row["prompt"], client=client,
                server=server, isolation=Isolation.from_dict(json.loads(row["isolation_json"])),
-               error=row["error"], experiment_id=row["experiment_id"], run_id=row["id"])
+               error=row["error"], experiment_id=row["experiment_id"], run_id=row["id"],
+               client_check=ClientCheck.from_dict(json.loads(check)) if check else None)

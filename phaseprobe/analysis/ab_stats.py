@@ -39,6 +39,7 @@ from phaseprobe.analysis.ab_sequential import (
     evaluate,
     paired_log_ratios,
 )
+from phaseprobe.analysis.client_check import client_consistent
 from phaseprobe.records import Run
 
 __all__ = ["METRICS", "PHASES", "MetricComparison", "Comparison", "compare_samples",
@@ -207,8 +208,10 @@ def small_n_warning(n: int) -> str:
 
 
 def usable(run: Run) -> bool:
-    """Runs that enter the statistics: ok, and isolated where isolation could be checked."""
-    return run.status == "ok" and (run.isolated or not run.isolation.verified)
+    """Runs that enter the statistics: ok, isolated where isolation could be checked, and with
+    a client timeline consistent with the server's phases (analysis.client_check)."""
+    return run.status == "ok" and (run.isolated or not run.isolation.verified) \
+        and client_consistent(run)
 
 
 def run_metrics(runs: Sequence[Run]) -> dict[str, list[float]]:

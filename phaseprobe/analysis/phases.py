@@ -14,6 +14,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from phaseprobe.analysis.client_check import client_verdict
 from phaseprobe.records import Isolation, Run, ServerPhases
 from phaseprobe.sources.vllm_metrics import MetricSnapshot
 
@@ -27,6 +28,7 @@ __all__ = [
     "summarize",
     "percentile",
     "consistency_notes",
+    "medians_runs",
 ]
 
 # ServerPhases field → canonical histogram.
@@ -112,8 +114,8 @@ class Summary:
     client_ttft_s: float | None
     client_e2e_s: float | None
     client_tpot_s: float | None
-    itl_p50_s: float | None
-    itl_p99_s: float | None
+    itl_p50_s: float | None  # median over the clean runs of each run's own ITL p50
+    itl_p99_s: float | None  # median over the clean runs of each run's own ITL p99
     server_queue_s: float | None
     server_prefill_s: float | None
     server_decode_s: float | None
@@ -121,6 +123,10 @@ class Summary:
     server_e2e_s: float | None
     decode_share_of_e2e: float | None  # server decode / client e2e
     ttft_gap_s: float | None  # client TTFT − server TTFT: network + HTTP + client overhead
+    # Alone on the server but left out: the client timeline contradicts the server's phases
+    # (phaseprobe.analysis.client_check; the reasons are in each run's client_check).
+    n_client_inconsistent: int = 0
+    itl_pooled_p99_s: float | None = None  # p99 over every gap of every clean run, pooled
 
     def to_dict(self) -> dict[str, float | int | None]:
         return dict(self.__dict__)
@@ -142,14 +148,29 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
+def medians_runs(runs: Sequence[Run]) -> tuple[list[Run], list[Run]]:
+    """(the runs medians are taken over, isolated runs left out for their client timeline).
+
+    Medians come from runs that reached the server and were alone on it (or could not be
+    checked), and whose client timeline agrees with the server's phases; isolation failures
+    and inconsistent client timelines are shown per run but never mixed into the summary.
+    """
+    ok = [r for r in runs if r.status in ("ok", "isolation_failed") and r.client is not None]
+    alone = [r for r in ok if r.isolated or not r.isolation.verified]
+    clean = [r for r in alone if client_verdict(r).consistent]
+    dropped = [r for r in alone if not client_verdict(r).consistent]
+    return clean, dropped
+
+
 def summarize(runs: Sequence[Run]) -> Summary:
     ok = [r for r in runs if r.status in ("ok", "isolation_failed") and r.client is not None]
-    clean = [r for r in ok if r.isolated or not r.isolation.verified]
-    # Medians come from runs that were alone on the server (or could not be checked);
-    # isolation failures are shown per run but never mixed into the summary.
+    clean, dropped = medians_runs(runs)
     client = [r.client for r in clean if r.client]
     server = [r.server for r in clean if r.server]
     itl = [g for c in client for g in c.itl_s]
+    # "ITL p50/p99, median over N runs" is what is computed: each run's percentile, then the
+    # median of those, so one run with many gaps does not outweigh the others.
+    per_run = [c.itl_s for c in client if c.itl_s]
     e2e = _median([c.e2e_s for c in client])
     decode = _median([s.decode_s for s in server])
     c_ttft = _median([c.ttft_s for c in client])
@@ -162,8 +183,8 @@ def summarize(runs: Sequence[Run]) -> Summary:
         client_ttft_s=c_ttft,
         client_e2e_s=e2e,
         client_tpot_s=_median([c.tpot_s for c in client]),
-        itl_p50_s=percentile(itl, 50),
-        itl_p99_s=percentile(itl, 99),
+        itl_p50_s=_median([percentile(g, 50) for g in per_run]),
+        itl_p99_s=_median([percentile(g, 99) for g in per_run]),
         server_queue_s=_median([s.queue_s for s in server]),
         server_prefill_s=_median([s.prefill_s for s in server]),
         server_decode_s=decode,
@@ -171,6 +192,8 @@ def summarize(runs: Sequence[Run]) -> Summary:
         server_e2e_s=_median([s.e2e_s for s in server]),
         decode_share_of_e2e=(decode / e2e) if decode is not None and e2e else None,
         ttft_gap_s=(c_ttft - s_ttft) if c_ttft is not None and s_ttft is not None else None,
+        n_client_inconsistent=len(dropped),
+        itl_pooled_p99_s=percentile(itl, 99),
     )
 
 
@@ -179,7 +202,7 @@ CLIENT_STALL_SHARE = 0.5
 
 
 def consistency_notes(runs: Sequence[Run], tolerance_s: float = 0.002,
-                      late_delivery_s: float = 0.050) -> list[str]:
+                      late_delivery_s: float = 0.050, hop: bool | None = None) -> list[str]:
     """Server phases that cannot be true given what the client saw.
 
     The client's e2e contains the server's inference time and the client's TTFT contains the
@@ -187,13 +210,21 @@ def consistency_notes(runs: Sequence[Run], tolerance_s: float = 0.002,
     means the histograms are not what they claim (vLLM once shipped prefill and decode
     swapped, PR #10853) or belong to another request. The other way round, a client TTFT far
     above the server's means tokens were produced on time but delivered late: a buffering proxy
-    (nginx without ``proxy_buffering off``), the network, or a stalled API server.
+    (nginx without ``proxy_buffering off``), the network, or a stalled API server; with
+    ``hop`` False (the endpoint is on this machine) no proxy or network can be the cause.
     """
     notes = []
     for r in runs:
         c, s = r.client, r.server
         if c is None or c.ttft_s is None:
             continue
+        verdict = client_verdict(r)
+        if not verdict.consistent:
+            # One note says it all: what was inconsistent, who held the tokens back, and
+            # that the run is out of the medians.
+            notes.append(f"run {r.seq + 1} left out of the medians: its client timeline "
+                         f"contradicts the server's phases: {'; '.join(verdict.reasons)}")
+        explained = not verdict.consistent
         stall = c.client_stall_s
         if s is None:  # client-only: its stamps can still be late on a starved client
             if stall is not None and stall > late_delivery_s:
@@ -205,6 +236,8 @@ def consistency_notes(runs: Sequence[Run], tolerance_s: float = 0.002,
         if s.prefill_s is not None and s.prefill_s > c.ttft_s + tolerance_s:
             notes.append(f"run {r.seq + 1}: server prefill {s.prefill_s * 1e3:.1f} ms exceeds "
                          f"client TTFT {c.ttft_s * 1e3:.1f} ms (swapped or foreign histograms?)")
+        if explained:  # the note above says why it is late
+            continue
         late = s.ttft_s is not None and c.ttft_s - s.ttft_s > max(late_delivery_s, s.ttft_s)
         if late and s.ttft_s is not None:
             gap = c.ttft_s - s.ttft_s
@@ -213,7 +246,9 @@ def consistency_notes(runs: Sequence[Run], tolerance_s: float = 0.002,
                        f"{stall * 1e3:.0f} ms during the run: a loaded client machine, not "
                        "the server")
             else:
-                why = "buffering proxy, network, or a stalled API server" + (
+                why = ("a stalled API server or client (no proxy or network on this machine)"
+                       if hop is False else "buffering proxy, network, or a stalled API server"
+                       ) + (
                     "" if stall is None else f"; the client was scheduled on time (longest "
                                              f"stall {stall * 1e3:.0f} ms)")
             notes.append(f"run {r.seq + 1}: tokens delivered late: client TTFT "

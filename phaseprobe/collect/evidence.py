@@ -94,7 +94,8 @@ def build_evidence(store: Store, experiment_id: int, opts: EvidenceOptions
                   gpu_samples=None if gpu.empty else gpu, prom=prom, server_log=log_text,
                   nccl=nccl, trace=trace, efficiency=efficiency,
                   model_layers=model_layers(info, opts.model_config),
-                  tensor_parallel_size=tp, baseline=baseline, store_path=str(store.path))
+                  tensor_parallel_size=tp, baseline=baseline, store_path=str(store.path),
+                  endpoint=exp.spec.endpoint)
     return ev, sources
 
 

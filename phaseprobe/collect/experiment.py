@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import requests
 
+from phaseprobe.analysis.client_check import check_client, has_hop
 from phaseprobe.analysis.phases import attribute, consistency_notes, histograms_moved, idle_reasons
 from phaseprobe.collect.prompts import PromptBuilder
 from phaseprobe.errors import MetricsUnavailable
@@ -93,6 +94,7 @@ class RunCollector:
         self.sleep = sleep
         self.clock = clock
         self.notes: list[str] = []
+        self.hop = has_hop(spec.endpoint)
 
     def _scrape(self) -> MetricSnapshot | None:
         if self.scraper is None:
@@ -158,8 +160,11 @@ class RunCollector:
                 f"vLLM histograms did not observe the request within "
                 f"{self.settings.metrics_timeout_s:g} s",))
         status: RunStatus = "ok" if isolation.isolated else "isolation_failed"
+        # A client timeline that contradicts the server's own phases (a stalled client, a
+        # buffering hop) is kept, flagged, and left out of medians and A/B statistics.
+        check = check_client(timeline, server, isolation, hop=self.hop)
         return Run(seq=seq, status=status, prompt=prompt, client=timeline, server=server,
-                   isolation=isolation)
+                   isolation=isolation, client_check=check)
 
 
 def run_probe(spec: RunSpec, store: Store, *, settings: ProbeSettings = ProbeSettings(),
@@ -243,7 +248,7 @@ def run_probe(spec: RunSpec, store: Store, *, settings: ProbeSettings = ProbeSet
                 notes.append(f"GPU sampler: {gpu_sampler.missed} ticks missed, "
                              f"{gpu_sampler.failed_reads} failed reads{why}")
         notes.extend(collector.notes)
-        notes.extend(consistency_notes(runs))
+        notes.extend(consistency_notes(runs, hop=collector.hop))
         store.finish_experiment(experiment_id, notes)
         progress.on_end()
     return ProbeResult(experiment_id=experiment_id, runs=runs, server_info=info, notes=notes)

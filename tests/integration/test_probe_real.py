@@ -108,7 +108,9 @@ def test_cli_json_against_a_running_vllm(local_vllm, tmp_path, capsys):
     doc = json.loads(capsys.readouterr().out)
     assert code == 0
     summary = doc["summary"]
-    assert summary["n_clean"] == 3
+    # A run this loaded machine delivered in a burst is left out of the medians (issue 16).
+    assert summary["n_clean"] + summary["n_client_inconsistent"] == 3
+    assert summary["n_clean"] >= 1
     # Decode (15 engine steps) outlasts prefill (one step) on any machine; how much of the
     # client's e2e it fills depends on the machine (a starved API server delivers late and
     # stretches e2e), so the share is checked for what it is: server decode over client e2e.

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal
 
-from phaseprobe.analysis.phases import Summary, summarize
+from phaseprobe.analysis.phases import Summary, medians_runs, summarize
 from phaseprobe.analysis.rules.vllm_log import LogFacts, parse_log
 from phaseprobe.records import Run
 
@@ -113,6 +113,7 @@ class Evidence:
     tensor_parallel_size: int | None = None
     baseline: Evidence | None = None
     store_path: str | None = None  # only to spell the next command
+    endpoint: str | None = None  # the probed server: is there a hop between it and the client?
 
     @cached_property
     def summary(self) -> Summary:
@@ -150,10 +151,9 @@ class Evidence:
 
 
 def clean_runs(ev: Evidence) -> list[Run]:
-    """The runs medians are taken over (as :func:`summarize` does): reached the server, and
-    alone on it or not checkable."""
-    return [r for r in ev.runs if r.status in ("ok", "isolation_failed") and r.client is not None
-            and (r.isolated or not r.isolation.verified)]
+    """The runs medians are taken over (as :func:`summarize` does): reached the server, alone
+    on it or not checkable, and with a client timeline consistent with the server's phases."""
+    return medians_runs(ev.runs)[0]
 
 
 def ms(seconds: float | None) -> str:

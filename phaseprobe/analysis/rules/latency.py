@@ -9,7 +9,21 @@ from __future__ import annotations
 
 import statistics
 
-from phaseprobe.analysis.phases import CLIENT_STALL_SHARE, consistency_notes, percentile
+from phaseprobe.analysis.client_check import (
+    ITL_SHARE,
+    STALL_SHARE,
+    TPOT_SHARE,
+    TTFT_FACTOR,
+    cause_advice,
+    client_verdict,
+    has_hop,
+)
+from phaseprobe.analysis.phases import (
+    CLIENT_STALL_SHARE,
+    consistency_notes,
+    medians_runs,
+    percentile,
+)
 from phaseprobe.analysis.rules.base import (
     USE_CASE_TTFT_S,
     Evidence,
@@ -20,6 +34,7 @@ from phaseprobe.analysis.rules.base import (
     pct,
     skipped,
 )
+from phaseprobe.records import Run
 
 __all__ = ["decode_vs_prefill", "isolation", "run_errors", "ttft_gap", "phase_consistency",
            "itl_jitter", "ttft_target", "scaling_regression", "decode_efficiency"]
@@ -106,13 +121,22 @@ def run_errors(ev: Evidence) -> Verdict:
 
 
 def ttft_gap(ev: Evidence) -> Verdict:
-    """Client TTFT − server TTFT: network, HTTP, proxy buffering and client overhead."""
+    """Client TTFT − server TTFT: network, HTTP, proxy buffering and client overhead.
+
+    Runs whose client timeline contradicts the server's phases (a stalled client, a buffered
+    stream: :mod:`phaseprobe.analysis.client_check`) are out of the medians; this rule names
+    them and who held their tokens back. Proxy buffering is suggested only when there is a hop
+    between client and server (not on 127.0.0.1)."""
     s = ev.summary
+    hop = has_hop(ev.endpoint)
+    dropped = medians_runs(ev.runs)[1]
+    if dropped:
+        return _held_back(ev, dropped, hop)
     if s.ttft_gap_s is None:
         return skipped("client and server TTFT (probe a vLLM whose /metrics is reachable)",
                        "phaseprobe probe --endpoint URL")
     numbers = {"client_ttft_median_s": s.client_ttft_s, "server_ttft_median_s": s.server_ttft_s,
-               "gap_s": s.ttft_gap_s, "runs": s.n_clean}
+               "gap_s": s.ttft_gap_s, "runs": s.n_clean, "hop": hop}
     th = {"warn_s": TTFT_GAP_WARN_S, "fail_s": TTFT_GAP_FAIL_S}
     said = (f"client TTFT {ms(s.client_ttft_s)} - server TTFT {ms(s.server_ttft_s)} = "
             f"{ms(s.ttft_gap_s)} outside vLLM's engine (median of {s.n_clean} runs)")
@@ -139,17 +163,35 @@ def ttft_gap(ev: Evidence) -> Verdict:
             "fail" if s.ttft_gap_s > TTFT_GAP_FAIL_S or burst else "warn",
             said + f"; this client process was itself unscheduled for up to {ms(stall)}",
             numbers, {**th, "client_stall_explains_at_share_of_gap": CLIENT_STALL_SHARE},
-            "the client machine is starved (other work on its CPUs, e.g. the server on the same "
-            "cores): its stamps are late, not necessarily the server; probe again from an idle "
-            "host before tuning the server",
-            "phaseprobe probe --endpoint URL")
+            cause_advice("client", hop), "phaseprobe probe --endpoint URL")
     return Verdict(
         "fail" if s.ttft_gap_s > TTFT_GAP_FAIL_S or burst else "warn", said, numbers,
         {**th, "burst_if_client_window_below_share_of_server_decode": BURST_SHARE},
-        "the time is spent between client and engine: network round trips, a buffering proxy "
-        "(nginx proxy_buffering off; X-Accel-Buffering: no), TLS, or an overloaded API server "
-        "process; probe from a host next to the server to split network from server",
-        "phaseprobe probe --endpoint URL")
+        cause_advice(None, hop), "phaseprobe probe --endpoint URL")
+
+
+def _held_back(ev: Evidence, dropped: list[Run], hop: bool | None) -> Verdict:
+    """ttft_gap's verdict when some runs' client timelines contradict the server's phases."""
+    checks = [(r, client_verdict(r, hop)) for r in dropped]
+    causes = [c.cause for _, c in checks]
+    cause = max(set(causes), key=causes.count)  # the most common cause among them
+    first, check = checks[0]
+    alone = len(medians_runs(ev.runs)[0]) + len(dropped)
+    numbers = {"runs_left_out": len(dropped), "runs_alone_on_server": alone,
+               "cause": cause, "hop": hop,
+               "left_out": [f"run {r.seq + 1}: {'; '.join(c.reasons)}" for r, c in checks[:5]]}
+    th = {"client_tpot_below_share_of_server_decode": TPOT_SHARE,
+          "itl_p50_below_share_of_server_decode": ITL_SHARE,
+          "client_ttft_above_factor_of_server": TTFT_FACTOR,
+          "client_stall_explains_at_share": STALL_SHARE}
+    who = {"client": "the client", "api_server": "the API server or client on this machine",
+           "hop": "the hop between client and server"}.get(cause or "", "unknown")
+    said = (f"{len(dropped)} of {alone} runs alone on the server left out of the medians: "
+            f"their client timeline contradicts the server's phases (run {first.seq + 1}: "
+            f"{'; '.join(check.reasons)}); held back by {who}")
+    clean = len(medians_runs(ev.runs)[0])
+    return Verdict("fail" if not clean else "warn", said, numbers, th,
+                   cause_advice(cause, hop), ev.runs_command)
 
 
 def phase_consistency(ev: Evidence) -> Verdict:
