@@ -150,7 +150,9 @@ def _render_lint(out: Console, report: LintReport) -> None:
     out.print(f"[bold]{escape(report.file)}[/]: {len(report.metrics)} metrics in "
               f"{report.exprs} expressions: {status}", highlight=False)
     for stale in report.stale:
-        seen = "" if stale.present_in_source is not False else " (absent from the source)"
+        # In the words of the --metrics option: the file or /metrics page the user gave.
+        seen = ("" if stale.present_in_source is not False
+                else " (missing from the --metrics file or page)")
         out.print(f"  [yellow]stale[/]    {escape(stale.name)} → {escape(stale.replacement)}"
                   f"{seen}   [dim]{escape(_where(report.metrics[stale.name]))}",
                   highlight=False)

@@ -100,9 +100,23 @@ class _Stream:
             return obj
 
 
+# Files people hand to `trace` by mistake: what they are, and the command that reads them.
+# SQLite files are known by their header; Nsight's binary reports by their name.
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+_NSYS_REPORTS = (".nsys-rep", ".qdrep")
+
+
 def _open_text(path: Path) -> IO[str]:
+    if path.name.endswith(_NSYS_REPORTS):
+        raise TraceError(str(path), "not a torch-profiler trace: this is an Nsight Systems "
+                                    "report; export it with `nsys export --type sqlite` and "
+                                    "use `phaseprobe nsys`")
     with open(path, "rb") as raw:
-        magic = raw.read(2)
+        head = raw.read(16)
+    if head.startswith(_SQLITE_MAGIC):
+        raise TraceError(str(path), "not a torch-profiler trace: this is an SQLite database "
+                                    "(an Nsight Systems export?): use `phaseprobe nsys`")
+    magic = head[:2]
     if magic == b"\x1f\x8b":
         return gzip.open(path, "rt", encoding="utf-8")
     return open(path, encoding="utf-8")

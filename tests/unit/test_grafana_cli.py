@@ -57,6 +57,8 @@ def test_lint_reports_each_stale_name_with_its_replacement(stale_file, capsys):
     for old, new in EXPECTED_STALE.items():
         assert f"{old} → {new}" in out
     assert "GPU KV Cache Hit Rate" in out  # where it is used
+    # In the user's words (issue 16: it said "(absent from the source)").
+    assert "(missing from the --metrics file or page)" in out and "source)" not in out
 
     assert _main(["grafana", "lint", str(stale_file), "--json"]) == 1
     doc = json.loads(capsys.readouterr().out)

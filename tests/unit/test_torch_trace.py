@@ -168,6 +168,21 @@ def test_truncated_gzip_is_a_typed_error(tmp_path: Path) -> None:
         read_torch_trace(tmp_path / "missing.json")
 
 
+def test_an_nsight_export_given_to_trace_says_which_command_reads_it(tmp_path: Path) -> None:
+    # Issue 16: an Nsight .sqlite given to `trace` said "truncated or corrupt gzip?".
+    import sqlite3
+
+    path = tmp_path / "report.sqlite"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER, end INTEGER)")
+    with pytest.raises(TraceError, match=r"report\.sqlite.*Nsight.*use `phaseprobe nsys`"):
+        read_torch_trace(path)
+    rep = tmp_path / "report.nsys-rep"
+    rep.write_bytes(b"\x00" * 64)
+    with pytest.raises(TraceError, match="nsys export --type sqlite"):
+        read_torch_trace(rep)
+
+
 @settings(max_examples=150, deadline=None)
 @given(st.integers(min_value=0, max_value=3000), st.binary(max_size=20))
 def test_fuzz_truncated_or_garbled_traces_raise_only_trace_error(cut: int, junk: bytes) -> None:
