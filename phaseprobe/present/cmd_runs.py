@@ -7,7 +7,9 @@ The medians are those of isolated requests (or requests whose isolation could no
 ``batch`` and ``interfere`` experiments also hold runs that shared the server *on purpose*
 (batch streams, the A/B pairs of interfere): they are stored ``ok`` with isolation unverified,
 so without care they would pass for unchecked single requests. They are shown, marked
-"concurrent", and left out of the medians; the probe's own command reports them.
+"concurrent", and left out of the medians; the probe's own command reports them. Runs whose
+client timeline contradicts the server's phases (a stalled client, a buffered stream:
+:mod:`phaseprobe.analysis.client_check`) are left out too, each with its reason.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ import json
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
+from phaseprobe.analysis.client_check import client_verdict, has_hop
 from phaseprobe.analysis.interplay import CONCURRENT_KINDS, concurrent_by_design
-from phaseprobe.analysis.phases import summarize
+from phaseprobe.analysis.phases import medians_runs, summarize
 from phaseprobe.errors import ConfigError
 from phaseprobe.paths import default_store_path
 from phaseprobe.present.args import store_and_json_args
@@ -66,7 +70,11 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
         exp = store.experiment(exp_id)
         runs = store.runs(exp_id)
     concurrent = [r for r in runs if concurrent_by_design(r)]
-    summary = summarize([r for r in runs if not concurrent_by_design(r)])
+    single = [r for r in runs if not concurrent_by_design(r)]
+    summary = summarize(single)
+    hop = has_hop(exp.spec.endpoint)
+    inconsistent = {r.seq: "; ".join(client_verdict(r, hop).reasons)
+                    for r in medians_runs(single)[1]}
     why = None
     if concurrent:
         why = (f"{len(concurrent)} of {len(runs)} runs of this {exp.kind} experiment shared the "
@@ -77,7 +85,11 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
                "spec": exp.spec.to_dict(), "server": exp.server_info, "notes": list(exp.notes),
                "summary": summary.to_dict(),
                "excluded_from_summary": {"concurrent_by_design": len(concurrent),
-                                         "seqs": [r.seq for r in concurrent], "why": why},
+                                         "seqs": [r.seq for r in concurrent], "why": why,
+                                         "client_inconsistent": len(inconsistent),
+                                         "client_inconsistent_reasons": {
+                                             str(seq): why_ for seq, why_ in
+                                             inconsistent.items()}},
                "runs": [r.to_dict() for r in runs]}
         out.out(json.dumps(doc), highlight=False)
     else:
@@ -85,6 +97,11 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
         render_probe(out, runs, summary, exp.server_info, exp.notes, exp_id)
         if why:
             out.print(f"[yellow]left out:[/] {why}")
+        for seq, reason in inconsistent.items():
+            # The probe's notes already say it for runs judged when they were measured.
+            if not any(n.startswith(f"run {seq + 1} left out of the medians") for n in exp.notes):
+                out.print(f"[yellow]left out:[/] run {seq + 1}: its client timeline contradicts "
+                          f"the server's phases: {escape(reason)}")
     return 0
 
 

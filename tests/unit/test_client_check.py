@@ -220,3 +220,25 @@ def test_summary_itl_is_the_median_of_each_runs_percentiles():
     pooled = a.itl_s + b.itl_s + c.itl_s
     assert percentile(pooled, 50) == pytest.approx(0.001)  # what the old summary printed
     assert s.itl_pooled_p99_s == pytest.approx(percentile(pooled, 99))
+
+
+def test_runs_command_lists_the_left_out_run_with_its_reason(tmp_path, runs, capsys):
+    from phaseprobe.present.cli import main
+
+    path = tmp_path / "s.sqlite"
+    spec = RunSpec(endpoint="http://127.0.0.1:8000", model="m", prompt="p", max_tokens=64)
+    with Store(path) as store:
+        eid = store.create_experiment(Experiment(name="p", kind="probe", spec=spec,
+                                                 server_info={}, created_wall_ns=1))
+        for r in runs:  # stored without a verdict, as an older phaseprobe wrote them
+            store.add_run(eid, r)
+    assert main(["runs", str(eid), "--store", str(path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["summary"]["n_clean"] == 3 and doc["summary"]["n_client_inconsistent"] == 1
+    left = doc["excluded_from_summary"]
+    assert left["client_inconsistent"] == 1
+    assert "client TTFT 904.0 ms vs server TTFT 106.0 ms" in \
+        left["client_inconsistent_reasons"]["1"]
+    assert main(["runs", str(eid), "--store", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "left out: run 2: its client timeline contradicts" in " ".join(text.split())
