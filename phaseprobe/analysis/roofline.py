@@ -16,8 +16,14 @@ For a request with P prompt tokens and N completion tokens, single sequence (bat
   — but never faster than streaming the weights in once and writing P tokens of KV out, so the
   bound is the larger of the two (``prefill_bound_kind`` says which). Measured = ``prefill_s``.
 * **efficiency** = bound / measured (1.0 = at the roofline; 0.25 = four times slower than the
-  hardware allows). Above 1 means the inputs are wrong (peaks too low, wrong dtype, a prefix
-  cache hit made prefill shorter than P tokens of work).
+  hardware allows). A measured time below its bound is physically impossible: the inputs are
+  wrong (peak underestimated, another dtype or kernel than calibrated, a model config larger
+  than the served model, a prefix-cache hit). Such a phase is never reported as an efficiency:
+  ``*_efficiency`` is None, ``*_bound_beaten`` is True and ``*_bound_ratio`` keeps the raw
+  bound / measured; :func:`bound_beaten_message` is the one wording every front end uses.
+
+The LM head runs on the sampled position only (vLLM computes logits for the last prompt token,
+not for every one), so prefill counts its FLOPs once, not P times.
 
 Anything unknown (no server phases, no model config, no peak for this dtype) leaves the
 dependent fields ``None``; ``notes`` says why.
@@ -37,6 +43,9 @@ from phaseprobe.records import Run
 __all__ = [
     "ModelCost",
     "Peaks",
+    "bound_beaten_message",
+    "fmt_duration",
+    "fmt_efficiency",
     "PhaseRoofline",
     "peaks_from_spec",
     "roofline",
@@ -52,13 +61,17 @@ class ModelCost:
 
     weight_bytes: float  # read once per decode step (MoE: the experts one token uses)
     kv_bytes_per_token: float  # all layers, one model copy
-    linear_flops_per_token: float  # 2 × weights multiplied per token
+    linear_flops_per_token: float  # 2 × weights multiplied per token (LM head included)
     attention_flops_per_position: float = 0.0  # QKᵀ + AV per (query, cached position) pair
+    lm_head_flops_per_token: float = 0.0  # the part of linear_flops_per_token that is the head
 
     def prefill_flops(self, prompt_tokens: int) -> float:
-        """Causal prefill: token i attends to i positions, Σ i = P(P+1)/2."""
+        """Causal prefill: token i attends to i positions, Σ i = P(P+1)/2; the LM head runs
+        once (on the last position, the one sampled), not once per prompt token."""
         p = prompt_tokens
-        return (self.linear_flops_per_token * p
+        body = self.linear_flops_per_token - self.lm_head_flops_per_token
+        head = self.lm_head_flops_per_token if p > 0 else 0.0
+        return (body * p + head
                 + self.attention_flops_per_position * p * (p + 1) / 2)
 
 
@@ -106,10 +119,20 @@ class PhaseRoofline:
     prefill_measured_s: float | None
     prefill_efficiency: float | None
     notes: tuple[str, ...] = ()
+    # bound / measured, raw (above 1: the bound was beaten, so the efficiency above is None).
+    decode_bound_ratio: float | None = None
+    prefill_bound_ratio: float | None = None
+    decode_bound_beaten: bool = False
+    prefill_bound_beaten: bool = False
+
+    @property
+    def bound_beaten(self) -> bool:
+        return self.decode_bound_beaten or self.prefill_bound_beaten
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["notes"] = list(self.notes)
+        d["bound_beaten"] = self.bound_beaten
         return d
 
 
@@ -117,6 +140,64 @@ def _ratio(bound: float | None, measured: float | None) -> float | None:
     if bound is None or measured is None or measured <= 0:
         return None
     return bound / measured
+
+
+def is_beaten(ratio: float | None) -> bool:
+    """bound / measured above 1: the phase ran faster than physics allows with these inputs."""
+    return ratio is not None and ratio > 1.0
+
+
+def fmt_duration(seconds: float | None, digits: int = 3) -> str:
+    """A duration with its unit, ``digits`` significant figures, never rounded to zero:
+    ``0.0000123`` → ``"12.3 µs"``, ``2.5e-9`` → ``"2.50 ns"``, ``0.1609`` → ``"161 ms"``."""
+    if seconds is None:
+        return "—"
+    if seconds != seconds:  # NaN
+        return "?"
+    if seconds == 0:
+        return "0 s"
+    sign = "-" if seconds < 0 else ""
+    v = abs(seconds)
+    units = ((1e-9, "ns"), (1e-6, "µs"), (1e-3, "ms"), (1.0, "s"))
+    i = max([k for k, (scale, _) in enumerate(units) if v >= scale], default=0)
+    while True:
+        scale, unit = units[i]
+        x = v / scale
+        if x < 0.9995:  # below a nanosecond: significant figures, never "0.00"
+            return f"{sign}{x:.{digits}g} {unit}"
+        decimals = max(0, digits - len(str(int(round(x, 6)))))
+        text = f"{x:.{decimals}f}"
+        if float(text) >= 1000 and i < len(units) - 1:  # 999.96 µs rounds up: 1.00 ms
+            i += 1
+            continue
+        return f"{sign}{text} {unit}"
+
+
+def fmt_efficiency(ratio: float | None) -> str:
+    """An efficiency as a percentage, small ones to two significant figures (``0.028 %``),
+    never ``0.0 %`` for a ratio that is not zero."""
+    if ratio is None:
+        return "—"
+    pct = ratio * 100
+    if pct == 0 or pct >= 10:
+        return f"{pct:.1f} %"
+    return f"{pct:.2g} %" if pct >= 1 else f"{pct:.2g} %".replace("e-0", "e-")
+
+
+def bound_beaten_message(phase: str, bound_s: float | None, measured_s: float | None,
+                         kind: str | None, peaks_origin: str) -> str:
+    """The one wording for a phase measured faster than its physical bound (CLI, ``runs``,
+    dashboard): it is not an efficiency, it says which peak is underestimated."""
+    peak = "memory bandwidth" if kind == "memory" else "matmul FLOP/s"
+    unit = " per token" if phase == "decode" else ""
+    times = ""
+    if bound_s is not None and measured_s is not None and measured_s > 0:
+        times = (f" ({fmt_duration(measured_s)}{unit} measured vs bound "
+                 f"{fmt_duration(bound_s)}{unit}, {bound_s / measured_s:.1f}× faster)")
+    extra = " or a prefix-cache hit shortened it" if phase == "prefill" else ""
+    return (f"{phase} ran faster than its physical bound{times}: the peak {peak} is "
+            f"underestimated (peaks used: {peaks_origin}), or the model config is larger than "
+            f"the served model{extra}; no efficiency is given")
 
 
 def roofline(prompt_tokens: int | None, completion_tokens: int | None,
@@ -165,11 +246,14 @@ def roofline(prompt_tokens: int | None, completion_tokens: int | None,
             p_bound, kind = m_bound, "memory"
     if prefill_s is None:
         notes.append("server prefill time unknown")
-    d_eff, p_eff = _ratio(d_bound, d_meas), _ratio(p_bound, prefill_s)
-    for phase, eff in (("decode", d_eff), ("prefill", p_eff)):
-        if eff is not None and eff > 1:
-            notes.append(f"{phase} ran faster than its bound: peaks too low, another dtype, "
-                         f"or (prefill) a prefix-cache hit")
+    d_ratio, p_ratio = _ratio(d_bound, d_meas), _ratio(p_bound, prefill_s)
+    d_beaten, p_beaten = is_beaten(d_ratio), is_beaten(p_ratio)
+    if d_beaten:
+        notes.append(bound_beaten_message("decode", d_bound, d_meas, "memory", peaks.origin))
+    if p_beaten:
+        notes.append(bound_beaten_message("prefill", p_bound, prefill_s, kind, peaks.origin))
+    d_eff = None if d_beaten else d_ratio
+    p_eff = None if p_beaten else p_ratio
 
     return PhaseRoofline(
         prompt_tokens=p, completion_tokens=n, peaks_origin=peaks.origin,
@@ -178,7 +262,8 @@ def roofline(prompt_tokens: int | None, completion_tokens: int | None,
         decode_efficiency=d_eff,
         prefill_flops=flops, prefill_compute_bound_s=c_bound, prefill_memory_bound_s=m_bound,
         prefill_bound_s=p_bound, prefill_bound_kind=kind, prefill_measured_s=prefill_s,
-        prefill_efficiency=p_eff, notes=tuple(notes))
+        prefill_efficiency=p_eff, notes=tuple(notes), decode_bound_ratio=d_ratio,
+        prefill_bound_ratio=p_ratio, decode_bound_beaten=d_beaten, prefill_bound_beaten=p_beaten)
 
 
 def roofline_for_run(run: Run, cost: ModelCost | None, peaks: Peaks) -> PhaseRoofline:
@@ -209,9 +294,11 @@ def model_cost(shape: model_math.ModelShape, dtype: str | None = None,
     # A batch-1 decode step reads what decode_weight_bytes counts (not the embedding table,
     # which is a row lookup; only the routed experts in use for MoE).
     read = model_math.decode_weight_bytes(params, fmt, shape, batch_size=1)
+    head = params.lm_head if params.lm_head else params.embedding
     return ModelCost(weight_bytes=float(read),
                      kv_bytes_per_token=float(kv), linear_flops_per_token=float(at0),
-                     attention_flops_per_position=float(per_position))
+                     attention_flops_per_position=float(per_position),
+                     lm_head_flops_per_token=float(2 * head))
 
 
 def model_cost_from_config(path: str | Path, dtype: str | None = None,

@@ -3,7 +3,10 @@
 Two inputs come from outside the runs: the model's ``config.json`` (the local vLLM's
 ``/v1/models`` ``root`` is its directory; for a remote server pass ``--model-config``) and the
 hardware peaks (a datasheet row such as ``h100-sxm``, or this machine's ``phaseprobe
-calibrate`` result). Without either, the report says what is missing instead of guessing.
+calibrate`` result, in the dtype the model is served in). Without either, the report says
+what is missing instead of guessing. Both options are checked before any run
+(:func:`validate_options`, :func:`check_against_server`): a config that is not the served
+model's is refused, naming the fields that differ.
 """
 
 from __future__ import annotations
@@ -14,26 +17,36 @@ from pathlib import Path
 from typing import Any
 
 from phaseprobe import calibrate
+from phaseprobe.analysis import model_math
 from phaseprobe.analysis.gpu_peaks import lookup
+from phaseprobe.analysis.model_match import Mismatch, compare_with_server, describe
 from phaseprobe.analysis.roofline import (
     ModelCost,
     Peaks,
+    bound_beaten_message,
+    is_beaten,
     model_cost_from_config,
     peaks_from_spec,
     roofline_for_run,
 )
 from phaseprobe.collect.experiment import ProbeResult
-from phaseprobe.errors import PhaseprobeError
+from phaseprobe.errors import ConfigError, PhaseprobeError
 from phaseprobe.records import Run
 from phaseprobe.store import Store
 
-__all__ = ["efficiency_report", "kv_reservation_report", "model_config_path", "resolve_peaks"]
+__all__ = ["check_against_server", "efficiency_report", "kv_reservation_report",
+           "model_config_mismatches", "model_config_path", "resolve_peaks", "served_dtype",
+           "validate_options"]
 
 
 def model_config_path(server_info: dict[str, Any], explicit: str | None) -> Path | None:
     """``--model-config``, else the served model's ``root`` when it is a local directory."""
     if explicit:
         return Path(explicit)
+    return _served_root(server_info)
+
+
+def _served_root(server_info: dict[str, Any]) -> Path | None:
     for model in server_info.get("models") or []:
         root = model.get("root") if isinstance(model, dict) else None
         if root and (Path(root) / "config.json").is_file():
@@ -52,40 +65,132 @@ def resolve_peaks(choice: str | None, dtype: str = "bf16") -> Peaks | None:
     return peaks_from_spec(lookup(choice), dtype)
 
 
+def served_dtype(path: Path) -> str:
+    """The activation dtype the server computes in, as the config says (fp32 checkpoints are
+    served as fp16 by vLLM's ``--dtype auto``): the dtype whose peak the roofline uses."""
+    cfg, source = model_math.load_config(path)
+    return model_math.weight_format(model_math.parse_shape(cfg, source)).base_dtype
+
+
+def model_config_mismatches(path: Path, server_info: dict[str, Any]) -> list[Mismatch]:
+    """What the server reports that ``path``'s config contradicts (nothing to compare with
+    when ``path`` is the served model's own directory)."""
+    cfg, _ = model_math.load_config(path)
+    root = _served_root(server_info)
+    served: dict[str, Any] | None = None
+    source = ""
+    if root is not None:
+        served, source = model_math.load_config(root)
+        if Path(source).resolve() == Path(model_math.load_config(path)[1]).resolve():
+            served = None  # the same file: comparing it with itself proves nothing
+    return compare_with_server(cfg, server_info, served_config=served,
+                               served_config_source=f"the server's {source}" if source else "")
+
+
+def validate_options(peaks_choice: str | None, model_config: str | None) -> None:
+    """Everything about ``--peaks`` and ``--model-config`` that needs no server: checked
+    before any run (ConfigError naming the option)."""
+    if model_config is not None:
+        cfg, source = model_math.load_config(model_config)
+        model_math.parse_shape(cfg, source)
+    if peaks_choice is None:
+        return
+    if peaks_choice == "calibrated":
+        if calibrate.load() is None:
+            raise ConfigError(f"--peaks calibrated: no calibration stored in "
+                              f"{calibrate.calibration_path()}; run `phaseprobe calibrate` "
+                              f"first")
+        return
+    try:
+        lookup(peaks_choice)
+    except ConfigError as exc:
+        raise ConfigError(f"--peaks: {exc}") from None
+
+
+def check_against_server(server_info: dict[str, Any], model_config: str | None, *,
+                         force: bool = False) -> list[str]:
+    """``--model-config`` against the server (before the runs): ConfigError naming the
+    mismatching fields, or with ``force`` the same text as a warning to print."""
+    if model_config is None:
+        return []
+    mismatches = model_config_mismatches(Path(model_config), server_info)
+    if not mismatches:
+        return []
+    text = describe(mismatches, model_config)
+    if not force:
+        raise ConfigError(f"{text} (or --force-model-config to use it anyway)")
+    return [f"{text}; used anyway (--force-model-config): the roofline is not this server's"]
+
+
 def _median(values: Sequence[float | None]) -> float | None:
     vals = [v for v in values if v is not None]
     return statistics.median(vals) if vals else None
 
 
 def efficiency_report(runs: Sequence[Run], server_info: dict[str, Any], *,
-                      peaks_choice: str | None, model_config: str | None) -> dict[str, Any]:
-    """Per-run roofline and medians, or ``{"skipped": reason}``."""
+                      peaks_choice: str | None, model_config: str | None,
+                      force: bool = False) -> dict[str, Any]:
+    """Per-run roofline and medians, or ``{"skipped": reason}``.
+
+    A phase whose median bound / measured is above 1 (or any run of it) beat its bound: its
+    efficiency is None, ``<phase>_bound_beaten`` is True, ``<phase>_bound_ratio`` keeps the
+    raw median and ``warnings`` says which peak is underestimated.
+    """
     if peaks_choice is None:
         return {"skipped": "no hardware peaks: pass --peaks GPU (e.g. h100-sxm) or run "
                            "`phaseprobe calibrate` and pass --peaks calibrated"}
+    warnings: list[str] = []
     try:
-        peaks = resolve_peaks(peaks_choice)
-        if peaks is None:
-            return {"skipped": "no stored calibration: run `phaseprobe calibrate` first"}
         path = model_config_path(server_info, model_config)
         if path is None:
             return {"skipped": "the model's config.json is not reachable from here: pass "
                                "--model-config PATH"}
+        mismatches = model_config_mismatches(path, server_info)
+        if mismatches:
+            if not force:
+                return {"skipped": describe(mismatches, str(path)),
+                        "model_config_mismatches": [str(m) for m in mismatches]}
+            warnings.append(f"{describe(mismatches, str(path))}; used anyway")
+        dtype = served_dtype(path)
+        peaks = resolve_peaks(peaks_choice, dtype)
+        if peaks is None:
+            return {"skipped": "no stored calibration: run `phaseprobe calibrate` first"}
         cost: ModelCost = model_cost_from_config(path)
     except PhaseprobeError as exc:
         return {"skipped": str(exc)}
     done = [r for r in runs if r.status != "error"]
     per_run = [roofline_for_run(r, cost, peaks) for r in done]
+    phases: dict[str, Any] = {}
+    for phase, bound_key, meas_key, kind in (
+            ("decode", "decode_bound_s_per_token", "decode_measured_s_per_token", "memory"),
+            ("prefill", "prefill_bound_s", "prefill_measured_s", None)):
+        ratio = _median([getattr(r, f"{phase}_bound_ratio") for r in per_run])
+        beaten = is_beaten(ratio) or any(getattr(r, f"{phase}_bound_beaten") for r in per_run)
+        bound = _median([getattr(r, bound_key) for r in per_run])
+        measured = _median([getattr(r, meas_key) for r in per_run])
+        phases[f"{phase}_efficiency"] = None if beaten else ratio
+        phases[f"{phase}_bound_ratio"] = ratio
+        phases[f"{phase}_bound_beaten"] = beaten
+        if beaten:
+            k = kind or (per_run[0].prefill_bound_kind if per_run else None)
+            warnings.append(bound_beaten_message(phase, bound, measured, k, peaks.origin))
     return {
         "peaks": peaks.origin,
+        "peaks_dtype": dtype,
         "model_config": str(path),
-        "decode_efficiency": _median([r.decode_efficiency for r in per_run]),
+        "decode_efficiency": phases["decode_efficiency"],
         "decode_bound_s_per_token": _median([r.decode_bound_s_per_token for r in per_run]),
         "decode_measured_s_per_token": _median([r.decode_measured_s_per_token for r in per_run]),
-        "prefill_efficiency": _median([r.prefill_efficiency for r in per_run]),
+        "prefill_efficiency": phases["prefill_efficiency"],
         "prefill_bound_s": _median([r.prefill_bound_s for r in per_run]),
         "prefill_bound_kind": per_run[0].prefill_bound_kind if per_run else None,
         "prefill_measured_s": _median([r.prefill_measured_s for r in per_run]),
+        "decode_bound_ratio": phases["decode_bound_ratio"],
+        "prefill_bound_ratio": phases["prefill_bound_ratio"],
+        "decode_bound_beaten": phases["decode_bound_beaten"],
+        "prefill_bound_beaten": phases["prefill_bound_beaten"],
+        "bound_beaten": phases["decode_bound_beaten"] or phases["prefill_bound_beaten"],
+        "warnings": warnings,
         "runs": [{"seq": r.seq, **rl.to_dict()} for r, rl in zip(done, per_run)],
     }
 

@@ -22,6 +22,7 @@ from rich.table import Table
 
 from phaseprobe.analysis.interplay import CONCURRENT_KINDS, concurrent_by_design
 from phaseprobe.analysis.phases import Summary, percentile
+from phaseprobe.analysis.roofline import fmt_duration, fmt_efficiency
 from phaseprobe.records import Run
 
 __all__ = ["RichProgress", "progress_bar", "render_probe", "render_experiments",
@@ -148,16 +149,23 @@ def render_prom_comparison(console: Console, prom: dict[str, Any]) -> None:
 
 
 def render_efficiency(console: Console, eff: dict[str, Any]) -> None:
-    """One line per phase: physical bound, measured, and their ratio (the efficiency)."""
+    """The roofline line: each phase's physical bound, measured time and efficiency; a phase
+    that beat its bound gets no efficiency but a warning naming the underestimated peak."""
     if "skipped" in eff:
-        console.print(f"[dim]roofline: {eff['skipped']}")
+        console.print(f"[dim]roofline: {escape(str(eff['skipped']))}", highlight=False)
         return
 
-    def pct(v: float | None) -> str:
-        return "—" if v is None else f"{v:.1%}"
+    def verdict(phase: str) -> str:
+        if eff.get(f"{phase}_bound_beaten"):
+            return "[red]bound beaten[/] (see below)"
+        v = eff.get(f"{phase}_efficiency")
+        return f"efficiency {fmt_efficiency(v)}"
     console.print(
-        f"roofline ({eff['peaks']}): decode bound {ms(eff['decode_bound_s_per_token'], 3)} "
-        f"ms/token vs measured {ms(eff['decode_measured_s_per_token'], 3)} ms/token → "
-        f"efficiency {pct(eff['decode_efficiency'])} · prefill bound "
-        f"({eff['prefill_bound_kind'] or '?'}) {ms(eff['prefill_bound_s'], 3)} ms vs "
-        f"{ms(eff['prefill_measured_s'], 2)} ms → {pct(eff['prefill_efficiency'])}")
+        f"roofline ({escape(str(eff['peaks']))}): decode bound "
+        f"{fmt_duration(eff['decode_bound_s_per_token'])}/token vs measured "
+        f"{fmt_duration(eff['decode_measured_s_per_token'])}/token → {verdict('decode')} · "
+        f"prefill bound ({eff['prefill_bound_kind'] or '?'}) "
+        f"{fmt_duration(eff['prefill_bound_s'])} vs {fmt_duration(eff['prefill_measured_s'])} "
+        f"→ {verdict('prefill')}", highlight=False)
+    for warning in eff.get("warnings") or []:
+        console.print(f"[yellow]roofline warning:[/] {escape(warning)}", highlight=False)

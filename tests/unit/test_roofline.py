@@ -92,8 +92,11 @@ def test_missing_inputs_give_none_and_say_why():
     assert nothing.to_dict()["notes"]  # JSON-able
 
     too_fast = roofline(2000, 64, 0.01, 0.1, LLAMA70B, H100)  # 10 ms for 288 ms of math
-    assert too_fast.prefill_efficiency > 1 and too_fast.decode_efficiency > 1
-    assert any("prefill ran faster than its bound" in n for n in too_fast.notes)
+    # Faster than physics: not an efficiency, a flag and the raw ratio.
+    assert too_fast.prefill_efficiency is None and too_fast.decode_efficiency is None
+    assert too_fast.prefill_bound_beaten and too_fast.decode_bound_beaten
+    assert too_fast.prefill_bound_ratio > 1 and too_fast.decode_bound_ratio > 1
+    assert any("prefill ran faster than its physical bound" in n for n in too_fast.notes)
 
 
 def _run(prompt_tokens, completion_tokens, server: ServerPhases | None, isolated=True) -> Run:
