@@ -102,6 +102,9 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
         context_from = "max context per user"
         if shape.max_context_tokens and context > shape.max_context_tokens:
             context, context_from = shape.max_context_tokens, "model maximum"
+        if context <= 0:  # nothing fits: FLOPs "of 0 tokens" would say nothing
+            context = min(shape.max_context_tokens or 2048, 2048)
+            context_from = "2,048 or the model maximum: no KV fits, pass --context"
     doc: dict[str, Any] = {
         "config": source, "model_type": shape.model_type, "num_layers": shape.num_layers,
         "hidden_size": shape.hidden_size,
@@ -157,6 +160,26 @@ def _bytes(n: float) -> str:
     return f"{n:,.0f} B"
 
 
+def _flops(n: float) -> str:
+    """FLOPs with SI prefixes: ``160.48 GFLOP`` (a bare "B" would read as bytes)."""
+    for unit, size in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6),
+                       ("kFLOP", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n:.0f} FLOP"
+
+
+def _budget_row(plan: dict[str, Any]) -> tuple[str, str]:
+    """The KV budget, or by how much the weights and the reserve overrun the usable memory."""
+    if plan["kv_budget_bytes"] > 0:
+        return _bytes(plan["kv_budget_bytes"]), "usable − weights − reserve"
+    short = plan["weight_bytes"] + plan["reserve_bytes"] - plan["usable_bytes"]
+    return (f"none: short by {_bytes(short)}",
+            f"weights {_bytes(plan['weight_bytes'])} + reserve {_bytes(plan['reserve_bytes'])} "
+            f"> usable {_bytes(plan['usable_bytes'])}: more GPUs (--gpus), a smaller --dtype, "
+            f"or larger GPUs")
+
+
 def _count(n: float) -> str:
     for unit, size in (("P", 1e15), ("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(n) >= size:
@@ -173,7 +196,7 @@ def _render(out: Console, doc: dict[str, Any]) -> None:
     table.add_column("value", justify="right")
     table.add_column("how", style="dim")
     active = f"; {_count(p['active'])} active per token" if doc["moe"] else ""
-    table.add_row("parameters", f"{_count(p['total'])}", f"{p['total']:,}{active}")
+    table.add_row("parameters", f"{_count(p['total'])}", f"{p['total']:,} parameters{active}")
     table.add_row("weights", _bytes(w["bytes"]),
                   f"{w['name']} linear layers ({w['source']}), {w['base_dtype']} embeddings")
     layers, elem = doc["num_layers"], f"{kv['bytes_per_element']:g} B ({kv['dtype']})"
@@ -189,7 +212,7 @@ def _render(out: Console, doc: dict[str, Any]) -> None:
                   f"{plan['gpus']} × {gib:g} GiB × {plan['gpu_memory_utilization']:g}")
     table.add_row("reserve", _bytes(plan["reserve_bytes"]),
                   f"{plan['gpus']} × {_bytes(plan['reserve_bytes_per_gpu'])}")
-    table.add_row("KV budget", _bytes(plan["kv_budget_bytes"]), "usable − weights − reserve")
+    table.add_row("KV budget", *_budget_row(plan))
     rep = plan["kv_replication"]
     table.add_row("KV capacity", f"{plan['kv_capacity_tokens']:,} tokens",
                   f"budget / KV per token{f' × {rep} copies (GPUs > KV heads)' if rep > 1 else ''}")
@@ -199,10 +222,10 @@ def _render(out: Console, doc: dict[str, Any]) -> None:
     table.add_row(f"max context per user ({n} user{'s' if n > 1 else ''})",
                   f"{plan['max_context_per_user_tokens']:,} tokens", f"capacity / users{note}")
     c = doc["context_tokens"]
-    table.add_row(f"decode FLOPs per token @ {c:,}", _count(doc["flops"]["decode_per_token"]),
-                  f"2 × {_count(p['matmul_active'])} + attention (context from "
+    table.add_row(f"decode FLOPs per token @ {c:,}", _flops(doc["flops"]["decode_per_token"]),
+                  f"2 × {_count(p['matmul_active'])} parameters + attention (context from "
                   f"{doc['context_from']})")
-    table.add_row(f"prefill FLOPs of {c:,} tokens", _count(doc["flops"]["prefill_of_context"]),
+    table.add_row(f"prefill FLOPs of {c:,} tokens", _flops(doc["flops"]["prefill_of_context"]),
                   "2 × weights × P + causal attention")
     for f in doc["decode_floor"] or []:
         table.add_row(f"decode floor, batch {f['batch_size']} @ {c:,}",

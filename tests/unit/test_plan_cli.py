@@ -110,3 +110,17 @@ def test_config_directory_is_accepted(tmp_path, capsys):
                   "--json"])
     assert code == 0
     assert json.loads(capsys.readouterr().out)["config"] == str(tmp_path / "config.json")
+
+
+def test_flops_have_their_unit_and_a_short_budget_says_by_how_much(capsys):
+    # Issue 16: FLOPs printed as "160.48 B"; "KV budget 0 B" with no word on why.
+    code = _main(["plan", "--config", LLAMA3_70B, "--gpu-mem-gb", "40"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert code == 1  # does not fit
+    flops_row = out.split("decode FLOPs")[1].split("│")[1]
+    assert flops_row.strip().endswith("GFLOP"), flops_row
+    # 70.55 B params in bf16 = 131.42 GiB + 2 GiB reserve against 36 GiB usable.
+    assert "none: short by 97.42 GiB" in out
+    assert "weights 131.42 GiB + reserve 2.00 GiB > usable 36.00 GiB" in out
+    # Nothing fits: the FLOPs are given at a stated context, not "of 0 tokens".
+    assert "prefill FLOPs of 0 tokens" not in out and "@ 2,048" in out
