@@ -34,9 +34,9 @@ from phaseprobe.errors import ConfigError, PhaseprobeError
 from phaseprobe.records import Run
 from phaseprobe.store import Store
 
-__all__ = ["check_against_server", "efficiency_report", "kv_reservation_report",
-           "model_config_mismatches", "model_config_path", "resolve_peaks", "served_dtype",
-           "validate_options"]
+__all__ = ["check_against_server", "efficiency_report", "fetch_server_info",
+           "kv_reservation_report", "model_config_mismatches", "model_config_path", "preflight",
+           "resolve_peaks", "served_dtype", "validate_options"]
 
 
 def model_config_path(server_info: dict[str, Any], explicit: str | None) -> Path | None:
@@ -120,6 +120,42 @@ def check_against_server(server_info: dict[str, Any], model_config: str | None, 
     if not force:
         raise ConfigError(f"{text} (or --force-model-config to use it anyway)")
     return [f"{text}; used anyway (--force-model-config): the roofline is not this server's"]
+
+
+def fetch_server_info(endpoint: str, api_key: str | None) -> dict[str, Any]:
+    """What the server says about itself before any run (``/v1/models``, ``/version`` and
+    ``vllm:cache_config_info``), the same dict the probe stores as ``server_info``."""
+    import requests
+
+    from phaseprobe.collect.experiment import server_info
+    from phaseprobe.errors import MetricsUnavailable
+    from phaseprobe.sources.openai_stream import check_endpoint
+    from phaseprobe.sources.vllm_metrics import MetricsScraper
+
+    session = requests.Session()
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    models = check_endpoint(endpoint, session=session, headers=headers)
+    try:
+        snap = MetricsScraper(endpoint, session=session, headers=headers).scrape()
+    except MetricsUnavailable:
+        snap = None
+    return server_info(endpoint, session, headers, models, snap)
+
+
+def preflight(endpoint: str, api_key: str | None, peaks_choice: str | None,
+              model_config: str | None, *, force: bool = False) -> list[str]:
+    """The server-side half of the checks, before any run: ``--model-config`` against what
+    the server reports (ConfigError on a mismatch unless ``force``), and whether the roofline
+    will be computable at all. Returns warnings to print."""
+    if peaks_choice is None and model_config is None:
+        return []
+    info = fetch_server_info(endpoint, api_key)
+    warnings = check_against_server(info, model_config, force=force)
+    if peaks_choice is not None and model_config_path(info, model_config) is None:
+        warnings.append("--peaks given, but the served model's config.json is not reachable "
+                        "from here (/v1/models names no local directory): pass --model-config "
+                        "PATH, or the roofline will be skipped")
+    return warnings
 
 
 def _median(values: Sequence[float | None]) -> float | None:

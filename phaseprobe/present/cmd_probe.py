@@ -18,7 +18,12 @@ from rich.markup import escape
 
 from phaseprobe import calibrate
 from phaseprobe.analysis.phases import summarize
-from phaseprobe.collect.efficiency import efficiency_report, kv_reservation_report
+from phaseprobe.collect.efficiency import (
+    efficiency_report,
+    kv_reservation_report,
+    preflight,
+    validate_options,
+)
 from phaseprobe.collect.experiment import ProbeSettings, run_probe
 from phaseprobe.paths import default_store_path
 from phaseprobe.present.args import non_negative_int, positive_int, store_and_json_args
@@ -112,6 +117,10 @@ def register(subparsers: Any) -> None:
     probe.add_argument("--model-config", metavar="PATH", default=None,
                        help="the served model's config.json (or its directory) for the "
                             "roofline, when /v1/models does not name a local path")
+    probe.add_argument("--force-model-config", action="store_true",
+                       help="use --model-config even when it contradicts what the server "
+                            "reports (hidden size, layers, vocabulary, KV bytes per token...); "
+                            "without it such a config is refused before the runs")
     probe.add_argument("--torch-profile", metavar="DIR", default=None,
                        help="capture vLLM's torch profiler around the measured runs "
                             "(/start_profile, /stop_profile) into DIR and summarise the trace: "
@@ -135,9 +144,17 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     api_key = api_key_from_env(args.api_key_env)
     profile_dir = Path(args.torch_profile).resolve() if args.torch_profile else None
+    # --peaks and --model-config fail here, not after the runs (nor after a 45 s server start).
+    validate_options(args.peaks, args.model_config)
     with ExitStack() as stack:
         endpoint = endpoint_or_local(args.endpoint, stack, err, _profiler_args(profile_dir))
         model = args.model or first_model(endpoint, api_key)
+        peaks_choice = args.peaks
+        if peaks_choice is None and args.endpoint is None and calibrate.load() is not None:
+            peaks_choice = "calibrated"  # the local vLLM runs on this machine's CPU
+        for warning in preflight(endpoint, api_key, peaks_choice, args.model_config,
+                                 force=args.force_model_config):
+            err.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
         target = None if args.prompt is not None else (args.prompt_tokens or 128)
         spec = RunSpec(endpoint=endpoint, model=model, prompt=args.prompt or "",
                        max_tokens=args.max_tokens, api="chat" if args.chat else "completions",
@@ -185,11 +202,12 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
                 prom = sidecar.finish(result.runs)
             if "error" in prom:  # the runs are stored and shown; only the summary is missing
                 err.print(f"[yellow]Prometheus summary unavailable:[/] {escape(prom['error'])}")
-        peaks_choice = args.peaks
-        if peaks_choice is None and args.endpoint is None and calibrate.load() is not None:
-            peaks_choice = "calibrated"  # the local vLLM runs on this machine's CPU
         efficiency = efficiency_report(result.runs, result.server_info,
-                                       peaks_choice=peaks_choice, model_config=args.model_config)
+                                       peaks_choice=peaks_choice, model_config=args.model_config,
+                                       force=args.force_model_config)
+        # Kept with the experiment: `runs` and the dashboard show the same roofline line.
+        store.add_analysis("efficiency", str(efficiency.get("peaks") or "skipped"), efficiency,
+                           result.experiment_id)
         kv_report = None
         if sampler is not None:
             kv_report = kv_reservation_report(store, result, model_config=args.model_config)

@@ -1,0 +1,62 @@
+"""`probe` checks --peaks and --model-config before any run (issue 16): a wrong GPU name, a
+missing config or another model's config fails in a second, not after the runs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from phaseprobe.collect import efficiency as eff_mod
+from phaseprobe.present import cmd_probe
+from phaseprobe.present.cli import main
+from tests.unit.test_roofline_bound import CACHE, LLAMA70B, TINY
+
+
+@pytest.fixture
+def no_runs(monkeypatch):
+    """Any attempt to run the probe (or start a server) fails the test."""
+    def boom(*a, **k):
+        raise AssertionError("the runs started before the options were checked")
+    monkeypatch.setattr(cmd_probe, "run_probe", boom)
+    monkeypatch.setattr(cmd_probe, "endpoint_or_local", lambda endpoint, *a, **k: endpoint)
+    monkeypatch.setattr(cmd_probe, "first_model", lambda *a, **k: "tiny-llama")
+
+
+def test_unknown_peaks_fail_before_anything(no_runs, tmp_path, capsys, monkeypatch):
+    def no_server(*a, **k):
+        raise AssertionError("the server was asked before the options were checked")
+    monkeypatch.setattr(eff_mod, "fetch_server_info", no_server)
+    code = main(["probe", "--endpoint", "http://127.0.0.1:9", "--peaks", "h300",
+                 "--store", str(tmp_path / "s.sqlite")])
+    assert code != 0
+    err = capsys.readouterr().err
+    assert "--peaks: unknown GPU 'h300'" in err and "H200" in err
+
+
+def test_missing_model_config_and_missing_calibration_fail_before_anything(
+        no_runs, tmp_path, capsys, monkeypatch):
+    code = main(["probe", "--endpoint", "http://127.0.0.1:9", "--peaks", "h200",
+                 "--model-config", str(tmp_path / "nope.json")])
+    assert code != 0 and "no such file" in capsys.readouterr().err
+    monkeypatch.setenv("PHASEPROBE_DATA_DIR", str(tmp_path))  # nothing calibrated here
+    code = main(["probe", "--endpoint", "http://127.0.0.1:9", "--peaks", "calibrated"])
+    assert code != 0 and "run `phaseprobe calibrate` first" in capsys.readouterr().err
+
+
+def test_another_models_config_is_refused_before_the_runs(no_runs, tmp_path, capsys,
+                                                          monkeypatch):
+    tiny = tmp_path / "tiny"
+    tiny.mkdir()
+    (tiny / "config.json").write_text(json.dumps(TINY))
+    (tmp_path / "70b.json").write_text(json.dumps(LLAMA70B))
+    info = {"models": [{"id": "tiny-llama", "root": str(tiny), "max_model_len": 1024}],
+            "cache_config": CACHE}
+    monkeypatch.setattr(eff_mod, "fetch_server_info", lambda *a, **k: info)
+    code = main(["probe", "--endpoint", "http://127.0.0.1:9", "--peaks", "h200",
+                 "--model-config", str(tmp_path / "70b.json")])
+    assert code != 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "does not describe the served model" in err
+    assert "hidden_size 8192 in the config vs 128 served" in err
+    assert "--force-model-config" in err
