@@ -34,6 +34,7 @@ from phaseprobe.present import (
     cmd_runs,
     cmd_trace,
 )
+from phaseprobe.present.waiting import waiting
 
 __all__ = ["main", "build_parser"]
 
@@ -88,7 +89,7 @@ def _cmd_local(args: argparse.Namespace, out: Console, err: Console) -> int:
         doc = {"venv": str(venv), "model": str(model), "seconds": time.monotonic() - t0}
         text = f"local vLLM ready: venv {venv}, model {model}"
     elif action == "start":
-        with err.status("starting local vLLM (about 30 s on 2 cores)…"):
+        with waiting(err, "starting local vLLM (about 30 s on 2 cores)…"):
             state = local.start_detached()
         doc = {"started": True, **json.loads(state.to_json())}
         text = f"local vLLM running at {state.base_url} (pid {state.pid}, log {state.log_path})"

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from phaseprobe.errors import ConfigError
+from phaseprobe.present.waiting import waiting
 from phaseprobe.store import redact_url
 
 __all__ = ["DEFAULT_KEY_VARS", "api_key_from_env", "endpoint_or_local", "first_model",
@@ -45,7 +46,7 @@ def endpoint_or_local(endpoint: str | None, stack: ExitStack, err: Console,
     err.print("[bold]no --endpoint: using the local CPU vLLM with the tiny model")
     venv = install(progress=lambda line: err.print(f"[dim]{escape(line)}"))
     ensure_model(venv=venv)
-    with err.status("starting local vLLM (about 30 s on 2 cores)…"):
+    with waiting(err, "starting local vLLM (about 30 s on 2 cores)…"):
         server = stack.enter_context(LocalVllm(venv=venv, extra_args=extra_args))
     err.print(f"local vLLM ready at {server.base_url} (log: {server.log_path})")
     return server.base_url
