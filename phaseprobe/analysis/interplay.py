@@ -20,7 +20,9 @@ from phaseprobe.records import Run
 __all__ = ["Stall", "stall", "LevelStats", "level_stats", "merge_rounds", "Scaling", "scaling",
            "steady_window_rate", "prefix_block_note", "expected_hit_tokens", "CONCURRENT_MARK",
            "CONCURRENT_KINDS", "concurrent_by_design", "median_or_none", "ARM_METRICS",
-           "compare_arms", "interfere_role", "interfere_pair_of"]
+           "compare_arms", "interfere_role", "interfere_pair_of", "knee", "overlap_of",
+           "OVERLAP_WHY", "discarded_pairs", "Verdict", "interference_verdict",
+           "prefix_verdict", "fmt_duration"]
 
 # Runs that shared the server on purpose carry this at the start of their isolation reason.
 CONCURRENT_MARK = "concurrent by design"
@@ -34,6 +36,21 @@ _LEGACY_ROLES = ("batch level:", "interfere pair ")
 SCALING_GAIN_MIN = 1.10
 # The steady window must cover at least this share of a level's span to be its rate.
 STEADY_SHARE_MIN = 0.5
+# A client gap under this share of the stream's TPOT is a token delivered in a burst.
+BURST_SHARE_OF_TPOT = 0.1
+
+
+# B's prefill must have run while A was still decoding: A must receive a token at (or within
+# this much before) B's first token. A's token from the very step that finished B's prefill can
+# reach the client a hair before B's own.
+OVERLAP_SLACK_S = 0.001
+# Overlap classes of an A/B pair (Stall.overlap); only "inside" pairs measure interference.
+OVERLAP_WHY = {
+    "inside": "B's prefill ran while A was decoding",
+    "late": "too late (A was done before B's first token)",
+    "early": "too early (B sent before A's first token, against A's prefill)",
+    "failed": "failed (A or B ended in an error)",
+}
 
 
 @dataclass(frozen=True)
@@ -41,7 +58,9 @@ class Stall:
     """What B's prefill did to A's decode, from A's token arrival times.
 
     The stall window is B's arrival (on A's clock) to B's first token: every A gap that overlaps
-    it is counted, because that is where the scheduler had to fit B's prefill.
+    it is counted, because that is where the scheduler had to fit B's prefill. ``overlap`` says
+    whether that window lay inside A's decode at all ("inside"); a pair where A was done before
+    B's prefill was ("late") measures nothing and is discarded from every median and verdict.
     """
 
     baseline_itl_s: float | None  # A alone's pace: median TPOT (vLLM's when available)
@@ -52,9 +71,27 @@ class Stall:
     b_arrival_s: float  # B sent, seconds after A was sent
     b_ttft_s: float | None
     a_tokens_before_b: int = 0  # A's token events that had arrived when B was sent
+    a_events: int = 0  # A's token events in all
+    a_last_s: float | None = None  # A's last token event (s after A's send)
+    overlap: str = "inside"  # see OVERLAP_WHY
+
+    @property
+    def overlapped(self) -> bool:
+        return self.overlap == "inside"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def overlap_of(a_events_s: Sequence[float], b_arrival_s: float, b_ttft_s: float | None) -> str:
+    """Did B's prefill window [B sent, B's first token] lie inside A's decode?"""
+    if not a_events_s or b_ttft_s is None:
+        return "failed"
+    if b_arrival_s < a_events_s[0]:
+        return "early"
+    if a_events_s[-1] < b_arrival_s + b_ttft_s - OVERLAP_SLACK_S:
+        return "late"
+    return "inside"
 
 
 def stall(a_events_s: Sequence[float], b_arrival_s: float, b_ttft_s: float | None,
@@ -71,7 +108,9 @@ def stall(a_events_s: Sequence[float], b_arrival_s: float, b_ttft_s: float | Non
              if max_itl is not None and baseline_itl_s else None)
     return Stall(baseline_itl_s=baseline_itl_s, max_itl_s=max_itl, extra_s=extra, ratio=ratio,
                  gaps_in_window=len(sizes), b_arrival_s=b_arrival_s, b_ttft_s=b_ttft_s,
-                 a_tokens_before_b=sum(1 for t in a_events_s if t <= b_arrival_s))
+                 a_tokens_before_b=sum(1 for t in a_events_s if t <= b_arrival_s),
+                 a_events=len(a_events_s), a_last_s=a_events_s[-1] if a_events_s else None,
+                 overlap=overlap_of(a_events_s, b_arrival_s, b_ttft_s))
 
 
 def steady_window_rate(streams: Sequence[Sequence[float]]) -> tuple[float | None, float]:
@@ -115,6 +154,9 @@ class LevelStats:
     preemptions: float | None  # counter delta over the level
     rounds: int = 1  # with several rounds: every field is the median (maxima/sums, see
     round_tokens_per_s: tuple[float | None, ...] = ()  # merge_rounds); each round's rate
+    # Share of the client's gaps shorter than BURST_SHARE_OF_TPOT × TPOT: tokens that reached
+    # the client together (one read), so ITL percentiles measure delivery, not decode.
+    burst_share: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -143,16 +185,19 @@ def level_stats(concurrency: int, streams: Sequence[Sequence[float]], tpots: Seq
     # handful of events into an absurd rate. Then the whole span, ramp included, is used.
     steady = rate is not None and span_s > 0 and window >= STEADY_SHARE_MIN * span_s
     itl = [b - a for s in streams for a, b in zip(s, s[1:])]
+    tpot = statistics.median(tpots) if tpots else None
+    burst = (sum(1 for g in itl if g < BURST_SHARE_OF_TPOT * tpot) / len(itl)
+             if itl and tpot else None)
     return LevelStats(
         concurrency=concurrency, streams_ok=len(streams), output_tokens=output_tokens,
         span_s=span_s, tokens_per_s=rate if steady else span_rate,
         rate_basis="steady window" if steady else "span", span_tokens_per_s=span_rate,
         server_tokens_per_s=server_tokens_per_s,
         steady_window_s=window,
-        tpot_median_s=statistics.median(tpots) if tpots else None,
+        tpot_median_s=tpot,
         itl_p50_s=percentile(itl, 50), itl_p99_s=percentile(itl, 99),
         max_waiting=max_waiting, max_running=max_running, max_kv_usage=max_kv_usage,
-        preemptions=preemptions)
+        preemptions=preemptions, burst_share=burst)
 
 
 def median_or_none(values: Sequence[float | None]) -> float | None:
@@ -191,30 +236,61 @@ def merge_rounds(rounds: Sequence[LevelStats]) -> LevelStats:
         itl_p99_s=med("itl_p99_s"), max_waiting=most("max_waiting"),
         max_running=most("max_running"), max_kv_usage=most("max_kv_usage"),
         preemptions=sum(pre) if pre else None, rounds=len(rounds),
-        round_tokens_per_s=tuple(lv.tokens_per_s for lv in rounds))
+        round_tokens_per_s=tuple(lv.tokens_per_s for lv in rounds),
+        burst_share=med("burst_share"))
 
 
 @dataclass(frozen=True)
 class Scaling:
     ratios: dict[int, float | None]  # concurrency → tokens/s ÷ tokens/s at the lowest level
     efficiency: dict[int, float | None]  # ratio ÷ (concurrency / lowest concurrency)
-    stops_at: int | None  # last level that still added ≥ 10 % throughput (None: never stopped)
-    why: list[str]
+    # The knee (see knee()): the level after which no higher level added ≥ 10 % tokens/s;
+    # None when every level but the last was beaten by ≥ 10 % by some higher one.
+    stops_at: int | None
+    why: list[str]  # first: the numbers that decided; then the server's pressure readings
     # The same ratio from vLLM's decode histogram: immune to a starved API server.
     server_ratios: dict[int, float | None] = field(default_factory=dict)
+    server_stops_at: int | None = None  # the knee of the server's tok/s
+    verdict: str = ""  # one line, quoting the numbers of the table it comes from
 
     def to_dict(self) -> dict[str, Any]:
         return {"ratios": {str(k): v for k, v in self.ratios.items()},
                 "server_ratios": {str(k): v for k, v in self.server_ratios.items()},
                 "efficiency": {str(k): v for k, v in self.efficiency.items()},
-                "stops_at": self.stops_at, "why": self.why}
+                "stops_at": self.stops_at, "server_stops_at": self.server_stops_at,
+                "verdict": self.verdict, "why": self.why}
+
+
+def knee(rates: dict[int, float | None], gain_min: float = SCALING_GAIN_MIN
+         ) -> tuple[int | None, str]:
+    """Where adding streams stops paying, and the sentence with the numbers that decided it.
+
+    The knee is the lowest level whose tokens/s no *higher* level beats by ``gain_min``: one
+    noisy step (8 → 16 adds 5 %, then 32 adds 40 %) is not a knee, because the table would
+    show throughput rising past it. Levels without a rate are skipped."""
+    pts = sorted((c, v) for c, v in rates.items() if v)
+    if len(pts) < 2:
+        return None, "fewer than two levels with a rate: no scaling to judge"
+    base_c, base_v = pts[0]
+    for i, (c, v) in enumerate(pts[:-1]):
+        best_c, best_v = max(pts[i + 1:], key=lambda p: p[1])
+        if best_v < gain_min * v:
+            return c, (f"concurrency {c} gave {v:.1f} tok/s (×{v / base_v:.2f} vs "
+                       f"{base_c}); no higher level added ≥ {(gain_min - 1) * 100:.0f} %: the "
+                       f"best, concurrency {best_c}, gave {best_v:.1f} tok/s "
+                       f"({(best_v / v - 1) * 100:+.0f} %)")
+    last_c, last_v = pts[-1]
+    return None, (f"tokens/s rose to {last_v:.1f} tok/s at concurrency {last_c} "
+                  f"(×{last_v / base_v:.2f}"
+                  f" vs {base_c}); every lower level was beaten by ≥ "
+                  f"{(gain_min - 1) * 100:.0f} % by a higher one")
 
 
 def scaling(levels: Sequence[LevelStats], gain_min: float = SCALING_GAIN_MIN) -> Scaling:
     """Scaling ratio vs the lowest concurrency, and where adding streams stops paying."""
     levels = sorted(levels, key=lambda lv: lv.concurrency)
     if not levels:
-        return Scaling({}, {}, None, [])
+        return Scaling({}, {}, None, [], verdict="no levels")
     base = levels[0]
     ratios: dict[int, float | None] = {}
     eff: dict[int, float | None] = {}
@@ -226,19 +302,30 @@ def scaling(levels: Sequence[LevelStats], gain_min: float = SCALING_GAIN_MIN) ->
     srv = {lv.concurrency: (lv.server_tokens_per_s / base.server_tokens_per_s
                             if lv.server_tokens_per_s and base.server_tokens_per_s else None)
            for lv in levels}
-    stops_at: int | None = None
-    why: list[str] = []
-    for prev, cur in zip(levels, levels[1:]):
-        if not prev.tokens_per_s or not cur.tokens_per_s:
-            continue
-        gain = cur.tokens_per_s / prev.tokens_per_s
-        if gain < gain_min:
-            stops_at = prev.concurrency
-            why.append(f"concurrency {prev.concurrency} → {cur.concurrency} added only "
-                       f"{(gain - 1) * 100:+.0f}% tokens/s")
-            why.extend(_pressure(cur))
-            break
-    return Scaling(ratios, eff, stops_at, why, srv)
+    stops_at, evidence = knee({lv.concurrency: lv.tokens_per_s for lv in levels}, gain_min)
+    server_rates = {lv.concurrency: lv.server_tokens_per_s for lv in levels}
+    has_server = sum(1 for v in server_rates.values() if v) >= 2
+    server_stops_at, server_evidence = knee(server_rates, gain_min)
+    why = [f"client: {evidence}"]
+    if stops_at is not None:
+        after = next(lv for lv in levels if lv.concurrency > stops_at)
+        why.extend(_pressure(after))
+        verdict = f"scaling stops after concurrency {stops_at}"
+    else:
+        verdict = f"no knee up to concurrency {levels[-1].concurrency}: throughput kept rising"
+    if has_server:
+        why.append(f"vLLM's decode clock: {server_evidence}")
+        if server_stops_at != stops_at:
+            why.append("the client's and vLLM's tokens/s disagree on the knee "
+                       f"(client: {_knee_word(stops_at)}, vLLM: {_knee_word(server_stops_at)}):"
+                       " the engine's rate is the decode capacity; the client's adds delivery "
+                       "(API server, network, this machine)")
+    return Scaling(ratios, eff, stops_at, why, srv, server_stops_at if has_server else None,
+                   verdict)
+
+
+def _knee_word(c: int | None) -> str:
+    return "none" if c is None else f"after {c}"
 
 
 def _pressure(lv: LevelStats) -> list[str]:
@@ -270,7 +357,7 @@ def prefix_block_note(prefix_tokens: int | None, block_size: int | None) -> str 
     if prefix_tokens < block_size:
         return (f"the shared prefix ({prefix_tokens} tokens) is shorter than one KV block "
                 f"({block_size} tokens): vLLM caches whole blocks only, so prefix-cache hits "
-                "stay 0 and the warm pass cannot be faster. Use --prefix-tokens "
+                "stay 0 and a warm pass cannot reuse anything. Use --prefix-tokens "
                 f"≥ {block_size} (better ≥ {2 * block_size}).")
     return None
 
@@ -320,7 +407,12 @@ def compare_arms(name_a: str, stalls_a: Sequence[Stall], name_b: str,
     from phaseprobe.analysis.ab_stats import compare_samples  # scipy: only when comparing
 
     out: dict[str, Any] = {"arm_a": name_a, "arm_b": name_b, "min_effect": min_effect,
+                           "discarded": {name_a: discarded_pairs(stalls_a),
+                                         name_b: discarded_pairs(stalls_b)},
                            "metrics": {}}
+    # A pair whose B never overlapped A's decode measured nothing: it is left out.
+    stalls_a = [s for s in stalls_a if s.overlapped]
+    stalls_b = [s for s in stalls_b if s.overlapped]
     for key, label in ARM_METRICS:
         xa = [getattr(s, key) for s in stalls_a]
         xb = [getattr(s, key) for s in stalls_b]
@@ -334,3 +426,150 @@ def compare_arms(name_a: str, stalls_a: Sequence[Stall], name_b: str,
         out["metrics"][key] = {k: None if isinstance(v, float) and not math.isfinite(v) else v
                                for k, v in m.to_dict().items()}
     return out
+
+
+# --- verdicts: one line each, quoting the numbers that decided it ---------------------------
+
+# With B, A's worst gap must exceed the reference's (A alone over the same window) by this
+# factor to be called interference; below it, and with vLLM's clock agreeing, it is none.
+STALL_RATIO_MIN = 1.5
+# A's decode on vLLM's clock with B ÷ alone: above this, B's prefill cost A's decode time.
+SERVER_SLOWDOWN_MIN = 1.2
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A probe's conclusion: ``kind`` for programs, ``text`` for people (with the numbers)."""
+
+    kind: str
+    text: str
+    evidence: dict[str, float | int | None] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def fmt_duration(v: float | None) -> str:
+    """Seconds as ms with enough digits that a small value never reads as 0.0."""
+    if v is None:
+        return "—"
+    ms = v * 1e3
+    if ms == 0:
+        return "0 ms"
+    if abs(ms) >= 1:
+        return f"{ms:.1f} ms"
+    if abs(ms) >= 0.01:
+        return f"{ms:.2f} ms"
+    return f"{v * 1e6:.1f} µs"
+
+
+def discarded_pairs(stalls: Sequence[Stall]) -> dict[str, int]:
+    """overlap class → how many pairs of it were left out (everything but "inside")."""
+    out: dict[str, int] = {}
+    for s in stalls:
+        if not s.overlapped:
+            out[s.overlap] = out.get(s.overlap, 0) + 1
+    return out
+
+
+def _discard_text(stalls: Sequence[Stall]) -> str:
+    found = discarded_pairs(stalls)
+    if not found:
+        return ""
+    return (f"{sum(found.values())} discarded: "
+            + ", ".join(f"{n} {OVERLAP_WHY[k]}" for k, n in found.items()))
+
+
+def interference_verdict(stalls: Sequence[Stall], controls: Sequence[Stall],
+                         server_alone_s: float | None = None,
+                         server_with_b_s: Sequence[float | None] = ()) -> Verdict:
+    """Did B's prefill stall A's decode? Only pairs where it ran inside A's decode count.
+
+    ``server_with_b_s``: A's decode time on vLLM's clock per pair, aligned with ``stalls``
+    (None where unknown). The reference is A alone over the same window (``controls``), else
+    A's pace alone. "no interference" needs at least one overlapped pair."""
+    used = [i for i, s in enumerate(stalls) if s.overlapped]
+    n, total = len(used), len(stalls)
+    dropped = _discard_text(stalls)
+    ev: dict[str, float | int | None] = {"pairs": total, "pairs_used": n,
+                                         "pairs_discarded": total - n}
+    if not used:
+        return Verdict("no overlap", (
+            f"undecided: in none of {total} pair(s) did B's prefill run inside A's decode "
+            f"({dropped or 'no pairs'}), so nothing was measured: raise --a-tokens, or send "
+            "B earlier (--at-time)"), ev)
+    with_b = median_or_none([stalls[i].max_itl_s for i in used])
+    lost = median_or_none([stalls[i].extra_s for i in used])
+    ctrl = median_or_none([c.max_itl_s for c in controls])
+    ctrl_lost = median_or_none([c.extra_s for c in controls])
+    if ctrl:
+        ref, ref_name = ctrl, "A alone over the same window"
+    else:
+        ref, ref_name = stalls[used[0]].baseline_itl_s, "A's pace alone (TPOT)"
+    ratio = with_b / ref if with_b is not None and ref else None
+    srv = median_or_none([server_with_b_s[i] for i in used if i < len(server_with_b_s)])
+    srv_ratio = srv / server_alone_s if srv is not None and server_alone_s else None
+    ev.update(max_itl_with_b_s=with_b, reference_max_itl_s=ref, ratio=ratio,
+              extra_with_b_s=lost, control_extra_s=ctrl_lost,
+              server_decode_with_b_s=srv, server_decode_alone_s=server_alone_s,
+              server_ratio=srv_ratio)
+    client = (f"A's max ITL {fmt_duration(with_b)} with B vs {fmt_duration(ref)} {ref_name}"
+              + (f" ({ratio:.1f}×)" if ratio is not None else "")
+              + f", time lost {fmt_duration(lost)} vs {fmt_duration(ctrl_lost)}")
+    server = (f"; A's decode on vLLM's clock {fmt_duration(srv)} with B vs "
+              f"{fmt_duration(server_alone_s)} alone ({srv_ratio:.2f}×)"
+              if srv_ratio is not None else "")
+    basis = (f" — medians over {n} of {total} pair(s) with B's prefill inside A's decode"
+             + (f" ({dropped})" if dropped else ""))
+    client_says = ratio is not None and ratio >= STALL_RATIO_MIN
+    server_says = srv_ratio is not None and srv_ratio >= SERVER_SLOWDOWN_MIN
+    if client_says or server_says:
+        return Verdict("interference", f"interference: B's prefill stalled A: {client}{server}"
+                       f"{basis}", ev)
+    if ratio is None and srv_ratio is None:
+        return Verdict("insufficient data", f"undecided: no A gap and no server time to "
+                       f"compare{basis}", ev)
+    return Verdict("no interference", (
+        f"no interference seen: {client}{server} (below {STALL_RATIO_MIN:g}× and "
+        f"{SERVER_SLOWDOWN_MIN:g}×){basis}"), ev)
+
+
+def prefix_verdict(cold: dict[str, float | None], warm: dict[str, float | None],
+                   prefix_tokens: int | None, block_size: int | None) -> Verdict:
+    """One statement about prefix reuse from the cold/warm medians, the cache counters first:
+    a warm TTFT below cold is reuse only when the warm pass hit the cache."""
+    c_ttft, w_ttft = cold.get("ttft_s"), warm.get("ttft_s")
+    hits = warm.get("prefix_cache_hits")
+    can_hit = (expected_hit_tokens(prefix_tokens, block_size)
+               if prefix_tokens is not None and block_size else None)
+    ev: dict[str, float | int | None] = {"cold_ttft_s": c_ttft, "warm_ttft_s": w_ttft,
+                                         "warm_hits": hits, "hittable_tokens": can_hit}
+    change = (f"warm TTFT {fmt_duration(w_ttft)} vs cold {fmt_duration(c_ttft)}"
+              + (f" ({(w_ttft / c_ttft - 1) * 100:+.0f} %)" if c_ttft and w_ttft is not None
+                 else ""))
+    c_pre, w_pre = cold.get("server_prefill_s"), warm.get("server_prefill_s")
+    prefill = (f", vLLM prefill {fmt_duration(w_pre)} vs {fmt_duration(c_pre)}"
+               if c_pre is not None and w_pre is not None else "")
+    if can_hit == 0:
+        return Verdict("no reuse possible", (
+            f"no prefix reuse possible: the {prefix_tokens}-token prefix is shorter than one "
+            f"{block_size}-token KV block and vLLM caches whole blocks only (warm hits: "
+            f"{_count(hits)}); {change}{prefill} is run-to-run variation, not the cache"), ev)
+    if hits is None:
+        return Verdict("unknown", f"reuse unknown (no prefix-cache counters): {change}"
+                       f"{prefill}", ev)
+    if hits == 0:
+        return Verdict("no reuse", (
+            f"no prefix reuse: the warm pass hit 0 tokens although {_count(can_hit)} could "
+            f"(is prefix caching on?); {change}{prefill} is not the cache"), ev)
+    faster = c_ttft is not None and w_ttft is not None and w_ttft < c_ttft
+    if faster:
+        return Verdict("reuse", f"prefix reuse: the warm pass hit {_count(hits)} cached "
+                       f"tokens; {change}{prefill}", ev)
+    return Verdict("reuse, no gain", (
+        f"cache hit but no gain: the warm pass hit {_count(hits)} cached tokens, yet "
+        f"{change}{prefill}"), ev)
+
+
+def _count(v: float | int | None) -> str:
+    return "unknown" if v is None else f"{v:g}"

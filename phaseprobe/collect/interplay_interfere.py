@@ -25,7 +25,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from phaseprobe.analysis.interplay import Stall, interfere_role, median_or_none, stall
+from phaseprobe.analysis.interplay import (
+    Stall,
+    Verdict,
+    discarded_pairs,
+    interfere_role,
+    interference_verdict,
+    median_or_none,
+    stall,
+)
 from phaseprobe.collect.experiment import ProbeSettings, RunCollector
 from phaseprobe.collect.interplay_context import (
     ProbeContext,
@@ -46,19 +54,30 @@ __all__ = ["Trigger", "InterfereSettings", "InterfereResult", "InterfereSession"
            "run_interfere"]
 
 
+# The automatic trigger sends B this far into A's measured decode: B's prefill then has the
+# remaining three quarters of A's decode to run in, room to spare for a slow prefill.
+AUTO_DECODE_SHARE = 0.25
+
+
 @dataclass(frozen=True)
 class Trigger:
-    """When B is sent: at A's ``k``-th streamed token, ``s`` seconds after A's send, or at the
-    baseline's estimate of when A reaches token ``k``."""
+    """When B is sent: at A's ``k``-th streamed token, ``s`` seconds after A's send, at the
+    baseline's estimate of when A reaches token ``k``, or (``auto``, the default) at A's first
+    token plus a share of A's decode, both measured on the A-alone runs."""
 
-    kind: Literal["token", "time", "estimate"] = "token"
-    value: float = 16  # the token index k (token, estimate) or seconds (time)
+    kind: Literal["token", "time", "estimate", "auto"] = "auto"
+    # the token index k (token, estimate), seconds (time), share of A's decode (auto)
+    value: float = AUTO_DECODE_SHARE
 
     def __post_init__(self) -> None:
-        if self.kind not in ("token", "time", "estimate"):
+        if self.kind not in ("token", "time", "estimate", "auto"):
             raise ValueError(f"unknown trigger {self.kind!r}")
-        if self.value < 0 or (self.kind != "time" and (self.value < 1
-                                                       or self.value != int(self.value))):
+        if self.kind == "auto":
+            if not 0 <= self.value < 1:
+                raise ValueError(f"trigger auto: share of A's decode must be in [0, 1), got "
+                                 f"{self.value!r}")
+        elif self.value < 0 or (self.kind != "time" and (self.value < 1
+                                                         or self.value != int(self.value))):
             raise ValueError(f"trigger {self.kind}: bad value {self.value!r}")
 
     def describe(self) -> str:
@@ -66,6 +85,9 @@ class Trigger:
             return f"at A's token {int(self.value)}"
         if self.kind == "time":
             return f"{self.value:g} s after A's send"
+        if self.kind == "auto":
+            return (f"at A's first token + {self.value:.0%} of its decode (auto, from the "
+                    "A-alone runs)")
         return f"when A should reach token {int(self.value)} (estimated from the baseline)"
 
 
@@ -91,24 +113,40 @@ class InterfereResult:
     server_info: dict[str, Any]
     notes: list[str] = field(default_factory=list)
     controls: list[Stall] = field(default_factory=list)  # A alone, same window, no B
-    server_decode_with_b_s: list[float] = field(default_factory=list)  # per pair (vLLM's)
+    # A's decode time on vLLM's clock per pair, aligned with ``stalls`` (None: unknown)
+    server_decode_with_b_s: list[float | None] = field(default_factory=list)
     server_decode_alone_s: float | None = None  # median over the baseline runs (vLLM's)
     trigger: Trigger = field(default_factory=Trigger)
+    delay_s: float | None = None  # B's send delay after A's (time, estimate, auto triggers)
+
+    @property
+    def used(self) -> list[Stall]:
+        """The pairs whose B prefill ran inside A's decode: the only ones that measure."""
+        return [s for s in self.stalls if s.overlapped]
 
     def summary(self) -> dict[str, float | None]:
+        used = self.used
+        srv = [d for s, d in zip(self.stalls, self.server_decode_with_b_s) if s.overlapped]
         return {"baseline_itl_s": self.baseline_itl_s,
-                "max_itl_s": median_or_none([s.max_itl_s for s in self.stalls]),
-                "extra_s": median_or_none([s.extra_s for s in self.stalls]),
-                "ratio": median_or_none([s.ratio for s in self.stalls]),
-                "b_ttft_s": median_or_none([s.b_ttft_s for s in self.stalls]),
-                "b_arrival_s": median_or_none([s.b_arrival_s for s in self.stalls]),
+                "pairs": float(len(self.stalls)), "pairs_used": float(len(used)),
+                "max_itl_s": median_or_none([s.max_itl_s for s in used]),
+                "extra_s": median_or_none([s.extra_s for s in used]),
+                "ratio": median_or_none([s.ratio for s in used]),
+                "b_ttft_s": median_or_none([s.b_ttft_s for s in used]),
+                "b_arrival_s": median_or_none([s.b_arrival_s for s in used]),
                 "control_max_itl_s": median_or_none([s.max_itl_s for s in self.controls]),
                 "control_extra_s": median_or_none([s.extra_s for s in self.controls]),
                 "server_decode_alone_s": self.server_decode_alone_s,
-                "server_decode_with_b_s": median_or_none(list(self.server_decode_with_b_s))}
+                "server_decode_with_b_s": median_or_none(srv)}
+
+    def verdict(self) -> Verdict:
+        return interference_verdict(self.stalls, self.controls, self.server_decode_alone_s,
+                                    self.server_decode_with_b_s)
 
     def to_dict(self) -> dict[str, Any]:
         return {"experiment_id": self.experiment_id, "summary": self.summary(),
+                "verdict": self.verdict().to_dict(),
+                "discarded": discarded_pairs(self.stalls), "delay_s": self.delay_s,
                 "trigger": {"kind": self.trigger.kind, "value": self.trigger.value,
                             "text": self.trigger.describe()},
                 "baseline_ttft_s": self.baseline_ttft_s,
@@ -130,10 +168,12 @@ class InterfereSession:
         self.notes = list(ctx.notes)
         ctx.info.update(info or {})
         salt = time.time_ns() % 1_000_000_007
+        # A: reps baselines, up to 2 × reps pair attempts (discarded pairs are retried), then
+        # the warm-ups; B: one per pair attempt.
         self.a_prompts = [ctx.builder.build(st.a_prompt_tokens, salt + i).text
-                          for i in range(2 * st.reps + st.warmup)]
+                          for i in range(3 * st.reps + st.warmup)]
         self.b_prompts = [ctx.builder.build(st.b_prompt_tokens, salt + 10_000 + i).text
-                          for i in range(st.reps)]
+                          for i in range(2 * st.reps)]
         self.spec = ctx.spec(self.a_prompts[0], st.a_tokens, {
             "probe": "interfere", "b_prompt_tokens": str(st.b_prompt_tokens),
             "b_tokens": str(st.b_tokens), "trigger": st.trigger.kind,
@@ -148,15 +188,16 @@ class InterfereSession:
         self.baseline_runs: list[Run] = []
         self.stalls: list[Stall] = []
         self.lanes: list[dict[str, Any]] = []
-        self.server_decode: list[float] = []  # A's server decode time with B, per pair
+        self.server_decode: list[float | None] = []  # A's server decode time with B, per pair
         self.base_itl: float | None = None
         self.base_ttft: float | None = None
-        self.delay_s: float | None = None  # B's send delay (time / estimate triggers)
+        self.delay_s: float | None = None  # B's send delay (time / estimate / auto triggers)
+        self.a_first_s: float | None = None  # A's first token, alone (auto trigger)
         self._finished = False
 
     def warm_up(self) -> None:
         for w in range(self.settings.warmup):  # one-off costs of a fresh server, not stored
-            self.ctx.client.stream(self.ctx.body(self.a_prompts[2 * self.settings.reps + w], 4))
+            self.ctx.client.stream(self.ctx.body(self.a_prompts[3 * self.settings.reps + w], 4))
 
     def baseline(self, i: int) -> Run:
         run = store_run(self.store, self.experiment_id,
@@ -194,6 +235,21 @@ class InterfereSession:
         elif trig.kind == "estimate":
             first = statistics.median(firsts) if paces else (min(ttfts) if ttfts else 0.0)
             self.delay_s = first + trig.value * (self.base_itl or 0.0)
+        elif trig.kind == "auto":
+            # A's first token as the client saw it (A decodes from then on, whatever the
+            # delivery), plus a share of A's decode: vLLM's clock when it can, else the client's.
+            decodes = [r.server.decode_s for r in self.baseline_runs
+                       if r.server is not None and r.server.decode_s is not None]
+            if not decodes:
+                decodes = [r.client.e2e_s - r.client.ttft_s for r in ok if r.client
+                           and r.client.e2e_s is not None and r.client.ttft_s is not None]
+            self.a_first_s = self.base_ttft or 0.0
+            decode = statistics.median(decodes) if decodes else 0.0
+            self.delay_s = self.a_first_s + trig.value * decode
+            self.notes.append(
+                f"B sent {self.delay_s * 1e3:.1f} ms after A: A's first token at "
+                f"{self.a_first_s * 1e3:.1f} ms + {trig.value:.0%} of A's "
+                f"{decode * 1e3:.1f} ms decode (medians of the A-alone runs)")
         gaps = [g for r in ok if r.client for g in r.client.itl_s]
         if self.base_itl and gaps and statistics.median(gaps) < 0.1 * self.base_itl:
             self.notes.append(
@@ -213,10 +269,10 @@ class InterfereSession:
         model = ctx.target.model
         # With one token, B's decode time is 0 (first token = last token), so the pair's
         # decode-histogram delta is A's decode time alone, on the engine's clock.
+        a_decode = None
         if st.b_tokens == 1 and metric_delta(pre, post, "decode_time", "_count", model) == 2:
             a_decode = metric_delta(pre, post, "decode_time", "_sum", model)
-            if a_decode is not None:
-                self.server_decode.append(a_decode)
+        self.server_decode.append(a_decode)
         for prompt, out, lane in ((self.a_prompts[st.reps + i], a_out, "A"),
                                   (self.b_prompts[i], b_out, "B")):
             self.runs.append(store_run(self.store, self.experiment_id, concurrent_run(
@@ -230,9 +286,10 @@ class InterfereSession:
             {"lane": "B", "sent_s": b_arrival,
              "events_s": [b_arrival + t for t in events_s(b_out)], "error": b_out.error},
         ]})
-        if a_events and a_events[-1] < b_arrival:
-            self.notes.append(f"pair {i}: A finished before B arrived; lower the trigger "
-                              "(--at-token/--at-time) or raise --a-tokens")
+        if result.overlap == "late" and st.trigger.kind == "auto" and \
+                self.delay_s is not None and self.a_first_s is not None:
+            # B's prefill outlasted what was left of A: send the next B earlier in A's decode.
+            self.delay_s = self.a_first_s + (self.delay_s - self.a_first_s) / 2
         return result
 
     def finish(self) -> InterfereResult:
@@ -260,13 +317,16 @@ class InterfereSession:
                  if r.server is not None and r.server.decode_s is not None]
         return InterfereResult(self.experiment_id, self.base_itl, self.base_ttft, self.stalls,
                                self.lanes, self.runs, self.ctx.info, self.notes, controls,
-                               self.server_decode, median_or_none(alone), self.settings.trigger)
+                               self.server_decode, median_or_none(alone), self.settings.trigger,
+                               self.delay_s)
 
 
 def run_interfere(target: Target, store: Store,
                   settings: InterfereSettings | None = None, *, name: str = "interfere",
                   progress: Progress | None = None) -> InterfereResult:
-    """A decodes alone ``reps`` times (baseline), then ``reps`` times with B arriving."""
+    """A decodes alone ``reps`` times (baseline), then with B arriving until ``reps`` pairs
+    had B's prefill inside A's decode, at most ``2 × reps`` pairs: a pair where B came too
+    late (or too early) is kept in the store but counted as discarded."""
     st = settings or InterfereSettings()
     say = progress or quiet
     session = InterfereSession(target, store, st, name=name)
@@ -276,9 +336,16 @@ def run_interfere(target: Target, store: Store,
             session.baseline(i)
             say(f"interfere baseline {i + 1}/{st.reps}")
         session.prepare()
-        for i in range(st.reps):
+        used = 0
+        for i in range(2 * st.reps):
+            if used >= st.reps:
+                break
             s = session.pair(i)
-            say(f"interfere pair {i + 1}/{st.reps}: A max ITL {fmt_ms(s.max_itl_s)}")
+            used += s.overlapped
+            say(f"interfere pair {i + 1} ({used}/{st.reps} overlapped): " + (
+                f"A max ITL {fmt_ms(s.max_itl_s)}" if s.overlapped else
+                f"discarded, B sent at A's event {s.a_tokens_before_b} of {s.a_events}: "
+                f"{s.overlap}"))
     finally:
         result = session.finish()
     return result

@@ -13,7 +13,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from phaseprobe.analysis.interplay import expected_hit_tokens, prefix_block_note
+from phaseprobe.analysis.interplay import (
+    Verdict,
+    expected_hit_tokens,
+    prefix_block_note,
+    prefix_verdict,
+)
 from phaseprobe.collect.experiment import ProbeSettings, RunCollector
 from phaseprobe.collect.interplay_context import (
     ProbeContext,
@@ -40,10 +45,15 @@ class PrefixResult:
     server_info: dict[str, Any]
     notes: list[str] = field(default_factory=list)
 
+    def verdict(self) -> Verdict:
+        return prefix_verdict(self.summary["cold"], self.summary["warm"], self.prefix_tokens,
+                              self.block_size)
+
     def to_dict(self) -> dict[str, Any]:
         return {"experiment_id": self.experiment_id, "block_size": self.block_size,
                 "prefix_tokens": self.prefix_tokens,
                 "expected_hit_tokens": self.expected_hit_tokens, "summary": self.summary,
+                "verdict": self.verdict().to_dict(),
                 "notes": self.notes, "runs": [r.to_dict() for r in self.runs]}
 
 

@@ -2,7 +2,8 @@
 
     phaseprobe prefix --endpoint URL --prefix-tokens 512
     phaseprobe batch --endpoint URL --concurrency 1,2,4,8 --max-tokens 128
-    phaseprobe interfere --endpoint URL --b-prompt-tokens 2000 --at-token 16
+    phaseprobe interfere --endpoint URL --b-prompt-tokens 2000      # B timed automatically
+    phaseprobe interfere --endpoint URL --at-token 16
     phaseprobe interfere --endpoint URL --endpoint-b URL2 --arm-names chunked,unchunked
     phaseprobe interfere --playbook cpu-interfere-chunked
 
@@ -127,8 +128,13 @@ def register(subparsers: Any) -> None:
         "interfere", help="measure how a long prefill stalls a decoding request",
         formatter_class=fmt,
         description="Stream A decodes alone (baseline), then again while request B with a "
-                    "long prompt arrives mid-decode: when A's --at-token-th token reaches the "
-                    "client, or --at-time seconds after A's send. A's stall: the largest A gap "
+                    "long prompt arrives mid-decode: by default at A's first token + 25%% of "
+                    "A's decode, both measured on the A-alone runs (so B's prefill has the "
+                    "rest of A's decode to run in); or when A's --at-token-th token reaches "
+                    "the client, or --at-time seconds after A's send. Only pairs whose B "
+                    "prefill ran inside A's decode count: others (B too late, A already done) "
+                    "are discarded, counted, and retried up to 2 × --reps pairs; the verdict "
+                    "quotes its numbers. A's stall: the largest A gap "
                     "overlapping B's prefill, and the time A lost vs its baseline ITL; B's "
                     "TTFT. JSON carries the swimlane data (token arrival times of A and B per "
                     "pair). Two arms (--endpoint-b, or --playbook whose arms phaseprobe "
@@ -143,8 +149,9 @@ def register(subparsers: Any) -> None:
                    help="B's prompt length: the long prefill (default: 600)")
     p.add_argument("--b-tokens", type=positive_int, default=1,
                    help="tokens B generates (default: 1)")
-    p.add_argument("--at-token", type=positive_int, default=16, metavar="K",
-                   help="send B when A's K-th token reaches the client (default: 16)")
+    p.add_argument("--at-token", type=positive_int, default=None, metavar="K",
+                   help="send B when A's K-th token reaches the client (default: automatic "
+                        "timing from A's measured decode)")
     p.add_argument("--at-time", type=_at_time, default=None, metavar="SECONDS|auto",
                    help="send B this long after A's send instead; 'auto': when A should "
                         "reach --at-token, estimated from the baseline on vLLM's clock (for a "
@@ -191,8 +198,12 @@ def _arm_names(text: str) -> tuple[str, str]:
 
 def _interfere_settings(args: argparse.Namespace) -> InterfereSettings:
     at = args.at_time
-    trigger = (Trigger("token", args.at_token) if at is None else
-               Trigger("estimate", args.at_token) if at == "auto" else Trigger("time", at))
+    if at is None:
+        trigger = Trigger() if args.at_token is None else Trigger("token", args.at_token)
+    elif at == "auto":
+        trigger = Trigger("estimate", args.at_token or 16)
+    else:
+        trigger = Trigger("time", at)
     return InterfereSettings(
         a_prompt_tokens=args.a_prompt_tokens or 32, a_tokens=args.a_tokens or 64,
         b_prompt_tokens=args.b_prompt_tokens, b_tokens=args.b_tokens, trigger=trigger,

@@ -25,75 +25,119 @@ def _notes(out: Console, notes: list[str]) -> None:
         out.print(f"[yellow]note:[/] {escape(note)}")
 
 
+def _ms_fine(v: float | None) -> str:
+    """ms with significant digits below 1 ms, so a 5 µs gap reads 0.005, never 0.0."""
+    if v is None:
+        return "—"
+    ms = v * 1000
+    return "0" if ms == 0 else f"{ms:.1f}" if abs(ms) >= 1 else f"{ms:.2g}"
+
+
+def _table(title: str, columns: tuple[str, ...], left: tuple[str, ...] = ()) -> Table:
+    t = Table(title=title)
+    for col in columns:
+        # A header is never cut: its unit is in it. A narrow console wraps the table instead.
+        t.add_column(col, justify="left" if col in left else "right",
+                     min_width=max(len(w) for w in col.split("\n")), no_wrap=True)
+    return t
+
+
+def _verdict(out: Console, kind: str, text: str) -> None:
+    colour = {"interference": "red", "no interference": "green", "reuse": "green",
+              }.get(kind, "yellow")
+    out.print(f"[bold {colour}]verdict:[/] {escape(text)}")
+
+
 def render_prefix(out: Console, r: PrefixResult) -> None:
-    t = Table(title=f"prefix reuse (experiment {r.experiment_id}): shared prefix "
-                    f"{_num(r.prefix_tokens)} tokens, KV block {_num(r.block_size)} tokens, "
-                    f"up to {_num(r.expected_hit_tokens)} tokens can hit")
-    for col in ("pass", "runs", "TTFT ms", "server prefill ms", "prefix queries", "prefix hits"):
-        t.add_column(col, justify="left" if col == "pass" else "right")
+    t = _table(f"prefix reuse (experiment {r.experiment_id}): shared prefix "
+               f"{_num(r.prefix_tokens)} tokens, KV block {_num(r.block_size)} tokens, "
+               f"up to {_num(r.expected_hit_tokens)} tokens can hit",
+               ("pass", "runs", "TTFT ms", "server prefill ms", "prefix queries (tokens)",
+                "prefix hits (tokens)"), left=("pass",))
     for name in ("cold", "warm"):
         s = r.summary[name]
         t.add_row(name, _num(s["runs"]), _ms(s["ttft_s"]), _ms(s["server_prefill_s"]),
                   _num(s["prefix_cache_queries"]), _num(s["prefix_cache_hits"]))
     out.print(t)
-    cold, warm = r.summary["cold"]["ttft_s"], r.summary["warm"]["ttft_s"]
-    if cold and warm:
-        out.print(f"warm TTFT is {warm / cold * 100:.0f}% of cold")
+    v = r.verdict()
+    _verdict(out, v.kind, v.text)
     _notes(out, r.notes)
 
 
 def render_batch(out: Console, r: BatchResult) -> None:
-    t = Table(title=f"batch scaling (experiment {r.experiment_id})")
-    for col in ("concurrency", "rounds", "streams ok", "tokens/s", "round spread", "over",
-                "× vs lowest", "efficiency", "server tok/s", "server ×",
-                "TPOT ms", "ITL p50 ms", "ITL p99 ms", "max waiting", "max KV %",
-                "preemptions"):
-        t.add_column(col, justify="right")
+    many = any(lv.rounds > 1 for lv in r.levels)
+    cols = ("concurrency", *(("rounds",) if many else ()), "streams ok", "client tok/s",
+            "rate over", "× vs lowest", "efficiency %", "server tok/s", "server ×",
+            *(("round spread %",) if many else ()))
+    t = _table(f"batch scaling (experiment {r.experiment_id}): aggregate output tokens/s",
+               cols)
     for lv in r.levels:
         ratio = r.scaling.ratios.get(lv.concurrency)
         eff = r.scaling.efficiency.get(lv.concurrency)
-        t.add_row(str(lv.concurrency), str(lv.rounds), str(lv.streams_ok),
-                  _num(lv.tokens_per_s, "{:.1f}"), _num(lv.round_spread, "{:.0%}"),
-                  lv.rate_basis,
-                  _num(ratio, "{:.2f}"), _num(eff, "{:.0%}"),
-                  _num(lv.server_tokens_per_s, "{:.1f}"),
-                  _num(r.scaling.server_ratios.get(lv.concurrency), "{:.2f}"),
-                  _ms(lv.tpot_median_s),
-                  _ms(lv.itl_p50_s), _ms(lv.itl_p99_s), _num(lv.max_waiting),
+        row = [str(lv.concurrency), *((str(lv.rounds),) if many else ()), str(lv.streams_ok),
+               _num(lv.tokens_per_s, "{:.1f}"), lv.rate_basis, _num(ratio, "{:.2f}"),
+               _num(eff * 100 if eff is not None else None, "{:.0f}"),
+               _num(lv.server_tokens_per_s, "{:.1f}"),
+               _num(r.scaling.server_ratios.get(lv.concurrency), "{:.2f}")]
+        if many:
+            row.append(_num(lv.round_spread * 100 if lv.round_spread is not None else None,
+                            "{:.0f}"))
+        t.add_row(*row)
+    out.print(t)
+    t = _table("per-stream latency and server pressure",
+               ("concurrency", "TPOT ms", "ITL p50 ms", "ITL p99 ms", "burst gaps %",
+                "max waiting", "max running", "max KV %", "preemptions"))
+    for lv in r.levels:
+        t.add_row(str(lv.concurrency), _ms(lv.tpot_median_s), _ms_fine(lv.itl_p50_s),
+                  _ms_fine(lv.itl_p99_s),
+                  _num(lv.burst_share * 100 if lv.burst_share is not None else None, "{:.0f}"),
+                  _num(lv.max_waiting), _num(lv.max_running),
                   _num(lv.max_kv_usage * 100 if lv.max_kv_usage is not None else None,
                        "{:.1f}"), _num(lv.preemptions))
     out.print(t)
-    if any(lv.rounds > 1 for lv in r.levels):
+    if many:
         out.print("each level: the median over its rounds (round spread: (max − min) ÷ median "
                   "of the rounds' tokens/s; streams ok: the fewest in any round)")
-    if r.scaling.stops_at is not None:
-        out.print(f"scaling stops after concurrency {r.scaling.stops_at}:")
-        for why in r.scaling.why:
-            out.print(f"  - {escape(why)}")
-    else:
-        out.print("throughput still rose at every level tested")
+    bursty = [lv.concurrency for lv in r.levels
+              if lv.burst_share is not None and lv.burst_share >= 0.5]
+    if bursty:
+        out.print(f"[yellow]note:[/] at concurrency {', '.join(map(str, bursty))} most tokens "
+                  "reached the client in bursts (burst gaps: gaps under 10 % of the TPOT), so "
+                  "ITL percentiles measure delivery, not decode: TPOT and server tok/s give "
+                  "the decode pace")
+    kind = "no knee" if r.scaling.stops_at is None else "knee"
+    _verdict(out, kind, r.scaling.verdict + ":")
+    for why in r.scaling.why:
+        out.print(f"  - {escape(why)}")
     _notes(out, r.notes)
 
 
 def render_interfere(out: Console, r: InterfereResult, arm: str | None = None) -> None:
     who = f"arm {arm}, " if arm else ""
-    t = Table(title=f"interference ({who}experiment {r.experiment_id}): A decoding, B's long "
-                    f"prefill sent {r.trigger.describe()}; A-alone TPOT "
-                    f"{_ms(r.baseline_itl_s)} ms, TTFT {_ms(r.baseline_ttft_s)} ms")
-    for col in ("pair", "B sent at ms", "A tokens before B", "B TTFT ms", "A max ITL ms",
-                "× baseline", "A time lost ms", "A gaps in window"):
-        t.add_column(col, justify="right")
+    t = _table(f"interference ({who}experiment {r.experiment_id}): A decoding, B's long "
+               f"prefill sent {r.trigger.describe()}; A-alone TPOT "
+               f"{_ms(r.baseline_itl_s)} ms, TTFT {_ms(r.baseline_ttft_s)} ms",
+               ("pair", "B sent at ms", "A events before B", "A events", "B TTFT ms",
+                "A last event ms", "overlap", "A max ITL ms", "× baseline", "A time lost ms",
+                "A gaps in window"), left=("overlap",))
     for i, s in enumerate(r.stalls):
-        t.add_row(str(i), _ms(s.b_arrival_s), str(s.a_tokens_before_b), _ms(s.b_ttft_s),
-                  _ms(s.max_itl_s), _num(s.ratio, "{:.1f}"), _ms(s.extra_s),
+        t.add_row(str(i), _ms(s.b_arrival_s), str(s.a_tokens_before_b), str(s.a_events),
+                  _ms(s.b_ttft_s), _ms(s.a_last_s),
+                  "inside A's decode" if s.overlapped else f"{s.overlap}: discarded",
+                  _ms_fine(s.max_itl_s), _num(s.ratio, "{:.1f}"), _ms_fine(s.extra_s),
                   str(s.gaps_in_window))
     out.print(t)
     sm = r.summary()
-    out.print(f"A alone over the same window (control): max ITL {_ms(sm['control_max_itl_s'])} "
-              f"ms, time lost {_ms(sm['control_extra_s'])} ms; with B: max ITL "
-              f"{_ms(sm['max_itl_s'])} ms, time lost {_ms(sm['extra_s'])} ms (medians)")
+    out.print(f"A alone over the same window (control): max ITL "
+              f"{_ms_fine(sm['control_max_itl_s'])} ms, time lost "
+              f"{_ms_fine(sm['control_extra_s'])} ms; with B: max ITL {_ms_fine(sm['max_itl_s'])}"
+              f" ms, time lost {_ms_fine(sm['extra_s'])} ms (medians over "
+              f"{sm['pairs_used']:.0f} of {sm['pairs']:.0f} pairs: those with B's prefill "
+              "inside A's decode)")
     out.print(f"A's decode on vLLM's clock: alone {_ms(sm['server_decode_alone_s'])} ms, with B "
               f"{_ms(sm['server_decode_with_b_s'])} ms (medians; needs --b-tokens 1)")
+    v = r.verdict()
+    _verdict(out, v.kind, v.text)
     _notes(out, r.notes)
 
 
@@ -105,14 +149,14 @@ def render_arms(out: Console, r: ArmsResult) -> None:
     names = list(r.arms)
     t = Table(title="interference by arm (medians over the pairs)" +
                     (f" · playbook {r.playbook}" if r.playbook else ""))
-    for col in ("arm", "experiment", "pairs", "A-alone TPOT ms", "A max ITL ms", "× baseline",
+    for col in ("arm", "experiment", "pairs used", "A-alone TPOT ms", "A max ITL ms", "× baseline",
                 "A time lost ms", "B TTFT ms", "control max ITL ms", "server decode alone ms",
                 "with B ms"):
         t.add_column(col, justify="left" if col == "arm" else "right")
     for name in names:
         res = r.arms[name]
         sm = res.summary()
-        t.add_row(name, str(res.experiment_id), str(len(res.stalls)),
+        t.add_row(name, str(res.experiment_id), f"{len(res.used)}/{len(res.stalls)}",
                   _ms(sm["baseline_itl_s"]), _ms(sm["max_itl_s"]), _num(sm["ratio"], "{:.1f}"),
                   _ms(sm["extra_s"]), _ms(sm["b_ttft_s"]), _ms(sm["control_max_itl_s"]),
                   _ms(sm["server_decode_alone_s"]), _ms(sm["server_decode_with_b_s"]))

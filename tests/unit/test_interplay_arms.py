@@ -75,19 +75,27 @@ def test_concurrent_by_design_recognises_marked_and_older_roles_only():
 
 def test_compare_arms_ratios_and_verdict_from_ab_stats():
     def stalls(itl: float, ttft: float):
-        return [stall([0.0, 0.01, 0.01 + itl + 0.001 * i, 0.03 + itl], 0.005, ttft, 0.01)
-                for i in range(6)]
+        # A keeps decoding at 20 ms a token after its stall, past B's first token.
+        tail = [0.03 + itl + 0.02 * k for k in range(1, 5)]
+        return [stall([0.0, 0.01, 0.01 + itl + 0.001 * i, 0.03 + itl, *tail], 0.005, ttft,
+                      0.01) for i in range(6)]
 
-    c = compare_arms("one-step", stalls(0.08, 0.05), "chunked", stalls(0.02, 0.09))
+    # One more chunked pair whose A ended before B's first token: it measured nothing (its
+    # tiny "max ITL" would flatter the chunked arm) and is left out, counted.
+    late = stall([0.0, 0.001, 0.002], 0.0015, 0.09, 0.01)
+    assert late.overlap == "late" and late.max_itl_s == pytest.approx(0.001)
+    c = compare_arms("one-step", stalls(0.08, 0.05), "chunked", stalls(0.02, 0.09) + [late])
     itl, ttft = c["metrics"]["max_itl_s"], c["metrics"]["b_ttft_s"]
     assert itl["ratio"] == pytest.approx(0.0225 / 0.0825, rel=0.01)  # medians: itl + 2.5 ms
     assert itl["verdict"] == "improvement" and ttft["verdict"] == "regression"
     assert set(c["metrics"]) == {"max_itl_s", "extra_s", "b_ttft_s"}
+    assert c["discarded"] == {"one-step": {}, "chunked": {"late": 1}}
 
 
 def test_trigger_validates_its_value():
     assert Trigger("time", 0.25).describe() == "0.25 s after A's send"
-    for bad in (("token", 0), ("token", 2.5), ("time", -1), ("later", 1)):
+    assert Trigger().kind == "auto" and "25%" in Trigger().describe()  # the default
+    for bad in (("token", 0), ("token", 2.5), ("time", -1), ("later", 1), ("auto", 1.0)):
         with pytest.raises(ValueError):
             Trigger(*bad)  # type: ignore[arg-type]
 
