@@ -242,12 +242,14 @@ def test_ab_page(monkeypatch, tmp_path):
     assert "two different experiments" in at.info[0].value
 
 
-def _ab_session_store(path: Path, *, b_slow: float, arms: int = 2) -> None:
+def _ab_session_store(path: Path, *, b_slow: float, arms: int = 2,
+                      settings: dict | None = None) -> None:
     from phaseprobe.collect.playbook import shipped_playbooks
 
     book = shipped_playbooks() / "cpu-compile.toml"
     with Store(path) as store:
-        sid = store.create_ab_session("cpu-compile", str(book), book.read_text(), {"runs": 8})
+        sid = store.create_ab_session("cpu-compile", str(book), book.read_text(),
+                                      settings or {"runs": 8})
         ids = {}
         for name, slow in (("eager", 1.0), ("compiled", b_slow))[:arms]:
             ids[name] = _experiment(store, f"cpu-compile/{name}")
@@ -271,6 +273,27 @@ def test_ab_page_shows_a_stored_session(monkeypatch, tmp_path):
     at.radio(key="ab_source").set_value("Any two experiments").run()
     assert not at.exception
     assert at.selectbox(key="ab_b").value == 3
+
+
+def test_ab_page_shows_a_sequential_session_with_why_it_stopped(monkeypatch, tmp_path):
+    from phaseprobe.analysis.ab_sequential import SequentialPlan
+
+    plan = SequentialPlan(min_effect=0.05, max_runs=8)
+    stop = {"reason": "decided", "primary": "server_decode_s", "verdict": "improvement",
+            "pairs": 8, "runs": {"eager": 8, "compiled": 8}, "minutes": 0.4, "looks": 2,
+            "more_runs": None}
+    _ab_session_store(tmp_path / "s.db", b_slow=0.7,
+                      settings={"runs": 8, "sequential": plan.to_dict(), "stop": stop})
+    at = goto(open_app(monkeypatch, tmp_path / "s.db"), "A/B")
+    assert not at.exception
+    text = page_text(at)
+    assert "Sequential session: stopped (decided) after 8 eager, 8 compiled runs" in text
+    row = at.dataframe[0].value
+    row = row[row["metric"] == "server decode"].iloc[0]
+    # The sequential view: geometric mean of paired ratios, the anytime interval, its verdict.
+    assert row["verdict"] == "improvement" and row["CI high"] < 1
+    assert row["ratio B/A"] == pytest.approx(0.7, rel=0.05)
+    assert "Noise, server decode" in text
 
 
 def test_ab_page_session_missing_an_arm(monkeypatch, tmp_path):
