@@ -265,3 +265,21 @@ def test_trigger_auto_is_the_default_and_checks_its_share():
     assert InterfereSettings().trigger == Trigger("auto", 0.25)
     with pytest.raises(ValueError):
         Trigger("auto", 1.5)
+
+
+def test_dashboard_marks_a_pair_that_the_verdict_discarded():
+    from phaseprobe.present.dashboard.interfere_pairs import pair_overlap
+    from phaseprobe.records import ClientTimeline, Isolation, Run
+
+    def run(lane: str, sent_ms: float, events_ms: list[float]) -> Run:
+        tl = ClientTimeline(sent_wall_ns=int(sent_ms * 1e6),
+                            event_offsets_ns=tuple(int(t * 1e6) for t in events_ms),
+                            end_offset_ns=int(events_ms[-1] * 1e6), http_status=200,
+                            prompt_tokens=8, completion_tokens=len(events_ms),
+                            finish_reason="length", complete=True)
+        return Run(seq=0 if lane == "A" else 1, status="ok", prompt="p", client=tl, server=None,
+                   isolation=Isolation(verified=False, isolated=False, reasons=()))
+
+    a = [38 + 1.8 * i for i in range(40)]  # A: done at ≈ 108 ms
+    assert pair_overlap({"A": run("A", 0, a), "B": run("B", 100, [100.0])}) == "late"
+    assert pair_overlap({"A": run("A", 0, a), "B": run("B", 50, [20.0])}) == "inside"

@@ -14,11 +14,11 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from phaseprobe.analysis.interplay import interfere_pair_of
+from phaseprobe.analysis.interplay import OVERLAP_WHY, interfere_pair_of, overlap_of
 from phaseprobe.present.dashboard.page_timeline import phase_bars, swimlane, token_ticks
 from phaseprobe.records import Run
 
-__all__ = ["pairs", "pair_lanes", "a_gaps", "render_pairs"]
+__all__ = ["pairs", "pair_lanes", "a_gaps", "pair_overlap", "render_pairs"]
 
 _LANE_NAMES = {"A": "A (decoding)", "B": "B (long prefill)"}
 
@@ -49,6 +49,16 @@ def a_gaps(pair: dict[str, Run]) -> pd.DataFrame:
     return pd.DataFrame({"t_ms": t[1:], "gap_ms": [b - x for x, b in zip(t, t[1:])]})
 
 
+def pair_overlap(pair: dict[str, Run]) -> str:
+    """Whether B's prefill ran inside A's decode ("inside"), as ``phaseprobe interfere``
+    judges it: a pair that is not "inside" was discarded from its verdict."""
+    a, b = pair["A"].client, pair["B"].client
+    if a is None or b is None:
+        return "failed"
+    b_sent_s = (b.sent_wall_ns - a.sent_wall_ns) / 1e9
+    return overlap_of([t / 1e9 for t in a.event_offsets_ns], b_sent_s, b.ttft_s)
+
+
 def render_pairs(runs: Sequence[Run]) -> None:
     found = pairs(runs)
     st.subheader("Interference: A and B on one clock")
@@ -57,6 +67,10 @@ def render_pairs(runs: Sequence[Run]) -> None:
         return
     i = st.selectbox("Pair", list(found), key="interfere_pair")
     pair = found[int(i)]
+    overlap = pair_overlap(pair)
+    if overlap != "inside":
+        st.warning(f"Pair {i} was discarded from the verdict: {OVERLAP_WHY[overlap]}. Its gaps "
+                   "say nothing about B's prefill.")
     lanes = pair_lanes(pair)
     b_sent_ms = lanes[pair["B"].seq][1]
     b_first = pair["B"].client.ttft_s if pair["B"].client else None
