@@ -12,19 +12,27 @@ from __future__ import annotations
 
 import json
 import math
+import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from phaseprobe.analysis.client_check import has_hop
 from phaseprobe.analysis.kv_reservation import run_windows
+from phaseprobe.analysis.likeness import (
+    ExperimentFacts,
+    evidence_mismatches,
+    facts_from,
+    unlike_fields,
+)
 from phaseprobe.analysis.rules.base import Evidence
 from phaseprobe.errors import ConfigError
 from phaseprobe.store import Store
 
 __all__ = ["EvidenceOptions", "build_evidence", "prometheus_evidence", "trace_evidence",
-           "nccl_evidence", "model_layers"]
+           "nccl_evidence", "model_layers", "experiment_facts", "server_host_names"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +49,8 @@ class EvidenceOptions:
     tensor_parallel_size: int | None = None
     baseline_id: int | None = None
     baseline_tp: int | None = None
+    # Compare unlike experiments and use evidence files that do not match, with a warning.
+    force: bool = False
     notes: list[str] = field(default_factory=list)  # filled while building
 
 
@@ -61,16 +71,26 @@ def build_evidence(store: Store, experiment_id: int, opts: EvidenceOptions
     if opts.prom_url:
         prom = prometheus_evidence(opts.prom_url, runs, opts.prom_selector, opts.notes)
         sources["prom"] = opts.prom_url if prom is not None else "unavailable"
+    tp = opts.tensor_parallel_size or _label_int(exp.spec.labels, "tp",
+                                                  "tensor_parallel_size")
+    if tp is None and log_text is not None:
+        from phaseprobe.analysis.rules.vllm_log import parse_log
+
+        tp = parse_log(log_text).tensor_parallel_size or None
+    facts = experiment_facts(exp.spec.endpoint, info, runs, tp)
     steps = sum(max(0, (r.client.completion_tokens or 0) - 1) for r in runs if r.client)
     nccl = nccl_evidence(opts.nccl_logs, steps) if opts.nccl_logs else None
     if opts.nccl_logs:
         sources["nccl"] = ", ".join(opts.nccl_logs)
+        nccl = _belongs(nccl, "NCCL log", ", ".join(opts.nccl_logs), facts, opts, sources,
+                        "nccl")
     else:  # a summary kept with `phaseprobe nccl --keep --experiment ID`
         nccl = _kept(store, experiment_id, ("nccl",), sources, "nccl")
     trace_file = opts.trace or opts.nsys
     trace = trace_evidence(trace_file, nsys=opts.trace is None) if trace_file else None
     if trace_file:
         sources["trace"] = trace_file
+        trace = _belongs(trace, "trace", trace_file, facts, opts, sources, "trace")
     else:  # `trace|nsys --keep --experiment ID`, or `probe --torch-profile`
         trace = _kept(store, experiment_id, ("trace", "nsys"), sources, "trace")
     efficiency = None
@@ -81,22 +101,86 @@ def build_evidence(store: Store, experiment_id: int, opts: EvidenceOptions
                                        model_config=opts.model_config)
         sources["efficiency"] = f"peaks {opts.peaks}"
     baseline = None
+    unlike: list[str] = []
     if opts.baseline_id is not None:
         if opts.baseline_id == experiment_id:
             raise ConfigError("--baseline must name another experiment")
+        base_exp = store.experiment(opts.baseline_id)
+        unlike = unlike_fields(base_exp, exp, store.runs(opts.baseline_id), runs)
+        if unlike and not opts.force:
+            raise ConfigError(
+                f"experiment {experiment_id} and baseline {opts.baseline_id} are not like with "
+                f"like (baseline vs this: {'; '.join(unlike)}): "
+                "a difference in their timings would not be the GPUs'. Compare experiments "
+                "with the same model, prompt and output shape, api and kind, or pass --force "
+                "to compare anyway")
+        if unlike:
+            opts.notes.append(f"--force: comparing unlike experiments (baseline vs this: "
+                              f"{'; '.join(unlike)}); differences are not only the GPUs'")
         baseline, _ = build_evidence(store, opts.baseline_id, EvidenceOptions(
             use_case=opts.use_case, tensor_parallel_size=opts.baseline_tp))
         sources["baseline"] = f"experiment {opts.baseline_id}"
-    tp = opts.tensor_parallel_size or _label_int(exp.spec.labels, "tp",
-                                                  "tensor_parallel_size")
     ev = Evidence(runs=runs, experiment_id=experiment_id, experiment_name=exp.name,
                   server_info=info, use_case=opts.use_case,
                   gpu_samples=None if gpu.empty else gpu, prom=prom, server_log=log_text,
                   nccl=nccl, trace=trace, efficiency=efficiency,
                   model_layers=model_layers(info, opts.model_config),
                   tensor_parallel_size=tp, baseline=baseline, store_path=str(store.path),
-                  endpoint=exp.spec.endpoint)
+                  endpoint=exp.spec.endpoint, baseline_unlike=tuple(unlike))
     return ev, sources
+
+
+def server_host_names(endpoint: str) -> set[str]:
+    """The names the endpoint's host goes by, as an NCCL log or a trace would name it: this
+    machine's host name for a loopback endpoint, the URL's host name otherwise (an IP address
+    of another machine cannot be named here: empty)."""
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    if has_hop(endpoint) is False:
+        return {socket.gethostname(), socket.getfqdn()}
+    host = urlsplit(endpoint if "//" in endpoint else "//" + endpoint).hostname
+    if not host:
+        return set()
+    try:
+        ipaddress.ip_address(host)
+        return set()
+    except ValueError:
+        return {host}
+
+
+def experiment_facts(endpoint: str, info: dict[str, Any], runs: Sequence[Any],
+                     tp: int | None) -> ExperimentFacts:
+    """Where and when the experiment ran, to check evidence files against."""
+    return facts_from(info, runs, server_host_names(endpoint), tp)
+
+
+def _belongs(doc: dict[str, Any] | None, what: str, names: str, facts: ExperimentFacts,
+             opts: EvidenceOptions, sources: dict[str, str], key: str) -> dict[str, Any] | None:
+    """``doc`` when the file can be this experiment's; else None (reported as not matching
+    and not used), or ``doc`` with a warning under ``--force``."""
+    if doc is None:
+        return None
+    span = doc.get("span_ns")
+    ranks = [g.get("nranks") for g in doc.get("comm_groups") or [] if isinstance(g, dict)]
+    world = doc.get("world_size")
+    why = evidence_mismatches(
+        what, facts, span_ns=tuple(span) if isinstance(span, list | tuple) and len(span) == 2
+        else None, hosts=[h for h in (doc.get("hosts") or [doc.get("host_name")]) if h],
+        ranks=[int(r) for r in ranks if isinstance(r, int | float | str) and str(r).isdigit()],
+        world_size=world if isinstance(world, int) else None,
+        vllm_version=doc.get("vllm_version"), model=doc.get("model"))
+    if not why:
+        return doc
+    if opts.force:
+        opts.notes.append(f"--force: using {what} {names} although it does not match the "
+                          f"experiment ({'; '.join(why)})")
+        sources[key] = f"{names} (does not match the experiment; used with --force)"
+        return doc
+    opts.notes.append(f"{what} {names} does not match the experiment, not used: "
+                      f"{'; '.join(why)} (--force uses it anyway)")
+    sources[key] = f"not used: {names} does not match the experiment ({'; '.join(why)})"
+    return None
 
 
 def _kept(store: Store, experiment_id: int, kinds: tuple[str, ...], sources: dict[str, str],
@@ -204,7 +288,25 @@ def nccl_evidence(paths: Sequence[str], decode_steps: int) -> dict[str, Any]:
     from phaseprobe.analysis.nccl_summary import summarize
     from phaseprobe.sources.nccl_log import parse_files
 
-    return summarize(parse_files(paths), steps=decode_steps or None)
+    log = parse_files(paths)
+    doc = summarize(log, steps=decode_steps or None)
+    # When its collectives were logged (NCCL_DEBUG_TIMESTAMP_FORMAT lines), to check it
+    # against the experiment's window. The stamps are the server host's local time.
+    first, last = _stamp_ns(log.coll_first_ts), _stamp_ns(log.coll_last_ts)
+    if first is not None and last is not None:
+        doc["span_ns"] = [first, last]
+    return doc
+
+
+def _stamp_ns(stamp: str | None) -> int | None:
+    from datetime import datetime
+
+    if not stamp:
+        return None
+    try:
+        return int(datetime.fromisoformat(stamp.replace(",", ".")).timestamp() * 1e9)
+    except ValueError:
+        return None
 
 
 def trace_evidence(path: str, *, nsys: bool, min_gap_ns: int = 100_000) -> dict[str, Any]:
@@ -240,9 +342,32 @@ def trace_evidence(path: str, *, nsys: bool, min_gap_ns: int = 100_000) -> dict[
     devices = [{k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
                for row in overlap.to_dict("records")]
     top = gaps.nlargest(15, "gap_ns") if not gaps.empty else gaps
-    return {"file": str(p), "devices": devices, "idle_gaps_count": len(gaps),
+    return {**_trace_facts(tl), "file": str(p), "devices": devices,
+            "idle_gaps_count": len(gaps),
             "idle_gaps_total_ns": int(gaps["gap_ns"].sum()) if not gaps.empty else 0,
             "idle_gap_min_ns": min_gap_ns,
             "idle_gaps": [{k: (v.item() if hasattr(v, "item") else v) for k, v in r.items()}
                           for r in top.to_dict("records")]}
 
+
+
+def _trace_facts(tl: Any) -> dict[str, Any]:
+    """Where and when a trace was taken, from its own metadata (to check it belongs): wall
+    span, host, world size, vLLM version; keys left out when the trace does not say."""
+    meta = getattr(tl, "meta", {}) or {}
+    out: dict[str, Any] = {}
+    acts = tl.activities
+    if not acts.empty:
+        start, end = int(acts["start_ns"].min()), int(acts["end_ns"].max())
+        base = meta.get("baseTimeNanoseconds")
+        if start < 10**17 and base and str(base).isdigit():  # relative to the trace's base
+            start, end = start + int(base), end + int(base)
+        if start >= 10**17:  # a wall-clock time (after 1973), not a monotonic one
+            out["span_ns"] = [start, end]
+    if meta.get("host_name"):
+        out["host_name"] = meta["host_name"]
+    if str(meta.get("dist_world_size", "")).isdigit():
+        out["world_size"] = int(meta["dist_world_size"])
+    if meta.get("vllm_version"):
+        out["vllm_version"] = meta["vllm_version"]
+    return out

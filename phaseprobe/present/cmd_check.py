@@ -6,6 +6,11 @@
     phaseprobe check --experiment 5 --baseline 4 --tp 4 --baseline-tp 2   # after adding GPUs
     phaseprobe check --latest --json          # one JSON document; exit 1 when a rule failed
 
+Only like is compared with like: a --baseline with another model, prompt or output shape, api
+or measurement kind is refused with the differences listed, and --nccl/--trace files whose
+time, host, ranks or vLLM do not match the experiment are reported as not matching and not
+used. --force does both anyway, with a warning.
+
 Exit codes: 0 nothing failed, 1 a rule failed (for CI), 2 an expected error (bad option,
 missing store or file). Each rule that lacks its evidence says ``skipped: needs …``.
 """
@@ -77,6 +82,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "decode-efficiency rule (a GPU name, or 'calibrated')")
     p.add_argument("--model-config", metavar="PATH", help="the model's config.json (or its "
                    "directory) when the server's model root is not reachable")
+    p.add_argument("--force", action="store_true",
+                   help="compare with a --baseline that differs in model, prompt or output "
+                        "shape, api or kind, and use --nccl/--trace files that do not match "
+                        "the experiment (time, host, ranks, vLLM), with a warning")
     p.add_argument("--rule", action="append", metavar="ID", help="run only these rules "
                    "(repeatable; --list shows them)")
     p.add_argument("--list", action="store_true", help="list the rules and what they need")
@@ -100,7 +109,8 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
         use_case=args.use_case, prom_url=args.prom, prom_selector=args.prom_selector,
         server_log=args.server_log, nccl_logs=tuple(args.nccl), nsys=args.nsys,
         trace=args.trace, peaks=args.peaks, model_config=args.model_config,
-        tensor_parallel_size=args.tp, baseline_id=args.baseline, baseline_tp=args.baseline_tp)
+        tensor_parallel_size=args.tp, baseline_id=args.baseline, baseline_tp=args.baseline_tp,
+        force=args.force)
     with Store(path) as store:
         exp_id = args.experiment if args.experiment is not None else args.experiment_pos
         if exp_id is None:

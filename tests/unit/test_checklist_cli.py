@@ -197,10 +197,19 @@ def test_nccl_adapter_on_a_real_log_when_the_parser_is_there(tmp_path):
     if not log.is_file():
         pytest.skip("NCCL sample log not present")
     store, exp_id = _store(tmp_path, [make_run(i) for i in range(3)])
+    # The log is another job's (its hosts are not this machine, where the experiment's
+    # 127.0.0.1 server ran): reported as not matching and not used (issue 16) ...
+    code, out, _ = _cli("--store", store, "--nccl", str(log), "--rule", "collectives", "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["verdicts"][0]["status"] == "skipped"
+    assert doc["sources"]["nccl"].startswith("not used:") and "host:" in doc["sources"]["nccl"]
+    assert any("does not match the experiment, not used" in n for n in doc["notes"])
+    # ... unless forced, with a warning: then the adapter's reading is what is judged.
     code, out, _ = _cli("--store", store, "--nccl", str(log), "--rule", "collectives",
-                        "--rule", "scaling_regression", "--json")
+                        "--rule", "scaling_regression", "--json", "--force")
     by = {x["rule"]: x for x in json.loads(out)["verdicts"]}
     v = by["collectives"]
+    assert any(n.startswith("--force: using NCCL log") for n in json.loads(out)["notes"])
     assert code == 1 and v["status"] == "fail"
     assert by["scaling_regression"]["status"] == "skipped"  # no baseline given
     assert "SHM" in v["summary"] and v["numbers"]["transports_by_class"] == {"shm": 4}

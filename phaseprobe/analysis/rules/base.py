@@ -114,6 +114,8 @@ class Evidence:
     baseline: Evidence | None = None
     store_path: str | None = None  # only to spell the next command
     endpoint: str | None = None  # the probed server: is there a hop between it and the client?
+    # What makes the baseline unlike this experiment, when compared anyway (--force).
+    baseline_unlike: tuple[str, ...] = ()
 
     @cached_property
     def summary(self) -> Summary:

@@ -332,6 +332,13 @@ def scaling_regression(ev: Evidence) -> Verdict:
                      + (f", {v['ab_verdict']}, p={v['p_value']:.3g})" if k in tested else ")")
                      for k, v in rows.items())
     said = f"{min(d_now, d_base)} -> {max(d_now, d_base)} GPUs: {said}"
+    if ev.baseline_unlike:  # compared anyway (--force): the verdict cannot blame the GPUs
+        numbers["unlike"] = list(ev.baseline_unlike)
+        said += (f"; WARNING: the experiments differ in more than GPUs "
+                 f"({'; '.join(ev.baseline_unlike)}), so this is not a scaling verdict")
+        return Verdict("warn", said, numbers, th,
+                       "compare experiments that differ only in their GPU count",
+                       "phaseprobe check --experiment ID --baseline ID")
     rec = ("more GPUs made it slower or no faster: check the topology between them "
            "(nvidia-smi topo -m), NCCL's transport (P2P/NVLink vs SHM/PCIe/socket) and how many "
            "collectives each token costs")
