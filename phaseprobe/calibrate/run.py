@@ -1,5 +1,8 @@
 """Run the torch benchmark in an interpreter that has torch, and keep its results.
 
+:func:`model_shapes` turns a model's config.json into the GEMMs one of its layers runs, so
+``phaseprobe calibrate --model-config`` times the kernels at the shapes the server uses.
+
 phaseprobe never imports torch: :data:`SCRIPT` (``bench_script.py``, stdlib + torch only) runs
 in a subprocess. The interpreter is the first of
 
@@ -89,16 +92,29 @@ class Calibration:
     raw: dict[str, Any] = field(default_factory=dict, compare=False)  # the script's output
 
     def to_peaks(self, dtype: str = "bf16") -> Peaks:
-        """Peaks for the roofline: best bandwidth, and the best matmul rate of ``dtype``
-        (falling back to fp32 when that dtype was not measured)."""
-        flops = self.matmul_best_tflop_s.get(dtype)
-        used = dtype
-        if flops is None and "fp32" in self.matmul_best_tflop_s:
-            flops, used = self.matmul_best_tflop_s["fp32"], "fp32"
+        """Peaks for the roofline: best bandwidth, and the best matmul rate of ``dtype``, the
+        dtype the model is served in (fp32 when that dtype was not measured).
+
+        On a CPU a 16-bit product never needs more than the fp32 units it can be widened
+        into (that is how AVX2 CPUs without bf16 FMA compute it, and what oneDNN or a
+        compiled graph does), so the roof of bf16/fp16 there is the better of the two
+        measured rates: a slow generic 16-bit path would otherwise set a roof the server
+        beats. The origin names the rate used."""
+        rates = self.matmul_best_tflop_s
+        flops, used = rates.get(dtype), dtype
+        if flops is None and "fp32" in rates:
+            flops, used = rates["fp32"], "fp32"
+        elif flops is not None and self.device == "cpu" and dtype in ("bf16", "fp16") \
+                and rates.get("fp32", 0.0) > flops:
+            flops, used = rates["fp32"], f"{dtype} served, fp32 units"
         when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(self.measured_at))
+        kernel = str((self.raw.get("matmul") or {}).get(dtype, {}).get("kernel", "matmul")) \
+            if isinstance(self.raw.get("matmul"), dict) else "matmul"
+        rate = "—" if flops is None else f"{flops * 1e3:.3g} GFLOP/s"
         return Peaks(self.mem_bandwidth_best_gb_s * 1e9,
                      None if flops is None else flops * 1e12,
-                     f"calibrated {self.device_name} ({used} matmul, {when})")
+                     f"calibrated {self.device_name} ({used} {_kernel_name(kernel)} {rate}, "
+                     f"{self.mem_bandwidth_best_gb_s:.3g} GB/s, {when})")
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -122,6 +138,10 @@ class Calibration:
                                    for k, v in d["matmul_median_tflop_s"].items()},
             measured_at=float(d["measured_at"]), torch_version=str(d["torch_version"]),
             interpreter=str(d["interpreter"]), raw=dict(d.get("raw") or {}))
+
+
+def _kernel_name(kernel: str) -> str:
+    return "F.linear" if kernel == "torch.nn.functional.linear" else "matmul"
 
 
 def _torch_importable() -> bool:
@@ -197,12 +217,19 @@ def parse_output(stdout: str, interpreter: str) -> Calibration:
 
 def run_benchmark(device: str = "auto", *, interpreter: str | None = None, quick: bool = False,
                   timeout_s: float = 300.0, runner: Runner = run_subprocess,
-                  script: Path = SCRIPT) -> Calibration:
-    """Run :data:`SCRIPT` on ``device`` (``auto``: CUDA when torch sees one, else CPU)."""
+                  script: Path = SCRIPT, shapes: Sequence[tuple[int, int, int]] = (),
+                  budget_s: float | None = None) -> Calibration:
+    """Run :data:`SCRIPT` on ``device`` (``auto``: CUDA when torch sees one, else CPU);
+    ``shapes``: a model's own (M, K, N) GEMMs, timed beside the script's generic layer;
+    ``budget_s``: seconds per dtype for all GEMMs."""
     if device not in ("auto", "cpu", "cuda"):
         raise ConfigError(f"--device {device!r}: use cpu, cuda or auto")
+    if budget_s is not None and not budget_s > 0:
+        raise ConfigError(f"--budget {budget_s:g}: must be a positive number of seconds")
     python = find_interpreter(interpreter)
-    argv = [python, str(script), "--device", device, *(["--quick"] if quick else [])]
+    argv = [python, str(script), "--device", device, *(["--quick"] if quick else []),
+            *[a for m, k, n in shapes for a in ("--shape", f"{m},{k},{n}")],
+            *(["--budget-s", f"{budget_s:g}"] if budget_s is not None else [])]
     try:
         done = runner(argv, timeout_s)
     except subprocess.TimeoutExpired:
@@ -214,6 +241,23 @@ def run_benchmark(device: str = "auto", *, interpreter: str | None = None, quick
         raise CalibrationError(f"benchmark failed with exit code {done.returncode} "
                                f"({python}); last output:\n{_tail(done.stderr or done.stdout)}")
     return parse_output(done.stdout, python)
+
+
+def model_shapes(config: str | Path, tokens: int = 128) -> list[tuple[int, int, int]]:
+    """(M, K, N) of one decoder layer's linear layers as vLLM fuses them (QKV, output,
+    gate+up, down) for a prefill of ``tokens`` tokens, from a config.json or model dir."""
+    from phaseprobe.analysis import model_math
+
+    if tokens < 1:
+        raise ConfigError(f"--tokens {tokens}: must be at least 1")
+    cfg, source = model_math.load_config(config)
+    shape = model_math.parse_shape(cfg, source)
+    a, h = shape.attention, shape.hidden_size
+    inter = shape.moe.expert_intermediate_size if shape.moe else shape.intermediate_size
+    q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
+    up = (2 if shape.gated_mlp else 1) * inter
+    found = [(tokens, h, q + 2 * kv), (tokens, q, h), (tokens, h, up), (tokens, inter, h)]
+    return list(dict.fromkeys(found))  # order kept, duplicates once
 
 
 def calibration_path() -> Path:

@@ -3,6 +3,7 @@
     phaseprobe calibrate                  # CUDA when torch sees a GPU, else the CPU
     phaseprobe calibrate --device cpu --json
     phaseprobe calibrate --show           # what is stored
+    phaseprobe calibrate --model-config ~/models/llama/config.json   # + that model's GEMMs
 
 The figures become the roofline's peaks for this machine (``probe`` shows efficiency against
 them, or against the datasheet table for a known GPU). When the device is a GPU of the table,
@@ -25,6 +26,7 @@ from phaseprobe.calibrate.run import (
     Calibration,
     calibration_path,
     load_all,
+    model_shapes,
     run_benchmark,
     save,
 )
@@ -37,9 +39,13 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "calibrate", help="measure this device's memory bandwidth and matmul FLOP/s (torch)",
         description="Measure achieved memory bandwidth (large tensor copy) and matmul FLOP/s "
-                    "(square bf16 and fp32 GEMMs) with torch, on CUDA when available, else "
-                    "the CPU, and store them as this machine's roofline peaks. torch runs in a "
-                    "subprocess: the current Python if it has torch, else the local vLLM venv.")
+                    "with torch, on CUDA when available, else the CPU, and store them as this "
+                    "machine's roofline peaks. Matmuls run the way a server computes: "
+                    "torch.nn.functional.linear (oneDNN on CPU, cuBLAS on CUDA) in bf16 (what "
+                    "vLLM serves in) and fp32, at a transformer layer's shapes (QKV, output, "
+                    "gate+up, down over a batch of tokens), each dtype within a time budget. "
+                    "torch runs in a subprocess: the current Python if it has torch, else the "
+                    "local vLLM venv.")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="device to measure (default: auto = cuda when present, else cpu)")
     p.add_argument("--show", action="store_true", help="show the stored calibrations and exit")
@@ -47,6 +53,13 @@ def register(subparsers: Any) -> None:
                    help="interpreter with torch to run the benchmark (default: this one if it "
                         "has torch, else the local vLLM venv's)")
     p.add_argument("--quick", action="store_true", help="smaller sizes: faster, less accurate")
+    p.add_argument("--model-config", metavar="PATH", default=None,
+                   help="also time this model's own layer GEMMs (its config.json or directory)")
+    p.add_argument("--tokens", type=int, default=128, metavar="N",
+                   help="tokens per GEMM for --model-config's shapes: the prompt length you "
+                        "probe with (default: 128, probe's default)")
+    p.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                   help="time per dtype for all its GEMMs (default: 5, --quick 1.5)")
     p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
                    help="give up after this long (default: 300)")
     p.add_argument("--json", action="store_true", help="print one JSON document to stdout")
@@ -74,9 +87,10 @@ def cmd_calibrate(args: argparse.Namespace, out: Console, err: Console) -> int:
     if args.show:
         return _show(args, out)
     where = "the GPU" if args.device == "cuda" else "this device"
-    with err.status(f"measuring {where} with torch (about 5-20 s)…"):
+    shapes = model_shapes(args.model_config, args.tokens) if args.model_config else []
+    with err.status(f"measuring {where} with torch (about 15-25 s)…"):
         cal = run_benchmark(args.device, interpreter=args.python, quick=args.quick,
-                            timeout_s=args.timeout)
+                            timeout_s=args.timeout, shapes=shapes, budget_s=args.budget)
     path = save(cal)
     comparison = compare(cal, match_device(cal.device_name))
     if args.json:
@@ -105,9 +119,22 @@ def _fmt_rate(value: float | None, unit: str) -> str:
     return f"{value:.2f} {unit}" if value < 100 else f"{value:.0f} {unit}"
 
 
+def _how(c: Calibration, dtype: str) -> str:
+    """Kernel and best shape, as the script measured them (old calibrations: square a @ b)."""
+    section = (c.raw.get("matmul") or {}).get(dtype) if isinstance(c.raw, dict) else None
+    if not isinstance(section, dict):
+        return ""
+    if section.get("kernel") == "torch.nn.functional.linear" and section.get("shape"):
+        m, k, n = section["shape"]
+        spent = ", budget spent" if section.get("budget_exhausted") else ""
+        return f" F.linear [{m}×{k}]·[{k}×{n}]{spent}"
+    return " a @ b (old: recalibrate)" if "n" in section else ""
+
+
 def _table(cals: list[Calibration], title: str) -> Table:
     table = Table(title=escape(title), title_justify="left",
-                  caption="best of the repeats (median in brackets); decimal units")
+                  caption="best of the repeats (median in brackets), best GEMM shape; "
+                          "decimal units")
     for col in ("device", "memory bandwidth", "matmul bf16", "matmul fp32", "measured"):
         table.add_column(col, justify="left" if col == "device" else "right")
     for c in cals:
@@ -117,7 +144,7 @@ def _table(cals: list[Calibration], title: str) -> Table:
             best = c.matmul_best_tflop_s.get(dtype)
             median = c.matmul_median_tflop_s.get(dtype)
             cells.append(f"{_fmt_rate(best, 'TFLOP/s')} ({_fmt_rate(median, 'TFLOP/s')})"
-                         if best is not None else "—")
+                         f"{_how(c, dtype)}" if best is not None else "—")
         when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(c.measured_at))
         table.add_row(escape(f"{c.device} · {c.device_name}"), *cells, when)
     return table
