@@ -87,10 +87,12 @@ def overlap_of(a_events_s: Sequence[float], b_arrival_s: float, b_ttft_s: float 
     """Did B's prefill window [B sent, B's first token] lie inside A's decode?"""
     if not a_events_s or b_ttft_s is None:
         return "failed"
-    if b_arrival_s < a_events_s[0]:
-        return "early"
+    # Late first: when A's whole stream reached the client in one burst before B's first
+    # token, B came after A's decode, whenever the burst began.
     if a_events_s[-1] < b_arrival_s + b_ttft_s - OVERLAP_SLACK_S:
         return "late"
+    if b_arrival_s < a_events_s[0]:
+        return "early"
     return "inside"
 
 
@@ -516,16 +518,22 @@ def interference_verdict(stalls: Sequence[Stall], controls: Sequence[Stall],
     client = (f"A's max ITL {fmt_duration(with_b)} with B vs {fmt_duration(ref)} {ref_name}"
               + (f" ({ratio:.1f}×)" if ratio is not None else "")
               + f", time lost {fmt_duration(lost)} vs {fmt_duration(ctrl_lost)}")
-    server = (f"; A's decode on vLLM's clock {fmt_duration(srv)} with B vs "
-              f"{fmt_duration(server_alone_s)} alone ({srv_ratio:.2f}×)"
-              if srv_ratio is not None else "")
+    server_only = (f"A's decode on vLLM's clock {fmt_duration(srv)} with B vs "
+                   f"{fmt_duration(server_alone_s)} alone ({srv_ratio:.2f}×)"
+                   if srv_ratio is not None else "")
+    server = f"; {server_only}" if server_only else ""
     basis = (f" — medians over {n} of {total} pair(s) with B's prefill inside A's decode"
              + (f" ({dropped})" if dropped else ""))
     client_says = ratio is not None and ratio >= STALL_RATIO_MIN
     server_says = srv_ratio is not None and srv_ratio >= SERVER_SLOWDOWN_MIN
-    if client_says or server_says:
+    if client_says:
         return Verdict("interference", f"interference: B's prefill stalled A: {client}{server}"
                        f"{basis}", ev)
+    if server_says:
+        # The engine saw it; the client's gaps did not (tokens delivered late or in bursts).
+        return Verdict("interference", (
+            f"interference on vLLM's clock: {server_only}; the client's gaps do not show it "
+            f"({client}: A's tokens reached the client late or in bursts){basis}"), ev)
     if ratio is None and srv_ratio is None:
         return Verdict("insufficient data", f"undecided: no A gap and no server time to "
                        f"compare{basis}", ev)

@@ -117,9 +117,9 @@ def render_interfere(out: Console, r: InterfereResult, arm: str | None = None) -
     t = _table(f"interference ({who}experiment {r.experiment_id}): A decoding, B's long "
                f"prefill sent {r.trigger.describe()}; A-alone TPOT "
                f"{_ms(r.baseline_itl_s)} ms, TTFT {_ms(r.baseline_ttft_s)} ms",
-               ("pair", "B sent at ms", "A events before B", "A events", "B TTFT ms",
-                "A last event ms", "overlap", "A max ITL ms", "× baseline", "A time lost ms",
-                "A gaps in window"), left=("overlap",))
+               ("pair", "B sent\nat ms", "A events\nbefore B", "A events", "B TTFT\nms",
+                "A last\nevent ms", "B's prefill", "A max\nITL ms", "×\nbaseline",
+                "A time\nlost ms", "A gaps\nin window"), left=("B's prefill",))
     for i, s in enumerate(r.stalls):
         t.add_row(str(i), _ms(s.b_arrival_s), str(s.a_tokens_before_b), str(s.a_events),
                   _ms(s.b_ttft_s), _ms(s.a_last_s),
@@ -147,12 +147,11 @@ def render_arms(out: Console, r: ArmsResult) -> None:
         render_interfere(out, res, arm=name)
         out.print()
     names = list(r.arms)
-    t = Table(title="interference by arm (medians over the pairs)" +
-                    (f" · playbook {r.playbook}" if r.playbook else ""))
-    for col in ("arm", "experiment", "pairs used", "A-alone TPOT ms", "A max ITL ms", "× baseline",
-                "A time lost ms", "B TTFT ms", "control max ITL ms", "server decode alone ms",
-                "with B ms"):
-        t.add_column(col, justify="left" if col == "arm" else "right")
+    t = _table("interference by arm (medians over the pairs with B's prefill inside A's "
+               "decode)" + (f" · playbook {r.playbook}" if r.playbook else ""),
+               ("arm", "experiment", "pairs\nused", "A-alone\nTPOT ms", "A max\nITL ms",
+                "×\nbaseline", "A time\nlost ms", "B TTFT\nms", "control max\nITL ms",
+                "server decode\nalone ms", "server decode\nwith B ms"), left=("arm",))
     for name in names:
         res = r.arms[name]
         sm = res.summary()

@@ -154,7 +154,7 @@ def test_cli_json_and_tables(tmp_path, capsys):
         assert "scaling" in doc and "1" in doc["scaling"]["ratios"]
         rc, out = _cli(["interfere", "--endpoint", srv.base_url, "--reps", "1",
                         "--a-tokens", "12", "--at-token", "4", "--store", store], capsys)
-        assert rc == 0 and "A max ITL" in out
+        assert rc == 0 and "A's max ITL" in out and "verdict:" in out
         rc, out = _cli(["prefix", "--endpoint", srv.base_url, "--reps", "1",
                         "--prefix-tokens", "20", "--store", store], capsys)
         assert rc == 0 and "prefix reuse" in out and "cold" in out and "warm" in out

@@ -283,3 +283,25 @@ def test_dashboard_marks_a_pair_that_the_verdict_discarded():
     a = [38 + 1.8 * i for i in range(40)]  # A: done at ≈ 108 ms
     assert pair_overlap({"A": run("A", 0, a), "B": run("B", 100, [100.0])}) == "late"
     assert pair_overlap({"A": run("A", 0, a), "B": run("B", 50, [20.0])}) == "inside"
+
+
+def test_a_stream_delivered_in_one_burst_before_bs_first_token_is_late_not_early():
+    # Seen on the busy 2-core box: A's 59 events all reached the client between 273 and 277
+    # ms; B was sent at 273.5 ms, its first token 170 ms later. A was done on the engine long
+    # before: the pair is late (nothing overlapped), not early.
+    a = [0.2734 + 0.00007 * i for i in range(59)]
+    s = stall(a, 0.2735, 0.1701, 0.0038)
+    assert s.overlap == "late"
+
+
+def test_interference_seen_only_on_vllms_clock_says_so_and_quotes_both_views():
+    # Seen: bursty delivery made A alone look worse (max ITL 188.6 ms) than with B (107.5 ms),
+    # while vLLM's clock had A's decode 442.1 ms with B vs 241.5 ms alone.
+    a = [0.085 + 0.0038 * i for i in range(64)]
+    a = a[:20] + [t + 0.1037 for t in a[20:]]
+    s = stall(a, a[19] - 0.001, 0.0969, 0.0038)
+    ctrl = stall(a, a[19] - 0.001, 0.0969, 0.0038)
+    ctrl = type(ctrl)(**{**ctrl.to_dict(), "max_itl_s": 0.1886})
+    v = interference_verdict([s], [ctrl], 0.2415, [0.4421])
+    assert v.kind == "interference" and v.text.startswith("interference on vLLM's clock")
+    assert "442.1 ms with B vs 241.5 ms alone (1.83×)" in v.text and "188.6 ms" in v.text
