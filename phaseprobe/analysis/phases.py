@@ -105,7 +105,13 @@ def attribute(before: MetricSnapshot, after: MetricSnapshot, *, model: str | Non
 
 @dataclass(frozen=True)
 class Summary:
-    """Medians over the ok runs of an experiment (None where nothing was measured)."""
+    """Medians over the ok runs of an experiment (None where nothing was measured).
+
+    Client medians are over the ``n_clean`` runs (alone on the server, or not checkable, and
+    with a client timeline consistent with the server's phases); server medians are over the
+    ``n_server`` runs alone on the server with server phases, which include the runs left out
+    for their client timeline only.
+    """
 
     n_runs: int
     n_ok: int
@@ -121,12 +127,16 @@ class Summary:
     server_decode_s: float | None
     server_ttft_s: float | None
     server_e2e_s: float | None
+    # The two below pair client and server medians of the same (clean) runs.
     decode_share_of_e2e: float | None  # server decode / client e2e
     ttft_gap_s: float | None  # client TTFT − server TTFT: network + HTTP + client overhead
     # Alone on the server but left out: the client timeline contradicts the server's phases
     # (phaseprobe.analysis.client_check; the reasons are in each run's client_check).
     n_client_inconsistent: int = 0
     itl_pooled_p99_s: float | None = None  # p99 over every gap of every clean run, pooled
+    # Runs the server_* medians are taken over: the clean ones plus those left out for their
+    # client timeline only (alone on the server, so vLLM's phases of them are theirs).
+    n_server: int = 0
 
     def to_dict(self) -> dict[str, float | int | None]:
         return dict(self.__dict__)
@@ -166,7 +176,11 @@ def summarize(runs: Sequence[Run]) -> Summary:
     ok = [r for r in runs if r.status in ("ok", "isolation_failed") and r.client is not None]
     clean, dropped = medians_runs(runs)
     client = [r.client for r in clean if r.client]
-    server = [r.server for r in clean if r.server]
+    # A run left out for its client timeline was still alone on the server: vLLM's own
+    # phases of it are as good as any (dropping them would bias the server medians towards
+    # the quiet moments a loaded machine leaves). Only its client timings are not.
+    alone = sorted(clean + dropped, key=lambda r: r.seq)
+    server = [r.server for r in alone if r.server]
     itl = [g for c in client for g in c.itl_s]
     # "ITL p50/p99, median over N runs" is what is computed: each run's percentile, then the
     # median of those, so one run with many gaps does not outweigh the others.
@@ -175,6 +189,10 @@ def summarize(runs: Sequence[Run]) -> Summary:
     decode = _median([s.decode_s for s in server])
     c_ttft = _median([c.ttft_s for c in client])
     s_ttft = _median([s.ttft_s for s in server])
+    # Client-vs-server figures pair the two views of the same runs: the clean ones.
+    same = [r.server for r in clean if r.server]
+    decode_c = _median([s.decode_s for s in same])
+    s_ttft_c = _median([s.ttft_s for s in same])
     return Summary(
         n_runs=len(runs),
         n_ok=len(ok),
@@ -190,10 +208,12 @@ def summarize(runs: Sequence[Run]) -> Summary:
         server_decode_s=decode,
         server_ttft_s=s_ttft,
         server_e2e_s=_median([s.e2e_s for s in server]),
-        decode_share_of_e2e=(decode / e2e) if decode is not None and e2e else None,
-        ttft_gap_s=(c_ttft - s_ttft) if c_ttft is not None and s_ttft is not None else None,
+        decode_share_of_e2e=(decode_c / e2e) if decode_c is not None and e2e else None,
+        ttft_gap_s=(c_ttft - s_ttft_c) if c_ttft is not None and s_ttft_c is not None
+        else None,
         n_client_inconsistent=len(dropped),
         itl_pooled_p99_s=percentile(itl, 99),
+        n_server=len(server),
     )
 
 
@@ -202,7 +222,8 @@ CLIENT_STALL_SHARE = 0.5
 
 
 def consistency_notes(runs: Sequence[Run], tolerance_s: float = 0.002,
-                      late_delivery_s: float = 0.050, hop: bool | None = None) -> list[str]:
+                      late_delivery_s: float = 0.050, hop: bool | None = None,
+                      delivery: bool = True) -> list[str]:
     """Server phases that cannot be true given what the client saw.
 
     The client's e2e contains the server's inference time and the client's TTFT contains the
@@ -212,14 +233,15 @@ def consistency_notes(runs: Sequence[Run], tolerance_s: float = 0.002,
     above the server's means tokens were produced on time but delivered late: a buffering proxy
     (nginx without ``proxy_buffering off``), the network, or a stalled API server; with
     ``hop`` False (the endpoint is on this machine) no proxy or network can be the cause.
+    ``delivery`` False: only the histogram checks (no notes on late or bunched delivery).
     """
     notes = []
     for r in runs:
         c, s = r.client, r.server
         if c is None or c.ttft_s is None:
             continue
-        verdict = client_verdict(r)
-        if not verdict.consistent:
+        verdict = client_verdict(r, hop)
+        if not verdict.consistent and delivery:
             # One note says it all: what was inconsistent, who held the tokens back, and
             # that the run is out of the medians.
             notes.append(f"run {r.seq + 1} left out of the medians: its client timeline "
@@ -227,7 +249,7 @@ def consistency_notes(runs: Sequence[Run], tolerance_s: float = 0.002,
         explained = not verdict.consistent
         stall = c.client_stall_s
         if s is None:  # client-only: its stamps can still be late on a starved client
-            if stall is not None and stall > late_delivery_s:
+            if stall is not None and stall > late_delivery_s and delivery:
                 notes.append(_stall_note(r.seq, stall))
             continue
         if s.inference_s is not None and s.inference_s > c.e2e_s + tolerance_s:
@@ -236,7 +258,7 @@ def consistency_notes(runs: Sequence[Run], tolerance_s: float = 0.002,
         if s.prefill_s is not None and s.prefill_s > c.ttft_s + tolerance_s:
             notes.append(f"run {r.seq + 1}: server prefill {s.prefill_s * 1e3:.1f} ms exceeds "
                          f"client TTFT {c.ttft_s * 1e3:.1f} ms (swapped or foreign histograms?)")
-        if explained:  # the note above says why it is late
+        if explained or not delivery:  # the note above says why it is late
             continue
         late = s.ttft_s is not None and c.ttft_s - s.ttft_s > max(late_delivery_s, s.ttft_s)
         if late and s.ttft_s is not None:

@@ -108,16 +108,19 @@ def test_cli_json_against_a_running_vllm(local_vllm, tmp_path, capsys):
     doc = json.loads(capsys.readouterr().out)
     assert code == 0
     summary = doc["summary"]
-    # A run this loaded machine delivered in a burst is left out of the medians (issue 16).
+    # A run this loaded machine delivered in a burst is left out of the client medians
+    # (issue 16); vLLM's phases of it still count (it was alone on the server).
     assert summary["n_clean"] + summary["n_client_inconsistent"] == 3
-    assert summary["n_clean"] >= 1
+    assert summary["n_server"] == 3
     # Decode (15 engine steps) outlasts prefill (one step) on any machine; how much of the
     # client's e2e it fills depends on the machine (a starved API server delivers late and
     # stretches e2e), so the share is checked for what it is: server decode over client e2e.
     assert summary["server_decode_s"] > summary["server_prefill_s"] > 0
-    assert summary["decode_share_of_e2e"] == pytest.approx(
-        summary["server_decode_s"] / summary["client_e2e_s"], rel=1e-6)
-    assert 0 < summary["decode_share_of_e2e"] <= 1
+    if summary["n_clean"] == summary["n_server"]:  # else the share is over the clean runs
+        assert summary["decode_share_of_e2e"] == pytest.approx(
+            summary["server_decode_s"] / summary["client_e2e_s"], rel=1e-6)
+    if summary["n_clean"]:
+        assert 0 < summary["decode_share_of_e2e"] <= 1
     for run in doc["runs"]:
         assert run["status"] == "ok" and run["isolated"] is True
         assert run["completion_tokens"] == 16

@@ -131,6 +131,8 @@ def test_left_out_of_the_summary_and_its_notes_say_why(runs):
     assert s.n_runs == 4 and s.n_isolated == 4 and s.n_ok == 4
     assert s.n_clean == 3 and s.n_client_inconsistent == 1
     assert s.client_ttft_s == pytest.approx(0.112)  # 904 ms is not in it
+    # vLLM's phases of the stalled run are still its own (it was alone on the server).
+    assert s.n_server == 4 and s.server_ttft_s == pytest.approx(0.106)
     assert s.itl_p50_s == pytest.approx(0.0051)
     notes = consistency_notes(runs)
     assert len(notes) == 1 and notes[0].startswith("run 2 left out of the medians")
@@ -242,3 +244,10 @@ def test_runs_command_lists_the_left_out_run_with_its_reason(tmp_path, runs, cap
     assert main(["runs", str(eid), "--store", str(path)]) == 0
     text = capsys.readouterr().out
     assert "left out: run 2: its client timeline contradicts" in " ".join(text.split())
+
+
+def test_phase_consistency_still_checks_runs_left_out_for_their_client_timeline(runs):
+    v = latency.phase_consistency(_ev([runs[1]], "http://127.0.0.1:8000"))
+    assert v.status == "pass" and v.numbers["runs_checked"] == 1
+    s = latency.decode_vs_prefill(_ev([runs[1]], "http://127.0.0.1:8000"))
+    assert s.status != "skipped"  # vLLM's phases of an alone run are its own

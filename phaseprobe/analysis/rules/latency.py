@@ -135,10 +135,14 @@ def ttft_gap(ev: Evidence) -> Verdict:
     if s.ttft_gap_s is None:
         return skipped("client and server TTFT (probe a vLLM whose /metrics is reachable)",
                        "phaseprobe probe --endpoint URL")
-    numbers = {"client_ttft_median_s": s.client_ttft_s, "server_ttft_median_s": s.server_ttft_s,
+    numbers = {"client_ttft_median_s": s.client_ttft_s,
+               "server_ttft_median_s": s.client_ttft_s - s.ttft_gap_s
+               if s.client_ttft_s is not None else None,
                "gap_s": s.ttft_gap_s, "runs": s.n_clean, "hop": hop}
     th = {"warn_s": TTFT_GAP_WARN_S, "fail_s": TTFT_GAP_FAIL_S}
-    said = (f"client TTFT {ms(s.client_ttft_s)} - server TTFT {ms(s.server_ttft_s)} = "
+    # The server TTFT of the same (clean) runs as the client's: what the gap is taken from.
+    s_ttft = s.client_ttft_s - s.ttft_gap_s if s.client_ttft_s is not None else None
+    said = (f"client TTFT {ms(s.client_ttft_s)} - server TTFT {ms(s_ttft)} = "
             f"{ms(s.ttft_gap_s)} outside vLLM's engine (median of {s.n_clean} runs)")
     # A buffered stream delivers every token at the end: the client sees decode collapse.
     windows = [r.client.e2e_s - r.client.ttft_s for r in clean_runs(ev)
@@ -178,6 +182,7 @@ def _held_back(ev: Evidence, dropped: list[Run], hop: bool | None) -> Verdict:
     first, check = checks[0]
     alone = len(medians_runs(ev.runs)[0]) + len(dropped)
     numbers = {"runs_left_out": len(dropped), "runs_alone_on_server": alone,
+               "gap_s": ev.summary.ttft_gap_s, "runs": ev.summary.n_clean,
                "cause": cause, "hop": hop,
                "left_out": [f"run {r.seq + 1}: {'; '.join(c.reasons)}" for r, c in checks[:5]]}
     th = {"client_tpot_below_share_of_server_decode": TPOT_SHARE,
@@ -197,7 +202,10 @@ def _held_back(ev: Evidence, dropped: list[Run], hop: bool | None) -> Verdict:
 def phase_consistency(ev: Evidence) -> Verdict:
     """Server phases that cannot be true given the client's timing (swapped/missing
     histograms, vLLM PR #10853), checked on isolated runs only."""
-    runs = [r for r in clean_runs(ev) if r.server is not None]
+    # Runs left out for their client timeline only still bound vLLM's phases from above
+    # (a late client sees everything later, never earlier): they are checked too.
+    clean, late = medians_runs(ev.runs)
+    runs = [r for r in sorted(clean + late, key=lambda r: r.seq) if r.server is not None]
     if not runs:
         return skipped("server phase metrics on isolated runs (probe with /metrics reachable)",
                        "phaseprobe probe --endpoint URL")
@@ -207,7 +215,7 @@ def phase_consistency(ev: Evidence) -> Verdict:
     if missing:
         problems.append("missing histograms: " + ", ".join(m.removesuffix("_s") for m in missing))
     # Late delivery is ttft_gap's verdict, not an inconsistency of the histograms.
-    problems += consistency_notes(runs, PHASE_TOLERANCE_S, late_delivery_s=float("inf"))
+    problems += consistency_notes(runs, PHASE_TOLERANCE_S, delivery=False)
     for r in runs:
         s, c = r.server, r.client
         if s is None or c is None or c.ttft_s is None:
