@@ -124,3 +124,35 @@ def test_each_run_is_reported_as_it_comes(book, tmp_path, capsys):
     for arm in ("slow", "fast"):
         for n in (1, 2, 3):
             assert f"arm {arm} run {n}: TTFT " in captured.err
+
+
+def test_compare_refuses_unlike_experiments_unless_forced(book, tmp_path, capsys):
+    # Issue 16: `ab compare` of a prefix probe against a batch probe said "regression
+    # p=2.8e-11". Unlike experiments are refused with the differences; --force compares them
+    # with the differences as notes.
+    from dataclasses import replace
+
+    from phaseprobe.records import Experiment
+    from phaseprobe.store import Store
+
+    store_path = tmp_path / "s.sqlite"
+    rc, out = _run([str(book), "--json", "--store", str(store_path), "--runs", "5"], capsys)
+    doc = json.loads(out)
+    exp_a = doc["arms"]["slow"]["experiment_id"]
+    with Store(store_path) as store:
+        a = store.experiment(exp_a)
+        other = store.create_experiment(Experiment(
+            name="batch", kind="batch", spec=replace(a.spec, max_tokens=64),
+            server_info={}, created_wall_ns=0))
+        for r in store.runs(doc["arms"]["fast"]["experiment_id"]):
+            store.add_run(other, replace(r, run_id=None, experiment_id=None))
+    with pytest.raises(ConfigError) as info:
+        _run(["compare", str(exp_a), str(other), "--store", str(store_path)], capsys)
+    text = str(info.value)
+    assert "not alike" in text and "measurement kind: ab-arm" in text
+    assert "max_tokens): 8 vs 64" in text and "--force" in text
+    rc, out = _run(["compare", str(exp_a), str(other), "--json", "--force", "--store",
+                    str(store_path)], capsys)
+    forced = json.loads(out)
+    assert rc == 0 and any("not alike (--force): measurement kind" in n
+                           for n in forced["notes"])
