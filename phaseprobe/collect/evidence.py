@@ -78,19 +78,21 @@ def build_evidence(store: Store, experiment_id: int, opts: EvidenceOptions
 
         tp = parse_log(log_text).tensor_parallel_size or None
     facts = experiment_facts(exp.spec.endpoint, info, runs, tp)
+    not_matching: dict[str, str] = {}
     steps = sum(max(0, (r.client.completion_tokens or 0) - 1) for r in runs if r.client)
     nccl = nccl_evidence(opts.nccl_logs, steps) if opts.nccl_logs else None
     if opts.nccl_logs:
         sources["nccl"] = ", ".join(opts.nccl_logs)
         nccl = _belongs(nccl, "NCCL log", ", ".join(opts.nccl_logs), facts, opts, sources,
-                        "nccl")
+                        "nccl", not_matching)
     else:  # a summary kept with `phaseprobe nccl --keep --experiment ID`
         nccl = _kept(store, experiment_id, ("nccl",), sources, "nccl")
     trace_file = opts.trace or opts.nsys
     trace = trace_evidence(trace_file, nsys=opts.trace is None) if trace_file else None
     if trace_file:
         sources["trace"] = trace_file
-        trace = _belongs(trace, "trace", trace_file, facts, opts, sources, "trace")
+        trace = _belongs(trace, "trace", trace_file, facts, opts, sources, "trace",
+                         not_matching)
     else:  # `trace|nsys --keep --experiment ID`, or `probe --torch-profile`
         trace = _kept(store, experiment_id, ("trace", "nsys"), sources, "trace")
     efficiency = None
@@ -126,7 +128,8 @@ def build_evidence(store: Store, experiment_id: int, opts: EvidenceOptions
                   nccl=nccl, trace=trace, efficiency=efficiency,
                   model_layers=model_layers(info, opts.model_config),
                   tensor_parallel_size=tp, baseline=baseline, store_path=str(store.path),
-                  endpoint=exp.spec.endpoint, baseline_unlike=tuple(unlike))
+                  endpoint=exp.spec.endpoint, baseline_unlike=tuple(unlike),
+                  not_matching=not_matching)
     return ev, sources
 
 
@@ -137,8 +140,9 @@ def server_host_names(endpoint: str) -> set[str]:
     import ipaddress
     from urllib.parse import urlsplit
 
-    if has_hop(endpoint) is False:
-        return {socket.gethostname(), socket.getfqdn()}
+    if has_hop(endpoint) is False:  # ("localhost" is no name a log of it would give)
+        return {n for n in (socket.gethostname(), socket.getfqdn())
+                if n and n != "localhost"}
     host = urlsplit(endpoint if "//" in endpoint else "//" + endpoint).hostname
     if not host:
         return set()
@@ -156,7 +160,8 @@ def experiment_facts(endpoint: str, info: dict[str, Any], runs: Sequence[Any],
 
 
 def _belongs(doc: dict[str, Any] | None, what: str, names: str, facts: ExperimentFacts,
-             opts: EvidenceOptions, sources: dict[str, str], key: str) -> dict[str, Any] | None:
+             opts: EvidenceOptions, sources: dict[str, str], key: str,
+             not_matching: dict[str, str]) -> dict[str, Any] | None:
     """``doc`` when the file can be this experiment's; else None (reported as not matching
     and not used), or ``doc`` with a warning under ``--force``."""
     if doc is None:
@@ -179,6 +184,8 @@ def _belongs(doc: dict[str, Any] | None, what: str, names: str, facts: Experimen
         return doc
     opts.notes.append(f"{what} {names} does not match the experiment, not used: "
                       f"{'; '.join(why)} (--force uses it anyway)")
+    not_matching[key] = (f"the {what} given ({names}) does not match the experiment, not "
+                         f"used: {'; '.join(why)}")
     sources[key] = f"not used: {names} does not match the experiment ({'; '.join(why)})"
     return None
 

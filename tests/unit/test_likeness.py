@@ -137,7 +137,9 @@ def test_check_does_not_use_an_unrelated_jobs_nccl_logs(tmp_path):
     code, out, err = _cli("--store", store, "--nccl", str(log), "--rule", "collectives",
                           "--json")
     doc = json.loads(out)
-    assert doc["verdicts"][0]["status"] == "skipped"
+    v = doc["verdicts"][0]
+    assert v["status"] == "skipped" and "does not match the experiment, not used" in v["summary"]
+    assert "needs an NCCL" not in v["summary"]  # one was given: it is another job's
     assert doc["sources"]["nccl"].startswith(f"not used: {log} does not match the experiment")
     assert "host: the NCCL log names" in doc["sources"]["nccl"]
 

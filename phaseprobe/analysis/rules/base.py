@@ -116,6 +116,9 @@ class Evidence:
     endpoint: str | None = None  # the probed server: is there a hop between it and the client?
     # What makes the baseline unlike this experiment, when compared anyway (--force).
     baseline_unlike: tuple[str, ...] = ()
+    # Evidence files given but not used because they are not this experiment's:
+    # key ("nccl", "trace") -> why, in words.
+    not_matching: Mapping[str, str] = field(default_factory=dict)
 
     @cached_property
     def summary(self) -> Summary:

@@ -75,6 +75,8 @@ def idle_gaps(ev: Evidence) -> Verdict:
     waits"."""
     trace = ev.trace
     if trace is None:
+        if "trace" in ev.not_matching:
+            return _not_matching(ev, "trace")
         return skipped("a timeline trace (--trace FILE or --nsys FILE)",
                        "phaseprobe trace PROFILE.json.gz")
     devices = [d for d in trace.get("devices") or [] if isinstance(d, Mapping)]
@@ -112,6 +114,8 @@ def collectives(ev: Evidence) -> Verdict:
     """Tensor-parallel collectives per decode step high, or over a slow transport."""
     doc = ev.nccl
     if doc is None:
+        if "nccl" in ev.not_matching:
+            return _not_matching(ev, "nccl")
         return skipped("an NCCL debug log (--nccl LOG; NCCL_DEBUG=INFO "
                        "NCCL_DEBUG_SUBSYS=INIT,COLL)")
     flags = [f for f in doc.get("red_flags") or [] if isinstance(f, Mapping)
@@ -153,3 +157,10 @@ def collectives(ev: Evidence) -> Verdict:
         return Verdict("warn", said + (f"; {flags[0].get('message')}" if flags else ""),
                        numbers, th, rec, "phaseprobe nccl rank*.log")
     return Verdict("pass", said, numbers, th)
+
+
+def _not_matching(ev: Evidence, key: str) -> Verdict:
+    """A file was given for this rule but is another job's: say so, not "needs a file"."""
+    return Verdict("skipped", f"skipped: {ev.not_matching[key]}",
+                   {"not_matching": ev.not_matching[key]},
+                   next_command="give the files of this experiment's server, or --force")
