@@ -309,9 +309,13 @@ def scaling(levels: Sequence[LevelStats], gain_min: float = SCALING_GAIN_MIN) ->
     has_server = sum(1 for v in server_rates.values() if v) >= 2
     server_stops_at, server_evidence = knee(server_rates, gain_min)
     why = [f"client: {evidence}"]
+    # The engine still scaled past the client's knee: then the client's knee is delivery's.
+    engine_went_on = has_server and stops_at is not None and (
+        server_stops_at is None or server_stops_at > stops_at)
     if stops_at is not None:
         after = next(lv for lv in levels if lv.concurrency > stops_at)
-        why.extend(_pressure(after))
+        why.extend(w for w in _pressure(after)
+                   if not (engine_went_on and w.startswith(_NO_PRESSURE)))
         verdict = f"scaling stops after concurrency {stops_at}"
     else:
         verdict = f"no knee up to concurrency {levels[-1].concurrency}: throughput kept rising"
@@ -342,9 +346,12 @@ def _pressure(lv: LevelStats) -> list[str]:
     if lv.max_kv_usage is not None and lv.max_kv_usage >= 0.9:
         out.append(f"KV cache usage reached {lv.max_kv_usage * 100:.0f}%")
     if not out:
-        out.append("no queueing, preemption or KV pressure seen: the step itself got slower "
+        out.append(f"{_NO_PRESSURE}: the step itself got slower "
                    "(compute-bound decode, e.g. on CPU)")
     return out
+
+
+_NO_PRESSURE = "no queueing, preemption or KV pressure seen"
 
 
 def expected_hit_tokens(prefix_tokens: int, block_size: int) -> int:

@@ -305,3 +305,16 @@ def test_interference_seen_only_on_vllms_clock_says_so_and_quotes_both_views():
     v = interference_verdict([s], [ctrl], 0.2415, [0.4421])
     assert v.kind == "interference" and v.text.startswith("interference on vLLM's clock")
     assert "442.1 ms with B vs 241.5 ms alone (1.83×)" in v.text and "188.6 ms" in v.text
+
+
+def test_a_client_knee_the_engine_went_past_is_not_blamed_on_a_slower_step():
+    # Seen: client 695.4 tok/s at 8 then 502.6 and 448.5, while vLLM's tok/s went on to
+    # 1278.2 and 1382.3: "the step itself got slower" would contradict the server column.
+    rates = {1: (77.0, 93.3), 2: (165.9, 198.8), 4: (317.1, 590.8), 8: (695.4, 745.8),
+             16: (502.6, 1278.2), 32: (448.5, 1382.3)}
+    sc = scaling([_lv(c, cl, sv) for c, (cl, sv) in rates.items()])
+    assert sc.stops_at == 8 and sc.server_stops_at == 16
+    assert "concurrency 8 gave 695.4 tok/s (×9.03 vs 1)" in sc.why[0]
+    assert "concurrency 16, gave 502.6 tok/s (-28 %)" in sc.why[0]
+    assert not any("step itself got slower" in w for w in sc.why)
+    assert any("disagree" in w for w in sc.why)
