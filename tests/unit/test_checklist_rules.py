@@ -269,6 +269,7 @@ def test_itl_jitter():
     v = check(latency.itl_jitter, ev([make_run(0, itl=gaps, n_out=32)]))
     assert v.numbers["stalls"] == 1 and v.numbers["itl_max_s"] == pytest.approx(0.080)
     assert v.status in ("warn", "fail") and "80.0 ms" in v.summary
+    assert "pooled over the 31 gaps of 1 clean runs" in v.summary  # says what it computed
     spiky = [0.010, 0.010, 0.080] * 10
     assert check(latency.itl_jitter, ev([make_run(0, itl=spiky, n_out=31)])).status == "fail"
     assert check(latency.itl_jitter, ev([make_run(0, n_out=3)])).status == "skipped"
