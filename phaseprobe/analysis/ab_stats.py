@@ -207,11 +207,16 @@ def small_n_warning(n: int) -> str:
             f"a change either way, so every metric is \"insufficient data\"")
 
 
-def usable(run: Run) -> bool:
-    """Runs that enter the statistics: ok, isolated where isolation could be checked, and with
-    a client timeline consistent with the server's phases (analysis.client_check)."""
-    return run.status == "ok" and (run.isolated or not run.isolation.verified) \
-        and client_consistent(run)
+def usable(run: Run, metric: str | None = None) -> bool:
+    """Runs that enter the statistics: ok, isolated where isolation could be checked, and
+    for a client metric (or ``metric`` None: every metric) with a client timeline consistent
+    with the server's phases (analysis.client_check). A stalled client's stamps are wrong, but
+    vLLM's own phases of that request are not: they stay in the server metrics, as in
+    ``analysis.phases.summarize`` (dropping them would bias the server figures towards
+    moments when the machine was quiet)."""
+    if run.status != "ok" or not (run.isolated or not run.isolation.verified):
+        return False
+    return (metric is not None and metric.startswith("server_")) or client_consistent(run)
 
 
 def run_metrics(runs: Sequence[Run]) -> dict[str, list[float]]:
@@ -224,7 +229,7 @@ def metric_by_seq(runs: Sequence[Run], name: str) -> dict[int, float]:
     get = METRICS[name][1]
     out: dict[int, float] = {}
     for r in runs:
-        v = get(r) if usable(r) else None
+        v = get(r) if usable(r, name) else None
         if v is not None and math.isfinite(v):
             out[r.seq] = v
     return out
@@ -327,10 +332,15 @@ def compare_runs(runs_a: Sequence[Run], runs_b: Sequence[Run], *, arm_a: str = "
                                             n_resamples=n_resamples, seed=seed)
     warnings: list[str] = []
     for arm, runs in ((arm_a, runs_a), (arm_b, runs_b)):
-        dropped = sum(1 for r in runs if not usable(r))
+        dropped = sum(1 for r in runs if not usable(r, "server_decode_s"))
         if dropped:
             warnings.append(f"arm {arm}: {dropped} of {len(runs)} runs left out (errors or "
                             f"not isolated)")
+        stalled = sum(1 for r in runs if usable(r, "server_decode_s") and not usable(r))
+        if stalled:
+            warnings.append(f"arm {arm}: {stalled} of {len(runs)} runs left out of the client "
+                            f"metrics only (their client timeline contradicts vLLM's phases: "
+                            f"see `phaseprobe runs`)")
     if not any(k.startswith("server_") for k in metrics):
         warnings.append("no server phases (no vLLM /metrics): the comparison is client-side")
     small = sorted({w for m in metrics.values() for w in m.warnings

@@ -142,6 +142,8 @@ def test_left_out_of_the_summary_and_its_notes_say_why(runs):
 def test_left_out_of_ab_statistics(runs):
     assert [usable(r) for r in runs] == [True, False, True, True]
     assert 1 not in metric_by_seq(runs, "client_ttft_s")
+    # …but its vLLM phases stay in the server metrics, as in summarize.
+    assert usable(runs[1], "server_decode_s") and 1 in metric_by_seq(runs, "server_decode_s")
 
 
 def test_stored_verdict_wins_and_old_runs_are_judged_on_read(tmp_path, runs):
