@@ -178,7 +178,11 @@ def compare_with_server(given: Mapping[str, Any], server_info: Mapping[str, Any]
 
 
 def describe(mismatches: list[Mismatch], config_source: str) -> str:
-    """One sentence naming every mismatching field."""
-    fields = "; ".join(str(m) for m in mismatches)
-    return (f"--model-config {config_source} does not describe the served model: {fields}. "
-            f"Pass the served model's own config.json")
+    """One sentence naming every mismatching field (config value vs served), by source."""
+    groups: dict[str, list[str]] = {}
+    for m in mismatches:
+        groups.setdefault(m.source, []).append(
+            f"{m.field} {_show(m.config_value)} vs {_show(m.server_value)}")
+    parts = "; ".join(f"{', '.join(fields)} ({source})" for source, fields in groups.items())
+    return (f"--model-config {config_source} does not describe the served model (config vs "
+            f"served): {parts}. Pass the served model's own config.json")

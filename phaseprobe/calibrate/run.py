@@ -101,20 +101,23 @@ class Calibration:
         measured rates: a slow generic 16-bit path would otherwise set a roof the server
         beats. The origin names the rate used."""
         rates = self.matmul_best_tflop_s
-        flops, used = rates.get(dtype), dtype
+        flops, used, why = rates.get(dtype), dtype, ""
         if flops is None and "fp32" in rates:
             flops, used = rates["fp32"], "fp32"
         elif flops is not None and self.device == "cpu" and dtype in ("bf16", "fp16") \
                 and rates.get("fp32", 0.0) > flops:
-            flops, used = rates["fp32"], f"{dtype} served, fp32 units"
+            why = f" > {dtype}'s {flops * 1e3:.3g}, served {dtype} widened"
+            flops, used = rates["fp32"], "fp32"
         when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(self.measured_at))
-        kernel = str((self.raw.get("matmul") or {}).get(dtype, {}).get("kernel", "matmul")) \
-            if isinstance(self.raw.get("matmul"), dict) else "matmul"
+        matmul = self.raw.get("matmul")
+        section = matmul.get(used) if isinstance(matmul, dict) else None
+        kernel = _kernel_name(str(section.get("kernel", ""))) if isinstance(section, dict) \
+            else "matmul"
         rate = "—" if flops is None else f"{flops * 1e3:.3g} GFLOP/s"
         return Peaks(self.mem_bandwidth_best_gb_s * 1e9,
                      None if flops is None else flops * 1e12,
-                     f"calibrated {self.device_name} ({used} {_kernel_name(kernel)} {rate}, "
-                     f"{self.mem_bandwidth_best_gb_s:.3g} GB/s, {when})")
+                     f"calibrated {self.device_name}: {used} {kernel} {rate}{why}; "
+                     f"{self.mem_bandwidth_best_gb_s:.3g} GB/s; {when}")
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -58,5 +58,5 @@ def test_another_models_config_is_refused_before_the_runs(no_runs, tmp_path, cap
     assert code != 0
     err = " ".join(capsys.readouterr().err.split())
     assert "does not describe the served model" in err
-    assert "hidden_size 8192 in the config vs 128 served" in err
+    assert "hidden_size 8192 vs 128" in err
     assert "--force-model-config" in err
