@@ -73,16 +73,16 @@ def served_dtype(path: Path) -> str:
 
 
 def model_config_mismatches(path: Path, server_info: dict[str, Any]) -> list[Mismatch]:
-    """What the server reports that ``path``'s config contradicts (nothing to compare with
-    when ``path`` is the served model's own directory)."""
-    cfg, _ = model_math.load_config(path)
+    """What the server reports that ``path``'s config contradicts. The served model's own
+    config.json (``root``) is the served model by definition: nothing to check."""
+    cfg, given_source = model_math.load_config(path)
     root = _served_root(server_info)
     served: dict[str, Any] | None = None
     source = ""
     if root is not None:
         served, source = model_math.load_config(root)
-        if Path(source).resolve() == Path(model_math.load_config(path)[1]).resolve():
-            served = None  # the same file: comparing it with itself proves nothing
+        if Path(source).resolve() == Path(given_source).resolve():
+            return []
     return compare_with_server(cfg, server_info, served_config=served,
                                served_config_source=f"the server's {source}" if source else "")
 

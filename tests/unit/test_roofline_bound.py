@@ -310,3 +310,15 @@ def test_dashboard_frame_carries_the_flag_and_no_efficiency_above_100_percent(tm
     prefill = frame[frame["phase"] == "prefill"].iloc[0]
     assert bool(prefill["bound beaten"]) and pd.isna(prefill["efficiency"])
     assert (frame["efficiency"].dropna() <= 1).all()
+
+
+def test_the_served_models_own_config_is_never_second_guessed(tmp_path):
+    """The root's config.json is what the server loaded: even where the KV quotient differs
+    (a layout this arithmetic does not model), it is used, not refused."""
+    root = _model_dir(tmp_path, "tiny", TINY)
+    info = _server_info(root)
+    info["cache_config"] = {**CACHE, "kv_cache_size_tokens": "1000"}  # 268 KB/token "served"
+    assert eff_mod.model_config_mismatches(root, info) == []
+    rep = efficiency_report([_run(0, 128, 64, 0.02, 0.06)], info, peaks_choice="h200",
+                            model_config=None)
+    assert "skipped" not in rep
