@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = ["Status", "Verdict", "Evidence", "USE_CASE_TTFT_S", "ms", "pct", "num",
-           "skipped", "clean_runs"]
+           "skipped", "clean_runs", "alone_runs"]
 
 Status = Literal["pass", "warn", "fail", "skipped"]
 
@@ -153,6 +153,13 @@ class Evidence:
         groups = (self.nccl or {}).get("comm_groups") or []
         ranks = [int(g.get("nranks") or 0) for g in groups if isinstance(g, Mapping)]
         return max(ranks) if ranks and max(ranks) > 0 else None
+
+
+def alone_runs(ev: Evidence) -> list[Run]:
+    """The runs server medians are taken over: :func:`clean_runs` and those left out for
+    their client timeline only (alone on the server, so vLLM's numbers of them are theirs)."""
+    clean, late = medians_runs(ev.runs)
+    return sorted(clean + late, key=lambda r: r.seq)
 
 
 def clean_runs(ev: Evidence) -> list[Run]:

@@ -28,6 +28,7 @@ from phaseprobe.analysis.rules.base import (
     USE_CASE_TTFT_S,
     Evidence,
     Verdict,
+    alone_runs,
     clean_runs,
     ms,
     num,
@@ -204,8 +205,7 @@ def phase_consistency(ev: Evidence) -> Verdict:
     histograms, vLLM PR #10853), checked on isolated runs only."""
     # Runs left out for their client timeline only still bound vLLM's phases from above
     # (a late client sees everything later, never earlier): they are checked too.
-    clean, late = medians_runs(ev.runs)
-    runs = [r for r in sorted(clean + late, key=lambda r: r.seq) if r.server is not None]
+    runs = [r for r in alone_runs(ev) if r.server is not None]
     if not runs:
         return skipped("server phase metrics on isolated runs (probe with /metrics reachable)",
                        "phaseprobe probe --endpoint URL")

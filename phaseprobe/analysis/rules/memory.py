@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from phaseprobe.analysis.kv_reservation import GiB, analyze_kv_reservation, run_windows
-from phaseprobe.analysis.rules.base import Evidence, Verdict, clean_runs, pct, skipped
+from phaseprobe.analysis.rules.base import Evidence, Verdict, alone_runs, pct, skipped
 
 __all__ = ["memory_flat", "kv_pressure", "prefix_cache", "kv_preallocated_log"]
 
@@ -114,7 +114,7 @@ def kv_pressure(ev: Evidence) -> Verdict:
 
 def prefix_cache(ev: Evidence) -> Verdict:
     """Prefix-cache hits zero although the prompts share a prefix (shorter than a block?)."""
-    runs = [r for r in clean_runs(ev) if r.server is not None
+    runs = [r for r in alone_runs(ev) if r.server is not None
             and "prefix_cache_hits" in r.server.counter_deltas]
     if len(runs) < 2:
         return skipped("vLLM prefix-cache counters on two or more isolated runs")
