@@ -179,9 +179,9 @@ def fmt_efficiency(ratio: float | None) -> str:
     if ratio is None:
         return "—"
     pct = ratio * 100
-    if pct == 0 or pct >= 10:
+    if pct == 0 or pct >= 0.995:
         return f"{pct:.1f} %"
-    return f"{pct:.2g} %" if pct >= 1 else f"{pct:.2g} %".replace("e-0", "e-")
+    return f"{pct:.2g} %".replace("e-0", "e-")
 
 
 def bound_beaten_message(phase: str, bound_s: float | None, measured_s: float | None,

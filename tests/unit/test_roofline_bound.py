@@ -220,6 +220,14 @@ def test_one_duration_formatter_never_rounds_to_zero(seconds, text):
     assert fmt_duration(seconds) == text
 
 
+@pytest.mark.parametrize(("ratio", "text"), [
+    (0.5, "50.0 %"), (0.04, "4.0 %"), (0.000277, "0.028 %"), (8.1e-6, "0.00081 %"),
+    (1.0, "100.0 %"), (None, "—"),
+])
+def test_efficiency_formatter_keeps_small_values_visible(ratio, text):
+    assert fmt_efficiency(ratio) == text
+
+
 @given(st.floats(min_value=1e-15, max_value=1e4, allow_nan=False))
 def test_fmt_duration_and_efficiency_of_a_positive_value_are_never_zero(v):
     assert float(fmt_duration(v).split()[0]) > 0
