@@ -253,3 +253,10 @@ def test_phase_consistency_still_checks_runs_left_out_for_their_client_timeline(
     assert v.status == "pass" and v.numbers["runs_checked"] == 1
     s = latency.decode_vs_prefill(_ev([runs[1]], "http://127.0.0.1:8000"))
     assert s.status != "skipped"  # vLLM's phases of an alone run are its own
+
+
+def test_decode_vs_prefill_says_over_which_runs_each_figure_is(runs):
+    v = latency.decode_vs_prefill(_ev(runs, "http://127.0.0.1:8000"))
+    assert "(median of 4 runs; decode is" in v.summary
+    assert "of e2e over the 3 clean runs" in v.summary
+    assert v.numbers["runs"] == 4 and v.numbers["clean_runs"] == 3
