@@ -193,6 +193,7 @@ class InterfereSession:
         self.base_ttft: float | None = None
         self.delay_s: float | None = None  # B's send delay (time / estimate / auto triggers)
         self.a_first_s: float | None = None  # A's first token, alone (auto trigger)
+        self.planned: list[float] = []  # B's planned send delay per pair (timed triggers)
         self._finished = False
 
     def warm_up(self) -> None:
@@ -262,6 +263,8 @@ class InterfereSession:
     def pair(self, i: int) -> Stall:
         st, ctx = self.settings, self.ctx
         pre = ctx.scrape()
+        if st.trigger.kind != "token":
+            self.planned.append(self.delay_s or 0.0)
         a_out, b_out = _pair(ctx, ctx.body(self.a_prompts[st.reps + i], st.a_tokens),
                              ctx.body(self.b_prompts[i], st.b_tokens), st.trigger,
                              self.delay_s or 0.0)
@@ -311,6 +314,13 @@ class InterfereSession:
                 controls.append(stall(ev, at or 0.0, window, self.base_itl))
         if not self._finished:
             self._finished = True
+            late = [s.b_arrival_s - p for s, p in zip(self.stalls, self.planned)]
+            if late and statistics.median(late) > 0.05:
+                # A starved client process wakes B's thread late: say so, it explains misses.
+                self.notes.append(
+                    f"B left a median {statistics.median(late) * 1e3:.0f} ms later than planned "
+                    f"(worst {max(late) * 1e3:.0f} ms): this machine did not run the client in "
+                    "time (CPU load); pairs it pushed past A's decode were discarded")
             self.notes.extend(self.collector.notes)
             self.store.finish_experiment(self.experiment_id, self.notes)
         alone = [r.server.decode_s for r in self.baseline_runs

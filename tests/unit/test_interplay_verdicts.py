@@ -318,3 +318,30 @@ def test_a_client_knee_the_engine_went_past_is_not_blamed_on_a_slower_step():
     assert "concurrency 16, gave 502.6 tok/s (-28 %)" in sc.why[0]
     assert not any("step itself got slower" in w for w in sc.why)
     assert any("disagree" in w for w in sc.why)
+
+
+def test_a_client_too_starved_to_send_b_on_time_is_named_as_the_cause(tmp_path, monkeypatch):
+    # Seen on the loaded box: B planned at 138 ms left at 577 ms, after A's last token. Here
+    # B's thread oversleeps by 0.4 s, as a starved client does.
+    import time as real_time
+
+    import phaseprobe.collect.interplay_interfere as mod
+
+    class Starved:
+        def __getattr__(self, name):
+            return getattr(real_time, name)
+
+        @staticmethod
+        def sleep(s: float) -> None:
+            real_time.sleep(s + 0.4 if s > 0.01 else s)
+
+    monkeypatch.setattr(mod, "time", Starved())
+    a = Script(n_tokens=30, gap_s=0.01)
+    b = Script(n_tokens=1, first_delay_s=0.05)
+    with SseServer(a) as srv, Store(tmp_path / "s.db") as store:
+        srv.enqueue(a, a, a, b, a, b)
+        res = run_interfere(Target(srv.base_url, srv.model), store,
+                            InterfereSettings(a_tokens=30, reps=1))
+    assert [s.overlap for s in res.stalls] == ["late", "late"]
+    assert res.verdict().kind == "no overlap"
+    assert any("later than planned" in n and "CPU load" in n for n in res.notes), res.notes
