@@ -169,11 +169,11 @@ class InterfereSession:
         ctx.info.update(info or {})
         salt = time.time_ns() % 1_000_000_007
         # A: reps baselines, up to 2 × reps pair attempts (discarded pairs are retried), then
-        # the warm-ups; B: one per pair attempt.
+        # the warm-ups; B: one per pair attempt, then its warm-up.
         self.a_prompts = [ctx.builder.build(st.a_prompt_tokens, salt + i).text
                           for i in range(3 * st.reps + st.warmup)]
         self.b_prompts = [ctx.builder.build(st.b_prompt_tokens, salt + 10_000 + i).text
-                          for i in range(2 * st.reps)]
+                          for i in range(2 * st.reps + 1)]
         self.spec = ctx.spec(self.a_prompts[0], st.a_tokens, {
             "probe": "interfere", "b_prompt_tokens": str(st.b_prompt_tokens),
             "b_tokens": str(st.b_tokens), "trigger": st.trigger.kind,
@@ -199,6 +199,10 @@ class InterfereSession:
     def warm_up(self) -> None:
         for w in range(self.settings.warmup):  # one-off costs of a fresh server, not stored
             self.ctx.client.stream(self.ctx.body(self.a_prompts[3 * self.settings.reps + w], 4))
+        if self.settings.warmup:
+            # A fresh server's first long prefill pays one-off costs too (seen: B's TTFT 566 ms
+            # in the first pair, 114–180 ms after), which pushed the first B past A's end.
+            self.ctx.client.stream(self.ctx.body(self.b_prompts[-1], 1))
 
     def baseline(self, i: int) -> Run:
         run = store_run(self.store, self.experiment_id,

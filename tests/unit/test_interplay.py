@@ -109,7 +109,7 @@ def test_interfere_times_b_from_the_baseline_and_keeps_swimlanes(tmp_path):
         a = Script(n_tokens=30, gap_s=0.01)
         b = Script(n_tokens=1, first_delay_s=0.05)
         # warm-up, 2 baselines, then per pair A then B (A is sent first, B later).
-        srv.enqueue(a, a, a, a, b, a, b)
+        srv.enqueue(a, b, a, a, a, b, a, b)  # warm-ups (A, B), 2 baselines, then 2 pairs
         res = run_interfere(Target(srv.base_url, srv.model), store, InterfereSettings(
             a_tokens=30, trigger=Trigger("estimate", 10), reps=2))
         assert res.baseline_itl_s == pytest.approx(0.01, rel=0.3)

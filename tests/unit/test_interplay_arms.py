@@ -120,7 +120,7 @@ def test_stream_hook_sees_events_as_they_arrive_and_the_counter_counts_tokens(ch
 
 def test_token_trigger_sends_b_right_after_as_kth_token(tmp_path):
     with SseServer(A) as srv, Store(tmp_path / "s.db") as store:
-        srv.enqueue(A, A, A, A, Script(n_tokens=1, first_delay_s=0.02),
+        srv.enqueue(A, Script(n_tokens=1), A, A, A, Script(n_tokens=1, first_delay_s=0.02),
                     A, Script(n_tokens=1, first_delay_s=0.02))
         res = run_interfere(Target(srv.base_url, srv.model), store,
                             InterfereSettings(a_tokens=30, trigger=Trigger("token", 10), reps=2))
@@ -153,8 +153,9 @@ def _two_servers():
     one = stack.enter_context(SseServer(A, model="m1"))
     two = stack.enter_context(SseServer(A, model="m2"))
     reps = 5
-    one.enqueue(*[A] * (1 + reps), *[A, fast_b] * reps)  # warm-up, baselines, then pairs
-    two.enqueue(*[A] * (1 + reps), *[A, slow_b] * reps)
+    # warm-ups (A, then B), baselines, then pairs
+    one.enqueue(A, fast_b, *[A] * reps, *[A, fast_b] * reps)
+    two.enqueue(A, slow_b, *[A] * reps, *[A, slow_b] * reps)
     return stack, one, two, reps
 
 

@@ -71,7 +71,7 @@ def test_interfere_default_times_b_inside_as_decode_from_the_baseline(tmp_path):
     a = Script(n_tokens=60, gap_s=0.01)
     b = Script(n_tokens=1, first_delay_s=0.05)
     with SseServer(a) as srv, Store(tmp_path / "s.db") as store:
-        srv.enqueue(a, a, a, *(a, b) * 4)  # warm-up, 2 baselines, pairs (A then B)
+        srv.enqueue(a, b, a, a, *(a, b) * 4)  # warm-ups (A, B), 2 baselines, pairs (A, B)
         res = run_interfere(Target(srv.base_url, srv.model), store,
                             InterfereSettings(a_tokens=60, reps=2))
     assert res.trigger.kind == "auto" and res.delay_s is not None
@@ -94,7 +94,7 @@ def test_interfere_b_too_late_is_retried_counted_and_never_called_no_interferenc
     a = Script(n_tokens=30, gap_s=0.01)
     b = Script(n_tokens=1, first_delay_s=1.0)
     with SseServer(a) as srv, Store(tmp_path / "s.db") as store:
-        srv.enqueue(a, a, a, b, a, b)  # warm-up, 1 baseline, then 2 pair attempts
+        srv.enqueue(a, b, a, a, b, a, b)  # warm-ups (A, B), 1 baseline, 2 pair attempts
         res = run_interfere(Target(srv.base_url, srv.model), store,
                             InterfereSettings(a_tokens=30, reps=1))
         stored = store.runs(res.experiment_id)
@@ -339,7 +339,7 @@ def test_a_client_too_starved_to_send_b_on_time_is_named_as_the_cause(tmp_path, 
     a = Script(n_tokens=30, gap_s=0.01)
     b = Script(n_tokens=1, first_delay_s=0.05)
     with SseServer(a) as srv, Store(tmp_path / "s.db") as store:
-        srv.enqueue(a, a, a, b, a, b)
+        srv.enqueue(a, b, a, a, b, a, b)
         res = run_interfere(Target(srv.base_url, srv.model), store,
                             InterfereSettings(a_tokens=30, reps=1))
     assert [s.overlap for s in res.stalls] == ["late", "late"]
