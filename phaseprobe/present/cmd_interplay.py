@@ -128,7 +128,7 @@ def register(subparsers: Any) -> None:
         "interfere", help="measure how a long prefill stalls a decoding request",
         formatter_class=fmt,
         description="Stream A decodes alone (baseline), then again while request B with a "
-                    "long prompt arrives mid-decode: by default at A's first token + 25%% of "
+                    "long prompt arrives mid-decode: by default at A's first token + 25 percent of "
                     "A's decode, both measured on the A-alone runs (so B's prefill has the "
                     "rest of A's decode to run in); or when A's --at-token-th token reaches "
                     "the client, or --at-time seconds after A's send. Only pairs whose B "
