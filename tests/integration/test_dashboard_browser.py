@@ -288,8 +288,10 @@ def test_every_page_renders_without_an_exception(page, artifacts):
     for name in PAGES:
         _goto(page, name)
         if name == "Experiments":  # the newest experiment is the one selected
+            # The page's own timeout, not expect's 5 s: on a busy 2-core box Streamlit's rerun
+            # after the navigation click can take longer (the sidebar showed a stale value).
             expect(page.get_by_test_id("stSidebar").get_by_role("combobox", name="Experiment")
-                   ).to_have_value(re.compile(r"^#\d+ e2e-b$"))
+                   ).to_have_value(re.compile(r"^#\d+ e2e-b$"), timeout=TIMEOUT_MS)
         errors = _exceptions(page)
         if errors:
             failures[name] = errors
