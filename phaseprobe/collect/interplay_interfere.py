@@ -321,10 +321,13 @@ class InterfereSession:
             late = [s.b_arrival_s - p for s, p in zip(self.stalls, self.planned)]
             if late and statistics.median(late) > 0.05:
                 # A starved client process wakes B's thread late: say so, it explains misses.
+                missed = sum(1 for s in self.stalls if s.overlap == "late")
                 self.notes.append(
                     f"B left a median {statistics.median(late) * 1e3:.0f} ms later than planned "
                     f"(worst {max(late) * 1e3:.0f} ms): this machine did not run the client in "
-                    "time (CPU load); pairs it pushed past A's decode were discarded")
+                    "time (CPU load); " + (f"{missed} pair(s) it pushed past A's decode were "
+                                           "discarded" if missed else
+                                           "every pair still landed inside A's decode"))
             self.notes.extend(self.collector.notes)
             self.store.finish_experiment(self.experiment_id, self.notes)
         alone = [r.server.decode_s for r in self.baseline_runs

@@ -344,4 +344,5 @@ def test_a_client_too_starved_to_send_b_on_time_is_named_as_the_cause(tmp_path, 
                             InterfereSettings(a_tokens=30, reps=1))
     assert [s.overlap for s in res.stalls] == ["late", "late"]
     assert res.verdict().kind == "no overlap"
-    assert any("later than planned" in n and "CPU load" in n for n in res.notes), res.notes
+    assert any("later than planned" in n and "CPU load" in n and "2 pair(s) it pushed" in n
+               for n in res.notes), res.notes
