@@ -38,7 +38,7 @@ from phaseprobe.present.console import (
 from phaseprobe.present.endpoint import (
     api_key_from_env,
     endpoint_or_local,
-    first_model,
+    served_model,
 )
 from phaseprobe.records import RunSpec
 from phaseprobe.sources.gpu_sampler import open_sampler
@@ -148,7 +148,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     validate_options(args.peaks, args.model_config)
     with ExitStack() as stack:
         endpoint = endpoint_or_local(args.endpoint, stack, err, _profiler_args(profile_dir))
-        model = args.model or first_model(endpoint, api_key)
+        model = served_model(endpoint, api_key, args.model)  # a wrong --model: before any run
         peaks_choice = args.peaks
         if peaks_choice is None and args.endpoint is None and calibrate.load() is not None:
             peaks_choice = "calibrated"  # the local vLLM runs on this machine's CPU

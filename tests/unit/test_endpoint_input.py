@@ -67,3 +67,21 @@ endpoint = "http://127.0.0.1:9/"
     assert pb.arms[0].endpoint == "http://127.0.0.1:8000"
     with pytest.raises(PlaybookError, match=r"arm\[0\]\.endpoint: .*http:// or https://"):
         parse_playbook(book.format(a="ws://127.0.0.1:8000"))
+
+
+def test_probe_with_an_unknown_model_stops_before_any_run(tmp_path, capsys):
+    # Issue 16: an unknown --model ran the warm-up and every run, and stored an all-error
+    # experiment with "None" in its columns.
+    from phaseprobe.present.cli import main
+    from phaseprobe.store import Store
+
+    with SseServer(Script(n_tokens=2)) as srv:
+        code = main(["probe", "--endpoint", srv.base_url + "/v1", "--model", "llama-70b",
+                     "--runs", "2", "--store", str(tmp_path / "s.sqlite")])
+        streamed = [r for r in srv.requests if r.path.endswith("completions")]
+    err = " ".join(capsys.readouterr().err.split())
+    assert code != 0 and streamed == []
+    assert "'llama-70b' is not served" in err and srv.model in err
+    if (tmp_path / "s.sqlite").exists():
+        with Store(tmp_path / "s.sqlite") as store:
+            assert store.experiments() == []
