@@ -27,7 +27,7 @@ from phaseprobe.analysis.phases import medians_runs, summarize
 from phaseprobe.errors import ConfigError
 from phaseprobe.paths import default_store_path
 from phaseprobe.present.args import store_and_json_args
-from phaseprobe.present.console import render_experiments, render_probe
+from phaseprobe.present.console import render_efficiency, render_experiments, render_probe
 from phaseprobe.store import Store
 
 __all__ = ["register", "run", "CONCURRENT_NOTE"]
@@ -69,6 +69,9 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
             return 0
         exp = store.experiment(exp_id)
         runs = store.runs(exp_id)
+        # The roofline report the probe printed (kept with the experiment since issue 16).
+        kept = [a["id"] for a in store.analyses("efficiency") if a["experiment_id"] == exp_id]
+        efficiency = store.analysis(kept[-1]) if kept else None
     concurrent = [r for r in runs if concurrent_by_design(r)]
     single = [r for r in runs if not concurrent_by_design(r)]
     summary = summarize(single)
@@ -90,11 +93,14 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
                                          "client_inconsistent_reasons": {
                                              str(seq): why_ for seq, why_ in
                                              inconsistent.items()}},
+               "efficiency": efficiency,
                "runs": [r.to_dict() for r in runs]}
         out.out(json.dumps(doc), highlight=False)
     else:
         out.print(f"experiment {exp_id}: {exp.name} (kind {exp.kind})")
         render_probe(out, runs, summary, exp.server_info, exp.notes, exp_id)
+        if efficiency is not None:
+            render_efficiency(out, efficiency)
         if why:
             out.print(f"[yellow]left out:[/] {why}")
         for seq, reason in inconsistent.items():

@@ -174,3 +174,18 @@ def test_probe_with_fake_gpus_reports_the_memory_verdict(store_path, capsys):
     assert report["verdict"] and len(report["gpus"]) == 2
     with Store(store_path) as store:
         assert len(store.gpu_samples(doc["experiment_id"])) >= 2
+
+
+def test_runs_latest_shows_the_roofline_line_the_probe_printed(store_path, capsys):
+    # Issue 16: `runs --latest` dropped the roofline line that the probe printed.
+    with SseServer(Script(n_tokens=3)) as srv:
+        assert main(["probe", "--endpoint", srv.base_url, "--runs", "2", "--max-tokens", "3",
+                     "--store", str(store_path)]) == 0
+    probed = [line for line in capsys.readouterr().out.splitlines()
+              if line.startswith("roofline")]
+    assert main(["runs", "--latest", "--store", str(store_path)]) == 0
+    shown = [line for line in capsys.readouterr().out.splitlines()
+             if line.startswith("roofline")]
+    assert probed and shown == probed
+    assert main(["runs", "--latest", "--store", str(store_path), "--json"]) == 0
+    assert _json(capsys)["efficiency"] is not None
