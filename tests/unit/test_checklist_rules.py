@@ -325,7 +325,7 @@ def test_decode_efficiency():
     eff = {"decode_efficiency": 0.12, "decode_bound_s_per_token": 0.0012,
            "decode_measured_s_per_token": 0.010, "peaks": "h100-sxm datasheet"}
     v = check(latency.decode_efficiency, ev(efficiency=eff))
-    assert v.status == "fail" and "12%" in v.summary and "10.0 ms" in v.summary
+    assert v.status == "fail" and "12.0 %" in v.summary and "10.0 ms" in v.summary
     assert check(latency.decode_efficiency, ev(efficiency={**eff, "decode_efficiency": 0.4})
                  ).status == "warn"
     assert check(latency.decode_efficiency, ev(efficiency={**eff, "decode_efficiency": 0.8})
@@ -333,6 +333,16 @@ def test_decode_efficiency():
     assert check(latency.decode_efficiency, ev()).status == "skipped"
     s = check(latency.decode_efficiency, ev(efficiency={"skipped": "no stored calibration"}))
     assert s.status == "skipped" and "no stored calibration" in s.summary
+    # A beaten bound (issue 16): no efficiency, a warning that the peaks are wrong, with both
+    # times quoted — never "skipped: server decode times…".
+    beaten = {**eff, "decode_efficiency": None, "decode_bound_beaten": True,
+              "decode_bound_ratio": 8.58, "decode_bound_s_per_token": 0.0858}
+    b = check(latency.decode_efficiency, ev(efficiency=beaten))
+    assert b.status == "warn" and "underestimated" in b.summary
+    assert "85.8 ms" in b.summary and "10.0 ms" in b.summary
+    # A tiny efficiency is printed with its digits, not as 0 %.
+    t = check(latency.decode_efficiency, ev(efficiency={**eff, "decode_efficiency": 3.1e-5}))
+    assert "0.0031 %" in t.summary
 
 
 def _nccl(calls: float | None, flags: list[dict] | None = None) -> dict:

@@ -24,6 +24,7 @@ from phaseprobe.analysis.phases import (
     medians_runs,
     percentile,
 )
+from phaseprobe.analysis.roofline import fmt_duration, fmt_efficiency
 from phaseprobe.analysis.rules.base import (
     USE_CASE_TTFT_S,
     Evidence,
@@ -390,15 +391,27 @@ def decode_efficiency(ev: Evidence) -> Verdict:
                        "[--model-config PATH])", "phaseprobe calibrate")
     if "skipped" in eff:
         return skipped(str(eff["skipped"]))
+    bound, measured = eff.get("decode_bound_s_per_token"), eff.get("decode_measured_s_per_token")
+    th = {"warn_below": EFFICIENCY_WARN, "fail_below": EFFICIENCY_FAIL}
+    if eff.get("decode_bound_beaten"):
+        # Faster than physics allows: the peaks (or the model config) are wrong, not the
+        # server; no efficiency is a finding then.
+        numbers = {"bound_s_per_token": bound, "measured_s_per_token": measured,
+                   "bound_ratio": eff.get("decode_bound_ratio"), "peaks": eff.get("peaks")}
+        said = "; ".join(eff.get("warnings") or []) or (
+            f"decode measured {fmt_duration(measured)}/token beats its bound "
+            f"{fmt_duration(bound)}/token: the peaks ({eff.get('peaks')}) are underestimated")
+        return Verdict("warn", said, numbers, th,
+                       "calibrate the peaks the way the server computes (phaseprobe "
+                       "calibrate), or check --peaks and --model-config", "phaseprobe calibrate")
     e = eff.get("decode_efficiency")
     if e is None:
         return skipped("server decode times and completion tokens of the runs")
-    bound, measured = eff.get("decode_bound_s_per_token"), eff.get("decode_measured_s_per_token")
     numbers = {"decode_efficiency": num(e, 3), "bound_s_per_token": bound,
                "measured_s_per_token": measured, "peaks": eff.get("peaks")}
-    th = {"warn_below": EFFICIENCY_WARN, "fail_below": EFFICIENCY_FAIL}
-    said = (f"decode at {e:.0%} of the memory-bandwidth bound ({ms(measured)}/token measured, "
-            f"{ms(bound)}/token bound; peaks: {eff.get('peaks')})")
+    said = (f"decode at {fmt_efficiency(e)} of the memory-bandwidth bound "
+            f"({fmt_duration(measured)}/token measured, {fmt_duration(bound)}/token bound; "
+            f"peaks: {eff.get('peaks')})")
     if e >= EFFICIENCY_WARN:
         return Verdict("pass", said, numbers, th)
     return Verdict(
