@@ -20,6 +20,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from phaseprobe.analysis.client_check import client_consistent
 from phaseprobe.analysis.interplay import CONCURRENT_KINDS, concurrent_by_design
 from phaseprobe.analysis.phases import Summary, percentile
 from phaseprobe.analysis.roofline import fmt_duration, fmt_efficiency
@@ -83,6 +84,8 @@ def render_probe(console: Console, runs: Sequence[Run], summary: Summary,
         c, s = r.client, r.server
         iso = ("yes" if r.isolated else "concurrent" if concurrent_by_design(r)
                else "n/a" if not r.isolation.verified else "[red]NO")
+        if r.status == "ok" and r.isolated and not client_consistent(r):
+            iso += " [yellow]†"  # alone on the server, but its client stamps are not valid
         table.add_row(
             str(r.seq + 1), r.status if r.status == "ok" else f"[red]{r.status}",
             ms(c.ttft_s if c else None), ms(s.queue_s if s else None, 2),
@@ -98,10 +101,14 @@ def render_probe(console: Console, runs: Sequence[Run], summary: Summary,
         f"TPOT {ms(summary.client_tpot_s, 2)} ms · ITL p50/p99 {ms(summary.itl_p50_s, 2)}/"
         f"{ms(summary.itl_p99_s, 2)} ms")
     console.print(
-        f"server: queue {ms(summary.server_queue_s, 2)} ms · prefill "
+        f"server (over {summary.n_server} run(s) alone on it): queue "
+        f"{ms(summary.server_queue_s, 2)} ms · prefill "
         f"{ms(summary.server_prefill_s)} ms · decode {ms(summary.server_decode_s)} ms · "
         f"decode share of e2e {'—' if share is None else f'{share:.0%}'} · "
         f"client−server TTFT gap {ms(summary.ttft_gap_s)} ms")
+    if any(r.status == "ok" and r.isolated and not client_consistent(r) for r in runs):
+        console.print("[yellow]†[/] left out of the client medians: its client timeline "
+                      "contradicts vLLM's phases (see the notes); its server phases count")
     for note in notes:
         console.print(f"[yellow]note:[/] {note}")
     bad = [r for r in runs if r.isolation.verified and not r.isolated]

@@ -246,6 +246,10 @@ def test_runs_command_lists_the_left_out_run_with_its_reason(tmp_path, runs, cap
     assert main(["runs", str(eid), "--store", str(path)]) == 0
     text = capsys.readouterr().out
     assert "left out: run 2: its client timeline contradicts" in " ".join(text.split())
+    # The table marks the run itself, and the server line says over which runs it is.
+    rows = [line for line in text.splitlines() if "†" in line and "│" in line]
+    assert len(rows) == 1 and rows[0].split("│")[1].strip() == "2", text
+    assert "server (over 4 run(s) alone on it)" in text
 
 
 def test_phase_consistency_still_checks_runs_left_out_for_their_client_timeline(runs):
