@@ -156,8 +156,9 @@ class LevelStats:
     preemptions: float | None  # counter delta over the level
     rounds: int = 1  # with several rounds: every field is the median (maxima/sums, see
     round_tokens_per_s: tuple[float | None, ...] = ()  # merge_rounds); each round's rate
-    # Share of the client's gaps shorter than BURST_SHARE_OF_TPOT × TPOT: tokens that reached
-    # the client together (one read), so ITL percentiles measure delivery, not decode.
+    # Share of the client's gaps shorter than BURST_SHARE_OF_TPOT × the per-stream pace (vLLM's,
+    # else the client TPOT): tokens that reached the client together, so ITL percentiles
+    # measure delivery, not decode.
     burst_share: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -188,8 +189,11 @@ def level_stats(concurrency: int, streams: Sequence[Sequence[float]], tpots: Seq
     steady = rate is not None and span_s > 0 and window >= STEADY_SHARE_MIN * span_s
     itl = [b - a for s in streams for a, b in zip(s, s[1:])]
     tpot = statistics.median(tpots) if tpots else None
-    burst = (sum(1 for g in itl if g < BURST_SHARE_OF_TPOT * tpot) / len(itl)
-             if itl and tpot else None)
+    # The pace a gap is judged against: vLLM's per-stream pace when known, since a stream that
+    # reached the client in one burst has a client TPOT near zero too (seen: 0.0 ms).
+    pace = concurrency / server_tokens_per_s if server_tokens_per_s else tpot
+    burst = (sum(1 for g in itl if g < BURST_SHARE_OF_TPOT * pace) / len(itl)
+             if itl and pace else None)
     return LevelStats(
         concurrency=concurrency, streams_ok=len(streams), output_tokens=output_tokens,
         span_s=span_s, tokens_per_s=rate if steady else span_rate,

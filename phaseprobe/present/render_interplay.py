@@ -88,7 +88,7 @@ def render_batch(out: Console, r: BatchResult) -> None:
                ("concurrency", "TPOT ms", "ITL p50 ms", "ITL p99 ms", "burst gaps %",
                 "max waiting", "max running", "max KV %", "preemptions"))
     for lv in r.levels:
-        t.add_row(str(lv.concurrency), _ms(lv.tpot_median_s), _ms_fine(lv.itl_p50_s),
+        t.add_row(str(lv.concurrency), _ms_fine(lv.tpot_median_s), _ms_fine(lv.itl_p50_s),
                   _ms_fine(lv.itl_p99_s),
                   _num(lv.burst_share * 100 if lv.burst_share is not None else None, "{:.0f}"),
                   _num(lv.max_waiting), _num(lv.max_running),
@@ -102,7 +102,8 @@ def render_batch(out: Console, r: BatchResult) -> None:
               if lv.burst_share is not None and lv.burst_share >= 0.5]
     if bursty:
         out.print(f"[yellow]note:[/] at concurrency {', '.join(map(str, bursty))} most tokens "
-                  "reached the client in bursts (burst gaps: gaps under 10 % of the TPOT), so "
+                  "reached the client in bursts (burst gaps: gaps under 10 % of the per-stream "
+                  "pace, vLLM's when known), so "
                   "ITL percentiles measure delivery, not decode: TPOT and server tok/s give "
                   "the decode pace")
     kind = "no knee" if r.scaling.stops_at is None else "knee"

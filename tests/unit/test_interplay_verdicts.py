@@ -346,3 +346,16 @@ def test_a_client_too_starved_to_send_b_on_time_is_named_as_the_cause(tmp_path, 
     assert res.verdict().kind == "no overlap"
     assert any("later than planned" in n and "CPU load" in n and "2 pair(s) it pushed" in n
                for n in res.notes), res.notes
+
+
+def test_a_stream_delivered_in_one_burst_counts_as_burst_against_vllms_pace():
+    # Seen at concurrency 2 and 4: whole streams in one burst, client TPOT 0.0 ms, ITL p50
+    # 0.0036 ms, and "burst gaps 0 %" because the gaps were judged against that TPOT.
+    burst = [[0.2 + 1e-6 * i for i in range(128)] for _ in range(2)]
+    lv = level_stats(2, burst, [1e-6, 1e-6], 256, 0.2, server_tokens_per_s=604.2)
+    assert lv.burst_share == pytest.approx(1.0)
+    res = BatchResult(1, [lv], scaling([lv]), [], {}, [])
+    out = Console(width=160, record=True)
+    render_batch(out, res)
+    text = out.export_text()
+    assert "in bursts" in text and "0.001 " in text  # TPOT 1 µs in ms, not 0.0
