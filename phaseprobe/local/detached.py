@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from phaseprobe.errors import LocalServerError
@@ -20,7 +20,13 @@ from phaseprobe.local.process import (
     process_group_alive,
     stop_process_group,
 )
-from phaseprobe.local.server import DEFAULT_SERVED_NAME, LocalVllm, ServerState, local_dir
+from phaseprobe.local.server import (
+    DEFAULT_SERVED_NAME,
+    LocalVllm,
+    ServerState,
+    local_dir,
+    profiler_args,
+)
 
 __all__ = [
     "LocalStatus",
@@ -83,8 +89,10 @@ def start_detached(
     extra_env: Mapping[str, str] | None = None,
     startup_timeout: float = DEFAULT_STARTUP_TIMEOUT,
     state_path: Path | None = None,
+    profile_dir: Path | None = None,
 ) -> ServerState:
-    """Start a server that outlives this process, wait until healthy, record it, return."""
+    """Start a server that outlives this process, wait until healthy, record it, return.
+    With ``profile_dir`` its torch profiler is configured to write there (and recorded)."""
     path = state_path or default_state_path()
     existing = read_state(path)
     if existing is not None and _is_ours(existing):
@@ -93,16 +101,20 @@ def start_detached(
             "stop it first with `phaseprobe local stop`"
         )
     server = LocalVllm(
-        model_dir, venv=venv, served_name=served_name, port=port, extra_args=extra_args,
+        model_dir, venv=venv, served_name=served_name, port=port,
+        extra_args=[*extra_args, *profiler_args(profile_dir)],
         extra_env=extra_env, startup_timeout=startup_timeout,
     )  # fmt: skip
     state = server.start()
+    if profile_dir is not None:
+        state = replace(state, profile_dir=str(profile_dir))
     try:
         write_state(path, state)
     except BaseException:
         server.stop()
         raise
-    return server.detach()
+    server.detach()
+    return state
 
 
 def stop_from_state(

@@ -89,8 +89,12 @@ def _cmd_local(args: argparse.Namespace, out: Console, err: Console) -> int:
         doc = {"venv": str(venv), "model": str(model), "seconds": time.monotonic() - t0}
         text = f"local vLLM ready: venv {venv}, model {model}"
     elif action == "start":
+        from phaseprobe.paths import cache_dir
+
+        # Its torch profiler is configured (idle until asked), so `probe --torch-profile`
+        # works against it as the help says.
         with waiting(err, "starting local vLLM (about 30 s on 2 cores)…"):
-            state = local.start_detached()
+            state = local.start_detached(profile_dir=cache_dir() / "profiles" / "local")
         doc = {"started": True, **json.loads(state.to_json())}
         text = f"local vLLM running at {state.base_url} (pid {state.pid}, log {state.log_path})"
     elif action == "stop":

@@ -25,6 +25,7 @@ from phaseprobe.collect.efficiency import (
     validate_options,
 )
 from phaseprobe.collect.experiment import ProbeSettings, run_probe
+from phaseprobe.local.server import profiler_args
 from phaseprobe.paths import default_store_path
 from phaseprobe.present.args import non_negative_int, positive_int, store_and_json_args
 from phaseprobe.present.cmd_trace import render as render_trace
@@ -147,7 +148,9 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     # --peaks and --model-config fail here, not after the runs (nor after a 45 s server start).
     validate_options(args.peaks, args.model_config)
     with ExitStack() as stack:
-        endpoint = endpoint_or_local(args.endpoint, stack, err, _profiler_args(profile_dir))
+        endpoint = endpoint_or_local(args.endpoint, stack, err, profiler_args(profile_dir))
+        if profile_dir is not None and args.endpoint is not None:
+            profile_dir = _server_profile_dir(endpoint, profile_dir, err)
         model = served_model(endpoint, api_key, args.model)  # a wrong --model: before any run
         peaks_choice = args.peaks
         if peaks_choice is None and args.endpoint is None and calibrate.load() is not None:
@@ -238,13 +241,19 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     return 0 if any(r.status == "ok" for r in result.runs) else 1
 
 
-def _profiler_args(profile_dir: Path | None) -> list[str]:
-    """vLLM's torch profiler, writing to ``profile_dir`` (no stacks: 3 MB instead of 52 MB)."""
-    if profile_dir is None:
-        return []
-    config = {"profiler": "torch", "torch_profiler_dir": str(profile_dir),
-              "torch_profiler_with_stack": False}
-    return ["--profiler-config", json.dumps(config)]
+def _server_profile_dir(endpoint: str, asked: Path, err: Console) -> Path:
+    """Where the traces of ``endpoint`` land: a server's profiler writes to its own directory.
+    For the server of `phaseprobe local start` that is recorded, so the capture reads it
+    there; for any other server, ``asked`` must be the directory it was started with."""
+    from phaseprobe.local import detached
+
+    state = detached.read_state(detached.default_state_path())
+    if state is not None and state.profile_dir and state.base_url.rstrip("/") == endpoint:
+        if Path(state.profile_dir).resolve() != asked:
+            err.print(f"[dim]the local vLLM's profiler writes to {escape(state.profile_dir)}: "
+                      f"reading its traces there", highlight=False)
+        return Path(state.profile_dir).resolve()
+    return asked
 
 
 def _prom_sidecar(args: argparse.Namespace, model: str, stack: ExitStack) -> PromSidecar:

@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from phaseprobe.local import start_detached, status, stop_from_state
 from phaseprobe.local.process import DEFAULT_STOP_TIMEOUT, process_group_alive
+from phaseprobe.sources.torch_trace import ProfileCapture
 
 
 class VllmTarget(Protocol):  # what conftest's local_vllm fixture yields (conftest is not imported)
@@ -60,12 +61,21 @@ def test_chat_completion_uses_the_models_chat_template(local_vllm: VllmTarget) -
 def test_detached_start_status_stop_leaves_no_process(tmp_path: Path) -> None:
     # A second real server, managed the way `phaseprobe local start|status|stop` does it.
     state_path = tmp_path / "server.json"
-    state = start_detached(state_path=state_path)
+    state = start_detached(state_path=state_path, profile_dir=tmp_path / "profiles")
     try:
         now = status(state_path=state_path)
         assert now.alive and now.healthy
         assert requests.get(f"{state.base_url}/health", timeout=10).status_code == 200
         assert process_group_alive(state.pid)
+        # Started with its profiler configured and recorded (issue 16: `probe
+        # --torch-profile` against `local start` got "404: not started with
+        # --profiler-config"): the capture finds the traces where the state says.
+        assert now.state is not None and now.state.profile_dir == str(tmp_path / "profiles")
+        capture = ProfileCapture(state.base_url, now.state.profile_dir, timeout_s=120)
+        capture.start()
+        requests.post(f"{state.base_url}/v1/completions", timeout=60, json={
+            "model": state.served_model_name, "prompt": "hello", "max_tokens": 4})
+        assert capture.stop(), "no trace file after /stop_profile"
     finally:
         started = time.monotonic()
         stop_from_state(state_path=state_path)

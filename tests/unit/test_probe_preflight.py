@@ -60,3 +60,25 @@ def test_another_models_config_is_refused_before_the_runs(no_runs, tmp_path, cap
     assert "does not describe the served model" in err
     assert "hidden_size 8192 vs 128" in err
     assert "--force-model-config" in err
+
+
+def test_torch_profile_against_local_start_reads_the_servers_own_directory(tmp_path, monkeypatch):
+    # `local start` records where its profiler writes; a probe of that server reads there
+    # whatever DIR it was given, and any other server's traces are read from DIR.
+    from rich.console import Console
+
+    from phaseprobe.local import detached
+    from phaseprobe.local.server import ServerState
+
+    state = ServerState(pid=1, port=8123, base_url="http://127.0.0.1:8123", model_path="m",
+                        served_model_name="tiny", log_path="l", started_at=0.0,
+                        profile_dir=str(tmp_path / "server-profiles"))
+    path = tmp_path / "server.json"
+    path.write_text(state.to_json())
+    assert ServerState.from_json(path.read_text()) == state
+    monkeypatch.setattr(detached, "default_state_path", lambda: path)
+    asked = (tmp_path / "mine").resolve()
+    err = Console(stderr=True)
+    assert cmd_probe._server_profile_dir("http://127.0.0.1:8123", asked, err) == \
+        (tmp_path / "server-profiles").resolve()
+    assert cmd_probe._server_profile_dir("http://10.0.0.9:8000", asked, err) == asked
