@@ -30,6 +30,7 @@ from phaseprobe.calibrate.run import (
     run_benchmark,
     save,
 )
+from phaseprobe.present.waiting import waiting
 
 __all__ = ["register", "cmd_calibrate", "run", "compare"]
 
@@ -88,7 +89,7 @@ def cmd_calibrate(args: argparse.Namespace, out: Console, err: Console) -> int:
         return _show(args, out)
     where = "the GPU" if args.device == "cuda" else "this device"
     shapes = model_shapes(args.model_config, args.tokens) if args.model_config else []
-    with err.status(f"measuring {where} with torch (about 15-25 s)…"):
+    with waiting(err, f"measuring {where} with torch (about 15-25 s)…"):
         cal = run_benchmark(args.device, interpreter=args.python, quick=args.quick,
                             timeout_s=args.timeout, shapes=shapes, budget_s=args.budget)
     path = save(cal)

@@ -41,6 +41,7 @@ from phaseprobe.present.endpoint import (
     endpoint_or_local,
     served_model,
 )
+from phaseprobe.present.waiting import waiting
 from phaseprobe.records import RunSpec
 from phaseprobe.sources.gpu_sampler import open_sampler
 from phaseprobe.sources.torch_trace import ProfileCapture
@@ -195,13 +196,13 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
             raise
         if capture is not None:
             files = capture.stop()
-            with err.status("reading the torch-profiler trace…"):
+            with waiting(err, "reading the torch-profiler trace…"):
                 trace_doc = summarize_trace_file(files[0])  # the worker's rank file first
             # Kept with the experiment: the dashboard's Traces page shows it without the file.
             store.add_analysis("trace", str(files[0]), trace_doc, result.experiment_id)
         prom = None
         if sidecar is not None:
-            with err.status("waiting for Prometheus to scrape after the last run…"):
+            with waiting(err, "waiting for Prometheus to scrape after the last run…"):
                 prom = sidecar.finish(result.runs)
             if "error" in prom:  # the runs are stored and shown; only the summary is missing
                 err.print(f"[yellow]Prometheus summary unavailable:[/] {escape(prom['error'])}")

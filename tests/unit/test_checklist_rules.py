@@ -355,6 +355,8 @@ def _nccl(calls: float | None, flags: list[dict] | None = None) -> dict:
 def test_collectives():
     ok = check(parallel.collectives, ev(nccl=_nccl(66.0), model_layers=32))
     assert ok.status == "pass" and "66.0 collectives per decode step" in ok.summary
+    # In words (issue 16: "transports {'p2p': 48}").
+    assert "transports p2p 8 connections" in ok.summary and "{" not in ok.summary
     many = check(parallel.collectives, ev(nccl=_nccl(200.0), model_layers=32))
     assert many.status == "warn" and many.numbers["expected_calls_per_step"] == 66
     shm = [{"severity": "high", "code": "shm_transport", "message": "4 connection(s) over SHM"}]

@@ -137,7 +137,10 @@ def collectives(ev: Evidence) -> Verdict:
     if calls is None and not transports.get("connections") and not flags:
         return skipped("collective calls or transports in the NCCL log (NCCL_DEBUG_SUBSYS="
                        "INIT,COLL) and the decode-step count (--experiment)")
-    parts = [f"transports {transports.get('by_class') or 'not logged'}"]
+    by_class = transports.get("by_class") or {}
+    # In words, never a dict's repr (it printed "transports {'p2p': 48}").
+    parts = ["transports " + (", ".join(f"{k} {v} connections" for k, v in by_class.items())
+                              if by_class else "not logged")]
     if logged == 0:
         parts.append("no collective calls logged (add COLL to NCCL_DEBUG_SUBSYS)")
     if calls is not None:
