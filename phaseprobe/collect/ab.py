@@ -209,8 +209,12 @@ def start_arms(playbook: Playbook, stack: contextlib.ExitStack, launcher: Launch
             continue
         key = arm.launch.key(arm.model) if arm.launch else ()
         if key not in urls:
-            status(f"starting the server of arm {arm.name}…")
+            status(f"starting the server of arm {arm.name} (30 s to a few minutes: a "
+                   f"compiled model compiles first)…")
+            started = time.monotonic()
             urls[key] = stack.enter_context(launcher(arm))
+            status(f"arm {arm.name}: server up at {urls[key]} after "
+                   f"{time.monotonic() - started:.0f} s")
         else:
             notes.append(f"arm {arm.name} shares arm A's server (same launch)")
         out.append(urls[key])
