@@ -44,13 +44,14 @@ from phaseprobe.collect.playbook import load_playbook, parse_effect
 from phaseprobe.errors import ConfigError
 from phaseprobe.paths import default_store_path
 from phaseprobe.present.args import positive_int, store_and_json_args
-from phaseprobe.present.endpoint import api_key_from_env, endpoint_or_local, first_model
+from phaseprobe.present.endpoint import api_key_from_env, endpoint_or_local, served_model
 from phaseprobe.present.render_interplay import (
     render_arms,
     render_batch,
     render_interfere,
     render_prefix,
 )
+from phaseprobe.sources.openai_stream import normalize_base_url
 from phaseprobe.store import Store, redact_url
 
 __all__ = ["register", "run", "COMMANDS"]
@@ -223,7 +224,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
         return _run_playbook(args, out, api_key, progress)
     with ExitStack() as stack:
         endpoint = endpoint_or_local(args.endpoint, stack, err)
-        model = args.model or first_model(endpoint, api_key)
+        model = served_model(endpoint, api_key, args.model)  # a wrong --model: before any run
         target = Target(endpoint=endpoint, model=model, api_key=api_key, chat=args.chat,
                         timeout_s=args.timeout)
         store = stack.enter_context(Store(args.store or default_store_path()))
@@ -237,8 +238,9 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
                                prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens,
                                rounds=args.repeats, name=args.name, progress=progress)
         elif args.endpoint_b:
-            model_b = args.model_b or first_model(args.endpoint_b, api_key)
-            target_b = Target(endpoint=args.endpoint_b, model=model_b, api_key=api_key,
+            endpoint_b = normalize_base_url(args.endpoint_b)
+            model_b = served_model(endpoint_b, api_key, args.model_b, "--model-b")
+            target_b = Target(endpoint=endpoint_b, model=model_b, api_key=api_key,
                               chat=args.chat, timeout_s=args.timeout)
             arms = [InterfereArm(n, t, {"endpoint": redact_url(t.endpoint)})
                     for n, t in zip(args.arm_names, (target, target_b))]
@@ -251,7 +253,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
                                    progress=progress)
     if isinstance(result, ArmsResult):
         return _emit_arms(args, out, result, {"endpoints": [redact_url(endpoint),
-                                                            redact_url(args.endpoint_b)]})
+                                                            redact_url(normalize_base_url(args.endpoint_b))]})
     if args.json:
         doc = {"kind": kind, "endpoint": redact_url(endpoint), "model": model,
                "server": result.server_info, **result.to_dict()}
