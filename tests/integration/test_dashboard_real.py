@@ -28,7 +28,7 @@ def probed(local_vllm, tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert main(["prefix", "--endpoint", local_vllm.base_url, "--prefix-tokens", "160",
                  "--reps", "2", "--store", str(path), "--json"]) == 0
     assert main(["interfere", "--endpoint", local_vllm.base_url, "--reps", "2",
-                 "--a-tokens", "48", "--b-prompt-tokens", "400", "--store", str(path),
+                 "--at-token", "16", "--a-tokens", "48", "--b-prompt-tokens", "400", "--store", str(path),
                  "--json"]) == 0
     return path
 
@@ -84,7 +84,8 @@ def test_phases_against_the_bound_finds_the_local_model(monkeypatch, probed, tmp
     metrics = {m.label: m.value for m in at.get("metric")}
     # A sub-million-parameter model on a CPU against an H100's bound: far below 100 %.
     decode = metrics["Decode efficiency (median)"]
-    assert decode.endswith("%") and int(decode.rstrip("%")) < 10
+    # Printed with its digits ("0.0079 %", never "0 %"): a tiny efficiency is still a number.
+    assert decode.endswith("%") and 0 < float(decode.rstrip("% ")) < 10
     assert count_charts(at) == 4
     assert not at.warning
 
@@ -128,7 +129,9 @@ def test_interfere_pairs_drawn_from_the_stored_runs(monkeypatch, probed):
 
     with Store(probed) as store:
         found = pairs(store.runs(4))
-    assert list(found) == [0, 1]  # both pairs stored with their A and B
+    # Both pairs stored with their A and B; a pair whose B missed A's decode is discarded and
+    # retried (up to 2 × --reps pairs), and stored too.
+    assert list(found) == list(range(len(found))) and 2 <= len(found) <= 4
     for pair in found.values():
         a, b = pair["A"].client, pair["B"].client
         # --at-token 16 (the default): B leaves once A's 16th token event has reached the
@@ -140,6 +143,6 @@ def test_interfere_pairs_drawn_from_the_stored_runs(monkeypatch, probed):
                  else a.end_offset_ns)
         assert b.sent_wall_ns >= a.sent_wall_ns + fired, (len(a.event_offsets_ns), fired)
     at = goto(open_app(monkeypatch, probed), "Run timeline", 4)
-    assert at.selectbox(key="interfere_pair").options == ["0", "1"]
+    assert at.selectbox(key="interfere_pair").options == [str(i) for i in found]
     assert count_charts(at) == 4
     assert "A's largest gap after B was sent" in page_text(at)
