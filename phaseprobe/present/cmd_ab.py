@@ -185,11 +185,13 @@ def _cells(c: Comparison, m: MetricComparison) -> list[str]:
 
 def _caption(c: Comparison) -> str:
     if c.method == "sequential":
-        return (f"B/A = geometric mean of paired runs' ratios; {c.confidence:.0%} anytime-valid "
-                f"interval (Lai's t-mixture confidence sequence); equivalent = interval inside "
-                f"±{c.min_effect:.0%}; runs to decide: about how many more runs per arm would "
-                f"decide it at this noise (—: decided, or none would: the estimate sits on the "
-                f"±{c.min_effect:.0%} line)")
+        return (f"B/A = geometric mean of paired runs' ratios; anytime-valid interval (Lai's "
+                f"t-mixture confidence sequence): {c.confidence:.0%} for the primary metric, "
+                f"{1 - (1 - c.confidence) / 7:.1%} for each other (Bonferroni over 7: together "
+                f"they err with probability ≤ {1 - c.confidence:.0%}); equivalent = interval "
+                f"inside ±{c.min_effect:.0%}; runs to decide: about how many more runs per arm "
+                f"would decide it at this noise (—: decided, or none would: the estimate sits on "
+                f"the ±{c.min_effect:.0%} line)")
     return (f"B/A = median(B)/median(A); {c.confidence:.0%} bootstrap interval; p: Mann–Whitney "
             f"U; MDE: smallest change this N and noise detect")
 

@@ -28,8 +28,8 @@ def probed(local_vllm, tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert main(["prefix", "--endpoint", local_vllm.base_url, "--prefix-tokens", "160",
                  "--reps", "2", "--store", str(path), "--json"]) == 0
     assert main(["interfere", "--endpoint", local_vllm.base_url, "--reps", "2",
-                 "--at-token", "16", "--a-tokens", "48", "--b-prompt-tokens", "400", "--store", str(path),
-                 "--json"]) == 0
+                 "--at-token", "16", "--a-tokens", "48", "--b-prompt-tokens", "400",
+                 "--store", str(path), "--json"]) == 0
     return path
 
 

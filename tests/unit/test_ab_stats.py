@@ -147,3 +147,20 @@ def test_compare_runs_uses_every_metric_and_drops_unisolated_runs():
                     c.phase_line), c.phase_line
     assert any("1 of 13 runs left out" in w for w in c.warnings)
     assert c.to_dict()["metrics"]["server_decode_s"]["verdict"] == "improvement"
+
+
+def test_sequential_secondary_metrics_share_one_alpha():
+    # The primary decides at α; the seven others at α/7 each (Bonferroni), so an A/A's table
+    # shows a false direction somewhere with probability ≤ α, not ~7α.
+    from phaseprobe.analysis.ab_sequential import SequentialPlan
+
+    rng = np.random.default_rng(12)
+    a = [_run(i, 0.02 * float(np.exp(rng.normal(0, .1))), 0.2 * float(np.exp(rng.normal(0, .1))))
+         for i in range(30)]
+    b = [_run(i, 0.02 * float(np.exp(rng.normal(0, .1))), 0.2 * float(np.exp(rng.normal(0, .1))))
+         for i in range(30)]
+    c = compare_runs(a, b, plan=SequentialPlan(min_effect=0.05, max_runs=30))
+    assert c.primary == "server_decode_s"
+    width = {k: m.ci_high / m.ci_low for k, m in c.metrics.items()}
+    # Same noise in decode and prefill (10 % each): the secondary's interval is wider.
+    assert width["server_prefill_s"] > width["server_decode_s"]
