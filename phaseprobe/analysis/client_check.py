@@ -62,7 +62,7 @@ def has_hop(endpoint: str | None) -> bool | None:
 
 def _ms(seconds: float) -> str:
     if abs(seconds) < 0.001:
-        return f"{seconds * 1e3:.3f} ms" if seconds >= 0.00001 else f"{seconds * 1e6:.1f} us"
+        return f"{seconds * 1e3:.3f} ms" if seconds >= 0.00001 else f"{seconds * 1e6:.1f} µs"
     return f"{seconds * 1e3:.1f} ms"
 
 
