@@ -117,7 +117,7 @@ def test_bunched_gaps_with_a_normal_tpot_are_flagged():
     c = timeline(40 * MS, gaps, n_out=64, stall_s=0.083)
     v = check_client(c, server(ttft_s=0.036, decode_s=0.265), ALONE, hop=False)
     assert not v.consistent and v.cause == "client"
-    assert "ITL p50 4.0 us" in v.reasons[0]
+    assert "ITL p50 4.0 µs" in v.reasons[0]
 
 
 @pytest.fixture
