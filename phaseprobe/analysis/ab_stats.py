@@ -360,9 +360,27 @@ def compare_runs(runs_a: Sequence[Run], runs_b: Sequence[Run], *, arm_a: str = "
                         f"the interval: {', '.join(pulled)}")
     noise = tuple(_diagnose(runs_a, runs_b, arm_a, arm_b, m, min_effect)
                   for m in _phase_metrics(metrics))
-    return Comparison(arm_a, arm_b, min_effect, confidence, metrics, phase_line(metrics),
+    line = phase_line(metrics)
+    failed = [(arm, runs) for arm, runs in ((arm_a, runs_a), (arm_b, runs_b))
+              if runs and not any(r.status == "ok" for r in runs)]
+    if failed:
+        # Nothing measured in an arm: no comparison, and the headline says why.
+        why = "; ".join(f"every run of arm {arm} failed ({len(runs)} of {len(runs)}: "
+                        f"{failure_reason(runs)})" for arm, runs in failed)
+        line = f"no verdict: {why}"
+        warnings.insert(0, why)
+    return Comparison(arm_a, arm_b, min_effect, confidence, metrics, line,
                       tuple(warnings), method="fixed" if plan is None else "sequential",
                       primary=primary, noise=noise)
+
+
+def failure_reason(runs: Sequence[Run]) -> str:
+    """The most common error of failed runs, in one line (with how many runs had it)."""
+    errors = [(r.error or r.status).splitlines()[0][:200] for r in runs if r.status != "ok"]
+    if not errors:
+        return "no error recorded"
+    top = max(set(errors), key=errors.count)
+    return top if errors.count(top) == len(errors) else f"{top} ({errors.count(top)} runs)"
 
 
 def _phase_metrics(metrics: dict[str, MetricComparison]) -> list[MetricComparison]:

@@ -427,6 +427,11 @@ def _measure(arms: list[_Arm], playbook: Playbook, n: int, store: Store,
             if seq_state is None or seq not in arms[1 - arm_index].done:
                 continue  # a look only when this run completed a pair
             pairs = seq_state.pairs()
+            dead = [x for x in arms if x.runs and not any(r.status == "ok" for r in x.runs)]
+            if dead and pairs >= seq_state.plan.min_pairs:
+                # Every run of an arm failed: more runs would only fail too; nothing to decide.
+                result.stop = seq_state.record("failed")
+                break
             if seq_state.plan.is_look(pairs):
                 result.stop = seq_state.look()
                 if result.stop is not None:

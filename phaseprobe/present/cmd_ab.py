@@ -197,7 +197,8 @@ def _caption(c: Comparison) -> str:
 
 
 _REASONS = {"decided": "decided", "max-runs": "budget spent: --max-runs reached",
-            "max-minutes": "budget spent: --max-minutes reached"}
+            "max-minutes": "budget spent: --max-minutes reached",
+            "failed": "stopped: every run of an arm failed"}
 
 
 def stop_line(stop: dict[str, Any] | None, plan: SequentialPlan | None) -> str | None:
@@ -406,6 +407,10 @@ def cmd_ab(args: argparse.Namespace, out: Console, err: Console) -> int:
             if args.until_decided or args.runs is not None:
                 raise ConfigError("--resume continues the session as it was planned: "
                                   "--runs and --until-decided do not apply")
+            if store.ab_session(args.resume)["finished_wall_ns"] is not None:
+                # Nothing to continue: running it again would add runs to a finished test.
+                err.print(f"A/B session {args.resume} is complete; its report:")
+                return _report(args, out, args.resume)
             result = resume_ab(args.resume, store, progress=progress, api_key=api_key)
         else:
             playbook = load_playbook(target[0])
@@ -442,7 +447,8 @@ def cmd_ab(args: argparse.Namespace, out: Console, err: Console) -> int:
         out.print(f"[dim]stored as A/B session {result.session_id} (phaseprobe ab report "
                   f"{result.session_id}); experiments "
                   f"{', '.join(str(v) for v in result.experiments.values())}")
-    return 0
+    # Exit 1 when an arm measured nothing: a script must not read the A/B as done.
+    return 1 if c.phase_line.startswith("no verdict:") else 0
 
 
 run = cmd_ab  # the name cli.py's command table uses for every command module

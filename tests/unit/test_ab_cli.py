@@ -156,3 +156,20 @@ def test_compare_refuses_unlike_experiments_unless_forced(book, tmp_path, capsys
     forced = json.loads(out)
     assert rc == 0 and any("not alike (--force): measurement kind" in n
                            for n in forced["notes"])
+
+
+def test_resume_of_a_finished_session_shows_its_report_and_runs_nothing(tmp_path, capsys):
+    # Issue 18: `ab --resume` on a finished session ran it again.
+    with SseServer(Script(n_tokens=8, gap_s=0.004)) as a, \
+            SseServer(Script(n_tokens=8, gap_s=0.002)) as b:
+        path = tmp_path / "sse.toml"
+        path.write_text(BOOK.format(a=a.base_url, b=b.base_url))
+        store = str(tmp_path / "s.sqlite")
+        rc, out = _run([str(path), "--json", "--store", store, "--runs", "5"], capsys)
+        sid = json.loads(out)["session_id"]
+        sent = len(a.requests) + len(b.requests)
+        rc, out = _run(["--resume", str(sid), "--json", "--store", store], capsys)
+        doc = json.loads(out)
+        assert rc == 0 and doc["session_id"] == sid and doc["finished"] is True
+        assert all(arm["runs"] == 5 for arm in doc["arms"].values())
+        assert len(a.requests) + len(b.requests) == sent  # not one request more

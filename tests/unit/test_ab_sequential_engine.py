@@ -156,3 +156,19 @@ def test_minutes_budget_stops_the_session(tmp_path):
     assert result.stop is not None and result.stop["reason"] == "max-minutes"
     assert result.stop["minutes"] >= 0.1 / 60 and result.stop["pairs"] < 40
     assert result.complete  # a spent budget finishes the session (undecided)
+
+
+def test_an_arm_whose_every_run_fails_reaches_no_conclusion(tmp_path, capsys):
+    # Issue 18: an A/B batch in which every run failed must not reach a conclusion.
+    with SseServer(Script(n_tokens=8, gap_s=0.004)) as a, \
+            SseServer(Script(status=500, error_body="engine dead")) as b:
+        book = tmp_path / "b.toml"
+        book.write_text(_book(a.base_url, b.base_url, max_runs=30))
+        rc, out = _cli([str(book), "--json", "--store", str(tmp_path / "s.sqlite")], capsys)
+    doc = json.loads(out)
+    stop = doc["sequential"]["stop"]
+    assert rc == 1 and stop["reason"] == "failed"
+    assert stop["pairs"] < 30  # stopped once it was clear, not after the whole budget
+    line = doc["comparison"]["phase_line"]
+    assert line.startswith("no verdict: every run of arm b failed") and "engine dead" in line
+    assert doc["comparison"]["warnings"][0] in line
