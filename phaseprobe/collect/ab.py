@@ -36,7 +36,16 @@ import requests
 
 from phaseprobe.analysis.ab_sequential import SequentialPlan
 from phaseprobe.collect.experiment import ProbeSettings, RunCollector, server_info
-from phaseprobe.collect.playbook import LOCAL_MODEL, Arm, Playbook, parse_playbook
+from phaseprobe.collect.playbook import (
+    LOCAL_MODEL,
+    Arm,
+    Playbook,
+    parse_playbook,
+    redact_args,
+    redact_env,
+    redacted_text,
+    restore_secrets,
+)
 from phaseprobe.collect.prompts import PromptBuilder
 from phaseprobe.errors import ConfigError, LocalServerError, MetricsUnavailable, StoreError
 from phaseprobe.local.process import (
@@ -297,8 +306,8 @@ def run_ab(playbook: Playbook, store: Store, *, runs: int | None = None,
             # Created once every server answers with the right model: a playbook that cannot
             # start leaves no empty session behind.
             stored = {"runs": n} if plan is None else {"runs": n, "sequential": plan.to_dict()}
-            session_id = store.create_ab_session(playbook.name, playbook.path, playbook.text,
-                                                 stored)
+            session_id = store.create_ab_session(playbook.name, playbook.path,
+                                                 redacted_text(playbook), stored)
             result.session_id = session_id
         # Shown before the first run: after a kill -9 this is the ID to resume.
         progress.on_status(f"A/B session {session_id}; if stopped, continue it with "
@@ -310,8 +319,8 @@ def run_ab(playbook: Playbook, store: Store, *, runs: int | None = None,
                                 "role": "AB"[a.index], "endpoint": a.arm.endpoint,
                                 "launch": None if a.arm.launch is None else {
                                     "command": a.arm.launch.command,
-                                    "args": list(a.arm.launch.args),
-                                    "env": a.arm.launch.env}}
+                                    "args": redact_args(a.arm.launch.args),
+                                    "env": redact_env(a.arm.launch.env)}}
                 exp_id = store.create_experiment(Experiment(
                     name=f"{playbook.name}:{a.arm.name}", kind="ab-arm", spec=a.spec,
                     server_info=a.info, created_wall_ns=time.time_ns()))
@@ -459,7 +468,7 @@ def resume_ab(session_id: int, store: Store, **kwargs: Any) -> AbResult:
     changed) with its original number of runs, or its original sequential plan: the same
     test goes on, its interval built on every stored run."""
     stored = store.ab_session(session_id)
-    playbook = parse_playbook(stored["playbook_text"], stored["playbook_path"])
+    playbook = restore_secrets(parse_playbook(stored["playbook_text"], stored["playbook_path"]))
     kwargs.pop("runs", None)
     kwargs.pop("plan", None)
     seq = stored["settings"].get("sequential")

@@ -35,7 +35,10 @@ to a shell. Every mistake raises :class:`PlaybookError` naming the file and the 
 
 from __future__ import annotations
 
+import os
+import re
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -45,8 +48,9 @@ from phaseprobe.errors import ConfigError
 from phaseprobe.sources.openai_stream import normalize_base_url
 
 __all__ = ["PlaybookError", "Launch", "Arm", "RunPlan", "Playbook", "load_playbook",
-           "parse_playbook", "parse_effect", "session_arms", "session_plan", "LOCAL_MODEL",
-           "shipped_playbooks"]
+           "parse_playbook", "parse_effect", "session_arms", "session_plan", "is_secret_name",
+           "redact_env", "redact_args", "redacted_text", "restore_secrets", "REDACTED",
+           "LOCAL_MODEL", "shipped_playbooks"]
 
 LOCAL_MODEL = "local"  # the embedded tiny model served by phaseprobe's CPU vLLM
 _TOP_KEYS = {"name", "description", "model", "run", "arm"}
@@ -389,3 +393,76 @@ def session_plan(session: dict[str, Any], min_effect: float | None = None
         return None
     plan = SequentialPlan.from_dict(raw)
     return plan if min_effect is None else replace(plan, min_effect=min_effect)
+
+
+# Launch environments carry credentials (HF_TOKEN, *_API_KEY, …). Their values reach the
+# server phaseprobe starts and nothing else: the store and every output keep the names only.
+REDACTED = "<redacted>"
+_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|API[_-]?KEY|ACCESS[_-]?KEY|CREDENTIAL|AUTH",
+                          re.IGNORECASE)
+
+
+def is_secret_name(name: str) -> bool:
+    return bool(_SECRET_NAME.search(name))
+
+
+def redact_env(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with the values of secret-looking variables replaced by :data:`REDACTED`."""
+    return {k: REDACTED if is_secret_name(k) else v for k, v in env.items()}
+
+
+def redact_args(args: tuple[str, ...] | list[str]) -> list[str]:
+    """A launch argv with the values of secret-looking flags (``--api-key X``,
+    ``--api-key=X``) replaced by :data:`REDACTED`."""
+    out: list[str] = []
+    for i, arg in enumerate(args):
+        flag, eq, _ = arg.partition("=")
+        if eq and flag.startswith("-") and is_secret_name(flag):
+            out.append(f"{flag}={REDACTED}")
+        elif i > 0 and args[i - 1].startswith("-") and "=" not in args[i - 1] \
+                and is_secret_name(args[i - 1]) and not arg.startswith("-"):
+            out.append(REDACTED)
+        else:
+            out.append(arg)
+    return out
+
+
+def _secret_values(playbook: Playbook) -> set[str]:
+    values: set[str] = set()
+    for arm in playbook.arms:
+        if arm.launch is None:
+            continue
+        values |= {v for k, v in arm.launch.env.items() if is_secret_name(k) and v}
+        values |= {raw.partition("=")[2] if "=" in raw and red.endswith(REDACTED) else raw
+                   for raw, red in zip(arm.launch.args, redact_args(arm.launch.args))
+                   if raw != red}
+    return {v for v in values if v and v != REDACTED}
+
+
+def redacted_text(playbook: Playbook) -> str:
+    """The playbook's text as the store keeps it: every secret launch value replaced."""
+    text = playbook.text
+    for value in sorted(_secret_values(playbook), key=len, reverse=True):
+        text = text.replace(value, REDACTED)
+    return text
+
+
+def restore_secrets(playbook: Playbook, environ: Mapping[str, str] | None = None) -> Playbook:
+    """A stored (redacted) playbook made runnable again: each redacted launch value comes
+    from the environment variable of the same name, which must be set."""
+    environ = os.environ if environ is None else environ
+    arms = []
+    for arm in playbook.arms:
+        env = dict(arm.launch.env) if arm.launch else {}
+        for name, value in env.items():
+            if value == REDACTED:
+                if name not in environ:
+                    raise ConfigError(f"arm {arm.name}: {name} is a secret the store does not "
+                                      f"keep: set {name} in the environment to resume")
+                env[name] = environ[name]
+        if arm.launch is not None and any(REDACTED in a for a in arm.launch.args):
+            raise ConfigError(f"arm {arm.name}: a secret launch argument is not kept in the "
+                              f"store, so this session cannot be resumed; pass secrets "
+                              f"through the launch env (e.g. VLLM_API_KEY) instead")
+        arms.append(replace(arm, launch=replace(arm.launch, env=env)) if arm.launch else arm)
+    return replace(playbook, arms=(arms[0], arms[1]))

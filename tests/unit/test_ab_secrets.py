@@ -1,0 +1,93 @@
+"""Launch secrets (HF_TOKEN, *_API_KEY, --api-key …) reach the server phaseprobe starts and
+nothing else: not the store, not the output; a resumed session takes them from the
+environment again (issue 18)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from phaseprobe.collect.ab import resume_ab, run_ab
+from phaseprobe.collect.playbook import (
+    REDACTED,
+    Arm,
+    parse_playbook,
+    redact_args,
+    redact_env,
+    restore_secrets,
+)
+from phaseprobe.errors import ConfigError
+from phaseprobe.store import Store
+from phaseprobe.testing.sse_server import Script, SseServer
+from tests.ab_helpers import Crash, CrashAfter
+
+SECRET_ENV = "hf_SuperSecretToken123"
+SECRET_ARG = "sk-launch-arg-456"
+
+BOOK = f"""
+name = "secrets"
+model = "sse-test-model"
+[run]
+prompt = "hello"
+max_tokens = 4
+runs = 3
+warmup = 0
+[[arm]]
+name = "a"
+[arm.launch]
+args = ["--dtype", "bfloat16"]
+env = {{ HF_TOKEN = "{SECRET_ENV}", NCCL_ALGO = "Ring" }}
+[[arm]]
+name = "b"
+launch = {{ args = ["--api-key", "{SECRET_ARG}"], env = {{ NCCL_ALGO = "Tree" }} }}
+"""
+
+
+def test_secret_names_and_values_are_redacted():
+    assert redact_env({"HF_TOKEN": "x", "OPENAI_API_KEY": "y", "AWS_SECRET_ACCESS_KEY": "z",
+                       "DB_PASSWORD": "w", "NCCL_ALGO": "Ring"}) == {
+        "HF_TOKEN": REDACTED, "OPENAI_API_KEY": REDACTED, "AWS_SECRET_ACCESS_KEY": REDACTED,
+        "DB_PASSWORD": REDACTED, "NCCL_ALGO": "Ring"}
+    assert redact_args(["--api-key", "k", "--dtype", "bf16", "--api-key=k2"]) == [
+        "--api-key", REDACTED, "--dtype", "bf16", f"--api-key={REDACTED}"]
+
+
+@contextlib.contextmanager
+def _launcher(servers: dict[str, SseServer]) -> Iterator:
+    @contextlib.contextmanager
+    def launch(arm: Arm) -> Iterator[str]:
+        yield servers[arm.name].base_url
+    yield launch
+
+
+def test_store_and_output_never_hold_a_launch_secret(tmp_path, monkeypatch):
+    pb = parse_playbook(BOOK)
+    with SseServer(Script(n_tokens=4)) as sa, SseServer(Script(n_tokens=4)) as sb, \
+            _launcher({"a": sa, "b": sb}) as launch:
+        path = tmp_path / "s.sqlite"
+        with Store(path) as store, pytest.raises(Crash):
+            run_ab(pb, store, launcher=launch, progress=CrashAfter(2))
+        raw = b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.is_file())
+        assert SECRET_ENV.encode() not in raw and SECRET_ARG.encode() not in raw
+        assert b"HF_TOKEN" in raw  # the name is kept: it says what the server was given
+        with Store(path) as store:
+            info = store.experiment(1).server_info["ab"]["launch"]
+            assert info["env"] == {"HF_TOKEN": REDACTED, "NCCL_ALGO": "Ring"}
+            # Resuming needs the secret from the environment again …
+            monkeypatch.delenv("HF_TOKEN", raising=False)
+            with pytest.raises(ConfigError, match="set HF_TOKEN in the environment"):
+                resume_ab(1, store, launcher=launch)
+        # … and a secret given as an argument cannot come back: said plainly.
+        monkeypatch.setenv("HF_TOKEN", SECRET_ENV)
+        with Store(path) as store, pytest.raises(ConfigError, match="launch env"):
+            resume_ab(1, store, launcher=launch)
+    stored = parse_playbook(Store(path).ab_session(1)["playbook_text"])
+    restored = restore_secrets(parse_playbook(BOOK.replace(f'"{SECRET_ARG}"', '"x"')
+                                              .replace(SECRET_ENV, REDACTED)),
+                               {"HF_TOKEN": SECRET_ENV})
+    assert restored.arms[0].launch.env["HF_TOKEN"] == SECRET_ENV
+    assert stored.arms[0].launch.env["HF_TOKEN"] == REDACTED
+    assert json.dumps(stored.arms[1].launch.args).count(REDACTED) == 1
