@@ -125,14 +125,20 @@ def test_interfere_defaults_put_b_inside_as_decode_and_decide(local_vllm, tmp_pa
     """Issue 16: with every default, B's prefill must land inside A's decode (automatic timing
     from A's measured decode); a verdict is reached only from pairs where it did."""
     verdicts = []
-    for attempt in range(2):
+    for attempt in range(3):
         with Store(tmp_path / f"s{attempt}.db") as store:
             res = run_interfere(_target(local_vllm), store, InterfereSettings())
         assert res.trigger.kind == "auto" and res.delay_s is not None
-        assert res.used, res.to_dict()["stalls"]
+        v = res.verdict()
+        if not res.used:
+            # A starved client (a busy 2-core box: B's send thread woke 300 ms late in CI)
+            # makes every pair miss A's decode. Then no verdict may be drawn, and the pairs
+            # are counted as discarded; another experiment is tried.
+            assert v.kind == "no overlap" and "discarded" in v.text, v.text
+            verdicts.append(v.text)
+            continue
         for s in res.used:
             assert 1 <= s.a_tokens_before_b < s.a_events  # sent during A's decode
-        v = res.verdict()
         assert v.kind in ("interference", "no interference"), v.text
         assert f"{len(res.used)} of {len(res.stalls)} pair(s)" in v.text
         verdicts.append(v.text)
@@ -140,7 +146,7 @@ def test_interfere_defaults_put_b_inside_as_decode_and_decide(local_vllm, tmp_pa
         if v.kind == "interference":
             break
     else:
-        pytest.fail(f"no interference seen in two experiments: {verdicts}")
+        pytest.fail(f"no interference seen in three experiments: {verdicts}")
 
 
 def _a_events_per_pair(runs) -> list[int]:
