@@ -93,14 +93,16 @@ def _stall_seen(res) -> bool:
     s = res.summary()
     hit = [st.max_itl_s for st in res.stalls if st.gaps_in_window and st.max_itl_s is not None]
     client_stall = bool(hit) and max(hit) > 2 * res.baseline_itl_s
-    return client_stall or s["server_decode_with_b_s"] > s["server_decode_alone_s"]
+    with_b, alone = s["server_decode_with_b_s"], s["server_decode_alone_s"]
+    # None when no pair overlapped A's decode (a starved client sent every B too late).
+    return client_stall or (with_b is not None and alone is not None and with_b > alone)
 
 
 def test_interfere_long_prefill_stalls_a_decoding_stream(local_vllm, tmp_path):
     seen = []
     # A second experiment only when the first shows no stall: seen here once in CI, when the
     # client process itself was starved and B left at A's 252nd of 256 tokens.
-    for attempt in range(2):
+    for attempt in range(3):
         with Store(tmp_path / f"s{attempt}.db") as store:
             # A decodes ~1 s, so B (timed from A's baseline) lands mid-decode on a loaded box.
             res = run_interfere(_target(local_vllm), store, InterfereSettings(
@@ -118,7 +120,7 @@ def test_interfere_long_prefill_stalls_a_decoding_stream(local_vllm, tmp_path):
         if _stall_seen(res):
             break
     else:
-        pytest.fail(f"no stall in two experiments: {seen}")
+        pytest.fail(f"no stall in three experiments: {seen}")
 
 
 def test_interfere_defaults_put_b_inside_as_decode_and_decide(local_vllm, tmp_path):
