@@ -58,6 +58,7 @@ __all__ = [
     "CalibrationError",
     "ParseError",
     "TraceError",
+    "OtlpError",
     "GrafanaError",
     "DashboardInvalid",
     "GrafanaUnreachable",
@@ -249,4 +250,14 @@ class TraceError(PhaseprobeError):
     def __init__(self, path: str, reason: str) -> None:
         super().__init__(f"trace {path}: {reason}")
         self.path = path
+        self.reason = reason
+
+
+class OtlpError(PhaseprobeError):
+    """An OTLP trace payload (received or read from a file) that cannot be decoded; ``source``
+    names where it came from (a file and line, or the receiver's URL and peer)."""
+
+    def __init__(self, source: str, reason: str) -> None:
+        super().__init__(f"{source}: {reason}")
+        self.source = source
         self.reason = reason

@@ -31,6 +31,8 @@ __all__ = [
     "ClientCheck",
     "Run",
     "Experiment",
+    "RequestSpan",
+    "SpanWindows",
 ]
 
 RunStatus = Literal["ok", "error", "isolation_failed", "cancelled"]
@@ -130,7 +132,7 @@ class ClientTimeline:
 
 @dataclass(frozen=True)
 class ServerPhases:
-    """One request's phase times from vLLM's histogram deltas (None: metric absent)."""
+    """One request's phase times from vLLM's histogram deltas or its own span (None: absent)."""
 
     queue_s: float | None
     prefill_s: float | None
@@ -140,6 +142,9 @@ class ServerPhases:
     e2e_s: float | None
     count_deltas: dict[str, float]  # canonical histogram name → _count delta (1 when isolated)
     counter_deltas: dict[str, float]  # prompt/generation tokens, prefix-cache hits, preemptions
+    # Where the figures came from: "histograms" (the /metrics deltas of an isolated run) or
+    # "span" (the request's own OpenTelemetry span: valid on a busy server too).
+    source: str = "histograms"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -207,10 +212,22 @@ class Run:
     # The client/server consistency verdict taken when the run was measured; None: not
     # judged (stores written before it existed; see phaseprobe.analysis.client_check).
     client_check: ClientCheck | None = None
+    # Correlation with vLLM's request span: the W3C trace id and X-Request-Id sent with the
+    # request, and the span itself once it arrived (None: tracing off, or no span came).
+    trace_id: str | None = None
+    request_id: str | None = None
+    span: RequestSpan | None = None
 
     @property
     def isolated(self) -> bool:
         return self.isolation.isolated
+
+    @property
+    def attributed(self) -> bool:
+        """Its server phases are its own: it was alone on the server (histogram deltas), or
+        they come from its own span (so it counts on a busy server too)."""
+        return self.isolation.isolated or (self.server is not None
+                                           and self.server.source == "span")
 
     def to_dict(self) -> dict[str, Any]:
         client = self.client.to_dict() if self.client else None
@@ -227,6 +244,10 @@ class Run:
             "completion_tokens": client["completion_tokens"] if client else None,
             "client": client,
             "server": self.server.to_dict() if self.server else None,
+            "attributed_by": (self.server.source if self.server and self.attributed else None),
+            "trace_id": self.trace_id,
+            "request_id": self.request_id,
+            "span": self.span.to_dict() if self.span else None,
         }
 
 
@@ -241,3 +262,83 @@ class Experiment:
     created_wall_ns: int
     experiment_id: int | None = None
     notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SpanWindows:
+    """Where one request's phases lay on the wall clock (ns since the epoch), rebuilt from its
+    span: vLLM stamps the span's start at arrival and reports durations, so the first token is
+    at start + TTFT, prefill ends there, decode follows it and the queue precedes prefill.
+    ``pre_engine`` is arrival -> queued (HTTP, tokenization); none of it is prefill."""
+
+    arrival_ns: int
+    queued_ns: int
+    prefill_start_ns: int
+    first_token_ns: int
+    last_token_ns: int
+    end_ns: int
+
+
+@dataclass(frozen=True)
+class RequestSpan:
+    """One finished request as vLLM's ``llm_request`` OpenTelemetry span tells it.
+
+    Durations are seconds (vLLM's own attribute units); None where the span lacks the attribute
+    (older vLLM, other engines). Under concurrency ``prefill_s`` and ``decode_s`` are the wall
+    time of the batches the request was part of, shared with the other requests in them: read
+    them with the request's overlap context (phaseprobe.analysis.span_context).
+    """
+
+    trace_id: str  # 32 lowercase hex digits
+    span_id: str  # 16 lowercase hex digits
+    request_id: str | None  # gen_ai.request.id (vLLM may prefix the client's X-Request-Id)
+    model: str | None
+    service: str | None  # resource service.name
+    instance: str | None  # resource service.instance.id or host.name
+    start_ns: int  # span start: the request's arrival at vLLM (wall clock, ns since the epoch)
+    end_ns: int
+    queue_s: float | None
+    prefill_s: float | None
+    decode_s: float | None
+    inference_s: float | None
+    ttft_s: float | None
+    e2e_s: float | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    max_tokens: int | None = None
+    parent_span_id: str | None = None
+
+    @property
+    def tpot_s(self) -> float | None:
+        """decode / (completion tokens - 1): the server's time per output token."""
+        n = self.completion_tokens
+        if self.decode_s is None or n is None or n < 2:
+            return None
+        return self.decode_s / (n - 1)
+
+    def phases(self) -> ServerPhases:
+        """The span's figures as a run's server phases (``source`` "span")."""
+        return ServerPhases(queue_s=self.queue_s, prefill_s=self.prefill_s,
+                            decode_s=self.decode_s, inference_s=self.inference_s,
+                            ttft_s=self.ttft_s, e2e_s=self.e2e_s, count_deltas={},
+                            counter_deltas={}, source="span")
+
+    def windows(self) -> SpanWindows | None:
+        """The phase windows on the wall clock; None without TTFT, prefill and decode."""
+        if self.ttft_s is None or self.prefill_s is None or self.decode_s is None:
+            return None
+        first = self.start_ns + round(self.ttft_s * 1e9)
+        prefill_start = first - round(self.prefill_s * 1e9)
+        queued = prefill_start - round((self.queue_s or 0.0) * 1e9)
+        return SpanWindows(arrival_ns=self.start_ns, queued_ns=max(self.start_ns, queued),
+                           prefill_start_ns=prefill_start, first_token_ns=first,
+                           last_token_ns=first + round(self.decode_s * 1e9), end_ns=self.end_ns)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["tpot_s"] = self.tpot_s
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RequestSpan:
+        return cls(**{k: d.get(k) for k in cls.__dataclass_fields__})

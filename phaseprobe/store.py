@@ -23,6 +23,7 @@ from phaseprobe.records import (
     ClientTimeline,
     Experiment,
     Isolation,
+    RequestSpan,
     Run,
     RunSpec,
     ServerPhases,
@@ -114,6 +115,44 @@ _MIGRATIONS: list[str] = [
     """
     ALTER TABLE runs ADD COLUMN client_check_json TEXT;
     """,
+    # 6: vLLM's request spans (OpenTelemetry, phaseprobe.sources.otlp_spans), one row per
+    # request; (trace_id, span_id) is unique so an exporter's retry of a batch stores nothing
+    # twice. span_counts keeps what was not a vLLM request (kind "other": service and span
+    # name) or could not be used (kind "rejected": the reason). Runs remember the trace id and
+    # request id they were sent with, and their span once it arrived.
+    """
+    CREATE TABLE IF NOT EXISTS request_spans (
+        id INTEGER PRIMARY KEY,
+        trace_id TEXT NOT NULL,
+        span_id TEXT NOT NULL,
+        parent_span_id TEXT,
+        request_id TEXT,
+        model TEXT,
+        service TEXT,
+        instance TEXT,
+        start_ns INTEGER NOT NULL,
+        end_ns INTEGER NOT NULL,
+        queue_s REAL, prefill_s REAL, decode_s REAL, inference_s REAL, ttft_s REAL, e2e_s REAL,
+        prompt_tokens INTEGER, completion_tokens INTEGER, max_tokens INTEGER,
+        attributes_json TEXT NOT NULL DEFAULT '{}',
+        received_wall_ns INTEGER NOT NULL,
+        UNIQUE (trace_id, span_id)
+    );
+    CREATE INDEX IF NOT EXISTS request_spans_by_start ON request_spans(start_ns);
+    CREATE INDEX IF NOT EXISTS request_spans_by_received ON request_spans(received_wall_ns);
+    CREATE INDEX IF NOT EXISTS request_spans_by_request ON request_spans(request_id);
+    CREATE TABLE IF NOT EXISTS span_counts (
+        kind TEXT NOT NULL,
+        service TEXT NOT NULL,
+        name TEXT NOT NULL,
+        count INTEGER NOT NULL,
+        last_wall_ns INTEGER NOT NULL,
+        PRIMARY KEY (kind, service, name)
+    );
+    ALTER TABLE runs ADD COLUMN trace_id TEXT;
+    ALTER TABLE runs ADD COLUMN request_id TEXT;
+    ALTER TABLE runs ADD COLUMN span_json TEXT
+    """,
 ]
 # The gpu_samples columns, in table order (phaseprobe.sources.nvml.COLUMNS; a test keeps the
 # two equal).
@@ -138,14 +177,18 @@ def redact_url(url: str) -> str:
 
 
 class Store:
-    """Open (creating and migrating as needed) the store at ``path``."""
+    """Open (creating and migrating as needed) the store at ``path``.
 
-    def __init__(self, path: str | Path) -> None:
+    ``threaded``: the connection may be used from several threads (the span receiver's
+    handlers); the caller serialises the calls (one lock), as SQLite needs."""
+
+    def __init__(self, path: str | Path, *, threaded: bool = False) -> None:
         self.path = Path(path)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             # isolation_level=None: we open transactions ourselves, one per run.
-            self._db = sqlite3.connect(self.path, isolation_level=None, timeout=10.0)
+            self._db = sqlite3.connect(self.path, isolation_level=None, timeout=10.0,
+                                       check_same_thread=not threaded)
             self._db.row_factory = sqlite3.Row
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA foreign_keys=ON")
@@ -197,8 +240,9 @@ class Store:
             "INSERT INTO runs (experiment_id, seq, status, isolated, error, prompt, sent_wall_ns,"
             " client_ttft_s, client_e2e_s, client_tpot_s, server_queue_s, server_prefill_s,"
             " server_decode_s, server_inference_s, server_ttft_s, server_e2e_s, prompt_tokens,"
-            " completion_tokens, client_json, server_json, isolation_json, client_check_json)"
-            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            " completion_tokens, client_json, server_json, isolation_json, client_check_json,"
+            " trace_id, request_id, span_json)"
+            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (experiment_id, run.seq, run.status, int(run.isolated), run.error, run.prompt,
              c.sent_wall_ns if c else None, c.ttft_s if c else None, c.e2e_s if c else None,
              c.tpot_s if c else None, s.queue_s if s else None, s.prefill_s if s else None,
@@ -207,9 +251,56 @@ class Store:
              c.completion_tokens if c else None,
              json.dumps(c.to_dict()) if c else None, json.dumps(s.to_dict()) if s else None,
              json.dumps(run.isolation.to_dict()),
-             json.dumps(run.client_check.to_dict()) if run.client_check else None),
+             json.dumps(run.client_check.to_dict()) if run.client_check else None,
+             run.trace_id, run.request_id,
+             json.dumps(run.span.to_dict()) if run.span else None),
         )
         return int(cur.lastrowid or 0)
+
+    def set_run_span(self, run_id: int, span: RequestSpan, server: ServerPhases | None,
+                     status: str, client_check: ClientCheck | None) -> None:
+        """Attach a run's own span once it arrived (spans come seconds after the request); the
+        run's server phases become the span's when the histogram deltas were not its own."""
+        self._write(
+            "UPDATE runs SET span_json = ?, server_json = ?, status = ?, client_check_json = ?,"
+            " server_queue_s = ?, server_prefill_s = ?, server_decode_s = ?,"
+            " server_inference_s = ?, server_ttft_s = ?, server_e2e_s = ? WHERE id = ?",
+            (json.dumps(span.to_dict()), json.dumps(server.to_dict()) if server else None,
+             status, json.dumps(client_check.to_dict()) if client_check else None,
+             *((server.queue_s, server.prefill_s, server.decode_s, server.inference_s,
+                server.ttft_s, server.e2e_s) if server else (None,) * 6), run_id))
+
+    def add_spans(self, requests: list[RequestSpan], attributes: list[dict[str, Any]],
+                  counts: dict[tuple[str, str, str], int]) -> int:
+        """Commit one received batch in one transaction: the request spans (a span already
+        stored, e.g. an exporter's retry, is ignored) and the (kind, service, name) counts of
+        other and rejected spans. Returns how many request spans were new."""
+        now = time.time_ns()
+        rows = [(s.trace_id, s.span_id, s.parent_span_id, s.request_id, s.model, s.service,
+                 s.instance, s.start_ns, s.end_ns, s.queue_s, s.prefill_s, s.decode_s,
+                 s.inference_s, s.ttft_s, s.e2e_s, s.prompt_tokens, s.completion_tokens,
+                 s.max_tokens, json.dumps(a), now) for s, a in zip(requests, attributes)]
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+            before = self._db.total_changes
+            self._db.executemany(
+                "INSERT OR IGNORE INTO request_spans (trace_id, span_id, parent_span_id,"
+                " request_id, model, service, instance, start_ns, end_ns, queue_s, prefill_s,"
+                " decode_s, inference_s, ttft_s, e2e_s, prompt_tokens, completion_tokens,"
+                " max_tokens, attributes_json, received_wall_ns)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+            new = self._db.total_changes - before
+            self._db.executemany(
+                "INSERT INTO span_counts (kind, service, name, count, last_wall_ns)"
+                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (kind, service, name) DO UPDATE SET"
+                " count = count + excluded.count, last_wall_ns = excluded.last_wall_ns",
+                [(*key, n, now) for key, n in counts.items()])
+            self._db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            raise StoreError(f"cannot write to experiment store {self.path}: {exc}") from None
+        return new
 
     def finish_experiment(self, experiment_id: int, notes: list[str] | None = None) -> None:
         if notes is None:
@@ -362,6 +453,55 @@ class Store:
         doc: dict[str, Any] = json.loads(row["doc_json"])
         return doc
 
+    def spans(self, *, since_ns: int | None = None, until_ns: int | None = None,
+              received_since_ns: int | None = None, limit: int | None = None,
+              newest: bool = False) -> list[RequestSpan]:
+        """Stored request spans by start time (``since``/``until`` on the span's start,
+        ``received_since`` on when phaseprobe received it), oldest first; ``newest`` with
+        ``limit`` takes the most recent ``limit`` instead of the first."""
+        where, params = _span_filter(since_ns, until_ns, received_since_ns)
+        order = "DESC" if newest else "ASC"
+        sql = f"SELECT * FROM request_spans{where} ORDER BY start_ns {order}"
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+        rows = [_span_from_row(r) for r in self._db.execute(sql, params)]
+        return rows[::-1] if newest else rows
+
+    def spans_by_trace(self, trace_ids: list[str]) -> dict[str, RequestSpan]:
+        """The request span of each trace id that has one."""
+        out: dict[str, RequestSpan] = {}
+        for i in range(0, len(trace_ids), 500):
+            chunk = trace_ids[i:i + 500]
+            rows = self._db.execute(
+                f"SELECT * FROM request_spans WHERE trace_id IN ({', '.join('?' * len(chunk))})",
+                chunk)
+            for row in rows:
+                out[row["trace_id"]] = _span_from_row(row)
+        return out
+
+    def span_by_request_id(self, request_id: str) -> tuple[RequestSpan, dict[str, Any]] | None:
+        """The span whose vLLM request id is ``request_id`` or contains it (vLLM may prefix the
+        client's X-Request-Id, e.g. ``cmpl-``), with its raw attributes; the newest wins."""
+        row = self._db.execute(
+            "SELECT * FROM request_spans WHERE request_id = ? OR instr(request_id, ?) > 0"
+            " ORDER BY (request_id = ?) DESC, start_ns DESC LIMIT 1",
+            (request_id, request_id, request_id)).fetchone()
+        if row is None:
+            return None
+        return _span_from_row(row), json.loads(row["attributes_json"])
+
+    def span_stats(self) -> dict[str, Any]:
+        """How many request spans are stored (and over what time), and the other/rejected
+        span counts."""
+        row = self._db.execute("SELECT COUNT(*), MIN(start_ns), MAX(end_ns),"
+                               " MAX(received_wall_ns) FROM request_spans").fetchone()
+        counts = [dict(r) for r in self._db.execute(
+            "SELECT kind, service, name, count FROM span_counts ORDER BY kind, count DESC")]
+        return {"requests": row[0], "first_start_ns": row[1], "last_end_ns": row[2],
+                "last_received_wall_ns": row[3],
+                "other": [c for c in counts if c["kind"] == "other"],
+                "rejected": [c for c in counts if c["kind"] == "rejected"]}
+
     def latest_experiment_id(self) -> int | None:
         row = self._db.execute("SELECT MAX(id) FROM experiments").fetchone()
         return row[0]
@@ -377,13 +517,33 @@ class Store:
         self.close()
 
 
+def _span_filter(since_ns: int | None, until_ns: int | None,
+                 received_since_ns: int | None) -> tuple[str, tuple[int, ...]]:
+    clauses, params = [], []
+    for clause, value in (("start_ns >= ?", since_ns), ("start_ns <= ?", until_ns),
+                          ("received_wall_ns >= ?", received_since_ns)):
+        if value is not None:
+            clauses.append(clause)
+            params.append(int(value))
+    return (" WHERE " + " AND ".join(clauses) if clauses else ""), tuple(params)
+
+
+def _span_from_row(row: sqlite3.Row) -> RequestSpan:
+    return RequestSpan(**{k: row[k] for k in RequestSpan.__dataclass_fields__})
+
+
 def _run_from_row(row: sqlite3.Row) -> Run:
     client = ClientTimeline.from_dict(json.loads(row["client_json"])) if row["client_json"] \
         else None
     server = ServerPhases.from_dict(json.loads(row["server_json"])) if row["server_json"] \
         else None
-    check = row["client_check_json"] if "client_check_json" in row.keys() else None
+    keys = row.keys()
+    check = row["client_check_json"] if "client_check_json" in keys else None
+    span = row["span_json"] if "span_json" in keys else None
     return Run(seq=row["seq"], status=row["status"], prompt=row["prompt"], client=client,
                server=server, isolation=Isolation.from_dict(json.loads(row["isolation_json"])),
                error=row["error"], experiment_id=row["experiment_id"], run_id=row["id"],
-               client_check=ClientCheck.from_dict(json.loads(check)) if check else None)
+               client_check=ClientCheck.from_dict(json.loads(check)) if check else None,
+               trace_id=row["trace_id"] if "trace_id" in keys else None,
+               request_id=row["request_id"] if "request_id" in keys else None,
+               span=RequestSpan.from_dict(json.loads(span)) if span else None)

@@ -214,7 +214,7 @@ def usable(run: Run, metric: str | None = None) -> bool:
     vLLM's own phases of that request are not: they stay in the server metrics, as in
     ``analysis.phases.summarize`` (dropping them would bias the server figures towards
     moments when the machine was quiet)."""
-    if run.status != "ok" or not (run.isolated or not run.isolation.verified):
+    if run.status != "ok" or not (run.attributed or not run.isolation.verified):
         return False
     return (metric is not None and metric.startswith("server_")) or client_consistent(run)
 

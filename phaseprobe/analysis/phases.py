@@ -137,9 +137,30 @@ class Summary:
     # Runs the server_* medians are taken over: the clean ones plus those left out for their
     # client timeline only (alone on the server, so vLLM's phases of them are theirs).
     n_server: int = 0
+    # Runs whose server phases come from their own vLLM span (they shared the server).
+    n_by_span: int = 0
+    # From runs with a span: client e2e − (queue + prefill + decode), the time the user waits
+    # outside the engine's phases; and its part on vLLM's clock before the queue (arrival ->
+    # queued: HTTP, tokenization). The rest is the network and delivery after the last token.
+    # Never folded into prefill.
+    outside_engine_s: float | None = None
+    pre_engine_s: float | None = None
 
     def to_dict(self) -> dict[str, float | int | None]:
         return dict(self.__dict__)
+
+
+def outside_engine(run: Run) -> tuple[float, float | None] | None:
+    """(client e2e − (queue + prefill + decode), arrival -> queued on vLLM's clock) from the
+    run's own span; None without a span or a complete client timeline."""
+    c, sp = run.client, run.span
+    if c is None or sp is None or not c.complete or None in (sp.queue_s, sp.prefill_s,
+                                                             sp.decode_s):
+        return None
+    inside = (sp.queue_s or 0.0) + (sp.prefill_s or 0.0) + (sp.decode_s or 0.0)
+    pre = (max(0.0, sp.ttft_s - (sp.queue_s or 0.0) - (sp.prefill_s or 0.0))
+           if sp.ttft_s is not None else None)
+    return c.e2e_s - inside, pre
 
 
 def _median(values: Sequence[float | None]) -> float | None:
@@ -159,14 +180,17 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 
 def medians_runs(runs: Sequence[Run]) -> tuple[list[Run], list[Run]]:
-    """(the runs medians are taken over, isolated runs left out for their client timeline).
+    """(the runs medians are taken over, isolated or span-attributed runs left out for their
+    client timeline).
 
     Medians come from runs that reached the server and were alone on it (or could not be
     checked), and whose client timeline agrees with the server's phases; isolation failures
     and inconsistent client timelines are shown per run but never mixed into the summary.
     """
     ok = [r for r in runs if r.status in ("ok", "isolation_failed") and r.client is not None]
-    alone = [r for r in ok if r.isolated or not r.isolation.verified]
+    # "Alone": isolated on the server, or attributed by the request's own span (its phases
+    # are its own on a busy server too), or not checkable at all (no /metrics).
+    alone = [r for r in ok if r.attributed or not r.isolation.verified]
     clean = [r for r in alone if client_verdict(r).consistent]
     dropped = [r for r in alone if not client_verdict(r).consistent]
     return clean, dropped
@@ -193,6 +217,7 @@ def summarize(runs: Sequence[Run]) -> Summary:
     same = [r.server for r in clean if r.server]
     decode_c = _median([s.decode_s for s in same])
     s_ttft_c = _median([s.ttft_s for s in same])
+    outside = [o for r in clean if (o := outside_engine(r)) is not None]
     return Summary(
         n_runs=len(runs),
         n_ok=len(ok),
@@ -214,6 +239,9 @@ def summarize(runs: Sequence[Run]) -> Summary:
         n_client_inconsistent=len(dropped),
         itl_pooled_p99_s=percentile(itl, 99),
         n_server=len(server),
+        n_by_span=sum(1 for r in runs if r.attributed and not r.isolated),
+        outside_engine_s=_median([o[0] for o in outside]),
+        pre_engine_s=_median([o[1] for o in outside]),
     )
 
 

@@ -273,6 +273,9 @@ def roofline_for_run(run: Run, cost: ModelCost | None, peaks: Peaks) -> PhaseRoo
                       s.prefill_s if s else None, s.decode_s if s else None, cost, peaks)
     if s is None:
         return _with_note(result, "client-only run: no vLLM phase times")
+    if not run.isolated and run.attributed:
+        return _with_note(result, "attributed by span on a busy server: phase times are the "
+                                  "wall time of batches shared with other requests")
     if not run.isolated:
         return _with_note(result, "run was not isolated: phase times may include other work")
     return result

@@ -19,8 +19,9 @@ import requests
 from phaseprobe.analysis.client_check import check_client, has_hop
 from phaseprobe.analysis.phases import attribute, consistency_notes, histograms_moved, idle_reasons
 from phaseprobe.collect.prompts import PromptBuilder
+from phaseprobe.collect.span_attribution import attach_spans, new_tags
 from phaseprobe.errors import MetricsUnavailable
-from phaseprobe.records import Experiment, Isolation, Run, RunSpec, RunStatus
+from phaseprobe.records import ClientTimeline, Experiment, Isolation, Run, RunSpec, RunStatus
 from phaseprobe.sources.gpu_sampler import GpuSampler
 from phaseprobe.sources.openai_stream import StreamClient, build_body, check_endpoint
 from phaseprobe.sources.stall_watch import StallWatch
@@ -40,6 +41,9 @@ class ProbeSettings:
     metrics_timeout_s: float = 10.0  # how long to wait for the histograms to observe the run
     poll_s: float = 0.02
     name: str = "probe"
+    # Attribute runs by their own vLLM span (OpenTelemetry): every request carries a trace id,
+    # and the runs' spans are awaited this long after the last run. None: no spans.
+    span_wait_s: float | None = None
 
 
 @dataclass
@@ -133,16 +137,27 @@ class RunCollector:
         body = build_body(model=spec.model, prompt=prompt, max_tokens=spec.max_tokens,
                           chat=spec.api == "chat", temperature=spec.temperature, seed=spec.seed,
                           ignore_eos=spec.ignore_eos)
-        before = self._wait_idle()
+        # With spans, a busy server needs no waiting: the run's own span attributes it.
+        before = self._scrape() if self.settings.span_wait_s is not None else self._wait_idle()
+        tags = new_tags() if self.settings.span_wait_s is not None else None
         with StallWatch() as watch:
-            outcome = self.client.stream(body)
+            outcome = (self.client.stream(body, headers=tags.headers) if tags
+                       else self.client.stream(body))
         timeline = replace(outcome.timeline, client_stall_s=watch.max_stall_s)
-        if outcome.error is not None:
+        run = self._judge(seq, prompt, outcome.error, timeline, before)
+        if tags is None:
+            return run
+        return replace(run, trace_id=tags.trace_id, request_id=tags.request_id)
+
+    def _judge(self, seq: int, prompt: str, error: str | None, timeline: ClientTimeline,
+               before: MetricSnapshot | None) -> Run:
+        spec = self.spec
+        if error is not None:
             # An error run keeps its partial timeline; its server deltas would be meaningless.
             return Run(seq=seq, status="error", prompt=prompt, client=timeline, server=None,
                        isolation=Isolation(verified=False, isolated=False,
                                            reasons=("request failed",)),
-                       error=outcome.error)
+                       error=error)
         if before is None:
             return Run(seq=seq, status="ok", prompt=prompt, client=timeline, server=None,
                        isolation=Isolation(verified=False, isolated=False,
@@ -235,6 +250,10 @@ def run_probe(spec: RunSpec, store: Store, *, settings: ProbeSettings = ProbeSet
             run = replace(run, run_id=run_id, experiment_id=experiment_id)
             runs.append(run)
             progress.on_run(run)
+        if settings.span_wait_s is not None:
+            runs, span_notes = attach_spans(store, runs, wait_s=settings.span_wait_s,
+                                            hop=collector.hop, sleep=sleep, clock=clock)
+            notes.extend(span_notes)
     except KeyboardInterrupt:
         notes.append(f"cancelled after {len(runs)} of {settings.runs} runs")
         raise

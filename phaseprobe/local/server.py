@@ -38,6 +38,8 @@ __all__ = [
     "build_argv",
     "build_env",
     "local_dir",
+    "tracing_launch",
+    "LOCAL_BSP_DELAY_MS",
 ]
 
 DEFAULT_SERVED_NAME = "tiny-llama"
@@ -117,6 +119,22 @@ class ServerState:
             start_ticks=None if ticks is None else int(ticks),
             profile_dir=data.get("profile_dir"),
         )
+
+
+# Spans of the local server leave in 0.5 s batches instead of the SDK's 5 s, so a probe waits
+# for its runs' spans about a second, not six.
+LOCAL_BSP_DELAY_MS = 500
+
+
+def tracing_launch(otlp_grpc_url: str | None) -> tuple[list[str], dict[str, str]]:
+    """vLLM arguments and environment that export its request spans over OTLP/gRPC (vLLM's
+    default protocol) to ``otlp_grpc_url``, plain text on loopback; nothing for None."""
+    if otlp_grpc_url is None:
+        return [], {}
+    return (["--otlp-traces-endpoint", otlp_grpc_url],
+            {"OTEL_EXPORTER_OTLP_TRACES_INSECURE": "true",
+             "OTEL_BSP_SCHEDULE_DELAY": str(LOCAL_BSP_DELAY_MS),
+             "OTEL_SERVICE_NAME": "vllm-local"})
 
 
 def profiler_args(profile_dir: Path | None) -> list[str]:

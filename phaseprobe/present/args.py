@@ -7,7 +7,8 @@ from pathlib import Path
 
 from phaseprobe.paths import default_store_path
 
-__all__ = ["positive_int", "non_negative_int", "store_and_json_args"]
+__all__ = ["positive_int", "non_negative_int", "positive_float", "non_negative_float",
+           "store_and_json_args"]
 
 
 def positive_int(value: str) -> int:
@@ -22,6 +23,30 @@ def non_negative_int(value: str) -> int:
     if n < 0:
         raise argparse.ArgumentTypeError("must be 0 or more")
     return n
+
+
+def _finite(value: str) -> float:
+    try:
+        x = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+    if x != x or x in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"must be a finite number, not {value!r}")
+    return x
+
+
+def positive_float(value: str) -> float:
+    x = _finite(value)
+    if x <= 0:
+        raise argparse.ArgumentTypeError("must be more than 0")
+    return x
+
+
+def non_negative_float(value: str) -> float:
+    x = _finite(value)
+    if x < 0:
+        raise argparse.ArgumentTypeError("must be 0 or more")
+    return x
 
 
 def store_and_json_args(p: argparse.ArgumentParser) -> None:

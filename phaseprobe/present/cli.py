@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -32,7 +34,9 @@ from phaseprobe.present import (
     cmd_probe,
     cmd_query,
     cmd_runs,
+    cmd_spans,
     cmd_trace,
+    cmd_watch,
 )
 from phaseprobe.present.waiting import waiting
 
@@ -51,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     cmd_probe.register(sub)
     cmd_ab.register(sub)
+    cmd_watch.register(sub)
+    cmd_spans.register(sub)
 
     cmd_runs.register(sub)
 
@@ -135,7 +141,18 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace, Console, Console], int]] = {
     "prefix": cmd_interplay.run,
     "batch": cmd_interplay.run,
     "interfere": cmd_interplay.run,
+    "watch": cmd_watch.run,
+    "spans": cmd_spans.run,
 }
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a container stop, a service manager): handled like Ctrl-C, so experiments are
+    finished or marked and the servers phaseprobe started are stopped on the way out."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise Terminated()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -143,11 +160,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Piped output still gets the whole table (rich would assume 80 columns).
     out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
     err = Console(stderr=True, soft_wrap=True)  # an error stays one line, even when piped
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         return _COMMANDS[args.command](args, out, err)
     except PhaseprobeError as exc:
         err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
         return EXIT_EXPECTED_ERROR
+    except Terminated:
+        err.print("[yellow]terminated (SIGTERM): completed runs are in the store")
+        return 143
     except KeyboardInterrupt:
         err.print("[yellow]interrupted: completed runs are in the store")
         return 130

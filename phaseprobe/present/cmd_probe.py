@@ -25,9 +25,14 @@ from phaseprobe.collect.efficiency import (
     validate_options,
 )
 from phaseprobe.collect.experiment import ProbeSettings, run_probe
-from phaseprobe.local.server import profiler_args
+from phaseprobe.local.server import profiler_args, tracing_launch
 from phaseprobe.paths import default_store_path
-from phaseprobe.present.args import non_negative_int, positive_int, store_and_json_args
+from phaseprobe.present.args import (
+    non_negative_float,
+    non_negative_int,
+    positive_int,
+    store_and_json_args,
+)
 from phaseprobe.present.cmd_trace import render as render_trace
 from phaseprobe.present.cmd_trace import summarize_trace_file
 from phaseprobe.present.console import (
@@ -140,7 +145,62 @@ def register(subparsers: Any) -> None:
     probe.add_argument("--prom-wait", type=float, default=60.0, metavar="SECONDS",
                        help="how long to wait for Prometheus to scrape after the last run "
                             "(default: 60)")
+    spans = probe.add_argument_group(
+        "live traffic (vLLM's OpenTelemetry request spans)",
+        "Each request carries a W3C traceparent and an X-Request-Id; a run that shared the "
+        "server with other requests takes its phases from its own span (attributed by span) "
+        "instead of being left out. The endpoint's vLLM must run with --otlp-traces-endpoint "
+        "pointing at the receiver (or at a `phaseprobe watch` on the same store). On the "
+        "local default this is set up and on.")
+    spans.add_argument("--spans", dest="spans", action="store_true", default=None,
+                       help="attribute runs by their own span (default: on for the local vLLM)")
+    spans.add_argument("--no-spans", dest="spans", action="store_false",
+                       help="histogram deltas only (runs on a busy server are left out)")
+    spans.add_argument("--otlp-grpc", metavar="HOST:PORT", default="127.0.0.1:4317",
+                       help="where the receiver listens for vLLM's OTLP/gRPC spans while the "
+                            "probe runs (default: 127.0.0.1:4317; taken by a running `watch`: "
+                            "its spans are read from the store)")
+    spans.add_argument("--otlp-http", metavar="HOST:PORT", default="127.0.0.1:4318",
+                       help="the same for OTLP/HTTP (default: 127.0.0.1:4318)")
+    spans.add_argument("--span-wait", type=non_negative_float, default=None, metavar="SECONDS",
+                       help="how long to wait for the runs' spans after the last run (default: "
+                            "the exporter's batch delay, 5 s, plus 5 s; 5.5 s on the local "
+                            "vLLM)")
     store_and_json_args(probe)
+
+
+def _span_receiver(args: argparse.Namespace, store_path: str, stack: ExitStack,
+                   err: Console) -> tuple[str | None, float | None]:
+    """Start the span receiver for this probe when spans are on; returns (the gRPC URL the
+    local vLLM should export to, the span wait in seconds), or (None, None) when off."""
+    local = args.endpoint is None
+    if args.spans is False or (args.spans is None and not local):
+        return None, None
+    from phaseprobe.collect.span_attribution import DEFAULT_BSP_DELAY_S, SPAN_WAIT_MARGIN_S
+    from phaseprobe.collect.span_receiver import SpanReceiver, SpanSink, parse_listen
+    from phaseprobe.errors import ConfigError
+    from phaseprobe.local.server import LOCAL_BSP_DELAY_MS
+
+    delay = LOCAL_BSP_DELAY_MS / 1000 if local else DEFAULT_BSP_DELAY_S
+    wait = args.span_wait if args.span_wait is not None else delay + SPAN_WAIT_MARGIN_S
+    # The local vLLM exports to a port of our own choosing; a user's vLLM to the fixed ones.
+    grpc_addr = ("127.0.0.1", 0) if local else parse_listen(args.otlp_grpc, "--otlp-grpc")
+    http_addr = None if local else parse_listen(args.otlp_http, "--otlp-http")
+    sink = SpanSink(store_path)
+    stack.callback(sink.close)
+    try:
+        receiver = stack.enter_context(SpanReceiver(sink, http=http_addr, grpc=grpc_addr))
+    except ConfigError as exc:
+        if local:
+            raise
+        err.print(f"[dim]span receiver not started ({escape(str(exc))}): the runs' spans are "
+                  f"read from the store, written by the receiver already listening there",
+                  highlight=False)
+        return None, wait
+    if not local:
+        err.print(f"[dim]receiving vLLM spans on {receiver.grpc_url} (gRPC) and "
+                  f"{receiver.http_url} (HTTP)", highlight=False)
+    return receiver.grpc_url, wait
 
 
 def run(args: argparse.Namespace, out: Console, err: Console) -> int:
@@ -148,8 +208,12 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     profile_dir = Path(args.torch_profile).resolve() if args.torch_profile else None
     # --peaks and --model-config fail here, not after the runs (nor after a 45 s server start).
     validate_options(args.peaks, args.model_config)
+    store_path = str(args.store or default_store_path())
     with ExitStack() as stack:
-        endpoint = endpoint_or_local(args.endpoint, stack, err, profiler_args(profile_dir))
+        span_url, span_wait = _span_receiver(args, store_path, stack, err)
+        trace_args, trace_env = tracing_launch(span_url if args.endpoint is None else None)
+        endpoint = endpoint_or_local(args.endpoint, stack, err,
+                                     [*profiler_args(profile_dir), *trace_args], trace_env)
         if profile_dir is not None and args.endpoint is not None:
             profile_dir = _server_profile_dir(endpoint, profile_dir, err)
         model = served_model(endpoint, api_key, args.model)  # a wrong --model: before any run
@@ -164,8 +228,8 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
                        max_tokens=args.max_tokens, api="chat" if args.chat else "completions",
                        prompt_tokens_target=target, ignore_eos=not args.no_ignore_eos)
         settings = ProbeSettings(runs=args.runs, warmup=args.warmup, pause_s=args.pause,
-                                 name=args.name)
-        store = stack.enter_context(Store(args.store or default_store_path()))
+                                 name=args.name, span_wait_s=span_wait)
+        store = stack.enter_context(Store(store_path))
         progress = RichProgress(err)
         sidecar = _prom_sidecar(args, model, stack) if args.prom else None
         sampler = None

@@ -75,16 +75,21 @@ def _itl(run: Run, q: float) -> float | None:
 def render_probe(console: Console, runs: Sequence[Run], summary: Summary,
                  info: dict[str, Any], notes: Sequence[str], experiment_id: int) -> None:
     version = info.get("vllm_version") or "?"
+    by_span = any(r.attributed and not r.isolated for r in runs)
+    caption = ("times in ms; server columns are vLLM's own per request: its /metrics deltas "
+               "(isolated: yes) or the request's own span (isolated: span)" if by_span else
+               "times in ms; server columns are vLLM's own histograms per request")
     table = Table(title=f"phaseprobe · experiment {experiment_id} · vLLM {version}",
-                  caption="times in ms; server columns are vLLM's own histograms per request")
+                  caption=caption)
     for col in ("run", "status", "TTFT", "queue", "prefill", "decode", "TPOT", "ITL p50",
                 "ITL p99", "e2e", "in", "out", "isolated"):
         table.add_column(col, justify="left" if col == "status" else "right", no_wrap=True)
     for r in runs:
         c, s = r.client, r.server
-        iso = ("yes" if r.isolated else "concurrent" if concurrent_by_design(r)
+        iso = ("yes" if r.isolated else "span" if r.attributed
+               else "concurrent" if concurrent_by_design(r)
                else "n/a" if not r.isolation.verified else "[red]NO")
-        if r.status == "ok" and r.isolated and not client_consistent(r):
+        if r.status == "ok" and r.attributed and not client_consistent(r):
             iso += " [yellow]†"  # alone on the server, but its client stamps are not valid
         table.add_row(
             str(r.seq + 1), r.status if r.status == "ok" else f"[red]{r.status}",
@@ -100,18 +105,27 @@ def render_probe(console: Console, runs: Sequence[Run], summary: Summary,
         f"client TTFT {ms(summary.client_ttft_s)} ms · e2e {ms(summary.client_e2e_s)} ms · "
         f"TPOT {ms(summary.client_tpot_s, 2)} ms · ITL p50/p99 {ms(summary.itl_p50_s, 2)}/"
         f"{ms(summary.itl_p99_s, 2)} ms")
+    basis = (f"{summary.n_server} run(s): {summary.n_server - summary.n_by_span} alone on it, "
+             f"{summary.n_by_span} attributed by their own span" if summary.n_by_span
+             else f"{summary.n_server} run(s) alone on it")
     console.print(
-        f"server (over {summary.n_server} run(s) alone on it): queue "
+        f"server (over {basis}): queue "
         f"{ms(summary.server_queue_s, 2)} ms · prefill "
         f"{ms(summary.server_prefill_s)} ms · decode {ms(summary.server_decode_s)} ms · "
         f"decode share of e2e {'—' if share is None else f'{share:.0%}'} · "
         f"client−server TTFT gap {ms(summary.ttft_gap_s)} ms")
-    if any(r.status == "ok" and r.isolated and not client_consistent(r) for r in runs):
+    if summary.outside_engine_s is not None:
+        console.print(
+            f"outside the engine (from the spans): client e2e − (queue + prefill + decode) "
+            f"{ms(summary.outside_engine_s)} ms, of which arrival → queued on vLLM's clock "
+            f"(HTTP, tokenization) {ms(summary.pre_engine_s)} ms; the rest is the network "
+            "and delivery after the last token (none of it is prefill)")
+    if any(r.status == "ok" and r.attributed and not client_consistent(r) for r in runs):
         console.print("[yellow]†[/] left out of the client medians: its client timeline "
                       "contradicts vLLM's phases (see the notes); its server phases count")
     for note in notes:
         console.print(f"[yellow]note:[/] {note}")
-    bad = [r for r in runs if r.isolation.verified and not r.isolated]
+    bad = [r for r in runs if r.isolation.verified and not r.attributed]
     for r in bad:
         console.print(f"[red]run {r.seq + 1} not isolated:[/] {'; '.join(r.isolation.reasons)}")
 

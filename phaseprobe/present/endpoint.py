@@ -34,7 +34,8 @@ def api_key_from_env(var: str | None) -> str | None:
 
 
 def endpoint_or_local(endpoint: str | None, stack: ExitStack, err: Console,
-                      extra_args: Sequence[str] = ()) -> str:
+                      extra_args: Sequence[str] = (),
+                      extra_env: dict[str, str] | None = None) -> str:
     """``endpoint``, or start the local CPU vLLM with the tiny model (installing it on first
     use) inside ``stack``, which stops it on exit, Ctrl-C or error."""
     if endpoint is not None:
@@ -47,7 +48,8 @@ def endpoint_or_local(endpoint: str | None, stack: ExitStack, err: Console,
     venv = install(progress=lambda line: err.print(f"[dim]{escape(line)}"))
     ensure_model(venv=venv)
     with waiting(err, "starting local vLLM (about 30 s on 2 cores)…"):
-        server = stack.enter_context(LocalVllm(venv=venv, extra_args=extra_args))
+        server = stack.enter_context(LocalVllm(venv=venv, extra_args=extra_args,
+                                               extra_env=extra_env))
     err.print(f"local vLLM ready at {server.base_url} (log: {server.log_path})")
     return server.base_url
 

@@ -111,6 +111,20 @@ PANELS: tuple[Row, ...] = (
         PanelSpec("Decode share of request time", (_t("decode_share", "decode share"),),
                   width=24, height=6),
     )),
+    # The fleet view of what `phaseprobe watch` shows per request from vLLM's spans: the same
+    # phases, from the histograms every instance exports (bucketed, so interpolated).
+    Row("Phase percentiles and shares (fleet view of `phaseprobe watch`)", (
+        PanelSpec("Queue time per request", (_t("queue_p50", "p50"), _t("queue_p90", "p90"),
+                                             _t("queue_p99", "p99"))),
+        PanelSpec("Prefill time per request", (_t("prefill_p50", "p50"),
+                                               _t("prefill_p90", "p90"),
+                                               _t("prefill_p99", "p99"))),
+        PanelSpec("Decode time per request", (_t("decode_p50", "p50"), _t("decode_p90", "p90"),
+                                              _t("decode_p99", "p99"))),
+        PanelSpec("Phase share of request time",
+                  (_t("queue_share", "queue"), _t("prefill_share", "prefill"),
+                   _t("decode_share", "decode")), width=24, height=6),
+    )),
     Row("Latency quantiles", (
         PanelSpec("Time to first token", (_t("ttft_p50", "p50"), _t("ttft_p90", "p90"),
                                           _t("ttft_p99", "p99"), _t("ttft_mean", "mean"))),

@@ -124,10 +124,12 @@ class StreamClient:
             self.headers["Authorization"] = f"Bearer {api_key}"
 
     def stream(self, body: dict[str, Any],
-               on_events: Callable[[list[bytes]], None] | None = None) -> StreamOutcome:
+               on_events: Callable[[list[bytes]], None] | None = None,
+               headers: dict[str, str] | None = None) -> StreamOutcome:
         """Send ``body`` and stamp every event. ``on_events(raw)`` is called from this thread
         with the SSE events each read completed, right after they are stamped (a
-        :class:`TokenEventCounter` tells which carry tokens); it must be quick."""
+        :class:`TokenEventCounter` tells which carry tokens); it must be quick. ``headers``
+        are added to this request's (e.g. a trace's ``traceparent``)."""
         chat = "messages" in body
         url = self.base_url + ("/v1/chat/completions" if chat else "/v1/completions")
         events: list[int] = []
@@ -137,7 +139,8 @@ class StreamClient:
         wall0 = self._wall_ns()
         t0 = self._clock_ns()
         try:
-            with self.session.post(url, json=body, headers=self.headers, stream=True,
+            sent = {**self.headers, **headers} if headers else self.headers
+            with self.session.post(url, json=body, headers=sent, stream=True,
                                    timeout=self.timeout_s) as resp:
                 status = resp.status_code
                 if status >= 400:

@@ -20,8 +20,10 @@ from pathlib import Path
 import pytest
 import requests
 
+from phaseprobe.collect.span_receiver import SpanReceiver, SpanSink
 from phaseprobe.local import LocalVllm, ensure_model, install
 from phaseprobe.local.process import process_group_alive
+from phaseprobe.local.server import tracing_launch
 
 ENDPOINT_ENV = "PHASEPROBE_TEST_ENDPOINT"
 
@@ -50,15 +52,44 @@ def _external(endpoint: str) -> VllmTarget:
     return VllmTarget(base, str(models[0]["id"]), None, None, None)
 
 
+@dataclass(frozen=True)
+class SpanTarget:
+    """The session's span receiver: the local vLLM exports its request spans to it (gRPC),
+    and it commits them to ``store_path``. None when testing an external endpoint."""
+
+    store_path: Path
+    sink: SpanSink
+    receiver: SpanReceiver
+
+
 @pytest.fixture(scope="session")
-def local_vllm() -> Iterator[VllmTarget]:
+def span_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SpanTarget | None]:
+    if os.environ.get(ENDPOINT_ENV):
+        yield None  # an external vLLM exports its spans wherever it was told to
+        return
+    path = tmp_path_factory.mktemp("spans") / "spans.sqlite"
+    sink = SpanSink(path)
+    receiver = SpanReceiver(sink, http=("127.0.0.1", 0), grpc=("127.0.0.1", 0)).start()
+    try:
+        yield SpanTarget(path, sink, receiver)
+    finally:
+        receiver.stop()
+        sink.close()
+
+
+@pytest.fixture(scope="session")
+def local_vllm(span_target: SpanTarget | None) -> Iterator[VllmTarget]:
     endpoint = os.environ.get(ENDPOINT_ENV)
     if endpoint:
         yield _external(endpoint)
         return
     install(progress=_progress)
     model_dir = ensure_model(progress=_progress)
-    server = LocalVllm(model_dir)
+    # Tracing on, as `probe` and `watch --demo` run the local vLLM: its spans go to the
+    # session's receiver (vLLM's cost per span is tens of µs: research/vllm_otlp.md).
+    trace_args, trace_env = tracing_launch(span_target.receiver.grpc_url if span_target
+                                           else None)
+    server = LocalVllm(model_dir, extra_args=trace_args, extra_env=trace_env)
     started = time.monotonic()
     server.start()
     _progress(f"vLLM healthy at {server.base_url} after {time.monotonic() - started:.1f} s")

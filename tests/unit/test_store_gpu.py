@@ -41,9 +41,10 @@ def _v1_store(path) -> int:
         for i in range(3):
             store.add_run(exp_id, _run(i))
     db = sqlite3.connect(path)
-    # Later migrations (3: ab_sessions, 4: analyses) are dropped too: truly a v1 store.
+    # Later migrations (3: ab_sessions, 4: analyses, 6: spans) are dropped too: truly a v1 store.
     db.executescript("DROP TABLE gpu_samples; DROP TABLE IF EXISTS ab_sessions;"
-                     " DROP TABLE IF EXISTS analyses; PRAGMA user_version = 1;")
+                     " DROP TABLE IF EXISTS analyses; DROP TABLE IF EXISTS request_spans;"
+                     " DROP TABLE IF EXISTS span_counts; PRAGMA user_version = 1;")
     db.close()
     return exp_id
 

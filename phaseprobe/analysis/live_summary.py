@@ -1,0 +1,270 @@
+"""A live view of a busy vLLM from its request spans: rate, latency percentiles, where the time
+goes, the slowest recent requests, and whether spans are being lost on the way.
+
+Histogram deltas only attribute phases to a request that was alone on the server; spans carry
+every request's own phases, so this summary holds under any load. It is pure arithmetic on
+:class:`~phaseprobe.records.RequestSpan` objects; whoever receives the spans does the I/O.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from phaseprobe.records import RequestSpan
+
+__all__ = ["Percentiles", "PhaseShare", "SlowRequest", "LiveSummary", "summarize_spans",
+           "SpanLoss", "span_loss", "LOSS_TOLERANCE_MIN_SPANS", "LOSS_TOLERANCE_FRAC"]
+
+# OpenTelemetry's BatchSpanProcessor holds finished spans for up to OTEL_BSP_SCHEDULE_DELAY
+# (5 s by default) before exporting them, so a window that ends now is a few spans short
+# without any loss: that many missing (the larger of these two) is not called a loss.
+LOSS_TOLERANCE_MIN_SPANS = 2
+LOSS_TOLERANCE_FRAC = 0.01
+
+
+@dataclass(frozen=True)
+class Percentiles:
+    """p50/p90/p99 of one duration (numpy's linear interpolation); None with no data."""
+
+    p50_s: float | None
+    p90_s: float | None
+    p99_s: float | None
+    n: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class PhaseShare:
+    """Where the summed e2e time went, over requests that report all four durations.
+
+    ``other`` = e2e − (queue + prefill + decode): before the engine (HTTP, tokenization,
+    arrival → queued) and after it (detokenization, delivery). It is never folded into
+    prefill, which would blame the GPU for the API server. It is not clamped at zero, so
+    rounding can leave it slightly negative.
+    """
+
+    n: int
+    e2e_sum_s: float
+    queue_sum_s: float
+    prefill_sum_s: float
+    decode_sum_s: float
+    other_sum_s: float
+    queue_frac: float | None  # None: total e2e is zero
+    prefill_frac: float | None
+    decode_frac: float | None
+    other_frac: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class SlowRequest:
+    """One of the slowest requests, with its e2e split the same way as :class:`PhaseShare`."""
+
+    request_id: str | None
+    trace_id: str
+    e2e_s: float
+    queue_s: float | None
+    prefill_s: float | None
+    decode_s: float | None
+    other_s: float | None  # None when a phase is missing
+    prompt_tokens: int | None
+    completion_tokens: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class LiveSummary:
+    """The spans of one window, summarized. Times are wall clock ns; durations seconds."""
+
+    window_start_ns: int | None
+    window_end_ns: int | None
+    window_s: float | None  # the window the rates are over (None: no time span to divide by)
+    count: int
+    requests_per_s: float | None
+    prompt_tokens_sum: int
+    completion_tokens_sum: int
+    completion_tokens_per_s: float | None
+    queue: Percentiles
+    prefill: Percentiles
+    decode: Percentiles
+    ttft: Percentiles
+    tpot: Percentiles
+    e2e: Percentiles
+    share: PhaseShare
+    slowest: tuple[SlowRequest, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["slowest"] = [s.to_dict() for s in self.slowest]
+        return d
+
+
+def _percentiles(values: Sequence[float | None]) -> Percentiles:
+    xs = np.array([v for v in values if v is not None], dtype=float)
+    if not len(xs):
+        return Percentiles(None, None, None, 0)
+    p50, p90, p99 = (float(v) for v in np.percentile(xs, [50, 90, 99]))
+    return Percentiles(p50_s=p50, p90_s=p90, p99_s=p99, n=len(xs))
+
+
+def _other_s(sp: RequestSpan) -> float | None:
+    e2e, queue, prefill, decode = sp.e2e_s, sp.queue_s, sp.prefill_s, sp.decode_s
+    if e2e is None or queue is None or prefill is None or decode is None:
+        return None
+    return e2e - (queue + prefill + decode)
+
+
+def _share(spans: Sequence[RequestSpan]) -> PhaseShare:
+    full = [sp for sp in spans if _other_s(sp) is not None]
+
+    def total(get: Callable[[RequestSpan], float | None]) -> float:
+        return math.fsum(float(get(sp) or 0.0) for sp in full)
+
+    e2e = total(lambda sp: sp.e2e_s)
+    queue, prefill = total(lambda sp: sp.queue_s), total(lambda sp: sp.prefill_s)
+    decode, other = total(lambda sp: sp.decode_s), total(_other_s)
+
+    def frac(v: float) -> float | None:
+        return v / e2e if e2e > 0 else None
+
+    return PhaseShare(n=len(full), e2e_sum_s=e2e, queue_sum_s=queue, prefill_sum_s=prefill,
+                      decode_sum_s=decode, other_sum_s=other, queue_frac=frac(queue),
+                      prefill_frac=frac(prefill), decode_frac=frac(decode),
+                      other_frac=frac(other))
+
+
+def _e2e_s(sp: RequestSpan) -> float:
+    return sp.e2e_s if sp.e2e_s is not None else (sp.end_ns - sp.start_ns) / 1e9
+
+
+def _slow(sp: RequestSpan) -> SlowRequest:
+    return SlowRequest(request_id=sp.request_id, trace_id=sp.trace_id, e2e_s=_e2e_s(sp),
+                       queue_s=sp.queue_s, prefill_s=sp.prefill_s, decode_s=sp.decode_s,
+                       other_s=_other_s(sp), prompt_tokens=sp.prompt_tokens,
+                       completion_tokens=sp.completion_tokens)
+
+
+def summarize_spans(spans: Sequence[RequestSpan], *, now_ns: int | None = None,
+                    window_s: float | None = None, slowest: int = 5) -> LiveSummary:
+    """Summarize the requests that finished in the window.
+
+    ``window_s`` given: the spans that ended in (now − window_s, now], and rates are per that
+    window (a quiet window reads as a low rate, not as no data). ``now_ns`` defaults to the
+    latest span end, so recorded spans summarize the same whenever they are read; a live caller
+    passes ``time.time_ns()``. ``window_s`` None: every span, rates over first start → last end.
+    The slowest are by e2e (the span's own duration where e2e is missing).
+    """
+    spans = list(spans)
+    start: int | None = None
+    end: int | None = None
+    span_s: float | None = None
+    if window_s is not None:
+        end = now_ns if now_ns is not None else max((sp.end_ns for sp in spans), default=None)
+        if end is not None:
+            start = end - round(window_s * 1e9)
+            spans = [sp for sp in spans if start < sp.end_ns <= end]
+            span_s = window_s if window_s > 0 else None
+        else:
+            spans = []
+    elif spans:
+        start = min(sp.start_ns for sp in spans)
+        end = max(sp.end_ns for sp in spans)
+        span_s = (end - start) / 1e9 if end > start else None
+    n = len(spans)
+    tokens_in = sum(sp.prompt_tokens or 0 for sp in spans)
+    tokens_out = sum(sp.completion_tokens or 0 for sp in spans)
+    return LiveSummary(
+        window_start_ns=start, window_end_ns=end, window_s=span_s, count=n,
+        requests_per_s=n / span_s if span_s else None,
+        prompt_tokens_sum=tokens_in, completion_tokens_sum=tokens_out,
+        completion_tokens_per_s=tokens_out / span_s if span_s else None,
+        queue=_percentiles([sp.queue_s for sp in spans]),
+        prefill=_percentiles([sp.prefill_s for sp in spans]),
+        decode=_percentiles([sp.decode_s for sp in spans]),
+        ttft=_percentiles([sp.ttft_s for sp in spans]),
+        tpot=_percentiles([sp.tpot_s for sp in spans]),
+        e2e=_percentiles([sp.e2e_s for sp in spans]),
+        share=_share(spans),
+        slowest=tuple(_slow(sp) for sp in heapq.nlargest(max(slowest, 0), spans, key=_e2e_s)))
+
+
+@dataclass(frozen=True)
+class SpanLoss:
+    """Spans received against vLLM's own count of finished requests over the same window.
+
+    ``lost_spans`` = finished − received (negative: more spans than finished requests);
+    ``loss_frac`` = lost / finished. ``tolerance_spans``: a shortfall up to this is read as
+    spans still waiting in the exporter's batch, not lost. None where /metrics was not read.
+    """
+
+    received: int
+    finished: int | None
+    lost_spans: int | None
+    loss_frac: float | None
+    tolerance_spans: int | None
+    lossy: bool | None  # lost beyond the tolerance; None: unknown
+    text: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+_RAISE = ("raise OTEL_BSP_MAX_QUEUE_SIZE (default 2048; spans beyond a full queue are "
+          "dropped) and/or export more often: lower OTEL_BSP_SCHEDULE_DELAY (default 5000 ms) or "
+          "raise OTEL_BSP_MAX_EXPORT_BATCH_SIZE (default 512)")
+_ABORTED = ("aborted requests (client gone, cancelled) produce no span: if the counter's "
+            "finished_reason=\"abort\" series is in the sum, those requests read as lost")
+
+
+def span_loss(received: int, finished_delta: float | None) -> SpanLoss:
+    """Are all finished requests' spans arriving? ``finished_delta`` is the increase of
+    ``vllm:request_success_total`` (summed over finished_reason) over the window the spans were
+    received in; None when /metrics could not be read.
+
+    The exporter (OpenTelemetry's BatchSpanProcessor) drops spans when its queue is full, and
+    holds the rest up to OTEL_BSP_SCHEDULE_DELAY before sending: a shortfall of at most
+    max(LOSS_TOLERANCE_MIN_SPANS, LOSS_TOLERANCE_FRAC × finished) is called in flight, not lost.
+    """
+    if finished_delta is None:
+        return SpanLoss(received=received, finished=None, lost_spans=None, loss_frac=None,
+                        tolerance_spans=None, lossy=None,
+                        text=(f"span loss unknown (no /metrics): {received} spans received, "
+                              "no finished-request count to compare with"))
+    finished = max(int(round(finished_delta)), 0)
+    lost = finished - received
+    tol = max(LOSS_TOLERANCE_MIN_SPANS, math.ceil(LOSS_TOLERANCE_FRAC * finished))
+    frac = lost / finished if finished else None
+    pct = f"{frac * 100:.1f} %" if frac is not None else "—"
+    if finished == 0 and received == 0:
+        return SpanLoss(received, 0, 0, None, tol, False,
+                        "no span loss: no request finished in the window and no span came")
+    if lost < 0:
+        return SpanLoss(received, finished, lost, frac, tol, None, (
+            f"{received} spans received but vLLM counted {finished} finished requests: the "
+            "windows do not line up, or the spans come from more instances than the /metrics "
+            "read (loss cannot be judged)"))
+    if lost == 0:
+        return SpanLoss(received, finished, 0, 0.0, tol, False,
+                        f"no span loss: {received} spans for {finished} finished requests "
+                        "(0 lost, 0.0 %)")
+    where = f"{lost} of {finished} finished requests' spans missing ({pct})"
+    if lost <= tol:
+        return SpanLoss(received, finished, lost, frac, tol, False, (
+            f"{where}: within the tolerance of {tol} for spans still in the exporter's batch "
+            f"(sent every OTEL_BSP_SCHEDULE_DELAY, 5 s by default); if it persists, {_RAISE}. "
+            f"Also, {_ABORTED}."))
+    return SpanLoss(received, finished, lost, frac, tol, True, (
+        f"span loss: {where}, beyond the {tol} that may still sit in the exporter's batch. "
+        f"To keep them, {_RAISE}. Also, {_ABORTED}."))

@@ -1,0 +1,188 @@
+"""``phaseprobe spans``: vLLM request spans in the store — import, list, show.
+
+    phaseprobe spans import FILE...   # OTLP JSON lines (the Collector's file exporter)
+    phaseprobe spans list [--last N]  # the most recent requests, with their phase split
+    phaseprobe spans show REQUEST_ID  # one request: phases, windows, what it shared
+
+Spans get into the store from ``phaseprobe watch`` (a live receiver), from ``probe --spans``,
+or from a file collected elsewhere with ``spans import``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from phaseprobe.errors import ConfigError
+from phaseprobe.paths import default_store_path
+from phaseprobe.present.args import positive_int, store_and_json_args
+from phaseprobe.present.console import ms
+from phaseprobe.present.waiting import waiting
+from phaseprobe.records import RequestSpan
+from phaseprobe.store import Store
+
+__all__ = ["register", "run", "span_table"]
+
+
+def register(subparsers: Any) -> None:
+    spans = subparsers.add_parser(
+        "spans", help="vLLM request spans in the store: import, list, show",
+        description="Per-request phases from vLLM's OpenTelemetry spans (`llm_request`), as "
+                    "received by `phaseprobe watch` or `probe --spans`, or imported from OTLP "
+                    "JSON lines.")
+    sub = spans.add_subparsers(dest="spans_command", required=True, metavar="ACTION")
+    imp = sub.add_parser("import", help="read OTLP JSON lines (the OpenTelemetry Collector's "
+                         "file exporter) into the store",
+                         description="Each line one OTLP/JSON trace export; .gz files are "
+                                     "read as they are. Bad lines are reported by file and "
+                                     "line and skipped; spans already stored are not doubled.")
+    imp.add_argument("files", nargs="+", type=Path, metavar="FILE")
+    store_and_json_args(imp)
+    lst = sub.add_parser("list", help="the most recent requests with their phase split")
+    lst.add_argument("--last", type=positive_int, default=20, metavar="N",
+                     help="how many (default: 20)")
+    store_and_json_args(lst)
+    show = sub.add_parser("show", help="one request: phases, windows and what it shared the "
+                          "engine with")
+    show.add_argument("request_id", metavar="REQUEST_ID",
+                      help="vLLM's request id, or the X-Request-Id the client sent (vLLM may "
+                           "prefix it, e.g. cmpl-)")
+    store_and_json_args(show)
+
+
+def run(args: argparse.Namespace, out: Console, err: Console) -> int:
+    path = args.store or default_store_path()
+    if args.spans_command == "import":
+        return _import(args, path, out, err)
+    if not Path(path).exists():
+        raise ConfigError(f"no experiment store at {path} (run `phaseprobe watch` first)")
+    with Store(path) as store:
+        if args.spans_command == "list":
+            spans = store.spans(limit=args.last, newest=True)
+            if args.json:
+                out.out(json.dumps({"spans": [s.to_dict() for s in spans],
+                                    "stats": store.span_stats()}), highlight=False)
+            elif not spans:
+                out.print(f"no request spans in {escape(str(path))}: run `phaseprobe watch` "
+                          "with vLLM's --otlp-traces-endpoint pointing at it")
+            else:
+                out.print(span_table(spans, f"last {len(spans)} request span(s)"))
+            return 0
+        found = store.span_by_request_id(args.request_id)
+        if found is None:
+            raise ConfigError(f"no request span with id {args.request_id!r} in {path}")
+        span, attributes = found
+        neighbours = _neighbours(store, span)
+    return _show(span, attributes, neighbours, args.json, out)
+
+
+def _import(args: argparse.Namespace, path: Path, out: Console, err: Console) -> int:
+    from phaseprobe.collect.span_import import import_otlp_json
+
+    results = []
+    with Store(path) as store:
+        for file in args.files:
+            with waiting(err, f"importing {file}…"):
+                results.append(import_otlp_json(file, store))
+    if args.json:
+        out.out(json.dumps({"store": str(path), "files": [r.to_dict() for r in results]}),
+                highlight=False)
+    else:
+        for r in results:
+            out.print(f"{escape(r.path)}: {r.lines} line(s), {r.request_spans} vLLM request "
+                      f"span(s) ({r.new_request_spans} new), {r.other_spans} other span(s), "
+                      f"{r.rejected_spans} rejected", highlight=False)
+            for bad in r.bad_lines[:10]:
+                err.print(f"[yellow]skipped[/] {escape(bad)}", highlight=False)
+            if len(r.bad_lines) > 10:
+                err.print(f"[yellow]… and {len(r.bad_lines) - 10} more bad line(s)")
+    return 1 if any(r.bad_lines for r in results) or \
+        not any(r.request_spans for r in results) else 0
+
+
+def _neighbours(store: Store, span: RequestSpan) -> list[RequestSpan]:
+    """The spans that could overlap this one (started within its span, or before it and
+    still running): enough to rebuild what it shared the engine with."""
+    horizon = 600 * 10**9  # a request running longer than 10 min before this one is ignored
+    return store.spans(since_ns=span.start_ns - horizon, until_ns=span.end_ns)
+
+
+def span_table(spans: list[RequestSpan], title: str) -> Table:
+    table = Table(title=title, caption="times in ms; other = e2e − (queue + prefill + decode): "
+                  "HTTP, tokenization, delivery (never prefill)")
+    for col in ("request", "e2e", "queue", "prefill", "decode", "other", "TTFT", "TPOT", "in",
+                "out"):
+        table.add_column(col, justify="left" if col == "request" else "right", no_wrap=True)
+    for s in spans:
+        table.add_row(escape(_short_id(s.request_id)), ms(s.e2e_s), ms(s.queue_s, 2),
+                      ms(s.prefill_s), ms(s.decode_s), ms(_other_s(s)), ms(s.ttft_s),
+                      ms(s.tpot_s, 2), _count(s.prompt_tokens), _count(s.completion_tokens))
+    return table
+
+
+def _show(span: RequestSpan, attributes: dict[str, Any], neighbours: list[RequestSpan],
+          as_json: bool, out: Console) -> int:
+    from phaseprobe.analysis.span_context import overlap_context
+
+    context = overlap_context(neighbours).get((span.trace_id, span.span_id))
+    if as_json:
+        doc = {"span": span.to_dict(), "attributes": attributes,
+               "windows": _windows_dict(span),
+               "context": context.to_dict() if context is not None else None}
+        out.out(json.dumps(doc), highlight=False)
+        return 0
+    out.print(span_table([span], f"request {escape(span.request_id or span.span_id)}"))
+    out.print(f"trace {span.trace_id} · span {span.span_id} · service "
+              f"{escape(span.service or '?')} · instance {escape(span.instance or '?')}",
+              highlight=False)
+    if context is not None:
+        out.print(f"shared the engine with: {escape(context_text(context))}", highlight=False)
+    return 0
+
+
+def context_text(context: Any) -> str:
+    """One line on what a request shared the engine with (an OverlapContext)."""
+    d = context.to_dict()
+    parts = []
+    for phase in ("prefill", "decode"):
+        q, p, dd = (d.get(f"{what}_during_{phase}_mean_reqs")
+                    for what in ("queued", "prefilling", "decoding"))
+        if q is None and p is None and dd is None:
+            continue
+        parts.append(f"during its {phase}, on average {_num(q)} other(s) queued, {_num(p)} "
+                     f"in prefill, {_num(dd)} decoding")
+    tokens = d.get("prefill_tokens_during_decode")
+    if tokens:
+        parts.append(f"{tokens:.0f} prompt tokens of other requests prefilled during its decode")
+    return "; ".join(parts) or "nothing (no phase windows)"
+
+
+def _windows_dict(span: RequestSpan) -> dict[str, int] | None:
+    w = span.windows()
+    return None if w is None else dict(w.__dict__)
+
+
+def _other_s(s: RequestSpan) -> float | None:
+    if s.e2e_s is None or None in (s.queue_s, s.prefill_s, s.decode_s):
+        return None
+    return max(0.0, s.e2e_s - (s.queue_s or 0) - (s.prefill_s or 0) - (s.decode_s or 0))
+
+
+def _short_id(rid: str | None) -> str:
+    if rid is None:
+        return "—"
+    return rid if len(rid) <= 28 else rid[:12] + "…" + rid[-12:]
+
+
+def _count(v: int | None) -> str:
+    return "—" if v is None else str(v)
+
+
+def _num(v: float | None) -> str:
+    return "—" if v is None else f"{v:.1f}"

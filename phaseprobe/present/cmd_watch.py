@@ -1,0 +1,287 @@
+"""``phaseprobe watch``: receive vLLM's request spans and show live per-request phases.
+
+    phaseprobe watch                      # OTLP on 127.0.0.1:4317 (gRPC) and :4318 (HTTP)
+    phaseprobe watch --demo               # + the local CPU vLLM exporting to it, under load
+    phaseprobe watch --duration 60 --json # one JSON summary after a minute
+
+Point an existing vLLM at it with ``--otlp-traces-endpoint http://HOST:4317`` (one flag). The
+view refreshes every few seconds: requests/s, p50/p90/p99 of queue, prefill, decode, TTFT and
+TPOT over the recent window, the phase share, and the slowest recent requests. Every span is
+committed to the store before vLLM's exporter is told it arrived.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import threading
+import time
+from collections import deque
+from contextlib import ExitStack
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.markup import escape
+from rich.table import Table
+
+from phaseprobe.collect.span_receiver import (
+    DEFAULT_MAX_BYTES,
+    SpanReceiver,
+    SpanSink,
+    parse_listen,
+)
+from phaseprobe.errors import ConfigError, MetricsUnavailable
+from phaseprobe.paths import default_store_path
+from phaseprobe.present.args import positive_float, positive_int, store_and_json_args
+from phaseprobe.present.console import ms
+from phaseprobe.records import RequestSpan
+from phaseprobe.store import redact_url
+
+__all__ = ["register", "run"]
+
+_DEFAULT_WINDOW_S = 60.0
+
+
+def register(subparsers: Any) -> None:
+    watch = subparsers.add_parser(
+        "watch", help="receive vLLM's request spans (OTLP) and show live per-request phases",
+        description="Run an OTLP trace receiver (gRPC and HTTP) and show live queue / prefill "
+                    "/ decode percentiles from vLLM's per-request spans. Start vLLM with "
+                    "--otlp-traces-endpoint http://HOST:4317 (gRPC, vLLM's default) or, with "
+                    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf, "
+                    "http://HOST:4318/v1/traces. --demo starts the local CPU vLLM exporting "
+                    "here and drives a mixed open-loop load at it.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    watch.add_argument("--http", metavar="HOST:PORT", default="127.0.0.1:4318",
+                       help="OTLP/HTTP listen address (default: 127.0.0.1:4318); 'off' to "
+                            "disable")
+    watch.add_argument("--grpc", metavar="HOST:PORT", default="127.0.0.1:4317",
+                       help="OTLP/gRPC listen address (default: 127.0.0.1:4317); 'off' to "
+                            "disable")
+    watch.add_argument("--duration", type=positive_float, default=None, metavar="SECONDS",
+                       help="stop after this long and print the summary (default: until "
+                            "Ctrl-C)")
+    watch.add_argument("--demo", action="store_true",
+                       help="start the local CPU vLLM with tracing pointed here and drive a "
+                            "mixed open-loop load (Poisson arrivals, short and long prompts)")
+    watch.add_argument("--rate", type=positive_float, default=2.0, metavar="REQ_PER_S",
+                       help="--demo's mean arrival rate (default: 2 requests/s)")
+    watch.add_argument("--forward", metavar="URL", default=None,
+                       help="also pass every batch on to this OTLP/HTTP collector (Jaeger, "
+                            "Tempo, an OpenTelemetry Collector), e.g. http://jaeger:4318")
+    watch.add_argument("--metrics", metavar="URL", default=None,
+                       help="the vLLM server's base URL: its finished-request counter is "
+                            "compared with the spans received, to detect lost spans "
+                            "(--demo: the local server)")
+    watch.add_argument("--token-env", metavar="VAR", default=None,
+                       help="environment variable with a bearer token the exporter must send "
+                            "(vLLM: OTEL_EXPORTER_OTLP_HEADERS='Authorization=Bearer …')")
+    watch.add_argument("--window", type=positive_float, default=_DEFAULT_WINDOW_S,
+                       metavar="SECONDS",
+                       help="the live view's percentiles cover this many recent seconds "
+                            f"(default: {_DEFAULT_WINDOW_S:g})")
+    watch.add_argument("--refresh", type=positive_float, default=2.0, metavar="SECONDS",
+                       help="how often the view refreshes (default: 2)")
+    watch.add_argument("--max-bytes", type=positive_int, default=DEFAULT_MAX_BYTES,
+                       metavar="BYTES", help="largest OTLP request accepted (default: 16 MiB)")
+    store_and_json_args(watch)
+
+
+def _listen(text: str, what: str) -> tuple[str, int] | None:
+    return None if text.strip().lower() == "off" else parse_listen(text, what)
+
+
+def run(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from phaseprobe.analysis.live_summary import span_loss, summarize_spans
+    from phaseprobe.analysis.span_context import prefill_interference
+
+    token = None
+    if args.token_env:
+        token = os.environ.get(args.token_env)
+        if not token:
+            raise ConfigError(f"--token-env {args.token_env}: that environment variable is "
+                              "not set (or empty)")
+    store_path = args.store or default_store_path()
+    sink = SpanSink(store_path)
+    recent: deque[RequestSpan] = deque(maxlen=200_000)  # bounded: a week of spans is not kept
+    lock = threading.Lock()
+
+    def keep(batch: Any) -> None:
+        with lock:
+            recent.extend(batch.requests)
+
+    sink.listeners.append(keep)
+    receiver = SpanReceiver(sink, http=_listen(args.http, "--http"),
+                            grpc=_listen(args.grpc, "--grpc"), token=token,
+                            max_bytes=args.max_bytes, forward=args.forward)
+    started_ns = time.time_ns()
+    load = None
+    counter = None
+    interrupted = False
+    with ExitStack() as stack:
+        stack.callback(sink.close)
+        stack.enter_context(receiver)
+        err.print(f"receiving vLLM spans on {receiver.grpc_url or '-'} (gRPC) and "
+                  f"{receiver.http_url or '-'} (HTTP) into {escape(str(store_path))}",
+                  highlight=False)
+        metrics_url = args.metrics
+        if args.demo:
+            metrics_url, load = _demo(args, receiver, stack, err)
+        else:
+            err.print("start vLLM with: --otlp-traces-endpoint "
+                      f"{receiver.grpc_url or receiver.http_url}", highlight=False)
+        counter = _FinishedCounter(metrics_url) if metrics_url else None
+        deadline = None if args.duration is None else time.monotonic() + args.duration
+
+        def snapshot() -> list[RequestSpan]:
+            with lock:
+                return list(recent)
+
+        def view() -> Group:
+            spans = snapshot()
+            now = time.time_ns()
+            summary = summarize_spans(spans, now_ns=now, window_s=args.window)
+            return _render(summary, sink.stats.to_dict(), len(spans),
+                           None if counter is None else counter.loss(spans, span_loss),
+                           time.monotonic() - t0, deadline)
+
+        t0 = time.monotonic()
+        try:
+            if args.json or not out.is_terminal:
+                _sleep_until(deadline)
+            else:
+                with Live(view(), console=out, refresh_per_second=4, transient=False) as live:
+                    while deadline is None or time.monotonic() < deadline:
+                        time.sleep(min(args.refresh, max(0.05, (deadline or 1e18)
+                                                         - time.monotonic())))
+                        live.update(view())
+        except KeyboardInterrupt:
+            interrupted = True
+        if load is not None:
+            load.stop()
+            # Spans of the last requests leave in the exporter's next batch.
+            from phaseprobe.local.server import LOCAL_BSP_DELAY_MS
+
+            time.sleep(LOCAL_BSP_DELAY_MS / 1000 * 2 + 0.5)
+        spans = snapshot()
+        loss = counter.loss(spans, span_loss) if counter is not None else None
+    summary = summarize_spans(spans, now_ns=time.time_ns(), window_s=None)
+    interference = prefill_interference(spans)
+    doc = {"store": str(store_path), "started_wall_ns": started_ns,
+           "receiver": {**sink.stats.to_dict(), "http": receiver.http_url,
+                        "grpc": receiver.grpc_url,
+                        "forward": redact_url(args.forward) if args.forward else None,
+                        "forward_errors": receiver.forwarder.errors if receiver.forwarder
+                        else []},
+           "summary": summary.to_dict(), "interference": interference.to_dict(),
+           "span_loss": loss.to_dict() if loss is not None else None,
+           "load": load.stats.to_dict() if load is not None else None,
+           "interrupted": interrupted}
+    if args.json:
+        out.out(json.dumps(doc), highlight=False)
+    else:
+        out.print(_render(summary, sink.stats.to_dict(), len(spans), loss, None, None,
+                          title="summary over the whole watch"))
+        out.print(f"prefill interference: {escape(interference.text)}", highlight=False)
+    return 0  # Ctrl-C is how a watch without --duration ends: the summary is the result
+
+
+def _sleep_until(deadline: float | None) -> None:
+    while deadline is None or time.monotonic() < deadline:
+        time.sleep(0.2 if deadline is None else min(0.2, max(0.0, deadline - time.monotonic())))
+
+
+def _demo(args: argparse.Namespace, receiver: SpanReceiver, stack: ExitStack,
+          err: Console) -> tuple[str, Any]:
+    from phaseprobe.collect.open_loop import LoadSettings, OpenLoopLoad
+    from phaseprobe.local.server import tracing_launch
+    from phaseprobe.present.endpoint import endpoint_or_local, served_model
+
+    if receiver.grpc_url is None:
+        raise ConfigError("--demo exports over gRPC: do not turn --grpc off")
+    trace_args, trace_env = tracing_launch(receiver.grpc_url)
+    base = endpoint_or_local(None, stack, err, trace_args, trace_env)
+    model = served_model(base, None, None)
+    load = OpenLoopLoad(base, model, LoadSettings(rate_per_s=args.rate)).start()
+    stack.callback(load.stop)
+    err.print(f"demo load: Poisson arrivals at {args.rate:g} req/s, 30 % long prompts "
+              "(Ctrl-C to stop)", highlight=False)
+    return base, load
+
+
+class _FinishedCounter:
+    """vLLM's finished-request counter (``vllm:request_success_total``, every reason) at the
+    start of the watch, to compare with the spans received since."""
+
+    def __init__(self, base_url: str) -> None:
+        from phaseprobe.sources.openai_stream import normalize_base_url
+        from phaseprobe.sources.vllm_metrics import MetricsScraper
+
+        self._scraper = MetricsScraper(normalize_base_url(base_url))
+        self.start_ns = time.time_ns()
+        self.start = self._read()
+        self._last_read = 0.0
+        self._last: float | None = self.start
+
+    def _read(self) -> float | None:
+        try:
+            return self._scraper.scrape().value("request_success")
+        except MetricsUnavailable:
+            return None
+
+    def loss(self, spans: list[RequestSpan], span_loss: Any) -> Any:
+        if time.monotonic() - self._last_read > 2.0:  # at most one scrape per refresh
+            self._last = self._read()
+            self._last_read = time.monotonic()
+        delta = (self._last - self.start if self._last is not None and self.start is not None
+                 else None)
+        received = sum(1 for s in spans if s.end_ns >= self.start_ns)
+        return span_loss(received, delta)
+
+
+def _render(summary: Any, stats: dict[str, Any], n_kept: int, loss: Any,
+            elapsed_s: float | None, deadline: float | None, title: str | None = None) -> Group:
+    d = summary.to_dict()
+    head = (f"{d.get('count', 0)} request(s)"
+            + (f" · {d['requests_per_s']:.2f} req/s" if d.get("requests_per_s") else "")
+            + f" · {stats['batches']} batch(es), {stats['other_spans']} other span(s), "
+              f"{stats['rejected_spans']} rejected"
+            + (f" · refused {stats['refused']}" if stats["refused"] else "")
+            + (f" · forwarded {stats['forwarded']} ({stats['forward_failed']} failed)"
+               if stats["forwarded"] or stats["forward_failed"] else ""))
+    window = d.get("window_s")
+    table = Table(title=title or "live phases"
+                  + (f" · last {window:.0f} s" if window else "")
+                  + (f" · {elapsed_s:.0f} s" if elapsed_s is not None else ""),
+                  caption=head)
+    table.add_column("ms")
+    for q in ("p50", "p90", "p99"):
+        table.add_column(q, justify="right")
+    for name, label in (("queue", "queue"), ("prefill", "prefill"), ("decode", "decode"),
+                        ("ttft", "TTFT"), ("tpot", "TPOT"), ("e2e", "e2e")):
+        row = d.get(name) or {}
+        table.add_row(label, *(ms(row.get(f"{q}_s"), 2 if name in ("queue", "tpot") else 1)
+                               for q in ("p50", "p90", "p99")))
+    parts: list[Any] = [table]
+    share = d.get("share") or {}
+    fracs = [(k, share.get(f"{k}_frac")) for k in ("queue", "prefill", "decode", "other")]
+    if any(v is not None for _, v in fracs):
+        parts.append("phase share of e2e: " + " · ".join(
+            f"{k} {v:.0%}" for k, v in fracs if v is not None)
+            + "  (other: HTTP, tokenization and delivery outside the engine's phases)")
+    slow = d.get("slowest") or []
+    if slow:
+        st = Table(title="slowest recent requests (ms)")
+        for col in ("request", "e2e", "queue", "prefill", "decode", "other", "in", "out"):
+            st.add_column(col, justify="left" if col == "request" else "right")
+        for r in slow:
+            st.add_row(escape(str(r.get("request_id") or "—"))[:28], ms(r.get("e2e_s")),
+                       ms(r.get("queue_s"), 2), ms(r.get("prefill_s")), ms(r.get("decode_s")),
+                       ms(r.get("other_s")), str(r.get("prompt_tokens") or "—"),
+                       str(r.get("completion_tokens") or "—"))
+        parts.append(st)
+    if loss is not None:
+        parts.append(f"span loss: {escape(loss.text)}")
+    return Group(*parts)

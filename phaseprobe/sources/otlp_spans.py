@@ -1,0 +1,252 @@
+"""Decode OTLP trace payloads (protobuf or JSON) into vLLM request records.
+
+The wire formats are the OpenTelemetry project's own: protobuf bytes are parsed by the
+``opentelemetry-proto`` messages, and OTLP/JSON is mapped onto the same messages by protobuf's
+``json_format`` after the one OTLP-specific rewrite the spec requires (trace and span ids are
+hex strings in OTLP/JSON, where protobuf's JSON mapping expects base64). No wire parsing is
+written here.
+
+A span is a vLLM request when it is named ``llm_request`` or carries vLLM's latency
+attributes. Attribute names go through :data:`ATTRIBUTE_ALIASES`, because they changed between
+vLLM versions (V0's ``time_in_model_execute``) and the GenAI semantic conventions
+(``gen_ai.usage.input_tokens``). Every other span is counted by service and name
+(:attr:`SpanBatch.other`), never silently dropped; spans that cannot be used (end before start,
+no ids) are counted with the reason in :attr:`SpanBatch.rejected`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+from phaseprobe.errors import OtlpError
+from phaseprobe.records import RequestSpan
+
+__all__ = ["ATTRIBUTE_ALIASES", "SpanBatch", "decode_protobuf", "decode_json", "decode_request",
+           "is_vllm_request", "hex_ids_to_base64", "VLLM_SPAN_NAME", "MAX_ATTRIBUTES_STORED"]
+
+VLLM_SPAN_NAME = "llm_request"
+
+# canonical field -> attribute names, first present wins. vLLM V1 (0.10+) names first.
+ATTRIBUTE_ALIASES: dict[str, tuple[str, ...]] = {
+    "queue_s": ("gen_ai.latency.time_in_queue",),
+    "prefill_s": ("gen_ai.latency.time_in_model_prefill",),
+    "decode_s": ("gen_ai.latency.time_in_model_decode",),
+    # V0 had no prefill/decode split; its execute time (model execution over all steps) is the
+    # nearest thing to V1's inference time (scheduled -> last token).
+    "inference_s": ("gen_ai.latency.time_in_model_inference",
+                    "gen_ai.latency.time_in_model_execute"),
+    "ttft_s": ("gen_ai.latency.time_to_first_token",),
+    "e2e_s": ("gen_ai.latency.e2e",),
+    "prompt_tokens": ("gen_ai.usage.prompt_tokens", "gen_ai.usage.input_tokens"),
+    "completion_tokens": ("gen_ai.usage.completion_tokens", "gen_ai.usage.output_tokens"),
+    "request_id": ("gen_ai.request.id", "gen_ai.response.id"),
+    "model": ("gen_ai.response.model", "gen_ai.request.model"),
+    "max_tokens": ("gen_ai.request.max_tokens",),
+}
+_LATENCY_PREFIX = "gen_ai.latency."
+_FLOAT_FIELDS = ("queue_s", "prefill_s", "decode_s", "inference_s", "ttft_s", "e2e_s")
+_INT_FIELDS = ("prompt_tokens", "completion_tokens", "max_tokens")
+# Raw attributes kept per span (the alias table's view is the record; these are for `spans
+# show` and for attributes a later version may want): bounded so a hostile span cannot bloat
+# the store.
+MAX_ATTRIBUTES_STORED = 64
+_MAX_VALUE_CHARS = 256
+# OTLP/JSON ids are hex; protobuf's JSON mapping wants base64 for bytes fields.
+_ID_KEYS = ("traceId", "spanId", "parentSpanId")
+
+
+@dataclass
+class SpanBatch:
+    """What one OTLP payload held: vLLM request records (with their raw attributes, same
+    order), other spans counted by (service, span name), and rejected spans by reason."""
+
+    requests: list[RequestSpan] = field(default_factory=list)
+    attributes: list[dict[str, Any]] = field(default_factory=list)
+    other: Counter[tuple[str, str]] = field(default_factory=Counter)
+    rejected: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def n_spans(self) -> int:
+        return len(self.requests) + sum(self.other.values()) + sum(self.rejected.values())
+
+    def extend(self, other: SpanBatch) -> None:
+        self.requests.extend(other.requests)
+        self.attributes.extend(other.attributes)
+        self.other.update(other.other)
+        self.rejected.update(other.rejected)
+
+
+def decode_protobuf(payload: bytes, source: str) -> SpanBatch:
+    """An ``ExportTraceServiceRequest`` in protobuf bytes (OTLP/HTTP ``application/x-protobuf``)."""
+    message = ExportTraceServiceRequest()
+    try:
+        message.ParseFromString(payload)
+    except (DecodeError, RecursionError, ValueError) as exc:
+        raise OtlpError(source, f"not an OTLP protobuf trace export ({exc or 'truncated'})"
+                        ) from None
+    return decode_request(message, source)
+
+
+def decode_json(text: str | bytes, source: str) -> SpanBatch:
+    """An ``ExportTraceServiceRequest`` in OTLP/JSON (OTLP/HTTP ``application/json``, or one
+    line of the OpenTelemetry Collector's file exporter)."""
+    try:
+        doc = json.loads(text)
+    except RecursionError:
+        raise OtlpError(source, "input nested too deeply") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise OtlpError(source, f"not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise OtlpError(source, f"an OTLP trace export is a JSON object, not "
+                        f"{type(doc).__name__}")
+    try:
+        hex_ids_to_base64(doc, source)
+        message = json_format.ParseDict(doc, ExportTraceServiceRequest(),
+                                        ignore_unknown_fields=True)
+    except RecursionError:
+        raise OtlpError(source, "input nested too deeply") from None
+    except json_format.ParseError as exc:
+        raise OtlpError(source, f"not an OTLP/JSON trace export: {exc}") from None
+    return decode_request(message, source)
+
+
+def hex_ids_to_base64(doc: dict[str, Any], source: str) -> None:
+    """Rewrite ``traceId``/``spanId``/``parentSpanId`` (spans and their links) from OTLP/JSON's
+    hex to base64, in place. The collector's older ``instrumentationLibrarySpans`` is renamed
+    to ``scopeSpans``."""
+    for rs in _dicts(doc.get("resourceSpans")):
+        if "instrumentationLibrarySpans" in rs and "scopeSpans" not in rs:
+            rs["scopeSpans"] = rs.pop("instrumentationLibrarySpans")
+        for ss in _dicts(rs.get("scopeSpans")):
+            for span in _dicts(ss.get("spans")):
+                _rewrite_ids(span, source)
+                for link in _dicts(span.get("links")):
+                    _rewrite_ids(link, source)
+
+
+def _dicts(value: Any) -> Iterable[dict[str, Any]]:
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
+
+
+def _rewrite_ids(obj: dict[str, Any], source: str) -> None:
+    for key in _ID_KEYS:
+        value = obj.get(key)
+        if not isinstance(value, str) or not value:
+            continue
+        try:
+            raw = bytes.fromhex(value)
+        except ValueError:
+            # Some exporters wrote base64 despite the spec: accept it when it decodes.
+            try:
+                raw = base64.b64decode(value, validate=True)
+            except (binascii.Error, ValueError):
+                raise OtlpError(source, f"{key} {value[:40]!r} is neither hex nor base64"
+                                ) from None
+        obj[key] = base64.b64encode(raw).decode("ascii")
+
+
+def decode_request(message: ExportTraceServiceRequest, source: str) -> SpanBatch:
+    """Turn a parsed export request into records, counts and rejections."""
+    batch = SpanBatch()
+    for rs in message.resource_spans:
+        resource = _attributes(rs.resource.attributes)
+        service = _text(resource.get("service.name"))
+        instance = _text(resource.get("service.instance.id") or resource.get("host.name"))
+        for ss in rs.scope_spans:
+            for span in ss.spans:
+                attrs = _attributes(span.attributes)
+                if not is_vllm_request(span.name, attrs):
+                    batch.other[(service or "(no service.name)", span.name or "(unnamed)")] += 1
+                    continue
+                problem = _problem(span)
+                if problem:
+                    batch.rejected[problem] += 1
+                    continue
+                batch.requests.append(_record(span, attrs, service, instance))
+                batch.attributes.append(_bounded(attrs))
+    return batch
+
+
+def is_vllm_request(name: str, attrs: Mapping[str, Any]) -> bool:
+    return name == VLLM_SPAN_NAME or any(k.startswith(_LATENCY_PREFIX) for k in attrs)
+
+
+def _problem(span: Span) -> str | None:
+    if len(span.trace_id) != 16 or len(span.span_id) != 8:
+        return "missing or malformed trace/span id"
+    if span.start_time_unix_nano == 0:
+        return "no start time"
+    if span.end_time_unix_nano < span.start_time_unix_nano:
+        return "ends before it starts (clock skew between the exporter's timestamps)"
+    return None
+
+
+def _record(span: Span, attrs: dict[str, Any], service: str | None,
+            instance: str | None) -> RequestSpan:
+    values: dict[str, Any] = {}
+    for name, keys in ATTRIBUTE_ALIASES.items():
+        raw = next((attrs[k] for k in keys if k in attrs), None)
+        if name in _FLOAT_FIELDS:
+            values[name] = _number(raw)
+        elif name in _INT_FIELDS:
+            number = _number(raw)
+            values[name] = int(number) if number is not None and number >= 0 else None
+        else:
+            values[name] = _text(raw)
+    return RequestSpan(
+        trace_id=span.trace_id.hex(), span_id=span.span_id.hex(),
+        parent_span_id=span.parent_span_id.hex() or None, service=service, instance=instance,
+        start_ns=span.start_time_unix_nano, end_ns=span.end_time_unix_nano, **values)
+
+
+def _number(raw: Any) -> float | None:
+    """A finite, non-negative number, else None (a negative duration is a broken clock)."""
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+        return None
+    value = float(raw)
+    return value if value == value and 0.0 <= value < float("inf") else None
+
+
+def _text(raw: Any) -> str | None:
+    return raw[:_MAX_VALUE_CHARS] if isinstance(raw, str) and raw else None
+
+
+def _attributes(kvs: Iterable[KeyValue]) -> dict[str, Any]:
+    return {kv.key: _value(kv.value) for kv in kvs}
+
+
+def _value(v: AnyValue) -> Any:
+    kind = v.WhichOneof("value")
+    if kind in ("string_value", "bool_value", "int_value", "double_value"):
+        return getattr(v, kind)
+    if kind == "bytes_value":
+        return v.bytes_value.hex()
+    if kind == "array_value":
+        return [_value(x) for x in v.array_value.values[:MAX_ATTRIBUTES_STORED]]
+    if kind == "kvlist_value":
+        return "(key-value list)"
+    return None
+
+
+def _bounded(attrs: dict[str, Any]) -> dict[str, Any]:
+    kept: dict[str, Any] = {}
+    for key in sorted(attrs)[:MAX_ATTRIBUTES_STORED]:
+        value = attrs[key]
+        if isinstance(value, str) and len(value) > _MAX_VALUE_CHARS:
+            value = value[:_MAX_VALUE_CHARS] + "…"
+        elif isinstance(value, list):
+            value = [x[:_MAX_VALUE_CHARS] if isinstance(x, str) else x for x in value]
+        kept[key[:_MAX_VALUE_CHARS]] = value
+    return kept

@@ -1,0 +1,188 @@
+"""vLLM's request spans against the real local CPU vLLM: matched, true, and useful under load.
+
+The session's vLLM exports over OTLP/gRPC to the session receiver (conftest). A second vLLM in
+this module exports over OTLP/HTTP with ``--max-num-seqs 1``: requests run one at a time there,
+so the client can measure the queue each one must have seen (ground truth for the queue
+bucket).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import requests
+
+from phaseprobe.analysis.phases import summarize
+from phaseprobe.analysis.span_context import overlap_context
+from phaseprobe.collect.experiment import ProbeSettings, run_probe
+from phaseprobe.collect.open_loop import LoadSettings, OpenLoopLoad
+from phaseprobe.collect.span_attribution import new_tags
+from phaseprobe.collect.span_receiver import SpanReceiver, SpanSink, wait_for
+from phaseprobe.local import LocalVllm
+from phaseprobe.records import RunSpec
+from phaseprobe.store import Store
+
+pytestmark = pytest.mark.integration
+
+SPAN_WAIT_S = 15.0  # the local exporter's batch delay is 0.5 s; a loaded machine is slow
+
+
+@pytest.fixture()
+def spans_on(span_target):
+    if span_target is None:
+        pytest.skip("an external endpoint exports its spans elsewhere")
+    return span_target
+
+
+def _spec(target, prompt_tokens: int = 64, max_tokens: int = 16) -> RunSpec:
+    return RunSpec(endpoint=target.base_url, model=target.model, prompt="",
+                   max_tokens=max_tokens, prompt_tokens_target=prompt_tokens)
+
+
+def test_every_probe_request_is_matched_to_its_span_over_grpc(local_vllm, spans_on):
+    with Store(spans_on.store_path) as store:
+        result = run_probe(_spec(local_vllm), store, settings=ProbeSettings(
+            runs=5, warmup=1, span_wait_s=SPAN_WAIT_S, name="spans-idle"))
+        stored = store.runs(result.experiment_id)
+    ok = [r for r in result.runs if r.status == "ok"]
+    assert len(ok) == 5, [r.error for r in result.runs]
+    assert all(r.span is not None for r in ok), result.notes  # 100 % matched
+    for run in stored:  # what the store kept is what the probe returned
+        assert run.span is not None and run.span.trace_id == run.trace_id
+        span, client = run.span, run.client
+        assert client is not None and run.request_id is not None
+        assert span.request_id is not None and run.request_id in span.request_id
+        assert span.prompt_tokens == client.prompt_tokens
+        assert span.completion_tokens == client.completion_tokens
+        # vLLM's clock sits inside the client's: its phases fit in what the client waited.
+        assert span.queue_s + span.prefill_s + span.decode_s <= client.e2e_s + 0.002
+        assert span.prefill_s <= client.ttft_s + 0.002
+    summary = summarize(stored)
+    assert summary.outside_engine_s is not None and summary.outside_engine_s > 0
+    assert summary.pre_engine_s is not None and 0 <= summary.pre_engine_s \
+        <= summary.outside_engine_s + 0.002
+
+
+def test_probe_under_load_is_attributed_by_span(local_vllm, spans_on):
+    """An open-loop load shares the server with the probe: runs that were not alone take
+    their phases from their own span, count in the medians, and their overlap context shows
+    what they shared the engine with."""
+    settings = ProbeSettings(runs=8, warmup=1, span_wait_s=SPAN_WAIT_S, name="spans-load")
+    load = OpenLoopLoad(local_vllm.base_url, local_vllm.model,
+                        LoadSettings(rate_per_s=4.0, long_share=0.3, max_tokens=(16, 48)))
+    with Store(spans_on.store_path) as store, load:
+        time.sleep(1.0)  # the load is running before the first measured run
+        result = run_probe(_spec(local_vllm), store, settings=settings)
+        stored = store.runs(result.experiment_id)
+        neighbours = store.spans(since_ns=min(r.client.sent_wall_ns for r in stored) - 60 * 10**9)
+    assert load.stats.ok > 0, load.stats
+    ok = [r for r in stored if r.status == "ok"]
+    assert len(ok) == 8, [(r.status, r.error, r.isolation.reasons) for r in stored]
+    shared = [r for r in ok if not r.isolated]
+    assert shared, "the load never overlapped a run: nothing was tested"
+    assert all(r.attributed and r.server.source == "span" for r in shared)
+    summary = summarize(stored)
+    assert summary.n_by_span == len(shared) and summary.n_server == 8
+    context = overlap_context(neighbours)
+    # A run that shared the server had company in some phase: the context says which.
+    explained = 0
+    for r in shared:
+        c = context[(r.span.trace_id, r.span.span_id)]
+        if any((v or 0) > 0 for k, v in c.to_dict().items()
+               if k.endswith("_mean_reqs")):
+            explained += 1
+    assert explained >= len(shared) // 2, "overlap context found no company for shared runs"
+
+
+@pytest.fixture(scope="module")
+def one_at_a_time(tmp_path_factory) -> Iterator[tuple[str, str, SpanSink]]:
+    """A second local vLLM exporting over OTLP/HTTP protobuf, one sequence at a time."""
+    if os.environ.get("PHASEPROBE_TEST_ENDPOINT"):
+        pytest.skip("starts its own local vLLM")
+    sink = SpanSink(tmp_path_factory.mktemp("spans-http") / "s.sqlite")
+    with SpanReceiver(sink, http=("127.0.0.1", 0), grpc=None) as receiver:
+        env = {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+               "OTEL_BSP_SCHEDULE_DELAY": "500"}
+        args = ["--otlp-traces-endpoint", receiver.http_url or "", "--max-num-seqs", "1"]
+        with LocalVllm(extra_args=args, extra_env=env) as server:
+            yield server.base_url, server.model, sink
+    sink.close()
+
+
+def test_queue_time_matches_the_client_when_requests_run_one_at_a_time(one_at_a_time):
+    base, model, sink = one_at_a_time
+    session = requests.Session()
+    session.post(f"{base}/v1/completions", json={"model": model, "prompt": "warm up",
+                                                 "max_tokens": 4}, timeout=60)
+    n = 4
+    sent: dict[str, int] = {}
+    ended: dict[str, int] = {}
+    tags = [new_tags() for _ in range(n)]
+    barrier = threading.Barrier(n)
+
+    def one(i: int) -> None:
+        body = {"model": model, "prompt": f"request {i} " + "word " * 40, "max_tokens": 24,
+                "ignore_eos": True}
+        with requests.Session() as s:
+            barrier.wait()
+            sent[tags[i].trace_id] = time.time_ns()
+            r = s.post(f"{base}/v1/completions", json=body, headers=tags[i].headers, timeout=120)
+            ended[tags[i].trace_id] = time.time_ns()
+            r.raise_for_status()
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    ids = [t.trace_id for t in tags]
+    assert wait_for(lambda: len(sink.store.spans_by_trace(ids)) == n, SPAN_WAIT_S), \
+        "spans over OTLP/HTTP did not arrive"
+    spans = sink.store.spans_by_trace(ids)
+    # Served in order of scheduling (arrival + queue): each waited for the ones before it.
+    order = sorted(ids, key=lambda i: spans[i].start_ns + spans[i].queue_s * 1e9)
+    assert spans[order[0]].queue_s < 0.05
+    errors = []
+    for prev, cur in zip(order, order[1:]):
+        # Ground truth from the client: the request ahead finished (its last byte reached
+        # the client) this long after this one was sent; vLLM scheduled this one then.
+        truth_s = (ended[prev] - sent[cur]) / 1e9
+        queue_s = spans[cur].queue_s
+        errors.append(queue_s - truth_s)
+        assert queue_s == pytest.approx(truth_s, rel=0.25, abs=0.06), (prev, cur, truth_s)
+    # The queue grows along the line: each waited for more work than the one before.
+    queues = [spans[i].queue_s for i in order]
+    assert queues == sorted(queues)
+    print(f"queue − client ground truth: {[f'{e * 1e3:.1f} ms' for e in errors]}; "
+          f"median {statistics.median(errors) * 1e3:.1f} ms")
+
+
+def test_watch_demo_shows_live_phases(tmp_path):
+    """The newcomer's command: `watch --demo` starts the local vLLM exporting to the watch,
+    drives a load, and summarises the spans it received."""
+    if os.environ.get("PHASEPROBE_TEST_ENDPOINT"):
+        pytest.skip("starts its own local vLLM")
+    store = tmp_path / "watch.sqlite"
+    proc = subprocess.run(
+        [sys.executable, "-m", "phaseprobe", "watch", "--demo", "--duration", "15", "--rate",
+         "3", "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0", "--store", str(store),
+         "--json"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)
+    received = doc["receiver"]["request_spans"]
+    assert received > 0 and doc["summary"]["count"] == received
+    assert doc["load"]["ok"] > 0
+    # Every request the load completed came back as a span (none lost on loopback).
+    loss = doc["span_loss"]
+    assert loss is not None and loss["finished"] is not None
+    assert loss["received"] >= loss["finished"] - 1, loss
+    with Store(store) as s:
+        assert s.span_stats()["requests"] == received
