@@ -186,3 +186,43 @@ def test_watch_demo_shows_live_phases(tmp_path):
     assert loss["received"] >= loss["finished"] - 1, loss
     with Store(store) as s:
         assert s.span_stats()["requests"] == received
+
+
+def test_live_interference_estimate_agrees_with_the_interfere_probe(local_vllm, spans_on,
+                                                                     tmp_path):
+    """The live estimate (from spans of an open-loop load) and the controlled interference
+    probe measure the same cost: decode time a decoding request loses per prefill token of
+    another request. They must agree in sign and order of magnitude."""
+    from phaseprobe.analysis.span_context import prefill_interference
+    from phaseprobe.collect.interplay import Target
+    from phaseprobe.collect.interplay_interfere import InterfereSettings, run_interfere
+
+    settings = InterfereSettings()
+    probe = None
+    for _ in range(3):  # a starved client can make every pair miss A's decode (see interplay)
+        with Store(tmp_path / "interfere.sqlite") as store:
+            res = run_interfere(Target(local_vllm.base_url, local_vllm.model), store, settings)
+        summary = res.summary()
+        alone, with_b = summary["server_decode_alone_s"], summary["server_decode_with_b_s"]
+        if res.used and alone is not None and with_b is not None:
+            probe = (with_b - alone) / settings.b_prompt_tokens
+            break
+    assert probe is not None, "the interfere probe measured nothing in three experiments"
+    live = None
+    for _ in range(2):
+        start = time.time_ns()
+        with OpenLoopLoad(local_vllm.base_url, local_vllm.model,
+                          LoadSettings(rate_per_s=3.0, long_share=0.3, max_tokens=(24, 64))):
+            time.sleep(30)
+        time.sleep(2.0)  # the last spans leave in the exporter's next batch
+        with Store(spans_on.store_path) as store:
+            spans = store.spans(since_ns=start)
+        live = prefill_interference(spans)
+        if live.decided:
+            break
+    assert live is not None and live.decided, live.text if live else None
+    print(f"\ninterfere probe: {probe * 1e3:.4f} ms of A's decode per B prefill token; "
+          f"live: {live.text}")
+    assert probe > 0 and live.detected and live.slope_s_per_token > 0, (probe, live.text)
+    ratio = live.slope_s_per_token / probe
+    assert 0.1 <= ratio <= 10, f"live / probe = {ratio:.2f}: not the same order of magnitude"
