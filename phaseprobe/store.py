@@ -116,8 +116,12 @@ _MIGRATIONS: list[str] = [
     ALTER TABLE runs ADD COLUMN client_check_json TEXT;
     """,
     # 6: vLLM's request spans (OpenTelemetry, phaseprobe.sources.otlp_spans), one row per
-    # request; (trace_id, span_id) is unique so an exporter's retry of a batch stores nothing
-    # twice. span_counts keeps what was not a vLLM request (kind "other": service and span
+    # request; (start_ns, span_id) is unique so an exporter's retry of a batch stores nothing
+    # twice. It is the table's only index, and deliberately not on the random trace id: spans
+    # arrive in start order, so this index grows at its end (100k rows/s, flat), where a
+    # random-key index slowed commits 3x by 100k rows; it also serves time-range reads.
+    # attributes_json holds the attributes no column holds (sampling parameters, anything
+    # newer). span_counts keeps what was not a vLLM request (kind "other": service and span
     # name) or could not be used (kind "rejected": the reason). Runs remember the trace id and
     # request id they were sent with, and their span once it arrived.
     """
@@ -136,11 +140,8 @@ _MIGRATIONS: list[str] = [
         prompt_tokens INTEGER, completion_tokens INTEGER, max_tokens INTEGER,
         attributes_json TEXT NOT NULL DEFAULT '{}',
         received_wall_ns INTEGER NOT NULL,
-        UNIQUE (trace_id, span_id)
+        UNIQUE (start_ns, span_id)
     );
-    CREATE INDEX IF NOT EXISTS request_spans_by_start ON request_spans(start_ns);
-    CREATE INDEX IF NOT EXISTS request_spans_by_received ON request_spans(received_wall_ns);
-    CREATE INDEX IF NOT EXISTS request_spans_by_request ON request_spans(request_id);
     CREATE TABLE IF NOT EXISTS span_counts (
         kind TEXT NOT NULL,
         service TEXT NOT NULL,
@@ -296,11 +297,17 @@ class Store:
                 " count = count + excluded.count, last_wall_ns = excluded.last_wall_ns",
                 [(*key, n, now) for key, n in counts.items()])
             self._db.execute("COMMIT")
-        except sqlite3.Error as exc:
-            if self._db.in_transaction:
-                self._db.execute("ROLLBACK")
+        except (sqlite3.Error, OverflowError, ValueError) as exc:
+            self._rollback()
             raise StoreError(f"cannot write to experiment store {self.path}: {exc}") from None
+        except BaseException:
+            self._rollback()  # never leave the connection inside a transaction
+            raise
         return new
+
+    def _rollback(self) -> None:
+        if self._db.in_transaction:
+            self._db.execute("ROLLBACK")
 
     def finish_experiment(self, experiment_id: int, notes: list[str] | None = None) -> None:
         if notes is None:
@@ -327,10 +334,12 @@ class Store:
             self._db.execute("BEGIN IMMEDIATE")
             self._db.executemany(sql, rows)
             self._db.execute("COMMIT")
-        except sqlite3.Error as exc:
-            if self._db.in_transaction:
-                self._db.execute("ROLLBACK")
+        except (sqlite3.Error, OverflowError, ValueError) as exc:
+            self._rollback()
             raise StoreError(f"cannot write to experiment store {self.path}: {exc}") from None
+        except BaseException:
+            self._rollback()
+            raise
         return len(rows)
 
     def create_ab_session(self, name: str, playbook_path: str, playbook_text: str,
@@ -374,10 +383,12 @@ class Store:
             cur = self._db.execute(sql, params)
             self._db.execute("COMMIT")
             return cur
-        except sqlite3.Error as exc:
-            if self._db.in_transaction:
-                self._db.execute("ROLLBACK")
+        except (sqlite3.Error, OverflowError, ValueError) as exc:
+            self._rollback()
             raise StoreError(f"cannot write to experiment store {self.path}: {exc}") from None
+        except BaseException:
+            self._rollback()
+            raise
 
     # -- reading -------------------------------------------------------------------------
 
@@ -467,15 +478,20 @@ class Store:
         rows = [_span_from_row(r) for r in self._db.execute(sql, params)]
         return rows[::-1] if newest else rows
 
-    def spans_by_trace(self, trace_ids: list[str]) -> dict[str, RequestSpan]:
-        """The request span of each trace id that has one."""
+    def spans_by_trace(self, trace_ids: list[str],
+                       since_ns: int | None = None) -> dict[str, RequestSpan]:
+        """The request span of each trace id that has one. ``since_ns`` (a lower bound on the
+        spans' start, e.g. the first request's send time minus clock skew) turns the lookup
+        into a range read of the time index; without it the table is scanned."""
         out: dict[str, RequestSpan] = {}
         for i in range(0, len(trace_ids), 500):
             chunk = trace_ids[i:i + 500]
-            rows = self._db.execute(
-                f"SELECT * FROM request_spans WHERE trace_id IN ({', '.join('?' * len(chunk))})",
-                chunk)
-            for row in rows:
+            where = f"trace_id IN ({', '.join('?' * len(chunk))})"
+            params: list[Any] = list(chunk)
+            if since_ns is not None:
+                where = f"start_ns >= ? AND {where}"
+                params.insert(0, int(since_ns))
+            for row in self._db.execute(f"SELECT * FROM request_spans WHERE {where}", params):
                 out[row["trace_id"]] = _span_from_row(row)
         return out
 

@@ -3,6 +3,9 @@
 Pure: evidence in (built by :mod:`phaseprobe.collect.evidence`, or by hand in a test), a
 :class:`Report` of :class:`Verdict` out. :data:`RULES` is the one place rules are listed, in
 the order the report shows them; adding a rule is one function in ``rules/`` and one line here.
+:data:`SPAN_RULES` read vLLM's request spans: they follow :data:`RULES` in a report whenever
+the evidence holds spans (``Evidence.spans`` not None), and otherwise only when asked for by id
+(a store that never received a span would only add four "skipped" lines to every report).
 
 Verdicts: ``pass`` (checked, fine), ``warn`` (worth a look, not wrong), ``fail`` (wrong, or
 far off the target: the CLI exits 1), ``skipped`` (the evidence it needs is missing; the
@@ -17,12 +20,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from phaseprobe.analysis.rules import latency, memory, parallel
+from phaseprobe.analysis.rules import latency, memory, parallel, spans
 from phaseprobe.analysis.rules.base import USE_CASE_TTFT_S, Evidence, Status, Verdict
 from phaseprobe.errors import ConfigError, PhaseprobeError
 
-__all__ = ["Rule", "RULES", "Report", "run_checklist", "rule_ids", "Evidence", "Verdict",
-           "Status", "USE_CASE_TTFT_S"]
+__all__ = ["Rule", "RULES", "SPAN_RULES", "all_rules", "Report", "run_checklist", "rule_ids",
+           "Evidence", "Verdict", "Status", "USE_CASE_TTFT_S"]
 
 
 @dataclass(frozen=True)
@@ -68,9 +71,25 @@ RULES: tuple[Rule, ...] = (
          memory.kv_preallocated_log, "server log (--server-log)"),
 )
 
+SPAN_RULES: tuple[Rule, ...] = (
+    Rule("queue_dominated", "Is queueing most of the latency (capacity, not speed)?",
+         spans.queue_dominated, "vLLM request spans (phaseprobe watch / probe --spans)"),
+    Rule("prefill_interference", "Do other requests' prefills slow decoding down?",
+         spans.interference, "vLLM request spans (phaseprobe watch / probe --spans)"),
+    Rule("ttft_outliers", "Are the slowest TTFTs long prompts, or queueing?",
+         spans.ttft_outliers, "vLLM request spans (phaseprobe watch / probe --spans)"),
+    Rule("span_loss", "Did every finished request's span arrive?", spans.lost_spans,
+         "vLLM request spans + finished-request count (--prom)"),
+)
+
 
 def rule_ids() -> list[str]:
     return [r.id for r in RULES]
+
+
+def all_rules() -> tuple[Rule, ...]:
+    """Every registered rule, the span rules last (what ``--rule`` and ``--list`` know)."""
+    return RULES + SPAN_RULES
 
 
 @dataclass(frozen=True)
@@ -108,14 +127,15 @@ def run_checklist(ev: Evidence, *, only: Iterable[str] | None = None,
         raise ConfigError(f"unknown use case {ev.use_case!r}: choose one of "
                           + ", ".join(f"{k} (TTFT < {v * 1e3:g} ms)"
                                       for k, v in USE_CASE_TTFT_S.items()))
-    chosen = list(RULES)
+    chosen = list(RULES) + (list(SPAN_RULES) if ev.spans is not None else [])
     if only is not None:
         wanted = list(only)
-        unknown = [w for w in wanted if w not in rule_ids()]
+        known = [r.id for r in all_rules()]
+        unknown = [w for w in wanted if w not in known]
         if unknown:
             raise ConfigError(f"unknown rule(s) {', '.join(unknown)}; known: "
-                              + ", ".join(rule_ids()))
-        chosen = [r for r in RULES if r.id in wanted]
+                              + ", ".join(known))
+        chosen = [r for r in all_rules() if r.id in wanted]
     verdicts = []
     for rule in chosen:
         try:

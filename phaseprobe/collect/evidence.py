@@ -6,6 +6,10 @@ baseline experiment. Readers written by other parts of phaseprobe (NCCL, traces)
 only when their option is used. Every input that could not be read becomes a note and a missing
 piece of evidence (its rules say ``skipped``), except files the user named that do not exist:
 those are a :class:`ConfigError`, since a typo should not pass as "nothing to check".
+
+vLLM's request spans come from the store too (``phaseprobe watch`` or ``probe --spans`` put
+them there): those of every request that finished in the experiment's window, the same window
+Prometheus is asked about (see :func:`span_evidence`).
 """
 
 from __future__ import annotations
@@ -29,10 +33,20 @@ from phaseprobe.analysis.likeness import (
 )
 from phaseprobe.analysis.rules.base import Evidence
 from phaseprobe.errors import ConfigError
+from phaseprobe.records import RequestSpan
 from phaseprobe.store import Store
 
 __all__ = ["EvidenceOptions", "build_evidence", "prometheus_evidence", "trace_evidence",
-           "nccl_evidence", "model_layers", "experiment_facts", "server_host_names"]
+           "nccl_evidence", "model_layers", "experiment_facts", "server_host_names",
+           "evidence_window", "span_evidence", "SPAN_LOOKBACK_S"]
+
+# The experiment's window opens this long before its first send and closes this long after its
+# last byte (a scrape after the last run may come up to one interval later), capped at now.
+WINDOW_BEFORE_S = 1.0
+WINDOW_AFTER_S = 30.0
+# A span is kept by when its request finished; the store is searched by arrival, this far back
+# (a request that took longer than this is missed).
+SPAN_LOOKBACK_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -68,9 +82,14 @@ def build_evidence(store: Store, experiment_id: int, opts: EvidenceOptions
     if opts.server_log:
         sources["server_log"] = opts.server_log
     prom = None
+    now_s = time.time()  # one window for Prometheus and the spans, so they can be compared
     if opts.prom_url:
-        prom = prometheus_evidence(opts.prom_url, runs, opts.prom_selector, opts.notes)
+        prom = prometheus_evidence(opts.prom_url, runs, opts.prom_selector, opts.notes,
+                                   now_s=now_s)
         sources["prom"] = opts.prom_url if prom is not None else "unavailable"
+    spans, spans_source = span_evidence(store, runs, now_s=now_s)
+    if spans_source:
+        sources["spans"] = spans_source
     tp = opts.tensor_parallel_size or _label_int(exp.spec.labels, "tp",
                                                   "tensor_parallel_size")
     if tp is None and log_text is not None:
@@ -129,8 +148,50 @@ def build_evidence(store: Store, experiment_id: int, opts: EvidenceOptions
                   model_layers=model_layers(info, opts.model_config),
                   tensor_parallel_size=tp, baseline=baseline, store_path=str(store.path),
                   endpoint=exp.spec.endpoint, baseline_unlike=tuple(unlike),
-                  not_matching=not_matching)
+                  not_matching=not_matching, spans=spans)
     return ev, sources
+
+
+def evidence_window(runs: Sequence[Any], now_s: float) -> tuple[float, float] | None:
+    """(start, end) in seconds since the epoch of the window evidence is taken over: the runs'
+    first send − WINDOW_BEFORE_S to their last byte + WINDOW_AFTER_S, capped at ``now_s``; the
+    length is rounded up to whole seconds (as a PromQL range is) by moving the start. None
+    without runs."""
+    windows = run_windows(runs)
+    if not windows:
+        return None
+    start = min(a for a, _ in windows) / 1e9 - WINDOW_BEFORE_S
+    end = min(now_s, max(b for _, b in windows) / 1e9 + WINDOW_AFTER_S)
+    return end - max(1, math.ceil(end - start)), end
+
+
+def span_evidence(store: Store, runs: Sequence[Any], *, now_s: float | None = None
+                  ) -> tuple[list[RequestSpan] | None, str | None]:
+    """The spans of the requests that finished in the experiment's window (every client's, as
+    the engine served them together), and where they came from, in words.
+
+    None when the store holds no span at all (tracing was never on: the span rules are not
+    run); an empty list when it holds some but none finished in the window. When some runs carry
+    their own span, only spans of those runs' engine (service and instance) are kept: another
+    vLLM exporting to the same receiver shares no batch with this one."""
+    if not store.spans(limit=1):
+        return None, None
+    window = evidence_window(runs, time.time() if now_s is None else now_s)
+    if window is None:
+        return [], "none: the experiment has no runs to take a window from"
+    lo_ns, hi_ns = round(window[0] * 1e9), round(window[1] * 1e9)
+    found = [s for s in store.spans(since_ns=lo_ns - round(SPAN_LOOKBACK_S * 1e9),
+                                    until_ns=hi_ns) if lo_ns < s.end_ns <= hi_ns]
+    engines = {(r.span.service, r.span.instance) for r in runs
+               if getattr(r, "span", None) is not None}
+    where = ""
+    if engines:
+        found = [s for s in found if (s.service, s.instance) in engines]
+        where = " of the runs' own engine (" + ", ".join(
+            sorted(f"{svc or '?'}/{inst or '?'}" for svc, inst in engines)) + ")"
+    return found, (f"{len(found)} request spans{where} that finished in the experiment's "
+                   f"window ({window[1] - window[0]:.0f} s: first send − {WINDOW_BEFORE_S:g} s "
+                   f"to last byte + {WINDOW_AFTER_S:g} s) from the store")
 
 
 def server_host_names(endpoint: str) -> set[str]:
@@ -240,22 +301,23 @@ def model_layers(server_info: dict[str, Any], explicit: str | None) -> int | Non
 
 
 def prometheus_evidence(url: str, runs: Sequence[Any], selector: str,
-                        notes: list[str]) -> dict[str, float | None] | None:
-    """KV-cache usage peak, preemptions and prefix-cache hit rate over the runs' window
-    (None and a note when Prometheus cannot be asked)."""
+                        notes: list[str], *, now_s: float | None = None
+                        ) -> dict[str, float | None] | None:
+    """KV-cache usage peak, preemptions, prefix-cache hit rate and finished requests (not
+    aborted: those send no span) over the runs' window (:func:`evidence_window`); None and a
+    note when Prometheus cannot be asked."""
     from phaseprobe.errors import PrometheusError
     from phaseprobe.sources.prometheus import PrometheusClient
 
-    windows = run_windows(runs)
-    if not windows:
+    win = evidence_window(runs, time.time() if now_s is None else now_s)
+    if win is None:
         notes.append("Prometheus: the experiment has no runs to take a window from")
         return None
-    start = min(a for a, _ in windows) / 1e9 - 1.0
-    # A scrape after the last run may come up to one interval later; cap at now.
-    at = min(time.time(), max(b for _, b in windows) / 1e9 + 30.0)
-    window = f"{max(1, math.ceil(at - start))}s"
+    at = win[1]
+    window = f"{round(win[1] - win[0])}s"
     bare = selector.strip().removeprefix("{").removesuffix("}")
     sel = f"{{{bare}}}" if bare else ""
+    done = "{" + ", ".join(m for m in (bare, 'finished_reason!="abort"') if m) + "}"
     try:
         with PrometheusClient(url) as client:
             names = client.names_map()
@@ -272,11 +334,13 @@ def prometheus_evidence(url: str, runs: Sequence[Any], selector: str,
             pre = name("vllm:num_preemptions_total")
             hits, queries = name("vllm:prefix_cache_hits_total"), \
                 name("vllm:prefix_cache_queries_total")
+            success = name("vllm:request_success_total")
             return {
                 "kv_cache_usage_max": one(f"max(max_over_time({kv}{sel}[{window}]))"),
                 "preemptions": one(f"sum(increase({pre}{sel}[{window}]))"),
                 "prefix_cache_hit_rate": one(f"sum(increase({hits}{sel}[{window}])) / "
                                              f"sum(increase({queries}{sel}[{window}]))"),
+                "request_success_delta": one(f"sum(increase({success}{done}[{window}]))"),
             }
     except PrometheusError as exc:
         notes.append(f"Prometheus: {exc}")

@@ -24,6 +24,7 @@ __all__ = ["SpanTags", "new_tags", "attach_spans", "SPAN_WAIT_MARGIN_S", "DEFAUL
 
 DEFAULT_BSP_DELAY_S = 5.0  # the OpenTelemetry SDK's OTEL_BSP_SCHEDULE_DELAY default
 SPAN_WAIT_MARGIN_S = 5.0  # export, receive and commit after the batch delay
+CLOCK_SKEW_NS = 60 * 10**9  # how far the server's clock may lag this machine's
 _ALONE = Isolation(verified=True, isolated=True)  # a span's phases are the request's own
 
 
@@ -52,8 +53,11 @@ def attach_spans(store: Store, runs: Sequence[Run], *, wait_s: float,
     wanted = [r.trace_id for r in tagged if r.trace_id]
     found: dict[str, RequestSpan] = {}
     deadline = clock() + wait_s
+    # The spans start after their requests were sent (less any clock skew between this
+    # machine and the server's): a range read, not a scan of every span ever received.
+    since = min((r.client.sent_wall_ns for r in tagged if r.client), default=0) - CLOCK_SKEW_NS
     while wanted:
-        found = store.spans_by_trace(wanted)
+        found = store.spans_by_trace(wanted, since_ns=since)
         if len(found) == len(wanted) or clock() >= deadline:
             break
         sleep(0.1)

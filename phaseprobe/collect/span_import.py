@@ -9,9 +9,12 @@ keeps what it committed). Gzipped files (``.gz``) are read as they are.
 from __future__ import annotations
 
 import gzip
+import json
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from phaseprobe.errors import OtlpError
 from phaseprobe.sources.otlp_spans import SpanBatch, decode_json
@@ -63,9 +66,12 @@ def import_otlp_json(path: Path, store: Store,
         result.lines += 1
         if on_line is not None:
             on_line(line_no)
+        source = f"{path}:{line_no}"
+        if raw is _TOO_LONG:
+            result.bad_lines.append(f"{source}: line longer than {MAX_LINE_BYTES} bytes")
+            continue
         if not raw.strip():
             continue
-        source = f"{path}:{line_no}"
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -82,33 +88,54 @@ def import_otlp_json(path: Path, store: Store,
     return result
 
 
+_TOO_LONG = b"\0too long"  # a marker no JSON line can be (NUL is not valid JSON text)
+
+
 def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
     """(line number, bytes) of a JSON-lines file; a file that is one multi-line JSON document
-    (starts with ``{`` and does not parse line by line) comes back as one line."""
+    comes back as one line. A line longer than MAX_LINE_BYTES comes back as a marker (its
+    bytes are skipped, not held)."""
     try:
-        opener = gzip.open if path.suffix == ".gz" else open
+        opener: Any = gzip.open if path.suffix == ".gz" else open
         with opener(path, "rb") as f:
             head = f.read(MAX_LINE_BYTES + 1)
             rest = f.read(1)
-    except OSError as exc:
-        raise OtlpError(str(path), f"cannot read: {exc.strerror or exc}") from None
+    except (OSError, EOFError, zlib.error) as exc:
+        raise OtlpError(str(path), f"cannot read: {getattr(exc, 'strerror', None) or exc}"
+                        ) from None
     if len(head) > MAX_LINE_BYTES or rest:
         yield from _stream_lines(path)
         return
     lines = head.split(b"\n")
-    first = lines[0].strip()
-    if first.startswith(b"{") and not first.endswith(b"}") and len(lines) > 1:
+    if lines and not lines[-1].strip():
+        lines.pop()  # the newline ending the last line starts no line of its own
+    if len(lines) > 1 and lines[0].strip().startswith(b"{") and _one_document(head):
         yield 1, head  # one pretty-printed document
         return
     yield from enumerate(lines, start=1)
 
 
+def _one_document(data: bytes) -> bool:
+    try:
+        json.loads(data)
+    except (ValueError, RecursionError):
+        return False
+    return True
+
+
 def _stream_lines(path: Path) -> Iterator[tuple[int, bytes]]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as f:
-        i = 0
-        while line := f.readline(MAX_LINE_BYTES + 1):  # bounded: a huge line is not read whole
-            i += 1
-            if len(line) > MAX_LINE_BYTES:
-                raise OtlpError(f"{path}:{i}", f"line longer than {MAX_LINE_BYTES} bytes")
-            yield i, line
+    opener: Any = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rb") as f:
+            i = 0
+            while line := f.readline(MAX_LINE_BYTES + 1):  # bounded: never a huge line whole
+                i += 1
+                if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
+                    while (more := f.readline(MAX_LINE_BYTES + 1)) and not more.endswith(b"\n"):
+                        pass  # skip the rest of the over-long line
+                    yield i, _TOO_LONG
+                    continue
+                yield i, line
+    except (OSError, EOFError, zlib.error) as exc:
+        raise OtlpError(str(path), f"cannot read: {getattr(exc, 'strerror', None) or exc}"
+                        ) from None

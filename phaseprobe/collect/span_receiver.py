@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from phaseprobe.errors import ConfigError, OtlpError, StoreError
-from phaseprobe.sources.otlp_spans import SpanBatch, decode_json, decode_protobuf, decode_request
+from phaseprobe.sources.otlp_spans import SpanBatch, decode_json, decode_protobuf
 from phaseprobe.store import Store, redact_url
 
 __all__ = ["SpanSink", "SpanReceiver", "ReceiverStats", "Forwarder", "DEFAULT_HTTP",
@@ -286,17 +286,19 @@ class _HttpHandler(BaseHTTPRequestHandler):
         receiver = self.server.receiver
         source = f"OTLP/HTTP from {self.client_address[0]}"
         if self.path.split("?", 1)[0] != TRACES_PATH:
-            return self._refuse(404, "not found", f"POST spans to {TRACES_PATH}")
+            return self._refuse(404, "not found", f"POST spans to {TRACES_PATH}", close=True)
         if not receiver.authorized(self.headers.get("Authorization")):
-            return self._refuse(401, "unauthorized", "missing or wrong bearer token")
+            return self._refuse(401, "unauthorized", "missing or wrong bearer token",
+                                close=True)
         ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
         if ctype not in _PROTOBUF_TYPES + _JSON_TYPES:
             return self._refuse(415, "unsupported content type",
                                 f"Content-Type {ctype or '(none)'}: send "
-                                "application/x-protobuf or application/json")
+                                "application/x-protobuf or application/json", close=True)
         length_text = self.headers.get("Content-Length")
-        if length_text is None or not length_text.strip().isdigit():
-            return self._refuse(411, "no content length", "Content-Length required")
+        if length_text is None or not (length_text.strip().isascii()
+                                       and length_text.strip().isdigit()):
+            return self._refuse(411, "no content length", "Content-Length required", close=True)
         length = int(length_text)
         if length > receiver.max_bytes:
             return self._refuse(413, "too large", f"{length} bytes is over the receiver's "
@@ -361,7 +363,7 @@ class _HttpHandler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(text)))
         if retry:
             self.send_header("Retry-After", "2")
-        if close:  # the unread body would otherwise be parsed as the next request
+        if close:  # an unread body would otherwise be parsed as the next request
             self.send_header("Connection", "close")
             self.close_connection = True
         self.end_headers()
@@ -407,39 +409,48 @@ def _to_protobuf(json_body: bytes, source: str) -> bytes:
 
 def _start_grpc(receiver: SpanReceiver, addr: tuple[str, int]) -> tuple[Any, int]:
     import grpc
-    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
-    class Servicer(trace_service_pb2_grpc.TraceServiceServicer):
-        def Export(self, request: Any, context: Any) -> Any:  # noqa: N802 (gRPC's name)
-            peer = context.peer() or "?"
-            source = f"OTLP/gRPC from {peer}"
-            auth = dict(context.invocation_metadata() or ()).get("authorization")
-            if not receiver.authorized(auth):
-                receiver.sink.refuse("unauthorized")
-                context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
-            try:
-                batch = decode_request(request, source)
-            except (OtlpError, RecursionError) as exc:
-                receiver.sink.refuse("malformed")
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-            try:
-                receiver.accept(batch, request.SerializeToString()
-                                if receiver.forwarder is not None else b"")
-            except StoreError as exc:
-                receiver.sink.refuse("store unavailable")
-                context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
-            response = trace_service_pb2.ExportTraceServiceResponse()
-            rejected = sum(batch.rejected.values())
-            if rejected:
-                response.partial_success.rejected_spans = rejected
-                response.partial_success.error_message = "spans ending before they start"
-            return response
+    # Registered by hand with raw bytes in and out (no request deserializer): a malformed
+    # payload then reaches our decoder and gets INVALID_ARGUMENT and a count, instead of
+    # grpc's own INTERNAL "Exception deserializing request!", and --forward passes the
+    # exporter's bytes on as they came.
+    def export(payload: bytes, context: Any) -> bytes:
+        source = f"OTLP/gRPC from {context.peer() or '?'}"
+        auth = dict(context.invocation_metadata() or ()).get("authorization")
+        if not receiver.authorized(auth):
+            receiver.sink.refuse("unauthorized")
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+        try:
+            batch = decode_protobuf(payload, source)
+        except OtlpError as exc:
+            receiver.sink.refuse("malformed")
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        try:
+            receiver.accept(batch, payload)
+        except StoreError as exc:
+            receiver.sink.refuse("store unavailable")
+            context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        response = trace_service_pb2.ExportTraceServiceResponse()
+        rejected = sum(batch.rejected.values())
+        if rejected:
+            response.partial_success.rejected_spans = rejected
+            response.partial_success.error_message = "spans ending before they start"
+        return bytes(response.SerializeToString())
 
+    handler = grpc.method_handlers_generic_handler(
+        "opentelemetry.proto.collector.trace.v1.TraceService",
+        {"Export": grpc.unary_unary_rpc_method_handler(export)})
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="otlp"),
-                         options=[("grpc.max_receive_message_length", receiver.max_bytes)])
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Servicer(), server)
+                         options=[("grpc.max_receive_message_length", receiver.max_bytes),
+                                  ("grpc.so_reuseport", 0)])
+    server.add_generic_rpc_handlers((handler,))
     host = addr[0] if ":" not in addr[0] else f"[{addr[0]}]"
-    port = server.add_insecure_port(f"{host}:{addr[1]}")
+    try:
+        port = server.add_insecure_port(f"{host}:{addr[1]}")
+    except RuntimeError as exc:  # grpcio raises where older versions returned 0
+        server.stop(None)
+        raise OSError(f"cannot bind gRPC {host}:{addr[1]}: {exc}") from None
     if port == 0:
         server.stop(None)
         raise OSError(f"cannot bind gRPC {host}:{addr[1]}")

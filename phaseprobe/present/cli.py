@@ -38,6 +38,7 @@ from phaseprobe.present import (
     cmd_trace,
     cmd_watch,
 )
+from phaseprobe.present.safe_console import SafeConsole
 from phaseprobe.present.waiting import waiting
 
 __all__ = ["main", "build_parser"]
@@ -158,8 +159,9 @@ def _on_sigterm(signum: int, frame: object) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # Piped output still gets the whole table (rich would assume 80 columns).
-    out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
-    err = Console(stderr=True, soft_wrap=True)  # an error stays one line, even when piped
+    # Safe consoles: server- and file-derived text cannot send terminal control sequences.
+    out = SafeConsole(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
+    err = SafeConsole(stderr=True, soft_wrap=True)  # an error stays one line, even when piped
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _on_sigterm)
     try:

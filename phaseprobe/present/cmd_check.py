@@ -27,7 +27,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from phaseprobe.analysis.checklist import RULES, USE_CASE_TTFT_S, Report, run_checklist
+from phaseprobe.analysis.checklist import USE_CASE_TTFT_S, Report, all_rules, run_checklist
 from phaseprobe.collect.evidence import EvidenceOptions, build_evidence
 from phaseprobe.errors import ConfigError, PhaseprobeError
 from phaseprobe.paths import default_store_path
@@ -96,7 +96,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     if args.list:
-        for rule in RULES:
+        for rule in all_rules():  # the span rules run when the store holds spans
             out.print(f"{rule.id:20} {escape(rule.title)}  [dim]needs: {escape(rule.needs)}")
         return 0
     if args.experiment is not None and args.experiment_pos is not None \

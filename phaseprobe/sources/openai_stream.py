@@ -31,6 +31,9 @@ __all__ = ["StreamClient", "StreamOutcome", "TokenEventCounter", "check_endpoint
            "build_body"]
 
 _ERROR_EXCERPT = 500
+# One SSE event of vLLM is a JSON chunk of a few hundred bytes (tens of KB with top logprobs):
+# an event this large is a broken or hostile server, and is not buffered further.
+MAX_EVENT_BYTES = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -109,12 +112,16 @@ class StreamClient:
         *,
         api_key: str | None = None,
         timeout_s: float = 120.0,
+        deadline_s: float | None = None,
+        max_event_bytes: int = MAX_EVENT_BYTES,
         session: requests.Session | None = None,
         clock_ns: Callable[[], int] = time.perf_counter_ns,
         wall_ns: Callable[[], int] = time.time_ns,
     ) -> None:
         self.base_url = base_url.rstrip("/")
-        self.timeout_s = timeout_s
+        self.timeout_s = timeout_s  # connect, and each read (no byte for this long)
+        self.deadline_s = deadline_s  # the whole request, first byte to last (None: none)
+        self.max_event_bytes = max_event_bytes
         self.session = session or requests.Session()
         self._clock_ns = clock_ns
         self._wall_ns = wall_ns
@@ -179,34 +186,59 @@ class StreamClient:
         # the next event's stamp never waits on the previous one's parsing.
         clock = self._clock_ns
         raw_events: list[tuple[int, bytes]] = []
-        buf = b""
+        # Linear in the stream: bytes are appended to one buffer, and each search for the
+        # event boundary starts where the previous one stopped (an event split over many
+        # chunks is not rescanned from its start, which made a 64 MB event take 42 s).
+        buf = bytearray()
+        pos = 0  # start of the first unconsumed byte
+        scanned = 0  # boundaries cannot start before this (minus the separator's length)
+        received = 0
+        cap = self.max_event_bytes
         try:
             for chunk in _chunks(resp):
                 t = clock() - t0
+                received += len(chunk)
                 n_before = len(raw_events)
-                buf = buf + chunk if buf else chunk
+                buf += chunk
                 while True:
-                    i = buf.find(b"\n\n")
-                    if i < 0 and b"\r" in buf:
-                        i = buf.find(b"\r\n\r\n")
-                        skip = 4
+                    start = max(pos, scanned - 3)
+                    i = buf.find(b"\n\n", start)
+                    j = buf.find(b"\r\n\r\n", start, i if i >= 0 else len(buf))
+                    if j >= 0:
+                        i, skip = j, 4
                     else:
                         skip = 2
                     if i < 0:
+                        scanned = len(buf)
                         break
-                    raw_events.append((t, buf[:i]))
-                    buf = buf[i + skip:]
+                    raw_events.append((t, bytes(buf[pos:i])))
+                    pos = scanned = i + skip
+                if len(buf) - pos > cap:
+                    state.error = (f"an SSE event grew past {cap} bytes without ending (at "
+                                   f"byte {received} of the stream): not a token stream")
+                    break
+                if pos:  # drop what was consumed: once per chunk, not once per event
+                    del buf[:pos]
+                    scanned -= pos
+                    pos = 0
                 if on_events is not None and len(raw_events) > n_before:
                     on_events([raw for _, raw in raw_events[n_before:]])
                 if raw_events and raw_events[-1][1].endswith(b"[DONE]"):
                     break
+                if self.deadline_s is not None and t > self.deadline_s * 1e9:
+                    state.error = (f"deadline: the whole request took more than "
+                                   f"{self.deadline_s:g} s (--deadline)")
+                    break
         finally:
             # Even a cut stream's events are parsed: the partial timeline is kept.
+            first_error = state.error
+            state.error = None
             for t, raw in raw_events:
                 if state.feed(raw, chat):
                     events.append(t)
                 if state.done or state.error:
                     break
+            state.error = state.error or first_error
 
 
 class TokenEventCounter:

@@ -58,6 +58,7 @@ ATTRIBUTE_ALIASES: dict[str, tuple[str, ...]] = {
 _LATENCY_PREFIX = "gen_ai.latency."
 _FLOAT_FIELDS = ("queue_s", "prefill_s", "decode_s", "inference_s", "ttft_s", "e2e_s")
 _INT_FIELDS = ("prompt_tokens", "completion_tokens", "max_tokens")
+_TEXT_FIELDS = ("request_id", "model")
 # Raw attributes kept per span (the alias table's view is the record; these are for `spans
 # show` and for attributes a later version may want): bounded so a hostile span cannot bloat
 # the store.
@@ -69,8 +70,9 @@ _ID_KEYS = ("traceId", "spanId", "parentSpanId")
 
 @dataclass
 class SpanBatch:
-    """What one OTLP payload held: vLLM request records (with their raw attributes, same
-    order), other spans counted by (service, span name), and rejected spans by reason."""
+    """What one OTLP payload held: vLLM request records (with, in the same order, the raw
+    attributes that no record field holds: sampling parameters, anything newer vLLMs add),
+    other spans counted by (service, span name), and rejected spans by reason."""
 
     requests: list[RequestSpan] = field(default_factory=list)
     attributes: list[dict[str, Any]] = field(default_factory=list)
@@ -166,17 +168,59 @@ def decode_request(message: ExportTraceServiceRequest, source: str) -> SpanBatch
         instance = _text(resource.get("service.instance.id") or resource.get("host.name"))
         for ss in rs.scope_spans:
             for span in ss.spans:
-                attrs = _attributes(span.attributes)
-                if not is_vllm_request(span.name, attrs):
+                values, extra, is_request = _read_attributes(span)
+                if not is_request:
                     batch.other[(service or "(no service.name)", span.name or "(unnamed)")] += 1
                     continue
                 problem = _problem(span)
                 if problem:
                     batch.rejected[problem] += 1
                     continue
-                batch.requests.append(_record(span, attrs, service, instance))
-                batch.attributes.append(_bounded(attrs))
+                batch.requests.append(RequestSpan(
+                    trace_id=span.trace_id.hex(), span_id=span.span_id.hex(),
+                    parent_span_id=span.parent_span_id.hex() or None, service=service,
+                    instance=instance, start_ns=span.start_time_unix_nano,
+                    end_ns=span.end_time_unix_nano, **values))
+                batch.attributes.append(_bounded(extra))
     return batch
+
+
+def _read_attributes(span: Span) -> tuple[dict[str, Any], dict[str, Any], bool]:
+    """One pass over a span's attributes (the receiver's hot path: 512 spans a batch): the
+    record's fields through the alias table, the attributes no field holds (kept raw), and
+    whether it is a vLLM request span."""
+    values: dict[str, Any] = dict.fromkeys(ATTRIBUTE_ALIASES)
+    ranks: dict[str, int] = {}
+    extra: dict[str, Any] = {}
+    is_request = span.name == VLLM_SPAN_NAME
+    for kv in span.attributes:
+        key = kv.key
+        v = kv.value
+        kind = v.WhichOneof("value")
+        raw = getattr(v, kind) if kind in _SCALARS else _value(v)
+        if not is_request and key.startswith(_LATENCY_PREFIX):
+            is_request = True
+        hit = _FIELD_OF.get(key)
+        if hit is None:
+            extra[key] = raw
+            continue
+        name, rank = hit
+        if ranks.get(name, rank + 1) <= rank:
+            extra[key] = raw  # a lower-ranked alias of a field already set: kept raw
+            continue
+        ranks[name] = rank
+        if name in _TEXT_FIELDS:
+            values[name] = _text(raw)
+            continue
+        # A finite, non-negative number (bool is an int to Python, not a count or a time).
+        number = raw if type(raw) in (int, float) else None
+        if number is None or not 0 <= number < _INT64:  # NaN and inf fail this too
+            values[name] = None
+        elif name in _INT_FIELDS:
+            values[name] = int(number)
+        else:
+            values[name] = float(number) if number <= _MAX_DURATION_S else None
+    return values, extra, is_request
 
 
 def is_vllm_request(name: str, attrs: Mapping[str, Any]) -> bool:
@@ -188,27 +232,19 @@ def _problem(span: Span) -> str | None:
         return "missing or malformed trace/span id"
     if span.start_time_unix_nano == 0:
         return "no start time"
+    if span.start_time_unix_nano >= _INT64 or span.end_time_unix_nano >= _INT64:
+        return "timestamp out of range"
     if span.end_time_unix_nano < span.start_time_unix_nano:
         return "ends before it starts (clock skew between the exporter's timestamps)"
     return None
 
 
-def _record(span: Span, attrs: dict[str, Any], service: str | None,
-            instance: str | None) -> RequestSpan:
-    values: dict[str, Any] = {}
-    for name, keys in ATTRIBUTE_ALIASES.items():
-        raw = next((attrs[k] for k in keys if k in attrs), None)
-        if name in _FLOAT_FIELDS:
-            values[name] = _number(raw)
-        elif name in _INT_FIELDS:
-            number = _number(raw)
-            values[name] = int(number) if number is not None and number >= 0 else None
-        else:
-            values[name] = _text(raw)
-    return RequestSpan(
-        trace_id=span.trace_id.hex(), span_id=span.span_id.hex(),
-        parent_span_id=span.parent_span_id.hex() or None, service=service, instance=instance,
-        start_ns=span.start_time_unix_nano, end_ns=span.end_time_unix_nano, **values)
+# attribute name -> (field, rank): the lower rank wins when several aliases are present.
+_FIELD_OF: dict[str, tuple[str, int]] = {
+    key: (name, rank) for name, keys in ATTRIBUTE_ALIASES.items()
+    for rank, key in enumerate(keys)}
+_INT64 = 2**63  # SQLite's integers are signed 64-bit
+_MAX_DURATION_S = 1e7  # 116 days: a longer "duration" is a broken clock, not a request
 
 
 def _number(raw: Any) -> float | None:
@@ -224,12 +260,20 @@ def _text(raw: Any) -> str | None:
 
 
 def _attributes(kvs: Iterable[KeyValue]) -> dict[str, Any]:
-    return {kv.key: _value(kv.value) for kv in kvs}
+    out: dict[str, Any] = {}
+    for kv in kvs:  # the scalar case inline: ~14 of them per span on the hot path
+        v = kv.value
+        kind = v.WhichOneof("value")
+        out[kv.key] = getattr(v, kind) if kind in _SCALARS else _value(v)
+    return out
+
+
+_SCALARS = frozenset(("string_value", "bool_value", "int_value", "double_value"))
 
 
 def _value(v: AnyValue) -> Any:
     kind = v.WhichOneof("value")
-    if kind in ("string_value", "bool_value", "int_value", "double_value"):
+    if kind in _SCALARS:
         return getattr(v, kind)
     if kind == "bytes_value":
         return v.bytes_value.hex()
@@ -241,6 +285,11 @@ def _value(v: AnyValue) -> Any:
 
 
 def _bounded(attrs: dict[str, Any]) -> dict[str, Any]:
+    if len(attrs) <= MAX_ATTRIBUTES_STORED and all(
+            len(k) <= _MAX_VALUE_CHARS and (not isinstance(v, (str, list))
+                                            or len(v) <= _MAX_VALUE_CHARS)
+            for k, v in attrs.items()):
+        return attrs  # vLLM's ~14 short attributes: nothing to bound
     kept: dict[str, Any] = {}
     for key in sorted(attrs)[:MAX_ATTRIBUTES_STORED]:
         value = attrs[key]

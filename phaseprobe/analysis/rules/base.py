@@ -28,19 +28,24 @@ Optional inputs and the keys rules read from them (other keys are ignored):
     ``{"skipped": reason}``.
 ``baseline``
     the Evidence of the experiment to compare against (before/after rules).
+``spans``
+    vLLM's request spans (:class:`~phaseprobe.records.RequestSpan`) of the requests that
+    finished in the experiment's window, every request on the server and not only the probe's
+    (read by :mod:`phaseprobe.analysis.rules.spans`). ``prom["request_success_delta"]`` is
+    vLLM's count of requests finished (not aborted) over the same window, to tell lost spans.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal
 
 from phaseprobe.analysis.phases import Summary, medians_runs, summarize
 from phaseprobe.analysis.rules.vllm_log import LogFacts, parse_log
-from phaseprobe.records import Run
+from phaseprobe.records import RequestSpan, Run
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -119,6 +124,9 @@ class Evidence:
     # Evidence files given but not used because they are not this experiment's:
     # key ("nccl", "trace") -> why, in words.
     not_matching: Mapping[str, str] = field(default_factory=dict)
+    # vLLM's request spans over the experiment's window; None: the store holds none (tracing
+    # was never on), so the span rules are not run unless asked for by id.
+    spans: Sequence[RequestSpan] | None = None
 
     @cached_property
     def summary(self) -> Summary:

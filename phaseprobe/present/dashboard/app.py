@@ -2,10 +2,13 @@
 
 The store comes from ``$PHASEPROBE_STORE``. The sidebar picks the page and the experiment; each
 page module has ``render(ctx)`` and says plainly what is missing instead of drawing nothing.
+The pages of :data:`STORE_PAGES` (Live) read the store as a whole, ``render(path, key)``: they
+work before any experiment exists, and even before the store does.
 """
 
 from __future__ import annotations
 
+import pandas as pd
 import streamlit as st
 
 from phaseprobe.errors import PhaseprobeError
@@ -15,6 +18,7 @@ from phaseprobe.present.dashboard import (
     page_experiments,
     page_files,
     page_gpu,
+    page_live,
     page_phases,
     page_timeline,
 )
@@ -31,6 +35,8 @@ PAGES = {
     "NCCL": page_files.render_nccl,
     "Traces": page_files.render_traces,
 }
+# Pages over the whole store, not one experiment (vLLM's request spans from `phaseprobe watch`).
+STORE_PAGES = {"Live": page_live.render}
 
 
 def main() -> None:
@@ -38,9 +44,13 @@ def main() -> None:
     path = store_path()
     st.sidebar.title("phaseprobe")
     st.sidebar.caption(f"store: `{path}`")
-    page = st.sidebar.radio("Page", list(PAGES), key="page")
+    names = list(PAGES)
+    page = st.sidebar.radio("Page", names[:1] + list(STORE_PAGES) + names[1:], key="page")
     if not path.exists():
-        st.info(f"No experiment store at {path} yet: run `phaseprobe probe` to fill one.")
+        if page in STORE_PAGES:
+            STORE_PAGES[page](str(path), ())
+        else:
+            st.info(f"No experiment store at {path} yet: run `phaseprobe probe` to fill one.")
         return
     key = stamp(path)
     try:
@@ -48,20 +58,31 @@ def main() -> None:
     except PhaseprobeError as exc:
         st.error(str(exc))
         return
+    selected = _select_experiment(frame)
+    try:
+        if page in STORE_PAGES:
+            STORE_PAGES[page](str(path), key)
+        elif selected is None:
+            st.info("The store holds no experiments yet: run `phaseprobe probe` to add one. "
+                    "vLLM's request spans received by `phaseprobe watch` are on the Live page.")
+        else:
+            PAGES[page](Context(path=str(path), key=key, experiments=frame,
+                                experiment_id=selected))
+    except PhaseprobeError as exc:  # an expected problem with the data: one line, no trace
+        st.error(str(exc))
+
+
+def _select_experiment(frame: pd.DataFrame) -> int | None:
+    """The sidebar's experiment (the latest by default); None when there is none. Shown on
+    the store pages too, so the choice survives a visit to them."""
     if frame.empty:
-        st.info("The store holds no experiments yet: run `phaseprobe probe` to add one.")
-        return
+        return None
     ids = [int(i) for i in frame["id"]]
     names = dict(zip(ids, frame["name"], strict=True))
     if st.session_state.get("experiment") not in ids:
         st.session_state["experiment"] = ids[-1]
     selected = st.sidebar.selectbox("Experiment", ids, key="experiment",
                                     format_func=lambda i: f"#{i} {names[i]}")
-    ctx = Context(path=str(path), key=key, experiments=frame, experiment_id=int(selected))
-    try:
-        PAGES[page](ctx)
-    except PhaseprobeError as exc:  # an expected problem with the data: one line, no trace
-        st.error(str(exc))
-
+    return int(selected)
 
 main()

@@ -16,11 +16,12 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from phaseprobe.records import Experiment, Run
+from phaseprobe.records import Experiment, RequestSpan, Run
 from phaseprobe.store import Store
 
 __all__ = ["STORE_ENV", "store_path", "stamp", "experiments_frame", "experiment", "runs",
-           "gpu_samples", "ab_sessions", "analyses", "analysis", "fmt_ms", "wall_time"]
+           "gpu_samples", "ab_sessions", "analyses", "analysis", "fmt_ms", "wall_time",
+           "spans", "span_stats"]
 
 STORE_ENV = "PHASEPROBE_STORE"
 
@@ -124,6 +125,23 @@ def analyses(path: str, key: tuple[float, ...] = ()) -> list[dict[str, Any]]:
 def analysis(path: str, analysis_id: int, key: tuple[float, ...] = ()) -> dict[str, Any]:
     with _open(path) as store:
         return store.analysis(analysis_id)
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def spans(path: str, since_ns: int | None, limit: int, key: tuple[float, ...] = ()
+          ) -> list[RequestSpan]:
+    """The newest ``limit`` request spans that arrived at or after ``since_ns`` (None: any),
+    oldest first. A live page passes a ``since_ns`` rounded to its refresh period, so reruns
+    between two writes hit the cache."""
+    with _open(path) as store:
+        return store.spans(since_ns=since_ns, limit=limit, newest=True)
+
+
+@st.cache_data(show_spinner=False)
+def span_stats(path: str, key: tuple[float, ...] = ()) -> dict[str, Any]:
+    """How many request spans the store holds, over what time, and the other/rejected counts."""
+    with _open(path) as store:
+        return store.span_stats()
 
 
 def fmt_ms(seconds: float | None) -> str:

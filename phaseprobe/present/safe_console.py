@@ -1,0 +1,36 @@
+"""A rich Console that cannot be made to rewrite the user's screen.
+
+Text from servers (error bodies, model names), files (log lines, labels) and stores reaches
+the terminal through tables and messages. Terminal control sequences in it (ESC, CSI, OSC,
+other C0/C1 controls) would be executed by the terminal: clear the screen, retitle the
+window, hide a line. Rich strips some controls but passes ESC through, so every string rich
+turns into text (``print`` arguments and table cells alike go through ``render_str``) is
+made visible first: ``\\x1b`` is shown as ``\\x1b``, never sent. phaseprobe's own styling is
+applied by rich after this, so colours still work. JSON output is safe by construction
+(``json.dumps`` escapes control characters).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from rich.console import Console
+from rich.text import Text
+
+__all__ = ["SafeConsole", "visible"]
+
+# C0 controls except tab and newline, DEL, and the C1 range (some terminals act on it).
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def visible(text: str) -> str:
+    """``text`` with every control character shown as ``\\xNN`` instead of acting."""
+    if not _CONTROL.search(text):
+        return text
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+class SafeConsole(Console):
+    def render_str(self, text: str, **kwargs: Any) -> Text:
+        return super().render_str(visible(text), **kwargs)
