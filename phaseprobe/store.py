@@ -5,17 +5,25 @@ flight. Scalar columns (``client_ttft_s``, ``server_decode_s``, …) are there f
 dashboards; the ``*_json`` columns keep the full record (every token arrival time).
 The schema version lives in ``PRAGMA user_version`` and migrates forward in :data:`_MIGRATIONS`.
 Nothing secret is stored: run specs carry no API key, and URLs lose any ``user:pass@``.
+Commands that only read open it ``Store(path, readonly=True)``: never created, migrated or
+written, usable on a read-only file or directory. A file that is not a usable store (not
+SQLite, someone else's database, damaged, a newer schema, locked, a full disk, no permission)
+is a :class:`~phaseprobe.errors.StoreError` naming the file and the problem.
 """
 
 from __future__ import annotations
 
+import errno
+import functools
 import json
+import os
 import sqlite3
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit, urlunsplit
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
+from urllib.parse import quote
 
 from phaseprobe.errors import StoreError
 from phaseprobe.records import (
@@ -28,11 +36,23 @@ from phaseprobe.records import (
     RunSpec,
     ServerPhases,
 )
+from phaseprobe.redact import redact_url
 
 if TYPE_CHECKING:  # pandas only inside the GPU methods: `import phaseprobe` stays light
     import pandas as pd
 
-__all__ = ["Store", "redact_url", "SCHEMA_VERSION", "GPU_SAMPLE_COLUMNS"]
+__all__ = ["Store", "redact_url", "SCHEMA_VERSION", "GPU_SAMPLE_COLUMNS", "LOCK_TIMEOUT_S",
+           "SQLITE_HEADER"]
+
+# How long an operation waits for another process's lock before it is a StoreError.
+LOCK_TIMEOUT_S = 10.0
+# The first 16 bytes of every SQLite database file.
+SQLITE_HEADER = b"SQLite format 3\x00"
+# SQLite's primary result codes (the low byte of an extended code) that name a problem.
+_PERM, _BUSY, _LOCKED, _READONLY, _IOERR, _CORRUPT, _FULL, _CANTOPEN, _AUTH, _NOTADB = \
+    3, 5, 6, 8, 10, 11, 13, 14, 23, 26
+_RECOVER = ("restore it from a backup, or salvage what is left with `sqlite3 {path} .recover "
+            "| sqlite3 NEW.sqlite`")
 
 _MIGRATIONS: list[str] = [
     # 1: experiments and runs
@@ -165,37 +185,277 @@ GPU_SAMPLE_COLUMNS = (
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
 
-def redact_url(url: str) -> str:
-    """Drop ``user:password@`` from a URL so credentials never reach the store or output."""
-    parts = urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port:
-        host += f":{parts.port}"
-    return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
+
+def _reads(method: Callable[Concatenate[Store, _P], _T]) -> Callable[Concatenate[Store, _P], _T]:
+    """A read method whose SQLite failures (a damaged page, a lock held too long, a record
+    that cannot be decoded) become a StoreError naming the file and the problem."""
+    @functools.wraps(method)
+    def read(self: Store, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        try:
+            return method(self, *args, **kwargs)
+        except (sqlite3.Error, json.JSONDecodeError, UnicodeDecodeError, IndexError) as exc:
+            # IndexError: a column a row lacks (sqlite3.Row), in a store of a newer schema.
+            raise self._failure("read", exc) from None
+    return read
+
+
+def _primary_code(exc: BaseException) -> int | None:
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code & 0xFF if isinstance(code, int) else None
+
+
+def _sibling(path: Path, suffix: str) -> Path:
+    """The ``-wal``/``-shm`` file SQLite keeps beside a database in WAL mode."""
+    return path.with_name(path.name + suffix)
 
 
 class Store:
-    """Open (creating and migrating as needed) the store at ``path``.
+    """Open the store at ``path``: for writing (the default), created and migrated as needed;
+    or ``readonly``, for commands that only read.
+
+    A read-only store is never created, migrated or written: a missing file is a
+    :class:`StoreError` ("no experiment store at PATH"); an older schema is read as it is (what
+    its version lacks reads as empty: no spans in a schema-5 store); a newer one is read as far
+    as this version understands it (:meth:`schema_note` says so), and a read it cannot make
+    names the schema version. It opens ``file:PATH?mode=ro`` and sets no journal mode, so it
+    works on a file without write permission or in a read-only directory, with one caveat: a
+    store in WAL mode that no process has open (no ``-wal`` file beside it: its last writer
+    closed it cleanly) is opened ``immutable=1``, which needs no ``-shm``/``-wal`` file, so
+    none is created and a read-only directory does not matter. Immutable means SQLite takes no
+    lock: a writer that starts while the read is under way and checkpoints (on closing, or
+    every ~4 MB) could make it read a mix of old and new pages and report the store damaged.
+    A read of a few milliseconds is exposed for that long; reopen and it reads the new state.
+    A store that a writer has open (``watch``, ``probe``) is read the ordinary WAL way, with
+    its locks; where even that cannot be done (a ``-wal`` left beside it in a read-only
+    directory), it falls back to ``immutable=1``, which then ignores what that ``-wal`` holds.
+
+    Every SQLite failure, on opening or on any read or write, is a :class:`StoreError` that
+    names the file and what is wrong with it: not a SQLite file, a SQLite database that is not
+    a phaseprobe store, damaged (truncated, a corrupted page), a newer schema, locked by
+    another process beyond ``timeout`` seconds, disk full, permission denied.
 
     ``threaded``: the connection may be used from several threads (the span receiver's
     handlers); the caller serialises the calls (one lock), as SQLite needs."""
 
-    def __init__(self, path: str | Path, *, threaded: bool = False) -> None:
+    def __init__(self, path: str | Path, *, readonly: bool = False, threaded: bool = False,
+                 timeout: float | None = None) -> None:
         self.path = Path(path)
+        self.readonly = readonly
+        self.immutable = False  # opened with immutable=1 (read-only only: see above)
+        self.schema_version = 0
+        self._timeout = LOCK_TIMEOUT_S if timeout is None else timeout
+        self._tables: frozenset[str] = frozenset()
+        header = self._check_file()
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            # isolation_level=None: we open transactions ourselves, one per run.
-            self._db = sqlite3.connect(self.path, isolation_level=None, timeout=10.0,
-                                       check_same_thread=not threaded)
-            self._db.row_factory = sqlite3.Row
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA foreign_keys=ON")
-            self._migrate()
+            self._db = self._open_readonly(header, threaded) if readonly \
+                else self._open_writable(header, threaded)
         except (sqlite3.Error, OSError) as exc:
-            raise StoreError(f"cannot open experiment store {self.path}: {exc}") from None
+            raise self._failure("open", exc) from None
+
+    def _check_file(self) -> bytes | None:
+        """The file's first 100 bytes (None: no file yet, to be created), after refusing what
+        is plainly not a store: a directory, a file that is not SQLite, a missing or empty file
+        to read."""
+        if self.path.is_dir():
+            raise StoreError(f"cannot open experiment store {self.path}: it is a directory, "
+                             "not a store file (give the file, e.g. "
+                             f"{self.path / 'phaseprobe.sqlite'})")
+        try:
+            with self.path.open("rb") as f:
+                header = f.read(100)
+        except (FileNotFoundError, NotADirectoryError):
+            if self.readonly:  # never created by a command that only reads
+                raise StoreError(f"no experiment store at {self.path} (run `phaseprobe probe` "
+                                 "first)") from None
+            return None
+        except OSError as exc:
+            raise self._failure("open", exc) from None
+        if not header:
+            if self.readonly:
+                raise StoreError(f"cannot open experiment store {self.path}: it is an empty "
+                                 "file (0 bytes), not a phaseprobe store")
+            return header  # an empty file is an empty SQLite database: the store goes in it
+        if not header.startswith(SQLITE_HEADER):
+            raise StoreError(f"cannot open experiment store {self.path}: it is not a SQLite "
+                             "file (it does not start with SQLite's header \"SQLite format "
+                             "3\"), so not a phaseprobe store")
+        return header
+
+    def _open_writable(self, header: bytes | None, threaded: bool) -> sqlite3.Connection:
+        if header is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        elif not os.access(self.path, os.W_OK):
+            # SQLite would open it read-only without a word and fail at the first write.
+            raise StoreError(f"cannot open experiment store {self.path} for writing: "
+                             f"{self._access_problem()}")
+        # isolation_level=None: we open transactions ourselves, one per run.
+        db = sqlite3.connect(self.path, isolation_level=None, timeout=self._timeout,
+                             check_same_thread=not threaded)
+        try:
+            db.row_factory = sqlite3.Row
+            self._inspect(db)  # a foreign or newer file is refused before anything is written
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA foreign_keys=ON")
+            self._db = db
+            self._migrate()
+            self._inspect(db)
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def _open_readonly(self, header: bytes | None, threaded: bool) -> sqlite3.Connection:
+        assert header is not None  # _check_file refused a missing file
+        wal_mode = len(header) > 19 and header[18] == 2  # file format read version 2: WAL
+        immutable = wal_mode and not _sibling(self.path, "-wal").exists()
+        while True:
+            uri = (f"file:{quote(os.path.abspath(self.path))}?mode=ro"
+                   + ("&immutable=1" if immutable else ""))
+            db: sqlite3.Connection | None = None
+            try:
+                db = sqlite3.connect(uri, uri=True, isolation_level=None,
+                                     timeout=self._timeout, check_same_thread=not threaded)
+                db.row_factory = sqlite3.Row
+                self._inspect(db)
+            except sqlite3.Error as exc:
+                if db is not None:
+                    db.close()
+                # No -shm to be had (a read-only directory, a -wal left by a writer): immutable.
+                if immutable or _primary_code(exc) not in (_READONLY, _CANTOPEN):
+                    raise
+                immutable = True
+                continue
+            except BaseException:
+                if db is not None:
+                    db.close()
+                raise
+            self.immutable = immutable
+            return db
+
+    def _inspect(self, db: sqlite3.Connection) -> None:
+        """Read the schema version and the tables, and refuse a file that is not a phaseprobe
+        store, or (to write) one of a newer schema."""
+        self.schema_version = int(db.execute("PRAGMA user_version").fetchone()[0])
+        self._tables = frozenset(row[0] for row in db.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table'"))
+        if "experiments" not in self._tables:
+            if self._tables:
+                shown = ", ".join(sorted(self._tables)[:8]) + (
+                    ", …" if len(self._tables) > 8 else "")
+                raise StoreError(f"cannot open experiment store {self.path}: it is a SQLite "
+                                 "database but not a phaseprobe store (no experiments table; "
+                                 f"its tables: {shown})")
+            if self.schema_version > SCHEMA_VERSION:
+                raise StoreError(self._newer_schema())
+            if self.readonly:
+                raise StoreError(f"cannot open experiment store {self.path}: it is an empty "
+                                 "SQLite database, not a phaseprobe store (no phaseprobe "
+                                 "tables; run `phaseprobe probe` first)")
+            if self.schema_version:
+                raise StoreError(f"cannot open experiment store {self.path}: it says schema "
+                                 f"version {self.schema_version} but has no phaseprobe tables: "
+                                 "not a phaseprobe store, or a damaged one")
+        elif self.schema_version > SCHEMA_VERSION and not self.readonly:
+            raise StoreError(self._newer_schema())
+
+    def _newer_schema(self) -> str:
+        return (f"{self.path} has schema version {self.schema_version}; this phaseprobe knows "
+                f"up to {SCHEMA_VERSION}: upgrade phaseprobe")
+
+    def schema_note(self) -> str | None:
+        """A line to show when a read-only store is of a newer schema than this phaseprobe's
+        (None otherwise)."""
+        if self.schema_version <= SCHEMA_VERSION:
+            return None
+        return (f"{self.path} has schema version {self.schema_version}, newer than this "
+                f"phaseprobe's {SCHEMA_VERSION}: read as far as this version understands it "
+                "(upgrade phaseprobe for the rest)")
+
+    def _has(self, table: str) -> bool:
+        """Whether the store has ``table`` (a read-only store of an older schema may not)."""
+        return table in self._tables
+
+    # -- what went wrong, in words -------------------------------------------------------
+
+    def _failure(self, action: str, exc: BaseException) -> StoreError:
+        """``exc`` (sqlite3, OS or a record that cannot be decoded) as a StoreError naming the
+        file, what was being done (open, read, write to) and what is wrong."""
+        text = f"cannot {action} experiment store {self.path}: {self._problem(exc)}"
+        if self.schema_version > SCHEMA_VERSION and action != "open":
+            text += (f" (it has schema version {self.schema_version}, newer than this "
+                     f"phaseprobe's {SCHEMA_VERSION}: upgrade phaseprobe)")
+        return StoreError(text)
+
+    def _problem(self, exc: BaseException) -> str:
+        code = _primary_code(exc)
+        said = str(exc) or type(exc).__name__
+        if isinstance(exc, OSError):
+            said = exc.strerror or said
+        if isinstance(exc, json.JSONDecodeError | UnicodeDecodeError):
+            return (f"it is damaged: a stored record cannot be decoded ({said}); "
+                    f"{_RECOVER.format(path=self.path)}")
+        if isinstance(exc, IndexError):
+            return f"a column this phaseprobe reads is missing ({said})"
+        if code == _CORRUPT or "malformed" in said:
+            return (f"it is damaged (SQLite: {said}){self._truncation()}; "
+                    f"{_RECOVER.format(path=self.path)}")
+        if code == _NOTADB:
+            return (f"it is not a SQLite database, or its header is damaged (SQLite: {said}); "
+                    f"{_RECOVER.format(path=self.path)}")
+        if code in (_BUSY, _LOCKED):
+            return (f"it is locked by another process (waited {self._timeout:g} s: another "
+                    f"phaseprobe writing to it, or a tool holding it open; SQLite: {said})")
+        if code == _FULL or getattr(exc, "errno", None) == errno.ENOSPC:
+            return f"the disk is full (SQLite: {said})" if code == _FULL \
+                else f"the disk is full ({said})"
+        if isinstance(exc, PermissionError) or code in (_PERM, _AUTH):
+            return "permission denied" + ("" if said.lower() == "permission denied"
+                                          else f" ({said})")
+        if code in (_READONLY, _CANTOPEN):
+            return f"{self._access_problem()} (SQLite: {said})"
+        if code == _IOERR:
+            return f"disk I/O error (SQLite: {said}){self._truncation()}"
+        return said
+
+    def _access_problem(self) -> str:
+        """Why the store cannot be written (or opened), as far as the file system says."""
+        parent = self.path.parent
+        if not parent.is_dir():
+            return f"its directory {parent} does not exist"
+        if self.path.exists() and not os.access(self.path, os.W_OK):
+            return ("the file is read-only (permission denied for writing); commands that only "
+                    "read it (runs, check, spans list, ab report, dashboard) still can")
+        if not os.access(parent, os.W_OK | os.X_OK):
+            return (f"permission denied: its directory {parent} is not writable (SQLite keeps "
+                    f"{self.path.name}-wal and -shm files beside the store)")
+        if self.readonly:
+            return "it cannot be opened for reading"
+        return "it cannot be opened for writing"
+
+    def _truncation(self) -> str:
+        """'; the file is truncated: …' when SQLite's header counts more bytes than the file
+        has ('' when it does not, or cannot be read)."""
+        try:
+            with self.path.open("rb") as f:
+                header = f.read(100)
+            size = self.path.stat().st_size
+        except OSError:
+            return ""
+        if len(header) < 100 or not header.startswith(SQLITE_HEADER):
+            return ""
+        page_size = int.from_bytes(header[16:18], "big")
+        page_size = 65536 if page_size == 1 else page_size
+        pages = int.from_bytes(header[28:32], "big")
+        if header[92:96] != header[24:28] or not pages or not page_size:
+            return ""  # the header's page count is not valid (an old writer)
+        expected = pages * page_size
+        if size >= expected:
+            return ""
+        return (f"; the file is truncated: its header counts {pages} pages of {page_size} "
+                f"bytes ({expected} bytes), the file has {size}")
 
     def _migrate(self) -> None:
         version = self._db.execute("PRAGMA user_version").fetchone()[0]
@@ -281,6 +541,7 @@ class Store:
                  s.instance, s.start_ns, s.end_ns, s.queue_s, s.prefill_s, s.decode_s,
                  s.inference_s, s.ttft_s, s.e2e_s, s.prompt_tokens, s.completion_tokens,
                  s.max_tokens, json.dumps(a), now) for s, a in zip(requests, attributes)]
+        self._check_writable()
         try:
             self._db.execute("BEGIN IMMEDIATE")
             before = self._db.total_changes
@@ -299,11 +560,16 @@ class Store:
             self._db.execute("COMMIT")
         except (sqlite3.Error, OverflowError, ValueError) as exc:
             self._rollback()
-            raise StoreError(f"cannot write to experiment store {self.path}: {exc}") from None
+            raise self._failure("write to", exc) from None
         except BaseException:
             self._rollback()  # never leave the connection inside a transaction
             raise
         return new
+
+    def _check_writable(self) -> None:
+        if self.readonly:
+            raise StoreError(f"cannot write to experiment store {self.path}: it was opened "
+                             "read-only")
 
     def _rollback(self) -> None:
         if self._db.in_transaction:
@@ -330,13 +596,14 @@ class Store:
                 table.where(table.notna(), None).itertuples(index=False, name=None)]
         sql = (f"INSERT INTO gpu_samples (experiment_id, {', '.join(GPU_SAMPLE_COLUMNS)})"
                f" VALUES ({', '.join('?' * (len(GPU_SAMPLE_COLUMNS) + 1))})")
+        self._check_writable()
         try:
             self._db.execute("BEGIN IMMEDIATE")
             self._db.executemany(sql, rows)
             self._db.execute("COMMIT")
         except (sqlite3.Error, OverflowError, ValueError) as exc:
             self._rollback()
-            raise StoreError(f"cannot write to experiment store {self.path}: {exc}") from None
+            raise self._failure("write to", exc) from None
         except BaseException:
             self._rollback()
             raise
@@ -378,6 +645,7 @@ class Store:
         return int(cur.lastrowid or 0)
 
     def _write(self, sql: str, params: tuple[Any, ...]) -> sqlite3.Cursor:
+        self._check_writable()
         try:
             self._db.execute("BEGIN IMMEDIATE")
             cur = self._db.execute(sql, params)
@@ -385,13 +653,14 @@ class Store:
             return cur
         except (sqlite3.Error, OverflowError, ValueError) as exc:
             self._rollback()
-            raise StoreError(f"cannot write to experiment store {self.path}: {exc}") from None
+            raise self._failure("write to", exc) from None
         except BaseException:
             self._rollback()
             raise
 
     # -- reading -------------------------------------------------------------------------
 
+    @_reads
     def experiments(self) -> list[dict[str, Any]]:
         rows = self._db.execute(
             "SELECT e.id, e.name, e.kind, e.created_wall_ns, e.finished_wall_ns, e.endpoint,"
@@ -400,6 +669,7 @@ class Store:
             " ON r.experiment_id = e.id GROUP BY e.id ORDER BY e.id").fetchall()
         return [dict(row) for row in rows]
 
+    @_reads
     def experiment(self, experiment_id: int) -> Experiment:
         row = self._db.execute("SELECT * FROM experiments WHERE id = ?",
                                (experiment_id,)).fetchone()
@@ -413,11 +683,13 @@ class Store:
                           created_wall_ns=row["created_wall_ns"], experiment_id=row["id"],
                           notes=tuple(json.loads(row["notes_json"])))
 
+    @_reads
     def runs(self, experiment_id: int) -> list[Run]:
         rows = self._db.execute("SELECT * FROM runs WHERE experiment_id = ? ORDER BY seq",
                                 (experiment_id,)).fetchall()
         return [_run_from_row(row) for row in rows]
 
+    @_reads
     def gpu_samples(self, experiment_id: int) -> pd.DataFrame:
         """The experiment's GPU samples ordered by time then GPU (an empty frame when none)."""
         import pandas as pd
@@ -426,15 +698,17 @@ class Store:
 
         rows = self._db.execute(
             f"SELECT {', '.join(GPU_SAMPLE_COLUMNS)} FROM gpu_samples WHERE experiment_id = ?"
-            " ORDER BY t_ns, gpu_index", (experiment_id,)).fetchall()
+            " ORDER BY t_ns, gpu_index", (experiment_id,)).fetchall() \
+            if self._has("gpu_samples") else []
         frame = pd.DataFrame.from_records([tuple(r) for r in rows],
                                           columns=list(GPU_SAMPLE_COLUMNS))
         return conform(frame, source=f"{self.path} gpu_samples")
 
+    @_reads
     def ab_session(self, session_id: int) -> dict[str, Any]:
         """One A/B session: its playbook text, settings and ``arms`` (name -> experiment id)."""
         row = self._db.execute("SELECT * FROM ab_sessions WHERE id = ?",
-                               (session_id,)).fetchone()
+                               (session_id,)).fetchone() if self._has("ab_sessions") else None
         if row is None:
             raise StoreError(f"no A/B session {session_id} in {self.path}")
         return {"id": row["id"], "name": row["name"], "created_wall_ns": row["created_wall_ns"],
@@ -443,33 +717,43 @@ class Store:
                 "settings": json.loads(row["settings_json"]),
                 "arms": json.loads(row["arms_json"])}
 
+    @_reads
     def ab_sessions(self) -> list[dict[str, Any]]:
         """Every A/B session, oldest first, as :meth:`ab_session` gives it."""
+        if not self._has("ab_sessions"):
+            return []
         ids = [row[0] for row in self._db.execute("SELECT id FROM ab_sessions ORDER BY id")]
         return [self.ab_session(i) for i in ids]
 
+    @_reads
     def analyses(self, kind: str | None = None) -> list[dict[str, Any]]:
         """Kept analyses (without their documents), oldest first, optionally of one kind."""
+        if not self._has("analyses"):
+            return []
         sql = "SELECT id, experiment_id, kind, source, created_wall_ns FROM analyses"
         rows = self._db.execute(sql + (" WHERE kind = ? ORDER BY id" if kind else " ORDER BY id"),
                                 (kind,) if kind else ()).fetchall()
         return [dict(row) for row in rows]
 
+    @_reads
     def analysis(self, analysis_id: int) -> dict[str, Any]:
         """One kept analysis's summary document."""
         row = self._db.execute("SELECT doc_json FROM analyses WHERE id = ?",
-                               (analysis_id,)).fetchone()
+                               (analysis_id,)).fetchone() if self._has("analyses") else None
         if row is None:
             raise StoreError(f"no analysis {analysis_id} in {self.path}")
         doc: dict[str, Any] = json.loads(row["doc_json"])
         return doc
 
+    @_reads
     def spans(self, *, since_ns: int | None = None, until_ns: int | None = None,
               received_since_ns: int | None = None, limit: int | None = None,
               newest: bool = False) -> list[RequestSpan]:
         """Stored request spans by start time (``since``/``until`` on the span's start,
         ``received_since`` on when phaseprobe received it), oldest first; ``newest`` with
         ``limit`` takes the most recent ``limit`` instead of the first."""
+        if not self._has("request_spans"):
+            return []
         where, params = _span_filter(since_ns, until_ns, received_since_ns)
         order = "DESC" if newest else "ASC"
         sql = f"SELECT * FROM request_spans{where} ORDER BY start_ns {order}"
@@ -478,12 +762,15 @@ class Store:
         rows = [_span_from_row(r) for r in self._db.execute(sql, params)]
         return rows[::-1] if newest else rows
 
+    @_reads
     def spans_by_trace(self, trace_ids: list[str],
                        since_ns: int | None = None) -> dict[str, RequestSpan]:
         """The request span of each trace id that has one. ``since_ns`` (a lower bound on the
         spans' start, e.g. the first request's send time minus clock skew) turns the lookup
         into a range read of the time index; without it the table is scanned."""
         out: dict[str, RequestSpan] = {}
+        if not self._has("request_spans"):
+            return out
         for i in range(0, len(trace_ids), 500):
             chunk = trace_ids[i:i + 500]
             where = f"trace_id IN ({', '.join('?' * len(chunk))})"
@@ -495,9 +782,12 @@ class Store:
                 out[row["trace_id"]] = _span_from_row(row)
         return out
 
+    @_reads
     def span_by_request_id(self, request_id: str) -> tuple[RequestSpan, dict[str, Any]] | None:
         """The span whose vLLM request id is ``request_id`` or contains it (vLLM may prefix the
         client's X-Request-Id, e.g. ``cmpl-``), with its raw attributes; the newest wins."""
+        if not self._has("request_spans"):
+            return None
         row = self._db.execute(
             "SELECT * FROM request_spans WHERE request_id = ? OR instr(request_id, ?) > 0"
             " ORDER BY (request_id = ?) DESC, start_ns DESC LIMIT 1",
@@ -506,18 +796,22 @@ class Store:
             return None
         return _span_from_row(row), json.loads(row["attributes_json"])
 
+    @_reads
     def span_stats(self) -> dict[str, Any]:
         """How many request spans are stored (and over what time), and the other/rejected
         span counts."""
         row = self._db.execute("SELECT COUNT(*), MIN(start_ns), MAX(end_ns),"
-                               " MAX(received_wall_ns) FROM request_spans").fetchone()
+                               " MAX(received_wall_ns) FROM request_spans").fetchone() \
+            if self._has("request_spans") else (0, None, None, None)
         counts = [dict(r) for r in self._db.execute(
-            "SELECT kind, service, name, count FROM span_counts ORDER BY kind, count DESC")]
+            "SELECT kind, service, name, count FROM span_counts ORDER BY kind, count DESC")] \
+            if self._has("span_counts") else []
         return {"requests": row[0], "first_start_ns": row[1], "last_end_ns": row[2],
                 "last_received_wall_ns": row[3],
                 "other": [c for c in counts if c["kind"] == "other"],
                 "rejected": [c for c in counts if c["kind"] == "rejected"]}
 
+    @_reads
     def latest_experiment_id(self) -> int | None:
         row = self._db.execute("SELECT MAX(id) FROM experiments").fetchone()
         return row[0]

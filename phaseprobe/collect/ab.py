@@ -56,7 +56,12 @@ from phaseprobe.local.process import (
 )
 from phaseprobe.paths import cache_dir
 from phaseprobe.records import Experiment, Run, RunSpec
-from phaseprobe.sources.openai_stream import StreamClient, build_body, check_endpoint
+from phaseprobe.sources.openai_stream import (
+    DEFAULT_DEADLINE_S,
+    StreamClient,
+    build_body,
+    check_endpoint,
+)
 from phaseprobe.sources.vllm_metrics import MetricsScraper
 from phaseprobe.store import Store
 
@@ -239,7 +244,7 @@ class _Arm:
         plan = playbook.run
         self.index, self.arm, self.url = index, arm, url
         self.client = StreamClient(url, api_key=api_key, session=session,
-                                   timeout_s=plan.timeout_s)
+                                   timeout_s=plan.timeout_s, deadline_s=DEFAULT_DEADLINE_S)
         headers = {k: v for k, v in self.client.headers.items() if k == "Authorization"}
         models = check_endpoint(url, session=session, headers=headers)
         self.scraper: MetricsScraper | None = MetricsScraper(url, session=session,

@@ -23,7 +23,12 @@ from phaseprobe.collect.span_attribution import attach_spans, new_tags
 from phaseprobe.errors import MetricsUnavailable
 from phaseprobe.records import ClientTimeline, Experiment, Isolation, Run, RunSpec, RunStatus
 from phaseprobe.sources.gpu_sampler import GpuSampler
-from phaseprobe.sources.openai_stream import StreamClient, build_body, check_endpoint
+from phaseprobe.sources.openai_stream import (
+    DEFAULT_DEADLINE_S,
+    StreamClient,
+    build_body,
+    check_endpoint,
+)
 from phaseprobe.sources.stall_watch import StallWatch
 from phaseprobe.sources.vllm_metrics import MetricSnapshot, MetricsScraper
 from phaseprobe.store import Store
@@ -188,7 +193,8 @@ def run_probe(spec: RunSpec, store: Store, *, settings: ProbeSettings = ProbeSet
               sleep: Callable[[float], None] = time.sleep,
               clock: Callable[[], float] = time.monotonic,
               before_runs: Callable[[], None] | None = None,
-              gpu_sampler: GpuSampler | None = None) -> ProbeResult:
+              gpu_sampler: GpuSampler | None = None,
+              deadline_s: float | None = DEFAULT_DEADLINE_S) -> ProbeResult:
     """Run one probe experiment; every completed run is in ``store`` before the next starts.
 
     Raises :class:`~phaseprobe.errors.EndpointUnreachable` before any run if nothing answers.
@@ -199,7 +205,8 @@ def run_probe(spec: RunSpec, store: Store, *, settings: ProbeSettings = ProbeSet
     """
     progress = progress or NullProgress()
     session = session or requests.Session()
-    client = StreamClient(spec.endpoint, api_key=api_key, session=session, timeout_s=timeout_s)
+    client = StreamClient(spec.endpoint, api_key=api_key, session=session, timeout_s=timeout_s,
+                          deadline_s=deadline_s)
     headers = {k: v for k, v in client.headers.items() if k == "Authorization"}
     models = check_endpoint(spec.endpoint, session=session, headers=headers)
     notes: list[str] = []

@@ -26,6 +26,7 @@ from phaseprobe.collect.prompts import PromptBuilder
 from phaseprobe.errors import ConfigError, MetricsUnavailable
 from phaseprobe.records import Isolation, Run, RunSpec
 from phaseprobe.sources.openai_stream import (
+    DEFAULT_DEADLINE_S,
     StreamClient,
     StreamOutcome,
     build_body,
@@ -85,7 +86,8 @@ class ProbeContext:
     def new_client(self) -> StreamClient:
         # A fresh session per stream/thread: requests.Session is not thread-safe.
         return StreamClient(self.target.endpoint, api_key=self.target.api_key,
-                            timeout_s=self.target.timeout_s, session=requests.Session())
+                            timeout_s=self.target.timeout_s, session=requests.Session(),
+                            deadline_s=DEFAULT_DEADLINE_S)
 
     def body(self, prompt: str, max_tokens: int) -> dict[str, Any]:
         return build_body(model=self.target.model, prompt=prompt, max_tokens=max_tokens,

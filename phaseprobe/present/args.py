@@ -3,23 +3,35 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 
 from phaseprobe.paths import default_store_path
 
 __all__ = ["positive_int", "non_negative_int", "positive_float", "non_negative_float",
-           "store_and_json_args"]
+           "float_in", "int_in", "seconds", "store_and_json_args"]
+
+# Every numeric option is checked here, at the command line: an unchecked 0, -1, nan or 1e308
+# would otherwise reach arithmetic (a zero timeout, a negative sleep, an infinite plan).
+MAX_SECONDS = 7 * 24 * 3600.0  # a week: longer than any measurement phaseprobe makes
+
+
+def _int(value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {value!r}") from None
 
 
 def positive_int(value: str) -> int:
-    n = int(value)
+    n = _int(value)
     if n < 1:
         raise argparse.ArgumentTypeError("must be at least 1")
     return n
 
 
 def non_negative_int(value: str) -> int:
-    n = int(value)
+    n = _int(value)
     if n < 0:
         raise argparse.ArgumentTypeError("must be 0 or more")
     return n
@@ -37,15 +49,47 @@ def _finite(value: str) -> float:
 
 def positive_float(value: str) -> float:
     x = _finite(value)
-    if x <= 0:
-        raise argparse.ArgumentTypeError("must be more than 0")
+    if x <= 0 or x > 1e12:
+        raise argparse.ArgumentTypeError(f"must be more than 0 (and sane), not {value}")
     return x
 
 
 def non_negative_float(value: str) -> float:
     x = _finite(value)
-    if x < 0:
-        raise argparse.ArgumentTypeError("must be 0 or more")
+    if x < 0 or x > 1e12:
+        raise argparse.ArgumentTypeError(f"must be 0 or more (and sane), not {value}")
+    return x
+
+
+def float_in(lo: float, hi: float, *, lo_open: bool = False) -> Callable[[str], float]:
+    """An argparse type: a finite number in [lo, hi] (or (lo, hi] with ``lo_open``)."""
+    def check(value: str) -> float:
+        x = _finite(value)
+        if x > hi or x < lo or (lo_open and x == lo):
+            left = "(" if lo_open else "["
+            raise argparse.ArgumentTypeError(f"must be in {left}{lo:g}, {hi:g}], not {value}")
+        return x
+    check.__name__ = "number"  # argparse's "invalid number value" message
+    return check
+
+
+def int_in(lo: int, hi: int) -> Callable[[str], int]:
+    """An argparse type: a whole number in [lo, hi]."""
+    def check(value: str) -> int:
+        n = _int(value)
+        if not lo <= n <= hi:
+            raise argparse.ArgumentTypeError(f"must be between {lo} and {hi}, not {value}")
+        return n
+    check.__name__ = "whole number"
+    return check
+
+
+def seconds(value: str) -> float:
+    """A duration: more than 0 and at most a week."""
+    x = _finite(value)
+    if not 0 < x <= MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"must be more than 0 and at most {MAX_SECONDS:g} s "
+                                         f"(a week), not {value}")
     return x
 
 

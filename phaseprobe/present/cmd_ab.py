@@ -288,7 +288,9 @@ def _int(text: str, what: str) -> int:
 
 
 def _report(args: argparse.Namespace, out: Console, session_id: int) -> int:
-    with Store(_store_path(args, True)) as store:
+    # Only reads: a missing store is the Store's error, and a read-only one will do.
+    with Store(_store_path(args, False), readonly=True) as store:
+        schema_note = store.schema_note()
         session = store.ab_session(session_id)
         playbook, arms = session_arms(session)
         names = [name for name, _ in arms]
@@ -303,6 +305,8 @@ def _report(args: argparse.Namespace, out: Console, session_id: int) -> int:
     notes = [] if stored_plan is None or min_effect == stored_plan.min_effect else [
         f"re-judged at ±{min_effect:.0%}; the session stopped on its own plan's "
         f"±{stored_plan.min_effect:.0%}"]
+    if schema_note:
+        notes.append(schema_note)
     from phaseprobe.analysis.ab_stats import compare_runs
     c = compare_runs(runs[names[0]], runs[names[1]], arm_a=names[0], arm_b=names[1],
                      min_effect=min_effect, seed=playbook.run.seed, plan=plan)
@@ -318,7 +322,8 @@ def _report(args: argparse.Namespace, out: Console, session_id: int) -> int:
 
 
 def _compare(args: argparse.Namespace, out: Console, exp_a: int, exp_b: int) -> int:
-    with Store(_store_path(args, True)) as store:
+    with Store(_store_path(args, False), readonly=True) as store:
+        schema_note = store.schema_note()
         a, b = store.experiment(exp_a), store.experiment(exp_b)
         runs_a, runs_b = store.runs(exp_a), store.runs(exp_b)
     min_effect = parse_effect(args.min_effect) if args.min_effect else 0.05
@@ -334,6 +339,8 @@ def _compare(args: argparse.Namespace, out: Console, exp_a: int, exp_b: int) -> 
     from phaseprobe.analysis.ab_stats import compare_runs
     c = compare_runs(runs_a, runs_b, arm_a=a.name, arm_b=b.name, min_effect=min_effect)
     notes = [f"compared although not alike (--force): {u}" for u in unlike]
+    if schema_note:
+        notes.append(schema_note)
     _emit(args, out, c, f"experiment {exp_a} ({a.name}) vs {exp_b} ({b.name})",
           {"experiment_a": exp_a, "experiment_b": exp_b, "notes": notes})
     return 0

@@ -30,6 +30,7 @@ from phaseprobe.calibrate.run import (
     run_benchmark,
     save,
 )
+from phaseprobe.present.args import int_in, seconds
 from phaseprobe.present.waiting import waiting
 
 __all__ = ["register", "cmd_calibrate", "run", "compare"]
@@ -56,12 +57,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--quick", action="store_true", help="smaller sizes: faster, less accurate")
     p.add_argument("--model-config", metavar="PATH", default=None,
                    help="also time this model's own layer GEMMs (its config.json or directory)")
-    p.add_argument("--tokens", type=int, default=128, metavar="N",
+    p.add_argument("--tokens", type=int_in(1, 1_000_000), default=128, metavar="N",
                    help="tokens per GEMM for --model-config's shapes: the prompt length you "
                         "probe with (default: 128, probe's default)")
-    p.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+    p.add_argument("--budget", type=seconds, default=None, metavar="SECONDS",
                    help="time per dtype for all its GEMMs (default: 5, --quick 1.5)")
-    p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
+    p.add_argument("--timeout", type=seconds, default=300.0, metavar="SECONDS",
                    help="give up after this long (default: 300)")
     p.add_argument("--json", action="store_true", help="print one JSON document to stdout")
 

@@ -103,15 +103,17 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
             and args.experiment != args.experiment_pos:
         raise ConfigError("give the experiment once (EXPERIMENT or --experiment)")
     path = args.store or default_store_path()
-    if not Path(path).is_file():
-        raise ConfigError(f"no experiment store at {path} (run `phaseprobe probe` first)")
     opts = EvidenceOptions(
         use_case=args.use_case, prom_url=args.prom, prom_selector=args.prom_selector,
         server_log=args.server_log, nccl_logs=tuple(args.nccl), nsys=args.nsys,
         trace=args.trace, peaks=args.peaks, model_config=args.model_config,
         tensor_parallel_size=args.tp, baseline_id=args.baseline, baseline_tp=args.baseline_tp,
         force=args.force)
-    with Store(path) as store:
+    # Only reads: never creates, migrates or writes the store (a read-only one will do).
+    with Store(path, readonly=True) as store:
+        note = store.schema_note()
+        if note:
+            opts.notes.append(note)
         exp_id = args.experiment if args.experiment is not None else args.experiment_pos
         if exp_id is None:
             exp_id = store.latest_experiment_id()

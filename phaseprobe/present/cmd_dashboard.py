@@ -82,10 +82,27 @@ def cmd_dashboard(args: argparse.Namespace, out: Console, err: Console) -> int:
     host = f"[{args.address}]" if ":" in args.address else args.address
     out.print(f"phaseprobe dashboard on http://{host}:{args.port} (store {store}); "
               "Ctrl-C stops it")
+    child = subprocess.Popen(streamlit_command(args.port, args.address), env=env)
     try:
-        return subprocess.call(streamlit_command(args.port, args.address), env=env)
-    except KeyboardInterrupt:
+        return child.wait()
+    except KeyboardInterrupt as exc:
+        # Ctrl-C or SIGTERM (cli.Terminated): Streamlit must stop with us, never be left
+        # serving the store on the port with parent pid 1.
+        _stop(child)
+        if type(exc) is not KeyboardInterrupt:
+            raise  # SIGTERM: the CLI exits 143
         return 0
+
+
+def _stop(child: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
+    if child.poll() is not None:
+        return
+    child.terminate()
+    try:
+        child.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
 
 
 run = cmd_dashboard

@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from phaseprobe.errors import ConfigError
+from phaseprobe.present.args import seconds
 from phaseprobe.present.grafana_api import (
     DEFAULT_TOKEN_ENV,
     GrafanaClient,
@@ -82,7 +83,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     imp.add_argument("--token-env", default=DEFAULT_TOKEN_ENV, metavar="VAR",
                      help=f"environment variable holding the Grafana service-account token "
                           f"(default: {DEFAULT_TOKEN_ENV})")
-    imp.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
+    imp.add_argument("--timeout", type=seconds, default=10.0, metavar="SECONDS",
                      help="per-request timeout (default: 10)")
     imp.add_argument("--json", action="store_true", help="print one JSON document to stdout")
 

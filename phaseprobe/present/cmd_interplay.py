@@ -43,7 +43,12 @@ from phaseprobe.collect.interplay import (
 from phaseprobe.collect.playbook import load_playbook, parse_effect
 from phaseprobe.errors import ConfigError
 from phaseprobe.paths import default_store_path
-from phaseprobe.present.args import positive_int, store_and_json_args
+from phaseprobe.present.args import (
+    non_negative_float,
+    positive_int,
+    seconds,
+    store_and_json_args,
+)
 from phaseprobe.present.endpoint import api_key_from_env, endpoint_or_local, served_model
 from phaseprobe.present.render_interplay import (
     render_arms,
@@ -75,7 +80,7 @@ def _common(p: argparse.ArgumentParser, name: str) -> None:
                    "(default: start the local CPU vLLM)")
     p.add_argument("--model", help="model name (default: the endpoint's first model)")
     p.add_argument("--chat", action="store_true", help="use /v1/chat/completions")
-    p.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS",
+    p.add_argument("--timeout", type=seconds, default=120.0, metavar="SECONDS",
                    help="per-request timeout (default: 120)")
     p.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the "
                    "API key (default: OPENAI_API_KEY, then VLLM_API_KEY)")
@@ -169,7 +174,7 @@ def register(subparsers: Any) -> None:
                    help="an A/B playbook (e.g. cpu-interfere-chunked): its arms are the two "
                         "arms, launched by phaseprobe; [run] gives A's prompt_tokens, "
                         "max_tokens (A's length), runs (pairs), warmup, pause_s, min_effect")
-    p.add_argument("--pause", type=float, default=None, metavar="SECONDS",
+    p.add_argument("--pause", type=non_negative_float, default=None, metavar="SECONDS",
                    help="quiet time before each step with two arms (default: the playbook's "
                         "pause_s, else 0)")
     p.add_argument("--min-effect", default=None, metavar="PCT",

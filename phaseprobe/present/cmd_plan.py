@@ -24,6 +24,7 @@ from rich.table import Table
 from phaseprobe.analysis import capacity as cap
 from phaseprobe.analysis import model_math as mm
 from phaseprobe.errors import ConfigError
+from phaseprobe.present.args import float_in
 
 __all__ = ["register", "cmd_plan", "run", "plan_document"]
 
@@ -51,7 +52,7 @@ def register(subparsers: Any) -> None:
                     "concurrent user can keep. Memory in GiB; bandwidth in TB/s.")
     p.add_argument("--config", required=True, metavar="PATH",
                    help="config.json, or a model directory holding one")
-    p.add_argument("--gpu-mem-gb", required=True, type=float, metavar="G",
+    p.add_argument("--gpu-mem-gb", required=True, type=float_in(0, 1e5, lo_open=True), metavar="G",
                    help="memory of one GPU in GiB (e.g. 80 for an H100 80GB)")
     p.add_argument("--gpus", type=_positive_int, default=1, metavar="N",
                    help="GPUs holding one model copy (tensor parallel; default: 1)")
@@ -62,15 +63,16 @@ def register(subparsers: Any) -> None:
                         "config's quantization_config, else its torch dtype)")
     p.add_argument("--kv-dtype", default="auto", choices=_KV_DTYPES,
                    help="KV cache dtype (auto: the model's activation dtype, as vLLM)")
-    p.add_argument("--gpu-util", type=float, default=0.9, metavar="F",
+    p.add_argument("--gpu-util", type=float_in(0, 1, lo_open=True), default=0.9, metavar="F",
                    help="vLLM --gpu-memory-utilization (default: 0.9)")
-    p.add_argument("--reserve-gb", type=float, default=2.0, metavar="G",
+    p.add_argument("--reserve-gb", type=float_in(0, 1e5), default=2.0, metavar="G",
                    help="per GPU, for activations, CUDA graphs and non-torch memory "
                         "(default: 2 GiB; vLLM measures the real peak at start-up)")
     p.add_argument("--context", type=_positive_int, default=None, metavar="C",
                    help="context length for FLOPs and the decode floor (default: the plan's "
                         "max context per user, capped at the model's maximum)")
-    p.add_argument("--bandwidth-tbs", type=float, default=None, metavar="X",
+    p.add_argument("--bandwidth-tbs", type=float_in(0, 1e3, lo_open=True), default=None,
+                   metavar="X",
                    help="HBM bandwidth of ONE GPU in TB/s (H100 SXM: 3.35): adds the decode "
                         "floor per token")
     p.add_argument("--json", action="store_true", help="print one JSON document to stdout")

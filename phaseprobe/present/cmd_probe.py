@@ -28,9 +28,11 @@ from phaseprobe.collect.experiment import ProbeSettings, run_probe
 from phaseprobe.local.server import profiler_args, tracing_launch
 from phaseprobe.paths import default_store_path
 from phaseprobe.present.args import (
+    float_in,
     non_negative_float,
     non_negative_int,
     positive_int,
+    seconds,
     store_and_json_args,
 )
 from phaseprobe.present.cmd_trace import render as render_trace
@@ -95,13 +97,16 @@ def register(subparsers: Any) -> None:
     probe.add_argument("--runs", type=positive_int, default=5, help="measured runs (default: 5)")
     probe.add_argument("--warmup", type=non_negative_int, default=1,
                        help="warm-up runs, not stored (default: 1)")
-    probe.add_argument("--pause", type=float, default=0.0, metavar="SECONDS",
+    probe.add_argument("--pause", type=non_negative_float, default=0.0, metavar="SECONDS",
                        help="pause between runs (default: 0)")
     probe.add_argument("--chat", action="store_true", help="use /v1/chat/completions")
     probe.add_argument("--no-ignore-eos", action="store_true",
                        help="let the model stop early (then TPOT uses what it generated)")
-    probe.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS",
+    probe.add_argument("--timeout", type=seconds, default=120.0, metavar="SECONDS",
                        help="per-request timeout (default: 120)")
+    probe.add_argument("--deadline", type=seconds, default=600.0, metavar="SECONDS",
+                       help="the most one request may take in all, however the server trickles "
+                            "its bytes (default: 600)")
     probe.add_argument("--api-key-env", metavar="VAR", help="environment variable holding "
                        "the API key (default: OPENAI_API_KEY, then VLLM_API_KEY); keys are "
                        "never stored or printed")
@@ -114,7 +119,7 @@ def register(subparsers: Any) -> None:
                      help="do not sample the GPUs")
     gpu.add_argument("--gpu-fake", dest="gpu", action="store_const", const="fake",
                      help="demo: sample two scripted fake GPUs instead of NVML")
-    probe.add_argument("--gpu-period", type=float, default=0.1, metavar="SECONDS",
+    probe.add_argument("--gpu-period", type=float_in(0.001, 3600), default=0.1, metavar="SECONDS",
                        help="GPU sampling period (default: 0.1, down to 0.01)")
     probe.add_argument("--peaks", metavar="GPU|calibrated", default=None,
                        help="hardware peaks for the roofline: a GPU from the datasheet table "
@@ -142,7 +147,7 @@ def register(subparsers: Any) -> None:
                             "pin the instance when Prometheus scrapes a fleet")
     probe.add_argument("--prom-token-env", metavar="VAR", default="PHASEPROBE_PROM_TOKEN",
                        help="environment variable with a bearer token for Prometheus")
-    probe.add_argument("--prom-wait", type=float, default=60.0, metavar="SECONDS",
+    probe.add_argument("--prom-wait", type=non_negative_float, default=60.0, metavar="SECONDS",
                        help="how long to wait for Prometheus to scrape after the last run "
                             "(default: 60)")
     spans = probe.add_argument_group(
@@ -253,6 +258,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
         try:
             result = run_probe(spec, store, settings=settings, api_key=api_key,
                                progress=progress, timeout_s=args.timeout,
+                               deadline_s=args.deadline,
                                before_runs=before_runs, gpu_sampler=sampler)
         except BaseException:
             if capture is not None and capture.started:

@@ -26,6 +26,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from phaseprobe.errors import ConfigError, EmptyResult
+from phaseprobe.present.args import seconds
 from phaseprobe.query_catalog import Query, load_catalog
 from phaseprobe.sources.prometheus import DEFAULT_TOKEN_ENV, NamedResult, PrometheusClient
 
@@ -93,7 +94,7 @@ def register(subparsers: Any) -> None:
     tls = p.add_mutually_exclusive_group()
     tls.add_argument("--insecure", action="store_true", help="do not verify TLS certificates")
     tls.add_argument("--ca-bundle", metavar="FILE", help="CA bundle to verify TLS with")
-    p.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
+    p.add_argument("--timeout", type=seconds, default=10.0, metavar="SECONDS",
                    help="per-request timeout (default: 10)")
     p.add_argument("--show-expr", action="store_true", help="also print the PromQL sent")
     p.add_argument("--json", action="store_true", help="print one JSON document to stdout")

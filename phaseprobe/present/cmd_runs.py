@@ -24,7 +24,6 @@ from rich.markup import escape
 from phaseprobe.analysis.client_check import client_verdict, has_hop
 from phaseprobe.analysis.interplay import CONCURRENT_KINDS, concurrent_by_design
 from phaseprobe.analysis.phases import medians_runs, summarize
-from phaseprobe.errors import ConfigError
 from phaseprobe.paths import default_store_path
 from phaseprobe.present.args import store_and_json_args
 from phaseprobe.present.console import render_efficiency, render_experiments, render_probe
@@ -49,14 +48,14 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     path = args.store or default_store_path()
-    if not path.exists():
-        raise ConfigError(f"no experiment store at {path} (run `phaseprobe probe` first)")
-    with Store(path) as store:
+    # Only reads: never creates, migrates or writes the store (a read-only one will do).
+    with Store(path, readonly=True) as store:
         exp_id = args.experiment
         if exp_id is None and args.latest:
             exp_id = store.latest_experiment_id()
         if exp_id is None:
             rows = store.experiments()
+            _schema_note(store, err)
             for row in rows:
                 row["concurrent_by_design"] = row["kind"] in CONCURRENT_KINDS
             if args.json:
@@ -72,6 +71,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
         # The roofline report the probe printed (kept with the experiment since issue 16).
         kept = [a["id"] for a in store.analyses("efficiency") if a["experiment_id"] == exp_id]
         efficiency = store.analysis(kept[-1]) if kept else None
+        _schema_note(store, err)
     concurrent = [r for r in runs if concurrent_by_design(r)]
     single = [r for r in runs if not concurrent_by_design(r)]
     summary = summarize(single)
@@ -109,6 +109,13 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
                 out.print(f"[yellow]left out:[/] run {seq + 1}: its client timeline contradicts "
                           f"the server's phases: {escape(reason)}")
     return 0
+
+
+def _schema_note(store: Store, err: Console) -> None:
+    """Say so when the store is of a newer schema (once what is shown was read)."""
+    note = store.schema_note()
+    if note:
+        err.print(f"[yellow]note:[/] {escape(note)}")
 
 
 def _roles(kind: str) -> str:

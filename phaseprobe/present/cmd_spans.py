@@ -62,12 +62,17 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
         return _import(args, path, out, err)
     if not Path(path).exists():
         raise ConfigError(f"no experiment store at {path} (run `phaseprobe watch` first)")
-    with Store(path) as store:
+    # list and show only read: never migrate or write the store (a read-only one will do).
+    with Store(path, readonly=True) as store:
         if args.spans_command == "list":
             spans = store.spans(limit=args.last, newest=True)
+            stats = store.span_stats()
+            note = store.schema_note()  # said once what is shown was read
+            if note:
+                err.print(f"[yellow]note:[/] {escape(note)}")
             if args.json:
                 out.out(json.dumps({"spans": [s.to_dict() for s in spans],
-                                    "stats": store.span_stats()}), highlight=False)
+                                    "stats": stats}), highlight=False)
             elif not spans:
                 out.print(f"no request spans in {escape(str(path))}: run `phaseprobe watch` "
                           "with vLLM's --otlp-traces-endpoint pointing at it")
@@ -79,6 +84,9 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
             raise ConfigError(f"no request span with id {args.request_id!r} in {path}")
         span, attributes = found
         neighbours = _neighbours(store, span)
+        note = store.schema_note()
+        if note:
+            err.print(f"[yellow]note:[/] {escape(note)}")
     return _show(span, attributes, neighbours, args.json, out)
 
 

@@ -14,6 +14,7 @@ from rich.markup import escape
 
 from phaseprobe.errors import ConfigError
 from phaseprobe.paths import default_store_path
+from phaseprobe.present.args import positive_int
 
 __all__ = ["add_keep_args", "store_path", "check_keep", "keep"]
 
@@ -22,7 +23,7 @@ def add_keep_args(p: argparse.ArgumentParser, *, experiment_help: str | None = N
     p.add_argument("--keep", action="store_true",
                    help="keep the summary in the experiment store (attached to --experiment) "
                         "for `phaseprobe dashboard`")
-    p.add_argument("--experiment", type=int, default=None, metavar="ID",
+    p.add_argument("--experiment", type=positive_int, default=None, metavar="ID",
                    help=experiment_help or "the stored experiment this file belongs to "
                                            "(with --keep)")
     p.add_argument("--store", type=Path, default=None, metavar="PATH",

@@ -18,6 +18,8 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
+from phaseprobe.redact import redact_urls_in
+
 __all__ = ["SafeConsole", "visible"]
 
 # C0 controls except tab and newline, DEL, and the C1 range (some terminals act on it).
@@ -32,5 +34,9 @@ def visible(text: str) -> str:
 
 
 class SafeConsole(Console):
+    """Also the last guard for credentials: a URL with ``user:password@`` or a secret query
+    parameter is redacted in whatever reaches the terminal or ``--json`` (each command
+    redacts what it prints; this catches what a message quotes, e.g. a requests error)."""
+
     def render_str(self, text: str, **kwargs: Any) -> Text:
-        return super().render_str(visible(text), **kwargs)
+        return super().render_str(visible(redact_urls_in(text)), **kwargs)

@@ -15,6 +15,8 @@ all" is raised, by :func:`check_endpoint`, before any run starts.
 from __future__ import annotations
 
 import json
+import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -26,14 +28,54 @@ import urllib3
 from phaseprobe.errors import ConfigError, EndpointUnreachable
 from phaseprobe.records import ClientTimeline
 
-__all__ = ["StreamClient", "StreamOutcome", "TokenEventCounter", "check_endpoint",
-           "normalize_base_url",
-           "build_body"]
+__all__ = ["StreamClient", "DEFAULT_DEADLINE_S", "MAX_EVENT_BYTES", "StreamOutcome",
+           "TokenEventCounter", "check_endpoint", "normalize_base_url", "build_body"]
 
 _ERROR_EXCERPT = 500
 # One SSE event of vLLM is a JSON chunk of a few hundred bytes (tens of KB with top logprobs):
 # an event this large is a broken or hostile server, and is not buffered further.
 MAX_EVENT_BYTES = 8 * 1024 * 1024
+# The whole request, when the caller sets no other: a probe's request (tens to thousands of
+# tokens) takes seconds; one that has not ended after ten minutes is a server trickling bytes.
+DEFAULT_DEADLINE_S = 600.0
+CONNECT_TIMEOUT_S = 10.0  # a server that does not accept within this is not there
+_MAX_ERROR_BODY = 64 * 1024  # an error answer is read this far, never whole
+
+
+class _Watchdog:
+    """Shuts a response's socket down at a deadline, from a timer thread: the blocked read in
+    the measuring thread then fails at once, whatever the server is trickling."""
+
+    def __init__(self) -> None:
+        self.fired = False
+        self._timer: threading.Timer | None = None
+
+    def arm(self, resp: requests.Response, after_s: float) -> None:
+        sock = getattr(getattr(resp.raw, "connection", None), "sock", None)
+        if sock is None:
+            return
+
+        def fire() -> None:
+            self.fired = True
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+        self._timer = threading.Timer(after_s, fire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+
+def _bounded_text(resp: requests.Response) -> str:
+    """An error answer's text, at most _MAX_ERROR_BODY bytes of it (a 50 MB error page is
+    not read whole)."""
+    data = resp.raw.read(_MAX_ERROR_BODY, decode_content=True) or b""
+    return data.decode(resp.encoding or "utf-8", "replace")
 
 
 @dataclass(frozen=True)
@@ -145,26 +187,44 @@ class StreamClient:
         error: str | None = None
         wall0 = self._wall_ns()
         t0 = self._clock_ns()
+        watchdog = _Watchdog()
         try:
             sent = {**self.headers, **headers} if headers else self.headers
+            connect_s = min(self.timeout_s, CONNECT_TIMEOUT_S)
             with self.session.post(url, json=body, headers=sent, stream=True,
-                                   timeout=self.timeout_s) as resp:
+                                   timeout=(connect_s, self.timeout_s)) as resp:
                 status = resp.status_code
+                if self.deadline_s is not None:
+                    # A server trickling bytes inside one chunk never lets the read loop
+                    # look at the clock: at the deadline the socket is shut from outside.
+                    spent_s = (self._clock_ns() - t0) / 1e9
+                    watchdog.arm(resp, max(0.0, self.deadline_s - spent_s))
                 if status >= 400:
-                    error = f"HTTP {status}: {_short(resp.text)}"
+                    error = f"HTTP {status}: {_short(_bounded_text(resp))}"
                 else:
                     self._read_events(resp, t0, chat, events, state, on_events)
-                    if state.error:
+                    if watchdog.fired:
+                        error = self._deadline_text()
+                    elif state.error:
                         error = state.error
                     elif not state.done:
                         error = f"stream ended before [DONE] after {len(events)} token events"
         except requests.RequestException as exc:
-            if _is_timeout(exc):
-                error = (f"timeout: no bytes for {self.timeout_s:g} s after "
-                         f"{len(events)} token events at {url}")
+            if watchdog.fired:
+                error = self._deadline_text()
+            elif isinstance(exc, requests.ConnectTimeout):
+                error = f"timeout: could not connect to {url} within {connect_s:g} s"
+            elif _is_timeout(exc) and not events:
+                error = (f"timeout: no first byte from {url} within {self.timeout_s:g} s "
+                         "(--timeout)")
+            elif _is_timeout(exc):
+                error = (f"timeout: the stream stalled: no bytes for {self.timeout_s:g} s "
+                         f"after {len(events)} token events at {url} (--timeout)")
             else:
-                    error = (f"stream cut after {len(events)} token events: "
+                error = (f"stream cut after {len(events)} token events: "
                          f"{type(exc).__name__}: {_short(str(exc))}")
+        finally:
+            watchdog.cancel()
         end = self._clock_ns() - t0
         usage = state.usage or {}
         timeline = ClientTimeline(
@@ -178,6 +238,10 @@ class StreamClient:
             complete=state.done and error is None,
         )
         return StreamOutcome(timeline=timeline, error=error, text="".join(state.text))
+
+    def _deadline_text(self) -> str:
+        return (f"deadline: the whole request took more than {self.deadline_s:g} s "
+                "(--deadline)")
 
     def _read_events(self, resp: requests.Response, t0: int, chat: bool, events: list[int],
                      state: _StreamState,
@@ -226,8 +290,7 @@ class StreamClient:
                 if raw_events and raw_events[-1][1].endswith(b"[DONE]"):
                     break
                 if self.deadline_s is not None and t > self.deadline_s * 1e9:
-                    state.error = (f"deadline: the whole request took more than "
-                                   f"{self.deadline_s:g} s (--deadline)")
+                    state.error = self._deadline_text()
                     break
         finally:
             # Even a cut stream's events are parsed: the partial timeline is kept.

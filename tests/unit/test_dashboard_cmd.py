@@ -1,5 +1,6 @@
 """``phaseprobe dashboard``: the streamlit command line, the loopback default and the warning
-when bound elsewhere (subprocess.call replaced: no server is started here)."""
+when bound elsewhere (subprocess.Popen replaced: no server is started here, except in the
+SIGTERM test)."""
 
 from __future__ import annotations
 
@@ -24,11 +25,14 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 def _call(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> tuple[int, dict, str, str]:
     seen: dict = {}
 
-    def fake_call(cmd: list[str], env: dict[str, str]) -> int:
-        seen["cmd"], seen["env"] = cmd, env
-        return 0
+    class FakePopen:
+        def __init__(self, cmd: list[str], env: dict[str, str]) -> None:
+            seen["cmd"], seen["env"] = cmd, env
 
-    monkeypatch.setattr(cmd_dashboard.subprocess, "call", fake_call)
+        def wait(self, timeout: float | None = None) -> int:
+            return 0
+
+    monkeypatch.setattr(cmd_dashboard.subprocess, "Popen", FakePopen)
     out, err = io.StringIO(), io.StringIO()
     code = cmd_dashboard.run(_parse(argv), Console(file=out, width=200),
                              Console(file=err, width=200))
@@ -76,3 +80,42 @@ def test_app_exists_and_only_presentation_imports_streamlit():
     offenders = [p for p in root.rglob("*.py")
                  if "import streamlit" in p.read_text() and "present" not in p.parts]
     assert offenders == []
+
+
+def test_sigterm_stops_the_streamlit_child_too(tmp_path):
+    """Issue 18: SIGTERM (a container stop) used to leave Streamlit serving the store with
+    parent pid 1. The dashboard now stops its child and exits 143."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from phaseprobe.local.process import process_group_alive
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "phaseprobe", "dashboard", "--port",
+                             str(port), "--store", str(tmp_path / "s.db")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # Streamlit is up when its port answers
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.2)
+        else:
+            pytest.fail("the dashboard never listened")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 143, proc.stderr.read().decode() if proc.stderr else ""
+        deadline = time.monotonic() + 10
+        while process_group_alive(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not process_group_alive(proc.pid), "Streamlit outlived phaseprobe dashboard"
+    finally:
+        if process_group_alive(proc.pid):
+            os.killpg(proc.pid, signal.SIGKILL)

@@ -91,10 +91,7 @@ def test_weights_that_do_not_fit_exit_1_with_a_note(capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["--config", "/nonexistent/config.json", "--gpu-mem-gb", "80"], "no such file"),
-    (["--config", LLAMA3_70B, "--gpu-mem-gb", "80", "--gpu-util", "1.2"], "--gpu-util"),
-    (["--config", LLAMA3_70B, "--gpu-mem-gb", "-1"], "--gpu-mem-gb"),
     (["--config", LLAMA3_70B, "--gpu-mem-gb", "80", "--dtype", "fp6"], "fp6"),
-    (["--config", LLAMA3_70B, "--gpu-mem-gb", "80", "--bandwidth-tbs", "0"], "--bandwidth"),
 ])
 def test_expected_errors_are_one_red_line_exit_2(argv, message, capsys):
     assert _main(["plan", *argv]) == 2
@@ -102,6 +99,25 @@ def test_expected_errors_are_one_red_line_exit_2(argv, message, capsys):
     assert captured.out == ""
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1 and "error:" in lines[0] and message in lines[0]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--gpu-mem-gb", "80", "--gpu-util", "1.2"], "--gpu-util: must be in (0, 1], not 1.2"),
+    (["--gpu-mem-gb", "-1"], "--gpu-mem-gb: must be in (0, 100000], not -1"),
+    (["--gpu-mem-gb", "1e308"], "--gpu-mem-gb: must be in (0, 100000], not 1e308"),
+    (["--gpu-mem-gb", "nan"], "--gpu-mem-gb: must be a finite number"),
+    (["--gpu-mem-gb", "80", "--bandwidth-tbs", "0"], "--bandwidth-tbs: must be in (0, 1000]"),
+    (["--gpu-mem-gb", "80", "--reserve-gb", "-2"], "--reserve-gb: must be in [0, 100000]"),
+])
+def test_out_of_range_numbers_are_refused_by_the_command_line(argv, message, capsys):
+    # Issue 18: unchecked numbers reached the arithmetic (1e308 GiB, nan); argparse now
+    # refuses them with its usage line and exit 2, naming the option and the range.
+    with pytest.raises(SystemExit) as exc:
+        _main(["plan", "--config", LLAMA3_70B, *argv])
+    assert exc.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "Traceback" not in captured.err
+    assert message in captured.err.strip().splitlines()[-1]
 
 
 def test_config_directory_is_accepted(tmp_path, capsys):

@@ -47,7 +47,8 @@ def stamp(path: Path) -> tuple[float, ...]:
 
 
 def _open(path: str) -> Store:
-    return Store(path)
+    """The store, read-only: the dashboard never creates, migrates or writes it."""
+    return Store(path, readonly=True)
 
 
 @st.cache_data(show_spinner=False)

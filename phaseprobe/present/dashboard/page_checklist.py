@@ -21,7 +21,7 @@ def render(ctx: Context) -> None:
     st.header("Checklist")
     use_case = st.selectbox("Use case (TTFT target)", list(USE_CASE_TTFT_S), key="use_case",
                             format_func=lambda u: f"{u} (TTFT < {USE_CASE_TTFT_S[u] * 1e3:g} ms)")
-    with Store(ctx.path) as store:
+    with Store(ctx.path, readonly=True) as store:
         ev, sources = build_evidence(store, ctx.experiment_id,
                                      EvidenceOptions(use_case=use_case))
     report = run_checklist(ev, sources=sources)

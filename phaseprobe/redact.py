@@ -1,0 +1,66 @@
+"""Credentials out of URLs, wherever a URL is stored, logged or shown.
+
+Operators put secrets in URLs: ``http://user:password@host:8000``, ``?api_key=…``,
+``?token=…``, presigned ``?X-Amz-Signature=…``. phaseprobe keeps the URL usable (scheme, host,
+port, path, the other query parameters) and replaces the secret parts: userinfo is dropped,
+secret-named query values become ``<redacted>``. A leaf module (standard library only), so the
+store, the sources and the console can all use it without importing one another.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+__all__ = ["redact_url", "redact_urls_in", "REDACTED", "is_secret_name"]
+
+REDACTED = "<redacted>"
+# Query parameter names (lowercased, - and _ removed) that carry credentials.
+_SECRET_PARTS = ("token", "secret", "password", "passwd", "pwd", "apikey", "key", "auth",
+                 "signature", "sig", "credential", "session")
+_URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s\"'<>]+")
+
+
+def is_secret_name(name: str) -> bool:
+    squashed = name.lower().replace("-", "").replace("_", "")
+    return any(part in squashed for part in _SECRET_PARTS)
+
+
+def redact_url(url: str) -> str:
+    """``url`` without ``user:password@`` and with secret-named query values redacted."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = parts.port
+    except ValueError:  # a malformed port or brackets: do not echo what cannot be parsed
+        return _crude(url)
+    netloc = parts.netloc
+    if parts.username is not None or parts.password is not None:
+        netloc = (f"[{host}]" if ":" in host else host) + (f":{port}" if port else "")
+    query = parts.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        if any(is_secret_name(k) for k, _ in pairs):
+            query = urlencode([(k, REDACTED if is_secret_name(k) else v) for k, v in pairs],
+                              safe="<>")
+    if netloc == parts.netloc and query == parts.query:
+        return url
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def redact_urls_in(text: str) -> str:
+    """Every URL inside free text (an error message, a log line) redacted."""
+    if "://" not in text:
+        return text
+    return _URL.sub(lambda m: redact_url(m.group()), text)
+
+
+def _crude(url: str) -> str:
+    """Best effort for a URL urlsplit rejects: drop anything before an @ in the authority."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    authority, slash, tail = rest.partition("/")
+    if "@" in authority:
+        authority = authority.rsplit("@", 1)[1]
+    return f"{scheme}://{authority}{slash}{tail.split('?', 1)[0]}"
