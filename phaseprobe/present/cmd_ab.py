@@ -42,6 +42,7 @@ from phaseprobe.collect.playbook import (
 )
 from phaseprobe.errors import ConfigError
 from phaseprobe.paths import default_store_path
+from phaseprobe.present.args import positive_int
 from phaseprobe.present.console import progress_bar
 from phaseprobe.present.endpoint import api_key_from_env
 from phaseprobe.records import Run
@@ -78,7 +79,7 @@ def register(subparsers: Any) -> None:
                      choices=[*PRIMARY_PHASES, *PRIMARY_METRICS],
                      help="the metric that decides: decode (default), prefill, or a metric "
                           f"name ({', '.join(PRIMARY_METRICS)})")
-    p.add_argument("--resume", type=int, default=None, metavar="ID",
+    p.add_argument("--resume", type=positive_int, default=None, metavar="ID",
                    help="continue a stopped A/B session")
     p.add_argument("--min-effect", default=None, metavar="PCT",
                    help="smallest change worth calling (default: the playbook's, else 5%%)")

@@ -31,6 +31,7 @@ from phaseprobe.analysis.checklist import USE_CASE_TTFT_S, Report, all_rules, ru
 from phaseprobe.collect.evidence import EvidenceOptions, build_evidence
 from phaseprobe.errors import ConfigError, PhaseprobeError
 from phaseprobe.paths import default_store_path
+from phaseprobe.present.args import int_in, positive_int
 from phaseprobe.store import Store
 
 __all__ = ["register", "run", "main", "render_text", "render_markdown", "SYMBOLS"]
@@ -54,19 +55,20 @@ def register(subparsers: Any) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("experiment_pos", nargs="?", type=int, metavar="EXPERIMENT",
+    p.add_argument("experiment_pos", nargs="?", type=positive_int, metavar="EXPERIMENT",
                    help="experiment id (same as --experiment)")
     which = p.add_mutually_exclusive_group()
-    which.add_argument("--experiment", type=int, metavar="ID", help="experiment to check")
+    which.add_argument("--experiment", type=positive_int, metavar="ID", help="experiment to check")
     which.add_argument("--latest", action="store_true",
                        help="the latest experiment (the default)")
     p.add_argument("--store", type=Path, default=None,
                    help=f"experiment store (default: {default_store_path()})")
-    p.add_argument("--baseline", type=int, metavar="ID",
+    p.add_argument("--baseline", type=positive_int, metavar="ID",
                    help="experiment to compare against (before/after rules)")
-    p.add_argument("--tp", type=int, metavar="N", help="GPUs (tensor-parallel size) of the "
-                   "experiment, when neither its log nor NCCL says")
-    p.add_argument("--baseline-tp", type=int, metavar="N", help="GPUs of the baseline")
+    p.add_argument("--tp", type=int_in(1, 4096), metavar="N",
+                   help="GPUs (tensor-parallel size) of the experiment, when neither its log "
+                        "nor NCCL says")
+    p.add_argument("--baseline-tp", type=int_in(1, 4096), metavar="N", help="GPUs of the baseline")
     p.add_argument("--nccl", nargs="+", metavar="LOG", default=[],
                    help="NCCL_DEBUG=INFO logs of the experiment (or a saved nccl --json)")
     p.add_argument("--nsys", metavar="FILE", help="Nsight Systems SQLite export")

@@ -25,7 +25,7 @@ from phaseprobe.analysis.client_check import client_verdict, has_hop
 from phaseprobe.analysis.interplay import CONCURRENT_KINDS, concurrent_by_design
 from phaseprobe.analysis.phases import medians_runs, summarize
 from phaseprobe.paths import default_store_path
-from phaseprobe.present.args import store_and_json_args
+from phaseprobe.present.args import positive_int, store_and_json_args
 from phaseprobe.present.console import render_efficiency, render_experiments, render_probe
 from phaseprobe.store import Store
 
@@ -39,7 +39,7 @@ CONCURRENT_NOTE = ("batch and interfere experiments hold runs that are concurren
 
 def register(subparsers: Any) -> None:
     runs = subparsers.add_parser("runs", help="list stored experiments, or the runs of one")
-    runs.add_argument("experiment", nargs="?", type=int,
+    runs.add_argument("experiment", nargs="?", type=positive_int,
                       help="experiment id (omit to list experiments)")
     runs.add_argument("--latest", action="store_true", help="show the runs of the latest "
                       "experiment")
