@@ -18,7 +18,7 @@ REDACTED = "<redacted>"
 # Query parameter names (lowercased, - and _ removed) that carry credentials.
 _SECRET_PARTS = ("token", "secret", "password", "passwd", "pwd", "apikey", "key", "auth",
                  "signature", "sig", "credential", "session")
-_URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s\"'<>]+")
+_URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://(?:<redacted>|[^\s\"'<>])+")
 
 
 def is_secret_name(name: str) -> bool:

@@ -36,7 +36,7 @@ from phaseprobe.records import (
     RunSpec,
     ServerPhases,
 )
-from phaseprobe.redact import redact_url
+from phaseprobe.redact import redact_url, redact_urls_in
 
 if TYPE_CHECKING:  # pandas only inside the GPU methods: `import phaseprobe` stays light
     import pandas as pd
@@ -489,7 +489,8 @@ class Store:
             "INSERT INTO experiments (name, kind, created_wall_ns, endpoint, model, spec_json,"
             " server_json, notes_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (exp.name, exp.kind, exp.created_wall_ns, spec["endpoint"], exp.spec.model,
-             json.dumps(spec), json.dumps(exp.server_info), json.dumps(list(exp.notes))),
+             json.dumps(spec), json.dumps(exp.server_info),
+             json.dumps([redact_urls_in(n) for n in exp.notes])),
         )
         return int(cur.lastrowid or 0)
 
@@ -504,7 +505,8 @@ class Store:
             " completion_tokens, client_json, server_json, isolation_json, client_check_json,"
             " trace_id, request_id, span_json)"
             " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            (experiment_id, run.seq, run.status, int(run.isolated), run.error, run.prompt,
+            (experiment_id, run.seq, run.status, int(run.isolated),
+             redact_urls_in(run.error) if run.error else None, run.prompt,
              c.sent_wall_ns if c else None, c.ttft_s if c else None, c.e2e_s if c else None,
              c.tpot_s if c else None, s.queue_s if s else None, s.prefill_s if s else None,
              s.decode_s if s else None, s.inference_s if s else None, s.ttft_s if s else None,
@@ -581,7 +583,8 @@ class Store:
                         (time.time_ns(), experiment_id))
         else:
             self._write("UPDATE experiments SET finished_wall_ns = ?, notes_json = ? WHERE id = ?",
-                        (time.time_ns(), json.dumps(notes), experiment_id))
+                        (time.time_ns(), json.dumps([redact_urls_in(n) for n in notes]),
+                         experiment_id))
 
     def add_gpu_samples(self, experiment_id: int, samples: pd.DataFrame) -> int:
         """Store GPU samples (a frame with :data:`phaseprobe.sources.nvml.COLUMNS`; other

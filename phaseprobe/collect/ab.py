@@ -56,6 +56,7 @@ from phaseprobe.local.process import (
 )
 from phaseprobe.paths import cache_dir
 from phaseprobe.records import Experiment, Run, RunSpec
+from phaseprobe.redact import redact_url
 from phaseprobe.sources.openai_stream import (
     DEFAULT_DEADLINE_S,
     StreamClient,
@@ -321,7 +322,9 @@ def run_ab(playbook: Playbook, store: Store, *, runs: int | None = None,
             exp_id = known.get(a.arm.name)
             if exp_id is None:
                 a.info["ab"] = {"session_id": session_id, "arm": a.arm.name,
-                                "role": "AB"[a.index], "endpoint": a.arm.endpoint,
+                                "role": "AB"[a.index],
+                                "endpoint": (redact_url(a.arm.endpoint) if a.arm.endpoint
+                                             else None),
                                 "launch": None if a.arm.launch is None else {
                                     "command": a.arm.launch.command,
                                     "args": redact_args(a.arm.launch.args),

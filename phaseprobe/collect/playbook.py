@@ -45,6 +45,7 @@ from typing import Any, Literal
 
 from phaseprobe.analysis.ab_sequential import SequentialPlan, check_primary
 from phaseprobe.errors import ConfigError
+from phaseprobe.redact import redact_urls_in
 from phaseprobe.sources.openai_stream import normalize_base_url
 
 __all__ = ["PlaybookError", "Launch", "Arm", "RunPlan", "Playbook", "load_playbook",
@@ -440,11 +441,13 @@ def _secret_values(playbook: Playbook) -> set[str]:
 
 
 def redacted_text(playbook: Playbook) -> str:
-    """The playbook's text as the store keeps it: every secret launch value replaced."""
+    """The playbook's text as the store keeps it: every secret launch value replaced, and
+    every URL without its credentials (a resumed session then needs an endpoint password
+    again: pass credentials as an API key from the environment instead)."""
     text = playbook.text
     for value in sorted(_secret_values(playbook), key=len, reverse=True):
         text = text.replace(value, REDACTED)
-    return text
+    return redact_urls_in(text)
 
 
 def restore_secrets(playbook: Playbook, environ: Mapping[str, str] | None = None) -> Playbook:

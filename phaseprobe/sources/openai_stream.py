@@ -27,6 +27,7 @@ import urllib3
 
 from phaseprobe.errors import ConfigError, EndpointUnreachable
 from phaseprobe.records import ClientTimeline
+from phaseprobe.redact import redact_url
 
 __all__ = ["StreamClient", "DEFAULT_DEADLINE_S", "MAX_EVENT_BYTES", "StreamOutcome",
            "TokenEventCounter", "check_endpoint", "normalize_base_url", "build_body"]
@@ -181,6 +182,7 @@ class StreamClient:
         are added to this request's (e.g. a trace's ``traceparent``)."""
         chat = "messages" in body
         url = self.base_url + ("/v1/chat/completions" if chat else "/v1/completions")
+        shown = redact_url(url)  # what messages quote: never the URL's credentials
         events: list[int] = []
         state = _StreamState()
         status: int | None = None
@@ -213,13 +215,13 @@ class StreamClient:
             if watchdog.fired:
                 error = self._deadline_text()
             elif isinstance(exc, requests.ConnectTimeout):
-                error = f"timeout: could not connect to {url} within {connect_s:g} s"
+                error = f"timeout: could not connect to {shown} within {connect_s:g} s"
             elif _is_timeout(exc) and not events:
-                error = (f"timeout: no first byte from {url} within {self.timeout_s:g} s "
+                error = (f"timeout: no first byte from {shown} within {self.timeout_s:g} s "
                          "(--timeout)")
             elif _is_timeout(exc):
                 error = (f"timeout: the stream stalled: no bytes for {self.timeout_s:g} s "
-                         f"after {len(events)} token events at {url} (--timeout)")
+                         f"after {len(events)} token events at {shown} (--timeout)")
             else:
                 error = (f"stream cut after {len(events)} token events: "
                          f"{type(exc).__name__}: {_short(str(exc))}")
@@ -382,7 +384,10 @@ def _chunks(resp: requests.Response) -> Iterator[bytes]:
     # Close-delimited body: iter_content(None) would read to EOF in one go; read1 returns
     # whatever has arrived.
     while True:
-        data = raw.read1(65536)
+        try:
+            data = raw.read1(65536)
+        except urllib3.exceptions.HTTPError as exc:  # reset, stall: as requests would raise
+            raise requests.ConnectionError(exc) from exc
         if not data:
             return
         yield data

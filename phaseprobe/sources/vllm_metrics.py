@@ -22,6 +22,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from phaseprobe.errors import MetricsUnavailable, UnknownMetric
+from phaseprobe.redact import redact_url
 
 __all__ = ["ALIASES", "KINDS", "MetricSnapshot", "MetricsScraper", "parse_exposition"]
 
@@ -161,10 +162,10 @@ class MetricsScraper:
         try:
             resp = self.session.get(self.url, headers=self.headers, timeout=self.timeout_s)
         except requests.RequestException as exc:
-            raise MetricsUnavailable(self.url, type(exc).__name__) from None
+            raise MetricsUnavailable(redact_url(self.url), type(exc).__name__) from None
         if resp.status_code != 200:
-            raise MetricsUnavailable(self.url, f"HTTP {resp.status_code}")
+            raise MetricsUnavailable(redact_url(self.url), f"HTTP {resp.status_code}")
         snap = parse_exposition(resp.text, source=self.url, wall_ns=self._wall_ns())
         if not snap.has_vllm():
-            raise MetricsUnavailable(self.url, "no vllm: series in the exposition")
+            raise MetricsUnavailable(redact_url(self.url), "no vllm: series in the exposition")
         return snap

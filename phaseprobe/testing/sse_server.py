@@ -11,6 +11,12 @@ with :attr:`RequestRecord.send_ns` directly (the difference is transport + clien
         record = server.requests[-1]
         record.send_ns   # one stamp per token event
 
+Faults a real server (or a hostile one) can commit are scripted too: a body trickled one byte
+at a time (``trickle_s``), one enormous event (``huge_event_bytes``), a connection reset
+mid-stream (``reset_after``), an error page with raw terminal escapes (``error_raw``), and,
+with ``SseServer(metrics=True)``, a vLLM-shaped ``/metrics`` whose histograms can lie about a
+request (``metrics_count_delta``).
+
 Only the standard library is used, so users' own tests can ship with it.
 """
 
@@ -19,6 +25,7 @@ from __future__ import annotations
 import collections
 import json
 import socket
+import struct
 import sys
 import threading
 import time
@@ -35,6 +42,12 @@ __all__ = ["RequestRecord", "Script", "SseServer"]
 _SPIN_NS: Final = 200_000
 _TOKEN_TEXT: Final = "tok"
 _STREAM_PATHS: Final = ("/v1/completions", "/v1/chat/completions")
+_HUGE_TEXT: Final = "x"
+_PIECE_BYTES: Final = 64 * 1024  # a huge event leaves in pieces of this size
+# The phase histograms /metrics exports (vLLM's names), observed once per finished stream.
+_PHASES: Final = ("request_queue_time_seconds", "request_prefill_time_seconds",
+                  "request_decode_time_seconds", "request_inference_time_seconds",
+                  "time_to_first_token_seconds", "e2e_request_latency_seconds")
 # vLLM's error "type" per status (its ErrorResponse); others fall back to the HTTP phrase.
 _ERROR_TYPES: Final = {
     400: "BadRequestError",
@@ -54,7 +67,22 @@ class Script:
     deadlines ``start + first_delay_s + i * gap_s`` so write costs never accumulate as drift.
     ``cut_after=k`` closes the connection after k token events with neither usage nor [DONE]
     (k >= the number of events sends every token, then cuts). ``status`` other than 200 answers a
-    vLLM-style JSON error instead of a stream; ``error_body`` is its message.
+    vLLM-style JSON error instead of a stream; ``error_body`` is its message, or with
+    ``error_raw`` the whole body, sent byte for byte as ``text/plain`` (JSON would escape the
+    control characters a hostile error page carries, e.g. ``\x1b[2J``).
+
+    Faults, all off by default:
+
+    - ``trickle_s``: after the headers, the whole body is sent one byte every ``trickle_s``
+      seconds (HTTP chunk framing included), so a per-read timeout never expires;
+    - ``huge_event_bytes``: the first token event's text is this many bytes, and the event is
+      written in 64 KiB pieces (each its own HTTP chunk when ``chunked``);
+    - ``reset_after=k``: after k token events (when the next one is due), the connection is
+      closed with a TCP RST (``SO_LINGER`` 1, 0) instead of a FIN;
+    - ``metrics_count_delta``: how far this request moves every phase histogram's ``_count``
+      of ``SseServer(metrics=True)``'s ``/metrics`` (its ``_sum`` moves by that many times its
+      phase times): 1 is the truth, 2 claims a second request, 0 never observes it, -1 goes
+      backwards (a restarted or lying exporter).
     """
 
     n_tokens: int = 8
@@ -67,6 +95,11 @@ class Script:
     tokens_per_event: int = 1
     include_usage_if_asked: bool = True
     prompt_tokens: int | None = None  # None: counted from the request (words, or ids)
+    error_raw: bool = False
+    trickle_s: float | None = None
+    huge_event_bytes: int | None = None
+    reset_after: int | None = None
+    metrics_count_delta: int = 1
 
     def __post_init__(self) -> None:
         if self.n_tokens < 1:
@@ -82,6 +115,15 @@ class Script:
             raise ValueError(f"Script.cut_after must be >= 0 or None, got {self.cut_after}")
         if self.status != 200 and not 400 <= self.status <= 599:
             raise ValueError(f"Script.status must be 200 or 4xx/5xx, got {self.status}")
+        if self.trickle_s is not None and self.trickle_s <= 0:
+            raise ValueError(f"Script.trickle_s must be > 0 or None, got {self.trickle_s}")
+        if self.huge_event_bytes is not None and self.huge_event_bytes < 1:
+            raise ValueError(f"Script.huge_event_bytes must be >= 1 or None, got "
+                             f"{self.huge_event_bytes}")
+        if self.reset_after is not None and self.reset_after < 0:
+            raise ValueError(f"Script.reset_after must be >= 0 or None, got {self.reset_after}")
+        if self.cut_after is not None and self.reset_after is not None:
+            raise ValueError("Script.cut_after and reset_after exclude each other")
 
     @property
     def n_events(self) -> int:
@@ -96,6 +138,8 @@ class RequestRecord:
     ``headers`` has lower-cased names. ``send_ns`` holds one ``perf_counter_ns`` per token
     event, taken immediately before its bytes were written; ``role_ns`` is the chat role-only
     chunk's (not a token). ``done`` is set once the server has finished with the request.
+    ``cut`` says ``cut_after`` closed the stream (a FIN), ``reset`` that ``reset_after`` did (an
+    RST); ``tokens_sent`` counts the tokens written.
     """
 
     method: str
@@ -109,6 +153,8 @@ class RequestRecord:
     send_ns: list[int] = field(default_factory=list)
     end_ns: int | None = None
     cut: bool = False
+    reset: bool = False
+    tokens_sent: int = 0
     client_disconnected: bool = False
     done: threading.Event = field(default_factory=threading.Event, repr=False)
 
@@ -161,9 +207,16 @@ class _Handler(BaseHTTPRequestHandler):
                      "owned_by": "sse-test", "root": owner.model, "parent": None,
                      "max_model_len": 2048}
             self._send_json(200, {"object": "list", "data": [model]})
+        elif self.path == "/metrics" and owner.metrics:
+            data = owner.metrics_text().encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
         else:
-            # /metrics included: this server has no vLLM metrics, so clients must fall back
-            # to client-only runs, exactly as against an endpoint that hides them.
+            # /metrics included unless metrics=True: no vLLM metrics, so clients must fall
+            # back to client-only runs, exactly as against an endpoint that hides them.
             self._send_json(404, {"detail": "Not Found"})
 
     def do_POST(self) -> None:
@@ -188,10 +241,17 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send_error(400, "request body is not a JSON object")
             elif body.get("stream") is not True:
                 self._send_error(400, "the SSE test server only answers stream=true")
+            elif script.status != 200 and script.error_raw:
+                self._send_raw(script.status, (script.error_body or "").encode())
             elif script.status != 200:
                 self._send_error(script.status, script.error_body)
             else:
-                _Stream(self, rec, script, body).run()
+                stream = _Stream(self, rec, script, body)
+                owner._stream_started()
+                try:
+                    stream.run()
+                finally:
+                    owner._observe(rec, script, stream.prompt_tokens)
         finally:
             rec.end_ns = time.perf_counter_ns()
             rec.done.set()
@@ -218,6 +278,14 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _send_raw(self, status: int, data: bytes) -> None:
+        """An error page as some proxies send it: the bytes as given, nothing escaped."""
+        self.send_response(status)
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
     def _send_error(self, status: int, message: str | None) -> None:
         try:
             phrase = HTTPStatus(status).phrase
@@ -230,6 +298,10 @@ class _Handler(BaseHTTPRequestHandler):
             "param": None,
             "code": status,
         })
+
+
+class _Stop(Exception):
+    """The server is closing while a stream is being trickled."""
 
 
 class _Stream:
@@ -275,6 +347,8 @@ class _Stream:
         except (BrokenPipeError, ConnectionResetError):
             self.rec.client_disconnected = True
             h.close_connection = True
+        except _Stop:
+            h.close_connection = True  # close() was called: drop the stream
 
     def _body(self) -> None:
         script, rec = self.script, self.rec
@@ -290,16 +364,32 @@ class _Stream:
             if script.cut_after is not None and i >= script.cut_after:
                 self._cut()
                 return
+            if script.reset_after is not None and i >= script.reset_after:
+                # Due time first: the events before the reset have reached the client.
+                if self._wait_until(start + i * gap):
+                    self._reset()
+                return
             k = min(script.tokens_per_event, script.n_tokens - i * script.tokens_per_event)
             finish = "length" if i == n_events - 1 else None
-            frame = self._token_frame(_TOKEN_TEXT * k, finish)  # built before the wait
+            huge = script.huge_event_bytes if i == 0 else None
+            # Built before the wait.
+            frame = self._token_frame(_TOKEN_TEXT * k if huge is None else _HUGE_TEXT * huge,
+                                      finish, raw=huge is not None)
             if not self._wait_until(start + i * gap):
                 self.h.close_connection = True  # close() was called: drop the stream
                 return
             rec.send_ns.append(time.perf_counter_ns())
-            self._write(frame)
+            rec.tokens_sent += k
+            if huge is not None:
+                for at in range(0, len(frame), _PIECE_BYTES):
+                    self._write(self._frame(frame[at:at + _PIECE_BYTES]))
+            else:
+                self._write(frame)
         if script.cut_after is not None:
             self._cut()
+            return
+        if script.reset_after is not None:
+            self._reset()
             return
         if self.usage:
             usage = {"prompt_tokens": self.prompt_tokens,
@@ -308,14 +398,17 @@ class _Stream:
             self._write(self._event({**self.base, "choices": [], "usage": usage}))
         self._write(self._frame(b"data: [DONE]\n\n"))
         if script.chunked:
-            self.h.wfile.write(b"0\r\n\r\n")  # last-chunk: the body ended cleanly
+            self._write(b"0\r\n\r\n")  # last-chunk: the body ended cleanly
 
-    def _token_frame(self, text: str, finish: str | None) -> bytes:
+    def _token_frame(self, text: str, finish: str | None, raw: bool = False) -> bytes:
+        """One token event, framed; ``raw``: the SSE bytes without the HTTP chunk framing."""
         if self.chat:
-            return self._event(self._chat_choice({"content": text}, finish))
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish,
-                  "stop_reason": None}
-        return self._event({**self.base, "choices": [choice], "usage": None})
+            payload = self._chat_choice({"content": text}, finish)
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish,
+                      "stop_reason": None}
+            payload = {**self.base, "choices": [choice], "usage": None}
+        return self._sse(payload) if raw else self._event(payload)
 
     def _chat_choice(self, delta: dict[str, str], finish: str | None) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None,
@@ -325,8 +418,11 @@ class _Stream:
         return {**self.base, "choices": [choice]}
 
     def _event(self, payload: dict[str, Any]) -> bytes:
-        data = json.dumps(payload, separators=(",", ":")).encode()
-        return self._frame(b"data: " + data + b"\n\n")
+        return self._frame(self._sse(payload))
+
+    @staticmethod
+    def _sse(payload: dict[str, Any]) -> bytes:
+        return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
     def _frame(self, event: bytes) -> bytes:
         # One HTTP chunk per SSE event, as uvicorn writes vLLM's stream.
@@ -336,7 +432,27 @@ class _Stream:
 
     def _write(self, data: bytes) -> None:
         # wfile is unbuffered (wbufsize 0): one write is one sendall, nothing waits in Python.
-        self.h.wfile.write(data)
+        trickle = self.script.trickle_s
+        if trickle is None:
+            self.h.wfile.write(data)
+            return
+        for at in range(len(data)):
+            self.h.wfile.write(data[at:at + 1])
+            if self.closing.wait(trickle):
+                raise _Stop
+
+    def _reset(self) -> None:
+        """Close with an RST: SO_LINGER on with a zero timeout, then close the socket (its
+        reading file too, which holds a reference that would delay the close)."""
+        self.rec.reset = True
+        h = self.h
+        h.close_connection = True
+        try:
+            h.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            h.rfile.close()
+            h.connection.close()
+        except OSError:
+            pass  # the client may already be gone
 
     def _cut(self) -> None:
         self.rec.cut = True
@@ -380,12 +496,25 @@ class SseServer:
     Each streaming request takes the next script from the queue (:meth:`enqueue`), or else the
     current :attr:`script`. With ``api_key`` set, requests without ``Authorization: Bearer
     <api_key>`` get vLLM's 401 answer. Every request is recorded in :attr:`requests`.
+
+    With ``metrics=True`` it also answers ``/metrics`` like vLLM: the phase histograms (one
+    ``+Inf`` bucket, ``_sum``, ``_count``) observe every finished stream once, with its phase
+    times taken from the send stamps (no queue; prefill up to the first token event; decode
+    from the first to the last), the token counters move by its usage, and
+    ``num_requests_running`` counts the streams in progress. A script's
+    ``metrics_count_delta`` makes the histograms lie about its request.
     """
 
     def __init__(self, script: Script | None = None, *, model: str = "sse-test-model",
-                 api_key: str | None = None) -> None:
+                 api_key: str | None = None, metrics: bool = False) -> None:
         self.model = model
         self.api_key = api_key
+        self.metrics = metrics
+        self._running = 0
+        self._counts = 0.0
+        self._sums = dict.fromkeys(_PHASES, 0.0)
+        self._tokens = {"prompt_tokens": 0.0, "generation_tokens": 0.0,
+                        "request_success": 0.0}
         self.created = int(time.time())
         self._script = script if script is not None else Script()
         self._queue: collections.deque[Script] = collections.deque()
@@ -455,6 +584,58 @@ class SseServer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def metrics_text(self) -> str:
+        """The ``/metrics`` exposition as it stands (vLLM's names, ``vllm:`` prefix)."""
+        lab = f'engine="0",model_name="{self.model}"'
+        lines: list[str] = []
+        with self._lock:
+            counts, sums = self._counts, dict(self._sums)
+            tokens, running = dict(self._tokens), self._running
+        for base in _PHASES:
+            name = "vllm:" + base
+            lines += [f"# HELP {name} {base}", f"# TYPE {name} histogram",
+                      f'{name}_bucket{{{lab},le="+Inf"}} {counts!r}',
+                      f"{name}_sum{{{lab}}} {sums[base]!r}",
+                      f"{name}_count{{{lab}}} {counts!r}"]
+        for base, value in tokens.items():
+            name = "vllm:" + base
+            lines += [f"# HELP {name} {base}", f"# TYPE {name} counter",
+                      f"{name}_total{{{lab}}} {value!r}"]
+        for base, value in (("num_requests_running", float(running)),
+                            ("num_requests_waiting", 0.0), ("kv_cache_usage_perc", 0.0)):
+            name = "vllm:" + base
+            lines += [f"# HELP {name} {base}", f"# TYPE {name} gauge",
+                      f"{name}{{{lab}}} {value!r}"]
+        info = "vllm:cache_config_info"
+        lines += [f"# HELP {info} cache config", f"# TYPE {info} gauge",
+                  f'{info}{{block_size="16",engine="0",num_gpu_blocks="1024"}} 1.0']
+        return "\n".join(lines) + "\n"
+
+    def _stream_started(self) -> None:
+        with self._lock:
+            self._running += 1
+
+    def _observe(self, rec: RequestRecord, script: Script, prompt_tokens: int) -> None:
+        """The finished stream, as vLLM's histograms observe it (or as the script lies)."""
+        end = time.perf_counter_ns()
+        first = rec.send_ns[0] if rec.send_ns else end
+        last = rec.send_ns[-1] if rec.send_ns else end
+        prefill, decode = (first - rec.start_ns) / 1e9, (last - first) / 1e9
+        times = {"request_queue_time_seconds": 0.0, "request_prefill_time_seconds": prefill,
+                 "request_decode_time_seconds": decode,
+                 "request_inference_time_seconds": prefill + decode,
+                 "time_to_first_token_seconds": prefill,
+                 "e2e_request_latency_seconds": (end - rec.start_ns) / 1e9}
+        delta = script.metrics_count_delta
+        with self._lock:
+            self._running -= 1
+            self._counts += delta
+            for base, value in times.items():
+                self._sums[base] += delta * value
+            self._tokens["prompt_tokens"] += prompt_tokens
+            self._tokens["generation_tokens"] += rec.tokens_sent
+            self._tokens["request_success"] += 1
 
     def _next_script(self) -> Script:
         with self._lock:
