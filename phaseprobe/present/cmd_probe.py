@@ -285,6 +285,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
         kv_report = None
         if sampler is not None:
             kv_report = kv_reservation_report(store, result, model_config=args.model_config)
+        shared = _shared_context(store, result.runs)
     summary = summarize(result.runs)
     if args.json:
         doc = {"experiment_id": result.experiment_id,
@@ -292,6 +293,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
                "server": result.server_info, "notes": result.notes,
                "summary": summary.to_dict(), "runs": [r.to_dict() for r in result.runs]}
         doc["efficiency"] = efficiency
+        doc["overlap"] = {str(seq): ctx.to_dict() for seq, (ctx, _) in shared.items()}
         if trace_doc is not None:
             doc["trace"] = trace_doc
         if kv_report is not None:
@@ -302,6 +304,9 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     else:
         render_probe(out, result.runs, summary, result.server_info, result.notes,
                      result.experiment_id)
+        for seq, (_, text) in shared.items():
+            out.print(f"run {seq + 1} shared the engine (attributed by span): {escape(text)}",
+                      highlight=False)
         render_efficiency(out, efficiency)
         if trace_doc is not None:
             render_trace(out, trace_doc)
@@ -310,6 +315,27 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
         if prom is not None:
             render_prom_comparison(out, prom)
     return 0 if any(r.status == "ok" for r in result.runs) else 1
+
+
+def _shared_context(store: Store, runs: list[Any]) -> dict[int, tuple[Any, str]]:
+    """For each run attributed by its span (it shared the server): what it shared the engine
+    with during its prefill and decode, from every span stored around it. Under batching
+    vLLM's prefill/decode times are batch wall time; this is what makes them readable."""
+    by_span = [r for r in runs if r.span is not None and r.attributed and not r.isolated]
+    if not by_span:
+        return {}
+    from phaseprobe.analysis.span_context import overlap_context
+    from phaseprobe.present.cmd_spans import context_text
+
+    start = min(r.span.start_ns for r in by_span) - 600 * 10**9  # long requests before it
+    end = max(r.span.end_ns for r in by_span)
+    contexts = overlap_context(store.spans(since_ns=start, until_ns=end))
+    out = {}
+    for r in by_span:
+        ctx = contexts.get((r.span.trace_id, r.span.span_id))
+        if ctx is not None:
+            out[r.seq] = (ctx, context_text(ctx))
+    return out
 
 
 def _server_profile_dir(endpoint: str, asked: Path, err: Console) -> Path:
