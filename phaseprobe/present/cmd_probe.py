@@ -77,7 +77,8 @@ definitions (phaseprobe's; other tools differ):
 
 def register(subparsers: Any) -> None:
     probe = subparsers.add_parser(
-        "probe", help="measure prefill and decode of single, isolated requests",
+        "probe", help="measure prefill and decode of single requests (isolated, or attributed "
+                 "by their own vLLM span on a busy server)",
         description="Send N identical-length streaming requests one at a time and attribute "
                     "each one's time to queue, prefill and decode from vLLM's own histograms. "
                     "Without --endpoint, a local CPU vLLM with a tiny model is started (and "

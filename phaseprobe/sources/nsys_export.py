@@ -21,6 +21,7 @@ import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import numpy as np
 import pandas as pd
@@ -51,7 +52,9 @@ def open_export(path: str | os.PathLike[str]) -> sqlite3.Connection:
     if not p.is_file():
         raise TraceError(str(p), "no such file")
     try:
-        conn = sqlite3.connect(f"file:{p.resolve()}?mode=ro", uri=True)
+        # Quoted: a raw path with '#', '?' or '%' would be read as a URI fragment, a query or
+        # an escape, and open another file (issue 18). mode=ro never creates one.
+        conn = sqlite3.connect(f"file:{quote(str(p.resolve()))}?mode=ro", uri=True)
         # kernel names are arbitrary bytes to nsys; a stray invalid byte must not abort
         conn.text_factory = lambda raw: raw.decode("utf-8", "replace")
         names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
