@@ -336,6 +336,8 @@ def parse_playbook(text: str, path: str = "<playbook>") -> Playbook:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise PlaybookError(path, "", f"not valid TOML: {exc}") from None
+    except RecursionError:
+        raise PlaybookError(path, "", "input nested too deeply") from None
     top = _Reader(path, data, "", _TOP_KEYS)
     name = top.str_("name") or Path(path).stem
     model = top.str_("model")
@@ -368,6 +370,9 @@ def load_playbook(path: str | Path) -> Playbook:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise PlaybookError(str(path), "", f"cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise PlaybookError(str(path), "", f"not UTF-8 text (TOML must be): byte "
+                                           f"{exc.start} is {exc.object[exc.start]:#04x}") from None
     return parse_playbook(text, str(path))
 
 
