@@ -154,6 +154,8 @@ def load_config(path: str | Path) -> tuple[dict[str, Any], str]:
         raise ConfigError(f"model config {file}: cannot read ({exc})") from None
     try:
         doc = json.loads(text)
+    except RecursionError:
+        raise ConfigError(f"model config {file}: input nested too deeply") from None
     except json.JSONDecodeError as exc:
         raise ConfigError(f"model config {file}: not valid JSON (line {exc.lineno}: "
                           f"{exc.msg})") from None

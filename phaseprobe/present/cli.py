@@ -169,6 +169,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PhaseprobeError as exc:
         err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
         return EXIT_EXPECTED_ERROR
+    except RecursionError:
+        # The last guard: each reader names its input; one that does not still must not end
+        # in a 1000-line traceback.
+        err.print(f"[bold red]error:[/] phaseprobe {args.command}: an input (file or server "
+                  "answer) is nested too deeply to read", highlight=False)
+        return EXIT_EXPECTED_ERROR
     except Terminated:
         err.print("[yellow]terminated (SIGTERM): completed runs are in the store")
         return 143

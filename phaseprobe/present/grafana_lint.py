@@ -122,6 +122,8 @@ def load_dashboard(path: str | Path) -> dict[str, Any]:
         raise DashboardInvalid(str(p), f"cannot be read ({type(exc).__name__})") from None
     try:
         data = json.loads(text)
+    except RecursionError:
+        raise DashboardInvalid(str(p), "input nested too deeply") from None
     except json.JSONDecodeError as exc:
         raise DashboardInvalid(str(p), f"not valid JSON (line {exc.lineno}, column "
                                        f"{exc.colno}: {exc.msg})") from None

@@ -87,6 +87,8 @@ class _Stream:
         while True:
             try:
                 obj, end = _DECODER.raw_decode(self.buf, self.pos)
+            except RecursionError:
+                raise TraceError(self.path, "input nested too deeply") from None
             except json.JSONDecodeError as exc:
                 if self.eof:
                     raise TraceError(self.path, f"malformed or truncated JSON ({exc.msg})"
