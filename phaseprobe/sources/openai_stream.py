@@ -129,21 +129,52 @@ def normalize_base_url(url: str) -> str:
     return f"{scheme.lower()}://{rest}"
 
 
+# /v1/models is kept with each experiment: a server answering megabytes (or thousands of
+# models) must not go into the store whole. What a model entry keeps, and how many entries.
+MAX_MODELS_ANSWER_BYTES = 1024 * 1024
+MAX_MODELS_KEPT = 32
+_MODEL_FIELDS = ("id", "object", "owned_by", "root", "parent", "max_model_len", "created")
+
+
 def check_endpoint(base_url: str, *, session: requests.Session, headers: dict[str, str],
                    timeout_s: float = 10.0) -> list[dict[str, Any]]:
-    """Fail early and clearly if nothing usable answers; return ``/v1/models``' data list."""
+    """Fail early and clearly if nothing usable answers; return ``/v1/models``' model list:
+    validated (objects with a string ``id``), at most MAX_MODELS_KEPT entries of their small
+    known fields (strings cut at 512 characters); the answer is read at most 1 MB."""
     url = base_url.rstrip("/") + "/v1/models"
+    shown = redact_url(url)
     try:
-        resp = session.get(url, headers=headers, timeout=timeout_s)
-    except requests.RequestException as exc:
-        raise EndpointUnreachable(url, type(exc).__name__ + ": " + _short(str(exc))) from None
+        resp = session.get(url, headers=headers, timeout=timeout_s, stream=True)
+        body = resp.raw.read(MAX_MODELS_ANSWER_BYTES + 1, decode_content=True) or b""
+    except (requests.RequestException, urllib3.exceptions.HTTPError) as exc:
+        raise EndpointUnreachable(shown, type(exc).__name__ + ": " + _short(str(exc))) from None
     if resp.status_code != 200:
-        raise EndpointUnreachable(url, f"HTTP {resp.status_code}: {_short(resp.text)}")
+        raise EndpointUnreachable(shown, f"HTTP {resp.status_code}: "
+                                         f"{_short(body.decode('utf-8', 'replace'))}")
+    if len(body) > MAX_MODELS_ANSWER_BYTES:
+        raise EndpointUnreachable(shown, f"answer over {MAX_MODELS_ANSWER_BYTES} bytes: not an "
+                                         "OpenAI model list phaseprobe will read")
     try:
-        data = resp.json()["data"]
-    except (ValueError, KeyError, TypeError):
-        raise EndpointUnreachable(url, "answer is not an OpenAI model list") from None
-    return list(data)
+        doc = json.loads(body)
+    except RecursionError:
+        raise EndpointUnreachable(shown, "answer nested too deeply") from None
+    except ValueError:
+        raise EndpointUnreachable(shown, "answer is not JSON (not an OpenAI model list)"
+                                  ) from None
+    data = doc.get("data") if isinstance(doc, dict) else None
+    if not isinstance(data, list):
+        raise EndpointUnreachable(shown, "answer is not an OpenAI model list (no 'data' list)")
+    models = []
+    for i, item in enumerate(data):
+        if not isinstance(item, dict) or not isinstance(item.get("id"), str) or not item["id"]:
+            raise EndpointUnreachable(shown, f"model {i} of the answer has no string 'id'")
+        if len(models) < MAX_MODELS_KEPT:
+            models.append({k: (v[:512] if isinstance(v, str) else v) for k, v in item.items()
+                           if k in _MODEL_FIELDS and isinstance(v, (str, int, float))})
+    if len(data) > MAX_MODELS_KEPT:
+        models[-1] = {**models[-1], "phaseprobe_note": f"{len(data) - MAX_MODELS_KEPT} "
+                      "more model(s) not kept"}
+    return models
 
 
 class StreamClient:
