@@ -29,6 +29,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from phaseprobe.errors import ConfigError
+from phaseprobe.present.args import float_in, int_in, seconds
 from phaseprobe.sources.gpu_sampler import GpuSampler
 from phaseprobe.sources.nvml import COLUMNS, DEFAULT_PERIOD_S, MIN_PERIOD_S
 
@@ -54,14 +55,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                            description="Sample every GPU at --period until --duration ends or "
                                        "Ctrl-C; live values on stderr, a summary (or every "
                                        "sample with --json) on stdout.")
-    watch.add_argument("--period", type=float, default=DEFAULT_PERIOD_S, metavar="S",
+    watch.add_argument("--period", type=float_in(0.001, 3600), default=DEFAULT_PERIOD_S,
+                       metavar="S",
                        help=f"sampling period in seconds (default: {DEFAULT_PERIOD_S}, "
                             f"minimum {MIN_PERIOD_S})")
-    watch.add_argument("--duration", type=float, metavar="S",
+    watch.add_argument("--duration", type=seconds, metavar="S",
                        help="stop after S seconds (default: until Ctrl-C)")
     watch.add_argument("--fake", action="store_true",
                        help="replay scripted demo GPUs instead of NVML (no driver needed)")
-    watch.add_argument("--fake-gpus", type=int, default=2, metavar="N",
+    watch.add_argument("--fake-gpus", type=int_in(1, 1024), default=2, metavar="N",
                        help="how many demo GPUs --fake shows (default: 2)")
     watch.add_argument("--json", action="store_true", help="print one JSON document to stdout")
 
@@ -79,9 +81,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     imp.add_argument("--tz", default="local", metavar="ZONE",
                      help="zone of the log's timestamps: local (default), UTC, +02:00 or an "
                           "IANA name (nvidia-smi prints local time without a zone)")
-    imp.add_argument("--interval", type=float, default=1.0, metavar="S",
+    imp.add_argument("--interval", type=float_in(0.001, 86400), default=1.0, metavar="S",
                      help="the -l interval, for logs without a timestamp column (default: 1)")
-    imp.add_argument("--gpus", type=int, default=1, metavar="N",
+    imp.add_argument("--gpus", type=int_in(1, 1024), default=1, metavar="N",
                      help="GPUs per tick, for logs without an index column (default: 1)")
     imp.add_argument("--dcgm", action="store_true",
                      help="import DCGM-exporter series from Prometheus instead of a file")

@@ -24,6 +24,7 @@ from rich.table import Table
 
 from phaseprobe.analysis.nccl_summary import decode_steps, diff, summarize
 from phaseprobe.errors import ConfigError
+from phaseprobe.present.args import int_in
 from phaseprobe.present.keep import add_keep_args, check_keep, keep, store_path
 from phaseprobe.sources.nccl_log import parse_files
 
@@ -46,7 +47,7 @@ def register(subparsers: Any) -> None:
                    help="log files (.gz allowed); or: diff A B")
     p.add_argument("--strict", action="store_true",
                    help="stop at the first malformed NCCL line (file:line in the error)")
-    p.add_argument("--steps", type=int, default=None, metavar="N",
+    p.add_argument("--steps", type=int_in(1, 10**9), default=None, metavar="N",
                    help="decode steps the log covers: adds collectives per step")
     add_keep_args(p, experiment_help="the stored experiment this log belongs to: its decode "
                                      "steps give collectives per step; --keep attaches to it")

@@ -26,6 +26,7 @@ from rich.table import Table
 
 from phaseprobe.analysis import timeline as tla
 from phaseprobe.errors import ConfigError, TraceError
+from phaseprobe.present.args import float_in, int_in
 from phaseprobe.present.keep import add_keep_args, check_keep, keep
 
 __all__ = ["register", "run", "run_nsys", "run_trace", "summarize", "summarize_stats_csv",
@@ -43,9 +44,9 @@ def register(subparsers: Any) -> None:
                                   "classes per device, comm/compute overlap, idle gaps, top "
                                   "kernels and prefill/decode ranges.")
         p.add_argument("file", metavar=what)
-        p.add_argument("--gap-us", type=float, default=100.0, metavar="US",
+        p.add_argument("--gap-us", type=float_in(0, 1e9), default=100.0, metavar="US",
                        help="report device idle gaps at least this long (default: 100 µs)")
-        p.add_argument("--top", type=int, default=15, metavar="N",
+        p.add_argument("--top", type=int_in(1, 100_000), default=15, metavar="N",
                        help="rows in the top-kernel and idle-gap tables (default: 15)")
         p.add_argument("--json", action="store_true", help="print one JSON document to stdout")
         add_keep_args(p)
