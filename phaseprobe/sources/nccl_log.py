@@ -18,6 +18,7 @@ from __future__ import annotations
 import gzip
 import io
 import re
+import zlib
 from collections.abc import Callable, Iterable
 from functools import partial
 from pathlib import Path
@@ -223,6 +224,6 @@ def parse_files(paths: Iterable[str | Path], strict: bool = False,
                 parser.feed(fh, str(path), cb)
             if on_progress is not None:
                 on_progress(str(path), size, size)
-        except (OSError, EOFError, gzip.BadGzipFile) as exc:
+        except (OSError, EOFError, gzip.BadGzipFile, zlib.error) as exc:
             raise ConfigError(f"{path}: cannot read ({exc})") from exc
     return parser.state.finish()
