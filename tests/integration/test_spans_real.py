@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import pytest
 import requests
 
-from phaseprobe.analysis.phases import summarize
+from phaseprobe.analysis.phases import outside_engine, summarize
 from phaseprobe.analysis.span_context import overlap_context
 from phaseprobe.collect.experiment import ProbeSettings, run_probe
 from phaseprobe.collect.open_loop import LoadSettings, OpenLoopLoad
@@ -65,10 +65,17 @@ def test_every_probe_request_is_matched_to_its_span_over_grpc(local_vllm, spans_
         # vLLM's clock sits inside the client's: its phases fit in what the client waited.
         assert span.queue_s + span.prefill_s + span.decode_s <= client.e2e_s + 0.002
         assert span.prefill_s <= client.ttft_s + 0.002
+        # Time outside the engine's phases (HTTP, tokenizing, detokenizing) is never negative,
+        # and the part before the engine queued the request fits inside it.
+        outside, pre = outside_engine(run)
+        assert outside > 0 and pre is not None and 0 <= pre <= outside + 0.002
     summary = summarize(stored)
-    assert summary.outside_engine_s is not None and summary.outside_engine_s > 0
-    assert summary.pre_engine_s is not None and 0 <= summary.pre_engine_s \
-        <= summary.outside_engine_s + 0.002
+    # The summary takes it from the runs whose client timeline agrees with the server; on a
+    # loaded 2-core machine the API server can hold every first token back (each run is then
+    # rightly left out), so the summary has the figure exactly when a clean run exists.
+    assert (summary.outside_engine_s is not None) == (summary.n_clean > 0), summary
+    if summary.outside_engine_s is not None:
+        assert summary.outside_engine_s > 0
 
 
 def test_probe_under_load_is_attributed_by_span(local_vllm, spans_on):
