@@ -57,6 +57,8 @@ __all__ = ["Trigger", "InterfereSettings", "InterfereResult", "InterfereSession"
 # The automatic trigger sends B this far into A's measured decode: B's prefill then has the
 # remaining three quarters of A's decode to run in, room to spare for a slow prefill.
 AUTO_DECODE_SHARE = 0.25
+# ... and when pairs keep coming too late, lengthens A up to this many times its max_tokens.
+MAX_A_STRETCH = 4
 
 
 @dataclass(frozen=True)
@@ -194,6 +196,8 @@ class InterfereSession:
         self.delay_s: float | None = None  # B's send delay (time / estimate / auto triggers)
         self.a_first_s: float | None = None  # A's first token, alone (auto trigger)
         self.planned: list[float] = []  # B's planned send delay per pair (timed triggers)
+        self.a_tokens = st.a_tokens  # A's max_tokens in the pairs (auto may lengthen A)
+        self.late_pairs = 0
         self._finished = False
 
     def warm_up(self) -> None:
@@ -269,7 +273,7 @@ class InterfereSession:
         pre = ctx.scrape()
         if st.trigger.kind != "token":
             self.planned.append(self.delay_s or 0.0)
-        a_out, b_out = _pair(ctx, ctx.body(self.a_prompts[st.reps + i], st.a_tokens),
+        a_out, b_out = _pair(ctx, ctx.body(self.a_prompts[st.reps + i], self.a_tokens),
                              ctx.body(self.b_prompts[i], st.b_tokens), st.trigger,
                              self.delay_s or 0.0)
         post = ctx.observed(pre, 2)
@@ -297,6 +301,17 @@ class InterfereSession:
                 self.delay_s is not None and self.a_first_s is not None:
             # B's prefill outlasted what was left of A: send the next B earlier in A's decode.
             self.delay_s = self.a_first_s + (self.delay_s - self.a_first_s) / 2
+            self.late_pairs += 1
+            if self.late_pairs >= 2 and self.a_tokens < MAX_A_STRETCH * st.a_tokens:
+                # Earlier alone did not do it (a loaded machine slows B's prefill and its
+                # delivery more than A's steps): give B's prefill a longer decode to land in.
+                # The stall is read against A's pace per token, which A's length does not
+                # change; A's baseline runs stay as they were.
+                self.a_tokens *= 2
+                self.notes.append(
+                    f"A lengthened to {self.a_tokens} tokens from pair {i + 2} on: "
+                    f"{self.late_pairs} pairs came too late (A was done before B's first "
+                    "token), even sent earlier")
         return result
 
     def finish(self) -> InterfereResult:

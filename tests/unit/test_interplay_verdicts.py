@@ -359,3 +359,24 @@ def test_a_stream_delivered_in_one_burst_counts_as_burst_against_vllms_pace():
     render_batch(out, res)
     text = out.export_text()
     assert "in bursts" in text and "0.001 " in text  # TPOT 1 µs in ms, not 0.0
+
+
+def test_interfere_auto_lengthens_a_when_earlier_b_is_still_too_late(tmp_path):
+    # B's prefill (1 s) outlasts A's decode however early B goes: after two late pairs the
+    # automatic trigger asks for a longer A (what the "raise --a-tokens" advice says), and
+    # says so in the notes; A's baseline runs keep the length asked for.
+    a = Script(n_tokens=30, gap_s=0.01)
+    b = Script(n_tokens=1, first_delay_s=1.0)
+    with SseServer(a) as srv, Store(tmp_path / "s.db") as store:
+        srv.enqueue(a, b, a, a, a, b, a, b, a, b, a, b)  # warm-ups, 2 baselines, 4 attempts
+        res = run_interfere(Target(srv.base_url, srv.model), store,
+                            InterfereSettings(a_tokens=30, reps=2))
+        asked = [r.body["max_tokens"] for r in srv.requests
+                 if isinstance(r.body, dict) and r.body.get("max_tokens", 0) > 1
+                 and r.body["max_tokens"] != 4]
+    assert [s.overlap for s in res.stalls] == ["late"] * 4
+    # baselines at 30; pairs 1-2 at 30, then doubled after the 2nd and 3rd late pair
+    assert asked == [30, 30, 30, 30, 60, 120], asked
+    assert any("A lengthened to 60 tokens from pair 3 on" in n for n in res.notes), res.notes
+    assert any("A lengthened to 120 tokens from pair 4 on" in n for n in res.notes)
+    assert res.verdict().kind == "no overlap"
