@@ -5,11 +5,36 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from phaseprobe.paths import default_store_path
 
 __all__ = ["positive_int", "non_negative_int", "positive_float", "non_negative_float",
-           "float_in", "int_in", "seconds", "store_and_json_args"]
+           "float_in", "int_in", "seconds", "store_and_json_args", "IntermixedParser"]
+
+
+class IntermixedParser(argparse.ArgumentParser):
+    """Options before, between or after the positionals: ``nccl diff --json A B`` and
+    ``nccl diff A B --json`` mean the same. Plain argparse stops filling an ``nargs="+"``
+    positional at the first option and leaves what follows unrecognized.
+
+    Leaf commands parse with :meth:`parse_known_intermixed_args`; a parser with subcommands
+    of its own keeps the ordinary parse (argparse cannot intermix those), and its subparsers,
+    built with this class too, intermix in turn.
+    """
+
+    _intermixing = False  # parse_known_intermixed_args calls parse_known_args itself
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        if self._intermixing or self._subparsers is not None or any(
+                a.nargs in (argparse.REMAINDER, argparse.PARSER) for a in self._actions):
+            return super().parse_known_args(args, namespace)
+        self._intermixing = True
+        try:
+            return super().parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixing = False
+
 
 # Every numeric option is checked here, at the command line: an unchecked 0, -1, nan or 1e308
 # would otherwise reach arithmetic (a zero timeout, a negative sleep, an infinite plan).

@@ -38,6 +38,7 @@ from phaseprobe.present import (
     cmd_trace,
     cmd_watch,
 )
+from phaseprobe.present.args import IntermixedParser
 from phaseprobe.present.safe_console import SafeConsole
 from phaseprobe.present.waiting import waiting
 
@@ -47,7 +48,7 @@ EXIT_EXPECTED_ERROR = 2
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = IntermixedParser(
         prog="phaseprobe",
         description="Where does the time go in vLLM? Prefill vs decode, per request, with "
                     "evidence.")
