@@ -36,13 +36,19 @@ may carry the other record's last characters.
 
 from __future__ import annotations
 
+import gzip
 import re
+import zlib
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-__all__ = ["Finding", "classify_warnings", "by_category", "CATEGORIES", "NCCL_RESULTS"]
+from phaseprobe.errors import ConfigError
+
+__all__ = ["Finding", "classify_warnings", "classify_file", "classify_numbered", "by_category",
+           "CATEGORIES", "NCCL_RESULTS"]
 
 CATEGORIES = ("network", "timeout", "internal", "system", "cuda", "other")
 
@@ -249,11 +255,72 @@ def classify_warnings(lines: Iterable[str] | Iterable[bytes] | str, source: str 
     trails, folded as the module docstring says). Never raises on odd input."""
     if isinstance(lines, str):
         lines = lines.splitlines()
+    return classify_numbered(enumerate(lines, 1), source)
+
+
+# Every line classify_numbered could act on contains one of these: a WARN, a propagation
+# trail ("file.cc:123 -> 2") or a keyword. Whole buffers are searched for them, so the
+# millions of ordinary INFO lines of a long log never reach Python one by one.
+_CANDIDATE = re.compile(rb"NCCL WARN|\d -> \d|" + _KEYWORDS.pattern.encode())
+_CHUNK = 16 << 20
+
+
+def classify_file(path: str | Path, source: str | None = None) -> list[Finding]:
+    """:func:`classify_warnings` over a file (``.gz`` too), in bounded memory: chunks of whole
+    lines are searched for candidate lines, and only those are classified (with their line
+    numbers). ConfigError names the file when it cannot be read."""
+    p = Path(path)
+    src = source if source is not None else str(p)
+    if not p.is_file():
+        raise ConfigError(f"{p}: no such file")
+    try:
+        return classify_numbered(_candidates(p), src)
+    except (OSError, EOFError, gzip.BadGzipFile, zlib.error) as exc:
+        raise ConfigError(f"{p}: cannot read ({exc})") from exc
+
+
+def _candidates(p: Path) -> Iterator[tuple[int, bytes]]:
+    opener: Any = gzip.open if p.suffix == ".gz" else open
+    line_no = 0  # lines before the buffer
+    carry = b""
+    with opener(p, "rb") as fh:
+        while True:
+            block = fh.read(_CHUNK)
+            buf = carry + block if block else carry
+            if not buf:
+                return
+            end = buf.rfind(b"\n") + 1 if block else len(buf)
+            if end == 0:  # no newline yet: one very long line, read on
+                carry = buf
+                continue
+            pos, counted = 0, 0
+            while True:
+                m = _CANDIDATE.search(buf, pos, end)
+                if m is None:
+                    break
+                start = buf.rfind(b"\n", 0, m.start()) + 1
+                stop = buf.find(b"\n", m.end(), end)
+                stop = end if stop < 0 else stop
+                line_no += buf.count(b"\n", counted, start)
+                counted = start
+                yield line_no + 1, buf[start:stop]
+                pos = stop + 1
+            line_no += buf.count(b"\n", counted, end)
+            carry = buf[end:]
+            if not block:
+                return
+
+
+def classify_numbered(numbered: Iterable[tuple[int, str | bytes]], source: str = ""
+                      ) -> list[Finding]:
+    """:func:`classify_warnings` over ``(line number, line)`` pairs: the lines may be a subset
+    of the file (the candidates :func:`classify_file` picked), numbered as in the file."""
+    lines = numbered
     out: list[Finding] = []
     # (host, pid) → (index in out, line number of its last line): where a trail line folds
     last_of: dict[tuple[str, int], tuple[int, int]] = {}
     weak: set[int] = set()  # findings whose category is a default a trail code may refine
-    for line_no, item in enumerate(lines, 1):
+    for line_no, item in lines:
         if isinstance(item, bytes | bytearray):
             raw = bytes(item).decode("utf-8", "replace")
         elif isinstance(item, str):

@@ -356,11 +356,10 @@ def nccl_evidence(paths: Sequence[str], decode_steps: int) -> dict[str, Any]:
         if not isinstance(doc, dict):
             raise ConfigError(f"--nccl {paths[0]}: not a phaseprobe nccl --json document")
         return doc
-    from phaseprobe.analysis.nccl_summary import summarize
-    from phaseprobe.sources.nccl_log import parse_files
+    from phaseprobe.analysis.nccl_report import build_report
 
-    log = parse_files(paths)
-    doc = summarize(log, steps=decode_steps or None)
+    report = build_report(paths, steps=decode_steps or None)
+    doc, log = report.doc, report.log
     # When its collectives were logged (NCCL_DEBUG_TIMESTAMP_FORMAT lines), to check it
     # against the experiment's window. The stamps are the server host's local time.
     first, last = _stamp_ns(log.coll_first_ts), _stamp_ns(log.coll_last_ts)

@@ -22,13 +22,13 @@ from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from phaseprobe.analysis.nccl_summary import decode_steps, diff, summarize
+from phaseprobe.analysis.nccl_report import NcclReport, build_report, diff_reports
+from phaseprobe.analysis.nccl_summary import decode_steps
 from phaseprobe.errors import ConfigError
 from phaseprobe.present.args import int_in
 from phaseprobe.present.keep import add_keep_args, check_keep, keep, store_path
-from phaseprobe.sources.nccl_log import parse_files
 
-__all__ = ["register", "run", "cmd_nccl", "analyze"]
+__all__ = ["register", "run", "cmd_nccl", "analyze", "bar", "cell"]
 
 _BIG = 64 << 20  # files above this size get a progress bar on stderr
 _SEV = {"high": "red", "medium": "yellow", "low": "cyan"}
@@ -75,11 +75,11 @@ def _steps(args: argparse.Namespace) -> int | None:
 
 
 def analyze(files: list[str], strict: bool, err: Console | None,
-            steps: int | None = None) -> dict[str, Any]:
-    """Parse ``files`` (progress bar on ``err`` for big files) and summarise them."""
+            steps: int | None = None) -> NcclReport:
+    """Read ``files`` (progress bar on ``err`` for big files) into one report."""
     size = sum(Path(f).stat().st_size for f in files if Path(f).is_file())
     if err is None or size < _BIG:
-        return summarize(parse_files(files, strict=strict), steps)
+        return build_report(files, strict=strict, steps=steps)
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(),
                         TimeRemainingColumn(), console=err, transient=True)
     tasks: dict[str, Any] = {}
@@ -90,8 +90,13 @@ def analyze(files: list[str], strict: bool, err: Console | None,
         progress.update(tasks[src], completed=done)
 
     with progress:
-        log = parse_files(files, strict=strict, on_progress=tick)
-    return summarize(log, steps)
+        return build_report(files, strict=strict, steps=steps, on_progress=tick)
+
+
+def _nothing_found(files: list[str], report: NcclReport) -> ConfigError:
+    return ConfigError(f"no NCCL output found in {', '.join(files)} "
+                       f"({report.doc['lines']['total']} lines read: no NCCL lines, nccl-tests "
+                       "table or error line; run with NCCL_DEBUG=INFO)")
 
 
 def cmd_nccl(args: argparse.Namespace, out: Console, err: Console) -> int:
@@ -102,19 +107,19 @@ def cmd_nccl(args: argparse.Namespace, out: Console, err: Console) -> int:
             raise ConfigError("usage: phaseprobe nccl diff A B")
         a = analyze([files[1]], args.strict, err)
         b = analyze([files[2]], args.strict, err)
-        for d in (a, b):
-            if not d["found"]:
-                raise ConfigError(f"no NCCL output found in {d['sources'][0]}")
-        doc = diff(a, b)
+        for f, r in ((files[1], a), (files[2], b)):
+            if not r.found:
+                raise _nothing_found([f], r)
+        doc = diff_reports(a, b)
         _emit(args, out, doc)
         if not args.json:
             _render_diff(out, doc)
         return 0
     check_keep(args)
-    doc = analyze(files, args.strict, err, _steps(args))
-    if not doc["found"]:
-        raise ConfigError(f"no NCCL output found in {', '.join(files)} "
-                          f"({doc['lines']['total']} lines read; run with NCCL_DEBUG=INFO)")
+    report = analyze(files, args.strict, err, _steps(args))
+    if not report.found:
+        raise _nothing_found(files, report)
+    doc = report.doc
     _emit(args, out, doc)
     keep(args, err, "nccl", ", ".join(files), doc)
     if not args.json:
@@ -143,6 +148,87 @@ def _kv(title: str, rows: list[tuple[str, str]]) -> Table:
 
 
 def _render(out: Console, d: dict[str, Any]) -> None:
+    if d["found"] or d["nccl_versions"]:
+        _render_log(out, d)
+    for res in d.get("nccl_tests") or []:
+        for t in res["tables"]:
+            _render_table(out, res["source"], t)
+    _render_problems(out, d.get("problems") or {})
+    for f in d["red_flags"]:
+        out.print(f"[{_SEV[f['severity']]}]{f['severity']}[/] {escape(f['message'])}")
+
+
+_BAR = 28  # characters of the longest busbw bar
+_EIGHTHS = " ▏▎▍▌▋▊▉"
+
+
+def bar(value: float | None, top: float, width: int = _BAR) -> str:
+    """``value`` as a bar of ``width`` × value/top characters in eighths: busbw against
+    message size, drawn in the table where a plot would go."""
+    if value is None or top <= 0 or value <= 0:
+        return ""
+    eighths = round(min(value / top, 1.0) * width * 8)
+    full, part = divmod(eighths, 8)
+    return "█" * full + (_EIGHTHS[part] if part else "")
+
+
+def _gb(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+def _render_table(out: Console, source: str, t: dict[str, Any]) -> None:
+    """One nccl-tests table: busbw per message size, units in the headers, a bar per row."""
+    avg = t["avg_busbw_GBps_printed"]
+    basis = "printed"
+    if avg is None:
+        avg, basis = t["avg_busbw_GBps_recomputed"], "recomputed from the rows"
+    ranks = len(t["devices"]) or (t["params"] or {}).get("n_gpus")
+    title = (f"nccl-tests {t['label']}" + (f" ({t['test']})" if t["test"] else "")
+             + (f", {ranks} ranks" if ranks else "") + f" — {source}, avg busbw "
+             + (f"{avg:.2f} GB/s ({basis})" if avg is not None else "not available"))
+    tab = Table(title=escape(title), title_justify="left")
+    for col in ("size", "count", "type", "redop", "time (µs)", "algbw (GB/s)", "busbw (GB/s)",
+                "#wrong", "in-place busbw (GB/s)", "busbw vs size"):
+        tab.add_column(col, justify="left" if col in ("type", "redop", "busbw vs size")
+                       else "right")
+    rows = t.get("rows") or []
+    top = max((r["oop_busbw_GBps"] or r["ip_busbw_GBps"] or 0.0 for r in rows), default=0.0)
+    for r in rows:
+        busbw = r["oop_busbw_GBps"] if r["oop_busbw_GBps"] is not None else r["ip_busbw_GBps"]
+        wrong = r["oop_wrong"]
+        tab.add_row(_size(r["size_bytes"]), f"{r['count']:,}", escape(str(r["dtype"])),
+                    escape(str(r["redop"] or "-")),
+                    "-" if r["oop_time_us"] is None else f"{r['oop_time_us']:.1f}",
+                    _gb(r["oop_algbw_GBps"]), _gb(busbw),
+                    "N/A" if wrong is None else str(wrong), _gb(r["ip_busbw_GBps"]),
+                    bar(busbw, top) + (" (cut, put back)" if r["pieces"] > 1 else ""))
+    out.print(tab)
+    read = f"{t['n_rows']} rows"
+    if t["rows_reassembled"] or t["rows_dropped"]:
+        read += (f": {t['rows_reassembled']} put back together from cut pieces, "
+                 f"{t['rows_dropped']} left out (cut and never completed)")
+    out.print(f"[dim]{escape(read)}[/dim]")
+    for note in t["notes"]:
+        out.print(f"[dim]{escape(note)}[/dim]")
+
+
+def _render_problems(out: Console, p: dict[str, Any]) -> None:
+    items = p.get("items") or []
+    if not items:
+        return
+    cats = ", ".join(f"{k} {v}" for k, v in p["by_category"].items())
+    tab = Table(title=f"problems ({p['count']}: {cats})", title_justify="left")
+    for col in ("category", "where", "why", "line"):
+        tab.add_column(col)
+    for f in items[:20]:
+        tab.add_row(f["category"], escape(f"{f['source']}:{f['line_no']}"), escape(f["reason"]),
+                    escape(f["line"][:160]))
+    out.print(tab)
+    if p["count"] > 20:
+        out.print(f"[dim]… {p['count'] - 20} more in --json[/dim]")
+
+
+def _render_log(out: Console, d: dict[str, Any]) -> None:
     versions = ", ".join(f"{v['version']}+cuda{v['cuda']}" if v["cuda"] else v["version"]
                          for v in d["nccl_versions"]) or "no banner"
     tr = d["transports"]
@@ -205,11 +291,6 @@ def _render(out: Console, d: dict[str, Any]) -> None:
     if d["tuning"]["decisions"]:
         out.print(_kv("tuning (algorithm/protocol choices)",
                       [(k, str(v)) for k, v in d["tuning"]["by_choice"].items()]))
-    for w in d["warnings"]["items"][:10]:
-        out.print(f"[red]WARN[/] line {w['line_no']} {escape(str(w['file']))}:{w['line']}: "
-                  f"{escape(w['message'])}", highlight=False)
-    for f in d["red_flags"]:
-        out.print(f"[{_SEV[f['severity']]}]{f['severity']}[/] {escape(f['message'])}")
 
 
 def _size(n: int) -> str:
@@ -254,6 +335,21 @@ _DIFF_ROWS = (("channels", "channels (min–max per rank)", False),
 
 
 def _render_diff(out: Console, doc: dict[str, Any]) -> None:
+    for i, line in enumerate(doc["headline"]):
+        out.print(("[bold]" if i == 0 else "") + escape(line), highlight=False)
+    for t in (doc["busbw"] or {}).get("tables", []):
+        tab = Table(title=f"busbw by message size: {escape(t['label'])} ({t['place']})",
+                    title_justify="left")
+        for col in ("size", "A busbw (GB/s)", "B busbw (GB/s)", "change (GB/s)", "change"):
+            tab.add_column(col, justify="right")
+        for r in t["by_size"]:
+            pct = r["change_pct"]
+            tab.add_row(_size(r["size_bytes"]), _gb(r["a_busbw_GBps"]), _gb(r["b_busbw_GBps"]),
+                        f"{r['change_GBps']:+.2f}", "-" if pct is None else f"{pct:+.1f} %")
+        out.print(tab)
+    if "channels" not in doc["a"]:  # no NCCL log lines on one side: nothing more to set out
+        _render_worse(out, doc)
+        return
     t = Table(title="nccl diff", title_justify="left")
     t.add_column("")
     t.add_column(escape(", ".join(doc["a"]["sources"])))
@@ -261,6 +357,10 @@ def _render_diff(out: Console, doc: dict[str, Any]) -> None:
     for key, label, share in _DIFF_ROWS:
         t.add_row(label, escape(cell(doc["a"][key], share)), escape(cell(doc["b"][key], share)))
     out.print(t)
+    _render_worse(out, doc)
+
+
+def _render_worse(out: Console, doc: dict[str, Any]) -> None:
     if not doc["worse"]:
         out.print("[green]nothing got worse")
     for w in doc["worse"]:

@@ -38,5 +38,11 @@ class SafeConsole(Console):
     parameter is redacted in whatever reaches the terminal or ``--json`` (each command
     redacts what it prints; this catches what a message quotes, e.g. a requests error)."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # No emoji codes: file- and server-derived text is full of ":1234:"-like runs
+        # ("net_ib.cc:1234 (fn)") that rich would turn into pictures.
+        kwargs.setdefault("emoji", False)
+        super().__init__(*args, **kwargs)
+
     def render_str(self, text: str, **kwargs: Any) -> Text:
         return super().render_str(visible(redact_urls_in(text)), **kwargs)

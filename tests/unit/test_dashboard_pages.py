@@ -417,3 +417,17 @@ def test_interfere_pairs_on_one_clock(monkeypatch, tmp_path):
     assert count_charts(at) == 4  # all runs, the pair, A's gaps, one run's ITL
     assert "A's largest gap after B was sent: 44.0 ms; its median gap before: 4.0 ms" \
         in page_text(at)
+
+
+def test_nccl_tests_table_is_plotted_busbw_against_size(monkeypatch, tmp_path, filled):
+    import shutil
+
+    from phaseprobe.present.cli import main
+
+    store = tmp_path / "kept.db"
+    shutil.copy(filled, store)
+    log = Path(__file__).parents[1] / "data" / "nccl" / "pair_healthy.log"
+    assert main(["nccl", str(log), "--keep", "--experiment", "3", "--store", str(store)]) == 0
+    at = goto(open_app(monkeypatch, store), "NCCL", 3)
+    assert "nccl-tests: bus bandwidth by message size" in [h.value for h in at.subheader]
+    assert count_charts(at) == 2  # busbw by size, then the transport mix

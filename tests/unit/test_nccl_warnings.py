@@ -3,13 +3,16 @@ line numbers and folded propagation trails; arbitrary text never raises."""
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from phaseprobe.analysis.nccl_warnings import CATEGORIES, Finding, by_category, classify_warnings
+from phaseprobe.errors import ConfigError
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "nccl"
 
@@ -151,3 +154,45 @@ def test_arbitrary_text_never_raises(lines: list[str]) -> None:
         assert f.category in CATEGORIES and 1 <= f.line_no <= len(lines)
         assert f.line == lines[f.line_no - 1].rstrip("\r\n")[:2000]
     assert sum(by_category(fs).values()) == len(fs)
+
+
+# --- classify_file: whole-buffer candidate search gives what line-by-line classification gives
+
+
+def _every_fixture() -> list[Path]:
+    return sorted((Path(__file__).parent.parent / "data" / "nccl").glob("*.*"))
+
+
+@pytest.mark.parametrize("chunk", [64, 4096, 16 << 20])
+def test_classify_file_equals_line_by_line_on_every_fixture(tmp_path, monkeypatch, chunk):
+    import phaseprobe.analysis.nccl_warnings as nw
+
+    monkeypatch.setattr(nw, "_CHUNK", chunk)  # lines cut at chunk ends must still be whole
+    seen = 0
+    for path in _every_fixture():
+        with open(path, "rb") as fh:
+            expected = classify_warnings(fh, str(path))
+        got = nw.classify_file(path)
+        assert got == expected, path
+        seen += len(got)
+        gz = tmp_path / (path.name + ".gz")
+        gz.write_bytes(gzip.compress(path.read_bytes().replace(b"\n", b"\r\n")))
+        crlf = nw.classify_file(gz, str(path))
+        assert [(f.line_no, f.category, f.line) for f in crlf] == \
+            [(f.line_no, f.category, f.line) for f in expected], gz
+    assert seen > 20  # the fixtures do hold findings
+
+
+def test_classify_file_errors_name_the_file(tmp_path):
+    import phaseprobe.analysis.nccl_warnings as nw
+
+    with pytest.raises(ConfigError, match="nope.log: no such file"):
+        nw.classify_file(tmp_path / "nope.log")
+    bad = tmp_path / "bad.log.gz"
+    bad.write_bytes(gzip.compress(b"x" * 5000)[:-30] + b"\0" * 30)
+    with pytest.raises(ConfigError, match="bad.log.gz: cannot read"):
+        nw.classify_file(bad)
+    last = tmp_path / "last.log"  # no newline at the end: the last line still counts
+    last.write_bytes(b"line\nhost:1:1 [0] NCCL WARN Net : Connection closed by remote peer")
+    (f,) = nw.classify_file(last)
+    assert f.line_no == 2 and f.category == "network"

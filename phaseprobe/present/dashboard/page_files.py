@@ -134,6 +134,18 @@ def render_nccl(ctx: Context) -> None:
                 "Per-step counts need decode steps: `phaseprobe check --nccl LOG` uses the "
                 "experiment's.")
         return
+    busbw = [{"table": f"{t['label']} ({Path(res['source']).name})", "size_bytes": r["size_bytes"],
+              "busbw_GBps": r["oop_busbw_GBps"] if r["oop_busbw_GBps"] is not None
+              else r["ip_busbw_GBps"]}
+             for res in doc.get("nccl_tests") or [] for t in res["tables"]
+             for r in t.get("rows") or []]
+    if busbw:
+        st.subheader("nccl-tests: bus bandwidth by message size")
+        frame = pd.DataFrame(busbw).dropna()
+        st.altair_chart(alt.Chart(frame).mark_line(point=True).encode(
+            x=alt.X("size_bytes:Q", scale=alt.Scale(type="log", base=2),
+                    title="message size (bytes)"),
+            y=alt.Y("busbw_GBps:Q", title="busbw (GB/s)"), color="table:N"))
     by_kind = (doc.get("transports") or {}).get("by_kind") or {}
     if by_kind:
         st.subheader("Transport mix")
