@@ -366,6 +366,8 @@ def load_playbook(path: str | Path) -> Playbook:
         shipped = shipped_playbooks() / f"{p.name}.toml"
         if shipped.is_file():
             p = shipped
+    if p.exists() and not p.is_file():  # a FIFO would block the read forever
+        raise PlaybookError(str(path), "", "not a regular file")
     try:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:

@@ -297,9 +297,9 @@ def _render_summary(out: Console, summary: list[dict[str, Any]], title: str,
                     names: list[str] | None) -> None:
     table = Table(title=title, title_justify="left",
                   caption="memory in GiB; utilisation and power are means over the samples")
-    for col in ("gpu", *(("name",) if names else ()), "samples", "span s", "mem min",
-                "mem median", "mem max", "of", "util %", "mem util %", "power W", "power max W",
-                "SM MHz", "temp max °C"):
+    for col in ("gpu", *(("name",) if names else ()), "samples", "span s", "mem min GiB",
+                "mem median GiB", "mem max GiB", "of GiB", "util %", "mem util %", "power W",
+                "power max W", "SM MHz", "temp max °C"):
         table.add_column(col, justify="left" if col == "name" else "right")
     for s in summary:
         i = s["gpu_index"]

@@ -124,8 +124,8 @@ def _neighbours(store: Store, span: RequestSpan) -> list[RequestSpan]:
 def span_table(spans: list[RequestSpan], title: str) -> Table:
     table = Table(title=title, caption="times in ms; other = e2e − (queue + prefill + decode): "
                   "HTTP, tokenization, delivery (never prefill)")
-    for col in ("request", "e2e", "queue", "prefill", "decode", "other", "TTFT", "TPOT", "in",
-                "out"):
+    for col in ("request", "e2e ms", "queue ms", "prefill ms", "decode ms", "other ms", "TTFT ms",
+                "TPOT ms", "in tok", "out tok"):
         table.add_column(col, justify="left" if col == "request" else "right", no_wrap=True)
     for s in spans:
         table.add_row(escape(_short_id(s.request_id)), ms(s.e2e_s), ms(s.queue_s, 2),

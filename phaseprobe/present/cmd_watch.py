@@ -256,8 +256,8 @@ def _render(summary: Any, stats: dict[str, Any], n_kept: int, loss: Any,
                   + (f" · last {window:.0f} s" if window else "")
                   + (f" · {elapsed_s:.0f} s" if elapsed_s is not None else ""),
                   caption=head)
-    table.add_column("ms")
-    for q in ("p50", "p90", "p99"):
+    table.add_column("phase")
+    for q in ("p50 ms", "p90 ms", "p99 ms"):
         table.add_column(q, justify="right")
     for name, label in (("queue", "queue"), ("prefill", "prefill"), ("decode", "decode"),
                         ("ttft", "TTFT"), ("tpot", "TPOT"), ("e2e", "e2e")):
@@ -273,8 +273,9 @@ def _render(summary: Any, stats: dict[str, Any], n_kept: int, loss: Any,
             + "  (other: HTTP, tokenization and delivery outside the engine's phases)")
     slow = d.get("slowest") or []
     if slow:
-        st = Table(title="slowest recent requests (ms)")
-        for col in ("request", "e2e", "queue", "prefill", "decode", "other", "in", "out"):
+        st = Table(title="slowest recent requests")
+        for col in ("request", "e2e ms", "queue ms", "prefill ms", "decode ms", "other ms",
+                    "in tok", "out tok"):
             st.add_column(col, justify="left" if col == "request" else "right")
         for r in slow:
             st.add_row(escape(str(r.get("request_id") or "—"))[:28], ms(r.get("e2e_s")),

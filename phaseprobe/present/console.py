@@ -81,8 +81,8 @@ def render_probe(console: Console, runs: Sequence[Run], summary: Summary,
                "times in ms; server columns are vLLM's own histograms per request")
     table = Table(title=f"phaseprobe · experiment {experiment_id} · vLLM {version}",
                   caption=caption)
-    for col in ("run", "status", "TTFT", "queue", "prefill", "decode", "TPOT", "ITL p50",
-                "ITL p99", "e2e", "in", "out", "isolated"):
+    for col in ("run", "status", "TTFT ms", "queue ms", "prefill ms", "decode ms", "TPOT ms",
+                "ITL p50 ms", "ITL p99 ms", "e2e ms", "in tok", "out tok", "isolated"):
         table.add_column(col, justify="left" if col == "status" else "right", no_wrap=True)
     for r in runs:
         c, s = r.client, r.server
