@@ -35,6 +35,7 @@ to a shell. Every mistake raises :class:`PlaybookError` naming the file and the 
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import tomllib
@@ -55,6 +56,16 @@ __all__ = ["PlaybookError", "Launch", "Arm", "RunPlan", "Playbook", "load_playbo
 
 LOCAL_MODEL = "local"  # the embedded tiny model served by phaseprobe's CPU vLLM
 _TOP_KEYS = {"name", "description", "model", "run", "arm"}
+MAX_RUNS = 100_000  # runs per arm, as --runs/--max-runs allow
+_MAX_COUNT = 10**9  # any other count (tokens, warm-ups, seeds): far beyond use, inside int64
+_MAX_SECONDS = 7 * 24 * 3600.0  # a week, as every --timeout-like option allows
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:40] + "…"
+
+
 _RUN_KEYS = {"prompt", "prompt_tokens", "max_tokens", "runs", "warmup", "api", "order",
              "block_size", "seed", "min_effect", "ignore_eos", "timeout_s", "pause_s",
              "until_decided", "max_runs", "max_minutes", "primary"}
@@ -201,13 +212,29 @@ class _Reader:
             raise self.fail(name, f"must be a non-empty string, not {value!r}")
         return value
 
-    def int_(self, name: str, default: int | None, minimum: int) -> int | None:
+    def int_(self, name: str, default: int | None, minimum: int,
+             maximum: int = _MAX_COUNT) -> int | None:
         value = self.table.get(name, default)
         if value is None:
             return None
-        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-            raise self.fail(name, f"must be an integer >= {minimum}, not {value!r}")
+        if not isinstance(value, int) or isinstance(value, bool) or not \
+                minimum <= value <= maximum:
+            raise self.fail(name, f"must be an integer from {minimum} to {maximum}, not "
+                                  f"{_shown(value)}")
         return value
+
+    def seconds(self, name: str, default: float, *, zero_ok: bool,
+                maximum: float = _MAX_SECONDS) -> float:
+        """A finite number of seconds in (0, maximum] (or [0, maximum] with ``zero_ok``): inf,
+        nan and 1e308 would reach a socket timeout or ``time.sleep``."""
+        value = self.table.get(name, default)
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and \
+            math.isfinite(value) and (0 <= value if zero_ok else 0 < value) and value <= maximum
+        if not ok:
+            lowest = ">= 0" if zero_ok else "> 0"
+            raise self.fail(name, f"must be a number of seconds {lowest} and at most "
+                                  f"{maximum:g}, not {_shown(value)}")
+        return float(value)
 
     def argv(self, name: str) -> tuple[str, ...] | None:
         value = self.table.get(name)
@@ -241,9 +268,7 @@ def _launch(path: str, raw: object, prefix: str) -> Launch:
                                             for k, v in env.items()):
         raise r.fail("env", f"must be a table of string values (NCCL_ALGO = \"Ring\"), "
                             f"not {env!r}")
-    timeout = raw.get("startup_timeout_s", 600.0)
-    if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout <= 0:
-        raise r.fail("startup_timeout_s", f"must be a positive number, not {timeout!r}")
+    timeout = r.seconds("startup_timeout_s", 600.0, zero_ok=False)
     command = r.argv("command")
     if command is not None and not command:
         raise r.fail("command", "must not be empty")
@@ -298,12 +323,8 @@ def _run_plan(path: str, raw: object) -> RunPlan:
     ignore_eos = raw.get("ignore_eos", True)
     if not isinstance(ignore_eos, bool):
         raise r.fail("ignore_eos", f"must be true or false, not {ignore_eos!r}")
-    timeout = raw.get("timeout_s", 120.0)
-    if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout <= 0:
-        raise r.fail("timeout_s", f"must be a positive number, not {timeout!r}")
-    pause = raw.get("pause_s", 0.0)
-    if not isinstance(pause, int | float) or isinstance(pause, bool) or pause < 0:
-        raise r.fail("pause_s", f"must be a number >= 0, not {pause!r}")
+    timeout = r.seconds("timeout_s", 120.0, zero_ok=False)
+    pause = r.seconds("pause_s", 0.0, zero_ok=True, maximum=3600.0)
     until = raw.get("until_decided", False)
     if not isinstance(until, bool):
         raise r.fail("until_decided", f"must be true or false, not {until!r}")
@@ -319,10 +340,10 @@ def _run_plan(path: str, raw: object) -> RunPlan:
     except ValueError as exc:
         raise r.fail("primary", str(exc)) from None
     return RunPlan(
-        until_decided=until, max_runs=r.int_("max_runs", 60, 2) or 60,
+        until_decided=until, max_runs=r.int_("max_runs", 60, 2, MAX_RUNS) or 60,
         max_minutes=None if max_minutes is None else float(max_minutes), primary=primary,
         pause_s=float(pause), prompt=prompt, prompt_tokens=prompt_tokens, max_tokens=max_tokens,
-        runs=r.int_("runs", 10, 1) or 10, warmup=r.int_("warmup", 1, 0) or 0,
+        runs=r.int_("runs", 10, 1, MAX_RUNS) or 10, warmup=r.int_("warmup", 1, 0) or 0,
         api="chat" if api == "chat" else "completions",
         order="blocks" if order == "blocks" else "interleaved",
         block_size=r.int_("block_size", 2, 1) or 2, seed=r.int_("seed", 0, 0) or 0,

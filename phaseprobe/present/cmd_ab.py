@@ -32,6 +32,7 @@ from rich.table import Table
 from phaseprobe.analysis.ab_sequential import PRIMARY_METRICS, PRIMARY_PHASES, SequentialPlan
 from phaseprobe.collect.ab import resume_ab, run_ab
 from phaseprobe.collect.playbook import (
+    MAX_RUNS,
     RunPlan,
     load_playbook,
     parse_effect,
@@ -369,7 +370,7 @@ def _list(out: Console, as_json: bool) -> int:
 def _check_numbers(args: argparse.Namespace) -> None:
     if args.runs is not None and args.runs < 1:
         raise ConfigError(f"--runs must be at least 1, not {args.runs}")
-    if args.max_runs is not None and not 2 <= args.max_runs <= 100_000:
+    if args.max_runs is not None and not 2 <= args.max_runs <= MAX_RUNS:
         raise ConfigError(f"--max-runs must be between 2 and 100000, not {args.max_runs}")
     if args.max_minutes is not None and not 0 < args.max_minutes <= 7 * 24 * 60:
         raise ConfigError(f"--max-minutes must be > 0 and at most a week, not "

@@ -187,10 +187,11 @@ def _tz(text: str) -> tzinfo | None:
         return UTC
     sign = text[:1]
     if sign in "+-" and len(text) == 6 and text[3] == ":":
-        try:
-            delta = timedelta(hours=int(text[1:3]), minutes=int(text[4:6]))
-        except ValueError:
-            raise ConfigError(f"--tz {text!r}: use local, UTC, +HH:MM or an IANA name") from None
+        hh, mm = text[1:3], text[4:6]
+        if not (hh.isdigit() and mm.isdigit() and int(hh) < 24 and int(mm) < 60):
+            raise ConfigError(f"--tz {text!r}: use local, UTC, +HH:MM (HH below 24, MM below "
+                              "60) or an IANA name")
+        delta = timedelta(hours=int(hh), minutes=int(mm))
         return timezone(-delta if sign == "-" else delta)
     from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 

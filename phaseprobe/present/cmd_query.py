@@ -43,6 +43,9 @@ def _duration_s(text: str) -> float:
     return sum(float(n) * _SECONDS[u] for n, u in _DURATION.findall(text))
 
 
+MAX_UNIX_S = 253402300799.0  # 9999-12-31T23:59:59Z
+
+
 def parse_time(text: str, now: float | None = None) -> float:
     """Unix seconds from ``now``, ``now-15m``, a unix timestamp or an ISO 8601 time (a time
     without a zone is UTC, as in Prometheus)."""
@@ -54,17 +57,23 @@ def parse_time(text: str, now: float | None = None) -> float:
         offset = _duration_s(span) if span else 0.0
         return now - offset if sign == "-" else now + offset
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
-        pass
-    try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise ConfigError(f"time {text!r}: use now, now-15m, unix seconds or ISO 8601"
-                          ) from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment.timestamp()
+        value = None
+    if value is None:
+        try:
+            moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            raise ConfigError(f"time {text!r}: use now, now-15m, unix seconds or ISO 8601"
+                              ) from None
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=UTC)
+        value = moment.timestamp()
+    # Prometheus takes 1970 .. 9999; nan, inf and 1e20 would reach datetime and raise there.
+    if not 0 <= value <= MAX_UNIX_S:
+        raise ConfigError(f"time {text!r}: out of range (unix seconds 0 .. {MAX_UNIX_S:.0f}, "
+                          "years 1970 .. 9999)")
+    return value
 
 
 def register(subparsers: Any) -> None:

@@ -143,7 +143,10 @@ def _number(text: str, col: _Column) -> float:
     scale = _UNIT_SCALE.get(unit)
     if scale is None:
         raise _Bad(f"{col.field}: unknown unit {unit!r}")
-    return float(m.group(1)) * scale
+    value = float(m.group(1)) * scale
+    if not math.isfinite(value):  # "1e999": JSON and the store cannot hold it
+        raise _Bad(f"{col.field}: {text!r} is out of range")
+    return value
 
 
 def _timestamp(text: str, tz: tzinfo | None) -> int:
@@ -163,9 +166,12 @@ def _timestamp(text: str, tz: tzinfo | None) -> int:
         if moment.tzinfo is None:
             # No zone in nvidia-smi output: the capturing machine's local time (or tz if given).
             moment = moment.replace(tzinfo=tz) if tz is not None else moment.astimezone()
-        return int(moment.timestamp() * 1_000_000) * 1000  # whole µs: no float noise
+        ns = int(moment.timestamp() * 1_000_000) * 1000  # whole µs: no float noise
     except (OverflowError, OSError, ValueError):
         raise _Bad(f"timestamp {text!r} is out of range") from None
+    if not 0 <= ns < 2**63:  # before 1970 or after 2262: not an int64 of nanoseconds
+        raise _Bad(f"timestamp {text!r} is out of range (years 1970 .. 2262)")
+    return ns
 
 
 def parse_nvidia_smi_csv(lines: Iterable[str], *, source: str = "<nvidia-smi csv>",
@@ -245,8 +251,9 @@ def _row(parts: list[str], columns: list[_Column], tz: tzinfo | None) -> dict[st
         elif col.column == "t_ns":
             row["t_ns"] = _timestamp(text, tz)
         elif col.column == "gpu_index":
-            if not (text.isascii() and text.isdigit()):
-                raise _Bad(f"index {text!r} is not a GPU index")
+            # digits, and few of them: 10**400 would overflow the frame's int64 column
+            if not (text.isascii() and text.isdigit() and len(text) <= 5):
+                raise _Bad(f"index {text[:20]!r} is not a GPU index")
             row["gpu_index"] = int(text)
         else:
             row[col.column] = _number(text, col)

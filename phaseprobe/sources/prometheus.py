@@ -237,7 +237,7 @@ class PrometheusClient:
     def _parse(self, result: Any, parse: Any) -> Any:
         try:
             return parse(result)
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, AttributeError):  # items not objects, etc.
             raise PrometheusUnreachable(self.shown_url, "unexpected result shape") from None
 
     def metric_names(self) -> set[str]:

@@ -83,7 +83,7 @@ def test_every_shipped_playbook_loads_and_has_a_description():
     (GOOD.replace('max_tokens = 8', ''), "run.max_tokens", "missing"),
     (GOOD.replace('prompt_tokens = 16', 'prompt = "hi"\nprompt_tokens = 16'), "run.prompt",
      "exactly one"),
-    (GOOD.replace('runs = 4', 'runs = 0'), "run.runs", ">= 1"),
+    (GOOD.replace('runs = 4', 'runs = 0'), "run.runs", "from 1 to 100000"),
     (GOOD.replace('runs = 4', 'runs = 4\nmin_effect = "lots"'), "run.min_effect",
      "effect size"),
     (GOOD.replace('runs = 4', 'runs = 4\norder = "random"'), "run.order", "interleaved"),
