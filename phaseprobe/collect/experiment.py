@@ -9,6 +9,7 @@ to the store before the next one starts. Faults become data: an HTTP error or a 
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -28,6 +29,7 @@ from phaseprobe.sources.openai_stream import (
     StreamClient,
     build_body,
     check_endpoint,
+    small_json,
 )
 from phaseprobe.sources.stall_watch import StallWatch
 from phaseprobe.sources.vllm_metrics import MetricSnapshot, MetricsScraper
@@ -73,15 +75,18 @@ class NullProgress:
     def on_end(self) -> None: ...
 
 
+_VERSION = re.compile(r"[0-9A-Za-z][0-9A-Za-z.+_-]{0,63}")  # "0.32.0", "0.6.3.post1+cpu"
+
+
 def server_info(base_url: str, session: requests.Session, headers: dict[str, str],
                  models: list[dict[str, Any]], snap: MetricSnapshot | None) -> dict[str, Any]:
     info: dict[str, Any] = {"models": models, "vllm_version": None, "cache_config": None}
-    try:
-        resp = session.get(base_url.rstrip("/") + "/version", headers=headers, timeout=5)
-        if resp.status_code == 200:
-            info["vllm_version"] = resp.json().get("version")
-    except (requests.RequestException, ValueError, AttributeError):
-        pass
+    doc = small_json(session, "GET", base_url.rstrip("/") + "/version", headers=headers,
+                     timeout_s=5)
+    version = doc.get("version") if isinstance(doc, dict) else None
+    # Kept with the experiment and compared between arms: a version string, nothing else.
+    if isinstance(version, str) and _VERSION.fullmatch(version):
+        info["vllm_version"] = version
     if snap is not None:
         labels = snap.labels_of("cache_config_info")
         info["cache_config"] = labels[0] if labels else None

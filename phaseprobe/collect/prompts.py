@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import requests
 
+from phaseprobe.sources.openai_stream import small_json
+
 __all__ = ["PromptBuilder", "BuiltPrompt"]
 
 # Plain, common words: tokenizers split them into few tokens, and the text stays readable.
@@ -56,11 +58,13 @@ class PromptBuilder:
     def _count(self, text: str) -> int | None:
         if self.tokenize_available is False:
             return None
-        try:
-            resp = self.session.post(self.url, json={"model": self.model, "prompt": text},
-                                     headers=self.headers, timeout=self.timeout_s)
-            count = int(resp.json()["count"]) if resp.status_code == 200 else None
-        except (requests.RequestException, ValueError, KeyError, TypeError):
+        doc = small_json(self.session, "POST", self.url, headers=self.headers,
+                         timeout_s=self.timeout_s, body={"model": self.model, "prompt": text})
+        count = doc.get("count") if isinstance(doc, dict) else None
+        # A token count is a whole number no larger than the text could hold (bytes + BOS):
+        # "12", 1e9, true or -1 mean this is not vLLM's /tokenize.
+        if not (isinstance(count, int) and not isinstance(count, bool)
+                and 0 <= count <= len(text.encode()) + 16):
             count = None
         self.tokenize_available = count is not None
         return count

@@ -29,7 +29,7 @@ from phaseprobe.errors import ConfigError, EndpointUnreachable
 from phaseprobe.records import ClientTimeline
 from phaseprobe.redact import redact_url
 
-__all__ = ["StreamClient", "DEFAULT_DEADLINE_S", "MAX_EVENT_BYTES", "StreamOutcome",
+__all__ = ["small_json", "StreamClient", "DEFAULT_DEADLINE_S", "MAX_EVENT_BYTES", "StreamOutcome",
            "TokenEventCounter", "check_endpoint", "normalize_base_url", "build_body"]
 
 _ERROR_EXCERPT = 500
@@ -175,6 +175,32 @@ def check_endpoint(base_url: str, *, session: requests.Session, headers: dict[st
         models[-1] = {**models[-1], "phaseprobe_note": f"{len(data) - MAX_MODELS_KEPT} "
                       "more model(s) not kept"}
     return models
+
+
+MAX_SMALL_ANSWER_BYTES = 64 * 1024  # /version, /tokenize: a few dozen bytes when sane
+
+
+def small_json(session: requests.Session, method: str, url: str, *, headers: dict[str, str],
+               timeout_s: float, body: Any = None) -> Any:
+    """A small JSON answer (``/version``, ``/tokenize``) or None: not 200, not JSON, over
+    :data:`MAX_SMALL_ANSWER_BYTES`, nested too deeply, or unreachable. These answers are
+    optional extras, so any of that means "not available", never a traceback; callers still
+    validate the shape of what comes back."""
+    try:
+        resp = session.request(method, url, headers=headers, timeout=timeout_s, json=body,
+                               stream=True)
+        try:
+            data = resp.raw.read(MAX_SMALL_ANSWER_BYTES + 1, decode_content=True) or b""
+        finally:
+            resp.close()
+    except (requests.RequestException, urllib3.exceptions.HTTPError, OSError):
+        return None
+    if resp.status_code != 200 or len(data) > MAX_SMALL_ANSWER_BYTES:
+        return None
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError):
+        return None
 
 
 class StreamClient:

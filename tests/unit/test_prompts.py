@@ -1,14 +1,26 @@
+import json as json_module
 import re
 
 from phaseprobe.collect.prompts import PromptBuilder
 
 
-class _Resp:
-    def __init__(self, status, payload):
-        self.status_code, self._payload = status, payload
+class _Raw:
+    def __init__(self, data):
+        self.data = data
 
-    def json(self):
-        return self._payload
+    def read(self, n, decode_content=True):
+        return self.data[:n]
+
+
+class _Resp:
+    """The part of requests.Response the bounded reader uses."""
+
+    def __init__(self, status, payload):
+        self.status_code = status
+        self.raw = _Raw(json_module.dumps(payload).encode())
+
+    def close(self):
+        pass
 
 
 class FakeTokenizer:
@@ -18,7 +30,8 @@ class FakeTokenizer:
         self.available = available
         self.calls = 0
 
-    def post(self, url, json=None, headers=None, timeout=None):
+    def request(self, method, url, json=None, headers=None, timeout=None, stream=False):
+        assert method == "POST" and url.endswith("/tokenize")
         self.calls += 1
         if not self.available:
             return _Resp(404, {"detail": "Not Found"})
