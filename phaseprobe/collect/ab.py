@@ -250,7 +250,8 @@ class _Arm:
         models = check_endpoint(url, session=session, headers=headers)
         self.scraper: MetricsScraper | None = MetricsScraper(url, session=session,
                                                              headers=headers)
-        self.notes: list[str] = []
+        self.notes: list[str] = ([f"arm {arm.name}: {self.client.auth_note}"]
+                                 if self.client.auth_note else [])
         try:
             first = self.scraper.scrape() if self.scraper else None
         except MetricsUnavailable as exc:

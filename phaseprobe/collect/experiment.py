@@ -214,7 +214,7 @@ def run_probe(spec: RunSpec, store: Store, *, settings: ProbeSettings = ProbeSet
                           deadline_s=deadline_s)
     headers = {k: v for k, v in client.headers.items() if k == "Authorization"}
     models = check_endpoint(spec.endpoint, session=session, headers=headers)
-    notes: list[str] = []
+    notes: list[str] = [client.auth_note] if client.auth_note else []
     scraper: MetricsScraper | None = MetricsScraper(spec.endpoint, session=session,
                                                     headers=headers)
     first: MetricSnapshot | None = None

@@ -70,7 +70,8 @@ class ProbeContext:
                 # Caught before any run: otherwise every run would be a 404 error run.
                 raise ConfigError(f"model {target.model!r} is not served at {target.endpoint} "
                                   f"(it serves: {', '.join(served) or 'nothing'})")
-        self.notes: list[str] = []
+        note = self.new_client().auth_note
+        self.notes: list[str] = [note] if note else []
         self.scraper: MetricsScraper | None = MetricsScraper(
             target.endpoint, session=self.session, headers=self.headers)
         first: MetricSnapshot | None = None

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import requests
 import urllib3
@@ -229,6 +230,12 @@ class StreamClient:
         self.headers = {"Accept": "text/event-stream"}
         if api_key:
             self.headers["Authorization"] = f"Bearer {api_key}"
+        # requests sends a URL's user:password as Basic auth in place of our Authorization
+        # header, whatever it holds: say that the key is not sent (never what the secrets are).
+        self.auth_note: str | None = None
+        if api_key and urlsplit(self.base_url).password is not None:
+            self.auth_note = ("the endpoint URL carries user:password, so HTTP Basic auth is "
+                              "sent and the API key (Bearer) is not: drop one of the two")
 
     def stream(self, body: dict[str, Any],
                on_events: Callable[[list[bytes]], None] | None = None,

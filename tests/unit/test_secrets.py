@@ -137,6 +137,10 @@ def test_probe_keeps_password_key_and_prom_token_out_of_store_and_output(
     assert prom.seen, "the Prometheus URL was used"
     assert _leaks(out) == [] and _leaks(err) == []
     assert "Prometheus" in (out + err)  # its failure is reported, its URL redacted
+    # Basic auth from the URL replaces the Bearer key: said, not silently dropped.
+    assert {r.headers.get("authorization", "")[:6] for r in posts} == {"Basic "}
+    assert "HTTP Basic auth is sent and the API key (Bearer) is not" in \
+        " ".join((out + err).split())
     if fmt:
         doc = json.loads(out)
         assert doc["spec"]["endpoint"] == srv.base_url
