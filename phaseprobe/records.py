@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 __all__ = [
+    "CountedSpan",
     "RunStatus",
     "RunSpec",
     "ClientTimeline",
@@ -278,6 +279,12 @@ class SpanWindows:
     last_token_ns: int
     end_ns: int
 
+
+
+# An OTLP span that is not a vLLM request ("other") or cannot be used ("rejected"), as counted
+# in the store: (kind, service, span name or reason, start time in ns, key: trace + span id,
+# or a digest of the span's bytes when it has none). The key lets a re-sent span count once.
+CountedSpan = tuple[str, str, str, int, bytes]
 
 @dataclass(frozen=True)
 class RequestSpan:

@@ -29,6 +29,7 @@ from phaseprobe.errors import StoreError
 from phaseprobe.records import (
     ClientCheck,
     ClientTimeline,
+    CountedSpan,
     Experiment,
     Isolation,
     RequestSpan,
@@ -173,6 +174,17 @@ _MIGRATIONS: list[str] = [
     ALTER TABLE runs ADD COLUMN trace_id TEXT;
     ALTER TABLE runs ADD COLUMN request_id TEXT;
     ALTER TABLE runs ADD COLUMN span_json TEXT
+    """,
+    # 7: the other and rejected spans already counted, so that a re-import or an exporter's
+    # retry of the same batch does not count them twice. Keyed like request_spans (start time
+    # first: the index grows at its end); the key is the trace and span id, or a digest of
+    # the span's bytes when it has no usable ids.
+    """
+    CREATE TABLE IF NOT EXISTS counted_spans (
+        start_ns INTEGER NOT NULL,
+        key BLOB NOT NULL,
+        PRIMARY KEY (start_ns, key)
+    ) WITHOUT ROWID
     """,
 ]
 # The gpu_samples columns, in table order (phaseprobe.sources.nvml.COLUMNS; a test keeps the
@@ -534,11 +546,15 @@ class Store:
                 server.ttft_s, server.e2e_s) if server else (None,) * 6), run_id))
 
     def add_spans(self, requests: list[RequestSpan], attributes: list[dict[str, Any]],
-                  counts: dict[tuple[str, str, str], int]) -> int:
+                  counts: dict[tuple[str, str, str], int] | None = None,
+                  seen: list[CountedSpan] | None = None) -> int:
         """Commit one received batch in one transaction: the request spans (a span already
         stored, e.g. an exporter's retry, is ignored) and the (kind, service, name) counts of
-        other and rejected spans. Returns how many request spans were new."""
+        other and rejected spans: ``seen`` lists each such span with its key, and only spans
+        not counted before add to the counts (``counts`` adds as given). Returns how many
+        request spans were new."""
         now = time.time_ns()
+        counts = dict(counts or {})
         rows = [(s.trace_id, s.span_id, s.parent_span_id, s.request_id, s.model, s.service,
                  s.instance, s.start_ns, s.end_ns, s.queue_s, s.prefill_s, s.decode_s,
                  s.inference_s, s.ttft_s, s.e2e_s, s.prompt_tokens, s.completion_tokens,
@@ -554,6 +570,12 @@ class Store:
                 " max_tokens, attributes_json, received_wall_ns)"
                 " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
             new = self._db.total_changes - before
+            for kind, service, name, start_ns, key in seen or ():
+                mark = self._db.total_changes
+                self._db.execute("INSERT OR IGNORE INTO counted_spans (start_ns, key) "
+                                 "VALUES (?, ?)", (start_ns, key))
+                if self._db.total_changes > mark:
+                    counts[(kind, service, name)] = counts.get((kind, service, name), 0) + 1
             self._db.executemany(
                 "INSERT INTO span_counts (kind, service, name, count, last_wall_ns)"
                 " VALUES (?, ?, ?, ?, ?) ON CONFLICT (kind, service, name) DO UPDATE SET"

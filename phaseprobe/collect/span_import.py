@@ -48,18 +48,15 @@ def import_otlp_json(path: Path, store: Store,
     pending = SpanBatch()
 
     def commit() -> None:
-        counts: dict[tuple[str, str, str], int] = {}
-        for (service, name), n in pending.other.items():
-            counts[("other", service, name)] = n
-        for reason, n in pending.rejected.items():
-            counts[("rejected", "", reason)] = n
-        result.new_request_spans += store.add_spans(pending.requests, pending.attributes, counts)
+        result.new_request_spans += store.add_spans(pending.requests, pending.attributes,
+                                                    seen=pending.seen)
         result.request_spans += len(pending.requests)
         result.other_spans += sum(pending.other.values())
         result.rejected_spans += sum(pending.rejected.values())
         pending.requests.clear()
         pending.attributes.clear()
         pending.other.clear()
+        pending.seen.clear()
         pending.rejected.clear()
 
     for line_no, raw in _lines(path):

@@ -92,13 +92,8 @@ class SpanSink:
 
     def commit(self, batch: SpanBatch) -> int:
         """Store the batch (raises StoreError, for the caller to answer 'retry later')."""
-        counts: dict[tuple[str, str, str], int] = {}
-        for (service, name), n in batch.other.items():
-            counts[("other", service, name)] = n
-        for reason, n in batch.rejected.items():
-            counts[("rejected", "", reason)] = n
         with self._lock:
-            new = self.store.add_spans(batch.requests, batch.attributes, counts)
+            new = self.store.add_spans(batch.requests, batch.attributes, seen=batch.seen)
             self.stats.batches += 1
             self.stats.request_spans += len(batch.requests)
             self.stats.new_request_spans += new

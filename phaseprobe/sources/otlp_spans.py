@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import json
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -31,7 +32,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from phaseprobe.errors import OtlpError
-from phaseprobe.records import RequestSpan
+from phaseprobe.records import CountedSpan, RequestSpan
 
 __all__ = ["ATTRIBUTE_ALIASES", "SpanBatch", "decode_protobuf", "decode_json", "decode_request",
            "is_vllm_request", "hex_ids_to_base64", "VLLM_SPAN_NAME", "MAX_ATTRIBUTES_STORED"]
@@ -78,6 +79,8 @@ class SpanBatch:
     attributes: list[dict[str, Any]] = field(default_factory=list)
     other: Counter[tuple[str, str]] = field(default_factory=Counter)
     rejected: Counter[str] = field(default_factory=Counter)
+    # every other/rejected span with its key: the store counts each one once (retries)
+    seen: list[CountedSpan] = field(default_factory=list)
 
     @property
     def n_spans(self) -> int:
@@ -88,6 +91,7 @@ class SpanBatch:
         self.attributes.extend(other.attributes)
         self.other.update(other.other)
         self.rejected.update(other.rejected)
+        self.seen.extend(other.seen)
 
 
 def decode_protobuf(payload: bytes, source: str) -> SpanBatch:
@@ -170,11 +174,14 @@ def decode_request(message: ExportTraceServiceRequest, source: str) -> SpanBatch
             for span in ss.spans:
                 values, extra, is_request = _read_attributes(span)
                 if not is_request:
-                    batch.other[(service or "(no service.name)", span.name or "(unnamed)")] += 1
+                    key = (service or "(no service.name)", span.name or "(unnamed)")
+                    batch.other[key] += 1
+                    batch.seen.append(("other", *key, *_identity(span)))
                     continue
                 problem = _problem(span)
                 if problem:
                     batch.rejected[problem] += 1
+                    batch.seen.append(("rejected", "", problem, *_identity(span)))
                     continue
                 batch.requests.append(RequestSpan(
                     trace_id=span.trace_id.hex(), span_id=span.span_id.hex(),
@@ -225,6 +232,16 @@ def _read_attributes(span: Span) -> tuple[dict[str, Any], dict[str, Any], bool]:
 
 def is_vllm_request(name: str, attrs: Mapping[str, Any]) -> bool:
     return name == VLLM_SPAN_NAME or any(k.startswith(_LATENCY_PREFIX) for k in attrs)
+
+
+def _identity(span: Span) -> tuple[int, bytes]:
+    """(start ns within SQLite's int64, key) of a counted span: its trace and span id, or a
+    digest of its bytes when the ids are unusable (a re-sent span has the same bytes)."""
+    start = min(span.start_time_unix_nano, _INT64 - 1)
+    if len(span.trace_id) == 16 and len(span.span_id) == 8:
+        return start, bytes(span.trace_id) + bytes(span.span_id)
+    return start, hashlib.blake2b(span.SerializeToString(deterministic=True),
+                                  digest_size=16).digest()
 
 
 def _problem(span: Span) -> str | None:

@@ -120,10 +120,6 @@ def test_reimport_stores_nothing_new(tmp_path: Path, store: Store) -> None:
     assert store.span_stats()["requests"] == 6
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG store.Store.add_spans / span_import: other and rejected span counts are added again "
-    "on every re-import (and on every exporter retry at the receiver): span_counts has no "
-    "notion of spans already counted"))
 def test_reimport_does_not_count_other_spans_twice(tmp_path: Path, store: Store) -> None:
     path = tmp_path / "export.jsonl"
     _mixed_file(path)
