@@ -160,11 +160,20 @@ def test_queue_time_matches_the_client_when_requests_run_one_at_a_time(one_at_a_
     errors = []
     for prev, cur in zip(order, order[1:]):
         # Ground truth from the client: the request ahead finished (its last byte reached
-        # the client) this long after this one was sent; vLLM scheduled this one then.
+        # the client) this long after this one was sent; vLLM scheduled this one then. It
+        # cannot have waited longer than that.
         truth_s = (ended[prev] - sent[cur]) / 1e9
         queue_s = spans[cur].queue_s
         errors.append(queue_s - truth_s)
-        assert queue_s == pytest.approx(truth_s, rel=0.25, abs=0.06), (prev, cur, truth_s)
+        assert queue_s <= truth_s + 0.06, (prev, cur, truth_s, queue_s)
+        # The client's figure also holds what is not queueing, measured on the same wall
+        # clock: this request's way in (send → vLLM's arrival stamp) and the delivery of the
+        # last byte ahead (vLLM's end stamp → client). On a loaded 2-core box the API server
+        # alone can add 200 ms of delivery; the rest must be queue.
+        way_in = max(0, spans[cur].start_ns - sent[cur]) / 1e9
+        delivery = max(0, ended[prev] - spans[prev].end_ns) / 1e9
+        assert queue_s >= (truth_s - way_in - delivery) * 0.75 - 0.06, \
+            (prev, cur, truth_s, queue_s, way_in, delivery)
     # The queue grows along the line: each waited for more work than the one before.
     queues = [spans[i].queue_s for i in order]
     assert queues == sorted(queues)
