@@ -26,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from phaseprobe.analysis.nccl_warnings import classify_file
 from phaseprobe.sources.nccl_tests import parse_nccl_tests_file
 
 _HEAD = """# nccl-tests version 2.18.0 nccl-headers=22703 nccl-library=22703
@@ -170,6 +171,12 @@ def _one(path: Path, n_lines: int, per_row: int) -> bool:
         print(f"ratio parse / grep -c '{pat}': {parse_s / g:.1f}x")
     print(f"peak RSS: {rss0 / 1024:.0f} MB before parsing, {rss1 / 1024:.0f} MB after "
           f"(file {size / 1e6:.0f} MB)")
+    # `phaseprobe nccl` also looks for problem lines (WARN, timeouts, aborts) in the same file
+    t0 = time.perf_counter()
+    problems = classify_file(path)
+    scan_s = time.perf_counter() - t0
+    print(f"problem-line scan (classify_file): {len(problems)} found in {scan_s:.3f} s"
+          + "".join(f", {scan_s / g:.1f}x grep -c '{pat}'" for pat, g in greps.items()))
     return ok
 
 
