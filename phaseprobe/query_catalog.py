@@ -24,8 +24,8 @@ from pathlib import Path
 
 from phaseprobe.errors import ConfigError
 
-# _spellings is vllm_metrics' own prefix/_total expansion: reusing it keeps one alias table.
-from phaseprobe.sources.vllm_metrics import ALIASES, _spellings
+# sample_spellings is vllm_metrics' own prefix/_total expansion: one alias table.
+from phaseprobe.sources.vllm_metrics import ALIASES, sample_spellings
 
 __all__ = [
     "PLACEHOLDERS",
@@ -63,7 +63,7 @@ def _table() -> dict[str, tuple[str, ...]]:
     """Newest sample name → every spelling of that sample, newest first (from ALIASES)."""
     table: dict[str, tuple[str, ...]] = {}
     for kind, bases in ALIASES.values():
-        families = [name for base in bases for name in _spellings(kind, base)]
+        families = [name for base in bases for name in sample_spellings(kind, base)]
         if kind == "histogram":
             for suffix in _HIST_SUFFIXES:
                 names = tuple(f + suffix for f in families)

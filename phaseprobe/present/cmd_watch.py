@@ -37,7 +37,7 @@ from phaseprobe.paths import default_store_path
 from phaseprobe.present.args import positive_float, positive_int, store_and_json_args
 from phaseprobe.present.console import ms
 from phaseprobe.records import RequestSpan
-from phaseprobe.store import redact_url
+from phaseprobe.redact import redact_url
 
 __all__ = ["register", "run"]
 

@@ -15,7 +15,7 @@ from rich.markup import escape
 
 from phaseprobe.errors import ConfigError
 from phaseprobe.present.waiting import waiting
-from phaseprobe.store import redact_url
+from phaseprobe.redact import redact_url
 
 __all__ = ["DEFAULT_KEY_VARS", "api_key_from_env", "endpoint_or_local", "first_model",
            "served_model"]

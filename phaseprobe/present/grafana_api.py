@@ -34,7 +34,7 @@ from phaseprobe.errors import (
     GrafanaNotFound,
     GrafanaUnreachable,
 )
-from phaseprobe.store import redact_url
+from phaseprobe.redact import redact_url
 
 __all__ = [
     "DEFAULT_TOKEN_ENV",

@@ -35,7 +35,7 @@ from phaseprobe.errors import (
     PromQLError,
 )
 from phaseprobe.query_catalog import Query, load_catalog, resolve_names
-from phaseprobe.store import redact_url
+from phaseprobe.redact import redact_url
 
 __all__ = [
     "DEFAULT_TOKEN_ENV",

@@ -24,11 +24,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from phaseprobe.errors import MetricsUnavailable, UnknownMetric
 from phaseprobe.redact import redact_url
 
-__all__ = ["ALIASES", "KINDS", "MetricSnapshot", "MetricsScraper", "parse_exposition"]
+__all__ = ["ALIASES", "KINDS", "MetricSnapshot", "MetricsScraper", "parse_exposition",
+           "sample_spellings"]
 
 Kind = Literal["histogram", "counter", "gauge"]
 
-# canonical name → (kind, base names newest first). Prefix spellings are added by _spellings.
+# canonical name → (kind, base names newest first). Prefix spellings are added by sample_spellings.
 ALIASES: dict[str, tuple[Kind, tuple[str, ...]]] = {
     "queue_time": ("histogram", ("request_queue_time_seconds",)),
     "prefill_time": ("histogram", ("request_prefill_time_seconds",)),
@@ -56,7 +57,7 @@ _PREFIXES = ("vllm:", "vllm_")
 Labels = dict[str, str]
 
 
-def _spellings(kind: Kind, base: str) -> Iterable[str]:
+def sample_spellings(kind: Kind, base: str) -> Iterable[str]:
     """Sample names that carry this metric's value (the histogram's ``_count`` is the probe)."""
     for prefix in _PREFIXES:
         name = prefix + base
@@ -90,7 +91,7 @@ class MetricSnapshot:
         kind, bases = ALIASES[canonical]
         tried: list[str] = []
         for base in bases:
-            for name in _spellings(kind, base):
+            for name in sample_spellings(kind, base):
                 probe = name + "_count" if kind == "histogram" else name
                 tried.append(probe)
                 if probe in self.samples:
