@@ -7,6 +7,10 @@ Generates a realistic log in a temp dir (init block, then per-call COLL lines fr
 tensor-parallel job interleaved with TUNING lines and some program output), then measures, in
 this one run: ``grep -c 'NCCL INFO'`` wall time, phaseprobe's parse wall time, lines/s, the ratio,
 and peak RSS before and after parsing (``resource.getrusage``) to show memory stays flat.
+
+The file is read by ``parse_files`` (the block reader); ``--lines-path`` times the line-by-line
+reader (``parse_lines`` over the file opened as text) instead, and ``--check`` runs both and
+checks that their summaries are identical.
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ import time
 from pathlib import Path
 
 from phaseprobe.analysis.nccl_summary import summarize
-from phaseprobe.sources.nccl_log import parse_files
+from phaseprobe.sources.nccl_log import parse_files, parse_lines
+from phaseprobe.sources.nccl_model import NcclLog
 
 _INIT = """NCCL version 2.21.5+cuda12.4
 {h}:{pid}:{pid} [{r}] NCCL INFO Bootstrap : Using eth0:10.0.0.1<0>
@@ -71,10 +76,19 @@ def generate(path: Path, n_lines: int, seed: int = 0) -> int:
     return written
 
 
+def _by_lines(path: Path) -> NcclLog:
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        return parse_lines(fh, str(path))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lines", type=int, default=5_000_000)
     ap.add_argument("--keep", action="store_true", help="keep the generated file")
+    ap.add_argument("--lines-path", action="store_true",
+                    help="time the line-by-line reader instead of the block reader")
+    ap.add_argument("--check", action="store_true",
+                    help="also parse line by line and check that the summaries are identical")
     args = ap.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="pp-nccl-bench-"))
     try:
@@ -92,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             grep_s = time.perf_counter() - t0
             print(f"grep -c 'NCCL INFO': {res.stdout.strip()} lines in {grep_s:.2f} s")
         t0 = time.perf_counter()
-        log = parse_files([path])
+        log = _by_lines(path) if args.lines_path else parse_files([path])
         parse_s = time.perf_counter() - t0
         doc = summarize(log)
         total_s = time.perf_counter() - t0
@@ -106,6 +120,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"ratio parse / grep -c: {parse_s / grep_s:.1f}x (target: within 5x)")
         print(f"peak RSS: {rss0 / 1024:.0f} MB before parsing, {rss1 / 1024:.0f} MB after "
               f"(file {size / 1e6:.0f} MB)")
+        if args.check:
+            other = summarize(parse_files([path]) if args.lines_path else _by_lines(path))
+            print("check: the block and line-by-line readers give "
+                  + ("identical summaries" if other == doc else "DIFFERENT summaries"))
+            if other != doc:
+                return 1
         if args.keep:
             print(f"kept {path}")
     finally:

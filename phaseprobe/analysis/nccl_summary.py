@@ -19,6 +19,8 @@ from phaseprobe.sources.nccl_model import NcclLog
 __all__ = ["summarize", "diff", "decode_steps", "size_bucket"]
 
 _SEVERITY = {"high": 0, "medium": 1, "low": 2}
+# Red flags about how the log was written, not about the job: never "worse" in a diff.
+_NOT_WORSE = ("warnings", "cut_lines", "no_init_lines")
 _MAX_PEERS = 1024  # (src rank, dst rank, transport) links listed in the JSON
 
 
@@ -168,6 +170,19 @@ def _red_flags(log: NcclLog, groups: list[dict[str, Any]], chans: dict[str, Any]
         flag("high", "warnings", f"{log.warn_count} NCCL WARN line(s)")
     if log.error_count:
         flag("high", "errors", f"{log.error_count} error-trail line(s) (file:line -> code)")
+    if log.found and not log.info_records:
+        seen = ", ".join(f"{v}+cuda{c}" if c else v for v, c in sorted(log.versions))
+        what = f"only the NCCL version banner ({seen})" if seen else "only NCCL WARN lines"
+        flag("high", "no_init_lines",
+             f"{what} and no NCCL INFO lines: NCCL_DEBUG was not INFO when the communicators "
+             "were created, so nothing about ranks, channels, transports or collectives can be "
+             "read. Run with NCCL_DEBUG=INFO (add NCCL_DEBUG_SUBSYS=INIT,GRAPH,ENV,COLL for "
+             "rings, trees and per-call collectives)")
+    if log.records_cut:
+        flag("low", "cut_lines",
+             f"{log.records_cut} NCCL record(s) cut by another process's output: "
+             f"{log.records_reassembled} put back together from the rest found later, "
+             f"{log.records_unattributed} could not be (counted as malformed lines)")
     if len(log.versions) > 1:
         flag("high", "mixed_versions", "several NCCL versions in one job: "
              + ", ".join(v for v, _ in log.versions))
@@ -243,7 +258,7 @@ def diff(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         note("high", f"WARN lines {a['warnings']['count']} → {b['warnings']['count']}")
     new_flags = {f["code"] for f in b["red_flags"]} - {f["code"] for f in a["red_flags"]}
     for f in b["red_flags"]:
-        if f["code"] in new_flags and f["code"] not in ("warnings",):
+        if f["code"] in new_flags and f["code"] not in _NOT_WORSE:
             note(f["severity"], f"new red flag: {f['message']}")
     worse.sort(key=lambda w: _SEVERITY[w["severity"]])
 

@@ -237,29 +237,32 @@ def _render_log(out: Console, d: dict[str, Any]) -> None:
             ("network", ", ".join(tr["networks"]) or "-"),
             ("net plugin", ", ".join(f"{k}: {v}" for k, v in tr["net_plugin"].items()) or "-"),
             ("lines", f"{lines['total']} total, {lines['parsed']} NCCL, {lines['skipped']} "
-                      f"skipped, {lines['malformed']} malformed")]
+                      f"skipped, {lines['malformed']} malformed"
+                      + (f", {lines['reassembled']} of {lines['cut']} cut records put back "
+                         f"together, {lines['unattributed']} not" if lines.get("cut") else ""))]
     if d["per_step"]:
         ps = d["per_step"]
         rows.append(("per decode step", f"{ps['calls_per_step']:.2f} collectives, "
                                         f"{ps['bytes_per_step'] / 1e6:.3f} MB per rank "
                                         f"({ps['steps']} steps)"))
     out.print(_kv("phaseprobe nccl", rows))
-    g = Table(title="communicators", title_justify="left")
-    for col in ("id", "nranks", "ranks seen", "nodes", "coll ch", "p2p ch", "nvls ch"):
-        g.add_column(col, justify="left" if col == "id" else "right")
-    chans: dict[str, list[dict[str, int]]] = {}
-    for c in d["communicators"]:
-        chans.setdefault(c["comm_id"] or f"nranks={c['nranks']}", []).append(c["channels"])
-    for grp in d["comm_groups"]:
-        cs = chans.get(grp["id"], [])
+    if d["comm_groups"]:  # none in a banner-only log: no empty table
+        g = Table(title="communicators", title_justify="left")
+        for col in ("id", "nranks", "ranks seen", "nodes", "coll ch", "p2p ch", "nvls ch"):
+            g.add_column(col, justify="left" if col == "id" else "right")
+        chans: dict[str, list[dict[str, int]]] = {}
+        for c in d["communicators"]:
+            chans.setdefault(c["comm_id"] or f"nranks={c['nranks']}", []).append(c["channels"])
+        for grp in d["comm_groups"]:
+            cs = chans.get(grp["id"], [])
 
-        def rng(key: str, cs: list[dict[str, int]] = cs) -> str:
-            vals = [c[key] for c in cs if key in c]
-            return "-" if not vals else (f"{min(vals)}" if min(vals) == max(vals)
-                                         else f"{min(vals)}-{max(vals)}")
-        g.add_row(escape(grp["id"]), str(grp["nranks"]), str(grp["ranks_seen"]),
-                  str(grp["nnodes"] or "?"), rng("coll"), rng("p2p"), rng("nvls"))
-    out.print(g)
+            def rng(key: str, cs: list[dict[str, int]] = cs) -> str:
+                vals = [c[key] for c in cs if key in c]
+                return "-" if not vals else (f"{min(vals)}" if min(vals) == max(vals)
+                                             else f"{min(vals)}-{max(vals)}")
+            g.add_row(escape(grp["id"]), str(grp["nranks"]), str(grp["ranks_seen"]),
+                      str(grp["nnodes"] or "?"), rng("coll"), rng("p2p"), rng("nvls"))
+        out.print(g)
     if tr["connections"]:
         t = Table(title=f"transports ({tr['connections']} connections, "
                         f"{tr['gdrdma']} with GDRDMA)", title_justify="left")

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 __all__ = [
     "Header", "Record", "split_record", "parse_header", "DTYPE_BYTES", "DTYPE_NAMES",
     "ALGO_BY_INT", "PROTO_BY_INT", "REDOP_NAMES", "COLL_OPS", "transport_kind", "transport_class",
-    "LEVELS",
+    "LEVELS", "is_complete", "fold_key", "classify_blanked", "FoldKey", "VARY", "SAME", "SKIP",
+    "RARE",
 ]
 
 # The level words NCCL prints after the header. "version" is the bare banner (≤2.21 printf).
@@ -179,3 +180,75 @@ def transport_class(kind: str) -> str:
     if kind.startswith("NET/"):
         return "net"
     return kind.lower()
+
+
+# Whole-message shapes of the INFO messages that carry facts: a cut record is put back together
+# only when its head alone does not have one of these shapes and head + fragment does.
+# Free-text messages (WARN, "Using network X", env values) can never be proven complete.
+_PTR = r"(?:0x[0-9a-fA-F]+|\(nil\)|0)"
+_COMPLETE = re.compile("|".join((
+    r"Channel \d+(?:/\d+)? : \d+\[[0-9a-fA-F]+\] -> \d+\[[0-9a-fA-F]+\](?: \[(?:send|receive)\])?"
+    r" via (?:P2P/(?:IPC|CUMEM|MNNVL|direct pointer|indirect/\d+\[[0-9a-fA-F]+\])(?:/read|/CE)*"
+    r"|SHM(?:/(?:direct|CE))+|direct shared memory"
+    r"|NET/[^/]+/\d+(?:\(\d+\))?(?:/GDRDMA|\(PCI\)|/Shared)*|(?:COLLNET|CollNet|NVLS)\S*)",
+    r"Channel \d+/\d+ :(?: +\d+)+(?: \.\.\.)?",
+    r"\d+ coll channels(?:, \d+ (?:nvls|collnet|p2p) channels(?: per peer)?)*",
+    rf"\w+: opCount [0-9a-fA-F]+ sendbuff {_PTR} recvbuff {_PTR} count \d+ datatype \d+ op \d+"
+    rf" root -?\d+ comm {_PTR}(?: \[nranks=\d+\])? stream {_PTR}",
+    r"(?:\w+(?: \[Symmetric\])?: )?\d+ Bytes -> (?:Algo \w+ proto \w+(?: channel\{Lo\.\.Hi\}="
+    r"\{\d+\.\.\d+\}| time [\d.]+)|Kernel \S+ nchannels \d+ nthreads \d+)",
+    rf"(?:\[Rank \d+\] )?(?:ncclComm\w+ )?comm {_PTR} rank -?\d+"
+    rf"(?: \w+ (?:-?\d+|{_PTR}|[0-9a-f]+))*"
+    r"(?: - (?:Init START|Init COMPLETE|Destroy COMPLETE|Abort COMPLETE))?",
+    r"Trees(?: \[\d+\] -?\d+/-?\d+/-?\d+->-?\d+->-?\d+)+",
+    r"Init timings(?: - \w+)?: rank \d+ nranks \d+ total [\d.]+ \([\w ,.]*\)",
+)))
+
+
+def is_complete(msg: str) -> bool:
+    """Whether ``msg`` has the whole shape of a fact-carrying INFO message (see ``_COMPLETE``)."""
+    return _COMPLETE.fullmatch(msg.rstrip()) is not None
+
+
+# The per-call fields that differ from call to call (opCount, buffer pointers). Blanked over a
+# whole block in one C-level pass, so that repeated calls become identical lines to count.
+# Values are matched by a narrow class: one with other characters stays as it is (its line is
+# then counted apart, which is right, only slower), never blanked into another line's shape.
+VARY = re.compile(rb"Count [\w()]+ sendbuff [\w()]+ recvbuff [\w()]+ count ")
+SAME = b"Count 0 sendbuff 0 recvbuff 0 count "
+SKIP = ("skip",)  # block-reader classes of a distinct line besides a fold key
+RARE = ("rare",)
+FoldKey = tuple[str, str, str, str]
+
+
+def fold_key(line: str) -> FoldKey | None:
+    """What a per-call COLL line (minus opCount and pointers) or a TUNING line (verbatim) is
+    counted by; None for any other line. A line holding two records (one cut by another) is
+    never folded: it must be read in place, where its rest may follow."""
+    head, sep, rest = line.partition(" opCount ")
+    # "[2025-…" timestamps make every header distinct: those take the line-by-line path.
+    if sep and head and not (head[:1] == "[" and head[5:6] == "-"):
+        mid, sep, tail = rest.partition(" count ")
+        m = mid.split()
+        # "<op> sendbuff <p> recvbuff <p>": only the values vary from call to call
+        if sep and len(m) == 5 and line.count("NCCL ") == 1:
+            return (head, m[1], m[3], tail)
+        return None
+    if line.find(" Bytes -> ") > 0 and line.count("NCCL ") == 1:  # TUNING lines repeat verbatim
+        return ("", "", "", line)
+    return None
+
+
+def classify_blanked(raw: bytes) -> FoldKey | tuple[str]:
+    """A distinct line of a block (COLL fields already blanked): its fold key, ``SKIP`` (no
+    NCCL output) or ``RARE`` (anything to read in place). A blanked line has the fold key of
+    every line it stands for only when the blanked span is the line's one " opCount … count "
+    (then the partitions in :func:`fold_key` fall at the same places)."""
+    if SAME in raw and (raw.count(b" opCount ") != 1 or raw.count(b" count ") != 1
+                         or raw.count(SAME) != 1):
+        return RARE
+    line = raw.decode("utf-8", "replace") + "\n"
+    key = fold_key(line)
+    if key is not None:
+        return key
+    return SKIP if line.find("NCCL ") < 0 else RARE

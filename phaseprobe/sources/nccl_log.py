@@ -5,28 +5,50 @@
 
 Reads NCCL 2.7 → 2.30 shapes as they appear in real files: bare and INFO version banners,
 ``host:pid:tid [dev]`` prefixes, srun/mpirun launcher prefixes, timestamps, other program output,
-processes interleaved and records cut mid-line. One pass, one line in memory at a time: the model
+processes interleaved and records cut mid-line. One pass in bounded memory: the model
 (:class:`NcclLog`) holds counters, never the lines, so multi-GB logs parse in flat memory.
+Files are read a block at a time (:meth:`NcclLogParser.feed_binary`): blocks of per-call COLL and
+TUNING lines are counted with C-level passes over the whole block, any other block is read line
+by line, with the same result as :meth:`NcclLogParser.feed` over the file's lines.
 
-Line accounting: every physical line is exactly one of *parsed* (holds an NCCL record),
-*skipped* (no NCCL record: program output, blank lines) or *malformed* (an NCCL record that was cut
-or whose known message does not have its known shape).
+Line accounting: every physical line is exactly one of *parsed* (holds an NCCL record, or the
+rest of one), *skipped* (no NCCL record: program output, blank lines) or *malformed* (an NCCL
+record that was cut or whose known message does not have its known shape).
+
+Cut records: when several processes write one file, a record is sometimes cut by another
+process's line (``…via P2host:2:2 [1] NCCL INFO …``) and its rest written later as a line of its
+own, without a prefix. The cut head is held for its ``host:pid:tid``; the first later line without
+NCCL output that makes it whole (head alone: no known complete shape; head + line: one) is taken
+as its rest, and the record is read as if it had been written whole, where its head was.
 """
 
 from __future__ import annotations
 
 import gzip
-import io
 import re
 import zlib
+from collections import Counter
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 from phaseprobe.errors import ConfigError, ParseError
 from phaseprobe.sources import nccl_messages as msgs
-from phaseprobe.sources.nccl_lines import Header, parse_header, split_record
+from phaseprobe.sources.nccl_lines import (
+    RARE,
+    SAME,
+    SKIP,
+    VARY,
+    FoldKey,
+    Header,
+    classify_blanked,
+    fold_key,
+    is_complete,
+    parse_header,
+    split_record,
+)
 from phaseprobe.sources.nccl_model import MAX_ITEMS, NcclLog, Warn
 
 __all__ = ["NcclLogParser", "parse_files", "parse_lines", "NcclLog"]
@@ -34,16 +56,37 @@ __all__ = ["NcclLogParser", "parse_files", "parse_lines", "NcclLog"]
 _PROGRESS_MASK = (1 << 18) - 1  # progress callback every 262144 lines
 _MAX_PENDING = 50_000  # distinct COLL keys held before they are folded into the model
 _BANNER = re.compile(r"(\d+\.\d+\.\d+[\w.-]*?)(?:\+cuda(\d+\.\d+))?(?:\s|$)")
+_BLOCK = 1 << 18  # bytes read at a time by the block reader (fits in L2 with its copies)
+_CUT_WINDOW = 4096  # lines within which the rest of a cut record is looked for
+_MAX_CUTS = 1024  # cut records waiting for their rest (one per writing thread at most)
+
+
+@dataclass(slots=True)
+class _Cut:
+    """A record cut by another writer's line, waiting for the prefix-less rest of it."""
+
+    msg: str
+    header: Header
+    stamp: str | None
+    line_no: int
+    source: str
+    then: tuple[tuple[str, int, str] | None, bool]  # ParseState.snapshot() at the head
 
 
 class NcclLogParser:
-    """Feed lines with :meth:`feed`; the model grows in :attr:`log`. One parser may read several
-    files (``source`` names each); thread → communicator links are per process."""
+    """Feed lines with :meth:`feed` (or a binary file with :meth:`feed_binary`); the model
+    grows in :attr:`log`. One parser may read several files (``source`` names each); thread →
+    communicator links are per process."""
 
     def __init__(self, strict: bool = False, log: NcclLog | None = None) -> None:
         self.strict = strict
         self.log = log if log is not None else NcclLog()
         self.state = msgs.ParseState(self.log)
+        self._pending: dict[FoldKey, int] = {}
+        self._first: dict[FoldKey, int] = {}
+        self._cuts: dict[tuple[str, int, int], _Cut] = {}  # oldest first
+        self._cut_lines: dict[tuple[str, int], list[int]] = {}  # [cuts left, other bad record]
+        self._classes: dict[bytes, FoldKey | tuple[str]] = {}
 
     def feed(self, lines: Iterable[str], source: str,
              on_progress: Callable[[int], None] | None = None) -> NcclLog:
@@ -54,14 +97,117 @@ class NcclLogParser:
         the buffer words, the "count …" tail — and each distinct key is parsed once, weighted:
         a few C-level string calls per line instead of a full parse. TUNING lines repeat
         verbatim and are folded whole. Strict mode parses every line (exact line numbers)."""
-        log = self.log
-        log.sources.append(source)
+        self.log.sources.append(source)
+        n = self._lines(lines, 0, source, on_progress)
+        self._end(source, n)
+        return self.log
+
+    def feed_binary(self, stream: Any, source: str,
+                    on_progress: Callable[[], None] | None = None) -> NcclLog:
+        """Parse a binary stream (a file opened ``"rb"``, a ``GzipFile``: anything with
+        ``readinto``) as UTF-8 text with universal newlines, exactly as :meth:`feed` reads
+        the lines of ``open(path)``, but a block at a time.
+
+        A block whose lines are all per-call COLL lines, TUNING lines or lines without NCCL
+        output (most of a big log) is counted without a Python step per line: the varying
+        fields are blanked by one regex pass, the lines counted by ``Counter``, and each
+        distinct line classified once. Any other block (init, WARN, cut records, carriage
+        returns) goes line by line through :meth:`feed`'s path, with its true line numbers.
+        Memory: one block (longer only while a single line is longer)."""
+        self.log.sources.append(source)
         n = 0
+        buf = bytearray(_BLOCK)
+        blocks = 0
+        have = 0  # bytes in buf: the unfinished last line of the previous block, then new ones
+        while True:
+            if have == len(buf):  # one line longer than the buffer: make room for the rest
+                buf.extend(bytes(len(buf)))
+            with memoryview(buf) as view:
+                got = stream.readinto(view[have:])
+            if not got:
+                break
+            have += got
+            cut = buf.rfind(b"\n", 0, have) + 1
+            if cut == 0:
+                continue
+            n = self._block(buf, cut, n, source)
+            buf[:have - cut] = buf[cut:have]
+            have -= cut
+            blocks += 1
+            if on_progress is not None and not blocks & 15:  # every 4 MB
+                on_progress()
+        if have:  # a last line without its newline
+            n = self._slow(bytes(buf[:have]), n, source)
+        self._end(source, n)
+        return self.log
+
+    # -- block reader ---------------------------------------------------------------------
+    def _block(self, buf: bytearray, end: int, n: int, source: str) -> int:
+        """Lines ``buf[:end]`` (ending with a newline), the first one numbered ``n + 1``."""
+        if self.strict or self._cuts:
+            return self._slow(bytes(buf[:end]), n, source)
+        if buf.find(b"\r", 0, end) >= 0:  # CRLF files: one newline each, as open() reads them
+            raw = bytes(buf[:end])
+            data = raw.replace(b"\r\n", b"\n")
+            if b"\r" in data:  # a lone CR ends a line too: rare enough to read line by line
+                return self._slow(raw, n, source)
+            lines = VARY.sub(SAME, data).split(b"\n")
+        else:
+            with memoryview(buf) as view:
+                lines = VARY.sub(SAME, view[:end]).split(b"\n")
+        lines.pop()  # after the last newline: nothing
+        counts = Counter(lines)
+        classes = self._classes
+        folds: list[tuple[FoldKey, bytes, int]] = []
+        skipped = 0
+        for raw, times in counts.items():
+            cls = classes.get(raw)
+            if cls is None:
+                cls = classify_blanked(raw)
+                if len(classes) >= 8192:
+                    classes.clear()
+                classes[raw] = cls
+            if cls is RARE:
+                return self._slow(bytes(buf[:end]), n, source)
+            if cls is SKIP:
+                skipped += times
+            else:
+                folds.append((cls, raw, times))  # type: ignore[arg-type]
+        pending, first = self._pending, self._first
+        where: dict[bytes, int] | None = None  # line → its first index, for new keys
+        if sum(1 for key, _, _ in folds if key not in pending) > 8:
+            where = dict(zip(reversed(lines), range(len(lines) - 1, -1, -1)))
+        for key, raw, times in folds:
+            got = pending.get(key)
+            if got is None:
+                if len(pending) >= _MAX_PENDING:
+                    self._flush(source)
+                pending[key] = times
+                first[key] = n + 1 + (where[raw] if where is not None else lines.index(raw))
+            else:
+                pending[key] = got + times
+        self.log.lines_skipped += skipped
+        return n + len(lines)
+
+    def _slow(self, block: bytes, n: int, source: str) -> int:
+        """A block line by line, as text with universal newlines (what ``open()`` yields)."""
+        text = block.decode("utf-8", "replace")
+        if "\r" in text:
+            text = text.replace("\r\n", "\n").replace("\r", "\n")
+        parts = text.split("\n")
+        last = parts.pop()  # "" when the block ends with a newline
+        lines: list[str] = [p + "\n" for p in parts]
+        if last:
+            lines.append(last)
+        return self._lines(lines, n, source, None)
+
+    # -- line reader ----------------------------------------------------------------------
+    def _lines(self, lines: Iterable[str], n: int, source: str,
+               on_progress: Callable[[int], None] | None) -> int:
         skipped = 0
         one = self._line
         fast = not self.strict  # strict mode must name the exact line of any error
-        pending: dict[tuple[str, str, str, str], int] = {}
-        first: dict[tuple[str, str, str, str], int] = {}
+        pending, first = self._pending, self._first
         get = pending.get
         mask = _PROGRESS_MASK if on_progress is not None else -1
         for line in lines:
@@ -69,22 +215,12 @@ class NcclLogParser:
             if not n & mask and on_progress is not None:
                 on_progress(n)
             if fast:
-                key = None
-                head, sep, rest = line.partition(" opCount ")
-                # "[2025-…" timestamps make every header distinct: those take the slow path.
-                if sep and head and not (head[:1] == "[" and head[5:6] == "-"):
-                    mid, sep, tail = rest.partition(" count ")
-                    m = mid.split()
-                    # "<op> sendbuff <p> recvbuff <p>": only the values vary from call to call
-                    if sep and len(m) == 5:
-                        key = (head, m[1], m[3], tail)
-                elif line.find(" Bytes -> ") > 0:  # TUNING lines repeat verbatim
-                    key = ("", "", "", line)
+                key = fold_key(line)
                 if key is not None:
                     c = get(key)
                     if c is None:
                         if len(pending) >= _MAX_PENDING:
-                            self._flush(pending, first, source)
+                            self._flush(source)
                         pending[key] = 1
                         first[key] = n
                     else:
@@ -92,18 +228,25 @@ class NcclLogParser:
                     continue
             # Cheap prefix test: most non-NCCL lines never reach a regex.
             if line.find("NCCL ") < 0:
-                skipped += 1
+                if not (self._cuts and self._fragment(line, n)):
+                    skipped += 1
             else:
                 one(line, n, source)
-        self._flush(pending, first, source)
-        log.lines_total += n
-        log.lines_skipped += skipped
-        return log
+        self.log.lines_skipped += skipped
+        return n
 
-    def _flush(self, pending: dict[tuple[str, str, str, str], int],
-               first: dict[tuple[str, str, str, str], int], source: str) -> None:
+    def _end(self, source: str, n: int) -> None:
+        self._flush(source)
+        for cut in self._cuts.values():
+            self._unattributed(cut)
+        self._cuts.clear()
+        self._cut_lines.clear()
+        self.log.lines_total += n
+
+    def _flush(self, source: str) -> None:
         """Parse each distinct folded line once, weighted by how often it occurred. The
         rebuilt COLL line has the same tokens as the real ones, pointer values aside."""
+        pending, first = self._pending, self._first
         for key, times in pending.items():
             head, send, recv, tail = key
             line = f"{head} opCount 0 {send} 0 {recv} 0 count {tail}" if head else tail
@@ -114,6 +257,7 @@ class NcclLogParser:
     def _line(self, line: str, line_no: int, source: str, weight: int = 1) -> None:
         log = self.log
         ok = bad = False
+        cuts = 0
         start = 0
         while start >= 0:
             rec, nxt = split_record(line, start)
@@ -127,10 +271,19 @@ class NcclLogParser:
                 break
             header, stamp = parse_header(rec.pre)
             if rec.cut or header is None:
-                bad = True
                 if self.strict:
                     why = "record cut by another record" if rec.cut else "no host:pid:tid prefix"
                     raise ParseError(source, line_no, line.rstrip("\r\n"), why)
+                if rec.cut:
+                    log.records_cut += 1
+                    msg, nxt = self._unglue(line, rec.msg, nxt)
+                    if self._hold(rec.level, msg, header, stamp, line_no, source):
+                        cuts += 1
+                    else:
+                        log.records_unattributed += 1
+                        bad = True
+                else:
+                    bad = True
             elif self._record(rec.level, rec.msg, header, stamp, line_no, weight):
                 ok = True
             else:
@@ -139,6 +292,9 @@ class NcclLogParser:
                     raise ParseError(source, line_no, line.rstrip("\r\n"),
                                      "malformed NCCL message")
             start = nxt
+        if cuts:
+            self._cut_lines[(source, line_no)] = [cuts, int(bad)]
+            bad = True
         if bad:
             log.lines_malformed += weight
             if len(log.malformed_line_nos) < MAX_ITEMS:
@@ -147,6 +303,91 @@ class NcclLogParser:
             log.lines_nccl += weight
         else:
             log.lines_skipped += weight
+
+    # -- cut records ----------------------------------------------------------------------
+    def _unglue(self, line: str, msg: str, nxt: int) -> tuple[str, int]:
+        """Where a cut record ends and the glued one begins: "…via P2mew1:11:21 [1] NCCL …"
+        reads as host "P2mew1"; when the same pid was already seen on host "mew1", the "P2"
+        is the end of the cut record."""
+        rec, _ = split_record(line, nxt)
+        glued = parse_header(rec.pre)[0] if rec is not None else None
+        if glued is None:
+            return msg, nxt
+        known = [len(host) for host, pid in self.log.processes
+                 if pid == glued.pid and len(glued.host) > len(host) and glued.host.endswith(host)]
+        if not known:
+            return msg, nxt
+        extra = len(glued.host) - max(known)
+        return msg + line[nxt:nxt + extra], nxt + extra
+
+    def _hold(self, level: str, msg: str, header: Header | None, stamp: str | None,
+              line_no: int, source: str) -> bool:
+        """Keep a cut INFO record until its rest turns up; False when it never can: no
+        ``host:pid:tid`` to tie it to, free text (WARN) or already whole-shaped."""
+        if header is None or level != "INFO" or is_complete(msg):
+            return False
+        thread = (header.host, header.pid, header.tid)
+        old = self._cuts.pop(thread, None)
+        if old is not None:  # the thread's earlier cut never got its rest
+            self._unattributed(old)
+        if len(self._cuts) >= _MAX_CUTS:
+            self._unattributed(self._cuts.pop(next(iter(self._cuts))))
+        self._cuts[thread] = _Cut(msg, header, stamp, line_no, source,
+                                  self.state.snapshot(header))
+        return True
+
+    def _fragment(self, line: str, n: int) -> bool:
+        """A line without NCCL output may be the rest of a cut record: the oldest waiting
+        record that it completes (its head alone does not have a whole known shape; head +
+        line does) takes it, and is read where its head was written."""
+        frag = line.rstrip("\r\n")
+        if not frag.strip():
+            return False
+        for thread, cut in list(self._cuts.items()):
+            if n - cut.line_no > _CUT_WINDOW:
+                del self._cuts[thread]
+                self._unattributed(cut)
+                continue
+            joined = cut.msg + frag
+            if not is_complete(joined):
+                continue
+            del self._cuts[thread]
+            self.state.replay = (thread, cut.then[0], cut.then[1])
+            try:
+                done = self._record("INFO", joined, cut.header, cut.stamp, cut.line_no)
+            finally:
+                self.state.replay = None
+            if not done:
+                self._unattributed(cut)
+                return False
+            log = self.log
+            log.records_reassembled += 1
+            log.lines_nccl += 1  # this line: the rest of an NCCL record
+            where = (cut.source, cut.line_no)
+            left = self._cut_lines.get(where)
+            if left is not None:
+                left[0] -= 1
+                if left[0] == 0:
+                    del self._cut_lines[where]
+                if left[0] == 0 and not left[1]:  # the head's line is whole again
+                    log.lines_malformed -= 1
+                    log.lines_nccl += 1
+                    try:
+                        log.malformed_line_nos.remove((cut.source, cut.line_no))
+                    except ValueError:
+                        pass
+            return True
+        return False
+
+    def _unattributed(self, cut: _Cut) -> None:
+        self.log.records_unattributed += 1
+        where = (cut.source, cut.line_no)
+        left = self._cut_lines.get(where)
+        if left is not None:
+            left[0] -= 1
+            left[1] = 1  # that line stays malformed
+            if left[0] == 0:
+                del self._cut_lines[where]
 
     def _banner(self, text: str) -> bool:
         m = _BANNER.match(text.strip())
@@ -164,6 +405,7 @@ class NcclLogParser:
             log.processes.add(proc)
             log.hosts.add(h.host)
         if level == "INFO":
+            log.info_records += weight
             self.state.weight = weight
             try:
                 return self.state.info(msg, h, stamp, line_no)
@@ -194,15 +436,15 @@ def parse_lines(lines: Iterable[str], source: str = "<lines>", strict: bool = Fa
     return parser.state.finish()
 
 
-def _open(path: Path) -> tuple[io.TextIOWrapper[Any], Callable[[], int]]:
-    """Text lines of a plain or gzip file, and the compressed offset for progress."""
-    raw = open(path, "rb")  # closed by the caller through the wrapper
-    stream: Any = gzip.GzipFile(fileobj=raw) if path.suffix == ".gz" else raw
-    return io.TextIOWrapper(stream, encoding="utf-8", errors="replace"), raw.tell
+def _open(path: Path) -> tuple[Any, Any]:
+    """The file opened ``"rb"`` and the stream to read (the same, or a ``GzipFile`` over it:
+    progress is the compressed offset)."""
+    raw = open(path, "rb")  # closed by the caller, after the stream
+    return raw, (gzip.GzipFile(fileobj=raw) if path.suffix == ".gz" else raw)
 
 
 def _report(report: Callable[[str, int, int], None], src: str, pos: Callable[[], int],
-            size: int, _lines: int) -> None:
+            size: int) -> None:
     report(src, pos(), size)
 
 
@@ -217,11 +459,11 @@ def parse_files(paths: Iterable[str | Path], strict: bool = False,
             raise ConfigError(f"{path}: no such file")
         try:
             size = path.stat().st_size
-            fh, pos = _open(path)
-            cb = (partial(_report, on_progress, str(path), pos, size)
+            raw, stream = _open(path)
+            cb = (partial(_report, on_progress, str(path), raw.tell, size)
                   if on_progress is not None else None)
-            with fh:
-                parser.feed(fh, str(path), cb)
+            with raw, stream:
+                parser.feed_binary(stream, str(path), cb)
             if on_progress is not None:
                 on_progress(str(path), size, size)
         except (OSError, EOFError, gzip.BadGzipFile, zlib.error) as exc:

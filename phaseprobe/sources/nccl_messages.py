@@ -57,6 +57,9 @@ class ParseState:
         self.thread_comm: dict[tuple[str, int, int], tuple[str, int, str]] = {}
         self.pending: dict[tuple[str, int, int], dict[str, Any]] = {}
         self.weight = 1  # how many identical COLL lines the current one stands for
+        # While a reassembled record is read: its thread and the comm that thread was
+        # initialising when the record's head was written (see :meth:`snapshot`).
+        self.replay: tuple[tuple[str, int, int], tuple[str, int, str] | None, bool] | None = None
         self._words = {
             "NCCL": self._nccl_word, "Channel": self._channel, "comm": self._comm,
             "Trees": self._trees, "Init": self._timings, "cudaDriverVersion": self._driver,
@@ -242,10 +245,27 @@ class ParseState:
         self.log.kinds["init_timings"] += 1
         return True
 
+    def snapshot(self, h: Header) -> tuple[tuple[str, int, str] | None, bool]:
+        """The comm ``h``'s thread is initialising now and whether it is still open: what a
+        record cut here must be attached to when its rest arrives later."""
+        key = self.thread_comm.get((h.host, h.pid, h.tid))
+        comm = self.log.comms.get(key) if key is not None else None
+        return key, comm is not None and comm.state != "init_complete"
+
     def _attach(self, h: Header, what: str, value: Any) -> None:
         thread = (h.host, h.pid, h.tid)
         key = self.thread_comm.get(thread)
         comm = self.log.comms.get(key) if key is not None else None
+        if self.replay is not None and self.replay[0] == thread:
+            # A record put back together: attach it where its head was written. If the comm
+            # was named between head and rest (≤2.18.1 names it at Init COMPLETE), the head
+            # belonged to that comm.
+            then, was_open = self.replay[1], self.replay[2]
+            target = self.log.comms.get(then) if then is not None and was_open else (
+                comm if key != then else None)
+            if target is not None:
+                _apply(target, what, value)
+                return
         if comm is not None and comm.state != "init_complete":
             _apply(comm, what, value)
             return
@@ -330,8 +350,20 @@ class ParseState:
         return True
 
     def _ofi(self, msg: str, h: Header, stamp: str | None, line_no: int) -> bool:
-        if msg.startswith("NET/OFI Using "):
-            self.log.net_plugin["ofi"] = msg[14:].strip()
+        # aws-ofi-nccl says "Using" about several things (Libfabric version, CUDA driver,
+        # transport protocol): only the plugin, Libfabric and provider lines name the network.
+        # 1.6 says "Using aws-ofi-nccl 1.6.0" and "Selected Provider is cxi (found 8 nics)";
+        # 1.18 "Initializing aws-ofi-nccl 1.18.0" and "Selected provider is efa, fabric is …".
+        plugin = self.log.net_plugin
+        words = msg.split()
+        if len(words) > 3 and words[1] in ("Using", "Initializing") \
+                and words[2] == "aws-ofi-nccl":
+            plugin["ofi"] = " ".join(words[2:4])
+        elif msg.startswith("NET/OFI Using Libfabric version "):
+            plugin["libfabric"] = msg[32:].strip()
+        elif len(words) > 4 and words[1] == "Selected" and words[2].lower() == "provider" \
+                and words[3] == "is":
+            plugin["ofi_provider"] = words[4].rstrip(",")
         self.log.kinds["plugin"] += 1
         return True
 

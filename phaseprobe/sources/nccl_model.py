@@ -116,6 +116,13 @@ class NcclLog:
     lines_nccl: int = 0
     lines_skipped: int = 0
     lines_malformed: int = 0
+    # Records cut by another writer's output (``host:pid:tid …`` glued inside them): how many,
+    # how many were put back together with the prefix-less rest that came later, and how many
+    # were left cut (rest never found, or no ``host:pid:tid`` to tie them to).
+    records_cut: int = 0
+    records_reassembled: int = 0
+    records_unattributed: int = 0
+    info_records: int = 0  # NCCL INFO records: none at all means NCCL_DEBUG was not INFO
     malformed_line_nos: list[tuple[str, int]] = field(default_factory=list)
     streams: set[tuple[str, int, str, str]] = field(default_factory=set)
     coll_nranks: dict[tuple[str, int, str], int] = field(default_factory=dict)
@@ -191,5 +198,7 @@ class NcclLog:
             "lines": {"total": self.lines_total, "parsed": self.lines_nccl,
                       "skipped": self.lines_skipped, "malformed": self.lines_malformed,
                       "malformed_at": [f"{s}:{n}" for s, n in self.malformed_line_nos],
+                      "cut": self.records_cut, "reassembled": self.records_reassembled,
+                      "unattributed": self.records_unattributed, "info": self.info_records,
                       "by_kind": dict(self.kinds.most_common())},
         }

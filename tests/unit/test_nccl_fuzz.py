@@ -24,6 +24,8 @@ _PIECES = [
     "[1,0]<stdout>:", "NET/IB : Using [0]mlx5_0:1/IB ; OOB ib0:1.2.3.4<0>", "Using network IB",
     " count ", " opCount ", " Bytes -> ", "[Rank 0] ", "cudaDriverVersion 12040", "\t", "é",
     " - Init COMPLETE", "NCCL CALL ncclAllReduce(", ":", "[", "]", "->", " ",
+    "h:1:2 [0] NCCL INFO 2 coll chan", "nels, 2 p2p channels", "via P2", "P/IPC/read",
+    "Channel 01/0 : 0[0] -> 1[1] ", "96 datatype 9 op 0 root 0 comm 0xa [nranks=2] stream 0x5",
 ]
 _line = st.lists(st.one_of(st.sampled_from(_PIECES), st.text(max_size=12)), max_size=8).map(
     "".join)
@@ -35,6 +37,8 @@ def test_no_exception_but_parse_error(lines: list[str]) -> None:
     log = parse_lines(lines, "fuzz")
     assert log.lines_total == len(lines)
     assert log.lines_total == log.lines_nccl + log.lines_skipped + log.lines_malformed
+    assert min(log.lines_nccl, log.lines_skipped, log.lines_malformed) >= 0
+    assert log.records_reassembled + log.records_unattributed == log.records_cut
     summarize(log, steps=7)
     try:
         parse_lines(lines, "fuzz", strict=True)

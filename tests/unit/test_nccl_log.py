@@ -94,10 +94,12 @@ def test_v229_rank_prefix_symmetric_tuning_alltoall_and_call() -> None:
 
 def test_interleaved_and_cut_records_are_counted_not_fatal() -> None:
     log = _parse("interleaved_cut.log")
-    assert [n for _, n in log.malformed_line_nos] == [5, 17, 20]
-    assert log.lines_malformed == 3
+    # line 5's connection record, cut by rank 1's, is completed by line 6 ("P/direct …"):
+    # the "P2" that reads as part of rank 1's host "P2mew1" is the end of the cut record.
+    assert [n for _, n in log.malformed_line_nos] == [17, 20]
+    assert (log.lines_malformed, log.records_cut, log.records_reassembled) == (2, 1, 1)
     # the record glued after a cut one still counts; so does a COLL line after program output
-    assert log.transports == {"P2P/direct": 2}
+    assert log.transports == {"P2P/direct": 3}
     assert sum(log.coll.values()) == 7
     assert log.hosts == {"mew1"}  # "-1mew1" (output glued to the header) is mew1
     assert log.lines_total == log.lines_nccl + log.lines_skipped + log.lines_malformed
@@ -196,3 +198,67 @@ def test_torchrun_and_ray_prefixes() -> None:
     assert log.comms[("vm1", 11, "0xd")].nnodes == 1
     assert log.transports == {"P2P/IPC": 1}
     assert (log.lines_nccl, log.lines_skipped) == (3, 1)
+
+
+def test_two_ranks_interleaved_and_cut_are_put_back_together() -> None:
+    """Two ranks writing one file: records cut by the other rank's lines and continued,
+    without a prefix, a few lines later. Each fact lands on its own rank."""
+    log = _parse("log_two_ranks_interleaved_cut.log")
+    r0, r1 = _comms(log)
+    assert (r0.rank, r1.rank) == (0, 1)
+    want = {"coll": 2, "collnet": 2, "nvls": 0, "p2p": 2, "p2p_per_peer": 2}
+    # rank 1's channel line was cut mid-word ("0 nvl" + rank 0's line … "s channels, …")
+    assert r1.channels == want and r0.channels == {**want, "rings": 2}
+    assert (r0.trees, r1.trees, r0.rings, r1.rings) == (2, 2, 2, 0)
+    assert (r0.init_total_s, r1.init_total_s) == (0.61, 0.60)
+    assert log.transports == {"P2P/IPC": 4}
+    assert {k[1:3]: v for k, v in log.coll.items()} == {(3001, "0x5a0"): 4, (3002, "0x5b1"): 4}
+    assert log.processes == {("node7", 3001), ("node7", 3002)}
+    # 5 records cut: 4 completed; "Connected all tr…" never gets its rest (and is free text)
+    assert (log.records_cut, log.records_reassembled, log.records_unattributed) == (5, 4, 1)
+    assert (log.lines_total, log.lines_nccl, log.lines_skipped, log.lines_malformed) == (
+        36, 34, 1, 1)
+    assert log.malformed_line_nos == [(str(DATA / "log_two_ranks_interleaved_cut.log"), 25)]
+    doc = log.to_dict()["lines"]
+    assert (doc["cut"], doc["reassembled"], doc["unattributed"]) == (5, 4, 1)
+
+
+def test_cut_record_is_completed_only_by_a_fragment_that_makes_it_whole() -> None:
+    # "…chanh:2:2": host "h" of pid 2 is known, so "chan" ends the cut record
+    known = "h:2:2 [1] NCCL INFO Bootstrap : Using eth0:10.0.0.2<0>"
+    head = "h:1:1 [0] NCCL INFO 24 coll channels, 24 p2p chanh:2:2 [1] NCCL INFO Using network IB"
+    rest = "nels, 4 p2p channels per peer"
+    # program output in between does not complete it; the real rest does
+    log = parse_lines([known, head, "step 1 done", "   ", rest])
+    assert (log.records_reassembled, log.records_unattributed) == (1, 0)
+    assert (log.lines_nccl, log.lines_skipped, log.lines_malformed) == (3, 2, 0)
+    assert log.hosts == {"h"} and dict(log.networks) == {"IB": 1}
+    # a rest that never comes: counted, and the line stays malformed
+    log = parse_lines([known, head, "step 1 done"])
+    assert (log.records_cut, log.records_reassembled, log.records_unattributed) == (1, 0, 1)
+    assert (log.lines_malformed, log.malformed_line_nos) == (1, [("<lines>", 2)])
+    # too far away: not the rest of this record
+    log = parse_lines([known, head, *["x"] * 5000, rest])
+    assert (log.records_reassembled, log.records_unattributed) == (0, 1)
+    # a fragment glued to a record is not taken, nor is a rest for a WARN (free text)
+    log = parse_lines(["h:1:1 [0] NCCL WARN Connect to 10.0.0.2 faih:2:2 [1] NCCL INFO x",
+                       "led"])
+    assert (log.records_cut, log.records_unattributed, log.lines_skipped) == (1, 1, 1)
+
+
+def test_strict_still_stops_at_a_cut_record() -> None:
+    with pytest.raises(ParseError, match="cut"):
+        _parse("log_two_ranks_interleaved_cut.log", strict=True)
+
+
+def test_aws_ofi_plugin_lines_name_plugin_libfabric_and_provider() -> None:
+    lines = ["h:1:1 [0] NCCL INFO NET/OFI Initializing aws-ofi-nccl 1.18.0",
+             "h:1:1 [0] NCCL INFO NET/OFI Using Libfabric version 2.3",
+             "h:1:1 [0] NCCL INFO NET/OFI Using CUDA driver version 12080 with runtime 12080",
+             "h:1:1 [0] NCCL INFO NET/OFI Using transport protocol SENDRECV (platform set)",
+             "h:1:1 [0] NCCL INFO NET/OFI Selected provider is efa, fabric is efa (found 1 nics)"]
+    assert parse_lines(lines).net_plugin == {"ofi": "aws-ofi-nccl 1.18.0", "libfabric": "2.3",
+                                             "ofi_provider": "efa"}
+    old = ["h:1:1 [0] NCCL INFO NET/OFI Using aws-ofi-nccl 1.6.0",  # aws-ofi-nccl 1.6
+           "h:1:1 [0] NCCL INFO NET/OFI Selected Provider is cxi (found 8 nics)"]
+    assert parse_lines(old).net_plugin == {"ofi": "aws-ofi-nccl 1.6.0", "ofi_provider": "cxi"}

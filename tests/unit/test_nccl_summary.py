@@ -164,3 +164,33 @@ def test_steps_from_a_stored_experiment(tmp_path: Path) -> None:
              "--experiment", "9", "--steps", "3")
     with Store(path) as store:
         assert len(store.analyses()) == 1
+
+
+def test_banner_only_log_says_what_is_missing_and_how_to_get_it() -> None:
+    doc = _doc("log_banner_only.log")
+    assert doc["found"] and doc["nccl_versions"] == [
+        {"version": "2.21.5", "cuda": "12.4", "banners": 1}]
+    assert doc["communicators"] == [] and doc["lines"]["info"] == 0
+    flag = doc["red_flags"][0]
+    assert (flag["severity"], flag["code"]) == ("high", "no_init_lines")
+    assert "2.21.5+cuda12.4" in flag["message"] and "NCCL_DEBUG=INFO" in flag["message"]
+    assert "NCCL_DEBUG_SUBSYS=INIT,GRAPH,ENV,COLL" in flag["message"]
+    # the table keeps the version; the flag is printed under it
+    code, out, _ = _run(str(DATA / "log_banner_only.log"))
+    assert code == 0 and "2.21.5+cuda12.4" in out
+    assert "no NCCL INFO lines" in out and "NCCL_DEBUG=INFO" in out
+    # logs with INFO lines do not get it
+    assert "no_init_lines" not in {f["code"] for f in _doc("v2_7_srun_socket_shm.log")[
+        "red_flags"]}
+
+
+def test_cut_lines_are_reported_and_not_a_regression_in_a_diff() -> None:
+    doc = _doc("log_two_ranks_interleaved_cut.log")
+    assert doc["channels"]["coll"] == {"min": 2, "max": 2}
+    assert [c["channels"].get("coll") for c in doc["communicators"]] == [2, 2]
+    flag = next(f for f in doc["red_flags"] if f["code"] == "cut_lines")
+    assert flag["severity"] == "low"
+    assert flag["message"].startswith("5 NCCL record(s) cut") and "4 put back" in flag["message"]
+    assert (doc["lines"]["reassembled"], doc["lines"]["unattributed"]) == (4, 1)
+    clean = _doc("v2_21_tuning_ints.log")
+    assert not any("cut" in w["message"] for w in diff(clean, doc)["worse"])
