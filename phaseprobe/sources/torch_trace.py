@@ -95,6 +95,8 @@ class _Stream:
                                      ) from None
                 self._fill()
                 continue
+            except ValueError as exc:  # e.g. an integer over Python's 4300-digit limit
+                raise TraceError(self.path, f"unreadable value ({str(exc)[:80]})") from None
             if end >= len(self.buf) and not self.eof:  # a number may continue in the next chunk
                 self._fill()
                 continue
@@ -139,7 +141,9 @@ def iter_trace(path: str | os.PathLike[str], header: dict[str, Any]) -> Iterator
             if not isinstance(key, str):
                 raise TraceError(str(p), "not a Chrome trace (object key expected)")
             s.expect(":")
-            if key == "traceEvents" and s.peek() == "[":
+            if key == "traceEvents":
+                if s.peek() != "[":
+                    raise TraceError(str(p), "not a Chrome trace: traceEvents is not a list")
                 s.expect("[")
                 if s.peek() != "]":
                     while True:
@@ -325,8 +329,14 @@ def read_torch_trace(path: str | os.PathLike[str]) -> tuple[Timeline, pd.DataFra
     cpu_only = acts.empty
     if cpu_only:
         acts = col.cpu_frame()
+    if n_events and acts.empty and col.range_frame().empty and not col.comms:
+        # Events were there but none had the fields a summary needs (a kernel, a CPU op or a
+        # range with finite times): "0 kernels" would read as an idle GPU.
+        raise TraceError(str(path), f"none of its {n_events} trace events is usable (no "
+                                    "GPU kernel, CPU op or range with valid times)")
     devices = {}
-    for d in header.get("deviceProperties") or []:
+    props = header.get("deviceProperties")
+    for d in props if isinstance(props, list) else []:
         if isinstance(d, dict) and "id" in d:
             devices[f"cuda:{_int(d['id'], 0)}"] = str(d.get("name", ""))
     if cpu_only and not acts.empty:
