@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from phaseprobe.errors import TraceError
@@ -90,13 +91,17 @@ def read_stats_csv(path: str | os.PathLike[str]) -> StatsReport:
         hint = f" (looks like {OLD_NAMES.get(stem, stem)})" if stem else ""
         raise TraceError(str(p), "no nsys stats CSV header found; produce one with "
                                  f"nsys stats --format csv{hint}")
+    _check_rows(p, lines, header_at)
     body = "\n".join(lines[header_at:])
     try:
+        # index_col=False: a row longer than the header is an error, not an implicit index
         df = pd.read_csv(io.StringIO(body), dtype=str, keep_default_na=False,
-                         skipinitialspace=True)
+                         skipinitialspace=True, index_col=False)
     except (pd.errors.ParserError, ValueError) as exc:
         raise TraceError(str(p), f"malformed CSV after the header ({exc})") from None
     df.columns = [normalise_column(c) for c in df.columns]
+    need = next((cols for name, cols in REPORTS if name == report), frozenset())
+    required = {c for c in need if c not in _TEXT_COLUMNS}
     for col in df.columns:
         cells: pd.Series = df[col].astype(str).str.strip()
         present = ~cells.isin(["", "None"])  # 2022 gputrace prints empty cells as None
@@ -104,6 +109,34 @@ def read_stats_csv(path: str | os.PathLike[str]) -> StatsReport:
         # thousands separators only in columns that are numbers by their unit
         cleaned = cells.str.replace(",", "", regex=False) if unit_col else cells
         numbers = pd.to_numeric(cleaned.where(present).to_numpy(), errors="coerce")
+        if col in required:
+            # a value the summary computes with: present, a number, finite (nan, 1e999,
+            # "many" would end in an OverflowError or a silent NaN further on)
+            bad = ~np.isfinite(numbers.astype(float)) | ~present.to_numpy()
+            if bad.any():
+                row = int(np.flatnonzero(bad)[0])
+                raise TraceError(str(p), f"line {header_at + 2 + row}: {col} "
+                                         f"{cells.iloc[row][:40]!r} is not a finite number")
         if unit_col or int(pd.notna(numbers).sum()) == int(present.sum()):
             df[col] = numbers
     return StatsReport(report=report or "unknown", frame=df)
+
+
+# Columns of a report's identifying set that hold text, not numbers.
+_TEXT_COLUMNS = {"name", "range", "operation", "kernel_name", "nvtx_range", "style"}
+
+
+def _check_rows(p: Path, lines: list[str], header_at: int) -> None:
+    """Every data row has the header's number of fields (csv's own reader, so quoted commas
+    count right); NUL bytes and fields over csv's size limit are errors naming the line."""
+    width = None
+    try:
+        for k, fields in enumerate(csv.reader(lines[header_at:])):
+            if width is None:
+                width = len(fields)
+                continue
+            if fields and len(fields) != width:
+                raise TraceError(str(p), f"line {header_at + 1 + k}: {len(fields)} fields, "
+                                         f"the header has {width}")
+    except csv.Error as exc:
+        raise TraceError(str(p), f"malformed CSV after the header ({exc})") from None
