@@ -217,11 +217,22 @@ def _render_problems(out: Console, p: dict[str, Any]) -> None:
     if not items:
         return
     cats = ", ".join(f"{k} {v}" for k, v in p["by_category"].items())
-    tab = Table(title=f"problems ({p['count']}: {cats})", title_justify="left")
-    for col in ("category", "where", "why", "line"):
-        tab.add_column(col)
+    # The file:line is what the reader jumps to, so it must never be cut. Long checkout paths
+    # would squeeze it into an ellipsis on an 80-column terminal: show the file's name in the
+    # row and its full path once, in the title (unless two files share a name).
+    sources = sorted({f["source"] for f in items})
+    short = len({Path(s).name for s in sources}) == len(sources)
+    title = f"problems ({p['count']}: {cats})"
+    if short:
+        title += " in " + ", ".join(sources)
+    tab = Table(title=escape(title), title_justify="left")
+    tab.add_column("category")
+    tab.add_column("where (file:line)", no_wrap=True, overflow="fold", min_width=12)
+    tab.add_column("why")
+    tab.add_column("line")
     for f in items[:20]:
-        tab.add_row(f["category"], escape(f"{f['source']}:{f['line_no']}"), escape(f["reason"]),
+        where = Path(f["source"]).name if short else f["source"]
+        tab.add_row(f["category"], escape(f"{where}:{f['line_no']}"), escape(f["reason"]),
                     escape(f["line"][:160]))
     out.print(tab)
     if p["count"] > 20:

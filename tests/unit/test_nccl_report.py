@@ -96,14 +96,22 @@ def test_cli_diff_takes_options_on_either_side_and_prints_the_headline_first(cap
     assert "A busbw (GB/s)" in text and "collective channels dropped from 16 to 2" in text
 
 
-def test_cli_problems_table_names_file_and_line(capsys):
-    code, out, _ = _cli(capsys, "nccl", str(DATA / "warn_network.log"), "--json")
+def test_cli_problems_table_names_file_and_line(tmp_path, capsys):
+    # A deep checkout path (as on CI) once squeezed file:line into an ellipsis: the row
+    # carries the file's name and line whole, the title the full path.
+    deep = tmp_path.joinpath(*[f"level-{i}-of-a-long-checkout-path" for i in range(6)])
+    deep.mkdir(parents=True)
+    log = deep / "warn_network.log"
+    log.write_bytes((DATA / "warn_network.log").read_bytes())
+    code, out, _ = _cli(capsys, "nccl", str(log), "--json")
     doc = json.loads(out)
     assert code == 0 and doc["problems"]["count"] >= 1
     first = doc["problems"]["items"][0]
     assert first["category"] == "network" and first["line_no"] >= 1
-    code, text, _ = _cli(capsys, "nccl", str(DATA / "warn_network.log"))
-    assert f"warn_network.log:{first['line_no']}" in text.replace("\n", "")
+    code, text, _ = _cli(capsys, "nccl", str(log))
+    rows = [ln for ln in text.splitlines() if ln.startswith("│ network  │")]
+    assert rows and f"warn_network.log:{first['line_no']} " in rows[0]
+    assert str(log) in text.replace("\n", "")
 
 
 def test_nothing_to_read_is_one_error_naming_the_file(tmp_path, capsys):
