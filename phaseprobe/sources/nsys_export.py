@@ -43,6 +43,7 @@ MEMCPY_KINDS = {0: "Unknown", 1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "At
 _RANGE_TYPES = (59, 60, 70, 71)  # NVTX push/pop, start/end (+ NVTXT variants)
 _DOMAIN_CREATE = 75
 _CHUNK = 500_000
+_VERSIONED = re.compile(r"_v\d+$")  # cudaLaunchKernel_v7000: the API version
 _PID_MASK = ~0xFFFFFF  # globalTid & 0xFFFFFFFFFF000000 → globalPid (nsys nvtxkernsum)
 
 
@@ -116,12 +117,80 @@ class _Export:
                 out["session_start_utc_ns"] = str(row[0])
         return out
 
-    def devices(self) -> dict[str, str]:
+    def gpu_table(self) -> dict[int, tuple[str, int | None]]:
+        """TARGET_INFO_GPU: GPU table id → (name, CUDA ordinal from ``cuDevice`` if given)."""
         cols = self.columns("TARGET_INFO_GPU")
         if not {"id", "name"} <= cols:
             return {}
-        return {f"cuda:{i}": str(n) for i, n in self.conn.execute(
-            "SELECT DISTINCT id, name FROM TARGET_INFO_GPU ORDER BY id")}
+        cu = '"cuDevice"' if "cuDevice" in cols else "NULL"
+        return {int(i): (str(n), None if c is None else int(c)) for i, n, c in self.conn.execute(
+            f"SELECT DISTINCT id, name, {cu} FROM TARGET_INFO_GPU WHERE id IS NOT NULL "
+            "ORDER BY id")}
+
+    def ordinal_map(self) -> tuple[dict[tuple[int, int], int], dict[int, set[int]]]:
+        """Which GPU table id each CUDA ordinal (what the activity tables' ``deviceId`` holds)
+        is: per (pid, ordinal), and per ordinal whatever the process.
+
+        Newer exports list every visible GPU in TARGET_INFO_GPU under its own table id, which
+        need not be the ordinal the kernels ran on. TARGET_INFO_CUDA_DEVICE (gpuId, cudaId,
+        pid) says which is which, per process: with CUDA_VISIBLE_DEVICES two processes'
+        ordinal 0 can be two GPUs. Older exports carry the ordinal as TARGET_INFO_GPU.cuDevice;
+        the oldest have neither, and there the table id was the ordinal.
+        """
+        per_pid: dict[tuple[int, int], int] = {}
+        by_ordinal: dict[int, set[int]] = {}
+        cols = self.columns("TARGET_INFO_CUDA_DEVICE")
+        if {"gpuId", "cudaId"} <= cols:
+            pid = '"pid"' if "pid" in cols else "-1"
+            for gpu, cuda, p in self.conn.execute(
+                    f"SELECT DISTINCT gpuId, cudaId, coalesce({pid}, -1) FROM "
+                    "TARGET_INFO_CUDA_DEVICE WHERE gpuId IS NOT NULL AND cudaId IS NOT NULL"):
+                per_pid[(int(p), int(cuda))] = int(gpu)
+                by_ordinal.setdefault(int(cuda), set()).add(int(gpu))
+            if by_ordinal:
+                return per_pid, by_ordinal
+        table = self.gpu_table()
+        if any(c is not None for _, c in table.values()):
+            for gid, (_, cuda) in table.items():
+                if cuda is not None:
+                    by_ordinal.setdefault(cuda, set()).add(gid)
+            return per_pid, by_ordinal
+        return per_pid, {gid: {gid} for gid in table}
+
+    def pid_split(self) -> dict[tuple[int, int], int] | None:
+        """The (pid, ordinal) → GPU map when one ordinal is different GPUs in different
+        processes: their activities must then not be merged under one ``cuda:N``."""
+        per_pid, by_ordinal = self.ordinal_map()
+        return per_pid if any(len(g) > 1 for g in by_ordinal.values()) and per_pid else None
+
+    def devices(self, active: Sequence[str]) -> tuple[dict[str, str], list[str]]:
+        """Names of the devices that had activity, keyed by their activity label
+        (``cuda:<ordinal>``, or ``cuda:<ordinal> pid <pid>`` when ordinals differ per
+        process), and a line per GPU of the capture that had none: said, rather than shown
+        as a row of zeros among the busy ones."""
+        table = self.gpu_table()
+        if not table:
+            return {}, []
+        per_pid, by_ordinal = self.ordinal_map()
+        names: dict[str, str] = {}
+        used: set[int] = set()
+        for label in active:
+            m = re.fullmatch(r"cuda:(\d+)(?: pid (\d+))?", label)
+            if not m:
+                continue
+            ordinal = int(m.group(1))
+            if m.group(2) is not None:
+                gids = {per_pid[k]} if (k := (int(m.group(2)), ordinal)) in per_pid else set()
+            else:
+                gids = by_ordinal.get(ordinal, set())
+            gids = gids & set(table)
+            if not gids and len(table) == 1:
+                gids = set(table)  # one GPU: it is this one, whatever the ids say
+            used |= gids
+            if gids:
+                names[label] = " / ".join(sorted({table[g][0] for g in gids}))
+        idle = [f"GPU {g} ({table[g][0]})" for g in sorted(table) if g not in used]
+        return names, idle
 
     def _named(self, table: str, prefer: tuple[str, ...]) -> str | None:
         cols = self.columns(table)
@@ -150,7 +219,8 @@ class _Export:
         return pid[order], a[order, 1], a[order, 2], a[order, 0]
 
     def gpu_ops(self, table: str, kind: str, with_launch: bool,
-                launch: tuple[np.ndarray, ...] | None) -> pd.DataFrame:
+                launch: tuple[np.ndarray, ...] | None,
+                split: dict[tuple[int, int], int] | None = None) -> pd.DataFrame:
         cols = self.columns(table)
         if not {"start", "end"} <= cols:
             return empty_activities()
@@ -158,6 +228,8 @@ class _Export:
         wanted = ["start", "end", "deviceId", "streamId"]
         if with_launch:
             wanted += ["correlationId", "globalPid"]
+        elif split:
+            wanted += ["globalPid"]
         wanted += {"kernel": [], "memcpy": ["bytes", "copyKind"], "memset": ["bytes"]}[kind]
         select = [f'coalesce("{c}", -1)' if c in cols else "-1" for c in wanted]
         name_col = self._named(table, ("shortName", "demangledName", "name")) \
@@ -185,7 +257,8 @@ class _Export:
             launch_ns, tid = _join_launch(col["globalPid"], col["correlationId"], *launch)
         return pd.DataFrame({
             "start_ns": col["start"], "end_ns": col["end"],
-            "device": _cat(*_dev_codes(col["deviceId"])), "stream": col["streamId"],
+            "device": _cat(*_dev_codes(col["deviceId"], col.get("globalPid") if split
+                                       else None)), "stream": col["streamId"],
             "kind": _cat(np.zeros(a.shape[0], np.int8), [kind]),
             "name": names, "launch_ns": launch_ns, "tid": tid,
             "bytes": col.get("bytes", np.full(a.shape[0], -1, np.int64))})
@@ -220,18 +293,55 @@ class _Export:
             "domain": df["domain_id"].map(lambda d: domains.get(d) or "").astype(str),
             "tid": df["tid"].astype(np.int64), "device": ""})
 
-    def api_summary(self) -> pd.DataFrame:
+    def api_summary(self) -> tuple[pd.DataFrame, int]:
+        """Runtime API calls per base name, and how many versioned twins were left out.
+
+        Older exports record one call twice, as ``cudaX`` and as ``cudaX_v7000``, with the
+        same correlation id on the same thread: counted once, under the base name (the
+        entry point the program called). A versioned row without a twin is a call of its own.
+        """
         cols = self.columns("CUPTI_ACTIVITY_KIND_RUNTIME")
         if not {"start", "end", "nameId"} <= cols:
-            return pd.DataFrame({c: [] for c in API_COLUMNS})
+            return pd.DataFrame({c: [] for c in API_COLUMNS}), 0
         a = self.ints('SELECT nameId, count(*), sum("end" - start), max("end" - start) '
                       "FROM CUPTI_ACTIVITY_KIND_RUNTIME GROUP BY nameId", 4)
         lookup = self.strings(a[:, 0].tolist())
-        df = pd.DataFrame({"name": [re.sub(r"_v\d+$", "", lookup[int(i)]) for i in a[:, 0]],
-                           "count": a[:, 1], "time_ns": a[:, 2], "max_ns": a[:, 3]})
+        base = {int(i): _VERSIONED.sub("", lookup[int(i)]) for i in a[:, 0]}
+        versioned = {i for i, b in base.items() if b != lookup[i]}
+        twinned = {i for i, b in base.items() if b in {base[v] for v in versioned}}
+        keep = ~np.isin(a[:, 0], list(twinned))
+        df = pd.DataFrame({"name": [base[int(i)] for i in a[keep, 0]], "count": a[keep, 1],
+                           "time_ns": a[keep, 2], "max_ns": a[keep, 3]})
+        twins = 0
+        if twinned:
+            per_call, twins = self._untwinned(sorted(twinned), versioned, base, cols)
+            df = pd.concat([df, per_call], ignore_index=True)
         df = df.groupby("name", as_index=False).agg(
             {"count": "sum", "time_ns": "sum", "max_ns": "max"})
-        return df.sort_values("time_ns", ascending=False, ignore_index=True)
+        return df.sort_values("time_ns", ascending=False, ignore_index=True), twins
+
+    def _untwinned(self, ids: list[int], versioned: set[int], base: dict[int, str],
+                   cols: set[str]) -> tuple[pd.DataFrame, int]:
+        """Per-call rows of the names that have versioned spellings, with each versioned
+        row dropped when a base-name row shares its (thread, correlation id)."""
+        tid = "coalesce(globalTid, 0)" if "globalTid" in cols else "0"
+        corr = "coalesce(correlationId, -1)" if "correlationId" in cols else "-1"
+        a = self.ints(f'SELECT nameId, {tid}, {corr}, "end" - start FROM '
+                      f"CUPTI_ACTIVITY_KIND_RUNTIME WHERE nameId IN ({','.join(map(str, ids))})",
+                      4)
+        names = pd.Series([base[int(i)] for i in ids], index=ids)
+        df = pd.DataFrame({"name": names.reindex(a[:, 0]).to_numpy(), "tid": a[:, 1],
+                           "corr": a[:, 2], "dur": a[:, 3],
+                           "versioned": np.isin(a[:, 0], list(versioned))})
+        keys = ["name", "tid", "corr"]
+        plain = pd.MultiIndex.from_frame(df.loc[~df["versioned"], keys])
+        twin = df["versioned"].to_numpy().copy()
+        twin[twin] = pd.MultiIndex.from_frame(df.loc[df["versioned"], keys]).isin(plain)
+        twin &= df["corr"].to_numpy() >= 0  # no correlation id: nothing proves a twin
+        kept = df[~twin]
+        out = kept.groupby("name", as_index=False).agg(
+            count=("dur", "size"), time_ns=("dur", "sum"), max_ns=("dur", "max"))
+        return out, int(twin.sum())
 
 
 def _cat(codes: np.ndarray, categories: Sequence[str]) -> Any:
@@ -246,9 +356,17 @@ def _cat(codes: np.ndarray, categories: Sequence[str]) -> Any:
                                      validate=False)
 
 
-def _dev_codes(dev: np.ndarray) -> tuple[np.ndarray, list[str]]:
-    inv, uniq = pd.factorize(dev, sort=True)
-    return inv.astype(np.int32), [f"cuda:{int(d)}" if d >= 0 else "cuda:?" for d in uniq]
+def _dev_codes(dev: np.ndarray, gpid: np.ndarray | None = None
+               ) -> tuple[np.ndarray, list[str]]:
+    """Device labels by CUDA ordinal, ``cuda:<n>``; with ``gpid`` (ordinals that mean other
+    GPUs in other processes) ``cuda:<n> pid <pid>``, one device per process and ordinal."""
+    if gpid is None:
+        inv, uniq = pd.factorize(dev, sort=True)
+        return inv.astype(np.int32), [f"cuda:{int(d)}" if d >= 0 else "cuda:?" for d in uniq]
+    pid = (gpid >> 24) & 0xFFFFFF
+    inv, uniq = pd.factorize(pid * (np.int64(1) << 32) + (dev & 0xFFFFFFFF), sort=True)
+    return inv.astype(np.int32), [f"cuda:{int(k) & 0xFFFFFFFF} pid {int(k) >> 32}"
+                                  for k in uniq]
 
 
 def _pid_key(pid: np.ndarray, corr: np.ndarray, pids: np.ndarray) -> np.ndarray:
@@ -283,12 +401,20 @@ def read_nsys(path: str | os.PathLike[str], *, with_launch: bool = True) -> Time
         # the launch join is only needed to attribute kernels to CPU ranges
         with_launch = with_launch and not ranges.empty
         launch = ex.launches() if with_launch else None
-        parts = [ex.gpu_ops("CUPTI_ACTIVITY_KIND_KERNEL", "kernel", with_launch, launch),
-                 ex.gpu_ops("CUPTI_ACTIVITY_KIND_MEMCPY", "memcpy", with_launch, launch),
-                 ex.gpu_ops("CUPTI_ACTIVITY_KIND_MEMSET", "memset", with_launch, launch)]
+        split = ex.pid_split()
+        parts = [ex.gpu_ops(f"CUPTI_ACTIVITY_KIND_{t.upper()}", t, with_launch, launch, split)
+                 for t in ("kernel", "memcpy", "memset")]
         acts = _concat(parts)
+        active = sorted(acts["device"].astype(str).unique()) if not acts.empty else []
+        devices, idle = ex.devices(active)
+        meta = ex.meta()
+        if idle:
+            meta["idle_gpus"] = ", ".join(idle)
+        api, twins = ex.api_summary()
+        if twins:
+            meta["api_versioned_twins"] = str(twins)
         return Timeline(activities=acts, ranges=ranges, source=f"nsys:{path}",
-                        devices=ex.devices(), meta=ex.meta(), api=ex.api_summary())
+                        devices=devices, meta=meta, api=api)
     except sqlite3.Error as exc:
         raise TraceError(str(path), f"unreadable Nsight export ({exc})") from None
     except (TypeError, ValueError, OverflowError) as exc:  # text or NULL in a number column

@@ -290,3 +290,104 @@ def test_fuzz_corrupted_exports_raise_only_trace_error(offset: int, junk: bytes)
         except TraceError:
             return
         tla.range_breakdown(tl.activities, tl.ranges)
+
+
+# Older exports record one runtime call twice, as cudaX and cudaX_vNNNN with the same
+# correlation id on the same thread. Here: 3 launches recorded twice, 1 recorded only in its
+# versioned spelling, 1 versioned row whose twin is on another thread (a call of its own).
+VERSIONED_TWINS = """
+CREATE TABLE StringIds (id INTEGER NOT NULL PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE CUPTI_ACTIVITY_KIND_RUNTIME (start INTEGER NOT NULL, end INTEGER NOT NULL,
+    eventClass INTEGER NOT NULL, globalTid INTEGER, correlationId INTEGER,
+    nameId INTEGER NOT NULL, returnValue INTEGER NOT NULL, callchainId INTEGER);
+INSERT INTO StringIds VALUES (1, 'cudaLaunchKernel'), (2, 'cudaLaunchKernel_v7000'),
+    (3, 'cudaStreamSynchronize');
+INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES
+    (10, 20, 0, {TID}, 1, 1, 0, NULL), (11, 19, 0, {TID}, 1, 2, 0, NULL),
+    (30, 40, 0, {TID}, 2, 1, 0, NULL), (31, 39, 0, {TID}, 2, 2, 0, NULL),
+    (50, 60, 0, {TID}, 3, 1, 0, NULL), (51, 59, 0, {TID}, 3, 2, 0, NULL),
+    (70, 75, 0, {TID}, 4, 2, 0, NULL),
+    (80, 90, 0, {TID}, 5, 1, 0, NULL), (81, 99, 0, 7, 5, 2, 0, NULL),
+    (100, 400, 0, {TID}, 6, 3, 0, NULL);
+"""
+
+
+def test_versioned_api_twins_are_counted_once_under_the_base_name(tmp_path: Path) -> None:
+    tl = read_nsys(build(tmp_path / "old.sqlite", VERSIONED_TWINS))
+    assert tl.api is not None
+    rows = tl.api.set_index("name")
+    assert sorted(rows.index) == ["cudaLaunchKernel", "cudaStreamSynchronize"]
+    # 4 base rows + the lone versioned row + the other thread's row; 3 twins left out
+    assert rows.loc["cudaLaunchKernel", "count"] == 6
+    assert rows.loc["cudaLaunchKernel", "time_ns"] == 10 + 10 + 10 + 5 + 10 + 18
+    assert rows.loc["cudaLaunchKernel", "max_ns"] == 18
+    assert rows.loc["cudaStreamSynchronize", "count"] == 1
+    assert tl.meta["api_versioned_twins"] == "3"
+
+
+# A 4-GPU node (GPU table ids 10..13 in PCI order, CUDA ordinals 0..3 in another order) where
+# the job ran on ordinals 0 and 2 only. The newer layout says which is which in
+# TARGET_INFO_CUDA_DEVICE; the older one in TARGET_INFO_GPU.cuDevice.
+FOUR_GPUS = """
+CREATE TABLE StringIds (id INTEGER NOT NULL PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE TARGET_INFO_GPU (vmId INTEGER NOT NULL, id INTEGER NOT NULL, name TEXT
+    {CUDEVICE_COL});
+CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER NOT NULL, end INTEGER NOT NULL,
+    deviceId INTEGER NOT NULL, contextId INTEGER NOT NULL, streamId INTEGER NOT NULL,
+    correlationId INTEGER, globalPid INTEGER, demangledName INTEGER NOT NULL,
+    shortName INTEGER NOT NULL);
+INSERT INTO StringIds VALUES (1, 'sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n'),
+    (2, 'ncclDevKernel_AllReduce_Sum_bf16_RING_LL');
+INSERT INTO TARGET_INFO_GPU VALUES (1, 10, 'NVIDIA H100 80GB HBM3' {CU10}),
+    (1, 11, 'NVIDIA H100 80GB HBM3' {CU11}), (1, 12, 'NVIDIA L40S' {CU12}),
+    (1, 13, 'NVIDIA L40S' {CU13});
+INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES
+    (100, 200, 0, 1, 7, 1, {PID}, 1, 1), (200, 300, 0, 1, 7, 2, {PID}, 2, 2),
+    (100, 250, 2, 1, 7, 3, {PID}, 1, 1);
+"""
+CUDA_DEVICE_TABLE = """
+CREATE TABLE TARGET_INFO_CUDA_DEVICE (gpuId INTEGER, cudaId INTEGER, pid INTEGER,
+    uuid TEXT);
+INSERT INTO TARGET_INFO_CUDA_DEVICE VALUES (11, 0, 4242, 'b'), (13, 1, 4242, 'd'),
+    (10, 2, 4242, 'a'), (12, 3, 4242, 'c');
+"""
+
+
+def _four_gpus(path: Path, layout: str) -> Path:
+    # ordinal → GPU table id: 0 → 11, 1 → 13, 2 → 10, 3 → 12
+    cu = {"10": "2", "11": "0", "12": "3", "13": "1"}
+    sql = FOUR_GPUS.replace("{CUDEVICE_COL}", ", cuDevice INTEGER" if layout == "cuDevice"
+                            else "")
+    for gid, ordinal in cu.items():
+        sql = sql.replace("{CU" + gid + "}", f", {ordinal}" if layout == "cuDevice" else "")
+    if layout == "cuda_device_table":
+        sql += CUDA_DEVICE_TABLE
+    return build(path, sql)
+
+
+@pytest.mark.parametrize("layout", ["cuda_device_table", "cuDevice"])
+def test_devices_are_labelled_by_ordinal_and_idle_gpus_are_said(tmp_path: Path,
+                                                                 layout: str) -> None:
+    tl = read_nsys(_four_gpus(tmp_path / f"{layout}.sqlite", layout))
+    assert set(tl.activities["device"].astype(str)) == {"cuda:0", "cuda:2"}
+    # ordinal 0 is table id 11 (an H100), ordinal 2 is table id 10 (also an H100)
+    assert tl.devices == {"cuda:0": "NVIDIA H100 80GB HBM3", "cuda:2": "NVIDIA H100 80GB HBM3"}
+    assert tl.meta["idle_gpus"] == "GPU 12 (NVIDIA L40S), GPU 13 (NVIDIA L40S)"
+
+
+def test_one_ordinal_on_two_gpus_in_two_processes_is_two_devices(tmp_path: Path) -> None:
+    """CUDA_VISIBLE_DEVICES per process: both processes call their GPU ordinal 0."""
+    other = 777 << 24
+    sql = FOUR_GPUS.replace("{CUDEVICE_COL}", "")
+    for gid in ("10", "11", "12", "13"):
+        sql = sql.replace("{CU" + gid + "}", "")
+    sql = sql.replace("(100, 250, 2, 1, 7, 3, {PID}, 1, 1)",
+                      f"(100, 250, 0, 1, 7, 3, {other}, 1, 1)")
+    sql += """CREATE TABLE TARGET_INFO_CUDA_DEVICE (gpuId INTEGER, cudaId INTEGER, pid INTEGER);
+INSERT INTO TARGET_INFO_CUDA_DEVICE VALUES (11, 0, 4242), (12, 0, 777);"""
+    tl = read_nsys(build(tmp_path / "split.sqlite", sql))
+    per_device = tl.activities["device"].astype(str).value_counts().to_dict()
+    assert per_device == {"cuda:0 pid 4242": 2, "cuda:0 pid 777": 1}
+    assert tl.devices == {"cuda:0 pid 4242": "NVIDIA H100 80GB HBM3",
+                          "cuda:0 pid 777": "NVIDIA L40S"}
+    assert tl.meta["idle_gpus"] == "GPU 10 (NVIDIA H100 80GB HBM3), GPU 13 (NVIDIA L40S)"
