@@ -391,3 +391,21 @@ INSERT INTO TARGET_INFO_CUDA_DEVICE VALUES (11, 0, 4242), (12, 0, 777);"""
     assert tl.devices == {"cuda:0 pid 4242": "NVIDIA H100 80GB HBM3",
                           "cuda:0 pid 777": "NVIDIA L40S"}
     assert tl.meta["idle_gpus"] == "GPU 10 (NVIDIA H100 80GB HBM3), GPU 13 (NVIDIA L40S)"
+
+
+def test_column_reader_equals_the_row_reader_and_falls_back_on_text(export_2022: Path,
+                                                                      tmp_path: Path) -> None:
+    from phaseprobe.sources.nsys_export import _Export, open_export
+    exprs = ["start", '"end"', "coalesce(correlationId, -1)", "coalesce(globalTid, 0)"]
+    conn = open_export(export_2022)
+    ex = _Export(conn, str(export_2022))
+    fast = ex.column_ints("CUPTI_ACTIVITY_KIND_RUNTIME", exprs, "correlationId > 11")
+    slow = ex.ints(f"SELECT {', '.join(exprs)} FROM CUPTI_ACTIVITY_KIND_RUNTIME "
+                   "WHERE correlationId > 11", 4)
+    conn.close()
+    assert fast.shape == (5, 4) and (fast == slow).all()
+    # a REAL start does not parse back as integers: the row reader takes over (as before)
+    odd = build(tmp_path / "odd.sqlite", SCHEMA_2022.replace("(100, 200, 0, 1, 7, 11,",
+                                                             "(100.5, 200, 0, 1, 7, 11,"))
+    acts = read_nsys(odd).activities
+    assert len(acts) == 7 and 100 in set(acts["start_ns"])
