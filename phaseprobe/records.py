@@ -348,4 +348,5 @@ class RequestSpan:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RequestSpan:
-        return cls(**{k: d.get(k) for k in cls.__dataclass_fields__})
+        fields: dict[str, Any] = {k: d.get(k) for k in cls.__dataclass_fields__}
+        return cls(**fields)

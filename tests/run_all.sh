@@ -24,6 +24,10 @@ if [ "${#apt_packages[@]}" -gt 0 ]; then
 fi
 python3 -m pip install -q -e '.[test]'
 python3 -m phaseprobe local install
+# The types and the layering are checked like tests: mypy over the package, and
+# import-linter's contract in pyproject.toml (no room imports from a room above it).
+python3 -m mypy phaseprobe
+lint-imports
 # A missing browser fails the dashboard's browser test here instead of skipping it.
 export PHASEPROBE_REQUIRE_BROWSER=1
 exec python3 -m pytest -m "integration or not integration" "$@"

@@ -120,7 +120,7 @@ def check_client(client: ClientTimeline | None, server: ServerPhases | None,
     if not reasons:
         return ClientCheck(checked=True, consistent=True)
     if stall is not None and stall >= STALL_SHARE * delay:
-        cause = "client"
+        cause: str | None = "client"
         reasons.append(f"this client process was unscheduled for up to {_ms(stall)}: a "
                        "loaded client machine, not the server")
     else:

@@ -515,6 +515,7 @@ def interference_verdict(stalls: Sequence[Stall], controls: Sequence[Stall],
     lost = median_or_none([stalls[i].extra_s for i in used])
     ctrl = median_or_none([c.max_itl_s for c in controls])
     ctrl_lost = median_or_none([c.extra_s for c in controls])
+    ref: float | None
     if ctrl:
         ref, ref_name = ctrl, "A alone over the same window"
     else:

@@ -99,7 +99,8 @@ def attribute(before: MetricSnapshot, after: MetricSnapshot, *, model: str | Non
         if got is not None and expected is not None and got != expected:
             reasons.append(f"{canonical} counter moved by {got:g}, the request's usage says "
                            f"{expected}")
-    server = ServerPhases(count_deltas=counts, counter_deltas=counters, **phases)
+    server = ServerPhases(count_deltas=counts, counter_deltas=counters,
+                          **phases)  # type: ignore[arg-type]  # the six *_s fields
     return server, Isolation(verified=True, isolated=not reasons, reasons=tuple(reasons))
 
 

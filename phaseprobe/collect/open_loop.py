@@ -12,6 +12,7 @@ import random
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import requests
 
@@ -100,7 +101,7 @@ class OpenLoopLoad:
             self._pool.submit(self._send, prompt, max_tokens)
 
     def _send(self, prompt: str, max_tokens: int) -> None:
-        body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens,
+        body: dict[str, Any] = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens,
                 "ignore_eos": True, "temperature": 0.0}
         try:
             session = getattr(self._local, "session", None)

@@ -43,7 +43,7 @@ __all__ = ["register", "run", "frame_records", "gpu_summary"]
 _GiB = 1024.0**3
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(subparsers: Any) -> None:
     gpu = subparsers.add_parser(
         "gpu", help="GPU telemetry: watch NVML, import nvidia-smi / DCGM series",
         description="GPU memory, utilisation, power, clocks and link throughput: sampled live "

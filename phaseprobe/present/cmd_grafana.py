@@ -39,7 +39,7 @@ __all__ = ["register", "run"]
 _SHIPPED = f"the shipped dashboards/{DASHBOARD_FILE}"
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(subparsers: Any) -> None:
     grafana = subparsers.add_parser(
         "grafana", help="build, lint and import the Grafana dashboard",
         description="The phase dashboard for Grafana: generated from phaseprobe's query "

@@ -27,8 +27,8 @@ from rich.table import Table
 
 from phaseprobe.errors import ConfigError, EmptyResult
 from phaseprobe.present.args import seconds
-from phaseprobe.query_catalog import Query, load_catalog
 from phaseprobe.sources.prometheus import DEFAULT_TOKEN_ENV, NamedResult, PrometheusClient
+from phaseprobe.sources.query_catalog import Query, load_catalog
 
 __all__ = ["register", "cmd_query", "run", "parse_time"]
 

@@ -23,7 +23,7 @@ from importlib import resources
 from typing import Any, Literal
 
 from phaseprobe.errors import ConfigError
-from phaseprobe.query_catalog import Query, load_catalog
+from phaseprobe.sources.query_catalog import Query, load_catalog
 
 __all__ = [
     "DASHBOARD_FILE",

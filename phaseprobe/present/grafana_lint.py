@@ -6,14 +6,14 @@ list the metrics it references, then:
 
 - **stale**: a vLLM metric that was renamed (``vllm:gpu_prefix_cache_hits_total`` →
   ``vllm:prefix_cache_hits_total``, from :data:`~phaseprobe.sources.vllm_metrics.ALIASES` via
-  the query catalog's :func:`~phaseprobe.query_catalog.newest_name`) or removed with the V0
+  the query catalog's :func:`~phaseprobe.sources.query_catalog.newest_name`) or removed with the V0
   engine (:data:`REMOVED`, with what to chart instead). Reported even when the metrics source
   still has it: the panel goes blank on the next vLLM upgrade.
 - **missing**: with a metrics source (a live ``/metrics`` URL or a saved exposition text), a
   referenced series that the source does not expose. Series Prometheus makes up itself (``up``,
   ``scrape_*``, ``ALERTS``) are not expected in ``/metrics`` and are skipped.
 
-Names come from the catalog's :func:`~phaseprobe.query_catalog.metric_names`, which already
+Names come from the catalog's :func:`~phaseprobe.sources.query_catalog.metric_names`, which already
 ignores Grafana's ``$variables``, label matchers and functions.
 """
 
@@ -29,7 +29,7 @@ from typing import Any
 import requests
 
 from phaseprobe.errors import DashboardInvalid, MetricsUnavailable
-from phaseprobe.query_catalog import metric_names, newest_name, spellings
+from phaseprobe.sources.query_catalog import metric_names, newest_name, spellings
 from phaseprobe.sources.vllm_metrics import MetricSnapshot, MetricsScraper, parse_exposition
 
 __all__ = [

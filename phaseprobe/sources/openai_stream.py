@@ -165,7 +165,7 @@ def check_endpoint(base_url: str, *, session: requests.Session, headers: dict[st
     data = doc.get("data") if isinstance(doc, dict) else None
     if not isinstance(data, list):
         raise EndpointUnreachable(shown, "answer is not an OpenAI model list (no 'data' list)")
-    models = []
+    models: list[dict[str, Any]] = []
     for i, item in enumerate(data):
         if not isinstance(item, dict) or not isinstance(item.get("id"), str) or not item["id"]:
             raise EndpointUnreachable(shown, f"model {i} of the answer has no string 'id'")

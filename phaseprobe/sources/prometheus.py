@@ -34,8 +34,8 @@ from phaseprobe.errors import (
     PrometheusUnreachable,
     PromQLError,
 )
-from phaseprobe.query_catalog import Query, load_catalog, resolve_names
 from phaseprobe.redact import redact_url
+from phaseprobe.sources.query_catalog import Query, load_catalog, resolve_names
 
 __all__ = [
     "DEFAULT_TOKEN_ENV",

@@ -9,7 +9,7 @@ import pytest
 
 from phaseprobe.errors import ConfigError
 from phaseprobe.present import grafana_build as gb
-from phaseprobe.query_catalog import UNITS, Query, load_catalog
+from phaseprobe.sources.query_catalog import UNITS, Query, load_catalog
 
 SHIPPED = Path(gb.__file__).resolve().parents[1] / "dashboards" / gb.DASHBOARD_FILE
 

@@ -22,8 +22,8 @@ from phaseprobe.errors import (
     PromQLError,
 )
 from phaseprobe.present.cmd_query import cmd_query, parse_time, register
-from phaseprobe.query_catalog import load_catalog
 from phaseprobe.sources.prometheus import PHASE_QUERIES, PrometheusClient, phase_means
+from phaseprobe.sources.query_catalog import load_catalog
 from phaseprobe.testing.prometheus_server import PrometheusServer, scrape_config
 from tests.prometheus_stub import Reply, Stub
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from phaseprobe.errors import ConfigError
-from phaseprobe.query_catalog import (
+from phaseprobe.sources.query_catalog import (
     UNITS,
     Query,
     load_catalog,
