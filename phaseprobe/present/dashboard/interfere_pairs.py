@@ -15,7 +15,7 @@ import pandas as pd
 import streamlit as st
 
 from phaseprobe.analysis.interplay import OVERLAP_WHY, interfere_pair_of, overlap_of
-from phaseprobe.present.dashboard.page_timeline import phase_bars, swimlane, token_ticks
+from phaseprobe.present.dashboard.charts import phase_bars, swimlane, token_ticks
 from phaseprobe.records import Run
 
 __all__ = ["pairs", "pair_lanes", "a_gaps", "pair_overlap", "render_pairs"]

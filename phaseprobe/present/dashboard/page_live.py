@@ -24,8 +24,8 @@ from phaseprobe.analysis.live_summary import LiveSummary, span_loss, summarize_s
 from phaseprobe.analysis.span_context import overlap_context, prefill_interference
 from phaseprobe.errors import PhaseprobeError
 from phaseprobe.present.dashboard import data
+from phaseprobe.present.dashboard.charts import PHASE_COLORS
 from phaseprobe.present.dashboard.data import fmt_ms, wall_time
-from phaseprobe.present.dashboard.page_timeline import PHASE_COLORS
 from phaseprobe.records import RequestSpan
 
 __all__ = ["render", "WINDOWS_S", "REFRESH_S", "percentile_frame", "waterfall_frame",

@@ -10,9 +10,9 @@ import streamlit as st
 
 from phaseprobe.analysis.phases import summarize
 from phaseprobe.present.dashboard import data
+from phaseprobe.present.dashboard.charts import PHASE_COLORS
 from phaseprobe.present.dashboard.context import Context
 from phaseprobe.present.dashboard.data import fmt_ms
-from phaseprobe.present.dashboard.page_timeline import PHASE_COLORS
 from phaseprobe.present.dashboard.phases_bound import render_bound
 
 __all__ = ["render", "per_run_phases", "per_experiment_phases"]
