@@ -122,9 +122,11 @@ def check_against_server(server_info: dict[str, Any], model_config: str | None, 
     return [f"{text}; used anyway (--force-model-config): the roofline is not this server's"]
 
 
-def fetch_server_info(endpoint: str, api_key: str | None) -> dict[str, Any]:
+def fetch_server_info(endpoint: str, api_key: str | None,
+                      models: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """What the server says about itself before any run (``/v1/models``, ``/version`` and
-    ``vllm:cache_config_info``), the same dict the probe stores as ``server_info``."""
+    ``vllm:cache_config_info``), the same dict the probe stores as ``server_info``.
+    ``models``: ``/v1/models`` when the caller already has it."""
     import requests
 
     from phaseprobe.collect.experiment import server_info
@@ -134,7 +136,8 @@ def fetch_server_info(endpoint: str, api_key: str | None) -> dict[str, Any]:
 
     session = requests.Session()
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    models = check_endpoint(endpoint, session=session, headers=headers)
+    if models is None:
+        models = check_endpoint(endpoint, session=session, headers=headers)
     try:
         snap = MetricsScraper(endpoint, session=session, headers=headers).scrape()
     except MetricsUnavailable:
@@ -143,13 +146,14 @@ def fetch_server_info(endpoint: str, api_key: str | None) -> dict[str, Any]:
 
 
 def preflight(endpoint: str, api_key: str | None, peaks_choice: str | None,
-              model_config: str | None, *, force: bool = False) -> list[str]:
+              model_config: str | None, *, force: bool = False,
+              models: list[dict[str, Any]] | None = None) -> list[str]:
     """The server-side half of the checks, before any run: ``--model-config`` against what
     the server reports (ConfigError on a mismatch unless ``force``), and whether the roofline
     will be computable at all. Returns warnings to print."""
     if peaks_choice is None and model_config is None:
         return []
-    info = fetch_server_info(endpoint, api_key)
+    info = fetch_server_info(endpoint, api_key, models)
     warnings = check_against_server(info, model_config, force=force)
     if peaks_choice is not None and model_config_path(info, model_config) is None:
         warnings.append("--peaks given, but the served model's config.json is not reachable "

@@ -199,21 +199,24 @@ def run_probe(spec: RunSpec, store: Store, *, settings: ProbeSettings = ProbeSet
               clock: Callable[[], float] = time.monotonic,
               before_runs: Callable[[], None] | None = None,
               gpu_sampler: GpuSampler | None = None,
-              deadline_s: float | None = DEFAULT_DEADLINE_S) -> ProbeResult:
+              deadline_s: float | None = DEFAULT_DEADLINE_S,
+              models: list[dict[str, Any]] | None = None) -> ProbeResult:
     """Run one probe experiment; every completed run is in ``store`` before the next starts.
 
     Raises :class:`~phaseprobe.errors.EndpointUnreachable` before any run if nothing answers.
     ``before_runs`` is called after the warm-ups, before the first measured run (e.g. to let
     Prometheus take a scrape that excludes the warm-ups). ``gpu_sampler`` (not started) samples
     the GPUs through the whole experiment; its samples are stored with it, joined to the runs
-    by wall-clock time.
+    by wall-clock time. ``models``: the endpoint's ``/v1/models`` list when the caller has
+    already fetched it (one call per probe); else it is fetched here.
     """
     progress = progress or NullProgress()
     session = session or requests.Session()
     client = StreamClient(spec.endpoint, api_key=api_key, session=session, timeout_s=timeout_s,
                           deadline_s=deadline_s)
     headers = {k: v for k, v in client.headers.items() if k == "Authorization"}
-    models = check_endpoint(spec.endpoint, session=session, headers=headers)
+    if models is None:
+        models = check_endpoint(spec.endpoint, session=session, headers=headers)
     notes: list[str] = [client.auth_note] if client.auth_note else []
     scraper: MetricsScraper | None = MetricsScraper(spec.endpoint, session=session,
                                                     headers=headers)

@@ -45,6 +45,7 @@ from phaseprobe.present.console import (
 )
 from phaseprobe.present.endpoint import (
     api_key_from_env,
+    endpoint_models,
     endpoint_or_local,
     served_model,
 )
@@ -222,12 +223,14 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
                                      [*profiler_args(profile_dir), *trace_args], trace_env)
         if profile_dir is not None and args.endpoint is not None:
             profile_dir = _server_profile_dir(endpoint, profile_dir, err)
-        model = served_model(endpoint, api_key, args.model)  # a wrong --model: before any run
+        models = endpoint_models(endpoint, api_key)  # the probe's one /v1/models call
+        # a wrong --model fails here, before any run
+        model = served_model(endpoint, api_key, args.model, models=models)
         peaks_choice = args.peaks
         if peaks_choice is None and args.endpoint is None and calibrate.load() is not None:
             peaks_choice = "calibrated"  # the local vLLM runs on this machine's CPU
         for warning in preflight(endpoint, api_key, peaks_choice, args.model_config,
-                                 force=args.force_model_config):
+                                 force=args.force_model_config, models=models):
             err.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
         target = None if args.prompt is not None else (args.prompt_tokens or 128)
         spec = RunSpec(endpoint=endpoint, model=model, prompt=args.prompt or "",
@@ -260,7 +263,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
             result = run_probe(spec, store, settings=settings, api_key=api_key,
                                progress=progress, timeout_s=args.timeout,
                                deadline_s=args.deadline,
-                               before_runs=before_runs, gpu_sampler=sampler)
+                               before_runs=before_runs, gpu_sampler=sampler, models=models)
         except BaseException:
             if capture is not None and capture.started:
                 capture.stop(wait=False)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from contextlib import ExitStack
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -18,7 +19,7 @@ from phaseprobe.present.waiting import waiting
 from phaseprobe.redact import redact_url
 
 __all__ = ["DEFAULT_KEY_VARS", "api_key_from_env", "endpoint_or_local", "first_model",
-           "served_model"]
+           "served_model", "endpoint_models"]
 
 # Looked at in this order when no --api-key-env is given.
 DEFAULT_KEY_VARS = ("OPENAI_API_KEY", "VLLM_API_KEY")
@@ -59,18 +60,29 @@ def first_model(endpoint: str, api_key: str | None) -> str:
     return served_model(endpoint, api_key, None)
 
 
-def served_model(endpoint: str, api_key: str | None, model: str | None,
-                 option: str = "--model") -> str:
-    """``model`` if the endpoint serves it, else a ConfigError listing what it serves; the
-    first listed model when ``model`` is None. Checked before any run: a wrong name would
-    otherwise become a whole experiment of 404 error runs."""
+def endpoint_models(endpoint: str, api_key: str | None) -> list[dict[str, Any]]:
+    """``/v1/models`` of the endpoint, validated (raises EndpointUnreachable before any run).
+    A probe asks once and hands the list on, to the model check, the preflight and the run."""
     import requests
 
     from phaseprobe.sources.openai_stream import check_endpoint, normalize_base_url
 
-    endpoint = normalize_base_url(endpoint)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    models = check_endpoint(endpoint, session=requests.Session(), headers=headers)
+    return check_endpoint(normalize_base_url(endpoint), session=requests.Session(),
+                          headers=headers)
+
+
+def served_model(endpoint: str, api_key: str | None, model: str | None,
+                 option: str = "--model", models: list[dict[str, Any]] | None = None) -> str:
+    """``model`` if the endpoint serves it, else a ConfigError listing what it serves; the
+    first listed model when ``model`` is None. Checked before any run: a wrong name would
+    otherwise become a whole experiment of 404 error runs. ``models``: the endpoint's
+    ``/v1/models`` list when already fetched."""
+    from phaseprobe.sources.openai_stream import normalize_base_url
+
+    endpoint = normalize_base_url(endpoint)
+    if models is None:
+        models = endpoint_models(endpoint, api_key)
     served = [str(m["id"]) for m in models if isinstance(m, dict) and "id" in m]
     if not served:
         raise ConfigError(f"{redact_url(endpoint)}/v1/models lists no model; pass {option}")

@@ -189,3 +189,15 @@ def test_runs_latest_shows_the_roofline_line_the_probe_printed(store_path, capsy
     assert probed and shown == probed
     assert main(["runs", "--latest", "--store", str(store_path), "--json"]) == 0
     assert _json(capsys)["efficiency"] is not None
+
+
+@pytest.mark.parametrize("extra", [[], ["--peaks", "a100-80gb-sxm"]])
+def test_a_probe_asks_v1_models_once(store_path, capsys, extra):
+    # Issue 20: the model check, the preflight and the run each fetched /v1/models.
+    with SseServer(Script(n_tokens=3)) as srv:
+        code = main(["probe", "--endpoint", srv.base_url, "--runs", "2", "--warmup", "1",
+                     "--max-tokens", "3", "--store", str(store_path), "--json", *extra])
+        paths = [r.path for r in srv.requests]
+    assert code == 0, capsys.readouterr().err
+    assert paths.count("/v1/models") == 1
+    assert len([p for p in paths if p.startswith("/v1/completions")]) == 3

@@ -21,6 +21,7 @@ def no_runs(monkeypatch):
     monkeypatch.setattr(cmd_probe, "run_probe", boom)
     monkeypatch.setattr(cmd_probe, "endpoint_or_local", lambda endpoint, *a, **k: endpoint)
     monkeypatch.setattr(cmd_probe, "served_model", lambda *a, **k: "tiny-llama")
+    monkeypatch.setattr(cmd_probe, "endpoint_models", lambda *a, **k: [{"id": "tiny-llama"}])
 
 
 def test_unknown_peaks_fail_before_anything(no_runs, tmp_path, capsys, monkeypatch):
