@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from phaseprobe.analysis.phases import percentile
+from phaseprobe.analysis.quantiles import median_or_none, percentile
 from phaseprobe.records import Run
 
 __all__ = ["Stall", "stall", "LevelStats", "level_stats", "merge_rounds", "Scaling", "scaling",
@@ -204,11 +204,6 @@ def level_stats(concurrency: int, streams: Sequence[Sequence[float]], tpots: Seq
         itl_p50_s=percentile(itl, 50), itl_p99_s=percentile(itl, 99),
         max_waiting=max_waiting, max_running=max_running, max_kv_usage=max_kv_usage,
         preemptions=preemptions, burst_share=burst)
-
-
-def median_or_none(values: Sequence[float | None]) -> float | None:
-    xs = [v for v in values if v is not None]
-    return statistics.median(xs) if xs else None
 
 
 def merge_rounds(rounds: Sequence[LevelStats]) -> LevelStats:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from phaseprobe.analysis.client_check import client_verdict
+from phaseprobe.analysis.quantiles import percentile
 from phaseprobe.records import Isolation, Run, ServerPhases
 from phaseprobe.sources.vllm_metrics import MetricSnapshot
 
@@ -167,17 +168,6 @@ def outside_engine(run: Run) -> tuple[float, float | None] | None:
 def _median(values: Sequence[float | None]) -> float | None:
     vals = [v for v in values if v is not None]
     return statistics.median(vals) if vals else None
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """Linear-interpolated percentile (q in 0..100), as numpy's default."""
-    if not values:
-        return None
-    xs = sorted(values)
-    k = (len(xs) - 1) * q / 100
-    lo = int(k)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
 def medians_runs(runs: Sequence[Run]) -> tuple[list[Run], list[Run]]:

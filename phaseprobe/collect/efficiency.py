@@ -11,7 +11,6 @@ model's is refused, naming the fields that differ.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from phaseprobe import calibrate
 from phaseprobe.analysis import model_math
 from phaseprobe.analysis.gpu_peaks import lookup
 from phaseprobe.analysis.model_match import Mismatch, compare_with_server, describe
+from phaseprobe.analysis.quantiles import median_or_none
 from phaseprobe.analysis.roofline import (
     ModelCost,
     Peaks,
@@ -162,11 +162,6 @@ def preflight(endpoint: str, api_key: str | None, peaks_choice: str | None,
     return warnings
 
 
-def _median(values: Sequence[float | None]) -> float | None:
-    vals = [v for v in values if v is not None]
-    return statistics.median(vals) if vals else None
-
-
 def efficiency_report(runs: Sequence[Run], server_info: dict[str, Any], *,
                       peaks_choice: str | None, model_config: str | None,
                       force: bool = False) -> dict[str, Any]:
@@ -204,10 +199,10 @@ def efficiency_report(runs: Sequence[Run], server_info: dict[str, Any], *,
     for phase, bound_key, meas_key, kind in (
             ("decode", "decode_bound_s_per_token", "decode_measured_s_per_token", "memory"),
             ("prefill", "prefill_bound_s", "prefill_measured_s", None)):
-        ratio = _median([getattr(r, f"{phase}_bound_ratio") for r in per_run])
+        ratio = median_or_none([getattr(r, f"{phase}_bound_ratio") for r in per_run])
         beaten = is_beaten(ratio) or any(getattr(r, f"{phase}_bound_beaten") for r in per_run)
-        bound = _median([getattr(r, bound_key) for r in per_run])
-        measured = _median([getattr(r, meas_key) for r in per_run])
+        bound = median_or_none([getattr(r, bound_key) for r in per_run])
+        measured = median_or_none([getattr(r, meas_key) for r in per_run])
         phases[f"{phase}_efficiency"] = None if beaten else ratio
         phases[f"{phase}_bound_ratio"] = ratio
         phases[f"{phase}_bound_beaten"] = beaten
@@ -219,12 +214,13 @@ def efficiency_report(runs: Sequence[Run], server_info: dict[str, Any], *,
         "peaks_dtype": dtype,
         "model_config": str(path),
         "decode_efficiency": phases["decode_efficiency"],
-        "decode_bound_s_per_token": _median([r.decode_bound_s_per_token for r in per_run]),
-        "decode_measured_s_per_token": _median([r.decode_measured_s_per_token for r in per_run]),
+        "decode_bound_s_per_token": median_or_none([r.decode_bound_s_per_token for r in per_run]),
+        "decode_measured_s_per_token": median_or_none(
+            [r.decode_measured_s_per_token for r in per_run]),
         "prefill_efficiency": phases["prefill_efficiency"],
-        "prefill_bound_s": _median([r.prefill_bound_s for r in per_run]),
+        "prefill_bound_s": median_or_none([r.prefill_bound_s for r in per_run]),
         "prefill_bound_kind": per_run[0].prefill_bound_kind if per_run else None,
-        "prefill_measured_s": _median([r.prefill_measured_s for r in per_run]),
+        "prefill_measured_s": median_or_none([r.prefill_measured_s for r in per_run]),
         "decode_bound_ratio": phases["decode_bound_ratio"],
         "prefill_bound_ratio": phases["prefill_bound_ratio"],
         "decode_bound_beaten": phases["decode_bound_beaten"],
