@@ -154,12 +154,13 @@ def summarize(tl: tla.Timeline, file: str, min_gap_ns: int = 100_000,
     devices = [{"device": d, "name": tl.devices.get(d, ""), **{k: _clean(v) for k, v in row.items()
                                                              if k != "device"}}
                for d, row in zip(overlap["device"], overlap.to_dict("records"))]
-    for d, name in tl.devices.items():  # GPUs present in the capture but idle in it
-        if d not in set(overlap["device"]):
-            devices.append({"device": d, "name": name, "busy_ns": 0})
+    # GPUs of the capture that ran nothing are said once, not shown as rows of zeros
+    active = set(overlap["device"])
+    idle = [f"{d} ({name})" if name else d for d, name in tl.devices.items() if d not in active]
+    idle += [g for g in tl.meta.get("idle_gpus", "").split(", ") if g]
     doc: dict[str, Any] = {
         "file": file, "source": tl.source.split(":", 1)[0], "meta": tl.meta,
-        "devices": devices,
+        "devices": devices, "idle_devices": idle,
         "kernels": {"count": int((kinds == "kernel").sum()),
                     "total_ns": int(dur[kinds == "kernel"].sum()),
                     "memcpy_count": int((kinds == "memcpy").sum()),
@@ -218,6 +219,9 @@ def _emit(args: argparse.Namespace, out: Console, doc: dict[str, Any]) -> None:
               f"{k.get('communication_count', 0):,} communication")
     if k.get("cpu_op_count"):
         out.print(f"CPU-only trace: {k['cpu_op_count']:,} outermost CPU ops stand in for kernels")
+    if doc.get("idle_devices"):
+        out.print(f"[dim]no activity in this capture on: "
+                  f"{escape(', '.join(doc['idle_devices']))}[/dim]")
     _table(out, "device time (union, ms)", doc.get("devices", []),
            ["device", "name", "busy_ns", "compute_ns", "communication_ns", "overlap_ns",
             "comm_hidden_pct", "idle_ns"])
