@@ -262,14 +262,18 @@ def compare_paired(a: dict[int, float], b: dict[int, float], plan: SequentialPla
     # An undecided metric's "runs to decide" is a column of the table (``more_runs``), and
     # pulled-in outliers are summed up over metrics by compare_runs: no warning per metric.
     warnings: list[str] = []
+    verdict: Verdict = est.verdict
     if est.ratio is None:
+        # No estimate at all (under 2 pairs: e.g. a loaded box left every client timeline
+        # out): that is too little evidence, said as such, not "undecided" beside no number.
         warnings.append(f"{label}: fewer than 2 pairs")
+        verdict = "insufficient data"
     if est.verdict == "equivalent" and est.ci_low is not None and est.ci_high is not None \
             and (est.ci_high < 1 or est.ci_low > 1):
         warnings.append(f"{label}: {pct((est.ratio or 1) - 1)} % is real but inside "
                         f"±{plan.min_effect:.0%}, the smallest change worth calling")
     return MetricComparison(metric, label, len(xa), len(xb), med_a, med_b, est.ratio,
-                            est.ci_low, est.ci_high, None, None, noise_a, noise_b, est.verdict,
+                            est.ci_low, est.ci_high, None, None, noise_a, noise_b, verdict,
                             tuple(warnings), method="sequential", n_pairs=est.n_pairs,
                             more_runs=est.more_pairs, winsorised=est.winsorised)
 

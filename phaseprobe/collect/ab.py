@@ -386,7 +386,9 @@ class _Sequential:
             f"{(m.ci_high - 1) * 100:+.1f}]")
         self.progress.on_look(f"look {self.looks} after {self.pairs()} pairs: {m.metric} B/A "
                               f"{shown} → {m.verdict}")
-        return self.record("decided", m) if m.verdict != "undecided" else None
+        # only a verdict the interval reached stops the session; too few pairs never does
+        decided = m.verdict in ("improvement", "regression", "equivalent")
+        return self.record("decided", m) if decided else None
 
     def record(self, reason: str, m: MetricComparison | None = None) -> dict[str, Any]:
         m = m or self.primary()

@@ -152,3 +152,13 @@ def test_the_looks_cost_nothing_in_error_rate_even_at_every_pair():
     plan = SequentialPlan(min_effect=1e-9, look_every=1, min_pairs=2, max_runs=200)
     r = simulate(Scenario(0.2, 0.0), plan, sessions=1500, seed=5)
     assert r.improvement + r.regression <= 0.05, r
+
+
+def test_a_metric_with_under_two_pairs_is_insufficient_data_not_undecided():
+    # A loaded box can leave every client timeline but one out of an arm: no estimate at all
+    # is "insufficient data", never "undecided" beside an empty ratio (an A/A on CI did that).
+    plan = SequentialPlan(min_effect=0.05, alpha=0.05, max_runs=60)
+    m = compare_paired({0: 0.10, 1: 0.11}, {1: 0.12, 2: 0.13}, plan, metric="client_ttft_s")
+    assert (m.verdict, m.ratio, m.n_pairs) == ("insufficient data", None, 1)
+    m = compare_paired({0: 0.10, 1: 0.11, 2: 0.10}, {0: 0.10, 1: 0.11, 2: 0.12}, plan)
+    assert m.ratio is not None and m.verdict != "insufficient data"
