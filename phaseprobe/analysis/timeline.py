@@ -13,6 +13,7 @@ Kernel classes: ``gemm``, ``attention``, ``compute_other`` (category ``compute``
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -137,6 +138,10 @@ class Timeline:
     devices: dict[str, str] = field(default_factory=dict)  # 'cuda:0' -> 'NVIDIA A100 ...'
     meta: dict[str, str] = field(default_factory=dict)
     api: pd.DataFrame | None = None  # runtime API summary (nsys), name/count/time_ns
+    # launching thread → the thread whose CPU ranges cover its launches: in a PyTorch trace
+    # the autograd engine's threads launch the backward kernels while the thread that called
+    # backward() holds the ranges (Kineto's fwdbwd flow events link the two)
+    thread_parent: dict[int, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if "cls" not in self.activities.columns:
@@ -340,12 +345,30 @@ def _codes(values: np.ndarray, table: np.ndarray) -> np.ndarray:
     return np.where(found, pos, -1).astype(np.int64)
 
 
-def range_breakdown(acts: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFrame:
+def _attribution_threads(tids: np.ndarray, range_tids: np.ndarray,
+                         thread_parent: Mapping[int, int] | None) -> np.ndarray:
+    """Each activity's launching thread, or its parent where the launching thread holds no
+    range and the parent does (one pass per mapped thread: threads are few)."""
+    if not thread_parent:
+        return tids
+    have = set(np.unique(range_tids).tolist())
+    out = tids.copy()
+    for child, parent in thread_parent.items():
+        if child not in have and parent in have:
+            out[tids == child] = parent
+    return out
+
+
+def range_breakdown(acts: pd.DataFrame, ranges: pd.DataFrame,
+                    thread_parent: Mapping[int, int] | None = None) -> pd.DataFrame:
     """Per range: vLLM step fields, phase, and the activity time attributed to it.
 
     CPU ranges (NVTX, Kineto ``user_annotation``) take the activities *launched* from the same
     thread while the range was open — the GPU runs them later, so GPU time would mislabel them;
     GPU-side annotations take the activities that *start* inside them on the same device.
+    A launching thread with no CPU range of its own that ``thread_parent`` maps to a thread
+    with ranges is attributed through that thread's ranges, at its own launch times (the
+    autograd thread launches backward kernels while ``backward()`` holds the caller's range).
     """
     if ranges.empty:
         return pd.DataFrame({c: [] for c in RANGE_BREAKDOWN_COLUMNS})
@@ -369,7 +392,8 @@ def range_breakdown(acts: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFrame:
         r_end = r["end_ns"].to_numpy(np.int64)
         gpu_side = r["device"].astype(str).to_numpy() != ""
         # CPU ranges: by launching thread and launch time
-        tids = acts["tid"].to_numpy(np.int64)
+        tids = _attribution_threads(acts["tid"].to_numpy(np.int64),
+                                    r["tid"].to_numpy(np.int64)[~gpu_side], thread_parent)
         launch = acts["launch_ns"].to_numpy(np.int64)
         known = launch >= 0
         c1, s1 = np.zeros(n, np.int64), [np.zeros(n, np.int64) for _ in weights]

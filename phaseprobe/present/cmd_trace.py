@@ -141,7 +141,7 @@ def summarize(tl: tla.Timeline, file: str, min_gap_ns: int = 100_000,
     cls = acts["cls"] if not acts.empty else pd.Series([], dtype=str)
     dur = (acts["end_ns"] - acts["start_ns"]).clip(lower=0) if not acts.empty else pd.Series([])
     gaps = tla.idle_gaps(acts, min_gap_ns)
-    breakdown = tla.range_breakdown(acts, tl.ranges)
+    breakdown = tla.range_breakdown(acts, tl.ranges, tl.thread_parent)
     by_name = pd.DataFrame()
     if not breakdown.empty:
         by_name = (breakdown.groupby(["domain", "name"], as_index=False)

@@ -196,9 +196,20 @@ class _Collect:
         self.ranges: dict[str, list[Any]] = {k: [] for k in (
             "ts", "dur", "name", "domain", "tid", "device")}
         self.comms: list[dict[str, Any]] = []
+        # fwdbwd flow id → thread of its start (the forward op) / of its finish (the backward
+        # op, on an autograd engine thread)
+        self.flow_start: dict[Any, int] = {}
+        self.flow_finish: dict[Any, int] = {}
 
     def add(self, e: dict[str, Any]) -> None:
-        if e.get("ph") != "X":
+        ph = e.get("ph")
+        if ph in ("s", "f") and str(e.get("cat", "")).lower() == "fwdbwd":
+            tid, fid = _int(e.get("tid")), e.get("id")
+            if tid >= 0 and isinstance(fid, int | str):  # ids are per process
+                (self.flow_start if ph == "s" else self.flow_finish)[(
+                    _int(e.get("pid")), fid)] = tid
+            return
+        if ph != "X":
             return
         cat = str(e.get("cat", "")).lower()
         raw_args = e.get("args")
@@ -244,6 +255,18 @@ class _Collect:
             r["domain"].append(cat)
             r["tid"].append(-1 if gpu else _int(e.get("tid")))
             r["device"].append(f"cuda:{_int(args.get('device', e.get('pid')), 0)}" if gpu else "")
+
+    def thread_parent(self) -> dict[int, int]:
+        """Backward thread → the thread its forward ops ran on, by the fwdbwd flows linking
+        them (the most common partner when a thread has several)."""
+        pairs: dict[int, dict[int, int]] = {}
+        for fid, child in self.flow_finish.items():
+            parent = self.flow_start.get(fid)
+            if parent is not None and parent != child:
+                votes = pairs.setdefault(child, {})
+                votes[parent] = votes.get(parent, 0) + 1
+        return {child: max(votes, key=lambda p: (votes[p], -p))
+                for child, votes in pairs.items()}
 
     def gpu_frame(self) -> pd.DataFrame:
         g = self.gpu
@@ -349,8 +372,11 @@ def read_torch_trace(path: str | os.PathLike[str]) -> tuple[Timeline, pd.DataFra
                  if k in ("rank", "world_size", "backend", "nccl_version")})
     meta["events"] = str(n_events)
     meta["cpu_only"] = str(cpu_only).lower()
+    parents = col.thread_parent()
+    if parents:
+        meta["backward_threads"] = ", ".join(f"{c} -> {p}" for c, p in sorted(parents.items()))
     return (Timeline(activities=acts, ranges=col.range_frame(), source=f"torch:{path}",
-                     devices=devices, meta=meta), col.comm_frame())
+                     devices=devices, meta=meta, thread_parent=parents), col.comm_frame())
 
 
 def find_traces(directory: str | os.PathLike[str]) -> list[Path]:

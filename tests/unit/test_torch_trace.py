@@ -277,3 +277,74 @@ def test_fuzz_wrongly_shaped_events(events: list[dict[str, Any]]) -> None:
         tla.class_times(tl.activities)
         tla.idle_gaps(tl.activities, 1)
         tla.range_breakdown(tl.activities, tl.ranges)
+
+
+def ddp_two_threads() -> dict[str, Any]:
+    """A DDP-style step: the main thread (tid 100) holds the ranges (ProfilerStep#1, forward,
+    backward) and launches the forward GEMM; the autograd engine thread (tid 200) runs
+    MmBackward0 and launches two backward kernels and an all-reduce while the main thread
+    sits in backward(). Kineto links forward op → backward op with a fwdbwd flow."""
+    pid, main, autograd = 7, 100, 200
+    ev: list[dict[str, Any]] = [
+        {"ph": "X", "cat": "user_annotation", "pid": pid, "tid": main, "ts": BASE_US,
+         "dur": 1000, "name": "ProfilerStep#1"},
+        {"ph": "X", "cat": "user_annotation", "pid": pid, "tid": main, "ts": BASE_US + 10,
+         "dur": 300, "name": "forward"},
+        {"ph": "X", "cat": "user_annotation", "pid": pid, "tid": main, "ts": BASE_US + 400,
+         "dur": 550, "name": "backward"},
+        {"ph": "X", "cat": "cpu_op", "pid": pid, "tid": main, "ts": BASE_US + 20, "dur": 80,
+         "name": "aten::mm"},
+        {"ph": "s", "cat": "fwdbwd", "id": 31, "pid": pid, "tid": main, "ts": BASE_US + 20,
+         "name": "fwdbwd"},
+        {"ph": "X", "cat": "cpu_op", "pid": pid, "tid": autograd, "ts": BASE_US + 500,
+         "dur": 300, "name": "autograd::engine::evaluate_function: MmBackward0"},
+        {"ph": "f", "cat": "fwdbwd", "id": 31, "pid": pid, "tid": autograd, "ts": BASE_US + 500,
+         "bp": "e", "name": "fwdbwd"},
+    ]
+    launches = [(1, main, 50), (2, autograd, 550), (3, autograd, 600), (4, autograd, 700)]
+    for corr, tid, at in launches:
+        ev.append({"ph": "X", "cat": "cuda_runtime", "pid": pid, "tid": tid,
+                   "ts": BASE_US + at, "dur": 3, "name": "cudaLaunchKernel",
+                   "args": {"correlation": corr}})
+        ev.append({"ph": "s", "cat": "ac2g", "id": corr, "pid": pid, "tid": tid,
+                   "ts": BASE_US + at, "name": "ac2g"})
+    kernels = [(1, 60, 30, "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n"),
+               (2, 560, 40, "sm90_xmma_gemm_bf16bf16_bf16f32_f32_nt_n"),
+               (3, 610, 20, "sm90_xmma_gemm_bf16bf16_bf16f32_f32_nn_n"),
+               (4, 710, 100, "ncclDevKernel_AllReduce_Sum_bf16_RING_LL")]
+    for corr, at, dur, name in kernels:
+        ev.append({"ph": "X", "cat": "kernel", "pid": 0, "tid": 7, "ts": BASE_US + at,
+                   "dur": dur, "name": name, "args": {"device": 0, "stream": 7,
+                                                       "correlation": corr}})
+    return {"schemaVersion": 1, "traceEvents": ev,
+            "deviceProperties": [{"id": 0, "name": "NVIDIA A100-SXM4-80GB"}]}
+
+
+def test_backward_kernels_launched_on_the_autograd_thread_land_in_the_backward_range(
+        tmp_path: Path) -> None:
+    tl, _ = read_torch_trace(write(tmp_path / "ddp.json", ddp_two_threads()))
+    assert tl.thread_parent == {200: 100}
+    assert tl.meta["backward_threads"] == "200 -> 100"
+    acts = tl.activities
+    assert sorted(acts["tid"].tolist()) == [100, 200, 200, 200]  # launching threads kept
+    b = tla.range_breakdown(acts, tl.ranges, tl.thread_parent).set_index("name")
+    assert b.loc["forward", "n_activities"] == 1
+    assert b.loc["forward", "compute_ns"] == 30_000
+    assert b.loc["backward", "n_activities"] == 3
+    assert (b.loc["backward", "compute_ns"], b.loc["backward", "communication_ns"]) == (
+        60_000, 100_000)
+    assert b.loc["ProfilerStep#1", "n_activities"] == 4
+    # same-thread nesting alone (the old rule) leaves the backward range empty
+    alone = tla.range_breakdown(acts, tl.ranges).set_index("name")
+    assert alone.loc["backward", "n_activities"] == 0
+    assert alone.loc["ProfilerStep#1", "n_activities"] == 1
+
+
+def test_a_thread_with_ranges_of_its_own_keeps_them(tmp_path: Path) -> None:
+    doc = ddp_two_threads()
+    doc["traceEvents"].append({"ph": "X", "cat": "user_annotation", "pid": 7, "tid": 200,
+                               "ts": BASE_US + 540, "dur": 100, "name": "bucket_0"})
+    tl, _ = read_torch_trace(write(tmp_path / "ddp.json", doc))
+    b = tla.range_breakdown(tl.activities, tl.ranges, tl.thread_parent).set_index("name")
+    assert b.loc["bucket_0", "n_activities"] == 2  # launched at 550 and 600 inside it
+    assert b.loc["backward", "n_activities"] == 0  # thread 200 has ranges: no re-routing
