@@ -198,7 +198,12 @@ def summarize_stats_csv(report: Any, file: str, top: int = 15) -> dict[str, Any]
         doc["classes"] = _records(by)
         doc["top_kernels"] = _records(df.nlargest(top, "total_time_ns"))
     else:
-        doc["table"] = _records(df.head(500))
+        # --top rows, the heaviest first when the report has a time column
+        by = next((c for c in ("total_time_ns", "total_proj_time_ns", "duration_ns",
+                               "time_pct") if c in df.columns), None)
+        shown = df.sort_values(by, ascending=False, kind="stable") if by else df
+        doc["table"] = _records(shown.head(top))
+        doc["table_sorted_by"] = by
     doc.setdefault("classes", [])
     doc.update({"idle_gaps": [], "ranges": {"count": 0, "phases": [], "by_name": []}})
     return doc
@@ -222,10 +227,10 @@ def _emit(args: argparse.Namespace, out: Console, doc: dict[str, Any]) -> None:
     if doc.get("idle_devices"):
         out.print(f"[dim]no activity in this capture on: "
                   f"{escape(', '.join(doc['idle_devices']))}[/dim]")
-    _table(out, "device time (union, ms)", doc.get("devices", []),
+    _table(out, "device time (union of activity)", doc.get("devices", []),
            ["device", "name", "busy_ns", "compute_ns", "communication_ns", "overlap_ns",
             "comm_hidden_pct", "idle_ns"])
-    _table(out, "time per class (summed, ms)", doc.get("classes", []),
+    _table(out, "time per class (summed)", doc.get("classes", []),
            ["device", "category", "cls", "count", "time_ns", "pct"])
     gaps = doc.get("idle_gaps", [])
     if "idle_gaps_count" in doc:
@@ -247,12 +252,27 @@ def _emit(args: argparse.Namespace, out: Console, doc: dict[str, Any]) -> None:
             _table(out, title, doc[key], list(doc[key][0].keys()))
 
 
+# column suffix → (header unit, cell scale): times are stored in ns and shown in ms
+_UNITS = (("_mb_s", " (MB/s)"), ("_ns", " (ms)"), ("_pct", " (%)"), ("_mb", " (MB)"),
+          ("_bytes", " (bytes)"))
+
+
+def header(col: str) -> str:
+    """A column's header with its unit: ``total_time_ns`` → ``total_time (ms)``."""
+    if col == "pct":
+        return "share (%)"
+    for suffix, unit in _UNITS:
+        if col.endswith(suffix):
+            return col.removesuffix(suffix) + unit
+    return col
+
+
 def _table(out: Console, title: str, rows: list[dict[str, Any]], cols: list[str]) -> None:
     if not rows:
         return
     t = Table(title=title, title_justify="left")
     for c in cols:
-        t.add_column(c.removesuffix("_ns"), justify="left" if c in ("device", "name", "cls",
+        t.add_column(header(c), justify="left" if c in ("device", "name", "cls",
                      "category", "phase", "domain", "prev_name", "next_name", "prev_cls",
                      "collective") else "right", overflow="fold", max_width=60)
     for r in rows:
@@ -266,7 +286,7 @@ def _cell(col: str, v: Any) -> str:
     if col.endswith("_ns"):
         return _ms(v)
     if col.endswith("pct") and isinstance(v, int | float):
-        return f"{v:.1f} %"
+        return f"{v:.1f}"  # the unit is in the header
     if isinstance(v, float):
         return f"{v:,.4g}"
     if isinstance(v, int):

@@ -105,3 +105,26 @@ def test_nsys_lists_busy_devices_by_ordinal_and_says_the_idle_ones(tmp_path: Pat
     assert doc["idle_devices"] == ["GPU 12 (NVIDIA L40S)", "GPU 13 (NVIDIA L40S)"]
     code, text, _ = run(["nsys", str(path)])
     assert "no activity in this capture on: GPU 12 (NVIDIA L40S), GPU 13 (NVIDIA L40S)" in text
+
+
+NVTX_SUM = """\
+Time (%),Total Time (ns),Instances,Avg (ns),Med (ns),Min (ns),Max (ns),StdDev (ns),Style,Range
+10.0,1000,10,100.0,100.0,90,110,5.0,PushPop,:decode
+40.0,4000,2,2000.0,2000.0,1900,2100,100.0,PushPop,:prefill
+5.0,500,5,100.0,100.0,100,100,0.0,PushPop,:sample
+30.0,3000,1,3000.0,3000.0,3000,3000,0.0,StartEnd,:load_weights
+15.0,1500,3,500.0,500.0,400,600,80.0,PushPop,:execute_model
+"""
+
+
+def test_nvtx_stats_csv_honours_top_and_shows_units(tmp_path: Path) -> None:
+    csv = tmp_path / "nvtx_sum.csv"
+    csv.write_text(NVTX_SUM)
+    code, out, _ = run(["nsys", str(csv), "--json", "--top", "2"])
+    doc = json.loads(out)
+    assert code == 0 and doc["report"] == "nvtx_sum" and doc["rows"] == 5
+    assert [r["range"] for r in doc["table"]] == [":prefill", ":load_weights"]
+    assert doc["table_sorted_by"] == "total_time_ns"
+    code, text, _ = run(["nsys", str(csv), "--top", "3"])
+    assert "total_time (ms)" in text and "time (%)" in text
+    assert ":execute_model" in text and ":decode" not in text
