@@ -30,6 +30,7 @@ from phaseprobe.present.args import float_in, int_in
 from phaseprobe.present.keep import add_keep_args, check_keep, keep
 
 __all__ = ["register", "run", "run_nsys", "run_trace", "summarize", "summarize_stats_csv",
+           "summarize_stats_text",
            "summarize_trace_file", "render"]
 
 
@@ -37,7 +38,8 @@ def register(subparsers: Any) -> None:
     """Add the ``nsys`` and ``trace`` commands."""
     for name, what, help_text in (
         ("nsys", "FILE", "summarise an Nsight Systems SQLite export (nsys export --type "
-                         "sqlite) or an nsys stats CSV"),
+                         "sqlite), an nsys stats CSV, or the console text of nsys stats "
+                         "(.txt/.log: every report of every rank in it)"),
         ("trace", "FILE", "summarise a PyTorch profiler (Kineto) trace, e.g. vLLM's "
                           "/start_profile output (.json or .json.gz, or its directory)")):
         p = subparsers.add_parser(name, help=help_text, description=help_text + ". Kernel "
@@ -65,11 +67,16 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def run_nsys(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from phaseprobe.sources import nsys_export, nsys_stats_csv
+    from phaseprobe.sources import nsys_export, nsys_stats_csv, nsys_stats_text
     _check(args)
     path = Path(args.file)
-    if path.suffix.lower() in (".csv", ".txt"):
+    suffix = path.suffix.lower()
+    if suffix in (".txt", ".log", ".out") and nsys_stats_text.looks_like_stats_text(path):
+        doc = summarize_stats_text(nsys_stats_text.read_stats_text(path), str(path), args.top)
+    elif suffix in (".csv", ".txt"):
         doc = summarize_stats_csv(nsys_stats_csv.read_stats_csv(path), str(path), args.top)
+    elif suffix in (".log", ".out"):  # its error says what it found instead of a table
+        doc = summarize_stats_text(nsys_stats_text.read_stats_text(path), str(path), args.top)
     else:
         err.print(f"[dim]reading {escape(str(path))}…[/dim]")
         doc = summarize(nsys_export.read_nsys(path), str(path), int(args.gap_us * 1000),
@@ -209,6 +216,18 @@ def summarize_stats_csv(report: Any, file: str, top: int = 15) -> dict[str, Any]
     return doc
 
 
+def summarize_stats_text(tables: list[Any], file: str, top: int = 15) -> dict[str, Any]:
+    """JSON document for the console text of ``nsys stats``: one summary per table (see
+    :func:`summarize_stats_csv`), each saying which rank, input and report it came from."""
+    reports = []
+    for t in tables:
+        sub = summarize_stats_csv(t.report, file, top)
+        sub.update({"source": "nsys-stats-text", "rank": t.rank, "input": t.source or None,
+                    "title": t.title or None, "line": t.line})
+        reports.append(sub)
+    return {"file": file, "source": "nsys-stats-text", "reports": reports}
+
+
 def _ms(ns: Any) -> str:
     return "—" if ns is None else f"{float(ns) / 1e6:,.3f}"
 
@@ -217,11 +236,30 @@ def _emit(args: argparse.Namespace, out: Console, doc: dict[str, Any]) -> None:
     if args.json:
         out.out(json.dumps(doc), highlight=False)
         return
+    if "reports" in doc:  # console text: one block per (rank, input, report)
+        out.print(f"[bold]{escape(doc['file'])}[/bold] ({doc['source']}): "
+                  f"{len(doc['reports'])} tables")
+        for sub in doc["reports"]:
+            where = ", ".join(x for x in (
+                f"rank {sub['rank']}" if sub["rank"] is not None else "",
+                sub["input"] or "", f"line {sub['line']}") if x)
+            out.print(f"\n[bold]{escape(sub['title'] or sub['report'])}[/bold] "
+                      f"({escape(sub['report'])}; {escape(where)})")
+            _emit_one(out, sub, heading=False)
+        return
+    _emit_one(out, doc, heading=True)
+
+
+def _emit_one(out: Console, doc: dict[str, Any], heading: bool) -> None:
     k = doc.get("kernels", {})
-    out.print(f"[bold]{escape(doc['file'])}[/bold] ({doc['source']}): "
-              f"{k.get('count', 0):,} kernels, {k.get('memcpy_count', 0):,} memcpy, "
-              f"{k.get('memset_count', 0):,} memset, "
-              f"{k.get('communication_count', 0):,} communication")
+    if heading:
+        out.print(f"[bold]{escape(doc['file'])}[/bold] ({doc['source']}): "
+                  f"{k.get('count', 0):,} kernels, {k.get('memcpy_count', 0):,} memcpy, "
+                  f"{k.get('memset_count', 0):,} memset, "
+                  f"{k.get('communication_count', 0):,} communication")
+    elif k:
+        out.print(f"{k['count']:,} kernels, {k['communication_count']:,} communication, "
+                  f"{_ms(k['total_ns'])} ms in all")
     if k.get("cpu_op_count"):
         out.print(f"CPU-only trace: {k['cpu_op_count']:,} outermost CPU ops stand in for kernels")
     if doc.get("idle_devices"):

@@ -22,7 +22,8 @@ import pandas as pd
 
 from phaseprobe.errors import TraceError
 
-__all__ = ["StatsReport", "read_stats_csv", "normalise_column", "REPORTS", "OLD_NAMES"]
+__all__ = ["StatsReport", "read_stats_csv", "normalise_column", "typed_report", "REPORTS",
+           "OLD_NAMES"]
 
 OLD_NAMES = {"gpukernsum": "cuda_gpu_kern_sum", "gpumemtimesum": "cuda_gpu_mem_time_sum",
              "gpumemsizesum": "cuda_gpu_mem_size_sum", "cudaapisum": "cuda_api_sum",
@@ -81,7 +82,7 @@ def read_stats_csv(path: str | os.PathLike[str]) -> StatsReport:
     for i, line in enumerate(lines[:200]):  # preambles are a few lines; never scan the data
         if "," not in line:
             continue
-        cols = {normalise_column(c) for c in next(csv.reader([line]), [])}
+        cols = set(_in_ns([normalise_column(c) for c in next(csv.reader([line]), [])])[0])
         report = _identify(cols)
         if report:
             header_at = i
@@ -99,7 +100,19 @@ def read_stats_csv(path: str | os.PathLike[str]) -> StatsReport:
                          skipinitialspace=True, index_col=False)
     except (pd.errors.ParserError, ValueError) as exc:
         raise TraceError(str(p), f"malformed CSV after the header ({exc})") from None
-    df.columns = [normalise_column(c) for c in df.columns]
+    return typed_report(str(p), df, report, header_at)
+
+
+def typed_report(source: str, df: pd.DataFrame, report: str | None,
+                 header_at: int) -> StatsReport:
+    """A report's cells (text, header labels as nsys prints them) as a typed frame: columns
+    normalised, numbers as numbers, the identifying numbers required finite (a TraceError
+    naming ``source`` and the line, counted from the header at 0-based ``header_at``).
+    Shared by the CSV and the console-text readers, so both give the same frames."""
+    df = df.copy()
+    names, scaled = _in_ns([normalise_column(c) for c in df.columns])
+    df.columns = names
+    report = report or _identify(set(df.columns))
     need = next((cols for name, cols in REPORTS if name == report), frozenset())
     required = {c for c in need if c not in _TEXT_COLUMNS}
     for col in df.columns:
@@ -115,13 +128,30 @@ def read_stats_csv(path: str | os.PathLike[str]) -> StatsReport:
             bad = ~np.isfinite(numbers.astype(float)) | ~present.to_numpy()
             if bad.any():
                 row = int(np.flatnonzero(bad)[0])
-                raise TraceError(str(p), f"line {header_at + 2 + row}: {col} "
+                raise TraceError(source, f"line {header_at + 2 + row}: {col} "
                                          f"{cells.iloc[row][:40]!r} is not a finite number")
         if unit_col or int(pd.notna(numbers).sum()) == int(present.sum()):
             df[col] = numbers
+        if col.endswith("_ns") and scaled.get(col):
+            df[col] = (df[col] * scaled[col]).round(3)  # 0.4023 ms is 402300 ns, not …0006
     return StatsReport(report=report or "unknown", frame=df)
 
 
+_TIME_SCALE = {"ms": 1e6, "us": 1e3, "s": 1e9}  # to ns
+
+
+def _in_ns(cols: list[str]) -> tuple[list[str], dict[str, float]]:
+    """`nsys stats --timeunit ms` (or us, s) prints the same report in other units: name
+    those columns ``…_ns`` and return the factor that turns their values into ns."""
+    names, factors = [], {}
+    for c in cols:
+        base, _, unit = c.rpartition("_")
+        rate = c.endswith(("_mb_s", "_gb_s", "_kb_s", "_b_s"))  # MB/s is not seconds
+        if unit in _TIME_SCALE and base and not rate and f"{base}_ns" not in cols:
+            c = f"{base}_ns"
+            factors[c] = _TIME_SCALE[unit]
+        names.append(c)
+    return names, factors
 # Columns of a report's identifying set that hold text, not numbers.
 _TEXT_COLUMNS = {"name", "range", "operation", "kernel_name", "nvtx_range", "style"}
 

@@ -575,6 +575,18 @@ def _kern_csv(*rows: str) -> str:
     return _KERN_HEADER + "".join(r + "\n" for r in rows)
 
 
+# a kernel summary as nsys stats prints it on the console (columns cut by the dash runs)
+_TEXT_HEADER = (" Time (%)  Total Time (ns)  Instances  Avg (ns)  Med (ns)  Min (ns)  Max (ns)  "
+                "StdDev (ns)  Name\n")
+_TEXT_DASHES = (" --------  ---------------  ---------  --------  --------  --------  --------  "
+                "-----------  ----\n")
+
+
+def _text_row(instances: str, total: str = "100", name: str = "gemm") -> str:
+    return (f" {'50.0':>8}  {total:>15}  {instances:>9}  {'50.0':>8}  {'50.0':>8}  {'40':>8}  "
+            f"{'60':>8}  {'1.0':>11}  {name}\n")
+
+
 NSYS_CASES = [
     case("text-file", ["nsys", "{f:r.sqlite}"], {"r.sqlite": "not a database\n" * 100}),
     case("empty-file", ["nsys", "{f:r.sqlite}"], {"r.sqlite": b""}),
@@ -631,6 +643,23 @@ NSYS_CASES = [
     case("csv-directory", ["nsys", "{f:kern_sum.csv}"], {"kern_sum.csv": mkdir}),
     case("csv-missing", ["nsys", "{f:kern_sum.csv}"]),
     case("txt-garbage", ["nsys", "{f:stats.txt}"], {"stats.txt": garbage(3000)}),
+    # the console text of nsys stats
+    case("text-only-skipped", ["nsys", "{f:stats.log}"],
+         {"stats.log": "Processing [r.sqlite] with [/x/reports/osrt_sum.py]...\n"
+                       "SKIPPED: r.sqlite does not contain OS Runtime trace data.\n"}),
+    case("text-header-misaligned", ["nsys", "{f:stats.txt}"],
+         {"stats.txt": _TEXT_HEADER.replace("Instances", "Instances Instances") + _TEXT_DASHES
+          + "  50.0  100  2  50.0  50.0  40  60  1.0  gemm\n"}),
+    case("text-instances-word", ["nsys", "--json", "{f:stats.txt}"],
+         {"stats.txt": _TEXT_HEADER + _TEXT_DASHES + _text_row("many")}),
+    case("text-total-inf", ["nsys", "{f:stats.txt}"],
+         {"stats.txt": _TEXT_HEADER + _TEXT_DASHES + _text_row("2", total="1e999")}),
+    case("text-10MB-row", ["nsys", "{f:stats.txt}"],
+         {"stats.txt": _TEXT_HEADER + _TEXT_DASHES + "9" * (10 << 20) + "\n"}),
+    case("text-dash-row-only", ["nsys", "{f:stats.log}"], {"stats.log": "a b\n--- ---\n"}),
+    case("text-escape-codes-in-name", ["nsys", "{f:stats.txt}"],
+         {"stats.txt": _TEXT_HEADER + _TEXT_DASHES + _text_row("2", name="\x1b[2Jgemm")},
+         codes=(0,)),
 ]
 
 
