@@ -14,10 +14,20 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+
+from phaseprobe.trace_records import (
+    ACTIVITY_COLUMNS,
+    CLASSES,
+    RANGE_COLUMNS,
+    Timeline,
+    category_of,
+    classify_names,
+    empty_activities,
+    empty_ranges,
+)
 
 __all__ = ["ACTIVITY_COLUMNS", "RANGE_COLUMNS", "CLASS_COLUMNS", "GAP_COLUMNS",
            "RANGE_BREAKDOWN_COLUMNS", "TOP_COLUMNS", "OVERLAP_COLUMNS", "Timeline",
@@ -25,23 +35,6 @@ __all__ = ["ACTIVITY_COLUMNS", "RANGE_COLUMNS", "CLASS_COLUMNS", "GAP_COLUMNS",
            "comm_compute_overlap", "top_kernels", "range_breakdown", "phase_summary",
            "parse_step_name", "category_of", "PHASE_COLUMNS"]
 
-ACTIVITY_COLUMNS: dict[str, str] = {
-    "start_ns": "int64 — start, ns (trace clock)",
-    "end_ns": "int64 — end, ns",
-    "device": "category — 'cuda:<n>' for GPU activities, 'cpu' for CPU ops",
-    "stream": "int64 — CUDA stream (CPU ops: thread id)",
-    "kind": "category — kernel | memcpy | memset | cpu_op",
-    "name": "category — kernel short name / memcpy label / op name",
-    "launch_ns": "int64 — when the CPU launched it (runtime API start; -1 unknown)",
-    "tid": "int64 — launching CPU thread (nsys globalTid, Kineto tid; -1 unknown)",
-    "bytes": "int64 — bytes moved for memcpy/memset (-1 otherwise)",
-}
-RANGE_COLUMNS: dict[str, str] = {
-    "start_ns": "int64", "end_ns": "int64", "name": "object — range label",
-    "domain": "object — NVTX domain ('' default) or Kineto category",
-    "tid": "int64 — CPU thread the range was pushed on (-1 for GPU-side ranges)",
-    "device": "object — 'cuda:<n>' for GPU-side annotations, '' for CPU ranges",
-}
 CLASS_COLUMNS: dict[str, str] = {
     "device": "str", "category": "str — compute | communication | memory",
     "cls": "str — gemm | attention | compute_other | communication | memory",
@@ -72,81 +65,6 @@ RANGE_BREAKDOWN_COLUMNS: dict[str, str] = {
     "n_activities": "int64 — activities attributed to the range",
     "compute_ns": "int64", "communication_ns": "int64", "memory_ns": "int64",
 }
-
-_COMM = re.compile(
-    r"nccl|rccl|cross_device_reduce|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all"
-    r"|deep_ep::|multimem|c10d::|gloo|record_param_comms|sendrecv|allreduce_fusion", re.I)
-_MEMORY = re.compile(r"^\[?cuda mem(cpy|set)|^mem(cpy|set)\b|^aten::copy_$", re.I)
-_ATTENTION = re.compile(
-    r"attention|attn|flash|fmha|\bmha|mla_|paged|batch(prefill|decode)|reshape_and_cache|xformers"
-    r"|cutlass_mla|kv_cache", re.I)
-_GEMM = re.compile(
-    r"gemm|gemv|matmul|cublas|cutlass|xmma|wgmma|nvjet|marlin|machete|scaled_mm|onednn_mm"
-    r"|^aten::(mm|addmm|bmm|linear|baddbmm)$|splitk|_mm_|dot_product", re.I)
-CLASSES = ("gemm", "attention", "compute_other", "communication", "memory")
-
-
-def category_of(cls: str) -> str:
-    return cls if cls in ("communication", "memory") else "compute"
-
-
-def _classify_one(name: str, kind: str) -> str:
-    if kind in ("memcpy", "memset") or _MEMORY.search(name):
-        return "memory"
-    if _COMM.search(name):
-        return "communication"
-    if _ATTENTION.search(name):
-        return "attention"
-    if _GEMM.search(name):
-        return "gemm"
-    return "compute_other"
-
-
-def classify_names(acts: pd.DataFrame) -> pd.Series:
-    """Class per activity, computed once per distinct (name, kind) and broadcast by codes."""
-    if acts.empty:
-        return pd.Series([], dtype="category", index=acts.index)
-    name_cat, kind_cat = acts["name"].astype("category"), acts["kind"].astype("category")
-    names, kinds = name_cat.cat.categories, kind_cat.cat.categories
-    nk = len(kinds)
-    key = np.asarray(name_cat.cat.codes, np.int64) * nk + np.asarray(kind_cat.cat.codes, np.int64)
-    inverse, uniq = pd.factorize(key)  # hashing, not a sort of every row
-    labels = [_classify_one(str(names[int(k) // nk]), str(kinds[int(k) % nk])) for k in uniq]
-    cats = pd.CategoricalDtype(list(CLASSES))
-    codes = np.asarray([CLASSES.index(lab) for lab in labels], dtype=np.int8)[inverse]
-    return pd.Series(pd.Categorical.from_codes(codes, dtype=cats), index=acts.index)
-
-
-def empty_activities() -> pd.DataFrame:
-    return pd.DataFrame({c: pd.Series([], dtype="int64") for c in ACTIVITY_COLUMNS}).astype(
-        {"device": "category", "kind": "category", "name": "category"})
-
-
-def empty_ranges() -> pd.DataFrame:
-    return pd.DataFrame({c: pd.Series([], dtype="int64" if c in ("start_ns", "end_ns", "tid")
-                                      else object) for c in RANGE_COLUMNS})
-
-
-@dataclass
-class Timeline:
-    """One trace's activities (``ACTIVITY_COLUMNS`` + ``cls``, the class as a categorical over
-    ``CLASSES``) and ranges (``RANGE_COLUMNS``), plus what the reader learnt about the source."""
-
-    activities: pd.DataFrame
-    ranges: pd.DataFrame
-    source: str
-    devices: dict[str, str] = field(default_factory=dict)  # 'cuda:0' -> 'NVIDIA A100 ...'
-    meta: dict[str, str] = field(default_factory=dict)
-    api: pd.DataFrame | None = None  # runtime API summary (nsys), name/count/time_ns
-    # launching thread → the thread whose CPU ranges cover its launches: in a PyTorch trace
-    # the autograd engine's threads launch the backward kernels while the thread that called
-    # backward() holds the ranges (Kineto's fwdbwd flow events link the two)
-    thread_parent: dict[int, int] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if "cls" not in self.activities.columns:
-            self.activities["cls"] = classify_names(self.activities)
-
 
 def _cls_codes(acts: pd.DataFrame) -> np.ndarray:
     """Index into ``CLASSES`` per activity, from the categorical's codes (no strings)."""

@@ -392,33 +392,10 @@ def trace_evidence(path: str, *, nsys: bool, min_gap_ns: int = 100_000) -> dict[
             doc = None
         if isinstance(doc, dict) and "idle_gaps_total_ns" in doc:
             return doc
-    from phaseprobe.analysis import timeline as tla
+    from phaseprobe.analysis import trace_summary
 
-    if nsys:
-        from phaseprobe.sources.nsys_export import read_nsys
-
-        tl = read_nsys(p)
-    else:
-        from phaseprobe.sources.torch_trace import find_traces, read_torch_trace
-
-        if p.is_dir():
-            found = find_traces(p)
-            if not found:
-                raise ConfigError(f"--trace {path}: no *.pt.trace.json[.gz] in this directory")
-            p = found[0]
-        tl, _ = read_torch_trace(p)
-    gaps = tla.idle_gaps(tl.activities, min_gap_ns)
-    overlap = tla.comm_compute_overlap(tl.activities)
-    devices = [{k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
-               for row in overlap.to_dict("records")]
-    top = gaps.nlargest(15, "gap_ns") if not gaps.empty else gaps
-    return {**_trace_facts(tl), "file": str(p), "devices": devices,
-            "idle_gaps_count": len(gaps),
-            "idle_gaps_total_ns": int(gaps["gap_ns"].sum()) if not gaps.empty else 0,
-            "idle_gap_min_ns": min_gap_ns,
-            "idle_gaps": [{k: (v.item() if hasattr(v, "item") else v) for k, v in r.items()}
-                          for r in top.to_dict("records")]}
-
+    tl, p = trace_summary.read_timeline(p, nsys=nsys)
+    return {**trace_summary.summarize(tl, str(p), min_gap_ns), **_trace_facts(tl)}
 
 
 def _trace_facts(tl: Any) -> dict[str, Any]:

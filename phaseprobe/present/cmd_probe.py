@@ -18,6 +18,7 @@ from rich.markup import escape
 
 from phaseprobe import calibrate
 from phaseprobe.analysis.phases import summarize
+from phaseprobe.analysis.trace_summary import summarize_trace_file
 from phaseprobe.collect.efficiency import (
     efficiency_report,
     kv_reservation_report,
@@ -36,7 +37,6 @@ from phaseprobe.present.args import (
     store_and_json_args,
 )
 from phaseprobe.present.cmd_trace import render as render_trace
-from phaseprobe.present.cmd_trace import summarize_trace_file
 from phaseprobe.present.console import (
     RichProgress,
     render_efficiency,

@@ -26,8 +26,8 @@ from urllib.parse import quote
 import numpy as np
 import pandas as pd
 
-from phaseprobe.analysis.timeline import Timeline, empty_activities, empty_ranges
 from phaseprobe.errors import TraceError
+from phaseprobe.trace_records import Timeline, empty_activities, empty_ranges
 
 __all__ = ["read_nsys", "open_export", "API_COLUMNS", "MEMCPY_KINDS", "nvtx_range",
            "NVTX_DOMAIN"]

@@ -30,8 +30,8 @@ import numpy as np
 import pandas as pd
 import requests
 
-from phaseprobe.analysis.timeline import Timeline, empty_activities, empty_ranges
 from phaseprobe.errors import TraceError
+from phaseprobe.trace_records import Timeline, empty_activities, empty_ranges
 
 __all__ = ["read_torch_trace", "iter_trace", "COMM_COLUMNS", "ProfileCapture",
            "capture_profile", "find_traces"]

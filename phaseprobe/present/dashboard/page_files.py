@@ -64,7 +64,7 @@ def _summarize(kind: str, name: str, content: bytes) -> dict[str, Any]:
                 doc = None
             if isinstance(doc, dict) and "idle_gaps_total_ns" in doc:
                 return doc  # a saved phaseprobe trace --json summary
-        from phaseprobe.present.cmd_trace import summarize_trace_file
+        from phaseprobe.analysis.trace_summary import summarize_trace_file
 
         return summarize_trace_file(path)
 

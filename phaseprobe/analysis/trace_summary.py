@@ -1,0 +1,187 @@
+"""One summary of a timeline, whatever file it came from: an Nsight Systems export, an
+``nsys stats`` CSV or console text, or a Kineto trace. The CLI (``phaseprobe nsys|trace``),
+the probe's ``--torch-profile``, the checklist's evidence and the dashboard's Traces page all
+print or read this one document, so they cannot disagree about a trace.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from phaseprobe.analysis import timeline as tla
+from phaseprobe.errors import TraceError
+
+__all__ = ["summarize", "summarize_file", "summarize_trace_file", "summarize_nsys_file",
+           "read_timeline", "trace_in",
+           "summarize_stats_csv", "summarize_stats_text", "records"]
+
+
+def summarize_nsys_file(path: str | Path, min_gap_ns: int = 100_000,
+                        top: int = 15) -> dict[str, Any]:
+    """An Nsight Systems SQLite export, an ``nsys stats`` CSV, or the console text of
+    ``nsys stats`` (``.txt``/``.log``/``.out``: every report of every rank in it)."""
+    from phaseprobe.sources import nsys_export, nsys_stats_csv, nsys_stats_text
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix in (".txt", ".log", ".out") and nsys_stats_text.looks_like_stats_text(path):
+        return summarize_stats_text(nsys_stats_text.read_stats_text(path), str(path), top)
+    if suffix in (".csv", ".txt"):
+        return summarize_stats_csv(nsys_stats_csv.read_stats_csv(path), str(path), top)
+    if suffix in (".log", ".out"):  # its error says what it found instead of a table
+        return summarize_stats_text(nsys_stats_text.read_stats_text(path), str(path), top)
+    return summarize(nsys_export.read_nsys(path), str(path), min_gap_ns, top)
+
+
+def summarize_file(path: str | Path, *, nsys: bool, min_gap_ns: int = 100_000,
+                   top: int = 15) -> dict[str, Any]:
+    """Either kind of file; a directory of Kineto traces gives its rank-0 trace."""
+    if nsys:
+        return summarize_nsys_file(path, min_gap_ns, top)
+    return summarize_trace_file(trace_in(path), min_gap_ns, top)
+
+
+def trace_in(path: str | Path) -> Path:
+    """The Kineto trace a path names: itself, or a directory's rank-0 trace."""
+    from phaseprobe.sources import torch_trace
+    p = Path(path)
+    if p.is_dir():
+        found = torch_trace.find_traces(p)
+        if not found:
+            raise TraceError(str(p), "no *.pt.trace.json[.gz] file in this directory")
+        p = found[0]
+    return p
+
+
+def read_timeline(path: str | Path, *, nsys: bool) -> tuple[tla.Timeline, Path]:
+    """The Timeline of an Nsight export or a Kineto trace (or a directory's rank-0 trace)."""
+    if nsys:
+        from phaseprobe.sources.nsys_export import read_nsys
+        return read_nsys(path), Path(path)
+    from phaseprobe.sources.torch_trace import read_torch_trace
+    p = trace_in(path)
+    return read_torch_trace(p)[0], p
+
+
+def summarize_trace_file(path: str | Path, min_gap_ns: int = 100_000,
+                         top: int = 15) -> dict[str, Any]:
+    """Read and summarise one Kineto trace (what ``probe --torch-profile`` calls after
+    :func:`phaseprobe.sources.torch_trace.capture_profile`; print it with :func:`render`)."""
+    from phaseprobe.sources import torch_trace
+    timeline, comms = torch_trace.read_torch_trace(path)
+    doc = summarize(timeline, str(path), min_gap_ns, top)
+    doc["comms"] = records(_comm_summary(comms))
+    return doc
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if hasattr(value, "item"):  # numpy scalars
+        return _clean(value.item())
+    return value
+
+
+def records(df: pd.DataFrame) -> list[dict[str, Any]]:
+    return [{str(k): _clean(v) for k, v in row.items()} for row in df.to_dict("records")]
+
+
+def _comm_summary(comms: pd.DataFrame) -> pd.DataFrame:
+    if comms.empty:
+        return pd.DataFrame({c: [] for c in ("collective", "device", "count", "time_ns")})
+    key = comms["collective"].where(comms["collective"] != "", comms["name"])
+    return (comms.assign(collective=key).groupby(["collective", "device"], as_index=False)
+            .agg(count=("dur_ns", "size"), time_ns=("dur_ns", "sum"),
+                 in_nelems=("in_nelems", "sum")))
+
+
+def summarize(tl: tla.Timeline, file: str, min_gap_ns: int = 100_000,
+              top: int = 15) -> dict[str, Any]:
+    """The JSON document (and the tables' data) for one timeline."""
+    acts = tl.activities
+    # categorical comparisons work on codes: no string per activity at 10 M rows
+    kinds = acts["kind"] if not acts.empty else pd.Series([], dtype=str)
+    cls = acts["cls"] if not acts.empty else pd.Series([], dtype=str)
+    dur = (acts["end_ns"] - acts["start_ns"]).clip(lower=0) if not acts.empty else pd.Series([])
+    gaps = tla.idle_gaps(acts, min_gap_ns)
+    breakdown = tla.range_breakdown(acts, tl.ranges, tl.thread_parent)
+    by_name = pd.DataFrame()
+    if not breakdown.empty:
+        by_name = (breakdown.groupby(["domain", "name"], as_index=False)
+                   .agg(count=("dur_ns", "size"), dur_ns=("dur_ns", "sum"),
+                        compute_ns=("compute_ns", "sum"),
+                        communication_ns=("communication_ns", "sum"),
+                        memory_ns=("memory_ns", "sum"))
+                   .nlargest(top, "dur_ns"))
+    overlap = tla.comm_compute_overlap(acts)
+    devices = [{"device": d, "name": tl.devices.get(d, ""), **{k: _clean(v) for k, v in row.items()
+                                                             if k != "device"}}
+               for d, row in zip(overlap["device"], overlap.to_dict("records"))]
+    # GPUs of the capture that ran nothing are said once, not shown as rows of zeros
+    active = set(overlap["device"])
+    idle = [f"{d} ({name})" if name else d for d, name in tl.devices.items() if d not in active]
+    idle += [g for g in tl.meta.get("idle_gpus", "").split(", ") if g]
+    doc: dict[str, Any] = {
+        "file": file, "source": tl.source.split(":", 1)[0], "meta": tl.meta,
+        "devices": devices, "idle_devices": idle,
+        "kernels": {"count": int((kinds == "kernel").sum()),
+                    "total_ns": int(dur[kinds == "kernel"].sum()),
+                    "memcpy_count": int((kinds == "memcpy").sum()),
+                    "memset_count": int((kinds == "memset").sum()),
+                    "cpu_op_count": int((kinds == "cpu_op").sum()),
+                    "communication_count": int((cls == "communication").sum())},
+        "classes": records(tla.class_times(acts)),
+        "idle_gaps": records(gaps.head(top)),
+        "idle_gaps_count": len(gaps), "idle_gaps_total_ns": int(gaps["gap_ns"].sum())
+        if not gaps.empty else 0, "idle_gap_min_ns": min_gap_ns,
+        "top_kernels": records(tla.top_kernels(acts, top)),
+        "ranges": {"count": len(breakdown), "phases": records(tla.phase_summary(breakdown)),
+                   "by_name": records(by_name)},
+    }
+    if tl.api is not None:
+        doc["api"] = records(tl.api.head(top))
+    return doc
+
+
+def summarize_stats_csv(report: Any, file: str, top: int = 15) -> dict[str, Any]:
+    """JSON document for an ``nsys stats`` CSV (see :mod:`phaseprobe.sources.nsys_stats_csv`)."""
+    df: pd.DataFrame = report.frame
+    doc: dict[str, Any] = {"file": file, "source": "nsys-stats-csv", "report": report.report,
+                           "devices": [], "rows": len(df)}
+    if report.report == "cuda_gpu_kern_sum":
+        cls = tla.classify_names(pd.DataFrame({"name": df["name"].astype(str),
+                                               "kind": "kernel"}))
+        by = df.assign(cls=cls.astype(str)).groupby("cls", as_index=False).agg(
+            count=("instances", "sum"), time_ns=("total_time_ns", "sum"))
+        by["category"] = by["cls"].map(tla.category_of)
+        doc["kernels"] = {"count": int(df["instances"].sum()),
+                          "total_ns": int(df["total_time_ns"].sum()),
+                          "communication_count": int(df["instances"][cls == "communication"]
+                                                     .sum())}
+        doc["classes"] = records(by)
+        doc["top_kernels"] = records(df.nlargest(top, "total_time_ns"))
+    else:
+        # --top rows, the heaviest first when the report has a time column
+        by = next((c for c in ("total_time_ns", "total_proj_time_ns", "duration_ns",
+                               "time_pct") if c in df.columns), None)
+        shown = df.sort_values(by, ascending=False, kind="stable") if by else df
+        doc["table"] = records(shown.head(top))
+        doc["table_sorted_by"] = by
+    doc.setdefault("classes", [])
+    doc.update({"idle_gaps": [], "ranges": {"count": 0, "phases": [], "by_name": []}})
+    return doc
+
+
+def summarize_stats_text(tables: list[Any], file: str, top: int = 15) -> dict[str, Any]:
+    """JSON document for the console text of ``nsys stats``: one summary per table (see
+    :func:`summarize_stats_csv`), each saying which rank, input and report it came from."""
+    reports = []
+    for t in tables:
+        sub = summarize_stats_csv(t.report, file, top)
+        sub.update({"source": "nsys-stats-text", "rank": t.rank, "input": t.source or None,
+                    "title": t.title or None, "line": t.line})
+        reports.append(sub)
+    return {"file": file, "source": "nsys-stats-text", "reports": reports}
