@@ -219,6 +219,15 @@ def usable(run: Run, metric: str | None = None) -> bool:
     return (metric is not None and metric.startswith("server_")) or client_consistent(run)
 
 
+def _all_left_out(name: str, *arms: Sequence[Run]) -> bool:
+    """A client metric measured (ok runs with a client timeline) whose every value was left
+    out because the timeline contradicts the server's phases (a starved client)."""
+    if not name.startswith("client_"):
+        return False
+    measured = [r for runs in arms for r in runs if r.status == "ok" and r.client is not None]
+    return bool(measured) and not any(client_consistent(r) for r in measured)
+
+
 def run_metrics(runs: Sequence[Run]) -> dict[str, list[float]]:
     """Each metric's values over the usable runs (missing values left out)."""
     return {name: list(metric_by_seq(runs, name).values()) for name in METRICS}
@@ -314,7 +323,9 @@ def compare_runs(runs_a: Sequence[Run], runs_b: Sequence[Run], *, arm_a: str = "
                  arm_b: str = "B", min_effect: float = 0.05, confidence: float = 0.95,
                  n_resamples: int = 2000, seed: int = 0,
                  plan: SequentialPlan | None = None) -> Comparison:
-    """Every metric of :data:`METRICS` compared; metrics absent in both arms are left out.
+    """Every metric of :data:`METRICS` compared; metrics absent in both arms are left out,
+    except client metrics whose every timeline was left out as contradicting vLLM's phases:
+    those say "insufficient data" rather than vanish from the table.
     With ``plan`` the session was sequential: paired runs, anytime intervals, its verdicts
     (``plan.min_effect`` then rules, and ``confidence`` is ``1 − plan.alpha``)."""
     metrics: dict[str, MetricComparison] = {}
@@ -329,13 +340,13 @@ def compare_runs(runs_a: Sequence[Run], runs_b: Sequence[Run], *, arm_a: str = "
         secondary = replace(plan, alpha=plan.alpha / (len(METRICS) - 1))
         for name, (label, _) in METRICS.items():
             sa, sb = metric_by_seq(runs_a, name), metric_by_seq(runs_b, name)
-            if sa or sb:
+            if sa or sb or _all_left_out(name, runs_a, runs_b):
                 metrics[name] = compare_paired(sa, sb, plan if name == primary else secondary,
                                                metric=name, label=label)
     else:
         va, vb = run_metrics(runs_a), run_metrics(runs_b)
         for name, (label, _) in METRICS.items():
-            if not va[name] and not vb[name]:
+            if not va[name] and not vb[name] and not _all_left_out(name, runs_a, runs_b):
                 continue
             metrics[name] = compare_samples(va[name], vb[name], metric=name, label=label,
                                             min_effect=min_effect, confidence=confidence,

@@ -28,6 +28,7 @@ from __future__ import annotations
 import ipaddress
 from urllib.parse import urlsplit
 
+from phaseprobe.format import duration
 from phaseprobe.records import ClientCheck, ClientTimeline, Isolation, Run, ServerPhases
 
 __all__ = ["TPOT_SHARE", "ITL_SHARE", "TTFT_FACTOR", "TTFT_MIN_STEPS", "STALL_SHARE",
@@ -61,9 +62,7 @@ def has_hop(endpoint: str | None) -> bool | None:
 
 
 def _ms(seconds: float) -> str:
-    if abs(seconds) < 0.001:
-        return f"{seconds * 1e3:.3f} ms" if seconds >= 0.00001 else f"{seconds * 1e6:.1f} µs"
-    return f"{seconds * 1e3:.1f} ms"
+    return duration(seconds)
 
 
 def _median(xs: list[float]) -> float:

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from phaseprobe.analysis.quantiles import median_or_none, percentile
+from phaseprobe.format import duration
 from phaseprobe.records import Run
 
 __all__ = ["Stall", "stall", "LevelStats", "level_stats", "merge_rounds", "Scaling", "scaling",
@@ -458,17 +459,8 @@ class Verdict:
 
 
 def fmt_duration(v: float | None) -> str:
-    """Seconds as ms with enough digits that a small value never reads as 0.0."""
-    if v is None:
-        return "—"
-    ms = v * 1e3
-    if ms == 0:
-        return "0 ms"
-    if abs(ms) >= 1:
-        return f"{ms:.1f} ms"
-    if abs(ms) >= 0.01:
-        return f"{ms:.2f} ms"
-    return f"{v * 1e6:.1f} µs"
+    """Seconds with their unit, never reading as zero (:func:`phaseprobe.format.duration`)."""
+    return duration(v)
 
 
 def discarded_pairs(stalls: Sequence[Stall]) -> dict[str, int]:

@@ -38,6 +38,8 @@ from typing import Any, Literal
 from phaseprobe.analysis import model_math
 from phaseprobe.analysis.gpu_peaks import GpuSpec
 from phaseprobe.errors import ConfigError
+from phaseprobe.format import duration as fmt_duration
+from phaseprobe.format import efficiency as fmt_efficiency
 from phaseprobe.records import Run
 
 __all__ = [
@@ -145,43 +147,6 @@ def _ratio(bound: float | None, measured: float | None) -> float | None:
 def is_beaten(ratio: float | None) -> bool:
     """bound / measured above 1: the phase ran faster than physics allows with these inputs."""
     return ratio is not None and ratio > 1.0
-
-
-def fmt_duration(seconds: float | None, digits: int = 3) -> str:
-    """A duration with its unit, ``digits`` significant figures, never rounded to zero:
-    ``0.0000123`` → ``"12.3 µs"``, ``2.5e-9`` → ``"2.50 ns"``, ``0.1609`` → ``"161 ms"``."""
-    if seconds is None:
-        return "—"
-    if seconds != seconds:  # NaN
-        return "?"
-    if seconds == 0:
-        return "0 s"
-    sign = "-" if seconds < 0 else ""
-    v = abs(seconds)
-    units = ((1e-9, "ns"), (1e-6, "µs"), (1e-3, "ms"), (1.0, "s"))
-    i = max([k for k, (scale, _) in enumerate(units) if v >= scale], default=0)
-    while True:
-        scale, unit = units[i]
-        x = v / scale
-        if x < 0.9995:  # below a nanosecond: significant figures, never "0.00"
-            return f"{sign}{x:.{digits}g} {unit}"
-        decimals = max(0, digits - len(str(int(round(x, 6)))))
-        text = f"{x:.{decimals}f}"
-        if float(text) >= 1000 and i < len(units) - 1:  # 999.96 µs rounds up: 1.00 ms
-            i += 1
-            continue
-        return f"{sign}{text} {unit}"
-
-
-def fmt_efficiency(ratio: float | None) -> str:
-    """An efficiency as a percentage, small ones to two significant figures (``0.028 %``),
-    never ``0.0 %`` for a ratio that is not zero."""
-    if ratio is None:
-        return "—"
-    pct = ratio * 100
-    if pct == 0 or pct >= 0.995:
-        return f"{pct:.1f} %"
-    return f"{pct:.2g} %".replace("e-0", "e-")
 
 
 def bound_beaten_message(phase: str, bound_s: float | None, measured_s: float | None,

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import norm
 
+from phaseprobe.format import duration
 from phaseprobe.records import RequestSpan
 
 __all__ = ["OverlapContext", "overlap_context", "InterferenceEstimate", "prefill_interference",
@@ -406,7 +407,7 @@ class InterferenceEstimate:
 
 
 def _ms(v: float | None) -> str:
-    return "—" if v is None else f"{v * 1e3:.3g} ms"
+    return duration(v)
 
 
 def _strata(d: np.ndarray) -> np.ndarray:

@@ -24,6 +24,7 @@ from phaseprobe.analysis.interplay import CONCURRENT_MARK
 from phaseprobe.collect.experiment import server_info
 from phaseprobe.collect.prompts import PromptBuilder
 from phaseprobe.errors import ConfigError, MetricsUnavailable
+from phaseprobe.format import ms
 from phaseprobe.records import Isolation, Run, RunSpec
 from phaseprobe.sources.openai_stream import (
     DEFAULT_DEADLINE_S,
@@ -159,4 +160,4 @@ def metric_delta(before: MetricSnapshot | None, after: MetricSnapshot | None, ca
 
 
 def fmt_ms(v: float | None) -> str:
-    return "—" if v is None else f"{v * 1000:.1f} ms"
+    return ms(v)

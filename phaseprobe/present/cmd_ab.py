@@ -42,6 +42,7 @@ from phaseprobe.collect.playbook import (
     shipped_playbooks,
 )
 from phaseprobe.errors import ConfigError
+from phaseprobe.format import ms_cell
 from phaseprobe.paths import default_store_path
 from phaseprobe.present.args import positive_int
 from phaseprobe.present.console import progress_bar
@@ -155,7 +156,7 @@ def _store_path(args: argparse.Namespace, must_exist: bool) -> Path:
 
 
 def _fmt_ms(v: float | None) -> str:
-    return "—" if v is None else f"{v * 1e3:.2f}"
+    return ms_cell(v, 2)
 
 
 def _fmt_pct(v: float | None) -> str:

@@ -24,6 +24,7 @@ from rich.table import Table
 
 from phaseprobe.analysis import trace_summary
 from phaseprobe.errors import ConfigError
+from phaseprobe.format import ns_cell
 from phaseprobe.present.args import float_in, int_in
 from phaseprobe.present.keep import add_keep_args, check_keep, keep
 
@@ -88,7 +89,7 @@ def render(out: Console, doc: dict[str, Any]) -> None:
     _emit(argparse.Namespace(json=False), out, doc)
 
 def _ms(ns: Any) -> str:
-    return "—" if ns is None else f"{float(ns) / 1e6:,.3f}"
+    return ns_cell(ns)
 
 
 def _emit(args: argparse.Namespace, out: Console, doc: dict[str, Any]) -> None:

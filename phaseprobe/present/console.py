@@ -23,7 +23,9 @@ from rich.table import Table
 from phaseprobe.analysis.client_check import client_consistent
 from phaseprobe.analysis.interplay import CONCURRENT_KINDS, concurrent_by_design
 from phaseprobe.analysis.phases import Summary, percentile
-from phaseprobe.analysis.roofline import fmt_duration, fmt_efficiency
+from phaseprobe.format import duration as fmt_duration
+from phaseprobe.format import efficiency as fmt_efficiency
+from phaseprobe.format import ms_cell
 from phaseprobe.records import Run
 
 __all__ = ["RichProgress", "progress_bar", "render_probe", "render_experiments",
@@ -31,7 +33,8 @@ __all__ = ["RichProgress", "progress_bar", "render_probe", "render_experiments",
 
 
 def ms(seconds: float | None, digits: int = 1) -> str:
-    return "—" if seconds is None else f"{seconds * 1e3:.{digits}f}"
+    """A table cell in ms (the header carries the unit): :func:`phaseprobe.format.ms_cell`."""
+    return ms_cell(seconds, digits)
 
 
 def progress_bar(console: Console) -> Progress:

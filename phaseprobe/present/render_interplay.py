@@ -8,12 +8,13 @@ from rich.table import Table
 
 from phaseprobe.analysis.interplay import ARM_METRICS
 from phaseprobe.collect.interplay import ArmsResult, BatchResult, InterfereResult, PrefixResult
+from phaseprobe.format import ms_cell
 
 __all__ = ["render_prefix", "render_batch", "render_interfere", "render_arms"]
 
 
 def _ms(v: float | None) -> str:
-    return "—" if v is None else f"{v * 1000:.1f}"
+    return ms_cell(v)
 
 
 def _num(v: float | None, fmt: str = "{:g}") -> str:
@@ -27,10 +28,7 @@ def _notes(out: Console, notes: list[str]) -> None:
 
 def _ms_fine(v: float | None) -> str:
     """ms with significant digits below 1 ms, so a 5 µs gap reads 0.005, never 0.0."""
-    if v is None:
-        return "—"
-    ms = v * 1000
-    return "0" if ms == 0 else f"{ms:.1f}" if abs(ms) >= 1 else f"{ms:.2g}"
+    return ms_cell(v) if v is None or abs(v) >= 1e-3 else ms_cell(v, 3)
 
 
 def _table(title: str, columns: tuple[str, ...], left: tuple[str, ...] = ()) -> Table:

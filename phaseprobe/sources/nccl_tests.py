@@ -56,6 +56,7 @@ from typing import Any
 import numpy as np
 
 from phaseprobe.errors import ConfigError
+from phaseprobe.format import MISSING
 
 __all__ = [
     "NcclTestsRow", "NcclTestsParams", "NcclTestsDevice", "NcclTestsTable", "NcclTestsResult",
@@ -1249,7 +1250,7 @@ def _pct(a: float | None, b: float | None) -> float | None:
 
 def _pct_text(p: float | None) -> str:
     if p is None:
-        return "n/a"
+        return MISSING
     s = f"{abs(p):.1f}" if abs(p) < 10 else f"{abs(p):.0f}"
     if s in ("0.0", "0"):
         return "±0 %"

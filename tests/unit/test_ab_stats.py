@@ -164,3 +164,28 @@ def test_sequential_secondary_metrics_share_one_alpha():
     width = {k: m.ci_high / m.ci_low for k, m in c.metrics.items()}
     # Same noise in decode and prefill (10 % each): the secondary's interval is wider.
     assert width["server_prefill_s"] > width["server_decode_s"]
+
+
+def test_client_metrics_whose_every_timeline_was_left_out_say_insufficient_data():
+    """A starved client contradicts vLLM's phases in every run (client TTFT 50x the server's):
+    the client metrics stay in the table as "insufficient data", never vanish or guess."""
+    from dataclasses import replace
+
+    from phaseprobe.analysis.ab_sequential import SequentialPlan
+    from phaseprobe.analysis.client_check import client_consistent
+
+    def starved(seq: int) -> Run:
+        r = _run(seq, 0.02, 0.2)
+        # held back 1 s, then every token in one burst
+        late = tuple(10**9 + i * 1000 for i in range(len(r.client.event_offsets_ns)))
+        return replace(r, client=replace(r.client, event_offsets_ns=late,
+                                         end_offset_ns=late[-1] + 1000))
+
+    a, b = [starved(i) for i in range(8)], [starved(i) for i in range(8)]
+    assert not any(client_consistent(r) for r in a + b)
+    for plan in (None, SequentialPlan()):
+        c = compare_runs(a, b, plan=plan)
+        for name in ("client_ttft_s", "client_e2e_s"):
+            assert c.metrics[name].verdict == "insufficient data", (plan, name)
+            assert c.metrics[name].ratio is None
+        assert c.metrics["server_decode_s"].n_a == 8  # vLLM's own phases still count

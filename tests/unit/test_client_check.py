@@ -78,14 +78,14 @@ def test_the_issue_run_is_flagged_with_the_numbers_that_decided_it():
     v = check_client(c, server(), ALONE)
     assert v.checked and not v.consistent
     text = "; ".join(v.reasons)
-    assert "client TTFT 904.0 ms vs server TTFT 106.0 ms (8.5x)" in text
-    assert "client TPOT 0.040 ms" in text and "server's decode per token 5.0 ms" in text
-    assert "ITL p50 0.010 ms" in text
+    assert "client TTFT 904 ms vs server TTFT 106 ms (8.5x)" in text
+    assert "client TPOT 40.0 µs" in text and "server's decode per token 5.00 ms" in text
+    assert "ITL p50 10.0 µs" in text
 
 
 def test_the_cause_is_named_client_on_loopback_or_hop():
     watched = check_client(stalled_timeline(stall_s=0.790), server(), ALONE, hop=False)
-    assert watched.cause == "client" and "unscheduled for up to 790.0 ms" in watched.reasons[-1]
+    assert watched.cause == "client" and "unscheduled for up to 790 ms" in watched.reasons[-1]
     local = check_client(stalled_timeline(stall_s=0.004), server(), ALONE, hop=False)
     assert local.cause == "api_server" and "no proxy" in local.reasons[-1]
     remote = check_client(stalled_timeline(), server(), ALONE, hop=True)
@@ -117,7 +117,7 @@ def test_bunched_gaps_with_a_normal_tpot_are_flagged():
     c = timeline(40 * MS, gaps, n_out=64, stall_s=0.083)
     v = check_client(c, server(ttft_s=0.036, decode_s=0.265), ALONE, hop=False)
     assert not v.consistent and v.cause == "client"
-    assert "ITL p50 4.0 µs" in v.reasons[0]
+    assert "ITL p50 4.00 µs" in v.reasons[0]
 
 
 @pytest.fixture
@@ -136,7 +136,7 @@ def test_left_out_of_the_summary_and_its_notes_say_why(runs):
     assert s.itl_p50_s == pytest.approx(0.0051)
     notes = consistency_notes(runs)
     assert len(notes) == 1 and notes[0].startswith("run 2 left out of the medians")
-    assert "904.0 ms" in notes[0] and "106.0 ms" in notes[0]
+    assert "904 ms" in notes[0] and "106 ms" in notes[0]
 
 
 def test_left_out_of_ab_statistics(runs):
@@ -193,7 +193,7 @@ def test_checklist_names_the_client_and_suggests_proxies_only_over_a_hop(runs):
     v = latency.ttft_gap(_ev([runs[0], stalled, runs[2]], "http://127.0.0.1:8000"))
     assert v.status == "warn"  # two clean runs still give medians
     assert "1 of 3 runs alone on the server left out of the medians" in v.summary
-    assert "904.0 ms" in v.summary and "held back by the client" in v.summary
+    assert "904 ms" in v.summary and "held back by the client" in v.summary
     assert "client machine was starved" in v.recommendation
     assert "proxy" not in v.recommendation
     # Not watched, on this machine: the API server or client, never a proxy.
@@ -241,7 +241,7 @@ def test_runs_command_lists_the_left_out_run_with_its_reason(tmp_path, runs, cap
     assert doc["summary"]["n_clean"] == 3 and doc["summary"]["n_client_inconsistent"] == 1
     left = doc["excluded_from_summary"]
     assert left["client_inconsistent"] == 1
-    assert "client TTFT 904.0 ms vs server TTFT 106.0 ms" in \
+    assert "client TTFT 904 ms vs server TTFT 106 ms" in \
         left["client_inconsistent_reasons"]["1"]
     assert main(["runs", str(eid), "--store", str(path)]) == 0
     text = capsys.readouterr().out

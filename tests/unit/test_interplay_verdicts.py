@@ -58,7 +58,7 @@ def test_pairs_where_b_arrived_after_a_was_nearly_done_are_discarded_not_called_
     assert v.kind == "interference"
     assert v.evidence["pairs_used"] == 1 and v.evidence["pairs_discarded"] == 2
     assert "2 discarded" in v.text and "too late" in v.text
-    assert fmt_duration(inside.max_itl_s) in v.text and "8.6 ms" in v.text
+    assert fmt_duration(inside.max_itl_s) in v.text and "8.60 ms" in v.text
     # Only the late pairs: no overlap happened, so the verdict is undecided, never "none".
     v = interference_verdict([late1, late2], [control] * 3)
     assert v.kind == "no overlap" and "undecided" in v.text and "no interference" not in v.text
@@ -296,7 +296,7 @@ def test_a_stream_delivered_in_one_burst_before_bs_first_token_is_late_not_early
 
 def test_interference_seen_only_on_vllms_clock_says_so_and_quotes_both_views():
     # Seen: bursty delivery made A alone look worse (max ITL 188.6 ms) than with B (107.5 ms),
-    # while vLLM's clock had A's decode 442.1 ms with B vs 241.5 ms alone.
+    # while vLLM's clock had A's decode 442 ms with B vs 242 ms alone.
     a = [0.085 + 0.0038 * i for i in range(64)]
     a = a[:20] + [t + 0.1037 for t in a[20:]]
     s = stall(a, a[19] - 0.001, 0.0969, 0.0038)
@@ -304,7 +304,7 @@ def test_interference_seen_only_on_vllms_clock_says_so_and_quotes_both_views():
     ctrl = type(ctrl)(**{**ctrl.to_dict(), "max_itl_s": 0.1886})
     v = interference_verdict([s], [ctrl], 0.2415, [0.4421])
     assert v.kind == "interference" and v.text.startswith("interference on vLLM's clock")
-    assert "442.1 ms with B vs 241.5 ms alone (1.83×)" in v.text and "188.6 ms" in v.text
+    assert "442 ms with B vs 242 ms alone (1.83×)" in v.text and "189 ms" in v.text
 
 
 def test_a_client_knee_the_engine_went_past_is_not_blamed_on_a_slower_step():

@@ -225,7 +225,7 @@ def test_recovers_a_known_slope_despite_outliers():
     assert est.ci_low > 0
     assert est.intercept_tpot_s == pytest.approx(0.01, rel=0.05)
     assert est.n_used == 500 and est.n_with_overlap > 400
-    assert est.text.startswith("each overlapping prefill token adds 0.0")
+    assert est.text.startswith("each overlapping prefill token adds 17.2 µs")
     assert "Theil–Sen" in est.text and "500 requests" in est.text
 
 

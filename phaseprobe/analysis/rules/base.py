@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from phaseprobe.analysis.phases import Summary, medians_runs, summarize
 from phaseprobe.analysis.rules.vllm_log import LogFacts, parse_log
+from phaseprobe.format import MISSING, duration
 from phaseprobe.records import RequestSpan, Run
 
 if TYPE_CHECKING:
@@ -178,15 +179,11 @@ def clean_runs(ev: Evidence) -> list[Run]:
 
 def ms(seconds: float | None) -> str:
     """Milliseconds, or microseconds below one: "0.0 ms" would hide a burst's real gaps."""
-    if seconds is None:
-        return "n/a"
-    if abs(seconds) < 0.001:
-        return f"{seconds * 1e6:.0f} us"
-    return f"{seconds * 1e3:.1f} ms"
+    return duration(seconds)
 
 
 def pct(fraction: float | None) -> str:
-    return "n/a" if fraction is None else f"{fraction * 100:.1f} %"
+    return MISSING if fraction is None else f"{fraction * 100:.1f} %"
 
 
 def num(value: float | None, digits: int = 2) -> float | None:

@@ -24,7 +24,6 @@ from phaseprobe.analysis.phases import (
     medians_runs,
     percentile,
 )
-from phaseprobe.analysis.roofline import fmt_duration, fmt_efficiency
 from phaseprobe.analysis.rules.base import (
     USE_CASE_TTFT_S,
     Evidence,
@@ -36,6 +35,8 @@ from phaseprobe.analysis.rules.base import (
     pct,
     skipped,
 )
+from phaseprobe.format import duration as fmt_duration
+from phaseprobe.format import efficiency as fmt_efficiency
 from phaseprobe.records import Run
 
 __all__ = ["decode_vs_prefill", "isolation", "run_errors", "ttft_gap", "phase_consistency",

@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
+from phaseprobe.format import MISSING, ms
 from phaseprobe.records import Experiment, RequestSpan, Run
 from phaseprobe.store import Store
 
@@ -86,7 +87,7 @@ def _status_badge(row: Any) -> str:
 
 def _isolation_badge(row: Any) -> str:
     if row.n_runs == 0:
-        return "–"
+        return MISSING
     if row.n_isolated == row.n_runs:
         return "🔒 all isolated"
     return f"🔓 {row.n_isolated}/{row.n_runs} isolated"
@@ -146,8 +147,8 @@ def span_stats(path: str, key: tuple[float, ...] = ()) -> dict[str, Any]:
 
 
 def fmt_ms(seconds: float | None) -> str:
-    """Seconds as milliseconds for a metric tile ("–" when not measured)."""
-    return "–" if seconds is None else f"{seconds * 1e3:.1f} ms"
+    """Seconds as milliseconds for a metric tile ("—" when not measured)."""
+    return ms(seconds)
 
 
 def wall_time(ns: int) -> datetime:

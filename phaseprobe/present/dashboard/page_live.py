@@ -23,6 +23,7 @@ import streamlit as st
 from phaseprobe.analysis.live_summary import LiveSummary, span_loss, summarize_spans
 from phaseprobe.analysis.span_context import overlap_context, prefill_interference
 from phaseprobe.errors import PhaseprobeError
+from phaseprobe.format import MISSING
 from phaseprobe.present.dashboard import data
 from phaseprobe.present.dashboard.charts import PHASE_COLORS
 from phaseprobe.present.dashboard.data import fmt_ms, wall_time
@@ -132,8 +133,8 @@ def _nothing_recent(stats: dict[str, Any], now_ns: int, window_s: float | None) 
 def _tiles(s: LiveSummary, stats: dict[str, Any]) -> None:
     st.subheader("Summary")
     tiles = (("Requests", f"{s.count:,}"),
-             ("Requests/s", "–" if s.requests_per_s is None else f"{s.requests_per_s:.2f}"),
-             ("Output tokens/s", "–" if s.completion_tokens_per_s is None
+             ("Requests/s", MISSING if s.requests_per_s is None else f"{s.requests_per_s:.2f}"),
+             ("Output tokens/s", MISSING if s.completion_tokens_per_s is None
               else f"{s.completion_tokens_per_s:,.0f}"),
              ("e2e p99", fmt_ms(s.e2e.p99_s)),
              ("TTFT p50", fmt_ms(s.ttft.p50_s)), ("TTFT p90", fmt_ms(s.ttft.p90_s)),

@@ -9,6 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from phaseprobe.analysis.phases import summarize
+from phaseprobe.format import MISSING
 from phaseprobe.present.dashboard import data
 from phaseprobe.present.dashboard.charts import PHASE_COLORS
 from phaseprobe.present.dashboard.context import Context
@@ -65,7 +66,7 @@ def render(ctx: Context) -> None:
     cols[2].metric("Prefill (median)", fmt_ms(summary.server_prefill_s))
     cols[3].metric("Decode (median)", fmt_ms(summary.server_decode_s))
     share = summary.decode_share_of_e2e
-    cols[4].metric("Decode share of e2e", "–" if share is None else f"{share:.0%}")
+    cols[4].metric("Decode share of e2e", MISSING if share is None else f"{share:.0%}")
     st.caption(f"Medians over {summary.n_clean} clean runs of {summary.n_runs} "
                "(isolation failures are excluded).")
 

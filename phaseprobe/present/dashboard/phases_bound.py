@@ -16,8 +16,10 @@ import pandas as pd
 import streamlit as st
 
 from phaseprobe.analysis.gpu_peaks import known_names
-from phaseprobe.analysis.roofline import fmt_duration, fmt_efficiency
 from phaseprobe.collect.efficiency import efficiency_report, model_config_path
+from phaseprobe.format import MISSING
+from phaseprobe.format import duration as fmt_duration
+from phaseprobe.format import efficiency as fmt_efficiency
 from phaseprobe.present.dashboard import data
 from phaseprobe.present.dashboard.context import Context
 
@@ -94,7 +96,7 @@ def render_bound(ctx: Context) -> None:
                    help=f"bound: {report['prefill_bound_kind'] or '?'}")
     bound, measured = report["decode_bound_s_per_token"], report["decode_measured_s_per_token"]
     cols[2].metric("Decode per token: measured / bound",
-                   "–" if bound is None or measured is None
+                   MISSING if bound is None or measured is None
                    else f"{fmt_duration(measured)} / {fmt_duration(bound)}")
     # The same wording as `probe` prints: which peak is underestimated, never a 755 %.
     for warning in report.get("warnings") or []:
