@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable
-from contextlib import ExitStack
 from dataclasses import replace
 from typing import Any
 
@@ -41,6 +40,8 @@ from phaseprobe.collect.interplay import (
     run_prefix,
 )
 from phaseprobe.collect.playbook import load_playbook, parse_effect
+from phaseprobe.collect.session import Session, SessionOptions
+from phaseprobe.collect.target import api_key_from_env, served_model
 from phaseprobe.errors import ConfigError
 from phaseprobe.paths import default_store_path
 from phaseprobe.present.args import (
@@ -49,13 +50,13 @@ from phaseprobe.present.args import (
     seconds,
     store_and_json_args,
 )
-from phaseprobe.present.endpoint import api_key_from_env, endpoint_or_local, served_model
 from phaseprobe.present.render_interplay import (
     render_arms,
     render_batch,
     render_interfere,
     render_prefix,
 )
+from phaseprobe.present.waiting import ConsoleNotices
 from phaseprobe.sources.openai_stream import normalize_base_url
 from phaseprobe.store import Store, redact_url
 
@@ -227,12 +228,13 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
 
     if kind == "interfere" and args.playbook:
         return _run_playbook(args, out, api_key, progress)
-    with ExitStack() as stack:
-        endpoint = endpoint_or_local(args.endpoint, stack, err)
-        model = served_model(endpoint, api_key, args.model)  # a wrong --model: before any run
-        target = Target(endpoint=endpoint, model=model, api_key=api_key, chat=args.chat,
-                        timeout_s=args.timeout)
-        store = stack.enter_context(Store(args.store or default_store_path()))
+    options = SessionOptions(store_path=str(args.store or default_store_path()),
+                             endpoint=args.endpoint, api_key=api_key, model=args.model)
+    # the session checks a wrong --model before any run
+    with Session(options, ConsoleNotices(err)) as session:
+        endpoint, model, store = session.endpoint, session.model, session.store
+        target = Target(endpoint=endpoint, model=model, api_key=api_key,
+                        chat=args.chat, timeout_s=args.timeout)
         result: PrefixResult | BatchResult | InterfereResult | ArmsResult
         if kind == "prefix":
             result = run_prefix(target, store, prefix_tokens=args.prefix_tokens,

@@ -1,32 +1,25 @@
 """``phaseprobe probe``: controlled single-request experiments, shown as the phase table.
 
-The command wires the pieces together around :func:`~phaseprobe.collect.experiment.run_probe`:
-the embedded local vLLM when no endpoint is given, the GPU sampler, vLLM's torch profiler,
-the Prometheus sidecar, and the roofline / KV-memory reports after the runs.
+The command parses its flags into :class:`~phaseprobe.collect.session.SessionOptions` and
+renders what the session and :func:`~phaseprobe.collect.experiment.run_probe` return; the
+wiring (local vLLM, span receiver, GPU sampler, torch profiler, Prometheus sidecar, roofline,
+KV-memory report) is the session's.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from contextlib import ExitStack
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 
-from phaseprobe import calibrate
 from phaseprobe.analysis.phases import summarize
-from phaseprobe.analysis.trace_summary import summarize_trace_file
-from phaseprobe.collect.efficiency import (
-    efficiency_report,
-    kv_reservation_report,
-    preflight,
-    validate_options,
-)
 from phaseprobe.collect.experiment import ProbeSettings, run_probe
-from phaseprobe.local.server import profiler_args, tracing_launch
+from phaseprobe.collect.session import Session, SessionOptions
+from phaseprobe.collect.target import api_key_from_env
 from phaseprobe.paths import default_store_path
 from phaseprobe.present.args import (
     float_in,
@@ -36,6 +29,7 @@ from phaseprobe.present.args import (
     seconds,
     store_and_json_args,
 )
+from phaseprobe.present.cmd_spans import context_text
 from phaseprobe.present.cmd_trace import render as render_trace
 from phaseprobe.present.console import (
     RichProgress,
@@ -43,20 +37,9 @@ from phaseprobe.present.console import (
     render_probe,
     render_prom_comparison,
 )
-from phaseprobe.present.endpoint import (
-    api_key_from_env,
-    endpoint_models,
-    endpoint_or_local,
-    served_model,
-)
-from phaseprobe.present.waiting import waiting
+from phaseprobe.present.waiting import ConsoleNotices
 from phaseprobe.records import RunSpec
-from phaseprobe.sources.gpu_sampler import open_sampler
-from phaseprobe.sources.torch_trace import ProfileCapture
-from phaseprobe.store import Store, redact_url
-
-if TYPE_CHECKING:
-    from phaseprobe.collect.prom_summary import PromSidecar
+from phaseprobe.redact import redact_url
 
 __all__ = ["register", "run"]
 
@@ -176,194 +159,71 @@ def register(subparsers: Any) -> None:
     store_and_json_args(probe)
 
 
-def _span_receiver(args: argparse.Namespace, store_path: str, stack: ExitStack,
-                   err: Console) -> tuple[str | None, float | None]:
-    """Start the span receiver for this probe when spans are on; returns (the gRPC URL the
-    local vLLM should export to, the span wait in seconds), or (None, None) when off."""
-    local = args.endpoint is None
-    if args.spans is False or (args.spans is None and not local):
-        return None, None
-    from phaseprobe.collect.span_attribution import DEFAULT_BSP_DELAY_S, SPAN_WAIT_MARGIN_S
-    from phaseprobe.collect.span_receiver import SpanReceiver, SpanSink, parse_listen
-    from phaseprobe.errors import ConfigError
-    from phaseprobe.local.server import LOCAL_BSP_DELAY_MS
+def session_options(args: argparse.Namespace) -> SessionOptions:
+    """The probe's flags as the session's options (the wiring itself is in collect)."""
+    return SessionOptions(
+        store_path=str(args.store or default_store_path()), endpoint=args.endpoint,
+        api_key=api_key_from_env(args.api_key_env), model=args.model, spans=args.spans,
+        span_wait_s=args.span_wait, otlp_grpc=args.otlp_grpc, otlp_http=args.otlp_http,
+        torch_profile_dir=Path(args.torch_profile) if args.torch_profile else None,
+        peaks=args.peaks, model_config=args.model_config,
+        force_model_config=args.force_model_config, prom_url=args.prom,
+        prom_selector=args.prom_selector, prom_token_env=args.prom_token_env,
+        prom_wait_s=args.prom_wait, gpu=args.gpu, gpu_period_s=args.gpu_period,
+        nvml_backend=_fake_nvml() if args.gpu == "fake" else None, calibrate_local=True)
 
-    delay = LOCAL_BSP_DELAY_MS / 1000 if local else DEFAULT_BSP_DELAY_S
-    wait = args.span_wait if args.span_wait is not None else delay + SPAN_WAIT_MARGIN_S
-    # The local vLLM exports to a port of our own choosing; a user's vLLM to the fixed ones.
-    grpc_addr = ("127.0.0.1", 0) if local else parse_listen(args.otlp_grpc, "--otlp-grpc")
-    http_addr = None if local else parse_listen(args.otlp_http, "--otlp-http")
-    sink = SpanSink(store_path)
-    stack.callback(sink.close)
-    try:
-        receiver = stack.enter_context(SpanReceiver(sink, http=http_addr, grpc=grpc_addr))
-    except ConfigError as exc:
-        if local:
-            raise
-        err.print(f"[dim]span receiver not started ({escape(str(exc))}): the runs' spans are "
-                  f"read from the store, written by the receiver already listening there",
-                  highlight=False)
-        return None, wait
-    if not local:
-        err.print(f"[dim]receiving vLLM spans on {receiver.grpc_url} (gRPC) and "
-                  f"{receiver.http_url} (HTTP)", highlight=False)
-    return receiver.grpc_url, wait
+
+def _fake_nvml() -> Any:
+    from phaseprobe.testing.fake_nvml import FakeNvmlBackend, demo_devices
+
+    return FakeNvmlBackend(demo_devices())
 
 
 def run(args: argparse.Namespace, out: Console, err: Console) -> int:
-    api_key = api_key_from_env(args.api_key_env)
-    profile_dir = Path(args.torch_profile).resolve() if args.torch_profile else None
-    # --peaks and --model-config fail here, not after the runs (nor after a 45 s server start).
-    validate_options(args.peaks, args.model_config)
-    store_path = str(args.store or default_store_path())
-    with ExitStack() as stack:
-        span_url, span_wait = _span_receiver(args, store_path, stack, err)
-        trace_args, trace_env = tracing_launch(span_url if args.endpoint is None else None)
-        endpoint = endpoint_or_local(args.endpoint, stack, err,
-                                     [*profiler_args(profile_dir), *trace_args], trace_env)
-        if profile_dir is not None and args.endpoint is not None:
-            profile_dir = _server_profile_dir(endpoint, profile_dir, err)
-        models = endpoint_models(endpoint, api_key)  # the probe's one /v1/models call
-        # a wrong --model fails here, before any run
-        model = served_model(endpoint, api_key, args.model, models=models)
-        peaks_choice = args.peaks
-        if peaks_choice is None and args.endpoint is None and calibrate.load() is not None:
-            peaks_choice = "calibrated"  # the local vLLM runs on this machine's CPU
-        for warning in preflight(endpoint, api_key, peaks_choice, args.model_config,
-                                 force=args.force_model_config, models=models):
-            err.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
+    options = session_options(args)
+    with Session(options, ConsoleNotices(err)) as session:
         target = None if args.prompt is not None else (args.prompt_tokens or 128)
-        spec = RunSpec(endpoint=endpoint, model=model, prompt=args.prompt or "",
-                       max_tokens=args.max_tokens, api="chat" if args.chat else "completions",
+        spec = RunSpec(endpoint=session.endpoint, model=session.model,
+                       prompt=args.prompt or "", max_tokens=args.max_tokens,
+                       api="chat" if args.chat else "completions",
                        prompt_tokens_target=target, ignore_eos=not args.no_ignore_eos)
         settings = ProbeSettings(runs=args.runs, warmup=args.warmup, pause_s=args.pause,
-                                 name=args.name, span_wait_s=span_wait)
-        store = stack.enter_context(Store(store_path))
-        progress = RichProgress(err)
-        sidecar = _prom_sidecar(args, model, stack) if args.prom else None
-        sampler = None
-        if args.gpu == "fake":
-            from phaseprobe.testing.fake_nvml import FakeNvmlBackend, demo_devices
-
-            sampler, _ = open_sampler(args.gpu_period, backend=FakeNvmlBackend(demo_devices()))
-        elif args.gpu != "off":
-            sampler, why_not = open_sampler(args.gpu_period)
-            if sampler is None:
-                err.print(f"[yellow]no GPU data:[/] {escape(why_not or '')}")
-        capture = ProfileCapture(endpoint, profile_dir) if profile_dir else None
-
-        def before_runs() -> None:  # after the warm-ups: they stay out of the trace
-            if sidecar is not None:
-                sidecar.before_runs()
-            if capture is not None:
-                capture.start()
-
-        trace_doc = None
+                                 name=args.name, span_wait_s=session.span_wait_s)
         try:
-            result = run_probe(spec, store, settings=settings, api_key=api_key,
-                               progress=progress, timeout_s=args.timeout,
-                               deadline_s=args.deadline,
-                               before_runs=before_runs, gpu_sampler=sampler, models=models)
+            result = run_probe(spec, session.store, settings=settings, api_key=session.api_key,
+                               progress=RichProgress(err), timeout_s=args.timeout,
+                               deadline_s=args.deadline, before_runs=session.before_runs,
+                               gpu_sampler=session.sampler, models=session.models)
         except BaseException:
-            if capture is not None and capture.started:
-                capture.stop(wait=False)
+            session.abort()
             raise
-        if capture is not None:
-            files = capture.stop()
-            with waiting(err, "reading the torch-profiler trace…"):
-                trace_doc = summarize_trace_file(files[0])  # the worker's rank file first
-            # Kept with the experiment: the dashboard's Traces page shows it without the file.
-            store.add_analysis("trace", str(files[0]), trace_doc, result.experiment_id)
-        prom = None
-        if sidecar is not None:
-            with waiting(err, "waiting for Prometheus to scrape after the last run…"):
-                prom = sidecar.finish(result.runs)
-            if "error" in prom:  # the runs are stored and shown; only the summary is missing
-                err.print(f"[yellow]Prometheus summary unavailable:[/] {escape(prom['error'])}")
-        efficiency = efficiency_report(result.runs, result.server_info,
-                                       peaks_choice=peaks_choice, model_config=args.model_config,
-                                       force=args.force_model_config)
-        # Kept with the experiment: `runs` and the dashboard show the same roofline line.
-        store.add_analysis("efficiency", str(efficiency.get("peaks") or "skipped"), efficiency,
-                           result.experiment_id)
-        kv_report = None
-        if sampler is not None:
-            kv_report = kv_reservation_report(store, result, model_config=args.model_config)
-        shared = _shared_context(store, result.runs)
+        report = session.finish(result)
     summary = summarize(result.runs)
     if args.json:
         doc = {"experiment_id": result.experiment_id,
                "spec": {**spec.to_dict(), "endpoint": redact_url(spec.endpoint)},
                "server": result.server_info, "notes": result.notes,
                "summary": summary.to_dict(), "runs": [r.to_dict() for r in result.runs]}
-        doc["efficiency"] = efficiency
-        doc["overlap"] = {str(seq): ctx.to_dict() for seq, (ctx, _) in shared.items()}
-        if trace_doc is not None:
-            doc["trace"] = trace_doc
-        if kv_report is not None:
-            doc["kv_reservation"] = kv_report
-        if prom is not None:
-            doc["prometheus"] = prom
+        doc["efficiency"] = report.efficiency
+        doc["overlap"] = {str(seq): ctx.to_dict() for seq, ctx in report.shared.items()}
+        if report.trace is not None:
+            doc["trace"] = report.trace
+        if report.kv_reservation is not None:
+            doc["kv_reservation"] = report.kv_reservation
+        if report.prometheus is not None:
+            doc["prometheus"] = report.prometheus
         out.out(json.dumps(doc), highlight=False)  # plain: no markup, no wrapping
     else:
         render_probe(out, result.runs, summary, result.server_info, result.notes,
                      result.experiment_id)
-        for seq, (_, text) in shared.items():
-            out.print(f"run {seq + 1} shared the engine (attributed by span): {escape(text)}",
-                      highlight=False)
-        render_efficiency(out, efficiency)
-        if trace_doc is not None:
-            render_trace(out, trace_doc)
-        if kv_report is not None:
-            out.print(f"GPU memory: {kv_report['verdict']}")
-        if prom is not None:
-            render_prom_comparison(out, prom)
+        for seq, ctx in report.shared.items():
+            out.print(f"run {seq + 1} shared the engine (attributed by span): "
+                      f"{escape(context_text(ctx))}", highlight=False)
+        render_efficiency(out, report.efficiency)
+        if report.trace is not None:
+            render_trace(out, report.trace)
+        if report.kv_reservation is not None:
+            out.print(f"GPU memory: {escape(str(report.kv_reservation['verdict']))}")
+        if report.prometheus is not None:
+            render_prom_comparison(out, report.prometheus)
     return 0 if any(r.status == "ok" for r in result.runs) else 1
-
-
-def _shared_context(store: Store, runs: list[Any]) -> dict[int, tuple[Any, str]]:
-    """For each run attributed by its span (it shared the server): what it shared the engine
-    with during its prefill and decode, from every span stored around it. Under batching
-    vLLM's prefill/decode times are batch wall time; this is what makes them readable."""
-    by_span = [r for r in runs if r.span is not None and r.attributed and not r.isolated]
-    if not by_span:
-        return {}
-    from phaseprobe.analysis.span_context import overlap_context
-    from phaseprobe.present.cmd_spans import context_text
-
-    start = min(r.span.start_ns for r in by_span) - 600 * 10**9  # long requests before it
-    end = max(r.span.end_ns for r in by_span)
-    contexts = overlap_context(store.spans(since_ns=start, until_ns=end))
-    out = {}
-    for r in by_span:
-        ctx = contexts.get((r.span.trace_id, r.span.span_id))
-        if ctx is not None:
-            out[r.seq] = (ctx, context_text(ctx))
-    return out
-
-
-def _server_profile_dir(endpoint: str, asked: Path, err: Console) -> Path:
-    """Where the traces of ``endpoint`` land: a server's profiler writes to its own directory.
-    For the server of `phaseprobe local start` that is recorded, so the capture reads it
-    there; for any other server, ``asked`` must be the directory it was started with."""
-    from phaseprobe.local import detached
-
-    state = detached.read_state(detached.default_state_path())
-    if state is not None and state.profile_dir and state.base_url.rstrip("/") == endpoint:
-        if Path(state.profile_dir).resolve() != asked:
-            err.print(f"[dim]the local vLLM's profiler writes to {escape(state.profile_dir)}: "
-                      f"reading its traces there", highlight=False)
-        return Path(state.profile_dir).resolve()
-    return asked
-
-
-def _prom_sidecar(args: argparse.Namespace, model: str, stack: ExitStack) -> PromSidecar:
-    from phaseprobe.collect.prom_summary import PromSidecar
-    from phaseprobe.sources.prometheus import PrometheusClient
-
-    selector = args.prom_selector if args.prom_selector is not None else \
-        f'model_name="{model}"'
-    client = stack.enter_context(PrometheusClient(args.prom, token_env=args.prom_token_env))
-    return PromSidecar(client, selector=selector, wait_s=args.prom_wait)
-
-

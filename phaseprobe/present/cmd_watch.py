@@ -196,14 +196,16 @@ def _sleep_until(deadline: float | None) -> None:
 def _demo(args: argparse.Namespace, receiver: SpanReceiver, stack: ExitStack,
           err: Console) -> tuple[str, Any]:
     from phaseprobe.collect.open_loop import LoadSettings, OpenLoopLoad
-    from phaseprobe.local.server import tracing_launch
-    from phaseprobe.present.endpoint import endpoint_or_local, served_model
+    from phaseprobe.collect.session import Session, SessionOptions
+    from phaseprobe.present.waiting import ConsoleNotices
 
     if receiver.grpc_url is None:
         raise ConfigError("--demo exports over gRPC: do not turn --grpc off")
-    trace_args, trace_env = tracing_launch(receiver.grpc_url)
-    base = endpoint_or_local(None, stack, err, trace_args, trace_env)
-    model = served_model(base, None, None)
+    # the local vLLM, exporting its spans to this watch's receiver
+    session = stack.enter_context(Session(
+        SessionOptions(store_path=str(args.store or default_store_path()),
+                       span_export_url=receiver.grpc_url), ConsoleNotices(err)))
+    base, model = session.endpoint, session.model
     load = OpenLoopLoad(base, model, LoadSettings(rate_per_s=args.rate)).start()
     stack.callback(load.stop)
     err.print(f"demo load: Poisson arrivals at {args.rate:g} req/s, 30 % long prompts "

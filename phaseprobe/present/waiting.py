@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 
 from rich.console import Console
 from rich.markup import escape
 
-__all__ = ["waiting"]
+__all__ = ["waiting", "ConsoleNotices"]
 
 
 @contextmanager
@@ -28,3 +28,27 @@ def waiting(console: Console, text: str) -> Iterator[None]:
     started = time.monotonic()
     yield
     console.print(f"[dim]… done in {time.monotonic() - started:.1f} s", highlight=False)
+
+
+class ConsoleNotices:
+    """:class:`phaseprobe.collect.notices.Notices` on a console (stderr): headlines bold,
+    details dim, warnings yellow, waits through :func:`waiting`. Every text is escaped: it may
+    hold server- or file-derived words."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+
+    def headline(self, text: str) -> None:
+        self.console.print(f"[bold]{escape(text)}", highlight=False)
+
+    def info(self, text: str) -> None:
+        self.console.print(escape(text), highlight=False)
+
+    def detail(self, text: str) -> None:
+        self.console.print(f"[dim]{escape(text)}", highlight=False)
+
+    def warn(self, text: str) -> None:
+        self.console.print(f"[yellow]warning:[/] {escape(text)}", highlight=False)
+
+    def waiting(self, text: str) -> AbstractContextManager[None]:
+        return waiting(self.console, text)

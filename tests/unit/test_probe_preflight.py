@@ -8,6 +8,7 @@ import json
 import pytest
 
 from phaseprobe.collect import efficiency as eff_mod
+from phaseprobe.collect import session as session_mod
 from phaseprobe.present import cmd_probe
 from phaseprobe.present.cli import main
 from tests.unit.test_roofline_bound import CACHE, LLAMA70B, TINY
@@ -19,9 +20,10 @@ def no_runs(monkeypatch):
     def boom(*a, **k):
         raise AssertionError("the runs started before the options were checked")
     monkeypatch.setattr(cmd_probe, "run_probe", boom)
-    monkeypatch.setattr(cmd_probe, "endpoint_or_local", lambda endpoint, *a, **k: endpoint)
-    monkeypatch.setattr(cmd_probe, "served_model", lambda *a, **k: "tiny-llama")
-    monkeypatch.setattr(cmd_probe, "endpoint_models", lambda *a, **k: [{"id": "tiny-llama"}])
+    # the session wires the target: no server is asked for its models either
+    monkeypatch.setattr(session_mod, "endpoint_or_local", lambda endpoint, *a, **k: endpoint)
+    monkeypatch.setattr(session_mod, "served_model", lambda *a, **k: "tiny-llama")
+    monkeypatch.setattr(session_mod, "endpoint_models", lambda *a, **k: [{"id": "tiny-llama"}])
 
 
 def test_unknown_peaks_fail_before_anything(no_runs, tmp_path, capsys, monkeypatch):
@@ -66,8 +68,8 @@ def test_another_models_config_is_refused_before_the_runs(no_runs, tmp_path, cap
 def test_torch_profile_against_local_start_reads_the_servers_own_directory(tmp_path, monkeypatch):
     # `local start` records where its profiler writes; a probe of that server reads there
     # whatever DIR it was given, and any other server's traces are read from DIR.
-    from rich.console import Console
-
+    from phaseprobe.collect.notices import RecordedNotices
+    from phaseprobe.collect.session import Session, SessionOptions
     from phaseprobe.local import detached
     from phaseprobe.local.server import ServerState
 
@@ -79,7 +81,11 @@ def test_torch_profile_against_local_start_reads_the_servers_own_directory(tmp_p
     assert ServerState.from_json(path.read_text()) == state
     monkeypatch.setattr(detached, "default_state_path", lambda: path)
     asked = (tmp_path / "mine").resolve()
-    err = Console(stderr=True)
-    assert cmd_probe._server_profile_dir("http://127.0.0.1:8123", asked, err) == \
-        (tmp_path / "server-profiles").resolve()
-    assert cmd_probe._server_profile_dir("http://10.0.0.9:8000", asked, err) == asked
+    notices = RecordedNotices()
+    session = Session(SessionOptions(store_path=str(tmp_path / "s.sqlite"),
+                                     endpoint="http://127.0.0.1:8123"), notices)
+    session.endpoint = "http://127.0.0.1:8123"
+    assert session._server_profile_dir(asked) == (tmp_path / "server-profiles").resolve()
+    assert any("reading its traces there" in text for _, text in notices.lines)
+    session.endpoint = "http://10.0.0.9:8000"
+    assert session._server_profile_dir(asked) == asked

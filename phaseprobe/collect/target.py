@@ -1,0 +1,93 @@
+"""The endpoint a measurement talks to: the user's, or the embedded local vLLM; its API key
+and the models it serves.
+
+Shared by every command that measures (through :class:`phaseprobe.collect.session.Session`),
+so they agree on where keys come from, on how the local server is started and always
+stopped, and on checking a model name before any run.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from contextlib import ExitStack
+from typing import Any
+
+from phaseprobe.collect.notices import Notices
+from phaseprobe.errors import ConfigError
+from phaseprobe.redact import redact_url
+
+__all__ = ["DEFAULT_KEY_VARS", "api_key_from_env", "endpoint_or_local", "first_model",
+           "served_model", "endpoint_models"]
+
+# Looked at in this order when no --api-key-env is given.
+DEFAULT_KEY_VARS = ("OPENAI_API_KEY", "VLLM_API_KEY")
+
+
+def api_key_from_env(var: str | None) -> str | None:
+    """The API key: from ``var`` when named (it must be set), else the default variables."""
+    if var:
+        if var not in os.environ:
+            raise ConfigError(f"--api-key-env {var}: that environment variable is not set")
+        return os.environ[var]
+    return next((os.environ[v] for v in DEFAULT_KEY_VARS if os.environ.get(v)), None)
+
+
+def endpoint_or_local(endpoint: str | None, stack: ExitStack, notices: Notices,
+                      extra_args: Sequence[str] = (),
+                      extra_env: dict[str, str] | None = None) -> str:
+    """``endpoint``, or start the local CPU vLLM with the tiny model (installing it on first
+    use) inside ``stack``, which stops it on exit, Ctrl-C or error."""
+    if endpoint is not None:
+        from phaseprobe.sources.openai_stream import normalize_base_url
+
+        return normalize_base_url(endpoint)
+    from phaseprobe.local import LocalVllm, ensure_model, install
+
+    notices.headline("no --endpoint: using the local CPU vLLM with the tiny model")
+    venv = install(progress=notices.detail)
+    ensure_model(venv=venv)
+    with notices.waiting("starting local vLLM (about 30 s on 2 cores)…"):
+        server = stack.enter_context(LocalVllm(venv=venv, extra_args=extra_args,
+                                               extra_env=extra_env))
+    notices.info(f"local vLLM ready at {server.base_url} (log: {server.log_path})")
+    return server.base_url
+
+
+def first_model(endpoint: str, api_key: str | None) -> str:
+    """The first model the endpoint lists (raises EndpointUnreachable before any run)."""
+    return served_model(endpoint, api_key, None)
+
+
+def endpoint_models(endpoint: str, api_key: str | None) -> list[dict[str, Any]]:
+    """``/v1/models`` of the endpoint, validated (raises EndpointUnreachable before any run).
+    A probe asks once and hands the list on, to the model check, the preflight and the run."""
+    import requests
+
+    from phaseprobe.sources.openai_stream import check_endpoint, normalize_base_url
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    return check_endpoint(normalize_base_url(endpoint), session=requests.Session(),
+                          headers=headers)
+
+
+def served_model(endpoint: str, api_key: str | None, model: str | None,
+                 option: str = "--model", models: list[dict[str, Any]] | None = None) -> str:
+    """``model`` if the endpoint serves it, else a ConfigError listing what it serves; the
+    first listed model when ``model`` is None. Checked before any run: a wrong name would
+    otherwise become a whole experiment of 404 error runs. ``models``: the endpoint's
+    ``/v1/models`` list when already fetched."""
+    from phaseprobe.sources.openai_stream import normalize_base_url
+
+    endpoint = normalize_base_url(endpoint)
+    if models is None:
+        models = endpoint_models(endpoint, api_key)
+    served = [str(m["id"]) for m in models if isinstance(m, dict) and "id" in m]
+    if not served:
+        raise ConfigError(f"{redact_url(endpoint)}/v1/models lists no model; pass {option}")
+    if model is None:
+        return served[0]
+    if model not in served:
+        raise ConfigError(f"{option} {model!r} is not served at {redact_url(endpoint)} (it "
+                          f"serves: {', '.join(served)})")
+    return model
