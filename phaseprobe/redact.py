@@ -16,7 +16,7 @@ __all__ = ["redact_url", "redact_urls_in", "REDACTED", "is_secret_name"]
 
 REDACTED = "<redacted>"
 # Query parameter names (lowercased, - and _ removed) that carry credentials.
-_SECRET_PARTS = ("token", "secret", "password", "passwd", "pwd", "apikey", "key", "auth",
+_SECRET_PARTS = ("token", "secret", "pass", "pwd", "apikey", "key", "auth",
                  "signature", "sig", "credential", "session")
 _URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://(?:<redacted>|[^\s\"'<>])+")
 
@@ -37,15 +37,22 @@ def redact_url(url: str) -> str:
     netloc = parts.netloc
     if parts.username is not None or parts.password is not None:
         netloc = (f"[{host}]" if ":" in host else host) + (f":{port}" if port else "")
-    query = parts.query
-    if query:
-        pairs = parse_qsl(query, keep_blank_values=True)
-        if any(is_secret_name(k) for k, _ in pairs):
-            query = urlencode([(k, REDACTED if is_secret_name(k) else v) for k, v in pairs],
-                              safe="<>")
-    if netloc == parts.netloc and query == parts.query:
+    query, fragment = _redact_pairs(parts.query), _redact_pairs(parts.fragment)
+    if netloc == parts.netloc and query == parts.query and fragment == parts.fragment:
         return url
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    return urlunsplit((parts.scheme, netloc, parts.path, query, fragment))
+
+
+def _redact_pairs(text: str) -> str:
+    """A query (or an OAuth-style ``#access_token=…`` fragment) with secret-named values
+    redacted; unchanged when it holds none."""
+    if "=" not in text:
+        return text
+    pairs = parse_qsl(text, keep_blank_values=True)
+    if not any(is_secret_name(k) for k, _ in pairs):
+        return text
+    return urlencode([(k, REDACTED if is_secret_name(k) else v) for k, v in pairs],
+                     safe="<>")
 
 
 def redact_urls_in(text: str) -> str:

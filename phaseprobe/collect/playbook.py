@@ -427,8 +427,9 @@ def session_plan(session: dict[str, Any], min_effect: float | None = None
 # Launch environments carry credentials (HF_TOKEN, *_API_KEY, …). Their values reach the
 # server phaseprobe starts and nothing else: the store and every output keep the names only.
 REDACTED = "<redacted>"
-_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|API[_-]?KEY|ACCESS[_-]?KEY|CREDENTIAL|AUTH",
-                          re.IGNORECASE)
+# AZURE_OPENAI_KEY and DB_PASS too: a name with KEY or PASS as a word of its own
+_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|API[_-]?KEY|ACCESS[_-]?KEY|CREDENTIAL|AUTH"
+                          r"|(^|[_-])(KEY|PASS|PWD)($|[_-])", re.IGNORECASE)
 
 
 def is_secret_name(name: str) -> bool:
@@ -437,7 +438,8 @@ def is_secret_name(name: str) -> bool:
 
 def redact_env(env: Mapping[str, str]) -> dict[str, str]:
     """``env`` with the values of secret-looking variables replaced by :data:`REDACTED`."""
-    return {k: REDACTED if is_secret_name(k) else v for k, v in env.items()}
+    # an ordinary name may still hold a URL with credentials (PROXY=http://u:pw@host)
+    return {k: REDACTED if is_secret_name(k) else redact_urls_in(v) for k, v in env.items()}
 
 
 def redact_args(args: tuple[str, ...] | list[str]) -> list[str]:
@@ -452,7 +454,7 @@ def redact_args(args: tuple[str, ...] | list[str]) -> list[str]:
                 and is_secret_name(args[i - 1]) and not arg.startswith("-"):
             out.append(REDACTED)
         else:
-            out.append(arg)
+            out.append(redact_urls_in(arg))  # --hf-endpoint http://u:pw@host
     return out
 
 

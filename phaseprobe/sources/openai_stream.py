@@ -115,17 +115,23 @@ def normalize_base_url(url: str) -> str:
     OpenAI client's ``base_url`` ends in ``/v1``; a bare host has no scheme) would otherwise
     end in ``…/v1/v1/models (HTTP 404)`` or requests' "No connection adapters"."""
     text = url.strip()
+    shown = redact_url(text)  # messages never echo a credential typed into the URL
     scheme, sep, rest = text.partition("://")
     if not sep:
         scheme, rest = "http", text  # host:port, as vLLM's own log prints it
     if scheme.lower() not in ("http", "https"):
-        raise ConfigError(f"endpoint {url!r}: the scheme must be http:// or https://, e.g. "
+        raise ConfigError(f"endpoint {shown!r}: the scheme must be http:// or https://, e.g. "
                           f"http://127.0.0.1:8000")
+    if "?" in rest or "#" in rest:
+        # paths are appended to the base URL: a query would end up before /v1/models, and
+        # query tokens would be echoed by every connection error
+        raise ConfigError(f"endpoint {shown!r}: a base URL takes no ?query or #fragment; "
+                          f"pass an API key through the environment (--api-key-env VAR)")
     rest = rest.rstrip("/")
     if rest.endswith("/v1"):
         rest = rest[:-3].rstrip("/")
     if not rest or rest.startswith("/"):
-        raise ConfigError(f"endpoint {url!r} names no host: type it as http://HOST:PORT, "
+        raise ConfigError(f"endpoint {shown!r} names no host: type it as http://HOST:PORT, "
                           f"e.g. http://127.0.0.1:8000")
     return f"{scheme.lower()}://{rest}"
 

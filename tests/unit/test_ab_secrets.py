@@ -53,6 +53,25 @@ def test_secret_names_and_values_are_redacted():
         "DB_PASSWORD": REDACTED, "NCCL_ALGO": "Ring"}
     assert redact_args(["--api-key", "k", "--dtype", "bf16", "--api-key=k2"]) == [
         "--api-key", REDACTED, "--dtype", "bf16", f"--api-key={REDACTED}"]
+    # names with KEY or PASS as a word, and URLs with credentials under ordinary names
+    assert redact_env({"AZURE_OPENAI_KEY": "a", "DB_PASS": "b", "MY_PWD": "c",
+                       "KEYBOARD": "qwerty", "HTTPS_PROXY": "http://u:pw@proxy:3128",
+                       "MODEL_URL": "https://h/m?sig=abc&x=1"}) == {
+        "AZURE_OPENAI_KEY": REDACTED, "DB_PASS": REDACTED, "MY_PWD": REDACTED,
+        "KEYBOARD": "qwerty", "HTTPS_PROXY": "http://proxy:3128",
+        "MODEL_URL": "https://h/m?sig=<redacted>&x=1"}
+    assert redact_args(["--hf-endpoint", "http://u:pw@mirror:8080/hub"]) == [
+        "--hf-endpoint", "http://mirror:8080/hub"]
+
+
+def test_urls_lose_userinfo_and_secret_query_and_fragment_values():
+    from phaseprobe.redact import redact_url
+
+    assert redact_url("http://u:pw@h:8000/x?a=1&token=t#frag") == \
+        "http://h:8000/x?a=1&token=<redacted>#frag"
+    assert redact_url("https://h/cb#access_token=t&state=s") == \
+        "https://h/cb#access_token=<redacted>&state=s"
+    assert redact_url("https://h/?db_pass=p") == "https://h/?db_pass=<redacted>"
 
 
 @contextlib.contextmanager

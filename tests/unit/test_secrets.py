@@ -163,12 +163,23 @@ def test_an_endpoint_with_a_query_token_is_refused_without_showing_it(held, key_
     with SseServer(PACED) as srv:
         code, out, err = _cli(_probe_argv(f"{srv.base_url}/?api_key={QUERY_TOKEN}", held.path,
                                           *fmt), capsys)
-    # The query does not survive the paths appended to the endpoint: refused before any run.
-    assert code == 2 and err.startswith("error: endpoint unreachable")
+    # The query does not survive the paths appended to the endpoint: refused before any
+    # request (a connection error would echo the query in requests' own message).
+    assert code == 2 and err.startswith("error: endpoint"), err
+    assert "takes no ?query" in err and srv.requests == []
     assert "api_key=<redacted>" in err
     assert _leaks(out + err) == []
     with Store(held.path, readonly=True) as store:
         assert store.experiments() == []
+
+
+@pytest.mark.parametrize("endpoint", [f"http://127.0.0.1:9/?api_key={QUERY_TOKEN}",
+                                      f"http://127.0.0.1:9/#access_token={QUERY_TOKEN}",
+                                      f"ftp://u:{QUERY_TOKEN}@127.0.0.1:9"])
+def test_a_secret_in_an_unreachable_or_odd_endpoint_is_never_echoed(held, key_env, capsys,
+                                                                    endpoint):
+    code, out, err = _cli(_probe_argv(endpoint, held.path, "--json"), capsys)
+    assert code == 2 and QUERY_TOKEN not in out + err, err
 
 
 def test_probe_store_keeps_no_password_from_a_metrics_note(held, key_env, capsys):
