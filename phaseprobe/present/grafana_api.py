@@ -35,6 +35,7 @@ from phaseprobe.errors import (
     GrafanaUnreachable,
 )
 from phaseprobe.redact import redact_url
+from phaseprobe.sources.http_deadline import mount_deadlines, within
 
 __all__ = [
     "DEFAULT_TOKEN_ENV",
@@ -69,7 +70,7 @@ class GrafanaClient:
                  token_env: str = DEFAULT_TOKEN_ENV) -> None:
         self.url = url.rstrip("/")
         self.display_url = redact_url(self.url)
-        self._session = session or requests.Session()
+        self._session = mount_deadlines(session or requests.Session())
         self._headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
         self._timeout_s = timeout_s
         self._verify = verify
@@ -81,13 +82,18 @@ class GrafanaClient:
     def request(self, method: str, path: str, body: Any = None) -> Any:
         where = self.display_url + path
         try:
-            resp = self._session.request(method, self.url + path, json=body,
-                                         headers=self._headers, timeout=self._timeout_s,
-                                         verify=self._verify)
+            with within(max(self._timeout_s, 1.0) * 3, f"{method} {where}"):
+                resp = self._session.request(method, self.url + path, json=body,
+                                             headers=self._headers, timeout=self._timeout_s,
+                                             verify=self._verify)
         except requests.exceptions.SSLError:
             raise GrafanaUnreachable(where, "TLS error; check the certificate") from None
-        except requests.exceptions.Timeout:
-            raise GrafanaUnreachable(where, f"no answer within {self._timeout_s:g} s") from None
+        except requests.exceptions.Timeout as exc:
+            total = "(total deadline)" in str(exc)
+            raise GrafanaUnreachable(where, "no complete answer within "
+                                     f"{max(self._timeout_s, 1.0) * 3:g} s (total deadline)"
+                                     if total else f"no answer within {self._timeout_s:g} s"
+                                     ) from None
         except (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema,
                 requests.exceptions.InvalidSchema):
             raise ConfigError(f"not a usable Grafana URL: {self.display_url} "

@@ -29,6 +29,7 @@ import urllib3
 from phaseprobe.errors import ConfigError, EndpointUnreachable
 from phaseprobe.records import ClientTimeline
 from phaseprobe.redact import redact_url
+from phaseprobe.sources.http_deadline import mount_deadlines, within
 
 __all__ = ["small_json", "StreamClient", "DEFAULT_DEADLINE_S", "MAX_EVENT_BYTES", "StreamOutcome",
            "TokenEventCounter", "check_endpoint", "normalize_base_url", "build_body"]
@@ -151,8 +152,10 @@ def check_endpoint(base_url: str, *, session: requests.Session, headers: dict[st
     url = base_url.rstrip("/") + "/v1/models"
     shown = redact_url(url)
     try:
-        resp = session.get(url, headers=headers, timeout=timeout_s, stream=True)
-        body = resp.raw.read(MAX_MODELS_ANSWER_BYTES + 1, decode_content=True) or b""
+        with within(3 * timeout_s, f"GET {shown}"):  # a trickling answer ends too
+            resp = mount_deadlines(session).get(url, headers=headers, timeout=timeout_s,
+                                                stream=True)
+            body = resp.raw.read(MAX_MODELS_ANSWER_BYTES + 1, decode_content=True) or b""
     except (requests.RequestException, urllib3.exceptions.HTTPError) as exc:
         raise EndpointUnreachable(shown, type(exc).__name__ + ": " + _short(str(exc))) from None
     if resp.status_code != 200:
@@ -194,12 +197,13 @@ def small_json(session: requests.Session, method: str, url: str, *, headers: dic
     optional extras, so any of that means "not available", never a traceback; callers still
     validate the shape of what comes back."""
     try:
-        resp = session.request(method, url, headers=headers, timeout=timeout_s, json=body,
-                               stream=True)
-        try:
-            data = resp.raw.read(MAX_SMALL_ANSWER_BYTES + 1, decode_content=True) or b""
-        finally:
-            resp.close()
+        with within(max(timeout_s, 1.0) * 3, f"{method} {redact_url(url)}"):
+            resp = mount_deadlines(session).request(method, url, headers=headers,
+                                                    timeout=timeout_s, json=body, stream=True)
+            try:
+                data = resp.raw.read(MAX_SMALL_ANSWER_BYTES + 1, decode_content=True) or b""
+            finally:
+                resp.close()
     except (requests.RequestException, urllib3.exceptions.HTTPError, OSError):
         return None
     if resp.status_code != 200 or len(data) > MAX_SMALL_ANSWER_BYTES:

@@ -35,6 +35,7 @@ from phaseprobe.errors import (
     PromQLError,
 )
 from phaseprobe.redact import redact_url
+from phaseprobe.sources.http_deadline import mount_deadlines, within
 from phaseprobe.sources.query_catalog import Query, load_catalog, resolve_names
 
 __all__ = [
@@ -150,6 +151,9 @@ class PrometheusClient:
                       raise_on_status=False)
         self._prom = PrometheusConnect(url=self.url, headers=headers, retry=retry,
                                        session=self._session, timeout=timeout_s)
+        # the library mounted its retrying adapter for this URL: the same retries, and a
+        # total deadline per call (a proxy trickling an answer must not hang a query)
+        mount_deadlines(self._session, self.url, retry)
         self._names: dict[str, str] | None = None
 
     def __repr__(self) -> str:  # the token lives in headers only; never show them
@@ -172,12 +176,14 @@ class PrometheusClient:
     def _call(self, what: str, expr: str | None, fn: Any, *args: Any, **kwargs: Any) -> Any:
         self._last = None
         try:
-            return fn(*args, **kwargs)
+            with within(max(self.timeout_s, 1.0) * 3, what):
+                return fn(*args, **kwargs)
         except requests.exceptions.SSLError as exc:
             raise PrometheusUnreachable(self.shown_url, f"TLS failed ({_reason(exc)}); pass a CA "
                                         "bundle or disable verification") from None
-        except requests.Timeout:
-            raise PrometheusUnreachable(self.shown_url,
+        except requests.Timeout as exc:
+            total = "(total deadline)" in str(exc)
+            raise PrometheusUnreachable(self.shown_url, str(exc) if total else
                                         f"no answer within {self.timeout_s:g} s") from None
         except PrometheusApiClientException:
             raise self._http_error(what, expr) from None

@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from phaseprobe.errors import MetricsUnavailable, UnknownMetric
 from phaseprobe.redact import redact_url
+from phaseprobe.sources.http_deadline import mount_deadlines, within
 
 __all__ = ["ALIASES", "KINDS", "MetricSnapshot", "MetricsScraper", "parse_exposition",
            "sample_spellings"]
@@ -154,14 +155,18 @@ class MetricsScraper:
                  headers: dict[str, str] | None = None, timeout_s: float = 5.0,
                  wall_ns: Callable[[], int] = time.time_ns) -> None:
         self.url = base_url.rstrip("/") + "/metrics"
-        self.session = session or requests.Session()
+        self.session = mount_deadlines(session or requests.Session())
         self.headers = headers or {}
         self.timeout_s = timeout_s
         self._wall_ns = wall_ns
 
     def scrape(self) -> MetricSnapshot:
         try:
-            resp = self.session.get(self.url, headers=self.headers, timeout=self.timeout_s)
+            # /metrics is a few hundred KB: a scrape that trickles on is not a scrape
+            with within(max(self.timeout_s, 1.0) * 3, f"GET {redact_url(self.url)}"):
+                resp = self.session.get(self.url, headers=self.headers, timeout=self.timeout_s)
+        except requests.Timeout as exc:
+            raise MetricsUnavailable(redact_url(self.url), f"Timeout ({exc})") from None
         except requests.RequestException as exc:
             raise MetricsUnavailable(redact_url(self.url), type(exc).__name__) from None
         if resp.status_code != 200:
