@@ -10,7 +10,8 @@ from typing import Any
 from phaseprobe.paths import default_store_path
 
 __all__ = ["positive_int", "non_negative_int", "positive_float", "non_negative_float",
-           "float_in", "int_in", "seconds", "store_and_json_args", "IntermixedParser"]
+           "float_in", "int_in", "seconds", "store_and_json_args", "IntermixedParser",
+           "tokens", "count", "MAX_TOKENS", "MAX_COUNT", "MAX_CONCURRENCY"]
 
 
 class IntermixedParser(argparse.ArgumentParser):
@@ -48,10 +49,23 @@ def _int(value: str) -> int:
         raise argparse.ArgumentTypeError(f"not a whole number: {value!r}") from None
 
 
+# The largest whole number anything may be (an id, a count): SQLite's INTEGER. A bigger one
+# would end in an OverflowError, not an answer.
+MAX_INT = 2**63 - 1
+# Counts a person types: tokens of a prompt or a generation (the longest context windows
+# served are about a million tokens; a prompt of 1e11 tokens would be built for ever), runs,
+# repetitions, concurrent streams.
+MAX_TOKENS = 1 << 20
+MAX_COUNT = 100_000
+MAX_CONCURRENCY = 4096
+
+
 def positive_int(value: str) -> int:
     n = _int(value)
     if n < 1:
         raise argparse.ArgumentTypeError("must be at least 1")
+    if n > MAX_INT:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_INT}")
     return n
 
 
@@ -59,6 +73,25 @@ def non_negative_int(value: str) -> int:
     n = _int(value)
     if n < 0:
         raise argparse.ArgumentTypeError("must be 0 or more")
+    if n > MAX_INT:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_INT}")
+    return n
+
+
+def tokens(value: str) -> int:
+    """A token count: 1 … MAX_TOKENS."""
+    n = _int(value)
+    if not 1 <= n <= MAX_TOKENS:
+        raise argparse.ArgumentTypeError(f"must be between 1 and {MAX_TOKENS:,} tokens, "
+                                         f"not {value}")
+    return n
+
+
+def count(value: str) -> int:
+    """How many times (runs, repetitions): 1 … MAX_COUNT."""
+    n = _int(value)
+    if not 1 <= n <= MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"must be between 1 and {MAX_COUNT:,}, not {value}")
     return n
 
 

@@ -44,7 +44,7 @@ from phaseprobe.collect.playbook import (
 from phaseprobe.errors import ConfigError
 from phaseprobe.format import ms_cell
 from phaseprobe.paths import default_store_path
-from phaseprobe.present.args import positive_int
+from phaseprobe.present.args import int_in, positive_int
 from phaseprobe.present.console import progress_bar
 from phaseprobe.present.endpoint import api_key_from_env
 from phaseprobe.records import Run
@@ -64,7 +64,7 @@ def register(subparsers: Any) -> None:
                     "stored session (ab report ID), or compare two stored experiments "
                     "(ab compare EXP_A EXP_B). Without arguments: list the shipped playbooks.")
     p.add_argument("target", nargs="*", metavar="PLAYBOOK | report ID | compare EXP_A EXP_B")
-    p.add_argument("--runs", type=int, default=None, metavar="N",
+    p.add_argument("--runs", type=int_in(1, MAX_RUNS), default=None, metavar="N",
                    help="measured runs per arm, fixed (default: the playbook's)")
     seq = p.add_argument_group(
         "sequential mode", "run A B B A blocks until the primary metric is decided on an "
@@ -72,7 +72,7 @@ def register(subparsers: Any) -> None:
         "ends; see README § A/B statistics")
     seq.add_argument("--until-decided", action="store_true",
                      help="decide the number of runs (also: until_decided = true in [run])")
-    seq.add_argument("--max-runs", type=int, default=None, metavar="N",
+    seq.add_argument("--max-runs", type=int_in(2, MAX_RUNS), default=None, metavar="N",
                      help="budget: runs per arm at most (default: the playbook's, else 60)")
     seq.add_argument("--max-minutes", type=float, default=None, metavar="M",
                      help="budget: minutes of measuring at most (default: the playbook's, "

@@ -22,7 +22,7 @@ from rich.console import Console
 
 from phaseprobe.errors import ConfigError
 from phaseprobe.paths import default_store_path
-from phaseprobe.present.args import positive_int
+from phaseprobe.present.args import int_in
 
 __all__ = ["register", "run", "cmd_dashboard", "streamlit_command", "APP"]
 
@@ -39,7 +39,7 @@ def register(subparsers: Any) -> None:
                     "--address says otherwise.")
     p.add_argument("--store", type=Path, default=None,
                    help=f"experiment store (default: {default_store_path()})")
-    p.add_argument("--port", type=positive_int, default=8501, help="port (default: 8501)")
+    p.add_argument("--port", type=int_in(1, 65535), default=8501, help="port (default: 8501)")
     p.add_argument("--address", default="127.0.0.1",
                    help="address to bind (default: 127.0.0.1; anything else exposes the "
                         "store's contents to the network)")

@@ -45,10 +45,12 @@ from phaseprobe.collect.target import api_key_from_env, served_model
 from phaseprobe.errors import ConfigError
 from phaseprobe.paths import default_store_path
 from phaseprobe.present.args import (
+    MAX_CONCURRENCY,
+    count,
     non_negative_float,
-    positive_int,
     seconds,
     store_and_json_args,
+    tokens,
 )
 from phaseprobe.present.render_interplay import (
     render_arms,
@@ -71,8 +73,9 @@ def _levels(text: str) -> tuple[int, ...]:
     except ValueError:
         raise argparse.ArgumentTypeError("a comma-separated list of integers, e.g. 1,2,4"
                                          ) from None
-    if not levels or levels[0] < 1:
-        raise argparse.ArgumentTypeError("concurrency levels must be at least 1")
+    if not levels or levels[0] < 1 or levels[-1] > MAX_CONCURRENCY:
+        raise argparse.ArgumentTypeError(f"concurrency levels must be between 1 and "
+                                         f"{MAX_CONCURRENCY} streams")
     return levels
 
 
@@ -102,13 +105,13 @@ def register(subparsers: Any) -> None:
                     "prefix_cache_queries/hits deltas per request. vLLM caches whole KV blocks "
                     "(block size from cache_config_info): a prefix shorter than one block "
                     "never hits.")
-    p.add_argument("--prefix-tokens", type=positive_int, default=512,
+    p.add_argument("--prefix-tokens", type=tokens, default=512,
                    help="shared prefix length in tokens (default: 512)")
-    p.add_argument("--suffix-tokens", type=positive_int, default=16,
+    p.add_argument("--suffix-tokens", type=tokens, default=16,
                    help="distinct suffix per request (default: 16)")
-    p.add_argument("--max-tokens", type=positive_int, default=4, help="tokens to generate "
+    p.add_argument("--max-tokens", type=tokens, default=4, help="tokens to generate "
                    "(default: 4: prefill is what is measured)")
-    p.add_argument("--reps", type=positive_int, default=3, help="cold/warm pairs (default: 3)")
+    p.add_argument("--reps", type=count, default=3, help="cold/warm pairs (default: 3)")
     _common(p, "prefix")
 
     p = subparsers.add_parser(
@@ -122,11 +125,11 @@ def register(subparsers: Any) -> None:
                     "server's waiting/running/KV-usage/preemption readings as the why.")
     p.add_argument("--concurrency", type=_levels, default=(1, 2, 4, 8, 16, 32),
                    metavar="N,N,…", help="levels (default: 1,2,4,8,16,32)")
-    p.add_argument("--prompt-tokens", type=positive_int, default=32,
+    p.add_argument("--prompt-tokens", type=tokens, default=32,
                    help="prompt length per stream (default: 32)")
-    p.add_argument("--max-tokens", type=positive_int, default=128,
+    p.add_argument("--max-tokens", type=tokens, default=128,
                    help="tokens per stream; sets how long each level runs (default: 128)")
-    p.add_argument("--repeats", type=positive_int, default=1, metavar="R",
+    p.add_argument("--repeats", type=count, default=1, metavar="R",
                    help="rounds per level, round-robin over the levels; each level reports "
                         "the median over its rounds (default: 1)")
     _common(p, "batch")
@@ -148,22 +151,22 @@ def register(subparsers: Any) -> None:
                     "launches, e.g. chunked prefill on/off) run interleaved, one experiment "
                     "per arm, and are compared: medians, ratio with a bootstrap interval, "
                     "verdict.")
-    p.add_argument("--a-prompt-tokens", type=positive_int, default=None,
+    p.add_argument("--a-prompt-tokens", type=tokens, default=None,
                    help="A's prompt length (default: 32, or the playbook's prompt_tokens)")
-    p.add_argument("--a-tokens", type=positive_int, default=None,
+    p.add_argument("--a-tokens", type=tokens, default=None,
                    help="tokens A generates (default: 64, or the playbook's max_tokens)")
-    p.add_argument("--b-prompt-tokens", type=positive_int, default=600,
+    p.add_argument("--b-prompt-tokens", type=tokens, default=600,
                    help="B's prompt length: the long prefill (default: 600)")
-    p.add_argument("--b-tokens", type=positive_int, default=1,
+    p.add_argument("--b-tokens", type=tokens, default=1,
                    help="tokens B generates (default: 1)")
-    p.add_argument("--at-token", type=positive_int, default=None, metavar="K",
+    p.add_argument("--at-token", type=tokens, default=None, metavar="K",
                    help="send B when A's K-th token reaches the client (default: automatic "
                         "timing from A's measured decode)")
     p.add_argument("--at-time", type=_at_time, default=None, metavar="SECONDS|auto",
                    help="send B this long after A's send instead; 'auto': when A should "
                         "reach --at-token, estimated from the baseline on vLLM's clock (for a "
                         "starved API server that delivers tokens in bursts)")
-    p.add_argument("--reps", type=positive_int, default=None,
+    p.add_argument("--reps", type=count, default=None,
                    help="baseline runs and A/B pairs per arm (default: 3, or the playbook's "
                         "runs)")
     p.add_argument("--endpoint-b", metavar="URL",

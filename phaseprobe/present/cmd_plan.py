@@ -24,21 +24,11 @@ from rich.table import Table
 from phaseprobe.analysis import capacity as cap
 from phaseprobe.analysis import model_math as mm
 from phaseprobe.errors import ConfigError
-from phaseprobe.present.args import float_in
+from phaseprobe.present.args import float_in, int_in
 
 __all__ = ["register", "cmd_plan", "run", "plan_document"]
 
 _KV_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bf16", "fp16", "fp32")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return n
 
 
 def register(subparsers: Any) -> None:
@@ -54,9 +44,9 @@ def register(subparsers: Any) -> None:
                    help="config.json, or a model directory holding one")
     p.add_argument("--gpu-mem-gb", required=True, type=float_in(0, 1e5, lo_open=True), metavar="G",
                    help="memory of one GPU in GiB (e.g. 80 for an H100 80GB)")
-    p.add_argument("--gpus", type=_positive_int, default=1, metavar="N",
+    p.add_argument("--gpus", type=int_in(1, 65_536), default=1, metavar="N",
                    help="GPUs holding one model copy (tensor parallel; default: 1)")
-    p.add_argument("--concurrent", type=_positive_int, default=1, metavar="U",
+    p.add_argument("--concurrent", type=int_in(1, 10_000_000), default=1, metavar="U",
                    help="users served at once, each with its own context (default: 1)")
     p.add_argument("--dtype", default=None,
                    help="weight dtype: fp32, bf16, fp16, fp8, int8, int4 (default: the "
@@ -68,7 +58,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--reserve-gb", type=float_in(0, 1e5), default=2.0, metavar="G",
                    help="per GPU, for activations, CUDA graphs and non-torch memory "
                         "(default: 2 GiB; vLLM measures the real peak at start-up)")
-    p.add_argument("--context", type=_positive_int, default=None, metavar="C",
+    p.add_argument("--context", type=int_in(1, 100_000_000), default=None, metavar="C",
                    help="context length for FLOPs and the decode floor (default: the plan's "
                         "max context per user, capped at the model's maximum)")
     p.add_argument("--bandwidth-tbs", type=float_in(0, 1e3, lo_open=True), default=None,

@@ -22,12 +22,14 @@ from phaseprobe.collect.session import Session, SessionOptions
 from phaseprobe.collect.target import api_key_from_env
 from phaseprobe.paths import default_store_path
 from phaseprobe.present.args import (
+    MAX_COUNT,
+    count,
     float_in,
+    int_in,
     non_negative_float,
-    non_negative_int,
-    positive_int,
     seconds,
     store_and_json_args,
+    tokens,
 )
 from phaseprobe.present.cmd_spans import context_text
 from phaseprobe.present.cmd_trace import render as render_trace
@@ -74,13 +76,13 @@ def register(subparsers: Any) -> None:
                        "endpoint lists)")
     group = probe.add_mutually_exclusive_group()
     group.add_argument("--prompt", help="exact prompt text, sent unchanged every run")
-    group.add_argument("--prompt-tokens", type=positive_int, default=None,
+    group.add_argument("--prompt-tokens", type=tokens, default=None,
                        help="generate a prompt of N tokens, unique per run so prefix caching "
                             "cannot shorten prefill (default: 128)")
-    probe.add_argument("--max-tokens", type=positive_int, default=64,
+    probe.add_argument("--max-tokens", type=tokens, default=64,
                        help="tokens to generate; ignore_eos makes it exact (default: 64)")
-    probe.add_argument("--runs", type=positive_int, default=5, help="measured runs (default: 5)")
-    probe.add_argument("--warmup", type=non_negative_int, default=1,
+    probe.add_argument("--runs", type=count, default=5, help="measured runs (default: 5)")
+    probe.add_argument("--warmup", type=int_in(0, MAX_COUNT), default=1,
                        help="warm-up runs, not stored (default: 1)")
     probe.add_argument("--pause", type=non_negative_float, default=0.0, metavar="SECONDS",
                        help="pause between runs (default: 0)")

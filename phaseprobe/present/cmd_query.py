@@ -140,13 +140,14 @@ def cmd_query(args: argparse.Namespace, out: Console, err: Console) -> int:
         raise ConfigError("--step needs --range START END")
     window = args.window
     queries[0].render(args.selector, window)  # a bad --window fails before any request
+    if args.range:  # so does a backwards --range
+        start, end = (parse_time(t) for t in args.range)
+        if end <= start:
+            raise ConfigError("--range: END must be after START")
     with _client(args) as client:
         names = client.names_map()
         results: list[NamedResult | EmptyResult] = []
         if args.range:
-            start, end = (parse_time(t) for t in args.range)
-            if end <= start:
-                raise ConfigError("--range: END must be after START")
             step: float | str = args.step or f"{max(1.0, (end - start) / 250):.0f}s"
             for q in queries:
                 results.append(_one(lambda q=q: client.run_range(

@@ -21,7 +21,7 @@ from rich.table import Table
 
 from phaseprobe.errors import ConfigError
 from phaseprobe.paths import default_store_path
-from phaseprobe.present.args import positive_int, store_and_json_args
+from phaseprobe.present.args import int_in, store_and_json_args
 from phaseprobe.present.console import ms
 from phaseprobe.present.waiting import waiting
 from phaseprobe.records import RequestSpan
@@ -45,7 +45,7 @@ def register(subparsers: Any) -> None:
     imp.add_argument("files", nargs="+", type=Path, metavar="FILE")
     store_and_json_args(imp)
     lst = sub.add_parser("list", help="the most recent requests with their phase split")
-    lst.add_argument("--last", type=positive_int, default=20, metavar="N",
+    lst.add_argument("--last", type=int_in(1, 1_000_000), default=20, metavar="N",
                      help="how many (default: 20)")
     store_and_json_args(lst)
     show = sub.add_parser("show", help="one request: phases, windows and what it shared the "

@@ -104,6 +104,9 @@ class GrafanaClient:
             raise self._error(where, resp)
         try:
             return resp.json()
+        except RecursionError:
+            raise GrafanaApiError(where, resp.status_code, "answer nested too deeply to read",
+                                  "is this URL Grafana?") from None
         except ValueError:
             raise GrafanaApiError(where, resp.status_code,
                                   f"not a JSON answer: {_excerpt(resp.text)!r}",

@@ -178,6 +178,9 @@ class PrometheusClient:
         try:
             with within(max(self.timeout_s, 1.0) * 3, what):
                 return fn(*args, **kwargs)
+        except RecursionError:
+            raise PrometheusUnreachable(self.shown_url, f"{what} answered JSON nested too "
+                                        "deeply to read") from None
         except requests.exceptions.SSLError as exc:
             raise PrometheusUnreachable(self.shown_url, f"TLS failed ({_reason(exc)}); pass a CA "
                                         "bundle or disable verification") from None
@@ -250,7 +253,12 @@ class PrometheusClient:
         """The vLLM metric names the server holds (both ``vllm:`` and ``vllm_`` spellings)."""
         values = self._call("/api/v1/label/__name__/values", None, self._prom.get_label_values,
                             "__name__", params={"match[]": _VLLM_NAMES_MATCH})
-        return {str(v) for v in values or ()}
+        if values is None:
+            return set()
+        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+            raise PrometheusUnreachable(self.shown_url, "/api/v1/label/__name__/values did not "
+                                        "answer with a list of names")
+        return set(values)
 
     def names_map(self, *, refresh: bool = False) -> dict[str, str]:
         """Newest vLLM name → the spelling this server holds (detected once, then cached)."""

@@ -1023,3 +1023,108 @@ AB_CASES = [
 @pytest.mark.parametrize("c", AB_CASES)
 def test_ab(c: Case, world: World, capsys: Any, monkeypatch: Any) -> None:
     _run(c, world, capsys, monkeypatch)
+
+
+# -- probe, query, grafana, plan, runs, check, spans, interplay: servers that lie, numbers
+# -- out of range (the commands the first sweep left out) ------------------------------------
+
+def _probe(cid: str, endpoint: str, *extra: str, name: str | None = None,
+           codes: tuple[int, ...] = (1, 2)) -> Any:
+    return case(cid, ["probe", "--endpoint", endpoint, "--runs", "1", "--warmup", "0",
+                      "--no-gpu", "--no-spans", "--store", "{new_store}", *extra],
+                name=name, codes=codes)
+
+
+_MODELS_SCENARIOS = ("m_html", "m_500", "m_401", "m_data5", "m_datanull", "m_datastr",
+                     "m_datadict", "m_noid", "m_empty", "m_list", "m_deep", "m_badjson",
+                     "m_huge", "m_badutf8")
+PROBE_CASES = [
+    *[_probe(f"models-{s}", "{srv:" + s + "}", name="{hp}") for s in _MODELS_SCENARIOS],
+    # 10,000 models are fine (32 kept); the completions then get a model list back: run fails
+    _probe("models-10k-then-no-completions", "{srv:m_10k}", codes=(1, 2)),
+    _probe("dead-endpoint", "{dead}", name="{deadhp}"),
+    _probe("endpoint-ftp", "ftp://127.0.0.1:9", name="ftp://127.0.0.1:9"),
+    _probe("endpoint-query-token", "http://127.0.0.1:9/?api_key=SECRET", name="api_key"),
+    _probe("endpoint-userinfo-dead", "http://u:SECRET@{deadhp}", name="{deadhp}"),
+    _probe("prompt-tokens-1e11", "{dead}", "--prompt-tokens", "100000000000",
+           name="--prompt-tokens"),
+    _probe("max-tokens-1e7", "{dead}", "--max-tokens", "10000000", name="--max-tokens"),
+    _probe("runs-1e9", "{dead}", "--runs", "1000000000", name="--runs"),
+    _probe("runs-zero", "{dead}", "--runs", "0", name="--runs"),
+    _probe("warmup-negative", "{dead}", "--warmup", "-1", name="--warmup"),
+    _probe("timeout-zero", "{dead}", "--timeout", "0", name="--timeout"),
+    _probe("timeout-nan", "{dead}", "--timeout", "nan", name="--timeout"),
+    _probe("deadline-inf", "{dead}", "--deadline", "inf", name="--deadline"),
+    _probe("pause-negative", "{dead}", "--pause", "-1", name="--pause"),
+    _probe("gpu-period-zero", "{dead}", "--gpu-period", "0", name="--gpu-period"),
+    _probe("peaks-unknown", "{dead}", "--peaks", "h300", name="--peaks"),
+    _probe("model-config-missing", "{dead}", "--model-config", "{f:nope.json}",
+           name="nope.json"),
+]
+
+_PROM_SCENARIOS = ("html", "e500", "e401", "e404", "badjson", "empty200", "data5", "datastr",
+                   "deep", "redirect", "huge", "badutf8", "promql400", "qvalue", "qitems",
+                   "qmetric", "qresult5", "qnodata", "qdeep")
+QUERY_CASES = [
+    *[case(f"prom-{s}", ["query", "ttft_p50", "--prom", "{srv:" + s + "}", "--timeout", "2"],
+           name="{hp}") for s in _PROM_SCENARIOS],
+    case("prom-dead", ["query", "ttft_p50", "--prom", "{dead}"], name="{deadhp}"),
+    case("prom-unknown-query", ["query", "no_such_query", "--prom", "{dead}"],
+         name="no_such_query"),
+    case("prom-timeout-nan", ["query", "ttft_p50", "--prom", "{dead}", "--timeout", "nan"],
+         name="--timeout"),
+    case("prom-range-backwards", ["query", "ttft_p50", "--prom", "{dead}", "--range",
+                                  "2024-01-02T00:00:00Z", "2024-01-01T00:00:00Z"],
+         name="--range"),
+]
+
+_GRAFANA_SCENARIOS = ("g_html", "g_500", "g_401", "g_deep", "g_badjson", "tarpit")
+GRAFANA_CASES = [
+    *[case(f"grafana-{s}", ["grafana", "import", "--url", "{srv:" + s + "}", "--timeout", "1"],
+           name="{hp}", env={"GRAFANA_TOKEN": "tok"}) for s in _GRAFANA_SCENARIOS],
+    case("grafana-dead", ["grafana", "import", "--url", "{dead}"], name="{deadhp}",
+         env={"GRAFANA_TOKEN": "tok"}),
+    case("grafana-no-token", ["grafana", "import", "--url", "{dead}"], name="GRAFANA_TOKEN",
+         env={"GRAFANA_TOKEN": ""}),
+    case("grafana-file-deep", ["grafana", "import", "{f:d.json}", "--url", "{dead}"],
+         {"d.json": deep_json(100_000)}, name="d.json", env={"GRAFANA_TOKEN": "tok"}),
+    case("grafana-lint-metrics-garbage", ["grafana", "lint", "--metrics", "{srv:x_garbage}"],
+         name="{hp}"),
+    case("grafana-lint-metrics-500", ["grafana", "lint", "--metrics", "{srv:x_500}"],
+         name="{hp}"),
+]
+
+OTHER_CASES = [
+    case("plan-gpus-huge", ["plan", "--config", "{f:c.json}", "--gpu-mem-gb", "80",
+                            "--gpus", str(10**30)], {"c.json": "{}"}, name="--gpus"),
+    case("plan-context-zero", ["plan", "--config", "{f:c.json}", "--gpu-mem-gb", "80",
+                               "--context", "0"], {"c.json": "{}"}, name="--context"),
+    case("plan-config-not-json", ["plan", "--config", "{f:c.json}", "--gpu-mem-gb", "80"],
+         {"c.json": garbage(500)}, name="c.json"),
+    case("runs-id-beyond-sqlite", ["runs", str(10**30), "--store", "{store}"],
+         name="experiment"),
+    case("runs-missing-store", ["runs", "--store", "{missing_store}"], name="none.sqlite"),
+    case("check-id-beyond-sqlite", ["check", "--experiment", str(10**25), "--store", "{store}"],
+         name="--experiment"),
+    case("check-no-such-experiment", ["check", "--experiment", "987", "--store", "{store}"],
+         name="987"),
+    case("spans-show-unknown", ["spans", "show", "no-such-request", "--store", "{store}"],
+         name="no-such-request"),
+    case("spans-list-last-zero", ["spans", "list", "--last", "0", "--store", "{store}"],
+         name="--last"),
+    case("batch-concurrency-huge", ["batch", "--endpoint", "{dead}", "--concurrency",
+                                    "1,100000"], name="--concurrency"),
+    case("batch-dead", ["batch", "--endpoint", "{dead}", "--concurrency", "1"],
+         name="{deadhp}"),
+    case("prefix-tokens-huge", ["prefix", "--endpoint", "{dead}", "--prefix-tokens",
+                                str(10**9)], name="--prefix-tokens"),
+    case("interfere-dead", ["interfere", "--endpoint", "{dead}"], name="{deadhp}"),
+    case("interfere-models-deep", ["interfere", "--endpoint", "{srv:m_deep}"], name="{hp}"),
+    case("dashboard-port-huge", ["dashboard", "--port", "70000", "--store", "{store}"],
+         name="--port"),
+]
+
+
+@pytest.mark.parametrize("c", PROBE_CASES + QUERY_CASES + GRAFANA_CASES + OTHER_CASES)
+def test_more_commands(c: Case, world: World, capsys: Any, monkeypatch: Any) -> None:
+    _run(c, world, capsys, monkeypatch)
