@@ -140,6 +140,17 @@ def test_v0_execute_time_becomes_inference_time() -> None:
     assert rec.queue_s == 0.001  # the names that did not change still map
 
 
+def test_v0_forward_time_is_the_last_resort_for_inference_time() -> None:
+    # V0 with detailed traces and no execute time: the forward passes alone (a lower bound)
+    span = vllm_span(start_ns=T0, prefill_s=0.2, decode_s=0.6, names={
+        "gen_ai.latency.time_in_model_inference": "gen_ai.latency.time_in_model_forward"})
+    assert _one(span).inference_s == pytest.approx(0.8)
+    both = vllm_span(start_ns=T0, prefill_s=0.2, decode_s=0.6, names={
+        "gen_ai.latency.time_in_model_inference": "gen_ai.latency.time_in_model_forward"},
+        extra={"gen_ai.latency.time_in_model_execute": 0.9})
+    assert _one(both).inference_s == pytest.approx(0.9)  # execute covers more: it wins
+
+
 def test_v1_name_wins_over_v0_alias_when_both_present() -> None:
     span = vllm_span(start_ns=T0, prefill_s=0.1, decode_s=0.2,
                      extra={"gen_ai.latency.time_in_model_execute": 99.0})
