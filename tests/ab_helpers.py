@@ -9,7 +9,7 @@ from typing import Any
 from rich.console import Console
 
 from phaseprobe.collect.ab import NullAbProgress
-from phaseprobe.present import cmd_ab
+from phaseprobe.present.cli import cmd_ab
 
 
 def run_cli(argv: list[str], capsys: Any, width: int = 200) -> tuple[int, str]:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from phaseprobe.present.cmd_dashboard import APP
+from phaseprobe.present.cli.cmd_dashboard import APP
 
 __all__ = ["open_app", "goto", "count_charts", "page_text"]
 

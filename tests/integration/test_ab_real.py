@@ -21,7 +21,7 @@ from phaseprobe.analysis.ab_stats import compare_runs
 from phaseprobe.collect.ab import run_ab
 from phaseprobe.collect.playbook import load_playbook
 from phaseprobe.local import ensure_model, install
-from phaseprobe.present import cmd_ab
+from phaseprobe.present.cli import cmd_ab
 from phaseprobe.store import Store
 
 pytestmark = pytest.mark.integration

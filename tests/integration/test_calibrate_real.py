@@ -15,7 +15,7 @@ from rich.console import Console
 from phaseprobe.calibrate.run import load, run_benchmark
 from phaseprobe.local import install
 from phaseprobe.local.venv import venv_python
-from phaseprobe.present import cmd_calibrate
+from phaseprobe.present.cli import cmd_calibrate
 
 pytestmark = pytest.mark.integration
 

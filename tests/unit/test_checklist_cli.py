@@ -11,7 +11,7 @@ from rich.console import Console
 
 from phaseprobe.collect.evidence import EvidenceOptions, build_evidence, trace_evidence
 from phaseprobe.errors import ConfigError
-from phaseprobe.present import cmd_check
+from phaseprobe.present.cli import cmd_check
 from phaseprobe.records import Experiment, RunSpec
 from phaseprobe.store import Store
 from tests.unit.test_checklist_rules import T0, GiB, make_run

@@ -7,7 +7,7 @@ import pytest
 
 from phaseprobe.collect.playbook import PlaybookError, parse_playbook
 from phaseprobe.errors import ConfigError
-from phaseprobe.present.endpoint import first_model, served_model
+from phaseprobe.present.cli.endpoint import first_model, served_model
 from phaseprobe.sources.openai_stream import normalize_base_url
 from phaseprobe.testing.sse_server import Script, SseServer
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from rich.console import Console
 
 from phaseprobe.errors import ConfigError, EmptyResult, ParseError
-from phaseprobe.present import cmd_gpu
+from phaseprobe.present.cli import cmd_gpu
 from phaseprobe.sources.gpu_import import (
     DEFAULT_FIELDS,
     import_dcgm,

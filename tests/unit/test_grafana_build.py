@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from phaseprobe.errors import ConfigError
-from phaseprobe.present import grafana_build as gb
+from phaseprobe.present.grafana import build as gb
 from phaseprobe.sources.query_catalog import UNITS, Query, load_catalog
 
-SHIPPED = Path(gb.__file__).resolve().parents[1] / "dashboards" / gb.DASHBOARD_FILE
+SHIPPED = Path(gb.__file__).resolve().parents[2] / "dashboards" / gb.DASHBOARD_FILE
 
 
 @pytest.fixture(scope="module")

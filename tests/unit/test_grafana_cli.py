@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 
 from phaseprobe.present import cli
-from phaseprobe.present import grafana_build as gb
+from phaseprobe.present.grafana import build as gb
 from phaseprobe.testing.grafana_stub import GrafanaStub
 
 from .test_grafana_lint import EXPECTED_STALE, REAL_METRICS, STALE
 
 TOKEN = "glsa_cli-t0ken-never-shown"
-SHIPPED = Path(gb.__file__).resolve().parents[1] / "dashboards" / gb.DASHBOARD_FILE
+SHIPPED = Path(gb.__file__).resolve().parents[2] / "dashboards" / gb.DASHBOARD_FILE
 
 
 def _main(argv: Sequence[str]) -> int:

@@ -17,8 +17,8 @@ from phaseprobe.errors import (
     GrafanaNotFound,
     GrafanaUnreachable,
 )
-from phaseprobe.present import grafana_build as gb
-from phaseprobe.present.grafana_api import (
+from phaseprobe.present.grafana import build as gb
+from phaseprobe.present.grafana.api import (
     GrafanaClient,
     import_dashboard,
     prepare_dashboard,
@@ -27,7 +27,7 @@ from phaseprobe.present.grafana_api import (
 from phaseprobe.testing.grafana_stub import GrafanaStub
 
 TOKEN = "glsa_s3cr3t-t0ken-value"
-SHIPPED = json.loads((Path(gb.__file__).resolve().parents[1] / "dashboards" /
+SHIPPED = json.loads((Path(gb.__file__).resolve().parents[2] / "dashboards" /
                       gb.DASHBOARD_FILE).read_text(encoding="utf-8"))
 FOLDERS = [{"id": 7, "uid": "ops-uid", "title": "Ops"}]
 # A dashboard as Grafana's UI exports it "for sharing externally": only the __inputs entry, no

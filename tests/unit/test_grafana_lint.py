@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from phaseprobe.errors import DashboardInvalid, MetricsUnavailable
-from phaseprobe.present import grafana_build as gb
-from phaseprobe.present.grafana_lint import (
+from phaseprobe.present.grafana import build as gb
+from phaseprobe.present.grafana.lint import (
     iter_exprs,
     lint_dashboard,
     load_dashboard,
@@ -24,7 +24,7 @@ from phaseprobe.present.grafana_lint import (
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 REAL_METRICS = DATA / "vllm_0.32.0_metrics.txt"  # captured once from the real local vLLM
-SHIPPED = Path(gb.__file__).resolve().parents[1] / "dashboards" / gb.DASHBOARD_FILE
+SHIPPED = Path(gb.__file__).resolve().parents[2] / "dashboards" / gb.DASHBOARD_FILE
 
 # Shaped like dashboards in the wild (production-stack's "GPU KV Cache Hit Rate", V0-era
 # vLLM examples): a collapsed row hiding panels, old names, a V0-only metric, a templating query.

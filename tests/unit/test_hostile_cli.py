@@ -362,7 +362,7 @@ BUG_NCCL_ZLIB = (
     "caught (OSError, EOFError, gzip.BadGzipFile) and raise ConfigError(f'{path}: cannot read "
     "(corrupt gzip: ...)')")
 BUG_NCCL_STEPS = (
-    "BUG phaseprobe/present/cmd_nccl.py:register: --steps takes any int; 10**400 reaches "
+    "BUG phaseprobe/present/cli/cmd_nccl.py:register: --steps takes any int; 10**400 reaches "
     "nccl_summary.summarize's calls/ranks/steps and raises OverflowError — fix: type=int_in(1, "
     "10**12) from present/args.py (argparse names --steps)")
 

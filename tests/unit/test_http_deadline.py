@@ -104,7 +104,7 @@ def test_models_metrics_prometheus_and_grafana_answers_that_trickle_end():
         MetricsUnavailable,
         PrometheusUnreachable,
     )
-    from phaseprobe.present.grafana_api import GrafanaClient
+    from phaseprobe.present.grafana.api import GrafanaClient
     from phaseprobe.sources.openai_stream import check_endpoint
     from phaseprobe.sources.prometheus import PrometheusClient
     from phaseprobe.sources.vllm_metrics import MetricsScraper

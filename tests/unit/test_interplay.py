@@ -24,7 +24,7 @@ from phaseprobe.collect.interplay import (
     run_interfere,
     run_prefix,
 )
-from phaseprobe.present import cmd_interplay
+from phaseprobe.present.cli import cmd_interplay
 from phaseprobe.store import Store
 from phaseprobe.testing.sse_server import Script, SseServer
 

@@ -28,7 +28,7 @@ from phaseprobe.collect.interplay import (
     Trigger,
     run_interfere,
 )
-from phaseprobe.present.render_interplay import render_batch, render_prefix
+from phaseprobe.present.cli.render_interplay import render_batch, render_prefix
 from phaseprobe.store import Store
 from phaseprobe.testing.sse_server import Script, SseServer
 

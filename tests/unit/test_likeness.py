@@ -12,7 +12,7 @@ from rich.console import Console
 
 from phaseprobe.analysis.likeness import ExperimentFacts, evidence_mismatches, unlike_fields
 from phaseprobe.collect.evidence import trace_evidence
-from phaseprobe.present import cmd_check
+from phaseprobe.present.cli import cmd_check
 from phaseprobe.records import Experiment, RunSpec
 from phaseprobe.store import Store
 from tests.unit.test_checklist_rules import T0, make_run

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from phaseprobe.present.cmd_nccl import cell
+from phaseprobe.present.cli.cmd_nccl import cell
 
 
 def test_cells_from_the_diff_document_have_no_literals():

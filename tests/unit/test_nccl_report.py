@@ -9,7 +9,7 @@ from pathlib import Path
 
 from phaseprobe.analysis.nccl_report import build_report, diff_reports
 from phaseprobe.present.cli import main
-from phaseprobe.present.cmd_nccl import bar
+from phaseprobe.present.cli.cmd_nccl import bar
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "nccl"
 HEALTHY, DEGRADED = str(DATA / "pair_healthy.log"), str(DATA / "pair_degraded.log")
@@ -129,7 +129,7 @@ def test_bar_is_proportional_in_eighths():
 
 
 def test_render_never_turns_file_text_into_emoji():
-    from phaseprobe.present.safe_console import SafeConsole
+    from phaseprobe.present.cli.safe_console import SafeConsole
 
     buf = io.StringIO()
     SafeConsole(file=buf, width=200).print("transport/net_ib.cc:1234:")

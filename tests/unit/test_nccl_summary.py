@@ -12,7 +12,7 @@ from rich.console import Console
 
 from phaseprobe.analysis.nccl_summary import decode_steps, diff, size_bucket, summarize
 from phaseprobe.errors import ConfigError, StoreError
-from phaseprobe.present import cmd_nccl
+from phaseprobe.present.cli import cmd_nccl
 from phaseprobe.sources.nccl_log import parse_files, parse_lines
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "nccl"

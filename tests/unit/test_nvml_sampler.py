@@ -17,7 +17,7 @@ import pytest
 from rich.console import Console
 
 from phaseprobe.errors import ConfigError, NvmlUnavailable
-from phaseprobe.present import cmd_gpu
+from phaseprobe.present.cli import cmd_gpu
 from phaseprobe.sources.gpu_sampler import GpuSampler, open_sampler
 from phaseprobe.sources.nvml import (
     COLUMNS,

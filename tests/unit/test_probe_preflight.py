@@ -9,8 +9,7 @@ import pytest
 
 from phaseprobe.collect import efficiency as eff_mod
 from phaseprobe.collect import session as session_mod
-from phaseprobe.present import cmd_probe
-from phaseprobe.present.cli import main
+from phaseprobe.present.cli import cmd_probe, main
 from tests.unit.test_roofline_bound import CACHE, LLAMA70B, TINY
 
 

@@ -31,7 +31,7 @@ from phaseprobe.collect.efficiency import (
     validate_options,
 )
 from phaseprobe.errors import ConfigError
-from phaseprobe.present.console import render_efficiency
+from phaseprobe.present.cli.console import render_efficiency
 from phaseprobe.records import ClientTimeline, Isolation, Run, ServerPhases
 
 # The local vLLM's tiny model (phaseprobe.local.tiny_model), as its config.json says.

@@ -25,8 +25,7 @@ import pytest
 
 from phaseprobe.collect.ab import run_ab
 from phaseprobe.collect.playbook import Arm
-from phaseprobe.present import cmd_ab
-from phaseprobe.present.cli import main
+from phaseprobe.present.cli import cmd_ab, main
 from phaseprobe.store import Store
 from phaseprobe.testing.sse_server import Script, SseServer
 from tests.prometheus_stub import Stub

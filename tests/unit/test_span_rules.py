@@ -13,7 +13,7 @@ from phaseprobe.analysis.checklist import RULES, SPAN_RULES, all_rules, rule_ids
 from phaseprobe.analysis.rules import spans as rules
 from phaseprobe.analysis.rules.base import Evidence, ms, pct
 from phaseprobe.collect.evidence import EvidenceOptions, build_evidence, span_evidence
-from phaseprobe.present import cmd_check
+from phaseprobe.present.cli import cmd_check
 from phaseprobe.records import Experiment, RequestSpan, RunSpec
 from phaseprobe.store import Store
 from tests.unit.test_checklist_rules import T0, make_run

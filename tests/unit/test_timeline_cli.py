@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from phaseprobe.errors import ConfigError, TraceError
-from phaseprobe.present import cmd_trace
+from phaseprobe.present.cli import cmd_trace
 from tests.unit.test_nsys_export import SCHEMA_2022, build
 from tests.unit.test_nsys_stats_csv import NEW_KERN
 from tests.unit.test_torch_trace import cpu_trace, gpu_trace, write

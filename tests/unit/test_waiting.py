@@ -6,7 +6,7 @@ import io
 
 from rich.console import Console
 
-from phaseprobe.present.waiting import waiting
+from phaseprobe.present.cli.waiting import waiting
 
 
 def test_off_a_terminal_a_wait_prints_its_start_and_its_duration():

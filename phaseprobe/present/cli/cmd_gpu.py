@@ -29,7 +29,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from phaseprobe.errors import ConfigError
-from phaseprobe.present.args import float_in, int_in, seconds
+from phaseprobe.present.cli.args import float_in, int_in, seconds
 from phaseprobe.sources.gpu_sampler import GpuSampler
 from phaseprobe.sources.nvml import COLUMNS, DEFAULT_PERIOD_S, MIN_PERIOD_S
 
@@ -210,7 +210,7 @@ def _import(args: argparse.Namespace, out: Console, err: Console) -> int:
             raise ConfigError("give either FILE or --dcgm, not both")
         if not args.prom:
             raise ConfigError("--dcgm needs --prom URL")
-        from phaseprobe.present.cmd_query import parse_time
+        from phaseprobe.present.cli.cmd_query import parse_time
         from phaseprobe.sources.prometheus import PrometheusClient
 
         start, end = parse_time(args.start), parse_time(args.end)

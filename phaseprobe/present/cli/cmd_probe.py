@@ -21,7 +21,7 @@ from phaseprobe.collect.experiment import ProbeSettings, run_probe
 from phaseprobe.collect.session import Session, SessionOptions
 from phaseprobe.collect.target import api_key_from_env
 from phaseprobe.paths import default_store_path
-from phaseprobe.present.args import (
+from phaseprobe.present.cli.args import (
     MAX_COUNT,
     count,
     float_in,
@@ -31,15 +31,15 @@ from phaseprobe.present.args import (
     store_and_json_args,
     tokens,
 )
-from phaseprobe.present.cmd_spans import context_text
-from phaseprobe.present.cmd_trace import render as render_trace
-from phaseprobe.present.console import (
+from phaseprobe.present.cli.cmd_spans import context_text
+from phaseprobe.present.cli.cmd_trace import render as render_trace
+from phaseprobe.present.cli.console import (
     RichProgress,
     render_efficiency,
     render_probe,
     render_prom_comparison,
 )
-from phaseprobe.present.waiting import ConsoleNotices
+from phaseprobe.present.cli.waiting import ConsoleNotices
 from phaseprobe.records import RunSpec
 from phaseprobe.redact import redact_url
 

@@ -24,7 +24,7 @@ from rich.table import Table
 from phaseprobe.analysis import capacity as cap
 from phaseprobe.analysis import model_math as mm
 from phaseprobe.errors import ConfigError
-from phaseprobe.present.args import float_in, int_in
+from phaseprobe.present.cli.args import float_in, int_in
 
 __all__ = ["register", "cmd_plan", "run", "plan_document"]
 

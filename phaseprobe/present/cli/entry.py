@@ -21,7 +21,7 @@ from rich.markup import escape
 
 from phaseprobe import __version__
 from phaseprobe.errors import PhaseprobeError
-from phaseprobe.present import (
+from phaseprobe.present.cli import (
     cmd_ab,
     cmd_calibrate,
     cmd_check,
@@ -38,9 +38,9 @@ from phaseprobe.present import (
     cmd_trace,
     cmd_watch,
 )
-from phaseprobe.present.args import IntermixedParser
-from phaseprobe.present.safe_console import SafeConsole
-from phaseprobe.present.waiting import waiting
+from phaseprobe.present.cli.args import IntermixedParser
+from phaseprobe.present.cli.safe_console import SafeConsole
+from phaseprobe.present.cli.waiting import waiting
 
 __all__ = ["main", "build_parser"]
 

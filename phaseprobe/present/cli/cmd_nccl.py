@@ -25,8 +25,8 @@ from rich.table import Table
 from phaseprobe.analysis.nccl_report import NcclReport, build_report, diff_reports
 from phaseprobe.analysis.nccl_summary import decode_steps
 from phaseprobe.errors import ConfigError
-from phaseprobe.present.args import int_in
-from phaseprobe.present.keep import add_keep_args, check_keep, keep, store_path
+from phaseprobe.present.cli.args import int_in
+from phaseprobe.present.cli.keep import add_keep_args, check_keep, keep, store_path
 
 __all__ = ["register", "run", "cmd_nccl", "analyze", "bar", "cell"]
 

@@ -14,7 +14,7 @@ from rich.markup import escape
 
 from phaseprobe.errors import ConfigError
 from phaseprobe.paths import default_store_path
-from phaseprobe.present.args import positive_int
+from phaseprobe.present.cli.args import positive_int
 
 __all__ = ["add_keep_args", "store_path", "check_keep", "keep"]
 

@@ -34,8 +34,8 @@ from phaseprobe.collect.span_receiver import (
 )
 from phaseprobe.errors import ConfigError, MetricsUnavailable
 from phaseprobe.paths import default_store_path
-from phaseprobe.present.args import positive_float, positive_int, store_and_json_args
-from phaseprobe.present.console import ms
+from phaseprobe.present.cli.args import positive_float, positive_int, store_and_json_args
+from phaseprobe.present.cli.console import ms
 from phaseprobe.records import RequestSpan
 from phaseprobe.redact import redact_url
 
@@ -197,7 +197,7 @@ def _demo(args: argparse.Namespace, receiver: SpanReceiver, stack: ExitStack,
           err: Console) -> tuple[str, Any]:
     from phaseprobe.collect.open_loop import LoadSettings, OpenLoopLoad
     from phaseprobe.collect.session import Session, SessionOptions
-    from phaseprobe.present.waiting import ConsoleNotices
+    from phaseprobe.present.cli.waiting import ConsoleNotices
 
     if receiver.grpc_url is None:
         raise ConfigError("--demo exports over gRPC: do not turn --grpc off")

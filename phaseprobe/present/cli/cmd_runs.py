@@ -25,8 +25,8 @@ from phaseprobe.analysis.client_check import client_verdict, has_hop
 from phaseprobe.analysis.interplay import CONCURRENT_KINDS, concurrent_by_design
 from phaseprobe.analysis.phases import medians_runs, summarize
 from phaseprobe.paths import default_store_path
-from phaseprobe.present.args import positive_int, store_and_json_args
-from phaseprobe.present.console import render_efficiency, render_experiments, render_probe
+from phaseprobe.present.cli.args import positive_int, store_and_json_args
+from phaseprobe.present.cli.console import render_efficiency, render_experiments, render_probe
 from phaseprobe.store import Store
 
 __all__ = ["register", "run", "CONCURRENT_NOTE"]

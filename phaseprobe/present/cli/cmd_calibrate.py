@@ -30,8 +30,8 @@ from phaseprobe.calibrate.run import (
     run_benchmark,
     save,
 )
-from phaseprobe.present.args import int_in, seconds
-from phaseprobe.present.waiting import waiting
+from phaseprobe.present.cli.args import int_in, seconds
+from phaseprobe.present.cli.waiting import waiting
 
 __all__ = ["register", "cmd_calibrate", "run", "compare"]
 

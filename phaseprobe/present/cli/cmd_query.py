@@ -26,7 +26,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from phaseprobe.errors import ConfigError, EmptyResult
-from phaseprobe.present.args import seconds
+from phaseprobe.present.cli.args import seconds
 from phaseprobe.sources.prometheus import DEFAULT_TOKEN_ENV, NamedResult, PrometheusClient
 from phaseprobe.sources.query_catalog import Query, load_catalog
 

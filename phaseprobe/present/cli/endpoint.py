@@ -16,7 +16,7 @@ from phaseprobe.collect.target import (
     first_model,
     served_model,
 )
-from phaseprobe.present.waiting import ConsoleNotices
+from phaseprobe.present.cli.waiting import ConsoleNotices
 
 __all__ = ["DEFAULT_KEY_VARS", "api_key_from_env", "endpoint_or_local", "first_model",
            "served_model", "endpoint_models"]

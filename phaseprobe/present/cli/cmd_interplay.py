@@ -44,7 +44,7 @@ from phaseprobe.collect.session import Session, SessionOptions
 from phaseprobe.collect.target import api_key_from_env, served_model
 from phaseprobe.errors import ConfigError
 from phaseprobe.paths import default_store_path
-from phaseprobe.present.args import (
+from phaseprobe.present.cli.args import (
     MAX_CONCURRENCY,
     count,
     non_negative_float,
@@ -52,13 +52,13 @@ from phaseprobe.present.args import (
     store_and_json_args,
     tokens,
 )
-from phaseprobe.present.render_interplay import (
+from phaseprobe.present.cli.render_interplay import (
     render_arms,
     render_batch,
     render_interfere,
     render_prefix,
 )
-from phaseprobe.present.waiting import ConsoleNotices
+from phaseprobe.present.cli.waiting import ConsoleNotices
 from phaseprobe.sources.openai_stream import normalize_base_url
 from phaseprobe.store import Store, redact_url
 

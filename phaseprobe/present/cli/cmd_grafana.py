@@ -19,15 +19,15 @@ from rich.console import Console
 from rich.markup import escape
 
 from phaseprobe.errors import ConfigError
-from phaseprobe.present.args import seconds
-from phaseprobe.present.grafana_api import (
+from phaseprobe.present.cli.args import seconds
+from phaseprobe.present.grafana.api import (
     DEFAULT_TOKEN_ENV,
     GrafanaClient,
     import_dashboard,
     token_from_env,
 )
-from phaseprobe.present.grafana_build import DASHBOARD_FILE, build_dashboard, dashboard_json
-from phaseprobe.present.grafana_lint import (
+from phaseprobe.present.grafana.build import DASHBOARD_FILE, build_dashboard, dashboard_json
+from phaseprobe.present.grafana.lint import (
     LintReport,
     lint_dashboard,
     load_dashboard,

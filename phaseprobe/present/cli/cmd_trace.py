@@ -25,8 +25,8 @@ from rich.table import Table
 from phaseprobe.analysis import trace_summary
 from phaseprobe.errors import ConfigError
 from phaseprobe.format import ns_cell
-from phaseprobe.present.args import float_in, int_in
-from phaseprobe.present.keep import add_keep_args, check_keep, keep
+from phaseprobe.present.cli.args import float_in, int_in
+from phaseprobe.present.cli.keep import add_keep_args, check_keep, keep
 
 __all__ = ["register", "run", "run_nsys", "run_trace", "render", "header"]
 

@@ -31,7 +31,7 @@ from phaseprobe.analysis.checklist import USE_CASE_TTFT_S, Report, all_rules, ru
 from phaseprobe.collect.evidence import EvidenceOptions, build_evidence
 from phaseprobe.errors import ConfigError, PhaseprobeError
 from phaseprobe.paths import default_store_path
-from phaseprobe.present.args import int_in, positive_int
+from phaseprobe.present.cli.args import int_in, positive_int
 from phaseprobe.store import Store
 
 __all__ = ["register", "run", "main", "render_text", "render_markdown", "SYMBOLS"]
@@ -189,5 +189,5 @@ def main(argv: Sequence[str] | None = None, out: Console | None = None,
         return 2
 
 
-if __name__ == "__main__":  # python -m phaseprobe.present.cmd_check
+if __name__ == "__main__":  # python -m phaseprobe.present.cli.cmd_check
     sys.exit(main())

@@ -21,9 +21,9 @@ from rich.table import Table
 
 from phaseprobe.errors import ConfigError
 from phaseprobe.paths import default_store_path
-from phaseprobe.present.args import int_in, store_and_json_args
-from phaseprobe.present.console import ms
-from phaseprobe.present.waiting import waiting
+from phaseprobe.present.cli.args import int_in, store_and_json_args
+from phaseprobe.present.cli.console import ms
+from phaseprobe.present.cli.waiting import waiting
 from phaseprobe.records import RequestSpan
 from phaseprobe.store import Store
 

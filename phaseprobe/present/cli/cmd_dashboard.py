@@ -22,11 +22,11 @@ from rich.console import Console
 
 from phaseprobe.errors import ConfigError
 from phaseprobe.paths import default_store_path
-from phaseprobe.present.args import int_in
+from phaseprobe.present.cli.args import int_in
 
 __all__ = ["register", "run", "cmd_dashboard", "streamlit_command", "APP"]
 
-APP = Path(__file__).with_name("dashboard") / "app.py"
+APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
 STORE_ENV = "PHASEPROBE_STORE"  # read by dashboard.data.store_path
 
 
@@ -77,7 +77,7 @@ def cmd_dashboard(args: argparse.Namespace, out: Console, err: Console) -> int:
     env[STORE_ENV] = str(store.expanduser().resolve())
     env["STREAMLIT_BROWSER_GATHER_USAGE_STATS"] = "false"
     # The app imports phaseprobe: make it the same phaseprobe as this process.
-    root = str(Path(__file__).resolve().parents[2])
+    root = str(Path(__file__).resolve().parents[3])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     host = f"[{args.address}]" if ":" in args.address else args.address
     out.print(f"phaseprobe dashboard on http://{host}:{args.port} (store {store}); "
