@@ -21,7 +21,7 @@ from pathlib import Path
 
 from streamlit.testing.v1 import AppTest
 
-from phaseprobe.present.cmd_dashboard import APP
+from phaseprobe.present.cli.cmd_dashboard import APP
 from phaseprobe.records import ClientTimeline, Experiment, Isolation, Run, RunSpec, ServerPhases
 from phaseprobe.store import Store
 
