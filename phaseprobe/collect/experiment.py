@@ -24,6 +24,7 @@ from phaseprobe.collect.span_attribution import attach_spans, new_tags
 from phaseprobe.errors import MetricsUnavailable
 from phaseprobe.records import ClientTimeline, Experiment, Isolation, Run, RunSpec, RunStatus
 from phaseprobe.sources.gpu_sampler import GpuSampler
+from phaseprobe.sources.nsys_export import NvtxPhases, nvtx_range
 from phaseprobe.sources.openai_stream import (
     DEFAULT_DEADLINE_S,
     StreamClient,
@@ -150,9 +151,15 @@ class RunCollector:
         # With spans, a busy server needs no waiting: the run's own span attributes it.
         before = self._scrape() if self.settings.span_wait_s is not None else self._wait_idle()
         tags = new_tags() if self.settings.span_wait_s is not None else None
-        with StallWatch() as watch:
-            outcome = (self.client.stream(body, headers=tags.headers) if tags
-                       else self.client.stream(body))
+        # Under `nsys profile` the run shows on the timeline: run > request > first token,
+        # decode (NVTX ranges in domain phaseprobe; no-ops without a profiler)
+        with StallWatch() as watch, nvtx_range(f"run {seq}"), nvtx_range("request"):
+            phases = NvtxPhases(chat=spec.api == "chat")
+            try:
+                outcome = self.client.stream(body, on_events=phases.on_events,
+                                             headers=tags.headers if tags else None)
+            finally:
+                phases.end()
         timeline = replace(outcome.timeline, client_stall_s=watch.max_stall_s)
         run = self._judge(seq, prompt, outcome.error, timeline, before)
         if tags is None:
