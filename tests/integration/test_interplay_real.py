@@ -127,7 +127,9 @@ def test_interfere_defaults_put_b_inside_as_decode_and_decide(local_vllm, tmp_pa
     """Issue 16: with every default, B's prefill must land inside A's decode (automatic timing
     from A's measured decode); a verdict is reached only from pairs where it did."""
     verdicts = []
-    for attempt in range(3):
+    # A loaded 2-core box can make every pair of an experiment miss A's decode (B's send
+    # thread wakes late, or A's prefill waits): up to five experiments, each said below.
+    for attempt in range(5):
         with Store(tmp_path / f"s{attempt}.db") as store:
             res = run_interfere(_target(local_vllm), store, InterfereSettings())
         assert res.trigger.kind == "auto" and res.delay_s is not None
@@ -148,7 +150,7 @@ def test_interfere_defaults_put_b_inside_as_decode_and_decide(local_vllm, tmp_pa
         if v.kind == "interference":
             break
     else:
-        pytest.fail(f"no interference seen in three experiments: {verdicts}")
+        pytest.fail(f"no interference seen in five experiments: {verdicts}")
 
 
 def _a_events_per_pair(runs) -> list[int]:
