@@ -196,7 +196,7 @@ class Session:
             return None
         try:
             with self.notices.waiting("measuring this machine's peaks once for the roofline "
-                                      "(about 20 s; cached for later probes)…"):
+                                      "(cached for later probes)…"):
                 cal = calibrate.run_benchmark("cpu")
         except (calibrate.CalibrationError, ConfigError) as exc:
             self.notices.warn(f"no roofline: measuring this machine's peaks failed ({exc}); "
