@@ -42,6 +42,24 @@ def test_sigterm_mid_probe_keeps_completed_runs_and_exits_143(tmp_path):
     assert any(f"cancelled after {len(runs)} of 50 runs" in n for n in notes)
 
 
+def test_sigterm_ends_an_open_ended_gpu_watch_with_its_report_and_143(tmp_path):
+    """`gpu watch` ends on Ctrl-C by design (it reports and exits 0); stopped by SIGTERM it
+    still reports, and exits 143 like every other command."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "phaseprobe", "gpu", "watch", "--fake", "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(3.0)  # started and sampling
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, (out[-500:], err[-500:])
+    assert "Traceback" not in err
+    assert '"interrupted": true' in out  # the report was still printed
+
+
 def _stored_runs(path) -> int:
     if not path.exists():
         return 0

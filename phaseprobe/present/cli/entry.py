@@ -153,7 +153,11 @@ class Terminated(KeyboardInterrupt):
     finished or marked and the servers phaseprobe started are stopped on the way out."""
 
 
+_sigterm_seen = threading.Event()
+
+
 def _on_sigterm(signum: int, frame: object) -> None:
+    _sigterm_seen.set()
     raise Terminated()
 
 
@@ -165,8 +169,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     err = SafeConsole(stderr=True, soft_wrap=True)  # an error stays one line, even when piped
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _on_sigterm)
+    _sigterm_seen.clear()
     try:
-        return _COMMANDS[args.command](args, out, err)
+        code = _COMMANDS[args.command](args, out, err)
+        # A command that ends on Ctrl-C by design (watch, gpu watch) reports and returns;
+        # stopped by SIGTERM, it still exits 143, as a service manager expects.
+        return 143 if _sigterm_seen.is_set() else code
     except PhaseprobeError as exc:
         err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
         return EXIT_EXPECTED_ERROR
