@@ -25,8 +25,8 @@ def _call(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> tuple[int, dict, 
     seen: dict = {}
 
     class FakePopen:
-        def __init__(self, cmd: list[str], env: dict[str, str]) -> None:
-            seen["cmd"], seen["env"] = cmd, env
+        def __init__(self, cmd: list[str], env: dict[str, str], preexec_fn=None) -> None:
+            seen["cmd"], seen["env"], seen["preexec_fn"] = cmd, env, preexec_fn
 
         def wait(self, timeout: float | None = None) -> int:
             return 0
@@ -79,6 +79,44 @@ def test_app_exists_and_only_presentation_imports_streamlit():
     offenders = [p for p in root.rglob("*.py")
                  if "import streamlit" in p.read_text() and "present" not in p.parts]
     assert offenders == []
+
+
+def test_sigkill_of_phaseprobe_still_stops_the_streamlit_child(tmp_path):
+    """No handler runs on SIGKILL: the child asked the kernel to stop it with its parent."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from phaseprobe.local.process import process_group_alive
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "phaseprobe", "dashboard", "--port",
+                             str(port), "--store", str(tmp_path / "s.db")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # Streamlit is up when its port answers
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.2)
+        else:
+            pytest.fail("the dashboard never listened")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        deadline = time.monotonic() + 15
+        while process_group_alive(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not process_group_alive(proc.pid), "Streamlit outlived a killed phaseprobe"
+    finally:
+        if process_group_alive(proc.pid):
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def test_sigterm_stops_the_streamlit_child_too(tmp_path):

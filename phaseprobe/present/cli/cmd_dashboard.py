@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -82,7 +83,10 @@ def cmd_dashboard(args: argparse.Namespace, out: Console, err: Console) -> int:
     host = f"[{args.address}]" if ":" in args.address else args.address
     out.print(f"phaseprobe dashboard on http://{host}:{args.port} (store {store}); "
               "Ctrl-C stops it")
-    child = subprocess.Popen(streamlit_command(args.port, args.address), env=env)
+    parent = os.getpid()
+    child = subprocess.Popen(streamlit_command(args.port, args.address), env=env,
+                             preexec_fn=(lambda: _die_with(parent))
+                             if sys.platform == "linux" else None)
     try:
         return child.wait()
     except KeyboardInterrupt as exc:
@@ -92,6 +96,19 @@ def cmd_dashboard(args: argparse.Namespace, out: Console, err: Console) -> int:
         if type(exc) is not KeyboardInterrupt:
             raise  # SIGTERM: the CLI exits 143
         return 0
+
+
+def _die_with(parent: int) -> None:
+    """In the Streamlit child before it starts (Linux): the kernel sends it SIGTERM when
+    phaseprobe dies, even by SIGKILL, where no handler of ours runs (PR_SET_PDEATHSIG)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os._exit(1)
 
 
 def _stop(child: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
