@@ -168,8 +168,24 @@ def test_resume_of_a_finished_session_shows_its_report_and_runs_nothing(tmp_path
         rc, out = _run([str(path), "--json", "--store", store, "--runs", "5"], capsys)
         sid = json.loads(out)["session_id"]
         sent = len(a.requests) + len(b.requests)
+        before = _store_bytes(tmp_path)
         rc, out = _run(["--resume", str(sid), "--json", "--store", store], capsys)
         doc = json.loads(out)
         assert rc == 0 and doc["session_id"] == sid and doc["finished"] is True
         assert all(arm["runs"] == 5 for arm in doc["arms"].values())
         assert len(a.requests) + len(b.requests) == sent  # not one request more
+        # read only: nothing written, no WAL created (it works on a read-only store)
+        assert _store_bytes(tmp_path) == before
+
+
+def _store_bytes(folder) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.glob("s.sqlite*"))}
+
+
+def test_a_bad_playbook_creates_no_store(tmp_path, capsys):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("name = 'x'\n[[arm]]\nname = 'only one'\n")
+    store = tmp_path / "new.sqlite"
+    with pytest.raises(ConfigError):
+        _run([str(bad), "--store", str(store)], capsys)
+    assert not store.exists()

@@ -412,21 +412,26 @@ def cmd_ab(args: argparse.Namespace, out: Console, err: Console) -> int:
         raise ConfigError("give one PLAYBOOK, or --resume ID alone")
     api_key = api_key_from_env(args.api_key_env)
     progress = RichAbProgress(err)
+    if args.resume is not None:
+        if args.until_decided or args.runs is not None:
+            raise ConfigError("--resume continues the session as it was planned: "
+                              "--runs and --until-decided do not apply")
+        # Read-only first: a finished session needs no write access (nor a migration)
+        with Store(_store_path(args, True), readonly=True) as store:
+            finished = store.ab_session(args.resume)["finished_wall_ns"] is not None
+        if finished:
+            # Nothing to continue: running it again would add runs to a finished test.
+            err.print(f"A/B session {args.resume} is complete; its report:")
+            return _report(args, out, args.resume)
+    else:
+        # A bad playbook or value fails before a store is created or a server starts.
+        playbook = load_playbook(target[0])
+        effect = parse_effect(args.min_effect) if args.min_effect else None
+        plan = _plan(args, playbook.run, effect)
     with Store(_store_path(args, args.resume is not None)) as store:
         if args.resume is not None:
-            if args.until_decided or args.runs is not None:
-                raise ConfigError("--resume continues the session as it was planned: "
-                                  "--runs and --until-decided do not apply")
-            if store.ab_session(args.resume)["finished_wall_ns"] is not None:
-                # Nothing to continue: running it again would add runs to a finished test.
-                err.print(f"A/B session {args.resume} is complete; its report:")
-                return _report(args, out, args.resume)
             result = resume_ab(args.resume, store, progress=progress, api_key=api_key)
         else:
-            playbook = load_playbook(target[0])
-            # A bad value fails before any server starts.
-            effect = parse_effect(args.min_effect) if args.min_effect else None
-            plan = _plan(args, playbook.run, effect)
             result = run_ab(playbook, store, runs=args.runs, progress=progress,
                             api_key=api_key, plan=plan)
     pb = result.playbook
