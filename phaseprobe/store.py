@@ -19,7 +19,7 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
@@ -657,7 +657,7 @@ class Store:
         self._write("UPDATE ab_sessions SET finished_wall_ns = ? WHERE id = ?",
                     (time.time_ns(), session_id))
 
-    def add_analysis(self, kind: str, source: str, doc: dict[str, Any],
+    def add_analysis(self, kind: str, source: str, doc: Mapping[str, Any],
                      experiment_id: int | None = None) -> int:
         """Keep a file's summary (``kind``: nccl, trace, nsys), attached to an experiment or
         not; the experiment must exist."""

@@ -8,20 +8,70 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import pandas as pd
 
 from phaseprobe.analysis import timeline as tla
 from phaseprobe.errors import TraceError
 
-__all__ = ["summarize", "summarize_file", "summarize_trace_file", "summarize_nsys_file",
-           "read_timeline", "trace_in",
+Record = dict[str, Any]  # one table row, columns as in analysis.timeline's *_COLUMNS
+
+
+class KernelCounts(TypedDict, total=False):
+    count: int  # GPU kernels
+    total_ns: int  # their summed durations, ns
+    memcpy_count: int
+    memset_count: int
+    cpu_op_count: int  # a CPU-only trace: outermost CPU ops standing in for kernels
+    communication_count: int  # kernels classed communication (NCCL and friends)
+
+
+class RangesDoc(TypedDict):
+    count: int  # ranges attributed
+    phases: list[Record]  # PHASE_COLUMNS: prefill / decode / mixed
+    by_name: list[Record]  # domain, name, count, dur_ns, compute_ns, …
+
+
+class TraceDoc(TypedDict, total=False):
+    """The one trace document (``phaseprobe trace|nsys --json``, kept in the store, read by
+    the checklist and the dashboard). It passes through as JSON: a TypedDict, not a class.
+    Times are ns (``*_ns``), shares percent (``*_pct``, ``pct``)."""
+
+    file: str
+    source: str  # nsys | torch | nsys-stats-csv | nsys-stats-text
+    meta: dict[str, str]  # what the reader learnt about the capture
+    devices: list[Record]  # OVERLAP_COLUMNS + name, one per device with activity
+    idle_devices: list[str]  # GPUs of the capture that ran nothing
+    kernels: KernelCounts
+    classes: list[Record]  # CLASS_COLUMNS
+    idle_gaps: list[Record]  # GAP_COLUMNS, the longest first (at most --top)
+    idle_gaps_count: int
+    idle_gaps_total_ns: int
+    idle_gap_min_ns: int
+    top_kernels: list[Record]  # TOP_COLUMNS (stats: the report's own columns)
+    ranges: RangesDoc
+    api: list[Record]  # nsys: runtime API summary (name, count, time_ns)
+    comms: list[Record]  # Kineto: collectives with their args
+    # nsys stats (CSV or console text)
+    report: str  # the report's name (cuda_gpu_kern_sum, …) or "unknown"
+    rows: int
+    table: list[Record]  # a report other than the kernel summary, --top rows
+    table_sorted_by: str | None
+    reports: list[TraceDoc]  # console text: one document per (rank, input, report)
+    rank: str | None  # srun -l rank of that table
+    input: str | None  # the .sqlite the table was computed from
+    title: str | None
+    line: int  # 1-based line of the table's header in the text
+
+
+__all__ = ["TraceDoc", "KernelCounts", "RangesDoc", "summarize", "summarize_file",
+           "summarize_trace_file", "summarize_nsys_file", "read_timeline", "trace_in",
            "summarize_stats_csv", "summarize_stats_text", "records"]
 
 
 def summarize_nsys_file(path: str | Path, min_gap_ns: int = 100_000,
-                        top: int = 15) -> dict[str, Any]:
+                        top: int = 15) -> TraceDoc:
     """An Nsight Systems SQLite export, an ``nsys stats`` CSV, or the console text of
     ``nsys stats`` (``.txt``/``.log``/``.out``: every report of every rank in it)."""
     from phaseprobe.sources import nsys_export, nsys_stats_csv, nsys_stats_text
@@ -37,7 +87,7 @@ def summarize_nsys_file(path: str | Path, min_gap_ns: int = 100_000,
 
 
 def summarize_file(path: str | Path, *, nsys: bool, min_gap_ns: int = 100_000,
-                   top: int = 15) -> dict[str, Any]:
+                   top: int = 15) -> TraceDoc:
     """Either kind of file; a directory of Kineto traces gives its rank-0 trace."""
     if nsys:
         return summarize_nsys_file(path, min_gap_ns, top)
@@ -67,7 +117,7 @@ def read_timeline(path: str | Path, *, nsys: bool) -> tuple[tla.Timeline, Path]:
 
 
 def summarize_trace_file(path: str | Path, min_gap_ns: int = 100_000,
-                         top: int = 15) -> dict[str, Any]:
+                         top: int = 15) -> TraceDoc:
     """Read and summarise one Kineto trace (what ``probe --torch-profile`` calls after
     :func:`phaseprobe.sources.torch_trace.capture_profile`; print it with :func:`render`)."""
     from phaseprobe.sources import torch_trace
@@ -99,7 +149,7 @@ def _comm_summary(comms: pd.DataFrame) -> pd.DataFrame:
 
 
 def summarize(tl: tla.Timeline, file: str, min_gap_ns: int = 100_000,
-              top: int = 15) -> dict[str, Any]:
+              top: int = 15) -> TraceDoc:
     """The JSON document (and the tables' data) for one timeline."""
     acts = tl.activities
     # categorical comparisons work on codes: no string per activity at 10 M rows
@@ -124,7 +174,7 @@ def summarize(tl: tla.Timeline, file: str, min_gap_ns: int = 100_000,
     active = set(overlap["device"])
     idle = [f"{d} ({name})" if name else d for d, name in tl.devices.items() if d not in active]
     idle += [g for g in tl.meta.get("idle_gpus", "").split(", ") if g]
-    doc: dict[str, Any] = {
+    doc: TraceDoc = {
         "file": file, "source": tl.source.split(":", 1)[0], "meta": tl.meta,
         "devices": devices, "idle_devices": idle,
         "kernels": {"count": int((kinds == "kernel").sum()),
@@ -146,10 +196,10 @@ def summarize(tl: tla.Timeline, file: str, min_gap_ns: int = 100_000,
     return doc
 
 
-def summarize_stats_csv(report: Any, file: str, top: int = 15) -> dict[str, Any]:
+def summarize_stats_csv(report: Any, file: str, top: int = 15) -> TraceDoc:
     """JSON document for an ``nsys stats`` CSV (see :mod:`phaseprobe.sources.nsys_stats_csv`)."""
     df: pd.DataFrame = report.frame
-    doc: dict[str, Any] = {"file": file, "source": "nsys-stats-csv", "report": report.report,
+    doc: TraceDoc = {"file": file, "source": "nsys-stats-csv", "report": report.report,
                            "devices": [], "rows": len(df)}
     if report.report == "cuda_gpu_kern_sum":
         cls = tla.classify_names(pd.DataFrame({"name": df["name"].astype(str),
@@ -171,11 +221,12 @@ def summarize_stats_csv(report: Any, file: str, top: int = 15) -> dict[str, Any]
         doc["table"] = records(shown.head(top))
         doc["table_sorted_by"] = by
     doc.setdefault("classes", [])
-    doc.update({"idle_gaps": [], "ranges": {"count": 0, "phases": [], "by_name": []}})
+    doc["idle_gaps"] = []
+    doc["ranges"] = {"count": 0, "phases": [], "by_name": []}
     return doc
 
 
-def summarize_stats_text(tables: list[Any], file: str, top: int = 15) -> dict[str, Any]:
+def summarize_stats_text(tables: list[Any], file: str, top: int = 15) -> TraceDoc:
     """JSON document for the console text of ``nsys stats``: one summary per table (see
     :func:`summarize_stats_csv`), each saying which rank, input and report it came from."""
     reports = []

@@ -26,6 +26,7 @@ from phaseprobe.store import Store
 
 if TYPE_CHECKING:
     from phaseprobe.analysis.span_context import OverlapContext
+    from phaseprobe.analysis.trace_summary import TraceDoc
     from phaseprobe.collect.experiment import ProbeResult
     from phaseprobe.collect.prom_summary import PromSidecar
     from phaseprobe.sources.gpu_sampler import GpuSampler
@@ -70,7 +71,7 @@ class SessionReport:
     """What a session adds to the runs, once they are done (each None when not asked for)."""
 
     efficiency: dict[str, Any] = field(default_factory=dict)  # roofline; {"skipped": why}
-    trace: dict[str, Any] | None = None  # analysis.trace_summary document of the capture
+    trace: TraceDoc | None = None  # analysis.trace_summary document of the capture
     prometheus: dict[str, Any] | None = None  # PromSidecar.finish: the experiment in PromQL
     kv_reservation: dict[str, Any] | None = None  # GPU memory vs vLLM's cache config
     shared: dict[int, OverlapContext] = field(default_factory=dict)  # run seq → what it shared
@@ -271,9 +272,9 @@ class Session:
 
             files = self.capture.stop()
             with self.notices.waiting("reading the torch-profiler trace…"):
-                report.trace = summarize_trace_file(files[0])  # the worker's rank file first
-            self.store.add_analysis("trace", str(files[0]), report.trace,
-                                    result.experiment_id)
+                trace = summarize_trace_file(files[0])  # the worker's rank file first
+            report.trace = trace
+            self.store.add_analysis("trace", str(files[0]), trace, result.experiment_id)
         if self.sidecar is not None:
             with self.notices.waiting("waiting for Prometheus to scrape after the last run…"):
                 report.prometheus = self.sidecar.finish(result.runs)

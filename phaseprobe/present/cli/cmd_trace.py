@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -84,7 +85,7 @@ def run_trace(args: argparse.Namespace, out: Console, err: Console) -> int:
     return 0
 
 
-def render(out: Console, doc: dict[str, Any]) -> None:
+def render(out: Console, doc: Mapping[str, Any]) -> None:
     """The tables of a :mod:`phaseprobe.analysis.trace_summary` document."""
     _emit(argparse.Namespace(json=False), out, doc)
 
@@ -92,7 +93,7 @@ def _ms(ns: Any) -> str:
     return ns_cell(ns)
 
 
-def _emit(args: argparse.Namespace, out: Console, doc: dict[str, Any]) -> None:
+def _emit(args: argparse.Namespace, out: Console, doc: Mapping[str, Any]) -> None:
     if args.json:
         out.out(json.dumps(doc), highlight=False)
         return
@@ -110,7 +111,7 @@ def _emit(args: argparse.Namespace, out: Console, doc: dict[str, Any]) -> None:
     _emit_one(out, doc, heading=True)
 
 
-def _emit_one(out: Console, doc: dict[str, Any], heading: bool) -> None:
+def _emit_one(out: Console, doc: Mapping[str, Any], heading: bool) -> None:
     k = doc.get("kernels", {})
     if heading:
         out.print(f"[bold]{escape(doc['file'])}[/bold] ({doc['source']}): "

@@ -6,6 +6,7 @@ another machine)."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,7 @@ def check_keep(args: argparse.Namespace) -> None:
 
 
 def keep(args: argparse.Namespace, err: Console, kind: str, source: str,
-         doc: dict[str, Any]) -> int | None:
+         doc: Mapping[str, Any]) -> int | None:
     """Store ``doc`` when ``--keep`` was given; returns the analysis id."""
     if not args.keep:
         return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from phaseprobe.present.dashboard.context import Context
 __all__ = ["render_nccl", "render_traces", "scalars", "tables"]
 
 
-def scalars(doc: dict[str, Any], prefix: str = "") -> list[tuple[str, str]]:
+def scalars(doc: Mapping[str, Any], prefix: str = "") -> list[tuple[str, str]]:
     """(dotted key, value) for every scalar, nested dicts of scalars included."""
     out: list[tuple[str, str]] = []
     for key, value in doc.items():
@@ -37,7 +38,7 @@ def scalars(doc: dict[str, Any], prefix: str = "") -> list[tuple[str, str]]:
     return out
 
 
-def tables(doc: dict[str, Any], prefix: str = "") -> list[tuple[str, pd.DataFrame]]:
+def tables(doc: Mapping[str, Any], prefix: str = "") -> list[tuple[str, pd.DataFrame]]:
     """(dotted key, frame) for every non-empty list of records."""
     out: list[tuple[str, pd.DataFrame]] = []
     for key, value in doc.items():
@@ -50,7 +51,7 @@ def tables(doc: dict[str, Any], prefix: str = "") -> list[tuple[str, pd.DataFram
 
 
 @st.cache_data(show_spinner=False, max_entries=8)
-def _summarize(kind: str, name: str, content: bytes) -> dict[str, Any]:
+def _summarize(kind: str, name: str, content: bytes) -> Mapping[str, Any]:
     suffix = "".join(Path(name).suffixes[-2:]) or ".log"
     with tempfile.TemporaryDirectory(prefix="phaseprobe-dash-") as tmp:
         path = Path(tmp) / f"upload{suffix}"
@@ -69,7 +70,7 @@ def _summarize(kind: str, name: str, content: bytes) -> dict[str, Any]:
         return summarize_trace_file(path)
 
 
-def _show(doc: dict[str, Any], chart: tuple[str, str, str] | None) -> None:
+def _show(doc: Mapping[str, Any], chart: tuple[str, str, str] | None) -> None:
     values = scalars(doc)
     if values:
         st.dataframe(pd.DataFrame(values, columns=["field", "value"]), hide_index=True)
@@ -81,7 +82,7 @@ def _show(doc: dict[str, Any], chart: tuple[str, str, str] | None) -> None:
         st.dataframe(frame, hide_index=True)
 
 
-def _upload(kind: str, label: str, types: list[str] | None) -> dict[str, Any] | None:
+def _upload(kind: str, label: str, types: list[str] | None) -> Mapping[str, Any] | None:
     upload = st.file_uploader(label, type=types, key=f"upload_{kind}")
     if upload is None:
         return None
@@ -120,7 +121,7 @@ def _kept(ctx: Context, kinds: tuple[str, ...]) -> dict[str, Any] | None:
 
 
 def _doc(ctx: Context, kinds: tuple[str, ...], label: str,
-         types: list[str] | None) -> dict[str, Any] | None:
+         types: list[str] | None) -> Mapping[str, Any] | None:
     return _kept(ctx, kinds) or _upload(kinds[0], label, types)
 
 
