@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from phaseprobe import calibrate
 from phaseprobe.analysis import model_math
@@ -162,9 +162,36 @@ def preflight(endpoint: str, api_key: str | None, peaks_choice: str | None,
     return warnings
 
 
+class EfficiencyReport(TypedDict, total=False):
+    """The roofline beside the measured phases (kept with the experiment, shown by `probe`,
+    `runs`, the dashboard and the checklist): JSON that passes through, so a TypedDict.
+    ``skipped`` alone (with ``model_config_mismatches`` when that is why) when there is none.
+    Efficiency = bound / measured (0..1); None where the measured time beat its bound."""
+
+    skipped: str  # why no roofline could be set
+    model_config_mismatches: list[str]
+    peaks: str  # where the peaks came from (a GPU's datasheet, this machine's calibration)
+    peaks_dtype: str | None  # the dtype the peaks are for (the served model's)
+    model_config: str  # the config.json the costs came from
+    decode_efficiency: float | None
+    decode_bound_s_per_token: float | None  # weights + KV bytes / bandwidth, s per token
+    decode_measured_s_per_token: float | None  # vLLM's decode / (completion − 1), s
+    prefill_efficiency: float | None
+    prefill_bound_s: float | None  # the larger of FLOPs / peak and bytes / bandwidth, s
+    prefill_bound_kind: str | None  # compute | memory: which of the two set the bound
+    prefill_measured_s: float | None  # vLLM's prefill, s
+    decode_bound_ratio: float | None  # bound / measured, even above 1
+    prefill_bound_ratio: float | None
+    decode_bound_beaten: bool  # measured faster than the bound: the peak is underestimated
+    prefill_bound_beaten: bool
+    bound_beaten: bool
+    warnings: list[str]
+    runs: list[dict[str, Any]]  # per run: seq + analysis.roofline.RunRoofline fields
+
+
 def efficiency_report(runs: Sequence[Run], server_info: dict[str, Any], *,
                       peaks_choice: str | None, model_config: str | None,
-                      force: bool = False) -> dict[str, Any]:
+                      force: bool = False) -> EfficiencyReport:
     """Per-run roofline and medians, or ``{"skipped": reason}``.
 
     A phase whose median bound / measured is above 1 (or any run of it) beat its bound: its

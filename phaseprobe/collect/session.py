@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from phaseprobe.collect.efficiency import EfficiencyReport
 from phaseprobe.collect.notices import Notices
 from phaseprobe.collect.target import endpoint_models, endpoint_or_local, served_model
 from phaseprobe.errors import ConfigError
@@ -70,7 +71,7 @@ class SessionOptions:
 class SessionReport:
     """What a session adds to the runs, once they are done (each None when not asked for)."""
 
-    efficiency: dict[str, Any] = field(default_factory=dict)  # roofline; {"skipped": why}
+    efficiency: EfficiencyReport = field(default_factory=EfficiencyReport)  # the roofline
     trace: TraceDoc | None = None  # analysis.trace_summary document of the capture
     prometheus: dict[str, Any] | None = None  # PromSidecar.finish: the experiment in PromQL
     kv_reservation: dict[str, Any] | None = None  # GPU memory vs vLLM's cache config

@@ -5,7 +5,7 @@ Only this layer knows about rich. Progress goes to stderr so ``--json`` stdout s
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich.console import Console
@@ -172,7 +172,7 @@ def render_prom_comparison(console: Console, prom: dict[str, Any]) -> None:
         console.print("PromQL and the direct scrape agree.")
 
 
-def render_efficiency(console: Console, eff: dict[str, Any]) -> None:
+def render_efficiency(console: Console, eff: Mapping[str, Any]) -> None:
     """The roofline line: each phase's physical bound, measured time and efficiency; a phase
     that beat its bound gets no efficiency but a warning naming the underestimated peak."""
     if "skipped" in eff:

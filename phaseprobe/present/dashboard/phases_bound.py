@@ -9,6 +9,7 @@ from the served model's directory for a local vLLM, else a path typed here).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import altair as alt
@@ -31,13 +32,13 @@ _CALIBRATED = "calibrated"
 
 @st.cache_data(show_spinner=False)
 def _report(path: str, experiment_id: int, peaks: str, model_config: str | None,
-            key: tuple[float, ...] = ()) -> dict[str, Any]:
+            key: tuple[float, ...] = ()) -> Mapping[str, Any]:
     exp = data.experiment(path, experiment_id, key)
     return efficiency_report(data.runs(path, experiment_id, key), exp.server_info,
                              peaks_choice=peaks, model_config=model_config)
 
 
-def bound_frame(report: dict[str, Any]) -> pd.DataFrame:
+def bound_frame(report: Mapping[str, Any]) -> pd.DataFrame:
     """One row per run and phase: measured and bound in ms (decode per token); efficiency
     is None where the bound was beaten (``bound beaten`` says so)."""
     rows = []
@@ -55,7 +56,7 @@ def bound_frame(report: dict[str, Any]) -> pd.DataFrame:
                                        "bound beaten"])
 
 
-def _pct(report: dict[str, Any], phase: str) -> str:
+def _pct(report: Mapping[str, Any], phase: str) -> str:
     if report.get(f"{phase}_bound_beaten"):
         return "bound beaten"
     return fmt_efficiency(report.get(f"{phase}_efficiency"))
