@@ -47,7 +47,8 @@ from phaseprobe.collect.playbook import (
     restore_secrets,
 )
 from phaseprobe.collect.prompts import PromptBuilder
-from phaseprobe.errors import ConfigError, LocalServerError, MetricsUnavailable, StoreError
+from phaseprobe.collect.target import served_model
+from phaseprobe.errors import LocalServerError, MetricsUnavailable, StoreError
 from phaseprobe.local.process import (
     free_port,
     proc_start_ticks,
@@ -258,12 +259,10 @@ class _Arm:
             self.notes.append(f"arm {arm.name}: {exc}: client-only runs")
             self.scraper, first = None, None
         self.info = server_info(url, session, headers, models, first)
-        served = [str(m.get("id")) for m in models if isinstance(m, dict)]
-        if arm.served_model not in served:
-            # Caught before any run: otherwise every run would be a 404 error run.
-            raise ConfigError(f"arm {arm.name}: model {arm.served_model!r} is not served at "
-                              f"{url} (it serves: {', '.join(served) or 'nothing'}); set the "
-                              f"arm's model to the served name")
+        # Caught before any run (otherwise every run would be a 404 error run), by the same
+        # check probe and the interplay probes make.
+        served_model(url, api_key, arm.served_model, option=f"arm {arm.name}: model",
+                     models=models)
         self.spec = RunSpec(endpoint=url, model=arm.served_model, prompt=plan.prompt or "",
                             max_tokens=plan.max_tokens, api=plan.api,
                             prompt_tokens_target=plan.prompt_tokens, seed=plan.seed,
