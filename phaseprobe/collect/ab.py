@@ -23,10 +23,8 @@ one server: an A/A then measures the noise of one server, not of two processes' 
 from __future__ import annotations
 
 import contextlib
-import os
 import random
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -51,8 +49,8 @@ from phaseprobe.collect.target import served_model
 from phaseprobe.errors import LocalServerError, MetricsUnavailable, StoreError
 from phaseprobe.local.process import (
     free_port,
-    proc_start_ticks,
     stop_process_group,
+    stop_with_parent,
     wait_healthy,
 )
 from phaseprobe.paths import cache_dir
@@ -136,44 +134,6 @@ def schedule(playbook: Playbook, runs: int) -> list[int]:
     return order
 
 
-# A server must not outlive a `kill -9`ed phaseprobe (no cleanup code runs then): a small
-# process in its own session watches phaseprobe and stops the server's process group when
-# phaseprobe is gone. Start times (/proc ticks) guard against a reused PID.
-_WATCHDOG = """
-import os, signal, sys, time
-parent, parent_ticks, pgid, pgid_ticks = sys.argv[1:5]
-def ticks(pid):
-    try:
-        raw = open(f"/proc/{pid}/stat").read()
-    except OSError:
-        return None
-    fields = raw[raw.rfind(")") + 2:].split()
-    return None if fields[0] in ("Z", "X") else fields[19]
-while ticks(parent) == parent_ticks:
-    time.sleep(0.5)
-if ticks(pgid) == pgid_ticks:
-    for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 0)):
-        try:
-            os.killpg(int(pgid), sig)
-        except ProcessLookupError:
-            break
-        time.sleep(wait)
-"""
-
-
-@contextlib.contextmanager
-def _watchdog(pgid: int) -> Iterator[None]:
-    argv = [sys.executable, "-c", _WATCHDOG, str(os.getpid()),
-            str(proc_start_ticks(os.getpid())), str(pgid), str(proc_start_ticks(pgid))]
-    dog = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        yield
-    finally:
-        dog.kill()
-        dog.wait()
-
-
 @contextlib.contextmanager
 def launch_server(arm: Arm) -> Iterator[str]:
     """Start the arm's server on 127.0.0.1, wait for /health, yield its URL; always stop it."""
@@ -185,7 +145,7 @@ def launch_server(arm: Arm) -> Iterator[str]:
 
         with LocalVllm(extra_args=launch.args, extra_env=launch.env,
                        startup_timeout=launch.startup_timeout_s) as server, \
-                _watchdog(server.pid):
+                stop_with_parent(server.pid):
             yield server.base_url
         return
     from phaseprobe.local.server import build_env
@@ -205,7 +165,7 @@ def launch_server(arm: Arm) -> Iterator[str]:
             raise LocalServerError(f"arm {arm.name!r}: cannot start {argv[0]}: {exc}") from None
     url = f"http://127.0.0.1:{port}"
     try:
-        with _watchdog(proc.pid):
+        with stop_with_parent(proc.pid):
             wait_healthy(url, timeout=launch.startup_timeout_s, exit_code=proc.poll,
                          log_path=log_path)
             yield url

@@ -43,6 +43,7 @@ def endpoint_or_local(endpoint: str | None, stack: ExitStack, notices: Notices,
 
         return normalize_base_url(endpoint)
     from phaseprobe.local import LocalVllm, ensure_model, install
+    from phaseprobe.local.process import stop_with_parent
 
     notices.headline("no --endpoint: using the local CPU vLLM with the tiny model")
     venv = install(progress=notices.detail)
@@ -50,6 +51,7 @@ def endpoint_or_local(endpoint: str | None, stack: ExitStack, notices: Notices,
     with notices.waiting("starting local vLLM (about 30 s on 2 cores)…"):
         server = stack.enter_context(LocalVllm(venv=venv, extra_args=extra_args,
                                                extra_env=extra_env))
+    stack.enter_context(stop_with_parent(server.pid))  # stopped even after a kill -9
     notices.info(f"local vLLM ready at {server.base_url} (log: {server.log_path})")
     return server.base_url
 

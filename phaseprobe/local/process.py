@@ -7,11 +7,14 @@ would orphan the others (each holding memory and a core).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import requests
@@ -156,3 +159,43 @@ def stop_process_group(
                 break
             sleep(0.05)
     raise LocalServerError(f"process group {pgid} still alive after SIGKILL")
+
+
+# A server must not outlive a `kill -9`ed phaseprobe (no cleanup code runs then): a small
+# process in its own session watches phaseprobe and stops the server's process group when
+# phaseprobe is gone. Start times (/proc ticks) guard against a reused PID.
+_WATCHDOG = """
+import os, signal, sys, time
+parent, parent_ticks, pgid, pgid_ticks = sys.argv[1:5]
+def ticks(pid):
+    try:
+        raw = open(f"/proc/{pid}/stat").read()
+    except OSError:
+        return None
+    fields = raw[raw.rfind(")") + 2:].split()
+    return None if fields[0] in ("Z", "X") else fields[19]
+while ticks(parent) == parent_ticks:
+    time.sleep(0.5)
+if ticks(pgid) == pgid_ticks:
+    for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 0)):
+        try:
+            os.killpg(int(pgid), sig)
+        except ProcessLookupError:
+            break
+        time.sleep(wait)
+"""
+
+
+@contextlib.contextmanager
+def stop_with_parent(pgid: int) -> Iterator[None]:
+    """While inside: process group ``pgid`` (a server phaseprobe started in its own session)
+    is stopped by a watchdog if phaseprobe dies without running its cleanup (SIGKILL)."""
+    argv = [sys.executable, "-c", _WATCHDOG, str(os.getpid()),
+            str(proc_start_ticks(os.getpid())), str(pgid), str(proc_start_ticks(pgid))]
+    dog = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        yield
+    finally:
+        dog.kill()
+        dog.wait()

@@ -107,6 +107,19 @@ def test_probe_under_load_is_attributed_by_span(local_vllm, spans_on):
                if k.endswith("_mean_reqs")):
             explained += 1
     assert explained >= len(shared) // 2, "overlap context found no company for shared runs"
+    # The same probe on the idle server (the load stopped): under load the span-attributed
+    # prefill stays within the noise of the idle one (prefill runs whole as one batch step),
+    # and decode may rise (batched with the load) but never falls far below idle.
+    with Store(spans_on.store_path) as store:
+        idle = run_probe(_spec(local_vllm), store, settings=ProbeSettings(
+            runs=5, warmup=1, span_wait_s=SPAN_WAIT_S, name="spans-idle-reference"))
+    idle_summary = summarize(idle.runs)
+    assert idle_summary.server_decode_s is not None and summary.server_decode_s is not None
+    print(f"\nunder load (by span) vs idle: prefill {summary.server_prefill_s * 1e3:.1f} vs "
+          f"{idle_summary.server_prefill_s * 1e3:.1f} ms, decode "
+          f"{summary.server_decode_s * 1e3:.1f} vs {idle_summary.server_decode_s * 1e3:.1f} ms")
+    assert summary.server_decode_s >= 0.5 * idle_summary.server_decode_s
+    assert summary.server_prefill_s <= 20 * idle_summary.server_prefill_s
 
 
 @pytest.fixture(scope="module")
@@ -179,6 +192,20 @@ def test_queue_time_matches_the_client_when_requests_run_one_at_a_time(one_at_a_
     assert queues == sorted(queues)
     print(f"queue − client ground truth: {[f'{e * 1e3:.1f} ms' for e in errors]}; "
           f"median {statistics.median(errors) * 1e3:.1f} ms")
+
+
+def test_every_probe_request_is_matched_to_its_span_over_http(one_at_a_time, tmp_path):
+    """The same 100 % over the other protocol: the probe's runs against a vLLM exporting
+    OTLP/HTTP protobuf, attributed from the store the HTTP receiver writes."""
+    base, model, sink = one_at_a_time
+    spec = RunSpec(endpoint=base, model=model, prompt="", max_tokens=8, prompt_tokens_target=32)
+    store = sink.store  # the receiver commits there; the probe reads its spans from it
+    result = run_probe(spec, store, settings=ProbeSettings(
+        runs=4, warmup=1, span_wait_s=SPAN_WAIT_S, name="spans-http"))
+    ok = [r for r in result.runs if r.status == "ok"]
+    assert len(ok) == 4, [r.error for r in result.runs]
+    assert all(r.span is not None and r.span.trace_id == r.trace_id for r in ok), result.notes
+    assert all(r.span.completion_tokens == r.client.completion_tokens for r in ok)
 
 
 def test_watch_demo_shows_live_phases(tmp_path):

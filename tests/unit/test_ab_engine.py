@@ -188,8 +188,8 @@ def test_launch_that_dies_is_a_clear_error_quoting_its_log(tmp_path, monkeypatch
 
 _GUARDED = """
 import sys, time
-from phaseprobe.collect.ab import _watchdog
-with _watchdog(int(sys.argv[1])):
+from phaseprobe.local.process import stop_with_parent
+with stop_with_parent(int(sys.argv[1])):
     print("up", flush=True)
     time.sleep(60)
 """
@@ -215,9 +215,9 @@ def test_watchdog_leaves_on_a_normal_exit():
     server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
                               start_new_session=True)
     try:
-        from phaseprobe.collect.ab import _watchdog
+        from phaseprobe.local.process import stop_with_parent
 
-        with _watchdog(server.pid):
+        with stop_with_parent(server.pid):
             pass
         time.sleep(0.7)
         assert server.poll() is None  # the owner stops its server itself; the dog is gone
