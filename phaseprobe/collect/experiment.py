@@ -24,7 +24,7 @@ from phaseprobe.collect.span_attribution import attach_spans, new_tags
 from phaseprobe.errors import MetricsUnavailable
 from phaseprobe.records import ClientTimeline, Experiment, Isolation, Run, RunSpec, RunStatus
 from phaseprobe.sources.gpu_sampler import GpuSampler
-from phaseprobe.sources.nsys_export import NvtxPhases, nvtx_range
+from phaseprobe.sources.nvtx_marks import NvtxPhases, nvtx_range
 from phaseprobe.sources.openai_stream import (
     DEFAULT_DEADLINE_S,
     StreamClient,

@@ -13,12 +13,11 @@ runtime API summary is a SQL ``GROUP BY``. No Python code runs per kernel row.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
 import re
 import sqlite3
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -27,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from phaseprobe.errors import TraceError
+from phaseprobe.sources.nvtx_marks import NVTX_DOMAIN, nvtx_range  # re-exported
 from phaseprobe.trace_records import Timeline, empty_activities, empty_ranges
 
 __all__ = ["read_nsys", "open_export", "API_COLUMNS", "MEMCPY_KINDS", "nvtx_range",
@@ -488,57 +488,3 @@ def _concat(parts: list[pd.DataFrame]) -> pd.DataFrame:
         else:
             out[col] = np.concatenate([p[col].to_numpy() for p in parts])
     return pd.DataFrame(out)
-
-
-NVTX_DOMAIN = "phaseprobe"
-
-
-@contextlib.contextmanager
-def nvtx_range(name: str) -> Iterator[None]:
-    """An NVTX range in domain ``phaseprobe`` (names the analysis maps to phases: ``run``,
-    ``request``, ``first token`` → prefill, ``decode``), so a client run under ``nsys profile``
-    shows the experiment on the timeline. Without the optional ``nvtx`` package (or without
-    a profiler attached, where NVTX calls are no-ops) it costs nothing."""
-    try:
-        import nvtx
-    except ImportError:
-        yield
-        return
-    with nvtx.annotate(name, domain=NVTX_DOMAIN):
-        yield
-
-
-class NvtxPhases:
-    """One streamed request's client-side phases as NVTX ranges in domain ``phaseprobe``:
-    ``first token`` from the send to the first token event (what the analysis maps to
-    prefill), then ``decode`` to the end of the stream. Start/end ranges, not push/pop: the
-    token event is seen inside the stream's read loop. Feed it the raw SSE events
-    (``StreamClient.stream(on_events=…)``); :meth:`end` closes what is open. Without the
-    ``nvtx`` package, or without a profiler attached, every call is a no-op."""
-
-    def __init__(self, chat: bool) -> None:
-        from phaseprobe.sources.openai_stream import TokenEventCounter
-
-        try:
-            import nvtx
-        except ImportError:
-            nvtx = None
-        self._nvtx = nvtx
-        self._tokens = TokenEventCounter(chat)
-        self._open = self._start("first token")
-        self._decoding = False
-
-    def _start(self, name: str) -> object | None:
-        return None if self._nvtx is None else self._nvtx.start_range(name, domain=NVTX_DOMAIN)
-
-    def on_events(self, raw: list[bytes]) -> None:
-        if not self._decoding and self._tokens.feed(raw) > 0:
-            self._decoding = True
-            self.end()
-            self._open = self._start("decode")
-
-    def end(self) -> None:
-        if self._open is not None and self._nvtx is not None:
-            self._nvtx.end_range(self._open)
-        self._open = None
-

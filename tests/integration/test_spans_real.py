@@ -269,13 +269,14 @@ def test_live_interference_estimate_agrees_with_the_interfere_probe(local_vllm, 
     assert live is not None and live.decided, live.text if live else None
     print(f"\ninterfere probe: {probe * 1e3:.4f} ms of A's decode per B prefill token; "
           f"live: {live.text}")
-    assert probe > 0, probe
-    if live.detected:
-        assert live.slope_s_per_token is not None and live.slope_s_per_token > 0, live.text
+    # The two must not contradict each other, within what the live estimate can resolve:
+    # the probe's figure (itself a difference of two noisy medians, which a busy 2-core
+    # machine can even turn negative) lies within twice the live interval's half-width of
+    # the live estimate. A live estimate of 170 µs [140, 200] beside a probe of 0 fails.
+    assert live.slope_s_per_token is not None and live.ci_low is not None \
+        and live.ci_high is not None, live.text
+    half = (live.ci_high - live.ci_low) / 2
+    assert abs(probe - live.slope_s_per_token) <= 2 * half, (probe, live.text)
+    if live.detected and probe > 0:  # both see a cost: the same order of magnitude
         ratio = live.slope_s_per_token / probe
         assert 0.1 <= ratio <= 10, f"live / probe = {ratio:.2f}: not the same order of magnitude"
-    else:
-        # Too few overlaps on a busy machine to tell the cost from zero: the live interval
-        # must still hold the probe's figure (the two measurements must not contradict).
-        assert live.ci_low is not None and live.ci_high is not None, live.text
-        assert live.ci_low <= probe <= live.ci_high, (probe, live.text)
