@@ -14,8 +14,9 @@ What this suite proves (issue 18, "How to prove it"): for every named adversaria
 Files are written per case under ``tmp_path/in``; servers are module-scoped
 (:class:`tests.hostile_cases.CannedServer`: canned replies per scenario, a port with nothing
 listening, a port held busy). Cases that reveal a bug are ``xfail(strict=True)`` with the
-reason ``BUG file:function: what — fix: how`` so they flip when the fix lands. Hypothesis adds
-properties over arbitrary bytes (NCCL logs, torch traces, playbooks, model configs).
+reason ``BUG file:function: what — fix: how`` so they flip when the fix lands. The hypothesis
+properties over arbitrary bytes live beside each reader (test_fuzz_parsers, test_nccl_fuzz,
+test_torch_trace, test_nsys_export, test_gpu_import, test_otlp_spans, …).
 
 The OTLP receiver/decoder, the store, faults and secrets have their own suites
 (test_otlp_spans, test_span_receiver, test_span_import, test_store_damaged, test_faults,
