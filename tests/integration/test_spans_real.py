@@ -78,7 +78,7 @@ def test_every_probe_request_is_matched_to_its_span_over_grpc(local_vllm, spans_
         assert summary.outside_engine_s > 0
 
 
-def test_probe_under_load_is_attributed_by_span(local_vllm, spans_on):
+def test_probe_under_load_is_attributed_by_span(local_vllm, spans_on, capsys):
     """An open-loop load shares the server with the probe: runs that were not alone take
     their phases from their own span, count in the medians, and their overlap context shows
     what they shared the engine with."""
@@ -124,6 +124,28 @@ def test_probe_under_load_is_attributed_by_span(local_vllm, spans_on):
           f"{summary.server_decode_s * 1e3:.1f} vs {idle_summary.server_decode_s * 1e3:.1f} ms")
     assert summary.server_decode_s >= 0.5 * idle_summary.server_decode_s
     assert summary.server_prefill_s <= 20 * idle_summary.server_prefill_s
+    # The checklist's span rules work on those runs: each reads the experiment's spans and
+    # reaches a verdict that quotes its numbers (not "skipped" for want of evidence).
+    from phaseprobe.present.cli import main
+
+    capsys.readouterr()
+    main(["check", "--experiment", str(result.experiment_id), "--store",
+          str(spans_on.store_path), "--json", "--rule", "queue_dominated", "--rule",
+          "prefill_interference", "--rule", "ttft_outliers"])
+    report = json.loads(capsys.readouterr().out)
+    assert report["sources"].get("spans"), report["sources"]
+    verdicts = {v["rule"]: v for v in report["verdicts"]}
+    print(f"span rules on the loaded experiment: "
+          f"{ {k: (v['status'], v['summary'][:90]) for k, v in verdicts.items()} }")
+    for rule in ("queue_dominated", "ttft_outliers"):
+        v = verdicts[rule]
+        assert v["status"] in ("pass", "warn", "fail"), v
+        assert any(ch.isdigit() for ch in v["summary"]), v
+    # The interference estimate needs 8 requests with another's prefill inside their decode:
+    # a short experiment may not have them, and then it says how many it had.
+    v = verdicts["prefill_interference"]
+    assert v["status"] in ("pass", "warn", "fail") or (
+        v["status"] == "skipped" and "need 8" in v["summary"]), v
 
 
 @pytest.fixture(scope="module")
