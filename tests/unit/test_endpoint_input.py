@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from phaseprobe.collect.playbook import PlaybookError, parse_playbook
+from phaseprobe.collect.target import first_model, served_model
 from phaseprobe.errors import ConfigError
-from phaseprobe.present.cli.endpoint import first_model, served_model
 from phaseprobe.sources.openai_stream import normalize_base_url
 from phaseprobe.testing.sse_server import Script, SseServer
 

@@ -41,12 +41,12 @@ from phaseprobe.collect.playbook import (
     session_plan,
     shipped_playbooks,
 )
+from phaseprobe.collect.target import api_key_from_env
 from phaseprobe.errors import ConfigError
 from phaseprobe.format import ms_cell
 from phaseprobe.paths import default_store_path
 from phaseprobe.present.cli.args import int_in, positive_int
 from phaseprobe.present.cli.console import progress_bar
-from phaseprobe.present.cli.endpoint import api_key_from_env
 from phaseprobe.records import Run
 from phaseprobe.store import Store
 
