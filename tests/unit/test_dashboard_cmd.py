@@ -1,17 +1,25 @@
 """``phaseprobe dashboard``: the streamlit command line, the loopback default and the warning
 when bound elsewhere (subprocess.Popen replaced: no server is started here, except in the
-SIGTERM test)."""
+SIGTERM and SIGKILL tests)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
+from phaseprobe.local.process import process_group_alive
 from phaseprobe.present.cli import cmd_dashboard
 
 
@@ -81,55 +89,10 @@ def test_app_exists_and_only_presentation_imports_streamlit():
     assert offenders == []
 
 
-def test_sigkill_of_phaseprobe_still_stops_the_streamlit_child(tmp_path):
-    """No handler runs on SIGKILL: the child asked the kernel to stop it with its parent."""
-    import signal
-    import socket
-    import subprocess
-    import sys
-    import time
-
-    from phaseprobe.local.process import process_group_alive
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "phaseprobe", "dashboard", "--port",
-                             str(port), "--store", str(tmp_path / "s.db")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # Streamlit is up when its port answers
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                time.sleep(0.2)
-        else:
-            pytest.fail("the dashboard never listened")
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
-        deadline = time.monotonic() + 15
-        while process_group_alive(proc.pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not process_group_alive(proc.pid), "Streamlit outlived a killed phaseprobe"
-    finally:
-        if process_group_alive(proc.pid):
-            os.killpg(proc.pid, signal.SIGKILL)
-
-
-def test_sigterm_stops_the_streamlit_child_too(tmp_path):
-    """Issue 18: SIGTERM (a container stop) used to leave Streamlit serving the store with
-    parent pid 1. The dashboard now stops its child and exits 143."""
-    import signal
-    import socket
-    import subprocess
-    import sys
-    import time
-
-    from phaseprobe.local.process import process_group_alive
-
+@contextlib.contextmanager
+def _dashboard_listening(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """`phaseprobe dashboard` in its own process group, once Streamlit answers on its port;
+    the group is killed on the way out whatever the test did."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -147,12 +110,31 @@ def test_sigterm_stops_the_streamlit_child_too(tmp_path):
                 time.sleep(0.2)
         else:
             pytest.fail("the dashboard never listened")
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 143, proc.stderr.read().decode() if proc.stderr else ""
-        deadline = time.monotonic() + 10
-        while process_group_alive(proc.pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not process_group_alive(proc.pid), "Streamlit outlived phaseprobe dashboard"
+        yield proc
     finally:
         if process_group_alive(proc.pid):
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _group_ends(pgid: int, within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while process_group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not process_group_alive(pgid)
+
+
+def test_sigkill_of_phaseprobe_still_stops_the_streamlit_child(tmp_path):
+    """No handler runs on SIGKILL: the child asked the kernel to stop it with its parent."""
+    with _dashboard_listening(tmp_path) as proc:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        assert _group_ends(proc.pid, 15), "Streamlit outlived a killed phaseprobe"
+
+
+def test_sigterm_stops_the_streamlit_child_too(tmp_path):
+    """Issue 18: SIGTERM (a container stop) used to leave Streamlit serving the store with
+    parent pid 1. The dashboard now stops its child and exits 143."""
+    with _dashboard_listening(tmp_path) as proc:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 143, proc.stderr.read().decode() if proc.stderr else ""
+        assert _group_ends(proc.pid, 10), "Streamlit outlived phaseprobe dashboard"
