@@ -28,7 +28,7 @@ from __future__ import annotations
 import ipaddress
 from urllib.parse import urlsplit
 
-from phaseprobe.format import duration
+from phaseprobe.format import duration as _ms
 from phaseprobe.records import ClientCheck, ClientTimeline, Isolation, Run, ServerPhases
 
 __all__ = ["TPOT_SHARE", "ITL_SHARE", "TTFT_FACTOR", "TTFT_MIN_STEPS", "STALL_SHARE",
@@ -59,10 +59,6 @@ def has_hop(endpoint: str | None) -> bool | None:
         return not ipaddress.ip_address(host).is_loopback
     except ValueError:
         return True
-
-
-def _ms(seconds: float) -> str:
-    return duration(seconds)
 
 
 def _median(xs: list[float]) -> float:

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from phaseprobe.analysis.quantiles import median_or_none, percentile
-from phaseprobe.format import duration
+from phaseprobe.format import duration as fmt_duration
 from phaseprobe.records import Run
 
 __all__ = ["Stall", "stall", "LevelStats", "level_stats", "merge_rounds", "Scaling", "scaling",
@@ -456,11 +456,6 @@ class Verdict:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def fmt_duration(v: float | None) -> str:
-    """Seconds with their unit, never reading as zero (:func:`phaseprobe.format.duration`)."""
-    return duration(v)
 
 
 def discarded_pairs(stalls: Sequence[Stall]) -> dict[str, int]:

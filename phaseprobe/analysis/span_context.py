@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import norm
 
-from phaseprobe.format import duration
+from phaseprobe.format import duration as _ms
 from phaseprobe.records import RequestSpan
 
 __all__ = ["OverlapContext", "overlap_context", "InterferenceEstimate", "prefill_interference",
@@ -404,10 +404,6 @@ class InterferenceEstimate:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def _ms(v: float | None) -> str:
-    return duration(v)
 
 
 def _strata(d: np.ndarray) -> np.ndarray:

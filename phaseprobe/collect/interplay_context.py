@@ -24,7 +24,7 @@ from phaseprobe.analysis.interplay import CONCURRENT_MARK
 from phaseprobe.collect.experiment import server_info
 from phaseprobe.collect.prompts import PromptBuilder
 from phaseprobe.errors import ConfigError, MetricsUnavailable
-from phaseprobe.format import ms
+from phaseprobe.format import ms as fmt_ms
 from phaseprobe.records import Isolation, Run, RunSpec
 from phaseprobe.sources.openai_stream import (
     DEFAULT_DEADLINE_S,
@@ -159,5 +159,3 @@ def metric_delta(before: MetricSnapshot | None, after: MetricSnapshot | None, ca
     return a - b if a is not None and b is not None else None
 
 
-def fmt_ms(v: float | None) -> str:
-    return ms(v)

@@ -45,7 +45,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from phaseprobe.analysis.phases import Summary, medians_runs, summarize
 from phaseprobe.analysis.rules.vllm_log import LogFacts, parse_log
-from phaseprobe.format import MISSING, duration
+from phaseprobe.format import MISSING
+from phaseprobe.format import duration as ms
 from phaseprobe.records import RequestSpan, Run
 
 if TYPE_CHECKING:
@@ -175,11 +176,6 @@ def clean_runs(ev: Evidence) -> list[Run]:
     """The runs medians are taken over (as :func:`summarize` does): reached the server, alone
     on it or not checkable, and with a client timeline consistent with the server's phases."""
     return medians_runs(ev.runs)[0]
-
-
-def ms(seconds: float | None) -> str:
-    """Milliseconds, or microseconds below one: "0.0 ms" would hide a burst's real gaps."""
-    return duration(seconds)
 
 
 def pct(fraction: float | None) -> str:

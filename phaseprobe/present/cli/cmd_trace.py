@@ -25,7 +25,7 @@ from rich.table import Table
 
 from phaseprobe.analysis import trace_summary
 from phaseprobe.errors import ConfigError
-from phaseprobe.format import ns_cell
+from phaseprobe.format import ns_cell as _ms
 from phaseprobe.present.cli.args import float_in, int_in
 from phaseprobe.present.cli.keep import add_keep_args, check_keep, keep
 
@@ -88,10 +88,6 @@ def run_trace(args: argparse.Namespace, out: Console, err: Console) -> int:
 def render(out: Console, doc: Mapping[str, Any]) -> None:
     """The tables of a :mod:`phaseprobe.analysis.trace_summary` document."""
     _emit(argparse.Namespace(json=False), out, doc)
-
-def _ms(ns: Any) -> str:
-    return ns_cell(ns)
-
 
 def _emit(args: argparse.Namespace, out: Console, doc: Mapping[str, Any]) -> None:
     if args.json:

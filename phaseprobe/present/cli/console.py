@@ -25,16 +25,11 @@ from phaseprobe.analysis.interplay import CONCURRENT_KINDS, concurrent_by_design
 from phaseprobe.analysis.phases import Summary, percentile
 from phaseprobe.format import duration as fmt_duration
 from phaseprobe.format import efficiency as fmt_efficiency
-from phaseprobe.format import ms_cell
+from phaseprobe.format import ms_cell as ms  # a table cell in ms
 from phaseprobe.records import Run
 
 __all__ = ["RichProgress", "progress_bar", "render_probe", "render_experiments",
            "render_prom_comparison", "render_efficiency", "ms"]
-
-
-def ms(seconds: float | None, digits: int = 1) -> str:
-    """A table cell in ms (the header carries the unit): :func:`phaseprobe.format.ms_cell`."""
-    return ms_cell(seconds, digits)
 
 
 def progress_bar(console: Console) -> Progress:

@@ -9,12 +9,9 @@ from rich.table import Table
 from phaseprobe.analysis.interplay import ARM_METRICS
 from phaseprobe.collect.interplay import ArmsResult, BatchResult, InterfereResult, PrefixResult
 from phaseprobe.format import ms_cell
+from phaseprobe.format import ms_cell as _ms
 
 __all__ = ["render_prefix", "render_batch", "render_interfere", "render_arms"]
-
-
-def _ms(v: float | None) -> str:
-    return ms_cell(v)
 
 
 def _num(v: float | None, fmt: str = "{:g}") -> str:

@@ -16,7 +16,8 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from phaseprobe.format import MISSING, ms
+from phaseprobe.format import MISSING
+from phaseprobe.format import ms as fmt_ms  # seconds → "12.3 ms" for a tile
 from phaseprobe.records import Experiment, RequestSpan, Run
 from phaseprobe.store import Store
 
@@ -144,11 +145,6 @@ def span_stats(path: str, key: tuple[float, ...] = ()) -> dict[str, Any]:
     """How many request spans the store holds, over what time, and the other/rejected counts."""
     with _open(path) as store:
         return store.span_stats()
-
-
-def fmt_ms(seconds: float | None) -> str:
-    """Seconds as milliseconds for a metric tile ("—" when not measured)."""
-    return ms(seconds)
 
 
 def wall_time(ns: int) -> datetime:
