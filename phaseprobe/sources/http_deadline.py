@@ -38,34 +38,40 @@ def _register(sock: Any) -> None:
         watched.append(sock)
 
 
-class _Connection(HTTPConnection):
+class _Registered:
+    """Mixed into urllib3's connection classes: a socket is registered once connected."""
+
+    sock: Any
+
     def connect(self) -> None:
-        super().connect()
+        super().connect()  # type: ignore[misc]
         _register(self.sock)
 
 
-class _TlsConnection(HTTPSConnection):
-    def connect(self) -> None:
-        super().connect()
-        _register(self.sock)
+class _Connection(_Registered, HTTPConnection):
+    pass
 
 
-class _Pool(HTTPConnectionPool):
-    ConnectionCls = _Connection
-
-    def _get_conn(self, timeout: float | None = None) -> Any:
-        conn = super()._get_conn(timeout)
-        _register(getattr(conn, "sock", None))  # a kept-alive connection: already connected
-        return conn
+class _TlsConnection(_Registered, HTTPSConnection):
+    pass
 
 
-class _TlsPool(HTTPSConnectionPool):
-    ConnectionCls = _TlsConnection
+class _Reused:
+    """Mixed into urllib3's pools: a kept-alive connection is already connected, so its
+    socket is registered when the pool hands it out."""
 
     def _get_conn(self, timeout: float | None = None) -> Any:
-        conn = super()._get_conn(timeout)
+        conn = super()._get_conn(timeout)  # type: ignore[misc]
         _register(getattr(conn, "sock", None))
         return conn
+
+
+class _Pool(_Reused, HTTPConnectionPool):
+    ConnectionCls = _Connection
+
+
+class _TlsPool(_Reused, HTTPSConnectionPool):
+    ConnectionCls = _TlsConnection
 
 
 class _DeadlineAdapter(HTTPAdapter):
