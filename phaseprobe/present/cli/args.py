@@ -78,23 +78,6 @@ def non_negative_int(value: str) -> int:
     return n
 
 
-def tokens(value: str) -> int:
-    """A token count: 1 … MAX_TOKENS."""
-    n = _int(value)
-    if not 1 <= n <= MAX_TOKENS:
-        raise argparse.ArgumentTypeError(f"must be between 1 and {MAX_TOKENS:,} tokens, "
-                                         f"not {value}")
-    return n
-
-
-def count(value: str) -> int:
-    """How many times (runs, repetitions): 1 … MAX_COUNT."""
-    n = _int(value)
-    if not 1 <= n <= MAX_COUNT:
-        raise argparse.ArgumentTypeError(f"must be between 1 and {MAX_COUNT:,}, not {value}")
-    return n
-
-
 def _finite(value: str) -> float:
     try:
         x = float(value)
@@ -131,15 +114,23 @@ def float_in(lo: float, hi: float, *, lo_open: bool = False) -> Callable[[str], 
     return check
 
 
-def int_in(lo: int, hi: int) -> Callable[[str], int]:
-    """An argparse type: a whole number in [lo, hi]."""
+def int_in(lo: int, hi: int, *, unit: str = "", grouped: bool = False
+           ) -> Callable[[str], int]:
+    """An argparse type: a whole number in [lo, hi]; the message names the bounds with
+    ``unit`` after them, with thousands separators when ``grouped``."""
+    shown = f"{lo:,} and {hi:,}" if grouped else f"{lo} and {hi}"
+
     def check(value: str) -> int:
         n = _int(value)
         if not lo <= n <= hi:
-            raise argparse.ArgumentTypeError(f"must be between {lo} and {hi}, not {value}")
+            raise argparse.ArgumentTypeError(f"must be between {shown}{unit}, not {value}")
         return n
     check.__name__ = "whole number"
     return check
+
+
+tokens = int_in(1, MAX_TOKENS, unit=" tokens", grouped=True)  # a prompt's or generation's
+count = int_in(1, MAX_COUNT, grouped=True)  # how many times: runs, repetitions
 
 
 def seconds(value: str) -> float:
