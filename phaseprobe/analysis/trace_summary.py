@@ -207,6 +207,8 @@ def summarize_stats_csv(report: Any, file: str, top: int = 15) -> TraceDoc:
         by = df.assign(cls=cls.astype(str)).groupby("cls", as_index=False).agg(
             count=("instances", "sum"), time_ns=("total_time_ns", "sum"))
         by["category"] = by["cls"].map(tla.category_of)
+        total = float(by["time_ns"].sum())  # the report's summed kernel time, as in CSV's Time (%)
+        by["pct"] = by["time_ns"] / total * 100 if total > 0 else float("nan")
         doc["kernels"] = {"count": int(df["instances"].sum()),
                           "total_ns": int(df["total_time_ns"].sum()),
                           "communication_count": int(df["instances"][cls == "communication"]

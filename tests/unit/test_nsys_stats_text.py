@@ -119,6 +119,9 @@ def test_cli_summarises_every_table_with_its_rank_and_input(capsys: pytest.Captu
             for r in doc["reports"]] == [("0", "rank0.sqlite", "cuda_gpu_kern_sum", 400),
                                          ("1", "rank1.sqlite", "cuda_gpu_kern_sum", 400)]
     assert [r["kernels"]["total_ns"] for r in doc["reports"]] == [42_080_000, 45_680_000]
+    # each class's share of the report's kernel time, as the report's own Time (%) column
+    shares = {c["cls"]: round(c["pct"], 1) for c in doc["reports"][0]["classes"]}
+    assert shares == {"gemm": 58.0, "communication": 38.0, "compute_other": 4.0}
 
 
 def test_cli_text_view_names_each_table(capsys: pytest.CaptureFixture[str]) -> None:
