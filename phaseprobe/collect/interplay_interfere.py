@@ -22,9 +22,10 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from phaseprobe.analysis.interfere_cost import PrefillTokenCost, prefill_token_cost
 from phaseprobe.analysis.interplay import (
     Stall,
     Verdict,
@@ -120,6 +121,32 @@ class InterfereResult:
     server_decode_alone_s: float | None = None  # median over the baseline runs (vLLM's)
     trigger: Trigger = field(default_factory=Trigger)
     delay_s: float | None = None  # B's send delay after A's (time, estimate, auto triggers)
+    # A alone's decode on vLLM's clock by A's decode steps (completion tokens − 1), and A's
+    # steps per pair, aligned with ``stalls``: A may be lengthened after late pairs (and is then
+    # measured alone again at the new length), so decode times compare only at equal length.
+    server_decode_alone_by_steps: dict[int, list[float]] = field(default_factory=dict)
+    a_steps_with_b: list[int | None] = field(default_factory=list)
+    b_prompt_tokens: int = 0  # B's prompt length as asked for (the cost's denominator)
+
+    def _used_server(self) -> list[tuple[float | None, int | None]]:
+        """(A's decode with B, A's decode steps) for each pair that measured."""
+        steps = self.a_steps_with_b + [None] * (len(self.stalls) - len(self.a_steps_with_b))
+        return [(d, n) for s, d, n in zip(self.stalls, self.server_decode_with_b_s, steps)
+                if s.overlapped]
+
+    def server_decode_compared(self) -> tuple[float | None, float | None]:
+        """(A alone, A with B): medians of A's decode on vLLM's clock over the pairs that
+        measured and had A-alone runs of their own length, each set against those runs'
+        median. Without per-pair lengths (results from before they were kept): the A-alone
+        runs' median against all pairs."""
+        used = self._used_server()
+        if not self.a_steps_with_b:
+            return self.server_decode_alone_s, median_or_none([d for d, _ in used])
+        alone = {n: median_or_none(v) for n, v in self.server_decode_alone_by_steps.items()}
+        matched = [(alone[n], d) for d, n in used
+                   if d is not None and n is not None and alone.get(n) is not None]
+        return (median_or_none([a for a, _ in matched]),
+                median_or_none([d for _, d in matched]))
 
     @property
     def used(self) -> list[Stall]:
@@ -128,7 +155,7 @@ class InterfereResult:
 
     def summary(self) -> dict[str, float | None]:
         used = self.used
-        srv = [d for s, d in zip(self.stalls, self.server_decode_with_b_s) if s.overlapped]
+        srv_alone, srv_with_b = self.server_decode_compared()
         return {"baseline_itl_s": self.baseline_itl_s,
                 "pairs": float(len(self.stalls)), "pairs_used": float(len(used)),
                 "max_itl_s": median_or_none([s.max_itl_s for s in used]),
@@ -138,16 +165,22 @@ class InterfereResult:
                 "b_arrival_s": median_or_none([s.b_arrival_s for s in used]),
                 "control_max_itl_s": median_or_none([s.max_itl_s for s in self.controls]),
                 "control_extra_s": median_or_none([s.extra_s for s in self.controls]),
-                "server_decode_alone_s": self.server_decode_alone_s,
-                "server_decode_with_b_s": median_or_none(srv)}
+                "server_decode_alone_s": srv_alone, "server_decode_with_b_s": srv_with_b}
+
+    def token_cost(self) -> PrefillTokenCost:
+        """Seconds of A's decode (vLLM's clock) per prompt token of B, with an interval: the
+        figure the live estimate from spans gives, so the two can be compared."""
+        return prefill_token_cost(self.server_decode_alone_by_steps, self._used_server(),
+                                  self.b_prompt_tokens)
 
     def verdict(self) -> Verdict:
-        return interference_verdict(self.stalls, self.controls, self.server_decode_alone_s,
-                                    self.server_decode_with_b_s)
+        srv_alone, srv_with_b = self.server_decode_compared()
+        with_b = [srv_with_b if s.overlapped else None for s in self.stalls]
+        return interference_verdict(self.stalls, self.controls, srv_alone, with_b)
 
     def to_dict(self) -> dict[str, Any]:
         return {"experiment_id": self.experiment_id, "summary": self.summary(),
-                "verdict": self.verdict().to_dict(),
+                "verdict": self.verdict().to_dict(), "token_cost": self.token_cost().to_dict(),
                 "discarded": discarded_pairs(self.stalls), "delay_s": self.delay_s,
                 "trigger": {"kind": self.trigger.kind, "value": self.trigger.value,
                             "text": self.trigger.describe()},
@@ -181,6 +214,7 @@ class InterfereSession:
             "b_tokens": str(st.b_tokens), "trigger": st.trigger.kind,
             "at": f"{st.trigger.value:g}", "order": f"{st.reps} A-alone runs, then A/B pairs",
             **(labels or {})})
+        self.name = name
         self.collector = RunCollector(self.spec, ProbeSettings(runs=st.reps, warmup=0, name=name),
                                       ctx.client, ctx.scraper, time.sleep, time.monotonic)
         self.experiment_id = store.create_experiment(Experiment(
@@ -191,6 +225,11 @@ class InterfereSession:
         self.stalls: list[Stall] = []
         self.lanes: list[dict[str, Any]] = []
         self.server_decode: list[float | None] = []  # A's server decode time with B, per pair
+        self.a_steps: list[int | None] = []  # A's decode steps (tokens − 1), per pair
+        # A alone's decode on vLLM's clock by its decode steps, over every A-alone run
+        self.alone_by_steps: dict[int, list[float]] = {}
+        self.alone_lengths = {st.a_tokens}  # A's max_tokens that A-alone runs were done at
+        self.salt = salt
         self.base_itl: float | None = None
         self.base_ttft: float | None = None
         self.delay_s: float | None = None  # B's send delay (time / estimate / auto triggers)
@@ -213,7 +252,32 @@ class InterfereSession:
                         self.collector.measure(len(self.runs), self.a_prompts[i]))
         self.runs.append(run)
         self.baseline_runs.append(run)
+        self._keep_alone(run)
         return run
+
+    def _keep_alone(self, run: Run) -> None:
+        n = run.client.completion_tokens if run.client else None
+        if run.server is not None and run.server.decode_s is not None and n and n >= 2:
+            self.alone_by_steps.setdefault(n - 1, []).append(run.server.decode_s)
+
+    def _alone_at(self, a_tokens: int) -> None:
+        """A alone again at a new length, as many runs as the baseline: the pairs with the
+        lengthened A are compared on vLLM's clock with these, not with the shorter runs."""
+        st = self.settings
+        self.alone_lengths.add(a_tokens)
+        self.notes.append(f"A ran alone {st.reps} more time(s) at {a_tokens} tokens: vLLM's "
+                          "clock compares each pair with A alone of the same length")
+        spec = replace(self.spec, max_tokens=a_tokens)
+        collector = RunCollector(spec, ProbeSettings(runs=st.reps, warmup=0, name=self.name),
+                                 self.ctx.client, self.ctx.scraper, time.sleep, time.monotonic)
+        for k in range(st.reps):
+            prompt = self.ctx.builder.build(st.a_prompt_tokens,
+                                            self.salt + 20_000 + a_tokens + k).text
+            run = store_run(self.store, self.experiment_id,
+                            collector.measure(len(self.runs), prompt))
+            self.runs.append(run)
+            self._keep_alone(run)
+        self.notes.extend(collector.notes)
 
     def prepare(self) -> None:
         """A's pace from the baseline, and B's send delay for the time-based triggers."""
@@ -270,6 +334,8 @@ class InterfereSession:
 
     def pair(self, i: int) -> Stall:
         st, ctx = self.settings, self.ctx
+        if self.a_tokens not in self.alone_lengths:
+            self._alone_at(self.a_tokens)  # A was lengthened: its A-alone runs first
         pre = ctx.scrape()
         if st.trigger.kind != "token":
             self.planned.append(self.delay_s or 0.0)
@@ -284,6 +350,8 @@ class InterfereSession:
         if st.b_tokens == 1 and metric_delta(pre, post, "decode_time", "_count", model) == 2:
             a_decode = metric_delta(pre, post, "decode_time", "_sum", model)
         self.server_decode.append(a_decode)
+        n_a = a_out.timeline.completion_tokens
+        self.a_steps.append(n_a - 1 if n_a is not None and n_a >= 2 else None)
         for prompt, out, lane in ((self.a_prompts[st.reps + i], a_out, "A"),
                                   (self.b_prompts[i], b_out, "B")):
             self.runs.append(store_run(self.store, self.experiment_id, concurrent_run(
@@ -305,8 +373,8 @@ class InterfereSession:
             if self.late_pairs >= 2 and self.a_tokens < MAX_A_STRETCH * st.a_tokens:
                 # Earlier alone did not do it (a loaded machine slows B's prefill and its
                 # delivery more than A's steps): give B's prefill a longer decode to land in.
-                # The stall is read against A's pace per token, which A's length does not
-                # change; A's baseline runs stay as they were.
+                # The client's stall is read against A's pace per token; vLLM's decode times
+                # are compared at equal length, so A runs alone at the new length too.
                 self.a_tokens *= 2
                 self.notes.append(
                     f"A lengthened to {self.a_tokens} tokens from pair {i + 2} on: "
@@ -350,7 +418,8 @@ class InterfereSession:
         return InterfereResult(self.experiment_id, self.base_itl, self.base_ttft, self.stalls,
                                self.lanes, self.runs, self.ctx.info, self.notes, controls,
                                self.server_decode, median_or_none(alone), self.settings.trigger,
-                               self.delay_s)
+                               self.delay_s, self.alone_by_steps, self.a_steps,
+                               self.settings.b_prompt_tokens)
 
 
 def run_interfere(target: Target, store: Store,

@@ -364,19 +364,23 @@ def test_a_stream_delivered_in_one_burst_counts_as_burst_against_vllms_pace():
 def test_interfere_auto_lengthens_a_when_earlier_b_is_still_too_late(tmp_path):
     # B's prefill (1 s) outlasts A's decode however early B goes: after two late pairs the
     # automatic trigger asks for a longer A (what the "raise --a-tokens" advice says), and
-    # says so in the notes; A's baseline runs keep the length asked for.
+    # says so in the notes; A's baseline runs keep the length asked for, and A runs alone at
+    # each new length before the first pair that uses it (vLLM's clock compares equal lengths).
     a = Script(n_tokens=30, gap_s=0.01)
     b = Script(n_tokens=1, first_delay_s=1.0)
     with SseServer(a) as srv, Store(tmp_path / "s.db") as store:
-        srv.enqueue(a, b, a, a, a, b, a, b, a, b, a, b)  # warm-ups, 2 baselines, 4 attempts
+        # warm-ups, 2 baselines, 2 attempts, 2 alone at 60, 1 attempt, 2 alone at 120, 1
+        srv.enqueue(a, b, a, a, a, b, a, b, a, a, a, b, a, a, a, b)
         res = run_interfere(Target(srv.base_url, srv.model), store,
                             InterfereSettings(a_tokens=30, reps=2))
         asked = [r.body["max_tokens"] for r in srv.requests
                  if isinstance(r.body, dict) and r.body.get("max_tokens", 0) > 1
                  and r.body["max_tokens"] != 4]
     assert [s.overlap for s in res.stalls] == ["late"] * 4
-    # baselines at 30; pairs 1-2 at 30, then doubled after the 2nd and 3rd late pair
-    assert asked == [30, 30, 30, 30, 60, 120], asked
+    # baselines at 30; pairs 1-2 at 30, then doubled after the 2nd and 3rd late pair, each new
+    # length measured alone (twice: reps) before its pair
+    assert asked == [30, 30, 30, 30, 60, 60, 60, 120, 120, 120], asked
+    assert sum(n.startswith("A ran alone 2 more time(s)") for n in res.notes) == 2, res.notes
     assert any("A lengthened to 60 tokens from pair 3 on" in n for n in res.notes), res.notes
     assert any("A lengthened to 120 tokens from pair 4 on" in n for n in res.notes)
     assert res.verdict().kind == "no overlap"

@@ -132,6 +132,8 @@ def render_interfere(out: Console, r: InterfereResult, arm: str | None = None) -
               "inside A's decode)")
     out.print(f"A's decode on vLLM's clock: alone {_ms(sm['server_decode_alone_s'])} ms, with B "
               f"{_ms(sm['server_decode_with_b_s'])} ms (medians; needs --b-tokens 1)")
+    out.print(f"per prompt token of B: {escape(r.token_cost().text)}; `phaseprobe watch` "
+              "estimates the same cost from live traffic")
     v = r.verdict()
     _verdict(out, v.kind, v.text)
     _notes(out, r.notes)

@@ -1,0 +1,110 @@
+"""What one prompt token of B's prefill costs A's decode, from the controlled interfere probe.
+
+The probe times A's decode on vLLM's clock alone and with B's long prefill arriving mid-decode.
+What B added to a pair is A's decode with B less A alone's decode *at the same length*: the
+probe lengthens A when B keeps coming too late, and measures A alone again at the new length,
+because A's pace per step is not the same at 16 and at 256 tokens (seen: 2.3 ms per step at 64
+tokens, 1.8 ms at 256 — extrapolating one from the other gave −125 µs per token). The median of
+that over B's prompt tokens is seconds of decode per prefill token: the unit of the live
+estimate from spans (:func:`phaseprobe.analysis.span_context.prefill_interference`), so the two
+can be set side by side. The interval is a percentile bootstrap (``scipy.stats``) over the
+A-alone runs of each length and over the pairs: with a handful of each it is coarse, and says
+so by being wide.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+from phaseprobe.format import duration
+
+__all__ = ["PrefillTokenCost", "prefill_token_cost"]
+
+# Fewer values than this on either side give no interval (a median of one is no median).
+MIN_PER_SIDE = 2
+
+
+@dataclass(frozen=True)
+class PrefillTokenCost:
+    """Seconds of A's decode per prompt token of B, with its bootstrap interval."""
+
+    per_token_s: float | None  # median over pairs of (decode with B − A alone, same length) / B
+    ci_low_s: float | None
+    ci_high_s: float | None
+    n_alone: int  # A-alone runs with a server decode time, at the lengths the pairs had
+    n_with_b: int  # pairs with B's prefill inside A's decode, a server decode time and
+    # at least MIN_PER_SIDE A-alone runs of their length
+    b_prompt_tokens: int
+    confidence: float
+    n_unmatched: int = 0  # pairs that measured but had no A-alone runs of their length
+
+    @property
+    def detected(self) -> bool:
+        """The interval lies above zero: B's prefill measurably slowed A's decode."""
+        return self.ci_low_s is not None and self.ci_low_s > 0
+
+    @property
+    def text(self) -> str:
+        if self.per_token_s is None:
+            return (f"undecided: A's decode on vLLM's clock is known for {self.n_alone} A-alone "
+                    f"run(s) and {self.n_with_b} pair(s) of the same length; at least "
+                    f"{MIN_PER_SIDE} of each are needed" + self._unmatched())
+        return (f"{duration(self.per_token_s)} of A's decode per prompt token of B "
+                f"[{duration(self.ci_low_s)}, {duration(self.ci_high_s)}] ({self.confidence:.0%} "
+                f"bootstrap over {self.n_with_b} pair(s) and {self.n_alone} A-alone run(s), "
+                f"B's prompt {self.b_prompt_tokens} tokens){self._unmatched()}")
+
+    def _unmatched(self) -> str:
+        return (f"; {self.n_unmatched} pair(s) with no A-alone runs of their length left out"
+                if self.n_unmatched else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "detected": self.detected, "text": self.text}
+
+
+def prefill_token_cost(alone_by_steps: Mapping[int, Sequence[float | None]],
+                       with_b: Sequence[tuple[float | None, int | None]], b_prompt_tokens: int,
+                       *, confidence: float = 0.95, n_resamples: int = 2000,
+                       seed: int = 0) -> PrefillTokenCost:
+    """A alone's decode times on vLLM's clock by A's decode steps (completion tokens − 1), and
+    per pair whose B prefill ran inside A's decode: (A's decode with B, A's decode steps) →
+    seconds of decode per B prompt token. Seeded: the same runs give the same interval."""
+    groups = {n: np.asarray([v for v in vals if v is not None and math.isfinite(v)],
+                            dtype=float) for n, vals in alone_by_steps.items()}
+    known = [(d, n) for d, n in with_b if d is not None and math.isfinite(d) and n is not None]
+    pairs = [(d, n) for d, n in known if n in groups and len(groups[n]) >= MIN_PER_SIDE]
+    lengths = sorted({n for _, n in pairs})
+    alone = [groups[n] for n in lengths]
+    n_alone = sum(len(g) for g in alone)
+    unmatched = len(known) - len(pairs)
+    if len(pairs) < MIN_PER_SIDE or b_prompt_tokens <= 0:
+        return PrefillTokenCost(None, None, None, n_alone, len(pairs), b_prompt_tokens,
+                                confidence, unmatched)
+    decode = np.asarray([d for d, _ in pairs], dtype=float)
+    group_of = np.asarray([lengths.index(n) for _, n in pairs])
+
+    def stat(*samples: np.ndarray) -> float:
+        *runs, idx = samples
+        i = idx.astype(int)
+        reference = np.asarray([np.median(g) for g in runs])[group_of[i]]
+        return float(np.median(decode[i] - reference) / b_prompt_tokens)
+
+    index = np.arange(len(pairs), dtype=float)
+    per = stat(*alone, index)
+    if all(np.ptp(g) == 0 for g in alone) and np.ptp(decode) == 0:
+        lo = hi = per  # no spread at all: the interval is the point
+    else:
+        # Each length's A-alone runs are resampled apart, and the pairs by index, so each
+        # keeps its decode with its own length.
+        res = stats.bootstrap((*alone, index), stat, vectorized=False, paired=False,
+                              confidence_level=confidence, n_resamples=n_resamples,
+                              method="percentile", rng=np.random.default_rng(seed))
+        lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
+    return PrefillTokenCost(per, lo, hi, n_alone, len(pairs), b_prompt_tokens, confidence,
+                            unmatched)
