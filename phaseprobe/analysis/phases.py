@@ -147,6 +147,10 @@ class Summary:
     # Never folded into prefill.
     outside_engine_s: float | None = None
     pre_engine_s: float | None = None
+    # Of the rest, from the client's and vLLM's wall clocks when they agree (engine_edges):
+    # send → vLLM's arrival stamp, and vLLM's end stamp → the client's last byte (delivery).
+    way_in_s: float | None = None
+    delivery_s: float | None = None
 
     def to_dict(self) -> dict[str, float | int | None]:
         return dict(self.__dict__)
@@ -163,6 +167,28 @@ def outside_engine(run: Run) -> tuple[float, float | None] | None:
     pre = (max(0.0, sp.ttft_s - (sp.queue_s or 0.0) - (sp.prefill_s or 0.0))
            if sp.ttft_s is not None else None)
     return c.e2e_s - inside, pre
+
+
+# The client's and vLLM's wall clocks are set side by side only when they agree to within this:
+# on one host they are one clock, while an unsynchronised remote clock would invent a way in or
+# a delivery (a stamp before the send, or after the client's last byte, is the sign).
+CLOCK_SLACK_S = 0.002
+
+
+def engine_edges(run: Run) -> tuple[float, float] | None:
+    """(client send → vLLM's arrival stamp, vLLM's end stamp → the client's last byte), in
+    seconds, from the client's and the span's wall clocks: the network and HTTP on the way in,
+    and the delivery after the last token on the way out. None without a span and a complete
+    client timeline, or when either comes out more than CLOCK_SLACK_S below zero (the two
+    clocks are not one clock)."""
+    c, sp = run.client, run.span
+    if c is None or sp is None or not c.complete or c.e2e_s is None:
+        return None
+    way_in = (sp.start_ns - c.sent_wall_ns) / 1e9
+    delivery = (c.sent_wall_ns + round(c.e2e_s * 1e9) - sp.end_ns) / 1e9
+    if way_in < -CLOCK_SLACK_S or delivery < -CLOCK_SLACK_S:
+        return None
+    return max(way_in, 0.0), max(delivery, 0.0)
 
 
 def _median(values: Sequence[float | None]) -> float | None:
@@ -209,6 +235,7 @@ def summarize(runs: Sequence[Run]) -> Summary:
     decode_c = _median([s.decode_s for s in same])
     s_ttft_c = _median([s.ttft_s for s in same])
     outside = [o for r in clean if (o := outside_engine(r)) is not None]
+    edges = [e for r in clean if (e := engine_edges(r)) is not None]
     return Summary(
         n_runs=len(runs),
         n_ok=len(ok),
@@ -233,6 +260,8 @@ def summarize(runs: Sequence[Run]) -> Summary:
         n_by_span=sum(1 for r in runs if r.attributed and not r.isolated),
         outside_engine_s=_median([o[0] for o in outside]),
         pre_engine_s=_median([o[1] for o in outside]),
+        way_in_s=_median([e[0] for e in edges]),
+        delivery_s=_median([e[1] for e in edges]),
     )
 
 

@@ -21,7 +21,7 @@ from dataclasses import replace
 import pytest
 import requests
 
-from phaseprobe.analysis.phases import outside_engine, summarize
+from phaseprobe.analysis.phases import engine_edges, outside_engine, summarize
 from phaseprobe.analysis.span_context import overlap_context
 from phaseprobe.collect.experiment import ProbeSettings, run_probe
 from phaseprobe.collect.open_loop import LoadSettings, OpenLoopLoad
@@ -70,6 +70,12 @@ def test_every_probe_request_is_matched_to_its_span_over_grpc(local_vllm, spans_
         # and the part before the engine queued the request fits inside it.
         outside, pre = outside_engine(run)
         assert outside > 0 and pre is not None and 0 <= pre <= outside + 0.002
+        # One host, one clock: the way in and the delivery after the last token are split out,
+        # and with the time before the queue they fit inside what was outside the engine.
+        edges = engine_edges(run)
+        assert edges is not None, (span.start_ns - client.sent_wall_ns, span.end_ns)
+        way_in, delivery = edges
+        assert way_in + pre + delivery <= outside + 0.004, (way_in, pre, delivery, outside)
     summary = summarize(stored)
     # The summary takes it from the runs whose client timeline agrees with the server; on a
     # loaded 2-core machine the API server can hold every first token back (each run is then
@@ -77,6 +83,7 @@ def test_every_probe_request_is_matched_to_its_span_over_grpc(local_vllm, spans_
     assert (summary.outside_engine_s is not None) == (summary.n_clean > 0), summary
     if summary.outside_engine_s is not None:
         assert summary.outside_engine_s > 0
+        assert summary.way_in_s is not None and summary.delivery_s is not None
 
 
 class SteadyCompany:

@@ -95,6 +95,28 @@ def test_runs_take_their_own_span_and_the_store_keeps_both_sources(tmp_path):
     assert summary.outside_engine_s == sorted(expect)[0] + (sorted(expect)[1]
                                                             - sorted(expect)[0]) / 2
     assert summary.pre_engine_s is not None and abs(summary.pre_engine_s - 0.003) < 1e-9
+    # The span arrived 2 ms after the send and ended 8 ms before the client's last byte
+    # (0.130 − 0.002 − 0.120): one host, one clock, so the edges are split out.
+    assert abs(summary.way_in_s - 0.002) < 1e-9 and abs(summary.delivery_s - 0.008) < 1e-9
+
+
+def test_edges_are_not_split_when_the_two_clocks_disagree():
+    from dataclasses import replace
+
+    from phaseprobe.analysis.phases import engine_edges
+
+    run = Run(seq=0, status="ok", prompt="p", client=_client(T0), server=None,
+              isolation=Isolation(verified=True, isolated=False, reasons=("shared",)))
+    ok = replace(run, span=_span("t" * 32, "r", T0 + 2_000_000))
+    way_in, delivery = engine_edges(ok)
+    assert abs(way_in - 0.002) < 1e-9 and abs(delivery - 0.008) < 1e-9
+    # A server clock 50 ms behind the client's: its arrival stamp comes before the send.
+    behind = replace(run, span=_span("t" * 32, "r", T0 - 50_000_000))
+    assert engine_edges(behind) is None
+    # ... 50 ms ahead: its end stamp comes after the client's last byte.
+    ahead = replace(run, span=_span("t" * 32, "r", T0 + 50_000_000))
+    assert engine_edges(ahead) is None
+    assert engine_edges(run) is None  # no span
 
 
 def test_tags_are_w3c_traceparent_and_a_request_id():
@@ -116,3 +138,21 @@ def test_span_windows_put_the_phases_on_the_wall_clock():
     assert w.queued_ns == w.prefill_start_ns - 4_000_000 == T0 + 3_000_000  # 3 ms pre-engine
     assert w.last_token_ns == w.first_token_ns + 95_000_000
     assert sp.tpot_s == 0.095 / 15
+
+
+def test_the_probe_report_prints_the_split_outside_the_engine(tmp_path):
+    from rich.console import Console
+
+    from phaseprobe.present.cli.console import render_probe
+
+    with Store(tmp_path / "s.sqlite") as store:
+        runs = _stored_runs(store)
+        spans = [_span(r.trace_id, r.request_id, r.client.sent_wall_ns + 2_000_000)
+                 for r in runs]
+        store.add_spans(spans, [{} for _ in spans], {})
+        updated, notes = attach_spans(store, runs, wait_s=0.3)
+    out = Console(record=True, width=400)
+    render_probe(out, updated, summarize(updated), {"vllm_version": "x"}, notes, 1)
+    text = out.export_text()
+    assert "send → vLLM's arrival stamp 2.0 ms" in text, text
+    assert "(delivery after the last token) 8.0 ms" in text, text

@@ -116,8 +116,14 @@ def render_probe(console: Console, runs: Sequence[Run], summary: Summary,
         console.print(
             f"outside the engine (from the spans): client e2e − (queue + prefill + decode) "
             f"{ms(summary.outside_engine_s)} ms, of which arrival → queued on vLLM's clock "
-            f"(HTTP, tokenization) {ms(summary.pre_engine_s)} ms; the rest is the network "
-            "and delivery after the last token (none of it is prefill)")
+            f"(HTTP, tokenization) {ms(summary.pre_engine_s)} ms; "
+            + (f"send → vLLM's arrival stamp {ms(summary.way_in_s)} ms and vLLM's end stamp "
+               f"→ the client's last byte (delivery after the last token) "
+               f"{ms(summary.delivery_s)} ms, on the two wall clocks"
+               if summary.delivery_s is not None else
+               "the rest is the network and delivery after the last token (the client's and "
+               "vLLM's clocks disagree, so they are not split)")
+            + " (none of it is prefill)")
     if any(r.status == "ok" and r.attributed and not client_consistent(r) for r in runs):
         console.print("[yellow]†[/] left out of the client medians: its client timeline "
                       "contradicts vLLM's phases (see the notes); its server phases count")
