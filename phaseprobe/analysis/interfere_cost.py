@@ -26,8 +26,12 @@ from phaseprobe.format import duration
 
 __all__ = ["PrefillTokenCost", "prefill_token_cost"]
 
-# Fewer values than this on either side give no interval (a median of one is no median).
+# Fewer A-alone runs of a length than this give no reference (a median of one is no median),
+# and fewer pairs than MIN_PAIRS no figure: the bootstrap of two pairs has four resamples, and
+# its "interval" is their spread (seen: 103 µs [53.3, 156] over 2 pairs on a bursty run, beside
+# 17-34 µs from 8-12 pairs of the same server).
 MIN_PER_SIDE = 2
+MIN_PAIRS = 3
 
 
 @dataclass(frozen=True)
@@ -54,7 +58,8 @@ class PrefillTokenCost:
         if self.per_token_s is None:
             return (f"undecided: A's decode on vLLM's clock is known for {self.n_alone} A-alone "
                     f"run(s) and {self.n_with_b} pair(s) of the same length; at least "
-                    f"{MIN_PER_SIDE} of each are needed" + self._unmatched())
+                    f"{MIN_PER_SIDE} A-alone runs and {MIN_PAIRS} pairs are needed"
+                    + self._unmatched())
         return (f"{duration(self.per_token_s)} of A's decode per prompt token of B "
                 f"[{duration(self.ci_low_s)}, {duration(self.ci_high_s)}] ({self.confidence:.0%} "
                 f"bootstrap over {self.n_with_b} pair(s) and {self.n_alone} A-alone run(s), "
@@ -83,7 +88,7 @@ def prefill_token_cost(alone_by_steps: Mapping[int, Sequence[float | None]],
     alone = [groups[n] for n in lengths]
     n_alone = sum(len(g) for g in alone)
     unmatched = len(known) - len(pairs)
-    if len(pairs) < MIN_PER_SIDE or b_prompt_tokens <= 0:
+    if len(pairs) < MIN_PAIRS or b_prompt_tokens <= 0:
         return PrefillTokenCost(None, None, None, n_alone, len(pairs), b_prompt_tokens,
                                 confidence, unmatched)
     decode = np.asarray([d for d, _ in pairs], dtype=float)

@@ -55,10 +55,13 @@ def test_too_few_runs_or_unknown_times_are_undecided_not_zero():
     assert prefill_token_cost(ALONE, WITH_B, 0).per_token_s is None
     # pairs whose decode time or steps are unknown do not count
     assert prefill_token_cost(ALONE, [(None, 15), (0.05, None), (0.05, 15)], 900).n_with_b == 1
+    # two pairs are too few for a figure (their bootstrap has four resamples)
+    two = prefill_token_cost(ALONE, WITH_B[:2], 900)
+    assert two.per_token_s is None and "3 pairs are needed" in two.text
 
 
 def test_identical_values_give_the_point_as_interval():
-    cost = prefill_token_cost({20: [0.02, 0.02]}, [(0.03, 20), (0.03, 20)], 100)
+    cost = prefill_token_cost({20: [0.02, 0.02]}, [(0.03, 20)] * 3, 100)
     assert math.isclose(cost.per_token_s, 1e-4)
     assert cost.ci_low_s == cost.ci_high_s == cost.per_token_s
 
