@@ -47,7 +47,7 @@ from phaseprobe.collect.interplay_context import (
     quiet,
     store_run,
 )
-from phaseprobe.records import Experiment, Run
+from phaseprobe.records import Experiment, Run, RunSpec
 from phaseprobe.sources.openai_stream import StreamOutcome, TokenEventCounter
 from phaseprobe.store import Store
 
@@ -137,8 +137,8 @@ class InterfereResult:
     def server_decode_compared(self) -> tuple[float | None, float | None]:
         """(A alone, A with B): medians of A's decode on vLLM's clock over the pairs that
         measured and had A-alone runs of their own length, each set against those runs'
-        median. Without per-pair lengths (results from before they were kept): the A-alone
-        runs' median against all pairs."""
+        median. Before any pair (no lengths yet): the A-alone runs' median, and no with-B
+        figure."""
         used = self._used_server()
         if not self.a_steps_with_b:
             return self.server_decode_alone_s, median_or_none([d for d, _ in used])
@@ -215,8 +215,7 @@ class InterfereSession:
             "at": f"{st.trigger.value:g}", "order": f"{st.reps} A-alone runs, then A/B pairs",
             **(labels or {})})
         self.name = name
-        self.collector = RunCollector(self.spec, ProbeSettings(runs=st.reps, warmup=0, name=name),
-                                      ctx.client, ctx.scraper, time.sleep, time.monotonic)
+        self.collector = self._collector(self.spec)
         self.experiment_id = store.create_experiment(Experiment(
             name=name, kind="interfere", spec=self.spec, server_info=ctx.info,
             created_wall_ns=time.time_ns()))
@@ -255,6 +254,12 @@ class InterfereSession:
         self._keep_alone(run)
         return run
 
+    def _collector(self, spec: RunSpec) -> RunCollector:
+        """A-alone runs of ``spec``, measured and attributed as the probe's runs are."""
+        return RunCollector(spec, ProbeSettings(runs=self.settings.reps, warmup=0,
+                                                name=self.name),
+                            self.ctx.client, self.ctx.scraper, time.sleep, time.monotonic)
+
     def _keep_alone(self, run: Run) -> None:
         n = run.client.completion_tokens if run.client else None
         if run.server is not None and run.server.decode_s is not None and n and n >= 2:
@@ -267,9 +272,7 @@ class InterfereSession:
         self.alone_lengths.add(a_tokens)
         self.notes.append(f"A ran alone {st.reps} more time(s) at {a_tokens} tokens: vLLM's "
                           "clock compares each pair with A alone of the same length")
-        spec = replace(self.spec, max_tokens=a_tokens)
-        collector = RunCollector(spec, ProbeSettings(runs=st.reps, warmup=0, name=self.name),
-                                 self.ctx.client, self.ctx.scraper, time.sleep, time.monotonic)
+        collector = self._collector(replace(self.spec, max_tokens=a_tokens))
         for k in range(st.reps):
             prompt = self.ctx.builder.build(st.a_prompt_tokens,
                                             self.salt + 20_000 + a_tokens + k).text

@@ -8,7 +8,6 @@ from rich.table import Table
 
 from phaseprobe.analysis.interplay import ARM_METRICS
 from phaseprobe.collect.interplay import ArmsResult, BatchResult, InterfereResult, PrefixResult
-from phaseprobe.format import ms_cell
 from phaseprobe.format import ms_cell as _ms
 
 __all__ = ["render_prefix", "render_batch", "render_interfere", "render_arms"]
@@ -25,7 +24,7 @@ def _notes(out: Console, notes: list[str]) -> None:
 
 def _ms_fine(v: float | None) -> str:
     """ms with significant digits below 1 ms, so a 5 µs gap reads 0.005, never 0.0."""
-    return ms_cell(v) if v is None or abs(v) >= 1e-3 else ms_cell(v, 3)
+    return _ms(v) if v is None or abs(v) >= 1e-3 else _ms(v, 3)
 
 
 def _table(title: str, columns: tuple[str, ...], left: tuple[str, ...] = ()) -> Table:
