@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import requests
 
 from phaseprobe.analysis.ab_sequential import SequentialPlan
-from phaseprobe.collect.experiment import ProbeSettings, RunCollector, server_info
+from phaseprobe.collect.connection import connect
+from phaseprobe.collect.experiment import ProbeSettings, RunCollector
 from phaseprobe.collect.playbook import (
     LOCAL_MODEL,
     Arm,
@@ -44,9 +45,8 @@ from phaseprobe.collect.playbook import (
     redacted_text,
     restore_secrets,
 )
-from phaseprobe.collect.prompts import PromptBuilder
 from phaseprobe.collect.target import served_model
-from phaseprobe.errors import LocalServerError, MetricsUnavailable, StoreError
+from phaseprobe.errors import LocalServerError, StoreError
 from phaseprobe.local.process import (
     free_port,
     stop_process_group,
@@ -56,13 +56,7 @@ from phaseprobe.local.process import (
 from phaseprobe.paths import cache_dir
 from phaseprobe.records import Experiment, Run, RunSpec
 from phaseprobe.redact import redact_url
-from phaseprobe.sources.openai_stream import (
-    DEFAULT_DEADLINE_S,
-    StreamClient,
-    build_body,
-    check_endpoint,
-)
-from phaseprobe.sources.vllm_metrics import MetricsScraper
+from phaseprobe.sources.openai_stream import build_body
 from phaseprobe.store import Store
 
 if TYPE_CHECKING:  # scipy (via ab_stats) costs ~1 s to import: only at the first look
@@ -205,32 +199,20 @@ class _Arm:
                  settings: ProbeSettings) -> None:
         plan = playbook.run
         self.index, self.arm, self.url = index, arm, url
-        self.client = StreamClient(url, api_key=api_key, session=session,
-                                   timeout_s=plan.timeout_s, deadline_s=DEFAULT_DEADLINE_S)
-        headers = {k: v for k, v in self.client.headers.items() if k == "Authorization"}
-        models = check_endpoint(url, session=session, headers=headers)
-        self.scraper: MetricsScraper | None = MetricsScraper(url, session=session,
-                                                             headers=headers)
-        self.notes: list[str] = ([f"arm {arm.name}: {self.client.auth_note}"]
-                                 if self.client.auth_note else [])
-        try:
-            first = self.scraper.scrape() if self.scraper else None
-        except MetricsUnavailable as exc:
-            self.notes.append(f"arm {arm.name}: {exc}: client-only runs")
-            self.scraper, first = None, None
-        self.info = server_info(url, session, headers, models, first)
+        conn = connect(url, api_key, session=session, timeout_s=plan.timeout_s)
+        self.client, self.scraper, self.info = conn.client, conn.scraper, conn.info
+        self.notes = [f"arm {arm.name}: {note}" for note in conn.notes]
         # Caught before any run (otherwise every run would be a 404 error run), by the same
         # check probe and the interplay probes make.
         served_model(url, api_key, arm.served_model, option=f"arm {arm.name}: model",
-                     models=models)
+                     models=conn.models)
         self.spec = RunSpec(endpoint=url, model=arm.served_model, prompt=plan.prompt or "",
                             max_tokens=plan.max_tokens, api=plan.api,
                             prompt_tokens_target=plan.prompt_tokens, seed=plan.seed,
                             ignore_eos=plan.ignore_eos,
                             labels={"ab_playbook": playbook.name, "ab_arm": arm.name,
                                     "ab_role": "AB"[index]})
-        builder = PromptBuilder(url, self.spec.model, session=session, headers=headers,
-                                seed=plan.seed)
+        builder = conn.prompt_builder(self.spec.model, plan.seed)
 
         def prompt(i: int) -> str:
             if plan.prompt_tokens is None:

@@ -127,22 +127,9 @@ def fetch_server_info(endpoint: str, api_key: str | None,
     """What the server says about itself before any run (``/v1/models``, ``/version`` and
     ``vllm:cache_config_info``), the same dict the probe stores as ``server_info``.
     ``models``: ``/v1/models`` when the caller already has it."""
-    import requests
+    from phaseprobe.collect.connection import connect
 
-    from phaseprobe.collect.experiment import server_info
-    from phaseprobe.errors import MetricsUnavailable
-    from phaseprobe.sources.openai_stream import check_endpoint
-    from phaseprobe.sources.vllm_metrics import MetricsScraper
-
-    session = requests.Session()
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    if models is None:
-        models = check_endpoint(endpoint, session=session, headers=headers)
-    try:
-        snap = MetricsScraper(endpoint, session=session, headers=headers).scrape()
-    except MetricsUnavailable:
-        snap = None
-    return server_info(endpoint, session, headers, models, snap)
+    return connect(endpoint, api_key, models=models).info
 
 
 def preflight(endpoint: str, api_key: str | None, peaks_choice: str | None,

@@ -9,7 +9,6 @@ to the store before the next one starts. Faults become data: an HTTP error or a 
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -19,7 +18,7 @@ import requests
 
 from phaseprobe.analysis.client_check import check_client, has_hop
 from phaseprobe.analysis.phases import attribute, consistency_notes, histograms_moved, idle_reasons
-from phaseprobe.collect.prompts import PromptBuilder
+from phaseprobe.collect.connection import connect
 from phaseprobe.collect.span_attribution import attach_spans, new_tags
 from phaseprobe.errors import MetricsUnavailable
 from phaseprobe.records import ClientTimeline, Experiment, Isolation, Run, RunSpec, RunStatus
@@ -29,15 +28,13 @@ from phaseprobe.sources.openai_stream import (
     DEFAULT_DEADLINE_S,
     StreamClient,
     build_body,
-    check_endpoint,
-    small_json,
 )
 from phaseprobe.sources.stall_watch import StallWatch
 from phaseprobe.sources.vllm_metrics import MetricSnapshot, MetricsScraper
 from phaseprobe.store import Store
 
 __all__ = ["ProbeSettings", "ProbeResult", "ProgressHook", "NullProgress", "RunCollector",
-           "server_info", "run_probe"]
+           "run_probe"]
 
 
 @dataclass(frozen=True)
@@ -74,25 +71,6 @@ class NullProgress:
     def on_warmup(self, index: int, error: str | None) -> None: ...
     def on_run(self, run: Run) -> None: ...
     def on_end(self) -> None: ...
-
-
-_VERSION = re.compile(r"[0-9A-Za-z][0-9A-Za-z.+_-]{0,63}")  # "0.32.0", "0.6.3.post1+cpu"
-
-
-def server_info(base_url: str, session: requests.Session, headers: dict[str, str],
-                 models: list[dict[str, Any]], snap: MetricSnapshot | None) -> dict[str, Any]:
-    info: dict[str, Any] = {"models": models, "vllm_version": None, "cache_config": None}
-    doc = small_json(session, "GET", base_url.rstrip("/") + "/version", headers=headers,
-                     timeout_s=5)
-    version = doc.get("version") if isinstance(doc, dict) else None
-    # Kept with the experiment and compared between arms: a version string, nothing else.
-    if isinstance(version, str) and _VERSION.fullmatch(version):
-        info["vllm_version"] = version
-    if snap is not None:
-        labels = snap.labels_of("cache_config_info")
-        info["cache_config"] = labels[0] if labels else None
-        info["metrics_families"] = sorted({n for n in snap.samples if n.startswith("vllm")})
-    return info
 
 
 class RunCollector:
@@ -218,25 +196,12 @@ def run_probe(spec: RunSpec, store: Store, *, settings: ProbeSettings = ProbeSet
     already fetched it (one call per probe); else it is fetched here.
     """
     progress = progress or NullProgress()
-    session = session or requests.Session()
-    client = StreamClient(spec.endpoint, api_key=api_key, session=session, timeout_s=timeout_s,
-                          deadline_s=deadline_s)
-    headers = {k: v for k, v in client.headers.items() if k == "Authorization"}
-    if models is None:
-        models = check_endpoint(spec.endpoint, session=session, headers=headers)
-    notes: list[str] = [client.auth_note] if client.auth_note else []
-    scraper: MetricsScraper | None = MetricsScraper(spec.endpoint, session=session,
-                                                    headers=headers)
-    first: MetricSnapshot | None = None
-    try:
-        first = scraper.scrape()  # type: ignore[union-attr]
-    except MetricsUnavailable as exc:
-        notes.append(f"{exc}: runs are client-only (no server phases, isolation not verified)")
-        scraper = None
-    info = server_info(spec.endpoint, session, headers, models, first)
+    conn = connect(spec.endpoint, api_key, session=session, timeout_s=timeout_s,
+                   deadline_s=deadline_s, models=models)
+    notes = list(conn.notes)
+    info = conn.info
 
-    builder = PromptBuilder(spec.endpoint, spec.model, session=session, headers=headers,
-                            seed=spec.seed)
+    builder = conn.prompt_builder(spec.model, spec.seed)
     total = settings.warmup + settings.runs
     if spec.prompt_tokens_target is not None:
         prompts = [builder.build(spec.prompt_tokens_target, i).text for i in range(total)]
@@ -247,7 +212,7 @@ def run_probe(spec: RunSpec, store: Store, *, settings: ProbeSettings = ProbeSet
         notes.append("the same prompt text is sent every run: vLLM's prefix cache may serve "
                      "part of its prefill (see server counter_deltas.prefix_cache_hits)")
 
-    collector = RunCollector(spec, settings, client, scraper, sleep, clock)
+    collector = RunCollector(spec, settings, conn.client, conn.scraper, sleep, clock)
     experiment_id = store.create_experiment(Experiment(
         name=settings.name, kind="probe", spec=spec, server_info=info,
         created_wall_ns=time.time_ns()))

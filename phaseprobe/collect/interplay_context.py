@@ -18,22 +18,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-import requests
-
 from phaseprobe.analysis.interplay import CONCURRENT_MARK
-from phaseprobe.collect.experiment import server_info
-from phaseprobe.collect.prompts import PromptBuilder
-from phaseprobe.errors import ConfigError, MetricsUnavailable
+from phaseprobe.collect.connection import connect
+from phaseprobe.collect.target import served_model
+from phaseprobe.errors import MetricsUnavailable
 from phaseprobe.format import ms as fmt_ms
 from phaseprobe.records import Isolation, Run, RunSpec
 from phaseprobe.sources.openai_stream import (
-    DEFAULT_DEADLINE_S,
     StreamClient,
     StreamOutcome,
     build_body,
-    check_endpoint,
 )
-from phaseprobe.sources.vllm_metrics import MetricSnapshot, MetricsScraper
+from phaseprobe.sources.vllm_metrics import MetricSnapshot
 from phaseprobe.store import Store
 
 __all__ = ["Target", "Progress", "ProbeContext", "concurrent_run", "store_run", "events_s",
@@ -61,35 +57,19 @@ class ProbeContext:
 
     def __init__(self, target: Target, *, require_model: bool = False) -> None:
         self.target = target
-        self.session = requests.Session()
-        self.client = self.new_client()
-        self.headers = {k: v for k, v in self.client.headers.items() if k == "Authorization"}
-        models = check_endpoint(target.endpoint, session=self.session, headers=self.headers)
-        if require_model:
-            served = [str(m.get("id")) for m in models if isinstance(m, dict)]
-            if target.model not in served:
-                # Caught before any run: otherwise every run would be a 404 error run.
-                raise ConfigError(f"model {target.model!r} is not served at {target.endpoint} "
-                                  f"(it serves: {', '.join(served) or 'nothing'})")
-        note = self.new_client().auth_note
-        self.notes: list[str] = [note] if note else []
-        self.scraper: MetricsScraper | None = MetricsScraper(
-            target.endpoint, session=self.session, headers=self.headers)
-        first: MetricSnapshot | None = None
-        try:
-            first = self.scraper.scrape()
-        except MetricsUnavailable as exc:
-            self.notes.append(f"{exc}: no server-side view (client timings only)")
-            self.scraper = None
-        self.info = server_info(target.endpoint, self.session, self.headers, models, first)
-        self.builder = PromptBuilder(target.endpoint, target.model, session=self.session,
-                                     headers=self.headers, seed=target.seed)
+        self.conn = connect(target.endpoint, target.api_key, timeout_s=target.timeout_s)
+        if require_model:  # caught before any run: otherwise every run would be a 404 error
+            served_model(target.endpoint, target.api_key, target.model, option="model",
+                         models=self.conn.models)
+        self.session, self.client, self.headers = (self.conn.session, self.conn.client,
+                                                   self.conn.headers)
+        self.notes: list[str] = list(self.conn.notes)
+        self.scraper = self.conn.scraper
+        self.info = self.conn.info
+        self.builder = self.conn.prompt_builder(target.model, target.seed)
 
     def new_client(self) -> StreamClient:
-        # A fresh session per stream/thread: requests.Session is not thread-safe.
-        return StreamClient(self.target.endpoint, api_key=self.target.api_key,
-                            timeout_s=self.target.timeout_s, session=requests.Session(),
-                            deadline_s=DEFAULT_DEADLINE_S)
+        return self.conn.new_client()
 
     def body(self, prompt: str, max_tokens: int) -> dict[str, Any]:
         return build_body(model=self.target.model, prompt=prompt, max_tokens=max_tokens,

@@ -9,7 +9,7 @@ import json
 import pytest
 import requests
 
-from phaseprobe.collect.experiment import server_info
+from phaseprobe.collect.connection import server_info
 from phaseprobe.collect.prompts import PromptBuilder
 from phaseprobe.sources.openai_stream import MAX_SMALL_ANSWER_BYTES, small_json
 from tests.hostile_cases import CannedServer, Reply, deep_json, json_reply, stream_bytes

@@ -1,0 +1,104 @@
+"""One endpoint, connected once: the streaming client, ``/v1/models``, the ``/metrics``
+scraper (or why there is none), what the server says about itself, and its prompt builder.
+
+The probe, each A/B arm, the interplay probes and the roofline's preflight connect to a server
+the same way, here: a new per-endpoint capability is added once, and every measurement agrees
+on which headers are sent, when runs are client-only and what ``server_info`` holds.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import requests
+
+from phaseprobe.collect.prompts import PromptBuilder
+from phaseprobe.errors import MetricsUnavailable
+from phaseprobe.sources.openai_stream import (
+    DEFAULT_DEADLINE_S,
+    StreamClient,
+    check_endpoint,
+    small_json,
+)
+from phaseprobe.sources.vllm_metrics import MetricSnapshot, MetricsScraper
+
+__all__ = ["Connection", "connect", "server_info", "CLIENT_ONLY"]
+
+# Said when /metrics cannot be used (after the scraper's own reason).
+CLIENT_ONLY = "runs are client-only (no server phases, isolation not verified)"
+
+_VERSION = re.compile(r"[0-9A-Za-z][0-9A-Za-z.+_-]{0,63}")  # "0.32.0", "0.6.3.post1+cpu"
+
+
+@dataclass
+class Connection:
+    """A checked endpoint. ``scraper`` is None when ``/metrics`` is unusable (``notes`` says
+    why); ``headers`` carry only the Authorization the client sends (never shown)."""
+
+    endpoint: str
+    session: requests.Session
+    client: StreamClient
+    headers: dict[str, str]
+    models: list[dict[str, Any]]  # /v1/models, validated (fetched once)
+    scraper: MetricsScraper | None
+    first: MetricSnapshot | None  # the first scrape (None without a scraper)
+    info: dict[str, Any]  # server_info: models, vLLM version, cache config, metric families
+    notes: list[str] = field(default_factory=list)
+    api_key: str | None = field(default=None, repr=False)  # for new_client; never shown
+
+    def prompt_builder(self, model: str, seed: int) -> PromptBuilder:
+        return PromptBuilder(self.endpoint, model, session=self.session, headers=self.headers,
+                             seed=seed)
+
+    def new_client(self) -> StreamClient:
+        """One more client with a session of its own, for another thread: a
+        ``requests.Session`` is not thread-safe, and each stream must own its socket so its
+        arrival stamps are its own."""
+        return StreamClient(self.endpoint, api_key=self.api_key,
+                            timeout_s=self.client.timeout_s, deadline_s=self.client.deadline_s,
+                            session=requests.Session())
+
+
+def connect(endpoint: str, api_key: str | None, *, session: requests.Session | None = None,
+            timeout_s: float = 120.0, deadline_s: float | None = DEFAULT_DEADLINE_S,
+            models: list[dict[str, Any]] | None = None) -> Connection:
+    """Connect to ``endpoint`` (a normalised base URL). Raises EndpointUnreachable before any
+    run if nothing usable answers. ``models``: ``/v1/models`` when the caller already has it
+    (one call per probe)."""
+    session = session or requests.Session()
+    client = StreamClient(endpoint, api_key=api_key, session=session, timeout_s=timeout_s,
+                          deadline_s=deadline_s)
+    headers = {k: v for k, v in client.headers.items() if k == "Authorization"}
+    if models is None:
+        models = check_endpoint(endpoint, session=session, headers=headers)
+    notes = [client.auth_note] if client.auth_note else []
+    scraper: MetricsScraper | None = MetricsScraper(endpoint, session=session, headers=headers)
+    first: MetricSnapshot | None = None
+    try:
+        first = scraper.scrape()  # type: ignore[union-attr]
+    except MetricsUnavailable as exc:
+        notes.append(f"{exc}: {CLIENT_ONLY}")
+        scraper = None
+    info = server_info(endpoint, session, headers, models, first)
+    return Connection(endpoint, session, client, headers, models, scraper, first, info, notes,
+                      api_key)
+
+
+def server_info(base_url: str, session: requests.Session, headers: dict[str, str],
+                models: list[dict[str, Any]], snap: MetricSnapshot | None) -> dict[str, Any]:
+    """What the server says about itself: ``/v1/models``, ``/version`` and
+    ``vllm:cache_config_info``; kept with the experiment and compared between arms."""
+    info: dict[str, Any] = {"models": models, "vllm_version": None, "cache_config": None}
+    doc = small_json(session, "GET", base_url.rstrip("/") + "/version", headers=headers,
+                     timeout_s=5)
+    version = doc.get("version") if isinstance(doc, dict) else None
+    # A version string, nothing else: the answer is the server's, not ours to trust.
+    if isinstance(version, str) and _VERSION.fullmatch(version):
+        info["vllm_version"] = version
+    if snap is not None:
+        labels = snap.labels_of("cache_config_info")
+        info["cache_config"] = labels[0] if labels else None
+        info["metrics_families"] = sorted({n for n in snap.samples if n.startswith("vllm")})
+    return info
