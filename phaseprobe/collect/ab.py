@@ -45,7 +45,7 @@ from phaseprobe.collect.playbook import (
     redacted_text,
     restore_secrets,
 )
-from phaseprobe.collect.target import served_model
+from phaseprobe.collect.session import Session, SessionOptions
 from phaseprobe.errors import LocalServerError, StoreError
 from phaseprobe.local.process import (
     free_port,
@@ -191,21 +191,32 @@ def start_arms(playbook: Playbook, stack: contextlib.ExitStack, launcher: Launch
     return out
 
 
+class _StatusNotices:
+    """A session's notices as the A/B progress's status lines."""
+
+    def __init__(self, progress: AbProgress) -> None:
+        self.headline = self.info = self.detail = self.warn = progress.on_status
+
+    @contextlib.contextmanager
+    def waiting(self, text: str) -> Iterator[None]:
+        self.info(text)
+        yield
+
+
 class _Arm:
     """One arm during a session: its endpoint, collector, prompts and stored runs."""
 
-    def __init__(self, index: int, arm: Arm, url: str, playbook: Playbook, runs: int,
-                 session: requests.Session, api_key: str | None,
-                 settings: ProbeSettings) -> None:
+    def __init__(self, index: int, arm: Arm, session: Session, playbook: Playbook, runs: int,
+                 http: requests.Session, settings: ProbeSettings) -> None:
         plan = playbook.run
+        url = session.endpoint
         self.index, self.arm, self.url = index, arm, url
-        conn = connect(url, api_key, session=session, timeout_s=plan.timeout_s)
+        # The session checked the model against /v1/models before any run (otherwise every
+        # run would be a 404 error run); its list is handed on, not fetched again.
+        conn = connect(url, session.api_key, session=http, timeout_s=plan.timeout_s,
+                       models=session.models)
         self.client, self.scraper, self.info = conn.client, conn.scraper, conn.info
         self.notes = [f"arm {arm.name}: {note}" for note in conn.notes]
-        # Caught before any run (otherwise every run would be a 404 error run), by the same
-        # check probe and the interplay probes make.
-        served_model(url, api_key, arm.served_model, option=f"arm {arm.name}: model",
-                     models=conn.models)
         self.spec = RunSpec(endpoint=url, model=arm.served_model, prompt=plan.prompt or "",
                             max_tokens=plan.max_tokens, api=plan.api,
                             prompt_tokens_target=plan.prompt_tokens, seed=plan.seed,
@@ -248,8 +259,15 @@ def run_ab(playbook: Playbook, store: Store, *, runs: int | None = None,
     http = requests.Session()
     with contextlib.ExitStack() as stack:
         urls = start_arms(playbook, stack, launcher, progress.on_status, result.notes)
-        arms = [_Arm(i, arm, url, playbook, n, http, api_key, settings or ProbeSettings())
-                for i, (arm, url) in enumerate(zip(playbook.arms, urls))]
+        notices = _StatusNotices(progress)
+        # Each arm is a measurement session on its server (one wiring with probe and the
+        # interplay probes); the arms share this invocation's store.
+        sessions = [stack.enter_context(Session(SessionOptions(
+            store_path=str(store.path), endpoint=url, api_key=api_key,
+            model=arm.served_model, model_option=f"arm {arm.name}: model"), notices,
+            store=store)) for arm, url in zip(playbook.arms, urls)]
+        arms = [_Arm(i, arm, s, playbook, n, http, settings or ProbeSettings())
+                for i, (arm, s) in enumerate(zip(playbook.arms, sessions))]
         if session_id is None:
             # Created once every server answers with the right model: a playbook that cannot
             # start leaves no empty session behind.

@@ -2,7 +2,8 @@
 the store, the span receiver, vLLM's torch profiler, the Prometheus sidecar, the GPU sampler,
 and afterwards the efficiency / roofline, KV-memory, trace and shared-engine reports.
 
-``probe``, the interplay probes and ``watch --demo`` open a :class:`Session` and use what it
+``probe``, the interplay probes, ``watch --demo`` and each arm of an A/B session (on the server
+its playbook launched, sharing the session's store) open a :class:`Session` and use what it
 holds; a CLI command parses arguments into :class:`SessionOptions` and renders the
 :class:`SessionReport`. A new capability (a data source, a receiver) is added here, once.
 
@@ -45,6 +46,7 @@ class SessionOptions:
     endpoint: str | None = None  # None: start the embedded local CPU vLLM
     api_key: str | None = None
     model: str | None = None  # checked against /v1/models before any run; None: the first
+    model_option: str = "--model"  # how a wrong model is named in the error
     # spans: None = on for the local vLLM (it is started exporting to us), off for an endpoint
     spans: bool | None = False
     span_wait_s: float | None = None  # how long a run waits for its span (None: the default)
@@ -84,7 +86,10 @@ class Session:
     ``endpoint``, ``model``, ``models`` (/v1/models, fetched once), ``api_key``, ``store``,
     ``sampler``, ``sidecar``, ``capture``, ``span_wait_s``, ``peaks_choice``, ``local``."""
 
-    def __init__(self, options: SessionOptions, notices: Notices) -> None:
+    def __init__(self, options: SessionOptions, notices: Notices, *,
+                 store: Store | None = None) -> None:
+        """``store``: one the caller keeps open (an A/B session's arms share it); else the
+        session opens ``options.store_path`` and closes it on exit."""
         self.options = options
         self.notices = notices
         self.local = options.endpoint is None
@@ -97,7 +102,7 @@ class Session:
         self.sampler: GpuSampler | None = None
         self.sidecar: PromSidecar | None = None
         self.capture: ProfileCapture | None = None
-        self._store: Store | None = None
+        self._store: Store | None = store
         self._stack = ExitStack()
 
     @property
@@ -136,14 +141,16 @@ class Session:
         if profile_dir is not None and not self.local:
             profile_dir = self._server_profile_dir(profile_dir)
         self.models = endpoint_models(self.endpoint, self.api_key)  # the one /v1/models call
-        self.model = served_model(self.endpoint, self.api_key, o.model, models=self.models)
+        self.model = served_model(self.endpoint, self.api_key, o.model, option=o.model_option,
+                                  models=self.models)
         if self.peaks_choice is None and self.local:
             self.peaks_choice = self._local_peaks()
         for warning in preflight(self.endpoint, self.api_key, self.peaks_choice,
                                  o.model_config, force=o.force_model_config,
                                  models=self.models):
             self.notices.warn(warning)
-        self._store = self._stack.enter_context(Store(o.store_path))
+        if self._store is None:
+            self._store = self._stack.enter_context(Store(o.store_path))
         if o.prom_url:
             self.sidecar = self._prom_sidecar()
         self.sampler = self._gpu_sampler()
