@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypedDict, TypeVar
 from urllib.parse import quote
 
 from phaseprobe.errors import StoreError
@@ -42,8 +42,39 @@ from phaseprobe.redact import redact_url, redact_urls_in
 if TYPE_CHECKING:  # pandas only inside the GPU methods: `import phaseprobe` stays light
     import pandas as pd
 
-__all__ = ["Store", "redact_url", "SCHEMA_VERSION", "GPU_SAMPLE_COLUMNS", "LOCK_TIMEOUT_S",
-           "SQLITE_HEADER"]
+__all__ = ["Store", "AbSessionRow", "SpanCount", "SpanStats", "redact_url", "SCHEMA_VERSION",
+           "GPU_SAMPLE_COLUMNS", "LOCK_TIMEOUT_S", "SQLITE_HEADER"]
+
+
+class AbSessionRow(TypedDict):
+    """One stored A/B session (:meth:`Store.ab_session`)."""
+
+    id: int
+    name: str
+    created_wall_ns: int
+    finished_wall_ns: int | None  # None: not finished (``ab --resume`` continues it)
+    playbook_path: str
+    playbook_text: str  # the playbook as run, secrets redacted
+    settings: dict[str, Any]  # runs, sequential plan, stop record (the JSON it was saved as)
+    arms: dict[str, int]  # arm name → experiment id
+
+
+class SpanCount(TypedDict):
+    kind: str  # "other" (spans that are not vLLM request spans) or "rejected"
+    service: str
+    name: str
+    count: int
+
+
+class SpanStats(TypedDict):
+    """What the span tables hold (:meth:`Store.span_stats`); times in ns since the epoch."""
+
+    requests: int
+    first_start_ns: int | None
+    last_end_ns: int | None
+    last_received_wall_ns: int | None
+    other: list[SpanCount]
+    rejected: list[SpanCount]
 
 # How long an operation waits for another process's lock before it is a StoreError.
 LOCK_TIMEOUT_S = 10.0
@@ -730,7 +761,7 @@ class Store:
         return conform(frame, source=f"{self.path} gpu_samples")
 
     @_reads
-    def ab_session(self, session_id: int) -> dict[str, Any]:
+    def ab_session(self, session_id: int) -> AbSessionRow:
         """One A/B session: its playbook text, settings and ``arms`` (name -> experiment id)."""
         row = self._db.execute("SELECT * FROM ab_sessions WHERE id = ?",
                                (session_id,)).fetchone() if self._has("ab_sessions") else None
@@ -743,7 +774,7 @@ class Store:
                 "arms": json.loads(row["arms_json"])}
 
     @_reads
-    def ab_sessions(self) -> list[dict[str, Any]]:
+    def ab_sessions(self) -> list[AbSessionRow]:
         """Every A/B session, oldest first, as :meth:`ab_session` gives it."""
         if not self._has("ab_sessions"):
             return []
@@ -822,14 +853,15 @@ class Store:
         return _span_from_row(row), json.loads(row["attributes_json"])
 
     @_reads
-    def span_stats(self) -> dict[str, Any]:
+    def span_stats(self) -> SpanStats:
         """How many request spans are stored (and over what time), and the other/rejected
         span counts."""
         row = self._db.execute("SELECT COUNT(*), MIN(start_ns), MAX(end_ns),"
                                " MAX(received_wall_ns) FROM request_spans").fetchone() \
             if self._has("request_spans") else (0, None, None, None)
-        counts = [dict(r) for r in self._db.execute(
-            "SELECT kind, service, name, count FROM span_counts ORDER BY kind, count DESC")] \
+        counts = [SpanCount(kind=r[0], service=r[1], name=r[2], count=r[3])
+                  for r in self._db.execute("SELECT kind, service, name, count FROM span_counts"
+                                            " ORDER BY kind, count DESC")] \
             if self._has("span_counts") else []
         return {"requests": row[0], "first_start_ns": row[1], "last_end_ns": row[2],
                 "last_received_wall_ns": row[3],

@@ -41,13 +41,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 import numpy as np
 
-__all__ = ["ALPHA", "MIN_PAIRS", "PRIMARY_PHASES", "PRIMARY_METRICS", "check_primary", "T_STAR",
-           "WINSOR_K", "SeqVerdict", "SequentialPlan", "SequentialEstimate", "halfwidth",
-           "paired_log_ratios", "robust_mean_sd", "evaluate", "evaluate_many"]
+__all__ = ["StopRecord", "ALPHA", "MIN_PAIRS", "PRIMARY_PHASES", "PRIMARY_METRICS",
+           "check_primary", "T_STAR", "WINSOR_K", "SeqVerdict", "SequentialPlan",
+           "SequentialEstimate", "halfwidth", "paired_log_ratios", "robust_mean_sd", "evaluate",
+           "evaluate_many"]
 
 SeqVerdict = Literal["improvement", "regression", "equivalent", "undecided"]
 
@@ -62,6 +63,20 @@ PRIMARY_METRICS = ("client_ttft_s", "client_e2e_s", "client_tpot_s", "client_itl
 MIN_PAIRS = 6
 T_STAR = 20  # pairs at which the boundary is tightest: a typical stop on a noisy CPU box
 WINSOR_K = 3.0
+
+
+class StopRecord(TypedDict):
+    """Why a sequential session stopped, kept in the session's settings (``"stop"``) and shown
+    in the report's stop line and ``--json``."""
+
+    reason: str  # "decided", "max-runs", "max-minutes" or "failed" (every run of an arm)
+    primary: str  # the primary metric's name
+    verdict: str  # its verdict at the stop
+    pairs: int  # pairs judged
+    runs: dict[str, int]  # arm name → runs done
+    minutes: float  # minutes of measuring (warm-ups excluded)
+    looks: int
+    more_runs: int | None  # undecided: about how many more runs per arm would decide it
 
 
 @dataclass(frozen=True)

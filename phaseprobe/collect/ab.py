@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import requests
 
-from phaseprobe.analysis.ab_sequential import SequentialPlan
+from phaseprobe.analysis.ab_sequential import SequentialPlan, StopRecord
 from phaseprobe.collect.connection import connect
 from phaseprobe.collect.experiment import ProbeSettings, RunCollector
 from phaseprobe.collect.playbook import (
@@ -106,7 +106,7 @@ class AbResult:
     plan: SequentialPlan | None = None  # sequential sessions only
     # Sequential: why it stopped ("decided", "max-runs", "max-minutes"), the primary metric's
     # verdict then, pairs and runs used, minutes of measuring, looks taken.
-    stop: dict[str, Any] | None = None
+    stop: StopRecord | None = None
 
 
 def schedule(playbook: Playbook, runs: int) -> list[int]:
@@ -336,7 +336,7 @@ class _Sequential:
         return compare_paired(metric_by_seq(runs_a, metric), metric_by_seq(runs_b, metric),
                               self.plan, metric=metric)
 
-    def look(self) -> dict[str, Any] | None:
+    def look(self) -> StopRecord | None:
         """Evaluate the primary metric; the stop record when it is decided, else None."""
         self.looks += 1
         m = self.primary()
@@ -349,10 +349,11 @@ class _Sequential:
         decided = m.verdict in ("improvement", "regression", "equivalent")
         return self.record("decided", m) if decided else None
 
-    def record(self, reason: str, m: MetricComparison | None = None) -> dict[str, Any]:
+    def record(self, reason: str, m: MetricComparison | None = None) -> StopRecord:
         m = m or self.primary()
         return {"reason": reason, "primary": m.metric, "verdict": m.verdict,
-                "pairs": m.n_pairs, "runs": {a.arm.name: len(a.done) for a in self.arms},
+                "pairs": self.pairs() if m.n_pairs is None else m.n_pairs,
+                "runs": {a.arm.name: len(a.done) for a in self.arms},
                 "minutes": round(self.minutes(), 3), "looks": self.looks,
                 "more_runs": m.more_runs}
 

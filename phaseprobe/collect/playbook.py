@@ -48,6 +48,7 @@ from phaseprobe.analysis.ab_sequential import SequentialPlan, check_primary
 from phaseprobe.errors import ConfigError
 from phaseprobe.redact import redact_urls_in
 from phaseprobe.sources.openai_stream import normalize_base_url
+from phaseprobe.store import AbSessionRow
 
 __all__ = ["PlaybookError", "Launch", "Arm", "RunPlan", "Playbook", "load_playbook",
            "parse_playbook", "parse_effect", "session_arms", "session_plan", "is_secret_name",
@@ -399,7 +400,7 @@ def load_playbook(path: str | Path) -> Playbook:
     return parse_playbook(text, str(path))
 
 
-def session_arms(session: dict[str, Any]) -> tuple[Playbook, list[tuple[str, int]]]:
+def session_arms(session: AbSessionRow) -> tuple[Playbook, list[tuple[str, int]]]:
     """A stored A/B session (:meth:`Store.ab_session`) as its playbook and its arms in playbook
     order, A first, each with its experiment id. An arm without an experiment (the session
     stopped before its first run) is a :class:`ConfigError`."""
@@ -413,7 +414,7 @@ def session_arms(session: dict[str, Any]) -> tuple[Playbook, list[tuple[str, int
     return playbook, arms
 
 
-def session_plan(session: dict[str, Any], min_effect: float | None = None
+def session_plan(session: AbSessionRow, min_effect: float | None = None
                  ) -> SequentialPlan | None:
     """A stored session's sequential plan (None: a fixed-N session), optionally re-judged
     at another ``min_effect``; its stop record, when it has one, is ``settings["stop"]``."""

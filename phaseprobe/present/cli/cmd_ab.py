@@ -29,7 +29,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from phaseprobe.analysis.ab_sequential import PRIMARY_METRICS, PRIMARY_PHASES, SequentialPlan
+from phaseprobe.analysis.ab_sequential import (
+    PRIMARY_METRICS,
+    PRIMARY_PHASES,
+    SequentialPlan,
+    StopRecord,
+)
 from phaseprobe.collect.ab import resume_ab, run_ab
 from phaseprobe.collect.playbook import (
     MAX_RUNS,
@@ -204,7 +209,7 @@ _REASONS = {"decided": "decided", "max-runs": "budget spent: --max-runs reached"
             "failed": "stopped: every run of an arm failed"}
 
 
-def stop_line(stop: dict[str, Any] | None, plan: SequentialPlan | None) -> str | None:
+def stop_line(stop: StopRecord | None, plan: SequentialPlan | None) -> str | None:
     """Why a sequential session stopped, with the runs it used: one line."""
     if plan is None:
         return None
@@ -277,7 +282,7 @@ def _emit(args: argparse.Namespace, out: Console, c: Comparison, title: str,
             out.print(f"[yellow]note:[/] {escape(note)}")
 
 
-def _sequential_doc(plan: SequentialPlan | None, stop: dict[str, Any] | None
+def _sequential_doc(plan: SequentialPlan | None, stop: StopRecord | None
                     ) -> dict[str, Any] | None:
     return None if plan is None else {"plan": plan.to_dict(), "stop": stop,
                                       "stop_line": stop_line(stop, plan)}

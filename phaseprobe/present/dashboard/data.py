@@ -19,7 +19,7 @@ import streamlit as st
 from phaseprobe.format import MISSING
 from phaseprobe.format import ms as fmt_ms  # seconds → "12.3 ms" for a tile
 from phaseprobe.records import Experiment, RequestSpan, Run
-from phaseprobe.store import Store
+from phaseprobe.store import AbSessionRow, SpanStats, Store
 
 __all__ = ["STORE_ENV", "store_path", "stamp", "experiments_frame", "experiment", "runs",
            "gpu_samples", "ab_sessions", "analyses", "analysis", "fmt_ms", "wall_time",
@@ -113,7 +113,7 @@ def gpu_samples(path: str, experiment_id: int, key: tuple[float, ...] = ()) -> p
 
 
 @st.cache_data(show_spinner=False)
-def ab_sessions(path: str, key: tuple[float, ...] = ()) -> list[dict[str, Any]]:
+def ab_sessions(path: str, key: tuple[float, ...] = ()) -> list[AbSessionRow]:
     with _open(path) as store:
         return store.ab_sessions()
 
@@ -141,7 +141,7 @@ def spans(path: str, since_ns: int | None, limit: int, key: tuple[float, ...] = 
 
 
 @st.cache_data(show_spinner=False)
-def span_stats(path: str, key: tuple[float, ...] = ()) -> dict[str, Any]:
+def span_stats(path: str, key: tuple[float, ...] = ()) -> SpanStats:
     """How many request spans the store holds, over what time, and the other/rejected counts."""
     with _open(path) as store:
         return store.span_stats()

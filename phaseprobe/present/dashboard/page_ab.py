@@ -15,6 +15,7 @@ from phaseprobe.collect.playbook import session_arms, session_plan
 from phaseprobe.present.dashboard import data
 from phaseprobe.present.dashboard.context import Context
 from phaseprobe.present.dashboard.data import fmt_ms
+from phaseprobe.store import AbSessionRow
 
 __all__ = ["render", "comparison_frame"]
 
@@ -43,7 +44,7 @@ def comparison_frame(c: Comparison) -> pd.DataFrame:
         for m in c.metrics.values()])
 
 
-def _from_session(ctx: Context, sessions: list[dict]) -> Comparison | None:
+def _from_session(ctx: Context, sessions: list[AbSessionRow]) -> Comparison | None:
     """The comparison ``phaseprobe ab report ID`` prints, for a session picked here."""
     by_id = {int(s["id"]): s for s in sessions}
     sid = st.selectbox("A/B session", list(by_id), index=len(by_id) - 1, key="ab_session",

@@ -28,6 +28,7 @@ from phaseprobe.present.dashboard import data
 from phaseprobe.present.dashboard.charts import PHASE_COLORS
 from phaseprobe.present.dashboard.data import fmt_ms, wall_time
 from phaseprobe.records import RequestSpan
+from phaseprobe.store import SpanStats
 
 __all__ = ["render", "WINDOWS_S", "REFRESH_S", "percentile_frame", "waterfall_frame",
            "scatter_frame", "window_spans"]
@@ -120,7 +121,7 @@ def window_spans(spans: Sequence[RequestSpan], end_ns: int,
     return [s for s in spans if end_ns - window_s * 1e9 < s.end_ns <= end_ns]
 
 
-def _nothing_recent(stats: dict[str, Any], now_ns: int, window_s: float | None) -> None:
+def _nothing_recent(stats: SpanStats, now_ns: int, window_s: float | None) -> None:
     last = stats.get("last_end_ns")
     when = "" if last is None else (
         f"; the newest span ended at {wall_time(last):%Y-%m-%d %H:%M:%S} UTC, "
@@ -130,7 +131,7 @@ def _nothing_recent(stats: dict[str, Any], now_ns: int, window_s: float | None) 
             "`phaseprobe watch`? Choose a longer window, or All.")
 
 
-def _tiles(s: LiveSummary, stats: dict[str, Any]) -> None:
+def _tiles(s: LiveSummary, stats: SpanStats) -> None:
     st.subheader("Summary")
     tiles = (("Requests", f"{s.count:,}"),
              ("Requests/s", MISSING if s.requests_per_s is None else f"{s.requests_per_s:.2f}"),
