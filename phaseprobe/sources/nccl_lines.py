@@ -10,13 +10,15 @@ parser calls :func:`split_record` once per line, so the common case must be a co
 from __future__ import annotations
 
 import re
+from collections import Counter
+from collections.abc import Container
 from dataclasses import dataclass
 
 __all__ = [
     "Header", "Record", "split_record", "parse_header", "DTYPE_BYTES", "DTYPE_NAMES",
     "ALGO_BY_INT", "PROTO_BY_INT", "REDOP_NAMES", "COLL_OPS", "transport_kind", "transport_class",
     "LEVELS", "is_complete", "fold_key", "classify_blanked", "FoldKey", "VARY", "SAME", "SKIP",
-    "RARE",
+    "RARE", "count_block", "Fold",
 ]
 
 # The level words NCCL prints after the header. "version" is the bare banner (≤2.21 printf).
@@ -216,9 +218,11 @@ def is_complete(msg: str) -> bool:
 # then counted apart, which is right, only slower), never blanked into another line's shape.
 VARY = re.compile(rb"Count [\w()]+ sendbuff [\w()]+ recvbuff [\w()]+ count ")
 SAME = b"Count 0 sendbuff 0 recvbuff 0 count "
+_SHORT = b"Count \x00"  # what a block keeps of the span: shorter lines hash faster (no NUL blocks)
 SKIP = ("skip",)  # block-reader classes of a distinct line besides a fold key
 RARE = ("rare",)
 FoldKey = tuple[str, str, str, str]
+Fold = tuple[FoldKey, int, int]  # fold key, lines, index of its first line in the block (or -1)
 
 
 def fold_key(line: str) -> FoldKey | None:
@@ -244,11 +248,65 @@ def classify_blanked(raw: bytes) -> FoldKey | tuple[str]:
     NCCL output) or ``RARE`` (anything to read in place). A blanked line has the fold key of
     every line it stands for only when the blanked span is the line's one " opCount … count "
     (then the partitions in :func:`fold_key` fall at the same places)."""
-    if SAME in raw and (raw.count(b" opCount ") != 1 or raw.count(b" count ") != 1
-                         or raw.count(SAME) != 1):
-        return RARE
+    if _SHORT in raw:
+        if raw.count(_SHORT) != 1:
+            return RARE
+        raw = raw.replace(_SHORT, SAME)
+        if raw.count(b" opCount ") != 1 or raw.count(b" count ") != 1:
+            return RARE
     line = raw.decode("utf-8", "replace") + "\n"
     key = fold_key(line)
     if key is not None:
         return key
     return SKIP if line.find("NCCL ") < 0 else RARE
+
+
+def count_block(data: bytes | bytearray, end: int, classes: dict[bytes, FoldKey | tuple[str]],
+                known: Container[FoldKey]) -> tuple[int, int, list[Fold]] | None:
+    """Lines ``data[:end]`` (each ending with a newline) counted without a Python step per line:
+    ``(lines, skipped, folds)``, folds in the order of their first line, with that line's index
+    for the keys not in ``known`` (-1 for the others); None when a line must be read in place
+    (init, WARN, cut records, lone carriage returns, NUL bytes). ``classes`` caches the class
+    of each distinct blanked line between blocks.
+
+    The varying fields are blanked by one regex pass over the block, the lines split and
+    counted by ``Counter`` (C loops), and each distinct line classified once (cached)."""
+    if data.find(b"\x00", 0, end) >= 0:  # the blanked span's mark: read such a block in place
+        return None
+    if data.find(b"\r", 0, end) >= 0:  # CRLF files: one newline each, as open() reads them
+        text = bytes(data[:end]).replace(b"\r\n", b"\n")
+        if b"\r" in text:  # a lone CR ends a line too: rare enough to read line by line
+            return None
+        lines = VARY.sub(_SHORT, text).split(b"\n")
+    else:
+        with memoryview(data) as view, view[:end] as part:
+            lines = VARY.sub(_SHORT, part).split(b"\n")
+    lines.pop()  # after the last newline: nothing
+    counts = Counter(lines)
+    folds: list[Fold] = []
+    news: list[tuple[int, bytes]] = []  # (index in folds, line) of the keys not in known
+    skipped = 0
+    for raw, times in counts.items():
+        cls = classes.get(raw)
+        if cls is None:
+            cls = classify_blanked(raw)
+            if len(classes) >= 8192:
+                classes.clear()
+            classes[raw] = cls
+        if cls is SKIP:
+            skipped += times
+        elif cls is RARE:
+            return None
+        else:
+            key: FoldKey = cls  # type: ignore[assignment]
+            if key not in known:
+                news.append((len(folds), raw))
+            folds.append((key, times, -1))
+    if news:  # where each new key's first line is
+        at: dict[bytes, int] | None = None
+        if len(news) > 8:
+            at = dict(zip(reversed(lines), range(len(lines) - 1, -1, -1)))
+        for i, raw in news:
+            key, times, _ = folds[i]
+            folds[i] = (key, times, at[raw] if at is not None else lines.index(raw))
+    return len(lines), skipped, folds

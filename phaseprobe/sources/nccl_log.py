@@ -27,7 +27,6 @@ from __future__ import annotations
 import gzip
 import re
 import zlib
-from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
@@ -36,20 +35,19 @@ from typing import Any
 
 from phaseprobe.errors import ConfigError, ParseError
 from phaseprobe.sources import nccl_messages as msgs
+from phaseprobe.sources import nccl_split
 from phaseprobe.sources.nccl_lines import (
-    RARE,
-    SAME,
-    SKIP,
-    VARY,
+    Fold,
     FoldKey,
     Header,
-    classify_blanked,
+    count_block,
     fold_key,
     is_complete,
     parse_header,
     split_record,
 )
 from phaseprobe.sources.nccl_model import MAX_ITEMS, NcclLog, Warn
+from phaseprobe.sources.nccl_split import Half, cpus, read_blocks, split_point
 
 __all__ = ["NcclLogParser", "parse_files", "parse_lines", "NcclLog"]
 
@@ -115,79 +113,103 @@ class NcclLogParser:
         returns) goes line by line through :meth:`feed`'s path, with its true line numbers.
         Memory: one block (longer only while a single line is longer)."""
         self.log.sources.append(source)
-        n = 0
-        buf = bytearray(_BLOCK)
-        blocks = 0
-        have = 0  # bytes in buf: the unfinished last line of the previous block, then new ones
-        while True:
-            if have == len(buf):  # one line longer than the buffer: make room for the rest
-                buf.extend(bytes(len(buf)))
-            with memoryview(buf) as view:
-                got = stream.readinto(view[have:])
-            if not got:
-                break
-            have += got
-            cut = buf.rfind(b"\n", 0, have) + 1
-            if cut == 0:
-                continue
-            n = self._block(buf, cut, n, source)
-            buf[:have - cut] = buf[cut:have]
-            have -= cut
-            blocks += 1
-            if on_progress is not None and not blocks & 15:  # every 4 MB
-                on_progress()
-        if have:  # a last line without its newline
-            n = self._slow(bytes(buf[:have]), n, source)
+        n = self._read(stream, 0, source, on_progress)
+        self._end(source, n)
+        return self.log
+
+    def feed_halves(self, raw: Any, path: Path, on_pos: Callable[[int], None] | None = None,
+                    ) -> NcclLog:
+        """:meth:`feed_binary` over a big plain file (``raw``, opened ``"rb"``), its second half
+        counted by a second process (:mod:`phaseprobe.sources.nccl_split`): the same result,
+        every block still applied here in file order. ``on_pos(offset)`` now and then."""
+        source = str(path)
+        self.log.sources.append(source)
+        size = path.stat().st_size
+        split = split_point(path, size, _BLOCK) if not self.strict else None
+        half = Half.start(path, split, _BLOCK) if split is not None else None
+        tell = partial(_tell, on_pos, raw) if on_pos is not None else None
+        if half is None:
+            n = self._read(raw, 0, source, tell)
+        else:
+            try:
+                n = self._read(raw, 0, source, tell, 0, split)
+                n = self._take(half, raw, n, source, on_pos)
+                raw.seek(half.pos)  # the end, or where the child stopped: read on from there
+                n = self._read(raw, n, source, tell, half.pos)
+            finally:
+                half.close()
         self._end(source, n)
         return self.log
 
     # -- block reader ---------------------------------------------------------------------
+    def _read(self, stream: Any, n: int, source: str, on_progress: Callable[[], None] | None,
+              start: int = 0, limit: int | None = None) -> int:
+        """Lines of ``stream`` (at offset ``start`` of its file, ``limit`` bytes at most) a
+        block at a time (:func:`read_blocks`), the first one numbered ``n + 1``; returns the
+        number of the last one."""
+        blocks = 0
+        for buf, end, whole in read_blocks(stream, start, limit, _BLOCK):
+            if not whole:  # a last line without its newline
+                return self._slow(bytes(buf[:end]), n, source)
+            n = self._block(buf, end, n, source)
+            blocks += 1
+            if on_progress is not None and not blocks & 15:  # every 4 MB
+                on_progress()
+        return n
+
+    def _take(self, half: Half, raw: Any, n: int, source: str,
+              on_pos: Callable[[int], None] | None) -> int:
+        """The blocks the child counted, applied in order; one it could not count, or any
+        while a cut record waits for its rest, is read again from ``raw`` here."""
+        blocks = 0
+        for start, end, counted in half.items():
+            if counted is None or self._cuts:
+                raw.seek(start)
+                n = self._slow(raw.read(end - start), n, source)
+            else:
+                lines, skipped, folds = counted
+                if self.fold(folds, n, source):
+                    self.log.lines_skipped += skipped
+                    n += lines
+                else:  # a key new here without its first line: count the block here
+                    raw.seek(start)
+                    data = bytearray(raw.read(end - start))
+                    n = self._block(data, len(data), n, source)
+            blocks += 1
+            if on_pos is not None and not blocks & 15:
+                on_pos(end)
+        return n
+
     def _block(self, buf: bytearray, end: int, n: int, source: str) -> int:
         """Lines ``buf[:end]`` (ending with a newline), the first one numbered ``n + 1``."""
         if self.strict or self._cuts:
             return self._slow(bytes(buf[:end]), n, source)
-        if buf.find(b"\r", 0, end) >= 0:  # CRLF files: one newline each, as open() reads them
-            raw = bytes(buf[:end])
-            data = raw.replace(b"\r\n", b"\n")
-            if b"\r" in data:  # a lone CR ends a line too: rare enough to read line by line
-                return self._slow(raw, n, source)
-            lines = VARY.sub(SAME, data).split(b"\n")
-        else:
-            with memoryview(buf) as view:
-                lines = VARY.sub(SAME, view[:end]).split(b"\n")
-        lines.pop()  # after the last newline: nothing
-        counts = Counter(lines)
-        classes = self._classes
-        folds: list[tuple[FoldKey, bytes, int]] = []
-        skipped = 0
-        for raw, times in counts.items():
-            cls = classes.get(raw)
-            if cls is None:
-                cls = classify_blanked(raw)
-                if len(classes) >= 8192:
-                    classes.clear()
-                classes[raw] = cls
-            if cls is RARE:
-                return self._slow(bytes(buf[:end]), n, source)
-            if cls is SKIP:
-                skipped += times
-            else:
-                folds.append((cls, raw, times))  # type: ignore[arg-type]
+        got = count_block(buf, end, self._classes, self._pending)
+        if got is None:
+            return self._slow(bytes(buf[:end]), n, source)
+        lines, skipped, folds = got
+        if not self.fold(folds, n, source):  # a flush on the way: any key may be new
+            self.fold(count_block(buf, end, self._classes, ())[2], n, source)  # type: ignore[index]
+        self.log.lines_skipped += skipped
+        return n + lines
+
+    def fold(self, folds: list[Fold], n: int, source: str) -> bool:
+        """Add counted lines (:func:`count_block`) of a block whose first line is ``n + 1``;
+        False (and nothing added) when a key may be new and lacks the index of its first line."""
         pending, first = self._pending, self._first
-        where: dict[bytes, int] | None = None  # line → its first index, for new keys
-        if sum(1 for key, _, _ in folds if key not in pending) > 8:
-            where = dict(zip(reversed(lines), range(len(lines) - 1, -1, -1)))
-        for key, raw, times in folds:
+        flush = len(pending) + len(folds) >= _MAX_PENDING  # keys held now may be flushed
+        if any(at < 0 and (flush or key not in pending) for key, _, at in folds):
+            return False
+        for key, times, at in folds:
             got = pending.get(key)
             if got is None:
                 if len(pending) >= _MAX_PENDING:
                     self._flush(source)
                 pending[key] = times
-                first[key] = n + 1 + (where[raw] if where is not None else lines.index(raw))
+                first[key] = n + 1 + at
             else:
                 pending[key] = got + times
-        self.log.lines_skipped += skipped
-        return n + len(lines)
+        return True
 
     def _slow(self, block: bytes, n: int, source: str) -> int:
         """A block line by line, as text with universal newlines (what ``open()`` yields)."""
@@ -443,15 +465,23 @@ def _open(path: Path) -> tuple[Any, Any]:
     return raw, (gzip.GzipFile(fileobj=raw) if path.suffix == ".gz" else raw)
 
 
-def _report(report: Callable[[str, int, int], None], src: str, pos: Callable[[], int],
-            size: int) -> None:
-    report(src, pos(), size)
+def _report(report: Callable[[str, int, int], None], src: str, size: int, pos: int) -> None:
+    report(src, pos, size)
+
+
+def _tell(on_pos: Callable[[int], None], raw: Any) -> None:
+    on_pos(raw.tell())
 
 
 def parse_files(paths: Iterable[str | Path], strict: bool = False,
-                on_progress: Callable[[str, int, int], None] | None = None) -> NcclLog:
+                on_progress: Callable[[str, int, int], None] | None = None,
+                workers: int | None = None) -> NcclLog:
     """Parse several files into one model. ``on_progress(source, bytes_read, bytes_total)`` is
-    called now and then (for a progress bar on stderr)."""
+    called now and then (for a progress bar on stderr). A plain file of ``SPLIT_MIN`` bytes or
+    more is read by two processes (``workers``: 2 when there are two CPUs; 1: one process),
+    with the same result."""
+    if workers is None:
+        workers = min(2, cpus())
     parser = NcclLogParser(strict=strict)
     for p in paths:
         path = Path(p)
@@ -460,10 +490,14 @@ def parse_files(paths: Iterable[str | Path], strict: bool = False,
         try:
             size = path.stat().st_size
             raw, stream = _open(path)
-            cb = (partial(_report, on_progress, str(path), raw.tell, size)
-                  if on_progress is not None else None)
+            on_pos = (partial(_report, on_progress, str(path), size)
+                      if on_progress is not None else None)
             with raw, stream:
-                parser.feed_binary(stream, str(path), cb)
+                if workers > 1 and stream is raw and size >= nccl_split.SPLIT_MIN and not strict:
+                    parser.feed_halves(raw, path, on_pos)
+                else:
+                    parser.feed_binary(stream, str(path),
+                                       partial(_tell, on_pos, raw) if on_pos else None)
             if on_progress is not None:
                 on_progress(str(path), size, size)
         except (OSError, EOFError, gzip.BadGzipFile, zlib.error) as exc:
