@@ -28,15 +28,22 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
+from phaseprobe.collect.gpu_telemetry import (
+    COLUMNS,
+    DEFAULT_PERIOD_S,
+    MIN_PERIOD_S,
+    GpuImport,
+    GpuSampler,
+    NvmlBackend,
+    import_dcgm_series,
+    open_gpu_watch,
+    read_nvidia_smi_csv,
+)
 from phaseprobe.errors import ConfigError
 from phaseprobe.present.cli.args import float_in, int_in, seconds
-from phaseprobe.sources.gpu_sampler import GpuSampler
-from phaseprobe.sources.nvml import COLUMNS, DEFAULT_PERIOD_S, MIN_PERIOD_S
 
 if TYPE_CHECKING:
     import pandas as pd
-
-    from phaseprobe.sources.nvml import NvmlBackend
 
 __all__ = ["register", "run", "frame_records", "gpu_summary"]
 
@@ -107,16 +114,16 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
 
 # -- watch -------------------------------------------------------------------------------------
 
-def _backend(args: argparse.Namespace) -> NvmlBackend:
-    if args.fake:
-        from phaseprobe.testing.fake_nvml import FakeNvmlBackend, demo_devices
+def _fake_backend(args: argparse.Namespace) -> NvmlBackend | None:
+    """The scripted demo GPUs of --fake; None: the machine's NVML (NvmlUnavailable without a
+    driver: the CLI's one red line, exit 2)."""
+    if not args.fake:
+        return None
+    from phaseprobe.testing.fake_nvml import FakeNvmlBackend, demo_devices
 
-        if args.fake_gpus < 1:
-            raise ConfigError("--fake-gpus must be at least 1")
-        return FakeNvmlBackend(demo_devices(args.fake_gpus))
-    from phaseprobe.sources.nvml import PynvmlBackend
-
-    return PynvmlBackend()  # NvmlUnavailable: the CLI's one red line, exit 2
+    if args.fake_gpus < 1:
+        raise ConfigError("--fake-gpus must be at least 1")
+    return FakeNvmlBackend(demo_devices(args.fake_gpus))
 
 
 def _watch(args: argparse.Namespace, out: Console, err: Console) -> int:
@@ -124,9 +131,7 @@ def _watch(args: argparse.Namespace, out: Console, err: Console) -> int:
         raise ConfigError(f"--period {args.period}: the minimum is {MIN_PERIOD_S} s")
     if args.duration is not None and not args.duration > 0:
         raise ConfigError("--duration must be positive")
-    backend = _backend(args)
-    names = [backend.device_name(i) for i in range(backend.device_count())]
-    sampler = GpuSampler(backend, args.period, owns_backend=True)
+    sampler, names = open_gpu_watch(args.period, _fake_backend(args))
     interrupted = False
     started = time.monotonic()
     try:
@@ -202,8 +207,6 @@ def _tz(text: str) -> tzinfo | None:
 
 
 def _import(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from phaseprobe.sources.gpu_import import GpuImport, import_dcgm, read_nvidia_smi_csv
-
     result: GpuImport
     if args.dcgm:
         if args.file is not None:
@@ -211,15 +214,13 @@ def _import(args: argparse.Namespace, out: Console, err: Console) -> int:
         if not args.prom:
             raise ConfigError("--dcgm needs --prom URL")
         from phaseprobe.present.cli.cmd_query import parse_time
-        from phaseprobe.sources.prometheus import PrometheusClient
 
         start, end = parse_time(args.start), parse_time(args.end)
         if end <= start:
             raise ConfigError("--end must be after --start")
         step: float | str = args.step or f"{max(1.0, (end - start) / 1000):.0f}s"
-        with PrometheusClient(args.prom) as client:
-            result = import_dcgm(client, start=start, end=end, step=step,
-                                 selector=args.selector)
+        result = import_dcgm_series(args.prom, start=start, end=end, step=step,
+                                    selector=args.selector)
     else:
         if args.file is None:
             raise ConfigError("name an nvidia-smi CSV FILE, or use --dcgm --prom URL")

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import re
 import time
 from datetime import UTC, datetime
@@ -25,10 +24,15 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from phaseprobe.collect.prom_query import (
+    DEFAULT_TOKEN_ENV,
+    NamedResult,
+    Query,
+    load_catalog,
+    named_queries,
+)
 from phaseprobe.errors import ConfigError, EmptyResult
 from phaseprobe.present.cli.args import seconds
-from phaseprobe.sources.prometheus import DEFAULT_TOKEN_ENV, NamedResult, PrometheusClient
-from phaseprobe.sources.query_catalog import Query, load_catalog
 
 __all__ = ["register", "cmd_query", "run", "parse_time"]
 
@@ -117,15 +121,6 @@ def _selected(args: argparse.Namespace, catalog: dict[str, Query]) -> list[Query
     return [catalog[n] for n in names]
 
 
-def _client(args: argparse.Namespace) -> PrometheusClient:
-    token_env = args.token_env or DEFAULT_TOKEN_ENV
-    if args.token_env and args.token_env not in os.environ:
-        raise ConfigError(f"--token-env {args.token_env}: that environment variable is not set")
-    verify: bool | str = False if args.insecure else (args.ca_bundle or True)
-    return PrometheusClient(args.prom, token_env=token_env, verify=verify,
-                            timeout_s=args.timeout)
-
-
 def cmd_query(args: argparse.Namespace, out: Console, err: Console) -> int:
     """The handler: ``(args, out, err) -> exit code``, like the other commands."""
     catalog = load_catalog()
@@ -144,39 +139,22 @@ def cmd_query(args: argparse.Namespace, out: Console, err: Console) -> int:
         start, end = (parse_time(t) for t in args.range)
         if end <= start:
             raise ConfigError("--range: END must be after START")
-    with _client(args) as client:
-        names = client.names_map()
-        results: list[NamedResult | EmptyResult] = []
+    with named_queries(args.prom, token_env=args.token_env, insecure=args.insecure,
+                       ca_bundle=args.ca_bundle, timeout_s=args.timeout) as prom:
+        results: list[NamedResult | EmptyResult]
         if args.range:
             step: float | str = args.step or f"{max(1.0, (end - start) / 250):.0f}s"
-            for q in queries:
-                results.append(_one(lambda q=q: client.run_range(
-                    q, start=start, end=end, step=step, selector=args.selector,
-                    window=window, names=names), len(queries)))
+            results = prom.ranged(queries, start=start, end=end, step=step,
+                                  selector=args.selector, window=window)
         else:
             at = parse_time(args.at) if args.at else None
-            for q in queries:
-                results.append(_one(lambda q=q: client.run(
-                    q, selector=args.selector, window=window, at=at, names=names),
-                    len(queries)))
-        doc = _document(client.shown_url, args, catalog, results)
+            results = prom.instant(queries, selector=args.selector, window=window, at=at)
+        doc = _document(prom.shown_url, args, catalog, results)
     if args.json:
         out.out(json.dumps(doc), highlight=False)
     else:
         _render(out, err, doc, args.show_expr)
     return 1 if any(isinstance(r, EmptyResult) for r in results) else 0
-
-
-def _one(run: Any, n_queries: int) -> NamedResult | EmptyResult:
-    """Several queries: an empty one is reported beside the others. A single one: its
-    EmptyResult is the command's error."""
-    try:
-        result: NamedResult = run()
-        return result
-    except EmptyResult as exc:
-        if n_queries == 1:
-            raise
-        return exc
 
 
 def _document(url: str, args: argparse.Namespace, catalog: dict[str, Query],
