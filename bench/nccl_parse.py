@@ -5,12 +5,14 @@
 
 Generates a realistic log in a temp dir (init block, then per-call COLL lines from 8 ranks of a
 tensor-parallel job interleaved with TUNING lines and some program output), then measures, in
-this one run: ``grep -c 'NCCL INFO'`` wall time, phaseprobe's parse wall time, lines/s, the ratio,
-and peak RSS before and after parsing (``resource.getrusage``) to show memory stays flat.
+this one run: ``grep -c 'NCCL INFO'`` wall time, phaseprobe's parse wall and CPU time in one
+process and in two (``parse_files(workers=2)``: the second half counted by a forked child, for
+files of ``SPLIT_MIN`` bytes or more), lines/s, the ratios, and peak RSS before and after
+parsing (``resource.getrusage``, the child's apart) to show memory stays flat.
 
 The file is read by ``parse_files`` (the block reader); ``--lines-path`` times the line-by-line
-reader (``parse_lines`` over the file opened as text) instead, and ``--check`` runs both and
-checks that their summaries are identical.
+reader (``parse_lines`` over the file opened as text) instead, and ``--check`` also parses
+line by line and checks that the summaries are all identical.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from pathlib import Path
 from phaseprobe.analysis.nccl_summary import summarize
 from phaseprobe.sources.nccl_log import parse_files, parse_lines
 from phaseprobe.sources.nccl_model import NcclLog
+from phaseprobe.sources.nccl_split import SPLIT_MIN
 
 _INIT = """NCCL version 2.21.5+cuda12.4
 {h}:{pid}:{pid} [{r}] NCCL INFO Bootstrap : Using eth0:10.0.0.1<0>
@@ -105,21 +108,33 @@ def main(argv: list[str] | None = None) -> int:
                                  text=True, check=False)
             grep_s = time.perf_counter() - t0
             print(f"grep -c 'NCCL INFO': {res.stdout.strip()} lines in {grep_s:.2f} s")
-        t0 = time.perf_counter()
-        log = _by_lines(path) if args.lines_path else parse_files([path])
-        parse_s = time.perf_counter() - t0
-        doc = summarize(log)
-        total_s = time.perf_counter() - t0
+        doc = None
+        runs = [("line by line", 0)] if args.lines_path else [("one process", 1)]
+        if not args.lines_path and size >= SPLIT_MIN:
+            runs.append(("two processes", 2))
+        for name, workers in runs:
+            t0, c0 = time.perf_counter(), time.process_time()
+            log = _by_lines(path) if workers == 0 else parse_files([path], workers=workers)
+            parse_s, cpu_s = time.perf_counter() - t0, time.process_time() - c0
+            got = summarize(log)
+            total_s = time.perf_counter() - t0
+            print(f"{name}: {log.lines_total:,} lines in {parse_s:.2f} s "
+                  f"(CPU here {cpu_s:.2f} s) = {log.lines_total / parse_s / 1e6:.2f} M lines/s, "
+                  f"{size / parse_s / 1e6:.0f} MB/s (summary included: {total_s:.2f} s)")
+            if grep_s:
+                print(f"  ratio parse / grep -c: {parse_s / grep_s:.1f}x (target: within 5x)")
+            if doc is None:
+                doc = got
+                print(f"  collectives {doc['collectives']['calls']:,}, tuning "
+                      f"{doc['tuning']['decisions']:,}, malformed {doc['lines']['malformed']}")
+            elif got != doc:
+                print("  DIFFERENT summary from the one-process run")
+                return 1
         rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        print(f"phaseprobe parse: {log.lines_total:,} lines in {parse_s:.2f} s = "
-              f"{log.lines_total / parse_s / 1e6:.2f} M lines/s, "
-              f"{size / parse_s / 1e6:.0f} MB/s (summary included: {total_s:.2f} s)")
-        print(f"  collectives {doc['collectives']['calls']:,}, tuning "
-              f"{doc['tuning']['decisions']:,}, malformed {doc['lines']['malformed']}")
-        if grep_s:
-            print(f"ratio parse / grep -c: {parse_s / grep_s:.1f}x (target: within 5x)")
+        child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
         print(f"peak RSS: {rss0 / 1024:.0f} MB before parsing, {rss1 / 1024:.0f} MB after "
-              f"(file {size / 1e6:.0f} MB)")
+              f"(file {size / 1e6:.0f} MB); children (grep, the counting child) "
+              f"{child / 1024:.0f} MB")
         if args.check:
             other = summarize(parse_files([path]) if args.lines_path else _by_lines(path))
             print("check: the block and line-by-line readers give "

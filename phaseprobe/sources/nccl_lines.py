@@ -216,7 +216,8 @@ def is_complete(msg: str) -> bool:
 # whole block in one C-level pass, so that repeated calls become identical lines to count.
 # Values are matched by a narrow class: one with other characters stays as it is (its line is
 # then counted apart, which is right, only slower), never blanked into another line's shape.
-VARY = re.compile(rb"Count [\w()]+ sendbuff [\w()]+ recvbuff [\w()]+ count ")
+# (Possessive: a value never gives back characters, so no backtracking state is kept.)
+VARY = re.compile(rb"Count [\w()]++ sendbuff [\w()]++ recvbuff [\w()]++ count ")
 SAME = b"Count 0 sendbuff 0 recvbuff 0 count "
 _SHORT = b"Count \x00"  # what a block keeps of the span: shorter lines hash faster (no NUL blocks)
 SKIP = ("skip",)  # block-reader classes of a distinct line besides a fold key

@@ -188,17 +188,20 @@ class NcclLogParser:
         if got is None:
             return self._slow(bytes(buf[:end]), n, source)
         lines, skipped, folds = got
-        if not self.fold(folds, n, source):  # a flush on the way: any key may be new
+        if not self.fold(folds, n, source, held=True):  # a flush on the way: any key is new
             self.fold(count_block(buf, end, self._classes, ())[2], n, source)  # type: ignore[index]
         self.log.lines_skipped += skipped
         return n + lines
 
-    def fold(self, folds: list[Fold], n: int, source: str) -> bool:
+    def fold(self, folds: list[Fold], n: int, source: str, held: bool = False) -> bool:
         """Add counted lines (:func:`count_block`) of a block whose first line is ``n + 1``;
-        False (and nothing added) when a key may be new and lacks the index of its first line."""
+        False (and nothing added) when a key may be new and lacks the index of its first line.
+        ``held``: the keys without one are held now (counted against :attr:`_pending`)."""
         pending, first = self._pending, self._first
-        flush = len(pending) + len(folds) >= _MAX_PENDING  # keys held now may be flushed
-        if any(at < 0 and (flush or key not in pending) for key, _, at in folds):
+        if len(pending) + len(folds) >= _MAX_PENDING:  # keys held now may be flushed
+            if any(at < 0 for _, _, at in folds):
+                return False
+        elif not held and any(at < 0 and key not in pending for key, _, at in folds):
             return False
         for key, times, at in folds:
             got = pending.get(key)
