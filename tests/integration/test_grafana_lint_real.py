@@ -9,9 +9,10 @@ import pytest
 import requests
 from rich.console import Console
 
+from phaseprobe.collect.metrics_view import load_metrics
 from phaseprobe.present.cli import cmd_grafana
 from phaseprobe.present.grafana.build import build_dashboard
-from phaseprobe.present.grafana.lint import lint_dashboard, load_metrics
+from phaseprobe.present.grafana.lint import lint_dashboard
 
 pytestmark = pytest.mark.integration
 

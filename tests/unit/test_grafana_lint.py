@@ -12,13 +12,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from phaseprobe.collect.metrics_view import load_metrics
 from phaseprobe.errors import DashboardInvalid, MetricsUnavailable
 from phaseprobe.present.grafana import build as gb
 from phaseprobe.present.grafana.lint import (
     iter_exprs,
     lint_dashboard,
     load_dashboard,
-    load_metrics,
     referenced_metrics,
 )
 

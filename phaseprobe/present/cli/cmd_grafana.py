@@ -18,6 +18,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from phaseprobe.collect.metrics_view import load_metrics
 from phaseprobe.errors import ConfigError
 from phaseprobe.present.cli.args import seconds
 from phaseprobe.present.grafana.api import (
@@ -31,7 +32,6 @@ from phaseprobe.present.grafana.lint import (
     LintReport,
     lint_dashboard,
     load_dashboard,
-    load_metrics,
 )
 
 __all__ = ["register", "run"]

@@ -218,10 +218,9 @@ class _FinishedCounter:
     start of the watch, to compare with the spans received since."""
 
     def __init__(self, base_url: str) -> None:
-        from phaseprobe.sources.openai_stream import normalize_base_url
-        from phaseprobe.sources.vllm_metrics import MetricsScraper
+        from phaseprobe.collect.metrics_view import FinishedRequests
 
-        self._scraper = MetricsScraper(normalize_base_url(base_url))
+        self._counter = FinishedRequests(base_url)
         self.start_ns = time.time_ns()
         self.start = self._read()
         self._last_read = 0.0
@@ -229,7 +228,7 @@ class _FinishedCounter:
 
     def _read(self) -> float | None:
         try:
-            return self._scraper.scrape().value("request_success")
+            return self._counter.read()
         except MetricsUnavailable:
             return None
 

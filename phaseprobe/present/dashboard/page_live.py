@@ -182,11 +182,9 @@ def _loss(path: str, key: tuple[float, ...]) -> None:
 
 
 def _finished(url: str) -> float | None:
-    from phaseprobe.sources.openai_stream import normalize_base_url
-    from phaseprobe.sources.vllm_metrics import MetricsScraper
+    from phaseprobe.collect.metrics_view import FinishedRequests
 
-    return MetricsScraper(normalize_base_url(url), timeout_s=2.0).scrape().value(
-        "request_success")
+    return FinishedRequests(url, timeout_s=2.0).read()
 
 
 def _bucket_s(spans: Sequence[RequestSpan], window_s: float | None) -> float:

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Literal
 
+from phaseprobe.collect.prom_query import Query, load_catalog
 from phaseprobe.errors import ConfigError
-from phaseprobe.sources.query_catalog import Query, load_catalog
 
 __all__ = [
     "DASHBOARD_FILE",

@@ -26,11 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import requests
-
-from phaseprobe.errors import DashboardInvalid, MetricsUnavailable
-from phaseprobe.sources.query_catalog import metric_names, newest_name, spellings
-from phaseprobe.sources.vllm_metrics import MetricSnapshot, MetricsScraper, parse_exposition
+from phaseprobe.collect.metrics_view import MetricSnapshot
+from phaseprobe.collect.prom_query import metric_names, newest_name, spellings
+from phaseprobe.errors import DashboardInvalid
 
 __all__ = [
     "REMOVED",
@@ -41,7 +39,6 @@ __all__ = [
     "iter_exprs",
     "lint_dashboard",
     "load_dashboard",
-    "load_metrics",
     "referenced_metrics",
 ]
 
@@ -238,22 +235,3 @@ def lint_dashboard(dashboard: Mapping[str, Any], *, file: str = "<dashboard>",
         if other and stale is None:  # same metric, other spelling (vllm_ vs vllm:, _total)
             report.hints[name] = other[0]
     return report
-
-
-def load_metrics(source: str, *, session: requests.Session | None = None) -> MetricSnapshot:
-    """A ``/metrics`` snapshot from a URL (``http://host:port`` or ``…/metrics``) or a file."""
-    if source.startswith(("http://", "https://")):
-        base = source.rstrip("/").removesuffix("/metrics")
-        return MetricsScraper(base, session=session).scrape()
-    path = Path(source)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise MetricsUnavailable(str(path), f"cannot read the file ({type(exc).__name__})"
-                                 ) from None
-    except UnicodeDecodeError:
-        raise MetricsUnavailable(str(path), "not a text file") from None
-    snapshot = parse_exposition(text, source=str(path))
-    if not snapshot.samples:
-        raise MetricsUnavailable(str(path), "no samples in the file")
-    return snapshot

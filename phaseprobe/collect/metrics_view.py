@@ -1,0 +1,51 @@
+"""A look at a vLLM server's ``/metrics`` outside a measurement: a snapshot from a URL or a
+saved exposition text (``grafana lint --metrics``), and the finished-request counter that
+``watch --metrics`` and the dashboard's Live page compare with the spans received.
+
+Both take a server URL as the user typed it; the scraper is built here, not by the command or
+the page that shows the result. :class:`MetricSnapshot` is the scraper's snapshot type.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import requests
+
+from phaseprobe.errors import MetricsUnavailable
+from phaseprobe.sources.openai_stream import normalize_base_url
+from phaseprobe.sources.vllm_metrics import MetricSnapshot, MetricsScraper, parse_exposition
+
+__all__ = ["FinishedRequests", "MetricSnapshot", "load_metrics"]
+
+
+def load_metrics(source: str, *, session: requests.Session | None = None) -> MetricSnapshot:
+    """A ``/metrics`` snapshot from a URL (``http://host:port`` or ``…/metrics``) or a file."""
+    if source.startswith(("http://", "https://")):
+        base = source.rstrip("/").removesuffix("/metrics")
+        return MetricsScraper(base, session=session).scrape()
+    path = Path(source)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise MetricsUnavailable(str(path), f"cannot read the file ({type(exc).__name__})"
+                                 ) from None
+    except UnicodeDecodeError:
+        raise MetricsUnavailable(str(path), "not a text file") from None
+    snapshot = parse_exposition(text, source=str(path))
+    if not snapshot.samples:
+        raise MetricsUnavailable(str(path), "no samples in the file")
+    return snapshot
+
+
+class FinishedRequests:
+    """vLLM's finished-request counter (``vllm:request_success_total``, every reason) at the
+    server ``base_url`` (normalised as an endpoint is), read on demand through one scraper."""
+
+    def __init__(self, base_url: str, *, timeout_s: float = 5.0) -> None:
+        self._scraper = MetricsScraper(normalize_base_url(base_url), timeout_s=timeout_s)
+
+    def read(self) -> float | None:
+        """The counter now; None when the server does not export it. Raises
+        MetricsUnavailable when ``/metrics`` cannot be read."""
+        return self._scraper.scrape().value("request_success")
