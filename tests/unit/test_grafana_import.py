@@ -9,6 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from phaseprobe.collect.grafana_api import (
+    GrafanaClient,
+    import_dashboard,
+    prepare_dashboard,
+    token_from_env,
+)
 from phaseprobe.errors import (
     ConfigError,
     GrafanaApiError,
@@ -18,12 +24,6 @@ from phaseprobe.errors import (
     GrafanaUnreachable,
 )
 from phaseprobe.present.grafana import build as gb
-from phaseprobe.present.grafana.api import (
-    GrafanaClient,
-    import_dashboard,
-    prepare_dashboard,
-    token_from_env,
-)
 from phaseprobe.testing.grafana_stub import GrafanaStub
 
 TOKEN = "glsa_s3cr3t-t0ken-value"

@@ -98,13 +98,13 @@ def _ends_in_time(call, expected, match, bound_s=4.0):
 
 
 def test_models_metrics_prometheus_and_grafana_answers_that_trickle_end():
+    from phaseprobe.collect.grafana_api import GrafanaClient
     from phaseprobe.errors import (
         EndpointUnreachable,
         GrafanaUnreachable,
         MetricsUnavailable,
         PrometheusUnreachable,
     )
-    from phaseprobe.present.grafana.api import GrafanaClient
     from phaseprobe.sources.openai_stream import check_endpoint
     from phaseprobe.sources.prometheus import PrometheusClient
     from phaseprobe.sources.vllm_metrics import MetricsScraper

@@ -18,15 +18,15 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from phaseprobe.collect.metrics_view import load_metrics
-from phaseprobe.errors import ConfigError
-from phaseprobe.present.cli.args import seconds
-from phaseprobe.present.grafana.api import (
+from phaseprobe.collect.grafana_api import (
     DEFAULT_TOKEN_ENV,
     GrafanaClient,
     import_dashboard,
     token_from_env,
 )
+from phaseprobe.collect.metrics_view import load_metrics
+from phaseprobe.errors import ConfigError
+from phaseprobe.present.cli.args import seconds
 from phaseprobe.present.grafana.build import DASHBOARD_FILE, build_dashboard, dashboard_json
 from phaseprobe.present.grafana.lint import (
     LintReport,
