@@ -125,6 +125,12 @@ def _count(path: Path, start: int, block: int, out: Any) -> None:
         out.put(None)
     except BaseException as exc:  # the parser reads the rest itself
         out.put(("error", f"{type(exc).__name__}: {exc}"))
+    finally:
+        # Every message into the pipe, then out without flushing stdio: a lock the parent's
+        # other threads (a progress bar) held when it forked stays held here.
+        out.close()
+        out.join_thread()
+        os._exit(0)
 
 
 class Half:
