@@ -108,7 +108,13 @@ def class_times(acts: pd.DataFrame) -> pd.DataFrame:
         ["count", "sum"]).reset_index()
     g["device"] = g["device"].astype(str)
     g["cls"] = g["cls"].astype(str)
-    g = g.rename(columns={"sum": "time_ns"})
+    return class_times_from(g.rename(columns={"sum": "time_ns"}))
+
+
+def class_times_from(g: pd.DataFrame) -> pd.DataFrame:
+    """``CLASS_COLUMNS`` from summed rows (``device``, ``cls`` as str; ``count``,
+    ``time_ns``) in output order: the shares are computed here, for both the in-memory and
+    the streamed summary."""
     total = g.groupby("device")["time_ns"].transform("sum").replace(0, np.nan)
     g["pct"] = (100.0 * g["time_ns"] / total).fillna(0.0)
     g["category"] = g["cls"].map(category_of)
@@ -154,12 +160,19 @@ def comm_compute_overlap(acts: pd.DataFrame) -> pd.DataFrame:
         comp_ns = _length(s[comp], e[comp])
         comm_ns = _length(s[comm], e[comm])
         both = _length(s[comp | comm], e[comp | comm])
-        overlap = comp_ns + comm_ns - both
-        rows.append({"device": device, "busy_ns": busy, "compute_ns": comp_ns,
-                     "communication_ns": comm_ns, "overlap_ns": overlap,
-                     "comm_hidden_pct": 100.0 * overlap / comm_ns if comm_ns else float("nan"),
-                     "span_ns": int(e.max() - s.min()), "idle_ns": int(e.max() - s.min()) - busy})
+        rows.append(overlap_row(device, busy, comp_ns, comm_ns, both, int(e.max() - s.min())))
     return pd.DataFrame(rows, columns=list(OVERLAP_COLUMNS))
+
+
+def overlap_row(device: str, busy: int, comp_ns: int, comm_ns: int, both: int,
+                span: int) -> dict[str, object]:
+    """One ``OVERLAP_COLUMNS`` row from the union lengths (``both``: compute ∪ communication)
+    and the device's first-start-to-last-end span."""
+    overlap = comp_ns + comm_ns - both
+    return {"device": device, "busy_ns": busy, "compute_ns": comp_ns,
+            "communication_ns": comm_ns, "overlap_ns": overlap,
+            "comm_hidden_pct": 100.0 * overlap / comm_ns if comm_ns else float("nan"),
+            "span_ns": span, "idle_ns": span - busy}
 
 
 def idle_gaps(acts: pd.DataFrame, min_gap_ns: int = 100_000) -> pd.DataFrame:
@@ -188,10 +201,16 @@ def idle_gaps(acts: pd.DataFrame, min_gap_ns: int = 100_000) -> pd.DataFrame:
             "device": device, "start_ns": run_max[hit], "end_ns": s[hit + 1],
             "gap_ns": gap[hit], "prev_name": names[:k], "prev_cls": cls[:k],
             "next_name": names[k:], "next_cls": cls[k:]}))
-    if not out:
+    return idle_gaps_from(out)
+
+
+def idle_gaps_from(parts: list[pd.DataFrame]) -> pd.DataFrame:
+    """``GAP_COLUMNS`` from per-device gap frames (device order, then time order): the
+    longest first, ties in that order."""
+    if not parts:
         return pd.DataFrame({c: [] for c in GAP_COLUMNS})
-    return pd.concat(out, ignore_index=True).sort_values("gap_ns", ascending=False,
-                                                         kind="stable", ignore_index=True)
+    return pd.concat(parts, ignore_index=True).sort_values("gap_ns", ascending=False,
+                                                           kind="stable", ignore_index=True)
 
 
 def top_kernels(acts: pd.DataFrame, n: int = 15) -> pd.DataFrame:
@@ -204,10 +223,17 @@ def top_kernels(acts: pd.DataFrame, n: int = 15) -> pd.DataFrame:
                           "cls": _cls_codes(acts)})
     g = frame.groupby("code", sort=False).agg(
         count=("dur", "size"), time_ns=("dur", "sum"), max_ns=("dur", "max"),
-        cls=("cls", "first")).nlargest(n, "time_ns")
-    g["avg_ns"] = g["time_ns"] / g["count"]
-    g["pct"] = 100.0 * g["time_ns"] / max(int(dur.sum()), 1)
+        cls=("cls", "first"))
     g["name"] = np.asarray(name_cat.cat.categories.astype(str), dtype=object)[g.index]
+    return top_kernels_from(g, int(dur.sum()), n)
+
+
+def top_kernels_from(g: pd.DataFrame, total_ns: int, n: int) -> pd.DataFrame:
+    """``TOP_COLUMNS`` from one row per name (``name``, ``count``, ``time_ns``, ``max_ns``,
+    ``cls`` as an index into ``CLASSES``) in order of first appearance (ties keep it)."""
+    g = g.nlargest(n, "time_ns")
+    g["avg_ns"] = g["time_ns"] / g["count"]
+    g["pct"] = 100.0 * g["time_ns"] / max(total_ns, 1)
     g["cls"] = np.asarray(CLASSES, dtype=object)[g["cls"].to_numpy()]
     g = g.reset_index(drop=True)
     return g[list(TOP_COLUMNS)]
@@ -290,6 +316,13 @@ def range_breakdown(acts: pd.DataFrame, ranges: pd.DataFrame,
     """
     if ranges.empty:
         return pd.DataFrame({c: [] for c in RANGE_BREAKDOWN_COLUMNS})
+    r = range_steps(ranges)
+    count, sums = range_attribution(acts, r, thread_parent)
+    return range_breakdown_from(r, count, sums)
+
+
+def range_steps(ranges: pd.DataFrame) -> pd.DataFrame:
+    """The ranges (reindexed) with ``dur_ns``, ``phase`` and the vLLM step fields."""
     r = ranges.reset_index(drop=True).copy()
     r["dur_ns"] = (r["end_ns"] - r["start_ns"]).clip(lower=0)
     steps = [parse_step_name(str(n)) for n in r["name"]]  # ranges are few (one per step)
@@ -297,6 +330,25 @@ def range_breakdown(acts: pd.DataFrame, ranges: pd.DataFrame,
                   for s, n in zip(steps, r["name"])]
     for i, col in enumerate(("ctx_reqs", "ctx_tokens", "gen_reqs", "gen_tokens"), start=1):
         r[col] = np.asarray([s[i] if s else -1 for s in steps], dtype=np.int64)
+    return r
+
+
+def range_breakdown_from(r: pd.DataFrame, count: np.ndarray, sums: list[np.ndarray]
+                         ) -> pd.DataFrame:
+    """``RANGE_BREAKDOWN_COLUMNS`` from :func:`range_steps` and the attributed activity
+    count and compute / communication / memory time per range."""
+    r = r.copy()
+    r["n_activities"] = count
+    r["compute_ns"], r["communication_ns"], r["memory_ns"] = sums
+    return r[list(RANGE_BREAKDOWN_COLUMNS)]
+
+
+def range_attribution(acts: pd.DataFrame, r: pd.DataFrame,
+                      thread_parent: Mapping[int, int] | None = None
+                      ) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Per range of ``r`` (:func:`range_steps`): how many of ``acts`` it takes and their
+    compute, communication and memory time (see :func:`range_breakdown`). Each activity
+    counts on its own, so the sums over disjoint parts of ``acts`` add up."""
     n = len(r)
     count = np.zeros(n, np.int64)
     sums = [np.zeros(n, np.int64) for _ in range(3)]
@@ -333,9 +385,7 @@ def range_breakdown(acts: pd.DataFrame, ranges: pd.DataFrame,
                                 r_start, r_end)
         count = c1 + c2
         sums = [a + b for a, b in zip(s1, s2)]
-    r["n_activities"] = count
-    r["compute_ns"], r["communication_ns"], r["memory_ns"] = sums
-    return r[list(RANGE_BREAKDOWN_COLUMNS)]
+    return count, sums
 
 
 PHASE_COLUMNS: dict[str, str] = {

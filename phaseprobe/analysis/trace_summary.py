@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
 
 import pandas as pd
 
@@ -66,7 +66,8 @@ class TraceDoc(TypedDict, total=False):
 
 
 __all__ = ["TraceDoc", "KernelCounts", "RangesDoc", "summarize", "summarize_file",
-           "summarize_trace_file", "summarize_nsys_file", "read_timeline", "trace_in",
+           "summarize_trace_file", "summarize_nsys_file", "summarize_nsys_export",
+           "read_timeline", "trace_in",
            "summarize_stats_csv", "summarize_stats_text", "records"]
 
 
@@ -74,7 +75,7 @@ def summarize_nsys_file(path: str | Path, min_gap_ns: int = 100_000,
                         top: int = 15) -> TraceDoc:
     """An Nsight Systems SQLite export, an ``nsys stats`` CSV, or the console text of
     ``nsys stats`` (``.txt``/``.log``/``.out``: every report of every rank in it)."""
-    from phaseprobe.sources import nsys_export, nsys_stats_csv, nsys_stats_text
+    from phaseprobe.sources import nsys_stats_csv, nsys_stats_text
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix in (".txt", ".log", ".out") and nsys_stats_text.looks_like_stats_text(path):
@@ -83,7 +84,7 @@ def summarize_nsys_file(path: str | Path, min_gap_ns: int = 100_000,
         return summarize_stats_csv(nsys_stats_csv.read_stats_csv(path), str(path), top)
     if suffix in (".log", ".out"):  # its error says what it found instead of a table
         return summarize_stats_text(nsys_stats_text.read_stats_text(path), str(path), top)
-    return summarize(nsys_export.read_nsys(path), str(path), min_gap_ns, top)
+    return summarize_nsys_export(path, min_gap_ns, top)
 
 
 def summarize_file(path: str | Path, *, nsys: bool, min_gap_ns: int = 100_000,
@@ -156,8 +157,61 @@ def summarize(tl: tla.Timeline, file: str, min_gap_ns: int = 100_000,
     kinds = acts["kind"] if not acts.empty else pd.Series([], dtype=str)
     cls = acts["cls"] if not acts.empty else pd.Series([], dtype=str)
     dur = (acts["end_ns"] - acts["start_ns"]).clip(lower=0) if not acts.empty else pd.Series([])
-    gaps = tla.idle_gaps(acts, min_gap_ns)
-    breakdown = tla.range_breakdown(acts, tl.ranges, tl.thread_parent)
+    kernels: KernelCounts = {
+        "count": int((kinds == "kernel").sum()),
+        "total_ns": int(dur[kinds == "kernel"].sum()),
+        "memcpy_count": int((kinds == "memcpy").sum()),
+        "memset_count": int((kinds == "memset").sum()),
+        "cpu_op_count": int((kinds == "cpu_op").sum()),
+        "communication_count": int((cls == "communication").sum())}
+    return _document(
+        file, tl.source.split(":", 1)[0], tl.meta, tl.devices, tl.api, kernels,
+        {"gaps": tla.idle_gaps(acts, min_gap_ns),
+         "breakdown": tla.range_breakdown(acts, tl.ranges, tl.thread_parent),
+         "overlap": tla.comm_compute_overlap(acts), "classes": tla.class_times(acts),
+         "top": tla.top_kernels(acts, top)}, min_gap_ns, top)
+
+
+def summarize_nsys_export(path: str | Path, min_gap_ns: int = 100_000, top: int = 15,
+                          chunk_rows: int | None = None) -> TraceDoc:
+    """:func:`summarize` of ``read_nsys(path)``, equal to it, computed in bounded memory:
+    the export is read in chunks (``sources.nsys_scan``) folded into the same tables
+    (``analysis.timeline_stream``). An export the chunked reader cannot take exactly (or a
+    broken one, whose error the in-memory reader words) goes through ``read_nsys``."""
+    import sqlite3
+
+    from phaseprobe.analysis.timeline_stream import TimelineFold
+    from phaseprobe.sources import nsys_scan
+    from phaseprobe.sources.nsys_export import read_nsys
+    try:
+        with nsys_scan.NsysScan(path, chunk_rows or nsys_scan.CHUNK_ROWS) as scan:
+            try:
+                fold = _fold(scan, TimelineFold(scan.ranges, min_gap_ns), presort=False)
+            except nsys_scan.OutOfOrder:  # a table not in start order: SQLite sorts it
+                fold = _fold(scan, TimelineFold(scan.ranges, min_gap_ns), presort=True)
+            order = scan.device_order()
+            devices, meta = scan.finish(order)
+            frames = fold.result(order, top)
+            kernels = cast(KernelCounts, fold.kernels())
+            return _document(str(path), "nsys", meta, devices, scan.api, kernels, frames,
+                             min_gap_ns, top)
+    except (nsys_scan.NotStreamable, nsys_scan.OutOfOrder, sqlite3.Error, TypeError,
+            ValueError, OverflowError):
+        return summarize(read_nsys(path), str(path), min_gap_ns, top)
+
+
+def _fold(scan: Any, fold: Any, presort: bool) -> Any:
+    for chunk in scan.activity_chunks(presort=presort):
+        fold.add(chunk)
+    return fold
+
+
+def _document(file: str, source: str, meta: dict[str, str], names: dict[str, str],
+              api: pd.DataFrame | None, kernels: KernelCounts, frames: dict[str, pd.DataFrame],
+              min_gap_ns: int, top: int) -> TraceDoc:
+    """The document from the analysis frames (``gaps``, ``breakdown``, ``overlap``,
+    ``classes``, ``top``), whichever way they were computed."""
+    gaps, breakdown, overlap = frames["gaps"], frames["breakdown"], frames["overlap"]
     by_name = pd.DataFrame()
     if not breakdown.empty:
         by_name = (breakdown.groupby(["domain", "name"], as_index=False)
@@ -166,33 +220,27 @@ def summarize(tl: tla.Timeline, file: str, min_gap_ns: int = 100_000,
                         communication_ns=("communication_ns", "sum"),
                         memory_ns=("memory_ns", "sum"))
                    .nlargest(top, "dur_ns"))
-    overlap = tla.comm_compute_overlap(acts)
-    devices = [{"device": d, "name": tl.devices.get(d, ""), **{k: _clean(v) for k, v in row.items()
-                                                             if k != "device"}}
+    devices = [{"device": d, "name": names.get(d, ""), **{k: _clean(v) for k, v in row.items()
+                                                          if k != "device"}}
                for d, row in zip(overlap["device"], overlap.to_dict("records"))]
     # GPUs of the capture that ran nothing are said once, not shown as rows of zeros
     active = set(overlap["device"])
-    idle = [f"{d} ({name})" if name else d for d, name in tl.devices.items() if d not in active]
-    idle += [g for g in tl.meta.get("idle_gpus", "").split(", ") if g]
+    idle = [f"{d} ({name})" if name else d for d, name in names.items() if d not in active]
+    idle += [g for g in meta.get("idle_gpus", "").split(", ") if g]
     doc: TraceDoc = {
-        "file": file, "source": tl.source.split(":", 1)[0], "meta": tl.meta,
+        "file": file, "source": source, "meta": meta,
         "devices": devices, "idle_devices": idle,
-        "kernels": {"count": int((kinds == "kernel").sum()),
-                    "total_ns": int(dur[kinds == "kernel"].sum()),
-                    "memcpy_count": int((kinds == "memcpy").sum()),
-                    "memset_count": int((kinds == "memset").sum()),
-                    "cpu_op_count": int((kinds == "cpu_op").sum()),
-                    "communication_count": int((cls == "communication").sum())},
-        "classes": records(tla.class_times(acts)),
+        "kernels": kernels,
+        "classes": records(frames["classes"]),
         "idle_gaps": records(gaps.head(top)),
         "idle_gaps_count": len(gaps), "idle_gaps_total_ns": int(gaps["gap_ns"].sum())
         if not gaps.empty else 0, "idle_gap_min_ns": min_gap_ns,
-        "top_kernels": records(tla.top_kernels(acts, top)),
+        "top_kernels": records(frames["top"]),
         "ranges": {"count": len(breakdown), "phases": records(tla.phase_summary(breakdown)),
                    "by_name": records(by_name)},
     }
-    if tl.api is not None:
-        doc["api"] = records(tl.api.head(top))
+    if api is not None:
+        doc["api"] = records(api.head(top))
     return doc
 
 
