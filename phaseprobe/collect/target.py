@@ -2,8 +2,9 @@
 and the models it serves.
 
 Shared by every command that measures (through :class:`phaseprobe.collect.session.Session`),
-so they agree on where keys come from, on how the local server is started and always
-stopped, and on checking a model name before any run.
+so they agree on where keys come from, on how an endpoint URL is normalised
+(:func:`normalize_base_url`), on how the local server is started and always stopped, and on
+checking a model name before any run.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from typing import Any
 from phaseprobe.collect.notices import Notices
 from phaseprobe.errors import ConfigError
 from phaseprobe.redact import redact_url
+from phaseprobe.sources.openai_stream import normalize_base_url
 
 __all__ = ["DEFAULT_KEY_VARS", "api_key_from_env", "endpoint_or_local", "first_model",
-           "served_model", "endpoint_models"]
+           "served_model", "endpoint_models", "normalize_base_url"]
 
 # Looked at in this order when no --api-key-env is given.
 DEFAULT_KEY_VARS = ("OPENAI_API_KEY", "VLLM_API_KEY")
@@ -39,8 +41,6 @@ def endpoint_or_local(endpoint: str | None, stack: ExitStack, notices: Notices,
     """``endpoint``, or start the local CPU vLLM with the tiny model (installing it on first
     use) inside ``stack``, which stops it on exit, Ctrl-C or error."""
     if endpoint is not None:
-        from phaseprobe.sources.openai_stream import normalize_base_url
-
         return normalize_base_url(endpoint)
     from phaseprobe.local import LocalVllm, ensure_model, install
     from phaseprobe.local.process import stop_with_parent
@@ -66,7 +66,7 @@ def endpoint_models(endpoint: str, api_key: str | None) -> list[dict[str, Any]]:
     A probe asks once and hands the list on, to the model check, the preflight and the run."""
     import requests
 
-    from phaseprobe.sources.openai_stream import check_endpoint, normalize_base_url
+    from phaseprobe.sources.openai_stream import check_endpoint
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     return check_endpoint(normalize_base_url(endpoint), session=requests.Session(),
@@ -79,8 +79,6 @@ def served_model(endpoint: str, api_key: str | None, model: str | None,
     first listed model when ``model`` is None. Checked before any run: a wrong name would
     otherwise become a whole experiment of 404 error runs. ``models``: the endpoint's
     ``/v1/models`` list when already fetched."""
-    from phaseprobe.sources.openai_stream import normalize_base_url
-
     endpoint = normalize_base_url(endpoint)
     if models is None:
         models = endpoint_models(endpoint, api_key)

@@ -41,7 +41,7 @@ from phaseprobe.collect.interplay import (
 )
 from phaseprobe.collect.playbook import load_playbook, parse_effect
 from phaseprobe.collect.session import Session, SessionOptions
-from phaseprobe.collect.target import api_key_from_env, served_model
+from phaseprobe.collect.target import api_key_from_env, normalize_base_url, served_model
 from phaseprobe.errors import ConfigError
 from phaseprobe.paths import default_store_path
 from phaseprobe.present.cli.args import (
@@ -59,8 +59,8 @@ from phaseprobe.present.cli.render_interplay import (
     render_prefix,
 )
 from phaseprobe.present.cli.waiting import ConsoleNotices
-from phaseprobe.sources.openai_stream import normalize_base_url
-from phaseprobe.store import Store, redact_url
+from phaseprobe.redact import redact_url
+from phaseprobe.store import Store
 
 __all__ = ["register", "run", "COMMANDS"]
 

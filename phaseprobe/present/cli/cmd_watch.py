@@ -162,9 +162,9 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
         if load is not None:
             load.stop()
             # Spans of the last requests leave in the exporter's next batch.
-            from phaseprobe.local.server import LOCAL_BSP_DELAY_MS
+            from phaseprobe.collect.local_vllm import LOCAL_SPAN_FLUSH_S
 
-            time.sleep(LOCAL_BSP_DELAY_MS / 1000 * 2 + 0.5)
+            time.sleep(LOCAL_SPAN_FLUSH_S)
         spans = snapshot()
         loss = counter.loss(spans, span_loss) if counter is not None else None
     summary = summarize_spans(spans, now_ns=time.time_ns(), window_s=None)

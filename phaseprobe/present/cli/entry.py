@@ -86,33 +86,28 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_local(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from phaseprobe import local
+    from phaseprobe.collect import local_vllm
 
     action = args.local_command
     doc: dict[str, Any]
     if action == "install":
         t0 = time.monotonic()
-        venv = local.install(progress=lambda line: err.print(f"[dim]{line}"))
-        model = local.ensure_model(venv=venv)
+        venv, model = local_vllm.install_local(progress=lambda line: err.print(f"[dim]{line}"))
         doc = {"venv": str(venv), "model": str(model), "seconds": time.monotonic() - t0}
         text = f"local vLLM ready: venv {venv}, model {model}"
     elif action == "start":
-        from phaseprobe.paths import cache_dir
-
-        # Its torch profiler is configured (idle until asked), so `probe --torch-profile`
-        # works against it as the help says.
         with waiting(err, "starting local vLLM (about 30 s on 2 cores)…"):
-            state = local.start_detached(profile_dir=cache_dir() / "profiles" / "local")
+            state = local_vllm.start_local()
         doc = {"started": True, **json.loads(state.to_json())}
         text = f"local vLLM running at {state.base_url} (pid {state.pid}, log {state.log_path})"
     elif action == "stop":
-        stopped = local.stop_from_state()
+        stopped = local_vllm.stop_from_state()
         doc = {"stopped": stopped is not None,
                "pid": stopped.pid if stopped else None}
         text = f"stopped local vLLM (pid {stopped.pid})" if stopped else \
             "no local vLLM was running"
     else:
-        st = local.status()
+        st = local_vllm.status()
         doc = {"running": st.alive, "healthy": st.healthy,
                "state": json.loads(st.state.to_json()) if st.state else None}
         text = ("no local vLLM recorded" if st.state is None else
