@@ -31,6 +31,9 @@ __all__ = ["read_blocks", "split_point", "Half", "Counted", "SPLIT_MIN"]
 
 SPLIT_MIN = 64 << 20  # files at least this big are read by two processes (when there are 2 CPUs)
 _BATCH = 16384  # fold entries per message at most
+_ITEMS = 256  # blocks per message at most
+_SEEN = 10_000  # keys the child remembers having sent with their first line
+_SILENCE = 60.0  # seconds without a message from a live child before the parser reads on
 _QUEUE = 32  # messages waiting at most: the child waits beyond (bounded memory)
 _BACK = 16 << 20  # how far before the middle a newline is looked for
 
@@ -111,14 +114,14 @@ def _count(path: Path, start: int, block: int, out: Any) -> None:
                     items.append((pos, pos + end, None))
                 else:
                     lines, skipped, folds = got
-                    if len(seen) > 100_000:
+                    if len(seen) > _SEEN:
                         seen.clear()
                     seen.update(key for key, _, _ in folds)
                     items.append((pos, pos + end, (lines, skipped, [
                         (ids.setdefault(key, len(ids)), times, at) for key, times, at in folds])))
                     entries += len(folds)
                 pos += end
-                if entries >= _BATCH:
+                if entries >= _BATCH or len(items) >= _ITEMS:
                     out.put(({i: k for k, i in ids.items()}, items))
                     ids, items, entries = {}, [], 0
         out.put(({i: k for k, i in ids.items()}, items))
@@ -157,13 +160,16 @@ class Half:
         return cls(proc, out, start)
 
     def items(self) -> Iterator[tuple[int, int, Counted]]:
+        quiet = 0.0
         while True:
             try:
                 msg = self._out.get(timeout=1.0)
             except queue.Empty:
-                if self._proc.is_alive():
+                quiet += 1.0
+                if self._proc.is_alive() and quiet < _SILENCE:
                     continue
-                return  # died without a word (killed)
+                return  # died without a word (killed), or stuck
+            quiet = 0.0
             if msg is None or msg[0] == "error":
                 return
             keys, items = msg

@@ -5,6 +5,8 @@ the child fails."""
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -98,15 +100,19 @@ def _fails(path: Path, start: int, block: int, out: Any) -> None:
 
 
 def _dies(path: Path, start: int, block: int, out: Any) -> None:
-    import os
     os._exit(3)
 
 
-@pytest.mark.parametrize("child", [_fails, _dies])
+def _hangs(path: Path, start: int, block: int, out: Any) -> None:
+    time.sleep(600)
+
+
+@pytest.mark.parametrize("child", [_fails, _dies, _hangs])
 def test_the_parser_reads_on_when_the_child_fails(tmp_path: Path, split_all: list[int],
                                                   monkeypatch: pytest.MonkeyPatch,
                                                   child: Any) -> None:
     monkeypatch.setattr(nccl_log, "_BLOCK", 4096)
+    monkeypatch.setattr(nccl_split, "_SILENCE", 2.0)
     monkeypatch.setattr(nccl_split, "_count", child)
     path = tmp_path / "long.log"
     path.write_bytes(_long_log().encode())
