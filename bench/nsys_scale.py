@@ -1,18 +1,25 @@
 """Benchmark: summarise a synthetic Nsight Systems export with 10 M kernel rows.
 
-    python bench/nsys_scale.py [--rows 10000000] [--build-budget-s 60] [--keep DIR]
+    python bench/nsys_scale.py [--rows 10000000] [--build-budget-s 60] [--keep DIR] [--compare]
 
 Builds an nsys-shaped SQLite (schema 2022 generation: StringIds, CUPTI kernel + runtime
 tables, NVTX step ranges) in a temporary directory — generated inside SQLite by a recursive
-CTE, 1 M rows per batch, stopping early if the build budget runs out — then times
-``read_nsys`` and every timeline analysis, and prints rows/s and peak RSS. The reference is a
-bare ``SELECT count(*), sum(end - start)`` scan of the same table in the same run: the ratio
-says how much the full summary costs over just touching every kernel row once.
+CTE, 1 M rows per batch, stopping early if the build budget runs out — then times the summary
+``phaseprobe nsys`` prints (``trace_summary.summarize_nsys_export``: the export read in
+chunks and folded, bounded memory), and prints rows/s and the process's peak RSS measured
+right after it. The reference is a bare ``SELECT count(*), sum(end - start)`` scan of the
+kernel table in the same run: the ratio says how much the full summary (kernel and runtime
+tables, launch join, ranges) costs over just touching every kernel row once.
+
+``--compare`` then also times the in-memory path (``read_nsys`` and every timeline analysis,
+what the summary was before) and checks both documents are equal; its peak RSS is printed
+separately (the process's high-water mark after both).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import resource
 import sqlite3
 import sys
@@ -23,6 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from phaseprobe.analysis import timeline as tla  # noqa: E402
+from phaseprobe.analysis import trace_summary  # noqa: E402
 from phaseprobe.sources.nsys_export import read_nsys  # noqa: E402
 
 TID = (4242 << 24) | 4243
@@ -88,11 +96,32 @@ def build(path: Path, rows: int, budget_s: float) -> int:
 
 
 def timed(label: str, fn, *args, **kwargs):  # type: ignore[no-untyped-def]
-    t0 = time.perf_counter()
+    w0, c0 = time.perf_counter(), time.process_time()
     out = fn(*args, **kwargs)
-    dt = time.perf_counter() - t0
-    print(f"  {label:<28} {dt:8.2f} s", flush=True)
-    return out, dt
+    dt, cpu = time.perf_counter() - w0, time.process_time() - c0
+    print(f"  {label:<28} {dt:8.2f} s  (cpu {cpu:.2f} s)", flush=True)
+    return out, dt, cpu
+
+
+def peak_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def in_memory(path: Path, gap_ns: int) -> tuple[dict, float]:  # type: ignore[type-arg]
+    """The summary as it was computed before the chunked reader: everything in pandas."""
+    tl, t_read, _ = timed("read_nsys (with launches)", read_nsys, path)
+    acts = tl.activities
+    total = t_read
+    for label, fn, fargs in (
+            ("class_times", tla.class_times, (acts,)),
+            ("comm_compute_overlap", tla.comm_compute_overlap, (acts,)),
+            ("idle_gaps", tla.idle_gaps, (acts, gap_ns)),
+            ("top_kernels", tla.top_kernels, (acts,)),
+            ("range_breakdown", tla.range_breakdown, (acts, tl.ranges))):
+        _, dt, _ = timed(label, fn, *fargs)
+        total += dt
+    doc, dt, _ = timed("document", trace_summary.summarize, tl, str(path), gap_ns, 15)
+    return dict(doc), total + dt
 
 
 def main() -> int:
@@ -101,41 +130,44 @@ def main() -> int:
     ap.add_argument("--build-budget-s", type=float, default=60.0)
     ap.add_argument("--gap-us", type=float, default=20.0)
     ap.add_argument("--keep", metavar="DIR", help="build the export in DIR and keep it")
+    ap.add_argument("--compare", action="store_true",
+                    help="also time the in-memory path and check the documents are equal")
     args = ap.parse_args()
+    gap_ns = int(args.gap_us * 1000)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(args.keep or tmp) / "synthetic.sqlite"
-        path.unlink(missing_ok=True)
-        t0 = time.perf_counter()
-        rows = build(path, args.rows, args.build_budget_s)
-        print(f"built {rows:,} kernels (+{rows:,} runtime calls) in "
-              f"{time.perf_counter() - t0:.1f} s, {path.stat().st_size / 2**20:,.0f} MiB",
-              flush=True)
+        if args.keep and path.exists() and sqlite3.connect(path).execute(
+                "SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0] == args.rows:
+            rows = args.rows
+            print(f"reusing {path} ({rows:,} kernels)")
+        else:
+            path.unlink(missing_ok=True)
+            t0 = time.perf_counter()
+            rows = build(path, args.rows, args.build_budget_s)
+            print(f"built {rows:,} kernels (+{rows:,} runtime calls) in "
+                  f"{time.perf_counter() - t0:.1f} s, {path.stat().st_size / 2**20:,.0f} MiB",
+                  flush=True)
         conn = sqlite3.connect(path)
-        t1 = time.perf_counter()
-        conn.execute('SELECT count(*), sum("end" - start) FROM CUPTI_ACTIVITY_KIND_KERNEL'
-                     ).fetchone()
-        ref = time.perf_counter() - t1
+        _, ref, ref_cpu = timed("reference: SQL count/sum", lambda: conn.execute(
+            'SELECT count(*), sum("end" - start) FROM CUPTI_ACTIVITY_KIND_KERNEL').fetchone())
         conn.close()
-        print(f"reference: SQL count/sum scan {ref:.2f} s")
-        tl, t_read = timed("read_nsys (with launches)", read_nsys, path)
-        acts = tl.activities
-        total = t_read
-        for label, fn, fargs in (
-                ("class_times", tla.class_times, (acts,)),
-                ("comm_compute_overlap", tla.comm_compute_overlap, (acts,)),
-                ("idle_gaps", tla.idle_gaps, (acts, int(args.gap_us * 1000))),
-                ("top_kernels", tla.top_kernels, (acts,)),
-                ("range_breakdown", tla.range_breakdown, (acts, tl.ranges))):
-            out, dt = timed(label, fn, *fargs)
-            total += dt
-            if label == "idle_gaps":
-                print(f"    {len(out):,} gaps")
-            if label == "range_breakdown":
-                print(f"    {len(out):,} ranges, phases: "
-                      f"{tla.phase_summary(out)[['phase', 'ranges']].to_dict('records')}")
-    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"summary of {rows:,} kernel rows: {total:.2f} s = {rows / total:,.0f} rows/s; "
-          f"ratio to the bare SQL scan {total / ref:.1f}x; peak RSS {peak_mib:,.0f} MiB")
+        rss0 = peak_mib()
+        doc, total, cpu = timed("summarize_nsys_export", trace_summary.summarize_nsys_export,
+                                path, gap_ns, 15)
+        peak = peak_mib()
+        ph = [(p["phase"], p["ranges"]) for p in doc["ranges"]["phases"]]
+        print(f"    {doc['idle_gaps_count']:,} gaps, {doc['ranges']['count']:,} ranges, "
+              f"phases {ph}")
+        print(f"summary of {rows:,} kernel rows: {total:.2f} s = {rows / total:,.0f} rows/s; "
+              f"ratio to the bare SQL scan {total / ref:.1f}x (cpu {cpu / ref_cpu:.1f}x); "
+              f"peak RSS {peak:,.0f} MiB ({rss0:,.0f} MiB before it)", flush=True)
+        if args.compare:
+            old, old_total = in_memory(path, gap_ns)
+            same = json.dumps(old, sort_keys=True) == json.dumps(doc, sort_keys=True)
+            print(f"in-memory path: {old_total:.2f} s, ratio {old_total / ref:.1f}x; process "
+                  f"peak RSS after it {peak_mib():,.0f} MiB; documents equal: {same}")
+            if not same:
+                return 1
     return 0
 
 

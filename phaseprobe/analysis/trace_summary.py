@@ -185,10 +185,16 @@ def summarize_nsys_export(path: str | Path, min_gap_ns: int = 100_000, top: int 
     from phaseprobe.sources.nsys_export import read_nsys
     try:
         with nsys_scan.NsysScan(path, chunk_rows or nsys_scan.CHUNK_ROWS) as scan:
-            try:
-                fold = _fold(scan, TimelineFold(scan.ranges, min_gap_ns), presort=False)
-            except nsys_scan.OutOfOrder:  # a table not in start order: SQLite sorts it
-                fold = _fold(scan, TimelineFold(scan.ranges, min_gap_ns), presort=True)
+            for _ in range(4):  # a table out of start order: SQLite sorts it, start again
+                try:
+                    fold = TimelineFold(scan.ranges, min_gap_ns)
+                    for chunk in scan.activity_chunks():
+                        fold.add(chunk)
+                    break
+                except nsys_scan.OutOfOrder:
+                    continue
+            else:
+                raise nsys_scan.NotStreamable("tables still out of start order")
             order = scan.device_order()
             devices, meta = scan.finish(order)
             frames = fold.result(order, top)
@@ -198,12 +204,6 @@ def summarize_nsys_export(path: str | Path, min_gap_ns: int = 100_000, top: int 
     except (nsys_scan.NotStreamable, nsys_scan.OutOfOrder, sqlite3.Error, TypeError,
             ValueError, OverflowError):
         return summarize(read_nsys(path), str(path), min_gap_ns, top)
-
-
-def _fold(scan: Any, fold: Any, presort: bool) -> Any:
-    for chunk in scan.activity_chunks(presort=presort):
-        fold.add(chunk)
-    return fold
 
 
 def _document(file: str, source: str, meta: dict[str, str], names: dict[str, str],

@@ -12,7 +12,7 @@ size. What it yields is what ``read_nsys`` would have put in the Timeline, row f
 - chunks come in ``(start, table, rowid)`` order across kernel, memcpy and memset tables
   (merged as they are read), which is the order ``read_nsys``'s callers sort each device
   into. nsys writes its tables in start order; one that is not raises :class:`OutOfOrder`
-  mid-way, and ``activity_chunks(presort=True)`` then reads it through a temporary table
+  mid-way, and the next ``activity_chunks()`` reads that table through a temporary table
   sorted by SQLite (on disk, bounded memory);
 - the runtime API summary and the launch join come from one pass over the runtime table
   before the first chunk: per-name sums, and a compact (key, start, thread) lookup.
@@ -49,7 +49,7 @@ from phaseprobe.trace_records import CLASSES, classify_names
 
 __all__ = ["NsysScan", "NotStreamable", "OutOfOrder", "CHUNK_ROWS"]
 
-CHUNK_ROWS = 500_000  # rowids per chunk and table: ~40 MB of text and arrays at most
+CHUNK_ROWS = 250000  # rowids per chunk and table: ~40 MB of text and arrays at most
 _KINDS = ("kernel", "memcpy", "memset")
 _POS_SHIFT = 56  # pos = table << 56 | rowid
 
@@ -59,7 +59,8 @@ class NotStreamable(Exception):
 
 
 class OutOfOrder(Exception):
-    """A table's rows are not in start order: read again with ``presort=True``."""
+    """A table's rows are not in start order: start ``activity_chunks()`` again (the scan
+    now reads that table sorted)."""
 
 
 class NsysScan:
@@ -77,6 +78,7 @@ class NsysScan:
         self._cls_of: dict[tuple[int, str], int] = {}
         self._dev_keys: dict[int, set[tuple[int, int]]] = {}
         self._pid_code: dict[int, int] = {}
+        self.presorted: set[int] = set()  # tables found out of start order
         try:
             self.ranges = self.ex.ranges()
             self.with_launch = not self.ranges.empty
@@ -110,15 +112,27 @@ class NsysScan:
         if int(lo) < 0 or int(hi) >= 1 << _POS_SHIFT or \
                 int(hi) - int(lo) > 4 * int(total) + self.chunk_rows:
             raise NotStreamable(f"{table}: sparse or negative rowids")
-        aggs = ", ".join(["count(*)"] + [f"group_concat({e}, ',')" for e in exprs])
+        # a rowid column asked for last is implied when the rowids have no holes (nsys
+        # writes them so): one column less to format and parse
+        implied = exprs[-1] == "rowid" and int(hi) - int(lo) + 1 == int(total)
+        if implied:
+            exprs = exprs[:-1]
+        # constant columns (a column the table lacks, or one not needed) are filled here
+        const = {i: int(e) for i, e in enumerate(exprs) if e.lstrip("-").isdigit()}
+        asked = [i for i in range(len(exprs)) if i not in const]
+        aggs = ", ".join(["count(*)"] + [f"group_concat({exprs[i]}, ',')" for i in asked])
         for first in range(int(lo), int(hi) + 1, self.chunk_rows):
             row = self.ex._bytes_row(f"SELECT {aggs} FROM {q} WHERE rowid >= {first} AND "
                                      f"rowid < {first + self.chunk_rows}")
             n = int(row[0])
             if n == 0:
                 continue
-            out = np.empty((n, len(exprs)), np.int64)
-            for i, text in enumerate(row[1:]):
+            out = np.empty((len(exprs) + implied, n), np.int64).T  # columns contiguous
+            if implied:
+                out[:, -1] = np.arange(first, first + n)
+            for i, v in const.items():
+                out[:, i] = v
+            for i, text in zip(asked, row[1:]):
                 try:
                     with warnings.catch_warnings():
                         warnings.simplefilter("error", DeprecationWarning)
@@ -128,6 +142,7 @@ class NsysScan:
                 if col.size != n:
                     raise NotStreamable(f"{table}: not integers only")
                 out[:, i] = col
+            del row
             yield out
 
     def _runtime_pass(self) -> tuple[pd.DataFrame, int]:
@@ -237,7 +252,7 @@ class NsysScan:
         out = out.astype({"count": np.int64, "time_ns": np.int64, "max_ns": np.int64})
         return out.sort_values("time_ns", ascending=False, ignore_index=True), 0
 
-    def _table_chunks(self, t: int, presort: bool) -> Iterator[dict[str, np.ndarray]]:
+    def _table_chunks(self, t: int) -> Iterator[dict[str, np.ndarray]]:
         """One table's rows as arrays (start, end, dev, gpid, corr, name, pos), in
         (start, rowid) order."""
         kind = _KINDS[t]
@@ -246,7 +261,12 @@ class NsysScan:
         if not {"start", "end"} <= cols:
             return
         wanted = ["start", "end", "deviceId", "globalPid", "correlationId"]
-        exprs = [f'coalesce("{c}", -1)' if c in cols else "-1" for c in wanted]
+        # the process only splits devices or keys the launch join; the correlation id only
+        # keys the join (without ranges, no join): not read when not needed
+        needed = {"globalPid": self.with_launch or bool(self.split),
+                  "correlationId": self.with_launch}
+        exprs = [f'coalesce("{c}", -1)' if c in cols and needed.get(c, True) else "-1"
+                 for c in wanted]
         if kind == "kernel":
             name_col = self.ex._named(table, ("shortName", "demangledName", "name"))
             if name_col and not self.ex._is_int(table, name_col):
@@ -258,6 +278,7 @@ class NsysScan:
             exprs.append("0")
         exprs.append("rowid")
         source = table
+        presort = t in self.presorted
         if presort:
             source = f"temp._pp_sorted_{kind}"
             self.conn.execute(f"DROP TABLE IF EXISTS {source}")
@@ -272,6 +293,7 @@ class NsysScan:
                 s = a[:, 0]
                 if (s.size > 1 and not bool((s[1:] >= s[:-1]).all())) or \
                         (last is not None and s[0] < last):
+                    self.presorted.add(t)
                     raise OutOfOrder(table)
                 last = int(s[-1])
                 if int(a[:, -1].min()) < 0 or int(a[:, -1].max()) >= 1 << _POS_SHIFT:
@@ -282,15 +304,22 @@ class NsysScan:
                        "t": np.full(a.shape[0], t, np.int8)}
         finally:
             if presort:
-                self.conn.execute(f"DROP TABLE IF EXISTS {source}")
+                try:
+                    self.conn.execute(f"DROP TABLE IF EXISTS {source}")
+                except sqlite3.ProgrammingError:  # closed with the scan: temp tables went too
+                    pass
 
-    def activity_chunks(self, presort: bool = False) -> Iterator[pd.DataFrame]:
+    def activity_chunks(self) -> Iterator[pd.DataFrame]:
         """Activity frames in (start, table, rowid) order (see the module docstring)."""
         self._dev_keys = {}
-        streams = [self._table_chunks(t, presort) for t in range(len(_KINDS))]
-        for part in _merge(streams):
-            if part["start"].size:
-                yield self._frame(part)
+        streams = [self._table_chunks(t) for t in range(len(_KINDS))]
+        try:
+            for part in _merge(streams):
+                if part["start"].size:
+                    yield self._frame(part)
+        finally:
+            for st in streams:
+                st.close()  # type: ignore[attr-defined]
 
     def _frame(self, p: dict[str, np.ndarray]) -> pd.DataFrame:
         n = p["start"].size
