@@ -9,6 +9,10 @@ with ``PRAGMA table_info`` before use, never assumed.
 Speed: rows come out of SQLite in chunks straight into numpy int64 arrays; names are resolved
 once per distinct ``StringIds`` id; kernel → launch joins are a sorted ``searchsorted``. The
 runtime API summary is a SQL ``GROUP BY``. No Python code runs per kernel row.
+
+``read_nsys`` holds every op of the export in memory (what the dashboard and the checklist
+read); the summary ``phaseprobe nsys`` prints reads big exports in bounded chunks instead
+(:mod:`phaseprobe.sources.nsys_scan`), to the same figures.
 """
 
 from __future__ import annotations

@@ -15,10 +15,12 @@ size. What it yields is what ``read_nsys`` would have put in the Timeline, row f
   mid-way, and the next ``activity_chunks()`` reads that table through a temporary table
   sorted by SQLite (on disk, bounded memory);
 - the runtime API summary and the launch join come from one pass over the runtime table
-  before the first chunk: per-name sums, and a compact (key, start, thread) lookup.
+  before the first chunk: per-name sums, and a compact (key, start, thread) lookup. Older
+  exports that name a call both ``cudaX`` and ``cudaX_v7000`` keep those names' rows
+  (five integers each) to pair the twins as ``read_nsys`` does.
 
 An export this reader cannot stream exactly (a view, sparse rowids, text or REAL in a number
-column, text kernel names, versioned API twins to pair) raises :class:`NotStreamable`: the
+column, text kernel names) raises :class:`NotStreamable`: the
 caller reads it with ``read_nsys``, which handles each of those.
 """
 
@@ -156,9 +158,13 @@ class NsysScan:
             return empty, 0
         tid = "coalesce(globalTid, 0)" if "globalTid" in cols else "0"
         corr = "coalesce(correlationId, -1)" if "correlationId" in cols else "-1"
+        twin_ids = self._twin_capable()
         exprs = ["coalesce(nameId, -1)", 'coalesce("end" - start, 0)']
+        if self.with_launch or twin_ids.size:
+            exprs += [tid, corr]
         if self.with_launch:
-            exprs += [tid, corr, "coalesce(start, -1)"]
+            exprs.append("coalesce(start, -1)")
+        twin_rows: list[np.ndarray] = []  # rows of names that may have twins: pos, id, …
         total = int(self.conn.execute(
             "SELECT count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME").fetchone()[0])
         # launch lookup, filled in place: key (process code, correlationId), start, thread
@@ -169,8 +175,15 @@ class NsysScan:
         stats: dict[int, list[Any]] = {}  # name id -> [count, time, max, first row]
         seen = 0
         for a in self._chunks("CUPTI_ACTIVITY_KIND_RUNTIME", exprs):
-            g = pd.DataFrame({"id": a[:, 0], "dur": a[:, 1], "row": np.arange(
-                seen, seen + a.shape[0])}).groupby("id", sort=False).agg(
+            ids, durs, rows = a[:, 0], a[:, 1], np.arange(seen, seen + a.shape[0])
+            if twin_ids.size:
+                sel = np.isin(ids, twin_ids)
+                if sel.any():
+                    twin_rows.append(np.stack([rows[sel], ids[sel], a[sel, 2], a[sel, 3],
+                                               durs[sel]]))
+                    ids, durs, rows = ids[~sel], durs[~sel], rows[~sel]
+            g = pd.DataFrame({"id": ids, "dur": durs, "row": rows}).groupby(
+                "id", sort=False).agg(
                 count=("dur", "size"), time=("dur", "sum"), mx=("dur", "max"),
                 first=("row", "min"))
             for i, c, t, m, f in zip(g.index.tolist(), g["count"].to_numpy(),
@@ -198,7 +211,33 @@ class NsysScan:
                 order = np.argsort(key, kind="stable")
                 key, start, tids = key[order], start[order], tids[order]
             self._r_key, self._r_start, self._r_tid = key, start, tids
-        return self._api_frame(stats)
+        return self._api_frame(stats, np.concatenate(twin_rows, axis=1) if twin_rows
+                               else None)
+
+    def _twin_capable(self) -> np.ndarray:
+        """StringIds ids of the API names that can have versioned twins: ``cudaX`` and
+        ``cudaX_v7000`` both named (their rows are paired as ``api_summary`` does)."""
+        if not {"id", "value"} <= self.ex.columns("StringIds"):
+            return np.empty(0, np.int64)
+        versioned: dict[int, str] = {}
+        for i, v in self.conn.execute("SELECT id, value FROM StringIds WHERE value GLOB "
+                                      "'*_v*'"):
+            if isinstance(v, str) and _VERSIONED.search(v):
+                versioned[int(i)] = _VERSIONED.sub("", v)
+        if not versioned:
+            return np.empty(0, np.int64)
+        if any("\ufffd" in b for b in versioned.values()):
+            raise NotStreamable("API names that are not UTF-8")
+        bases = sorted(set(versioned.values()))
+        plain: dict[int, str] = {}
+        for k in range(0, len(bases), 900):
+            part = bases[k:k + 900]
+            plain.update((int(i), str(v)) for i, v in self.conn.execute(
+                f"SELECT id, value FROM StringIds WHERE value IN ({','.join('?' * len(part))})",
+                part))
+        both = set(plain.values())
+        return np.asarray(sorted([i for i in plain] + [i for i, b in versioned.items()
+                                                       if b in both]), dtype=np.int64)
 
     def _pid_keys(self, pid: np.ndarray, corr: np.ndarray, grow: bool) -> np.ndarray:
         """One int64 per (process, correlationId), like ``nsys_export._pid_key`` but with
@@ -221,36 +260,57 @@ class NsysScan:
                             for x in uniq.tolist()], dtype=np.int32)
         return codes[pd.Index(uniq).get_indexer(tid)]
 
-    def _api_frame(self, stats: dict[int, list[Any]]) -> tuple[pd.DataFrame, int]:
-        """``api_summary``'s frame from per-name-id sums: grouped by base name in order of
+    def _api_frame(self, stats: dict[int, list[Any]], twin_rows: np.ndarray | None
+                   ) -> tuple[pd.DataFrame, int]:
+        """``api_summary``'s frame from per-name-id sums (and the rows of names that may have
+        twins, paired here as ``api_summary`` pairs them): grouped by base name in order of
         first appearance, the heaviest first (the same sort, so the same order of ties)."""
+        twins = 0
+        if twin_rows is not None:
+            twins = self._pair_twins(stats, twin_rows)
         if not stats:
             return pd.DataFrame({c: [] for c in API_COLUMNS}), 0
         ids = list(stats)
         lookup = self.ex.strings(ids)
         bases: dict[str, list[Any]] = {}
-        plain: set[str] = set()
-        versioned: set[str] = set()
         for i in ids:
             name = lookup[int(i)]
             base = _VERSIONED.sub("", name)
-            (versioned if base != name else plain).add(base)
             c, t, m, f = stats[i]
             b = bases.get(base)
             if b is None:
                 bases[base] = [c, t, m, f]
             else:
                 b[0], b[1], b[2], b[3] = b[0] + c, _wrap_add(b[1], t), max(b[2], m), min(b[3], f)
-        if plain & versioned:
-            # cudaX beside cudaX_v7000: twins to pair row by row (older exports)
-            raise NotStreamable("versioned API twins")
         order = sorted(bases, key=lambda b: bases[b][3])
         out = pd.DataFrame({"name": order,
                             "count": [bases[b][0] for b in order],
                             "time_ns": [bases[b][1] for b in order],
                             "max_ns": [bases[b][2] for b in order]})
         out = out.astype({"count": np.int64, "time_ns": np.int64, "max_ns": np.int64})
-        return out.sort_values("time_ns", ascending=False, ignore_index=True), 0
+        return out.sort_values("time_ns", ascending=False, ignore_index=True), twins
+
+    def _pair_twins(self, stats: dict[int, list[Any]], tw: np.ndarray) -> int:
+        """Drop the versioned twins from rows (pos, name id, thread, correlation id,
+        duration) and add the rest to ``stats`` under their own name id; how many went."""
+        pos, ids, tid, corr, dur = tw
+        lookup = self.ex.strings(pd.unique(ids).tolist())
+        base_of = {i: _VERSIONED.sub("", lookup[i]) for i in lookup}
+        codes = {b: k for k, b in enumerate(sorted(set(base_of.values())))}
+        base = np.asarray([codes[base_of[int(i)]] for i in ids], dtype=np.int64)
+        versioned = np.asarray([base_of[int(i)] != lookup[int(i)] for i in ids], dtype=bool)
+        keys = pd.MultiIndex.from_arrays([base, tid, corr])
+        twin = np.zeros(ids.size, bool)
+        twin[versioned] = keys[versioned].isin(keys[~versioned])
+        twin &= corr >= 0
+        g = pd.DataFrame({"id": ids[~twin], "dur": dur[~twin], "row": pos[~twin]}).groupby(
+            "id", sort=False).agg(count=("dur", "size"), time=("dur", "sum"),
+                                  mx=("dur", "max"), first=("row", "min"))
+        for i, c, t, m, f in zip(g.index.tolist(), g["count"].to_numpy(),
+                                 g["time"].to_numpy(), g["mx"].to_numpy(),
+                                 g["first"].tolist()):
+            stats[i] = [c, t, m, f]
+        return int(twin.sum())
 
     def _table_chunks(self, t: int) -> Iterator[dict[str, np.ndarray]]:
         """One table's rows as arrays (start, end, dev, gpid, corr, name, pos), in

@@ -161,13 +161,16 @@ def test_streamed_summary_without_ranges(tmp_path: Path,
     same(path, 5, 1, 15, monkeypatch)
 
 
-def test_versioned_twins_are_read_in_memory(tmp_path: Path,
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    path = build(tmp_path / "x.sqlite", 3, shuffle=False, split=False, twins=True)
-    with pytest.raises(nsys_scan.NotStreamable):
-        nsys_scan.NsysScan(path)
-    same(path, 7, 1, 15, monkeypatch, streamed=False)
-    assert "api_versioned_twins" in trace_summary.summarize_nsys_export(path)["meta"]
+@pytest.mark.parametrize("ranges", [True, False], ids=["ranges", "no-ranges"])
+def test_versioned_twins_are_paired(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                    ranges: bool) -> None:
+    path = build(tmp_path / "x.sqlite", 3, shuffle=False, split=False, twins=True,
+                 ranges=ranges)
+    same(path, 7, 1, 15, monkeypatch)
+    doc = trace_summary.summarize_nsys_export(path)
+    assert int(doc["meta"]["api_versioned_twins"]) > 10
+    assert {a["name"] for a in doc["api"]} == {"cudaLaunchKernel", "cudaMemcpyAsync",
+                                               "cudaStreamSynchronize"}
 
 
 def test_chunks_are_bounded_and_in_time_order(tmp_path: Path) -> None:
@@ -198,3 +201,18 @@ def test_empty_and_odd_exports_match(tmp_path: Path, monkeypatch: pytest.MonkeyP
                        "(1, 5, 0, 7, 'gemm'), (9, 12, 0, 7, 'nccl');")
     conn.close()
     same(odd, 3, 1, 15, monkeypatch, streamed=False)
+
+
+@pytest.mark.parametrize("fixture", ["2022", "2024", "twins", "four_gpus", "cuDevice"])
+def test_reader_fixtures_match(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                               fixture: str) -> None:
+    """The hand-written exports of test_nsys_export, through both paths."""
+    from tests.unit import test_nsys_export as t
+    path = tmp_path / f"{fixture}.sqlite"
+    if fixture in ("four_gpus", "cuDevice"):
+        t._four_gpus(path, "cuda_device_table" if fixture == "four_gpus" else "cuDevice")
+    else:
+        t.build(path, {"2022": t.SCHEMA_2022, "2024": t.SCHEMA_2024,
+                       "twins": t.VERSIONED_TWINS}[fixture])
+    for chunk_rows in (1, 1000):
+        same(path, chunk_rows, 1, 15, monkeypatch)
