@@ -31,15 +31,14 @@ import sqlite3
 import warnings
 from collections.abc import Iterator
 from types import TracebackType
-from typing import Any
 
 import numpy as np
 import pandas as pd
 from pandas.api.types import union_categoricals
 
+from phaseprobe.sources.nsys_api import ApiSums, NonUtf8Names
 from phaseprobe.sources.nsys_export import (
     _PID_MASK,
-    _VERSIONED,
     API_COLUMNS,
     MEMCPY_KINDS,
     _cat,
@@ -156,15 +155,17 @@ class NsysScan:
         cols = self.ex.columns("CUPTI_ACTIVITY_KIND_RUNTIME")
         if not {"start", "end", "nameId"} <= cols:
             return empty, 0
+        try:
+            api = ApiSums(self.ex)
+        except NonUtf8Names:
+            raise NotStreamable("API names that are not UTF-8") from None
         tid = "coalesce(globalTid, 0)" if "globalTid" in cols else "0"
         corr = "coalesce(correlationId, -1)" if "correlationId" in cols else "-1"
-        twin_ids = self._twin_capable()
         exprs = ["coalesce(nameId, -1)", 'coalesce("end" - start, 0)']
-        if self.with_launch or twin_ids.size:
+        if self.with_launch or api.twin_ids.size:
             exprs += [tid, corr]
         if self.with_launch:
             exprs.append("coalesce(start, -1)")
-        twin_rows: list[np.ndarray] = []  # rows of names that may have twins: pos, id, …
         total = int(self.conn.execute(
             "SELECT count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME").fetchone()[0])
         # launch lookup, filled in place: key (process code, correlationId), start, thread
@@ -172,29 +173,9 @@ class NsysScan:
         start = np.empty_like(key)
         tids = np.empty(key.size, np.int32)  # thread codes: threads are few
         n_keys = 0
-        stats: dict[int, list[Any]] = {}  # name id -> [count, time, max, first row]
-        seen = 0
         for a in self._chunks("CUPTI_ACTIVITY_KIND_RUNTIME", exprs):
-            ids, durs, rows = a[:, 0], a[:, 1], np.arange(seen, seen + a.shape[0])
-            if twin_ids.size:
-                sel = np.isin(ids, twin_ids)
-                if sel.any():
-                    twin_rows.append(np.stack([rows[sel], ids[sel], a[sel, 2], a[sel, 3],
-                                               durs[sel]]))
-                    ids, durs, rows = ids[~sel], durs[~sel], rows[~sel]
-            g = pd.DataFrame({"id": ids, "dur": durs, "row": rows}).groupby(
-                "id", sort=False).agg(
-                count=("dur", "size"), time=("dur", "sum"), mx=("dur", "max"),
-                first=("row", "min"))
-            for i, c, t, m, f in zip(g.index.tolist(), g["count"].to_numpy(),
-                                     g["time"].to_numpy(), g["mx"].to_numpy(),
-                                     g["first"].tolist()):
-                s = stats.get(i)
-                if s is None:
-                    stats[i] = [c, t, m, f]
-                else:
-                    s[0], s[1], s[2] = s[0] + c, _wrap_add(s[1], t), max(s[2], m)
-            seen += a.shape[0]
+            twin_cols = (a[:, 2], a[:, 3]) if a.shape[1] > 2 else (None, None)
+            api.add(a[:, 0], a[:, 1], *twin_cols)
             if self.with_launch:
                 keep = a[:, 3] >= 0
                 k = int(keep.sum())
@@ -211,33 +192,7 @@ class NsysScan:
                 order = np.argsort(key, kind="stable")
                 key, start, tids = key[order], start[order], tids[order]
             self._r_key, self._r_start, self._r_tid = key, start, tids
-        return self._api_frame(stats, np.concatenate(twin_rows, axis=1) if twin_rows
-                               else None)
-
-    def _twin_capable(self) -> np.ndarray:
-        """StringIds ids of the API names that can have versioned twins: ``cudaX`` and
-        ``cudaX_v7000`` both named (their rows are paired as ``api_summary`` does)."""
-        if not {"id", "value"} <= self.ex.columns("StringIds"):
-            return np.empty(0, np.int64)
-        versioned: dict[int, str] = {}
-        for i, v in self.conn.execute("SELECT id, value FROM StringIds WHERE value GLOB "
-                                      "'*_v*'"):
-            if isinstance(v, str) and _VERSIONED.search(v):
-                versioned[int(i)] = _VERSIONED.sub("", v)
-        if not versioned:
-            return np.empty(0, np.int64)
-        if any("\ufffd" in b for b in versioned.values()):
-            raise NotStreamable("API names that are not UTF-8")
-        bases = sorted(set(versioned.values()))
-        plain: dict[int, str] = {}
-        for k in range(0, len(bases), 900):
-            part = bases[k:k + 900]
-            plain.update((int(i), str(v)) for i, v in self.conn.execute(
-                f"SELECT id, value FROM StringIds WHERE value IN ({','.join('?' * len(part))})",
-                part))
-        both = set(plain.values())
-        return np.asarray(sorted([i for i in plain] + [i for i, b in versioned.items()
-                                                       if b in both]), dtype=np.int64)
+        return api.frame()
 
     def _pid_keys(self, pid: np.ndarray, corr: np.ndarray, grow: bool) -> np.ndarray:
         """One int64 per (process, correlationId), like ``nsys_export._pid_key`` but with
@@ -259,58 +214,6 @@ class NsysScan:
         codes = np.asarray([self._tids.setdefault(int(x), len(self._tids))
                             for x in uniq.tolist()], dtype=np.int32)
         return codes[pd.Index(uniq).get_indexer(tid)]
-
-    def _api_frame(self, stats: dict[int, list[Any]], twin_rows: np.ndarray | None
-                   ) -> tuple[pd.DataFrame, int]:
-        """``api_summary``'s frame from per-name-id sums (and the rows of names that may have
-        twins, paired here as ``api_summary`` pairs them): grouped by base name in order of
-        first appearance, the heaviest first (the same sort, so the same order of ties)."""
-        twins = 0
-        if twin_rows is not None:
-            twins = self._pair_twins(stats, twin_rows)
-        if not stats:
-            return pd.DataFrame({c: [] for c in API_COLUMNS}), 0
-        ids = list(stats)
-        lookup = self.ex.strings(ids)
-        bases: dict[str, list[Any]] = {}
-        for i in ids:
-            name = lookup[int(i)]
-            base = _VERSIONED.sub("", name)
-            c, t, m, f = stats[i]
-            b = bases.get(base)
-            if b is None:
-                bases[base] = [c, t, m, f]
-            else:
-                b[0], b[1], b[2], b[3] = b[0] + c, _wrap_add(b[1], t), max(b[2], m), min(b[3], f)
-        order = sorted(bases, key=lambda b: bases[b][3])
-        out = pd.DataFrame({"name": order,
-                            "count": [bases[b][0] for b in order],
-                            "time_ns": [bases[b][1] for b in order],
-                            "max_ns": [bases[b][2] for b in order]})
-        out = out.astype({"count": np.int64, "time_ns": np.int64, "max_ns": np.int64})
-        return out.sort_values("time_ns", ascending=False, ignore_index=True), twins
-
-    def _pair_twins(self, stats: dict[int, list[Any]], tw: np.ndarray) -> int:
-        """Drop the versioned twins from rows (pos, name id, thread, correlation id,
-        duration) and add the rest to ``stats`` under their own name id; how many went."""
-        pos, ids, tid, corr, dur = tw
-        lookup = self.ex.strings(pd.unique(ids).tolist())
-        base_of = {i: _VERSIONED.sub("", lookup[i]) for i in lookup}
-        codes = {b: k for k, b in enumerate(sorted(set(base_of.values())))}
-        base = np.asarray([codes[base_of[int(i)]] for i in ids], dtype=np.int64)
-        versioned = np.asarray([base_of[int(i)] != lookup[int(i)] for i in ids], dtype=bool)
-        keys = pd.MultiIndex.from_arrays([base, tid, corr])
-        twin = np.zeros(ids.size, bool)
-        twin[versioned] = keys[versioned].isin(keys[~versioned])
-        twin &= corr >= 0
-        g = pd.DataFrame({"id": ids[~twin], "dur": dur[~twin], "row": pos[~twin]}).groupby(
-            "id", sort=False).agg(count=("dur", "size"), time=("dur", "sum"),
-                                  mx=("dur", "max"), first=("row", "min"))
-        for i, c, t, m, f in zip(g.index.tolist(), g["count"].to_numpy(),
-                                 g["time"].to_numpy(), g["mx"].to_numpy(),
-                                 g["first"].tolist()):
-            stats[i] = [c, t, m, f]
-        return int(twin.sum())
 
     def _table_chunks(self, t: int) -> Iterator[dict[str, np.ndarray]]:
         """One table's rows as arrays (start, end, dev, gpid, corr, name, pos), in
@@ -443,7 +346,8 @@ class NsysScan:
         inv, labels = _dev_codes(dev, gpid if self.split else None)
         keys = self._dev_keys.setdefault(t, set())
         if self.split:
-            keys.update(zip(dev.tolist(), gpid.tolist()))
+            pairs = np.unique(np.stack([dev, gpid], axis=1), axis=0)  # per distinct pair
+            keys.update(zip(pairs[:, 0].tolist(), pairs[:, 1].tolist()))
         else:
             keys.update((d, -1) for d in pd.unique(dev).tolist())
         codes = np.asarray([self._code(self._dev_labels, self._dev_list, lab)
@@ -485,12 +389,6 @@ class NsysScan:
         if self.twins:
             meta["api_versioned_twins"] = str(self.twins)
         return devices, meta
-
-
-def _wrap_add(a: Any, b: Any) -> np.int64:
-    """int64 addition that wraps like numpy's sums do (the in-memory path sums in int64)."""
-    with np.errstate(over="ignore"):
-        return np.int64(a) + np.int64(b)
 
 
 def _merge(streams: list[Iterator[dict[str, np.ndarray]]]) -> Iterator[dict[str, np.ndarray]]:
