@@ -3,8 +3,10 @@
 :func:`read_nsys` builds one Timeline of every GPU op (tens of bytes per kernel in pandas,
 several copies while it is built); :class:`NsysScan` reads the same rows in chunks of at most
 ``chunk_rows`` rowids per table, in time order, so a consumer can fold them into sums and
-running states (``analysis.timeline_stream``) and memory stays bounded whatever the export's
-size. What it yields is what ``read_nsys`` would have put in the Timeline, row for row:
+running states (``analysis.timeline_stream``). Memory is a few chunks plus, when the export
+has NVTX ranges (the launch join), 20 bytes per runtime API call (200 MB per 10 M calls),
+not a frame per kernel. What it yields is what ``read_nsys`` would have put in the
+Timeline, row for row:
 
 - each chunk is an activity frame (``ACTIVITY_COLUMNS`` + ``cls``, without ``stream`` and
   ``bytes``, which no summary reads) plus ``pos``, the row's place in ``read_nsys``'s frame
@@ -15,13 +17,17 @@ size. What it yields is what ``read_nsys`` would have put in the Timeline, row f
   mid-way, and the next ``activity_chunks()`` reads that table through a temporary table
   sorted by SQLite (on disk, bounded memory);
 - the runtime API summary and the launch join come from one pass over the runtime table
-  before the first chunk: per-name sums, and a compact (key, start, thread) lookup. Older
-  exports that name a call both ``cudaX`` and ``cudaX_v7000`` keep those names' rows
-  (five integers each) to pair the twins as ``read_nsys`` does.
+  before the first chunk: per-name sums (``sources.nsys_api``), and a compact lookup of
+  (process, correlation id) → launch start and thread, searched per chunk.
+
+Why not SQL aggregates: SQLite's GROUP BY sorts every row (10x a bare scan of the table for
+one grouping of 2 M kernels) and a window function over devices 13x; moving the integer
+columns out with ``group_concat`` costs most of a bare scan per column, and that — eleven
+columns over the kernel and runtime tables — is most of this reader's time.
 
 An export this reader cannot stream exactly (a view, sparse rowids, text or REAL in a number
-column, text kernel names) raises :class:`NotStreamable`: the
-caller reads it with ``read_nsys``, which handles each of those.
+column, text kernel names, API names that are not UTF-8) raises :class:`NotStreamable`:
+the caller reads it with ``read_nsys``, which handles each of those.
 """
 
 from __future__ import annotations
