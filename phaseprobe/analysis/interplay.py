@@ -12,7 +12,7 @@ import re
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from phaseprobe.analysis.quantiles import median_or_none, percentile
 from phaseprobe.format import duration as fmt_duration
@@ -21,8 +21,8 @@ from phaseprobe.records import Run
 __all__ = ["Stall", "stall", "LevelStats", "level_stats", "merge_rounds", "Scaling", "scaling",
            "steady_window_rate", "prefix_block_note", "expected_hit_tokens", "CONCURRENT_MARK",
            "CONCURRENT_KINDS", "concurrent_by_design", "median_or_none", "ARM_METRICS",
-           "compare_arms", "interfere_role", "interfere_pair_of", "knee", "overlap_of",
-           "OVERLAP_WHY", "discarded_pairs", "Verdict", "interference_verdict",
+           "compare_arms", "ArmsComparison", "interfere_role", "interfere_pair_of", "knee",
+           "overlap_of", "OVERLAP_WHY", "discarded_pairs", "Verdict", "interference_verdict",
            "prefix_verdict", "fmt_duration"]
 
 # Runs that shared the server on purpose carry this at the start of their isolation reason.
@@ -406,8 +406,20 @@ ARM_METRICS = (("max_itl_s", "A's max ITL around B's arrival"),
                ("b_ttft_s", "B's TTFT"))
 
 
+class ArmsComparison(TypedDict):
+    """Two interfere arms compared (``interfere --playbook``; kept in ``--json``)."""
+
+    arm_a: str
+    arm_b: str
+    min_effect: float  # the smallest relative change called a difference (0.05 = 5 %)
+    discarded: dict[str, dict[str, int]]  # arm → overlap class → pairs left out
+    # ARM_METRICS key → ab_stats.MetricComparison.to_dict() (seconds; ratio B/A; a bound
+    # that is not finite is None)
+    metrics: dict[str, dict[str, Any]]
+
+
 def compare_arms(name_a: str, stalls_a: Sequence[Stall], name_b: str,
-                 stalls_b: Sequence[Stall], *, min_effect: float = 0.05) -> dict[str, Any]:
+                 stalls_b: Sequence[Stall], *, min_effect: float = 0.05) -> ArmsComparison:
     """Arm B against arm A (the baseline) on each stall quantity: medians, and from
     :func:`~phaseprobe.analysis.ab_stats.compare_samples` the ratio of medians with its
     bootstrap interval, the U test and the verdict (lower is better for all three)."""
@@ -415,7 +427,7 @@ def compare_arms(name_a: str, stalls_a: Sequence[Stall], name_b: str,
 
     from phaseprobe.analysis.ab_stats import compare_samples  # scipy: only when comparing
 
-    out: dict[str, Any] = {"arm_a": name_a, "arm_b": name_b, "min_effect": min_effect,
+    out: ArmsComparison = {"arm_a": name_a, "arm_b": name_b, "min_effect": min_effect,
                            "discarded": {name_a: discarded_pairs(stalls_a),
                                          name_b: discarded_pairs(stalls_b)},
                            "metrics": {}}

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from phaseprobe.analysis.interplay import compare_arms
+from phaseprobe.analysis.interplay import ArmsComparison, compare_arms
 from phaseprobe.collect.ab import Launcher, launch_server, start_arms
 from phaseprobe.collect.interplay_context import Progress, Target, fmt_ms, quiet
 from phaseprobe.collect.interplay_interfere import (
@@ -45,7 +45,7 @@ class InterfereArm:
 @dataclass
 class ArmsResult:
     arms: dict[str, InterfereResult]  # arm name → its result, in arm order (A first)
-    comparison: dict[str, Any]  # see analysis.interplay.compare_arms
+    comparison: ArmsComparison
     notes: list[str] = field(default_factory=list)
     playbook: str | None = None
 

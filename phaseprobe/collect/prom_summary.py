@@ -13,14 +13,14 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from phaseprobe.errors import EmptyResult, PhaseprobeError
 from phaseprobe.records import Run, ServerPhases
 from phaseprobe.sources.prometheus import PrometheusClient, phase_means
 
-__all__ = ["PromComparison", "PromSidecar", "compare_with_prometheus", "direct_means",
-           "wait_for_scrape"]
+__all__ = ["PromComparison", "PromSummaryDoc", "PromSidecar", "compare_with_prometheus",
+           "direct_means", "wait_for_scrape"]
 
 # PromQL query name → the direct-scrape ServerPhases field it should match.
 _DIRECT_FIELD = {
@@ -33,6 +33,20 @@ _DIRECT_FIELD = {
 }
 
 
+class PromSummaryDoc(TypedDict):
+    """The experiment in PromQL beside the direct scrapes (the probe's ``--prom``), as kept
+    in ``--json``: every key on success; ``url``, ``selector`` and ``error`` when Prometheus
+    could not give it (the runs are stored either way)."""
+
+    url: str  # redacted
+    selector: str
+    window_s: NotRequired[float]  # the experiment's window, first send → last run observed
+    prometheus: NotRequired[dict[str, float | None]]  # query → per-request mean (s or share)
+    direct: NotRequired[dict[str, float | None]]  # the same names from the direct scrapes
+    disagreements: NotRequired[list[str]]
+    error: NotRequired[str | None]
+
+
 @dataclass(frozen=True)
 class PromComparison:
     url: str
@@ -42,7 +56,7 @@ class PromComparison:
     direct: dict[str, float | None]  # same names → mean of the direct-scrape deltas
     disagreements: list[str] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> PromSummaryDoc:
         return {"url": self.url, "selector": self.selector, "window_s": self.window_s,
                 "prometheus": self.prometheus, "direct": self.direct,
                 "disagreements": self.disagreements}
@@ -144,7 +158,7 @@ class PromSidecar:
         except PhaseprobeError as exc:
             self.error = str(exc)
 
-    def finish(self, runs: Sequence[Run]) -> dict[str, Any]:
+    def finish(self, runs: Sequence[Run]) -> PromSummaryDoc:
         if self.error is None:
             try:
                 return compare_with_prometheus(self.client, runs, selector=self.selector,

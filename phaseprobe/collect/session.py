@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from phaseprobe.analysis.span_context import OverlapContext
     from phaseprobe.analysis.trace_summary import TraceDoc
     from phaseprobe.collect.experiment import ProbeResult
-    from phaseprobe.collect.prom_summary import PromSidecar
+    from phaseprobe.collect.prom_summary import PromSidecar, PromSummaryDoc
     from phaseprobe.sources.gpu_sampler import GpuSampler
     from phaseprobe.sources.nvml import NvmlBackend
     from phaseprobe.sources.torch_trace import ProfileCapture
@@ -75,7 +75,7 @@ class SessionReport:
 
     efficiency: EfficiencyReport = field(default_factory=EfficiencyReport)  # the roofline
     trace: TraceDoc | None = None  # analysis.trace_summary document of the capture
-    prometheus: dict[str, Any] | None = None  # PromSidecar.finish: the experiment in PromQL
+    prometheus: PromSummaryDoc | None = None  # the experiment in PromQL
     kv_reservation: dict[str, Any] | None = None  # GPU memory vs vLLM's cache config
     shared: dict[int, OverlapContext] = field(default_factory=dict)  # run seq → what it shared
 

@@ -181,7 +181,9 @@ def test_two_arms_interleave_store_one_experiment_each_and_compare(tmp_path):
     sent = [stored[n][i].client.sent_wall_ns for i in range(2) for n in ("one", "two")]
     assert sent == sorted(sent)
     ttft = res.comparison["metrics"]["b_ttft_s"]
-    assert ttft["ratio"] == pytest.approx(0.12 / 0.02, rel=0.4)
+    # Scripted 120 ms vs 20 ms (6x). A busy machine adds the same delay to both, which can
+    # only pull the ratio towards 1: so a bound from above, and a clear contrast from below.
+    assert 2 < ttft["ratio"] < 0.12 / 0.02 * 1.4
     assert ttft["verdict"] == "regression"
     doc = res.to_dict()
     assert set(doc["arms"]) == {"one", "two"}

@@ -23,6 +23,7 @@ from rich.table import Table
 from phaseprobe.analysis.client_check import client_consistent
 from phaseprobe.analysis.interplay import CONCURRENT_KINDS, concurrent_by_design
 from phaseprobe.analysis.phases import Summary, percentile
+from phaseprobe.collect.prom_summary import PromSummaryDoc
 from phaseprobe.format import duration as fmt_duration
 from phaseprobe.format import efficiency as fmt_efficiency
 from phaseprobe.format import ms_cell as ms  # a table cell in ms
@@ -146,7 +147,7 @@ def render_experiments(console: Console, rows: Sequence[dict[str, Any]]) -> None
     console.print(table)
 
 
-def render_prom_comparison(console: Console, prom: dict[str, Any]) -> None:
+def render_prom_comparison(console: Console, prom: PromSummaryDoc) -> None:
     """PromQL per-request means over the experiment window beside the direct-scrape ones."""
     if "error" in prom:
         console.print(f"[yellow]Prometheus ({prom['url']}): {prom['error']}")
