@@ -68,3 +68,23 @@ def _stored_runs(path) -> int:
             return sum(row["n_runs"] for row in s.experiments())
     except Exception:  # the probe is creating it right now
         return 0
+
+
+def test_a_command_that_stores_no_runs_does_not_say_runs_are_kept(monkeypatch, capsys):
+    """`plan` or `runs` stopped by SIGTERM or Ctrl-C measured nothing: the line says only
+    that it stopped; `probe` says its completed runs are kept."""
+    from phaseprobe.present.cli import entry
+
+    def stopped(args, out, err):
+        raise entry.Terminated()
+
+    def interrupted(args, out, err):
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(entry._COMMANDS, "runs", stopped)
+    monkeypatch.setitem(entry._COMMANDS, "probe", interrupted)
+    assert entry.main(["runs"]) == 143
+    err = capsys.readouterr().err
+    assert "terminated (SIGTERM)" in err and "completed runs" not in err
+    assert entry.main(["probe", "--endpoint", "http://127.0.0.1:9"]) == 130
+    assert "interrupted: completed runs are in the store" in capsys.readouterr().err

@@ -142,6 +142,9 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace, Console, Console], int]] = {
     "spans": cmd_spans.run,
 }
 
+# Commands that store runs as they go: stopped early, they say the completed ones are kept.
+_MEASURING = frozenset({"probe", "ab", "prefix", "batch", "interfere", "watch"})
+
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM (a container stop, a service manager): handled like Ctrl-C, so experiments are
@@ -180,11 +183,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                   "answer) is nested too deeply to read", highlight=False)
         return EXIT_EXPECTED_ERROR
     except Terminated:
-        err.print("[yellow]terminated (SIGTERM): completed runs are in the store")
+        err.print("[yellow]terminated (SIGTERM)" + _kept(args.command))
         return 143
     except KeyboardInterrupt:
-        err.print("[yellow]interrupted: completed runs are in the store")
+        err.print("[yellow]interrupted" + _kept(args.command))
         return 130
+
+
+def _kept(command: str) -> str:
+    return ": completed runs are in the store" if command in _MEASURING else ""
 
 
 if __name__ == "__main__":  # pragma: no cover
