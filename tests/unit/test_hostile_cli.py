@@ -1129,3 +1129,24 @@ OTHER_CASES = [
 @pytest.mark.parametrize("c", PROBE_CASES + QUERY_CASES + GRAFANA_CASES + OTHER_CASES)
 def test_more_commands(c: Case, world: World, capsys: Any, monkeypatch: Any) -> None:
     _run(c, world, capsys, monkeypatch)
+
+
+# -- numeric options checked before any request (interfere, query) -----------------------------
+
+NUMERIC_OPTION_CASES = [
+    *[case(f"interfere-at-time-{v}", ["interfere", "--endpoint", "{dead}", "--at-time", v],
+           name="--at-time") for v in ("nan", "1e400", "inf", "-1", "1e9")],
+    *[case(f"interfere-min-effect-{v}", ["interfere", "--endpoint", "{dead}",
+                                         "--endpoint-b", "{dead}", "--min-effect", v],
+           name="--min-effect") for v in ("nan", "-1", "0", "1e400", "abc")],
+    *[case(f"query-step-{v}", ["query", "ttft_p50", "--prom", "{srv:tarpit}", "--range",
+                               "now-1h", "now", "--step", v], name="--step")
+      for v in ("0", "-1", "nan", "abc", "1e400", "0s")],
+    *[case(f"query-at-{v}", ["query", "ttft_p50", "--prom", "{srv:tarpit}", "--at", v],
+           name="--at") for v in ("nan", "1e400", "-1")],
+]
+
+
+@pytest.mark.parametrize("c", NUMERIC_OPTION_CASES)
+def test_numeric_options(c: Case, world: World, capsys: Any, monkeypatch: Any) -> None:
+    _run(c, world, capsys, monkeypatch)

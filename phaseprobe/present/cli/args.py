@@ -11,7 +11,7 @@ from phaseprobe.paths import default_store_path
 
 __all__ = ["positive_int", "non_negative_int", "positive_float", "non_negative_float",
            "float_in", "int_in", "seconds", "store_and_json_args", "IntermixedParser",
-           "tokens", "count", "MAX_TOKENS", "MAX_COUNT", "MAX_CONCURRENCY"]
+           "tokens", "count", "MAX_SECONDS", "MAX_TOKENS", "MAX_COUNT", "MAX_CONCURRENCY"]
 
 
 class IntermixedParser(argparse.ArgumentParser):

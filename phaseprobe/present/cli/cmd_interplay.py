@@ -39,13 +39,14 @@ from phaseprobe.collect.interplay import (
     run_interfere_arms,
     run_prefix,
 )
-from phaseprobe.collect.playbook import load_playbook, parse_effect
+from phaseprobe.collect.playbook import PlaybookError, load_playbook, parse_effect
 from phaseprobe.collect.session import Session, SessionOptions
 from phaseprobe.collect.target import api_key_from_env, normalize_base_url, served_model
 from phaseprobe.errors import ConfigError
 from phaseprobe.paths import default_store_path
 from phaseprobe.present.cli.args import (
     MAX_CONCURRENCY,
+    MAX_SECONDS,
     count,
     non_negative_float,
     seconds,
@@ -181,7 +182,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--pause", type=non_negative_float, default=None, metavar="SECONDS",
                    help="quiet time before each step with two arms (default: the playbook's "
                         "pause_s, else 0)")
-    p.add_argument("--min-effect", default=None, metavar="PCT",
+    p.add_argument("--min-effect", type=_effect, default=None, metavar="PCT",
                    help="smallest change worth calling between arms (default: the playbook's, "
                         "else 5%%)")
     _common(p, "interfere")
@@ -194,9 +195,21 @@ def _at_time(text: str) -> float | str:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError("seconds (e.g. 0.5) or 'auto'") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError("must be 0 or more")
+    # nan, inf (1e400) or a negative time would reach int() and the trigger's arithmetic
+    if not 0 <= value <= MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"seconds from 0 to {MAX_SECONDS:g} (a week) or "
+                                         f"'auto', not {text}")
     return value
+
+
+def _effect(text: str) -> float:
+    """--min-effect checked as ``ab`` checks it (a positive effect, "5%" or 0.05), at the
+    command line: before any server is started or asked."""
+    try:
+        return parse_effect(text)
+    except PlaybookError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive effect such as \"5%\" "
+                                         f"or 0.05") from None
 
 
 def _arm_names(text: str) -> tuple[str, str]:

@@ -80,6 +80,38 @@ def parse_time(text: str, now: float | None = None) -> float:
     return value
 
 
+def _option_time(option: str, text: str) -> float:
+    """parse_time, its error naming the option."""
+    try:
+        return parse_time(text)
+    except ConfigError as exc:
+        raise ConfigError(f"{option}: {exc}") from None
+
+
+MIN_STEP_S = 0.001  # Prometheus resolves steps to the millisecond
+
+
+def _step_s(text: str) -> float:
+    """A range query's step (a duration such as 15s or 1m, or seconds) in seconds: finite,
+    at least a millisecond, at most the span Prometheus can hold; checked before any request
+    (0, -1, nan or 1e400 would otherwise be sent as they are)."""
+    value: float | None
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None:
+        try:
+            value = _duration_s(text.strip())
+        except ConfigError:
+            raise ConfigError(f"--step: {text!r} is not a duration (e.g. 15s, 1m) or seconds"
+                              ) from None
+    if not MIN_STEP_S <= value <= MAX_UNIX_S:
+        raise ConfigError(f"--step: {text!r} is out of range (from {MIN_STEP_S:g} s to "
+                          f"{MAX_UNIX_S:.0f} s)")
+    return value
+
+
 def register(subparsers: Any) -> None:
     """Add the ``query`` command to the CLI's subparsers."""
     p = subparsers.add_parser(
@@ -135,10 +167,16 @@ def cmd_query(args: argparse.Namespace, out: Console, err: Console) -> int:
         raise ConfigError("--step needs --range START END")
     window = args.window
     queries[0].render(args.selector, window)  # a bad --window fails before any request
-    if args.range:  # so does a backwards --range
-        start, end = (parse_time(t) for t in args.range)
+    # so do a backwards --range, a bad --step and a bad --at
+    at: float | None = None
+    if args.range:
+        start, end = (_option_time("--range", t) for t in args.range)
         if end <= start:
             raise ConfigError("--range: END must be after START")
+        if args.step is not None:
+            _step_s(args.step)
+    elif args.at is not None:
+        at = _option_time("--at", args.at)
     with named_queries(args.prom, token_env=args.token_env, insecure=args.insecure,
                        ca_bundle=args.ca_bundle, timeout_s=args.timeout) as prom:
         results: list[NamedResult | EmptyResult]
@@ -147,7 +185,6 @@ def cmd_query(args: argparse.Namespace, out: Console, err: Console) -> int:
             results = prom.ranged(queries, start=start, end=end, step=step,
                                   selector=args.selector, window=window)
         else:
-            at = parse_time(args.at) if args.at else None
             results = prom.instant(queries, selector=args.selector, window=window, at=at)
         doc = _document(prom.shown_url, args, catalog, results)
     if args.json:
