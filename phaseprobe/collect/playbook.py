@@ -46,6 +46,7 @@ from typing import Any, Literal
 
 from phaseprobe.analysis.ab_sequential import SequentialPlan, check_primary
 from phaseprobe.errors import ConfigError
+from phaseprobe.inputs import PLAYBOOK_CAP, read_input_text
 from phaseprobe.redact import redact_urls_in
 from phaseprobe.sources.openai_stream import normalize_base_url
 from phaseprobe.store import AbSessionRow
@@ -388,10 +389,12 @@ def load_playbook(path: str | Path) -> Playbook:
         shipped = shipped_playbooks() / f"{p.name}.toml"
         if shipped.is_file():
             p = shipped
-    if p.exists() and not p.is_file():  # a FIFO would block the read forever
-        raise PlaybookError(str(path), "", "not a regular file")
+    def fail(reason: str) -> PlaybookError:  # a FIFO, a device, a file over the cap
+        return PlaybookError(str(path), "", reason)
+
     try:
-        text = p.read_text(encoding="utf-8")
+        # utf-8-sig: a BOM at the start (Windows editors) is not part of the TOML text
+        text = read_input_text(p, PLAYBOOK_CAP, fail, encoding="utf-8-sig")
     except OSError as exc:
         raise PlaybookError(str(path), "", f"cannot read: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:

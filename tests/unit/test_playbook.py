@@ -108,6 +108,37 @@ def test_missing_file_is_a_clear_error(tmp_path):
         load_playbook(tmp_path / "nope.toml")
 
 
+def test_a_utf8_bom_is_accepted(tmp_path):
+    path = tmp_path / "bom.toml"
+    path.write_bytes(b"\xef\xbb\xbf" + GOOD.replace("\n", "\r\n").encode())
+    pb = load_playbook(path)
+    assert pb.name == "t" and [a.name for a in pb.arms] == ["a", "b"]
+    assert not pb.text.startswith("\ufeff")
+
+
+def test_a_fifo_or_a_device_is_refused_before_opening(tmp_path):
+    import os
+    fifo = tmp_path / "pipe.toml"
+    os.mkfifo(fifo)
+    with pytest.raises(PlaybookError, match=r"pipe\.toml: not a regular file: it is a FIFO"):
+        load_playbook(fifo)
+    with pytest.raises(PlaybookError, match=r"/dev/zero: not a regular file: it is a character"):
+        load_playbook("/dev/zero")
+
+
+def test_a_playbook_over_the_cap_is_refused_unread(tmp_path, monkeypatch):
+    import phaseprobe.collect.playbook as playbook_mod
+    path = tmp_path / "big.toml"
+    with open(path, "wb") as fh:  # sparse: 20 GB of nothing, never read
+        fh.truncate(20 << 30)
+    with pytest.raises(PlaybookError, match=r"big\.toml: too large: it is 20\.0 GiB; the limit"):
+        load_playbook(path)
+    monkeypatch.setattr(playbook_mod, "PLAYBOOK_CAP", 10)
+    path.write_text(GOOD)
+    with pytest.raises(PlaybookError, match="too large"):
+        load_playbook(path)
+
+
 def test_served_model_name_from_launch_args():
     pb = parse_playbook(GOOD.replace('["--dtype", "float32"]',
                                      '["--served-model-name", "short"]'))
