@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypedDict, TypeVa
 from urllib.parse import quote
 
 from phaseprobe.errors import StoreError
+from phaseprobe.inputs import input_problem
 from phaseprobe.records import (
     ClientCheck,
     ClientTimeline,
@@ -306,6 +307,10 @@ class Store:
             raise StoreError(f"cannot open experiment store {self.path}: it is a directory, "
                              "not a store file (give the file, e.g. "
                              f"{self.path / 'phaseprobe.sqlite'})")
+        problem = input_problem(self.path)  # a FIFO would block the open below forever
+        if problem:
+            raise StoreError(f"cannot open experiment store {self.path}: {problem}, not a "
+                             "store file")
         try:
             with self.path.open("rb") as f:
                 header = f.read(100)
@@ -335,7 +340,10 @@ class Store:
             raise StoreError(f"cannot open experiment store {self.path} for writing: "
                              f"{self._access_problem()}")
         # isolation_level=None: we open transactions ourselves, one per run.
-        db = sqlite3.connect(self.path, isolation_level=None, timeout=self._timeout,
+        # An absolute path, never a name SQLite may take for a URI ("file:x.sqlite" would
+        # open ./x.sqlite when URI filenames are on by default in this SQLite build).
+        db = sqlite3.connect(os.path.abspath(self.path), isolation_level=None,
+                             timeout=self._timeout,
                              check_same_thread=not threaded)
         try:
             db.row_factory = sqlite3.Row

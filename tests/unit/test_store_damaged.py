@@ -227,6 +227,33 @@ def test_directory_given_as_store(tmp_path, capsys):
         Store(tmp_path)
 
 
+def test_fifo_or_device_given_as_store_is_refused_unopened(tmp_path, capsys):
+    fifo = tmp_path / "pipe.sqlite"
+    os.mkfifo(fifo)  # opening it would block until a writer comes: it must never be opened
+    _all_read_commands_fail(fifo, capsys, str(fifo), "it is a FIFO")
+    for readonly in (False, True):
+        with pytest.raises(StoreError, match=r"pipe\.sqlite: not a regular file: it is a FIFO"):
+            Store(fifo, readonly=readonly)
+    with pytest.raises(StoreError, match=r"/dev/zero: not a regular file: it is a character"):
+        Store("/dev/zero", readonly=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe.sqlite"]
+
+
+def test_a_store_named_file_colon_is_that_file_not_a_uri(tmp_path, monkeypatch, capsys):
+    """``--store file:lit.sqlite`` is the relative path "file:lit.sqlite": SQLite must not
+    read it as a URI (which would create ./lit.sqlite instead)."""
+    monkeypatch.chdir(tmp_path)
+    with Store("file:lit.sqlite") as store:
+        _experiment(store, "probe")
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(("-wal", "-shm"))
+                  ) == ["file:lit.sqlite"]
+    with Store("file:lit.sqlite", readonly=True) as store:
+        assert [e["name"] for e in store.experiments()] == ["probe"]
+    code, out, _ = _cli(["runs", "--store", "file:lit.sqlite"], capsys)
+    assert code == 0 and "probe" in out
+    assert not (tmp_path / "lit.sqlite").exists()
+
+
 def test_read_commands_never_create_a_store(tmp_path, capsys):
     path = tmp_path / "missing" / "dir" / "store.sqlite"
     for argv in READ_COMMANDS:

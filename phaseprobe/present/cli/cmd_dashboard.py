@@ -22,6 +22,7 @@ from typing import Any
 from rich.console import Console
 
 from phaseprobe.errors import ConfigError
+from phaseprobe.inputs import input_problem
 from phaseprobe.paths import default_store_path
 from phaseprobe.present.cli.args import int_in
 
@@ -70,6 +71,9 @@ def cmd_dashboard(args: argparse.Namespace, out: Console, err: Console) -> int:
     store = Path(args.store) if args.store else default_store_path()
     if args.port > 65535:
         raise ConfigError(f"--port {args.port} is not a TCP port (1-65535)")
+    problem = input_problem(store)  # a FIFO would hang every page that opens the store
+    if problem:
+        raise ConfigError(f"--store {store}: {problem}, not a store file")
     if not _is_loopback(args.address):
         err.print(f"[yellow]warning:[/] binding to {args.address}: anyone who can reach this "
                   "host can read the experiment store (prompts included). Use 127.0.0.1 "
