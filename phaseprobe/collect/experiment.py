@@ -139,6 +139,9 @@ class RunCollector:
             finally:
                 phases.end()
         timeline = replace(outcome.timeline, client_stall_s=watch.max_stall_s)
+        for note in outcome.notes:  # e.g. a usage block that is not token counts, once
+            if note not in self.notes:
+                self.notes.append(note)
         run = self._judge(seq, prompt, outcome.error, timeline, before)
         if tags is None:
             return run

@@ -32,7 +32,8 @@ from phaseprobe.redact import redact_url
 from phaseprobe.sources.http_deadline import mount_deadlines, within
 
 __all__ = ["small_json", "StreamClient", "DEFAULT_DEADLINE_S", "MAX_EVENT_BYTES", "StreamOutcome",
-           "TokenEventCounter", "check_endpoint", "normalize_base_url", "build_body"]
+           "TokenEventCounter", "check_endpoint", "normalize_base_url", "build_body",
+           "usage_counts", "MAX_USAGE_TOKENS"]
 
 _ERROR_EXCERPT = 500
 # One SSE event of vLLM is a JSON chunk of a few hundred bytes (tens of KB with top logprobs):
@@ -86,6 +87,37 @@ class StreamOutcome:
     timeline: ClientTimeline
     error: str | None  # None: the stream completed normally
     text: str  # generated text (for a human glance; never used for token counts)
+    # What was wrong with an answer that still counts (a usage block whose counts are not
+    # token counts: they are dropped, as if the server had sent no usage)
+    notes: tuple[str, ...] = ()
+
+
+# The most tokens one request's usage may claim: far above any context window served, far
+# below what would overflow a SQLite INTEGER or make TPOT meaningless.
+MAX_USAGE_TOKENS = 1 << 32
+
+
+def usage_counts(usage: dict[str, Any] | None) -> tuple[int | None, int | None, str | None]:
+    """``(prompt_tokens, completion_tokens, note)`` from a server's usage block. A count must
+    be a whole number from 0 to :data:`MAX_USAGE_TOKENS` (not a bool, a string, a float, NaN
+    or Infinity); otherwise the usage is treated as missing (both None) and ``note`` says why.
+    """
+    if usage is None:
+        return None, None, None
+    counts: list[int | None] = []
+    for key in ("prompt_tokens", "completion_tokens"):
+        value = usage.get(key)
+        if value is None:
+            counts.append(None)
+        elif (isinstance(value, int) and not isinstance(value, bool)
+              and 0 <= value <= MAX_USAGE_TOKENS):
+            counts.append(value)
+        else:
+            huge = isinstance(value, int) and abs(value) >= 10**30
+            shown = f"a {len(str(abs(value)))}-digit number" if huge else _short(repr(value))
+            return None, None, (f"usage {key} {shown} is not a token count (0 .. "
+                                f"{MAX_USAGE_TOKENS}): the server's usage is ignored")
+    return counts[0], counts[1], None
 
 
 def build_body(
@@ -302,18 +334,19 @@ class StreamClient:
         finally:
             watchdog.cancel()
         end = self._clock_ns() - t0
-        usage = state.usage or {}
+        prompt_tokens, completion_tokens, usage_note = usage_counts(state.usage)
         timeline = ClientTimeline(
             sent_wall_ns=wall0,
             event_offsets_ns=tuple(events),
             end_offset_ns=end,
             http_status=status,
-            prompt_tokens=usage.get("prompt_tokens"),
-            completion_tokens=usage.get("completion_tokens"),
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
             finish_reason=state.finish_reason,
             complete=state.done and error is None,
         )
-        return StreamOutcome(timeline=timeline, error=error, text="".join(state.text))
+        return StreamOutcome(timeline=timeline, error=error, text="".join(state.text),
+                             notes=(usage_note,) if usage_note else ())
 
     def _deadline_text(self) -> str:
         return (f"deadline: the whole request took more than {self.deadline_s:g} s "

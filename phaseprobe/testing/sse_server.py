@@ -79,6 +79,8 @@ class Script:
       written in 64 KiB pieces (each its own HTTP chunk when ``chunked``);
     - ``reset_after=k``: after k token events (when the next one is due), the connection is
       closed with a TCP RST (``SO_LINGER`` 1, 0) instead of a FIN;
+    - ``usage``: the usage block's counts sent instead of the true ones (any JSON value:
+      ``{"prompt_tokens": "x"}``, ``float("nan")`` (written as ``NaN``), ``10**400``, -3 …);
     - ``metrics_count_delta``: how far this request moves every phase histogram's ``_count``
       of ``SseServer(metrics=True)``'s ``/metrics`` (its ``_sum`` moves by that many times its
       phase times): 1 is the truth, 2 claims a second request, 0 never observes it, -1 goes
@@ -100,6 +102,7 @@ class Script:
     huge_event_bytes: int | None = None
     reset_after: int | None = None
     metrics_count_delta: int = 1
+    usage: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.n_tokens < 1:
@@ -395,6 +398,8 @@ class _Stream:
             usage = {"prompt_tokens": self.prompt_tokens,
                      "total_tokens": self.prompt_tokens + script.n_tokens,
                      "completion_tokens": script.n_tokens}
+            if script.usage is not None:
+                usage = {**usage, **script.usage}
             self._write(self._event({**self.base, "choices": [], "usage": usage}))
         self._write(self._frame(b"data: [DONE]\n\n"))
         if script.chunked:

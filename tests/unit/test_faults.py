@@ -285,3 +285,36 @@ def test_histograms_going_backwards_or_stuck_flag_the_run(tmp_path, delta):
 def test_fault_scripts_reject_nonsense(kwargs: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match="Script"):
         Script(**kwargs)
+
+
+@pytest.mark.parametrize("usage", [
+    {"prompt_tokens": "x", "completion_tokens": "y"},
+    {"prompt_tokens": float("nan"), "completion_tokens": float("inf")},
+    {"completion_tokens": -5},
+    {"completion_tokens": 10**400},
+], ids=["strings", "nan-inf", "negative", "10e400"])
+def test_a_usage_block_that_is_not_token_counts_keeps_the_run_and_says_so(tmp_path, capsys,
+                                                                          usage):
+    """The run is stored (usage missing: no TPOT), the experiment's notes name the count, and
+    neither ``probe --json`` nor ``runs --latest --json`` prints NaN/Infinity."""
+    store = tmp_path / "s.sqlite"
+    with SseServer(Script(n_tokens=4, gap_s=0.002, usage=usage)) as srv:
+        code = _probe(srv, store, "--json", runs=2)
+    captured = capsys.readouterr()
+    _no_traceback(captured)
+    assert code == 0, captured.err
+    strict = json.loads(captured.out, parse_constant=lambda c: pytest.fail(f"{c} in JSON"))
+    assert any("is not a token count" in n for n in strict["notes"]), strict["notes"]
+    runs = _stored(store)
+    assert len(runs) == 2 and all(r.status != "error" for r in runs)
+    assert all(r.client.completion_tokens is None and r.client.tpot_s is None for r in runs)
+    assert main(["runs", "--latest", "--json", "--store", str(store)]) == 0
+    json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(f"{c} in JSON"))
+
+
+def test_json_output_never_carries_nan_or_infinity():
+    from phaseprobe.present.cli.jsonout import dumps
+
+    doc = {"a": float("nan"), "b": [1.5, float("inf"), (float("-inf"),)], "c": {"d": 2}}
+    assert json.loads(dumps(doc)) == {"a": None, "b": [1.5, None, [None]], "c": {"d": 2}}
+    assert dumps({"x": 1.0}) == json.dumps({"x": 1.0})

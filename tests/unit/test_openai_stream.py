@@ -4,7 +4,13 @@ import pytest
 import requests
 
 from phaseprobe.errors import EndpointUnreachable
-from phaseprobe.sources.openai_stream import StreamClient, build_body, check_endpoint
+from phaseprobe.sources.openai_stream import (
+    MAX_USAGE_TOKENS,
+    StreamClient,
+    build_body,
+    check_endpoint,
+    usage_counts,
+)
 from phaseprobe.testing.sse_server import Script, SseServer
 
 
@@ -117,3 +123,34 @@ def test_request_body_is_controlled():
     assert body["temperature"] == 0.0 and body["ignore_eos"] is True
     assert body["stream_options"] == {"include_usage": True}
     assert body["messages"][0]["content"] == "hello there" and "prompt" not in body
+
+
+@pytest.mark.parametrize("usage", [
+    {"prompt_tokens": "x", "completion_tokens": "y"},
+    {"prompt_tokens": float("nan"), "completion_tokens": float("inf")},
+    {"completion_tokens": -3},
+    {"completion_tokens": 10**400},
+    {"completion_tokens": True},
+    {"completion_tokens": 12.0},
+    {"prompt_tokens": [1], "completion_tokens": {"n": 1}},
+], ids=["strings", "nan-inf", "negative", "10e400", "bool", "float", "containers"])
+def test_a_usage_block_that_is_not_token_counts_is_dropped_and_said(usage):
+    """Counts are whole numbers 0 .. MAX_USAGE_TOKENS; anything else is usage missing (TPOT
+    None), the stream still completes and the outcome's note names the bad count."""
+    with SseServer(Script(n_tokens=4, usage=usage)) as srv:
+        out = StreamClient(srv.base_url).stream(_body(max_tokens=4))
+    assert out.error is None and out.timeline.complete
+    assert out.timeline.prompt_tokens is None and out.timeline.completion_tokens is None
+    assert out.timeline.tpot_s is None
+    assert len(out.notes) == 1 and "is not a token count" in out.notes[0]
+    assert any(k in out.notes[0] for k in usage)
+    assert len(out.notes[0]) < 300  # a 401-digit number is not quoted whole
+
+
+def test_usage_counts_bounds():
+    assert usage_counts(None) == (None, None, None)
+    assert usage_counts({"prompt_tokens": 0, "completion_tokens": MAX_USAGE_TOKENS}) == (
+        0, MAX_USAGE_TOKENS, None)
+    assert usage_counts({"completion_tokens": 5}) == (None, 5, None)
+    p, c, note = usage_counts({"prompt_tokens": 3, "completion_tokens": MAX_USAGE_TOKENS + 1})
+    assert (p, c) == (None, None) and note and "completion_tokens" in note

@@ -19,7 +19,6 @@ budget is spent (undecided, with the runs that would decide it).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from dataclasses import replace
 from pathlib import Path
@@ -50,6 +49,7 @@ from phaseprobe.collect.target import api_key_from_env
 from phaseprobe.errors import ConfigError
 from phaseprobe.format import ms_cell
 from phaseprobe.paths import default_store_path
+from phaseprobe.present.cli import jsonout
 from phaseprobe.present.cli.args import int_in, positive_int
 from phaseprobe.present.cli.console import progress_bar
 from phaseprobe.records import Run
@@ -273,7 +273,7 @@ def markdown(c: Comparison, title: str, stop: str | None = None) -> str:
 def _emit(args: argparse.Namespace, out: Console, c: Comparison, title: str,
           extra: dict[str, Any], stop: str | None = None) -> None:
     if args.json:
-        out.out(json.dumps(_doc(c, extra)), highlight=False)
+        out.out(jsonout.dumps(_doc(c, extra)), highlight=False)
     elif args.markdown:
         out.out(markdown(c, title, stop), highlight=False)
     else:
@@ -358,7 +358,7 @@ def _list(out: Console, as_json: bool) -> int:
     books = [parse_playbook(p.read_text(encoding="utf-8"), str(p))
              for p in sorted(shipped_playbooks().glob("*.toml"))]
     if as_json:
-        out.out(json.dumps({"playbooks": [{"name": b.name, "path": b.path,
+        out.out(jsonout.dumps({"playbooks": [{"name": b.name, "path": b.path,
                                            "description": b.description} for b in books]}),
                 highlight=False)
         return 0

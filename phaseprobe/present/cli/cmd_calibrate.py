@@ -13,7 +13,6 @@ the measured figures are also shown as a fraction of its datasheet peaks.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from typing import Any
 
@@ -30,6 +29,7 @@ from phaseprobe.calibrate.run import (
     run_benchmark,
     save,
 )
+from phaseprobe.present.cli import jsonout
 from phaseprobe.present.cli.args import int_in, seconds
 from phaseprobe.present.cli.waiting import waiting
 
@@ -98,7 +98,7 @@ def cmd_calibrate(args: argparse.Namespace, out: Console, err: Console) -> int:
     if args.json:
         doc = {"calibration": cal.to_dict(), "stored_in": str(path),
                "datasheet_comparison": comparison}
-        out.out(json.dumps(doc), highlight=False)
+        out.out(jsonout.dumps(doc), highlight=False)
         return 0
     out.print(_table([cal], f"calibration · {cal.device} · {cal.device_name}"))
     if comparison:
@@ -170,7 +170,7 @@ def _show(args: argparse.Namespace, out: Console) -> int:
         doc = {"path": str(path), "calibrations": [
             {**c.to_dict(), "datasheet_comparison": compare(c, match_device(c.device_name))}
             for c in cals]}
-        out.out(json.dumps(doc), highlight=False)
+        out.out(jsonout.dumps(doc), highlight=False)
         return 0
     if not cals:
         out.print(f"no calibration stored yet ({escape(str(path))}); run `phaseprobe "

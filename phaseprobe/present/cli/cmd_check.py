@@ -18,7 +18,6 @@ missing store or file). Each rule that lacks its evidence says ``skipped: needs 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,6 +30,7 @@ from phaseprobe.analysis.checklist import USE_CASE_TTFT_S, Report, all_rules, ru
 from phaseprobe.collect.evidence import EvidenceOptions, build_evidence
 from phaseprobe.errors import ConfigError, PhaseprobeError
 from phaseprobe.paths import default_store_path
+from phaseprobe.present.cli import jsonout
 from phaseprobe.present.cli.args import int_in, positive_int
 from phaseprobe.store import Store
 
@@ -128,7 +128,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     if args.json:
         doc = report.to_dict()
         doc["notes"] = list(opts.notes)
-        out.out(json.dumps(doc), highlight=False)
+        out.out(jsonout.dumps(doc), highlight=False)
     elif args.markdown:
         out.out(render_markdown(report), highlight=False)
     else:

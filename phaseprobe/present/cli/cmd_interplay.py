@@ -15,7 +15,6 @@ interfere stores one experiment per arm.
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -44,6 +43,7 @@ from phaseprobe.collect.session import Session, SessionOptions
 from phaseprobe.collect.target import api_key_from_env, normalize_base_url, served_model
 from phaseprobe.errors import ConfigError
 from phaseprobe.paths import default_store_path
+from phaseprobe.present.cli import jsonout
 from phaseprobe.present.cli.args import (
     MAX_CONCURRENCY,
     MAX_SECONDS,
@@ -280,7 +280,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     if args.json:
         doc = {"kind": kind, "endpoint": redact_url(endpoint), "model": model,
                "server": result.server_info, **result.to_dict()}
-        out.out(json.dumps(doc), highlight=False)  # plain: no markup, no wrapping
+        out.out(jsonout.dumps(doc), highlight=False)  # plain: no markup, no wrapping
     elif isinstance(result, PrefixResult):
         render_prefix(out, result)
     elif isinstance(result, BatchResult):
@@ -316,7 +316,7 @@ def _emit_arms(args: argparse.Namespace, out: Console, result: ArmsResult,
                extra: dict[str, Any]) -> int:
     if args.json:
         doc = {"kind": "interfere", "mode": "arms", **extra, **result.to_dict()}
-        out.out(json.dumps(doc), highlight=False)
+        out.out(jsonout.dumps(doc), highlight=False)
     else:
         render_arms(out, result)
     ok = all(any(r.status != "error" for r in res.runs) for res in result.arms.values())

@@ -13,7 +13,6 @@ default: lines NCCL did not write are skipped and counted, cut records counted a
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,8 @@ from rich.table import Table
 from phaseprobe.analysis.nccl_report import NcclReport, build_report, diff_reports
 from phaseprobe.analysis.nccl_summary import decode_steps
 from phaseprobe.errors import ConfigError
+from phaseprobe.inputs import output_problem
+from phaseprobe.present.cli import jsonout
 from phaseprobe.present.cli.args import int_in
 from phaseprobe.present.cli.keep import add_keep_args, check_keep, keep, store_path
 
@@ -128,8 +129,11 @@ def cmd_nccl(args: argparse.Namespace, out: Console, err: Console) -> int:
 
 
 def _emit(args: argparse.Namespace, out: Console, doc: dict[str, Any]) -> None:
-    text = json.dumps(doc)
+    text = jsonout.dumps(doc)
     if args.save:
+        problem = output_problem(args.save)  # a FIFO would block the write until a reader
+        if problem:
+            raise ConfigError(f"--save {args.save}: {problem}")
         try:
             Path(args.save).write_text(text + "\n", encoding="utf-8")
         except OSError as exc:

@@ -9,7 +9,6 @@ KV-memory report) is the session's.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from phaseprobe.collect.experiment import ProbeSettings, run_probe
 from phaseprobe.collect.session import Session, SessionOptions
 from phaseprobe.collect.target import api_key_from_env
 from phaseprobe.paths import default_store_path
+from phaseprobe.present.cli import jsonout
 from phaseprobe.present.cli.args import (
     MAX_COUNT,
     count,
@@ -214,7 +214,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
             doc["kv_reservation"] = report.kv_reservation
         if report.prometheus is not None:
             doc["prometheus"] = report.prometheus
-        out.out(json.dumps(doc), highlight=False)  # plain: no markup, no wrapping
+        out.out(jsonout.dumps(doc), highlight=False)  # plain: no markup, no wrapping
     else:
         render_probe(out, result.runs, summary, result.server_info, result.notes,
                      result.experiment_id)

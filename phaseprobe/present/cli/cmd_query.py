@@ -13,7 +13,6 @@ variable ``--token-env`` names) and is never printed.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import re
 import time
@@ -32,6 +31,7 @@ from phaseprobe.collect.prom_query import (
     named_queries,
 )
 from phaseprobe.errors import ConfigError, EmptyResult
+from phaseprobe.present.cli import jsonout
 from phaseprobe.present.cli.args import seconds
 
 __all__ = ["register", "cmd_query", "run", "parse_time"]
@@ -188,7 +188,7 @@ def cmd_query(args: argparse.Namespace, out: Console, err: Console) -> int:
             results = prom.instant(queries, selector=args.selector, window=window, at=at)
         doc = _document(prom.shown_url, args, catalog, results)
     if args.json:
-        out.out(json.dumps(doc), highlight=False)
+        out.out(jsonout.dumps(doc), highlight=False)
     else:
         _render(out, err, doc, args.show_expr)
     return 1 if any(isinstance(r, EmptyResult) for r in results) else 0
@@ -257,7 +257,7 @@ def _list(args: argparse.Namespace, out: Console, catalog: dict[str, Query]) -> 
     if args.json:
         doc = {"queries": [{"name": q.name, "unit": q.unit, "help": q.help,
                             "template": q.template} for q in catalog.values()]}
-        out.out(json.dumps(doc), highlight=False)
+        out.out(jsonout.dumps(doc), highlight=False)
         return 0
     table = Table(title=f"{len(catalog)} named queries ($selector, $window)",
                   title_justify="left")

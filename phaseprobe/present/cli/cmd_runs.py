@@ -15,7 +15,6 @@ client timeline contradicts the server's phases (a stalled client, a buffered st
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from rich.console import Console
@@ -25,6 +24,7 @@ from phaseprobe.analysis.client_check import client_verdict, has_hop
 from phaseprobe.analysis.interplay import CONCURRENT_KINDS, concurrent_by_design
 from phaseprobe.analysis.phases import medians_runs, summarize
 from phaseprobe.paths import default_store_path
+from phaseprobe.present.cli import jsonout
 from phaseprobe.present.cli.args import positive_int, store_and_json_args
 from phaseprobe.present.cli.console import render_efficiency, render_experiments, render_probe
 from phaseprobe.store import Store
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
             for row in rows:
                 row["concurrent_by_design"] = row["kind"] in CONCURRENT_KINDS
             if args.json:
-                out.out(json.dumps({"store": str(path), "experiments": rows,
+                out.out(jsonout.dumps({"store": str(path), "experiments": rows,
                                     "note": CONCURRENT_NOTE}), highlight=False)
             else:
                 render_experiments(out, rows)
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
                                              inconsistent.items()}},
                "efficiency": efficiency,
                "runs": [r.to_dict() for r in runs]}
-        out.out(json.dumps(doc), highlight=False)
+        out.out(jsonout.dumps(doc), highlight=False)
     else:
         out.print(f"experiment {exp_id}: {exp.name} (kind {exp.kind})")
         render_probe(out, runs, summary, exp.server_info, exp.notes, exp_id)

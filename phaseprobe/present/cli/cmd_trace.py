@@ -14,7 +14,6 @@ top kernels, and the per-range phases (vLLM step annotations: prefill vs decode;
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from rich.table import Table
 from phaseprobe.analysis import trace_summary
 from phaseprobe.errors import ConfigError
 from phaseprobe.format import ns_cell as _ms
+from phaseprobe.present.cli import jsonout
 from phaseprobe.present.cli.args import float_in, int_in
 from phaseprobe.present.cli.keep import add_keep_args, check_keep, keep
 
@@ -91,7 +91,7 @@ def render(out: Console, doc: Mapping[str, Any]) -> None:
 
 def _emit(args: argparse.Namespace, out: Console, doc: Mapping[str, Any]) -> None:
     if args.json:
-        out.out(json.dumps(doc), highlight=False)
+        out.out(jsonout.dumps(doc), highlight=False)
         return
     if "reports" in doc:  # console text: one block per (rank, input, report)
         out.print(f"[bold]{escape(doc['file'])}[/bold] ({doc['source']}): "

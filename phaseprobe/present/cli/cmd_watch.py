@@ -13,7 +13,6 @@ committed to the store before vLLM's exporter is told it arrived.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import threading
 import time
@@ -34,6 +33,7 @@ from phaseprobe.collect.span_receiver import (
 )
 from phaseprobe.errors import ConfigError, MetricsUnavailable
 from phaseprobe.paths import default_store_path
+from phaseprobe.present.cli import jsonout
 from phaseprobe.present.cli.args import positive_float, positive_int, store_and_json_args
 from phaseprobe.present.cli.console import ms
 from phaseprobe.records import RequestSpan
@@ -180,7 +180,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
            "load": load.stats.to_dict() if load is not None else None,
            "interrupted": interrupted}
     if args.json:
-        out.out(json.dumps(doc), highlight=False)
+        out.out(jsonout.dumps(doc), highlight=False)
     else:
         out.print(_render(summary, sink.stats.to_dict(), len(spans), loss, None, None,
                           title="summary over the whole watch"))
