@@ -53,6 +53,7 @@ from phaseprobe.store import AbSessionRow
 
 __all__ = ["PlaybookError", "Launch", "Arm", "RunPlan", "Playbook", "load_playbook",
            "parse_playbook", "parse_effect", "session_arms", "session_plan", "is_secret_name",
+           "is_secret_value",
            "redact_env", "redact_args", "redacted_text", "restore_secrets", "REDACTED",
            "LOCAL_MODEL", "shipped_playbooks"]
 
@@ -431,31 +432,50 @@ def session_plan(session: AbSessionRow, min_effect: float | None = None
 # Launch environments carry credentials (HF_TOKEN, *_API_KEY, …). Their values reach the
 # server phaseprobe starts and nothing else: the store and every output keep the names only.
 REDACTED = "<redacted>"
-# AZURE_OPENAI_KEY and DB_PASS too: a name with KEY or PASS as a word of its own
-_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|API[_-]?KEY|ACCESS[_-]?KEY|CREDENTIAL|AUTH"
-                          r"|(^|[_-])(KEY|PASS|PWD)($|[_-])", re.IGNORECASE)
+# AZURE_OPENAI_KEY and DB_PASS too: a name with KEY or PASS as a word of its own. HEADERS
+# (OTEL_EXPORTER_OTLP_HEADERS, --otlp-traces-headers, --headers) carry Authorization values.
+# TOKEN is a credential (HF_TOKEN, --hf-token), TOKENS and TOKENIZER are not (MAX_TOKENS,
+# --max-num-batched-tokens, TOKENIZERS_PARALLELISM, --tokenizer).
+_SECRET_NAME = re.compile(r"TOKEN(?!S|IZ)|SECRET|PASSW|API[_-]?KEY|ACCESS[_-]?KEY|CREDENTIAL"
+                          r"|AUTH|HEADER|(^|[_-])(KEY|PASS|PWD)($|[_-])", re.IGNORECASE)
+# A value that carries a credential whatever its name: an HTTP header with one
+# ("Authorization=Bearer …", '{"Authorization": "Bearer …"}', "x-api-key: …").
+_SECRET_VALUE = re.compile(r"AUTHORIZATION|BEARER\s|API[_-]?KEY\W", re.IGNORECASE)
 
 
 def is_secret_name(name: str) -> bool:
     return bool(_SECRET_NAME.search(name))
 
 
+def is_secret_value(value: str) -> bool:
+    """A value that carries an HTTP credential (an Authorization header, a bearer token, an
+    api-key header), whatever the variable or flag holding it is called."""
+    return bool(_SECRET_VALUE.search(value))
+
+
+def _secret_env(name: str, value: str) -> bool:
+    return is_secret_name(name) or is_secret_value(value)
+
+
 def redact_env(env: Mapping[str, str]) -> dict[str, str]:
     """``env`` with the values of secret-looking variables replaced by :data:`REDACTED`."""
     # an ordinary name may still hold a URL with credentials (PROXY=http://u:pw@host)
-    return {k: REDACTED if is_secret_name(k) else redact_urls_in(v) for k, v in env.items()}
+    return {k: REDACTED if _secret_env(k, v) else redact_urls_in(v) for k, v in env.items()}
 
 
 def redact_args(args: tuple[str, ...] | list[str]) -> list[str]:
     """A launch argv with the values of secret-looking flags (``--api-key X``,
-    ``--api-key=X``) replaced by :data:`REDACTED`."""
+    ``--api-key=X``, ``--otlp-traces-headers X``) and of any argument carrying an HTTP
+    credential (``Authorization=Bearer …``) replaced by :data:`REDACTED`."""
     out: list[str] = []
     for i, arg in enumerate(args):
-        flag, eq, _ = arg.partition("=")
-        if eq and flag.startswith("-") and is_secret_name(flag):
+        flag, eq, value = arg.partition("=")
+        if eq and flag.startswith("-") and (is_secret_name(flag) or is_secret_value(value)):
             out.append(f"{flag}={REDACTED}")
         elif i > 0 and args[i - 1].startswith("-") and "=" not in args[i - 1] \
                 and is_secret_name(args[i - 1]) and not arg.startswith("-"):
+            out.append(REDACTED)
+        elif is_secret_value(arg):
             out.append(REDACTED)
         else:
             out.append(redact_urls_in(arg))  # --hf-endpoint http://u:pw@host
@@ -467,7 +487,7 @@ def _secret_values(playbook: Playbook) -> set[str]:
     for arm in playbook.arms:
         if arm.launch is None:
             continue
-        values |= {v for k, v in arm.launch.env.items() if is_secret_name(k) and v}
+        values |= {v for k, v in arm.launch.env.items() if _secret_env(k, v) and v}
         values |= {raw.partition("=")[2] if "=" in raw and red.endswith(REDACTED) else raw
                    for raw, red in zip(arm.launch.args, redact_args(arm.launch.args))
                    if raw != red}
@@ -481,7 +501,13 @@ def redacted_text(playbook: Playbook) -> str:
     text = playbook.text
     for value in sorted(_secret_values(playbook), key=len, reverse=True):
         text = text.replace(value, REDACTED)
+    # a value TOML escapes (a JSON header object in a basic string) is not found verbatim:
+    # its bearer token still goes
+    text = _BEARER.sub(lambda m: m.group(1) + REDACTED, text)
     return redact_urls_in(text)
+
+
+_BEARER = re.compile(r"(bearer\s+)(?!<redacted>)[^\s\"'\\,}\]]+", re.IGNORECASE)
 
 
 def restore_secrets(playbook: Playbook, environ: Mapping[str, str] | None = None) -> Playbook:

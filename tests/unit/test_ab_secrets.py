@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 
@@ -110,3 +111,63 @@ def test_store_and_output_never_hold_a_launch_secret(tmp_path, monkeypatch):
     assert restored.arms[0].launch.env["HF_TOKEN"] == SECRET_ENV
     assert stored.arms[0].launch.env["HF_TOKEN"] == REDACTED
     assert json.dumps(stored.arms[1].launch.args).count(REDACTED) == 1
+
+
+def test_header_carrying_env_and_args_are_secret_and_token_counts_are_not():
+    assert redact_env({"OTEL_EXPORTER_OTLP_HEADERS": "Authorization=Bearer abc123",
+                       "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "x-api-key=k",
+                       "EXTRA": "Authorization: Basic dXNlcg==",
+                       "MAX_TOKENS": "128", "TOKENIZERS_PARALLELISM": "false"}) == {
+        "OTEL_EXPORTER_OTLP_HEADERS": REDACTED, "OTEL_EXPORTER_OTLP_TRACES_HEADERS": REDACTED,
+        "EXTRA": REDACTED, "MAX_TOKENS": "128", "TOKENIZERS_PARALLELISM": "false"}
+    assert redact_args(["--otlp-traces-headers", "Authorization=Bearer z",
+                        "--headers", '{"Authorization":"Bearer q"}',
+                        "--otlp-traces-headers=Authorization=Bearer y",
+                        "--middleware-arg=Bearer w", "Authorization: Bearer v",
+                        "--max-num-batched-tokens", "2048", "--tokenizer", "gpt2",
+                        "--hf-token", "hf_x"]) == [
+        "--otlp-traces-headers", REDACTED, "--headers", REDACTED,
+        f"--otlp-traces-headers={REDACTED}", f"--middleware-arg={REDACTED}", REDACTED,
+        "--max-num-batched-tokens", "2048", "--tokenizer", "gpt2", "--hf-token", REDACTED]
+
+
+HEADER_BOOK = """
+name = "headers"
+model = "sse-test-model"
+[run]
+prompt = "hello"
+max_tokens = 4
+runs = 3
+warmup = 0
+[[arm]]
+name = "a"
+[arm.launch]
+args = ["--max-num-batched-tokens", "2048"]
+env = { OTEL_EXPORTER_OTLP_HEADERS = "Authorization=Bearer abc123", MAX_TOKENS = "64" }
+[[arm]]
+name = "b"
+launch = { args = ["--headers", "{\\"Authorization\\":\\"Bearer qq987\\"}"] }
+"""
+
+
+def test_header_secrets_never_stored_and_env_ones_restored_on_resume():
+    from phaseprobe.collect.playbook import redacted_text
+
+    pb = parse_playbook(HEADER_BOOK)
+    assert pb.arms[1].launch.args[1] == '{"Authorization":"Bearer qq987"}'
+    text = redacted_text(pb)
+    assert "abc123" not in text and "qq987" not in text, text
+    assert "OTEL_EXPORTER_OTLP_HEADERS" in text and "2048" in text and '"64"' in text
+    stored = parse_playbook(text)
+    assert stored.arms[0].launch.env == {"OTEL_EXPORTER_OTLP_HEADERS": REDACTED,
+                                         "MAX_TOKENS": "64"}
+    assert stored.arms[0].launch.args == ("--max-num-batched-tokens", "2048")
+    one_arm = replace(stored, arms=(stored.arms[0], stored.arms[0]))
+    restored = restore_secrets(one_arm, {"OTEL_EXPORTER_OTLP_HEADERS": "Authorization=Bearer "
+                                                                      "abc123"})
+    assert restored.arms[0].launch.env["OTEL_EXPORTER_OTLP_HEADERS"] == \
+        "Authorization=Bearer abc123"
+    with pytest.raises(ConfigError, match="set OTEL_EXPORTER_OTLP_HEADERS in the environment"):
+        restore_secrets(one_arm, {})
+    with pytest.raises(ConfigError, match="launch env"):  # a header given as an argument
+        restore_secrets(stored, {"OTEL_EXPORTER_OTLP_HEADERS": "x"})
