@@ -22,6 +22,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import requests
 
@@ -36,6 +37,7 @@ from phaseprobe.errors import (
 )
 from phaseprobe.redact import redact_url
 from phaseprobe.sources.http_deadline import mount_deadlines, within
+from phaseprobe.sources.prometheus import check_base_url
 
 __all__ = [
     "DEFAULT_TOKEN_ENV",
@@ -68,8 +70,13 @@ class GrafanaClient:
     def __init__(self, url: str, token: str, *, session: requests.Session | None = None,
                  timeout_s: float = 10.0, verify: bool | str = True,
                  token_env: str = DEFAULT_TOKEN_ENV) -> None:
-        self.url = url.rstrip("/")
+        self.url = check_base_url(url, "Grafana URL", f"put the token in ${token_env}")
         self.display_url = redact_url(self.url)
+        if urlsplit(self.url).username is not None or urlsplit(self.url).password is not None:
+            # requests turns user:password@ into Basic auth, which replaces the bearer token
+            raise ConfigError(f"Grafana URL {self.display_url!r}: user:password@ in the URL "
+                              f"would be sent as Basic auth instead of the ${token_env} bearer "
+                              f"token; drop the credentials from the URL")
         self._session = mount_deadlines(session or requests.Session())
         self._headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
         self._timeout_s = timeout_s

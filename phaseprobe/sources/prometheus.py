@@ -23,12 +23,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import requests
 from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
 from urllib3.util.retry import Retry
 
 from phaseprobe.errors import (
+    ConfigError,
     EmptyResult,
     PrometheusHTTPError,
     PrometheusUnreachable,
@@ -40,6 +42,7 @@ from phaseprobe.sources.query_catalog import Query, load_catalog, resolve_names
 
 __all__ = [
     "DEFAULT_TOKEN_ENV",
+    "check_base_url",
     "PHASE_QUERIES",
     "NamedResult",
     "PrometheusClient",
@@ -126,6 +129,18 @@ def _series(result: Any) -> list[Series]:
             for item in result]
 
 
+def check_base_url(url: str, what: str, hint: str) -> str:
+    """``url`` (without a trailing /) when it is a base URL paths can be appended to: no
+    ``?query`` or ``#fragment`` (``/?access_token=T`` + ``/api/v1/…`` is a broken path, and the
+    query would be echoed by every error). The message shows the URL without its query,
+    fragment or credentials; ``hint`` says how to pass a credential instead."""
+    parts = urlsplit(url.strip())
+    if parts.query or parts.fragment or "?" in url or "#" in url:
+        shown = redact_url(urlunsplit((parts.scheme, parts.netloc, parts.path, "", "")))
+        raise ConfigError(f"{what} {shown!r}: a base URL takes no ?query or #fragment; {hint}")
+    return url.strip().rstrip("/")
+
+
 class PrometheusClient:
     """A Prometheus HTTP API client. ``session`` and ``environ`` are injectable for tests."""
 
@@ -133,7 +148,8 @@ class PrometheusClient:
                  verify: bool | str = True, timeout_s: float = 10.0, retries: int = 1,
                  session: requests.Session | None = None,
                  environ: Mapping[str, str] = os.environ) -> None:
-        self.url = url.rstrip("/")
+        self.url = check_base_url(url, "Prometheus URL", "pass a bearer token through the "
+                                  f"environment (${token_env or DEFAULT_TOKEN_ENV}, --token-env)")
         self.shown_url = redact_url(self.url)
         self.timeout_s = timeout_s
         self.token_env = token_env

@@ -177,12 +177,16 @@ def test_connection_refused_names_the_url_without_credentials():
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     sock.close()  # nothing listens there now
-    client = GrafanaClient(f"http://admin:pw@127.0.0.1:{port}/grafana/", TOKEN)
+    # user:password@ would replace the token with Basic auth: refused, the password unshown
+    with pytest.raises(ConfigError, match="Basic auth") as refused:
+        GrafanaClient(f"http://admin:pw@127.0.0.1:{port}/grafana/", TOKEN)
+    assert "pw" not in str(refused.value)
+    client = GrafanaClient(f"http://127.0.0.1:{port}/grafana/", TOKEN)
     with pytest.raises(GrafanaUnreachable) as info:
         import_dashboard(client, SHIPPED)
     message = str(info.value)
     assert f"http://127.0.0.1:{port}/grafana/api/dashboards/db" in message
-    assert "pw" not in message and TOKEN not in message
+    assert TOKEN not in message
 
 
 @pytest.mark.parametrize("url", ["grafana:3000", "ftp://grafana", "http://"])

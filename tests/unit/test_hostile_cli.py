@@ -29,7 +29,6 @@ import json
 import os
 import re
 import socket
-import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -54,6 +53,7 @@ from tests.hostile_cases import (
     nccl_log,
     nsys_like_db,
     redirect_to,
+    sparse_file,
     sqlite_bytes,
     stream_bytes,
 )
@@ -735,8 +735,11 @@ GPU_CASES = [
          {"smi.csv": _SMI_HEADER + "\0" * 10000 + "\n"}),
     case("directory", ["gpu", "import", "{f:smi}"], {"smi": mkdir}),
     case("missing", ["gpu", "import", "{f:missing.csv}"]),
-    case("fifo-with-garbage", ["gpu", "import", "--strict", "{f:pipe.csv}"],
-         {"pipe.csv": mkfifo}, codes=(1, 2)),
+    case("fifo", ["gpu", "import", "--strict", "{f:pipe.csv}"], {"pipe.csv": mkfifo},
+         codes=(2,)),
+    case("dev-zero", ["gpu", "import", "/dev/zero"], name="/dev/zero", codes=(2,)),
+    case("sparse-64MB-one-line", ["gpu", "import", "{f:smi.csv}"],
+         {"smi.csv": sparse_file(64 << 20)}, codes=(2,)),
     case("no-file", ["gpu", "import"], name="FILE"),
     case("fields-empty", ["gpu", "import", "--fields", ",,", "{f:smi.csv}"],
          {"smi.csv": _SMI_ROW}, name="fields"),
@@ -777,20 +780,6 @@ GPU_CASES = [
 
 @pytest.mark.parametrize("c", GPU_CASES)
 def test_gpu_import(c: Case, world: World, capsys: Any, monkeypatch: Any) -> None:
-    if c.argv[-1] == "{f:pipe.csv}":  # a writer feeds the FIFO garbage, then closes it
-        def feed() -> None:
-            with open(world.indir / "pipe.csv", "wb") as fh:
-                fh.write(garbage(5000))
-        world_files = dict(c.files)
-        for name, content in world_files.items():
-            assert callable(content)
-            content(world.indir / name)
-        writer = threading.Thread(target=feed, daemon=True)
-        writer.start()
-        c = Case(c.argv, {}, c.name, c.codes, c.env)
-        _run(c, world, capsys, monkeypatch)
-        writer.join(5)
-        return
     _run(c, world, capsys, monkeypatch)
 
 
@@ -816,6 +805,12 @@ SPANS_CASES = [
          {"s.jsonl": "{}\n"}, name="out"),
     case("store-not-sqlite", ["spans", "import", "--store", "{f:store.sqlite}", "{f:s.jsonl}"],
          {"s.jsonl": "{}\n", "store.sqlite": garbage(4096)}, name="store.sqlite"),
+    case("fifo", ["spans", "import", "--store", "{new_store}", "{f:pipe.jsonl}"],
+         {"pipe.jsonl": mkfifo}, codes=(2,)),
+    case("dev-zero", ["spans", "import", "--store", "{new_store}", "/dev/zero"],
+         name="/dev/zero", codes=(2,)),
+    case("store-fifo", ["spans", "import", "--store", "{f:pipe.sqlite}", "{f:s.jsonl}"],
+         {"s.jsonl": "{}\n", "pipe.sqlite": mkfifo}, name="pipe.sqlite", codes=(2,)),
 ]
 
 
@@ -868,6 +863,9 @@ AB_CASES = [
     ab("missing", lambda p: None, name="book.toml"),
     ab("directory", mkdir, name="book.toml"),
     ab("fifo", mkfifo, name="book.toml"),
+    ab("sparse-20GB", sparse_file(20 << 30), name="book.toml"),
+    case("dev-zero", ["ab", "/dev/zero", "--store", "{new_store}"], name="/dev/zero",
+         codes=(2,)),
     ab("empty", b"", name="book.toml"),
     ab("non-utf8", b'name = "x"\n[run]\nprompt = "\xff\xfe"\n', name="byte 27"),
     ab("utf16", book().encode("utf-16"), name="book.toml"),
@@ -1061,6 +1059,30 @@ PROBE_CASES = [
     _probe("peaks-unknown", "{dead}", "--peaks", "h300", name="--peaks"),
     _probe("model-config-missing", "{dead}", "--model-config", "{f:nope.json}",
            name="nope.json"),
+    *[case(f"model-config-{cid}-{cmd[0]}", [*cmd, "--model-config", path], files,
+           name=name, codes=(2,))
+      for cmd in (["probe", "--endpoint", "{dead}", "--runs", "1", "--no-gpu", "--no-spans",
+                   "--store", "{new_store}"],
+                  ["check", "--store", "{store}", "--peaks", "h100-sxm"],
+                  ["calibrate"])
+      for cid, path, files, name in (
+          ("fifo", "{f:config.json}", {"config.json": mkfifo}, "config.json"),
+          ("dev-zero", "/dev/zero", {}, "/dev/zero"),
+          ("sparse-20GB", "{f:config.json}", {"config.json": sparse_file(20 << 30)},
+           "config.json"))],
+    case("check-model-config-deep", ["check", "--store", "{store}", "--peaks", "h100-sxm",
+                                     "--model-config", "{f:deep.json}"],
+         {"deep.json": deep_json(100_000)}, codes=(2,)),
+    case("check-trace-deep", ["check", "--latest", "--store", "{store}", "--trace",
+                              "{f:deep.json}"], {"deep.json": deep_json(100_000)}, codes=(2,)),
+    case("check-trace-fifo", ["check", "--latest", "--store", "{store}", "--trace",
+                              "{f:pipe.json}"], {"pipe.json": mkfifo}, codes=(2,)),
+    case("check-nccl-json-deep", ["check", "--latest", "--store", "{store}", "--nccl",
+                                  "{f:deep.json}"], {"deep.json": deep_json(100_000)},
+         codes=(2,)),
+    case("check-server-log-dev-zero", ["check", "--latest", "--store", "{store}",
+                                       "--server-log", "/dev/zero"], name="/dev/zero",
+         codes=(2,)),
 ]
 
 _PROM_SCENARIOS = ("html", "e500", "e401", "e404", "badjson", "empty200", "data5", "datastr",
@@ -1093,6 +1115,15 @@ GRAFANA_CASES = [
          name="{hp}"),
     case("grafana-lint-metrics-500", ["grafana", "lint", "--metrics", "{srv:x_500}"],
          name="{hp}"),
+    *[case(f"grafana-lint{'-metrics' if flag else ''}-{cid}",
+           ["grafana", "lint", *([flag] if flag else []), path], files, name=name, codes=(2,))
+      for flag in ("", "--metrics")
+      for cid, path, files, name in (
+          ("fifo", "{f:pipe.json}", {"pipe.json": mkfifo}, "pipe.json"),
+          ("dev-zero", "/dev/zero", {}, "/dev/zero"),
+          ("sparse-20GB", "{f:big.json}", {"big.json": sparse_file(20 << 30)}, "big.json"))],
+    case("grafana-build-out-fifo", ["grafana", "build", "--out", "{f:out.json}"],
+         {"out.json": mkfifo}, codes=(2,)),
 ]
 
 OTHER_CASES = [
@@ -1102,6 +1133,18 @@ OTHER_CASES = [
                                "--context", "0"], {"c.json": "{}"}, name="--context"),
     case("plan-config-not-json", ["plan", "--config", "{f:c.json}", "--gpu-mem-gb", "80"],
          {"c.json": garbage(500)}, name="c.json"),
+    case("plan-config-dev-zero", ["plan", "--config", "/dev/zero", "--gpu-mem-gb", "80"],
+         name="/dev/zero", codes=(2,)),
+    case("plan-config-fifo", ["plan", "--config", "{f:c.json}", "--gpu-mem-gb", "80"],
+         {"c.json": mkfifo}, codes=(2,)),
+    case("plan-config-sparse-20GB", ["plan", "--config", "{f:c.json}", "--gpu-mem-gb", "80"],
+         {"c.json": sparse_file(20 << 30)}, codes=(2,)),
+    *[case(f"store-fifo-{'-'.join(cmd)}", [*cmd, "--store", "{f:pipe.sqlite}"],
+           {"pipe.sqlite": mkfifo}, codes=(2,))
+      for cmd in (["runs"], ["runs", "--latest"], ["check", "--latest"], ["spans", "list"],
+                  ["ab", "report", "1"], ["dashboard"])],
+    case("nccl-save-fifo", ["nccl", "{f:a.log}", "--save", "{f:out.json}"],
+         {"a.log": nccl_log(), "out.json": mkfifo}, name="out.json", codes=(2,)),
     case("runs-id-beyond-sqlite", ["runs", str(10**30), "--store", "{store}"],
          name="experiment"),
     case("runs-missing-store", ["runs", "--store", "{missing_store}"], name="none.sqlite"),
@@ -1150,3 +1193,24 @@ NUMERIC_OPTION_CASES = [
 @pytest.mark.parametrize("c", NUMERIC_OPTION_CASES)
 def test_numeric_options(c: Case, world: World, capsys: Any, monkeypatch: Any) -> None:
     _run(c, world, capsys, monkeypatch)
+
+
+# -- base URLs that paths are appended to: no ?query / #fragment, no Grafana userinfo ---------
+
+BASE_URL_CASES = [
+    case("prom-query-token", ["query", "ttft_p50", "--prom", "{srv:tarpit}/?access_token=SECRETQ"],
+         name="Prometheus URL"),
+    case("prom-fragment", ["query", "ttft_p50", "--prom", "{srv:tarpit}#token=SECRETQ"],
+         name="Prometheus URL"),
+    case("grafana-query-token", ["grafana", "import", "--url", "{srv:tarpit}?access_token=SECRETQ"],
+         name="Grafana URL", env={"GRAFANA_TOKEN": "tok"}),
+    case("grafana-userinfo", ["grafana", "import", "--url", "http://u:SECRETPW@{hp}"],
+         name="Basic auth", env={"GRAFANA_TOKEN": "tok"}),
+]
+
+
+@pytest.mark.parametrize("c", BASE_URL_CASES)
+def test_base_urls(c: Case, world: World, capsys: Any, monkeypatch: Any) -> None:
+    o = run_case(c, world, capsys, monkeypatch)
+    check(c, o, world)
+    assert "SECRETQ" not in o.out + o.err and "SECRETPW" not in o.out + o.err

@@ -25,6 +25,7 @@ import pytest
 
 from phaseprobe.collect.ab import run_ab
 from phaseprobe.collect.playbook import Arm
+from phaseprobe.errors import ConfigError
 from phaseprobe.present.cli import cmd_ab, main
 from phaseprobe.store import Store
 from phaseprobe.testing.sse_server import Script, SseServer
@@ -130,7 +131,7 @@ def test_probe_keeps_password_key_and_prom_token_out_of_store_and_output(
     with SseServer(PACED, metrics=True) as srv:
         code, out, err = _cli(_probe_argv(
             _with_password(srv.base_url), held.path, "--prom",
-            f"{prom.url}/?api_key={QUERY_TOKEN}", "--prom-wait", "0.2", *fmt), capsys)
+            _with_token_userinfo(prom.url), "--prom-wait", "0.2", *fmt), capsys)
         posts = [r for r in srv.requests if r.method == "POST"]
     assert code == 0 and len(posts) == 2
     assert prom.seen, "the Prometheus URL was used"
@@ -283,7 +284,7 @@ def probed(held, key_env, capsys) -> Path:
 @FORMATS
 def test_check_with_a_prom_token_shows_no_secret(probed, held, prom, capsys, fmt):
     code, out, err = _cli(["check", "--latest", "--store", str(probed), "--prom",
-                           f"{prom.url}/?api_key={QUERY_TOKEN}", *fmt], capsys)
+                           _with_token_userinfo(prom.url), *fmt], capsys)
     assert code in (0, 1)  # 1: a rule failed; either way a verdict, not an error
     assert prom.seen, "the Prometheus URL was used"
     assert _leaks(out) == [] and _leaks(err) == []
@@ -292,8 +293,35 @@ def test_check_with_a_prom_token_shows_no_secret(probed, held, prom, capsys, fmt
     assert _leaks(held.raw()) == []
 
 
-def test_check_shows_a_redacted_prom_url_once_redacted(probed, prom, capsys):
+def test_check_refuses_a_prom_url_with_a_query_token_without_showing_it(probed, prom, capsys):
     code, out, err = _cli(["check", "--latest", "--store", str(probed), "--prom",
                            f"{prom.url}/?api_key={QUERY_TOKEN}"], capsys)
-    assert "api_key=<redacted>" in out + err
-    assert "<redacted><redacted>" not in out + err
+    assert code == 2 and "takes no ?query" in err, err
+    assert QUERY_TOKEN not in out + err and not prom.seen
+
+
+def _with_token_userinfo(url: str) -> str:
+    """A Prometheus URL carrying a credential the way a base URL can: user:password@."""
+    return url.replace("://", f"://prom:{QUERY_TOKEN}@", 1)
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:9/?access_token=SECRETQ",
+                                 "http://127.0.0.1:9#token=SECRETQ",
+                                 "http://u:SECRETQ@127.0.0.1:9/x?a=1"])
+def test_a_prometheus_or_grafana_base_url_with_a_query_is_refused_unechoed(url):
+    from phaseprobe.collect.grafana_api import GrafanaClient
+    from phaseprobe.sources.prometheus import PrometheusClient
+
+    for make in (lambda: PrometheusClient(url, environ={}), lambda: GrafanaClient(url, "tok")):
+        with pytest.raises(ConfigError, match="no \\?query or #fragment") as info:
+            make()
+        assert "SECRETQ" not in str(info.value) and "127.0.0.1:9" in str(info.value)
+
+
+def test_grafana_url_credentials_would_replace_the_token_so_they_are_refused():
+    from phaseprobe.collect.grafana_api import GrafanaClient
+
+    with pytest.raises(ConfigError, match="Basic auth instead of the \\$GRAFANA_TOKEN") as info:
+        GrafanaClient("http://admin:SECRETPW@127.0.0.1:3000", "tok")
+    assert "SECRETPW" not in str(info.value)
+    assert GrafanaClient("http://127.0.0.1:3000/", "tok").url == "http://127.0.0.1:3000"
