@@ -27,7 +27,7 @@ __all__ = ["MiB", "MODEL_CONFIG_CAP", "PLAYBOOK_CAP", "DASHBOARD_CAP", "METRICS_
 MiB = 1 << 20
 # Caps for files read whole, far above real files of each kind.
 MODEL_CONFIG_CAP = 16 * MiB  # a Hugging Face config.json: a few KB, rarely 1 MB
-PLAYBOOK_CAP = 8 * MiB  # an A/B playbook: a few KB of TOML
+PLAYBOOK_CAP = 16 * MiB  # an A/B playbook: a few KB of TOML (a 10 MB prompt string passes)
 DASHBOARD_CAP = 64 * MiB  # a Grafana dashboard JSON: tens of KB to a few MB
 METRICS_TEXT_CAP = 64 * MiB  # a saved /metrics page: KB to a few MB
 JSON_DOC_CAP = 256 * MiB  # an exported phaseprobe JSON document (nccl --json, calibration)

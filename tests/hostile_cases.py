@@ -25,7 +25,7 @@ from typing import Any
 
 __all__ = ["Reply", "CannedServer", "TARPIT", "dead_url", "json_reply", "deep_json",
            "garbage", "gzip_bytes", "nsys_like_db", "foreign_db", "sqlite_bytes",
-           "nccl_log", "big_models", "stream_bytes", "redirect_to"]
+           "nccl_log", "big_models", "stream_bytes", "redirect_to", "sparse_file"]
 
 TARPIT = "tarpit"  # a Reply body: accept the request, never answer (until the server stops)
 
@@ -221,6 +221,15 @@ _NCCL = (
 def nccl_log(extra: str = "") -> bytes:
     """A small valid NCCL INFO log (one communicator, a channel, one collective) + ``extra``."""
     return (_NCCL + extra).encode()
+
+
+def sparse_file(size: int) -> Callable[[Path], None]:
+    """A file of ``size`` zero bytes that takes no disk (``truncate``): a reader must refuse it
+    by its size or bound what it reads, never hold it."""
+    def make(path: Path) -> None:
+        with open(path, "wb") as fh:
+            fh.truncate(size)
+    return make
 
 
 def big_models(n: int) -> bytes:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from phaseprobe.errors import ConfigError
+from phaseprobe.inputs import MODEL_CONFIG_CAP, read_input_text
 
 __all__ = [
     "DTYPE_BYTES",
@@ -145,8 +146,12 @@ def load_config(path: str | Path) -> tuple[dict[str, Any], str]:
     """Read ``config.json`` (or ``DIR/config.json``); returns the dict and the file's name."""
     p = Path(path).expanduser()
     file = p / "config.json" if p.is_dir() else p
+
+    def fail(reason: str) -> ConfigError:  # a FIFO, /dev/zero, a file over the cap
+        return ConfigError(f"model config {file}: {reason}")
+
     try:
-        text = file.read_text(encoding="utf-8")
+        text = read_input_text(file, MODEL_CONFIG_CAP, fail)
     except FileNotFoundError:
         where = f"{p} has no config.json" if p.is_dir() else f"{file}: no such file"
         raise ConfigError(f"model config {where}") from None

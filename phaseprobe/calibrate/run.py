@@ -32,6 +32,7 @@ from typing import Any
 
 from phaseprobe.analysis.roofline import Peaks
 from phaseprobe.errors import CalibrationError, ConfigError
+from phaseprobe.inputs import JSON_DOC_CAP, read_input_text
 from phaseprobe.local.venv import default_venv_dir, is_installed, venv_python
 from phaseprobe.paths import data_dir
 
@@ -270,10 +271,15 @@ def calibration_path() -> Path:
 def load_all(path: Path | None = None) -> dict[str, Calibration]:
     """Every stored calibration by device name ({} when none was stored yet)."""
     path = path or calibration_path()
+    def fail(reason: str) -> ConfigError:
+        return ConfigError(f"calibration file {path}: {reason}")
+
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = json.loads(read_input_text(path, JSON_DOC_CAP, fail))
     except FileNotFoundError:
         return {}
+    except RecursionError:
+        raise ConfigError(f"calibration file {path}: input nested too deeply") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ConfigError(f"calibration file {path} cannot be read ({exc}); delete it and "
                           f"run `phaseprobe calibrate` again") from None

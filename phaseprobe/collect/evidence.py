@@ -33,6 +33,7 @@ from phaseprobe.analysis.likeness import (
 )
 from phaseprobe.analysis.rules.base import Evidence
 from phaseprobe.errors import ConfigError
+from phaseprobe.inputs import JSON_DOC_CAP, TEXT_LOG_CAP, input_problem, read_input_text
 from phaseprobe.records import RequestSpan
 from phaseprobe.store import Store
 
@@ -264,12 +265,19 @@ def _kept(store: Store, experiment_id: int, kinds: tuple[str, ...], sources: dic
     return store.analysis(int(newest["id"]))
 
 
-def _read_text(path: str, option: str) -> str:
+def _read_text(path: str, option: str, cap: int = TEXT_LOG_CAP) -> str:
     p = Path(path)
+
+    def fail(reason: str) -> ConfigError:  # a FIFO, a device, a file over the cap
+        return ConfigError(f"{option} {path}: {reason}")
+
+    problem = input_problem(p, cap)
+    if problem:
+        raise fail(problem)
     if not p.is_file():
         raise ConfigError(f"{option} {path}: no such file")
     try:
-        return p.read_text(encoding="utf-8", errors="replace")
+        return read_input_text(p, cap, fail, errors="replace")
     except OSError as exc:
         raise ConfigError(f"{option} {path}: {exc.strerror}") from None
 
@@ -290,10 +298,13 @@ def model_layers(server_info: dict[str, Any], explicit: str | None) -> int | Non
     path = model_config_path(server_info, explicit)
     if path is None:
         return None
-    file = path / "config.json" if path.is_dir() else path
-    try:
-        cfg = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    from phaseprobe.analysis.model_math import load_config
+
+    try:  # names the file when it is deep, a FIFO, too large, not JSON
+        cfg, _ = load_config(path)
+    except ConfigError:
+        if explicit:  # --model-config: the user's file, worth an error
+            raise
         return None
     cfg = cfg.get("text_config", cfg) if isinstance(cfg, dict) else {}
     layers = cfg.get("num_hidden_layers") if isinstance(cfg, dict) else None
@@ -352,7 +363,12 @@ def nccl_evidence(paths: Sequence[str], decode_steps: int) -> dict[str, Any]:
     parsed (leniently) with per-step counts over the experiment's decode steps. The steps are
     the stored runs'; a log that also covers warm-up runs overstates per-step calls a little."""
     if len(paths) == 1 and paths[0].endswith(".json"):
-        doc = json.loads(_read_text(paths[0], "--nccl"))
+        try:
+            doc = json.loads(_read_text(paths[0], "--nccl", JSON_DOC_CAP))
+        except RecursionError:
+            raise ConfigError(f"--nccl {paths[0]}: input nested too deeply") from None
+        except ValueError as exc:
+            raise ConfigError(f"--nccl {paths[0]}: not valid JSON ({exc})") from None
         if not isinstance(doc, dict):
             raise ConfigError(f"--nccl {paths[0]}: not a phaseprobe nccl --json document")
         return doc
@@ -383,11 +399,17 @@ def trace_evidence(path: str, *, nsys: bool, min_gap_ns: int = 100_000) -> dict[
     """A ``phaseprobe trace|nsys --json``-shaped document (the keys the idle-gap rule reads):
     a saved ``.json`` summary as is, else the trace read and summarised here."""
     p = Path(path)
+    option = "--nsys" if nsys else "--trace"
     if not p.exists():
-        raise ConfigError(f"{'--nsys' if nsys else '--trace'} {path}: no such file")
+        raise ConfigError(f"{option} {path}: no such file")
+    problem = input_problem(p)  # a FIFO would block the read forever
+    if problem:
+        raise ConfigError(f"{option} {path}: {problem}")
     if p.suffix == ".json" and p.stat().st_size < (64 << 20):
         try:
             doc = json.loads(p.read_text(encoding="utf-8"))
+        except RecursionError:
+            raise ConfigError(f"{option} {path}: input nested too deeply") from None
         except ValueError:
             doc = None
         if isinstance(doc, dict) and "idle_gaps_total_ns" in doc:

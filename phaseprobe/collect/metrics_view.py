@@ -13,6 +13,7 @@ from pathlib import Path
 import requests
 
 from phaseprobe.errors import MetricsUnavailable
+from phaseprobe.inputs import METRICS_TEXT_CAP, read_input_text
 from phaseprobe.sources.openai_stream import normalize_base_url
 from phaseprobe.sources.vllm_metrics import MetricSnapshot, MetricsScraper, parse_exposition
 
@@ -25,8 +26,12 @@ def load_metrics(source: str, *, session: requests.Session | None = None) -> Met
         base = source.rstrip("/").removesuffix("/metrics")
         return MetricsScraper(base, session=session).scrape()
     path = Path(source)
+
+    def fail(reason: str) -> MetricsUnavailable:  # a FIFO, /dev/zero, a file over the cap
+        return MetricsUnavailable(str(path), reason)
+
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_input_text(path, METRICS_TEXT_CAP, fail)
     except OSError as exc:
         raise MetricsUnavailable(str(path), f"cannot read the file ({type(exc).__name__})"
                                  ) from None

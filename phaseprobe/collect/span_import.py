@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from phaseprobe.errors import OtlpError
+from phaseprobe.inputs import input_problem
 from phaseprobe.sources.otlp_spans import SpanBatch, decode_json
 from phaseprobe.store import Store
 
@@ -91,7 +92,10 @@ _TOO_LONG = b"\0too long"  # a marker no JSON line can be (NUL is not valid JSON
 def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
     """(line number, bytes) of a JSON-lines file; a file that is one multi-line JSON document
     comes back as one line. A line longer than MAX_LINE_BYTES comes back as a marker (its
-    bytes are skipped, not held)."""
+    bytes are skipped, not held). A FIFO or a device (/dev/zero) is refused unopened."""
+    problem = input_problem(path)
+    if problem:
+        raise OtlpError(str(path), problem)
     try:
         opener: Any = gzip.open if path.suffix == ".gz" else open
         with opener(path, "rb") as f:

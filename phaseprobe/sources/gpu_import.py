@@ -19,15 +19,17 @@
 
 from __future__ import annotations
 
+import io
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, tzinfo
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from phaseprobe.errors import ConfigError, EmptyResult, ParseError
+from phaseprobe.inputs import LINE_CAP, MiB, open_input
 from phaseprobe.sources.nvml import COLUMNS, conform, empty_frame
 
 if TYPE_CHECKING:
@@ -263,11 +265,28 @@ def _row(parts: list[str], columns: list[_Column], tz: tzinfo | None) -> dict[st
 def read_nvidia_smi_csv(path: str | Path, **kwargs: Any) -> GpuImport:
     """:func:`parse_nvidia_smi_csv` over a file, streamed line by line."""
     p = Path(path)
+
+    def fail(reason: str) -> ConfigError:
+        return ConfigError(f"cannot read {p}: {reason}")
+
     try:
-        with p.open(encoding="utf-8", errors="replace", newline="") as fh:
-            return parse_nvidia_smi_csv(fh, source=str(p), **kwargs)
+        with open_input(p, fail) as raw, \
+                io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="") as fh:
+            return parse_nvidia_smi_csv(_bounded_lines(fh, str(p)), source=str(p), **kwargs)
     except OSError as exc:
         raise ConfigError(f"cannot read {p}: {exc.strerror or exc}") from None
+
+
+def _bounded_lines(fh: IO[str], source: str) -> Iterator[str]:
+    """The file's lines, none longer than LINE_CAP characters: a file of zeros without a
+    newline (a huge sparse file) is refused, never held whole."""
+    line_no = 0
+    while line := fh.readline(LINE_CAP + 1):
+        line_no += 1
+        if len(line) > LINE_CAP:
+            raise ParseError(source, line_no, line[:16],
+                             f"a line longer than {LINE_CAP // MiB} MiB: not nvidia-smi CSV")
+        yield line
 
 
 # -- DCGM exporter through Prometheus ----------------------------------------------------------

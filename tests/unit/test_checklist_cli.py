@@ -132,6 +132,24 @@ def test_check_expected_errors_exit_2(tmp_path):
     assert code == 2 and "unknown rule" in err
 
 
+@pytest.mark.parametrize("option", [["--model-config", "{deep}", "--peaks", "h100-sxm"],
+                                    ["--latest", "--trace", "{deep}"],
+                                    ["--latest", "--nccl", "{deep}"]])
+def test_a_deeply_nested_file_is_named(tmp_path, capsys, option):
+    """Issue 18: the error names the file (it once said only 'an input (file or server
+    answer) is nested too deeply')."""
+    from phaseprobe.present.cli import main
+
+    store, _ = _store(tmp_path, [make_run(0)])
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    code = main(["check", "--store", store, *[a.format(deep=deep) for a in option]])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("error:") and len(err.strip().splitlines()) == 1, err
+    assert str(deep) in err and "nested too deeply" in err, err
+
+
 def test_check_list_and_unreachable_prometheus_is_a_note(tmp_path):
     code, out, _ = _cli("--list")
     assert code == 0 and "decode_vs_prefill" in out and "needs:" in out

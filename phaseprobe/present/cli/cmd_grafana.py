@@ -26,6 +26,7 @@ from phaseprobe.collect.grafana_api import (
 )
 from phaseprobe.collect.metrics_view import load_metrics
 from phaseprobe.errors import ConfigError
+from phaseprobe.inputs import output_problem
 from phaseprobe.present.cli.args import seconds
 from phaseprobe.present.grafana.build import DASHBOARD_FILE, build_dashboard, dashboard_json
 from phaseprobe.present.grafana.lint import (
@@ -105,6 +106,9 @@ def _build(args: argparse.Namespace, out: Console, err: Console) -> int:
     if args.out is None:
         out.out(text.rstrip("\n"), highlight=False)
         return 0
+    problem = output_problem(args.out)  # a FIFO would block the write until a reader
+    if problem:
+        raise ConfigError(f"--out {args.out}: {problem}")
     try:
         args.out.write_text(text, encoding="utf-8")
     except OSError as exc:

@@ -29,6 +29,7 @@ from typing import Any
 from phaseprobe.collect.metrics_view import MetricSnapshot
 from phaseprobe.collect.prom_query import metric_names, newest_name, spellings
 from phaseprobe.errors import DashboardInvalid
+from phaseprobe.inputs import DASHBOARD_CAP, read_input_text
 
 __all__ = [
     "REMOVED",
@@ -111,8 +112,12 @@ def load_dashboard(path: str | Path) -> dict[str, Any]:
     """Read a dashboard file; a Grafana API export (``{"dashboard": {...}, "meta": ...}``) is
     unwrapped. Errors name the file."""
     p = Path(path)
+
+    def fail(reason: str) -> DashboardInvalid:  # a FIFO, /dev/zero, a file over the cap
+        return DashboardInvalid(str(p), reason)
+
     try:
-        text = p.read_text(encoding="utf-8")
+        text = read_input_text(p, DASHBOARD_CAP, fail)
     except FileNotFoundError:
         raise DashboardInvalid(str(p), "no such file") from None
     except (OSError, UnicodeDecodeError) as exc:
