@@ -16,7 +16,6 @@ utilization.memory,power.draw,clocks.sm,clocks.mem,temperature.gpu --format=csv 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
 from datetime import UTC, timedelta, timezone, tzinfo
@@ -40,6 +39,7 @@ from phaseprobe.collect.gpu_telemetry import (
     read_nvidia_smi_csv,
 )
 from phaseprobe.errors import ConfigError
+from phaseprobe.present.cli import jsonout
 from phaseprobe.present.cli.args import float_in, int_in, seconds
 
 if TYPE_CHECKING:
@@ -155,7 +155,7 @@ def _watch(args: argparse.Namespace, out: Console, err: Console) -> int:
                            "interrupted": interrupted, "summary": gpu_summary(frame),
                            "columns": dict(COLUMNS), "samples": frame_records(frame)}
     if args.json:
-        out.out(json.dumps(doc, allow_nan=False), highlight=False)
+        out.out(jsonout.dumps(doc), highlight=False)
     else:
         title = (f"{len(names)} GPU(s) · {sampler.ticks} ticks at {args.period:g} s"
                  + (" · fake backend" if args.fake else ""))
@@ -233,7 +233,7 @@ def _import(args: argparse.Namespace, out: Console, err: Console) -> int:
                                                      if c not in COLUMNS}},
                            "samples": frame_records(frame)}
     if args.json:
-        out.out(json.dumps(doc, allow_nan=False), highlight=False)
+        out.out(jsonout.dumps(doc), highlight=False)
     else:
         _render_summary(out, doc["summary"], f"{escape(result.source)} · {result.rows} samples",
                         None)

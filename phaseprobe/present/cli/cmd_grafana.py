@@ -10,7 +10,6 @@ raised as :class:`~phaseprobe.errors.PhaseprobeError` for ``main`` to turn into 
 from __future__ import annotations
 
 import argparse
-import json
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from phaseprobe.collect.grafana_api import (
 from phaseprobe.collect.metrics_view import load_metrics
 from phaseprobe.errors import ConfigError
 from phaseprobe.inputs import output_problem
+from phaseprobe.present.cli import jsonout
 from phaseprobe.present.cli.args import seconds
 from phaseprobe.present.grafana.build import DASHBOARD_FILE, build_dashboard, dashboard_json
 from phaseprobe.present.grafana.lint import (
@@ -135,7 +135,7 @@ def _lint(args: argparse.Namespace, out: Console, err: Console) -> int:
         reports.append(lint_dashboard(dashboard, file=name, snapshot=snapshot))
     ok = all(r.ok for r in reports)
     if args.json:
-        out.out(json.dumps({"ok": ok, "metrics_source": snapshot.source if snapshot else None,
+        out.out(jsonout.dumps({"ok": ok, "metrics_source": snapshot.source if snapshot else None,
                             "dashboards": [r.to_dict() for r in reports]}), highlight=False)
     else:
         for report in reports:
@@ -180,7 +180,7 @@ def _import(args: argparse.Namespace, out: Console, err: Console) -> int:
     result = import_dashboard(client, dashboard, folder=args.folder, overwrite=args.overwrite,
                               datasource=args.datasource)
     if args.json:
-        out.out(json.dumps({"file": name, **result.to_dict()}), highlight=False)
+        out.out(jsonout.dumps({"file": name, **result.to_dict()}), highlight=False)
     else:
         where = f", folder {result.folder}" if result.folder else ""
         ds = f", datasource {result.datasource}" if result.datasource else ""

@@ -12,7 +12,6 @@ an "80 GB" card holds about 80 GiB); bandwidth in decimal TB/s, as data sheets g
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from dataclasses import asdict
 from typing import Any
@@ -24,6 +23,7 @@ from rich.table import Table
 from phaseprobe.analysis import capacity as cap
 from phaseprobe.analysis import model_math as mm
 from phaseprobe.errors import ConfigError
+from phaseprobe.present.cli import jsonout
 from phaseprobe.present.cli.args import float_in, int_in
 
 __all__ = ["register", "cmd_plan", "run", "plan_document"]
@@ -135,7 +135,7 @@ def cmd_plan(args: argparse.Namespace, out: Console, err: Console) -> int:
     """The handler: ``(args, out, err) -> exit code`` (1 when the weights do not fit)."""
     doc = plan_document(args)
     if args.json:
-        out.out(json.dumps(doc), highlight=False)
+        out.out(jsonout.dumps(doc), highlight=False)
     else:
         _render(out, doc)
     if not doc["plan"]["fits"]:

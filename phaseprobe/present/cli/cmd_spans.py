@@ -11,7 +11,6 @@ or from a file collected elsewhere with ``spans import``.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from rich.table import Table
 
 from phaseprobe.errors import ConfigError
 from phaseprobe.paths import default_store_path
+from phaseprobe.present.cli import jsonout
 from phaseprobe.present.cli.args import int_in, store_and_json_args
 from phaseprobe.present.cli.console import ms
 from phaseprobe.present.cli.waiting import waiting
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
             if note:
                 err.print(f"[yellow]note:[/] {escape(note)}")
             if args.json:
-                out.out(json.dumps({"spans": [s.to_dict() for s in spans],
+                out.out(jsonout.dumps({"spans": [s.to_dict() for s in spans],
                                     "stats": stats}), highlight=False)
             elif not spans:
                 out.print(f"no request spans in {escape(str(path))}: run `phaseprobe watch` "
@@ -99,7 +99,7 @@ def _import(args: argparse.Namespace, path: Path, out: Console, err: Console) ->
             with waiting(err, f"importing {file}…"):
                 results.append(import_otlp_json(file, store))
     if args.json:
-        out.out(json.dumps({"store": str(path), "files": [r.to_dict() for r in results]}),
+        out.out(jsonout.dumps({"store": str(path), "files": [r.to_dict() for r in results]}),
                 highlight=False)
     else:
         for r in results:
@@ -143,7 +143,7 @@ def _show(span: RequestSpan, attributes: dict[str, Any], neighbours: list[Reques
         doc = {"span": span.to_dict(), "attributes": attributes,
                "windows": _windows_dict(span),
                "context": context.to_dict() if context is not None else None}
-        out.out(json.dumps(doc), highlight=False)
+        out.out(jsonout.dumps(doc), highlight=False)
         return 0
     out.print(span_table([span], f"request {escape(span.request_id or span.span_id)}"))
     out.print(f"trace {span.trace_id} · span {span.span_id} · service "

@@ -37,6 +37,7 @@ from phaseprobe.present.cli import (
     cmd_spans,
     cmd_trace,
     cmd_watch,
+    jsonout,
 )
 from phaseprobe.present.cli.args import IntermixedParser
 from phaseprobe.present.cli.safe_console import SafeConsole
@@ -114,7 +115,7 @@ def _cmd_local(args: argparse.Namespace, out: Console, err: Console) -> int:
                 f"local vLLM pid {st.state.pid} at {st.state.base_url}: "
                 f"{'healthy' if st.healthy else 'running, not healthy' if st.alive else 'dead'}")
     if args.json:
-        out.out(json.dumps(doc), highlight=False)
+        out.out(jsonout.dumps(doc), highlight=False)
     else:
         out.print(text)
     return 0
