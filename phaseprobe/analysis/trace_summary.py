@@ -14,6 +14,7 @@ import pandas as pd
 
 from phaseprobe.analysis import timeline as tla
 from phaseprobe.errors import TraceError
+from phaseprobe.inputs import input_problem
 
 Record = dict[str, Any]  # one table row, columns as in analysis.timeline's *_COLUMNS
 
@@ -77,6 +78,9 @@ def summarize_nsys_file(path: str | Path, min_gap_ns: int = 100_000,
     ``nsys stats`` (``.txt``/``.log``/``.out``: every report of every rank in it)."""
     from phaseprobe.sources import nsys_stats_csv, nsys_stats_text
     path = Path(path)
+    problem = input_problem(path)  # before the text readers open it: a FIFO would block
+    if problem is not None:
+        raise TraceError(str(path), problem)
     suffix = path.suffix.lower()
     if suffix in (".txt", ".log", ".out") and nsys_stats_text.looks_like_stats_text(path):
         return summarize_stats_text(nsys_stats_text.read_stats_text(path), str(path), top)

@@ -614,6 +614,11 @@ NSYS_CASES = [
     case("name-with-hash-foreign-db", ["nsys", "{f:x#y.sqlite}"],
          {"x#y.sqlite": sqlite_file(foreign_db)}),
     case("fifo", ["nsys", "{f:pipe.sqlite}"], {"pipe.sqlite": mkfifo}),
+    # the nsys stats readers (CSV, console text) open the file themselves: refused unopened
+    case("fifo-stats-csv", ["nsys", "{f:pipe.csv}"], {"pipe.csv": mkfifo}),
+    case("fifo-stats-text", ["nsys", "{f:pipe.txt}"], {"pipe.txt": mkfifo}),
+    case("fifo-stats-log", ["nsys", "{f:pipe.log}"], {"pipe.log": mkfifo}),
+    case("directory-stats-csv", ["nsys", "{f:dir.csv}"], {"dir.csv": lambda p: p.mkdir()}),
     case("top-zero", ["nsys", "--top", "0", "{f:r.sqlite}"], {"r.sqlite": b""}, name="--top"),
     case("gap-nan", ["nsys", "--gap-us", "nan", "{f:r.sqlite}"],
          {"r.sqlite": sqlite_file(nsys_like_db([(1, 2, 0, 0, 1)]))}, name="--gap-us"),
