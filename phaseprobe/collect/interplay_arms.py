@@ -28,7 +28,8 @@ from phaseprobe.collect.interplay_interfere import (
     InterfereSession,
     InterfereSettings,
 )
-from phaseprobe.collect.playbook import Playbook
+from phaseprobe.collect.playbook import Playbook, redact_args, redact_env
+from phaseprobe.redact import redact_url
 from phaseprobe.store import Store
 
 __all__ = ["InterfereArm", "ArmsResult", "run_interfere_arms", "interfere_playbook",
@@ -132,11 +133,13 @@ def interfere_playbook(playbook: Playbook, store: Store, settings: InterfereSett
         arms = [InterfereArm(arm.name, Target(url, arm.served_model, api_key=api_key,
                                               chat=plan.api == "chat",
                                               timeout_s=plan.timeout_s, seed=plan.seed),
+                             # kept in the experiment: secrets redacted as A/B keeps them
                              {"playbook": playbook.name, "role": "AB"[i],
-                              "endpoint": arm.endpoint,
+                              "endpoint": redact_url(arm.endpoint) if arm.endpoint else None,
                               "launch": None if arm.launch is None else {
                                   "command": arm.launch.command,
-                                  "args": list(arm.launch.args), "env": arm.launch.env}})
+                                  "args": redact_args(arm.launch.args),
+                                  "env": redact_env(arm.launch.env)}})
                 for i, (arm, url) in enumerate(zip(playbook.arms, urls))]
         result = run_interfere_arms(arms, store, settings, name=name or playbook.name,
                                     pause_s=plan.pause_s, min_effect=plan.min_effect,

@@ -240,6 +240,47 @@ def test_playbook_arms_are_launched_through_the_ab_launcher(tmp_path):
     assert all(len(r.stalls) == 2 for r in res.arms.values())
 
 
+SECRET_BOOK = """
+name = "sse-interfere-secrets"
+model = "tiny"
+[run]
+prompt_tokens = 12
+max_tokens = 30
+runs = 2
+warmup = 1
+[[arm]]
+name = "plain"
+launch = { args = ["--api-key", "sk-arg-secret-1"], env = { HF_TOKEN = "hf-env-secret-2" } }
+[[arm]]
+name = "chunked"
+launch = { args = ["--max-num-batched-tokens", "128"] }
+"""
+
+
+def test_playbook_launch_secrets_are_kept_redacted_in_the_store_and_json(tmp_path):
+    """interfere --playbook keeps each arm's launch in its experiment: the secret values in
+    it (a --api-key argument, an HF_TOKEN) reach only the server, never the store or --json;
+    their names are kept."""
+    with SseServer(A, model="tiny") as one, SseServer(A, model="tiny") as two:
+        urls = iter([one.base_url, two.base_url])
+
+        @contextlib.contextmanager
+        def launcher(arm):
+            assert arm.name != "plain" or arm.launch.env["HF_TOKEN"] == "hf-env-secret-2"
+            yield next(urls)
+
+        pb = parse_playbook(SECRET_BOOK, "pb.toml")
+        settings = playbook_settings(pb, InterfereSettings(trigger=Trigger("token", 4)))
+        with Store(tmp_path / "s.db") as store:
+            res = interfere_playbook(pb, store, settings, launcher=launcher)
+    shown = json.dumps(res.to_dict())
+    stored = b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.name.startswith("s.db"))
+    for secret in ("sk-arg-secret-1", "hf-env-secret-2"):
+        assert secret not in shown and secret.encode() not in stored
+    launch = res.arms["plain"].server_info["interfere_arm"]["launch"]
+    assert launch["args"][0] == "--api-key" and "HF_TOKEN" in launch["env"]
+
+
 def test_batch_rounds_repeat_every_level_and_report_the_median(tmp_path):
     with SseServer(Script(n_tokens=20, gap_s=0.01)) as srv, Store(tmp_path / "s.db") as store:
         res = run_batch(Target(srv.base_url, srv.model), store, levels=(1, 2), max_tokens=20,
