@@ -133,8 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
         print(f"peak RSS: {rss0 / 1024:.0f} MB before parsing, {rss1 / 1024:.0f} MB after "
-              f"(file {size / 1e6:.0f} MB); children (grep, the counting child) "
-              f"{child / 1024:.0f} MB")
+              f"(file {size / 1e6:.0f} MB); children (grep, the counting child, whose "
+              f"pages are mostly the parent's, shared by fork) {child / 1024:.0f} MB")
         if args.check:
             other = summarize(parse_files([path]) if args.lines_path else _by_lines(path))
             print("check: the block and line-by-line readers give "

@@ -10,8 +10,9 @@ processes interleaved and records cut mid-line. One pass in bounded memory: the 
 Files are read a block at a time (:meth:`NcclLogParser.feed_binary`): blocks of per-call COLL and
 TUNING lines are counted with C-level passes over the whole block, any other block is read line
 by line, with the same result as :meth:`NcclLogParser.feed` over the file's lines. A plain file
-of 64 MB or more has its second half counted by a forked child (:mod:`.nccl_split`), the blocks
-still applied here in file order: the same result again, in about half the time on two CPUs.
+of 64 MB or more is also counted from its end back by a forked child (:mod:`.nccl_split`) until
+the two meet, every part still applied here in file order: the same result again, in about half
+the time on two CPUs.
 
 Line accounting: every physical line is exactly one of *parsed* (holds an NCCL record, or the
 rest of one), *skipped* (no NCCL record: program output, blank lines) or *malformed* (an NCCL
@@ -49,7 +50,7 @@ from phaseprobe.sources.nccl_lines import (
     split_record,
 )
 from phaseprobe.sources.nccl_model import MAX_ITEMS, NcclLog, Warn
-from phaseprobe.sources.nccl_split import Half, cpus, read_blocks, split_point
+from phaseprobe.sources.nccl_split import COUNTED, LINES, Part, Tail, cpus, read_blocks
 
 __all__ = ["NcclLogParser", "parse_files", "parse_lines", "NcclLog"]
 
@@ -115,72 +116,78 @@ class NcclLogParser:
         returns) goes line by line through :meth:`feed`'s path, with its true line numbers.
         Memory: one block (longer only while a single line is longer)."""
         self.log.sources.append(source)
-        n = self._read(stream, 0, source, on_progress)
+        n = self._read(stream, 0, source, on_progress)[0]
         self._end(source, n)
         return self.log
 
-    def feed_halves(self, raw: Any, path: Path, on_pos: Callable[[int], None] | None = None,
-                    ) -> NcclLog:
-        """:meth:`feed_binary` over a big plain file (``raw``, opened ``"rb"``), its second half
-        counted by a second process (:mod:`phaseprobe.sources.nccl_split`): the same result,
-        every block still applied here in file order. ``on_pos(offset)`` now and then."""
+    def feed_both_ends(self, raw: Any, path: Path,
+                       on_pos: Callable[[int], None] | None = None) -> NcclLog:
+        """:meth:`feed_binary` over a big plain file (``raw``, opened ``"rb"``) with a forked
+        child counting it from the end back (:mod:`phaseprobe.sources.nccl_split`): the same
+        result, every part still applied here in file order. ``on_pos(offset)`` now and then."""
         source = str(path)
         self.log.sources.append(source)
-        size = path.stat().st_size
-        split = split_point(path, size, _BLOCK) if not self.strict else None
-        half = Half.start(path, split, _BLOCK) if split is not None else None
         tell = partial(_tell, on_pos, raw) if on_pos is not None else None
-        if half is None:
-            n = self._read(raw, 0, source, tell)
+        tail = None if self.strict else Tail.start(path, path.stat().st_size, _BLOCK)
+        if tail is None:
+            n = self._read(raw, 0, source, tell)[0]
         else:
             try:
-                n = self._read(raw, 0, source, tell, 0, split)
-                n = self._take(half, raw, n, source, on_pos)
-                raw.seek(half.pos)  # the end, or where the child stopped: read on from there
-                n = self._read(raw, n, source, tell, half.pos)
+                n, met = self._read(raw, 0, source, tell, reached=tail.reached)
+                if met is not None:
+                    n, at = self._apply(tail.parts(met), raw, n, source, on_pos, met)
+                    raw.seek(at)  # the end, or where the child's parts stopped: read on
+                    n = self._read(raw, n, source, tell, at)[0]
             finally:
-                half.close()
+                tail.close()
         self._end(source, n)
         return self.log
 
     # -- block reader ---------------------------------------------------------------------
     def _read(self, stream: Any, n: int, source: str, on_progress: Callable[[], None] | None,
-              start: int = 0, limit: int | None = None) -> int:
+              start: int = 0, limit: int | None = None,
+              reached: Callable[[int], bool] | None = None) -> tuple[int, int | None]:
         """Lines of ``stream`` (at offset ``start`` of its file, ``limit`` bytes at most) a
-        block at a time (:func:`read_blocks`), the first one numbered ``n + 1``; returns the
-        number of the last one."""
+        block at a time (:func:`read_blocks`), the first one numbered ``n + 1``: the number of
+        the last one, and the offset where ``reached(offset)`` (asked after each block) said
+        to stop, if it did."""
         blocks = 0
+        pos = start
         for buf, end, whole in read_blocks(stream, start, limit, _BLOCK):
             if not whole:  # a last line without its newline
-                return self._slow(bytes(buf[:end]), n, source)
+                return self._slow(bytes(buf[:end]), n, source), None
             n = self._block(buf, end, n, source)
+            pos += end
+            if reached is not None and reached(pos):
+                return n, pos
             blocks += 1
             if on_progress is not None and not blocks & 15:  # every 4 MB
                 on_progress()
-        return n
+        return n, None
 
-    def _take(self, half: Half, raw: Any, n: int, source: str,
-              on_pos: Callable[[int], None] | None) -> int:
-        """The blocks the child counted, applied in order; one it could not count, or any
-        while a cut record waits for its rest, is read again from ``raw`` here."""
-        blocks = 0
-        for start, end, counted in half.items():
-            if counted is None or self._cuts:
+    def _apply(self, parts: Iterable[Part], raw: Any, n: int, source: str,
+               on_pos: Callable[[int], None] | None, pos: int) -> tuple[int, int]:
+        """The child's parts from ``pos`` on, in file order: the number of the last line and
+        the end of the last part. A block it could not count is read again from ``raw`` here
+        line by line; its counts are read again by blocks while a cut record waits for its
+        rest or when the held keys could overflow (as the single reader reads them)."""
+        for kind, start, end, counted in parts:
+            if kind == COUNTED and counted is not None and not self._cuts \
+                    and len(self._pending) + len(counted[2]) < _MAX_PENDING:
+                lines, skipped, folds = counted
+                self.fold(folds, n, source)  # every key with its first line: always added
+                self.log.lines_skipped += skipped
+                n += lines
+            elif kind == LINES:
                 raw.seek(start)
                 n = self._slow(raw.read(end - start), n, source)
             else:
-                lines, skipped, folds = counted
-                if self.fold(folds, n, source):
-                    self.log.lines_skipped += skipped
-                    n += lines
-                else:  # a key new here without its first line: count the block here
-                    raw.seek(start)
-                    data = bytearray(raw.read(end - start))
-                    n = self._block(data, len(data), n, source)
-            blocks += 1
-            if on_pos is not None and not blocks & 15:
+                raw.seek(start)
+                n = self._read(raw, n, source, None, start, end - start)[0]
+            pos = end
+            if on_pos is not None:
                 on_pos(end)
-        return n
+        return n, pos
 
     def _block(self, buf: bytearray, end: int, n: int, source: str) -> int:
         """Lines ``buf[:end]`` (ending with a newline), the first one numbered ``n + 1``."""
@@ -499,7 +506,7 @@ def parse_files(paths: Iterable[str | Path], strict: bool = False,
                       if on_progress is not None else None)
             with raw, stream:
                 if workers > 1 and stream is raw and size >= nccl_split.SPLIT_MIN and not strict:
-                    parser.feed_halves(raw, path, on_pos)
+                    parser.feed_both_ends(raw, path, on_pos)
                 else:
                     parser.feed_binary(stream, str(path),
                                        partial(_tell, on_pos, raw) if on_pos else None)
