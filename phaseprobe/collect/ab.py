@@ -214,7 +214,7 @@ class _Arm:
         # The session checked the model against /v1/models before any run (otherwise every
         # run would be a 404 error run); its list is handed on, not fetched again.
         conn = connect(url, session.api_key, session=http, timeout_s=plan.timeout_s,
-                       models=session.models)
+                       deadline_s=plan.deadline_s, models=session.models)
         self.client, self.scraper, self.info = conn.client, conn.scraper, conn.info
         self.notes = [f"arm {arm.name}: {note}" for note in conn.notes]
         self.spec = RunSpec(endpoint=url, model=arm.served_model, prompt=plan.prompt or "",

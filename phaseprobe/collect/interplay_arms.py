@@ -132,7 +132,8 @@ def interfere_playbook(playbook: Playbook, store: Store, settings: InterfereSett
         urls = start_arms(playbook, stack, launcher, say, notes)
         arms = [InterfereArm(arm.name, Target(url, arm.served_model, api_key=api_key,
                                               chat=plan.api == "chat",
-                                              timeout_s=plan.timeout_s, seed=plan.seed),
+                                              timeout_s=plan.timeout_s,
+                                              deadline_s=plan.deadline_s, seed=plan.seed),
                              # kept in the experiment: secrets redacted as A/B keeps them
                              {"playbook": playbook.name, "role": "AB"[i],
                               "endpoint": redact_url(arm.endpoint) if arm.endpoint else None,

@@ -25,6 +25,7 @@ from phaseprobe.errors import MetricsUnavailable
 from phaseprobe.format import ms as fmt_ms
 from phaseprobe.records import Isolation, Run, RunSpec
 from phaseprobe.sources.openai_stream import (
+    DEFAULT_DEADLINE_S,
     StreamClient,
     StreamOutcome,
     build_body,
@@ -48,7 +49,8 @@ class Target:
     model: str
     api_key: str | None = None
     chat: bool = False
-    timeout_s: float = 120.0
+    timeout_s: float = 120.0  # connect, and each read
+    deadline_s: float = DEFAULT_DEADLINE_S  # the whole request, however the server trickles
     seed: int = 0  # prompts are drawn from (seed, index): change it to get cold prefixes
 
 
@@ -57,7 +59,8 @@ class ProbeContext:
 
     def __init__(self, target: Target, *, require_model: bool = False) -> None:
         self.target = target
-        self.conn = connect(target.endpoint, target.api_key, timeout_s=target.timeout_s)
+        self.conn = connect(target.endpoint, target.api_key, timeout_s=target.timeout_s,
+                            deadline_s=target.deadline_s)
         if require_model:  # caught before any run: otherwise every run would be a 404 error
             served_model(target.endpoint, target.api_key, target.model, option="model",
                          models=self.conn.models)

@@ -70,7 +70,7 @@ def _shown(value: object) -> str:
 
 
 _RUN_KEYS = {"prompt", "prompt_tokens", "max_tokens", "runs", "warmup", "api", "order",
-             "block_size", "seed", "min_effect", "ignore_eos", "timeout_s", "pause_s",
+             "block_size", "seed", "min_effect", "ignore_eos", "timeout_s", "deadline_s", "pause_s",
              "until_decided", "max_runs", "max_minutes", "primary"}
 _ARM_KEYS = {"name", "description", "model", "endpoint", "launch"}
 _LAUNCH_KEYS = {"command", "args", "env", "startup_timeout_s"}
@@ -142,7 +142,8 @@ class RunPlan:
     seed: int = 0
     min_effect: float = 0.05  # a fraction: 0.05 is 5 %
     ignore_eos: bool = True
-    timeout_s: float = 120.0
+    timeout_s: float = 120.0  # connect, and each read (no byte for this long)
+    deadline_s: float = 600.0  # the whole request, however the server trickles its bytes
     pause_s: float = 0.0  # quiet time before each run (lets the other arm's server settle)
     # Sequential mode (analysis/ab_sequential.py): pairs until ``primary`` is decided or the
     # budget (max_runs per arm, max_minutes of measuring) is spent.
@@ -327,6 +328,7 @@ def _run_plan(path: str, raw: object) -> RunPlan:
     if not isinstance(ignore_eos, bool):
         raise r.fail("ignore_eos", f"must be true or false, not {ignore_eos!r}")
     timeout = r.seconds("timeout_s", 120.0, zero_ok=False)
+    deadline = r.seconds("deadline_s", 600.0, zero_ok=False)
     pause = r.seconds("pause_s", 0.0, zero_ok=True, maximum=3600.0)
     until = raw.get("until_decided", False)
     if not isinstance(until, bool):
@@ -351,7 +353,7 @@ def _run_plan(path: str, raw: object) -> RunPlan:
         order="blocks" if order == "blocks" else "interleaved",
         block_size=r.int_("block_size", 2, 1) or 2, seed=r.int_("seed", 0, 0) or 0,
         min_effect=parse_effect(raw.get("min_effect", 0.05), "run.min_effect", path),
-        ignore_eos=ignore_eos, timeout_s=float(timeout))
+        ignore_eos=ignore_eos, timeout_s=float(timeout), deadline_s=float(deadline))
 
 
 def parse_playbook(text: str, path: str = "<playbook>") -> Playbook:

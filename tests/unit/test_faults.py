@@ -318,3 +318,24 @@ def test_json_output_never_carries_nan_or_infinity():
     doc = {"a": float("nan"), "b": [1.5, float("inf"), (float("-inf"),)], "c": {"d": 2}}
     assert json.loads(dumps(doc)) == {"a": None, "b": [1.5, None, [None]], "c": {"d": 2}}
     assert dumps({"x": 1.0}) == json.dumps({"x": 1.0})
+
+
+def test_the_interplay_probes_and_playbooks_bound_each_request_by_their_deadline():
+    """prefix/batch/interfere take --deadline like probe; a playbook's [run] deadline_s bounds
+    each A/B (and interfere --playbook) request: a trickling server cannot hold them longer."""
+    from phaseprobe.collect.interplay_context import ProbeContext, Target
+    from phaseprobe.collect.playbook import parse_playbook
+    from phaseprobe.present.cli.entry import build_parser
+
+    with SseServer(OK) as srv:
+        ctx = ProbeContext(Target(srv.base_url, srv.model, timeout_s=1.0, deadline_s=2.5))
+        assert ctx.client.deadline_s == 2.5 and ctx.new_client().deadline_s == 2.5
+        assert ctx.client.timeout_s == ctx.new_client().timeout_s == 1.0
+    for command in ("prefix", "batch", "interfere"):
+        args = build_parser().parse_args([command, "--deadline", "7"])
+        assert args.deadline == 7.0
+    book = parse_playbook('name = "x"\nmodel = "m"\n[run]\nprompt = "hi"\nmax_tokens = 8\n'
+                          'deadline_s = 45\n'
+                          '[[arm]]\nname = "a"\nendpoint = "http://h:1"\n'
+                          '[[arm]]\nname = "b"\nendpoint = "http://h:2"\n', "pb.toml")
+    assert book.run.deadline_s == 45.0

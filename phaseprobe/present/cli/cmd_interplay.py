@@ -87,6 +87,9 @@ def _common(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--chat", action="store_true", help="use /v1/chat/completions")
     p.add_argument("--timeout", type=seconds, default=120.0, metavar="SECONDS",
                    help="per-request timeout (default: 120)")
+    p.add_argument("--deadline", type=seconds, default=600.0, metavar="SECONDS",
+                   help="the most one request may take in all, however the server trickles "
+                        "its bytes (default: 600)")
     p.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the "
                    "API key (default: OPENAI_API_KEY, then VLLM_API_KEY)")
     p.add_argument("--name", default=name, help=f"experiment name in the store (default: {name})")
@@ -250,7 +253,8 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     with Session(options, ConsoleNotices(err)) as session:
         endpoint, model, store = session.endpoint, session.model, session.store
         target = Target(endpoint=endpoint, model=model, api_key=api_key,
-                        chat=args.chat, timeout_s=args.timeout)
+                        chat=args.chat, timeout_s=args.timeout,
+                        deadline_s=args.deadline)
         result: PrefixResult | BatchResult | InterfereResult | ArmsResult
         if kind == "prefix":
             result = run_prefix(target, store, prefix_tokens=args.prefix_tokens,
@@ -264,7 +268,8 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
             endpoint_b = normalize_base_url(args.endpoint_b)
             model_b = served_model(endpoint_b, api_key, args.model_b, "--model-b")
             target_b = Target(endpoint=endpoint_b, model=model_b, api_key=api_key,
-                              chat=args.chat, timeout_s=args.timeout)
+                              chat=args.chat, timeout_s=args.timeout,
+                              deadline_s=args.deadline)
             arms = [InterfereArm(n, t, {"endpoint": redact_url(t.endpoint)})
                     for n, t in zip(args.arm_names, (target, target_b))]
             result = run_interfere_arms(
