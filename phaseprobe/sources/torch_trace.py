@@ -50,6 +50,11 @@ _DECODER = json.JSONDecoder()
 T = TypeVar("T")
 
 
+# One trace event is a few hundred bytes; a value this long is not one, and buffering it whole
+# would take memory without bound (a file of one giant string).
+MAX_VALUE_CHARS = 64 << 20
+
+
 class _Stream:
     """Incremental JSON over a text file: values are decoded one at a time."""
 
@@ -57,9 +62,15 @@ class _Stream:
         self.fh, self.path = fh, path
         self.buf, self.pos, self.eof = "", 0, False
 
-    def _fill(self) -> None:
+    def _fill(self, grow: bool = False) -> None:
+        """Read on. ``grow``: a value did not fit in what is buffered; read at least as much
+        again, so a long value is decoded O(log n) times, not once per MiB (quadratic)."""
+        pending = len(self.buf) - self.pos
+        if grow and pending >= MAX_VALUE_CHARS:
+            raise TraceError(self.path, f"one JSON value is over {MAX_VALUE_CHARS >> 20} Mi "
+                                        f"characters: not a trace event")
         try:
-            chunk = self.fh.read(1 << 20)
+            chunk = self.fh.read(max(1 << 20, pending) if grow else 1 << 20)
         except (EOFError, OSError, zlib.error, UnicodeDecodeError) as exc:
             raise TraceError(self.path, f"unreadable (truncated or corrupt gzip? {exc})"
                              ) from None
@@ -94,12 +105,12 @@ class _Stream:
                 if self.eof:
                     raise TraceError(self.path, f"malformed or truncated JSON ({exc.msg})"
                                      ) from None
-                self._fill()
+                self._fill(grow=True)
                 continue
             except ValueError as exc:  # e.g. an integer over Python's 4300-digit limit
                 raise TraceError(self.path, f"unreadable value ({str(exc)[:80]})") from None
             if end >= len(self.buf) and not self.eof:  # a number may continue in the next chunk
-                self._fill()
+                self._fill(grow=True)
                 continue
             self.pos = end
             return obj

@@ -148,6 +148,27 @@ def test_streaming_across_chunk_boundaries(tmp_path: Path) -> None:
     assert header["traceName"] == "t" and header["schemaVersion"] == 1
 
 
+
+def test_a_long_value_is_read_whole_and_an_endless_one_is_refused(tmp_path: Path,
+                                                                 monkeypatch) -> None:
+    """A value longer than the 1 MiB read window is decoded (the window grows, so a long value
+    costs O(log n) decodes); one over the cap (a file of one giant string) is a typed error,
+    not memory without bound."""
+    import phaseprobe.sources.torch_trace as tt
+
+    monkeypatch.setattr(tt, "MAX_VALUE_CHARS", 4 << 20)
+    doc = gpu_trace()
+    long_name = "k" * (3 << 20)  # 3 MiB: three windows, under the cap
+    doc["traceEvents"][0] = {**doc["traceEvents"][0], "name": long_name}
+    header: dict[str, Any] = {}
+    events = list(iter_trace(write(tmp_path / "long.json", doc), header))
+    assert events[0]["name"] == long_name and len(events) == len(doc["traceEvents"])
+    endless = tmp_path / "endless.json"
+    endless.write_text('{"traceEvents": [{"name": "' + "z" * (9 << 20))
+    with pytest.raises(TraceError, match="over 4 Mi characters") as info:
+        list(iter_trace(endless, {}))
+    assert str(endless) in str(info.value)
+
 @pytest.mark.parametrize("content", [b"", b"{", b'{"traceEvents": [{"ph": "X"}, ',
                                      b"[1, 2]", b"not json", b'{"traceEvents": [1 2]}'])
 def test_malformed_json_is_a_typed_error(tmp_path: Path, content: bytes) -> None:
