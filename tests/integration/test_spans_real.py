@@ -290,9 +290,16 @@ def test_queue_time_matches_the_client_when_requests_run_one_at_a_time(one_at_a_
         delivery = max(0, ended[prev] - spans[prev].end_ns) / 1e9
         assert queue_s >= (truth_s - way_in - delivery) * 0.75 - 0.06, \
             (prev, cur, truth_s, queue_s, way_in, delivery)
-    # The queue grows along the line: each waited for more work than the one before.
-    queues = [spans[i].queue_s for i in order]
-    assert queues == sorted(queues)
+    # The queue grows along the line: each waited for more work than the one before. That
+    # holds for requests that arrived together; this VM stalls a thread 100+ ms now and then,
+    # and a request that arrives after the one ahead has finished waits for nothing (one CI
+    # run: 25 µs, then 17 µs, 40 ms, 84 ms). So: along the requests that reached vLLM within
+    # 5 ms of the first (far less than one request's service), to 1 ms. The bounds above hold
+    # for every request whatever the stalls.
+    first = min(spans[i].start_ns for i in ids)
+    together = [i for i in order if spans[i].start_ns - first < 5_000_000]
+    queues = [spans[i].queue_s for i in together]
+    assert all(b >= a - 1e-3 for a, b in zip(queues, queues[1:])), (together, queues)
     print(f"queue − client ground truth: {[f'{e * 1e3:.1f} ms' for e in errors]}; "
           f"median {statistics.median(errors) * 1e3:.1f} ms")
 
