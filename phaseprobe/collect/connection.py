@@ -43,7 +43,6 @@ class Connection:
     headers: dict[str, str]
     models: list[dict[str, Any]]  # /v1/models, validated (fetched once)
     scraper: MetricsScraper | None
-    first: MetricSnapshot | None  # the first scrape (None without a scraper)
     info: dict[str, Any]  # server_info: models, vLLM version, cache config, metric families
     notes: list[str] = field(default_factory=list)
     api_key: str | None = field(default=None, repr=False)  # for new_client; never shown
@@ -82,8 +81,7 @@ def connect(endpoint: str, api_key: str | None, *, session: requests.Session | N
         notes.append(f"{exc}: {CLIENT_ONLY}")
         scraper = None
     info = server_info(endpoint, session, headers, models, first)
-    return Connection(endpoint, session, client, headers, models, scraper, first, info, notes,
-                      api_key)
+    return Connection(endpoint, session, client, headers, models, scraper, info, notes, api_key)
 
 
 def server_info(base_url: str, session: requests.Session, headers: dict[str, str],
