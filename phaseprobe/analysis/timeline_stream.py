@@ -138,15 +138,7 @@ class TimelineFold:
                 g.index.tolist(), g["count"].tolist(), g["time"].tolist(), g["mx"].tolist(),
                 g["first"].tolist(), g["cls"].tolist()):
             nk = (str(name_labels[key // len(kind_names)]), kind_names[key % len(kind_names)])
-            st = self.by_name.get(nk)
-            if st is None:
-                self.by_name[nk] = [cnt, tot, mx, first, cl]
-            else:
-                st[0] += cnt
-                st[1] += tot
-                st[2] = max(st[2], mx)
-                if first < st[3]:
-                    st[3], st[4] = first, cl
+            _add_name_stats(self.by_name, nk, [cnt, tot, mx, first, cl])
 
         order = np.argsort(dev, kind="stable")  # keeps the time order within a device
         bounds = np.flatnonzero(np.diff(dev[order])) + 1
@@ -229,16 +221,8 @@ class TimelineFold:
         overlap = pd.DataFrame(rows, columns=list(tla.OVERLAP_COLUMNS))
         gaps = tla.idle_gaps_from([g for dev in order for g in self.devices[dev].gaps])
         names: dict[str, list[Any]] = {}
-        for (nm, _), (cnt, tot, mx, first, cl) in self.by_name.items():
-            st = names.get(nm)
-            if st is None:
-                names[nm] = [cnt, tot, mx, first, cl]
-            else:
-                st[0] += cnt
-                st[1] += tot
-                st[2] = max(st[2], mx)
-                if first < st[3]:
-                    st[3], st[4] = first, cl
+        for (nm, _), stats in self.by_name.items():
+            _add_name_stats(names, nm, stats)
         if names:
             by_first = sorted(names, key=lambda nm: names[nm][3])
             top_frame = tla.top_kernels_from(pd.DataFrame({
@@ -255,3 +239,18 @@ class TimelineFold:
             breakdown = tla.range_breakdown_from(self.r, self.r_count, self.r_sums)
         return {"classes": classes, "overlap": overlap, "gaps": gaps, "top": top_frame,
                 "breakdown": breakdown}
+
+
+def _add_name_stats(table: dict[Any, list[Any]], key: Any, stats: list[Any]) -> None:
+    """Fold one group's [count, total ns, max ns, first position, class] into ``table[key]``:
+    counts and totals add, the max is kept, and the class is the first occurrence's."""
+    st = table.get(key)
+    if st is None:
+        table[key] = list(stats)
+        return
+    cnt, tot, mx, first, cl = stats
+    st[0] += cnt
+    st[1] += tot
+    st[2] = max(st[2], mx)
+    if first < st[3]:
+        st[3], st[4] = first, cl
