@@ -60,10 +60,7 @@ def parse_time(text: str, now: float | None = None) -> float:
         sign, span = relative.groups()
         offset = _duration_s(span) if span else 0.0
         return now - offset if sign == "-" else now + offset
-    try:
-        value = float(text)
-    except ValueError:
-        value = None
+    value = _number(text)
     if value is None:
         try:
             moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
@@ -78,6 +75,14 @@ def parse_time(text: str, now: float | None = None) -> float:
         raise ConfigError(f"time {text!r}: out of range (unix seconds 0 .. {MAX_UNIX_S:.0f}, "
                           "years 1970 .. 9999)")
     return value
+
+
+def _number(text: str) -> float | None:
+    """``text`` as a plain number (unix seconds, or seconds), or None: it is something else."""
+    try:
+        return float(text)
+    except ValueError:
+        return None
 
 
 def _option_time(option: str, text: str) -> float:
@@ -95,11 +100,7 @@ def _step_s(text: str) -> float:
     """A range query's step (a duration such as 15s or 1m, or seconds) in seconds: finite,
     at least a millisecond, at most the span Prometheus can hold; checked before any request
     (0, -1, nan or 1e400 would otherwise be sent as they are)."""
-    value: float | None
-    try:
-        value = float(text)
-    except ValueError:
-        value = None
+    value = _number(text)
     if value is None:
         try:
             value = _duration_s(text.strip())
