@@ -9,9 +9,9 @@ from typing import Any
 
 from phaseprobe.paths import default_store_path
 
-__all__ = ["positive_int", "non_negative_int", "positive_float", "non_negative_float",
-           "float_in", "int_in", "seconds", "store_and_json_args", "IntermixedParser",
-           "tokens", "count", "MAX_SECONDS", "MAX_TOKENS", "MAX_COUNT", "MAX_CONCURRENCY"]
+__all__ = ["positive_int", "positive_float", "non_negative_float", "float_in", "int_in",
+           "seconds", "store_and_json_args", "IntermixedParser", "tokens", "count",
+           "MAX_SECONDS", "MAX_TOKENS", "MAX_COUNT", "MAX_CONCURRENCY"]
 
 
 class IntermixedParser(argparse.ArgumentParser):
@@ -64,15 +64,6 @@ def positive_int(value: str) -> int:
     n = _int(value)
     if n < 1:
         raise argparse.ArgumentTypeError("must be at least 1")
-    if n > MAX_INT:
-        raise argparse.ArgumentTypeError(f"must be at most {MAX_INT}")
-    return n
-
-
-def non_negative_int(value: str) -> int:
-    n = _int(value)
-    if n < 0:
-        raise argparse.ArgumentTypeError("must be 0 or more")
     if n > MAX_INT:
         raise argparse.ArgumentTypeError(f"must be at most {MAX_INT}")
     return n

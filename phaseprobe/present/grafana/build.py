@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any, Literal
 
 from phaseprobe.collect.prom_query import Query, load_catalog
@@ -37,7 +36,6 @@ __all__ = [
     "Target",
     "build_dashboard",
     "dashboard_json",
-    "shipped_dashboard_text",
 ]
 
 SCHEMA_VERSION = 39  # Grafana 10.4/11.x; newer Grafana migrates it forward on load
@@ -299,9 +297,3 @@ def build_dashboard(catalog: Mapping[str, Query] | None = None,
 def dashboard_json(dashboard: Mapping[str, Any]) -> str:
     """The file text: stable formatting so regenerating gives byte-identical output."""
     return json.dumps(dashboard, indent=2, ensure_ascii=False) + "\n"
-
-
-def shipped_dashboard_text() -> str:
-    """The dashboard JSON shipped in the package (``phaseprobe/dashboards/``)."""
-    return (resources.files("phaseprobe") / "dashboards" / DASHBOARD_FILE).read_text(
-        encoding="utf-8")
