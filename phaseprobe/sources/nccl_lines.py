@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "Header", "Record", "split_record", "parse_header", "DTYPE_BYTES", "DTYPE_NAMES",
-    "ALGO_BY_INT", "PROTO_BY_INT", "REDOP_NAMES", "COLL_OPS", "transport_kind", "transport_class",
+    "ALGO_BY_INT", "PROTO_BY_INT", "COLL_OPS", "transport_kind", "transport_class",
     "LEVELS", "is_complete", "fold_key", "classify_blanked", "FoldKey", "VARY", "SAME", "SKIP",
     "RARE", "count_block", "Fold",
 ]
@@ -30,7 +30,6 @@ DTYPE_BYTES = {0: 1, 1: 1, 2: 4, 3: 4, 4: 8, 5: 8, 6: 2, 7: 4, 8: 8, 9: 2, 10: 1
 DTYPE_NAMES = {0: "int8", 1: "uint8", 2: "int32", 3: "uint32", 4: "int64", 5: "uint64",
                6: "float16", 7: "float32", 8: "float64", 9: "bfloat16", 10: "float8e4m3",
                11: "float8e5m2"}
-REDOP_NAMES = {0: "sum", 1: "prod", 2: "max", 3: "min", 4: "avg"}
 # Integer algorithm/protocol ids printed by TUNING lines in 2.21–2.23 (2.19+ enum order).
 ALGO_BY_INT = {0: "TREE", 1: "RING", 2: "COLLNET_DIRECT", 3: "COLLNET_CHAIN", 4: "NVLS",
                5: "NVLS_TREE", 6: "PAT"}

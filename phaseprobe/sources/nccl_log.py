@@ -28,7 +28,6 @@ as its rest, and the record is read as if it had been written whole, where its h
 from __future__ import annotations
 
 import gzip
-import re
 import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -56,7 +55,6 @@ __all__ = ["NcclLogParser", "parse_files", "parse_lines", "NcclLog"]
 
 _PROGRESS_MASK = (1 << 18) - 1  # progress callback every 262144 lines
 _MAX_PENDING = 50_000  # distinct COLL keys held before they are folded into the model
-_BANNER = re.compile(r"(\d+\.\d+\.\d+[\w.-]*?)(?:\+cuda(\d+\.\d+))?(?:\s|$)")
 _BLOCK = 1 << 18  # bytes read at a time by the block reader (fits in L2 with its copies)
 _CUT_WINDOW = 4096  # lines within which the rest of a cut record is looked for
 _MAX_CUTS = 1024  # cut records waiting for their rest (one per writing thread at most)
@@ -298,7 +296,7 @@ class NcclLogParser:
             if rec is None:
                 break
             if rec.level == "version":
-                good = self._banner(rec.msg)
+                good = self.state.banner(rec.msg.strip())
                 ok, bad = ok or good, bad or not good
                 if not good and self.strict:
                     raise ParseError(source, line_no, line.rstrip("\r\n"), "bad version banner")
@@ -422,14 +420,6 @@ class NcclLogParser:
             left[1] = 1  # that line stays malformed
             if left[0] == 0:
                 del self._cut_lines[where]
-
-    def _banner(self, text: str) -> bool:
-        m = _BANNER.match(text.strip())
-        if not m:
-            return False
-        self.log.versions[(m.group(1), m.group(2))] += 1
-        self.log.kinds["version"] += 1
-        return True
 
     def _record(self, level: str, msg: str, h: Header, stamp: str | None, line_no: int,
                 weight: int = 1) -> bool:

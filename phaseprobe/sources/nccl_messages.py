@@ -37,6 +37,7 @@ _TIMINGS = re.compile(r"Init timings(?: - (\w+))?: rank (\d+) nranks (\d+) total
 _ERR_TRAIL = re.compile(r"([\w./-]+\.(?:cc|cu|cpp|c|h)):(\d+) -> (\d+)(.*)$")
 _ENV = re.compile(r"(NCCL_\w+) set by environment to (.*?)\s*$")
 _DEVS = re.compile(r"\[\d+\]\s?(\S+)")
+_BANNER = re.compile(r"(\d+\.\d+\.\d+[\w.-]*?)(?:\+cuda(\d+\.\d+))?(?:\s|$)")
 _INT_KEYS = {"rank": "rank", "nranks": "nranks", "nRanks": "nranks", "cudaDev": "cuda_dev",
              "nvmlDev": "nvml_dev", "nNodes": "nnodes", "localRanks": "local_ranks"}
 _STR_KEYS = {"busId": "bus_id", "commId": "comm_id", "parent": "parent"}
@@ -286,14 +287,18 @@ class ParseState:
     # -- environment, versions, network ---------------------------------------------------
     def _nccl_word(self, msg: str, h: Header, stamp: str | None, line_no: int) -> bool:
         if msg.startswith("NCCL version "):
-            m = re.match(r"NCCL version (\d+\.\d+\.\d+[\w.-]*?)(?:\+cuda(\d+\.\d+))?(?:\s|$)",
-                         msg)
-            if not m:
-                return False
-            self.log.versions[(m.group(1), m.group(2))] += 1
-            self.log.kinds["version"] += 1
-            return True
+            return self.banner(msg, 13)
         self.log.kinds["other"] += 1
+        return True
+
+    def banner(self, text: str, pos: int = 0) -> bool:
+        """The version of a ``2.21.5+cuda12.4`` banner (from ``pos`` of ``text``): a bare
+        banner line, or the INFO ``NCCL version …`` message."""
+        m = _BANNER.match(text, pos)
+        if not m:
+            return False
+        self.log.versions[(m.group(1), m.group(2))] += 1
+        self.log.kinds["version"] += 1
         return True
 
     def _env(self, msg: str) -> bool:

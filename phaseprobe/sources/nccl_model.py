@@ -18,7 +18,6 @@ __all__ = ["Communicator", "Warn", "NcclLog", "CollKey", "MAX_ITEMS", "MAX_COLL_
 
 MAX_ITEMS = 200  # WARNs, errors and malformed line numbers kept verbatim (all are counted)
 MAX_COLL_KEYS = 100_000  # distinct (comm, op, dtype, count) keys before sizes are rounded
-CHANNEL_FIELDS = ("coll", "nvls", "collnet", "p2p", "p2p_per_peer")
 
 # (host, pid, comm pointer, op, datatype, count): one COLL counter cell.
 CollKey = tuple[str, int, str, str, int, int]

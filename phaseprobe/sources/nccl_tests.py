@@ -50,6 +50,7 @@ import re
 import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -251,19 +252,6 @@ class NcclTestsTable:
     notes: tuple[str, ...]
 
     @property
-    def avg_busbw_GBps(self) -> float | None:
-        """The printed average when there is one (it covers every row, dropped ones included),
-        else the recomputed one."""
-        if self.avg_busbw_GBps_printed is not None:
-            return self.avg_busbw_GBps_printed
-        return self.avg_busbw_GBps_recomputed
-
-    @property
-    def device_by_rank(self) -> dict[int, NcclTestsDevice]:
-        """Rank → the GPU it ran on (host, CUDA device, bus id), from ``# Using devices``."""
-        return {d.rank: d for d in self.devices}
-
-    @property
     def reassembly(self) -> str:
         """``"none needed"``, ``"reassembled"`` (every cut row put back) or ``"intact rows
         only"`` (some cut rows could not be completed and are left out)."""
@@ -463,24 +451,10 @@ def _wrong(tok: str) -> int | float | None:
     return int(v) if v.is_integer() and abs(v) < 1e15 else v
 
 
-_SCHEMA_CACHE: dict[str, _Schema | None] = {}
-
-
+@lru_cache(maxsize=256)  # a file of many runs repeats one header
 def _schema_from_header(text: str) -> _Schema | None:
     """Layout from the ``#  size count type redop root time algbw busbw #wrong …`` line
-    (``text`` starts at the row's first column: after the launcher prefix). Memoised: a file
-    of many runs repeats one header."""
-    text = text.rstrip()
-    if text in _SCHEMA_CACHE:
-        return _SCHEMA_CACHE[text]
-    schema = _schema_uncached(text)
-    if len(_SCHEMA_CACHE) > 256:
-        _SCHEMA_CACHE.clear()
-    _SCHEMA_CACHE[text] = schema
-    return schema
-
-
-def _schema_uncached(text: str) -> _Schema | None:
+    (``text``, right-stripped, starts at the row's first column: after the launcher prefix)."""
     toks = [m for m in _TOK.finditer(text) if m.group() != "#"]
     cols = [m.group() for m in toks]
     keys: list[str] = []
@@ -601,7 +575,7 @@ class _Machine:
                 f.devices.append(d)
             return
         if _HDR_COLS.match(text):
-            schema = _schema_from_header(line[pre:])
+            schema = _schema_from_header(line[pre:].rstrip())
             if schema is not None:
                 self._open(line_no, schema, True)
             return
@@ -780,18 +754,18 @@ def _params(text: str, line_no: int) -> NcclTestsParams:
                     nbytes = int(num)
                 else:
                     factor = int(num)
-        elif _is_int(v) and k in _PARAM_KEYS:
+        elif _is_int(v) and k in _PARAM_FIELDS:
             if k == "iters" and i > 0 and w[i - 1] in ("warmup", "agg"):
                 k = w[i - 1] + " iters"
-            vals.setdefault(k, int(v))
-    return NcclTestsParams(vals.get("nThread"), vals.get("nGpus"), vals.get("minBytes"),
-                           vals.get("maxBytes"), factor, nbytes, vals.get("warmup iters"),
-                           vals.get("iters"), vals.get("agg iters"), vals.get("validation"),
-                           vals.get("graph"), vals.get("unalign"), line_no)
+            vals.setdefault(_PARAM_FIELDS[k], int(v))
+    return NcclTestsParams(step_factor=factor, step_bytes=nbytes, line_no=line_no, **vals)
 
 
-_PARAM_KEYS = frozenset({"nThread", "nGpus", "minBytes", "maxBytes", "iters", "validation",
-                         "graph", "unalign"})
+# Header words (and "warmup iters" / "agg iters") → NcclTestsParams fields.
+_PARAM_FIELDS = {"nThread": "n_threads", "nGpus": "n_gpus", "minBytes": "min_bytes",
+                 "maxBytes": "max_bytes", "warmup iters": "warmup_iters", "iters": "iters",
+                 "agg iters": "agg_iters", "validation": "validation", "graph": "graph",
+                 "unalign": "unalign"}
 
 
 def _device(text: str) -> NcclTestsDevice | None:
@@ -1319,12 +1293,8 @@ def diff_nccl_tests(a: NcclTestsResult, b: NcclTestsResult, place: str = "out-of
         elif basis == "common sizes" and va is not None and vb is not None:
             head += f" (over the {len(sizes)} sizes both runs measured)"
         lines.append(head)
-        drops: list[tuple[float, int]] = []
-        for x in sizes:
-            c = _pct(sa[x], sb[x])
-            if c is not None and c < 0:
-                drops.append((c, x))
-        worst = [x for _, x in sorted(drops)[:3]]
+        drops = sorted((c, x) for x in sizes if (c := _pct(sa[x], sb[x])) is not None and c < 0)
+        worst = [x for _, x in drops[:3]]
         for x in worst:
             lines.append(f"  {_size_text(x)}: busbw {_num(sa[x])} → {_num(sb[x])} GB/s, "
                          f"{_pct_text(_pct(sa[x], sb[x]))}")
