@@ -13,13 +13,14 @@ is a :class:`~phaseprobe.errors.StoreError` naming the file and the problem.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import json
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypedDict, TypeVar
@@ -598,9 +599,7 @@ class Store:
                  s.instance, s.start_ns, s.end_ns, s.queue_s, s.prefill_s, s.decode_s,
                  s.inference_s, s.ttft_s, s.e2e_s, s.prompt_tokens, s.completion_tokens,
                  s.max_tokens, json.dumps(a), now) for s, a in zip(requests, attributes)]
-        self._check_writable()
-        try:
-            self._db.execute("BEGIN IMMEDIATE")
+        with self._transaction():
             before = self._db.total_changes
             self._db.executemany(
                 "INSERT OR IGNORE INTO request_spans (trace_id, span_id, parent_span_id,"
@@ -620,23 +619,25 @@ class Store:
                 " VALUES (?, ?, ?, ?, ?) ON CONFLICT (kind, service, name) DO UPDATE SET"
                 " count = count + excluded.count, last_wall_ns = excluded.last_wall_ns",
                 [(*key, n, now) for key, n in counts.items()])
-            self._db.execute("COMMIT")
-        except (sqlite3.Error, OverflowError, ValueError) as exc:
-            self._rollback()
-            raise self._failure("write to", exc) from None
-        except BaseException:
-            self._rollback()  # never leave the connection inside a transaction
-            raise
         return new
 
-    def _check_writable(self) -> None:
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """One write transaction (BEGIN IMMEDIATE … COMMIT). On any failure it is rolled back,
+        never left open on the connection, and a SQLite failure becomes a StoreError."""
         if self.readonly:
             raise StoreError(f"cannot write to experiment store {self.path}: it was opened "
                              "read-only")
-
-    def _rollback(self) -> None:
-        if self._db.in_transaction:
-            self._db.execute("ROLLBACK")
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+            yield
+            self._db.execute("COMMIT")
+        except BaseException as exc:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.Error | OverflowError | ValueError):
+                raise self._failure("write to", exc) from None
+            raise
 
     def finish_experiment(self, experiment_id: int, notes: list[str] | None = None) -> None:
         if notes is None:
@@ -660,17 +661,8 @@ class Store:
                 table.where(table.notna(), None).itertuples(index=False, name=None)]
         sql = (f"INSERT INTO gpu_samples (experiment_id, {', '.join(GPU_SAMPLE_COLUMNS)})"
                f" VALUES ({', '.join('?' * (len(GPU_SAMPLE_COLUMNS) + 1))})")
-        self._check_writable()
-        try:
-            self._db.execute("BEGIN IMMEDIATE")
+        with self._transaction():
             self._db.executemany(sql, rows)
-            self._db.execute("COMMIT")
-        except (sqlite3.Error, OverflowError, ValueError) as exc:
-            self._rollback()
-            raise self._failure("write to", exc) from None
-        except BaseException:
-            self._rollback()
-            raise
         return len(rows)
 
     def create_ab_session(self, name: str, playbook_path: str, playbook_text: str,
@@ -709,18 +701,8 @@ class Store:
         return int(cur.lastrowid or 0)
 
     def _write(self, sql: str, params: tuple[Any, ...]) -> sqlite3.Cursor:
-        self._check_writable()
-        try:
-            self._db.execute("BEGIN IMMEDIATE")
-            cur = self._db.execute(sql, params)
-            self._db.execute("COMMIT")
-            return cur
-        except (sqlite3.Error, OverflowError, ValueError) as exc:
-            self._rollback()
-            raise self._failure("write to", exc) from None
-        except BaseException:
-            self._rollback()
-            raise
+        with self._transaction():
+            return self._db.execute(sql, params)
 
     # -- reading -------------------------------------------------------------------------
 
