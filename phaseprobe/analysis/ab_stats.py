@@ -43,7 +43,7 @@ from phaseprobe.analysis.client_check import client_consistent
 from phaseprobe.records import Run
 
 __all__ = ["METRICS", "PHASES", "MetricComparison", "Comparison", "compare_samples",
-           "compare_runs", "compare_paired", "run_metrics", "metric_by_seq", "phase_line",
+           "compare_runs", "compare_paired", "metric_by_seq", "phase_line",
            "pct", "resolve_primary"]
 
 Verdict = Literal["improvement", "regression", "no significant change", "insufficient data",
@@ -228,11 +228,6 @@ def _all_left_out(name: str, *arms: Sequence[Run]) -> bool:
     return bool(measured) and not any(client_consistent(r) for r in measured)
 
 
-def run_metrics(runs: Sequence[Run]) -> dict[str, list[float]]:
-    """Each metric's values over the usable runs (missing values left out)."""
-    return {name: list(metric_by_seq(runs, name).values()) for name in METRICS}
-
-
 def metric_by_seq(runs: Sequence[Run], name: str) -> dict[int, float]:
     """One metric over the usable runs, keyed by run number (how pairs are matched)."""
     get = METRICS[name][1]
@@ -305,17 +300,12 @@ def phase_line(metrics: dict[str, MetricComparison]) -> str:
         if m is None or m.ratio is None or m.ci_low is None or m.ci_high is None:
             parts.append(f"{phase} n/a")
             continue
-        if m.verdict in ("improvement", "regression"):
-            parts.append(f"{phase} {pct(m.ratio - 1)} % [{pct(m.ci_low - 1)}, "
-                         f"{pct(m.ci_high - 1)}]")
-        elif m.verdict == "equivalent":
-            parts.append(f"{phase} {pct(m.ratio - 1)} % [{pct(m.ci_low - 1)}, "
-                         f"{pct(m.ci_high - 1)}] (equivalent)")
-        else:
-            # Undecided, no significant change, insufficient data: the estimate and its
-            # interval still show, so a wide interval cannot hide a large median change.
-            parts.append(f"{phase} {pct(m.ratio - 1)} % [{pct(m.ci_low - 1)}, "
-                         f"{pct(m.ci_high - 1)}] ({m.verdict})")
+        # Every verdict but a change names itself; undecided, no significant change and
+        # insufficient data still show the estimate and its interval, so a wide interval
+        # cannot hide a large median change.
+        said = "" if m.verdict in ("improvement", "regression") else f" ({m.verdict})"
+        parts.append(f"{phase} {pct(m.ratio - 1)} % [{pct(m.ci_low - 1)}, "
+                     f"{pct(m.ci_high - 1)}]{said}")
     return ", ".join(parts)
 
 
@@ -338,19 +328,18 @@ def compare_runs(runs_a: Sequence[Run], runs_b: Sequence[Run], *, arm_a: str = "
         # of an A/A a "direction" far more often than 5 % (an A/A once showed prefill
         # +15 % [+0.8, +31] beside an equivalent decode).
         secondary = replace(plan, alpha=plan.alpha / (len(METRICS) - 1))
-        for name, (label, _) in METRICS.items():
-            sa, sb = metric_by_seq(runs_a, name), metric_by_seq(runs_b, name)
-            if sa or sb or _all_left_out(name, runs_a, runs_b):
-                metrics[name] = compare_paired(sa, sb, plan if name == primary else secondary,
-                                               metric=name, label=label)
-    else:
-        va, vb = run_metrics(runs_a), run_metrics(runs_b)
-        for name, (label, _) in METRICS.items():
-            if not va[name] and not vb[name] and not _all_left_out(name, runs_a, runs_b):
-                continue
-            metrics[name] = compare_samples(va[name], vb[name], metric=name, label=label,
-                                            min_effect=min_effect, confidence=confidence,
-                                            n_resamples=n_resamples, seed=seed)
+    for name, (label, _) in METRICS.items():
+        sa, sb = metric_by_seq(runs_a, name), metric_by_seq(runs_b, name)
+        if not sa and not sb and not _all_left_out(name, runs_a, runs_b):
+            continue
+        if plan is not None:
+            metrics[name] = compare_paired(sa, sb, plan if name == primary else secondary,
+                                           metric=name, label=label)
+        else:
+            metrics[name] = compare_samples(list(sa.values()), list(sb.values()), metric=name,
+                                            label=label, min_effect=min_effect,
+                                            confidence=confidence, n_resamples=n_resamples,
+                                            seed=seed)
     warnings: list[str] = []
     for arm, runs in ((arm_a, runs_a), (arm_b, runs_b)):
         dropped = sum(1 for r in runs if not usable(r, "server_decode_s"))

@@ -38,7 +38,7 @@ from phaseprobe.records import RequestSpan
 from phaseprobe.store import Store
 
 __all__ = ["EvidenceOptions", "build_evidence", "prometheus_evidence", "trace_evidence",
-           "nccl_evidence", "model_layers", "experiment_facts", "server_host_names",
+           "nccl_evidence", "model_layers", "server_host_names",
            "evidence_window", "span_evidence", "SPAN_LOOKBACK_S"]
 
 # The experiment's window opens this long before its first send and closes this long after its
@@ -97,22 +97,21 @@ def build_evidence(store: Store, experiment_id: int, opts: EvidenceOptions
         from phaseprobe.analysis.rules.vllm_log import parse_log
 
         tp = parse_log(log_text).tensor_parallel_size or None
-    facts = experiment_facts(exp.spec.endpoint, info, runs, tp)
+    # where and when the experiment ran, to check evidence files against
+    facts = facts_from(info, runs, server_host_names(exp.spec.endpoint), tp)
     not_matching: dict[str, str] = {}
     steps = sum(max(0, (r.client.completion_tokens or 0) - 1) for r in runs if r.client)
-    nccl = nccl_evidence(opts.nccl_logs, steps) if opts.nccl_logs else None
     if opts.nccl_logs:
         sources["nccl"] = ", ".join(opts.nccl_logs)
-        nccl = _belongs(nccl, "NCCL log", ", ".join(opts.nccl_logs), facts, opts, sources,
-                        "nccl", not_matching)
+        nccl = _belongs(nccl_evidence(opts.nccl_logs, steps), "NCCL log",
+                        ", ".join(opts.nccl_logs), facts, opts, sources, "nccl", not_matching)
     else:  # a summary kept with `phaseprobe nccl --keep --experiment ID`
         nccl = _kept(store, experiment_id, ("nccl",), sources, "nccl")
     trace_file = opts.trace or opts.nsys
-    trace = trace_evidence(trace_file, nsys=opts.trace is None) if trace_file else None
     if trace_file:
         sources["trace"] = trace_file
-        trace = _belongs(trace, "trace", trace_file, facts, opts, sources, "trace",
-                         not_matching)
+        trace = _belongs(trace_evidence(trace_file, nsys=opts.trace is None), "trace",
+                         trace_file, facts, opts, sources, "trace", not_matching)
     else:  # `trace|nsys --keep --experiment ID`, or `probe --torch-profile`
         trace = _kept(store, experiment_id, ("trace", "nsys"), sources, "trace")
     efficiency = None
@@ -215,19 +214,11 @@ def server_host_names(endpoint: str) -> set[str]:
         return {host}
 
 
-def experiment_facts(endpoint: str, info: dict[str, Any], runs: Sequence[Any],
-                     tp: int | None) -> ExperimentFacts:
-    """Where and when the experiment ran, to check evidence files against."""
-    return facts_from(info, runs, server_host_names(endpoint), tp)
-
-
-def _belongs(doc: dict[str, Any] | None, what: str, names: str, facts: ExperimentFacts,
+def _belongs(doc: dict[str, Any], what: str, names: str, facts: ExperimentFacts,
              opts: EvidenceOptions, sources: dict[str, str], key: str,
              not_matching: dict[str, str]) -> dict[str, Any] | None:
     """``doc`` when the file can be this experiment's; else None (reported as not matching
     and not used), or ``doc`` with a warning under ``--force``."""
-    if doc is None:
-        return None
     span = doc.get("span_ns")
     ranks = [g.get("nranks") for g in doc.get("comm_groups") or [] if isinstance(g, dict)]
     world = doc.get("world_size")
