@@ -549,7 +549,6 @@ class Store:
     def add_run(self, experiment_id: int, run: Run) -> int:
         """Commit one run durably (its own transaction) and return its id."""
         c = run.client
-        s = run.server
         cur = self._write(
             "INSERT INTO runs (experiment_id, seq, status, isolated, error, prompt, sent_wall_ns,"
             " client_ttft_s, client_e2e_s, client_tpot_s, server_queue_s, server_prefill_s,"
@@ -559,16 +558,11 @@ class Store:
             " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (experiment_id, run.seq, run.status, int(run.isolated),
              redact_urls_in(run.error) if run.error else None, run.prompt,
-             c.sent_wall_ns if c else None, c.ttft_s if c else None, c.e2e_s if c else None,
-             c.tpot_s if c else None, s.queue_s if s else None, s.prefill_s if s else None,
-             s.decode_s if s else None, s.inference_s if s else None, s.ttft_s if s else None,
-             s.e2e_s if s else None, c.prompt_tokens if c else None,
-             c.completion_tokens if c else None,
-             json.dumps(c.to_dict()) if c else None, json.dumps(s.to_dict()) if s else None,
-             json.dumps(run.isolation.to_dict()),
-             json.dumps(run.client_check.to_dict()) if run.client_check else None,
-             run.trace_id, run.request_id,
-             json.dumps(run.span.to_dict()) if run.span else None),
+             *((c.sent_wall_ns, c.ttft_s, c.e2e_s, c.tpot_s) if c else (None,) * 4),
+             *_phase_columns(run.server),
+             *((c.prompt_tokens, c.completion_tokens) if c else (None,) * 2),
+             _dumps(c), _dumps(run.server), _dumps(run.isolation), _dumps(run.client_check),
+             run.trace_id, run.request_id, _dumps(run.span)),
         )
         return int(cur.lastrowid or 0)
 
@@ -580,10 +574,8 @@ class Store:
             "UPDATE runs SET span_json = ?, server_json = ?, status = ?, client_check_json = ?,"
             " server_queue_s = ?, server_prefill_s = ?, server_decode_s = ?,"
             " server_inference_s = ?, server_ttft_s = ?, server_e2e_s = ? WHERE id = ?",
-            (json.dumps(span.to_dict()), json.dumps(server.to_dict()) if server else None,
-             status, json.dumps(client_check.to_dict()) if client_check else None,
-             *((server.queue_s, server.prefill_s, server.decode_s, server.inference_s,
-                server.ttft_s, server.e2e_s) if server else (None,) * 6), run_id))
+            (_dumps(span), _dumps(server), status, _dumps(client_check),
+             *_phase_columns(server), run_id))
 
     def add_spans(self, requests: list[RequestSpan], attributes: list[dict[str, Any]],
                   counts: dict[tuple[str, str, str], int] | None = None,
@@ -883,6 +875,18 @@ def _span_filter(since_ns: int | None, until_ns: int | None,
             clauses.append(clause)
             params.append(int(value))
     return (" WHERE " + " AND ".join(clauses) if clauses else ""), tuple(params)
+
+
+def _dumps(record: Any) -> str | None:
+    """A record's JSON column (None stays NULL)."""
+    return None if record is None else json.dumps(record.to_dict())
+
+
+def _phase_columns(s: ServerPhases | None) -> tuple[float | None, ...]:
+    """The server_queue_s … server_e2e_s columns of a run."""
+    if s is None:
+        return (None,) * 6
+    return (s.queue_s, s.prefill_s, s.decode_s, s.inference_s, s.ttft_s, s.e2e_s)
 
 
 def _span_from_row(row: sqlite3.Row) -> RequestSpan:
