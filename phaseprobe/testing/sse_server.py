@@ -211,12 +211,8 @@ class _Handler(BaseHTTPRequestHandler):
                      "max_model_len": 2048}
             self._send_json(200, {"object": "list", "data": [model]})
         elif self.path == "/metrics" and owner.metrics:
-            data = owner.metrics_text().encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            self._send(200, owner.metrics_text().encode(),
+                       "text/plain; version=0.0.4; charset=utf-8")
         else:
             # /metrics included unless metrics=True: no vLLM metrics, so clients must fall
             # back to client-only runs, exactly as against an endpoint that hides them.
@@ -245,7 +241,9 @@ class _Handler(BaseHTTPRequestHandler):
             elif body.get("stream") is not True:
                 self._send_error(400, "the SSE test server only answers stream=true")
             elif script.status != 200 and script.error_raw:
-                self._send_raw(script.status, (script.error_body or "").encode())
+                # An error page as some proxies send it: the bytes as given, nothing escaped.
+                self._send(script.status, (script.error_body or "").encode(),
+                           "text/plain; charset=utf-8")
             elif script.status != 200:
                 self._send_error(script.status, script.error_body)
             else:
@@ -273,18 +271,15 @@ class _Handler(BaseHTTPRequestHandler):
         return rec
 
     def _send_json(self, status: int, payload: Any) -> None:
-        data = b"" if payload is None else json.dumps(payload).encode()
-        self.send_response(status)
-        if payload is not None:
-            self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        if payload is None:
+            self._send(status, b"", None)
+        else:
+            self._send(status, json.dumps(payload).encode(), "application/json")
 
-    def _send_raw(self, status: int, data: bytes) -> None:
-        """An error page as some proxies send it: the bytes as given, nothing escaped."""
+    def _send(self, status: int, data: bytes, content_type: str | None) -> None:
         self.send_response(status)
-        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        if content_type is not None:
+            self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
@@ -521,7 +516,8 @@ class SseServer:
         self._tokens = {"prompt_tokens": 0.0, "generation_tokens": 0.0,
                         "request_success": 0.0}
         self.created = int(time.time())
-        self._script = script if script is not None else Script()
+        # The script used when the queue is empty; assign to change it between requests.
+        self.script = script if script is not None else Script()
         self._queue: collections.deque[Script] = collections.deque()
         self._records: list[RequestRecord] = []
         self._conns: set[socket.socket] = set()
@@ -542,15 +538,6 @@ class SseServer:
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def script(self) -> Script:
-        """The script used when the queue is empty; assign to change it between requests."""
-        return self._script
-
-    @script.setter
-    def script(self, script: Script) -> None:
-        self._script = script
 
     def enqueue(self, *scripts: Script) -> None:
         """Queue scripts consumed one per streaming request, before :attr:`script` applies."""
@@ -644,7 +631,7 @@ class SseServer:
 
     def _next_script(self) -> Script:
         with self._lock:
-            return self._queue.popleft() if self._queue else self._script
+            return self._queue.popleft() if self._queue else self.script
 
     def _add_record(self, rec: RequestRecord) -> None:
         with self._lock:
