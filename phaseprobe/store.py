@@ -510,11 +510,10 @@ class Store:
                 f"bytes ({expected} bytes), the file has {size}")
 
     def _migrate(self) -> None:
-        version = self._db.execute("PRAGMA user_version").fetchone()[0]
-        if version > SCHEMA_VERSION:
-            raise StoreError(f"{self.path} has schema version {version}; this phaseprobe knows "
-                             f"up to {SCHEMA_VERSION}: upgrade phaseprobe")
-        for target in range(version + 1, SCHEMA_VERSION + 1):
+        self.schema_version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if self.schema_version > SCHEMA_VERSION:
+            raise StoreError(self._newer_schema())
+        for target in range(self.schema_version + 1, SCHEMA_VERSION + 1):
             self._db.execute("BEGIN IMMEDIATE")
             for statement in _MIGRATIONS[target - 1].split(";"):
                 if statement.strip() and not self._column_exists(statement):
