@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -121,15 +121,7 @@ class Calibration:
                      f"{self.mem_bandwidth_best_gb_s:.3g} GB/s; {when}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "device": self.device, "device_name": self.device_name,
-            "mem_bandwidth_best_gb_s": self.mem_bandwidth_best_gb_s,
-            "mem_bandwidth_median_gb_s": self.mem_bandwidth_median_gb_s,
-            "matmul_best_tflop_s": dict(self.matmul_best_tflop_s),
-            "matmul_median_tflop_s": dict(self.matmul_median_tflop_s),
-            "measured_at": self.measured_at, "torch_version": self.torch_version,
-            "interpreter": self.interpreter, "raw": self.raw,
-        }
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Calibration:
