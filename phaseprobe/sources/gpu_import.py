@@ -321,9 +321,9 @@ def import_dcgm(client: PrometheusClient, *, start: float, end: float,
     :class:`EmptyResult` when no DCGM series matches at all."""
     import pandas as pd
 
-    bare = selector.strip()
-    if bare.startswith("{") and bare.endswith("}"):
-        bare = bare[1:-1].strip()
+    from phaseprobe.sources.query_catalog import bare_selector
+
+    bare = bare_selector(selector)
     points: dict[tuple[str, int, int], dict[str, float]] = {}
     found: list[str] = []
     no_gpu_label = 0

@@ -68,8 +68,6 @@ class GpuSampler:
         self.missed = 0
         self.failed_reads = 0
         self.error: str | None = None
-        self.started_wall_ns: int | None = None
-        self.stopped_wall_ns: int | None = None
 
     @property
     def running(self) -> bool:
@@ -81,7 +79,6 @@ class GpuSampler:
         self._n_devices = self.backend.device_count()
         self._mono0 = self._clock()
         self._wall0 = self._wall_clock()
-        self.started_wall_ns = self._wall0
         # daemon: a sampler someone forgot to stop must not keep the interpreter alive.
         self._thread = threading.Thread(target=self._loop, name="phaseprobe-gpu-sampler",
                                         daemon=True)
@@ -97,8 +94,6 @@ class GpuSampler:
             if thread.is_alive():
                 raise RuntimeError(f"GPU sampler thread did not stop within {timeout_s} s "
                                    "(a backend read is hanging)")
-        if self.stopped_wall_ns is None and thread is not None:
-            self.stopped_wall_ns = self._now_wall()
         if self._owns_backend:
             self._owns_backend = False
             self.backend.close()

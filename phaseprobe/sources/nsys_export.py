@@ -257,8 +257,7 @@ class _Export:
 
     def _names_for(self, table: str, col: str, ids: np.ndarray) -> Any:
         """Categorical names for a StringIds-id column (text columns are read as text)."""
-        kind = self.conn.execute(f'SELECT typeof("{col}") FROM "{table}" LIMIT 1').fetchone()
-        if kind and kind[0] == "text":
+        if not self._is_int(table, col):
             texts = pd.read_sql_query(f'SELECT "{col}" AS n FROM "{table}"', self.conn)["n"]
             return pd.Categorical(texts.astype(str))
         inverse, uniq = pd.factorize(ids, sort=True)  # hashing: no 10 M-row sort

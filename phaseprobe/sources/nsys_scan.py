@@ -295,13 +295,11 @@ class NsysScan:
         t = p["t"]
         name_code = np.empty(n, np.int32)
         dev_code = np.empty(n, np.int32)
+        cls_code = np.empty(n, np.int8)
         for k in np.unique(t).tolist():
             rows = np.flatnonzero(t == k)
             name_code[rows] = self._name_codes(k, p["name"][rows])
             dev_code[rows] = self._dev_codes(k, p["dev"][rows], p["gpid"][rows])
-        cls_code = np.empty(n, np.int8)
-        for k in np.unique(t).tolist():
-            rows = np.flatnonzero(t == k)
             cls_code[rows] = self._cls_codes(k, name_code[rows])
         launch = np.full(n, -1, np.int64)
         tid = np.full(n, -1, np.int64)

@@ -284,6 +284,3 @@ def conform(frame: pd.DataFrame, *, source: str = "GPU samples") -> pd.DataFrame
         if name not in COLUMNS:
             out[name] = frame[name]
     return out.reset_index(drop=True)
-
-
-# -- the sampler -----------------------------------------------------------------------------

@@ -21,7 +21,7 @@ import binascii
 import hashlib
 import json
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +35,7 @@ from phaseprobe.errors import OtlpError
 from phaseprobe.records import CountedSpan, RequestSpan
 
 __all__ = ["ATTRIBUTE_ALIASES", "SpanBatch", "decode_protobuf", "decode_json", "decode_request",
-           "is_vllm_request", "hex_ids_to_base64", "VLLM_SPAN_NAME", "MAX_ATTRIBUTES_STORED"]
+           "hex_ids_to_base64", "VLLM_SPAN_NAME", "MAX_ATTRIBUTES_STORED"]
 
 VLLM_SPAN_NAME = "llm_request"
 
@@ -59,7 +59,6 @@ ATTRIBUTE_ALIASES: dict[str, tuple[str, ...]] = {
     "max_tokens": ("gen_ai.request.max_tokens",),
 }
 _LATENCY_PREFIX = "gen_ai.latency."
-_FLOAT_FIELDS = ("queue_s", "prefill_s", "decode_s", "inference_s", "ttft_s", "e2e_s")
 _INT_FIELDS = ("prompt_tokens", "completion_tokens", "max_tokens")
 _TEXT_FIELDS = ("request_id", "model")
 # Raw attributes kept per span (the alias table's view is the record; these are for `spans
@@ -232,10 +231,6 @@ def _read_attributes(span: Span) -> tuple[dict[str, Any], dict[str, Any], bool]:
     return values, extra, is_request
 
 
-def is_vllm_request(name: str, attrs: Mapping[str, Any]) -> bool:
-    return name == VLLM_SPAN_NAME or any(k.startswith(_LATENCY_PREFIX) for k in attrs)
-
-
 def _identity(span: Span) -> tuple[int, bytes]:
     """(start ns within SQLite's int64, key) of a counted span: its trace and span id, or a
     digest of its bytes when the ids are unusable (a re-sent span has the same bytes)."""
@@ -264,14 +259,6 @@ _FIELD_OF: dict[str, tuple[str, int]] = {
     for rank, key in enumerate(keys)}
 _INT64 = 2**63  # SQLite's integers are signed 64-bit
 _MAX_DURATION_S = 1e7  # 116 days: a longer "duration" is a broken clock, not a request
-
-
-def _number(raw: Any) -> float | None:
-    """A finite, non-negative number, else None (a negative duration is a broken clock)."""
-    if isinstance(raw, bool) or not isinstance(raw, (int, float)):
-        return None
-    value = float(raw)
-    return value if value == value and 0.0 <= value < float("inf") else None
 
 
 def _text(raw: Any) -> str | None:

@@ -38,7 +38,7 @@ from phaseprobe.errors import (
 )
 from phaseprobe.redact import redact_url
 from phaseprobe.sources.http_deadline import mount_deadlines, within
-from phaseprobe.sources.query_catalog import Query, load_catalog, resolve_names
+from phaseprobe.sources.query_catalog import Query, bare_selector, load_catalog, resolve_names
 
 __all__ = [
     "DEFAULT_TOKEN_ENV",
@@ -291,7 +291,7 @@ class PrometheusClient:
         expr = query.render(selector, window, self.names_map() if names is None else names)
         samples = self.instant_query(expr, at=at)
         if not samples and not allow_empty:
-            raise EmptyResult(self.shown_url, query.name, _bare(selector))
+            raise EmptyResult(self.shown_url, query.name, bare_selector(selector))
         return NamedResult(query.name, query.unit, expr, samples=tuple(samples))
 
     def run_range(self, query: Query, *, start: float, end: float, step: float | str,
@@ -302,7 +302,7 @@ class PrometheusClient:
         expr = query.render(selector, window, self.names_map() if names is None else names)
         series = self.range_query(expr, start, end, step)
         if not series and not allow_empty:
-            raise EmptyResult(self.shown_url, query.name, _bare(selector))
+            raise EmptyResult(self.shown_url, query.name, bare_selector(selector))
         return NamedResult(query.name, query.unit, expr, series=tuple(series))
 
 
@@ -321,7 +321,7 @@ def phase_means(client: PrometheusClient, *, first_sent: float, end: float,
     catalog = catalog if catalog is not None else load_catalog()
     names = client.names_map()
     metric = names.get(_BASELINE_METRIC, _BASELINE_METRIC)
-    bare = _bare(selector)
+    bare = bare_selector(selector)
     stamps = client.instant_query(f"max(timestamp({metric}{{{bare}}}))", at=first_sent)
     if not stamps or math.isnan(stamps[0].value):
         raise EmptyResult(client.shown_url, f"a scrape of {metric} before the experiment", bare)
@@ -333,11 +333,6 @@ def phase_means(client: PrometheusClient, *, first_sent: float, end: float,
         value = result.samples[0].value if len(result.samples) == 1 else math.nan
         means[name] = None if math.isnan(value) else value
     return means
-
-
-def _bare(selector: str) -> str:
-    s = selector.strip()
-    return s[1:-1].strip() if s.startswith("{") and s.endswith("}") else s
 
 
 def _reason(exc: BaseException) -> str:

@@ -31,6 +31,7 @@ __all__ = [
     "PLACEHOLDERS",
     "UNITS",
     "Query",
+    "bare_selector",
     "load_catalog",
     "metric_names",
     "newest_name",
@@ -158,12 +159,15 @@ class Query:
         window = window.strip()
         if not _WINDOW.fullmatch(window):
             raise ConfigError(f"window {window!r} is not a Prometheus duration (e.g. 30s, 5m, 1h)")
-        selector = selector.strip()
-        if selector.startswith("{") and selector.endswith("}"):
-            selector = selector[1:-1].strip()
         # Rename before substituting, so a name quoted inside the user's selector is left alone.
         expr = _rename(self.template, names) if names else self.template
-        return expr.replace("$selector", selector).replace("$window", window)
+        return expr.replace("$selector", bare_selector(selector)).replace("$window", window)
+
+
+def bare_selector(selector: str) -> str:
+    """Label matchers without their surrounding braces: ``{a="b"}`` and ``a="b"`` alike."""
+    s = selector.strip()
+    return s[1:-1].strip() if s.startswith("{") and s.endswith("}") else s
 
 
 def _parse(name: str, text: str, source: str) -> Query:

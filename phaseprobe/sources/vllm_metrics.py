@@ -61,14 +61,9 @@ Labels = dict[str, str]
 def sample_spellings(kind: Kind, base: str) -> Iterable[str]:
     """Sample names that carry this metric's value (the histogram's ``_count`` is the probe)."""
     for prefix in _PREFIXES:
-        name = prefix + base
-        if kind == "histogram":
-            yield name
-        elif kind == "counter":
-            yield name + "_total"
-            yield name  # pre-OpenMetrics exporters and hand-written ones
-        else:
-            yield name
+        if kind == "counter":
+            yield prefix + base + "_total"
+        yield prefix + base  # counters too: pre-OpenMetrics exporters and hand-written ones
 
 
 @dataclass(frozen=True)
@@ -100,13 +95,6 @@ class MetricSnapshot:
                     return name
         raise UnknownMetric(canonical, tried, vllm_version)
 
-    def has(self, canonical: str) -> bool:
-        try:
-            self.resolve(canonical)
-        except UnknownMetric:
-            return False
-        return True
-
     def total(self, sample_name: str, model: str | None = None) -> float | None:
         """Sum over label sets (all engines), restricted to ``model_name`` when given."""
         rows = self.samples.get(sample_name)
@@ -128,10 +116,6 @@ class MetricSnapshot:
         except UnknownMetric:
             return []
         return [labels for labels, _ in self.samples.get(name, [])]
-
-    def model_names(self) -> set[str]:
-        return {labels["model_name"] for rows in self.samples.values() for labels, _ in rows
-                if "model_name" in labels}
 
 
 def parse_exposition(text: str, *, source: str = "<text>", wall_ns: int | None = None

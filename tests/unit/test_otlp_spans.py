@@ -26,7 +26,6 @@ from phaseprobe.sources.otlp_spans import (
     decode_json,
     decode_protobuf,
     hex_ids_to_base64,
-    is_vllm_request,
 )
 from phaseprobe.testing.otlp_payloads import export_request, other_span, to_otlp_json, vllm_span
 
@@ -170,9 +169,12 @@ def test_genai_semconv_token_request_and_model_names() -> None:
 
 
 def test_what_counts_as_a_vllm_request() -> None:
-    assert is_vllm_request("llm_request", {})
-    assert is_vllm_request("anything", {"gen_ai.latency.e2e": 1.0})
-    assert not is_vllm_request("chat", {"gen_ai.usage.input_tokens": 3})
+    # GenAI usage attributes alone do not make a request: counted among the other spans
+    chat = Span(trace_id=os.urandom(16), span_id=os.urandom(8), name="chat",
+                start_time_unix_nano=T0, end_time_unix_nano=T0 + 10, attributes=[
+                    KeyValue(key="gen_ai.usage.input_tokens", value=AnyValue(int_value=3))])
+    pb, js = _both(export_request([chat]))
+    assert not pb.requests and not js.requests and sum(pb.other.values()) == 1
     # a renamed span that carries vLLM's latency attributes is still a request
     span = vllm_span(start_ns=T0)
     span.name = "vllm.request"

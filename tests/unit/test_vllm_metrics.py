@@ -15,7 +15,6 @@ def test_parses_histogram_parts_counters_and_gauges():
     assert snap.value("prompt_tokens") == 300
     assert snap.value("requests_running") == 1
     assert snap.labels_of("cache_config_info")[0]["num_gpu_blocks"] == "1000"
-    assert snap.model_names() == {"tiny"}
     assert snap.has_vllm()
 
 
