@@ -61,7 +61,6 @@ if TYPE_CHECKING:  # scipy (via ab_stats) costs ~1 s to import: only when compar
 __all__ = ["register", "run", "RichAbProgress", "render_comparison", "markdown"]
 
 
-
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "ab", help="A/B experiment from a playbook: interleaved arms, verdict per phase",
@@ -125,8 +124,10 @@ class RichAbProgress:
         self._progress = progress_bar(console)
         self._task: Any = None
 
-    def on_status(self, text: str) -> None:
+    def on_status(self, text: str) -> None:  # also each look of a sequential session
         self.console.print(f"[dim]{escape(text)}")
+
+    on_look = on_status
 
     def on_start(self, total: int, done: int) -> None:
         self._progress.start()
@@ -146,9 +147,6 @@ class RichAbProgress:
             self.console.print(f"[dim]{escape(run_line(arm, run))}")
         self._progress.update(self._task, advance=1, description=f"arm {arm}")
 
-    def on_look(self, text: str) -> None:
-        self.console.print(f"[dim]{escape(text)}")
-
     def on_end(self) -> None:
         self._progress.stop()
 
@@ -160,16 +158,8 @@ def _store_path(args: argparse.Namespace, must_exist: bool) -> Path:
     return path
 
 
-def _fmt_ms(v: float | None) -> str:
-    return ms_cell(v, 2)
-
-
 def _fmt_pct(v: float | None) -> str:
     return "—" if v is None else f"{(v - 1) * 100:+.1f} %"
-
-
-def _doc(comparison: Comparison, extra: dict[str, Any]) -> dict[str, Any]:
-    return {**extra, "comparison": comparison.to_dict()}
 
 
 def _columns(c: Comparison) -> list[str]:
@@ -183,7 +173,7 @@ def _columns(c: Comparison) -> list[str]:
 def _cells(c: Comparison, m: MetricComparison) -> list[str]:
     interval = "—" if m.ci_low is None else f"[{_fmt_pct(m.ci_low)}, {_fmt_pct(m.ci_high)}]"
     head = [m.label, str(m.n_pairs) if c.method == "sequential" else f"{m.n_a}/{m.n_b}",
-            _fmt_ms(m.median_a), _fmt_ms(m.median_b), _fmt_pct(m.ratio), interval]
+            ms_cell(m.median_a, 2), ms_cell(m.median_b, 2), _fmt_pct(m.ratio), interval]
     verdict = m.verdict + (" (primary)" if m.metric == c.primary else "")
     if c.method == "sequential":
         return [*head, verdict, "—" if m.more_runs is None else f"+{m.more_runs}"]
@@ -273,7 +263,7 @@ def markdown(c: Comparison, title: str, stop: str | None = None) -> str:
 def _emit(args: argparse.Namespace, out: Console, c: Comparison, title: str,
           extra: dict[str, Any], stop: str | None = None) -> None:
     if args.json:
-        out.out(jsonout.dumps(_doc(c, extra)), highlight=False)
+        out.out(jsonout.dumps({**extra, "comparison": c.to_dict()}), highlight=False)
     elif args.markdown:
         out.out(markdown(c, title, stop), highlight=False)
     else:
@@ -374,33 +364,30 @@ def _list(out: Console, as_json: bool) -> int:
 
 
 def _check_numbers(args: argparse.Namespace) -> None:
-    if args.runs is not None and args.runs < 1:
-        raise ConfigError(f"--runs must be at least 1, not {args.runs}")
-    if args.max_runs is not None and not 2 <= args.max_runs <= MAX_RUNS:
-        raise ConfigError(f"--max-runs must be between 2 and 100000, not {args.max_runs}")
     if args.max_minutes is not None and not 0 < args.max_minutes <= 7 * 24 * 60:
         raise ConfigError(f"--max-minutes must be > 0 and at most a week, not "
                           f"{args.max_minutes}")
-    sequential_only = [flag for flag, v in (("--max-runs", args.max_runs),
-                                            ("--max-minutes", args.max_minutes),
-                                            ("--primary", args.primary)) if v is not None]
-    if args.runs is not None and (args.until_decided or sequential_only):
+    if args.runs is not None and _asks_sequential(args):
         raise ConfigError("--runs fixes the run count; --until-decided and its budget "
                           "(--max-runs, --max-minutes) let phaseprobe decide it: pick one")
+
+
+def _asks_sequential(args: argparse.Namespace) -> bool:
+    """--until-decided, or an option only the sequential mode has."""
+    return bool(args.until_decided or any(v is not None for v in
+                                          (args.max_runs, args.max_minutes, args.primary)))
 
 
 def _plan(args: argparse.Namespace, run: RunPlan, min_effect: float | None
           ) -> SequentialPlan | None:
     """The sequential plan the command line and the playbook ask for (None: fixed N)."""
-    asked = args.until_decided or any(v is not None for v in
-                                      (args.max_runs, args.max_minutes, args.primary))
-    if args.runs is not None or not (asked or run.until_decided):
+    if args.runs is not None or not (_asks_sequential(args) or run.until_decided):
         return None
     return run.sequential(max_runs=args.max_runs, max_minutes=args.max_minutes,
                           min_effect=min_effect, primary=args.primary)
 
 
-def cmd_ab(args: argparse.Namespace, out: Console, err: Console) -> int:
+def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     target: list[str] = args.target
     if target and target[0] == "report":
         if len(target) != 2:
@@ -469,6 +456,3 @@ def cmd_ab(args: argparse.Namespace, out: Console, err: Console) -> int:
                   f"{', '.join(str(v) for v in result.experiments.values())}")
     # Exit 1 when an arm measured nothing: a script must not read the A/B as done.
     return 1 if c.phase_line.startswith("no verdict:") else 0
-
-
-run = cmd_ab  # the name cli.py's command table uses for every command module

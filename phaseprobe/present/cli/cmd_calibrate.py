@@ -33,7 +33,7 @@ from phaseprobe.present.cli import jsonout
 from phaseprobe.present.cli.args import int_in, seconds
 from phaseprobe.present.cli.waiting import waiting
 
-__all__ = ["register", "cmd_calibrate", "run", "compare"]
+__all__ = ["register", "run", "compare"]
 
 
 def register(subparsers: Any) -> None:
@@ -84,8 +84,7 @@ def compare(cal: Calibration, spec: GpuSpec | None) -> dict[str, Any] | None:
     return out
 
 
-def cmd_calibrate(args: argparse.Namespace, out: Console, err: Console) -> int:
-    """The handler: ``(args, out, err) -> exit code``, like the other commands."""
+def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     if args.show:
         return _show(args, out)
     where = "the GPU" if args.device == "cuda" else "this device"
@@ -182,6 +181,3 @@ def _show(args: argparse.Namespace, out: Console) -> int:
         if comparison:
             _print_comparison(out, comparison)
     return 0
-
-
-run = cmd_calibrate  # the name cli.py's command table uses for every command module

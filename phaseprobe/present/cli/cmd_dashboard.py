@@ -26,7 +26,7 @@ from phaseprobe.inputs import input_problem
 from phaseprobe.paths import default_store_path
 from phaseprobe.present.cli.args import int_in
 
-__all__ = ["register", "run", "cmd_dashboard", "streamlit_command", "APP"]
+__all__ = ["register", "run", "streamlit_command", "APP"]
 
 APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
 STORE_ENV = "PHASEPROBE_STORE"  # read by dashboard.data.store_path
@@ -62,15 +62,12 @@ def _is_loopback(address: str) -> bool:
         return False
 
 
-def cmd_dashboard(args: argparse.Namespace, out: Console, err: Console) -> int:
-    """The handler: ``(args, out, err) -> exit code``, like the other commands."""
+def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     try:
         import streamlit  # noqa: F401
     except ImportError:
         raise ConfigError("streamlit is not installed: pip install 'streamlit>=1.30'") from None
     store = Path(args.store) if args.store else default_store_path()
-    if args.port > 65535:
-        raise ConfigError(f"--port {args.port} is not a TCP port (1-65535)")
     problem = input_problem(store)  # a FIFO would hang every page that opens the store
     if problem:
         raise ConfigError(f"--store {store}: {problem}, not a store file")
@@ -125,5 +122,3 @@ def _stop(child: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
         child.kill()
         child.wait()
 
-
-run = cmd_dashboard

@@ -105,11 +105,7 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace, out: Console, err: Console) -> int:
-    if args.gpu_command == "watch":
-        return _watch(args, out, err)
-    if args.gpu_command == "import":
-        return _import(args, out, err)
-    raise ConfigError(f"unknown gpu action {args.gpu_command!r}")
+    return {"watch": _watch, "import": _import}[args.gpu_command](args, out, err)
 
 
 # -- watch -------------------------------------------------------------------------------------
@@ -121,16 +117,12 @@ def _fake_backend(args: argparse.Namespace) -> NvmlBackend | None:
         return None
     from phaseprobe.testing.fake_nvml import FakeNvmlBackend, demo_devices
 
-    if args.fake_gpus < 1:
-        raise ConfigError("--fake-gpus must be at least 1")
     return FakeNvmlBackend(demo_devices(args.fake_gpus))
 
 
 def _watch(args: argparse.Namespace, out: Console, err: Console) -> int:
     if not args.period >= MIN_PERIOD_S:
         raise ConfigError(f"--period {args.period}: the minimum is {MIN_PERIOD_S} s")
-    if args.duration is not None and not args.duration > 0:
-        raise ConfigError("--duration must be positive")
     sampler, names = open_gpu_watch(args.period, _fake_backend(args))
     interrupted = False
     started = time.monotonic()

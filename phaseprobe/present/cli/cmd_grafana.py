@@ -90,14 +90,8 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace, out: Console, err: Console) -> int:
-    action = args.grafana_command
-    if action == "build":
-        return _build(args, out, err)
-    if action == "lint":
-        return _lint(args, out, err)
-    if action == "import":
-        return _import(args, out, err)
-    raise ConfigError(f"unknown grafana action {action!r}")
+    return {"build": _build, "lint": _lint, "import": _import}[args.grafana_command](
+        args, out, err)
 
 
 def _build(args: argparse.Namespace, out: Console, err: Console) -> int:
@@ -128,11 +122,8 @@ def _dashboard(path: Path | None) -> tuple[str, dict[str, Any]]:
 
 def _lint(args: argparse.Namespace, out: Console, err: Console) -> int:
     snapshot = load_metrics(args.metrics) if args.metrics else None
-    paths: list[Path | None] = list(args.files) or [None]
-    reports: list[LintReport] = []
-    for path in paths:
-        name, dashboard = _dashboard(path)
-        reports.append(lint_dashboard(dashboard, file=name, snapshot=snapshot))
+    reports = [lint_dashboard(dashboard, file=name, snapshot=snapshot)
+               for name, dashboard in map(_dashboard, args.files or [None])]
     ok = all(r.ok for r in reports)
     if args.json:
         out.out(jsonout.dumps({"ok": ok, "metrics_source": snapshot.source if snapshot else None,

@@ -63,9 +63,7 @@ from phaseprobe.present.cli.waiting import ConsoleNotices
 from phaseprobe.redact import redact_url
 from phaseprobe.store import Store
 
-__all__ = ["register", "run", "COMMANDS"]
-
-COMMANDS = ("prefix", "batch", "interfere")
+__all__ = ["register", "run"]
 
 
 def _levels(text: str) -> tuple[int, ...]:
@@ -237,9 +235,7 @@ def _interfere_settings(args: argparse.Namespace) -> InterfereSettings:
 
 
 def run(args: argparse.Namespace, out: Console, err: Console) -> int:
-    kind = getattr(args, "interplay", None)
-    if kind not in COMMANDS:
-        raise ConfigError(f"unknown interplay probe {kind!r}")
+    kind = args.interplay
     api_key = api_key_from_env(args.api_key_env)
 
     def progress(line: str) -> None:

@@ -29,7 +29,7 @@ from phaseprobe.present.cli import jsonout
 from phaseprobe.present.cli.args import int_in
 from phaseprobe.present.cli.keep import add_keep_args, check_keep, keep, store_path
 
-__all__ = ["register", "run", "cmd_nccl", "analyze", "bar", "cell"]
+__all__ = ["register", "run", "analyze", "bar", "cell"]
 
 _BIG = 64 << 20  # files above this size get a progress bar on stderr
 _SEV = {"high": "red", "medium": "yellow", "low": "cyan"}
@@ -58,12 +58,9 @@ def register(subparsers: Any) -> None:
 
 
 def _steps(args: argparse.Namespace) -> int | None:
-    if args.steps is not None:
-        if args.steps <= 0:
-            raise ConfigError("--steps must be a positive number of decode steps")
-        return int(args.steps)
-    if args.experiment is None:
-        return None
+    """--steps, else the decode steps of --experiment's runs (None: neither is given)."""
+    if args.steps is not None or args.experiment is None:
+        return args.steps
     from phaseprobe.store import Store  # only this option touches the store
 
     with Store(store_path(args)) as store:
@@ -100,8 +97,7 @@ def _nothing_found(files: list[str], report: NcclReport) -> ConfigError:
                        "table or error line; run with NCCL_DEBUG=INFO)")
 
 
-def cmd_nccl(args: argparse.Namespace, out: Console, err: Console) -> int:
-    """The handler: ``(args, out, err) -> exit code``, like the other commands."""
+def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     files = list(args.files)
     if files[0] == "diff" and not Path("diff").exists():
         if len(files) != 3:
@@ -384,5 +380,3 @@ def _render_worse(out: Console, doc: dict[str, Any]) -> None:
     for w in doc["worse"]:
         out.print(f"[{_SEV[w['severity']]}]{w['severity']}[/] {escape(w['message'])}")
 
-
-run = cmd_nccl  # the name cli.py's command table uses for every command module

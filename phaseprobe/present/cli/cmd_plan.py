@@ -12,7 +12,6 @@ an "80 GB" card holds about 80 GiB); bandwidth in decimal TB/s, as data sheets g
 from __future__ import annotations
 
 import argparse
-import math
 from dataclasses import asdict
 from typing import Any
 
@@ -22,11 +21,10 @@ from rich.table import Table
 
 from phaseprobe.analysis import capacity as cap
 from phaseprobe.analysis import model_math as mm
-from phaseprobe.errors import ConfigError
 from phaseprobe.present.cli import jsonout
 from phaseprobe.present.cli.args import float_in, int_in
 
-__all__ = ["register", "cmd_plan", "run", "plan_document"]
+__all__ = ["register", "run", "plan_document"]
 
 _KV_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bf16", "fp16", "fp32")
 
@@ -70,12 +68,6 @@ def register(subparsers: Any) -> None:
 
 def plan_document(args: argparse.Namespace) -> dict[str, Any]:
     """Every figure of the plan as a JSON-ready dict (bytes, tokens, FLOPs, seconds)."""
-    if not math.isfinite(args.gpu_mem_gb) or args.gpu_mem_gb <= 0:
-        raise ConfigError(f"--gpu-mem-gb {args.gpu_mem_gb}: must be a positive number of GiB")
-    if not 0 < args.gpu_util <= 1:
-        raise ConfigError(f"--gpu-util {args.gpu_util}: must be in (0, 1]")
-    if args.reserve_gb < 0:
-        raise ConfigError(f"--reserve-gb {args.reserve_gb}: cannot be negative")
     cfg, source = mm.load_config(args.config)
     shape = mm.parse_shape(cfg, source)
     params = mm.count_params(shape)
@@ -115,8 +107,6 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
         "decode_floor": None,
     }
     if args.bandwidth_tbs is not None:
-        if not math.isfinite(args.bandwidth_tbs) or args.bandwidth_tbs <= 0:
-            raise ConfigError(f"--bandwidth-tbs {args.bandwidth_tbs}: must be positive")
         # Tensor parallel: each GPU reads its shard at once, so bandwidths add up; replicated
         # KV heads are read on every GPU holding a copy.
         bandwidth = args.bandwidth_tbs * 1e12 * args.gpus
@@ -131,7 +121,7 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
     return doc
 
 
-def cmd_plan(args: argparse.Namespace, out: Console, err: Console) -> int:
+def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     """The handler: ``(args, out, err) -> exit code`` (1 when the weights do not fit)."""
     doc = plan_document(args)
     if args.json:
@@ -234,5 +224,3 @@ def _render(out: Console, doc: dict[str, Any]) -> None:
         users.add_row(f"{row['context_tokens']:,}{over}", f"{row['users']:,}")
     out.print(users)
 
-
-run = cmd_plan  # the name cli.py's command table uses for every command module

@@ -23,7 +23,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from phaseprobe.analysis import trace_summary
-from phaseprobe.errors import ConfigError
 from phaseprobe.format import ns_cell as _ms
 from phaseprobe.present.cli import jsonout
 from phaseprobe.present.cli.args import float_in, int_in
@@ -58,14 +57,8 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     return run_nsys(args, out, err) if args.trace_kind == "nsys" else run_trace(args, out, err)
 
 
-def _check(args: argparse.Namespace) -> None:
-    if args.gap_us < 0 or args.top < 1:
-        raise ConfigError("--gap-us must be >= 0 and --top >= 1")
-    check_keep(args)
-
-
 def run_nsys(args: argparse.Namespace, out: Console, err: Console) -> int:
-    _check(args)
+    check_keep(args)
     path = Path(args.file)
     if path.suffix.lower() not in (".csv", ".txt", ".log", ".out"):
         err.print(f"[dim]reading {escape(str(path))}…[/dim]")
@@ -76,7 +69,7 @@ def run_nsys(args: argparse.Namespace, out: Console, err: Console) -> int:
 
 
 def run_trace(args: argparse.Namespace, out: Console, err: Console) -> int:
-    _check(args)
+    check_keep(args)
     err.print(f"[dim]reading {escape(args.file)}…[/dim]")
     doc = trace_summary.summarize_file(args.file, nsys=False,
                                        min_gap_ns=int(args.gap_us * 1000), top=args.top)
@@ -85,14 +78,15 @@ def run_trace(args: argparse.Namespace, out: Console, err: Console) -> int:
     return 0
 
 
-def render(out: Console, doc: Mapping[str, Any]) -> None:
-    """The tables of a :mod:`phaseprobe.analysis.trace_summary` document."""
-    _emit(argparse.Namespace(json=False), out, doc)
-
 def _emit(args: argparse.Namespace, out: Console, doc: Mapping[str, Any]) -> None:
     if args.json:
         out.out(jsonout.dumps(doc), highlight=False)
-        return
+    else:
+        render(out, doc)
+
+
+def render(out: Console, doc: Mapping[str, Any]) -> None:
+    """The tables of a :mod:`phaseprobe.analysis.trace_summary` document."""
     if "reports" in doc:  # console text: one block per (rank, input, report)
         out.print(f"[bold]{escape(doc['file'])}[/bold] ({doc['source']}): "
                   f"{len(doc['reports'])} tables")

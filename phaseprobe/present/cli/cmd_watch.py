@@ -143,9 +143,9 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
             spans = snapshot()
             now = time.time_ns()
             summary = summarize_spans(spans, now_ns=now, window_s=args.window)
-            return _render(summary, sink.stats.to_dict(), len(spans),
+            return _render(summary, sink.stats.to_dict(),
                            None if counter is None else counter.loss(spans, span_loss),
-                           time.monotonic() - t0, deadline)
+                           time.monotonic() - t0)
 
         t0 = time.monotonic()
         try:
@@ -182,7 +182,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     if args.json:
         out.out(jsonout.dumps(doc), highlight=False)
     else:
-        out.print(_render(summary, sink.stats.to_dict(), len(spans), loss, None, None,
+        out.print(_render(summary, sink.stats.to_dict(), loss, None,
                           title="summary over the whole watch"))
         out.print(f"prefill interference: {escape(interference.text)}", highlight=False)
     return 0  # Ctrl-C is how a watch without --duration ends: the summary is the result
@@ -242,8 +242,8 @@ class _FinishedCounter:
         return span_loss(received, delta)
 
 
-def _render(summary: Any, stats: dict[str, Any], n_kept: int, loss: Any,
-            elapsed_s: float | None, deadline: float | None, title: str | None = None) -> Group:
+def _render(summary: Any, stats: dict[str, Any], loss: Any, elapsed_s: float | None,
+            title: str | None = None) -> Group:
     d = summary.to_dict()
     head = (f"{d.get('count', 0)} request(s)"
             + (f" · {d['requests_per_s']:.2f} req/s" if d.get("requests_per_s") else "")
