@@ -167,17 +167,15 @@ def _split(y: np.ndarray) -> tuple[np.ndarray, float] | None:
 def _modes(arm: str, seq: np.ndarray, y: np.ndarray, pool: np.ndarray,
            fmt: Callable[[float], str]) -> tuple[NoiseFinding | None, np.ndarray]:
     """The finding (or None) and the indices (into y) of the minority mode's runs."""
-    if len(pool) < _MODES_MIN_N:
-        return None, np.array([], dtype=int)
-    split = _split(y[pool])
+    split = _split(y[pool]) if len(pool) >= _MODES_MIN_N else None
     if split is None:
         return None, np.array([], dtype=int)
     low_idx, d = split
-    low = np.sort(pool[low_idx])
-    high = np.setdiff1d(pool, low)
     threshold = _modes_threshold(len(pool))
     if d < threshold:
         return None, np.array([], dtype=int)
+    low = np.sort(pool[low_idx])
+    high = np.setdiff1d(pool, low)
     med_lo, med_hi = (float(np.exp(np.median(y[g]))) for g in (low, high))
     ev: dict[str, Any] = {
         "modes": [{"median_s": med, "count": len(g), "seqs": [int(seq[i]) for i in g]}

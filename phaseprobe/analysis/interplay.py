@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import re
 import statistics
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypedDict
@@ -472,11 +473,7 @@ class Verdict:
 
 def discarded_pairs(stalls: Sequence[Stall]) -> dict[str, int]:
     """overlap class → how many pairs of it were left out (everything but "inside")."""
-    out: dict[str, int] = {}
-    for s in stalls:
-        if not s.overlapped:
-            out[s.overlap] = out.get(s.overlap, 0) + 1
-    return out
+    return dict(Counter(s.overlap for s in stalls if not s.overlapped))
 
 
 def _discard_text(stalls: Sequence[Stall]) -> str:

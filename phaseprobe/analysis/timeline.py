@@ -58,7 +58,7 @@ TOP_COLUMNS: dict[str, str] = {
     "avg_ns": "float64", "max_ns": "int64", "pct": "float64 — of all activity time, %",
 }
 RANGE_BREAKDOWN_COLUMNS: dict[str, str] = {
-    **{k: v for k, v in RANGE_COLUMNS.items()}, "dur_ns": "int64",
+    **RANGE_COLUMNS, "dur_ns": "int64",
     "phase": "str — prefill | decode | mixed | '' (from vLLM step names or phaseprobe NVTX)",
     "ctx_reqs": "int64 — vLLM step: requests in prefill (-1 if not a step)",
     "ctx_tokens": "int64", "gen_reqs": "int64", "gen_tokens": "int64",
@@ -282,11 +282,10 @@ def _attribute(act_code: np.ndarray, act_t: np.ndarray, weights: list[np.ndarray
 
 def _codes(values: np.ndarray, table: np.ndarray) -> np.ndarray:
     """Position of each value in the sorted ``table``, -1 where absent."""
-    pos = np.searchsorted(table, values)
-    pos = np.clip(pos, 0, max(table.size - 1, 0))
-    found = (table.size > 0) & (table[pos] == values) if table.size else np.zeros(
-        values.size, bool)
-    return np.where(found, pos, -1).astype(np.int64)
+    if table.size == 0:
+        return np.full(values.size, -1, np.int64)
+    pos = np.clip(np.searchsorted(table, values), 0, table.size - 1)
+    return np.where(table[pos] == values, pos, -1).astype(np.int64)
 
 
 def _attribution_threads(tids: np.ndarray, range_tids: np.ndarray,

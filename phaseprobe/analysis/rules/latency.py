@@ -141,13 +141,11 @@ def ttft_gap(ev: Evidence) -> Verdict:
     if s.ttft_gap_s is None:
         return skipped("client and server TTFT (probe a vLLM whose /metrics is reachable)",
                        "phaseprobe probe --endpoint URL")
-    numbers = {"client_ttft_median_s": s.client_ttft_s,
-               "server_ttft_median_s": s.client_ttft_s - s.ttft_gap_s
-               if s.client_ttft_s is not None else None,
-               "gap_s": s.ttft_gap_s, "runs": s.n_clean, "hop": hop}
-    th = {"warn_s": TTFT_GAP_WARN_S, "fail_s": TTFT_GAP_FAIL_S}
     # The server TTFT of the same (clean) runs as the client's: what the gap is taken from.
     s_ttft = s.client_ttft_s - s.ttft_gap_s if s.client_ttft_s is not None else None
+    numbers = {"client_ttft_median_s": s.client_ttft_s, "server_ttft_median_s": s_ttft,
+               "gap_s": s.ttft_gap_s, "runs": s.n_clean, "hop": hop}
+    th = {"warn_s": TTFT_GAP_WARN_S, "fail_s": TTFT_GAP_FAIL_S}
     said = (f"client TTFT {ms(s.client_ttft_s)} - server TTFT {ms(s_ttft)} = "
             f"{ms(s.ttft_gap_s)} outside vLLM's engine (median of {s.n_clean} runs)")
     # A buffered stream delivers every token at the end: the client sees decode collapse.
@@ -186,7 +184,8 @@ def _held_back(ev: Evidence, dropped: list[Run], hop: bool | None) -> Verdict:
     causes = [c.cause for _, c in checks]
     cause = max(set(causes), key=causes.count)  # the most common cause among them
     first, check = checks[0]
-    alone = len(medians_runs(ev.runs)[0]) + len(dropped)
+    clean = len(medians_runs(ev.runs)[0])
+    alone = clean + len(dropped)
     numbers = {"runs_left_out": len(dropped), "runs_alone_on_server": alone,
                "gap_s": ev.summary.ttft_gap_s, "runs": ev.summary.n_clean,
                "cause": cause, "hop": hop,
@@ -200,7 +199,6 @@ def _held_back(ev: Evidence, dropped: list[Run], hop: bool | None) -> Verdict:
     said = (f"{len(dropped)} of {alone} runs alone on the server left out of the medians: "
             f"their client timeline contradicts the server's phases (run {first.seq + 1}: "
             f"{'; '.join(check.reasons)}); held back by {who}")
-    clean = len(medians_runs(ev.runs)[0])
     return Verdict("fail" if not clean else "warn", said, numbers, th,
                    cause_advice(cause, hop), ev.runs_command)
 
@@ -368,11 +366,9 @@ def scaling_regression(ev: Evidence) -> Verdict:
 
 def _significance(few: Evidence, many: Evidence, keys: list[str]
                   ) -> dict[str, dict[str, object]]:
-    """The A/B engine's verdict per metric, where it is installed and has enough runs."""
-    try:
-        from phaseprobe.analysis.ab_stats import compare_samples
-    except ImportError:  # the A/B engine is optional here
-        return {}
+    """The A/B engine's verdict per metric, where it has enough runs."""
+    from phaseprobe.analysis.ab_stats import compare_samples  # scipy: only with a baseline
+
     out: dict[str, dict[str, object]] = {}
     for key in keys:
         a = [getattr(r.client, key.removeprefix("client_"), None) for r in clean_runs(few)]
