@@ -207,17 +207,13 @@ class LocalVllm:
         model_dir = self._model_dir or ensure_model(venv=venv)
         if not (model_dir / "config.json").is_file():
             raise LocalServerError(f"no model at {model_dir} (config.json missing)")
-        # A port picked by us can be taken by someone else before vLLM binds it: retry once.
-        attempts = 1 if self._port is not None else 2
-        for attempt in range(attempts):
-            port = self._port or free_port(self._host)
-            try:
-                return self._launch(venv, model_dir, port)
-            except LocalServerError as exc:
-                if attempt + 1 < attempts and "address already in use" in str(exc).lower():
-                    continue
+        try:
+            return self._launch(venv, model_dir, self._port or free_port(self._host))
+        except LocalServerError as exc:
+            if self._port is not None or "address already in use" not in str(exc).lower():
                 raise
-        raise LocalServerError("unreachable")  # pragma: no cover - the loop returns or raises
+        # A port picked by us can be taken by someone else before vLLM binds it: retry once.
+        return self._launch(venv, model_dir, free_port(self._host))
 
     def _launch(self, venv: Path, model_dir: Path, port: int) -> ServerState:
         log_dir = self._log_dir or local_dir() / "logs"
