@@ -41,7 +41,7 @@ import re
 import zlib
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -318,12 +318,11 @@ def classify_numbered(numbered: Iterable[tuple[int, str | bytes]], source: str =
                       ) -> list[Finding]:
     """:func:`classify_warnings` over ``(line number, line)`` pairs: the lines may be a subset
     of the file (the candidates :func:`classify_file` picked), numbered as in the file."""
-    lines = numbered
     out: list[Finding] = []
     # (host, pid) → (index in out, line number of its last line): where a trail line folds
     last_of: dict[tuple[str, int], tuple[int, int]] = {}
     weak: set[int] = set()  # findings whose category is a default a trail code may refine
-    for line_no, item in lines:
+    for line_no, item in numbered:
         if isinstance(item, bytes | bytearray):
             raw = bytes(item).decode("utf-8", "replace")
         elif isinstance(item, str):
@@ -363,9 +362,9 @@ def classify_numbered(numbered: Iterable[tuple[int, str | bytes]], source: str =
                     category = _CATEGORY_BY_CODE[code]
                     reason = (f"{reason.split(': ', 1)[0]}: the error it raised is "
                               f"{NCCL_RESULTS.get(code)} ({code})")
-                out[i] = Finding(category, old.line_no, old.line, reason, old.source,
-                                 old.kind, old.code or NCCL_RESULTS.get(code), old.host,
-                                 old.pid, old.trail_lines + 1)
+                out[i] = replace(old, category=category, reason=reason,
+                                 code=old.code or NCCL_RESULTS.get(code),
+                                 trail_lines=old.trail_lines + 1)
                 last_of[key] = (i, line_no)
                 continue
             line = raw.rstrip("\r\n")

@@ -7,7 +7,7 @@ deadline passes, a timer thread shuts those sockets down and the blocked read fa
 The caller turns that into its own typed error (:func:`within` raises ``requests.Timeout``,
 which every source already reports as "timed out", naming its URL).
 
-    session = bounded_session()
+    session = mount_deadlines(requests.Session())
     with within(30.0, "GET /metrics"):
         text = session.get(url, timeout=10).text
 """
@@ -26,9 +26,8 @@ from requests.adapters import HTTPAdapter
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
-__all__ = ["bounded_session", "mount_deadlines", "within", "DEFAULT_TOTAL_S"]
+__all__ = ["mount_deadlines", "within"]
 
-DEFAULT_TOTAL_S = 60.0  # small answers (/v1/models, /metrics, PromQL, Grafana): a minute
 _local = threading.local()
 
 
@@ -91,10 +90,6 @@ def mount_deadlines(session: requests.Session, prefix: str | None = None,
     return session
 
 
-def bounded_session() -> requests.Session:
-    return mount_deadlines(requests.Session())
-
-
 @contextmanager
 def within(total_s: float | None, what: str) -> Iterator[None]:
     """Everything the calling thread does over a :func:`mount_deadlines` session inside
@@ -107,6 +102,7 @@ def within(total_s: float | None, what: str) -> Iterator[None]:
     watched: list[Any] = []
     _local.watched = watched
     fired = threading.Event()
+    late = f"{what}: no complete answer within {total_s:g} s (total deadline)"
 
     def fire() -> None:
         fired.set()
@@ -123,8 +119,7 @@ def within(total_s: float | None, what: str) -> Iterator[None]:
         yield
     except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
         if fired.is_set():
-            raise requests.Timeout(f"{what}: no complete answer within {total_s:g} s "
-                                   f"(total deadline)") from exc
+            raise requests.Timeout(late) from exc
         raise
     finally:
         timer.cancel()
@@ -132,5 +127,4 @@ def within(total_s: float | None, what: str) -> Iterator[None]:
         if outer is not None:
             outer.extend(watched)
     if fired.is_set():  # the shutdown ended a read early: what was read is cut short
-        raise requests.Timeout(f"{what}: no complete answer within {total_s:g} s "
-                               f"(total deadline)")
+        raise requests.Timeout(late)

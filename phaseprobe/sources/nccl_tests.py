@@ -141,10 +141,6 @@ class NcclTestsRow:
     timestamp: str | None = None
     extra: tuple[tuple[str, float], ...] = ()  # per-iteration columns (-I 1), e.g. oop_i_min_us
 
-    @property
-    def reassembled(self) -> bool:
-        return self.pieces > 1
-
     def busbw_GBps(self, place: str = "out-of-place") -> float | None:
         """Bus bandwidth of one place; ``"out-of-place"`` falls back to in-place when the row
         has no out-of-place body, ``"both"`` is the mean of the two (as nccl-tests averages)."""
@@ -323,13 +319,6 @@ class NcclTestsResult:
     @property
     def rows_dropped(self) -> int:
         return sum(t.rows_dropped for t in self.tables)
-
-    def table(self, label: str) -> NcclTestsTable | None:
-        return next((t for t in self.tables if t.label == label), None)
-
-    def busbw_by_size(self, place: str = "out-of-place") -> dict[str, dict[int, float]]:
-        """Table label → size (bytes) → busbw (GB/s)."""
-        return {t.label: t.busbw_by_size(place) for t in self.tables}
 
     def to_dict(self, rows: bool = True) -> dict[str, Any]:
         return {"source": self.source, "lines_total": self.lines_total,
@@ -1242,13 +1231,11 @@ def _pair_tables(a: NcclTestsResult, b: NcclTestsResult
                  ) -> tuple[list[tuple[NcclTestsTable, NcclTestsTable]], list[str], list[str]]:
     if len(a.tables) == 1 and len(b.tables) == 1:
         return [(a.tables[0], b.tables[0])], [], []
-    pairs = []
-    b_by = {t.label: t for t in b.tables}
-    for t in a.tables:
-        if t.label in b_by:
-            pairs.append((t, b_by.pop(t.label)))
-    paired_a = {x.label for x, _ in pairs}
-    return pairs, [t.label for t in a.tables if t.label not in paired_a], list(b_by)
+    b_by = {t.label: t for t in b.tables}  # labels are unique within a result
+    a_labels = {t.label for t in a.tables}
+    return ([(t, b_by[t.label]) for t in a.tables if t.label in b_by],
+            [t.label for t in a.tables if t.label not in b_by],
+            [label for label in b_by if label not in a_labels])
 
 
 def diff_nccl_tests(a: NcclTestsResult, b: NcclTestsResult, place: str = "out-of-place"

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 import pytest
 import requests
 
-from phaseprobe.sources.http_deadline import bounded_session, within
+from phaseprobe.sources.http_deadline import mount_deadlines, within
 
 
 @contextmanager
@@ -54,7 +54,7 @@ OK_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length:
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_body_trickled_byte_by_byte_ends_at_the_deadline(stream):
     with trickle(OK_HEAD[:8], OK_HEAD[8:] + b"[" * 200, gap_s=0.01) as url:
-        session = bounded_session()
+        session = mount_deadlines(requests.Session())
         started = time.monotonic()
         with pytest.raises(requests.Timeout, match=r"GET /x: no complete answer within 1 s"):
             with within(1.0, "GET /x"):
@@ -69,7 +69,7 @@ def test_headers_trickled_end_at_the_deadline():
         started = time.monotonic()
         with pytest.raises(requests.Timeout):
             with within(1.0, "GET /"):
-                bounded_session().get(url, timeout=5)
+                mount_deadlines(requests.Session()).get(url, timeout=5)
         assert time.monotonic() - started < 3.0
 
 
@@ -78,7 +78,7 @@ def test_a_prompt_answer_is_untouched_and_the_timer_is_gone():
     head = (b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body))
     with trickle(head + body, gap_s=0.0) as url:
         with within(5.0, "GET /"):
-            assert bounded_session().get(url, timeout=5).json() == {"ok": True}
+            assert mount_deadlines(requests.Session()).get(url, timeout=5).json() == {"ok": True}
     time.sleep(0.05)
     assert not [t for t in threading.enumerate() if isinstance(t, threading.Timer)
                 and t.is_alive()]
