@@ -56,7 +56,6 @@ from phaseprobe.local.process import (
 from phaseprobe.paths import cache_dir
 from phaseprobe.records import Experiment, Run, RunSpec
 from phaseprobe.redact import redact_url
-from phaseprobe.sources.openai_stream import build_body
 from phaseprobe.store import Store
 
 if TYPE_CHECKING:  # scipy (via ab_stats) costs ~1 s to import: only at the first look
@@ -376,10 +375,7 @@ def _measure(arms: list[_Arm], playbook: Playbook, n: int, store: Store,
         # restarted server is cold).
         for w in range(playbook.run.warmup):
             for a in arms:
-                p = playbook.run
-                out = a.client.stream(build_body(
-                    model=a.spec.model, prompt=a.warmups[w], max_tokens=p.max_tokens,
-                    chat=p.api == "chat", seed=p.seed, ignore_eos=p.ignore_eos))
+                out = a.client.stream(a.collector.body(a.warmups[w]))
                 progress.on_warmup(a.arm.name, w, out.error)
         if seq_state is not None:
             seq_state.started = time.monotonic()  # the budget counts measuring, not warm-up

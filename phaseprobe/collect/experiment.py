@@ -121,18 +121,22 @@ class RunCollector:
                 return after, False
             self.sleep(self.settings.poll_s)
 
-    def measure(self, seq: int, prompt: str) -> Run:
+    def body(self, prompt: str) -> dict[str, Any]:
+        """The request body of one run (or warm-up) of the spec with ``prompt``."""
         spec = self.spec
-        body = build_body(model=spec.model, prompt=prompt, max_tokens=spec.max_tokens,
+        return build_body(model=spec.model, prompt=prompt, max_tokens=spec.max_tokens,
                           chat=spec.api == "chat", temperature=spec.temperature, seed=spec.seed,
                           ignore_eos=spec.ignore_eos)
+
+    def measure(self, seq: int, prompt: str) -> Run:
+        body = self.body(prompt)
         # With spans, a busy server needs no waiting: the run's own span attributes it.
         before = self._scrape() if self.settings.span_wait_s is not None else self._wait_idle()
         tags = new_tags() if self.settings.span_wait_s is not None else None
         # Under `nsys profile` the run shows on the timeline: run > request > first token,
         # decode (NVTX ranges in domain phaseprobe; no-ops without a profiler)
         with StallWatch() as watch, nvtx_range(f"run {seq}"), nvtx_range("request"):
-            phases = NvtxPhases(chat=spec.api == "chat")
+            phases = NvtxPhases(chat=self.spec.api == "chat")
             try:
                 outcome = self.client.stream(body, on_events=phases.on_events,
                                              headers=tags.headers if tags else None)
@@ -149,23 +153,21 @@ class RunCollector:
 
     def _judge(self, seq: int, prompt: str, error: str | None, timeline: ClientTimeline,
                before: MetricSnapshot | None) -> Run:
-        spec = self.spec
+        def unverified(reason: str) -> Run:
+            """A run without server phases, its isolation unchecked for ``reason``."""
+            return Run(seq=seq, status="ok" if error is None else "error", prompt=prompt,
+                       client=timeline, server=None, error=error,
+                       isolation=Isolation(verified=False, isolated=False, reasons=(reason,)))
+
         if error is not None:
             # An error run keeps its partial timeline; its server deltas would be meaningless.
-            return Run(seq=seq, status="error", prompt=prompt, client=timeline, server=None,
-                       isolation=Isolation(verified=False, isolated=False,
-                                           reasons=("request failed",)),
-                       error=error)
+            return unverified("request failed")
         if before is None:
-            return Run(seq=seq, status="ok", prompt=prompt, client=timeline, server=None,
-                       isolation=Isolation(verified=False, isolated=False,
-                                           reasons=("no vLLM metrics: isolation not verified",)))
+            return unverified("no vLLM metrics: isolation not verified")
         after, moved = self._wait_observed(before)
         if after is None:
-            return Run(seq=seq, status="ok", prompt=prompt, client=timeline, server=None,
-                       isolation=Isolation(verified=False, isolated=False,
-                                           reasons=("metrics lost after the request",)))
-        server, isolation = attribute(before, after, model=spec.model,
+            return unverified("metrics lost after the request")
+        server, isolation = attribute(before, after, model=self.spec.model,
                                       prompt_tokens=timeline.prompt_tokens,
                                       completion_tokens=timeline.completion_tokens)
         if not moved:
@@ -226,9 +228,7 @@ def run_probe(spec: RunSpec, store: Store, *, settings: ProbeSettings = ProbeSet
     progress.on_start(settings.runs, settings.warmup)
     try:
         for i in range(settings.warmup):
-            warm = collector.client.stream(build_body(
-                model=spec.model, prompt=prompts[i], max_tokens=spec.max_tokens,
-                chat=spec.api == "chat", seed=spec.seed, ignore_eos=spec.ignore_eos))
+            warm = collector.client.stream(collector.body(prompts[i]))
             progress.on_warmup(i, warm.error)
         if before_runs is not None:
             before_runs()

@@ -299,12 +299,10 @@ class _HttpHandler(BaseHTTPRequestHandler):
             return self._refuse(413, "too large", f"{length} bytes is over the receiver's "
                                 f"cap of {receiver.max_bytes}", close=True)
         try:
-            body = self.rfile.read(length)
+            body: bytes | None = self.rfile.read(length)
         except OSError:
-            self.close_connection = True
-            receiver.sink.refuse("cut off")
-            return None
-        if len(body) < length:
+            body = None
+        if body is None or len(body) < length:
             self.close_connection = True
             receiver.sink.refuse("cut off")
             return None
@@ -326,24 +324,19 @@ class _HttpHandler(BaseHTTPRequestHandler):
         except StoreError as exc:
             # 503: the exporter keeps the batch and retries it (OTLP's retryable status).
             return self._refuse(503, "store unavailable", str(exc), retry=True)
-        self._answer(200, ctype, rejected=sum(batch.rejected.values()))
+        self._answer(ctype, rejected=sum(batch.rejected.values()))
         return None
 
-    def _answer(self, status: int, ctype: str, rejected: int = 0) -> None:
+    def _answer(self, ctype: str, rejected: int) -> None:
+        """200 with OTLP's export response, in the request's encoding."""
         from google.protobuf import json_format
-        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-            ExportTraceServiceResponse,
-        )
 
-        response = ExportTraceServiceResponse()
-        if rejected:
-            response.partial_success.rejected_spans = rejected
-            response.partial_success.error_message = "spans ending before they start"
+        response = _export_response(rejected)
         if ctype in _JSON_TYPES:
             payload = json_format.MessageToJson(response).encode()
         else:
             payload = response.SerializeToString()
-        self.send_response(status)
+        self.send_response(200)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
@@ -363,6 +356,19 @@ class _HttpHandler(BaseHTTPRequestHandler):
             self.close_connection = True
         self.end_headers()
         self.wfile.write(text)
+
+
+def _export_response(rejected: int) -> Any:
+    """OTLP's answer to an accepted export: a partial success when spans were rejected."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceResponse,
+    )
+
+    response = ExportTraceServiceResponse()
+    if rejected:
+        response.partial_success.rejected_spans = rejected
+        response.partial_success.error_message = "spans ending before they start"
+    return response
 
 
 def _decompress(body: bytes, encoding: str | None, cap: int, source: str) -> bytes:
@@ -404,7 +410,6 @@ def _to_protobuf(json_body: bytes, source: str) -> bytes:
 
 def _start_grpc(receiver: SpanReceiver, addr: tuple[str, int]) -> tuple[Any, int]:
     import grpc
-    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
     # Registered by hand with raw bytes in and out (no request deserializer): a malformed
     # payload then reaches our decoder and gets INVALID_ARGUMENT and a count, instead of
@@ -426,12 +431,7 @@ def _start_grpc(receiver: SpanReceiver, addr: tuple[str, int]) -> tuple[Any, int
         except StoreError as exc:
             receiver.sink.refuse("store unavailable")
             context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
-        response = trace_service_pb2.ExportTraceServiceResponse()
-        rejected = sum(batch.rejected.values())
-        if rejected:
-            response.partial_success.rejected_spans = rejected
-            response.partial_success.error_message = "spans ending before they start"
-        return bytes(response.SerializeToString())
+        return bytes(_export_response(sum(batch.rejected.values())).SerializeToString())
 
     handler = grpc.method_handlers_generic_handler(
         "opentelemetry.proto.collector.trace.v1.TraceService",
