@@ -196,10 +196,9 @@ def run(device_arg: str, quick: bool, dtypes: tuple[str, ...] = DTYPES,
     import torch  # type: ignore[import-not-found,unused-ignore]
 
     started = time.monotonic()
-    if device_arg == "auto":
+    device = device_arg
+    if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    else:
-        device = device_arg
     if device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("bench: --device cuda but torch sees no CUDA device")
     if device == "cuda":

@@ -112,8 +112,8 @@ class Calibration:
         when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(self.measured_at))
         matmul = self.raw.get("matmul")
         section = matmul.get(used) if isinstance(matmul, dict) else None
-        kernel = _kernel_name(str(section.get("kernel", ""))) if isinstance(section, dict) \
-            else "matmul"
+        linear = isinstance(section, dict) and section.get("kernel") == "torch.nn.functional.linear"
+        kernel = "F.linear" if linear else "matmul"
         rate = "—" if flops is None else f"{flops * 1e3:.3g} GFLOP/s"
         return Peaks(self.mem_bandwidth_best_gb_s * 1e9,
                      None if flops is None else flops * 1e12,
@@ -134,10 +134,6 @@ class Calibration:
                                    for k, v in d["matmul_median_tflop_s"].items()},
             measured_at=float(d["measured_at"]), torch_version=str(d["torch_version"]),
             interpreter=str(d["interpreter"]), raw=dict(d.get("raw") or {}))
-
-
-def _kernel_name(kernel: str) -> str:
-    return "F.linear" if kernel == "torch.nn.functional.linear" else "matmul"
 
 
 def _torch_importable() -> bool:
@@ -191,12 +187,9 @@ def parse_output(stdout: str, interpreter: str) -> Calibration:
     if not isinstance(doc, dict):
         excerpt = _tail(stdout) or "(no output)"
         raise CalibrationError(f"benchmark printed no JSON result; stdout:\n{excerpt}")
-    memory = doc.get("memory")
     matmul = doc.get("matmul")
-    if not isinstance(matmul, dict):
-        matmul = {}
     best, median = {}, {}
-    for dtype, section in matmul.items():
+    for dtype, section in (matmul if isinstance(matmul, dict) else {}).items():
         if isinstance(section, dict) and "error" not in section:
             best[dtype] = _rate(section, "best_tflop_s", f"{dtype} matmul rate")
             median[dtype] = _rate(section, "median_tflop_s", f"{dtype} matmul rate")
@@ -204,8 +197,8 @@ def parse_output(stdout: str, interpreter: str) -> Calibration:
         raise CalibrationError("benchmark result has no matmul measurement")
     return Calibration(
         device=str(doc.get("device", "?")), device_name=str(doc.get("device_name", "?")),
-        mem_bandwidth_best_gb_s=_rate(memory, "best_gb_s", "memory bandwidth"),
-        mem_bandwidth_median_gb_s=_rate(memory, "median_gb_s", "memory bandwidth"),
+        mem_bandwidth_best_gb_s=_rate(doc.get("memory"), "best_gb_s", "memory bandwidth"),
+        mem_bandwidth_median_gb_s=_rate(doc.get("memory"), "median_gb_s", "memory bandwidth"),
         matmul_best_tflop_s=best, matmul_median_tflop_s=median,
         measured_at=float(doc.get("measured_at") or time.time()),
         torch_version=str(doc.get("torch_version", "?")), interpreter=interpreter, raw=doc)
