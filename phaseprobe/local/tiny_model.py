@@ -27,7 +27,6 @@ import shutil
 import sys
 import sysconfig
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,11 +61,6 @@ def training_files(limit: int = N_TRAINING_FILES) -> list[Path]:
     return files[:limit]
 
 
-def _texts(files: list[Path]) -> Iterator[str]:
-    for path in files:
-        yield path.read_text(encoding="utf-8", errors="replace")
-
-
 def build_tokenizer(files: list[Path]) -> Any:  # a transformers.PreTrainedTokenizerFast
     # Only the vLLM venv has these; mypy runs where phaseprobe is installed.
     from tokenizers import (  # type: ignore[import-not-found,unused-ignore]
@@ -88,7 +82,8 @@ def build_tokenizer(files: list[Path]) -> Any:  # a transformers.PreTrainedToken
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_texts(files), trainer=trainer, length=len(files))
+    texts = (path.read_text(encoding="utf-8", errors="replace") for path in files)
+    tok.train_from_iterator(texts, trainer=trainer, length=len(files))
     bos_id = tok.token_to_id("<s>")
     tok.post_processor = processors.TemplateProcessing(
         single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos_id)]
