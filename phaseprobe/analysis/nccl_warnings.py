@@ -38,14 +38,13 @@ from __future__ import annotations
 
 import gzip
 import re
-import zlib
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from phaseprobe.errors import ConfigError
+from phaseprobe.sources.nccl_split import reading
 
 __all__ = ["Finding", "classify_warnings", "classify_file", "classify_numbered", "by_category",
            "CATEGORIES", "NCCL_RESULTS"]
@@ -273,13 +272,8 @@ def classify_file(path: str | Path, source: str | None = None) -> list[Finding]:
     lines are searched for candidate lines, and only those are classified (with their line
     numbers). ConfigError names the file when it cannot be read."""
     p = Path(path)
-    src = source if source is not None else str(p)
-    if not p.is_file():
-        raise ConfigError(f"{p}: no such file")
-    try:
-        return classify_numbered(_candidates(p), src)
-    except (OSError, EOFError, gzip.BadGzipFile, zlib.error) as exc:
-        raise ConfigError(f"{p}: cannot read ({exc})") from exc
+    with reading(p):
+        return classify_numbered(_candidates(p), source if source is not None else str(p))
 
 
 def _candidates(p: Path) -> Iterator[tuple[int, bytes]]:

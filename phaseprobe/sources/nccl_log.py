@@ -28,14 +28,13 @@ as its rest, and the record is read as if it had been written whole, where its h
 from __future__ import annotations
 
 import gzip
-import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from phaseprobe.errors import ConfigError, ParseError
+from phaseprobe.errors import ParseError
 from phaseprobe.sources import nccl_messages as msgs
 from phaseprobe.sources import nccl_split
 from phaseprobe.sources.nccl_lines import (
@@ -49,7 +48,7 @@ from phaseprobe.sources.nccl_lines import (
     split_record,
 )
 from phaseprobe.sources.nccl_model import MAX_ITEMS, NcclLog, Warn
-from phaseprobe.sources.nccl_split import COUNTED, LINES, Part, Tail, cpus, read_blocks
+from phaseprobe.sources.nccl_split import COUNTED, LINES, Part, Tail, cpus, read_blocks, reading
 
 __all__ = ["NcclLogParser", "parse_files", "parse_lines", "NcclLog"]
 
@@ -487,9 +486,7 @@ def parse_files(paths: Iterable[str | Path], strict: bool = False,
     parser = NcclLogParser(strict=strict)
     for p in paths:
         path = Path(p)
-        if not path.is_file():
-            raise ConfigError(f"{path}: no such file")
-        try:
+        with reading(path):
             size = path.stat().st_size
             raw, stream = _open(path)
             on_pos = (partial(_report, on_progress, str(path), size)
@@ -502,6 +499,4 @@ def parse_files(paths: Iterable[str | Path], strict: bool = False,
                                        partial(_tell, on_pos, raw) if on_pos else None)
             if on_progress is not None:
                 on_progress(str(path), size, size)
-        except (OSError, EOFError, gzip.BadGzipFile, zlib.error) as exc:
-            raise ConfigError(f"{path}: cannot read ({exc})") from exc
     return parser.state.finish()

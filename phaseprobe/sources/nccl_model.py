@@ -138,10 +138,9 @@ class NcclLog:
         """Program output written without a newline sticks to the next header ("0mew0:64904:…"
         from "…  0" + "mew0:64904:…"): a host that ends with the name of another host of the
         same pid is that host."""
-        log = self
         alias: dict[tuple[str, int], str] = {}
-        for host, pid in log.processes:
-            for other, opid in log.processes:
+        for host, pid in self.processes:
+            for other, opid in self.processes:
                 if opid == pid and len(host) > len(other) and host.endswith(other):
                     alias[(host, pid)] = other
         if not alias:
@@ -150,21 +149,21 @@ class NcclLog:
         def fix(host: str, pid: int) -> str:
             return alias.get((host, pid), host)
 
-        log.processes = {(fix(h, p), p) for h, p in log.processes}
-        log.hosts = {h for h, _ in log.processes}
-        coll = log.coll.copy()
-        log.coll.clear()
+        self.processes = {(fix(h, p), p) for h, p in self.processes}
+        self.hosts = {h for h, _ in self.processes}
+        coll = self.coll.copy()
+        self.coll.clear()
         for (h, p, comm, op, dtype, count), n in coll.items():
-            log.coll[(fix(h, p), p, comm, op, dtype, count)] += n
-        log.streams = {(fix(h, p), p, c, s) for h, p, c, s in log.streams}
-        log.coll_nranks = {(fix(h, p), p, c): n for (h, p, c), n in log.coll_nranks.items()}
-        comms = log.comms
-        log.comms = {}
+            self.coll[(fix(h, p), p, comm, op, dtype, count)] += n
+        self.streams = {(fix(h, p), p, c, s) for h, p, c, s in self.streams}
+        self.coll_nranks = {(fix(h, p), p, c): n for (h, p, c), n in self.coll_nranks.items()}
+        comms = self.comms
+        self.comms = {}
         for (h, p, c), comm_obj in comms.items():
             key = (fix(h, p), p, c)
-            if key not in log.comms:
+            if key not in self.comms:
                 comm_obj.host = key[0]
-                log.comms[key] = comm_obj
+                self.comms[key] = comm_obj
 
     @property
     def found(self) -> bool:
@@ -172,12 +171,10 @@ class NcclLog:
 
     def coll_rows(self) -> list[dict[str, Any]]:
         """The COLL counters as rows (comm, op, dtype, count, bytes per call, calls)."""
-        rows = []
-        for (host, pid, comm, op, dtype, count), calls in self.coll.items():
-            rows.append({"host": host, "pid": pid, "comm": comm, "op": op,
-                         "dtype": DTYPE_NAMES.get(dtype, str(dtype)), "count": count,
-                         "bytes": count * DTYPE_BYTES.get(dtype, 1), "calls": calls})
-        return rows
+        return [{"host": host, "pid": pid, "comm": comm, "op": op,
+                 "dtype": DTYPE_NAMES.get(dtype, str(dtype)), "count": count,
+                 "bytes": count * DTYPE_BYTES.get(dtype, 1), "calls": calls}
+                for (host, pid, comm, op, dtype, count), calls in self.coll.items()]
 
     def to_dict(self) -> dict[str, Any]:
         """The raw model (the CLI adds the summaries of :mod:`phaseprobe.analysis.nccl_summary`)."""

@@ -23,16 +23,21 @@ when it is full, and the parser takes over), a segment's counts are merged per r
 
 from __future__ import annotations
 
+import gzip
 import multiprocessing as mp
 import os
 import queue
+import zlib
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from phaseprobe.errors import ConfigError
 from phaseprobe.sources.nccl_lines import Fold, FoldKey, count_block
 
-__all__ = ["read_blocks", "Tail", "Part", "SPLIT_MIN", "COUNTED", "LINES", "BLOCKS", "cpus"]
+__all__ = ["read_blocks", "Tail", "Part", "SPLIT_MIN", "COUNTED", "LINES", "BLOCKS", "cpus",
+           "reading"]
 
 SPLIT_MIN = 64 << 20  # files at least this big are read by two processes (when there are 2 CPUs)
 _SEGMENT = 64  # blocks per segment (16 MB with 256 kB blocks)
@@ -44,6 +49,18 @@ _SILENCE = 60.0  # seconds to wait for a segment the child says it has sent
 COUNTED, LINES, BLOCKS = 0, 1, 2
 # (kind, start offset, end offset, (lines, skipped, folds) for COUNTED, else None)
 Part = tuple[int, int, int, tuple[int, int, list[Fold]] | None]
+
+
+@contextmanager
+def reading(path: Path) -> Iterator[None]:
+    """What the NCCL readers raise about their input file: a ConfigError naming it when it is
+    missing or cannot be read (an I/O error, a corrupt or truncated gzip)."""
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such file")
+    try:
+        yield
+    except (OSError, EOFError, gzip.BadGzipFile, zlib.error) as exc:
+        raise ConfigError(f"{path}: cannot read ({exc})") from exc
 
 
 def read_blocks(stream: Any, start: int, limit: int | None,

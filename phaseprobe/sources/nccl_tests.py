@@ -47,7 +47,6 @@ import bisect
 import gzip
 import math
 import re
-import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
 from functools import lru_cache
@@ -56,8 +55,8 @@ from typing import Any
 
 import numpy as np
 
-from phaseprobe.errors import ConfigError
 from phaseprobe.format import MISSING
+from phaseprobe.sources.nccl_split import reading
 
 __all__ = [
     "NcclTestsRow", "NcclTestsParams", "NcclTestsDevice", "NcclTestsTable", "NcclTestsResult",
@@ -1138,13 +1137,9 @@ def parse_nccl_tests_file(path: str | Path, source: str | None = None,
     longer than a chunk grows it). ``on_progress(lines_so_far)`` after each chunk.
     ConfigError when the file is missing or cannot be read (I/O error, corrupt gzip)."""
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"{p}: no such file")
-    try:
+    with reading(p):
         return _parse_file(p, source if source is not None else str(p), on_progress,
                            chunk_bytes)
-    except (OSError, EOFError, gzip.BadGzipFile, zlib.error) as exc:
-        raise ConfigError(f"{p}: cannot read ({exc})") from exc
 
 
 def _parse_file(p: Path, source: str, on_progress: Callable[[int], None] | None,
