@@ -372,20 +372,15 @@ class Store:
                                      timeout=self._timeout, check_same_thread=not threaded)
                 db.row_factory = sqlite3.Row
                 self._inspect(db)
-            except sqlite3.Error as exc:
+                self.immutable = immutable
+                return db
+            except BaseException as exc:
                 if db is not None:
                     db.close()
                 # No -shm to be had (a read-only directory, a -wal left by a writer): immutable.
                 if immutable or _primary_code(exc) not in (_READONLY, _CANTOPEN):
                     raise
                 immutable = True
-                continue
-            except BaseException:
-                if db is not None:
-                    db.close()
-                raise
-            self.immutable = immutable
-            return db
 
     def _inspect(self, db: sqlite3.Connection) -> None:
         """Read the schema version and the tables, and refuse a file that is not a phaseprobe
@@ -483,9 +478,7 @@ class Store:
         if not os.access(parent, os.W_OK | os.X_OK):
             return (f"permission denied: its directory {parent} is not writable (SQLite keeps "
                     f"{self.path.name}-wal and -shm files beside the store)")
-        if self.readonly:
-            return "it cannot be opened for reading"
-        return "it cannot be opened for writing"
+        return f"it cannot be opened for {'reading' if self.readonly else 'writing'}"
 
     def _truncation(self) -> str:
         """'; the file is truncated: …' when SQLite's header counts more bytes than the file
@@ -631,13 +624,11 @@ class Store:
             raise
 
     def finish_experiment(self, experiment_id: int, notes: list[str] | None = None) -> None:
-        if notes is None:
-            self._write("UPDATE experiments SET finished_wall_ns = ? WHERE id = ?",
-                        (time.time_ns(), experiment_id))
-        else:
-            self._write("UPDATE experiments SET finished_wall_ns = ?, notes_json = ? WHERE id = ?",
-                        (time.time_ns(), json.dumps([redact_urls_in(n) for n in notes]),
-                         experiment_id))
+        """Mark it finished; ``notes`` (when given) replace its notes."""
+        notes_json = None if notes is None else json.dumps([redact_urls_in(n) for n in notes])
+        self._write("UPDATE experiments SET finished_wall_ns = ?,"
+                    " notes_json = COALESCE(?, notes_json) WHERE id = ?",
+                    (time.time_ns(), notes_json, experiment_id))
 
     def add_gpu_samples(self, experiment_id: int, samples: pd.DataFrame) -> int:
         """Store GPU samples (a frame with :data:`phaseprobe.sources.nvml.COLUMNS`; other
