@@ -261,9 +261,7 @@ def gpu_summary(frame: pd.DataFrame) -> list[dict[str, Any]]:
     for index, g in frame.groupby("gpu_index", sort=True):
         def stat(col: str, how: str, g: pd.DataFrame = g) -> float | None:
             s = g[col].dropna()
-            if s.empty:
-                return None
-            return float(getattr(s, how)())
+            return None if s.empty else float(getattr(s, how)())
         rows.append({
             "gpu_index": int(str(index)), "samples": len(g),
             "span_s": (int(g["t_ns"].max()) - int(g["t_ns"].min())) / 1e9,

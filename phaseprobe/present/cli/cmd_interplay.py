@@ -248,9 +248,8 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     # the session checks a wrong --model before any run
     with Session(options, ConsoleNotices(err)) as session:
         endpoint, model, store = session.endpoint, session.model, session.store
-        target = Target(endpoint=endpoint, model=model, api_key=api_key,
-                        chat=args.chat, timeout_s=args.timeout,
-                        deadline_s=args.deadline)
+        target = Target(endpoint=endpoint, model=model, api_key=api_key, chat=args.chat,
+                        timeout_s=args.timeout, deadline_s=args.deadline)
         result: PrefixResult | BatchResult | InterfereResult | ArmsResult
         if kind == "prefix":
             result = run_prefix(target, store, prefix_tokens=args.prefix_tokens,
@@ -263,9 +262,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
         elif args.endpoint_b:
             endpoint_b = normalize_base_url(args.endpoint_b)
             model_b = served_model(endpoint_b, api_key, args.model_b, "--model-b")
-            target_b = Target(endpoint=endpoint_b, model=model_b, api_key=api_key,
-                              chat=args.chat, timeout_s=args.timeout,
-                              deadline_s=args.deadline)
+            target_b = replace(target, endpoint=endpoint_b, model=model_b)
             arms = [InterfereArm(n, t, {"endpoint": redact_url(t.endpoint)})
                     for n, t in zip(args.arm_names, (target, target_b))]
             result = run_interfere_arms(
@@ -276,8 +273,8 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
             result = run_interfere(target, store, _interfere_settings(args), name=args.name,
                                    progress=progress)
     if isinstance(result, ArmsResult):
-        return _emit_arms(args, out, result, {"endpoints": [redact_url(endpoint),
-                                                            redact_url(normalize_base_url(args.endpoint_b))]})
+        endpoints = [redact_url(endpoint), redact_url(normalize_base_url(args.endpoint_b))]
+        return _emit_arms(args, out, result, {"endpoints": endpoints})
     if args.json:
         doc = {"kind": kind, "endpoint": redact_url(endpoint), "model": model,
                "server": result.server_info, **result.to_dict()}

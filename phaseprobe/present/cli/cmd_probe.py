@@ -205,15 +205,13 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
         doc = {"experiment_id": result.experiment_id,
                "spec": {**spec.to_dict(), "endpoint": redact_url(spec.endpoint)},
                "server": result.server_info, "notes": result.notes,
-               "summary": summary.to_dict(), "runs": [r.to_dict() for r in result.runs]}
-        doc["efficiency"] = report.efficiency
-        doc["overlap"] = {str(seq): ctx.to_dict() for seq, ctx in report.shared.items()}
-        if report.trace is not None:
-            doc["trace"] = report.trace
-        if report.kv_reservation is not None:
-            doc["kv_reservation"] = report.kv_reservation
-        if report.prometheus is not None:
-            doc["prometheus"] = report.prometheus
+               "summary": summary.to_dict(), "runs": [r.to_dict() for r in result.runs],
+               "efficiency": report.efficiency,
+               "overlap": {str(seq): ctx.to_dict() for seq, ctx in report.shared.items()},
+               **{key: value for key, value in (("trace", report.trace),
+                                                ("kv_reservation", report.kv_reservation),
+                                                ("prometheus", report.prometheus))
+                  if value is not None}}
         out.out(jsonout.dumps(doc), highlight=False)  # plain: no markup, no wrapping
     else:
         render_probe(out, result.runs, summary, result.server_info, result.notes,

@@ -26,7 +26,12 @@ from phaseprobe.analysis.phases import medians_runs, summarize
 from phaseprobe.paths import default_store_path
 from phaseprobe.present.cli import jsonout
 from phaseprobe.present.cli.args import positive_int, store_and_json_args
-from phaseprobe.present.cli.console import render_efficiency, render_experiments, render_probe
+from phaseprobe.present.cli.console import (
+    print_schema_note,
+    render_efficiency,
+    render_experiments,
+    render_probe,
+)
 from phaseprobe.store import Store
 
 __all__ = ["register", "run", "CONCURRENT_NOTE"]
@@ -35,6 +40,9 @@ CONCURRENT_NOTE = ("batch and interfere experiments hold runs that are concurren
                    "(batch streams, interfere A/B pairs): never isolated, so `phaseprobe runs "
                    "ID` leaves them out of the medians; `phaseprobe batch|interfere` report "
                    "them")
+# What the concurrent runs of each kind are, for the "left out" line.
+_ROLES = {"batch": "batch streams",
+          "interfere": "A/B pairs; the A-alone baseline runs are isolated"}
 
 
 def register(subparsers: Any) -> None:
@@ -55,7 +63,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
             exp_id = store.latest_experiment_id()
         if exp_id is None:
             rows = store.experiments()
-            _schema_note(store, err)
+            print_schema_note(store, err)
             for row in rows:
                 row["concurrent_by_design"] = row["kind"] in CONCURRENT_KINDS
             if args.json:
@@ -71,7 +79,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
         # The roofline report the probe printed (kept with the experiment since issue 16).
         kept = [a["id"] for a in store.analyses("efficiency") if a["experiment_id"] == exp_id]
         efficiency = store.analysis(kept[-1]) if kept else None
-        _schema_note(store, err)
+        print_schema_note(store, err)
     concurrent = [r for r in runs if concurrent_by_design(r)]
     single = [r for r in runs if not concurrent_by_design(r)]
     summary = summarize(single)
@@ -80,8 +88,9 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
                     for r in medians_runs(single)[1]}
     why = None
     if concurrent:
+        roles = _ROLES.get(exp.kind, "concurrent by design")
         why = (f"{len(concurrent)} of {len(runs)} runs of this {exp.kind} experiment shared the "
-               f"server on purpose ({_roles(exp.kind)}): they are left out of the medians, "
+               f"server on purpose ({roles}): they are left out of the medians, "
                f"which cover the other {summary.n_clean} run(s)")
     if args.json:
         doc = {"experiment_id": exp_id, "name": exp.name, "kind": exp.kind,
@@ -109,18 +118,3 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
                 out.print(f"[yellow]left out:[/] run {seq + 1}: its client timeline contradicts "
                           f"the server's phases: {escape(reason)}")
     return 0
-
-
-def _schema_note(store: Store, err: Console) -> None:
-    """Say so when the store is of a newer schema (once what is shown was read)."""
-    note = store.schema_note()
-    if note:
-        err.print(f"[yellow]note:[/] {escape(note)}")
-
-
-def _roles(kind: str) -> str:
-    if kind == "batch":
-        return "batch streams"
-    if kind == "interfere":
-        return "A/B pairs; the A-alone baseline runs are isolated"
-    return "concurrent by design"

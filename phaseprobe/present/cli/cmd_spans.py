@@ -22,7 +22,7 @@ from phaseprobe.errors import ConfigError
 from phaseprobe.paths import default_store_path
 from phaseprobe.present.cli import jsonout
 from phaseprobe.present.cli.args import int_in, store_and_json_args
-from phaseprobe.present.cli.console import ms
+from phaseprobe.present.cli.console import ms, print_schema_note
 from phaseprobe.present.cli.waiting import waiting
 from phaseprobe.records import RequestSpan
 from phaseprobe.store import Store
@@ -67,9 +67,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
         if args.spans_command == "list":
             spans = store.spans(limit=args.last, newest=True)
             stats = store.span_stats()
-            note = store.schema_note()  # said once what is shown was read
-            if note:
-                err.print(f"[yellow]note:[/] {escape(note)}")
+            print_schema_note(store, err)
             if args.json:
                 out.out(jsonout.dumps({"spans": [s.to_dict() for s in spans],
                                     "stats": stats}), highlight=False)
@@ -84,9 +82,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
             raise ConfigError(f"no request span with id {args.request_id!r} in {path}")
         span, attributes = found
         neighbours = _neighbours(store, span)
-        note = store.schema_note()
-        if note:
-            err.print(f"[yellow]note:[/] {escape(note)}")
+        print_schema_note(store, err)
     return _show(span, attributes, neighbours, args.json, out)
 
 
@@ -140,8 +136,9 @@ def _show(span: RequestSpan, attributes: dict[str, Any], neighbours: list[Reques
 
     context = overlap_context(neighbours).get((span.trace_id, span.span_id))
     if as_json:
+        windows = span.windows()
         doc = {"span": span.to_dict(), "attributes": attributes,
-               "windows": _windows_dict(span),
+               "windows": None if windows is None else dict(windows.__dict__),
                "context": context.to_dict() if context is not None else None}
         out.out(jsonout.dumps(doc), highlight=False)
         return 0
@@ -169,11 +166,6 @@ def context_text(context: Any) -> str:
     if tokens:
         parts.append(f"{tokens:.0f} prompt tokens of other requests prefilled during its decode")
     return "; ".join(parts) or "nothing (no phase windows)"
-
-
-def _windows_dict(span: RequestSpan) -> dict[str, int] | None:
-    w = span.windows()
-    return None if w is None else dict(w.__dict__)
 
 
 def _other_s(s: RequestSpan) -> float | None:

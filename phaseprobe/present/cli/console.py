@@ -6,7 +6,7 @@ Only this layer knows about rich. Progress goes to stderr so ``--json`` stdout s
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -29,8 +29,11 @@ from phaseprobe.format import efficiency as fmt_efficiency
 from phaseprobe.format import ms_cell as ms  # a table cell in ms
 from phaseprobe.records import Run
 
+if TYPE_CHECKING:
+    from phaseprobe.store import Store
+
 __all__ = ["RichProgress", "progress_bar", "render_probe", "render_experiments",
-           "render_prom_comparison", "render_efficiency", "ms"]
+           "render_prom_comparison", "render_efficiency", "print_schema_note", "ms"]
 
 
 def progress_bar(console: Console) -> Progress:
@@ -38,6 +41,13 @@ def progress_bar(console: Console) -> Progress:
     return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                     TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
                     console=console, transient=True)
+
+
+def print_schema_note(store: Store, err: Console) -> None:
+    """Say so when the store is of a newer schema (called once what is shown was read)."""
+    note = store.schema_note()
+    if note:
+        err.print(f"[yellow]note:[/] {escape(note)}")
 
 
 class RichProgress:

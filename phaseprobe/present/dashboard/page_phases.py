@@ -22,25 +22,17 @@ _PHASES = ("queue", "prefill", "decode")
 
 
 def per_run_phases(ctx: Context) -> pd.DataFrame:
-    rows = []
-    for r in ctx.runs():
-        if r.server is None:
-            continue
-        for name in _PHASES:
-            value = getattr(r.server, f"{name}_s")
-            if value is not None:
-                rows.append({"run": f"run {r.seq}", "phase": name, "ms": value * 1e3})
+    rows = [{"run": f"run {r.seq}", "phase": name, "ms": value * 1e3}
+            for r in ctx.runs() if r.server is not None for name in _PHASES
+            if (value := getattr(r.server, f"{name}_s")) is not None]
     return pd.DataFrame(rows, columns=["run", "phase", "ms"])
 
 
 def per_experiment_phases(ctx: Context, ids: list[int]) -> pd.DataFrame:
-    rows = []
-    for eid in ids:
-        summary = summarize(data.runs(ctx.path, eid, ctx.key))
-        for name in _PHASES:
-            value = getattr(summary, f"server_{name}_s")
-            if value is not None:
-                rows.append({"experiment": f"#{eid}", "phase": name, "ms": value * 1e3})
+    summaries = {eid: summarize(data.runs(ctx.path, eid, ctx.key)) for eid in ids}
+    rows = [{"experiment": f"#{eid}", "phase": name, "ms": value * 1e3}
+            for eid, summary in summaries.items() for name in _PHASES
+            if (value := getattr(summary, f"server_{name}_s")) is not None]
     return pd.DataFrame(rows, columns=["experiment", "phase", "ms"])
 
 

@@ -41,7 +41,6 @@ def render(ctx: Context) -> None:
         st.altair_chart(swimlane(bars, ticks))
 
     if ctx.experiment().kind == "interfere":
-
         render_pairs(runs)
 
     seqs = [r.seq for r in runs]
