@@ -8,6 +8,7 @@ process-group and ``/health`` plumbing both build on is in ``process.py``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -256,10 +257,8 @@ class LocalVllm:
         try:
             stop_process_group(proc.pid, timeout=self._stop_timeout, reap=proc.poll)
         finally:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):  # group gone: leader too
                 proc.wait(timeout=1.0)
-            except subprocess.TimeoutExpired:  # pragma: no cover - group gone means leader too
-                pass
 
     def detach(self) -> ServerState:
         """Let the server outlive this object (detached start): it will not be stopped here."""

@@ -23,6 +23,7 @@ Only the standard library is used, so users' own tests can ship with it.
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import socket
 import struct
@@ -447,20 +448,16 @@ class _Stream:
         self.rec.reset = True
         h = self.h
         h.close_connection = True
-        try:
+        with contextlib.suppress(OSError):  # the client may already be gone
             h.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             h.rfile.close()
             h.connection.close()
-        except OSError:
-            pass  # the client may already be gone
 
     def _cut(self) -> None:
         self.rec.cut = True
         self.h.close_connection = True
-        try:
+        with contextlib.suppress(OSError):  # the client may already be gone
             self.h.connection.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass  # the client may already be gone
 
     def _wait_until(self, deadline_ns: int) -> bool:
         """Sleep, then spin, until ``deadline_ns``; False if the server is closing."""
@@ -564,10 +561,8 @@ class SseServer:
         with self._lock:
             conns = list(self._conns)
         for conn in conns:
-            try:
+            with contextlib.suppress(OSError):
                 conn.shutdown(socket.SHUT_RDWR)  # wakes handlers blocked on keep-alive reads
-            except OSError:
-                pass
         self._httpd.server_close()
         self._thread.join(timeout=5)
 
