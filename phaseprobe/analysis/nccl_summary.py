@@ -156,9 +156,9 @@ def _red_flags(log: NcclLog, groups: list[dict[str, Any]], chans: dict[str, Any]
         flag("medium", "net_within_node", "connections go over the network on a single node")
     if multi_node and by_class.get("net") and tr["gdrdma"] == 0 and "Socket" not in tr["networks"]:
         flag("low", "no_gdrdma", "network connections without GPUDirect RDMA (/GDRDMA)")
-    for var in ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_IB_DISABLE", "NCCL_NVLS_ENABLE"):
+    for var in ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_IB_DISABLE"):
         val = log.env.get(var)
-        if val is not None and val.strip() not in ("0", "") and var != "NCCL_NVLS_ENABLE":
+        if val is not None and val.strip() not in ("0", ""):
             flag("high" if var != "NCCL_SHM_DISABLE" else "medium", var.lower(),
                  f"{var}={val} set in the environment")
     if log.env.get("NCCL_NET_PLUGIN") and tr["net_plugin"].get("net") == "internal":
@@ -251,9 +251,9 @@ def diff(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     if a["transports"]["gdrdma"] and not b["transports"]["gdrdma"]:
         note("medium", "GPUDirect RDMA no longer used")
     ta, tb = a["tuning"]["by_choice"], b["tuning"]["by_choice"]
-    if ta and tb and max(ta, key=lambda k: ta[k]) != max(tb, key=lambda k: tb[k]):
-        note("medium", f"main algorithm changed from {max(ta, key=lambda k: ta[k])} to "
-                       f"{max(tb, key=lambda k: tb[k])}")
+    main_a, main_b = (max(t, key=t.__getitem__) if t else None for t in (ta, tb))
+    if ta and tb and main_a != main_b:
+        note("medium", f"main algorithm changed from {main_a} to {main_b}")
     if b["warnings"]["count"] > a["warnings"]["count"]:
         note("high", f"WARN lines {a['warnings']['count']} → {b['warnings']['count']}")
     new_flags = {f["code"] for f in b["red_flags"]} - {f["code"] for f in a["red_flags"]}

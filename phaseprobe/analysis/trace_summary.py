@@ -82,12 +82,12 @@ def summarize_nsys_file(path: str | Path, min_gap_ns: int = 100_000,
     if problem is not None:
         raise TraceError(str(path), problem)
     suffix = path.suffix.lower()
-    if suffix in (".txt", ".log", ".out") and nsys_stats_text.looks_like_stats_text(path):
+    # a .log/.out is console text even without a table (the reader's error says what it found)
+    if suffix in (".log", ".out") or (suffix == ".txt"
+                                      and nsys_stats_text.looks_like_stats_text(path)):
         return summarize_stats_text(nsys_stats_text.read_stats_text(path), str(path), top)
     if suffix in (".csv", ".txt"):
         return summarize_stats_csv(nsys_stats_csv.read_stats_csv(path), str(path), top)
-    if suffix in (".log", ".out"):  # its error says what it found instead of a table
-        return summarize_stats_text(nsys_stats_text.read_stats_text(path), str(path), top)
     return summarize_nsys_export(path, min_gap_ns, top)
 
 

@@ -40,8 +40,7 @@ from phaseprobe.collect.playbook import (
     Arm,
     Playbook,
     parse_playbook,
-    redact_args,
-    redact_env,
+    redacted_arm,
     redacted_text,
     restore_secrets,
 )
@@ -55,7 +54,6 @@ from phaseprobe.local.process import (
 )
 from phaseprobe.paths import cache_dir
 from phaseprobe.records import Experiment, Run, RunSpec
-from phaseprobe.redact import redact_url
 from phaseprobe.store import Store
 
 if TYPE_CHECKING:  # scipy (via ab_stats) costs ~1 s to import: only at the first look
@@ -281,13 +279,7 @@ def run_ab(playbook: Playbook, store: Store, *, runs: int | None = None,
             exp_id = known.get(a.arm.name)
             if exp_id is None:
                 a.info["ab"] = {"session_id": session_id, "arm": a.arm.name,
-                                "role": "AB"[a.index],
-                                "endpoint": (redact_url(a.arm.endpoint) if a.arm.endpoint
-                                             else None),
-                                "launch": None if a.arm.launch is None else {
-                                    "command": a.arm.launch.command,
-                                    "args": redact_args(a.arm.launch.args),
-                                    "env": redact_env(a.arm.launch.env)}}
+                                "role": "AB"[a.index], **redacted_arm(a.arm)}
                 exp_id = store.create_experiment(Experiment(
                     name=f"{playbook.name}:{a.arm.name}", kind="ab-arm", spec=a.spec,
                     server_info=a.info, created_wall_ns=time.time_ns()))

@@ -28,8 +28,7 @@ from phaseprobe.collect.interplay_interfere import (
     InterfereSession,
     InterfereSettings,
 )
-from phaseprobe.collect.playbook import Playbook, redact_args, redact_env
-from phaseprobe.redact import redact_url
+from phaseprobe.collect.playbook import Playbook, redacted_arm
 from phaseprobe.store import Store
 
 __all__ = ["InterfereArm", "ArmsResult", "run_interfere_arms", "interfere_playbook",
@@ -135,12 +134,7 @@ def interfere_playbook(playbook: Playbook, store: Store, settings: InterfereSett
                                               timeout_s=plan.timeout_s,
                                               deadline_s=plan.deadline_s, seed=plan.seed),
                              # kept in the experiment: secrets redacted as A/B keeps them
-                             {"playbook": playbook.name, "role": "AB"[i],
-                              "endpoint": redact_url(arm.endpoint) if arm.endpoint else None,
-                              "launch": None if arm.launch is None else {
-                                  "command": arm.launch.command,
-                                  "args": redact_args(arm.launch.args),
-                                  "env": redact_env(arm.launch.env)}})
+                             {"playbook": playbook.name, "role": "AB"[i], **redacted_arm(arm)})
                 for i, (arm, url) in enumerate(zip(playbook.arms, urls))]
         result = run_interfere_arms(arms, store, settings, name=name or playbook.name,
                                     pause_s=plan.pause_s, min_effect=plan.min_effect,

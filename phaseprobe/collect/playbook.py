@@ -47,15 +47,14 @@ from typing import Any, Literal
 from phaseprobe.analysis.ab_sequential import SequentialPlan, check_primary
 from phaseprobe.errors import ConfigError
 from phaseprobe.inputs import PLAYBOOK_CAP, read_input_text
-from phaseprobe.redact import redact_urls_in
+from phaseprobe.redact import redact_url, redact_urls_in
 from phaseprobe.sources.openai_stream import normalize_base_url
 from phaseprobe.store import AbSessionRow
 
 __all__ = ["PlaybookError", "Launch", "Arm", "RunPlan", "Playbook", "load_playbook",
            "parse_playbook", "parse_effect", "session_arms", "session_plan", "is_secret_name",
-           "is_secret_value",
-           "redact_env", "redact_args", "redacted_text", "restore_secrets", "REDACTED",
-           "LOCAL_MODEL", "shipped_playbooks"]
+           "is_secret_value", "redact_env", "redact_args", "redacted_arm", "redacted_text",
+           "restore_secrets", "REDACTED", "LOCAL_MODEL", "shipped_playbooks"]
 
 LOCAL_MODEL = "local"  # the embedded tiny model served by phaseprobe's CPU vLLM
 _TOP_KEYS = {"name", "description", "model", "run", "arm"}
@@ -482,6 +481,14 @@ def redact_args(args: tuple[str, ...] | list[str]) -> list[str]:
         else:
             out.append(redact_urls_in(arg))  # --hf-endpoint http://u:pw@host
     return out
+
+
+def redacted_arm(arm: Arm) -> dict[str, Any]:
+    """An arm's endpoint and launch as an experiment's server info keeps them: no secrets."""
+    return {"endpoint": redact_url(arm.endpoint) if arm.endpoint else None,
+            "launch": None if arm.launch is None else {
+                "command": arm.launch.command, "args": redact_args(arm.launch.args),
+                "env": redact_env(arm.launch.env)}}
 
 
 def _secret_values(playbook: Playbook) -> set[str]:
