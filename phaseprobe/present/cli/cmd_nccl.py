@@ -72,11 +72,11 @@ def _steps(args: argparse.Namespace) -> int | None:
     return steps
 
 
-def analyze(files: list[str], strict: bool, err: Console | None,
+def analyze(files: list[str], strict: bool, err: Console,
             steps: int | None = None) -> NcclReport:
     """Read ``files`` (progress bar on ``err`` for big files) into one report."""
     size = sum(Path(f).stat().st_size for f in files if Path(f).is_file())
-    if err is None or size < _BIG:
+    if size < _BIG:
         return build_report(files, strict=strict, steps=steps)
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(),
                         TimeRemainingColumn(), console=err, transient=True)
@@ -295,9 +295,8 @@ def _render_log(out: Console, d: dict[str, Any]) -> None:
         for h in coll["size_histogram"]:
             sizes[h["lo"]] = sizes.get(h["lo"], 0) + h["calls"]
         hist = Table(title="message sizes (bytes per call)", title_justify="left")
-        hist.add_column("size", justify="right")
-        hist.add_column("calls", justify="right")
-        hist.add_column("share", justify="right")
+        for col in ("size", "calls", "share"):
+            hist.add_column(col, justify="right")
         for lo in sorted(sizes):
             hist.add_row(f"{_size(lo)}–{_size(lo * 2)}", str(sizes[lo]),
                          f"{sizes[lo] / coll['calls']:.1%}")

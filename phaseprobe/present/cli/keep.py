@@ -53,10 +53,10 @@ def check_keep(args: argparse.Namespace) -> None:
 
 
 def keep(args: argparse.Namespace, err: Console, kind: str, source: str,
-         doc: Mapping[str, Any]) -> int | None:
-    """Store ``doc`` when ``--keep`` was given; returns the analysis id."""
+         doc: Mapping[str, Any]) -> None:
+    """Store ``doc`` when ``--keep`` was given."""
     if not args.keep:
-        return None
+        return
     from phaseprobe.store import Store  # only --keep touches the store
 
     path = store_path(args)
@@ -64,4 +64,3 @@ def keep(args: argparse.Namespace, err: Console, kind: str, source: str,
         analysis_id = store.add_analysis(kind, source, doc, args.experiment)
     where = f" attached to experiment {args.experiment}" if args.experiment is not None else ""
     err.print(f"[dim]kept as analysis {analysis_id}{where} in {escape(str(path))}[/dim]")
-    return analysis_id

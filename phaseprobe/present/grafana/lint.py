@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -81,10 +81,6 @@ class StaleName:
     replacement: str  # a metric name, or for REMOVED metrics what to chart instead
     present_in_source: bool | None  # None: no metrics source given
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "replacement": self.replacement,
-                "present_in_source": self.present_in_source}
-
 
 @dataclass
 class LintReport:
@@ -103,7 +99,7 @@ class LintReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {"file": self.file, "source": self.source, "ok": self.ok, "exprs": self.exprs,
-                "metrics": self.metrics, "stale": [s.to_dict() for s in self.stale],
+                "metrics": self.metrics, "stale": [asdict(s) for s in self.stale],
                 "missing": [{"name": m, "hint": self.hints.get(m)} for m in self.missing],
                 "skipped": self.skipped}
 
