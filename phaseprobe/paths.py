@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["cache_dir", "data_dir", "default_store_path"]
+__all__ = ["cache_dir", "data_dir", "default_store_path", "write_atomic"]
 
 
 def _xdg(var: str, fallback: str) -> Path:
@@ -31,3 +31,12 @@ def data_dir() -> Path:
 
 def default_store_path() -> Path:
     return data_dir() / "phaseprobe.sqlite"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` (its directory created as needed) through a temporary file
+    renamed over it: readers, and a crash half-way, never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)

@@ -34,7 +34,7 @@ from phaseprobe.analysis.roofline import Peaks
 from phaseprobe.errors import CalibrationError, ConfigError
 from phaseprobe.inputs import JSON_DOC_CAP, read_input_text
 from phaseprobe.local.venv import default_venv_dir, is_installed, venv_python
-from phaseprobe.paths import data_dir
+from phaseprobe.paths import data_dir, write_atomic
 
 __all__ = [
     "SCRIPT",
@@ -283,10 +283,7 @@ def save(cal: Calibration, path: Path | None = None) -> Path:
     entries = load_all(path)
     entries[cal.device_name] = cal
     doc = {"schema": FILE_SCHEMA, "devices": {k: v.to_dict() for k, v in entries.items()}}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(doc, indent=2) + "\n")
     return path
 
 

@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -27,6 +26,7 @@ from phaseprobe.local.server import (
     local_dir,
     profiler_args,
 )
+from phaseprobe.paths import write_atomic
 
 __all__ = [
     "LocalStatus",
@@ -44,10 +44,7 @@ def default_state_path() -> Path:
 
 
 def write_state(path: Path, state: ServerState) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(state.to_json())
-    os.replace(tmp, path)  # readers never see half a file
+    write_atomic(path, state.to_json())
 
 
 def read_state(path: Path) -> ServerState | None:

