@@ -295,16 +295,15 @@ def scaling(levels: Sequence[LevelStats], gain_min: float = SCALING_GAIN_MIN) ->
     if not levels:
         return Scaling({}, {}, None, [], verdict="no levels")
     base = levels[0]
-    ratios: dict[int, float | None] = {}
-    eff: dict[int, float | None] = {}
-    for lv in levels:
-        r = (lv.tokens_per_s / base.tokens_per_s
-             if lv.tokens_per_s and base.tokens_per_s else None)
-        ratios[lv.concurrency] = r
-        eff[lv.concurrency] = r / (lv.concurrency / base.concurrency) if r is not None else None
-    srv = {lv.concurrency: (lv.server_tokens_per_s / base.server_tokens_per_s
-                            if lv.server_tokens_per_s and base.server_tokens_per_s else None)
-           for lv in levels}
+
+    def vs_base(rate: str) -> dict[int, float | None]:
+        b = getattr(base, rate)
+        return {lv.concurrency: getattr(lv, rate) / b if getattr(lv, rate) and b else None
+                for lv in levels}
+
+    ratios = vs_base("tokens_per_s")
+    eff = {c: r / (c / base.concurrency) if r is not None else None for c, r in ratios.items()}
+    srv = vs_base("server_tokens_per_s")
     stops_at, evidence = knee({lv.concurrency: lv.tokens_per_s for lv in levels}, gain_min)
     server_rates = {lv.concurrency: lv.server_tokens_per_s for lv in levels}
     has_server = sum(1 for v in server_rates.values() if v) >= 2

@@ -217,6 +217,7 @@ def efficiency_report(runs: Sequence[Run], server_info: dict[str, Any], *,
         beaten = is_beaten(ratio) or any(getattr(r, f"{phase}_bound_beaten") for r in per_run)
         bound = median_or_none([getattr(r, bound_key) for r in per_run])
         measured = median_or_none([getattr(r, meas_key) for r in per_run])
+        phases[bound_key], phases[meas_key] = bound, measured
         phases[f"{phase}_efficiency"] = None if beaten else ratio
         phases[f"{phase}_bound_ratio"] = ratio
         phases[f"{phase}_bound_beaten"] = beaten
@@ -228,13 +229,12 @@ def efficiency_report(runs: Sequence[Run], server_info: dict[str, Any], *,
         "peaks_dtype": dtype,
         "model_config": str(path),
         "decode_efficiency": phases["decode_efficiency"],
-        "decode_bound_s_per_token": median_or_none([r.decode_bound_s_per_token for r in per_run]),
-        "decode_measured_s_per_token": median_or_none(
-            [r.decode_measured_s_per_token for r in per_run]),
+        "decode_bound_s_per_token": phases["decode_bound_s_per_token"],
+        "decode_measured_s_per_token": phases["decode_measured_s_per_token"],
         "prefill_efficiency": phases["prefill_efficiency"],
-        "prefill_bound_s": median_or_none([r.prefill_bound_s for r in per_run]),
+        "prefill_bound_s": phases["prefill_bound_s"],
         "prefill_bound_kind": per_run[0].prefill_bound_kind if per_run else None,
-        "prefill_measured_s": median_or_none([r.prefill_measured_s for r in per_run]),
+        "prefill_measured_s": phases["prefill_measured_s"],
         "decode_bound_ratio": phases["decode_bound_ratio"],
         "prefill_bound_ratio": phases["prefill_bound_ratio"],
         "decode_bound_beaten": phases["decode_bound_beaten"],
