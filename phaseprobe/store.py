@@ -252,11 +252,6 @@ def _primary_code(exc: BaseException) -> int | None:
     return code & 0xFF if isinstance(code, int) else None
 
 
-def _sibling(path: Path, suffix: str) -> Path:
-    """The ``-wal``/``-shm`` file SQLite keeps beside a database in WAL mode."""
-    return path.with_name(path.name + suffix)
-
-
 class Store:
     """Open the store at ``path``: for writing (the default), created and migrated as needed;
     or ``readonly``, for commands that only read.
@@ -362,7 +357,8 @@ class Store:
     def _open_readonly(self, header: bytes | None, threaded: bool) -> sqlite3.Connection:
         assert header is not None  # _check_file refused a missing file
         wal_mode = len(header) > 19 and header[18] == 2  # file format read version 2: WAL
-        immutable = wal_mode and not _sibling(self.path, "-wal").exists()
+        # No -wal file beside a WAL store: no process has it open.
+        immutable = wal_mode and not self.path.with_name(self.path.name + "-wal").exists()
         while True:
             uri = (f"file:{quote(os.path.abspath(self.path))}?mode=ro"
                    + ("&immutable=1" if immutable else ""))

@@ -7,6 +7,7 @@ receiver is tested on the same bytes an exporter sends.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 from collections.abc import Sequence
@@ -85,7 +86,5 @@ def to_otlp_json(message: ExportTraceServiceRequest) -> str:
             for span in ss.get("spans", []):
                 for key in ("traceId", "spanId", "parentSpanId"):
                     if key in span:
-                        import base64
-
                         span[key] = base64.b64decode(span[key]).hex()
     return json.dumps(doc)
