@@ -12,6 +12,7 @@ import gzip
 import json
 import zlib
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,16 +50,13 @@ def import_otlp_json(path: Path, store: Store,
     pending = SpanBatch()
 
     def commit() -> None:
+        nonlocal pending
         result.new_request_spans += store.add_spans(pending.requests, pending.attributes,
                                                     seen=pending.seen)
         result.request_spans += len(pending.requests)
         result.other_spans += sum(pending.other.values())
         result.rejected_spans += sum(pending.rejected.values())
-        pending.requests.clear()
-        pending.attributes.clear()
-        pending.other.clear()
-        pending.seen.clear()
-        pending.rejected.clear()
+        pending = SpanBatch()
 
     for line_no, raw in _lines(path):
         result.lines += 1
@@ -96,14 +94,9 @@ def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
     problem = input_problem(path)
     if problem:
         raise OtlpError(str(path), problem)
-    try:
-        opener: Any = gzip.open if path.suffix == ".gz" else open
-        with opener(path, "rb") as f:
-            head = f.read(MAX_LINE_BYTES + 1)
-            rest = f.read(1)
-    except (OSError, EOFError, zlib.error) as exc:
-        raise OtlpError(str(path), f"cannot read: {getattr(exc, 'strerror', None) or exc}"
-                        ) from None
+    with _reading(path) as f:
+        head = f.read(MAX_LINE_BYTES + 1)
+        rest = f.read(1)
     if len(head) > MAX_LINE_BYTES or rest:
         yield from _stream_lines(path)
         return
@@ -125,18 +118,25 @@ def _one_document(data: bytes) -> bool:
 
 
 def _stream_lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    with _reading(path) as f:
+        i = 0
+        while line := f.readline(MAX_LINE_BYTES + 1):  # bounded: never a huge line whole
+            i += 1
+            if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
+                while (more := f.readline(MAX_LINE_BYTES + 1)) and not more.endswith(b"\n"):
+                    pass  # skip the rest of the over-long line
+                yield i, _TOO_LONG
+                continue
+            yield i, line
+
+
+@contextmanager
+def _reading(path: Path) -> Iterator[Any]:
+    """The file open for bytes (a .gz one decompressed); an error reading it is an OtlpError."""
     opener: Any = gzip.open if path.suffix == ".gz" else open
     try:
         with opener(path, "rb") as f:
-            i = 0
-            while line := f.readline(MAX_LINE_BYTES + 1):  # bounded: never a huge line whole
-                i += 1
-                if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
-                    while (more := f.readline(MAX_LINE_BYTES + 1)) and not more.endswith(b"\n"):
-                        pass  # skip the rest of the over-long line
-                    yield i, _TOO_LONG
-                    continue
-                yield i, line
+            yield f
     except (OSError, EOFError, zlib.error) as exc:
         raise OtlpError(str(path), f"cannot read: {getattr(exc, 'strerror', None) or exc}"
                         ) from None
