@@ -267,7 +267,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
                     for n, t in zip(args.arm_names, (target, target_b))]
             result = run_interfere_arms(
                 arms, store, _interfere_settings(args), name=args.name,
-                pause_s=args.pause or 0.0, min_effect=parse_effect(args.min_effect or 0.05),
+                pause_s=args.pause or 0.0, min_effect=args.min_effect or 0.05,
                 progress=progress)
         else:
             result = run_interfere(target, store, _interfere_settings(args), name=args.name,
@@ -301,8 +301,7 @@ def _run_playbook(args: argparse.Namespace, out: Console, api_key: str | None,
     if args.pause is not None or args.min_effect is not None:
         playbook = replace(playbook, run=replace(
             playbook.run, pause_s=playbook.run.pause_s if args.pause is None else args.pause,
-            min_effect=(playbook.run.min_effect if args.min_effect is None
-                        else parse_effect(args.min_effect))))
+            min_effect=playbook.run.min_effect if args.min_effect is None else args.min_effect))
     with Store(args.store or default_store_path()) as store:
         result = interfere_playbook(playbook, store, settings,
                                     name=None if args.name == "interfere" else args.name,
