@@ -22,7 +22,6 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypedDict, TypeVar
 from urllib.parse import quote
 
@@ -847,8 +846,7 @@ class Store:
     def __enter__(self) -> Store:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 

@@ -16,7 +16,6 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Self
 
 from phaseprobe.errors import LocalServerError
@@ -270,12 +269,7 @@ class LocalVllm:
         self.start()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
 

@@ -18,7 +18,6 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import IO, Self
 from urllib.parse import urlsplit
 
@@ -45,11 +44,10 @@ def scrape_config(targets: Sequence[str], interval_s: float = 1.0, job: str = "v
         path = parts.path.rstrip("/") or "/metrics"
         groups.setdefault((parts.scheme, path), []).append(parts.netloc)
     interval = f"{max(1, round(interval_s * 1000))}ms"
-    jobs = []
-    for i, ((scheme, path), hosts) in enumerate(sorted(groups.items())):
-        jobs.append({"job_name": job if i == 0 else f"{job}_{i}", "scheme": scheme,
-                     "metrics_path": path, "scrape_interval": interval,
-                     "scrape_timeout": interval, "static_configs": [{"targets": hosts}]})
+    jobs = [{"job_name": job if i == 0 else f"{job}_{i}", "scheme": scheme, "metrics_path": path,
+             "scrape_interval": interval, "scrape_timeout": interval,
+             "static_configs": [{"targets": hosts}]}
+            for i, ((scheme, path), hosts) in enumerate(sorted(groups.items()))]
     return {"global": {"scrape_interval": interval, "evaluation_interval": interval},
             "scrape_configs": jobs}
 
@@ -182,6 +180,5 @@ class PrometheusServer:
     def __enter__(self) -> Self:
         return self.start()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
