@@ -19,8 +19,8 @@ from phaseprobe.errors import ConfigError
 from phaseprobe.redact import redact_url
 from phaseprobe.sources.openai_stream import normalize_base_url
 
-__all__ = ["DEFAULT_KEY_VARS", "api_key_from_env", "endpoint_or_local", "first_model",
-           "served_model", "endpoint_models", "normalize_base_url"]
+__all__ = ["DEFAULT_KEY_VARS", "api_key_from_env", "endpoint_or_local", "served_model",
+           "endpoint_models", "normalize_base_url"]
 
 # Looked at in this order when no --api-key-env is given.
 DEFAULT_KEY_VARS = ("OPENAI_API_KEY", "VLLM_API_KEY")
@@ -54,11 +54,6 @@ def endpoint_or_local(endpoint: str | None, stack: ExitStack, notices: Notices,
     stack.enter_context(stop_with_parent(server.pid))  # stopped even after a kill -9
     notices.info(f"local vLLM ready at {server.base_url} (log: {server.log_path})")
     return server.base_url
-
-
-def first_model(endpoint: str, api_key: str | None) -> str:
-    """The first model the endpoint lists (raises EndpointUnreachable before any run)."""
-    return served_model(endpoint, api_key, None)
 
 
 def endpoint_models(endpoint: str, api_key: str | None) -> list[dict[str, Any]]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from phaseprobe.collect.playbook import PlaybookError, parse_playbook
-from phaseprobe.collect.target import first_model, served_model
+from phaseprobe.collect.target import served_model
 from phaseprobe.errors import ConfigError
 from phaseprobe.sources.openai_stream import normalize_base_url
 from phaseprobe.testing.sse_server import Script, SseServer
@@ -39,7 +39,6 @@ def test_unusable_endpoints_say_what_to_type(typed, says):
 def test_v1_suffix_reaches_the_server_and_a_wrong_model_lists_the_served_ones():
     with SseServer(Script(n_tokens=2)) as srv:
         # Issue 16: "--endpoint http://host:8000/v1" gave "…/v1/v1/models (HTTP 404)".
-        assert first_model(srv.base_url + "/v1", None) == srv.model
         assert served_model(srv.base_url + "/v1/", None, srv.model) == srv.model
         with pytest.raises(ConfigError) as info:
             served_model(srv.base_url, None, "llama-70b")
