@@ -156,12 +156,16 @@ def test_stop_kills_the_whole_process_group(sleep_tree: subprocess.Popen[bytes])
 
 
 def test_stop_escalates_to_sigkill_when_sigterm_is_ignored() -> None:
-    proc = subprocess.Popen(["sh", "-c", "trap '' TERM; sleep 300 & wait"], start_new_session=True)
-    time.sleep(0.2)
+    # the shell says when its trap is set: a fixed sleep lost the race on a busy machine (SIGTERM
+    # came before the trap and the shell died of it, not of SIGKILL)
+    proc = subprocess.Popen(["sh", "-c", "trap '' TERM; echo ready; sleep 300 & wait"],
+                            start_new_session=True, stdout=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
     started = time.monotonic()
     stop_process_group(proc.pid, timeout=0.5, reap=proc.poll)
     assert not process_group_alive(proc.pid)
     assert proc.wait(timeout=1) == -signal.SIGKILL
+    proc.stdout.close()
     assert time.monotonic() - started < 5
 
 
