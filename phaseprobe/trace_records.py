@@ -8,14 +8,19 @@ same answer to "is this NCCL, a GEMM, attention?" and the readers set it once.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from phaseprobe.errors import TraceError
+from phaseprobe.inputs import input_problem
+
 __all__ = ["ACTIVITY_COLUMNS", "RANGE_COLUMNS", "CLASSES", "Timeline", "classify_names",
-           "category_of", "empty_activities", "empty_ranges"]
+           "category_of", "empty_activities", "empty_ranges", "trace_file"]
 
 ACTIVITY_COLUMNS: dict[str, str] = {
     "start_ns": "int64 — start, ns (trace clock)",
@@ -107,3 +112,15 @@ class Timeline:
     def __post_init__(self) -> None:
         if "cls" not in self.activities.columns:
             self.activities["cls"] = classify_names(self.activities)
+
+
+def trace_file(path: str | os.PathLike[str]) -> Path:
+    """``path`` as a trace or export the readers may open, or the :class:`TraceError` that
+    says why not: it is missing, or not a regular file (a FIFO would block the open)."""
+    p = Path(path)
+    if not p.exists():
+        raise TraceError(str(p), "no such file")
+    problem = input_problem(p)
+    if problem is not None:
+        raise TraceError(str(p), problem)
+    return p

@@ -22,7 +22,6 @@ import os
 import re
 import sqlite3
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -30,9 +29,8 @@ import numpy as np
 import pandas as pd
 
 from phaseprobe.errors import TraceError
-from phaseprobe.inputs import input_problem
 from phaseprobe.sources.nvtx_marks import NVTX_DOMAIN, nvtx_range  # re-exported
-from phaseprobe.trace_records import Timeline, empty_activities, empty_ranges
+from phaseprobe.trace_records import Timeline, empty_activities, empty_ranges, trace_file
 
 __all__ = ["read_nsys", "open_export", "API_COLUMNS", "MEMCPY_KINDS", "nvtx_range",
            "NVTX_DOMAIN"]
@@ -55,12 +53,7 @@ _PID_MASK = ~0xFFFFFF  # globalTid & 0xFFFFFFFFFF000000 → globalPid (nsys nvtx
 
 def open_export(path: str | os.PathLike[str]) -> sqlite3.Connection:
     """Open read-only and check it is a database with at least one nsys table."""
-    p = Path(path)
-    if not p.exists():
-        raise TraceError(str(p), "no such file")
-    problem = input_problem(p)  # a FIFO would block the open; a directory is no trace
-    if problem is not None:
-        raise TraceError(str(p), problem)
+    p = trace_file(path)
     try:
         # Quoted: a raw path with '#', '?' or '%' would be read as a URI fragment, a query or
         # an escape, and open another file (issue 18). mode=ro never creates one.

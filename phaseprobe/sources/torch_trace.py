@@ -31,8 +31,7 @@ import pandas as pd
 import requests
 
 from phaseprobe.errors import TraceError
-from phaseprobe.inputs import input_problem
-from phaseprobe.trace_records import Timeline, empty_activities, empty_ranges
+from phaseprobe.trace_records import Timeline, empty_activities, empty_ranges, trace_file
 
 __all__ = ["read_torch_trace", "iter_trace", "COMM_COLUMNS", "ProfileCapture",
            "capture_profile", "find_traces"]
@@ -140,12 +139,7 @@ def _open_text(path: Path) -> IO[str]:
 
 def iter_trace(path: str | os.PathLike[str], header: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """Yield the ``traceEvents`` one by one; every other top-level key lands in ``header``."""
-    p = Path(path)
-    if not p.exists():
-        raise TraceError(str(p), "no such file")
-    problem = input_problem(p)  # a FIFO would block the open; a directory is no trace
-    if problem is not None:
-        raise TraceError(str(p), problem)
+    p = trace_file(path)
     with _open_text(p) as fh:
         s = _Stream(fh, str(p))
         s.expect("{")
