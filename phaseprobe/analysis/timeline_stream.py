@@ -191,6 +191,14 @@ class TimelineFold:
             j = int(holder[-1])
             d.holder = (str(name_labels[name[j]]), str(cls_labels[cls[j]]))
 
+    def span(self) -> tuple[int, int] | None:
+        """(first start, last end) of every activity folded, ns on the trace's clock; None
+        when there was none."""
+        if not self.devices:
+            return None
+        return (min(int(d.first_start or 0) for d in self.devices.values()),
+                max(int(d.unions[0].run_max or 0) for d in self.devices.values()))
+
     def kernels(self) -> dict[str, int]:
         """The document's kernel counts (``trace_summary.KernelCounts``)."""
         kc = self.kind_counts

@@ -68,7 +68,8 @@ class TraceDoc(TypedDict, total=False):
 
 __all__ = ["TraceDoc", "KernelCounts", "RangesDoc", "summarize", "summarize_file",
            "summarize_trace_file", "summarize_nsys_file", "summarize_nsys_export",
-           "read_timeline", "trace_in",
+           "summarize_nsys_with_span", "activity_span",
+           "read_torch_timeline", "trace_in",
            "summarize_stats_csv", "summarize_stats_text", "records"]
 
 
@@ -111,11 +112,8 @@ def trace_in(path: str | Path) -> Path:
     return p
 
 
-def read_timeline(path: str | Path, *, nsys: bool) -> tuple[tla.Timeline, Path]:
-    """The Timeline of an Nsight export or a Kineto trace (or a directory's rank-0 trace)."""
-    if nsys:
-        from phaseprobe.sources.nsys_export import read_nsys
-        return read_nsys(path), Path(path)
+def read_torch_timeline(path: str | Path) -> tuple[tla.Timeline, Path]:
+    """The Timeline of a Kineto trace (or of a directory's rank-0 trace), and its path."""
     from phaseprobe.sources.torch_trace import read_torch_trace
     p = trace_in(path)
     return read_torch_trace(p)[0], p
@@ -182,6 +180,15 @@ def summarize_nsys_export(path: str | Path, min_gap_ns: int = 100_000, top: int 
     the export is read in chunks (``sources.nsys_scan``) folded into the same tables
     (``analysis.timeline_stream``). An export the chunked reader cannot take exactly (or a
     broken one, whose error the in-memory reader words) goes through ``read_nsys``."""
+    return summarize_nsys_with_span(path, min_gap_ns, top, chunk_rows)[0]
+
+
+def summarize_nsys_with_span(path: str | Path, min_gap_ns: int = 100_000, top: int = 15,
+                             chunk_rows: int | None = None
+                             ) -> tuple[TraceDoc, tuple[int, int] | None]:
+    """:func:`summarize_nsys_export` and the activities' span, (first start, last end) in ns
+    on the export's clock, None without activities: what the checklist's evidence needs to
+    tell whether a capture belongs to the runs (:func:`activity_span`)."""
     import sqlite3
 
     from phaseprobe.analysis.timeline_stream import TimelineFold
@@ -204,10 +211,18 @@ def summarize_nsys_export(path: str | Path, min_gap_ns: int = 100_000, top: int 
             frames = fold.result(order, top)
             kernels = cast(KernelCounts, fold.kernels())
             return _document(str(path), "nsys", meta, devices, scan.api, kernels, frames,
-                             min_gap_ns, top)
+                             min_gap_ns, top), fold.span()
     except (nsys_scan.NotStreamable, nsys_scan.OutOfOrder, sqlite3.Error, TypeError,
             ValueError, OverflowError):
-        return summarize(read_nsys(path), str(path), min_gap_ns, top)
+        tl = read_nsys(path)
+        return summarize(tl, str(path), min_gap_ns, top), activity_span(tl.activities)
+
+
+def activity_span(acts: pd.DataFrame) -> tuple[int, int] | None:
+    """(first start, last end) of a timeline's activities, ns; None when it has none."""
+    if acts.empty:
+        return None
+    return int(acts["start_ns"].min()), int(acts["end_ns"].max())
 
 
 def _document(file: str, source: str, meta: dict[str, str], names: dict[str, str],

@@ -404,18 +404,21 @@ def trace_evidence(path: str, *, nsys: bool, min_gap_ns: int = 100_000) -> dict[
             return doc
     from phaseprobe.analysis import trace_summary
 
-    tl, p = trace_summary.read_timeline(p, nsys=nsys)
-    return {**trace_summary.summarize(tl, str(p), min_gap_ns), **_trace_facts(tl)}
+    if nsys:  # the summary `phaseprobe nsys` prints, in bounded memory at any export size
+        doc, span = trace_summary.summarize_nsys_with_span(p, min_gap_ns)
+        return {**doc, **_trace_facts(doc["meta"], span)}
+    tl, p = trace_summary.read_torch_timeline(p)
+    return {**trace_summary.summarize(tl, str(p), min_gap_ns),
+            **_trace_facts(tl.meta, trace_summary.activity_span(tl.activities))}
 
 
-def _trace_facts(tl: Any) -> dict[str, Any]:
-    """Where and when a trace was taken, from its own metadata (to check it belongs): wall
-    span, host, world size, vLLM version; keys left out when the trace does not say."""
-    meta = getattr(tl, "meta", {}) or {}
+def _trace_facts(meta: dict[str, str], span: tuple[int, int] | None) -> dict[str, Any]:
+    """Where and when a trace was taken, from its own metadata and its activities' span (to
+    check it belongs): wall span, host, world size, vLLM version; keys left out when the
+    trace does not say."""
     out: dict[str, Any] = {}
-    acts = tl.activities
-    if not acts.empty:
-        start, end = int(acts["start_ns"].min()), int(acts["end_ns"].max())
+    if span is not None:
+        start, end = span
         base = meta.get("baseTimeNanoseconds")
         if start < 10**17 and base and str(base).isdigit():  # relative to the trace's base
             start, end = start + int(base), end + int(base)

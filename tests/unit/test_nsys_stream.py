@@ -129,14 +129,20 @@ def build(path: Path, seed: int, *, shuffle: bool, split: bool, twins: bool,
 
 def same(path: Path, chunk_rows: int, min_gap_ns: int, top: int,
          monkeypatch: pytest.MonkeyPatch, streamed: bool = True) -> None:
-    want = trace_summary.summarize(read_nsys(path), str(path), min_gap_ns, top)
+    tl = read_nsys(path)
+    want = trace_summary.summarize(tl, str(path), min_gap_ns, top)
     if streamed:  # the chunked reader must not hand this export to read_nsys
-        def refuse(*_: object, **__: object) -> None:
-            raise AssertionError("fell back to read_nsys")
-        monkeypatch.setattr(nsys_export, "read_nsys", refuse)
-    got = trace_summary.summarize_nsys_export(path, min_gap_ns, top, chunk_rows)
+        refuse_read_nsys(monkeypatch)
+    got, span = trace_summary.summarize_nsys_with_span(path, min_gap_ns, top, chunk_rows)
     monkeypatch.undo()
     assert json.dumps(got, sort_keys=True) == json.dumps(want, sort_keys=True)
+    assert span == trace_summary.activity_span(tl.activities)
+
+
+def refuse_read_nsys(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*_: object, **__: object) -> None:
+        raise AssertionError("fell back to read_nsys")
+    monkeypatch.setattr(nsys_export, "read_nsys", refuse)
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -216,3 +222,27 @@ def test_reader_fixtures_match(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                        "twins": t.VERSIONED_TWINS}[fixture])
     for chunk_rows in (1, 1000):
         same(path, chunk_rows, 1, 15, monkeypatch)
+
+
+def test_checklist_nsys_evidence_is_the_chunked_summary(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """``check --nsys`` reads the export as ``phaseprobe nsys`` does (bounded memory, never
+    ``read_nsys`` for a streamable export) and still dates it: an export on the wall clock
+    gets the span of its activities, as the in-memory reading gave it."""
+    from phaseprobe.collect.evidence import trace_evidence
+
+    path = build(tmp_path / "x.sqlite", 4, shuffle=True, split=False, twins=False)
+    base = 1_764_000_000 * 10**9  # 2025-11-24 in ns since the epoch
+    conn = sqlite3.connect(path)
+    for table in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY",
+                  "CUPTI_ACTIVITY_KIND_MEMSET", "CUPTI_ACTIVITY_KIND_RUNTIME", "NVTX_EVENTS"):
+        conn.execute(f'UPDATE {table} SET start = start + {base}, "end" = "end" + {base}')
+    conn.commit()
+    conn.close()
+    tl = read_nsys(path)
+    start, end = int(tl.activities["start_ns"].min()), int(tl.activities["end_ns"].max())
+    want = {**trace_summary.summarize(tl, str(path)), "span_ns": [start, end]}
+    refuse_read_nsys(monkeypatch)
+    got = trace_evidence(str(path), nsys=True)
+    assert start >= base and json.dumps(got, sort_keys=True) == json.dumps(want, sort_keys=True)
+
