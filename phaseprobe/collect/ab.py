@@ -238,6 +238,13 @@ class _Arm:
         self.done: set[int] = set()
         self.runs: list[Run] = []  # stored runs, in order (earlier invocations' first)
 
+    def all_notes(self) -> list[str]:
+        """The arm's notes, its collector's (metrics lost), then its runs' stream notes counted
+        (a usage block that is not token counts), those naming the arm: which server sent it
+        matters in an A/B, and both arms may send the same one."""
+        runs = [f"arm {self.arm.name}: {note}" for note in self.collector.run_notes.lines()]
+        return self.notes + self.collector.notes + runs
+
 
 def run_ab(playbook: Playbook, store: Store, *, runs: int | None = None,
            progress: AbProgress | None = None, launcher: Launcher = launch_server,
@@ -290,7 +297,7 @@ def run_ab(playbook: Playbook, store: Store, *, runs: int | None = None,
         store.set_ab_arms(session_id, result.experiments)
         _measure(arms, playbook, n, store, progress, result)
     for a in arms:
-        result.notes.extend(a.notes + a.collector.notes)
+        result.notes.extend(a.all_notes())
         result.runs[a.arm.name] = store.runs(a.experiment_id)
     return result
 
@@ -414,7 +421,7 @@ def _measure(arms: list[_Arm], playbook: Playbook, n: int, store: Store,
     finally:
         for a in arms:
             with contextlib.suppress(StoreError):
-                store.finish_experiment(a.experiment_id, a.notes + a.collector.notes)
+                store.finish_experiment(a.experiment_id, a.all_notes())
         if result.complete:
             if result.stop is not None:
                 store.update_ab_settings(result.session_id, {"stop": result.stop})

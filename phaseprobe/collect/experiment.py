@@ -10,7 +10,7 @@ to the store before the next one starts. Faults become data: an HTTP error or a 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -33,8 +33,8 @@ from phaseprobe.sources.stall_watch import StallWatch
 from phaseprobe.sources.vllm_metrics import MetricSnapshot, MetricsScraper
 from phaseprobe.store import Store
 
-__all__ = ["ProbeSettings", "ProbeResult", "ProgressHook", "NullProgress", "RunCollector",
-           "run_probe"]
+__all__ = ["ProbeSettings", "ProbeResult", "ProgressHook", "NullProgress", "RunNotes",
+           "RunCollector", "run_probe"]
 
 
 @dataclass(frozen=True)
@@ -73,20 +73,45 @@ class NullProgress:
     def on_end(self) -> None: ...
 
 
+class RunNotes:
+    """What the streams of stored runs noted (a usage block that is not token counts), one
+    line per distinct note however many runs said it: ``"<note> (in 20 of 20 runs)"``.
+
+    Every command that stores runs feeds each run's :attr:`StreamOutcome.notes` here (the
+    collector's measured runs, and the streams that share the server on purpose) and shows
+    :meth:`lines` with its notes; warm-ups are not stored, so they are not counted."""
+
+    def __init__(self) -> None:
+        self.runs = 0
+        self._counts: dict[str, int] = {}
+
+    def add(self, notes: Iterable[str]) -> None:
+        """One stored run's stream notes (none for most runs: it still counts as a run)."""
+        self.runs += 1
+        for note in dict.fromkeys(notes):
+            self._counts[note] = self._counts.get(note, 0) + 1
+
+    def lines(self) -> list[str]:
+        return [f"{note} (in {n} of {self.runs} run{'' if self.runs == 1 else 's'})"
+                for note, n in self._counts.items()]
+
+
 class RunCollector:
     """One isolated, attributed run at a time against one endpoint (``measure``); shared by the
     probe and the A/B engine so both attribute runs identically."""
 
     def __init__(self, spec: RunSpec, settings: ProbeSettings, client: StreamClient,
                  scraper: MetricsScraper | None, sleep: Callable[[float], None],
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float], *, run_notes: RunNotes | None = None) -> None:
         self.spec = spec
         self.settings = settings
         self.client = client
         self.scraper = scraper
         self.sleep = sleep
         self.clock = clock
-        self.notes: list[str] = []
+        self.notes: list[str] = []  # the collector's own (metrics lost)
+        # the runs' stream notes, counted; ``run_notes`` shares one tally between collectors
+        self.run_notes = run_notes if run_notes is not None else RunNotes()
         self.hop = has_hop(spec.endpoint)
 
     def _scrape(self) -> MetricSnapshot | None:
@@ -143,9 +168,7 @@ class RunCollector:
             finally:
                 phases.end()
         timeline = replace(outcome.timeline, client_stall_s=watch.max_stall_s)
-        for note in outcome.notes:  # e.g. a usage block that is not token counts, once
-            if note not in self.notes:
-                self.notes.append(note)
+        self.run_notes.add(outcome.notes)  # e.g. a usage block that is not token counts
         run = self._judge(seq, prompt, outcome.error, timeline, before)
         if tags is None:
             return run
@@ -256,7 +279,7 @@ def run_probe(spec: RunSpec, store: Store, *, settings: ProbeSettings = ProbeSet
                 why = f" ({gpu_sampler.error})" if gpu_sampler.error else ""
                 notes.append(f"GPU sampler: {gpu_sampler.missed} ticks missed, "
                              f"{gpu_sampler.failed_reads} failed reads{why}")
-        notes.extend(collector.notes)
+        notes.extend(collector.notes + collector.run_notes.lines())
         notes.extend(consistency_notes(runs, hop=collector.hop))
         store.finish_experiment(experiment_id, notes)
         progress.on_end()

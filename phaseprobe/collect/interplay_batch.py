@@ -17,6 +17,7 @@ from typing import Any
 import requests
 
 from phaseprobe.analysis.interplay import LevelStats, Scaling, level_stats, merge_rounds, scaling
+from phaseprobe.collect.experiment import RunNotes
 from phaseprobe.collect.interplay_context import (
     ProbeContext,
     Progress,
@@ -143,6 +144,7 @@ def run_batch(target: Target, store: Store, *, levels: tuple[int, ...] = (1, 2, 
     runs: list[Run] = []
     per_level: dict[int, list[LevelStats]] = {c: [] for c in levels}
     used = 1
+    run_notes = RunNotes()  # the streams' notes (a usage block that is not token counts)
     try:
         if warmup:  # the first request after start pays one-off costs; keep it out
             ctx.client.stream(ctx.body(prompts[0], 4))
@@ -150,11 +152,13 @@ def run_batch(target: Target, store: Store, *, levels: tuple[int, ...] = (1, 2, 
             for c in levels:
                 mine = prompts[used:used + c]
                 used += c
-                lv = _level(ctx, store, exp_id, runs, c, r, mine, max_tokens, notes)
+                lv = _level(ctx, store, exp_id, runs, c, r, mine, max_tokens, notes,
+                            run_notes)
                 per_level[c].append(lv)
                 say(f"batch concurrency {c}" + (f" round {r + 1}/{rounds}" if rounds > 1 else "")
                     + f": {lv.tokens_per_s or 0:.1f} tokens/s")
     finally:
+        notes.extend(run_notes.lines())
         store.finish_experiment(exp_id, notes)
     stats = [merge_rounds(rs) for rs in per_level.values() if rs]
     sc = scaling(stats)
@@ -168,7 +172,8 @@ def run_batch(target: Target, store: Store, *, levels: tuple[int, ...] = (1, 2, 
 
 
 def _level(ctx: ProbeContext, store: Store, exp_id: int, runs: list[Run], c: int, rnd: int,
-           prompts: list[str], max_tokens: int, notes: list[str]) -> LevelStats:
+           prompts: list[str], max_tokens: int, notes: list[str],
+           run_notes: RunNotes) -> LevelStats:
     """One round of one level: send, store every stream, and read the level's figures."""
     model = ctx.target.model
     before = ctx.scrape()
@@ -183,6 +188,7 @@ def _level(ctx: ProbeContext, store: Store, exp_id: int, runs: list[Run], c: int
     for i, (p, o) in enumerate(zip(prompts, outcomes)):
         runs.append(store_run(store, exp_id, concurrent_run(
             len(runs), p, o, f"batch level: concurrency {c}, round {rnd}, stream {i}")))
+        run_notes.add(o.notes)
         base = (sent[i] - t0) / 1e9  # stream i's offsets on the level's clock
         end = max(end, base + o.timeline.end_offset_ns / 1e9)
         if o.error:

@@ -35,7 +35,7 @@ from phaseprobe.analysis.interplay import (
     median_or_none,
     stall,
 )
-from phaseprobe.collect.experiment import ProbeSettings, RunCollector
+from phaseprobe.collect.experiment import ProbeSettings, RunCollector, RunNotes
 from phaseprobe.collect.interplay_context import (
     ProbeContext,
     Progress,
@@ -215,6 +215,9 @@ class InterfereSession:
             "at": f"{st.trigger.value:g}", "order": f"{st.reps} A-alone runs, then A/B pairs",
             **(labels or {})})
         self.name = name
+        # Every stored run's stream notes (a usage block that is not token counts), counted
+        # once over the A-alone collectors and the pairs' A and B.
+        self.run_notes = RunNotes()
         self.collector = self._collector(self.spec)
         self.experiment_id = store.create_experiment(Experiment(
             name=name, kind="interfere", spec=self.spec, server_info=ctx.info,
@@ -258,7 +261,8 @@ class InterfereSession:
         """A-alone runs of ``spec``, measured and attributed as the probe's runs are."""
         return RunCollector(spec, ProbeSettings(runs=self.settings.reps, warmup=0,
                                                 name=self.name),
-                            self.ctx.client, self.ctx.scraper, time.sleep, time.monotonic)
+                            self.ctx.client, self.ctx.scraper, time.sleep, time.monotonic,
+                            run_notes=self.run_notes)
 
     def _keep_alone(self, run: Run) -> None:
         n = run.client.completion_tokens if run.client else None
@@ -359,6 +363,7 @@ class InterfereSession:
                                   (self.b_prompts[i], b_out, "B")):
             self.runs.append(store_run(self.store, self.experiment_id, concurrent_run(
                 len(self.runs), prompt, out, interfere_role(i, lane))))
+            self.run_notes.add(out.notes)
         b_arrival = (b_out.timeline.sent_wall_ns - a_out.timeline.sent_wall_ns) / 1e9
         a_events = events_s(a_out)
         result = stall(a_events, b_arrival, b_out.timeline.ttft_s, self.base_itl)
@@ -414,7 +419,7 @@ class InterfereSession:
                     "time (CPU load); " + (f"{missed} pair(s) it pushed past A's decode were "
                                            "discarded" if missed else
                                            "every pair still landed inside A's decode"))
-            self.notes.extend(self.collector.notes)
+            self.notes.extend(self.collector.notes + self.run_notes.lines())
             self.store.finish_experiment(self.experiment_id, self.notes)
         alone = [r.server.decode_s for r in self.baseline_runs
                  if r.server is not None and r.server.decode_s is not None]

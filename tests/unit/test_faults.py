@@ -11,6 +11,7 @@ none is (cmd_probe.run), 2 on an expected error (cli.main).
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from pathlib import Path
@@ -310,6 +311,70 @@ def test_a_usage_block_that_is_not_token_counts_keeps_the_run_and_says_so(tmp_pa
     assert all(r.client.completion_tokens is None and r.client.tpot_s is None for r in runs)
     assert main(["runs", "--latest", "--json", "--store", str(store)]) == 0
     json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(f"{c} in JSON"))
+
+
+NOT_COUNTS = "is not a token count"
+BAD_USAGE = Script(n_tokens=4, gap_s=0.002, usage={"completion_tokens": -5})
+AB_BOOK = """name = "bad-usage"
+model = "sse-test-model"
+[run]
+prompt = "hi"
+max_tokens = 4
+runs = 3
+warmup = 0
+[[arm]]
+name = "bad"
+endpoint = "{a}"
+[[arm]]
+name = "good"
+endpoint = "{b}"
+"""
+
+
+def _argv(command: str, bad: SseServer, good: SseServer, tmp_path: Path) -> list[str]:
+    """``command`` against ``bad`` (ab: arm A on ``bad``, arm B on ``good``), tiny and fast."""
+    url = bad.base_url
+    if command == "ab":
+        book = tmp_path / "book.toml"
+        book.write_text(AB_BOOK.format(a=url, b=good.base_url))
+        return ["ab", str(book)]
+    if command == "interfere":
+        # Warm-ups (A, B) and the A-alone baseline answer honestly: only the pairs' streams
+        # (A with B, and B) carry the bad usage block, which no collector measured.
+        bad.enqueue(*[OK] * 3)
+        return ["interfere", "--endpoint", url, "--reps", "1", "--a-tokens", "4",
+                "--at-token", "2", "--b-prompt-tokens", "16"]
+    return {"probe": ["probe", "--endpoint", url, "--runs", "2", "--warmup", "0",
+                      "--max-tokens", "4", "--prompt", "hi", "--no-gpu"],
+            "prefix": ["prefix", "--endpoint", url, "--reps", "1", "--prefix-tokens", "16"],
+            "batch": ["batch", "--endpoint", url, "--concurrency", "1,2", "--max-tokens", "4"],
+            }[command]
+
+
+@pytest.mark.parametrize("command", ["probe", "prefix", "batch", "interfere", "ab"])
+def test_every_command_that_stores_runs_says_once_that_their_usage_was_not_counts(
+        tmp_path, capsys, command):
+    """Issue 18: the run note of a usage block that is not token counts reached ``probe``
+    only; ``batch`` and ``interfere``'s pairs dropped it, ``ab`` did not say which arm. Every
+    command shows it once, counted over the runs, in ``--json`` notes and in its text."""
+    store = str(tmp_path / "s.sqlite")
+    with SseServer(BAD_USAGE) as bad, SseServer(OK) as good:
+        code = main([*_argv(command, bad, good, tmp_path), "--store", store, "--json"])
+        captured = capsys.readouterr()
+        _no_traceback(captured)
+        assert code == 0, captured.err
+        notes = json.loads(captured.out)["notes"]
+        code = main([*_argv(command, bad, good, tmp_path), "--store", store])
+        captured = capsys.readouterr()
+    _no_traceback(captured)
+    assert code == 0, captured.err
+    said = [n for n in notes if NOT_COUNTS in n]
+    assert len(said) == 1, notes
+    assert re.search(r"\(in [1-9]\d* of [1-9]\d* runs?\)$", said[0]), said[0]
+    if command == "ab":
+        assert said[0].startswith("arm bad: usage completion_tokens -5 "), said[0]
+    text = " ".join(captured.out.split())  # rich wraps long notes
+    assert text.count(NOT_COUNTS) == 1, captured.out
 
 
 def test_json_output_never_carries_nan_or_infinity():
