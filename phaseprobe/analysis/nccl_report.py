@@ -18,16 +18,23 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
+from phaseprobe.analysis.nccl_summary import NcclDiffSide, NcclSummary, Worse, summarize
 from phaseprobe.analysis.nccl_summary import diff as diff_logs
-from phaseprobe.analysis.nccl_summary import summarize
 from phaseprobe.analysis.nccl_warnings import Finding, by_category, classify_file
 from phaseprobe.sources.nccl_log import parse_files
 from phaseprobe.sources.nccl_model import NcclLog
-from phaseprobe.sources.nccl_tests import NcclTestsResult, diff_nccl_tests, parse_nccl_tests_file
+from phaseprobe.sources.nccl_tests import (
+    NcclTestsDiff,
+    NcclTestsResult,
+    diff_nccl_tests,
+    parse_nccl_tests_file,
+)
 
-__all__ = ["NcclReport", "build_report", "diff_reports", "MAX_PROBLEMS", "BUSBW_DROP_PCT"]
+__all__ = ["NcclReport", "NcclReportDoc", "NcclEvidence", "ProblemsDoc", "NcclReportDiff",
+           "NcclSources", "SidesCounts", "SidesEvidence", "NcclTestsDiff", "build_report",
+           "diff_reports", "MAX_PROBLEMS", "BUSBW_DROP_PCT"]
 
 MAX_PROBLEMS = 200  # findings kept in the document (the count covers them all)
 # A drop of average busbw beyond this (percent) leads the diff as a high-severity change; run to
@@ -38,9 +45,61 @@ BUSBW_DROP_PCT = 10.0
 _CAUSE_WORDS = ("channel", "share of connections", "network", "GPUDirect RDMA", "algorithm")
 
 
+class ProblemsDoc(TypedDict):
+    count: int  # problem lines found (``items`` keeps the first MAX_PROBLEMS)
+    by_category: dict[str, int]  # category → lines, in nccl_warnings.CATEGORIES order
+    items: list[dict[str, Any]]  # Finding.to_dict()
+
+
+class NcclReportDoc(NcclSummary):
+    """The ``phaseprobe nccl --json`` document: the log lines' summary and the other two
+    kinds of evidence in the files."""
+
+    nccl_tests: list[dict[str, Any]]  # NcclTestsResult.to_dict(), per file with a table
+    problems: ProblemsDoc
+    evidence: list[str]  # what was found: "nccl log", "nccl-tests", "problems"
+
+
+class NcclEvidence(NcclReportDoc, total=False):
+    """What ``phaseprobe check --nccl`` reads (:func:`phaseprobe.collect.evidence.nccl_evidence`):
+    the document, and when its collectives were logged if the log says so."""
+
+    # first and last time-stamped collective, ns since the epoch (read as the server host's
+    # local time): checked against the experiment's window
+    span_ns: list[int]
+
+
+class NcclSources(TypedDict):
+    """A side of the diff with no NCCL log lines to compare: only its files."""
+
+    sources: list[str]
+
+
+class SidesCounts(TypedDict):
+    a: dict[str, int]  # problem category → lines
+    b: dict[str, int]
+
+
+class SidesEvidence(TypedDict):
+    a: list[str]  # NcclReportDoc.evidence
+    b: list[str]
+
+
+class NcclReportDiff(TypedDict):
+    """The ``phaseprobe nccl diff`` document (:func:`diff_reports`)."""
+
+    headline: list[str]  # busbw change per table, then what explains it (or that nothing does)
+    busbw: NcclTestsDiff | None  # None unless both files hold a nccl-tests table
+    worse: list[Worse]  # the busbw drops first, then the log's changes, then more problems
+    problems: SidesCounts
+    evidence: SidesEvidence
+    a: NcclDiffSide | NcclSources  # NcclSources unless both files hold NCCL log lines
+    b: NcclDiffSide | NcclSources
+
+
 @dataclass(frozen=True)
 class NcclReport:
-    doc: dict[str, Any]  # the JSON document (summary + nccl_tests + problems)
+    doc: NcclReportDoc  # the JSON document (summary + nccl_tests + problems)
     tests: tuple[NcclTestsResult, ...]  # per file that held at least one table
     findings: tuple[Finding, ...]
     log: NcclLog  # the parsed NCCL lines (collective time stamps, env, ...)
@@ -57,14 +116,16 @@ def build_report(files: Sequence[str], *, strict: bool = False, steps: int | Non
     reader reports progress; the other two search whole buffers and take a fraction of its
     time."""
     log = parse_files(files, strict=strict, on_progress=on_progress)
-    doc = summarize(log, steps)
+    summary = summarize(log, steps)
     tests = tuple(r for f in files if (r := parse_nccl_tests_file(f)) is not None and r.tables)
     findings = tuple(x for f in files for x in classify_file(f))
-    doc["nccl_tests"] = [r.to_dict() for r in tests]
-    doc["problems"] = {"count": len(findings), "by_category": by_category(findings),
-                       "items": [f.to_dict() for f in findings[:MAX_PROBLEMS]]}
-    doc["evidence"] = [k for k, have in (("nccl log", doc["found"]), ("nccl-tests", bool(tests)),
-                                         ("problems", bool(findings))) if have]
+    doc: NcclReportDoc = {
+        **summary, "nccl_tests": [r.to_dict() for r in tests],
+        "problems": {"count": len(findings), "by_category": by_category(findings),
+                     "items": [f.to_dict() for f in findings[:MAX_PROBLEMS]]},
+        "evidence": [k for k, have in (("nccl log", summary["found"]),
+                                       ("nccl-tests", bool(tests)),
+                                       ("problems", bool(findings))) if have]}
     return NcclReport(doc, tests, findings, log)
 
 
@@ -80,7 +141,7 @@ def _merged(tests: tuple[NcclTestsResult, ...]) -> NcclTestsResult | None:
                            sum(r.glued_pieces for r in tests))
 
 
-def diff_reports(a: NcclReport, b: NcclReport) -> dict[str, Any]:
+def diff_reports(a: NcclReport, b: NcclReport) -> NcclReportDiff:
     """A (before) against B (after). ``headline`` leads with the bandwidth change per table
     (average, then the sizes that dropped most) and then the log changes that explain it, or
     says that the logs explain nothing; ``worse`` lists every change for the worse, the busbw
@@ -89,7 +150,8 @@ def diff_reports(a: NcclReport, b: NcclReport) -> dict[str, Any]:
     busbw = diff_nccl_tests(ta, tb) if ta is not None and tb is not None else None
     logs = a.doc["found"] and b.doc["found"]
     log_diff = diff_logs(a.doc, b.doc) if logs else None
-    worse: list[dict[str, str]] = []
+    log_worse = log_diff["worse"] if log_diff is not None else []
+    worse: list[Worse] = []
     headline: list[str] = []
     dropped = False
     if busbw is not None:
@@ -102,8 +164,7 @@ def diff_reports(a: NcclReport, b: NcclReport) -> dict[str, Any]:
                 worse.append({"severity": "high", "message": head})
     elif a.tests or b.tests:
         headline.append("nccl-tests table in only one of the files: no bandwidth to compare")
-    causes = [w["message"].removeprefix("new red flag: ")
-              for w in (log_diff or {}).get("worse", [])
+    causes = [w["message"].removeprefix("new red flag: ") for w in log_worse
               if any(word in w["message"] for word in _CAUSE_WORDS)]
     if dropped:
         if causes:
@@ -119,18 +180,19 @@ def diff_reports(a: NcclReport, b: NcclReport) -> dict[str, Any]:
                             + " to explain it (run with NCCL_DEBUG=INFO)")
     elif log_diff is not None and causes:
         headline += causes
-    worse += (log_diff or {}).get("worse", [])
+    worse += log_worse
     pa, pb = a.doc["problems"]["by_category"], b.doc["problems"]["by_category"]
     for cat in pb:
         if pb[cat] > pa.get(cat, 0):
             worse.append({"severity": "high", "message": f"{cat} problems {pa.get(cat, 0)} → "
                                                          f"{pb[cat]}"})
-    out: dict[str, Any] = {"headline": headline, "busbw": busbw, "worse": worse,
-                           "problems": {"a": pa, "b": pb},
-                           "evidence": {"a": a.doc["evidence"], "b": b.doc["evidence"]}}
+    side_a: NcclDiffSide | NcclSources
+    side_b: NcclDiffSide | NcclSources
     if log_diff is not None:
-        out["a"], out["b"] = log_diff["a"], log_diff["b"]
+        side_a, side_b = log_diff["a"], log_diff["b"]
     else:
-        out["a"] = {"sources": a.doc["sources"]}
-        out["b"] = {"sources": b.doc["sources"]}
-    return out
+        side_a, side_b = {"sources": a.doc["sources"]}, {"sources": b.doc["sources"]}
+    return {"headline": headline, "busbw": busbw, "worse": worse,
+            "problems": {"a": pa, "b": pb},
+            "evidence": {"a": a.doc["evidence"], "b": b.doc["evidence"]}, "a": side_a,
+            "b": side_b}

@@ -9,19 +9,157 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from datetime import datetime
-from typing import Any
+from typing import Any, TypedDict
 
 import pandas as pd
 
 from phaseprobe.sources.nccl_lines import transport_class
-from phaseprobe.sources.nccl_model import NcclLog
+from phaseprobe.sources.nccl_model import NcclLog, NcclLogDoc, VersionDoc
 
-__all__ = ["summarize", "diff", "decode_steps", "size_bucket"]
+__all__ = ["summarize", "diff", "decode_steps", "size_bucket", "NcclSummary", "NcclDiff",
+           "NcclDiffSide", "CommGroup", "MinMax", "PeerLink", "TransportsDoc", "OpTotals",
+           "SizeBucket", "CommOpTotals", "CollectivesDoc", "TuningDoc", "RedFlag", "PerStep",
+           "Worse"]
 
 _SEVERITY = {"high": 0, "medium": 1, "low": 2}
 # Red flags about how the log was written, not about the job: never "worse" in a diff.
 _NOT_WORSE = ("warnings", "cut_lines", "no_init_lines")
 _MAX_PEERS = 1024  # (src rank, dst rank, transport) links listed in the JSON
+
+
+class CommGroup(TypedDict):
+    """One communicator across processes: its members grouped by commId, else by nranks."""
+
+    id: str  # the commId, or "nranks=N" when the log has none
+    nranks: int | None
+    ranks_seen: int  # distinct ranks logged
+    nnodes: int | None  # as NCCL said, else the hosts seen when every rank was logged
+    hosts: list[str]
+
+
+class MinMax(TypedDict):
+    min: int  # channels, over the communicators that logged this kind
+    max: int
+
+
+class PeerLink(TypedDict):
+    src: int  # rank
+    dst: int  # rank
+    kind: str  # transport as logged: "P2P/IPC", "SHM", "NET/IB", …
+
+
+class TransportsDoc(TypedDict):
+    connections: int  # connection lines logged (one per peer and channel)
+    by_kind: dict[str, int]  # transport as logged → connections, the most first
+    by_class: dict[str, int]  # p2p | shm | net | collnet | nvls … → connections
+    share: dict[str, float]  # class → fraction of the connections (0–1, 4 decimals)
+    gdrdma: int  # connections over GPUDirect RDMA (/GDRDMA)
+    networks: list[str]  # "IB", "Socket", …
+    net_devices: list[str]
+    # "net" → plugin name or "internal", "gdr" → enabled | disabled, NET/x → "no device found"
+    net_plugin: dict[str, str]
+    nvls_available: bool  # some communicator said NVLS is supported
+    peers: list[PeerLink]  # the first _MAX_PEERS links
+    peers_truncated: bool
+
+
+class OpTotals(TypedDict):
+    calls: int
+    bytes: int  # summed over the calls
+
+
+class SizeBucket(TypedDict):
+    lo: int  # bytes per call, bucket [lo, hi): powers of two
+    hi: int
+    op: str
+    calls: int
+
+
+class CommOpTotals(TypedDict):
+    host: str
+    pid: int
+    comm: str
+    op: str
+    calls: int
+    bytes: int  # summed over the calls
+
+
+class CollectivesDoc(TypedDict):
+    """The per-call COLL lines, counted (ranks add up: each rank logs its own calls)."""
+
+    calls: int
+    bytes: int  # summed over the calls
+    by_op: dict[str, OpTotals]
+    size_histogram: list[SizeBucket]
+    per_comm: list[CommOpTotals]
+    calls_per_s: float | None  # over the time-stamped calls' span; None: not stamped
+    sizes_rounded: bool  # counts folded to powers of two (too many distinct sizes)
+
+
+class TuningDoc(TypedDict):
+    decisions: int  # tuning lines (calls) counted
+    by_choice: dict[str, int]  # "op algo/proto" → calls, the most first
+    channels_used: dict[str, int]  # channel count (as a string) → calls
+
+
+class RedFlag(TypedDict):
+    severity: str  # high | medium | low
+    code: str  # few_channels, shm_transport, socket_network, … (stable, for rules)
+    message: str
+
+
+class PerStep(TypedDict):
+    """Collectives per decode step and per rank."""
+
+    steps: int  # decode steps the log covers
+    ranks: int  # (host, pid, comm) that logged collectives, at least 1
+    calls_per_step: float  # per rank
+    bytes_per_step: float  # per rank
+    by_op: dict[str, float]  # op → calls per step and rank
+
+
+class NcclSummary(NcclLogDoc):
+    """The ``phaseprobe nccl --json`` document of the log lines (:func:`summarize`): the raw
+    model (:class:`NcclLogDoc`) and what it adds up to. The CLI, the checklist (``--nccl``),
+    the store (``--keep``) and the dashboard read it; it passes through as JSON."""
+
+    comm_groups: list[CommGroup]
+    channels: dict[str, MinMax]  # kind (coll, p2p, nvls, …) → channels per communicator
+    transports: TransportsDoc
+    collectives: CollectivesDoc
+    tuning: TuningDoc
+    api_calls: dict[str, int]  # NCCL API → CALL lines (TRACE builds)
+    red_flags: list[RedFlag]  # the most severe first
+    found: bool  # any NCCL line read (banner, INFO or WARN)
+    per_step: PerStep | None  # None without a decode-step count
+
+
+class Worse(TypedDict):
+    severity: str  # high | medium | low
+    message: str
+
+
+class NcclDiffSide(TypedDict):
+    """One side of :func:`diff`: what is compared, from one summary."""
+
+    sources: list[str]
+    nccl_versions: list[VersionDoc]
+    channels: dict[str, MinMax]
+    transports: dict[str, int]  # transport as logged → connections
+    transport_share: dict[str, float]  # class → fraction of the connections (0–1)
+    networks: list[str]
+    tuning: dict[str, int]  # "op algo/proto" → calls
+    size_mix: dict[str, float]  # "lo-hi" bytes bucket → fraction of the calls (0–1)
+    collectives: dict[str, int]  # op → calls
+    warnings: int  # WARN lines
+
+
+class NcclDiff(TypedDict):
+    """The ``phaseprobe nccl diff`` document of two logs (A before, B after)."""
+
+    a: NcclDiffSide
+    b: NcclDiffSide
+    worse: list[Worse]  # what got worse, the most severe first
 
 
 def size_bucket(nbytes: int) -> tuple[int, int]:
@@ -37,7 +175,7 @@ def decode_steps(completion_tokens: list[int | None]) -> int:
     return sum(max(0, (n or 0) - 1) for n in completion_tokens)
 
 
-def _collectives(log: NcclLog) -> dict[str, Any]:
+def _collectives(log: NcclLog) -> CollectivesDoc:
     rows = log.coll_rows()
     if not rows:
         return {"calls": 0, "bytes": 0, "by_op": {}, "size_histogram": [], "per_comm": [],
@@ -47,8 +185,9 @@ def _collectives(log: NcclLog) -> dict[str, Any]:
     by_op = df.groupby("op").agg(calls=("calls", "sum"), bytes=("total_bytes", "sum"))
     df["bucket_lo"] = [size_bucket(int(b))[0] for b in df["bytes"]]
     hist = df.groupby(["bucket_lo", "op"])["calls"].sum().reset_index()
-    histogram = [{"lo": int(r["bucket_lo"]), "hi": size_bucket(int(r["bucket_lo"]))[1],
-                  "op": str(r["op"]), "calls": int(r["calls"])} for r in hist.to_dict("records")]
+    histogram: list[SizeBucket] = [
+        {"lo": int(r["bucket_lo"]), "hi": size_bucket(int(r["bucket_lo"]))[1],
+         "op": str(r["op"]), "calls": int(r["calls"])} for r in hist.to_dict("records")]
     per_comm = df.groupby(["host", "pid", "comm", "op"]).agg(
         calls=("calls", "sum"), bytes=("total_bytes", "sum")).reset_index()
     calls = int(df["calls"].sum())
@@ -72,14 +211,14 @@ def _collectives(log: NcclLog) -> dict[str, Any]:
     }
 
 
-def _groups(log: NcclLog) -> list[dict[str, Any]]:
+def _groups(log: NcclLog) -> list[CommGroup]:
     """Communicators grouped across processes: by commId (2.16+), else by nranks."""
     groups: dict[str, list[Any]] = defaultdict(list)
     for c in log.comms.values():
         if c.rank is None and c.nranks is None:
             continue
         groups[c.comm_id or f"nranks={c.nranks}"].append(c)
-    out = []
+    out: list[CommGroup] = []
     for gid, members in groups.items():
         nranks = max((c.nranks or 0) for c in members) or None
         hosts = {c.host for c in members}
@@ -94,7 +233,7 @@ def _groups(log: NcclLog) -> list[dict[str, Any]]:
     return out
 
 
-def _channels(log: NcclLog) -> dict[str, Any]:
+def _channels(log: NcclLog) -> dict[str, MinMax]:
     vals: dict[str, list[int]] = defaultdict(list)
     for c in log.comms.values():
         for k, v in c.channels.items():
@@ -102,7 +241,7 @@ def _channels(log: NcclLog) -> dict[str, Any]:
     return {k: {"min": min(v), "max": max(v)} for k, v in sorted(vals.items())}
 
 
-def _transports(log: NcclLog) -> dict[str, Any]:
+def _transports(log: NcclLog) -> TransportsDoc:
     total = sum(log.transports.values())
     peers = sorted(log.peer_links)
     classes: Counter[str] = Counter()
@@ -120,7 +259,7 @@ def _transports(log: NcclLog) -> dict[str, Any]:
     }
 
 
-def _tuning(log: NcclLog) -> dict[str, Any]:
+def _tuning(log: NcclLog) -> TuningDoc:
     by: Counter[str] = Counter()
     nch: Counter[int] = Counter()
     for (op, algo, proto, n), calls in log.tuning.items():
@@ -131,9 +270,9 @@ def _tuning(log: NcclLog) -> dict[str, Any]:
             "channels_used": {str(k): v for k, v in sorted(nch.items())}}
 
 
-def _red_flags(log: NcclLog, groups: list[dict[str, Any]], chans: dict[str, Any],
-               tr: dict[str, Any]) -> list[dict[str, str]]:
-    flags: list[dict[str, str]] = []
+def _red_flags(log: NcclLog, groups: list[CommGroup], chans: dict[str, MinMax],
+               tr: TransportsDoc) -> list[RedFlag]:
+    flags: list[RedFlag] = []
 
     def flag(sev: str, code: str, msg: str) -> None:
         flags.append({"severity": sev, "code": code, "message": msg})
@@ -190,34 +329,30 @@ def _red_flags(log: NcclLog, groups: list[dict[str, Any]], chans: dict[str, Any]
     return flags
 
 
-def summarize(log: NcclLog, steps: int | None = None) -> dict[str, Any]:
+def summarize(log: NcclLog, steps: int | None = None) -> NcclSummary:
     """The full ``--json`` document for one model; ``steps`` (decode steps) adds per-step
     collective counts (per rank: each rank logs its own COLL lines)."""
-    doc = log.to_dict()
-    groups = _groups(log)
-    doc["communicators"] = [c.to_dict() for c in log.comms.values()]
-    doc["comm_groups"] = groups
-    doc["channels"] = _channels(log)
-    doc["transports"] = _transports(log)
-    doc["collectives"] = _collectives(log)
-    doc["tuning"] = _tuning(log)
-    doc["api_calls"] = dict(log.api_calls)
-    doc["red_flags"] = _red_flags(log, groups, doc["channels"], doc["transports"])
-    doc["found"] = log.found
-    doc["per_step"] = None
+    raw = log.to_dict()
+    groups = _groups(log)  # fills in the communicators' nnodes: they are listed after it
+    channels, transports = _channels(log), _transports(log)
+    coll = _collectives(log)
+    per_step: PerStep | None = None
     if steps:
-        coll = doc["collectives"]
         ranks = max(1, len({(r["host"], r["pid"], r["comm"]) for r in coll["per_comm"]}))
-        doc["per_step"] = {
+        per_step = {
             "steps": steps, "ranks": ranks,
             "calls_per_step": coll["calls"] / ranks / steps,
             "bytes_per_step": coll["bytes"] / ranks / steps,
             "by_op": {op: v["calls"] / ranks / steps for op, v in coll["by_op"].items()},
         }
-    return doc
+    return {**raw, "communicators": [c.to_dict() for c in log.comms.values()],
+            "comm_groups": groups, "channels": channels, "transports": transports,
+            "collectives": coll, "tuning": _tuning(log), "api_calls": dict(log.api_calls),
+            "red_flags": _red_flags(log, groups, channels, transports), "found": log.found,
+            "per_step": per_step}
 
 
-def _share(hist: list[dict[str, Any]]) -> dict[str, float]:
+def _share(hist: list[SizeBucket]) -> dict[str, float]:
     total = sum(h["calls"] for h in hist) or 1
     out: Counter[str] = Counter()
     for h in hist:
@@ -226,9 +361,9 @@ def _share(hist: list[dict[str, Any]]) -> dict[str, float]:
         kv[0].split("-")[0]))}
 
 
-def diff(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+def diff(a: NcclSummary, b: NcclSummary) -> NcclDiff:
     """Compare two :func:`summarize` documents (A = before, B = after)."""
-    worse: list[dict[str, str]] = []
+    worse: list[Worse] = []
 
     def note(sev: str, what: str) -> None:
         worse.append({"severity": sev, "message": what})
@@ -262,7 +397,7 @@ def diff(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
             note(f["severity"], f"new red flag: {f['message']}")
     worse.sort(key=lambda w: _SEVERITY[w["severity"]])
 
-    def side(d: dict[str, Any]) -> dict[str, Any]:
+    def side(d: NcclSummary) -> NcclDiffSide:
         return {"sources": d["sources"], "nccl_versions": d["nccl_versions"],
                 "channels": d["channels"], "transports": d["transports"]["by_kind"],
                 "transport_share": d["transports"]["share"],

@@ -66,8 +66,26 @@ class TraceDoc(TypedDict, total=False):
     line: int  # 1-based line of the table's header in the text
 
 
-__all__ = ["TraceDoc", "KernelCounts", "RangesDoc", "summarize", "summarize_file",
-           "summarize_trace_file", "summarize_nsys_file", "summarize_nsys_export",
+
+
+class TraceFacts(TypedDict, total=False):
+    """Where and when a trace was taken, from its own metadata and its activities' span (to
+    check it belongs to the experiment); a key is left out when the trace does not say."""
+
+    span_ns: list[int]  # [first start, last end] of its activities, ns since the epoch
+    host_name: str
+    world_size: int  # ranks of the job (dist_world_size)
+    vllm_version: str
+
+
+class TraceEvidence(TraceDoc, TraceFacts, total=False):
+    """What ``phaseprobe check --trace|--nsys`` reads
+    (:func:`phaseprobe.collect.evidence.trace_evidence`): the summary and the facts."""
+
+
+__all__ = ["TraceDoc", "KernelCounts", "RangesDoc", "TraceFacts", "TraceEvidence",
+           "summarize", "summarize_file", "summarize_trace_file", "summarize_nsys_file",
+           "summarize_nsys_export",
            "summarize_nsys_with_span", "activity_span",
            "read_torch_timeline", "trace_in",
            "summarize_stats_csv", "summarize_stats_text", "records"]

@@ -18,10 +18,10 @@ import json
 import math
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from phaseprobe.analysis.client_check import has_hop
 from phaseprobe.analysis.kv_reservation import run_windows
@@ -37,9 +37,15 @@ from phaseprobe.inputs import JSON_DOC_CAP, TEXT_LOG_CAP, input_problem, read_in
 from phaseprobe.records import RequestSpan
 from phaseprobe.store import Store
 
+if TYPE_CHECKING:  # the readers themselves are imported only when their option is used
+    from phaseprobe.analysis.nccl_report import NcclEvidence
+    from phaseprobe.analysis.trace_summary import TraceEvidence, TraceFacts
+
 __all__ = ["EvidenceOptions", "build_evidence", "prometheus_evidence", "trace_evidence",
            "nccl_evidence", "model_layers", "server_host_names",
            "evidence_window", "span_evidence", "SPAN_LOOKBACK_S"]
+
+_Doc = TypeVar("_Doc", bound=Mapping[str, Any])  # an evidence document (NCCL, trace)
 
 # The experiment's window opens this long before its first send and closes this long after its
 # last byte (a scrape after the last run may come up to one interval later), capped at now.
@@ -214,9 +220,9 @@ def server_host_names(endpoint: str) -> set[str]:
         return {host}
 
 
-def _belongs(doc: dict[str, Any], what: str, names: str, facts: ExperimentFacts,
+def _belongs(doc: _Doc, what: str, names: str, facts: ExperimentFacts,
              opts: EvidenceOptions, sources: dict[str, str], key: str,
-             not_matching: dict[str, str]) -> dict[str, Any] | None:
+             not_matching: dict[str, str]) -> _Doc | None:
     """``doc`` when the file can be this experiment's; else None (reported as not matching
     and not used), or ``doc`` with a warning under ``--force``."""
     span = doc.get("span_ns")
@@ -346,10 +352,11 @@ def prometheus_evidence(url: str, runs: Sequence[Any], selector: str,
         return None
 
 
-def nccl_evidence(paths: Sequence[str], decode_steps: int) -> dict[str, Any]:
-    """A ``phaseprobe nccl --json`` document: a saved one (``.json``) as is, else the logs
-    parsed (leniently) with per-step counts over the experiment's decode steps. The steps are
-    the stored runs'; a log that also covers warm-up runs overstates per-step calls a little."""
+def nccl_evidence(paths: Sequence[str], decode_steps: int) -> NcclEvidence | dict[str, Any]:
+    """A ``phaseprobe nccl --json`` document: a saved one (``.json``) as is (any JSON object:
+    its shape is not checked, the rules read it defensively), else the logs parsed (leniently)
+    with per-step counts over the experiment's decode steps. The steps are the stored runs'; a
+    log that also covers warm-up runs overstates per-step calls a little."""
     if len(paths) == 1 and paths[0].endswith(".json"):
         try:
             doc = json.loads(_read_text(paths[0], "--nccl", JSON_DOC_CAP))
@@ -363,13 +370,14 @@ def nccl_evidence(paths: Sequence[str], decode_steps: int) -> dict[str, Any]:
     from phaseprobe.analysis.nccl_report import build_report
 
     report = build_report(paths, steps=decode_steps or None)
-    doc, log = report.doc, report.log
+    log = report.log
+    out: NcclEvidence = {**report.doc}
     # When its collectives were logged (NCCL_DEBUG_TIMESTAMP_FORMAT lines), to check it
     # against the experiment's window. The stamps are the server host's local time.
     first, last = _stamp_ns(log.coll_first_ts), _stamp_ns(log.coll_last_ts)
     if first is not None and last is not None:
-        doc["span_ns"] = [first, last]
-    return doc
+        out["span_ns"] = [first, last]
+    return out
 
 
 def _stamp_ns(stamp: str | None) -> int | None:
@@ -383,9 +391,11 @@ def _stamp_ns(stamp: str | None) -> int | None:
         return None
 
 
-def trace_evidence(path: str, *, nsys: bool, min_gap_ns: int = 100_000) -> dict[str, Any]:
+def trace_evidence(path: str, *, nsys: bool, min_gap_ns: int = 100_000
+                   ) -> TraceEvidence | dict[str, Any]:
     """A ``phaseprobe trace|nsys --json``-shaped document (the keys the idle-gap rule reads):
-    a saved ``.json`` summary as is, else the trace read and summarised here."""
+    a saved ``.json`` summary as is (a JSON object with ``idle_gaps_total_ns``: its shape is
+    not checked further), else the trace read and summarised here, with :func:`_trace_facts`."""
     p = Path(path)
     option = "--nsys" if nsys else "--trace"
     if not p.exists():
@@ -404,19 +414,22 @@ def trace_evidence(path: str, *, nsys: bool, min_gap_ns: int = 100_000) -> dict[
             return doc
     from phaseprobe.analysis import trace_summary
 
+    out: TraceEvidence
     if nsys:  # the summary `phaseprobe nsys` prints, in bounded memory at any export size
-        doc, span = trace_summary.summarize_nsys_with_span(p, min_gap_ns)
-        return {**doc, **_trace_facts(doc["meta"], span)}
-    tl, p = trace_summary.read_torch_timeline(p)
-    return {**trace_summary.summarize(tl, str(p), min_gap_ns),
-            **_trace_facts(tl.meta, trace_summary.activity_span(tl.activities))}
+        summary, span = trace_summary.summarize_nsys_with_span(p, min_gap_ns)
+        out = {**summary, **_trace_facts(summary["meta"], span)}
+    else:
+        tl, p = trace_summary.read_torch_timeline(p)
+        out = {**trace_summary.summarize(tl, str(p), min_gap_ns),
+               **_trace_facts(tl.meta, trace_summary.activity_span(tl.activities))}
+    return out
 
 
-def _trace_facts(meta: dict[str, str], span: tuple[int, int] | None) -> dict[str, Any]:
+def _trace_facts(meta: dict[str, str], span: tuple[int, int] | None) -> TraceFacts:
     """Where and when a trace was taken, from its own metadata and its activities' span (to
     check it belongs): wall span, host, world size, vLLM version; keys left out when the
     trace does not say."""
-    out: dict[str, Any] = {}
+    out: TraceFacts = {}
     if span is not None:
         start, end = span
         base = meta.get("baseTimeNanoseconds")

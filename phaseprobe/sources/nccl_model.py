@@ -10,17 +10,98 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from phaseprobe.sources.nccl_lines import DTYPE_BYTES, DTYPE_NAMES
 
-__all__ = ["Communicator", "Warn", "NcclLog", "CollKey", "MAX_ITEMS", "MAX_COLL_KEYS"]
+__all__ = ["Communicator", "Warn", "NcclLog", "CollKey", "MAX_ITEMS", "MAX_COLL_KEYS",
+           "CommunicatorDoc", "WarnDoc", "WarnsDoc", "VersionDoc", "LinesDoc", "NcclLogDoc"]
 
 MAX_ITEMS = 200  # WARNs, errors and malformed line numbers kept verbatim (all are counted)
 MAX_COLL_KEYS = 100_000  # distinct (comm, op, dtype, count) keys before sizes are rounded
 
 # (host, pid, comm pointer, op, datatype, count): one COLL counter cell.
 CollKey = tuple[str, int, str, str, int, int]
+
+
+class CommunicatorDoc(TypedDict):
+    """One communicator of one process in the ``--json`` document (:meth:`Communicator.to_dict`)."""
+
+    host: str
+    pid: int
+    comm: str  # the comm pointer as logged, "0x…" (unique within a process only)
+    rank: int | None
+    nranks: int | None
+    nnodes: int | None
+    local_ranks: int | None
+    cuda_dev: int | None
+    nvml_dev: int | None
+    bus_id: str | None
+    comm_id: str | None  # commId (NCCL 2.16+): the same on every rank of the communicator
+    parent: str | None
+    init_func: str | None
+    state: str  # seen | init_start | init_complete | destroyed | aborted
+    init_total_s: float | None  # seconds
+    init_timings_s: dict[str, float]  # init phase → seconds
+    channels: dict[str, int]  # kind (coll, p2p, p2p_per_peer, nvls, rings) → channel count
+    rings: int  # ring dumps logged
+    trees: int  # Trees-line entries logged
+    streams: int  # distinct CUDA streams seen
+
+
+class WarnDoc(TypedDict):
+    """A WARN line (or an error-trail line) in the ``--json`` document (:meth:`Warn.to_dict`)."""
+
+    line_no: int  # 1-based line in the log
+    host: str | None
+    pid: int | None
+    file: str | None  # NCCL source file that wrote it
+    line: int | None  # its line in that source file
+    message: str
+    timestamp: str | None  # as logged (NCCL_DEBUG_TIMESTAMP_FORMAT)
+    code: int | None  # ncclResult_t of an error trail
+
+
+class WarnsDoc(TypedDict):
+    count: int  # all of them (``items`` keeps the first MAX_ITEMS)
+    items: list[WarnDoc]
+
+
+class VersionDoc(TypedDict):
+    version: str  # "2.21.5"
+    cuda: str | None  # CUDA version of the banner, "12.4"
+    banners: int  # banner lines that said so
+
+
+class LinesDoc(TypedDict):
+    """How the log's lines were read (counts of lines, or of records for the last four)."""
+
+    total: int
+    parsed: int  # NCCL lines
+    skipped: int  # lines NCCL did not write
+    malformed: int
+    malformed_at: list[str]  # "source:line_no", the first MAX_ITEMS
+    cut: int  # records cut by another process's output
+    reassembled: int  # of those, put back together
+    unattributed: int  # of those, left cut
+    info: int  # NCCL INFO records
+    by_kind: dict[str, int]  # parsed lines per message kind
+
+
+class NcclLogDoc(TypedDict):
+    """The raw model as JSON (:meth:`NcclLog.to_dict`); the summary adds to it
+    (:class:`phaseprobe.analysis.nccl_summary.NcclSummary`)."""
+
+    sources: list[str]  # the files read
+    nccl_versions: list[VersionDoc]
+    cuda_drivers: list[int]  # CUDA driver versions, as NCCL prints them (12040)
+    hosts: list[str]
+    processes: int  # distinct (host, pid)
+    communicators: list[CommunicatorDoc]
+    env: dict[str, str]  # NCCL_* variables NCCL reported
+    warnings: WarnsDoc
+    errors: WarnsDoc  # error-trail lines (file:line -> code)
+    lines: LinesDoc
 
 
 @dataclass(slots=True)
@@ -49,7 +130,7 @@ class Communicator:
     trees: int = 0  # "[c] d/d/d->r->u" entries of the Trees line
     streams: set[str] = field(default_factory=set)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> CommunicatorDoc:
         return {
             "host": self.host, "pid": self.pid, "comm": self.comm, "rank": self.rank,
             "nranks": self.nranks, "nnodes": self.nnodes, "local_ranks": self.local_ranks,
@@ -74,7 +155,7 @@ class Warn:
     timestamp: str | None = None
     code: int | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> WarnDoc:
         return {"line_no": self.line_no, "host": self.host, "pid": self.pid,
                 "file": self.src_file, "line": self.src_line, "message": self.message,
                 "timestamp": self.timestamp, "code": self.code}
@@ -176,7 +257,7 @@ class NcclLog:
                  "bytes": count * DTYPE_BYTES.get(dtype, 1), "calls": calls}
                 for (host, pid, comm, op, dtype, count), calls in self.coll.items()]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> NcclLogDoc:
         """The raw model (the CLI adds the summaries of :mod:`phaseprobe.analysis.nccl_summary`)."""
         return {
             "sources": list(self.sources),

@@ -51,7 +51,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -61,6 +61,7 @@ from phaseprobe.sources.nccl_split import reading
 __all__ = [
     "NcclTestsRow", "NcclTestsParams", "NcclTestsDevice", "NcclTestsTable", "NcclTestsResult",
     "parse_nccl_tests", "parse_nccl_tests_file", "diff_nccl_tests", "COLLECTIVE_BY_TEST",
+    "BusbwChange", "BusbwAtSize", "NcclTestsTableDiff", "NcclTestsDiff",
 ]
 
 # nccl-tests binary (without "_perf"/"_perf_mpi") → the NCCL collective it measures.
@@ -1222,6 +1223,56 @@ def _size_text(n: int) -> str:
     return f"{n} B"
 
 
+class BusbwChange(TypedDict):
+    a: float | None  # GB/s
+    b: float | None  # GB/s
+    change_pct: float | None  # (b − a) / a, percent; None when a is 0 or either is missing
+
+
+class BusbwAtSize(TypedDict):
+    """Busbw (GB/s) of one message size in both runs."""
+
+    size_bytes: int
+    a_busbw_GBps: float  # of the diff's place
+    b_busbw_GBps: float
+    change_GBps: float  # b − a
+    change_pct: float | None  # percent of a
+    a_ip_busbw_GBps: float | None  # in-place, when the row has it
+    b_ip_busbw_GBps: float | None
+
+
+class NcclTestsTableDiff(TypedDict):
+    """One pair of matched tables (same label, or the only table of each run)."""
+
+    label: str  # "AllReduce", or "A vs B" when the labels differ
+    a_label: str
+    b_label: str
+    collective: str | None  # None when the two differ
+    avg_busbw_GBps: BusbwChange
+    avg_basis: str | None  # printed | recomputed | common sizes; None: no average on a side
+    peak_busbw_GBps: BusbwChange  # the largest busbw of any size
+    place: str  # as asked: out-of-place (the default), in-place or both
+    by_size: list[BusbwAtSize]  # sizes both runs measured, in a's row order
+    sizes_only_in_a: list[int]  # bytes
+    sizes_only_in_b: list[int]  # bytes
+    worst_sizes: list[int]  # bytes, the (at most 3) largest drops first
+    a_reassembly: str  # NcclTestsTable.reassembly
+    b_reassembly: str
+    a_rows: int
+    b_rows: int
+
+
+class NcclTestsDiff(TypedDict):
+    """:func:`diff_nccl_tests`: run ``a`` (before) against run ``b`` (after)."""
+
+    text: str  # the first of ``lines``, or "no nccl-tests table to compare"
+    lines: list[str]  # one per table, then the sizes that dropped most, then unmatched tables
+    tables: list[NcclTestsTableDiff]
+    only_in_a: list[str]  # labels of tables with no match in b
+    only_in_b: list[str]
+    sources: list[str]  # [a's source, b's source]
+
+
 def _pair_tables(a: NcclTestsResult, b: NcclTestsResult
                  ) -> tuple[list[tuple[NcclTestsTable, NcclTestsTable]], list[str], list[str]]:
     if len(a.tables) == 1 and len(b.tables) == 1:
@@ -1234,7 +1285,7 @@ def _pair_tables(a: NcclTestsResult, b: NcclTestsResult
 
 
 def diff_nccl_tests(a: NcclTestsResult, b: NcclTestsResult, place: str = "out-of-place"
-                    ) -> dict[str, Any]:
+                    ) -> NcclTestsDiff:
     """What changed from run ``a`` to run ``b``, busbw first: per matched table, the average
     busbw (printed when both have it, else recomputed; ``avg_basis`` says which) and busbw per
     message size (``place``, default out-of-place), with the largest drops listed first.
@@ -1242,7 +1293,7 @@ def diff_nccl_tests(a: NcclTestsResult, b: NcclTestsResult, place: str = "out-of
     ``text`` leads with one line per table, e.g. ``"AllReduce: avg busbw 150 → 40 GB/s,
     −73 %"``; ``lines`` adds the sizes that moved most."""
     pairs, only_a, only_b = _pair_tables(a, b)
-    out_tables: list[dict[str, Any]] = []
+    out_tables: list[NcclTestsTableDiff] = []
     lines: list[str] = []
     for ta, tb in pairs:
         sa, sb = ta.busbw_by_size(place), tb.busbw_by_size(place)
@@ -1263,10 +1314,11 @@ def diff_nccl_tests(a: NcclTestsResult, b: NcclTestsResult, place: str = "out-of
             vb = sum(both[1][x] for x in sizes) / len(sizes) if sizes else None
             basis = "common sizes"
         pct = _pct(va, vb)
-        per_size = [{"size_bytes": s, "a_busbw_GBps": sa[s], "b_busbw_GBps": sb[s],
-                     "change_GBps": sb[s] - sa[s], "change_pct": _pct(sa[s], sb[s]),
-                     "a_ip_busbw_GBps": ia.get(s), "b_ip_busbw_GBps": ib.get(s)}
-                    for s in sizes]
+        per_size: list[BusbwAtSize] = [
+            {"size_bytes": s, "a_busbw_GBps": sa[s], "b_busbw_GBps": sb[s],
+             "change_GBps": sb[s] - sa[s], "change_pct": _pct(sa[s], sb[s]),
+             "a_ip_busbw_GBps": ia.get(s), "b_ip_busbw_GBps": ib.get(s)}
+            for s in sizes]
         name = ta.label if ta.label == tb.label else f"{ta.label} vs {tb.label}"
         head = (f"{name}: avg busbw {_num(va)} → {_num(vb)} GB/s, {_pct_text(pct)}"
                 if va is not None and vb is not None else f"{name}: avg busbw not available")

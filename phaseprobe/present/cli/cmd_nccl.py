@@ -13,6 +13,7 @@ default: lines NCCL did not write are skipped and counted, cut records counted a
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +22,15 @@ from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from phaseprobe.analysis.nccl_report import NcclReport, build_report, diff_reports
-from phaseprobe.analysis.nccl_summary import decode_steps
+from phaseprobe.analysis.nccl_report import (
+    NcclReport,
+    NcclReportDiff,
+    NcclReportDoc,
+    ProblemsDoc,
+    build_report,
+    diff_reports,
+)
+from phaseprobe.analysis.nccl_summary import NcclSummary, decode_steps
 from phaseprobe.errors import ConfigError
 from phaseprobe.inputs import output_problem
 from phaseprobe.present.cli import jsonout
@@ -107,10 +115,10 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
         for f, r in ((files[1], a), (files[2], b)):
             if not r.found:
                 raise _nothing_found([f], r)
-        doc = diff_reports(a, b)
-        _emit(args, out, doc)
+        diff = diff_reports(a, b)
+        _emit(args, out, diff)
         if not args.json:
-            _render_diff(out, doc)
+            _render_diff(out, diff)
         return 0
     check_keep(args)
     report = analyze(files, args.strict, err, _steps(args))
@@ -124,7 +132,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     return 0
 
 
-def _emit(args: argparse.Namespace, out: Console, doc: dict[str, Any]) -> None:
+def _emit(args: argparse.Namespace, out: Console, doc: Mapping[str, Any]) -> None:
     text = jsonout.dumps(doc)
     if args.save:
         problem = output_problem(args.save)  # a FIFO would block the write until a reader
@@ -147,13 +155,13 @@ def _kv(title: str, rows: list[tuple[str, str]]) -> Table:
     return t
 
 
-def _render(out: Console, d: dict[str, Any]) -> None:
+def _render(out: Console, d: NcclReportDoc) -> None:
     if d["found"] or d["nccl_versions"]:
         _render_log(out, d)
     for res in d.get("nccl_tests") or []:
         for t in res["tables"]:
             _render_table(out, res["source"], t)
-    _render_problems(out, d.get("problems") or {})
+    _render_problems(out, d["problems"])
     for f in d["red_flags"]:
         out.print(f"[{_SEV[f['severity']]}]{f['severity']}[/] {escape(f['message'])}")
 
@@ -212,7 +220,7 @@ def _render_table(out: Console, source: str, t: dict[str, Any]) -> None:
         out.print(f"[dim]{escape(note)}[/dim]")
 
 
-def _render_problems(out: Console, p: dict[str, Any]) -> None:
+def _render_problems(out: Console, p: ProblemsDoc) -> None:
     items = p.get("items") or []
     if not items:
         return
@@ -239,7 +247,7 @@ def _render_problems(out: Console, p: dict[str, Any]) -> None:
         out.print(f"[dim]… {p['count'] - 20} more in --json[/dim]")
 
 
-def _render_log(out: Console, d: dict[str, Any]) -> None:
+def _render_log(out: Console, d: NcclSummary) -> None:
     versions = ", ".join(f"{v['version']}+cuda{v['cuda']}" if v["cuda"] else v["version"]
                          for v in d["nccl_versions"]) or "no banner"
     tr = d["transports"]
@@ -347,10 +355,11 @@ _DIFF_ROWS = (("channels", "channels (min–max per rank)", False),
               ("collectives", "collectives", False), ("warnings", "warnings", False))
 
 
-def _render_diff(out: Console, doc: dict[str, Any]) -> None:
+def _render_diff(out: Console, doc: NcclReportDiff) -> None:
     for i, line in enumerate(doc["headline"]):
         out.print(("[bold]" if i == 0 else "") + escape(line), highlight=False)
-    for t in (doc["busbw"] or {}).get("tables", []):
+    busbw = doc["busbw"]
+    for t in busbw["tables"] if busbw is not None else []:
         tab = Table(title=f"busbw by message size: {escape(t['label'])} ({t['place']})",
                     title_justify="left")
         for col in ("size", "A busbw (GB/s)", "B busbw (GB/s)", "change (GB/s)", "change"):
@@ -360,20 +369,22 @@ def _render_diff(out: Console, doc: dict[str, Any]) -> None:
             tab.add_row(_size(r["size_bytes"]), _gb(r["a_busbw_GBps"]), _gb(r["b_busbw_GBps"]),
                         f"{r['change_GBps']:+.2f}", "-" if pct is None else f"{pct:+.1f} %")
         out.print(tab)
-    if "channels" not in doc["a"]:  # no NCCL log lines on one side: nothing more to set out
+    a: Mapping[str, Any] = doc["a"]  # NcclDiffSide or NcclSources: read by _DIFF_ROWS' keys
+    b: Mapping[str, Any] = doc["b"]
+    if "channels" not in a:  # no NCCL log lines on one side: nothing more to set out
         _render_worse(out, doc)
         return
-    t = Table(title="nccl diff", title_justify="left")
-    t.add_column("")
-    t.add_column(escape(", ".join(doc["a"]["sources"])))
-    t.add_column(escape(", ".join(doc["b"]["sources"])))
+    table = Table(title="nccl diff", title_justify="left")
+    table.add_column("")
+    table.add_column(escape(", ".join(a["sources"])))
+    table.add_column(escape(", ".join(b["sources"])))
     for key, label, share in _DIFF_ROWS:
-        t.add_row(label, escape(cell(doc["a"][key], share)), escape(cell(doc["b"][key], share)))
-    out.print(t)
+        table.add_row(label, escape(cell(a[key], share)), escape(cell(b[key], share)))
+    out.print(table)
     _render_worse(out, doc)
 
 
-def _render_worse(out: Console, doc: dict[str, Any]) -> None:
+def _render_worse(out: Console, doc: NcclReportDiff) -> None:
     if not doc["worse"]:
         out.print("[green]nothing got worse")
     for w in doc["worse"]:
