@@ -142,7 +142,7 @@ class LevelStats:
 
     concurrency: int
     streams_ok: int
-    output_tokens: int  # from the server's usage, all streams
+    output_tokens: int | None  # from the server's usage, all streams; None: a stream had none
     span_s: float  # first send → last stream end
     tokens_per_s: float | None  # steady window rate (see steady_window_rate), else span rate
     rate_basis: str  # "steady window" or "span": which one tokens_per_s is
@@ -178,7 +178,7 @@ class LevelStats:
 
 
 def level_stats(concurrency: int, streams: Sequence[Sequence[float]], tpots: Sequence[float],
-                output_tokens: int, span_s: float, *,
+                output_tokens: int | None, span_s: float, *,
                 server_tokens_per_s: float | None = None, max_waiting: float | None = None,
                 max_running: float | None = None, max_kv_usage: float | None = None,
                 preemptions: float | None = None) -> LevelStats:
@@ -228,7 +228,8 @@ def merge_rounds(rounds: Sequence[LevelStats]) -> LevelStats:
     pre = [lv.preemptions for lv in rounds if lv.preemptions is not None]
     return LevelStats(
         concurrency=rounds[0].concurrency, streams_ok=min(lv.streams_ok for lv in rounds),
-        output_tokens=int(statistics.median(lv.output_tokens for lv in rounds)),
+        output_tokens=None if any(lv.output_tokens is None for lv in rounds)
+        else int(statistics.median(lv.output_tokens or 0 for lv in rounds)),
         span_s=statistics.median(lv.span_s for lv in rounds),
         tokens_per_s=med("tokens_per_s"),
         rate_basis=bases.pop() if len(bases) == 1 else "mixed",

@@ -156,7 +156,8 @@ def run_batch(target: Target, store: Store, *, levels: tuple[int, ...] = (1, 2, 
                             run_notes)
                 per_level[c].append(lv)
                 say(f"batch concurrency {c}" + (f" round {r + 1}/{rounds}" if rounds > 1 else "")
-                    + f": {lv.tokens_per_s or 0:.1f} tokens/s")
+                    + (f": {lv.tokens_per_s:.1f} tokens/s" if lv.tokens_per_s is not None
+                       else ": tokens/s unknown (no usage counts, too few token events)"))
     finally:
         notes.extend(run_notes.lines())
         store.finish_experiment(exp_id, notes)
@@ -183,7 +184,7 @@ def _level(ctx: ProbeContext, store: Store, exp_id: int, runs: list[Run], c: int
     t0 = min(sent)
     streams: list[list[float]] = []
     tpots: list[float] = []
-    out_tokens = 0
+    out_tokens: int | None = 0  # None once an ok stream's usage is missing: the sum is unknown
     end = 0.0
     for i, (p, o) in enumerate(zip(prompts, outcomes)):
         runs.append(store_run(store, exp_id, concurrent_run(
@@ -194,7 +195,8 @@ def _level(ctx: ProbeContext, store: Store, exp_id: int, runs: list[Run], c: int
         if o.error:
             continue
         streams.append([base + t for t in events_s(o)])
-        out_tokens += o.timeline.completion_tokens or 0
+        n_out = o.timeline.completion_tokens
+        out_tokens = None if out_tokens is None or n_out is None else out_tokens + n_out
         if o.timeline.tpot_s is not None:
             tpots.append(o.timeline.tpot_s)
     preempt = metric_delta(before, after, "num_preemptions", "", model)

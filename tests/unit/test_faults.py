@@ -377,6 +377,25 @@ def test_every_command_that_stores_runs_says_once_that_their_usage_was_not_count
     assert text.count(NOT_COUNTS) == 1, captured.out
 
 
+def test_batch_without_usage_counts_does_not_report_zero_output_tokens(tmp_path, capsys):
+    """Usage thrown away is an unknown token count, not 0: the level's output tokens and span
+    rate are null (not 0 and 0.0 tokens/s), and the progress line says the rate is unknown
+    where the token events cannot give it either."""
+    with SseServer(BAD_USAGE) as bad:
+        code = main(["batch", "--endpoint", bad.base_url, "--concurrency", "1,2",
+                     "--max-tokens", "4", "--store", str(tmp_path / "s.sqlite"), "--json"])
+    captured = capsys.readouterr()
+    _no_traceback(captured)
+    assert code == 0, captured.err
+    levels = json.loads(captured.out)["levels"]
+    assert len(levels) == 2
+    assert all(lv["output_tokens"] is None and lv["span_tokens_per_s"] is None
+               for lv in levels), levels
+    assert " 0.0 tokens/s" not in captured.err
+    assert all(("tokens/s unknown" in line) == (lv["tokens_per_s"] is None)
+               for line, lv in zip(captured.err.splitlines()[-2:], levels)), captured.err
+
+
 def test_json_output_never_carries_nan_or_infinity():
     from phaseprobe.present.cli.jsonout import dumps
 
