@@ -240,10 +240,10 @@ class _Arm:
 
     def all_notes(self) -> list[str]:
         """The arm's notes, its collector's (metrics lost), then its runs' stream notes counted
-        (a usage block that is not token counts), those naming the arm: which server sent it
-        matters in an A/B, and both arms may send the same one."""
-        runs = [f"arm {self.arm.name}: {note}" for note in self.collector.run_notes.lines()]
-        return self.notes + self.collector.notes + runs
+        (a usage block that is not token counts); the last two name the arm: which server it
+        was matters in an A/B, and both arms may say the same thing."""
+        own = self.collector.notes + self.collector.run_notes.lines()
+        return self.notes + [f"arm {self.arm.name}: {note}" for note in own]
 
 
 def run_ab(playbook: Playbook, store: Store, *, runs: int | None = None,
