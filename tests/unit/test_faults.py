@@ -377,6 +377,22 @@ def test_every_command_that_stores_runs_says_once_that_their_usage_was_not_count
     assert text.count(NOT_COUNTS) == 1, captured.out
 
 
+def test_ab_report_and_markdown_carry_the_arms_notes(tmp_path, capsys):
+    """What an arm noted while it ran is in ``ab report`` (read back from the store) and in
+    ``--markdown``, as in the live table: a report read later must not hide it."""
+    store = str(tmp_path / "s.sqlite")
+    with SseServer(BAD_USAGE) as bad, SseServer(OK) as good:
+        assert main([*_argv("ab", bad, good, tmp_path), "--store", store, "--json"]) == 0
+        live = json.loads(capsys.readouterr().out)
+    said = [n for n in live["notes"] if NOT_COUNTS in n]
+    assert len(said) == 1, live["notes"]
+    report = ["ab", "report", str(live["session_id"]), "--store", store]
+    assert main([*report, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["notes"] == live["notes"]
+    assert main([*report, "--markdown"]) == 0
+    assert f"- note: {said[0]}" in capsys.readouterr().out
+
+
 def test_batch_without_usage_counts_does_not_report_zero_output_tokens(tmp_path, capsys):
     """Usage thrown away is an unknown token count, not 0: the level's output tokens and span
     rate are null (not 0 and 0.0 tokens/s), and the progress line says the rate is unknown

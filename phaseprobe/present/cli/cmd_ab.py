@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -244,7 +245,8 @@ def render_comparison(out: Console, c: Comparison, title: str,
         out.print(f"[yellow]warning:[/] {escape(w)}")
 
 
-def markdown(c: Comparison, title: str, stop: str | None = None) -> str:
+def markdown(c: Comparison, title: str, stop: str | None = None,
+             notes: Sequence[str] = ()) -> str:
     cols = _columns(c)
     lines = [f"## {title}", "", f"**B vs A:** {c.phase_line} (min effect {c.min_effect:.0%})",
              ""]
@@ -257,6 +259,7 @@ def markdown(c: Comparison, title: str, stop: str | None = None) -> str:
         lines.append(f"- noise, {diag.label}: {diag.summary}")
         lines += [f"  - {f.text}" for f in diag.findings]
     lines += [f"- warning: {w}" for w in c.warnings]
+    lines += [f"- note: {n}" for n in notes]
     return "\n".join(lines) + "\n"
 
 
@@ -265,7 +268,7 @@ def _emit(args: argparse.Namespace, out: Console, c: Comparison, title: str,
     if args.json:
         out.out(jsonout.dumps({**extra, "comparison": c.to_dict()}), highlight=False)
     elif args.markdown:
-        out.out(markdown(c, title, stop), highlight=False)
+        out.out(markdown(c, title, stop, extra.get("notes", [])), highlight=False)
     else:
         render_comparison(out, c, title, stop)
         for note in extra.get("notes", []):
@@ -293,6 +296,9 @@ def _report(args: argparse.Namespace, out: Console, session_id: int) -> int:
         playbook, arms = session_arms(session)
         names = [name for name, _ in arms]
         runs = {name: store.runs(exp_id) for name, exp_id in arms}
+        # what the arms noted when they ran (metrics lost, usage not counted, no /tokenize),
+        # as the live session showed it
+        arm_notes = [n for _, exp_id in arms for n in store.experiment(exp_id).notes]
     stored_plan = session_plan(session)
     # The effect the session was judged at (its plan's, which --min-effect may have set when
     # it ran), unless --min-effect re-judges it now.
@@ -303,6 +309,7 @@ def _report(args: argparse.Namespace, out: Console, session_id: int) -> int:
     notes = [] if stored_plan is None or min_effect == stored_plan.min_effect else [
         f"re-judged at ±{min_effect:.0%}; the session stopped on its own plan's "
         f"±{stored_plan.min_effect:.0%}"]
+    notes += dict.fromkeys(arm_notes)
     if schema_note:
         notes.append(schema_note)
     from phaseprobe.analysis.ab_stats import compare_runs
