@@ -19,6 +19,7 @@ Definitions phaseprobe uses (they differ between tools, so they are stated once,
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -259,7 +260,9 @@ class Experiment:
     name: str
     kind: str  # "probe" for now; later "ab-arm", ...
     spec: RunSpec
-    server_info: dict[str, Any]  # vLLM version, /v1/models, cache_config_info labels
+    # vLLM version, /v1/models, cache_config_info labels: written as collect.connection's
+    # ServerInfo; read back, any JSON object (older stores hold other shapes)
+    server_info: Mapping[str, Any]
     created_wall_ns: int
     experiment_id: int | None = None
     notes: tuple[str, ...] = ()

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 
@@ -29,8 +29,8 @@ if TYPE_CHECKING:
 
     from phaseprobe.records import Run
 
-__all__ = ["CacheConfig", "GpuMemoryLevels", "KvCapacity", "KvReservationReport",
-           "analyze_kv_reservation", "run_windows", "VERDICT_RESERVATION"]
+__all__ = ["CacheConfig", "GpuMemoryLevels", "KvCapacity", "KvReservationDoc",
+           "KvReservationReport", "analyze_kv_reservation", "run_windows", "VERDICT_RESERVATION"]
 
 GiB = 1024.0**3
 VERDICT_RESERVATION = "memory flat after startup: KV pre-reservation, not growth"
@@ -98,6 +98,15 @@ class KvCapacity:
     budget_bytes: float | None = None       # gpu_memory_utilization x total memory
 
 
+class KvReservationDoc(TypedDict):
+    """:class:`KvReservationReport` as JSON (`probe --json`'s ``kv_reservation``)."""
+
+    verdict: str  # reservation or growth, in words
+    gpus: list[dict[str, Any]]  # per GPU: the GpuMemoryLevels fields (bytes, ns)
+    capacity: dict[str, Any]  # the KvCapacity fields (bytes, tokens, usage a 0–1 fraction)
+    notes: list[str]
+
+
 @dataclass(frozen=True)
 class KvReservationReport:
     verdict: str
@@ -105,7 +114,7 @@ class KvReservationReport:
     capacity: KvCapacity
     notes: tuple[str, ...] = ()
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> KvReservationDoc:
         return {"verdict": self.verdict, "gpus": [asdict(g) for g in self.gpus],
                 "capacity": asdict(self.capacity), "notes": list(self.notes)}
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NotRequired, Required, TypedDict
 
 import requests
 
+from phaseprobe.collect.playbook import ArmLaunch, RedactedArm
 from phaseprobe.collect.prompts import PromptBuilder
 from phaseprobe.errors import MetricsUnavailable
 from phaseprobe.sources.openai_stream import (
@@ -24,12 +25,56 @@ from phaseprobe.sources.openai_stream import (
 )
 from phaseprobe.sources.vllm_metrics import MetricSnapshot, MetricsScraper
 
-__all__ = ["Connection", "connect", "server_info", "CLIENT_ONLY"]
+__all__ = ["AbArmInfo", "ArmOrigin", "Connection", "InterfereArmInfo", "ServerInfo", "connect",
+           "server_info", "CLIENT_ONLY"]
 
 # Said when /metrics cannot be used (after the scraper's own reason).
 CLIENT_ONLY = "runs are client-only (no server phases, isolation not verified)"
 
 _VERSION = re.compile(r"[0-9A-Za-z][0-9A-Za-z.+_-]{0,63}")  # "0.32.0", "0.6.3.post1+cpu"
+
+
+class AbArmInfo(RedactedArm):
+    """Which A/B session and arm an ``ab-arm`` experiment measured (its ``server_info["ab"]``),
+    with the arm's endpoint and launch as the store keeps them (no secrets)."""
+
+    session_id: int  # the store's A/B session id
+    arm: str  # the playbook's arm name
+    role: str  # "A" or "B"
+
+
+class ArmOrigin(TypedDict, total=False):
+    """Where an interfere arm's server came from: an endpoint given on the command line
+    (``endpoint`` alone), or a playbook's arm (all four, secrets redacted)."""
+
+    playbook: str  # the playbook's name
+    role: str  # "A" or "B"
+    endpoint: str | None  # the URL without credentials; None: the playbook launched it
+    launch: ArmLaunch | None
+
+
+class InterfereArmInfo(ArmOrigin, total=False):
+    """Which arm of a two-arm interfere an experiment measured (its
+    ``server_info["interfere_arm"]``)."""
+
+    arm: Required[str]  # the arm's name
+    group: Required[str]  # "<name>-<wall ns>": the experiments of one two-arm run share it
+
+
+class ServerInfo(TypedDict):
+    """What the server says about itself before any run, as an experiment's ``server_info``
+    is written (kept with the experiment, shown by `probe` and `runs`, compared between
+    arms). Read back, a stored one is any JSON object: older stores hold other shapes."""
+
+    models: list[dict[str, Any]]  # /v1/models' ``data`` entries, as the server sent them
+    vllm_version: str | None  # /version when it is a plain version string ("0.6.3.post1")
+    # vllm:cache_config_info's labels, all strings (block counts, bytes, a 0–1 fraction for
+    # gpu_memory_utilization); None: no /metrics or no such metric
+    cache_config: dict[str, str] | None
+    metrics_families: NotRequired[list[str]]  # the vllm* metric names /metrics exposes
+    gpus: NotRequired[list[str]]  # a probe sampling GPUs: the device names, by index
+    ab: NotRequired[AbArmInfo]  # an A/B arm's experiment
+    interfere_arm: NotRequired[InterfereArmInfo]  # a two-arm interfere's experiment
 
 
 @dataclass
@@ -43,7 +88,7 @@ class Connection:
     headers: dict[str, str]
     models: list[dict[str, Any]]  # /v1/models, validated (fetched once)
     scraper: MetricsScraper | None
-    info: dict[str, Any]  # server_info: models, vLLM version, cache config, metric families
+    info: ServerInfo  # server_info: models, vLLM version, cache config, metric families
     notes: list[str] = field(default_factory=list)
     api_key: str | None = field(default=None, repr=False)  # for new_client; never shown
 
@@ -85,10 +130,10 @@ def connect(endpoint: str, api_key: str | None, *, session: requests.Session | N
 
 
 def server_info(base_url: str, session: requests.Session, headers: dict[str, str],
-                models: list[dict[str, Any]], snap: MetricSnapshot | None) -> dict[str, Any]:
+                models: list[dict[str, Any]], snap: MetricSnapshot | None) -> ServerInfo:
     """What the server says about itself: ``/v1/models``, ``/version`` and
     ``vllm:cache_config_info``; kept with the experiment and compared between arms."""
-    info: dict[str, Any] = {"models": models, "vllm_version": None, "cache_config": None}
+    info: ServerInfo = {"models": models, "vllm_version": None, "cache_config": None}
     doc = small_json(session, "GET", base_url.rstrip("/") + "/version", headers=headers,
                      timeout_s=5)
     version = doc.get("version") if isinstance(doc, dict) else None

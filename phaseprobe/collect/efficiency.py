@@ -11,9 +11,9 @@ model's is refused, naming the fields that differ.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from phaseprobe import calibrate
 from phaseprobe.analysis import model_math
@@ -29,24 +29,28 @@ from phaseprobe.analysis.roofline import (
     peaks_from_spec,
     roofline_for_run,
 )
+from phaseprobe.collect.connection import ServerInfo
 from phaseprobe.collect.experiment import ProbeResult
 from phaseprobe.errors import ConfigError, PhaseprobeError
 from phaseprobe.records import Run
 from phaseprobe.store import Store
+
+if TYPE_CHECKING:  # numpy: imported with the report only
+    from phaseprobe.analysis.kv_reservation import KvReservationDoc
 
 __all__ = ["check_against_server", "efficiency_report", "fetch_server_info",
            "kv_reservation_report", "model_config_mismatches", "model_config_path", "preflight",
            "resolve_peaks", "served_dtype", "validate_options"]
 
 
-def model_config_path(server_info: dict[str, Any], explicit: str | None) -> Path | None:
+def model_config_path(server_info: Mapping[str, Any], explicit: str | None) -> Path | None:
     """``--model-config``, else the served model's ``root`` when it is a local directory."""
     if explicit:
         return Path(explicit)
     return _served_root(server_info)
 
 
-def _served_root(server_info: dict[str, Any]) -> Path | None:
+def _served_root(server_info: Mapping[str, Any]) -> Path | None:
     for model in server_info.get("models") or []:
         root = model.get("root") if isinstance(model, dict) else None
         if root and (Path(root) / "config.json").is_file():
@@ -72,7 +76,7 @@ def served_dtype(path: Path) -> str:
     return model_math.weight_format(model_math.parse_shape(cfg, source)).base_dtype
 
 
-def model_config_mismatches(path: Path, server_info: dict[str, Any]) -> list[Mismatch]:
+def model_config_mismatches(path: Path, server_info: Mapping[str, Any]) -> list[Mismatch]:
     """What the server reports that ``path``'s config contradicts. The served model's own
     config.json (``root``) is the served model by definition: nothing to check."""
     cfg, given_source = model_math.load_config(path)
@@ -107,7 +111,7 @@ def validate_options(peaks_choice: str | None, model_config: str | None) -> None
         raise ConfigError(f"--peaks: {exc}") from None
 
 
-def check_against_server(server_info: dict[str, Any], model_config: str | None, *,
+def check_against_server(server_info: Mapping[str, Any], model_config: str | None, *,
                          force: bool = False) -> list[str]:
     """``--model-config`` against the server (before the runs): ConfigError naming the
     mismatching fields, or with ``force`` the same text as a warning to print."""
@@ -123,7 +127,7 @@ def check_against_server(server_info: dict[str, Any], model_config: str | None, 
 
 
 def fetch_server_info(endpoint: str, api_key: str | None,
-                      models: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+                      models: list[dict[str, Any]] | None = None) -> ServerInfo:
     """What the server says about itself before any run (``/v1/models``, ``/version`` and
     ``vllm:cache_config_info``), the same dict the probe stores as ``server_info``.
     ``models``: ``/v1/models`` when the caller already has it."""
@@ -176,7 +180,7 @@ class EfficiencyReport(TypedDict, total=False):
     runs: list[dict[str, Any]]  # per run: seq + analysis.roofline.RunRoofline fields
 
 
-def efficiency_report(runs: Sequence[Run], server_info: dict[str, Any], *,
+def efficiency_report(runs: Sequence[Run], server_info: Mapping[str, Any], *,
                       peaks_choice: str | None, model_config: str | None,
                       force: bool = False) -> EfficiencyReport:
     """Per-run roofline and medians, or ``{"skipped": reason}``.
@@ -246,7 +250,7 @@ def efficiency_report(runs: Sequence[Run], server_info: dict[str, Any], *,
 
 
 def kv_reservation_report(store: Store, result: ProbeResult, *,
-                          model_config: str | None) -> dict[str, Any]:
+                          model_config: str | None) -> KvReservationDoc:
     """The experiment's GPU memory series beside vLLM's cache config: reservation or growth."""
     from phaseprobe.analysis.kv_reservation import analyze_kv_reservation, run_windows
 

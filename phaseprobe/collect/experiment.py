@@ -18,7 +18,7 @@ import requests
 
 from phaseprobe.analysis.client_check import check_client, has_hop
 from phaseprobe.analysis.phases import attribute, consistency_notes, histograms_moved, idle_reasons
-from phaseprobe.collect.connection import connect
+from phaseprobe.collect.connection import ServerInfo, connect
 from phaseprobe.collect.span_attribution import attach_spans, new_tags
 from phaseprobe.errors import MetricsUnavailable
 from phaseprobe.records import ClientTimeline, Experiment, Isolation, Run, RunSpec, RunStatus
@@ -55,7 +55,7 @@ class ProbeSettings:
 class ProbeResult:
     experiment_id: int
     runs: list[Run]
-    server_info: dict[str, Any]
+    server_info: ServerInfo
     notes: list[str] = field(default_factory=list)
 
 

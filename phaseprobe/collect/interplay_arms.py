@@ -22,6 +22,7 @@ from typing import Any
 
 from phaseprobe.analysis.interplay import ArmsComparison, compare_arms
 from phaseprobe.collect.ab import Launcher, launch_server, start_arms
+from phaseprobe.collect.connection import ArmOrigin
 from phaseprobe.collect.interplay_context import Progress, Target, fmt_ms, quiet
 from phaseprobe.collect.interplay_interfere import (
     InterfereResult,
@@ -39,7 +40,7 @@ __all__ = ["InterfereArm", "ArmsResult", "run_interfere_arms", "interfere_playbo
 class InterfereArm:
     name: str
     target: Target
-    info: dict[str, Any] = field(default_factory=dict)  # kept in the experiment's server info
+    info: ArmOrigin = field(default_factory=ArmOrigin)  # kept in the experiment's server info
 
 
 @dataclass
@@ -77,7 +78,7 @@ def run_interfere_arms(arms: Sequence[InterfereArm], store: Store,
                 arm.target, store, settings, name=f"{name}:{arm.name}",
                 labels={"interfere_arm": arm.name, "interfere_arms": names,
                         "interfere_group": group},
-                info={"interfere_arm": {"arm": arm.name, "group": group, **arm.info}},
+                arm={"arm": arm.name, "group": group, **arm.info},
                 require_model=True))
         for s in sessions:
             s.warm_up()

@@ -17,6 +17,7 @@ from typing import Any
 import requests
 
 from phaseprobe.analysis.interplay import LevelStats, Scaling, level_stats, merge_rounds, scaling
+from phaseprobe.collect.connection import ServerInfo
 from phaseprobe.collect.experiment import RunNotes
 from phaseprobe.collect.interplay_context import (
     ProbeContext,
@@ -43,7 +44,7 @@ class BatchResult:
     levels: list[LevelStats]  # per level: the median over its rounds
     scaling: Scaling
     runs: list[Run]
-    server_info: dict[str, Any]
+    server_info: ServerInfo
     notes: list[str] = field(default_factory=list)
     rounds: dict[int, list[LevelStats]] = field(default_factory=dict)  # level → every round
 

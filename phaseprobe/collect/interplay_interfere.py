@@ -35,6 +35,7 @@ from phaseprobe.analysis.interplay import (
     median_or_none,
     stall,
 )
+from phaseprobe.collect.connection import InterfereArmInfo, ServerInfo
 from phaseprobe.collect.experiment import ProbeSettings, RunCollector, RunNotes
 from phaseprobe.collect.interplay_context import (
     ProbeContext,
@@ -113,7 +114,7 @@ class InterfereResult:
     stalls: list[Stall]
     swimlanes: list[dict[str, Any]]  # per pair: lanes A and B with send and token times
     runs: list[Run]
-    server_info: dict[str, Any]
+    server_info: ServerInfo
     notes: list[str] = field(default_factory=list)
     controls: list[Stall] = field(default_factory=list)  # A alone, same window, no B
     # A's decode time on vLLM's clock per pair, aligned with ``stalls`` (None: unknown)
@@ -196,12 +197,13 @@ class InterfereSession:
 
     def __init__(self, target: Target, store: Store, settings: InterfereSettings, *,
                  name: str = "interfere", labels: dict[str, str] | None = None,
-                 info: dict[str, Any] | None = None, require_model: bool = False) -> None:
+                 arm: InterfereArmInfo | None = None, require_model: bool = False) -> None:
         st = self.settings = settings
         self.store = store
         self.ctx = ctx = ProbeContext(target, require_model=require_model)
         self.notes = list(ctx.notes)
-        ctx.info.update(info or {})
+        if arm is not None:  # one arm of a two-arm interfere
+            ctx.info["interfere_arm"] = arm
         salt = time.time_ns() % 1_000_000_007
         # A: reps baselines, up to 2 × reps pair attempts (discarded pairs are retried), then
         # the warm-ups; B: one per pair attempt, then its warm-up.

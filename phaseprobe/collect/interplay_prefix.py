@@ -19,6 +19,7 @@ from phaseprobe.analysis.interplay import (
     prefix_block_note,
     prefix_verdict,
 )
+from phaseprobe.collect.connection import ServerInfo
 from phaseprobe.collect.experiment import ProbeSettings, RunCollector
 from phaseprobe.collect.interplay_context import (
     ProbeContext,
@@ -42,7 +43,7 @@ class PrefixResult:
     prefix_tokens: int | None
     expected_hit_tokens: int | None
     summary: dict[str, dict[str, float | None]]  # "cold"/"warm" → medians
-    server_info: dict[str, Any]
+    server_info: ServerInfo
     notes: list[str] = field(default_factory=list)
 
     def verdict(self) -> Verdict:

@@ -42,7 +42,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from phaseprobe.analysis.ab_sequential import SequentialPlan, check_primary
 from phaseprobe.errors import ConfigError
@@ -51,10 +51,10 @@ from phaseprobe.redact import redact_url, redact_urls_in
 from phaseprobe.sources.openai_stream import normalize_base_url
 from phaseprobe.store import AbSessionRow
 
-__all__ = ["PlaybookError", "Launch", "Arm", "RunPlan", "Playbook", "load_playbook",
-           "parse_playbook", "parse_effect", "session_arms", "session_plan", "is_secret_name",
-           "is_secret_value", "redact_env", "redact_args", "redacted_arm", "redacted_text",
-           "restore_secrets", "REDACTED", "LOCAL_MODEL", "shipped_playbooks"]
+__all__ = ["PlaybookError", "Launch", "Arm", "ArmLaunch", "RedactedArm", "RunPlan", "Playbook",
+           "load_playbook", "parse_playbook", "parse_effect", "session_arms", "session_plan",
+           "is_secret_name", "is_secret_value", "redact_env", "redact_args", "redacted_arm",
+           "redacted_text", "restore_secrets", "REDACTED", "LOCAL_MODEL", "shipped_playbooks"]
 
 LOCAL_MODEL = "local"  # the embedded tiny model served by phaseprobe's CPU vLLM
 _TOP_KEYS = {"name", "description", "model", "run", "arm"}
@@ -483,7 +483,23 @@ def redact_args(args: tuple[str, ...] | list[str]) -> list[str]:
     return out
 
 
-def redacted_arm(arm: Arm) -> dict[str, Any]:
+class ArmLaunch(TypedDict):
+    """How phaseprobe starts an arm's server (:class:`Launch`), secrets redacted."""
+
+    command: tuple[str, ...] | None  # argv prefix; None: ``vllm serve`` or the local CPU vLLM
+    args: list[str]  # the launch arguments, secret values replaced by <redacted>
+    env: dict[str, str]  # the launch environment, secret values replaced by <redacted>
+
+
+class RedactedArm(TypedDict):
+    """An A/B arm's endpoint and launch as the store keeps them (in the experiment's server
+    info): no secrets, no URL credentials."""
+
+    endpoint: str | None  # the arm's URL without credentials; None: phaseprobe launches it
+    launch: ArmLaunch | None  # None: the arm is an endpoint already serving
+
+
+def redacted_arm(arm: Arm) -> RedactedArm:
     """An arm's endpoint and launch as an experiment's server info keeps them: no secrets."""
     return {"endpoint": redact_url(arm.endpoint) if arm.endpoint else None,
             "launch": None if arm.launch is None else {

@@ -27,6 +27,7 @@ from phaseprobe.errors import ConfigError
 from phaseprobe.store import Store
 
 if TYPE_CHECKING:
+    from phaseprobe.analysis.kv_reservation import KvReservationDoc
     from phaseprobe.analysis.span_context import OverlapContext
     from phaseprobe.analysis.trace_summary import TraceDoc
     from phaseprobe.collect.experiment import ProbeResult
@@ -76,7 +77,7 @@ class SessionReport:
     efficiency: EfficiencyReport = field(default_factory=EfficiencyReport)  # the roofline
     trace: TraceDoc | None = None  # analysis.trace_summary document of the capture
     prometheus: PromSummaryDoc | None = None  # the experiment in PromQL
-    kv_reservation: dict[str, Any] | None = None  # GPU memory vs vLLM's cache config
+    kv_reservation: KvReservationDoc | None = None  # GPU memory vs vLLM's cache config
     shared: dict[int, OverlapContext] = field(default_factory=dict)  # run seq → what it shared
 
 

@@ -82,7 +82,7 @@ def _itl(run: Run, q: float) -> float | None:
 
 
 def render_probe(console: Console, runs: Sequence[Run], summary: Summary,
-                 info: dict[str, Any], notes: Sequence[str], experiment_id: int) -> None:
+                 info: Mapping[str, Any], notes: Sequence[str], experiment_id: int) -> None:
     version = info.get("vllm_version") or "?"
     by_span = any(r.attributed and not r.isolated for r in runs)
     caption = ("times in ms; server columns are vLLM's own per request: its /metrics deltas "
