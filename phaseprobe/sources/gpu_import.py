@@ -26,7 +26,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, tzinfo
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, TypedDict
 
 from phaseprobe.errors import ConfigError, EmptyResult, ParseError
 from phaseprobe.inputs import LINE_CAP, MiB, open_input
@@ -41,6 +41,7 @@ __all__ = [
     "DCGM_METRICS",
     "DEFAULT_FIELDS",
     "GpuImport",
+    "GpuImportSummary",
     "import_dcgm",
     "parse_nvidia_smi_csv",
     "read_nvidia_smi_csv",
@@ -81,6 +82,19 @@ _VALUE = re.compile(r"([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)\s*([A-Za-z
 _TIME_FORMATS = ("%Y/%m/%d %H:%M:%S.%f", "%Y/%m/%d %H:%M:%S")
 
 
+class GpuImportSummary(TypedDict):
+    """What the parser saw and skipped (`gpu import --json`'s ``import``); counts are lines."""
+
+    source: str  # the file (or DCGM query) the samples came from
+    lines: int  # lines read
+    rows: int  # sample rows kept
+    headers: int  # header lines (repeated or changed headers count each time)
+    malformed: int  # lines skipped as malformed
+    first_malformed: str | None  # "line N: reason: text" of the first skipped line
+    unknown_columns: list[str]  # fields kept under their own name, not a phaseprobe column
+    notes: list[str]
+
+
 @dataclass(frozen=True)
 class GpuImport:
     """An imported series: the frame plus what the parser saw and skipped."""
@@ -95,7 +109,7 @@ class GpuImport:
     unknown_columns: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> GpuImportSummary:
         return {"source": self.source, "lines": self.lines, "rows": self.rows,
                 "headers": self.headers, "malformed": self.malformed,
                 "first_malformed": self.first_malformed,

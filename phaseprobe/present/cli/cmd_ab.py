@@ -23,7 +23,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from rich.console import Console
 from rich.markup import escape
@@ -275,8 +275,16 @@ def _emit(args: argparse.Namespace, out: Console, c: Comparison, title: str,
             out.print(f"[yellow]note:[/] {escape(note)}")
 
 
+class SequentialDoc(TypedDict):
+    """A sequential session's plan and where it stopped (`ab --json`'s ``sequential``)."""
+
+    plan: dict[str, Any]  # SequentialPlan's fields (min_effect a 0–1 fraction, runs, minutes)
+    stop: StopRecord | None  # None: still running, or stopped by no rule
+    stop_line: str | None  # the same, as the one line the table prints
+
+
 def _sequential_doc(plan: SequentialPlan | None, stop: StopRecord | None
-                    ) -> dict[str, Any] | None:
+                    ) -> SequentialDoc | None:
     return None if plan is None else {"plan": plan.to_dict(), "stop": stop,
                                       "stop_line": stop_line(stop, plan)}
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Any
+from typing import Any, TypedDict
 
 from rich.console import Console
 from rich.markup import escape
@@ -33,7 +33,7 @@ from phaseprobe.present.cli import jsonout
 from phaseprobe.present.cli.args import int_in, seconds
 from phaseprobe.present.cli.waiting import waiting
 
-__all__ = ["register", "run", "compare"]
+__all__ = ["register", "run", "compare", "DatasheetComparison"]
 
 
 def register(subparsers: Any) -> None:
@@ -67,11 +67,23 @@ def register(subparsers: Any) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON document to stdout")
 
 
-def compare(cal: Calibration, spec: GpuSpec | None) -> dict[str, Any] | None:
+class DatasheetComparison(TypedDict):
+    """This machine's calibration against its GPU's datasheet row (`calibrate --json`'s
+    ``datasheet_comparison``); fractions are measured / datasheet (0–1, above 1 if beaten)."""
+
+    gpu: str  # the datasheet row's name
+    source: str  # where the row's figures come from
+    datasheet_mem_bandwidth_gb_s: float  # GB/s
+    datasheet_bf16_dense_tflop_s: float | None  # TFLOP/s, dense bf16
+    mem_bandwidth_fraction: float  # best measured GB/s / datasheet GB/s
+    bf16_matmul_fraction: float | None  # best measured bf16 TFLOP/s / datasheet; None: unknown
+
+
+def compare(cal: Calibration, spec: GpuSpec | None) -> DatasheetComparison | None:
     """Measured / datasheet for the figures both have (None: not a GPU of the table)."""
     if spec is None:
         return None
-    out: dict[str, Any] = {
+    out: DatasheetComparison = {
         "gpu": spec.name, "source": spec.source,
         "datasheet_mem_bandwidth_gb_s": spec.mem_bandwidth_gb_s,
         "datasheet_bf16_dense_tflop_s": spec.bf16_dense_tflop_s,
@@ -151,7 +163,7 @@ def _table(cals: list[Calibration], title: str) -> Table:
     return table
 
 
-def _print_comparison(out: Console, comp: dict[str, Any]) -> None:
+def _print_comparison(out: Console, comp: DatasheetComparison) -> None:
     bw = comp["mem_bandwidth_fraction"]
     line = (f"vs datasheet {escape(comp['gpu'])}: memory {bw * 100:.0f} % of "
             f"{comp['datasheet_mem_bandwidth_gb_s']:.0f} GB/s")

@@ -17,7 +17,7 @@ import math
 import re
 import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypedDict
 
 from rich.console import Console
 from rich.markup import escape
@@ -195,9 +195,33 @@ def cmd_query(args: argparse.Namespace, out: Console, err: Console) -> int:
     return 1 if any(isinstance(r, EmptyResult) for r in results) else 0
 
 
+class QueryEntry(TypedDict):
+    """One named query's answer; values are in the query's ``unit``."""
+
+    name: str
+    unit: str  # s, ratio, fraction, tokens/s... as the catalog says
+    help: str
+    expr: str | None  # the PromQL sent; None: no data came back
+    error: str | None  # why there is no data
+    # Sample.to_dict (labels, t in unix s, value) or Series.to_dict (labels, points [unix s,
+    # value]); None for a non-finite value
+    result: list[dict[str, Any]]
+
+
+class QueryDoc(TypedDict):
+    """`query --json`: the named queries' answers and how they were asked."""
+
+    prometheus: str  # the Prometheus URL as shown (no credentials)
+    selector: str  # the label matchers applied
+    window: str  # the rate/increase range ("5m")
+    range: list[str] | None  # --range START END as given; None: an instant query
+    step: str | None  # --step as given
+    queries: list[QueryEntry]
+
+
 def _document(url: str, args: argparse.Namespace, catalog: dict[str, Query],
-              results: list[NamedResult | EmptyResult]) -> dict[str, Any]:
-    entries: list[dict[str, Any]] = []
+              results: list[NamedResult | EmptyResult]) -> QueryDoc:
+    entries: list[QueryEntry] = []
     for r in results:
         if isinstance(r, EmptyResult):
             q = catalog[r.query]
@@ -228,7 +252,7 @@ def _labels(labels: dict[str, str]) -> str:
     return escape(", ".join(f"{k}={v}" for k, v in sorted(labels.items()))) or "-"
 
 
-def _render(out: Console, err: Console, doc: dict[str, Any], show_expr: bool) -> None:
+def _render(out: Console, err: Console, doc: QueryDoc, show_expr: bool) -> None:
     ranged = doc["range"] is not None
     title = f"{doc['prometheus']}  selector {{{doc['selector']}}}  window {doc['window']}"
     table = Table(title=escape(title), title_justify="left")
