@@ -273,7 +273,9 @@ class SpanWindows:
     """Where one request's phases lay on the wall clock (ns since the epoch), rebuilt from its
     span: vLLM stamps the span's start at arrival and reports durations, so the first token is
     at start + TTFT, prefill ends there, decode follows it and the queue precedes prefill.
-    ``pre_engine`` is arrival -> queued (HTTP, tokenization); none of it is prefill."""
+    ``pre_engine`` is arrival -> queued (HTTP, tokenization); none of it is prefill. It is
+    TTFT − queue − prefill, and vLLM takes TTFT when the API server has the first token, so
+    it also holds that token's way back from the engine (which overlaps decode's start)."""
 
     arrival_ns: int
     queued_ns: int

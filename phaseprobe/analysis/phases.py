@@ -158,7 +158,9 @@ class Summary:
 
 def outside_engine(run: Run) -> tuple[float, float | None] | None:
     """(client e2e − (queue + prefill + decode), arrival -> queued on vLLM's clock) from the
-    run's own span; None without a span or a complete client timeline."""
+    run's own span; None without a span or a complete client timeline. The second is the
+    span's TTFT − queue − prefill: vLLM's TTFT ends when the API server has the first token,
+    so it also holds that token's way back from the engine, which overlaps decode."""
     c, sp = run.client, run.span
     if c is None or sp is None or not c.complete or None in (sp.queue_s, sp.prefill_s,
                                                              sp.decode_s):

@@ -71,11 +71,17 @@ def test_every_probe_request_is_matched_to_its_span_over_grpc(local_vllm, spans_
         outside, pre = outside_engine(run)
         assert outside > 0 and pre is not None and 0 <= pre <= outside + 0.002
         # One host, one clock: the way in and the delivery after the last token are split out,
-        # and with the time before the queue they fit inside what was outside the engine.
+        # and they fit inside what was outside the engine. With the time before the queue they
+        # fit too, but for one overlap: `pre` is vLLM's TTFT − queue − prefill, and vLLM's TTFT
+        # ends when the API server has the first token, so `pre` holds that token's way back
+        # from the engine, which decode also covers. Idle, that trip is well under a
+        # millisecond; on a loaded 2-core CI machine it took 4 ms (the sum came out 4.0014 ms
+        # over), so the allowance for it is 10 ms.
         edges = engine_edges(run)
         assert edges is not None, (span.start_ns - client.sent_wall_ns, span.end_ns)
         way_in, delivery = edges
-        assert way_in + pre + delivery <= outside + 0.004, (way_in, pre, delivery, outside)
+        assert way_in + delivery <= outside + 0.002, (way_in, delivery, outside)
+        assert way_in + pre + delivery <= outside + 0.010, (way_in, pre, delivery, outside)
     summary = summarize(stored)
     # The summary takes it from the runs whose client timeline agrees with the server; on a
     # loaded 2-core machine the API server can hold every first token back (each run is then

@@ -127,7 +127,8 @@ def render_probe(console: Console, runs: Sequence[Run], summary: Summary,
         console.print(
             f"outside the engine (from the spans): client e2e − (queue + prefill + decode) "
             f"{ms(summary.outside_engine_s)} ms, of which arrival → queued on vLLM's clock "
-            f"(HTTP, tokenization) {ms(summary.pre_engine_s)} ms; "
+            f"(HTTP, tokenization; with the first token's way back) "
+            f"{ms(summary.pre_engine_s)} ms; "
             + (f"send → vLLM's arrival stamp {ms(summary.way_in_s)} ms and vLLM's end stamp "
                f"→ the client's last byte (delivery after the last token) "
                f"{ms(summary.delivery_s)} ms, on the two wall clocks"
