@@ -66,8 +66,6 @@ class TraceDoc(TypedDict, total=False):
     line: int  # 1-based line of the table's header in the text
 
 
-
-
 class TraceFacts(TypedDict, total=False):
     """Where and when a trace was taken, from its own metadata and its activities' span (to
     check it belongs to the experiment); a key is left out when the trace does not say."""

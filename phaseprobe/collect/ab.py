@@ -242,8 +242,8 @@ class _Arm:
         """The arm's notes, its collector's (metrics lost), then its runs' stream notes counted
         (a usage block that is not token counts); the last two name the arm: which server it
         was matters in an A/B, and both arms may say the same thing."""
-        own = self.collector.notes + self.collector.run_notes.lines()
-        return self.notes + [f"arm {self.arm.name}: {note}" for note in own]
+        return self.notes + [f"arm {self.arm.name}: {note}"
+                             for note in self.collector.all_notes()]
 
 
 def run_ab(playbook: Playbook, store: Store, *, runs: int | None = None,

@@ -114,6 +114,10 @@ class RunCollector:
         self.run_notes = run_notes if run_notes is not None else RunNotes()
         self.hop = has_hop(spec.endpoint)
 
+    def all_notes(self) -> list[str]:
+        """Its own notes, then the runs' stream notes, counted (see :class:`RunNotes`)."""
+        return self.notes + self.run_notes.lines()
+
     def _scrape(self) -> MetricSnapshot | None:
         if self.scraper is None:
             return None
@@ -279,7 +283,7 @@ def run_probe(spec: RunSpec, store: Store, *, settings: ProbeSettings = ProbeSet
                 why = f" ({gpu_sampler.error})" if gpu_sampler.error else ""
                 notes.append(f"GPU sampler: {gpu_sampler.missed} ticks missed, "
                              f"{gpu_sampler.failed_reads} failed reads{why}")
-        notes.extend(collector.notes + collector.run_notes.lines())
+        notes.extend(collector.all_notes())
         notes.extend(consistency_notes(runs, hop=collector.hop))
         store.finish_experiment(experiment_id, notes)
         progress.on_end()

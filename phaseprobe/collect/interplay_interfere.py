@@ -421,7 +421,7 @@ class InterfereSession:
                     "time (CPU load); " + (f"{missed} pair(s) it pushed past A's decode were "
                                            "discarded" if missed else
                                            "every pair still landed inside A's decode"))
-            self.notes.extend(self.collector.notes + self.run_notes.lines())
+            self.notes.extend(self.collector.all_notes())  # its run notes are the session's
             self.store.finish_experiment(self.experiment_id, self.notes)
         alone = [r.server.decode_s for r in self.baseline_runs
                  if r.server is not None and r.server.decode_s is not None]

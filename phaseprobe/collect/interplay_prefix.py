@@ -127,7 +127,7 @@ def run_prefix(target: Target, store: Store, *, prefix_tokens: int = 512,
             say(f"prefix rep {seq // 2 + 1}/{reps} {'warm' if seq % 2 else 'cold'}: "
                 f"TTFT {fmt_ms(run.client.ttft_s if run.client else None)}")
     finally:
-        notes.extend(collector.notes + collector.run_notes.lines())
+        notes.extend(collector.all_notes())
         store.finish_experiment(exp_id, notes)
     summary = {"cold": _pass_summary(runs[0::2]), "warm": _pass_summary(runs[1::2])}
     return PrefixResult(exp_id, runs, block, shared,
