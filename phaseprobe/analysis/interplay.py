@@ -20,6 +20,7 @@ from phaseprobe.format import duration as fmt_duration
 from phaseprobe.records import Run
 
 __all__ = ["Stall", "stall", "LevelStats", "level_stats", "merge_rounds", "Scaling", "scaling",
+           "superlinear_note",
            "steady_window_rate", "prefix_block_note", "expected_hit_tokens", "CONCURRENT_MARK",
            "CONCURRENT_KINDS", "concurrent_by_design", "median_or_none", "ARM_METRICS",
            "compare_arms", "ArmsComparison", "interfere_role", "interfere_pair_of", "knee",
@@ -263,6 +264,20 @@ class Scaling:
                 "efficiency": {str(k): v for k, v in self.efficiency.items()},
                 "stops_at": self.stops_at, "server_stops_at": self.server_stops_at,
                 "verdict": self.verdict, "why": self.why}
+
+
+def superlinear_note(sc: Scaling) -> str | None:
+    """Why an efficiency above 100 % is printed, or None when there is none. More than n× the
+    tokens/s from n× the streams is not streams running faster: the lowest level's rate
+    carries what each request waits for alone, which more streams overlap."""
+    over = [f"{c} ({e * 100:.0f} %)" for c, e in sc.efficiency.items()
+            if e is not None and round(e * 100) > 100]  # as the table rounds it
+    if not over:
+        return None
+    return (f"efficiency above 100 % at concurrency {', '.join(over)}: the lowest level's "
+            "tokens/s understates what one stream can do (each request's fixed costs, prefill, "
+            "HTTP and delivery, weigh on it alone and overlap at higher levels; short runs "
+            "make them weigh more): raise --max-tokens")
 
 
 def knee(rates: dict[int, float | None], gain_min: float = SCALING_GAIN_MIN

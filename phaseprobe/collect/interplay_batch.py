@@ -16,7 +16,14 @@ from typing import Any
 
 import requests
 
-from phaseprobe.analysis.interplay import LevelStats, Scaling, level_stats, merge_rounds, scaling
+from phaseprobe.analysis.interplay import (
+    LevelStats,
+    Scaling,
+    level_stats,
+    merge_rounds,
+    scaling,
+    superlinear_note,
+)
 from phaseprobe.collect.connection import ServerInfo
 from phaseprobe.collect.experiment import RunNotes
 from phaseprobe.collect.interplay_context import (
@@ -170,6 +177,9 @@ def run_batch(target: Target, store: Store, *, levels: tuple[int, ...] = (1, 2, 
                      "ramp included) in some or all rounds, not a steady window: tokens "
                      "arrived in bursts or the streams barely overlapped; raise --max-tokens "
                      "for steadier numbers")
+    over = superlinear_note(sc)
+    if over:
+        notes.append(over)
     return BatchResult(exp_id, stats, sc, runs, ctx.info, notes, per_level)
 
 

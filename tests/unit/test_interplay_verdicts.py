@@ -12,6 +12,7 @@ from phaseprobe.analysis.interplay import (
     SCALING_GAIN_MIN,
     STALL_RATIO_MIN,
     LevelStats,
+    Scaling,
     fmt_duration,
     interference_verdict,
     knee,
@@ -19,6 +20,7 @@ from phaseprobe.analysis.interplay import (
     prefix_verdict,
     scaling,
     stall,
+    superlinear_note,
 )
 from phaseprobe.collect.interplay import (
     BatchResult,
@@ -384,3 +386,17 @@ def test_interfere_auto_lengthens_a_when_earlier_b_is_still_too_late(tmp_path):
     assert any("A lengthened to 60 tokens from pair 3 on" in n for n in res.notes), res.notes
     assert any("A lengthened to 120 tokens from pair 4 on" in n for n in res.notes)
     assert res.verdict().kind == "no overlap"
+
+
+def test_an_efficiency_above_100_percent_is_explained_where_the_table_shows_one():
+    """2.34× the tokens/s from 2× the streams prints as 117 %: a note says why (the lowest
+    level carries each request's fixed costs alone), quoting the same rounded figure; 100.4 %
+    prints as 100 and needs no note, and neither does a level without a rate."""
+    sc = Scaling(ratios={1: 1.0, 2: 2.34, 4: 4.016, 8: None},
+                 efficiency={1: 1.0, 2: 1.17, 4: 1.004, 8: None},
+                 stops_at=None, why=[])
+    note = superlinear_note(sc)
+    assert note is not None and note.startswith("efficiency above 100 % at concurrency 2 (117 %)")
+    assert "raise --max-tokens" in note
+    assert superlinear_note(Scaling(ratios={1: 1.0, 2: 1.9}, efficiency={1: 1.0, 2: 0.95},
+                                    stops_at=None, why=[])) is None
