@@ -67,15 +67,18 @@ def test_pairs_where_b_arrived_after_a_was_nearly_done_are_discarded_not_called_
 
 
 def test_interfere_default_times_b_inside_as_decode_from_the_baseline(tmp_path):
-    # A: 60 tokens 10 ms apart (≈ 590 ms of decode); B: a 50 ms prefill. Automatic timing puts
+    # A: 30 tokens 30 ms apart (≈ 870 ms of decode); B: a 50 ms prefill. Automatic timing puts
     # B at A's first token + 25 % of A's decode, so B's prefill ends well before A does. On a
     # busy machine a pair can still miss (a descheduled thread): it is retried, up to 2 × reps.
-    a = Script(n_tokens=60, gap_s=0.01)
+    # The 30 ms pace keeps a client-side hiccup small beside it: at 10 ms apart, one 6 ms
+    # delay of the client's threads in a loaded CI run read as A's max ITL 16.2 ms with B vs
+    # 10.2 ms alone (1.6×, over the 1.5× that calls interference).
+    a = Script(n_tokens=30, gap_s=0.03)
     b = Script(n_tokens=1, first_delay_s=0.05)
     with SseServer(a) as srv, Store(tmp_path / "s.db") as store:
         srv.enqueue(a, b, a, a, *(a, b) * 4)  # warm-ups (A, B), 2 baselines, pairs (A, B)
         res = run_interfere(Target(srv.base_url, srv.model), store,
-                            InterfereSettings(a_tokens=60, reps=2))
+                            InterfereSettings(a_tokens=30, reps=2))
     assert res.trigger.kind == "auto" and res.delay_s is not None
     base = [r.client for r in res.runs[:2]]
     assert all(c is not None for c in base)
