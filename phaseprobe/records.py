@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 __all__ = [
     "CountedSpan",
+    "ReplicaAttribution",
     "RunStatus",
     "RunSpec",
     "ClientTimeline",
@@ -199,6 +200,29 @@ class ClientCheck:
 
 
 @dataclass(frozen=True)
+class ReplicaAttribution:
+    """Which replica of a fleet served one run, and how that is known.
+
+    ``source`` is ``"span"`` (the run's own span's ``service.instance.id`` / host), or
+    ``"counters"`` (the one ``--replica`` whose ``/metrics`` counters moved by the run's usage);
+    ``name`` None: it could not be told, and ``reason`` says why. ``url``: the replica's base URL
+    when it was measured through its ``/metrics`` (credentials stripped)."""
+
+    name: str | None
+    source: str | None  # "span" | "counters" | None
+    url: str | None = None
+    reason: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ReplicaAttribution:
+        return cls(name=d.get("name"), source=d.get("source"), url=d.get("url"),
+                   reason=d.get("reason"))
+
+
+@dataclass(frozen=True)
 class Run:
     """One measured request: the spec's prompt as sent, what the client saw, what vLLM said."""
 
@@ -219,6 +243,9 @@ class Run:
     trace_id: str | None = None
     request_id: str | None = None
     span: RequestSpan | None = None
+    # The replica that served it, behind a router (None: one server, not a fleet run, or an
+    # older store)
+    replica: ReplicaAttribution | None = None
 
     @property
     def isolated(self) -> bool:
@@ -250,6 +277,8 @@ class Run:
             "trace_id": self.trace_id,
             "request_id": self.request_id,
             "span": self.span.to_dict() if self.span else None,
+            "replica": self.replica.name if self.replica else None,
+            "replica_attribution": self.replica.to_dict() if self.replica else None,
         }
 
 

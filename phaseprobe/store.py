@@ -21,6 +21,7 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypedDict, TypeVar
 from urllib.parse import quote
@@ -33,6 +34,7 @@ from phaseprobe.records import (
     CountedSpan,
     Experiment,
     Isolation,
+    ReplicaAttribution,
     RequestSpan,
     Run,
     RunSpec,
@@ -217,6 +219,12 @@ _MIGRATIONS: list[str] = [
         key BLOB NOT NULL,
         PRIMARY KEY (start_ns, key)
     ) WITHOUT ROWID
+    """,
+    # 8: the replica that served each run behind a router (issue 27): its name in a column, so
+    # per-replica reads need no JSON, and how it was told (span, counters, or why not).
+    """
+    ALTER TABLE runs ADD COLUMN replica TEXT;
+    ALTER TABLE runs ADD COLUMN replica_json TEXT
     """,
 ]
 # The gpu_samples columns, in table order (phaseprobe.sources.nvml.COLUMNS; a test keeps the
@@ -541,17 +549,23 @@ class Store:
             " client_ttft_s, client_e2e_s, client_tpot_s, server_queue_s, server_prefill_s,"
             " server_decode_s, server_inference_s, server_ttft_s, server_e2e_s, prompt_tokens,"
             " completion_tokens, client_json, server_json, isolation_json, client_check_json,"
-            " trace_id, request_id, span_json)"
-            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            " trace_id, request_id, span_json, replica, replica_json)"
+            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (experiment_id, run.seq, run.status, int(run.isolated),
              redact_urls_in(run.error) if run.error else None, run.prompt,
              *((c.sent_wall_ns, c.ttft_s, c.e2e_s, c.tpot_s) if c else (None,) * 4),
              *_phase_columns(run.server),
              *((c.prompt_tokens, c.completion_tokens) if c else (None,) * 2),
              _dumps(c), _dumps(run.server), _dumps(run.isolation), _dumps(run.client_check),
-             run.trace_id, run.request_id, _dumps(run.span)),
+             run.trace_id, run.request_id, _dumps(run.span),
+             *_replica_columns(run.replica)),
         )
         return int(cur.lastrowid or 0)
+
+    def set_run_replica(self, run_id: int, replica: ReplicaAttribution) -> None:
+        """Record which replica served a run once it is known (its span came after it)."""
+        self._write("UPDATE runs SET replica = ?, replica_json = ? WHERE id = ?",
+                    (*_replica_columns(replica), run_id))
 
     def set_run_span(self, run_id: int, span: RequestSpan, server: ServerPhases | None,
                      status: str, client_check: ClientCheck | None) -> None:
@@ -873,6 +887,15 @@ def _phase_columns(s: ServerPhases | None) -> tuple[float | None, ...]:
     return (s.queue_s, s.prefill_s, s.decode_s, s.inference_s, s.ttft_s, s.e2e_s)
 
 
+def _replica_columns(r: ReplicaAttribution | None) -> tuple[str | None, str | None]:
+    """The replica and replica_json columns of a run (a replica URL without credentials)."""
+    if r is None:
+        return None, None
+    if r.url:
+        r = replace(r, url=redact_url(r.url))
+    return r.name, _dumps(r)
+
+
 def _span_from_row(row: sqlite3.Row) -> RequestSpan:
     return RequestSpan(**{k: row[k] for k in RequestSpan.__dataclass_fields__})
 
@@ -885,10 +908,12 @@ def _run_from_row(row: sqlite3.Row) -> Run:
     keys = row.keys()
     check = row["client_check_json"] if "client_check_json" in keys else None
     span = row["span_json"] if "span_json" in keys else None
+    replica = row["replica_json"] if "replica_json" in keys else None
     return Run(seq=row["seq"], status=row["status"], prompt=row["prompt"], client=client,
                server=server, isolation=Isolation.from_dict(json.loads(row["isolation_json"])),
                error=row["error"], experiment_id=row["experiment_id"], run_id=row["id"],
                client_check=ClientCheck.from_dict(json.loads(check)) if check else None,
                trace_id=row["trace_id"] if "trace_id" in keys else None,
                request_id=row["request_id"] if "request_id" in keys else None,
-               span=RequestSpan.from_dict(json.loads(span)) if span else None)
+               span=RequestSpan.from_dict(json.loads(span)) if span else None,
+               replica=ReplicaAttribution.from_dict(json.loads(replica)) if replica else None)

@@ -9,14 +9,18 @@ on which headers are sent, when runs are client-only and what ``server_info`` ho
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NotRequired, Required, TypedDict
 
 import requests
 
+from phaseprobe.collect.fleet.scrape import FleetScraper
+from phaseprobe.collect.fleet.targets import ReplicaTarget, check_fleet, is_router
 from phaseprobe.collect.playbook import ArmLaunch, RedactedArm
 from phaseprobe.collect.prompts import PromptBuilder
 from phaseprobe.errors import MetricsUnavailable
+from phaseprobe.redact import redact_url
 from phaseprobe.sources.openai_stream import (
     DEFAULT_DEADLINE_S,
     StreamClient,
@@ -75,6 +79,9 @@ class ServerInfo(TypedDict):
     gpus: NotRequired[list[str]]  # a probe sampling GPUs: the device names, by index
     ab: NotRequired[AbArmInfo]  # an A/B arm's experiment
     interfere_arm: NotRequired[InterfereArmInfo]  # a two-arm interfere's experiment
+    router: NotRequired[bool]  # the endpoint is a router: runs name the replica that served them
+    replicas: NotRequired[dict[str, str]]  # behind a router: replica name → its URL (redacted)
+    replicas_down: NotRequired[dict[str, str]]  # replica name → why it did not answer
 
 
 @dataclass
@@ -91,6 +98,10 @@ class Connection:
     info: ServerInfo  # server_info: models, vLLM version, cache config, metric families
     notes: list[str] = field(default_factory=list)
     api_key: str | None = field(default=None, repr=False)  # for new_client; never shown
+    # Behind a router: every replica's own /metrics (``scraper`` is then None: the router's
+    # /metrics is any replica's). None: one server.
+    fleet: FleetScraper | None = None
+    router: bool = False  # the endpoint is a router (with or without its replicas given)
 
     def prompt_builder(self, model: str, seed: int) -> PromptBuilder:
         return PromptBuilder(self.endpoint, model, session=self.session, headers=self.headers,
@@ -107,10 +118,12 @@ class Connection:
 
 def connect(endpoint: str, api_key: str | None, *, session: requests.Session | None = None,
             timeout_s: float = 120.0, deadline_s: float | None = DEFAULT_DEADLINE_S,
-            models: list[dict[str, Any]] | None = None) -> Connection:
+            models: list[dict[str, Any]] | None = None,
+            replicas: Sequence[ReplicaTarget] = (), model: str | None = None) -> Connection:
     """Connect to ``endpoint`` (a normalised base URL). Raises EndpointUnreachable before any
     run if nothing usable answers. ``models``: ``/v1/models`` when the caller already has it
-    (one call per probe)."""
+    (one call per probe). ``replicas``: the replicas behind ``endpoint`` (a router), each
+    checked and scraped directly; ``model`` is the one they must all serve."""
     session = session or requests.Session()
     client = StreamClient(endpoint, api_key=api_key, session=session, timeout_s=timeout_s,
                           deadline_s=deadline_s)
@@ -118,15 +131,49 @@ def connect(endpoint: str, api_key: str | None, *, session: requests.Session | N
     if models is None:
         models = check_endpoint(endpoint, session=session, headers=headers)
     notes = [client.auth_note] if client.auth_note else []
+    if replicas:
+        return _connect_fleet(endpoint, replicas, client, headers, models, notes, api_key,
+                              model)
     scraper: MetricsScraper | None = MetricsScraper(endpoint, session=session, headers=headers)
     first: MetricSnapshot | None = None
-    try:
-        first = scraper.scrape()  # type: ignore[union-attr]
-    except MetricsUnavailable as exc:
-        notes.append(f"{exc}: {CLIENT_ONLY}")
+    router = is_router(endpoint, session, headers)
+    if router:
+        notes.append(f"{redact_url(endpoint)} is a vllm-router: its /metrics is whichever "
+                     f"replica it picks, so {CLIENT_ONLY}; give each replica with --replica "
+                     "NAME=URL (or use spans) to tell the serving replica and verify isolation")
         scraper = None
+    else:
+        try:
+            first = scraper.scrape()  # type: ignore[union-attr]
+        except MetricsUnavailable as exc:
+            notes.append(f"{exc}: {CLIENT_ONLY}")
+            scraper = None
     info = server_info(endpoint, session, headers, models, first)
-    return Connection(endpoint, session, client, headers, models, scraper, info, notes, api_key)
+    if router:
+        info["router"] = True
+    return Connection(endpoint, session, client, headers, models, scraper, info, notes, api_key,
+                      router=router)
+
+
+def _connect_fleet(endpoint: str, replicas: Sequence[ReplicaTarget], client: StreamClient,
+                   headers: dict[str, str], models: list[dict[str, Any]], notes: list[str],
+                   api_key: str | None, model: str | None) -> Connection:
+    """A router's endpoint with the replicas behind it: each checked, then scraped directly."""
+    session = client.session
+    checked = check_fleet(endpoint, replicas, session=session, headers=headers, model=model)
+    notes.extend(checked.notes())
+    fleet = FleetScraper(checked.up, session, headers)
+    first = fleet.scrape()
+    notes.extend(fleet.notes)
+    fleet.notes.clear()
+    snap = next(iter(first.by_replica.values())) if first else None
+    info = server_info(endpoint, session, headers, models, snap)
+    info["router"] = True
+    info["replicas"] = {r.name: redact_url(r.url) for r in checked.up}
+    if checked.down:
+        info["replicas_down"] = dict(checked.down)
+    return Connection(endpoint, session, client, headers, models, None, info, notes, api_key,
+                      fleet=fleet if first else None, router=True)
 
 
 def server_info(base_url: str, session: requests.Session, headers: dict[str, str],

@@ -10,7 +10,7 @@ to the store before the next one starts. Faults become data: an HTTP error or a 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -18,10 +18,21 @@ import requests
 
 from phaseprobe.analysis.client_check import check_client, has_hop
 from phaseprobe.analysis.phases import attribute, consistency_notes, histograms_moved, idle_reasons
+from phaseprobe.analysis.replica_match import unverifiable
 from phaseprobe.collect.connection import ServerInfo, connect
+from phaseprobe.collect.fleet.scrape import FleetScraper, FleetSnapshot
+from phaseprobe.collect.fleet.targets import ReplicaTarget
 from phaseprobe.collect.span_attribution import attach_spans, new_tags
 from phaseprobe.errors import MetricsUnavailable
-from phaseprobe.records import ClientTimeline, Experiment, Isolation, Run, RunSpec, RunStatus
+from phaseprobe.records import (
+    ClientTimeline,
+    Experiment,
+    Isolation,
+    ReplicaAttribution,
+    Run,
+    RunSpec,
+    RunStatus,
+)
 from phaseprobe.sources.gpu_sampler import GpuSampler
 from phaseprobe.sources.nvtx_marks import NvtxPhases, nvtx_range
 from phaseprobe.sources.openai_stream import (
@@ -31,6 +42,7 @@ from phaseprobe.sources.openai_stream import (
 )
 from phaseprobe.sources.stall_watch import StallWatch
 from phaseprobe.sources.vllm_metrics import MetricSnapshot, MetricsScraper
+from phaseprobe.redact import redact_url
 from phaseprobe.store import Store
 
 __all__ = ["ProbeSettings", "ProbeResult", "ProgressHook", "NullProgress", "RunNotes",
@@ -102,7 +114,11 @@ class RunCollector:
 
     def __init__(self, spec: RunSpec, settings: ProbeSettings, client: StreamClient,
                  scraper: MetricsScraper | None, sleep: Callable[[float], None],
-                 clock: Callable[[], float], *, run_notes: RunNotes | None = None) -> None:
+                 clock: Callable[[], float], *, run_notes: RunNotes | None = None,
+                 fleet: FleetScraper | None = None) -> None:
+        """``fleet``: the replicas behind ``spec.endpoint`` (a router), each scraped directly;
+        a run is then attributed to the replica whose counters moved, and its isolation judged
+        on that replica alone (``scraper`` is None: the router's /metrics is not read)."""
         self.spec = spec
         self.settings = settings
         self.client = client
@@ -113,10 +129,45 @@ class RunCollector:
         # the runs' stream notes, counted; ``run_notes`` shares one tally between collectors
         self.run_notes = run_notes if run_notes is not None else RunNotes()
         self.hop = has_hop(spec.endpoint)
+        self.fleet = fleet
 
     def all_notes(self) -> list[str]:
         """Its own notes, then the runs' stream notes, counted (see :class:`RunNotes`)."""
-        return self.notes + self.run_notes.lines()
+        fleet_notes = self.fleet.notes if self.fleet is not None else []
+        return self.notes + fleet_notes + self.run_notes.lines()
+
+    def _scrape_fleet(self) -> FleetSnapshot | None:
+        if self.fleet is None:
+            return None
+        snap = self.fleet.scrape()
+        if snap is None:
+            self.notes.append("no replica's /metrics answers any more: later runs are "
+                              "client-only")
+            self.fleet = None
+        return snap
+
+    def _wait_fleet_idle(self) -> FleetSnapshot | None:
+        """Every replica idle, or the idle timeout (the run is then judged on its replica)."""
+        deadline = self.clock() + self.settings.idle_timeout_s
+        while True:
+            snap = self._scrape_fleet()
+            if snap is None or not snap.idle_reasons(self.spec.model, "before"):
+                return snap
+            if self.clock() >= deadline:
+                return snap
+            self.sleep(self.settings.poll_s)
+
+    def _wait_fleet_observed(self, before: FleetSnapshot) -> tuple[FleetSnapshot | None, bool]:
+        deadline = self.clock() + self.settings.metrics_timeout_s
+        while True:
+            after = self._scrape_fleet()
+            if after is None:
+                return None, False
+            if FleetScraper.observed(before, after, self.spec.model):
+                return after, True
+            if self.clock() >= deadline:
+                return after, False
+            self.sleep(self.settings.poll_s)
 
     def _scrape(self) -> MetricSnapshot | None:
         if self.scraper is None:
@@ -160,7 +211,13 @@ class RunCollector:
     def measure(self, seq: int, prompt: str) -> Run:
         body = self.body(prompt)
         # With spans, a busy server needs no waiting: the run's own span attributes it.
-        before = self._scrape() if self.settings.span_wait_s is not None else self._wait_idle()
+        spans = self.settings.span_wait_s is not None
+        before_fleet: FleetSnapshot | None = None
+        before: MetricSnapshot | None = None
+        if self.fleet is not None:
+            before_fleet = self._scrape_fleet() if spans else self._wait_fleet_idle()
+        else:
+            before = self._scrape() if spans else self._wait_idle()
         tags = new_tags() if self.settings.span_wait_s is not None else None
         # Under `nsys profile` the run shows on the timeline: run > request > first token,
         # decode (NVTX ranges in domain phaseprobe; no-ops without a profiler)
@@ -173,7 +230,10 @@ class RunCollector:
                 phases.end()
         timeline = replace(outcome.timeline, client_stall_s=watch.max_stall_s)
         self.run_notes.add(outcome.notes)  # e.g. a usage block that is not token counts
-        run = self._judge(seq, prompt, outcome.error, timeline, before)
+        if before_fleet is not None:
+            run = self._judge_fleet(seq, prompt, outcome.error, timeline, before_fleet)
+        else:
+            run = self._judge(seq, prompt, outcome.error, timeline, before)
         if tags is None:
             return run
         return replace(run, trace_id=tags.trace_id, request_id=tags.request_id)
@@ -194,6 +254,18 @@ class RunCollector:
         after, moved = self._wait_observed(before)
         if after is None:
             return unverified("metrics lost after the request")
+        return self._attribute(seq, prompt, timeline, before, after, moved)
+
+    def _attribute(self, seq: int, prompt: str, timeline: ClientTimeline,
+                   before: MetricSnapshot, after: MetricSnapshot, moved: bool,
+                   replica: ReplicaAttribution | None = None) -> Run:
+        """The run's phases and isolation from one server's (or replica's) two scrapes."""
+        why = unverifiable(before, after, self.spec.model)
+        if why is not None:
+            # Two processes' counters, or a restart: no delta of them is this request's.
+            return Run(seq=seq, status="ok", prompt=prompt, client=timeline, server=None,
+                       isolation=Isolation(verified=False, isolated=False, reasons=(why,)),
+                       replica=replica)
         server, isolation = attribute(before, after, model=self.spec.model,
                                       prompt_tokens=timeline.prompt_tokens,
                                       completion_tokens=timeline.completion_tokens)
@@ -206,7 +278,32 @@ class RunCollector:
         # buffering hop) is kept, flagged, and left out of medians and A/B statistics.
         check = check_client(timeline, server, isolation, hop=self.hop)
         return Run(seq=seq, status=status, prompt=prompt, client=timeline, server=server,
-                   isolation=isolation, client_check=check)
+                   isolation=isolation, client_check=check, replica=replica)
+
+    def _judge_fleet(self, seq: int, prompt: str, error: str | None, timeline: ClientTimeline,
+                     before: FleetSnapshot) -> Run:
+        """A run through a router: find the replica whose counters moved by the run's usage,
+        then judge it on that replica's two scrapes alone (other replicas' traffic is theirs)."""
+        def unverified(reason: str, replica: ReplicaAttribution | None) -> Run:
+            return Run(seq=seq, status="ok" if error is None else "error", prompt=prompt,
+                       client=timeline, server=None, error=error, replica=replica,
+                       isolation=Isolation(verified=False, isolated=False, reasons=(reason,)))
+
+        if error is not None:
+            return unverified("request failed", None)
+        after, moved = self._wait_fleet_observed(before)
+        if after is None:
+            return unverified("metrics lost after the request", None)
+        name, how = FleetScraper.serving(before, after, self.spec.model,
+                                         timeline.prompt_tokens, timeline.completion_tokens)
+        if name is None:
+            replica = ReplicaAttribution(name=None, source=None, reason=how)
+            return unverified(f"serving replica not told: {how}", replica)
+        fleet = self.fleet
+        url = redact_url(fleet.urls[name]) if fleet is not None and name in fleet.urls else None
+        replica = ReplicaAttribution(name=name, source="counters", url=url, reason=how)
+        b, a = before.by_replica[name], after.by_replica[name]
+        return self._attribute(seq, prompt, timeline, b, a, moved, replica)
 
 
 def run_probe(spec: RunSpec, store: Store, *, settings: ProbeSettings = ProbeSettings(),
@@ -217,7 +314,8 @@ def run_probe(spec: RunSpec, store: Store, *, settings: ProbeSettings = ProbeSet
               before_runs: Callable[[], None] | None = None,
               gpu_sampler: GpuSampler | None = None,
               deadline_s: float | None = DEFAULT_DEADLINE_S,
-              models: list[dict[str, Any]] | None = None) -> ProbeResult:
+              models: list[dict[str, Any]] | None = None,
+              replicas: Sequence[ReplicaTarget] = ()) -> ProbeResult:
     """Run one probe experiment; every completed run is in ``store`` before the next starts.
 
     Raises :class:`~phaseprobe.errors.EndpointUnreachable` before any run if nothing answers.
@@ -229,7 +327,7 @@ def run_probe(spec: RunSpec, store: Store, *, settings: ProbeSettings = ProbeSet
     """
     progress = progress or NullProgress()
     conn = connect(spec.endpoint, api_key, session=session, timeout_s=timeout_s,
-                   deadline_s=deadline_s, models=models)
+                   deadline_s=deadline_s, models=models, replicas=replicas, model=spec.model)
     notes = list(conn.notes)
     info = conn.info
 
@@ -244,7 +342,8 @@ def run_probe(spec: RunSpec, store: Store, *, settings: ProbeSettings = ProbeSet
         notes.append("the same prompt text is sent every run: vLLM's prefix cache may serve "
                      "part of its prefill (see server counter_deltas.prefix_cache_hits)")
 
-    collector = RunCollector(spec, settings, conn.client, conn.scraper, sleep, clock)
+    collector = RunCollector(spec, settings, conn.client, conn.scraper, sleep, clock,
+                             fleet=conn.fleet)
     experiment_id = store.create_experiment(Experiment(
         name=settings.name, kind="probe", spec=spec, server_info=info,
         created_wall_ns=time.time_ns()))
@@ -269,7 +368,8 @@ def run_probe(spec: RunSpec, store: Store, *, settings: ProbeSettings = ProbeSet
             progress.on_run(run)
         if settings.span_wait_s is not None:
             runs, span_notes = attach_spans(store, runs, wait_s=settings.span_wait_s,
-                                            hop=collector.hop, sleep=sleep, clock=clock)
+                                            hop=collector.hop, sleep=sleep, clock=clock,
+                                            fleet=conn.router)
             notes.extend(span_notes)
     except KeyboardInterrupt:
         notes.append(f"cancelled after {len(runs)} of {settings.runs} runs")

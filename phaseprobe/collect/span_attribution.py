@@ -17,10 +17,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from phaseprobe.analysis.client_check import check_client
-from phaseprobe.records import Isolation, RequestSpan, Run
+from phaseprobe.records import Isolation, ReplicaAttribution, RequestSpan, Run
 from phaseprobe.store import Store
 
-__all__ = ["SpanTags", "new_tags", "attach_spans", "SPAN_WAIT_MARGIN_S", "DEFAULT_BSP_DELAY_S"]
+__all__ = ["SpanTags", "new_tags", "attach_spans", "replica_from_span", "SPAN_WAIT_MARGIN_S",
+           "DEFAULT_BSP_DELAY_S"]
 
 DEFAULT_BSP_DELAY_S = 5.0  # the OpenTelemetry SDK's OTEL_BSP_SCHEDULE_DELAY default
 SPAN_WAIT_MARGIN_S = 5.0  # export, receive and commit after the batch delay
@@ -46,9 +47,11 @@ def new_tags() -> SpanTags:
 
 def attach_spans(store: Store, runs: Sequence[Run], *, wait_s: float,
                  hop: bool | None = None, sleep: Callable[[float], None] = time.sleep,
-                 clock: Callable[[], float] = time.monotonic) -> tuple[list[Run], list[str]]:
+                 clock: Callable[[], float] = time.monotonic, fleet: bool = False
+                 ) -> tuple[list[Run], list[str]]:
     """Wait up to ``wait_s`` for the runs' spans (from a receiver writing to the same store),
-    attach them to the stored runs, and return the runs as updated with notes."""
+    attach them to the stored runs, and return the runs as updated with notes. ``fleet``: the
+    endpoint is a router, so each span also names the replica that served its run."""
     tagged = [r for r in runs if r.trace_id and r.client is not None and r.status != "error"]
     wanted = [r.trace_id for r in tagged if r.trace_id]
     found: dict[str, RequestSpan] = {}
@@ -62,7 +65,8 @@ def attach_spans(store: Store, runs: Sequence[Run], *, wait_s: float,
             break
         sleep(0.1)
     out: list[Run] = []
-    by_span = 0
+    shared = unverified = 0
+    disagree: list[str] = []
     for run in runs:
         span = found.get(run.trace_id or "")
         if span is None or run not in tagged:
@@ -70,10 +74,20 @@ def attach_spans(store: Store, runs: Sequence[Run], *, wait_s: float,
             continue
         updated = _with_span(run, span, hop)
         if updated.server is not None and updated.server.source == "span":
-            by_span += 1
+            if run.isolation.verified:
+                shared += 1
+            else:
+                unverified += 1
         if run.run_id is not None:
             store.set_run_span(run.run_id, span, updated.server, updated.status,
                                updated.client_check)
+        replica, why = replica_from_span(run.replica, span) if fleet else (run.replica, None)
+        if why:
+            disagree.append(f"run {run.seq}: {why}")
+        if replica is not None and replica != run.replica:
+            updated = replace(updated, replica=replica)
+            if run.run_id is not None:
+                store.set_run_replica(run.run_id, replica)
         out.append(updated)
     notes = []
     missing = len(wanted) - len(found)
@@ -81,11 +95,37 @@ def attach_spans(store: Store, runs: Sequence[Run], *, wait_s: float,
         notes.append(f"no span for {missing} of {len(wanted)} run(s) within {wait_s:g} s "
                      "(is vLLM started with --otlp-traces-endpoint pointing at phaseprobe's "
                      "receiver? spans come up to OTEL_BSP_SCHEDULE_DELAY after a request)")
-    if by_span:
-        notes.append(f"{by_span} run(s) shared the server with other requests: their server "
+    if shared:
+        notes.append(f"{shared} run(s) shared the server with other requests: their server "
                      "phases come from their own vLLM span (attributed by span), not from the "
                      "/metrics deltas")
+    if unverified:
+        notes.append(f"{unverified} run(s) could not be checked against /metrics (no usable "
+                     "counters for their server): their server phases come from their own "
+                     "vLLM span (attributed by span)")
+    if disagree:
+        notes.append("the span and the replicas' counters name different replicas ("
+                     + "; ".join(disagree[:5]) + "): the span's is kept; name each --replica "
+                     "after its service.instance.id (--replica NAME=URL)")
     return out, notes
+
+
+def replica_from_span(current: ReplicaAttribution | None, span: RequestSpan
+                      ) -> tuple[ReplicaAttribution | None, str | None]:
+    """The run's replica once its span came: the span's ``service.instance.id`` (or host)
+    leads; the counters' URL is kept when they named the same replica. Second: a note when
+    the two disagree. A span without an instance changes nothing."""
+    if not span.instance:
+        return current, None
+    if current is None or current.name is None:
+        reason = current.reason if current is not None else None
+        return ReplicaAttribution(name=span.instance, source="span",
+                                  reason=f"counters: {reason}" if reason else None), None
+    if current.name == span.instance:
+        return replace(current, source="span"), None
+    return (ReplicaAttribution(name=span.instance, source="span", url=None,
+                               reason=f"counters said {current.name}"),
+            f"span says {span.instance}, counters {current.name}")
 
 
 def _with_span(run: Run, span: RequestSpan, hop: bool | None) -> Run:

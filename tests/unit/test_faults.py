@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from phaseprobe.collect.experiment import ProbeSettings, run_probe
+from phaseprobe.collect.experiment import ProbeResult, ProbeSettings, run_probe
 from phaseprobe.present.cli import main
-from phaseprobe.records import RunSpec
+from phaseprobe.records import Run, RunSpec
 from phaseprobe.sources.openai_stream import MAX_EVENT_BYTES
 from phaseprobe.store import Store
 from phaseprobe.testing.sse_server import Script, SseServer
@@ -257,8 +257,7 @@ def test_histograms_moving_by_2_flag_the_run_not_isolated(tmp_path, capsys):
     assert stored[1].server is not None  # kept for the record, flagged
 
 
-@pytest.mark.parametrize("delta", [-1, 0], ids=["backwards", "never-observed"])
-def test_histograms_going_backwards_or_stuck_flag_the_run(tmp_path, delta):
+def _probe_with_count_delta(tmp_path, delta: int) -> tuple[ProbeResult, list[Run], float]:
     with SseServer(PACED, metrics=True) as srv, Store(tmp_path / "s.sqlite") as store:
         srv.enqueue(PACED, Script(n_tokens=6, first_delay_s=0.02, gap_s=0.004,
                                   metrics_count_delta=delta), PACED)
@@ -270,13 +269,34 @@ def test_histograms_going_backwards_or_stuck_flag_the_run(tmp_path, delta):
                            timeout_s=5, deadline_s=10)
         took = time.monotonic() - t0
         stored = store.runs(result.experiment_id)
+    return result, stored, took
+
+
+def test_histograms_stuck_flag_the_run(tmp_path):
+    result, stored, took = _probe_with_count_delta(tmp_path, 0)
     assert took < 10
     assert [r.status for r in result.runs] == ["ok", "isolation_failed", "ok"]
     reasons = result.runs[1].isolation.reasons
     assert any("did not observe the request within 0.3 s" in why for why in reasons)
-    assert any(f"_count moved by {delta}, not 1" in why for why in reasons)
+    assert any("_count moved by 0, not 1" in why for why in reasons)
     assert result.runs[1].server is not None and result.runs[1].server.prefill_s is None
     assert [r.isolated for r in stored] == [True, False, True]
+
+
+def test_histograms_going_backwards_cannot_verify(tmp_path):
+    """A count that decreases is another process's (a router answering from another replica,
+    or a restart): "cannot verify", never "shared" and never a negative delta (issue 27)."""
+    result, stored, took = _probe_with_count_delta(tmp_path, -1)
+    assert took < 10
+    assert [r.status for r in result.runs] == ["ok", "ok", "ok"]
+    run = result.runs[1]
+    assert run.isolation.verified is False and run.isolated is False
+    assert run.server is None  # no delta of two processes' counters is this request's
+    (reason,) = run.isolation.reasons
+    assert "went backwards" in reason and "cannot verify" in reason
+    assert "moved by -1" not in reason
+    assert [(r.isolated, r.isolation.verified) for r in stored] == [
+        (True, True), (False, False), (True, True)]
 
 
 @pytest.mark.parametrize("kwargs", [

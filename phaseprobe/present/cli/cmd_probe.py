@@ -17,8 +17,10 @@ from rich.markup import escape
 
 from phaseprobe.analysis.phases import summarize
 from phaseprobe.collect.experiment import ProbeSettings, run_probe
+from phaseprobe.collect.fleet.targets import ReplicaTarget, parse_replicas
 from phaseprobe.collect.session import Session, SessionOptions
 from phaseprobe.collect.target import api_key_from_env
+from phaseprobe.errors import ConfigError
 from phaseprobe.paths import default_store_path
 from phaseprobe.present.cli import jsonout
 from phaseprobe.present.cli.args import (
@@ -72,6 +74,12 @@ def register(subparsers: Any) -> None:
         epilog=_DEFINITIONS, formatter_class=argparse.RawDescriptionHelpFormatter)
     probe.add_argument("--endpoint", help="base URL of an OpenAI-compatible vLLM server, e.g. "
                        "http://127.0.0.1:8000 (default: start the local one)")
+    probe.add_argument("--replica", action="append", metavar="[NAME=]URL", default=None,
+                       help="a replica behind the --endpoint router (repeat for each): its "
+                            "own /metrics is read (never the router's) to tell which replica "
+                            "served each run and to judge isolation on that replica alone. "
+                            "Name it after its service.instance.id so spans and counters "
+                            "agree (default name: its host:port)")
     probe.add_argument("--model", help="model name to request (default: the first model the "
                        "endpoint lists)")
     group = probe.add_mutually_exclusive_group()
@@ -175,6 +183,15 @@ def session_options(args: argparse.Namespace) -> SessionOptions:
         nvml_backend=_fake_nvml() if args.gpu == "fake" else None, calibrate_local=True)
 
 
+def replica_targets(args: argparse.Namespace) -> tuple[ReplicaTarget, ...]:
+    """``--replica`` values, checked before anything starts (they need an --endpoint: the
+    local default is one server)."""
+    replicas = parse_replicas(args.replica)
+    if replicas and not args.endpoint:
+        raise ConfigError("--replica needs --endpoint (the router the replicas are behind)")
+    return replicas
+
+
 def _fake_nvml() -> Any:
     from phaseprobe.testing.fake_nvml import FakeNvmlBackend, demo_devices
 
@@ -183,6 +200,7 @@ def _fake_nvml() -> Any:
 
 def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     options = session_options(args)
+    replicas = replica_targets(args)
     with Session(options, ConsoleNotices(err)) as session:
         target = None if args.prompt is not None else (args.prompt_tokens or 128)
         spec = RunSpec(endpoint=session.endpoint, model=session.model,
@@ -195,7 +213,8 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
             result = run_probe(spec, session.store, settings=settings, api_key=session.api_key,
                                progress=RichProgress(err), timeout_s=args.timeout,
                                deadline_s=args.deadline, before_runs=session.before_runs,
-                               gpu_sampler=session.sampler, models=session.models)
+                               gpu_sampler=session.sampler, models=session.models,
+                               replicas=replicas)
         except BaseException:
             session.abort()
             raise

@@ -32,7 +32,8 @@ from phaseprobe.records import Run
 if TYPE_CHECKING:
     from phaseprobe.store import Store
 
-__all__ = ["RichProgress", "progress_bar", "render_probe", "render_experiments",
+__all__ = ["RichProgress", "progress_bar", "render_probe", "render_experiments", "replica_cell",
+           "replica_line",
            "render_prom_comparison", "render_efficiency", "print_schema_note", "ms"]
 
 
@@ -90,9 +91,12 @@ def render_probe(console: Console, runs: Sequence[Run], summary: Summary,
                "times in ms; server columns are vLLM's own histograms per request")
     table = Table(title=f"phaseprobe · experiment {experiment_id} · vLLM {version}",
                   caption=caption)
+    fleet = bool(info.get("router")) or any(r.replica is not None for r in runs)
     for col in ("run", "status", "TTFT ms", "queue ms", "prefill ms", "decode ms", "TPOT ms",
-                "ITL p50 ms", "ITL p99 ms", "e2e ms", "in tok", "out tok", "isolated"):
-        table.add_column(col, justify="left" if col == "status" else "right", no_wrap=True)
+                "ITL p50 ms", "ITL p99 ms", "e2e ms", "in tok", "out tok", "isolated",
+                *(("replica",) if fleet else ())):
+        table.add_column(col, justify="left" if col in ("status", "replica") else "right",
+                         no_wrap=True)
     for r in runs:
         c, s = r.client, r.server
         iso = ("yes" if r.isolated else "span" if r.attributed
@@ -106,8 +110,11 @@ def render_probe(console: Console, runs: Sequence[Run], summary: Summary,
             ms(s.prefill_s if s else None), ms(s.decode_s if s else None),
             ms(c.tpot_s if c else None, 2), ms(_itl(r, 50), 2), ms(_itl(r, 99), 2),
             ms(c.e2e_s if c else None), str(c.prompt_tokens if c else "—"),
-            str(c.completion_tokens if c else "—"), iso)
+            str(c.completion_tokens if c else "—"), iso,
+            *((replica_cell(r),) if fleet else ()))
     console.print(table)
+    if fleet:
+        console.print(escape(replica_line(runs)), highlight=False)
     share = summary.decode_share_of_e2e
     console.print(
         f"[bold]median[/] over {summary.n_clean} clean run(s): "
@@ -129,7 +136,8 @@ def render_probe(console: Console, runs: Sequence[Run], summary: Summary,
             f"{ms(summary.outside_engine_s)} ms, of which arrival → queued on vLLM's clock "
             f"(HTTP, tokenization; with the first token's way back) "
             f"{ms(summary.pre_engine_s)} ms; "
-            + (f"send → vLLM's arrival stamp {ms(summary.way_in_s)} ms and vLLM's end stamp "
+            + (f"{'the router hop: send → the replica' if fleet else 'send → vLLM'}'s arrival "
+               f"stamp {ms(summary.way_in_s)} ms and vLLM's end stamp "
                f"→ the client's last byte (delivery after the last token) "
                f"{ms(summary.delivery_s)} ms, on the two wall clocks"
                if summary.delivery_s is not None else
@@ -144,6 +152,32 @@ def render_probe(console: Console, runs: Sequence[Run], summary: Summary,
     bad = [r for r in runs if r.isolation.verified and not r.attributed]
     for r in bad:
         console.print(f"[red]run {r.seq + 1} not isolated:[/] {'; '.join(r.isolation.reasons)}")
+
+
+def replica_cell(run: Run) -> str:
+    """A run's replica as the table shows it: its name, or '?' when it could not be told."""
+    rep = run.replica
+    if rep is None or rep.name is None:
+        return "?" if rep is not None else "—"
+    return rep.name if rep.source == "counters" else f"{rep.name} ({rep.source})"
+
+
+def replica_line(runs: Sequence[Run]) -> str:
+    """How many runs each replica served, and why any run's replica is unknown."""
+    counts: dict[str, int] = {}
+    unknown: list[str] = []
+    for r in runs:
+        if r.replica is not None and r.replica.name is not None:
+            counts[r.replica.name] = counts.get(r.replica.name, 0) + 1
+        elif r.status != "error":
+            why = r.replica.reason if r.replica is not None and r.replica.reason else (
+                "no --replica counters and no span with service.instance.id")
+            unknown.append(f"run {r.seq + 1}: {why}")
+    parts = [f"{name} {n} run{'' if n == 1 else 's'}" for name, n in sorted(counts.items())]
+    text = "replicas: " + (", ".join(parts) if parts else "none told")
+    if unknown:
+        text += f"; replica not told for {len(unknown)} run(s): " + "; ".join(unknown[:3])
+    return text
 
 
 def render_experiments(console: Console, rows: Sequence[dict[str, Any]]) -> None:

@@ -1,0 +1,134 @@
+"""The replicas behind an endpoint, as the user names them: ``--replica [NAME=]URL``.
+
+A replica's name is what every output shows; it should be the ``service.instance.id`` its
+spans carry (``OTEL_RESOURCE_ATTRIBUTES=service.instance.id=NAME``), so runs told by their span
+and runs told by the replica's counters agree. Without ``NAME=`` it is the URL's host:port.
+
+Before any run, each replica is checked: one that does not answer is reported down and left
+out (the others are measured); replicas serving different models are refused (their phases
+would not be alike); a replica that is the router itself is refused with that said.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import requests
+
+from phaseprobe.errors import ConfigError, EndpointUnreachable
+from phaseprobe.redact import redact_url
+from phaseprobe.sources.openai_stream import check_endpoint, normalize_base_url, small_json
+
+__all__ = ["ReplicaTarget", "CheckedFleet", "parse_replica", "parse_replicas", "check_fleet",
+           "is_router"]
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
+
+
+@dataclass(frozen=True)
+class ReplicaTarget:
+    name: str  # what outputs show; ideally the replica's service.instance.id
+    url: str  # its own base URL (normalised, may carry credentials: show redact_url(url))
+
+    @property
+    def shown_url(self) -> str:
+        return redact_url(self.url)
+
+
+def parse_replica(text: str) -> ReplicaTarget:
+    """``NAME=URL`` or ``URL`` (named by its host:port). Raises ConfigError naming the value."""
+    name, sep, url = text.partition("=")
+    if not sep or "://" in name:  # "http://h:1/?a=b" has no name; a URL may hold '='
+        name, url = "", text
+    url = normalize_base_url(url)
+    if not name:
+        name = urlsplit(url).netloc.rpartition("@")[2]
+    if not _NAME.fullmatch(name):
+        raise ConfigError(f"--replica {redact_url(text)!r}: the name {name!r} must be letters, "
+                          "digits, '.', '_', ':' or '-' (at most 64), e.g. r1=http://10.0.0.5:8000")
+    return ReplicaTarget(name, url)
+
+
+def parse_replicas(values: Sequence[str] | None) -> tuple[ReplicaTarget, ...]:
+    """Every ``--replica`` given, checked for repeated names or URLs."""
+    targets = tuple(parse_replica(v) for v in values or ())
+    for attr in ("name", "url"):
+        seen: set[str] = set()
+        for t in targets:
+            key = getattr(t, attr)
+            if key in seen:
+                raise ConfigError(f"--replica: {attr} {redact_url(key)!r} is given twice")
+            seen.add(key)
+    return targets
+
+
+@dataclass
+class CheckedFleet:
+    """The replicas that answered (``up``) and those that did not (``down``: name → why)."""
+
+    up: list[ReplicaTarget]
+    down: dict[str, str] = field(default_factory=dict)
+    models: dict[str, list[str]] = field(default_factory=dict)  # name → served model ids
+
+    def notes(self) -> list[str]:
+        return [f"replica {name} is down ({why}): measured without it"
+                for name, why in self.down.items()]
+
+
+def is_router(url: str, session: requests.Session, headers: dict[str, str]) -> bool:
+    """Does ``url`` answer like a vllm-router rather than a vLLM server? The router alone
+    serves ``/list_workers`` (a vLLM answers 404 there)."""
+    doc = small_json(session, "GET", url.rstrip("/") + "/list_workers", headers=headers,
+                     timeout_s=5)
+    return isinstance(doc, dict | list) and bool(doc)
+
+
+def _model_ids(models: list[dict[str, Any]]) -> list[str]:
+    return sorted(str(m.get("id")) for m in models)
+
+
+def check_fleet(endpoint: str, replicas: Sequence[ReplicaTarget], *,
+                session: requests.Session, headers: dict[str, str], timeout_s: float = 10.0,
+                model: str | None = None) -> CheckedFleet:
+    """Check every replica before any run (see the module docstring). Raises ConfigError for a
+    replica that is the endpoint/router itself or for replicas that serve different models,
+    and EndpointUnreachable when none answers."""
+    fleet = CheckedFleet(up=[])
+    for r in replicas:
+        if r.url == endpoint:
+            raise ConfigError(f"--replica {r.name}={r.shown_url} is the endpoint itself (the "
+                              "router): give each replica's own URL, which the router forwards "
+                              "to (vllm-router --worker-urls …)")
+        try:
+            models = check_endpoint(r.url, session=session, headers=headers,
+                                    timeout_s=timeout_s)
+        except EndpointUnreachable as exc:
+            fleet.down[r.name] = exc.reason
+            continue
+        if is_router(r.url, session, headers):
+            raise ConfigError(f"--replica {r.name}={r.shown_url} answers like a vllm-router "
+                              "(it serves /list_workers), not a vLLM replica: give the URLs of "
+                              "the replicas behind it")
+        fleet.up.append(r)
+        fleet.models[r.name] = _model_ids(models)
+    if not fleet.up:
+        raise EndpointUnreachable(", ".join(r.shown_url for r in replicas),
+                                  "no --replica answers: " + "; ".join(
+                                      f"{n}: {w}" for n, w in fleet.down.items()))
+    served = {name: ids for name, ids in fleet.models.items()}
+    if model is not None:
+        without = [n for n, ids in served.items() if model not in ids]
+        if without:
+            raise ConfigError(f"replicas serve different models: {', '.join(without)} "
+                              f"do(es) not serve {model!r} ("
+                              + "; ".join(f"{n}: {', '.join(served[n])}" for n in without)
+                              + "): phases of different models are not compared")
+    elif len({tuple(ids) for ids in served.values()}) > 1:
+        raise ConfigError("replicas serve different models ("
+                          + "; ".join(f"{n}: {', '.join(ids)}" for n, ids in served.items())
+                          + "): phases of different models are not compared")
+    return fleet
