@@ -1,0 +1,32 @@
+"""Number formats shared by the fleet sentences."""
+
+from __future__ import annotations
+
+import math
+
+
+def ratio_text(x: float) -> str:
+    """1.8, 1.05, 2, 12: two decimals at most, trailing zeros dropped."""
+    if not math.isfinite(x):
+        return "∞"
+    if x >= 10:
+        return f"{x:.0f}"
+    return f"{x:.2f}".rstrip("0").rstrip(".")
+
+
+def p_text(p: float | None) -> str:
+    """0.41, 0.003, 1e-7."""
+    if p is None:
+        return "n/a"
+    if p >= 0.001:
+        return f"{p:.2g}"
+    mantissa, exponent = f"{p:.0e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def pct_text(share: float) -> str:
+    return f"{share * 100:.0f} %"
+
+
+def count_text(x: float) -> str:
+    return f"{x:.0f}" if float(x).is_integer() else f"{x:.3g}"
