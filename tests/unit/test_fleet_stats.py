@@ -189,6 +189,20 @@ def test_too_few_samples_never_conclude_even_on_a_large_ratio():
     assert st.verdict == "too_few" and st.undecided == ("r3",) and "r3" in st.sentence
 
 
+def test_large_samples_are_subsampled_for_the_interval_only():
+    rng = np.random.default_rng(12)
+    slow = [0.015 * math.exp(rng.normal(0, 0.2)) for _ in range(3000)]
+    rest = [0.010 * math.exp(rng.normal(0, 0.2)) for _ in range(3000)]
+    c = compare_replica("r2", slow, rest, rest_replicas=("r1",), n_resamples=300,
+                        max_per_side=400)
+    assert (c.n_replica, c.n_rest, c.max_per_side) == (3000, 3000, 400)
+    assert c.median_ratio == pytest.approx(float(np.median(slow) / np.median(rest)))
+    assert c.verdict == "slower" and c.ci_low_ratio < 1.5 < c.ci_high_ratio  # type: ignore[operator]
+    assert "interval from a random 400 a side" in c.sentence()
+    assert compare_replica("r2", slow[:50], rest[:50], rest_replicas=("r1",), n_resamples=300,
+                           max_per_side=400).max_per_side is None
+
+
 def test_zero_median_of_the_rest_gives_no_ratio():
     c = compare_replica("r1", [0.001] * 6, [0.0] * 6, metric="queue_s", rest_replicas=("r2",))
     assert c.verdict == "too_few" and "no ratio" in (c.reason or "")

@@ -79,6 +79,9 @@ class ReplicaComparison:
     verdict: ReplicaVerdict
     reason: str | None = None  # why too_few
     noun: str = "requests"  # "runs" when every value came from probe runs
+    # The interval and the test used a random subsample of at most this many values a side
+    # (None: every value); the counts and medians above are over every value.
+    max_per_side: int | None = None
 
     @property
     def rules_out_effect(self) -> bool:
@@ -129,9 +132,13 @@ def compare_replica(replica: str, values: Sequence[float], rest: Sequence[float]
                     metric: str = "tpot_s", rest_replicas: Sequence[str] = (),
                     min_effect_ratio: float = DEFAULT_MIN_EFFECT_RATIO,
                     min_per_side: int = MIN_PER_SIDE, confidence: float = 0.95,
-                    n_resamples: int = 2000, seed: int = 0,
-                    noun: str = "requests") -> ReplicaComparison:
-    """One replica's values of ``metric`` against the rest's (NaN and None left out)."""
+                    n_resamples: int = 2000, seed: int = 0, noun: str = "requests",
+                    max_per_side: int | None = None) -> ReplicaComparison:
+    """One replica's values of ``metric`` against the rest's (NaN and None left out).
+
+    ``max_per_side``: above this many values a side, the interval and the test are computed
+    on a seeded random subsample of that many (the bootstrap's cost grows with N, and a few
+    thousand values already pin a median ratio down); medians and counts stay over all."""
     if min_effect_ratio < 1:
         raise ValueError(f"min_effect_ratio must be at least 1, not {min_effect_ratio}")
     label = COMPARED_METRICS[metric][0] if metric in COMPARED_METRICS else metric
@@ -139,6 +146,8 @@ def compare_replica(replica: str, values: Sequence[float], rest: Sequence[float]
     xa = _finite([math.nan if v is None else v for v in rest])
     med_b = float(np.median(xb)) if len(xb) else None
     med_a = float(np.median(xa)) if len(xa) else None
+    capped = max_per_side if max_per_side is not None and max(len(xa), len(xb)) > max_per_side \
+        else None
 
     def result(verdict: ReplicaVerdict, ratio: float | None = None, lo: float | None = None,
                hi: float | None = None, p: float | None = None,
@@ -148,7 +157,8 @@ def compare_replica(replica: str, values: Sequence[float], rest: Sequence[float]
             n_replica=len(xb), n_rest=len(xa), median_replica_s=med_b, median_rest_s=med_a,
             median_ratio=ratio, ci_low_ratio=lo, ci_high_ratio=hi, p_value=p,
             confidence=confidence, min_effect_ratio=min_effect_ratio,
-            min_per_side=min_per_side, verdict=verdict, reason=reason, noun=noun)
+            min_per_side=min_per_side, verdict=verdict, reason=reason, noun=noun,
+            max_per_side=capped)
 
     if not rest_replicas and len(xa) == 0:
         return result("too_few", reason="no other replica to compare with")
@@ -158,24 +168,35 @@ def compare_replica(replica: str, values: Sequence[float], rest: Sequence[float]
         return result("too_few", ratio, reason=f"at least {need} values a side are needed")
     # Only its numbers are used (the verdict is ours, symmetric on the log scale); its
     # min_effect feeds a warning we do not show and must not be 0 (it divides by it).
-    m = compare_samples(xa.tolist(), xb.tolist(), metric=metric, label=label,
+    sa, sb = xa, xb
+    if capped is not None:
+        rng = np.random.default_rng(seed)
+        sa = rng.choice(xa, capped, replace=False) if len(xa) > capped else xa
+        sb = rng.choice(xb, capped, replace=False) if len(xb) > capped else xb
+    m = compare_samples(sa.tolist(), sb.tolist(), metric=metric, label=label,
                         min_effect=max(min_effect_ratio - 1, 1e-6), confidence=confidence,
                         n_resamples=n_resamples, seed=seed)
-    if m.ratio is None or m.ci_low is None or m.ci_high is None or m.p_value is None:
-        return result("too_few", reason=f"the rest's median {label} is {med_a:g} s: no ratio")
+    if m.ratio is None or m.ci_low is None or m.ci_high is None or m.p_value is None \
+            or med_a is None or med_b is None or med_a <= 0:
+        return result("too_few", reason=f"the rest's median {label} is {med_a or 0:g} s: "
+                                        f"no ratio")
+    # The point estimate over every value (the subsample's when capped would differ from the
+    # medians shown); the verdict reads the same numbers it quotes.
+    ratio = med_b / med_a if capped is not None else m.ratio
     alpha = 1 - confidence
     verdict: ReplicaVerdict = "alike"
-    if m.p_value < alpha and m.ci_low > 1 and m.ratio >= min_effect_ratio:
+    if m.p_value < alpha and m.ci_low > 1 and ratio >= min_effect_ratio:
         verdict = "slower"
-    elif m.p_value < alpha and m.ci_high < 1 and m.ratio <= 1 / min_effect_ratio:
+    elif m.p_value < alpha and m.ci_high < 1 and ratio <= 1 / min_effect_ratio:
         verdict = "faster"
-    return result(verdict, m.ratio, m.ci_low, m.ci_high, m.p_value)
+    return result(verdict, ratio, m.ci_low, m.ci_high, m.p_value)
 
 
 def compare_replicas(frame: pd.DataFrame, *, metrics: Sequence[str] = tuple(COMPARED_METRICS),
                      min_effect_ratio: float = DEFAULT_MIN_EFFECT_RATIO,
                      min_per_side: int = MIN_PER_SIDE, confidence: float = 0.95,
-                     n_resamples: int = 2000, seed: int = 0) -> FleetComparison:
+                     n_resamples: int = 2000, seed: int = 0,
+                     max_per_side: int | None = None) -> FleetComparison:
     """Every identified replica of a :func:`~phaseprobe.analysis.fleet.frame.fleet_frame`
     against the others, on each of ``metrics`` (frame columns of :data:`COMPARED_METRICS`)."""
     known = frame[frame["replica"] != UNKNOWN_REPLICA]
@@ -195,7 +216,7 @@ def compare_replicas(frame: pd.DataFrame, *, metrics: Sequence[str] = tuple(COMP
                 rest_replicas=tuple(r for r in replicas if r != name),
                 min_effect_ratio=min_effect_ratio, min_per_side=min_per_side,
                 confidence=each, n_resamples=n_resamples, seed=seed + 1000 * j + i,
-                noun="runs" if sources == {"run"} else "requests"))
+                noun="runs" if sources == {"run"} else "requests", max_per_side=max_per_side))
     if split > 1:
         note = (f"each interval is at {each:.1%}, so that the {k} replicas' intervals on a "
                 f"metric hold together at {confidence:.0%} (Bonferroni)")
@@ -217,7 +238,10 @@ def _possessive(name: str) -> str:
 
 
 def _counts(c: ReplicaComparison) -> str:
-    return f"{c.n_replica + c.n_rest} {c.noun} ({c.replica} {c.n_replica}, rest {c.n_rest})"
+    sampled = (f"; interval from a random {c.max_per_side} a side"
+               if c.max_per_side is not None else "")
+    return (f"{c.n_replica + c.n_rest} {c.noun} ({c.replica} {c.n_replica}, rest "
+            f"{c.n_rest}{sampled})")
 
 
 def comparison_sentence(c: ReplicaComparison) -> str:
