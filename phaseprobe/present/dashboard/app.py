@@ -2,8 +2,8 @@
 
 The store comes from ``$PHASEPROBE_STORE``. The sidebar picks the page and the experiment; each
 page module has ``render(ctx)`` and says plainly what is missing instead of drawing nothing.
-The pages of :data:`STORE_PAGES` (Live) read the store as a whole, ``render(path, key)``: they
-work before any experiment exists, and even before the store does.
+The pages of :data:`STORE_PAGES` (Live, Fleet) read the store as a whole,
+``render(path, key)``: they work before any experiment exists, and even before the store does.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from phaseprobe.present.dashboard import (
     page_checklist,
     page_experiments,
     page_files,
+    page_fleet,
     page_gpu,
     page_live,
     page_phases,
@@ -36,7 +37,7 @@ PAGES = {
     "Traces": page_files.render_traces,
 }
 # Pages over the whole store, not one experiment (vLLM's request spans from `phaseprobe watch`).
-STORE_PAGES = {"Live": page_live.render}
+STORE_PAGES = {"Live": page_live.render, "Fleet": page_fleet.render}
 
 
 def main() -> None:
