@@ -199,6 +199,7 @@ def test_large_samples_are_subsampled_for_the_interval_only():
     assert c.median_ratio == pytest.approx(float(np.median(slow) / np.median(rest)))
     assert c.verdict == "slower" and c.ci_low_ratio < 1.5 < c.ci_high_ratio  # type: ignore[operator]
     assert "interval from a random 400 a side" in c.sentence()
+    assert "(p < 1e-15)" in c.sentence()  # the U test's p underflows to 0: not "p = 0"
     assert compare_replica("r2", slow[:50], rest[:50], rest_replicas=("r1",), n_resamples=300,
                            max_per_side=400).max_per_side is None
 

@@ -265,9 +265,9 @@ def comparison_sentence(c: ReplicaComparison) -> str:
         direction = _QUEUE_DIRECTIONS[c.verdict] if c.metric == "queue_s" else c.verdict
         said = template.format(x=ratio_text(x), dir=direction)
         return (f"{c.replica} {said} than {rest} [{ratio_text(a)}, {ratio_text(b)}] "
-                f"(p = {p_text(c.p_value)}), {_counts(c)}")
+                f"({p_text(c.p_value)}), {_counts(c)}")
     numbers = (f"{ratio_text(r)}× [{ratio_text(lo)}, {ratio_text(hi)}] "
-               f"(p = {p_text(c.p_value)}), {_counts(c)}")
+               f"({p_text(c.p_value)}), {_counts(c)}")
     me = ratio_text(c.min_effect_ratio)
     alpha = 1 - c.confidence
     if c.p_value is not None and c.p_value < alpha and (lo > 1 or hi < 1):

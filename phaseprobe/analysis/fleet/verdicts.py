@@ -171,7 +171,7 @@ def imbalance_from_counts(counts: Mapping[str, float | None], *, source: str = "
     ratio_said = (f"busiest/least busy {ratio_text(ratio)}×" if ratio is not None
                   else f"{ordered[-1][0]} served none")
     numbers = (f"{served}{left_out}; an even split would be {count_text(expected)} each; "
-               f"χ² p = {p_text(p)}, {ratio_said}")
+               f"χ² {p_text(p)}, {ratio_said}")
     if p < alpha and (ratio is None or ratio >= min_imbalance_ratio):
         return result("imbalanced", f"imbalanced: {numbers}", even=expected, ratio=ratio, p=p)
     if p < alpha:

@@ -15,9 +15,15 @@ def ratio_text(x: float) -> str:
 
 
 def p_text(p: float | None) -> str:
-    """0.41, 0.003, 1e-7."""
+    """The p-value as said: p = 0.41, p = 0.003, p = 1e-7; p < 1e-15 for what underflows."""
     if p is None:
-        return "n/a"
+        return "p n/a"
+    if p < 1e-15:
+        return "p < 1e-15"
+    return f"p = {_p_value(p)}"
+
+
+def _p_value(p: float) -> str:
     if p >= 0.001:
         return f"{p:.2g}"
     mantissa, exponent = f"{p:.0e}".split("e")
