@@ -157,16 +157,26 @@ class RunCollector:
                 return snap
             self.sleep(self.settings.poll_s)
 
-    def _wait_fleet_observed(self, before: FleetSnapshot) -> tuple[FleetSnapshot | None, bool]:
+    def _wait_fleet_served(self, before: FleetSnapshot, timeline: ClientTimeline
+                           ) -> tuple[FleetSnapshot | None, str | None, str]:
+        """Poll every replica until one has observed the run (its histograms moved and its
+        counters can hold the run's usage); (last scrape, replica or None, how decided).
+        Another replica's traffic does not end the wait: it cannot hold the run."""
         deadline = self.clock() + self.settings.metrics_timeout_s
         while True:
             after = self._scrape_fleet()
             if after is None:
-                return None, False
-            if FleetScraper.observed(before, after, self.spec.model):
-                return after, True
+                return None, None, "metrics lost after the request"
+            name, how = FleetScraper.serving(before, after, self.spec.model,
+                                             timeline.prompt_tokens,
+                                             timeline.completion_tokens)
+            if name is not None and histograms_moved(before.by_replica[name],
+                                                     after.by_replica[name], self.spec.model):
+                return after, name, how
             if self.clock() >= deadline:
-                return after, False
+                return after, name, (how if name is None else
+                                     f"{how}, but its histograms did not observe the request "
+                                     f"within {self.settings.metrics_timeout_s:g} s")
             self.sleep(self.settings.poll_s)
 
     def _scrape(self) -> MetricSnapshot | None:
@@ -291,14 +301,14 @@ class RunCollector:
 
         if error is not None:
             return unverified("request failed", None)
-        after, moved = self._wait_fleet_observed(before)
+        after, name, how = self._wait_fleet_served(before, timeline)
         if after is None:
-            return unverified("metrics lost after the request", None)
-        name, how = FleetScraper.serving(before, after, self.spec.model,
-                                         timeline.prompt_tokens, timeline.completion_tokens)
+            return unverified(how, None)
         if name is None:
             replica = ReplicaAttribution(name=None, source=None, reason=how)
             return unverified(f"serving replica not told: {how}", replica)
+        moved = histograms_moved(before.by_replica[name], after.by_replica[name],
+                                 self.spec.model)
         fleet = self.fleet
         url = redact_url(fleet.urls[name]) if fleet is not None and name in fleet.urls else None
         replica = ReplicaAttribution(name=name, source="counters", url=url, reason=how)

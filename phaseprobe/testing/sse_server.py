@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import itertools
 import json
 import socket
 import struct
@@ -487,6 +488,9 @@ def _count_prompt_tokens(body: dict[str, Any], chat: bool) -> int:
     return 0
 
 
+_SERVER_SEQ = itertools.count()
+
+
 class SseServer:
     """The streaming test server, on 127.0.0.1 and a free port, served by a daemon thread.
 
@@ -513,6 +517,9 @@ class SseServer:
         self._tokens = {"prompt_tokens": 0.0, "generation_tokens": 0.0,
                         "request_success": 0.0}
         self.created = int(time.time())
+        # what tells this process from another behind a router (vLLM's prometheus_client
+        # exports it too): distinct per server even when two start in the same second
+        self.process_start_s = time.time() + next(_SERVER_SEQ) * 1e-3
         # The script used when the queue is empty; assign to change it between requests.
         self.script = script if script is not None else Script()
         self._queue: collections.deque[Script] = collections.deque()
@@ -594,6 +601,9 @@ class SseServer:
             name = "vllm:" + base
             lines += [f"# HELP {name} {base}", f"# TYPE {name} gauge",
                       f"{name}{{{lab}}} {value!r}"]
+        lines += ["# HELP process_start_time_seconds Start time of the process since unix "
+                  "epoch in seconds.", "# TYPE process_start_time_seconds gauge",
+                  f"process_start_time_seconds {self.process_start_s!r}"]
         info = "vllm:cache_config_info"
         lines += [f"# HELP {info} cache config", f"# TYPE {info} gauge",
                   f'{info}{{block_size="16",engine="0",num_gpu_blocks="1024"}} 1.0']

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 import requests
 
-from phaseprobe.analysis.phases import histograms_moved, idle_reasons
-from phaseprobe.analysis.replica_match import ReplicaPair, serving_replica, unverifiable
+from phaseprobe.analysis.phases import idle_reasons
+from phaseprobe.analysis.replica_match import ReplicaPair, serving_replica
 from phaseprobe.collect.fleet.targets import ReplicaTarget
 from phaseprobe.errors import MetricsUnavailable
 from phaseprobe.sources.vllm_metrics import MetricSnapshot, MetricsScraper
@@ -67,12 +67,6 @@ class FleetScraper:
                                   "its counters")
                 del self._scrapers[name]
         return FleetSnapshot(out) if out else None
-
-    @staticmethod
-    def observed(before: FleetSnapshot, after: FleetSnapshot, model: str | None) -> bool:
-        """Has some replica's histograms observed a finished request since ``before``?"""
-        return any(histograms_moved(b, a, model) and not unverifiable(b, a, model)
-                   for b, a in before.pairs(after).values())
 
     @staticmethod
     def serving(before: FleetSnapshot, after: FleetSnapshot, model: str | None,

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 import requests
 
 from phaseprobe.errors import ConfigError, EndpointUnreachable
-from phaseprobe.redact import redact_url
+from phaseprobe.redact import redact_url, redact_urls_in
 from phaseprobe.sources.openai_stream import check_endpoint, normalize_base_url, small_json
 
 __all__ = ["ReplicaTarget", "CheckedFleet", "parse_replica", "parse_replicas", "check_fleet",
@@ -48,7 +48,7 @@ def parse_replica(text: str) -> ReplicaTarget:
     if not name:
         name = urlsplit(url).netloc.rpartition("@")[2]
     if not _NAME.fullmatch(name):
-        raise ConfigError(f"--replica {redact_url(text)!r}: the name {name!r} must be letters, "
+        raise ConfigError(f"--replica {redact_urls_in(text)!r}: the name {name!r} must be letters, "
                           "digits, '.', '_', ':' or '-' (at most 64), e.g. r1=http://10.0.0.5:8000")
     return ReplicaTarget(name, url)
 

@@ -1,0 +1,241 @@
+"""Probes through a router (issue 27): each run names the replica that served it, isolation is
+judged on that replica alone, and scrapes that mix two processes are "cannot verify", never a
+negative count or "shared". The router here is a round-robin forwarder over SSE test servers
+(tests/fleet_proxy.py); the real vllm-router is in tests/integration/test_fleet_real.py."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+import requests
+
+from phaseprobe.analysis.replica_match import process_identity, serving_replica, unverifiable
+from phaseprobe.collect.experiment import ProbeSettings, run_probe
+from phaseprobe.collect.fleet.targets import parse_replica, parse_replicas
+from phaseprobe.errors import ConfigError
+from phaseprobe.present.cli import main
+from phaseprobe.records import RunSpec
+from phaseprobe.sources.vllm_metrics import parse_exposition
+from phaseprobe.store import Store
+from phaseprobe.testing.sse_server import Script, SseServer
+from tests.fleet_proxy import RoundRobinProxy
+
+PACED = Script(n_tokens=6, first_delay_s=0.01, gap_s=0.003)
+MODEL = "sse-test-model"
+
+
+def _probe(endpoint: str, store: Path, *extra: str, runs: int = 4) -> int:
+    return main(["probe", "--endpoint", endpoint, "--runs", str(runs), "--warmup", "0",
+                 "--max-tokens", "6", "--prompt", "hi", "--no-gpu", "--store", str(store),
+                 *extra])
+
+
+def _successes(srv: SseServer) -> float:
+    snap = parse_exposition(srv.metrics_text())
+    value = snap.value("request_success")
+    assert value is not None
+    return value
+
+
+# --- each run's replica, through a router ------------------------------------------------------
+
+def test_each_run_names_the_replica_whose_counters_moved(tmp_path, capsys):
+    with SseServer(PACED, metrics=True) as a, SseServer(PACED, metrics=True) as b, \
+            RoundRobinProxy([a.base_url, b.base_url]) as router:
+        code = _probe(router.base_url, tmp_path / "s.sqlite", "--json",
+                      "--replica", f"r1={a.base_url}", "--replica", f"r2={b.base_url}")
+        served_a, served_b = _successes(a), _successes(b)
+        # /v1/models went through the router too: only the streams count
+        streamed = [u for u in router.forwarded if u in (a.base_url, b.base_url)]
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    doc = json.loads(out.out)
+    runs = doc["runs"]
+    assert [r["replica"] for r in runs] == ["r1", "r2", "r1", "r2"] or \
+        [r["replica"] for r in runs] == ["r2", "r1", "r2", "r1"]
+    # checked against each replica's own counter
+    assert sum(r["replica"] == "r1" for r in runs) == served_a
+    assert sum(r["replica"] == "r2" for r in runs) == served_b
+    assert all(r["replica_attribution"]["source"] == "counters" for r in runs)
+    # nothing else ran: every run is isolated on its replica, none called shared
+    assert [r["status"] for r in runs] == ["ok"] * 4
+    assert all(r["isolated"] for r in runs)
+    assert not any("shared" in n for n in doc["notes"])
+    assert doc["server"]["router"] is True
+    assert set(doc["server"]["replicas"]) == {"r1", "r2"}
+    assert streamed  # the router was used
+    with Store(tmp_path / "s.sqlite", readonly=True) as st:
+        stored = st.runs(doc["experiment_id"])
+    assert [r.replica.name for r in stored if r.replica] == [r["replica"] for r in runs]
+
+
+def test_other_replicas_traffic_does_not_count_against_a_run(tmp_path):
+    """A run is isolated when nothing else ran on *its* replica: r2 busy all along, every run
+    served by r1 (the endpoint forwards to r1 only) stays isolated."""
+    with SseServer(PACED, metrics=True) as a, \
+            SseServer(Script(n_tokens=20, first_delay_s=0.01, gap_s=0.01), metrics=True) as b, \
+            RoundRobinProxy([a.base_url]) as router, Store(tmp_path / "s.sqlite") as store:
+        stop = threading.Event()
+
+        def busy() -> None:
+            while not stop.is_set():
+                requests.post(b.base_url + "/v1/completions", timeout=10, json={
+                    "model": MODEL, "prompt": "x", "max_tokens": 20, "stream": True}).close()
+
+        thread = threading.Thread(target=busy, daemon=True)
+        thread.start()
+        try:
+            spec = RunSpec(endpoint=router.base_url, model=MODEL, prompt="hi", max_tokens=6)
+            result = run_probe(spec, store, settings=ProbeSettings(runs=3, warmup=0,
+                                                                   idle_timeout_s=0.2),
+                               replicas=parse_replicas([f"r1={a.base_url}",
+                                                        f"r2={b.base_url}"]))
+        finally:
+            stop.set()
+            thread.join(5)
+    assert [r.replica.name for r in result.runs if r.replica] == ["r1"] * 3, [
+        (r.replica, r.isolation.reasons) for r in result.runs]
+    assert all(r.isolated for r in result.runs), [r.isolation.reasons for r in result.runs]
+
+
+def test_router_without_replicas_is_named_and_its_metrics_not_read(tmp_path, capsys):
+    with SseServer(PACED, metrics=True) as a, SseServer(PACED, metrics=True) as b, \
+            RoundRobinProxy([a.base_url, b.base_url]) as router:
+        code = _probe(router.base_url, tmp_path / "s.sqlite", "--json")
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    doc = json.loads(out.out)
+    assert any("is a vllm-router" in n and "--replica" in n for n in doc["notes"])
+    for r in doc["runs"]:
+        assert r["isolation"]["verified"] is False  # client-only: not "shared"
+        assert not any("moved by -" in why for why in r["isolation"]["reasons"])
+
+
+def test_scrapes_of_two_processes_are_cannot_verify_not_shared(tmp_path, capsys):
+    """A forwarder that does not say it is a router: its /metrics alternates between two
+    replicas. Every run is "cannot verify" (two processes' counters), never a negative or
+    a "moved by 3" count presented as sharing."""
+    with SseServer(PACED, metrics=True) as a, SseServer(PACED, metrics=True) as b, \
+            RoundRobinProxy([a.base_url, b.base_url], router_api=False) as router:
+        code = _probe(router.base_url, tmp_path / "s.sqlite", "--json", runs=4)
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    runs = json.loads(out.out)["runs"]
+    assert [r["status"] for r in runs] == ["ok"] * 4
+    for r in runs:
+        assert r["isolation"]["verified"] is False
+        (why,) = r["isolation"]["reasons"]
+        assert "different vLLM processes" in why and "cannot verify" in why
+
+
+def test_text_output_has_a_replica_column_and_a_count(tmp_path, capsys):
+    with SseServer(PACED, metrics=True) as a, SseServer(PACED, metrics=True) as b, \
+            RoundRobinProxy([a.base_url, b.base_url]) as router:
+        code = _probe(router.base_url, tmp_path / "s.sqlite", "--replica", f"r1={a.base_url}",
+                      "--replica", f"r2={b.base_url}")
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert "replica" in out.out
+    assert "replicas: r1 2 runs, r2 2 runs" in " ".join(out.out.split())
+
+
+# --- bad fleets --------------------------------------------------------------------------------
+
+def test_a_replica_that_is_down_is_reported_and_the_others_measured(tmp_path, capsys):
+    with SseServer(PACED, metrics=True) as a, RoundRobinProxy([a.base_url]) as router:
+        dead = SseServer(metrics=True)
+        dead_url = dead.base_url
+        dead.close()
+        code = _probe(router.base_url, tmp_path / "s.sqlite", "--json", "--replica",
+                      f"r1={a.base_url}", "--replica", f"r2={dead_url}", runs=2)
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    doc = json.loads(out.out)
+    assert any(n.startswith("replica r2 is down") for n in doc["notes"])
+    assert doc["server"]["replicas_down"].keys() == {"r2"}
+    assert [r["replica"] for r in doc["runs"]] == ["r1", "r1"]
+
+
+def test_replicas_serving_different_models_are_refused(tmp_path, capsys):
+    with SseServer(PACED, metrics=True) as a, \
+            SseServer(PACED, metrics=True, model="other-model") as b, \
+            RoundRobinProxy([a.base_url]) as router:
+        code = _probe(router.base_url, tmp_path / "s.sqlite", "--replica", f"r1={a.base_url}",
+                      "--replica", f"r2={b.base_url}")
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "different models" in err and "r2" in err and "other-model" in err
+    assert "Traceback" not in err
+
+
+def test_a_replica_that_is_the_router_is_refused(tmp_path, capsys):
+    with SseServer(PACED, metrics=True) as a, RoundRobinProxy([a.base_url]) as router, \
+            RoundRobinProxy([a.base_url]) as other_router:
+        same = _probe(router.base_url, tmp_path / "s.sqlite", "--replica",
+                      f"r1={router.base_url}")
+        err_same = capsys.readouterr().err
+        routerish = _probe(router.base_url, tmp_path / "s.sqlite", "--replica",
+                           f"r1={other_router.base_url}")
+        err_routerish = capsys.readouterr().err
+    assert same == 2 and "is the endpoint itself (the router)" in err_same
+    assert routerish == 2 and "answers like a vllm-router" in err_routerish
+
+
+def test_replica_needs_an_endpoint(tmp_path, capsys):
+    code = main(["probe", "--replica", "http://127.0.0.1:9", "--store",
+                 str(tmp_path / "s.sqlite"), "--no-gpu"])
+    assert code == 2
+    assert "--replica needs --endpoint" in capsys.readouterr().err
+
+
+# --- the pure parts ----------------------------------------------------------------------------
+
+def test_parse_replica_names_and_urls():
+    assert parse_replica("r1=http://10.0.0.5:8000/v1").name == "r1"
+    assert parse_replica("r1=http://10.0.0.5:8000/v1").url == "http://10.0.0.5:8000"
+    assert parse_replica("10.0.0.5:8000").name == "10.0.0.5:8000"
+    assert parse_replica("http://u:secret@h:1").name == "h:1"
+    with pytest.raises(ConfigError, match="given twice"):
+        parse_replicas(["a=http://h:1", "a=http://h:2"])
+    with pytest.raises(ConfigError, match="given twice"):
+        parse_replicas(["a=http://h:1", "b=http://h:1"])
+    with pytest.raises(ConfigError, match="must be letters") as info:
+        parse_replica("bad name!=http://u:topsecret@h:1")
+    assert "topsecret" not in str(info.value)
+
+
+def _snap(success: float, prompt: float, gen: float, start: float = 1.0):
+    text = (f"process_start_time_seconds {start}\n"
+            f'vllm:request_success_total{{model_name="m"}} {success}\n'
+            f'vllm:prompt_tokens_total{{model_name="m"}} {prompt}\n'
+            f'vllm:generation_tokens_total{{model_name="m"}} {gen}\n')
+    return parse_exposition(text)
+
+
+def test_unverifiable_names_two_processes_and_backwards_counters():
+    assert process_identity(_snap(1, 1, 1, start=5.0)) == (5.0,)
+    assert unverifiable(_snap(1, 10, 10), _snap(2, 20, 20), "m") is None
+    other = unverifiable(_snap(1, 10, 10, start=1.0), _snap(9, 90, 90, start=2.0), "m")
+    assert other is not None and "different vLLM processes" in other
+    back = unverifiable(_snap(5, 10, 10), _snap(3, 20, 20), "m")
+    assert back is not None and "went backwards (5 -> 3)" in back
+
+
+def test_serving_replica_picks_the_one_that_moved_by_the_usage():
+    pairs = {"r1": (_snap(3, 100, 50), _snap(4, 110, 56)),
+             "r2": (_snap(7, 100, 50), _snap(7, 100, 50))}
+    assert serving_replica(pairs, "m", 10, 6)[0] == "r1"
+    # other traffic on r2 that cannot hold the run (too few tokens): still r1
+    pairs["r2"] = (_snap(7, 100, 50), _snap(8, 102, 51))
+    name, how = serving_replica(pairs, "m", 10, 6)
+    assert name == "r1" and "r2 also finished requests" in how
+    # both could hold it: not told, and said why
+    pairs["r2"] = (_snap(7, 100, 50), _snap(8, 200, 90))
+    name, how = serving_replica(pairs, "m", 10, 6)
+    assert name is None and "several replicas" in how
+    # nobody moved
+    still = {"r1": (_snap(3, 1, 1), _snap(3, 1, 1))}
+    assert serving_replica(still, "m", 10, 6) == (None, "no replica's counters moved")
