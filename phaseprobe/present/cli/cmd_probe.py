@@ -9,12 +9,14 @@ KV-memory report) is the session's.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 
+from phaseprobe.analysis.fleet_stats import FleetReport, fleet_report
 from phaseprobe.analysis.phases import summarize
 from phaseprobe.collect.experiment import ProbeSettings, run_probe
 from phaseprobe.collect.fleet.targets import ReplicaTarget, parse_replicas
@@ -42,7 +44,7 @@ from phaseprobe.present.cli.console import (
     render_prom_comparison,
 )
 from phaseprobe.present.cli.waiting import ConsoleNotices
-from phaseprobe.records import RunSpec
+from phaseprobe.records import Run, RunSpec
 from phaseprobe.redact import redact_url
 
 __all__ = ["register", "run"]
@@ -183,6 +185,17 @@ def session_options(args: argparse.Namespace) -> SessionOptions:
         nvml_backend=_fake_nvml() if args.gpu == "fake" else None, calibrate_local=True)
 
 
+def probe_fleet_report(runs: Sequence[Run], info: Mapping[str, Any]) -> FleetReport | None:
+    """Through a router: each replica's runs against the others' (straggler) and the traffic
+    split (imbalance), over the runs whose replica and phases are known. None: one server."""
+    if not info.get("router"):
+        return None
+    pairs = [(r.replica.name, r) for r in runs
+             if r.replica is not None and r.replica.name is not None and r.attributed]
+    known = list(info.get("replicas") or {})
+    return fleet_report(runs=pairs, known=known)
+
+
 def replica_targets(args: argparse.Namespace) -> tuple[ReplicaTarget, ...]:
     """``--replica`` values, checked before anything starts (they need an --endpoint: the
     local default is one server)."""
@@ -220,6 +233,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
             raise
         report = session.finish(result)
     summary = summarize(result.runs)
+    fleet = probe_fleet_report(result.runs, result.server_info)
     if args.json:
         doc = {"experiment_id": result.experiment_id,
                "spec": {**spec.to_dict(), "endpoint": redact_url(spec.endpoint)},
@@ -230,11 +244,15 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
                **{key: value for key, value in (("trace", report.trace),
                                                 ("kv_reservation", report.kv_reservation),
                                                 ("prometheus", report.prometheus))
-                  if value is not None}}
+                  if value is not None},
+               **({"fleet": fleet.to_dict()} if fleet is not None else {})}
         out.out(jsonout.dumps(doc), highlight=False)  # plain: no markup, no wrapping
     else:
         render_probe(out, result.runs, summary, result.server_info, result.notes,
                      result.experiment_id)
+        if fleet is not None:
+            for line in fleet.lines():
+                out.print(f"fleet: {escape(line)}", highlight=False)
         for seq, ctx in report.shared.items():
             out.print(f"run {seq + 1} shared the engine (attributed by span): "
                       f"{escape(context_text(ctx))}", highlight=False)
