@@ -20,12 +20,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from phaseprobe.analysis.rules import latency, memory, parallel, spans
+from phaseprobe.analysis.rules import latency, live, memory, parallel, spans
 from phaseprobe.analysis.rules.base import USE_CASE_TTFT_S, Evidence, Status, Verdict
+from phaseprobe.analysis.rules.live_base import USE_CASE_TPOT_S, LiveEvidence
 from phaseprobe.errors import ConfigError, PhaseprobeError
 
 __all__ = ["Rule", "RULES", "SPAN_RULES", "all_rules", "Report", "run_checklist", "rule_ids",
-           "Evidence", "Verdict", "Status", "USE_CASE_TTFT_S"]
+           "Evidence", "Verdict", "Status", "USE_CASE_TTFT_S", "USE_CASE_TPOT_S", "LiveRule",
+           "LIVE_RULES", "live_rule_ids", "run_live_checklist", "LiveEvidence"]
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,76 @@ SPAN_RULES: tuple[Rule, ...] = (
 )
 
 
+@dataclass(frozen=True)
+class LiveRule:
+    """A rule of ``check --live``: over one window of live traffic (:class:`LiveEvidence`)."""
+
+    id: str
+    title: str
+    check: Callable[[LiveEvidence], Verdict]
+    needs: str
+    doctor: str = ""  # the vllm-doctor rule it covers ("" : past vllm-doctor)
+
+
+_SCRAPES = "/metrics of the endpoint or each --replica (or --prom)"
+
+# The live check: vllm-doctor's rules first (each names the one it covers), then the replica
+# and span rules (issue 27). The span rules run when the store received spans in the window.
+LIVE_RULES: tuple[LiveRule, ...] = (
+    LiveRule("live_queue_pressure", "Requests waiting for a slot (queue pressure)?",
+             live.queue_pressure, "waiting/running gauges: " + _SCRAPES, "queue pressure"),
+    LiveRule("live_queue_latency", "Mean queue time over the window small?", live.queue_latency,
+             "request_queue_time_seconds deltas: " + _SCRAPES, "queue latency"),
+    LiveRule("live_ttft", "Mean TTFT within the use-case target (and its largest part)?",
+             live.ttft_bottleneck, "TTFT, queue and prefill histogram deltas", "TTFT bottleneck"),
+    LiveRule("live_tpot", "Mean time per output token within the target?",
+             live.tpot_bottleneck, "inter-token latency (or TPOT, decode) deltas",
+             "TPOT bottleneck"),
+    LiveRule("live_kv_cache", "KV cache near full?", live.kv_cache_pressure,
+             "kv_cache_usage_perc gauge", "KV-cache pressure"),
+    LiveRule("live_preemptions", "Requests preempted (KV cache too small for the load)?",
+             live.preemption_pressure, "num_preemptions and request_success deltas",
+             "preemption pressure"),
+    LiveRule("live_prefix_cache", "Prefix-cache hit rate reasonable?",
+             live.prefix_cache_efficiency, "prefix_cache_hits/queries deltas",
+             "prefix-cache efficiency"),
+    LiveRule("live_throughput", "Generated tokens/s in line with the requests running?",
+             live.low_throughput, "generation_tokens delta + running gauge", "low throughput"),
+    LiveRule("live_errors", "Requests ending in error or abort?", live.error_rate,
+             "request_success deltas by finished_reason", "error rate"),
+)
+
+
+def live_rule_ids() -> list[str]:
+    return [r.id for r in LIVE_RULES]
+
+
+def run_live_checklist(ev: LiveEvidence, *, only: Iterable[str] | None = None,
+                       sources: dict[str, str] | None = None) -> Report:
+    """Run the live rules (``only``: a subset by id) over one window."""
+    if ev.use_case not in USE_CASE_TTFT_S:
+        raise ConfigError(f"unknown use case {ev.use_case!r}: choose one of "
+                          + ", ".join(USE_CASE_TTFT_S))
+    chosen = list(LIVE_RULES)
+    if only is not None:
+        wanted = list(only)
+        known = live_rule_ids()
+        unknown = [w for w in wanted if w not in known]
+        if unknown:
+            raise ConfigError(f"unknown live rule(s) {', '.join(unknown)}; known: "
+                              + ", ".join(known))
+        chosen = [r for r in chosen if r.id in wanted]
+    verdicts = []
+    for rule in chosen:
+        try:
+            verdict = rule.check(ev)
+        except PhaseprobeError as exc:
+            verdict = Verdict("skipped", f"skipped: {exc}")
+        verdicts.append(replace(verdict, rule=rule.id, title=rule.title))
+    return Report(None, f"live {ev.window_s:.0f} s window of {ev.target}", ev.use_case,
+                  tuple(verdicts), dict(sources or {}), kind="live")
+
+
 def rule_ids() -> list[str]:
     return [r.id for r in RULES]
 
@@ -99,6 +171,7 @@ class Report:
     use_case: str
     verdicts: tuple[Verdict, ...]
     sources: dict[str, str]
+    kind: str = "experiment"  # "live": check --live, a window and no experiment
 
     @property
     def counts(self) -> dict[str, int]:
@@ -115,9 +188,13 @@ class Report:
         return 1 if self.failed else 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"experiment_id": self.experiment_id, "experiment": self.experiment_name,
-                "use_case": self.use_case, "counts": self.counts, "failed": self.failed,
-                "sources": dict(self.sources), "verdicts": [v.to_dict() for v in self.verdicts]}
+        doc: dict[str, Any] = {"experiment_id": self.experiment_id, "experiment": self.experiment_name,
+                               "use_case": self.use_case, "counts": self.counts,
+                               "failed": self.failed, "sources": dict(self.sources),
+                               "verdicts": [v.to_dict() for v in self.verdicts]}
+        if self.kind != "experiment":
+            doc = {"kind": self.kind, "window": self.experiment_name} | doc
+        return doc
 
 
 def run_checklist(ev: Evidence, *, only: Iterable[str] | None = None,

@@ -5,6 +5,17 @@
     phaseprobe check --latest --nccl rank*.log --trace profile.pt.trace.json.gz --prom URL
     phaseprobe check --experiment 5 --baseline 4 --tp 4 --baseline-tp 2   # after adding GPUs
     phaseprobe check --latest --json          # one JSON document; exit 1 when a rule failed
+    phaseprobe check --live --endpoint http://vllm:8000 --window 30   # no experiment needed
+    phaseprobe check --live --endpoint http://router:8000 --replica r1=http://a:8000 \
+        --replica r2=http://b:8000           # a fleet: each replica's own /metrics
+    phaseprobe check --live --prom http://prometheus:9090 --prom-selector 'job="vllm"'
+
+``--live`` reads a window of live traffic instead of a stored experiment: each replica's
+/metrics scraped at its start and end (gauges every second between), or PromQL over it by
+``instance``, plus the request spans the store received over it. It covers every rule of
+vllm-doctor (queue pressure and latency, TTFT and TPOT bottlenecks, KV-cache and preemption
+pressure, prefix-cache efficiency, low throughput, error rate, replica imbalance) and the
+span-based ones past them.
 
 Only like is compared with like: a --baseline with another model, prompt or output shape, api
 or measurement kind is refused with the differences listed, and --nccl/--trace files whose
@@ -26,12 +37,23 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from phaseprobe.analysis.checklist import USE_CASE_TTFT_S, Report, all_rules, run_checklist
+from phaseprobe.analysis.checklist import (
+    LIVE_RULES,
+    USE_CASE_TPOT_S,
+    USE_CASE_TTFT_S,
+    Report,
+    all_rules,
+    run_checklist,
+    run_live_checklist,
+)
 from phaseprobe.collect.evidence import EvidenceOptions, build_evidence
+from phaseprobe.collect.fleet.targets import parse_replicas
+from phaseprobe.collect.live_window import DEFAULT_WINDOW_S, LiveOptions, take_window
+from phaseprobe.collect.target import api_key_from_env
 from phaseprobe.errors import ConfigError, PhaseprobeError
 from phaseprobe.paths import default_store_path
 from phaseprobe.present.cli import jsonout
-from phaseprobe.present.cli.args import int_in, positive_int
+from phaseprobe.present.cli.args import float_in, int_in, positive_int, seconds
 from phaseprobe.store import Store
 
 __all__ = ["register", "run", "main", "render_text", "render_markdown", "SYMBOLS"]
@@ -50,7 +72,9 @@ def register(subparsers: Any) -> None:
                     "verdict cites the numbers that decided it; rules without their evidence "
                     "say what they need.",
         epilog="use-case TTFT targets: " + ", ".join(
-            f"{k} < {v * 1e3:g} ms" for k, v in USE_CASE_TTFT_S.items()))
+            f"{k} < {v * 1e3:g} ms" for k, v in USE_CASE_TTFT_S.items())
+        + "; TPOT targets (--live): " + ", ".join(
+            f"{k} < {v * 1e3:g} ms" for k, v in USE_CASE_TPOT_S.items()))
     add_arguments(p)
 
 
@@ -90,13 +114,41 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "the experiment (time, host, ranks, vLLM), with a warning")
     p.add_argument("--rule", action="append", metavar="ID", help="run only these rules "
                    "(repeatable; --list shows them)")
+    live = p.add_argument_group("live check (no experiment)")
+    live.add_argument("--live", action="store_true",
+                      help="check a running server or fleet over a window of its live traffic "
+                           "(--endpoint or --prom) instead of a stored experiment")
+    live.add_argument("--endpoint", metavar="URL", help="the vLLM server (or the router, with "
+                      "--replica for each replica behind it)")
+    live.add_argument("--replica", action="append", metavar="[NAME=]URL", default=None,
+                      help="a replica behind the --endpoint router (repeat for each): its own "
+                           "/metrics is read, never the router's")
+    live.add_argument("--window", type=seconds, default=DEFAULT_WINDOW_S, metavar="SECONDS",
+                      help=f"the window: two /metrics scrapes this far apart, or PromQL over "
+                           f"the last SECONDS (default: {DEFAULT_WINDOW_S:g})")
+    live.add_argument("--ttft-target", type=float_in(0, 3600, lo_open=True), metavar="SECONDS",
+                      help="mean TTFT target (default: the --use-case's)")
+    live.add_argument("--tpot-target", type=float_in(0, 60, lo_open=True), metavar="SECONDS",
+                      help="mean time-per-output-token target (default: the --use-case's)")
+    live.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the "
+                      "API key (default: OPENAI_API_KEY, then VLLM_API_KEY)")
     p.add_argument("--list", action="store_true", help="list the rules and what they need")
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="print one JSON document to stdout")
     fmt.add_argument("--markdown", action="store_true", help="print a Markdown checklist")
 
 
+_EXPERIMENT_ONLY = ("experiment_pos", "experiment", "baseline", "tp", "baseline_tp", "nsys",
+                    "trace", "server_log", "peaks", "model_config")
+_LIVE_ONLY = ("endpoint", "replica", "ttft_target", "tpot_target", "api_key_env")
+
+
 def run(args: argparse.Namespace, out: Console, err: Console) -> int:
+    if args.live:
+        return run_live(args, out, err)
+    given = [f"--{name.replace('_', '-')}" for name in _LIVE_ONLY if getattr(args, name)]
+    if given or args.window != DEFAULT_WINDOW_S:
+        raise ConfigError(f"{', '.join(given) or '--window'} belong(s) to check --live")
     if args.list:
         for rule in all_rules():  # the span rules run when the store holds spans
             out.print(f"{rule.id:20} {escape(rule.title)}  [dim]needs: {escape(rule.needs)}")
@@ -136,9 +188,51 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     return report.exit_code
 
 
+def run_live(args: argparse.Namespace, out: Console, err: Console) -> int:
+    """``check --live``: one window of a running server or fleet, no experiment."""
+    if args.list:
+        for rule in LIVE_RULES:
+            doctor = f" [dim](vllm-doctor: {rule.doctor})[/dim]" if rule.doctor else ""
+            out.print(f"{rule.id:24} {escape(rule.title)}{doctor}  [dim]needs: "
+                      f"{escape(rule.needs)}")
+        return 0
+    given = [f"--{name.replace('_', '-')}" for name in _EXPERIMENT_ONLY
+             if getattr(args, name) is not None] + (["--nccl"] if args.nccl else []) \
+        + (["--force"] if args.force else [])
+    if given:
+        raise ConfigError(f"check --live reads no experiment: {', '.join(given)} do(es) not "
+                          "apply (drop --live to check a stored experiment)")
+    opts = LiveOptions(
+        endpoint=args.endpoint, replicas=parse_replicas(args.replica), prom_url=args.prom,
+        prom_selector=args.prom_selector, window_s=args.window,
+        store_path=args.store or default_store_path(),
+        api_key=api_key_from_env(args.api_key_env), use_case=args.use_case,
+        ttft_target_s=args.ttft_target, tpot_target_s=args.tpot_target,
+        progress=lambda msg: err.print(f"[dim]{escape(msg)}…[/dim]"))
+    evidence, sources = take_window(opts)
+    for note in opts.notes:
+        err.print(f"[yellow]note:[/yellow] {escape(note)}")
+    report = run_live_checklist(evidence, only=args.rule, sources=sources)
+    if args.json:
+        doc = report.to_dict()
+        doc["notes"] = list(opts.notes)
+        out.out(jsonout.dumps(doc), highlight=False)
+    elif args.markdown:
+        out.out(render_markdown(report), highlight=False)
+    else:
+        render_text(out, report)
+    return report.exit_code
+
+
+def _heading(report: Report) -> str:
+    if report.kind == "live":
+        return f"{report.experiment_name}, use case {report.use_case}"
+    return (f"experiment {report.experiment_id} ({report.experiment_name}), use case "
+            f"{report.use_case}")
+
+
 def render_text(out: Console, report: Report) -> None:
-    out.print(f"[bold]checklist[/bold] experiment {report.experiment_id} "
-              f"({escape(report.experiment_name)}), use case {report.use_case}")
+    out.print(f"[bold]checklist[/bold] {escape(_heading(report))}")
     for v in report.verdicts:
         style = _STYLE[v.status]
         out.print(f"[{style}]{SYMBOLS[v.status]}[/{style}] [bold]{escape(v.title)}[/bold] "
@@ -154,8 +248,7 @@ def render_text(out: Console, report: Report) -> None:
 
 
 def render_markdown(report: Report) -> str:
-    lines = [f"## phaseprobe check: experiment {report.experiment_id} "
-             f"({report.experiment_name}), use case {report.use_case}", ""]
+    lines = [f"## phaseprobe check: {_heading(report)}", ""]
     for v in report.verdicts:
         box = "x" if v.status == "pass" else " "
         lines.append(f"- [{box}] {SYMBOLS[v.status]} **{v.title}** (`{v.rule}`, {v.status}): "

@@ -1,0 +1,147 @@
+"""What a live rule sees (:class:`LiveEvidence`): a window of live traffic, no experiment.
+
+``phaseprobe check --live`` reads a window of a running server or fleet, with no stored
+experiment: each replica's ``/metrics`` scraped at the start and end of the window (and its
+gauges sampled in between), or PromQL over the window per ``instance``, plus the request spans
+the store received over it. :mod:`phaseprobe.collect.live_window` builds the bundle; the rules
+(:mod:`phaseprobe.analysis.rules.live`, :mod:`phaseprobe.analysis.rules.fleet`) are pure
+functions over it.
+
+Per replica (:class:`ReplicaWindow`):
+
+``deltas``
+    counter and histogram increases over the window, by key: ``finished`` (all of
+    ``request_success``), ``finished_<reason>`` (``stop``, ``length``, ``abort``, ``error``…,
+    from its ``finished_reason`` label), ``<hist>_sum`` / ``<hist>_count`` for the histograms
+    ``queue_time``, ``prefill_time``, ``decode_time``, ``ttft``, ``e2e_latency``, ``itl``,
+    ``request_tpot``, and ``generation_tokens``, ``prompt_tokens``, ``num_preemptions``,
+    ``prefix_cache_hits``, ``prefix_cache_queries``. A key is missing when the server does not
+    export that metric.
+``gauge_mean`` / ``gauge_max``
+    ``requests_running``, ``requests_waiting``, ``kv_cache_usage`` (a fraction, 0–1) over the
+    window's samples.
+``unverifiable``
+    why the replica's counters cannot be compared over the window (two processes answered, or
+    a counter went backwards): its ``deltas`` are then empty and every rule says "cannot
+    verify" for it, never a negative rate.
+
+Replicas that were down are in ``LiveEvidence.down`` (name → why); the others are measured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from phaseprobe.analysis.rules.base import USE_CASE_TTFT_S
+from phaseprobe.records import RequestSpan
+
+__all__ = ["ReplicaWindow", "LiveEvidence", "USE_CASE_TPOT_S", "MIN_FINISHED",
+           "DELTA_HISTOGRAMS", "DELTA_COUNTERS", "GAUGES"]
+
+# Time per output token a user of each use case reads as fluent (mean over the window): the
+# TPOT bottleneck rule's default target, overridden with --tpot-target. Voice must keep ahead
+# of speech with room for synthesis; code completion is read as it streams and wants speed;
+# chat at reading speed (~10 tokens/s); batch only cares about the whole.
+USE_CASE_TPOT_S: dict[str, float] = {"voice": 0.050, "code": 0.030, "chat": 0.100,
+                                     "batch": 0.250}
+
+# Fewer finished requests than this in the window: rates and means are not judged.
+MIN_FINISHED = 5
+
+DELTA_HISTOGRAMS = ("queue_time", "prefill_time", "decode_time", "ttft", "e2e_latency", "itl",
+                    "request_tpot")
+DELTA_COUNTERS = ("generation_tokens", "prompt_tokens", "num_preemptions", "prefix_cache_hits",
+                  "prefix_cache_queries")
+GAUGES = ("requests_running", "requests_waiting", "kv_cache_usage")
+
+
+@dataclass(frozen=True)
+class ReplicaWindow:
+    """One replica over the window (see the module docstring)."""
+
+    name: str
+    deltas: Mapping[str, float] = field(default_factory=dict)
+    gauge_mean: Mapping[str, float] = field(default_factory=dict)
+    gauge_max: Mapping[str, float] = field(default_factory=dict)
+    samples: int = 2  # gauge samples taken (scrapes, or Prometheus' own)
+    unverifiable: str | None = None
+    model: str | None = None
+
+    @property
+    def verified(self) -> bool:
+        return self.unverifiable is None
+
+    def delta(self, key: str) -> float | None:
+        return None if self.unverifiable else self.deltas.get(key)
+
+    def mean_of(self, hist: str) -> tuple[float | None, float]:
+        """(Δsum / Δcount, Δcount) of a histogram over the window; (None, count) when it did
+        not move or is not exported."""
+        s, c = self.delta(hist + "_sum"), self.delta(hist + "_count")
+        if s is None or c is None or c <= 0:
+            return None, c or 0.0
+        return s / c, c
+
+    @property
+    def finished(self) -> float | None:
+        """Requests finished over the window: ``request_success``, else the e2e histogram."""
+        done = self.delta("finished")
+        return done if done is not None else self.delta("e2e_latency_count")
+
+
+@dataclass(frozen=True, eq=False)
+class LiveEvidence:
+    """Everything the live rules may use about one window (see the module docstring)."""
+
+    replicas: tuple[ReplicaWindow, ...]
+    window_s: float
+    target: str = ""  # what was read, in words (endpoint, replicas or Prometheus)
+    source: str = "scrapes"  # "scrapes" (/metrics twice) or "prometheus"
+    down: Mapping[str, str] = field(default_factory=dict)
+    spans: Sequence[RequestSpan] | None = None  # None: the store holds none (no tracing)
+    use_case: str = "chat"
+    ttft_target_s: float | None = None  # None: USE_CASE_TTFT_S[use_case]
+    tpot_target_s: float | None = None  # None: USE_CASE_TPOT_S[use_case]
+    fleet: bool = False  # several replicas named (a router with --replica, or Prometheus)
+
+    @property
+    def ttft_target(self) -> float:
+        return self.ttft_target_s if self.ttft_target_s is not None \
+            else USE_CASE_TTFT_S[self.use_case]
+
+    @property
+    def tpot_target(self) -> float:
+        return self.tpot_target_s if self.tpot_target_s is not None \
+            else USE_CASE_TPOT_S[self.use_case]
+
+    @property
+    def measured(self) -> list[ReplicaWindow]:
+        """Replicas whose counters can be compared over the window."""
+        return [r for r in self.replicas if r.verified]
+
+    @property
+    def unverified(self) -> list[ReplicaWindow]:
+        return [r for r in self.replicas if not r.verified]
+
+    def total(self, key: str) -> float | None:
+        """A delta summed over the measured replicas (None when none exports it)."""
+        values = [v for r in self.measured if (v := r.delta(key)) is not None]
+        return sum(values) if values else None
+
+    def total_mean(self, hist: str) -> tuple[float | None, float]:
+        """A histogram's mean over the window, all measured replicas pooled."""
+        s, c = self.total(hist + "_sum"), self.total(hist + "_count")
+        if s is None or c is None or c <= 0:
+            return None, c or 0.0
+        return s / c, c
+
+    @property
+    def finished(self) -> float | None:
+        values = [v for r in self.measured if (v := r.finished) is not None]
+        return sum(values) if values else None
+
+    def gauge_total(self, name: str) -> float | None:
+        """A gauge's window mean summed over replicas (requests running or waiting in all)."""
+        values = [r.gauge_mean[name] for r in self.replicas if name in r.gauge_mean]
+        return sum(values) if values else None

@@ -1,0 +1,362 @@
+"""Take one window of live traffic for ``phaseprobe check --live``: no experiment, no requests.
+
+Two ways to read the window, both ending in :class:`~phaseprobe.analysis.rules.live_base.
+LiveEvidence`:
+
+- **scrapes**: each replica's own ``/metrics`` (``--endpoint`` alone, or the ``--replica``
+  URLs behind a router; never the router's, which answers from any replica) scraped at the
+  start of the window, every ``sample_every_s`` while it lasts (the gauges: running, waiting,
+  KV usage), and at its end. The counters' increase is last − first, per replica; a replica
+  whose two scrapes come from different processes or whose counter went backwards is "cannot
+  verify" (:func:`~phaseprobe.analysis.replica_match.unverifiable`), never a negative rate. A
+  replica down at the start, or that stops answering during the window, is reported down and
+  the others are measured.
+- **Prometheus** (``--prom``): PromQL over the last ``window_s`` by ``instance`` (the replica's
+  identity): ``increase`` of the counters and histograms, ``avg_over_time`` / ``max_over_time``
+  of the gauges; an ``instance`` whose ``up`` is 0 is down. Nothing to wait for.
+
+The request spans the store received over the window (``phaseprobe watch`` running beside
+the fleet) come along when it holds any: the window waits ``span_grace_s`` more for the
+exporters' batches (OTEL_BSP_SCHEDULE_DELAY is 5 s) before reading them.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import requests
+
+from phaseprobe.analysis.replica_match import unverifiable
+from phaseprobe.analysis.rules.live_base import (
+    DELTA_COUNTERS,
+    DELTA_HISTOGRAMS,
+    GAUGES,
+    LiveEvidence,
+    ReplicaWindow,
+)
+from phaseprobe.collect.fleet.targets import ReplicaTarget, check_fleet, is_router
+from phaseprobe.errors import ConfigError, MetricsUnavailable, StoreError, UnknownMetric
+from phaseprobe.records import RequestSpan
+from phaseprobe.redact import redact_url
+from phaseprobe.sources.openai_stream import normalize_base_url
+from phaseprobe.sources.vllm_metrics import ALIASES, MetricSnapshot, MetricsScraper, sample_spellings
+from phaseprobe.store import Store
+
+__all__ = ["LiveOptions", "take_window", "snapshot_deltas", "replica_window",
+           "DEFAULT_WINDOW_S", "SPAN_LOOKBACK_S"]
+
+DEFAULT_WINDOW_S = 30.0
+SPAN_LOOKBACK_S = 600.0  # a span finishing in the window may have started this long before
+_RECENT_SPANS_S = 600.0  # spans received this recently: a receiver is running, wait for spans
+
+
+@dataclass
+class LiveOptions:
+    endpoint: str | None = None
+    replicas: tuple[ReplicaTarget, ...] = ()
+    prom_url: str | None = None
+    prom_selector: str = ""
+    window_s: float = DEFAULT_WINDOW_S
+    sample_every_s: float = 1.0
+    span_grace_s: float = 5.0
+    store_path: Path | None = None
+    api_key: str | None = field(default=None, repr=False)
+    use_case: str = "chat"
+    ttft_target_s: float | None = None
+    tpot_target_s: float | None = None
+    notes: list[str] = field(default_factory=list)
+    progress: Callable[[str], None] = lambda _msg: None
+    sleep: Callable[[float], None] = time.sleep
+    clock: Callable[[], float] = time.monotonic
+
+
+def take_window(opts: LiveOptions, *, session: requests.Session | None = None
+                ) -> tuple[LiveEvidence, dict[str, str]]:
+    """Read one window (see the module docstring): the evidence and its sources in words."""
+    if opts.window_s <= 0 or not math.isfinite(opts.window_s):
+        raise ConfigError(f"--window {opts.window_s:g}: give a positive number of seconds")
+    if bool(opts.endpoint) == bool(opts.prom_url):
+        raise ConfigError("check --live reads either --endpoint URL (with --replica for the "
+                          "replicas behind a router) or --prom URL, one of the two")
+    if opts.replicas and not opts.endpoint:
+        raise ConfigError("--replica needs --endpoint (the router the replicas are behind)")
+    sources: dict[str, str] = {}
+    spans_wanted = _receiving_spans(opts.store_path)
+    if opts.prom_url:
+        if spans_wanted and opts.span_grace_s > 0:
+            opts.progress(f"waiting {opts.span_grace_s:g} s for the spans' exporters")
+            opts.sleep(opts.span_grace_s)
+        end_s = time.time() - (opts.span_grace_s if spans_wanted else 0.0)
+        replicas, down = _prometheus_window(opts, end_s, sources)
+        window_s, target, source = opts.window_s, f"Prometheus {redact_url(opts.prom_url)}", \
+            "prometheus"
+        fleet = True
+    else:
+        replicas, down, window_s, end_s, target = _scrape_window(opts, sources, session,
+                                                                 spans_wanted)
+        source, fleet = "scrapes", bool(opts.replicas)
+    spans = None
+    if spans_wanted:
+        spans = _window_spans(opts.store_path, end_s - window_s, end_s, sources)
+    ev = LiveEvidence(tuple(replicas), window_s, target=target, source=source, down=down,
+                      spans=spans, use_case=opts.use_case, ttft_target_s=opts.ttft_target_s,
+                      tpot_target_s=opts.tpot_target_s, fleet=fleet)
+    return ev, sources
+
+
+# -- scrapes ----------------------------------------------------------------------------------
+
+def _targets(opts: LiveOptions, session: requests.Session, headers: dict[str, str]
+             ) -> tuple[list[ReplicaTarget], dict[str, str], str]:
+    endpoint = normalize_base_url(opts.endpoint or "")
+    if opts.replicas:
+        checked = check_fleet(endpoint, opts.replicas, session=session, headers=headers)
+        return list(checked.up), dict(checked.down), \
+            f"{len(opts.replicas)} replicas behind {redact_url(endpoint)}"
+    if is_router(endpoint, session, headers):
+        raise ConfigError(f"{redact_url(endpoint)} is a vllm-router: its /metrics is whichever "
+                          "replica it picks, so a window cannot be read through it; give each "
+                          "replica with --replica NAME=URL (its own /metrics is read), or "
+                          "--prom URL")
+    name = urlsplit(endpoint).netloc.rpartition("@")[2]
+    return [ReplicaTarget(name, endpoint)], {}, redact_url(endpoint)
+
+
+def _scrape_window(opts: LiveOptions, sources: dict[str, str],
+                   session: requests.Session | None, spans_wanted: bool
+                   ) -> tuple[list[ReplicaWindow], dict[str, str], float, float, str]:
+    session = session or requests.Session()
+    headers = {"Authorization": f"Bearer {opts.api_key}"} if opts.api_key else {}
+    targets, down, target = _targets(opts, session, headers)
+    scrapers = {t.name: MetricsScraper(t.url, session=session, headers=headers)
+                for t in targets}
+    series: dict[str, list[MetricSnapshot]] = {name: [] for name in scrapers}
+
+    def scrape_all() -> None:
+        for name, scraper in list(scrapers.items()):
+            try:
+                series[name].append(scraper.scrape())
+            except MetricsUnavailable as exc:
+                when = "at the start of the window" if not series[name] else \
+                    "during the window"
+                down[name] = f"/metrics stopped answering {when}: {exc}"
+                del scrapers[name]
+                del series[name]
+
+    scrape_all()
+    if not scrapers:
+        raise MetricsUnavailable(target, "no /metrics answers (" + "; ".join(
+            f"{n}: {why}" for n, why in down.items()) + ")")
+    opts.progress(f"waiting {opts.window_s:g} s for the window ({len(scrapers)} "
+                  f"replica{'s' if len(scrapers) != 1 else ''}, /metrics every "
+                  f"{opts.sample_every_s:g} s)")
+    start = opts.clock()
+    while scrapers:
+        left = opts.window_s - (opts.clock() - start)
+        if left <= 0:
+            break
+        opts.sleep(min(opts.sample_every_s, left))
+        scrape_all()
+    end_wall = time.time()
+    windows = [replica_window(name, snaps) for name, snaps in series.items()
+               if len(snaps) >= 2]
+    for name, snaps in series.items():
+        if len(snaps) < 2:
+            down.setdefault(name, "only one /metrics scrape in the window")
+    if not windows:
+        raise MetricsUnavailable(target, "no replica answered /metrics twice in the window")
+    lengths = sorted((s[-1].wall_ns - s[0].wall_ns) / 1e9 for s in series.values()
+                     if len(s) >= 2)
+    window_s = lengths[len(lengths) // 2]
+    sources["metrics"] = (f"/metrics of {', '.join(w.name for w in windows)}: first and last "
+                          f"of {max(w.samples for w in windows)} scrapes over {window_s:.1f} s")
+    if down:
+        sources["down"] = "; ".join(f"{n}: {why}" for n, why in down.items())
+    if spans_wanted and opts.span_grace_s > 0:
+        opts.progress(f"waiting {opts.span_grace_s:g} s for the spans' exporters")
+        opts.sleep(opts.span_grace_s)
+    return windows, down, window_s, end_wall, target
+
+
+def _by_label(snap: MetricSnapshot, canonical: str, label: str) -> dict[str, float]:
+    try:
+        name = snap.resolve(canonical)
+    except UnknownMetric:  # not exported
+        return {}
+    out: dict[str, float] = {}
+    for labels, value in snap.samples.get(name, []):
+        key = labels.get(label)
+        if key is not None:
+            out[key] = out.get(key, 0.0) + value
+    return out
+
+
+def snapshot_deltas(before: MetricSnapshot, after: MetricSnapshot
+                    ) -> tuple[dict[str, float], str | None]:
+    """Counter and histogram increases between two scrapes of one replica (keys as
+    :class:`ReplicaWindow` documents) and why they cannot be trusted (None: they can)."""
+    why = unverifiable(before, after, None)
+    if why:
+        return {}, why
+    out: dict[str, float] = {}
+
+    def put(key: str, b: float | None, a: float | None, shown: str) -> str | None:
+        if a is None or b is None:
+            return None
+        if a < b:
+            return (f"{shown} went backwards ({b:g} -> {a:g}): another process answered "
+                    "/metrics or vLLM restarted; cannot verify")
+        out[key] = a - b
+        return None
+
+    checks: list[str | None] = []
+    for hist in DELTA_HISTOGRAMS:
+        for part in ("_sum", "_count"):
+            checks.append(put(hist + part, before.value(hist, part), after.value(hist, part),
+                              hist + part))
+    for counter in DELTA_COUNTERS:
+        checks.append(put(counter, before.value(counter), after.value(counter), counter))
+    checks.append(put("finished", before.value("request_success"),
+                      after.value("request_success"), "request_success"))
+    b_reasons = _by_label(before, "request_success", "finished_reason")
+    a_reasons = _by_label(after, "request_success", "finished_reason")
+    for reason in sorted(set(a_reasons) | set(b_reasons)):
+        checks.append(put("finished_" + reason, b_reasons.get(reason, 0.0),
+                          a_reasons.get(reason, 0.0), f"request_success{{{reason}}}"))
+    bad = next((c for c in checks if c), None)
+    return ({}, bad) if bad else (out, None)
+
+
+def replica_window(name: str, snaps: list[MetricSnapshot]) -> ReplicaWindow:
+    """One replica's window from its scrapes (first and last for counters, all for gauges)."""
+    deltas, why = snapshot_deltas(snaps[0], snaps[-1])
+    mean: dict[str, float] = {}
+    peak: dict[str, float] = {}
+    for gauge in GAUGES:
+        values = [v for s in snaps if (v := _gauge(s, gauge)) is not None]
+        if values:
+            mean[gauge] = sum(values) / len(values)
+            peak[gauge] = max(values)
+    models = sorted({labels["model_name"] for labels in snaps[-1].labels_of("request_success")
+                     if "model_name" in labels})
+    return ReplicaWindow(name, deltas, mean, peak, samples=len(snaps), unverifiable=why,
+                         model=", ".join(models) or None)
+
+
+def _gauge(snap: MetricSnapshot, gauge: str) -> float | None:
+    if gauge != "kv_cache_usage":
+        return snap.value(gauge)
+    try:
+        rows = snap.samples.get(snap.resolve(gauge), [])
+    except UnknownMetric:
+        return None
+    return max((v for _, v in rows), default=None)  # one fraction per engine: the fullest
+
+
+# -- Prometheus -------------------------------------------------------------------------------
+
+def _prometheus_window(opts: LiveOptions, end_s: float, sources: dict[str, str]
+                       ) -> tuple[list[ReplicaWindow], dict[str, str]]:
+    from phaseprobe.sources.prometheus import PrometheusClient  # its client library is heavy
+
+    url = opts.prom_url or ""
+    w = f"{max(1, math.ceil(opts.window_s))}s"
+    bare = opts.prom_selector.strip().removeprefix("{").removesuffix("}")
+    sel = f"{{{bare}}}" if bare else ""
+    deltas: dict[str, dict[str, float]] = {}
+    mean: dict[str, dict[str, float]] = {}
+    peak: dict[str, dict[str, float]] = {}
+    down: dict[str, str] = {}
+    with PrometheusClient(url) as client:
+        names = client.names_map()
+
+        def name(newest: str) -> str:
+            return names.get(newest, newest)
+
+        def by_instance(expr: str, into: dict[str, dict[str, float]], key: str,
+                        extra: str = "") -> None:
+            for s in client.instant_query(expr, at=end_s):
+                inst = s.labels.get("instance")
+                if inst is None or math.isnan(s.value) or (extra and not s.labels.get(extra)):
+                    continue
+                k = key + (s.labels.get(extra, "") if extra else "")
+                into.setdefault(inst, {})
+                into[inst][k] = into[inst].get(k, 0.0) + s.value
+
+        for hist in DELTA_HISTOGRAMS:
+            base = _newest(hist)
+            for part in ("_sum", "_count"):
+                by_instance(f"sum by (instance) (increase({name(base + part)}{sel}[{w}]))",
+                            deltas, hist + part)
+        for counter in DELTA_COUNTERS:
+            by_instance(f"sum by (instance) (increase({name(_newest(counter))}{sel}[{w}]))",
+                        deltas, counter)
+        success = name(_newest("request_success"))
+        by_instance(f"sum by (instance) (increase({success}{sel}[{w}]))", deltas,
+                    "finished")
+        by_instance(f"sum by (instance, finished_reason) (increase({success}{sel}[{w}]))",
+                    deltas, "finished_", extra="finished_reason")
+        for gauge in GAUGES:
+            g = name(_newest(gauge))
+            agg = "max" if gauge == "kv_cache_usage" else "sum"
+            by_instance(f"{agg} by (instance) (avg_over_time({g}{sel}[{w}]))", mean, gauge)
+            by_instance(f"max by (instance) (max_over_time({g}{sel}[{w}]))", peak, gauge)
+        vllm = {s.labels.get("instance") for s in client.instant_query(
+            f"count by (instance) (count_over_time({success}{sel}[1h]))", at=end_s)}
+        for s in client.instant_query(f"up{sel}", at=end_s):
+            inst = s.labels.get("instance")
+            if inst is not None and inst in vllm and s.value == 0:
+                down[inst] = "Prometheus' last scrape of it failed (up = 0)"
+    instances = sorted((set(deltas) | set(mean)) - set(down))
+    if not instances:
+        raise ConfigError(f"Prometheus {redact_url(url)} holds no vLLM series "
+                          f"{'matching ' + sel + ' ' if sel else ''}over the last {w}: check "
+                          "--prom-selector and that it scrapes the replicas")
+    sources["prom"] = (f"{redact_url(url)}: increase/avg_over_time over {w} by "
+                       f"instance ({', '.join(instances)})")
+    windows = [ReplicaWindow(inst, deltas.get(inst, {}), mean.get(inst, {}),
+                             peak.get(inst, {}), samples=0) for inst in instances]
+    return windows, down
+
+
+def _newest(canonical: str) -> str:
+    """The newest spelling of a canonical metric's base sample (``vllm:`` prefix, counters
+    with ``_total``)."""
+    kind, bases = ALIASES[canonical]
+    return next(iter(sample_spellings(kind, bases[0])))
+
+
+# -- spans ------------------------------------------------------------------------------------
+
+def _receiving_spans(path: Path | None) -> bool:
+    """Does the store hold spans received lately (a span receiver is running beside)?"""
+    if path is None or not Path(path).exists():
+        return False
+    try:
+        with Store(path, readonly=True) as store:
+            since = time.time_ns() - round(_RECENT_SPANS_S * 1e9)
+            return bool(store.spans(received_since_ns=since, limit=1))
+    except StoreError:
+        return False
+
+
+def _window_spans(path: Path | None, lo_s: float, hi_s: float, sources: dict[str, str]
+                  ) -> list[RequestSpan] | None:
+    if path is None:
+        return None
+    lo_ns, hi_ns = round(lo_s * 1e9), round(hi_s * 1e9)
+    try:
+        with Store(path, readonly=True) as store:
+            found = [s for s in store.spans(since_ns=lo_ns - round(SPAN_LOOKBACK_S * 1e9),
+                                            until_ns=hi_ns) if lo_ns < s.end_ns <= hi_ns]
+    except StoreError as exc:
+        sources["spans"] = f"unavailable: {exc}"
+        return None
+    sources["spans"] = (f"{len(found)} request spans that finished in the {hi_s - lo_s:.0f} s "
+                        f"window, from {path}")
+    return found

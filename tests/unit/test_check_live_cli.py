@@ -1,0 +1,149 @@
+"""``phaseprobe check --live`` end to end against fake vLLM replicas (their ``/metrics`` only).
+
+Each fake replica serves a vLLM-shaped ``/metrics`` whose counters move by ``per_scrape``
+finished requests every time it is scraped, so a ``--window 1`` (two scrapes) sees exactly that
+traffic; ``/v1/models`` names the model, ``/list_workers`` is a 404 like a real vLLM's.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from rich.console import Console
+
+from phaseprobe.present.cli import cmd_check
+
+
+class FakeReplica:
+    """A vLLM replica's ``/metrics`` with traffic that moves by ``per_scrape`` requests."""
+
+    def __init__(self, *, per_scrape: int, running: float, waiting: float = 0.0,
+                 kv: float = 0.2, model: str = "tiny", start_s: float = 1000.0,
+                 queue_s: float = 0.005, ttft_s: float = 0.1, itl_s: float = 0.02,
+                 errors_per_scrape: int = 0, router: bool = False) -> None:
+        self.per_scrape, self.running, self.waiting, self.kv = per_scrape, running, waiting, kv
+        self.model, self.start_s, self.queue_s, self.ttft_s, self.itl_s = \
+            model, start_s, queue_s, ttft_s, itl_s
+        self.errors_per_scrape, self.router = errors_per_scrape, router
+        self.scrapes = 0
+        self.lock = threading.Lock()
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                if self.path == "/metrics":
+                    body, kind = owner.metrics_text().encode(), "text/plain; version=0.0.4"
+                elif self.path == "/v1/models":
+                    body = json.dumps({"object": "list", "data": [
+                        {"id": owner.model, "object": "model"}]}).encode()
+                    kind = "application/json"
+                elif self.path == "/list_workers" and owner.router:
+                    body, kind = json.dumps({"urls": ["http://x"]}).encode(), "application/json"
+                else:
+                    self.send_response(404)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def metrics_text(self) -> str:
+        with self.lock:
+            n = self.scrapes * self.per_scrape
+            errors = self.scrapes * self.errors_per_scrape
+            self.scrapes += 1
+        lab = f'engine="0",model_name="{self.model}"'
+        tokens = 20
+        hist = {"request_queue_time_seconds": (n * self.queue_s, n),
+                "request_prefill_time_seconds": (n * (self.ttft_s - self.queue_s), n),
+                "request_decode_time_seconds": (n * self.itl_s * (tokens - 1), n),
+                "request_inference_time_seconds": (n * (self.ttft_s + self.itl_s * tokens), n),
+                "time_to_first_token_seconds": (n * self.ttft_s, n),
+                "e2e_request_latency_seconds": (n * (self.ttft_s + self.itl_s * tokens), n),
+                "inter_token_latency_seconds": (n * (tokens - 1) * self.itl_s,
+                                                n * (tokens - 1))}
+        lines: list[str] = []
+        for base, (total, count) in hist.items():
+            name = "vllm:" + base
+            lines += [f"# HELP {name} h", f"# TYPE {name} histogram",
+                      f'{name}_bucket{{{lab},le="+Inf"}} {count}',
+                      f"{name}_sum{{{lab}}} {total}", f"{name}_count{{{lab}}} {count}"]
+        for base, value in (("prompt_tokens", n * 100), ("generation_tokens", n * tokens),
+                            ("num_preemptions", 0), ("prefix_cache_queries", n * 100),
+                            ("prefix_cache_hits", n * 40)):
+            name = "vllm:" + base
+            lines += [f"# HELP {name} c", f"# TYPE {name} counter",
+                      f"{name}_total{{{lab}}} {value}"]
+        name = "vllm:request_success"
+        lines += [f"# HELP {name} c", f"# TYPE {name} counter"]
+        for reason, value in (("stop", n - errors), ("length", 0), ("abort", 0),
+                              ("error", errors)):
+            lines.append(f'{name}_total{{{lab},finished_reason="{reason}"}} {value}')
+        for base, value in (("num_requests_running", self.running),
+                            ("num_requests_waiting", self.waiting),
+                            ("kv_cache_usage_perc", self.kv)):
+            name = "vllm:" + base
+            lines += [f"# HELP {name} g", f"# TYPE {name} gauge", f"{name}{{{lab}}} {value}"]
+        lines += ["# HELP process_start_time_seconds s", "# TYPE process_start_time_seconds gauge",
+                  f"process_start_time_seconds {self.start_s}"]
+        return "\n".join(lines) + "\n"
+
+
+@pytest.fixture
+def replicas() -> Iterator[list[FakeReplica]]:
+    made: list[FakeReplica] = []
+    yield made
+    for r in made:
+        r.close()
+
+
+def run_check(argv: list[str]) -> tuple[int, str, str]:
+    out = Console(record=True, width=200, soft_wrap=True)
+    err = Console(record=True, width=200, soft_wrap=True, stderr=True)
+    code = cmd_check.main(argv, out, err)
+    return code, out.export_text(), err.export_text()
+
+
+def verdicts(text: str) -> dict[str, dict]:
+    doc = json.loads(text)
+    return {v["rule"]: v for v in doc["verdicts"]}
+
+
+def test_one_endpoint_runs_every_doctor_rule(replicas, tmp_path):
+    busy = FakeReplica(per_scrape=30, running=4.0, waiting=6.0, kv=0.93, ttft_s=1.2)
+    replicas.append(busy)
+    code, out, err = run_check(["--live", "--endpoint", busy.url, "--window", "1", "--json",
+                                "--store", str(tmp_path / "none.sqlite")])
+    by = verdicts(out)
+    assert code == 1, out  # mean TTFT 1.2 s, over twice the chat target: fail
+    assert "waiting 1 s for the window" in err
+    assert by["live_queue_pressure"]["status"] == "warn"
+    assert by["live_queue_pressure"]["numbers"]["waiting_per_running"] == 1.5
+    assert by["live_kv_cache"]["status"] == "warn"
+    assert by["live_ttft"]["status"] == "fail"
+    assert "mean TTFT 1.20 s over 30 requests vs target 500 ms" in by["live_ttft"]["summary"]
+    assert "largest part prefill (1.20 s)" in by["live_ttft"]["summary"]
+    assert by["live_tpot"]["status"] == "pass"
+    assert by["live_errors"]["status"] == "pass"
+    assert by["live_prefix_cache"]["numbers"]["hit_rate"] == 0.4
+    doc = json.loads(out)
+    assert doc["kind"] == "live" and doc["experiment_id"] is None
