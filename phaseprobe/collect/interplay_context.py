@@ -20,6 +20,7 @@ from typing import Any
 
 from phaseprobe.analysis.interplay import CONCURRENT_MARK
 from phaseprobe.collect.connection import connect
+from phaseprobe.collect.fleet.targets import ReplicaTarget
 from phaseprobe.collect.target import served_model
 from phaseprobe.errors import MetricsUnavailable
 from phaseprobe.format import ms as fmt_ms
@@ -52,6 +53,8 @@ class Target:
     timeout_s: float = 120.0  # connect, and each read
     deadline_s: float = DEFAULT_DEADLINE_S  # the whole request, however the server trickles
     seed: int = 0  # prompts are drawn from (seed, index): change it to get cold prefixes
+    # the replicas behind ``endpoint`` (a router): runs are attributed on each one's /metrics
+    replicas: tuple[ReplicaTarget, ...] = ()
 
 
 class ProbeContext:
@@ -60,7 +63,8 @@ class ProbeContext:
     def __init__(self, target: Target, *, require_model: bool = False) -> None:
         self.target = target
         self.conn = connect(target.endpoint, target.api_key, timeout_s=target.timeout_s,
-                            deadline_s=target.deadline_s)
+                            deadline_s=target.deadline_s, replicas=target.replicas,
+                            model=target.model)
         if require_model:  # caught before any run: otherwise every run would be a 404 error
             served_model(target.endpoint, target.api_key, target.model, option="model",
                          models=self.conn.models)

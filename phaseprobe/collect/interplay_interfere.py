@@ -264,7 +264,7 @@ class InterfereSession:
         return RunCollector(spec, ProbeSettings(runs=self.settings.reps, warmup=0,
                                                 name=self.name),
                             self.ctx.client, self.ctx.scraper, time.sleep, time.monotonic,
-                            run_notes=self.run_notes)
+                            run_notes=self.run_notes, fleet=self.ctx.conn.fleet)
 
     def _keep_alone(self, run: Run) -> None:
         n = run.client.completion_tokens if run.client else None

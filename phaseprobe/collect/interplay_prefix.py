@@ -112,7 +112,7 @@ def run_prefix(target: Target, store: Store, *, prefix_tokens: int = 512,
                                              "order": "cold,warm per repetition"})
     settings = ProbeSettings(runs=2 * reps, warmup=0, name=name)
     collector = RunCollector(spec, settings, ctx.client, ctx.scraper, time.sleep,
-                             time.monotonic)
+                             time.monotonic, fleet=ctx.conn.fleet)
     exp_id = store.create_experiment(Experiment(
         name=name, kind="prefix", spec=spec, server_info=ctx.info,
         created_wall_ns=time.time_ns()))

@@ -239,3 +239,27 @@ def test_serving_replica_picks_the_one_that_moved_by_the_usage():
     # nobody moved
     still = {"r1": (_snap(3, 1, 1), _snap(3, 1, 1))}
     assert serving_replica(still, "m", 10, 6) == (None, "no replica's counters moved")
+
+
+def test_prefix_through_a_router_names_each_runs_replica(tmp_path, capsys):
+    """prefix's runs go through the same collector as probe's: each names its replica (the
+    round-robin forwarder alternates them) and none is called shared."""
+    with SseServer(PACED, metrics=True) as a, SseServer(PACED, metrics=True) as b, \
+            RoundRobinProxy([a.base_url, b.base_url]) as router:
+        code = main(["prefix", "--endpoint", router.base_url, "--replica", f"r1={a.base_url}",
+                     "--replica", f"r2={b.base_url}", "--prefix-tokens", "32",
+                     "--suffix-tokens", "4", "--reps", "1", "--store",
+                     str(tmp_path / "s.sqlite"), "--json"])
+        served = {"r1": _successes(a), "r2": _successes(b)}
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    with Store(tmp_path / "s.sqlite", readonly=True) as st:
+        eid = st.latest_experiment_id()
+        assert eid is not None
+        runs = st.runs(eid)
+    names = [r.replica.name for r in runs if r.replica]
+    assert len(names) == len(runs) == 2
+    # (prefix may send a request of its own that is not a stored run: at most that many)
+    assert sorted(names) == ["r1", "r2"]
+    assert all(names.count(n) <= served[n] for n in served)
+    assert all(r.isolated for r in runs), [r.isolation.reasons for r in runs]

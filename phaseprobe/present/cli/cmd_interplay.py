@@ -39,6 +39,7 @@ from phaseprobe.collect.interplay import (
     run_prefix,
 )
 from phaseprobe.collect.playbook import PlaybookError, load_playbook, parse_effect
+from phaseprobe.collect.fleet.targets import parse_replicas
 from phaseprobe.collect.session import Session, SessionOptions
 from phaseprobe.collect.target import api_key_from_env, normalize_base_url, served_model
 from phaseprobe.errors import ConfigError
@@ -82,6 +83,10 @@ def _common(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--endpoint", help="base URL of an OpenAI-compatible vLLM server "
                    "(default: start the local CPU vLLM)")
     p.add_argument("--model", help="model name (default: the endpoint's first model)")
+    p.add_argument("--replica", action="append", metavar="[NAME=]URL", default=None,
+                   help="a replica behind the --endpoint router (repeat for each): runs are "
+                        "attributed on the replica whose own /metrics moved, never through "
+                        "the router's /metrics")
     p.add_argument("--chat", action="store_true", help="use /v1/chat/completions")
     p.add_argument("--timeout", type=seconds, default=120.0, metavar="SECONDS",
                    help="per-request timeout (default: 120)")
@@ -243,13 +248,16 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
 
     if kind == "interfere" and args.playbook:
         return _run_playbook(args, out, api_key, progress)
+    replicas = parse_replicas(args.replica)
+    if replicas and not args.endpoint:
+        raise ConfigError("--replica needs --endpoint (the router the replicas are behind)")
     options = SessionOptions(store_path=str(args.store or default_store_path()),
                              endpoint=args.endpoint, api_key=api_key, model=args.model)
     # the session checks a wrong --model before any run
     with Session(options, ConsoleNotices(err)) as session:
         endpoint, model, store = session.endpoint, session.model, session.store
         target = Target(endpoint=endpoint, model=model, api_key=api_key, chat=args.chat,
-                        timeout_s=args.timeout, deadline_s=args.deadline)
+                        timeout_s=args.timeout, deadline_s=args.deadline, replicas=replicas)
         result: PrefixResult | BatchResult | InterfereResult | ArmsResult
         if kind == "prefix":
             result = run_prefix(target, store, prefix_tokens=args.prefix_tokens,
