@@ -20,14 +20,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from phaseprobe.analysis.rules import latency, live, memory, parallel, spans
+from phaseprobe.analysis.rules import fleet, latency, live, live_spans, memory, parallel, spans
 from phaseprobe.analysis.rules.base import USE_CASE_TTFT_S, Evidence, Status, Verdict
 from phaseprobe.analysis.rules.live_base import USE_CASE_TPOT_S, LiveEvidence
 from phaseprobe.errors import ConfigError, PhaseprobeError
 
 __all__ = ["Rule", "RULES", "SPAN_RULES", "all_rules", "Report", "run_checklist", "rule_ids",
            "Evidence", "Verdict", "Status", "USE_CASE_TTFT_S", "USE_CASE_TPOT_S", "LiveRule",
-           "LIVE_RULES", "live_rule_ids", "run_live_checklist", "LiveEvidence"]
+           "LIVE_RULES", "LIVE_SPAN_RULES", "live_rule_ids", "run_live_checklist", "LiveEvidence"]
 
 
 @dataclass(frozen=True)
@@ -98,8 +98,8 @@ class LiveRule:
 
 _SCRAPES = "/metrics of the endpoint or each --replica (or --prom)"
 
-# The live check: vllm-doctor's rules first (each names the one it covers), then the replica
-# and span rules (issue 27). The span rules run when the store received spans in the window.
+# The live check: vllm-doctor's rules (each names the one it covers), then the span rules past
+# them (issue 27), which run when the store holds spans (otherwise only when asked by id).
 LIVE_RULES: tuple[LiveRule, ...] = (
     LiveRule("live_queue_pressure", "Requests waiting for a slot (queue pressure)?",
              live.queue_pressure, "waiting/running gauges: " + _SCRAPES, "queue pressure"),
@@ -122,11 +122,30 @@ LIVE_RULES: tuple[LiveRule, ...] = (
              live.low_throughput, "generation_tokens delta + running gauge", "low throughput"),
     LiveRule("live_errors", "Requests ending in error or abort?", live.error_rate,
              "request_success deltas by finished_reason", "error rate"),
+    LiveRule("live_replica_imbalance", "Load spread evenly over the replicas?",
+             fleet.replica_imbalance, "gauges and request_success deltas of 2+ replicas "
+             "(--replica, or --prom by instance)", "replica imbalance"),
+)
+
+_LIVE_SPANS = "request spans stored over the window (phaseprobe watch)"
+LIVE_SPAN_RULES: tuple[LiveRule, ...] = (
+    LiveRule("live_replica_traffic", "Each replica's share of the requests even (spans)?",
+             fleet.replica_traffic_spans, _LIVE_SPANS + " with service.instance.id"),
+    LiveRule("live_straggler", "Is one replica slower than the rest (TPOT, TTFT)?",
+             fleet.straggler_replica, _LIVE_SPANS + " with service.instance.id"),
+    LiveRule("live_span_loss", "Did every finished request's span arrive (per replica)?",
+             live_spans.span_loss_per_replica, _LIVE_SPANS + " + request_success deltas"),
+    LiveRule("live_queue_dominated", "Is queueing most of the latency?",
+             live_spans.queue_dominated, _LIVE_SPANS),
+    LiveRule("live_prefill_interference", "Do other requests' prefills slow decoding down?",
+             live_spans.prefill_interference, _LIVE_SPANS),
+    LiveRule("live_slowest_requests", "Are the slowest TTFTs long prompts, or queueing?",
+             live_spans.slowest_requests, _LIVE_SPANS),
 )
 
 
 def live_rule_ids() -> list[str]:
-    return [r.id for r in LIVE_RULES]
+    return [r.id for r in LIVE_RULES + LIVE_SPAN_RULES]
 
 
 def run_live_checklist(ev: LiveEvidence, *, only: Iterable[str] | None = None,
@@ -135,7 +154,7 @@ def run_live_checklist(ev: LiveEvidence, *, only: Iterable[str] | None = None,
     if ev.use_case not in USE_CASE_TTFT_S:
         raise ConfigError(f"unknown use case {ev.use_case!r}: choose one of "
                           + ", ".join(USE_CASE_TTFT_S))
-    chosen = list(LIVE_RULES)
+    chosen = list(LIVE_RULES) + (list(LIVE_SPAN_RULES) if ev.spans is not None else [])
     if only is not None:
         wanted = list(only)
         known = live_rule_ids()
@@ -143,7 +162,7 @@ def run_live_checklist(ev: LiveEvidence, *, only: Iterable[str] | None = None,
         if unknown:
             raise ConfigError(f"unknown live rule(s) {', '.join(unknown)}; known: "
                               + ", ".join(known))
-        chosen = [r for r in chosen if r.id in wanted]
+        chosen = [r for r in LIVE_RULES + LIVE_SPAN_RULES if r.id in wanted]
     verdicts = []
     for rule in chosen:
         try:
@@ -188,7 +207,8 @@ class Report:
         return 1 if self.failed else 0
 
     def to_dict(self) -> dict[str, Any]:
-        doc: dict[str, Any] = {"experiment_id": self.experiment_id, "experiment": self.experiment_name,
+        doc: dict[str, Any] = {"experiment_id": self.experiment_id,
+                               "experiment": self.experiment_name,
                                "use_case": self.use_case, "counts": self.counts,
                                "failed": self.failed, "sources": dict(self.sources),
                                "verdicts": [v.to_dict() for v in self.verdicts]}

@@ -44,7 +44,12 @@ from phaseprobe.errors import ConfigError, MetricsUnavailable, StoreError, Unkno
 from phaseprobe.records import RequestSpan
 from phaseprobe.redact import redact_url
 from phaseprobe.sources.openai_stream import normalize_base_url
-from phaseprobe.sources.vllm_metrics import ALIASES, MetricSnapshot, MetricsScraper, sample_spellings
+from phaseprobe.sources.vllm_metrics import (
+    ALIASES,
+    MetricSnapshot,
+    MetricsScraper,
+    sample_spellings,
+)
 from phaseprobe.store import Store
 
 __all__ = ["LiveOptions", "take_window", "snapshot_deltas", "replica_window",

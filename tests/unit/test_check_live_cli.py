@@ -147,3 +147,101 @@ def test_one_endpoint_runs_every_doctor_rule(replicas, tmp_path):
     assert by["live_prefix_cache"]["numbers"]["hit_rate"] == 0.4
     doc = json.loads(out)
     assert doc["kind"] == "live" and doc["experiment_id"] is None
+
+
+def closed_port_url() -> str:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+def test_fleet_with_one_busy_replica_reports_the_imbalance(replicas, tmp_path):
+    router = FakeReplica(per_scrape=0, running=0, router=True)
+    busy = FakeReplica(per_scrape=40, running=8.0, kv=0.7)
+    idle = FakeReplica(per_scrape=2, running=0.5, kv=0.1)
+    replicas.extend([router, busy, idle])
+    code, out, err = run_check(["--live", "--endpoint", router.url, "--replica",
+                                f"r1={busy.url}", "--replica", f"r2={idle.url}",
+                                "--window", "1", "--json",
+                                "--store", str(tmp_path / "none.sqlite")])
+    by = verdicts(out)
+    imb = by["live_replica_imbalance"]
+    assert code == 1 and imb["status"] == "fail", imb
+    assert imb["numbers"]["signals_fired"] == 3  # running spread, KV gap, request counts
+    assert imb["numbers"]["finished"] == {"r1": 40, "r2": 2}
+    assert "running r1 8.0 vs r2 0.5" in imb["summary"]
+    assert "r1 served 40 of 42 requests" in imb["summary"]
+    assert "KV usage r1 70.0 % vs r2 10.0 %" in imb["summary"]
+    assert imb["numbers"]["traffic"]["chi2_p_value"] < 1e-6
+    # each replica judged on its own: r2's 2 requests are too few, r1 is measured
+    ttft = by["live_ttft"]
+    assert ttft["summary"].startswith("r1: mean TTFT 100 ms over 40 requests")
+    assert "r2: 2 requests finished in 1 s: too few to judge (at least 5)" in ttft["summary"]
+    assert set(ttft["numbers"]["by_replica"]) == {"r1", "r2"}
+    assert "2 replicas" in err
+
+
+def test_fleet_replica_down_is_reported_and_the_others_measured(replicas, tmp_path):
+    router = FakeReplica(per_scrape=0, running=0, router=True)
+    a = FakeReplica(per_scrape=10, running=2.0)
+    replicas.extend([router, a])
+    code, out, _ = run_check(["--live", "--endpoint", router.url, "--replica", f"a={a.url}",
+                              "--replica", f"b={closed_port_url()}", "--window", "1",
+                              "--json", "--store", str(tmp_path / "none.sqlite")])
+    by = verdicts(out)
+    assert code == 0, out
+    assert "b is down" in by["live_ttft"]["summary"]
+    assert by["live_ttft"]["numbers"]["by_replica"]["a"]["requests"] == 10
+    assert "b" in by["live_ttft"]["numbers"]["down"]
+    assert by["live_replica_imbalance"]["status"] == "skipped"
+    assert "b is down" in by["live_replica_imbalance"]["summary"]
+
+
+def test_a_restarted_replica_is_cannot_verify_never_a_negative_rate(replicas, tmp_path):
+    router = FakeReplica(per_scrape=0, running=0, router=True)
+    a = FakeReplica(per_scrape=10, running=2.0)
+    b = FakeReplica(per_scrape=10, running=2.0)
+    replicas.extend([router, a, b])
+    original = b.metrics_text
+
+    def restarted() -> str:  # a new process each scrape: counters from zero, a new start time
+        b.start_s += 5
+        with b.lock:
+            b.scrapes = 0
+        return original()
+
+    b.metrics_text = restarted  # type: ignore[method-assign]
+    code, out, _ = run_check(["--live", "--endpoint", router.url, "--replica", f"a={a.url}",
+                              "--replica", f"b={b.url}", "--window", "1", "--json",
+                              "--store", str(tmp_path / "none.sqlite")])
+    by = verdicts(out)
+    ttft = by["live_ttft"]
+    assert "b cannot verify: the two /metrics scrapes came from different vLLM processes" \
+        in ttft["summary"]
+    assert set(ttft["numbers"]["by_replica"]) == {"a"}
+    assert "b" in ttft["numbers"]["cannot_verify"]
+    imb = by["live_replica_imbalance"]
+    assert "cannot be verified" in imb["summary"] and "-" not in str(imb["numbers"]["finished"])
+
+
+def test_a_router_without_replicas_is_refused(replicas, tmp_path):
+    router = FakeReplica(per_scrape=1, running=0, router=True)
+    replicas.append(router)
+    code, _, err = run_check(["--live", "--endpoint", router.url, "--window", "1",
+                              "--store", str(tmp_path / "none.sqlite")])
+    assert code == 2
+    assert "is a vllm-router" in err and "--replica NAME=URL" in err
+
+
+def test_live_options_are_checked(tmp_path):
+    code, _, err = run_check(["--live", "--window", "1"])
+    assert code == 2 and "--endpoint URL" in err
+    code, _, err = run_check(["--live", "--endpoint", "http://x:1", "--experiment", "3"])
+    assert code == 2 and "reads no experiment" in err
+    code, _, err = run_check(["--endpoint", "http://x:1"])
+    assert code == 2 and "belong(s) to check --live" in err
+    code, out, _ = run_check(["--live", "--list"])
+    assert code == 0 and "vllm-doctor: replica imbalance" in out

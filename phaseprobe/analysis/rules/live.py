@@ -227,7 +227,8 @@ def _tpot(r: ReplicaWindow) -> tuple[float | None, str]:
         return tpot, "request_time_per_output_token_seconds"
     decode, gen, done = r.delta("decode_time_sum"), r.delta("generation_tokens"), r.finished
     if decode is not None and gen is not None and done and gen - done > 0:
-        return decode / (gen - done), "request_decode_time_seconds / (generated tokens − requests)"
+        return decode / (gen - done), ("request_decode_time_seconds / (generated tokens − "
+                                       "requests)")
     return None, ""
 
 

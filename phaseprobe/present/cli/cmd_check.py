@@ -39,6 +39,7 @@ from rich.markup import escape
 
 from phaseprobe.analysis.checklist import (
     LIVE_RULES,
+    LIVE_SPAN_RULES,
     USE_CASE_TPOT_S,
     USE_CASE_TTFT_S,
     Report,
@@ -191,7 +192,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
 def run_live(args: argparse.Namespace, out: Console, err: Console) -> int:
     """``check --live``: one window of a running server or fleet, no experiment."""
     if args.list:
-        for rule in LIVE_RULES:
+        for rule in LIVE_RULES + LIVE_SPAN_RULES:  # the span rules run when spans are stored
             doctor = f" [dim](vllm-doctor: {rule.doctor})[/dim]" if rule.doctor else ""
             out.print(f"{rule.id:24} {escape(rule.title)}{doctor}  [dim]needs: "
                       f"{escape(rule.needs)}")
