@@ -211,7 +211,8 @@ class _Arm:
         # The session checked the model against /v1/models before any run (otherwise every
         # run would be a 404 error run); its list is handed on, not fetched again.
         conn = connect(url, session.api_key, session=http, timeout_s=plan.timeout_s,
-                       deadline_s=plan.deadline_s, models=session.models)
+                       deadline_s=plan.deadline_s, models=session.models,
+                       replicas=arm.replicas, model=arm.served_model)
         self.client, self.scraper, self.info = conn.client, conn.scraper, conn.info
         self.notes = [f"arm {arm.name}: {note}" for note in conn.notes]
         self.spec = RunSpec(endpoint=url, model=arm.served_model, prompt=plan.prompt or "",
@@ -233,7 +234,7 @@ class _Arm:
         if plan.prompt_tokens is not None and builder.tokenize_available is False:
             self.notes.append(f"arm {arm.name}: no /tokenize; prompt lengths are approximate")
         self.collector = RunCollector(self.spec, settings, self.client, self.scraper,
-                                      time.sleep, time.monotonic)
+                                      time.sleep, time.monotonic, fleet=conn.fleet)
         self.experiment_id = 0
         self.done: set[int] = set()
         self.runs: list[Run] = []  # stored runs, in order (earlier invocations' first)

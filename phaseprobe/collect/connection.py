@@ -55,6 +55,7 @@ class ArmOrigin(TypedDict, total=False):
     role: str  # "A" or "B"
     endpoint: str | None  # the URL without credentials; None: the playbook launched it
     launch: ArmLaunch | None
+    replicas: dict[str, str]  # behind a router: replica name → URL (redacted)
 
 
 class InterfereArmInfo(ArmOrigin, total=False):

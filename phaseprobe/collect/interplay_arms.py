@@ -133,7 +133,8 @@ def interfere_playbook(playbook: Playbook, store: Store, settings: InterfereSett
         arms = [InterfereArm(arm.name, Target(url, arm.served_model, api_key=api_key,
                                               chat=plan.api == "chat",
                                               timeout_s=plan.timeout_s,
-                                              deadline_s=plan.deadline_s, seed=plan.seed),
+                                              deadline_s=plan.deadline_s, seed=plan.seed,
+                                              replicas=arm.replicas),
                              # kept in the experiment: secrets redacted as A/B keeps them
                              {"playbook": playbook.name, "role": "AB"[i], **redacted_arm(arm)})
                 for i, (arm, url) in enumerate(zip(playbook.arms, urls))]

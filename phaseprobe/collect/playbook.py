@@ -28,6 +28,8 @@ variant)::
     [[arm]]
     name = "remote"
     endpoint = "http://10.0.0.5:8000"   # already up; model is its served name
+    # behind a router: its replicas, each read on its own /metrics (runs name their replica)
+    replicas = ["r1=http://10.0.0.6:8000", "r2=http://10.0.0.7:8000"]
 
 A launch is an argv list, never a shell string: playbooks are data, nothing in them is handed
 to a shell. Every mistake raises :class:`PlaybookError` naming the file and the key.
@@ -42,9 +44,10 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict
 
 from phaseprobe.analysis.ab_sequential import SequentialPlan, check_primary
+from phaseprobe.collect.fleet.targets import ReplicaTarget, parse_replicas
 from phaseprobe.errors import ConfigError
 from phaseprobe.inputs import PLAYBOOK_CAP, read_input_text
 from phaseprobe.redact import redact_url, redact_urls_in
@@ -71,7 +74,7 @@ def _shown(value: object) -> str:
 _RUN_KEYS = {"prompt", "prompt_tokens", "max_tokens", "runs", "warmup", "api", "order",
              "block_size", "seed", "min_effect", "ignore_eos", "timeout_s", "deadline_s", "pause_s",
              "until_decided", "max_runs", "max_minutes", "primary"}
-_ARM_KEYS = {"name", "description", "model", "endpoint", "launch"}
+_ARM_KEYS = {"name", "description", "model", "endpoint", "launch", "replicas"}
 _LAUNCH_KEYS = {"command", "args", "env", "startup_timeout_s"}
 # phaseprobe chooses where a launched server listens (127.0.0.1, a free port).
 _RESERVED_ARGS = {"--host", "--port"}
@@ -109,6 +112,8 @@ class Arm:
     endpoint: str | None = None
     launch: Launch | None = None
     description: str = ""
+    # the replicas behind ``endpoint`` when it is a router (``--replica`` of probe)
+    replicas: tuple[ReplicaTarget, ...] = ()
 
     @property
     def served_model(self) -> str:
@@ -301,8 +306,24 @@ def _arm(path: str, raw: object, index: int, default_model: str | None) -> Arm:
         except ConfigError as exc:
             raise r.fail("endpoint", str(exc)) from None
     launch = _launch(path, raw["launch"], prefix + "launch.") if has_launch else None
+    replicas = _replicas(r, raw.get("replicas"), endpoint)
     return Arm(name=name, model=model, endpoint=endpoint, launch=launch,
-               description=r.str_("description", "") or "")
+               description=r.str_("description", "") or "", replicas=replicas)
+
+
+def _replicas(r: _Reader, raw: object, endpoint: str | None) -> tuple[ReplicaTarget, ...]:
+    """An arm's ``replicas = ["NAME=URL", …]``: only beside an ``endpoint`` (a router)."""
+    if raw is None:
+        return ()
+    if endpoint is None:
+        raise r.fail("replicas", "needs endpoint (the router the replicas are behind)")
+    if not isinstance(raw, list) or not raw or not all(isinstance(v, str) for v in raw):
+        raise r.fail("replicas", "must be a list of \"NAME=URL\" strings, e.g. "
+                                 "[\"r1=http://10.0.0.6:8000\"]")
+    try:
+        return parse_replicas(raw)
+    except ConfigError as exc:
+        raise r.fail("replicas", str(exc)) from None
 
 
 def _run_plan(path: str, raw: object) -> RunPlan:
@@ -497,14 +518,18 @@ class RedactedArm(TypedDict):
 
     endpoint: str | None  # the arm's URL without credentials; None: phaseprobe launches it
     launch: ArmLaunch | None  # None: the arm is an endpoint already serving
+    replicas: NotRequired[dict[str, str]]  # behind a router: replica name → URL (redacted)
 
 
 def redacted_arm(arm: Arm) -> RedactedArm:
     """An arm's endpoint and launch as an experiment's server info keeps them: no secrets."""
-    return {"endpoint": redact_url(arm.endpoint) if arm.endpoint else None,
-            "launch": None if arm.launch is None else {
-                "command": arm.launch.command, "args": redact_args(arm.launch.args),
-                "env": redact_env(arm.launch.env)}}
+    doc: RedactedArm = {"endpoint": redact_url(arm.endpoint) if arm.endpoint else None,
+                        "launch": None if arm.launch is None else {
+                            "command": arm.launch.command, "args": redact_args(arm.launch.args),
+                            "env": redact_env(arm.launch.env)}}
+    if arm.replicas:
+        doc["replicas"] = {t.name: t.shown_url for t in arm.replicas}
+    return doc
 
 
 def _secret_values(playbook: Playbook) -> set[str]:

@@ -263,3 +263,60 @@ def test_prefix_through_a_router_names_each_runs_replica(tmp_path, capsys):
     assert sorted(names) == ["r1", "r2"]
     assert all(names.count(n) <= served[n] for n in served)
     assert all(r.isolated for r in runs), [r.isolation.reasons for r in runs]
+
+
+# --- an A/B arm behind a router ----------------------------------------------------------------
+
+def _ab_playbook(router: str, replicas: list[str], direct: str) -> str:
+    listed = ", ".join(f'"{r}"' for r in replicas)
+    return f"""
+name = "fleet-ab"
+model = "{MODEL}"
+[run]
+prompt = "hello"
+max_tokens = 6
+runs = 4
+warmup = 0
+[[arm]]
+name = "fleet"
+endpoint = "{router}"
+replicas = [{listed}]
+[[arm]]
+name = "single"
+endpoint = "{direct}"
+"""
+
+
+def test_an_ab_arm_behind_a_router_names_each_runs_replica(tmp_path):
+    from phaseprobe.collect.ab import run_ab
+    from phaseprobe.collect.playbook import parse_playbook
+
+    with SseServer(PACED, metrics=True) as a, SseServer(PACED, metrics=True) as b, \
+            SseServer(PACED, metrics=True) as c, \
+            RoundRobinProxy([a.base_url, b.base_url]) as router, \
+            Store(tmp_path / "s.sqlite") as store:
+        pb = parse_playbook(_ab_playbook(router.base_url, [f"r1={a.base_url}",
+                                                           f"r2={b.base_url}"], c.base_url))
+        result = run_ab(pb, store)
+        fleet_runs = store.runs(result.experiments["fleet"])
+        single_runs = store.runs(result.experiments["single"])
+        info = store.experiment(result.experiments["fleet"]).server_info
+    assert sorted(r.replica.name for r in fleet_runs if r.replica) == ["r1", "r1", "r2", "r2"]
+    assert all(r.isolated for r in fleet_runs)
+    assert all(r.replica is None for r in single_runs)
+    assert info["ab"]["replicas"] == {"r1": a.base_url, "r2": b.base_url}
+
+
+def test_playbook_replicas_need_an_endpoint_and_valid_names():
+    from phaseprobe.collect.playbook import PlaybookError, parse_playbook
+
+    text = _ab_playbook("http://router:1", ["r1=http://h:2", "r2=http://h:3"], "http://d:4")
+    arm = parse_playbook(text).arms[0]
+    assert [(t.name, t.url) for t in arm.replicas] == [("r1", "http://h:2"), ("r2", "http://h:3")]
+    bad = text.replace('replicas = ["r1=http://h:2", "r2=http://h:3"]',
+                       'replicas = ["r1=http://h:2", "r1=http://h:3"]')
+    with pytest.raises(PlaybookError, match=r"arm\[0\]\.replicas.*given twice"):
+        parse_playbook(bad)
+    launch = text.replace('endpoint = "http://router:1"', 'launch = { args = [] }')
+    with pytest.raises(PlaybookError, match="needs endpoint"):
+        parse_playbook(launch)
