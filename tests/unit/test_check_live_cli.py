@@ -245,3 +245,109 @@ def test_live_options_are_checked(tmp_path):
     assert code == 2 and "belong(s) to check --live" in err
     code, out, _ = run_check(["--live", "--list"])
     assert code == 0 and "vllm-doctor: replica imbalance" in out
+
+
+def stored_spans(path, counts: dict[str, int], *, end_in_s: float = 0.5) -> None:
+    import time
+
+    from phaseprobe.records import RequestSpan
+    from phaseprobe.store import Store
+
+    end = time.time_ns() + round(end_in_s * 1e9)
+    spans, i = [], 0
+    for instance, n in counts.items():
+        for _ in range(n):
+            i += 1
+            spans.append(RequestSpan(
+                trace_id=f"{i:032x}", span_id=f"{i:016x}", request_id=f"req-{i}",
+                model="tiny", service="vllm", instance=instance, start_ns=end - 500_000_000,
+                end_ns=end, queue_s=0.005, prefill_s=0.095, decode_s=0.38, inference_s=0.475,
+                ttft_s=0.1, e2e_s=0.5, prompt_tokens=100, completion_tokens=20))
+    with Store(path) as store:
+        store.add_spans(spans, [{} for _ in spans])
+
+
+def test_fleet_with_spans_runs_the_span_rules(replicas, tmp_path):
+    router = FakeReplica(per_scrape=0, running=0, router=True)
+    busy = FakeReplica(per_scrape=40, running=8.0)
+    idle = FakeReplica(per_scrape=2, running=0.5)
+    replicas.extend([router, busy, idle])
+    store = tmp_path / "s.sqlite"
+    stored_spans(store, {"r1": 40, "r2": 2})
+    code, out, err = run_check(["--live", "--endpoint", router.url, "--replica",
+                                f"r1={busy.url}", "--replica", f"r2={idle.url}",
+                                "--window", "1", "--span-grace", "0", "--json",
+                                "--store", str(store)])
+    by = verdicts(out)
+    assert code == 1
+    traffic = by["live_replica_traffic"]
+    assert traffic["status"] == "warn" and traffic["numbers"]["replica_requests"] == \
+        {"r1": 40, "r2": 2}
+    loss = by["live_span_loss"]
+    assert loss["status"] == "pass", loss
+    assert loss["numbers"]["by_replica"]["r1"] == {"received": 40, "finished": 40, "lost": 0,
+                                                   "loss_frac": 0.0, "tolerance_spans": 2}
+    assert by["live_straggler"]["status"] == "skipped"  # r2 has 2 requests: too few
+    assert "42 request spans" in json.loads(out)["sources"]["spans"]
+
+
+class FakePrometheus:
+    """Answers check --live's PromQL by instance: a busy a:1, a quiet b:1, a down c:1."""
+
+    per = {"a:1": 60.0, "b:1": 6.0}
+
+    def __init__(self, url: str, **_: object) -> None:
+        self.shown_url = url
+
+    def __enter__(self) -> FakePrometheus:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def names_map(self) -> dict[str, str]:
+        return {}
+
+    def instant_query(self, expr: str, *, at: float | None = None) -> list:
+        from phaseprobe.sources.prometheus import Sample
+
+        def each(f):
+            return [Sample({"instance": inst}, at or 0.0, f(n)) for inst, n in self.per.items()]
+        if expr.startswith("up"):
+            return [Sample({"instance": i}, 0.0, 1.0) for i in self.per] + [
+                Sample({"instance": "c:1"}, 0.0, 0.0)]
+        if "count_over_time" in expr:
+            return [Sample({"instance": i}, 0.0, 5.0) for i in [*self.per, "c:1"]]
+        if "finished_reason" in expr:
+            return [Sample({"instance": inst, "finished_reason": "stop"}, 0.0, n)
+                    for inst, n in self.per.items()]
+        if "num_requests_running" in expr:
+            return each(lambda n: n / 6)
+        if "num_requests_waiting" in expr or "num_preemptions" in expr:
+            return each(lambda n: 0.0)
+        if "kv_cache_usage_perc" in expr:
+            return each(lambda n: 0.2)
+        if "time_to_first_token_seconds_sum" in expr:
+            return each(lambda n: n * 0.1)
+        if "request_success" in expr or "_count" in expr:
+            return each(lambda n: n)
+        if "generation_tokens" in expr:
+            return each(lambda n: n * 20)
+        return []
+
+
+def test_prometheus_window_by_instance(monkeypatch, tmp_path):
+    import phaseprobe.sources.prometheus as prom
+
+    monkeypatch.setattr(prom, "PrometheusClient", FakePrometheus)
+    code, out, err = run_check(["--live", "--prom", "http://prom:9090", "--window", "30",
+                                "--json", "--store", str(tmp_path / "none.sqlite")])
+    by = verdicts(out)
+    assert "waiting" not in err  # PromQL over the window: nothing to wait for
+    imb = by["live_replica_imbalance"]
+    assert imb["status"] == "fail" and imb["numbers"]["finished"] == {"a:1": 60, "b:1": 6}
+    assert "c:1 is down (Prometheus' last scrape of it failed (up = 0))" in imb["summary"]
+    ttft = by["live_ttft"]
+    assert ttft["numbers"]["by_replica"]["a:1"]["ttft_mean_s"] == pytest.approx(0.1)
+    assert "increase/avg_over_time over 30s by instance (a:1, b:1)" in \
+        json.loads(out)["sources"]["prom"]

@@ -304,8 +304,9 @@ def preemption_pressure(ev: LiveEvidence) -> Verdict:
         said = (f"{pre:.0f} preemptions for {done or 0:.0f} finished requests in "
                 f"{ev.window_s:.0f} s"
                 + (f" ({per:.3f} per request)" if per is not None else ""))
+        few = done is None or done < MIN_FINISHED  # preemptions, but no rate to judge
         status: Status = "pass" if pre <= 0 else \
-            "fail" if per is None or per >= PREEMPT_FAIL_PER_REQUEST else "warn"
+            "warn" if few or per is None or per < PREEMPT_FAIL_PER_REQUEST else "fail"
         return Part(r.name, status, said, per if per is not None else pre, numbers)
 
     return per_replica(ev, judge, thresholds={

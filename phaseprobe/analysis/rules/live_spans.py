@@ -12,7 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from phaseprobe.analysis.fleet_stats import UNKNOWN_REPLICA, identity_warning, span_replica
-from phaseprobe.analysis.live_summary import span_loss
+from phaseprobe.analysis.live_summary import (
+    LOSS_TOLERANCE_FRAC,
+    LOSS_TOLERANCE_MIN_SPANS,
+    span_loss,
+)
 from phaseprobe.analysis.rules import spans as span_rules
 from phaseprobe.analysis.rules.base import Evidence, Verdict, num, skipped
 from phaseprobe.analysis.rules.live import Part, per_replica
@@ -102,7 +106,8 @@ def span_loss_per_replica(ev: LiveEvidence) -> Verdict:
         return Part(r.name, "warn" if loss.lossy else "pass", loss.text,
                     loss.loss_frac or 0.0, numbers)
 
-    verdict = per_replica(ev, judge, thresholds={"tolerance": "max(3, 2 % of finished)"},
+    verdict = per_replica(ev, judge, thresholds={"tolerance_min_spans": LOSS_TOLERANCE_MIN_SPANS,
+                                                      "tolerance_frac": LOSS_TOLERANCE_FRAC},
                           recommendation="keep every span: raise the exporter's queue "
                                          "(OTEL_BSP_MAX_QUEUE_SIZE) or export more often, on "
                                          "the vLLM side", next_command="phaseprobe watch")

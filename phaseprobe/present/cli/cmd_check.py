@@ -131,6 +131,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                       help="mean TTFT target (default: the --use-case's)")
     live.add_argument("--tpot-target", type=float_in(0, 60, lo_open=True), metavar="SECONDS",
                       help="mean time-per-output-token target (default: the --use-case's)")
+    live.add_argument("--span-grace", type=float_in(0, 600), default=5.0, metavar="SECONDS",
+                      help="when the store is receiving spans, wait this long after the window "
+                           "for the exporters' last batches (default: 5, OTEL_BSP_SCHEDULE_DELAY)")
     live.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the "
                       "API key (default: OPENAI_API_KEY, then VLLM_API_KEY)")
     p.add_argument("--list", action="store_true", help="list the rules and what they need")
@@ -142,14 +145,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 _EXPERIMENT_ONLY = ("experiment_pos", "experiment", "baseline", "tp", "baseline_tp", "nsys",
                     "trace", "server_log", "peaks", "model_config")
 _LIVE_ONLY = ("endpoint", "replica", "ttft_target", "tpot_target", "api_key_env")
+_LIVE_DEFAULTS = {"window": DEFAULT_WINDOW_S, "span_grace": 5.0}
 
 
 def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     if args.live:
         return run_live(args, out, err)
-    given = [f"--{name.replace('_', '-')}" for name in _LIVE_ONLY if getattr(args, name)]
-    if given or args.window != DEFAULT_WINDOW_S:
-        raise ConfigError(f"{', '.join(given) or '--window'} belong(s) to check --live")
+    given = [f"--{name.replace('_', '-')}" for name in _LIVE_ONLY if getattr(args, name)] + [
+        f"--{name.replace('_', '-')}" for name, default in _LIVE_DEFAULTS.items()
+        if getattr(args, name) != default]
+    if given:
+        raise ConfigError(f"{', '.join(given)} belong(s) to check --live")
     if args.list:
         for rule in all_rules():  # the span rules run when the store holds spans
             out.print(f"{rule.id:20} {escape(rule.title)}  [dim]needs: {escape(rule.needs)}")
@@ -205,7 +211,7 @@ def run_live(args: argparse.Namespace, out: Console, err: Console) -> int:
                           "apply (drop --live to check a stored experiment)")
     opts = LiveOptions(
         endpoint=args.endpoint, replicas=parse_replicas(args.replica), prom_url=args.prom,
-        prom_selector=args.prom_selector, window_s=args.window,
+        prom_selector=args.prom_selector, window_s=args.window, span_grace_s=args.span_grace,
         store_path=args.store or default_store_path(),
         api_key=api_key_from_env(args.api_key_env), use_case=args.use_case,
         ttft_target_s=args.ttft_target, tpot_target_s=args.tpot_target,
