@@ -12,14 +12,18 @@ import heapq
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from phaseprobe.records import RequestSpan
 
+if TYPE_CHECKING:  # pandas and scipy load only when a fleet is summarized
+    from phaseprobe.analysis.fleet_stats import FleetReport, IdentityGap, ReplicaRow
+
 __all__ = ["Percentiles", "PhaseShare", "SlowRequest", "LiveSummary", "summarize_spans",
-           "SpanLoss", "span_loss", "LOSS_TOLERANCE_MIN_SPANS", "LOSS_TOLERANCE_FRAC"]
+           "SpanLoss", "span_loss", "LOSS_TOLERANCE_MIN_SPANS", "LOSS_TOLERANCE_FRAC",
+           "LiveReplica", "LiveFleet", "live_fleet"]
 
 # OpenTelemetry's BatchSpanProcessor holds finished spans for up to OTEL_BSP_SCHEDULE_DELAY
 # (5 s by default) before exporting them, so a window that ends now is a few spans short
@@ -156,16 +160,10 @@ def _slow(sp: RequestSpan) -> SlowRequest:
                        completion_tokens=sp.completion_tokens)
 
 
-def summarize_spans(spans: Sequence[RequestSpan], *, now_ns: int | None = None,
-                    window_s: float | None = None, slowest: int = 5) -> LiveSummary:
-    """Summarize the requests that finished in the window.
-
-    ``window_s`` given: the spans that ended in (now − window_s, now], and rates are per that
-    window (a quiet window reads as a low rate, not as no data). ``now_ns`` defaults to the
-    latest span end, so recorded spans summarize the same whenever they are read; a live caller
-    passes ``time.time_ns()``. ``window_s`` None: every span, rates over first start → last end.
-    The slowest are by e2e (the span's own duration where e2e is missing).
-    """
+def _window(spans: Sequence[RequestSpan], now_ns: int | None, window_s: float | None
+            ) -> tuple[list[RequestSpan], int | None, int | None, float | None]:
+    """The spans in the window, its start and end (ns) and the seconds rates are over, as
+    :func:`summarize_spans` documents them."""
     spans = list(spans)
     start: int | None = None
     end: int | None = None
@@ -182,6 +180,20 @@ def summarize_spans(spans: Sequence[RequestSpan], *, now_ns: int | None = None,
         start = min(sp.start_ns for sp in spans)
         end = max(sp.end_ns for sp in spans)
         span_s = (end - start) / 1e9 if end > start else None
+    return spans, start, end, span_s
+
+
+def summarize_spans(spans: Sequence[RequestSpan], *, now_ns: int | None = None,
+                    window_s: float | None = None, slowest: int = 5) -> LiveSummary:
+    """Summarize the requests that finished in the window.
+
+    ``window_s`` given: the spans that ended in (now − window_s, now], and rates are per that
+    window (a quiet window reads as a low rate, not as no data). ``now_ns`` defaults to the
+    latest span end, so recorded spans summarize the same whenever they are read; a live caller
+    passes ``time.time_ns()``. ``window_s`` None: every span, rates over first start → last end.
+    The slowest are by e2e (the span's own duration where e2e is missing).
+    """
+    spans, start, end, span_s = _window(spans, now_ns, window_s)
     n = len(spans)
     tokens_in = sum(sp.prompt_tokens or 0 for sp in spans)
     tokens_out = sum(sp.completion_tokens or 0 for sp in spans)
@@ -228,7 +240,8 @@ _ABORTED = ("aborted requests (client gone, cancelled) produce no span: if the c
             "finished_reason=\"abort\" series is in the sum, those requests read as lost")
 
 
-def span_loss(received: int, finished_delta: float | None) -> SpanLoss:
+def span_loss(received: int, finished_delta: float | None, *,
+              unknown_reason: str | None = None) -> SpanLoss:
     """Are all finished requests' spans arriving? ``finished_delta`` is the increase of
     ``vllm:request_success_total`` (summed over finished_reason) over the window the spans were
     received in; None when /metrics could not be read.
@@ -236,12 +249,14 @@ def span_loss(received: int, finished_delta: float | None) -> SpanLoss:
     The exporter (OpenTelemetry's BatchSpanProcessor) drops spans when its queue is full, and
     holds the rest up to OTEL_BSP_SCHEDULE_DELAY before sending: a shortfall of at most
     max(LOSS_TOLERANCE_MIN_SPANS, LOSS_TOLERANCE_FRAC × finished) is called in flight, not lost.
+    ``unknown_reason`` says why ``finished_delta`` is None (default: "no /metrics").
     """
     if finished_delta is None:
         return SpanLoss(received=received, finished=None, lost_spans=None, loss_frac=None,
                         tolerance_spans=None, lossy=None,
-                        text=(f"span loss unknown (no /metrics): {received} spans received, "
-                              "no finished-request count to compare with"))
+                        text=(f"span loss unknown ({unknown_reason or 'no /metrics'}): "
+                              f"{received} spans received, no finished-request count to "
+                              "compare with"))
     finished = max(int(round(finished_delta)), 0)
     lost = finished - received
     tol = max(LOSS_TOLERANCE_MIN_SPANS, math.ceil(LOSS_TOLERANCE_FRAC * finished))
@@ -268,3 +283,78 @@ def span_loss(received: int, finished_delta: float | None) -> SpanLoss:
     return SpanLoss(received, finished, lost, frac, tol, True, (
         f"span loss: {where}, beyond the {tol} that may still sit in the exporter's batch. "
         f"To keep them, {_RAISE}. Also, {_ABORTED}."))
+
+
+@dataclass(frozen=True)
+class LiveReplica:
+    """One replica's row of the live fleet view: its row of the per-replica table
+    (:class:`phaseprobe.analysis.fleet_stats.ReplicaRow`), its requests per second over the same
+    window as :func:`summarize_spans` (requests / the window's seconds), and its span loss
+    against its own finished-request counter (None: no counter for it)."""
+
+    row: ReplicaRow
+    requests_per_s: float | None
+    span_loss: SpanLoss | None
+
+    @property
+    def replica(self) -> str:
+        return self.row.replica
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.row.to_dict(), "requests_per_s": self.requests_per_s,
+                "span_loss": self.span_loss.to_dict() if self.span_loss is not None else None}
+
+
+@dataclass(frozen=True)
+class LiveFleet:
+    """The spans of one window by replica: a :class:`LiveReplica` per replica (the spans
+    without identity last, as ``(unknown)``), the identity gap with its warning, and, when asked
+    for, the fleet report (straggler and imbalance verdicts, each replica against the rest)."""
+
+    window_start_ns: int | None
+    window_end_ns: int | None
+    window_s: float | None
+    replicas: tuple[LiveReplica, ...]
+    identity: IdentityGap
+    report: FleetReport | None  # None when verdicts were not asked for
+
+    @property
+    def identity_warning(self) -> str | None:
+        return self.identity.warning
+
+    def verdicts_dict(self) -> dict[str, Any] | None:
+        """The report's verdicts without its table (that is :attr:`replicas`)."""
+        if self.report is None:
+            return None
+        d = self.report.to_dict()
+        d.pop("replicas", None)
+        return d
+
+
+def live_fleet(spans: Sequence[RequestSpan], *, now_ns: int | None = None,
+               window_s: float | None = None, known: Sequence[str] = (),
+               losses: dict[str, SpanLoss] | None = None, verdicts: bool = False,
+               **report_options: Any) -> LiveFleet:
+    """The spans :func:`summarize_spans` would summarize (same window rules), split by replica.
+
+    ``known``: replicas named by the user (``--replica``), given a row even when they served
+    nothing; ``losses``: replica name → its span loss. ``verdicts``: also run
+    :func:`phaseprobe.analysis.fleet_stats.report_from_frame` (``report_options`` go to it),
+    which costs bootstrap resamples: a live view asks for it now and then, not every refresh.
+    """
+    from phaseprobe.analysis.fleet_stats import (
+        fleet_frame,
+        identity_gap,
+        replica_table,
+        report_from_frame,
+    )
+
+    spans, start, end, span_s = _window(spans, now_ns, window_s)
+    frame = fleet_frame(spans)
+    report = report_from_frame(frame, known, **report_options) if verdicts else None
+    table = report.table if report is not None else replica_table(frame, known)
+    identity = report.identity if report is not None else identity_gap(frame)
+    rows = tuple(LiveReplica(row=r, requests_per_s=r.requests / span_s if span_s else None,
+                             span_loss=(losses or {}).get(r.replica)) for r in table)
+    return LiveFleet(window_start_ns=start, window_end_ns=end, window_s=span_s, replicas=rows,
+                     identity=identity, report=report)

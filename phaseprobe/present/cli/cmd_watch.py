@@ -3,11 +3,18 @@
     phaseprobe watch                      # OTLP on 127.0.0.1:4317 (gRPC) and :4318 (HTTP)
     phaseprobe watch --demo               # + the local CPU vLLM exporting to it, under load
     phaseprobe watch --duration 60 --json # one JSON summary after a minute
+    phaseprobe watch --replica r1=http://10.0.0.5:8000 --replica r2=http://10.0.0.6:8000
 
 Point an existing vLLM at it with ``--otlp-traces-endpoint http://HOST:4317`` (one flag). The
 view refreshes every few seconds: requests/s, p50/p90/p99 of queue, prefill, decode, TTFT and
 TPOT over the recent window, the phase share, and the slowest recent requests. Every span is
 committed to the store before vLLM's exporter is told it arrived.
+
+A fleet (several replicas exporting here, each with its own ``service.instance.id``, or
+``--replica`` given) adds a row per replica: requests/s, share of the traffic, p50/p99 of each
+phase, and the span loss against that replica's own finished-request counter; then the
+straggler and imbalance verdicts (``analysis.fleet_stats``). Spans without identity earn the
+warning that says which OTEL_* variables to set.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import threading
 import time
 from collections import deque
 from contextlib import ExitStack
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -31,7 +38,7 @@ from phaseprobe.collect.span_receiver import (
     SpanSink,
     parse_listen,
 )
-from phaseprobe.errors import ConfigError, MetricsUnavailable
+from phaseprobe.errors import ConfigError
 from phaseprobe.paths import default_store_path
 from phaseprobe.present.cli import jsonout
 from phaseprobe.present.cli.args import positive_float, positive_int, store_and_json_args
@@ -39,9 +46,17 @@ from phaseprobe.present.cli.console import ms
 from phaseprobe.records import RequestSpan
 from phaseprobe.redact import redact_url
 
+if TYPE_CHECKING:  # loaded by run(): --help stays light
+    from phaseprobe.analysis.live_summary import LiveFleet, SpanLoss
+    from phaseprobe.collect.watch_counters import ReplicaCounters
+
 __all__ = ["register", "run"]
 
 _DEFAULT_WINDOW_S = 60.0
+# The fleet verdicts bootstrap intervals: the live view recomputes them this seldom, and on
+# a random subsample of this many values a side (the dashboard's Fleet page does the same).
+_VERDICTS_EVERY_S = 15.0
+_VERDICT_OPTIONS: dict[str, Any] = {"n_resamples": 1_000, "max_per_side": 1_000}
 
 
 def register(subparsers: Any) -> None:
@@ -52,7 +67,12 @@ def register(subparsers: Any) -> None:
                     "--otlp-traces-endpoint http://HOST:4317 (gRPC, vLLM's default) or, with "
                     "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf, "
                     "http://HOST:4318/v1/traces. --demo starts the local CPU vLLM exporting "
-                    "here and drives a mixed open-loop load at it.",
+                    "here and drives a mixed open-loop load at it.\n\n"
+                    "A fleet: start each replica with OTEL_SERVICE_NAME=vllm and "
+                    "OTEL_RESOURCE_ATTRIBUTES=service.instance.id=NAME; the view then adds a "
+                    "row per replica (requests/s, share, p50/p99 of queue, prefill, decode, "
+                    "TTFT, TPOT), the straggler and imbalance verdicts, and with "
+                    "--replica NAME=URL each replica's span loss against its own counter.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     watch.add_argument("--http", metavar="HOST:PORT", default="127.0.0.1:4318",
                        help="OTLP/HTTP listen address (default: 127.0.0.1:4318); 'off' to "
@@ -75,6 +95,13 @@ def register(subparsers: Any) -> None:
                        help="the vLLM server's base URL: its finished-request counter is "
                             "compared with the spans received, to detect lost spans "
                             "(--demo: the local server)")
+    watch.add_argument("--replica", action="append", metavar="[NAME=]URL", default=None,
+                       help="a replica of a fleet exporting here (repeat for each): its own "
+                            "/metrics finished-request counter is compared with the spans "
+                            "whose service.instance.id is NAME, for a span loss per replica. "
+                            "NAME should be that service.instance.id (default: the URL's "
+                            "host:port). Never the router's URL. The per-replica rows also "
+                            "appear without --replica once spans name two replicas")
     watch.add_argument("--token-env", metavar="VAR", default=None,
                        help="environment variable with a bearer token the exporter must send "
                             "(vLLM: OTEL_EXPORTER_OTLP_HEADERS='Authorization=Bearer …')")
@@ -94,8 +121,9 @@ def _listen(text: str, what: str) -> tuple[str, int] | None:
 
 
 def run(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from phaseprobe.analysis.live_summary import span_loss, summarize_spans
+    from phaseprobe.analysis.live_summary import summarize_spans
     from phaseprobe.analysis.span_context import prefill_interference
+    from phaseprobe.collect.watch_counters import FinishedCounter, open_replica_counters
 
     token = None
     if args.token_env:
@@ -103,6 +131,13 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
         if not token:
             raise ConfigError(f"--token-env {args.token_env}: that environment variable is "
                               "not set (or empty)")
+    if args.replica and args.demo:
+        raise ConfigError("--replica and --demo: the demo is one local server (its counter is "
+                          "read already); give --replica for a fleet of your own")
+    if args.replica and args.metrics:
+        raise ConfigError("--metrics reads one server's counter; for a fleet give each replica "
+                          "as --replica NAME=URL instead (its counter against its own spans)")
+    replicas = open_replica_counters(args.replica)  # read before any span can arrive
     store_path = args.store or default_store_path()
     sink = SpanSink(store_path)
     recent: deque[RequestSpan] = deque(maxlen=200_000)  # bounded: a week of spans is not kept
@@ -119,6 +154,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     started_ns = time.time_ns()
     load = None
     counter = None
+    fleet_view = _FleetView(replicas, demo=args.demo)
     interrupted = False
     with ExitStack() as stack:
         stack.callback(sink.close)
@@ -132,7 +168,10 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
         else:
             err.print("start vLLM with: --otlp-traces-endpoint "
                       f"{receiver.grpc_url or receiver.http_url}", highlight=False)
-        counter = _FinishedCounter(metrics_url) if metrics_url else None
+        counter = FinishedCounter(metrics_url) if metrics_url else None
+        if replicas is not None:
+            err.print("replicas: " + ", ".join(f"{n} ({u})" for n, u in replicas.urls().items())
+                      + ": each one's counter against the spans naming it", highlight=False)
         deadline = None if args.duration is None else time.monotonic() + args.duration
 
         def snapshot() -> list[RequestSpan]:
@@ -143,9 +182,11 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
             spans = snapshot()
             now = time.time_ns()
             summary = summarize_spans(spans, now_ns=now, window_s=args.window)
-            return _render(summary, sink.stats.to_dict(),
-                           None if counter is None else counter.loss(spans, span_loss),
-                           time.monotonic() - t0)
+            parts = [_render(summary, sink.stats.to_dict(),
+                             None if counter is None else counter.loss(spans),
+                             time.monotonic() - t0)]
+            parts += fleet_view.live(spans, now, args.window)
+            return Group(*parts)
 
         t0 = time.monotonic()
         try:
@@ -166,7 +207,8 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
 
             time.sleep(LOCAL_SPAN_FLUSH_S)
         spans = snapshot()
-        loss = counter.loss(spans, span_loss) if counter is not None else None
+        loss = counter.loss(spans, force=True) if counter is not None else None
+        fleet = fleet_view.final(spans)
     summary = summarize_spans(spans, now_ns=time.time_ns(), window_s=None)
     interference = prefill_interference(spans)
     doc = {"store": str(store_path), "started_wall_ns": started_ns,
@@ -177,6 +219,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
                         else []},
            "summary": summary.to_dict(), "interference": interference.to_dict(),
            "span_loss": loss.to_dict() if loss is not None else None,
+           **fleet_view.to_json(fleet),
            "load": load.stats.to_dict() if load is not None else None,
            "interrupted": interrupted}
     if args.json:
@@ -184,6 +227,8 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     else:
         out.print(_render(summary, sink.stats.to_dict(), loss, None,
                           title="summary over the whole watch"))
+        for part in fleet_view.parts(fleet, title="replicas over the whole watch"):
+            out.print(part)
         out.print(f"prefill interference: {escape(interference.text)}", highlight=False)
     return 0  # Ctrl-C is how a watch without --duration ends: the summary is the result
 
@@ -213,33 +258,148 @@ def _demo(args: argparse.Namespace, receiver: SpanReceiver, stack: ExitStack,
     return base, load
 
 
-class _FinishedCounter:
-    """vLLM's finished-request counter (``vllm:request_success_total``, every reason) at the
-    start of the watch, to compare with the spans received since."""
+class _FleetView:
+    """The per-replica part of the view: shown once a fleet is seen (spans from two replicas,
+    or ``--replica`` given), so one server's view stays as it was. The verdicts (bootstrap
+    intervals) are recomputed every :data:`_VERDICTS_EVERY_S` at most; the table every
+    refresh."""
 
-    def __init__(self, base_url: str) -> None:
-        from phaseprobe.collect.metrics_view import FinishedRequests
+    def __init__(self, replicas: ReplicaCounters | None, *, demo: bool) -> None:
+        self.replicas = replicas
+        self.demo = demo  # one local server: no identity warning in the view
+        self.seen_fleet = replicas is not None
+        self._verdicts_at: float | None = None
+        self._verdict_lines: list[str] = []
 
-        self._counter = FinishedRequests(base_url)
-        self.start_ns = time.time_ns()
-        self.start = self._read()
-        self._last_read = 0.0
-        self._last: float | None = self.start
+    def _fleet(self, spans: list[RequestSpan], now_ns: int | None, window_s: float | None,
+               verdicts: bool, force: bool = False) -> LiveFleet:
+        from phaseprobe.analysis.live_summary import live_fleet
 
-    def _read(self) -> float | None:
-        try:
-            return self._counter.read()
-        except MetricsUnavailable:
-            return None
+        known = self.replicas.names if self.replicas is not None else ()
+        losses = self.replicas.losses(spans, force=force) if self.replicas is not None else None
+        fleet = live_fleet(spans, now_ns=now_ns, window_s=window_s, known=known,
+                           losses=losses, verdicts=verdicts, **_VERDICT_OPTIONS)
+        self.seen_fleet = self.seen_fleet or len(fleet.replicas) > 1
+        return fleet
 
-    def loss(self, spans: list[RequestSpan], span_loss: Any) -> Any:
-        if time.monotonic() - self._last_read > 2.0:  # at most one scrape per refresh
-            self._last = self._read()
-            self._last_read = time.monotonic()
-        delta = (self._last - self.start if self._last is not None and self.start is not None
-                 else None)
-        received = sum(1 for s in spans if s.end_ns >= self.start_ns)
-        return span_loss(received, delta)
+    def live(self, spans: list[RequestSpan], now_ns: int, window_s: float) -> list[Any]:
+        due = self._verdicts_at is None or time.monotonic() - self._verdicts_at \
+            >= _VERDICTS_EVERY_S
+        fleet = self._fleet(spans, now_ns, window_s, verdicts=due and self.seen_fleet)
+        if fleet.report is not None:
+            self._verdicts_at = time.monotonic()
+            self._verdict_lines = [fleet.report.straggler.sentence,
+                                   fleet.report.imbalance.sentence]
+        title = f"replicas · last {window_s:g} s"
+        return self.parts(fleet, title=title, verdict_lines=self._verdict_lines,
+                          verdicts_age_s=None if self._verdicts_at is None
+                          else time.monotonic() - self._verdicts_at)
+
+    def final(self, spans: list[RequestSpan]) -> LiveFleet:
+        """Every span of the watch, counters read once more, verdicts when a fleet."""
+        seen = self.seen_fleet or len({_replica_of(s) for s in spans}) > 1
+        self.seen_fleet = seen
+        return self._fleet(spans, None, None, verdicts=seen, force=True)
+
+    def parts(self, fleet: LiveFleet, *, title: str, verdict_lines: list[str] | None = None,
+              verdicts_age_s: float | None = None) -> list[Any]:
+        parts: list[Any] = []
+        if self.seen_fleet:
+            parts.append(_fleet_table(fleet, title, counters=self.replicas is not None))
+            parts += [f"replica {escape(r.replica)}: {escape(r.span_loss.text)}"
+                      for r in fleet.replicas
+                      if r.span_loss is not None and r.span_loss.lossy is not False]
+            hint = _unmatched_hint(fleet, self.replicas.names if self.replicas else [])
+            if hint:
+                parts.append(f"[yellow]{escape(hint)}[/]")
+            parts += [escape(n) for n in (self.replicas.notes if self.replicas else [])]
+            lines = verdict_lines if verdict_lines is not None else (
+                [fleet.report.straggler.sentence, fleet.report.imbalance.sentence]
+                if fleet.report is not None else [])
+            age = (f" (as of {verdicts_age_s:.0f} s ago)"
+                   if verdicts_age_s is not None and verdicts_age_s >= 1 else "")
+            parts += [escape(line) + (age if i == 0 else "") for i, line in enumerate(lines)]
+        if fleet.identity_warning and not self.demo:
+            parts.append(f"[yellow]warning: {escape(fleet.identity_warning)}[/]")
+        return parts
+
+    def to_json(self, fleet: LiveFleet) -> dict[str, Any]:
+        """``replicas`` (a row per replica over the whole watch, also for one server),
+        ``fleet`` (verdicts, counter notes and replica URLs; None for one server) and
+        ``identity_warning``."""
+        verdicts = fleet.verdicts_dict() if self.seen_fleet else None
+        doc = None
+        if self.seen_fleet:
+            doc = {**(verdicts or {}),
+                   "notes": self.replicas.notes if self.replicas else [],
+                   "replica_urls": self.replicas.urls() if self.replicas else {},
+                   "hint": _unmatched_hint(fleet, self.replicas.names if self.replicas
+                                           else [])}
+        return {"replicas": [r.to_dict() for r in fleet.replicas], "fleet": doc,
+                "identity_warning": fleet.identity_warning}
+
+
+def _replica_of(span: RequestSpan) -> str:
+    """The span's replica as the fleet table groups it (``(unknown)`` without identity)."""
+    from phaseprobe.analysis.fleet_stats import span_replica
+
+    return span_replica(span)
+
+
+def _unmatched_hint(fleet: LiveFleet, names: list[str]) -> str | None:
+    """A ``--replica`` that no span names while spans name replicas no ``--replica`` names:
+    the NAME is not the replica's service.instance.id."""
+    served = {r.replica for r in fleet.replicas if r.row.identified and r.row.requests}
+    idle = [n for n in names if n not in served]
+    other = sorted(served - set(names))
+    if not idle or not other:
+        return None
+    return (f"no span names {', '.join(idle)}, while spans name {', '.join(other)}: give each "
+            "--replica the service.instance.id its spans carry (--replica NAME=URL)")
+
+
+def _pair(a: float | None, b: float | None, digits: int) -> str:
+    return f"{ms(a, digits)} / {ms(b, digits)}"
+
+
+def _loss_cell(loss: SpanLoss | None) -> str:
+    if loss is None:
+        return "—"
+    if loss.finished is None:
+        return "unknown"
+    lost = loss.lost_spans or 0
+    if lost < 0:
+        return f"? ({-lost} spans over)"
+    if lost == 0:
+        return "0 lost"
+    pct = f" ({loss.loss_frac:.0%})" if loss.loss_frac is not None else ""
+    cell = f"{lost} of {loss.finished}{pct}"
+    return f"[red]{cell} lost[/]" if loss.lossy else f"{cell} in flight?"
+
+
+def _fleet_table(fleet: LiveFleet, title: str, *, counters: bool) -> Table:
+    table = Table(title=title, caption="p50 / p99 in ms; share of every request in the window"
+                  + ("; span loss: spans received against the replica's own "
+                     "vllm:request_success_total since the watch started" if counters else ""))
+    cols = ["replica", "req/s", "share", "queue", "prefill", "decode", "TTFT", "TPOT"]
+    if counters:
+        cols.append("span loss")
+    for col in cols:
+        table.add_column(col, justify="left" if col == "replica" else "right")
+    for rep in fleet.replicas:
+        r = rep.row
+        cells = [escape(r.replica), f"{rep.requests_per_s:.2f}" if rep.requests_per_s
+                 is not None else "—",
+                 f"{r.traffic_share:.0%}" if r.traffic_share is not None else "—",
+                 _pair(r.queue_p50_s, r.queue_p99_s, 2),
+                 _pair(r.prefill_p50_s, r.prefill_p99_s, 1),
+                 _pair(r.decode_p50_s, r.decode_p99_s, 1),
+                 _pair(r.ttft_p50_s, r.ttft_p99_s, 1),
+                 _pair(r.tpot_p50_s, r.tpot_p99_s, 2)]
+        if counters:
+            cells.append(_loss_cell(rep.span_loss))
+        table.add_row(*cells)
+    return table
 
 
 def _render(summary: Any, stats: dict[str, Any], loss: Any, elapsed_s: float | None,

@@ -1,0 +1,165 @@
+"""The finished-request counters ``phaseprobe watch`` compares with the spans it receives.
+
+``watch --metrics URL`` reads one server's ``vllm:request_success_total`` (every finished
+request, whatever the reason); ``watch --replica NAME=URL`` (repeatable) reads each replica's
+own counter, never the router's, and compares it with the spans that replica sent (by its
+``service.instance.id``). Each counter is read when the watch starts and again at most every
+``min_interval_s``; the span loss is the counter's increase since then against the spans that
+ended since then (:func:`phaseprobe.analysis.live_summary.span_loss`).
+
+A counter that cannot be read, or is not exported, gives "span loss unknown" with the reason,
+and is read again later: a replica whose ``/metrics`` comes up after the watch started is counted
+from its first reading on. A counter that goes backwards (the replica restarted) is counted again
+from its new value, with a note: never a negative count.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import requests
+
+from phaseprobe.analysis.fleet_stats import span_replica
+from phaseprobe.analysis.live_summary import SpanLoss, span_loss
+from phaseprobe.collect.fleet.targets import ReplicaTarget, is_router, parse_replicas
+from phaseprobe.collect.metrics_view import FinishedRequests
+from phaseprobe.errors import ConfigError, MetricsUnavailable
+from phaseprobe.records import RequestSpan
+from phaseprobe.redact import redact_url
+
+__all__ = ["FinishedCounter", "ReplicaCounters", "open_replica_counters",
+           "DEFAULT_MIN_INTERVAL_S"]
+
+DEFAULT_MIN_INTERVAL_S = 2.0  # at most one scrape per counter this often (a view refresh)
+_TIMEOUT_S = 3.0  # a replica that does not answer holds the view up no longer than this
+
+
+class FinishedCounter:
+    """One server's finished-request counter, from the watch's start (or its first good reading)
+    on. ``replica`` None: every span received counts (one server, ``--metrics``); a name: only
+    the spans whose replica (:func:`~phaseprobe.analysis.fleet_stats.span_replica`) it is.
+
+    ``read`` returns the counter (None: not exported) or raises MetricsUnavailable; it defaults
+    to scraping ``base_url``'s ``/metrics``. ``clock_ns`` and ``monotonic`` are injectable."""
+
+    def __init__(self, base_url: str, *, replica: str | None = None,
+                 read: Callable[[], float | None] | None = None,
+                 timeout_s: float = _TIMEOUT_S, min_interval_s: float = DEFAULT_MIN_INTERVAL_S,
+                 clock_ns: Callable[[], int] = time.time_ns,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.replica = replica
+        self.shown_url = redact_url(base_url)
+        self._read_counter = read or FinishedRequests(base_url, timeout_s=timeout_s).read
+        self._clock_ns = clock_ns
+        self._monotonic = monotonic
+        self._min_interval_s = min_interval_s
+        self.notes: list[str] = []
+        self.start_ns: int | None = None  # when the baseline was read
+        self.start: float | None = None  # the counter then
+        self.last: float | None = None  # the latest good reading (None: the latest failed)
+        self.why_unknown: str | None = None  # why the latest reading gave no count
+        self._high: float | None = None  # the latest good reading: a counter never goes below
+        self._last_read: float | None = None
+        self.refresh(force=True)
+
+    def _read(self) -> float | None:
+        try:
+            value = self._read_counter()
+        except MetricsUnavailable as exc:
+            self.why_unknown = f"its /metrics did not answer: {exc}"
+            return None
+        if value is None:
+            self.why_unknown = ("its /metrics has no vllm:request_success_total (not a vLLM "
+                                "server, or the router)")
+            return None
+        self.why_unknown = None
+        return value
+
+    def refresh(self, *, force: bool = False) -> None:
+        """Read the counter, unless it was read less than ``min_interval_s`` ago."""
+        now = self._monotonic()
+        if not force and self._last_read is not None \
+                and now - self._last_read < self._min_interval_s:
+            return
+        self._last_read = now
+        at_ns = self._clock_ns()  # before the scrape: a request ending during it has its span
+        value = self._read()
+        self.last = value
+        if value is None:
+            return
+        if self.start is None:
+            self.start, self.start_ns = value, at_ns
+        elif self._high is not None and value < self._high:
+            self.notes.append(
+                f"{self._who()}'s finished-request counter went back from "
+                f"{self._high:.0f} to {value:.0f} (a restart): counted again from then")
+            self.start, self.start_ns = value, at_ns
+        self._high = value
+
+    def _who(self) -> str:
+        return f"replica {self.replica}" if self.replica is not None else self.shown_url
+
+    def received(self, spans: Sequence[RequestSpan]) -> int:
+        """The spans that ended since the baseline, from this counter's replica (all: no
+        replica). Zero before any baseline."""
+        if self.start_ns is None:
+            return 0
+        start_ns = self.start_ns
+        return sum(1 for s in spans if s.end_ns >= start_ns
+                   and (self.replica is None or span_replica(s) == self.replica))
+
+    def loss(self, spans: Sequence[RequestSpan], *, force: bool = False) -> SpanLoss:
+        """Spans received against the counter's increase since the baseline (re-read first,
+        at most every ``min_interval_s`` unless ``force``)."""
+        self.refresh(force=force)
+        if self.start is None or self.last is None:
+            return span_loss(sum(1 for s in spans if self.replica is None
+                                 or span_replica(s) == self.replica), None,
+                             unknown_reason=self.why_unknown)
+        return span_loss(self.received(spans), self.last - self.start)
+
+
+class ReplicaCounters:
+    """Each ``--replica``'s own finished-request counter (:class:`FinishedCounter` by name)."""
+
+    def __init__(self, counters: Sequence[FinishedCounter]) -> None:
+        self.counters = {c.replica or c.shown_url: c for c in counters}
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.counters)
+
+    @property
+    def notes(self) -> list[str]:
+        return [n for c in self.counters.values() for n in c.notes]
+
+    def losses(self, spans: Sequence[RequestSpan], *, force: bool = False
+               ) -> dict[str, SpanLoss]:
+        """Replica name → its span loss (counters re-read as :meth:`FinishedCounter.loss`)."""
+        return {name: c.loss(spans, force=force) for name, c in self.counters.items()}
+
+    def urls(self) -> dict[str, str]:
+        """Replica name → its URL as shown (credentials redacted)."""
+        return {name: c.shown_url for name, c in self.counters.items()}
+
+
+def open_replica_counters(values: Sequence[str] | None, *,
+                          session: requests.Session | None = None,
+                          timeout_s: float = _TIMEOUT_S) -> ReplicaCounters | None:
+    """``--replica [NAME=]URL`` values → their counters, each read once now (None: none given).
+
+    Raises ConfigError for a bad or repeated value, and for a URL that answers like a
+    vllm-router (its counter would mix every replica's requests). A replica that does not answer
+    is not an error: its span loss reads "unknown" with the reason until it answers."""
+    targets: tuple[ReplicaTarget, ...] = parse_replicas(values)
+    if not targets:
+        return None
+    http = session or requests.Session()
+    for t in targets:
+        if is_router(t.url, http, {}):
+            raise ConfigError(f"--replica {t.name}={t.shown_url} answers like a vllm-router "
+                              "(it serves /list_workers), not a vLLM replica: give the URLs of "
+                              "the replicas behind it, each with its own /metrics")
+    return ReplicaCounters([FinishedCounter(t.url, replica=t.name, timeout_s=timeout_s)
+                            for t in targets])
