@@ -16,10 +16,15 @@ from typing import Any, NotRequired, Required, TypedDict
 import requests
 
 from phaseprobe.collect.fleet.scrape import FleetScraper
-from phaseprobe.collect.fleet.targets import ReplicaTarget, check_fleet, is_router
+from phaseprobe.collect.fleet.targets import (
+    ReplicaTarget,
+    check_fleet,
+    parse_replica,
+    router_workers,
+)
 from phaseprobe.collect.playbook import ArmLaunch, RedactedArm
 from phaseprobe.collect.prompts import PromptBuilder
-from phaseprobe.errors import MetricsUnavailable
+from phaseprobe.errors import MetricsUnavailable, PhaseprobeError
 from phaseprobe.redact import redact_url
 from phaseprobe.sources.openai_stream import (
     DEFAULT_DEADLINE_S,
@@ -137,11 +142,28 @@ def connect(endpoint: str, api_key: str | None, *, session: requests.Session | N
                               model)
     scraper: MetricsScraper | None = MetricsScraper(endpoint, session=session, headers=headers)
     first: MetricSnapshot | None = None
-    router = is_router(endpoint, session, headers)
-    if router:
+    workers = router_workers(endpoint, session, headers)
+    router = workers is not None
+    if workers is not None:
+        found = _discovered(workers)
+        if found:
+            try:  # the router's own worker list: each replica read directly, like --replica
+                conn = _connect_fleet(endpoint, found, client, headers, models, list(notes),
+                                      api_key, model)
+            except PhaseprobeError as exc:
+                why = f"its workers could not be read directly ({exc})"
+            else:
+                conn.notes.insert(len(notes), (
+                    f"{redact_url(endpoint)} is a vllm-router: its replicas were taken from "
+                    f"its /list_workers ({', '.join(t.name for t in found)}) and each one's "
+                    "/metrics is read directly (--replica NAME=URL names them yourself)"))
+                return conn
+        else:
+            why = "its /list_workers names no worker"
         notes.append(f"{redact_url(endpoint)} is a vllm-router: its /metrics is whichever "
-                     f"replica it picks, so {CLIENT_ONLY}; give each replica with --replica "
-                     "NAME=URL (or use spans) to tell the serving replica and verify isolation")
+                     f"replica it picks, and {why}, so {CLIENT_ONLY}; give each replica with "
+                     "--replica NAME=URL (or use spans) to tell the serving replica and verify "
+                     "isolation")
         scraper = None
     else:
         try:
@@ -154,6 +176,17 @@ def connect(endpoint: str, api_key: str | None, *, session: requests.Session | N
         info["router"] = True
     return Connection(endpoint, session, client, headers, models, scraper, info, notes, api_key,
                       router=router)
+
+
+def _discovered(urls: list[str]) -> tuple[ReplicaTarget, ...]:
+    """A router's worker URLs as replicas named by host:port (unusable URLs left out)."""
+    out: list[ReplicaTarget] = []
+    for url in urls:
+        try:
+            out.append(parse_replica(url))
+        except PhaseprobeError:
+            continue
+    return tuple(out)
 
 
 def _connect_fleet(endpoint: str, replicas: Sequence[ReplicaTarget], client: StreamClient,

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from phaseprobe.analysis.client_check import check_client
+from phaseprobe.collect.fleet.targets import default_name
 from phaseprobe.records import Isolation, ReplicaAttribution, RequestSpan, Run
 from phaseprobe.store import Store
 
@@ -123,6 +124,10 @@ def replica_from_span(current: ReplicaAttribution | None, span: RequestSpan
                                   reason=f"counters: {reason}" if reason else None), None
     if current.name == span.instance:
         return replace(current, source="span"), None
+    if current.url and current.name == default_name(current.url):
+        # the counters' name was only the URL's host:port (a --replica without NAME=, or the
+        # router's worker list): the span's service.instance.id names the same replica
+        return replace(current, name=span.instance, source="span"), None
     return (ReplicaAttribution(name=span.instance, source="span", url=None,
                                reason=f"counters said {current.name}"),
             f"span says {span.instance}, counters {current.name}")

@@ -101,14 +101,31 @@ def test_other_replicas_traffic_does_not_count_against_a_run(tmp_path):
     assert all(r.isolated for r in result.runs), [r.isolation.reasons for r in result.runs]
 
 
-def test_router_without_replicas_is_named_and_its_metrics_not_read(tmp_path, capsys):
+def test_router_without_replicas_reads_its_workers_directly(tmp_path, capsys):
+    """A vllm-router names its workers (/list_workers): without --replica they are taken from
+    there, each read on its own /metrics, and named by host:port."""
     with SseServer(PACED, metrics=True) as a, SseServer(PACED, metrics=True) as b, \
             RoundRobinProxy([a.base_url, b.base_url]) as router:
+        code = _probe(router.base_url, tmp_path / "s.sqlite", "--json")
+        served = {f"127.0.0.1:{a.port}": _successes(a), f"127.0.0.1:{b.port}": _successes(b)}
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    doc = json.loads(out.out)
+    assert any("taken from its /list_workers" in n for n in doc["notes"])
+    names = [r["replica"] for r in doc["runs"]]
+    assert {n: names.count(n) for n in served} == served
+    assert all(r["isolated"] for r in doc["runs"])
+
+
+def test_router_whose_workers_cannot_be_read_is_client_only(tmp_path, capsys):
+    with SseServer(PACED, metrics=True) as a, RoundRobinProxy([a.base_url]) as router:
+        router.backends = ["http://127.0.0.1:9"]  # what /list_workers says: unreachable here
         code = _probe(router.base_url, tmp_path / "s.sqlite", "--json")
     out = capsys.readouterr()
     assert code == 0, out.err
     doc = json.loads(out.out)
-    assert any("is a vllm-router" in n and "--replica" in n for n in doc["notes"])
+    assert any("is a vllm-router" in n and "could not be read directly" in n and
+               "--replica" in n for n in doc["notes"])
     for r in doc["runs"]:
         assert r["isolation"]["verified"] is False  # client-only: not "shared"
         assert not any("moved by -" in why for why in r["isolation"]["reasons"])
@@ -320,3 +337,23 @@ def test_playbook_replicas_need_an_endpoint_and_valid_names():
     launch = text.replace('endpoint = "http://router:1"', 'launch = { args = [] }')
     with pytest.raises(PlaybookError, match="needs endpoint"):
         parse_playbook(launch)
+
+
+def test_a_span_names_the_replica_its_counters_knew_only_by_host_port():
+    from phaseprobe.collect.span_attribution import replica_from_span
+    from phaseprobe.records import ReplicaAttribution, RequestSpan
+
+    span = RequestSpan(trace_id="0" * 32, span_id="1" * 16, request_id=None, model=MODEL,
+                       service="vllm", instance="r1", start_ns=1, end_ns=2, queue_s=0.0,
+                       prefill_s=0.01, decode_s=0.02, inference_s=0.03, ttft_s=0.01,
+                       e2e_s=0.03, prompt_tokens=5, completion_tokens=6)
+    by_host = ReplicaAttribution("10.0.0.5:8000", "counters", url="http://10.0.0.5:8000")
+    assert replica_from_span(by_host, span) == (
+        ReplicaAttribution("r1", "span", url="http://10.0.0.5:8000"), None)
+    named = ReplicaAttribution("r2", "counters", url="http://10.0.0.5:8000")
+    replica, note = replica_from_span(named, span)
+    assert replica is not None and replica.name == "r1" and note is not None
+    assert "span says r1, counters r2" in note
+    untold = ReplicaAttribution(None, None, reason="no replica's counters moved")
+    assert replica_from_span(untold, span)[0] == ReplicaAttribution(
+        "r1", "span", reason="counters: no replica's counters moved")

@@ -24,7 +24,7 @@ from phaseprobe.redact import redact_url, redact_urls_in
 from phaseprobe.sources.openai_stream import check_endpoint, normalize_base_url, small_json
 
 __all__ = ["ReplicaTarget", "CheckedFleet", "parse_replica", "parse_replicas", "check_fleet",
-           "is_router"]
+           "is_router", "router_workers", "default_name"]
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
 
@@ -39,6 +39,11 @@ class ReplicaTarget:
         return redact_url(self.url)
 
 
+def default_name(url: str) -> str:
+    """A replica's name when none is given: its URL's host:port (credentials left out)."""
+    return urlsplit(url).netloc.rpartition("@")[2]
+
+
 def parse_replica(text: str) -> ReplicaTarget:
     """``NAME=URL`` or ``URL`` (named by its host:port). Raises ConfigError naming the value."""
     name, sep, url = text.partition("=")
@@ -46,7 +51,7 @@ def parse_replica(text: str) -> ReplicaTarget:
         name, url = "", text
     url = normalize_base_url(url)
     if not name:
-        name = urlsplit(url).netloc.rpartition("@")[2]
+        name = default_name(url)
     if not _NAME.fullmatch(name):
         raise ConfigError(f"--replica {redact_urls_in(text)!r}: the name {name!r} must be letters, "
                           "digits, '.', '_', ':' or '-' (at most 64), e.g. r1=http://10.0.0.5:8000")
@@ -79,12 +84,21 @@ class CheckedFleet:
                 for name, why in self.down.items()]
 
 
-def is_router(url: str, session: requests.Session, headers: dict[str, str]) -> bool:
-    """Does ``url`` answer like a vllm-router rather than a vLLM server? The router alone
-    serves ``/list_workers`` (a vLLM answers 404 there)."""
+def router_workers(url: str, session: requests.Session,
+                   headers: dict[str, str]) -> list[str] | None:
+    """The worker URLs a vllm-router at ``url`` forwards to (its ``/list_workers``:
+    ``{"urls": [...]}``, measured on vllm-router 0.1.17); None when ``url`` does not answer
+    like a router (a vLLM answers 404 there)."""
     doc = small_json(session, "GET", url.rstrip("/") + "/list_workers", headers=headers,
                      timeout_s=5)
-    return isinstance(doc, dict | list) and bool(doc)
+    if not isinstance(doc, dict) or not isinstance(doc.get("urls"), list):
+        return None
+    return [u for u in doc["urls"] if isinstance(u, str) and u][:64]
+
+
+def is_router(url: str, session: requests.Session, headers: dict[str, str]) -> bool:
+    """Does ``url`` answer like a vllm-router rather than a vLLM server?"""
+    return router_workers(url, session, headers) is not None
 
 
 def _model_ids(models: list[dict[str, Any]]) -> list[str]:
