@@ -39,7 +39,12 @@ from phaseprobe.analysis.rules.live_base import (
     LiveEvidence,
     ReplicaWindow,
 )
-from phaseprobe.collect.fleet.targets import ReplicaTarget, check_fleet, is_router
+from phaseprobe.collect.fleet.targets import (
+    ReplicaTarget,
+    check_fleet,
+    parse_replica,
+    router_workers,
+)
 from phaseprobe.errors import ConfigError, MetricsUnavailable, StoreError, UnknownMetric
 from phaseprobe.records import RequestSpan
 from phaseprobe.redact import redact_url
@@ -123,11 +128,17 @@ def _targets(opts: LiveOptions, session: requests.Session, headers: dict[str, st
         checked = check_fleet(endpoint, opts.replicas, session=session, headers=headers)
         return list(checked.up), dict(checked.down), \
             f"{len(opts.replicas)} replicas behind {redact_url(endpoint)}"
-    if is_router(endpoint, session, headers):
-        raise ConfigError(f"{redact_url(endpoint)} is a vllm-router: its /metrics is whichever "
-                          "replica it picks, so a window cannot be read through it; give each "
-                          "replica with --replica NAME=URL (its own /metrics is read), or "
-                          "--prom URL")
+    workers = router_workers(endpoint, session, headers)
+    if workers is not None:
+        # a vllm-router names its workers: each is read on its own /metrics, as --replica
+        found = [parse_replica(u) for u in workers if u]
+        if not found:
+            raise ConfigError(f"{redact_url(endpoint)} is a vllm-router whose /list_workers "
+                              "names no worker: give each replica with --replica NAME=URL "
+                              "(its own /metrics is read), or --prom URL")
+        checked = check_fleet(endpoint, found, session=session, headers=headers)
+        return list(checked.up), dict(checked.down), \
+            (f"{len(found)} replicas behind {redact_url(endpoint)} (from its /list_workers)")
     name = urlsplit(endpoint).netloc.rpartition("@")[2]
     return [ReplicaTarget(name, endpoint)], {}, redact_url(endpoint)
 

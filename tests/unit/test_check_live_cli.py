@@ -29,6 +29,7 @@ class FakeReplica:
         self.model, self.start_s, self.queue_s, self.ttft_s, self.itl_s = \
             model, start_s, queue_s, ttft_s, itl_s
         self.errors_per_scrape, self.router = errors_per_scrape, router
+        self.workers = ["http://127.0.0.1:9"]  # a router's /list_workers (nothing there)
         self.scrapes = 0
         self.lock = threading.Lock()
         owner = self
@@ -45,7 +46,8 @@ class FakeReplica:
                         {"id": owner.model, "object": "model"}]}).encode()
                     kind = "application/json"
                 elif self.path == "/list_workers" and owner.router:
-                    body, kind = json.dumps({"urls": ["http://x"]}).encode(), "application/json"
+                    body = json.dumps({"urls": owner.workers}).encode()
+                    kind = "application/json"
                 else:
                     self.send_response(404)
                     self.send_header("Content-Length", "0")
@@ -227,13 +229,27 @@ def test_a_restarted_replica_is_cannot_verify_never_a_negative_rate(replicas, tm
     assert "cannot be verified" in imb["summary"] and "-" not in str(imb["numbers"]["finished"])
 
 
-def test_a_router_without_replicas_is_refused(replicas, tmp_path):
+def test_a_router_without_replicas_reads_the_workers_it_lists(replicas, tmp_path):
+    """vllm-router's /list_workers names its workers: each is read on its own /metrics."""
+    router = FakeReplica(per_scrape=0, running=0, router=True)
+    a = FakeReplica(per_scrape=10, running=2.0)
+    b = FakeReplica(per_scrape=10, running=2.0)
+    replicas.extend([router, a, b])
+    router.workers = [a.url, b.url]
+    code, out, _ = run_check(["--live", "--endpoint", router.url, "--window", "1", "--json",
+                              "--store", str(tmp_path / "none.sqlite")])
+    ttft = verdicts(out)["live_ttft"]
+    names = {u.removeprefix("http://") for u in (a.url, b.url)}
+    assert set(ttft["numbers"]["by_replica"]) == names
+
+
+def test_a_router_whose_workers_do_not_answer_is_refused(replicas, tmp_path):
     router = FakeReplica(per_scrape=1, running=0, router=True)
     replicas.append(router)
     code, _, err = run_check(["--live", "--endpoint", router.url, "--window", "1",
                               "--store", str(tmp_path / "none.sqlite")])
     assert code == 2
-    assert "is a vllm-router" in err and "--replica NAME=URL" in err
+    assert "127.0.0.1:9" in err and "Traceback" not in err
 
 
 def test_live_options_are_checked(tmp_path):
