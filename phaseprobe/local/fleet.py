@@ -11,6 +11,7 @@ tells which replica served it; the router's answer names no replica.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -23,7 +24,7 @@ from phaseprobe.local.router import LocalRouter, require_router
 from phaseprobe.local.server import DEFAULT_SERVED_NAME, LocalVllm, tracing_launch
 from phaseprobe.local.venv import ensure_model, require_venv
 
-__all__ = ["DEFAULT_FLEET_SERVICE", "LocalFleet", "replica_env", "replica_names"]
+__all__ = ["DEFAULT_FLEET_SERVICE", "LocalFleet", "replica_env", "replica_names", "worker_core"]
 
 # One service, many instances: how a real fleet reports itself (the replicas are the same
 # deployment, told apart by service.instance.id), and the name the single local vLLM uses.
@@ -41,6 +42,15 @@ def replica_env(name: str, service_name: str = DEFAULT_FLEET_SERVICE) -> dict[st
     ``service.name=unknown_service`` and nothing tells two replicas apart."""
     return {"OTEL_SERVICE_NAME": service_name,
             "OTEL_RESOURCE_ATTRIBUTES": f"service.instance.id={name}"}  # fmt: skip
+
+
+def worker_core(index: int, cpus: Sequence[int]) -> str:
+    """The core replica ``index`` (0-based) pins its vLLM CPU worker to. Left alone, every CPU
+    replica pins its worker to the same core (measured: both on core 0 of 2), so replicas
+    slow each other down and a throttled one drags its peer with it (r1's decode went from
+    1.7 to 3.6 ms a token while r2 was throttled). Real replicas have their own GPUs: each
+    gets its own core here, round robin over the cores this process may use."""
+    return str(sorted(cpus)[index % len(cpus)])
 
 
 class LocalFleet:
@@ -64,6 +74,7 @@ class LocalFleet:
         extra_env: Mapping[str, str] | None = None,
         log_dir: Path | None = None,
         parallel: bool = True,
+        spread_workers: bool = True,
         startup_timeout: float = DEFAULT_STARTUP_TIMEOUT,
         health_check_interval_s: int = 2,
     ) -> None:
@@ -79,6 +90,7 @@ class LocalFleet:
         self._extra_env = dict(extra_env or {})
         self._log_dir = log_dir
         self._parallel = parallel
+        self._spread_workers = spread_workers
         self._startup_timeout = startup_timeout
         self._health_interval = health_check_interval_s
         self.servers: dict[str, LocalVllm] = {}
@@ -118,6 +130,9 @@ class LocalFleet:
         env = {**trace_env, **self._extra_env}
         if self._otlp is not None:
             env.update(replica_env(name, self._service_name))
+        if self._spread_workers and "VLLM_CPU_OMP_THREADS_BIND" not in self._extra_env:
+            cores = sorted(os.sched_getaffinity(0))
+            env["VLLM_CPU_OMP_THREADS_BIND"] = worker_core(self.names.index(name), cores)
         return LocalVllm(
             model_dir, venv=self._venv, served_name=self._served_name,
             extra_args=[*trace_args, *self._extra_args], extra_env=env,
