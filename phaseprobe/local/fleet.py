@@ -24,7 +24,7 @@ from phaseprobe.local.router import LocalRouter, require_router
 from phaseprobe.local.server import DEFAULT_SERVED_NAME, LocalVllm, tracing_launch
 from phaseprobe.local.venv import ensure_model, require_venv
 
-__all__ = ["DEFAULT_FLEET_SERVICE", "LocalFleet", "replica_env", "replica_names", "worker_core"]
+__all__ = ["DEFAULT_FLEET_SERVICE", "LocalFleet", "replica_env", "replica_core", "replica_names"]
 
 # One service, many instances: how a real fleet reports itself (the replicas are the same
 # deployment, told apart by service.instance.id), and the name the single local vLLM uses.
@@ -44,20 +44,33 @@ def replica_env(name: str, service_name: str = DEFAULT_FLEET_SERVICE) -> dict[st
             "OTEL_RESOURCE_ATTRIBUTES": f"service.instance.id={name}"}  # fmt: skip
 
 
-def worker_core(index: int, cpus: Sequence[int]) -> str:
-    """The core replica ``index`` (0-based) pins its vLLM CPU worker to. Left alone, every CPU
-    replica pins its worker to the same core (measured: both on core 0 of 2), so replicas
-    slow each other down and a throttled one drags its peer with it (r1's decode went from
-    1.7 to 3.6 ms a token while r2 was throttled). Real replicas have their own GPUs: each
-    gets its own core here, round robin over the cores this process may use."""
-    return str(sorted(cpus)[index % len(cpus)])
+def replica_core(index: int, cpus: Sequence[int]) -> int:
+    """The core replica ``index`` (0-based) runs on: round robin over ``cpus``.
+
+    Real replicas do not share their hardware; two CPU replicas left alone do. vLLM pins every
+    CPU worker to the same core (measured: both on core 0 of 2) and lets the rest float, so
+    one replica's work slowed the other: with r2 throttled and requests alternating, r1's
+    decode went from 2.6 to 4.6 ms a token (r2's own: 1.8 to 4.4). So each replica, all its
+    processes, gets a core of its own; the client and the router float.
+    """
+    return sorted(cpus)[index % len(cpus)]
+
+
+def _start_on(core: int | None, server: LocalVllm) -> None:
+    """Start ``server`` from a thread confined to ``core``: the affinity mask is per thread on
+    Linux and a child inherits its forking thread's, so the replica's whole tree is confined
+    (vLLM's worker is also told to bind there) while this process is not."""
+    if core is not None:
+        os.sched_setaffinity(0, {core})
+    server.start()
 
 
 class LocalFleet:
     """``count`` replicas (``r1``…) and a router in front; a context manager that stops all of
-    them on exit. Replicas start in parallel, then the router (under a second). On 2 cores that
-    buys little (two replicas: 56 s at once, 57 s one after the other, with a busy machine:
-    their start is CPU-bound imports), but never costs, and helps on more cores."""
+    them on exit. Each replica runs on a core of its own (``isolate_cores``, see
+    ``replica_core``). Replicas start in parallel, then the router (under a second). Measured
+    on 2 cores: two replicas confined to a core each were up in 23 s; unconfined, 56 s at once
+    and 57 s one after the other (their start is CPU-bound imports fighting for both cores)."""
 
     def __init__(
         self,
@@ -74,7 +87,7 @@ class LocalFleet:
         extra_env: Mapping[str, str] | None = None,
         log_dir: Path | None = None,
         parallel: bool = True,
-        spread_workers: bool = True,
+        isolate_cores: bool = True,
         startup_timeout: float = DEFAULT_STARTUP_TIMEOUT,
         health_check_interval_s: int = 2,
     ) -> None:
@@ -90,7 +103,7 @@ class LocalFleet:
         self._extra_env = dict(extra_env or {})
         self._log_dir = log_dir
         self._parallel = parallel
-        self._spread_workers = spread_workers
+        self._isolate = isolate_cores
         self._startup_timeout = startup_timeout
         self._health_interval = health_check_interval_s
         self.servers: dict[str, LocalVllm] = {}
@@ -125,14 +138,19 @@ class LocalFleet:
         """Replica name → its API server's PID, which is also its process group."""
         return {name: server.pid for name, server in self.servers.items()}
 
+    def _core(self, name: str) -> int | None:
+        if not self._isolate:
+            return None
+        return replica_core(self.names.index(name), sorted(os.sched_getaffinity(0)))
+
     def _server(self, name: str, model_dir: Path) -> LocalVllm:
         trace_args, trace_env = tracing_launch(self._otlp)
         env = {**trace_env, **self._extra_env}
         if self._otlp is not None:
             env.update(replica_env(name, self._service_name))
-        if self._spread_workers and "VLLM_CPU_OMP_THREADS_BIND" not in self._extra_env:
-            cores = sorted(os.sched_getaffinity(0))
-            env["VLLM_CPU_OMP_THREADS_BIND"] = worker_core(self.names.index(name), cores)
+        core = self._core(name)
+        if core is not None and "VLLM_CPU_OMP_THREADS_BIND" not in self._extra_env:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = str(core)
         return LocalVllm(
             model_dir, venv=self._venv, served_name=self._served_name,
             extra_args=[*trace_args, *self._extra_args], extra_env=env,
@@ -164,12 +182,11 @@ class LocalFleet:
         self.startup_seconds = time.monotonic() - started
 
     def _start_replicas(self, servers: Mapping[str, LocalVllm]) -> None:
-        if not self._parallel:
-            for server in servers.values():
-                server.start()
-            return
-        with ThreadPoolExecutor(max_workers=len(servers)) as pool:
-            futures = {name: pool.submit(server.start) for name, server in servers.items()}
+        # Always from threads of their own, one at a time or all at once: the thread's CPU
+        # affinity is what the replica inherits (see _start_on).
+        with ThreadPoolExecutor(max_workers=len(servers) if self._parallel else 1) as pool:
+            futures = {name: pool.submit(_start_on, self._core(name), server)
+                       for name, server in servers.items()}
         errors = [(name, f.exception()) for name, f in futures.items() if f.exception()]
         if errors:
             detail = "\n".join(f"replica {name}: {exc}" for name, exc in errors)

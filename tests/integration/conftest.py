@@ -1,4 +1,4 @@
-"""One real vLLM for the whole integration session.
+"""One real vLLM for the whole integration session, and a fleet of two behind the real router.
 
 ``local_vllm`` installs the CPU build and the tiny model if needed (once: ~2.5 min and ~10 s),
 starts one server on a free port (~25-40 s on 2 cores), hands out its address, and stops it by
@@ -6,6 +6,12 @@ PID at the end, checking that no process of it is left.
 
 Set ``PHASEPROBE_TEST_ENDPOINT=http://host:port`` to test against an already running vLLM
 instead (its first model from ``/v1/models`` is used; nothing is started or stopped).
+
+``local_fleet`` (only started when a test asks for it) is two more replicas, ``r1`` and ``r2``,
+exporting their spans to the session receiver with their own ``service.instance.id``, behind
+the real ``vllm-router`` (round robin). ``router_factory(policy)`` puts another router, with
+another policy, in front of the same replicas for one test. Fleet tests skip with
+``PHASEPROBE_TEST_ENDPOINT``: they start and throttle their own processes.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +28,9 @@ import requests
 
 from phaseprobe.collect.span_receiver import SpanReceiver, SpanSink
 from phaseprobe.local import LocalVllm, ensure_model, install
+from phaseprobe.local.fleet import LocalFleet
 from phaseprobe.local.process import process_group_alive
+from phaseprobe.local.router import LocalRouter, install_router
 from phaseprobe.local.server import tracing_launch
 
 ENDPOINT_ENV = "PHASEPROBE_TEST_ENDPOINT"
@@ -106,3 +114,75 @@ def local_vllm(span_target: SpanTarget | None) -> Iterator[VllmTarget]:
         server.stop()
     if process_group_alive(pid):
         pytest.fail(f"processes of vLLM (process group {pid}) survived stop()")
+
+
+@dataclass(frozen=True)
+class FleetTarget:
+    """Two local replicas behind the real router (round robin)."""
+
+    router_url: str  # send requests here
+    router_metrics_url: str  # the router's own vllm_router_* page (not a replica's)
+    replicas: dict[str, str]  # "r1"/"r2" -> the replica's own base URL (its /metrics, /health)
+    replica_pids: dict[str, int]  # "r1"/"r2" -> API server PID = process group (to throttle)
+    model: str
+    span_store_path: Path | None  # where the session receiver stores their spans
+
+
+@dataclass(frozen=True)
+class RouterTarget:
+    base_url: str
+    metrics_url: str
+    pid: int
+    policy: str
+
+
+@pytest.fixture(scope="session")
+def local_fleet(span_target: SpanTarget | None) -> Iterator[FleetTarget]:
+    if os.environ.get(ENDPOINT_ENV):
+        pytest.skip(f"fleet tests start their own replicas ({ENDPOINT_ENV} is set)")
+    install(progress=_progress)
+    install_router(progress=_progress)
+    model_dir = ensure_model(progress=_progress)
+    fleet = LocalFleet(2, model_dir=model_dir, policy="round_robin",
+                       otlp_grpc_url=span_target.receiver.grpc_url if span_target else None)
+    fleet.start()
+    _progress(f"fleet {fleet.replicas} behind {fleet.router_url} after "
+              f"{fleet.startup_seconds:.1f} s")
+    pids = [*fleet.replica_pids.values(), fleet.router.pid]
+    try:
+        yield FleetTarget(
+            router_url=fleet.router_url,
+            router_metrics_url=fleet.router_metrics_url,
+            replicas=fleet.replicas,
+            replica_pids=fleet.replica_pids,
+            model=fleet.model,
+            span_store_path=span_target.store_path if span_target else None,
+        )
+    finally:
+        fleet.stop()
+    survivors = [pid for pid in pids if process_group_alive(pid)]
+    if survivors:
+        pytest.fail(f"processes of the fleet (process groups {survivors}) survived stop()")
+
+
+@pytest.fixture()
+def router_factory(local_fleet: FleetTarget) -> Iterator[Callable[[str], RouterTarget]]:
+    """``router_factory("consistent_hash")``: another router over the fleet's replicas, for
+    this test only (a router starts in about a second)."""
+    routers: list[LocalRouter] = []
+
+    def make(policy: str) -> RouterTarget:
+        router = LocalRouter(list(local_fleet.replicas.values()), policy=policy)
+        routers.append(router)
+        router.start()
+        return RouterTarget(router.base_url, router.metrics_url, router.pid, policy)
+
+    try:
+        yield make
+    finally:
+        pids = [r.pid for r in routers if r.startup_seconds is not None]
+        for router in routers:
+            router.stop()
+    survivors = [pid for pid in pids if process_group_alive(pid)]
+    if survivors:
+        pytest.fail(f"routers (process groups {survivors}) survived stop()")
