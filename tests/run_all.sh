@@ -4,7 +4,9 @@
 #      and Chromium with an emoji font (the dashboard's end-to-end test drives it headless
 #      through Playwright; no browser is downloaded)
 #   2. phaseprobe with its test extras (playwright among them), editable
-#   3. the local CPU vLLM and tiny model (~2.5 min and ~2.5 GB the first time, then cached)
+#   3. the local CPU vLLM and tiny model (~2.5 min and ~2.5 GB the first time, then cached),
+#      and the real vllm-router in a venv of its own (~20 s and ~130 MB the first time) for
+#      the fleet tests
 #   4. pytest: unit tests and the integration tests against the real vLLM; the dashboard's
 #      screenshots go to $PHASEPROBE_ARTIFACTS_DIR (default: artifacts/ at the repo root)
 set -euo pipefail
@@ -24,6 +26,7 @@ if [ "${#apt_packages[@]}" -gt 0 ]; then
 fi
 python3 -m pip install -q -e '.[test]'
 python3 -m phaseprobe local install
+python3 -m phaseprobe.local.router install
 # The types and the layering are checked like tests: mypy over the package, and
 # import-linter's contract in pyproject.toml (no room imports from a room above it).
 python3 -m mypy phaseprobe

@@ -106,7 +106,7 @@ def require_router(venv: Path | None = None) -> Path:
     venv = venv or default_router_venv_dir()
     if not is_router_installed(venv):
         raise LocalServerNotInstalled(
-            f"vllm-router is not installed at {venv} (run `phaseprobe local install --router`)"
+            f"vllm-router is not installed at {venv} (run `python3 -m phaseprobe.local.router install`)"
         )
     return venv
 
@@ -368,3 +368,24 @@ def _prune_logs(log_dir: Path) -> None:
     for old in logs[: max(0, len(logs) - (_KEEP_LOGS - 1))]:
         if time.time() - old.stat().st_mtime > 86400:
             old.unlink(missing_ok=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python3 -m phaseprobe.local.router install [--force]``: the router venv, for CI and for
+    users who want a local fleet. Idempotent: a second run returns at once."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] != "install" or not set(args[1:]) <= {"--force"}:
+        print("usage: python3 -m phaseprobe.local.router install [--force]", file=sys.stderr)
+        return 2
+    try:
+        venv = install_router(lambda line: print(line, file=sys.stderr, flush=True),
+                              force="--force" in args)  # fmt: skip
+    except LocalServerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"vllm-router {VLLM_ROUTER_VERSION} ready: {router_executable(venv)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

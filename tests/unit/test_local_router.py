@@ -112,7 +112,7 @@ def test_a_marker_of_another_version_or_garbage_is_not_installed() -> None:
 
 
 def test_require_router_names_the_install_command() -> None:
-    with pytest.raises(LocalServerNotInstalled, match="phaseprobe local install --router"):
+    with pytest.raises(LocalServerNotInstalled, match="phaseprobe.local.router install"):
         require_router()
 
 
@@ -196,3 +196,20 @@ def test_throttle_of_a_vanished_group_ends_quietly_and_bad_settings_are_refused(
         Throttle(1, stopped_fraction=1.0)
     with pytest.raises(ValueError):
         Throttle(1, period_s=0)
+
+
+def test_module_entry_installs_or_prints_usage(monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from phaseprobe.local import router as router_mod
+
+    assert router_mod.main(["frobnicate"]) == 2
+    assert "usage" in capsys.readouterr().err
+    calls: list[bool] = []
+
+    def fake_install(progress: Callable[[str], None], *, force: bool) -> Path:
+        calls.append(force)
+        return Path("/v")
+
+    monkeypatch.setattr(router_mod, "install_router", fake_install)
+    assert router_mod.main(["install", "--force"]) == 0 and calls == [True]
+    assert "/v/bin/vllm-router" in capsys.readouterr().out
