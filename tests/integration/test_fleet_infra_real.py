@@ -37,10 +37,13 @@ DECODE_COUNT = "vllm:request_decode_time_seconds_count"
 ITL_COUNT = "vllm:inter_token_latency_seconds_count"
 
 
-def _complete(url: str, model: str, *, max_tokens: int = 8, request_id: str | None = None) -> None:
+def _complete(url: str, model: str, *, max_tokens: int = 8, request_id: str | None = None,
+              session: str | None = None) -> None:
     body = {"model": model, "prompt": f"fleet {uuid.uuid4().hex} " + "word " * 30,
             "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0}
     headers = {"X-Request-Id": request_id} if request_id else {}
+    if session:
+        headers["x-session-id"] = session
     response = requests.post(f"{url}/v1/completions", json=body, headers=headers, timeout=60)
     response.raise_for_status()
 
@@ -73,6 +76,16 @@ def test_round_robin_puts_two_of_four_requests_on_each_replica(local_fleet):
     # An endpoint only the router answers lists the replicas.
     listed = requests.get(f"{local_fleet.router_url}/list_workers", timeout=10).json()["urls"]
     assert sorted(listed) == sorted(replicas.values())
+
+
+def test_a_consistent_hash_router_sends_one_session_to_one_replica(local_fleet, router_factory):
+    router = router_factory("consistent_hash")
+    assert router.base_url != local_fleet.router_url
+    replicas = local_fleet.replicas
+    before = {name: _sums(url, SUCCESS)[SUCCESS] for name, url in replicas.items()}
+    for _ in range(4):  # x-session-id is the router's first hash key (research/fleet_pd.md)
+        _complete(router.base_url, local_fleet.model, session="one-session")
+    assert sorted(_wait_moved(replicas, before, 4).values()) == [0, 4]
 
 
 def test_each_replica_s_spans_arrive_with_its_instance_id(local_fleet):
