@@ -20,7 +20,16 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from phaseprobe.analysis.rules import fleet, latency, live, live_spans, memory, parallel, spans
+from phaseprobe.analysis.rules import (
+    fleet,
+    latency,
+    live,
+    live_spans,
+    memory,
+    parallel,
+    router,
+    spans,
+)
 from phaseprobe.analysis.rules.base import USE_CASE_TTFT_S, Evidence, Status, Verdict
 from phaseprobe.analysis.rules.live_base import USE_CASE_TPOT_S, LiveEvidence
 from phaseprobe.errors import ConfigError, PhaseprobeError
@@ -125,6 +134,8 @@ LIVE_RULES: tuple[LiveRule, ...] = (
     LiveRule("live_replica_imbalance", "Load spread evenly over the replicas?",
              fleet.replica_imbalance, "gauges and request_success deltas of 2+ replicas "
              "(--replica, or --prom by instance)", "replica imbalance"),
+    LiveRule("live_router", "Router: workers healthy, no retries, no traffic around it?",
+             router.router_health, "the router's vllm_router_* metrics (--router-metrics)"),
 )
 
 _LIVE_SPANS = "request spans stored over the window (phaseprobe watch)"

@@ -32,6 +32,7 @@ from urllib.parse import urlsplit
 import requests
 
 from phaseprobe.analysis.replica_match import unverifiable
+from phaseprobe.analysis.router_window import ROUTER_PREFIX, RouterWindow, router_window
 from phaseprobe.analysis.rules.live_base import (
     DELTA_COUNTERS,
     DELTA_HISTOGRAMS,
@@ -74,6 +75,7 @@ class LiveOptions:
     window_s: float = DEFAULT_WINDOW_S
     sample_every_s: float = 1.0
     span_grace_s: float = 5.0
+    router_metrics_url: str | None = None  # the router's own vllm_router_* page
     store_path: Path | None = None
     api_key: str | None = field(default=None, repr=False)
     use_case: str = "chat"
@@ -106,16 +108,21 @@ def take_window(opts: LiveOptions, *, session: requests.Session | None = None
         window_s, target, source = opts.window_s, f"Prometheus {redact_url(opts.prom_url)}", \
             "prometheus"
         fleet = True
+        router = None
+        if opts.router_metrics_url:
+            opts.notes.append("--router-metrics is read with --endpoint (two scrapes a window "
+                              "apart), not with --prom: scrape the router with Prometheus and "
+                              "query vllm_router_* there")
     else:
-        replicas, down, window_s, end_s, target = _scrape_window(opts, sources, session,
-                                                                 spans_wanted)
-        source, fleet = "scrapes", bool(opts.replicas)
+        replicas, down, window_s, end_s, target, router = _scrape_window(opts, sources,
+                                                                         session, spans_wanted)
+        source, fleet = "scrapes", bool(opts.replicas) or len(replicas) > 1
     spans = None
     if spans_wanted:
         spans = _window_spans(opts.store_path, end_s - window_s, end_s, sources)
     ev = LiveEvidence(tuple(replicas), window_s, target=target, source=source, down=down,
                       spans=spans, use_case=opts.use_case, ttft_target_s=opts.ttft_target_s,
-                      tpot_target_s=opts.tpot_target_s, fleet=fleet)
+                      tpot_target_s=opts.tpot_target_s, fleet=fleet, router=router)
     return ev, sources
 
 
@@ -145,7 +152,8 @@ def _targets(opts: LiveOptions, session: requests.Session, headers: dict[str, st
 
 def _scrape_window(opts: LiveOptions, sources: dict[str, str],
                    session: requests.Session | None, spans_wanted: bool
-                   ) -> tuple[list[ReplicaWindow], dict[str, str], float, float, str]:
+                   ) -> tuple[list[ReplicaWindow], dict[str, str], float, float, str,
+                              RouterWindow | None]:
     session = session or requests.Session()
     headers = {"Authorization": f"Bearer {opts.api_key}"} if opts.api_key else {}
     targets, down, target = _targets(opts, session, headers)
@@ -164,6 +172,8 @@ def _scrape_window(opts: LiveOptions, sources: dict[str, str],
                 del scrapers[name]
                 del series[name]
 
+    router = _RouterScrapes(opts, session, headers, {t.url: t.name for t in targets})
+    router.scrape()
     scrape_all()
     if not scrapers:
         raise MetricsUnavailable(target, "no /metrics answers (" + "; ".join(
@@ -178,6 +188,7 @@ def _scrape_window(opts: LiveOptions, sources: dict[str, str],
             break
         opts.sleep(min(opts.sample_every_s, left))
         scrape_all()
+    router.scrape()
     end_wall = time.time()
     windows = [replica_window(name, snaps) for name, snaps in series.items()
                if len(snaps) >= 2]
@@ -193,10 +204,48 @@ def _scrape_window(opts: LiveOptions, sources: dict[str, str],
                           f"of {max(w.samples for w in windows)} scrapes over {window_s:.1f} s")
     if down:
         sources["down"] = "; ".join(f"{n}: {why}" for n, why in down.items())
+    router_doc = router.window(sources)
     if spans_wanted and opts.span_grace_s > 0:
         opts.progress(f"waiting {opts.span_grace_s:g} s for the spans' exporters")
         opts.sleep(opts.span_grace_s)
-    return windows, down, window_s, end_wall, target
+    return windows, down, window_s, end_wall, target, router_doc
+
+
+class _RouterScrapes:
+    """The router's own metrics page (``--router-metrics``) at the window's start and end;
+    nothing when not given. A page that does not answer is said in the sources, and the
+    router rule is then skipped; the replicas are measured all the same."""
+
+    def __init__(self, opts: LiveOptions, session: requests.Session, headers: dict[str, str],
+                 names: dict[str, str]) -> None:
+        url = opts.router_metrics_url
+        base = url.rstrip("/").removesuffix("/metrics") if url else None
+        self.scraper = MetricsScraper(base, session=session, headers=headers) if base else None
+        self.names = names
+        self.snaps: list[MetricSnapshot] = []
+        self.error: str | None = None
+
+    def scrape(self) -> None:
+        if self.scraper is None or self.error is not None:
+            return
+        try:
+            self.snaps.append(self.scraper.scrape())
+        except MetricsUnavailable as exc:
+            self.error = str(exc)
+
+    def window(self, sources: dict[str, str]) -> RouterWindow | None:
+        if self.scraper is None:
+            return None
+        if self.error is not None or len(self.snaps) < 2:
+            sources["router"] = f"router metrics unusable: {self.error or 'one scrape'}"
+            return None
+        first, last = self.snaps[0], self.snaps[-1]
+        if not any(n.startswith(ROUTER_PREFIX) for n in last.samples):
+            sources["router"] = (f"{redact_url(self.scraper.url)} has no vllm_router_* "
+                                 "series: is it the router's --prometheus-port?")
+            return None
+        sources["router"] = f"{redact_url(self.scraper.url)}: scraped at the window's edges"
+        return router_window(first, last, self.names)
 
 
 def _by_label(snap: MetricSnapshot, canonical: str, label: str) -> dict[str, float]:

@@ -180,6 +180,7 @@ def test_uneven_routing_is_reported_by_the_live_check(local_fleet, router_factor
         time.sleep(0.5)
         code = main(["check", "--live", "--endpoint", router.base_url,
                      *[a for r in _replica_args(local_fleet) for a in ("--replica", r)],
+                     "--router-metrics", router.metrics_url,
                      "--window", "6", "--span-grace", "0", "--json",
                      "--store", str(local_fleet.span_store_path)])
     finally:
@@ -197,6 +198,11 @@ def test_uneven_routing_is_reported_by_the_live_check(local_fleet, router_factor
     assert code == 1 or imbalance["status"] == "warn"
     # the verdict quotes the counts that decided it, naming the busy replica
     assert busy in imbalance["summary"] and "requests" in imbalance["summary"], imbalance
+    # the router's own page agrees: it sent the busy replica everything, nothing to the other
+    routed = verdicts["live_router"]
+    assert routed["status"] in ("pass", "warn"), routed
+    by_worker = routed["numbers"]["by_worker"]
+    assert by_worker.get(busy, 0) > 0 and by_worker.get(idle, 0) == 0, routed
 
 
 def test_a_replica_that_is_down_is_reported_while_the_others_are_measured(local_fleet,

@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from phaseprobe.analysis.router_window import RouterWindow
 from phaseprobe.analysis.rules.base import USE_CASE_TTFT_S
 from phaseprobe.records import RequestSpan
 
@@ -104,6 +105,7 @@ class LiveEvidence:
     ttft_target_s: float | None = None  # None: USE_CASE_TTFT_S[use_case]
     tpot_target_s: float | None = None  # None: USE_CASE_TPOT_S[use_case]
     fleet: bool = False  # several replicas named (a router with --replica, or Prometheus)
+    router: RouterWindow | None = None  # the router's own metrics (--router-metrics)
 
     @property
     def ttft_target(self) -> float:

@@ -124,6 +124,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     live.add_argument("--replica", action="append", metavar="[NAME=]URL", default=None,
                       help="a replica behind the --endpoint router (repeat for each): its own "
                            "/metrics is read, never the router's")
+    live.add_argument("--router-metrics", metavar="URL", default=None,
+                      help="the router's own metrics page (vllm-router --prometheus-port, e.g. "
+                           "http://router:29000/metrics): workers it marks unhealthy, its "
+                           "circuit breakers, retries that hide a failing replica, and traffic "
+                           "that bypasses it (rule live_router)")
     live.add_argument("--window", type=seconds, default=DEFAULT_WINDOW_S, metavar="SECONDS",
                       help=f"the window: two /metrics scrapes this far apart, or PromQL over "
                            f"the last SECONDS (default: {DEFAULT_WINDOW_S:g})")
@@ -144,7 +149,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 _EXPERIMENT_ONLY = ("experiment_pos", "experiment", "baseline", "tp", "baseline_tp", "nsys",
                     "trace", "server_log", "peaks", "model_config")
-_LIVE_ONLY = ("endpoint", "replica", "ttft_target", "tpot_target", "api_key_env")
+_LIVE_ONLY = ("endpoint", "replica", "router_metrics", "ttft_target", "tpot_target",
+              "api_key_env")
 _LIVE_DEFAULTS = {"window": DEFAULT_WINDOW_S, "span_grace": 5.0}
 
 
@@ -212,6 +218,7 @@ def run_live(args: argparse.Namespace, out: Console, err: Console) -> int:
     opts = LiveOptions(
         endpoint=args.endpoint, replicas=parse_replicas(args.replica), prom_url=args.prom,
         prom_selector=args.prom_selector, window_s=args.window, span_grace_s=args.span_grace,
+        router_metrics_url=args.router_metrics,
         store_path=args.store or default_store_path(),
         api_key=api_key_from_env(args.api_key_env), use_case=args.use_case,
         ttft_target_s=args.ttft_target, tpot_target_s=args.tpot_target,
