@@ -72,6 +72,7 @@ class LiveOptions:
     replicas: tuple[ReplicaTarget, ...] = ()
     prom_url: str | None = None
     prom_selector: str = ""
+    prom_replica_label: str = "instance"  # the label that names a replica in Prometheus
     window_s: float = DEFAULT_WINDOW_S
     sample_every_s: float = 1.0
     span_grace_s: float = 5.0
@@ -330,6 +331,7 @@ def _prometheus_window(opts: LiveOptions, end_s: float, sources: dict[str, str]
     from phaseprobe.sources.prometheus import PrometheusClient  # its client library is heavy
 
     url = opts.prom_url or ""
+    label = opts.prom_replica_label  # instance: every scrape target; pod: where relabeled
     w = f"{max(1, math.ceil(opts.window_s))}s"
     bare = opts.prom_selector.strip().removeprefix("{").removesuffix("}")
     sel = f"{{{bare}}}" if bare else ""
@@ -346,7 +348,7 @@ def _prometheus_window(opts: LiveOptions, end_s: float, sources: dict[str, str]
         def by_instance(expr: str, into: dict[str, dict[str, float]], key: str,
                         extra: str = "") -> None:
             for s in client.instant_query(expr, at=end_s):
-                inst = s.labels.get("instance")
+                inst = s.labels.get(label)
                 if inst is None or math.isnan(s.value) or (extra and not s.labels.get(extra)):
                     continue
                 k = key + (s.labels.get(extra, "") if extra else "")
@@ -356,25 +358,25 @@ def _prometheus_window(opts: LiveOptions, end_s: float, sources: dict[str, str]
         for hist in DELTA_HISTOGRAMS:
             base = _newest(hist)
             for part in ("_sum", "_count"):
-                by_instance(f"sum by (instance) (increase({name(base + part)}{sel}[{w}]))",
+                by_instance(f"sum by ({label}) (increase({name(base + part)}{sel}[{w}]))",
                             deltas, hist + part)
         for counter in DELTA_COUNTERS:
-            by_instance(f"sum by (instance) (increase({name(_newest(counter))}{sel}[{w}]))",
+            by_instance(f"sum by ({label}) (increase({name(_newest(counter))}{sel}[{w}]))",
                         deltas, counter)
         success = name(_newest("request_success"))
-        by_instance(f"sum by (instance) (increase({success}{sel}[{w}]))", deltas,
+        by_instance(f"sum by ({label}) (increase({success}{sel}[{w}]))", deltas,
                     "finished")
-        by_instance(f"sum by (instance, finished_reason) (increase({success}{sel}[{w}]))",
+        by_instance(f"sum by ({label}, finished_reason) (increase({success}{sel}[{w}]))",
                     deltas, "finished_", extra="finished_reason")
         for gauge in GAUGES:
             g = name(_newest(gauge))
             agg = "max" if gauge == "kv_cache_usage" else "sum"
-            by_instance(f"{agg} by (instance) (avg_over_time({g}{sel}[{w}]))", mean, gauge)
-            by_instance(f"max by (instance) (max_over_time({g}{sel}[{w}]))", peak, gauge)
-        vllm = {s.labels.get("instance") for s in client.instant_query(
-            f"count by (instance) (count_over_time({success}{sel}[1h]))", at=end_s)}
+            by_instance(f"{agg} by ({label}) (avg_over_time({g}{sel}[{w}]))", mean, gauge)
+            by_instance(f"max by ({label}) (max_over_time({g}{sel}[{w}]))", peak, gauge)
+        vllm = {s.labels.get(label) for s in client.instant_query(
+            f"count by ({label}) (count_over_time({success}{sel}[1h]))", at=end_s)}
         for s in client.instant_query(f"up{sel}", at=end_s):
-            inst = s.labels.get("instance")
+            inst = s.labels.get(label)
             if inst is not None and inst in vllm and s.value == 0:
                 down[inst] = "Prometheus' last scrape of it failed (up = 0)"
     instances = sorted((set(deltas) | set(mean)) - set(down))
@@ -383,7 +385,7 @@ def _prometheus_window(opts: LiveOptions, end_s: float, sources: dict[str, str]
                           f"{'matching ' + sel + ' ' if sel else ''}over the last {w}: check "
                           "--prom-selector and that it scrapes the replicas")
     sources["prom"] = (f"{redact_url(url)}: increase/avg_over_time over {w} by "
-                       f"instance ({', '.join(instances)})")
+                       f"{label} ({', '.join(instances)})")
     windows = [ReplicaWindow(inst, deltas.get(inst, {}), mean.get(inst, {}),
                              peak.get(inst, {}), samples=0) for inst in instances]
     return windows, down

@@ -311,6 +311,8 @@ class FakePrometheus:
     """Answers check --live's PromQL by instance: a busy a:1, a quiet b:1, a down c:1."""
 
     per = {"a:1": 60.0, "b:1": 6.0}
+    label = "instance"  # the label that names a replica
+    asked: list[str] = []
 
     def __init__(self, url: str, **_: object) -> None:
         self.shown_url = url
@@ -327,15 +329,18 @@ class FakePrometheus:
     def instant_query(self, expr: str, *, at: float | None = None) -> list:
         from phaseprobe.sources.prometheus import Sample
 
+        self.asked.append(expr)
+        key = self.label
+
         def each(f):
-            return [Sample({"instance": inst}, at or 0.0, f(n)) for inst, n in self.per.items()]
+            return [Sample({key: inst}, at or 0.0, f(n)) for inst, n in self.per.items()]
         if expr.startswith("up"):
-            return [Sample({"instance": i}, 0.0, 1.0) for i in self.per] + [
-                Sample({"instance": "c:1"}, 0.0, 0.0)]
+            return [Sample({key: i}, 0.0, 1.0) for i in self.per] + [
+                Sample({key: "c:1"}, 0.0, 0.0)]
         if "count_over_time" in expr:
-            return [Sample({"instance": i}, 0.0, 5.0) for i in [*self.per, "c:1"]]
+            return [Sample({key: i}, 0.0, 5.0) for i in [*self.per, "c:1"]]
         if "finished_reason" in expr:
-            return [Sample({"instance": inst, "finished_reason": "stop"}, 0.0, n)
+            return [Sample({key: inst, "finished_reason": "stop"}, 0.0, n)
                     for inst, n in self.per.items()]
         if "num_requests_running" in expr:
             return each(lambda n: n / 6)
@@ -367,3 +372,26 @@ def test_prometheus_window_by_instance(monkeypatch, tmp_path):
     assert ttft["numbers"]["by_replica"]["a:1"]["ttft_mean_s"] == pytest.approx(0.1)
     assert "increase/avg_over_time over 30s by instance (a:1, b:1)" in \
         json.loads(out)["sources"]["prom"]
+
+
+def test_prometheus_window_by_another_replica_label(monkeypatch, tmp_path, capsys):
+    """Kubernetes: replicas named by their pod label (--replica-label pod)."""
+    import phaseprobe.sources.prometheus as prom
+
+    class ByPod(FakePrometheus):
+        label = "pod"
+        asked: list[str] = []
+
+    monkeypatch.setattr(prom, "PrometheusClient", ByPod)
+    code, out, _ = run_check(["--live", "--prom", "http://prom:9090", "--window", "30",
+                              "--replica-label", "pod", "--json",
+                              "--store", str(tmp_path / "none.sqlite")])
+    imb = verdicts(out)["live_replica_imbalance"]
+    assert imb["numbers"]["finished"] == {"a:1": 60, "b:1": 6}
+    assert all("instance" not in q for q in ByPod.asked if " by (" in q), ByPod.asked
+    assert any("by (pod)" in q for q in ByPod.asked)
+    with pytest.raises(SystemExit) as exit_:  # argparse refuses it before anything runs
+        run_check(["--live", "--prom", "http://prom:9090", "--replica-label",
+                   "pod) or vector(1"])
+    assert exit_.value.code == 2
+    assert "not a Prometheus label name" in capsys.readouterr().err

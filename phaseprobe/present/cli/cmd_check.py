@@ -29,6 +29,7 @@ missing store or file). Each rule that lacks its evidence says ``skipped: needs 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -124,6 +125,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     live.add_argument("--replica", action="append", metavar="[NAME=]URL", default=None,
                       help="a replica behind the --endpoint router (repeat for each): its own "
                            "/metrics is read, never the router's")
+    live.add_argument("--replica-label", type=_label_name, default="instance", metavar="LABEL",
+                      help="with --prom: the label that names a replica (default: instance, "
+                           "which every scrape target has; pod where Kubernetes relabels it)")
     live.add_argument("--router-metrics", metavar="URL", default=None,
                       help="the router's own metrics page (vllm-router --prometheus-port, e.g. "
                            "http://router:29000/metrics): workers it marks unhealthy, its "
@@ -151,7 +155,15 @@ _EXPERIMENT_ONLY = ("experiment_pos", "experiment", "baseline", "tp", "baseline_
                     "trace", "server_log", "peaks", "model_config")
 _LIVE_ONLY = ("endpoint", "replica", "router_metrics", "ttft_target", "tpot_target",
               "api_key_env")
-_LIVE_DEFAULTS = {"window": DEFAULT_WINDOW_S, "span_grace": 5.0}
+_LIVE_DEFAULTS = {"window": DEFAULT_WINDOW_S, "span_grace": 5.0, "replica_label": "instance"}
+_LABEL = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,99}")
+
+
+def _label_name(text: str) -> str:
+    """A Prometheus label name (it goes into PromQL's ``by (…)``: nothing else may)."""
+    if not _LABEL.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a Prometheus label name")
+    return text
 
 
 def run(args: argparse.Namespace, out: Console, err: Console) -> int:
@@ -218,7 +230,7 @@ def run_live(args: argparse.Namespace, out: Console, err: Console) -> int:
     opts = LiveOptions(
         endpoint=args.endpoint, replicas=parse_replicas(args.replica), prom_url=args.prom,
         prom_selector=args.prom_selector, window_s=args.window, span_grace_s=args.span_grace,
-        router_metrics_url=args.router_metrics,
+        router_metrics_url=args.router_metrics, prom_replica_label=args.replica_label,
         store_path=args.store or default_store_path(),
         api_key=api_key_from_env(args.api_key_env), use_case=args.use_case,
         ttft_target_s=args.ttft_target, tpot_target_s=args.tpot_target,
