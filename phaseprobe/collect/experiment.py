@@ -20,7 +20,7 @@ from phaseprobe.analysis.client_check import check_client, has_hop
 from phaseprobe.analysis.phases import attribute, consistency_notes, histograms_moved, idle_reasons
 from phaseprobe.analysis.replica_match import unverifiable
 from phaseprobe.collect.connection import ServerInfo, connect
-from phaseprobe.collect.fleet.scrape import FleetScraper, FleetSnapshot
+from phaseprobe.collect.fleet.scrape import FleetScraper, FleetSnapshot, RouterPage
 from phaseprobe.collect.fleet.targets import ReplicaTarget
 from phaseprobe.collect.span_attribution import attach_spans, new_tags
 from phaseprobe.errors import MetricsUnavailable
@@ -316,6 +316,31 @@ class RunCollector:
         return self._attribute(seq, prompt, timeline, b, a, moved, replica)
 
 
+def router_notes(page: RouterPage, runs: Sequence[Run]) -> list[str]:
+    """What the router says it did over the runs, beside what the runs' replicas say."""
+    window = page.window()
+    if window is None:
+        return page.notes
+    if window.unverifiable:
+        return [f"router metrics: {window.unverifiable}"]
+    told: dict[str, int] = {}
+    for r in runs:
+        if r.replica is not None and r.replica.name is not None:
+            told[r.replica.name] = told.get(r.replica.name, 0) + 1
+    sent = ", ".join(f"{w} {n:.0f}" for w, n in sorted(window.processed.items()) if n)
+    extra = "; ".join(f"{k} {v:.0f}" for k, v in window.totals.items()
+                      if k != "requests" and v)
+    line = f"router (its own metrics over the runs): sent {sent or 'nothing'}"
+    if extra:
+        line += f"; {extra}"
+    if told and {k: float(v) for k, v in told.items()} != {
+            k: v for k, v in window.processed.items() if v}:
+        line += (" (the runs' replicas: " + ", ".join(f"{k} {v}" for k, v in sorted(
+            told.items())) + "; other traffic went through the router, or a replica's "
+            "name differs from its worker URL there)")
+    return [line]
+
+
 def run_probe(spec: RunSpec, store: Store, *, settings: ProbeSettings = ProbeSettings(),
               api_key: str | None = None, progress: ProgressHook | None = None,
               session: requests.Session | None = None, timeout_s: float = 120.0,
@@ -325,7 +350,8 @@ def run_probe(spec: RunSpec, store: Store, *, settings: ProbeSettings = ProbeSet
               gpu_sampler: GpuSampler | None = None,
               deadline_s: float | None = DEFAULT_DEADLINE_S,
               models: list[dict[str, Any]] | None = None,
-              replicas: Sequence[ReplicaTarget] = ()) -> ProbeResult:
+              replicas: Sequence[ReplicaTarget] = (),
+              router_metrics: str | None = None) -> ProbeResult:
     """Run one probe experiment; every completed run is in ``store`` before the next starts.
 
     Raises :class:`~phaseprobe.errors.EndpointUnreachable` before any run if nothing answers.
@@ -368,6 +394,11 @@ def run_probe(spec: RunSpec, store: Store, *, settings: ProbeSettings = ProbeSet
             progress.on_warmup(i, warm.error)
         if before_runs is not None:
             before_runs()
+        page = None
+        if router_metrics:
+            names = {url: name for name, url in (conn.fleet.urls.items() if conn.fleet else ())}
+            page = RouterPage(router_metrics, conn.session, names)
+            page.start()
         for seq in range(settings.runs):
             if seq and settings.pause_s:
                 sleep(settings.pause_s)
@@ -376,6 +407,8 @@ def run_probe(spec: RunSpec, store: Store, *, settings: ProbeSettings = ProbeSet
             run = replace(run, run_id=run_id, experiment_id=experiment_id)
             runs.append(run)
             progress.on_run(run)
+        if page is not None:
+            notes.extend(router_notes(page, runs))
         if settings.span_wait_s is not None:
             runs, span_notes = attach_spans(store, runs, wait_s=settings.span_wait_s,
                                             hop=collector.hop, sleep=sleep, clock=clock,

@@ -93,7 +93,8 @@ def test_each_run_names_the_replica_whose_counter_moved_and_none_is_shared(local
         result = run_probe(_spec(local_fleet), store, progress=witness,
                            settings=ProbeSettings(runs=6, warmup=1, span_wait_s=SPAN_WAIT_S,
                                                   name="fleet-probe"),
-                           replicas=parse_replicas(_replica_args(local_fleet)))
+                           replicas=parse_replicas(_replica_args(local_fleet)),
+                           router_metrics=local_fleet.router_metrics_url)
         stored = store.runs(result.experiment_id)
     runs = result.runs
     told = [(r.replica.name if r.replica else None) for r in runs]
@@ -104,6 +105,9 @@ def test_each_run_names_the_replica_whose_counter_moved_and_none_is_shared(local
     assert all(r.status == "ok" and r.isolated for r in runs), \
         [(r.status, r.isolation.reasons) for r in runs]
     assert not any("shared" in n for n in result.notes), result.notes
+    # the router's own page says the same split, and no retries
+    assert "router (its own metrics over the runs): sent r1 3, r2 3" in result.notes, \
+        result.notes
     # the spans name the same replicas (service.instance.id), and the store keeps them
     assert all(r.span is not None and r.span.instance == name for r, name in zip(runs, told))
     assert all(r.replica is not None and r.replica.source == "span" for r in runs)

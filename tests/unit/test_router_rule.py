@@ -95,3 +95,35 @@ def test_skipped_without_the_page_or_after_a_restart():
     v = router_health(_ev(restarted))
     assert v.status == "skipped" and "went backwards" in v.summary and "cannot verify" in \
         v.summary
+
+
+class _Page:
+    """A RouterPage stand-in: the window it returns and its notes."""
+
+    def __init__(self, window, notes=()):
+        self._window, self.notes = window, list(notes)
+
+    def window(self):
+        return self._window
+
+
+def _run(seq: int, replica: str):
+    from phaseprobe.records import Isolation, ReplicaAttribution, Run
+
+    return Run(seq=seq, status="ok", prompt="p", client=None, server=None,
+               isolation=Isolation(True, True), replica=ReplicaAttribution(replica, "counters"))
+
+
+def test_probe_notes_what_the_router_sent_beside_the_runs_replicas():
+    from phaseprobe.collect.experiment import router_notes
+
+    runs = [_run(0, "r1"), _run(1, "r2"), _run(2, "r1")]
+    same = _window(_page(0, 0, requests=0), _page(2, 1, requests=3))
+    assert router_notes(_Page(same), runs) == [
+        "router (its own metrics over the runs): sent r1 2, r2 1"]
+    more = _window(_page(0, 0, requests=0), _page(5, 1, requests=6, retries=1))
+    (line,) = router_notes(_Page(more), runs)
+    assert "sent r1 5, r2 1; retries 1" in line
+    assert "(the runs' replicas: r1 2, r2 1; other traffic went through the router" in line
+    assert router_notes(_Page(None, ["router metrics: unreachable"]), runs) == [
+        "router metrics: unreachable"]

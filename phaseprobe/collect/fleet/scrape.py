@@ -15,11 +15,12 @@ import requests
 
 from phaseprobe.analysis.phases import idle_reasons
 from phaseprobe.analysis.replica_match import ReplicaPair, serving_replica
+from phaseprobe.analysis.router_window import RouterWindow, router_window
 from phaseprobe.collect.fleet.targets import ReplicaTarget
 from phaseprobe.errors import MetricsUnavailable
 from phaseprobe.sources.vllm_metrics import MetricSnapshot, MetricsScraper
 
-__all__ = ["FleetSnapshot", "FleetScraper"]
+__all__ = ["FleetSnapshot", "FleetScraper", "RouterPage"]
 
 
 @dataclass(frozen=True)
@@ -73,3 +74,34 @@ class FleetScraper:
                 prompt_tokens: int | None, completion_tokens: int | None
                 ) -> tuple[str | None, str]:
         return serving_replica(before.pairs(after), model, prompt_tokens, completion_tokens)
+
+
+class RouterPage:
+    """The router's own metrics page (vllm-router's ``--prometheus-port``; ``--router-metrics``)
+    read around a measurement: what the router says it sent each replica, its retries and
+    errors (:func:`~phaseprobe.analysis.router_window.router_window`). A page that does not
+    answer gives a note, never an error: the runs do not depend on it."""
+
+    def __init__(self, url: str, session: requests.Session, names: dict[str, str]) -> None:
+        base = url.rstrip("/").removesuffix("/metrics")
+        self.scraper = MetricsScraper(base, session=session)
+        self.names = names  # replica URL -> name
+        self.first: MetricSnapshot | None = None
+        self.notes: list[str] = []
+
+    def _scrape(self) -> MetricSnapshot | None:
+        try:
+            return self.scraper.scrape()
+        except MetricsUnavailable as exc:
+            self.notes.append(f"router metrics: {exc}")
+            return None
+
+    def start(self) -> None:
+        self.first = self._scrape()
+
+    def window(self) -> RouterWindow | None:
+        """The router's window since :meth:`start`; None when a scrape failed."""
+        if self.first is None:
+            return None
+        last = self._scrape()
+        return router_window(self.first, last, self.names) if last is not None else None

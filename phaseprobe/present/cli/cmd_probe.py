@@ -82,6 +82,10 @@ def register(subparsers: Any) -> None:
                             "served each run and to judge isolation on that replica alone. "
                             "Name it after its service.instance.id so spans and counters "
                             "agree (default name: its host:port)")
+    probe.add_argument("--router-metrics", metavar="URL", default=None,
+                       help="the router's own metrics page (vllm-router --prometheus-port): "
+                            "what it says it sent each replica over the runs, and its retries, "
+                            "noted beside the runs' own replicas")
     probe.add_argument("--model", help="model name to request (default: the first model the "
                        "endpoint lists)")
     group = probe.add_mutually_exclusive_group()
@@ -227,7 +231,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
                                progress=RichProgress(err), timeout_s=args.timeout,
                                deadline_s=args.deadline, before_runs=session.before_runs,
                                gpu_sampler=session.sampler, models=session.models,
-                               replicas=replicas)
+                               replicas=replicas, router_metrics=args.router_metrics)
         except BaseException:
             session.abort()
             raise
