@@ -57,7 +57,7 @@ class FakeReplica:
                             'vllm:request_success_total{finished_reason="length",'
                             'model_name="tiny"} 1.0\n').encode()
                 elif self.path == "/list_workers" and owner.router:
-                    body = json.dumps({"workers": ["http://10.0.0.5:8000"]}).encode()
+                    body = json.dumps({"urls": ["http://10.0.0.5:8000"]}).encode()  # 0.1.17
                 else:
                     self.send_error(404)
                     return
