@@ -90,15 +90,16 @@ def moved_replicas(pairs: Mapping[str, ReplicaPair], model: str | None) -> dict[
 
 
 def _usage_matches(pair: ReplicaPair, model: str | None, prompt_tokens: int | None,
-                   completion_tokens: int | None) -> bool:
-    """Did this replica's token counters move by at least the run's usage?"""
+                   completion_tokens: int | None, *, exactly: bool = False) -> bool:
+    """Did this replica's token counters move by at least (``exactly``: by exactly) the run's
+    usage?"""
     before, after = pair
     for canonical, expected in (("prompt_tokens", prompt_tokens),
                                 ("generation_tokens", completion_tokens)):
         b, a = before.value(canonical, model=model), after.value(canonical, model=model)
         if expected is None or a is None or b is None:
             continue
-        if a - b < expected:
+        if a - b < expected or (exactly and a - b != expected):
             return False
     return True
 
@@ -121,6 +122,12 @@ def serving_replica(pairs: Mapping[str, ReplicaPair], model: str | None,
         return None, f"no replica's counters moved{extra}"
     fits = [n for n in moved if _usage_matches(pairs[n], model, prompt_tokens,
                                                completion_tokens)]
+    # Other replicas busy: several can hold the run's tokens, but one finished exactly one
+    # request of exactly the run's usage: that one is the run (the others' traffic is theirs).
+    exact = [n for n in fits if moved[n] == 1 and _usage_matches(
+        pairs[n], model, prompt_tokens, completion_tokens, exactly=True)]
+    if len(fits) > 1 and len(exact) == 1:
+        fits = exact
     if len(fits) == 1:
         name = fits[0]
         how = "moved by 1 request" if moved[name] == 1 else f"moved by {moved[name]:g} requests"

@@ -19,7 +19,7 @@ from phaseprobe.collect.fleet.scrape import FleetScraper
 from phaseprobe.collect.fleet.targets import (
     ReplicaTarget,
     check_fleet,
-    parse_replica,
+    discover_replicas,
     router_workers,
 )
 from phaseprobe.collect.playbook import ArmLaunch, RedactedArm
@@ -145,7 +145,8 @@ def connect(endpoint: str, api_key: str | None, *, session: requests.Session | N
     workers = router_workers(endpoint, session, headers)
     router = workers is not None
     if workers is not None:
-        found = _discovered(workers)
+        found, left_out = discover_replicas(workers)
+        notes.extend(left_out)
         if found:
             try:  # the router's own worker list: each replica read directly, like --replica
                 conn = _connect_fleet(endpoint, found, client, headers, models, list(notes),
@@ -176,17 +177,6 @@ def connect(endpoint: str, api_key: str | None, *, session: requests.Session | N
         info["router"] = True
     return Connection(endpoint, session, client, headers, models, scraper, info, notes, api_key,
                       router=router)
-
-
-def _discovered(urls: list[str]) -> tuple[ReplicaTarget, ...]:
-    """A router's worker URLs as replicas named by host:port (unusable URLs left out)."""
-    out: list[ReplicaTarget] = []
-    for url in urls:
-        try:
-            out.append(parse_replica(url))
-        except PhaseprobeError:
-            continue
-    return tuple(out)
 
 
 def _connect_fleet(endpoint: str, replicas: Sequence[ReplicaTarget], client: StreamClient,

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit
+from typing import NamedTuple
 
 import requests
 
@@ -43,7 +43,8 @@ from phaseprobe.analysis.rules.live_base import (
 from phaseprobe.collect.fleet.targets import (
     ReplicaTarget,
     check_fleet,
-    parse_replica,
+    default_name,
+    discover_replicas,
     router_workers,
 )
 from phaseprobe.errors import ConfigError, MetricsUnavailable, StoreError, UnknownMetric
@@ -115,9 +116,11 @@ def take_window(opts: LiveOptions, *, session: requests.Session | None = None
                               "apart), not with --prom: scrape the router with Prometheus and "
                               "query vllm_router_* there")
     else:
-        replicas, down, window_s, end_s, target, router = _scrape_window(opts, sources,
-                                                                         session, spans_wanted)
-        source, fleet = "scrapes", bool(opts.replicas) or len(replicas) > 1
+        scraped = _scrape_window(opts, sources, session, spans_wanted)
+        replicas, down, window_s, end_s = (scraped.windows, scraped.down, scraped.window_s,
+                                           scraped.end_wall)
+        target, router, fleet = scraped.target, scraped.router, scraped.fleet
+        source = "scrapes"
     spans = None
     if spans_wanted:
         spans = _window_spans(opts.store_path, end_s - window_s, end_s, sources)
@@ -130,34 +133,45 @@ def take_window(opts: LiveOptions, *, session: requests.Session | None = None
 # -- scrapes ----------------------------------------------------------------------------------
 
 def _targets(opts: LiveOptions, session: requests.Session, headers: dict[str, str]
-             ) -> tuple[list[ReplicaTarget], dict[str, str], str]:
+             ) -> tuple[list[ReplicaTarget], dict[str, str], str, bool]:
+    """The replicas to scrape, those down, the target in words, and whether it is a fleet
+    (replicas named by the user or by the router: spans are then grouped per replica even
+    when one replica is left)."""
     endpoint = normalize_base_url(opts.endpoint or "")
     if opts.replicas:
         checked = check_fleet(endpoint, opts.replicas, session=session, headers=headers)
         return list(checked.up), dict(checked.down), \
-            f"{len(opts.replicas)} replicas behind {redact_url(endpoint)}"
+            f"{len(opts.replicas)} replicas behind {redact_url(endpoint)}", True
     workers = router_workers(endpoint, session, headers)
     if workers is not None:
         # a vllm-router names its workers: each is read on its own /metrics, as --replica
-        found = [parse_replica(u) for u in workers if u]
+        found, left_out = discover_replicas(workers)
+        opts.notes.extend(left_out)
         if not found:
             raise ConfigError(f"{redact_url(endpoint)} is a vllm-router whose /list_workers "
-                              "names no worker: give each replica with --replica NAME=URL "
-                              "(its own /metrics is read), or --prom URL")
+                              "names no worker phaseprobe can read: give each replica with "
+                              "--replica NAME=URL (its own /metrics is read), or --prom URL")
         checked = check_fleet(endpoint, found, session=session, headers=headers)
         return list(checked.up), dict(checked.down), \
-            (f"{len(found)} replicas behind {redact_url(endpoint)} (from its /list_workers)")
-    name = urlsplit(endpoint).netloc.rpartition("@")[2]
-    return [ReplicaTarget(name, endpoint)], {}, redact_url(endpoint)
+            f"{len(found)} replicas behind {redact_url(endpoint)} (from its /list_workers)", True
+    return [ReplicaTarget(default_name(endpoint), endpoint)], {}, redact_url(endpoint), False
+
+
+class _Scraped(NamedTuple):
+    windows: list[ReplicaWindow]
+    down: dict[str, str]
+    window_s: float
+    end_wall: float
+    target: str
+    router: RouterWindow | None
+    fleet: bool
 
 
 def _scrape_window(opts: LiveOptions, sources: dict[str, str],
-                   session: requests.Session | None, spans_wanted: bool
-                   ) -> tuple[list[ReplicaWindow], dict[str, str], float, float, str,
-                              RouterWindow | None]:
+                   session: requests.Session | None, spans_wanted: bool) -> _Scraped:
     session = session or requests.Session()
     headers = {"Authorization": f"Bearer {opts.api_key}"} if opts.api_key else {}
-    targets, down, target = _targets(opts, session, headers)
+    targets, down, target, fleet = _targets(opts, session, headers)
     scrapers = {t.name: MetricsScraper(t.url, session=session, headers=headers)
                 for t in targets}
     series: dict[str, list[MetricSnapshot]] = {name: [] for name in scrapers}
@@ -209,7 +223,7 @@ def _scrape_window(opts: LiveOptions, sources: dict[str, str],
     if spans_wanted and opts.span_grace_s > 0:
         opts.progress(f"waiting {opts.span_grace_s:g} s for the spans' exporters")
         opts.sleep(opts.span_grace_s)
-    return windows, down, window_s, end_wall, target, router_doc
+    return _Scraped(windows, down, window_s, end_wall, target, router_doc, fleet)
 
 
 class _RouterScrapes:

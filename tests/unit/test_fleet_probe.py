@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -89,13 +90,16 @@ def test_other_replicas_traffic_does_not_count_against_a_run(tmp_path):
         thread.start()
         try:
             spec = RunSpec(endpoint=router.base_url, model=MODEL, prompt="hi", max_tokens=6)
-            result = run_probe(spec, store, settings=ProbeSettings(runs=3, warmup=0,
-                                                                   idle_timeout_s=0.2),
+            t0 = time.monotonic()
+            result = run_probe(spec, store, settings=ProbeSettings(runs=3, warmup=0),
                                replicas=parse_replicas([f"r1={a.base_url}",
                                                         f"r2={b.base_url}"]))
+            took = time.monotonic() - t0
         finally:
             stop.set()
             thread.join(5)
+    # a busy other replica does not make each run wait the 10 s idle timeout: r1 is idle
+    assert took < 10, took
     assert [r.replica.name for r in result.runs if r.replica] == ["r1"] * 3, [
         (r.replica, r.isolation.reasons) for r in result.runs]
     assert all(r.isolated for r in result.runs), [r.isolation.reasons for r in result.runs]
@@ -249,7 +253,12 @@ def test_serving_replica_picks_the_one_that_moved_by_the_usage():
     pairs["r2"] = (_snap(7, 100, 50), _snap(8, 102, 51))
     name, how = serving_replica(pairs, "m", 10, 6)
     assert name == "r1" and "r2 also finished requests" in how
-    # both could hold it: not told, and said why
+    # both could hold it, but only r1 finished exactly one request of exactly its usage
+    pairs["r2"] = (_snap(7, 100, 50), _snap(9, 200, 90))
+    name, how = serving_replica(pairs, "m", 10, 6)
+    assert name == "r1" and "r2 also finished requests" in how
+    # both finished one request that could be the run: not told, and said why
+    pairs["r1"] = (_snap(3, 100, 50), _snap(4, 111, 57))
     pairs["r2"] = (_snap(7, 100, 50), _snap(8, 200, 90))
     name, how = serving_replica(pairs, "m", 10, 6)
     assert name is None and "several replicas" in how

@@ -124,9 +124,10 @@ def replica_imbalance(ev: LiveEvidence) -> Verdict:
 def span_replicas(ev: LiveEvidence, spans: Sequence[RequestSpan]) -> tuple[list[str], str]:
     """The replica names the span rules compare over (the measured ones when the spans name
     them, else the spans' own) and a note when the two sets of names do not meet."""
-    names = [r.name for r in ev.replicas] + list(ev.down)
+    # a replica that is down is named apart by the rules, never counted as "served none"
+    names = [r.name for r in ev.replicas]
     frame_names = sorted({s.instance for s in spans if s.instance})
-    if not names or set(names) & set(frame_names):
+    if not names or set(names + list(ev.down)) & set(frame_names):
         return names, ""
     return [], (f"; the spans name replicas {', '.join(frame_names) or 'none'}, not "
                 f"{', '.join(names)}: name each --replica as its service.instance.id")

@@ -93,13 +93,24 @@ def span_loss_per_replica(ev: LiveEvidence) -> Verdict:
     groups = by_replica(ev, ev.spans)
     unknown = len(groups.get(UNKNOWN_REPLICA, []))
     warning = identity_warning(unknown, len(ev.spans))
+    measured = {r.name for r in ev.measured}
+    named = {s.instance for s in ev.spans if s.instance}
+    if (ev.fleet or len(ev.replicas) > 1) and named and not measured & set(groups):
+        # the spans name their replicas otherwise (service.instance.id vs host:port or an
+        # instance label): a loss cannot be told, and "every span lost" would be false
+        return Verdict("skipped", f"skipped: the spans name replicas {', '.join(sorted(named))}"
+                       f", not {', '.join(sorted(measured))}: name each --replica as its "
+                       "service.instance.id to count each one's spans",
+                       {"span_replicas": sorted(named), "replicas": sorted(measured)})
 
     def judge(r: ReplicaWindow) -> Part:
         done, abort = r.finished, r.delta("finished_abort") or 0.0
         received = len(groups.get(r.name, []))
         loss = span_loss(received, None if done is None else done - abort)
         numbers = {"received": loss.received, "finished": loss.finished,
-                   "lost": loss.lost_spans, "loss_frac": num(loss.loss_frac, 4),
+                   # more spans than finished requests (a count window edge): no loss to state
+                   "lost": loss.lost_spans if (loss.lost_spans or 0) >= 0 else None,
+                   "loss_frac": num(loss.loss_frac, 4),
                    "tolerance_spans": loss.tolerance_spans}
         if loss.lossy is None:
             return Part(r.name, "skipped", loss.text, numbers=numbers)

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 
 import requests
 
-from phaseprobe.analysis.phases import idle_reasons
 from phaseprobe.analysis.replica_match import ReplicaPair, serving_replica
 from phaseprobe.analysis.router_window import RouterWindow, router_window
 from phaseprobe.collect.fleet.targets import ReplicaTarget
@@ -28,10 +27,6 @@ class FleetSnapshot:
     """One scrape of every replica still answering: replica name → its snapshot."""
 
     by_replica: dict[str, MetricSnapshot]
-
-    def idle_reasons(self, model: str | None, when: str) -> list[str]:
-        return [f"{name}: {why}" for name, snap in self.by_replica.items()
-                for why in idle_reasons(snap, model, when)]
 
     def pairs(self, after: FleetSnapshot) -> dict[str, ReplicaPair]:
         """(before, after) per replica present in both scrapes."""
@@ -73,6 +68,8 @@ class FleetScraper:
     def serving(before: FleetSnapshot, after: FleetSnapshot, model: str | None,
                 prompt_tokens: int | None, completion_tokens: int | None
                 ) -> tuple[str | None, str]:
+        """The replica that served a run between the two scrapes, and how that was decided
+        (:func:`~phaseprobe.analysis.replica_match.serving_replica`)."""
         return serving_replica(before.pairs(after), model, prompt_tokens, completion_tokens)
 
 

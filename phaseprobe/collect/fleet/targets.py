@@ -11,6 +11,7 @@ would not be alike); a replica that is the router itself is refused with that sa
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -24,13 +25,15 @@ from phaseprobe.redact import redact_url, redact_urls_in
 from phaseprobe.sources.openai_stream import check_endpoint, normalize_base_url, small_json
 
 __all__ = ["ReplicaTarget", "CheckedFleet", "parse_replica", "parse_replicas", "check_fleet",
-           "is_router", "router_workers", "default_name"]
+           "is_router", "router_workers", "default_name", "discover_replicas", "MAX_WORKERS"]
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
 
 
 @dataclass(frozen=True)
 class ReplicaTarget:
+    """One replica as the user (or the router's worker list) names it."""
+
     name: str  # what outputs show; ideally the replica's service.instance.id
     url: str  # its own base URL (normalised, may carry credentials: show redact_url(url))
 
@@ -40,8 +43,15 @@ class ReplicaTarget:
 
 
 def default_name(url: str) -> str:
-    """A replica's name when none is given: its URL's host:port (credentials left out)."""
-    return urlsplit(url).netloc.rpartition("@")[2]
+    """A replica's name when none is given: its URL's host:port (credentials left out), made a
+    valid name: an IPv6 host loses its brackets, other characters become '-', and a name over
+    64 characters (a long Kubernetes host name) keeps its end and a digest of the whole."""
+    host = urlsplit(url).netloc.rpartition("@")[2].replace("[", "").replace("]", "")
+    name = re.sub(r"[^A-Za-z0-9._:-]", "-", host).lstrip("._:-") or "replica"
+    if len(name) > 64:
+        digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+        name = f"{digest}-{name[-55:].lstrip('._:-')}"
+    return name
 
 
 def parse_replica(text: str) -> ReplicaTarget:
@@ -80,25 +90,65 @@ class CheckedFleet:
     models: dict[str, list[str]] = field(default_factory=dict)  # name → served model ids
 
     def notes(self) -> list[str]:
+        """One note per replica that is down (the others are measured)."""
         return [f"replica {name} is down ({why}): measured without it"
                 for name, why in self.down.items()]
 
 
+def _worker_urls(doc: object) -> list[str] | None:
+    """The worker URLs in a ``/list_workers`` answer: ``{"urls": [...]}`` (vllm-router
+    0.1.17, measured), ``{"workers": [...]}`` or a bare list, of strings or ``{"url": …}``
+    objects (other versions and routers); None for anything else."""
+    items = doc.get("urls", doc.get("workers")) if isinstance(doc, dict) else doc
+    if not isinstance(items, list):
+        return None
+    urls = [i if isinstance(i, str) else i.get("url") if isinstance(i, dict) else None
+            for i in items]
+    return [u for u in urls if isinstance(u, str) and u]
+
+
 def router_workers(url: str, session: requests.Session,
                    headers: dict[str, str]) -> list[str] | None:
-    """The worker URLs a vllm-router at ``url`` forwards to (its ``/list_workers``:
-    ``{"urls": [...]}``, measured on vllm-router 0.1.17); None when ``url`` does not answer
-    like a router (a vLLM answers 404 there)."""
+    """The worker URLs a router at ``url`` forwards to (its ``/list_workers``); None when
+    ``url`` does not answer like a router (a vLLM answers 404 there). A router answering JSON
+    of another shape there still is one: an empty list then."""
     doc = small_json(session, "GET", url.rstrip("/") + "/list_workers", headers=headers,
                      timeout_s=5)
-    if not isinstance(doc, dict) or not isinstance(doc.get("urls"), list):
+    if doc is None:
         return None
-    return [u for u in doc["urls"] if isinstance(u, str) and u][:64]
+    urls = _worker_urls(doc)
+    return urls if urls is not None else []
 
 
 def is_router(url: str, session: requests.Session, headers: dict[str, str]) -> bool:
     """Does ``url`` answer like a vllm-router rather than a vLLM server?"""
     return router_workers(url, session, headers) is not None
+
+
+MAX_WORKERS = 64  # replicas read per measurement: each is scraped before and after every run
+
+
+def discover_replicas(urls: Sequence[str]) -> tuple[tuple[ReplicaTarget, ...], list[str]]:
+    """A router's worker URLs as replicas named by host:port (:func:`default_name`), and notes
+    for what was left out: URLs that are not http(s), and workers past :data:`MAX_WORKERS`."""
+    found: list[ReplicaTarget] = []
+    bad: list[str] = []
+    for url in dict.fromkeys(urls):
+        try:
+            base = normalize_base_url(url)
+        except ConfigError:
+            bad.append(redact_url(url)[:100])
+            continue
+        found.append(ReplicaTarget(default_name(base), base))
+    notes = []
+    if bad:
+        notes.append(f"the router's worker list holds {len(bad)} URL(s) phaseprobe cannot read "
+                     f"({', '.join(bad[:3])}): left out")
+    if len(found) > MAX_WORKERS:
+        notes.append(f"the router lists {len(found)} workers: the first {MAX_WORKERS} are "
+                     "read; name the ones to measure with --replica")
+        found = found[:MAX_WORKERS]
+    return tuple(found), notes
 
 
 def _model_ids(models: list[dict[str, Any]]) -> list[str]:
