@@ -366,3 +366,24 @@ def test_a_span_names_the_replica_its_counters_knew_only_by_host_port():
     untold = ReplicaAttribution(None, None, reason="no replica's counters moved")
     assert replica_from_span(untold, span)[0] == ReplicaAttribution(
         "r1", "span", reason="counters: no replica's counters moved")
+
+
+def test_a_routers_workers_become_validly_named_replicas():
+    from phaseprobe.collect.fleet.targets import MAX_WORKERS, _worker_urls, discover_replicas
+
+    assert _worker_urls({"urls": ["http://a:1"]}) == ["http://a:1"]
+    assert _worker_urls({"workers": [{"url": "http://a:1"}, "http://b:2", 7]}) == [
+        "http://a:1", "http://b:2"]
+    assert _worker_urls(["http://a:1"]) == ["http://a:1"]
+    assert _worker_urls({"status": "ok"}) is None
+    long_host = "vllm-" + "x" * 80 + ".svc.cluster.local"
+    found, notes = discover_replicas(["http://[::1]:8000", f"http://{long_host}:8000",
+                                      "ftp://nope", "http://u:pw@h:1"])
+    names = [t.name for t in found]
+    assert names[0] == "ip6-::1:8000"
+    assert len(names[1]) <= 64 and names[1].endswith(".svc.cluster.local:8000")
+    assert names[2] == "h:1"
+    assert all(parse_replica(f"{n}=http://h:9").name == n for n in names)  # valid names
+    assert len(notes) == 1 and "ftp://nope" in notes[0] and "pw" not in " ".join(notes)
+    many, notes = discover_replicas([f"http://h:{p}" for p in range(1000, 1100)])
+    assert len(many) == MAX_WORKERS and f"the first {MAX_WORKERS} are read" in notes[0]

@@ -47,7 +47,9 @@ def default_name(url: str) -> str:
     valid name: an IPv6 host loses its brackets, other characters become '-', and a name over
     64 characters (a long Kubernetes host name) keeps its end and a digest of the whole."""
     host = urlsplit(url).netloc.rpartition("@")[2].replace("[", "").replace("]", "")
-    name = re.sub(r"[^A-Za-z0-9._:-]", "-", host).lstrip("._:-") or "replica"
+    name = re.sub(r"[^A-Za-z0-9._:-]", "-", host) or "replica"
+    if not name[0].isalnum():  # "::1:8000": a name starts with a letter or digit
+        name = "ip6-" + name
     if len(name) > 64:
         digest = hashlib.sha256(name.encode()).hexdigest()[:8]
         name = f"{digest}-{name[-55:].lstrip('._:-')}"
