@@ -387,3 +387,10 @@ def test_a_routers_workers_become_validly_named_replicas():
     assert len(notes) == 1 and "ftp://nope" in notes[0] and "pw" not in " ".join(notes)
     many, notes = discover_replicas([f"http://h:{p}" for p in range(1000, 1100)])
     assert len(many) == MAX_WORKERS and f"the first {MAX_WORKERS} are read" in notes[0]
+
+
+def test_batch_refuses_replicas(tmp_path, capsys):
+    code = main(["batch", "--endpoint", "http://127.0.0.1:9", "--replica", "r1=http://h:1",
+                 "--store", str(tmp_path / "s.sqlite")])
+    assert code == 2
+    assert "batch measures one server's concurrency" in capsys.readouterr().err

@@ -251,6 +251,12 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     replicas = parse_replicas(args.replica)
     if replicas and not args.endpoint:
         raise ConfigError("--replica needs --endpoint (the router the replicas are behind)")
+    if replicas and kind == "batch":
+        # a level's streams would be spread over the replicas by the router: its readings
+        # (waiting, KV usage, the server's decode rate) belong to one server
+        raise ConfigError("batch measures one server's concurrency: give one replica's own URL "
+                          "as --endpoint (behind a router the streams of a level are split "
+                          "over the replicas)")
     options = SessionOptions(store_path=str(args.store or default_store_path()),
                              endpoint=args.endpoint, api_key=api_key, model=args.model)
     # the session checks a wrong --model before any run
