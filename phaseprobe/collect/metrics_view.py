@@ -15,6 +15,7 @@ import requests
 from phaseprobe.errors import MetricsUnavailable
 from phaseprobe.inputs import METRICS_TEXT_CAP, read_input_text
 from phaseprobe.sources.openai_stream import normalize_base_url
+from phaseprobe.analysis.replica_match import process_identity
 from phaseprobe.sources.vllm_metrics import MetricSnapshot, MetricsScraper, parse_exposition
 
 __all__ = ["FinishedRequests", "MetricSnapshot", "load_metrics"]
@@ -49,8 +50,12 @@ class FinishedRequests:
 
     def __init__(self, base_url: str, *, timeout_s: float = 5.0) -> None:
         self._scraper = MetricsScraper(normalize_base_url(base_url), timeout_s=timeout_s)
+        # which process answered the last read (a restart, or another replica, changes it)
+        self.identity: tuple[float, ...] | None = None
 
     def read(self) -> float | None:
         """The counter now; None when the server does not export it. Raises
         MetricsUnavailable when ``/metrics`` cannot be read."""
-        return self._scraper.scrape().value("request_success")
+        snap = self._scraper.scrape()
+        self.identity = process_identity(snap)
+        return snap.value("request_success")

@@ -47,10 +47,17 @@ class FinishedCounter:
                  read: Callable[[], float | None] | None = None,
                  timeout_s: float = _TIMEOUT_S, min_interval_s: float = DEFAULT_MIN_INTERVAL_S,
                  clock_ns: Callable[[], int] = time.time_ns,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 monotonic: Callable[[], float] = time.monotonic,
+                 identity: Callable[[], object] | None = None) -> None:
         self.replica = replica
         self.shown_url = redact_url(base_url)
-        self._read_counter = read or FinishedRequests(base_url, timeout_s=timeout_s).read
+        if read is None:
+            reader = FinishedRequests(base_url, timeout_s=timeout_s)
+            read, identity = reader.read, (lambda: reader.identity)
+        self._read_counter = read
+        # which process answered (a restart shows here even when its count passed the old one)
+        self._identity = identity or (lambda: None)
+        self._process: object = None
         self._clock_ns = clock_ns
         self._monotonic = monotonic
         self._min_interval_s = min_interval_s
@@ -88,12 +95,18 @@ class FinishedCounter:
         self.last = value
         if value is None:
             return
+        process, self._process = self._process, self._identity()
         if self.start is None:
             self.start, self.start_ns = value, at_ns
         elif self._high is not None and value < self._high:
             self.notes.append(
                 f"{self._who()}'s finished-request counter went back from "
                 f"{self._high:.0f} to {value:.0f} (a restart): counted again from then")
+            self.start, self.start_ns = value, at_ns
+        elif process is not None and self._process is not None and process != self._process:
+            self.notes.append(
+                f"{self._who()}'s /metrics now comes from another process (a restart): its "
+                f"counter is counted again from {value:.0f}")
             self.start, self.start_ns = value, at_ns
         self._high = value
 

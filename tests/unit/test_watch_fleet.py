@@ -331,3 +331,19 @@ def test_counter_restarts_and_late_baselines_are_never_negative_counts():
     clock[0], mono[0] = 5_000, 12.0
     after = counter.loss([*spans, span(4_500)])
     assert (after.finished, after.received, after.lost_spans) == (2, 1, 1)
+
+
+def test_a_restart_whose_count_passed_the_old_one_is_told_by_its_process():
+    """A replica that restarted and finished more requests than before between two reads:
+    the count went up, but the process answering is another (process_start_time_seconds)."""
+    process = ["A"]
+    counter = FinishedCounter("http://r1:8000", replica="r1", read=Reads(50.0, 52.0, 60.0, 61.0),
+                              identity=lambda: process[0], min_interval_s=0)
+    counter.loss([], force=True)  # 52: the same process
+    assert counter.start == 50.0
+    process[0] = "B"
+    counter.loss([], force=True)  # 60, from another process: counted again from 60
+    assert counter.start == 60.0
+    assert counter.notes == ["replica r1's /metrics now comes from another process (a "
+                             "restart): its counter is counted again from 60"]
+    assert counter.loss([], force=True).finished == 1  # 61 − 60
