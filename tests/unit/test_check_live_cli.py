@@ -263,7 +263,9 @@ def test_live_options_are_checked(tmp_path):
     assert code == 0 and "vllm-doctor: replica imbalance" in out
 
 
-def stored_spans(path, counts: dict[str, int], *, end_in_s: float = 0.5) -> None:
+def stored_spans(path, counts: dict[str, int], *, end_in_s: float = 0.9) -> None:
+    """Spans that end ``end_in_s`` from now: inside a 1 s window that starts after at most
+    that much setup (the window ends at least 1 s after it starts)."""
     import time
 
     from phaseprobe.records import RequestSpan

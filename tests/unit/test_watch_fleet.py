@@ -31,7 +31,7 @@ from phaseprobe.present.cli import cmd_watch
 from phaseprobe.records import RequestSpan
 from phaseprobe.testing.otlp_payloads import export_request, vllm_span
 
-DURATION_S = 1.5  # from the receiver's start: time enough to post a few batches
+DURATION_S = 3.0  # from the receiver's start: time enough to post a few batches, loaded
 
 
 class FakeReplica:
