@@ -184,7 +184,7 @@ def _connect_fleet(endpoint: str, replicas: Sequence[ReplicaTarget], client: Str
                    api_key: str | None, model: str | None) -> Connection:
     """A router's endpoint with the replicas behind it: each checked, then scraped directly."""
     session = client.session
-    checked = check_fleet(endpoint, replicas, session=session, headers=headers, model=model)
+    checked = check_fleet(endpoint, replicas, headers=headers, model=model)
     notes.extend(checked.notes())
     fleet = FleetScraper(checked.up, session, headers)
     first = fleet.scrape()

@@ -139,7 +139,7 @@ def _targets(opts: LiveOptions, session: requests.Session, headers: dict[str, st
     when one replica is left)."""
     endpoint = normalize_base_url(opts.endpoint or "")
     if opts.replicas:
-        checked = check_fleet(endpoint, opts.replicas, session=session, headers=headers)
+        checked = check_fleet(endpoint, opts.replicas, headers=headers)
         return list(checked.up), dict(checked.down), \
             f"{len(opts.replicas)} replicas behind {redact_url(endpoint)}", True
     workers = router_workers(endpoint, session, headers)
@@ -151,7 +151,7 @@ def _targets(opts: LiveOptions, session: requests.Session, headers: dict[str, st
             raise ConfigError(f"{redact_url(endpoint)} is a vllm-router whose /list_workers "
                               "names no worker phaseprobe can read: give each replica with "
                               "--replica NAME=URL (its own /metrics is read), or --prom URL")
-        checked = check_fleet(endpoint, found, session=session, headers=headers)
+        checked = check_fleet(endpoint, found, headers=headers)
         return list(checked.up), dict(checked.down), \
             f"{len(found)} replicas behind {redact_url(endpoint)} (from its /list_workers)", True
     return [ReplicaTarget(default_name(endpoint), endpoint)], {}, redact_url(endpoint), False

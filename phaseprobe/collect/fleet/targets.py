@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -158,24 +159,36 @@ def _model_ids(models: list[dict[str, Any]]) -> list[str]:
 
 
 def check_fleet(endpoint: str, replicas: Sequence[ReplicaTarget], *,
-                session: requests.Session, headers: dict[str, str], timeout_s: float = 10.0,
+                headers: dict[str, str], timeout_s: float = 10.0,
                 model: str | None = None) -> CheckedFleet:
     """Check every replica before any run (see the module docstring). Raises ConfigError for a
     replica that is the endpoint/router itself or for replicas that serve different models,
     and EndpointUnreachable when none answers."""
-    fleet = CheckedFleet(up=[])
     for r in replicas:
         if r.url == endpoint:
             raise ConfigError(f"--replica {r.name}={r.shown_url} is the endpoint itself (the "
                               "router): give each replica's own URL, which the router forwards "
                               "to (vllm-router --worker-urls …)")
-        try:
-            models = check_endpoint(r.url, session=session, headers=headers,
-                                    timeout_s=timeout_s)
-        except EndpointUnreachable as exc:
-            fleet.down[r.name] = exc.reason
+
+    def probe(r: ReplicaTarget) -> tuple[list[dict[str, Any]] | None, str | None, bool]:
+        # one session per thread (a requests.Session is not thread-safe), closed after
+        with requests.Session() as own:
+            try:
+                models = check_endpoint(r.url, session=own, headers=headers,
+                                        timeout_s=timeout_s)
+            except EndpointUnreachable as exc:
+                return None, exc.reason, False
+            return models, None, is_router(r.url, own, headers)
+
+    # in parallel: a fleet of replicas that hang would otherwise cost each one's timeout in turn
+    with ThreadPoolExecutor(max_workers=max(1, min(8, len(replicas)))) as pool:
+        answers = list(pool.map(probe, replicas))
+    fleet = CheckedFleet(up=[])
+    for r, (models, down, router) in zip(replicas, answers):
+        if models is None:
+            fleet.down[r.name] = down or "no answer"
             continue
-        if is_router(r.url, session, headers):
+        if router:
             raise ConfigError(f"--replica {r.name}={r.shown_url} answers like a vllm-router "
                               "(it serves /list_workers), not a vLLM replica: give the URLs of "
                               "the replicas behind it")
