@@ -31,7 +31,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -199,18 +199,8 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
             if exp_id is None:
                 raise ConfigError(f"{path} holds no experiment (run `phaseprobe probe` first)")
         evidence, sources = build_evidence(store, exp_id, opts)
-    for note in opts.notes:
-        err.print(f"[yellow]note:[/yellow] {escape(note)}")
-    report = run_checklist(evidence, only=args.rule, sources=sources)
-    if args.json:
-        doc = report.to_dict()
-        doc["notes"] = list(opts.notes)
-        out.out(jsonout.dumps(doc), highlight=False)
-    elif args.markdown:
-        out.out(render_markdown(report), highlight=False)
-    else:
-        render_text(out, report)
-    return report.exit_code
+    return _emit(lambda: run_checklist(evidence, only=args.rule, sources=sources), opts.notes,
+                 args, out, err)
 
 
 def run_live(args: argparse.Namespace, out: Console, err: Console) -> int:
@@ -236,12 +226,21 @@ def run_live(args: argparse.Namespace, out: Console, err: Console) -> int:
         ttft_target_s=args.ttft_target, tpot_target_s=args.tpot_target,
         progress=lambda msg: err.print(f"[dim]{escape(msg)}…[/dim]"))
     evidence, sources = take_window(opts)
-    for note in opts.notes:
+    return _emit(lambda: run_live_checklist(evidence, only=args.rule, sources=sources),
+                 opts.notes, args, out, err)
+
+
+def _emit(run_rules: Callable[[], Report], notes: list[str], args: argparse.Namespace,
+          out: Console, err: Console) -> int:
+    """The notes on stderr, then the report as ``--json``, ``--markdown`` or text; its exit
+    code. The rules run in here, after the notes are shown: an unknown ``--rule`` raises while
+    they run, and the notes (a store too new, files not matching) still explain the rest."""
+    for note in notes:
         err.print(f"[yellow]note:[/yellow] {escape(note)}")
-    report = run_live_checklist(evidence, only=args.rule, sources=sources)
+    report = run_rules()
     if args.json:
         doc = report.to_dict()
-        doc["notes"] = list(opts.notes)
+        doc["notes"] = list(notes)
         out.out(jsonout.dumps(doc), highlight=False)
     elif args.markdown:
         out.out(render_markdown(report), highlight=False)
