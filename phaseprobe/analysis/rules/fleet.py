@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import pandas as pd
+
 from phaseprobe.analysis.fleet_stats import (
     UNKNOWN_REPLICA,
     compare_replicas,
@@ -133,9 +135,10 @@ def span_replicas(ev: LiveEvidence, spans: Sequence[RequestSpan]) -> tuple[list[
                 f"{', '.join(names)}: name each --replica as its service.instance.id")
 
 
-def replica_traffic_spans(ev: LiveEvidence) -> Verdict:
-    """Each replica's share of the requests whose spans finished in the window, against an
-    even split (χ² goodness of fit), with the spans that name no replica counted apart."""
+def _window_frame(ev: LiveEvidence) -> Verdict | tuple[pd.DataFrame, list[str], str]:
+    """The window's spans as a fleet frame with the replica names to compare over and the
+    naming note (:func:`span_replicas`), or the skipped verdict both span rules give when
+    there are no spans, or none finished in the window."""
     if ev.spans is None:
         return skipped(_SPANS_NEED, "phaseprobe watch")
     known, mismatch = span_replicas(ev, ev.spans)
@@ -143,6 +146,16 @@ def replica_traffic_spans(ev: LiveEvidence) -> Verdict:
     if frame.empty:
         return Verdict("skipped", f"skipped: no request span finished in the "
                        f"{ev.window_s:.0f} s window{mismatch}", {"spans": 0})
+    return frame, known, mismatch
+
+
+def replica_traffic_spans(ev: LiveEvidence) -> Verdict:
+    """Each replica's share of the requests whose spans finished in the window, against an
+    even split (χ² goodness of fit), with the spans that name no replica counted apart."""
+    got = _window_frame(ev)
+    if isinstance(got, Verdict):
+        return got
+    frame, known, mismatch = got
     share = imbalance(frame, known)
     gap = identity_gap(frame)
     numbers = {"spans": len(frame), "replica_requests": share.replica_requests,
@@ -163,13 +176,10 @@ def straggler_replica(ev: LiveEvidence) -> Verdict:
     """A replica slower than the rest of the fleet on TPOT or TTFT (its requests' spans in the
     window against the others', median ratio with its interval); the fleet is only as fast as
     its slowest replica under a round-robin router."""
-    if ev.spans is None:
-        return skipped(_SPANS_NEED, "phaseprobe watch")
-    known, mismatch = span_replicas(ev, ev.spans)
-    frame = fleet_frame(ev.spans)
-    if frame.empty:
-        return Verdict("skipped", f"skipped: no request span finished in the "
-                       f"{ev.window_s:.0f} s window{mismatch}", {"spans": 0})
+    got = _window_frame(ev)
+    if isinstance(got, Verdict):
+        return got
+    frame, known, mismatch = got
     identified = frame[frame["replica"] != UNKNOWN_REPLICA]
     comparison = compare_replicas(frame)
     found = find_stragglers(comparison)
