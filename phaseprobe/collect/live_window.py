@@ -69,6 +69,13 @@ _RECENT_SPANS_S = 600.0  # spans received this recently: a receiver is running, 
 
 @dataclass
 class LiveOptions:
+    """What :func:`take_window` reads and how: the server (``endpoint``, with ``replicas``
+    behind a router) or ``prom_url``, never both; the window and its sampling; the store
+    whose spans come along; the targets the rules judge by. ``notes`` is filled while the
+    window is taken (a router's workers left out, an option that does not apply) for the
+    command to show; ``progress``, ``sleep`` and ``clock`` are injected so tests need not
+    wait out a window."""
+
     endpoint: str | None = None
     replicas: tuple[ReplicaTarget, ...] = ()
     prom_url: str | None = None

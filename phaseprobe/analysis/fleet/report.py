@@ -31,6 +31,11 @@ __all__ = ["FleetReport", "fleet_report", "report_from_frame"]
 
 @dataclass(frozen=True)
 class FleetReport:
+    """A fleet's spans judged once: the per-replica ``table``, each replica against the rest
+    (``comparison``), the ``straggler`` and ``imbalance`` verdicts, and the spans that name no
+    replica (``identity``). Built by :func:`fleet_report` or :func:`report_from_frame`;
+    ``probe``, ``watch`` and the dashboard's Fleet page word it, none recomputes it."""
+
     table: tuple[ReplicaRow, ...]
     comparison: FleetComparison
     straggler: Straggler

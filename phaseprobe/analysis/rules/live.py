@@ -63,6 +63,9 @@ class Part:
 
 
 def too_few(r: ReplicaWindow, ev: LiveEvidence, finished: float | None) -> Part:
+    """Replica ``r``'s part when fewer than :data:`MIN_FINISHED` requests finished in the
+    window: skipped with the count, not judged (two requests make no mean to act on). One
+    helper so every per-replica rule words it the same way."""
     n = int(finished or 0)
     return Part(r.name, "skipped",
                 f"{n} request{'s' if n != 1 else ''} finished in {ev.window_s:.0f} s: too few "
