@@ -80,7 +80,17 @@ def find_stragglers(fleet: FleetComparison) -> Straggler:
                          f"no straggler can be named: {len(fleet.replicas)} identified "
                          f"replica{'s' if len(fleet.replicas) != 1 else ''}, at least 2 needed")
     if undecided:
-        why = "; ".join(c.sentence() for c in relevant if c.verdict == "too_few")
+        few = [c for c in relevant if c.verdict == "too_few"]
+        if len(undecided) == len(fleet.replicas):
+            # nothing could be compared: the counts say why in one line (the per-comparison
+            # sentences would repeat them once per replica and metric)
+            counts = {c.replica: c.n_replica for c in few}
+            return Straggler("too_few", (), (), undecided,
+                             "too few to compare the replicas: " + ", ".join(
+                                 f"{n} {counts[n]}" for n in undecided)
+                             + f" {few[0].noun}; at least {fleet.min_per_side} a side are "
+                               f"needed{aside}")
+        why = "; ".join(c.sentence() for c in few)
         return Straggler("too_few", (), (), undecided,
                          f"no replica is slower where it could be told, but "
                          f"{', '.join(undecided)} could not be compared: {why}{aside}")
