@@ -11,15 +11,16 @@ tells which replica served it; the router's answer names no replica.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 import time
-from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Self
 
 from phaseprobe.errors import LocalServerError
-from phaseprobe.local.process import DEFAULT_STARTUP_TIMEOUT
+from phaseprobe.local.process import DEFAULT_STARTUP_TIMEOUT, Lifecycle
 from phaseprobe.local.router import LocalRouter, require_router
 from phaseprobe.local.server import DEFAULT_SERVED_NAME, LocalVllm, tracing_launch
 from phaseprobe.local.venv import ensure_model, require_venv
@@ -32,6 +33,7 @@ DEFAULT_FLEET_SERVICE = "vllm-local"
 
 
 def replica_names(count: int) -> list[str]:
+    """``r1`` … ``r<count>``; ``LocalServerError`` for fewer than one."""
     if count < 1:
         raise LocalServerError(f"a fleet needs at least one replica, not {count}")
     return [f"r{i}" for i in range(1, count + 1)]
@@ -56,16 +58,49 @@ def replica_core(index: int, cpus: Sequence[int]) -> int:
     return sorted(cpus)[index % len(cpus)]
 
 
-def _start_on(core: int | None, server: LocalVllm) -> None:
-    """Start ``server`` from a thread confined to ``core``: the affinity mask is per thread on
-    Linux and a child inherits its forking thread's, so the replica's whole tree is confined
-    (vLLM's worker is also told to bind there) while this process is not."""
-    if core is not None:
-        os.sched_setaffinity(0, {core})
-    server.start()
+class _Launches:
+    """The replica starts of one ``LocalFleet.start``, so that ``stop`` can end them. Ctrl-C
+    reaches only the main thread: pool threads go on starting replicas after ``stop`` has run,
+    and a vLLM started then would be orphaned. Once ``close``d no start begins; ``stop`` waits
+    (``idle``) for those under way."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._closed = False
+        self._running = 0
+
+    @contextlib.contextmanager
+    def launch(self, name: str) -> Iterator[None]:
+        """Count one start while inside; refused once closed."""
+        with self._cond:
+            if self._closed:
+                raise LocalServerError(f"replica {name} not started: the fleet is stopping")
+            self._running += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._running -= 1
+                self._cond.notify_all()
+
+    def close(self) -> None:
+        """No start begins after this."""
+        with self._cond:
+            self._closed = True
+
+    def idle(self, timeout: float) -> bool:
+        """Whether no start is under way, waiting up to ``timeout`` for the last to end."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._running == 0, timeout=timeout)
 
 
-class LocalFleet:
+def _stop_quietly(servers: Iterable[LocalVllm]) -> None:
+    for server in servers:
+        with contextlib.suppress(Exception):  # the final stop reports failures
+            server.stop()
+
+
+class LocalFleet(Lifecycle):
     """``count`` replicas (``r1``…) and a router in front; a context manager that stops all of
     them on exit. Each replica runs on a core of its own (``isolate_cores``, see
     ``replica_core``). Replicas start in parallel, then the router (under a second). Measured
@@ -108,24 +143,29 @@ class LocalFleet:
         self._health_interval = health_check_interval_s
         self.servers: dict[str, LocalVllm] = {}
         self._router: LocalRouter | None = None
+        self._launches = _Launches()
         self.startup_seconds: float | None = None  # all replicas and the router
 
     @property
     def router(self) -> LocalRouter:
+        """The router in front (``LocalServerError`` before ``start``)."""
         if self._router is None:
             raise LocalServerError("local fleet is not started")
         return self._router
 
     @property
     def router_url(self) -> str:
+        """Where clients send requests: the router's base URL."""
         return self.router.base_url
 
     @property
     def router_metrics_url(self) -> str:
+        """The router's own Prometheus page (``vllm_router_*``)."""
         return self.router.metrics_url
 
     @property
     def model(self) -> str:
+        """The served model name every replica answers to."""
         return self._served_name
 
     @property
@@ -158,6 +198,8 @@ class LocalFleet:
         )  # fmt: skip
 
     def start(self) -> None:
+        """Start every replica (in parallel unless ``parallel=False``), then the router, and
+        wait until all are ready; on any failure or Ctrl-C whatever started is stopped."""
         if self.servers:
             raise LocalServerError("local fleet already started")
         started = time.monotonic()
@@ -167,9 +209,11 @@ class LocalFleet:
         require_router(self._router_venv)
         model_dir = self._model_dir or ensure_model(venv=venv)
         pending = {name: self._server(name, model_dir) for name in self.names}
+        # A fresh set per start: a stray thread of an earlier, stopped start stays refused.
+        launches = self._launches = _Launches()
         self.servers = dict(pending)  # registered before starting: stop() covers a partial start
         try:
-            self._start_replicas(pending)
+            self._start_replicas(pending, launches)
             self._router = LocalRouter(
                 [server.base_url for server in pending.values()], policy=self.policy,
                 venv=self._router_venv, log_dir=self._log_dir,
@@ -181,21 +225,44 @@ class LocalFleet:
             raise
         self.startup_seconds = time.monotonic() - started
 
-    def _start_replicas(self, servers: Mapping[str, LocalVllm]) -> None:
+    def _start_replicas(self, servers: Mapping[str, LocalVllm], launches: _Launches) -> None:
         # Always from threads of their own, one at a time or all at once: the thread's CPU
         # affinity is what the replica inherits (see _start_on).
-        with ThreadPoolExecutor(max_workers=len(servers) if self._parallel else 1) as pool:
-            futures = {name: pool.submit(_start_on, self._core(name), server)
+        pool = ThreadPoolExecutor(max_workers=len(servers) if self._parallel else 1)
+        try:
+            futures = {name: pool.submit(self._start_on, name, server, launches)
                        for name, server in servers.items()}
+            wait(futures.values())
+        finally:
+            # On Ctrl-C, replicas still queued never start; stop() ends those under way.
+            pool.shutdown(wait=False, cancel_futures=True)
         errors = [(name, f.exception()) for name, f in futures.items() if f.exception()]
         if errors:
             detail = "\n".join(f"replica {name}: {exc}" for name, exc in errors)
             raise LocalServerError(f"{len(errors)} of {len(servers)} replicas failed to start:\n"
                                    + detail)  # fmt: skip
 
+    def _start_on(self, name: str, server: LocalVllm, launches: _Launches) -> None:
+        """Start ``server`` from a thread confined to its core: the affinity mask is per thread
+        on Linux and a child inherits its forking thread's, so the replica's whole tree is
+        confined (vLLM's worker is also told to bind there) while this process is not."""
+        core = self._core(name)
+        if core is not None:
+            os.sched_setaffinity(0, {core})
+        with launches.launch(name):
+            server.start()
+
     def stop(self) -> None:
         """Router first (so nothing is routed to a stopping replica), then every replica; each
-        stop is attempted even if an earlier one failed, and the first failure is raised."""
+        stop is attempted even if an earlier one failed, and the first failure is raised.
+        Replicas still starting in pool threads (Ctrl-C during ``start``) are waited for, so
+        none survives: no new start begins, and each started one is stopped, which makes its
+        start fail fast; one whose process came after a round is caught by the next."""
+        launches = self._launches
+        launches.close()
+        while not launches.idle(timeout=0.0):
+            _stop_quietly(self.servers.values())
+            launches.idle(timeout=0.2)
         router, self._router = self._router, None
         servers, self.servers = self.servers, {}
         failures: list[BaseException] = []
@@ -206,11 +273,4 @@ class LocalFleet:
                 failures.append(exc)
         if failures:
             raise failures[0]
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 

