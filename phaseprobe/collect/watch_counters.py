@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import requests
 
@@ -126,6 +127,10 @@ class FinishedCounter:
         """Spans received against the counter's increase since the baseline (re-read first,
         at most every ``min_interval_s`` unless ``force``)."""
         self.refresh(force=force)
+        return self.current_loss(spans)
+
+    def current_loss(self, spans: Sequence[RequestSpan]) -> SpanLoss:
+        """The loss as of the latest reading (no new read)."""
         if self.start is None or self.last is None:
             return span_loss(sum(1 for s in spans if self.replica is None
                                  or span_replica(s) == self.replica), None,
@@ -149,8 +154,13 @@ class ReplicaCounters:
 
     def losses(self, spans: Sequence[RequestSpan], *, force: bool = False
                ) -> dict[str, SpanLoss]:
-        """Replica name → its span loss (counters re-read as :meth:`FinishedCounter.loss`)."""
-        return {name: c.loss(spans, force=force) for name, c in self.counters.items()}
+        """Replica name → its span loss (counters re-read as :meth:`FinishedCounter.loss`).
+        The due counters are read side by side: replicas that hang then hold a view refresh
+        one timeout, not one each in turn (each counter has its own scraper and clock)."""
+        counters = list(self.counters.values())
+        with ThreadPoolExecutor(max_workers=max(1, min(16, len(counters)))) as pool:
+            list(pool.map(lambda c: c.refresh(force=force), counters))
+        return {name: c.current_loss(spans) for name, c in self.counters.items()}
 
     def urls(self) -> dict[str, str]:
         """Replica name → its URL as shown (credentials redacted)."""
