@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 __all__ = [
     "CountedSpan",
+    "PdLegs",
     "ReplicaAttribution",
     "RunStatus",
     "RunSpec",
@@ -200,6 +201,44 @@ class ClientCheck:
 
 
 @dataclass(frozen=True)
+class PdLegs:
+    """One request served by a prefill instance and a decode instance (disaggregated P/D),
+    from each instance's own histogram deltas (seconds; None where not measured).
+
+    The prefill leg (1 output token on the prefill instance): ``prefill_queue_s`` and
+    ``prefill_s``. The ``hand_over_s``: the prefill leg's end at the client to the decode
+    instance scheduling the request = the gap between the legs plus the decode side's queue,
+    which is where vLLM books the wait for the remote KV (``decode_kv_wait_s``). Then the
+    decode side's prompt work (``decode_prompt_s``: loading the KV, or recomputing the prompt
+    when it never arrived) and ``decode_s``. ``kv``: "transferred" (the decode instance took
+    the prompt's tokens from the connector), "recomputed" (it computed them itself: the
+    hand-over failed although the request succeeded), "partial", or "unknown"; ``kv_reason``
+    quotes its numbers (the decode instance's ``prompt_tokens_by_source`` deltas)."""
+
+    prefill_queue_s: float | None
+    prefill_s: float | None
+    hand_over_s: float | None
+    decode_kv_wait_s: float | None
+    decode_prompt_s: float | None
+    decode_s: float | None
+    tokens_transferred: float | None  # decode side: source="external_kv_transfer"
+    tokens_computed: float | None  # decode side: source="local_compute"
+    tokens_cached: float | None  # decode side: source="local_cache_hit"
+    kv: str  # "transferred" | "recomputed" | "partial" | "unknown"
+    kv_reason: str
+    legs_gap_s: float | None = None  # the client's gap between the two legs (self-sent legs)
+    prefill_isolated: bool | None = None  # each leg alone on its instance
+    decode_isolated: bool | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> PdLegs:
+        return cls(**{k: d.get(k) for k in cls.__dataclass_fields__})  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
 class ReplicaAttribution:
     """Which replica of a fleet served one run, and how that is known.
 
@@ -246,6 +285,8 @@ class Run:
     # The replica that served it, behind a router (None: one server, not a fleet run, or an
     # older store)
     replica: ReplicaAttribution | None = None
+    # Disaggregated prefill/decode: both legs and the hand-over (None: one instance served it)
+    pd: PdLegs | None = None
 
     @property
     def isolated(self) -> bool:
@@ -279,6 +320,7 @@ class Run:
             "span": self.span.to_dict() if self.span else None,
             "replica": self.replica.name if self.replica else None,
             "replica_attribution": self.replica.to_dict() if self.replica else None,
+            **({"pd": self.pd.to_dict()} if self.pd is not None else {}),
         }
 
 

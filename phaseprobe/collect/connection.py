@@ -85,6 +85,7 @@ class ServerInfo(TypedDict):
     gpus: NotRequired[list[str]]  # a probe sampling GPUs: the device names, by index
     ab: NotRequired[AbArmInfo]  # an A/B arm's experiment
     interfere_arm: NotRequired[InterfereArmInfo]  # a two-arm interfere's experiment
+    pd: NotRequired[dict[str, str | None]]  # a P/D pair: prefill, decode, router URLs
     router: NotRequired[bool]  # the endpoint is a router: runs name the replica that served them
     replicas: NotRequired[dict[str, str]]  # behind a router: replica name → its URL (redacted)
     replicas_down: NotRequired[dict[str, str]]  # replica name → why it did not answer

@@ -46,6 +46,8 @@ ALIASES: dict[str, tuple[Kind, tuple[str, ...]]] = {
     "prefix_cache_hits": ("counter", ("prefix_cache_hits", "gpu_prefix_cache_hits")),
     "num_preemptions": ("counter", ("num_preemptions",)),
     "request_success": ("counter", ("request_success",)),
+    # by label source: local_compute | local_cache_hit | external_kv_transfer (vLLM 0.32)
+    "prompt_tokens_by_source": ("counter", ("prompt_tokens_by_source",)),
     "requests_running": ("gauge", ("num_requests_running",)),
     "requests_waiting": ("gauge", ("num_requests_waiting",)),
     "kv_cache_usage": ("gauge", ("kv_cache_usage_perc", "gpu_cache_usage_perc")),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +21,10 @@ from phaseprobe.analysis.fleet_stats import FleetReport, fleet_report
 from phaseprobe.analysis.phases import summarize
 from phaseprobe.collect.experiment import ProbeSettings, run_probe
 from phaseprobe.collect.fleet.targets import ReplicaTarget, parse_replicas
+from phaseprobe.collect.pd.collector import PdTopology
+from phaseprobe.collect.pd.probe import run_pd_probe
 from phaseprobe.collect.session import Session, SessionOptions
-from phaseprobe.collect.target import api_key_from_env
+from phaseprobe.collect.target import api_key_from_env, normalize_base_url
 from phaseprobe.errors import ConfigError
 from phaseprobe.paths import default_store_path
 from phaseprobe.present.cli import jsonout
@@ -82,6 +85,16 @@ def register(subparsers: Any) -> None:
                             "served each run and to judge isolation on that replica alone. "
                             "Name it after its service.instance.id so spans and counters "
                             "agree (default name: its host:port)")
+    probe.add_argument("--prefill", metavar="URL", default=None,
+                       help="disaggregated prefill/decode: the prefill instance (with "
+                            "--decode). With --endpoint (a router in P/D mode) requests go "
+                            "through it; without, phaseprobe sends the two legs itself as "
+                            "vLLM's example proxies do (prefill with max_tokens=1, then the "
+                            "whole request to the decode instance). Each instance's own "
+                            "/metrics gives its leg, the hand-over between them, and whether "
+                            "the KV was transferred or recomputed")
+    probe.add_argument("--decode", metavar="URL", default=None,
+                       help="disaggregated prefill/decode: the decode instance (with --prefill)")
     probe.add_argument("--router-metrics", metavar="URL", default=None,
                        help="the router's own metrics page (vllm-router --prometheus-port): "
                             "what it says it sent each replica over the runs, and its retries, "
@@ -200,6 +213,50 @@ def probe_fleet_report(runs: Sequence[Run], info: Mapping[str, Any]) -> FleetRep
     return fleet_report(runs=pairs, known=known)
 
 
+def pd_topology(args: argparse.Namespace) -> PdTopology | None:
+    """``--prefill``/``--decode`` (both or neither), checked before anything starts."""
+    if args.prefill is None and args.decode is None:
+        return None
+    if args.prefill is None or args.decode is None:
+        raise ConfigError("a prefill/decode pair needs both --prefill URL and --decode URL")
+    if args.replica:
+        raise ConfigError("--replica and --prefill/--decode: name the pair's two instances "
+                          "with --prefill and --decode")
+    prefill, decode = normalize_base_url(args.prefill), normalize_base_url(args.decode)
+    router = normalize_base_url(args.endpoint) if args.endpoint else None
+    if prefill == decode:
+        raise ConfigError("--prefill and --decode name the same instance")
+    return PdTopology(prefill=prefill, decode=decode, router=router)
+
+
+def run_pd(args: argparse.Namespace, topo: PdTopology, out: Console, err: Console) -> int:
+    """``probe --prefill URL --decode URL [--endpoint ROUTER]``."""
+    options = replace(session_options(args), endpoint=topo.router or topo.decode, spans=False,
+                      gpu="off" if args.gpu == "auto" else args.gpu)
+    with Session(options, ConsoleNotices(err)) as session:
+        target = None if args.prompt is not None else (args.prompt_tokens or 128)
+        spec = RunSpec(endpoint=session.endpoint, model=session.model,
+                       prompt=args.prompt or "", max_tokens=args.max_tokens,
+                       api="chat" if args.chat else "completions",
+                       prompt_tokens_target=target, ignore_eos=not args.no_ignore_eos)
+        settings = ProbeSettings(runs=args.runs, warmup=args.warmup, pause_s=args.pause,
+                                 name=args.name)
+        result = run_pd_probe(spec, session.store, topo, settings=settings,
+                              api_key=session.api_key, progress=RichProgress(err),
+                              timeout_s=args.timeout, deadline_s=args.deadline)
+    summary = summarize(result.runs)
+    if args.json:
+        doc = {"experiment_id": result.experiment_id,
+               "spec": {**spec.to_dict(), "endpoint": redact_url(spec.endpoint)},
+               "server": result.server_info, "notes": result.notes,
+               "summary": summary.to_dict(), "runs": [r.to_dict() for r in result.runs]}
+        out.out(jsonout.dumps(doc), highlight=False)
+    else:
+        render_probe(out, result.runs, summary, result.server_info, result.notes,
+                     result.experiment_id)
+    return 0 if any(r.status == "ok" for r in result.runs) else 1
+
+
 def replica_targets(args: argparse.Namespace) -> tuple[ReplicaTarget, ...]:
     """``--replica`` values, checked before anything starts (they need an --endpoint: the
     local default is one server)."""
@@ -216,6 +273,9 @@ def _fake_nvml() -> Any:
 
 
 def run(args: argparse.Namespace, out: Console, err: Console) -> int:
+    topo = pd_topology(args)
+    if topo is not None:
+        return run_pd(args, topo, out, err)
     options = session_options(args)
     replicas = replica_targets(args)
     with Session(options, ConsoleNotices(err)) as session:

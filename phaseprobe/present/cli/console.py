@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from phaseprobe.store import Store
 
 __all__ = ["RichProgress", "progress_bar", "render_probe", "render_experiments", "replica_cell",
-           "replica_line",
+           "replica_line", "render_pd_legs",
            "render_prom_comparison", "render_efficiency", "print_schema_note", "ms"]
 
 
@@ -115,6 +115,8 @@ def render_probe(console: Console, runs: Sequence[Run], summary: Summary,
     console.print(table)
     if fleet:
         console.print(escape(replica_line(runs)), highlight=False)
+    if any(r.pd is not None for r in runs):
+        render_pd_legs(console, runs)
     share = summary.decode_share_of_e2e
     console.print(
         f"[bold]median[/] over {summary.n_clean} clean run(s): "
@@ -152,6 +154,34 @@ def render_probe(console: Console, runs: Sequence[Run], summary: Summary,
     bad = [r for r in runs if r.isolation.verified and not r.attributed]
     for r in bad:
         console.print(f"[red]run {r.seq + 1} not isolated:[/] {'; '.join(r.isolation.reasons)}")
+
+
+_KV_STYLE = {"transferred": "green", "recomputed": "red", "partial": "yellow"}
+
+
+def render_pd_legs(console: Console, runs: Sequence[Run]) -> None:
+    """Disaggregated prefill/decode: each run's two legs, the hand-over and its KV."""
+    table = Table(title="prefill/decode legs (each instance's own histograms)",
+                  caption="hand-over = the prefill leg's end → the decode instance scheduling "
+                          "the request (gap between the legs + decode-side KV wait); decode "
+                          "prompt = loading the KV, or recomputing it")
+    for col in ("run", "P queue ms", "P prefill ms", "hand-over ms", "D KV wait ms",
+                "D prompt ms", "D decode ms", "KV", "tokens moved / computed"):
+        table.add_column(col, justify="left" if col in ("KV",) else "right", no_wrap=True)
+    for r in runs:
+        p = r.pd
+        if p is None:
+            continue
+        moved = ("—" if p.tokens_transferred is None else
+                 f"{p.tokens_transferred:.0f} / {p.tokens_computed or 0:.0f}")
+        kv = f"[{_KV_STYLE[p.kv]}]{p.kv}[/]" if p.kv in _KV_STYLE else p.kv
+        table.add_row(str(r.seq + 1), ms(p.prefill_queue_s, 2), ms(p.prefill_s),
+                      ms(p.hand_over_s), ms(p.decode_kv_wait_s, 2), ms(p.decode_prompt_s),
+                      ms(p.decode_s), kv, moved)
+    console.print(table)
+    for r in runs:
+        if r.pd is not None and r.pd.kv in ("recomputed", "partial", "unknown"):
+            console.print(f"[yellow]run {r.seq + 1} KV {r.pd.kv}:[/] {escape(r.pd.kv_reason)}")
 
 
 def replica_cell(run: Run) -> str:

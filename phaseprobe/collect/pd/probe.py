@@ -1,0 +1,94 @@
+"""``probe`` on a prefill/decode pair: N runs, each committed before the next (see
+:mod:`phaseprobe.collect.pd.collector` for one run)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+from phaseprobe.collect.connection import connect
+from phaseprobe.collect.experiment import (
+    NullProgress,
+    ProbeResult,
+    ProbeSettings,
+    ProgressHook,
+)
+from phaseprobe.collect.pd.collector import PdCollector, PdTopology
+from phaseprobe.records import Experiment, Run, RunSpec
+from phaseprobe.sources.openai_stream import DEFAULT_DEADLINE_S, StreamClient, check_endpoint
+from phaseprobe.store import Store
+
+__all__ = ["run_pd_probe", "kv_summary"]
+
+
+def kv_summary(runs: Sequence[Run]) -> str | None:
+    """How many runs' KV was transferred, recomputed or not told, in one line."""
+    told = [r.pd.kv for r in runs if r.pd is not None]
+    if not told:
+        return None
+    counts = {k: told.count(k) for k in dict.fromkeys(told)}
+    return ("KV hand-over: " + ", ".join(f"{k} in {n} of {len(told)} run(s)"
+                                         for k, n in counts.items()))
+
+
+def run_pd_probe(spec: RunSpec, store: Store, topo: PdTopology, *,
+                 settings: ProbeSettings = ProbeSettings(), api_key: str | None = None,
+                 progress: ProgressHook | None = None, timeout_s: float = 120.0,
+                 deadline_s: float | None = DEFAULT_DEADLINE_S,
+                 sleep: Callable[[float], None] = time.sleep,
+                 clock: Callable[[], float] = time.monotonic) -> ProbeResult:
+    """One probe experiment on the pair; raises EndpointUnreachable before any run when an
+    instance (or the router) does not answer."""
+    progress = progress or NullProgress()
+    prefill = connect(topo.prefill, api_key, timeout_s=timeout_s, deadline_s=deadline_s)
+    decode = connect(topo.decode, api_key, timeout_s=timeout_s, deadline_s=deadline_s)
+    clients = {"prefill": prefill.client, "decode": decode.client}
+    if topo.router is not None:
+        router = StreamClient(topo.router, api_key=api_key, timeout_s=timeout_s,
+                              deadline_s=deadline_s)
+        check_endpoint(topo.router, session=router.session, headers=decode.headers)
+        clients["router"] = router
+    notes = [f"prefill instance: {n}" for n in prefill.notes] + \
+        [f"decode instance: {n}" for n in decode.notes]
+    scrapers = {}
+    if prefill.scraper is not None and decode.scraper is not None:
+        scrapers = {"prefill": prefill.scraper, "decode": decode.scraper}
+    info = decode.info
+    info["pd"] = topo.to_dict()
+    builder = decode.prompt_builder(spec.model, spec.seed)
+    total = settings.warmup + settings.runs
+    target = spec.prompt_tokens_target
+    prompts = ([builder.build(target, i).text for i in range(total)] if target is not None
+               else [spec.prompt] * total)
+    collector = PdCollector(spec, settings, topo, clients, scrapers, sleep, clock)
+    if not scrapers:
+        collector.metrics_ok = False
+    experiment_id = store.create_experiment(Experiment(
+        name=settings.name, kind="probe", spec=spec, server_info=info,
+        created_wall_ns=time.time_ns()))
+    runs: list[Run] = []
+    progress.on_start(settings.runs, settings.warmup)
+    try:
+        for i in range(settings.warmup):
+            outcome, _, _ = collector.send(prompts[i], {})
+            progress.on_warmup(i, outcome.error)
+        for seq in range(settings.runs):
+            if seq and settings.pause_s:
+                sleep(settings.pause_s)
+            run = collector.measure(seq, prompts[settings.warmup + seq])
+            run_id = store.add_run(experiment_id, run)  # durable before the next run
+            run = replace(run, run_id=run_id, experiment_id=experiment_id)
+            runs.append(run)
+            progress.on_run(run)
+    except KeyboardInterrupt:
+        notes.append(f"cancelled after {len(runs)} of {settings.runs} runs")
+        raise
+    finally:
+        notes.extend(collector.notes + collector.run_notes.lines())
+        line = kv_summary(runs)
+        if line:
+            notes.append(line)
+        store.finish_experiment(experiment_id, notes)
+        progress.on_end()
+    return ProbeResult(experiment_id=experiment_id, runs=runs, server_info=info, notes=notes)
