@@ -22,6 +22,7 @@ from typing import Any
 
 from phaseprobe.analysis.rules import (
     fleet,
+    kv_transfer,
     latency,
     live,
     live_spans,
@@ -80,6 +81,10 @@ RULES: tuple[Rule, ...] = (
          "NCCL log summary (--nccl)"),
     Rule("kv_preallocated", "Does the vLLM log show the KV cache pre-allocated?",
          memory.kv_preallocated_log, "server log (--server-log)"),
+    # Issue 28: prefill/decode.
+    Rule("kv_transfer_log", "KV hand-over between prefill and decode instances without "
+         "failures (server log)?", kv_transfer.kv_transfer_log,
+         "server log of a P/D instance (--server-log)"),
 )
 
 SPAN_RULES: tuple[Rule, ...] = (

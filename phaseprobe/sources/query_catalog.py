@@ -25,9 +25,10 @@ from pathlib import Path
 from phaseprobe.errors import ConfigError
 
 # sample_spellings is vllm_metrics' own prefix/_total expansion: one alias table.
-from phaseprobe.sources.vllm_metrics import ALIASES, sample_spellings
+from phaseprobe.sources.vllm_metrics import ALIASES, Kind, sample_spellings
 
 __all__ = [
+    "CATALOG_ONLY",
     "PLACEHOLDERS",
     "UNITS",
     "Query",
@@ -40,7 +41,23 @@ __all__ = [
 ]
 
 PLACEHOLDERS = frozenset({"selector", "window"})
-UNITS = frozenset({"s", "ratio", "fraction", "tokens/s", "requests", "1/s"})
+UNITS = frozenset({"s", "ratio", "fraction", "tokens/s", "requests", "1/s", "bytes", "bytes/s"})
+
+# Metrics the catalog charts but phaseprobe's own scrapes do not read, so they are not in
+# ALIASES (the table MetricSnapshot resolves): never renamed, one base name each, and none in
+# ALIASES too (prompt_tokens_by_source is there: probe reads it). The nixl_* ones and the
+# KV-fetch gauge (the P/D row, issue 28) exist only in some deployments; which is in
+# present/grafana/lint.py (DEPLOYMENT_ONLY).
+CATALOG_ONLY: dict[str, tuple[Kind, tuple[str, ...]]] = {
+    "prompt_tokens_cached_by_source": ("counter", ("prompt_tokens_cached_by_source",)),
+    "kv_fetch_by_stage": ("gauge", ("num_requests_kv_fetch_by_stage",)),
+    "nixl_xfer_time": ("histogram", ("nixl_xfer_time_seconds",)),
+    "nixl_post_time": ("histogram", ("nixl_post_time_seconds",)),
+    "nixl_bytes_transferred": ("histogram", ("nixl_bytes_transferred",)),
+    "nixl_num_failed_transfers": ("counter", ("nixl_num_failed_transfers",)),
+    "nixl_num_failed_notifications": ("counter", ("nixl_num_failed_notifications",)),
+    "nixl_num_kv_expired_reqs": ("counter", ("nixl_num_kv_expired_reqs",)),
+}
 
 _HIST_SUFFIXES = ("_sum", "_count", "_bucket")
 # A Prometheus duration (5m, 1h30m, 500ms) or a dashboard variable ($__rate_interval, ${w}).
@@ -61,9 +78,10 @@ _KEYWORDS = frozenset({
 
 @lru_cache(maxsize=1)
 def _table() -> dict[str, tuple[str, ...]]:
-    """Newest sample name → every spelling of that sample, newest first (from ALIASES)."""
+    """Newest sample name → every spelling of that sample, newest first (from ALIASES and
+    CATALOG_ONLY)."""
     table: dict[str, tuple[str, ...]] = {}
-    for kind, bases in ALIASES.values():
+    for kind, bases in (*ALIASES.values(), *CATALOG_ONLY.values()):
         families = [name for base in bases for name in sample_spellings(kind, base)]
         if kind == "histogram":
             for suffix in _HIST_SUFFIXES:

@@ -3,15 +3,19 @@
 vLLM prints its memory budget once at startup and a stats line every few seconds; the wording
 moved between releases and between the GPU and CPU builds, so each fact has several patterns.
 Lines quoted in :attr:`LogFacts.lines` carry their 1-based line number so a verdict can cite them.
+
+Prefill/decode deployments add a periodic ``KV Transfer metrics:`` line per KV connector (see
+:data:`KV_TRANSFER_MARK`); its figures are summed over the log in the ``kv_*`` fields.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-__all__ = ["LogFacts", "parse_log"]
+__all__ = ["KV_TRANSFER_MARK", "LogFacts", "parse_log"]
 
 _GIB = 1024.0**3
 _NUM = r"([0-9][0-9,]*(?:\.[0-9]+)?)"
@@ -35,6 +39,23 @@ _TP = re.compile(r"tensor_parallel_size[=:]\s*'?([0-9]+)")
 _PREFIX = re.compile(r"enable_prefix_caching[=:]\s*'?(True|False)")
 _USAGE = re.compile(r"(?:GPU|CPU|XPU|TPU )?KV cache usage:\s*" + _NUM + r"\s*%")
 _PREEMPT = re.compile(r"preempted|Preemption", re.I)
+# The KV connector's periodic stats line, printed by vLLM's frontend stat logger. Source:
+# vllm/distributed/kv_transfer/kv_connector/v1/metrics.py, KVConnectorLogging.log():
+#     xfer_metrics_str = ", ".join(f"{k}={v}" for k, v in xfer_metrics.items())
+#     log_fn("KV Transfer metrics: %s", xfer_metrics_str)
+# (older releases, through MultiConnector: "KVConnectorType: %s, KV Transfer metrics: %s").
+# The keys are the connector's reduce(): NIXL's (kv_connector/v1/nixl/stats.py,
+# NixlKVConnectorStats.reduce) are "Num successful transfers", "Avg xfer time (ms)",
+# "P90 xfer time (ms)", "Avg post time (ms)", "P90 post time (ms)", "Avg MB per transfer",
+# "Throughput (MB/s)", "Avg number of descriptors" (all 0 for an interval with only failures:
+# NIXL counts failures in Prometheus only); Mooncake's and FlagCX's add "Num failed transfers",
+# "Num failed recvs"/"Num failed notifications" and "Num KV expired reqs". Over TP ranks the
+# counts are summed and the averages taken over every rank's transfers.
+KV_TRANSFER_MARK = "KV Transfer metrics:"
+_KV_CONNECTOR = re.compile(r"KVConnectorType:\s*([\w.]+),\s*KV Transfer metrics:")
+_KV_FIELD = re.compile(r"\s*([A-Za-z][^=,]*?)\s*=\s*([^,]*)")
+_KV_COUNT = "Num successful transfers"
+_KV_EXPIRED = "Num KV expired reqs"
 _VERSION = re.compile(r"V1 LLM engine \(v([0-9][^)]*)\)|vLLM API server version ([0-9][^\s]*)")
 
 
@@ -61,6 +82,28 @@ class LogFacts:
     preemption_lines: int = 0
     vllm_version: str | None = None
     lines: list[str] = field(default_factory=list)  # "L<n>: text" of the budget lines
+    # KV connector stats lines (P/D): how many, and their figures summed over the log.
+    kv_transfer_lines: int = 0
+    kv_transfers: int = 0  # successful transfers (rank-level), "Num successful transfers"
+    kv_xfer_ms_sum: float = 0.0  # Σ transfers x "Avg xfer time (ms)", for the weighted mean
+    kv_xfer_p90_ms_max: float | None = None  # worst interval's "P90 xfer time (ms)"
+    kv_mb_sum: float = 0.0  # Σ transfers x "Avg MB per transfer"
+    kv_mb_known: bool = False  # some line gave "Avg MB per transfer"
+    # "Num failed …" key → total over the lines that carry it (NIXL's lines carry none).
+    kv_failures: dict[str, int] = field(default_factory=dict)
+    kv_expired_reqs: int | None = None  # "Num KV expired reqs", when the lines carry it
+    kv_connectors: list[str] = field(default_factory=list)  # from "KVConnectorType: X, …"
+    kv_lines: list[str] = field(default_factory=list)  # "L<n>: text", the first few
+
+    @property
+    def kv_xfer_avg_ms(self) -> float | None:
+        """Mean transfer time over every successful transfer the log reports."""
+        return self.kv_xfer_ms_sum / self.kv_transfers if self.kv_transfers else None
+
+    @property
+    def kv_mb_per_transfer(self) -> float | None:
+        return self.kv_mb_sum / self.kv_transfers if self.kv_transfers and self.kv_mb_known \
+            else None
 
     @property
     def preallocated(self) -> bool:
@@ -77,6 +120,9 @@ def parse_log(text: str, max_quoted: int = 8) -> LogFacts:
             facts.lines.append(f"L{n}: {line.strip()[:240]}")
 
     for n, line in enumerate(text.splitlines(), 1):
+        if KV_TRANSFER_MARK in line:
+            _kv_transfer_line(facts, n, line, max_quoted)
+            continue
         if any(w in line for w in ("KV", "kv_cache", "memory", "blocks", "concurrency")):
             _budget_line(facts, n, line, quote)
         if facts.tensor_parallel_size is None and (m := _TP.search(line)):
@@ -92,6 +138,44 @@ def parse_log(text: str, max_quoted: int = 8) -> LogFacts:
         elif _PREEMPT.search(line) and "preemption_mode" not in line.lower():
             facts.preemption_lines += 1
     return facts
+
+
+def _number(text: str) -> float | None:
+    try:
+        value = float(text.strip().replace(",", ""))
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _kv_transfer_line(facts: LogFacts, n: int, line: str, max_quoted: int) -> None:
+    fields: dict[str, float] = {}
+    for pair in _KV_FIELD.finditer(line.split(KV_TRANSFER_MARK, 1)[1]):
+        value = _number(pair.group(2))
+        if value is not None:
+            fields[pair.group(1)] = value
+    count = fields.get(_KV_COUNT)
+    if count is None:
+        return  # a connector whose stats this reader does not know
+    facts.kv_transfer_lines += 1
+    if len(facts.kv_lines) < max_quoted:
+        facts.kv_lines.append(f"L{n}: {line.strip()[:300]}")
+    if (m := _KV_CONNECTOR.search(line)) and m.group(1) not in facts.kv_connectors:
+        facts.kv_connectors.append(m.group(1))
+    transfers = int(count)
+    facts.kv_transfers += transfers
+    if (avg := fields.get("Avg xfer time (ms)")) is not None:
+        facts.kv_xfer_ms_sum += transfers * avg
+    if transfers and (p90 := fields.get("P90 xfer time (ms)")) is not None:
+        facts.kv_xfer_p90_ms_max = max(p90, facts.kv_xfer_p90_ms_max or 0.0)
+    if (mb := fields.get("Avg MB per transfer")) is not None:
+        facts.kv_mb_sum += transfers * mb
+        facts.kv_mb_known = True
+    for key, value in fields.items():
+        if key.startswith("Num failed"):
+            facts.kv_failures[key] = facts.kv_failures.get(key, 0) + int(value)
+    if (expired := fields.get(_KV_EXPIRED)) is not None:
+        facts.kv_expired_reqs = (facts.kv_expired_reqs or 0) + int(expired)
 
 
 def _budget_line(facts: LogFacts, n: int, line: str, quote: Callable[[int, str], None]

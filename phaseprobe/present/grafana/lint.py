@@ -11,7 +11,11 @@ list the metrics it references, then:
   still has it: the panel goes blank on the next vLLM upgrade.
 - **missing**: with a metrics source (a live ``/metrics`` URL or a saved exposition text), a
   referenced series that the source does not expose. Series Prometheus makes up itself (``up``,
-  ``scrape_*``, ``ALERTS``) are not expected in ``/metrics`` and are skipped.
+  ``scrape_*``, ``ALERTS``) are not expected in ``/metrics`` and are skipped. Series that only
+  some deployments export (:data:`DEPLOYMENT_ONLY`: the NIXL KV connector's, the decode-side
+  KV-fetch gauge) are listed apart as not exported by this source, unless the source exports
+  another series of the same group: then the deployment has the feature, and a missing one is
+  missing.
 
 Names come from the catalog's :func:`~phaseprobe.sources.query_catalog.metric_names`, which already
 ignores Grafana's ``$variables``, label matchers and functions.
@@ -32,6 +36,7 @@ from phaseprobe.errors import DashboardInvalid
 from phaseprobe.inputs import DASHBOARD_CAP, read_input_text
 
 __all__ = [
+    "DEPLOYMENT_ONLY",
     "REMOVED",
     "SYNTHETIC",
     "ExprRef",
@@ -63,6 +68,23 @@ REMOVED: dict[str, str] = {
 SYNTHETIC = frozenset({"up", "scrape_duration_seconds", "scrape_samples_scraped",
                        "scrape_samples_post_metric_relabeling", "scrape_series_added",
                        "ALERTS", "ALERTS_FOR_STATE"})
+# Series only some vLLM deployments export, keyed by base name (no prefix, no _total, no
+# histogram suffix) → the group that exports them. The NIXL names and kinds are vLLM's source
+# (vllm/distributed/kv_transfer/kv_connector/v1/nixl/stats.py, NixlPromMetrics: histograms
+# xfer_time_seconds, post_time_seconds, bytes_transferred, num_descriptors; counters
+# num_failed_transfers, num_failed_notifications, num_kv_expired_reqs), registered only when
+# --kv-transfer-config names the NixlConnector; the CPU build (vLLM 0.32, tests/data) has no
+# NIXL. num_requests_kv_fetch_by_stage (gauge, label stage) is absent from vLLM 0.32's page
+# even with a KV connector; its defining source was not found to check here.
+_NIXL = "the NIXL KV connector (--kv-transfer-config NixlConnector)"
+_KV_FETCH = "vLLM after 0.32 with a KV connector, decode side"
+DEPLOYMENT_ONLY: dict[str, str] = {
+    **{name: _NIXL for name in (
+        "nixl_xfer_time_seconds", "nixl_post_time_seconds", "nixl_bytes_transferred",
+        "nixl_num_descriptors", "nixl_num_failed_transfers", "nixl_num_failed_notifications",
+        "nixl_num_kv_expired_reqs")},
+    "num_requests_kv_fetch_by_stage": _KV_FETCH,
+}
 _PREFIXES = ("vllm:", "vllm_")
 _SUFFIXES = ("_bucket", "_sum", "_count", "_total", "_created")
 _LABEL_VALUES = re.compile(r"^\s*label_values\(\s*(.*?)\s*,\s*[\w.]+\s*\)\s*$", re.S)
@@ -90,6 +112,9 @@ class LintReport:
     missing: list[str] = field(default_factory=list)
     hints: dict[str, str] = field(default_factory=dict)  # missing name → spelling the source has
     skipped: list[str] = field(default_factory=list)  # synthetic series not checked
+    # Referenced series the source lacks because it is not that deployment: name → who exports
+    # them (DEPLOYMENT_ONLY). Not a problem: the panels are blank on such a deployment.
+    not_exported: dict[str, str] = field(default_factory=dict)
     source: str | None = None
     exprs: int = 0
 
@@ -101,7 +126,9 @@ class LintReport:
         return {"file": self.file, "source": self.source, "ok": self.ok, "exprs": self.exprs,
                 "metrics": self.metrics, "stale": [asdict(s) for s in self.stale],
                 "missing": [{"name": m, "hint": self.hints.get(m)} for m in self.missing],
-                "skipped": self.skipped}
+                "skipped": self.skipped,
+                "not_exported": [{"name": n, "exported_by": by}
+                                 for n, by in self.not_exported.items()]}
 
 
 def load_dashboard(path: str | Path) -> dict[str, Any]:
@@ -222,6 +249,9 @@ def lint_dashboard(dashboard: Mapping[str, Any], *, file: str = "<dashboard>",
     available = None if snapshot is None else set(snapshot.samples)
     report = LintReport(file=file, metrics=metrics, exprs=sum(1 for _ in iter_exprs(dashboard)),
                         source=None if snapshot is None else snapshot.source)
+    # Deployment groups the source does export something of: their absences are real.
+    present_groups = {DEPLOYMENT_ONLY[_base(n)] for n in available or ()
+                      if _base(n) in DEPLOYMENT_ONLY}
     for name in metrics:
         stale = _stale(name, available)
         if stale is not None:
@@ -230,6 +260,10 @@ def lint_dashboard(dashboard: Mapping[str, Any], *, file: str = "<dashboard>",
             continue
         if name in SYNTHETIC:
             report.skipped.append(name)
+            continue
+        group = DEPLOYMENT_ONLY.get(_base(name))
+        if group is not None and group not in present_groups:
+            report.not_exported[name] = group
             continue
         report.missing.append(name)
         other = [s for s in spellings(name) if s in available and _base(s) == _base(name)]
