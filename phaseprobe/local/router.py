@@ -64,6 +64,7 @@ __all__ = [
     "VLLM_ROUTER_VERSION",
     "LocalRouter",
     "build_router_argv",
+    "pd_worker_args",
     "default_router_venv_dir",
     "install_router",
     "is_router_installed",
@@ -153,6 +154,21 @@ def install_router(
         return venv
 
 
+def pd_worker_args(prefill_urls: Sequence[str], decode_urls: Sequence[str]) -> list[str]:
+    """The router's prefill/decode mode over these instances: ``--vllm-pd-disaggregation
+    --prefill URL … --decode URL …`` (one flag per URL, no bootstrap port: the disk-based
+    ExampleConnector needs none). ``LocalServerError`` unless both sides have a URL."""
+    if not prefill_urls or not decode_urls:
+        raise LocalServerError("vllm-router in prefill/decode mode needs at least one prefill "
+                               "and one decode URL")  # fmt: skip
+    args = ["--vllm-pd-disaggregation"]
+    for url in prefill_urls:
+        args += ["--prefill", url.rstrip("/")]
+    for url in decode_urls:
+        args += ["--decode", url.rstrip("/")]
+    return args
+
+
 def build_router_argv(
     executable: Path,
     worker_urls: Sequence[str],
@@ -163,20 +179,32 @@ def build_router_argv(
     host: str = DEFAULT_HOST,
     health_check_interval_s: int = 2,
     extra_args: Sequence[str] = (),
+    prefill_urls: Sequence[str] = (),
+    decode_urls: Sequence[str] = (),
 ) -> list[str]:
     """The router's command line. Metrics always get their own port (the default, 29000, would
     make a second router on the machine fail). The router re-checks its workers every
     ``health_check_interval_s`` (its default, 60 s with 3 failures to mark one down, leaves a
     dead replica "healthy" for three minutes), and polls workers that are not up yet every
-    second at startup instead of every 30 s."""
-    if not worker_urls:
+    second at startup instead of every 30 s.
+
+    With ``prefill_urls`` and ``decode_urls`` (and no ``worker_urls``) the router runs in
+    prefill/decode mode (``pd_worker_args``): each request goes to a prefill instance first,
+    then to a decode instance; ``policy`` then applies to both sides."""
+    pd = bool(prefill_urls or decode_urls)
+    if pd and worker_urls:
+        raise LocalServerError("vllm-router takes either worker URLs or prefill/decode URLs, "
+                               "not both")  # fmt: skip
+    if not pd and not worker_urls:
         raise LocalServerError("vllm-router needs at least one worker URL")
     if policy not in ROUTER_POLICIES:
         raise LocalServerError(
             f"unknown router policy {policy!r} (one of: {', '.join(ROUTER_POLICIES)})"
         )
+    workers = (pd_worker_args(prefill_urls, decode_urls) if pd
+               else ["--worker-urls", *(url.rstrip("/") for url in worker_urls)])
     return [
-        str(executable), "--worker-urls", *(url.rstrip("/") for url in worker_urls),
+        str(executable), *workers,
         "--policy", policy, "--host", host, "--port", str(port),
         "--prometheus-host", host, "--prometheus-port", str(metrics_port),
         "--worker-startup-check-interval", "1",
@@ -193,12 +221,28 @@ def router_ready(base_url: str, worker_urls: Sequence[str], timeout: float = 2.0
         response = requests.get(f"{base_url}/readiness", timeout=timeout)
         if response.status_code != 200:
             return False
-        healthy = response.json().get("healthy_workers")
-    except (requests.RequestException, ValueError, AttributeError):
+        healthy = _healthy_workers(response.json())
+    except (requests.RequestException, ValueError, KeyError, TypeError):
         return False
     if healthy != len(worker_urls):
         return False
     return all(health_ok(url.rstrip("/"), timeout=timeout) for url in worker_urls)
+
+
+def _healthy_workers(readiness: object) -> int | None:
+    """How many workers ``/readiness`` calls healthy. Plain mode answers
+    ``{"healthy_workers": N, …}``; prefill/decode mode (measured on 0.1.17) answers
+    ``{"status": "ready", "prefill": {"healthy": 1, "total": 1}, "decode": {…}}``."""
+    if not isinstance(readiness, dict):
+        return None
+    if "healthy_workers" in readiness:
+        return int(readiness["healthy_workers"])
+    total = 0
+    for side in (readiness.get("prefill"), readiness.get("decode")):
+        if not isinstance(side, dict):
+            return None
+        total += int(side["healthy"])
+    return total
 
 
 @dataclass(frozen=True)
@@ -214,12 +258,18 @@ class _Running:
 class LocalRouter(ProcessGroupServer):
     """One ``vllm-router`` process in front of ``worker_urls``; a context manager that always
     stops it on exit. ``base_url`` is what clients send to; ``metrics_url`` is the router's own
-    Prometheus page (``vllm_router_*``; ``base_url/metrics`` is forwarded to one worker)."""
+    Prometheus page (``vllm_router_*``; ``base_url/metrics`` is forwarded to one worker).
+
+    In prefill/decode mode give ``prefill_urls`` and ``decode_urls`` instead of
+    ``worker_urls``; ``worker_urls`` is then all of them (prefill first), the instances whose
+    ``/health`` readiness waits for."""
 
     def __init__(
         self,
-        worker_urls: Sequence[str],
+        worker_urls: Sequence[str] = (),
         *,
+        prefill_urls: Sequence[str] = (),
+        decode_urls: Sequence[str] = (),
         policy: str = "round_robin",
         venv: Path | None = None,
         host: str = DEFAULT_HOST,
@@ -234,7 +284,11 @@ class LocalRouter(ProcessGroupServer):
         sleep: Sleep = time.sleep,
     ) -> None:
         super().__init__(stop_timeout)
-        self.worker_urls = [url.rstrip("/") for url in worker_urls]
+        self._plain_urls = [url.rstrip("/") for url in worker_urls]
+        self.prefill_urls = [url.rstrip("/") for url in prefill_urls]
+        self.decode_urls = [url.rstrip("/") for url in decode_urls]
+        # Every instance behind the router: readiness waits for each one's /health.
+        self.worker_urls = self._plain_urls or [*self.prefill_urls, *self.decode_urls]
         self.policy = policy
         self._venv = venv
         self._host = host
@@ -248,6 +302,11 @@ class LocalRouter(ProcessGroupServer):
         self._sleep = sleep
         self._running: _Running | None = None
         self.startup_seconds: float | None = None
+
+    @property
+    def pd_mode(self) -> bool:
+        """Whether the router runs in prefill/decode mode."""
+        return bool(self.prefill_urls or self.decode_urls)
 
     def _started(self) -> _Running:
         if self._running is None:
@@ -280,8 +339,9 @@ class LocalRouter(ProcessGroupServer):
         if self._proc is not None:
             raise LocalServerError(f"vllm-router already started (pid {self._proc.pid})")
         # Checked before anything runs, so a typo in a policy fails without a process to stop.
-        build_router_argv(Path("vllm-router"), self.worker_urls, port=0, metrics_port=0,
-                          policy=self.policy)  # fmt: skip
+        build_router_argv(Path("vllm-router"), self._plain_urls, port=0, metrics_port=0,
+                          policy=self.policy, prefill_urls=self.prefill_urls,
+                          decode_urls=self.decode_urls)  # fmt: skip
         executable = router_executable(require_router(self._venv))
         fixed = self._port is not None and self._metrics_port is not None
         for attempt in range(2):
@@ -302,9 +362,10 @@ class LocalRouter(ProcessGroupServer):
         _prune_logs(log_dir)
         log_path = log_dir / f"router-{time.strftime('%Y%m%d-%H%M%S')}-{port}.log"
         argv = build_router_argv(
-            executable, self.worker_urls, port=port, metrics_port=metrics_port,
+            executable, self._plain_urls, port=port, metrics_port=metrics_port,
             policy=self.policy, host=self._host,
             health_check_interval_s=self._health_interval, extra_args=self._extra_args,
+            prefill_urls=self.prefill_urls, decode_urls=self.decode_urls,
         )  # fmt: skip
         env = dict(os.environ, NO_COLOR="1")  # (0.1.17 ignores it; _tail strips the colours)
         with open(log_path, "ab") as log:
