@@ -28,6 +28,7 @@ from phaseprobe.analysis.rules import (
     live_spans,
     memory,
     parallel,
+    pd,
     router,
     spans,
 )
@@ -85,6 +86,10 @@ RULES: tuple[Rule, ...] = (
     Rule("kv_transfer_log", "KV hand-over between prefill and decode instances without "
          "failures (server log)?", kv_transfer.kv_transfer_log,
          "server log of a P/D instance (--server-log)"),
+    Rule("kv_recompute", "Did every decode leg get its prompt's KV (no silent recompute)?",
+         pd.kv_recompute, "runs on a prefill/decode pair (probe --prefill/--decode)"),
+    Rule("hand_over_share", "Is the KV hand-over a small part of TTFT?", pd.hand_over_share,
+         "runs on a prefill/decode pair (probe --prefill/--decode)"),
 )
 
 SPAN_RULES: tuple[Rule, ...] = (
