@@ -162,6 +162,12 @@ def _render_lint(out: Console, report: LintReport) -> None:
     if report.skipped:
         out.print(f"  [dim]not checked (made by Prometheus): {', '.join(report.skipped)}",
                   highlight=False)
+    by_group: dict[str, list[str]] = {}
+    for name, group in report.not_exported.items():
+        by_group.setdefault(group, []).append(name)
+    for group, names in by_group.items():
+        out.print(f"  [dim]not exported by this page ({escape(group)}): "
+                  f"{escape(', '.join(names))}", highlight=False)
 
 
 def _import(args: argparse.Namespace, out: Console, err: Console) -> int:
