@@ -12,6 +12,14 @@ exporting their spans to the session receiver with their own ``service.instance.
 the real ``vllm-router`` (round robin). ``router_factory(policy)`` puts another router, with
 another policy, in front of the same replicas for one test. Fleet tests skip with
 ``PHASEPROBE_TEST_ENDPOINT``: they start and throttle their own processes.
+
+``local_pd`` (only started when a test asks for it) is a prefill and a decode instance that
+hand KV over through vLLM's ExampleConnector on a temporary directory, behind the real router
+in P/D mode; ``local_pd_broken`` is a pair whose decode instance looks in another directory,
+so it recomputes every prompt (no router). Both export their spans to the session receiver
+with ``service.instance.id=prefill`` / ``decode``, and skip with ``PHASEPROBE_TEST_ENDPOINT``.
+Send each request a unique prompt: a prompt the decode instance has seen is a local
+prefix-cache hit there, and nothing is transferred.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import requests
 from phaseprobe.collect.span_receiver import SpanReceiver, SpanSink
 from phaseprobe.local import LocalVllm, ensure_model, install
 from phaseprobe.local.fleet import LocalFleet
+from phaseprobe.local.pd import LocalPdPair
 from phaseprobe.local.process import process_group_alive
 from phaseprobe.local.router import LocalRouter, install_router
 from phaseprobe.local.server import tracing_launch
@@ -186,3 +195,66 @@ def router_factory(local_fleet: FleetTarget) -> Iterator[Callable[[str], RouterT
     survivors = [pid for pid in pids if process_group_alive(pid)]
     if survivors:
         pytest.fail(f"routers (process groups {survivors}) survived stop()")
+
+
+@dataclass(frozen=True)
+class PdTarget:
+    """A local prefill/decode pair (ExampleConnector on a shared directory)."""
+
+    prefill_url: str  # the prefill instance's own base URL (first leg, its /metrics)
+    decode_url: str  # the decode instance's own base URL (second leg, its /metrics)
+    router_url: str | None  # the router in P/D mode (None for the broken pair)
+    kv_dir: Path  # where the prefill instance writes KV (one folder per prompt)
+    model: str
+    span_store_path: Path | None  # where the session receiver stores their spans
+    pids: dict[str, int]  # "prefill"/"decode"/"router" -> PID = process group
+    decode_kv_dir: Path | None = None  # where the decode instance looks (== kv_dir unless broken)
+    router_metrics_url: str | None = None  # the router's own vllm_router_* page
+    broken: bool = False  # the decode instance never finds the prefill's KV
+
+
+def _pd_pair(span_target: SpanTarget | None, *, broken: bool) -> Iterator[PdTarget]:
+    if os.environ.get(ENDPOINT_ENV):
+        pytest.skip(f"P/D tests start their own instances ({ENDPOINT_ENV} is set)")
+    install(progress=_progress)
+    if not broken:
+        install_router(progress=_progress)
+    model_dir = ensure_model(progress=_progress)
+    pair = LocalPdPair(model_dir=model_dir, router=not broken, broken=broken,
+                       otlp_grpc_url=span_target.receiver.grpc_url if span_target else None)
+    pair.start()
+    what = "broken P/D pair" if broken else "P/D pair"
+    _progress(f"{what} prefill {pair.prefill_url} decode {pair.decode_url} router "
+              f"{pair.router_url} after {pair.startup_seconds:.1f} s")
+    pids = pair.pids
+    try:
+        yield PdTarget(
+            prefill_url=pair.prefill_url,
+            decode_url=pair.decode_url,
+            router_url=pair.router_url,
+            kv_dir=pair.kv_dir,
+            model=pair.model,
+            span_store_path=span_target.store_path if span_target else None,
+            pids=dict(pids),
+            decode_kv_dir=pair.decode_kv_dir,
+            router_metrics_url=pair.router_metrics_url,
+            broken=broken,
+        )
+    finally:
+        pair.stop()
+    survivors = [pid for pid in pids.values() if process_group_alive(pid)]
+    if survivors:
+        pytest.fail(f"processes of the {what} (process groups {survivors}) survived stop()")
+
+
+@pytest.fixture(scope="session")
+def local_pd(span_target: SpanTarget | None) -> Iterator[PdTarget]:
+    """A prefill and a decode instance behind the real router in P/D mode (round robin)."""
+    yield from _pd_pair(span_target, broken=False)
+
+
+@pytest.fixture(scope="session")
+def local_pd_broken(span_target: SpanTarget | None) -> Iterator[PdTarget]:
+    """A pair whose KV never arrives: the decode instance recomputes every prompt. No router:
+    send the legs by hand (prefill with ``max_tokens=1``, then the decode leg)."""
+    yield from _pd_pair(span_target, broken=True)
