@@ -118,6 +118,7 @@ def test_a_request_through_the_router_hands_its_kv_over(local_pd):
     prefill, decode = _deltas(local_pd.prefill_url, before_p, 1), _deltas(local_pd.decode_url,
                                                                           before_d, 1)
     figures = f"{tokens} prompt tokens, block {block}; prefill {prefill}; decode {decode}"
+    print(figures)
     assert prefill[SUCCESS] == 1 and decode[SUCCESS] == 1, figures
     assert prefill[f"by_source:{COMPUTE}"] == tokens, figures  # the prefill computes it all
     transferred = decode[f"by_source:{TRANSFER}"]
