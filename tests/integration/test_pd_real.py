@@ -1,0 +1,96 @@
+"""Disaggregated prefill/decode against the real thing (issue 28): two local CPU vLLM instances
+with vLLM's ExampleConnector on a shared directory (``local_pd``), behind the real
+``vllm-router`` in P/D mode, and a broken pair whose decode instance looks in another
+directory (``local_pd_broken``). Ground truth is each instance's own counters, read by the
+test itself."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from phaseprobe.collect.experiment import ProbeSettings
+from phaseprobe.collect.pd.collector import PdTopology
+from phaseprobe.collect.pd.probe import run_pd_probe
+from phaseprobe.present.cli import main
+from phaseprobe.records import RunSpec
+from phaseprobe.store import Store
+
+pytestmark = pytest.mark.integration
+
+BY_SOURCE = "vllm:prompt_tokens_by_source_total"
+
+
+def _sources(base_url: str) -> dict[str, float]:
+    """The instance's prompt tokens by source, from its own /metrics."""
+    text = requests.get(f"{base_url}/metrics", timeout=10).text
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == BY_SOURCE:
+                out[s.labels["source"]] = out.get(s.labels["source"], 0.0) + s.value
+    return out
+
+
+def _probe(pair, store_path, *, router: bool, seed: int, runs: int = 4):
+    topo = PdTopology(prefill=pair.prefill_url, decode=pair.decode_url,
+                      router=pair.router_url if router else None)
+    # prompts of their own per test (the seed): a prompt seen before is a prefix-cache hit on
+    # the decode instance, not a transfer (research/fleet_pd.md)
+    spec = RunSpec(endpoint=topo.router or topo.decode, model=pair.model, prompt="",
+                   max_tokens=16, prompt_tokens_target=160, seed=seed)
+    before = _sources(pair.decode_url)
+    with Store(store_path) as store:
+        result = run_pd_probe(spec, store, topo, settings=ProbeSettings(
+            runs=runs, warmup=0, name="pd-router" if router else "pd-legs"))
+    after = _sources(pair.decode_url)
+    moved = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    return result, moved
+
+
+@pytest.mark.parametrize("router", [False, True], ids=["legs-sent-by-phaseprobe", "router"])
+def test_every_run_shows_both_legs_and_its_kv_transferred(local_pd, tmp_path, router):
+    if router and local_pd.router_url is None:
+        pytest.skip("the pair was started without a router")
+    result, moved = _probe(local_pd, tmp_path / "s.sqlite", router=router,
+                           seed=101 if router else 100)
+    runs = result.runs
+    assert [r.status for r in runs] == ["ok"] * 4, [(r.status, r.error, r.isolation.reasons)
+                                                     for r in runs]
+    assert all(r.isolated for r in runs), [r.isolation.reasons for r in runs]
+    for r in runs:
+        pd = r.pd
+        assert pd is not None
+        assert None not in (pd.prefill_s, pd.hand_over_s, pd.decode_kv_wait_s,
+                            pd.decode_prompt_s, pd.decode_s), pd
+        assert pd.kv == "transferred", pd.kv_reason
+        assert pd.tokens_transferred and pd.tokens_transferred > 0
+    # agrees with the decode instance's own counters over the whole probe
+    assert sum(r.pd.tokens_transferred or 0 for r in runs if r.pd) == \
+        moved["external_kv_transfer"], moved
+    assert sum(r.pd.tokens_computed or 0 for r in runs if r.pd) == moved["local_compute"]
+    assert "KV hand-over: transferred in 4 of 4 run(s)" in result.notes
+
+
+def test_a_broken_hand_over_is_recompute_on_every_run_and_the_rule_fires(local_pd_broken,
+                                                                         tmp_path, capsys):
+    store = tmp_path / "s.sqlite"
+    result, moved = _probe(local_pd_broken, store, router=False, seed=102)
+    runs = result.runs
+    assert [r.status for r in runs] == ["ok"] * 4, [(r.status, r.error) for r in runs]
+    assert moved.get("external_kv_transfer", 0.0) == 0.0, moved  # nothing arrived
+    for r in runs:
+        assert r.pd is not None and r.pd.kv == "recomputed", r.pd
+        prompt = r.client.prompt_tokens if r.client else None
+        assert r.pd.kv_reason.startswith(f"computed {r.pd.tokens_computed:.0f} of {prompt} "
+                                         "prompt tokens locally: its KV never arrived"), r.pd
+    code = main(["check", "--experiment", str(result.experiment_id), "--store", str(store),
+                 "--rule", "kv_recompute", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    (verdict,) = report["verdicts"]
+    assert code == 1 and verdict["status"] == "fail", verdict
+    assert verdict["summary"].startswith(
+        "the decode instance recomputed the prompt in 4 of 4 runs (run 1: computed "), verdict
