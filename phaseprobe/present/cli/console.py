@@ -163,8 +163,10 @@ def render_pd_legs(console: Console, runs: Sequence[Run]) -> None:
     """Disaggregated prefill/decode: each run's two legs, the hand-over and its KV."""
     table = Table(title="prefill/decode legs (each instance's own histograms)",
                   caption="hand-over = the prefill leg's end → the decode instance scheduling "
-                          "the request (gap between the legs + decode-side KV wait); decode "
-                          "prompt = loading the KV, or recomputing it")
+                          "the request (gap between the legs + decode-side KV wait, where an "
+                          "asynchronous connector such as NIXL waits); D prompt = the decode "
+                          "side's prompt work: a synchronous connector's KV load (the "
+                          "ExampleConnector's), or the prompt recomputed")
     for col in ("run", "P queue ms", "P prefill ms", "hand-over ms", "D KV wait ms",
                 "D prompt ms", "D decode ms", "KV", "tokens moved / computed"):
         table.add_column(col, justify="left" if col in ("KV",) else "right", no_wrap=True)
