@@ -18,7 +18,8 @@ from phaseprobe.errors import UnknownMetric
 from phaseprobe.records import PdLegs, ServerPhases
 from phaseprobe.sources.vllm_metrics import MetricSnapshot
 
-__all__ = ["SOURCES", "prompt_sources", "source_deltas", "kv_verdict", "pd_legs"]
+__all__ = ["SOURCES", "prompt_sources", "source_deltas", "connector_deltas", "kv_verdict",
+           "pd_legs"]
 
 SOURCES = ("external_kv_transfer", "local_compute", "local_cache_hit")
 
@@ -48,10 +49,35 @@ def source_deltas(before: MetricSnapshot, after: MetricSnapshot,
     return {k: a.get(k, 0.0) - b.get(k, 0.0) for k in a}
 
 
+def connector_deltas(before: MetricSnapshot, after: MetricSnapshot,
+                     model: str | None) -> tuple[float | None, float | None]:
+    """(tokens the instance's KV connector looked up, tokens it found) between two scrapes;
+    None where not exported. Lookups move only on an instance with a KV connector."""
+    out: list[float | None] = []
+    for canonical in ("external_prefix_cache_queries", "external_prefix_cache_hits"):
+        b, a = before.value(canonical, model=model), after.value(canonical, model=model)
+        out.append(None if a is None or b is None else a - b)
+    return out[0], out[1]
+
+
+def _why_not_arrived(lookups: float | None) -> str:
+    """Why a decode leg found no KV, from its connector's lookups."""
+    if lookups is None:
+        return ""
+    if lookups <= 0:
+        return (" (its KV connector made no lookup: the decode instance has none, an "
+                "aggregated instance? see its --kv-transfer-config)")
+    return (f" (its KV connector looked up {lookups:.0f} tokens and found none: the prefill "
+            "side's KV is not where it looks, another storage path or side channel, or it "
+            "expired)")
+
+
 def kv_verdict(deltas: dict[str, float] | None, prompt_tokens: int | None,
-               decode_isolated: bool) -> tuple[str, str]:
+               decode_isolated: bool, decode_lookups: float | None = None
+               ) -> tuple[str, str]:
     """(kv, why) for one request from its decode instance's source deltas: "transferred",
-    "recomputed", "partial", "cached" or "unknown", the reason quoting the numbers."""
+    "recomputed", "partial", "cached" or "unknown", the reason quoting the numbers.
+    ``decode_lookups``: the tokens its KV connector looked up (says why nothing arrived)."""
     if deltas is None:
         return "unknown", ("the decode instance exports no vllm:prompt_tokens_by_source "
                            "(vLLM 0.32 or newer has it): whether the KV moved cannot be told")
@@ -72,7 +98,7 @@ def kv_verdict(deltas: dict[str, float] | None, prompt_tokens: int | None,
     if ext <= 0 and comp >= hit:
         return "recomputed", (f"computed {comp:.0f} of {whole:.0f} prompt tokens locally: its "
                               "KV never arrived (the hand-over failed; the request still "
-                              "succeeded, slower)")
+                              f"succeeded, slower){_why_not_arrived(decode_lookups)}")
     if ext <= 0:
         return "cached", f"{said}: its own prefix cache, not a transfer"
     if ext >= comp:
@@ -83,11 +109,11 @@ def kv_verdict(deltas: dict[str, float] | None, prompt_tokens: int | None,
 def pd_legs(prefill: ServerPhases | None, prefill_isolated: bool,
             decode: ServerPhases | None, decode_isolated: bool,
             deltas: dict[str, float] | None, prompt_tokens: int | None,
-            legs_gap_s: float | None) -> PdLegs:
+            legs_gap_s: float | None, decode_lookups: float | None = None) -> PdLegs:
     """Both legs of one request from each instance's phase deltas. ``legs_gap_s``: the
     client's time from the prefill leg's end to sending the decode leg (0 through a router,
     which forwards at once; unknown there, so the hand-over is the decode-side wait only)."""
-    kv, why = kv_verdict(deltas, prompt_tokens, decode_isolated)
+    kv, why = kv_verdict(deltas, prompt_tokens, decode_isolated, decode_lookups)
     wait = decode.queue_s if decode is not None else None
     hand = None if wait is None else wait + (legs_gap_s or 0.0)
     d = deltas or {}

@@ -46,6 +46,10 @@ ALIASES: dict[str, tuple[Kind, tuple[str, ...]]] = {
     "prefix_cache_hits": ("counter", ("prefix_cache_hits", "gpu_prefix_cache_hits")),
     "num_preemptions": ("counter", ("num_preemptions",)),
     "request_success": ("counter", ("request_success",)),
+    # a KV connector's lookups and hits, in tokens (vLLM 0.32): they move only where a
+    # connector is configured
+    "external_prefix_cache_queries": ("counter", ("external_prefix_cache_queries",)),
+    "external_prefix_cache_hits": ("counter", ("external_prefix_cache_hits",)),
     # by label source: local_compute | local_cache_hit | external_kv_transfer (vLLM 0.32)
     "prompt_tokens_by_source": ("counter", ("prompt_tokens_by_source",)),
     "requests_running": ("gauge", ("num_requests_running",)),

@@ -87,6 +87,7 @@ def test_a_broken_hand_over_is_recompute_on_every_run_and_the_rule_fires(local_p
         prompt = r.client.prompt_tokens if r.client else None
         assert r.pd.kv_reason.startswith(f"computed {r.pd.tokens_computed:.0f} of {prompt} "
                                          "prompt tokens locally: its KV never arrived"), r.pd
+        assert "found none" in r.pd.kv_reason, r.pd  # its connector looked: another path
     code = main(["check", "--experiment", str(result.experiment_id), "--store", str(store),
                  "--rule", "kv_recompute", "--json"])
     report = json.loads(capsys.readouterr().out)

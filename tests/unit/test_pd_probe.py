@@ -132,3 +132,26 @@ def test_bad_pairs_are_refused(tmp_path, capsys, argv, words):
     code = main(["probe", *argv, "--store", str(tmp_path / "s.sqlite"), "--no-gpu"])
     assert code == 2
     assert words in capsys.readouterr().err
+
+
+def test_why_the_kv_never_arrived_from_the_decode_connectors_lookups():
+    recompute = {"external_kv_transfer": 0, "local_compute": 170, "local_cache_hit": 0}
+    _, none = kv_verdict(recompute, 170, True, decode_lookups=0)
+    assert "its KV connector made no lookup: the decode instance has none" in none
+    _, missed = kv_verdict(recompute, 170, True, decode_lookups=170)
+    assert "looked up 170 tokens and found none" in missed
+    _, unknown = kv_verdict(recompute, 170, True)
+    assert unknown.endswith("(the hand-over failed; the request still succeeded, slower)")
+
+
+def test_connector_lookups_are_none_where_not_exported_and_zero_where_idle():
+    """A vLLM without --kv-transfer-config exports the lookup counter but it never moves (0:
+    the probe says so for a prefill instance); a server without the counter gives None
+    (nothing is said: the SSE test servers here)."""
+    from phaseprobe.analysis.pd import connector_deltas
+
+    page = ('# TYPE vllm:external_prefix_cache_queries_total counter\n'
+            'vllm:external_prefix_cache_queries_total{model_name="m"} %s\n')
+    b, a = parse_exposition(page % 5), parse_exposition(page % 5)
+    assert connector_deltas(b, a, "m") == (0.0, None)
+    assert connector_deltas(parse_exposition("x 1\n"), a, "m") == (None, None)

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from phaseprobe.analysis.pd import pd_legs, source_deltas
+from phaseprobe.analysis.pd import connector_deltas, pd_legs, source_deltas
 from phaseprobe.analysis.phases import attribute, histograms_moved, idle_reasons
 from phaseprobe.analysis.replica_match import unverifiable
 from phaseprobe.collect.experiment import ProbeSettings, RunNotes
@@ -80,6 +80,7 @@ class PdCollector:
         self.notes: list[str] = []
         self.run_notes = run_notes if run_notes is not None else RunNotes()
         self.metrics_ok = True
+        self._said_prefill = False  # the prefill instance's missing connector, said once
 
     def _scrape(self) -> dict[str, MetricSnapshot] | None:
         if not self.metrics_ok:
@@ -176,7 +177,15 @@ class PdCollector:
         verified = p_iso.verified and d_iso.verified
         isolated = verified and not reasons
         deltas = source_deltas(before["decode"], after["decode"], model)
-        pd = pd_legs(p_srv, p_iso.isolated, d_srv, d_iso.isolated, deltas, prompt_tokens, gap)
+        lookups, _ = connector_deltas(before["decode"], after["decode"], model)
+        p_lookups, _ = connector_deltas(before["prefill"], after["prefill"], model)
+        if p_lookups is not None and p_lookups <= 0 and not self._said_prefill:
+            self._said_prefill = True
+            self.notes.append("the prefill instance's KV connector made no lookup "
+                              "(vllm:external_prefix_cache_queries did not move): is it started "
+                              "with --kv-transfer-config? Without one its KV goes nowhere")
+        pd = pd_legs(p_srv, p_iso.isolated, d_srv, d_iso.isolated, deltas, prompt_tokens, gap,
+                     lookups)
         # the run's phases as the user met them: queue and prefill on the prefill instance,
         # decode on the decode instance; the hand-over is in ``pd``
         server: ServerPhases | None = None
