@@ -2,11 +2,16 @@
 
     phaseprobe plan --config ~/models/Llama-3-70B --gpu-mem-gb 80 --gpus 8 --concurrent 32
     phaseprobe plan --config config.json --gpu-mem-gb 80 --kv-dtype fp8 --bandwidth-tbs 3.35
+    phaseprobe plan --config config.json --gpu-mem-gb 80 --kv-transfer 4096 --link nvlink4
 
 Prints the weights, KV bytes per token, the KV budget left beside them, the longest context
 each of the concurrent users can hold, users per context length, FLOPs per token, and (with
-``--bandwidth-tbs``) the memory-bandwidth floor of a decode step. Memory is in GiB (2³⁰ bytes:
-an "80 GB" card holds about 80 GiB); bandwidth in decimal TB/s, as data sheets give it.
+``--bandwidth-tbs``) the memory-bandwidth floor of a decode step; with ``--kv-transfer P``, the
+KV bytes one request of P prompt tokens must move from a prefill to a decode instance
+(disaggregated serving) and the time that takes over each ``--link`` (datasheet peaks, one
+direction; ``copy``: this machine's ``phaseprobe calibrate`` memory copy). Memory is in GiB
+(2³⁰ bytes: an "80 GB" card holds about 80 GiB); bandwidth in decimal TB/s, as data sheets give
+it.
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from phaseprobe.analysis import capacity as cap
+from phaseprobe.analysis import kv_transfer_bound as kvt
 from phaseprobe.analysis import model_math as mm
+from phaseprobe.errors import ConfigError
 from phaseprobe.present.cli import jsonout
 from phaseprobe.present.cli.args import float_in, int_in
 
@@ -63,6 +70,19 @@ def register(subparsers: Any) -> None:
                    metavar="X",
                    help="HBM bandwidth of ONE GPU in TB/s (H100 SXM: 3.35): adds the decode "
                         "floor per token")
+    p.add_argument("--kv-transfer", type=int_in(0, 100_000_000), default=None,
+                   metavar="P",
+                   help="disaggregated prefill/decode: the KV bytes one request of P prompt "
+                        "tokens must move to the decode instance, and the time over each --link")
+    p.add_argument("--link", action="append", default=None, metavar="LINK",
+                   choices=(*kvt.link_keys(), "copy"),
+                   help=f"with --kv-transfer, the link the KV crosses (repeatable; default: "
+                        f"all): {', '.join(kvt.link_keys())} (datasheet, one direction), or "
+                        f"copy (this machine's calibrated memory copy)")
+    p.add_argument("--kv-block-size", type=int_in(1, 1_000_000), default=None, metavar="B",
+                   help="with --kv-transfer, count only whole blocks of P - 1 tokens, as "
+                        "block-wise connectors hand them over (ExampleConnector on the CPU "
+                        "build: 128; 474 prompt tokens -> 384)")
     p.add_argument("--json", action="store_true", help="print one JSON document to stdout")
 
 
@@ -118,7 +138,43 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
                   for batch in sorted({1, args.concurrent})]
         doc["decode_floor"] = [{**asdict(f), "tokens_per_s_ceiling": f.tokens_per_s_ceiling}
                                for f in floors]
+    doc["kv_transfer"] = _kv_transfer(args, kv_token, shape)
     return doc
+
+
+def _links(keys: list[str] | None) -> list[kvt.Link]:
+    """The chosen links (every datasheet row when none); ``copy`` from the stored calibration."""
+    out = []
+    for key in keys or kvt.link_keys():
+        if key != "copy":
+            out.append(kvt.link(key))
+            continue
+        from phaseprobe import calibrate  # reads the calibration file only when asked
+
+        cal = calibrate.load()
+        if cal is None:
+            raise ConfigError("--link copy needs this machine's memory copy bandwidth: run "
+                              "`phaseprobe calibrate` first")
+        out.append(kvt.copy_link(cal.mem_bandwidth_best_gb_s, cal.device_name))
+    return list(dict.fromkeys(out))
+
+
+def _kv_transfer(args: argparse.Namespace, kv_token: int,
+                 shape: mm.ModelShape) -> dict[str, Any] | None:
+    prompt = getattr(args, "kv_transfer", None)
+    block = getattr(args, "kv_block_size", None)
+    if prompt is None:
+        if getattr(args, "link", None) or block is not None:
+            raise ConfigError("--link and --kv-block-size need --kv-transfer P (the prompt "
+                              "tokens whose KV moves)")
+        return None
+    tokens = prompt if block is None else kvt.block_aligned_tokens(prompt, block)
+    _, how = kvt.kv_shape_bytes(shape, args.kv_dtype)
+    plans = [kvt.plan_transfer(kv_token, tokens, lk, how)
+             for lk in _links(getattr(args, "link", None))]
+    return {"prompt_tokens": prompt, "block_size": block, "tokens": tokens,
+            "bytes_per_token": kv_token, "how": how,
+            "bytes": kvt.kv_bytes(kv_token, tokens), "links": [p.to_dict() for p in plans]}
 
 
 def run(args: argparse.Namespace, out: Console, err: Console) -> int:
@@ -223,4 +279,29 @@ def _render(out: Console, doc: dict[str, Any]) -> None:
         over = " (over the model maximum)" if limit and row["context_tokens"] > limit else ""
         users.add_row(f"{row['context_tokens']:,}{over}", f"{row['users']:,}")
     out.print(users)
+    if doc.get("kv_transfer"):
+        _render_kv_transfer(out, doc["kv_transfer"])
+
+
+def _seconds(s: float) -> str:
+    return f"{s * 1e3:,.3g} ms" if s >= 1e-3 else f"{s * 1e6:,.3g} µs"
+
+
+def _render_kv_transfer(out: Console, kv: dict[str, Any]) -> None:
+    per = kv["bytes_per_token"]
+    block = (f" (whole blocks of {kv['block_size']} of {kv['prompt_tokens']:,} − 1)"
+             if kv["block_size"] else "")
+    title = (f"KV each request must move: {_bytes(per).replace('.00 ', ' ')}/token ({per:,} B"
+             f" = {kv['how']}) × {kv['tokens']:,} tokens{block} = {kv['bytes']:,} B "
+             f"({_bytes(kv['bytes'])})")
+    table = Table(title=escape(title), title_justify="left")
+    table.add_column("link")
+    table.add_column("GB/s, one way", justify="right")
+    table.add_column("time", justify="right")
+    table.add_column("figure", style="dim")
+    for p in kv["links"]:
+        lk = p["link"]
+        table.add_row(escape(f"{lk['key']}: {lk['name']}"), f"{lk['gb_s']:,.3g}",
+                      _seconds(p["seconds"]), escape(lk["direction"]))
+    out.print(table)
 
