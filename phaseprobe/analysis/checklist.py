@@ -146,6 +146,9 @@ LIVE_RULES: tuple[LiveRule, ...] = (
              "(--replica, or --prom by instance)", "replica imbalance"),
     LiveRule("live_router", "Router: workers healthy, no retries, no traffic around it?",
              router.router_health, "the router's vllm_router_* metrics (--router-metrics)"),
+    LiveRule("live_kv_recompute", "Decode instances get their prompts' KV (no recompute)?",
+             pd.live_kv_recompute, "prompt_tokens_by_source and KV-connector lookups of P/D "
+             "decode instances"),
 )
 
 _LIVE_SPANS = "request spans stored over the window (phaseprobe watch)"

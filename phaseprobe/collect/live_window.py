@@ -315,6 +315,11 @@ def snapshot_deltas(before: MetricSnapshot, after: MetricSnapshot
     for reason in sorted(set(a_reasons) | set(b_reasons)):
         checks.append(put("finished_" + reason, b_reasons.get(reason, 0.0),
                           a_reasons.get(reason, 0.0), f"request_success{{{reason}}}"))
+    b_src = _by_label(before, "prompt_tokens_by_source", "source")
+    a_src = _by_label(after, "prompt_tokens_by_source", "source")
+    for source in sorted(set(a_src) | set(b_src)):
+        checks.append(put("prompt_source_" + source, b_src.get(source, 0.0),
+                          a_src.get(source, 0.0), f"prompt_tokens_by_source{{{source}}}"))
     bad = next((c for c in checks if c), None)
     return ({}, bad) if bad else (out, None)
 
@@ -389,6 +394,9 @@ def _prometheus_window(opts: LiveOptions, end_s: float, sources: dict[str, str]
                     "finished")
         by_instance(f"sum by ({label}, finished_reason) (increase({success}{sel}[{w}]))",
                     deltas, "finished_", extra="finished_reason")
+        by_source = name(_newest("prompt_tokens_by_source"))
+        by_instance(f"sum by ({label}, source) (increase({by_source}{sel}[{w}]))",
+                    deltas, "prompt_source_", extra="source")
         for gauge in GAUGES:
             g = name(_newest(gauge))
             agg = "max" if gauge == "kv_cache_usage" else "sum"

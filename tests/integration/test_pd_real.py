@@ -95,3 +95,40 @@ def test_a_broken_hand_over_is_recompute_on_every_run_and_the_rule_fires(local_p
     assert code == 1 and verdict["status"] == "fail", verdict
     assert verdict["summary"].startswith(
         "the decode instance recomputed the prompt in 4 of 4 runs (run 1: computed "), verdict
+
+
+def test_the_live_check_reads_the_pairs_recompute_share(local_pd, capsys):
+    """check --live over the pair while requests go through the router: the decode instance's
+    recompute share is judged (and passes: the KV moves), the prefill instance is recognised as
+    one (it computes every prompt by design)."""
+    import threading
+    import uuid
+
+    if local_pd.router_url is None:
+        pytest.skip("the pair was started without a router")
+    stop = threading.Event()
+
+    def traffic() -> None:
+        while not stop.is_set():
+            body = {"model": local_pd.model, "max_tokens": 8, "ignore_eos": True,
+                    "prompt": f"live {uuid.uuid4().hex} " + "word " * 200}
+            requests.post(f"{local_pd.router_url}/v1/completions", json=body,
+                          timeout=60).raise_for_status()
+
+    thread = threading.Thread(target=traffic, daemon=True)
+    thread.start()
+    try:
+        code = main(["check", "--live", "--endpoint", local_pd.router_url,
+                     "--replica", f"prefill={local_pd.prefill_url}",
+                     "--replica", f"decode={local_pd.decode_url}", "--window", "8",
+                     "--span-grace", "0", "--rule", "live_kv_recompute", "--json",
+                     "--store", "/nonexistent/none.sqlite"])
+    finally:
+        stop.set()
+        thread.join(60)
+    (verdict,) = json.loads(capsys.readouterr().out)["verdicts"]
+    assert verdict["status"] == "pass", verdict
+    decode = verdict["numbers"]["by_replica"]["decode"]
+    assert decode["transferred"] > 0 and decode["recompute_share"] < 0.5, verdict
+    assert "prefill: a prefill instance" in verdict["summary"], verdict
+    assert code == 0

@@ -50,3 +50,31 @@ def test_the_hand_over_share_of_ttft():
                                                     ttft_s=0.020) for i in range(3))))
     assert slow.status == "fail" and slow.numbers["share"] == 0.85
     assert hand_over_share(Evidence()).status == "skipped"
+
+
+def _window(name: str, *, ext: float, comp: float, lookups: float, finished: float = 10,
+            gen: float = 160):
+    from phaseprobe.analysis.rules.live_base import ReplicaWindow
+
+    return ReplicaWindow(name, deltas={
+        "prompt_source_external_kv_transfer": ext, "prompt_source_local_compute": comp,
+        "prompt_source_local_cache_hit": 0.0, "external_prefix_cache_queries": lookups,
+        "finished": finished, "generation_tokens": gen})
+
+
+def test_live_recompute_share_judges_decode_instances_only():
+    from phaseprobe.analysis.rules.live_base import LiveEvidence
+    from phaseprobe.analysis.rules.pd import live_kv_recompute
+
+    prefill = _window("prefill", ext=0, comp=1600, lookups=1600, gen=10)  # 1 token a request
+    healthy = _window("decode", ext=1280, comp=320, lookups=1600)
+    v = live_kv_recompute(LiveEvidence((prefill, healthy), 30.0, fleet=True))
+    assert v.status == "pass"
+    assert "decode: computed 320 of 1600 prompt tokens itself (20.0 %), 1280 came over the KV " \
+           "connector, over 10 requests" in v.summary
+    assert "prefill: a prefill instance (1.0 tokens generated per request)" in v.summary
+    broken = _window("decode", ext=0, comp=1600, lookups=1600)
+    bad = live_kv_recompute(LiveEvidence((prefill, broken), 30.0, fleet=True))
+    assert bad.status == "fail" and bad.numbers["by_replica"]["decode"]["recompute_share"] == 1
+    plain = _window("one", ext=0, comp=1600, lookups=0)  # no connector: not P/D
+    assert live_kv_recompute(LiveEvidence((plain,), 30.0)).status == "skipped"

@@ -15,8 +15,10 @@ Per replica (:class:`ReplicaWindow`):
     from its ``finished_reason`` label), ``<hist>_sum`` / ``<hist>_count`` for the histograms
     ``queue_time``, ``prefill_time``, ``decode_time``, ``ttft``, ``e2e_latency``, ``itl``,
     ``request_tpot``, and ``generation_tokens``, ``prompt_tokens``, ``num_preemptions``,
-    ``prefix_cache_hits``, ``prefix_cache_queries``. A key is missing when the server does not
-    export that metric.
+    ``prefix_cache_hits``, ``prefix_cache_queries``, ``external_prefix_cache_queries`` (a KV
+    connector's lookups, in tokens), and ``prompt_source_<source>`` (``prompt_tokens_by_source``:
+    ``external_kv_transfer``, ``local_compute``, ``local_cache_hit``). A key is missing when the
+    server does not export that metric.
 ``gauge_mean`` / ``gauge_max``
     ``requests_running``, ``requests_waiting``, ``kv_cache_usage`` (a fraction, 0–1) over the
     window's samples.
@@ -53,7 +55,7 @@ MIN_FINISHED = 5
 DELTA_HISTOGRAMS = ("queue_time", "prefill_time", "decode_time", "ttft", "e2e_latency", "itl",
                     "request_tpot")
 DELTA_COUNTERS = ("generation_tokens", "prompt_tokens", "num_preemptions", "prefix_cache_hits",
-                  "prefix_cache_queries")
+                  "prefix_cache_queries", "external_prefix_cache_queries")
 GAUGES = ("requests_running", "requests_waiting", "kv_cache_usage")
 
 

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import statistics
 
-from phaseprobe.analysis.rules.base import Evidence, Verdict, ms, num, pct, skipped
+from phaseprobe.analysis.rules.base import Evidence, Status, Verdict, ms, num, pct, skipped
+from phaseprobe.analysis.rules.live import Part, per_replica, too_few
+from phaseprobe.analysis.rules.live_base import MIN_FINISHED, LiveEvidence, ReplicaWindow
 
-__all__ = ["kv_recompute", "hand_over_share", "HAND_OVER_WARN", "HAND_OVER_FAIL"]
+__all__ = ["kv_recompute", "hand_over_share", "live_kv_recompute", "HAND_OVER_WARN",
+           "HAND_OVER_FAIL", "RECOMPUTE_WARN", "RECOMPUTE_FAIL"]
 
 _NEED = "runs on a prefill/decode pair (probe --prefill URL --decode URL)"
 _COMMAND = "phaseprobe probe --prefill URL --decode URL [--endpoint ROUTER]"
@@ -82,3 +85,50 @@ def hand_over_share(ev: Evidence) -> Verdict:
                    "(KV-cache dtype), or aggregated serving for short prompts; if the "
                    "kv_recompute rule fails, the prompt is being computed twice",
                    ev.runs_command)
+
+
+RECOMPUTE_WARN = 0.25  # a decode instance's share of prompt tokens it computed itself
+RECOMPUTE_FAIL = 0.50
+PREFILL_ROLE_MAX_TOKENS = 1.5  # generated tokens per finished request: a prefill instance
+
+
+def live_kv_recompute(ev: LiveEvidence) -> Verdict:
+    """``check --live``: the share of prompt tokens each decode instance computed itself over
+    the window (``prompt_tokens_by_source``), judged only on instances with a KV connector
+    (its lookups moved). A prefill instance computes every prompt by design: one that
+    generated at most ~1 token per finished request is taken for one and left out."""
+    def judge(r: ReplicaWindow) -> Part:
+        lookups = r.delta("external_prefix_cache_queries")
+        ext, comp = r.delta("prompt_source_external_kv_transfer"), \
+            r.delta("prompt_source_local_compute")
+        hit = r.delta("prompt_source_local_cache_hit") or 0.0
+        done, gen = r.finished, r.delta("generation_tokens")
+        if ext is None or comp is None:
+            return Part(r.name, "skipped", "no prompt_tokens_by_source (vLLM 0.32 or newer)")
+        if not lookups:
+            return Part(r.name, "skipped", "no KV-connector lookups in the window (not a P/D "
+                                           "instance, or idle)")
+        if done is not None and done >= 1 and gen is not None \
+                and gen / done <= PREFILL_ROLE_MAX_TOKENS:
+            return Part(r.name, "skipped", f"a prefill instance ({gen / done:.1f} tokens "
+                                           "generated per request): it computes every prompt "
+                                           "by design")
+        if done is None or done < MIN_FINISHED:
+            return too_few(r, ev, done)
+        total = ext + comp + hit
+        share = comp / total if total else 0.0
+        numbers = {"transferred": ext, "computed": comp, "cached": hit,
+                   "recompute_share": num(share, 4), "finished": done}
+        said = (f"computed {comp:.0f} of {total:.0f} prompt tokens itself ({pct(share)}), "
+                f"{ext:.0f} came over the KV connector, over {done:.0f} requests")
+        status: Status = ("fail" if share >= RECOMPUTE_FAIL else
+                          "warn" if share >= RECOMPUTE_WARN else "pass")
+        return Part(r.name, status, said, share, numbers)
+
+    return per_replica(ev, judge, thresholds={"recompute_warn": RECOMPUTE_WARN,
+                                              "recompute_fail": RECOMPUTE_FAIL},
+                       recommendation="decode instances recompute prompts: the KV hand-over "
+                                      "is failing silently (connector config, storage path or "
+                                      "side channel, expired KV): each recompute is a full "
+                                      "prefill on the decode pool",
+                       next_command="phaseprobe probe --prefill URL --decode URL")
