@@ -3,6 +3,8 @@
     phaseprobe spans import FILE...   # OTLP JSON lines (the Collector's file exporter)
     phaseprobe spans list [--last N]  # the most recent requests, with their phase split
     phaseprobe spans show REQUEST_ID  # one request: phases, windows, what it shared
+    phaseprobe spans pd [--since S] [--prefill-instance NAME --decode-instance NAME]
+                                      # P/D requests: both legs joined, the hand-over, TTFT
 
 Spans get into the store from ``phaseprobe watch`` (a live receiver), from ``probe --spans``,
 or from a file collected elsewhere with ``spans import``.
@@ -11,8 +13,10 @@ or from a file collected elsewhere with ``spans import``.
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -21,13 +25,16 @@ from rich.table import Table
 from phaseprobe.errors import ConfigError
 from phaseprobe.paths import default_store_path
 from phaseprobe.present.cli import jsonout
-from phaseprobe.present.cli.args import int_in, store_and_json_args
+from phaseprobe.present.cli.args import float_in, int_in, store_and_json_args
 from phaseprobe.present.cli.console import ms, print_schema_note
 from phaseprobe.present.cli.waiting import waiting
 from phaseprobe.records import RequestSpan
 from phaseprobe.store import Store
 
-__all__ = ["register", "run", "span_table"]
+if TYPE_CHECKING:
+    from phaseprobe.analysis.pd_spans import PdSpanRecord
+
+__all__ = ["register", "run", "span_table", "pd_table"]
 
 
 def register(subparsers: Any) -> None:
@@ -54,6 +61,27 @@ def register(subparsers: Any) -> None:
                       help="vLLM's request id, or the X-Request-Id the client sent (vLLM may "
                            "prefix it, e.g. cmpl-)")
     store_and_json_args(show)
+    pd = sub.add_parser(
+        "pd", help="disaggregated prefill/decode: join each request's two legs' spans",
+        description="One P/D request = a prefill leg (1 output token) on the prefill instance "
+                    "and a decode leg on the decode instance. The legs are joined by the "
+                    "request id they share (cmpl-<X-Request-Id>-0), a P/D router's "
+                    "___prefill_addr_…___decode_addr_… id, or the client's trace; a leg's "
+                    "role comes from --prefill-instance/--decode-instance, the router id's "
+                    "addresses, or the legs themselves. Spans that cannot be joined are "
+                    "counted and named.")
+    pd.add_argument("--since", type=float_in(0, 1e9, lo_open=True), default=None,
+                    metavar="SECONDS", help="only spans that started in the last SECONDS "
+                                            "(default: all stored)")
+    pd.add_argument("--prefill-instance", action="append", default=[], metavar="NAME",
+                    help="a prefill instance as its spans name it (service.instance.id, or "
+                         "the service name); may repeat")
+    pd.add_argument("--decode-instance", action="append", default=[], metavar="NAME",
+                    help="a decode instance as its spans name it; may repeat")
+    pd.add_argument("--last", type=int_in(1, 1_000_000), default=30, metavar="N",
+                    help="table: the N most recent joined requests (default: 30; --json "
+                         "has all)")
+    store_and_json_args(pd)
 
 
 def run(args: argparse.Namespace, out: Console, err: Console) -> int:
@@ -63,6 +91,8 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     if not Path(path).exists():
         raise ConfigError(f"no experiment store at {path} (run `phaseprobe watch` first)")
     # list and show only read: never migrate or write the store (a read-only one will do).
+    if args.spans_command == "pd":
+        return _pd(args, path, out, err)
     with Store(path, readonly=True) as store:
         if args.spans_command == "list":
             spans = store.spans(limit=args.last, newest=True)
@@ -108,6 +138,88 @@ def _import(args: argparse.Namespace, path: Path, out: Console, err: Console) ->
                 err.print(f"[yellow]… and {len(r.bad_lines) - 10} more bad line(s)")
     return 1 if any(r.bad_lines for r in results) or \
         not any(r.request_spans for r in results) else 0
+
+
+_UNJOINED_TITLE = {"single_leg": "single legs (only one side's span)",
+                   "more_than_two": "groups of more than two spans",
+                   "unknown_roles": "legs whose roles cannot be told"}
+
+
+def _pd(args: argparse.Namespace, path: Path, out: Console, err: Console) -> int:
+    from phaseprobe.analysis.pd_spans import join_legs
+
+    both = set(args.prefill_instance) & set(args.decode_instance)
+    if both:
+        raise ConfigError(f"instance(s) named both prefill and decode: {', '.join(sorted(both))}")
+    roles = {**dict.fromkeys(args.prefill_instance, "prefill"),
+             **dict.fromkeys(args.decode_instance, "decode")}
+    since_ns = None if args.since is None else time.time_ns() - round(args.since * 1e9)
+    with Store(path, readonly=True) as store:
+        spans = store.spans(since_ns=since_ns)
+        print_schema_note(store, err)
+    joined = join_legs(spans, roles)
+    if args.json:
+        doc = {"store": str(path), "since_s": args.since, "roles": roles, "spans": len(spans),
+               **joined.to_dict()}
+        out.out(jsonout.dumps(doc), highlight=False)
+        return 0
+    if not spans:
+        out.print(f"no request spans in {escape(str(path))}"
+                  + (f" in the last {args.since:g} s" if args.since is not None else ""))
+        return 0
+    shown = joined.records[-args.last:]
+    if shown:
+        out.print(pd_table(shown, f"{len(shown)} of {len(joined.records)} P/D request(s), "
+                                  f"from {len(spans)} span(s)"))
+        out.print(f"joined by {_tally(r.joined_by for r in joined.records)}; roles from "
+                  f"{_tally(r.roles_from for r in joined.records)}", highlight=False)
+    else:
+        out.print(f"no P/D request joined from {len(spans)} span(s)")
+    for kind, title in _UNJOINED_TITLE.items():
+        groups = joined.of_kind(kind)
+        if not groups:
+            continue
+        n = sum(len(u.span_ids) for u in groups)
+        out.print(f"[yellow]not joined:[/] {len(groups)} {title}, {n} span(s)")
+        for u in groups[:10]:
+            out.print(f"  {escape(_short_id(u.key))} ({u.by}; instances "
+                      f"{escape(', '.join(i or '?' for i in u.instances))}): {escape(u.reason)}",
+                      highlight=False)
+        if len(groups) > 10:
+            out.print(f"  … and {len(groups) - 10} more (--json names all)")
+    return 0
+
+
+def _tally(values: Any) -> str:
+    counts: dict[str, int] = {}
+    for v in values:
+        counts[v] = counts.get(v, 0) + 1
+    return ", ".join(f"{k.replace('_', ' ')} {n}" for k, n in sorted(counts.items()))
+
+
+def pd_table(records: Sequence[PdSpanRecord], title: str) -> Table:
+    """Joined P/D requests (PdSpanRecord): both legs, the hand-over and the TTFT split."""
+    table = Table(title=title, caption=(
+        "times in ms; TTFT = prefill leg's arrival → decode leg's first token = P other + "
+        "P queue + P prefill + hand-over + D prompt; P other = the prefill side's HTTP, "
+        "tokenization and its 1 token's return; hand-over = prefill leg's end → decode leg "
+        "scheduled (gap between the legs + decode side's HTTP + its queue = KV wait, where an "
+        "asynchronous connector such as NIXL waits); D prompt = KV load (synchronous "
+        "connectors, e.g. ExampleConnector) or the prompt recomputed"))
+    for col in ("request", "prefill → decode", "TTFT", "P other", "P queue", "P prefill",
+                "hand-over", "D KV wait", "D prompt", "decode", "e2e", "out tok"):
+        table.add_column(col, justify="left" if col in ("request", "prefill → decode")
+                         else "right", no_wrap=True)
+    for r in records:
+        other = (None if r.prefill_pre_engine_s is None or r.prefill_return_s is None
+                 else r.prefill_pre_engine_s + r.prefill_return_s)
+        table.add_row(escape(_short_id(r.key, 20)),
+                      escape(f"{r.prefill.instance or '?'} → {r.decode.instance or '?'}"),
+                      ms(r.ttft_s), ms(other, 2), ms(r.prefill_queue_s, 2),
+                      ms(r.prefill_s), ms(r.hand_over_s, 2), ms(r.decode_kv_wait_s, 2),
+                      ms(r.decode_prompt_s), ms(r.decode_s), ms(r.e2e_s),
+                      _count(r.decode.completion_tokens))
+    return table
 
 
 def _neighbours(store: Store, span: RequestSpan) -> list[RequestSpan]:
@@ -174,10 +286,11 @@ def _other_s(s: RequestSpan) -> float | None:
     return max(0.0, s.e2e_s - (s.queue_s or 0) - (s.prefill_s or 0) - (s.decode_s or 0))
 
 
-def _short_id(rid: str | None) -> str:
+def _short_id(rid: str | None, width: int = 28) -> str:
     if rid is None:
         return "—"
-    return rid if len(rid) <= 28 else rid[:12] + "…" + rid[-12:]
+    half = (width - 4) // 2
+    return rid if len(rid) <= width else rid[:half] + "…" + rid[-half:]
 
 
 def _count(v: int | None) -> str:
