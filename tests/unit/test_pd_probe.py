@@ -119,6 +119,8 @@ def test_pd_text_shows_the_legs_table(tmp_path, capsys):
     assert code == 0
     assert "prefill/decode legs" in out and "hand-over ms" in out
     assert "run 1 KV unknown:" in " ".join(out.split())
+    # the KV path needs the model's config: said, not guessed
+    assert "KV path: no model config" in " ".join(out.split())
 
 
 @pytest.mark.parametrize("argv, words", [

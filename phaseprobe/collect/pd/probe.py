@@ -4,10 +4,15 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from typing import Any
 
+from phaseprobe.analysis.kv_transfer_bound import KvPathReport, copy_link, kv_path_report
+from phaseprobe.analysis.model_math import load_config
+from phaseprobe.calibrate.run import load_all
 from phaseprobe.collect.connection import connect
+from phaseprobe.collect.efficiency import model_config_path
 from phaseprobe.collect.experiment import (
     NullProgress,
     ProbeResult,
@@ -15,11 +20,12 @@ from phaseprobe.collect.experiment import (
     ProgressHook,
 )
 from phaseprobe.collect.pd.collector import PdCollector, PdTopology
+from phaseprobe.errors import PhaseprobeError
 from phaseprobe.records import Experiment, Run, RunSpec
 from phaseprobe.sources.openai_stream import DEFAULT_DEADLINE_S, StreamClient, check_endpoint
 from phaseprobe.store import Store
 
-__all__ = ["run_pd_probe", "kv_summary"]
+__all__ = ["run_pd_probe", "kv_summary", "kv_path"]
 
 
 def kv_summary(runs: Sequence[Run]) -> str | None:
@@ -30,6 +36,24 @@ def kv_summary(runs: Sequence[Run]) -> str | None:
     counts = {k: told.count(k) for k in dict.fromkeys(told)}
     return ("KV hand-over: " + ", ".join(f"{k} in {n} of {len(told)} run(s)"
                                          for k, n in counts.items()))
+
+
+def kv_path(runs: Sequence[Run], info: Mapping[str, Any], model_config: str | None
+            ) -> KvPathReport | str:
+    """The runs' KV path against its bound: the transferred tokens' KV bytes (from the served
+    model's config) over hand-over + decode-side prompt work, set against this machine's
+    calibrated memory copy when one is stored (a CPU pair moves its KV through memory). Or
+    why it cannot be told (no model config)."""
+    try:
+        path = model_config_path(info, model_config)
+        if path is None:
+            return ("KV path: no model config (the server names no local model path): pass "
+                    "--model-config PATH for the KV bytes per token")
+        cfg, _ = load_config(path)
+        links = [copy_link(c.mem_bandwidth_best_gb_s, name) for name, c in load_all().items()]
+    except PhaseprobeError as exc:
+        return f"KV path: {exc}"
+    return kv_path_report(runs, cfg, links[:1])
 
 
 def run_pd_probe(spec: RunSpec, store: Store, topo: PdTopology, *,

@@ -22,7 +22,7 @@ from phaseprobe.analysis.phases import summarize
 from phaseprobe.collect.experiment import ProbeSettings, run_probe
 from phaseprobe.collect.fleet.targets import ReplicaTarget, parse_replicas
 from phaseprobe.collect.pd.collector import PdTopology
-from phaseprobe.collect.pd.probe import run_pd_probe
+from phaseprobe.collect.pd.probe import kv_path, run_pd_probe
 from phaseprobe.collect.session import Session, SessionOptions
 from phaseprobe.collect.target import api_key_from_env, normalize_base_url
 from phaseprobe.errors import ConfigError
@@ -245,15 +245,18 @@ def run_pd(args: argparse.Namespace, topo: PdTopology, out: Console, err: Consol
                               api_key=session.api_key, progress=RichProgress(err),
                               timeout_s=args.timeout, deadline_s=args.deadline)
     summary = summarize(result.runs)
+    path = kv_path(result.runs, result.server_info, args.model_config)
     if args.json:
         doc = {"experiment_id": result.experiment_id,
                "spec": {**spec.to_dict(), "endpoint": redact_url(spec.endpoint)},
                "server": result.server_info, "notes": result.notes,
-               "summary": summary.to_dict(), "runs": [r.to_dict() for r in result.runs]}
+               "summary": summary.to_dict(), "runs": [r.to_dict() for r in result.runs],
+               "kv_path": path if isinstance(path, str) else path.to_dict()}
         out.out(jsonout.dumps(doc), highlight=False)
     else:
         render_probe(out, result.runs, summary, result.server_info, result.notes,
                      result.experiment_id)
+        out.print(escape(path if isinstance(path, str) else path.sentence), highlight=False)
     return 0 if any(r.status == "ok" for r in result.runs) else 1
 
 
