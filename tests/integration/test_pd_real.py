@@ -132,3 +132,34 @@ def test_the_live_check_reads_the_pairs_recompute_share(local_pd, capsys):
     assert decode["transferred"] > 0 and decode["recompute_share"] < 0.5, verdict
     assert "prefill: a prefill instance" in verdict["summary"], verdict
     assert code == 0
+
+
+def test_the_two_legs_spans_join_into_one_request(local_pd, tmp_path):
+    """Each leg exports its own llm_request span (prefill: 1 token; decode: the rest); the
+    legs phaseprobe sends share one X-Request-Id, so their spans join into one request with a
+    hand-over and a TTFT split that add up (the spans' own clocks)."""
+    import time
+
+    from phaseprobe.analysis.pd_spans import join_legs
+
+    if local_pd.span_store_path is None:
+        pytest.skip("no session span receiver")
+    since = time.time_ns()
+    result, _ = _probe(local_pd, tmp_path / "s.sqlite", router=False, seed=103, runs=2)
+    ids = {r.request_id for r in result.runs}
+    deadline = time.monotonic() + 15
+    mine: list = []
+    while time.monotonic() < deadline:
+        with Store(local_pd.span_store_path, readonly=True) as store:
+            mine = [s for s in store.spans(since_ns=since - 10**9)
+                    if s.request_id and any(i in s.request_id for i in ids)]
+        if len(mine) >= 4:
+            break
+        time.sleep(0.2)
+    assert len(mine) == 4, [(s.request_id, s.instance) for s in mine]
+    joined = join_legs(mine, roles={"prefill": "prefill", "decode": "decode"})
+    assert len(joined.records) == 2 and not joined.unjoined, joined.to_dict()
+    for rec in joined.records:
+        assert rec.hand_over_s is not None and rec.hand_over_s >= 0, rec.to_dict()
+        assert rec.ttft_s is not None
+        assert sum(rec.ttft_parts_s().values()) == pytest.approx(rec.ttft_s, abs=1e-6)
