@@ -31,6 +31,7 @@ from phaseprobe.collect.prom_query import (
     named_queries,
 )
 from phaseprobe.errors import ConfigError, EmptyResult
+from phaseprobe.present.grafana.lint import DEPLOYMENT_ONLY
 from phaseprobe.present.cli import jsonout
 from phaseprobe.present.cli.args import seconds
 
@@ -192,7 +193,20 @@ def cmd_query(args: argparse.Namespace, out: Console, err: Console) -> int:
         out.out(jsonout.dumps(doc), highlight=False)
     else:
         _render(out, err, doc, args.show_expr)
-    return 1 if any(isinstance(r, EmptyResult) for r in results) else 0
+    # `query all` on a server without a deployment's series (NIXL's) is no failure: those
+    # queries say so; a query asked for by name that has no data is one
+    asked_all = "all" in args.names
+    return 1 if any(isinstance(r, EmptyResult) and not (
+        asked_all and exported_only_by(catalog[r.query])) for r in results) else 0
+
+
+def exported_only_by(query: Query) -> str | None:
+    """Who exports every series ``query`` reads, when only some deployments do (the NIXL KV
+    connector…: :data:`~phaseprobe.present.grafana.lint.DEPLOYMENT_ONLY`); None otherwise."""
+    bases = {re.sub(r"_(bucket|sum|count|total|created)$", "",
+                    m.removeprefix("vllm:").removeprefix("vllm_")) for m in query.metrics}
+    who = {DEPLOYMENT_ONLY.get(b) for b in bases}
+    return next(iter(who)) if len(who) == 1 and None not in who else None
 
 
 class QueryEntry(TypedDict):
@@ -225,8 +239,10 @@ def _document(url: str, args: argparse.Namespace, catalog: dict[str, Query],
     for r in results:
         if isinstance(r, EmptyResult):
             q = catalog[r.query]
+            who = exported_only_by(q)
+            why = str(r) + (f" (exported only with {who})" if who else "")
             entries.append({"name": q.name, "unit": q.unit, "help": q.help, "expr": None,
-                            "error": str(r), "result": []})
+                            "error": why, "result": []})
             continue
         q = catalog[r.name]
         rows = [s.to_dict() for s in (r.series or r.samples)]
