@@ -229,16 +229,21 @@ def pd_topology(args: argparse.Namespace) -> PdTopology | None:
     return PdTopology(prefill=prefill, decode=decode, router=router)
 
 
+def run_spec(args: argparse.Namespace, session: Session) -> RunSpec:
+    """What every run of the probe asks of the server (the session knows the endpoint and
+    model; --prompt, or a unique prompt of --prompt-tokens per run)."""
+    target = None if args.prompt is not None else (args.prompt_tokens or 128)
+    return RunSpec(endpoint=session.endpoint, model=session.model, prompt=args.prompt or "",
+                   max_tokens=args.max_tokens, api="chat" if args.chat else "completions",
+                   prompt_tokens_target=target, ignore_eos=not args.no_ignore_eos)
+
+
 def run_pd(args: argparse.Namespace, topo: PdTopology, out: Console, err: Console) -> int:
     """``probe --prefill URL --decode URL [--endpoint ROUTER]``."""
     options = replace(session_options(args), endpoint=topo.router or topo.decode, spans=False,
                       gpu="off" if args.gpu == "auto" else args.gpu)
     with Session(options, ConsoleNotices(err)) as session:
-        target = None if args.prompt is not None else (args.prompt_tokens or 128)
-        spec = RunSpec(endpoint=session.endpoint, model=session.model,
-                       prompt=args.prompt or "", max_tokens=args.max_tokens,
-                       api="chat" if args.chat else "completions",
-                       prompt_tokens_target=target, ignore_eos=not args.no_ignore_eos)
+        spec = run_spec(args, session)
         settings = ProbeSettings(runs=args.runs, warmup=args.warmup, pause_s=args.pause,
                                  name=args.name)
         result = run_pd_probe(spec, session.store, topo, settings=settings,
@@ -282,11 +287,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     options = session_options(args)
     replicas = replica_targets(args)
     with Session(options, ConsoleNotices(err)) as session:
-        target = None if args.prompt is not None else (args.prompt_tokens or 128)
-        spec = RunSpec(endpoint=session.endpoint, model=session.model,
-                       prompt=args.prompt or "", max_tokens=args.max_tokens,
-                       api="chat" if args.chat else "completions",
-                       prompt_tokens_target=target, ignore_eos=not args.no_ignore_eos)
+        spec = run_spec(args, session)
         settings = ProbeSettings(runs=args.runs, warmup=args.warmup, pause_s=args.pause,
                                  name=args.name, span_wait_s=session.span_wait_s)
         try:
