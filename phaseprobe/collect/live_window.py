@@ -32,7 +32,7 @@ from typing import NamedTuple
 import requests
 
 from phaseprobe.analysis.replica_match import unverifiable
-from phaseprobe.analysis.router_window import ROUTER_PREFIX, RouterWindow, router_window
+from phaseprobe.analysis.router_window import RouterWindow
 from phaseprobe.analysis.rules.live_base import (
     DELTA_COUNTERS,
     DELTA_HISTOGRAMS,
@@ -40,6 +40,7 @@ from phaseprobe.analysis.rules.live_base import (
     LiveEvidence,
     ReplicaWindow,
 )
+from phaseprobe.collect.fleet.scrape import RouterPage
 from phaseprobe.collect.fleet.targets import (
     ReplicaTarget,
     check_fleet,
@@ -194,8 +195,9 @@ def _scrape_window(opts: LiveOptions, sources: dict[str, str],
                 del scrapers[name]
                 del series[name]
 
-    router = _RouterScrapes(opts, session, headers, {t.url: t.name for t in targets})
-    router.scrape()
+    router = _router_page(opts, session, headers, {t.url: t.name for t in targets})
+    if router is not None:
+        router.start()
     scrape_all()
     if not scrapers:
         raise MetricsUnavailable(target, "no /metrics answers (" + "; ".join(
@@ -210,7 +212,6 @@ def _scrape_window(opts: LiveOptions, sources: dict[str, str],
             break
         opts.sleep(min(opts.sample_every_s, left))
         scrape_all()
-    router.scrape()
     end_wall = time.time()
     windows = [replica_window(name, snaps) for name, snaps in series.items()
                if len(snaps) >= 2]
@@ -226,48 +227,29 @@ def _scrape_window(opts: LiveOptions, sources: dict[str, str],
                           f"of {max(w.samples for w in windows)} scrapes over {window_s:.1f} s")
     if down:
         sources["down"] = "; ".join(f"{n}: {why}" for n, why in down.items())
-    router_doc = router.window(sources)
+    router_doc = _router_window(router, sources)  # its last scrape: the window's end
     if spans_wanted and opts.span_grace_s > 0:
         opts.progress(f"waiting {opts.span_grace_s:g} s for the spans' exporters")
         opts.sleep(opts.span_grace_s)
     return _Scraped(windows, down, window_s, end_wall, target, router_doc, fleet)
 
 
-class _RouterScrapes:
-    """The router's own metrics page (``--router-metrics``) at the window's start and end;
-    nothing when not given. A page that does not answer is said in the sources, and the
-    router rule is then skipped; the replicas are measured all the same."""
+def _router_page(opts: LiveOptions, session: requests.Session, headers: dict[str, str],
+                 names: dict[str, str]) -> RouterPage | None:
+    """The router's own metrics page (``--router-metrics``), read at the window's edges."""
+    url = opts.router_metrics_url
+    return RouterPage(url, session, names, headers) if url else None
 
-    def __init__(self, opts: LiveOptions, session: requests.Session, headers: dict[str, str],
-                 names: dict[str, str]) -> None:
-        url = opts.router_metrics_url
-        base = url.rstrip("/").removesuffix("/metrics") if url else None
-        self.scraper = MetricsScraper(base, session=session, headers=headers) if base else None
-        self.names = names
-        self.snaps: list[MetricSnapshot] = []
-        self.error: str | None = None
 
-    def scrape(self) -> None:
-        if self.scraper is None or self.error is not None:
-            return
-        try:
-            self.snaps.append(self.scraper.scrape())
-        except MetricsUnavailable as exc:
-            self.error = str(exc)
-
-    def window(self, sources: dict[str, str]) -> RouterWindow | None:
-        if self.scraper is None:
-            return None
-        if self.error is not None or len(self.snaps) < 2:
-            sources["router"] = f"router metrics unusable: {self.error or 'one scrape'}"
-            return None
-        first, last = self.snaps[0], self.snaps[-1]
-        if not any(n.startswith(ROUTER_PREFIX) for n in last.samples):
-            sources["router"] = (f"{redact_url(self.scraper.url)} has no vllm_router_* "
-                                 "series: is it the router's --prometheus-port?")
-            return None
-        sources["router"] = f"{redact_url(self.scraper.url)}: scraped at the window's edges"
-        return router_window(first, last, self.names)
+def _router_window(page: RouterPage | None, sources: dict[str, str]) -> RouterWindow | None:
+    """The router's window, and in the sources what was read or why not (the router rule is
+    then skipped; the replicas are measured all the same)."""
+    if page is None:
+        return None
+    window = page.window()
+    sources["router"] = (f"{page.shown_url}: scraped at the window's edges" if window
+                         else "; ".join(page.notes))
+    return window
 
 
 def _by_label(snap: MetricSnapshot, canonical: str, label: str) -> dict[str, float]:

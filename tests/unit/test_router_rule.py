@@ -127,3 +127,23 @@ def test_probe_notes_what_the_router_sent_beside_the_runs_replicas():
     assert "(the runs' replicas: r1 2, r2 1; other traffic went through the router" in line
     assert router_notes(_Page(None, ["router metrics: unreachable"]), runs) == [
         "router metrics: unreachable"]
+
+
+def test_a_router_page_that_fails_or_is_not_a_routers_says_why():
+    """RouterPage (probe --router-metrics, check --live --router-metrics): no window, and a
+    note, when the page does not answer or holds no vllm_router_* series."""
+    import requests
+
+    from phaseprobe.collect.fleet.scrape import RouterPage
+    from phaseprobe.testing.sse_server import SseServer
+
+    with requests.Session() as http:
+        gone = RouterPage("http://127.0.0.1:9/metrics", http, {})
+        gone.start()
+        assert gone.window() is None and gone.notes and "127.0.0.1:9" in gone.notes[0]
+        with SseServer(metrics=True) as vllm:  # a vLLM's /metrics, not a router's
+            page = RouterPage(vllm.base_url + "/metrics", http, {})
+            page.start()
+            assert page.window() is None
+            assert page.notes == [f"router metrics: {vllm.base_url}/metrics has no "
+                                  "vllm_router_* series: is it the router's --prometheus-port?"]

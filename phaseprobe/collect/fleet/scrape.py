@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 import requests
 
 from phaseprobe.analysis.replica_match import ReplicaPair, serving_replica
-from phaseprobe.analysis.router_window import RouterWindow, router_window
+from phaseprobe.analysis.router_window import ROUTER_PREFIX, RouterWindow, router_window
 from phaseprobe.collect.fleet.targets import ReplicaTarget
 from phaseprobe.errors import MetricsUnavailable
+from phaseprobe.redact import redact_url
 from phaseprobe.sources.vllm_metrics import MetricSnapshot, MetricsScraper
 
 __all__ = ["FleetSnapshot", "FleetScraper", "RouterPage"]
@@ -75,30 +76,51 @@ class FleetScraper:
 
 class RouterPage:
     """The router's own metrics page (vllm-router's ``--prometheus-port``; ``--router-metrics``)
-    read around a measurement: what the router says it sent each replica, its retries and
-    errors (:func:`~phaseprobe.analysis.router_window.router_window`). A page that does not
-    answer gives a note, never an error: the runs do not depend on it."""
+    read at the start and the end of a measurement or a window: what the router says it sent
+    each replica, its retries and errors
+    (:func:`~phaseprobe.analysis.router_window.router_window`). A page that does not answer,
+    or is not a router's, leaves ``error`` saying so, never an exception: what is measured
+    does not depend on it. Used by ``probe`` and ``check --live``."""
 
-    def __init__(self, url: str, session: requests.Session, names: dict[str, str]) -> None:
+    def __init__(self, url: str, session: requests.Session, names: dict[str, str],
+                 headers: dict[str, str] | None = None) -> None:
         base = url.rstrip("/").removesuffix("/metrics")
-        self.scraper = MetricsScraper(base, session=session)
+        self.scraper = MetricsScraper(base, session=session, headers=headers)
         self.names = names  # replica URL -> name
         self.first: MetricSnapshot | None = None
-        self.notes: list[str] = []
+        self.error: str | None = None  # why there is no window
+
+    @property
+    def shown_url(self) -> str:
+        return redact_url(self.scraper.url)
+
+    @property
+    def notes(self) -> list[str]:
+        return [f"router metrics: {self.error}"] if self.error else []
 
     def _scrape(self) -> MetricSnapshot | None:
+        if self.error is not None:
+            return None
         try:
             return self.scraper.scrape()
         except MetricsUnavailable as exc:
-            self.notes.append(f"router metrics: {exc}")
+            self.error = str(exc)
             return None
 
     def start(self) -> None:
+        """The first scrape (at the start of the runs or the window)."""
         self.first = self._scrape()
 
     def window(self) -> RouterWindow | None:
-        """The router's window since :meth:`start`; None when a scrape failed."""
+        """The router's window since :meth:`start`; None (``error`` says why) when a scrape
+        failed or the page has no ``vllm_router_*`` series."""
         if self.first is None:
             return None
         last = self._scrape()
-        return router_window(self.first, last, self.names) if last is not None else None
+        if last is None:
+            return None
+        if not any(n.startswith(ROUTER_PREFIX) for n in last.samples):
+            self.error = (f"{self.shown_url} has no vllm_router_* series: is it the router's "
+                          "--prometheus-port?")
+            return None
+        return router_window(self.first, last, self.names)
