@@ -31,7 +31,7 @@ from phaseprobe.collect.prom_query import (
     named_queries,
 )
 from phaseprobe.errors import ConfigError, EmptyResult
-from phaseprobe.present.grafana.lint import DEPLOYMENT_ONLY
+from phaseprobe.present.grafana.lint import deployment_group
 from phaseprobe.present.cli import jsonout
 from phaseprobe.present.cli.args import seconds
 
@@ -202,10 +202,8 @@ def cmd_query(args: argparse.Namespace, out: Console, err: Console) -> int:
 
 def exported_only_by(query: Query) -> str | None:
     """Who exports every series ``query`` reads, when only some deployments do (the NIXL KV
-    connector…: :data:`~phaseprobe.present.grafana.lint.DEPLOYMENT_ONLY`); None otherwise."""
-    bases = {re.sub(r"_(bucket|sum|count|total|created)$", "",
-                    m.removeprefix("vllm:").removeprefix("vllm_")) for m in query.metrics}
-    who = {DEPLOYMENT_ONLY.get(b) for b in bases}
+    connector…: :func:`~phaseprobe.present.grafana.lint.deployment_group`); None otherwise."""
+    who = {deployment_group(m) for m in query.metrics}
     return next(iter(who)) if len(who) == 1 and None not in who else None
 
 

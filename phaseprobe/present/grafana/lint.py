@@ -37,6 +37,7 @@ from phaseprobe.inputs import DASHBOARD_CAP, read_input_text
 
 __all__ = [
     "DEPLOYMENT_ONLY",
+    "deployment_group",
     "REMOVED",
     "SYNTHETIC",
     "ExprRef",
@@ -222,6 +223,13 @@ def _base(name: str) -> str:
     return name
 
 
+def deployment_group(name: str) -> str | None:
+    """Who exports a sample only some deployments have (``vllm:nixl_xfer_time_seconds_sum``
+    → the NIXL connector): :data:`DEPLOYMENT_ONLY` by the sample's base name; None for the
+    rest."""
+    return DEPLOYMENT_ONLY.get(_base(name))
+
+
 def _stale(name: str, available: set[str] | None) -> StaleName | None:
     if not name.startswith(_PREFIXES):
         return None
@@ -261,7 +269,7 @@ def lint_dashboard(dashboard: Mapping[str, Any], *, file: str = "<dashboard>",
         if name in SYNTHETIC:
             report.skipped.append(name)
             continue
-        group = DEPLOYMENT_ONLY.get(_base(name))
+        group = deployment_group(name)
         if group is not None and group not in present_groups:
             report.not_exported[name] = group
             continue
