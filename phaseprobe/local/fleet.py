@@ -25,7 +25,8 @@ from phaseprobe.local.router import LocalRouter, require_router
 from phaseprobe.local.server import DEFAULT_SERVED_NAME, LocalVllm, tracing_launch
 from phaseprobe.local.venv import ensure_model, require_venv
 
-__all__ = ["DEFAULT_FLEET_SERVICE", "LocalFleet", "replica_env", "replica_core", "replica_names"]
+__all__ = ["DEFAULT_FLEET_SERVICE", "Launches", "LocalFleet", "pinned_vllm", "replica_env",
+           "replica_core", "replica_names", "stop_group"]
 
 # One service, many instances: how a real fleet reports itself (the replicas are the same
 # deployment, told apart by service.instance.id), and the name the single local vLLM uses.
@@ -58,7 +59,7 @@ def replica_core(index: int, cpus: Sequence[int]) -> int:
     return sorted(cpus)[index % len(cpus)]
 
 
-class _Launches:
+class Launches:
     """The replica starts of one ``LocalFleet.start``, so that ``stop`` can end them. Ctrl-C
     reaches only the main thread: pool threads go on starting replicas after ``stop`` has run,
     and a vLLM started then would be orphaned. Once ``close``d no start begins; ``stop`` waits
@@ -98,6 +99,44 @@ def _stop_quietly(servers: Iterable[LocalVllm]) -> None:
     for server in servers:
         with contextlib.suppress(Exception):  # the final stop reports failures
             server.stop()
+
+
+def stop_group(launches: Launches, servers: Mapping[str, LocalVllm],
+               router: LocalRouter | None) -> list[BaseException]:
+    """Stop a group of local vLLMs and the router in front: starts still under way in other
+    threads (Ctrl-C during a start) are waited for, so none survives (no new start begins,
+    each started one is stopped, which makes its start fail fast, and one whose process came
+    after a round is caught by the next); then the router first (nothing is routed to a
+    stopping instance) and every instance, each attempted even if an earlier one failed.
+    Returns the failures, first first (``LocalFleet`` and ``LocalPdPair`` stop this way)."""
+    launches.close()
+    while not launches.idle(timeout=0.0):
+        _stop_quietly(servers.values())
+        launches.idle(timeout=0.2)
+    failures: list[BaseException] = []
+    for stopper in [*([router.stop] if router else []), *(s.stop for s in servers.values())]:
+        try:
+            stopper()
+        except Exception as exc:  # keep stopping the others
+            failures.append(exc)
+    return failures
+
+
+def pinned_vllm(model_dir: Path, *, core: int | None, otlp_grpc_url: str | None,
+                identity_env: Mapping[str, str], extra_env: Mapping[str, str],
+                extra_args: Sequence[str], venv: Path | None, served_name: str,
+                log_dir: Path | None, startup_timeout: float) -> LocalVllm:
+    """One local vLLM of a fleet or a P/D pair: exporting its spans (when ``otlp_grpc_url``)
+    with ``identity_env`` (its service.instance.id), and its CPU worker bound to ``core``
+    unless the caller's ``extra_env`` binds it itself."""
+    trace_args, trace_env = tracing_launch(otlp_grpc_url)
+    env = {**trace_env, **extra_env, **identity_env}
+    if core is not None and "VLLM_CPU_OMP_THREADS_BIND" not in extra_env:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = str(core)
+    return LocalVllm(
+        model_dir, venv=venv, served_name=served_name, extra_args=[*trace_args, *extra_args],
+        extra_env=env, log_dir=log_dir, startup_timeout=startup_timeout,
+    )  # fmt: skip
 
 
 class LocalFleet(Lifecycle):
@@ -143,7 +182,7 @@ class LocalFleet(Lifecycle):
         self._health_interval = health_check_interval_s
         self.servers: dict[str, LocalVllm] = {}
         self._router: LocalRouter | None = None
-        self._launches = _Launches()
+        self._launches = Launches()
         self.startup_seconds: float | None = None  # all replicas and the router
 
     @property
@@ -184,17 +223,12 @@ class LocalFleet(Lifecycle):
         return replica_core(self.names.index(name), sorted(os.sched_getaffinity(0)))
 
     def _server(self, name: str, model_dir: Path) -> LocalVllm:
-        trace_args, trace_env = tracing_launch(self._otlp)
-        env = {**trace_env, **self._extra_env}
-        if self._otlp is not None:
-            env.update(replica_env(name, self._service_name))
-        core = self._core(name)
-        if core is not None and "VLLM_CPU_OMP_THREADS_BIND" not in self._extra_env:
-            env["VLLM_CPU_OMP_THREADS_BIND"] = str(core)
-        return LocalVllm(
-            model_dir, venv=self._venv, served_name=self._served_name,
-            extra_args=[*trace_args, *self._extra_args], extra_env=env,
-            log_dir=self._log_dir, startup_timeout=self._startup_timeout,
+        identity = replica_env(name, self._service_name) if self._otlp is not None else {}
+        return pinned_vllm(
+            model_dir, core=self._core(name), otlp_grpc_url=self._otlp, identity_env=identity,
+            extra_env=self._extra_env, extra_args=self._extra_args, venv=self._venv,
+            served_name=self._served_name, log_dir=self._log_dir,
+            startup_timeout=self._startup_timeout,
         )  # fmt: skip
 
     def start(self) -> None:
@@ -210,7 +244,7 @@ class LocalFleet(Lifecycle):
         model_dir = self._model_dir or ensure_model(venv=venv)
         pending = {name: self._server(name, model_dir) for name in self.names}
         # A fresh set per start: a stray thread of an earlier, stopped start stays refused.
-        launches = self._launches = _Launches()
+        launches = self._launches = Launches()
         self.servers = dict(pending)  # registered before starting: stop() covers a partial start
         try:
             self._start_replicas(pending, launches)
@@ -225,7 +259,7 @@ class LocalFleet(Lifecycle):
             raise
         self.startup_seconds = time.monotonic() - started
 
-    def _start_replicas(self, servers: Mapping[str, LocalVllm], launches: _Launches) -> None:
+    def _start_replicas(self, servers: Mapping[str, LocalVllm], launches: Launches) -> None:
         # Always from threads of their own, one at a time or all at once: the thread's CPU
         # affinity is what the replica inherits (see _start_on).
         pool = ThreadPoolExecutor(max_workers=len(servers) if self._parallel else 1)
@@ -242,7 +276,7 @@ class LocalFleet(Lifecycle):
             raise LocalServerError(f"{len(errors)} of {len(servers)} replicas failed to start:\n"
                                    + detail)  # fmt: skip
 
-    def _start_on(self, name: str, server: LocalVllm, launches: _Launches) -> None:
+    def _start_on(self, name: str, server: LocalVllm, launches: Launches) -> None:
         """Start ``server`` from a thread confined to its core: the affinity mask is per thread
         on Linux and a child inherits its forking thread's, so the replica's whole tree is
         confined (vLLM's worker is also told to bind there) while this process is not."""
@@ -258,19 +292,9 @@ class LocalFleet(Lifecycle):
         Replicas still starting in pool threads (Ctrl-C during ``start``) are waited for, so
         none survives: no new start begins, and each started one is stopped, which makes its
         start fail fast; one whose process came after a round is caught by the next."""
-        launches = self._launches
-        launches.close()
-        while not launches.idle(timeout=0.0):
-            _stop_quietly(self.servers.values())
-            launches.idle(timeout=0.2)
         router, self._router = self._router, None
-        servers, self.servers = self.servers, {}
-        failures: list[BaseException] = []
-        for stopper in [*([router.stop] if router else []), *(s.stop for s in servers.values())]:
-            try:
-                stopper()
-            except Exception as exc:  # keep stopping the others
-                failures.append(exc)
+        failures = stop_group(self._launches, self.servers, router)
+        self.servers = {}
         if failures:
             raise failures[0]
 

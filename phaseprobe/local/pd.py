@@ -18,7 +18,6 @@ Each instance exports its request spans (when an OTLP URL is given) with
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -29,10 +28,17 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from phaseprobe.errors import LocalServerError
-from phaseprobe.local.fleet import DEFAULT_FLEET_SERVICE, _Launches, replica_core, replica_env
+from phaseprobe.local.fleet import (
+    DEFAULT_FLEET_SERVICE,
+    Launches,
+    pinned_vllm,
+    replica_core,
+    replica_env,
+    stop_group,
+)
 from phaseprobe.local.process import DEFAULT_STARTUP_TIMEOUT, Lifecycle
 from phaseprobe.local.router import LocalRouter, require_router
-from phaseprobe.local.server import DEFAULT_SERVED_NAME, LocalVllm, tracing_launch
+from phaseprobe.local.server import DEFAULT_SERVED_NAME, LocalVllm
 from phaseprobe.local.venv import ensure_model, require_venv
 
 __all__ = [
@@ -127,7 +133,7 @@ class LocalPdPair(Lifecycle):
         self._health_interval = health_check_interval_s
         self.servers: dict[str, LocalVllm] = {}
         self._router: LocalRouter | None = None
-        self._launches = _Launches()
+        self._launches = Launches()
         self._made_dir: Path | None = None  # the temporary directory we remove on stop
         self._kv_dirs: dict[str, Path] = {}
         self.startup_seconds: float | None = None
@@ -221,16 +227,13 @@ class LocalPdPair(Lifecycle):
         return {"prefill": shared, "decode": decode}
 
     def _server(self, role: str, model_dir: Path) -> LocalVllm:
-        trace_args, trace_env = tracing_launch(self._otlp)
-        env = {**trace_env, **self._extra_env,
-               **pd_instance_env(role, self._otlp, self._service_name)}  # fmt: skip
-        core = self._core(role)
-        if core is not None and "VLLM_CPU_OMP_THREADS_BIND" not in self._extra_env:
-            env["VLLM_CPU_OMP_THREADS_BIND"] = str(core)
-        args = [*trace_args, *kv_transfer_args(self._kv_dirs[role]), *self._extra_args]
-        return LocalVllm(
-            model_dir, venv=self._venv, served_name=self._served_name, extra_args=args,
-            extra_env=env, log_dir=self._log_dir, startup_timeout=self._startup_timeout,
+        return pinned_vllm(
+            model_dir, core=self._core(role), otlp_grpc_url=self._otlp,
+            identity_env=pd_instance_env(role, self._otlp, self._service_name),
+            extra_env=self._extra_env,
+            extra_args=[*kv_transfer_args(self._kv_dirs[role]), *self._extra_args],
+            venv=self._venv, served_name=self._served_name, log_dir=self._log_dir,
+            startup_timeout=self._startup_timeout,
         )  # fmt: skip
 
     def start(self) -> None:
@@ -244,7 +247,7 @@ class LocalPdPair(Lifecycle):
         if self._with_router:
             require_router(self._router_venv)  # before a minute of vLLM starts
         model_dir = self._model_dir or ensure_model(venv=venv)
-        launches = self._launches = _Launches()
+        launches = self._launches = Launches()
         try:
             self._kv_dirs = self._make_kv_dirs()
             self.servers = {role: self._server(role, model_dir) for role in PD_ROLES}
@@ -261,7 +264,7 @@ class LocalPdPair(Lifecycle):
             raise
         self.startup_seconds = time.monotonic() - started
 
-    def _start_instances(self, launches: _Launches) -> None:
+    def _start_instances(self, launches: Launches) -> None:
         # Each from a thread of its own: the thread's CPU affinity is what the instance
         # inherits. Concurrency as in LocalFleet: Ctrl-C reaches only this thread.
         errors: dict[str, BaseException] = {}
@@ -297,21 +300,9 @@ class LocalPdPair(Lifecycle):
         """Router first, then both instances (each attempted even if one failed; the first
         failure is raised), waiting for starts still under way (Ctrl-C during ``start``), then
         the temporary KV directory is removed."""
-        launches = self._launches
-        launches.close()
-        while not launches.idle(timeout=0.0):
-            for server in list(self.servers.values()):
-                with contextlib.suppress(Exception):  # the final stop reports failures
-                    server.stop()
-            launches.idle(timeout=0.2)
         router, self._router = self._router, None
-        servers, self.servers = self.servers, {}
-        failures: list[BaseException] = []
-        for stopper in [*([router.stop] if router else []), *(s.stop for s in servers.values())]:
-            try:
-                stopper()
-            except Exception as exc:  # keep stopping the others
-                failures.append(exc)
+        failures = stop_group(self._launches, dict(self.servers), router)
+        self.servers = {}
         made, self._made_dir = self._made_dir, None
         if made is not None:
             shutil.rmtree(made, ignore_errors=True)
