@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import requests
 
@@ -46,7 +46,7 @@ from phaseprobe.redact import redact_url
 from phaseprobe.store import Store
 
 __all__ = ["ProbeSettings", "ProbeResult", "ProgressHook", "NullProgress", "RunNotes",
-           "RunCollector", "run_probe"]
+           "RunCollector", "run_probe", "poll_until"]
 
 
 @dataclass(frozen=True)
@@ -108,6 +108,27 @@ class RunNotes:
                 for note, n in self._counts.items()]
 
 
+_S = TypeVar("_S")
+
+
+def poll_until(scrape: Callable[[], _S | None], done: Callable[[_S], bool], timeout_s: float,
+               poll_s: float, sleep: Callable[[float], None], clock: Callable[[], float]
+               ) -> tuple[_S | None, bool]:
+    """Scrape until ``done`` holds for the scrape, it fails (None) or ``timeout_s`` passed:
+    (the last scrape, whether ``done`` held). How every wait of a run is taken (the server
+    idle, its histograms moved; a fleet's or a P/D pair's instances)."""
+    deadline = clock() + timeout_s
+    while True:
+        snap = scrape()
+        if snap is None:
+            return None, False
+        if done(snap):
+            return snap, True
+        if clock() >= deadline:
+            return snap, False
+        sleep(poll_s)
+
+
 class RunCollector:
     """One isolated, attributed run at a time against one endpoint (``measure``); shared by the
     probe and the A/B engine so both attribute runs identically."""
@@ -151,15 +172,12 @@ class RunCollector:
         known before the run, and the others' traffic is theirs: the run is judged on its own
         replica afterwards, so one idle replica is enough to go (waiting for every replica of
         a busy fleet would cost the timeout every run)."""
-        deadline = self.clock() + self.settings.idle_timeout_s
-        while True:
-            snap = self._scrape_fleet()
-            if snap is None or any(not idle_reasons(s, self.spec.model, "before")
-                                   for s in snap.by_replica.values()):
-                return snap
-            if self.clock() >= deadline:
-                return snap
-            self.sleep(self._fleet_poll_s())
+        polled = poll_until(self._scrape_fleet,
+                            lambda f: any(not idle_reasons(s, self.spec.model, "before")
+                                          for s in f.by_replica.values()),
+                            self.settings.idle_timeout_s, self._fleet_poll_s(), self.sleep,
+                            self.clock)
+        return polled[0]
 
     def _fleet_poll_s(self) -> float:
         """Polls of a fleet scrape every replica: 50 ms at least, so 64 replicas are not
@@ -171,22 +189,25 @@ class RunCollector:
         """Poll every replica until one has observed the run (its histograms moved and its
         counters can hold the run's usage); (last scrape, replica or None, how decided).
         Another replica's traffic does not end the wait: it cannot hold the run."""
-        deadline = self.clock() + self.settings.metrics_timeout_s
-        while True:
-            after = self._scrape_fleet()
-            if after is None:
-                return None, None, "metrics lost after the request"
-            name, how = FleetScraper.serving(before, after, self.spec.model,
-                                             timeline.prompt_tokens,
-                                             timeline.completion_tokens)
-            if name is not None and histograms_moved(before.by_replica[name],
-                                                     after.by_replica[name], self.spec.model):
-                return after, name, how
-            if self.clock() >= deadline:
-                return after, name, (how if name is None else
-                                     f"{how}, but its histograms did not observe the request "
-                                     f"within {self.settings.metrics_timeout_s:g} s")
-            self.sleep(self._fleet_poll_s())
+        def serving(after: FleetSnapshot) -> tuple[str | None, str]:
+            return FleetScraper.serving(before, after, self.spec.model, timeline.prompt_tokens,
+                                        timeline.completion_tokens)
+
+        def observed(after: FleetSnapshot) -> bool:
+            name, _ = serving(after)
+            return name is not None and histograms_moved(
+                before.by_replica[name], after.by_replica[name], self.spec.model)
+
+        polled = poll_until(self._scrape_fleet, observed, self.settings.metrics_timeout_s,
+                            self._fleet_poll_s(), self.sleep, self.clock)
+        after, seen = polled
+        if after is None:
+            return None, None, "metrics lost after the request"
+        name, how = serving(after)
+        if not seen and name is not None:
+            how = (f"{how}, but its histograms did not observe the request within "
+                   f"{self.settings.metrics_timeout_s:g} s")
+        return after, name, how
 
     def _scrape(self) -> MetricSnapshot | None:
         if self.scraper is None:
@@ -199,26 +220,19 @@ class RunCollector:
             return None
 
     def _wait_idle(self) -> MetricSnapshot | None:
-        deadline = self.clock() + self.settings.idle_timeout_s
-        while True:
-            snap = self._scrape()
-            if snap is None or not idle_reasons(snap, self.spec.model, "before"):
-                return snap
-            if self.clock() >= deadline:
-                return snap  # not idle: attribute() flags it
-            self.sleep(self.settings.poll_s)
+        # not idle at the timeout: attribute() flags it
+        polled = poll_until(self._scrape,
+                            lambda x: not idle_reasons(x, self.spec.model, "before"),
+                            self.settings.idle_timeout_s, self.settings.poll_s, self.sleep,
+                            self.clock)
+        return polled[0]
 
     def _wait_observed(self, before: MetricSnapshot) -> tuple[MetricSnapshot | None, bool]:
-        deadline = self.clock() + self.settings.metrics_timeout_s
-        while True:
-            after = self._scrape()
-            if after is None:
-                return None, False
-            if histograms_moved(before, after, self.spec.model):
-                return after, True
-            if self.clock() >= deadline:
-                return after, False
-            self.sleep(self.settings.poll_s)
+        polled = poll_until(self._scrape,
+                            lambda a: histograms_moved(before, a, self.spec.model),
+                            self.settings.metrics_timeout_s, self.settings.poll_s, self.sleep,
+                            self.clock)
+        return polled
 
     def body(self, prompt: str) -> dict[str, Any]:
         """The request body of one run (or warm-up) of the spec with ``prompt``."""

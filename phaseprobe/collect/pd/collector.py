@@ -21,7 +21,7 @@ from typing import Any
 from phaseprobe.analysis.pd import connector_deltas, pd_legs, source_deltas
 from phaseprobe.analysis.phases import attribute, histograms_moved, idle_reasons
 from phaseprobe.analysis.replica_match import unverifiable
-from phaseprobe.collect.experiment import ProbeSettings, RunNotes
+from phaseprobe.collect.experiment import ProbeSettings, RunNotes, poll_until
 from phaseprobe.collect.span_attribution import new_tags
 from phaseprobe.errors import MetricsUnavailable
 from phaseprobe.records import (
@@ -94,14 +94,8 @@ class PdCollector:
 
     def _wait(self, done: Callable[[dict[str, MetricSnapshot]], bool], timeout_s: float
               ) -> tuple[dict[str, MetricSnapshot] | None, bool]:
-        deadline = self.clock() + timeout_s
-        while True:
-            snaps = self._scrape()
-            if snaps is None or done(snaps):
-                return snaps, snaps is not None
-            if self.clock() >= deadline:
-                return snaps, False
-            self.sleep(self.settings.poll_s)
+        return poll_until(self._scrape, done, timeout_s, self.settings.poll_s, self.sleep,
+                          self.clock)
 
     def body(self, prompt: str, max_tokens: int | None = None) -> dict[str, Any]:
         """A leg's request body (``max_tokens=1``: the prefill leg)."""
