@@ -46,7 +46,7 @@ from phaseprobe.redact import redact_url
 from phaseprobe.store import Store
 
 __all__ = ["ProbeSettings", "ProbeResult", "ProgressHook", "NullProgress", "RunNotes",
-           "RunCollector", "run_probe", "poll_until"]
+           "RunCollector", "run_probe", "poll_until", "measure_runs"]
 
 
 @dataclass(frozen=True)
@@ -364,6 +364,22 @@ def router_notes(page: RouterPage, runs: Sequence[Run]) -> list[str]:
     return [line]
 
 
+def measure_runs(measure: Callable[[int, str], Run], store: Store, experiment_id: int,
+                 prompts: Sequence[str], settings: ProbeSettings, runs: list[Run],
+                 progress: ProgressHook, sleep: Callable[[float], None]) -> None:
+    """The measured runs of a probe (``prompts`` after the warm-ups'), each committed to the
+    store before the next starts and appended to ``runs`` as it is, so a cancelled probe still
+    has every run it finished (``probe`` and the P/D probe measure this way)."""
+    for seq in range(settings.runs):
+        if seq and settings.pause_s:
+            sleep(settings.pause_s)
+        run = measure(seq, prompts[settings.warmup + seq])
+        run_id = store.add_run(experiment_id, run)  # durable before the next run starts
+        run = replace(run, run_id=run_id, experiment_id=experiment_id)
+        runs.append(run)
+        progress.on_run(run)
+
+
 def run_probe(spec: RunSpec, store: Store, *, settings: ProbeSettings = ProbeSettings(),
               api_key: str | None = None, progress: ProgressHook | None = None,
               session: requests.Session | None = None, timeout_s: float = 120.0,
@@ -422,14 +438,8 @@ def run_probe(spec: RunSpec, store: Store, *, settings: ProbeSettings = ProbeSet
             names = {url: name for name, url in (conn.fleet.urls.items() if conn.fleet else ())}
             page = RouterPage(router_metrics, conn.session, names)
             page.start()
-        for seq in range(settings.runs):
-            if seq and settings.pause_s:
-                sleep(settings.pause_s)
-            run = collector.measure(seq, prompts[settings.warmup + seq])
-            run_id = store.add_run(experiment_id, run)  # durable before the next run starts
-            run = replace(run, run_id=run_id, experiment_id=experiment_id)
-            runs.append(run)
-            progress.on_run(run)
+        measure_runs(collector.measure, store, experiment_id, prompts, settings, runs,
+                     progress, sleep)
         if page is not None:
             notes.extend(router_notes(page, runs))
         if settings.span_wait_s is not None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 from phaseprobe.analysis.kv_transfer_bound import KvPathReport, copy_link, kv_path_report
@@ -18,6 +17,7 @@ from phaseprobe.collect.experiment import (
     ProbeResult,
     ProbeSettings,
     ProgressHook,
+    measure_runs,
 )
 from phaseprobe.collect.pd.collector import PdCollector, PdTopology
 from phaseprobe.errors import PhaseprobeError
@@ -97,14 +97,8 @@ def run_pd_probe(spec: RunSpec, store: Store, topo: PdTopology, *,
         for i in range(settings.warmup):
             outcome, _, _ = collector.send(prompts[i], {})
             progress.on_warmup(i, outcome.error)
-        for seq in range(settings.runs):
-            if seq and settings.pause_s:
-                sleep(settings.pause_s)
-            run = collector.measure(seq, prompts[settings.warmup + seq])
-            run_id = store.add_run(experiment_id, run)  # durable before the next run
-            run = replace(run, run_id=run_id, experiment_id=experiment_id)
-            runs.append(run)
-            progress.on_run(run)
+        measure_runs(collector.measure, store, experiment_id, prompts, settings, runs,
+                     progress, sleep)
     except KeyboardInterrupt:
         notes.append(f"cancelled after {len(runs)} of {settings.runs} runs")
         raise
