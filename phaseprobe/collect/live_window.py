@@ -40,7 +40,7 @@ from phaseprobe.analysis.rules.live_base import (
     LiveEvidence,
     ReplicaWindow,
 )
-from phaseprobe.collect.fleet.scrape import RouterPage
+from phaseprobe.collect.fleet.scrape import FleetScraper, RouterPage
 from phaseprobe.collect.fleet.targets import (
     ReplicaTarget,
     check_fleet,
@@ -55,7 +55,6 @@ from phaseprobe.sources.openai_stream import normalize_base_url
 from phaseprobe.sources.vllm_metrics import (
     ALIASES,
     MetricSnapshot,
-    MetricsScraper,
     sample_spellings,
 )
 from phaseprobe.store import Store
@@ -180,33 +179,31 @@ def _scrape_window(opts: LiveOptions, sources: dict[str, str],
     session = session or requests.Session()
     headers = {"Authorization": f"Bearer {opts.api_key}"} if opts.api_key else {}
     targets, down, target, fleet = _targets(opts, session, headers)
-    scrapers = {t.name: MetricsScraper(t.url, session=session, headers=headers)
-                for t in targets}
-    series: dict[str, list[MetricSnapshot]] = {name: [] for name in scrapers}
+    reader = FleetScraper(targets, session, headers)
+    series: dict[str, list[MetricSnapshot]] = {t.name: [] for t in targets}
 
     def scrape_all() -> None:
-        for name, scraper in list(scrapers.items()):
-            try:
-                series[name].append(scraper.scrape())
-            except MetricsUnavailable as exc:
-                when = "at the start of the window" if not series[name] else \
-                    "during the window"
-                down[name] = f"/metrics stopped answering {when}: {exc}"
-                del scrapers[name]
-                del series[name]
+        gone = set(reader.lost)
+        snap = reader.scrape()
+        for name in [n for n in reader.lost if n not in gone]:  # lost in this scrape
+            when = "at the start of the window" if not series[name] else "during the window"
+            down[name] = f"/metrics stopped answering {when}: {reader.lost[name]}"
+            del series[name]
+        for name, one in (snap.by_replica.items() if snap is not None else ()):
+            series[name].append(one)
 
     router = _router_page(opts, session, headers, {t.url: t.name for t in targets})
     if router is not None:
         router.start()
     scrape_all()
-    if not scrapers:
+    if not reader.names:
         raise MetricsUnavailable(target, "no /metrics answers (" + "; ".join(
             f"{n}: {why}" for n, why in down.items()) + ")")
-    opts.progress(f"waiting {opts.window_s:g} s for the window ({len(scrapers)} "
-                  f"replica{'s' if len(scrapers) != 1 else ''}, /metrics every "
+    opts.progress(f"waiting {opts.window_s:g} s for the window ({len(reader.names)} "
+                  f"replica{'s' if len(reader.names) != 1 else ''}, /metrics every "
                   f"{opts.sample_every_s:g} s)")
     start = opts.clock()
-    while scrapers:
+    while reader.names:
         left = opts.window_s - (opts.clock() - start)
         if left <= 0:
             break

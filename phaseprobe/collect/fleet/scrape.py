@@ -37,12 +37,14 @@ class FleetSnapshot:
 
 @dataclass
 class FleetScraper:
-    """Scrapes each replica's ``/metrics``; ``notes`` says which replicas were lost."""
+    """Scrapes each replica's ``/metrics``; ``notes`` says which replicas were lost, ``lost``
+    why (replica name → the scrape's error), in the order they were lost."""
 
     replicas: Sequence[ReplicaTarget]
     session: requests.Session
     headers: dict[str, str]
     notes: list[str] = field(default_factory=list)
+    lost: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._scrapers = {r.name: MetricsScraper(r.url, session=self.session,
@@ -62,6 +64,7 @@ class FleetScraper:
             except MetricsUnavailable as exc:
                 self.notes.append(f"replica {name}: {exc}; later runs are measured without "
                                   "its counters")
+                self.lost[name] = str(exc)
                 del self._scrapers[name]
         return FleetSnapshot(out) if out else None
 
