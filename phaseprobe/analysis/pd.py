@@ -14,7 +14,6 @@ succeeded, only slower (research/fleet_pd.md).
 
 from __future__ import annotations
 
-from phaseprobe.errors import UnknownMetric
 from phaseprobe.records import PdLegs, ServerPhases
 from phaseprobe.sources.vllm_metrics import MetricSnapshot
 
@@ -25,19 +24,10 @@ SOURCES = ("external_kv_transfer", "local_compute", "local_cache_hit")
 
 
 def prompt_sources(snap: MetricSnapshot, model: str | None) -> dict[str, float] | None:
-    """``prompt_tokens_by_source`` by source (summed over engines); None when not exported."""
-    try:
-        name = snap.resolve("prompt_tokens_by_source")
-    except UnknownMetric:  # an older vLLM
-        return None
-    out = dict.fromkeys(SOURCES, 0.0)
-    for labels, value in snap.samples.get(name, []):
-        if model is not None and labels.get("model_name", model) != model:
-            continue
-        src = labels.get("source")
-        if src is not None:
-            out[src] = out.get(src, 0.0) + value
-    return out
+    """``prompt_tokens_by_source`` by source (every source, 0 where absent; summed over
+    engines); None when not exported."""
+    by = snap.by_label("prompt_tokens_by_source", "source", model)
+    return None if by is None else dict.fromkeys(SOURCES, 0.0) | by
 
 
 def source_deltas(before: MetricSnapshot, after: MetricSnapshot,

@@ -249,19 +249,6 @@ def _router_window(page: RouterPage | None, sources: dict[str, str]) -> RouterWi
     return window
 
 
-def _by_label(snap: MetricSnapshot, canonical: str, label: str) -> dict[str, float]:
-    try:
-        name = snap.resolve(canonical)
-    except UnknownMetric:  # not exported
-        return {}
-    out: dict[str, float] = {}
-    for labels, value in snap.samples.get(name, []):
-        key = labels.get(label)
-        if key is not None:
-            out[key] = out.get(key, 0.0) + value
-    return out
-
-
 def snapshot_deltas(before: MetricSnapshot, after: MetricSnapshot
                     ) -> tuple[dict[str, float], str | None]:
     """Counter and histogram increases between two scrapes of one replica (keys as
@@ -289,13 +276,13 @@ def snapshot_deltas(before: MetricSnapshot, after: MetricSnapshot
         checks.append(put(counter, before.value(counter), after.value(counter), counter))
     checks.append(put("finished", before.value("request_success"),
                       after.value("request_success"), "request_success"))
-    b_reasons = _by_label(before, "request_success", "finished_reason")
-    a_reasons = _by_label(after, "request_success", "finished_reason")
+    b_reasons = before.by_label("request_success", "finished_reason") or {}
+    a_reasons = after.by_label("request_success", "finished_reason") or {}
     for reason in sorted(set(a_reasons) | set(b_reasons)):
         checks.append(put("finished_" + reason, b_reasons.get(reason, 0.0),
                           a_reasons.get(reason, 0.0), f"request_success{{{reason}}}"))
-    b_src = _by_label(before, "prompt_tokens_by_source", "source")
-    a_src = _by_label(after, "prompt_tokens_by_source", "source")
+    b_src = before.by_label("prompt_tokens_by_source", "source") or {}
+    a_src = after.by_label("prompt_tokens_by_source", "source") or {}
     for source in sorted(set(a_src) | set(b_src)):
         checks.append(put("prompt_source_" + source, b_src.get(source, 0.0),
                           a_src.get(source, 0.0), f"prompt_tokens_by_source{{{source}}}"))

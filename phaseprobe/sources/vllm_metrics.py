@@ -116,6 +116,22 @@ class MetricSnapshot:
             return None
         return self.total(name + part, model)
 
+    def by_label(self, canonical: str, label: str,
+                 model: str | None = None) -> dict[str, float] | None:
+        """A metric's value summed per value of ``label`` (``request_success`` by
+        ``finished_reason``, ``prompt_tokens_by_source`` by ``source``), over engines and
+        restricted to ``model_name`` when given; None when the server does not export it."""
+        try:
+            name = self.resolve(canonical)
+        except UnknownMetric:
+            return None
+        out: dict[str, float] = {}
+        for labels, value in self.samples.get(name, []):
+            key = labels.get(label)
+            if key is not None and (model is None or labels.get("model_name", model) == model):
+                out[key] = out.get(key, 0.0) + value
+        return out
+
     def labels_of(self, canonical: str) -> list[Labels]:
         try:
             name = self.resolve(canonical)

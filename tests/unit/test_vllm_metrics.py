@@ -90,3 +90,14 @@ def test_scraper_errors_name_the_url():
         with pytest.raises(MetricsUnavailable) as err:
             MetricsScraper("http://h:1/", session=session).scrape()
         assert "http://h:1/metrics" in str(err.value) and reason in str(err.value)
+
+
+def test_by_label_sums_per_label_value_and_says_when_not_exported():
+    snap = parse_exposition(
+        "# TYPE vllm:request_success_total counter\n"
+        'vllm:request_success_total{engine="0",finished_reason="length",model_name="a"} 3\n'
+        'vllm:request_success_total{engine="1",finished_reason="length",model_name="a"} 2\n'
+        'vllm:request_success_total{engine="0",finished_reason="abort",model_name="b"} 1\n')
+    assert snap.by_label("request_success", "finished_reason") == {"length": 5.0, "abort": 1.0}
+    assert snap.by_label("request_success", "finished_reason", "a") == {"length": 5.0}
+    assert snap.by_label("prompt_tokens_by_source", "source") is None
