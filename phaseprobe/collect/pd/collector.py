@@ -15,17 +15,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from phaseprobe.analysis.pd import connector_deltas, pd_legs, source_deltas
 from phaseprobe.analysis.phases import attribute, histograms_moved, idle_reasons
 from phaseprobe.analysis.replica_match import unverifiable
 from phaseprobe.collect.experiment import ProbeSettings, RunNotes, poll_until
+from phaseprobe.collect.pd.sender import PdSender, joined_timeline
+from phaseprobe.collect.pd.topology import PdTopology
 from phaseprobe.collect.span_attribution import new_tags
 from phaseprobe.errors import MetricsUnavailable
 from phaseprobe.records import (
-    ClientTimeline,
     Isolation,
     Run,
     RunSpec,
@@ -35,33 +36,8 @@ from phaseprobe.records import (
 from phaseprobe.sources.openai_stream import StreamClient, StreamOutcome, build_body
 from phaseprobe.sources.vllm_metrics import MetricSnapshot, MetricsScraper
 
+# PdTopology and joined_timeline are re-exported: callers import them from here
 __all__ = ["PdTopology", "PdCollector", "joined_timeline"]
-
-
-@dataclass(frozen=True)
-class PdTopology:
-    """Where the two legs go: each instance's base URL, and the router in front (None:
-    phaseprobe sends the legs itself)."""
-
-    prefill: str
-    decode: str
-    router: str | None = None
-
-    def to_dict(self) -> dict[str, str | None]:
-        from phaseprobe.redact import redact_url
-
-        return {"prefill": redact_url(self.prefill), "decode": redact_url(self.decode),
-                "router": redact_url(self.router) if self.router else None}
-
-
-def joined_timeline(prefill: ClientTimeline, decode: ClientTimeline) -> ClientTimeline:
-    """The user's view of a request sent as two legs: sent when the prefill leg was, each
-    token when the decode leg's bytes arrived (offsets moved onto the prefill leg's clock),
-    with the decode leg's usage (its prompt is the whole prompt; its tokens are the answer)."""
-    shift = decode.sent_wall_ns - prefill.sent_wall_ns
-    return replace(decode, sent_wall_ns=prefill.sent_wall_ns,
-                   event_offsets_ns=tuple(shift + t for t in decode.event_offsets_ns),
-                   end_offset_ns=shift + decode.end_offset_ns)
 
 
 class PdCollector:
@@ -76,6 +52,7 @@ class PdCollector:
         "prefill" and "decode" (each instance's own /metrics)."""
         self.spec, self.settings, self.topo = spec, settings, topo
         self.clients, self.scrapers = clients, scrapers
+        self.sender = PdSender(topo, clients, self.body)
         self.sleep, self.clock = sleep, clock
         self.notes: list[str] = []
         self.run_notes = run_notes if run_notes is not None else RunNotes()
@@ -105,18 +82,15 @@ class PdCollector:
                           ignore_eos=s.ignore_eos)
 
     def send(self, prompt: str, headers: dict[str, str]
-              ) -> tuple[StreamOutcome, StreamOutcome | None, float | None]:
-        """(what the client saw, the prefill leg when sent by us, the gap between the legs)."""
-        if self.topo.router is not None:
-            return self.clients["router"].stream(self.body(prompt), headers=headers), None, None
-        first = self.clients["prefill"].stream(self.body(prompt, 1), headers=headers)
-        if first.error is not None:
-            return first, first, None
-        second = self.clients["decode"].stream(self.body(prompt), headers=headers)
-        p, d = first.timeline, second.timeline
-        gap = (d.sent_wall_ns - (p.sent_wall_ns + p.end_offset_ns)) / 1e9
-        joined = replace(second, timeline=joined_timeline(p, d))
-        return joined, first, max(gap, 0.0)
+             ) -> tuple[StreamOutcome, StreamOutcome | None, float | None]:
+        """(what the client saw, the prefill leg when sent by us, the gap between the legs):
+        the spec's request over the pair (:class:`~phaseprobe.collect.pd.sender.PdSender`)."""
+        sent = self.sender.stream(prompt, self.spec.max_tokens, headers)
+        return sent.outcome, sent.prefill_leg, sent.gap_s
+
+    def all_notes(self) -> list[str]:
+        """Its own notes, then the runs' stream notes, counted (as RunCollector's)."""
+        return self.notes + self.run_notes.lines()
 
     def measure(self, seq: int, prompt: str) -> Run:
         """Send one request over the pair and attribute both legs (see the module docstring)."""
