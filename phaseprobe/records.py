@@ -229,6 +229,10 @@ class PdLegs:
     legs_gap_s: float | None = None  # the client's gap between the two legs (self-sent legs)
     prefill_isolated: bool | None = None  # each leg alone on its instance
     decode_isolated: bool | None = None
+    # the two legs' own spans joined (collect/pd/spans.py): how they were joined, each leg's
+    # span id and instance, the hand-over and the client-visible TTFT split on the spans'
+    # clocks, and which of the fields above came from the spans (none had counters)
+    span_join: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

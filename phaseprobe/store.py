@@ -567,6 +567,10 @@ class Store:
         )
         return int(cur.lastrowid or 0)
 
+    def set_run_pd(self, run_id: int, pd: PdLegs) -> None:
+        """Record a P/D run's legs once its two spans were joined (they come after it)."""
+        self._write("UPDATE runs SET pd_json = ? WHERE id = ?", (_dumps(pd), run_id))
+
     def set_run_replica(self, run_id: int, replica: ReplicaAttribution) -> None:
         """Record which replica served a run once it is known (its span came after it)."""
         self._write("UPDATE runs SET replica = ?, replica_json = ? WHERE id = ?",
@@ -804,13 +808,21 @@ class Store:
         rows = [_span_from_row(r) for r in self._db.execute(sql, params)]
         return rows[::-1] if newest else rows
 
-    @_reads
     def spans_by_trace(self, trace_ids: list[str],
                        since_ns: int | None = None) -> dict[str, RequestSpan]:
-        """The request span of each trace id that has one. ``since_ns`` (a lower bound on the
-        spans' start, e.g. the first request's send time minus clock skew) turns the lookup
-        into a range read of the time index; without it the table is scanned."""
-        out: dict[str, RequestSpan] = {}
+        """The request span of each trace id that has one (the last stored, when a trace holds
+        several). ``since_ns``: as :meth:`spans_of_traces`."""
+        return {t: spans[-1] for t, spans in self.spans_of_traces(trace_ids, since_ns).items()}
+
+    @_reads
+    def spans_of_traces(self, trace_ids: list[str],
+                        since_ns: int | None = None) -> dict[str, list[RequestSpan]]:
+        """Every request span of each trace id that has any, by start: one request can be
+        served by several vLLM instances (a disaggregated request's prefill and decode legs
+        share the client's trace). ``since_ns`` (a lower bound on the spans' start, e.g. the
+        first request's send time minus clock skew) turns the lookup into a range read of the
+        time index; without it the table is scanned."""
+        out: dict[str, list[RequestSpan]] = {}
         if not self._has("request_spans"):
             return out
         for i in range(0, len(trace_ids), 500):
@@ -820,8 +832,9 @@ class Store:
             if since_ns is not None:
                 where = f"start_ns >= ? AND {where}"
                 params.insert(0, int(since_ns))
-            for row in self._db.execute(f"SELECT * FROM request_spans WHERE {where}", params):
-                out[row["trace_id"]] = _span_from_row(row)
+            sql = f"SELECT * FROM request_spans WHERE {where} ORDER BY start_ns, id"
+            for row in self._db.execute(sql, params):
+                out.setdefault(row["trace_id"], []).append(_span_from_row(row))
         return out
 
     @_reads

@@ -35,7 +35,8 @@ def _sources(base_url: str) -> dict[str, float]:
     return out
 
 
-def _probe(pair, store_path, *, router: bool, seed: int, runs: int = 4):
+def _probe(pair, store_path, *, router: bool, seed: int, runs: int = 4,
+           span_wait_s: float | None = None):
     topo = PdTopology(prefill=pair.prefill_url, decode=pair.decode_url,
                       router=pair.router_url if router else None)
     # prompts of their own per test (the seed): a prompt seen before is a prefix-cache hit on
@@ -45,7 +46,8 @@ def _probe(pair, store_path, *, router: bool, seed: int, runs: int = 4):
     before = _sources(pair.decode_url)
     with Store(store_path) as store:
         result = run_pd_probe(spec, store, topo, settings=ProbeSettings(
-            runs=runs, warmup=0, name="pd-router" if router else "pd-legs"))
+            runs=runs, warmup=0, name="pd-router" if router else "pd-legs",
+            span_wait_s=span_wait_s))
     after = _sources(pair.decode_url)
     moved = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
     return result, moved
@@ -163,3 +165,30 @@ def test_the_two_legs_spans_join_into_one_request(local_pd, tmp_path):
         assert rec.hand_over_s is not None and rec.hand_over_s >= 0, rec.to_dict()
         assert rec.ttft_s is not None
         assert sum(rec.ttft_parts_s().values()) == pytest.approx(rec.ttft_s, abs=1e-6)
+
+
+def test_the_probe_joins_each_runs_leg_spans_through_the_router(local_pd):
+    """probe with spans through the router: the router forwards the run's traceparent (not its
+    X-Request-Id), so each run's two leg spans are found by trace and joined onto the run; the
+    spans' decode-side phases are the decode instance's own histogram deltas."""
+    if local_pd.span_store_path is None or local_pd.router_url is None:
+        pytest.skip("no session span receiver, or no router")
+    result, _ = _probe(local_pd, local_pd.span_store_path, router=True, seed=104, runs=2,
+                       span_wait_s=15.0)
+    assert any(n.startswith("spans: both legs joined for 2 of 2 run(s)") for n in result.notes), \
+        result.notes
+    for r in result.runs:
+        j = r.pd.span_join if r.pd else None
+        assert j is not None, (r.pd, result.notes)
+        # both legs carry the router's id, which names the two instances' addresses
+        assert j["joined_by"] == "router_id", j
+        assert (j["prefill_instance"], j["decode_instance"]) == ("prefill", "decode"), j
+        assert j["hand_over_s"] is not None and j["hand_over_s"] >= 0, j
+        assert sum(j["ttft_parts_s"].values()) == pytest.approx(j["ttft_s"], abs=1e-6)
+        if r.pd.decode_isolated:  # the histogram deltas were the run's own: the same numbers
+            assert j["decode_prompt_s"] == pytest.approx(r.pd.decode_prompt_s, abs=2e-3), j
+            assert j["decode_s"] == pytest.approx(r.pd.decode_s, abs=2e-3), j
+    with Store(local_pd.span_store_path, readonly=True) as store:
+        stored = store.runs(result.experiment_id)
+    assert [r.pd.span_join["decode_span_id"] for r in stored] == \
+        [r.pd.span_join["decode_span_id"] for r in result.runs]

@@ -20,6 +20,7 @@ from phaseprobe.collect.experiment import (
     measure_runs,
 )
 from phaseprobe.collect.pd.collector import PdCollector, PdTopology
+from phaseprobe.collect.pd.spans import attach_pd_spans
 from phaseprobe.errors import PhaseprobeError
 from phaseprobe.records import Experiment, Run, RunSpec
 from phaseprobe.sources.openai_stream import DEFAULT_DEADLINE_S, StreamClient, check_endpoint
@@ -63,7 +64,8 @@ def run_pd_probe(spec: RunSpec, store: Store, topo: PdTopology, *,
                  sleep: Callable[[float], None] = time.sleep,
                  clock: Callable[[], float] = time.monotonic) -> ProbeResult:
     """One probe experiment on the pair; raises EndpointUnreachable before any run when an
-    instance (or the router) does not answer."""
+    instance (or the router) does not answer. ``settings.span_wait_s``: the legs' spans are
+    awaited that long after the last run and joined onto each run (None: no spans)."""
     progress = progress or NullProgress()
     prefill = connect(topo.prefill, api_key, timeout_s=timeout_s, deadline_s=deadline_s)
     decode = connect(topo.decode, api_key, timeout_s=timeout_s, deadline_s=deadline_s)
@@ -99,6 +101,11 @@ def run_pd_probe(spec: RunSpec, store: Store, topo: PdTopology, *,
             progress.on_warmup(i, outcome.error)
         measure_runs(collector.measure, store, experiment_id, prompts, settings, runs,
                      progress, sleep)
+        if settings.span_wait_s is not None:
+            attached, span_notes = attach_pd_spans(store, runs, wait_s=settings.span_wait_s,
+                                                   topo=topo, sleep=sleep, clock=clock)
+            runs[:] = attached
+            notes.extend(span_notes)
     except KeyboardInterrupt:
         notes.append(f"cancelled after {len(runs)} of {settings.runs} runs")
         raise

@@ -240,12 +240,14 @@ def run_spec(args: argparse.Namespace, session: Session) -> RunSpec:
 
 def run_pd(args: argparse.Namespace, topo: PdTopology, out: Console, err: Console) -> int:
     """``probe --prefill URL --decode URL [--endpoint ROUTER]``."""
-    options = replace(session_options(args), endpoint=topo.router or topo.decode, spans=False,
-                      gpu="off" if args.gpu == "auto" else args.gpu)
+    # spans only when asked (--spans): the instances must be started exporting to the
+    # receiver; then each run's two leg spans are joined (the hand-over on their clocks)
+    options = replace(session_options(args), endpoint=topo.router or topo.decode,
+                      spans=bool(args.spans), gpu="off" if args.gpu == "auto" else args.gpu)
     with Session(options, ConsoleNotices(err)) as session:
         spec = run_spec(args, session)
         settings = ProbeSettings(runs=args.runs, warmup=args.warmup, pause_s=args.pause,
-                                 name=args.name)
+                                 name=args.name, span_wait_s=session.span_wait_s)
         result = run_pd_probe(spec, session.store, topo, settings=settings,
                               api_key=session.api_key, progress=RichProgress(err),
                               timeout_s=args.timeout, deadline_s=args.deadline)

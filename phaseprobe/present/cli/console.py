@@ -181,9 +181,33 @@ def render_pd_legs(console: Console, runs: Sequence[Run]) -> None:
                       ms(p.hand_over_s), ms(p.decode_kv_wait_s, 2), ms(p.decode_prompt_s),
                       ms(p.decode_s), kv, moved)
     console.print(table)
+    _render_pd_spans(console, runs)
     for r in runs:
         if r.pd is not None and r.pd.kv in ("recomputed", "partial", "unknown"):
             console.print(f"[yellow]run {r.seq + 1} KV {r.pd.kv}:[/] {escape(r.pd.kv_reason)}")
+
+
+def _render_pd_spans(console: Console, runs: Sequence[Run]) -> None:
+    """The client-visible TTFT split from each run's two joined leg spans (parts add up)."""
+    joined = [(r, r.pd.span_join) for r in runs if r.pd is not None and r.pd.span_join]
+    if not joined:
+        return
+    table = Table(title="TTFT from the two legs' spans (each instance's own clock)",
+                  caption="P in = the prefill leg's arrival → queued; P return = its first "
+                          "token → its end; the parts add up to the TTFT (prefill leg's "
+                          "arrival → the decode leg's first token)")
+    for col in ("run", "joined by", "P in ms", "P queue ms", "P prefill ms", "P return ms",
+                "hand-over ms", "D prompt ms", "TTFT ms", "hand-over share"):
+        table.add_column(col, justify="left" if col == "joined by" else "right", no_wrap=True)
+    for r, j in joined:
+        parts = j.get("ttft_parts_s") or {}
+        share = j.get("hand_over_share")
+        table.add_row(str(r.seq + 1), str(j.get("joined_by")),
+                      *(ms(parts.get(k)) for k in ("prefill_pre_engine_s", "prefill_queue_s",
+                                                   "prefill_s", "prefill_return_s",
+                                                   "hand_over_s", "decode_prompt_s")),
+                      ms(j.get("ttft_s")), "—" if share is None else f"{share:.0%}")
+    console.print(table)
 
 
 def replica_cell(run: Run) -> str:
