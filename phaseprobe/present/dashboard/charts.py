@@ -11,13 +11,26 @@ from collections.abc import Mapping, Sequence
 import altair as alt
 import pandas as pd
 
+from phaseprobe.present.dashboard.pd_layout import GAP, KV_WAIT, LANES, PROMPT_WORK, PdLayout
 from phaseprobe.records import Run
 
-__all__ = ["PHASE_COLORS", "phase_bars", "token_ticks", "itl_frame", "swimlane"]
+__all__ = ["PHASE_COLORS", "PD_COLORS", "phase_bars", "token_ticks", "itl_frame", "swimlane",
+           "pd_chart"]
 
-PHASE_COLORS = alt.Scale(domain=["queue", "prefill", "decode", "waiting (client)",
-                                 "streaming (client)"],
-                         range=["#9e9e9e", "#e4572e", "#4c78a8", "#f2b701", "#72b7b2"])
+_PHASES = {"queue": "#9e9e9e", "prefill": "#e4572e", "decode": "#4c78a8",
+           "waiting (client)": "#f2b701", "streaming (client)": "#72b7b2"}
+PHASE_COLORS = alt.Scale(domain=list(_PHASES), range=list(_PHASES.values()))
+# A P/D request's phases: the same queue/prefill/decode colours, and the decode side's
+# prompt work coloured by what happened to the KV (a recompute in a dark red that reads as
+# a failure next to a KV load's green).
+_PD_PHASES = {"queue": _PHASES["queue"], "prefill": _PHASES["prefill"],
+              GAP: "#e0e0e0", "hand-over": "#b279a2", KV_WAIT: "#ff9da6",
+              PROMPT_WORK["transferred"]: "#54a24b", PROMPT_WORK["recomputed"]: "#9d0208",
+              PROMPT_WORK["partial"]: "#f58518", PROMPT_WORK["cached"]: "#88d27a",
+              PROMPT_WORK["unknown"]: "#bab0ac", "decode": _PHASES["decode"],
+              "waiting (client)": _PHASES["waiting (client)"],
+              "streaming (client)": _PHASES["streaming (client)"]}
+PD_COLORS = alt.Scale(domain=list(_PD_PHASES), range=list(_PD_PHASES.values()))
 
 
 def _lane(run: Run, lanes: Mapping[int, tuple[str, float]] | None) -> tuple[str, float]:
@@ -66,12 +79,13 @@ def itl_frame(run: Run) -> pd.DataFrame:
 
 
 def swimlane(bars: pd.DataFrame, ticks: pd.DataFrame,
-             x_title: str = "ms since the request was sent") -> alt.LayerChart | alt.FacetChart:
+             x_title: str = "ms since the request was sent",
+             colors: alt.Scale = PHASE_COLORS) -> alt.LayerChart | alt.FacetChart:
     order = list(dict.fromkeys(bars["lane"]))
     y = alt.Y("lane:N", sort=order, title=None)
     layer = alt.Chart(bars).mark_bar(height=14).encode(
         x=alt.X("start_ms:Q", title=x_title), x2="end_ms:Q", y=y,
-        color=alt.Color("phase:N", scale=PHASE_COLORS),
+        color=alt.Color("phase:N", scale=colors),
         tooltip=["lane", "phase", alt.Tooltip("start_ms:Q", format=".1f"),
                  alt.Tooltip("end_ms:Q", format=".1f")])
     tick = alt.Chart(ticks).mark_tick(color="black", thickness=1, size=18, opacity=0.6).encode(
@@ -79,3 +93,29 @@ def swimlane(bars: pd.DataFrame, ticks: pd.DataFrame,
     # A step per lane, not a fixed height: Streamlit fits the axis title and the legend into
     # a fixed height, and with few lanes that left the plot area no room (all lanes on one row).
     return alt.layer(layer, tick).properties(height=alt.Step(28))
+
+
+def pd_chart(layout: PdLayout) -> alt.LayerChart | alt.FacetChart:
+    """One P/D request on the client's clock: a lane per instance, the hand-over between them
+    (its KV wait as a thinner bar inside it), the client's token arrivals, and the decode
+    side's prompt work labelled with what happened to the KV (see
+    :mod:`~phaseprobe.present.dashboard.pd_layout` for how the bars are placed)."""
+    y = alt.Y("lane:N", sort=list(LANES), scale=alt.Scale(domain=list(LANES)), title=None)
+    x = alt.X("start_ms:Q", title="ms since the request was sent (client clock)")
+    tooltip = ["lane", "phase", alt.Tooltip("start_ms:Q", format=".2f"),
+               alt.Tooltip("end_ms:Q", format=".2f"), alt.Tooltip("ms:Q", format=".2f")]
+    bars = layout.bars.assign(ms=layout.bars["end_ms"] - layout.bars["start_ms"])
+    inner = bars["inner"].astype(bool)
+    color = alt.Color("phase:N", scale=PD_COLORS, title="phase")
+    outer_layer = alt.Chart(bars[~inner]).mark_bar(height=18).encode(
+        x=x, x2="end_ms:Q", y=y, color=color, tooltip=tooltip)
+    inner_layer = alt.Chart(bars[inner]).mark_bar(height=7).encode(
+        x=x, x2="end_ms:Q", y=y, color=color, tooltip=tooltip)
+    prompt = bars[bars["phase"] == layout.prompt_phase]
+    label = alt.Chart(prompt.assign(text=prompt["phase"])).mark_text(
+        align="right", dx=-4, fontWeight="bold").encode(x=x, y=y, text="text:N")
+    ticks = alt.Chart(layout.ticks).mark_tick(color="black", thickness=1, size=18,
+                                              opacity=0.6).encode(
+        x="t_ms:Q", y=y, tooltip=[alt.Tooltip("t_ms:Q", title="token at ms", format=".2f")])
+    return alt.layer(outer_layer, inner_layer, label, ticks).properties(
+        height=alt.Step(34), title=f"KV {layout.kv}")

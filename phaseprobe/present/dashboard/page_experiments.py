@@ -8,6 +8,7 @@ import streamlit as st
 
 from phaseprobe.present.dashboard.context import Context
 from phaseprobe.present.dashboard.data import fmt_ms
+from phaseprobe.present.dashboard.pd_panel import render_pd_experiment
 
 __all__ = ["render", "filter_experiments", "runs_frame"]
 
@@ -82,6 +83,7 @@ def render(ctx: Context) -> None:
                f"{exp.spec.max_tokens}")
     for note in exp.notes:
         st.warning(note)
+    render_pd_experiment(exp, ctx.runs(), table=True)
     runs = runs_frame(ctx)
     if runs.empty:
         st.info("This experiment has no runs stored.")

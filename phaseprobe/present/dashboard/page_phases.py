@@ -14,6 +14,7 @@ from phaseprobe.present.dashboard import data
 from phaseprobe.present.dashboard.charts import PHASE_COLORS
 from phaseprobe.present.dashboard.context import Context
 from phaseprobe.present.dashboard.data import fmt_ms
+from phaseprobe.present.dashboard.pd_panel import render_pd_experiment
 from phaseprobe.present.dashboard.phases_bound import render_bound
 
 __all__ = ["render", "per_run_phases", "per_experiment_phases"]
@@ -61,6 +62,7 @@ def render(ctx: Context) -> None:
     cols[4].metric("Decode share of e2e", MISSING if share is None else f"{share:.0%}")
     st.caption(f"Medians over {summary.n_clean} clean runs of {summary.n_runs} "
                "(isolation failures are excluded).")
+    render_pd_experiment(ctx.experiment(), runs)
 
     per_run = per_run_phases(ctx)
     st.subheader("Per run")

@@ -4,6 +4,9 @@ index with p50/p99 lines, and its client vs server phases side by side.
 
 Server phases are vLLM's histogram deltas and start at the server's arrival, which is drawn at
 the send: the client-vs-server TTFT gap (network, HTTP, tokenization) is shown as a number.
+
+A disaggregated prefill/decode run is drawn as its two legs and the hand-over between them
+(``pd_layout`` says how they are placed on the client's clock), with its KV verdict.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import streamlit as st
 
 from phaseprobe.analysis.phases import percentile
 from phaseprobe.present.dashboard.charts import (
+    PD_COLORS,
     itl_frame,
     phase_bars,
     swimlane,
@@ -22,6 +26,8 @@ from phaseprobe.present.dashboard.charts import (
 from phaseprobe.present.dashboard.context import Context
 from phaseprobe.present.dashboard.data import fmt_ms
 from phaseprobe.present.dashboard.interfere_pairs import render_pairs
+from phaseprobe.present.dashboard.pd_layout import pd_run_bars
+from phaseprobe.present.dashboard.pd_panel import render_pd_run
 
 __all__ = ["render"]
 
@@ -32,9 +38,20 @@ def render(ctx: Context) -> None:
     if not runs:
         st.info("This experiment has no run that reached the server: no timeline to draw.")
         return
-    bars, ticks = phase_bars(runs), token_ticks(runs)
+    pd_runs = [r for r in runs if r.pd is not None]
+    # a P/D experiment's failed runs (no legs measured) keep the client's wait/stream lane
+    frames = [f for f in (pd_run_bars(pd_runs), phase_bars([r for r in runs if r.pd is None]))
+              if not f.empty]
+    bars = pd.concat(frames, ignore_index=True) if frames else phase_bars([])
+    ticks = token_ticks(runs)
     if bars.empty:
         st.info("No run received a token: no timeline to draw.")
+    elif pd_runs:
+        st.caption("One lane per prefill/decode run: the prefill instance's queue and "
+                   "prefill, the hand-over, the decode instance's prompt work and decode, on "
+                   "the client's clock; each tick is a token event. A run's own chart below "
+                   "has a lane per instance.")
+        st.altair_chart(swimlane(bars, ticks, colors=PD_COLORS))
     else:
         st.caption("One lane per run: server queue / prefill / decode (or the client's wait "
                    "and stream when vLLM metrics were absent); each tick is a token event.")
@@ -49,6 +66,7 @@ def render(ctx: Context) -> None:
     c, s = run.client, run.server
     if c is None:  # filtered above; this narrows the type
         return
+    render_pd_run(run)
     itl = itl_frame(run)
     left, right = st.columns(2)
     with left:
