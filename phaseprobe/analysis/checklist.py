@@ -25,6 +25,7 @@ from phaseprobe.analysis.rules import (
     kv_transfer,
     latency,
     live,
+    live_pd,
     live_spans,
     memory,
     parallel,
@@ -90,6 +91,12 @@ RULES: tuple[Rule, ...] = (
          pd.kv_recompute, "runs on a prefill/decode pair (probe --prefill/--decode)"),
     Rule("hand_over_share", "Is the KV hand-over a small part of TTFT?", pd.hand_over_share,
          "runs on a prefill/decode pair (probe --prefill/--decode)"),
+    Rule("prefill_pool_saturated", "Prefill pool keeping up (short prefill-side queue)?",
+         pd.prefill_pool_saturated, "runs on a prefill/decode pair (probe --prefill/--decode)"),
+    Rule("decode_pool_saturated", "Decode pool keeping up (no queue beyond the KV wait)?",
+         pd.decode_pool_saturated, "P/D runs alone on the decode instance and runs sharing it"),
+    Rule("kv_wait_as_queue", "Is the decode side's \"queue\" really KV wait?",
+         pd.kv_wait_as_queue, "P/D runs alone on the decode instance (probe --prefill/--decode)"),
 )
 
 SPAN_RULES: tuple[Rule, ...] = (
@@ -149,6 +156,17 @@ LIVE_RULES: tuple[LiveRule, ...] = (
     LiveRule("live_kv_recompute", "Decode instances get their prompts' KV (no recompute)?",
              pd.live_kv_recompute, "prompt_tokens_by_source and KV-connector lookups of P/D "
              "decode instances"),
+    LiveRule("live_kv_path", "KV transfers between P/D instances without failures or expiry?",
+             live_pd.kv_path, "nixl_* counters and histograms (NIXL connector), queue/prefill "
+             "buckets, prompt_tokens_by_source of each P/D instance"),
+    LiveRule("live_prefill_pool", "Prefill pool keeping up (queue, waiting requests)?",
+             live_pd.prefill_pool, "queue-time histogram and waiting/running gauges of the "
+             "prefill instances"),
+    LiveRule("live_decode_pool", "Decode pool keeping up (requests waiting for capacity)?",
+             live_pd.decode_pool, "num_requests_waiting_by_reason of the decode instances"),
+    LiveRule("live_kv_wait_as_queue", "Decode instances' queue time really KV wait?",
+             live_pd.kv_wait_as_queue, "decode instances' queue-time histogram, "
+             "waiting_by_reason and KV usage gauges"),
 )
 
 _LIVE_SPANS = "request spans stored over the window (phaseprobe watch)"

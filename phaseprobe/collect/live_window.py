@@ -34,9 +34,13 @@ import requests
 from phaseprobe.analysis.replica_match import unverifiable
 from phaseprobe.analysis.router_window import RouterWindow
 from phaseprobe.analysis.rules.live_base import (
+    BUCKET_HISTOGRAMS,
     DELTA_COUNTERS,
     DELTA_HISTOGRAMS,
     GAUGES,
+    NIXL_COUNTERS,
+    NIXL_HISTOGRAMS,
+    WAITING_REASONS,
     LiveEvidence,
     ReplicaWindow,
 )
@@ -52,6 +56,7 @@ from phaseprobe.errors import ConfigError, MetricsUnavailable, StoreError, Unkno
 from phaseprobe.records import RequestSpan
 from phaseprobe.redact import redact_url
 from phaseprobe.sources.openai_stream import normalize_base_url
+from phaseprobe.sources.query_catalog import CATALOG_ONLY
 from phaseprobe.sources.vllm_metrics import (
     ALIASES,
     MetricSnapshot,
@@ -286,8 +291,62 @@ def snapshot_deltas(before: MetricSnapshot, after: MetricSnapshot
     for source in sorted(set(a_src) | set(b_src)):
         checks.append(put("prompt_source_" + source, b_src.get(source, 0.0),
                           a_src.get(source, 0.0), f"prompt_tokens_by_source{{{source}}}"))
+    for key, catalog in (*NIXL_COUNTERS.items(), *NIXL_HISTOGRAMS.items()):
+        parts = ("_sum", "_count") if key in NIXL_HISTOGRAMS else ("",)
+        for part in parts:
+            b_name, a_name = _family(before, key, part), _family(after, key, part)
+            if b_name and a_name:
+                checks.append(put(key + part, before.total(b_name + part),
+                                  after.total(a_name + part), catalog + part))
     bad = next((c for c in checks if c), None)
     return ({}, bad) if bad else (out, None)
+
+
+def _family(snap: MetricSnapshot, key: str, part: str = "") -> str | None:
+    """The name this server gives a window key's metric (histograms: the family, without
+    ``_sum``/``_count``/``_bucket``), found by ``part``'s sample; None when not exported. The
+    NIXL series are not in the scrapes' alias table: the query catalog spells them."""
+    if key in ALIASES:
+        try:
+            name = snap.resolve(key)
+        except UnknownMetric:
+            return None
+        return name if name + part in snap.samples else None
+    catalog = NIXL_COUNTERS.get(key) or NIXL_HISTOGRAMS.get(key)
+    if catalog is None:
+        return None
+    kind, bases = CATALOG_ONLY[catalog]
+    probe = part or ("_count" if kind == "histogram" else "")
+    return next((name for base in bases for name in sample_spellings(kind, base)
+                 if name + probe in snap.samples), None)
+
+
+def _buckets(snap: MetricSnapshot, family: str) -> dict[float, float]:
+    """A histogram's cumulative bucket counts by ``le``, summed over engines."""
+    out: dict[float, float] = {}
+    for labels, value in snap.samples.get(family + "_bucket", []):
+        try:
+            le = float(labels.get("le", ""))
+        except ValueError:
+            continue
+        out[le] = out.get(le, 0.0) + value
+    return out
+
+
+def bucket_deltas(before: MetricSnapshot, after: MetricSnapshot
+                  ) -> dict[str, tuple[tuple[float, float], ...]]:
+    """Each of :data:`BUCKET_HISTOGRAMS`' bucket increases between two scrapes (left out when
+    not exported, or when a bucket went backwards: another process answered)."""
+    out: dict[str, tuple[tuple[float, float], ...]] = {}
+    for hist in BUCKET_HISTOGRAMS:
+        b_name, a_name = _family(before, hist, "_bucket"), _family(after, hist, "_bucket")
+        if not b_name or not a_name:
+            continue
+        b, a = _buckets(before, b_name), _buckets(after, a_name)
+        rows = tuple(sorted((le, a[le] - b.get(le, 0.0)) for le in a))
+        if rows and all(d >= 0 for _, d in rows):
+            out[hist] = rows
+    return out
 
 
 def replica_window(name: str, snaps: list[MetricSnapshot]) -> ReplicaWindow:
@@ -295,18 +354,25 @@ def replica_window(name: str, snaps: list[MetricSnapshot]) -> ReplicaWindow:
     deltas, why = snapshot_deltas(snaps[0], snaps[-1])
     mean: dict[str, float] = {}
     peak: dict[str, float] = {}
-    for gauge in GAUGES:
+    for gauge in (*GAUGES, *WAITING_REASONS.values()):
         values = [v for s in snaps if (v := _gauge(s, gauge)) is not None]
         if values:
             mean[gauge] = sum(values) / len(values)
             peak[gauge] = max(values)
     models = sorted({labels["model_name"] for labels in snaps[-1].labels_of("request_success")
                      if "model_name" in labels})
-    return ReplicaWindow(name, deltas, mean, peak, samples=len(snaps), unverifiable=why,
-                         model=", ".join(models) or None)
+    return ReplicaWindow(name, deltas, mean, peak,
+                         buckets={} if why else bucket_deltas(snaps[0], snaps[-1]),
+                         samples=len(snaps), unverifiable=why, model=", ".join(models) or None)
+
+
+_REASON_OF = {key: reason for reason, key in WAITING_REASONS.items()}
 
 
 def _gauge(snap: MetricSnapshot, gauge: str) -> float | None:
+    if gauge in _REASON_OF:  # None when the server has no num_requests_waiting_by_reason
+        by = snap.by_label("requests_waiting_by_reason", "reason")
+        return None if by is None else by.get(_REASON_OF[gauge], 0.0)
     if gauge != "kv_cache_usage":
         return snap.value(gauge)
     try:
@@ -330,6 +396,7 @@ def _prometheus_window(opts: LiveOptions, end_s: float, sources: dict[str, str]
     deltas: dict[str, dict[str, float]] = {}
     mean: dict[str, dict[str, float]] = {}
     peak: dict[str, dict[str, float]] = {}
+    buckets: dict[str, dict[str, list[tuple[float, float]]]] = {}
     down: dict[str, str] = {}
     with PrometheusClient(url) as client:
         names = client.names_map()
@@ -368,6 +435,26 @@ def _prometheus_window(opts: LiveOptions, end_s: float, sources: dict[str, str]
             agg = "max" if gauge == "kv_cache_usage" else "sum"
             by_instance(f"{agg} by ({label}) (avg_over_time({g}{sel}[{w}]))", mean, gauge)
             by_instance(f"max by ({label}) (max_over_time({g}{sel}[{w}]))", peak, gauge)
+        for key, catalog in NIXL_COUNTERS.items():  # no series: not exported, key left out
+            by_instance(f"sum by ({label}) (increase({name(_newest(catalog))}{sel}[{w}]))",
+                        deltas, key)
+        for key, catalog in NIXL_HISTOGRAMS.items():
+            for part in ("_sum", "_count"):
+                by_instance(f"sum by ({label}) (increase({name(_newest(catalog) + part)}"
+                            f"{sel}[{w}]))", deltas, key + part)
+        reasons = name(_newest("requests_waiting_by_reason"))
+        for reason, key in WAITING_REASONS.items():
+            r_sel = "{" + ",".join(filter(None, (bare, f'reason="{reason}"'))) + "}"
+            by_instance(f"sum by ({label}) (avg_over_time({reasons}{r_sel}[{w}]))", mean, key)
+            by_instance(f"max by ({label}) (max_over_time({reasons}{r_sel}[{w}]))", peak, key)
+        for hist in BUCKET_HISTOGRAMS:
+            bucket = name(_newest(hist) + "_bucket")
+            for s in client.instant_query(f"sum by ({label}, le) (increase({bucket}{sel}"
+                                          f"[{w}]))", at=end_s):
+                inst, le = s.labels.get(label), s.labels.get("le")
+                if inst is None or le is None or math.isnan(s.value):
+                    continue
+                buckets.setdefault(inst, {}).setdefault(hist, []).append((float(le), s.value))
         vllm = {s.labels.get(label) for s in client.instant_query(
             f"count by ({label}) (count_over_time({success}{sel}[1h]))", at=end_s)}
         for s in client.instant_query(f"up{sel}", at=end_s):
@@ -382,14 +469,17 @@ def _prometheus_window(opts: LiveOptions, end_s: float, sources: dict[str, str]
     sources["prom"] = (f"{redact_url(url)}: increase/avg_over_time over {w} by "
                        f"{label} ({', '.join(instances)})")
     windows = [ReplicaWindow(inst, deltas.get(inst, {}), mean.get(inst, {}),
-                             peak.get(inst, {}), samples=0) for inst in instances]
+                             peak.get(inst, {}), samples=0,
+                             buckets={h: tuple(sorted(rows))
+                                      for h, rows in buckets.get(inst, {}).items()})
+               for inst in instances]
     return windows, down
 
 
 def _newest(canonical: str) -> str:
     """The newest spelling of a canonical metric's base sample (``vllm:`` prefix, counters
-    with ``_total``)."""
-    kind, bases = ALIASES[canonical]
+    with ``_total``); NIXL's from the query catalog."""
+    kind, bases = ALIASES[canonical] if canonical in ALIASES else CATALOG_ONLY[canonical]
     return next(iter(sample_spellings(kind, bases[0])))
 
 

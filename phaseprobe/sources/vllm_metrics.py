@@ -54,6 +54,8 @@ ALIASES: dict[str, tuple[Kind, tuple[str, ...]]] = {
     "prompt_tokens_by_source": ("counter", ("prompt_tokens_by_source",)),
     "requests_running": ("gauge", ("num_requests_running",)),
     "requests_waiting": ("gauge", ("num_requests_waiting",)),
+    # by label reason: capacity | deferred (which includes waiting for a KV transfer; 0.32)
+    "requests_waiting_by_reason": ("gauge", ("num_requests_waiting_by_reason",)),
     "kv_cache_usage": ("gauge", ("kv_cache_usage_perc", "gpu_cache_usage_perc")),
     "cache_config_info": ("gauge", ("cache_config_info",)),
 }

@@ -18,10 +18,19 @@ Per replica (:class:`ReplicaWindow`):
     ``prefix_cache_hits``, ``prefix_cache_queries``, ``external_prefix_cache_queries`` (a KV
     connector's lookups, in tokens), and ``prompt_source_<source>`` (``prompt_tokens_by_source``:
     ``external_kv_transfer``, ``local_compute``, ``local_cache_hit``). A key is missing when the
-    server does not export that metric.
+    server does not export that metric. A KV connector's pooled counters, only where vLLM
+    registers them (the NIXL connector): ``nixl_failed_transfers``,
+    ``nixl_failed_notifications``, ``nixl_kv_expired`` (counted on the prefill side) and the
+    ``nixl_xfer_time`` histogram's ``_sum`` / ``_count``.
+``buckets``
+    the increase of each ``_bucket`` of the histograms in :data:`BUCKET_HISTOGRAMS`
+    (``queue_time``, ``prefill_time``, ``nixl_xfer_time``): cumulative ``(le, count)`` pairs,
+    summed over engines, for a window quantile (:meth:`ReplicaWindow.quantile`).
 ``gauge_mean`` / ``gauge_max``
-    ``requests_running``, ``requests_waiting``, ``kv_cache_usage`` (a fraction, 0–1) over the
-    window's samples.
+    ``requests_running``, ``requests_waiting``, ``kv_cache_usage`` (a fraction, 0–1), and
+    ``waiting_capacity`` / ``waiting_deferred`` (``num_requests_waiting_by_reason``: waiting
+    for a slot, or deferred, which includes waiting for a KV transfer) over the window's
+    samples.
 ``unverifiable``
     why the replica's counters cannot be compared over the window (two processes answered, or
     a counter went backwards): its ``deltas`` are then empty and every rule says "cannot
@@ -35,12 +44,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from phaseprobe.analysis.bucket_quantile import BucketQuantile, bucket_quantile
 from phaseprobe.analysis.router_window import RouterWindow
 from phaseprobe.analysis.rules.base import USE_CASE_TTFT_S
 from phaseprobe.records import RequestSpan
 
 __all__ = ["ReplicaWindow", "LiveEvidence", "USE_CASE_TPOT_S", "MIN_FINISHED",
-           "DELTA_HISTOGRAMS", "DELTA_COUNTERS", "GAUGES"]
+           "DELTA_HISTOGRAMS", "DELTA_COUNTERS", "GAUGES", "NIXL_COUNTERS", "NIXL_HISTOGRAMS",
+           "BUCKET_HISTOGRAMS", "WAITING_REASONS"]
 
 # Time per output token a user of each use case reads as fluent (mean over the window): the
 # TPOT bottleneck rule's default target, overridden with --tpot-target. Voice must keep ahead
@@ -57,6 +68,15 @@ DELTA_HISTOGRAMS = ("queue_time", "prefill_time", "decode_time", "ttft", "e2e_la
 DELTA_COUNTERS = ("generation_tokens", "prompt_tokens", "num_preemptions", "prefix_cache_hits",
                   "prefix_cache_queries", "external_prefix_cache_queries")
 GAUGES = ("requests_running", "requests_waiting", "kv_cache_usage")
+# window key -> the query catalog's name (sources/query_catalog.CATALOG_ONLY): the NIXL
+# connector's pooled series, absent from any other deployment (never read as 0 there)
+NIXL_COUNTERS = {"nixl_failed_transfers": "nixl_num_failed_transfers",
+                 "nixl_failed_notifications": "nixl_num_failed_notifications",
+                 "nixl_kv_expired": "nixl_num_kv_expired_reqs"}
+NIXL_HISTOGRAMS = {"nixl_xfer_time": "nixl_xfer_time"}
+BUCKET_HISTOGRAMS = ("queue_time", "prefill_time", "nixl_xfer_time")
+# num_requests_waiting_by_reason's reasons (vLLM 0.32) -> gauge keys
+WAITING_REASONS = {"capacity": "waiting_capacity", "deferred": "waiting_deferred"}
 
 
 @dataclass(frozen=True)
@@ -67,6 +87,7 @@ class ReplicaWindow:
     deltas: Mapping[str, float] = field(default_factory=dict)
     gauge_mean: Mapping[str, float] = field(default_factory=dict)
     gauge_max: Mapping[str, float] = field(default_factory=dict)
+    buckets: Mapping[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
     samples: int = 2  # gauge samples taken (scrapes, or Prometheus' own)
     unverifiable: str | None = None
     model: str | None = None
@@ -85,6 +106,12 @@ class ReplicaWindow:
         if s is None or c is None or c <= 0:
             return None, c or 0.0
         return s / c, c
+
+    def quantile(self, hist: str, q: float = 0.99) -> BucketQuantile | None:
+        """A histogram's ``q`` quantile over the window from its bucket increases; None when
+        not exported, not moved, or the counters cannot be compared."""
+        rows = None if self.unverifiable else self.buckets.get(hist)
+        return bucket_quantile(q, rows) if rows else None
 
     @property
     def finished(self) -> float | None:

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import statistics
 
+from phaseprobe.analysis.pd_window import PREFILL_ROLE_MAX_TOKENS
 from phaseprobe.analysis.rules.base import Evidence, Status, Verdict, ms, num, pct, skipped
 from phaseprobe.analysis.rules.live import Part, per_replica, too_few
 from phaseprobe.analysis.rules.live_base import MIN_FINISHED, LiveEvidence, ReplicaWindow
+from phaseprobe.records import PdLegs
 
-__all__ = ["kv_recompute", "hand_over_share", "live_kv_recompute", "HAND_OVER_WARN",
-           "HAND_OVER_FAIL", "RECOMPUTE_WARN", "RECOMPUTE_FAIL"]
+__all__ = ["kv_recompute", "hand_over_share", "live_kv_recompute", "prefill_pool_saturated",
+           "decode_pool_saturated", "kv_wait_as_queue", "HAND_OVER_WARN", "HAND_OVER_FAIL",
+           "RECOMPUTE_WARN", "RECOMPUTE_FAIL", "PREFILL_ROLE_MAX_TOKENS", "POOL_QUEUE_WARN",
+           "POOL_QUEUE_FAIL", "KV_WAIT_QUEUE_WARN"]
 
 _NEED = "runs on a prefill/decode pair (probe --prefill URL --decode URL)"
 _COMMAND = "phaseprobe probe --prefill URL --decode URL [--endpoint ROUTER]"
@@ -89,7 +93,6 @@ def hand_over_share(ev: Evidence) -> Verdict:
 
 RECOMPUTE_WARN = 0.25  # a decode instance's share of prompt tokens it computed itself
 RECOMPUTE_FAIL = 0.50
-PREFILL_ROLE_MAX_TOKENS = 1.5  # generated tokens per finished request: a prefill instance
 
 
 def live_kv_recompute(ev: LiveEvidence) -> Verdict:
@@ -132,3 +135,130 @@ def live_kv_recompute(ev: LiveEvidence) -> Verdict:
                                       "side channel, expired KV): each recompute is a full "
                                       "prefill on the decode pool",
                        next_command="phaseprobe probe --prefill URL --decode URL")
+
+
+# -- pools and the KV wait (issue 28 item 6) ---------------------------------------------------
+
+POOL_QUEUE_WARN = 0.25  # a pool's queue (beyond the KV wait, decode side) as a share of TTFT
+POOL_QUEUE_FAIL = 0.50
+KV_WAIT_QUEUE_WARN = 0.10  # the decode side's queue of a run alone there, as a share of TTFT
+_LIVE = "phaseprobe check --live --endpoint ROUTER --replica prefill=URL --replica decode=URL"
+
+
+def _pd_ok(ev: Evidence) -> list[tuple[int, PdLegs, float]]:
+    """(seq, legs, client TTFT) of the completed P/D runs with a client TTFT."""
+    return [(r.seq, r.pd, r.client.ttft_s) for r in ev.runs
+            if r.pd is not None and r.client is not None and r.status == "ok"
+            and r.client.ttft_s]
+
+
+def _share_status(share: float | None) -> Status:
+    return ("fail" if share is not None and share >= POOL_QUEUE_FAIL else
+            "warn" if share is not None and share >= POOL_QUEUE_WARN else "pass")
+
+
+def prefill_pool_saturated(ev: Evidence) -> Verdict:
+    """Is the prefill pool saturated? The prefill leg's queue on its instance (medians over the
+    P/D runs) as a share of the client TTFT. phaseprobe sends one request at a time, so a
+    queue there is other traffic the prefill instance was serving."""
+    rows = [(pd.prefill_queue_s, ttft, pd.prefill_isolated) for _, pd, ttft in _pd_ok(ev)
+            if pd.prefill_queue_s is not None]
+    if not rows:
+        return skipped(_NEED, _COMMAND)
+    queue = statistics.median(q for q, _, _ in rows)
+    ttft = statistics.median(t for _, t, _ in rows)
+    share = queue / ttft if ttft else None
+    shared = sum(1 for _, _, alone in rows if alone is False)
+    status = _share_status(share)
+    return Verdict(status,
+                   f"prefill-side queue {ms(queue)} of a {ms(ttft)} TTFT ({pct(share)}), "
+                   f"medians over {len(rows)} runs ({shared} shared the prefill instance "
+                   "with other requests)",
+                   {"prefill_queue_s": num(queue, 6), "ttft_s": num(ttft, 6),
+                    "share": num(share, 4), "runs": len(rows), "prefill_shared": shared},
+                   {"warn_share": POOL_QUEUE_WARN, "fail_share": POOL_QUEUE_FAIL},
+                   "" if status == "pass" else
+                   "requests wait for a prefill instance: add prefill instances (or GPUs per "
+                   "instance), raise --max-num-batched-tokens if prefill steps have room, or "
+                   "route short prompts to aggregated serving",
+                   _LIVE)
+
+
+def decode_pool_saturated(ev: Evidence) -> Verdict:
+    """Is the decode pool saturated? The decode side's queue holds the KV wait (vLLM books it
+    there) and any wait for capacity. Runs alone on the decode instance had no capacity to
+    wait for: their median queue is the KV wait. Runs that shared it, beyond that median, are
+    capacity queueing, as a share of the client TTFT. Without both kinds of runs it cannot be
+    told."""
+    rows = [(pd.decode_kv_wait_s, ttft, pd.decode_isolated) for _, pd, ttft in _pd_ok(ev)
+            if pd.decode_kv_wait_s is not None]
+    if not rows:
+        return skipped(_NEED, _COMMAND)
+    alone = [q for q, _, iso in rows if iso is True]
+    shared = [(q, t) for q, t, iso in rows if iso is False]
+    numbers = {"runs": len(rows), "alone": len(alone), "shared": len(shared)}
+    if not shared:
+        wait = statistics.median(alone) if alone else None
+        return Verdict("skipped", f"skipped: cannot tell: no decode leg shared its instance "
+                                  f"with other requests ({len(alone)} ran alone, median queue "
+                                  f"{ms(wait)}: their KV wait); a saturated pool shows under "
+                                  "load, which check --live reads",
+                       numbers | {"kv_wait_s": num(wait, 6)}, next_command=_LIVE)
+    if not alone:
+        return Verdict("skipped", f"skipped: cannot tell: all {len(shared)} decode legs shared "
+                                  "their instance, so no run shows the KV wait alone to "
+                                  "subtract", numbers, next_command=_LIVE)
+    kv_wait = statistics.median(alone)
+    queue = statistics.median(q for q, _ in shared)
+    ttft = statistics.median(t for _, t in shared)
+    beyond = max(queue - kv_wait, 0.0)
+    share = beyond / ttft if ttft else None
+    status = _share_status(share)
+    return Verdict(status,
+                   f"decode-side queue {ms(queue)} in {len(shared)} runs that shared the "
+                   f"decode instance, against {ms(kv_wait)} (the KV wait) in {len(alone)} "
+                   f"alone: {ms(beyond)} of capacity queueing, {pct(share)} of their "
+                   f"{ms(ttft)} TTFT (medians)",
+                   numbers | {"decode_queue_s": num(queue, 6), "kv_wait_s": num(kv_wait, 6),
+                              "beyond_kv_wait_s": num(beyond, 6), "ttft_s": num(ttft, 6),
+                              "share": num(share, 4)},
+                   {"warn_share": POOL_QUEUE_WARN, "fail_share": POOL_QUEUE_FAIL},
+                   "" if status == "pass" else
+                   "requests wait for a decode slot beyond their KV: add decode instances, "
+                   "raise --max-num-seqs if the KV cache has room, or give the KV cache more "
+                   "memory", _LIVE)
+
+
+def kv_wait_as_queue(ev: Evidence) -> Verdict:
+    """Is the decode side's "queue" really KV wait? A decode leg alone on its instance had a
+    free instance: whatever vLLM booked as its queue was the wait for its KV (an asynchronous
+    connector such as NIXL schedules the request only once the KV has arrived). When that is
+    a notable share of TTFT, the fix is the transfer path, not decode capacity."""
+    rows = [(pd.decode_kv_wait_s, pd.decode_prompt_s, ttft) for _, pd, ttft in _pd_ok(ev)
+            if pd.decode_kv_wait_s is not None
+            and pd.decode_isolated is True]
+    if not rows:
+        told = [r for r in ev.runs if r.pd is not None]
+        return skipped(_NEED if not told else "decode legs alone on their instance (with "
+                       "other traffic there, its queue mixes KV wait and capacity)", _COMMAND)
+    wait = statistics.median(w for w, _, _ in rows)
+    load = statistics.median(p for _, p, _ in rows if p is not None) \
+        if any(p is not None for _, p, _ in rows) else None
+    ttft = statistics.median(t for _, _, t in rows)
+    share = wait / ttft if ttft else None
+    numbers = {"decode_queue_s": num(wait, 6), "decode_prompt_s": num(load, 6),
+               "ttft_s": num(ttft, 6), "share": num(share, 4), "runs": len(rows)}
+    head = (f"decode-side queue {ms(wait)} = {pct(share)} of a {ms(ttft)} TTFT, medians over "
+            f"{len(rows)} runs alone on the decode instance")
+    if share is None or share < KV_WAIT_QUEUE_WARN:
+        return Verdict("pass", f"{head}: little KV wait is booked as queue (a synchronous "
+                               f"connector loads the KV in the decode side's prompt work, "
+                               f"median {ms(load)})", numbers,
+                       {"warn_share": KV_WAIT_QUEUE_WARN})
+    return Verdict("warn", f"{head}: nothing else ran there, so this \"queue\" is the wait for "
+                           "the KV, not for capacity", numbers,
+                   {"warn_share": KV_WAIT_QUEUE_WARN},
+                   "vLLM books the decode side's KV wait as queue time: adding decode "
+                   "capacity will not shorten it; the transfer path will (connector, link, "
+                   "KV bytes per token; see hand_over_share and plan --kv-transfer)",
+                   ev.runs_command)
