@@ -192,3 +192,20 @@ def test_the_probe_joins_each_runs_leg_spans_through_the_router(local_pd):
         stored = store.runs(result.experiment_id)
     assert [r.pd.span_join["decode_span_id"] for r in stored] == \
         [r.pd.span_join["decode_span_id"] for r in result.runs]
+
+
+def test_a_decode_url_that_is_an_aggregated_instance_is_said(local_pd, local_vllm, tmp_path):
+    """Bad input: --decode names an ordinary (aggregated) vLLM, with no KV connector. The
+    requests still succeed; every run says its KV was recomputed and why: that instance's
+    connector made no lookup (it has none)."""
+    if local_vllm.model != local_pd.model:
+        pytest.skip("the aggregated server serves another model name")
+    topo = PdTopology(prefill=local_pd.prefill_url, decode=local_vllm.base_url)
+    spec = RunSpec(endpoint=topo.decode, model=local_pd.model, prompt="", max_tokens=8,
+                   prompt_tokens_target=160, seed=105)
+    with Store(tmp_path / "s.sqlite") as store:
+        result = run_pd_probe(spec, store, topo, settings=ProbeSettings(runs=2, warmup=0))
+    for r in result.runs:
+        assert r.status == "ok" and r.pd is not None, (r.status, r.error)
+        assert r.pd.kv == "recomputed", r.pd
+        assert "its KV connector made no lookup" in r.pd.kv_reason, r.pd.kv_reason
