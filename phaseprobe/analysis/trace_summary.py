@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, TypedDict, cast
 
 import pandas as pd
@@ -64,6 +65,10 @@ class TraceDoc(TypedDict, total=False):
     input: str | None  # the .sqlite the table was computed from
     title: str | None
     line: int  # 1-based line of the table's header in the text
+    named_by: str  # "header" (a line above the table named it) or "columns" (only its shape)
+    # What the reader did with the file (sources.read_account.ReadAccountDoc): records found,
+    # read, attributed, cut, salvaged, unattributed, and what is missing by name.
+    completeness: dict[str, Any]
 
 
 class TraceFacts(TypedDict, total=False):
@@ -86,7 +91,7 @@ __all__ = ["TraceDoc", "KernelCounts", "RangesDoc", "TraceFacts", "TraceEvidence
            "summarize_nsys_export",
            "summarize_nsys_with_span", "activity_span",
            "read_torch_timeline", "trace_in",
-           "summarize_stats_csv", "summarize_stats_text", "records"]
+           "summarize_stats_csv", "summarize_stats_text", "records", "read_words"]
 
 
 def summarize_nsys_file(path: str | Path, min_gap_ns: int = 100_000,
@@ -102,7 +107,8 @@ def summarize_nsys_file(path: str | Path, min_gap_ns: int = 100_000,
     # a .log/.out is console text even without a table (the reader's error says what it found)
     if suffix in (".log", ".out") or (suffix == ".txt"
                                       and nsys_stats_text.looks_like_stats_text(path)):
-        return summarize_stats_text(nsys_stats_text.read_stats_text(path), str(path), top)
+        text = nsys_stats_text.read_stats_text_account(path)
+        return summarize_stats_text(text.tables, str(path), top, text.account.to_dict())
     if suffix in (".csv", ".txt"):
         return summarize_stats_csv(nsys_stats_csv.read_stats_csv(path), str(path), top)
     return summarize_nsys_export(path, min_gap_ns, top)
@@ -311,13 +317,26 @@ def summarize_stats_csv(report: Any, file: str, top: int = 15) -> TraceDoc:
     return doc
 
 
-def summarize_stats_text(tables: list[Any], file: str, top: int = 15) -> TraceDoc:
+def summarize_stats_text(tables: list[Any], file: str, top: int = 15,
+                         completeness: Mapping[str, Any] | None = None) -> TraceDoc:
     """JSON document for the console text of ``nsys stats``: one summary per table (see
-    :func:`summarize_stats_csv`), each saying which rank, input and report it came from."""
+    :func:`summarize_stats_csv`), each saying which rank, input and report it came from and
+    whether a header named it (``named_by``), with the reader's account of the file."""
     reports = []
     for t in tables:
         sub = summarize_stats_csv(t.report, file, top)
         sub.update({"source": "nsys-stats-text", "rank": t.rank, "input": t.source or None,
-                    "title": t.title or None, "line": t.line})
+                    "title": t.title or None, "line": t.line,
+                    "named_by": getattr(t, "named_by", "header")})
         reports.append(sub)
-    return {"file": file, "source": "nsys-stats-text", "reports": reports}
+    doc: TraceDoc = {"file": file, "source": "nsys-stats-text", "reports": reports}
+    if completeness is not None:
+        doc["completeness"] = dict(completeness)
+    return doc
+
+
+def read_words(doc: Mapping[str, Any]) -> str | None:
+    """The document's incomplete read in one sentence (numbers, then what is missing by
+    name); None when everything in the file was read."""
+    from phaseprobe.sources.read_account import account_words
+    return account_words(doc.get("completeness"))

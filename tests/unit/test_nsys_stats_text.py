@@ -15,7 +15,11 @@ import pytest
 from phaseprobe.errors import TraceError
 from phaseprobe.present.cli import main
 from phaseprobe.sources.nsys_stats_csv import read_stats_csv
-from phaseprobe.sources.nsys_stats_text import looks_like_stats_text, read_stats_text
+from phaseprobe.sources.nsys_stats_text import (
+    looks_like_stats_text,
+    read_stats_text,
+    read_stats_text_account,
+)
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "nsys_stats"
 
@@ -131,3 +135,82 @@ def test_cli_text_view_names_each_table(capsys: pytest.CaptureFixture[str]) -> N
     assert "NVTX Range Summary (nvtx_sum; rank1.sqlite, line 45)" in out
     assert "CUDA API Summary (cuda_api_sum; rank0.sqlite, line 6)" in out
     assert "cudaLaunchKernel" not in out  # --top 2 of the API table: the third row is cut
+
+
+# -- issue 30: padded srun -l prefixes, reports named by their header, nothing dropped silently
+
+PADDED = DATA / "srun_l_padded_12_ranks_2024.txt"  # written by the project: 12 ranks, ` 4: ` beside `11: `
+
+
+def test_padded_srun_prefixes_keep_every_rank_and_every_report() -> None:
+    got = read_stats_text_account(PADDED)
+    tables = got.tables
+    assert len(tables) == 36  # 12 ranks x (osrt_sum, cuda_api_sum, cuda_gpu_kern_sum)
+    assert sorted({t.rank for t in tables}, key=int) == [str(r) for r in range(12)]
+    for rank in range(12):
+        mine = {t.report.report: t for t in tables if t.rank == str(rank)}
+        assert sorted(mine) == ["cuda_api_sum", "cuda_gpu_kern_sum", "osrt_sum"]
+        # the numbers of that rank's own lines, not another rank's
+        assert mine["cuda_gpu_kern_sum"].report.frame["instances"].tolist() == [100 + rank] * 2
+        assert mine["osrt_sum"].report.frame["num_calls"].tolist() == [1000 + rank, 3 * (1000 + rank)]
+    acc = got.account.to_dict()
+    assert (acc["found"], acc["read"], acc["attributed"], acc["unattributed"]) == (36, 36, 36, 0)
+    assert acc["complete"] and acc["missing"] == []
+    assert "12 reports SKIPPED by nsys (it printed why)" in acc["notes"]
+
+
+def test_os_runtime_table_is_named_by_its_header_not_its_columns() -> None:
+    tables = read_stats_text(PADDED)
+    osrt = [t for t in tables if t.report.report == "osrt_sum"]
+    assert len(osrt) == 12 and all(t.named_by == "header" for t in osrt)
+    assert all(t.report.frame["name"].tolist() == ["pthread_cond_wait", "poll"] for t in osrt)
+    # same columns, other report: the API tables keep their own name and rows
+    api = [t for t in tables if t.report.report == "cuda_api_sum"]
+    assert all(t.report.frame["name"].tolist() == ["cudaLaunchKernel", "cudaMalloc"] for t in api)
+
+
+def test_a_table_without_a_header_says_it_was_named_by_its_columns(tmp_path: Path) -> None:
+    lines = PADDED.read_text().splitlines()
+    f = tmp_path / "no_headers.txt"
+    f.write_text("\n".join(x for x in lines if "Executing" not in x) + "\n")
+    got = read_stats_text_account(f)
+    assert {t.named_by for t in got.tables} == {"columns"}
+    # without its header the OS runtime table looks like the API summary: said, not hidden
+    assert any("named by the shape of their columns" in n for n in got.account.notes)
+
+
+def test_ranks_and_reports_in_the_file_but_not_in_the_result_are_named(tmp_path: Path) -> None:
+    lines = PADDED.read_text().splitlines()
+    # rank 4's kernel table is lost (its lines cut off), rank 9 printed only its preamble
+    kept = []
+    in_kern4 = False
+    for x in lines:
+        if x.startswith(" 4: [6/8]"):
+            in_kern4 = True
+        if in_kern4 and x.startswith(" 4: ") and ("---" in x or "Time (%)" in x or "ampere" in x or "ncclDev" in x):
+            continue
+        if x.startswith(" 9: ") and not x.startswith((" 9: Generating", " 9: [1/8]")):
+            continue
+        kept.append(x)
+    f = tmp_path / "lost.txt"
+    f.write_text("\n".join(kept) + "\n")
+    acc = read_stats_text_account(f).account.to_dict()
+    assert not acc["complete"]
+    # 36 tables less rank 9's three (never announced) and rank 4's kernel table (announced)
+    assert (acc["found"], acc["read"], acc["attributed"]) == (33, 32, 32)
+    announced = 1 + next(i for i, x in enumerate(kept) if x.startswith(" 4: [6/8] Executing"))
+    assert acc["missing"] == ["rank 9: lines but no table",
+                              f"rank 4: cuda_gpu_kern_sum (announced line {announced}, no table)"]
+
+
+def test_cli_json_and_text_carry_the_account(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["nsys", "--json", str(PADDED)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert len(doc["reports"]) == 36 and doc["completeness"]["complete"]
+    assert {r["named_by"] for r in doc["reports"]} == {"header"}
+    lines = [x for x in PADDED.read_text().splitlines() if not x.startswith(" 7: ") or "Generating" in x]
+    f = tmp_path / "rank7_lost.txt"
+    f.write_text("\n".join(lines) + "\n")
+    assert main(["nsys", str(f)]) == 0
+    out = capsys.readouterr().out
+    assert "read 33 of 33 tables" in out and "rank 7: lines but no table" in out

@@ -90,15 +90,28 @@ def render(out: Console, doc: Mapping[str, Any]) -> None:
     if "reports" in doc:  # console text: one block per (rank, input, report)
         out.print(f"[bold]{escape(doc['file'])}[/bold] ({doc['source']}): "
                   f"{len(doc['reports'])} tables")
+        _incomplete(out, doc)
         for sub in doc["reports"]:
             where = ", ".join(x for x in (
                 f"rank {sub['rank']}" if sub["rank"] is not None else "",
                 sub["input"] or "", f"line {sub['line']}") if x)
+            named = ("; named by its columns: no header above it"
+                     if sub.get("named_by") == "columns" else "")
             out.print(f"\n[bold]{escape(sub['title'] or sub['report'])}[/bold] "
-                      f"({escape(sub['report'])}; {escape(where)})")
+                      f"({escape(sub['report'])}; {escape(where)}{named})")
             _emit_one(out, sub, heading=False)
         return
     _emit_one(out, doc, heading=True)
+    _incomplete(out, doc)
+
+
+def _incomplete(out: Console, doc: Mapping[str, Any]) -> None:
+    """Say, before any table, that the file was read in part and what is missing."""
+    words = trace_summary.read_words(doc)
+    if words is not None:
+        out.print(f"[yellow]incomplete read: {escape(words)}[/yellow]")
+    for note in (doc.get("completeness") or {}).get("notes") or []:
+        out.print(f"[dim]{escape(note)}[/dim]")
 
 
 def _emit_one(out: Console, doc: Mapping[str, Any], heading: bool) -> None:
