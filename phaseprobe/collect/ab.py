@@ -18,6 +18,11 @@ schedule is a pure function of the playbook, and a (arm, seq) already in the sto
 Servers an arm launches bind 127.0.0.1 on a free port, are health-checked, and are stopped on
 every exit path (an ExitStack around the whole session). Arms with identical launches share
 one server: an A/A then measures the noise of one server, not of two processes' placements.
+
+An arm may be a disaggregated prefill/decode pair (``prefill``/``decode`` URLs, or a launched
+local pair): its runs are :class:`~phaseprobe.collect.pd.collector.PdCollector` runs, with both
+legs and the KV verdict, so an aggregated arm is compared with a pair on the same statistics
+(:mod:`phaseprobe.collect.ab_pd`).
 """
 
 from __future__ import annotations
@@ -33,8 +38,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 import requests
 
 from phaseprobe.analysis.ab_sequential import SequentialPlan, StopRecord
+from phaseprobe.collect.ab_pd import connect_pd_arm
 from phaseprobe.collect.connection import connect
 from phaseprobe.collect.experiment import ProbeSettings, RunCollector
+from phaseprobe.collect.pd.collector import PdTopology
+from phaseprobe.collect.pd.probe import kv_summary
 from phaseprobe.collect.playbook import (
     LOCAL_MODEL,
     Arm,
@@ -45,7 +53,7 @@ from phaseprobe.collect.playbook import (
     restore_secrets,
 )
 from phaseprobe.collect.session import Session, SessionOptions
-from phaseprobe.errors import LocalServerError, StoreError
+from phaseprobe.errors import ConfigError, LocalServerError, StoreError
 from phaseprobe.local.process import (
     free_port,
     stop_process_group,
@@ -60,10 +68,15 @@ if TYPE_CHECKING:  # scipy (via ab_stats) costs ~1 s to import: only at the firs
     from phaseprobe.analysis.ab_stats import MetricComparison
 
 __all__ = ["AbProgress", "NullAbProgress", "AbResult", "schedule", "run_ab", "resume_ab",
-           "launch_server", "Launcher", "start_arms"]
+           "launch_server", "Launcher", "start_arms", "launch_pd_pair", "PdLauncher",
+           "ArmTarget", "start_arm_targets"]
 
 # Launcher: an arm → a context manager yielding the base URL of its running server.
 Launcher = Callable[[Arm], contextlib.AbstractContextManager[str]]
+# PdLauncher: an arm with ``launch.pd`` → a context manager yielding its running pair.
+PdLauncher = Callable[[Arm], contextlib.AbstractContextManager[PdTopology]]
+# Where an arm's requests go: one server's base URL, or a prefill/decode pair.
+ArmTarget = str | PdTopology
 _ARM_OFFSET = 1_000_000  # prompt index space per arm: unique prompts even on a shared server
 _WARMUP_OFFSET = 500_000
 
@@ -164,28 +177,71 @@ def launch_server(arm: Arm) -> Iterator[str]:
         stop_process_group(proc.pid, reap=proc.poll)
 
 
-def start_arms(playbook: Playbook, stack: contextlib.ExitStack, launcher: Launcher,
-               status: Callable[[str], None], notes: list[str]) -> list[str]:
-    """Every arm's base URL, in arm order: its endpoint, or a server ``launcher`` starts (kept
-    up until ``stack`` closes). Arms with identical launches share one server."""
-    urls: dict[tuple[Any, ...], str] = {}
-    out: list[str] = []
+@contextlib.contextmanager
+def launch_pd_pair(arm: Arm) -> Iterator[PdTopology]:
+    """Start the arm's local prefill/decode pair (the embedded tiny model, two CPU vLLM
+    instances handing KV over through a shared directory; vllm-router in front with
+    ``router = true``), yield where it listens; always stop it and remove its KV directory."""
+    launch = arm.launch
+    if launch is None or not launch.pd:
+        raise LocalServerError(f"arm {arm.name!r} launches no prefill/decode pair")
+    from phaseprobe.local.pd import LocalPdPair
+
+    pair = LocalPdPair(router=launch.router, extra_args=launch.args, extra_env=launch.env,
+                       served_name=arm.served_model, startup_timeout=launch.startup_timeout_s)
+    with pair, contextlib.ExitStack() as watchdogs:
+        for pid in pair.pids.values():  # each instance (and the router) is its own group
+            watchdogs.enter_context(stop_with_parent(pid))
+        yield PdTopology(prefill=pair.prefill_url, decode=pair.decode_url,
+                         router=pair.router_url)
+
+
+def start_arm_targets(playbook: Playbook, stack: contextlib.ExitStack, launcher: Launcher,
+                      status: Callable[[str], None], notes: list[str],
+                      pd_launcher: PdLauncher = launch_pd_pair) -> list[ArmTarget]:
+    """Every arm's target, in arm order: its endpoint, its prefill/decode pair, or what
+    ``launcher`` (a server) or ``pd_launcher`` (a pair) starts, kept up until ``stack``
+    closes. Arms with identical launches share one server (or pair)."""
+    started: dict[tuple[Any, ...], ArmTarget] = {}
+    out: list[ArmTarget] = []
     for arm in playbook.arms:
-        if arm.endpoint is not None:
-            out.append(arm.endpoint)
+        given = arm.pd_topology or arm.endpoint
+        if given is not None:
+            out.append(given)
             continue
         key = arm.launch.key(arm.model) if arm.launch else ()
-        if key not in urls:
-            status(f"starting the server of arm {arm.name} (30 s to a few minutes: a "
+        if key not in started:
+            pd = arm.launch is not None and arm.launch.pd
+            what = "prefill/decode pair" if pd else "server"
+            status(f"starting the {what} of arm {arm.name} (30 s to a few minutes: a "
                    f"compiled model compiles first)…")
-            started = time.monotonic()
-            urls[key] = stack.enter_context(launcher(arm))
-            status(f"arm {arm.name}: server up at {urls[key]} after "
-                   f"{time.monotonic() - started:.0f} s")
+            t0 = time.monotonic()
+            if pd:
+                started[key] = stack.enter_context(pd_launcher(arm))
+            else:
+                started[key] = stack.enter_context(launcher(arm))
+            where = started[key]
+            shown = where if isinstance(where, str) else ", ".join(
+                f"{role} {url}" for role, url in where.to_dict().items() if url)
+            status(f"arm {arm.name}: {what} up at {shown} after "
+                   f"{time.monotonic() - t0:.0f} s")
         else:
             notes.append(f"arm {arm.name} shares arm A's server (same launch)")
-        out.append(urls[key])
+        out.append(started[key])
     return out
+
+
+def start_arms(playbook: Playbook, stack: contextlib.ExitStack, launcher: Launcher,
+               status: Callable[[str], None], notes: list[str]) -> list[str]:
+    """Every arm's base URL (arms of one server each: ``interfere --playbook``), in arm
+    order; see :func:`start_arm_targets`. A prefill/decode arm is refused before anything
+    starts."""
+    pd = [arm.name for arm in playbook.arms if arm.is_pd]
+    if pd:
+        raise ConfigError(f"arm {pd[0]} of playbook {playbook.name} is a prefill/decode pair: "
+                          f"only `phaseprobe ab` measures such an arm")
+    return [t for t in start_arm_targets(playbook, stack, launcher, status, notes)
+            if isinstance(t, str)]
 
 
 class _StatusNotices:
@@ -201,27 +257,47 @@ class _StatusNotices:
 
 
 class _Arm:
-    """One arm during a session: its endpoint, collector, prompts and stored runs."""
+    """One arm during a session: its endpoint, collector, prompts and stored runs. A
+    prefill/decode arm measures with a :class:`PdCollector` (both legs, the KV verdict)."""
 
-    def __init__(self, index: int, arm: Arm, session: Session, playbook: Playbook, runs: int,
-                 http: requests.Session, settings: ProbeSettings) -> None:
+    def __init__(self, index: int, arm: Arm, target: ArmTarget, session: Session,
+                 playbook: Playbook, runs: int, http: requests.Session,
+                 settings: ProbeSettings) -> None:
         plan = playbook.run
         url = session.endpoint
         self.index, self.arm, self.url = index, arm, url
-        # The session checked the model against /v1/models before any run (otherwise every
-        # run would be a 404 error run); its list is handed on, not fetched again.
-        conn = connect(url, session.api_key, session=http, timeout_s=plan.timeout_s,
-                       deadline_s=plan.deadline_s, models=session.models,
-                       replicas=arm.replicas, model=arm.served_model)
-        self.client, self.scraper, self.info = conn.client, conn.scraper, conn.info
-        self.notes = [f"arm {arm.name}: {note}" for note in conn.notes]
         self.spec = RunSpec(endpoint=url, model=arm.served_model, prompt=plan.prompt or "",
                             max_tokens=plan.max_tokens, api=plan.api,
                             prompt_tokens_target=plan.prompt_tokens, seed=plan.seed,
                             ignore_eos=plan.ignore_eos,
                             labels={"ab_playbook": playbook.name, "ab_arm": arm.name,
                                     "ab_role": "AB"[index]})
-        builder = conn.prompt_builder(self.spec.model, plan.seed)
+        self.pd = isinstance(target, PdTopology)
+        if isinstance(target, PdTopology):
+            pair = connect_pd_arm(target, self.spec, settings, session.api_key, http,
+                                  timeout_s=plan.timeout_s, deadline_s=plan.deadline_s)
+            self.info, builder, notes = pair.info, pair.builder, pair.notes
+            pd_collector = pair.collector
+            self.measure: Callable[[int, str], Run] = pd_collector.measure
+            # A warm-up is one whole request over the pair (both legs), not stored.
+            self.warm: Callable[[str], str | None] = \
+                lambda prompt: pd_collector.measure(-1, prompt).error
+            self._collector_notes: Callable[[], list[str]] = \
+                lambda: pd_collector.notes + pair.run_notes.lines()
+        else:
+            # The session checked the model against /v1/models before any run (otherwise
+            # every run would be a 404 error run); its list is handed on, not fetched again.
+            conn = connect(url, session.api_key, session=http, timeout_s=plan.timeout_s,
+                           deadline_s=plan.deadline_s, models=session.models,
+                           replicas=arm.replicas, model=arm.served_model)
+            self.info, builder, notes = conn.info, conn.prompt_builder(self.spec.model,
+                                                                       plan.seed), conn.notes
+            collector = RunCollector(self.spec, settings, conn.client, conn.scraper,
+                                     time.sleep, time.monotonic, fleet=conn.fleet)
+            self.measure = collector.measure
+            self.warm = lambda prompt: conn.client.stream(collector.body(prompt)).error
+            self._collector_notes = collector.all_notes
+        self.notes = [f"arm {arm.name}: {note}" for note in notes]
 
         def prompt(i: int) -> str:
             if plan.prompt_tokens is None:
@@ -233,24 +309,30 @@ class _Arm:
         self.prompts = [prompt(i) for i in range(runs)]
         if plan.prompt_tokens is not None and builder.tokenize_available is False:
             self.notes.append(f"arm {arm.name}: no /tokenize; prompt lengths are approximate")
-        self.collector = RunCollector(self.spec, settings, self.client, self.scraper,
-                                      time.sleep, time.monotonic, fleet=conn.fleet)
         self.experiment_id = 0
         self.done: set[int] = set()
         self.runs: list[Run] = []  # stored runs, in order (earlier invocations' first)
 
     def all_notes(self) -> list[str]:
         """The arm's notes, its collector's (metrics lost), then its runs' stream notes counted
-        (a usage block that is not token counts); the last two name the arm: which server it
-        was matters in an A/B, and both arms may say the same thing."""
+        (a usage block that is not token counts), and for a pair how many runs' KV moved; the
+        last ones name the arm: which server it was matters in an A/B, and both arms may say
+        the same thing."""
+        kv = kv_summary(self.runs) if self.pd else None
         return self.notes + [f"arm {self.arm.name}: {note}"
-                             for note in self.collector.all_notes()]
+                             for note in [*self._collector_notes(), *([kv] if kv else [])]]
+
+
+def _entry(target: ArmTarget) -> str:
+    """Where an arm's requests enter: its server, or a pair's router or decode instance."""
+    return target if isinstance(target, str) else target.router or target.decode
 
 
 def run_ab(playbook: Playbook, store: Store, *, runs: int | None = None,
            progress: AbProgress | None = None, launcher: Launcher = launch_server,
            api_key: str | None = None, settings: ProbeSettings | None = None,
-           session_id: int | None = None, plan: SequentialPlan | None = None) -> AbResult:
+           session_id: int | None = None, plan: SequentialPlan | None = None,
+           pd_launcher: PdLauncher = launch_pd_pair) -> AbResult:
     """Run (or with ``session_id``, continue) an A/B session; returns every stored run.
     With ``plan`` (or a playbook with ``until_decided``) the session is sequential: up to
     ``plan.max_runs`` per arm, stopping once the primary metric is decided."""
@@ -263,16 +345,18 @@ def run_ab(playbook: Playbook, store: Store, *, runs: int | None = None,
                       plan=plan)
     http = requests.Session()
     with contextlib.ExitStack() as stack:
-        urls = start_arms(playbook, stack, launcher, progress.on_status, result.notes)
+        targets = start_arm_targets(playbook, stack, launcher, progress.on_status,
+                                    result.notes, pd_launcher)
         notices = _StatusNotices(progress)
         # Each arm is a measurement session on its server (one wiring with probe and the
-        # interplay probes); the arms share this invocation's store.
+        # interplay probes); the arms share this invocation's store. A pair's session is on
+        # the way in: its router, or the decode instance (which serves the answer).
         sessions = [stack.enter_context(Session(SessionOptions(
-            store_path=str(store.path), endpoint=url, api_key=api_key,
+            store_path=str(store.path), endpoint=_entry(target), api_key=api_key,
             model=arm.served_model, model_option=f"arm {arm.name}: model"), notices,
-            store=store)) for arm, url in zip(playbook.arms, urls)]
-        arms = [_Arm(i, arm, s, playbook, n, http, settings or ProbeSettings())
-                for i, (arm, s) in enumerate(zip(playbook.arms, sessions))]
+            store=store)) for arm, target in zip(playbook.arms, targets)]
+        arms = [_Arm(i, arm, t, s, playbook, n, http, settings or ProbeSettings())
+                for i, (arm, t, s) in enumerate(zip(playbook.arms, targets, sessions))]
         if session_id is None:
             # Created once every server answers with the right model: a playbook that cannot
             # start leaves no empty session behind.
@@ -375,8 +459,7 @@ def _measure(arms: list[_Arm], playbook: Playbook, n: int, store: Store,
         # restarted server is cold).
         for w in range(playbook.run.warmup):
             for a in arms:
-                out = a.client.stream(a.collector.body(a.warmups[w]))
-                progress.on_warmup(a.arm.name, w, out.error)
+                progress.on_warmup(a.arm.name, w, a.warm(a.warmups[w]))
         if seq_state is not None:
             seq_state.started = time.monotonic()  # the budget counts measuring, not warm-up
         seqs = [0, 0]
@@ -393,7 +476,7 @@ def _measure(arms: list[_Arm], playbook: Playbook, n: int, store: Store,
                 result.overhead_cpu_s.append(time.thread_time() - mark_cpu)
             if playbook.run.pause_s and mark is not None:
                 time.sleep(playbook.run.pause_s)  # deliberate, so not engine overhead
-            run = a.collector.measure(seq, a.prompts[seq])
+            run = a.measure(seq, a.prompts[seq])
             mark, mark_cpu = time.perf_counter(), time.thread_time()  # engine overhead starts
             run_id = store.add_run(a.experiment_id, run)  # durable before the next run
             a.done.add(seq)

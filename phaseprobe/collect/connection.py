@@ -61,6 +61,7 @@ class ArmOrigin(TypedDict, total=False):
     endpoint: str | None  # the URL without credentials; None: the playbook launched it
     launch: ArmLaunch | None
     replicas: dict[str, str]  # behind a router: replica name → URL (redacted)
+    pd: dict[str, str | None]  # a prefill/decode pair: its instances' and router's URLs
 
 
 class InterfereArmInfo(ArmOrigin, total=False):

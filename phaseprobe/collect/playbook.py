@@ -31,6 +31,13 @@ variant)::
     # behind a router: its replicas, each read on its own /metrics (runs name their replica)
     replicas = ["r1=http://10.0.0.6:8000", "r2=http://10.0.0.7:8000"]
 
+An arm can be a disaggregated prefill/decode pair: ``prefill = "URL"`` and ``decode = "URL"``
+(each instance's own base URL; ``endpoint``, when given, is a router in P/D mode in front of
+them, else phaseprobe sends the two legs itself), or ``launch = { pd = true }``: a local pair
+of the embedded tiny model handing KV over with vLLM's ExampleConnector (``router = true``
+puts the real vllm-router in P/D mode in front). Its runs keep both legs and whether the
+KV moved (:mod:`phaseprobe.collect.pd.collector`).
+
 A launch is an argv list, never a shell string: playbooks are data, nothing in them is handed
 to a shell. Every mistake raises :class:`PlaybookError` naming the file and the key.
 """
@@ -44,7 +51,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal, NotRequired, TypedDict
+from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypedDict
 
 from phaseprobe.analysis.ab_sequential import SequentialPlan, check_primary
 from phaseprobe.collect.fleet.targets import ReplicaTarget, parse_replicas
@@ -53,6 +60,9 @@ from phaseprobe.inputs import PLAYBOOK_CAP, read_input_text
 from phaseprobe.redact import redact_url, redact_urls_in
 from phaseprobe.sources.openai_stream import normalize_base_url
 from phaseprobe.store import AbSessionRow
+
+if TYPE_CHECKING:  # the P/D collector's imports are only needed by a P/D arm
+    from phaseprobe.collect.pd.collector import PdTopology
 
 __all__ = ["PlaybookError", "Launch", "Arm", "ArmLaunch", "RedactedArm", "RunPlan", "Playbook",
            "load_playbook", "parse_playbook", "parse_effect", "session_arms", "session_plan",
@@ -74,10 +84,13 @@ def _shown(value: object) -> str:
 _RUN_KEYS = {"prompt", "prompt_tokens", "max_tokens", "runs", "warmup", "api", "order",
              "block_size", "seed", "min_effect", "ignore_eos", "timeout_s", "deadline_s", "pause_s",
              "until_decided", "max_runs", "max_minutes", "primary"}
-_ARM_KEYS = {"name", "description", "model", "endpoint", "launch", "replicas"}
-_LAUNCH_KEYS = {"command", "args", "env", "startup_timeout_s"}
+_ARM_KEYS = {"name", "description", "model", "endpoint", "launch", "replicas", "prefill",
+             "decode"}
+_LAUNCH_KEYS = {"command", "args", "env", "startup_timeout_s", "pd", "router"}
 # phaseprobe chooses where a launched server listens (127.0.0.1, a free port).
 _RESERVED_ARGS = {"--host", "--port"}
+# ... and, for a launched prefill/decode pair, how the two instances hand KV over.
+_RESERVED_PD_ARGS = {"--kv-transfer-config"}
 
 
 class PlaybookError(ConfigError):
@@ -99,10 +112,15 @@ class Launch:
     env: dict[str, str] = field(default_factory=dict)
     command: tuple[str, ...] | None = None
     startup_timeout_s: float = 600.0
+    # a local prefill/decode pair (two instances of the tiny model, ExampleConnector) instead
+    # of one server; ``router``: the real vllm-router in P/D mode in front of it
+    pd: bool = False
+    router: bool = False
 
     def key(self, model: str) -> tuple[Any, ...]:
         """Arms with equal keys share one server (an A/A on one launch starts it once)."""
-        return (model, self.command, self.args, tuple(sorted(self.env.items())))
+        return (model, self.command, self.args, tuple(sorted(self.env.items())), self.pd,
+                self.router)
 
 
 @dataclass(frozen=True)
@@ -114,6 +132,24 @@ class Arm:
     description: str = ""
     # the replicas behind ``endpoint`` when it is a router (``--replica`` of probe)
     replicas: tuple[ReplicaTarget, ...] = ()
+    # a prefill/decode pair already up: each instance's base URL (``endpoint``: its router)
+    prefill: str | None = None
+    decode: str | None = None
+
+    @property
+    def is_pd(self) -> bool:
+        """A prefill/decode pair: given by its instances' URLs, or launched locally."""
+        return self.prefill is not None or (self.launch is not None and self.launch.pd)
+
+    @property
+    def pd_topology(self) -> PdTopology | None:
+        """The pair given by its URLs (``endpoint``: its router); None for any other arm (a
+        launched pair's URLs are known once it is up)."""
+        if self.prefill is None or self.decode is None:
+            return None
+        from phaseprobe.collect.pd.collector import PdTopology
+
+        return PdTopology(prefill=self.prefill, decode=self.decode, router=self.endpoint)
 
     @property
     def served_model(self) -> str:
@@ -244,6 +280,12 @@ class _Reader:
                                   f"{maximum:g}, not {_shown(value)}")
         return float(value)
 
+    def bool_(self, name: str, default: bool = False) -> bool:
+        value = self.table.get(name, default)
+        if not isinstance(value, bool):
+            raise self.fail(name, f"must be true or false, not {_shown(value)}")
+        return value
+
     def argv(self, name: str) -> tuple[str, ...] | None:
         value = self.table.get(name)
         if value is None:
@@ -280,7 +322,20 @@ def _launch(path: str, raw: object, prefix: str) -> Launch:
     command = r.argv("command")
     if command is not None and not command:
         raise r.fail("command", "must not be empty")
-    return Launch(args=args, env=dict(env), command=command, startup_timeout_s=float(timeout))
+    pd, router = r.bool_("pd"), r.bool_("router")
+    if router and not pd:
+        raise r.fail("router", "puts vllm-router in P/D mode in front of a launched pair: it "
+                               "needs pd = true")
+    if pd and command is not None:
+        raise r.fail("command", "a launched prefill/decode pair is phaseprobe's own CPU vLLM "
+                                "(no command); for other servers give the running instances "
+                                "as prefill = \"URL\" and decode = \"URL\"")
+    taken = [a for a in args if a.split("=", 1)[0] in _RESERVED_PD_ARGS] if pd else []
+    if taken:
+        raise r.fail("args", f"{taken[0]} is chosen by phaseprobe for a launched pair (the "
+                             f"ExampleConnector on a shared directory)")
+    return Launch(args=args, env=dict(env), command=command, startup_timeout_s=float(timeout),
+                  pd=pd, router=router)
 
 
 def _arm(path: str, raw: object, index: int, default_model: str | None) -> Arm:
@@ -292,23 +347,46 @@ def _arm(path: str, raw: object, index: int, default_model: str | None) -> Arm:
     if name is None:
         raise r.fail("name", "missing (each arm needs a name, e.g. \"baseline\")")
     model = r.str_("model") or default_model
-    endpoint = r.str_("endpoint")
     if model is None:
         raise r.fail("model", "missing: set model at the top of the playbook or in the arm "
                               "(a model path, a served model name, or \"local\")")
     has_launch = "launch" in raw
-    if (endpoint is None) == (not has_launch):
+    # http://host:8000/v1 (an OpenAI base_url) means http://host:8000
+    endpoint, prefill, decode = _url(r, "endpoint"), _url(r, "prefill"), _url(r, "decode")
+    if (prefill is None) != (decode is None):
+        raise r.fail("prefill" if prefill is None else "decode",
+                     f"arm {name!r}: a prefill/decode pair needs both prefill = \"URL\" and "
+                     f"decode = \"URL\" (each instance's own base URL)")
+    if (endpoint is None and prefill is None) == (not has_launch):
         raise PlaybookError(path, f"arm[{index}]", f"arm {name!r} needs exactly one of "
-                            f"endpoint (a server already up) or launch (one phaseprobe starts)")
-    if endpoint is not None:
-        try:  # http://host:8000/v1 (an OpenAI base_url) means http://host:8000
-            endpoint = normalize_base_url(endpoint)
-        except ConfigError as exc:
-            raise r.fail("endpoint", str(exc)) from None
+                            f"endpoint (a server already up), prefill and decode (a prefill/"
+                            f"decode pair already up) or launch (one phaseprobe starts)")
+    if prefill is not None and prefill == decode:
+        raise r.fail("decode", f"prefill and decode name the same instance ({decode})")
     launch = _launch(path, raw["launch"], prefix + "launch.") if has_launch else None
+    if launch is not None and launch.pd and model != LOCAL_MODEL:
+        raise r.fail("launch.pd", f"a launched prefill/decode pair serves phaseprobe's tiny "
+                                  f"model (model = \"{LOCAL_MODEL}\"), not {model!r}: give a "
+                                  f"pair of your model as prefill = \"URL\" and decode = "
+                                  f"\"URL\"")
+    if prefill is not None and "replicas" in raw:
+        raise r.fail("replicas", "a prefill/decode arm names its instances with prefill and "
+                                 "decode, not replicas")
     replicas = _replicas(r, raw.get("replicas"), endpoint)
     return Arm(name=name, model=model, endpoint=endpoint, launch=launch,
-               description=r.str_("description", "") or "", replicas=replicas)
+               description=r.str_("description", "") or "", replicas=replicas,
+               prefill=prefill, decode=decode)
+
+
+def _url(r: _Reader, name: str) -> str | None:
+    """A base URL key, normalised (http://host:8000/v1, an OpenAI base_url, is the server)."""
+    value = r.str_(name)
+    if value is None:
+        return None
+    try:
+        return normalize_base_url(value)
+    except ConfigError as exc:
+        raise r.fail(name, str(exc)) from None
 
 
 def _replicas(r: _Reader, raw: object, endpoint: str | None) -> tuple[ReplicaTarget, ...]:
@@ -510,6 +588,8 @@ class ArmLaunch(TypedDict):
     command: tuple[str, ...] | None  # argv prefix; None: ``vllm serve`` or the local CPU vLLM
     args: list[str]  # the launch arguments, secret values replaced by <redacted>
     env: dict[str, str]  # the launch environment, secret values replaced by <redacted>
+    pd: NotRequired[bool]  # a local prefill/decode pair (only said when true)
+    router: NotRequired[bool]  # ... with vllm-router in P/D mode in front
 
 
 class RedactedArm(TypedDict):
@@ -519,16 +599,26 @@ class RedactedArm(TypedDict):
     endpoint: str | None  # the arm's URL without credentials; None: phaseprobe launches it
     launch: ArmLaunch | None  # None: the arm is an endpoint already serving
     replicas: NotRequired[dict[str, str]]  # behind a router: replica name → URL (redacted)
+    # a prefill/decode pair already up: "prefill", "decode" and "router" (None: phaseprobe
+    # sends the two legs itself) URLs, redacted
+    pd: NotRequired[dict[str, str | None]]
 
 
 def redacted_arm(arm: Arm) -> RedactedArm:
     """An arm's endpoint and launch as an experiment's server info keeps them: no secrets."""
+    launch: ArmLaunch | None = None
+    if arm.launch is not None:
+        launch = {"command": arm.launch.command, "args": redact_args(arm.launch.args),
+                  "env": redact_env(arm.launch.env)}
+        if arm.launch.pd:
+            launch |= {"pd": True, "router": arm.launch.router}
     doc: RedactedArm = {"endpoint": redact_url(arm.endpoint) if arm.endpoint else None,
-                        "launch": None if arm.launch is None else {
-                            "command": arm.launch.command, "args": redact_args(arm.launch.args),
-                            "env": redact_env(arm.launch.env)}}
+                        "launch": launch}
     if arm.replicas:
         doc["replicas"] = {t.name: t.shown_url for t in arm.replicas}
+    topo = arm.pd_topology
+    if topo is not None:
+        doc["pd"] = topo.to_dict()
     return doc
 
 
