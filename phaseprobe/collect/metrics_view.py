@@ -52,10 +52,12 @@ class FinishedRequests:
         self._scraper = MetricsScraper(normalize_base_url(base_url), timeout_s=timeout_s)
         # which process answered the last read (a restart, or another replica, changes it)
         self.identity: tuple[float, ...] | None = None
+        self.snapshot: MetricSnapshot | None = None  # the last read's whole page (watch's KV path)
 
     def read(self) -> float | None:
         """The counter now; None when the server does not export it. Raises
         MetricsUnavailable when ``/metrics`` cannot be read."""
         snap = self._scraper.scrape()
         self.identity = process_identity(snap)
+        self.snapshot = snap
         return snap.value("request_success")

@@ -7,6 +7,11 @@ own counter, never the router's, and compares it with the spans that replica sen
 ``min_interval_s``; the span loss is the counter's increase since then against the spans that
 ended since then (:func:`phaseprobe.analysis.live_summary.span_loss`).
 
+Each reading is a whole ``/metrics`` page: the pages are kept (bounded) for the instance's KV
+path over the view's window or the whole watch (:meth:`FinishedCounter.kv_path`: a P/D
+instance's NIXL failures, expired KV, transfer and KV-wait p99 and recompute share, from
+:func:`phaseprobe.analysis.pd_window.kv_path_window`; "not exported" where absent).
+
 A counter that cannot be read, or is not exported, gives "span loss unknown" with the reason,
 and is read again later: a replica whose ``/metrics`` comes up after the watch started is counted
 from its first reading on. A counter that goes backwards (the replica restarted) is counted again
@@ -16,6 +21,7 @@ from its new value, with a note: never a negative count.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -23,8 +29,10 @@ import requests
 
 from phaseprobe.analysis.fleet_stats import span_replica
 from phaseprobe.analysis.live_summary import SpanLoss, span_loss
+from phaseprobe.analysis.pd_window import KvPathWindow, kv_path_window
 from phaseprobe.collect.fleet.targets import ReplicaTarget, is_router, parse_replicas
-from phaseprobe.collect.metrics_view import FinishedRequests
+from phaseprobe.collect.live_window import replica_window
+from phaseprobe.collect.metrics_view import FinishedRequests, MetricSnapshot
 from phaseprobe.errors import ConfigError, MetricsUnavailable
 from phaseprobe.records import RequestSpan
 from phaseprobe.redact import redact_url
@@ -33,6 +41,7 @@ __all__ = ["FinishedCounter", "ReplicaCounters", "open_replica_counters",
            "DEFAULT_MIN_INTERVAL_S"]
 
 DEFAULT_MIN_INTERVAL_S = 2.0  # at most one scrape per counter this often (a view refresh)
+_KEPT_PAGES = 600  # /metrics pages kept per counter for the KV path: 20 min at one per 2 s
 _TIMEOUT_S = 3.0  # a replica that does not answer holds the view up no longer than this
 
 
@@ -42,19 +51,25 @@ class FinishedCounter:
     the spans whose replica (:func:`~phaseprobe.analysis.fleet_stats.span_replica`) it is.
 
     ``read`` returns the counter (None: not exported) or raises MetricsUnavailable; it defaults
-    to scraping ``base_url``'s ``/metrics``. ``clock_ns`` and ``monotonic`` are injectable."""
+    to scraping ``base_url``'s ``/metrics``, and then ``page`` (the last read's whole page, for
+    the KV path) to that scrape's. ``clock_ns`` and ``monotonic`` are injectable."""
 
     def __init__(self, base_url: str, *, replica: str | None = None,
                  read: Callable[[], float | None] | None = None,
                  timeout_s: float = _TIMEOUT_S, min_interval_s: float = DEFAULT_MIN_INTERVAL_S,
                  clock_ns: Callable[[], int] = time.time_ns,
                  monotonic: Callable[[], float] = time.monotonic,
-                 identity: Callable[[], object] | None = None) -> None:
+                 identity: Callable[[], object] | None = None,
+                 page: Callable[[], MetricSnapshot | None] | None = None) -> None:
         self.replica = replica
         self.shown_url = redact_url(base_url)
         if read is None:
             reader = FinishedRequests(base_url, timeout_s=timeout_s)
             read, identity = reader.read, (lambda: reader.identity)
+            page = page or (lambda: reader.snapshot)
+        self._page = page or (lambda: None)
+        self._first_page: MetricSnapshot | None = None  # the baseline's page
+        self._pages: deque[MetricSnapshot] = deque(maxlen=_KEPT_PAGES)
         self._read_counter = read
         # which process answered (a restart shows here even when its count passed the old one)
         self._identity = identity or (lambda: None)
@@ -98,18 +113,46 @@ class FinishedCounter:
             return
         process, self._process = self._process, self._identity()
         if self.start is None:
-            self.start, self.start_ns = value, at_ns
+            self._restart(value, at_ns)
         elif self._high is not None and value < self._high:
             self.notes.append(
                 f"{self._who()}'s finished-request counter went back from "
                 f"{self._high:.0f} to {value:.0f} (a restart): counted again from then")
-            self.start, self.start_ns = value, at_ns
+            self._restart(value, at_ns)
         elif process is not None and self._process is not None and process != self._process:
             self.notes.append(
                 f"{self._who()}'s /metrics now comes from another process (a restart): its "
                 f"counter is counted again from {value:.0f}")
-            self.start, self.start_ns = value, at_ns
+            self._restart(value, at_ns)
         self._high = value
+        page = self._page()
+        if page is not None:
+            self._first_page = self._first_page or page
+            self._pages.append(page)
+
+    def _restart(self, value: float, at_ns: int) -> None:
+        """Count (and keep pages) from this reading on: the first, or after a restart."""
+        self.start, self.start_ns = value, at_ns
+        self._first_page = None
+        self._pages.clear()
+
+    def kv_path(self, window_s: float | None = None) -> KvPathWindow | None:
+        """The instance's KV path over the last ``window_s`` of pages kept (None: since the
+        baseline); None with fewer than two pages in it (nothing to compare yet)."""
+        if not self._pages:
+            return None
+        pages = list(self._pages)
+        if window_s is None:
+            first = self._first_page
+            pages = ([first] if first is not None and first is not pages[0] else []) + pages
+        else:
+            since = pages[-1].wall_ns - round(window_s * 1e9)
+            # the last page at or before the window's start opens it (a full window)
+            start = max((i for i, p in enumerate(pages) if p.wall_ns <= since), default=0)
+            pages = pages[start:]
+        if len(pages) < 2:
+            return None
+        return kv_path_window(replica_window(self.replica or self.shown_url, pages))
 
     def _who(self) -> str:
         return f"replica {self.replica}" if self.replica is not None else self.shown_url
@@ -161,6 +204,10 @@ class ReplicaCounters:
         with ThreadPoolExecutor(max_workers=max(1, min(16, len(counters)))) as pool:
             list(pool.map(lambda c: c.refresh(force=force), counters))
         return {name: c.current_loss(spans) for name, c in self.counters.items()}
+
+    def kv_paths(self, window_s: float | None = None) -> dict[str, KvPathWindow | None]:
+        """Replica name → its KV path over the pages already read (no new read)."""
+        return {name: c.kv_path(window_s) for name, c in self.counters.items()}
 
     def urls(self) -> dict[str, str]:
         """Replica name → its URL as shown (credentials redacted)."""

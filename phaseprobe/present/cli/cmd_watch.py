@@ -44,7 +44,7 @@ from phaseprobe.paths import default_store_path
 from phaseprobe.present.cli import jsonout
 from phaseprobe.present.cli.args import positive_float, positive_int, store_and_json_args
 from phaseprobe.present.cli.console import ms
-from phaseprobe.present.cli.watch_fleet import FleetView
+from phaseprobe.present.cli.watch_fleet import FleetView, kv_path_json, kv_path_lines
 from phaseprobe.records import RequestSpan
 from phaseprobe.redact import redact_url
 
@@ -176,9 +176,12 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
             spans = snapshot()
             now = time.time_ns()
             summary = summarize_spans(spans, now_ns=now, window_s=args.window)
-            parts = [_render(summary, sink.stats.to_dict(),
-                             None if counter is None else counter.loss(spans),
-                             time.monotonic() - t0)]
+            parts: list[Any] = [_render(summary, sink.stats.to_dict(),
+                                        None if counter is None else counter.loss(spans),
+                                        time.monotonic() - t0)]
+            if counter is not None:
+                parts += kv_path_lines({counter.shown_url: counter.kv_path(args.window)},
+                                       args.window)
             parts += fleet_view.live(spans, now, args.window)
             return Group(*parts)
 
@@ -203,6 +206,10 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
         spans = snapshot()
         loss = counter.loss(spans, force=True) if counter is not None else None
         fleet = fleet_view.final(spans)
+    # the KV path of a P/D instance over the whole watch (--metrics; --replica: per replica)
+    kv_paths = ({counter.shown_url: counter.kv_path(None)} if counter is not None
+                else fleet_view.replicas.kv_paths(None) if fleet_view.replicas is not None
+                else {})
     summary = summarize_spans(spans, now_ns=time.time_ns(), window_s=None)
     interference = prefill_interference(spans)
     doc = {"store": str(store_path), "started_wall_ns": started_ns,
@@ -213,7 +220,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
                         else []},
            "summary": summary.to_dict(), "interference": interference.to_dict(),
            "span_loss": loss.to_dict() if loss is not None else None,
-           **fleet_view.to_json(fleet),
+           **fleet_view.to_json(fleet), "kv_path": kv_path_json(kv_paths),
            "load": load.stats.to_dict() if load is not None else None,
            "interrupted": interrupted}
     if args.json:
@@ -223,6 +230,8 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
                           title="summary over the whole watch"))
         for part in fleet_view.parts(fleet, title="replicas over the whole watch"):
             out.print(part)
+        for line in kv_path_lines(kv_paths, None):
+            out.print(line, highlight=False)
         out.print(f"prefill interference: {escape(interference.text)}", highlight=False)
     return 0  # Ctrl-C is how a watch without --duration ends: the summary is the result
 

@@ -21,9 +21,10 @@ from phaseprobe.records import RequestSpan
 
 if TYPE_CHECKING:  # loaded by the command's run(): --help stays light
     from phaseprobe.analysis.live_summary import LiveFleet, SpanLoss
+    from phaseprobe.analysis.pd_window import KvPathWindow
     from phaseprobe.collect.watch_counters import ReplicaCounters
 
-__all__ = ["FleetView"]
+__all__ = ["FleetView", "kv_path_lines", "kv_path_json"]
 
 # The fleet verdicts bootstrap intervals: the live view recomputes them this seldom, and on
 # a random subsample of this many values a side (the dashboard's Fleet page does the same).
@@ -68,7 +69,14 @@ class FleetView:
         title = f"replicas · last {window_s:g} s"
         return self.parts(fleet, title=title, verdict_lines=self._verdict_lines,
                           verdicts_age_s=None if self._verdicts_at is None
-                          else time.monotonic() - self._verdicts_at)
+                          else time.monotonic() - self._verdicts_at) \
+            + self.kv_lines(window_s)
+
+    def kv_lines(self, window_s: float | None) -> list[str]:
+        """Each P/D replica's KV path over the window (None: the whole watch)."""
+        if self.replicas is None:
+            return []
+        return kv_path_lines(self.replicas.kv_paths(window_s), window_s)
 
     def final(self, spans: list[RequestSpan]) -> LiveFleet:
         """Every span of the watch, counters read once more, verdicts when a fleet."""
@@ -114,6 +122,20 @@ class FleetView:
                                            else [])}
         return {"replicas": [r.to_dict() for r in fleet.replicas], "fleet": doc,
                 "identity_warning": fleet.identity_warning}
+
+
+def kv_path_lines(paths: dict[str, KvPathWindow | None], window_s: float | None) -> list[str]:
+    """One line per P/D instance (a prefill or decode role, or NIXL series): its KV path
+    (:class:`~phaseprobe.analysis.pd_window.KvPathWindow`). An aggregated instance gets none:
+    its "not exported" NIXL series would only be noise in every refresh."""
+    span = "the whole watch" if window_s is None else f"last {window_s:g} s"
+    return [f"KV path of {escape(name)} ({span}): {escape(kv.text)}"
+            for name, kv in paths.items() if kv is not None and (kv.role or kv.nixl)]
+
+
+def kv_path_json(paths: dict[str, KvPathWindow | None]) -> dict[str, Any]:
+    """Every instance's KV path over the whole watch (None: fewer than two readings)."""
+    return {name: kv.to_dict() if kv is not None else None for name, kv in paths.items()}
 
 
 def _replica_of(span: RequestSpan) -> str:
