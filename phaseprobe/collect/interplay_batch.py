@@ -5,6 +5,11 @@ over the steady window when every stream decodes. Each level runs ``rounds`` tim
 round-robin over the levels (1, 2, 4, 1, 2, 4, …) so slow drift lands on every level instead of
 bending the scaling curve, and the level reports the median over its rounds. Streams share the
 server on purpose: they are stored client-only, marked concurrent by design.
+
+On a prefill/decode pair the streams go over the pair and a level is about the decode instance,
+where every stream decodes: its pace (vLLM's decode clock), waiting, running, KV usage and
+preemptions. The prefill instance, where the level's prompts are computed, is read beside it:
+its most waiting and running requests per level (``BatchResult.prefill_pressure``).
 """
 
 from __future__ import annotations
@@ -54,17 +59,25 @@ class BatchResult:
     server_info: ServerInfo
     notes: list[str] = field(default_factory=list)
     rounds: dict[int, list[LevelStats]] = field(default_factory=dict)  # level → every round
+    # on a P/D pair: level → the prefill instance's most waiting/running requests (any round)
+    prefill_pressure: dict[int, dict[str, float]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"experiment_id": self.experiment_id,
+                "prefill_pressure": {str(c): v for c, v in self.prefill_pressure.items()},
                 "levels": [lv.to_dict() for lv in self.levels],
                 "rounds": {str(c): [lv.to_dict() for lv in rs] for c, rs in self.rounds.items()},
                 "scaling": self.scaling.to_dict(), "notes": self.notes,
                 "runs": [r.to_dict() for r in self.runs]}
 
 
+_GAUGES = ("requests_waiting", "requests_running", "kv_cache_usage")
+
+
 class _GaugeSampler:
-    """Polls /metrics in a thread during a level: the max of waiting, running and KV usage."""
+    """Polls /metrics in a thread during a level: the max of waiting, running and KV usage,
+    per instance read (``max[role]``; "server" for one endpoint, "decode"/"prefill" on a
+    pair)."""
 
     # A /metrics scrape costs the API server CPU; 4 Hz is enough to catch waiting requests
     # without slowing a small CPU server.
@@ -72,27 +85,34 @@ class _GaugeSampler:
         self.ctx = ctx
         self.model = model
         self.period_s = period_s
-        self.max: dict[str, float] = {}
+        self.urls = ctx.metrics_urls()
+        self.max: dict[str, dict[str, float]] = {role: {} for role in self.urls}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="batch-gauges", daemon=True)
 
     def _loop(self) -> None:
-        # Its own scraper/session: the main session belongs to the main thread.
-        scraper = MetricsScraper(self.ctx.target.endpoint, session=requests.Session(),
-                                 headers=self.ctx.headers)
+        # Its own scrapers/session: the main session belongs to the main thread.
+        session = requests.Session()
+        scrapers = {role: MetricsScraper(url, session=session, headers=self.ctx.headers)
+                    for role, url in self.urls.items()}
         while not self._stop.is_set():
-            try:
-                snap = scraper.scrape()
-            except MetricsUnavailable:
-                return
-            for key in ("requests_waiting", "requests_running", "kv_cache_usage"):
-                v = snap.value(key, model=self.model)
-                if v is not None:
-                    self.max[key] = max(v, self.max.get(key, v))
+            for role, scraper in scrapers.items():
+                try:
+                    snap = scraper.scrape()
+                except MetricsUnavailable:
+                    return
+                seen = self.max[role]
+                for key in _GAUGES:
+                    v = snap.value(key, model=self.model)
+                    if v is not None:
+                        seen[key] = max(v, seen.get(key, v))
             self._stop.wait(self.period_s)
 
+    def of(self, role: str) -> dict[str, float]:
+        return self.max.get(role, {})
+
     def __enter__(self) -> _GaugeSampler:
-        if self.ctx.scraper is not None:
+        if self.urls:
             self._thread.start()
         return self
 
@@ -102,19 +122,19 @@ class _GaugeSampler:
             self._thread.join(timeout=10)
 
 
-def _fan_out(ctx: ProbeContext, bodies: list[dict[str, Any]]
+def _fan_out(ctx: ProbeContext, prompts: list[str], max_tokens: int
              ) -> tuple[list[StreamOutcome], list[int]]:
-    """Send all bodies at once (released by one barrier); return outcomes and send stamps."""
-    n = len(bodies)
+    """Send all prompts at once (released by one barrier); return outcomes and send stamps."""
+    n = len(prompts)
     outcomes: list[StreamOutcome | None] = [None] * n
     sent_ns = [0] * n
     barrier = threading.Barrier(n)
-    clients = [ctx.new_client() for _ in range(n)]
+    senders = [ctx.new_sender() for _ in range(n)]
 
     def work(i: int) -> None:
         barrier.wait()
         sent_ns[i] = time.perf_counter_ns()
-        outcomes[i] = clients[i].stream(bodies[i])
+        outcomes[i] = senders[i].stream(prompts[i], max_tokens)
 
     threads = [threading.Thread(target=work, args=(i,), name=f"stream-{i}") for i in range(n)]
     for t in threads:
@@ -151,18 +171,23 @@ def run_batch(target: Target, store: Store, *, levels: tuple[int, ...] = (1, 2, 
         created_wall_ns=time.time_ns()))
     runs: list[Run] = []
     per_level: dict[int, list[LevelStats]] = {c: [] for c in levels}
+    prefill_pressure: dict[int, dict[str, float]] = {}
     used = 1
     run_notes = RunNotes()  # the streams' notes (a usage block that is not token counts)
     try:
         if warmup:  # the first request after start pays one-off costs; keep it out
-            ctx.client.stream(ctx.body(prompts[0], 4))
+            ctx.stream(prompts[0], 4)
         for r in range(rounds):
             for c in levels:
                 mine = prompts[used:used + c]
                 used += c
-                lv = _level(ctx, store, exp_id, runs, c, r, mine, max_tokens, notes,
-                            run_notes)
+                lv, prefill = _level(ctx, store, exp_id, runs, c, r, mine, max_tokens, notes,
+                                     run_notes)
                 per_level[c].append(lv)
+                if target.pd is not None:
+                    seen = prefill_pressure.setdefault(c, {})
+                    for key, v in prefill.items():
+                        seen[key] = max(v, seen.get(key, v))
                 say(f"batch concurrency {c}" + (f" round {r + 1}/{rounds}" if rounds > 1 else "")
                     + (f": {lv.tokens_per_s:.1f} tokens/s" if lv.tokens_per_s is not None
                        else ": tokens/s unknown (no usage counts, too few token events)"))
@@ -180,17 +205,18 @@ def run_batch(target: Target, store: Store, *, levels: tuple[int, ...] = (1, 2, 
     over = superlinear_note(sc)
     if over:
         notes.append(over)
-    return BatchResult(exp_id, stats, sc, runs, ctx.info, notes, per_level)
+    return BatchResult(exp_id, stats, sc, runs, ctx.info, notes, per_level, prefill_pressure)
 
 
 def _level(ctx: ProbeContext, store: Store, exp_id: int, runs: list[Run], c: int, rnd: int,
            prompts: list[str], max_tokens: int, notes: list[str],
-           run_notes: RunNotes) -> LevelStats:
-    """One round of one level: send, store every stream, and read the level's figures."""
+           run_notes: RunNotes) -> tuple[LevelStats, dict[str, float]]:
+    """One round of one level: send, store every stream, and read the level's figures (on a
+    pair: the decode instance's), with the prefill instance's gauges on a pair."""
     model = ctx.target.model
     before = ctx.scrape()
     with _GaugeSampler(ctx, model) as gauges:
-        outcomes, sent = _fan_out(ctx, [ctx.body(p, max_tokens) for p in prompts])
+        outcomes, sent = _fan_out(ctx, prompts, max_tokens)
     after = ctx.observed(before, c)
     t0 = min(sent)
     streams: list[list[float]] = []
@@ -214,11 +240,13 @@ def _level(ctx: ProbeContext, store: Store, exp_id: int, runs: list[Run], c: int
     errors = c - len(streams)
     if errors:
         notes.append(f"concurrency {c}, round {rnd + 1}: {errors} stream(s) failed")
+    decoding = gauges.of("decode" if ctx.target.pd is not None else "server")
     return level_stats(c, streams, tpots, out_tokens, end,
                        server_tokens_per_s=_server_decode_rate(before, after, model),
-                       max_waiting=gauges.max.get("requests_waiting"),
-                       max_running=gauges.max.get("requests_running"),
-                       max_kv_usage=gauges.max.get("kv_cache_usage"), preemptions=preempt)
+                       max_waiting=decoding.get("requests_waiting"),
+                       max_running=decoding.get("requests_running"),
+                       max_kv_usage=decoding.get("kv_cache_usage"),
+                       preemptions=preempt), gauges.of("prefill")
 
 
 def _server_decode_rate(before: MetricSnapshot | None, after: MetricSnapshot | None,

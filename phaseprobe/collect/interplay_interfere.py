@@ -14,6 +14,14 @@ while request B with a long prompt arrives mid-decode. When B is sent is a :clas
 B's actual arrival on A's clock comes from both sends' wall stamps, so the stall window is
 exact whichever trigger fired. :class:`InterfereSession` exposes the steps (baseline run,
 pair, finish) so two arms can be interleaved (:mod:`phaseprobe.collect.interplay_arms`).
+
+On a prefill/decode pair A and B go over the pair, and this is the demonstration of
+disaggregation: B's long prefill runs on the prefill instance while A decodes on the decode
+instance. A's stall is measured as on one server (A's gaps, A's decode on the decode
+instance's clock), and beside it what each instance did during each pair
+(``InterfereResult.pd_pairs``): the prefill instance's prefill time (A's and B's prefill legs)
+and the decode instance's prompt tokens by source (A's and B's decode legs: KV received,
+computed, cached), with A alone's share from the A-alone runs, so B's part shows by difference.
 """
 
 from __future__ import annotations
@@ -36,8 +44,11 @@ from phaseprobe.analysis.interplay import (
     stall,
 )
 from phaseprobe.collect.connection import InterfereArmInfo, ServerInfo
-from phaseprobe.collect.experiment import ProbeSettings, RunCollector, RunNotes
+from phaseprobe.analysis.interplay_pd import PdInterfere, pd_alone, pd_interfere
+from phaseprobe.analysis.pd import SOURCES, source_deltas
+from phaseprobe.collect.experiment import ProbeSettings, RunNotes
 from phaseprobe.collect.interplay_context import (
+    IsolatedCollector,
     ProbeContext,
     Progress,
     Target,
@@ -50,6 +61,7 @@ from phaseprobe.collect.interplay_context import (
 )
 from phaseprobe.records import Experiment, Run, RunSpec
 from phaseprobe.sources.openai_stream import StreamOutcome, TokenEventCounter
+from phaseprobe.sources.vllm_metrics import MetricSnapshot
 from phaseprobe.store import Store
 
 __all__ = ["Trigger", "InterfereSettings", "InterfereResult", "InterfereSession",
@@ -128,6 +140,18 @@ class InterfereResult:
     server_decode_alone_by_steps: dict[int, list[float]] = field(default_factory=dict)
     a_steps_with_b: list[int | None] = field(default_factory=list)
     b_prompt_tokens: int = 0  # B's prompt length as asked for (the cost's denominator)
+    # on a P/D pair, per pair (aligned with ``stalls``): each instance's deltas over the pair
+    # (see :func:`_pd_pair_deltas`); and A alone's, medians over the A-alone P/D runs
+    pd_pairs: list[dict[str, float | None]] = field(default_factory=list)
+    pd_alone: dict[str, float | None] = field(default_factory=dict)
+
+    def pd_summary(self) -> PdInterfere | None:
+        """On a P/D pair: what each instance did during the pairs that measured (None on one
+        server)."""
+        if not self.pd_pairs:
+            return None
+        used = [d for s, d in zip(self.stalls, self.pd_pairs) if s.overlapped]
+        return pd_interfere(used, self.pd_alone, self.b_prompt_tokens)
 
     def _used_server(self) -> list[tuple[float | None, int | None]]:
         """(A's decode with B, A's decode steps) for each pair that measured."""
@@ -180,8 +204,12 @@ class InterfereResult:
         return interference_verdict(self.stalls, self.controls, srv_alone, with_b)
 
     def to_dict(self) -> dict[str, Any]:
+        pd, verdict = self.pd_summary(), self.verdict()
         return {"experiment_id": self.experiment_id, "summary": self.summary(),
-                "verdict": self.verdict().to_dict(), "token_cost": self.token_cost().to_dict(),
+                "verdict": verdict.to_dict(), "token_cost": self.token_cost().to_dict(),
+                **({"pd": {**pd.to_dict(), "text": pd.sentence(verdict.kind),
+                           "pairs": self.pd_pairs, "alone": self.pd_alone}}
+                   if pd is not None else {}),
                 "discarded": discarded_pairs(self.stalls), "delay_s": self.delay_s,
                 "trigger": {"kind": self.trigger.kind, "value": self.trigger.value,
                             "text": self.trigger.describe()},
@@ -229,6 +257,7 @@ class InterfereSession:
         self.stalls: list[Stall] = []
         self.lanes: list[dict[str, Any]] = []
         self.server_decode: list[float | None] = []  # A's server decode time with B, per pair
+        self.pd_pairs: list[dict[str, float | None]] = []  # on a pair: each instance's deltas
         self.a_steps: list[int | None] = []  # A's decode steps (tokens − 1), per pair
         # A alone's decode on vLLM's clock by its decode steps, over every A-alone run
         self.alone_by_steps: dict[int, list[float]] = {}
@@ -245,11 +274,11 @@ class InterfereSession:
 
     def warm_up(self) -> None:
         for w in range(self.settings.warmup):  # one-off costs of a fresh server, not stored
-            self.ctx.client.stream(self.ctx.body(self.a_prompts[3 * self.settings.reps + w], 4))
+            self.ctx.stream(self.a_prompts[3 * self.settings.reps + w], 4)
         if self.settings.warmup:
             # A fresh server's first long prefill pays one-off costs too (seen: B's TTFT 566 ms
             # in the first pair, 114–180 ms after), which pushed the first B past A's end.
-            self.ctx.client.stream(self.ctx.body(self.b_prompts[-1], 1))
+            self.ctx.stream(self.b_prompts[-1], 1)
 
     def baseline(self, i: int) -> Run:
         run = store_run(self.store, self.experiment_id,
@@ -259,12 +288,11 @@ class InterfereSession:
         self._keep_alone(run)
         return run
 
-    def _collector(self, spec: RunSpec) -> RunCollector:
-        """A-alone runs of ``spec``, measured and attributed as the probe's runs are."""
-        return RunCollector(spec, ProbeSettings(runs=self.settings.reps, warmup=0,
-                                                name=self.name),
-                            self.ctx.client, self.ctx.scraper, time.sleep, time.monotonic,
-                            run_notes=self.run_notes, fleet=self.ctx.conn.fleet)
+    def _collector(self, spec: RunSpec) -> IsolatedCollector:
+        """A-alone runs of ``spec``, measured and attributed as the probe's runs are (on a
+        pair: both legs, each on its own instance)."""
+        return self.ctx.collector(spec, ProbeSettings(runs=self.settings.reps, warmup=0,
+                                                      name=self.name), self.run_notes)
 
     def _keep_alone(self, run: Run) -> None:
         n = run.client.completion_tokens if run.client else None
@@ -346,13 +374,16 @@ class InterfereSession:
         if self.a_tokens not in self.alone_lengths:
             self._alone_at(self.a_tokens)  # A was lengthened: its A-alone runs first
         pre = ctx.scrape()
+        pre_prefill = ctx.scrape("prefill")  # None but on a pair
         if st.trigger.kind != "token":
             self.planned.append(self.delay_s or 0.0)
-        a_out, b_out = _pair(ctx, ctx.body(self.a_prompts[st.reps + i], self.a_tokens),
-                             ctx.body(self.b_prompts[i], st.b_tokens), st.trigger,
-                             self.delay_s or 0.0)
+        a_out, b_out = _pair(ctx, (self.a_prompts[st.reps + i], self.a_tokens),
+                             (self.b_prompts[i], st.b_tokens), st.trigger, self.delay_s or 0.0)
         post = ctx.observed(pre, 2)
         model = ctx.target.model
+        if ctx.target.pd is not None:
+            post_prefill = ctx.observed(pre_prefill, 2, role="prefill")
+            self.pd_pairs.append(_pd_pair_deltas(pre_prefill, post_prefill, pre, post, model))
         # With one token, B's decode time is 0 (first token = last token), so the pair's
         # decode-histogram delta is A's decode time alone, on the engine's clock.
         a_decode = None
@@ -429,7 +460,8 @@ class InterfereSession:
                                self.lanes, self.runs, self.ctx.info, self.notes, controls,
                                self.server_decode, median_or_none(alone), self.settings.trigger,
                                self.delay_s, self.alone_by_steps, self.a_steps,
-                               self.settings.b_prompt_tokens)
+                               self.settings.b_prompt_tokens, self.pd_pairs,
+                               pd_alone(self.baseline_runs) if self.pd_pairs else {})
 
 
 def run_interfere(target: Target, store: Store,
@@ -462,15 +494,33 @@ def run_interfere(target: Target, store: Store,
     return result
 
 
-def _pair(ctx: ProbeContext, a_body: dict[str, Any], b_body: dict[str, Any], trigger: Trigger,
+def _pd_pair_deltas(pre_prefill: MetricSnapshot | None, post_prefill: MetricSnapshot | None,
+                    pre_decode: MetricSnapshot | None, post_decode: MetricSnapshot | None,
+                    model: str) -> dict[str, float | None]:
+    """What each instance of a pair did during one A/B pair: the prefill instance's prefill
+    histogram (A's and B's prefill legs) and the decode instance's prompt tokens by source
+    (A's and B's decode legs); None where unread."""
+    out: dict[str, float | None] = {
+        "prefill_legs": metric_delta(pre_prefill, post_prefill, "prefill_time", "_count",
+                                     model),
+        "prefill_s": metric_delta(pre_prefill, post_prefill, "prefill_time", "_sum", model)}
+    sources = (source_deltas(pre_decode, post_decode, model)
+               if pre_decode is not None and post_decode is not None else None)
+    for src in SOURCES:
+        out[f"decode_{src}"] = sources.get(src) if sources is not None else None
+    return out
+
+
+def _pair(ctx: ProbeContext, a: tuple[str, int], b: tuple[str, int], trigger: Trigger,
           delay_s: float) -> tuple[StreamOutcome, StreamOutcome]:
-    """A and B, each on its own thread and session; B sent when the trigger fires."""
+    """A and B (prompt, max_tokens), each on its own thread and sender; B sent when the
+    trigger fires."""
     results: dict[str, StreamOutcome] = {}
-    a_client, b_client = ctx.new_client(), ctx.new_client()
+    a_sender, b_sender = ctx.new_sender(), ctx.new_sender()
     started = threading.Event()
     go = threading.Event()  # token trigger: set by A's thread at its k-th token event
     need = int(trigger.value)
-    counter = TokenEventCounter(chat="messages" in a_body)
+    counter = TokenEventCounter(chat=ctx.target.chat)
 
     def fire(raw_events: list[bytes]) -> None:
         # Parses only until the trigger fires: A's later events cost a set-flag check.
@@ -482,7 +532,7 @@ def _pair(ctx: ProbeContext, a_body: dict[str, Any], b_body: dict[str, Any], tri
     def run_a() -> None:
         started.set()
         try:
-            results["a"] = a_client.stream(a_body, on_events=on_events)
+            results["a"] = a_sender.stream(*a, on_events=on_events)
         finally:
             go.set()  # A ended before token k (short or failed): B still goes, noted later
 
@@ -492,7 +542,7 @@ def _pair(ctx: ProbeContext, a_body: dict[str, Any], b_body: dict[str, Any], tri
         else:
             started.wait()
             time.sleep(delay_s)
-        results["b"] = b_client.stream(b_body)
+        results["b"] = b_sender.stream(*b)
 
     threads = [threading.Thread(target=run_a, name="interfere-A"),
                threading.Thread(target=run_b, name="interfere-B")]

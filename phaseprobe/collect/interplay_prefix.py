@@ -4,6 +4,11 @@ Per repetition a fresh prefix is sent twice with different suffixes; both reques
 isolated, attributed runs (:class:`RunCollector`), so TTFT, vLLM's prefill time and the
 ``prefix_cache_queries/hits`` deltas are per request. vLLM caches whole KV blocks: a prefix
 shorter than one block never hits, and the result says so.
+
+On a prefill/decode pair the runs are P/D runs (:class:`PdCollector`): the prompt is computed,
+and a shared prefix cached, on the prefill instance, so the hits and the server prefill time
+are the prefill instance's; beside them, what the decode instance did with each prompt (KV
+received from the prefill instance, blocks found in its own prefix cache, tokens computed).
 """
 
 from __future__ import annotations
@@ -19,8 +24,9 @@ from phaseprobe.analysis.interplay import (
     prefix_block_note,
     prefix_verdict,
 )
+from phaseprobe.analysis.interplay_pd import pd_prefix_text
 from phaseprobe.collect.connection import ServerInfo
-from phaseprobe.collect.experiment import ProbeSettings, RunCollector
+from phaseprobe.collect.experiment import ProbeSettings
 from phaseprobe.collect.interplay_context import (
     ProbeContext,
     Progress,
@@ -50,28 +56,47 @@ class PrefixResult:
         return prefix_verdict(self.summary["cold"], self.summary["warm"], self.prefix_tokens,
                               self.block_size)
 
+    def pd_text(self) -> str | None:
+        """On a P/D pair: where the readings come from, and what the decode instance did."""
+        if "pd" not in self.server_info:
+            return None
+        return pd_prefix_text(self.summary["cold"], self.summary["warm"])
+
     def to_dict(self) -> dict[str, Any]:
         return {"experiment_id": self.experiment_id, "block_size": self.block_size,
+                **({"pd_text": self.pd_text()} if "pd" in self.server_info else {}),
                 "prefix_tokens": self.prefix_tokens,
                 "expected_hit_tokens": self.expected_hit_tokens, "summary": self.summary,
                 "verdict": self.verdict().to_dict(),
                 "notes": self.notes, "runs": [r.to_dict() for r in self.runs]}
 
 
-def _pass_summary(runs: list[Run]) -> dict[str, float | None]:
+def _pass_summary(runs: list[Run], pd: bool = False) -> dict[str, float | None]:
+    """One pass's medians. ``pd``: P/D runs, whose counters are keyed by instance: the prefix
+    cache read is the prefill instance's (where prompts are computed), and the decode
+    instance's prompt sources are added (``decode_*_tokens``)."""
     def med(vals: list[float | None]) -> float | None:
         xs = [v for v in vals if v is not None]
         return statistics.median(xs) if xs else None
 
     ok = [r for r in runs if r.status != "error" and r.client]
     srv = [r.server for r in ok if r.server]
-    return {
+    key = "prefill:" if pd else ""
+    out = {
         "runs": float(len(ok)),
         "ttft_s": med([r.client.ttft_s for r in ok if r.client]),
         "server_prefill_s": med([s.prefill_s for s in srv]),
-        "prefix_cache_queries": med([s.counter_deltas.get("prefix_cache_queries") for s in srv]),
-        "prefix_cache_hits": med([s.counter_deltas.get("prefix_cache_hits") for s in srv]),
+        "prefix_cache_queries": med([s.counter_deltas.get(f"{key}prefix_cache_queries")
+                                     for s in srv]),
+        "prefix_cache_hits": med([s.counter_deltas.get(f"{key}prefix_cache_hits")
+                                  for s in srv]),
     }
+    if pd:
+        legs = [r.pd for r in ok if r.pd is not None and r.pd.decode_isolated]
+        out |= {"decode_transferred_tokens": med([p.tokens_transferred for p in legs]),
+                "decode_cached_tokens": med([p.tokens_cached for p in legs]),
+                "decode_computed_tokens": med([p.tokens_computed for p in legs])}
+    return out
 
 
 def run_prefix(target: Target, store: Store, *, prefix_tokens: int = 512,
@@ -111,8 +136,7 @@ def run_prefix(target: Target, store: Store, *, prefix_tokens: int = 512,
                                              "suffix_tokens": str(suffix_tokens),
                                              "order": "cold,warm per repetition"})
     settings = ProbeSettings(runs=2 * reps, warmup=0, name=name)
-    collector = RunCollector(spec, settings, ctx.client, ctx.scraper, time.sleep,
-                             time.monotonic, fleet=ctx.conn.fleet)
+    collector = ctx.collector(spec, settings)
     exp_id = store.create_experiment(Experiment(
         name=name, kind="prefix", spec=spec, server_info=ctx.info,
         created_wall_ns=time.time_ns()))
@@ -120,7 +144,7 @@ def run_prefix(target: Target, store: Store, *, prefix_tokens: int = 512,
     try:
         # The first request after a start pays one-off costs; a prompt sharing nothing with
         # the measured ones keeps them out of the first cold run.
-        ctx.client.stream(ctx.body(ctx.builder.build(16, salt + 3 * reps).text, 2))
+        ctx.stream(ctx.builder.build(16, salt + 3 * reps).text, 2)
         for seq, prompt in enumerate(prompts):
             run = store_run(store, exp_id, collector.measure(seq, prompt))
             runs.append(run)
@@ -129,7 +153,8 @@ def run_prefix(target: Target, store: Store, *, prefix_tokens: int = 512,
     finally:
         notes.extend(collector.all_notes())
         store.finish_experiment(exp_id, notes)
-    summary = {"cold": _pass_summary(runs[0::2]), "warm": _pass_summary(runs[1::2])}
+    pd = target.pd is not None
+    summary = {"cold": _pass_summary(runs[0::2], pd), "warm": _pass_summary(runs[1::2], pd)}
     return PrefixResult(exp_id, runs, block, shared,
                         expected_hit_tokens(shared, block) if block else None, summary,
                         ctx.info, notes)

@@ -6,10 +6,13 @@
     phaseprobe interfere --endpoint URL --at-token 16
     phaseprobe interfere --endpoint URL --endpoint-b URL2 --arm-names chunked,unchunked
     phaseprobe interfere --playbook cpu-interfere-chunked
+    phaseprobe interfere --prefill URL_P --decode URL_D [--endpoint ROUTER]   # a P/D pair
 
 Without ``--endpoint`` the local CPU vLLM with the tiny model is started, used and stopped, as
 for ``phaseprobe probe``. Every probe is stored as an experiment of its own kind; a two-arm
-interfere stores one experiment per arm.
+interfere stores one experiment per arm. ``--prefill URL --decode URL`` (optionally with
+``--endpoint ROUTER``, a router in P/D mode) run the probe on a disaggregated pair, as
+``phaseprobe probe`` does; each instance's own /metrics is read where its work runs.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ from phaseprobe.present.cli.args import (
     store_and_json_args,
     tokens,
 )
+from phaseprobe.present.cli.cmd_probe import pd_topology
 from phaseprobe.present.cli.render_interplay import (
     render_arms,
     render_batch,
@@ -79,9 +83,33 @@ def _levels(text: str) -> tuple[int, ...]:
     return levels
 
 
+# What each probe reads on a prefill/decode pair (the --prefill help of each command).
+_PD_READS = {
+    "prefix": "the prefix hits and server prefill time are the prefill instance's (prompts are "
+              "computed and cached there); beside them, the decode instance's prompt tokens "
+              "received by KV transfer, from its own cache, or computed",
+    "batch": "the decode instance's readings (pace, waiting, running, KV usage, preemptions: "
+             "every stream decodes there), with the prefill instance's most waiting/running "
+             "requests per level",
+    "interfere": "B's long prefill runs on the prefill instance while A decodes on the "
+                 "decode instance: A's stall is measured as on one server, beside what each "
+                 "instance did with B (its prefill time; the KV B's decode leg received or "
+                 "computed)",
+}
+
+
 def _common(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--endpoint", help="base URL of an OpenAI-compatible vLLM server "
-                   "(default: start the local CPU vLLM)")
+                   "(default: start the local CPU vLLM); with --prefill/--decode: a router in "
+                   "P/D mode in front of them")
+    p.add_argument("--prefill", metavar="URL", default=None,
+                   help="disaggregated prefill/decode: the prefill instance (with --decode). "
+                        "With --endpoint (a router in P/D mode) requests go through it; "
+                        "without, phaseprobe sends the two legs itself (prefill with "
+                        "max_tokens=1, then the whole request to the decode instance). On the "
+                        f"pair, {_PD_READS[name]}")
+    p.add_argument("--decode", metavar="URL", default=None,
+                   help="disaggregated prefill/decode: the decode instance (with --prefill)")
     p.add_argument("--model", help="model name (default: the endpoint's first model)")
     p.add_argument("--replica", action="append", metavar="[NAME=]URL", default=None,
                    help="a replica behind the --endpoint router (repeat for each): runs are "
@@ -246,6 +274,9 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     def progress(line: str) -> None:
         err.print(f"[dim]{escape(line)}")
 
+    topo = pd_topology(args)  # both or neither, never with --replica: before anything starts
+    if topo is not None and kind == "interfere" and (args.playbook or args.endpoint_b):
+        raise ConfigError("--prefill/--decode measure one pair: drop --endpoint-b/--playbook")
     if kind == "interfere" and args.playbook:
         return _run_playbook(args, out, api_key, progress)
     replicas = parse_replicas(args.replica)
@@ -257,13 +288,16 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
         raise ConfigError("batch measures one server's concurrency: give one replica's own URL "
                           "as --endpoint (behind a router the streams of a level are split "
                           "over the replicas)")
+    # on a pair the session checks the model where requests go: the router, or the decode leg
+    endpoint_given = (topo.router or topo.decode) if topo is not None else args.endpoint
     options = SessionOptions(store_path=str(args.store or default_store_path()),
-                             endpoint=args.endpoint, api_key=api_key, model=args.model)
+                             endpoint=endpoint_given, api_key=api_key, model=args.model)
     # the session checks a wrong --model before any run
     with Session(options, ConsoleNotices(err)) as session:
         endpoint, model, store = session.endpoint, session.model, session.store
         target = Target(endpoint=endpoint, model=model, api_key=api_key, chat=args.chat,
-                        timeout_s=args.timeout, deadline_s=args.deadline, replicas=replicas)
+                        timeout_s=args.timeout, deadline_s=args.deadline, replicas=replicas,
+                        pd=topo)
         result: PrefixResult | BatchResult | InterfereResult | ArmsResult
         if kind == "prefix":
             result = run_prefix(target, store, prefix_tokens=args.prefix_tokens,
@@ -291,6 +325,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
         return _emit_arms(args, out, result, {"endpoints": endpoints})
     if args.json:
         doc = {"kind": kind, "endpoint": redact_url(endpoint), "model": model,
+               **({"pd": topo.to_dict()} if topo is not None else {}),
                "server": result.server_info, **result.to_dict()}
         out.out(jsonout.dumps(doc), highlight=False)  # plain: no markup, no wrapping
     elif isinstance(result, PrefixResult):

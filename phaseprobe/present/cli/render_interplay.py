@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -36,6 +39,17 @@ def _table(title: str, columns: tuple[str, ...], left: tuple[str, ...] = ()) -> 
     return t
 
 
+def _pd_line(out: Console, info: Mapping[str, Any]) -> None:
+    """Which pair was measured, and how the requests reached it (nothing on one server)."""
+    pd = info.get("pd")
+    if not isinstance(pd, Mapping):
+        return
+    how = (f"through the router {pd.get('router')}" if pd.get("router")
+           else "legs sent by phaseprobe (prefill max_tokens=1, then the decode leg)")
+    out.print(escape(f"P/D pair: prefill {pd.get('prefill')}, decode {pd.get('decode')}, "
+                     f"{how}"), highlight=False)
+
+
 def _verdict(out: Console, kind: str, text: str) -> None:
     colour = {"interference": "red", "no interference": "green", "reuse": "green",
               }.get(kind, "yellow")
@@ -43,6 +57,7 @@ def _verdict(out: Console, kind: str, text: str) -> None:
 
 
 def render_prefix(out: Console, r: PrefixResult) -> None:
+    _pd_line(out, r.server_info)
     t = _table(f"prefix reuse (experiment {r.experiment_id}): shared prefix "
                f"{_num(r.prefix_tokens)} tokens, KV block {_num(r.block_size)} tokens, "
                f"up to {_num(r.expected_hit_tokens)} tokens can hit",
@@ -55,10 +70,14 @@ def render_prefix(out: Console, r: PrefixResult) -> None:
     out.print(t)
     v = r.verdict()
     _verdict(out, v.kind, v.text)
+    pd = r.pd_text()
+    if pd:
+        out.print(escape(pd), highlight=False)
     _notes(out, r.notes)
 
 
 def render_batch(out: Console, r: BatchResult) -> None:
+    _pd_line(out, r.server_info)
     many = any(lv.rounds > 1 for lv in r.levels)
     cols = ("concurrency", *(("rounds",) if many else ()), "streams ok", "client tok/s",
             "rate over", "× vs lowest", "efficiency %", "server tok/s", "server ×",
@@ -78,16 +97,23 @@ def render_batch(out: Console, r: BatchResult) -> None:
                             "{:.0f}"))
         t.add_row(*row)
     out.print(t)
-    t = _table("per-stream latency and server pressure",
+    pd = "pd" in r.server_info
+    t = _table("per-stream latency and server pressure" + (
+        " (server: the decode instance; prefill: the prefill instance)" if pd else ""),
                ("concurrency", "TPOT ms", "ITL p50 ms", "ITL p99 ms", "burst gaps %",
-                "max waiting", "max running", "max KV %", "preemptions"))
+                "max waiting", "max running", "max KV %", "preemptions",
+                *(("prefill max\nwaiting", "prefill max\nrunning") if pd else ())))
     for lv in r.levels:
-        t.add_row(str(lv.concurrency), _ms_fine(lv.tpot_median_s), _ms_fine(lv.itl_p50_s),
-                  _ms_fine(lv.itl_p99_s),
-                  _num(lv.burst_share * 100 if lv.burst_share is not None else None, "{:.0f}"),
-                  _num(lv.max_waiting), _num(lv.max_running),
-                  _num(lv.max_kv_usage * 100 if lv.max_kv_usage is not None else None,
-                       "{:.1f}"), _num(lv.preemptions))
+        row = [str(lv.concurrency), _ms_fine(lv.tpot_median_s), _ms_fine(lv.itl_p50_s),
+               _ms_fine(lv.itl_p99_s),
+               _num(lv.burst_share * 100 if lv.burst_share is not None else None, "{:.0f}"),
+               _num(lv.max_waiting), _num(lv.max_running),
+               _num(lv.max_kv_usage * 100 if lv.max_kv_usage is not None else None, "{:.1f}"),
+               _num(lv.preemptions)]
+        if pd:
+            seen = r.prefill_pressure.get(lv.concurrency, {})
+            row += [_num(seen.get("requests_waiting")), _num(seen.get("requests_running"))]
+        t.add_row(*row)
     out.print(t)
     if many:
         out.print("each level: the median over its rounds (round spread: (max − min) ÷ median "
@@ -108,6 +134,7 @@ def render_batch(out: Console, r: BatchResult) -> None:
 
 
 def render_interfere(out: Console, r: InterfereResult, arm: str | None = None) -> None:
+    _pd_line(out, r.server_info)
     who = f"arm {arm}, " if arm else ""
     t = _table(f"interference ({who}experiment {r.experiment_id}): A decoding, B's long "
                f"prefill sent {r.trigger.describe()}; A-alone TPOT "
@@ -135,6 +162,9 @@ def render_interfere(out: Console, r: InterfereResult, arm: str | None = None) -
               "estimates the same cost from live traffic")
     v = r.verdict()
     _verdict(out, v.kind, v.text)
+    pd = r.pd_summary()
+    if pd is not None:
+        out.print(escape(pd.sentence(v.kind)), highlight=False)
     _notes(out, r.notes)
 
 

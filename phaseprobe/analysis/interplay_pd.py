@@ -1,0 +1,139 @@
+"""The interplay probes on a prefill/decode pair: what each instance did, in words and numbers.
+
+Pure: per-pair instance deltas and the A-alone P/D runs in, summaries and sentences out.
+
+On a pair a request's prompt is computed on the prefill instance; the decode instance receives
+its KV (``prompt_tokens_by_source`` ``external_kv_transfer``), finds blocks in its own prefix
+cache (``local_cache_hit``) or computes what is left (``local_compute``: at least the prompt's
+last partial block, or the whole prompt when the hand-over failed). During an ``interfere``
+pair both A's and B's legs move each instance's counters; A alone's share, measured on the
+A-alone runs, leaves B's part by difference.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from phaseprobe.analysis.pd import SOURCES
+from phaseprobe.format import duration as fmt_duration
+from phaseprobe.records import Run
+
+__all__ = ["PdInterfere", "pd_alone", "pd_interfere", "pd_prefix_text"]
+
+_WORDS = {"external_kv_transfer": "received by KV transfer", "local_compute": "computed",
+          "local_cache_hit": "from its own prefix cache"}
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    xs = [v for v in values if v is not None]
+    return statistics.median(xs) if xs else None
+
+
+def _minus(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a - b
+
+
+def pd_alone(runs: Sequence[Run]) -> dict[str, float | None]:
+    """A alone's share of each instance's readings: medians over the A-alone P/D runs whose
+    legs were isolated (the prefill leg's prefill time, the decode leg's prompt sources)."""
+    legs = [r.pd for r in runs if r.pd is not None]
+    fields = {"external_kv_transfer": "tokens_transferred", "local_compute": "tokens_computed",
+              "local_cache_hit": "tokens_cached"}
+    out: dict[str, float | None] = {
+        "prefill_s": _median([p.prefill_s for p in legs if p.prefill_isolated])}
+    for src in SOURCES:
+        out[f"decode_{src}"] = _median([getattr(p, fields[src]) for p in legs
+                                        if p.decode_isolated])
+    return out
+
+
+@dataclass(frozen=True)
+class PdInterfere:
+    """Medians over the pairs that measured: each instance's readings over a pair, A alone's,
+    and B's part by difference (None where unread)."""
+
+    pairs: int
+    prefill_s: float | None  # the prefill instance's prefill time over a pair (A's + B's legs)
+    prefill_s_alone: float | None  # A's prefill leg alone
+    b_prefill_s: float | None  # B's prefill on the prefill instance, by difference
+    decode_sources: dict[str, float | None]  # the decode instance's prompt tokens over a pair
+    b_decode_sources: dict[str, float | None]  # B's decode leg's, by difference
+    b_prompt_tokens: int  # B's prompt as asked for
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def b_recomputed(self) -> bool:
+        """B's KV never reached the decode instance: it computed B's prompt itself."""
+        ext = self.b_decode_sources.get("external_kv_transfer")
+        comp = self.b_decode_sources.get("local_compute")
+        return ext is not None and comp is not None and ext <= 0 < comp
+
+    def sentence(self, verdict_kind: str) -> str:
+        """What the pair did with B, then what that means for the verdict's numbers."""
+        if not self.pairs:
+            return ("on the P/D pair: no pair had B's prefill inside A's decode, so neither "
+                    "instance's share was measured")
+        parts = [f"on the P/D pair (medians over {self.pairs} pair(s)): the prefill instance "
+                 f"ran B's prefill ({fmt_duration(self.b_prefill_s)}: "
+                 f"{fmt_duration(self.prefill_s)} of prefill per pair less A's "
+                 f"{fmt_duration(self.prefill_s_alone)} alone)"]
+        b = [f"{v:.0f} {_WORDS[src]}" for src, v in self.b_decode_sources.items()
+             if v is not None]
+        if b:
+            parts.append(f"the decode instance, where A decodes, took B's decode leg's "
+                         f"{self.b_prompt_tokens}-token prompt as " + ", ".join(b)
+                         + " (the pair's less A's alone)")
+        else:
+            parts.append("the decode instance's prompt sources were not read (no "
+                         "vllm:prompt_tokens_by_source): what B's leg did there is unknown")
+        text = "; ".join(parts)
+        if self.b_recomputed:
+            return (text + ". B's KV never arrived: the decode instance computed B's prompt "
+                    "itself, so B's prefill ran where A decodes after all")
+        if verdict_kind == "no interference":
+            return text + ". A did not stall beyond the thresholds: B's long prefill ran on " \
+                          "the prefill instance, not where A decodes"
+        if verdict_kind == "interference":
+            return (text + ". A stalled although B's prefill ran on the prefill instance: on "
+                    "the decode instance B's leg still loads its KV and computes the prompt's "
+                    "last partial block, and instances on one machine share its CPU and "
+                    "memory bandwidth")
+        return text
+
+
+def pd_interfere(pairs: Sequence[Mapping[str, float | None]],
+                 alone: Mapping[str, float | None], b_prompt_tokens: int) -> PdInterfere:
+    """``pairs``: each measured pair's instance deltas (``prefill_s``, ``decode_<source>``);
+    ``alone``: :func:`pd_alone` of the A-alone runs."""
+    prefill = _median([p.get("prefill_s") for p in pairs])
+    a_prefill = alone.get("prefill_s")
+    decode = {src: _median([p.get(f"decode_{src}") for p in pairs]) for src in SOURCES}
+    b_decode = {src: _minus(decode[src], alone.get(f"decode_{src}")) for src in SOURCES}
+    return PdInterfere(len(pairs), prefill, a_prefill, _minus(prefill, a_prefill), decode,
+                       b_decode, b_prompt_tokens)
+
+
+def pd_prefix_text(cold: Mapping[str, float | None], warm: Mapping[str, float | None]
+                   ) -> str | None:
+    """Where the prefix probe's readings come from on a pair, and what the decode instance did
+    with each pass's prompts (medians; None when nothing was read there)."""
+    def said(p: Mapping[str, float | None]) -> str | None:
+        vals = {k: p.get(f"decode_{k}_tokens") for k in ("transferred", "cached", "computed")}
+        if all(v is None for v in vals.values()):
+            return None
+        return ", ".join(f"{'—' if v is None else f'{v:.0f}'} {w}" for v, w in (
+            (vals["transferred"], _WORDS["external_kv_transfer"]),
+            (vals["cached"], _WORDS["local_cache_hit"]),
+            (vals["computed"], _WORDS["local_compute"])))
+    c, w = said(cold), said(warm)
+    head = ("on the P/D pair the prompts are computed on the prefill instance: the prefix hits "
+            "and the server prefill time are its own")
+    if c is None and w is None:
+        return head + "; the decode instance's prompt sources were not read"
+    return (head + f"; the decode instance's prompt tokens, cold: {c or 'unknown'}; warm: "
+            f"{w or 'unknown'}")
