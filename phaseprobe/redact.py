@@ -26,8 +26,19 @@ def is_secret_name(name: str) -> bool:
     return any(part in squashed for part in _SECRET_PARTS)
 
 
+# ``scheme://user:pa/ss@host…``: a password holding '/', '?' or '#' (unencoded, as people
+# paste them) ends the authority early for urlsplit, which then sees no userinfo at all and the
+# password would be shown whole. Anything up to the last '@' whose user part is a plain name is
+# taken as userinfo: over-masking an odd path with '@' in it is the safe mistake.
+_SLASHED_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^@\s/?#:]*):"
+                               r"(?P<password>[^\s]*[/?#][^\s]*)@(?P<rest>[^@\s]*)")
+
+
 def redact_url(url: str) -> str:
     """``url`` without ``user:password@`` and with secret-named query values redacted."""
+    slashed = _SLASHED_USERINFO.fullmatch(url)
+    if slashed is not None:
+        return redact_url(slashed["scheme"] + slashed["rest"])
     try:
         parts = urlsplit(url)
         host = parts.hostname or ""

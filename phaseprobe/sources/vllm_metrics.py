@@ -179,7 +179,8 @@ class MetricsScraper:
             raise MetricsUnavailable(redact_url(self.url), type(exc).__name__) from None
         if resp.status_code != 200:
             raise MetricsUnavailable(redact_url(self.url), f"HTTP {resp.status_code}")
-        snap = parse_exposition(resp.text, source=self.url, wall_ns=self._wall_ns())
+        # the URL goes wherever the snapshot goes (reports, --json, the store): no password
+        snap = parse_exposition(resp.text, source=redact_url(self.url), wall_ns=self._wall_ns())
         if not snap.has_vllm():
             raise MetricsUnavailable(redact_url(self.url), "no vllm: series in the exposition")
         return snap

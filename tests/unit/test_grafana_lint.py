@@ -195,6 +195,17 @@ def test_live_metrics_url_with_or_without_the_metrics_path():
             snap = load_metrics(url)
             assert snap.source == base + "/metrics"
             assert lint_dashboard(load_dashboard(SHIPPED), snapshot=snap).ok
+        # a password in the URL never comes back in the report or --json (the source is
+        # kept redacted from the scrape on), nor in the error when it holds a '/' (which
+        # makes the URL unusable: urlsplit then sees no userinfo at all)
+        port = server.server_address[1]
+        snap = load_metrics(f"http://user:s3cr3t@127.0.0.1:{port}")
+        report = lint_dashboard(load_dashboard(SHIPPED), snapshot=snap)
+        assert "s3cr3t" not in json.dumps(report.to_dict()) and "s3cr3t" not in snap.source
+        assert snap.source == f"http://127.0.0.1:{port}/metrics"
+        with pytest.raises(MetricsUnavailable) as err:
+            load_metrics(f"http://user:se/cr3t@127.0.0.1:{port}")
+        assert "cr3t" not in str(err.value) and f"127.0.0.1:{port}" in str(err.value)
     finally:
         server.shutdown()
         server.server_close()

@@ -21,6 +21,7 @@ from phaseprobe.analysis.fleet_stats import FleetReport, fleet_report
 from phaseprobe.analysis.phases import summarize
 from phaseprobe.collect.experiment import ProbeSettings, run_probe
 from phaseprobe.collect.fleet.targets import ReplicaTarget, parse_replicas
+from phaseprobe.collect.gpu_telemetry import MIN_PERIOD_S
 from phaseprobe.collect.pd.collector import PdTopology
 from phaseprobe.collect.pd.probe import kv_path, run_pd_probe
 from phaseprobe.collect.session import Session, SessionOptions
@@ -133,8 +134,10 @@ def register(subparsers: Any) -> None:
                      help="do not sample the GPUs")
     gpu.add_argument("--gpu-fake", dest="gpu", action="store_const", const="fake",
                      help="demo: sample two scripted fake GPUs instead of NVML")
-    probe.add_argument("--gpu-period", type=float_in(0.001, 3600), default=0.1, metavar="SECONDS",
-                       help="GPU sampling period (default: 0.1, down to 0.01)")
+    # checked here, not by the sampler ~30 s later, after the local vLLM has started
+    probe.add_argument("--gpu-period", type=float_in(MIN_PERIOD_S, 3600), default=0.1,
+                       metavar="SECONDS", help=f"GPU sampling period (default: 0.1, down to "
+                                               f"{MIN_PERIOD_S:g})")
     probe.add_argument("--peaks", metavar="GPU|calibrated", default=None,
                        help="hardware peaks for the roofline: a GPU from the datasheet table "
                             "(e.g. h100-sxm, a100-80gb-sxm, l40s) or 'calibrated' (this "
