@@ -54,6 +54,10 @@ def test_credentials_in_urls_never_reach_the_file(tmp_path):
     assert b"secret" not in raw
     assert redact_url("http://u:p@h:9/x") == "http://h:9/x"
     assert redact_url("http://h:9/x") == "http://h:9/x"
+    # a password with '/', '?' or '#' pasted unencoded: urlsplit sees no userinfo in it
+    for secret in ("se/cr3t", "se?cr3t", "se#cr3t", "a/b@c"):
+        assert redact_url(f"http://u:{secret}@h:9/x?token=t") == "http://h:9/x?token=<redacted>"
+    assert redact_url("http://h/users/@me") == "http://h/users/@me"  # no password: kept
 
 
 def test_committed_runs_survive_a_killed_writer(tmp_path):
