@@ -145,12 +145,27 @@ def test_no_token_chains_the_decode_side_after_the_hand_over():
     assert any("no token reached the client" in n for n in layout.notes)
 
 
+def test_spans_joined_onto_the_run_are_quoted_beside_the_bars():
+    parts = {"prefill_pre_engine_s": 0.001, "prefill_queue_s": 0.001, "prefill_s": 0.020,
+             "prefill_return_s": 0.0015, "hand_over_s": 0.003, "decode_prompt_s": 0.004}
+    join = {"joined_by": "request_id", "ttft_s": 0.0305, "ttft_parts_s": parts}
+    layout = pd_layout(_legs(span_join=join), _client(30.5))
+    assert ("on the legs' own spans (joined by request_id) the TTFT of 30.50 ms splits into "
+            "prefill leg pre-engine 1.00 ms, prefill-side queue 1.00 ms, prefill 20.00 ms, "
+            "prefill leg's return 1.50 ms, hand-over 3.00 ms, decode-side prompt work 4.00 ms"
+            ) in layout.notes
+    assert not any("own spans" in n for n in pd_layout(_legs(), _client(30.5)).notes)
+
+
 def test_chart_builds_with_a_lane_per_instance_and_the_client():
     spec = pd_chart(pd_layout(_legs(kv="recomputed"), _client(30.5))).to_dict()
     assert len(spec["layer"]) == 4  # bars, the KV wait inside the hand-over, label, ticks
     assert spec["title"] == "KV recomputed"
     y = spec["layer"][0]["encoding"]["y"]
     assert y["scale"]["domain"] == list(LANES)
+    # the legend names only the phases drawn, the recompute among them
+    assert spec["layer"][0]["encoding"]["color"]["scale"]["domain"] == [
+        "queue", "prefill", GAP, "hand-over", KV_WAIT, "recompute (KV never arrived)", "decode"]
     datasets = list(spec["datasets"].values())
     assert any(row.get("text") == "recompute (KV never arrived)" for d in datasets
                for row in d)

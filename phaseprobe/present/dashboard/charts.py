@@ -6,7 +6,7 @@ A module of its own so pages import charts, never each other.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import altair as alt
 import pandas as pd
@@ -14,7 +14,7 @@ import pandas as pd
 from phaseprobe.present.dashboard.pd_layout import GAP, KV_WAIT, LANES, PROMPT_WORK, PdLayout
 from phaseprobe.records import Run
 
-__all__ = ["PHASE_COLORS", "PD_COLORS", "phase_bars", "token_ticks", "itl_frame", "swimlane",
+__all__ = ["PHASE_COLORS", "pd_colors", "phase_bars", "token_ticks", "itl_frame", "swimlane",
            "pd_chart"]
 
 _PHASES = {"queue": "#9e9e9e", "prefill": "#e4572e", "decode": "#4c78a8",
@@ -30,7 +30,14 @@ _PD_PHASES = {"queue": _PHASES["queue"], "prefill": _PHASES["prefill"],
               PROMPT_WORK["unknown"]: "#bab0ac", "decode": _PHASES["decode"],
               "waiting (client)": _PHASES["waiting (client)"],
               "streaming (client)": _PHASES["streaming (client)"]}
-PD_COLORS = alt.Scale(domain=list(_PD_PHASES), range=list(_PD_PHASES.values()))
+
+
+def pd_colors(phases: Iterable[str]) -> alt.Scale:
+    """The P/D colour scale over the phases drawn (in the lanes' order), so the legend lists
+    only what the chart shows."""
+    shown = set(phases)
+    domain = [p for p in _PD_PHASES if p in shown]
+    return alt.Scale(domain=domain, range=[_PD_PHASES[p] for p in domain])
 
 
 def _lane(run: Run, lanes: Mapping[int, tuple[str, float]] | None) -> tuple[str, float]:
@@ -85,7 +92,7 @@ def swimlane(bars: pd.DataFrame, ticks: pd.DataFrame,
     y = alt.Y("lane:N", sort=order, title=None)
     layer = alt.Chart(bars).mark_bar(height=14).encode(
         x=alt.X("start_ms:Q", title=x_title), x2="end_ms:Q", y=y,
-        color=alt.Color("phase:N", scale=colors),
+        color=alt.Color("phase:N", scale=colors, legend=alt.Legend(labelLimit=260)),
         tooltip=["lane", "phase", alt.Tooltip("start_ms:Q", format=".1f"),
                  alt.Tooltip("end_ms:Q", format=".1f")])
     tick = alt.Chart(ticks).mark_tick(color="black", thickness=1, size=18, opacity=0.6).encode(
@@ -106,14 +113,17 @@ def pd_chart(layout: PdLayout) -> alt.LayerChart | alt.FacetChart:
                alt.Tooltip("end_ms:Q", format=".2f"), alt.Tooltip("ms:Q", format=".2f")]
     bars = layout.bars.assign(ms=layout.bars["end_ms"] - layout.bars["start_ms"])
     inner = bars["inner"].astype(bool)
-    color = alt.Color("phase:N", scale=PD_COLORS, title="phase")
+    color = alt.Color("phase:N", scale=pd_colors(bars["phase"]), title="phase",
+                      legend=alt.Legend(labelLimit=260))
     outer_layer = alt.Chart(bars[~inner]).mark_bar(height=18).encode(
         x=x, x2="end_ms:Q", y=y, color=color, tooltip=tooltip)
     inner_layer = alt.Chart(bars[inner]).mark_bar(height=7).encode(
         x=x, x2="end_ms:Q", y=y, color=color, tooltip=tooltip)
     prompt = bars[bars["phase"] == layout.prompt_phase]
+    # above its bar, from its start: the hand-over ends there, so the label has the lane gap
     label = alt.Chart(prompt.assign(text=prompt["phase"])).mark_text(
-        align="right", dx=-4, fontWeight="bold").encode(x=x, y=y, text="text:N")
+        align="left", baseline="bottom", dy=-10, fontWeight="bold").encode(
+        x=x, y=y, text="text:N")
     ticks = alt.Chart(layout.ticks).mark_tick(color="black", thickness=1, size=18,
                                               opacity=0.6).encode(
         x="t_ms:Q", y=y, tooltip=[alt.Tooltip("t_ms:Q", title="token at ms", format=".2f")])

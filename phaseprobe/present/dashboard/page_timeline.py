@@ -17,8 +17,8 @@ import streamlit as st
 
 from phaseprobe.analysis.phases import percentile
 from phaseprobe.present.dashboard.charts import (
-    PD_COLORS,
     itl_frame,
+    pd_colors,
     phase_bars,
     swimlane,
     token_ticks,
@@ -51,7 +51,7 @@ def render(ctx: Context) -> None:
                    "prefill, the hand-over, the decode instance's prompt work and decode, on "
                    "the client's clock; each tick is a token event. A run's own chart below "
                    "has a lane per instance.")
-        st.altair_chart(swimlane(bars, ticks, colors=PD_COLORS))
+        st.altair_chart(swimlane(bars, ticks, colors=pd_colors(bars["phase"])))
     else:
         st.caption("One lane per run: server queue / prefill / decode (or the client's wait "
                    "and stream when vLLM metrics were absent); each tick is a token event.")

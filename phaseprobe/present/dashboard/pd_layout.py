@@ -152,6 +152,9 @@ def pd_layout(legs: PdLegs, client: ClientTimeline | None) -> PdLayout:
                          f"{'after' if off > 0 else 'before'} the client's last token "
                          f"({_ms(last)})")
 
+    if legs.span_join:
+        notes += _span_note(legs.span_join)
+
     ticks = pd.DataFrame({"lane": LANES[3], "t_ms": [t / 1e6 for t in client.event_offsets_ns]}
                          if client is not None else {"lane": [], "t_ms": []},
                          columns=["lane", "t_ms"])
@@ -183,6 +186,27 @@ def _gap(prefill_end: float, hand_over_start: float, ttft: float | None
                     "histograms keep their own clock; the bars are drawn where the client's "
                     "clock puts them"]
     return [], []
+
+
+# the TTFT split on the two legs' spans (analysis.pd_spans.PdSpanRecord.ttft_parts_s), in order
+_SPAN_PARTS = (("prefill_pre_engine_s", "prefill leg pre-engine"),
+               ("prefill_queue_s", "prefill-side queue"), ("prefill_s", "prefill"),
+               ("prefill_return_s", "prefill leg's return"), ("hand_over_s", "hand-over"),
+               ("decode_prompt_s", "decode-side prompt work"))
+
+
+def _span_note(join: Mapping[str, Any]) -> list[str]:
+    """The legs' own spans, when they were joined onto the run: the TTFT split on the
+    instances' clocks, whose parts add up (they hold what the histograms do not: each leg's
+    pre-engine time and the prefill leg's return), beside the bars' histogram deltas."""
+    parts = join.get("ttft_parts_s")
+    ttft = join.get("ttft_s")
+    if not isinstance(parts, Mapping) or not isinstance(ttft, int | float):
+        return []
+    said = [f"{name} {_ms(v)}" for key, name in _SPAN_PARTS
+            if isinstance(v := parts.get(key), int | float)]
+    return [f"on the legs' own spans (joined by {join.get('joined_by', '?')}) the TTFT of "
+            f"{_ms(ttft)} splits into " + ", ".join(said)]
 
 
 def pd_run_bars(runs: Sequence[Run]) -> pd.DataFrame:
