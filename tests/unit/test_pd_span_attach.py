@@ -101,3 +101,4 @@ def test_a_run_with_one_legs_span_is_named_not_dropped(tmp_path):
     assert notes[0].startswith("spans: both legs joined for 0 of 2 run(s)")
     assert "spans: 2 run(s) not joined within 0.5 s (run 1: " in notes[1]
     assert "run 2: no span of either leg" in notes[1]
+

@@ -78,18 +78,25 @@ class RichProgress:
         self._progress.stop()
 
 
+def _count(n: int | None) -> str:
+    return "—" if n is None else str(n)
+
+
 def _itl(run: Run, q: float) -> float | None:
     return percentile(run.client.itl_s, q) if run.client else None
 
 
 def render_probe(console: Console, runs: Sequence[Run], summary: Summary,
                  info: Mapping[str, Any], notes: Sequence[str], experiment_id: int) -> None:
-    version = info.get("vllm_version") or "?"
+    version = info.get("vllm_version")
     by_span = any(r.attributed and not r.isolated for r in runs)
     caption = ("times in ms; server columns are vLLM's own per request: its /metrics deltas "
                "(isolated: yes) or the request's own span (isolated: span)" if by_span else
                "times in ms; server columns are vLLM's own histograms per request")
-    table = Table(title=f"phaseprobe · experiment {experiment_id} · vLLM {version}",
+    # a failed run has a client timeline without usage, a server that hides /version no
+    # version: a table says "—" or leaves it out, never None or "?"
+    table = Table(title=f"phaseprobe · experiment {experiment_id}"
+                        + (f" · vLLM {version}" if version else " · vLLM version not reported"),
                   caption=caption)
     fleet = bool(info.get("router")) or any(r.replica is not None for r in runs)
     for col in ("run", "status", "TTFT ms", "queue ms", "prefill ms", "decode ms", "TPOT ms",
@@ -109,8 +116,8 @@ def render_probe(console: Console, runs: Sequence[Run], summary: Summary,
             ms(c.ttft_s if c else None), ms(s.queue_s if s else None, 2),
             ms(s.prefill_s if s else None), ms(s.decode_s if s else None),
             ms(c.tpot_s if c else None, 2), ms(_itl(r, 50), 2), ms(_itl(r, 99), 2),
-            ms(c.e2e_s if c else None), str(c.prompt_tokens if c else "—"),
-            str(c.completion_tokens if c else "—"), iso,
+            ms(c.e2e_s if c else None), _count(c.prompt_tokens if c else None),
+            _count(c.completion_tokens if c else None), iso,
             *((replica_cell(r),) if fleet else ()))
     console.print(table)
     if fleet:
