@@ -29,6 +29,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from phaseprobe.analysis.ab_pd import judge_pd
 from phaseprobe.analysis.ab_sequential import (
     PRIMARY_METRICS,
     PRIMARY_PHASES,
@@ -93,8 +94,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--store", type=Path, default=None,
                    help=f"experiment store (default: {default_store_path()})")
     p.add_argument("--force", action="store_true",
-                   help="ab compare: compare experiments that are not alike (another model, "
-                        "prompt or output shape, api or kind of measurement), with a warning")
+                   help="compare arms or experiments that are not alike (another model, "
+                        "prompt or output shape, api or kind of measurement; for a "
+                        "prefill/decode arm, runs whose KV was not handed over), with a "
+                        "warning")
     p.add_argument("--api-key-env", metavar="VAR", default=None,
                    help="environment variable holding the endpoints' API key (default: "
                         "OPENAI_API_KEY, then VLLM_API_KEY); never stored or printed")
@@ -304,6 +307,7 @@ def _report(args: argparse.Namespace, out: Console, session_id: int) -> int:
         playbook, arms = session_arms(session)
         names = [name for name, _ in arms]
         runs = {name: store.runs(exp_id) for name, exp_id in arms}
+        exps = {name: store.experiment(exp_id) for name, exp_id in arms}
         # what the arms noted when they ran (metrics lost, usage not counted, no /tokenize),
         # as the live session showed it
         arm_notes = [n for _, exp_id in arms for n in store.experiment(exp_id).notes]
@@ -321,8 +325,9 @@ def _report(args: argparse.Namespace, out: Console, session_id: int) -> int:
     if schema_note:
         notes.append(schema_note)
     from phaseprobe.analysis.ab_stats import compare_runs
-    c = compare_runs(runs[names[0]], runs[names[1]], arm_a=names[0], arm_b=names[1],
-                     min_effect=min_effect, seed=playbook.run.seed, plan=plan)
+    c = judge_pd(compare_runs(runs[names[0]], runs[names[1]], arm_a=names[0],
+                              arm_b=names[1], min_effect=min_effect, seed=playbook.run.seed,
+                              plan=plan), exps, runs, force=args.force)
     title = (f"A/B session {session_id} · {playbook.name} · {names[0]} (A) vs {names[1]} (B)"
              + ("" if session["finished_wall_ns"] else " · unfinished: --resume to complete"))
     _emit(args, out, c, title, {
@@ -441,14 +446,17 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
         else:
             result = run_ab(playbook, store, runs=args.runs, progress=progress,
                             api_key=api_key, plan=plan)
+        # what each arm measured (a prefill/decode pair?) decides whether a verdict may stand
+        exps = {name: store.experiment(exp_id) for name, exp_id in result.experiments.items()}
     pb = result.playbook
     names = [a.name for a in pb.arms]
     min_effect = parse_effect(args.min_effect) if args.min_effect else pb.run.min_effect
     plan = result.plan if result.plan is None or not args.min_effect else \
         replace(result.plan, min_effect=min_effect)
     from phaseprobe.analysis.ab_stats import compare_runs
-    c = compare_runs(result.runs[names[0]], result.runs[names[1]], arm_a=names[0],
-                     arm_b=names[1], min_effect=min_effect, seed=pb.run.seed, plan=plan)
+    c = judge_pd(compare_runs(result.runs[names[0]], result.runs[names[1]], arm_a=names[0],
+                              arm_b=names[1], min_effect=min_effect, seed=pb.run.seed,
+                              plan=plan), exps, result.runs, force=args.force)
     overhead, cpu = result.overhead_s, result.overhead_cpu_s
     extra = {"session_id": result.session_id, "playbook": pb.name, "finished": result.complete,
              "runs_per_arm": result.runs_per_arm,
