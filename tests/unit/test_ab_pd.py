@@ -277,3 +277,16 @@ def test_a_launched_pair_is_shared_by_identical_launches_and_stopped_on_every_ex
                 run_ab(pb, store, launcher=no_server, pd_launcher=fake_pair,
                        progress=CrashAfter(1))
         assert exited == ["aggregated", "aggregated"]  # stopped on the error path too
+
+
+def test_the_shipped_pd_playbooks_compare_an_aggregated_arm_with_a_pair():
+    from phaseprobe.collect.playbook import load_playbook
+
+    cpu = load_playbook("cpu-pd-vs-aggregated")
+    assert [a.is_pd for a in cpu.arms] == [False, True]
+    assert cpu.arms[1].launch.pd and not cpu.arms[1].launch.router
+    assert cpu.arms[0].served_model == cpu.arms[1].served_model  # the same tiny model
+    gpu = load_playbook("gpu-pd-nixl")
+    topo = gpu.arms[1].pd_topology
+    assert not gpu.arms[0].is_pd and topo is not None and topo.router is not None
+    assert '"kv_connector":"NixlConnector"' in gpu.text  # how to start each instance
