@@ -321,7 +321,9 @@ def _red_flags(log: NcclLog, groups: list[CommGroup], chans: dict[str, MinMax],
         flag("low", "cut_lines",
              f"{log.records_cut} NCCL record(s) cut by another process's output: "
              f"{log.records_reassembled} put back together from the rest found later, "
-             f"{log.records_unattributed} could not be (counted as malformed lines)")
+             f"{log.records_unattributed} could not be (counted as malformed lines)"
+             + (f"; {log.records_salvaged} of those kept the fields stated before the cut"
+                if log.records_salvaged else ""))
     if len(log.versions) > 1:
         flag("high", "mixed_versions", "several NCCL versions in one job: "
              + ", ".join(v for v, _ in log.versions))

@@ -91,7 +91,7 @@ __all__ = ["TraceDoc", "KernelCounts", "RangesDoc", "TraceFacts", "TraceEvidence
            "summarize_nsys_export",
            "summarize_nsys_with_span", "activity_span",
            "read_torch_timeline", "trace_in",
-           "summarize_stats_csv", "summarize_stats_text", "records", "read_words"]
+           "summarize_stats_csv", "summarize_stats_text", "records"]
 
 
 def summarize_nsys_file(path: str | Path, min_gap_ns: int = 100_000,
@@ -333,10 +333,3 @@ def summarize_stats_text(tables: list[Any], file: str, top: int = 15,
     if completeness is not None:
         doc["completeness"] = dict(completeness)
     return doc
-
-
-def read_words(doc: Mapping[str, Any]) -> str | None:
-    """The document's incomplete read in one sentence (numbers, then what is missing by
-    name); None when everything in the file was read."""
-    from phaseprobe.sources.read_account import account_words
-    return account_words(doc.get("completeness"))

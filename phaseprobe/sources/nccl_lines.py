@@ -14,6 +14,8 @@ from collections import Counter
 from collections.abc import Container
 from dataclasses import dataclass
 
+from phaseprobe.sources.launcher_prefix import read_prefix
+
 __all__ = [
     "Header", "Record", "split_record", "parse_header", "DTYPE_BYTES", "DTYPE_NAMES",
     "ALGO_BY_INT", "PROTO_BY_INT", "COLL_OPS", "transport_kind", "transport_class",
@@ -40,12 +42,11 @@ COLL_OPS = frozenset({"AllReduce", "Broadcast", "Reduce", "AllGather", "ReduceSc
 
 # host:pid:tid [dev]  — optionally followed, on WARN/TRACE lines, by "<file>:<line> " (and
 # "(<func>) " in 2.30) or "<ms> <func>:<line> ". Searched at the *end* of what precedes the level
-# word, so launcher prefixes (srun "12: ", mpirun "[1,0]<stdout>:") and timestamps are skipped.
+# word, so launcher prefixes (srun "12: ", mpirun "[1,0]<stdout>:") and timestamps are skipped;
+# the launcher's rank is read from the start of the line only (:mod:`.launcher_prefix`).
 _HEADER = re.compile(
     r"(?P<host>[^\s:\[\]]+):(?P<pid>\d+):(?P<tid>\d+)(?: \[(?P<dev>-?\d+)\])?"
     r"(?: (?:[\d.]+ )?(?P<src>[\w./+-]+):(?P<srcline>\d+)(?: \([^)]*\))?)? ?$")
-_SRUN = re.compile(r"^\s*(\d+): ")
-_MPIRUN = re.compile(r"^\[(\d+),(\d+)\]<std(?:out|err)>: ?")
 _STAMP = re.compile(r"\[(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?)\]")
 
 
@@ -58,6 +59,7 @@ class Header:
     tid: int
     dev: int | None
     launcher_rank: int | None = None  # srun -l / mpirun --tag-output rank, when present
+    launcher: str | None = None  # the launcher's tag of the line ("4", "1,3", "default0")
     src_file: str | None = None  # WARN lines: NCCL's source file and line
     src_line: int | None = None
 
@@ -131,18 +133,17 @@ def parse_header(pre: str) -> tuple[Header | None, str | None]:
         if m:
             stamp = m.group(1)
             rest = pre[:m.start()] + pre[m.end():].lstrip()
-    launcher = None
-    m2 = _SRUN.match(rest) or _MPIRUN.match(rest)
-    if m2:
-        launcher = int(m2.group(1) if m2.re is _SRUN else m2.group(2))
-        rest = rest[m2.end():]
+    tag = read_prefix(rest)
+    if tag is not None:
+        rest = rest[tag.end:]
     h = _HEADER.search(rest)
     header = None
     if h:
         dev, srcline = h.group("dev"), h.group("srcline")
         header = Header(h.group("host"), int(h.group("pid")), int(h.group("tid")),
-                        int(dev) if dev is not None else None, launcher, h.group("src"),
-                        int(srcline) if srcline is not None else None)
+                        int(dev) if dev is not None else None,
+                        tag.rank if tag is not None else None, tag.label if tag else None,
+                        h.group("src"), int(srcline) if srcline is not None else None)
     result = (header, stamp)
     if stamp is None:  # stamped prefixes differ on every line: caching them would only grow
         if len(_cache) > 4096:

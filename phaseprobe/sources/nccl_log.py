@@ -37,6 +37,7 @@ from typing import Any
 from phaseprobe.errors import ParseError
 from phaseprobe.sources import nccl_messages as msgs
 from phaseprobe.sources import nccl_split
+from phaseprobe.sources.launcher_prefix import read_prefix
 from phaseprobe.sources.nccl_lines import (
     Fold,
     FoldKey,
@@ -57,6 +58,7 @@ _MAX_PENDING = 50_000  # distinct COLL keys held before they are folded into the
 _BLOCK = 1 << 18  # bytes read at a time by the block reader (fits in L2 with its copies)
 _CUT_WINDOW = 4096  # lines within which the rest of a cut record is looked for
 _MAX_CUTS = 1024  # cut records waiting for their rest (one per writing thread at most)
+_MAX_WRITERS = 65536  # launcher tags and processes counted one by one (bounded memory)
 
 
 @dataclass(slots=True)
@@ -294,13 +296,18 @@ class NcclLogParser:
             rec, nxt = split_record(line, start)
             if rec is None:
                 break
+            log.records_found += weight
             if rec.level == "version":
                 good = self.state.banner(rec.msg.strip())
                 ok, bad = ok or good, bad or not good
+                if good:  # a banner has no writer by design: read, never "unattributed"
+                    log.records_read += weight
+                    log.records_attributed += weight
                 if not good and self.strict:
                     raise ParseError(source, line_no, line.rstrip("\r\n"), "bad version banner")
                 break
             header, stamp = parse_header(rec.pre)
+            self._seen(header, rec.pre, weight)
             if rec.cut or header is None:
                 if self.strict:
                     why = "record cut by another record" if rec.cut else "no host:pid:tid prefix"
@@ -312,11 +319,14 @@ class NcclLogParser:
                         cuts += 1
                     else:
                         log.records_unattributed += 1
+                        if header is not None:  # whole-shaped, or WARN text: keep what it says
+                            self._salvage(rec.level, msg, header, None)
                         bad = True
                 else:
                     bad = True
             elif self._record(rec.level, rec.msg, header, stamp, line_no, weight):
                 ok = True
+                self._count_read(header, weight)
             else:
                 bad = True
                 if self.strict:
@@ -334,6 +344,45 @@ class NcclLogParser:
             log.lines_nccl += weight
         else:
             log.lines_skipped += weight
+
+    def _seen(self, header: Header | None, pre: str, weight: int) -> None:
+        """Count a record against its writer: its process and its launcher tag (read from the
+        start of the line even when no ``host:pid:tid`` follows it)."""
+        log = self.log
+        if header is None:
+            log.records_no_writer += weight
+            tag = read_prefix(pre)
+            label = tag.label if tag is not None else None
+        else:
+            log.records_attributed += weight
+            if len(log.procs_seen) < _MAX_WRITERS or (header.host, header.pid) in log.procs_seen:
+                log.procs_seen[(header.host, header.pid)] += weight
+            label = header.launcher
+        if label is not None and (len(log.tags_seen) < _MAX_WRITERS or label in log.tags_seen):
+            log.tags_seen[label] += weight
+
+    def _count_read(self, header: Header, weight: int) -> None:
+        log = self.log
+        log.records_read += weight
+        log.procs_read.add((header.host, header.pid))
+        if header.launcher is not None:
+            log.tags_read.add(header.launcher)
+
+    def _salvage(self, level: str, msg: str, header: Header,
+                 then: tuple[tuple[str, int, str] | None, bool] | None) -> None:
+        """A cut record that will never be whole: keep the fields it states before the cut
+        (:meth:`ParseState.salvage`), attached where its head was written (``then``, the
+        snapshot taken then; None: now)."""
+        if level != "INFO":
+            return
+        thread = (header.host, header.pid, header.tid)
+        if then is not None:
+            self.state.replay = (thread, then[0], then[1])
+        try:
+            if self.state.salvage(msg, header):
+                self.log.records_salvaged += 1
+        finally:
+            self.state.replay = None
 
     # -- cut records ----------------------------------------------------------------------
     def _unglue(self, line: str, msg: str, nxt: int) -> tuple[str, int]:
@@ -393,6 +442,7 @@ class NcclLogParser:
                 return False
             log = self.log
             log.records_reassembled += 1
+            self._count_read(cut.header, 1)
             log.lines_nccl += 1  # this line: the rest of an NCCL record
             where = (cut.source, cut.line_no)
             left = self._cut_lines.get(where)
@@ -412,6 +462,7 @@ class NcclLogParser:
 
     def _unattributed(self, cut: _Cut) -> None:
         self.log.records_unattributed += 1
+        self._salvage("INFO", cut.msg, cut.header, cut.then)
         where = (cut.source, cut.line_no)
         left = self._cut_lines.get(where)
         if left is not None:

@@ -32,6 +32,10 @@ _TUNE = re.compile(r"(?:(\w+)(?: \[Symmetric\])?: )?(\d+) Bytes -> (?:Algo (\w+)
                    r"(?: channel\{Lo\.\.Hi\}=\{(\d+)\.\.(\d+)\}| time ([\d.]+))?"
                    r"|Kernel (\S+) nchannels (\d+) nthreads (\d+))")
 _CHANNELS = re.compile(r"(\d+) (coll|nvls|collnet|p2p) channels( per peer)?")
+# A field of a cut channel-summary line is whole when a comma follows it (NCCL prints
+# "%d coll channels, %d nvls channels, %d p2p channels, %d p2p channels per peer") or it ends
+# the text and cannot go on ("p2p channels" at the cut may have lost its " per peer").
+_CUT_CHANNEL = re.compile(r"(\d+) (coll|nvls|collnet|p2p) channels( per peer)?(?=,|$)")
 _TIMINGS = re.compile(r"Init timings(?: - (\w+))?: rank (\d+) nranks (\d+) total ([\d.]+)"
                       r"(?: \((.*)\))?")
 _ERR_TRAIL = re.compile(r"([\w./-]+\.(?:cc|cu|cpp|c|h)):(\d+) -> (\d+)(.*)$")
@@ -178,6 +182,8 @@ class ParseState:
             if len(log.peer_links) < 65536:
                 log.peer_links.add((int(m.group(3)), int(m.group(5)), kind))
             log.kinds["connection"] += 1
+            if m.group(2) in (None, "0"):  # ring/tree connections (p2p ones use /1 and up)
+                self._attach(h, "conn_channel", int(m.group(1)))
             return True
         if "->" in msg or "[" in msg:
             return False  # a connection line cut before "via"
@@ -246,6 +252,27 @@ class ParseState:
         self.log.kinds["init_timings"] += 1
         return True
 
+    def salvage(self, msg: str, h: Header) -> bool:
+        """The whole fields of a cut record that never got its rest, kept and marked as from
+        a cut line (``Communicator.channels_from``): the channel counts of a cut summary line,
+        each a number followed by its whole label. False when nothing whole is left."""
+        if not msg[:1].isdigit():
+            return False
+        info: dict[str, int] = {}
+        pos = 0
+        for m in _CUT_CHANNEL.finditer(msg):
+            if m.start() != pos:  # the fields run on from the start, ", " apart
+                break
+            if m.end() == len(msg) and m.group(2) == "p2p" and not m.group(3):
+                break
+            info["p2p_per_peer" if m.group(3) else m.group(2)] = int(m.group(1))
+            pos = m.end() + 2
+        if not info:
+            return False
+        self._attach(h, "channels_cut", info)
+        self.log.kinds["channels_salvaged"] += 1
+        return True
+
     def snapshot(self, h: Header) -> tuple[tuple[str, int, str] | None, bool]:
         """The comm ``h``'s thread is initialising now and whether it is still open: what a
         record cut here must be attached to when its rest arrives later."""
@@ -273,6 +300,8 @@ class ParseState:
         pend = self.pending.setdefault(thread, {})
         if what in ("rings", "trees"):
             pend[what] = pend.get(what, 0) + value
+        elif what == "conn_channel":
+            pend.setdefault(what, set()).add(value)
         else:
             pend[what] = value
         if comm is not None and what == "timings":  # 2.22+: timings follow Init COMPLETE
@@ -386,6 +415,11 @@ class ParseState:
             c = self.log.comms.get((host, pid, comm))
             if c is not None:
                 c.streams.add(_stream)
+        for c in self.log.comms.values():
+            # no whole summary line: the channels its ring/tree connection lines name
+            if c.conn_channels and "coll" not in c.channels:
+                c.channels["coll"] = len(c.conn_channels)
+                c.channels_from["coll"] = "connection lines"
         for ck, nranks in self.log.coll_nranks.items():
             c = self.log.comms.get(ck)
             if c is None:
@@ -398,6 +432,18 @@ class ParseState:
 def _apply(comm: Communicator, what: str, value: Any) -> None:
     if what == "channels":
         comm.channels.update(value)
+        for kind in value:  # a whole line's count outranks one from a cut line
+            comm.channels_from.pop(kind, None)
+    elif what == "channels_cut":
+        for kind, n in value.items():
+            if kind not in comm.channels:
+                comm.channels[kind] = n
+                comm.channels_from[kind] = "cut line"
+    elif what == "conn_channel":
+        if isinstance(value, set):
+            comm.conn_channels |= value
+        else:
+            comm.conn_channels.add(value)
     elif what == "rings":
         comm.rings += value
     elif what == "ring_total":

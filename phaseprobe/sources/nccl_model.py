@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 from phaseprobe.sources.nccl_lines import DTYPE_BYTES, DTYPE_NAMES
+from phaseprobe.sources.read_account import ReadAccount, ReadAccountDoc
 
 __all__ = ["Communicator", "Warn", "NcclLog", "CollKey", "MAX_ITEMS", "MAX_COLL_KEYS",
            "CommunicatorDoc", "WarnDoc", "WarnsDoc", "VersionDoc", "LinesDoc", "NcclLogDoc"]
@@ -44,6 +45,10 @@ class CommunicatorDoc(TypedDict):
     init_total_s: float | None  # seconds
     init_timings_s: dict[str, float]  # init phase → seconds
     channels: dict[str, int]  # kind (coll, p2p, p2p_per_peer, nvls, rings) → channel count
+    # kind → where a count came from when not from a whole summary line: "cut line" (stated
+    # before another writer cut the line) or "connection lines" (distinct Channel NN of the
+    # comm's connection lines, when the summary line was missing or cut)
+    channels_from: dict[str, str]
     rings: int  # ring dumps logged
     trees: int  # Trees-line entries logged
     streams: int  # distinct CUDA streams seen
@@ -102,6 +107,7 @@ class NcclLogDoc(TypedDict):
     warnings: WarnsDoc
     errors: WarnsDoc  # error-trail lines (file:line -> code)
     lines: LinesDoc
+    completeness: ReadAccountDoc  # records found/read/…, writers with nothing read named
 
 
 @dataclass(slots=True)
@@ -126,6 +132,8 @@ class Communicator:
     init_total_s: float | None = None
     init_timings_s: dict[str, float] = field(default_factory=dict)
     channels: dict[str, int] = field(default_factory=dict)
+    channels_from: dict[str, str] = field(default_factory=dict)
+    conn_channels: set[int] = field(default_factory=set)  # Channel NN of its connection lines
     rings: int = 0  # "Channel NN/MM :  0 1 2" ring dumps (rank 0 only)
     trees: int = 0  # "[c] d/d/d->r->u" entries of the Trees line
     streams: set[str] = field(default_factory=set)
@@ -138,6 +146,7 @@ class Communicator:
             "comm_id": self.comm_id, "parent": self.parent, "init_func": self.init_func,
             "state": self.state, "init_total_s": self.init_total_s,
             "init_timings_s": dict(self.init_timings_s), "channels": dict(self.channels),
+            "channels_from": dict(self.channels_from),
             "rings": self.rings, "trees": self.trees, "streams": len(self.streams),
         }
 
@@ -203,6 +212,19 @@ class NcclLog:
     records_reassembled: int = 0
     records_unattributed: int = 0
     info_records: int = 0  # NCCL INFO records: none at all means NCCL_DEBUG was not INFO
+    # The completeness account (sources.read_account): NCCL records found, read whole (a
+    # reassembled one included), tied to a writer, with no writer; cut records never made
+    # whole whose fields stated before the cut were kept. Writers by launcher tag and by
+    # process: records seen, and those with a record read, to name any with none.
+    records_found: int = 0
+    records_read: int = 0
+    records_attributed: int = 0
+    records_no_writer: int = 0
+    records_salvaged: int = 0
+    tags_seen: Counter[str] = field(default_factory=Counter)
+    tags_read: set[str] = field(default_factory=set)
+    procs_seen: Counter[tuple[str, int]] = field(default_factory=Counter)
+    procs_read: set[tuple[str, int]] = field(default_factory=set)
     malformed_line_nos: list[tuple[str, int]] = field(default_factory=list)
     streams: set[tuple[str, int, str, str]] = field(default_factory=set)
     coll_nranks: dict[tuple[str, int, str], int] = field(default_factory=dict)
@@ -231,6 +253,11 @@ class NcclLog:
             return alias.get((host, pid), host)
 
         self.processes = {(fix(h, p), p) for h, p in self.processes}
+        self.procs_read = {(fix(h, p), p) for h, p in self.procs_read}
+        seen = self.procs_seen.copy()
+        self.procs_seen.clear()
+        for (h, p), n in seen.items():
+            self.procs_seen[(fix(h, p), p)] += n
         self.hosts = {h for h, _ in self.processes}
         coll = self.coll.copy()
         self.coll.clear()
@@ -278,4 +305,25 @@ class NcclLog:
                       "cut": self.records_cut, "reassembled": self.records_reassembled,
                       "unattributed": self.records_unattributed, "info": self.info_records,
                       "by_kind": dict(self.kinds.most_common())},
+            "completeness": self.account().to_dict(),
         }
+
+    def account(self) -> ReadAccount:
+        """What was read of the records (:mod:`phaseprobe.sources.read_account`); a launcher
+        tag or a process that wrote NCCL records none of which could be read is named."""
+        missing = [f"{'rank' if tag.isdigit() else 'lines tagged'} {tag}: {n:,} NCCL "
+                   "record(s), none read"
+                   for tag, n in sorted(self.tags_seen.items(), key=lambda kv: _tag_order(kv[0]))
+                   if tag not in self.tags_read]
+        missing += [f"process {host}:{pid}: {n:,} NCCL record(s), none read"
+                    for (host, pid), n in sorted(self.procs_seen.items())
+                    if (host, pid) not in self.procs_read]
+        return ReadAccount("NCCL records", found=self.records_found, read=self.records_read,
+                           attributed=self.records_attributed, cut=self.records_cut,
+                           salvaged=self.records_salvaged,
+                           unattributed=self.records_no_writer, missing=missing)
+
+
+def _tag_order(tag: str) -> tuple[int, str]:
+    digits = "".join(ch for ch in tag.split()[0].split(",")[-1] if ch.isdigit())
+    return (int(digits) if digits else -1, tag)

@@ -2,7 +2,7 @@
 
     acc = ReadAccount("tables", found=192, read=190, attributed=190, missing=["rank 4: ..."])
     acc.to_dict()   # the ``completeness`` key of a reader's --json document
-    account_words(acc.to_dict())   # "read 190 of 192 tables; ..." (None when complete)
+    acc.to_dict()["words"]   # "read 190 of 192 tables; ..." (None when complete)
 
 Every reader of a file people bring (NCCL logs, nccl-tests tables, nsys exports and stats) gives
 one of these with its result, so a file that was read in part says so in its text and --json
@@ -34,6 +34,7 @@ class ReadAccountDoc(TypedDict):
     missing_count: int
     notes: list[str]  # how parts were read (names from column shapes, ...)
     complete: bool  # every record found was read and attributed, nothing missing
+    words: str | None  # account_words of it: what an incomplete read lacks, in one sentence
 
 
 @dataclass
@@ -55,11 +56,14 @@ class ReadAccount:
         return self.read >= self.found and not self.unattributed and not self.missing
 
     def to_dict(self) -> ReadAccountDoc:
-        return {"unit": self.unit, "found": self.found, "read": self.read,
-                "attributed": self.attributed, "cut": self.cut, "salvaged": self.salvaged,
-                "unattributed": self.unattributed, "missing": self.missing[:MAX_NAMED],
-                "missing_count": len(self.missing), "notes": list(self.notes),
-                "complete": self.complete}
+        doc: ReadAccountDoc = {
+            "unit": self.unit, "found": self.found, "read": self.read,
+            "attributed": self.attributed, "cut": self.cut, "salvaged": self.salvaged,
+            "unattributed": self.unattributed, "missing": self.missing[:MAX_NAMED],
+            "missing_count": len(self.missing), "notes": list(self.notes),
+            "complete": self.complete, "words": None}
+        doc["words"] = account_words(doc)
+        return doc
 
 
 def account_words(doc: Mapping[str, Any] | None) -> str | None:

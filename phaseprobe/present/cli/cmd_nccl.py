@@ -265,6 +265,14 @@ def _render_log(out: Console, d: NcclSummary) -> None:
                                         f"{ps['bytes_per_step'] / 1e6:.3f} MB per rank "
                                         f"({ps['steps']} steps)"))
     out.print(_kv("phaseprobe nccl", rows))
+    words = (d.get("completeness") or {}).get("words")
+    if words:  # before any table: what the numbers below leave out
+        out.print(f"[yellow]incomplete read: {escape(words)}[/yellow]")
+    marked = sorted({f"{k} from {src}" for c in d["communicators"]
+                     for k, src in (c.get("channels_from") or {}).items()})
+    if marked:
+        out.print(f"[dim]channel counts not from a whole summary line: "
+                  f"{escape(', '.join(marked))}[/dim]")
     if d["comm_groups"]:  # none in a banner-only log: no empty table
         g = Table(title="communicators", title_justify="left")
         for col in ("id", "nranks", "ranks seen", "nodes", "coll ch", "p2p ch", "nvls ch"):

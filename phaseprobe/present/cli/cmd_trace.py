@@ -107,10 +107,10 @@ def render(out: Console, doc: Mapping[str, Any]) -> None:
 
 def _incomplete(out: Console, doc: Mapping[str, Any]) -> None:
     """Say, before any table, that the file was read in part and what is missing."""
-    words = trace_summary.read_words(doc)
-    if words is not None:
-        out.print(f"[yellow]incomplete read: {escape(words)}[/yellow]")
-    for note in (doc.get("completeness") or {}).get("notes") or []:
+    account = doc.get("completeness") or {}
+    if account.get("words"):
+        out.print(f"[yellow]incomplete read: {escape(account['words'])}[/yellow]")
+    for note in account.get("notes") or []:
         out.print(f"[dim]{escape(note)}[/dim]")
 
 
