@@ -207,8 +207,9 @@ class InterfereResult:
         pd, verdict = self.pd_summary(), self.verdict()
         return {"experiment_id": self.experiment_id, "summary": self.summary(),
                 "verdict": verdict.to_dict(), "token_cost": self.token_cost().to_dict(),
-                **({"pd": {**pd.to_dict(), "text": pd.sentence(verdict.kind),
-                           "pairs": self.pd_pairs, "alone": self.pd_alone}}
+                # "pd_readings": the command's "pd" names the pair itself
+                **({"pd_readings": {**pd.to_dict(), "text": pd.sentence(verdict.kind),
+                           "per_pair": self.pd_pairs, "alone": self.pd_alone}}
                    if pd is not None else {}),
                 "discarded": discarded_pairs(self.stalls), "delay_s": self.delay_s,
                 "trigger": {"kind": self.trigger.kind, "value": self.trigger.value,
