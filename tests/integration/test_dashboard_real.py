@@ -148,3 +148,47 @@ def test_interfere_pairs_drawn_from_the_stored_runs(monkeypatch, probed):
     assert at.selectbox(key="interfere_pair").options == [str(i) for i in found]
     assert count_charts(at) == 4
     assert "A's largest gap after B was sent" in page_text(at)
+
+
+def test_pd_legs_drawn_from_a_real_pair(monkeypatch, local_pd, tmp_path):
+    """Two real runs on the local prefill/decode pair (phaseprobe sends the legs): the timeline
+    draws each run's stored legs where pd_layout puts them, with its real KV verdict; the
+    experiment pages show the pair's topology and the verdict counts."""
+    from phaseprobe.collect.experiment import ProbeSettings
+    from phaseprobe.collect.pd.collector import PdTopology
+    from phaseprobe.collect.pd.probe import run_pd_probe
+    from phaseprobe.present.dashboard.pd_layout import pd_layout
+    from phaseprobe.records import RunSpec
+
+    path = tmp_path / "pd.sqlite"
+    topo = PdTopology(prefill=local_pd.prefill_url, decode=local_pd.decode_url)
+    # a seed of its own: a prompt seen before is a prefix-cache hit, not a transfer
+    spec = RunSpec(endpoint=topo.decode, model=local_pd.model, prompt="", max_tokens=16,
+                   prompt_tokens_target=160, seed=110)
+    with Store(path) as store:
+        result = run_pd_probe(spec, store, topo,
+                              settings=ProbeSettings(runs=2, warmup=0, name="pd-dash"))
+    runs = [r for r in result.runs if r.pd is not None and r.client is not None]
+    assert len(runs) == 2, [(r.status, r.error) for r in result.runs]
+    at = goto(open_app(monkeypatch, path), "Run timeline", 1)
+    assert count_charts(at) == 3  # the runs' overview, run 0's legs, ITL
+    first = runs[0]
+    layout = pd_layout(first.pd, first.client)
+    drawn = set(layout.bars["phase"])
+    assert {"prefill", "hand-over", layout.prompt_phase, "decode"} <= drawn
+    # the decode side hangs on the client's first token, as the stored timeline has it
+    prompt = layout.bars[layout.bars["phase"] == layout.prompt_phase].iloc[0]
+    assert prompt["end_ms"] == pytest.approx(first.client.ttft_s * 1e3)
+    verdict = f"KV {first.pd.kv}: {first.pd.kv_reason}"
+    shown = [e.value for kind in ("success", "warning", "error") for e in at.get(kind)]
+    assert verdict in shown, shown
+    for note in layout.notes:
+        assert f"Note: {note}." in page_text(at)
+    print("real P/D layout, run 0:", layout.bars.round(2).to_dict("records"), layout.notes)
+
+    goto(at, "Experiments", 1)
+    text = page_text(at)
+    assert f"prefill `{local_pd.prefill_url}`" in text and f"decode `{local_pd.decode_url}`" in text
+    kinds = [r.pd.kv for r in runs if r.pd]
+    assert f"{kinds[0]} in {kinds.count(kinds[0])} of 2 run(s)" in text + "\n".join(
+        e.value for e in at.error)

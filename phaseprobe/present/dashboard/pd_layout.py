@@ -177,8 +177,9 @@ def _gap(prefill_end: float, hand_over_start: float, ttft: float | None
     if gap > _TOL_S:
         return [_bar(LANES[1], GAP, prefill_end, gap)], [
             f"{_ms(gap)} between the prefill side's end ({_ms(prefill_end)}) and the "
-            "hand-over's start are in neither instance's histograms: the prefill leg's answer "
-            "reaching the client or router, the decode leg's HTTP and tokenization"]
+            "hand-over's start are in neither instance's histograms: the prefill leg's way in "
+            "(HTTP, tokenization: its bars start at the send), its answer reaching the client "
+            "or router, the decode leg's HTTP and tokenization"]
     if gap < -_TOL_S:
         said = f" within the client's TTFT ({_ms(ttft)})" if ttft is not None else ""
         return [], [f"the phases overlap by {_ms(-gap)}: the prefill side, the hand-over and "
