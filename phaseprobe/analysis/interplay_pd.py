@@ -12,12 +12,12 @@ A-alone runs, leaves B's part by difference.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from phaseprobe.analysis.pd import SOURCES
+from phaseprobe.analysis.quantiles import median_or_none
 from phaseprobe.format import duration as fmt_duration
 from phaseprobe.records import Run
 
@@ -25,11 +25,6 @@ __all__ = ["PdInterfere", "pd_alone", "pd_interfere", "pd_prefix_text"]
 
 _WORDS = {"external_kv_transfer": "received by KV transfer", "local_compute": "computed",
           "local_cache_hit": "from its own prefix cache"}
-
-
-def _median(values: Sequence[float | None]) -> float | None:
-    xs = [v for v in values if v is not None]
-    return statistics.median(xs) if xs else None
 
 
 def _minus(a: float | None, b: float | None) -> float | None:
@@ -43,9 +38,9 @@ def pd_alone(runs: Sequence[Run]) -> dict[str, float | None]:
     fields = {"external_kv_transfer": "tokens_transferred", "local_compute": "tokens_computed",
               "local_cache_hit": "tokens_cached"}
     out: dict[str, float | None] = {
-        "prefill_s": _median([p.prefill_s for p in legs if p.prefill_isolated])}
+        "prefill_s": median_or_none([p.prefill_s for p in legs if p.prefill_isolated])}
     for src in SOURCES:
-        out[f"decode_{src}"] = _median([getattr(p, fields[src]) for p in legs
+        out[f"decode_{src}"] = median_or_none([getattr(p, fields[src]) for p in legs
                                         if p.decode_isolated])
     return out
 
@@ -55,7 +50,7 @@ class PdInterfere:
     """Medians over the pairs that measured: each instance's readings over a pair, A alone's,
     and B's part by difference (None where unread)."""
 
-    pairs: int
+    pairs_used: int  # the pairs with B's prefill inside A's decode
     prefill_s: float | None  # the prefill instance's prefill time over a pair (A's + B's legs)
     prefill_s_alone: float | None  # A's prefill leg alone
     b_prefill_s: float | None  # B's prefill on the prefill instance, by difference
@@ -75,10 +70,10 @@ class PdInterfere:
 
     def sentence(self, verdict_kind: str) -> str:
         """What the pair did with B, then what that means for the verdict's numbers."""
-        if not self.pairs:
+        if not self.pairs_used:
             return ("on the P/D pair: no pair had B's prefill inside A's decode, so neither "
                     "instance's share was measured")
-        parts = [f"on the P/D pair (medians over {self.pairs} pair(s)): the prefill instance "
+        parts = [f"on the P/D pair (medians over {self.pairs_used} pair(s)): the prefill instance "
                  f"ran B's prefill ({fmt_duration(self.b_prefill_s)}: "
                  f"{fmt_duration(self.prefill_s)} of prefill per pair less A's "
                  f"{fmt_duration(self.prefill_s_alone)} alone)"]
@@ -110,9 +105,9 @@ def pd_interfere(pairs: Sequence[Mapping[str, float | None]],
                  alone: Mapping[str, float | None], b_prompt_tokens: int) -> PdInterfere:
     """``pairs``: each measured pair's instance deltas (``prefill_s``, ``decode_<source>``);
     ``alone``: :func:`pd_alone` of the A-alone runs."""
-    prefill = _median([p.get("prefill_s") for p in pairs])
+    prefill = median_or_none([p.get("prefill_s") for p in pairs])
     a_prefill = alone.get("prefill_s")
-    decode = {src: _median([p.get(f"decode_{src}") for p in pairs]) for src in SOURCES}
+    decode = {src: median_or_none([p.get(f"decode_{src}") for p in pairs]) for src in SOURCES}
     b_decode = {src: _minus(decode[src], alone.get(f"decode_{src}")) for src in SOURCES}
     return PdInterfere(len(pairs), prefill, a_prefill, _minus(prefill, a_prefill), decode,
                        b_decode, b_prompt_tokens)
