@@ -22,6 +22,11 @@ The hierarchy, in one picture (catch ``PhaseprobeError`` to catch them all)::
     ├── CalibrationError       the calibration benchmark failed, timed out or printed no result
     ├── ParseError             a recognised but malformed input line (file, line number, line)
     ├── TraceError             an Nsight export, nsys stats CSV or torch trace is unusable (file)
+    ├── SpanStoreError         where a fleet keeps its spans (ClickHouse, chdb, Tempo, Jaeger)
+    │   ├── SpanStoreUnreachable   nothing answers (refused, DNS, timeout), or no such directory
+    │   ├── SpanStoreAuthError     the store refused the credentials (never echoed)
+    │   ├── SpanStoreSchemaError   the table is missing, or of another shape than the exporter's
+    │   └── NoRequestSpans         spans are there, but none is a vLLM request (services named)
     └── GrafanaError           a Grafana dashboard file or Grafana's HTTP API cannot be used
         ├── DashboardInvalid       dashboard JSON unreadable, corrupt or not a dashboard (file)
         ├── GrafanaUnreachable     nothing answers at the Grafana URL (refused, DNS, TLS, timeout)
@@ -59,6 +64,11 @@ __all__ = [
     "ParseError",
     "TraceError",
     "OtlpError",
+    "SpanStoreError",
+    "SpanStoreUnreachable",
+    "SpanStoreAuthError",
+    "SpanStoreSchemaError",
+    "NoRequestSpans",
     "GrafanaError",
     "DashboardInvalid",
     "GrafanaUnreachable",
@@ -261,3 +271,29 @@ class OtlpError(PhaseprobeError):
         super().__init__(f"{source}: {reason}")
         self.source = source
         self.reason = reason
+
+
+class SpanStoreError(PhaseprobeError):
+    """A span store given with ``--spans-from`` cannot be read. ``where`` names it as the user
+    gave it, without any password (:func:`phaseprobe.redact.redact_url`)."""
+
+    def __init__(self, where: str, reason: str) -> None:
+        super().__init__(f"span store {where}: {reason}")
+        self.where = where
+        self.reason = reason
+
+
+class SpanStoreUnreachable(SpanStoreError):
+    """Nothing answers at the store's address (refused, DNS, TLS, timeout), or no directory."""
+
+
+class SpanStoreAuthError(SpanStoreError):
+    """The store refused the user or password (the password is never part of the message)."""
+
+
+class SpanStoreSchemaError(SpanStoreError):
+    """The table is missing, or its columns are not the OpenTelemetry exporter's."""
+
+
+class NoRequestSpans(SpanStoreError):
+    """The store holds spans, but none is a vLLM request span (``llm_request``)."""

@@ -46,6 +46,8 @@ from phaseprobe.redact import redact_url, redact_urls_in
 if TYPE_CHECKING:  # pandas only inside the GPU methods: `import phaseprobe` stays light
     import pandas as pd
 
+    from phaseprobe.sources.span_stores.model import SpanAggregate
+
 __all__ = ["Store", "AbSessionRow", "SpanCount", "SpanStats", "redact_url", "SCHEMA_VERSION",
            "GPU_SAMPLE_COLUMNS", "LOCK_TIMEOUT_S", "SQLITE_HEADER"]
 
@@ -850,6 +852,69 @@ class Store:
         if row is None:
             return None
         return _span_from_row(row), json.loads(row["attributes_json"])
+
+    # ---- the span-store interface (phaseprobe.sources.span_stores.model.SpanReader): the same
+    # views read from this file or from where a fleet keeps its spans (--spans-from). Windows
+    # are on the span's end (finished in (since, until]); the summary is computed in Python.
+
+    @property
+    def where(self) -> str:
+        return str(self.path)
+
+    def check(self) -> None:
+        """Nothing to check beyond opening the file (done)."""
+
+    @_reads
+    def finished_spans(self, *, since_ns: int | None = None,
+                       until_ns: int | None = None) -> list[RequestSpan]:
+        return self._finished("start_ns, span_id", since_ns, until_ns)
+
+    def _finished(self, order: str, since_ns: int | None, until_ns: int | None,
+                  limit: int | None = None) -> list[RequestSpan]:
+        if not self._has("request_spans"):
+            return []
+        clauses, params = [], []
+        if until_ns is not None:  # start <= end <= until: a range read of the start index
+            clauses += ["start_ns <= ?", "end_ns <= ?"]
+            params += [int(until_ns), int(until_ns)]
+        if since_ns is not None:
+            clauses.append("end_ns > ?")
+            params.append(int(since_ns))
+        where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+        sql = f"SELECT * FROM request_spans{where} ORDER BY {order}"
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+        return [_span_from_row(r) for r in self._db.execute(sql, params)]
+
+    @_reads
+    def recent_spans(self, n: int, *, since_ns: int | None = None,
+                     until_ns: int | None = None) -> list[RequestSpan]:
+        return self._finished("end_ns DESC, span_id DESC", since_ns, until_ns, n)[::-1]
+
+    @_reads
+    def slowest_spans(self, n: int, *, since_ns: int | None = None,
+                      until_ns: int | None = None) -> list[RequestSpan]:
+        return self._finished("COALESCE(e2e_s, (end_ns - start_ns) / 1e9) DESC, span_id DESC",
+                              since_ns, until_ns, n)
+
+    @_reads
+    def spans_overlapping(self, span: RequestSpan) -> list[RequestSpan]:
+        from phaseprobe.sources.span_stores.model import NEIGHBOUR_HORIZON_NS
+
+        if not self._has("request_spans"):
+            return []
+        rows = self._db.execute(
+            "SELECT * FROM request_spans WHERE start_ns >= ? AND start_ns <= ? AND service IS ?"
+            " AND instance IS ? ORDER BY start_ns, span_id",
+            (span.start_ns - NEIGHBOUR_HORIZON_NS, span.end_ns, span.service, span.instance))
+        return [_span_from_row(r) for r in rows]
+
+    def span_summary(self, *, since_ns: int | None = None,
+                     until_ns: int | None = None) -> SpanAggregate:
+        from phaseprobe.sources.span_stores.model import aggregate_spans
+
+        return aggregate_spans(self.finished_spans(since_ns=since_ns, until_ns=until_ns),
+                               self.where, since_ns=since_ns, until_ns=until_ns)
 
     @_reads
     def span_stats(self) -> SpanStats:

@@ -1,0 +1,68 @@
+"""``chdb:DIR``: the exporter's ``otel_traces`` table in a ClickHouse data directory, queried
+in-process by chdb (for one machine, and for the tests). chdb is imported only here, when such
+a URL is used: it is ~0.5 GB and takes a second to load.
+
+chdb keeps one engine per process: open one :class:`ChdbSpans` at a time and close it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from phaseprobe.errors import ConfigError, SpanStoreError, SpanStoreUnreachable
+from phaseprobe.sources.span_stores.clickhouse_sql import ClickHouseSpans
+
+__all__ = ["ChdbSpans", "open_chdb"]
+
+_CODE = re.compile(r"Code: (\d+)")
+
+
+class ChdbSpans(ClickHouseSpans):
+    """The ClickHouse reader over a chdb session on ``directory``."""
+
+    def __init__(self, directory: Path, database: str, table: str, *,
+                 create: bool = False) -> None:
+        try:
+            from chdb import session
+        except ImportError:
+            raise ConfigError("chdb: URLs need the chdb package: pip install chdb "
+                              "(or phaseprobe[spans])") from None
+        where = f"chdb:{directory}"
+        if not create and not directory.is_dir():
+            raise SpanStoreUnreachable(where, "no such directory (a chdb data directory "
+                                       "holding the exporter's otel_traces table)")
+        self._session = session.Session(str(directory))
+        super().__init__(self._sql, where, database, table, on_close=self._session.close)
+
+    def _sql(self, sql: str) -> list[list[Any]]:
+        try:
+            result = self._session.query(sql, "JSONCompact")
+        except Exception as e:  # chdb raises ChdbError / RuntimeError with ClickHouse's text
+            raise _error(self.where, e) from None
+        text = result.bytes() if hasattr(result, "bytes") else bytes(result)
+        if not text.strip():
+            return []
+        rows: list[list[Any]] = json.loads(text)["data"]
+        return rows
+
+    def execute(self, sql: str) -> None:
+        """Run a statement that returns nothing (the tests' and the benchmark's DDL and
+        inserts)."""
+        self._sql(sql)
+
+
+def _error(where: str, e: Exception) -> SpanStoreError:
+    text = str(e).strip().splitlines()[0][:400] if str(e).strip() else type(e).__name__
+    code = _CODE.search(text)
+    return SpanStoreError(where, f"ClickHouse error {code.group(1) if code else ''}: {text}")
+
+
+def open_chdb(spec: str, query: dict[str, str]) -> ChdbSpans:
+    """``chdb:DIR[?database=default&table=otel_traces]``."""
+    if not spec:
+        raise ConfigError("chdb: needs a directory, e.g. chdb:/var/lib/otel-chdb")
+    return ChdbSpans(Path(spec).expanduser(), query.get("database", "default"),
+                     query.get("table", "otel_traces"))
