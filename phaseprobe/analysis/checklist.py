@@ -81,6 +81,8 @@ RULES: tuple[Rule, ...] = (
          latency.decode_efficiency, "--peaks + model config"),
     Rule("collectives", "Collectives per decode step and transports OK?", parallel.collectives,
          "NCCL log summary (--nccl)"),
+    Rule("read_complete", "Were the NCCL log and the trace read whole?", parallel.read_complete,
+         "NCCL log (--nccl) or nsys stats text (--nsys)"),
     Rule("kv_preallocated", "Does the vLLM log show the KV cache pre-allocated?",
          memory.kv_preallocated_log, "server log (--server-log)"),
     # Issue 28: prefill/decode.

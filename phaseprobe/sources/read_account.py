@@ -6,7 +6,7 @@
 
 Every reader of a file people bring (NCCL logs, nccl-tests tables, nsys exports and stats) gives
 one of these with its result, so a file that was read in part says so in its text and --json
-output, and the checklist can warn with the same numbers (``analysis/rules/parallel.read_complete``).
+output, and the checklist can warn with the same numbers (rule ``read_complete``).
 """
 
 from __future__ import annotations

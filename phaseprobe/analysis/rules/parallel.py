@@ -8,7 +8,7 @@ from typing import Any
 from phaseprobe.analysis.kv_reservation import run_windows
 from phaseprobe.analysis.rules.base import USE_CASE_TTFT_S, Evidence, Verdict, ms, num, skipped
 
-__all__ = ["even_gpus_slow", "idle_gaps", "collectives"]
+__all__ = ["even_gpus_slow", "idle_gaps", "collectives", "read_complete"]
 
 UTIL_SPREAD_EVEN_PP = 15.0     # max − min mean utilisation (percentage points) still "even"
 IDLE_WARN = 0.10               # idle share of the traced span
@@ -160,6 +160,35 @@ def collectives(ev: Evidence) -> Verdict:
         return Verdict("warn", said + (f"; {flags[0].get('message')}" if flags else ""),
                        numbers, th, rec, "phaseprobe nccl rank*.log")
     return Verdict("pass", said, numbers, th)
+
+
+def read_complete(ev: Evidence) -> Verdict:
+    """Issue 30: a file read in part gives numbers that look whole. Warn, with the reader's
+    own counts (``completeness``: found, read, cut, salvaged, unattributed, what is missing
+    by name), whenever the NCCL log or the trace given was not read completely."""
+    accounts: dict[str, Mapping[str, Any]] = {}
+    for key, doc in (("nccl", ev.nccl), ("trace", ev.trace)):
+        acc = doc.get("completeness") if doc is not None else None
+        if isinstance(acc, Mapping):
+            accounts[key] = acc
+    if not accounts:
+        return skipped("an NCCL log (--nccl) or an nsys stats text (--nsys) whose reader "
+                       "accounts for what it read")
+    numbers = {key: {k: acc.get(k) for k in ("unit", "found", "read", "attributed", "cut",
+                                            "salvaged", "unattributed", "missing_count",
+                                            "missing")}
+               for key, acc in accounts.items()}
+    short = [f"{key}: {acc.get('words')}" for key, acc in accounts.items()
+             if not acc.get("complete", True)]
+    if not short:
+        said = "; ".join(f"{key}: all {acc.get('found', 0):,} {acc.get('unit', 'records')} read"
+                         for key, acc in accounts.items())
+        return Verdict("pass", said, numbers, {"complete": True})
+    return Verdict("warn", "read in part: " + " | ".join(short), numbers, {"complete": True},
+                   "the verdicts above count only what was read: check the named ranks, "
+                   "reports and cut lines in the file (one log per rank, NCCL_DEBUG_FILE=..%h.%p, "
+                   "keeps writers from cutting each other)",
+                   "phaseprobe nccl FILE / phaseprobe nsys FILE")
 
 
 def _not_matching(ev: Evidence, key: str) -> Verdict:
