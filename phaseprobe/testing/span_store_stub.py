@@ -31,7 +31,8 @@ __all__ = ["SpanStoreStub", "tempo_search", "jaeger_traces", "otlp_attributes"]
 
 
 class SpanStoreStub:
-    """``routes``: path → JSON body, or ``(status, body)``. Unknown paths get 404."""
+    """``routes``: path → JSON body, or ``(status, body)``. Unknown paths get 404. A POST is
+    answered like a GET of its path (its body is read and dropped)."""
 
     def __init__(self, routes: dict[str, Any]) -> None:
         self.routes = dict(routes)
@@ -50,6 +51,10 @@ class SpanStoreStub:
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
+
+            def do_POST(self) -> None:  # noqa: N802 (clickhouse-connect posts its queries)
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.do_GET()
 
             def log_message(self, *args: Any) -> None:
                 pass

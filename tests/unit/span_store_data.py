@@ -8,10 +8,12 @@ engine, some attributes missing and a few durations out of the records' range.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from phaseprobe.records import RequestSpan
 from phaseprobe.sources.span_stores.chdb_store import ChdbSpans
@@ -68,3 +70,19 @@ def chdb_store(directory: Path, spans: list[RequestSpan], *, database: str = "de
         yield reader
     finally:
         reader.close()
+
+
+def assert_close(a: Any, b: Any, path: str = "") -> None:
+    """Equal, floats to 1e-9 relative (ClickHouse's Kahan sums against math.fsum)."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), path
+        for k in a:
+            assert_close(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_close(x, y, f"{path}[{i}]")
+    elif isinstance(a, float) and isinstance(b, float):
+        assert math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12), (path, a, b)
+    else:
+        assert a == b, (path, a, b)

@@ -5,7 +5,6 @@ recorded Tempo and Jaeger answers."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import pytest
@@ -15,29 +14,13 @@ from phaseprobe.analysis.span_context import overlap_context, prefill_interferen
 from phaseprobe.sources.span_stores import open_span_reader
 from phaseprobe.sources.span_stores.model import UNKNOWN_REPLICA, SpanAggregate
 from phaseprobe.testing.span_store_stub import SpanStoreStub, jaeger_traces, tempo_search
-from tests.unit.span_store_data import T0, chdb_store, fleet_spans, sqlite_store
+from tests.unit.span_store_data import T0, assert_close, chdb_store, fleet_spans, sqlite_store
 
 pytest.importorskip("chdb")
 
 SPANS = fleet_spans()
 SINCE = T0 + 1_000_000_000
 UNTIL = T0 + 8_000_000_000
-
-
-def _close(a: Any, b: Any, path: str = "") -> None:
-    """Equal, floats to 1e-9 relative (ClickHouse's Kahan sums against math.fsum)."""
-    if isinstance(a, dict):
-        assert a.keys() == b.keys(), path
-        for k in a:
-            _close(a[k], b[k], f"{path}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
-            _close(x, y, f"{path}[{i}]")
-    elif isinstance(a, float) and isinstance(b, float):
-        assert math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12), (path, a, b)
-    else:
-        assert a == b, (path, a, b)
 
 
 def _doc(agg: SpanAggregate) -> dict[str, Any]:
@@ -79,7 +62,7 @@ def test_same_summary(readers: Any, name: str, window: tuple[int | None, int | N
         since, until = T0 - 10**9, T0 + 60 * 10**9  # these stores always search a range
     want = readers["sqlite"].span_summary(since_ns=since, until_ns=until)
     got = readers[name].span_summary(since_ns=since, until_ns=until)
-    _close(_doc(want), _doc(got))
+    assert_close(_doc(want), _doc(got))
     # the data set has what the test is about: several replicas, the unknown group, gaps
     assert [g.replica for g in want.replicas] == ["r0", "r1", "r2", UNKNOWN_REPLICA]
     assert want.no_instance > 0 and "service.instance.id" in want.notes[0]

@@ -1,13 +1,18 @@
 """``phaseprobe spans``: vLLM request spans in the store — import, list, show.
 
     phaseprobe spans import FILE...   # OTLP JSON lines (the Collector's file exporter)
-    phaseprobe spans list [--last N]  # the most recent requests, with their phase split
+    phaseprobe spans list [--last N]  # the most recent requests, with their phase split, and
+                                      # p50/p99 per replica
     phaseprobe spans show REQUEST_ID  # one request: phases, windows, what it shared
+    phaseprobe spans list --spans-from chdb:DIR   # the same, where a fleet keeps its spans
+                                      # (clickhouse://, chdb:, tempo://, jaeger://)
     phaseprobe spans pd [--since S] [--prefill-instance NAME --decode-instance NAME]
                                       # P/D requests: both legs joined, the hand-over, TTFT
 
 Spans get into the store from ``phaseprobe watch`` (a live receiver), from ``probe --spans``,
-or from a file collected elsewhere with ``spans import``.
+or from a file collected elsewhere with ``spans import``. ``list`` and ``show`` read them from
+a fleet's own span store instead with ``--spans-from``: the per-replica summary is computed
+there, and only the rows shown are fetched.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from phaseprobe.store import Store
 
 if TYPE_CHECKING:
     from phaseprobe.analysis.pd_spans import PdSpanRecord
+    from phaseprobe.collect.span_source import SpanAggregate
 
 __all__ = ["register", "run", "span_table", "pd_table"]
 
@@ -54,12 +60,17 @@ def register(subparsers: Any) -> None:
     lst = sub.add_parser("list", help="the most recent requests with their phase split")
     lst.add_argument("--last", type=int_in(1, 1_000_000), default=20, metavar="N",
                      help="how many (default: 20)")
+    lst.add_argument("--since", type=float_in(0, 1e9, lo_open=True), default=None,
+                     metavar="SECONDS", help="the summary and the list: only requests that "
+                                             "finished in the last SECONDS")
+    _spans_from_arg(lst)
     store_and_json_args(lst)
     show = sub.add_parser("show", help="one request: phases, windows and what it shared the "
                           "engine with")
     show.add_argument("request_id", metavar="REQUEST_ID",
                       help="vLLM's request id, or the X-Request-Id the client sent (vLLM may "
                            "prefix it, e.g. cmpl-)")
+    _spans_from_arg(show)
     store_and_json_args(show)
     pd = sub.add_parser(
         "pd", help="disaggregated prefill/decode: join each request's two legs' spans",
@@ -84,35 +95,71 @@ def register(subparsers: Any) -> None:
     store_and_json_args(pd)
 
 
+def _spans_from_arg(p: argparse.ArgumentParser) -> None:
+    from phaseprobe.collect.span_source import SPANS_FROM_HELP
+
+    p.add_argument("--spans-from", default=None, metavar="URL", help=SPANS_FROM_HELP)
+
+
 def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     path = args.store or default_store_path()
     if args.spans_command == "import":
         return _import(args, path, out, err)
-    if not Path(path).exists():
-        raise ConfigError(f"no experiment store at {path} (run `phaseprobe watch` first)")
-    # list and show only read: never migrate or write the store (a read-only one will do).
     if args.spans_command == "pd":
+        if not Path(path).exists():
+            raise ConfigError(f"no experiment store at {path} (run `phaseprobe watch` first)")
         return _pd(args, path, out, err)
-    with Store(path, readonly=True) as store:
-        if args.spans_command == "list":
-            spans = store.spans(limit=args.last, newest=True)
-            stats = store.span_stats()
-            print_schema_note(store, err)
-            if args.json:
-                out.out(jsonout.dumps({"spans": [s.to_dict() for s in spans],
-                                    "stats": stats}), highlight=False)
-            elif not spans:
-                out.print(f"no request spans in {escape(str(path))}: run `phaseprobe watch` "
-                          "with vLLM's --otlp-traces-endpoint pointing at it")
-            else:
-                out.print(span_table(spans, f"last {len(spans)} request span(s)"))
-            return 0
-        found = store.span_by_request_id(args.request_id)
+    # list and show only read: never migrate or write the store (a read-only one will do).
+    if args.spans_command == "list":
+        return _list(args, path, out, err)
+    return _show_request(args, path, out, err)
+
+
+def _list(args: argparse.Namespace, path: Path, out: Console, err: Console) -> int:
+    from phaseprobe.collect.span_source import open_spans
+
+    until = time.time_ns() if args.since is not None else None
+    since = None if until is None else until - round(args.since * 1e9)
+    with open_spans(args.spans_from, path) as reader:
+        stats = None
+        if isinstance(reader, Store) and since is None:
+            spans = reader.spans(limit=args.last, newest=True)  # by start, as always
+            stats = reader.span_stats()
+            print_schema_note(reader, err)
+        else:
+            spans = reader.recent_spans(args.last, since_ns=since, until_ns=until)
+        summary = reader.span_summary(since_ns=since, until_ns=until)
+        where = reader.where
+    if args.json:
+        doc: dict[str, Any] = {"where": where, "spans": [s.to_dict() for s in spans],
+                               "summary": summary.to_dict()}
+        if stats is not None:
+            doc["stats"] = stats
+        out.out(jsonout.dumps(doc), highlight=False)
+    elif not spans:
+        hint = ("run `phaseprobe watch` with vLLM's --otlp-traces-endpoint pointing at it"
+                if args.spans_from is None else "none finished in the window read")
+        out.print(f"no request spans in {escape(where)}: {hint}")
+    else:
+        out.print(span_table(spans, f"last {len(spans)} request span(s)"))
+        out.print(summary_table(summary))
+        for note in summary.notes:
+            err.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
+    return 0
+
+
+def _show_request(args: argparse.Namespace, path: Path, out: Console, err: Console) -> int:
+    from phaseprobe.collect.span_source import open_spans
+
+    with open_spans(args.spans_from, path) as reader:
+        found = reader.span_by_request_id(args.request_id)
         if found is None:
-            raise ConfigError(f"no request span with id {args.request_id!r} in {path}")
+            raise ConfigError(f"no request span with id {args.request_id!r} in {reader.where}")
         span, attributes = found
-        neighbours = _neighbours(store, span)
-        print_schema_note(store, err)
+        # its company: the spans of its engine around it (the store fetches only those)
+        neighbours = reader.spans_overlapping(span)
+        if isinstance(reader, Store):
+            print_schema_note(reader, err)
     return _show(span, attributes, neighbours, args.json, out)
 
 
@@ -222,13 +269,6 @@ def pd_table(records: Sequence[PdSpanRecord], title: str) -> Table:
     return table
 
 
-def _neighbours(store: Store, span: RequestSpan) -> list[RequestSpan]:
-    """The spans that could overlap this one (started within its span, or before it and
-    still running): enough to rebuild what it shared the engine with."""
-    horizon = 600 * 10**9  # a request running longer than 10 min before this one is ignored
-    return store.spans(since_ns=span.start_ns - horizon, until_ns=span.end_ns)
-
-
 def span_table(spans: list[RequestSpan], title: str) -> Table:
     table = Table(title=title, caption="times in ms; other = e2e − (queue + prefill + decode): "
                   "HTTP, tokenization, delivery (never prefill)")
@@ -239,6 +279,28 @@ def span_table(spans: list[RequestSpan], title: str) -> Table:
         table.add_row(escape(_short_id(s.request_id)), ms(s.e2e_s), ms(s.queue_s, 2),
                       ms(s.prefill_s), ms(s.decode_s), ms(_other_s(s)), ms(s.ttft_s),
                       ms(s.tpot_s, 2), _count(s.prompt_tokens), _count(s.completion_tokens))
+    return table
+
+
+def summary_table(summary: SpanAggregate) -> Table:
+    """Per replica (then all): requests, their share and p50/p99 of each phase, as the store
+    computed them."""
+    table = Table(title=f"per replica, {summary.total.requests} request(s) "
+                        f"({escape(summary.where)})",
+                  caption="p50 / p99 in ms; TPOT = decode / (output tokens − 1)")
+    table.add_column("replica", no_wrap=True)
+    table.add_column("requests", justify="right")
+    table.add_column("share", justify="right")
+    names = {"queue_s": "queue", "prefill_s": "prefill", "decode_s": "decode",
+             "ttft_s": "TTFT", "tpot_s": "TPOT", "e2e_s": "e2e"}
+    for label in names.values():
+        table.add_column(label, justify="right", no_wrap=True)
+    total = summary.total.requests
+    for g in (*summary.replicas, summary.total):
+        share = f"{g.requests / total:.0%}" if total else "—"
+        table.add_row(escape(g.replica), str(g.requests), share,
+                      *(f"{ms(g.phases[p].p50_s, 2)} / {ms(g.phases[p].p99_s, 2)}"
+                        for p in names))
     return table
 
 

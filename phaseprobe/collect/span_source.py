@@ -1,0 +1,54 @@
+"""Open where a command reads its spans: phaseprobe's own SQLite store, or a fleet's span store
+named by ``--spans-from`` (``chdb:DIR``, ``clickhouse://…``, ``tempo://…``, ``jaeger://…``).
+
+Commands and pages get a :class:`~phaseprobe.sources.span_stores.SpanReader` here (present/
+may not open sources itself) and read every view through it, so wiring ``--spans-from`` into
+another command is one call:
+
+    with open_spans(args.spans_from, store_path) as spans:
+        summary = spans.span_summary(since_ns=since, until_ns=now)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from phaseprobe.errors import ConfigError
+from phaseprobe.sources.span_stores import (
+    SpanAggregate,
+    SpanReader,
+    is_span_store_url,
+    open_span_reader,
+)
+from phaseprobe.store import Store
+
+__all__ = ["open_spans", "SPANS_FROM_HELP", "SpanReader", "SpanAggregate"]
+
+SPANS_FROM_HELP = (
+    "read the spans where the fleet keeps them instead of the store: chdb:DIR, "
+    "clickhouse://[user@]host:port/db[?table=otel_traces] (password from "
+    "PHASEPROBE_CLICKHOUSE_PASSWORD), tempo://host:3200, jaeger://host:16686")
+
+
+@contextmanager
+def open_spans(spans_from: str | None, store_path: Path) -> Iterator[SpanReader]:
+    """The span store ``spans_from`` names, checked (typed errors before any view), or the
+    SQLite store at ``store_path`` opened read-only; closed on exit."""
+    if spans_from is None:
+        if not Path(store_path).exists():
+            raise ConfigError(f"no experiment store at {store_path} (run `phaseprobe watch` "
+                              "first, or give --spans-from)")
+        with Store(store_path, readonly=True) as store:
+            yield store
+        return
+    if not is_span_store_url(spans_from):
+        raise ConfigError(f"--spans-from {spans_from.split('@')[-1]!r}: not a span store URL "
+                          f"({SPANS_FROM_HELP.split(': ', 1)[1]})")
+    reader = open_span_reader(spans_from)
+    try:
+        reader.check()
+        yield reader
+    finally:
+        reader.close()
