@@ -27,8 +27,12 @@ _WORDS = {"external_kv_transfer": "received by KV transfer", "local_compute": "c
           "local_cache_hit": "from its own prefix cache"}
 
 
-def _minus(a: float | None, b: float | None) -> float | None:
-    return None if a is None or b is None else a - b
+def _share(pair: float | None, alone: float | None) -> float | None:
+    """B's part of a pair's reading: the pair's less A alone's. None when either is unread or
+    A alone's exceeds the pair's: run-to-run noise then hides B's part, never a negative."""
+    if pair is None or alone is None or pair < alone:
+        return None
+    return pair - alone
 
 
 def pd_alone(runs: Sequence[Run]) -> dict[str, float | None]:
@@ -73,16 +77,28 @@ class PdInterfere:
         if not self.pairs_used:
             return ("on the P/D pair: no pair had B's prefill inside A's decode, so neither "
                     "instance's share was measured")
-        parts = [f"on the P/D pair (medians over {self.pairs_used} pair(s)): the prefill instance "
-                 f"ran B's prefill ({fmt_duration(self.b_prefill_s)}: "
-                 f"{fmt_duration(self.prefill_s)} of prefill per pair less A's "
-                 f"{fmt_duration(self.prefill_s_alone)} alone)"]
+        head = f"on the P/D pair (medians over {self.pairs_used} pair(s)): "
+        pair_vs_alone = (f"{fmt_duration(self.prefill_s)} of prefill per pair, A's "
+                         f"{fmt_duration(self.prefill_s_alone)} alone")
+        if self.b_prefill_s is not None:
+            parts = [head + f"the prefill instance ran B's prefill "
+                            f"({fmt_duration(self.b_prefill_s)}: {pair_vs_alone})"]
+        elif self.prefill_s is not None and self.prefill_s_alone is not None:
+            parts = [head + f"the prefill instance ran both prefill legs ({pair_vs_alone}: "
+                            "B's part is lost in run-to-run noise)"]
+        else:
+            parts = [head + "the prefill instance's prefill time was not read"]
         b = [f"{v:.0f} {_WORDS[src]}" for src, v in self.b_decode_sources.items()
              if v is not None]
         if b:
             parts.append(f"the decode instance, where A decodes, took B's decode leg's "
                          f"{self.b_prompt_tokens}-token prompt as " + ", ".join(b)
                          + " (the pair's less A's alone)")
+        elif any(v is not None for v in self.decode_sources.values()):
+            parts.append("the decode instance's prompt tokens over a pair ("
+                         + ", ".join(f"{v:.0f} {_WORDS[k]}" for k, v in
+                                     self.decode_sources.items() if v is not None)
+                         + ") are A's and B's together: A alone's were not read")
         else:
             parts.append("the decode instance's prompt sources were not read (no "
                          "vllm:prompt_tokens_by_source): what B's leg did there is unknown")
@@ -108,8 +124,8 @@ def pd_interfere(pairs: Sequence[Mapping[str, float | None]],
     prefill = median_or_none([p.get("prefill_s") for p in pairs])
     a_prefill = alone.get("prefill_s")
     decode = {src: median_or_none([p.get(f"decode_{src}") for p in pairs]) for src in SOURCES}
-    b_decode = {src: _minus(decode[src], alone.get(f"decode_{src}")) for src in SOURCES}
-    return PdInterfere(len(pairs), prefill, a_prefill, _minus(prefill, a_prefill), decode,
+    b_decode = {src: _share(decode[src], alone.get(f"decode_{src}")) for src in SOURCES}
+    return PdInterfere(len(pairs), prefill, a_prefill, _share(prefill, a_prefill), decode,
                        b_decode, b_prompt_tokens)
 
 

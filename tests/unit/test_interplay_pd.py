@@ -6,6 +6,7 @@ about the pair. The real pair is in tests/integration/test_pd_interplay_real.py.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -217,7 +218,7 @@ def test_bs_share_is_the_pair_less_a_alone_and_the_words_follow_the_verdict():
                                    "local_cache_hit": 0.0}
     assert not pd.b_recomputed
     calm = pd.sentence("no interference")
-    assert "ran B's prefill (210 ms: 220 ms of prefill per pair less A's 10.0 ms alone)" in calm
+    assert "ran B's prefill (210 ms: 220 ms of prefill per pair, A's 10.0 ms alone)" in calm
     assert "512 received by KV transfer, 89 computed" in calm
     assert calm.endswith("A did not stall beyond the thresholds: B's long prefill ran on the "
                          "prefill instance, not where A decodes")
@@ -233,6 +234,18 @@ def test_a_b_whose_kv_never_arrived_is_said_whatever_the_verdict():
         assert pd.sentence(kind).endswith("B's KV never arrived: the decode instance computed "
                                           "B's prompt itself, so B's prefill ran where A "
                                           "decodes after all")
+
+
+def test_noise_larger_than_bs_share_is_said_never_a_negative_time():
+    # seen on the real pair: A's prefill leg alone took 85 ms, a whole pair 47 ms
+    pd = pd_interfere([_pair(0.047, 512, 120)], {**ALONE, "prefill_s": 0.085}, 600)
+    assert pd.b_prefill_s is None
+    text = pd.sentence("interference")
+    assert "ran both prefill legs (47.0 ms of prefill per pair, A's 85.0 ms alone: B's part " \
+        "is lost in run-to-run noise)" in text and re.search(r"-\d", text) is None
+    unread = pd_interfere([_pair(0.2, 512, 120)], {"prefill_s": 0.01}, 600)
+    assert "(512 received by KV transfer, 120 computed, 0 from its own prefix cache) are A's " \
+        "and B's together: A alone's were not read" in unread.sentence("no interference")
 
 
 def test_no_measured_pair_says_nothing_was_measured():
