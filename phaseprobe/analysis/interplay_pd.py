@@ -106,14 +106,20 @@ class PdInterfere:
         if self.b_recomputed:
             return (text + ". B's KV never arrived: the decode instance computed B's prompt "
                     "itself, so B's prefill ran where A decodes after all")
+        # what B's leg did on the decode instance is said only where its counters were read
+        arrived = (self.b_decode_sources.get("external_kv_transfer") or 0) > 0
         if verdict_kind == "no interference":
-            return text + ". A did not stall beyond the thresholds: B's long prefill ran on " \
-                          "the prefill instance, not where A decodes"
+            return text + (". A did not stall beyond the thresholds: B's long prefill ran on "
+                           "the prefill instance, not where A decodes" if arrived else
+                           ". A did not stall beyond the thresholds; whether B's KV reached "
+                           "the decode instance is not known")
         if verdict_kind == "interference":
-            return (text + ". A stalled although B's prefill ran on the prefill instance: on "
-                    "the decode instance B's leg still loads its KV and computes the prompt's "
-                    "last partial block, and instances on one machine share its CPU and "
-                    "memory bandwidth")
+            return text + (". A stalled although B's prefill ran on the prefill instance: on "
+                           "the decode instance B's leg still loads its KV and computes the "
+                           "prompt's last partial block, and instances on one machine share "
+                           "its CPU and memory bandwidth" if arrived else
+                           ". A stalled; whether B's KV reached the decode instance (or its "
+                           "prompt was computed there, where A decodes) is not known")
         return text
 
 

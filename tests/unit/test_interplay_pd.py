@@ -244,8 +244,15 @@ def test_noise_larger_than_bs_share_is_said_never_a_negative_time():
     assert "ran both prefill legs (47.0 ms of prefill per pair, A's 85.0 ms alone: B's part " \
         "is lost in run-to-run noise)" in text and re.search(r"-\d", text) is None
     unread = pd_interfere([_pair(0.2, 512, 120)], {"prefill_s": 0.01}, 600)
+    calm = unread.sentence("no interference")
     assert "(512 received by KV transfer, 120 computed, 0 from its own prefix cache) are A's " \
-        "and B's together: A alone's were not read" in unread.sentence("no interference")
+        "and B's together: A alone's were not read" in calm
+    # B's own share unknown: nothing is claimed about where its prompt was computed
+    assert calm.endswith("A did not stall beyond the thresholds; whether B's KV reached the "
+                         "decode instance is not known")
+    assert unread.sentence("interference").endswith(
+        "A stalled; whether B's KV reached the decode instance (or its prompt was computed "
+        "there, where A decodes) is not known")
 
 
 def test_no_measured_pair_says_nothing_was_measured():
