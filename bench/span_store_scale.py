@@ -1,0 +1,194 @@
+"""Benchmark: the per-replica span summary over N vLLM spans in chdb, and in the SQLite store.
+
+    python bench/span_store_scale.py [--spans 10000000] [--replicas 8]
+                                     [--sqlite-spans 1000000] [--keep DIR]
+
+Builds the OpenTelemetry Collector exporter's ``otel_traces`` table (its own DDL) in a chdb
+directory, filled by ClickHouse itself (``INSERT … SELECT FROM numbers()``, 1 M rows per
+statement) with vLLM ``llm_request`` spans: attributes as strings in ``SpanAttributes``, the
+replica in ``ResourceAttributes``. Then, each in a fresh process (so its peak RSS is its own):
+
+- the summary ``spans list --spans-from chdb:DIR`` prints (``ChdbSpans.span_summary``: counts,
+  token sums, phase share and exact p50/p90/p99 of six durations per replica and over all);
+- the references, in the same process: ``SELECT count()`` (ClickHouse answers it from part
+  metadata) and a scan that must read the columns the summary reads
+  (``count() WHERE NOT ignore(SpanAttributes, ResourceAttributes, …)``).
+
+It prints both ratios. The SQLite store's summary (``Store.span_summary``: the spans loaded as
+records, the arithmetic in Python, as ``spans list`` does today) is timed on ``--sqlite-spans``
+(loading 10 M records takes more memory than this machine should give it: say what you ran).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+T0 = 1_760_000_000_000_000_000
+BATCH = 1_000_000
+
+
+def _peak_mb() -> float:
+    """This process's peak RSS (VmHWM: unlike ru_maxrss, not inherited from the parent)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _fill_chdb(directory: Path, n: int, replicas: int) -> float:
+    from phaseprobe.sources.span_stores.chdb_store import ChdbSpans
+    from phaseprobe.sources.span_stores.otel_schema import create_table_sql
+
+    reader = ChdbSpans(directory, "default", "otel_traces", create=True)
+    start = time.perf_counter()
+    reader.execute(create_table_sql("default"))
+    for lo in range(0, n, BATCH):
+        hi = min(n, lo + BATCH)
+        # Deterministic pseudo-random phases from the row number (cityHash64 of it, salted).
+        def r(salt: int) -> str:
+            return f"(cityHash64(number, {salt}) % 1000000) / 1e6"
+        reader.execute(
+            "INSERT INTO default.otel_traces (Timestamp, TraceId, SpanId, SpanName, SpanKind, "
+            "ServiceName, ResourceAttributes, ScopeName, SpanAttributes, Duration, StatusCode) "
+            f"SELECT fromUnixTimestamp64Nano(toInt64({T0} + number * 2000000), 'UTC'), "
+            "lower(hex(cityHash64(number, 1))) || lower(hex(cityHash64(number, 2))), "
+            "lower(hex(cityHash64(number, 3))), 'llm_request', 'Server', 'vllm', "
+            f"map('service.name', 'vllm', 'service.instance.id', 'r' || toString(number % "
+            f"{replicas})), 'vllm', map("
+            f"'gen_ai.latency.time_in_queue', toString({r(4)} * 0.02), "
+            f"'gen_ai.latency.time_in_model_prefill', toString(0.005 + {r(5)} * 0.05), "
+            f"'gen_ai.latency.time_in_model_decode', toString(0.05 + {r(6)} * 0.4), "
+            f"'gen_ai.latency.time_to_first_token', toString(0.01 + {r(5)} * 0.07), "
+            f"'gen_ai.latency.e2e', toString(0.07 + {r(6)} * 0.5), "
+            "'gen_ai.usage.prompt_tokens', toString(8 + cityHash64(number, 7) % 600), "
+            "'gen_ai.usage.completion_tokens', toString(2 + cityHash64(number, 8) % 120), "
+            "'gen_ai.request.id', 'cmpl-' || toString(number) || '-0'), "
+            f"toUInt64(70000000 + {r(6)} * 500000000), 'Unset' "
+            f"FROM numbers({lo}, {hi - lo})")
+        print(f"  chdb: {hi:,} spans written", file=sys.stderr, flush=True)
+    took = time.perf_counter() - start
+    reader.close()
+    return took
+
+
+def _query_chdb(directory: Path) -> dict[str, float | int]:
+    """In a fresh process: the summary, then the two references; the peak RSS of it all."""
+    from phaseprobe.sources.span_stores.chdb_store import ChdbSpans
+
+    reader = ChdbSpans(directory, "default", "otel_traces")
+    rss_open = _peak_mb()
+    t = time.perf_counter()
+    summary = reader.span_summary()
+    summary_s = time.perf_counter() - t
+    rss_summary = _peak_mb()
+    t = time.perf_counter()
+    count = int(reader._run("SELECT count() FROM default.otel_traces")[0][0])
+    count_s = time.perf_counter() - t
+    t = time.perf_counter()
+    scanned = int(reader._run(
+        "SELECT count() FROM default.otel_traces WHERE NOT ignore(SpanAttributes, "
+        "ResourceAttributes, Timestamp, Duration, SpanName, ServiceName)")[0][0])
+    scan_s = time.perf_counter() - t
+    reader.close()
+    assert summary.total.requests == count == scanned, (summary.total.requests, count)
+    return {"spans": count, "replicas": len(summary.replicas), "summary_s": summary_s,
+            "count_s": count_s, "scan_s": scan_s, "peak_rss_open_mb": rss_open,
+            "peak_rss_after_summary_mb": rss_summary,
+            "e2e_p99_s": summary.total.phases["e2e_s"].p99_s or 0.0}
+
+
+def _sqlite(path: Path, n: int, replicas: int) -> dict[str, float | int]:
+    from phaseprobe.records import RequestSpan
+    from phaseprobe.store import Store
+
+    rng = random.Random(1)
+    start = time.perf_counter()
+    with Store(path) as store:
+        for lo in range(0, n, 100_000):
+            batch = []
+            for i in range(lo, min(n, lo + 100_000)):
+                q, p, d = rng.random() * 0.02, 0.005 + rng.random() * 0.05, 0.05 + rng.random()
+                s = T0 + i * 2_000_000
+                batch.append(RequestSpan(
+                    trace_id=f"{i:032x}", span_id=f"{i:016x}", request_id=f"cmpl-{i}-0",
+                    model="m", service="vllm", instance=f"r{i % replicas}", start_ns=s,
+                    end_ns=s + int((q + p + d + 0.005) * 1e9), queue_s=q, prefill_s=p,
+                    decode_s=d, inference_s=p + d, ttft_s=q + p, e2e_s=q + p + d + 0.005,
+                    prompt_tokens=100, completion_tokens=2 + i % 120))
+            store.add_spans(batch, [{}] * len(batch))
+    fill_s = time.perf_counter() - start
+    rss_before = _peak_mb()
+    with Store(path, readonly=True) as store:
+        t = time.perf_counter()
+        summary = store.span_summary()
+        summary_s = time.perf_counter() - t
+        t = time.perf_counter()
+        count = store._db.execute("SELECT count(*) FROM request_spans").fetchone()[0]
+        count_s = time.perf_counter() - t
+    assert summary.total.requests == count == n
+    return {"spans": n, "fill_s": fill_s, "summary_s": summary_s, "count_s": count_s,
+            "peak_rss_before_mb": rss_before, "peak_rss_after_summary_mb": _peak_mb()}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--spans", type=int, default=10_000_000)
+    ap.add_argument("--replicas", type=int, default=8)
+    ap.add_argument("--sqlite-spans", type=int, default=1_000_000)
+    ap.add_argument("--keep", type=Path, default=None, help="build in DIR and keep it")
+    ap.add_argument("--query", type=Path, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--sqlite-only", type=Path, default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.query is not None:  # the child: only the query phase, for its own peak RSS
+        print(json.dumps(_query_chdb(args.query)))
+        return 0
+    if args.sqlite_only is not None:
+        print(json.dumps(_sqlite(args.sqlite_only, args.sqlite_spans, args.replicas)))
+        return 0
+    work = args.keep or Path(tempfile.mkdtemp(prefix="span_store_scale_"))
+    work.mkdir(parents=True, exist_ok=True)
+    fill_s = _fill_chdb(work / "chdb", args.spans, args.replicas)
+
+    def child(*extra: str) -> dict[str, float]:
+        out = subprocess.run([sys.executable, __file__, *extra], check=True,
+                             capture_output=True, text=True).stdout
+        return dict(json.loads(out.strip().splitlines()[-1]))
+
+    ch = child("--query", str(work / "chdb"))
+    print(f"chdb: {ch['spans']:,.0f} spans, {ch['replicas']:.0f} replicas, written in "
+          f"{fill_s:.1f} s")
+    print(f"  per-replica summary (exact p50/p90/p99 of 6 durations, sums, counts): "
+          f"{ch['summary_s']:.2f} s ({ch['spans'] / ch['summary_s'] / 1e6:.1f} M spans/s)")
+    print(f"  bare count(): {ch['count_s'] * 1e3:.1f} ms (from part metadata); ratio "
+          f"{ch['summary_s'] / ch['count_s']:.0f}x")
+    print(f"  count() reading the summary's columns: {ch['scan_s']:.2f} s; ratio "
+          f"{ch['summary_s'] / ch['scan_s']:.1f}x (target: within 5x)")
+    print(f"  peak RSS: {ch['peak_rss_open_mb']:.0f} MB with chdb loaded, "
+          f"{ch['peak_rss_after_summary_mb']:.0f} MB after the summary")
+    if args.sqlite_spans:
+        sq = child("--sqlite-only", str(work / "spans.sqlite"), "--sqlite-spans",
+                   str(args.sqlite_spans), "--replicas", str(args.replicas))
+        print(f"SQLite store: {sq['spans']:,.0f} spans (written in {sq['fill_s']:.1f} s)")
+        print(f"  per-replica summary (records loaded, Python arithmetic): "
+              f"{sq['summary_s']:.2f} s ({sq['spans'] / sq['summary_s'] / 1e6:.2f} M spans/s); "
+              f"count(*): {sq['count_s'] * 1e3:.1f} ms; ratio "
+              f"{sq['summary_s'] / max(sq['count_s'], 1e-9):.0f}x")
+        print(f"  peak RSS: {sq['peak_rss_before_mb']:.0f} MB before, "
+              f"{sq['peak_rss_after_summary_mb']:.0f} MB after the summary")
+    if args.keep is None:
+        import shutil
+
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
