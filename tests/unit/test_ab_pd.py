@@ -180,6 +180,10 @@ def test_a_pd_arm_is_measured_leg_by_leg_against_an_aggregated_one(trio, tmp_pat
     assert info["ab"]["pd"] == info["pd"] and "pd" not in exps["aggregated"].server_info
     assert any("phaseprobe sends the two legs itself" in n for n in stored_notes)
     assert "arm pd: KV hand-over: transferred in 3 of 3 run(s)" in stored_notes
+    # each run's progress line says whether its KV moved
+    from phaseprobe.present.cli.cmd_ab import run_line
+    assert run_line("pd", pd_runs[0]).endswith(" ms, KV transferred")
+    assert "KV" not in run_line("aggregated", result.runs["aggregated"][0])
 
 
 def test_the_cli_verdict_stands_with_the_pairs_caveats_when_alike(trio, tmp_path, capsys):

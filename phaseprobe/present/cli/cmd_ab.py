@@ -115,6 +115,8 @@ def run_line(arm: str, run: Run) -> str:
         parts.append(f"prefill {run.server.prefill_s * 1e3:.1f} ms")
     if run.client is not None and run.client.ttft_s is not None:
         parts.append(f"TTFT {run.client.ttft_s * 1e3:.1f} ms, e2e {run.client.e2e_s * 1e3:.1f} ms")
+    if run.pd is not None:  # a prefill/decode pair: did this run's KV move?
+        parts.append(f"hand-over {ms_cell(run.pd.hand_over_s, 1)} ms, KV {run.pd.kv}")
     if run.isolation.verified and not run.isolated:
         parts.append("(not isolated: left out)")
     return " ".join(parts)
