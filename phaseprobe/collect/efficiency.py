@@ -38,7 +38,8 @@ from phaseprobe.store import Store
 if TYPE_CHECKING:  # numpy: imported with the report only
     from phaseprobe.analysis.kv_reservation import KvReservationDoc
 
-__all__ = ["check_against_server", "efficiency_report", "fetch_server_info",
+__all__ = ["BOUND_MODEL", "WorkReport", "check_against_server", "efficiency_report",
+           "roofline_report", "work_report", "fetch_server_info",
            "kv_reservation_report", "model_config_mismatches", "model_config_path", "preflight",
            "resolve_peaks", "served_dtype", "validate_options"]
 
@@ -178,11 +179,92 @@ class EfficiencyReport(TypedDict, total=False):
     bound_beaten: bool
     warnings: list[str]
     runs: list[dict[str, Any]]  # per run: seq + analysis.roofline.RunRoofline fields
+    bound_model: str  # which FLOP/byte model set the bounds (BOUND_MODEL)
+    work: WorkReport  # vLLM's own FLOPs and bytes beside phaseprobe's, per isolated run
+
+
+# The roofline's bounds come from phaseprobe's own arithmetic on config.json: vLLM's counters
+# bill per scheduled step (a batch's work, not one request's) and exist only with a flag, so
+# they are shown beside the bounds (``work``), never used for them.
+BOUND_MODEL = ("phaseprobe's model-config arithmetic (analysis/roofline.py); vLLM's own "
+               "--enable-mfu-metrics counters are beside it under 'work'")
+
+
+class WorkReport(TypedDict, total=False):
+    """vLLM's own FLOPs and bytes per isolated run (its ``--enable-mfu-metrics`` counters)
+    beside phaseprobe's model-config figures, with vLLM / phaseprobe per quantity
+    (``analysis.vllm_work``). ``skipped`` alone when there is nothing to set side by side."""
+
+    skipped: str
+    model_config: str  # the config.json phaseprobe's figures came from
+    runs: list[dict[str, Any]]  # per run: analysis.vllm_work.WorkComparison fields
+    flops_ratio: float | None  # medians over the runs, vLLM / phaseprobe
+    read_bytes_ratio: float | None
+    write_bytes_ratio: float | None
+    findings: list[str]  # each quantity further apart than 20 %, and what each model counts
+
+
+_WORK_WHY = {
+    "flops": "vLLM bills a prefill's attention over every (token, context) pair, phaseprobe "
+             "the causal half; both bill the matmuls once per token and the LM head once per "
+             "prefill and per decode step",
+    "read_bytes": "vLLM also bills each linear layer's input activations and, in prefill, "
+                  "reading back the K and V just written; phaseprobe reads the weights once "
+                  "per step and the context's KV in decode only",
+    "write_bytes": "vLLM bills every layer's outputs (QKV, attention, MLP, logits) besides the "
+                   "KV cache; phaseprobe's writes are the KV cache alone",
+}
+
+
+def work_report(runs: Sequence[Run], server_info: Mapping[str, Any], *,
+                model_config: str | None, force: bool = False) -> WorkReport:
+    """Each isolated run's FLOPs and bytes by vLLM's counters and by phaseprobe's model, or
+    ``{"skipped": reason}`` (no config.json, or vLLM started without the counters)."""
+    from phaseprobe.analysis.vllm_work import DISAGREEMENT, compare_work
+
+    try:
+        path = model_config_path(server_info, model_config)
+        if path is None:
+            return {"skipped": "the model's config.json is not reachable from here: pass "
+                               "--model-config PATH"}
+        if model_config_mismatches(path, server_info) and not force:
+            return {"skipped": f"{path} is not the served model's config"}
+        cost = model_cost_from_config(path)
+    except PhaseprobeError as exc:
+        return {"skipped": str(exc)}
+    rows = [w for w in (compare_work(r, cost) for r in runs) if w is not None]
+    if not rows:
+        return {"skipped": "no isolated run has vLLM's FLOP/byte counters: start vLLM (0.32 "
+                           "or later) with --enable-mfu-metrics"}
+    report: WorkReport = {"model_config": str(path), "runs": [w.to_dict() for w in rows]}
+    findings: list[str] = []
+    for key in ("flops", "read_bytes", "write_bytes"):
+        ratio = median_or_none([getattr(w, f"{key}_ratio") for w in rows])
+        report[f"{key}_ratio"] = ratio  # type: ignore[literal-required]
+        if ratio is not None and abs(ratio - 1) > DISAGREEMENT:
+            vllm = median_or_none([getattr(w, f"vllm_{key}") for w in rows])
+            mine = median_or_none([getattr(w, f"model_{key}") for w in rows])
+            what = key.replace("_", " ")
+            findings.append(f"{what}: vLLM {vllm:.3g} vs phaseprobe {mine:.3g} per request "
+                            f"(×{ratio:.2f}, medians over {len(rows)} run(s)): {_WORK_WHY[key]}")
+    report["findings"] = findings
+    return report
 
 
 def efficiency_report(runs: Sequence[Run], server_info: Mapping[str, Any], *,
                       peaks_choice: str | None, model_config: str | None,
                       force: bool = False) -> EfficiencyReport:
+    """The roofline (:func:`roofline_report`) with vLLM's own FLOPs and bytes beside
+    phaseprobe's under ``work`` (:func:`work_report`), whether or not peaks were given."""
+    report = roofline_report(runs, server_info, peaks_choice=peaks_choice,
+                             model_config=model_config, force=force)
+    report["work"] = work_report(runs, server_info, model_config=model_config, force=force)
+    return report
+
+
+def roofline_report(runs: Sequence[Run], server_info: Mapping[str, Any], *,
+                    peaks_choice: str | None, model_config: str | None,
+                    force: bool = False) -> EfficiencyReport:
     """Per-run roofline and medians, or ``{"skipped": reason}``.
 
     A phase whose median bound / measured is above 1 (or any run of it) beat its bound: its
@@ -231,6 +313,7 @@ def efficiency_report(runs: Sequence[Run], server_info: Mapping[str, Any], *,
     return {
         "peaks": peaks.origin,
         "peaks_dtype": dtype,
+        "bound_model": BOUND_MODEL,
         "model_config": str(path),
         "decode_efficiency": phases["decode_efficiency"],
         "decode_bound_s_per_token": phases["decode_bound_s_per_token"],

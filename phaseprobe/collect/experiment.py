@@ -19,6 +19,7 @@ import requests
 from phaseprobe.analysis.client_check import check_client, has_hop
 from phaseprobe.analysis.phases import attribute, consistency_notes, histograms_moved, idle_reasons
 from phaseprobe.analysis.replica_match import unverifiable
+from phaseprobe.analysis.vllm_work import self_measured_deltas
 from phaseprobe.collect.connection import ServerInfo, connect
 from phaseprobe.collect.fleet.scrape import FleetScraper, FleetSnapshot, RouterPage
 from phaseprobe.collect.fleet.targets import ReplicaTarget
@@ -302,6 +303,9 @@ class RunCollector:
         server, isolation = attribute(before, after, model=self.spec.model,
                                       prompt_tokens=timeline.prompt_tokens,
                                       completion_tokens=timeline.completion_tokens)
+        # vLLM's own FLOP/byte counters and prompt-token sources ride along as counter deltas
+        own = self_measured_deltas(before, after, self.spec.model)
+        server = replace(server, counter_deltas={**server.counter_deltas, **own})
         if not moved:
             isolation = replace(isolation, isolated=False, reasons=isolation.reasons + (
                 f"vLLM histograms did not observe the request within "

@@ -45,11 +45,11 @@ UNITS = frozenset({"s", "ratio", "fraction", "tokens/s", "requests", "1/s", "byt
 
 # Metrics the catalog charts but phaseprobe's own scrapes do not read, so they are not in
 # ALIASES (the table MetricSnapshot resolves): never renamed, one base name each, and none in
-# ALIASES too (prompt_tokens_by_source is there: probe reads it). The nixl_* ones and the
-# KV-fetch gauge (the P/D row, issue 28) exist only in some deployments; which is in
-# present/grafana/lint.py (DEPLOYMENT_ONLY).
+# ALIASES too (prompt_tokens_by_source, prompt_tokens_cached_by_source and vLLM's estimated
+# FLOP/byte counters are there: probe reads them). The nixl_* ones and the KV-fetch gauge (the
+# P/D row, issue 28) exist only in some deployments; which is in present/grafana/lint.py
+# (DEPLOYMENT_ONLY).
 CATALOG_ONLY: dict[str, tuple[Kind, tuple[str, ...]]] = {
-    "prompt_tokens_cached_by_source": ("counter", ("prompt_tokens_cached_by_source",)),
     "kv_fetch_by_stage": ("gauge", ("num_requests_kv_fetch_by_stage",)),
     "nixl_xfer_time": ("histogram", ("nixl_xfer_time_seconds",)),
     "nixl_post_time": ("histogram", ("nixl_post_time_seconds",)),

@@ -52,6 +52,21 @@ ALIASES: dict[str, tuple[Kind, tuple[str, ...]]] = {
     "external_prefix_cache_hits": ("counter", ("external_prefix_cache_hits",)),
     # by label source: local_compute | local_cache_hit | external_kv_transfer (vLLM 0.32)
     "prompt_tokens_by_source": ("counter", ("prompt_tokens_by_source",)),
+    # prefix-cache hit tokens by the tier that supplied them: device | host | disk | p2p |
+    # external_unspecified (vLLM 0.32)
+    "prompt_tokens_cached_by_source": ("counter", ("prompt_tokens_cached_by_source",)),
+    # vLLM's own FLOP and byte model, per GPU, counted per scheduled step; they move only
+    # with --enable-mfu-metrics (0.32)
+    "estimated_flops": ("counter", ("estimated_flops_per_gpu",)),
+    "estimated_read_bytes": ("counter", ("estimated_read_bytes_per_gpu",)),
+    "estimated_write_bytes": ("counter", ("estimated_write_bytes_per_gpu",)),
+    # new KV tokens computed in a request's prefill (cached tokens excluded; 0.32)
+    "prefill_kv_computed_tokens": ("histogram", ("request_prefill_kv_computed_tokens",)),
+    # KV block residency, sampled (--kv-cache-metrics, 0.32): observed when blocks are
+    # evicted, so empty until the cache is full enough to evict
+    "kv_block_lifetime": ("histogram", ("kv_block_lifetime_seconds",)),
+    "kv_block_idle_before_evict": ("histogram", ("kv_block_idle_before_evict_seconds",)),
+    "kv_block_reuse_gap": ("histogram", ("kv_block_reuse_gap_seconds",)),
     "requests_running": ("gauge", ("num_requests_running",)),
     "requests_waiting": ("gauge", ("num_requests_waiting",)),
     # by label reason: capacity | deferred (which includes waiting for a KV transfer; 0.32)

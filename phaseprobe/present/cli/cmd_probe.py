@@ -43,7 +43,9 @@ from phaseprobe.present.cli.cmd_spans import context_text
 from phaseprobe.present.cli.cmd_trace import render as render_trace
 from phaseprobe.present.cli.console import (
     RichProgress,
+    prompt_sources_line,
     render_efficiency,
+    render_work,
     render_probe,
     render_prom_comparison,
 )
@@ -330,6 +332,10 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
             out.print(f"run {seq + 1} shared the engine (attributed by span): "
                       f"{escape(context_text(ctx))}", highlight=False)
         render_efficiency(out, report.efficiency)
+        render_work(out, report.efficiency.get("work"))
+        sources = prompt_sources_line(result.runs)
+        if sources is not None:
+            out.print(escape(sources), highlight=False)
         if report.trace is not None:
             render_trace(out, report.trace)
         if report.kv_reservation is not None:

@@ -303,3 +303,56 @@ def render_efficiency(console: Console, eff: Mapping[str, Any]) -> None:
         f"→ {verdict('prefill')}", highlight=False)
     for warning in eff.get("warnings") or []:
         console.print(f"[yellow]roofline warning:[/] {escape(warning)}", highlight=False)
+
+
+def render_work(console: Console, work: Mapping[str, Any] | None) -> None:
+    """vLLM's own FLOPs and bytes per request beside phaseprobe's (medians, vLLM / phaseprobe),
+    then each disagreement beyond 20 % with what each model counts; nothing when skipped."""
+    if not work or "skipped" in work:
+        return
+    rows = work.get("runs") or []
+
+    def median_of(key: str) -> str:
+        values = sorted(r[key] for r in rows if r.get(key) is not None)
+        return f"{values[len(values) // 2]:.3g}" if values else "—"
+
+    def ratio(key: str) -> str:
+        v = work.get(f"{key}_ratio")
+        return "—" if v is None else f"×{v:.2f}"
+    parts = [f"{label} vLLM {median_of('vllm_' + key)} / phaseprobe "
+             f"{median_of('model_' + key)} ({ratio(key)})"
+             for key, label in (("flops", "FLOPs"), ("read_bytes", "bytes read"),
+                                ("write_bytes", "bytes written"))]
+    console.print(f"work per request (vLLM's --enable-mfu-metrics counters beside phaseprobe's "
+                  f"model, {len(rows)} isolated run(s)): " + " · ".join(parts), highlight=False)
+    for finding in work.get("findings") or []:
+        console.print(f"[yellow]two models disagree:[/] {escape(finding)}", highlight=False)
+
+
+def prompt_sources_line(runs: Sequence[Run]) -> str | None:
+    """Where the isolated runs' prompt tokens came from, summed (vLLM's
+    prompt_tokens_by_source and prompt_tokens_cached_by_source deltas); None: not exported."""
+    from phaseprobe.analysis.vllm_work import cached_tiers_of, prompt_sources_of
+
+    sources: dict[str, float] = {}
+    tiers: dict[str, float] = {}
+    n = 0
+    for r in runs:
+        got = prompt_sources_of(r) if r.isolated else None
+        if got is None:
+            continue
+        n += 1
+        for k, v in got.items():
+            sources[k] = sources.get(k, 0.0) + v
+        for k, v in (cached_tiers_of(r) or {}).items():
+            tiers[k] = tiers.get(k, 0.0) + v
+    if not n:
+        return None
+    total = sum(sources.values())
+    words = {"local_compute": "computed", "local_cache_hit": "local cache hit",
+             "external_kv_transfer": "external KV transfer"}
+    text = " · ".join(f"{words.get(k, k)} {v:.0f}" + (f" ({v / total:.0%})" if total else "")
+                      for k, v in sources.items())
+    cached = [f"{k} {v:.0f}" for k, v in tiers.items() if v]
+    return (f"prompt tokens by source over {n} isolated run(s): {text}; cached by tier: "
+            + (", ".join(cached) if cached else "none"))
