@@ -22,6 +22,7 @@ from typing import Any
 
 from phaseprobe.analysis.rules import (
     fleet,
+    kv_residency,
     kv_transfer,
     latency,
     live,
@@ -169,6 +170,9 @@ LIVE_RULES: tuple[LiveRule, ...] = (
     LiveRule("live_kv_wait_as_queue", "Decode instances' queue time really KV wait?",
              live_pd.kv_wait_as_queue, "decode instances' queue-time histogram, "
              "waiting_by_reason and KV usage gauges"),
+    LiveRule("live_kv_residency", "Prefix-cache blocks kept until they are reused?",
+             kv_residency.evicted_before_reuse, "kv_block_* residency histograms "
+             "(vLLM --kv-cache-metrics)"),
 )
 
 _LIVE_SPANS = "request spans stored over the window (phaseprobe watch)"

@@ -24,7 +24,9 @@ Per replica (:class:`ReplicaWindow`):
     ``nixl_xfer_time`` histogram's ``_sum`` / ``_count``.
 ``buckets``
     the increase of each ``_bucket`` of the histograms in :data:`BUCKET_HISTOGRAMS`
-    (``queue_time``, ``prefill_time``, ``nixl_xfer_time``): cumulative ``(le, count)`` pairs,
+    (``queue_time``, ``prefill_time``, ``nixl_xfer_time``, and the KV block residency
+    histograms ``kv_block_lifetime``, ``kv_block_idle_before_evict``, ``kv_block_reuse_gap``
+    with ``--kv-cache-metrics``): cumulative ``(le, count)`` pairs,
     summed over engines, for a window quantile (:meth:`ReplicaWindow.quantile`).
 ``gauge_mean`` / ``gauge_max``
     ``requests_running``, ``requests_waiting``, ``kv_cache_usage`` (a fraction, 0–1), and
@@ -74,7 +76,9 @@ NIXL_COUNTERS = {"nixl_failed_transfers": "nixl_num_failed_transfers",
                  "nixl_failed_notifications": "nixl_num_failed_notifications",
                  "nixl_kv_expired": "nixl_num_kv_expired_reqs"}
 NIXL_HISTOGRAMS = {"nixl_xfer_time": "nixl_xfer_time"}
-BUCKET_HISTOGRAMS = ("queue_time", "prefill_time", "nixl_xfer_time")
+BUCKET_HISTOGRAMS = ("queue_time", "prefill_time", "nixl_xfer_time",
+                     # KV residency (--kv-cache-metrics): rules/kv_residency.py
+                     "kv_block_lifetime", "kv_block_idle_before_evict", "kv_block_reuse_gap")
 # num_requests_waiting_by_reason's reasons (vLLM 0.32) -> gauge keys
 WAITING_REASONS = {"capacity": "waiting_capacity", "deferred": "waiting_deferred"}
 

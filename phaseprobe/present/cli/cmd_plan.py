@@ -83,7 +83,25 @@ def register(subparsers: Any) -> None:
                    help="with --kv-transfer, count only whole blocks of P - 1 tokens, as "
                         "block-wise connectors hand them over (ExampleConnector on the CPU "
                         "build: 128; 474 prompt tokens -> 384)")
+    p.add_argument("--metrics", default=None, metavar="URL|FILE",
+                   help="a running server's /metrics (URL, or a saved page): read vLLM's KV "
+                        "block residency histograms (vLLM 0.32 --kv-cache-metrics) and say "
+                        "whether its prefix cache evicts blocks before they are reused")
     p.add_argument("--json", action="store_true", help="print one JSON document to stdout")
+
+
+def _kv_residency(source: str | None) -> dict[str, Any] | None:
+    """The served cache's KV residency (totals since the server started), from --metrics."""
+    if source is None:
+        return None
+    from phaseprobe.analysis.kv_residency import kv_residency, residency_line, snapshot_buckets
+    from phaseprobe.collect.metrics_view import load_metrics
+    from phaseprobe.redact import redact_url
+
+    snap = load_metrics(source)
+    res = kv_residency(snapshot_buckets(snap))
+    return {"source": redact_url(source), **res.numbers(),
+            "evicted_before_reuse": res.evicted_before_reuse, "said": residency_line(res)}
 
 
 def plan_document(args: argparse.Namespace) -> dict[str, Any]:
@@ -139,6 +157,7 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
         doc["decode_floor"] = [{**asdict(f), "tokens_per_s_ceiling": f.tokens_per_s_ceiling}
                                for f in floors]
     doc["kv_transfer"] = _kv_transfer(args, kv_token, shape)
+    doc["kv_residency"] = _kv_residency(getattr(args, "metrics", None))
     return doc
 
 
@@ -184,6 +203,9 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
         out.out(jsonout.dumps(doc), highlight=False)
     else:
         _render(out, doc)
+        if doc["kv_residency"] is not None:
+            style = "red" if doc["kv_residency"]["evicted_before_reuse"] else "dim"
+            out.print(f"[{style}]{escape(doc['kv_residency']['said'])}", highlight=False)
     if not doc["plan"]["fits"]:
         err.print("[yellow]the weights and the reserve leave no room for KV cache: more GPUs, "
                   "a smaller --dtype or a lower --reserve-gb")
