@@ -222,6 +222,14 @@ def test_a_pair_that_recomputed_gets_no_verdict_unless_forced(tmp_path, capsys):
         forced = json.loads(out)["comparison"]
         assert not forced["phase_line"].startswith("no verdict")
         assert forced["warnings"][0].startswith("compared although not alike (--force): arm pd")
+    # the dashboard's A/B page judges the stored session as the CLI does: no verdict
+    from tests.dashboard_apptest import goto, open_app, page_text
+
+    with pytest.MonkeyPatch.context() as mp:
+        at = goto(open_app(mp, tmp_path / "s.sqlite"), "A/B")
+        assert "no verdict: the arms are not alike (arm pd" in page_text(at)
+        table = at.dataframe[0].value
+        assert set(table["verdict"]) == {"insufficient data"}
 
 
 def test_arms_of_different_models_are_not_alike(tmp_path, capsys):

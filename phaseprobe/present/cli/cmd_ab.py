@@ -357,7 +357,12 @@ def _compare(args: argparse.Namespace, out: Console, exp_a: int, exp_b: int) -> 
                           f"compare the setups, not the servers: {'; '.join(unlike)} "
                           f"(--force compares them anyway)")
     from phaseprobe.analysis.ab_stats import compare_runs
-    c = compare_runs(runs_a, runs_b, arm_a=a.name, arm_b=b.name, min_effect=min_effect)
+    # a P/D probe against an aggregated one: the pair's caveats, and no verdict when its KV
+    # was not handed over (keyed by experiment: both may be named "probe")
+    labels = (f"#{exp_a} {a.name}", f"#{exp_b} {b.name}")
+    c = judge_pd(compare_runs(runs_a, runs_b, arm_a=a.name, arm_b=b.name, min_effect=min_effect),
+                 dict(zip(labels, (a, b))), dict(zip(labels, (runs_a, runs_b))),
+                 force=args.force)
     notes = [f"compared although not alike (--force): {u}" for u in unlike]
     if schema_note:
         notes.append(schema_note)

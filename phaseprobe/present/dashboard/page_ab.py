@@ -10,6 +10,7 @@ import pandas as pd
 import streamlit as st
 
 from phaseprobe.analysis.ab_sequential import SequentialPlan
+from phaseprobe.analysis.ab_pd import judge_pd
 from phaseprobe.analysis.ab_stats import Comparison, compare_runs
 from phaseprobe.collect.playbook import session_arms, session_plan
 from phaseprobe.present.dashboard import data
@@ -32,8 +33,12 @@ def _compare(path: str, a: int, b: int, min_effect: float, seed: int = 0,
     if names is None:
         names = (f"#{a} {data.experiment(path, a, key).name}",
                  f"#{b} {data.experiment(path, b, key).name}")
-    return compare_runs(data.runs(path, a, key), data.runs(path, b, key), arm_a=names[0],
-                        arm_b=names[1], min_effect=min_effect, seed=seed, plan=plan)
+    runs = {names[0]: data.runs(path, a, key), names[1]: data.runs(path, b, key)}
+    c = compare_runs(runs[names[0]], runs[names[1]], arm_a=names[0], arm_b=names[1],
+                     min_effect=min_effect, seed=seed, plan=plan)
+    # as the CLI judges it: a P/D arm whose KV was not handed over gets no verdict here either
+    exps = {names[0]: data.experiment(path, a, key), names[1]: data.experiment(path, b, key)}
+    return judge_pd(c, exps, runs)
 
 
 def comparison_frame(c: Comparison) -> pd.DataFrame:
