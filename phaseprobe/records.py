@@ -27,6 +27,7 @@ __all__ = [
     "CountedSpan",
     "PdLegs",
     "ReplicaAttribution",
+    "ResponseTimings",
     "RunStatus",
     "RunSpec",
     "ClientTimeline",
@@ -146,8 +147,9 @@ class ServerPhases:
     e2e_s: float | None
     count_deltas: dict[str, float]  # canonical histogram name → _count delta (1 when isolated)
     counter_deltas: dict[str, float]  # prompt/generation tokens, prefix-cache hits, preemptions
-    # Where the figures came from: "histograms" (the /metrics deltas of an isolated run) or
-    # "span" (the request's own OpenTelemetry span: valid on a busy server too).
+    # Where the figures came from: "histograms" (the /metrics deltas of an isolated run),
+    # "span" (the request's own OpenTelemetry span: valid on a busy server too) or "response"
+    # (vLLM ≥ 0.33's per-request metrics object in the response: ResponseTimings; busy too).
     source: str = "histograms"
 
     def to_dict(self) -> dict[str, Any]:
@@ -156,6 +158,48 @@ class ServerPhases:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ServerPhases:
         return cls(**d)
+
+
+@dataclass(frozen=True)
+class ResponseTimings:
+    """vLLM's own timing of one request, sent in the response (vLLM ≥ 0.33 started with
+    ``--enable-per-request-metrics``: a ``metrics`` object, on the final usage chunk when
+    streaming). A third source of server timing beside the histogram deltas and the span,
+    under vLLM's definitions for it (``vllm/entrypoints/openai/engine/serving.py``,
+    ``build_per_request_timing_metrics``), from the engine's own stamps:
+
+    * ``queue_s`` = scheduled − queued (``queue_time_ms``);
+    * ``prefill_s`` = first token − scheduled (``time_to_first_token_ms``: its "TTFT" starts
+      at scheduling, so it holds no queue and no tokenization: it is not the span's or the
+      histogram's TTFT, which run from arrival, and it is never stored as a TTFT);
+    * ``decode_s`` = last token − first token (``generation_time_ms``);
+    * ``mean_itl_s`` = decode / (tokens − 1) (``mean_itl_ms``); ``tokens_per_s`` = tokens /
+      (last token − scheduled) (``tokens_per_second``).
+
+    None where the server sent null. Valid on a busy server: the stamps are the request's own.
+    """
+
+    queue_s: float | None
+    prefill_s: float | None
+    decode_s: float | None
+    mean_itl_s: float | None
+    tokens_per_s: float | None
+
+    def phases(self) -> ServerPhases:
+        """The figures as a run's server phases (``source`` "response"; no TTFT or e2e: the
+        object has none that runs from arrival)."""
+        inference = (None if self.prefill_s is None or self.decode_s is None
+                     else self.prefill_s + self.decode_s)
+        return ServerPhases(queue_s=self.queue_s, prefill_s=self.prefill_s,
+                            decode_s=self.decode_s, inference_s=inference, ttft_s=None,
+                            e2e_s=None, count_deltas={}, counter_deltas={}, source="response")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ResponseTimings:
+        return cls(**{k: d.get(k) for k in cls.__dataclass_fields__})
 
 
 @dataclass(frozen=True)
@@ -224,7 +268,7 @@ class PdLegs:
     tokens_transferred: float | None  # decode side: source="external_kv_transfer"
     tokens_computed: float | None  # decode side: source="local_compute"
     tokens_cached: float | None  # decode side: source="local_cache_hit"
-    kv: str  # "transferred" | "recomputed" | "partial" | "unknown"
+    kv: str  # "transferred" | "recomputed" | "partial" | "cached" | "short_prompt" | "unknown"
     kv_reason: str
     legs_gap_s: float | None = None  # the client's gap between the two legs (self-sent legs)
     prefill_isolated: bool | None = None  # each leg alone on its instance
@@ -291,6 +335,9 @@ class Run:
     replica: ReplicaAttribution | None = None
     # Disaggregated prefill/decode: both legs and the hand-over (None: one instance served it)
     pd: PdLegs | None = None
+    # vLLM's per-request metrics object from the response (vLLM ≥ 0.33; None: not read, or
+    # the server sent none)
+    reported: ResponseTimings | None = None
 
     @property
     def isolated(self) -> bool:
@@ -299,9 +346,10 @@ class Run:
     @property
     def attributed(self) -> bool:
         """Its server phases are its own: it was alone on the server (histogram deltas), or
-        they come from its own span (so it counts on a busy server too)."""
+        they come from its own span or its response's metrics object (so it counts on a busy
+        server too)."""
         return self.isolation.isolated or (self.server is not None
-                                           and self.server.source == "span")
+                                           and self.server.source in ("span", "response"))
 
     def to_dict(self) -> dict[str, Any]:
         client = self.client.to_dict() if self.client else None
@@ -325,6 +373,7 @@ class Run:
             "replica": self.replica.name if self.replica else None,
             "replica_attribution": self.replica.to_dict() if self.replica else None,
             **({"pd": self.pd.to_dict()} if self.pd is not None else {}),
+            **({"reported": self.reported.to_dict()} if self.reported is not None else {}),
         }
 
 

@@ -36,6 +36,7 @@ from phaseprobe.records import (
     Isolation,
     PdLegs,
     ReplicaAttribution,
+    ResponseTimings,
     RequestSpan,
     Run,
     RunSpec,
@@ -232,6 +233,10 @@ _MIGRATIONS: list[str] = [
     # 9: a disaggregated prefill/decode run's two legs and hand-over (issue 28)
     """
     ALTER TABLE runs ADD COLUMN pd_json TEXT
+    """,
+    # 10: vLLM's per-request metrics object from the response (vLLM >= 0.33, issue 32)
+    """
+    ALTER TABLE runs ADD COLUMN reported_json TEXT
     """,
 ]
 # The gpu_samples columns, in table order (phaseprobe.sources.nvml.COLUMNS; a test keeps the
@@ -556,8 +561,8 @@ class Store:
             " client_ttft_s, client_e2e_s, client_tpot_s, server_queue_s, server_prefill_s,"
             " server_decode_s, server_inference_s, server_ttft_s, server_e2e_s, prompt_tokens,"
             " completion_tokens, client_json, server_json, isolation_json, client_check_json,"
-            " trace_id, request_id, span_json, replica, replica_json, pd_json)"
-            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            " trace_id, request_id, span_json, replica, replica_json, pd_json, reported_json)"
+            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (experiment_id, run.seq, run.status, int(run.isolated),
              redact_urls_in(run.error) if run.error else None, run.prompt,
              *((c.sent_wall_ns, c.ttft_s, c.e2e_s, c.tpot_s) if c else (None,) * 4),
@@ -565,7 +570,7 @@ class Store:
              *((c.prompt_tokens, c.completion_tokens) if c else (None,) * 2),
              _dumps(c), _dumps(run.server), _dumps(run.isolation), _dumps(run.client_check),
              run.trace_id, run.request_id, _dumps(run.span),
-             *_replica_columns(run.replica), _dumps(run.pd)),
+             *_replica_columns(run.replica), _dumps(run.pd), _dumps(run.reported)),
         )
         return int(cur.lastrowid or 0)
 
@@ -993,6 +998,7 @@ def _run_from_row(row: sqlite3.Row) -> Run:
     span = row["span_json"] if "span_json" in keys else None
     replica = row["replica_json"] if "replica_json" in keys else None
     pd = row["pd_json"] if "pd_json" in keys else None
+    reported = row["reported_json"] if "reported_json" in keys else None
     return Run(seq=row["seq"], status=row["status"], prompt=row["prompt"], client=client,
                server=server, isolation=Isolation.from_dict(json.loads(row["isolation_json"])),
                error=row["error"], experiment_id=row["experiment_id"], run_id=row["id"],
@@ -1001,4 +1007,5 @@ def _run_from_row(row: sqlite3.Row) -> Run:
                request_id=row["request_id"] if "request_id" in keys else None,
                span=RequestSpan.from_dict(json.loads(span)) if span else None,
                replica=ReplicaAttribution.from_dict(json.loads(replica)) if replica else None,
-               pd=PdLegs.from_dict(json.loads(pd)) if pd else None)
+               pd=PdLegs.from_dict(json.loads(pd)) if pd else None,
+               reported=ResponseTimings.from_dict(json.loads(reported)) if reported else None)

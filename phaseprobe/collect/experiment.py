@@ -9,6 +9,7 @@ to the store before the next one starts. Faults become data: an HTTP error or a 
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -30,6 +31,7 @@ from phaseprobe.records import (
     Experiment,
     Isolation,
     ReplicaAttribution,
+    ResponseTimings,
     Run,
     RunSpec,
     RunStatus,
@@ -47,7 +49,8 @@ from phaseprobe.redact import redact_url
 from phaseprobe.store import Store
 
 __all__ = ["ProbeSettings", "ProbeResult", "ProgressHook", "NullProgress", "RunNotes",
-           "RunCollector", "run_probe", "poll_until", "measure_runs"]
+           "RunCollector", "run_probe", "poll_until", "measure_runs", "reported_path",
+           "reported_notes", "with_reported", "REPORTED_SINCE"]
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,11 @@ class ProbeSettings:
     # Attribute runs by their own vLLM span (OpenTelemetry): every request carries a trace id,
     # and the runs' spans are awaited this long after the last run. None: no spans.
     span_wait_s: float | None = None
+    # vLLM >= 0.33's per-request metrics object in each response (--enable-per-request-metrics):
+    # "auto" reads it when the server reports vLLM 0.33 or later, "on" whatever it reports
+    # (the user asked), "off" never. Read, it is kept with each run and attributes a run that
+    # shared the server (no tracing needed).
+    response_metrics: str = "auto"
 
 
 @dataclass
@@ -152,6 +160,8 @@ class RunCollector:
         self.run_notes = run_notes if run_notes is not None else RunNotes()
         self.hop = has_hop(spec.endpoint)
         self.fleet = fleet
+        # read each response's per-request metrics object (run_probe decides: reported_path)
+        self.read_reported = False
 
     def all_notes(self) -> list[str]:
         """Its own notes, then the runs' stream notes, counted (see :class:`RunNotes`)."""
@@ -244,8 +254,9 @@ class RunCollector:
 
     def measure(self, seq: int, prompt: str) -> Run:
         body = self.body(prompt)
-        # With spans, a busy server needs no waiting: the run's own span attributes it.
-        spans = self.settings.span_wait_s is not None
+        # With spans, or vLLM's per-request metrics in the response, a busy server needs no
+        # waiting: the run's own span or response attributes it.
+        spans = self.settings.span_wait_s is not None or self.read_reported
         before_fleet: FleetSnapshot | None = None
         before: MetricSnapshot | None = None
         if self.fleet is not None:
@@ -268,6 +279,8 @@ class RunCollector:
             run = self._judge_fleet(seq, prompt, outcome.error, timeline, before_fleet)
         else:
             run = self._judge(seq, prompt, outcome.error, timeline, before)
+        if self.read_reported and outcome.reported is not None:
+            run = with_reported(run, outcome.reported, self.hop)
         if tags is None:
             return run
         return replace(run, trace_id=tags.trace_id, request_id=tags.request_id)
@@ -341,6 +354,62 @@ class RunCollector:
         replica = ReplicaAttribution(name=name, source="counters", url=url, reason=how)
         b, a = before.by_replica[name], after.by_replica[name]
         return self._attribute(seq, prompt, timeline, b, a, moved, replica)
+
+
+_ALONE = Isolation(verified=True, isolated=True)  # a response's timings are its own
+
+
+def with_reported(run: Run, reported: ResponseTimings, hop: bool | None) -> Run:
+    """Keep the response's timings with the run; a run that was not alone on the server (or
+    had no /metrics) takes its server phases from them, as a span would give them: they are
+    the request's own engine stamps, valid on a busy server. An isolated run keeps its
+    histogram deltas in the lead, the response's figures beside them."""
+    if run.status == "error" or run.client is None:
+        return replace(run, reported=reported)
+    if run.attributed and run.server is not None:
+        return replace(run, reported=reported)
+    server = reported.phases()
+    check = check_client(run.client, server, _ALONE, hop=hop)
+    status: RunStatus = "ok" if run.status in ("ok", "isolation_failed") else run.status
+    return replace(run, reported=reported, server=server, status=status, client_check=check)
+
+
+_VERSION_NUMBERS = re.compile(r"(\d+)\.(\d+)")
+REPORTED_SINCE = (0, 33)  # the vLLM release that puts a metrics object in each response
+
+
+def reported_path(mode: str, vllm_version: str | None) -> tuple[bool, str]:
+    """Whether to read the per-request metrics object, and the note that says which path was
+    taken and why (chosen by the server's reported version unless the user said)."""
+    since = ".".join(map(str, REPORTED_SINCE))
+    if mode == "off":
+        return False, "per-request metrics in the response: not read (--response-metrics off)"
+    if mode == "on":
+        return True, ("per-request metrics in the response: read (--response-metrics on; the "
+                      f"server reports vLLM {vllm_version or 'version unknown'})")
+    found = _VERSION_NUMBERS.match(vllm_version or "")
+    if found is None:
+        return False, ("per-request metrics in the response: not read (the server reports no "
+                       f"vLLM version; they need vLLM {since}+: --response-metrics on to try)")
+    if (int(found[1]), int(found[2])) < REPORTED_SINCE:
+        return False, (f"per-request metrics in the response: not read (vLLM {vllm_version} "
+                       f"< {since}, which brought them); server timing from /metrics deltas")
+    return True, (f"per-request metrics in the response: read (vLLM {vllm_version} >= {since};"
+                  f" they come only with --enable-per-request-metrics)")
+
+
+def reported_notes(runs: Sequence[Run]) -> list[str]:
+    """What the responses' metrics objects gave, once the path was taken."""
+    with_metrics = [r for r in runs if r.reported is not None]
+    if not with_metrics:
+        return ["no response carried a per-request metrics object: start vLLM (0.33+) with "
+                "--enable-per-request-metrics"] if runs else []
+    by_response = sum(1 for r in runs if r.server is not None and r.server.source == "response")
+    line = f"{len(with_metrics)} of {len(runs)} run(s) carried vLLM's per-request metrics"
+    if by_response:
+        line += (f"; {by_response} shared the server and took their server phases from them "
+                 "(queue, prefill from scheduling, decode: no TTFT from arrival)")
+    return [line]
 
 
 def router_notes(page: RouterPage, runs: Sequence[Run]) -> list[str]:
@@ -423,6 +492,9 @@ def run_probe(spec: RunSpec, store: Store, *, settings: ProbeSettings = ProbeSet
 
     collector = RunCollector(spec, settings, conn.client, conn.scraper, sleep, clock,
                              fleet=conn.fleet)
+    collector.read_reported, path_note = reported_path(settings.response_metrics,
+                                                       info.get("vllm_version"))
+    notes.append(path_note)
     experiment_id = store.create_experiment(Experiment(
         name=settings.name, kind="probe", spec=spec, server_info=info,
         created_wall_ns=time.time_ns()))
@@ -464,6 +536,8 @@ def run_probe(spec: RunSpec, store: Store, *, settings: ProbeSettings = ProbeSet
                 notes.append(f"GPU sampler: {gpu_sampler.missed} ticks missed, "
                              f"{gpu_sampler.failed_reads} failed reads{why}")
         notes.extend(collector.all_notes())
+        if collector.read_reported:
+            notes.extend(reported_notes(runs))
         notes.extend(consistency_notes(runs, hop=collector.hop))
         store.finish_experiment(experiment_id, notes)
         progress.on_end()

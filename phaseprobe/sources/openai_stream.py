@@ -27,13 +27,13 @@ import requests
 import urllib3
 
 from phaseprobe.errors import ConfigError, EndpointUnreachable
-from phaseprobe.records import ClientTimeline
+from phaseprobe.records import ClientTimeline, ResponseTimings
 from phaseprobe.redact import redact_url
 from phaseprobe.sources.http_deadline import mount_deadlines, within
 
 __all__ = ["small_json", "StreamClient", "DEFAULT_DEADLINE_S", "MAX_EVENT_BYTES", "StreamOutcome",
            "TokenEventCounter", "check_endpoint", "normalize_base_url", "build_body",
-           "usage_counts", "MAX_USAGE_TOKENS"]
+           "usage_counts", "MAX_USAGE_TOKENS", "response_timings"]
 
 _ERROR_EXCERPT = 500
 # One SSE event of vLLM is a JSON chunk of a few hundred bytes (tens of KB with top logprobs):
@@ -90,6 +90,44 @@ class StreamOutcome:
     # What was wrong with an answer that still counts (a usage block whose counts are not
     # token counts: they are dropped, as if the server had sent no usage)
     notes: tuple[str, ...] = ()
+    # vLLM ≥ 0.33's per-request metrics object (--enable-per-request-metrics), on the final
+    # usage chunk; None: the server sent none (or one that is not timings: see notes)
+    reported: ResponseTimings | None = None
+
+
+# The per-request metrics object's fields (vLLM 0.33, PerRequestTimingMetrics) → the
+# ResponseTimings field and the factor to its unit (ms → s)
+_REPORTED_FIELDS = {"queue_time_ms": ("queue_s", 1e-3),
+                    "time_to_first_token_ms": ("prefill_s", 1e-3),
+                    "generation_time_ms": ("decode_s", 1e-3),
+                    "mean_itl_ms": ("mean_itl_s", 1e-3),
+                    "tokens_per_second": ("tokens_per_s", 1.0)}
+# A request's timing in ms above this (a year) is not a timing
+_MAX_REPORTED = 3.2e10
+
+
+def response_timings(metrics: Any) -> tuple[ResponseTimings | None, str | None]:
+    """``(timings, note)`` from a response's ``metrics`` object (vLLM ≥ 0.33). Each field is
+    a finite number from 0 up, or null (vLLM sends null, or leaves it out when streaming, where
+    it has no stamp); anything else makes the whole object ignored, and ``note`` says why.
+    An object with no known field is no timings (None, no note)."""
+    if not isinstance(metrics, dict):
+        return None, (f"the response's metrics is not an object ({_short(repr(metrics))}): "
+                      "ignored")
+    values: dict[str, float | None] = {}
+    for key, (field_name, scale) in _REPORTED_FIELDS.items():
+        value = metrics.get(key)
+        if value is None:
+            values[field_name] = None
+            continue
+        if (isinstance(value, bool) or not isinstance(value, (int, float))
+                or not 0 <= value <= _MAX_REPORTED):  # NaN fails both comparisons
+            return None, (f"the response's metrics {key} {_short(repr(value))} is not a "
+                          f"timing: its metrics object is ignored")
+        values[field_name] = float(value) * scale
+    if all(v is None for v in values.values()):
+        return None, None
+    return ResponseTimings(**values), None
 
 
 # The most tokens one request's usage may claim: far above any context window served, far
@@ -335,6 +373,8 @@ class StreamClient:
             watchdog.cancel()
         end = self._clock_ns() - t0
         prompt_tokens, completion_tokens, usage_note = usage_counts(state.usage)
+        reported, metrics_note = (response_timings(state.metrics) if state.metrics is not None
+                                  else (None, None))
         timeline = ClientTimeline(
             sent_wall_ns=wall0,
             event_offsets_ns=tuple(events),
@@ -345,8 +385,9 @@ class StreamClient:
             finish_reason=state.finish_reason,
             complete=state.done and error is None,
         )
+        notes = tuple(n for n in (usage_note, metrics_note) if n)
         return StreamOutcome(timeline=timeline, error=error, text="".join(state.text),
-                             notes=(usage_note,) if usage_note else ())
+                             notes=notes, reported=reported)
 
     def _deadline_text(self) -> str:
         return (f"deadline: the whole request took more than {self.deadline_s:g} s "
@@ -434,12 +475,13 @@ class TokenEventCounter:
 class _StreamState:
     """Parses SSE events; ``feed`` says whether an event carried generated tokens."""
 
-    __slots__ = ("done", "error", "usage", "finish_reason", "text")
+    __slots__ = ("done", "error", "usage", "metrics", "finish_reason", "text")
 
     def __init__(self) -> None:
         self.done = False
         self.error: str | None = None
         self.usage: dict[str, Any] | None = None
+        self.metrics: Any = None  # vLLM >= 0.33's per-request metrics object, as sent
         self.finish_reason: str | None = None
         self.text: list[str] = []
 
@@ -467,6 +509,8 @@ class _StreamState:
             return False
         if isinstance(obj.get("usage"), dict):
             self.usage = obj["usage"]
+        if obj.get("metrics") is not None:  # vLLM >= 0.33: on the final usage chunk
+            self.metrics = obj["metrics"]
         choices = obj.get("choices") or ()
         if not choices:
             return False  # the usage-only chunk

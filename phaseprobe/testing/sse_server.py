@@ -105,6 +105,9 @@ class Script:
     reset_after: int | None = None
     metrics_count_delta: int = 1
     usage: dict[str, Any] | None = None
+    # vLLM >= 0.33's per-request metrics object, sent on the final usage chunk as vLLM does
+    # (only when the usage chunk is asked for); any JSON value, recorded or hostile
+    response_metrics: Any = None
 
     def __post_init__(self) -> None:
         if self.n_tokens < 1:
@@ -206,7 +209,7 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path == "/health":
             self._send_json(200, None)
         elif self.path == "/version":
-            self._send_json(200, {"version": "sse-test"})
+            self._send_json(200, {"version": owner.version})
         elif self.path == "/v1/models":
             model = {"id": owner.model, "object": "model", "created": owner.created,
                      "owned_by": "sse-test", "root": owner.model, "parent": None,
@@ -397,7 +400,10 @@ class _Stream:
                      "completion_tokens": script.n_tokens}
             if script.usage is not None:
                 usage = {**usage, **script.usage}
-            self._write(self._event({**self.base, "choices": [], "usage": usage}))
+            final = {**self.base, "choices": [], "usage": usage}
+            if script.response_metrics is not None:
+                final["metrics"] = script.response_metrics
+            self._write(self._event(final))
         self._write(self._frame(b"data: [DONE]\n\n"))
         if script.chunked:
             self._write(b"0\r\n\r\n")  # last-chunk: the body ended cleanly
@@ -507,8 +513,10 @@ class SseServer:
     """
 
     def __init__(self, script: Script | None = None, *, model: str = "sse-test-model",
-                 api_key: str | None = None, metrics: bool = False) -> None:
+                 api_key: str | None = None, metrics: bool = False,
+                 version: str = "sse-test") -> None:
         self.model = model
+        self.version = version  # what /version answers (a vLLM version picks code paths)
         self.api_key = api_key
         self.metrics = metrics
         self._running = 0

@@ -169,6 +169,12 @@ def register(subparsers: Any) -> None:
     probe.add_argument("--prom-wait", type=non_negative_float, default=60.0, metavar="SECONDS",
                        help="how long to wait for Prometheus to scrape after the last run "
                             "(default: 60)")
+    probe.add_argument("--response-metrics", choices=("auto", "on", "off"), default="auto",
+                       help="read vLLM's per-request metrics object in each response (vLLM "
+                            "0.33+ with --enable-per-request-metrics: queue, prefill from "
+                            "scheduling, decode), kept with each run and attributing runs that "
+                            "shared the server without tracing. auto (default): when the "
+                            "server reports vLLM 0.33 or later; the notes say which path")
     spans = probe.add_argument_group(
         "live traffic (vLLM's OpenTelemetry request spans)",
         "Each request carries a W3C traceparent and an X-Request-Id; a run that shared the "
@@ -296,7 +302,8 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     with Session(options, ConsoleNotices(err)) as session:
         spec = run_spec(args, session)
         settings = ProbeSettings(runs=args.runs, warmup=args.warmup, pause_s=args.pause,
-                                 name=args.name, span_wait_s=session.span_wait_s)
+                                 name=args.name, span_wait_s=session.span_wait_s,
+                                 response_metrics=args.response_metrics)
         try:
             result = run_probe(spec, session.store, settings=settings, api_key=session.api_key,
                                progress=RichProgress(err), timeout_s=args.timeout,

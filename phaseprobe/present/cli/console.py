@@ -106,7 +106,9 @@ def render_probe(console: Console, runs: Sequence[Run], summary: Summary,
                          no_wrap=True)
     for r in runs:
         c, s = r.client, r.server
-        iso = ("yes" if r.isolated else "span" if r.attributed
+        iso = ("yes" if r.isolated
+               else "response" if r.attributed and s is not None and s.source == "response"
+               else "span" if r.attributed
                else "concurrent" if concurrent_by_design(r)
                else "n/a" if not r.isolation.verified else "[red]NO")
         if r.status == "ok" and r.attributed and not client_consistent(r):
