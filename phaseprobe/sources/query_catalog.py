@@ -41,7 +41,8 @@ __all__ = [
 ]
 
 PLACEHOLDERS = frozenset({"selector", "window"})
-UNITS = frozenset({"s", "ratio", "fraction", "tokens/s", "requests", "1/s", "bytes", "bytes/s"})
+UNITS = frozenset({"s", "ratio", "fraction", "tokens/s", "requests", "1/s", "bytes", "bytes/s",
+                   "flop/s"})
 
 # Metrics the catalog charts but phaseprobe's own scrapes do not read, so they are not in
 # ALIASES (the table MetricSnapshot resolves): never renamed, one base name each, and none in

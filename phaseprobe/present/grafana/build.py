@@ -31,6 +31,7 @@ __all__ = [
     "FLEET_ROW",
     "GRAFANA_UNITS",
     "PD_ROW",
+    "SELF_ROW",
     "PANELS",
     "SCHEMA_VERSION",
     "SELECTOR",
@@ -62,6 +63,7 @@ GRAFANA_UNITS: dict[str, str] = {
     "1/s": "cps",
     "bytes": "bytes",
     "bytes/s": "Bps",
+    "flop/s": "flops",
 }
 
 GRID_WIDTH = 24
@@ -73,6 +75,7 @@ FLEET_PHASES: tuple[tuple[str, str], ...] = (
     ("itl", "Inter-token latency"),
 )
 PD_ROW = "Prefill/decode (KV transfer)"
+SELF_ROW = "vLLM's own measurements (FLOPs, bytes, KV residency)"
 IMBALANCE_UNIT = "suffix:×"  # max/min is 1 or more: the catalog's "ratio" would read as %
 PanelType = Literal["timeseries", "stat"]
 
@@ -199,6 +202,18 @@ PANELS: tuple[Row, ...] = (
                   (_t("pd_recompute_share", "{{instance}}"),)),
         PanelSpec("Prefix-cache hit tokens by tier",
                   (_t("prompt_tokens_cached_by_source", "{{source}}"),)),
+    )),
+    # What vLLM measures about itself (issue 32): its own FLOP and byte estimate per GPU
+    # (--enable-mfu-metrics), KV block residency (--kv-cache-metrics) and why requests wait.
+    # Last, so the panel ids of the rows above stay as they were.
+    Row(SELF_ROW, (
+        PanelSpec("Achieved FLOP/s per GPU (vLLM's estimate; ÷ peak = MFU)",
+                  (_t("achieved_flops_per_gpu", "{{instance}}"),)),
+        PanelSpec("Achieved memory bytes/s per GPU (vLLM's estimate; ÷ bandwidth = MBU)",
+                  (_t("achieved_mem_bandwidth_per_gpu", "{{instance}}"),)),
+        PanelSpec("KV block residency (median)", (_t("kv_block_residency", "{{what}}"),)),
+        PanelSpec("Requests waiting by reason", (_t("requests_waiting_by_reason",
+                                                    "{{reason}}"),)),
     )),
 )
 

@@ -85,6 +85,10 @@ DEPLOYMENT_ONLY: dict[str, str] = {
         "nixl_num_descriptors", "nixl_num_failed_transfers", "nixl_num_failed_notifications",
         "nixl_num_kv_expired_reqs")},
     "num_requests_kv_fetch_by_stage": _KV_FETCH,
+    # registered only when the server was started with the flag (vLLM 0.32's loggers.py)
+    **{name: "vLLM 0.32+ started with --kv-cache-metrics" for name in (
+        "kv_block_lifetime_seconds", "kv_block_idle_before_evict_seconds",
+        "kv_block_reuse_gap_seconds")},
 }
 _PREFIXES = ("vllm:", "vllm_")
 _SUFFIXES = ("_bucket", "_sum", "_count", "_total", "_created")
