@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from phaseprobe.analysis.pd import SHORT_PROMPT
 from phaseprobe.analysis.likeness import unlike_fields
 from phaseprobe.records import Experiment, Run
 
@@ -94,6 +95,11 @@ def pd_caveats(arm: str, runs: Sequence[Run]) -> list[str]:
     out = [f"arm {arm} is a prefill/decode pair: its server prefill is the prefill instance's "
            f"and its server decode the decode instance's; {where} show only in its client "
            f"TTFT and e2e"]
+    short = [p for p in legs if p.kv == SHORT_PROMPT]
+    if short:
+        out.append(f"arm {arm}: {len(short)} of {len(legs)} runs had nothing to hand over "
+                   f"({short[0].kv_reason}): for them the pair measured a local prefill on the "
+                   "decode instance, not a KV transfer")
     unknown = [p for p in legs if p.kv == "unknown"]
     if unknown:
         out.append(f"arm {arm}: whether the KV moved is unknown in {len(unknown)} of "

@@ -18,9 +18,21 @@ from phaseprobe.records import PdLegs, ServerPhases
 from phaseprobe.sources.vllm_metrics import MetricSnapshot
 
 __all__ = ["SOURCES", "prompt_sources", "source_deltas", "connector_deltas", "kv_verdict",
-           "pd_legs"]
+           "pd_legs", "block_size", "SHORT_PROMPT"]
 
 SOURCES = ("external_kv_transfer", "local_compute", "local_cache_hit")
+# The KV verdict of a prompt too short for a connector that moves whole blocks: nothing to hand
+# over, so computing it locally is not a failure (tell it from "recomputed").
+SHORT_PROMPT = "short_prompt"
+
+
+def block_size(snap: MetricSnapshot | None) -> int | None:
+    """The instance's KV block size in tokens, from ``vllm:cache_config_info``; None unknown."""
+    labels = snap.labels_of("cache_config_info") if snap is not None else []
+    try:
+        return int(labels[0]["block_size"]) if labels else None
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def prompt_sources(snap: MetricSnapshot, model: str | None) -> dict[str, float] | None:
@@ -63,11 +75,12 @@ def _why_not_arrived(lookups: float | None) -> str:
 
 
 def kv_verdict(deltas: dict[str, float] | None, prompt_tokens: int | None,
-               decode_isolated: bool, decode_lookups: float | None = None
-               ) -> tuple[str, str]:
+               decode_isolated: bool, decode_lookups: float | None = None,
+               block: int | None = None) -> tuple[str, str]:
     """(kv, why) for one request from its decode instance's source deltas: "transferred",
-    "recomputed", "partial", "cached" or "unknown", the reason quoting the numbers.
-    ``decode_lookups``: the tokens its KV connector looked up (says why nothing arrived)."""
+    "recomputed", "partial", "cached", :data:`SHORT_PROMPT` or "unknown", the reason quoting
+    the numbers. ``decode_lookups``: the tokens its KV connector looked up (says why nothing
+    arrived); ``block``: the decode instance's KV block size in tokens."""
     if deltas is None:
         return "unknown", ("the decode instance exports no vllm:prompt_tokens_by_source "
                            "(vLLM 0.32 or newer has it): whether the KV moved cannot be told")
@@ -85,6 +98,14 @@ def kv_verdict(deltas: dict[str, float] | None, prompt_tokens: int | None,
             f"computed locally, {hit:.0f} from its own prefix cache")
     if total <= 0:
         return "unknown", "the decode instance counted no prompt tokens for the request"
+    if ext <= 0 and comp >= hit and block and whole - 1 < block:
+        # A connector that moves whole blocks of the prompt but its last token (the
+        # ExampleConnector: research/fleet_pd.md) has nothing to move for such a prompt.
+        return SHORT_PROMPT, (f"computed {comp:.0f} of {whole:.0f} prompt tokens locally, but "
+                              f"{whole:.0f} - 1 is under one KV block ({block} tokens): a "
+                              "connector that moves whole blocks had nothing to hand over "
+                              "(with one that moves partial blocks, such as NIXL, this would "
+                              "be a failed hand-over); use prompts longer than a block")
     if ext <= 0 and comp >= hit:
         return "recomputed", (f"computed {comp:.0f} of {whole:.0f} prompt tokens locally: its "
                               "KV never arrived (the hand-over failed; the request still "
@@ -99,11 +120,12 @@ def kv_verdict(deltas: dict[str, float] | None, prompt_tokens: int | None,
 def pd_legs(prefill: ServerPhases | None, prefill_isolated: bool,
             decode: ServerPhases | None, decode_isolated: bool,
             deltas: dict[str, float] | None, prompt_tokens: int | None,
-            legs_gap_s: float | None, decode_lookups: float | None = None) -> PdLegs:
+            legs_gap_s: float | None, decode_lookups: float | None = None,
+            block: int | None = None) -> PdLegs:
     """Both legs of one request from each instance's phase deltas. ``legs_gap_s``: the
     client's time from the prefill leg's end to sending the decode leg (0 through a router,
     which forwards at once; unknown there, so the hand-over is the decode-side wait only)."""
-    kv, why = kv_verdict(deltas, prompt_tokens, decode_isolated, decode_lookups)
+    kv, why = kv_verdict(deltas, prompt_tokens, decode_isolated, decode_lookups, block)
     wait = decode.queue_s if decode is not None else None
     hand = None if wait is None else wait + (legs_gap_s or 0.0)
     d = deltas or {}

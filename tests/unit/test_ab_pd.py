@@ -26,6 +26,9 @@ from tests.ab_helpers import Crash, CrashAfter, run_cli
 PACED = Script(n_tokens=6, first_delay_s=0.01, gap_s=0.003)
 ONE = Script(n_tokens=1, first_delay_s=0.01)  # the prefill leg (max_tokens=1)
 PROMPT = "the quick brown fox jumps over the lazy dog again and again"  # 12 "tokens"
+# longer than one KV block of the test server (16 tokens): a recompute of it is a failed
+# hand-over, not a prompt too short to move
+LONG = PROMPT + " and the fox runs off into the woods"  # 20 "tokens"
 
 
 class DecodeInstance(SseServer):
@@ -55,12 +58,13 @@ class DecodeInstance(SseServer):
         return super().metrics_text() + f"# TYPE {name} counter\n" + "\n".join(rows) + "\n"
 
 
-def _playbook(arm_a: str, arm_b: str, runs: int = 3, model: str = "sse-test-model") -> str:
+def _playbook(arm_a: str, arm_b: str, runs: int = 3, model: str = "sse-test-model",
+              prompt: str = PROMPT) -> str:
     return f"""
 name = "pd"
 model = "{model}"
 [run]
-prompt = "{PROMPT}"
+prompt = "{prompt}"
 max_tokens = 6
 runs = {runs}
 warmup = 1
@@ -203,7 +207,8 @@ def test_a_pair_that_recomputed_gets_no_verdict_unless_forced(tmp_path, capsys):
     with SseServer(PACED, metrics=True) as agg, SseServer(ONE, metrics=True) as prefill, \
             DecodeInstance(PACED, transfer=False) as decode:
         path = tmp_path / "pb.toml"
-        path.write_text(_playbook(f'endpoint = "{agg.base_url}"', _pd_arm(prefill, decode)))
+        path.write_text(_playbook(f'endpoint = "{agg.base_url}"', _pd_arm(prefill, decode),
+                                  prompt=LONG))
         store = str(tmp_path / "s.sqlite")
         code, out = run_cli([str(path), "--json", "--store", store], capsys)
         doc = json.loads(out)
@@ -211,7 +216,7 @@ def test_a_pair_that_recomputed_gets_no_verdict_unless_forced(tmp_path, capsys):
         assert code == 1  # a script must not read it as a verdict
         assert c["phase_line"].startswith("no verdict: the arms are not alike (arm pd")
         assert "recomputed in 3 of 3 runs" in c["phase_line"]
-        assert "computed 12 of 12 prompt tokens locally" in c["phase_line"]
+        assert "computed 20 of 20 prompt tokens locally" in c["phase_line"]
         assert {m["verdict"] for m in c["metrics"].values()} == {"insufficient data"}
         # the stored session says the same when reported later
         code, out = run_cli(["report", str(doc["session_id"]), "--store", store, "--json"],
@@ -302,3 +307,20 @@ def test_the_shipped_pd_playbooks_compare_an_aggregated_arm_with_a_pair():
     topo = gpu.arms[1].pd_topology
     assert not gpu.arms[0].is_pd and topo is not None and topo.router is not None
     assert '"kv_connector":"NixlConnector"' in gpu.text  # how to start each instance
+
+
+def test_a_pair_given_prompts_under_one_kv_block_says_nothing_was_handed_over(tmp_path, capsys):
+    """12-token prompts on a 16-token block: no failed hand-over (a verdict stands), but the
+    comparison says the pair moved no KV for them."""
+    with SseServer(PACED, metrics=True) as agg, SseServer(ONE, metrics=True) as prefill, \
+            DecodeInstance(PACED, transfer=False) as decode:
+        path = tmp_path / "pb.toml"
+        path.write_text(_playbook(f'endpoint = "{agg.base_url}"', _pd_arm(prefill, decode)))
+        code, out = run_cli([str(path), "--json", "--store", str(tmp_path / "s.sqlite")],
+                            capsys)
+    c = json.loads(out)["comparison"]
+    assert not c["phase_line"].startswith("no verdict"), c["phase_line"]
+    short = [w for w in c["warnings"] if "had nothing to hand over" in w]
+    assert short and short[0].startswith("arm pd: 3 of 3 runs had nothing to hand over "
+                                         "(computed 12 of 12 prompt tokens locally, but 12 - 1 "
+                                         "is under one KV block (16 tokens)"), c["warnings"]

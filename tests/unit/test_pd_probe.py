@@ -157,3 +157,23 @@ def test_connector_lookups_are_none_where_not_exported_and_zero_where_idle():
     b, a = parse_exposition(page % 5), parse_exposition(page % 5)
     assert connector_deltas(b, a, "m") == (0.0, None)
     assert connector_deltas(parse_exposition("x 1\n"), a, "m") == (None, None)
+
+
+def test_a_prompt_under_one_kv_block_is_not_called_a_failed_hand_over():
+    """The ExampleConnector moves whole blocks of the prompt but its last token: a prompt of
+    block size or fewer tokens has nothing to move, so computing it is not a failure."""
+    from phaseprobe.analysis.pd import SHORT_PROMPT, block_size
+
+    sources = {"external_kv_transfer": 0, "local_compute": 32, "local_cache_hit": 0}
+    kv, why = kv_verdict(sources, 32, True, 32.0, block=128)
+    assert kv == SHORT_PROMPT
+    assert why.startswith("computed 32 of 32 prompt tokens locally, but 32 - 1 is under one "
+                          "KV block (128 tokens)")
+    # a block and one token more: the connector had a whole block to move and moved nothing
+    sources = {"external_kv_transfer": 0, "local_compute": 129, "local_cache_hit": 0}
+    assert kv_verdict(sources, 129, True, 129.0, block=128)[0] == "recomputed"
+    assert kv_verdict(sources | {"local_compute": 32}, 32, True, 32.0)[0] == "recomputed"
+    snap = parse_exposition('# TYPE vllm:cache_config_info gauge\n'
+                            'vllm:cache_config_info{block_size="128",model_name="m"} 1\n')
+    assert block_size(snap) == 128
+    assert block_size(parse_exposition("x 1\n")) is None and block_size(None) is None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import statistics
 
+from phaseprobe.analysis.pd import SHORT_PROMPT
 from phaseprobe.analysis.pd_window import PREFILL_ROLE_MAX_TOKENS
 from phaseprobe.analysis.rules.base import Evidence, Status, Verdict, ms, num, pct, skipped
 from phaseprobe.analysis.rules.live import Part, per_replica, too_few
@@ -52,7 +53,13 @@ def kv_recompute(ev: Evidence) -> Verdict:
         return Verdict("skipped", f"skipped: whether the KV moved could not be told in any of "
                                   f"{len(told)} runs ({legs[0][1].kv_reason})", numbers)
     moved = kinds.count("transferred")
-    rest = f"; {unknown} not told" if unknown else ""
+    short = [pd for _, pd in legs if pd.kv == SHORT_PROMPT]
+    if short and not moved:
+        return Verdict("skipped", f"skipped: {len(short)} of {len(told)} runs had prompts "
+                                  f"shorter than one KV block ({short[0].kv_reason})", numbers,
+                       next_command=_COMMAND + " --prompt-tokens 512")
+    rest = (f"; {unknown} not told" if unknown else "") + \
+        (f"; {len(short)} too short to hand over" if short else "")
     return Verdict("pass", f"the KV was transferred in {moved} of {len(told)} runs{rest}",
                    numbers)
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from phaseprobe.analysis.pd import connector_deltas, pd_legs, source_deltas
+from phaseprobe.analysis.pd import block_size, connector_deltas, pd_legs, source_deltas
 from phaseprobe.analysis.phases import attribute, histograms_moved, idle_reasons
 from phaseprobe.analysis.replica_match import unverifiable
 from phaseprobe.collect.experiment import ProbeSettings, RunNotes, poll_until
@@ -153,7 +153,7 @@ class PdCollector:
                               "(vllm:external_prefix_cache_queries did not move): is it started "
                               "with --kv-transfer-config? Without one its KV goes nowhere")
         pd = pd_legs(p_srv, p_iso.isolated, d_srv, d_iso.isolated, deltas, prompt_tokens, gap,
-                     lookups)
+                     lookups, block_size(after["decode"]))
         # the run's phases as the user met them: queue and prefill on the prefill instance,
         # decode on the decode instance; the hand-over is in ``pd``
         server: ServerPhases | None = None

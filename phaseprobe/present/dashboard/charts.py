@@ -27,7 +27,8 @@ _PD_PHASES = {"queue": _PHASES["queue"], "prefill": _PHASES["prefill"],
               GAP: "#e0e0e0", "hand-over": "#b279a2", KV_WAIT: "#ff9da6",
               PROMPT_WORK["transferred"]: "#54a24b", PROMPT_WORK["recomputed"]: "#9d0208",
               PROMPT_WORK["partial"]: "#f58518", PROMPT_WORK["cached"]: "#88d27a",
-              PROMPT_WORK["unknown"]: "#bab0ac", "decode": _PHASES["decode"],
+              PROMPT_WORK["short_prompt"]: "#c7c1bd", PROMPT_WORK["unknown"]: "#bab0ac",
+              "decode": _PHASES["decode"],
               "waiting (client)": _PHASES["waiting (client)"],
               "streaming (client)": _PHASES["streaming (client)"]}
 

@@ -47,6 +47,7 @@ PROMPT_WORK = {
     "recomputed": "recompute (KV never arrived)",
     "partial": "KV load + recompute (partial)",
     "cached": "prefix-cache hit (no transfer)",
+    "short_prompt": "prompt computed (under one KV block: nothing to move)",
     "unknown": "prompt work (KV unknown)",
 }
 _MEASURED = (("prefill_queue_s", "prefill-side queue"), ("prefill_s", "prefill"),
