@@ -49,7 +49,8 @@ if TYPE_CHECKING:  # pandas only inside the GPU methods: `import phaseprobe` sta
 
     from phaseprobe.sources.span_stores.model import SpanAggregate
 
-__all__ = ["Store", "AbSessionRow", "SpanCount", "SpanStats", "redact_url", "SCHEMA_VERSION",
+__all__ = ["Store", "AbSessionRow", "SpanCount", "SpanStats", "PruneResult", "StoreSize",
+           "PRUNE_BATCH", "RUN_REQUEST_ID_PREFIX", "redact_url", "SCHEMA_VERSION",
            "GPU_SAMPLE_COLUMNS", "LOCK_TIMEOUT_S", "SQLITE_HEADER"]
 
 
@@ -711,6 +712,97 @@ class Store:
         with self._transaction():
             return self._db.execute(sql, params)
 
+    # -- retention (issue 29 item 5): the span tables kept bounded --------------------------
+    # A receiver may be committing batches while this prunes (another connection, or the same
+    # process's SpanSink): SQLite serialises writers with its lock, so each batch is its own
+    # short BEGIN IMMEDIATE transaction (a range of at most ``batch`` spans on the start-time
+    # index) and a receiver's commit waits milliseconds, never the whole prune. Freed pages go
+    # to SQLite's free list and new spans reuse them, so a pruned file stops growing; it does
+    # not shrink, because VACUUM rewrites the whole file under an exclusive lock (seconds to
+    # minutes for a large store, every receiver commit refused meanwhile) and incremental
+    # vacuum needs auto_vacuum set before the tables existed (itself a full VACUUM on an
+    # existing store). :meth:`compact` is that VACUUM, for `spans prune --vacuum` by hand.
+
+    def prune_spans(self, *, before_ns: int | None = None, keep: int | None = None,
+                    dry_run: bool = False, batch: int | None = None) -> PruneResult:
+        """Delete the request spans that started before ``before_ns``, or all but the newest
+        ``keep`` (spans starting in the same nanosecond as the ``keep``-th newest stay too),
+        never a span of a stored run (:data:`PROTECTED_SPAN`). The other/rejected spans'
+        de-duplication keys (``counted_spans``) go by the same start-time cutoff; their counts
+        stay. ``dry_run``: count only. ``batch``: spans per transaction (:data:`PRUNE_BATCH`)."""
+        batch = PRUNE_BATCH if batch is None else batch
+        if (before_ns is None) == (keep is None):
+            raise ValueError("prune_spans: give before_ns or keep, one of the two")
+        if batch < 1:
+            raise ValueError(f"prune_spans: batch {batch} < 1")
+        try:
+            cutoff = before_ns if keep is None else self._keep_cutoff(keep)
+            result = PruneResult(cutoff_start_ns=cutoff, deleted=0, protected=0,
+                                 dry_run=dry_run)
+            if cutoff is None or not self._has("request_spans"):
+                return result
+            result["protected"] = self._db.execute(
+                f"SELECT COUNT(*) FROM request_spans WHERE start_ns < ? AND {PROTECTED_SPAN}",
+                (cutoff,)).fetchone()[0]
+            if dry_run:
+                result["deleted"] = self._db.execute(
+                    "SELECT COUNT(*) FROM request_spans WHERE start_ns < ?",
+                    (cutoff,)).fetchone()[0] - result["protected"]
+                return result
+        except sqlite3.Error as exc:
+            raise self._failure("read", exc) from None
+        lo = -(2**63)
+        while lo < cutoff:
+            with self._transaction():
+                # this batch's range on the start index: [lo, hi), about ``batch`` spans
+                row = self._db.execute(
+                    "SELECT start_ns FROM request_spans WHERE start_ns >= ? AND start_ns < ?"
+                    " ORDER BY start_ns LIMIT 1 OFFSET ?", (lo, cutoff, batch - 1)).fetchone()
+                hi = cutoff if row is None else min(cutoff, row[0] + 1)
+                result["deleted"] += self._db.execute(
+                    "DELETE FROM request_spans WHERE start_ns >= ? AND start_ns < ? AND NOT "
+                    f"{PROTECTED_SPAN}", (lo, hi)).rowcount
+                if self._has("counted_spans"):
+                    self._db.execute("DELETE FROM counted_spans WHERE start_ns >= ? AND "
+                                     "start_ns < ?", (lo, hi))
+            lo = hi
+        return result
+
+    def _keep_cutoff(self, keep: int) -> int | None:
+        """The start time before which spans go so that the newest ``keep`` stay (None:
+        there are no more than ``keep``)."""
+        if not self._has("request_spans"):
+            return None
+        if keep <= 0:
+            row = self._db.execute("SELECT MAX(start_ns) + 1 FROM request_spans").fetchone()
+        else:
+            row = self._db.execute("SELECT start_ns FROM request_spans ORDER BY start_ns DESC"
+                                   " LIMIT 1 OFFSET ?", (keep - 1,)).fetchone()
+        return None if row is None or row[0] is None else int(row[0])
+
+    @_reads
+    def storage_size(self) -> StoreSize:
+        """The file's size on disk (with its WAL), the free pages inside it that new rows will
+        reuse, and how many request spans it holds (a count of the start index)."""
+        page = self._db.execute("PRAGMA page_size").fetchone()[0]
+        free = self._db.execute("PRAGMA freelist_count").fetchone()[0]
+        wal = self.path.with_name(self.path.name + "-wal")
+        spans = self._db.execute("SELECT COUNT(*) FROM request_spans").fetchone()[0] \
+            if self._has("request_spans") else 0
+        return StoreSize(file_bytes=_file_size(self.path), wal_bytes=_file_size(wal),
+                         free_bytes=int(page) * int(free), request_spans=int(spans))
+
+    def compact(self) -> None:
+        """Shrink the file to what it holds (VACUUM: rewrites it under an exclusive lock, so
+        not while a receiver writes to it), and truncate the WAL."""
+        if self.readonly:
+            raise StoreError(f"cannot compact experiment store {self.path}: opened read-only")
+        try:
+            self._db.execute("VACUUM")
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except sqlite3.Error as exc:
+            raise self._failure("compact", exc) from None
+
     # -- reading -------------------------------------------------------------------------
 
     @_reads
@@ -1009,3 +1101,46 @@ def _run_from_row(row: sqlite3.Row) -> Run:
                replica=ReplicaAttribution.from_dict(json.loads(replica)) if replica else None,
                pd=PdLegs.from_dict(json.loads(pd)) if pd else None,
                reported=ResponseTimings.from_dict(json.loads(reported)) if reported else None)
+
+
+# -- retention -------------------------------------------------------------------------------
+
+# Spans are pruned in transactions of this many at most: a receiver writing meanwhile waits
+# for one of them (milliseconds), not for the whole prune.
+PRUNE_BATCH = 5_000
+# The request ids phaseprobe sends (collect.span_attribution.new_tags): vLLM prefixes and
+# suffixes them (cmpl-<id>-0), so a span whose id holds this prefix is compared with every
+# run's request id; other spans are never (that test costs one pass over the runs).
+RUN_REQUEST_ID_PREFIX = "phaseprobe-"
+# A span that belongs to a stored experiment: its trace id or request id is a run's. Never
+# pruned (a P/D run's two legs share its trace). The IN subqueries are read once per statement.
+PROTECTED_SPAN = (
+    "(trace_id IN (SELECT trace_id FROM runs WHERE trace_id IS NOT NULL)"
+    " OR request_id IN (SELECT request_id FROM runs WHERE request_id IS NOT NULL)"
+    f" OR (instr(request_id, '{RUN_REQUEST_ID_PREFIX}') > 0 AND EXISTS (SELECT 1 FROM runs r"
+    " WHERE r.request_id IS NOT NULL AND instr(request_spans.request_id, r.request_id) > 0)))")
+
+
+class PruneResult(TypedDict):
+    """What :meth:`Store.prune_spans` did (or, ``dry_run``, would do)."""
+
+    cutoff_start_ns: int | None  # spans that started before it went (None: nothing to prune)
+    deleted: int
+    protected: int  # spans before the cutoff kept because a stored run's ids name them
+    dry_run: bool
+
+
+class StoreSize(TypedDict):
+    """:meth:`Store.storage_size`."""
+
+    file_bytes: int
+    wal_bytes: int
+    free_bytes: int  # free pages inside the file: reused by new rows before it grows
+    request_spans: int
+
+
+def _file_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
