@@ -17,14 +17,12 @@ from dataclasses import dataclass
 
 import requests
 
-from phaseprobe.collect.connection import Connection, ServerInfo, connect
+from phaseprobe.collect.connection import ServerInfo
 from phaseprobe.collect.experiment import ProbeSettings, RunNotes
 from phaseprobe.collect.pd.collector import PdCollector, PdTopology
+from phaseprobe.collect.pd.connect import connect_pair
 from phaseprobe.collect.prompts import PromptBuilder
-from phaseprobe.errors import ConfigError
 from phaseprobe.records import RunSpec
-from phaseprobe.redact import redact_url
-from phaseprobe.sources.openai_stream import StreamClient, check_endpoint
 
 __all__ = ["PdArm", "connect_pd_arm", "topology_line"]
 
@@ -51,42 +49,17 @@ def topology_line(topo: PdTopology) -> str:
             f"{way}")
 
 
-def _instance(role: str, url: str, api_key: str | None, http: requests.Session,
-              timeout_s: float, deadline_s: float) -> Connection:
-    conn = connect(url, api_key, session=http, timeout_s=timeout_s, deadline_s=deadline_s)
-    if conn.router:
-        raise ConfigError(f"the {role} URL {redact_url(url)} is a vllm-router: give the "
-                          f"{role} instance's own URL (its /metrics are the run's ground truth)")
-    if conn.scraper is None:
-        why = "; ".join(conn.notes) or "no usable /metrics"
-        raise ConfigError(f"the {role} instance {redact_url(url)} has no usable /metrics ({why}): "
-                          f"a prefill/decode arm needs each instance's own counters to "
-                          f"attribute its leg and tell whether the KV moved")
-    return conn
-
-
 def connect_pd_arm(topo: PdTopology, spec: RunSpec, settings: ProbeSettings,
                    api_key: str | None, http: requests.Session, *, timeout_s: float,
                    deadline_s: float) -> PdArm:
     """Check and connect both instances (and the router), before any run. Raises
     EndpointUnreachable when one does not answer, ConfigError when one cannot be measured."""
-    prefill = _instance("prefill", topo.prefill, api_key, http, timeout_s, deadline_s)
-    decode = _instance("decode", topo.decode, api_key, http, timeout_s, deadline_s)
-    clients = {"prefill": prefill.client, "decode": decode.client}
-    if topo.router is not None:
-        router = StreamClient(topo.router, api_key=api_key, session=http, timeout_s=timeout_s,
-                              deadline_s=deadline_s)
-        check_endpoint(topo.router, session=http, headers=decode.headers)
-        clients["router"] = router
-    scrapers = {"prefill": prefill.scraper, "decode": decode.scraper}
-    notes = [topology_line(topo)]
-    notes += [f"prefill instance: {n}" for n in prefill.notes]
-    notes += [f"decode instance: {n}" for n in decode.notes]
-    info = decode.info
-    info["pd"] = topo.to_dict()
+    pair = connect_pair(topo, api_key, session=http, timeout_s=timeout_s,
+                        deadline_s=deadline_s, require_metrics=True)
+    notes = [topology_line(topo), *pair.notes]
+    info = pair.info
     run_notes = RunNotes()
-    collector = PdCollector(spec, settings, topo, clients,
-                            {k: v for k, v in scrapers.items() if v is not None},
+    collector = PdCollector(spec, settings, topo, pair.clients(), pair.scrapers,
                             run_notes=run_notes)
-    return PdArm(collector, info, notes, decode.prompt_builder(spec.model, spec.seed),
+    return PdArm(collector, info, notes, pair.decode.prompt_builder(spec.model, spec.seed),
                  run_notes)

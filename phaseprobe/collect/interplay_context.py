@@ -37,13 +37,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-import requests
-
 from phaseprobe.analysis.interplay import CONCURRENT_MARK
-from phaseprobe.collect.connection import Connection, connect
+from phaseprobe.collect.connection import connect
 from phaseprobe.collect.experiment import ProbeSettings, RunCollector, RunNotes
 from phaseprobe.collect.fleet.targets import ReplicaTarget
 from phaseprobe.collect.pd.collector import PdCollector
+from phaseprobe.collect.pd.connect import PdConnection, connect_pair
 from phaseprobe.collect.pd.sender import PdSender
 from phaseprobe.collect.pd.topology import PdTopology
 from phaseprobe.collect.span_attribution import new_tags
@@ -56,7 +55,6 @@ from phaseprobe.sources.openai_stream import (
     StreamClient,
     StreamOutcome,
     build_body,
-    check_endpoint,
 )
 from phaseprobe.sources.vllm_metrics import MetricSnapshot, MetricsScraper
 from phaseprobe.store import Store
@@ -114,21 +112,18 @@ class ProbeContext:
     def __init__(self, target: Target, *, require_model: bool = False) -> None:
         self.target = target
         topo = target.pd
-        self.prefill_conn: Connection | None = None  # a pair's prefill instance
-        self.router_url: str | None = None
+        self.pair: PdConnection | None = None  # a pair: both instances, read directly
         if topo is None:
             self.conn = connect(target.endpoint, target.api_key, timeout_s=target.timeout_s,
                                 deadline_s=target.deadline_s, replicas=target.replicas,
                                 model=target.model)
         else:
             # each instance connected directly (its own /metrics); the decode instance is the
-            # context's main connection: where decoding, and so most readings, happen
-            self.prefill_conn = self._connect(topo.prefill)
-            self.conn = self._connect(topo.decode)
-            if topo.router is not None:  # the router carries the requests, never the readings
-                check_endpoint(topo.router, session=self.conn.session,
-                               headers=self.conn.headers)
-                self.router_url = topo.router
+            # context's main connection: where decoding, and so most readings, happen. The
+            # router carries the requests, never the readings.
+            self.pair = connect_pair(topo, target.api_key, timeout_s=target.timeout_s,
+                                     deadline_s=target.deadline_s, model=target.model)
+            self.conn = self.pair.decode
         if require_model:  # caught before any run: otherwise every run would be a 404 error
             served_model(target.endpoint, target.api_key, target.model, option="model",
                          models=self.conn.models)
@@ -138,43 +133,30 @@ class ProbeContext:
         self.scraper = self.conn.scraper  # on a pair: the decode instance's
         self.info = self.conn.info
         self.scrapers: dict[str, MetricsScraper] = {}  # on a pair: each instance's, by role
-        if self.prefill_conn is not None and topo is not None:
-            self.notes = ([f"prefill instance: {n}" for n in self.prefill_conn.notes]
-                          + [f"decode instance: {n}" for n in self.conn.notes])
-            if self.prefill_conn.scraper is not None and self.conn.scraper is not None:
-                self.scrapers = {"prefill": self.prefill_conn.scraper,
-                                 "decode": self.conn.scraper}
-            else:  # a leg unread is a pair unread: neither instance's deltas are used
+        if self.pair is not None:
+            self.notes = self.pair.notes
+            self.scrapers = self.pair.scrapers
+            if not self.scrapers:  # a leg unread is a pair unread
                 self.scraper = None
-            self.info["pd"] = topo.to_dict()
+            self.info = self.pair.info
         self.builder = self.conn.prompt_builder(target.model, target.seed)
-        self.sender = self._sender(self.conn.client,
-                                   self.prefill_conn.client if self.prefill_conn else None)
+        self.sender = self._sender(fresh=False)
 
-    def _connect(self, url: str) -> Connection:
-        t = self.target
-        return connect(url, t.api_key, timeout_s=t.timeout_s, deadline_s=t.deadline_s,
-                       model=t.model)
-
-    def _sender(self, client: StreamClient, prefill: StreamClient | None) -> ProbeSender:
-        topo = self.target.pd
-        if topo is None or prefill is None:
+    def _sender(self, *, fresh: bool) -> ProbeSender:
+        """``fresh``: clients of its own (another thread's)."""
+        client = self.conn.new_client() if fresh else self.conn.client
+        if self.pair is None:
             return ProbeSender(client, None, self.body)
-        clients = {"prefill": prefill, "decode": client}
-        if self.router_url is not None:
-            clients["router"] = StreamClient(self.router_url, api_key=self.target.api_key,
-                                             timeout_s=client.timeout_s,
-                                             deadline_s=client.deadline_s,
-                                             session=requests.Session())
-        return ProbeSender(client, PdSender(topo, clients, self.body), self.body)
+        clients = self.pair.clients(fresh=fresh)
+        return ProbeSender(clients["decode"], PdSender(self.pair.topo, clients, self.body),
+                           self.body)
 
     def new_client(self) -> StreamClient:
         return self.conn.new_client()
 
     def new_sender(self) -> ProbeSender:
         """A sender with clients of its own, for another thread."""
-        return self._sender(self.conn.new_client(),
-                            self.prefill_conn.new_client() if self.prefill_conn else None)
+        return self._sender(fresh=True)
 
     def stream(self, prompt: str, max_tokens: int) -> StreamOutcome:
         """One request from the calling (main) thread: a warm-up, say."""
@@ -185,7 +167,7 @@ class ProbeContext:
         """Isolated runs of ``spec``, measured and attributed as the probe's: on a pair, both
         legs from each instance's own deltas (their phases, the hand-over, the KV source)."""
         topo = self.target.pd
-        if topo is None or self.prefill_conn is None:
+        if topo is None or self.pair is None:
             return RunCollector(spec, settings, self.client, self.scraper, time.sleep,
                                 time.monotonic, run_notes=run_notes, fleet=self.conn.fleet)
         pd = self.sender.pd
@@ -240,7 +222,7 @@ class ProbeContext:
 
     def block_size(self) -> int | None:
         """The KV block size; on a pair the prefill instance's: prompts are cached there."""
-        info = self.prefill_conn.info if self.prefill_conn is not None else self.info
+        info = self.pair.prefill.info if self.pair is not None else self.info
         cfg = info.get("cache_config") or {}
         try:
             return int(cfg["block_size"])

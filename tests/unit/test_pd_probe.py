@@ -177,3 +177,18 @@ def test_a_prompt_under_one_kv_block_is_not_called_a_failed_hand_over():
                             'vllm:cache_config_info{block_size="128",model_name="m"} 1\n')
     assert block_size(snap) == 128
     assert block_size(parse_exposition("x 1\n")) is None and block_size(None) is None
+
+
+def test_a_decode_url_that_is_a_router_is_refused_before_any_run(tmp_path, capsys):
+    """Bad input: --decode names a vllm-router (it answers /list_workers). Its /metrics hold
+    no leg, so the probe stops before sending anything, naming the URL."""
+    from tests.fleet_proxy import RoundRobinProxy
+
+    with SseServer(ONE, metrics=True) as prefill, SseServer(PACED, metrics=True) as decode, \
+            RoundRobinProxy([decode.base_url]) as router:
+        code = main(["probe", "--prefill", prefill.base_url, "--decode", router.base_url,
+                     "--runs", "1", "--warmup", "0", "--no-gpu",
+                     "--store", str(tmp_path / "s.sqlite")])
+        sent = [r for r in decode.requests if r.path.endswith("/completions")]
+    assert code == 2 and not sent
+    assert f"the decode URL {router.base_url} is a vllm-router" in capsys.readouterr().err

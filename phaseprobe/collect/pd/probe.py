@@ -10,7 +10,6 @@ from typing import Any
 from phaseprobe.analysis.kv_transfer_bound import KvPathReport, copy_link, kv_path_report
 from phaseprobe.analysis.model_math import load_config
 from phaseprobe.calibrate.run import load_all
-from phaseprobe.collect.connection import connect
 from phaseprobe.collect.efficiency import model_config_path
 from phaseprobe.collect.experiment import (
     NullProgress,
@@ -20,10 +19,11 @@ from phaseprobe.collect.experiment import (
     measure_runs,
 )
 from phaseprobe.collect.pd.collector import PdCollector, PdTopology
+from phaseprobe.collect.pd.connect import connect_pair
 from phaseprobe.collect.pd.spans import attach_pd_spans
 from phaseprobe.errors import PhaseprobeError
 from phaseprobe.records import Experiment, Run, RunSpec
-from phaseprobe.sources.openai_stream import DEFAULT_DEADLINE_S, StreamClient, check_endpoint
+from phaseprobe.sources.openai_stream import DEFAULT_DEADLINE_S
 from phaseprobe.store import Store
 
 __all__ = ["run_pd_probe", "kv_summary", "kv_path"]
@@ -67,22 +67,9 @@ def run_pd_probe(spec: RunSpec, store: Store, topo: PdTopology, *,
     instance (or the router) does not answer. ``settings.span_wait_s``: the legs' spans are
     awaited that long after the last run and joined onto each run (None: no spans)."""
     progress = progress or NullProgress()
-    prefill = connect(topo.prefill, api_key, timeout_s=timeout_s, deadline_s=deadline_s)
-    decode = connect(topo.decode, api_key, timeout_s=timeout_s, deadline_s=deadline_s)
-    clients = {"prefill": prefill.client, "decode": decode.client}
-    if topo.router is not None:
-        router = StreamClient(topo.router, api_key=api_key, timeout_s=timeout_s,
-                              deadline_s=deadline_s)
-        check_endpoint(topo.router, session=router.session, headers=decode.headers)
-        clients["router"] = router
-    notes = [f"prefill instance: {n}" for n in prefill.notes] + \
-        [f"decode instance: {n}" for n in decode.notes]
-    scrapers = {}
-    if prefill.scraper is not None and decode.scraper is not None:
-        scrapers = {"prefill": prefill.scraper, "decode": decode.scraper}
-    info = decode.info
-    info["pd"] = topo.to_dict()
-    builder = decode.prompt_builder(spec.model, spec.seed)
+    pair = connect_pair(topo, api_key, timeout_s=timeout_s, deadline_s=deadline_s)
+    clients, scrapers, notes, info = pair.clients(), pair.scrapers, pair.notes, pair.info
+    builder = pair.decode.prompt_builder(spec.model, spec.seed)
     total = settings.warmup + settings.runs
     target = spec.prompt_tokens_target
     prompts = ([builder.build(target, i).text for i in range(total)] if target is not None
