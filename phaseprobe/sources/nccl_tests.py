@@ -56,6 +56,8 @@ from typing import Any, TypedDict
 import numpy as np
 
 from phaseprobe.format import MISSING
+from phaseprobe.sources.launcher_prefix import PREFIX_PAD, prefix_ends
+from phaseprobe.sources.read_account import MAX_NAMED, ReadAccount
 from phaseprobe.sources.nccl_split import reading
 
 __all__ = [
@@ -89,7 +91,7 @@ _MAX_NOTES_LINES = 8  # line numbers quoted in a note
 # with a host name and are rejected on their first byte or two, never looked at in Python.
 _BLOCK = 1 << 20  # bytes compared per numpy call: bounded temporaries, cache-friendly
 _TAIL_BYTES = 1 << 16  # text kept from the previous chunk, for echoed command lines
-_PAD = b"\0" * 80  # gathers past a line's end stay inside the buffer
+_PAD = b"\0" * PREFIX_PAD  # gathers past a line's end stay inside the buffer
 _TOK = re.compile(r"\S+")
 
 _INT = r"\d+"
@@ -242,6 +244,7 @@ class NcclTestsTable:
     rows_dropped: int
     dropped_line_nos: tuple[int, ...]
     rows_unmatched: int  # numeric lines inside the table that fit no row shape
+    unmatched_line_nos: tuple[int, ...]  # the first MAX_NAMED of them
     line_start: int
     line_end: int
     complete: bool  # the "# Avg bus bandwidth" footer was seen
@@ -285,7 +288,8 @@ class NcclTestsTable:
             "avg_busbw_agrees": self.avg_busbw_agrees,
             "n_rows": len(self.rows), "rows_reassembled": self.rows_reassembled,
             "rows_dropped": self.rows_dropped, "dropped_line_nos": list(self.dropped_line_nos),
-            "rows_unmatched": self.rows_unmatched, "reassembly": self.reassembly,
+            "rows_unmatched": self.rows_unmatched,
+            "unmatched_line_nos": list(self.unmatched_line_nos), "reassembly": self.reassembly,
             "line_start": self.line_start, "line_end": self.line_end, "complete": self.complete,
             "notes": list(self.notes),
         }
@@ -320,11 +324,35 @@ class NcclTestsResult:
     def rows_dropped(self) -> int:
         return sum(t.rows_dropped for t in self.tables)
 
+    def account(self) -> ReadAccount:
+        """The completeness account (``sources.read_account``) in table rows: found = rows read
+        + cut rows never completed + numeric lines inside a table that fit no row shape; the
+        rows left out are named by table and line. A table without its ``# Avg bus bandwidth``
+        footer is a note: the file ends there, the reader dropped nothing."""
+        acc = ReadAccount("nccl-tests rows")
+        for t in self.tables:
+            acc.found += len(t.rows) + t.rows_dropped + t.rows_unmatched
+            acc.read += len(t.rows)
+            acc.attributed += len(t.rows)
+            acc.cut += t.rows_reassembled + t.rows_dropped
+            if t.rows_dropped:
+                acc.missing.append(f"{t.label}: {t.rows_dropped} cut row(s) never completed "
+                                   f"(line {_lines(list(t.dropped_line_nos))})")
+            if t.rows_unmatched:
+                acc.missing.append(f"{t.label}: {t.rows_unmatched} line(s) inside the table "
+                                   f"that fit no row shape (line "
+                                   f"{_lines(list(t.unmatched_line_nos))})")
+            if not t.complete:
+                acc.notes.append(f"{t.label}: no '# Avg bus bandwidth' line after line "
+                                 f"{t.line_end}: the run may have stopped early")
+        return acc
+
     def to_dict(self, rows: bool = True) -> dict[str, Any]:
         return {"source": self.source, "lines_total": self.lines_total,
                 "lines_examined": self.lines_examined, "glued_pieces": self.glued_pieces,
                 "rows_total": self.rows_total, "rows_reassembled": self.rows_reassembled,
                 "rows_dropped": self.rows_dropped,
+                "completeness": self.account().to_dict(),
                 "tables": [t.to_dict(rows) for t in self.tables]}
 
 
@@ -520,12 +548,18 @@ class _Building:
     reassembled: int = 0
     dropped: list[int] = field(default_factory=list)
     unmatched: int = 0
+    unmatched_lines: list[int] = field(default_factory=list)  # the first MAX_NAMED
     oob: int | None = None
     oob_ok: bool | None = None
     avg: float | None = None
     avg_check: str | None = None
     complete: bool = False
     concluded: str | None = None
+
+    def not_a_row(self, line_no: int) -> None:
+        self.unmatched += 1
+        if len(self.unmatched_lines) < MAX_NAMED:
+            self.unmatched_lines.append(line_no)
 
 
 class _Machine:
@@ -671,7 +705,7 @@ class _Machine:
                 return
         frag = _fragment(toks, line, pre, schema, 0)
         if frag is None:
-            t.unmatched += 1
+            t.not_a_row(line_no)
             return
         toks, glued = frag
         self.glued += glued
@@ -687,7 +721,7 @@ class _Machine:
     def _emit(self, t: _Building, toks: Any, line_no: int, pieces: int) -> None:
         row = t.schema.build(toks, line_no, pieces)
         if row is None:
-            t.unmatched += 1
+            t.not_a_row(line_no)
             return
         t.rows.append(row)
         if line_no > t.line_end:
@@ -927,7 +961,7 @@ def _finish(machine: _Machine, source: str, lines_total: int) -> NcclTestsResult
             b.header_seen, "ms" if b.schema.time_scale != 1.0 else "us", b.schema.wrong_column,
             f.params, tuple(f.devices), f.version, f.library, b.oob, b.oob_ok, b.avg,
             b.avg_check, recomputed, agrees, b.reassembled, len(b.dropped),
-            tuple(sorted(b.dropped)), b.unmatched, b.line_start, b.line_end, b.complete,
+            tuple(sorted(b.dropped)), b.unmatched, tuple(b.unmatched_lines), b.line_start, b.line_end, b.complete,
             tuple(notes)))
     return NcclTestsResult(source, tuple(tables), lines_total, machine.examined, machine.glued)
 
@@ -989,10 +1023,6 @@ _LUT_DIGIT = np.zeros(256, dtype=bool)
 _LUT_DIGIT[0x30:0x3A] = True
 _LUT_NUMCH = _LUT_DIGIT.copy()
 _LUT_NUMCH[[ord("."), ord("e"), ord("+")]] = True
-# First byte of a line that may lead to a candidate: blank, digit, '#', '[' (launcher tags),
-# and the first letters of the 2017 header/footer words.
-_LUT_FIRST = _LUT_BLANK | _LUT_DIGIT
-_LUT_FIRST[[ord("#"), ord("["), ord("n"), ord("O"), ord("A")]] = True
 
 
 def _skip(arr: np.ndarray, pos: np.ndarray, lut: np.ndarray, limit: int) -> np.ndarray:
@@ -1009,31 +1039,19 @@ def _skip(arr: np.ndarray, pos: np.ndarray, lut: np.ndarray, limit: int) -> np.n
 def _select(arr: np.ndarray, starts: np.ndarray
             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Candidate lines among ``starts`` (``arr`` padded past the last line): their indices,
-    where their launcher prefix ends, and their first non-blank byte after it."""
-    idx = np.flatnonzero(_LUT_FIRST[arr[starts]])
-    p = starts[idx]
-    pre = p.copy()
-    # srun -l: blanks, digits, ": "
-    q = _skip(arr, p.copy(), _LUT_BLANK, 16)
-    d = _skip(arr, q.copy(), _LUT_DIGIT, 12)
-    label = (d > q) & (arr[d] == 0x3A) & (arr[d + 1] == 0x20)
-    pre[label] = d[label] + 2
-    # Open MPI "[j,r]<stdout>:" (lines tagged <stderr> are not the table's) and "[r] "
-    br = np.flatnonzero(arr[p] == 0x5B)
+    where their launcher prefix ends, and their first non-blank byte after it.
+
+    The prefix is any launcher's (``sources.launcher_prefix``: srun -l padded or not, Slurm
+    het-job and step labels, mpirun --tag-output, torchrun, pdsh, stacked), then nccl-tests'
+    own ``[r] `` when it runs with one; lines Open MPI tagged ``<stderr>`` are not the table's."""
+    pre, stderr = prefix_ends(arr, starts)
+    br = np.flatnonzero(arr[pre] == 0x5B)  # "[r] "
     if br.size:
-        sub = p[br]
+        sub = pre[br]
         d1 = _skip(arr, sub + 1, _LUT_DIGIT, 12)
-        d2 = _skip(arr, d1 + 1, _LUT_DIGIT, 12)
-        tag = ((d1 > sub + 1) & (arr[d1] == 0x2C) & (d2 > d1 + 1) & (arr[d2] == 0x5D)
-               & (arr[d2 + 1] == 0x3C) & (arr[d2 + 2] == ord("s")) & (arr[d2 + 8] == 0x3E)
-               & (arr[d2 + 9] == 0x3A))
-        out = tag & (arr[d2 + 5] == ord("o"))  # <stdout>, not <stderr>
         simple = (d1 > sub + 1) & (arr[d1] == 0x5D) & (arr[d1 + 1] == 0x20)
-        pre[br] = np.where(out, d2 + 10, np.where(simple, d1 + 2, sub))
-        stderr = tag & ~out
-        if stderr.any():
-            pre[br[stderr]] = -1
-    f = _skip(arr, np.maximum(pre, 0), _LUT_BLANK, 4096)
+        pre[br[simple]] = d1[simple] + 2
+    f = _skip(arr, pre.copy(), _LUT_BLANK, 4096)
     c = arr[f]
     c1 = arr[f + 1]
     ok = (c == 0x23) | ((c == ord("n")) & (c1 == ord("T"))) | (
@@ -1042,8 +1060,9 @@ def _select(arr: np.ndarray, starts: np.ndarray
     if dig.size:
         g = _skip(arr, f[dig].copy(), _LUT_NUMCH, 64)
         ok[dig[_LUT_BLANK[arr[g]]]] = True
-    ok &= pre >= 0
-    return idx[ok], pre[ok], f[ok]
+    ok &= ~stderr
+    idx = np.flatnonzero(ok)
+    return idx, pre[idx], f[idx]
 
 
 def _scan(buf: bytes | bytearray, n: int, base: int, machine: _Machine,

@@ -171,6 +171,10 @@ def read_complete(ev: Evidence) -> Verdict:
         acc = doc.get("completeness") if doc is not None else None
         if isinstance(acc, Mapping):
             accounts[key] = acc
+    for res in (ev.nccl or {}).get("nccl_tests") or []:  # each file's nccl-tests tables
+        acc = res.get("completeness") if isinstance(res, Mapping) else None
+        if isinstance(acc, Mapping):
+            accounts[f"nccl-tests {res.get('source', '')}".strip()] = acc
     if not accounts:
         return skipped("an NCCL log (--nccl) or an nsys stats text (--nsys) whose reader "
                        "accounts for what it read")

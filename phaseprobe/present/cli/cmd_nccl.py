@@ -159,6 +159,10 @@ def _render(out: Console, d: NcclReportDoc) -> None:
     if d["found"] or d["nccl_versions"]:
         _render_log(out, d)
     for res in d.get("nccl_tests") or []:
+        words = (res.get("completeness") or {}).get("words")
+        if words:  # before its tables: the rows they leave out
+            out.print(f"[yellow]nccl-tests in {escape(res['source'])}, incomplete read: "
+                      f"{escape(words)}[/yellow]")
         for t in res["tables"]:
             _render_table(out, res["source"], t)
     _render_problems(out, d["problems"])
