@@ -25,6 +25,7 @@ finding, not an error (see :func:`compare_work` and the README's "two FLOP/byte 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -34,8 +35,8 @@ from phaseprobe.records import Run
 from phaseprobe.sources.vllm_metrics import MetricSnapshot
 
 __all__ = ["WORK_COUNTERS", "CACHE_TIERS", "WorkComparison", "self_measured_deltas",
-           "prompt_sources_of", "cached_tiers_of", "model_work", "compare_work",
-           "DISAGREEMENT"]
+           "prompt_sources_of", "cached_tiers_of", "PromptSources", "prompt_sources_summary",
+           "model_work", "compare_work", "DISAGREEMENT"]
 
 # ServerPhases.counter_deltas key → canonical counter (vllm_metrics.ALIASES)
 WORK_COUNTERS = {"vllm_flops": "estimated_flops", "vllm_read_bytes": "estimated_read_bytes",
@@ -72,22 +73,75 @@ def self_measured_deltas(before: MetricSnapshot, after: MetricSnapshot,
     return out
 
 
-def _prefixed(run: Run, prefix: str) -> dict[str, float] | None:
+def _prefixed(run: Run, prefix: str, role: str | None) -> dict[str, float] | None:
     deltas = run.server.counter_deltas if run.server is not None else {}
+    # a prefill/decode run keys each instance's deltas by its role ("prefill:…", "decode:…")
+    prefix = f"{role}:{prefix}" if role else prefix
     got = {k[len(prefix):]: v for k, v in deltas.items() if k.startswith(prefix)}
     return got or None
 
 
-def prompt_sources_of(run: Run) -> dict[str, float] | None:
+def prompt_sources_of(run: Run, role: str | None = None) -> dict[str, float] | None:
     """The run's prompt tokens by source (local_compute, local_cache_hit,
-    external_kv_transfer); None: the server does not export them, or not this run's own."""
-    return _prefixed(run, _SOURCE_KEY)
+    external_kv_transfer); None: the server does not export them, or not this run's own.
+    ``role``: on a prefill/decode run, that instance's ("prefill" or "decode")."""
+    return _prefixed(run, _SOURCE_KEY, role)
 
 
-def cached_tiers_of(run: Run) -> dict[str, float] | None:
+def cached_tiers_of(run: Run, role: str | None = None) -> dict[str, float] | None:
     """The run's prefix-cache hit tokens by tier (device, host, disk, p2p, …); None: not
-    exported."""
-    return _prefixed(run, _TIER_KEY)
+    exported. ``role`` as for :func:`prompt_sources_of`."""
+    return _prefixed(run, _TIER_KEY, role)
+
+
+_SOURCE_WORDS = {"local_compute": "computed", "local_cache_hit": "local cache hit",
+                "external_kv_transfer": "external KV transfer"}
+
+
+@dataclass(frozen=True)
+class PromptSources:
+    """Isolated runs' prompt tokens by source and cached tokens by tier, summed over
+    ``runs`` runs (vLLM's ``prompt_tokens_by_source`` and ``prompt_tokens_cached_by_source``
+    deltas)."""
+
+    runs: int
+    sources: dict[str, float]
+    tiers: dict[str, float]
+
+    def text(self) -> str:
+        """The words after "prompt tokens by source": over N isolated run(s), each source
+        with its share, then the cached tokens by tier."""
+        total = sum(self.sources.values())
+        parts = " · ".join(f"{_SOURCE_WORDS.get(k, k)} {v:.0f}"
+                           + (f" ({v / total:.0%})" if total else "")
+                           for k, v in self.sources.items())
+        cached = [f"{k} {v:.0f}" for k, v in self.tiers.items() if v]
+        return (f"over {self.runs} isolated run(s): {parts}; cached by tier: "
+                + (", ".join(cached) if cached else "none"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"runs": self.runs, "sources": dict(self.sources),
+                "cached_by_tier": dict(self.tiers)}
+
+
+def prompt_sources_summary(runs: Iterable[Run], role: str | None = None
+                           ) -> PromptSources | None:
+    """Where the isolated runs' prompt tokens came from, summed; None when no isolated run
+    has them (the server does not export them: vLLM before 0.32). ``role`` as for
+    :func:`prompt_sources_of`."""
+    sources: dict[str, float] = {}
+    tiers: dict[str, float] = {}
+    n = 0
+    for r in runs:
+        got = prompt_sources_of(r, role) if r.isolated else None
+        if got is None:
+            continue
+        n += 1
+        for k, v in got.items():
+            sources[k] = sources.get(k, 0.0) + v
+        for k, v in (cached_tiers_of(r, role) or {}).items():
+            tiers[k] = tiers.get(k, 0.0) + v
+    return PromptSources(n, sources, tiers) if n else None
 
 
 def model_work(cost: ModelCost, prompt_tokens: int, completion_tokens: int,

@@ -334,27 +334,7 @@ def render_work(console: Console, work: Mapping[str, Any] | None) -> None:
 def prompt_sources_line(runs: Sequence[Run]) -> str | None:
     """Where the isolated runs' prompt tokens came from, summed (vLLM's
     prompt_tokens_by_source and prompt_tokens_cached_by_source deltas); None: not exported."""
-    from phaseprobe.analysis.vllm_work import cached_tiers_of, prompt_sources_of
+    from phaseprobe.analysis.vllm_work import prompt_sources_summary
 
-    sources: dict[str, float] = {}
-    tiers: dict[str, float] = {}
-    n = 0
-    for r in runs:
-        got = prompt_sources_of(r) if r.isolated else None
-        if got is None:
-            continue
-        n += 1
-        for k, v in got.items():
-            sources[k] = sources.get(k, 0.0) + v
-        for k, v in (cached_tiers_of(r) or {}).items():
-            tiers[k] = tiers.get(k, 0.0) + v
-    if not n:
-        return None
-    total = sum(sources.values())
-    words = {"local_compute": "computed", "local_cache_hit": "local cache hit",
-             "external_kv_transfer": "external KV transfer"}
-    text = " · ".join(f"{words.get(k, k)} {v:.0f}" + (f" ({v / total:.0%})" if total else "")
-                      for k, v in sources.items())
-    cached = [f"{k} {v:.0f}" for k, v in tiers.items() if v]
-    return (f"prompt tokens by source over {n} isolated run(s): {text}; cached by tier: "
-            + (", ".join(cached) if cached else "none"))
+    summary = prompt_sources_summary(runs)
+    return None if summary is None else "prompt tokens by source " + summary.text()
