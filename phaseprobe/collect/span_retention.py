@@ -95,10 +95,12 @@ class SpanRetention:
         self.size: StoreSize | None = None
         self._last_ns: int | None = None
 
-    def tick(self) -> bool:
-        """Prune and measure if due (the first tick always is); True when it did."""
+    def tick(self, *, force: bool = False) -> bool:
+        """Prune and measure if due (the first tick always is; ``force``: now, e.g. at the
+        watch's end); True when it did."""
         now = self.clock()
-        if self._last_ns is not None and now - self._last_ns < self.policy.every_s * 1e9:
+        if not force and self._last_ns is not None and \
+                now - self._last_ns < self.policy.every_s * 1e9:
             return False
         self._last_ns = now
         with Store(self.store_path) as store:

@@ -11,8 +11,10 @@ another command is one call:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from phaseprobe.errors import ConfigError
@@ -22,9 +24,14 @@ from phaseprobe.sources.span_stores import (
     is_span_store_url,
     open_span_reader,
 )
+from phaseprobe.records import RequestSpan
 from phaseprobe.store import Store
 
-__all__ = ["open_spans", "SPANS_FROM_HELP", "SpanReader", "SpanAggregate"]
+__all__ = ["open_spans", "SPANS_FROM_HELP", "SpanReader", "SpanAggregate", "SpanFollower",
+           "FollowedWindow", "SPANS_FROM_ENV"]
+
+# The dashboard's Live page reads its spans from here when the variable is set.
+SPANS_FROM_ENV = "PHASEPROBE_SPANS_FROM"
 
 SPANS_FROM_HELP = (
     "read the spans where the fleet keeps them instead of the store: chdb:DIR, "
@@ -52,3 +59,44 @@ def open_spans(spans_from: str | None, store_path: Path) -> Iterator[SpanReader]
         yield reader
     finally:
         reader.close()
+
+
+@dataclass(frozen=True)
+class FollowedWindow:
+    """One poll of a span store: the window's summary (computed by the store) and its slowest
+    requests (the only rows fetched)."""
+
+    summary: SpanAggregate
+    slowest: list[RequestSpan]
+    since_ns: int
+    until_ns: int
+
+
+class SpanFollower:
+    """``watch --spans-from``: follows the spans a fleet's store receives by polling it (no
+    receiver): each :meth:`poll` asks the store for the last ``window_s``'s summary and its
+    ``slowest`` requests; :meth:`final` for the summary over the whole watch. ``clock``: wall
+    time in ns (the spans' times are wall times)."""
+
+    def __init__(self, reader: SpanReader, window_s: float, *, slowest: int = 5,
+                 clock: Callable[[], int] = time.time_ns) -> None:
+        self.reader = reader
+        self.window_ns = round(window_s * 1e9)
+        self.slowest = slowest
+        self.clock = clock
+        self.started_ns = clock()
+        self.polls = 0
+
+    def poll(self) -> FollowedWindow:
+        until = self.clock()
+        return self._window(until - self.window_ns, until)
+
+    def final(self) -> FollowedWindow:
+        """Every request that finished since the watch started."""
+        return self._window(self.started_ns, self.clock())
+
+    def _window(self, since: int, until: int) -> FollowedWindow:
+        self.polls += 1
+        return FollowedWindow(self.reader.span_summary(since_ns=since, until_ns=until),
+                              self.reader.slowest_spans(self.slowest, since_ns=since,
+                                                        until_ns=until), since, until)

@@ -63,14 +63,20 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
             exp_id = store.latest_experiment_id()
         if exp_id is None:
             rows = store.experiments()
+            size = store.storage_size()  # the store grows with spans: say how large it is
             print_schema_note(store, err)
             for row in rows:
                 row["concurrent_by_design"] = row["kind"] in CONCURRENT_KINDS
             if args.json:
                 out.out(jsonout.dumps({"store": str(path), "experiments": rows,
-                                    "note": CONCURRENT_NOTE}), highlight=False)
+                                       "size": size, "note": CONCURRENT_NOTE}),
+                        highlight=False)
             else:
+                from phaseprobe.collect.span_retention import size_text
+
                 render_experiments(out, rows)
+                out.print(f"{escape(str(path))}: {size_text(size)} (`phaseprobe spans prune` "
+                          "or `watch --retain` keeps it bounded)", highlight=False)
                 if any(row["concurrent_by_design"] for row in rows):
                     out.print(f"[yellow]*[/] {CONCURRENT_NOTE}")
             return 0

@@ -8,6 +8,8 @@
                                       # (clickhouse://, chdb:, tempo://, jaeger://)
     phaseprobe spans pd [--since S] [--prefill-instance NAME --decode-instance NAME]
                                       # P/D requests: both legs joined, the hand-over, TTFT
+    phaseprobe spans prune --older-than 7d | --keep N [--dry-run] [--vacuum]
+                                      # keep the store bounded (`watch --retain` does it live)
 
 Spans get into the store from ``phaseprobe watch`` (a live receiver), from ``probe --spans``,
 or from a file collected elsewhere with ``spans import``. ``list`` and ``show`` read them from
@@ -40,7 +42,8 @@ if TYPE_CHECKING:
     from phaseprobe.analysis.pd_spans import PdSpanRecord
     from phaseprobe.collect.span_source import SpanAggregate
 
-__all__ = ["register", "run", "span_table", "pd_table"]
+__all__ = ["register", "run", "span_table", "pd_table", "summary_table", "age",
+           "spans_from_arg"]
 
 
 def register(subparsers: Any) -> None:
@@ -63,14 +66,14 @@ def register(subparsers: Any) -> None:
     lst.add_argument("--since", type=float_in(0, 1e9, lo_open=True), default=None,
                      metavar="SECONDS", help="the summary and the list: only requests that "
                                              "finished in the last SECONDS")
-    _spans_from_arg(lst)
+    spans_from_arg(lst)
     store_and_json_args(lst)
     show = sub.add_parser("show", help="one request: phases, windows and what it shared the "
                           "engine with")
     show.add_argument("request_id", metavar="REQUEST_ID",
                       help="vLLM's request id, or the X-Request-Id the client sent (vLLM may "
                            "prefix it, e.g. cmpl-)")
-    _spans_from_arg(show)
+    spans_from_arg(show)
     store_and_json_args(show)
     pd = sub.add_parser(
         "pd", help="disaggregated prefill/decode: join each request's two legs' spans",
@@ -93,9 +96,38 @@ def register(subparsers: Any) -> None:
                     help="table: the N most recent joined requests (default: 30; --json "
                          "has all)")
     store_and_json_args(pd)
+    prune = sub.add_parser(
+        "prune", help="delete old request spans from the store (experiments' spans are kept)",
+        description="Keep the store bounded: delete the request spans that started before "
+                    "--older-than, or all but the newest --keep. Spans whose trace id or "
+                    "request id is a stored run's are never deleted. Deletes go in short "
+                    "batches, so a `watch` receiving into the same store goes on; the file "
+                    "keeps its size and new spans reuse the space (--vacuum shrinks it, "
+                    "rewriting it under an exclusive lock: not while a watch writes to it).")
+    how = prune.add_mutually_exclusive_group(required=True)
+    how.add_argument("--older-than", type=age, metavar="AGE",
+                     help="delete spans that started longer ago than AGE (7d, 12h, 30m, 90s)")
+    how.add_argument("--keep", type=int_in(1, 10**12), metavar="N",
+                     help="keep the newest N spans (and every experiment's)")
+    prune.add_argument("--dry-run", action="store_true", help="count, delete nothing")
+    prune.add_argument("--vacuum", action="store_true",
+                       help="then shrink the file (VACUUM; not while a watch writes to it)")
+    store_and_json_args(prune)
 
 
-def _spans_from_arg(p: argparse.ArgumentParser) -> None:
+def age(text: str) -> float:
+    """An argparse type: ``7d``, ``12h``, ``30m``, ``90s`` or seconds."""
+    from phaseprobe.collect.span_retention import parse_age
+
+    try:
+        return parse_age(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def spans_from_arg(p: Any) -> None:
+    """``--spans-from URL`` on a parser or group (every command that reads spans takes it
+    the same way)."""
     from phaseprobe.collect.span_source import SPANS_FROM_HELP
 
     p.add_argument("--spans-from", default=None, metavar="URL", help=SPANS_FROM_HELP)
@@ -105,6 +137,8 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     path = args.store or default_store_path()
     if args.spans_command == "import":
         return _import(args, path, out, err)
+    if args.spans_command == "prune":
+        return _prune(args, path, out, err)
     if args.spans_command == "pd":
         if not Path(path).exists():
             raise ConfigError(f"no experiment store at {path} (run `phaseprobe watch` first)")
@@ -161,6 +195,37 @@ def _show_request(args: argparse.Namespace, path: Path, out: Console, err: Conso
         if isinstance(reader, Store):
             print_schema_note(reader, err)
     return _show(span, attributes, neighbours, args.json, out)
+
+
+def _prune(args: argparse.Namespace, path: Path, out: Console, err: Console) -> int:
+    from phaseprobe.collect.span_retention import RetentionPolicy, prune_once, size_text
+
+    if not Path(path).exists():
+        raise ConfigError(f"no experiment store at {path}: nothing to prune")
+    policy = RetentionPolicy(max_age_s=args.older_than, max_spans=args.keep)
+    with Store(path) as store:
+        before = store.storage_size()
+        results = prune_once(store, policy, time.time_ns(), dry_run=args.dry_run)
+        if args.vacuum and not args.dry_run:
+            with waiting(err, "shrinking the file (VACUUM)…"):
+                store.compact()
+        after = store.storage_size()
+    deleted = sum(r["deleted"] for r in results)
+    protected = max((r["protected"] for r in results), default=0)
+    if args.json:
+        out.out(jsonout.dumps({"store": str(path), "policy": policy.to_dict(),
+                               "dry_run": args.dry_run, "deleted": deleted,
+                               "protected": protected, "before": before, "after": after}),
+                highlight=False)
+        return 0
+    verb = "would delete" if args.dry_run else "deleted"
+    out.print(f"{verb} {deleted:,} of {before['request_spans']:,} request spans (keeping "
+              f"{escape(policy.text())}); {protected:,} older kept because stored runs name "
+              "them", highlight=False)
+    out.print(f"before: {size_text(before)}", highlight=False)
+    if not args.dry_run:
+        out.print(f"after:  {size_text(after)}", highlight=False)
+    return 0
 
 
 def _import(args: argparse.Namespace, path: Path, out: Console, err: Console) -> int:

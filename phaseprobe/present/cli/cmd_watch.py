@@ -4,6 +4,8 @@
     phaseprobe watch --demo               # + the local CPU vLLM exporting to it, under load
     phaseprobe watch --duration 60 --json # one JSON summary after a minute
     phaseprobe watch --replica r1=http://10.0.0.5:8000 --replica r2=http://10.0.0.6:8000
+    phaseprobe watch --retain 7d          # prune spans older than a week as they come
+    phaseprobe watch --spans-from clickhouse://otel@ch:8123/otel   # read mode: no receiver
 
 Point an existing vLLM at it with ``--otlp-traces-endpoint http://HOST:4317`` (one flag). The
 view refreshes every few seconds: requests/s, p50/p90/p99 of queue, prefill, decode, TTFT and
@@ -16,6 +18,12 @@ phase, and the span loss against that replica's own finished-request counter; th
 straggler and imbalance verdicts (``analysis.fleet_stats``), rendered by
 :mod:`~phaseprobe.present.cli.watch_fleet`. Spans without identity earn the warning that says
 which OTEL_* variables to set.
+
+The store's size (file bytes, request spans) is shown as the watch goes; ``--retain AGE`` and
+``--retain-spans N`` prune it every 30 s to the newest spans, never an experiment's
+(:mod:`~phaseprobe.collect.span_retention`). ``--spans-from URL`` reads instead where a fleet's
+collector keeps its spans (ClickHouse, chdb, Tempo, Jaeger): no receiver, the store polled every
+refresh for the window's per-replica summary and slowest requests, both computed there.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import os
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Any
 
@@ -43,6 +52,7 @@ from phaseprobe.errors import ConfigError
 from phaseprobe.paths import default_store_path
 from phaseprobe.present.cli import jsonout
 from phaseprobe.present.cli.args import positive_float, positive_int, store_and_json_args
+from phaseprobe.present.cli.cmd_spans import age, spans_from_arg, span_table, summary_table
 from phaseprobe.present.cli.console import ms
 from phaseprobe.present.cli.watch_fleet import FleetView, kv_path_json, kv_path_lines
 from phaseprobe.records import RequestSpan
@@ -107,6 +117,15 @@ def register(subparsers: Any) -> None:
                        help="how often the view refreshes (default: 2)")
     watch.add_argument("--max-bytes", type=positive_int, default=DEFAULT_MAX_BYTES,
                        metavar="BYTES", help="largest OTLP request accepted (default: 16 MiB)")
+    keep = watch.add_argument_group("retention (the store stays bounded)")
+    keep.add_argument("--retain", type=age, default=None, metavar="AGE",
+                      help="every 30 s, delete the stored spans that started longer ago than "
+                           "AGE (7d, 12h, 30m); spans of stored experiments are kept")
+    keep.add_argument("--retain-spans", type=positive_int, default=None, metavar="N",
+                      help="every 30 s, keep only the newest N stored spans (and every "
+                           "experiment's)")
+    read = watch.add_argument_group("read mode (no receiver)")
+    spans_from_arg(read)
     store_and_json_args(watch)
 
 
@@ -118,6 +137,10 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     from phaseprobe.analysis.live_summary import summarize_spans
     from phaseprobe.analysis.span_context import prefill_interference
     from phaseprobe.collect.watch_counters import FinishedCounter, open_replica_counters
+
+    if args.spans_from is not None:
+        return _read(args, out, err)
+    from phaseprobe.collect.span_retention import RetentionPolicy, SpanRetention
 
     token = None
     if args.token_env:
@@ -134,6 +157,8 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     replicas = open_replica_counters(args.replica)  # read before any span can arrive
     store_path = args.store or default_store_path()
     sink = SpanSink(store_path)
+    retention = SpanRetention(store_path, RetentionPolicy(max_age_s=args.retain,
+                                                          max_spans=args.retain_spans))
     recent: deque[RequestSpan] = deque(maxlen=200_000)  # bounded: a week of spans is not kept
     lock = threading.Lock()
 
@@ -173,12 +198,13 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
                 return list(recent)
 
         def view() -> Group:
+            retention.tick()  # prunes and measures every 30 s; at once the first time
             spans = snapshot()
             now = time.time_ns()
             summary = summarize_spans(spans, now_ns=now, window_s=args.window)
             parts: list[Any] = [_render(summary, sink.stats.to_dict(),
                                         None if counter is None else counter.loss(spans),
-                                        time.monotonic() - t0)]
+                                        time.monotonic() - t0), escape(retention.text())]
             if counter is not None:
                 parts += kv_path_lines({counter.shown_url: counter.kv_path(args.window)},
                                        args.window)
@@ -188,7 +214,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
         t0 = time.monotonic()
         try:
             if args.json or not out.is_terminal:
-                _sleep_until(deadline)
+                _sleep_until(deadline, retention.tick)
             else:
                 with Live(view(), console=out, refresh_per_second=4, transient=False) as live:
                     while deadline is None or time.monotonic() < deadline:
@@ -206,6 +232,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
         spans = snapshot()
         loss = counter.loss(spans, force=True) if counter is not None else None
         fleet = fleet_view.final(spans)
+    retention.tick(force=True)  # the receiver is stopped: the store's size at the end
     # the KV path of a P/D instance over the whole watch (--metrics; --replica: per replica)
     kv_paths = ({counter.shown_url: counter.kv_path(None)} if counter is not None
                 else fleet_view.replicas.kv_paths(None) if fleet_view.replicas is not None
@@ -222,7 +249,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
            "span_loss": loss.to_dict() if loss is not None else None,
            **fleet_view.to_json(fleet), "kv_path": kv_path_json(kv_paths),
            "load": load.stats.to_dict() if load is not None else None,
-           "interrupted": interrupted}
+           "retention": retention.to_dict(), "interrupted": interrupted}
     if args.json:
         out.out(jsonout.dumps(doc), highlight=False)
     else:
@@ -233,11 +260,94 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
         for line in kv_path_lines(kv_paths, None):
             out.print(line, highlight=False)
         out.print(f"prefill interference: {escape(interference.text)}", highlight=False)
+        out.print(escape(retention.text()), highlight=False)
     return 0  # Ctrl-C is how a watch without --duration ends: the summary is the result
 
 
-def _sleep_until(deadline: float | None) -> None:
+# Receiver-mode options that mean nothing when the spans are read from a fleet's store.
+_RECEIVER_ONLY = {"demo": "--demo", "forward": "--forward", "metrics": "--metrics",
+                  "replica": "--replica", "token_env": "--token-env", "retain": "--retain",
+                  "retain_spans": "--retain-spans"}
+
+
+def _read(args: argparse.Namespace, out: Console, err: Console) -> int:
+    """``watch --spans-from URL``: no receiver; the fleet's span store polled every refresh
+    for the window's summary and slowest requests (both computed there)."""
+    from phaseprobe.analysis.span_context import prefill_interference
+    from phaseprobe.collect.span_source import SpanFollower, open_spans
+
+    given = [flag for key, flag in _RECEIVER_ONLY.items() if getattr(args, key)]
+    if given:
+        raise ConfigError(f"--spans-from reads spans where the fleet's collector keeps them "
+                          f"(no receiver here): {', '.join(given)} belong(s) to the receiving "
+                          "watch (retention: the store's own TTL, e.g. ClickHouse's ttl)")
+    interrupted = False
+    with open_spans(args.spans_from, args.store or default_store_path()) as reader:
+        follower = SpanFollower(reader, args.window)
+        err.print(f"reading vLLM spans from {escape(reader.where)} every {args.refresh:g} s "
+                  "(no receiver)", highlight=False)
+        deadline = None if args.duration is None else time.monotonic() + args.duration
+
+        def view() -> Group:
+            return _render_read(follower.poll(), f"live phases · last {args.window:g} s "
+                                f"· {escape(reader.where)}")
+
+        try:
+            if args.json or not out.is_terminal:
+                _sleep_until(deadline)
+            else:
+                with Live(view(), console=out, refresh_per_second=4, transient=False) as live:
+                    while deadline is None or time.monotonic() < deadline:
+                        time.sleep(min(args.refresh, max(0.05, (deadline or 1e18)
+                                                         - time.monotonic())))
+                        live.update(view())
+        except KeyboardInterrupt:
+            interrupted = True
+        whole = follower.final()
+        # the interference regression needs each request's windows: over the last window
+        # only, so a week-long watch of a fleet does not pull every span
+        last = reader.finished_spans(since_ns=whole.until_ns - follower.window_ns,
+                                     until_ns=whole.until_ns)
+    interference = prefill_interference(last)
+    if args.json:
+        out.out(jsonout.dumps({
+            "spans_from": whole.summary.where, "started_wall_ns": follower.started_ns,
+            "summary": whole.summary.to_dict(), "slowest": [s.to_dict() for s in whole.slowest],
+            "interference": interference.to_dict(), "interference_window_s": args.window,
+            "polls": follower.polls, "interrupted": interrupted}), highlight=False)
+        return 0
+    out.print(_render_read(whole, "summary over the whole watch"))
+    out.print(f"prefill interference (last {args.window:g} s, {len(last)} request(s)): "
+              f"{escape(interference.text)}", highlight=False)
+    return 0
+
+
+def _render_read(window: Any, title: str) -> Group:
+    """A poll of a span store: the per-replica summary, the phase share, the slowest."""
+    summary = window.summary
+    parts: list[Any] = [title, summary_table(summary)]
+    total = summary.total
+    if total.full and total.e2e_sum_s > 0:
+        share = {"queue": total.queue_sum_s, "prefill": total.prefill_sum_s,
+                 "decode": total.decode_sum_s, "other": total.other_sum_s}
+        parts.append("phase share of e2e: " + " · ".join(
+            f"{k} {v / total.e2e_sum_s:.0%}" for k, v in share.items())
+            + f"  (over {total.full} request(s) with every phase; other: HTTP, tokenization "
+              "and delivery outside the engine's phases)")
+    if window.slowest:
+        parts.append(span_table(window.slowest, "slowest requests"))
+    parts += [f"[yellow]note:[/] {escape(n)}" for n in summary.notes]
+    if summary.unconverted:
+        parts.append("[yellow]note:[/] attribute values that are not numbers (counted as "
+                     "missing): " + escape(", ".join(f"{k} {n}" for k, n in
+                                                     sorted(summary.unconverted.items()))))
+    return Group(*parts)
+
+
+def _sleep_until(deadline: float | None, tick: Callable[[], object] = lambda: None) -> None:
+    """Wait (Ctrl-C or ``deadline``), calling ``tick`` every 0.2 s (it decides what is due)."""
     while deadline is None or time.monotonic() < deadline:
+        tick()
         time.sleep(0.2 if deadline is None else min(0.2, max(0.0, deadline - time.monotonic())))
 
 
