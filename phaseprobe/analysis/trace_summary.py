@@ -215,6 +215,7 @@ def summarize_nsys_with_span(path: str | Path, min_gap_ns: int = 100_000, top: i
 
     from phaseprobe.analysis.timeline_stream import TimelineFold
     from phaseprobe.sources import nsys_scan
+    from phaseprobe.sources.nsys_account import pid_of
     from phaseprobe.sources.nsys_export import read_nsys
     try:
         with nsys_scan.NsysScan(path, chunk_rows or nsys_scan.CHUNK_ROWS) as scan:
@@ -232,12 +233,26 @@ def summarize_nsys_with_span(path: str | Path, min_gap_ns: int = 100_000, top: i
             devices, meta = scan.finish(order)
             frames = fold.result(order, top)
             kernels = cast(KernelCounts, fold.kernels())
-            return _document(str(path), "nsys", meta, devices, scan.api, kernels, frames,
-                             min_gap_ns, top), fold.span()
+            doc = _document(str(path), "nsys", meta, devices, scan.api, kernels, frames,
+                            min_gap_ns, top)
+            pids = None if scan.active_gpids is None else pid_of(scan.active_gpids)
+            doc["completeness"] = dict(_activities_account(path, doc, pids))
+            return doc, fold.span()
     except (nsys_scan.NotStreamable, nsys_scan.OutOfOrder, sqlite3.Error, TypeError,
             ValueError, OverflowError):
         tl = read_nsys(path)
-        return summarize(tl, str(path), min_gap_ns, top), activity_span(tl.activities)
+        doc = summarize(tl, str(path), min_gap_ns, top)
+        doc["completeness"] = dict(_activities_account(path, doc, None))
+        return doc, activity_span(tl.activities)
+
+
+def _activities_account(path: str | Path, doc: TraceDoc, pids: set[int] | None
+                        ) -> Mapping[str, Any]:
+    """The export's completeness account (``sources.nsys_account``) for its summary."""
+    from phaseprobe.sources.nsys_account import export_account
+    k = doc.get("kernels", {})
+    read = k.get("count", 0) + k.get("memcpy_count", 0) + k.get("memset_count", 0)
+    return export_account(path, read, pids).to_dict()
 
 
 def activity_span(acts: pd.DataFrame) -> tuple[int, int] | None:

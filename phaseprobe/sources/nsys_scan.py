@@ -86,6 +86,10 @@ class NsysScan:
         self._dev_keys: dict[int, set[tuple[int, int]]] = {}
         self._pid_code: dict[int, int] = {}
         self.presorted: set[int] = set()  # tables found out of start order
+        # globalPid values of the activities read, when the process column was read at all
+        # (the launch join or a per-process device split needs it): for the account's check
+        # of processes without GPU activity (sources.nsys_account)
+        self.active_gpids: set[int] | None = None
         try:
             self.ranges = self.ex.ranges()
             self.with_launch = not self.ranges.empty
@@ -265,6 +269,13 @@ class NsysScan:
                     self.presorted.add(t)
                     raise OutOfOrder(table)
                 last = int(s[-1])
+                if needed["globalPid"] and "globalPid" in cols:
+                    g = a[:, 3]
+                    seen = self.active_gpids = self.active_gpids or set()
+                    if bool((g == g[0]).all()):  # one process per chunk is the usual case
+                        seen.add(int(g[0]))
+                    else:
+                        seen.update(pd.unique(g).tolist())
                 if int(a[:, -1].min()) < 0 or int(a[:, -1].max()) >= 1 << _POS_SHIFT:
                     raise NotStreamable(f"{table}: negative or huge rowids")
                 yield {"start": s, "end": a[:, 1], "dev": a[:, 2], "gpid": a[:, 3],
