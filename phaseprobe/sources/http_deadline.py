@@ -1,4 +1,4 @@
-"""A total deadline for a whole HTTP exchange (connect, headers, body), on a requests session.
+"""A total deadline and a byte cap for a whole HTTP exchange (connect, headers, body).
 
 ``requests``' ``timeout`` bounds each socket read: a server that trickles one byte a second
 (in its headers or its body) keeps a call alive forever. Every socket this module's adapter
@@ -7,9 +7,15 @@ deadline passes, a timer thread shuts those sockets down and the blocked read fa
 The caller turns that into its own typed error (:func:`within` raises ``requests.Timeout``,
 which every source already reports as "timed out", naming its URL).
 
-    session = mount_deadlines(requests.Session())
-    with within(30.0, "GET /metrics"):
-        text = session.get(url, timeout=10).text
+The same adapter bounds what a non-streamed answer may hold: under ``within(…, max_bytes=N)``
+the body is read at most N bytes after decompression (urllib3 decodes gzip/deflate with a
+length limit, so a 1 MB gzip bomb never expands past N), and a larger answer raises
+:class:`AnswerTooLarge` saying which limit was hit. :func:`bounded_request` is the one helper
+for "a bounded GET/POST": every answer phaseprobe reads from a server goes through it (or
+through ``within`` around a library that owns the session, like prometheus-api-client).
+
+    answer = bounded_request(session, "GET", url, max_bytes=64 << 20, timeout_s=10,
+                             deadline_s=30)
 """
 
 from __future__ import annotations
@@ -23,10 +29,54 @@ from typing import Any
 import requests
 import urllib3
 from requests.adapters import HTTPAdapter
+from requests.models import PreparedRequest
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
-__all__ = ["mount_deadlines", "within"]
+from phaseprobe.redact import redact_url
+
+__all__ = ["AnswerTooLarge", "Deadline", "bounded_request", "mount_deadlines", "read_capped",
+           "within"]
+
+MiB = 1 << 20
+
+
+class AnswerTooLarge(requests.RequestException):
+    """An answer past its byte cap; the message names the URL, the cap and which limit (the
+    bytes sent, or the bytes they expand to when decompressed)."""
+
+
+def _size(n: int) -> str:
+    return f"{n / MiB:g} MiB" if n >= MiB else f"{n} bytes"
+
+
+def read_capped(raw: Any, cap: int, shown_url: str) -> bytes:
+    """At most ``cap`` bytes of a urllib3 response body, decompressed; :class:`AnswerTooLarge`
+    past it. urllib3 (>= 2.6) decodes with ``max_length``, so memory stays near ``cap`` even
+    for a gzip bomb; ``Content-Length`` over the cap is refused before reading."""
+    encoding = (raw.headers.get("Content-Encoding") or "").strip().lower()
+    length = raw.headers.get("Content-Length")
+    if not encoding and length and length.isdigit() and int(length) > cap:
+        raise AnswerTooLarge(f"{shown_url}: the answer is {_size(int(length))} "
+                             f"(Content-Length); the limit for this answer is {_size(cap)}")
+    try:
+        data = raw.read(cap + 1, decode_content=True) or b""
+    except urllib3.exceptions.DecodeError as exc:
+        raise requests.exceptions.ContentDecodingError(
+            f"{shown_url}: the answer's {encoding or 'body'} does not decode") from exc
+    except urllib3.exceptions.ProtocolError as exc:
+        raise requests.exceptions.ChunkedEncodingError(exc) from exc
+    except urllib3.exceptions.ReadTimeoutError as exc:
+        raise requests.exceptions.ConnectionError(exc) from exc
+    if len(data) <= cap:
+        return data
+    wire = raw.tell()
+    if encoding and encoding != "identity" and wire < len(data):
+        raise AnswerTooLarge(f"{shown_url}: the answer expands past {_size(cap)} when "
+                             f"decompressed ({encoding}, from {_size(wire)} sent); the limit "
+                             f"for this answer is {_size(cap)}")
+    raise AnswerTooLarge(f"{shown_url}: the answer is larger than {_size(cap)}, the limit "
+                         "for this answer")
 
 _local = threading.local()
 
@@ -78,6 +128,23 @@ class _DeadlineAdapter(HTTPAdapter):
         super().init_poolmanager(*args, **kwargs)
         self.poolmanager.pool_classes_by_scheme = {"http": _Pool, "https": _TlsPool}
 
+    def send(self, request: PreparedRequest, stream: bool = False,  # type: ignore[override]
+             **kwargs: Any) -> requests.Response:
+        """A non-streamed answer under a byte cap (``within(…, max_bytes=)``) is read here,
+        capped, instead of whole by ``requests``; a streamed one is the caller's to bound."""
+        cap = getattr(_local, "max_bytes", None)
+        if cap is None or stream:
+            return super().send(request, stream=stream, **kwargs)
+        resp = super().send(request, stream=True, **kwargs)
+        try:
+            resp._content = read_capped(resp.raw, cap, redact_url(request.url or ""))
+            resp._content_consumed = True
+        except BaseException:
+            resp.close()
+            raise
+        resp.raw.release_conn()
+        return resp
+
 
 def mount_deadlines(session: requests.Session, prefix: str | None = None,
                     max_retries: Any = 0) -> requests.Session:
@@ -90,18 +157,46 @@ def mount_deadlines(session: requests.Session, prefix: str | None = None,
     return session
 
 
+class Deadline:
+    """What :func:`within` yields: ``fired`` once the deadline has shut the sockets."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    @property
+    def fired(self) -> bool:
+        return self._event.is_set()
+
+
 @contextmanager
-def within(total_s: float | None, what: str) -> Iterator[None]:
+def within(total_s: float | None, what: str, *, max_bytes: int | None = None,
+           quiet: bool = False) -> Iterator[Deadline]:
     """Everything the calling thread does over a :func:`mount_deadlines` session inside
     this block ends within ``total_s`` seconds (None: no deadline), else
-    ``requests.Timeout`` saying ``what`` took longer. Blocks nest: the inner one counts."""
-    if total_s is None:
-        yield
-        return
+    ``requests.Timeout`` saying ``what`` took longer (``quiet``: nothing is raised, the
+    caller reads the yielded :class:`Deadline`'s ``fired``). ``max_bytes``: every
+    non-streamed answer in the block is read at most that far (:class:`AnswerTooLarge`).
+    Blocks nest: the inner one counts."""
+    deadline = Deadline()
+    outer_cap = getattr(_local, "max_bytes", None)
+    if max_bytes is not None:
+        _local.max_bytes = max_bytes
+    try:
+        if total_s is None:
+            yield deadline
+            return
+        with _timed(total_s, what, deadline, quiet):
+            yield deadline
+    finally:
+        _local.max_bytes = outer_cap
+
+
+@contextmanager
+def _timed(total_s: float, what: str, deadline: Deadline, quiet: bool) -> Iterator[None]:
     outer = getattr(_local, "watched", None)
     watched: list[Any] = []
     _local.watched = watched
-    fired = threading.Event()
+    fired = deadline._event
     late = f"{what}: no complete answer within {total_s:g} s (total deadline)"
 
     def fire() -> None:
@@ -112,13 +207,13 @@ def within(total_s: float | None, what: str) -> Iterator[None]:
             except OSError:
                 pass
 
-    timer = threading.Timer(total_s, fire)
+    timer = threading.Timer(max(total_s, 0.0), fire)
     timer.daemon = True
     timer.start()
     try:
         yield
     except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
-        if fired.is_set():
+        if fired.is_set() and not quiet:
             raise requests.Timeout(late) from exc
         raise
     finally:
@@ -126,5 +221,22 @@ def within(total_s: float | None, what: str) -> Iterator[None]:
         _local.watched = outer
         if outer is not None:
             outer.extend(watched)
-    if fired.is_set():  # the shutdown ended a read early: what was read is cut short
+    if fired.is_set() and not quiet:  # the shutdown ended a read early: the answer is cut
         raise requests.Timeout(late)
+
+
+def bounded_request(session: requests.Session, method: str, url: str, *, max_bytes: int,
+                    timeout_s: float, deadline_s: float | None, what: str | None = None,
+                    **kwargs: Any) -> requests.Response:
+    """One GET/POST whose answer is complete (read, closed) within ``deadline_s`` seconds
+    from the connection to the last byte, headers included, with no gap longer than
+    ``timeout_s``, and at most ``max_bytes`` bytes after decompression. Raises
+    ``requests.Timeout`` (its text says "total deadline" when that was the limit),
+    :class:`AnswerTooLarge`, or another ``requests.RequestException``."""
+    kwargs.pop("stream", None)
+    if isinstance(session, requests.Session) and not isinstance(
+            session.get_adapter(url) if url.startswith(("http://", "https://")) else None,
+            _DeadlineAdapter):
+        mount_deadlines(session)
+    with within(deadline_s, what or f"{method} {redact_url(url)}", max_bytes=max_bytes):
+        return session.request(method, url, timeout=timeout_s, **kwargs)

@@ -15,8 +15,6 @@ all" is raised, by :func:`check_endpoint`, before any run starts.
 from __future__ import annotations
 
 import json
-import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -29,7 +27,12 @@ import urllib3
 from phaseprobe.errors import ConfigError, EndpointUnreachable
 from phaseprobe.records import ClientTimeline, ResponseTimings
 from phaseprobe.redact import redact_url
-from phaseprobe.sources.http_deadline import mount_deadlines, within
+from phaseprobe.sources.http_deadline import (
+    AnswerTooLarge,
+    bounded_request,
+    mount_deadlines,
+    within,
+)
 
 __all__ = ["small_json", "StreamClient", "DEFAULT_DEADLINE_S", "MAX_EVENT_BYTES", "StreamOutcome",
            "TokenEventCounter", "check_endpoint", "normalize_base_url", "build_body",
@@ -44,35 +47,6 @@ MAX_EVENT_BYTES = 8 * 1024 * 1024
 DEFAULT_DEADLINE_S = 600.0
 CONNECT_TIMEOUT_S = 10.0  # a server that does not accept within this is not there
 _MAX_ERROR_BODY = 64 * 1024  # an error answer is read this far, never whole
-
-
-class _Watchdog:
-    """Shuts a response's socket down at a deadline, from a timer thread: the blocked read in
-    the measuring thread then fails at once, whatever the server is trickling."""
-
-    def __init__(self) -> None:
-        self.fired = False
-        self._timer: threading.Timer | None = None
-
-    def arm(self, resp: requests.Response, after_s: float) -> None:
-        sock = getattr(getattr(resp.raw, "connection", None), "sock", None)
-        if sock is None:
-            return
-
-        def fire() -> None:
-            self.fired = True
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-        self._timer = threading.Timer(after_s, fire)
-        self._timer.daemon = True
-        self._timer.start()
-
-    def cancel(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
 
 
 def _bounded_text(resp: requests.Response) -> str:
@@ -210,30 +184,39 @@ def normalize_base_url(url: str) -> str:
 # /v1/models is kept with each experiment: a server answering megabytes (or thousands of
 # models) must not go into the store whole. What a model entry keeps, and how many entries.
 MAX_MODELS_ANSWER_BYTES = 1024 * 1024
+# The preflight's own limits: /v1/models answers in milliseconds when the server is up.
+PREFLIGHT_TIMEOUT_S = 10.0
+PREFLIGHT_DEADLINE_S = 30.0
 MAX_MODELS_KEPT = 32
 _MODEL_FIELDS = ("id", "object", "owned_by", "root", "parent", "max_model_len", "created")
 
 
 def check_endpoint(base_url: str, *, session: requests.Session, headers: dict[str, str],
-                   timeout_s: float = 10.0) -> list[dict[str, Any]]:
+                   timeout_s: float = PREFLIGHT_TIMEOUT_S,
+                   deadline_s: float | None = PREFLIGHT_DEADLINE_S) -> list[dict[str, Any]]:
     """Fail early and clearly if nothing usable answers; return ``/v1/models``' model list:
     validated (objects with a string ``id``), at most MAX_MODELS_KEPT entries of their small
-    known fields (strings cut at 512 characters); the answer is read at most 1 MB."""
+    known fields (strings cut at 512 characters); the answer is read at most 1 MB, with no gap
+    over ``timeout_s`` and within ``deadline_s`` (and three gaps) in all: a probe's
+    --timeout/--deadline shorten the preflight's own 10 s and 30 s, never lengthen them."""
     url = base_url.rstrip("/") + "/v1/models"
     shown = redact_url(url)
+    timeout_s = min(timeout_s, PREFLIGHT_TIMEOUT_S)
+    # three reads' worth in all (a trickling answer ends too), never past the asked deadline
+    deadline_s = min(3 * timeout_s, PREFLIGHT_DEADLINE_S,
+                     PREFLIGHT_DEADLINE_S if deadline_s is None else deadline_s)
     try:
-        with within(3 * timeout_s, f"GET {shown}"):  # a trickling answer ends too
-            resp = mount_deadlines(session).get(url, headers=headers, timeout=timeout_s,
-                                                stream=True)
-            body = resp.raw.read(MAX_MODELS_ANSWER_BYTES + 1, decode_content=True) or b""
+        resp = bounded_request(session, "GET", url, headers=headers, timeout_s=timeout_s,
+                               deadline_s=deadline_s, max_bytes=MAX_MODELS_ANSWER_BYTES)
+        body = resp.content
+    except AnswerTooLarge:
+        raise EndpointUnreachable(shown, f"answer over {MAX_MODELS_ANSWER_BYTES} bytes: not an "
+                                         "OpenAI model list phaseprobe will read") from None
     except (requests.RequestException, urllib3.exceptions.HTTPError) as exc:
         raise EndpointUnreachable(shown, type(exc).__name__ + ": " + _short(str(exc))) from None
     if resp.status_code != 200:
         raise EndpointUnreachable(shown, f"HTTP {resp.status_code}: "
                                          f"{_short(body.decode('utf-8', 'replace'))}")
-    if len(body) > MAX_MODELS_ANSWER_BYTES:
-        raise EndpointUnreachable(shown, f"answer over {MAX_MODELS_ANSWER_BYTES} bytes: not an "
-                                         "OpenAI model list phaseprobe will read")
     try:
         doc = json.loads(body)
     except RecursionError:
@@ -267,16 +250,13 @@ def small_json(session: requests.Session, method: str, url: str, *, headers: dic
     optional extras, so any of that means "not available", never a traceback; callers still
     validate the shape of what comes back."""
     try:
-        with within(max(timeout_s, 1.0) * 3, f"{method} {redact_url(url)}"):
-            resp = mount_deadlines(session).request(method, url, headers=headers,
-                                                    timeout=timeout_s, json=body, stream=True)
-            try:
-                data = resp.raw.read(MAX_SMALL_ANSWER_BYTES + 1, decode_content=True) or b""
-            finally:
-                resp.close()
+        resp = bounded_request(session, method, url, headers=headers, timeout_s=timeout_s,
+                               deadline_s=max(timeout_s, 1.0) * 3, json=body,
+                               max_bytes=MAX_SMALL_ANSWER_BYTES)
+        data = resp.content
     except (requests.RequestException, urllib3.exceptions.HTTPError, OSError):
         return None
-    if resp.status_code != 200 or len(data) > MAX_SMALL_ANSWER_BYTES:
+    if resp.status_code != 200:
         return None
     try:
         return json.loads(data)
@@ -303,7 +283,9 @@ class StreamClient:
         self.timeout_s = timeout_s  # connect, and each read (no byte for this long)
         self.deadline_s = deadline_s  # the whole request, first byte to last (None: none)
         self.max_event_bytes = max_event_bytes
-        self.session = session or requests.Session()
+        # mounted so that --deadline reaches the socket from the connection on: a server
+        # trickling its response headers is cut at the deadline too
+        self.session = mount_deadlines(session or requests.Session())
         self._clock_ns = clock_ns
         self._wall_ns = wall_ns
         # The key lives only in this header dict: never logged, stored or put in a message.
@@ -333,44 +315,43 @@ class StreamClient:
         error: str | None = None
         wall0 = self._wall_ns()
         t0 = self._clock_ns()
-        watchdog = _Watchdog()
-        try:
-            sent = {**self.headers, **headers} if headers else self.headers
-            connect_s = min(self.timeout_s, CONNECT_TIMEOUT_S)
-            with self.session.post(url, json=body, headers=sent, stream=True,
-                                   timeout=(connect_s, self.timeout_s)) as resp:
-                status = resp.status_code
-                if self.deadline_s is not None:
-                    # A server trickling bytes inside one chunk never lets the read loop
-                    # look at the clock: at the deadline the socket is shut from outside.
-                    spent_s = (self._clock_ns() - t0) / 1e9
-                    watchdog.arm(resp, max(0.0, self.deadline_s - spent_s))
-                if status >= 400:
-                    error = f"HTTP {status}: {_short(_bounded_text(resp))}"
+        sent = {**self.headers, **headers} if headers else self.headers
+        connect_s = min(self.timeout_s, CONNECT_TIMEOUT_S)
+        # The deadline runs from before the connection: a server trickling its headers (or
+        # bytes inside one chunk, where the read loop never looks at the clock) has its
+        # socket shut from outside at the deadline, and the blocked read fails at once.
+        with within(self.deadline_s, f"POST {shown}", quiet=True) as deadline:
+            try:
+                with self.session.post(url, json=body, headers=sent, stream=True,
+                                       timeout=(connect_s, self.timeout_s)) as resp:
+                    status = resp.status_code
+                    if status >= 400:
+                        error = f"HTTP {status}: {_short(_bounded_text(resp))}"
+                    else:
+                        self._read_events(resp, t0, chat, events, state, on_events)
+                        if deadline.fired:
+                            error = self._deadline_text()
+                        elif state.error:
+                            error = state.error
+                        elif not state.done:
+                            error = _unfinished(resp, events, state)
+                        elif not events and state.usage is None:
+                            error = ("the stream held no token and no usage before [DONE]: "
+                                     "not a completion")
+            except (requests.RequestException, urllib3.exceptions.HTTPError) as exc:
+                if deadline.fired:
+                    error = self._deadline_text()
+                elif isinstance(exc, requests.ConnectTimeout):
+                    error = f"timeout: could not connect to {shown} within {connect_s:g} s"
+                elif _is_timeout(exc) and not events:
+                    error = (f"timeout: no first byte from {shown} within {self.timeout_s:g} "
+                             "s (--timeout)")
+                elif _is_timeout(exc):
+                    error = (f"timeout: the stream stalled: no bytes for {self.timeout_s:g} s "
+                             f"after {len(events)} token events at {shown} (--timeout)")
                 else:
-                    self._read_events(resp, t0, chat, events, state, on_events)
-                    if watchdog.fired:
-                        error = self._deadline_text()
-                    elif state.error:
-                        error = state.error
-                    elif not state.done:
-                        error = f"stream ended before [DONE] after {len(events)} token events"
-        except requests.RequestException as exc:
-            if watchdog.fired:
-                error = self._deadline_text()
-            elif isinstance(exc, requests.ConnectTimeout):
-                error = f"timeout: could not connect to {shown} within {connect_s:g} s"
-            elif _is_timeout(exc) and not events:
-                error = (f"timeout: no first byte from {shown} within {self.timeout_s:g} s "
-                         "(--timeout)")
-            elif _is_timeout(exc):
-                error = (f"timeout: the stream stalled: no bytes for {self.timeout_s:g} s "
-                         f"after {len(events)} token events at {shown} (--timeout)")
-            else:
-                error = (f"stream cut after {len(events)} token events: "
-                         f"{type(exc).__name__}: {_short(str(exc))}")
-        finally:
-            watchdog.cancel()
+                    error = (f"stream cut after {len(events)} token events: "
+                             f"{type(exc).__name__}: {_short(str(exc))}")
         end = self._clock_ns() - t0
         prompt_tokens, completion_tokens, usage_note = usage_counts(state.usage)
         reported, metrics_note = (response_timings(state.metrics) if state.metrics is not None
@@ -408,25 +389,31 @@ class StreamClient:
         scanned = 0  # boundaries cannot start before this (minus the separator's length)
         received = 0
         cap = self.max_event_bytes
+        lf_pending = False  # the last chunk ended in CR: a LF opening the next one is its pair
         try:
             for chunk in _chunks(resp):
                 t = clock() - t0
                 received += len(chunk)
+                if len(state.head) < _HEAD_BYTES:
+                    state.head += chunk[:_HEAD_BYTES - len(state.head)]
+                if lf_pending and chunk.startswith(b"\n"):
+                    chunk = chunk[1:]
+                if b"\r" in chunk:
+                    # SSE ends lines with LF, CRLF or a lone CR: all become LF, so one search
+                    # finds every event boundary (vLLM's plain LF stream never gets here)
+                    lf_pending = chunk.endswith(b"\r")
+                    chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+                else:
+                    lf_pending = False
                 n_before = len(raw_events)
                 buf += chunk
                 while True:
-                    start = max(pos, scanned - 3)
-                    i = buf.find(b"\n\n", start)
-                    j = buf.find(b"\r\n\r\n", start, i if i >= 0 else len(buf))
-                    if j >= 0:
-                        i, skip = j, 4
-                    else:
-                        skip = 2
+                    i = buf.find(b"\n\n", max(pos, scanned - 1))
                     if i < 0:
                         scanned = len(buf)
                         break
                     raw_events.append((t, bytes(buf[pos:i])))
-                    pos = scanned = i + skip
+                    pos = scanned = i + 2
                 if len(buf) - pos > cap:
                     state.error = (f"an SSE event grew past {cap} bytes without ending (at "
                                    f"byte {received} of the stream): not a token stream")
@@ -475,7 +462,7 @@ class TokenEventCounter:
 class _StreamState:
     """Parses SSE events; ``feed`` says whether an event carried generated tokens."""
 
-    __slots__ = ("done", "error", "usage", "metrics", "finish_reason", "text")
+    __slots__ = ("done", "error", "usage", "metrics", "finish_reason", "text", "head")
 
     def __init__(self) -> None:
         self.done = False
@@ -484,6 +471,7 @@ class _StreamState:
         self.metrics: Any = None  # vLLM >= 0.33's per-request metrics object, as sent
         self.finish_reason: str | None = None
         self.text: list[str] = []
+        self.head = b""  # the answer's first bytes, to say what it was when it was no stream
 
     def feed(self, raw: bytes, chat: bool) -> bool:
         data = b"".join(line[5:].lstrip() for line in raw.splitlines() if line.startswith(b"data:"))
@@ -544,7 +532,25 @@ def _chunks(resp: requests.Response) -> Iterator[bytes]:
         yield data
 
 
-def _is_timeout(exc: requests.RequestException) -> bool:
+_HEAD_BYTES = 120
+
+
+def _unfinished(resp: requests.Response, events: list[int], state: _StreamState) -> str:
+    """Why a stream that ended without [DONE] is not a completion; with no token event,
+    what the answer was instead (its content type and first bytes: an HTML page, a JSON
+    answer that was not streamed), with URLs and known secrets masked."""
+    text = f"stream ended before [DONE] after {len(events)} token events"
+    if events:
+        return text
+    kind = resp.headers.get("Content-Type") or "no Content-Type"
+    head = state.head.decode("utf-8", "replace")
+    what = "an empty body" if not head else f"starting {_short(head)[:_HEAD_BYTES]!r}"
+    if "text/event-stream" not in kind.lower():
+        return f"{text}: the answer is not an SSE stream ({kind}, {what})"
+    return f"{text}: the answer ({kind}) was {what}"
+
+
+def _is_timeout(exc: BaseException) -> bool:
     # Mid-stream, requests wraps urllib3's ReadTimeoutError in a ConnectionError.
     return isinstance(exc, requests.Timeout) or any(
         isinstance(arg, urllib3.exceptions.TimeoutError) for arg in exc.args)
