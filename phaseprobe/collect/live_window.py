@@ -17,7 +17,9 @@ LiveEvidence`:
 
 The request spans the store received over the window (``phaseprobe watch`` running beside
 the fleet) come along when it holds any: the window waits ``span_grace_s`` more for the
-exporters' batches (OTEL_BSP_SCHEDULE_DELAY is 5 s) before reading them.
+exporters' batches (OTEL_BSP_SCHEDULE_DELAY is 5 s) before reading them. With ``spans_from``
+(``--spans-from URL``) they are read instead where the fleet's collector keeps them
+(ClickHouse, chdb, Tempo, Jaeger), checked before the window starts.
 """
 
 from __future__ import annotations
@@ -25,9 +27,10 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import requests
 
@@ -64,6 +67,9 @@ from phaseprobe.sources.vllm_metrics import (
 )
 from phaseprobe.store import Store
 
+if TYPE_CHECKING:
+    from phaseprobe.collect.span_source import SpanReader
+
 __all__ = ["LiveOptions", "take_window", "snapshot_deltas", "replica_window",
            "DEFAULT_WINDOW_S", "SPAN_LOOKBACK_S"]
 
@@ -91,6 +97,7 @@ class LiveOptions:
     span_grace_s: float = 5.0
     router_metrics_url: str | None = None  # the router's own vllm_router_* page
     store_path: Path | None = None
+    spans_from: str | None = None  # a fleet's span store (collect.span_source): read there
     api_key: str | None = field(default=None, repr=False)
     use_case: str = "chat"
     ttft_target_s: float | None = None
@@ -111,8 +118,20 @@ def take_window(opts: LiveOptions, *, session: requests.Session | None = None
                           "replicas behind a router) or --prom URL, one of the two")
     if opts.replicas and not opts.endpoint:
         raise ConfigError("--replica needs --endpoint (the router the replicas are behind)")
+    with ExitStack() as stack:
+        reader = None
+        if opts.spans_from is not None:  # unreachable, no table…: said before the window
+            from phaseprobe.collect.span_source import open_spans
+
+            reader = stack.enter_context(open_spans(opts.spans_from, opts.store_path
+                                                    or Path(".")))
+        return _take_window(opts, session, reader)
+
+
+def _take_window(opts: LiveOptions, session: requests.Session | None,
+                 reader: SpanReader | None) -> tuple[LiveEvidence, dict[str, str]]:
     sources: dict[str, str] = {}
-    spans_wanted = _receiving_spans(opts.store_path)
+    spans_wanted = reader is not None or _receiving_spans(opts.store_path)
     if opts.prom_url:
         if spans_wanted and opts.span_grace_s > 0:
             opts.progress(f"waiting {opts.span_grace_s:g} s for the spans' exporters")
@@ -134,7 +153,9 @@ def take_window(opts: LiveOptions, *, session: requests.Session | None = None
         target, router, fleet = scraped.target, scraped.router, scraped.fleet
         source = "scrapes"
     spans = None
-    if spans_wanted:
+    if reader is not None:
+        spans = _reader_spans(reader, end_s - window_s, end_s, sources)
+    elif spans_wanted:
         spans = _window_spans(opts.store_path, end_s - window_s, end_s, sources)
     ev = LiveEvidence(tuple(replicas), window_s, target=target, source=source, down=down,
                       spans=spans, use_case=opts.use_case, ttft_target_s=opts.ttft_target_s,
@@ -511,4 +532,14 @@ def _window_spans(path: Path | None, lo_s: float, hi_s: float, sources: dict[str
         return None
     sources["spans"] = (f"{len(found)} request spans that finished in the {hi_s - lo_s:.0f} s "
                         f"window, from {path}")
+    return found
+
+
+def _reader_spans(reader: SpanReader, lo_s: float, hi_s: float, sources: dict[str, str]
+                  ) -> list[RequestSpan]:
+    """The requests that finished in the window, from the fleet's span store (its errors are
+    typed and name it: the user asked for it, so they end the check)."""
+    found = reader.finished_spans(since_ns=round(lo_s * 1e9), until_ns=round(hi_s * 1e9))
+    sources["spans"] = (f"{len(found)} request spans that finished in the {hi_s - lo_s:.0f} s "
+                        f"window, from {reader.where}")
     return found

@@ -56,6 +56,7 @@ from phaseprobe.errors import ConfigError, PhaseprobeError
 from phaseprobe.paths import default_store_path
 from phaseprobe.present.cli import jsonout
 from phaseprobe.present.cli.args import float_in, int_in, positive_int, seconds
+from phaseprobe.present.cli.cmd_spans import spans_from_arg
 from phaseprobe.store import Store
 
 __all__ = ["register", "run", "main", "render_text", "render_markdown", "SYMBOLS"]
@@ -145,6 +146,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                            "for the exporters' last batches (default: 5, OTEL_BSP_SCHEDULE_DELAY)")
     live.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the "
                       "API key (default: OPENAI_API_KEY, then VLLM_API_KEY)")
+    spans_from_arg(live)  # the span rules read the window's spans there, not from the store
     p.add_argument("--list", action="store_true", help="list the rules and what they need")
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="print one JSON document to stdout")
@@ -154,7 +156,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 _EXPERIMENT_ONLY = ("experiment_pos", "experiment", "baseline", "tp", "baseline_tp", "nsys",
                     "trace", "server_log", "peaks", "model_config")
 _LIVE_ONLY = ("endpoint", "replica", "router_metrics", "ttft_target", "tpot_target",
-              "api_key_env")
+              "api_key_env", "spans_from")
 _LIVE_DEFAULTS = {"window": DEFAULT_WINDOW_S, "span_grace": 5.0, "replica_label": "instance"}
 _LABEL = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,99}")
 
@@ -221,7 +223,7 @@ def run_live(args: argparse.Namespace, out: Console, err: Console) -> int:
         endpoint=args.endpoint, replicas=parse_replicas(args.replica), prom_url=args.prom,
         prom_selector=args.prom_selector, window_s=args.window, span_grace_s=args.span_grace,
         router_metrics_url=args.router_metrics, prom_replica_label=args.replica_label,
-        store_path=args.store or default_store_path(),
+        store_path=args.store or default_store_path(), spans_from=args.spans_from,
         api_key=api_key_from_env(args.api_key_env), use_case=args.use_case,
         ttft_target_s=args.ttft_target, tpot_target_s=args.tpot_target,
         progress=lambda msg: err.print(f"[dim]{escape(msg)}…[/dim]"))
