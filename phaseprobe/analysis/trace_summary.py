@@ -146,9 +146,10 @@ def summarize_trace_file(path: str | Path, min_gap_ns: int = 100_000,
     """Read and summarise one Kineto trace (what ``probe --torch-profile`` calls after
     :func:`phaseprobe.sources.torch_trace.capture_profile`; print it with :func:`render`)."""
     from phaseprobe.sources import torch_trace
-    timeline, comms = torch_trace.read_torch_trace(path)
+    timeline, comms, account = torch_trace.read_torch_trace_account(path)
     doc = summarize(timeline, str(path), min_gap_ns, top)
     doc["comms"] = records(_comm_summary(comms))
+    doc["completeness"] = dict(account.to_dict())
     return doc
 
 
@@ -327,6 +328,8 @@ def summarize_stats_csv(report: Any, file: str, top: int = 15) -> TraceDoc:
         doc["table"] = records(shown.head(top))
         doc["table_sorted_by"] = by
     doc.setdefault("classes", [])
+    if getattr(report, "account", None) is not None:
+        doc["completeness"] = dict(report.account)
     doc["idle_gaps"] = []
     doc["ranges"] = {"count": 0, "phases": [], "by_name": []}
     return doc

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from phaseprobe.errors import TraceError
+from phaseprobe.sources.read_account import ReadAccount, ReadAccountDoc
 
 __all__ = ["StatsReport", "read_stats_csv", "normalise_column", "typed_report", "REPORTS",
            "OLD_NAMES"]
@@ -51,6 +52,10 @@ _UNIT = {"%": "pct", "mbps": "mb_s", "mb/s": "mb_s"}
 class StatsReport:
     report: str  # new-style report name, or "unknown"
     frame: pd.DataFrame  # normalised columns; numbers as numbers
+    # A CSV file's account (sources.read_account): data rows found after the header and read,
+    # the lines before the header (nsys's own messages, "SKIPPED: …") quoted in its notes.
+    # None for a table of the console-text reader, whose account covers the whole text.
+    account: ReadAccountDoc | None = None
 
 
 def normalise_column(label: str) -> str:
@@ -92,7 +97,7 @@ def read_stats_csv(path: str | os.PathLike[str]) -> StatsReport:
         hint = f" (looks like {OLD_NAMES.get(stem, stem)})" if stem else ""
         raise TraceError(str(p), "no nsys stats CSV header found; produce one with "
                                  f"nsys stats --format csv{hint}")
-    _check_rows(p, lines, header_at)
+    found = _check_rows(p, lines, header_at)
     body = "\n".join(lines[header_at:])
     try:
         # index_col=False: a row longer than the header is an error, not an implicit index
@@ -100,7 +105,15 @@ def read_stats_csv(path: str | os.PathLike[str]) -> StatsReport:
                          skipinitialspace=True, index_col=False)
     except (pd.errors.ParserError, ValueError) as exc:
         raise TraceError(str(p), f"malformed CSV after the header ({exc})") from None
-    return typed_report(str(p), df, report, header_at)
+    typed = typed_report(str(p), df, report, header_at)
+    acc = ReadAccount("rows", found=found, read=len(df), attributed=len(df))
+    before = [ln.strip() for ln in lines[:header_at] if ln.strip()]
+    if before:
+        acc.notes.append(f"{len(before)} line(s) before the header, not table rows; first: "
+                         f"{before[0][:160]!r}")
+    if len(df) < found:
+        acc.missing.append(f"{found - len(df)} data row(s) after the header not in the table")
+    return StatsReport(typed.report, typed.frame, acc.to_dict())
 
 
 def typed_report(source: str, df: pd.DataFrame, report: str | None,
@@ -156,10 +169,12 @@ def _in_ns(cols: list[str]) -> tuple[list[str], dict[str, float]]:
 _TEXT_COLUMNS = {"name", "range", "operation", "kernel_name", "nvtx_range", "style"}
 
 
-def _check_rows(p: Path, lines: list[str], header_at: int) -> None:
+def _check_rows(p: Path, lines: list[str], header_at: int) -> int:
     """Every data row has the header's number of fields (csv's own reader, so quoted commas
-    count right); NUL bytes and fields over csv's size limit are errors naming the line."""
+    count right); NUL bytes and fields over csv's size limit are errors naming the line.
+    Returns the number of data rows (blank lines are none)."""
     width = None
+    rows = 0
     try:
         for k, fields in enumerate(csv.reader(lines[header_at:])):
             if width is None:
@@ -168,5 +183,7 @@ def _check_rows(p: Path, lines: list[str], header_at: int) -> None:
             if fields and len(fields) != width:
                 raise TraceError(str(p), f"line {header_at + 1 + k}: {len(fields)} fields, "
                                          f"the header has {width}")
+            rows += bool(fields)
     except csv.Error as exc:
         raise TraceError(str(p), f"malformed CSV after the header ({exc})") from None
+    return rows

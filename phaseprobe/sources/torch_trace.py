@@ -31,9 +31,10 @@ import pandas as pd
 import requests
 
 from phaseprobe.errors import TraceError
+from phaseprobe.sources.read_account import ReadAccount
 from phaseprobe.trace_records import Timeline, empty_activities, empty_ranges, trace_file
 
-__all__ = ["read_torch_trace", "iter_trace", "COMM_COLUMNS", "ProfileCapture",
+__all__ = ["read_torch_trace", "read_torch_trace_account", "iter_trace", "COMM_COLUMNS", "ProfileCapture",
            "capture_profile", "find_traces"]
 
 COMM_COLUMNS: dict[str, str] = {
@@ -44,6 +45,9 @@ COMM_COLUMNS: dict[str, str] = {
     "dtype": "str", "pg_name": "str — args 'Process Group Name'",
 }
 _GPU_KIND = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
+# the complete-event categories the reader turns into activities, launches and ranges
+_READ_CATS = frozenset({*_GPU_KIND, "cuda_runtime", "cuda_driver", "cpu_op", "user_annotation",
+                        "gpu_user_annotation"})
 _WS = " \t\r\n"
 _DECODER = json.JSONDecoder()
 T = TypeVar("T")
@@ -137,8 +141,10 @@ def _open_text(path: Path) -> IO[str]:
     return open(path, encoding="utf-8")
 
 
-def iter_trace(path: str | os.PathLike[str], header: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """Yield the ``traceEvents`` one by one; every other top-level key lands in ``header``."""
+def iter_trace(path: str | os.PathLike[str], header: dict[str, Any],
+               not_objects: list[int] | None = None) -> Iterator[dict[str, Any]]:
+    """Yield the ``traceEvents`` one by one; every other top-level key lands in ``header``.
+    Elements that are not objects are skipped, counted in ``not_objects[0]`` when given."""
     p = trace_file(path)
     with _open_text(p) as fh:
         s = _Stream(fh, str(p))
@@ -159,6 +165,8 @@ def iter_trace(path: str | os.PathLike[str], header: dict[str, Any]) -> Iterator
                         event = s.value()
                         if isinstance(event, dict):
                             yield event
+                        elif not_objects is not None:
+                            not_objects[0] += 1
                         if s.peek() == ",":
                             s.expect(",")
                             continue
@@ -209,6 +217,9 @@ class _Collect:
         # op, on an autograd engine thread)
         self.flow_start: dict[Any, int] = {}
         self.flow_finish: dict[Any, int] = {}
+        # complete ("X") events of the categories read, and those left out for their times
+        self.found = 0
+        self.bad_times: dict[str, int] = {}
 
     def add(self, e: dict[str, Any]) -> None:
         ph = e.get("ph")
@@ -221,11 +232,16 @@ class _Collect:
         if ph != "X":
             return
         cat = str(e.get("cat", "")).lower()
+        if cat not in _READ_CATS:
+            return  # python_function, ac2g flows, …: no summary reads them
+        self.found += 1
         raw_args = e.get("args")
         args: dict[str, Any] = raw_args if isinstance(raw_args, dict) else {}
         ts, dur = e.get("ts"), e.get("dur", 0)
         if not _usable(ts, 9e15) or not _usable(dur, 9e12) or dur < 0:
-            return  # skipped, like any unknown line: no time that fits int64 ns
+            # no time that fits int64 ns: left out, and counted for the account
+            self.bad_times[cat] = self.bad_times.get(cat, 0) + 1
+            return
         name = str(e.get("name", ""))
         if cat in _GPU_KIND:
             dev = _int(args.get("device", e.get("pid")), 0)
@@ -349,10 +365,21 @@ class _Collect:
 
 def read_torch_trace(path: str | os.PathLike[str]) -> tuple[Timeline, pd.DataFrame]:
     """The trace's Timeline and its NCCL kernels with their args (``COMM_COLUMNS``)."""
+    timeline, comms, _ = read_torch_trace_account(path)
+    return timeline, comms
+
+
+def read_torch_trace_account(path: str | os.PathLike[str]
+                             ) -> tuple[Timeline, pd.DataFrame, ReadAccount]:
+    """:func:`read_torch_trace` and its completeness account (``sources.read_account``) in
+    trace events: the complete events of the categories read (kernels, memcpy/memset, CUDA
+    runtime, CPU ops, annotations), those left out for times that are not finite µs named by
+    category, and ``traceEvents`` elements that are not objects."""
     header: dict[str, Any] = {}
     col = _Collect()
     n_events = 0
-    for event in iter_trace(path, header):
+    odd = [0]
+    for event in iter_trace(path, header, odd):
         n_events += 1
         col.add(event)
     if n_events == 0 and "traceEvents" not in header and not header:
@@ -384,8 +411,17 @@ def read_torch_trace(path: str | os.PathLike[str]) -> tuple[Timeline, pd.DataFra
     parents = col.thread_parent()
     if parents:
         meta["backward_threads"] = ", ".join(f"{c} -> {p}" for c, p in sorted(parents.items()))
+    bad = sum(col.bad_times.values())
+    acc = ReadAccount("trace events", found=col.found + odd[0], read=col.found - bad,
+                      attributed=col.found - bad)
+    acc.missing += [f"{n:,} {cat} event(s) with a time that is not a finite µs value"
+                    for cat, n in sorted(col.bad_times.items())]
+    if odd[0]:
+        acc.missing.append(f"{odd[0]:,} traceEvents element(s) that are not objects")
+    if cpu_only and not acts.empty:
+        acc.notes.append("no GPU events: the outermost cpu_op events stand in for kernels")
     return (Timeline(activities=acts, ranges=col.range_frame(), source=f"torch:{path}",
-                     devices=devices, meta=meta, thread_parent=parents), col.comm_frame())
+                     devices=devices, meta=meta, thread_parent=parents), col.comm_frame(), acc)
 
 
 def find_traces(directory: str | os.PathLike[str]) -> list[Path]:
