@@ -20,14 +20,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from phaseprobe.analysis.pd_spans import PdSpanRecord, join_legs
 from phaseprobe.collect.fleet.targets import default_name
 from phaseprobe.collect.pd.collector import PdTopology
-from phaseprobe.collect.span_attribution import CLOCK_SKEW_NS
+from phaseprobe.collect.span_attribution import CLOCK_SKEW_NS, wait_for_traces
 from phaseprobe.records import PdLegs, RequestSpan, Run
 from phaseprobe.store import Store
+
+if TYPE_CHECKING:
+    from phaseprobe.sources.span_stores import SpanReader
 
 __all__ = ["attach_pd_spans", "span_join", "legs_with_spans", "LEG_FIELDS"]
 
@@ -77,35 +80,32 @@ def _roles(topo: PdTopology | None) -> dict[str, str]:
 def attach_pd_spans(store: Store, runs: Sequence[Run], *, wait_s: float,
                     topo: PdTopology | None = None,
                     sleep: Callable[[float], None] = time.sleep,
-                    clock: Callable[[], float] = time.monotonic
-                    ) -> tuple[list[Run], list[str]]:
+                    clock: Callable[[], float] = time.monotonic,
+                    spans: SpanReader | None = None) -> tuple[list[Run], list[str]]:
     """Wait up to ``wait_s`` for both legs' spans of every run (a receiver writes them to the
-    same store), join them, record the join on each stored run, and return the runs as
-    updated with notes naming the runs whose spans could not be joined."""
+    same store; or in ``spans``, the fleet's span store: ``--spans-from``), join them, record
+    the join on each stored run, and return the runs as updated with notes naming the runs
+    whose spans could not be joined."""
     tagged = [r for r in runs if r.trace_id and r.client is not None and r.status != "error"]
     wanted = [r.trace_id for r in tagged if r.trace_id]
     since = min((r.client.sent_wall_ns for r in tagged if r.client), default=0) - CLOCK_SKEW_NS
-    found: dict[str, list[RequestSpan]] = {}
-    deadline = clock() + wait_s
-    while wanted:
-        found = store.spans_of_traces(wanted, since_ns=since)
-        if all(len(found.get(t, ())) >= 2 for t in wanted) or clock() >= deadline:
-            break
-        sleep(0.1)
+    found = wait_for_traces(spans if spans is not None else store, wanted, since,
+                            lambda got: all(len(got.get(t, ())) >= 2 for t in wanted),
+                            wait_s=wait_s, sleep=sleep, clock=clock)
     roles = _roles(topo)
     out: list[Run] = []
     unjoined: list[str] = []
     joined = from_spans = 0
     for run in runs:
-        spans = found.get(run.trace_id or "", [])
+        legs = found.get(run.trace_id or "", [])
         if run not in tagged:
             out.append(run)
             continue
-        if not spans:
+        if not legs:
             unjoined.append(f"run {run.seq + 1}: no span of either leg")
             out.append(run)
             continue
-        join = join_legs(spans, roles)
+        join = join_legs(legs, roles)
         if len(join.records) != 1 or join.unjoined:
             why = "; ".join(u.reason for u in join.unjoined) or \
                 f"{len(join.records)} requests in one trace"
@@ -128,8 +128,10 @@ def attach_pd_spans(store: Store, runs: Sequence[Run], *, wait_s: float,
     if unjoined:
         notes.append(f"spans: {len(unjoined)} run(s) not joined within {wait_s:g} s ("
                      + "; ".join(unjoined[:5]) + ("; …" if len(unjoined) > 5 else "")
-                     + "): are both instances started with --otlp-traces-endpoint pointing at "
-                       "phaseprobe's receiver?")
+                     + (f"): does the fleet's collector write both instances' spans to "
+                        f"{spans.where}? (raise --span-wait)" if spans is not None else
+                        "): are both instances started with --otlp-traces-endpoint pointing at "
+                        "phaseprobe's receiver?"))
     if from_spans:
         notes.append(f"spans: {from_spans} run(s) had legs the counters could not give (an "
                      "instance busy or its /metrics unreadable): those phases come from the "
