@@ -21,6 +21,7 @@ from typing import Any
 from phaseprobe.analysis.pd import block_size, connector_deltas, pd_legs, source_deltas
 from phaseprobe.analysis.phases import attribute, histograms_moved, idle_reasons
 from phaseprobe.analysis.replica_match import unverifiable
+from phaseprobe.analysis.vllm_work import self_measured_deltas
 from phaseprobe.collect.experiment import ProbeSettings, RunNotes, poll_until
 from phaseprobe.collect.pd.sender import PdSender, joined_timeline
 from phaseprobe.collect.pd.topology import PdTopology
@@ -135,6 +136,9 @@ class PdCollector:
             leg, iso = attribute(before[role], after[role], model=model,
                                  prompt_tokens=prompt_tokens if role == "prefill" else None,
                                  completion_tokens=completion)
+            # vLLM's own prompt sources and work counters of this leg, as a probe run keeps them
+            leg = replace(leg, counter_deltas={**leg.counter_deltas, **self_measured_deltas(
+                before[role], after[role], model)})
             legs[role] = (leg, replace(iso, reasons=tuple(f"{role} instance: {r}"
                                                              for r in iso.reasons)))
         (p_srv, p_iso), (d_srv, d_iso) = legs["prefill"], legs["decode"]

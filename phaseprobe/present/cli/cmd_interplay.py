@@ -85,9 +85,10 @@ def _levels(text: str) -> tuple[int, ...]:
 
 # What each probe reads on a prefill/decode pair (the --prefill help of each command).
 _PD_READS = {
-    "prefix": "the prefix hits and server prefill time are the prefill instance's (prompts are "
-              "computed and cached there); beside them, the decode instance's prompt tokens "
-              "received by KV transfer, from its own cache, or computed",
+    "prefix": "the prefix hits, server prefill time and KV residency are the prefill "
+              "instance's (prompts are computed and cached there); beside them, both "
+              "instances' prompt tokens by source (the decode instance's: received by KV "
+              "transfer, from its own cache, or computed)",
     "batch": "the decode instance's readings (pace, waiting, running, KV usage, preemptions: "
              "every stream decodes there), with the prefill instance's most waiting/running "
              "requests per level",
@@ -139,7 +140,15 @@ def register(subparsers: Any) -> None:
                     "reused). Both are isolated runs: TTFT, vLLM's prefill time and the "
                     "prefix_cache_queries/hits deltas per request. vLLM caches whole KV blocks "
                     "(block size from cache_config_info): a prefix shorter than one block "
-                    "never hits.")
+                    "never hits. With vLLM 0.32 or later, beside the timings: where each "
+                    "isolated run's prompt tokens came from (vllm:prompt_tokens_by_source: "
+                    "computed, local cache hit, external KV transfer; "
+                    "prompt_tokens_cached_by_source: by tier), and, when the server runs with "
+                    "--kv-cache-metrics, KV block residency over the experiment (lifetime, "
+                    "idle before eviction, reuse gap: the histograms' increases between the "
+                    "first and last scrape), judged as check --live judges it: blocks evicted "
+                    "sooner than their typical reuse gap mean the prefix cache is too small "
+                    "for the traffic.")
     p.add_argument("--prefix-tokens", type=tokens, default=512,
                    help="shared prefix length in tokens (default: 512)")
     p.add_argument("--suffix-tokens", type=tokens, default=16,

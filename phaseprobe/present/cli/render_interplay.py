@@ -73,6 +73,17 @@ def render_prefix(out: Console, r: PrefixResult) -> None:
     pd = r.pd_text()
     if pd:
         out.print(escape(pd), highlight=False)
+    # vLLM's own account of its prefix cache: prompt sources per pass, KV residency
+    for src in r.sources:
+        for line in src.lines():
+            out.print(escape(line), highlight=False)
+    if r.residency is not None:
+        res = r.residency
+        verdict = res.residency.evicted_before_reuse if res.residency else None
+        colour = "yellow" if verdict is None else "red" if verdict else "green"
+        where = "" if res.instance == "server" else f" ({res.instance} instance)"
+        out.print(f"[{colour}]KV residency over the experiment{escape(where)}:[/] "
+                  f"{escape(res.said)}", highlight=False)
     _notes(out, r.notes)
 
 
