@@ -31,6 +31,7 @@ from typing import IO, TYPE_CHECKING, Any, TypedDict
 from phaseprobe.errors import ConfigError, EmptyResult, ParseError
 from phaseprobe.inputs import LINE_CAP, MiB, open_input
 from phaseprobe.sources.nvml import COLUMNS, conform, empty_frame
+from phaseprobe.sources.read_account import MAX_NAMED, ReadAccount, ReadAccountDoc
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -93,6 +94,8 @@ class GpuImportSummary(TypedDict):
     first_malformed: str | None  # "line N: reason: text" of the first skipped line
     unknown_columns: list[str]  # fields kept under their own name, not a phaseprobe column
     notes: list[str]
+    # sources.read_account: sample lines found and read, the lines and GPUs left out by name
+    completeness: ReadAccountDoc
 
 
 @dataclass(frozen=True)
@@ -108,12 +111,36 @@ class GpuImport:
     first_malformed: str | None = None  # "line N: reason: text" of the first skipped line
     unknown_columns: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
+    malformed_lines: tuple[int, ...] = ()  # line numbers of the first MAX_NAMED skipped
+    # GPUs (index as the skipped line gave it) whose every line was malformed: in the file,
+    # not in the frame
+    lost_gpus: tuple[int, ...] = ()
+    skipped_series: int = 0  # DCGM: series without a numeric gpu label
+
+    def account(self) -> ReadAccount:
+        """The completeness account (``sources.read_account``): sample lines (DCGM: series
+        points kept) found and read; malformed lines by number, GPUs with no line read and
+        DCGM series without a gpu label named."""
+        acc = ReadAccount("sample lines" if not self.skipped_series else "samples",
+                          found=self.rows + self.malformed, read=self.rows,
+                          attributed=self.rows)
+        if self.malformed:
+            shown = ", ".join(str(n) for n in self.malformed_lines[:8])
+            more = ", …" if self.malformed > min(8, len(self.malformed_lines)) else ""
+            acc.missing.append(f"{self.malformed} malformed line(s) (line {shown}{more})")
+        acc.missing += [f"GPU {g}: every line malformed" for g in self.lost_gpus]
+        if self.skipped_series:
+            acc.unattributed = self.skipped_series
+            acc.missing.append(f"{self.skipped_series} DCGM series without a numeric gpu "
+                               "label")
+        return acc
 
     def summary(self) -> GpuImportSummary:
         return {"source": self.source, "lines": self.lines, "rows": self.rows,
                 "headers": self.headers, "malformed": self.malformed,
                 "first_malformed": self.first_malformed,
-                "unknown_columns": list(self.unknown_columns), "notes": list(self.notes)}
+                "unknown_columns": list(self.unknown_columns), "notes": list(self.notes),
+                "completeness": self.account().to_dict()}
 
 
 @dataclass(frozen=True)
@@ -211,6 +238,8 @@ def parse_nvidia_smi_csv(lines: Iterable[str], *, source: str = "<nvidia-smi csv
     records: list[dict[str, Any]] = []
     n_lines = headers = malformed = 0
     first_bad: str | None = None
+    bad_lines: list[int] = []
+    bad_gpus: set[int] = set()
     unknown: dict[str, None] = {}
     for line_no, raw in enumerate(lines, start=1):
         n_lines = line_no
@@ -232,6 +261,12 @@ def parse_nvidia_smi_csv(lines: Iterable[str], *, source: str = "<nvidia-smi csv
             malformed += 1
             if first_bad is None:
                 first_bad = f"line {line_no}: {exc}: {line[:200]!r}"
+            if len(bad_lines) < MAX_NAMED:
+                bad_lines.append(line_no)
+            at = next((i for i, c in enumerate(columns) if c.column == "gpu_index"), None)
+            if at is not None and at < len(parts) and parts[at].isascii() \
+                    and parts[at].isdigit():
+                bad_gpus.add(int(parts[at]))  # the GPU the skipped line was about
     unknown.update((c.field, None) for c in default if not c.known and headers == 0)
     notes: list[str] = []
     if not records:
@@ -252,9 +287,12 @@ def parse_nvidia_smi_csv(lines: Iterable[str], *, source: str = "<nvidia-smi csv
         frame = frame.sort_values(["t_ns", "gpu_index"], kind="stable").reset_index(drop=True)
     if malformed:
         notes.append(f"{malformed} malformed line(s) skipped; first: {first_bad}")
+    read_gpus = set(frame["gpu_index"].astype(int).tolist()) if len(frame) else set()
     return GpuImport(frame=frame, source=source, lines=n_lines, rows=len(frame),
                      headers=headers, malformed=malformed, first_malformed=first_bad,
-                     unknown_columns=tuple(unknown), notes=tuple(notes))
+                     unknown_columns=tuple(unknown), notes=tuple(notes),
+                     malformed_lines=tuple(bad_lines),
+                     lost_gpus=tuple(sorted(bad_gpus - read_gpus)))
 
 
 def _row(parts: list[str], columns: list[_Column], tz: tzinfo | None) -> dict[str, Any]:
@@ -360,7 +398,8 @@ def import_dcgm(client: PrometheusClient, *, start: float, end: float,
     if no_gpu_label:
         notes.append(f"{no_gpu_label} series without a numeric gpu label skipped")
     if not points:
-        return GpuImport(frame=empty_frame(), source=client.shown_url, notes=tuple(notes))
+        return GpuImport(frame=empty_frame(), source=client.shown_url, notes=tuple(notes),
+                         skipped_series=no_gpu_label)
     rows = [{"host": host, "gpu_index": gpu, "t_ns": t_ns, **values}
             for (host, gpu, t_ns), values in sorted(points.items(), key=lambda kv: (
                 kv[0][2], kv[0][1], kv[0][0]))]
@@ -375,4 +414,4 @@ def import_dcgm(client: PrometheusClient, *, start: float, end: float,
     frame = conform(raw, source=client.shown_url)
     extra = [c for c in frame.columns if c not in COLUMNS]
     return GpuImport(frame=frame[[*COLUMNS, *extra]], source=client.shown_url, rows=len(frame),
-                     notes=tuple(notes))
+                     notes=tuple(notes), skipped_series=no_gpu_label)

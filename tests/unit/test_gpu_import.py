@@ -19,6 +19,7 @@ from rich.console import Console
 from phaseprobe.errors import ConfigError, EmptyResult, ParseError
 from phaseprobe.present.cli import cmd_gpu
 from phaseprobe.sources.gpu_import import (
+    DCGM_METRICS,
     DEFAULT_FIELDS,
     import_dcgm,
     parse_nvidia_smi_csv,
@@ -260,3 +261,46 @@ def test_gpu_import_command(tmp_path, dcgm):
                 ("gpu", "import", str(path), "--tz", "Mars/Olympus")):
         with pytest.raises(ConfigError):
             cmd_gpu.run(_args(*bad), *_consoles())
+
+
+# GPU 1's lines all lost their power field to a cut (a second writer on the file): its
+# samples are absent from the frame, and the account says so by GPU and by line.
+GPU1_CUT = f"""{HEADER}
+2024/05/01 12:00:00.123, 0, 1234 MiB, 81559 MiB, 0 %, 0 %, 70.21 W, 345 MHz, 2619 MHz, 31
+2024/05/01 12:00:00.125, 1, 1230 MiB, 81559 MiB, 0 %, 0 %, 68.9
+2024/05/01 12:00:01.130, 0, 73412 MiB, 81559 MiB, 45 %, 12 %, 250.12 W, 1980 MHz, 2619 MHz, 45
+2024/05/01 12:00:01.131, 1, 73408 MiB, 81559 MiB, 44 %, 11
+"""
+
+
+def test_completeness_names_malformed_lines_and_a_gpu_with_nothing_read():
+    result = _parse(GPU1_CUT)
+    acc = result.summary()["completeness"]
+    assert (result.rows, result.malformed) == (2, 2)
+    assert (acc["unit"], acc["found"], acc["read"], acc["complete"]) == (
+        "sample lines", 4, 2, False)
+    assert acc["missing"] == ["2 malformed line(s) (line 3, 5)", "GPU 1: every line malformed"]
+    whole = _parse(CAPTURE).summary()["completeness"]
+    assert (whole["found"], whole["read"], whole["complete"]) == (6, 6, True)
+
+
+def test_dcgm_series_without_gpu_label_are_in_the_account():
+    stub = dcgm_stub(_DCGM_VALUES)
+    plain = stub.routes["/api/v1/query_range"]
+
+    def with_unlabelled(params: dict[str, list[str]]) -> Reply:
+        reply = plain(params)  # the two GPUs, and a series an exporter wrote without "gpu"
+        reply.body["data"]["result"].append({"metric": {"Hostname": "node1"},
+                                             "values": [[T, "1"]]})
+        return reply
+
+    stub.routes["/api/v1/query_range"] = with_unlabelled
+    try:
+        with PrometheusClient(stub.url, environ={}, retries=0) as client:
+            result = import_dcgm(client, start=T, end=T + 2, step="1s")
+    finally:
+        stub.close()
+    acc = result.summary()["completeness"]
+    assert (acc["unit"], acc["read"], acc["unattributed"], acc["complete"]) == (
+        "samples", 6, len(DCGM_METRICS), False)  # one per metric queried
+    assert acc["missing"] == [f"{len(DCGM_METRICS)} DCGM series without a numeric gpu label"]

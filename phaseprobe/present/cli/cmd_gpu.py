@@ -229,6 +229,9 @@ def _import(args: argparse.Namespace, out: Console, err: Console) -> int:
     else:
         _render_summary(out, doc["summary"], f"{escape(result.source)} · {result.rows} samples",
                         None)
+        words = doc["import"]["completeness"]["words"]
+        if words:
+            out.print(f"[yellow]incomplete read: {escape(words)}[/yellow]")
         for note in result.notes:
             err.print(f"[yellow]note:[/] {escape(note)}")
     return 0 if result.rows else 1
