@@ -176,6 +176,10 @@ def main() -> int:
               f"peak RSS {peak:,.0f} MiB ({rss0:,.0f} MiB before it)", flush=True)
         print(f"floor (SQLite decoding the needed columns, no Python): {floor / ref:.1f}x the "
               f"bare scan; the summary is {total / floor:.1f}x that floor", flush=True)
+        print(f"targets (issue 30): within 2x the floor: {total / floor:.1f}x, "
+              f"{'met' if total <= 2 * floor else 'NOT met'}; peak RSS under 500 MB: "
+              f"{peak * 2**20 / 1e6:,.0f} MB, {'met' if peak * 2**20 < 500e6 else 'NOT met'}",
+              flush=True)
         if args.compare:
             old, old_total = in_memory(path, gap_ns)
             same = json.dumps(old, sort_keys=True) == json.dumps(doc, sort_keys=True)
