@@ -137,7 +137,8 @@ def connect(endpoint: str, api_key: str | None, *, session: requests.Session | N
                           deadline_s=deadline_s)
     headers = {k: v for k, v in client.headers.items() if k == "Authorization"}
     if models is None:
-        models = check_endpoint(endpoint, session=session, headers=headers)
+        models = check_endpoint(endpoint, session=session, headers=headers,
+                                timeout_s=timeout_s, deadline_s=deadline_s)
     notes = [client.auth_note] if client.auth_note else []
     if replicas:
         return _connect_fleet(endpoint, replicas, client, headers, models, notes, api_key,

@@ -35,8 +35,9 @@ from phaseprobe.errors import (
     GrafanaNotFound,
     GrafanaUnreachable,
 )
+from phaseprobe.inputs import DASHBOARD_CAP
 from phaseprobe.redact import redact_url
-from phaseprobe.sources.http_deadline import mount_deadlines, within
+from phaseprobe.sources.http_deadline import AnswerTooLarge, bounded_request, mount_deadlines
 from phaseprobe.sources.prometheus import check_base_url
 
 __all__ = [
@@ -51,6 +52,10 @@ __all__ = [
 
 DEFAULT_TOKEN_ENV = "GRAFANA_TOKEN"
 _DS_INPUT = "DS_PROMETHEUS"
+
+# Grafana's answers (a dashboard, a search, the data sources) are KB to a few MB: as large as a
+# dashboard file phaseprobe reads, and no more (a gzip bomb expands only this far).
+MAX_ANSWER_BYTES = DASHBOARD_CAP
 
 
 def token_from_env(var: str = DEFAULT_TOKEN_ENV,
@@ -89,10 +94,11 @@ class GrafanaClient:
     def request(self, method: str, path: str, body: Any = None) -> Any:
         where = self.display_url + path
         try:
-            with within(max(self._timeout_s, 1.0) * 3, f"{method} {where}"):
-                resp = self._session.request(method, self.url + path, json=body,
-                                             headers=self._headers, timeout=self._timeout_s,
-                                             verify=self._verify)
+            resp = bounded_request(self._session, method, self.url + path, json=body,
+                                   headers=self._headers, timeout_s=self._timeout_s,
+                                   deadline_s=max(self._timeout_s, 1.0) * 3,
+                                   max_bytes=MAX_ANSWER_BYTES, what=f"{method} {where}",
+                                   verify=self._verify)
         except requests.exceptions.SSLError:
             raise GrafanaUnreachable(where, "TLS error; check the certificate") from None
         except requests.exceptions.Timeout as exc:
@@ -105,6 +111,8 @@ class GrafanaClient:
                 requests.exceptions.InvalidSchema):
             raise ConfigError(f"not a usable Grafana URL: {self.display_url} "
                               f"(expected http(s)://host[:port][/sub-path])") from None
+        except AnswerTooLarge as exc:
+            raise GrafanaUnreachable(where, str(exc)) from None
         except requests.RequestException as exc:
             raise GrafanaUnreachable(where, type(exc).__name__) from None
         if resp.status_code >= 400:

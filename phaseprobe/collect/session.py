@@ -68,6 +68,9 @@ class SessionOptions:
     # On the local vLLM with no stored calibration: measure this machine's peaks once (with
     # the local venv's torch) and cache them, so the first probe prints its roofline line.
     calibrate_local: bool = False
+    # the probe's --timeout / --deadline: the /v1/models preflight is never longer than them
+    timeout_s: float | None = None
+    deadline_s: float | None = None
 
 
 @dataclass
@@ -141,7 +144,8 @@ class Session:
                                           trace_env)
         if profile_dir is not None and not self.local:
             profile_dir = self._server_profile_dir(profile_dir)
-        self.models = endpoint_models(self.endpoint, self.api_key)  # the one /v1/models call
+        self.models = endpoint_models(self.endpoint, self.api_key,  # the one /v1/models call
+                                      timeout_s=o.timeout_s, deadline_s=o.deadline_s)
         self.model = served_model(self.endpoint, self.api_key, o.model, option=o.model_option,
                                   models=self.models)
         if self.peaks_choice is None and self.local:

@@ -47,6 +47,7 @@ TRACES_PATH = "/v1/traces"
 # leaves room for thirty times that, and a hostile client cannot make us hold more.
 DEFAULT_MAX_BYTES = 16 * 1024 * 1024
 _PROTOBUF_TYPES = ("application/x-protobuf", "application/protobuf")
+_FORWARD_REPLY_CAP = 64 * 1024  # an OTLP export reply: empty or a few bytes of partial success
 _JSON_TYPES = ("application/json",)
 
 
@@ -141,10 +142,16 @@ class Forwarder:
     def _loop(self) -> None:
         import requests
 
+        from phaseprobe.sources.http_deadline import bounded_request
+
         while (payload := self._queue.get()) is not None:
             try:
-                resp = self._session.post(self.url, data=payload, timeout=self._timeout_s,
-                                          headers={"Content-Type": _PROTOBUF_TYPES[0]})
+                # the collector's reply is a few bytes: bounded in size and in time, so a
+                # hostile one neither fills memory nor holds the forwarding thread
+                resp = bounded_request(self._session, "POST", self.url, data=payload,
+                                       timeout_s=self._timeout_s, max_bytes=_FORWARD_REPLY_CAP,
+                                       deadline_s=max(self._timeout_s, 1.0) * 3,
+                                       headers={"Content-Type": _PROTOBUF_TYPES[0]})
                 ok = 200 <= resp.status_code < 300
                 why = f"HTTP {resp.status_code}"
             except requests.RequestException as exc:

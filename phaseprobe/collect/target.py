@@ -56,16 +56,19 @@ def endpoint_or_local(endpoint: str | None, stack: ExitStack, notices: Notices,
     return server.base_url
 
 
-def endpoint_models(endpoint: str, api_key: str | None) -> list[dict[str, Any]]:
+def endpoint_models(endpoint: str, api_key: str | None, *, timeout_s: float | None = None,
+                    deadline_s: float | None = None) -> list[dict[str, Any]]:
     """``/v1/models`` of the endpoint, validated (raises EndpointUnreachable before any run).
-    A probe asks once and hands the list on, to the model check, the preflight and the run."""
+    A probe asks once and hands the list on, to the model check, the preflight and the run.
+    ``timeout_s``/``deadline_s``: the probe's own, which shorten the preflight's limits."""
     import requests
 
-    from phaseprobe.sources.openai_stream import check_endpoint
+    from phaseprobe.sources.openai_stream import PREFLIGHT_TIMEOUT_S, check_endpoint
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     return check_endpoint(normalize_base_url(endpoint), session=requests.Session(),
-                          headers=headers)
+                          headers=headers, timeout_s=timeout_s or PREFLIGHT_TIMEOUT_S,
+                          deadline_s=deadline_s)
 
 
 def served_model(endpoint: str, api_key: str | None, model: str | None,

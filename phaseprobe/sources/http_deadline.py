@@ -239,4 +239,8 @@ def bounded_request(session: requests.Session, method: str, url: str, *, max_byt
             _DeadlineAdapter):
         mount_deadlines(session)
     with within(deadline_s, what or f"{method} {redact_url(url)}", max_bytes=max_bytes):
+        # session.get/post rather than .request: a test's stand-in session often has only those
+        send = getattr(session, method.lower(), None) if method in ("GET", "POST") else None
+        if send is not None:
+            return send(url, timeout=timeout_s, **kwargs)
         return session.request(method, url, timeout=timeout_s, **kwargs)

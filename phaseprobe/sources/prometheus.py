@@ -37,7 +37,7 @@ from phaseprobe.errors import (
     PromQLError,
 )
 from phaseprobe.redact import redact_url
-from phaseprobe.sources.http_deadline import mount_deadlines, within
+from phaseprobe.sources.http_deadline import AnswerTooLarge, mount_deadlines, within
 from phaseprobe.sources.query_catalog import Query, bare_selector, load_catalog, resolve_names
 
 __all__ = [
@@ -59,6 +59,9 @@ _VLLM_NAMES_MATCH = '{__name__=~"vllm[:_].+"}'
 PHASE_QUERIES = ("avg_queue_time", "avg_prefill_time", "avg_decode_time", "avg_inference_time",
                  "ttft_mean", "e2e_mean", "decode_share")
 _BASELINE_METRIC = "vllm:e2e_request_latency_seconds_count"
+# A range query over a fleet for a day is a few MB of JSON; an answer past this (or one that
+# expands past it: a gzip bomb from a proxy) is not read.
+MAX_ANSWER_BYTES = 64 * 1024 * 1024
 _ERRNO = re.compile(r"\[Errno -?\d+\] [^'\")]+")
 
 
@@ -192,7 +195,7 @@ class PrometheusClient:
     def _call(self, what: str, expr: str | None, fn: Any, *args: Any, **kwargs: Any) -> Any:
         self._last = None
         try:
-            with within(max(self.timeout_s, 1.0) * 3, what):
+            with within(max(self.timeout_s, 1.0) * 3, what, max_bytes=MAX_ANSWER_BYTES):
                 return fn(*args, **kwargs)
         except RecursionError:
             raise PrometheusUnreachable(self.shown_url, f"{what} answered JSON nested too "
@@ -204,6 +207,8 @@ class PrometheusClient:
             total = "(total deadline)" in str(exc)
             raise PrometheusUnreachable(self.shown_url, str(exc) if total else
                                         f"no answer within {self.timeout_s:g} s") from None
+        except AnswerTooLarge as exc:
+            raise PrometheusUnreachable(self.shown_url, f"{what}: {exc}") from None
         except PrometheusApiClientException:
             raise self._http_error(what, expr) from None
         except requests.exceptions.JSONDecodeError:  # also a RequestException: test it first

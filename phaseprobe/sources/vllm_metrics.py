@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from phaseprobe.errors import MetricsUnavailable, UnknownMetric
 from phaseprobe.redact import redact_url
-from phaseprobe.sources.http_deadline import mount_deadlines, within
+from phaseprobe.sources.http_deadline import AnswerTooLarge, bounded_request, mount_deadlines
 
 __all__ = ["ALIASES", "KINDS", "MetricSnapshot", "MetricsScraper", "parse_exposition",
            "sample_spellings"]
@@ -171,25 +171,35 @@ def parse_exposition(text: str, *, source: str = "<text>", wall_ns: int | None =
                           else time.time_ns(), source=source)
 
 
+# vLLM's /metrics is a few hundred KB (a few MB with many LoRA adapters or engines); a page
+# far past that, or one that expands past it (a gzip bomb), is not read.
+MAX_METRICS_BYTES = 32 * 1024 * 1024
+
+
 class MetricsScraper:
     """GETs ``/metrics`` from a vLLM server; the HTTP session and wall clock are injectable."""
 
     def __init__(self, base_url: str, *, session: requests.Session | None = None,
                  headers: dict[str, str] | None = None, timeout_s: float = 5.0,
-                 wall_ns: Callable[[], int] = time.time_ns) -> None:
+                 wall_ns: Callable[[], int] = time.time_ns,
+                 max_bytes: int = MAX_METRICS_BYTES) -> None:
         self.url = base_url.rstrip("/") + "/metrics"
         self.session = mount_deadlines(session or requests.Session())
         self.headers = headers or {}
         self.timeout_s = timeout_s
+        self.max_bytes = max_bytes
         self._wall_ns = wall_ns
 
     def scrape(self) -> MetricSnapshot:
         try:
-            # /metrics is a few hundred KB: a scrape that trickles on is not a scrape
-            with within(max(self.timeout_s, 1.0) * 3, f"GET {redact_url(self.url)}"):
-                resp = self.session.get(self.url, headers=self.headers, timeout=self.timeout_s)
+            # a scrape that trickles on is not a scrape: three reads' worth in all
+            resp = bounded_request(self.session, "GET", self.url, headers=self.headers,
+                                   timeout_s=self.timeout_s, max_bytes=self.max_bytes,
+                                   deadline_s=max(self.timeout_s, 1.0) * 3)
         except requests.Timeout as exc:
             raise MetricsUnavailable(redact_url(self.url), f"Timeout ({exc})") from None
+        except AnswerTooLarge as exc:
+            raise MetricsUnavailable(redact_url(self.url), str(exc)) from None
         except requests.RequestException as exc:
             raise MetricsUnavailable(redact_url(self.url), type(exc).__name__) from None
         if resp.status_code != 200:

@@ -10,7 +10,7 @@ from typing import Any
 from phaseprobe.paths import default_store_path
 
 __all__ = ["positive_int", "positive_float", "non_negative_float", "float_in", "int_in",
-           "seconds", "store_and_json_args", "IntermixedParser", "tokens", "count",
+           "seconds", "http_url", "store_and_json_args", "IntermixedParser", "tokens", "count",
            "MAX_SECONDS", "MAX_TOKENS", "MAX_COUNT", "MAX_CONCURRENCY"]
 
 
@@ -131,6 +131,27 @@ def seconds(value: str) -> float:
         raise argparse.ArgumentTypeError(f"must be more than 0 and at most {MAX_SECONDS:g} s "
                                          f"(a week), not {value}")
     return x
+
+
+def http_url(value: str) -> str:
+    """A URL phaseprobe will send to: http(s)://HOST[:PORT][/path], refused at the command
+    line otherwise (``--forward 'not a url'`` would fail on every batch, quietly). The message
+    shows the value without its credentials."""
+    from urllib.parse import urlsplit
+
+    from phaseprobe.redact import redact_url
+
+    shown = redact_url(value)
+    try:
+        parts = urlsplit(value.strip())
+        parts.port  # noqa: B018 - a port that is not a number raises here
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a URL: {shown!r}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or any(
+            c.isspace() for c in value.strip()):
+        raise argparse.ArgumentTypeError(f"not an http(s) URL: {shown!r} (e.g. "
+                                         "http://collector:4318)")
+    return value.strip()
 
 
 def store_and_json_args(p: argparse.ArgumentParser) -> None:

@@ -210,7 +210,8 @@ def session_options(args: argparse.Namespace) -> SessionOptions:
         force_model_config=args.force_model_config, prom_url=args.prom,
         prom_selector=args.prom_selector, prom_token_env=args.prom_token_env,
         prom_wait_s=args.prom_wait, gpu=args.gpu, gpu_period_s=args.gpu_period,
-        nvml_backend=_fake_nvml() if args.gpu == "fake" else None, calibrate_local=True)
+        nvml_backend=_fake_nvml() if args.gpu == "fake" else None, calibrate_local=True,
+        timeout_s=args.timeout, deadline_s=args.deadline)
 
 
 def probe_fleet_report(runs: Sequence[Run], info: Mapping[str, Any]) -> FleetReport | None:

@@ -51,7 +51,12 @@ from phaseprobe.collect.span_receiver import (
 from phaseprobe.errors import ConfigError
 from phaseprobe.paths import default_store_path
 from phaseprobe.present.cli import jsonout
-from phaseprobe.present.cli.args import positive_float, positive_int, store_and_json_args
+from phaseprobe.present.cli.args import (
+    http_url,
+    positive_float,
+    positive_int,
+    store_and_json_args,
+)
 from phaseprobe.present.cli.cmd_spans import age, spans_from_arg, span_table, summary_table
 from phaseprobe.present.cli.console import ms
 from phaseprobe.present.cli.watch_fleet import FleetView, kv_path_json, kv_path_lines
@@ -92,7 +97,7 @@ def register(subparsers: Any) -> None:
                             "mixed open-loop load (Poisson arrivals, short and long prompts)")
     watch.add_argument("--rate", type=positive_float, default=2.0, metavar="REQ_PER_S",
                        help="--demo's mean arrival rate (default: 2 requests/s)")
-    watch.add_argument("--forward", metavar="URL", default=None,
+    watch.add_argument("--forward", metavar="URL", default=None, type=http_url,
                        help="also pass every batch on to this OTLP/HTTP collector (Jaeger, "
                             "Tempo, an OpenTelemetry Collector), e.g. http://jaeger:4318")
     watch.add_argument("--metrics", metavar="URL", default=None,
