@@ -5,11 +5,17 @@ waterfall of the slowest requests, and what overlapping prefill costs decoding r
 It reads the whole store, not the selected experiment, so it works before any probe ran. Every
 figure is per request (each span is one request's own phases, valid under any load); the
 Prometheus note at the bottom says how that relates to the fleet histograms.
+
+"Spans from" (or the ``PHASEPROBE_SPANS_FROM`` environment variable) reads them instead where
+a fleet's collector keeps them (``chdb:DIR``, ``clickhouse://…``, ``tempo://…``,
+``jaeger://…``): the per-replica summary is computed there, and only the slowest requests and
+the newest :data:`INTERFERENCE_MAX` of the window (the interference fit's input) are fetched.
 """
 
 from __future__ import annotations
 
 import heapq
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,6 +28,7 @@ import streamlit as st
 
 from phaseprobe.analysis.live_summary import LiveSummary, span_loss, summarize_spans
 from phaseprobe.analysis.span_context import overlap_context, prefill_interference
+from phaseprobe.collect.span_source import SPANS_FROM_ENV, SPANS_FROM_HELP, open_spans
 from phaseprobe.errors import PhaseprobeError
 from phaseprobe.format import MISSING
 from phaseprobe.present.dashboard import data
@@ -31,7 +38,7 @@ from phaseprobe.records import RequestSpan
 from phaseprobe.store import SpanStats
 
 __all__ = ["render", "WINDOWS_S", "REFRESH_S", "percentile_frame", "waterfall_frame",
-           "scatter_frame", "window_spans"]
+           "scatter_frame", "window_spans", "replica_frame"]
 
 WINDOWS_S: dict[str, float | None] = {"Last 5 min": 300.0, "Last 15 min": 900.0,
                                       "Last 60 min": 3600.0, "All": None}
@@ -64,7 +71,11 @@ PROMETHEUS_NOTE = (
 def render(path: str, key: tuple[float, ...] = ()) -> None:
     """The page; ``key`` is ignored (the fragment reads the store's stamp on every refresh)."""
     st.header("Live")
-    if not Path(path).exists():
+    spans_from = st.text_input("Spans from", value=os.environ.get(SPANS_FROM_ENV, ""),
+                               key="live_spans_from", placeholder="the store's own spans",
+                               help=SPANS_FROM_HELP[:1].upper() + SPANS_FROM_HELP[1:]
+                               + f"; default: ${SPANS_FROM_ENV}").strip()
+    if not spans_from and not Path(path).exists():
         _no_spans(path)
         return
     cols = st.columns([2, 2, 3])
@@ -72,7 +83,11 @@ def render(path: str, key: tuple[float, ...] = ()) -> None:
     auto = cols[1].toggle(f"Refresh every {REFRESH_S} s", value=True, key="live_auto")
     if not auto:
         cols[2].button("Refresh now", key="live_refresh")  # a click reruns the page
-    st.fragment(_live, run_every=REFRESH_S if auto else None)(path, WINDOWS_S[label])
+    if spans_from:
+        st.fragment(_live_from, run_every=REFRESH_S if auto else None)(
+            spans_from, path, WINDOWS_S[label])
+    else:
+        st.fragment(_live, run_every=REFRESH_S if auto else None)(path, WINDOWS_S[label])
     st.markdown(PROMETHEUS_NOTE)
 
 
@@ -110,6 +125,75 @@ def _live(path: str, window_s: float | None) -> None:
     _percentiles(spans, window_s)
     _waterfall(spans)
     _interference(spans)
+
+
+def _live_from(spans_from: str, path: str, window_s: float | None) -> None:
+    """One refresh from a fleet's span store: the summary it computed, the slowest requests
+    and the interference estimate over the newest requests of the window."""
+    now_ns = time.time_ns()
+    since = None if window_s is None else now_ns - round(window_s * 1e9)
+    try:
+        with open_spans(spans_from, Path(path)) as reader:
+            summary = reader.span_summary(since_ns=since, until_ns=now_ns)
+            slowest = reader.slowest_spans(50, since_ns=since, until_ns=now_ns)
+            newest = reader.recent_spans(INTERFERENCE_MAX, since_ns=since, until_ns=now_ns)
+    except PhaseprobeError as exc:  # typed, naming the store (never its password)
+        st.error(str(exc))
+        return
+    total = summary.total
+    if not total.requests:
+        st.info(f"No request finished in {summary.where} "
+                + ("in the window" if window_s else "") + ". Choose a longer window, or "
+                "check that the fleet's collector writes vLLM's spans there.")
+        return
+    _store_tiles(summary, window_s)
+    _waterfall(slowest)
+    _interference(newest)
+    if len(newest) == INTERFERENCE_MAX:
+        st.caption(f"Over the newest {INTERFERENCE_MAX:,} requests of the window.")
+
+
+def replica_frame(summary: Any) -> pd.DataFrame:
+    """A row per replica, then all, from a span store's summary (a SpanAggregate): requests,
+    share, and p50/p99 of each phase in ms."""
+    rows = []
+    for g in (*summary.replicas, summary.total):
+        row: dict[str, Any] = {"replica": g.replica, "requests": g.requests,
+                               "share": g.requests / max(summary.total.requests, 1)}
+        for phase in ("queue_s", "prefill_s", "decode_s", "ttft_s", "tpot_s", "e2e_s"):
+            stats = g.phases[phase]
+            for q in ("p50", "p99"):
+                v = getattr(stats, f"{q}_s")
+                row[f"{phase[:-2]} {q} ms"] = None if v is None else v * 1e3
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _store_tiles(summary: Any, window_s: float | None) -> None:
+    st.subheader("Summary")
+    st.caption(f"Computed by {summary.where}.")
+    total = summary.total
+    ph = total.phases
+    span_s = window_s or (((total.last_end_ns or 0) - (total.first_start_ns or 0)) / 1e9)
+    tiles = (("Requests", f"{total.requests:,}"),
+             ("Requests/s", f"{total.requests / span_s:.2f}" if span_s > 0 else MISSING),
+             ("e2e p99", fmt_ms(ph["e2e_s"].p99_s)), ("TTFT p50", fmt_ms(ph["ttft_s"].p50_s)),
+             ("TTFT p90", fmt_ms(ph["ttft_s"].p90_s)), ("TPOT p50", fmt_ms(ph["tpot_s"].p50_s)),
+             ("TPOT p90", fmt_ms(ph["tpot_s"].p90_s)), ("Replicas", str(len(summary.replicas))))
+    for row in (tiles[:4], tiles[4:]):
+        for col, (label, value) in zip(st.columns(4), row, strict=True):
+            col.metric(label, value)
+    if total.full and total.e2e_sum_s > 0:
+        parts = ", ".join(f"{name} {v / total.e2e_sum_s:.0%}" for name, v in (
+            ("queue", total.queue_sum_s), ("prefill", total.prefill_sum_s),
+            ("decode", total.decode_sum_s), ("before/after the engine", total.other_sum_s)))
+        st.caption(f"Where e2e went, summed over {total.full:,} requests: {parts}.")
+    st.dataframe(replica_frame(summary), hide_index=True)
+    for note in summary.notes:
+        st.warning(note)
+    if summary.unconverted:
+        st.warning("Attribute values that are not numbers (counted as missing): " + ", ".join(
+            f"{k} {n:,}" for k, n in sorted(summary.unconverted.items())))
 
 
 def window_spans(spans: Sequence[RequestSpan], end_ns: int,
