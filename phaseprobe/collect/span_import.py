@@ -13,6 +13,7 @@ import json
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 from phaseprobe.errors import OtlpError
 from phaseprobe.inputs import input_problem
 from phaseprobe.sources.otlp_spans import SpanBatch, decode_json
+from phaseprobe.sources.read_account import ReadAccount
 from phaseprobe.store import Store
 
 __all__ = ["ImportResult", "import_otlp_json", "MAX_LINE_BYTES"]
@@ -37,11 +39,28 @@ class ImportResult:
     other_spans: int = 0
     rejected_spans: int = 0
     bad_lines: list[str] = field(default_factory=list)  # "file:line: reason"
+    rejected_by_reason: Counter[str] = field(default_factory=Counter)
+
+    def account(self) -> ReadAccount:
+        """The completeness account (``sources.read_account``) in spans: found in the lines
+        that could be decoded, read (vLLM request spans stored, other services' spans
+        counted); rejected spans by reason and undecodable lines (whose spans cannot be
+        counted) named."""
+        read = self.request_spans + self.other_spans
+        acc = ReadAccount("spans", found=read + self.rejected_spans, read=read,
+                          attributed=read)
+        acc.missing += [f"{n:,} span(s) rejected: {reason}"
+                        for reason, n in self.rejected_by_reason.most_common()]
+        if self.bad_lines:
+            acc.missing.append(f"{len(self.bad_lines):,} line(s) not decoded, their spans "
+                               f"uncounted; first: {self.bad_lines[0]}")
+        return acc
 
     def to_dict(self) -> dict[str, object]:
         return {"path": self.path, "lines": self.lines, "request_spans": self.request_spans,
                 "new_request_spans": self.new_request_spans, "other_spans": self.other_spans,
-                "rejected_spans": self.rejected_spans, "bad_lines": self.bad_lines}
+                "rejected_spans": self.rejected_spans, "bad_lines": self.bad_lines,
+                "completeness": self.account().to_dict()}
 
 
 def import_otlp_json(path: Path, store: Store,
@@ -56,6 +75,7 @@ def import_otlp_json(path: Path, store: Store,
         result.request_spans += len(pending.requests)
         result.other_spans += sum(pending.other.values())
         result.rejected_spans += sum(pending.rejected.values())
+        result.rejected_by_reason.update(pending.rejected)
         pending = SpanBatch()
 
     for line_no, raw in _lines(path):

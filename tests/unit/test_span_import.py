@@ -80,6 +80,12 @@ def test_good_lines_are_stored_and_bad_ones_named_by_file_and_line(
     assert [c["count"] for c in stats["rejected"]] == [1]
     doc = result.to_dict()
     assert doc["bad_lines"] == result.bad_lines and doc["path"] == str(path)
+    # the account: 6 request + 2 other spans read, 1 rejected, 2 lines whose spans are unknown
+    acc = doc["completeness"]
+    assert (acc["unit"], acc["found"], acc["read"], acc["complete"]) == ("spans", 9, 8, False)
+    assert len(acc["missing"]) == 2 and acc["missing"][0].startswith("1 span(s) rejected: ")
+    assert acc["missing"][1].startswith(f"2 line(s) not decoded, their spans uncounted; "
+                                        f"first: {path}:3: ")
     json.dumps(doc)
 
 
@@ -106,6 +112,8 @@ def test_a_pretty_printed_document_is_read_as_one(tmp_path: Path, store: Store) 
     assert result.bad_lines == []
     assert _stored(store) == _ids(message)
     assert (result.new_request_spans, result.other_spans) == (3, 1)
+    acc = result.to_dict()["completeness"]
+    assert (acc["found"], acc["read"], acc["complete"]) == (4, 4, True)
 
 
 def test_reimport_stores_nothing_new(tmp_path: Path, store: Store) -> None:
