@@ -11,6 +11,7 @@ import sys
 from dataclasses import replace
 
 import pytest
+import requests
 
 from phaseprobe.analysis.interplay import fmt_duration, interfere_pair_of
 from phaseprobe.collect.ab import launch_server
@@ -26,6 +27,7 @@ from phaseprobe.collect.interplay import (
 )
 from phaseprobe.collect.playbook import load_playbook
 from phaseprobe.local import ensure_model, install
+from phaseprobe.sources.vllm_metrics import parse_exposition
 from phaseprobe.store import Store
 
 pytestmark = pytest.mark.integration
@@ -35,11 +37,21 @@ def _target(local_vllm) -> Target:
     return Target(local_vllm.base_url, local_vllm.model)
 
 
+def _cache_hit_tokens(local_vllm) -> float:
+    """The server's own vllm:prompt_tokens_by_source{source="local_cache_hit"}, read here."""
+    page = requests.get(local_vllm.base_url + "/metrics", timeout=10).text
+    by = parse_exposition(page).by_label("prompt_tokens_by_source", "source", local_vllm.model)
+    assert by is not None, "vLLM 0.32 exports prompt_tokens_by_source"
+    return by.get("local_cache_hit", 0.0)
+
+
 def test_prefix_reuse_hits_whole_blocks_and_shortens_prefill(local_vllm, tmp_path):
+    hits_before = _cache_hit_tokens(local_vllm)
     with Store(tmp_path / "s.db") as store:
         res = run_prefix(_target(local_vllm), store, prefix_tokens=512, reps=3)
         assert store.experiment(res.experiment_id).kind == "prefix"
         assert len(store.runs(res.experiment_id)) == 6
+    hits_after = _cache_hit_tokens(local_vllm)
     assert res.block_size == 128 and res.expected_hit_tokens == 512
     cold, warm = res.summary["cold"], res.summary["warm"]
     assert cold["prefix_cache_hits"] == 0
@@ -48,6 +60,23 @@ def test_prefix_reuse_hits_whole_blocks_and_shortens_prefill(local_vllm, tmp_pat
     assert warm["server_prefill_s"] < cold["server_prefill_s"]
     assert all(r.isolated for r in res.runs), [r.isolation.reasons for r in res.runs]
     assert not any("shorter than one KV block" in n for n in res.notes)
+    # Issue 32: where the prompt tokens came from agrees with the server's own counters
+    (src,) = res.sources
+    by_seq = {row["seq"]: row["sources"] for row in src.per_run}
+    for r in res.runs:
+        got, usage = by_seq[r.seq], r.client.prompt_tokens if r.client else None
+        assert got is not None and sum(got.values()) == usage, (r.seq, got, usage)
+        if r.seq % 2 == 0:  # cold: a fresh prefix, all computed
+            assert got["local_cache_hit"] == 0 and got["local_compute"] == usage
+        else:  # warm: the prefix from the local cache, in whole 128-token blocks
+            assert got["local_cache_hit"] % 128 == 0 and 384 <= got["local_cache_hit"] <= 512
+            assert got["local_cache_hit"] == r.server.counter_deltas["prefix_cache_hits"]
+    # the warm-up and the cold runs hit nothing: every hit the server counted is a warm run's
+    assert src.warm is not None and src.warm.runs == 3
+    assert hits_after - hits_before == src.warm.sources["local_cache_hit"]
+    # the local vLLM runs with --kv-cache-metrics: exported, judged or too few evictions
+    assert res.residency is not None and res.residency.residency is not None
+    assert "--kv-cache-metrics" not in res.residency.said, res.residency.said
 
 
 def test_prefix_shorter_than_a_block_never_hits_and_says_so(local_vllm, tmp_path):
