@@ -43,6 +43,7 @@ from phaseprobe.sources.openai_stream import (
     StreamClient,
     build_body,
 )
+from phaseprobe.sources.span_stores.model import SpanReader
 from phaseprobe.sources.stall_watch import StallWatch
 from phaseprobe.sources.vllm_metrics import MetricSnapshot, MetricsScraper
 from phaseprobe.redact import redact_url
@@ -463,7 +464,8 @@ def run_probe(spec: RunSpec, store: Store, *, settings: ProbeSettings = ProbeSet
               deadline_s: float | None = DEFAULT_DEADLINE_S,
               models: list[dict[str, Any]] | None = None,
               replicas: Sequence[ReplicaTarget] = (),
-              router_metrics: str | None = None) -> ProbeResult:
+              router_metrics: str | None = None,
+              span_reader: SpanReader | None = None) -> ProbeResult:
     """Run one probe experiment; every completed run is in ``store`` before the next starts.
 
     Raises :class:`~phaseprobe.errors.EndpointUnreachable` before any run if nothing answers.
@@ -521,7 +523,7 @@ def run_probe(spec: RunSpec, store: Store, *, settings: ProbeSettings = ProbeSet
         if settings.span_wait_s is not None:
             runs, span_notes = attach_spans(store, runs, wait_s=settings.span_wait_s,
                                             hop=collector.hop, sleep=sleep, clock=clock,
-                                            fleet=conn.router)
+                                            fleet=conn.router, spans=span_reader)
             notes.extend(span_notes)
     except KeyboardInterrupt:
         notes.append(f"cancelled after {len(runs)} of {settings.runs} runs")

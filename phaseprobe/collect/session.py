@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from phaseprobe.analysis.trace_summary import TraceDoc
     from phaseprobe.collect.experiment import ProbeResult
     from phaseprobe.collect.prom_summary import PromSidecar, PromSummaryDoc
+    from phaseprobe.collect.span_source import SpanReader
     from phaseprobe.sources.gpu_sampler import GpuSampler
     from phaseprobe.sources.nvml import NvmlBackend
     from phaseprobe.sources.torch_trace import ProfileCapture
@@ -54,6 +55,9 @@ class SessionOptions:
     otlp_grpc: str = "127.0.0.1:4317"  # where a user's vLLM exports (--otlp-grpc)
     otlp_http: str = "127.0.0.1:4318"
     span_export_url: str | None = None  # a receiver already running (watch): export there
+    # a fleet's span store (--spans-from: chdb:, clickhouse://, tempo://, jaeger://): the
+    # runs' spans are read there, no receiver started (the fleet's collector has them)
+    spans_from: str | None = None
     torch_profile_dir: Path | None = None
     peaks: str | None = None  # a GPU name, "calibrated", or None (calibrated on the local vLLM)
     model_config: str | None = None
@@ -88,7 +92,8 @@ class Session:
     """Opens everything in :class:`SessionOptions` on ``__enter__`` and closes it on exit
     (the local server stops on exit, Ctrl-C or an error). Attributes after entering:
     ``endpoint``, ``model``, ``models`` (/v1/models, fetched once), ``api_key``, ``store``,
-    ``sampler``, ``sidecar``, ``capture``, ``span_wait_s``, ``peaks_choice``, ``local``."""
+    ``sampler``, ``sidecar``, ``capture``, ``span_wait_s``, ``span_reader`` (``spans_from``
+    opened), ``peaks_choice``, ``local``."""
 
     def __init__(self, options: SessionOptions, notices: Notices, *,
                  store: Store | None = None) -> None:
@@ -102,6 +107,7 @@ class Session:
         self.model = ""
         self.models: list[dict[str, Any]] = []
         self.span_wait_s: float | None = None
+        self.span_reader: SpanReader | None = None
         self.peaks_choice = options.peaks
         self.sampler: GpuSampler | None = None
         self.sidecar: PromSidecar | None = None
@@ -170,6 +176,9 @@ class Session:
         o = self.options
         if o.span_export_url is not None:
             return o.span_export_url
+        if o.spans_from is not None:
+            self._span_store()
+            return None
         if o.spans is False or (o.spans is None and not self.local):
             return None
         from phaseprobe.collect.span_attribution import DEFAULT_BSP_DELAY_S, SPAN_WAIT_MARGIN_S
@@ -198,6 +207,28 @@ class Session:
             self.notices.detail(f"receiving vLLM spans on {receiver.grpc_url} (gRPC) and "
                                 f"{receiver.http_url} (HTTP)")
         return receiver.grpc_url
+
+    def _span_store(self) -> None:
+        """``spans_from``: open and check the fleet's span store (typed errors, before any
+        run); the runs wait longer for their spans, which pass the fleet's collector too."""
+        from phaseprobe.collect.span_attribution import (
+            COLLECTOR_MARGIN_S,
+            DEFAULT_BSP_DELAY_S,
+            SPAN_WAIT_MARGIN_S,
+        )
+        from phaseprobe.collect.span_source import open_spans
+
+        o = self.options  # spans_from turns spans on, whatever ``spans`` says
+        if self.local:
+            raise ConfigError("--spans-from reads the spans of your fleet's vLLM: give "
+                              "--endpoint (the local vLLM exports to phaseprobe's own "
+                              "receiver, no --spans-from needed)")
+        self.span_reader = self._stack.enter_context(open_spans(o.spans_from,
+                                                                Path(o.store_path)))
+        self.span_wait_s = o.span_wait_s if o.span_wait_s is not None \
+            else DEFAULT_BSP_DELAY_S + SPAN_WAIT_MARGIN_S + COLLECTOR_MARGIN_S
+        self.notices.detail(f"the runs' spans are read from {self.span_reader.where} (no "
+                            "receiver started)")
 
     def _local_peaks(self) -> str | None:
         """The local vLLM runs on this machine's CPU: its measured peaks set the roofline.
@@ -315,9 +346,17 @@ class Session:
             return {}
         from phaseprobe.analysis.span_context import overlap_context
 
-        start = min(r.span.start_ns for r in by_span) - 600 * 10**9  # long requests before
-        end = max(r.span.end_ns for r in by_span)
-        contexts = overlap_context(self.store.spans(since_ns=start, until_ns=end))
+        if self.span_reader is not None:  # a fleet's store: each run's engine company only
+            contexts = {}
+            for r in by_span:  # its own key only: another run's context needs its own company
+                key = (r.span.trace_id, r.span.span_id)
+                own = overlap_context(self.span_reader.spans_overlapping(r.span)).get(key)
+                if own is not None:
+                    contexts[key] = own
+        else:
+            start = min(r.span.start_ns for r in by_span) - 600 * 10**9  # long ones before
+            end = max(r.span.end_ns for r in by_span)
+            contexts = overlap_context(self.store.spans(since_ns=start, until_ns=end))
         out = {}
         for r in by_span:
             ctx = contexts.get((r.span.trace_id, r.span.span_id))

@@ -21,6 +21,7 @@ from phaseprobe.collect.experiment import (
 from phaseprobe.collect.pd.collector import PdCollector, PdTopology
 from phaseprobe.collect.pd.connect import connect_pair
 from phaseprobe.collect.pd.spans import attach_pd_spans
+from phaseprobe.sources.span_stores.model import SpanReader
 from phaseprobe.errors import PhaseprobeError
 from phaseprobe.records import Experiment, Run, RunSpec
 from phaseprobe.sources.openai_stream import DEFAULT_DEADLINE_S
@@ -62,7 +63,8 @@ def run_pd_probe(spec: RunSpec, store: Store, topo: PdTopology, *,
                  progress: ProgressHook | None = None, timeout_s: float = 120.0,
                  deadline_s: float | None = DEFAULT_DEADLINE_S,
                  sleep: Callable[[float], None] = time.sleep,
-                 clock: Callable[[], float] = time.monotonic) -> ProbeResult:
+                 clock: Callable[[], float] = time.monotonic,
+                 span_reader: SpanReader | None = None) -> ProbeResult:
     """One probe experiment on the pair; raises EndpointUnreachable before any run when an
     instance (or the router) does not answer. ``settings.span_wait_s``: the legs' spans are
     awaited that long after the last run and joined onto each run (None: no spans)."""
@@ -90,7 +92,8 @@ def run_pd_probe(spec: RunSpec, store: Store, topo: PdTopology, *,
                      progress, sleep)
         if settings.span_wait_s is not None:
             attached, span_notes = attach_pd_spans(store, runs, wait_s=settings.span_wait_s,
-                                                   topo=topo, sleep=sleep, clock=clock)
+                                                   topo=topo, sleep=sleep, clock=clock,
+                                                   spans=span_reader)
             runs[:] = attached
             notes.extend(span_notes)
     except KeyboardInterrupt:

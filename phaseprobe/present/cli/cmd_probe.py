@@ -39,7 +39,7 @@ from phaseprobe.present.cli.args import (
     store_and_json_args,
     tokens,
 )
-from phaseprobe.present.cli.cmd_spans import context_text
+from phaseprobe.present.cli.cmd_spans import context_text, spans_from_arg
 from phaseprobe.present.cli.cmd_trace import render as render_trace
 from phaseprobe.present.cli.console import (
     RichProgress,
@@ -195,7 +195,8 @@ def register(subparsers: Any) -> None:
     spans.add_argument("--span-wait", type=non_negative_float, default=None, metavar="SECONDS",
                        help="how long to wait for the runs' spans after the last run (default: "
                             "the exporter's batch delay, 5 s, plus 5 s; 5.5 s on the local "
-                            "vLLM)")
+                            "vLLM; 20 s with --spans-from)")
+    spans_from_arg(spans)  # the runs' spans read where the fleet keeps them: no receiver
     store_and_json_args(probe)
 
 
@@ -205,6 +206,7 @@ def session_options(args: argparse.Namespace) -> SessionOptions:
         store_path=str(args.store or default_store_path()), endpoint=args.endpoint,
         api_key=api_key_from_env(args.api_key_env), model=args.model, spans=args.spans,
         span_wait_s=args.span_wait, otlp_grpc=args.otlp_grpc, otlp_http=args.otlp_http,
+        spans_from=args.spans_from,
         torch_profile_dir=Path(args.torch_profile) if args.torch_profile else None,
         peaks=args.peaks, model_config=args.model_config,
         force_model_config=args.force_model_config, prom_url=args.prom,
@@ -255,14 +257,16 @@ def run_pd(args: argparse.Namespace, topo: PdTopology, out: Console, err: Consol
     # spans only when asked (--spans): the instances must be started exporting to the
     # receiver; then each run's two leg spans are joined (the hand-over on their clocks)
     options = replace(session_options(args), endpoint=topo.router or topo.decode,
-                      spans=bool(args.spans), gpu="off" if args.gpu == "auto" else args.gpu)
+                      spans=bool(args.spans or args.spans_from),
+                      gpu="off" if args.gpu == "auto" else args.gpu)
     with Session(options, ConsoleNotices(err)) as session:
         spec = run_spec(args, session)
         settings = ProbeSettings(runs=args.runs, warmup=args.warmup, pause_s=args.pause,
                                  name=args.name, span_wait_s=session.span_wait_s)
         result = run_pd_probe(spec, session.store, topo, settings=settings,
                               api_key=session.api_key, progress=RichProgress(err),
-                              timeout_s=args.timeout, deadline_s=args.deadline)
+                              timeout_s=args.timeout, deadline_s=args.deadline,
+                              span_reader=session.span_reader)
     summary = summarize(result.runs)
     path = kv_path(result.runs, result.server_info, args.model_config)
     if args.json:
@@ -310,7 +314,8 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
                                progress=RichProgress(err), timeout_s=args.timeout,
                                deadline_s=args.deadline, before_runs=session.before_runs,
                                gpu_sampler=session.sampler, models=session.models,
-                               replicas=replicas, router_metrics=args.router_metrics)
+                               replicas=replicas, router_metrics=args.router_metrics,
+                               span_reader=session.span_reader)
         except BaseException:
             session.abort()
             raise
