@@ -271,6 +271,11 @@ def run_prefix(target: Target, store: Store, *, prefix_tokens: int = 512,
         notes.extend(collector.all_notes())
         store.finish_experiment(exp_id, notes)
     residency = experiment_residency(first, ctx.scrape(where), where or "server")
+    if ctx.conn.fleet is not None:
+        # a router's /metrics is any replica's; each replica has a prefix cache of its own
+        residency = PrefixResidency("server", None, "KV residency not read behind a router: "
+                                    "each replica has its own prefix cache (phaseprobe check "
+                                    "--live --replica NAME=URL … judges each one's)")
     pd = target.pd is not None
     summary = {"cold": _pass_summary(runs[0::2], pd), "warm": _pass_summary(runs[1::2], pd)}
     sources = [prefix_sources(runs, role) for role in (("prefill", "decode") if pd else (None,))]

@@ -17,6 +17,7 @@ from phaseprobe.present.cli import main
 from phaseprobe.sources.vllm_metrics import parse_exposition
 from phaseprobe.store import Store
 from phaseprobe.testing.sse_server import RequestRecord, Script, SseServer
+from tests.fleet_proxy import RoundRobinProxy
 
 BLOCK = 16  # the SSE server's cache_config_info block_size
 BOUNDS = (0.001, 0.01, 0.1, 1.0, 10.0)
@@ -201,3 +202,20 @@ def test_on_a_pair_both_instances_sources_and_the_prefill_instances_residency(tm
     res = doc["kv_residency"]
     assert res["instance"] == "prefill" and res["evicted_before_reuse"] is True
     assert res["sampled_evictions"] == 6  # the prefill instance's warm-up, cold and warm legs
+
+
+def test_behind_a_router_sources_per_replica_and_residency_not_pooled(tmp_path, capsys):
+    """Each run's sources are its serving replica's own deltas; residency is not read from a
+    router (its /metrics is any replica's, and each replica has its own cache)."""
+    script = Script(n_tokens=2)
+    with PrefixCacheServer(script, residency=(0.05, 0.005, 0.5)) as a, \
+            PrefixCacheServer(script, residency=(0.05, 0.005, 0.5)) as b, \
+            RoundRobinProxy([a.base_url, b.base_url]) as router:
+        doc = _prefix_json(capsys, ["--endpoint", router.base_url, "--replica",
+                                    f"r1={a.base_url}", "--replica", f"r2={b.base_url}",
+                                    "--reps", "1", "--store", str(tmp_path / "s.db")])
+    (src,) = doc["prompt_sources"]
+    # round robin: the warm run lands on the other replica, whose cache never saw the prefix
+    assert [r["sources"]["local_cache_hit"] for r in src["runs"]] == [0, 0]
+    assert doc["kv_residency"]["evicted_before_reuse"] is None
+    assert doc["kv_residency"]["said"].startswith("KV residency not read behind a router")
