@@ -5,16 +5,112 @@ Operators put secrets in URLs: ``http://user:password@host:8000``, ``?api_key=�
 port, path, the other query parameters) and replaces the secret parts: userinfo is dropped,
 secret-named query values become ``<redacted>``. A leaf module (standard library only), so the
 store, the sources and the console can all use it without importing one another.
+
+Secrets that are not in a URL come back in other ways: a server echoing "bad key Bearer …" in
+its error body, a library quoting a header in its exception, a launched server logging its
+environment. phaseprobe knows each value it holds as a secret, so they are kept in one
+process-wide registry (:func:`register_secret`, called where a secret is read: the API key,
+the Prometheus and Grafana tokens, a URL's password, a launch env value whose name looks
+secret) and :func:`redact_urls_in`, the mask every boundary already applies (the console, the
+store's error and notes text, log tails), replaces each registered value by ``***``.
 """
 
 from __future__ import annotations
 
+import base64
 import re
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+import threading
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
-__all__ = ["redact_url", "redact_urls_in", "REDACTED", "is_secret_name"]
+__all__ = ["redact_url", "redact_urls_in", "REDACTED", "MASK", "is_secret_name",
+           "register_secret", "register_url_secrets", "mask_secrets", "forget_secrets",
+           "header_secret_problem"]
 
 REDACTED = "<redacted>"
+MASK = "***"  # what a known secret value becomes wherever it comes back
+# A value shorter than this is not masked: "1234" or "a" would blot out ordinary text (and is
+# no credential anyone guards)
+MIN_SECRET_CHARS = 6
+_registry_lock = threading.Lock()
+_secrets: set[str] = set()
+_secret_pattern: re.Pattern[str] | None = None
+
+
+def register_secret(value: str | None) -> None:
+    """Remember ``value`` as a secret: from now on every text that passes a boundary has it
+    masked. Its stripped form counts too (a key read with a trailing newline)."""
+    global _secret_pattern
+    if not value:
+        return
+    found = {v for v in (value, value.strip()) if len(v) >= MIN_SECRET_CHARS}
+    if not found - _secrets:
+        return
+    with _registry_lock:
+        _secrets.update(found)
+        # longest first: a secret that contains another is masked whole
+        _secret_pattern = re.compile("|".join(
+            re.escape(v) for v in sorted(_secrets, key=len, reverse=True)))
+
+
+def register_url_secrets(url: str) -> None:
+    """The password (and any secret-named query value) of ``url`` registered, with the
+    Basic credential an HTTP library makes of it (a server echoing ``Basic dXNl…`` gives
+    the password away as surely as in clear)."""
+    slashed = _SLASHED_USERINFO.fullmatch(url.strip())
+    if slashed is not None:
+        _register_userinfo(slashed["user"], slashed["password"])
+        return
+    try:
+        parts = urlsplit(url.strip())
+        _register_userinfo(parts.username, parts.password)
+    except ValueError:
+        return
+    for k, v in parse_qsl(parts.query, keep_blank_values=True):
+        if is_secret_name(k):
+            register_secret(v)
+
+
+def _register_userinfo(user: str | None, password: str | None) -> None:
+    if not password:
+        return
+    register_secret(password)
+    for pair in {f"{user or ''}:{password}", f"{unquote(user or '')}:{unquote(password)}"}:
+        try:
+            register_secret(base64.b64encode(pair.encode("latin-1")).decode())
+        except UnicodeEncodeError:  # requests sends such a pair as UTF-8
+            register_secret(base64.b64encode(pair.encode()).decode())
+
+
+def header_secret_problem(value: str) -> str | None:
+    """Why ``value`` cannot be sent as a bearer token in an HTTP header (None: it can). Said
+    without the value: the HTTP library's own error would quote the header whole."""
+    if value != value.strip():
+        return ("it has whitespace or a newline at its start or end (as `echo` or a file "
+                "leave it): strip it, e.g. export VAR=\"$(tr -d '\\n' < keyfile)\"")
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        return "it holds a control character (a newline, a tab…), which a header cannot carry"
+    try:
+        value.encode("latin-1")
+    except UnicodeEncodeError:
+        return ("it holds a character outside Latin-1, which an HTTP header cannot carry "
+                "(a pasted typographic quote or dash?)")
+    return None
+
+
+def mask_secrets(text: str) -> str:
+    """``text`` with every registered secret replaced by :data:`MASK`."""
+    pattern = _secret_pattern
+    if pattern is None or not text:
+        return text
+    return pattern.sub(MASK, text)
+
+
+def forget_secrets() -> None:
+    """Empty the registry (tests; a long-lived process that is done with its secrets)."""
+    global _secret_pattern
+    with _registry_lock:
+        _secrets.clear()
+        _secret_pattern = None
 # Query parameter names (lowercased, - and _ removed) that carry credentials.
 _SECRET_PARTS = ("token", "secret", "pass", "pwd", "apikey", "key", "auth",
                  "signature", "sig", "credential", "session")
@@ -67,7 +163,9 @@ def _redact_pairs(text: str) -> str:
 
 
 def redact_urls_in(text: str) -> str:
-    """Every URL inside free text (an error message, a log line) redacted."""
+    """Every URL inside free text (an error message, a log line) redacted, and every
+    registered secret masked: the one mask applied where text leaves phaseprobe."""
+    text = mask_secrets(text)
     if "://" not in text:
         return text
     return _URL.sub(lambda m: redact_url(m.group()), text)

@@ -36,7 +36,7 @@ from phaseprobe.errors import (
     GrafanaUnreachable,
 )
 from phaseprobe.inputs import DASHBOARD_CAP
-from phaseprobe.redact import redact_url
+from phaseprobe.redact import header_secret_problem, redact_url, register_secret
 from phaseprobe.sources.http_deadline import AnswerTooLarge, bounded_request, mount_deadlines
 from phaseprobe.sources.prometheus import check_base_url
 
@@ -62,7 +62,12 @@ def token_from_env(var: str = DEFAULT_TOKEN_ENV,
                    environ: Mapping[str, str] | None = None) -> str:
     """The token held in ``var``; the error names the variable, never a value."""
     env = os.environ if environ is None else environ
-    token = env.get(var, "").strip()
+    raw = env.get(var, "")
+    register_secret(raw)  # masked wherever it comes back (an echoing error body)
+    token = raw.strip()
+    problem = header_secret_problem(token)
+    if token and problem:
+        raise ConfigError(f"the Grafana token in ${var} cannot be sent: {problem}")
     if not token:
         raise ConfigError(f"environment variable {var} is not set: put a Grafana "
                           f"service-account token in it (or name another with --token-env)")
@@ -83,6 +88,7 @@ class GrafanaClient:
                               f"would be sent as Basic auth instead of the ${token_env} bearer "
                               f"token; drop the credentials from the URL")
         self._session = mount_deadlines(session or requests.Session())
+        register_secret(token)
         self._headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
         self._timeout_s = timeout_s
         self._verify = verify

@@ -57,7 +57,7 @@ from phaseprobe.analysis.ab_sequential import SequentialPlan, check_primary
 from phaseprobe.collect.fleet.targets import ReplicaTarget, parse_replicas
 from phaseprobe.errors import ConfigError
 from phaseprobe.inputs import PLAYBOOK_CAP, read_input_text
-from phaseprobe.redact import redact_url, redact_urls_in
+from phaseprobe.redact import redact_url, redact_urls_in, register_secret
 from phaseprobe.sources.openai_stream import normalize_base_url
 from phaseprobe.store import AbSessionRow
 
@@ -474,8 +474,11 @@ def parse_playbook(text: str, path: str = "<playbook>") -> Playbook:
     arms = tuple(_arm(path, raw, i, model) for i, raw in enumerate(raw_arms))
     if arms[0].name == arms[1].name:
         raise PlaybookError(path, "arm[1].name", f"both arms are named {arms[0].name!r}")
-    return Playbook(name=name, description=top.str_("description", "") or "", path=path,
-                    text=text, run=run, arms=(arms[0], arms[1]))
+    playbook = Playbook(name=name, description=top.str_("description", "") or "", path=path,
+                        text=text, run=run, arms=(arms[0], arms[1]))
+    for value in _secret_values(playbook):  # a launched server's log may echo them
+        register_secret(value)
+    return playbook
 
 
 def shipped_playbooks() -> Path:
@@ -663,6 +666,7 @@ def restore_secrets(playbook: Playbook, environ: Mapping[str, str] | None = None
                     raise ConfigError(f"arm {arm.name}: {name} is a secret the store does not "
                                       f"keep: set {name} in the environment to resume")
                 env[name] = environ[name]
+                register_secret(env[name])
         if arm.launch is not None and any(REDACTED in a for a in arm.launch.args):
             raise ConfigError(f"arm {arm.name}: a secret launch argument is not kept in the "
                               f"store, so this session cannot be resumed; pass secrets "

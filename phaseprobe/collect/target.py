@@ -16,7 +16,7 @@ from typing import Any
 
 from phaseprobe.collect.notices import Notices
 from phaseprobe.errors import ConfigError
-from phaseprobe.redact import redact_url
+from phaseprobe.redact import header_secret_problem, redact_url, register_secret
 from phaseprobe.sources.openai_stream import normalize_base_url
 
 __all__ = ["DEFAULT_KEY_VARS", "api_key_from_env", "endpoint_or_local", "served_model",
@@ -27,12 +27,25 @@ DEFAULT_KEY_VARS = ("OPENAI_API_KEY", "VLLM_API_KEY")
 
 
 def api_key_from_env(var: str | None) -> str | None:
-    """The API key: from ``var`` when named (it must be set), else the default variables."""
+    """The API key: from ``var`` when named (it must be set), else the default variables.
+    It is registered as a secret (masked wherever it comes back: a server echoing it in an
+    error body, a library's exception) and refused, without being shown, when it could not
+    be sent in a header (a trailing newline, a control or non-Latin-1 character)."""
     if var:
         if var not in os.environ:
             raise ConfigError(f"--api-key-env {var}: that environment variable is not set")
-        return os.environ[var]
-    return next((os.environ[v] for v in DEFAULT_KEY_VARS if os.environ.get(v)), None)
+        name, key = var, os.environ[var]
+    else:
+        found = next(((v, os.environ[v]) for v in DEFAULT_KEY_VARS if os.environ.get(v)),
+                     None)
+        if found is None:
+            return None
+        name, key = found
+    register_secret(key)
+    problem = header_secret_problem(key)
+    if problem:
+        raise ConfigError(f"the API key in ${name} cannot be sent: {problem}")
+    return key
 
 
 def endpoint_or_local(endpoint: str | None, stack: ExitStack, notices: Notices,

@@ -23,6 +23,7 @@ from typing import Self
 import requests
 
 from phaseprobe.errors import LocalServerError
+from phaseprobe.redact import redact_urls_in
 
 __all__ = [
     "DEFAULT_HOST",
@@ -58,7 +59,9 @@ def free_port(host: str = DEFAULT_HOST) -> int:
 
 
 def log_tail(path: Path | None, lines: int = 30) -> str:
-    """The last ``lines`` lines of a log (read from its last 64 KB), for error messages."""
+    """The last ``lines`` lines of a log (read from its last 64 KB), for error messages; a
+    secret the server was launched with (its env, a URL password) is masked: vLLM logs its
+    arguments and some libraries their environment."""
     if path is None:
         return "(no log)"
     try:
@@ -67,7 +70,7 @@ def log_tail(path: Path | None, lines: int = 30) -> str:
             text = f.read().decode("utf-8", errors="replace")
     except OSError as exc:
         return f"(log {path} unreadable: {exc})"
-    return "\n".join(text.splitlines()[-lines:])
+    return redact_urls_in("\n".join(text.splitlines()[-lines:]))
 
 
 def health_ok(base_url: str, timeout: float = 2.0) -> bool:

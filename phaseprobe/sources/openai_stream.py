@@ -26,7 +26,7 @@ import urllib3
 
 from phaseprobe.errors import ConfigError, EndpointUnreachable
 from phaseprobe.records import ClientTimeline, ResponseTimings
-from phaseprobe.redact import redact_url
+from phaseprobe.redact import redact_url, register_secret, register_url_secrets
 from phaseprobe.sources.http_deadline import (
     AnswerTooLarge,
     bounded_request,
@@ -160,6 +160,7 @@ def normalize_base_url(url: str) -> str:
     OpenAI client's ``base_url`` ends in ``/v1``; a bare host has no scheme) would otherwise
     end in ``…/v1/v1/models (HTTP 404)`` or requests' "No connection adapters"."""
     text = url.strip()
+    register_url_secrets(text)  # a password echoed back by a server is masked too
     shown = redact_url(text)  # messages never echo a credential typed into the URL
     scheme, sep, rest = text.partition("://")
     if not sep:
@@ -290,6 +291,7 @@ class StreamClient:
         self._wall_ns = wall_ns
         # The key lives only in this header dict: never logged, stored or put in a message.
         self.headers = {"Accept": "text/event-stream"}
+        register_secret(api_key)
         if api_key:
             self.headers["Authorization"] = f"Bearer {api_key}"
         # requests sends a URL's user:password as Basic auth in place of our Authorization

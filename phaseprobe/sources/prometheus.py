@@ -36,7 +36,12 @@ from phaseprobe.errors import (
     PrometheusUnreachable,
     PromQLError,
 )
-from phaseprobe.redact import redact_url
+from phaseprobe.redact import (
+    header_secret_problem,
+    redact_url,
+    register_secret,
+    register_url_secrets,
+)
 from phaseprobe.sources.http_deadline import AnswerTooLarge, mount_deadlines, within
 from phaseprobe.sources.query_catalog import Query, bare_selector, load_catalog, resolve_names
 
@@ -137,6 +142,7 @@ def check_base_url(url: str, what: str, hint: str) -> str:
     ``?query`` or ``#fragment`` (``/?access_token=T`` + ``/api/v1/…`` is a broken path, and the
     query would be echoed by every error). The message shows the URL without its query,
     fragment or credentials; ``hint`` says how to pass a credential instead."""
+    register_url_secrets(url)
     parts = urlsplit(url.strip())
     if parts.query or parts.fragment or "?" in url or "#" in url:
         shown = redact_url(urlunsplit((parts.scheme, parts.netloc, parts.path, "", "")))
@@ -157,6 +163,10 @@ class PrometheusClient:
         self.timeout_s = timeout_s
         self.token_env = token_env
         token = environ.get(token_env) if token_env else None
+        register_secret(token)  # masked wherever it comes back (an echoing error body)
+        problem = header_secret_problem(token) if token else None
+        if problem:
+            raise ConfigError(f"the Prometheus token in ${token_env} cannot be sent: {problem}")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._session = session or requests.Session()
         self._session.verify = verify
