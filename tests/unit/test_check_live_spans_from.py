@@ -12,25 +12,26 @@ import pytest
 
 from phaseprobe.records import RequestSpan
 from tests.unit.span_store_data import chdb_store
-from tests.unit.test_check_live_cli import FakeReplica, replicas, run_check, verdicts
+from phaseprobe.sources.span_stores.otel_schema import insert_sql, otel_rows
+from phaseprobe.store import Store
+from tests.unit.test_check_live_cli import (
+    FakeReplica,
+    replicas,
+    run_check,
+    stored_spans,
+    verdicts,
+)
 
 __all__ = ["replicas"]  # the fixture, used by name
 
 pytest.importorskip("chdb")
 
 
-def _spans(counts: dict[str, int], end_in_s: float = 0.9) -> list[RequestSpan]:
-    end = time.time_ns() + round(end_in_s * 1e9)
-    spans, i = [], 0
-    for instance, n in counts.items():
-        for _ in range(n):
-            i += 1
-            spans.append(RequestSpan(
-                trace_id=f"{i:032x}", span_id=f"{i:016x}", request_id=f"req-{i}",
-                model="tiny", service="vllm", instance=instance, start_ns=end - 500_000_000,
-                end_ns=end, queue_s=0.005, prefill_s=0.095, decode_s=0.38, inference_s=0.475,
-                ttft_s=0.1, e2e_s=0.5, prompt_tokens=100, completion_tokens=20))
-    return spans
+def _spans(tmp_path: Path, counts: dict[str, int]) -> list[RequestSpan]:
+    """The spans the SQLite test stores (ending within the 1 s window), to write elsewhere."""
+    stored_spans(tmp_path / "made.sqlite", counts)
+    with Store(tmp_path / "made.sqlite", readonly=True) as store:
+        return store.spans()
 
 
 def test_span_rules_read_the_window_from_chdb(replicas: list[FakeReplica], tmp_path: Path):
@@ -38,8 +39,10 @@ def test_span_rules_read_the_window_from_chdb(replicas: list[FakeReplica], tmp_p
     busy = FakeReplica(per_scrape=40, running=8.0)
     idle = FakeReplica(per_scrape=2, running=0.5)
     replicas.extend([router, busy, idle])
-    with chdb_store(tmp_path / "ch", _spans({"r1": 40, "r2": 2})):
-        pass
+    with chdb_store(tmp_path / "ch", []) as ch:  # the table first: chdb starts slowly
+        for sql in insert_sql("default", "otel_traces",
+                              otel_rows(_spans(tmp_path, {"r1": 40, "r2": 2}))):
+            ch.execute(sql)
     code, out, err = run_check(["--live", "--endpoint", router.url, "--replica",
                                 f"r1={busy.url}", "--replica", f"r2={idle.url}",
                                 "--window", "1", "--span-grace", "0", "--json",

@@ -217,17 +217,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
             return Group(*parts)
 
         t0 = time.monotonic()
-        try:
-            if args.json or not out.is_terminal:
-                _sleep_until(deadline, retention.tick)
-            else:
-                with Live(view(), console=out, refresh_per_second=4, transient=False) as live:
-                    while deadline is None or time.monotonic() < deadline:
-                        time.sleep(min(args.refresh, max(0.05, (deadline or 1e18)
-                                                         - time.monotonic())))
-                        live.update(view())
-        except KeyboardInterrupt:
-            interrupted = True
+        interrupted = _follow(args, out, view, deadline, retention.tick)
         if load is not None:
             load.stop()
             # Spans of the last requests leave in the exporter's next batch.
@@ -286,7 +276,6 @@ def _read(args: argparse.Namespace, out: Console, err: Console) -> int:
         raise ConfigError(f"--spans-from reads spans where the fleet's collector keeps them "
                           f"(no receiver here): {', '.join(given)} belong(s) to the receiving "
                           "watch (retention: the store's own TTL, e.g. ClickHouse's ttl)")
-    interrupted = False
     with open_spans(args.spans_from, args.store or default_store_path()) as reader:
         follower = SpanFollower(reader, args.window)
         err.print(f"reading vLLM spans from {escape(reader.where)} every {args.refresh:g} s "
@@ -297,17 +286,7 @@ def _read(args: argparse.Namespace, out: Console, err: Console) -> int:
             return _render_read(follower.poll(), f"live phases · last {args.window:g} s "
                                 f"· {escape(reader.where)}")
 
-        try:
-            if args.json or not out.is_terminal:
-                _sleep_until(deadline)
-            else:
-                with Live(view(), console=out, refresh_per_second=4, transient=False) as live:
-                    while deadline is None or time.monotonic() < deadline:
-                        time.sleep(min(args.refresh, max(0.05, (deadline or 1e18)
-                                                         - time.monotonic())))
-                        live.update(view())
-        except KeyboardInterrupt:
-            interrupted = True
+        interrupted = _follow(args, out, view, deadline)
         whole = follower.final()
         # the interference regression needs each request's windows: over the last window
         # only, so a week-long watch of a fleet does not pull every span
@@ -347,6 +326,24 @@ def _render_read(window: Any, title: str) -> Group:
                      "missing): " + escape(", ".join(f"{k} {n}" for k, n in
                                                      sorted(summary.unconverted.items()))))
     return Group(*parts)
+
+
+def _follow(args: argparse.Namespace, out: Console, view: Callable[[], Group],
+            deadline: float | None, tick: Callable[[], object] = lambda: None) -> bool:
+    """The live view redrawn every ``--refresh`` until ``deadline`` (a terminal), or a quiet
+    wait (--json, a pipe); True when Ctrl-C ended it."""
+    try:
+        if args.json or not out.is_terminal:
+            _sleep_until(deadline, tick)
+        else:
+            with Live(view(), console=out, refresh_per_second=4, transient=False) as live:
+                while deadline is None or time.monotonic() < deadline:
+                    time.sleep(min(args.refresh, max(0.05, (deadline or 1e18)
+                                                     - time.monotonic())))
+                    live.update(view())
+    except KeyboardInterrupt:
+        return True
+    return False
 
 
 def _sleep_until(deadline: float | None, tick: Callable[[], object] = lambda: None) -> None:
