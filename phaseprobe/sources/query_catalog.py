@@ -183,10 +183,33 @@ class Query:
         return expr.replace("$selector", bare_selector(selector)).replace("$window", window)
 
 
+# One PromQL label matcher: a label name, an operator and a quoted string (double, single or
+# backtick quotes, with backslash escapes in the first two), as Prometheus' lexer reads them.
+_MATCHER = re.compile(r"""\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"""
+                      r"""("(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*'|`[^`]*`)\s*""")
+
+
 def bare_selector(selector: str) -> str:
-    """Label matchers without their surrounding braces: ``{a="b"}`` and ``a="b"`` alike."""
+    """Label matchers without their surrounding braces: ``{a="b"}`` and ``a="b"`` alike.
+    The text is parsed as PromQL label matchers (``name op "value"``, comma-separated) and
+    rebuilt from what was parsed, never spliced: anything else (``a="b"}) or vector(1)``)
+    is a ConfigError saying where it stops being a matcher."""
     s = selector.strip()
-    return s[1:-1].strip() if s.startswith("{") and s.endswith("}") else s
+    if s.startswith("{") and s.endswith("}"):
+        s = s[1:-1].strip()
+    matchers: list[str] = []
+    pos = 0
+    while pos < len(s):
+        m = _MATCHER.match(s, pos)
+        if m is None or (m.end() < len(s) and s[m.end()] != ","):
+            at = pos if m is None else m.end()
+            raise ConfigError(f"selector {selector!r} is not PromQL label matchers "
+                              f"(name=\"value\", name=~\"regex\", name!=\"value\", comma-"
+                              f"separated): it stops being one at character {at + 1} "
+                              f"({s[at:at + 20]!r})")
+        matchers.append(m.group(1) + m.group(2) + m.group(3))
+        pos = m.end() + 1
+    return ", ".join(matchers)
 
 
 def _parse(name: str, text: str, source: str) -> Query:

@@ -269,3 +269,24 @@ def test_a_forward_that_is_no_http_url_is_refused_by_argparse(value, capsys):
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert "--forward" in err and "URL" in err and "s3cr3t" not in err
+
+
+# -- item 7: a --selector is parsed as label matchers, never spliced ----------------------------
+
+@pytest.mark.parametrize("selector", ['a="b"}) or vector(1) or (x{',
+                                      '{a="b"} or vector(1) {c="d"}', "a=b", 'a="b" c="d"'])
+def test_a_selector_that_is_not_label_matchers_is_refused_before_any_request(selector, capsys):
+    from phaseprobe.present.cli import main
+    from tests.hostile_cases import dead_url
+
+    url, _ = dead_url()  # nothing listens: a request would be "unreachable", not this error
+    assert main(["query", "--prom", url, "--selector", selector, "ttft_mean"]) == 2
+    err = capsys.readouterr().err
+    assert "is not PromQL label matchers" in err and "unreachable" not in err.lower()
+
+
+def test_a_selector_is_rebuilt_from_its_matchers():
+    from phaseprobe.sources.query_catalog import load_catalog
+
+    expr = load_catalog()["ttft_mean"].render('{model_name="m",instance=~"a\\".*"}', "5m")
+    assert 'model_name="m", instance=~"a\\".*"' in expr
