@@ -22,6 +22,7 @@ import importlib.util
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -70,11 +71,33 @@ Runner = Callable[[Sequence[str], float], Completed]
 
 
 def run_subprocess(argv: Sequence[str], timeout_s: float) -> Completed:
-    """Default :data:`Runner`. Threads are left to torch's default (all cores)."""
-    proc = subprocess.run(list(argv), capture_output=True, text=True, errors="replace",
-                          timeout=timeout_s, stdin=subprocess.DEVNULL,
-                          env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    return Completed(proc.returncode, proc.stdout, proc.stderr)
+    """Default :data:`Runner`. Threads are left to torch's default (all cores).
+
+    The benchmark runs in a process group of its own, killed whole on every way out (done,
+    the timeout, SIGTERM or Ctrl-C reaching phaseprobe, any error): a worker it spawned
+    would otherwise outlive the command, holding its pipes (so the wait never ends) and the
+    cores the next measurement needs."""
+    proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, errors="replace", stdin=subprocess.DEVNULL,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+    finally:
+        _kill_group(proc)
+    return Completed(proc.returncode, stdout, stderr)
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    """SIGKILL to ``proc``'s process group (its leader is ``proc``), then reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # the group is gone already
+    try:
+        proc.communicate(timeout=5)
+    except (subprocess.TimeoutExpired, ValueError, OSError):
+        pass
 
 
 @dataclass(frozen=True)
@@ -125,14 +148,17 @@ class Calibration:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Calibration:
+        """A stored entry, every number checked (finite, positive, of the right type: a
+        string or 1e308 for ``measured_at`` would crash every later reader); a bad one is a
+        CalibrationError naming the key."""
         return cls(
             device=str(d["device"]), device_name=str(d["device_name"]),
-            mem_bandwidth_best_gb_s=float(d["mem_bandwidth_best_gb_s"]),
-            mem_bandwidth_median_gb_s=float(d["mem_bandwidth_median_gb_s"]),
-            matmul_best_tflop_s={str(k): float(v) for k, v in d["matmul_best_tflop_s"].items()},
-            matmul_median_tflop_s={str(k): float(v)
-                                   for k, v in d["matmul_median_tflop_s"].items()},
-            measured_at=float(d["measured_at"]), torch_version=str(d["torch_version"]),
+            mem_bandwidth_best_gb_s=_rate(d, "mem_bandwidth_best_gb_s", "memory bandwidth"),
+            mem_bandwidth_median_gb_s=_rate(d, "mem_bandwidth_median_gb_s",
+                                            "memory bandwidth"),
+            matmul_best_tflop_s=_rates(d, "matmul_best_tflop_s"),
+            matmul_median_tflop_s=_rates(d, "matmul_median_tflop_s"),
+            measured_at=_when(d.get("measured_at")), torch_version=str(d["torch_version"]),
             interpreter=str(d["interpreter"]), raw=dict(d.get("raw") or {}))
 
 
@@ -172,6 +198,25 @@ def _rate(section: Any, key: str, what: str) -> float:
     return float(value)
 
 
+def _rates(d: dict[str, Any], key: str) -> dict[str, float]:
+    section = d.get(key)
+    if not isinstance(section, dict) or not section:
+        raise CalibrationError(f"{key} is not a table of dtype rates ({section!r:.60})")
+    return {str(k): _rate(section, k, f"{key}.{k}") for k in section}
+
+
+# measured_at: unix seconds from 1970 to 2200 (time.gmtime overflows on 1e308; a string or a
+# list is no time at all)
+_EARLIEST, _LATEST = 0.0, 7258118400.0
+
+
+def _when(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) \
+            or not _EARLIEST <= value <= _LATEST:  # NaN fails both comparisons
+        raise CalibrationError(f"measured_at {value!r:.60} is not a time (unix seconds)")
+    return float(value)
+
+
 def parse_output(stdout: str, interpreter: str) -> Calibration:
     """The :class:`Calibration` in the script's stdout: its last line that is a JSON object
     (library warnings may precede it)."""
@@ -200,7 +245,8 @@ def parse_output(stdout: str, interpreter: str) -> Calibration:
         mem_bandwidth_best_gb_s=_rate(doc.get("memory"), "best_gb_s", "memory bandwidth"),
         mem_bandwidth_median_gb_s=_rate(doc.get("memory"), "median_gb_s", "memory bandwidth"),
         matmul_best_tflop_s=best, matmul_median_tflop_s=median,
-        measured_at=float(doc.get("measured_at") or time.time()),
+        measured_at=_when(doc["measured_at"]) if doc.get("measured_at") is not None
+        else time.time(),
         torch_version=str(doc.get("torch_version", "?")), interpreter=interpreter, raw=doc)
 
 
@@ -266,21 +312,34 @@ def load_all(path: Path | None = None) -> dict[str, Calibration]:
     except RecursionError:
         raise ConfigError(f"calibration file {path}: input nested too deeply") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"calibration file {path} cannot be read ({exc}); delete it and "
-                          f"run `phaseprobe calibrate` again") from None
+        raise ConfigError(f"calibration file {path} cannot be read ({exc}); {_REDO}") from None
     devices = doc.get("devices") if isinstance(doc, dict) else None
     if not isinstance(devices, dict):
-        raise ConfigError(f"calibration file {path} is not a phaseprobe calibration file")
+        raise ConfigError(f"calibration file {path} is not a phaseprobe calibration file; "
+                          f"{_REDO}")
     try:
         return {name: Calibration.from_dict(entry) for name, entry in devices.items()}
+    except CalibrationError as exc:
+        raise ConfigError(f"calibration file {path} is damaged: {exc}; {_REDO}") from None
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise ConfigError(f"calibration file {path}: malformed entry ({exc!r})") from None
+        raise ConfigError(f"calibration file {path} is damaged: malformed entry ({exc!r}); "
+                          f"{_REDO}") from None
+
+
+_REDO = "run `phaseprobe calibrate` to measure again (it replaces the file)"
 
 
 def save(cal: Calibration, path: Path | None = None) -> Path:
     """Add or replace ``cal``'s device entry; the file is replaced atomically."""
     path = path or calibration_path()
-    entries = load_all(path)
+    try:
+        entries = load_all(path)
+    except ConfigError:
+        if not path.is_file():
+            raise
+        # a damaged file is what a new measurement replaces: kept aside, never a dead end
+        entries = {}
+        os.replace(path, path.with_name(path.name + ".damaged"))
     entries[cal.device_name] = cal
     doc = {"schema": FILE_SCHEMA, "devices": {k: v.to_dict() for k, v in entries.items()}}
     write_atomic(path, json.dumps(doc, indent=2) + "\n")
