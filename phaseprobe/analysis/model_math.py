@@ -170,14 +170,17 @@ def load_config(path: str | Path) -> tuple[dict[str, Any], str]:
     return doc, str(file)
 
 
-def _int(cfg: dict[str, Any], source: str, *keys: str, default: int | None = None) -> int:
+def _int(cfg: dict[str, Any], source: str, *keys: str, default: int | None = None,
+         minimum: int = 0) -> int:
+    """The first of ``keys`` present: a whole number of at least ``minimum`` (a size that is
+    0 would make every figure derived from it 0, "KV per token 0 B", not an answer)."""
     for key in keys:
         value = cfg.get(key)
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ConfigError(f"model config {source}: {key}={value!r} is not a "
-                              f"non-negative integer")
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            what = "a positive integer" if minimum == 1 else "a non-negative integer"
+            raise ConfigError(f"model config {source}: {key}={value!r} is not {what}")
         return value
     if default is None:
         raise ConfigError(f"model config {source}: no {' / '.join(keys)} (unsupported "
@@ -194,10 +197,11 @@ def parse_shape(cfg: dict[str, Any], source: str = "config.json") -> ModelShape:
     hidden = _int(cfg, source, "hidden_size", "n_embd", "d_model")
     layers = _int(cfg, source, "num_hidden_layers", "n_layer", "num_layers")
     heads = _int(cfg, source, "num_attention_heads", "n_head")
-    vocab = _int(cfg, source, "vocab_size")
+    vocab = _int(cfg, source, "vocab_size", minimum=1)
     if heads == 0 or hidden == 0 or layers == 0:
         raise ConfigError(f"model config {source}: hidden size, layers and heads must be > 0")
-    inter = _int(cfg, source, "intermediate_size", "n_inner", "ffn_dim", default=4 * hidden)
+    inter = _int(cfg, source, "intermediate_size", "n_inner", "ffn_dim", default=4 * hidden,
+                 minimum=1)
     model_type = str(cfg.get("model_type", "unknown"))
     attention = _attention(cfg, source, hidden, heads, model_type)
     act = str(cfg.get("hidden_act", cfg.get("activation_function", "silu"))).lower()
@@ -224,9 +228,12 @@ def _attention(cfg: dict[str, Any], source: str, hidden: int, heads: int,
     if cfg.get("kv_lora_rank"):
         nope = _int(cfg, source, "qk_nope_head_dim")
         rope = _int(cfg, source, "qk_rope_head_dim")
+        if nope + rope == 0:
+            raise ConfigError(f"model config {source}: qk_nope_head_dim + qk_rope_head_dim is "
+                              "0: the attention has no width")
         return AttentionShape(
             kind="mla", num_heads=heads, num_kv_heads=1, head_dim=nope + rope, bias=False,
-            kv_lora_rank=_int(cfg, source, "kv_lora_rank"),
+            kv_lora_rank=_int(cfg, source, "kv_lora_rank", minimum=1),
             q_lora_rank=_int(cfg, source, "q_lora_rank", default=0), qk_rope_head_dim=rope,
             v_head_dim=_int(cfg, source, "v_head_dim", default=nope))
     kv_heads = _int(cfg, source, "num_key_value_heads", "num_kv_heads", default=heads)
@@ -235,7 +242,7 @@ def _attention(cfg: dict[str, Any], source: str, hidden: int, heads: int,
     if hidden % heads and not cfg.get("head_dim"):
         raise ConfigError(f"model config {source}: hidden_size {hidden} is not a multiple of "
                           f"num_attention_heads {heads} and there is no head_dim")
-    head_dim = _int(cfg, source, "head_dim", default=hidden // heads)
+    head_dim = _int(cfg, source, "head_dim", default=hidden // heads, minimum=1)
     if kv_heads == 0 or heads % kv_heads:
         raise ConfigError(f"model config {source}: {heads} attention heads cannot share "
                           f"{kv_heads} KV heads")

@@ -124,3 +124,21 @@ def test_a_damaged_calibration_is_refused_then_replaced_by_a_new_one(tmp_path, m
     save(Calibration.from_dict(_entry()))
     assert load() is not None and load().measured_at == 1.7e9
     assert path.with_name(path.name + ".damaged").exists()
+
+
+@pytest.mark.parametrize("key,value", [("head_dim", 0), ("head_dim", -2), ("head_dim", 1.5),
+                                       ("vocab_size", 0), ("intermediate_size", 0)])
+def test_a_model_config_with_a_zero_size_is_refused_naming_file_and_key(tmp_path, key, value):
+    import json
+
+    from phaseprobe.analysis.model_math import load_config, parse_shape
+    from phaseprobe.errors import ConfigError
+
+    cfg = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100,
+           "intermediate_size": 128, key: value}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    doc, source = load_config(path)
+    with pytest.raises(ConfigError, match=rf"{path}.*{key}={value!r} is not a "):
+        parse_shape(doc, source)
