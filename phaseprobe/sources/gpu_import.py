@@ -264,8 +264,7 @@ def parse_nvidia_smi_csv(lines: Iterable[str], *, source: str = "<nvidia-smi csv
             if len(bad_lines) < MAX_NAMED:
                 bad_lines.append(line_no)
             at = next((i for i, c in enumerate(columns) if c.column == "gpu_index"), None)
-            if at is not None and at < len(parts) and parts[at].isascii() \
-                    and parts[at].isdigit():
+            if at is not None and at < len(parts) and _gpu_index(parts[at]) is not None:
                 bad_gpus.add(int(parts[at]))  # the GPU the skipped line was about
     unknown.update((c.field, None) for c in default if not c.known and headers == 0)
     notes: list[str] = []
@@ -295,6 +294,12 @@ def parse_nvidia_smi_csv(lines: Iterable[str], *, source: str = "<nvidia-smi csv
                      lost_gpus=tuple(sorted(bad_gpus - read_gpus)))
 
 
+def _gpu_index(text: str) -> int | None:
+    """A GPU index: digits, and few of them (10**400 would overflow the frame's int64 column,
+    and Python refuses to convert 4,300 digits and more)."""
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 5 else None
+
+
 def _row(parts: list[str], columns: list[_Column], tz: tzinfo | None) -> dict[str, Any]:
     if len(parts) != len(columns):
         raise _Bad(f"{len(parts)} fields, the header has {len(columns)}")
@@ -305,10 +310,10 @@ def _row(parts: list[str], columns: list[_Column], tz: tzinfo | None) -> dict[st
         elif col.column == "t_ns":
             row["t_ns"] = _timestamp(text, tz)
         elif col.column == "gpu_index":
-            # digits, and few of them: 10**400 would overflow the frame's int64 column
-            if not (text.isascii() and text.isdigit() and len(text) <= 5):
+            index = _gpu_index(text)
+            if index is None:
                 raise _Bad(f"index {text[:20]!r} is not a GPU index")
-            row["gpu_index"] = int(text)
+            row["gpu_index"] = index
         else:
             row[col.column] = _number(text, col)
     return row

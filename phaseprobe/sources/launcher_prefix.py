@@ -37,11 +37,14 @@ import numpy as np
 __all__ = ["LauncherPrefix", "read_prefix", "prefix_ends", "PREFIX_PAD"]
 
 _SHAPES = re.compile(
-    r"(?:(?P<srun>P(?P<het>\d+) +)?(?P<pad> *)(?P<task>\d{1,7}): "
+    r"(?:(?P<srun>P(?P<het>\d{1,12}) {1,64})?(?P<pad> {0,64})(?P<task>\d{1,7}): "
     r"|(?P<step>\d{1,7})\.(?P<stask>\d{1,7}): "
-    r"|\[(?P<job>\d+),(?P<mrank>\d+)\]<std(?:out|err|diag)>: ?"
-    r"|\[(?P<role>[A-Za-z_][A-Za-z_-]*?)(?P<lrank>\d{1,7})\]: ?"
-    r"|(?P<host>[A-Za-z][\w.-]*\d[\w.-]*): )")
+    r"|\[(?P<job>\d{1,12}),(?P<mrank>\d{1,12})\]<std(?:out|err|diag)>: ?"
+    r"|\[(?P<role>[A-Za-z_][A-Za-z_-]{0,63}?)(?P<lrank>\d{1,7})\]: ?"
+    # a host name is at most 253 characters (DNS): the lookahead bounds the backtracking,
+    # so a 10 MB line of name characters costs one bounded look, not a quadratic search
+    r"|(?P<host>(?=[\w.-]{1,253}: )[A-Za-z][\w.-]*\d[\w.-]*): )")
+_HOST_MAX = 253
 _MAX_STACK = 3  # srun + torchrun + PyTorch's own [rankN]: is the deepest seen
 
 
@@ -203,10 +206,12 @@ def _tag_ends(arr: np.ndarray, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         pos = p[idx] + 1
         seen = np.zeros(idx.size, dtype=bool)
         act = np.flatnonzero(_HOST[arr[pos]])
-        while act.size:
+        k = 1  # the name's first letter is already behind pos
+        while act.size and k < _HOST_MAX:  # longer is no host name (the regex's bound)
             seen[act] |= _DIGIT[arr[pos[act]]]
             pos[act] += 1
             act = act[_HOST[arr[pos[act]]]]
+            k += 1
         ok = seen & (arr[pos] == 0x3A) & (arr[pos + 1] == 0x20)
         end[idx[ok]] = pos[ok] + 2
     return end, stderr
