@@ -206,12 +206,12 @@ def _tag_ends(arr: np.ndarray, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         pos = p[idx] + 1
         seen = np.zeros(idx.size, dtype=bool)
         act = np.flatnonzero(_HOST[arr[pos]])
-        k = 1  # the name's first letter is already behind pos
-        while act.size and k < _HOST_MAX:  # longer is no host name (the regex's bound)
+        steps = 1  # the name's first letter is already behind pos
+        while act.size and steps < _HOST_MAX:  # longer is no host name (the regex's bound)
             seen[act] |= _DIGIT[arr[pos[act]]]
             pos[act] += 1
             act = act[_HOST[arr[pos[act]]]]
-            k += 1
+            steps += 1
         ok = seen & (arr[pos] == 0x3A) & (arr[pos + 1] == 0x20)
         end[idx[ok]] = pos[ok] + 2
     return end, stderr
