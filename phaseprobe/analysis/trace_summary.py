@@ -13,6 +13,7 @@ from typing import Any, TypedDict, cast
 
 import pandas as pd
 
+from phaseprobe.analysis import nvtx_layers
 from phaseprobe.analysis import timeline as tla
 from phaseprobe.errors import TraceError
 from phaseprobe.inputs import input_problem
@@ -53,6 +54,9 @@ class TraceDoc(TypedDict, total=False):
     idle_gap_min_ns: int
     top_kernels: list[Record]  # TOP_COLUMNS (stats: the report's own columns)
     ranges: RangesDoc
+    # nsys: vLLM's layerwise NVTX ranges, time per layer kind in prefill and decode
+    # (analysis.nvtx_layers; ``present`` false, with a note, when the capture has none)
+    layers: nvtx_layers.LayersDoc
     api: list[Record]  # nsys: runtime API summary (name, count, time_ns)
     comms: list[Record]  # Kineto: collectives with their args
     # nsys stats (CSV or console text)
@@ -298,6 +302,8 @@ def _document(file: str, source: str, meta: dict[str, str], names: dict[str, str
     }
     if api is not None:
         doc["api"] = records(api.head(top))
+    if source == "nsys":  # NVTX exists only in Nsight captures, not in Kineto traces
+        doc["layers"] = nvtx_layers.layer_summary(breakdown)
     return doc
 
 
@@ -327,6 +333,9 @@ def summarize_stats_csv(report: Any, file: str, top: int = 15) -> TraceDoc:
         shown = df.sort_values(by, ascending=False, kind="stable") if by else df
         doc["table"] = records(shown.head(top))
         doc["table_sorted_by"] = by
+        if report.report == "nvtx_sum" and {"range", "total_time_ns", "instances"} <= set(df):
+            doc["layers"] = nvtx_layers.layer_summary_of_totals(
+                df["range"], df["total_time_ns"], df["instances"])
     doc.setdefault("classes", [])
     if getattr(report, "account", None) is not None:
         doc["completeness"] = dict(report.account)

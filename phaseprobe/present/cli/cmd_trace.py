@@ -148,10 +148,29 @@ def _emit_one(out: Console, doc: Mapping[str, Any], heading: bool) -> None:
             "communication_ns", "memory_ns"])
     _table(out, "ranges by name", ranges.get("by_name", []),
            ["domain", "name", "count", "dur_ns", "compute_ns", "communication_ns", "memory_ns"])
+    _layers(out, doc.get("layers"))
     for key, title in (("comms", "collectives"), ("api", "CUDA API (CPU side)"),
                        ("table", doc.get("report", "report"))):
         if doc.get(key):
             _table(out, title, doc[key], list(doc[key][0].keys()))
+
+
+def _layers(out: Console, layers: Mapping[str, Any] | None) -> None:
+    """vLLM's layerwise NVTX ranges: time per layer kind in prefill and decode, or the line
+    that says the capture has none."""
+    if not layers:
+        return
+    if not layers.get("present"):
+        out.print(f"[dim]vLLM layers: not present: {escape(str(layers.get('note', '')))}[/dim]")
+        return
+    out.print(f"vLLM layers: {escape(str(layers.get('note', '')))}; phases from "
+              f"{escape(str(layers.get('phase_from', '')))}; shares of "
+              f"{escape(str(layers.get('share_of', '')))}")
+    _table(out, "forward passes per phase (vLLM layerwise ranges)", layers.get("steps", []),
+           ["phase", "steps", "tokens", "min_tokens", "max_tokens", "forward_ns"])
+    _table(out, "time per layer kind", layers.get("kinds", []),
+           ["phase", "kind", "ranges", "layers", "dur_ns", "share_pct", "mean_ns", "gpu_ns",
+            "gpu_share_pct"])
 
 
 # column suffix → (header unit, cell scale): times are stored in ns and shown in ms
@@ -175,7 +194,7 @@ def _table(out: Console, title: str, rows: list[dict[str, Any]], cols: list[str]
     t = Table(title=title, title_justify="left")
     for c in cols:
         t.add_column(header(c), justify="left" if c in ("device", "name", "cls",
-                     "category", "phase", "domain", "prev_name", "next_name", "prev_cls",
+                     "category", "phase", "kind", "domain", "prev_name", "next_name", "prev_cls",
                      "collective") else "right", overflow="fold", max_width=60)
     for r in rows:
         t.add_row(*[_cell(c, r.get(c)) for c in cols])
