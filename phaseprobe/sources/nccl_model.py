@@ -241,11 +241,20 @@ class NcclLog:
         """Program output written without a newline sticks to the next header ("0mew0:64904:…"
         from "…  0" + "mew0:64904:…"): a host that ends with the name of another host of the
         same pid is that host."""
-        alias: dict[tuple[str, int], str] = {}
+        # Linear: each host's proper suffixes are looked up among its pid's hosts (a host is at
+        # most 253 characters), not compared with every other process (100,000 processes).
+        hosts_of: dict[int, set[str]] = {}
         for host, pid in self.processes:
-            for other, opid in self.processes:
-                if opid == pid and len(host) > len(other) and host.endswith(other):
-                    alias[(host, pid)] = other
+            hosts_of.setdefault(pid, set()).add(host)
+        alias: dict[tuple[str, int], str] = {}
+        for pid, hosts in hosts_of.items():
+            if len(hosts) < 2:
+                continue
+            for host in hosts:
+                for i in range(1, len(host)):  # the longest suffix that is a host wins
+                    if host[i:] in hosts:
+                        alias[(host, pid)] = host[i:]
+                        break
         if not alias:
             return
 
