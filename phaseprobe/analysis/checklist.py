@@ -25,6 +25,7 @@ from phaseprobe.analysis.rules import (
     kv_residency,
     kv_transfer,
     latency,
+    layers,
     live,
     live_pd,
     live_spans,
@@ -61,6 +62,8 @@ RULES: tuple[Rule, ...] = (
          "GPU memory samples (+ server log to confirm)"),
     Rule("idle_gaps", "Idle gaps in the timeline trace?", parallel.idle_gaps,
          "trace summary (--trace / --nsys)"),
+    Rule("layer_time", "Which layer kind takes prefill's and decode's time (vLLM's NVTX)?",
+         layers.layer_time, "Nsight export with vLLM's layerwise NVTX ranges (--nsys)"),
     Rule("scaling_regression", "Latency up after adding GPUs?", latency.scaling_regression,
          "baseline experiment + GPU counts of both"),
     # Issue 8's additions.
