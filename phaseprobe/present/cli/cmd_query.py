@@ -17,7 +17,7 @@ import math
 import re
 import time
 from datetime import UTC, datetime
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 from rich.console import Console
 from rich.markup import escape
@@ -143,6 +143,12 @@ def register(subparsers: Any) -> None:
     tls.add_argument("--ca-bundle", metavar="FILE", help="CA bundle to verify TLS with")
     p.add_argument("--timeout", type=seconds, default=10.0, metavar="SECONDS",
                    help="per-request timeout (default: 10)")
+    p.add_argument("--peaks", metavar="GPU", default=None,
+                   help="divide the per-GPU achieved FLOP/s and bytes/s (achieved_flops_per_gpu, "
+                        "achieved_mem_bandwidth_per_gpu) by this GPU's datasheet peak: MFU "
+                        "and MBU (e.g. h100-sxm; an unknown name lists the known ones)")
+    p.add_argument("--dtype", choices=("bf16", "fp16", "fp8"), default="bf16",
+                   help="which tensor peak MFU is against (default: bf16)")
     p.add_argument("--show-expr", action="store_true", help="also print the PromQL sent")
     p.add_argument("--json", action="store_true", help="print one JSON document to stdout")
 
@@ -169,6 +175,7 @@ def cmd_query(args: argparse.Namespace, out: Console, err: Console) -> int:
         raise ConfigError("--step needs --range START END")
     window = args.window
     queries[0].render(args.selector, window)  # a bad --window fails before any request
+    peaks = _peaks(args)  # so does an unknown --peaks
     # so do a backwards --range, a bad --step and a bad --at
     at: float | None = None
     if args.range:
@@ -189,6 +196,9 @@ def cmd_query(args: argparse.Namespace, out: Console, err: Console) -> int:
         else:
             results = prom.instant(queries, selector=args.selector, window=window, at=at)
         doc = _document(prom.shown_url, args, catalog, results)
+    if peaks is not None:
+        for entry in doc["queries"]:
+            _against_peak(entry, *peaks)
     if args.json:
         out.out(jsonout.dumps(doc), highlight=False)
     else:
@@ -218,6 +228,18 @@ class QueryEntry(TypedDict):
     # Sample.to_dict (labels, t in unix s, value) or Series.to_dict (labels, points [unix s,
     # value]); None for a non-finite value
     result: list[dict[str, Any]]
+    of_peak: NotRequired[OfPeak]  # with --peaks, for the per-GPU achieved rates
+
+
+class OfPeak(TypedDict):
+    """A per-GPU achieved rate as a fraction of a datasheet peak (MFU, MBU)."""
+
+    measure: str  # "MFU" | "MBU"
+    gpu: str
+    peak: float  # in the query's unit
+    source: str  # the datasheet the peak comes from
+    result: list[dict[str, Any]]  # as ``result``, each value divided by ``peak``
+    beats_peak: bool  # some value above 1: the peak (or the estimate) is wrong
 
 
 class QueryDoc(TypedDict):
@@ -248,6 +270,41 @@ def _document(url: str, args: argparse.Namespace, catalog: dict[str, Query],
                         "error": None, "result": rows})
     return {"prometheus": url, "selector": args.selector, "window": args.window,
             "range": args.range, "step": args.step, "queries": entries}
+
+
+# The per-GPU achieved rates and which datasheet peak each is held against.
+_PEAK_OF = {"achieved_flops_per_gpu": "MFU", "achieved_mem_bandwidth_per_gpu": "MBU"}
+
+
+def _peaks(args: argparse.Namespace) -> tuple[Any, str] | None:
+    """(the GPU's datasheet row, dtype) for --peaks; ConfigError for an unknown GPU."""
+    if args.peaks is None:
+        return None
+    from phaseprobe.analysis.gpu_peaks import lookup
+
+    return lookup(args.peaks), args.dtype
+
+
+def _against_peak(entry: QueryEntry, spec: Any, dtype: str) -> None:
+    """``entry`` with its values as a fraction of the GPU's peak, when it is a per-GPU rate."""
+    measure = _PEAK_OF.get(entry["name"])
+    if measure is None or entry["error"]:
+        return
+    peak = (spec.dense_flops_per_s(dtype) if measure == "MFU"
+            else spec.mem_bandwidth_bytes_per_s)
+    if not peak:
+        return
+
+    def share(v: Any) -> Any:
+        return None if v is None else v / peak
+
+    rows = [({**r, "points": [[t, share(v)] for t, v in r["points"]]} if "points" in r
+             else {**r, "value": share(r.get("value"))}) for r in entry["result"]]
+    values = [v for r in rows for v in ([p[1] for p in r["points"]] if "points" in r
+                                        else [r["value"]]) if v is not None]
+    entry["of_peak"] = {"measure": measure, "gpu": spec.name, "peak": peak,
+                        "source": spec.source, "result": rows,
+                        "beats_peak": any(v > 1 for v in values)}
 
 
 def _fmt(value: Any, unit: str) -> str:
@@ -287,6 +344,17 @@ def _render(out: Console, err: Console, doc: QueryDoc, show_expr: bool) -> None:
                               _fmt(pts[-1][1], e["unit"]) if pts else "-")
             else:
                 table.add_row(e["name"], _labels(row["labels"]), _fmt(row["value"], e["unit"]))
+        peak = e.get("of_peak")
+        if peak is not None:
+            for row in peak["result"]:
+                v = row["points"][-1][1] if "points" in row and row["points"] else row.get("value")
+                table.add_row(f"  {peak['measure']} ({peak['gpu']})", _labels(row["labels"]),
+                              *([""] if ranged else []), _fmt(v, "fraction"))
+            if peak["beats_peak"]:
+                err.print(f"[red]{e['name']} beats the {escape(peak['gpu'])} peak "
+                          f"({peak['peak']:.4g} {e['unit']}): that bound is wrong (another GPU, "
+                          "another dtype, or vLLM's estimate counts more than the peak's "
+                          "arithmetic)")
         if show_expr and e["expr"]:
             out.print(f"[dim]{e['name']}:[/] {escape(e['expr'])}", highlight=False, soft_wrap=True)
     out.print(table)
