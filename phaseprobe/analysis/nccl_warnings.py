@@ -36,7 +36,6 @@ may carry the other record's last characters.
 
 from __future__ import annotations
 
-import gzip
 import re
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -44,7 +43,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from phaseprobe.sources.nccl_split import reading
+from phaseprobe.sources.nccl_split import open_log, reading
 
 __all__ = ["Finding", "classify_warnings", "classify_file", "classify_numbered", "by_category",
            "CATEGORIES", "NCCL_RESULTS"]
@@ -277,10 +276,9 @@ def classify_file(path: str | Path, source: str | None = None) -> list[Finding]:
 
 
 def _candidates(p: Path) -> Iterator[tuple[int, bytes]]:
-    opener: Any = gzip.open if p.suffix == ".gz" else open
     line_no = 0  # lines before the buffer
     carry = b""
-    with opener(p, "rb") as fh:
+    with open_log(p)[1] as fh:
         while True:
             block = fh.read(_CHUNK)
             buf = carry + block if block else carry

@@ -8,7 +8,7 @@ keeps what it committed). Gzipped files (``.gz``) are read as they are.
 
 from __future__ import annotations
 
-import gzip
+from functools import partial
 import json
 import zlib
 from collections.abc import Callable, Iterator
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from phaseprobe.errors import OtlpError
-from phaseprobe.inputs import input_problem
+from phaseprobe.inputs import input_problem, open_stream
 from phaseprobe.sources.otlp_spans import SpanBatch, decode_json
 from phaseprobe.sources.read_account import ReadAccount
 from phaseprobe.store import Store
@@ -152,10 +152,10 @@ def _stream_lines(path: Path) -> Iterator[tuple[int, bytes]]:
 
 @contextmanager
 def _reading(path: Path) -> Iterator[Any]:
-    """The file open for bytes (a .gz one decompressed); an error reading it is an OtlpError."""
-    opener: Any = gzip.open if path.suffix == ".gz" else open
+    """The file open for bytes (a gzip one decompressed within the limits of
+    :func:`phaseprobe.inputs.open_stream`); an error reading it is an OtlpError."""
     try:
-        with opener(path, "rb") as f:
+        with open_stream(path, partial(OtlpError, str(path)))[1] as f:
             yield f
     except (OSError, EOFError, zlib.error) as exc:
         raise OtlpError(str(path), f"cannot read: {getattr(exc, 'strerror', None) or exc}"

@@ -27,7 +27,6 @@ as its rest, and the record is read as if it had been written whole, where its h
 
 from __future__ import annotations
 
-import gzip
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
@@ -510,13 +509,6 @@ def parse_lines(lines: Iterable[str], source: str = "<lines>", strict: bool = Fa
     return parser.state.finish()
 
 
-def _open(path: Path) -> tuple[Any, Any]:
-    """The file opened ``"rb"`` and the stream to read (the same, or a ``GzipFile`` over it:
-    progress is the compressed offset)."""
-    raw = open(path, "rb")  # closed by the caller, after the stream
-    return raw, (gzip.GzipFile(fileobj=raw) if path.suffix == ".gz" else raw)
-
-
 def _report(report: Callable[[str, int, int], None], src: str, size: int, pos: int) -> None:
     report(src, pos, size)
 
@@ -539,7 +531,7 @@ def parse_files(paths: Iterable[str | Path], strict: bool = False,
         path = Path(p)
         with reading(path):
             size = path.stat().st_size
-            raw, stream = _open(path)
+            raw, stream = nccl_split.open_log(path)  # progress: the compressed offset
             on_pos = (partial(_report, on_progress, str(path), size)
                       if on_progress is not None else None)
             with raw, stream:

@@ -34,10 +34,11 @@ from pathlib import Path
 from typing import Any
 
 from phaseprobe.errors import ConfigError
+from phaseprobe.inputs import open_stream, path_problem
 from phaseprobe.sources.nccl_lines import Fold, FoldKey, count_block
 
 __all__ = ["read_blocks", "Tail", "Part", "SPLIT_MIN", "COUNTED", "LINES", "BLOCKS", "cpus",
-           "reading"]
+           "reading", "open_log"]
 
 SPLIT_MIN = 64 << 20  # files at least this big are read by two processes (when there are 2 CPUs)
 _SEGMENT = 64  # blocks per segment (16 MB with 256 kB blocks)
@@ -54,13 +55,21 @@ Part = tuple[int, int, int, tuple[int, int, list[Fold]] | None]
 @contextmanager
 def reading(path: Path) -> Iterator[None]:
     """What the NCCL readers raise about their input file: a ConfigError naming it when it is
-    missing or cannot be read (an I/O error, a corrupt or truncated gzip)."""
-    if not path.is_file():
-        raise ConfigError(f"{path}: no such file")
+    missing, not a regular file (named: a directory, a FIFO, a symlink loop, ``-``...) or
+    cannot be read (an I/O error, a corrupt or truncated gzip, one expanding past its limit)."""
+    problem = path_problem(path)
+    if problem:
+        raise ConfigError(f"{path}: {problem}")
     try:
         yield
     except (OSError, EOFError, gzip.BadGzipFile, zlib.error) as exc:
         raise ConfigError(f"{path}: cannot read ({exc})") from exc
+
+
+def open_log(path: Path) -> tuple[Any, Any]:
+    """``(raw, stream)`` of an NCCL input file (see :func:`phaseprobe.inputs.open_stream`): a
+    gzip one decompressed within its limits, a ConfigError naming the file past them."""
+    return open_stream(path, lambda reason: ConfigError(f"{path}: {reason}"))
 
 
 def read_blocks(stream: Any, start: int, limit: int | None,

@@ -44,7 +44,6 @@ rejected on their first byte or two without reaching Python; only candidates are
 from __future__ import annotations
 
 import bisect
-import gzip
 import math
 import re
 from collections.abc import Callable, Iterable
@@ -58,7 +57,7 @@ import numpy as np
 from phaseprobe.format import MISSING
 from phaseprobe.sources.launcher_prefix import PREFIX_PAD, prefix_ends
 from phaseprobe.sources.read_account import MAX_NAMED, ReadAccount
-from phaseprobe.sources.nccl_split import reading
+from phaseprobe.sources.nccl_split import open_log, reading
 
 __all__ = [
     "NcclTestsRow", "NcclTestsParams", "NcclTestsDevice", "NcclTestsTable", "NcclTestsResult",
@@ -1170,8 +1169,7 @@ def _parse_file(p: Path, source: str, on_progress: Callable[[int], None] | None,
     buf = bytearray(size + len(_PAD))
     carry = 0
     tail = b""
-    opener: Any = gzip.open if p.suffix == ".gz" else open
-    with opener(p, "rb") as fh:
+    with open_log(p)[1] as fh:
         while True:
             with memoryview(buf) as view:
                 got = fh.readinto(view[carry:size])

@@ -16,13 +16,14 @@ NCCL kernels keep their communication args (``Collective name``, ``In msg nelems
 
 from __future__ import annotations
 
-import gzip
+import io
 import json
 import math
 import os
 import time
 import zlib
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
@@ -31,6 +32,7 @@ import pandas as pd
 import requests
 
 from phaseprobe.errors import TraceError
+from phaseprobe.inputs import open_stream
 from phaseprobe.sources.read_account import ReadAccount
 from phaseprobe.trace_records import Timeline, empty_activities, empty_ranges, trace_file
 
@@ -130,15 +132,19 @@ def _open_text(path: Path) -> IO[str]:
         raise TraceError(str(path), "not a torch-profiler trace: this is an Nsight Systems "
                                     "report; export it with `nsys export --type sqlite` and "
                                     "use `phaseprobe nsys`")
-    with open(path, "rb") as raw:
+    raw, stream = open_stream(path, partial(TraceError, str(path)), by_name=False)
+    try:
         head = raw.read(16)
+        raw.seek(0)
+    except BaseException:
+        stream.close()
+        raise
     if head.startswith(_SQLITE_MAGIC):
+        stream.close()
         raise TraceError(str(path), "not a torch-profiler trace: this is an SQLite database "
                                     "(an Nsight Systems export?): use `phaseprobe nsys`")
-    magic = head[:2]
-    if magic == b"\x1f\x8b":
-        return gzip.open(path, "rt", encoding="utf-8")
-    return open(path, encoding="utf-8")
+    # a gzip file is decompressed within the limits of phaseprobe.inputs.open_stream
+    return io.TextIOWrapper(stream, encoding="utf-8")
 
 
 def iter_trace(path: str | os.PathLike[str], header: dict[str, Any],
