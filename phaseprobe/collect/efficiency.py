@@ -11,6 +11,7 @@ model's is refused, naming the fields that differ.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
@@ -41,22 +42,85 @@ if TYPE_CHECKING:  # numpy: imported with the report only
 __all__ = ["BOUND_MODEL", "WorkReport", "check_against_server", "efficiency_report",
            "roofline_report", "work_report", "fetch_server_info",
            "kv_reservation_report", "model_config_mismatches", "model_config_path", "preflight",
-           "resolve_peaks", "served_dtype", "validate_options"]
+           "resolve_peaks", "served_dtype", "validate_options", "allowed_model_roots",
+           "model_root_note", "MODEL_ROOT_ENV"]
+
+MODEL_ROOT_ENV = "PHASEPROBE_MODEL_ROOT"
 
 
 def model_config_path(server_info: Mapping[str, Any], explicit: str | None) -> Path | None:
-    """``--model-config``, else the served model's ``root`` when it is a local directory."""
+    """``--model-config``, else the served model's ``root`` when it is a local directory
+    inside one the user allowed (:func:`allowed_model_roots`)."""
     if explicit:
         return Path(explicit)
-    return _served_root(server_info)
+    return _served_root(server_info, None)[0]
 
 
-def _served_root(server_info: Mapping[str, Any]) -> Path | None:
+def allowed_model_roots(explicit: str | Path | None = None) -> list[Path]:
+    """Where a server-named ``root`` may be read, resolved: ``--model-config``'s directory,
+    the local vLLM's model directory, and each directory of ``$PHASEPROBE_MODEL_ROOT``
+    (``os.pathsep``-separated). A server names any path it likes: only these are trusted."""
+    from phaseprobe.local.venv import default_model_dir
+
+    given = [default_model_dir()]
+    if explicit:
+        p = Path(explicit).expanduser()
+        given.append(p if p.is_dir() else p.parent)
+    given += [Path(d).expanduser() for d in os.environ.get(MODEL_ROOT_ENV, "").split(os.pathsep)
+              if d.strip()]
+    roots = []
+    for d in given:
+        try:
+            roots.append(d.resolve())
+        except (OSError, RuntimeError, ValueError):
+            continue  # a loop or a bad name allows nothing
+    return roots
+
+
+def _inside(path: Path, roots: list[Path]) -> bool:
+    return any(path == r or path.is_relative_to(r) for r in roots)
+
+
+def _served_root(server_info: Mapping[str, Any], explicit: str | Path | None
+                 ) -> tuple[Path | None, str | None]:
+    """(the served model's directory, None), or (None, why a directory the server named was
+    not read). The path is resolved (``..``, symlinks: the directory's and its config.json's)
+    before it is compared; the server's value is never quoted (it is the server's text)."""
+    roots: list[Path] | None = None
+    refused = 0
     for model in server_info.get("models") or []:
         root = model.get("root") if isinstance(model, dict) else None
-        if root and (Path(root) / "config.json").is_file():
-            return Path(root)
-    return None
+        if not isinstance(root, str) or not root:
+            continue
+        try:
+            if not (Path(root) / "config.json").is_file():
+                continue  # a hub name such as org/model: nothing local to read
+            real = (Path(root) / "config.json").resolve(strict=True)
+        except (OSError, RuntimeError, ValueError):
+            continue
+        if roots is None:
+            roots = allowed_model_roots(explicit)
+        directory = Path(root).resolve()
+        if Path(root).is_absolute() and _inside(directory, roots) and _inside(real, roots):
+            return directory, None
+        refused += 1
+    if not refused:
+        return None, None
+    return None, (f"the server's /v1/models names a model directory outside those phaseprobe "
+                  f"may read (--model-config's, the local vLLM's, ${MODEL_ROOT_ENV}): not read; "
+                  f"pass --model-config PATH, or add its parent to ${MODEL_ROOT_ENV}")
+
+
+def model_root_note(server_info: Mapping[str, Any], explicit: str | None = None) -> str | None:
+    """Why the server's ``root`` was not read as the model's directory, when it was refused
+    (outside every allowed directory); None when it was read, or named nothing local."""
+    return _served_root(server_info, explicit)[1]
+
+
+def _unreachable(server_info: Mapping[str, Any]) -> str:
+    note = model_root_note(server_info)
+    return ("the model's config.json is not reachable from here"
+            + (f" ({note})" if note else ": pass --model-config PATH"))
 
 
 def resolve_peaks(choice: str | None, dtype: str = "bf16") -> Peaks | None:
@@ -81,7 +145,7 @@ def model_config_mismatches(path: Path, server_info: Mapping[str, Any]) -> list[
     """What the server reports that ``path``'s config contradicts. The served model's own
     config.json (``root``) is the served model by definition: nothing to check."""
     cfg, given_source = model_math.load_config(path)
-    root = _served_root(server_info)
+    root = _served_root(server_info, path)[0]
     served: dict[str, Any] | None = None
     source = ""
     if root is not None:
@@ -149,8 +213,9 @@ def preflight(endpoint: str, api_key: str | None, peaks_choice: str | None,
     warnings = check_against_server(info, model_config, force=force)
     if peaks_choice is not None and model_config_path(info, model_config) is None:
         warnings.append("--peaks given, but the served model's config.json is not reachable "
-                        "from here (/v1/models names no local directory): pass --model-config "
-                        "PATH, or the roofline will be skipped")
+                        "from here (" + (model_root_note(info) or "/v1/models names no local "
+                                         "directory") + "): pass --model-config PATH, or the "
+                        "roofline will be skipped")
     return warnings
 
 
@@ -225,8 +290,7 @@ def work_report(runs: Sequence[Run], server_info: Mapping[str, Any], *,
     try:
         path = model_config_path(server_info, model_config)
         if path is None:
-            return {"skipped": "the model's config.json is not reachable from here: pass "
-                               "--model-config PATH"}
+            return {"skipped": _unreachable(server_info)}
         if model_config_mismatches(path, server_info) and not force:
             return {"skipped": f"{path} is not the served model's config"}
         cost = model_cost_from_config(path)
@@ -278,8 +342,7 @@ def roofline_report(runs: Sequence[Run], server_info: Mapping[str, Any], *,
     try:
         path = model_config_path(server_info, model_config)
         if path is None:
-            return {"skipped": "the model's config.json is not reachable from here: pass "
-                               "--model-config PATH"}
+            return {"skipped": _unreachable(server_info)}
         mismatches = model_config_mismatches(path, server_info)
         if mismatches:
             if not force:

@@ -34,6 +34,14 @@ from phaseprobe.errors import ConfigError
 from phaseprobe.present.cli.console import render_efficiency
 from phaseprobe.records import ClientTimeline, Isolation, Run, ServerPhases
 
+
+@pytest.fixture(autouse=True)
+def _model_root(tmp_path_factory: pytest.TempPathFactory,
+                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The test's model directories (under pytest's temp dir) are ones the user allowed: a
+    server's /v1/models root is read only inside such a directory (issue 33 item 4)."""
+    monkeypatch.setenv("PHASEPROBE_MODEL_ROOT", str(tmp_path_factory.getbasetemp()))
+
 # The local vLLM's tiny model (phaseprobe.local.tiny_model), as its config.json says.
 TINY = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "dtype": "bfloat16",

@@ -21,6 +21,13 @@ from phaseprobe.present.cli.console import prompt_sources_line, render_work
 from phaseprobe.records import ClientTimeline, Isolation, Run, ServerPhases
 from phaseprobe.sources.vllm_metrics import parse_exposition
 
+
+@pytest.fixture(autouse=True)
+def _model_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The test's model directories (under tmp_path) are ones the user allowed: a server's
+    /v1/models root is read only inside such a directory (issue 33 item 4)."""
+    monkeypatch.setenv("PHASEPROBE_MODEL_ROOT", str(tmp_path))
+
 LAB = 'engine="0",model_name="tiny"'
 TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
         "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
