@@ -252,3 +252,35 @@ def test_a_refused_root_is_never_read_nor_quoted_into_the_report(allowed: Path,
     rep = roofline_report([], _info(str(outside)), peaks_choice="h100-sxm", model_config=None)
     text = json.dumps(rep)
     assert "outside" in rep["skipped"] and SECRET not in text and str(outside) not in text
+
+
+# -- item 6: gpu import of many GPUs ------------------------------------------------------------
+
+def test_gpu_summary_is_the_per_gpu_statistics_and_the_table_stops(tmp_path: Path) -> None:
+    import pandas as pd
+    from rich.console import Console
+
+    from phaseprobe.present.cli import cmd_gpu
+
+    n = cmd_gpu.TABLE_GPUS + 6
+    frame = pd.DataFrame({"gpu_index": [i % n for i in range(3 * n)],
+                          "t_ns": [i * 10**9 for i in range(3 * n)],
+                          "mem_used_bytes": [float(i) if i % 4 else float("nan")
+                                             for i in range(3 * n)],
+                          "mem_total_bytes": 80.0, "util_gpu_pct": float("nan"),
+                          "util_mem_pct": 5.0, "power_w": [float(i % 7) for i in range(3 * n)],
+                          "sm_clock_mhz": 1400.0, "temperature_c": 60.0})
+    rows = cmd_gpu.gpu_summary(frame)
+    assert [r["gpu_index"] for r in rows] == list(range(n))
+    for r in rows:  # against each GPU's own samples, NaN skipped
+        g = frame[frame.gpu_index == r["gpu_index"]]
+        mem = g.mem_used_bytes.dropna()
+        assert r["samples"] == 3 and r["span_s"] == 2 * n
+        assert r["mem_used_min_bytes"] == (mem.min() if len(mem) else None)
+        assert r["mem_used_median_bytes"] == (mem.median() if len(mem) else None)
+        assert r["power_mean_w"] == g.power_w.mean() and r["util_gpu_mean_pct"] is None
+    buf = io.StringIO()
+    cmd_gpu._render_summary(Console(file=buf, width=300), rows, "t", None)
+    text = buf.getvalue()
+    assert f"and 6 more GPUs (indices {n - 6}–{n - 1}, 18 samples" in text
+    assert f"│ {n - 1} " not in text
