@@ -23,16 +23,17 @@ import json
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
-
-from google.protobuf import json_format
-from google.protobuf.message import DecodeError
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
-from opentelemetry.proto.trace.v1.trace_pb2 import Span
+from typing import TYPE_CHECKING, Any
 
 from phaseprobe.errors import OtlpError
 from phaseprobe.records import CountedSpan, RequestSpan
+
+if TYPE_CHECKING:  # protobuf and the OTLP classes load when a payload is decoded, not before
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+    from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 __all__ = ["ATTRIBUTE_ALIASES", "SpanBatch", "decode_protobuf", "decode_json", "decode_request",
            "hex_ids_to_base64", "VLLM_SPAN_NAME", "MAX_ATTRIBUTES_STORED"]
@@ -97,6 +98,11 @@ class SpanBatch:
 
 def decode_protobuf(payload: bytes, source: str) -> SpanBatch:
     """An ``ExportTraceServiceRequest`` in protobuf bytes (OTLP/HTTP ``application/x-protobuf``)."""
+    from google.protobuf.message import DecodeError
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
     message = ExportTraceServiceRequest()
     try:
         message.ParseFromString(payload)
@@ -109,6 +115,11 @@ def decode_protobuf(payload: bytes, source: str) -> SpanBatch:
 def decode_json(text: str | bytes, source: str) -> SpanBatch:
     """An ``ExportTraceServiceRequest`` in OTLP/JSON (OTLP/HTTP ``application/json``, or one
     line of the OpenTelemetry Collector's file exporter)."""
+    from google.protobuf import json_format
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
     try:
         doc = json.loads(text)
     except RecursionError:

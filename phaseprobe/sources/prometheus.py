@@ -26,7 +26,6 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import requests
-from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
 from urllib3.util.retry import Retry
 
 from phaseprobe.errors import (
@@ -178,6 +177,10 @@ class PrometheusClient:
         # after the library's default 3 retries with a 1 s backoff.
         retry = Retry(total=retries, backoff_factor=0.2, status_forcelist=(502, 503, 504),
                       raise_on_status=False)
+        # Imported here: the library is wanted when a client is made, not when a command's
+        # --help imports this module.
+        from prometheus_api_client import PrometheusConnect
+
         self._prom = PrometheusConnect(url=self.url, headers=headers, retry=retry,
                                        session=self._session, timeout=timeout_s)
         # the library mounted its retrying adapter for this URL: the same retries, and a
@@ -203,6 +206,8 @@ class PrometheusClient:
     # -- raw API -------------------------------------------------------------------------------
 
     def _call(self, what: str, expr: str | None, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        from prometheus_api_client import PrometheusApiClientException
+
         self._last = None
         try:
             with within(max(self.timeout_s, 1.0) * 3, what, max_bytes=MAX_ANSWER_BYTES):
