@@ -41,9 +41,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Literal, TypedDict
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
-import numpy as np
+if TYPE_CHECKING:  # imported where used: a command's --help must not load them
+    import numpy as np
+
 
 __all__ = ["StopRecord", "ALPHA", "MIN_PAIRS", "PRIMARY_PHASES", "PRIMARY_METRICS",
            "check_primary", "T_STAR", "WINSOR_K", "SeqVerdict", "SequentialPlan",
@@ -152,6 +154,8 @@ def halfwidth(n: np.ndarray | int, sd: np.ndarray | float, alpha: float = ALPHA)
     ``R = (√G/α)^(2/(ν+1))``. For large n it is the normal-mixture boundary; for small n it
     pays for the SD being an estimate, which the plain plug-in does not (its false-positive
     rate reached 7 % at the first looks in the calibration simulation)."""
+    import numpy as np
+
     n_arr = np.asarray(n, dtype=float)
     nu = n_arr - 1
     big_g = 1 + n_arr * _rho2(alpha)
@@ -164,6 +168,8 @@ def halfwidth(n: np.ndarray | int, sd: np.ndarray | float, alpha: float = ALPHA)
 def robust_mean_sd(d: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Mean and SD along the last axis after winsorising at ``WINSOR_K`` robust SDs from the
     median; also how many values were pulled in. Works on one series or a batch of them."""
+    import numpy as np
+
     med = np.median(d, axis=-1, keepdims=True)
     mad = 1.4826 * np.median(np.abs(d - med), axis=-1, keepdims=True)
     lo, hi = med - WINSOR_K * mad, med + WINSOR_K * mad
@@ -177,6 +183,8 @@ def robust_mean_sd(d: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def paired_log_ratios(a: Mapping[int, float], b: Mapping[int, float]) -> np.ndarray:
     """``log b[k] − log a[k]`` for every run number ``k`` both arms have (positive values)."""
+    import numpy as np
+
     seqs = sorted(k for k in a.keys() & b.keys()
                   if a[k] > 0 and b[k] > 0 and math.isfinite(a[k]) and math.isfinite(b[k]))
     return np.log([b[k] for k in seqs]) - np.log([a[k] for k in seqs])
@@ -185,6 +193,8 @@ def paired_log_ratios(a: Mapping[int, float], b: Mapping[int, float]) -> np.ndar
 def _verdicts(mean: np.ndarray, half: np.ndarray, n: np.ndarray | int,
               plan: SequentialPlan) -> np.ndarray:
     """0 undecided, 1 improvement, 2 regression, 3 equivalent (vectorised over sessions)."""
+    import numpy as np
+
     lo, hi = mean - half, mean + half
     eq = (lo >= math.log1p(-plan.min_effect)) & (hi <= math.log1p(plan.min_effect))
     better = (hi < 0) & (mean <= math.log1p(-plan.min_effect))
@@ -199,6 +209,8 @@ _NAMES: tuple[SeqVerdict, ...] = ("undecided", "improvement", "regression", "equ
 def evaluate_many(d: np.ndarray, plan: SequentialPlan) -> np.ndarray:
     """Verdict codes for a batch of sessions (rows) of equal length: the simulation's path.
     Exactly the arithmetic of :func:`evaluate`."""
+    import numpy as np
+
     n = d.shape[-1]
     if n < 2:
         return np.zeros(d.shape[:-1], dtype=int)
@@ -209,6 +221,8 @@ def evaluate_many(d: np.ndarray, plan: SequentialPlan) -> np.ndarray:
 def _more_pairs(n: int, mean: float, sd: float, plan: SequentialPlan) -> int | None:
     """Pairs still needed if the mean and SD stayed as they are: the first n whose half-width
     fits between the estimate and the nearest boundary it could be decided against."""
+    import numpy as np
+
     lo_m, hi_m = math.log1p(-plan.min_effect), math.log1p(plan.min_effect)
     if mean <= lo_m or mean >= hi_m:
         target = abs(mean)  # a change at least X: the interval must leave 0
@@ -223,6 +237,8 @@ def _more_pairs(n: int, mean: float, sd: float, plan: SequentialPlan) -> int | N
 
 def evaluate(d: np.ndarray, plan: SequentialPlan) -> SequentialEstimate:
     """The state of one metric after ``len(d)`` pairs."""
+    import numpy as np
+
     n = len(d)
     if n < 2:
         return SequentialEstimate(n, None, None, None, None, "undecided", None)

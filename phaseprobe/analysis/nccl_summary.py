@@ -11,8 +11,6 @@ from collections import Counter, defaultdict
 from datetime import datetime
 from typing import Any, TypedDict
 
-import pandas as pd
-
 from phaseprobe.sources.nccl_lines import transport_class
 from phaseprobe.sources.nccl_model import NcclLog, NcclLogDoc, VersionDoc
 
@@ -176,6 +174,8 @@ def decode_steps(completion_tokens: list[int | None]) -> int:
 
 
 def _collectives(log: NcclLog) -> CollectivesDoc:
+    import pandas as pd
+
     rows = log.coll_rows()
     if not rows:
         return {"calls": 0, "bytes": 0, "by_op": {}, "size_histogram": [], "per_comm": [],

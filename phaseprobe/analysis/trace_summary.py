@@ -9,14 +9,16 @@ from __future__ import annotations
 import math
 from pathlib import Path
 from collections.abc import Mapping
-from typing import Any, TypedDict, cast
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
-import pandas as pd
 
 from phaseprobe.analysis import nvtx_layers
 from phaseprobe.analysis import timeline as tla
 from phaseprobe.errors import TraceError
 from phaseprobe.inputs import input_problem
+
+if TYPE_CHECKING:  # imported where used: a command's --help must not load them
+    import pandas as pd
 
 Record = dict[str, Any]  # one table row, columns as in analysis.timeline's *_COLUMNS
 
@@ -170,6 +172,8 @@ def records(df: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 def _comm_summary(comms: pd.DataFrame) -> pd.DataFrame:
+    import pandas as pd
+
     if comms.empty:
         return pd.DataFrame({c: [] for c in ("collective", "device", "count", "time_ns")})
     key = comms["collective"].where(comms["collective"] != "", comms["name"])
@@ -181,6 +185,8 @@ def _comm_summary(comms: pd.DataFrame) -> pd.DataFrame:
 def summarize(tl: tla.Timeline, file: str, min_gap_ns: int = 100_000,
               top: int = 15) -> TraceDoc:
     """The JSON document (and the tables' data) for one timeline."""
+    import pandas as pd
+
     acts = tl.activities
     # categorical comparisons work on codes: no string per activity at 10 M rows
     kinds = acts["kind"] if not acts.empty else pd.Series([], dtype=str)
@@ -272,6 +278,8 @@ def _document(file: str, source: str, meta: dict[str, str], names: dict[str, str
               min_gap_ns: int, top: int) -> TraceDoc:
     """The document from the analysis frames (``gaps``, ``breakdown``, ``overlap``,
     ``classes``, ``top``), whichever way they were computed."""
+    import pandas as pd
+
     gaps, breakdown, overlap = frames["gaps"], frames["breakdown"], frames["overlap"]
     by_name = pd.DataFrame()
     if not breakdown.empty:
@@ -309,6 +317,8 @@ def _document(file: str, source: str, meta: dict[str, str], names: dict[str, str
 
 def summarize_stats_csv(report: Any, file: str, top: int = 15) -> TraceDoc:
     """JSON document for an ``nsys stats`` CSV (see :mod:`phaseprobe.sources.nsys_stats_csv`)."""
+    import pandas as pd
+
     df: pd.DataFrame = report.frame
     doc: TraceDoc = {"file": file, "source": "nsys-stats-csv", "report": report.report,
                            "devices": [], "rows": len(df)}

@@ -22,8 +22,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-import numpy as np
-
 from phaseprobe.records import RequestSpan
 
 __all__ = ["SpanReader", "PhaseStats", "SpanGroup", "SpanAggregate", "PHASES", "QUANTILES",
@@ -193,6 +191,8 @@ def finished_in(sp: RequestSpan, since_ns: int | None, until_ns: int | None) -> 
 
 
 def _stats(values: Iterable[float | None]) -> PhaseStats:
+    import numpy as np
+
     xs = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=float)
     if not xs.size:
         return PhaseStats(0, None, None, None)
