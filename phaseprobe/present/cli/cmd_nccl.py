@@ -15,27 +15,27 @@ from __future__ import annotations
 import argparse
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from phaseprobe.analysis.nccl_report import (
-    NcclReport,
-    NcclReportDiff,
-    NcclReportDoc,
-    ProblemsDoc,
-    build_report,
-    diff_reports,
-)
-from phaseprobe.analysis.nccl_summary import NcclSummary, decode_steps
 from phaseprobe.errors import ConfigError
 from phaseprobe.inputs import output_problem
 from phaseprobe.present.cli import jsonout
 from phaseprobe.present.cli.args import int_in
 from phaseprobe.present.cli.keep import add_keep_args, check_keep, keep, store_path
+
+if TYPE_CHECKING:  # the analysis is imported when a command runs, not for --help
+    from phaseprobe.analysis.nccl_report import (
+        NcclReport,
+        NcclReportDiff,
+        NcclReportDoc,
+        ProblemsDoc,
+    )
+    from phaseprobe.analysis.nccl_summary import NcclSummary
 
 __all__ = ["register", "run", "analyze", "bar", "cell"]
 
@@ -67,6 +67,8 @@ def register(subparsers: Any) -> None:
 
 def _steps(args: argparse.Namespace) -> int | None:
     """--steps, else the decode steps of --experiment's runs (None: neither is given)."""
+    from phaseprobe.analysis.nccl_summary import decode_steps
+
     if args.steps is not None or args.experiment is None:
         return args.steps
     from phaseprobe.store import Store  # only this option touches the store
@@ -83,6 +85,8 @@ def _steps(args: argparse.Namespace) -> int | None:
 def analyze(files: list[str], strict: bool, err: Console,
             steps: int | None = None) -> NcclReport:
     """Read ``files`` (progress bar on ``err`` for big files) into one report."""
+    from phaseprobe.analysis.nccl_report import build_report
+
     size = sum(Path(f).stat().st_size for f in files if Path(f).is_file())
     if size < _BIG:
         return build_report(files, strict=strict, steps=steps)
@@ -106,6 +110,8 @@ def _nothing_found(files: list[str], report: NcclReport) -> ConfigError:
 
 
 def run(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from phaseprobe.analysis.nccl_report import diff_reports
+
     files = list(args.files)
     if files[0] == "diff" and not Path("diff").exists():
         if len(files) != 3:

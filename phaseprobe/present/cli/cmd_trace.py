@@ -22,7 +22,6 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from phaseprobe.analysis import trace_summary
 from phaseprobe.format import ns_cell as _ms
 from phaseprobe.present.cli import jsonout
 from phaseprobe.present.cli.args import float_in, int_in
@@ -58,6 +57,8 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
 
 
 def run_nsys(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from phaseprobe.analysis import trace_summary
+
     check_keep(args)
     path = Path(args.file)
     if path.suffix.lower() not in (".csv", ".txt", ".log", ".out"):
@@ -69,6 +70,8 @@ def run_nsys(args: argparse.Namespace, out: Console, err: Console) -> int:
 
 
 def run_trace(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from phaseprobe.analysis import trace_summary
+
     check_keep(args)
     err.print(f"[dim]reading {escape(args.file)}…[/dim]")
     doc = trace_summary.summarize_file(args.file, nsys=False,
