@@ -33,22 +33,13 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
 
-from phaseprobe.analysis.checklist import (
-    LIVE_RULES,
-    LIVE_SPAN_RULES,
-    USE_CASE_TPOT_S,
-    USE_CASE_TTFT_S,
-    Report,
-    all_rules,
-    run_checklist,
-    run_live_checklist,
-)
-from phaseprobe.collect.evidence import EvidenceOptions, build_evidence
+from phaseprobe.analysis.rules.base import USE_CASE_TTFT_S
+from phaseprobe.analysis.rules.live_base import USE_CASE_TPOT_S
 from phaseprobe.collect.fleet.targets import parse_replicas
 from phaseprobe.collect.live_window import DEFAULT_WINDOW_S, LiveOptions, take_window
 from phaseprobe.collect.target import api_key_from_env
@@ -58,6 +49,9 @@ from phaseprobe.present.cli import jsonout
 from phaseprobe.present.cli.args import float_in, int_in, positive_int, seconds
 from phaseprobe.present.cli.cmd_spans import spans_from_arg
 from phaseprobe.store import Store
+
+if TYPE_CHECKING:  # imported where used: a command's --help must not load it
+    from phaseprobe.analysis.checklist import Report
 
 __all__ = ["register", "run", "main", "render_text", "render_markdown", "SYMBOLS"]
 
@@ -169,6 +163,9 @@ def _label_name(text: str) -> str:
 
 
 def run(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from phaseprobe.analysis.checklist import all_rules, run_checklist
+    from phaseprobe.collect.evidence import EvidenceOptions, build_evidence
+
     if args.live:
         return run_live(args, out, err)
     given = [f"--{name.replace('_', '-')}" for name in _LIVE_ONLY if getattr(args, name)] + [
@@ -207,6 +204,8 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
 
 def run_live(args: argparse.Namespace, out: Console, err: Console) -> int:
     """``check --live``: one window of a running server or fleet, no experiment."""
+    from phaseprobe.analysis.checklist import LIVE_RULES, LIVE_SPAN_RULES, run_live_checklist
+
     if args.list:
         for rule in LIVE_RULES + LIVE_SPAN_RULES:  # the span rules run when spans are stored
             doctor = f" [dim](vllm-doctor: {rule.doctor})[/dim]" if rule.doctor else ""

@@ -12,12 +12,11 @@ import argparse
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
 
-from phaseprobe.analysis.fleet_stats import FleetReport, fleet_report
 from phaseprobe.analysis.phases import summarize
 from phaseprobe.collect.experiment import ProbeSettings, run_probe
 from phaseprobe.collect.fleet.targets import ReplicaTarget, parse_replicas
@@ -52,6 +51,9 @@ from phaseprobe.present.cli.console import (
 from phaseprobe.present.cli.waiting import ConsoleNotices
 from phaseprobe.records import Run, RunSpec
 from phaseprobe.redact import redact_url
+
+if TYPE_CHECKING:  # imported where used: a command's --help must not load it
+    from phaseprobe.analysis.fleet_stats import FleetReport
 
 __all__ = ["register", "run"]
 
@@ -219,6 +221,8 @@ def session_options(args: argparse.Namespace) -> SessionOptions:
 def probe_fleet_report(runs: Sequence[Run], info: Mapping[str, Any]) -> FleetReport | None:
     """Through a router: each replica's runs against the others' (straggler) and the traffic
     split (imbalance), over the runs whose replica and phases are known. None: one server."""
+    from phaseprobe.analysis.fleet_stats import fleet_report
+
     if not info.get("router"):
         return None
     pairs = [(r.replica.name, r) for r in runs
