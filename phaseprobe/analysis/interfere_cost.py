@@ -19,9 +19,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import numpy as np
-from scipy import stats
-
 from phaseprobe.format import duration
 
 __all__ = ["PrefillTokenCost", "prefill_token_cost"]
@@ -80,6 +77,9 @@ def prefill_token_cost(alone_by_steps: Mapping[int, Sequence[float | None]],
     """A alone's decode times on vLLM's clock by A's decode steps (completion tokens − 1), and
     per pair whose B prefill ran inside A's decode: (A's decode with B, A's decode steps) →
     seconds of decode per B prompt token. Seeded: the same runs give the same interval."""
+    import numpy as np
+    from scipy import stats
+
     groups = {n: np.asarray([v for v in vals if v is not None and math.isfinite(v)],
                             dtype=float) for n, vals in alone_by_steps.items()}
     known = [(d, n) for d, n in with_b if d is not None and math.isfinite(d) and n is not None]
