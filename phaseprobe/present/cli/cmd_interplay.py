@@ -20,31 +20,11 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
 
-from phaseprobe.collect.interplay import (
-    ArmsResult,
-    BatchResult,
-    InterfereArm,
-    InterfereResult,
-    InterfereSettings,
-    PrefixResult,
-    Target,
-    Trigger,
-    interfere_playbook,
-    playbook_settings,
-    run_batch,
-    run_interfere,
-    run_interfere_arms,
-    run_prefix,
-)
-from phaseprobe.collect.playbook import PlaybookError, load_playbook, parse_effect
-from phaseprobe.collect.fleet.targets import parse_replicas
-from phaseprobe.collect.session import Session, SessionOptions
-from phaseprobe.collect.target import api_key_from_env, normalize_base_url, served_model
 from phaseprobe.errors import ConfigError
 from phaseprobe.paths import default_store_path
 from phaseprobe.present.cli import jsonout
@@ -57,16 +37,10 @@ from phaseprobe.present.cli.args import (
     store_and_json_args,
     tokens,
 )
-from phaseprobe.present.cli.cmd_probe import pd_topology
-from phaseprobe.present.cli.render_interplay import (
-    render_arms,
-    render_batch,
-    render_interfere,
-    render_prefix,
-)
-from phaseprobe.present.cli.waiting import ConsoleNotices
 from phaseprobe.redact import redact_url
-from phaseprobe.store import Store
+
+if TYPE_CHECKING:  # imported where used: a command's --help must not load it
+    from phaseprobe.collect.interplay import ArmsResult, InterfereSettings
 
 __all__ = ["register", "run"]
 
@@ -248,6 +222,8 @@ def _at_time(text: str) -> float | str:
 def _effect(text: str) -> float:
     """--min-effect checked as ``ab`` checks it (a positive effect, "5%" or 0.05), at the
     command line: before any server is started or asked."""
+    from phaseprobe.collect.playbook import PlaybookError, parse_effect
+
     try:
         return parse_effect(text)
     except PlaybookError:
@@ -263,6 +239,8 @@ def _arm_names(text: str) -> tuple[str, str]:
 
 
 def _interfere_settings(args: argparse.Namespace) -> InterfereSettings:
+    from phaseprobe.collect.interplay import InterfereSettings, Trigger
+
     at = args.at_time
     if at is None:
         trigger = Trigger() if args.at_token is None else Trigger("token", args.at_token)
@@ -277,6 +255,33 @@ def _interfere_settings(args: argparse.Namespace) -> InterfereSettings:
 
 
 def run(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from phaseprobe.collect.fleet.targets import parse_replicas
+    from phaseprobe.collect.interplay import (
+        ArmsResult,
+        BatchResult,
+        InterfereArm,
+        InterfereResult,
+        PrefixResult,
+        Target,
+        run_batch,
+        run_interfere,
+        run_interfere_arms,
+        run_prefix,
+    )
+    from phaseprobe.collect.session import Session, SessionOptions
+    from phaseprobe.collect.target import (
+        api_key_from_env,
+        normalize_base_url,
+        served_model,
+    )
+    from phaseprobe.present.cli.cmd_probe import pd_topology
+    from phaseprobe.present.cli.render_interplay import (
+        render_batch,
+        render_interfere,
+        render_prefix,
+    )
+    from phaseprobe.present.cli.waiting import ConsoleNotices
+
     kind = args.interplay
     api_key = api_key_from_env(args.api_key_env)
 
@@ -348,6 +353,10 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
 
 def _run_playbook(args: argparse.Namespace, out: Console, api_key: str | None,
                   progress: Callable[[str], None]) -> int:
+    from phaseprobe.collect.interplay import interfere_playbook, playbook_settings
+    from phaseprobe.collect.playbook import load_playbook
+    from phaseprobe.store import Store
+
     if args.endpoint or args.endpoint_b:
         raise ConfigError("--playbook brings its own arms: drop --endpoint/--endpoint-b")
     playbook = load_playbook(args.playbook)
@@ -369,6 +378,8 @@ def _run_playbook(args: argparse.Namespace, out: Console, api_key: str | None,
 
 def _emit_arms(args: argparse.Namespace, out: Console, result: ArmsResult,
                extra: dict[str, Any]) -> int:
+    from phaseprobe.present.cli.render_interplay import render_arms
+
     if args.json:
         doc = {"kind": "interfere", "mode": "arms", **extra, **result.to_dict()}
         out.out(jsonout.dumps(doc), highlight=False)
