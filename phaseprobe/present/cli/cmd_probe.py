@@ -17,14 +17,8 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.markup import escape
 
-from phaseprobe.analysis.phases import summarize
 from phaseprobe.collect.experiment import ProbeSettings, run_probe
-from phaseprobe.collect.fleet.targets import ReplicaTarget, parse_replicas
 from phaseprobe.collect.gpu_telemetry import MIN_PERIOD_S
-from phaseprobe.collect.pd.collector import PdTopology
-from phaseprobe.collect.pd.probe import kv_path, run_pd_probe
-from phaseprobe.collect.session import Session, SessionOptions
-from phaseprobe.collect.target import api_key_from_env, normalize_base_url
 from phaseprobe.errors import ConfigError
 from phaseprobe.paths import default_store_path
 from phaseprobe.present.cli import jsonout
@@ -38,22 +32,16 @@ from phaseprobe.present.cli.args import (
     store_and_json_args,
     tokens,
 )
-from phaseprobe.present.cli.cmd_spans import context_text, spans_from_arg
-from phaseprobe.present.cli.cmd_trace import render as render_trace
-from phaseprobe.present.cli.console import (
-    RichProgress,
-    prompt_sources_line,
-    render_efficiency,
-    render_work,
-    render_probe,
-    render_prom_comparison,
-)
-from phaseprobe.present.cli.waiting import ConsoleNotices
-from phaseprobe.records import Run, RunSpec
 from phaseprobe.redact import redact_url
 
 if TYPE_CHECKING:  # imported where used: a command's --help must not load it
     from phaseprobe.analysis.fleet_stats import FleetReport
+
+if TYPE_CHECKING:  # imported where used: a command's --help must not load it
+    from phaseprobe.collect.fleet.targets import ReplicaTarget
+    from phaseprobe.collect.pd.collector import PdTopology
+    from phaseprobe.collect.session import Session, SessionOptions
+    from phaseprobe.records import Run, RunSpec
 
 __all__ = ["register", "run"]
 
@@ -74,6 +62,8 @@ definitions (phaseprobe's; other tools differ):
 
 
 def register(subparsers: Any) -> None:
+    from phaseprobe.present.cli.cmd_spans import spans_from_arg
+
     probe = subparsers.add_parser(
         "probe", help="measure prefill and decode of single requests (isolated, or attributed "
                  "by their own vLLM span on a busy server)",
@@ -204,6 +194,9 @@ def register(subparsers: Any) -> None:
 
 def session_options(args: argparse.Namespace) -> SessionOptions:
     """The probe's flags as the session's options (the wiring itself is in collect)."""
+    from phaseprobe.collect.session import SessionOptions
+    from phaseprobe.collect.target import api_key_from_env
+
     return SessionOptions(
         store_path=str(args.store or default_store_path()), endpoint=args.endpoint,
         api_key=api_key_from_env(args.api_key_env), model=args.model, spans=args.spans,
@@ -233,6 +226,9 @@ def probe_fleet_report(runs: Sequence[Run], info: Mapping[str, Any]) -> FleetRep
 
 def pd_topology(args: argparse.Namespace) -> PdTopology | None:
     """``--prefill``/``--decode`` (both or neither), checked before anything starts."""
+    from phaseprobe.collect.pd.collector import PdTopology
+    from phaseprobe.collect.target import normalize_base_url
+
     if args.prefill is None and args.decode is None:
         return None
     if args.prefill is None or args.decode is None:
@@ -250,6 +246,8 @@ def pd_topology(args: argparse.Namespace) -> PdTopology | None:
 def run_spec(args: argparse.Namespace, session: Session) -> RunSpec:
     """What every run of the probe asks of the server (the session knows the endpoint and
     model; --prompt, or a unique prompt of --prompt-tokens per run)."""
+    from phaseprobe.records import RunSpec
+
     target = None if args.prompt is not None else (args.prompt_tokens or 128)
     return RunSpec(endpoint=session.endpoint, model=session.model, prompt=args.prompt or "",
                    max_tokens=args.max_tokens, api="chat" if args.chat else "completions",
@@ -258,6 +256,12 @@ def run_spec(args: argparse.Namespace, session: Session) -> RunSpec:
 
 def run_pd(args: argparse.Namespace, topo: PdTopology, out: Console, err: Console) -> int:
     """``probe --prefill URL --decode URL [--endpoint ROUTER]``."""
+    from phaseprobe.analysis.phases import summarize
+    from phaseprobe.collect.pd.probe import kv_path, run_pd_probe
+    from phaseprobe.collect.session import Session
+    from phaseprobe.present.cli.console import RichProgress, render_probe
+    from phaseprobe.present.cli.waiting import ConsoleNotices
+
     # spans only when asked (--spans): the instances must be started exporting to the
     # receiver; then each run's two leg spans are joined (the hand-over on their clocks)
     options = replace(session_options(args), endpoint=topo.router or topo.decode,
@@ -290,6 +294,8 @@ def run_pd(args: argparse.Namespace, topo: PdTopology, out: Console, err: Consol
 def replica_targets(args: argparse.Namespace) -> tuple[ReplicaTarget, ...]:
     """``--replica`` values, checked before anything starts (they need an --endpoint: the
     local default is one server)."""
+    from phaseprobe.collect.fleet.targets import parse_replicas
+
     replicas = parse_replicas(args.replica)
     if replicas and not args.endpoint:
         raise ConfigError("--replica needs --endpoint (the router the replicas are behind)")
@@ -303,6 +309,20 @@ def _fake_nvml() -> Any:
 
 
 def run(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from phaseprobe.analysis.phases import summarize
+    from phaseprobe.collect.session import Session
+    from phaseprobe.present.cli.cmd_spans import context_text
+    from phaseprobe.present.cli.cmd_trace import render as render_trace
+    from phaseprobe.present.cli.console import (
+        RichProgress,
+        prompt_sources_line,
+        render_efficiency,
+        render_probe,
+        render_prom_comparison,
+        render_work,
+    )
+    from phaseprobe.present.cli.waiting import ConsoleNotices
+
     topo = pd_topology(args)
     if topo is not None:
         return run_pd(args, topo, out, err)
