@@ -207,9 +207,12 @@ def bare_selector(selector: str) -> str:
                               f"(name=\"value\", name=~\"regex\", name!=\"value\", comma-"
                               f"separated): it stops being one at character {at + 1} "
                               f"({s[at:at + 20]!r})")
-        matchers.append(m.group(1) + m.group(2) + m.group(3))
+        # rebuilt from the parsed parts, each after the separator as typed (", " or ","), so
+        # a well-formed selector reads as it was given (the shipped dashboard's byte-for-byte)
+        sep = "" if not matchers else ", " if s[pos:pos + 1].isspace() else ","
+        matchers.append(sep + m.group(1) + m.group(2) + m.group(3))
         pos = m.end() + 1
-    return ", ".join(matchers)
+    return "".join(matchers)
 
 
 def _parse(name: str, text: str, source: str) -> Query:

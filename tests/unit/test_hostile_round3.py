@@ -289,4 +289,4 @@ def test_a_selector_is_rebuilt_from_its_matchers():
     from phaseprobe.sources.query_catalog import load_catalog
 
     expr = load_catalog()["ttft_mean"].render('{model_name="m",instance=~"a\\".*"}', "5m")
-    assert 'model_name="m", instance=~"a\\".*"' in expr
+    assert 'model_name="m",instance=~"a\\".*"' in expr

@@ -13,11 +13,13 @@ class _Raw:
 
 
 class _Resp:
-    """The part of requests.Response the bounded reader uses."""
+    """The part of requests.Response the bounded reader uses (``bounded_request`` caps the
+    bytes while they are read: what it returns has them as ``content``)."""
 
     def __init__(self, status, payload):
         self.status_code = status
-        self.raw = _Raw(json_module.dumps(payload).encode())
+        self.content = json_module.dumps(payload).encode()
+        self.raw = _Raw(self.content)
 
     def close(self):
         pass
