@@ -21,6 +21,13 @@ from rich.console import Console
 
 from phaseprobe.local.process import process_group_alive
 from phaseprobe.present.cli import cmd_dashboard
+from phaseprobe.store import Store
+
+
+@pytest.fixture(autouse=True)
+def _store(tmp_path: Path) -> None:
+    """The store the tests name (s.db) exists: the dashboard refuses a missing one."""
+    Store(tmp_path / "s.db").close()
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:

@@ -71,6 +71,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     problem = input_problem(store)  # a FIFO would hang every page that opens the store
     if problem:
         raise ConfigError(f"--store {store}: {problem}, not a store file")
+    _check_store(store)
     if not _is_loopback(args.address):
         err.print(f"[yellow]warning:[/] binding to {args.address}: anyone who can reach this "
                   "host can read the experiment store (prompts included). Use 127.0.0.1 "
@@ -97,6 +98,14 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
         if type(exc) is not KeyboardInterrupt:
             raise  # SIGTERM: the CLI exits 143
         return 0
+
+
+def _check_store(store: Path) -> None:
+    """Refuse a missing, empty, corrupt or newer-schema store here, as one StoreError (exit
+    2), rather than start Streamlit on it to show the error on every page."""
+    from phaseprobe.store import Store
+
+    Store(store, readonly=True).close()
 
 
 def _die_with(parent: int) -> None:
