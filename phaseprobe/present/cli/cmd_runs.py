@@ -20,9 +20,6 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from phaseprobe.analysis.client_check import client_verdict, has_hop
-from phaseprobe.analysis.interplay import CONCURRENT_KINDS, concurrent_by_design
-from phaseprobe.analysis.phases import medians_runs, summarize
 from phaseprobe.paths import default_store_path
 from phaseprobe.present.cli import jsonout
 from phaseprobe.present.cli.args import positive_int, store_and_json_args
@@ -32,7 +29,6 @@ from phaseprobe.present.cli.console import (
     render_experiments,
     render_probe,
 )
-from phaseprobe.store import Store
 
 __all__ = ["register", "run", "CONCURRENT_NOTE"]
 
@@ -55,6 +51,11 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from phaseprobe.analysis.client_check import client_verdict, has_hop
+    from phaseprobe.analysis.interplay import CONCURRENT_KINDS, concurrent_by_design
+    from phaseprobe.analysis.phases import medians_runs, summarize
+    from phaseprobe.store import Store
+
     path = args.store or default_store_path()
     # Only reads: never creates, migrates or writes the store (a read-only one will do).
     with Store(path, readonly=True) as store:

@@ -36,7 +36,6 @@ from phaseprobe.present.cli.args import float_in, int_in, store_and_json_args
 from phaseprobe.present.cli.console import ms, print_schema_note
 from phaseprobe.present.cli.waiting import waiting
 from phaseprobe.records import RequestSpan
-from phaseprobe.store import Store
 
 if TYPE_CHECKING:
     from phaseprobe.analysis.pd_spans import PdSpanRecord
@@ -150,6 +149,8 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
 
 
 def _list(args: argparse.Namespace, path: Path, out: Console, err: Console) -> int:
+    from phaseprobe.store import Store
+
     from phaseprobe.collect.span_source import open_spans
 
     until = time.time_ns() if args.since is not None else None
@@ -183,6 +184,8 @@ def _list(args: argparse.Namespace, path: Path, out: Console, err: Console) -> i
 
 
 def _show_request(args: argparse.Namespace, path: Path, out: Console, err: Console) -> int:
+    from phaseprobe.store import Store
+
     from phaseprobe.collect.span_source import open_spans
 
     with open_spans(args.spans_from, path) as reader:
@@ -198,6 +201,8 @@ def _show_request(args: argparse.Namespace, path: Path, out: Console, err: Conso
 
 
 def _prune(args: argparse.Namespace, path: Path, out: Console, err: Console) -> int:
+    from phaseprobe.store import Store
+
     from phaseprobe.collect.span_retention import RetentionPolicy, prune_once, size_text
 
     if not Path(path).exists():
@@ -229,6 +234,8 @@ def _prune(args: argparse.Namespace, path: Path, out: Console, err: Console) -> 
 
 
 def _import(args: argparse.Namespace, path: Path, out: Console, err: Console) -> int:
+    from phaseprobe.store import Store
+
     from phaseprobe.collect.span_import import import_otlp_json
 
     results = []
@@ -258,6 +265,8 @@ _UNJOINED_TITLE = {"single_leg": "single legs (only one side's span)",
 
 
 def _pd(args: argparse.Namespace, path: Path, out: Console, err: Console) -> int:
+    from phaseprobe.store import Store
+
     from phaseprobe.analysis.pd_spans import join_legs
 
     both = set(args.prefill_instance) & set(args.decode_instance)

@@ -20,10 +20,6 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from phaseprobe.analysis.client_check import client_consistent
-from phaseprobe.analysis.interplay import CONCURRENT_KINDS, concurrent_by_design
-from phaseprobe.analysis.phases import Summary, percentile
-from phaseprobe.collect.prom_summary import PromSummaryDoc
 from phaseprobe.format import duration as fmt_duration
 from phaseprobe.format import efficiency as fmt_efficiency
 from phaseprobe.format import ms_cell as ms  # a table cell in ms
@@ -31,6 +27,10 @@ from phaseprobe.records import Run
 
 if TYPE_CHECKING:
     from phaseprobe.store import Store
+
+if TYPE_CHECKING:  # imported where used: a command's --help must not load it
+    from phaseprobe.analysis.phases import Summary
+    from phaseprobe.collect.prom_summary import PromSummaryDoc
 
 __all__ = ["RichProgress", "progress_bar", "render_probe", "render_experiments", "replica_cell",
            "replica_line", "render_pd_legs",
@@ -83,11 +83,16 @@ def _count(n: int | None) -> str:
 
 
 def _itl(run: Run, q: float) -> float | None:
+    from phaseprobe.analysis.phases import percentile
+
     return percentile(run.client.itl_s, q) if run.client else None
 
 
 def render_probe(console: Console, runs: Sequence[Run], summary: Summary,
                  info: Mapping[str, Any], notes: Sequence[str], experiment_id: int) -> None:
+    from phaseprobe.analysis.client_check import client_consistent
+    from phaseprobe.analysis.interplay import concurrent_by_design
+
     version = info.get("vllm_version")
     by_span = any(r.attributed and not r.isolated for r in runs)
     caption = ("times in ms; server columns are vLLM's own per request: its /metrics deltas "
@@ -246,6 +251,8 @@ def replica_line(runs: Sequence[Run]) -> str:
 
 
 def render_experiments(console: Console, rows: Sequence[dict[str, Any]]) -> None:
+    from phaseprobe.analysis.interplay import CONCURRENT_KINDS
+
     table = Table(title="stored experiments")
     for col in ("id", "name", "kind", "model", "endpoint", "runs", "ok", "isolated", "finished"):
         table.add_column(col)
