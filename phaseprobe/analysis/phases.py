@@ -13,11 +13,14 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from phaseprobe.analysis.client_check import client_verdict
 from phaseprobe.analysis.quantiles import percentile
 from phaseprobe.records import Isolation, Run, ServerPhases
-from phaseprobe.sources.vllm_metrics import MetricSnapshot
+
+if TYPE_CHECKING:  # annotations only: the scraper and requests load when a run scrapes
+    from phaseprobe.sources.vllm_metrics import MetricSnapshot
 
 __all__ = [
     "PHASE_HISTOGRAMS",
