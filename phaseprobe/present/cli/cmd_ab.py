@@ -52,7 +52,7 @@ from phaseprobe.errors import ConfigError
 from phaseprobe.format import ms_cell
 from phaseprobe.paths import default_store_path
 from phaseprobe.present.cli import jsonout
-from phaseprobe.present.cli.args import int_in, positive_int
+from phaseprobe.present.cli.args import float_in, int_in, positive_int
 from phaseprobe.present.cli.console import progress_bar
 from phaseprobe.records import Run
 from phaseprobe.store import Store
@@ -80,7 +80,8 @@ def register(subparsers: Any) -> None:
                      help="decide the number of runs (also: until_decided = true in [run])")
     seq.add_argument("--max-runs", type=int_in(2, MAX_RUNS), default=None, metavar="N",
                      help="budget: runs per arm at most (default: the playbook's, else 60)")
-    seq.add_argument("--max-minutes", type=float, default=None, metavar="M",
+    seq.add_argument("--max-minutes", type=float_in(0, 7 * 24 * 60, lo_open=True),
+                     default=None, metavar="M",
                      help="budget: minutes of measuring at most (default: the playbook's, "
                           "else none)")
     seq.add_argument("--primary", default=None, metavar="METRIC",
@@ -391,9 +392,6 @@ def _list(out: Console, as_json: bool) -> int:
 
 
 def _check_numbers(args: argparse.Namespace) -> None:
-    if args.max_minutes is not None and not 0 < args.max_minutes <= 7 * 24 * 60:
-        raise ConfigError(f"--max-minutes must be > 0 and at most a week, not "
-                          f"{args.max_minutes}")
     if args.runs is not None and _asks_sequential(args):
         raise ConfigError("--runs fixes the run count; --until-decided and its budget "
                           "(--max-runs, --max-minutes) let phaseprobe decide it: pick one")
