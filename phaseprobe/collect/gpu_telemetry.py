@@ -19,7 +19,6 @@ from phaseprobe.sources.nvml import (
     NvmlBackend,
     PynvmlBackend,
 )
-from phaseprobe.sources.prometheus import PrometheusClient
 
 __all__ = ["COLUMNS", "DEFAULT_PERIOD_S", "MIN_PERIOD_S", "GpuImport", "GpuSampler",
            "NvmlBackend", "open_gpu_watch", "import_dcgm_series", "read_nvidia_smi_csv"]
@@ -40,5 +39,7 @@ def import_dcgm_series(prom_url: str, *, start: float, end: float, step: float |
                        selector: str) -> GpuImport:
     """The DCGM exporter's ``DCGM_FI_DEV_*`` series between ``start`` and ``end`` (unix s)
     from the Prometheus at ``prom_url``."""
+    from phaseprobe.sources.prometheus import PrometheusClient
+
     with PrometheusClient(prom_url) as client:
         return import_dcgm(client, start=start, end=end, step=step, selector=selector)

@@ -8,8 +8,9 @@ import json
 import pytest
 
 from phaseprobe.collect import efficiency as eff_mod
+from phaseprobe.collect import experiment as experiment_mod
 from phaseprobe.collect import session as session_mod
-from phaseprobe.present.cli import cmd_probe, main
+from phaseprobe.present.cli import main
 from tests.unit.test_roofline_bound import CACHE, LLAMA70B, TINY
 
 
@@ -18,7 +19,7 @@ def no_runs(monkeypatch):
     """Any attempt to run the probe (or start a server) fails the test."""
     def boom(*a, **k):
         raise AssertionError("the runs started before the options were checked")
-    monkeypatch.setattr(cmd_probe, "run_probe", boom)
+    monkeypatch.setattr(experiment_mod, "run_probe", boom)  # probe imports it when it runs
     # the session wires the target: no server is asked for its models either
     monkeypatch.setattr(session_mod, "endpoint_or_local", lambda endpoint, *a, **k: endpoint)
     monkeypatch.setattr(session_mod, "served_model", lambda *a, **k: "tiny-llama")

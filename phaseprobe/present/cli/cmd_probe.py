@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.markup import escape
 
-from phaseprobe.collect.experiment import ProbeSettings, run_probe
 from phaseprobe.collect.gpu_telemetry import MIN_PERIOD_S
 from phaseprobe.errors import ConfigError
 from phaseprobe.paths import default_store_path
@@ -257,6 +256,7 @@ def run_spec(args: argparse.Namespace, session: Session) -> RunSpec:
 def run_pd(args: argparse.Namespace, topo: PdTopology, out: Console, err: Console) -> int:
     """``probe --prefill URL --decode URL [--endpoint ROUTER]``."""
     from phaseprobe.analysis.phases import summarize
+    from phaseprobe.collect.experiment import ProbeSettings
     from phaseprobe.collect.pd.probe import kv_path, run_pd_probe
     from phaseprobe.collect.session import Session
     from phaseprobe.present.cli.console import RichProgress, render_probe
@@ -310,6 +310,7 @@ def _fake_nvml() -> Any:
 
 def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     from phaseprobe.analysis.phases import summarize
+    from phaseprobe.collect.experiment import ProbeSettings, run_probe
     from phaseprobe.collect.session import Session
     from phaseprobe.present.cli.cmd_spans import context_text
     from phaseprobe.present.cli.cmd_trace import render as render_trace
