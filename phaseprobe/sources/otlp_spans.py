@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from phaseprobe.errors import OtlpError
 from phaseprobe.records import CountedSpan, RequestSpan
+from phaseprobe.sources.otlp_json_fast import build_request
 
 if TYPE_CHECKING:  # protobuf and the OTLP classes load when a payload is decoded, not before
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -129,6 +130,11 @@ def decode_json(text: str | bytes, source: str) -> SpanBatch:
     if not isinstance(doc, dict):
         raise OtlpError(source, f"an OTLP trace export is a JSON object, not "
                         f"{type(doc).__name__}")
+    # the plain shapes exporters write, built directly (json_format is most of the time);
+    # anything else through json_format, with its errors (sources/otlp_json_fast.py)
+    message = build_request(doc)
+    if message is not None:
+        return decode_request(message, source)
     try:
         hex_ids_to_base64(doc, source)
         message = json_format.ParseDict(doc, ExportTraceServiceRequest(),
