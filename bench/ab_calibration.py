@@ -16,8 +16,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from phaseprobe.analysis.ab_calibration import DEFAULT_EFFECTS, DEFAULT_NOISES, calibration_table
-from phaseprobe.analysis.ab_sequential import ALPHA, SequentialPlan
+from phaseprobe.analysis.ab.calibration import DEFAULT_EFFECTS, DEFAULT_NOISES, calibration_table
+from phaseprobe.analysis.ab.sequential import ALPHA, SequentialPlan
 
 
 def _table(title: str, plan: SequentialPlan, sessions: int, stall_rate: float) -> bool:

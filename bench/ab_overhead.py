@@ -15,7 +15,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from phaseprobe.analysis.ab_sequential import SequentialPlan
+from phaseprobe.analysis.ab.sequential import SequentialPlan
 from phaseprobe.collect.ab import run_ab
 from phaseprobe.collect.playbook import parse_playbook
 from phaseprobe.store import Store

@@ -27,10 +27,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from phaseprobe.analysis.nccl_summary import summarize
-from phaseprobe.sources.nccl_log import parse_files, parse_lines
-from phaseprobe.sources.nccl_model import NcclLog
-from phaseprobe.sources.nccl_split import SPLIT_MIN
+from phaseprobe.analysis.nccl.summary import summarize
+from phaseprobe.sources.nccl.log import parse_files, parse_lines
+from phaseprobe.sources.nccl.model import NcclLog
+from phaseprobe.sources.nccl.split import SPLIT_MIN
 
 _INIT = """NCCL version 2.21.5+cuda12.4
 {h}:{pid}:{pid} [{r}] NCCL INFO Bootstrap : Using eth0:10.0.0.1<0>

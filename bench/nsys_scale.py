@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from phaseprobe.analysis import timeline as tla  # noqa: E402
 from phaseprobe.analysis import trace_summary  # noqa: E402
-from phaseprobe.sources.nsys_export import read_nsys  # noqa: E402
+from phaseprobe.sources.nsys.export import read_nsys  # noqa: E402
 
 TID = (4242 << 24) | 4243
 PID = 4242 << 24

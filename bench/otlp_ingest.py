@@ -39,8 +39,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from phaseprobe.collect.span_receiver import SpanReceiver, SpanSink
-from phaseprobe.sources.otlp_spans import SpanBatch, decode_protobuf
+from phaseprobe.collect.spans.receiver import SpanReceiver, SpanSink
+from phaseprobe.sources.vllm.otlp_spans import SpanBatch, decode_protobuf
 from phaseprobe.testing.otlp_payloads import export_request, vllm_span
 
 T0 = 1_700_000_000_000_000_000

@@ -28,7 +28,7 @@ import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 
-from phaseprobe.sources.openai_stream import StreamClient, _StreamState, build_body
+from phaseprobe.sources.vllm.openai_stream import StreamClient, _StreamState, build_body
 from phaseprobe.testing.sse_server import Script, SseServer
 
 _UNITS = {"K": 1024, "M": 1024 * 1024, "G": 1024 * 1024 * 1024}

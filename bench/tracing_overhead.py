@@ -21,7 +21,7 @@ from pathlib import Path
 
 import requests
 
-from phaseprobe.collect.span_receiver import SpanReceiver, SpanSink, wait_for
+from phaseprobe.collect.spans.receiver import SpanReceiver, SpanSink, wait_for
 from phaseprobe.local import LocalVllm
 from phaseprobe.local.server import tracing_launch
 

@@ -41,12 +41,12 @@ _LAZY = {
     "Run": "phaseprobe.records",
     "RunSpec": "phaseprobe.records",
     "ServerPhases": "phaseprobe.records",
-    "StreamClient": "phaseprobe.sources.openai_stream",
-    "StreamOutcome": "phaseprobe.sources.openai_stream",
-    "ALIASES": "phaseprobe.sources.vllm_metrics",
-    "MetricSnapshot": "phaseprobe.sources.vllm_metrics",
-    "MetricsScraper": "phaseprobe.sources.vllm_metrics",
-    "parse_exposition": "phaseprobe.sources.vllm_metrics",
+    "StreamClient": "phaseprobe.sources.vllm.openai_stream",
+    "StreamOutcome": "phaseprobe.sources.vllm.openai_stream",
+    "ALIASES": "phaseprobe.sources.vllm.metrics",
+    "MetricSnapshot": "phaseprobe.sources.vllm.metrics",
+    "MetricsScraper": "phaseprobe.sources.vllm.metrics",
+    "parse_exposition": "phaseprobe.sources.vllm.metrics",
     "Store": "phaseprobe.store",
 }
 
@@ -61,8 +61,8 @@ if TYPE_CHECKING:  # what the names are, for type checkers and editors
         RunSpec,
         ServerPhases,
     )
-    from phaseprobe.sources.openai_stream import StreamClient, StreamOutcome
-    from phaseprobe.sources.vllm_metrics import (
+    from phaseprobe.sources.vllm.openai_stream import StreamClient, StreamOutcome
+    from phaseprobe.sources.vllm.metrics import (
         ALIASES,
         MetricSnapshot,
         MetricsScraper,

@@ -175,7 +175,7 @@ _MIGRATIONS: list[str] = [
     """
     ALTER TABLE runs ADD COLUMN client_check_json TEXT;
     """,
-    # 6: vLLM's request spans (OpenTelemetry, phaseprobe.sources.otlp_spans), one row per
+    # 6: vLLM's request spans (OpenTelemetry, phaseprobe.sources.vllm.otlp_spans), one row per
     # request; (start_ns, span_id) is unique so an exporter's retry of a batch stores nothing
     # twice. It is the table's only index, and deliberately not on the random trace id: spans
     # arrive in start order, so this index grows at its end (100k rows/s, flat), where a
@@ -240,7 +240,7 @@ _MIGRATIONS: list[str] = [
     ALTER TABLE runs ADD COLUMN reported_json TEXT
     """,
 ]
-# The gpu_samples columns, in table order (phaseprobe.sources.nvml.COLUMNS; a test keeps the
+# The gpu_samples columns, in table order (phaseprobe.sources.gpu.nvml.COLUMNS; a test keeps the
 # two equal).
 GPU_SAMPLE_COLUMNS = (
     "t_ns", "gpu_index", "mem_used_bytes", "mem_total_bytes", "mem_reserved_bytes",
@@ -657,9 +657,9 @@ class Store:
                     (time.time_ns(), notes_json, experiment_id))
 
     def add_gpu_samples(self, experiment_id: int, samples: pd.DataFrame) -> int:
-        """Store GPU samples (a frame with :data:`phaseprobe.sources.nvml.COLUMNS`; other
+        """Store GPU samples (a frame with :data:`phaseprobe.sources.gpu.nvml.COLUMNS`; other
         columns are not stored) in one transaction; returns the number of rows. NaN is NULL."""
-        from phaseprobe.sources.nvml import conform
+        from phaseprobe.sources.gpu.nvml import conform
 
         frame = conform(samples, source="GPU samples to store")
         if frame.empty:
@@ -839,7 +839,7 @@ class Store:
         """The experiment's GPU samples ordered by time then GPU (an empty frame when none)."""
         import pandas as pd
 
-        from phaseprobe.sources.nvml import conform
+        from phaseprobe.sources.gpu.nvml import conform
 
         rows = self._db.execute(
             f"SELECT {', '.join(GPU_SAMPLE_COLUMNS)} FROM gpu_samples WHERE experiment_id = ?"
@@ -1108,7 +1108,7 @@ def _run_from_row(row: sqlite3.Row) -> Run:
 # Spans are pruned in transactions of this many at most: a receiver writing meanwhile waits
 # for one of them (milliseconds), not for the whole prune.
 PRUNE_BATCH = 5_000
-# The request ids phaseprobe sends (collect.span_attribution.new_tags): vLLM prefixes and
+# The request ids phaseprobe sends (collect.spans.attribution.new_tags): vLLM prefixes and
 # suffixes them (cmpl-<id>-0), so a span whose id holds this prefix is compared with every
 # run's request id; other spans are never (that test costs one pass over the runs).
 RUN_REQUEST_ID_PREFIX = "phaseprobe-"

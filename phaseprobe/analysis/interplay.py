@@ -437,11 +437,11 @@ class ArmsComparison(TypedDict):
 def compare_arms(name_a: str, stalls_a: Sequence[Stall], name_b: str,
                  stalls_b: Sequence[Stall], *, min_effect: float = 0.05) -> ArmsComparison:
     """Arm B against arm A (the baseline) on each stall quantity: medians, and from
-    :func:`~phaseprobe.analysis.ab_stats.compare_samples` the ratio of medians with its
+    :func:`~phaseprobe.analysis.ab.stats.compare_samples` the ratio of medians with its
     bootstrap interval, the U test and the verdict (lower is better for all three)."""
     import numpy as np
 
-    from phaseprobe.analysis.ab_stats import compare_samples  # scipy: only when comparing
+    from phaseprobe.analysis.ab.stats import compare_samples  # scipy: only when comparing
 
     out: ArmsComparison = {"arm_a": name_a, "arm_b": name_b, "min_effect": min_effect,
                            "discarded": {name_a: discarded_pairs(stalls_a),

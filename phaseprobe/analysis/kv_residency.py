@@ -15,7 +15,7 @@ reuse is too spread out for it). Medians are compared, each from its bucket incr
 bound when the median falls in the first or past the last bucket, and then no verdict is
 claimed that the bound cannot carry).
 
-Pure: bucket rows or a :class:`~phaseprobe.sources.vllm_metrics.MetricSnapshot` in.
+Pure: bucket rows or a :class:`~phaseprobe.sources.vllm.metrics.MetricSnapshot` in.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 
 from phaseprobe.analysis.bucket_quantile import BucketQuantile, bucket_quantile
 from phaseprobe.errors import UnknownMetric
-from phaseprobe.sources.vllm_metrics import MetricSnapshot
+from phaseprobe.sources.vllm.metrics import MetricSnapshot
 
 __all__ = ["RESIDENCY_HISTOGRAMS", "MIN_EVICTIONS", "KvResidency", "kv_residency",
            "residency_line", "snapshot_buckets"]

@@ -15,7 +15,7 @@ succeeded, only slower (research/fleet_pd.md).
 from __future__ import annotations
 
 from phaseprobe.records import PdLegs, ServerPhases
-from phaseprobe.sources.vllm_metrics import MetricSnapshot
+from phaseprobe.sources.vllm.metrics import MetricSnapshot
 
 __all__ = ["SOURCES", "prompt_sources", "source_deltas", "connector_deltas", "kv_verdict",
            "pd_legs", "block_size", "SHORT_PROMPT"]

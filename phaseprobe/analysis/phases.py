@@ -20,7 +20,7 @@ from phaseprobe.analysis.quantiles import percentile
 from phaseprobe.records import Isolation, Run, ServerPhases
 
 if TYPE_CHECKING:  # annotations only: the scraper and requests load when a run scrapes
-    from phaseprobe.sources.vllm_metrics import MetricSnapshot
+    from phaseprobe.sources.vllm.metrics import MetricSnapshot
 
 __all__ = [
     "PHASE_HISTOGRAMS",

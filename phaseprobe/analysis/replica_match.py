@@ -1,6 +1,6 @@
 """Which replica of a fleet served a request, and whether two scrapes can be compared at all.
 
-Pure functions over :class:`~phaseprobe.sources.vllm_metrics.MetricSnapshot` pairs.
+Pure functions over :class:`~phaseprobe.sources.vllm.metrics.MetricSnapshot` pairs.
 
 Behind a router a ``/metrics`` scrape lands on whichever replica the router picks, so two
 scrapes "of one server" may come from two processes: a counter then seems to go backwards, or
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from phaseprobe.sources.vllm_metrics import MetricSnapshot
+from phaseprobe.sources.vllm.metrics import MetricSnapshot
 
 __all__ = ["process_identity", "unverifiable", "moved_replicas", "serving_replica",
            "ReplicaPair"]

@@ -1,6 +1,6 @@
 """What a router said about itself over a window: its own ``vllm_router_*`` metrics.
 
-Pure: two :class:`~phaseprobe.sources.vllm_metrics.MetricSnapshot` of the router's metrics
+Pure: two :class:`~phaseprobe.sources.vllm.metrics.MetricSnapshot` of the router's metrics
 page (vllm-router's ``--prometheus-port``, not a replica's ``/metrics``) in, a
 :class:`RouterWindow` out. Names measured on vllm-router 0.1.17 (research/fleet_pd.md):
 ``vllm_router_processed_requests_total{worker}`` (requests it sent each worker),
@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from phaseprobe.sources.vllm_metrics import MetricSnapshot
+from phaseprobe.sources.vllm.metrics import MetricSnapshot
 
 __all__ = ["RouterWindow", "router_window", "ROUTER_PREFIX"]
 

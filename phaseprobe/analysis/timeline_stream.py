@@ -1,7 +1,7 @@
 """The timeline analyses folded over activity chunks, for exports too big to hold at once.
 
 :class:`TimelineFold` takes activity frames in ``(start, table, rowid)`` order (what
-``sources.nsys_scan`` yields; a ``pos`` column gives each row's place in the in-memory frame)
+``sources.nsys.scan`` yields; a ``pos`` column gives each row's place in the in-memory frame)
 and keeps per-device running states and per-group sums. :meth:`TimelineFold.result` gives
 the frames ``analysis.timeline`` computes on the whole frame — ``class_times``,
 ``comm_compute_overlap``, ``idle_gaps``, ``top_kernels``, ``range_breakdown`` — equal to the

@@ -104,7 +104,8 @@ def summarize_nsys_file(path: str | Path, min_gap_ns: int = 100_000,
                         top: int = 15) -> TraceDoc:
     """An Nsight Systems SQLite export, an ``nsys stats`` CSV, or the console text of
     ``nsys stats`` (``.txt``/``.log``/``.out``: every report of every rank in it)."""
-    from phaseprobe.sources import nsys_stats_csv, nsys_stats_text
+    from phaseprobe.sources.nsys import stats_csv as nsys_stats_csv
+    from phaseprobe.sources.nsys import stats_text as nsys_stats_text
     path = Path(path)
     problem = input_problem(path)  # before the text readers open it: a FIFO would block
     if problem is not None:
@@ -210,7 +211,7 @@ def summarize(tl: tla.Timeline, file: str, min_gap_ns: int = 100_000,
 def summarize_nsys_export(path: str | Path, min_gap_ns: int = 100_000, top: int = 15,
                           chunk_rows: int | None = None) -> TraceDoc:
     """:func:`summarize` of ``read_nsys(path)``, equal to it, computed in bounded memory:
-    the export is read in chunks (``sources.nsys_scan``) folded into the same tables
+    the export is read in chunks (``sources.nsys.scan``) folded into the same tables
     (``analysis.timeline_stream``). An export the chunked reader cannot take exactly (or a
     broken one, whose error the in-memory reader words) goes through ``read_nsys``."""
     return summarize_nsys_with_span(path, min_gap_ns, top, chunk_rows)[0]
@@ -225,9 +226,9 @@ def summarize_nsys_with_span(path: str | Path, min_gap_ns: int = 100_000, top: i
     import sqlite3
 
     from phaseprobe.analysis.timeline_stream import TimelineFold
-    from phaseprobe.sources import nsys_scan
-    from phaseprobe.sources.nsys_account import pid_of
-    from phaseprobe.sources.nsys_export import read_nsys
+    from phaseprobe.sources.nsys import scan as nsys_scan
+    from phaseprobe.sources.nsys.account import pid_of
+    from phaseprobe.sources.nsys.export import read_nsys
     try:
         with nsys_scan.NsysScan(path, chunk_rows or nsys_scan.CHUNK_ROWS) as scan:
             for _ in range(4):  # a table out of start order: SQLite sorts it, start again
@@ -259,8 +260,8 @@ def summarize_nsys_with_span(path: str | Path, min_gap_ns: int = 100_000, top: i
 
 def _activities_account(path: str | Path, doc: TraceDoc, pids: set[int] | None
                         ) -> Mapping[str, Any]:
-    """The export's completeness account (``sources.nsys_account``) for its summary."""
-    from phaseprobe.sources.nsys_account import export_account
+    """The export's completeness account (``sources.nsys.account``) for its summary."""
+    from phaseprobe.sources.nsys.account import export_account
     k = doc.get("kernels", {})
     read = k.get("count", 0) + k.get("memcpy_count", 0) + k.get("memset_count", 0)
     return export_account(path, read, pids).to_dict()
@@ -316,7 +317,7 @@ def _document(file: str, source: str, meta: dict[str, str], names: dict[str, str
 
 
 def summarize_stats_csv(report: Any, file: str, top: int = 15) -> TraceDoc:
-    """JSON document for an ``nsys stats`` CSV (see :mod:`phaseprobe.sources.nsys_stats_csv`)."""
+    """JSON document for an ``nsys stats`` CSV (see :mod:`phaseprobe.sources.nsys.stats_csv`)."""
     import pandas as pd
 
     df: pd.DataFrame = report.frame

@@ -32,7 +32,7 @@ from typing import Any
 from phaseprobe.analysis.pd import source_deltas
 from phaseprobe.analysis.roofline import ModelCost
 from phaseprobe.records import Run
-from phaseprobe.sources.vllm_metrics import MetricSnapshot
+from phaseprobe.sources.vllm.metrics import MetricSnapshot
 
 __all__ = ["WORK_COUNTERS", "CACHE_TIERS", "WorkComparison", "self_measured_deltas",
            "prompt_sources_of", "cached_tiers_of", "PromptSources", "prompt_sources_summary",

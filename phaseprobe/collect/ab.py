@@ -6,7 +6,7 @@ arms are neighbours (a pair), and which goes first alternates, so "the second re
 pause" is not always the same arm.
 
 A sequential session (``until_decided``) evaluates its primary metric after every block of
-pairs (:mod:`phaseprobe.analysis.ab_sequential`) and stops once it is decided, or when the
+pairs (:mod:`phaseprobe.analysis.ab.sequential`) and stops once it is decided, or when the
 budget (runs per arm, minutes of measuring) is spent; why it stopped is kept in the session's
 settings, and ``resume_ab`` continues the same test (an anytime-valid interval does not mind
 another look). Each arm is one stored
@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import requests
 
-from phaseprobe.analysis.ab_sequential import SequentialPlan, StopRecord
+from phaseprobe.analysis.ab.sequential import SequentialPlan, StopRecord
 from phaseprobe.collect.ab_pd import connect_pd_arm
 from phaseprobe.collect.connection import connect
 from phaseprobe.collect.experiment import ProbeSettings, RunCollector
@@ -65,7 +65,7 @@ from phaseprobe.records import Experiment, Run, RunSpec
 from phaseprobe.store import Store
 
 if TYPE_CHECKING:  # scipy (via ab_stats) costs ~1 s to import: only at the first look
-    from phaseprobe.analysis.ab_stats import MetricComparison
+    from phaseprobe.analysis.ab.stats import MetricComparison
 
 __all__ = ["AbProgress", "NullAbProgress", "AbResult", "schedule", "run_ab", "resume_ab",
            "launch_server", "Launcher", "start_arms", "launch_pd_pair", "PdLauncher",
@@ -395,7 +395,7 @@ class _Sequential:
         self.plan, self.arms, self.progress = plan, arms, progress
         # Imported here, before the first run: scipy's ~1 s import must not land between two
         # measured runs at the first look.
-        import phaseprobe.analysis.ab_stats  # noqa: F401
+        import phaseprobe.analysis.ab.stats  # noqa: F401
         # Measuring time of earlier invocations (a resumed session): their requests and
         # pauses; this invocation's is the wall clock of its measuring loop.
         self.earlier_s = sum((r.client.e2e_s if r.client else 0.0) + pause_s
@@ -412,7 +412,7 @@ class _Sequential:
 
     def primary(self) -> MetricComparison:
         """The primary metric as the interval sees it over every stored pair."""
-        from phaseprobe.analysis.ab_stats import compare_paired, metric_by_seq, resolve_primary
+        from phaseprobe.analysis.ab.stats import compare_paired, metric_by_seq, resolve_primary
 
         runs_a, runs_b = self.arms[0].runs, self.arms[1].runs
         metric = resolve_primary(self.plan.primary, runs_a, runs_b)

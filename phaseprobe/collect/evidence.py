@@ -38,7 +38,7 @@ from phaseprobe.records import RequestSpan
 from phaseprobe.store import Store
 
 if TYPE_CHECKING:  # the readers themselves are imported only when their option is used
-    from phaseprobe.analysis.nccl_report import NcclEvidence
+    from phaseprobe.analysis.nccl.report import NcclEvidence
     from phaseprobe.analysis.trace_summary import TraceEvidence, TraceFacts
 
 __all__ = ["EvidenceOptions", "build_evidence", "prometheus_evidence", "trace_evidence",
@@ -367,7 +367,7 @@ def nccl_evidence(paths: Sequence[str], decode_steps: int) -> NcclEvidence | dic
         if not isinstance(doc, dict):
             raise ConfigError(f"--nccl {paths[0]}: not a phaseprobe nccl --json document")
         return doc
-    from phaseprobe.analysis.nccl_report import build_report
+    from phaseprobe.analysis.nccl.report import build_report
 
     report = build_report(paths, steps=decode_steps or None)
     log = report.log

@@ -24,7 +24,7 @@ from phaseprobe.analysis.vllm_work import self_measured_deltas
 from phaseprobe.collect.connection import ServerInfo, connect
 from phaseprobe.collect.fleet.scrape import FleetScraper, FleetSnapshot, RouterPage
 from phaseprobe.collect.fleet.targets import ReplicaTarget
-from phaseprobe.collect.span_attribution import attach_spans, new_tags
+from phaseprobe.collect.spans.attribution import attach_spans, new_tags
 from phaseprobe.errors import MetricsUnavailable
 from phaseprobe.records import (
     ClientTimeline,
@@ -36,16 +36,16 @@ from phaseprobe.records import (
     RunSpec,
     RunStatus,
 )
-from phaseprobe.sources.gpu_sampler import GpuSampler
+from phaseprobe.sources.gpu.sampler import GpuSampler
 from phaseprobe.sources.nvtx_marks import NvtxPhases, nvtx_range
-from phaseprobe.sources.openai_stream import (
+from phaseprobe.sources.vllm.openai_stream import (
     DEFAULT_DEADLINE_S,
     StreamClient,
     build_body,
 )
 from phaseprobe.sources.span_stores.model import SpanReader
 from phaseprobe.sources.stall_watch import StallWatch
-from phaseprobe.sources.vllm_metrics import MetricSnapshot, MetricsScraper
+from phaseprobe.sources.vllm.metrics import MetricSnapshot, MetricsScraper
 from phaseprobe.redact import redact_url
 from phaseprobe.store import Store
 

@@ -10,9 +10,9 @@ sampling period's bounds are the NVML reader's, named here for the command's opt
 
 from __future__ import annotations
 
-from phaseprobe.sources.gpu_import import GpuImport, import_dcgm, read_nvidia_smi_csv
-from phaseprobe.sources.gpu_sampler import GpuSampler
-from phaseprobe.sources.nvml import (
+from phaseprobe.sources.gpu.importer import GpuImport, import_dcgm, read_nvidia_smi_csv
+from phaseprobe.sources.gpu.sampler import GpuSampler
+from phaseprobe.sources.gpu.nvml import (
     COLUMNS,
     DEFAULT_PERIOD_S,
     MIN_PERIOD_S,

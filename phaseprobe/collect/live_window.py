@@ -58,9 +58,9 @@ from phaseprobe.collect.fleet.targets import (
 from phaseprobe.errors import ConfigError, MetricsUnavailable, StoreError, UnknownMetric
 from phaseprobe.records import RequestSpan
 from phaseprobe.redact import redact_url
-from phaseprobe.sources.openai_stream import normalize_base_url
+from phaseprobe.sources.vllm.openai_stream import normalize_base_url
 from phaseprobe.sources.query_catalog import CATALOG_ONLY
-from phaseprobe.sources.vllm_metrics import (
+from phaseprobe.sources.vllm.metrics import (
     ALIASES,
     MetricSnapshot,
     sample_spellings,
@@ -68,7 +68,7 @@ from phaseprobe.sources.vllm_metrics import (
 from phaseprobe.store import Store
 
 if TYPE_CHECKING:
-    from phaseprobe.collect.span_source import SpanReader
+    from phaseprobe.collect.spans.source import SpanReader
 
 __all__ = ["LiveOptions", "take_window", "snapshot_deltas", "replica_window",
            "DEFAULT_WINDOW_S", "SPAN_LOOKBACK_S"]
@@ -97,7 +97,7 @@ class LiveOptions:
     span_grace_s: float = 5.0
     router_metrics_url: str | None = None  # the router's own vllm_router_* page
     store_path: Path | None = None
-    spans_from: str | None = None  # a fleet's span store (collect.span_source): read there
+    spans_from: str | None = None  # a fleet's span store (collect.spans.source): read there
     api_key: str | None = field(default=None, repr=False)
     use_case: str = "chat"
     ttft_target_s: float | None = None
@@ -121,7 +121,7 @@ def take_window(opts: LiveOptions, *, session: requests.Session | None = None
     with ExitStack() as stack:
         reader = None
         if opts.spans_from is not None:  # unreachable, no table…: said before the window
-            from phaseprobe.collect.span_source import open_spans
+            from phaseprobe.collect.spans.source import open_spans
 
             reader = stack.enter_context(open_spans(opts.spans_from, opts.store_path
                                                     or Path(".")))

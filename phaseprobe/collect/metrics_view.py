@@ -14,9 +14,9 @@ import requests
 
 from phaseprobe.errors import MetricsUnavailable
 from phaseprobe.inputs import METRICS_TEXT_CAP, read_input_text
-from phaseprobe.sources.openai_stream import normalize_base_url
+from phaseprobe.sources.vllm.openai_stream import normalize_base_url
 from phaseprobe.analysis.replica_match import process_identity
-from phaseprobe.sources.vllm_metrics import MetricSnapshot, MetricsScraper, parse_exposition
+from phaseprobe.sources.vllm.metrics import MetricSnapshot, MetricsScraper, parse_exposition
 
 __all__ = ["FinishedRequests", "MetricSnapshot", "load_metrics"]
 

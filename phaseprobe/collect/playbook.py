@@ -53,12 +53,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypedDict
 
-from phaseprobe.analysis.ab_sequential import SequentialPlan, check_primary
+from phaseprobe.analysis.ab.sequential import SequentialPlan, check_primary
 from phaseprobe.collect.fleet.targets import ReplicaTarget, parse_replicas
 from phaseprobe.errors import ConfigError
 from phaseprobe.inputs import PLAYBOOK_CAP, read_input_text
 from phaseprobe.redact import redact_url, redact_urls_in, register_secret
-from phaseprobe.sources.openai_stream import normalize_base_url
+from phaseprobe.sources.vllm.openai_stream import normalize_base_url
 from phaseprobe.store import AbSessionRow
 
 if TYPE_CHECKING:  # the P/D collector's imports are only needed by a P/D arm
@@ -185,7 +185,7 @@ class RunPlan:
     timeout_s: float = 120.0  # connect, and each read (no byte for this long)
     deadline_s: float = 600.0  # the whole request, however the server trickles its bytes
     pause_s: float = 0.0  # quiet time before each run (lets the other arm's server settle)
-    # Sequential mode (analysis/ab_sequential.py): pairs until ``primary`` is decided or the
+    # Sequential mode (analysis/ab/sequential.py): pairs until ``primary`` is decided or the
     # budget (max_runs per arm, max_minutes of measuring) is spent.
     until_decided: bool = False
     max_runs: int = 60

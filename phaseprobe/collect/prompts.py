@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import requests
 
-from phaseprobe.sources.openai_stream import small_json
+from phaseprobe.sources.vllm.openai_stream import small_json
 
 __all__ = ["PromptBuilder", "BuiltPrompt"]
 

@@ -32,9 +32,9 @@ if TYPE_CHECKING:
     from phaseprobe.analysis.trace_summary import TraceDoc
     from phaseprobe.collect.experiment import ProbeResult
     from phaseprobe.collect.prom_summary import PromSidecar, PromSummaryDoc
-    from phaseprobe.collect.span_source import SpanReader
-    from phaseprobe.sources.gpu_sampler import GpuSampler
-    from phaseprobe.sources.nvml import NvmlBackend
+    from phaseprobe.collect.spans.source import SpanReader
+    from phaseprobe.sources.gpu.sampler import GpuSampler
+    from phaseprobe.sources.gpu.nvml import NvmlBackend
     from phaseprobe.sources.torch_trace import ProfileCapture
 
 __all__ = ["SessionOptions", "SessionReport", "Session"]
@@ -181,8 +181,8 @@ class Session:
             return None
         if o.spans is False or (o.spans is None and not self.local):
             return None
-        from phaseprobe.collect.span_attribution import DEFAULT_BSP_DELAY_S, SPAN_WAIT_MARGIN_S
-        from phaseprobe.collect.span_receiver import SpanReceiver, SpanSink, parse_listen
+        from phaseprobe.collect.spans.attribution import DEFAULT_BSP_DELAY_S, SPAN_WAIT_MARGIN_S
+        from phaseprobe.collect.spans.receiver import SpanReceiver, SpanSink, parse_listen
         from phaseprobe.local.server import LOCAL_BSP_DELAY_MS
 
         delay = LOCAL_BSP_DELAY_MS / 1000 if self.local else DEFAULT_BSP_DELAY_S
@@ -211,12 +211,12 @@ class Session:
     def _span_store(self) -> None:
         """``spans_from``: open and check the fleet's span store (typed errors, before any
         run); the runs wait longer for their spans, which pass the fleet's collector too."""
-        from phaseprobe.collect.span_attribution import (
+        from phaseprobe.collect.spans.attribution import (
             COLLECTOR_MARGIN_S,
             DEFAULT_BSP_DELAY_S,
             SPAN_WAIT_MARGIN_S,
         )
-        from phaseprobe.collect.span_source import open_spans
+        from phaseprobe.collect.spans.source import open_spans
 
         o = self.options  # spans_from turns spans on, whatever ``spans`` says
         if self.local:
@@ -280,7 +280,7 @@ class Session:
         return PromSidecar(client, selector=selector, wait_s=o.prom_wait_s)
 
     def _gpu_sampler(self) -> GpuSampler | None:
-        from phaseprobe.sources.gpu_sampler import open_sampler
+        from phaseprobe.sources.gpu.sampler import open_sampler
 
         o = self.options
         if o.gpu == "off":

@@ -17,7 +17,7 @@ from typing import Any
 from phaseprobe.collect.notices import Notices
 from phaseprobe.errors import ConfigError
 from phaseprobe.redact import header_secret_problem, redact_url, register_secret
-from phaseprobe.sources.openai_stream import normalize_base_url
+from phaseprobe.sources.vllm.openai_stream import normalize_base_url
 
 __all__ = ["DEFAULT_KEY_VARS", "api_key_from_env", "endpoint_or_local", "served_model",
            "endpoint_models", "normalize_base_url"]
@@ -76,7 +76,7 @@ def endpoint_models(endpoint: str, api_key: str | None, *, timeout_s: float | No
     ``timeout_s``/``deadline_s``: the probe's own, which shorten the preflight's limits."""
     import requests
 
-    from phaseprobe.sources.openai_stream import PREFLIGHT_TIMEOUT_S, check_endpoint
+    from phaseprobe.sources.vllm.openai_stream import PREFLIGHT_TIMEOUT_S, check_endpoint
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     return check_endpoint(normalize_base_url(endpoint), session=requests.Session(),

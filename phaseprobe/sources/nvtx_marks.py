@@ -1,6 +1,6 @@
 """NVTX marks of phaseprobe's own client runs (domain ``phaseprobe``), so a probe run under
 ``nsys profile`` shows each run's phases on the timeline beside the server's kernels, with
-the names :mod:`phaseprobe.sources.nsys_export` maps back to phases. A light module: the
+the names :mod:`phaseprobe.sources.nsys.export` maps back to phases. A light module: the
 probe's run loop imports it (no pandas), and every call is a no-op without the ``nvtx``
 package or without a profiler attached."""
 
@@ -38,7 +38,7 @@ class NvtxPhases:
     ``nvtx`` package, or without a profiler attached, every call is a no-op."""
 
     def __init__(self, chat: bool) -> None:
-        from phaseprobe.sources.openai_stream import TokenEventCounter
+        from phaseprobe.sources.vllm.openai_stream import TokenEventCounter
 
         try:
             import nvtx

@@ -6,7 +6,7 @@ expression with two placeholders: ``$selector`` (label matchers without braces, 
 and ``$window`` (a range such as ``5m``). The files name the *newest* vLLM metrics;
 :meth:`Query.render` rewrites them to the spellings a given Prometheus actually holds (old vLLM
 releases, ``vllm_`` exporters), from a map built by :func:`resolve_names`. The candidate
-spellings come from :data:`phaseprobe.sources.vllm_metrics.ALIASES`, the one alias table.
+spellings come from :data:`phaseprobe.sources.vllm.metrics.ALIASES`, the one alias table.
 
     catalog = load_catalog()
     catalog["avg_decode_time"].render('model_name="m"', "5m", names)
@@ -25,7 +25,7 @@ from pathlib import Path
 from phaseprobe.errors import ConfigError
 
 # sample_spellings is vllm_metrics' own prefix/_total expansion: one alias table.
-from phaseprobe.sources.vllm_metrics import ALIASES, Kind, sample_spellings
+from phaseprobe.sources.vllm.metrics import ALIASES, Kind, sample_spellings
 
 __all__ = [
     "CATALOG_ONLY",

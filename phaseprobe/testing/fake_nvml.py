@@ -7,7 +7,7 @@
 
 Each quantity is a :data:`Script`: a constant, a function of the seconds since the backend was
 created (its ``clock``), or a list of ``(t_s, value)`` steps, each value held until the next
-step. It implements :class:`phaseprobe.sources.nvml.NvmlBackend` and nothing more, so code that
+step. It implements :class:`phaseprobe.sources.gpu.nvml.NvmlBackend` and nothing more, so code that
 works with it works with the real ``pynvml`` backend.
 """
 
@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from phaseprobe.sources.nvml import GpuReading
+from phaseprobe.sources.gpu.nvml import GpuReading
 
 __all__ = ["GiB", "MiB", "Script", "FakeDevice", "FakeNvmlBackend", "demo_devices", "value_at"]
 

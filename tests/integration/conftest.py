@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from phaseprobe.collect.span_receiver import SpanReceiver, SpanSink
+from phaseprobe.collect.spans.receiver import SpanReceiver, SpanSink
 from phaseprobe.local import LocalVllm, ensure_model, install
 from phaseprobe.local.fleet import LocalFleet
 from phaseprobe.local.pd import LocalPdPair

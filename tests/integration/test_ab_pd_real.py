@@ -10,8 +10,8 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from phaseprobe.analysis.ab_pd import judge_pd
-from phaseprobe.analysis.ab_stats import compare_runs
+from phaseprobe.analysis.ab.pd import judge_pd
+from phaseprobe.analysis.ab.stats import compare_runs
 from phaseprobe.collect.ab import run_ab
 from phaseprobe.collect.playbook import parse_playbook
 from phaseprobe.store import Store

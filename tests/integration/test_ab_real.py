@@ -16,8 +16,8 @@ import sys
 import pytest
 from rich.console import Console
 
-from phaseprobe.analysis.ab_sequential import SequentialPlan
-from phaseprobe.analysis.ab_stats import compare_runs
+from phaseprobe.analysis.ab.sequential import SequentialPlan
+from phaseprobe.analysis.ab.stats import compare_runs
 from phaseprobe.collect.ab import run_ab
 from phaseprobe.collect.playbook import load_playbook
 from phaseprobe.local import ensure_model, install

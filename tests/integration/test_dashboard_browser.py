@@ -31,7 +31,7 @@ import requests
 from phaseprobe.collect.experiment import ProbeSettings, run_probe
 from phaseprobe.local.process import free_port, log_tail, process_group_alive, stop_process_group
 from phaseprobe.records import RunSpec
-from phaseprobe.sources.gpu_sampler import GpuSampler
+from phaseprobe.sources.gpu.sampler import GpuSampler
 from phaseprobe.store import Store
 from phaseprobe.testing.fake_nvml import FakeNvmlBackend, demo_devices
 

@@ -27,7 +27,7 @@ from phaseprobe.collect.interplay import (
 )
 from phaseprobe.collect.playbook import load_playbook
 from phaseprobe.local import ensure_model, install
-from phaseprobe.sources.vllm_metrics import parse_exposition
+from phaseprobe.sources.vllm.metrics import parse_exposition
 from phaseprobe.store import Store
 
 pytestmark = pytest.mark.integration

@@ -25,8 +25,8 @@ from phaseprobe.analysis.phases import engine_edges, outside_engine, summarize
 from phaseprobe.analysis.span_context import overlap_context
 from phaseprobe.collect.experiment import ProbeSettings, run_probe
 from phaseprobe.collect.open_loop import LoadSettings, OpenLoopLoad
-from phaseprobe.collect.span_attribution import new_tags
-from phaseprobe.collect.span_receiver import SpanReceiver, SpanSink, wait_for
+from phaseprobe.collect.spans.attribution import new_tags
+from phaseprobe.collect.spans.receiver import SpanReceiver, SpanSink, wait_for
 from phaseprobe.local import LocalVllm
 from phaseprobe.records import RunSpec
 from phaseprobe.store import Store
@@ -354,7 +354,7 @@ def test_live_interference_estimate_agrees_with_the_interfere_probe(local_vllm, 
     another request. They must agree in sign and order of magnitude."""
     from phaseprobe.analysis.span_context import prefill_interference
     from phaseprobe.collect.interplay import Target
-    from phaseprobe.collect.interplay_interfere import InterfereSettings, Trigger, run_interfere
+    from phaseprobe.collect.interplay.interfere import InterfereSettings, Trigger, run_interfere
 
     # The probe's default (three pairs of a 600-token B) is a difference of medians of three,
     # and A's decode varies by more than B's prefill adds on a busy box (CI runs measured

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from phaseprobe.analysis.ab_stats import compare_runs
+from phaseprobe.analysis.ab.stats import compare_runs
 from phaseprobe.collect.ab import launch_server, resume_ab, run_ab, schedule
 from phaseprobe.collect.playbook import Arm, Launch, parse_playbook, session_arms
 from phaseprobe.errors import LocalServerError

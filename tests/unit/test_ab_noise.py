@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from phaseprobe.analysis.ab_noise import diagnose_noise
+from phaseprobe.analysis.ab.noise import diagnose_noise
 
 
 def _lognormal(rng: np.random.Generator, n: int, median: float, cv: float) -> np.ndarray:

@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from phaseprobe.analysis.ab_calibration import Scenario, calibration_table, simulate
-from phaseprobe.analysis.ab_sequential import (
+from phaseprobe.analysis.ab.calibration import Scenario, calibration_table, simulate
+from phaseprobe.analysis.ab.sequential import (
     PRIMARY_METRICS,
     SequentialPlan,
     check_primary,
@@ -18,7 +18,7 @@ from phaseprobe.analysis.ab_sequential import (
     halfwidth,
     paired_log_ratios,
 )
-from phaseprobe.analysis.ab_stats import METRICS, compare_paired
+from phaseprobe.analysis.ab.stats import METRICS, compare_paired
 
 
 def test_primary_metrics_are_the_compared_metrics():

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from phaseprobe.analysis.ab_sequential import SequentialPlan
+from phaseprobe.analysis.ab.sequential import SequentialPlan
 from phaseprobe.collect.ab import NullAbProgress, resume_ab, run_ab
 from phaseprobe.collect.playbook import parse_playbook, session_plan
 from phaseprobe.errors import ConfigError

@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-from phaseprobe.analysis.ab_stats import compare_runs, compare_samples, pct, phase_line
+from phaseprobe.analysis.ab.stats import compare_runs, compare_samples, pct, phase_line
 from phaseprobe.records import ClientTimeline, Isolation, Run, ServerPhases
 
 
@@ -152,7 +152,7 @@ def test_compare_runs_uses_every_metric_and_drops_unisolated_runs():
 def test_sequential_secondary_metrics_share_one_alpha():
     # The primary decides at α; the seven others at α/7 each (Bonferroni), so an A/A's table
     # shows a false direction somewhere with probability ≤ α, not ~7α.
-    from phaseprobe.analysis.ab_sequential import SequentialPlan
+    from phaseprobe.analysis.ab.sequential import SequentialPlan
 
     rng = np.random.default_rng(12)
     a = [_run(i, 0.02 * float(np.exp(rng.normal(0, .1))), 0.2 * float(np.exp(rng.normal(0, .1))))
@@ -171,7 +171,7 @@ def test_client_metrics_whose_every_timeline_was_left_out_say_insufficient_data(
     the client metrics stay in the table as "insufficient data", never vanish or guess."""
     from dataclasses import replace
 
-    from phaseprobe.analysis.ab_sequential import SequentialPlan
+    from phaseprobe.analysis.ab.sequential import SequentialPlan
     from phaseprobe.analysis.client_check import client_consistent
 
     def starved(seq: int) -> Run:

@@ -208,7 +208,7 @@ def test_evidence_from_analyses_kept_with_the_experiment(tmp_path):
 
 def test_nccl_adapter_on_a_real_log_when_the_parser_is_there(tmp_path):
     """Thin adapter over the NCCL analyzer (skipped while that module is absent)."""
-    pytest.importorskip("phaseprobe.sources.nccl_log")
+    pytest.importorskip("phaseprobe.sources.nccl.log")
     from pathlib import Path
 
     log = Path(__file__).parents[1] / "data" / "nccl" / "v2_7_srun_socket_shm.log"

@@ -389,7 +389,7 @@ def test_kv_preallocated_log():
 
 
 def test_scaling_regression_uses_the_ab_engine_with_enough_runs():
-    pytest.importorskip("phaseprobe.analysis.ab_stats")
+    pytest.importorskip("phaseprobe.analysis.ab.stats")
     jitter = [0.0, 0.0002, -0.0002, 0.0001, -0.0001, 0.0003]
     base = ev([make_run(i, itl=0.010 + j) for i, j in enumerate(jitter)],
               tensor_parallel_size=2)

@@ -128,7 +128,7 @@ def test_probe_samples_gpus_through_the_injected_backend_and_stores_them(tmp_pat
     """The fake NVML backend stands in at the one boundary; samples land with the experiment."""
     from phaseprobe.collect.experiment import ProbeSettings, run_probe
     from phaseprobe.records import RunSpec
-    from phaseprobe.sources.gpu_sampler import open_sampler
+    from phaseprobe.sources.gpu.sampler import open_sampler
     from phaseprobe.testing.fake_nvml import FakeNvmlBackend, demo_devices
 
     sampler, why_not = open_sampler(0.01, backend=FakeNvmlBackend(demo_devices(2)))
@@ -148,7 +148,7 @@ def test_probe_samples_gpus_through_the_injected_backend_and_stores_them(tmp_pat
 
 
 def test_probe_without_nvml_says_so_and_goes_on(store_path, capsys):
-    from phaseprobe.sources.gpu_sampler import open_sampler
+    from phaseprobe.sources.gpu.sampler import open_sampler
 
     sampler, _ = open_sampler()
     if sampler is not None:

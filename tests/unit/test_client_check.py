@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from phaseprobe.analysis.ab_stats import metric_by_seq, usable
+from phaseprobe.analysis.ab.stats import metric_by_seq, usable
 from phaseprobe.analysis.checklist import Evidence
 from phaseprobe.analysis.client_check import (
     check_client,

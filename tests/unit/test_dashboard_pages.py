@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from phaseprobe.records import ClientTimeline, Experiment, Isolation, Run, RunSpec, ServerPhases
-from phaseprobe.sources.nvml import COLUMNS
+from phaseprobe.sources.gpu.nvml import COLUMNS
 from phaseprobe.store import Store
 from tests.dashboard_apptest import count_charts, goto, open_app, page_text
 
@@ -280,7 +280,7 @@ def test_ab_page_shows_a_stored_session(monkeypatch, tmp_path):
 
 
 def test_ab_page_shows_a_sequential_session_with_why_it_stopped(monkeypatch, tmp_path):
-    from phaseprobe.analysis.ab_sequential import SequentialPlan
+    from phaseprobe.analysis.ab.sequential import SequentialPlan
 
     plan = SequentialPlan(min_effect=0.05, max_runs=8)
     stop = {"reason": "decided", "primary": "server_decode_s", "verdict": "improvement",
@@ -386,9 +386,9 @@ def test_interfere_pairs_on_one_clock(monkeypatch, tmp_path):
     """An interfere experiment's pairs, read back from the stored runs: A and B on A's clock,
     B's send and first token marked, A's gaps over time."""
     from phaseprobe.analysis.interplay import interfere_role
-    from phaseprobe.collect.interplay_context import concurrent_run
+    from phaseprobe.collect.interplay.context import concurrent_run
     from phaseprobe.present.dashboard.interfere_pairs import a_gaps, pair_lanes, pairs
-    from phaseprobe.sources.openai_stream import StreamOutcome
+    from phaseprobe.sources.vllm.openai_stream import StreamOutcome
 
     def outcome(sent_ns: int, offsets_ms: list[float]) -> StreamOutcome:
         ev = tuple(int(t * 1e6) for t in offsets_ms)

@@ -8,7 +8,7 @@ import pytest
 from phaseprobe.collect.playbook import PlaybookError, parse_playbook
 from phaseprobe.collect.target import served_model
 from phaseprobe.errors import ConfigError
-from phaseprobe.sources.openai_stream import normalize_base_url
+from phaseprobe.sources.vllm.openai_stream import normalize_base_url
 from phaseprobe.testing.sse_server import Script, SseServer
 
 

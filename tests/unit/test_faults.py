@@ -22,7 +22,7 @@ import pytest
 from phaseprobe.collect.experiment import ProbeResult, ProbeSettings, run_probe
 from phaseprobe.present.cli import main
 from phaseprobe.records import Run, RunSpec
-from phaseprobe.sources.openai_stream import MAX_EVENT_BYTES
+from phaseprobe.sources.vllm.openai_stream import MAX_EVENT_BYTES
 from phaseprobe.store import Store
 from phaseprobe.testing.sse_server import Script, SseServer
 
@@ -443,7 +443,7 @@ def test_json_output_never_carries_nan_or_infinity():
 def test_the_interplay_probes_and_playbooks_bound_each_request_by_their_deadline():
     """prefix/batch/interfere take --deadline like probe; a playbook's [run] deadline_s bounds
     each A/B (and interfere --playbook) request: a trickling server cannot hold them longer."""
-    from phaseprobe.collect.interplay_context import ProbeContext, Target
+    from phaseprobe.collect.interplay.context import ProbeContext, Target
     from phaseprobe.collect.playbook import parse_playbook
     from phaseprobe.present.cli.entry import build_parser
 

@@ -19,7 +19,7 @@ from phaseprobe.collect.fleet.targets import parse_replica, parse_replicas
 from phaseprobe.errors import ConfigError
 from phaseprobe.present.cli import main
 from phaseprobe.records import RunSpec
-from phaseprobe.sources.vllm_metrics import parse_exposition
+from phaseprobe.sources.vllm.metrics import parse_exposition
 from phaseprobe.store import Store
 from phaseprobe.testing.sse_server import Script, SseServer
 from tests.fleet_proxy import RoundRobinProxy
@@ -349,7 +349,7 @@ def test_playbook_replicas_need_an_endpoint_and_valid_names():
 
 
 def test_a_span_names_the_replica_its_counters_knew_only_by_host_port():
-    from phaseprobe.collect.span_attribution import replica_from_span
+    from phaseprobe.collect.spans.attribution import replica_from_span
     from phaseprobe.records import ReplicaAttribution, RequestSpan
 
     span = RequestSpan(trace_id="0" * 32, span_id="1" * 16, request_id=None, model=MODEL,

@@ -18,14 +18,14 @@ from rich.console import Console
 
 from phaseprobe.errors import ConfigError, EmptyResult, ParseError
 from phaseprobe.present.cli import cmd_gpu
-from phaseprobe.sources.gpu_import import (
+from phaseprobe.sources.gpu.importer import (
     DCGM_METRICS,
     DEFAULT_FIELDS,
     import_dcgm,
     parse_nvidia_smi_csv,
     read_nvidia_smi_csv,
 )
-from phaseprobe.sources.nvml import COLUMNS
+from phaseprobe.sources.gpu.nvml import COLUMNS
 from phaseprobe.sources.prometheus import PrometheusClient
 from tests.prometheus_stub import Reply, Stub
 

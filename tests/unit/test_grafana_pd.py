@@ -21,7 +21,7 @@ from phaseprobe.collect.metrics_view import load_metrics
 from phaseprobe.present.grafana import build as gb
 from phaseprobe.present.grafana.lint import DEPLOYMENT_ONLY, lint_dashboard
 from phaseprobe.sources.query_catalog import CATALOG_ONLY, load_catalog
-from phaseprobe.sources.vllm_metrics import ALIASES, parse_exposition
+from phaseprobe.sources.vllm.metrics import ALIASES, parse_exposition
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "phaseprobe" / "dashboards" / gb.DASHBOARD_FILE

@@ -358,7 +358,7 @@ _TRUNCATED = ("h1:10:20 [0] NCCL INFO Channel 00/0 : 0[0] ->\n"
 
 
 BUG_NCCL_ZLIB = (
-    "BUG phaseprobe/sources/nccl_log.py:parse_files: a .gz whose deflate data is corrupt raises "
+    "BUG phaseprobe/sources/nccl/log.py:parse_files: a .gz whose deflate data is corrupt raises "
     "zlib.error (not an OSError), which escapes as a traceback — fix: add zlib.error to the "
     "caught (OSError, EOFError, gzip.BadGzipFile) and raise ConfigError(f'{path}: cannot read "
     "(corrupt gzip: ...)')")

@@ -25,8 +25,8 @@ from phaseprobe.errors import (
     MetricsUnavailable,
     PrometheusUnreachable,
 )
-from phaseprobe.sources.openai_stream import StreamClient, build_body, check_endpoint
-from phaseprobe.sources.vllm_metrics import MetricsScraper
+from phaseprobe.sources.vllm.openai_stream import StreamClient, build_body, check_endpoint
+from phaseprobe.sources.vllm.metrics import MetricsScraper
 from tests.hostile_cases import CannedServer, Reply, json_reply, stream_bytes
 
 MiB = 1 << 20
@@ -118,14 +118,14 @@ def test_prometheus_and_grafana_gzip_bombs_are_refused(server, monkeypatch):
 
 
 def test_small_json_answers_past_their_cap_are_not_available(server):
-    from phaseprobe.sources.openai_stream import small_json
+    from phaseprobe.sources.vllm.openai_stream import small_json
 
     assert small_json(requests.Session(), "GET", server.url("bomb") + "/version", headers={},
                       timeout_s=2) is None
 
 
 def test_the_otlp_forward_reads_a_bounded_reply(server):
-    from phaseprobe.collect.span_receiver import Forwarder, ReceiverStats
+    from phaseprobe.collect.spans.receiver import Forwarder, ReceiverStats
 
     stats = ReceiverStats()
     fwd = Forwarder(server.url("bomb"), stats, timeout_s=2)
@@ -237,7 +237,7 @@ def test_sse_with_cr_or_crlf_line_endings_is_read(server, scenario):
 def test_a_crlf_pair_split_across_chunks_is_one_line_end():
     """A CR ending one chunk and the LF opening the next are one line end, not two (which
     would end an event early)."""
-    from phaseprobe.sources import openai_stream
+    from phaseprobe.sources.vllm import openai_stream
 
     chunks = [b"data: " + _TOKEN.encode() + b"\r", b"\n\r\n", b"data: [DONE]\r\n\r\n"]
 

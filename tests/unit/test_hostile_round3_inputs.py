@@ -17,11 +17,11 @@ from phaseprobe.collect.efficiency import (
     model_root_note,
     roofline_report,
 )
-from phaseprobe.collect.span_import import import_otlp_json
+from phaseprobe.collect.spans.importer import import_otlp_json
 from phaseprobe.errors import ConfigError, OtlpError, TraceError
 from phaseprobe.inputs import MAX_DECOMPRESSED_ENV, MAX_RATIO_ENV, open_stream, path_problem
 from phaseprobe.present.cli.entry import main
-from phaseprobe.sources.nccl_log import parse_files
+from phaseprobe.sources.nccl.log import parse_files
 from phaseprobe.sources.torch_trace import read_torch_trace
 from phaseprobe.store import Store
 
@@ -82,8 +82,8 @@ def test_a_bad_limit_in_the_environment_is_named(tmp_path: Path, value: str,
 
 def test_every_gzip_reader_is_bounded(bomb: Path, tmp_path: Path) -> None:
     """NCCL logs, nccl-tests output, NCCL warnings, torch traces, OTLP JSON: one helper."""
-    from phaseprobe.analysis.nccl_warnings import classify_file
-    from phaseprobe.sources.nccl_tests import parse_nccl_tests_file
+    from phaseprobe.analysis.nccl.warnings import classify_file
+    from phaseprobe.sources.nccl.tests_table import parse_nccl_tests_file
 
     for read in (lambda: parse_files([bomb]), lambda: parse_nccl_tests_file(bomb),
                  lambda: classify_file(bomb)):

@@ -70,7 +70,7 @@ def test_the_probe_result_compares_a_lengthened_a_with_a_alone_at_the_same_lengt
     """Seen on main: A alone decoded 16 tokens (28 ms), the probe doubled A twice after late
     pairs, and the verdict set 128 ms with B against 28 ms alone (4.5×)."""
     from phaseprobe.analysis.interplay import stall
-    from phaseprobe.collect.interplay_interfere import InterfereResult
+    from phaseprobe.collect.interplay.interfere import InterfereResult
 
     pace = 0.0019
     a = [0.01 + pace * i for i in range(64)]

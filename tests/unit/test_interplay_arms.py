@@ -31,7 +31,7 @@ from phaseprobe.collect.playbook import parse_playbook
 from phaseprobe.errors import ConfigError
 from phaseprobe.present.cli import main
 from phaseprobe.records import Isolation, Run
-from phaseprobe.sources.openai_stream import StreamClient, TokenEventCounter, build_body
+from phaseprobe.sources.vllm.openai_stream import StreamClient, TokenEventCounter, build_body
 from phaseprobe.store import Store
 from phaseprobe.testing.sse_server import Script, SseServer
 

@@ -15,7 +15,7 @@ from phaseprobe.collect.interplay import InterfereSettings, Target, Trigger, run
 from phaseprobe.collect.pd.sender import PdSender
 from phaseprobe.collect.pd.topology import PdTopology
 from phaseprobe.present.cli import main
-from phaseprobe.sources.openai_stream import StreamClient, TokenEventCounter, build_body
+from phaseprobe.sources.vllm.openai_stream import StreamClient, TokenEventCounter, build_body
 from phaseprobe.store import Store
 from phaseprobe.testing.sse_server import Script, SseServer
 

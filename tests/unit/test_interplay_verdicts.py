@@ -330,7 +330,7 @@ def test_a_client_too_starved_to_send_b_on_time_is_named_as_the_cause(tmp_path, 
     # B's thread oversleeps by 0.4 s, as a starved client does.
     import time as real_time
 
-    import phaseprobe.collect.interplay_interfere as mod
+    import phaseprobe.collect.interplay.interfere as mod
 
     class Starved:
         def __getattr__(self, name):

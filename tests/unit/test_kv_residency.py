@@ -12,7 +12,7 @@ from phaseprobe.analysis.kv_residency import kv_residency, snapshot_buckets
 from phaseprobe.analysis.rules.kv_residency import evicted_before_reuse
 from phaseprobe.analysis.rules.live_base import LiveEvidence, ReplicaWindow
 from phaseprobe.present import cli
-from phaseprobe.sources.vllm_metrics import parse_exposition
+from phaseprobe.sources.vllm.metrics import parse_exposition
 
 INF = float("inf")
 EDGES = (0.001, 0.01, 0.1, 1.0, 10.0, 100.0, INF)

@@ -18,7 +18,7 @@ from phaseprobe.analysis.rules.live_base import LiveEvidence, ReplicaWindow
 from phaseprobe.collect.live_window import replica_window, snapshot_deltas
 from phaseprobe.errors import ConfigError
 from phaseprobe.records import RequestSpan
-from phaseprobe.sources.vllm_metrics import parse_exposition
+from phaseprobe.sources.vllm.metrics import parse_exposition
 
 
 def rw(name: str = "r1", *, n: float = 50, queue: float = 0.005, ttft: float = 0.1,

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from phaseprobe.present.cli import main
-from phaseprobe.sources.nccl_lines import parse_header
-from phaseprobe.sources.nccl_log import parse_files, parse_lines
+from phaseprobe.sources.nccl.lines import parse_header
+from phaseprobe.sources.nccl.log import parse_files, parse_lines
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "nccl"
 CUT = DATA / "cut_channel_summary_2proc_shm.log"  # written by the project (issue 30's case)

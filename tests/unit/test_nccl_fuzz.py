@@ -6,9 +6,9 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from phaseprobe.analysis.nccl_summary import summarize
+from phaseprobe.analysis.nccl.summary import summarize
 from phaseprobe.errors import ParseError
-from phaseprobe.sources.nccl_log import NcclLogParser, parse_lines
+from phaseprobe.sources.nccl.log import NcclLogParser, parse_lines
 
 _PIECES = [
     "h:1:2 [0] NCCL INFO ", "h:1:3 [1] NCCL WARN ", "NCCL version 2.18.3+cuda12.2",

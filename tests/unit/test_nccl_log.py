@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from phaseprobe.errors import ConfigError, ParseError
-from phaseprobe.sources.nccl_lines import parse_header, split_record, transport_kind
-from phaseprobe.sources.nccl_log import NcclLogParser, parse_files, parse_lines
+from phaseprobe.sources.nccl.lines import parse_header, split_record, transport_kind
+from phaseprobe.sources.nccl.log import NcclLogParser, parse_files, parse_lines
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "nccl"
 

@@ -7,7 +7,7 @@ import io
 import json
 from pathlib import Path
 
-from phaseprobe.analysis.nccl_report import build_report, diff_reports
+from phaseprobe.analysis.nccl.report import build_report, diff_reports
 from phaseprobe.present.cli import main
 from phaseprobe.present.cli.cmd_nccl import bar
 

@@ -14,9 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from phaseprobe.analysis.nccl_summary import summarize
-from phaseprobe.sources import nccl_log, nccl_split
-from phaseprobe.sources.nccl_log import parse_files, parse_lines
+from phaseprobe.analysis.nccl.summary import summarize
+from phaseprobe.sources.nccl import log as nccl_log
+from phaseprobe.sources.nccl import split as nccl_split
+from phaseprobe.sources.nccl.log import parse_files, parse_lines
 from tests.unit.test_nccl_blocks import _PIECES, _coll, _long_log
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "nccl"

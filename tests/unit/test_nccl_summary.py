@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from phaseprobe.analysis.nccl_summary import decode_steps, diff, size_bucket, summarize
+from phaseprobe.analysis.nccl.summary import decode_steps, diff, size_bucket, summarize
 from phaseprobe.errors import ConfigError, StoreError
 from phaseprobe.present.cli import cmd_nccl
-from phaseprobe.sources.nccl_log import parse_files, parse_lines
+from phaseprobe.sources.nccl.log import parse_files, parse_lines
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "nccl"
 

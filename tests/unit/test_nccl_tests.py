@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from phaseprobe.errors import ConfigError
-from phaseprobe.sources.nccl_tests import (
+from phaseprobe.sources.nccl.tests_table import (
     NcclTestsResult,
     diff_nccl_tests,
     parse_nccl_tests,

@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from phaseprobe.analysis.nccl_report import build_report
+from phaseprobe.analysis.nccl.report import build_report
 from phaseprobe.analysis.rules.base import Evidence
 from phaseprobe.analysis.rules.parallel import read_complete
 from phaseprobe.sources.launcher_prefix import PREFIX_PAD, prefix_ends, read_prefix
-from phaseprobe.sources.nccl_tests import parse_nccl_tests_file
+from phaseprobe.sources.nccl.tests_table import parse_nccl_tests_file
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "nccl"
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from phaseprobe.analysis.nccl_warnings import CATEGORIES, Finding, by_category, classify_warnings
+from phaseprobe.analysis.nccl.warnings import CATEGORIES, Finding, by_category, classify_warnings
 from phaseprobe.errors import ConfigError
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "nccl"
@@ -165,7 +165,7 @@ def _every_fixture() -> list[Path]:
 
 @pytest.mark.parametrize("chunk", [64, 4096, 16 << 20])
 def test_classify_file_equals_line_by_line_on_every_fixture(tmp_path, monkeypatch, chunk):
-    import phaseprobe.analysis.nccl_warnings as nw
+    import phaseprobe.analysis.nccl.warnings as nw
 
     monkeypatch.setattr(nw, "_CHUNK", chunk)  # lines cut at chunk ends must still be whole
     seen = 0
@@ -184,7 +184,7 @@ def test_classify_file_equals_line_by_line_on_every_fixture(tmp_path, monkeypatc
 
 
 def test_classify_file_errors_name_the_file(tmp_path):
-    import phaseprobe.analysis.nccl_warnings as nw
+    import phaseprobe.analysis.nccl.warnings as nw
 
     with pytest.raises(ConfigError, match="nope.log: no such file"):
         nw.classify_file(tmp_path / "nope.log")

@@ -12,7 +12,7 @@ import pytest
 from phaseprobe.analysis.rules.base import Evidence
 from phaseprobe.analysis.rules.parallel import read_complete
 from phaseprobe.analysis.trace_summary import summarize, summarize_nsys_export
-from phaseprobe.sources.nsys_export import read_nsys
+from phaseprobe.sources.nsys.export import read_nsys
 from tests.unit.test_nsys_export import PID, SCHEMA_2022, build
 
 # Two more ranks of the same job: 4243 created CUDA streams and ran nothing the export holds

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from phaseprobe.analysis import timeline as tla
 from phaseprobe.errors import TraceError
-from phaseprobe.sources.nsys_export import read_nsys
+from phaseprobe.sources.nsys.export import read_nsys
 
 TID = (4242 << 24) | 4243  # globalTid of pid 4242, tid 4243 (nsys serialisation)
 PID = 4242 << 24
@@ -252,7 +252,7 @@ def test_nvtx_range_uses_the_phaseprobe_domain(monkeypatch: pytest.MonkeyPatch) 
     import sys
     import types
 
-    from phaseprobe.sources.nsys_export import nvtx_range
+    from phaseprobe.sources.nsys.export import nvtx_range
     seen: list[tuple[str, str]] = []
 
     @contextlib.contextmanager
@@ -395,7 +395,7 @@ INSERT INTO TARGET_INFO_CUDA_DEVICE VALUES (11, 0, 4242), (12, 0, 777);"""
 
 def test_column_reader_equals_the_row_reader_and_falls_back_on_text(export_2022: Path,
                                                                       tmp_path: Path) -> None:
-    from phaseprobe.sources.nsys_export import _Export, open_export
+    from phaseprobe.sources.nsys.export import _Export, open_export
     exprs = ["start", '"end"', "coalesce(correlationId, -1)", "coalesce(globalTid, 0)"]
     conn = open_export(export_2022)
     ex = _Export(conn, str(export_2022))

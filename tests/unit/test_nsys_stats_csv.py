@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from phaseprobe.errors import TraceError
-from phaseprobe.sources.nsys_stats_csv import normalise_column, read_stats_csv
+from phaseprobe.sources.nsys.stats_csv import normalise_column, read_stats_csv
 
 NEW_KERN = """Generating SQLite file report.sqlite from report.nsys-rep
 Processing [report.sqlite] with [/opt/nvidia/nsight-systems/2024.5.1/reports/cuda_gpu_kern_sum.py]...

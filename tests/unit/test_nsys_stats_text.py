@@ -14,8 +14,8 @@ import pytest
 
 from phaseprobe.errors import TraceError
 from phaseprobe.present.cli import main
-from phaseprobe.sources.nsys_stats_csv import read_stats_csv
-from phaseprobe.sources.nsys_stats_text import (
+from phaseprobe.sources.nsys.stats_csv import read_stats_csv
+from phaseprobe.sources.nsys.stats_text import (
     looks_like_stats_text,
     read_stats_text,
     read_stats_text_account,

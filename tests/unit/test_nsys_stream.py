@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 from phaseprobe.analysis import trace_summary
-from phaseprobe.sources import nsys_export, nsys_scan
-from phaseprobe.sources.nsys_export import read_nsys
+from phaseprobe.sources.nsys import export as nsys_export
+from phaseprobe.sources.nsys import scan as nsys_scan
+from phaseprobe.sources.nsys.export import read_nsys
 
 PIDS = (4242 << 24, 5151 << 24)
 TIDS = (PIDS[0] | 4243, PIDS[0] | 4250, PIDS[1] | 5152)

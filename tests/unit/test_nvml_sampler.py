@@ -18,8 +18,8 @@ from rich.console import Console
 
 from phaseprobe.errors import ConfigError, NvmlUnavailable
 from phaseprobe.present.cli import cmd_gpu
-from phaseprobe.sources.gpu_sampler import GpuSampler, open_sampler
-from phaseprobe.sources.nvml import (
+from phaseprobe.sources.gpu.sampler import GpuSampler, open_sampler
+from phaseprobe.sources.gpu.nvml import (
     COLUMNS,
     PynvmlBackend,
     conform,

@@ -18,7 +18,7 @@ from phaseprobe.analysis.checklist import Evidence, run_checklist
 from phaseprobe.analysis.nvtx_layers import layer_kind, module_path
 from phaseprobe.analysis.rules.layers import layer_time
 from phaseprobe.present.cli.cmd_trace import render
-from phaseprobe.sources.nsys_export import read_nsys
+from phaseprobe.sources.nsys.export import read_nsys
 from tests.vllm_layerwise_export import MARKERS, build_export
 
 

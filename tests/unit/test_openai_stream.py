@@ -4,7 +4,7 @@ import pytest
 import requests
 
 from phaseprobe.errors import EndpointUnreachable
-from phaseprobe.sources.openai_stream import (
+from phaseprobe.sources.vllm.openai_stream import (
     MAX_USAGE_TOKENS,
     StreamClient,
     build_body,

@@ -10,8 +10,8 @@ import pytest
 from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from phaseprobe.sources.otlp_json_fast import build_request
-from phaseprobe.sources.otlp_spans import decode_json, hex_ids_to_base64
+from phaseprobe.sources.vllm.otlp_json_fast import build_request
+from phaseprobe.sources.vllm.otlp_spans import decode_json, hex_ids_to_base64
 from phaseprobe.testing.otlp_payloads import export_request, other_span, to_otlp_json, vllm_span
 
 T0 = 1_700_000_000_000_000_000
@@ -82,7 +82,7 @@ def test_the_fast_path_builds_what_json_format_builds_or_steps_aside(name, doc):
 
 
 def _slow_batch(doc: dict):
-    from phaseprobe.sources.otlp_spans import decode_request
+    from phaseprobe.sources.vllm.otlp_spans import decode_request
 
     return decode_request(_slow(doc), "<t>")
 

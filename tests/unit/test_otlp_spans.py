@@ -1,4 +1,4 @@
-"""OTLP trace decoding (phaseprobe.sources.otlp_spans): protobuf and OTLP/JSON give the same
+"""OTLP trace decoding (phaseprobe.sources.vllm.otlp_spans): protobuf and OTLP/JSON give the same
 records, attribute aliases across vLLM versions, every span accounted for (request, other or
 rejected), hostile values and payloads become typed errors or None fields, never a crash."""
 
@@ -19,7 +19,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Sp
 
 from phaseprobe.errors import OtlpError
 from phaseprobe.records import RequestSpan
-from phaseprobe.sources.otlp_spans import (
+from phaseprobe.sources.vllm.otlp_spans import (
     ATTRIBUTE_ALIASES,
     MAX_ATTRIBUTES_STORED,
     SpanBatch,

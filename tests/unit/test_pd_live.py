@@ -28,7 +28,7 @@ from phaseprobe.collect.live_window import replica_window
 from phaseprobe.collect.watch_counters import FinishedCounter, ReplicaCounters
 from phaseprobe.present.cli.watch_fleet import kv_path_lines
 from phaseprobe.records import ClientTimeline, Isolation, PdLegs, Run
-from phaseprobe.sources.vllm_metrics import parse_exposition
+from phaseprobe.sources.vllm.metrics import parse_exposition
 
 LAB = 'engine="0",model_name="m"'
 # vLLM 0.32's request-latency buckets (queue and prefill time)

@@ -14,7 +14,7 @@ from phaseprobe.analysis.pd import kv_verdict, pd_legs, source_deltas
 from phaseprobe.collect.pd.collector import joined_timeline
 from phaseprobe.present.cli import main
 from phaseprobe.records import ClientTimeline, ServerPhases
-from phaseprobe.sources.vllm_metrics import parse_exposition
+from phaseprobe.sources.vllm.metrics import parse_exposition
 from phaseprobe.store import Store
 from phaseprobe.testing.sse_server import Script, SseServer
 

@@ -2,7 +2,7 @@ import pytest
 
 from phaseprobe.analysis.phases import attribute, histograms_moved, percentile, summarize
 from phaseprobe.records import ClientTimeline, Isolation, Run
-from phaseprobe.sources.vllm_metrics import parse_exposition
+from phaseprobe.sources.vllm.metrics import parse_exposition
 from tests.unit.metrics_text import exposition
 
 BEFORE_SUMS = {"request_queue_time_seconds": 0.5, "request_prefill_time_seconds": 1.0,

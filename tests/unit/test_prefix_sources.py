@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from phaseprobe.collect.interplay import Target, run_prefix
-from phaseprobe.collect.interplay_prefix import experiment_residency
+from phaseprobe.collect.interplay.prefix import experiment_residency
 from phaseprobe.present.cli import main
-from phaseprobe.sources.vllm_metrics import parse_exposition
+from phaseprobe.sources.vllm.metrics import parse_exposition
 from phaseprobe.store import Store
 from phaseprobe.testing.sse_server import RequestRecord, Script, SseServer
 from tests.fleet_proxy import RoundRobinProxy

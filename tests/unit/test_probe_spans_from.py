@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from phaseprobe.collect.pd.spans import attach_pd_spans
-from phaseprobe.collect.span_attribution import attach_spans
+from phaseprobe.collect.spans.attribution import attach_spans
 from phaseprobe.store import Store
 from tests.unit.span_store_data import chdb_store
 from tests.unit.test_pd_spans import legs

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from phaseprobe.analysis.nccl_report import build_report
+from phaseprobe.analysis.nccl.report import build_report
 from phaseprobe.analysis.rules.base import Evidence
 from phaseprobe.analysis.rules.parallel import read_complete
 from phaseprobe.analysis.trace_summary import summarize_nsys_file

@@ -15,7 +15,7 @@ import pytest
 from phaseprobe.collect.experiment import reported_path
 from phaseprobe.present.cli import main
 from phaseprobe.records import ResponseTimings
-from phaseprobe.sources.openai_stream import StreamClient, build_body, response_timings
+from phaseprobe.sources.vllm.openai_stream import StreamClient, build_body, response_timings
 from phaseprobe.store import SCHEMA_VERSION, Store
 from phaseprobe.testing.sse_server import Script, SseServer
 

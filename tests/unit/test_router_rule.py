@@ -6,7 +6,7 @@ from __future__ import annotations
 from phaseprobe.analysis.router_window import router_window
 from phaseprobe.analysis.rules.live_base import LiveEvidence, ReplicaWindow
 from phaseprobe.analysis.rules.router import router_health
-from phaseprobe.sources.vllm_metrics import parse_exposition
+from phaseprobe.sources.vllm.metrics import parse_exposition
 
 A, B = "http://10.0.0.5:8000", "http://10.0.0.6:8000"
 NAMES = {A: "r1", B: "r2"}

@@ -61,7 +61,7 @@ def test_bad_peaks_fail_before_any_server_is_asked(tmp_path):
 
 
 def test_no_nvml_is_said_once_and_the_session_goes_on(tmp_path, monkeypatch):
-    from phaseprobe.sources import gpu_sampler
+    from phaseprobe.sources.gpu import sampler as gpu_sampler
 
     monkeypatch.setattr(gpu_sampler, "open_sampler",
                         lambda *a, **k: (None, "NVML not available (no NVIDIA driver)"))

@@ -1,4 +1,4 @@
-"""Probe runs attributed by their own span (collect.span_attribution): matched by trace id,
+"""Probe runs attributed by their own span (collect.spans.attribution): matched by trace id,
 both sources kept for an isolated run, the span's phases for a run that shared the server,
 and a clear note (not a hang) when no span comes."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 from phaseprobe.analysis.phases import summarize
-from phaseprobe.collect.span_attribution import attach_spans, new_tags
+from phaseprobe.collect.spans.attribution import attach_spans, new_tags
 from phaseprobe.records import (
     ClientTimeline,
     Experiment,

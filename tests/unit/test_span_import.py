@@ -1,5 +1,5 @@
 """Importing OTLP JSON lines (the OpenTelemetry Collector's file exporter) into the store
-(phaseprobe.collect.span_import): good lines stored, bad ones named by file and line and
+(phaseprobe.collect.spans.importer): good lines stored, bad ones named by file and line and
 skipped, gzip and pretty-printed documents read, re-imports idempotent."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from phaseprobe.collect import span_import
-from phaseprobe.collect.span_import import import_otlp_json
+from phaseprobe.collect.spans import importer as span_import
+from phaseprobe.collect.spans.importer import import_otlp_json
 from phaseprobe.errors import OtlpError
 from phaseprobe.store import Store
 from phaseprobe.testing.otlp_payloads import export_request, other_span, to_otlp_json, vllm_span

@@ -1,4 +1,4 @@
-"""The OTLP span receiver (phaseprobe.collect.span_receiver) on real sockets: OTLP/HTTP and
+"""The OTLP span receiver (phaseprobe.collect.spans.receiver) on real sockets: OTLP/HTTP and
 OTLP/gRPC on ephemeral ports, spans committed before the success answer, retries stored once,
 every hostile input answered with its own status while everything received before stays in the
 store, store failures answered as "retry later", and forwarding to the user's collector.
@@ -29,7 +29,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc import TraceServiceStub
 
-from phaseprobe.collect.span_receiver import (
+from phaseprobe.collect.spans.receiver import (
     TRACES_PATH,
     SpanReceiver,
     SpanSink,
@@ -37,7 +37,7 @@ from phaseprobe.collect.span_receiver import (
     wait_for,
 )
 from phaseprobe.errors import ConfigError, StoreError
-from phaseprobe.sources.otlp_spans import decode_protobuf
+from phaseprobe.sources.vllm.otlp_spans import decode_protobuf
 from phaseprobe.store import Store
 from phaseprobe.testing.otlp_payloads import export_request, other_span, to_otlp_json, vllm_span
 

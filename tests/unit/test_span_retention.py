@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from phaseprobe.collect.span_retention import (
+from phaseprobe.collect.spans.retention import (
     RetentionPolicy,
     SpanRetention,
     parse_age,
@@ -127,12 +127,12 @@ def test_long_watch_with_retention_stays_under_its_bound(tmp_path: Path):
 def test_retention_by_age_with_a_receiver_writing(tmp_path: Path):
     """A SpanSink (the receiver's writer) commits batches from a thread while retention prunes
     by age in batches: every batch lands, none is refused, and only old spans go."""
-    from phaseprobe.sources.otlp_spans import SpanBatch  # the receiver's decoded batch
+    from phaseprobe.sources.vllm.otlp_spans import SpanBatch  # the receiver's decoded batch
 
     path = tmp_path / "r.sqlite"
     with Store(path) as store:
         _add(store, [_span(i, T0 + i * (S // 1000)) for i in range(20_000)])  # 20 s of spans
-    from phaseprobe.collect.span_receiver import SpanSink
+    from phaseprobe.collect.spans.receiver import SpanSink
 
     sink = SpanSink(path)
     errors: list[BaseException] = []

@@ -13,8 +13,8 @@ import pytest
 
 from phaseprobe.errors import StoreError
 from phaseprobe.records import ClientTimeline, Experiment, Isolation, Run, RunSpec
-from phaseprobe.sources.gpu_sampler import GpuSampler
-from phaseprobe.sources.nvml import COLUMNS
+from phaseprobe.sources.gpu.sampler import GpuSampler
+from phaseprobe.sources.gpu.nvml import COLUMNS
 from phaseprobe.store import GPU_SAMPLE_COLUMNS, SCHEMA_VERSION, Store
 from phaseprobe.testing.fake_nvml import FakeNvmlBackend, demo_devices
 
@@ -101,7 +101,7 @@ def test_samples_need_an_experiment(tmp_path):
 
 
 def test_store_and_nvml_do_not_import_pandas():
-    code = ("import sys, phaseprobe.store, phaseprobe.sources.nvml, "
+    code = ("import sys, phaseprobe.store, phaseprobe.sources.gpu.nvml, "
             "phaseprobe.testing.fake_nvml; print('pandas' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True)

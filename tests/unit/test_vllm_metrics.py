@@ -2,7 +2,7 @@ import pytest
 import requests
 
 from phaseprobe.errors import MetricsUnavailable, UnknownMetric
-from phaseprobe.sources.vllm_metrics import ALIASES, MetricsScraper, parse_exposition
+from phaseprobe.sources.vllm.metrics import ALIASES, MetricsScraper, parse_exposition
 from tests.unit.metrics_text import exposition
 
 

@@ -19,7 +19,7 @@ from phaseprobe.analysis.vllm_work import (
 from phaseprobe.collect.efficiency import BOUND_MODEL, efficiency_report, work_report
 from phaseprobe.present.cli.console import prompt_sources_line, render_work
 from phaseprobe.records import ClientTimeline, Isolation, Run, ServerPhases
-from phaseprobe.sources.vllm_metrics import parse_exposition
+from phaseprobe.sources.vllm.metrics import parse_exposition
 
 
 @pytest.fixture(autouse=True)

@@ -2,7 +2,7 @@
 
 Per phase metric (TPOT, prefill, queue, TTFT; lower is better) and identified replica, the
 replica's requests are the B arm and every other identified replica's are the A arm of
-:func:`phaseprobe.analysis.ab_stats.compare_samples`: the ratio of medians replica/rest, its
+:func:`phaseprobe.analysis.ab.stats.compare_samples`: the ratio of medians replica/rest, its
 bootstrap interval (the two sides resampled independently) and a two-sided Mann–Whitney U test.
 
 Verdict (never against its own numbers):
@@ -34,7 +34,7 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 
-from phaseprobe.analysis.ab_stats import compare_samples
+from phaseprobe.analysis.ab.stats import compare_samples
 from phaseprobe.analysis.fleet.frame import UNKNOWN_REPLICA, replicas_of
 from phaseprobe.analysis.fleet.words import p_text, ratio_text
 

@@ -367,7 +367,7 @@ def scaling_regression(ev: Evidence) -> Verdict:
 def _significance(few: Evidence, many: Evidence, keys: list[str]
                   ) -> dict[str, dict[str, object]]:
     """The A/B engine's verdict per metric, where it has enough runs."""
-    from phaseprobe.analysis.ab_stats import compare_samples  # scipy: only with a baseline
+    from phaseprobe.analysis.ab.stats import compare_samples  # scipy: only with a baseline
 
     out: dict[str, dict[str, object]] = {}
     for key in keys:

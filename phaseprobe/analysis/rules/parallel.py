@@ -14,7 +14,7 @@ UTIL_SPREAD_EVEN_PP = 15.0     # max − min mean utilisation (percentage points
 IDLE_WARN = 0.10               # idle share of the traced span
 IDLE_FAIL = 0.30
 COLLECTIVES_EXCESS = 1.5       # × the 2-per-layer all-reduces a TP decoder needs per step
-# NCCL red flags (phaseprobe.analysis.nccl_summary) that mean a slow path between GPUs.
+# NCCL red flags (phaseprobe.analysis.nccl.summary) that mean a slow path between GPUs.
 SLOW_TRANSPORT_FLAGS = ("shm_transport", "socket_network", "net_within_node", "few_channels",
                         "nccl_p2p_disable", "nccl_ib_disable", "plugin_missing", "no_ib_device")
 

@@ -18,7 +18,7 @@ from phaseprobe.analysis.router_window import ROUTER_PREFIX, RouterWindow, route
 from phaseprobe.collect.fleet.targets import ReplicaTarget
 from phaseprobe.errors import MetricsUnavailable
 from phaseprobe.redact import redact_url
-from phaseprobe.sources.vllm_metrics import MetricSnapshot, MetricsScraper
+from phaseprobe.sources.vllm.metrics import MetricSnapshot, MetricsScraper
 
 __all__ = ["FleetSnapshot", "FleetScraper", "RouterPage"]
 

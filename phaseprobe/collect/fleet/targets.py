@@ -23,7 +23,7 @@ import requests
 
 from phaseprobe.errors import ConfigError, EndpointUnreachable
 from phaseprobe.redact import redact_url, redact_urls_in
-from phaseprobe.sources.openai_stream import check_endpoint, normalize_base_url, small_json
+from phaseprobe.sources.vllm.openai_stream import check_endpoint, normalize_base_url, small_json
 
 __all__ = ["ReplicaTarget", "CheckedFleet", "parse_replica", "parse_replicas", "check_fleet",
            "is_router", "router_workers", "default_name", "discover_replicas", "MAX_WORKERS"]

@@ -25,7 +25,7 @@ from phaseprobe.analysis.vllm_work import self_measured_deltas
 from phaseprobe.collect.experiment import ProbeSettings, RunNotes, poll_until
 from phaseprobe.collect.pd.sender import PdSender, joined_timeline
 from phaseprobe.collect.pd.topology import PdTopology
-from phaseprobe.collect.span_attribution import new_tags
+from phaseprobe.collect.spans.attribution import new_tags
 from phaseprobe.errors import MetricsUnavailable
 from phaseprobe.records import (
     Isolation,
@@ -34,8 +34,8 @@ from phaseprobe.records import (
     RunStatus,
     ServerPhases,
 )
-from phaseprobe.sources.openai_stream import StreamClient, StreamOutcome, build_body
-from phaseprobe.sources.vllm_metrics import MetricSnapshot, MetricsScraper
+from phaseprobe.sources.vllm.openai_stream import StreamClient, StreamOutcome, build_body
+from phaseprobe.sources.vllm.metrics import MetricSnapshot, MetricsScraper
 
 # PdTopology and joined_timeline are re-exported: callers import them from here
 __all__ = ["PdTopology", "PdCollector", "joined_timeline"]

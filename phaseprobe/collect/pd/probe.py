@@ -24,7 +24,7 @@ from phaseprobe.collect.pd.spans import attach_pd_spans
 from phaseprobe.sources.span_stores.model import SpanReader
 from phaseprobe.errors import PhaseprobeError
 from phaseprobe.records import Experiment, Run, RunSpec
-from phaseprobe.sources.openai_stream import DEFAULT_DEADLINE_S
+from phaseprobe.sources.vllm.openai_stream import DEFAULT_DEADLINE_S
 from phaseprobe.store import Store
 
 __all__ = ["run_pd_probe", "kv_summary", "kv_path"]

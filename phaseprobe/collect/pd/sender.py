@@ -21,7 +21,7 @@ from typing import Any
 
 from phaseprobe.collect.pd.topology import PdTopology
 from phaseprobe.records import ClientTimeline
-from phaseprobe.sources.openai_stream import StreamClient, StreamOutcome
+from phaseprobe.sources.vllm.openai_stream import StreamClient, StreamOutcome
 
 __all__ = ["PdOutcome", "PdSender", "BodyMaker", "joined_timeline"]
 

@@ -3,7 +3,7 @@
 Every P/D run carries a trace id (``traceparent``) and a request id (``X-Request-Id``); both
 instances export an ``llm_request`` span for their leg, and both legs are in the client's trace
 (vllm-router forwards ``traceparent``, research/fleet_pd.md, though not ``X-Request-Id``). After
-the last run, like :func:`~phaseprobe.collect.span_attribution.attach_spans`, this waits for
+the last run, like :func:`~phaseprobe.collect.spans.attribution.attach_spans`, this waits for
 each run's spans, joins the two legs of its trace (:func:`~phaseprobe.analysis.pd_spans.join_legs`)
 and records the join on the run's :class:`~phaseprobe.records.PdLegs`: the hand-over, the
 decode side's KV wait and prompt work, and the client-visible TTFT split into parts that add up,
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from phaseprobe.analysis.pd_spans import PdSpanRecord, join_legs
 from phaseprobe.collect.fleet.targets import default_name
 from phaseprobe.collect.pd.collector import PdTopology
-from phaseprobe.collect.span_attribution import CLOCK_SKEW_NS, wait_for_traces
+from phaseprobe.collect.spans.attribution import CLOCK_SKEW_NS, wait_for_traces
 from phaseprobe.records import PdLegs, RequestSpan, Run
 from phaseprobe.store import Store
 

@@ -29,8 +29,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from phaseprobe.analysis.ab_pd import judge_pd
-from phaseprobe.analysis.ab_sequential import (
+from phaseprobe.analysis.ab.pd import judge_pd
+from phaseprobe.analysis.ab.sequential import (
     PRIMARY_METRICS,
     PRIMARY_PHASES,
     SequentialPlan,
@@ -58,7 +58,7 @@ from phaseprobe.records import Run
 from phaseprobe.store import Store
 
 if TYPE_CHECKING:  # scipy (via ab_stats) costs ~1 s to import: only when comparing
-    from phaseprobe.analysis.ab_stats import Comparison, MetricComparison
+    from phaseprobe.analysis.ab.stats import Comparison, MetricComparison
 
 __all__ = ["register", "run", "RichAbProgress", "render_comparison", "markdown"]
 
@@ -327,7 +327,7 @@ def _report(args: argparse.Namespace, out: Console, session_id: int) -> int:
     notes += dict.fromkeys(arm_notes)
     if schema_note:
         notes.append(schema_note)
-    from phaseprobe.analysis.ab_stats import compare_runs
+    from phaseprobe.analysis.ab.stats import compare_runs
     c = judge_pd(compare_runs(runs[names[0]], runs[names[1]], arm_a=names[0],
                               arm_b=names[1], min_effect=min_effect, seed=playbook.run.seed,
                               plan=plan), exps, runs, force=args.force)
@@ -357,7 +357,7 @@ def _compare(args: argparse.Namespace, out: Console, exp_a: int, exp_b: int) -> 
         raise ConfigError(f"experiments {exp_a} and {exp_b} are not alike, so a verdict would "
                           f"compare the setups, not the servers: {'; '.join(unlike)} "
                           f"(--force compares them anyway)")
-    from phaseprobe.analysis.ab_stats import compare_runs
+    from phaseprobe.analysis.ab.stats import compare_runs
     # a P/D probe against an aggregated one: the pair's caveats, and no verdict when its KV
     # was not handed over (keyed by experiment: both may be named "probe")
     labels = (f"#{exp_a} {a.name}", f"#{exp_b} {b.name}")
@@ -458,7 +458,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     min_effect = parse_effect(args.min_effect) if args.min_effect else pb.run.min_effect
     plan = result.plan if result.plan is None or not args.min_effect else \
         replace(result.plan, min_effect=min_effect)
-    from phaseprobe.analysis.ab_stats import compare_runs
+    from phaseprobe.analysis.ab.stats import compare_runs
     c = judge_pd(compare_runs(result.runs[names[0]], result.runs[names[1]], arm_a=names[0],
                               arm_b=names[1], min_effect=min_effect, seed=pb.run.seed,
                               plan=plan), exps, result.runs, force=args.force)

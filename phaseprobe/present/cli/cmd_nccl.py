@@ -29,13 +29,13 @@ from phaseprobe.present.cli.args import int_in
 from phaseprobe.present.cli.keep import add_keep_args, check_keep, keep, store_path
 
 if TYPE_CHECKING:  # the analysis is imported when a command runs, not for --help
-    from phaseprobe.analysis.nccl_report import (
+    from phaseprobe.analysis.nccl.report import (
         NcclReport,
         NcclReportDiff,
         NcclReportDoc,
         ProblemsDoc,
     )
-    from phaseprobe.analysis.nccl_summary import NcclSummary
+    from phaseprobe.analysis.nccl.summary import NcclSummary
 
 __all__ = ["register", "run", "analyze", "bar", "cell"]
 
@@ -67,7 +67,7 @@ def register(subparsers: Any) -> None:
 
 def _steps(args: argparse.Namespace) -> int | None:
     """--steps, else the decode steps of --experiment's runs (None: neither is given)."""
-    from phaseprobe.analysis.nccl_summary import decode_steps
+    from phaseprobe.analysis.nccl.summary import decode_steps
 
     if args.steps is not None or args.experiment is None:
         return args.steps
@@ -85,7 +85,7 @@ def _steps(args: argparse.Namespace) -> int | None:
 def analyze(files: list[str], strict: bool, err: Console,
             steps: int | None = None) -> NcclReport:
     """Read ``files`` (progress bar on ``err`` for big files) into one report."""
-    from phaseprobe.analysis.nccl_report import build_report
+    from phaseprobe.analysis.nccl.report import build_report
 
     size = sum(Path(f).stat().st_size for f in files if Path(f).is_file())
     if size < _BIG:
@@ -110,7 +110,7 @@ def _nothing_found(files: list[str], report: NcclReport) -> ConfigError:
 
 
 def run(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from phaseprobe.analysis.nccl_report import diff_reports
+    from phaseprobe.analysis.nccl.report import diff_reports
 
     files = list(args.files)
     if files[0] == "diff" and not Path("diff").exists():

@@ -73,7 +73,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
                                        "size": size, "note": CONCURRENT_NOTE}),
                         highlight=False)
             else:
-                from phaseprobe.collect.span_retention import size_text
+                from phaseprobe.collect.spans.retention import size_text
 
                 render_experiments(out, rows)
                 out.print(f"{escape(str(path))}: {size_text(size)} (`phaseprobe spans prune` "

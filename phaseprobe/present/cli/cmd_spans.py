@@ -39,7 +39,7 @@ from phaseprobe.records import RequestSpan
 
 if TYPE_CHECKING:
     from phaseprobe.analysis.pd_spans import PdSpanRecord
-    from phaseprobe.collect.span_source import SpanAggregate
+    from phaseprobe.collect.spans.source import SpanAggregate
 
 __all__ = ["register", "run", "span_table", "pd_table", "summary_table", "age",
            "spans_from_arg"]
@@ -116,7 +116,7 @@ def register(subparsers: Any) -> None:
 
 def age(text: str) -> float:
     """An argparse type: ``7d``, ``12h``, ``30m``, ``90s`` or seconds."""
-    from phaseprobe.collect.span_retention import parse_age
+    from phaseprobe.collect.spans.retention import parse_age
 
     try:
         return parse_age(text)
@@ -127,7 +127,7 @@ def age(text: str) -> float:
 def spans_from_arg(p: Any) -> None:
     """``--spans-from URL`` on a parser or group (every command that reads spans takes it
     the same way)."""
-    from phaseprobe.collect.span_source import SPANS_FROM_HELP
+    from phaseprobe.collect.spans.source import SPANS_FROM_HELP
 
     p.add_argument("--spans-from", default=None, metavar="URL", help=SPANS_FROM_HELP)
 
@@ -151,7 +151,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
 def _list(args: argparse.Namespace, path: Path, out: Console, err: Console) -> int:
     from phaseprobe.store import Store
 
-    from phaseprobe.collect.span_source import open_spans
+    from phaseprobe.collect.spans.source import open_spans
 
     until = time.time_ns() if args.since is not None else None
     since = None if until is None else until - round(args.since * 1e9)
@@ -186,7 +186,7 @@ def _list(args: argparse.Namespace, path: Path, out: Console, err: Console) -> i
 def _show_request(args: argparse.Namespace, path: Path, out: Console, err: Console) -> int:
     from phaseprobe.store import Store
 
-    from phaseprobe.collect.span_source import open_spans
+    from phaseprobe.collect.spans.source import open_spans
 
     with open_spans(args.spans_from, path) as reader:
         found = reader.span_by_request_id(args.request_id)
@@ -203,7 +203,7 @@ def _show_request(args: argparse.Namespace, path: Path, out: Console, err: Conso
 def _prune(args: argparse.Namespace, path: Path, out: Console, err: Console) -> int:
     from phaseprobe.store import Store
 
-    from phaseprobe.collect.span_retention import RetentionPolicy, prune_once, size_text
+    from phaseprobe.collect.spans.retention import RetentionPolicy, prune_once, size_text
 
     if not Path(path).exists():
         raise ConfigError(f"no experiment store at {path}: nothing to prune")
@@ -236,7 +236,7 @@ def _prune(args: argparse.Namespace, path: Path, out: Console, err: Console) -> 
 def _import(args: argparse.Namespace, path: Path, out: Console, err: Console) -> int:
     from phaseprobe.store import Store
 
-    from phaseprobe.collect.span_import import import_otlp_json
+    from phaseprobe.collect.spans.importer import import_otlp_json
 
     results = []
     with Store(path) as store:

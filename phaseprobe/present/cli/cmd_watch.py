@@ -21,7 +21,7 @@ which OTEL_* variables to set.
 
 The store's size (file bytes, request spans) is shown as the watch goes; ``--retain AGE`` and
 ``--retain-spans N`` prune it every 30 s to the newest spans, never an experiment's
-(:mod:`~phaseprobe.collect.span_retention`). ``--spans-from URL`` reads instead where a fleet's
+(:mod:`~phaseprobe.collect.spans.retention`). ``--spans-from URL`` reads instead where a fleet's
 collector keeps its spans (ClickHouse, chdb, Tempo, Jaeger): no receiver, the store polled every
 refresh for the window's per-replica summary and slowest requests, both computed there.
 """
@@ -42,7 +42,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from phaseprobe.collect.span_receiver import (
+from phaseprobe.collect.spans.receiver import (
     DEFAULT_MAX_BYTES,
     SpanReceiver,
     SpanSink,
@@ -145,7 +145,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
 
     if args.spans_from is not None:
         return _read(args, out, err)
-    from phaseprobe.collect.span_retention import RetentionPolicy, SpanRetention
+    from phaseprobe.collect.spans.retention import RetentionPolicy, SpanRetention
 
     token = None
     if args.token_env:
@@ -269,7 +269,7 @@ def _read(args: argparse.Namespace, out: Console, err: Console) -> int:
     """``watch --spans-from URL``: no receiver; the fleet's span store polled every refresh
     for the window's summary and slowest requests (both computed there)."""
     from phaseprobe.analysis.span_context import prefill_interference
-    from phaseprobe.collect.span_source import SpanFollower, open_spans
+    from phaseprobe.collect.spans.source import SpanFollower, open_spans
 
     given = [flag for key, flag in _RECEIVER_ONLY.items() if getattr(args, key)]
     if given:

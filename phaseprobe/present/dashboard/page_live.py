@@ -28,7 +28,7 @@ import streamlit as st
 
 from phaseprobe.analysis.live_summary import LiveSummary, span_loss, summarize_spans
 from phaseprobe.analysis.span_context import overlap_context, prefill_interference
-from phaseprobe.collect.span_source import SPANS_FROM_ENV, SPANS_FROM_HELP, open_spans
+from phaseprobe.collect.spans.source import SPANS_FROM_ENV, SPANS_FROM_HELP, open_spans
 from phaseprobe.errors import PhaseprobeError
 from phaseprobe.format import MISSING
 from phaseprobe.present.dashboard import data

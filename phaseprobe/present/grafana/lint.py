@@ -5,7 +5,7 @@ pre-schema-16 ``rows[].panels`` layout, templating queries such as ``label_value
 list the metrics it references, then:
 
 - **stale**: a vLLM metric that was renamed (``vllm:gpu_prefix_cache_hits_total`` →
-  ``vllm:prefix_cache_hits_total``, from :data:`~phaseprobe.sources.vllm_metrics.ALIASES` via
+  ``vllm:prefix_cache_hits_total``, from :data:`~phaseprobe.sources.vllm.metrics.ALIASES` via
   the query catalog's :func:`~phaseprobe.sources.query_catalog.newest_name`) or removed with the V0
   engine (:data:`REMOVED`, with what to chart instead). Reported even when the metrics source
   still has it: the panel goes blank on the next vLLM upgrade.

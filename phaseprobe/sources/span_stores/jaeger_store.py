@@ -1,6 +1,6 @@
 """``jaeger://host:16686``: vLLM's request spans from Jaeger's v3 query API, which answers in
 OTLP JSON (``GET /api/v3/traces`` → ``{"result": {"resourceSpans": …}}``). The spans are
-decoded by the receiver's own OTLP decoder (:mod:`phaseprobe.sources.otlp_spans`), so a span
+decoded by the receiver's own OTLP decoder (:mod:`phaseprobe.sources.vllm.otlp_spans`), so a span
 reads the same whether it arrived at ``watch`` or was fetched from Jaeger.
 
 Jaeger searches one service at a time: the services come from ``/api/v3/services`` and only
@@ -19,7 +19,7 @@ import requests
 
 from phaseprobe.errors import NoRequestSpans, OtlpError, SpanStoreError
 from phaseprobe.records import RequestSpan
-from phaseprobe.sources.otlp_spans import VLLM_SPAN_NAME, decode_json
+from phaseprobe.sources.vllm.otlp_spans import VLLM_SPAN_NAME, decode_json
 from phaseprobe.sources.span_stores.fetched import DEFAULT_LOOKBACK_S, FetchedSpans, get_json
 from phaseprobe.sources.span_stores.model import NEIGHBOUR_HORIZON_NS
 

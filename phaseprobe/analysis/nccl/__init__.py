@@ -1,0 +1,1 @@
+"""NCCL analysis: the summary of a parsed log, its warnings, and the report across files."""

@@ -1,0 +1,324 @@
+"""Decode OTLP trace payloads (protobuf or JSON) into vLLM request records.
+
+The wire formats are the OpenTelemetry project's own: protobuf bytes are parsed by the
+``opentelemetry-proto`` messages, and OTLP/JSON is mapped onto the same messages by protobuf's
+``json_format`` after the one OTLP-specific rewrite the spec requires (trace and span ids are
+hex strings in OTLP/JSON, where protobuf's JSON mapping expects base64). No wire parsing is
+written here.
+
+A span is a vLLM request when it is named ``llm_request`` or carries vLLM's latency
+attributes. Attribute names go through :data:`ATTRIBUTE_ALIASES`, because they changed between
+vLLM versions (V0's ``time_in_model_execute``) and the GenAI semantic conventions
+(``gen_ai.usage.input_tokens``). Every other span is counted by service and name
+(:attr:`SpanBatch.other`), never silently dropped; spans that cannot be used (end before start,
+no ids) are counted with the reason in :attr:`SpanBatch.rejected`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from phaseprobe.errors import OtlpError
+from phaseprobe.records import CountedSpan, RequestSpan
+from phaseprobe.sources.vllm.otlp_json_fast import build_request
+
+if TYPE_CHECKING:  # protobuf and the OTLP classes load when a payload is decoded, not before
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+    from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+__all__ = ["ATTRIBUTE_ALIASES", "SpanBatch", "decode_protobuf", "decode_json", "decode_request",
+           "hex_ids_to_base64", "VLLM_SPAN_NAME", "MAX_ATTRIBUTES_STORED"]
+
+VLLM_SPAN_NAME = "llm_request"
+
+# canonical field -> attribute names, first present wins. vLLM V1 (0.10+) names first.
+ATTRIBUTE_ALIASES: dict[str, tuple[str, ...]] = {
+    "queue_s": ("gen_ai.latency.time_in_queue",),
+    "prefill_s": ("gen_ai.latency.time_in_model_prefill",),
+    "decode_s": ("gen_ai.latency.time_in_model_decode",),
+    # V0 had no prefill/decode split; its execute time (model execution over all steps) is the
+    # nearest thing to V1's inference time (scheduled -> last token). Its forward time (the
+    # forward passes alone, with --collect-detailed-traces model) comes last: a lower bound.
+    "inference_s": ("gen_ai.latency.time_in_model_inference",
+                    "gen_ai.latency.time_in_model_execute",
+                    "gen_ai.latency.time_in_model_forward"),
+    "ttft_s": ("gen_ai.latency.time_to_first_token",),
+    "e2e_s": ("gen_ai.latency.e2e",),
+    "prompt_tokens": ("gen_ai.usage.prompt_tokens", "gen_ai.usage.input_tokens"),
+    "completion_tokens": ("gen_ai.usage.completion_tokens", "gen_ai.usage.output_tokens"),
+    "request_id": ("gen_ai.request.id", "gen_ai.response.id"),
+    "model": ("gen_ai.response.model", "gen_ai.request.model"),
+    "max_tokens": ("gen_ai.request.max_tokens",),
+}
+_LATENCY_PREFIX = "gen_ai.latency."
+_INT_FIELDS = ("prompt_tokens", "completion_tokens", "max_tokens")
+_TEXT_FIELDS = ("request_id", "model")
+# Raw attributes kept per span (the alias table's view is the record; these are for `spans
+# show` and for attributes a later version may want): bounded so a hostile span cannot bloat
+# the store.
+MAX_ATTRIBUTES_STORED = 64
+_MAX_VALUE_CHARS = 256
+# OTLP/JSON ids are hex; protobuf's JSON mapping wants base64 for bytes fields.
+_ID_KEYS = ("traceId", "spanId", "parentSpanId")
+
+
+@dataclass
+class SpanBatch:
+    """What one OTLP payload held: vLLM request records (with, in the same order, the raw
+    attributes that no record field holds: sampling parameters, anything newer vLLMs add),
+    other spans counted by (service, span name), and rejected spans by reason."""
+
+    requests: list[RequestSpan] = field(default_factory=list)
+    attributes: list[dict[str, Any]] = field(default_factory=list)
+    other: Counter[tuple[str, str]] = field(default_factory=Counter)
+    rejected: Counter[str] = field(default_factory=Counter)
+    # every other/rejected span with its key: the store counts each one once (retries)
+    seen: list[CountedSpan] = field(default_factory=list)
+
+    @property
+    def n_spans(self) -> int:
+        return len(self.requests) + sum(self.other.values()) + sum(self.rejected.values())
+
+    def extend(self, other: SpanBatch) -> None:
+        self.requests.extend(other.requests)
+        self.attributes.extend(other.attributes)
+        self.other.update(other.other)
+        self.rejected.update(other.rejected)
+        self.seen.extend(other.seen)
+
+
+def decode_protobuf(payload: bytes, source: str) -> SpanBatch:
+    """An ``ExportTraceServiceRequest`` in protobuf bytes (OTLP/HTTP ``application/x-protobuf``)."""
+    from google.protobuf.message import DecodeError
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    message = ExportTraceServiceRequest()
+    try:
+        message.ParseFromString(payload)
+    except (DecodeError, RecursionError, ValueError) as exc:
+        raise OtlpError(source, f"not an OTLP protobuf trace export ({exc or 'truncated'})"
+                        ) from None
+    return decode_request(message, source)
+
+
+def decode_json(text: str | bytes, source: str) -> SpanBatch:
+    """An ``ExportTraceServiceRequest`` in OTLP/JSON (OTLP/HTTP ``application/json``, or one
+    line of the OpenTelemetry Collector's file exporter)."""
+    from google.protobuf import json_format
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    try:
+        doc = json.loads(text)
+    except RecursionError:
+        raise OtlpError(source, "input nested too deeply") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise OtlpError(source, f"not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise OtlpError(source, f"an OTLP trace export is a JSON object, not "
+                        f"{type(doc).__name__}")
+    # the plain shapes exporters write, built directly (json_format is most of the time);
+    # anything else through json_format, with its errors (sources/vllm/otlp_json_fast.py)
+    message = build_request(doc)
+    if message is not None:
+        return decode_request(message, source)
+    try:
+        hex_ids_to_base64(doc, source)
+        message = json_format.ParseDict(doc, ExportTraceServiceRequest(),
+                                        ignore_unknown_fields=True)
+    except RecursionError:
+        raise OtlpError(source, "input nested too deeply") from None
+    except json_format.ParseError as exc:
+        raise OtlpError(source, f"not an OTLP/JSON trace export: {exc}") from None
+    return decode_request(message, source)
+
+
+def hex_ids_to_base64(doc: dict[str, Any], source: str) -> None:
+    """Rewrite ``traceId``/``spanId``/``parentSpanId`` (spans and their links) from OTLP/JSON's
+    hex to base64, in place. The collector's older ``instrumentationLibrarySpans`` is renamed
+    to ``scopeSpans``."""
+    for rs in _dicts(doc.get("resourceSpans")):
+        if "instrumentationLibrarySpans" in rs and "scopeSpans" not in rs:
+            rs["scopeSpans"] = rs.pop("instrumentationLibrarySpans")
+        for ss in _dicts(rs.get("scopeSpans")):
+            for span in _dicts(ss.get("spans")):
+                _rewrite_ids(span, source)
+                for link in _dicts(span.get("links")):
+                    _rewrite_ids(link, source)
+
+
+def _dicts(value: Any) -> Iterable[dict[str, Any]]:
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
+
+
+def _rewrite_ids(obj: dict[str, Any], source: str) -> None:
+    for key in _ID_KEYS:
+        value = obj.get(key)
+        if not isinstance(value, str) or not value:
+            continue
+        try:
+            raw = bytes.fromhex(value)
+        except ValueError:
+            # Some exporters wrote base64 despite the spec: accept it when it decodes.
+            try:
+                raw = base64.b64decode(value, validate=True)
+            except (binascii.Error, ValueError):
+                raise OtlpError(source, f"{key} {value[:40]!r} is neither hex nor base64"
+                                ) from None
+        obj[key] = base64.b64encode(raw).decode("ascii")
+
+
+def decode_request(message: ExportTraceServiceRequest, source: str) -> SpanBatch:
+    """Turn a parsed export request into records, counts and rejections."""
+    batch = SpanBatch()
+    for rs in message.resource_spans:
+        resource = _attributes(rs.resource.attributes)
+        service = _text(resource.get("service.name"))
+        instance = _text(resource.get("service.instance.id") or resource.get("host.name"))
+        for ss in rs.scope_spans:
+            for span in ss.spans:
+                values, extra, is_request = _read_attributes(span)
+                if not is_request:
+                    key = (service or "(no service.name)", span.name or "(unnamed)")
+                    batch.other[key] += 1
+                    batch.seen.append(("other", *key, *_identity(span)))
+                    continue
+                problem = _problem(span)
+                if problem:
+                    batch.rejected[problem] += 1
+                    batch.seen.append(("rejected", "", problem, *_identity(span)))
+                    continue
+                batch.requests.append(RequestSpan(
+                    trace_id=span.trace_id.hex(), span_id=span.span_id.hex(),
+                    parent_span_id=span.parent_span_id.hex() or None, service=service,
+                    instance=instance, start_ns=span.start_time_unix_nano,
+                    end_ns=span.end_time_unix_nano, **values))
+                batch.attributes.append(_bounded(extra))
+    return batch
+
+
+def _read_attributes(span: Span) -> tuple[dict[str, Any], dict[str, Any], bool]:
+    """One pass over a span's attributes (the receiver's hot path: 512 spans a batch): the
+    record's fields through the alias table, the attributes no field holds (kept raw), and
+    whether it is a vLLM request span."""
+    values: dict[str, Any] = dict.fromkeys(ATTRIBUTE_ALIASES)
+    ranks: dict[str, int] = {}
+    extra: dict[str, Any] = {}
+    is_request = span.name == VLLM_SPAN_NAME
+    for kv in span.attributes:
+        key = kv.key
+        v = kv.value
+        kind = v.WhichOneof("value")
+        raw = getattr(v, kind) if kind in _SCALARS else _value(v)
+        if not is_request and key.startswith(_LATENCY_PREFIX):
+            is_request = True
+        hit = _FIELD_OF.get(key)
+        if hit is None:
+            extra[key] = raw
+            continue
+        name, rank = hit
+        if ranks.get(name, rank + 1) <= rank:
+            extra[key] = raw  # a lower-ranked alias of a field already set: kept raw
+            continue
+        ranks[name] = rank
+        if name in _TEXT_FIELDS:
+            values[name] = _text(raw)
+            continue
+        # A finite, non-negative number (bool is an int to Python, not a count or a time).
+        number = raw if type(raw) in (int, float) else None
+        if number is None or not 0 <= number < _INT64:  # NaN and inf fail this too
+            values[name] = None
+        elif name in _INT_FIELDS:
+            values[name] = int(number)
+        else:
+            values[name] = float(number) if number <= _MAX_DURATION_S else None
+    return values, extra, is_request
+
+
+def _identity(span: Span) -> tuple[int, bytes]:
+    """(start ns within SQLite's int64, key) of a counted span: its trace and span id, or a
+    digest of its bytes when the ids are unusable (a re-sent span has the same bytes)."""
+    start = min(span.start_time_unix_nano, _INT64 - 1)
+    if len(span.trace_id) == 16 and len(span.span_id) == 8:
+        return start, bytes(span.trace_id) + bytes(span.span_id)
+    return start, hashlib.blake2b(span.SerializeToString(deterministic=True),
+                                  digest_size=16).digest()
+
+
+def _problem(span: Span) -> str | None:
+    if len(span.trace_id) != 16 or len(span.span_id) != 8:
+        return "missing or malformed trace/span id"
+    if span.start_time_unix_nano == 0:
+        return "no start time"
+    if span.start_time_unix_nano >= _INT64 or span.end_time_unix_nano >= _INT64:
+        return "timestamp out of range"
+    if span.end_time_unix_nano < span.start_time_unix_nano:
+        return "ends before it starts (clock skew between the exporter's timestamps)"
+    return None
+
+
+# attribute name -> (field, rank): the lower rank wins when several aliases are present.
+_FIELD_OF: dict[str, tuple[str, int]] = {
+    key: (name, rank) for name, keys in ATTRIBUTE_ALIASES.items()
+    for rank, key in enumerate(keys)}
+_INT64 = 2**63  # SQLite's integers are signed 64-bit
+_MAX_DURATION_S = 1e7  # 116 days: a longer "duration" is a broken clock, not a request
+
+
+def _text(raw: Any) -> str | None:
+    return raw[:_MAX_VALUE_CHARS] if isinstance(raw, str) and raw else None
+
+
+def _attributes(kvs: Iterable[KeyValue]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for kv in kvs:  # the scalar case inline: ~14 of them per span on the hot path
+        v = kv.value
+        kind = v.WhichOneof("value")
+        out[kv.key] = getattr(v, kind) if kind in _SCALARS else _value(v)
+    return out
+
+
+_SCALARS = frozenset(("string_value", "bool_value", "int_value", "double_value"))
+
+
+def _value(v: AnyValue) -> Any:
+    kind = v.WhichOneof("value")
+    if kind in _SCALARS:
+        return getattr(v, kind)
+    if kind == "bytes_value":
+        return v.bytes_value.hex()
+    if kind == "array_value":
+        return [_value(x) for x in v.array_value.values[:MAX_ATTRIBUTES_STORED]]
+    if kind == "kvlist_value":
+        return "(key-value list)"
+    return None
+
+
+def _bounded(attrs: dict[str, Any]) -> dict[str, Any]:
+    if len(attrs) <= MAX_ATTRIBUTES_STORED and all(
+            len(k) <= _MAX_VALUE_CHARS and (not isinstance(v, (str, list))
+                                            or len(v) <= _MAX_VALUE_CHARS)
+            for k, v in attrs.items()):
+        return attrs  # vLLM's ~14 short attributes: nothing to bound
+    kept: dict[str, Any] = {}
+    for key in sorted(attrs)[:MAX_ATTRIBUTES_STORED]:
+        value = attrs[key]
+        if isinstance(value, str) and len(value) > _MAX_VALUE_CHARS:
+            value = value[:_MAX_VALUE_CHARS] + "…"
+        elif isinstance(value, list):
+            value = [x[:_MAX_VALUE_CHARS] if isinstance(x, str) else x for x in value]
+        kept[key[:_MAX_VALUE_CHARS]] = value
+    return kept
