@@ -108,7 +108,15 @@ def test_every_shipped_query_answers(experiment):
     with PrometheusClient(experiment.prom_url, environ={}) as client:
         for name, query in catalog.items():
             for selector in (experiment.selector, ""):
-                if exported_only_by(query):  # NIXL's series: the CPU build has none
+                who = exported_only_by(query)
+                if who and "--kv-cache-metrics" in who:
+                    # the local vLLM is started with the flag: the series exist, but a few
+                    # unique prompts evict no block, so the medians may be NaN
+                    result = client.run(query, selector=selector, window=experiment.window,
+                                        at=experiment.at)
+                    assert result.samples, (name, result.expr)
+                    continue
+                if who:  # NIXL's series: the CPU build has none
                     with pytest.raises(EmptyResult):
                         client.run(query, selector=selector, window=experiment.window,
                                    at=experiment.at)
