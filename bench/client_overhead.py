@@ -26,8 +26,8 @@ from multiprocessing.connection import Connection
 
 import requests
 
-from phaseprobe.sources.vllm.openai_stream import StreamClient, build_body
 from phaseprobe.sources.stall_watch import StallWatch
+from phaseprobe.sources.vllm.openai_stream import StreamClient, build_body
 from phaseprobe.testing.sse_server import Script, SseServer
 
 

@@ -56,8 +56,8 @@ def main() -> None:
                 before = fleet.scrape()
                 after = fleet.scrape()
                 assert before is not None and after is not None
-                judge_s = _median_s(lambda: FleetScraper.serving(
-                    before, after, "sse-test-model", None, None), args.repeats)
+                judge_s = _median_s(lambda b=before, a=after: FleetScraper.serving(
+                    b, a, "sse-test-model", None, None), args.repeats)
             base = base or scrape_s
             print(f"| {n} | {scrape_s * 1e3:.2f} | {judge_s * 1e3:.3f} | "
                   f"{scrape_s / base:.1f}x |")

@@ -15,8 +15,8 @@ import argparse
 import resource
 import time
 
-from phaseprobe.sources.gpu.sampler import open_sampler
 from phaseprobe.sources.gpu.nvml import GpuReading
+from phaseprobe.sources.gpu.sampler import open_sampler
 from phaseprobe.testing.fake_nvml import FakeNvmlBackend, demo_devices
 
 

@@ -61,13 +61,13 @@ if TYPE_CHECKING:  # what the names are, for type checkers and editors
         RunSpec,
         ServerPhases,
     )
-    from phaseprobe.sources.vllm.openai_stream import StreamClient, StreamOutcome
     from phaseprobe.sources.vllm.metrics import (
         ALIASES,
         MetricSnapshot,
         MetricsScraper,
         parse_exposition,
     )
+    from phaseprobe.sources.vllm.openai_stream import StreamClient, StreamOutcome
     from phaseprobe.store import Store
 
 

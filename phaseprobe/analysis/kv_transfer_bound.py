@@ -375,7 +375,8 @@ class KvPathReport:
         assert self.median_bytes is not None and self.median_kv_path_s is not None
         head = (f"KV {self.bytes_per_token:,} B/token ({self.how}); median over {len(done)} of "
                 f"{len(self.runs)} runs: {self.median_bytes:,.0f} B in a "
-                f"{_ms(self.median_kv_path_s)} KV path = {_rate(self.median_effective_bytes_per_s)} effective, at least")
+                f"{_ms(self.median_kv_path_s)} KV path = "
+                f"{_rate(self.median_effective_bytes_per_s)} effective, at least")
         tail = "; ".join(c.sentence for c in self.comparisons)
         return head + (f"; {tail}" if tail else "")
 

@@ -247,7 +247,8 @@ def layer_summary(breakdown: pd.DataFrame) -> LayersDoc:
     step_rows = [{"phase": ph, "steps": int(len(g)), "tokens": int(g["tokens"].sum()),
                   "min_tokens": int(g["tokens"].min()), "max_tokens": int(g["tokens"].max()),
                   "forward_ns": forward.get(ph, (0, 0))[0]}
-                 for ph, g in sorted(steps.groupby("phase"), key=lambda x: _PHASE_ORDER.get(str(x[0]), 9))]
+                 for ph, g in sorted(steps.groupby("phase"),
+                                     key=lambda x: _PHASE_ORDER.get(str(x[0]), 9))]
     model = next((p for p, r in zip(paths, u_root) if r), "")
     return {"present": True, "ranges": int(inputs.sum()), "output_markers": int(is_output.sum()),
             "model": model, "phase_from": phase_from,

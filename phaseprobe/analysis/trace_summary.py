@@ -7,10 +7,9 @@ print or read this one document, so they cannot disagree about a trace.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict, cast
-
 
 from phaseprobe.analysis import nvtx_layers
 from phaseprobe.analysis import timeline as tla

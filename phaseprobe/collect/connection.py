@@ -26,13 +26,13 @@ from phaseprobe.collect.playbook import ArmLaunch, RedactedArm
 from phaseprobe.collect.prompts import PromptBuilder
 from phaseprobe.errors import MetricsUnavailable, PhaseprobeError
 from phaseprobe.redact import redact_url
+from phaseprobe.sources.vllm.metrics import MetricSnapshot, MetricsScraper
 from phaseprobe.sources.vllm.openai_stream import (
     DEFAULT_DEADLINE_S,
     StreamClient,
     check_endpoint,
     small_json,
 )
-from phaseprobe.sources.vllm.metrics import MetricSnapshot, MetricsScraper
 
 __all__ = ["AbArmInfo", "ArmOrigin", "Connection", "InterfereArmInfo", "ServerInfo", "connect",
            "server_info", "CLIENT_ONLY"]

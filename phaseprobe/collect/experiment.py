@@ -36,17 +36,17 @@ from phaseprobe.records import (
     RunSpec,
     RunStatus,
 )
+from phaseprobe.redact import redact_url
 from phaseprobe.sources.gpu.sampler import GpuSampler
 from phaseprobe.sources.nvtx_marks import NvtxPhases, nvtx_range
+from phaseprobe.sources.span_stores.model import SpanReader
+from phaseprobe.sources.stall_watch import StallWatch
+from phaseprobe.sources.vllm.metrics import MetricSnapshot, MetricsScraper
 from phaseprobe.sources.vllm.openai_stream import (
     DEFAULT_DEADLINE_S,
     StreamClient,
     build_body,
 )
-from phaseprobe.sources.span_stores.model import SpanReader
-from phaseprobe.sources.stall_watch import StallWatch
-from phaseprobe.sources.vllm.metrics import MetricSnapshot, MetricsScraper
-from phaseprobe.redact import redact_url
 from phaseprobe.store import Store
 
 __all__ = ["ProbeSettings", "ProbeResult", "ProgressHook", "NullProgress", "RunNotes",

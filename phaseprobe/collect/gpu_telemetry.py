@@ -11,7 +11,6 @@ sampling period's bounds are the NVML reader's, named here for the command's opt
 from __future__ import annotations
 
 from phaseprobe.sources.gpu.importer import GpuImport, import_dcgm, read_nvidia_smi_csv
-from phaseprobe.sources.gpu.sampler import GpuSampler
 from phaseprobe.sources.gpu.nvml import (
     COLUMNS,
     DEFAULT_PERIOD_S,
@@ -19,6 +18,7 @@ from phaseprobe.sources.gpu.nvml import (
     NvmlBackend,
     PynvmlBackend,
 )
+from phaseprobe.sources.gpu.sampler import GpuSampler
 
 __all__ = ["COLUMNS", "DEFAULT_PERIOD_S", "MIN_PERIOD_S", "GpuImport", "GpuSampler",
            "NvmlBackend", "open_gpu_watch", "import_dcgm_series", "read_nvidia_smi_csv"]

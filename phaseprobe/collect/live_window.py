@@ -58,13 +58,13 @@ from phaseprobe.collect.fleet.targets import (
 from phaseprobe.errors import ConfigError, MetricsUnavailable, StoreError, UnknownMetric
 from phaseprobe.records import RequestSpan
 from phaseprobe.redact import redact_url
-from phaseprobe.sources.vllm.openai_stream import normalize_base_url
 from phaseprobe.sources.query_catalog import CATALOG_ONLY
 from phaseprobe.sources.vllm.metrics import (
     ALIASES,
     MetricSnapshot,
     sample_spellings,
 )
+from phaseprobe.sources.vllm.openai_stream import normalize_base_url
 from phaseprobe.store import Store
 
 if TYPE_CHECKING:

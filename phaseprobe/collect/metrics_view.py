@@ -12,11 +12,11 @@ from pathlib import Path
 
 import requests
 
+from phaseprobe.analysis.replica_match import process_identity
 from phaseprobe.errors import MetricsUnavailable
 from phaseprobe.inputs import METRICS_TEXT_CAP, read_input_text
-from phaseprobe.sources.vllm.openai_stream import normalize_base_url
-from phaseprobe.analysis.replica_match import process_identity
 from phaseprobe.sources.vllm.metrics import MetricSnapshot, MetricsScraper, parse_exposition
+from phaseprobe.sources.vllm.openai_stream import normalize_base_url
 
 __all__ = ["FinishedRequests", "MetricSnapshot", "load_metrics"]
 

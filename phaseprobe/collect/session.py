@@ -33,8 +33,8 @@ if TYPE_CHECKING:
     from phaseprobe.collect.experiment import ProbeResult
     from phaseprobe.collect.prom_summary import PromSidecar, PromSummaryDoc
     from phaseprobe.collect.spans.source import SpanReader
-    from phaseprobe.sources.gpu.sampler import GpuSampler
     from phaseprobe.sources.gpu.nvml import NvmlBackend
+    from phaseprobe.sources.gpu.sampler import GpuSampler
     from phaseprobe.sources.torch_trace import ProfileCapture
 
 __all__ = ["SessionOptions", "SessionReport", "Session"]

@@ -36,8 +36,8 @@ from phaseprobe.inputs import open_stream
 from phaseprobe.sources.read_account import ReadAccount
 from phaseprobe.trace_records import Timeline, empty_activities, empty_ranges, trace_file
 
-__all__ = ["read_torch_trace", "read_torch_trace_account", "iter_trace", "COMM_COLUMNS", "ProfileCapture",
-           "capture_profile", "find_traces"]
+__all__ = ["read_torch_trace", "read_torch_trace_account", "iter_trace", "COMM_COLUMNS",
+           "ProfileCapture", "capture_profile", "find_traces"]
 
 COMM_COLUMNS: dict[str, str] = {
     "start_ns": "int64", "dur_ns": "int64", "device": "str", "name": "str — kernel name",

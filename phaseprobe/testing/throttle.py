@@ -33,7 +33,8 @@ __all__ = ["Throttle"]
 
 _CYCLER = """
 import os, signal, sys, time
-pgid, fraction, period, parent = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+pgid, fraction = int(sys.argv[1]), float(sys.argv[2])
+period, parent = float(sys.argv[3]), int(sys.argv[4])
 done = []
 signal.signal(signal.SIGTERM, lambda *_: done.append(1))
 mode = "fifo"

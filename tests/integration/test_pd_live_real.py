@@ -53,7 +53,7 @@ def test_check_live_gives_the_broken_pairs_recompute_share_and_no_nixl(local_pd_
 
     def traffic() -> None:
         time.sleep(2.0)  # inside the window: its first scrape comes right after the start
-        for i in range(2):
+        for _ in range(2):
             _legs(pair, f"live-broken {uuid.uuid4().hex} " + "word " * 150)
         sent.append(time.monotonic())
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from phaseprobe.records import RequestSpan
-from tests.unit.span_store_data import chdb_store
 from phaseprobe.sources.span_stores.otel_schema import insert_sql, otel_rows
 from phaseprobe.store import Store
+from tests.unit.span_store_data import chdb_store
 from tests.unit.test_check_live_cli import (
     FakeReplica,
     replicas,

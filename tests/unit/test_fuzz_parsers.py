@@ -4,8 +4,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from phaseprobe.errors import MetricsUnavailable
-from phaseprobe.sources.vllm.openai_stream import _StreamState
 from phaseprobe.sources.vllm.metrics import parse_exposition
+from phaseprobe.sources.vllm.openai_stream import _StreamState
 
 _metric_lines = st.lists(st.sampled_from([
     "# TYPE vllm:x histogram", "vllm:x_sum 1", 'vllm:x_count{model_name="m"} 2', "vllm:y 3",

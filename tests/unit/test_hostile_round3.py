@@ -25,8 +25,8 @@ from phaseprobe.errors import (
     MetricsUnavailable,
     PrometheusUnreachable,
 )
-from phaseprobe.sources.vllm.openai_stream import StreamClient, build_body, check_endpoint
 from phaseprobe.sources.vllm.metrics import MetricsScraper
+from phaseprobe.sources.vllm.openai_stream import StreamClient, build_body, check_endpoint
 from tests.hostile_cases import CannedServer, Reply, json_reply, stream_bytes
 
 MiB = 1 << 20

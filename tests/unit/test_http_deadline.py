@@ -105,9 +105,9 @@ def test_models_metrics_prometheus_and_grafana_answers_that_trickle_end():
         MetricsUnavailable,
         PrometheusUnreachable,
     )
-    from phaseprobe.sources.vllm.openai_stream import check_endpoint
     from phaseprobe.sources.prometheus import PrometheusClient
     from phaseprobe.sources.vllm.metrics import MetricsScraper
+    from phaseprobe.sources.vllm.openai_stream import check_endpoint
 
     body = b'{"data": [' + b" " * 390
     with trickle(_slow_json_head(), body, gap_s=0.01) as url:

@@ -28,6 +28,7 @@ from phaseprobe.local.detached import (
     stop_from_state,
     write_state,
 )
+from phaseprobe.local.fleet import LocalFleet
 from phaseprobe.local.process import (
     free_port,
     proc_start_ticks,
@@ -35,7 +36,6 @@ from phaseprobe.local.process import (
     stop_process_group,
     wait_healthy,
 )
-from phaseprobe.local.fleet import LocalFleet
 from phaseprobe.local.server import LocalVllm, ServerState, build_argv, build_env
 from phaseprobe.local.venv import MARKER_NAME, VLLM_CPU_VERSION
 

@@ -18,13 +18,13 @@ from rich.console import Console
 
 from phaseprobe.errors import ConfigError, NvmlUnavailable
 from phaseprobe.present.cli import cmd_gpu
-from phaseprobe.sources.gpu.sampler import GpuSampler, open_sampler
 from phaseprobe.sources.gpu.nvml import (
     COLUMNS,
     PynvmlBackend,
     conform,
     empty_frame,
 )
+from phaseprobe.sources.gpu.sampler import GpuSampler, open_sampler
 from phaseprobe.testing.fake_nvml import FakeDevice, FakeNvmlBackend, GiB, demo_devices, value_at
 
 

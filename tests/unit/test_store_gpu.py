@@ -13,8 +13,8 @@ import pytest
 
 from phaseprobe.errors import StoreError
 from phaseprobe.records import ClientTimeline, Experiment, Isolation, Run, RunSpec
-from phaseprobe.sources.gpu.sampler import GpuSampler
 from phaseprobe.sources.gpu.nvml import COLUMNS
+from phaseprobe.sources.gpu.sampler import GpuSampler
 from phaseprobe.store import GPU_SAMPLE_COLUMNS, SCHEMA_VERSION, Store
 from phaseprobe.testing.fake_nvml import FakeNvmlBackend, demo_devices
 

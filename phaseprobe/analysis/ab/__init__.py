@@ -1,1 +1,2 @@
-"""A/B statistics: the comparison, sequential looks, noise, calibration, and when a P/D arm is not alike."""
+"""A/B statistics: the comparison, sequential looks, noise, calibration, and when a P/D arm
+is not alike."""

@@ -23,8 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from phaseprobe.analysis.pd import SHORT_PROMPT
 from phaseprobe.analysis.likeness import unlike_fields
+from phaseprobe.analysis.pd import SHORT_PROMPT
 from phaseprobe.records import Experiment, Run
 
 if TYPE_CHECKING:  # scipy (via ab_stats) costs ~1 s to import: `ab` lists playbooks without it

@@ -9,9 +9,10 @@ One file often holds three kinds of evidence written by three writers: NCCL's ow
 (``NCCL_DEBUG=INFO``: versions, channels, transports, per-call collectives), the nccl-tests
 result tables that the benchmark prints to stdout (the numbers people quote: bus bandwidth per
 message size), and the lines that say what went wrong (``NCCL WARN``, timeouts, MPI aborts).
-Each has its own reader (:mod:`phaseprobe.sources.nccl.log`, :mod:`phaseprobe.sources.nccl.tests_table`,
-:mod:`phaseprobe.analysis.nccl.warnings`); this module puts them side by side so a diff can lead
-with the bandwidth an operator cares about and name the topology change that explains it.
+Each has its own reader (:mod:`phaseprobe.sources.nccl.log`,
+:mod:`phaseprobe.sources.nccl.tests_table`, :mod:`phaseprobe.analysis.nccl.warnings`); this
+module puts them side by side so a diff can lead with the bandwidth an operator cares about and
+name the topology change that explains it.
 """
 
 from __future__ import annotations

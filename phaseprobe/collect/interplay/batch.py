@@ -43,8 +43,8 @@ from phaseprobe.collect.interplay.context import (
 )
 from phaseprobe.errors import MetricsUnavailable
 from phaseprobe.records import Experiment, Run
-from phaseprobe.sources.vllm.openai_stream import StreamOutcome
 from phaseprobe.sources.vllm.metrics import MetricSnapshot, MetricsScraper
+from phaseprobe.sources.vllm.openai_stream import StreamOutcome
 from phaseprobe.store import Store
 
 __all__ = ["BatchResult", "run_batch"]

@@ -50,13 +50,13 @@ from phaseprobe.collect.target import served_model
 from phaseprobe.errors import MetricsUnavailable
 from phaseprobe.format import ms as fmt_ms
 from phaseprobe.records import Isolation, Run, RunSpec
+from phaseprobe.sources.vllm.metrics import MetricSnapshot, MetricsScraper
 from phaseprobe.sources.vllm.openai_stream import (
     DEFAULT_DEADLINE_S,
     StreamClient,
     StreamOutcome,
     build_body,
 )
-from phaseprobe.sources.vllm.metrics import MetricSnapshot, MetricsScraper
 from phaseprobe.store import Store
 
 __all__ = ["Target", "Progress", "ProbeContext", "ProbeSender", "IsolatedCollector",

@@ -43,9 +43,9 @@ from phaseprobe.analysis.interplay import (
     median_or_none,
     stall,
 )
-from phaseprobe.collect.connection import InterfereArmInfo, ServerInfo
 from phaseprobe.analysis.interplay_pd import PdInterfere, pd_alone, pd_interfere
 from phaseprobe.analysis.pd import SOURCES, source_deltas
+from phaseprobe.collect.connection import InterfereArmInfo, ServerInfo
 from phaseprobe.collect.experiment import ProbeSettings, RunNotes
 from phaseprobe.collect.interplay.context import (
     IsolatedCollector,
@@ -60,8 +60,8 @@ from phaseprobe.collect.interplay.context import (
     store_run,
 )
 from phaseprobe.records import Experiment, Run, RunSpec
-from phaseprobe.sources.vllm.openai_stream import StreamOutcome, TokenEventCounter
 from phaseprobe.sources.vllm.metrics import MetricSnapshot
+from phaseprobe.sources.vllm.openai_stream import StreamOutcome, TokenEventCounter
 from phaseprobe.store import Store
 
 __all__ = ["Trigger", "InterfereSettings", "InterfereResult", "InterfereSession",

@@ -34,8 +34,8 @@ from phaseprobe.records import (
     RunStatus,
     ServerPhases,
 )
-from phaseprobe.sources.vllm.openai_stream import StreamClient, StreamOutcome, build_body
 from phaseprobe.sources.vllm.metrics import MetricSnapshot, MetricsScraper
+from phaseprobe.sources.vllm.openai_stream import StreamClient, StreamOutcome, build_body
 
 # PdTopology and joined_timeline are re-exported: callers import them from here
 __all__ = ["PdTopology", "PdCollector", "joined_timeline"]

@@ -17,8 +17,8 @@ from phaseprobe.collect.connection import Connection, ServerInfo, connect
 from phaseprobe.collect.pd.topology import PdTopology
 from phaseprobe.errors import ConfigError
 from phaseprobe.redact import redact_url
-from phaseprobe.sources.vllm.openai_stream import StreamClient, check_endpoint
 from phaseprobe.sources.vllm.metrics import MetricsScraper
+from phaseprobe.sources.vllm.openai_stream import StreamClient, check_endpoint
 
 __all__ = ["PdConnection", "connect_pair"]
 

@@ -21,9 +21,9 @@ from phaseprobe.collect.experiment import (
 from phaseprobe.collect.pd.collector import PdCollector, PdTopology
 from phaseprobe.collect.pd.connect import connect_pair
 from phaseprobe.collect.pd.spans import attach_pd_spans
-from phaseprobe.sources.span_stores.model import SpanReader
 from phaseprobe.errors import PhaseprobeError
 from phaseprobe.records import Experiment, Run, RunSpec
+from phaseprobe.sources.span_stores.model import SpanReader
 from phaseprobe.sources.vllm.openai_stream import DEFAULT_DEADLINE_S
 from phaseprobe.store import Store
 

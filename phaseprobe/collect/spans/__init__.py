@@ -1,1 +1,2 @@
-"""vLLM's request spans: the OTLP receiver, imports, where a fleet keeps them, retention, and attaching a run's own span."""
+"""vLLM's request spans: the OTLP receiver, imports, where a fleet keeps them, retention,
+and attaching a run's own span."""

@@ -8,20 +8,20 @@ keeps what it committed). Gzipped files (``.gz``) are read as they are.
 
 from __future__ import annotations
 
-from functools import partial
 import json
 import zlib
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from collections import Counter
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from phaseprobe.errors import OtlpError
 from phaseprobe.inputs import input_problem, open_stream
-from phaseprobe.sources.vllm.otlp_spans import SpanBatch, decode_json
 from phaseprobe.sources.read_account import ReadAccount
+from phaseprobe.sources.vllm.otlp_spans import SpanBatch, decode_json
 from phaseprobe.store import Store
 
 __all__ = ["ImportResult", "import_otlp_json", "MAX_LINE_BYTES"]

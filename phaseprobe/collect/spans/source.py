@@ -18,13 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from phaseprobe.errors import ConfigError
+from phaseprobe.records import RequestSpan
 from phaseprobe.sources.span_stores import (
     SpanAggregate,
     SpanReader,
     is_span_store_url,
     open_span_reader,
 )
-from phaseprobe.records import RequestSpan
 from phaseprobe.store import Store
 
 __all__ = ["open_spans", "SPANS_FROM_HELP", "SpanReader", "SpanAggregate", "SpanFollower",

@@ -31,9 +31,9 @@ from phaseprobe.collect.prom_query import (
     named_queries,
 )
 from phaseprobe.errors import ConfigError, EmptyResult
-from phaseprobe.present.grafana.lint import deployment_group
 from phaseprobe.present.cli import jsonout
 from phaseprobe.present.cli.args import seconds
+from phaseprobe.present.grafana.lint import deployment_group
 
 __all__ = ["register", "cmd_query", "run", "parse_time"]
 

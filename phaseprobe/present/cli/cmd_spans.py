@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -149,9 +149,8 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
 
 
 def _list(args: argparse.Namespace, path: Path, out: Console, err: Console) -> int:
-    from phaseprobe.store import Store
-
     from phaseprobe.collect.spans.source import open_spans
+    from phaseprobe.store import Store
 
     until = time.time_ns() if args.since is not None else None
     since = None if until is None else until - round(args.since * 1e9)
@@ -184,9 +183,8 @@ def _list(args: argparse.Namespace, path: Path, out: Console, err: Console) -> i
 
 
 def _show_request(args: argparse.Namespace, path: Path, out: Console, err: Console) -> int:
-    from phaseprobe.store import Store
-
     from phaseprobe.collect.spans.source import open_spans
+    from phaseprobe.store import Store
 
     with open_spans(args.spans_from, path) as reader:
         found = reader.span_by_request_id(args.request_id)
@@ -201,9 +199,8 @@ def _show_request(args: argparse.Namespace, path: Path, out: Console, err: Conso
 
 
 def _prune(args: argparse.Namespace, path: Path, out: Console, err: Console) -> int:
-    from phaseprobe.store import Store
-
     from phaseprobe.collect.spans.retention import RetentionPolicy, prune_once, size_text
+    from phaseprobe.store import Store
 
     if not Path(path).exists():
         raise ConfigError(f"no experiment store at {path}: nothing to prune")
@@ -234,9 +231,8 @@ def _prune(args: argparse.Namespace, path: Path, out: Console, err: Console) -> 
 
 
 def _import(args: argparse.Namespace, path: Path, out: Console, err: Console) -> int:
-    from phaseprobe.store import Store
-
     from phaseprobe.collect.spans.importer import import_otlp_json
+    from phaseprobe.store import Store
 
     results = []
     with Store(path) as store:
@@ -265,9 +261,8 @@ _UNJOINED_TITLE = {"single_leg": "single legs (only one side's span)",
 
 
 def _pd(args: argparse.Namespace, path: Path, out: Console, err: Console) -> int:
-    from phaseprobe.store import Store
-
     from phaseprobe.analysis.pd_spans import join_legs
+    from phaseprobe.store import Store
 
     both = set(args.prefill_instance) & set(args.decode_instance)
     if both:

@@ -57,7 +57,7 @@ from phaseprobe.present.cli.args import (
     positive_int,
     store_and_json_args,
 )
-from phaseprobe.present.cli.cmd_spans import age, spans_from_arg, span_table, summary_table
+from phaseprobe.present.cli.cmd_spans import age, span_table, spans_from_arg, summary_table
 from phaseprobe.present.cli.console import ms
 from phaseprobe.present.cli.watch_fleet import FleetView, kv_path_json, kv_path_lines
 from phaseprobe.records import RequestSpan

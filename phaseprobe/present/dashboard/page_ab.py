@@ -9,8 +9,8 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from phaseprobe.analysis.ab.sequential import SequentialPlan
 from phaseprobe.analysis.ab.pd import judge_pd
+from phaseprobe.analysis.ab.sequential import SequentialPlan
 from phaseprobe.analysis.ab.stats import Comparison, compare_runs
 from phaseprobe.collect.playbook import session_arms, session_plan
 from phaseprobe.present.dashboard import data

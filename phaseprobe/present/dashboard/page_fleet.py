@@ -184,5 +184,5 @@ def _verdicts(report: FleetReport) -> None:
         for c in report.comparison.comparisons:
             st.markdown(f"- {c.sentence()}")
         st.caption(f"Ratio = the replica's median over the other replicas'; "
-                   f"{report.comparison.note}; at least {report.comparison.min_per_side} requests a side, else too "
-                   "few to tell.")
+                   f"{report.comparison.note}; at least {report.comparison.min_per_side} "
+                   "requests a side, else too few to tell.")

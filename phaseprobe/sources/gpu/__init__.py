@@ -1,1 +1,2 @@
-"""GPUs: NVML (the one boundary faked in tests), the sampler that reads it, and nvidia-smi/DCGM imports."""
+"""GPUs: NVML (the one boundary faked in tests), the sampler that reads it, and
+nvidia-smi/DCGM imports."""

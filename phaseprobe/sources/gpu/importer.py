@@ -1,4 +1,5 @@
-"""GPU series captured elsewhere, as GPU sample frames (:data:`phaseprobe.sources.gpu.nvml.COLUMNS`).
+"""GPU series captured elsewhere, as GPU sample frames
+(:data:`phaseprobe.sources.gpu.nvml.COLUMNS`).
 
 1. ``nvidia-smi --query-gpu=timestamp,index,memory.used,... --format=csv -l 1`` logs::
 

@@ -34,9 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from phaseprobe.errors import ParseError
+from phaseprobe.sources.launcher_prefix import read_prefix
 from phaseprobe.sources.nccl import messages as msgs
 from phaseprobe.sources.nccl import split as nccl_split
-from phaseprobe.sources.launcher_prefix import read_prefix
 from phaseprobe.sources.nccl.lines import (
     Fold,
     FoldKey,

@@ -56,8 +56,8 @@ import numpy as np
 
 from phaseprobe.format import MISSING
 from phaseprobe.sources.launcher_prefix import PREFIX_PAD, prefix_ends
-from phaseprobe.sources.read_account import MAX_NAMED, ReadAccount
 from phaseprobe.sources.nccl.split import open_log, reading
+from phaseprobe.sources.read_account import MAX_NAMED, ReadAccount
 
 __all__ = [
     "NcclTestsRow", "NcclTestsParams", "NcclTestsDevice", "NcclTestsTable", "NcclTestsResult",
@@ -960,7 +960,8 @@ def _finish(machine: _Machine, source: str, lines_total: int) -> NcclTestsResult
             b.header_seen, "ms" if b.schema.time_scale != 1.0 else "us", b.schema.wrong_column,
             f.params, tuple(f.devices), f.version, f.library, b.oob, b.oob_ok, b.avg,
             b.avg_check, recomputed, agrees, b.reassembled, len(b.dropped),
-            tuple(sorted(b.dropped)), b.unmatched, tuple(b.unmatched_lines), b.line_start, b.line_end, b.complete,
+            tuple(sorted(b.dropped)), b.unmatched, tuple(b.unmatched_lines), b.line_start,
+            b.line_end, b.complete,
             tuple(notes)))
     return NcclTestsResult(source, tuple(tables), lines_total, machine.examined, machine.glued)
 

@@ -1,1 +1,2 @@
-"""Nsight Systems: SQLite exports (streamed), `nsys stats` CSV and console text, and what each read accounted for."""
+"""Nsight Systems: SQLite exports (streamed), `nsys stats` CSV and console text, and what
+each read accounted for."""

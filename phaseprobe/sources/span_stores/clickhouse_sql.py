@@ -21,7 +21,6 @@ from typing import Any
 
 from phaseprobe.errors import NoRequestSpans, SpanStoreSchemaError
 from phaseprobe.records import RequestSpan
-from phaseprobe.sources.vllm.otlp_spans import ATTRIBUTE_ALIASES, VLLM_SPAN_NAME
 from phaseprobe.sources.span_stores.model import (
     ALL_REPLICAS,
     NEIGHBOUR_HORIZON_NS,
@@ -35,6 +34,7 @@ from phaseprobe.sources.span_stores.model import (
     replica_order,
 )
 from phaseprobe.sources.span_stores.otel_schema import REQUIRED_COLUMNS, ident, quote
+from phaseprobe.sources.vllm.otlp_spans import ATTRIBUTE_ALIASES, VLLM_SPAN_NAME
 
 __all__ = ["ClickHouseSpans", "RunSql"]
 

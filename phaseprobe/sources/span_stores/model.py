@@ -16,8 +16,8 @@ so every store gives the same figures from the same spans.
 
 from __future__ import annotations
 
-import math
 import heapq
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol

@@ -23,13 +23,13 @@ import requests
 
 from phaseprobe.errors import NoRequestSpans, OtlpError, SpanStoreError
 from phaseprobe.records import RequestSpan
-from phaseprobe.sources.vllm.otlp_spans import ATTRIBUTE_ALIASES, VLLM_SPAN_NAME, decode_json
 from phaseprobe.sources.span_stores.fetched import DEFAULT_LOOKBACK_S, FetchedSpans, get_json
 from phaseprobe.sources.span_stores.model import (
     NEIGHBOUR_HORIZON_NS,
     PhaseStats,
     SpanAggregate,
 )
+from phaseprobe.sources.vllm.otlp_spans import ATTRIBUTE_ALIASES, VLLM_SPAN_NAME, decode_json
 
 __all__ = ["TempoSpans", "SEARCH_QUERY", "METRIC_ATTRIBUTES"]
 

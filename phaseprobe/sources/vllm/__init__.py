@@ -1,1 +1,2 @@
-"""vLLM's own outputs: its /metrics page, the OpenAI-compatible stream, and its OTLP request spans."""
+"""vLLM's own outputs: its /metrics page, the OpenAI-compatible stream, and its OTLP request
+spans."""
