@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["LauncherPrefix", "read_prefix", "prefix_ends", "PREFIX_PAD"]
+__all__ = ["LauncherPrefix", "read_prefix", "prefix_ends", "skip_runs", "PREFIX_PAD"]
 
 _SHAPES = re.compile(
     r"(?:(?P<srun>P(?P<het>\d{1,12}) {1,64})?(?P<pad> {0,64})(?P<task>\d{1,7}): "
@@ -129,8 +129,9 @@ _ROLE = _LETTER | _lut("_-")
 _HOST = _LETTER | _DIGIT | _lut("_.-")
 
 
-def _run(arr: np.ndarray, pos: np.ndarray, lut: np.ndarray, limit: int) -> np.ndarray:
-    """Each position moved past the bytes in ``lut`` that start there (at most ``limit``)."""
+def skip_runs(arr: np.ndarray, pos: np.ndarray, lut: np.ndarray, limit: int) -> np.ndarray:
+    """Each position moved past the bytes in ``lut`` that start there (at most ``limit``), as a
+    new array: the vectorised scan the nccl-tests prefilter uses too."""
     pos = pos.copy()
     act = np.flatnonzero(lut[arr[pos]])
     k = 0
@@ -156,27 +157,27 @@ def _tag_ends(arr: np.ndarray, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     het = (c0 == 0x50) & _DIGIT[c1]
     q = p.copy()
     if het.any():
-        h = _run(arr, p + 1, _DIGIT, 12)
-        b = _run(arr, h, _SPACE, 64)
+        h = skip_runs(arr, p + 1, _DIGIT, 12)
+        b = skip_runs(arr, h, _SPACE, 64)
         q = np.where(het & (b > h), b, p)
         het &= b > h
-    pad = _run(arr, q, _SPACE, 64)
-    d = _run(arr, pad, _DIGIT, 8)
+    pad = skip_runs(arr, q, _SPACE, 64)
+    d = skip_runs(arr, pad, _DIGIT, 8)
     digits = d - pad
     colon = (arr[d] == 0x3A) & (arr[d + 1] == 0x20)
     take((digits > 0) & (digits <= 7) & colon, d + 2)
     # Slurm job step "<step>.<task>: " (no padding)
     step = ~het & (pad == p) & (digits > 0) & (digits <= 7) & (arr[d] == 0x2E)
     if step.any():
-        d2 = _run(arr, d + 1, _DIGIT, 8)
+        d2 = skip_runs(arr, d + 1, _DIGIT, 8)
         n2 = d2 - d - 1
         take(step & (n2 > 0) & (n2 <= 7) & (arr[d2] == 0x3A) & (arr[d2 + 1] == 0x20), d2 + 2)
     stderr = np.zeros(p.shape, dtype=bool)
     br = c0 == 0x5B
     if br.any():
         # Open MPI "[job,rank]<stdout>:" (or <stderr>/<stddiag>), a blank after it with PRRTE
-        j = _run(arr, p + 1, _DIGIT, 12)
-        r = _run(arr, j + 1, _DIGIT, 12)
+        j = skip_runs(arr, p + 1, _DIGIT, 12)
+        r = skip_runs(arr, j + 1, _DIGIT, 12)
         mpi = (br & (j > p + 1) & (arr[j] == 0x2C) & (r > j + 1) & (arr[r] == 0x5D)
                & (arr[r + 1] == 0x3C) & (arr[r + 2] == 0x73) & (arr[r + 3] == 0x74)
                & (arr[r + 4] == 0x64))
@@ -193,8 +194,8 @@ def _tag_ends(arr: np.ndarray, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         # torchrun "[role<local rank>]:" and PyTorch's "[rank<N>]:"
         role = br & (_LETTER[c1] | (c1 == 0x5F))
         if role.any():
-            e = _run(arr, p + 1, _ROLE, 64)
-            k = _run(arr, e, _DIGIT, 8)
+            e = skip_runs(arr, p + 1, _ROLE, 64)
+            k = skip_runs(arr, e, _DIGIT, 8)
             nk = k - e
             ok = role & (nk > 0) & (nk <= 7) & (arr[k] == 0x5D) & (arr[k + 1] == 0x3A)
             at = k + 2

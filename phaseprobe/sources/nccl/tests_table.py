@@ -55,7 +55,7 @@ from typing import Any, TypedDict
 import numpy as np
 
 from phaseprobe.format import MISSING
-from phaseprobe.sources.launcher_prefix import PREFIX_PAD, prefix_ends
+from phaseprobe.sources.launcher_prefix import PREFIX_PAD, prefix_ends, skip_runs
 from phaseprobe.sources.nccl.split import open_log, reading
 from phaseprobe.sources.read_account import MAX_NAMED, ReadAccount
 
@@ -1025,17 +1025,6 @@ _LUT_NUMCH = _LUT_DIGIT.copy()
 _LUT_NUMCH[[ord("."), ord("e"), ord("+")]] = True
 
 
-def _skip(arr: np.ndarray, pos: np.ndarray, lut: np.ndarray, limit: int) -> np.ndarray:
-    """Advance each position past bytes in ``lut`` (at most ``limit``), in place."""
-    act = np.flatnonzero(lut[arr[pos]])
-    k = 0
-    while act.size and k < limit:
-        pos[act] += 1
-        act = act[lut[arr[pos[act]]]]
-        k += 1
-    return pos
-
-
 def _select(arr: np.ndarray, starts: np.ndarray
             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Candidate lines among ``starts`` (``arr`` padded past the last line): their indices,
@@ -1048,17 +1037,17 @@ def _select(arr: np.ndarray, starts: np.ndarray
     br = np.flatnonzero(arr[pre] == 0x5B)  # "[r] "
     if br.size:
         sub = pre[br]
-        d1 = _skip(arr, sub + 1, _LUT_DIGIT, 12)
+        d1 = skip_runs(arr, sub + 1, _LUT_DIGIT, 12)
         simple = (d1 > sub + 1) & (arr[d1] == 0x5D) & (arr[d1 + 1] == 0x20)
         pre[br[simple]] = d1[simple] + 2
-    f = _skip(arr, pre.copy(), _LUT_BLANK, 4096)
+    f = skip_runs(arr, pre, _LUT_BLANK, 4096)
     c = arr[f]
     c1 = arr[f + 1]
     ok = (c == 0x23) | ((c == ord("n")) & (c1 == ord("T"))) | (
         (c == ord("O")) & (c1 == ord("u"))) | ((c == ord("A")) & (c1 == ord("v")))
     dig = np.flatnonzero(_LUT_DIGIT[c] & ~ok)
     if dig.size:
-        g = _skip(arr, f[dig].copy(), _LUT_NUMCH, 64)
+        g = skip_runs(arr, f[dig], _LUT_NUMCH, 64)
         ok[dig[_LUT_BLANK[arr[g]]]] = True
     ok &= ~stderr
     idx = np.flatnonzero(ok)
