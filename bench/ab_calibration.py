@@ -24,8 +24,10 @@ def _table(title: str, plan: SequentialPlan, sessions: int, stall_rate: float) -
     started = time.perf_counter()
     rows = calibration_table(plan, sessions=sessions, stall_rate=stall_rate)
     print(f"\n{title} ({sessions} sessions per row, {time.perf_counter() - started:.1f} s)")
-    print("| noise | effect | improvement | regression | equivalent | undecided | "
-          "false positive | mean runs/arm | median runs/arm |")
+    print(
+        "| noise | effect | improvement | regression | equivalent | undecided | "
+        "false positive | mean runs/arm | median runs/arm |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     ok = True
     for r in rows:
@@ -33,9 +35,11 @@ def _table(title: str, plan: SequentialPlan, sessions: int, stall_rate: float) -
         fp = r.false_positive
         flag = "" if fp <= ALPHA else " ✗"
         ok &= fp <= ALPHA
-        print(f"| {s.noise:.0%} | {s.effect:.0%} | {r.improvement:.3f} | {r.regression:.3f} | "
-              f"{r.equivalent:.3f} | {r.undecided:.3f} | {fp:.3f}{flag} | {r.mean_runs:.1f} | "
-              f"{r.median_runs:.0f} |")
+        print(
+            f"| {s.noise:.0%} | {s.effect:.0%} | {r.improvement:.3f} | {r.regression:.3f} | "
+            f"{r.equivalent:.3f} | {r.undecided:.3f} | {fp:.3f}{flag} | {r.mean_runs:.1f} | "
+            f"{r.median_runs:.0f} |"
+        )
     return ok
 
 
@@ -46,9 +50,11 @@ def main() -> None:
     ap.add_argument("--min-effect", type=float, default=0.05)
     args = ap.parse_args()
     plan = SequentialPlan(min_effect=args.min_effect, max_runs=args.max_runs)
-    print(f"sequential A/B, α = {plan.alpha}, min effect ±{plan.min_effect:.0%}, budget "
-          f"{plan.max_runs} runs/arm, looks after {plan.min_pairs} pairs then every "
-          f"{plan.look_every}; noises {DEFAULT_NOISES}, effects {DEFAULT_EFFECTS}")
+    print(
+        f"sequential A/B, α = {plan.alpha}, min effect ±{plan.min_effect:.0%}, budget "
+        f"{plan.max_runs} runs/arm, looks after {plan.min_pairs} pairs then every "
+        f"{plan.look_every}; noises {DEFAULT_NOISES}, effects {DEFAULT_EFFECTS}"
+    )
     clean = _table("log-normal latencies", plan, args.sessions, 0.0)
     stalled = _table("with 5 % of runs stalled 4x", plan, args.sessions, 0.05)
     print(f"\nfalse-positive rate ≤ α in every row: {'yes' if clean and stalled else 'NO'}")

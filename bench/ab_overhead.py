@@ -41,9 +41,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=60, help="runs per arm")
     args = ap.parse_args()
-    with SseServer(Script(n_tokens=8, gap_s=0.0025)) as a, \
-            SseServer(Script(n_tokens=8, gap_s=0.0025)) as b, \
-            tempfile.TemporaryDirectory() as tmp, Store(Path(tmp) / "s.sqlite") as store:
+    with (
+        SseServer(Script(n_tokens=8, gap_s=0.0025)) as a,
+        SseServer(Script(n_tokens=8, gap_s=0.0025)) as b,
+        tempfile.TemporaryDirectory() as tmp,
+        Store(Path(tmp) / "s.sqlite") as store,
+    ):
         pb = parse_playbook(BOOK.format(a=a.base_url, b=b.base_url))
         # min_effect tiny: the A/A can never be decided, so every look is taken.
         plan = SequentialPlan(min_effect=1e-6, max_runs=args.runs)
@@ -52,13 +55,19 @@ def main() -> None:
     request_ms = statistics.median(r.client.e2e_s for r in runs) * 1e3
     wall = [x * 1e3 for x in result.overhead_s]
     cpu = [x * 1e3 for x in result.overhead_cpu_s]
-    print(f"{len(runs)} runs, {result.stop['looks'] if result.stop else 0} looks; "
-          f"median request {request_ms:.2f} ms")
-    print(f"engine overhead between runs: wall median {statistics.median(wall):.3f} ms "
-          f"(max {max(wall):.2f}), CPU median {statistics.median(cpu):.3f} ms "
-          f"(max {max(cpu):.2f})")
-    print(f"ratio to the request: {statistics.median(wall) / request_ms:.1%} of a median "
-          f"request; target < 5 ms: {'yes' if statistics.median(wall) < 5 else 'NO'}")
+    print(
+        f"{len(runs)} runs, {result.stop['looks'] if result.stop else 0} looks; "
+        f"median request {request_ms:.2f} ms"
+    )
+    print(
+        f"engine overhead between runs: wall median {statistics.median(wall):.3f} ms "
+        f"(max {max(wall):.2f}), CPU median {statistics.median(cpu):.3f} ms "
+        f"(max {max(cpu):.2f})"
+    )
+    print(
+        f"ratio to the request: {statistics.median(wall) / request_ms:.1%} of a median "
+        f"request; target < 5 ms: {'yes' if statistics.median(wall) < 5 else 'NO'}"
+    )
 
 
 if __name__ == "__main__":

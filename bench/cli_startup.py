@@ -24,8 +24,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 EXIT_USAGE = 2  # argparse's exit status for a bad argument
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(
-    p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
+ENV = {
+    **os.environ,
+    "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
+}
 
 
 def command_names() -> list[str]:
@@ -33,9 +35,17 @@ def command_names() -> list[str]:
     because a child spawned from it starts with its peak RSS (Linux keeps the high-water mark
     across exec)."""
     listing = subprocess.run(
-        [sys.executable, "-c", "from phaseprobe.present.cli.entry import COMMANDS\n"
-         "print(' '.join(c.name for c in COMMANDS))"],
-        env=ENV, capture_output=True, text=True, check=True)
+        [
+            sys.executable,
+            "-c",
+            "from phaseprobe.present.cli.entry import COMMANDS\n"
+            "print(' '.join(c.name for c in COMMANDS))",
+        ],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return listing.stdout.split()
 
 
@@ -44,9 +54,11 @@ def cases() -> list[tuple[str, list[str], int]]:
     # ``python -m phaseprobe`` imports what the console script imports (plus runpy, a few
     # ms), and runs this checkout whatever is installed.
     cli = [sys.executable, "-m", "phaseprobe"]
-    out = [("import requests (reference)", [sys.executable, "-c", "import requests"], 0),
-           ("--version", [*cli, "--version"], 0),
-           ("--help", [*cli, "--help"], 0)]
+    out = [
+        ("import requests (reference)", [sys.executable, "-c", "import requests"], 0),
+        ("--version", [*cli, "--version"], 0),
+        ("--help", [*cli, "--help"], 0),
+    ]
     out += [(f"{name} --help", [*cli, name, "--help"], 0) for name in command_names()]
     out.append(("probe --runs x (usage error)", [*cli, "probe", "--runs", "x"], EXIT_USAGE))
     return out
@@ -66,8 +78,12 @@ def run_once(argv: list[str]) -> tuple[float, int, int]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repetitions", type=int, default=7)
-    ap.add_argument("--target", type=float, default=2.0, help="the largest ratio to the "
-                    "reference's wall time that passes (default: 2.0)")
+    ap.add_argument(
+        "--target",
+        type=float,
+        default=2.0,
+        help="the largest ratio to the reference's wall time that passes (default: 2.0)",
+    )
     args = ap.parse_args()
     todo = cases()
     walls: dict[str, list[float]] = {label: [] for label, _, _ in todo}
@@ -75,8 +91,7 @@ def main() -> int:
     for label, argv, expected in todo:  # warm-up, not counted: byte-code caches, page cache
         code = run_once(argv)[2]
         if code != expected:
-            raise SystemExit(f"{label}: exit status {code}, expected {expected} "
-                             f"({' '.join(argv)})")
+            raise SystemExit(f"{label}: exit status {code}, expected {expected} ({' '.join(argv)})")
     for rep in range(args.repetitions):
         # Interleaved, and each repetition starts at another case: drift and position in the
         # loop fall on every case alike.
@@ -89,9 +104,11 @@ def main() -> int:
             rss[label].append(peak)
     ref_label = todo[0][0]
     ref = statistics.median(walls[ref_label])
-    print(f"phaseprobe start-up: median of {args.repetitions} interleaved runs each, "
-          f"target {args.target:g}x the reference; load average "
-          f"{os.getloadavg()[0]:.2f}, {os.cpu_count()} CPUs")
+    print(
+        f"phaseprobe start-up: median of {args.repetitions} interleaved runs each, "
+        f"target {args.target:g}x the reference; load average "
+        f"{os.getloadavg()[0]:.2f}, {os.cpu_count()} CPUs"
+    )
     print(f"{'case':34} {'wall ms':>8} {'peak RSS MB':>12} {'ratio':>6}")
     over = []
     for label, _, _ in todo:
@@ -100,11 +117,15 @@ def main() -> int:
         verdict = "" if label == ref_label else ("ok" if ratio <= args.target else "OVER")
         if verdict == "OVER":
             over.append(label)
-        print(f"{label:34} {wall * 1e3:8.0f} {statistics.median(rss[label]) / 1e6:12.1f} "
-              f"{ratio:5.2f}x {verdict}")
+        print(
+            f"{label:34} {wall * 1e3:8.0f} {statistics.median(rss[label]) / 1e6:12.1f} "
+            f"{ratio:5.2f}x {verdict}"
+        )
     cases_n = len(todo) - 1
-    print(f"{cases_n - len(over)} of {cases_n} within {args.target:g}x the reference "
-          f"({ref * 1e3:.0f} ms)" + (f"; over: {', '.join(over)}" if over else ""))
+    print(
+        f"{cases_n - len(over)} of {cases_n} within {args.target:g}x the reference "
+        f"({ref * 1e3:.0f} ms)" + (f"; over: {', '.join(over)}" if over else "")
+    )
     return 1 if over else 0
 
 

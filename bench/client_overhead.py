@@ -63,8 +63,9 @@ def bare_trial(server: RemoteServer, body: dict) -> tuple[list[int], float]:
     """Minimal loop: stamp each HTTP chunk, nothing else. Returns (lags ns, CPU ns/event)."""
     stamps = []
     cpu0 = time.thread_time_ns()
-    with requests.post(server.base_url + "/v1/completions", json=body, stream=True,
-                       timeout=60) as resp:
+    with requests.post(
+        server.base_url + "/v1/completions", json=body, stream=True, timeout=60
+    ) as resp:
         for _chunk in resp.iter_content(chunk_size=None):
             stamps.append(time.perf_counter_ns())
     cpu = time.thread_time_ns() - cpu0
@@ -114,8 +115,7 @@ def main() -> None:
     args = ap.parse_args()
     script = Script(n_tokens=args.events, gap_s=args.gap_ms / 1e3, first_delay_s=0.005)
     body = build_body(model="sse-test-model", prompt="bench", max_tokens=args.events, chat=False)
-    arms = (("bare", bare_trial), ("phaseprobe", phaseprobe_trial),
-            ("+stallwatch", watched_trial))
+    arms = (("bare", bare_trial), ("phaseprobe", phaseprobe_trial), ("+stallwatch", watched_trial))
     lag: dict[str, list[int]] = {name: [] for name, _ in arms}
     cpu: dict[str, list[float]] = {name: [] for name, _ in arms}
     server = RemoteServer(script)
@@ -131,17 +131,25 @@ def main() -> None:
     p99 = {k: sorted(v)[int(len(v) * 0.99)] / 1e3 for k, v in lag.items()}
     cpu_med = {k: statistics.median(v) / 1e3 for k, v in cpu.items()}
     rate = 1e3 / args.gap_ms
-    print(f"{args.trials} interleaved trials x {args.events} token events at {rate:,.0f}/s "
-          "from the SSE test server (separate process)")
+    print(
+        f"{args.trials} interleaved trials x {args.events} token events at {rate:,.0f}/s "
+        "from the SSE test server (separate process)"
+    )
     for k, _ in arms:
-        print(f"  {k:<11} arrival lag median {med[k]:7.1f} µs  p99 {p99[k]:8.1f} µs   "
-              f"client CPU {cpu_med[k]:6.1f} µs/event")
-    print(f"phaseprobe overhead per token event: {med['phaseprobe'] - med['bare']:+.1f} µs "
-          f"(median lag), CPU ratio {cpu_med['phaseprobe'] / cpu_med['bare']:.2f}x the bare loop "
-          f"(+{cpu_med['phaseprobe'] - cpu_med['bare']:.1f} µs/event)")
-    print(f"the collector's StallWatch thread (5 ms wake-ups) adds "
-          f"{med['+stallwatch'] - med['phaseprobe']:+.1f} µs median lag, p99 "
-          f"{p99['+stallwatch'] - p99['phaseprobe']:+.1f} µs (stream thread CPU only)")
+        print(
+            f"  {k:<11} arrival lag median {med[k]:7.1f} µs  p99 {p99[k]:8.1f} µs   "
+            f"client CPU {cpu_med[k]:6.1f} µs/event"
+        )
+    print(
+        f"phaseprobe overhead per token event: {med['phaseprobe'] - med['bare']:+.1f} µs "
+        f"(median lag), CPU ratio {cpu_med['phaseprobe'] / cpu_med['bare']:.2f}x the bare loop "
+        f"(+{cpu_med['phaseprobe'] - cpu_med['bare']:.1f} µs/event)"
+    )
+    print(
+        f"the collector's StallWatch thread (5 ms wake-ups) adds "
+        f"{med['+stallwatch'] - med['phaseprobe']:+.1f} µs median lag, p99 "
+        f"{p99['+stallwatch'] - p99['phaseprobe']:+.1f} µs (stream thread CPU only)"
+    )
 
 
 if __name__ == "__main__":

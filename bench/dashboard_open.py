@@ -28,24 +28,56 @@ from phaseprobe.store import Store
 
 def _run(seq: int) -> Run:
     events = tuple(40_000_000 + i * 10_000_000 for i in range(32))
-    client = ClientTimeline(sent_wall_ns=time.time_ns(), event_offsets_ns=events,
-                            end_offset_ns=events[-1] + 1_000_000, http_status=200,
-                            prompt_tokens=128, completion_tokens=32, finish_reason="length",
-                            complete=True)
-    server = ServerPhases(queue_s=0.001, prefill_s=0.03, decode_s=0.3, inference_s=0.33,
-                          ttft_s=0.035, e2e_s=0.34, count_deltas={}, counter_deltas={})
-    return Run(seq=seq, status="ok", prompt="p" * 512, client=client, server=server,
-               isolation=Isolation(verified=True, isolated=True))
+    client = ClientTimeline(
+        sent_wall_ns=time.time_ns(),
+        event_offsets_ns=events,
+        end_offset_ns=events[-1] + 1_000_000,
+        http_status=200,
+        prompt_tokens=128,
+        completion_tokens=32,
+        finish_reason="length",
+        complete=True,
+    )
+    server = ServerPhases(
+        queue_s=0.001,
+        prefill_s=0.03,
+        decode_s=0.3,
+        inference_s=0.33,
+        ttft_s=0.035,
+        e2e_s=0.34,
+        count_deltas={},
+        counter_deltas={},
+    )
+    return Run(
+        seq=seq,
+        status="ok",
+        prompt="p" * 512,
+        client=client,
+        server=server,
+        isolation=Isolation(verified=True, isolated=True),
+    )
 
 
 def build(path: Path, n: int, runs: int) -> None:
-    spec = RunSpec(endpoint="http://127.0.0.1:8000", model="tiny", prompt="", max_tokens=32,
-                   prompt_tokens_target=128, labels={"gpu": "h100", "build": "nightly"})
+    spec = RunSpec(
+        endpoint="http://127.0.0.1:8000",
+        model="tiny",
+        prompt="",
+        max_tokens=32,
+        prompt_tokens_target=128,
+        labels={"gpu": "h100", "build": "nightly"},
+    )
     with Store(path) as store:
         for i in range(n):
-            eid = store.create_experiment(Experiment(name=f"probe-{i}", kind="probe", spec=spec,
-                                                     server_info={"vllm_version": "0.32.0"},
-                                                     created_wall_ns=time.time_ns()))
+            eid = store.create_experiment(
+                Experiment(
+                    name=f"probe-{i}",
+                    kind="probe",
+                    spec=spec,
+                    server_info={"vllm_version": "0.32.0"},
+                    created_wall_ns=time.time_ns(),
+                )
+            )
             for seq in range(runs):
                 store.add_run(eid, _run(seq))
             store.finish_experiment(eid)
@@ -80,8 +112,10 @@ def main() -> None:
             build(path, n, args.runs_per_experiment)
             results.append((n, *time_open(path)))
         base = results[0][1]
-        print(f"{'experiments':>11}  {'first open':>10}  {'rerun':>8}  "
-              f"{'vs ' + str(results[0][0]):>7}")
+        print(
+            f"{'experiments':>11}  {'first open':>10}  {'rerun':>8}  "
+            f"{'vs ' + str(results[0][0]):>7}"
+        )
         for n, cold, warm in results:
             print(f"{n:>11,}  {cold:>9.2f}s  {warm:>7.2f}s  {cold / base:>6.1f}x")
         print("target: 1,000 experiments open in < 2 s (first open)")

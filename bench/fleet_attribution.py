@@ -43,11 +43,16 @@ def main() -> None:
     print("|---:|---:|---:|---:|")
     base: float | None = None
     with ExitStack() as stack:
-        servers = [stack.enter_context(SseServer(Script(n_tokens=4), metrics=True))
-                   for _ in range(max(sizes))]
+        servers = [
+            stack.enter_context(SseServer(Script(n_tokens=4), metrics=True))
+            for _ in range(max(sizes))
+        ]
         # one served request: the serving replica moved, the others did not
-        requests.post(servers[0].base_url + "/v1/completions", timeout=10, json={
-            "model": "sse-test-model", "prompt": "hi", "max_tokens": 4, "stream": True}).close()
+        requests.post(
+            servers[0].base_url + "/v1/completions",
+            timeout=10,
+            json={"model": "sse-test-model", "prompt": "hi", "max_tokens": 4, "stream": True},
+        ).close()
         for n in sizes:
             targets = [ReplicaTarget(f"r{i}", s.base_url) for i, s in enumerate(servers[:n])]
             with requests.Session() as http:
@@ -56,11 +61,14 @@ def main() -> None:
                 before = fleet.scrape()
                 after = fleet.scrape()
                 assert before is not None and after is not None
-                judge_s = _median_s(lambda b=before, a=after: FleetScraper.serving(
-                    b, a, "sse-test-model", None, None), args.repeats)
+                judge_s = _median_s(
+                    lambda b=before, a=after: FleetScraper.serving(
+                        b, a, "sse-test-model", None, None
+                    ),
+                    args.repeats,
+                )
             base = base or scrape_s
-            print(f"| {n} | {scrape_s * 1e3:.2f} | {judge_s * 1e3:.3f} | "
-                  f"{scrape_s / base:.1f}x |")
+            print(f"| {n} | {scrape_s * 1e3:.2f} | {judge_s * 1e3:.3f} | {scrape_s / base:.1f}x |")
 
 
 if __name__ == "__main__":

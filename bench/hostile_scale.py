@@ -26,29 +26,39 @@ def nccl_log(path: Path, n: int) -> None:
         f.write("NCCL version 2.21.5+cuda12.4\n")
         for i in range(n):
             h, pid, r = f"node{i // 8:05d}", 10000 + i, i % 8
-            f.write(f"{h}:{pid}:{pid} [{r}] NCCL INFO Bootstrap : Using eth0:10.0.0.1<0>\n"
-                    f"{h}:{pid}:{pid + 1} [{r}] NCCL INFO ncclCommInitRank comm 0x7f{i:08x} "
-                    f"rank {r} nranks 8 cudaDev {r} nvmlDev {r} busId {r}000 commId "
-                    f"0xbeef{i // 8:x} - Init START\n"
-                    f"{h}:{pid}:{pid} [{r}] NCCL INFO AllReduce: opCount 0 sendbuff "
-                    f"0x7f3a00000000 recvbuff 0x7f3a00000000 count 1024 datatype 9 op 0 root 0 "
-                    f"comm 0x7f{i:08x} [nranks=8] stream 0x55d0{r:06x}\n")
+            f.write(
+                f"{h}:{pid}:{pid} [{r}] NCCL INFO Bootstrap : Using eth0:10.0.0.1<0>\n"
+                f"{h}:{pid}:{pid + 1} [{r}] NCCL INFO ncclCommInitRank comm 0x7f{i:08x} "
+                f"rank {r} nranks 8 cudaDev {r} nvmlDev {r} busId {r}000 commId "
+                f"0xbeef{i // 8:x} - Init START\n"
+                f"{h}:{pid}:{pid} [{r}] NCCL INFO AllReduce: opCount 0 sendbuff "
+                f"0x7f3a00000000 recvbuff 0x7f3a00000000 count 1024 datatype 9 op 0 root 0 "
+                f"comm 0x7f{i:08x} [nranks=8] stream 0x55d0{r:06x}\n"
+            )
 
 
 def gpu_csv(path: Path, n: int) -> None:
     with open(path, "w", encoding="utf-8") as f:
-        f.write("timestamp, index, memory.used [MiB], memory.total [MiB], "
-                "utilization.gpu [%], power.draw [W]\n")
+        f.write(
+            "timestamp, index, memory.used [MiB], memory.total [MiB], "
+            "utilization.gpu [%], power.draw [W]\n"
+        )
         for t in range(2):
             for i in range(n):
-                f.write(f"2024/05/01 10:00:0{t}.000, {i}, {1000 + i % 50} MiB, 81559 MiB, "
-                        f"{i % 100} %, 250.5 W\n")
+                f.write(
+                    f"2024/05/01 10:00:0{t}.000, {i}, {1000 + i % 50} MiB, 81559 MiB, "
+                    f"{i % 100} %, 250.5 W\n"
+                )
 
 
 def timed(argv: list[str]) -> float:
     t0 = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "phaseprobe", *argv],
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "phaseprobe", *argv],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     wall = time.perf_counter() - t0
     if done.returncode != 0:
         raise SystemExit(f"phaseprobe {' '.join(argv)} failed: {done.stderr.strip()[-400:]}")
@@ -60,10 +70,16 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=100_000, help="processes / GPUs (default 100000)")
     args = ap.parse_args()
     small = max(args.n // 5, 1)
-    cases = [("nccl", "processes", nccl_log, lambda p: ["nccl", str(p)]),
-             ("gpu import", "GPUs", gpu_csv, lambda p: ["gpu", "import", str(p), "--tz", "UTC"]),
-             ("gpu import --json", "GPUs", gpu_csv,
-              lambda p: ["gpu", "import", str(p), "--tz", "UTC", "--json"])]
+    cases = [
+        ("nccl", "processes", nccl_log, lambda p: ["nccl", str(p)]),
+        ("gpu import", "GPUs", gpu_csv, lambda p: ["gpu", "import", str(p), "--tz", "UTC"]),
+        (
+            "gpu import --json",
+            "GPUs",
+            gpu_csv,
+            lambda p: ["gpu", "import", str(p), "--tz", "UTC", "--json"],
+        ),
+    ]
     print(f"{'command':<20}{'size':>18}{'wall s':>10}{'per s':>12}   growth vs size x5")
     with tempfile.TemporaryDirectory() as tmp:
         for name, unit, make, argv in cases:
@@ -73,11 +89,12 @@ def main() -> int:
                 if not path.exists():
                     make(path, n)
                 walls.append(timed(argv(path)))
-                print(f"{name:<20}{f'{n:,} {unit}':>18}{walls[-1]:>10.1f}"
-                      f"{n / walls[-1]:>12,.0f}")
+                print(f"{name:<20}{f'{n:,} {unit}':>18}{walls[-1]:>10.1f}{n / walls[-1]:>12,.0f}")
             growth = walls[1] / walls[0]
-            print(f"{'':<20}{'':>18}{'':>10}{'':>12}   x{growth:.1f} "
-                  f"({'linear' if growth <= 7.5 else 'NOT linear'}: 5.0 is linear, 25 quadratic)")
+            print(
+                f"{'':<20}{'':>18}{'':>10}{'':>12}   x{growth:.1f} "
+                f"({'linear' if growth <= 7.5 else 'NOT linear'}: 5.0 is linear, 25 quadratic)"
+            )
     return 0
 
 

@@ -42,11 +42,15 @@ nvmlDev {r} busId {r}000 commId 0xbeef - Init START
 {h}:{pid}:{tid} [{r}] NCCL INFO ncclCommInitRank comm 0x7f{r:04x} rank {r} nranks 8 cudaDev {r} \
 nvmlDev {r} busId {r}000 commId 0xbeef - Init COMPLETE
 """
-_COLL = ("{h}:{pid}:{pid} [{r}] NCCL INFO AllReduce: opCount {op:x} sendbuff 0x7f3a{b:08x} "
-         "recvbuff 0x7f3a{b:08x} count {c} datatype 9 op 0 root 0 comm 0x7f{r:04x} [nranks=8] "
-         "stream 0x55d0{r:06x}\n")
-_TUNE = ("{h}:{pid}:{pid} [0] NCCL INFO AllReduce: {nb} Bytes -> Algo RING proto LL "
-         "channel{{Lo..Hi}}={{0..7}}\n")
+_COLL = (
+    "{h}:{pid}:{pid} [{r}] NCCL INFO AllReduce: opCount {op:x} sendbuff 0x7f3a{b:08x} "
+    "recvbuff 0x7f3a{b:08x} count {c} datatype 9 op 0 root 0 comm 0x7f{r:04x} [nranks=8] "
+    "stream 0x55d0{r:06x}\n"
+)
+_TUNE = (
+    "{h}:{pid}:{pid} [0] NCCL INFO AllReduce: {nb} Bytes -> Algo RING proto LL "
+    "channel{{Lo..Hi}}={{0..7}}\n"
+)
 
 
 def generate(path: Path, n_lines: int, seed: int = 0) -> int:
@@ -64,8 +68,7 @@ def generate(path: Path, n_lines: int, seed: int = 0) -> int:
             tokens = rng.choice((1, 1, 1, 1, 2, 4, 8, 16, 32, 128, 512))
             count = tokens * 4096
             for r in range(8):
-                chunk.append(_COLL.format(h=host, pid=4000 + r, r=r, op=op, b=r * 4096,
-                                          c=count))
+                chunk.append(_COLL.format(h=host, pid=4000 + r, r=r, op=op, b=r * 4096, c=count))
             chunk.append(_TUNE.format(h=host, pid=4000, nb=count * 2))
             written += 9
             if op % 64 == 0:
@@ -88,10 +91,16 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lines", type=int, default=5_000_000)
     ap.add_argument("--keep", action="store_true", help="keep the generated file")
-    ap.add_argument("--lines-path", action="store_true",
-                    help="time the line-by-line reader instead of the block reader")
-    ap.add_argument("--check", action="store_true",
-                    help="also parse line by line and check that the summaries are identical")
+    ap.add_argument(
+        "--lines-path",
+        action="store_true",
+        help="time the line-by-line reader instead of the block reader",
+    )
+    ap.add_argument(
+        "--check",
+        action="store_true",
+        help="also parse line by line and check that the summaries are identical",
+    )
     args = ap.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="pp-nccl-bench-"))
     try:
@@ -105,14 +114,17 @@ def main(argv: list[str] | None = None) -> int:
         if shutil.which("grep"):
             t0 = time.perf_counter()
             k0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-            res = subprocess.run(["grep", "-c", "NCCL INFO", str(path)], capture_output=True,
-                                 text=True, check=False)
+            res = subprocess.run(
+                ["grep", "-c", "NCCL INFO", str(path)], capture_output=True, text=True, check=False
+            )
             grep_s = time.perf_counter() - t0
             k1 = resource.getrusage(resource.RUSAGE_CHILDREN)
             # CPU as well as wall: other processes on a shared machine stretch wall times
             grep_cpu = (k1.ru_utime + k1.ru_stime) - (k0.ru_utime + k0.ru_stime)
-            print(f"grep -c 'NCCL INFO': {res.stdout.strip()} lines in {grep_s:.2f} s "
-                  f"(CPU {grep_cpu:.2f} s)")
+            print(
+                f"grep -c 'NCCL INFO': {res.stdout.strip()} lines in {grep_s:.2f} s "
+                f"(CPU {grep_cpu:.2f} s)"
+            )
         doc = None
         runs = [("line by line", 0)] if args.lines_path else [("one process", 1)]
         if not args.lines_path and size >= SPLIT_MIN:
@@ -123,32 +135,41 @@ def main(argv: list[str] | None = None) -> int:
             parse_s, cpu_s = time.perf_counter() - t0, time.process_time() - c0
             got = summarize(log)
             total_s = time.perf_counter() - t0
-            print(f"{name}: {log.lines_total:,} lines in {parse_s:.2f} s "
-                  f"(CPU here {cpu_s:.2f} s) = {log.lines_total / parse_s / 1e6:.2f} M lines/s, "
-                  f"{size / parse_s / 1e6:.0f} MB/s (summary included: {total_s:.2f} s)")
+            print(
+                f"{name}: {log.lines_total:,} lines in {parse_s:.2f} s "
+                f"(CPU here {cpu_s:.2f} s) = {log.lines_total / parse_s / 1e6:.2f} M lines/s, "
+                f"{size / parse_s / 1e6:.0f} MB/s (summary included: {total_s:.2f} s)"
+            )
             if grep_s:
                 # two processes: the counting child's CPU is not in this process's time
-                cpu_ratio = (f", CPU {cpu_s / grep_cpu:.1f}x" if grep_cpu and workers != 2
-                             else "")
-                print(f"  ratio parse / grep -c: wall {parse_s / grep_s:.1f}x{cpu_ratio} "
-                      f"(target: within 5x{' in one process' if workers == 1 else ''}: "
-                      f"{'met' if parse_s / grep_s <= 5 else 'NOT met'} by wall time)")
+                cpu_ratio = f", CPU {cpu_s / grep_cpu:.1f}x" if grep_cpu and workers != 2 else ""
+                print(
+                    f"  ratio parse / grep -c: wall {parse_s / grep_s:.1f}x{cpu_ratio} "
+                    f"(target: within 5x{' in one process' if workers == 1 else ''}: "
+                    f"{'met' if parse_s / grep_s <= 5 else 'NOT met'} by wall time)"
+                )
             if doc is None:
                 doc = got
-                print(f"  collectives {doc['collectives']['calls']:,}, tuning "
-                      f"{doc['tuning']['decisions']:,}, malformed {doc['lines']['malformed']}")
+                print(
+                    f"  collectives {doc['collectives']['calls']:,}, tuning "
+                    f"{doc['tuning']['decisions']:,}, malformed {doc['lines']['malformed']}"
+                )
             elif got != doc:
                 print("  DIFFERENT summary from the one-process run")
                 return 1
         rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-        print(f"peak RSS: {rss0 / 1024:.0f} MB before parsing, {rss1 / 1024:.0f} MB after "
-              f"(file {size / 1e6:.0f} MB); children (grep, the counting child, whose "
-              f"pages are mostly the parent's, shared by fork) {child / 1024:.0f} MB")
+        print(
+            f"peak RSS: {rss0 / 1024:.0f} MB before parsing, {rss1 / 1024:.0f} MB after "
+            f"(file {size / 1e6:.0f} MB); children (grep, the counting child, whose "
+            f"pages are mostly the parent's, shared by fork) {child / 1024:.0f} MB"
+        )
         if args.check:
             other = summarize(parse_files([path]) if args.lines_path else _by_lines(path))
-            print("check: the block and line-by-line readers give "
-                  + ("identical summaries" if other == doc else "DIFFERENT summaries"))
+            print(
+                "check: the block and line-by-line readers give "
+                + ("identical summaries" if other == doc else "DIFFERENT summaries")
+            )
             if other != doc:
                 return 1
         if args.keep:

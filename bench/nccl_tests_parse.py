@@ -42,13 +42,19 @@ iters: 20 agg iters: 1 validation: 1 graph: 0
    time   algbw   busbw  #wrong \n\
 #        (B)    (elements)                               (us)  (GB/s)  (GB/s)          \
    (us)  (GB/s)  (GB/s)         \n"""
-_DEV = "#  Rank {r:2d} Group  0 Pid {pid:6d} on gpu-node-017 device {r:2d} [0000:{b:02x}:00] " \
-       "NVIDIA H100 80GB HBM3\n"
-_COLL = ("gpu-node-017:{pid}:{pid} [{r}] NCCL INFO AllReduce: opCount {op:x} sendbuff "
-         "0x7f3a{b:08x} recvbuff 0x7f3a{b:08x} count {c} datatype 7 op 0 root 0 comm "
-         "0x7f{r:04x} [nranks=8] stream 0x55d0{r:06x}\n")
-_TUNE = ("gpu-node-017:{pid}:{pid} [0] NCCL INFO AllReduce: {nb} Bytes -> Algo RING proto "
-         "SIMPLE channel{{Lo..Hi}}={{0..15}}\n")
+_DEV = (
+    "#  Rank {r:2d} Group  0 Pid {pid:6d} on gpu-node-017 device {r:2d} [0000:{b:02x}:00] "
+    "NVIDIA H100 80GB HBM3\n"
+)
+_COLL = (
+    "gpu-node-017:{pid}:{pid} [{r}] NCCL INFO AllReduce: opCount {op:x} sendbuff "
+    "0x7f3a{b:08x} recvbuff 0x7f3a{b:08x} count {c} datatype 7 op 0 root 0 comm "
+    "0x7f{r:04x} [nranks=8] stream 0x55d0{r:06x}\n"
+)
+_TUNE = (
+    "gpu-node-017:{pid}:{pid} [0] NCCL INFO AllReduce: {nb} Bytes -> Algo RING proto "
+    "SIMPLE channel{{Lo..Hi}}={{0..15}}\n"
+)
 _FOOT = """# Out of bounds values : 0 OK
 # Avg bus bandwidth    : {avg:g} \n#
 # Collective test concluded: all_reduce_perf
@@ -86,17 +92,19 @@ def generate(path: Path, n_lines: int, info_per_row: int, seed: int = 0) -> tupl
                     bws.append(bus)
                     pieces.append(f"  {_fs(tt, 7)}  {_fs(alg, 6)}  {_fs(bus, 6)}  {0:6g}")
                 pre = f"{size:12d}  {size // 4:12d}  {'float':>8}  {'sum':>6}  {-1:6d}"
-                info = [_COLL.format(r=r, pid=4000 + r, op=op, b=r * 4096, c=size // 4)
-                        for r in range(8)]
+                info = [
+                    _COLL.format(r=r, pid=4000 + r, op=op, b=r * 4096, c=size // 4)
+                    for r in range(8)
+                ]
                 info.append(_TUNE.format(pid=4000, nb=size))
-                info = (info * (info_per_row // len(info) + 1))[:max(info_per_row, 2)]
+                info = (info * (info_per_row // len(info) + 1))[: max(info_per_row, 2)]
                 op += 1
                 if k % 5 == 4:  # cut: preamble|INFO, oop body|INFO, ip body\n
                     half = len(info) // 2
                     out.append(pre + info[0])
                     out.extend(info[1:half])
                     out.append(pieces[0] + info[half])
-                    out.extend(info[half + 1:])
+                    out.extend(info[half + 1 :])
                     out.append(pieces[1] + "\n")
                     cut += 1
                 else:
@@ -115,9 +123,14 @@ def generate(path: Path, n_lines: int, info_per_row: int, seed: int = 0) -> tupl
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lines", type=int, default=1_000_000)
-    ap.add_argument("--info-per-row", type=int, nargs="+", default=[130, 20],
-                    help="NCCL INFO lines after each table row, one file per value (default: "
-                         "130, as in a real COLL+TUNING log, and 20, a dense stress case)")
+    ap.add_argument(
+        "--info-per-row",
+        type=int,
+        nargs="+",
+        default=[130, 20],
+        help="NCCL INFO lines after each table row, one file per value (default: "
+        "130, as in a real COLL+TUNING log, and 20, a dense stress case)",
+    )
     ap.add_argument("--keep", action="store_true", help="keep the generated files")
     args = ap.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="pp-nccltests-bench-"))
@@ -139,16 +152,19 @@ def _one(path: Path, n_lines: int, per_row: int) -> bool:
     t0 = time.perf_counter()
     n, rows, cut = generate(path, n_lines, per_row)
     size = path.stat().st_size
-    print(f"== {per_row} NCCL lines per table row: generated {n:,} lines, {size / 1e6:.0f} MB, "
-          f"{rows:,} table rows ({rows / n:.1%} of lines, {cut:,} cut into pieces) in "
-          f"{time.perf_counter() - t0:.1f} s")
+    print(
+        f"== {per_row} NCCL lines per table row: generated {n:,} lines, {size / 1e6:.0f} MB, "
+        f"{rows:,} table rows ({rows / n:.1%} of lines, {cut:,} cut into pieces) in "
+        f"{time.perf_counter() - t0:.1f} s"
+    )
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     greps: dict[str, float] = {}
     if shutil.which("grep"):
         for pat in ("NCCL INFO", "float"):
             t0 = time.perf_counter()
-            res = subprocess.run(["grep", "-c", pat, str(path)], capture_output=True,
-                                 text=True, check=False)
+            res = subprocess.run(
+                ["grep", "-c", pat, str(path)], capture_output=True, text=True, check=False
+            )
             greps[pat] = time.perf_counter() - t0
             print(f"grep -c '{pat}': {res.stdout.strip()} lines in {greps[pat]:.3f} s")
     t0 = time.perf_counter()
@@ -158,25 +174,37 @@ def _one(path: Path, n_lines: int, per_row: int) -> bool:
     if result is None:
         print("no table found")
         return False
-    print(f"phaseprobe nccl-tests parse: {result.lines_total:,} lines in {parse_s:.3f} s = "
-          f"{result.lines_total / parse_s / 1e6:.2f} M lines/s, {size / parse_s / 1e6:.0f} "
-          f"MB/s ({result.lines_examined:,} lines past the prefilter)")
-    print(f"  tables {len(result.tables):,}, rows {result.rows_total:,} (expected {rows:,}), "
-          f"reassembled {result.rows_reassembled:,} (expected {cut:,}), dropped "
-          f"{result.rows_dropped}")
-    ok = (result.rows_total == rows and result.rows_reassembled == cut
-          and result.rows_dropped == 0 and all(t.avg_busbw_agrees for t in result.tables))
+    print(
+        f"phaseprobe nccl-tests parse: {result.lines_total:,} lines in {parse_s:.3f} s = "
+        f"{result.lines_total / parse_s / 1e6:.2f} M lines/s, {size / parse_s / 1e6:.0f} "
+        f"MB/s ({result.lines_examined:,} lines past the prefilter)"
+    )
+    print(
+        f"  tables {len(result.tables):,}, rows {result.rows_total:,} (expected {rows:,}), "
+        f"reassembled {result.rows_reassembled:,} (expected {cut:,}), dropped "
+        f"{result.rows_dropped}"
+    )
+    ok = (
+        result.rows_total == rows
+        and result.rows_reassembled == cut
+        and result.rows_dropped == 0
+        and all(t.avg_busbw_agrees for t in result.tables)
+    )
     print(f"  every row found, cut rows reassembled, averages agree: {ok}")
     for pat, g in greps.items():
         print(f"ratio parse / grep -c '{pat}': {parse_s / g:.1f}x")
-    print(f"peak RSS: {rss0 / 1024:.0f} MB before parsing, {rss1 / 1024:.0f} MB after "
-          f"(file {size / 1e6:.0f} MB)")
+    print(
+        f"peak RSS: {rss0 / 1024:.0f} MB before parsing, {rss1 / 1024:.0f} MB after "
+        f"(file {size / 1e6:.0f} MB)"
+    )
     # `phaseprobe nccl` also looks for problem lines (WARN, timeouts, aborts) in the same file
     t0 = time.perf_counter()
     problems = classify_file(path)
     scan_s = time.perf_counter() - t0
-    print(f"problem-line scan (classify_file): {len(problems)} found in {scan_s:.3f} s"
-          + "".join(f", {scan_s / g:.1f}x grep -c '{pat}'" for pat, g in greps.items()))
+    print(
+        f"problem-line scan (classify_file): {len(problems)} found in {scan_s:.3f} s"
+        + "".join(f", {scan_s / g:.1f}x grep -c '{pat}'" for pat, g in greps.items())
+    )
     return ok
 
 

@@ -36,10 +36,14 @@ from phaseprobe.sources.nsys.export import read_nsys  # noqa: E402
 
 TID = (4242 << 24) | 4243
 PID = 4242 << 24
-NAMES = (["ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "cross_device_reduce_1stage",
-          "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", "nvjet_tst_128x64_64x8_1x1_v_bz_TNT",
-          "flash_fwd_splitkv_kernel", "reshape_and_cache_flash_kernel"]
-         + [f"elementwise_kernel_{i}" for i in range(44)])
+NAMES = [
+    "ncclDevKernel_AllReduce_Sum_bf16_RING_LL",
+    "cross_device_reduce_1stage",
+    "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n",
+    "nvjet_tst_128x64_64x8_1x1_v_bz_TNT",
+    "flash_fwd_splitkv_kernel",
+    "reshape_and_cache_flash_kernel",
+] + [f"elementwise_kernel_{i}" for i in range(44)]
 SCHEMA = """
 PRAGMA journal_mode = OFF; PRAGMA synchronous = OFF;
 CREATE TABLE StringIds (id INTEGER NOT NULL PRIMARY KEY, value TEXT NOT NULL);
@@ -62,14 +66,17 @@ FLOOR_QUERIES = (
     'SELECT count(*), total(start), total("end"), total(deviceId), total(globalPid), '
     "total(correlationId), total(shortName) FROM CUPTI_ACTIVITY_KIND_KERNEL",
     'SELECT total(nameId), total("end" - start), total(globalTid), total(correlationId), '
-    "total(start) FROM CUPTI_ACTIVITY_KIND_RUNTIME")
+    "total(start) FROM CUPTI_ACTIVITY_KIND_RUNTIME",
+)
 
 
 def build(path: Path, rows: int, budget_s: float) -> int:
     conn = sqlite3.connect(path)
     conn.executescript(SCHEMA)
-    conn.executemany("INSERT INTO StringIds VALUES (?, ?)",
-                     [(i + 1, n) for i, n in enumerate(NAMES)] + [(100, "cudaLaunchKernel")])
+    conn.executemany(
+        "INSERT INTO StringIds VALUES (?, ?)",
+        [(i + 1, n) for i, n in enumerate(NAMES)] + [(100, "cudaLaunchKernel")],
+    )
     started = time.perf_counter()
     done = 0
     while done < rows and time.perf_counter() - started < budget_s:
@@ -91,11 +98,20 @@ def build(path: Path, rows: int, budget_s: float) -> int:
                    0, {TID}, x, 100, 0, NULL FROM c""")
         done += n
     # one vLLM-style step range per 1000 kernels, alternating prefill and decode
-    steps = [(i * 1000 * 1000 + i * 50000 - 5000, (i + 1) * 1000 * 1000 + i * 50000 - 5001,
-              "execute_context_1(512)_generation_0(0)" if i % 8 == 0
-              else "execute_context_0(0)_generation_8(8)") for i in range(done // 1000)]
-    conn.executemany("INSERT INTO NVTX_EVENTS VALUES (?, ?, 59, ?, ?, NULL, 0)",
-                     [(s, e, t, TID) for s, e, t in steps])
+    steps = [
+        (
+            i * 1000 * 1000 + i * 50000 - 5000,
+            (i + 1) * 1000 * 1000 + i * 50000 - 5001,
+            "execute_context_1(512)_generation_0(0)"
+            if i % 8 == 0
+            else "execute_context_0(0)_generation_8(8)",
+        )
+        for i in range(done // 1000)
+    ]
+    conn.executemany(
+        "INSERT INTO NVTX_EVENTS VALUES (?, ?, 59, ?, ?, NULL, 0)",
+        [(s, e, t, TID) for s, e, t in steps],
+    )
     conn.commit()
     conn.close()
     return done
@@ -119,11 +135,12 @@ def in_memory(path: Path, gap_ns: int) -> tuple[dict, float]:  # type: ignore[ty
     acts = tl.activities
     total = t_read
     for label, fn, fargs in (
-            ("class_times", tla.class_times, (acts,)),
-            ("comm_compute_overlap", tla.comm_compute_overlap, (acts,)),
-            ("idle_gaps", tla.idle_gaps, (acts, gap_ns)),
-            ("top_kernels", tla.top_kernels, (acts,)),
-            ("range_breakdown", tla.range_breakdown, (acts, tl.ranges))):
+        ("class_times", tla.class_times, (acts,)),
+        ("comm_compute_overlap", tla.comm_compute_overlap, (acts,)),
+        ("idle_gaps", tla.idle_gaps, (acts, gap_ns)),
+        ("top_kernels", tla.top_kernels, (acts,)),
+        ("range_breakdown", tla.range_breakdown, (acts, tl.ranges)),
+    ):
         _, dt, _ = timed(label, fn, *fargs)
         total += dt
     doc, dt, _ = timed("document", trace_summary.summarize, tl, str(path), gap_ns, 15)
@@ -136,55 +153,84 @@ def main() -> int:
     ap.add_argument("--build-budget-s", type=float, default=60.0)
     ap.add_argument("--gap-us", type=float, default=20.0)
     ap.add_argument("--keep", metavar="DIR", help="build the export in DIR and keep it")
-    ap.add_argument("--compare", action="store_true",
-                    help="also time the in-memory path and check the documents are equal")
+    ap.add_argument(
+        "--compare",
+        action="store_true",
+        help="also time the in-memory path and check the documents are equal",
+    )
     args = ap.parse_args()
     gap_ns = int(args.gap_us * 1000)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(args.keep or tmp) / "synthetic.sqlite"
-        if args.keep and path.exists() and sqlite3.connect(path).execute(
-                "SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0] == args.rows:
+        if (
+            args.keep
+            and path.exists()
+            and sqlite3.connect(path)
+            .execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL")
+            .fetchone()[0]
+            == args.rows
+        ):
             rows = args.rows
             print(f"reusing {path} ({rows:,} kernels)")
         else:
             path.unlink(missing_ok=True)
             t0 = time.perf_counter()
             rows = build(path, args.rows, args.build_budget_s)
-            print(f"built {rows:,} kernels (+{rows:,} runtime calls) in "
-                  f"{time.perf_counter() - t0:.1f} s, {path.stat().st_size / 2**20:,.0f} MiB",
-                  flush=True)
+            print(
+                f"built {rows:,} kernels (+{rows:,} runtime calls) in "
+                f"{time.perf_counter() - t0:.1f} s, {path.stat().st_size / 2**20:,.0f} MiB",
+                flush=True,
+            )
         conn = sqlite3.connect(path)
         for q in FLOOR_QUERIES:  # every page of both tables in the page cache: all timed warm
             conn.execute(q).fetchone()
-        _, ref, ref_cpu = timed("reference: SQL count/sum", lambda: conn.execute(
-            'SELECT count(*), sum("end" - start) FROM CUPTI_ACTIVITY_KIND_KERNEL').fetchone())
+        _, ref, ref_cpu = timed(
+            "reference: SQL count/sum",
+            lambda: conn.execute(
+                'SELECT count(*), sum("end" - start) FROM CUPTI_ACTIVITY_KIND_KERNEL'
+            ).fetchone(),
+        )
         # the floor of any reader of this file: SQLite decoding just the eleven columns the
         # summary needs (kernel: start, end, device, process, correlation, name; runtime: name,
         # duration, thread, correlation, start), summed in C with no row reaching Python
-        _, floor, _ = timed("floor: decode needed columns", lambda: [conn.execute(q).fetchone()
-                            for q in FLOOR_QUERIES])
+        _, floor, _ = timed(
+            "floor: decode needed columns",
+            lambda: [conn.execute(q).fetchone() for q in FLOOR_QUERIES],
+        )
         conn.close()
         rss0 = peak_mib()
-        doc, total, cpu = timed("summarize_nsys_export", trace_summary.summarize_nsys_export,
-                                path, gap_ns, 15)
+        doc, total, cpu = timed(
+            "summarize_nsys_export", trace_summary.summarize_nsys_export, path, gap_ns, 15
+        )
         peak = peak_mib()
         ph = [(p["phase"], p["ranges"]) for p in doc["ranges"]["phases"]]
-        print(f"    {doc['idle_gaps_count']:,} gaps, {doc['ranges']['count']:,} ranges, "
-              f"phases {ph}")
-        print(f"summary of {rows:,} kernel rows: {total:.2f} s = {rows / total:,.0f} rows/s; "
-              f"ratio to the bare SQL scan {total / ref:.1f}x (cpu {cpu / ref_cpu:.1f}x); "
-              f"peak RSS {peak:,.0f} MiB ({rss0:,.0f} MiB before it)", flush=True)
-        print(f"floor (SQLite decoding the needed columns, no Python): {floor / ref:.1f}x the "
-              f"bare scan; the summary is {total / floor:.1f}x that floor", flush=True)
-        print(f"targets (issue 30): within 2x the floor: {total / floor:.1f}x, "
-              f"{'met' if total <= 2 * floor else 'NOT met'}; peak RSS under 500 MB: "
-              f"{peak * 2**20 / 1e6:,.0f} MB, {'met' if peak * 2**20 < 500e6 else 'NOT met'}",
-              flush=True)
+        print(
+            f"    {doc['idle_gaps_count']:,} gaps, {doc['ranges']['count']:,} ranges, phases {ph}"
+        )
+        print(
+            f"summary of {rows:,} kernel rows: {total:.2f} s = {rows / total:,.0f} rows/s; "
+            f"ratio to the bare SQL scan {total / ref:.1f}x (cpu {cpu / ref_cpu:.1f}x); "
+            f"peak RSS {peak:,.0f} MiB ({rss0:,.0f} MiB before it)",
+            flush=True,
+        )
+        print(
+            f"floor (SQLite decoding the needed columns, no Python): {floor / ref:.1f}x the "
+            f"bare scan; the summary is {total / floor:.1f}x that floor",
+            flush=True,
+        )
+        print(
+            f"targets (issue 30): within 2x the floor: {total / floor:.1f}x, "
+            f"{'met' if total <= 2 * floor else 'NOT met'}; peak RSS under 500 MB: "
+            f"{peak * 2**20 / 1e6:,.0f} MB, {'met' if peak * 2**20 < 500e6 else 'NOT met'}",
+            flush=True,
+        )
         if args.compare:
             old, old_total = in_memory(path, gap_ns)
             same = json.dumps(old, sort_keys=True) == json.dumps(doc, sort_keys=True)
-            print(f"in-memory path: {old_total:.2f} s, ratio {old_total / ref:.1f}x; process "
-                  f"peak RSS after it {peak_mib():,.0f} MiB; documents equal: {same}")
+            print(
+                f"in-memory path: {old_total:.2f} s, ratio {old_total / ref:.1f}x; process "
+                f"peak RSS after it {peak_mib():,.0f} MiB; documents equal: {same}"
+            )
             if not same:
                 return 1
     return 0

@@ -46,13 +46,13 @@ class ConstantBackend:
         pass
 
 
-def measure(n_gpus: int | None, seconds: float, period: float,
-            constant: bool = False) -> tuple[float, int]:
+def measure(
+    n_gpus: int | None, seconds: float, period: float, constant: bool = False
+) -> tuple[float, int]:
     """Process CPU seconds per wall second over ``seconds`` (None: no sampler), samples."""
     sampler = None
     if n_gpus is not None:
-        backend = ConstantBackend(n_gpus) if constant \
-            else FakeNvmlBackend(demo_devices(n_gpus))
+        backend = ConstantBackend(n_gpus) if constant else FakeNvmlBackend(demo_devices(n_gpus))
         sampler, _ = open_sampler(period, backend=backend)
         if sampler is None:
             raise SystemExit("the fake backend did not open")
@@ -77,12 +77,16 @@ def main() -> None:
     for gpus in (1, 8):
         for constant, what in ((False, "scripted fake"), (True, "constant reading")):
             busy, n = measure(gpus, args.seconds, args.period, constant)
-            print(f"sampler, {gpus} GPU(s), {what}, every {args.period * 1e3:g} ms: "
-                  f"{busy:.2%} of one core ({n} samples) → cost {busy - idle:.2%}"
-                  " (target < 2 %)")
-    print("scripted fake: the fake's own per-read computation included; constant reading: the "
-          "sampler's machinery alone (a real NVML read adds the driver's cost, unmeasurable "
-          "without a GPU)")
+            print(
+                f"sampler, {gpus} GPU(s), {what}, every {args.period * 1e3:g} ms: "
+                f"{busy:.2%} of one core ({n} samples) → cost {busy - idle:.2%}"
+                " (target < 2 %)"
+            )
+    print(
+        "scripted fake: the fake's own per-read computation included; constant reading: the "
+        "sampler's machinery alone (a real NVML read adds the driver's cost, unmeasurable "
+        "without a GPU)"
+    )
 
 
 if __name__ == "__main__":

@@ -52,9 +52,11 @@ def _fill_chdb(directory: Path, n: int, replicas: int) -> float:
     reader.execute(create_table_sql("default"))
     for lo in range(0, n, BATCH):
         hi = min(n, lo + BATCH)
+
         # Deterministic pseudo-random phases from the row number (cityHash64 of it, salted).
         def r(salt: int) -> str:
             return f"(cityHash64(number, {salt}) % 1000000) / 1e6"
+
         reader.execute(
             "INSERT INTO default.otel_traces (Timestamp, TraceId, SpanId, SpanName, SpanKind, "
             "ServiceName, ResourceAttributes, ScopeName, SpanAttributes, Duration, StatusCode) "
@@ -72,7 +74,8 @@ def _fill_chdb(directory: Path, n: int, replicas: int) -> float:
             "'gen_ai.usage.completion_tokens', toString(2 + cityHash64(number, 8) % 120), "
             "'gen_ai.request.id', 'cmpl-' || toString(number) || '-0'), "
             f"toUInt64(70000000 + {r(6)} * 500000000), 'Unset' "
-            f"FROM numbers({lo}, {hi - lo})")
+            f"FROM numbers({lo}, {hi - lo})"
+        )
         print(f"  chdb: {hi:,} spans written", file=sys.stderr, flush=True)
     took = time.perf_counter() - start
     reader.close()
@@ -93,16 +96,25 @@ def _query_chdb(directory: Path) -> dict[str, float | int]:
     count = int(reader._run("SELECT count() FROM default.otel_traces")[0][0])
     count_s = time.perf_counter() - t
     t = time.perf_counter()
-    scanned = int(reader._run(
-        "SELECT count() FROM default.otel_traces WHERE NOT ignore(SpanAttributes, "
-        "ResourceAttributes, Timestamp, Duration, SpanName, ServiceName)")[0][0])
+    scanned = int(
+        reader._run(
+            "SELECT count() FROM default.otel_traces WHERE NOT ignore(SpanAttributes, "
+            "ResourceAttributes, Timestamp, Duration, SpanName, ServiceName)"
+        )[0][0]
+    )
     scan_s = time.perf_counter() - t
     reader.close()
     assert summary.total.requests == count == scanned, (summary.total.requests, count)
-    return {"spans": count, "replicas": len(summary.replicas), "summary_s": summary_s,
-            "count_s": count_s, "scan_s": scan_s, "peak_rss_open_mb": rss_open,
-            "peak_rss_after_summary_mb": rss_summary,
-            "e2e_p99_s": summary.total.phases["e2e_s"].p99_s or 0.0}
+    return {
+        "spans": count,
+        "replicas": len(summary.replicas),
+        "summary_s": summary_s,
+        "count_s": count_s,
+        "scan_s": scan_s,
+        "peak_rss_open_mb": rss_open,
+        "peak_rss_after_summary_mb": rss_summary,
+        "e2e_p99_s": summary.total.phases["e2e_s"].p99_s or 0.0,
+    }
 
 
 def _sqlite(path: Path, n: int, replicas: int) -> dict[str, float | int]:
@@ -117,12 +129,26 @@ def _sqlite(path: Path, n: int, replicas: int) -> dict[str, float | int]:
             for i in range(lo, min(n, lo + 100_000)):
                 q, p, d = rng.random() * 0.02, 0.005 + rng.random() * 0.05, 0.05 + rng.random()
                 s = T0 + i * 2_000_000
-                batch.append(RequestSpan(
-                    trace_id=f"{i:032x}", span_id=f"{i:016x}", request_id=f"cmpl-{i}-0",
-                    model="m", service="vllm", instance=f"r{i % replicas}", start_ns=s,
-                    end_ns=s + int((q + p + d + 0.005) * 1e9), queue_s=q, prefill_s=p,
-                    decode_s=d, inference_s=p + d, ttft_s=q + p, e2e_s=q + p + d + 0.005,
-                    prompt_tokens=100, completion_tokens=2 + i % 120))
+                batch.append(
+                    RequestSpan(
+                        trace_id=f"{i:032x}",
+                        span_id=f"{i:016x}",
+                        request_id=f"cmpl-{i}-0",
+                        model="m",
+                        service="vllm",
+                        instance=f"r{i % replicas}",
+                        start_ns=s,
+                        end_ns=s + int((q + p + d + 0.005) * 1e9),
+                        queue_s=q,
+                        prefill_s=p,
+                        decode_s=d,
+                        inference_s=p + d,
+                        ttft_s=q + p,
+                        e2e_s=q + p + d + 0.005,
+                        prompt_tokens=100,
+                        completion_tokens=2 + i % 120,
+                    )
+                )
             store.add_spans(batch, [{}] * len(batch))
     fill_s = time.perf_counter() - start
     rss_before = _peak_mb()
@@ -134,8 +160,14 @@ def _sqlite(path: Path, n: int, replicas: int) -> dict[str, float | int]:
         count = store._db.execute("SELECT count(*) FROM request_spans").fetchone()[0]
         count_s = time.perf_counter() - t
     assert summary.total.requests == count == n
-    return {"spans": n, "fill_s": fill_s, "summary_s": summary_s, "count_s": count_s,
-            "peak_rss_before_mb": rss_before, "peak_rss_after_summary_mb": _peak_mb()}
+    return {
+        "spans": n,
+        "fill_s": fill_s,
+        "summary_s": summary_s,
+        "count_s": count_s,
+        "peak_rss_before_mb": rss_before,
+        "peak_rss_after_summary_mb": _peak_mb(),
+    }
 
 
 def main() -> int:
@@ -158,31 +190,51 @@ def main() -> int:
     fill_s = _fill_chdb(work / "chdb", args.spans, args.replicas)
 
     def child(*extra: str) -> dict[str, float]:
-        out = subprocess.run([sys.executable, __file__, *extra], check=True,
-                             capture_output=True, text=True).stdout
+        out = subprocess.run(
+            [sys.executable, __file__, *extra], check=True, capture_output=True, text=True
+        ).stdout
         return dict(json.loads(out.strip().splitlines()[-1]))
 
     ch = child("--query", str(work / "chdb"))
-    print(f"chdb: {ch['spans']:,.0f} spans, {ch['replicas']:.0f} replicas, written in "
-          f"{fill_s:.1f} s")
-    print(f"  per-replica summary (exact p50/p90/p99 of 6 durations, sums, counts): "
-          f"{ch['summary_s']:.2f} s ({ch['spans'] / ch['summary_s'] / 1e6:.1f} M spans/s)")
-    print(f"  bare count(): {ch['count_s'] * 1e3:.1f} ms (from part metadata); ratio "
-          f"{ch['summary_s'] / ch['count_s']:.0f}x")
-    print(f"  count() reading the summary's columns: {ch['scan_s']:.2f} s; ratio "
-          f"{ch['summary_s'] / ch['scan_s']:.1f}x (target: within 5x)")
-    print(f"  peak RSS: {ch['peak_rss_open_mb']:.0f} MB with chdb loaded, "
-          f"{ch['peak_rss_after_summary_mb']:.0f} MB after the summary")
+    print(
+        f"chdb: {ch['spans']:,.0f} spans, {ch['replicas']:.0f} replicas, written in {fill_s:.1f} s"
+    )
+    print(
+        f"  per-replica summary (exact p50/p90/p99 of 6 durations, sums, counts): "
+        f"{ch['summary_s']:.2f} s ({ch['spans'] / ch['summary_s'] / 1e6:.1f} M spans/s)"
+    )
+    print(
+        f"  bare count(): {ch['count_s'] * 1e3:.1f} ms (from part metadata); ratio "
+        f"{ch['summary_s'] / ch['count_s']:.0f}x"
+    )
+    print(
+        f"  count() reading the summary's columns: {ch['scan_s']:.2f} s; ratio "
+        f"{ch['summary_s'] / ch['scan_s']:.1f}x (target: within 5x)"
+    )
+    print(
+        f"  peak RSS: {ch['peak_rss_open_mb']:.0f} MB with chdb loaded, "
+        f"{ch['peak_rss_after_summary_mb']:.0f} MB after the summary"
+    )
     if args.sqlite_spans:
-        sq = child("--sqlite-only", str(work / "spans.sqlite"), "--sqlite-spans",
-                   str(args.sqlite_spans), "--replicas", str(args.replicas))
+        sq = child(
+            "--sqlite-only",
+            str(work / "spans.sqlite"),
+            "--sqlite-spans",
+            str(args.sqlite_spans),
+            "--replicas",
+            str(args.replicas),
+        )
         print(f"SQLite store: {sq['spans']:,.0f} spans (written in {sq['fill_s']:.1f} s)")
-        print(f"  per-replica summary (records loaded, Python arithmetic): "
-              f"{sq['summary_s']:.2f} s ({sq['spans'] / sq['summary_s'] / 1e6:.2f} M spans/s); "
-              f"count(*): {sq['count_s'] * 1e3:.1f} ms; ratio "
-              f"{sq['summary_s'] / max(sq['count_s'], 1e-9):.0f}x")
-        print(f"  peak RSS: {sq['peak_rss_before_mb']:.0f} MB before, "
-              f"{sq['peak_rss_after_summary_mb']:.0f} MB after the summary")
+        print(
+            f"  per-replica summary (records loaded, Python arithmetic): "
+            f"{sq['summary_s']:.2f} s ({sq['spans'] / sq['summary_s'] / 1e6:.2f} M spans/s); "
+            f"count(*): {sq['count_s'] * 1e3:.1f} ms; ratio "
+            f"{sq['summary_s'] / max(sq['count_s'], 1e-9):.0f}x"
+        )
+        print(
+            f"  peak RSS: {sq['peak_rss_before_mb']:.0f} MB before, "
+            f"{sq['peak_rss_after_summary_mb']:.0f} MB after the summary"
+        )
     if args.keep is None:
         import shutil
 

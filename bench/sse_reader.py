@@ -53,13 +53,31 @@ def stream_bytes(text_bytes: int) -> bytes:
     """A completion stream whose one token event carries ``text_bytes`` of text."""
     base = {"id": "cmpl-bench", "object": "text_completion", "created": 0, "model": "bench"}
     text = ("tok " * (text_bytes // 4 + 1))[:text_bytes]
-    event = {**base, "choices": [{"index": 0, "text": text, "logprobs": None,
-                                  "finish_reason": "length", "stop_reason": None}],
-             "usage": None}
-    usage = {**base, "choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 1,
-                                              "total_tokens": 2}}
-    return b"".join(b"data: " + json.dumps(p, separators=(",", ":")).encode() + b"\n\n"
-                    for p in (event, usage)) + b"data: [DONE]\n\n"
+    event = {
+        **base,
+        "choices": [
+            {
+                "index": 0,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": "length",
+                "stop_reason": None,
+            }
+        ],
+        "usage": None,
+    }
+    usage = {
+        **base,
+        "choices": [],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+    }
+    return (
+        b"".join(
+            b"data: " + json.dumps(p, separators=(",", ":")).encode() + b"\n\n"
+            for p in (event, usage)
+        )
+        + b"data: [DONE]\n\n"
+    )
 
 
 def chunk_bounds(total: int, seed: int) -> list[tuple[int, int]]:
@@ -91,8 +109,9 @@ class FakeResponse:
             yield bytes(view[a:b])  # a fresh bytes object per read, as from the socket
 
 
-def read_once(client: StreamClient, data: bytes, bounds: list[tuple[int, int]]
-              ) -> tuple[float, int, int]:
+def read_once(
+    client: StreamClient, data: bytes, bounds: list[tuple[int, int]]
+) -> tuple[float, int, int]:
     """(seconds, token events, text bytes) for one pass of the reader over ``data``."""
     events: list[int] = []
     state = _StreamState()
@@ -120,8 +139,7 @@ def _status_kb(field: str) -> int | None:
     return None
 
 
-def rss_peak_growth(client: StreamClient, data: bytes, bounds: list[tuple[int, int]]
-                    ) -> int | None:
+def rss_peak_growth(client: StreamClient, data: bytes, bounds: list[tuple[int, int]]) -> int | None:
     """Bytes the process's peak RSS grew by during one read (None: the peak cannot be reset,
     which needs Linux's /proc/self/clear_refs)."""
     try:
@@ -160,10 +178,18 @@ def bench_size(client: StreamClient, size: int, repeat: int, seed: int) -> dict[
     tracemalloc.stop()
     gc.collect()
     rss = rss_peak_growth(client, data, bounds)
-    return {"size": size, "stream": len(data), "chunks": len(bounds), "loops": loops,
-            "time": min(times), "feed": min(feeds), "peak": peak - base,
-            "rss": float("nan") if rss is None else rss,
-            "events": checked[1], "text": checked[2]}
+    return {
+        "size": size,
+        "stream": len(data),
+        "chunks": len(bounds),
+        "loops": loops,
+        "time": min(times),
+        "feed": min(feeds),
+        "peak": peak - base,
+        "rss": float("nan") if rss is None else rss,
+        "events": checked[1],
+        "text": checked[2],
+    }
 
 
 def bench_server(size: int, repeat: int) -> float:
@@ -171,8 +197,7 @@ def bench_server(size: int, repeat: int) -> float:
     body = build_body(model="sse-test-model", prompt="hi", max_tokens=1, chat=False)
     best = float("inf")
     with SseServer(Script(n_tokens=1, huge_event_bytes=size)) as srv:
-        client = StreamClient(srv.base_url, max_event_bytes=_CAP, timeout_s=120,
-                              deadline_s=600)
+        client = StreamClient(srv.base_url, max_event_bytes=_CAP, timeout_s=120, deadline_s=600)
         for _ in range(repeat):
             t0 = time.perf_counter()
             out = client.stream(body)
@@ -186,50 +211,70 @@ def bench_server(size: int, repeat: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sizes", default="1K,1M,64M",
-                    help="event text sizes, comma-separated (K, M, G suffixes; default: "
-                         "1K,1M,64M)")
+    ap.add_argument(
+        "--sizes",
+        default="1K,1M,64M",
+        help="event text sizes, comma-separated (K, M, G suffixes; default: 1K,1M,64M)",
+    )
     ap.add_argument("--repeat", type=int, default=3, help="timed passes per size (best kept)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the chunk sizes")
-    ap.add_argument("--server", action="store_true",
-                    help="also time each size end to end from a local SSE test server")
+    ap.add_argument(
+        "--server",
+        action="store_true",
+        help="also time each size end to end from a local SSE test server",
+    )
     args = ap.parse_args()
     sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
     client = StreamClient("http://127.0.0.1:9", max_event_bytes=_CAP)  # never connects
 
     print(f"SSE reader, one event per stream, 16-64 KB chunks; best of {args.repeat}")
-    print(f"{'event':>8} {'chunks':>7} {'time':>10} {'per MB':>10} {'reader/MB':>10} "
-          f"{'peak (tm)':>10} {'peak/size':>9} {'RSS peak+':>10} {'rss/size':>8}  check")
+    print(
+        f"{'event':>8} {'chunks':>7} {'time':>10} {'per MB':>10} {'reader/MB':>10} "
+        f"{'peak (tm)':>10} {'peak/size':>9} {'RSS peak+':>10} {'rss/size':>8}  check"
+    )
     rows = []
     for size in sizes:
         r = bench_size(client, size, args.repeat, args.seed)
         rows.append(r)
         mb = r["stream"] / (1 << 20)
-        ok = "ok" if r["events"] == 1 and r["text"] == size else \
-            f"WRONG ({r['events']} events, {r['text']} text bytes)"
+        ok = (
+            "ok"
+            if r["events"] == 1 and r["text"] == size
+            else f"WRONG ({r['events']} events, {r['text']} text bytes)"
+        )
         rss = "n/a" if r["rss"] != r["rss"] else human(r["rss"])
         rss_ratio = "n/a" if r["rss"] != r["rss"] else f"{r['rss'] / r['stream']:.2f}x"
-        print(f"{human(size):>8} {r['chunks']:>7} {r['time'] * 1e3:>8.3f} ms "
-              f"{r['time'] / mb * 1e3:>7.2f} ms {(r['time'] - r['feed']) / mb * 1e3:>7.2f} ms "
-              f"{human(r['peak']):>10} {r['peak'] / r['stream']:>8.2f}x {rss:>10} "
-              f"{rss_ratio:>8}  {ok}")
+        print(
+            f"{human(size):>8} {r['chunks']:>7} {r['time'] * 1e3:>8.3f} ms "
+            f"{r['time'] / mb * 1e3:>7.2f} ms {(r['time'] - r['feed']) / mb * 1e3:>7.2f} ms "
+            f"{human(r['peak']):>10} {r['peak'] / r['stream']:>8.2f}x {rss:>10} "
+            f"{rss_ratio:>8}  {ok}"
+        )
     big = [r for r in rows if r["stream"] >= (1 << 20)]
     if len(big) >= 2:
         per_mb = [r["time"] / (r["stream"] / (1 << 20)) for r in big]
-        print(f"time per MB over the sizes >= 1 MB: {min(per_mb) * 1e3:.2f}-"
-              f"{max(per_mb) * 1e3:.2f} ms (max/min {max(per_mb) / min(per_mb):.2f}; "
-              f"a quadratic reader grows with the size)")
+        print(
+            f"time per MB over the sizes >= 1 MB: {min(per_mb) * 1e3:.2f}-"
+            f"{max(per_mb) * 1e3:.2f} ms (max/min {max(per_mb) / min(per_mb):.2f}; "
+            f"a quadratic reader grows with the size)"
+        )
     ratio = statistics.median(r["peak"] / r["stream"] for r in big or rows)
-    print(f"peak / stream size: median {ratio:.2f}x (tracemalloc: the buffer, the event's "
-          "copy, and its parse)")
-    print("'per MB' includes the fake socket handing over the chunks; 'reader/MB' excludes it; "
-          "below 1 MB the fixed cost per stream dominates")
+    print(
+        f"peak / stream size: median {ratio:.2f}x (tracemalloc: the buffer, the event's "
+        "copy, and its parse)"
+    )
+    print(
+        "'per MB' includes the fake socket handing over the chunks; 'reader/MB' excludes it; "
+        "below 1 MB the fixed cost per stream dominates"
+    )
     if args.server:
         print("end to end from SseServer (server writes and client reads, one process):")
         for size in sizes:
             took = bench_server(size, args.repeat)
-            print(f"{human(size):>8}  {took * 1e3:9.2f} ms  "
-                  f"{took / (size / (1 << 20)) * 1e3:8.2f} ms/MB")
+            print(
+                f"{human(size):>8}  {took * 1e3:9.2f} ms  "
+                f"{took / (size / (1 << 20)) * 1e3:8.2f} ms/MB"
+            )
 
 
 if __name__ == "__main__":

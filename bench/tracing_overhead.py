@@ -28,9 +28,14 @@ from phaseprobe.local.server import tracing_launch
 
 def _batch(base: str, model: str, n: int, concurrency: int, max_tokens: int) -> float:
     """Send ``n`` requests, ``concurrency`` at a time; output tokens per second."""
+
     def one(i: int) -> int:
-        body = {"model": model, "prompt": f"bench {i} " + "word " * 60,
-                "max_tokens": max_tokens, "ignore_eos": True}
+        body = {
+            "model": model,
+            "prompt": f"bench {i} " + "word " * 60,
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+        }
         r = requests.post(f"{base}/v1/completions", json=body, timeout=300)
         r.raise_for_status()
         return int(r.json()["usage"]["completion_tokens"])
@@ -52,8 +57,10 @@ def main() -> None:
         sink = SpanSink(Path(tmp) / "spans.sqlite")
         with SpanReceiver(sink, http=None, grpc=("127.0.0.1", 0)) as receiver:
             trace_args, trace_env = tracing_launch(receiver.grpc_url)
-            with LocalVllm(extra_args=trace_args, extra_env=trace_env) as traced, \
-                    LocalVllm() as plain:
+            with (
+                LocalVllm(extra_args=trace_args, extra_env=trace_env) as traced,
+                LocalVllm() as plain,
+            ):
                 servers = {"traced": traced, "untraced": plain}
                 for s in servers.values():  # warm both up before measuring either
                     _batch(s.base_url, s.model, 4, 2, 8)
@@ -63,8 +70,9 @@ def main() -> None:
                     order = ("traced", "untraced") if r % 2 == 0 else ("untraced", "traced")
                     for name in order:
                         s = servers[name]
-                        rate = _batch(s.base_url, s.model, args.requests, args.concurrency,
-                                      args.max_tokens)
+                        rate = _batch(
+                            s.base_url, s.model, args.requests, args.concurrency, args.max_tokens
+                        )
                         results[name].append(rate)
                         sent += args.requests if name == "traced" else 0
                         print(f"round {r + 1} {name:9s} {rate:8.1f} output tokens/s")
@@ -74,8 +82,10 @@ def main() -> None:
     ratios = [t / u for t, u in zip(results["traced"], results["untraced"])]
     print(f"\ntraced   median {statistics.median(results['traced']):.1f} tokens/s")
     print(f"untraced median {statistics.median(results['untraced']):.1f} tokens/s")
-    print(f"ratio traced/untraced per round: median {statistics.median(ratios):.3f} "
-          f"(range {min(ratios):.3f}–{max(ratios):.3f}, {len(ratios)} rounds)")
+    print(
+        f"ratio traced/untraced per round: median {statistics.median(ratios):.3f} "
+        f"(range {min(ratios):.3f}–{max(ratios):.3f}, {len(ratios)} rounds)"
+    )
     print(f"spans received {sink.stats.request_spans} for {expected} traced requests")
 
 

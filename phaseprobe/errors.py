@@ -234,8 +234,9 @@ class PromQLError(PrometheusError):
 
     def __init__(self, url: str, expr: str, server_message: str) -> None:
         one_line = " ".join(expr.split())  # the CLI's error is one line; queries span several
-        super().__init__(url, f"Prometheus at {url} rejected the query: {server_message} "
-                              f"(query: {one_line})")
+        super().__init__(
+            url, f"Prometheus at {url} rejected the query: {server_message} (query: {one_line})"
+        )
         self.expr = expr
         self.server_message = server_message
 

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["MISSING", "duration", "ms", "ms_cell", "ns_cell", "percent", "efficiency",
-           "bandwidth"]
+__all__ = ["MISSING", "duration", "ms", "ms_cell", "ns_cell", "percent", "efficiency", "bandwidth"]
 
 MISSING = "—"  # not measured / not applicable: one marker in every table and sentence
 
@@ -55,7 +54,7 @@ def ms_cell(seconds: float | None, digits: int = 1) -> str:
     value = seconds * 1e3
     if value == 0:
         return "0"
-    if abs(value) < 10 ** -digits:
+    if abs(value) < 10**-digits:
         return f"{value:.2g}"
     return f"{value:,.{digits}f}"
 

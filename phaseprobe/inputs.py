@@ -31,11 +31,29 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO, cast
 
-__all__ = ["MiB", "MODEL_CONFIG_CAP", "PLAYBOOK_CAP", "DASHBOARD_CAP", "METRICS_TEXT_CAP",
-           "JSON_DOC_CAP", "TEXT_LOG_CAP", "LINE_CAP", "file_kind", "input_problem",
-           "output_problem", "too_big", "open_input", "read_input", "read_input_text",
-           "path_problem", "open_stream", "BoundedGzip", "decompression_limits",
-           "MAX_DECOMPRESSED_ENV", "MAX_RATIO_ENV"]
+__all__ = [
+    "MiB",
+    "MODEL_CONFIG_CAP",
+    "PLAYBOOK_CAP",
+    "DASHBOARD_CAP",
+    "METRICS_TEXT_CAP",
+    "JSON_DOC_CAP",
+    "TEXT_LOG_CAP",
+    "LINE_CAP",
+    "file_kind",
+    "input_problem",
+    "output_problem",
+    "too_big",
+    "open_input",
+    "read_input",
+    "read_input_text",
+    "path_problem",
+    "open_stream",
+    "BoundedGzip",
+    "decompression_limits",
+    "MAX_DECOMPRESSED_ENV",
+    "MAX_RATIO_ENV",
+]
 
 MiB = 1 << 20
 # Caps for files read whole, far above real files of each kind.
@@ -145,8 +163,9 @@ def read_input(path: str | Path, cap: int, fail: Fail) -> bytes:
     return data
 
 
-def read_input_text(path: str | Path, cap: int, fail: Fail, *, encoding: str = "utf-8",
-                    errors: str = "strict") -> str:
+def read_input_text(
+    path: str | Path, cap: int, fail: Fail, *, encoding: str = "utf-8", errors: str = "strict"
+) -> str:
     """:func:`read_input` decoded, with universal newlines (as ``Path.read_text``).
     UnicodeDecodeError propagates (with ``errors="strict"``)."""
     text = read_input(path, cap, fail).decode(encoding, errors)
@@ -163,8 +182,11 @@ def path_problem(path: str | Path, cap: int | None = None) -> str | None:
     try:
         os.stat(path)
     except FileNotFoundError:
-        return ("a dangling symlink (its target does not exist)"
-                if os.path.islink(path) else "no such file")
+        return (
+            "a dangling symlink (its target does not exist)"
+            if os.path.islink(path)
+            else "no such file"
+        )
     except PermissionError:
         return "permission denied"
     except OSError as exc:
@@ -184,15 +206,19 @@ def _env_limit(name: str, default: int, units: bool, fail: Fail) -> int:
     digits = value[:-1] if unit else value
     if digits.isdigit() and int(digits) > 0 and len(digits) < 19:
         return int(digits) * _UNITS[unit]
-    raise fail(f"cannot be decompressed: environment variable {name}={value!r} is not a "
-               f"positive whole number" + (" of bytes (K, M, G, T allowed)" if units else ""))
+    raise fail(
+        f"cannot be decompressed: environment variable {name}={value!r} is not a "
+        f"positive whole number" + (" of bytes (K, M, G, T allowed)" if units else "")
+    )
 
 
 def decompression_limits(fail: Fail) -> tuple[int, int]:
     """(bytes, ratio): how far a compressed input may expand, from the environment (a bad
     value: ``fail(reason)``)."""
-    return (_env_limit(MAX_DECOMPRESSED_ENV, _MAX_DECOMPRESSED, True, fail),
-            _env_limit(MAX_RATIO_ENV, _MAX_RATIO, False, fail))
+    return (
+        _env_limit(MAX_DECOMPRESSED_ENV, _MAX_DECOMPRESSED, True, fail),
+        _env_limit(MAX_RATIO_ENV, _MAX_RATIO, False, fail),
+    )
 
 
 class BoundedGzip(io.BufferedIOBase):
@@ -211,9 +237,11 @@ class BoundedGzip(io.BufferedIOBase):
     def _count(self, n: int) -> None:
         self._out += n
         if self._out > self._max_bytes:
-            raise self._fail(f"its decompressed size is past the limit of "
-                             f"{_size(self._max_bytes)}: set {MAX_DECOMPRESSED_ENV} (e.g. "
-                             f"{MAX_DECOMPRESSED_ENV}=256G) to read a larger file")
+            raise self._fail(
+                f"its decompressed size is past the limit of "
+                f"{_size(self._max_bytes)}: set {MAX_DECOMPRESSED_ENV} (e.g. "
+                f"{MAX_DECOMPRESSED_ENV}=256G) to read a larger file"
+            )
         if self._out >= self._next_ratio_check:
             self._next_ratio_check = self._out + MiB  # a tell() per MiB, not per line
             packed = max(self._raw.tell(), 1)
@@ -222,7 +250,8 @@ class BoundedGzip(io.BufferedIOBase):
                     f"it expands {self._out // packed}x ({_size(packed)} to "
                     f"{_size(self._out)} so far), past the limit of {self._max_ratio}x for "
                     f"compressed input (a gzip bomb?): set {MAX_RATIO_ENV} (e.g. "
-                    f"{MAX_RATIO_ENV}={self._max_ratio * 5}) if the file is genuine")
+                    f"{MAX_RATIO_ENV}={self._max_ratio * 5}) if the file is genuine"
+                )
 
     def readable(self) -> bool:
         return True
@@ -267,8 +296,9 @@ class BoundedGzip(io.BufferedIOBase):
                 super().close()
 
 
-def open_stream(path: str | Path, fail: Fail, cap: int | None = None, *,
-                by_name: bool = True) -> tuple[BinaryIO, BinaryIO]:
+def open_stream(
+    path: str | Path, fail: Fail, cap: int | None = None, *, by_name: bool = True
+) -> tuple[BinaryIO, BinaryIO]:
     """``(raw, stream)``: ``path`` opened by :func:`open_input` (``cap`` bounds the file
     itself), and the bytes to read: ``raw`` itself, or a :class:`BoundedGzip` over it when the
     file is gzip (by its magic bytes, or a ``.gz`` name when ``by_name``: a corrupt one then

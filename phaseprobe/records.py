@@ -188,11 +188,22 @@ class ResponseTimings:
     def phases(self) -> ServerPhases:
         """The figures as a run's server phases (``source`` "response"; no TTFT or e2e: the
         object has none that runs from arrival)."""
-        inference = (None if self.prefill_s is None or self.decode_s is None
-                     else self.prefill_s + self.decode_s)
-        return ServerPhases(queue_s=self.queue_s, prefill_s=self.prefill_s,
-                            decode_s=self.decode_s, inference_s=inference, ttft_s=None,
-                            e2e_s=None, count_deltas={}, counter_deltas={}, source="response")
+        inference = (
+            None
+            if self.prefill_s is None or self.decode_s is None
+            else self.prefill_s + self.decode_s
+        )
+        return ServerPhases(
+            queue_s=self.queue_s,
+            prefill_s=self.prefill_s,
+            decode_s=self.decode_s,
+            inference_s=inference,
+            ttft_s=None,
+            e2e_s=None,
+            count_deltas={},
+            counter_deltas={},
+            source="response",
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -235,13 +246,21 @@ class ClientCheck:
     cause: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"checked": self.checked, "consistent": self.consistent,
-                "reasons": list(self.reasons), "cause": self.cause}
+        return {
+            "checked": self.checked,
+            "consistent": self.consistent,
+            "reasons": list(self.reasons),
+            "cause": self.cause,
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ClientCheck:
-        return cls(checked=bool(d.get("checked", True)), consistent=bool(d["consistent"]),
-                   reasons=tuple(d.get("reasons") or ()), cause=d.get("cause"))
+        return cls(
+            checked=bool(d.get("checked", True)),
+            consistent=bool(d["consistent"]),
+            reasons=tuple(d.get("reasons") or ()),
+            cause=d.get("cause"),
+        )
 
 
 @dataclass(frozen=True)
@@ -305,8 +324,9 @@ class ReplicaAttribution:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ReplicaAttribution:
-        return cls(name=d.get("name"), source=d.get("source"), url=d.get("url"),
-                   reason=d.get("reason"))
+        return cls(
+            name=d.get("name"), source=d.get("source"), url=d.get("url"), reason=d.get("reason")
+        )
 
 
 @dataclass(frozen=True)
@@ -348,8 +368,9 @@ class Run:
         """Its server phases are its own: it was alone on the server (histogram deltas), or
         they come from its own span or its response's metrics object (so it counts on a busy
         server too)."""
-        return self.isolation.isolated or (self.server is not None
-                                           and self.server.source in ("span", "response"))
+        return self.isolation.isolated or (
+            self.server is not None and self.server.source in ("span", "response")
+        )
 
     def to_dict(self) -> dict[str, Any]:
         client = self.client.to_dict() if self.client else None
@@ -409,11 +430,11 @@ class SpanWindows:
     end_ns: int
 
 
-
 # An OTLP span that is not a vLLM request ("other") or cannot be used ("rejected"), as counted
 # in the store: (kind, service, span name or reason, start time in ns, key: trace + span id,
 # or a digest of the span's bytes when it has none). The key lets a re-sent span count once.
 CountedSpan = tuple[str, str, str, int, bytes]
+
 
 @dataclass(frozen=True)
 class RequestSpan:
@@ -454,10 +475,17 @@ class RequestSpan:
 
     def phases(self) -> ServerPhases:
         """The span's figures as a run's server phases (``source`` "span")."""
-        return ServerPhases(queue_s=self.queue_s, prefill_s=self.prefill_s,
-                            decode_s=self.decode_s, inference_s=self.inference_s,
-                            ttft_s=self.ttft_s, e2e_s=self.e2e_s, count_deltas={},
-                            counter_deltas={}, source="span")
+        return ServerPhases(
+            queue_s=self.queue_s,
+            prefill_s=self.prefill_s,
+            decode_s=self.decode_s,
+            inference_s=self.inference_s,
+            ttft_s=self.ttft_s,
+            e2e_s=self.e2e_s,
+            count_deltas={},
+            counter_deltas={},
+            source="span",
+        )
 
     def windows(self) -> SpanWindows | None:
         """The phase windows on the wall clock; None without TTFT, prefill and decode."""
@@ -466,9 +494,14 @@ class RequestSpan:
         first = self.start_ns + round(self.ttft_s * 1e9)
         prefill_start = first - round(self.prefill_s * 1e9)
         queued = prefill_start - round((self.queue_s or 0.0) * 1e9)
-        return SpanWindows(arrival_ns=self.start_ns, queued_ns=max(self.start_ns, queued),
-                           prefill_start_ns=prefill_start, first_token_ns=first,
-                           last_token_ns=first + round(self.decode_s * 1e9), end_ns=self.end_ns)
+        return SpanWindows(
+            arrival_ns=self.start_ns,
+            queued_ns=max(self.start_ns, queued),
+            prefill_start_ns=prefill_start,
+            first_token_ns=first,
+            last_token_ns=first + round(self.decode_s * 1e9),
+            end_ns=self.end_ns,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -22,9 +22,18 @@ import re
 import threading
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
-__all__ = ["redact_url", "redact_urls_in", "REDACTED", "MASK", "is_secret_name",
-           "register_secret", "register_url_secrets", "mask_secrets", "forget_secrets",
-           "header_secret_problem"]
+__all__ = [
+    "redact_url",
+    "redact_urls_in",
+    "REDACTED",
+    "MASK",
+    "is_secret_name",
+    "register_secret",
+    "register_url_secrets",
+    "mask_secrets",
+    "forget_secrets",
+    "header_secret_problem",
+]
 
 REDACTED = "<redacted>"
 MASK = "***"  # what a known secret value becomes wherever it comes back
@@ -48,8 +57,9 @@ def register_secret(value: str | None) -> None:
     with _registry_lock:
         _secrets.update(found)
         # longest first: a secret that contains another is masked whole
-        _secret_pattern = re.compile("|".join(
-            re.escape(v) for v in sorted(_secrets, key=len, reverse=True)))
+        _secret_pattern = re.compile(
+            "|".join(re.escape(v) for v in sorted(_secrets, key=len, reverse=True))
+        )
 
 
 def register_url_secrets(url: str) -> None:
@@ -85,15 +95,19 @@ def header_secret_problem(value: str) -> str | None:
     """Why ``value`` cannot be sent as a bearer token in an HTTP header (None: it can). Said
     without the value: the HTTP library's own error would quote the header whole."""
     if value != value.strip():
-        return ("it has whitespace or a newline at its start or end (as `echo` or a file "
-                "leave it): strip it, e.g. export VAR=\"$(tr -d '\\n' < keyfile)\"")
+        return (
+            "it has whitespace or a newline at its start or end (as `echo` or a file "
+            "leave it): strip it, e.g. export VAR=\"$(tr -d '\\n' < keyfile)\""
+        )
     if any(ord(c) < 32 or ord(c) == 127 for c in value):
         return "it holds a control character (a newline, a tab…), which a header cannot carry"
     try:
         value.encode("latin-1")
     except UnicodeEncodeError:
-        return ("it holds a character outside Latin-1, which an HTTP header cannot carry "
-                "(a pasted typographic quote or dash?)")
+        return (
+            "it holds a character outside Latin-1, which an HTTP header cannot carry "
+            "(a pasted typographic quote or dash?)"
+        )
     return None
 
 
@@ -111,9 +125,22 @@ def forget_secrets() -> None:
     with _registry_lock:
         _secrets.clear()
         _secret_pattern = None
+
+
 # Query parameter names (lowercased, - and _ removed) that carry credentials.
-_SECRET_PARTS = ("token", "secret", "pass", "pwd", "apikey", "key", "auth",
-                 "signature", "sig", "credential", "session")
+_SECRET_PARTS = (
+    "token",
+    "secret",
+    "pass",
+    "pwd",
+    "apikey",
+    "key",
+    "auth",
+    "signature",
+    "sig",
+    "credential",
+    "session",
+)
 _URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://(?:<redacted>|[^\s\"'<>])+")
 
 
@@ -126,8 +153,10 @@ def is_secret_name(name: str) -> bool:
 # paste them) ends the authority early for urlsplit, which then sees no userinfo at all and the
 # password would be shown whole. Anything up to the last '@' whose user part is a plain name is
 # taken as userinfo: over-masking an odd path with '@' in it is the safe mistake.
-_SLASHED_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^@\s/?#:]*):"
-                               r"(?P<password>[^\s]*[/?#][^\s]*)@(?P<rest>[^@\s]*)")
+_SLASHED_USERINFO = re.compile(
+    r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^@\s/?#:]*):"
+    r"(?P<password>[^\s]*[/?#][^\s]*)@(?P<rest>[^@\s]*)"
+)
 
 
 def redact_url(url: str) -> str:
@@ -158,8 +187,7 @@ def _redact_pairs(text: str) -> str:
     pairs = parse_qsl(text, keep_blank_values=True)
     if not any(is_secret_name(k) for k, _ in pairs):
         return text
-    return urlencode([(k, REDACTED if is_secret_name(k) else v) for k, v in pairs],
-                     safe="<>")
+    return urlencode([(k, REDACTED if is_secret_name(k) else v) for k, v in pairs], safe="<>")
 
 
 def redact_urls_in(text: str) -> str:

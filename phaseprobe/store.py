@@ -49,9 +49,21 @@ if TYPE_CHECKING:  # pandas only inside the GPU methods: `import phaseprobe` sta
 
     from phaseprobe.sources.span_stores.model import SpanAggregate
 
-__all__ = ["Store", "AbSessionRow", "SpanCount", "SpanStats", "PruneResult", "StoreSize",
-           "PRUNE_BATCH", "RUN_REQUEST_ID_PREFIX", "redact_url", "SCHEMA_VERSION",
-           "GPU_SAMPLE_COLUMNS", "LOCK_TIMEOUT_S", "SQLITE_HEADER"]
+__all__ = [
+    "Store",
+    "AbSessionRow",
+    "SpanCount",
+    "SpanStats",
+    "PruneResult",
+    "StoreSize",
+    "PRUNE_BATCH",
+    "RUN_REQUEST_ID_PREFIX",
+    "redact_url",
+    "SCHEMA_VERSION",
+    "GPU_SAMPLE_COLUMNS",
+    "LOCK_TIMEOUT_S",
+    "SQLITE_HEADER",
+]
 
 
 class AbSessionRow(TypedDict):
@@ -84,15 +96,28 @@ class SpanStats(TypedDict):
     other: list[SpanCount]
     rejected: list[SpanCount]
 
+
 # How long an operation waits for another process's lock before it is a StoreError.
 LOCK_TIMEOUT_S = 10.0
 # The first 16 bytes of every SQLite database file.
 SQLITE_HEADER = b"SQLite format 3\x00"
 # SQLite's primary result codes (the low byte of an extended code) that name a problem.
-_PERM, _BUSY, _LOCKED, _READONLY, _IOERR, _CORRUPT, _FULL, _CANTOPEN, _AUTH, _NOTADB = \
-    3, 5, 6, 8, 10, 11, 13, 14, 23, 26
-_RECOVER = ("restore it from a backup, or salvage what is left with `sqlite3 {path} .recover "
-            "| sqlite3 NEW.sqlite`")
+_PERM, _BUSY, _LOCKED, _READONLY, _IOERR, _CORRUPT, _FULL, _CANTOPEN, _AUTH, _NOTADB = (
+    3,
+    5,
+    6,
+    8,
+    10,
+    11,
+    13,
+    14,
+    23,
+    26,
+)
+_RECOVER = (
+    "restore it from a backup, or salvage what is left with `sqlite3 {path} .recover "
+    "| sqlite3 NEW.sqlite`"
+)
 
 _MIGRATIONS: list[str] = [
     # 1: experiments and runs
@@ -243,9 +268,20 @@ _MIGRATIONS: list[str] = [
 # The gpu_samples columns, in table order (phaseprobe.sources.gpu.nvml.COLUMNS; a test keeps the
 # two equal).
 GPU_SAMPLE_COLUMNS = (
-    "t_ns", "gpu_index", "mem_used_bytes", "mem_total_bytes", "mem_reserved_bytes",
-    "util_gpu_pct", "util_mem_pct", "power_w", "sm_clock_mhz", "mem_clock_mhz", "temperature_c",
-    "pcie_rx_bytes_per_s", "pcie_tx_bytes_per_s", "nvlink_rx_bytes_per_s",
+    "t_ns",
+    "gpu_index",
+    "mem_used_bytes",
+    "mem_total_bytes",
+    "mem_reserved_bytes",
+    "util_gpu_pct",
+    "util_mem_pct",
+    "power_w",
+    "sm_clock_mhz",
+    "mem_clock_mhz",
+    "temperature_c",
+    "pcie_rx_bytes_per_s",
+    "pcie_tx_bytes_per_s",
+    "nvlink_rx_bytes_per_s",
     "nvlink_tx_bytes_per_s",
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
@@ -257,6 +293,7 @@ _T = TypeVar("_T")
 def _reads(method: Callable[Concatenate[Store, _P], _T]) -> Callable[Concatenate[Store, _P], _T]:
     """A read method whose SQLite failures (a damaged page, a lock held too long, a record
     that cannot be decoded) become a StoreError naming the file and the problem."""
+
     @functools.wraps(method)
     def read(self: Store, *args: _P.args, **kwargs: _P.kwargs) -> _T:
         try:
@@ -264,6 +301,7 @@ def _reads(method: Callable[Concatenate[Store, _P], _T]) -> Callable[Concatenate
         except (sqlite3.Error, json.JSONDecodeError, UnicodeDecodeError, IndexError) as exc:
             # IndexError: a column a row lacks (sqlite3.Row), in a store of a newer schema.
             raise self._failure("read", exc) from None
+
     return read
 
 
@@ -300,8 +338,14 @@ class Store:
     ``threaded``: the connection may be used from several threads (the span receiver's
     handlers); the caller serialises the calls (one lock), as SQLite needs."""
 
-    def __init__(self, path: str | Path, *, readonly: bool = False, threaded: bool = False,
-                 timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        readonly: bool = False,
+        threaded: bool = False,
+        timeout: float | None = None,
+    ) -> None:
         self.path = Path(path)
         self.readonly = readonly
         self.immutable = False  # opened with immutable=1 (read-only only: see above)
@@ -310,8 +354,11 @@ class Store:
         self._tables: frozenset[str] = frozenset()
         header = self._check_file()
         try:
-            self._db = self._open_readonly(header, threaded) if readonly \
+            self._db = (
+                self._open_readonly(header, threaded)
+                if readonly
                 else self._open_writable(header, threaded)
+            )
         except (sqlite3.Error, OSError) as exc:
             raise self._failure("open", exc) from None
 
@@ -320,32 +367,40 @@ class Store:
         is plainly not a store: a directory, a file that is not SQLite, a missing or empty file
         to read."""
         if self.path.is_dir():
-            raise StoreError(f"cannot open experiment store {self.path}: it is a directory, "
-                             "not a store file (give the file, e.g. "
-                             f"{self.path / 'phaseprobe.sqlite'})")
+            raise StoreError(
+                f"cannot open experiment store {self.path}: it is a directory, "
+                "not a store file (give the file, e.g. "
+                f"{self.path / 'phaseprobe.sqlite'})"
+            )
         problem = input_problem(self.path)  # a FIFO would block the open below forever
         if problem:
-            raise StoreError(f"cannot open experiment store {self.path}: {problem}, not a "
-                             "store file")
+            raise StoreError(
+                f"cannot open experiment store {self.path}: {problem}, not a store file"
+            )
         try:
             with self.path.open("rb") as f:
                 header = f.read(100)
         except (FileNotFoundError, NotADirectoryError):
             if self.readonly:  # never created by a command that only reads
-                raise StoreError(f"no experiment store at {self.path} (run `phaseprobe probe` "
-                                 "first)") from None
+                raise StoreError(
+                    f"no experiment store at {self.path} (run `phaseprobe probe` first)"
+                ) from None
             return None
         except OSError as exc:
             raise self._failure("open", exc) from None
         if not header:
             if self.readonly:
-                raise StoreError(f"cannot open experiment store {self.path}: it is an empty "
-                                 "file (0 bytes), not a phaseprobe store")
+                raise StoreError(
+                    f"cannot open experiment store {self.path}: it is an empty "
+                    "file (0 bytes), not a phaseprobe store"
+                )
             return header  # an empty file is an empty SQLite database: the store goes in it
         if not header.startswith(SQLITE_HEADER):
-            raise StoreError(f"cannot open experiment store {self.path}: it is not a SQLite "
-                             "file (it does not start with SQLite's header \"SQLite format "
-                             "3\"), so not a phaseprobe store")
+            raise StoreError(
+                f"cannot open experiment store {self.path}: it is not a SQLite "
+                "file (it does not start with SQLite's header \"SQLite format "
+                '3"), so not a phaseprobe store'
+            )
         return header
 
     def _open_writable(self, header: bytes | None, threaded: bool) -> sqlite3.Connection:
@@ -353,14 +408,18 @@ class Store:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         elif not os.access(self.path, os.W_OK):
             # SQLite would open it read-only without a word and fail at the first write.
-            raise StoreError(f"cannot open experiment store {self.path} for writing: "
-                             f"{self._access_problem()}")
+            raise StoreError(
+                f"cannot open experiment store {self.path} for writing: {self._access_problem()}"
+            )
         # isolation_level=None: we open transactions ourselves, one per run.
         # An absolute path, never a name SQLite may take for a URI ("file:x.sqlite" would
         # open ./x.sqlite when URI filenames are on by default in this SQLite build).
-        db = sqlite3.connect(os.path.abspath(self.path), isolation_level=None,
-                             timeout=self._timeout,
-                             check_same_thread=not threaded)
+        db = sqlite3.connect(
+            os.path.abspath(self.path),
+            isolation_level=None,
+            timeout=self._timeout,
+            check_same_thread=not threaded,
+        )
         try:
             db.row_factory = sqlite3.Row
             self._inspect(db)  # a foreign or newer file is refused before anything is written
@@ -380,12 +439,18 @@ class Store:
         # No -wal file beside a WAL store: no process has it open.
         immutable = wal_mode and not self.path.with_name(self.path.name + "-wal").exists()
         while True:
-            uri = (f"file:{quote(os.path.abspath(self.path))}?mode=ro"
-                   + ("&immutable=1" if immutable else ""))
+            uri = f"file:{quote(os.path.abspath(self.path))}?mode=ro" + (
+                "&immutable=1" if immutable else ""
+            )
             db: sqlite3.Connection | None = None
             try:
-                db = sqlite3.connect(uri, uri=True, isolation_level=None,
-                                     timeout=self._timeout, check_same_thread=not threaded)
+                db = sqlite3.connect(
+                    uri,
+                    uri=True,
+                    isolation_level=None,
+                    timeout=self._timeout,
+                    check_same_thread=not threaded,
+                )
                 db.row_factory = sqlite3.Row
                 self._inspect(db)
                 self.immutable = immutable
@@ -402,40 +467,52 @@ class Store:
         """Read the schema version and the tables, and refuse a file that is not a phaseprobe
         store, or (to write) one of a newer schema."""
         self.schema_version = int(db.execute("PRAGMA user_version").fetchone()[0])
-        self._tables = frozenset(row[0] for row in db.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'table'"))
+        self._tables = frozenset(
+            row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+        )
         if "experiments" not in self._tables:
             if self._tables:
                 shown = ", ".join(sorted(self._tables)[:8]) + (
-                    ", …" if len(self._tables) > 8 else "")
-                raise StoreError(f"cannot open experiment store {self.path}: it is a SQLite "
-                                 "database but not a phaseprobe store (no experiments table; "
-                                 f"its tables: {shown})")
+                    ", …" if len(self._tables) > 8 else ""
+                )
+                raise StoreError(
+                    f"cannot open experiment store {self.path}: it is a SQLite "
+                    "database but not a phaseprobe store (no experiments table; "
+                    f"its tables: {shown})"
+                )
             if self.schema_version > SCHEMA_VERSION:
                 raise StoreError(self._newer_schema())
             if self.readonly:
-                raise StoreError(f"cannot open experiment store {self.path}: it is an empty "
-                                 "SQLite database, not a phaseprobe store (no phaseprobe "
-                                 "tables; run `phaseprobe probe` first)")
+                raise StoreError(
+                    f"cannot open experiment store {self.path}: it is an empty "
+                    "SQLite database, not a phaseprobe store (no phaseprobe "
+                    "tables; run `phaseprobe probe` first)"
+                )
             if self.schema_version:
-                raise StoreError(f"cannot open experiment store {self.path}: it says schema "
-                                 f"version {self.schema_version} but has no phaseprobe tables: "
-                                 "not a phaseprobe store, or a damaged one")
+                raise StoreError(
+                    f"cannot open experiment store {self.path}: it says schema "
+                    f"version {self.schema_version} but has no phaseprobe tables: "
+                    "not a phaseprobe store, or a damaged one"
+                )
         elif self.schema_version > SCHEMA_VERSION and not self.readonly:
             raise StoreError(self._newer_schema())
 
     def _newer_schema(self) -> str:
-        return (f"{self.path} has schema version {self.schema_version}; this phaseprobe knows "
-                f"up to {SCHEMA_VERSION}: upgrade phaseprobe")
+        return (
+            f"{self.path} has schema version {self.schema_version}; this phaseprobe knows "
+            f"up to {SCHEMA_VERSION}: upgrade phaseprobe"
+        )
 
     def schema_note(self) -> str | None:
         """A line to show when a read-only store is of a newer schema than this phaseprobe's
         (None otherwise)."""
         if self.schema_version <= SCHEMA_VERSION:
             return None
-        return (f"{self.path} has schema version {self.schema_version}, newer than this "
-                f"phaseprobe's {SCHEMA_VERSION}: read as far as this version understands it "
-                "(upgrade phaseprobe for the rest)")
+        return (
+            f"{self.path} has schema version {self.schema_version}, newer than this "
+            f"phaseprobe's {SCHEMA_VERSION}: read as far as this version understands it "
+            "(upgrade phaseprobe for the rest)"
+        )
 
     def _has(self, table: str) -> bool:
         """Whether the store has ``table`` (a read-only store of an older schema may not)."""
@@ -448,8 +525,10 @@ class Store:
         file, what was being done (open, read, write to) and what is wrong."""
         text = f"cannot {action} experiment store {self.path}: {self._problem(exc)}"
         if self.schema_version > SCHEMA_VERSION and action != "open":
-            text += (f" (it has schema version {self.schema_version}, newer than this "
-                     f"phaseprobe's {SCHEMA_VERSION}: upgrade phaseprobe)")
+            text += (
+                f" (it has schema version {self.schema_version}, newer than this "
+                f"phaseprobe's {SCHEMA_VERSION}: upgrade phaseprobe)"
+            )
         return StoreError(text)
 
     def _problem(self, exc: BaseException) -> str:
@@ -458,25 +537,37 @@ class Store:
         if isinstance(exc, OSError):
             said = exc.strerror or said
         if isinstance(exc, json.JSONDecodeError | UnicodeDecodeError):
-            return (f"it is damaged: a stored record cannot be decoded ({said}); "
-                    f"{_RECOVER.format(path=self.path)}")
+            return (
+                f"it is damaged: a stored record cannot be decoded ({said}); "
+                f"{_RECOVER.format(path=self.path)}"
+            )
         if isinstance(exc, IndexError):
             return f"a column this phaseprobe reads is missing ({said})"
         if code == _CORRUPT or "malformed" in said:
-            return (f"it is damaged (SQLite: {said}){self._truncation()}; "
-                    f"{_RECOVER.format(path=self.path)}")
+            return (
+                f"it is damaged (SQLite: {said}){self._truncation()}; "
+                f"{_RECOVER.format(path=self.path)}"
+            )
         if code == _NOTADB:
-            return (f"it is not a SQLite database, or its header is damaged (SQLite: {said}); "
-                    f"{_RECOVER.format(path=self.path)}")
+            return (
+                f"it is not a SQLite database, or its header is damaged (SQLite: {said}); "
+                f"{_RECOVER.format(path=self.path)}"
+            )
         if code in (_BUSY, _LOCKED):
-            return (f"it is locked by another process (waited {self._timeout:g} s: another "
-                    f"phaseprobe writing to it, or a tool holding it open; SQLite: {said})")
+            return (
+                f"it is locked by another process (waited {self._timeout:g} s: another "
+                f"phaseprobe writing to it, or a tool holding it open; SQLite: {said})"
+            )
         if code == _FULL or getattr(exc, "errno", None) == errno.ENOSPC:
-            return f"the disk is full (SQLite: {said})" if code == _FULL \
+            return (
+                f"the disk is full (SQLite: {said})"
+                if code == _FULL
                 else f"the disk is full ({said})"
+            )
         if isinstance(exc, PermissionError) or code in (_PERM, _AUTH):
-            return "permission denied" + ("" if said.lower() == "permission denied"
-                                          else f" ({said})")
+            return "permission denied" + (
+                "" if said.lower() == "permission denied" else f" ({said})"
+            )
         if code in (_READONLY, _CANTOPEN):
             return f"{self._access_problem()} (SQLite: {said})"
         if code == _IOERR:
@@ -489,11 +580,15 @@ class Store:
         if not parent.is_dir():
             return f"its directory {parent} does not exist"
         if self.path.exists() and not os.access(self.path, os.W_OK):
-            return ("the file is read-only (permission denied for writing); commands that only "
-                    "read it (runs, check, spans list, ab report, dashboard) still can")
+            return (
+                "the file is read-only (permission denied for writing); commands that only "
+                "read it (runs, check, spans list, ab report, dashboard) still can"
+            )
         if not os.access(parent, os.W_OK | os.X_OK):
-            return (f"permission denied: its directory {parent} is not writable (SQLite keeps "
-                    f"{self.path.name}-wal and -shm files beside the store)")
+            return (
+                f"permission denied: its directory {parent} is not writable (SQLite keeps "
+                f"{self.path.name}-wal and -shm files beside the store)"
+            )
         return f"it cannot be opened for {'reading' if self.readonly else 'writing'}"
 
     def _truncation(self) -> str:
@@ -515,8 +610,10 @@ class Store:
         expected = pages * page_size
         if size >= expected:
             return ""
-        return (f"; the file is truncated: its header counts {pages} pages of {page_size} "
-                f"bytes ({expected} bytes), the file has {size}")
+        return (
+            f"; the file is truncated: its header counts {pages} pages of {page_size} "
+            f"bytes ({expected} bytes), the file has {size}"
+        )
 
     def _migrate(self) -> None:
         self.schema_version = self._db.execute("PRAGMA user_version").fetchone()[0]
@@ -534,8 +631,11 @@ class Store:
         """True for an ``ALTER TABLE t ADD COLUMN c`` whose column is already there (a store
         rebuilt from a newer schema's tables): adding it again would fail."""
         words = statement.split()
-        if [w.upper() for w in words[:2]] != ["ALTER", "TABLE"] or len(words) < 6 \
-                or [w.upper() for w in words[3:5]] != ["ADD", "COLUMN"]:
+        if (
+            [w.upper() for w in words[:2]] != ["ALTER", "TABLE"]
+            or len(words) < 6
+            or [w.upper() for w in words[3:5]] != ["ADD", "COLUMN"]
+        ):
             return False
         cols = {row[1] for row in self._db.execute(f"PRAGMA table_info({words[2]})")}
         return words[5] in cols
@@ -548,9 +648,16 @@ class Store:
         cur = self._write(
             "INSERT INTO experiments (name, kind, created_wall_ns, endpoint, model, spec_json,"
             " server_json, notes_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (exp.name, exp.kind, exp.created_wall_ns, spec["endpoint"], exp.spec.model,
-             json.dumps(spec), json.dumps(exp.server_info),
-             json.dumps([redact_urls_in(n) for n in exp.notes])),
+            (
+                exp.name,
+                exp.kind,
+                exp.created_wall_ns,
+                spec["endpoint"],
+                exp.spec.model,
+                json.dumps(spec),
+                json.dumps(exp.server_info),
+                json.dumps([redact_urls_in(n) for n in exp.notes]),
+            ),
         )
         return int(cur.lastrowid or 0)
 
@@ -564,14 +671,27 @@ class Store:
             " completion_tokens, client_json, server_json, isolation_json, client_check_json,"
             " trace_id, request_id, span_json, replica, replica_json, pd_json, reported_json)"
             " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            (experiment_id, run.seq, run.status, int(run.isolated),
-             redact_urls_in(run.error) if run.error else None, run.prompt,
-             *((c.sent_wall_ns, c.ttft_s, c.e2e_s, c.tpot_s) if c else (None,) * 4),
-             *_phase_columns(run.server),
-             *((c.prompt_tokens, c.completion_tokens) if c else (None,) * 2),
-             _dumps(c), _dumps(run.server), _dumps(run.isolation), _dumps(run.client_check),
-             run.trace_id, run.request_id, _dumps(run.span),
-             *_replica_columns(run.replica), _dumps(run.pd), _dumps(run.reported)),
+            (
+                experiment_id,
+                run.seq,
+                run.status,
+                int(run.isolated),
+                redact_urls_in(run.error) if run.error else None,
+                run.prompt,
+                *((c.sent_wall_ns, c.ttft_s, c.e2e_s, c.tpot_s) if c else (None,) * 4),
+                *_phase_columns(run.server),
+                *((c.prompt_tokens, c.completion_tokens) if c else (None,) * 2),
+                _dumps(c),
+                _dumps(run.server),
+                _dumps(run.isolation),
+                _dumps(run.client_check),
+                run.trace_id,
+                run.request_id,
+                _dumps(run.span),
+                *_replica_columns(run.replica),
+                _dumps(run.pd),
+                _dumps(run.reported),
+            ),
         )
         return int(cur.lastrowid or 0)
 
@@ -581,23 +701,42 @@ class Store:
 
     def set_run_replica(self, run_id: int, replica: ReplicaAttribution) -> None:
         """Record which replica served a run once it is known (its span came after it)."""
-        self._write("UPDATE runs SET replica = ?, replica_json = ? WHERE id = ?",
-                    (*_replica_columns(replica), run_id))
+        self._write(
+            "UPDATE runs SET replica = ?, replica_json = ? WHERE id = ?",
+            (*_replica_columns(replica), run_id),
+        )
 
-    def set_run_span(self, run_id: int, span: RequestSpan, server: ServerPhases | None,
-                     status: str, client_check: ClientCheck | None) -> None:
+    def set_run_span(
+        self,
+        run_id: int,
+        span: RequestSpan,
+        server: ServerPhases | None,
+        status: str,
+        client_check: ClientCheck | None,
+    ) -> None:
         """Attach a run's own span once it arrived (spans come seconds after the request); the
         run's server phases become the span's when the histogram deltas were not its own."""
         self._write(
             "UPDATE runs SET span_json = ?, server_json = ?, status = ?, client_check_json = ?,"
             " server_queue_s = ?, server_prefill_s = ?, server_decode_s = ?,"
             " server_inference_s = ?, server_ttft_s = ?, server_e2e_s = ? WHERE id = ?",
-            (_dumps(span), _dumps(server), status, _dumps(client_check),
-             *_phase_columns(server), run_id))
+            (
+                _dumps(span),
+                _dumps(server),
+                status,
+                _dumps(client_check),
+                *_phase_columns(server),
+                run_id,
+            ),
+        )
 
-    def add_spans(self, requests: list[RequestSpan], attributes: list[dict[str, Any]],
-                  counts: dict[tuple[str, str, str], int] | None = None,
-                  seen: list[CountedSpan] | None = None) -> int:
+    def add_spans(
+        self,
+        requests: list[RequestSpan],
+        attributes: list[dict[str, Any]],
+        counts: dict[tuple[str, str, str], int] | None = None,
+        seen: list[CountedSpan] | None = None,
+    ) -> int:
         """Commit one received batch in one transaction: the request spans (a span already
         stored, e.g. an exporter's retry, is ignored) and the (kind, service, name) counts of
         other and rejected spans: ``seen`` lists each such span with its key, and only spans
@@ -605,10 +744,31 @@ class Store:
         request spans were new."""
         now = time.time_ns()
         counts = dict(counts or {})
-        rows = [(s.trace_id, s.span_id, s.parent_span_id, s.request_id, s.model, s.service,
-                 s.instance, s.start_ns, s.end_ns, s.queue_s, s.prefill_s, s.decode_s,
-                 s.inference_s, s.ttft_s, s.e2e_s, s.prompt_tokens, s.completion_tokens,
-                 s.max_tokens, json.dumps(a), now) for s, a in zip(requests, attributes)]
+        rows = [
+            (
+                s.trace_id,
+                s.span_id,
+                s.parent_span_id,
+                s.request_id,
+                s.model,
+                s.service,
+                s.instance,
+                s.start_ns,
+                s.end_ns,
+                s.queue_s,
+                s.prefill_s,
+                s.decode_s,
+                s.inference_s,
+                s.ttft_s,
+                s.e2e_s,
+                s.prompt_tokens,
+                s.completion_tokens,
+                s.max_tokens,
+                json.dumps(a),
+                now,
+            )
+            for s, a in zip(requests, attributes)
+        ]
         with self._transaction():
             before = self._db.total_changes
             self._db.executemany(
@@ -616,19 +776,24 @@ class Store:
                 " request_id, model, service, instance, start_ns, end_ns, queue_s, prefill_s,"
                 " decode_s, inference_s, ttft_s, e2e_s, prompt_tokens, completion_tokens,"
                 " max_tokens, attributes_json, received_wall_ns)"
-                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                rows,
+            )
             new = self._db.total_changes - before
             for kind, service, name, start_ns, key in seen or ():
                 mark = self._db.total_changes
-                self._db.execute("INSERT OR IGNORE INTO counted_spans (start_ns, key) "
-                                 "VALUES (?, ?)", (start_ns, key))
+                self._db.execute(
+                    "INSERT OR IGNORE INTO counted_spans (start_ns, key) VALUES (?, ?)",
+                    (start_ns, key),
+                )
                 if self._db.total_changes > mark:
                     counts[(kind, service, name)] = counts.get((kind, service, name), 0) + 1
             self._db.executemany(
                 "INSERT INTO span_counts (kind, service, name, count, last_wall_ns)"
                 " VALUES (?, ?, ?, ?, ?) ON CONFLICT (kind, service, name) DO UPDATE SET"
                 " count = count + excluded.count, last_wall_ns = excluded.last_wall_ns",
-                [(*key, n, now) for key, n in counts.items()])
+                [(*key, n, now) for key, n in counts.items()],
+            )
         return new
 
     @contextlib.contextmanager
@@ -636,8 +801,9 @@ class Store:
         """One write transaction (BEGIN IMMEDIATE … COMMIT). On any failure it is rolled back,
         never left open on the connection, and a SQLite failure becomes a StoreError."""
         if self.readonly:
-            raise StoreError(f"cannot write to experiment store {self.path}: it was opened "
-                             "read-only")
+            raise StoreError(
+                f"cannot write to experiment store {self.path}: it was opened read-only"
+            )
         try:
             self._db.execute("BEGIN IMMEDIATE")
             yield
@@ -652,9 +818,11 @@ class Store:
     def finish_experiment(self, experiment_id: int, notes: list[str] | None = None) -> None:
         """Mark it finished; ``notes`` (when given) replace its notes."""
         notes_json = None if notes is None else json.dumps([redact_urls_in(n) for n in notes])
-        self._write("UPDATE experiments SET finished_wall_ns = ?,"
-                    " notes_json = COALESCE(?, notes_json) WHERE id = ?",
-                    (time.time_ns(), notes_json, experiment_id))
+        self._write(
+            "UPDATE experiments SET finished_wall_ns = ?,"
+            " notes_json = COALESCE(?, notes_json) WHERE id = ?",
+            (time.time_ns(), notes_json, experiment_id),
+        )
 
     def add_gpu_samples(self, experiment_id: int, samples: pd.DataFrame) -> int:
         """Store GPU samples (a frame with :data:`phaseprobe.sources.gpu.nvml.COLUMNS`; other
@@ -665,39 +833,50 @@ class Store:
         if frame.empty:
             return 0
         table = frame[list(GPU_SAMPLE_COLUMNS)].astype(object)
-        rows = [(experiment_id, *row) for row in
-                table.where(table.notna(), None).itertuples(index=False, name=None)]
-        sql = (f"INSERT INTO gpu_samples (experiment_id, {', '.join(GPU_SAMPLE_COLUMNS)})"
-               f" VALUES ({', '.join('?' * (len(GPU_SAMPLE_COLUMNS) + 1))})")
+        rows = [
+            (experiment_id, *row)
+            for row in table.where(table.notna(), None).itertuples(index=False, name=None)
+        ]
+        sql = (
+            f"INSERT INTO gpu_samples (experiment_id, {', '.join(GPU_SAMPLE_COLUMNS)})"
+            f" VALUES ({', '.join('?' * (len(GPU_SAMPLE_COLUMNS) + 1))})"
+        )
         with self._transaction():
             self._db.executemany(sql, rows)
         return len(rows)
 
-    def create_ab_session(self, name: str, playbook_path: str, playbook_text: str,
-                          settings: dict[str, Any]) -> int:
+    def create_ab_session(
+        self, name: str, playbook_path: str, playbook_text: str, settings: dict[str, Any]
+    ) -> int:
         cur = self._write(
             "INSERT INTO ab_sessions (name, created_wall_ns, playbook_path, playbook_text,"
             " settings_json) VALUES (?, ?, ?, ?, ?)",
-            (name, time.time_ns(), playbook_path, playbook_text, json.dumps(settings)))
+            (name, time.time_ns(), playbook_path, playbook_text, json.dumps(settings)),
+        )
         return int(cur.lastrowid or 0)
 
     def set_ab_arms(self, session_id: int, arms: dict[str, int]) -> None:
         """Record arm name -> experiment id (committed before any run of the session)."""
-        self._write("UPDATE ab_sessions SET arms_json = ? WHERE id = ?",
-                    (json.dumps(arms), session_id))
+        self._write(
+            "UPDATE ab_sessions SET arms_json = ? WHERE id = ?", (json.dumps(arms), session_id)
+        )
 
     def update_ab_settings(self, session_id: int, changes: dict[str, Any]) -> None:
         """Merge ``changes`` into a session's settings (a sequential session's stop record)."""
         settings = self.ab_session(session_id)["settings"]
-        self._write("UPDATE ab_sessions SET settings_json = ? WHERE id = ?",
-                    (json.dumps({**settings, **changes}), session_id))
+        self._write(
+            "UPDATE ab_sessions SET settings_json = ? WHERE id = ?",
+            (json.dumps({**settings, **changes}), session_id),
+        )
 
     def finish_ab_session(self, session_id: int) -> None:
-        self._write("UPDATE ab_sessions SET finished_wall_ns = ? WHERE id = ?",
-                    (time.time_ns(), session_id))
+        self._write(
+            "UPDATE ab_sessions SET finished_wall_ns = ? WHERE id = ?", (time.time_ns(), session_id)
+        )
 
-    def add_analysis(self, kind: str, source: str, doc: Mapping[str, Any],
-                     experiment_id: int | None = None) -> int:
+    def add_analysis(
+        self, kind: str, source: str, doc: Mapping[str, Any], experiment_id: int | None = None
+    ) -> int:
         """Keep a file's summary (``kind``: nccl, trace, nsys), attached to an experiment or
         not; the experiment must exist."""
         if experiment_id is not None:
@@ -705,7 +884,8 @@ class Store:
         cur = self._write(
             "INSERT INTO analyses (experiment_id, kind, source, created_wall_ns, doc_json)"
             " VALUES (?, ?, ?, ?, ?)",
-            (experiment_id, kind, source, time.time_ns(), json.dumps(doc)))
+            (experiment_id, kind, source, time.time_ns(), json.dumps(doc)),
+        )
         return int(cur.lastrowid or 0)
 
     def _write(self, sql: str, params: tuple[Any, ...]) -> sqlite3.Cursor:
@@ -723,8 +903,14 @@ class Store:
     # vacuum needs auto_vacuum set before the tables existed (itself a full VACUUM on an
     # existing store). :meth:`compact` is that VACUUM, for `spans prune --vacuum` by hand.
 
-    def prune_spans(self, *, before_ns: int | None = None, keep: int | None = None,
-                    dry_run: bool = False, batch: int | None = None) -> PruneResult:
+    def prune_spans(
+        self,
+        *,
+        before_ns: int | None = None,
+        keep: int | None = None,
+        dry_run: bool = False,
+        batch: int | None = None,
+    ) -> PruneResult:
         """Delete the request spans that started before ``before_ns``, or all but the newest
         ``keep`` (spans starting in the same nanosecond as the ``keep``-th newest stay too),
         never a span of a stored run (:data:`PROTECTED_SPAN`). The other/rejected spans'
@@ -737,17 +923,20 @@ class Store:
             raise ValueError(f"prune_spans: batch {batch} < 1")
         try:
             cutoff = before_ns if keep is None else self._keep_cutoff(keep)
-            result = PruneResult(cutoff_start_ns=cutoff, deleted=0, protected=0,
-                                 dry_run=dry_run)
+            result = PruneResult(cutoff_start_ns=cutoff, deleted=0, protected=0, dry_run=dry_run)
             if cutoff is None or not self._has("request_spans"):
                 return result
             result["protected"] = self._db.execute(
                 f"SELECT COUNT(*) FROM request_spans WHERE start_ns < ? AND {PROTECTED_SPAN}",
-                (cutoff,)).fetchone()[0]
+                (cutoff,),
+            ).fetchone()[0]
             if dry_run:
-                result["deleted"] = self._db.execute(
-                    "SELECT COUNT(*) FROM request_spans WHERE start_ns < ?",
-                    (cutoff,)).fetchone()[0] - result["protected"]
+                result["deleted"] = (
+                    self._db.execute(
+                        "SELECT COUNT(*) FROM request_spans WHERE start_ns < ?", (cutoff,)
+                    ).fetchone()[0]
+                    - result["protected"]
+                )
                 return result
         except sqlite3.Error as exc:
             raise self._failure("read", exc) from None
@@ -757,14 +946,19 @@ class Store:
                 # this batch's range on the start index: [lo, hi), about ``batch`` spans
                 row = self._db.execute(
                     "SELECT start_ns FROM request_spans WHERE start_ns >= ? AND start_ns < ?"
-                    " ORDER BY start_ns LIMIT 1 OFFSET ?", (lo, cutoff, batch - 1)).fetchone()
+                    " ORDER BY start_ns LIMIT 1 OFFSET ?",
+                    (lo, cutoff, batch - 1),
+                ).fetchone()
                 hi = cutoff if row is None else min(cutoff, row[0] + 1)
                 result["deleted"] += self._db.execute(
                     "DELETE FROM request_spans WHERE start_ns >= ? AND start_ns < ? AND NOT "
-                    f"{PROTECTED_SPAN}", (lo, hi)).rowcount
+                    f"{PROTECTED_SPAN}",
+                    (lo, hi),
+                ).rowcount
                 if self._has("counted_spans"):
-                    self._db.execute("DELETE FROM counted_spans WHERE start_ns >= ? AND "
-                                     "start_ns < ?", (lo, hi))
+                    self._db.execute(
+                        "DELETE FROM counted_spans WHERE start_ns >= ? AND start_ns < ?", (lo, hi)
+                    )
             lo = hi
         return result
 
@@ -776,8 +970,10 @@ class Store:
         if keep <= 0:
             row = self._db.execute("SELECT MAX(start_ns) + 1 FROM request_spans").fetchone()
         else:
-            row = self._db.execute("SELECT start_ns FROM request_spans ORDER BY start_ns DESC"
-                                   " LIMIT 1 OFFSET ?", (keep - 1,)).fetchone()
+            row = self._db.execute(
+                "SELECT start_ns FROM request_spans ORDER BY start_ns DESC LIMIT 1 OFFSET ?",
+                (keep - 1,),
+            ).fetchone()
         return None if row is None or row[0] is None else int(row[0])
 
     @_reads
@@ -787,10 +983,17 @@ class Store:
         page = self._db.execute("PRAGMA page_size").fetchone()[0]
         free = self._db.execute("PRAGMA freelist_count").fetchone()[0]
         wal = self.path.with_name(self.path.name + "-wal")
-        spans = self._db.execute("SELECT COUNT(*) FROM request_spans").fetchone()[0] \
-            if self._has("request_spans") else 0
-        return StoreSize(file_bytes=_file_size(self.path), wal_bytes=_file_size(wal),
-                         free_bytes=int(page) * int(free), request_spans=int(spans))
+        spans = (
+            self._db.execute("SELECT COUNT(*) FROM request_spans").fetchone()[0]
+            if self._has("request_spans")
+            else 0
+        )
+        return StoreSize(
+            file_bytes=_file_size(self.path),
+            wal_bytes=_file_size(wal),
+            free_bytes=int(page) * int(free),
+            request_spans=int(spans),
+        )
 
     def compact(self) -> None:
         """Shrink the file to what it holds (VACUUM: rewrites it under an exclusive lock, so
@@ -811,27 +1014,35 @@ class Store:
             "SELECT e.id, e.name, e.kind, e.created_wall_ns, e.finished_wall_ns, e.endpoint,"
             " e.model, COUNT(r.id) AS n_runs, SUM(r.status = 'ok') AS n_ok,"
             " SUM(r.isolated) AS n_isolated FROM experiments e LEFT JOIN runs r"
-            " ON r.experiment_id = e.id GROUP BY e.id ORDER BY e.id").fetchall()
+            " ON r.experiment_id = e.id GROUP BY e.id ORDER BY e.id"
+        ).fetchall()
         return [dict(row) for row in rows]
 
     @_reads
     def experiment(self, experiment_id: int) -> Experiment:
-        row = self._db.execute("SELECT * FROM experiments WHERE id = ?",
-                               (experiment_id,)).fetchone()
+        row = self._db.execute(
+            "SELECT * FROM experiments WHERE id = ?", (experiment_id,)
+        ).fetchone()
         if row is None:
             raise StoreError(f"no experiment {experiment_id} in {self.path}")
         spec = json.loads(row["spec_json"])
         # Specs written by other phaseprobe versions may carry fields this one lacks.
         known = {k: v for k, v in spec.items() if k in RunSpec.__dataclass_fields__}
-        return Experiment(name=row["name"], kind=row["kind"], spec=RunSpec(**known),
-                          server_info=json.loads(row["server_json"]),
-                          created_wall_ns=row["created_wall_ns"], experiment_id=row["id"],
-                          notes=tuple(json.loads(row["notes_json"])))
+        return Experiment(
+            name=row["name"],
+            kind=row["kind"],
+            spec=RunSpec(**known),
+            server_info=json.loads(row["server_json"]),
+            created_wall_ns=row["created_wall_ns"],
+            experiment_id=row["id"],
+            notes=tuple(json.loads(row["notes_json"])),
+        )
 
     @_reads
     def runs(self, experiment_id: int) -> list[Run]:
-        rows = self._db.execute("SELECT * FROM runs WHERE experiment_id = ? ORDER BY seq",
-                                (experiment_id,)).fetchall()
+        rows = self._db.execute(
+            "SELECT * FROM runs WHERE experiment_id = ? ORDER BY seq", (experiment_id,)
+        ).fetchall()
         return [_run_from_row(row) for row in rows]
 
     @_reads
@@ -841,26 +1052,40 @@ class Store:
 
         from phaseprobe.sources.gpu.nvml import conform
 
-        rows = self._db.execute(
-            f"SELECT {', '.join(GPU_SAMPLE_COLUMNS)} FROM gpu_samples WHERE experiment_id = ?"
-            " ORDER BY t_ns, gpu_index", (experiment_id,)).fetchall() \
-            if self._has("gpu_samples") else []
-        frame = pd.DataFrame.from_records([tuple(r) for r in rows],
-                                          columns=list(GPU_SAMPLE_COLUMNS))
+        rows = (
+            self._db.execute(
+                f"SELECT {', '.join(GPU_SAMPLE_COLUMNS)} FROM gpu_samples WHERE experiment_id = ?"
+                " ORDER BY t_ns, gpu_index",
+                (experiment_id,),
+            ).fetchall()
+            if self._has("gpu_samples")
+            else []
+        )
+        frame = pd.DataFrame.from_records(
+            [tuple(r) for r in rows], columns=list(GPU_SAMPLE_COLUMNS)
+        )
         return conform(frame, source=f"{self.path} gpu_samples")
 
     @_reads
     def ab_session(self, session_id: int) -> AbSessionRow:
         """One A/B session: its playbook text, settings and ``arms`` (name -> experiment id)."""
-        row = self._db.execute("SELECT * FROM ab_sessions WHERE id = ?",
-                               (session_id,)).fetchone() if self._has("ab_sessions") else None
+        row = (
+            self._db.execute("SELECT * FROM ab_sessions WHERE id = ?", (session_id,)).fetchone()
+            if self._has("ab_sessions")
+            else None
+        )
         if row is None:
             raise StoreError(f"no A/B session {session_id} in {self.path}")
-        return {"id": row["id"], "name": row["name"], "created_wall_ns": row["created_wall_ns"],
-                "finished_wall_ns": row["finished_wall_ns"],
-                "playbook_path": row["playbook_path"], "playbook_text": row["playbook_text"],
-                "settings": json.loads(row["settings_json"]),
-                "arms": json.loads(row["arms_json"])}
+        return {
+            "id": row["id"],
+            "name": row["name"],
+            "created_wall_ns": row["created_wall_ns"],
+            "finished_wall_ns": row["finished_wall_ns"],
+            "playbook_path": row["playbook_path"],
+            "playbook_text": row["playbook_text"],
+            "settings": json.loads(row["settings_json"]),
+            "arms": json.loads(row["arms_json"]),
+        }
 
     @_reads
     def ab_sessions(self) -> list[AbSessionRow]:
@@ -876,24 +1101,37 @@ class Store:
         if not self._has("analyses"):
             return []
         sql = "SELECT id, experiment_id, kind, source, created_wall_ns FROM analyses"
-        rows = self._db.execute(sql + (" WHERE kind = ? ORDER BY id" if kind else " ORDER BY id"),
-                                (kind,) if kind else ()).fetchall()
+        rows = self._db.execute(
+            sql + (" WHERE kind = ? ORDER BY id" if kind else " ORDER BY id"),
+            (kind,) if kind else (),
+        ).fetchall()
         return [dict(row) for row in rows]
 
     @_reads
     def analysis(self, analysis_id: int) -> dict[str, Any]:
         """One kept analysis's summary document."""
-        row = self._db.execute("SELECT doc_json FROM analyses WHERE id = ?",
-                               (analysis_id,)).fetchone() if self._has("analyses") else None
+        row = (
+            self._db.execute(
+                "SELECT doc_json FROM analyses WHERE id = ?", (analysis_id,)
+            ).fetchone()
+            if self._has("analyses")
+            else None
+        )
         if row is None:
             raise StoreError(f"no analysis {analysis_id} in {self.path}")
         doc: dict[str, Any] = json.loads(row["doc_json"])
         return doc
 
     @_reads
-    def spans(self, *, since_ns: int | None = None, until_ns: int | None = None,
-              received_since_ns: int | None = None, limit: int | None = None,
-              newest: bool = False) -> list[RequestSpan]:
+    def spans(
+        self,
+        *,
+        since_ns: int | None = None,
+        until_ns: int | None = None,
+        received_since_ns: int | None = None,
+        limit: int | None = None,
+        newest: bool = False,
+    ) -> list[RequestSpan]:
         """Stored request spans by start time (``since``/``until`` on the span's start,
         ``received_since`` on when phaseprobe received it), oldest first; ``newest`` with
         ``limit`` takes the most recent ``limit`` instead of the first."""
@@ -907,15 +1145,17 @@ class Store:
         rows = [_span_from_row(r) for r in self._db.execute(sql, params)]
         return rows[::-1] if newest else rows
 
-    def spans_by_trace(self, trace_ids: list[str],
-                       since_ns: int | None = None) -> dict[str, RequestSpan]:
+    def spans_by_trace(
+        self, trace_ids: list[str], since_ns: int | None = None
+    ) -> dict[str, RequestSpan]:
         """The request span of each trace id that has one (the last stored, when a trace holds
         several). ``since_ns``: as :meth:`spans_of_traces`."""
         return {t: spans[-1] for t, spans in self.spans_of_traces(trace_ids, since_ns).items()}
 
     @_reads
-    def spans_of_traces(self, trace_ids: list[str],
-                        since_ns: int | None = None) -> dict[str, list[RequestSpan]]:
+    def spans_of_traces(
+        self, trace_ids: list[str], since_ns: int | None = None
+    ) -> dict[str, list[RequestSpan]]:
         """Every request span of each trace id that has any, by start: one request can be
         served by several vLLM instances (a disaggregated request's prefill and decode legs
         share the client's trace). ``since_ns`` (a lower bound on the spans' start, e.g. the
@@ -925,7 +1165,7 @@ class Store:
         if not self._has("request_spans"):
             return out
         for i in range(0, len(trace_ids), 500):
-            chunk = trace_ids[i:i + 500]
+            chunk = trace_ids[i : i + 500]
             where = f"trace_id IN ({', '.join('?' * len(chunk))})"
             params: list[Any] = list(chunk)
             if since_ns is not None:
@@ -945,7 +1185,8 @@ class Store:
         row = self._db.execute(
             "SELECT * FROM request_spans WHERE request_id = ? OR instr(request_id, ?) > 0"
             " ORDER BY (request_id = ?) DESC, start_ns DESC LIMIT 1",
-            (request_id, request_id, request_id)).fetchone()
+            (request_id, request_id, request_id),
+        ).fetchone()
         if row is None:
             return None
         return _span_from_row(row), json.loads(row["attributes_json"])
@@ -962,12 +1203,14 @@ class Store:
         """Nothing to check beyond opening the file (done)."""
 
     @_reads
-    def finished_spans(self, *, since_ns: int | None = None,
-                       until_ns: int | None = None) -> list[RequestSpan]:
+    def finished_spans(
+        self, *, since_ns: int | None = None, until_ns: int | None = None
+    ) -> list[RequestSpan]:
         return self._finished("start_ns, span_id", since_ns, until_ns)
 
-    def _finished(self, order: str, since_ns: int | None, until_ns: int | None,
-                  limit: int | None = None) -> list[RequestSpan]:
+    def _finished(
+        self, order: str, since_ns: int | None, until_ns: int | None, limit: int | None = None
+    ) -> list[RequestSpan]:
         if not self._has("request_spans"):
             return []
         clauses, params = [], []
@@ -984,15 +1227,18 @@ class Store:
         return [_span_from_row(r) for r in self._db.execute(sql, params)]
 
     @_reads
-    def recent_spans(self, n: int, *, since_ns: int | None = None,
-                     until_ns: int | None = None) -> list[RequestSpan]:
+    def recent_spans(
+        self, n: int, *, since_ns: int | None = None, until_ns: int | None = None
+    ) -> list[RequestSpan]:
         return self._finished("end_ns DESC, span_id DESC", since_ns, until_ns, n)[::-1]
 
     @_reads
-    def slowest_spans(self, n: int, *, since_ns: int | None = None,
-                      until_ns: int | None = None) -> list[RequestSpan]:
-        return self._finished("COALESCE(e2e_s, (end_ns - start_ns) / 1e9) DESC, span_id DESC",
-                              since_ns, until_ns, n)
+    def slowest_spans(
+        self, n: int, *, since_ns: int | None = None, until_ns: int | None = None
+    ) -> list[RequestSpan]:
+        return self._finished(
+            "COALESCE(e2e_s, (end_ns - start_ns) / 1e9) DESC, span_id DESC", since_ns, until_ns, n
+        )
 
     @_reads
     def spans_overlapping(self, span: RequestSpan) -> list[RequestSpan]:
@@ -1003,31 +1249,52 @@ class Store:
         rows = self._db.execute(
             "SELECT * FROM request_spans WHERE start_ns >= ? AND start_ns <= ? AND service IS ?"
             " AND instance IS ? ORDER BY start_ns, span_id",
-            (span.start_ns - NEIGHBOUR_HORIZON_NS, span.end_ns, span.service, span.instance))
+            (span.start_ns - NEIGHBOUR_HORIZON_NS, span.end_ns, span.service, span.instance),
+        )
         return [_span_from_row(r) for r in rows]
 
-    def span_summary(self, *, since_ns: int | None = None,
-                     until_ns: int | None = None) -> SpanAggregate:
+    def span_summary(
+        self, *, since_ns: int | None = None, until_ns: int | None = None
+    ) -> SpanAggregate:
         from phaseprobe.sources.span_stores.model import aggregate_spans
 
-        return aggregate_spans(self.finished_spans(since_ns=since_ns, until_ns=until_ns),
-                               self.where, since_ns=since_ns, until_ns=until_ns)
+        return aggregate_spans(
+            self.finished_spans(since_ns=since_ns, until_ns=until_ns),
+            self.where,
+            since_ns=since_ns,
+            until_ns=until_ns,
+        )
 
     @_reads
     def span_stats(self) -> SpanStats:
         """How many request spans are stored (and over what time), and the other/rejected
         span counts."""
-        row = self._db.execute("SELECT COUNT(*), MIN(start_ns), MAX(end_ns),"
-                               " MAX(received_wall_ns) FROM request_spans").fetchone() \
-            if self._has("request_spans") else (0, None, None, None)
-        counts = [SpanCount(kind=r[0], service=r[1], name=r[2], count=r[3])
-                  for r in self._db.execute("SELECT kind, service, name, count FROM span_counts"
-                                            " ORDER BY kind, count DESC")] \
-            if self._has("span_counts") else []
-        return {"requests": row[0], "first_start_ns": row[1], "last_end_ns": row[2],
-                "last_received_wall_ns": row[3],
-                "other": [c for c in counts if c["kind"] == "other"],
-                "rejected": [c for c in counts if c["kind"] == "rejected"]}
+        row = (
+            self._db.execute(
+                "SELECT COUNT(*), MIN(start_ns), MAX(end_ns),"
+                " MAX(received_wall_ns) FROM request_spans"
+            ).fetchone()
+            if self._has("request_spans")
+            else (0, None, None, None)
+        )
+        counts = (
+            [
+                SpanCount(kind=r[0], service=r[1], name=r[2], count=r[3])
+                for r in self._db.execute(
+                    "SELECT kind, service, name, count FROM span_counts ORDER BY kind, count DESC"
+                )
+            ]
+            if self._has("span_counts")
+            else []
+        )
+        return {
+            "requests": row[0],
+            "first_start_ns": row[1],
+            "last_end_ns": row[2],
+            "last_received_wall_ns": row[3],
+            "other": [c for c in counts if c["kind"] == "other"],
+            "rejected": [c for c in counts if c["kind"] == "rejected"],
+        }
 
     @_reads
     def latest_experiment_id(self) -> int | None:
@@ -1044,11 +1311,15 @@ class Store:
         self.close()
 
 
-def _span_filter(since_ns: int | None, until_ns: int | None,
-                 received_since_ns: int | None) -> tuple[str, tuple[int, ...]]:
+def _span_filter(
+    since_ns: int | None, until_ns: int | None, received_since_ns: int | None
+) -> tuple[str, tuple[int, ...]]:
     clauses, params = [], []
-    for clause, value in (("start_ns >= ?", since_ns), ("start_ns <= ?", until_ns),
-                          ("received_wall_ns >= ?", received_since_ns)):
+    for clause, value in (
+        ("start_ns >= ?", since_ns),
+        ("start_ns <= ?", until_ns),
+        ("received_wall_ns >= ?", received_since_ns),
+    ):
         if value is not None:
             clauses.append(clause)
             params.append(int(value))
@@ -1081,26 +1352,34 @@ def _span_from_row(row: sqlite3.Row) -> RequestSpan:
 
 
 def _run_from_row(row: sqlite3.Row) -> Run:
-    client = ClientTimeline.from_dict(json.loads(row["client_json"])) if row["client_json"] \
-        else None
-    server = ServerPhases.from_dict(json.loads(row["server_json"])) if row["server_json"] \
-        else None
+    client = (
+        ClientTimeline.from_dict(json.loads(row["client_json"])) if row["client_json"] else None
+    )
+    server = ServerPhases.from_dict(json.loads(row["server_json"])) if row["server_json"] else None
     keys = row.keys()
     check = row["client_check_json"] if "client_check_json" in keys else None
     span = row["span_json"] if "span_json" in keys else None
     replica = row["replica_json"] if "replica_json" in keys else None
     pd = row["pd_json"] if "pd_json" in keys else None
     reported = row["reported_json"] if "reported_json" in keys else None
-    return Run(seq=row["seq"], status=row["status"], prompt=row["prompt"], client=client,
-               server=server, isolation=Isolation.from_dict(json.loads(row["isolation_json"])),
-               error=row["error"], experiment_id=row["experiment_id"], run_id=row["id"],
-               client_check=ClientCheck.from_dict(json.loads(check)) if check else None,
-               trace_id=row["trace_id"] if "trace_id" in keys else None,
-               request_id=row["request_id"] if "request_id" in keys else None,
-               span=RequestSpan.from_dict(json.loads(span)) if span else None,
-               replica=ReplicaAttribution.from_dict(json.loads(replica)) if replica else None,
-               pd=PdLegs.from_dict(json.loads(pd)) if pd else None,
-               reported=ResponseTimings.from_dict(json.loads(reported)) if reported else None)
+    return Run(
+        seq=row["seq"],
+        status=row["status"],
+        prompt=row["prompt"],
+        client=client,
+        server=server,
+        isolation=Isolation.from_dict(json.loads(row["isolation_json"])),
+        error=row["error"],
+        experiment_id=row["experiment_id"],
+        run_id=row["id"],
+        client_check=ClientCheck.from_dict(json.loads(check)) if check else None,
+        trace_id=row["trace_id"] if "trace_id" in keys else None,
+        request_id=row["request_id"] if "request_id" in keys else None,
+        span=RequestSpan.from_dict(json.loads(span)) if span else None,
+        replica=ReplicaAttribution.from_dict(json.loads(replica)) if replica else None,
+        pd=PdLegs.from_dict(json.loads(pd)) if pd else None,
+        reported=ResponseTimings.from_dict(json.loads(reported)) if reported else None,
+    )
 
 
 # -- retention -------------------------------------------------------------------------------
@@ -1118,7 +1397,8 @@ PROTECTED_SPAN = (
     "(trace_id IN (SELECT trace_id FROM runs WHERE trace_id IS NOT NULL)"
     " OR request_id IN (SELECT request_id FROM runs WHERE request_id IS NOT NULL)"
     f" OR (instr(request_id, '{RUN_REQUEST_ID_PREFIX}') > 0 AND EXISTS (SELECT 1 FROM runs r"
-    " WHERE r.request_id IS NOT NULL AND instr(request_spans.request_id, r.request_id) > 0)))")
+    " WHERE r.request_id IS NOT NULL AND instr(request_spans.request_id, r.request_id) > 0)))"
+)
 
 
 class PruneResult(TypedDict):

@@ -19,8 +19,17 @@ import pandas as pd
 from phaseprobe.errors import TraceError
 from phaseprobe.inputs import input_problem
 
-__all__ = ["ACTIVITY_COLUMNS", "RANGE_COLUMNS", "CLASSES", "Timeline", "classify_names",
-           "category_of", "empty_activities", "empty_ranges", "trace_file"]
+__all__ = [
+    "ACTIVITY_COLUMNS",
+    "RANGE_COLUMNS",
+    "CLASSES",
+    "Timeline",
+    "classify_names",
+    "category_of",
+    "empty_activities",
+    "empty_ranges",
+    "trace_file",
+]
 
 ACTIVITY_COLUMNS: dict[str, str] = {
     "start_ns": "int64 — start, ns (trace clock)",
@@ -34,21 +43,29 @@ ACTIVITY_COLUMNS: dict[str, str] = {
     "bytes": "int64 — bytes moved for memcpy/memset (-1 otherwise)",
 }
 RANGE_COLUMNS: dict[str, str] = {
-    "start_ns": "int64", "end_ns": "int64", "name": "object — range label",
+    "start_ns": "int64",
+    "end_ns": "int64",
+    "name": "object — range label",
     "domain": "object — NVTX domain ('' default) or Kineto category",
     "tid": "int64 — CPU thread the range was pushed on (-1 for GPU-side ranges)",
     "device": "object — 'cuda:<n>' for GPU-side annotations, '' for CPU ranges",
 }
 _COMM = re.compile(
     r"nccl|rccl|cross_device_reduce|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all"
-    r"|deep_ep::|multimem|c10d::|gloo|record_param_comms|sendrecv|allreduce_fusion", re.I)
+    r"|deep_ep::|multimem|c10d::|gloo|record_param_comms|sendrecv|allreduce_fusion",
+    re.I,
+)
 _MEMORY = re.compile(r"^\[?cuda mem(cpy|set)|^mem(cpy|set)\b|^aten::copy_$", re.I)
 _ATTENTION = re.compile(
     r"attention|attn|flash|fmha|\bmha|mla_|paged|batch(prefill|decode)|reshape_and_cache|xformers"
-    r"|cutlass_mla|kv_cache", re.I)
+    r"|cutlass_mla|kv_cache",
+    re.I,
+)
 _GEMM = re.compile(
     r"gemm|gemv|matmul|cublas|cutlass|xmma|wgmma|nvjet|marlin|machete|scaled_mm|onednn_mm"
-    r"|^aten::(mm|addmm|bmm|linear|baddbmm)$|splitk|_mm_|dot_product", re.I)
+    r"|^aten::(mm|addmm|bmm|linear|baddbmm)$|splitk|_mm_|dot_product",
+    re.I,
+)
 CLASSES = ("gemm", "attention", "compute_other", "communication", "memory")
 
 
@@ -85,12 +102,17 @@ def classify_names(acts: pd.DataFrame) -> pd.Series:
 
 def empty_activities() -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series([], dtype="int64") for c in ACTIVITY_COLUMNS}).astype(
-        {"device": "category", "kind": "category", "name": "category"})
+        {"device": "category", "kind": "category", "name": "category"}
+    )
 
 
 def empty_ranges() -> pd.DataFrame:
-    return pd.DataFrame({c: pd.Series([], dtype="int64" if c in ("start_ns", "end_ns", "tid")
-                                      else object) for c in RANGE_COLUMNS})
+    return pd.DataFrame(
+        {
+            c: pd.Series([], dtype="int64" if c in ("start_ns", "end_ns", "tid") else object)
+            for c in RANGE_COLUMNS
+        }
+    )
 
 
 @dataclass

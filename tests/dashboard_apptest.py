@@ -35,6 +35,10 @@ def count_charts(at: AppTest) -> int:
 
 def page_text(at: AppTest) -> str:
     """Every info, caption, markdown, warning and error text on the page, one per line."""
-    parts = [e.value for kind in ("info", "caption", "markdown", "warning", "error")
-             for e in at.get(kind) if isinstance(getattr(e, "value", None), str)]
+    parts = [
+        e.value
+        for kind in ("info", "caption", "markdown", "warning", "error")
+        for e in at.get(kind)
+        if isinstance(getattr(e, "value", None), str)
+    ]
     return "\n".join(parts)

@@ -49,10 +49,14 @@ class RoundRobinProxy:
                 with owner._lock:
                     backend = next(owner._next)
                     owner.forwarded.append(backend)
-                headers = {k: v for k, v in self.headers.items()
-                           if k.lower() not in ("host", "content-length")}
-                resp = requests.request(method, backend + self.path, data=body,
-                                        headers=headers, stream=True, timeout=30)
+                headers = {
+                    k: v
+                    for k, v in self.headers.items()
+                    if k.lower() not in ("host", "content-length")
+                }
+                resp = requests.request(
+                    method, backend + self.path, data=body, headers=headers, stream=True, timeout=30
+                )
                 self.send_response(resp.status_code)
                 ctype = resp.headers.get("Content-Type")
                 if ctype:
@@ -68,8 +72,9 @@ class RoundRobinProxy:
 
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever,
-                                        kwargs={"poll_interval": 0.02}, daemon=True)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        )
         self._thread.start()
 
     @property

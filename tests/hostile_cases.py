@@ -23,9 +23,24 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Reply", "CannedServer", "TARPIT", "dead_url", "json_reply", "deep_json",
-           "garbage", "gzip_bytes", "nsys_like_db", "foreign_db", "sqlite_bytes",
-           "nccl_log", "big_models", "stream_bytes", "redirect_to", "sparse_file"]
+__all__ = [
+    "Reply",
+    "CannedServer",
+    "TARPIT",
+    "dead_url",
+    "json_reply",
+    "deep_json",
+    "garbage",
+    "gzip_bytes",
+    "nsys_like_db",
+    "foreign_db",
+    "sqlite_bytes",
+    "nccl_log",
+    "big_models",
+    "stream_bytes",
+    "redirect_to",
+    "sparse_file",
+]
 
 TARPIT = "tarpit"  # a Reply body: accept the request, never answer (until the server stops)
 
@@ -49,12 +64,14 @@ def redirect_to(location: str) -> Reply:
 
 def stream_bytes(chunk: bytes, total: int) -> Callable[[], Iterator[bytes]]:
     """A body of ``total`` bytes made of ``chunk`` repeated, produced lazily."""
+
     def gen() -> Iterator[bytes]:
         sent = 0
         while sent < total:
             part = chunk[: total - sent]
             sent += len(part)
             yield part
+
     return gen
 
 
@@ -76,8 +93,11 @@ class CannedServer:
                 scenario, _, rest = self.path.lstrip("/").partition("/")
                 path = "/" + rest.split("?", 1)[0]
                 table = server.routes.get(scenario, {})
-                reply = table.get(path) or table.get("*") or Reply(404, b"404 page not found",
-                                                                   "text/plain")
+                reply = (
+                    table.get(path)
+                    or table.get("*")
+                    or Reply(404, b"404 page not found", "text/plain")
+                )
                 if reply.body == TARPIT:
                     server.stopping.wait(30)
                     self.close_connection = True
@@ -144,8 +164,10 @@ def dead_url() -> tuple[str, str]:
 
 # -- file contents ---------------------------------------------------------------------------
 
-def deep_json(depth: int = 100_000, opener: str = "[", closer: str = "]",
-              prefix: str = "", suffix: str = "") -> bytes:
+
+def deep_json(
+    depth: int = 100_000, opener: str = "[", closer: str = "]", prefix: str = "", suffix: str = ""
+) -> bytes:
     """``prefix`` + ``depth`` nested containers + ``suffix``: valid JSON that a recursive
     decoder cannot descend (``{"a":`` as opener makes nested objects)."""
     return (prefix + opener * depth + closer * depth + suffix).encode()
@@ -183,24 +205,31 @@ def foreign_db(conn: sqlite3.Connection) -> None:
     conn.execute("INSERT INTO users (name) VALUES ('alice')")
 
 
-def nsys_like_db(kernel_rows: list[tuple[Any, ...]], *, view: bool = False
-                 ) -> Callable[[sqlite3.Connection], None]:
+def nsys_like_db(
+    kernel_rows: list[tuple[Any, ...]], *, view: bool = False
+) -> Callable[[sqlite3.Connection], None]:
     """An export with StringIds and a kernel table whose rows are ``(start, end, deviceId,
     streamId, shortName)`` as given (text, NULL, REAL, huge: whatever the case needs); with
     ``view`` the kernel "table" is a view over a table that does not exist."""
+
     def build(conn: sqlite3.Connection) -> None:
         conn.execute("CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT)")
         conn.execute("INSERT INTO StringIds VALUES (1, 'gemm')")
         if view:
             conn.execute("CREATE TABLE gone (x)")
-            conn.execute("CREATE VIEW CUPTI_ACTIVITY_KIND_KERNEL AS SELECT x AS start, "
-                         "x AS \"end\", x AS deviceId, x AS streamId, x AS shortName FROM gone")
+            conn.execute(
+                "CREATE VIEW CUPTI_ACTIVITY_KIND_KERNEL AS SELECT x AS start, "
+                'x AS "end", x AS deviceId, x AS streamId, x AS shortName FROM gone'
+            )
             conn.execute("DROP TABLE gone")
             return
-        conn.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start, \"end\", deviceId, "
-                     "streamId, shortName)")
-        conn.executemany("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?, ?, ?, ?, ?)",
-                         kernel_rows)
+        conn.execute(
+            'CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start, "end", deviceId, streamId, shortName)'
+        )
+        conn.executemany(
+            "INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?, ?, ?, ?, ?)", kernel_rows
+        )
+
     return build
 
 
@@ -226,13 +255,16 @@ def nccl_log(extra: str = "") -> bytes:
 def sparse_file(size: int) -> Callable[[Path], None]:
     """A file of ``size`` zero bytes that takes no disk (``truncate``): a reader must refuse it
     by its size or bound what it reads, never hold it."""
+
     def make(path: Path) -> None:
         with open(path, "wb") as fh:
             fh.truncate(size)
+
     return make
 
 
 def big_models(n: int) -> bytes:
     """A ``/v1/models`` answer listing ``n`` models."""
-    return json.dumps({"object": "list", "data": [
-        {"id": f"model-{i:06d}", "object": "model"} for i in range(n)]}).encode()
+    return json.dumps(
+        {"object": "list", "data": [{"id": f"model-{i:06d}", "object": "model"} for i in range(n)]}
+    ).encode()

@@ -18,8 +18,12 @@ __all__ = ["Reply", "Seen", "Stub"]
 @dataclass
 class Reply:
     status: int = 200
-    body: Any = field(default_factory=lambda: {"status": "success",
-                                               "data": {"resultType": "vector", "result": []}})
+    body: Any = field(
+        default_factory=lambda: {
+            "status": "success",
+            "data": {"resultType": "vector", "result": []},
+        }
+    )
     content_type: str = "application/json"
 
 
@@ -44,8 +48,7 @@ class Stub:
                 params = parse_qs(parts.query)
                 stub.seen.append(Seen(parts.path, params, dict(self.headers)))
                 route = stub.routes.get(parts.path)
-                reply = route(params) if route else Reply(404, "404 page not found",
-                                                          "text/plain")
+                reply = route(params) if route else Reply(404, "404 page not found", "text/plain")
                 raw = reply.body if isinstance(reply.body, str) else json.dumps(reply.body)
                 data = raw.encode()
                 self.send_response(reply.status)
@@ -59,8 +62,9 @@ class Stub:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever,
-                                       kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
         self.thread.start()
 
     def close(self) -> None:

@@ -31,8 +31,10 @@ python3 -m phaseprobe.local.router install
 # import-linter's contract in pyproject.toml (no room imports from a room above it).
 python3 -m mypy phaseprobe
 lint-imports
-# the house rules (pyproject.toml [tool.ruff]): pyflakes, pycodestyle, import order, bugbear
+# the house rules (pyproject.toml [tool.ruff]): pyflakes, pycodestyle, import order, bugbear,
+# and one layout (ruff format) so diffs show changes, not styles
 ruff check phaseprobe tests bench
+ruff format --check phaseprobe tests bench
 # A missing browser fails the dashboard's browser test here instead of skipping it.
 export PHASEPROBE_REQUIRE_BROWSER=1
 exec python3 -m pytest -m "integration or not integration" "$@"

@@ -25,10 +25,10 @@ MARKERS = {
     "root": "{'Module': 'LlamaForCausalLM', 'input_ids': [[%d]], 'positions': [[%d]]}",
     "root.out": "{'Module': 'LlamaForCausalLM', 'Outputs': [[%d, 8]]}",
     "self_attn": "{'Module': 'LlamaForCausalLM.model.layers.0.self_attn', 'positions': [[5]], "
-                 "'hidden_states': [[5, 8]]}",
+    "'hidden_states': [[5, 8]]}",
     "qkv_out": "{'Module': 'LlamaForCausalLM.model.layers.0.self_attn.qkv_proj', "
-               "'TrainableParams': {'weight': [24, 8]}, 'Outputs': [[5, 24]], 'StaticParams': "
-               "{'in_features': 8, 'out_features': 24}}",
+    "'TrainableParams': {'weight': [24, 8]}, 'Outputs': [[5, 24]], 'StaticParams': "
+    "{'in_features': 8, 'out_features': 24}}",
 }
 
 OWN_NS = 2
@@ -96,14 +96,16 @@ class _Writer:
                 corr = len(self.runtime) + 1
                 self.runtime.append((start + 1, start + 2, corr))
                 half = leaf[phase] // 2
-                self.kernels.append((start + 10, start + 10 + half, corr,
-                                     1 if path.endswith("attn") else 2))
+                self.kernels.append(
+                    (start + 10, start + 10 + half, corr, 1 if path.endswith("attn") else 2)
+                )
         else:
             self.t += OWN_NS
             for child in children:
                 self.call(*_tree(child, tokens))
-        shape = f"[[{tokens}]], 'positions': [[{tokens}]]" if "." not in path else \
-            f"[[{tokens}, 8]]"
+        shape = (
+            f"[[{tokens}]], 'positions': [[{tokens}]]" if "." not in path else f"[[{tokens}, 8]]"
+        )
         key = "'input_ids': " if "." not in path else "'Inputs': "
         self.push(f"{{'Module': '{path}', {key}{shape}}}", start, self.t)
         self.push(f"{{'Module': '{path}', 'Outputs': [[{tokens}, 8]]}}", self.t, self.t)
@@ -117,18 +119,35 @@ def _tree(path: str, tokens: int) -> tuple[str, int, int, list[str]]:
     if tail == "":
         return path, tokens, phase, [f"{root}.model"]
     if tail == "model":
-        return path, tokens, phase, ([f"{root}.model.embed_tokens"]
-                                     + [f"{root}.model.layers.{i}" for i in range(LAYERS)]
-                                     + [f"{root}.model.norm"])
+        return (
+            path,
+            tokens,
+            phase,
+            (
+                [f"{root}.model.embed_tokens"]
+                + [f"{root}.model.layers.{i}" for i in range(LAYERS)]
+                + [f"{root}.model.norm"]
+            ),
+        )
     if tail.startswith("model.layers.") and tail.count(".") == 2:
-        return path, tokens, phase, [f"{path}.{c}" for c in (
-            "input_layernorm", "self_attn", "post_attention_layernorm", "mlp")]
+        return (
+            path,
+            tokens,
+            phase,
+            [
+                f"{path}.{c}"
+                for c in ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")
+            ],
+        )
     if tail.endswith("self_attn"):
-        return path, tokens, phase, [f"{path}.{c}" for c in (
-            "qkv_proj", "rotary_emb", "attn", "o_proj")]
+        return (
+            path,
+            tokens,
+            phase,
+            [f"{path}.{c}" for c in ("qkv_proj", "rotary_emb", "attn", "o_proj")],
+        )
     if tail.endswith("mlp"):
-        return path, tokens, phase, [f"{path}.{c}" for c in ("gate_up_proj", "act_fn",
-                                                             "down_proj")]
+        return path, tokens, phase, [f"{path}.{c}" for c in ("gate_up_proj", "act_fn", "down_proj")]
     return path, tokens, phase, []
 
 
@@ -148,17 +167,26 @@ def build_export(path: Path, *, layerwise: bool = True, client_ranges: bool = Tr
         w.nvtx = []
     if client_ranges:
         first_decode = step_bounds[1][0]
-        w.nvtx += [(-500, None, 75, "phaseprobe", CLIENT_TID, None, 7),
-                   (-400, first_decode - 100, 60, None, CLIENT_TID, 4, 7),
-                   (first_decode - 100, w.t, 60, None, CLIENT_TID, 5, 7)]
+        w.nvtx += [
+            (-500, None, 75, "phaseprobe", CLIENT_TID, None, 7),
+            (-400, first_decode - 100, 60, None, CLIENT_TID, 4, 7),
+            (first_decode - 100, w.t, 60, None, CLIENT_TID, 5, 7),
+        ]
     conn = sqlite3.connect(path)
     conn.executescript(SCHEMA)
-    conn.executemany("INSERT INTO NVTX_EVENTS (start, end, eventType, text, globalTid, textId,"
-                     " domainId) VALUES (?,?,?,?,?,?,?)", w.nvtx)
-    conn.executemany("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (?,?,0,?,?,3,0,NULL)",
-                     [(s, e, SERVER_TID, c) for s, e, c in w.runtime])
-    conn.executemany("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?,?,0,1,7,?,?,?,?,NULL,1)",
-                     [(s, e, c, SERVER_PID, n, n) for s, e, c, n in w.kernels])
+    conn.executemany(
+        "INSERT INTO NVTX_EVENTS (start, end, eventType, text, globalTid, textId,"
+        " domainId) VALUES (?,?,?,?,?,?,?)",
+        w.nvtx,
+    )
+    conn.executemany(
+        "INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (?,?,0,?,?,3,0,NULL)",
+        [(s, e, SERVER_TID, c) for s, e, c in w.runtime],
+    )
+    conn.executemany(
+        "INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?,?,0,1,7,?,?,?,?,NULL,1)",
+        [(s, e, c, SERVER_PID, n, n) for s, e, c, n in w.kernels],
+    )
     conn.commit()
     conn.close()
     return path

@@ -42,8 +42,12 @@ class BucketQuantile:
         return f"{name} {duration(self.value_s)}"
 
     def to_dict(self) -> dict[str, object]:
-        return {"q": self.q, "value_s": self.value_s, "bound": self.bound,
-                "observations": self.observations}
+        return {
+            "q": self.q,
+            "value_s": self.value_s,
+            "bound": self.bound,
+            "observations": self.observations,
+        }
 
 
 def bucket_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> BucketQuantile | None:

@@ -58,10 +58,18 @@ class CapacityPlan:
         return self.kv_budget_bytes > 0
 
 
-def plan_capacity(shape: ModelShape, weight_bytes_total: int, kv_token_bytes: int, *,
-                  gpu_mem_bytes: int, gpus: int, concurrent_users: int,
-                  gpu_memory_utilization: float = 0.9, reserve_bytes_per_gpu: int = 2 * GIB,
-                  contexts: tuple[int, ...] = PLAN_CONTEXTS) -> CapacityPlan:
+def plan_capacity(
+    shape: ModelShape,
+    weight_bytes_total: int,
+    kv_token_bytes: int,
+    *,
+    gpu_mem_bytes: int,
+    gpus: int,
+    concurrent_users: int,
+    gpu_memory_utilization: float = 0.9,
+    reserve_bytes_per_gpu: int = 2 * GIB,
+    contexts: tuple[int, ...] = PLAN_CONTEXTS,
+) -> CapacityPlan:
     """The seed's capacity function: KV budget / (KV bytes per token × users).
 
     Tensor parallelism splits KV heads over GPUs; with more GPUs than KV heads vLLM replicates
@@ -82,14 +90,22 @@ def plan_capacity(shape: ModelShape, weight_bytes_total: int, kv_token_bytes: in
     per_token = kv_token_bytes * replication
     capacity = budget // per_token if per_token else 0
     return CapacityPlan(
-        gpus=gpus, gpu_mem_bytes_each=gpu_mem_bytes,
+        gpus=gpus,
+        gpu_mem_bytes_each=gpu_mem_bytes,
         gpu_memory_utilization=gpu_memory_utilization,
-        reserve_bytes_per_gpu=reserve_bytes_per_gpu, concurrent_users=concurrent_users,
-        usable_bytes=usable, weight_bytes=weight_bytes_total, reserve_bytes=reserve,
-        kv_budget_bytes=budget, kv_bytes_per_token=kv_token_bytes, kv_replication=replication,
-        kv_capacity_tokens=capacity, max_context_per_user_tokens=capacity // concurrent_users,
+        reserve_bytes_per_gpu=reserve_bytes_per_gpu,
+        concurrent_users=concurrent_users,
+        usable_bytes=usable,
+        weight_bytes=weight_bytes_total,
+        reserve_bytes=reserve,
+        kv_budget_bytes=budget,
+        kv_bytes_per_token=kv_token_bytes,
+        kv_replication=replication,
+        kv_capacity_tokens=capacity,
+        max_context_per_user_tokens=capacity // concurrent_users,
         model_max_context_tokens=shape.max_context_tokens,
-        users_at_context=tuple(UsersAtContext(c, capacity // c) for c in contexts))
+        users_at_context=tuple(UsersAtContext(c, capacity // c) for c in contexts),
+    )
 
 
 @dataclass(frozen=True)
@@ -108,9 +124,14 @@ class DecodeFloor:
         return self.batch_size / self.step_floor_s if self.step_floor_s else math.inf
 
 
-def decode_floor(weight_bytes_read: int, bandwidth_bytes_per_s: float, *,
-                 kv_token_bytes: int = 0, context_tokens: int = 0,
-                 batch_size: int = 1) -> DecodeFloor:
+def decode_floor(
+    weight_bytes_read: int,
+    bandwidth_bytes_per_s: float,
+    *,
+    kv_token_bytes: int = 0,
+    context_tokens: int = 0,
+    batch_size: int = 1,
+) -> DecodeFloor:
     """(weights read once per step + each sequence's KV at its context) / bandwidth.
 
     ``weight_bytes_read`` is what a step touches: all dense weights, but for MoE at batch 1
@@ -120,7 +141,11 @@ def decode_floor(weight_bytes_read: int, bandwidth_bytes_per_s: float, *,
     if bandwidth_bytes_per_s <= 0:
         raise ConfigError(f"bandwidth {bandwidth_bytes_per_s} must be positive")
     kv = kv_token_bytes * context_tokens * batch_size
-    return DecodeFloor(batch_size=batch_size, context_tokens=context_tokens,
-                       bandwidth_bytes_per_s=bandwidth_bytes_per_s,
-                       weight_bytes_read=weight_bytes_read, kv_bytes_read=kv,
-                       step_floor_s=(weight_bytes_read + kv) / bandwidth_bytes_per_s)
+    return DecodeFloor(
+        batch_size=batch_size,
+        context_tokens=context_tokens,
+        bandwidth_bytes_per_s=bandwidth_bytes_per_s,
+        weight_bytes_read=weight_bytes_read,
+        kv_bytes_read=kv,
+        step_floor_s=(weight_bytes_read + kv) / bandwidth_bytes_per_s,
+    )

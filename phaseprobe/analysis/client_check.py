@@ -31,16 +31,26 @@ from urllib.parse import urlsplit
 from phaseprobe.format import duration as _ms
 from phaseprobe.records import ClientCheck, ClientTimeline, Isolation, Run, ServerPhases
 
-__all__ = ["TPOT_SHARE", "ITL_SHARE", "TTFT_FACTOR", "TTFT_MIN_STEPS", "STALL_SHARE",
-           "MIN_GAPS", "check_client", "client_verdict", "client_consistent", "has_hop",
-           "cause_advice"]
+__all__ = [
+    "TPOT_SHARE",
+    "ITL_SHARE",
+    "TTFT_FACTOR",
+    "TTFT_MIN_STEPS",
+    "STALL_SHARE",
+    "MIN_GAPS",
+    "check_client",
+    "client_verdict",
+    "client_consistent",
+    "has_hop",
+    "cause_advice",
+]
 
-TPOT_SHARE = 0.5       # client TPOT below this share of the server's decode per token: a burst
-ITL_SHARE = 0.1        # median gap below this share of a decode step: gaps are bunched
-TTFT_FACTOR = 2.0      # client TTFT above this multiple of the server's: first token held back
-TTFT_MIN_STEPS = 2.0   # ... and later by more than this many of the server's decode steps
-STALL_SHARE = 0.5      # a client stall this share of the delay explains the delay
-MIN_GAPS = 4           # fewer inter-token gaps: no median gap worth judging
+TPOT_SHARE = 0.5  # client TPOT below this share of the server's decode per token: a burst
+ITL_SHARE = 0.1  # median gap below this share of a decode step: gaps are bunched
+TTFT_FACTOR = 2.0  # client TTFT above this multiple of the server's: first token held back
+TTFT_MIN_STEPS = 2.0  # ... and later by more than this many of the server's decode steps
+STALL_SHARE = 0.5  # a client stall this share of the delay explains the delay
+MIN_GAPS = 4  # fewer inter-token gaps: no median gap worth judging
 
 _NOT_CHECKED = ClientCheck(checked=False, consistent=True)
 
@@ -67,8 +77,13 @@ def _median(xs: list[float]) -> float:
     return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
 
 
-def check_client(client: ClientTimeline | None, server: ServerPhases | None,
-                 isolation: Isolation, *, hop: bool | None = None) -> ClientCheck:
+def check_client(
+    client: ClientTimeline | None,
+    server: ServerPhases | None,
+    isolation: Isolation,
+    *,
+    hop: bool | None = None,
+) -> ClientCheck:
     """Judge one run's client timeline against its server phases (see the module docstring).
 
     Checked only when the server numbers are this request's own: the run was verified alone
@@ -80,8 +95,11 @@ def check_client(client: ClientTimeline | None, server: ServerPhases | None,
     n = client.completion_tokens
     if c_ttft is None:
         return _NOT_CHECKED
-    step = (server.decode_s / (n - 1) if server.decode_s is not None and n is not None
-            and n >= 2 and server.decode_s > 0 else None)  # server decode per token
+    step = (
+        server.decode_s / (n - 1)
+        if server.decode_s is not None and n is not None and n >= 2 and server.decode_s > 0
+        else None
+    )  # server decode per token
     reasons: list[str] = []
     delay = 0.0  # how late the client saw what the server had produced
     burst = False
@@ -89,17 +107,21 @@ def check_client(client: ClientTimeline | None, server: ServerPhases | None,
     if step is not None and tpot is not None and tpot < TPOT_SHARE * step:
         burst = True
         delay = max(delay, (step - tpot) * (n - 1))  # type: ignore[operator]
-        reasons.append(f"client TPOT {_ms(tpot)} is {tpot / step:.0%} of the server's decode "
-                       f"per token {_ms(step)} (decode {_ms(server.decode_s or 0.0)} over "
-                       f"{n} tokens): the tokens arrived in a burst")
+        reasons.append(
+            f"client TPOT {_ms(tpot)} is {tpot / step:.0%} of the server's decode "
+            f"per token {_ms(step)} (decode {_ms(server.decode_s or 0.0)} over "
+            f"{n} tokens): the tokens arrived in a burst"
+        )
     gaps = client.itl_s
     if step is not None and len(gaps) >= MIN_GAPS:
         p50 = _median(gaps)
         if p50 < ITL_SHARE * step:
             burst = True
             delay = max(delay, max(gaps) - step)  # the hold that bunched the tokens after it
-            reasons.append(f"ITL p50 {_ms(p50)} is under {ITL_SHARE:.0%} of the server's decode "
-                           f"per token {_ms(step)}: tokens were delivered bunched together")
+            reasons.append(
+                f"ITL p50 {_ms(p50)} is under {ITL_SHARE:.0%} of the server's decode "
+                f"per token {_ms(step)}: tokens were delivered bunched together"
+            )
     stall = client.client_stall_s
     if s_ttft is not None and s_ttft > 0 and c_ttft > TTFT_FACTOR * s_ttft:
         excess = c_ttft - s_ttft
@@ -109,26 +131,38 @@ def check_client(client: ClientTimeline | None, server: ServerPhases | None,
         beyond_steps = step is None or excess > TTFT_MIN_STEPS * step
         if burst or (beyond_steps and (hop is False or explained)):
             delay = max(delay, excess)
-            reasons.insert(0, f"client TTFT {_ms(c_ttft)} vs server TTFT {_ms(s_ttft)} "
-                              f"({c_ttft / s_ttft:.1f}x): the first token was held back "
-                              f"{_ms(excess)}")
+            reasons.insert(
+                0,
+                f"client TTFT {_ms(c_ttft)} vs server TTFT {_ms(s_ttft)} "
+                f"({c_ttft / s_ttft:.1f}x): the first token was held back "
+                f"{_ms(excess)}",
+            )
     if not reasons:
         return ClientCheck(checked=True, consistent=True)
     if stall is not None and stall >= STALL_SHARE * delay:
         cause: str | None = "client"
-        reasons.append(f"this client process was unscheduled for up to {_ms(stall)}: a "
-                       "loaded client machine, not the server")
+        reasons.append(
+            f"this client process was unscheduled for up to {_ms(stall)}: a "
+            "loaded client machine, not the server"
+        )
     else:
-        on_time = "" if stall is None else \
-            f"; the client was scheduled on time (longest stall {_ms(stall)})"
+        on_time = (
+            ""
+            if stall is None
+            else f"; the client was scheduled on time (longest stall {_ms(stall)})"
+        )
         if hop is False:
             cause = "api_server"
-            reasons.append("held back by a stalled API server or client: the endpoint is on "
-                           "this machine, with no proxy or network in between" + on_time)
+            reasons.append(
+                "held back by a stalled API server or client: the endpoint is on "
+                "this machine, with no proxy or network in between" + on_time
+            )
         else:
             cause = "hop" if hop else None
-            reasons.append("held back between the engine and this client: a buffering proxy, "
-                           "the network, or a stalled API server" + on_time)
+            reasons.append(
+                "held back between the engine and this client: a buffering proxy, "
+                "the network, or a stalled API server" + on_time
+            )
     return ClientCheck(checked=True, consistent=False, reasons=tuple(reasons), cause=cause)
 
 
@@ -148,15 +182,21 @@ def client_consistent(run: Run) -> bool:
 def cause_advice(cause: str | None, hop: bool | None) -> str:
     """What to do about late or bunched deliveries, by who held the tokens back."""
     if cause == "client":
-        return ("the client machine was starved (other work on its CPUs, e.g. the server on "
-                "the same cores): its stamps are late, not the server; probe again from an "
-                "idle client before tuning the server")
+        return (
+            "the client machine was starved (other work on its CPUs, e.g. the server on "
+            "the same cores): its stamps are late, not the server; probe again from an "
+            "idle client before tuning the server"
+        )
     if cause == "api_server" or hop is False:
-        return ("client and server share this machine, so no proxy or network is involved: "
-                "the client process or vLLM's API server process was slow to read or send "
-                "(CPU contention); give them cores of their own (fewer server threads, taskset) "
-                "and probe again")
-    return ("the time is spent between client and engine: a buffering proxy (nginx "
-            "proxy_buffering off; X-Accel-Buffering: no), network round trips, TLS, or an "
-            "overloaded API server process; probe from a host next to the server to split "
-            "network from server")
+        return (
+            "client and server share this machine, so no proxy or network is involved: "
+            "the client process or vLLM's API server process was slow to read or send "
+            "(CPU contention); give them cores of their own (fewer server threads, taskset) "
+            "and probe again"
+        )
+    return (
+        "the time is spent between client and engine: a buffering proxy (nginx "
+        "proxy_buffering off; X-Accel-Buffering: no), network round trips, TLS, or an "
+        "overloaded API server process; probe from a host next to the server to split "
+        "network from server"
+    )

@@ -52,60 +52,116 @@ class GpuSpec:
         return None if tflops is None else tflops * 1e12
 
 
-_NVIDIA_H100 = ("NVIDIA H100 Tensor Core GPU datasheet "
-                "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet")
+_NVIDIA_H100 = (
+    "NVIDIA H100 Tensor Core GPU datasheet "
+    "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet"
+)
 
 GPUS: tuple[GpuSpec, ...] = (
     # Datasheet: BF16/FP16 1,979 and FP8 3,958 TFLOPS "with sparsity"; 3.35 TB/s HBM3.
-    GpuSpec("H100 SXM", 3350.0, 989.5, 1979.0, 80.0, _NVIDIA_H100,
-            ("h100sxm", "h100sxm5", "h100sxm80gb", "h10080gbhbm3")),
+    GpuSpec(
+        "H100 SXM",
+        3350.0,
+        989.5,
+        1979.0,
+        80.0,
+        _NVIDIA_H100,
+        ("h100sxm", "h100sxm5", "h100sxm80gb", "h10080gbhbm3"),
+    ),
     # Datasheet (PCIe column): BF16/FP16 1,513 and FP8 3,026 TFLOPS "with sparsity"; 2 TB/s
     # HBM2e. (Later datasheets replaced this column with H100 NVL, which is a different card.)
-    GpuSpec("H100 PCIe", 2000.0, 756.5, 1513.0, 80.0, _NVIDIA_H100,
-            ("h100pcie", "h100pcie80gb")),
+    GpuSpec("H100 PCIe", 2000.0, 756.5, 1513.0, 80.0, _NVIDIA_H100, ("h100pcie", "h100pcie80gb")),
     # Same GH100 compute as H100 SXM, faster and larger memory: 141 GB HBM3e at 4.8 TB/s;
     # BF16 1,979 / FP8 3,958 TFLOPS "with sparsity".
-    GpuSpec("H200", 4800.0, 989.5, 1979.0, 141.0,
-            "NVIDIA H200 Tensor Core GPU datasheet https://www.nvidia.com/en-us/data-center/h200/",
-            ("h200", "h200sxm", "h200sxm141gb", "h200141gbhbm3e")),
+    GpuSpec(
+        "H200",
+        4800.0,
+        989.5,
+        1979.0,
+        141.0,
+        "NVIDIA H200 Tensor Core GPU datasheet https://www.nvidia.com/en-us/data-center/h200/",
+        ("h200", "h200sxm", "h200sxm141gb", "h200141gbhbm3e"),
+    ),
     # A100 datasheet prints dense 312 TFLOPS BF16/FP16 (624 "with sparsity"); 1,555 GB/s
     # (40 GB HBM2) and 2,039 GB/s (80 GB HBM2e) for SXM. Ampere has no FP8.
-    GpuSpec("A100 40GB SXM", 1555.0, 312.0, None, 40.0,
-            "NVIDIA A100 Tensor Core GPU datasheet https://www.nvidia.com/content/dam/en-zz/"
-            "Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf",
-            ("a10040gbsxm", "a100sxm440gb", "a100sxm40gb")),
-    GpuSpec("A100 80GB SXM", 2039.0, 312.0, None, 80.0,
-            "NVIDIA A100 Tensor Core GPU datasheet https://www.nvidia.com/content/dam/en-zz/"
-            "Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf",
-            ("a10080gbsxm", "a100sxm480gb", "a100sxm80gb")),
+    GpuSpec(
+        "A100 40GB SXM",
+        1555.0,
+        312.0,
+        None,
+        40.0,
+        "NVIDIA A100 Tensor Core GPU datasheet https://www.nvidia.com/content/dam/en-zz/"
+        "Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf",
+        ("a10040gbsxm", "a100sxm440gb", "a100sxm40gb"),
+    ),
+    GpuSpec(
+        "A100 80GB SXM",
+        2039.0,
+        312.0,
+        None,
+        80.0,
+        "NVIDIA A100 Tensor Core GPU datasheet https://www.nvidia.com/content/dam/en-zz/"
+        "Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf",
+        ("a10080gbsxm", "a100sxm480gb", "a100sxm80gb"),
+    ),
     # Datasheet prints both: BF16 362.05 | 733* and FP8 733 | 1,466* (* with sparsity);
     # 864 GB/s GDDR6.
-    GpuSpec("L40S", 864.0, 362.05, 733.0, 48.0,
-            "NVIDIA L40S datasheet https://www.nvidia.com/en-us/data-center/l40s/",
-            ("l40s",)),
+    GpuSpec(
+        "L40S",
+        864.0,
+        362.05,
+        733.0,
+        48.0,
+        "NVIDIA L40S datasheet https://www.nvidia.com/en-us/data-center/l40s/",
+        ("l40s",),
+    ),
     # Datasheet: BF16/FP16 242 and FP8 485 TFLOPS, footnoted "with sparsity"; 300 GB/s GDDR6.
-    GpuSpec("L4", 300.0, 121.0, 242.5, 24.0,
-            "NVIDIA L4 Tensor Core GPU datasheet https://www.nvidia.com/en-us/data-center/l4/",
-            ("l4",)),
+    GpuSpec(
+        "L4",
+        300.0,
+        121.0,
+        242.5,
+        24.0,
+        "NVIDIA L4 Tensor Core GPU datasheet https://www.nvidia.com/en-us/data-center/l4/",
+        ("l4",),
+    ),
     # AWS-only variant of the A10; NVIDIA publishes no A10G datasheet. Bandwidth (600 GB/s,
     # 24 GB GDDR6, same as the A10) per AWS's G5 page; its tensor rate differs from the A10's
     # 125 TFLOPS and no vendor figure was found, so it is left unknown (use calibrate).
-    GpuSpec("A10G", 600.0, None, None, 24.0,
-            "AWS EC2 G5 instances https://aws.amazon.com/ec2/instance-types/g5/ (bandwidth as "
-            "in https://www.baseten.co/blog/nvidia-a10-vs-a10g-for-ml-model-inference/)",
-            ("a10g",)),
+    GpuSpec(
+        "A10G",
+        600.0,
+        None,
+        None,
+        24.0,
+        "AWS EC2 G5 instances https://aws.amazon.com/ec2/instance-types/g5/ (bandwidth as "
+        "in https://www.baseten.co/blog/nvidia-a10-vs-a10g-for-ml-model-inference/)",
+        ("a10g",),
+    ),
     # AMD datasheet prints dense and sparse separately: FP16/BF16 1,307.4 (2,614.9 with
     # sparsity), FP8 2,614.9 (5,229.8 with sparsity) TFLOPS; 192 GB HBM3 at 5.3 TB/s.
-    GpuSpec("MI300X", 5300.0, 1307.4, 2614.9, 192.0,
-            "AMD Instinct MI300X data sheet https://www.amd.com/content/dam/amd/en/documents/"
-            "instinct-tech-docs/data-sheets/amd-instinct-mi300x-data-sheet.pdf",
-            ("mi300x", "instinctmi300x", "amdinstinctmi300x")),
+    GpuSpec(
+        "MI300X",
+        5300.0,
+        1307.4,
+        2614.9,
+        192.0,
+        "AMD Instinct MI300X data sheet https://www.amd.com/content/dam/amd/en/documents/"
+        "instinct-tech-docs/data-sheets/amd-instinct-mi300x-data-sheet.pdf",
+        ("mi300x", "instinctmi300x", "amdinstinctmi300x"),
+    ),
     # HGX B200 per-GPU column: FP16/BF16 4.5 PFLOPS and FP8 9 PFLOPS "with sparsity";
     # 180 GB HBM3e at 7.7 TB/s (launch material said 192 GB / 8 TB/s; the HGX table is used).
-    GpuSpec("B200", 7700.0, 2250.0, 4500.0, 180.0,
-            "NVIDIA HGX platform specifications (HGX B200, per GPU) "
-            "https://www.nvidia.com/en-us/data-center/hgx/",
-            ("b200", "hgxb200", "b200sxm")),
+    GpuSpec(
+        "B200",
+        7700.0,
+        2250.0,
+        4500.0,
+        180.0,
+        "NVIDIA HGX platform specifications (HGX B200, per GPU) "
+        "https://www.nvidia.com/en-us/data-center/hgx/",
+        ("b200", "hgxb200", "b200sxm"),
+    ),
 )
 
 # Names too vague to pick a row: say which rows they could mean instead of guessing.
@@ -144,8 +200,8 @@ def match_device(device_name: str) -> GpuSpec | None:
     GPU (a CPU, an unlisted card, or an ambiguous name)."""
     key = normalize(device_name)
     for prefix in _VENDOR_PREFIXES:
-        if key.startswith(prefix) and key[len(prefix):] in _INDEX:
-            return _INDEX[key[len(prefix):]]
+        if key.startswith(prefix) and key[len(prefix) :] in _INDEX:
+            return _INDEX[key[len(prefix) :]]
     return _INDEX.get(key)
 
 
@@ -157,7 +213,7 @@ def lookup(name: str) -> GpuSpec:
         return spec
     key = normalize(name)
     for prefix in ("", *_VENDOR_PREFIXES):
-        if key.startswith(prefix) and key[len(prefix):] in _AMBIGUOUS:
-            options = " or ".join(_AMBIGUOUS[key[len(prefix):]])
+        if key.startswith(prefix) and key[len(prefix) :] in _AMBIGUOUS:
+            options = " or ".join(_AMBIGUOUS[key[len(prefix) :]])
             raise ConfigError(f"GPU name {name!r} is ambiguous: {options}?")
     raise ConfigError(f"unknown GPU {name!r}; known: {', '.join(known_names())}")

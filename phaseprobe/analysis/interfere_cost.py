@@ -53,35 +53,48 @@ class PrefillTokenCost:
     @property
     def text(self) -> str:
         if self.per_token_s is None:
-            return (f"undecided: A's decode on vLLM's clock is known for {self.n_alone} A-alone "
-                    f"run(s) and {self.n_with_b} pair(s) of the same length; at least "
-                    f"{MIN_PER_SIDE} A-alone runs and {MIN_PAIRS} pairs are needed"
-                    + self._unmatched())
-        return (f"{duration(self.per_token_s)} of A's decode per prompt token of B "
-                f"[{duration(self.ci_low_s)}, {duration(self.ci_high_s)}] ({self.confidence:.0%} "
-                f"bootstrap over {self.n_with_b} pair(s) and {self.n_alone} A-alone run(s), "
-                f"B's prompt {self.b_prompt_tokens} tokens){self._unmatched()}")
+            return (
+                f"undecided: A's decode on vLLM's clock is known for {self.n_alone} A-alone "
+                f"run(s) and {self.n_with_b} pair(s) of the same length; at least "
+                f"{MIN_PER_SIDE} A-alone runs and {MIN_PAIRS} pairs are needed" + self._unmatched()
+            )
+        return (
+            f"{duration(self.per_token_s)} of A's decode per prompt token of B "
+            f"[{duration(self.ci_low_s)}, {duration(self.ci_high_s)}] ({self.confidence:.0%} "
+            f"bootstrap over {self.n_with_b} pair(s) and {self.n_alone} A-alone run(s), "
+            f"B's prompt {self.b_prompt_tokens} tokens){self._unmatched()}"
+        )
 
     def _unmatched(self) -> str:
-        return (f"; {self.n_unmatched} pair(s) with no A-alone runs of their length left out"
-                if self.n_unmatched else "")
+        return (
+            f"; {self.n_unmatched} pair(s) with no A-alone runs of their length left out"
+            if self.n_unmatched
+            else ""
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "detected": self.detected, "text": self.text}
 
 
-def prefill_token_cost(alone_by_steps: Mapping[int, Sequence[float | None]],
-                       with_b: Sequence[tuple[float | None, int | None]], b_prompt_tokens: int,
-                       *, confidence: float = 0.95, n_resamples: int = 2000,
-                       seed: int = 0) -> PrefillTokenCost:
+def prefill_token_cost(
+    alone_by_steps: Mapping[int, Sequence[float | None]],
+    with_b: Sequence[tuple[float | None, int | None]],
+    b_prompt_tokens: int,
+    *,
+    confidence: float = 0.95,
+    n_resamples: int = 2000,
+    seed: int = 0,
+) -> PrefillTokenCost:
     """A alone's decode times on vLLM's clock by A's decode steps (completion tokens − 1), and
     per pair whose B prefill ran inside A's decode: (A's decode with B, A's decode steps) →
     seconds of decode per B prompt token. Seeded: the same runs give the same interval."""
     import numpy as np
     from scipy import stats
 
-    groups = {n: np.asarray([v for v in vals if v is not None and math.isfinite(v)],
-                            dtype=float) for n, vals in alone_by_steps.items()}
+    groups = {
+        n: np.asarray([v for v in vals if v is not None and math.isfinite(v)], dtype=float)
+        for n, vals in alone_by_steps.items()
+    }
     known = [(d, n) for d, n in with_b if d is not None and math.isfinite(d) and n is not None]
     pairs = [(d, n) for d, n in known if n in groups and len(groups[n]) >= MIN_PER_SIDE]
     lengths = sorted({n for _, n in pairs})
@@ -89,8 +102,9 @@ def prefill_token_cost(alone_by_steps: Mapping[int, Sequence[float | None]],
     n_alone = sum(len(g) for g in alone)
     unmatched = len(known) - len(pairs)
     if len(pairs) < MIN_PAIRS or b_prompt_tokens <= 0:
-        return PrefillTokenCost(None, None, None, n_alone, len(pairs), b_prompt_tokens,
-                                confidence, unmatched)
+        return PrefillTokenCost(
+            None, None, None, n_alone, len(pairs), b_prompt_tokens, confidence, unmatched
+        )
     decode = np.asarray([d for d, _ in pairs], dtype=float)
     group_of = np.asarray([lengths.index(n) for _, n in pairs])
 
@@ -107,9 +121,17 @@ def prefill_token_cost(alone_by_steps: Mapping[int, Sequence[float | None]],
     else:
         # Each length's A-alone runs are resampled apart, and the pairs by index, so each
         # keeps its decode with its own length.
-        res = stats.bootstrap((*alone, index), stat, vectorized=False, paired=False,
-                              confidence_level=confidence, n_resamples=n_resamples,
-                              method="percentile", rng=np.random.default_rng(seed))
+        res = stats.bootstrap(
+            (*alone, index),
+            stat,
+            vectorized=False,
+            paired=False,
+            confidence_level=confidence,
+            n_resamples=n_resamples,
+            method="percentile",
+            rng=np.random.default_rng(seed),
+        )
         lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
-    return PrefillTokenCost(per, lo, hi, n_alone, len(pairs), b_prompt_tokens, confidence,
-                            unmatched)
+    return PrefillTokenCost(
+        per, lo, hi, n_alone, len(pairs), b_prompt_tokens, confidence, unmatched
+    )

@@ -19,13 +19,36 @@ from phaseprobe.analysis.quantiles import median_or_none, percentile
 from phaseprobe.format import duration as fmt_duration
 from phaseprobe.records import Run
 
-__all__ = ["Stall", "stall", "LevelStats", "level_stats", "merge_rounds", "Scaling", "scaling",
-           "superlinear_note",
-           "steady_window_rate", "prefix_block_note", "expected_hit_tokens", "CONCURRENT_MARK",
-           "CONCURRENT_KINDS", "concurrent_by_design", "median_or_none", "ARM_METRICS",
-           "compare_arms", "ArmsComparison", "interfere_role", "interfere_pair_of", "knee",
-           "overlap_of", "OVERLAP_WHY", "discarded_pairs", "Verdict", "interference_verdict",
-           "prefix_verdict", "fmt_duration"]
+__all__ = [
+    "Stall",
+    "stall",
+    "LevelStats",
+    "level_stats",
+    "merge_rounds",
+    "Scaling",
+    "scaling",
+    "superlinear_note",
+    "steady_window_rate",
+    "prefix_block_note",
+    "expected_hit_tokens",
+    "CONCURRENT_MARK",
+    "CONCURRENT_KINDS",
+    "concurrent_by_design",
+    "median_or_none",
+    "ARM_METRICS",
+    "compare_arms",
+    "ArmsComparison",
+    "interfere_role",
+    "interfere_pair_of",
+    "knee",
+    "overlap_of",
+    "OVERLAP_WHY",
+    "discarded_pairs",
+    "Verdict",
+    "interference_verdict",
+    "prefix_verdict",
+    "fmt_duration",
+]
 
 # Runs that shared the server on purpose carry this at the start of their isolation reason.
 CONCURRENT_MARK = "concurrent by design"
@@ -99,23 +122,38 @@ def overlap_of(a_events_s: Sequence[float], b_arrival_s: float, b_ttft_s: float 
     return "inside"
 
 
-def stall(a_events_s: Sequence[float], b_arrival_s: float, b_ttft_s: float | None,
-          baseline_itl_s: float | None) -> Stall:
+def stall(
+    a_events_s: Sequence[float],
+    b_arrival_s: float,
+    b_ttft_s: float | None,
+    baseline_itl_s: float | None,
+) -> Stall:
     """``a_events_s``: A's token arrivals (s after A's send); B arrives at ``b_arrival_s``."""
     window_end = b_arrival_s + b_ttft_s if b_ttft_s is not None else float("inf")
-    gaps = [(a, b) for a, b in zip(a_events_s, a_events_s[1:])
-            if b >= b_arrival_s and a <= window_end]  # overlaps [arrival, B's first token]
+    gaps = [
+        (a, b) for a, b in zip(a_events_s, a_events_s[1:]) if b >= b_arrival_s and a <= window_end
+    ]  # overlaps [arrival, B's first token]
     sizes = [b - a for a, b in gaps]
     max_itl = max(sizes) if sizes else None
-    extra = (sum(max(0.0, s - baseline_itl_s) for s in sizes)
-             if sizes and baseline_itl_s is not None else None)
-    ratio = (max_itl / baseline_itl_s
-             if max_itl is not None and baseline_itl_s else None)
-    return Stall(baseline_itl_s=baseline_itl_s, max_itl_s=max_itl, extra_s=extra, ratio=ratio,
-                 gaps_in_window=len(sizes), b_arrival_s=b_arrival_s, b_ttft_s=b_ttft_s,
-                 a_tokens_before_b=sum(1 for t in a_events_s if t <= b_arrival_s),
-                 a_events=len(a_events_s), a_last_s=a_events_s[-1] if a_events_s else None,
-                 overlap=overlap_of(a_events_s, b_arrival_s, b_ttft_s))
+    extra = (
+        sum(max(0.0, s - baseline_itl_s) for s in sizes)
+        if sizes and baseline_itl_s is not None
+        else None
+    )
+    ratio = max_itl / baseline_itl_s if max_itl is not None and baseline_itl_s else None
+    return Stall(
+        baseline_itl_s=baseline_itl_s,
+        max_itl_s=max_itl,
+        extra_s=extra,
+        ratio=ratio,
+        gaps_in_window=len(sizes),
+        b_arrival_s=b_arrival_s,
+        b_ttft_s=b_ttft_s,
+        a_tokens_before_b=sum(1 for t in a_events_s if t <= b_arrival_s),
+        a_events=len(a_events_s),
+        a_last_s=a_events_s[-1] if a_events_s else None,
+        overlap=overlap_of(a_events_s, b_arrival_s, b_ttft_s),
+    )
 
 
 def steady_window_rate(streams: Sequence[Sequence[float]]) -> tuple[float | None, float]:
@@ -178,11 +216,19 @@ class LevelStats:
         return (max(xs) - min(xs)) / self.tokens_per_s
 
 
-def level_stats(concurrency: int, streams: Sequence[Sequence[float]], tpots: Sequence[float],
-                output_tokens: int | None, span_s: float, *,
-                server_tokens_per_s: float | None = None, max_waiting: float | None = None,
-                max_running: float | None = None, max_kv_usage: float | None = None,
-                preemptions: float | None = None) -> LevelStats:
+def level_stats(
+    concurrency: int,
+    streams: Sequence[Sequence[float]],
+    tpots: Sequence[float],
+    output_tokens: int | None,
+    span_s: float,
+    *,
+    server_tokens_per_s: float | None = None,
+    max_waiting: float | None = None,
+    max_running: float | None = None,
+    max_kv_usage: float | None = None,
+    preemptions: float | None = None,
+) -> LevelStats:
     """``streams``: each ok stream's token arrival times in seconds on one common clock."""
     rate, window = steady_window_rate(streams)
     span_rate = output_tokens / span_s if span_s > 0 and output_tokens else None
@@ -195,18 +241,28 @@ def level_stats(concurrency: int, streams: Sequence[Sequence[float]], tpots: Seq
     # The pace a gap is judged against: vLLM's per-stream pace when known, since a stream that
     # reached the client in one burst has a client TPOT near zero too (seen: 0.0 ms).
     pace = concurrency / server_tokens_per_s if server_tokens_per_s else tpot
-    burst = (sum(1 for g in itl if g < BURST_SHARE_OF_TPOT * pace) / len(itl)
-             if itl and pace else None)
+    burst = (
+        sum(1 for g in itl if g < BURST_SHARE_OF_TPOT * pace) / len(itl) if itl and pace else None
+    )
     return LevelStats(
-        concurrency=concurrency, streams_ok=len(streams), output_tokens=output_tokens,
-        span_s=span_s, tokens_per_s=rate if steady else span_rate,
-        rate_basis="steady window" if steady else "span", span_tokens_per_s=span_rate,
+        concurrency=concurrency,
+        streams_ok=len(streams),
+        output_tokens=output_tokens,
+        span_s=span_s,
+        tokens_per_s=rate if steady else span_rate,
+        rate_basis="steady window" if steady else "span",
+        span_tokens_per_s=span_rate,
         server_tokens_per_s=server_tokens_per_s,
         steady_window_s=window,
         tpot_median_s=tpot,
-        itl_p50_s=percentile(itl, 50), itl_p99_s=percentile(itl, 99),
-        max_waiting=max_waiting, max_running=max_running, max_kv_usage=max_kv_usage,
-        preemptions=preemptions, burst_share=burst)
+        itl_p50_s=percentile(itl, 50),
+        itl_p99_s=percentile(itl, 99),
+        max_waiting=max_waiting,
+        max_running=max_running,
+        max_kv_usage=max_kv_usage,
+        preemptions=preemptions,
+        burst_share=burst,
+    )
 
 
 def merge_rounds(rounds: Sequence[LevelStats]) -> LevelStats:
@@ -228,8 +284,10 @@ def merge_rounds(rounds: Sequence[LevelStats]) -> LevelStats:
     bases = {lv.rate_basis for lv in rounds}
     pre = [lv.preemptions for lv in rounds if lv.preemptions is not None]
     return LevelStats(
-        concurrency=rounds[0].concurrency, streams_ok=min(lv.streams_ok for lv in rounds),
-        output_tokens=None if any(lv.output_tokens is None for lv in rounds)
+        concurrency=rounds[0].concurrency,
+        streams_ok=min(lv.streams_ok for lv in rounds),
+        output_tokens=None
+        if any(lv.output_tokens is None for lv in rounds)
         else int(statistics.median(lv.output_tokens or 0 for lv in rounds)),
         span_s=statistics.median(lv.span_s for lv in rounds),
         tokens_per_s=med("tokens_per_s"),
@@ -237,12 +295,17 @@ def merge_rounds(rounds: Sequence[LevelStats]) -> LevelStats:
         span_tokens_per_s=med("span_tokens_per_s"),
         server_tokens_per_s=med("server_tokens_per_s"),
         steady_window_s=statistics.median(lv.steady_window_s for lv in rounds),
-        tpot_median_s=med("tpot_median_s"), itl_p50_s=med("itl_p50_s"),
-        itl_p99_s=med("itl_p99_s"), max_waiting=most("max_waiting"),
-        max_running=most("max_running"), max_kv_usage=most("max_kv_usage"),
-        preemptions=sum(pre) if pre else None, rounds=len(rounds),
+        tpot_median_s=med("tpot_median_s"),
+        itl_p50_s=med("itl_p50_s"),
+        itl_p99_s=med("itl_p99_s"),
+        max_waiting=most("max_waiting"),
+        max_running=most("max_running"),
+        max_kv_usage=most("max_kv_usage"),
+        preemptions=sum(pre) if pre else None,
+        rounds=len(rounds),
         round_tokens_per_s=tuple(lv.tokens_per_s for lv in rounds),
-        burst_share=med("burst_share"))
+        burst_share=med("burst_share"),
+    )
 
 
 @dataclass(frozen=True)
@@ -259,29 +322,39 @@ class Scaling:
     verdict: str = ""  # one line, quoting the numbers of the table it comes from
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ratios": {str(k): v for k, v in self.ratios.items()},
-                "server_ratios": {str(k): v for k, v in self.server_ratios.items()},
-                "efficiency": {str(k): v for k, v in self.efficiency.items()},
-                "stops_at": self.stops_at, "server_stops_at": self.server_stops_at,
-                "verdict": self.verdict, "why": self.why}
+        return {
+            "ratios": {str(k): v for k, v in self.ratios.items()},
+            "server_ratios": {str(k): v for k, v in self.server_ratios.items()},
+            "efficiency": {str(k): v for k, v in self.efficiency.items()},
+            "stops_at": self.stops_at,
+            "server_stops_at": self.server_stops_at,
+            "verdict": self.verdict,
+            "why": self.why,
+        }
 
 
 def superlinear_note(sc: Scaling) -> str | None:
     """Why an efficiency above 100 % is printed, or None when there is none. More than n× the
     tokens/s from n× the streams is not streams running faster: the lowest level's rate
     carries what each request waits for alone, which more streams overlap."""
-    over = [f"{c} ({e * 100:.0f} %)" for c, e in sc.efficiency.items()
-            if e is not None and round(e * 100) > 100]  # as the table rounds it
+    over = [
+        f"{c} ({e * 100:.0f} %)"
+        for c, e in sc.efficiency.items()
+        if e is not None and round(e * 100) > 100
+    ]  # as the table rounds it
     if not over:
         return None
-    return (f"efficiency above 100 % at concurrency {', '.join(over)}: the lowest level's "
-            "tokens/s understates what one stream can do (each request's fixed costs, prefill, "
-            "HTTP and delivery, weigh on it alone and overlap at higher levels; short runs "
-            "make them weigh more): raise --max-tokens")
+    return (
+        f"efficiency above 100 % at concurrency {', '.join(over)}: the lowest level's "
+        "tokens/s understates what one stream can do (each request's fixed costs, prefill, "
+        "HTTP and delivery, weigh on it alone and overlap at higher levels; short runs "
+        "make them weigh more): raise --max-tokens"
+    )
 
 
-def knee(rates: dict[int, float | None], gain_min: float = SCALING_GAIN_MIN
-         ) -> tuple[int | None, str]:
+def knee(
+    rates: dict[int, float | None], gain_min: float = SCALING_GAIN_MIN
+) -> tuple[int | None, str]:
     """Where adding streams stops paying, and the sentence with the numbers that decided it.
 
     The knee is the lowest level whose tokens/s no *higher* level beats by ``gain_min``: one
@@ -292,17 +365,21 @@ def knee(rates: dict[int, float | None], gain_min: float = SCALING_GAIN_MIN
         return None, "fewer than two levels with a rate: no scaling to judge"
     base_c, base_v = pts[0]
     for i, (c, v) in enumerate(pts[:-1]):
-        best_c, best_v = max(pts[i + 1:], key=lambda p: p[1])
+        best_c, best_v = max(pts[i + 1 :], key=lambda p: p[1])
         if best_v < gain_min * v:
-            return c, (f"concurrency {c} gave {v:.1f} tok/s (×{v / base_v:.2f} vs "
-                       f"{base_c}); no higher level added ≥ {(gain_min - 1) * 100:.0f} %: the "
-                       f"best, concurrency {best_c}, gave {best_v:.1f} tok/s "
-                       f"({(best_v / v - 1) * 100:+.0f} %)")
+            return c, (
+                f"concurrency {c} gave {v:.1f} tok/s (×{v / base_v:.2f} vs "
+                f"{base_c}); no higher level added ≥ {(gain_min - 1) * 100:.0f} %: the "
+                f"best, concurrency {best_c}, gave {best_v:.1f} tok/s "
+                f"({(best_v / v - 1) * 100:+.0f} %)"
+            )
     last_c, last_v = pts[-1]
-    return None, (f"tokens/s rose to {last_v:.1f} tok/s at concurrency {last_c} "
-                  f"(×{last_v / base_v:.2f}"
-                  f" vs {base_c}); every lower level was beaten by ≥ "
-                  f"{(gain_min - 1) * 100:.0f} % by a higher one")
+    return None, (
+        f"tokens/s rose to {last_v:.1f} tok/s at concurrency {last_c} "
+        f"(×{last_v / base_v:.2f}"
+        f" vs {base_c}); every lower level was beaten by ≥ "
+        f"{(gain_min - 1) * 100:.0f} % by a higher one"
+    )
 
 
 def scaling(levels: Sequence[LevelStats], gain_min: float = SCALING_GAIN_MIN) -> Scaling:
@@ -314,8 +391,10 @@ def scaling(levels: Sequence[LevelStats], gain_min: float = SCALING_GAIN_MIN) ->
 
     def vs_base(rate: str) -> dict[int, float | None]:
         b = getattr(base, rate)
-        return {lv.concurrency: getattr(lv, rate) / b if getattr(lv, rate) and b else None
-                for lv in levels}
+        return {
+            lv.concurrency: getattr(lv, rate) / b if getattr(lv, rate) and b else None
+            for lv in levels
+        }
 
     ratios = vs_base("tokens_per_s")
     eff = {c: r / (c / base.concurrency) if r is not None else None for c, r in ratios.items()}
@@ -326,24 +405,31 @@ def scaling(levels: Sequence[LevelStats], gain_min: float = SCALING_GAIN_MIN) ->
     server_stops_at, server_evidence = knee(server_rates, gain_min)
     why = [f"client: {evidence}"]
     # The engine still scaled past the client's knee: then the client's knee is delivery's.
-    engine_went_on = has_server and stops_at is not None and (
-        server_stops_at is None or server_stops_at > stops_at)
+    engine_went_on = (
+        has_server
+        and stops_at is not None
+        and (server_stops_at is None or server_stops_at > stops_at)
+    )
     if stops_at is not None:
         after = next(lv for lv in levels if lv.concurrency > stops_at)
-        why.extend(w for w in _pressure(after)
-                   if not (engine_went_on and w.startswith(_NO_PRESSURE)))
+        why.extend(
+            w for w in _pressure(after) if not (engine_went_on and w.startswith(_NO_PRESSURE))
+        )
         verdict = f"scaling stops after concurrency {stops_at}"
     else:
         verdict = f"no knee up to concurrency {levels[-1].concurrency}: throughput kept rising"
     if has_server:
         why.append(f"vLLM's decode clock: {server_evidence}")
         if server_stops_at != stops_at:
-            why.append("the client's and vLLM's tokens/s disagree on the knee "
-                       f"(client: {_knee_word(stops_at)}, vLLM: {_knee_word(server_stops_at)}):"
-                       " the engine's rate is the decode capacity; the client's adds delivery "
-                       "(API server, network, this machine)")
-    return Scaling(ratios, eff, stops_at, why, srv, server_stops_at if has_server else None,
-                   verdict)
+            why.append(
+                "the client's and vLLM's tokens/s disagree on the knee "
+                f"(client: {_knee_word(stops_at)}, vLLM: {_knee_word(server_stops_at)}):"
+                " the engine's rate is the decode capacity; the client's adds delivery "
+                "(API server, network, this machine)"
+            )
+    return Scaling(
+        ratios, eff, stops_at, why, srv, server_stops_at if has_server else None, verdict
+    )
 
 
 def _knee_word(c: int | None) -> str:
@@ -354,16 +440,21 @@ def _pressure(lv: LevelStats) -> list[str]:
     """The server-side reasons a level cannot scale further, as far as the gauges tell."""
     out = []
     if lv.preemptions:
-        out.append(f"{lv.preemptions:g} preemption(s) at concurrency {lv.concurrency}: KV cache "
-                   "full, requests were evicted and recomputed")
+        out.append(
+            f"{lv.preemptions:g} preemption(s) at concurrency {lv.concurrency}: KV cache "
+            "full, requests were evicted and recomputed"
+        )
     if lv.max_waiting:
-        out.append(f"up to {lv.max_waiting:g} request(s) waiting at concurrency "
-                   f"{lv.concurrency}: the scheduler did not admit them all")
+        out.append(
+            f"up to {lv.max_waiting:g} request(s) waiting at concurrency "
+            f"{lv.concurrency}: the scheduler did not admit them all"
+        )
     if lv.max_kv_usage is not None and lv.max_kv_usage >= 0.9:
         out.append(f"KV cache usage reached {lv.max_kv_usage * 100:.0f}%")
     if not out:
-        out.append(f"{_NO_PRESSURE}: the step itself got slower "
-                   "(compute-bound decode, e.g. on CPU)")
+        out.append(
+            f"{_NO_PRESSURE}: the step itself got slower (compute-bound decode, e.g. on CPU)"
+        )
     return out
 
 
@@ -380,10 +471,12 @@ def prefix_block_note(prefix_tokens: int | None, block_size: int | None) -> str 
     if prefix_tokens is None or block_size is None or block_size <= 0:
         return None
     if prefix_tokens < block_size:
-        return (f"the shared prefix ({prefix_tokens} tokens) is shorter than one KV block "
-                f"({block_size} tokens): vLLM caches whole blocks only, so prefix-cache hits "
-                "stay 0 and a warm pass cannot reuse anything. Use --prefix-tokens "
-                f"≥ {block_size} (better ≥ {2 * block_size}).")
+        return (
+            f"the shared prefix ({prefix_tokens} tokens) is shorter than one KV block "
+            f"({block_size} tokens): vLLM caches whole blocks only, so prefix-cache hits "
+            "stay 0 and a warm pass cannot reuse anything. Use --prefix-tokens "
+            f"≥ {block_size} (better ≥ {2 * block_size})."
+        )
     return None
 
 
@@ -392,8 +485,9 @@ def concurrent_by_design(run: Run) -> bool:
     isolation was never checked, and it must not enter medians of isolated requests."""
     if run.isolation.verified:
         return False
-    return any(r.startswith(CONCURRENT_MARK) or r.startswith(_LEGACY_ROLES)
-               for r in run.isolation.reasons)
+    return any(
+        r.startswith(CONCURRENT_MARK) or r.startswith(_LEGACY_ROLES) for r in run.isolation.reasons
+    )
 
 
 def interfere_role(pair: int, lane: str) -> str:
@@ -417,9 +511,11 @@ def interfere_pair_of(run: Run) -> tuple[int, str] | None:
 
 
 # The quantities compared between two interfere arms: (key, label), all lower-is-better.
-ARM_METRICS = (("max_itl_s", "A's max ITL around B's arrival"),
-               ("extra_s", "A's time lost vs its baseline ITL"),
-               ("b_ttft_s", "B's TTFT"))
+ARM_METRICS = (
+    ("max_itl_s", "A's max ITL around B's arrival"),
+    ("extra_s", "A's time lost vs its baseline ITL"),
+    ("b_ttft_s", "B's TTFT"),
+)
 
 
 class ArmsComparison(TypedDict):
@@ -434,8 +530,14 @@ class ArmsComparison(TypedDict):
     metrics: dict[str, dict[str, Any]]
 
 
-def compare_arms(name_a: str, stalls_a: Sequence[Stall], name_b: str,
-                 stalls_b: Sequence[Stall], *, min_effect: float = 0.05) -> ArmsComparison:
+def compare_arms(
+    name_a: str,
+    stalls_a: Sequence[Stall],
+    name_b: str,
+    stalls_b: Sequence[Stall],
+    *,
+    min_effect: float = 0.05,
+) -> ArmsComparison:
     """Arm B against arm A (the baseline) on each stall quantity: medians, and from
     :func:`~phaseprobe.analysis.ab.stats.compare_samples` the ratio of medians with its
     bootstrap interval, the U test and the verdict (lower is better for all three)."""
@@ -443,10 +545,13 @@ def compare_arms(name_a: str, stalls_a: Sequence[Stall], name_b: str,
 
     from phaseprobe.analysis.ab.stats import compare_samples  # scipy: only when comparing
 
-    out: ArmsComparison = {"arm_a": name_a, "arm_b": name_b, "min_effect": min_effect,
-                           "discarded": {name_a: discarded_pairs(stalls_a),
-                                         name_b: discarded_pairs(stalls_b)},
-                           "metrics": {}}
+    out: ArmsComparison = {
+        "arm_a": name_a,
+        "arm_b": name_b,
+        "min_effect": min_effect,
+        "discarded": {name_a: discarded_pairs(stalls_a), name_b: discarded_pairs(stalls_b)},
+        "metrics": {},
+    }
     # A pair whose B never overlapped A's decode measured nothing: it is left out.
     stalls_a = [s for s in stalls_a if s.overlapped]
     stalls_b = [s for s in stalls_b if s.overlapped]
@@ -457,11 +562,17 @@ def compare_arms(name_a: str, stalls_a: Sequence[Stall], name_b: str,
         # an infinite ratio. Such bounds are reported as None (unbounded), never as inf/NaN
         # (not JSON).
         with np.errstate(divide="ignore", invalid="ignore"):
-            m = compare_samples([x for x in xa if x is not None],
-                                [x for x in xb if x is not None],
-                                metric=key, label=label, min_effect=min_effect)
-        out["metrics"][key] = {k: None if isinstance(v, float) and not math.isfinite(v) else v
-                               for k, v in m.to_dict().items()}
+            m = compare_samples(
+                [x for x in xa if x is not None],
+                [x for x in xb if x is not None],
+                metric=key,
+                label=label,
+                min_effect=min_effect,
+            )
+        out["metrics"][key] = {
+            k: None if isinstance(v, float) and not math.isfinite(v) else v
+            for k, v in m.to_dict().items()
+        }
     return out
 
 
@@ -495,13 +606,17 @@ def _discard_text(stalls: Sequence[Stall]) -> str:
     found = discarded_pairs(stalls)
     if not found:
         return ""
-    return (f"{sum(found.values())} discarded: "
-            + ", ".join(f"{n} {OVERLAP_WHY[k]}" for k, n in found.items()))
+    return f"{sum(found.values())} discarded: " + ", ".join(
+        f"{n} {OVERLAP_WHY[k]}" for k, n in found.items()
+    )
 
 
-def interference_verdict(stalls: Sequence[Stall], controls: Sequence[Stall],
-                         server_alone_s: float | None = None,
-                         server_with_b_s: Sequence[float | None] = ()) -> Verdict:
+def interference_verdict(
+    stalls: Sequence[Stall],
+    controls: Sequence[Stall],
+    server_alone_s: float | None = None,
+    server_with_b_s: Sequence[float | None] = (),
+) -> Verdict:
     """Did B's prefill stall A's decode? Only pairs where it ran inside A's decode count.
 
     ``server_with_b_s``: A's decode time on vLLM's clock per pair, aligned with ``stalls``
@@ -510,13 +625,21 @@ def interference_verdict(stalls: Sequence[Stall], controls: Sequence[Stall],
     used = [i for i, s in enumerate(stalls) if s.overlapped]
     n, total = len(used), len(stalls)
     dropped = _discard_text(stalls)
-    ev: dict[str, float | int | None] = {"pairs": total, "pairs_used": n,
-                                         "pairs_discarded": total - n}
+    ev: dict[str, float | int | None] = {
+        "pairs": total,
+        "pairs_used": n,
+        "pairs_discarded": total - n,
+    }
     if not used:
-        return Verdict("no overlap", (
-            f"undecided: in none of {total} pair(s) did B's prefill run inside A's decode "
-            f"({dropped or 'no pairs'}), so nothing was measured: raise --a-tokens, or send "
-            "B earlier (--at-time)"), ev)
+        return Verdict(
+            "no overlap",
+            (
+                f"undecided: in none of {total} pair(s) did B's prefill run inside A's decode "
+                f"({dropped or 'no pairs'}), so nothing was measured: raise --a-tokens, or send "
+                "B earlier (--at-time)"
+            ),
+            ev,
+        )
     with_b = median_or_none([stalls[i].max_itl_s for i in used])
     lost = median_or_none([stalls[i].extra_s for i in used])
     ctrl = median_or_none([c.max_itl_s for c in controls])
@@ -529,72 +652,129 @@ def interference_verdict(stalls: Sequence[Stall], controls: Sequence[Stall],
     ratio = with_b / ref if with_b is not None and ref else None
     srv = median_or_none([server_with_b_s[i] for i in used if i < len(server_with_b_s)])
     srv_ratio = srv / server_alone_s if srv is not None and server_alone_s else None
-    ev.update(max_itl_with_b_s=with_b, reference_max_itl_s=ref, ratio=ratio,
-              extra_with_b_s=lost, control_extra_s=ctrl_lost,
-              server_decode_with_b_s=srv, server_decode_alone_s=server_alone_s,
-              server_ratio=srv_ratio)
-    client = (f"A's max ITL {fmt_duration(with_b)} with B vs {fmt_duration(ref)} {ref_name}"
-              + (f" ({ratio:.1f}×)" if ratio is not None else "")
-              + f", time lost {fmt_duration(lost)} vs {fmt_duration(ctrl_lost)}")
-    server_only = (f"A's decode on vLLM's clock {fmt_duration(srv)} with B vs "
-                   f"{fmt_duration(server_alone_s)} alone ({srv_ratio:.2f}×)"
-                   if srv_ratio is not None else "")
+    ev.update(
+        max_itl_with_b_s=with_b,
+        reference_max_itl_s=ref,
+        ratio=ratio,
+        extra_with_b_s=lost,
+        control_extra_s=ctrl_lost,
+        server_decode_with_b_s=srv,
+        server_decode_alone_s=server_alone_s,
+        server_ratio=srv_ratio,
+    )
+    client = (
+        f"A's max ITL {fmt_duration(with_b)} with B vs {fmt_duration(ref)} {ref_name}"
+        + (f" ({ratio:.1f}×)" if ratio is not None else "")
+        + f", time lost {fmt_duration(lost)} vs {fmt_duration(ctrl_lost)}"
+    )
+    server_only = (
+        f"A's decode on vLLM's clock {fmt_duration(srv)} with B vs "
+        f"{fmt_duration(server_alone_s)} alone ({srv_ratio:.2f}×)"
+        if srv_ratio is not None
+        else ""
+    )
     server = f"; {server_only}" if server_only else ""
-    basis = (f" — medians over {n} of {total} pair(s) with B's prefill inside A's decode"
-             + (f" ({dropped})" if dropped else ""))
+    basis = f" — medians over {n} of {total} pair(s) with B's prefill inside A's decode" + (
+        f" ({dropped})" if dropped else ""
+    )
     client_says = ratio is not None and ratio >= STALL_RATIO_MIN
     server_says = srv_ratio is not None and srv_ratio >= SERVER_SLOWDOWN_MIN
     if client_says:
-        return Verdict("interference", f"interference: B's prefill stalled A: {client}{server}"
-                       f"{basis}", ev)
+        return Verdict(
+            "interference", f"interference: B's prefill stalled A: {client}{server}{basis}", ev
+        )
     if server_says:
         # The engine saw it; the client's gaps did not (tokens delivered late or in bursts).
-        return Verdict("interference", (
-            f"interference on vLLM's clock: {server_only}; the client's gaps do not show it "
-            f"({client}: A's tokens reached the client late or in bursts){basis}"), ev)
+        return Verdict(
+            "interference",
+            (
+                f"interference on vLLM's clock: {server_only}; the client's gaps do not show it "
+                f"({client}: A's tokens reached the client late or in bursts){basis}"
+            ),
+            ev,
+        )
     if ratio is None and srv_ratio is None:
-        return Verdict("insufficient data", f"undecided: no A gap and no server time to "
-                       f"compare{basis}", ev)
-    return Verdict("no interference", (
-        f"no interference seen: {client}{server} (below {STALL_RATIO_MIN:g}× and "
-        f"{SERVER_SLOWDOWN_MIN:g}×){basis}"), ev)
+        return Verdict(
+            "insufficient data", f"undecided: no A gap and no server time to compare{basis}", ev
+        )
+    return Verdict(
+        "no interference",
+        (
+            f"no interference seen: {client}{server} (below {STALL_RATIO_MIN:g}× and "
+            f"{SERVER_SLOWDOWN_MIN:g}×){basis}"
+        ),
+        ev,
+    )
 
 
-def prefix_verdict(cold: dict[str, float | None], warm: dict[str, float | None],
-                   prefix_tokens: int | None, block_size: int | None) -> Verdict:
+def prefix_verdict(
+    cold: dict[str, float | None],
+    warm: dict[str, float | None],
+    prefix_tokens: int | None,
+    block_size: int | None,
+) -> Verdict:
     """One statement about prefix reuse from the cold/warm medians, the cache counters first:
     a warm TTFT below cold is reuse only when the warm pass hit the cache."""
     c_ttft, w_ttft = cold.get("ttft_s"), warm.get("ttft_s")
     hits = warm.get("prefix_cache_hits")
-    can_hit = (expected_hit_tokens(prefix_tokens, block_size)
-               if prefix_tokens is not None and block_size else None)
-    ev: dict[str, float | int | None] = {"cold_ttft_s": c_ttft, "warm_ttft_s": w_ttft,
-                                         "warm_hits": hits, "hittable_tokens": can_hit}
-    change = (f"warm TTFT {fmt_duration(w_ttft)} vs cold {fmt_duration(c_ttft)}"
-              + (f" ({(w_ttft / c_ttft - 1) * 100:+.0f} %)" if c_ttft and w_ttft is not None
-                 else ""))
+    can_hit = (
+        expected_hit_tokens(prefix_tokens, block_size)
+        if prefix_tokens is not None and block_size
+        else None
+    )
+    ev: dict[str, float | int | None] = {
+        "cold_ttft_s": c_ttft,
+        "warm_ttft_s": w_ttft,
+        "warm_hits": hits,
+        "hittable_tokens": can_hit,
+    }
+    change = f"warm TTFT {fmt_duration(w_ttft)} vs cold {fmt_duration(c_ttft)}" + (
+        f" ({(w_ttft / c_ttft - 1) * 100:+.0f} %)" if c_ttft and w_ttft is not None else ""
+    )
     c_pre, w_pre = cold.get("server_prefill_s"), warm.get("server_prefill_s")
-    prefill = (f", vLLM prefill {fmt_duration(w_pre)} vs {fmt_duration(c_pre)}"
-               if c_pre is not None and w_pre is not None else "")
+    prefill = (
+        f", vLLM prefill {fmt_duration(w_pre)} vs {fmt_duration(c_pre)}"
+        if c_pre is not None and w_pre is not None
+        else ""
+    )
     if can_hit == 0:
-        return Verdict("no reuse possible", (
-            f"no prefix reuse possible: the {prefix_tokens}-token prefix is shorter than one "
-            f"{block_size}-token KV block and vLLM caches whole blocks only (warm hits: "
-            f"{_count(hits)}); {change}{prefill} is run-to-run variation, not the cache"), ev)
+        return Verdict(
+            "no reuse possible",
+            (
+                f"no prefix reuse possible: the {prefix_tokens}-token prefix is shorter than one "
+                f"{block_size}-token KV block and vLLM caches whole blocks only (warm hits: "
+                f"{_count(hits)}); {change}{prefill} is run-to-run variation, not the cache"
+            ),
+            ev,
+        )
     if hits is None:
-        return Verdict("unknown", f"reuse unknown (no prefix-cache counters): {change}"
-                       f"{prefill}", ev)
+        return Verdict(
+            "unknown", f"reuse unknown (no prefix-cache counters): {change}{prefill}", ev
+        )
     if hits == 0:
-        return Verdict("no reuse", (
-            f"no prefix reuse: the warm pass hit 0 tokens although {_count(can_hit)} could "
-            f"(is prefix caching on?); {change}{prefill} is not the cache"), ev)
+        return Verdict(
+            "no reuse",
+            (
+                f"no prefix reuse: the warm pass hit 0 tokens although {_count(can_hit)} could "
+                f"(is prefix caching on?); {change}{prefill} is not the cache"
+            ),
+            ev,
+        )
     faster = c_ttft is not None and w_ttft is not None and w_ttft < c_ttft
     if faster:
-        return Verdict("reuse", f"prefix reuse: the warm pass hit {_count(hits)} cached "
-                       f"tokens; {change}{prefill}", ev)
-    return Verdict("reuse, no gain", (
-        f"cache hit but no gain: the warm pass hit {_count(hits)} cached tokens, yet "
-        f"{change}{prefill}"), ev)
+        return Verdict(
+            "reuse",
+            f"prefix reuse: the warm pass hit {_count(hits)} cached tokens; {change}{prefill}",
+            ev,
+        )
+    return Verdict(
+        "reuse, no gain",
+        (
+            f"cache hit but no gain: the warm pass hit {_count(hits)} cached tokens, yet "
+            f"{change}{prefill}"
+        ),
+        ev,
+    )
 
 
 def _count(v: float | int | None) -> str:

@@ -23,8 +23,11 @@ from phaseprobe.records import Run
 
 __all__ = ["PdInterfere", "pd_alone", "pd_interfere", "pd_prefix_text"]
 
-_WORDS = {"external_kv_transfer": "received by KV transfer", "local_compute": "computed",
-          "local_cache_hit": "from its own prefix cache"}
+_WORDS = {
+    "external_kv_transfer": "received by KV transfer",
+    "local_compute": "computed",
+    "local_cache_hit": "from its own prefix cache",
+}
 
 
 def _share(pair: float | None, alone: float | None) -> float | None:
@@ -39,13 +42,18 @@ def pd_alone(runs: Sequence[Run]) -> dict[str, float | None]:
     """A alone's share of each instance's readings: medians over the A-alone P/D runs whose
     legs were isolated (the prefill leg's prefill time, the decode leg's prompt sources)."""
     legs = [r.pd for r in runs if r.pd is not None]
-    fields = {"external_kv_transfer": "tokens_transferred", "local_compute": "tokens_computed",
-              "local_cache_hit": "tokens_cached"}
+    fields = {
+        "external_kv_transfer": "tokens_transferred",
+        "local_compute": "tokens_computed",
+        "local_cache_hit": "tokens_cached",
+    }
     out: dict[str, float | None] = {
-        "prefill_s": median_or_none([p.prefill_s for p in legs if p.prefill_isolated])}
+        "prefill_s": median_or_none([p.prefill_s for p in legs if p.prefill_isolated])
+    }
     for src in SOURCES:
-        out[f"decode_{src}"] = median_or_none([getattr(p, fields[src]) for p in legs
-                                        if p.decode_isolated])
+        out[f"decode_{src}"] = median_or_none(
+            [getattr(p, fields[src]) for p in legs if p.decode_isolated]
+        )
     return out
 
 
@@ -75,82 +83,126 @@ class PdInterfere:
     def sentence(self, verdict_kind: str) -> str:
         """What the pair did with B, then what that means for the verdict's numbers."""
         if not self.pairs_used:
-            return ("on the P/D pair: no pair had B's prefill inside A's decode, so neither "
-                    "instance's share was measured")
+            return (
+                "on the P/D pair: no pair had B's prefill inside A's decode, so neither "
+                "instance's share was measured"
+            )
         head = f"on the P/D pair (medians over {self.pairs_used} pair(s)): "
-        pair_vs_alone = (f"{fmt_duration(self.prefill_s)} of prefill per pair, A's "
-                         f"{fmt_duration(self.prefill_s_alone)} alone")
+        pair_vs_alone = (
+            f"{fmt_duration(self.prefill_s)} of prefill per pair, A's "
+            f"{fmt_duration(self.prefill_s_alone)} alone"
+        )
         if self.b_prefill_s is not None:
-            parts = [head + f"the prefill instance ran B's prefill "
-                            f"({fmt_duration(self.b_prefill_s)}: {pair_vs_alone})"]
+            parts = [
+                head + f"the prefill instance ran B's prefill "
+                f"({fmt_duration(self.b_prefill_s)}: {pair_vs_alone})"
+            ]
         elif self.prefill_s is not None and self.prefill_s_alone is not None:
-            parts = [head + f"the prefill instance ran both prefill legs ({pair_vs_alone}: "
-                            "B's part is lost in run-to-run noise)"]
+            parts = [
+                head + f"the prefill instance ran both prefill legs ({pair_vs_alone}: "
+                "B's part is lost in run-to-run noise)"
+            ]
         else:
             parts = [head + "the prefill instance's prefill time was not read"]
-        b = [f"{v:.0f} {_WORDS[src]}" for src, v in self.b_decode_sources.items()
-             if v is not None]
+        b = [f"{v:.0f} {_WORDS[src]}" for src, v in self.b_decode_sources.items() if v is not None]
         if b:
-            parts.append(f"the decode instance, where A decodes, took B's decode leg's "
-                         f"{self.b_prompt_tokens}-token prompt as " + ", ".join(b)
-                         + " (the pair's less A's alone)")
+            parts.append(
+                f"the decode instance, where A decodes, took B's decode leg's "
+                f"{self.b_prompt_tokens}-token prompt as "
+                + ", ".join(b)
+                + " (the pair's less A's alone)"
+            )
         elif any(v is not None for v in self.decode_sources.values()):
-            parts.append("the decode instance's prompt tokens over a pair ("
-                         + ", ".join(f"{v:.0f} {_WORDS[k]}" for k, v in
-                                     self.decode_sources.items() if v is not None)
-                         + ") are A's and B's together: A alone's were not read")
+            parts.append(
+                "the decode instance's prompt tokens over a pair ("
+                + ", ".join(
+                    f"{v:.0f} {_WORDS[k]}" for k, v in self.decode_sources.items() if v is not None
+                )
+                + ") are A's and B's together: A alone's were not read"
+            )
         else:
-            parts.append("the decode instance's prompt sources were not read (no "
-                         "vllm:prompt_tokens_by_source): what B's leg did there is unknown")
+            parts.append(
+                "the decode instance's prompt sources were not read (no "
+                "vllm:prompt_tokens_by_source): what B's leg did there is unknown"
+            )
         text = "; ".join(parts)
         if self.b_recomputed:
-            return (text + ". B's KV never arrived: the decode instance computed B's prompt "
-                    "itself, so B's prefill ran where A decodes after all")
+            return (
+                text + ". B's KV never arrived: the decode instance computed B's prompt "
+                "itself, so B's prefill ran where A decodes after all"
+            )
         # what B's leg did on the decode instance is said only where its counters were read
         arrived = (self.b_decode_sources.get("external_kv_transfer") or 0) > 0
         if verdict_kind == "no interference":
-            return text + (". A did not stall beyond the thresholds: B's long prefill ran on "
-                           "the prefill instance, not where A decodes" if arrived else
-                           ". A did not stall beyond the thresholds; whether B's KV reached "
-                           "the decode instance is not known")
+            return text + (
+                ". A did not stall beyond the thresholds: B's long prefill ran on "
+                "the prefill instance, not where A decodes"
+                if arrived
+                else ". A did not stall beyond the thresholds; whether B's KV reached "
+                "the decode instance is not known"
+            )
         if verdict_kind == "interference":
-            return text + (". A stalled although B's prefill ran on the prefill instance: on "
-                           "the decode instance B's leg still loads its KV and computes the "
-                           "prompt's last partial block, and instances on one machine share "
-                           "its CPU and memory bandwidth" if arrived else
-                           ". A stalled; whether B's KV reached the decode instance (or its "
-                           "prompt was computed there, where A decodes) is not known")
+            return text + (
+                ". A stalled although B's prefill ran on the prefill instance: on "
+                "the decode instance B's leg still loads its KV and computes the "
+                "prompt's last partial block, and instances on one machine share "
+                "its CPU and memory bandwidth"
+                if arrived
+                else ". A stalled; whether B's KV reached the decode instance (or its "
+                "prompt was computed there, where A decodes) is not known"
+            )
         return text
 
 
-def pd_interfere(pairs: Sequence[Mapping[str, float | None]],
-                 alone: Mapping[str, float | None], b_prompt_tokens: int) -> PdInterfere:
+def pd_interfere(
+    pairs: Sequence[Mapping[str, float | None]],
+    alone: Mapping[str, float | None],
+    b_prompt_tokens: int,
+) -> PdInterfere:
     """``pairs``: each measured pair's instance deltas (``prefill_s``, ``decode_<source>``);
     ``alone``: :func:`pd_alone` of the A-alone runs."""
     prefill = median_or_none([p.get("prefill_s") for p in pairs])
     a_prefill = alone.get("prefill_s")
     decode = {src: median_or_none([p.get(f"decode_{src}") for p in pairs]) for src in SOURCES}
     b_decode = {src: _share(decode[src], alone.get(f"decode_{src}")) for src in SOURCES}
-    return PdInterfere(len(pairs), prefill, a_prefill, _share(prefill, a_prefill), decode,
-                       b_decode, b_prompt_tokens)
+    return PdInterfere(
+        len(pairs),
+        prefill,
+        a_prefill,
+        _share(prefill, a_prefill),
+        decode,
+        b_decode,
+        b_prompt_tokens,
+    )
 
 
-def pd_prefix_text(cold: Mapping[str, float | None], warm: Mapping[str, float | None]
-                   ) -> str | None:
+def pd_prefix_text(
+    cold: Mapping[str, float | None], warm: Mapping[str, float | None]
+) -> str | None:
     """Where the prefix probe's readings come from on a pair, and what the decode instance did
     with each pass's prompts (medians; None when nothing was read there)."""
+
     def said(p: Mapping[str, float | None]) -> str | None:
         vals = {k: p.get(f"decode_{k}_tokens") for k in ("transferred", "cached", "computed")}
         if all(v is None for v in vals.values()):
             return None
-        return ", ".join(f"{'—' if v is None else f'{v:.0f}'} {w}" for v, w in (
-            (vals["transferred"], _WORDS["external_kv_transfer"]),
-            (vals["cached"], _WORDS["local_cache_hit"]),
-            (vals["computed"], _WORDS["local_compute"])))
+        return ", ".join(
+            f"{'—' if v is None else f'{v:.0f}'} {w}"
+            for v, w in (
+                (vals["transferred"], _WORDS["external_kv_transfer"]),
+                (vals["cached"], _WORDS["local_cache_hit"]),
+                (vals["computed"], _WORDS["local_compute"]),
+            )
+        )
+
     c, w = said(cold), said(warm)
-    head = ("on the P/D pair the prompts are computed on the prefill instance: the prefix hits "
-            "and the server prefill time are its own")
+    head = (
+        "on the P/D pair the prompts are computed on the prefill instance: the prefix hits "
+        "and the server prefill time are its own"
+    )
     if c is None and w is None:
         return head + "; the decode instance's prompt sources were not read"
-    return (head + f"; the decode instance's prompt tokens, cold: {c or 'unknown'}; warm: "
-            f"{w or 'unknown'}")
+    return (
+        head + f"; the decode instance's prompt tokens, cold: {c or 'unknown'}; warm: "
+        f"{w or 'unknown'}"
+    )

@@ -28,8 +28,14 @@ from phaseprobe.analysis.bucket_quantile import BucketQuantile, bucket_quantile
 from phaseprobe.errors import UnknownMetric
 from phaseprobe.sources.vllm.metrics import MetricSnapshot
 
-__all__ = ["RESIDENCY_HISTOGRAMS", "MIN_EVICTIONS", "KvResidency", "kv_residency",
-           "residency_line", "snapshot_buckets"]
+__all__ = [
+    "RESIDENCY_HISTOGRAMS",
+    "MIN_EVICTIONS",
+    "KvResidency",
+    "kv_residency",
+    "residency_line",
+    "snapshot_buckets",
+]
 
 RESIDENCY_HISTOGRAMS = ("kv_block_lifetime", "kv_block_idle_before_evict", "kv_block_reuse_gap")
 # Fewer sampled evictions than this: a median of them is not judged
@@ -54,9 +60,13 @@ class KvResidency:
     def numbers(self) -> dict[str, Any]:
         def q(b: BucketQuantile | None) -> float | None:
             return None if b is None else round(b.value_s, 6)
-        return {"lifetime_p50_s": q(self.lifetime),
-                "idle_before_evict_p50_s": q(self.idle_before_evict),
-                "reuse_gap_p50_s": q(self.reuse_gap), "sampled_evictions": self.evictions}
+
+        return {
+            "lifetime_p50_s": q(self.lifetime),
+            "idle_before_evict_p50_s": q(self.idle_before_evict),
+            "reuse_gap_p50_s": q(self.reuse_gap),
+            "sampled_evictions": self.evictions,
+        }
 
 
 def _observations(rows: Rows | None) -> float:
@@ -66,8 +76,10 @@ def _observations(rows: Rows | None) -> float:
 def kv_residency(buckets: Mapping[str, Rows]) -> KvResidency:
     """The verdict from each residency histogram's cumulative ``(le, count)`` rows (a window's
     increases, or a snapshot's totals), keyed by :data:`RESIDENCY_HISTOGRAMS`."""
-    idle_rows, gap_rows = buckets.get("kv_block_idle_before_evict"), buckets.get(
-        "kv_block_reuse_gap")
+    idle_rows, gap_rows = (
+        buckets.get("kv_block_idle_before_evict"),
+        buckets.get("kv_block_reuse_gap"),
+    )
     life_rows = buckets.get("kv_block_lifetime")
     life = bucket_quantile(0.5, life_rows) if life_rows else None
     idle = bucket_quantile(0.5, idle_rows) if idle_rows else None
@@ -78,17 +90,23 @@ def kv_residency(buckets: Mapping[str, Rows]) -> KvResidency:
         return KvResidency(life, idle, gap, evictions, verdict, reason)
 
     if idle_rows is None or gap_rows is None:
-        return result(None, "no KV residency histograms: start vLLM (0.32 or later) with "
-                            "--kv-cache-metrics")
+        return result(
+            None, "no KV residency histograms: start vLLM (0.32 or later) with --kv-cache-metrics"
+        )
     if evictions < MIN_EVICTIONS or idle is None:
-        return result(None, f"{evictions:.0f} sampled block eviction(s) observed: too few to "
-                            f"judge (at least {MIN_EVICTIONS}; blocks are observed only when "
-                            f"evicted, and only the sampled ones)")
+        return result(
+            None,
+            f"{evictions:.0f} sampled block eviction(s) observed: too few to "
+            f"judge (at least {MIN_EVICTIONS}; blocks are observed only when "
+            f"evicted, and only the sampled ones)",
+        )
     if gap is None:
         return result(None, "no reuse gap observed: no evicted sampled block was used twice")
-    said = (f"blocks evicted after idling {idle.text}, their reuse gap {gap.text}"
-            + (f", lifetime {life.text}" if life is not None else "")
-            + f"; {evictions:.0f} sampled evictions")
+    said = (
+        f"blocks evicted after idling {idle.text}, their reuse gap {gap.text}"
+        + (f", lifetime {life.text}" if life is not None else "")
+        + f"; {evictions:.0f} sampled evictions"
+    )
     # A bound cannot carry a comparison it straddles: "idle ≤ 10 ms" below "gap 5 ms" is not
     # told, "idle ≤ 10 ms" below "gap 2 s" is.
     idle_hi = idle.value_s if idle.bound != "lower" else float("inf")
@@ -127,9 +145,10 @@ def snapshot_buckets(snap: MetricSnapshot, model: str | None = None) -> dict[str
 def residency_line(res: KvResidency) -> str:
     """One sentence for a report: the verdict with its numbers, or why there is none."""
     if res.evicted_before_reuse is True:
-        return (f"KV blocks are evicted before they are reused: {res.reason}: the prefix cache "
-                f"is too small for the traffic")
+        return (
+            f"KV blocks are evicted before they are reused: {res.reason}: the prefix cache "
+            f"is too small for the traffic"
+        )
     if res.evicted_before_reuse is False:
         return f"KV blocks outlive their reuse gap: {res.reason}"
     return f"KV residency not judged: {res.reason}"
-

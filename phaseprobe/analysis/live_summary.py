@@ -21,9 +21,20 @@ from phaseprobe.records import RequestSpan
 if TYPE_CHECKING:  # pandas and scipy load only when a fleet is summarized
     from phaseprobe.analysis.fleet_stats import FleetReport, IdentityGap, ReplicaRow
 
-__all__ = ["Percentiles", "PhaseShare", "SlowRequest", "LiveSummary", "summarize_spans",
-           "SpanLoss", "span_loss", "LOSS_TOLERANCE_MIN_SPANS", "LOSS_TOLERANCE_FRAC",
-           "LiveReplica", "LiveFleet", "live_fleet"]
+__all__ = [
+    "Percentiles",
+    "PhaseShare",
+    "SlowRequest",
+    "LiveSummary",
+    "summarize_spans",
+    "SpanLoss",
+    "span_loss",
+    "LOSS_TOLERANCE_MIN_SPANS",
+    "LOSS_TOLERANCE_FRAC",
+    "LiveReplica",
+    "LiveFleet",
+    "live_fleet",
+]
 
 # OpenTelemetry's BatchSpanProcessor holds finished spans for up to OTEL_BSP_SCHEDULE_DELAY
 # (5 s by default) before exporting them, so a window that ends now is a few spans short
@@ -143,10 +154,18 @@ def _share(spans: Sequence[RequestSpan]) -> PhaseShare:
     def frac(v: float) -> float | None:
         return v / e2e if e2e > 0 else None
 
-    return PhaseShare(n=len(full), e2e_sum_s=e2e, queue_sum_s=queue, prefill_sum_s=prefill,
-                      decode_sum_s=decode, other_sum_s=other, queue_frac=frac(queue),
-                      prefill_frac=frac(prefill), decode_frac=frac(decode),
-                      other_frac=frac(other))
+    return PhaseShare(
+        n=len(full),
+        e2e_sum_s=e2e,
+        queue_sum_s=queue,
+        prefill_sum_s=prefill,
+        decode_sum_s=decode,
+        other_sum_s=other,
+        queue_frac=frac(queue),
+        prefill_frac=frac(prefill),
+        decode_frac=frac(decode),
+        other_frac=frac(other),
+    )
 
 
 def _e2e_s(sp: RequestSpan) -> float:
@@ -154,14 +173,22 @@ def _e2e_s(sp: RequestSpan) -> float:
 
 
 def _slow(sp: RequestSpan) -> SlowRequest:
-    return SlowRequest(request_id=sp.request_id, trace_id=sp.trace_id, e2e_s=_e2e_s(sp),
-                       queue_s=sp.queue_s, prefill_s=sp.prefill_s, decode_s=sp.decode_s,
-                       other_s=_other_s(sp), prompt_tokens=sp.prompt_tokens,
-                       completion_tokens=sp.completion_tokens)
+    return SlowRequest(
+        request_id=sp.request_id,
+        trace_id=sp.trace_id,
+        e2e_s=_e2e_s(sp),
+        queue_s=sp.queue_s,
+        prefill_s=sp.prefill_s,
+        decode_s=sp.decode_s,
+        other_s=_other_s(sp),
+        prompt_tokens=sp.prompt_tokens,
+        completion_tokens=sp.completion_tokens,
+    )
 
 
-def _window(spans: Sequence[RequestSpan], now_ns: int | None, window_s: float | None
-            ) -> tuple[list[RequestSpan], int | None, int | None, float | None]:
+def _window(
+    spans: Sequence[RequestSpan], now_ns: int | None, window_s: float | None
+) -> tuple[list[RequestSpan], int | None, int | None, float | None]:
     """The spans in the window, its start and end (ns) and the seconds rates are over, as
     :func:`summarize_spans` documents them."""
     spans = list(spans)
@@ -183,8 +210,13 @@ def _window(spans: Sequence[RequestSpan], now_ns: int | None, window_s: float | 
     return spans, start, end, span_s
 
 
-def summarize_spans(spans: Sequence[RequestSpan], *, now_ns: int | None = None,
-                    window_s: float | None = None, slowest: int = 5) -> LiveSummary:
+def summarize_spans(
+    spans: Sequence[RequestSpan],
+    *,
+    now_ns: int | None = None,
+    window_s: float | None = None,
+    slowest: int = 5,
+) -> LiveSummary:
     """Summarize the requests that finished in the window.
 
     ``window_s`` given: the spans that ended in (now − window_s, now], and rates are per that
@@ -198,9 +230,13 @@ def summarize_spans(spans: Sequence[RequestSpan], *, now_ns: int | None = None,
     tokens_in = sum(sp.prompt_tokens or 0 for sp in spans)
     tokens_out = sum(sp.completion_tokens or 0 for sp in spans)
     return LiveSummary(
-        window_start_ns=start, window_end_ns=end, window_s=span_s, count=n,
+        window_start_ns=start,
+        window_end_ns=end,
+        window_s=span_s,
+        count=n,
         requests_per_s=n / span_s if span_s else None,
-        prompt_tokens_sum=tokens_in, completion_tokens_sum=tokens_out,
+        prompt_tokens_sum=tokens_in,
+        completion_tokens_sum=tokens_out,
         completion_tokens_per_s=tokens_out / span_s if span_s else None,
         queue=_percentiles([sp.queue_s for sp in spans]),
         prefill=_percentiles([sp.prefill_s for sp in spans]),
@@ -209,7 +245,8 @@ def summarize_spans(spans: Sequence[RequestSpan], *, now_ns: int | None = None,
         tpot=_percentiles([sp.tpot_s for sp in spans]),
         e2e=_percentiles([sp.e2e_s for sp in spans]),
         share=_share(spans),
-        slowest=tuple(_slow(sp) for sp in heapq.nlargest(max(slowest, 0), spans, key=_e2e_s)))
+        slowest=tuple(_slow(sp) for sp in heapq.nlargest(max(slowest, 0), spans, key=_e2e_s)),
+    )
 
 
 @dataclass(frozen=True)
@@ -233,15 +270,20 @@ class SpanLoss:
         return asdict(self)
 
 
-_RAISE = ("raise OTEL_BSP_MAX_QUEUE_SIZE (default 2048; spans beyond a full queue are "
-          "dropped) and/or export more often: lower OTEL_BSP_SCHEDULE_DELAY (default 5000 ms) or "
-          "raise OTEL_BSP_MAX_EXPORT_BATCH_SIZE (default 512)")
-_ABORTED = ("aborted requests (client gone, cancelled) produce no span: if the counter's "
-            "finished_reason=\"abort\" series is in the sum, those requests read as lost")
+_RAISE = (
+    "raise OTEL_BSP_MAX_QUEUE_SIZE (default 2048; spans beyond a full queue are "
+    "dropped) and/or export more often: lower OTEL_BSP_SCHEDULE_DELAY (default 5000 ms) or "
+    "raise OTEL_BSP_MAX_EXPORT_BATCH_SIZE (default 512)"
+)
+_ABORTED = (
+    "aborted requests (client gone, cancelled) produce no span: if the counter's "
+    'finished_reason="abort" series is in the sum, those requests read as lost'
+)
 
 
-def span_loss(received: int, finished_delta: float | None, *,
-              unknown_reason: str | None = None) -> SpanLoss:
+def span_loss(
+    received: int, finished_delta: float | None, *, unknown_reason: str | None = None
+) -> SpanLoss:
     """Are all finished requests' spans arriving? ``finished_delta`` is the increase of
     ``vllm:request_success_total`` (summed over finished_reason) over the window the spans were
     received in; None when /metrics could not be read.
@@ -252,37 +294,85 @@ def span_loss(received: int, finished_delta: float | None, *,
     ``unknown_reason`` says why ``finished_delta`` is None (default: "no /metrics").
     """
     if finished_delta is None:
-        return SpanLoss(received=received, finished=None, lost_spans=None, loss_frac=None,
-                        tolerance_spans=None, lossy=None,
-                        text=(f"span loss unknown ({unknown_reason or 'no /metrics'}): "
-                              f"{received} spans received, no finished-request count to "
-                              "compare with"))
+        return SpanLoss(
+            received=received,
+            finished=None,
+            lost_spans=None,
+            loss_frac=None,
+            tolerance_spans=None,
+            lossy=None,
+            text=(
+                f"span loss unknown ({unknown_reason or 'no /metrics'}): "
+                f"{received} spans received, no finished-request count to "
+                "compare with"
+            ),
+        )
     finished = max(int(round(finished_delta)), 0)
     lost = finished - received
     tol = max(LOSS_TOLERANCE_MIN_SPANS, math.ceil(LOSS_TOLERANCE_FRAC * finished))
     frac = lost / finished if finished else None
     pct = f"{frac * 100:.1f} %" if frac is not None else "—"
     if finished == 0 and received == 0:
-        return SpanLoss(received, 0, 0, None, tol, False,
-                        "no span loss: no request finished in the window and no span came")
+        return SpanLoss(
+            received,
+            0,
+            0,
+            None,
+            tol,
+            False,
+            "no span loss: no request finished in the window and no span came",
+        )
     if lost < 0:
-        return SpanLoss(received, finished, lost, frac, tol, None, (
-            f"{received} spans received but vLLM counted {finished} finished requests: the "
-            "windows do not line up, or the spans come from more instances than the /metrics "
-            "read (loss cannot be judged)"))
+        return SpanLoss(
+            received,
+            finished,
+            lost,
+            frac,
+            tol,
+            None,
+            (
+                f"{received} spans received but vLLM counted {finished} finished requests: the "
+                "windows do not line up, or the spans come from more instances than the /metrics "
+                "read (loss cannot be judged)"
+            ),
+        )
     if lost == 0:
-        return SpanLoss(received, finished, 0, 0.0, tol, False,
-                        f"no span loss: {received} spans for {finished} finished requests "
-                        "(0 lost, 0.0 %)")
+        return SpanLoss(
+            received,
+            finished,
+            0,
+            0.0,
+            tol,
+            False,
+            f"no span loss: {received} spans for {finished} finished requests (0 lost, 0.0 %)",
+        )
     where = f"{lost} of {finished} finished requests' spans missing ({pct})"
     if lost <= tol:
-        return SpanLoss(received, finished, lost, frac, tol, False, (
-            f"{where}: within the tolerance of {tol} for spans still in the exporter's batch "
-            f"(sent every OTEL_BSP_SCHEDULE_DELAY, 5 s by default); if it persists, {_RAISE}. "
-            f"Also, {_ABORTED}."))
-    return SpanLoss(received, finished, lost, frac, tol, True, (
-        f"span loss: {where}, beyond the {tol} that may still sit in the exporter's batch. "
-        f"To keep them, {_RAISE}. Also, {_ABORTED}."))
+        return SpanLoss(
+            received,
+            finished,
+            lost,
+            frac,
+            tol,
+            False,
+            (
+                f"{where}: within the tolerance of {tol} for spans still in the exporter's batch "
+                f"(sent every OTEL_BSP_SCHEDULE_DELAY, 5 s by default); if it persists, {_RAISE}. "
+                f"Also, {_ABORTED}."
+            ),
+        )
+    return SpanLoss(
+        received,
+        finished,
+        lost,
+        frac,
+        tol,
+        True,
+        (
+            f"span loss: {where}, beyond the {tol} that may still sit in the exporter's batch. "
+            f"To keep them, {_RAISE}. Also, {_ABORTED}."
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -301,8 +391,11 @@ class LiveReplica:
         return self.row.replica
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.row.to_dict(), "requests_per_s": self.requests_per_s,
-                "span_loss": self.span_loss.to_dict() if self.span_loss is not None else None}
+        return {
+            **self.row.to_dict(),
+            "requests_per_s": self.requests_per_s,
+            "span_loss": self.span_loss.to_dict() if self.span_loss is not None else None,
+        }
 
 
 @dataclass(frozen=True)
@@ -331,10 +424,16 @@ class LiveFleet:
         return d
 
 
-def live_fleet(spans: Sequence[RequestSpan], *, now_ns: int | None = None,
-               window_s: float | None = None, known: Sequence[str] = (),
-               losses: dict[str, SpanLoss] | None = None, verdicts: bool = False,
-               **report_options: Any) -> LiveFleet:
+def live_fleet(
+    spans: Sequence[RequestSpan],
+    *,
+    now_ns: int | None = None,
+    window_s: float | None = None,
+    known: Sequence[str] = (),
+    losses: dict[str, SpanLoss] | None = None,
+    verdicts: bool = False,
+    **report_options: Any,
+) -> LiveFleet:
     """The spans :func:`summarize_spans` would summarize (same window rules), split by replica.
 
     ``known``: replicas named by the user (``--replica``), given a row even when they served
@@ -354,7 +453,19 @@ def live_fleet(spans: Sequence[RequestSpan], *, now_ns: int | None = None,
     report = report_from_frame(frame, known, **report_options) if verdicts else None
     table = report.table if report is not None else replica_table(frame, known)
     identity = report.identity if report is not None else identity_gap(frame)
-    rows = tuple(LiveReplica(row=r, requests_per_s=r.requests / span_s if span_s else None,
-                             span_loss=(losses or {}).get(r.replica)) for r in table)
-    return LiveFleet(window_start_ns=start, window_end_ns=end, window_s=span_s, replicas=rows,
-                     identity=identity, report=report)
+    rows = tuple(
+        LiveReplica(
+            row=r,
+            requests_per_s=r.requests / span_s if span_s else None,
+            span_loss=(losses or {}).get(r.replica),
+        )
+        for r in table
+    )
+    return LiveFleet(
+        window_start_ns=start,
+        window_end_ns=end,
+        window_s=span_s,
+        replicas=rows,
+        identity=identity,
+        report=report,
+    )

@@ -54,8 +54,10 @@ class Mismatch:
     source: str  # where the server's value comes from
 
     def __str__(self) -> str:
-        return (f"{self.field} {_show(self.config_value)} in the config vs "
-                f"{_show(self.server_value)} served ({self.source})")
+        return (
+            f"{self.field} {_show(self.config_value)} in the config vs "
+            f"{_show(self.server_value)} served ({self.source})"
+        )
 
 
 def _show(v: Any) -> str:
@@ -84,8 +86,9 @@ def _arch(cfg: Mapping[str, Any]) -> str | None:
     return str(cfg["model_type"]) if cfg.get("model_type") else None
 
 
-def compare_configs(given: Mapping[str, Any], served: Mapping[str, Any],
-                    served_source: str) -> list[Mismatch]:
+def compare_configs(
+    given: Mapping[str, Any], served: Mapping[str, Any], served_source: str
+) -> list[Mismatch]:
     """Field by field: the config the user passed against the one the server loaded."""
     out: list[Mismatch] = []
     a, b = _arch(given), _arch(served)
@@ -117,9 +120,11 @@ def _label_number(cache: Mapping[str, Any], key: str) -> float | None:
 def kv_per_token_served(cache: Mapping[str, Any]) -> float | None:
     """KV bytes per token on one worker, from ``vllm:cache_config_info`` (None: not exposed,
     or a sliding-window / hybrid model whose pages this quotient does not describe)."""
-    if str(cache.get("sliding_window", "None")) not in ("None", "", "0") \
-            or str(cache.get("is_attention_free", "False")) == "True" \
-            or str(cache.get("mamba_cache_mode", "none")) not in ("none", "None", ""):
+    if (
+        str(cache.get("sliding_window", "None")) not in ("None", "", "0")
+        or str(cache.get("is_attention_free", "False")) == "True"
+        or str(cache.get("mamba_cache_mode", "none")) not in ("none", "None", "")
+    ):
         return None
     mem = _label_number(cache, "kv_cache_memory_bytes")
     tokens = _label_number(cache, "kv_cache_size_tokens")
@@ -138,9 +143,13 @@ def _kv_config_bytes(cfg: Mapping[str, Any], cache_dtype: str) -> float:
     return float(model_math.kv_bytes_per_token(shape, model_math.kv_dtype_bytes(kv_dtype, fmt)))
 
 
-def compare_with_server(given: Mapping[str, Any], server_info: Mapping[str, Any], *,
-                        served_config: Mapping[str, Any] | None = None,
-                        served_config_source: str = "") -> list[Mismatch]:
+def compare_with_server(
+    given: Mapping[str, Any],
+    server_info: Mapping[str, Any],
+    *,
+    served_config: Mapping[str, Any] | None = None,
+    served_config_source: str = "",
+) -> list[Mismatch]:
     """Every disagreement between ``given`` and what the server reports (see the module
     docstring); ``served_config``: the config.json the server loaded, when it is readable."""
     out: list[Mismatch] = []
@@ -155,10 +164,20 @@ def compare_with_server(given: Mapping[str, Any], server_info: Mapping[str, Any]
         if not isinstance(model, dict):
             continue
         served_len = model.get("max_model_len")
-        if isinstance(served_len, int) and isinstance(positions, int) and positions > 0 \
-                and served_len > positions * factor:
-            out.append(Mismatch("max_position_embeddings", positions, served_len,
-                                f"/v1/models max_model_len of {model.get('id', '?')}"))
+        if (
+            isinstance(served_len, int)
+            and isinstance(positions, int)
+            and positions > 0
+            and served_len > positions * factor
+        ):
+            out.append(
+                Mismatch(
+                    "max_position_embeddings",
+                    positions,
+                    served_len,
+                    f"/v1/models max_model_len of {model.get('id', '?')}",
+                )
+            )
         break
     cache = server_info.get("cache_config") or {}
     served_kv = kv_per_token_served(cache) if isinstance(cache, dict) else None
@@ -171,9 +190,14 @@ def compare_with_server(given: Mapping[str, Any], server_info: Mapping[str, Any]
             ratio = kv / served_kv
             power = 2 ** round(math.log2(ratio)) if ratio > 0 else 0
             if not (1 <= power <= 64 and abs(ratio / power - 1) <= _KV_TOLERANCE):
-                out.append(Mismatch("kv_bytes_per_token", round(kv), round(served_kv),
-                                    "vllm:cache_config_info kv_cache_memory_bytes / "
-                                    "kv_cache_size_tokens"))
+                out.append(
+                    Mismatch(
+                        "kv_bytes_per_token",
+                        round(kv),
+                        round(served_kv),
+                        "vllm:cache_config_info kv_cache_memory_bytes / kv_cache_size_tokens",
+                    )
+                )
     return out
 
 
@@ -182,7 +206,10 @@ def describe(mismatches: list[Mismatch], config_source: str) -> str:
     groups: dict[str, list[str]] = {}
     for m in mismatches:
         groups.setdefault(m.source, []).append(
-            f"{m.field} {_show(m.config_value)} vs {_show(m.server_value)}")
+            f"{m.field} {_show(m.config_value)} vs {_show(m.server_value)}"
+        )
     parts = "; ".join(f"{', '.join(fields)} ({source})" for source, fields in groups.items())
-    return (f"--model-config {config_source} does not describe the served model (config vs "
-            f"served): {parts}. Pass the served model's own config.json")
+    return (
+        f"--model-config {config_source} does not describe the served model (config vs "
+        f"served): {parts}. Pass the served model's own config.json"
+    )

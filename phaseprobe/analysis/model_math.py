@@ -48,11 +48,23 @@ __all__ = [
 
 # Bytes per element. fp8/int8 are one byte; int4 packs two weights per byte.
 DTYPE_BYTES: dict[str, float] = {
-    "fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5,
+    "fp32": 4.0,
+    "bf16": 2.0,
+    "fp16": 2.0,
+    "fp8": 1.0,
+    "int8": 1.0,
+    "int4": 0.5,
 }
 _DTYPE_ALIASES = {
-    "float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16",
-    "fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "float8_e4m3fn": "fp8", "float8": "fp8",
+    "float32": "fp32",
+    "float": "fp32",
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "half": "fp16",
+    "fp8_e4m3": "fp8",
+    "fp8_e5m2": "fp8",
+    "float8_e4m3fn": "fp8",
+    "float8": "fp8",
 }
 _QUANTIZED = ("fp8", "int8", "int4")
 
@@ -122,8 +134,15 @@ class ParamCount:
 
     @property
     def total(self) -> int:
-        return (self.embedding + self.lm_head + self.attention + self.dense_mlp
-                + self.experts_total + self.router + self.norms)
+        return (
+            self.embedding
+            + self.lm_head
+            + self.attention
+            + self.dense_mlp
+            + self.experts_total
+            + self.router
+            + self.norms
+        )
 
     @property
     def active(self) -> int:
@@ -162,16 +181,17 @@ def load_config(path: str | Path) -> tuple[dict[str, Any], str]:
     except RecursionError:
         raise ConfigError(f"model config {file}: input nested too deeply") from None
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"model config {file}: not valid JSON (line {exc.lineno}: "
-                          f"{exc.msg})") from None
+        raise ConfigError(
+            f"model config {file}: not valid JSON (line {exc.lineno}: {exc.msg})"
+        ) from None
     if not isinstance(doc, dict):
-        raise ConfigError(f"model config {file}: expected a JSON object, got "
-                          f"{type(doc).__name__}")
+        raise ConfigError(f"model config {file}: expected a JSON object, got {type(doc).__name__}")
     return doc, str(file)
 
 
-def _int(cfg: dict[str, Any], source: str, *keys: str, default: int | None = None,
-         minimum: int = 0) -> int:
+def _int(
+    cfg: dict[str, Any], source: str, *keys: str, default: int | None = None, minimum: int = 0
+) -> int:
     """The first of ``keys`` present: a whole number of at least ``minimum`` (a size that is
     0 would make every figure derived from it 0, "KV per token 0 B", not an answer)."""
     for key in keys:
@@ -183,8 +203,10 @@ def _int(cfg: dict[str, Any], source: str, *keys: str, default: int | None = Non
             raise ConfigError(f"model config {source}: {key}={value!r} is not {what}")
         return value
     if default is None:
-        raise ConfigError(f"model config {source}: no {' / '.join(keys)} (unsupported "
-                          f"architecture or not a decoder config)")
+        raise ConfigError(
+            f"model config {source}: no {' / '.join(keys)} (unsupported "
+            f"architecture or not a decoder config)"
+        )
     return default
 
 
@@ -200,8 +222,9 @@ def parse_shape(cfg: dict[str, Any], source: str = "config.json") -> ModelShape:
     vocab = _int(cfg, source, "vocab_size", minimum=1)
     if heads == 0 or hidden == 0 or layers == 0:
         raise ConfigError(f"model config {source}: hidden size, layers and heads must be > 0")
-    inter = _int(cfg, source, "intermediate_size", "n_inner", "ffn_dim", default=4 * hidden,
-                 minimum=1)
+    inter = _int(
+        cfg, source, "intermediate_size", "n_inner", "ffn_dim", default=4 * hidden, minimum=1
+    )
     model_type = str(cfg.get("model_type", "unknown"))
     attention = _attention(cfg, source, hidden, heads, model_type)
     act = str(cfg.get("hidden_act", cfg.get("activation_function", "silu"))).lower()
@@ -213,72 +236,99 @@ def parse_shape(cfg: dict[str, Any], source: str = "config.json") -> ModelShape:
         config_dtype = "bf16"  # an exotic checkpoint dtype: size activations as 16-bit
     quant = cfg.get("quantization_config")
     return ModelShape(
-        source=source, model_type=model_type, hidden_size=hidden, num_layers=layers,
-        intermediate_size=inter, vocab_size=vocab,
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)), gated_mlp=gated,
-        max_context_tokens=_int(cfg, source, "max_position_embeddings", "n_positions",
-                                default=0) or None,
-        config_dtype=config_dtype, attention=attention, moe=_moe(cfg, source, layers, inter),
-        quantization=quant if isinstance(quant, dict) else None)
+        source=source,
+        model_type=model_type,
+        hidden_size=hidden,
+        num_layers=layers,
+        intermediate_size=inter,
+        vocab_size=vocab,
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        gated_mlp=gated,
+        max_context_tokens=_int(cfg, source, "max_position_embeddings", "n_positions", default=0)
+        or None,
+        config_dtype=config_dtype,
+        attention=attention,
+        moe=_moe(cfg, source, layers, inter),
+        quantization=quant if isinstance(quant, dict) else None,
+    )
 
 
-def _attention(cfg: dict[str, Any], source: str, hidden: int, heads: int,
-               model_type: str) -> AttentionShape:
+def _attention(
+    cfg: dict[str, Any], source: str, hidden: int, heads: int, model_type: str
+) -> AttentionShape:
     bias = bool(cfg.get("attention_bias", False)) or model_type in ("qwen2", "qwen2_moe")
     if cfg.get("kv_lora_rank"):
         nope = _int(cfg, source, "qk_nope_head_dim")
         rope = _int(cfg, source, "qk_rope_head_dim")
         if nope + rope == 0:
-            raise ConfigError(f"model config {source}: qk_nope_head_dim + qk_rope_head_dim is "
-                              "0: the attention has no width")
+            raise ConfigError(
+                f"model config {source}: qk_nope_head_dim + qk_rope_head_dim is "
+                "0: the attention has no width"
+            )
         return AttentionShape(
-            kind="mla", num_heads=heads, num_kv_heads=1, head_dim=nope + rope, bias=False,
+            kind="mla",
+            num_heads=heads,
+            num_kv_heads=1,
+            head_dim=nope + rope,
+            bias=False,
             kv_lora_rank=_int(cfg, source, "kv_lora_rank", minimum=1),
-            q_lora_rank=_int(cfg, source, "q_lora_rank", default=0), qk_rope_head_dim=rope,
-            v_head_dim=_int(cfg, source, "v_head_dim", default=nope))
+            q_lora_rank=_int(cfg, source, "q_lora_rank", default=0),
+            qk_rope_head_dim=rope,
+            v_head_dim=_int(cfg, source, "v_head_dim", default=nope),
+        )
     kv_heads = _int(cfg, source, "num_key_value_heads", "num_kv_heads", default=heads)
     if cfg.get("multi_query") is True:  # Falcon-7B style flag instead of a head count
         kv_heads = 1
     if hidden % heads and not cfg.get("head_dim"):
-        raise ConfigError(f"model config {source}: hidden_size {hidden} is not a multiple of "
-                          f"num_attention_heads {heads} and there is no head_dim")
+        raise ConfigError(
+            f"model config {source}: hidden_size {hidden} is not a multiple of "
+            f"num_attention_heads {heads} and there is no head_dim"
+        )
     head_dim = _int(cfg, source, "head_dim", default=hidden // heads, minimum=1)
     if kv_heads == 0 or heads % kv_heads:
-        raise ConfigError(f"model config {source}: {heads} attention heads cannot share "
-                          f"{kv_heads} KV heads")
+        raise ConfigError(
+            f"model config {source}: {heads} attention heads cannot share {kv_heads} KV heads"
+        )
     kind = "mha" if kv_heads == heads else "mqa" if kv_heads == 1 else "gqa"
-    return AttentionShape(kind=kind, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
-                          bias=bias)
+    return AttentionShape(
+        kind=kind, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, bias=bias
+    )
 
 
 def _moe(cfg: dict[str, Any], source: str, layers: int, inter: int) -> MoEShape | None:
     if cfg.get("num_local_experts"):  # Mixtral: every layer is MoE, experts as wide as the MLP
-        return MoEShape(num_experts=_int(cfg, source, "num_local_experts"),
-                        experts_per_token=_int(cfg, source, "num_experts_per_tok", default=2),
-                        expert_intermediate_size=inter, shared_intermediate_size=0,
-                        moe_layers=layers)
+        return MoEShape(
+            num_experts=_int(cfg, source, "num_local_experts"),
+            experts_per_token=_int(cfg, source, "num_experts_per_tok", default=2),
+            expert_intermediate_size=inter,
+            shared_intermediate_size=0,
+            moe_layers=layers,
+        )
     if cfg.get("n_routed_experts"):  # DeepSeek V2/V3: first k layers dense, then every freq-th
         expert = _int(cfg, source, "moe_intermediate_size")
         first_dense = _int(cfg, source, "first_k_dense_replace", default=0)
         freq = max(1, _int(cfg, source, "moe_layer_freq", default=1))
         moe_layers = sum(1 for i in range(first_dense, layers) if i % freq == 0)
-        return MoEShape(num_experts=_int(cfg, source, "n_routed_experts"),
-                        experts_per_token=_int(cfg, source, "num_experts_per_tok"),
-                        expert_intermediate_size=expert,
-                        shared_intermediate_size=expert * _int(cfg, source, "n_shared_experts",
-                                                               default=0),
-                        moe_layers=moe_layers)
+        return MoEShape(
+            num_experts=_int(cfg, source, "n_routed_experts"),
+            experts_per_token=_int(cfg, source, "num_experts_per_tok"),
+            expert_intermediate_size=expert,
+            shared_intermediate_size=expert * _int(cfg, source, "n_shared_experts", default=0),
+            moe_layers=moe_layers,
+        )
     if cfg.get("num_experts") and cfg.get("moe_intermediate_size"):  # Qwen2/3-MoE
         step = max(1, _int(cfg, source, "decoder_sparse_step", default=1))
         dense_only = set(cfg.get("mlp_only_layers") or [])
         moe_layers = sum(1 for i in range(layers) if (i + 1) % step == 0 and i not in dense_only)
-        return MoEShape(num_experts=_int(cfg, source, "num_experts"),
-                        experts_per_token=_int(cfg, source, "num_experts_per_tok"),
-                        expert_intermediate_size=_int(cfg, source, "moe_intermediate_size"),
-                        shared_intermediate_size=_int(cfg, source,
-                                                      "shared_expert_intermediate_size",
-                                                      default=0),
-                        moe_layers=moe_layers)
+        return MoEShape(
+            num_experts=_int(cfg, source, "num_experts"),
+            experts_per_token=_int(cfg, source, "num_experts_per_tok"),
+            expert_intermediate_size=_int(cfg, source, "moe_intermediate_size"),
+            shared_intermediate_size=_int(
+                cfg, source, "shared_expert_intermediate_size", default=0
+            ),
+            moe_layers=moe_layers,
+        )
     return None
 
 
@@ -287,8 +337,11 @@ def count_params(shape: ModelShape) -> ParamCount:
     the config says the projections have them)."""
     h, layers, a = shape.hidden_size, shape.num_layers, shape.attention
     if a.kind == "mla":
-        q = (h * a.q_lora_rank + a.q_lora_rank + a.q_lora_rank * a.num_heads * a.head_dim
-             if a.q_lora_rank else h * a.num_heads * a.head_dim)
+        q = (
+            h * a.q_lora_rank + a.q_lora_rank + a.q_lora_rank * a.num_heads * a.head_dim
+            if a.q_lora_rank
+            else h * a.num_heads * a.head_dim
+        )
         kv_a = h * (a.kv_lora_rank + a.qk_rope_head_dim) + a.kv_lora_rank  # + its RMSNorm
         nope = a.head_dim - a.qk_rope_head_dim
         kv_b = a.kv_lora_rank * a.num_heads * (nope + a.v_head_dim)
@@ -310,11 +363,15 @@ def count_params(shape: ModelShape) -> ParamCount:
         router = moe.moe_layers * moe.num_experts * h
     embedding = shape.vocab_size * h
     return ParamCount(
-        embedding=embedding, lm_head=0 if shape.tie_word_embeddings else embedding,
+        embedding=embedding,
+        lm_head=0 if shape.tie_word_embeddings else embedding,
         attention=layers * per_layer_attn,
         dense_mlp=dense_layers * mats * h * shape.intermediate_size,
-        experts_total=experts_total, experts_active=experts_active, router=router,
-        norms=layers * 2 * h + h)
+        experts_total=experts_total,
+        experts_active=experts_active,
+        router=router,
+        norms=layers * 2 * h + h,
+    )
 
 
 @dataclass(frozen=True)
@@ -367,8 +424,10 @@ def _quantized_bytes(q: dict[str, Any], source: str) -> tuple[str, float]:
         # One fp16 scale and one packed zero point per group; per-channel (-1) is negligible.
         extra = (2 + bits / 8) / size if size > 0 else 0.0
         return f"int{bits}", bits / 8 + extra
-    raise ConfigError(f"model config {source}: quantization_config quant_method {method!r} "
-                      f"is not sized here; pass --dtype to size the weights")
+    raise ConfigError(
+        f"model config {source}: quantization_config quant_method {method!r} "
+        f"is not sized here; pass --dtype to size the weights"
+    )
 
 
 def weight_bytes(params: ParamCount, fmt: WeightFormat, active_only: bool = False) -> int:
@@ -379,8 +438,9 @@ def weight_bytes(params: ParamCount, fmt: WeightFormat, active_only: bool = Fals
     return round(linear * fmt.linear_bytes_per_param + other * DTYPE_BYTES[fmt.base_dtype])
 
 
-def decode_weight_bytes(params: ParamCount, fmt: WeightFormat, shape: ModelShape,
-                        batch_size: int = 1) -> int:
+def decode_weight_bytes(
+    params: ParamCount, fmt: WeightFormat, shape: ModelShape, batch_size: int = 1
+) -> int:
     """Weight bytes one decode step must read for ``batch_size`` sequences.
 
     The input embedding is a row lookup, so its table is not read (unless tied: it is the LM
@@ -431,5 +491,4 @@ def prefill_flops(shape: ModelShape, params: ParamCount, prompt_tokens: int) -> 
     """A prefill of P tokens: 2 × weights × P plus the causal attention term (token i attends
     to i positions, so Σ i = P(P+1)/2)."""
     p = prompt_tokens
-    return (2 * params.matmul_active * p
-            + _attention_flops_per_position(shape) * p * (p + 1) // 2)
+    return 2 * params.matmul_active * p + _attention_flops_per_position(shape) * p * (p + 1) // 2

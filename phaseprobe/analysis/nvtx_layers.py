@@ -46,8 +46,17 @@ from typing import Any, TypedDict
 import numpy as np
 import pandas as pd
 
-__all__ = ["LAYER_COLUMNS", "STEP_COLUMNS", "LAYER_KINDS", "LayersDoc", "module_path",
-           "layer_kind", "layer_summary", "layer_summary_of_totals", "not_present"]
+__all__ = [
+    "LAYER_COLUMNS",
+    "STEP_COLUMNS",
+    "LAYER_KINDS",
+    "LayersDoc",
+    "module_path",
+    "layer_kind",
+    "layer_summary",
+    "layer_summary_of_totals",
+    "not_present",
+]
 
 LAYER_KINDS = ("embedding", "norm", "attention", "mlp", "moe", "lm_head", "compiled", "other")
 
@@ -61,12 +70,14 @@ LAYER_COLUMNS: dict[str, str] = {
     "mean_ns": "float64 — dur_ns / ranges",
     "gpu_ns": "int64 — kernels launched inside those ranges (0 in a CPU-only capture)",
     "gpu_share_pct": "float64 — of the kernel time launched in the phase's forward, % "
-                     "(None without kernels)",
+    "(None without kernels)",
 }
 STEP_COLUMNS: dict[str, str] = {
-    "phase": "str", "steps": "int64 — outermost model ranges (forward passes)",
+    "phase": "str",
+    "steps": "int64 — outermost model ranges (forward passes)",
     "tokens": "int64 — summed input_ids length of those passes",
-    "min_tokens": "int64", "max_tokens": "int64",
+    "min_tokens": "int64",
+    "max_tokens": "int64",
     "forward_ns": "int64 — summed forward time (+ ranges outside it: logits_processor)",
 }
 
@@ -92,8 +103,13 @@ _TOKENS = re.compile(r"'input_ids': \[\[(\d+)\]\]")
 _LAYER_INDEX = re.compile(r"\.(?:layers|h|blocks|layer|decoder_layers)\.(\d+)(?:\.|$)")
 # attribute names vLLM's models give their modules (llama.py, mixtral.py, qwen2_moe.py, gpt2 …)
 _KIND_OF_COMPONENT: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("embedding", re.compile(r"^(embed_tokens|embed_in|wte|wpe|word_embeddings|tok_embeddings"
-                             r"|embeddings)$")),
+    (
+        "embedding",
+        re.compile(
+            r"^(embed_tokens|embed_in|wte|wpe|word_embeddings|tok_embeddings"
+            r"|embeddings)$"
+        ),
+    ),
     ("norm", re.compile(r"(norm|layernorm|^ln_\w+|^ln_?\d*|^ln_f)$")),
     ("attention", re.compile(r"^(self_attn|attn|attention|self_attention|cross_attn)$")),
     ("moe", re.compile(r"^(block_sparse_moe|moe|sparse_moe|experts)$")),
@@ -101,9 +117,11 @@ _KIND_OF_COMPONENT: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("lm_head", re.compile(r"^(lm_head|logits_processor|embed_out)$")),
 )
 _PHASE_ORDER = {p: i for i, p in enumerate(("prefill", "decode", "mixed", "unattributed", "all"))}
-NOT_PRESENT = ("no vLLM layerwise NVTX ranges in this capture (vLLM's "
-               "--enable-layerwise-nvtx-tracing was off, CUDA graphs hid them, or NVTX was not "
-               "traced: nsys profile --trace=cuda,nvtx)")
+NOT_PRESENT = (
+    "no vLLM layerwise NVTX ranges in this capture (vLLM's "
+    "--enable-layerwise-nvtx-tracing was off, CUDA graphs hid them, or NVTX was not "
+    "traced: nsys profile --trace=cuda,nvtx)"
+)
 
 
 def module_path(text: str) -> tuple[str, bool] | None:
@@ -156,18 +174,30 @@ def _phases(t: np.ndarray, breakdown: pd.DataFrame) -> tuple[np.ndarray, str]:
     pre = (phase == "prefill") | (phase == "mixed")
     dec = (phase == "decode") | (phase == "mixed")
     if not (pre | dec).any():
-        return np.full(t.size, "unattributed", dtype=object), "none: the capture has no " \
-            "prefill/decode ranges (vLLM step names or phaseprobe's NVTX ranges)"
+        return (
+            np.full(t.size, "unattributed", dtype=object),
+            "none: the capture has no "
+            "prefill/decode ranges (vLLM step names or phaseprobe's NVTX ranges)",
+        )
     in_pre = _covering(t, s[pre], e[pre]) > 0
     in_dec = _covering(t, s[dec], e[dec]) > 0
-    out = np.where(in_pre & in_dec, "mixed", np.where(in_pre, "prefill", np.where(
-        in_dec, "decode", "unattributed"))).astype(object)
+    out = np.where(
+        in_pre & in_dec,
+        "mixed",
+        np.where(in_pre, "prefill", np.where(in_dec, "decode", "unattributed")),
+    ).astype(object)
     names = sorted(set(breakdown["name"].astype(str)[pre | dec]))[:4]
     return out, "ranges open when each layer range starts: " + ", ".join(names)
 
 
-def _inside_root(tid: np.ndarray, s: np.ndarray, e: np.ndarray, root_tid: np.ndarray,
-                 root_s: np.ndarray, root_e: np.ndarray) -> np.ndarray:
+def _inside_root(
+    tid: np.ndarray,
+    s: np.ndarray,
+    e: np.ndarray,
+    root_tid: np.ndarray,
+    root_s: np.ndarray,
+    root_e: np.ndarray,
+) -> np.ndarray:
     """Whether each range lies within an outermost model range of its own thread (those do
     not overlap on one thread: one forward pass at a time)."""
     if root_s.size == 0 or s.size == 0:
@@ -203,12 +233,15 @@ def layer_summary(breakdown: pd.DataFrame) -> LayersDoc:
     paths = [p[0] if p is not None else "" for p in parsed]
     all_paths = set(paths)
     u_kind = np.asarray([layer_kind(p, all_paths) or "" for p in paths], dtype=object)
-    u_root = np.asarray([bool(p) and "." not in p and not p.startswith(_COMPILED)
-                         for p in paths], bool)
-    u_layer = np.asarray([int(m.group(1)) if (m := _LAYER_INDEX.search(p)) else -1
-                          for p in paths], np.int64)
-    u_tokens = np.asarray([int(m.group(1)) if (m := _TOKENS.search(u)) else 0 for u in uniq],
-                          np.int64)
+    u_root = np.asarray(
+        [bool(p) and "." not in p and not p.startswith(_COMPILED) for p in paths], bool
+    )
+    u_layer = np.asarray(
+        [int(m.group(1)) if (m := _LAYER_INDEX.search(p)) else -1 for p in paths], np.int64
+    )
+    u_tokens = np.asarray(
+        [int(m.group(1)) if (m := _TOKENS.search(u)) else 0 for u in uniq], np.int64
+    )
     inputs = is_layerwise & ~is_output
     b = breakdown[inputs]
     c = codes[inputs]
@@ -216,17 +249,29 @@ def layer_summary(breakdown: pd.DataFrame) -> LayersDoc:
     e = b["end_ns"].to_numpy(np.int64)
     tid = b["tid"].to_numpy(np.int64)
     dur = np.clip(e - s, 0, None)
-    gpu = (b["compute_ns"].to_numpy(np.int64) + b["communication_ns"].to_numpy(np.int64)
-           + b["memory_ns"].to_numpy(np.int64))
+    gpu = (
+        b["compute_ns"].to_numpy(np.int64)
+        + b["communication_ns"].to_numpy(np.int64)
+        + b["memory_ns"].to_numpy(np.int64)
+    )
     phase, phase_from = _phases(s, breakdown)
     kind = u_kind[c]
     root = u_root[c]
     kinded = kind != ""
     inside = _inside_root(tid[kinded], s[kinded], e[kinded], tid[root], s[root], e[root])
-    rows = pd.DataFrame({"phase": phase[kinded], "kind": kind[kinded], "dur": dur[kinded],
-                         "gpu": gpu[kinded], "layer": u_layer[c][kinded], "inside": inside})
-    steps = pd.DataFrame({"phase": phase[root], "dur": dur[root], "gpu": gpu[root],
-                          "tokens": u_tokens[c][root]})
+    rows = pd.DataFrame(
+        {
+            "phase": phase[kinded],
+            "kind": kind[kinded],
+            "dur": dur[kinded],
+            "gpu": gpu[kinded],
+            "layer": u_layer[c][kinded],
+            "inside": inside,
+        }
+    )
+    steps = pd.DataFrame(
+        {"phase": phase[root], "dur": dur[root], "gpu": gpu[root], "tokens": u_tokens[c][root]}
+    )
     # "other": forward time (and kernel time) inside the root ranges no kinded range covers
     inside = rows[rows["inside"]].groupby("phase")[["dur", "gpu"]].sum()
     outside = rows[~rows["inside"]].groupby("phase")[["dur", "gpu"]].sum()
@@ -238,53 +283,88 @@ def layer_summary(breakdown: pd.DataFrame) -> LayersDoc:
         i_dur, i_gpu = (int(x) for x in (inside.loc[ph] if ph in inside.index else (0, 0)))
         o_dur, o_gpu = (int(x) for x in (outside.loc[ph] if ph in outside.index else (0, 0)))
         if r_dur and (r_dur > i_dur or r_gpu > i_gpu):
-            kinds.append({"phase": ph, "kind": "other", "ranges": 0, "layers": 0,
-                          "dur_ns": max(r_dur - i_dur, 0), "gpu_ns": max(r_gpu - i_gpu, 0)})
+            kinds.append(
+                {
+                    "phase": ph,
+                    "kind": "other",
+                    "ranges": 0,
+                    "layers": 0,
+                    "dur_ns": max(r_dur - i_dur, 0),
+                    "gpu_ns": max(r_gpu - i_gpu, 0),
+                }
+            )
         # without a root range (a capture cut mid-step) the kinded ranges are the whole
-        forward[ph] = (r_dur + o_dur, r_gpu + o_gpu) if r_dur else (i_dur + o_dur,
-                                                                   i_gpu + o_gpu)
+        forward[ph] = (r_dur + o_dur, r_gpu + o_gpu) if r_dur else (i_dur + o_dur, i_gpu + o_gpu)
     out_kinds = _shares(kinds, forward)
-    step_rows = [{"phase": ph, "steps": int(len(g)), "tokens": int(g["tokens"].sum()),
-                  "min_tokens": int(g["tokens"].min()), "max_tokens": int(g["tokens"].max()),
-                  "forward_ns": forward.get(ph, (0, 0))[0]}
-                 for ph, g in sorted(steps.groupby("phase"),
-                                     key=lambda x: _PHASE_ORDER.get(str(x[0]), 9))]
+    step_rows = [
+        {
+            "phase": ph,
+            "steps": int(len(g)),
+            "tokens": int(g["tokens"].sum()),
+            "min_tokens": int(g["tokens"].min()),
+            "max_tokens": int(g["tokens"].max()),
+            "forward_ns": forward.get(ph, (0, 0))[0],
+        }
+        for ph, g in sorted(steps.groupby("phase"), key=lambda x: _PHASE_ORDER.get(str(x[0]), 9))
+    ]
     model = next((p for p, r in zip(paths, u_root) if r), "")
-    return {"present": True, "ranges": int(inputs.sum()), "output_markers": int(is_output.sum()),
-            "model": model, "phase_from": phase_from,
-            "share_of": "the phase's forward time (outermost model ranges, plus kinded ranges "
-                        "outside them: logits_processor)",
-            "note": f"{int(inputs.sum()):,} vLLM layerwise module ranges ({model or '?'}), "
-                    f"{int(kinded.sum()):,} counted by kind",
-            "steps": step_rows, "kinds": out_kinds}
+    return {
+        "present": True,
+        "ranges": int(inputs.sum()),
+        "output_markers": int(is_output.sum()),
+        "model": model,
+        "phase_from": phase_from,
+        "share_of": "the phase's forward time (outermost model ranges, plus kinded ranges "
+        "outside them: logits_processor)",
+        "note": f"{int(inputs.sum()):,} vLLM layerwise module ranges ({model or '?'}), "
+        f"{int(kinded.sum()):,} counted by kind",
+        "steps": step_rows,
+        "kinds": out_kinds,
+    }
 
 
 def _kind_rows(rows: pd.DataFrame) -> list[dict[str, Any]]:
     if rows.empty:
         return []
-    g = rows.groupby(["phase", "kind"], sort=True).agg(
-        ranges=("dur", "size"), dur_ns=("dur", "sum"), gpu_ns=("gpu", "sum"),
-        layers=("layer", lambda x: int(x[x >= 0].nunique()))).reset_index()
-    return [{k: (v.item() if hasattr(v, "item") else v) for k, v in r.items()}
-            for r in g.to_dict("records")]
+    g = (
+        rows.groupby(["phase", "kind"], sort=True)
+        .agg(
+            ranges=("dur", "size"),
+            dur_ns=("dur", "sum"),
+            gpu_ns=("gpu", "sum"),
+            layers=("layer", lambda x: int(x[x >= 0].nunique())),
+        )
+        .reset_index()
+    )
+    return [
+        {k: (v.item() if hasattr(v, "item") else v) for k, v in r.items()}
+        for r in g.to_dict("records")
+    ]
 
 
-def _shares(kinds: list[dict[str, Any]], total: dict[str, tuple[int, int]]
-            ) -> list[dict[str, Any]]:
+def _shares(kinds: list[dict[str, Any]], total: dict[str, tuple[int, int]]) -> list[dict[str, Any]]:
     out = []
     for r in kinds:
         t, g = total.get(r["phase"], (0, 0))
-        out.append({"phase": r["phase"], "kind": r["kind"], "ranges": int(r["ranges"]),
-                    "layers": int(r["layers"]), "dur_ns": int(r["dur_ns"]),
-                    "share_pct": 100.0 * r["dur_ns"] / t if t > 0 else None,
-                    "mean_ns": r["dur_ns"] / r["ranges"] if r["ranges"] else None,
-                    "gpu_ns": int(r["gpu_ns"]),
-                    "gpu_share_pct": 100.0 * r["gpu_ns"] / g if g > 0 else None})
+        out.append(
+            {
+                "phase": r["phase"],
+                "kind": r["kind"],
+                "ranges": int(r["ranges"]),
+                "layers": int(r["layers"]),
+                "dur_ns": int(r["dur_ns"]),
+                "share_pct": 100.0 * r["dur_ns"] / t if t > 0 else None,
+                "mean_ns": r["dur_ns"] / r["ranges"] if r["ranges"] else None,
+                "gpu_ns": int(r["gpu_ns"]),
+                "gpu_share_pct": 100.0 * r["gpu_ns"] / g if g > 0 else None,
+            }
+        )
     return sorted(out, key=lambda r: (_PHASE_ORDER.get(r["phase"], 9), -r["dur_ns"]))
 
 
-def layer_summary_of_totals(names: pd.Series, total_ns: pd.Series,
-                            instances: pd.Series) -> LayersDoc:
+def layer_summary_of_totals(
+    names: pd.Series, total_ns: pd.Series, instances: pd.Series
+) -> LayersDoc:
     """The ``layers`` document from an ``nsys stats`` ``nvtx_sum`` table (range name, total
     time, instances): no start times, so no phases (``all``), and shares of the summed kinded
     time (the forward ranges' own time cannot be split from what nests in them)."""
@@ -304,17 +384,24 @@ def layer_summary_of_totals(names: pd.Series, total_ns: pd.Series,
         kind = layer_kind(p[0], paths)
         if kind is None:
             continue
-        r = agg.setdefault(kind, {"phase": "all", "kind": kind, "ranges": 0, "layers": set(),
-                                  "dur_ns": 0, "gpu_ns": 0})
+        r = agg.setdefault(
+            kind,
+            {"phase": "all", "kind": kind, "ranges": 0, "layers": set(), "dur_ns": 0, "gpu_ns": 0},
+        )
         r["ranges"] += int(n)
         r["dur_ns"] += int(t)
         if (m := _LAYER_INDEX.search(p[0])) is not None:
             r["layers"].add(int(m.group(1)))
     rows = [{**r, "layers": len(r["layers"])} for r in agg.values()]
     total = sum(r["dur_ns"] for r in rows)
-    return {"present": True, "ranges": counted, "output_markers": outputs,
-            "model": next((p for p in sorted(paths) if "." not in p), ""),
-            "phase_from": "none: nvtx_sum has totals, no times (export the SQLite for phases)",
-            "share_of": "the summed time of the kinded ranges", "steps": [],
-            "note": f"{counted:,} vLLM layerwise module ranges in nvtx_sum",
-            "kinds": _shares(rows, {"all": (total, 0)})}
+    return {
+        "present": True,
+        "ranges": counted,
+        "output_markers": outputs,
+        "model": next((p for p in sorted(paths) if "." not in p), ""),
+        "phase_from": "none: nvtx_sum has totals, no times (export the SQLite for phases)",
+        "share_of": "the summed time of the kinded ranges",
+        "steps": [],
+        "note": f"{counted:,} vLLM layerwise module ranges in nvtx_sum",
+        "kinds": _shares(rows, {"all": (total, 0)}),
+    }

@@ -42,14 +42,24 @@ from typing import Any
 
 from phaseprobe.records import RequestSpan, SpanWindows
 
-__all__ = ["PdSpanRecord", "PdUnjoined", "PdJoin", "RouterId", "join_legs", "normalise_id",
-           "parse_router_id", "ROLES"]
+__all__ = [
+    "PdSpanRecord",
+    "PdUnjoined",
+    "PdJoin",
+    "RouterId",
+    "join_legs",
+    "normalise_id",
+    "parse_router_id",
+    "ROLES",
+]
 
 ROLES = ("prefill", "decode")
 
 _PREFIXES = ("chatcmpl-", "cmpl-")
-_ROUTER_ID = re.compile(r"___prefill_addr_(?P<prefill>.+?)___decode_addr_(?P<decode>.+)_"
-                        r"(?P<uuid>[0-9a-fA-F]{32})")
+_ROUTER_ID = re.compile(
+    r"___prefill_addr_(?P<prefill>.+?)___decode_addr_(?P<decode>.+)_"
+    r"(?P<uuid>[0-9a-fA-F]{32})"
+)
 
 
 @dataclass(frozen=True)
@@ -67,7 +77,7 @@ def normalise_id(request_id: str) -> str:
     rid = request_id.strip()
     for prefix in _PREFIXES:
         if rid.startswith(prefix):
-            rid = rid[len(prefix):]
+            rid = rid[len(prefix) :]
             break
     if rid.endswith("-0") and len(rid) > 2:
         rid = rid[:-2]
@@ -117,10 +127,14 @@ class PdSpanRecord:
 
     def ttft_parts_s(self) -> dict[str, float | None]:
         """The client-visible TTFT in its parts, in order; they add up to ``ttft_s``."""
-        return {"prefill_pre_engine_s": self.prefill_pre_engine_s,
-                "prefill_queue_s": self.prefill_queue_s, "prefill_s": self.prefill_s,
-                "prefill_return_s": self.prefill_return_s, "hand_over_s": self.hand_over_s,
-                "decode_prompt_s": self.decode_prompt_s}
+        return {
+            "prefill_pre_engine_s": self.prefill_pre_engine_s,
+            "prefill_queue_s": self.prefill_queue_s,
+            "prefill_s": self.prefill_s,
+            "prefill_return_s": self.prefill_return_s,
+            "hand_over_s": self.hand_over_s,
+            "decode_prompt_s": self.decode_prompt_s,
+        }
 
     @property
     def hand_over_share(self) -> float | None:
@@ -130,8 +144,9 @@ class PdSpanRecord:
         return self.hand_over_s / self.ttft_s
 
     def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {k: getattr(self, k) for k in self.__dataclass_fields__
-                             if k not in ("prefill", "decode")}
+        d: dict[str, Any] = {
+            k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("prefill", "decode")
+        }
         d["prefill_span"] = self.prefill.to_dict()
         d["decode_span"] = self.decode.to_dict()
         d["ttft_parts_s"] = self.ttft_parts_s()
@@ -155,9 +170,15 @@ class PdUnjoined:
     reason: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "key": self.key, "by": self.by,
-                "request_ids": list(self.request_ids), "instances": list(self.instances),
-                "span_ids": list(self.span_ids), "reason": self.reason}
+        return {
+            "kind": self.kind,
+            "key": self.key,
+            "by": self.by,
+            "request_ids": list(self.request_ids),
+            "instances": list(self.instances),
+            "span_ids": list(self.span_ids),
+            "reason": self.reason,
+        }
 
 
 @dataclass(frozen=True)
@@ -192,15 +213,17 @@ class PdJoin:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return {"counts": self.counts(), "requests": [r.to_dict() for r in self.records],
-                "unjoined": [u.to_dict() for u in self.unjoined]}
+        return {
+            "counts": self.counts(),
+            "requests": [r.to_dict() for r in self.records],
+            "unjoined": [u.to_dict() for u in self.unjoined],
+        }
 
 
 # -- joining --------------------------------------------------------------------------------
 
 
-def join_legs(spans: Iterable[RequestSpan],
-              roles: Mapping[str, str] | None = None) -> PdJoin:
+def join_legs(spans: Iterable[RequestSpan], roles: Mapping[str, str] | None = None) -> PdJoin:
     """Group request spans into P/D requests: by the shared request id (a P/D router's id
     among them), then the spans left alone by trace and parent span. ``roles`` maps an
     instance name (the span's ``instance``, or its ``service``) to "prefill" or "decode"."""
@@ -230,8 +253,11 @@ def join_legs(spans: Iterable[RequestSpan],
         # traces may still tell the requests apart.
         subgroups = _by_trace(group)
         if len(subgroups) == 1:
-            unjoined.append(_unjoined("more_than_two", key, by, group,
-                                      f"{len(group)} spans share request id {key!r}"))
+            unjoined.append(
+                _unjoined(
+                    "more_than_two", key, by, group, f"{len(group)} spans share request id {key!r}"
+                )
+            )
             continue
         for (trace, parent), sub in subgroups.items():
             subkey = f"{key}@{trace}"
@@ -240,22 +266,43 @@ def join_legs(spans: Iterable[RequestSpan],
             elif len(sub) == 1:
                 unjoined.append(_unjoined("single_leg", subkey, by, sub, _single_reason(sub[0])))
             else:
-                unjoined.append(_unjoined("more_than_two", subkey, by, sub,
-                                          f"{len(sub)} spans share request id {key!r} and "
-                                          f"trace {trace} (parent {parent})"))
+                unjoined.append(
+                    _unjoined(
+                        "more_than_two",
+                        subkey,
+                        by,
+                        sub,
+                        f"{len(sub)} spans share request id {key!r} and "
+                        f"trace {trace} (parent {parent})",
+                    )
+                )
     for (trace, parent), group in _by_trace(leftovers).items():
         key = f"{trace}/{parent or '-'}"
         if len(group) == 1:
             s = group[0]
             by = "request_id" if s.request_id else "none"
-            unjoined.append(_unjoined("single_leg", normalise_id(s.request_id) if s.request_id
-                                      else key, by, group, _single_reason(s)))
+            unjoined.append(
+                _unjoined(
+                    "single_leg",
+                    normalise_id(s.request_id) if s.request_id else key,
+                    by,
+                    group,
+                    _single_reason(s),
+                )
+            )
         elif len(group) == 2:
             _pair(key, "trace", group, None, roles, records, unjoined)
         else:
-            unjoined.append(_unjoined("more_than_two", key, "trace", group,
-                                      f"{len(group)} spans of trace {trace} share parent "
-                                      f"{parent or '(none)'} and no request id in common"))
+            unjoined.append(
+                _unjoined(
+                    "more_than_two",
+                    key,
+                    "trace",
+                    group,
+                    f"{len(group)} spans of trace {trace} share parent "
+                    f"{parent or '(none)'} and no request id in common",
+                )
+            )
     records.sort(key=lambda r: (r.prefill.start_ns, r.key))
     unjoined.sort(key=lambda u: (u.kind, u.key))
     return PdJoin(records=tuple(records), unjoined=tuple(unjoined))
@@ -269,22 +316,34 @@ def _by_trace(spans: list[RequestSpan]) -> dict[tuple[str, str | None], list[Req
 
 
 def _single_reason(s: RequestSpan) -> str:
-    return (f"only one leg (instance {s.instance or '?'}, {s.completion_tokens} output "
-            "token(s)): its other leg's span is missing, or it was no P/D request")
+    return (
+        f"only one leg (instance {s.instance or '?'}, {s.completion_tokens} output "
+        "token(s)): its other leg's span is missing, or it was no P/D request"
+    )
 
 
-def _unjoined(kind: str, key: str, by: str, group: list[RequestSpan],
-              reason: str) -> PdUnjoined:
+def _unjoined(kind: str, key: str, by: str, group: list[RequestSpan], reason: str) -> PdUnjoined:
     group = sorted(group, key=lambda s: (s.start_ns, s.span_id))
-    return PdUnjoined(kind=kind, key=key, by=by,
-                      request_ids=tuple(s.request_id for s in group),
-                      instances=tuple(s.instance for s in group),
-                      span_ids=tuple(s.span_id for s in group), reason=reason)
+    return PdUnjoined(
+        kind=kind,
+        key=key,
+        by=by,
+        request_ids=tuple(s.request_id for s in group),
+        instances=tuple(s.instance for s in group),
+        span_ids=tuple(s.span_id for s in group),
+        reason=reason,
+    )
 
 
-def _pair(key: str, by: str, group: list[RequestSpan], router: RouterId | None,
-          roles: Mapping[str, str], records: list[PdSpanRecord],
-          unjoined: list[PdUnjoined]) -> None:
+def _pair(
+    key: str,
+    by: str,
+    group: list[RequestSpan],
+    router: RouterId | None,
+    roles: Mapping[str, str],
+    records: list[PdSpanRecord],
+    unjoined: list[PdUnjoined],
+) -> None:
     a, b = sorted(group, key=lambda s: (s.start_ns, s.span_id))
     found = _roles(a, b, router, roles)
     if isinstance(found, str):
@@ -305,9 +364,11 @@ def _complement(ra: str | None, rb: str | None) -> tuple[str, str] | None:
     return (ra, rb) if ra != rb else None
 
 
-def _roles(a: RequestSpan, b: RequestSpan, router: RouterId | None,
-           roles: Mapping[str, str]) -> tuple[RequestSpan, RequestSpan, str] | str:
+def _roles(
+    a: RequestSpan, b: RequestSpan, router: RouterId | None, roles: Mapping[str, str]
+) -> tuple[RequestSpan, RequestSpan, str] | str:
     """(prefill leg, decode leg, where the roles came from), or why they cannot be told."""
+
     def order(pair: tuple[str, str], source: str) -> tuple[RequestSpan, RequestSpan, str]:
         return (a, b, source) if pair[0] == "prefill" else (b, a, source)
 
@@ -316,8 +377,10 @@ def _roles(a: RequestSpan, b: RequestSpan, router: RouterId | None,
         if ua is not None or ub is not None:
             pair = _complement(ua, ub)
             if pair is None:
-                return (f"both legs are on {ua} instances as given "
-                        f"({a.instance or '?'}, {b.instance or '?'})")
+                return (
+                    f"both legs are on {ua} instances as given "
+                    f"({a.instance or '?'}, {b.instance or '?'})"
+                )
             return order(pair, "user")
     if router is not None:
         pair = _complement(_addr_role(a, router), _addr_role(b, router))
@@ -327,11 +390,17 @@ def _roles(a: RequestSpan, b: RequestSpan, router: RouterId | None,
     if la != lb:
         return order(("prefill", "decode") if la else ("decode", "prefill"), "legs")
     what = "both have" if la else "neither has"
-    hint = (f"; the router id names prefill {router.prefill_addr} and decode "
-            f"{router.decode_addr}, matching neither instance" if router is not None else "")
-    return (f"{what} 1 output token and no decode time (instances {a.instance or '?'}, "
-            f"{b.instance or '?'}){hint}: name the instances' roles "
-            "(--prefill-instance / --decode-instance)")
+    hint = (
+        f"; the router id names prefill {router.prefill_addr} and decode "
+        f"{router.decode_addr}, matching neither instance"
+        if router is not None
+        else ""
+    )
+    return (
+        f"{what} 1 output token and no decode time (instances {a.instance or '?'}, "
+        f"{b.instance or '?'}){hint}: name the instances' roles "
+        "(--prefill-instance / --decode-instance)"
+    )
 
 
 def _user_role(s: RequestSpan, roles: Mapping[str, str]) -> str | None:
@@ -345,6 +414,7 @@ def _addr_role(s: RequestSpan, router: RouterId) -> str | None:
     inst = s.instance
     if not inst:
         return None
+
     def names(addr: str) -> bool:  # the address in the instance's name, port not cut short
         return re.search(re.escape(addr) + r"(?![0-9])", inst) is not None
 
@@ -369,28 +439,47 @@ def _s(ns: int) -> float:
     return ns / 1e9
 
 
-def pd_record(key: str, joined_by: str, roles_from: str, prefill: RequestSpan,
-              decode: RequestSpan, router: RouterId | None = None) -> PdSpanRecord:
+def pd_record(
+    key: str,
+    joined_by: str,
+    roles_from: str,
+    prefill: RequestSpan,
+    decode: RequestSpan,
+    router: RouterId | None = None,
+) -> PdSpanRecord:
     """The P/D record of one request from its prefill-leg and decode-leg spans."""
     wp, wd = _windows(prefill), _windows(decode)
-    rec = PdSpanRecord(key=key, joined_by=joined_by, roles_from=roles_from, prefill=prefill,
-                       decode=decode,
-                       prefill_addr=router.prefill_addr if router is not None else None,
-                       decode_addr=router.decode_addr if router is not None else None,
-                       prefill_queue_s=prefill.queue_s, prefill_s=prefill.prefill_s,
-                       legs_gap_s=_s(decode.start_ns - prefill.end_ns),
-                       decode_kv_wait_s=decode.queue_s, decode_prompt_s=decode.prefill_s,
-                       decode_s=decode.decode_s,
-                       e2e_s=_s(decode.end_ns - prefill.start_ns))
+    rec = PdSpanRecord(
+        key=key,
+        joined_by=joined_by,
+        roles_from=roles_from,
+        prefill=prefill,
+        decode=decode,
+        prefill_addr=router.prefill_addr if router is not None else None,
+        decode_addr=router.decode_addr if router is not None else None,
+        prefill_queue_s=prefill.queue_s,
+        prefill_s=prefill.prefill_s,
+        legs_gap_s=_s(decode.start_ns - prefill.end_ns),
+        decode_kv_wait_s=decode.queue_s,
+        decode_prompt_s=decode.prefill_s,
+        decode_s=decode.decode_s,
+        e2e_s=_s(decode.end_ns - prefill.start_ns),
+    )
     if wp is not None:
-        rec = replace(rec, prefill_pre_engine_s=_s(wp.queued_ns - wp.arrival_ns),
-                      prefill_queue_s=_s(wp.prefill_start_ns - wp.queued_ns),
-                      prefill_s=_s(wp.first_token_ns - wp.prefill_start_ns),
-                      prefill_return_s=_s(wp.end_ns - wp.first_token_ns))
+        rec = replace(
+            rec,
+            prefill_pre_engine_s=_s(wp.queued_ns - wp.arrival_ns),
+            prefill_queue_s=_s(wp.prefill_start_ns - wp.queued_ns),
+            prefill_s=_s(wp.first_token_ns - wp.prefill_start_ns),
+            prefill_return_s=_s(wp.end_ns - wp.first_token_ns),
+        )
     if wd is not None:
-        rec = replace(rec, hand_over_s=_s(wd.prefill_start_ns - prefill.end_ns),
-                      decode_pre_engine_s=_s(wd.queued_ns - wd.arrival_ns),
-                      decode_kv_wait_s=_s(wd.prefill_start_ns - wd.queued_ns),
-                      decode_prompt_s=_s(wd.first_token_ns - wd.prefill_start_ns),
-                      ttft_s=_s(wd.first_token_ns - prefill.start_ns))
+        rec = replace(
+            rec,
+            hand_over_s=_s(wd.prefill_start_ns - prefill.end_ns),
+            decode_pre_engine_s=_s(wd.queued_ns - wd.arrival_ns),
+            decode_kv_wait_s=_s(wd.prefill_start_ns - wd.queued_ns),
+            decode_prompt_s=_s(wd.first_token_ns - wd.prefill_start_ns),
+            ttft_s=_s(wd.first_token_ns - prefill.start_ns),
+        )
     return rec

@@ -36,8 +36,7 @@ from typing import Any
 from phaseprobe.analysis.bucket_quantile import BucketQuantile
 from phaseprobe.analysis.rules.live_base import NIXL_COUNTERS, ReplicaWindow
 
-__all__ = ["KvPathWindow", "kv_path_window", "pd_role", "PREFILL_ROLE_MAX_TOKENS",
-           "NOT_EXPORTED"]
+__all__ = ["KvPathWindow", "kv_path_window", "pd_role", "PREFILL_ROLE_MAX_TOKENS", "NOT_EXPORTED"]
 
 PREFILL_ROLE_MAX_TOKENS = 1.5  # generated tokens per finished request: a prefill instance
 NOT_EXPORTED = "not exported"
@@ -49,8 +48,7 @@ def pd_role(r: ReplicaWindow) -> tuple[str | None, str]:
     generates ~1 token per request (the P/D proxy asks it for one); a decode instance is one
     whose KV connector looked prompts up and that generated more."""
     done, gen = r.finished, r.delta("generation_tokens")
-    if done is not None and done >= 1 and gen is not None \
-            and gen / done <= PREFILL_ROLE_MAX_TOKENS:
+    if done is not None and done >= 1 and gen is not None and gen / done <= PREFILL_ROLE_MAX_TOKENS:
         return "prefill", f"{gen / done:.1f} tokens generated per request"
     lookups = r.delta("external_prefix_cache_queries")
     if lookups:
@@ -85,8 +83,10 @@ class KvPathWindow:
     @property
     def nixl(self) -> bool:
         """Does the instance export the NIXL connector's series?"""
-        return self.xfer_exported or any(v is not None for v in (
-            self.failed_transfers, self.failed_notifications, self.kv_expired))
+        return self.xfer_exported or any(
+            v is not None
+            for v in (self.failed_transfers, self.failed_notifications, self.kv_expired)
+        )
 
     @property
     def recompute_share(self) -> float | None:
@@ -104,17 +104,21 @@ class KvPathWindow:
     def parts(self) -> list[str]:
         """The report's phrases, in order (the line is them joined)."""
         nixl = "" if self.nixl else f" ({_NO_NIXL})"
-        out = [f"{self.role or 'role unknown'} ({self.role_why})",
-               f"failed transfers {self._count(self.failed_transfers)}, failed "
-               f"notifications {self._count(self.failed_notifications)}, expired KV "
-               f"{self._count(self.kv_expired)}{nixl}"]
+        out = [
+            f"{self.role or 'role unknown'} ({self.role_why})",
+            f"failed transfers {self._count(self.failed_transfers)}, failed "
+            f"notifications {self._count(self.failed_notifications)}, expired KV "
+            f"{self._count(self.kv_expired)}{nixl}",
+        ]
         if not self.xfer_exported:
             out.append(f"transfer time p99 {NOT_EXPORTED}")
         elif self.xfer_p99 is None:
             out.append("transfer time p99: no transfer in the window")
         else:
-            out.append(f"transfer time {self.xfer_p99.text} over "
-                       f"{self.xfer_p99.observations:.0f} transfers")
+            out.append(
+                f"transfer time {self.xfer_p99.text} over "
+                f"{self.xfer_p99.observations:.0f} transfers"
+            )
         out.append(f"KV wait {self.kv_wait_text}")
         share = self.recompute_share
         if self.role == "prefill":
@@ -124,9 +128,11 @@ class KvPathWindow:
         elif share is None:
             out.append("recompute share: no prompt token counted in the window")
         else:
-            out.append(f"recompute share {share * 100:.1f} % (computed {self.computed:.0f} of "
-                       f"{self.computed + self.transferred:.0f} prompt tokens, "
-                       f"{self.transferred:.0f} transferred)")
+            out.append(
+                f"recompute share {share * 100:.1f} % (computed {self.computed:.0f} of "
+                f"{self.computed + self.transferred:.0f} prompt tokens, "
+                f"{self.transferred:.0f} transferred)"
+            )
         return out
 
     @property
@@ -134,45 +140,71 @@ class KvPathWindow:
         return "; ".join(self.parts)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "role": self.role, "role_why": self.role_why,
-                "nixl_exported": self.nixl, "failed_transfers": self.failed_transfers,
-                "failed_notifications": self.failed_notifications,
-                "kv_expired": self.kv_expired,
-                "xfer_time_p99": self.xfer_p99.to_dict() if self.xfer_p99 else None,
-                "kv_wait_p99_s": self.kv_wait_s, "kv_wait_bound": self.kv_wait_bound,
-                "kv_wait": self.kv_wait_text, "transferred": self.transferred,
-                "computed": self.computed, "cached": self.cached,
-                "recompute_share": self.recompute_share, "finished": self.finished,
-                "text": self.text}
+        return {
+            "name": self.name,
+            "role": self.role,
+            "role_why": self.role_why,
+            "nixl_exported": self.nixl,
+            "failed_transfers": self.failed_transfers,
+            "failed_notifications": self.failed_notifications,
+            "kv_expired": self.kv_expired,
+            "xfer_time_p99": self.xfer_p99.to_dict() if self.xfer_p99 else None,
+            "kv_wait_p99_s": self.kv_wait_s,
+            "kv_wait_bound": self.kv_wait_bound,
+            "kv_wait": self.kv_wait_text,
+            "transferred": self.transferred,
+            "computed": self.computed,
+            "cached": self.cached,
+            "recompute_share": self.recompute_share,
+            "finished": self.finished,
+            "text": self.text,
+        }
 
 
-def _kv_wait(r: ReplicaWindow, role: str | None, nixl: bool
-             ) -> tuple[float | None, str | None, str]:
+def _kv_wait(
+    r: ReplicaWindow, role: str | None, nixl: bool
+) -> tuple[float | None, str | None, str]:
     """(the KV wait p99 or its bound, the bound's kind, the words) for one instance."""
     if role != "decode":
         return None, None, "p99: n/a (not a decode instance)"
     queue, prefill = r.quantile("queue_time"), r.quantile("prefill_time")
     if not nixl:
-        said = (f"p99 {NOT_EXPORTED} (vLLM 0.32 has no KV-wait series and, with {_NO_NIXL}, "
-                "whether the connector waits in the queue or loads inside prefill cannot be "
-                "told): decode-side queue "
-                + (queue.text if queue else "not measured") + ", prefill "
-                + (prefill.text if prefill else "not measured")
-                + " (a synchronous connector such as the ExampleConnector loads the KV "
-                  "there)")
+        said = (
+            f"p99 {NOT_EXPORTED} (vLLM 0.32 has no KV-wait series and, with {_NO_NIXL}, "
+            "whether the connector waits in the queue or loads inside prefill cannot be "
+            "told): decode-side queue "
+            + (queue.text if queue else "not measured")
+            + ", prefill "
+            + (prefill.text if prefill else "not measured")
+            + " (a synchronous connector such as the ExampleConnector loads the KV "
+            "there)"
+        )
         return None, None, said
     if queue is None:
         return None, None, "p99: the decode instance's queue-time histogram did not move"
     capacity = r.gauge_max.get("waiting_capacity")
     if capacity is not None and capacity <= 0:
-        return queue.value_s, queue.bound, (
-            f"{queue.text} (NIXL books it as queue time; no request waited for capacity in "
-            f"{r.samples} samples, so the queue is the KV wait)")
-    why = (f"up to {capacity:.0f} requests waited for capacity" if capacity is not None
-           else "num_requests_waiting_by_reason is not exported: capacity waiting cannot "
-                "be told apart")
-    return queue.value_s, "upper", (f"at most the decode queue's {queue.text} (the queue "
-                                    f"holds the KV wait and capacity queueing; {why})")
+        return (
+            queue.value_s,
+            queue.bound,
+            (
+                f"{queue.text} (NIXL books it as queue time; no request waited for capacity in "
+                f"{r.samples} samples, so the queue is the KV wait)"
+            ),
+        )
+    why = (
+        f"up to {capacity:.0f} requests waited for capacity"
+        if capacity is not None
+        else "num_requests_waiting_by_reason is not exported: capacity waiting cannot be told apart"
+    )
+    return (
+        queue.value_s,
+        "upper",
+        (
+            f"at most the decode queue's {queue.text} (the queue "
+            f"holds the KV wait and capacity queueing; {why})"
+        ),
+    )
 
 
 def kv_path_window(r: ReplicaWindow) -> KvPathWindow:
@@ -183,9 +215,19 @@ def kv_path_window(r: ReplicaWindow) -> KvPathWindow:
     nixl = xfer_exported or any(v is not None for v in counts.values())
     wait, bound, wait_text = _kv_wait(r, role, nixl)
     return KvPathWindow(
-        r.name, role, why, counts["nixl_failed_transfers"],
-        counts["nixl_failed_notifications"], counts["nixl_kv_expired"],
-        r.quantile("nixl_xfer_time") if xfer_exported else None, xfer_exported,
-        wait, bound, wait_text, r.delta("prompt_source_external_kv_transfer"),
-        r.delta("prompt_source_local_compute"), r.delta("prompt_source_local_cache_hit"),
-        r.finished)
+        r.name,
+        role,
+        why,
+        counts["nixl_failed_transfers"],
+        counts["nixl_failed_notifications"],
+        counts["nixl_kv_expired"],
+        r.quantile("nixl_xfer_time") if xfer_exported else None,
+        xfer_exported,
+        wait,
+        bound,
+        wait_text,
+        r.delta("prompt_source_external_kv_transfer"),
+        r.delta("prompt_source_local_compute"),
+        r.delta("prompt_source_local_cache_hit"),
+        r.finished,
+    )

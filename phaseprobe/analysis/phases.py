@@ -44,8 +44,13 @@ PHASE_HISTOGRAMS: dict[str, str] = {
     "ttft_s": "ttft",
     "e2e_s": "e2e_latency",
 }
-TRACKED_COUNTERS = ("prompt_tokens", "generation_tokens", "prefix_cache_queries",
-                    "prefix_cache_hits", "num_preemptions")
+TRACKED_COUNTERS = (
+    "prompt_tokens",
+    "generation_tokens",
+    "prefix_cache_queries",
+    "prefix_cache_hits",
+    "num_preemptions",
+)
 
 
 def idle_reasons(snap: MetricSnapshot, model: str | None, when: str) -> list[str]:
@@ -72,9 +77,14 @@ def histograms_moved(before: MetricSnapshot, after: MetricSnapshot, model: str |
     return moved
 
 
-def attribute(before: MetricSnapshot, after: MetricSnapshot, *, model: str | None,
-              prompt_tokens: int | None, completion_tokens: int | None
-              ) -> tuple[ServerPhases, Isolation]:
+def attribute(
+    before: MetricSnapshot,
+    after: MetricSnapshot,
+    *,
+    model: str | None,
+    prompt_tokens: int | None,
+    completion_tokens: int | None,
+) -> tuple[ServerPhases, Isolation]:
     """Phase times of the one request that ran between ``before`` and ``after``."""
     reasons = idle_reasons(before, model, "before") + idle_reasons(after, model, "after")
     phases: dict[str, float | None] = {}
@@ -97,14 +107,16 @@ def attribute(before: MetricSnapshot, after: MetricSnapshot, *, model: str | Non
         b, a = before.value(canonical, model=model), after.value(canonical, model=model)
         if a is not None and b is not None:
             counters[canonical] = a - b
-    for canonical, expected in (("prompt_tokens", prompt_tokens),
-                                ("generation_tokens", completion_tokens)):
+    for canonical, expected in (
+        ("prompt_tokens", prompt_tokens),
+        ("generation_tokens", completion_tokens),
+    ):
         got = counters.get(canonical)
         if got is not None and expected is not None and got != expected:
-            reasons.append(f"{canonical} counter moved by {got:g}, the request's usage says "
-                           f"{expected}")
-    server = ServerPhases(count_deltas=counts, counter_deltas=counters,
-                          **phases)  # type: ignore[arg-type]  # the six *_s fields
+            reasons.append(
+                f"{canonical} counter moved by {got:g}, the request's usage says {expected}"
+            )
+    server = ServerPhases(count_deltas=counts, counter_deltas=counters, **phases)  # type: ignore[arg-type]  # the six *_s fields
     return server, Isolation(verified=True, isolated=not reasons, reasons=tuple(reasons))
 
 
@@ -165,12 +177,14 @@ def outside_engine(run: Run) -> tuple[float, float | None] | None:
     span's TTFT − queue − prefill: vLLM's TTFT ends when the API server has the first token,
     so it also holds that token's way back from the engine, which overlaps decode."""
     c, sp = run.client, run.span
-    if c is None or sp is None or not c.complete or None in (sp.queue_s, sp.prefill_s,
-                                                             sp.decode_s):
+    if c is None or sp is None or not c.complete or None in (sp.queue_s, sp.prefill_s, sp.decode_s):
         return None
     inside = (sp.queue_s or 0.0) + (sp.prefill_s or 0.0) + (sp.decode_s or 0.0)
-    pre = (max(0.0, sp.ttft_s - (sp.queue_s or 0.0) - (sp.prefill_s or 0.0))
-           if sp.ttft_s is not None else None)
+    pre = (
+        max(0.0, sp.ttft_s - (sp.queue_s or 0.0) - (sp.prefill_s or 0.0))
+        if sp.ttft_s is not None
+        else None
+    )
     return c.e2e_s - inside, pre
 
 
@@ -257,8 +271,7 @@ def summarize(runs: Sequence[Run]) -> Summary:
         server_ttft_s=s_ttft,
         server_e2e_s=_median([s.e2e_s for s in server]),
         decode_share_of_e2e=(decode_c / e2e) if decode_c is not None and e2e else None,
-        ttft_gap_s=(c_ttft - s_ttft_c) if c_ttft is not None and s_ttft_c is not None
-        else None,
+        ttft_gap_s=(c_ttft - s_ttft_c) if c_ttft is not None and s_ttft_c is not None else None,
         n_client_inconsistent=len(dropped),
         itl_pooled_p99_s=percentile(itl, 99),
         n_server=len(server),
@@ -274,9 +287,13 @@ def summarize(runs: Sequence[Run]) -> Summary:
 CLIENT_STALL_SHARE = 0.5
 
 
-def consistency_notes(runs: Sequence[Run], tolerance_s: float = 0.002,
-                      late_delivery_s: float = 0.050, hop: bool | None = None,
-                      delivery: bool = True) -> list[str]:
+def consistency_notes(
+    runs: Sequence[Run],
+    tolerance_s: float = 0.002,
+    late_delivery_s: float = 0.050,
+    hop: bool | None = None,
+    delivery: bool = True,
+) -> list[str]:
     """Server phases that cannot be true given what the client saw.
 
     The client's e2e contains the server's inference time and the client's TTFT contains the
@@ -297,8 +314,10 @@ def consistency_notes(runs: Sequence[Run], tolerance_s: float = 0.002,
         if not verdict.consistent and delivery:
             # One note says it all: what was inconsistent, who held the tokens back, and
             # that the run is out of the medians.
-            notes.append(f"run {r.seq + 1} left out of the medians: its client timeline "
-                         f"contradicts the server's phases: {'; '.join(verdict.reasons)}")
+            notes.append(
+                f"run {r.seq + 1} left out of the medians: its client timeline "
+                f"contradicts the server's phases: {'; '.join(verdict.reasons)}"
+            )
         explained = not verdict.consistent
         stall = c.client_stall_s
         if s is None:  # client-only: its stamps can still be late on a starved client
@@ -306,35 +325,49 @@ def consistency_notes(runs: Sequence[Run], tolerance_s: float = 0.002,
                 notes.append(_stall_note(r.seq, stall))
             continue
         if s.inference_s is not None and s.inference_s > c.e2e_s + tolerance_s:
-            notes.append(f"run {r.seq + 1}: server inference {s.inference_s * 1e3:.1f} ms exceeds "
-                         f"client e2e {c.e2e_s * 1e3:.1f} ms")
+            notes.append(
+                f"run {r.seq + 1}: server inference {s.inference_s * 1e3:.1f} ms exceeds "
+                f"client e2e {c.e2e_s * 1e3:.1f} ms"
+            )
         if s.prefill_s is not None and s.prefill_s > c.ttft_s + tolerance_s:
-            notes.append(f"run {r.seq + 1}: server prefill {s.prefill_s * 1e3:.1f} ms exceeds "
-                         f"client TTFT {c.ttft_s * 1e3:.1f} ms (swapped or foreign histograms?)")
+            notes.append(
+                f"run {r.seq + 1}: server prefill {s.prefill_s * 1e3:.1f} ms exceeds "
+                f"client TTFT {c.ttft_s * 1e3:.1f} ms (swapped or foreign histograms?)"
+            )
         if explained or not delivery:  # the note above says why it is late
             continue
         late = s.ttft_s is not None and c.ttft_s - s.ttft_s > max(late_delivery_s, s.ttft_s)
         if late and s.ttft_s is not None:
             gap = c.ttft_s - s.ttft_s
             if stall is not None and stall >= CLIENT_STALL_SHARE * gap:
-                why = (f"this client process was itself unscheduled for up to "
-                       f"{stall * 1e3:.0f} ms during the run: a loaded client machine, not "
-                       "the server")
+                why = (
+                    f"this client process was itself unscheduled for up to "
+                    f"{stall * 1e3:.0f} ms during the run: a loaded client machine, not "
+                    "the server"
+                )
             else:
-                why = ("a stalled API server or client (no proxy or network on this machine)"
-                       if hop is False else "buffering proxy, network, or a stalled API server"
-                       ) + (
-                    "" if stall is None else f"; the client was scheduled on time (longest "
-                                             f"stall {stall * 1e3:.0f} ms)")
-            notes.append(f"run {r.seq + 1}: tokens delivered late: client TTFT "
-                         f"{c.ttft_s * 1e3:.1f} ms vs server TTFT {s.ttft_s * 1e3:.1f} ms "
-                         f"({why})")
+                why = (
+                    "a stalled API server or client (no proxy or network on this machine)"
+                    if hop is False
+                    else "buffering proxy, network, or a stalled API server"
+                ) + (
+                    ""
+                    if stall is None
+                    else f"; the client was scheduled on time (longest stall {stall * 1e3:.0f} ms)"
+                )
+            notes.append(
+                f"run {r.seq + 1}: tokens delivered late: client TTFT "
+                f"{c.ttft_s * 1e3:.1f} ms vs server TTFT {s.ttft_s * 1e3:.1f} ms "
+                f"({why})"
+            )
         elif stall is not None and stall > late_delivery_s:
             notes.append(_stall_note(r.seq, stall))
     return notes
 
 
 def _stall_note(seq: int, stall_s: float) -> str:
-    return (f"run {seq + 1}: the client process was unscheduled for up to "
-            f"{stall_s * 1e3:.0f} ms during the run: its token stamps (ITL, TTFT) can be late "
-            "by that much")
+    return (
+        f"run {seq + 1}: the client process was unscheduled for up to "
+        f"{stall_s * 1e3:.0f} ms during the run: its token stamps (ITL, TTFT) can be late "
+        "by that much"
+    )

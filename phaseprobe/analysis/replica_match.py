@@ -15,14 +15,22 @@ from collections.abc import Mapping
 
 from phaseprobe.sources.vllm.metrics import MetricSnapshot
 
-__all__ = ["process_identity", "unverifiable", "moved_replicas", "serving_replica",
-           "ReplicaPair"]
+__all__ = ["process_identity", "unverifiable", "moved_replicas", "serving_replica", "ReplicaPair"]
 
 ReplicaPair = tuple[MetricSnapshot, MetricSnapshot]  # (before, after) of one replica
 
 # Counters and histogram counts whose decrease between two scrapes is impossible in one process.
-_MONOTONIC = ("request_success", "prompt_tokens", "generation_tokens", "e2e_latency", "ttft",
-              "queue_time", "prefill_time", "decode_time", "inference_time")
+_MONOTONIC = (
+    "request_success",
+    "prompt_tokens",
+    "generation_tokens",
+    "e2e_latency",
+    "ttft",
+    "queue_time",
+    "prefill_time",
+    "decode_time",
+    "inference_time",
+)
 
 
 def process_identity(snap: MetricSnapshot) -> tuple[float, ...] | None:
@@ -42,25 +50,31 @@ def process_identity(snap: MetricSnapshot) -> tuple[float, ...] | None:
     return tuple(stamps) if stamps else None
 
 
-def unverifiable(before: MetricSnapshot, after: MetricSnapshot,
-                 model: str | None) -> str | None:
+def unverifiable(before: MetricSnapshot, after: MetricSnapshot, model: str | None) -> str | None:
     """Why ``before`` and ``after`` cannot be compared as one server's counters (None: they
     can): they come from two processes (a router answered ``/metrics`` from two replicas, or
     vLLM restarted), or a counter went backwards. The reason names the numbers."""
     a, b = process_identity(before), process_identity(after)
     if a is not None and b is not None and a != b:
-        return (f"the two /metrics scrapes came from different vLLM processes (process start "
-                f"{a[0]:.2f} vs {b[0]:.2f}): a router in front answers from any replica, or "
-                "vLLM restarted; cannot verify isolation")
+        return (
+            f"the two /metrics scrapes came from different vLLM processes (process start "
+            f"{a[0]:.2f} vs {b[0]:.2f}): a router in front answers from any replica, or "
+            "vLLM restarted; cannot verify isolation"
+        )
     for canonical in _MONOTONIC:
-        part = "" if canonical in ("request_success", "prompt_tokens",
-                                   "generation_tokens") else "_count"
+        part = (
+            ""
+            if canonical in ("request_success", "prompt_tokens", "generation_tokens")
+            else "_count"
+        )
         vb, va = before.value(canonical, part, model), after.value(canonical, part, model)
         if vb is not None and va is not None and va < vb:
             name = after.resolve(canonical) + part
-            return (f"{name} went backwards ({vb:g} -> {va:g}): another process answered "
-                    "/metrics (a router in front of several replicas) or vLLM restarted; "
-                    "cannot verify isolation")
+            return (
+                f"{name} went backwards ({vb:g} -> {va:g}): another process answered "
+                "/metrics (a router in front of several replicas) or vLLM restarted; "
+                "cannot verify isolation"
+            )
     return None
 
 
@@ -89,13 +103,21 @@ def moved_replicas(pairs: Mapping[str, ReplicaPair], model: str | None) -> dict[
     return out
 
 
-def _usage_matches(pair: ReplicaPair, model: str | None, prompt_tokens: int | None,
-                   completion_tokens: int | None, *, exactly: bool = False) -> bool:
+def _usage_matches(
+    pair: ReplicaPair,
+    model: str | None,
+    prompt_tokens: int | None,
+    completion_tokens: int | None,
+    *,
+    exactly: bool = False,
+) -> bool:
     """Did this replica's token counters move by at least (``exactly``: by exactly) the run's
     usage?"""
     before, after = pair
-    for canonical, expected in (("prompt_tokens", prompt_tokens),
-                                ("generation_tokens", completion_tokens)):
+    for canonical, expected in (
+        ("prompt_tokens", prompt_tokens),
+        ("generation_tokens", completion_tokens),
+    ):
         b, a = before.value(canonical, model=model), after.value(canonical, model=model)
         if expected is None or a is None or b is None:
             continue
@@ -104,9 +126,12 @@ def _usage_matches(pair: ReplicaPair, model: str | None, prompt_tokens: int | No
     return True
 
 
-def serving_replica(pairs: Mapping[str, ReplicaPair], model: str | None,
-                    prompt_tokens: int | None, completion_tokens: int | None
-                    ) -> tuple[str | None, str]:
+def serving_replica(
+    pairs: Mapping[str, ReplicaPair],
+    model: str | None,
+    prompt_tokens: int | None,
+    completion_tokens: int | None,
+) -> tuple[str | None, str]:
     """(the replica that served the run, how that was decided) from each replica's scrapes
     taken before and after it; (None, why not) when no replica or more than one fits.
 
@@ -116,16 +141,18 @@ def serving_replica(pairs: Mapping[str, ReplicaPair], model: str | None,
     the only one."""
     moved = moved_replicas(pairs, model)
     if not moved:
-        bad = [f"{n}: {why}" for n, (b, a) in pairs.items()
-               if (why := unverifiable(b, a, model))]
+        bad = [f"{n}: {why}" for n, (b, a) in pairs.items() if (why := unverifiable(b, a, model))]
         extra = f" ({'; '.join(bad)})" if bad else ""
         return None, f"no replica's counters moved{extra}"
-    fits = [n for n in moved if _usage_matches(pairs[n], model, prompt_tokens,
-                                               completion_tokens)]
+    fits = [n for n in moved if _usage_matches(pairs[n], model, prompt_tokens, completion_tokens)]
     # Other replicas busy: several can hold the run's tokens, but one finished exactly one
     # request of exactly the run's usage: that one is the run (the others' traffic is theirs).
-    exact = [n for n in fits if moved[n] == 1 and _usage_matches(
-        pairs[n], model, prompt_tokens, completion_tokens, exactly=True)]
+    exact = [
+        n
+        for n in fits
+        if moved[n] == 1
+        and _usage_matches(pairs[n], model, prompt_tokens, completion_tokens, exactly=True)
+    ]
     if len(fits) > 1 and len(exact) == 1:
         fits = exact
     if len(fits) == 1:
@@ -135,7 +162,13 @@ def serving_replica(pairs: Mapping[str, ReplicaPair], model: str | None,
         tail = f"; {', '.join(others)} also finished requests" if others else ""
         return name, f"{name}'s counters {how} and its token counters by the run's usage{tail}"
     if not fits:
-        return None, ("no replica's token counters moved by the run's usage (moved: "
-                      + ", ".join(f"{n} {v:g}" for n, v in sorted(moved.items())) + ")")
-    return None, ("several replicas' counters could hold the run ("
-                  + ", ".join(sorted(fits)) + "): other traffic; use spans to tell")
+        return None, (
+            "no replica's token counters moved by the run's usage (moved: "
+            + ", ".join(f"{n} {v:g}" for n, v in sorted(moved.items()))
+            + ")"
+        )
+    return None, (
+        "several replicas' counters could hold the run ("
+        + ", ".join(sorted(fits))
+        + "): other traffic; use spans to tell"
+    )

@@ -73,8 +73,7 @@ class ModelCost:
         p = prompt_tokens
         body = self.linear_flops_per_token - self.lm_head_flops_per_token
         head = self.lm_head_flops_per_token if p > 0 else 0.0
-        return (body * p + head
-                + self.attention_flops_per_position * p * (p + 1) / 2)
+        return body * p + head + self.attention_flops_per_position * p * (p + 1) / 2
 
 
 @dataclass(frozen=True)
@@ -92,13 +91,19 @@ class Peaks:
         if devices < 1:
             raise ConfigError(f"device count must be at least 1, got {devices}")
         bw, fl = self.mem_bandwidth_bytes_per_s, self.flops_per_s
-        return Peaks(None if bw is None else bw * devices, None if fl is None else fl * devices,
-                     f"{self.origin} × {devices}" if devices > 1 else self.origin)
+        return Peaks(
+            None if bw is None else bw * devices,
+            None if fl is None else fl * devices,
+            f"{self.origin} × {devices}" if devices > 1 else self.origin,
+        )
 
 
 def peaks_from_spec(spec: GpuSpec, dtype: str = "bf16") -> Peaks:
-    return Peaks(spec.mem_bandwidth_bytes_per_s, spec.dense_flops_per_s(dtype),
-                 f"datasheet {spec.name} ({dtype} dense)")
+    return Peaks(
+        spec.mem_bandwidth_bytes_per_s,
+        spec.dense_flops_per_s(dtype),
+        f"datasheet {spec.name} ({dtype} dense)",
+    )
 
 
 @dataclass(frozen=True)
@@ -149,25 +154,35 @@ def is_beaten(ratio: float | None) -> bool:
     return ratio is not None and ratio > 1.0
 
 
-def bound_beaten_message(phase: str, bound_s: float | None, measured_s: float | None,
-                         kind: str | None, peaks_origin: str) -> str:
+def bound_beaten_message(
+    phase: str, bound_s: float | None, measured_s: float | None, kind: str | None, peaks_origin: str
+) -> str:
     """The one wording for a phase measured faster than its physical bound (CLI, ``runs``,
     dashboard): it is not an efficiency, it says which peak is underestimated."""
     peak = "memory bandwidth" if kind == "memory" else "matmul FLOP/s"
     unit = " per token" if phase == "decode" else ""
     times = ""
     if bound_s is not None and measured_s is not None and measured_s > 0:
-        times = (f" ({fmt_duration(measured_s)}{unit} measured vs bound "
-                 f"{fmt_duration(bound_s)}{unit}, {bound_s / measured_s:.1f}× faster)")
+        times = (
+            f" ({fmt_duration(measured_s)}{unit} measured vs bound "
+            f"{fmt_duration(bound_s)}{unit}, {bound_s / measured_s:.1f}× faster)"
+        )
     extra = " or a prefix-cache hit shortened it" if phase == "prefill" else ""
-    return (f"{phase} ran faster than its physical bound{times}: the peak {peak} is "
-            f"underestimated (peaks used: {peaks_origin}), or the model config is larger than "
-            f"the served model{extra}; no efficiency is given")
+    return (
+        f"{phase} ran faster than its physical bound{times}: the peak {peak} is "
+        f"underestimated (peaks used: {peaks_origin}), or the model config is larger than "
+        f"the served model{extra}; no efficiency is given"
+    )
 
 
-def roofline(prompt_tokens: int | None, completion_tokens: int | None,
-             prefill_s: float | None, decode_s: float | None,
-             cost: ModelCost | None, peaks: Peaks) -> PhaseRoofline:
+def roofline(
+    prompt_tokens: int | None,
+    completion_tokens: int | None,
+    prefill_s: float | None,
+    decode_s: float | None,
+    cost: ModelCost | None,
+    peaks: Peaks,
+) -> PhaseRoofline:
     """The roofline of one request from plain numbers; see the module docstring."""
     notes: list[str] = []
     p, n = prompt_tokens, completion_tokens
@@ -221,26 +236,48 @@ def roofline(prompt_tokens: int | None, completion_tokens: int | None,
     p_eff = None if p_beaten else p_ratio
 
     return PhaseRoofline(
-        prompt_tokens=p, completion_tokens=n, peaks_origin=peaks.origin,
-        decode_mean_context_tokens=mean_ctx, decode_bytes_per_token=bytes_tok,
-        decode_bound_s_per_token=d_bound, decode_measured_s_per_token=d_meas,
+        prompt_tokens=p,
+        completion_tokens=n,
+        peaks_origin=peaks.origin,
+        decode_mean_context_tokens=mean_ctx,
+        decode_bytes_per_token=bytes_tok,
+        decode_bound_s_per_token=d_bound,
+        decode_measured_s_per_token=d_meas,
         decode_efficiency=d_eff,
-        prefill_flops=flops, prefill_compute_bound_s=c_bound, prefill_memory_bound_s=m_bound,
-        prefill_bound_s=p_bound, prefill_bound_kind=kind, prefill_measured_s=prefill_s,
-        prefill_efficiency=p_eff, notes=tuple(notes), decode_bound_ratio=d_ratio,
-        prefill_bound_ratio=p_ratio, decode_bound_beaten=d_beaten, prefill_bound_beaten=p_beaten)
+        prefill_flops=flops,
+        prefill_compute_bound_s=c_bound,
+        prefill_memory_bound_s=m_bound,
+        prefill_bound_s=p_bound,
+        prefill_bound_kind=kind,
+        prefill_measured_s=prefill_s,
+        prefill_efficiency=p_eff,
+        notes=tuple(notes),
+        decode_bound_ratio=d_ratio,
+        prefill_bound_ratio=p_ratio,
+        decode_bound_beaten=d_beaten,
+        prefill_bound_beaten=p_beaten,
+    )
 
 
 def roofline_for_run(run: Run, cost: ModelCost | None, peaks: Peaks) -> PhaseRoofline:
     """:func:`roofline` with the run's usage (client) and vLLM phase times (server)."""
     c, s = run.client, run.server
-    result = roofline(c.prompt_tokens if c else None, c.completion_tokens if c else None,
-                      s.prefill_s if s else None, s.decode_s if s else None, cost, peaks)
+    result = roofline(
+        c.prompt_tokens if c else None,
+        c.completion_tokens if c else None,
+        s.prefill_s if s else None,
+        s.decode_s if s else None,
+        cost,
+        peaks,
+    )
     if s is None:
         return _with_note(result, "client-only run: no vLLM phase times")
     if not run.isolated and run.attributed:
-        return _with_note(result, "attributed by span on a busy server: phase times are the "
-                                  "wall time of batches shared with other requests")
+        return _with_note(
+            result,
+            "attributed by span on a busy server: phase times are the "
+            "wall time of batches shared with other requests",
+        )
     if not run.isolated:
         return _with_note(result, "run was not isolated: phase times may include other work")
     return result
@@ -250,8 +287,9 @@ def _with_note(r: PhaseRoofline, note: str) -> PhaseRoofline:
     return PhaseRoofline(**{**asdict(r), "notes": (*r.notes, note)})
 
 
-def model_cost(shape: model_math.ModelShape, dtype: str | None = None,
-               kv_dtype: str = "auto") -> ModelCost:
+def model_cost(
+    shape: model_math.ModelShape, dtype: str | None = None, kv_dtype: str = "auto"
+) -> ModelCost:
     """The plain numbers of :class:`ModelCost` from a parsed config (``dtype``: the weight
     format, default what the config says; ``kv_dtype``: vLLM's ``--kv-cache-dtype``)."""
     params = model_math.count_params(shape)
@@ -263,14 +301,18 @@ def model_cost(shape: model_math.ModelShape, dtype: str | None = None,
     # which is a row lookup; only the routed experts in use for MoE).
     read = model_math.decode_weight_bytes(params, fmt, shape, batch_size=1)
     head = params.lm_head if params.lm_head else params.embedding
-    return ModelCost(weight_bytes=float(read),
-                     kv_bytes_per_token=float(kv), linear_flops_per_token=float(at0),
-                     attention_flops_per_position=float(per_position),
-                     lm_head_flops_per_token=float(2 * head))
+    return ModelCost(
+        weight_bytes=float(read),
+        kv_bytes_per_token=float(kv),
+        linear_flops_per_token=float(at0),
+        attention_flops_per_position=float(per_position),
+        lm_head_flops_per_token=float(2 * head),
+    )
 
 
-def model_cost_from_config(path: str | Path, dtype: str | None = None,
-                           kv_dtype: str = "auto") -> ModelCost:
+def model_cost_from_config(
+    path: str | Path, dtype: str | None = None, kv_dtype: str = "auto"
+) -> ModelCost:
     """:func:`model_cost` of a ``config.json`` or a model directory (for the local vLLM, the
     ``root`` that ``/v1/models`` reports is that directory)."""
     cfg, source = model_math.load_config(path)

@@ -28,9 +28,12 @@ ROUTER_PREFIX = "vllm_router_"
 _PROCESSED = "vllm_router_processed_requests_total"
 _HEALTH = "vllm_router_worker_health"
 _BREAKER = "vllm_router_cb_state"
-_TOTALS = {"requests": "vllm_router_requests_total", "retries": "vllm_router_retries_total",
-           "retries_exhausted": "vllm_router_retries_exhausted_total",
-           "errors": "vllm_router_request_errors_total"}
+_TOTALS = {
+    "requests": "vllm_router_requests_total",
+    "retries": "vllm_router_retries_total",
+    "retries_exhausted": "vllm_router_retries_exhausted_total",
+    "errors": "vllm_router_request_errors_total",
+}
 
 
 @dataclass(frozen=True)
@@ -68,8 +71,9 @@ def _total(snap: MetricSnapshot, name: str) -> float | None:
     return sum(v for _, v in rows) if rows else None
 
 
-def router_window(before: MetricSnapshot, after: MetricSnapshot,
-                  names: Mapping[str, str] | None = None) -> RouterWindow:
+def router_window(
+    before: MetricSnapshot, after: MetricSnapshot, names: Mapping[str, str] | None = None
+) -> RouterWindow:
     """The router's window from its metrics page scraped at the start and the end. ``names``:
     worker base URL → replica name (the ``--replica`` given)."""
     names = {url.rstrip("/"): name for url, name in (names or {}).items()}
@@ -78,18 +82,26 @@ def router_window(before: MetricSnapshot, after: MetricSnapshot,
     b, a = _by_worker(before, _PROCESSED, names), _by_worker(after, _PROCESSED, names)
     totals_b = {k: _total(before, n) for k, n in _TOTALS.items()}
     totals_a = {k: _total(after, n) for k, n in _TOTALS.items()}
-    backwards = [f"{_PROCESSED}{{{w}}} {b[w]:g} -> {a.get(w, 0.0):g}" for w in b
-                 if a.get(w, 0.0) < b[w]]
-    backwards += [f"{_TOTALS[k]} {totals_b[k]:g} -> {totals_a[k]:g}" for k in _TOTALS
-                  if totals_b[k] is not None and totals_a[k] is not None
-                  and totals_a[k] < totals_b[k]]  # type: ignore[operator]
+    backwards = [
+        f"{_PROCESSED}{{{w}}} {b[w]:g} -> {a.get(w, 0.0):g}" for w in b if a.get(w, 0.0) < b[w]
+    ]
+    backwards += [
+        f"{_TOTALS[k]} {totals_b[k]:g} -> {totals_a[k]:g}"
+        for k in _TOTALS
+        if totals_b[k] is not None and totals_a[k] is not None and totals_a[k] < totals_b[k]  # type: ignore[operator]
+    ]
     if backwards:
-        return RouterWindow(healthy=healthy, breaker_open=breaker, unverifiable=(
-            f"the router's counters went backwards ({'; '.join(backwards[:3])}): it "
-            "restarted; cannot verify its window"))
+        return RouterWindow(
+            healthy=healthy,
+            breaker_open=breaker,
+            unverifiable=(
+                f"the router's counters went backwards ({'; '.join(backwards[:3])}): it "
+                "restarted; cannot verify its window"
+            ),
+        )
     processed = {w: a[w] - b.get(w, 0.0) for w in a}
     # a counter absent before and present after started in the window: count from zero
-    totals = {k: (totals_a[k] or 0.0) - (totals_b[k] or 0.0) for k in _TOTALS
-              if totals_a[k] is not None}
-    return RouterWindow(processed=processed, healthy=healthy, breaker_open=breaker,
-                        totals=totals)
+    totals = {
+        k: (totals_a[k] or 0.0) - (totals_b[k] or 0.0) for k in _TOTALS if totals_a[k] is not None
+    }
+    return RouterWindow(processed=processed, healthy=healthy, breaker_open=breaker, totals=totals)

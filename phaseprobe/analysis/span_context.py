@@ -27,8 +27,15 @@ from scipy.stats import norm
 from phaseprobe.format import duration as _ms
 from phaseprobe.records import RequestSpan
 
-__all__ = ["OverlapContext", "overlap_context", "InterferenceEstimate", "prefill_interference",
-           "SenSlope", "sen_slope", "MIN_WITH_OVERLAP"]
+__all__ = [
+    "OverlapContext",
+    "overlap_context",
+    "InterferenceEstimate",
+    "prefill_interference",
+    "SenSlope",
+    "sen_slope",
+    "MIN_WITH_OVERLAP",
+]
 
 SpanKey = tuple[str, str]
 
@@ -113,13 +120,15 @@ class _Intervals:
     def intersecting(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """How many intervals reach into [a, b) (start < b, end > a), counted exactly: where it
         is 0 the overlap is exactly 0, whatever rounding the prefix sums left."""
-        return (np.searchsorted(self.s, b, side="left")
-                - np.searchsorted(self.e, a, side="right")).astype(np.int64)
+        return (
+            np.searchsorted(self.s, b, side="left") - np.searchsorted(self.e, a, side="right")
+        ).astype(np.int64)
 
     def active(self, t: np.ndarray) -> np.ndarray:
         """How many intervals contain each instant t (start ≤ t < end)."""
-        return (np.searchsorted(self.s, t, side="right")
-                - np.searchsorted(self.e, t, side="right")).astype(np.int64)
+        return (
+            np.searchsorted(self.s, t, side="right") - np.searchsorted(self.e, t, side="right")
+        ).astype(np.int64)
 
     def most_active(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """The largest active count at any instant of [a, b) (at a when a == b)."""
@@ -186,19 +195,25 @@ class _WeightedPrefill:
         return (t * self.cum_rs[i] - self.cum_rss[i]) - (t * self.cum_re[j] - self.cum_ree[j])
 
     def inside(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        points = (self.cum_pt[np.searchsorted(self.p, b, side="left")]
-                  - self.cum_pt[np.searchsorted(self.p, a, side="left")])
+        points = (
+            self.cum_pt[np.searchsorted(self.p, b, side="left")]
+            - self.cum_pt[np.searchsorted(self.p, a, side="left")]
+        )
         return self._g(b) - self._g(a) + points
 
     def contributing(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """How many prefills the rule of ``inside`` lets into [a, b), counted exactly."""
-        return (np.searchsorted(self.s, b, side="left") - np.searchsorted(self.e, a, side="right")
-                + np.searchsorted(self.p, b, side="left")
-                - np.searchsorted(self.p, a, side="left")).astype(np.int64)
+        return (
+            np.searchsorted(self.s, b, side="left")
+            - np.searchsorted(self.e, a, side="right")
+            + np.searchsorted(self.p, b, side="left")
+            - np.searchsorted(self.p, a, side="left")
+        ).astype(np.int64)
 
 
-def _weighted_self(s: np.ndarray, e: np.ndarray, tokens: np.ndarray, a: np.ndarray,
-                   b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _weighted_self(
+    s: np.ndarray, e: np.ndarray, tokens: np.ndarray, a: np.ndarray, b: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """What each request's own prefill adds to _WeightedPrefill.inside and .contributing over
     its own window (to take it back out): nothing unless the data are degenerate, but the rule
     must match."""
@@ -224,16 +239,23 @@ def _phase_intervals(spans: Sequence[RequestSpan]) -> dict[str, np.ndarray]:
         p.append(pre)
         f.append(first)
         last.append(max(w.last_token_ns, first))
-    return {"q": np.array(q, dtype=np.int64), "p": np.array(p, dtype=np.int64),
-            "f": np.array(f, dtype=np.int64), "l": np.array(last, dtype=np.int64)}
+    return {
+        "q": np.array(q, dtype=np.int64),
+        "p": np.array(p, dtype=np.int64),
+        "f": np.array(f, dtype=np.int64),
+        "l": np.array(last, dtype=np.int64),
+    }
 
 
 def _group_context(spans: Sequence[RequestSpan]) -> list[OverlapContext]:
     ns = _phase_intervals(spans)
     origin = int(ns["q"].min())
     t = {k: (v - origin).astype(np.float64) for k, v in ns.items()}
-    phases = {"queued": (t["q"], t["p"]), "prefilling": (t["p"], t["f"]),
-              "decoding": (t["f"], t["l"])}
+    phases = {
+        "queued": (t["q"], t["p"]),
+        "prefilling": (t["p"], t["f"]),
+        "decoding": (t["f"], t["l"]),
+    }
     windows = {"prefill": phases["prefilling"], "decode": phases["decoding"]}
     tokens = np.array([float(sp.prompt_tokens or 0) for sp in spans])
 
@@ -246,7 +268,8 @@ def _group_context(spans: Sequence[RequestSpan]) -> list[OverlapContext]:
             # _phase_intervals), so the only self-company is its own phase covering its own
             # window of the same name: exactly its length, and 1 at each of its instants.
             own = (kind == "prefilling" and wname == "prefill") or (
-                kind == "decoding" and wname == "decode")
+                kind == "decoding" and wname == "decode"
+            )
             self_n = (length > 0).astype(np.int64) if own else 0
             others_ns = iv.covered(b) - iv.covered(a) - (length if own else 0.0)
             others_ns[iv.intersecting(a, b) - self_n <= 0] = 0.0
@@ -270,13 +293,20 @@ def _group_context(spans: Sequence[RequestSpan]) -> list[OverlapContext]:
             for w in _WINDOWS:
                 mean = cols[f"{kind}_during_{w}_mean"][i]
                 vals[f"{kind}_during_{w}_mean_reqs"] = (
-                    float(max(mean, 0.0)) if lengths[w] > 0 else None)
-                vals[f"{kind}_during_{w}_max_reqs"] = int(
-                    max(cols[f"{kind}_during_{w}_max"][i], 0))
-        out.append(OverlapContext(
-            trace_id=sp.trace_id, span_id=sp.span_id, request_id=sp.request_id,
-            prefill_window_s=lengths["prefill"] / 1e9, decode_window_s=lengths["decode"] / 1e9,
-            prefill_tokens_during_decode=float(max(weighted[i], 0.0)), **vals))
+                    float(max(mean, 0.0)) if lengths[w] > 0 else None
+                )
+                vals[f"{kind}_during_{w}_max_reqs"] = int(max(cols[f"{kind}_during_{w}_max"][i], 0))
+        out.append(
+            OverlapContext(
+                trace_id=sp.trace_id,
+                span_id=sp.span_id,
+                request_id=sp.request_id,
+                prefill_window_s=lengths["prefill"] / 1e9,
+                decode_window_s=lengths["decode"] / 1e9,
+                prefill_tokens_during_decode=float(max(weighted[i], 0.0)),
+                **vals,
+            )
+        )
     return out
 
 
@@ -293,8 +323,9 @@ def _unique(spans: Iterable[RequestSpan]) -> list[RequestSpan]:
     return out
 
 
-def overlap_context(spans: Sequence[RequestSpan], *,
-                    per_instance: bool = True) -> dict[SpanKey, OverlapContext]:
+def overlap_context(
+    spans: Sequence[RequestSpan], *, per_instance: bool = True
+) -> dict[SpanKey, OverlapContext]:
     """(trace_id, span_id) → the request's overlap context, for every span with windows.
 
     Spans without TTFT, prefill or decode time cannot be placed on the clock: they get no
@@ -330,8 +361,9 @@ class SenSlope:
     truncated: bool  # the interval ran off the ends of the slopes: too few for the level
 
 
-def sen_slope(x: np.ndarray, y: np.ndarray, strata: np.ndarray | None = None, *,
-              confidence: float = 0.95) -> SenSlope:
+def sen_slope(
+    x: np.ndarray, y: np.ndarray, strata: np.ndarray | None = None, *, confidence: float = 0.95
+) -> SenSlope:
     """Median of the pairwise slopes (y_j − y_i)/(x_j − x_i) over pairs *within* a stratum,
     with the interval of Sen (1968), its variance summed over strata as in the seasonal Kendall
     slope (Hirsch, Slack & Smith 1982); ties in x and y are corrected for. With one stratum it
@@ -364,9 +396,13 @@ def sen_slope(x: np.ndarray, y: np.ndarray, strata: np.ndarray | None = None, *,
     hi_raw = int(np.round((nt - z * sigma) / 2.0))
     lo_raw = int(np.round((nt + z * sigma) / 2.0)) - 1
     hi, lo = min(hi_raw, nt - 1), max(lo_raw, 0)
-    return SenSlope(slope=float(np.median(slopes)), ci_low=float(slopes[lo]),
-                    ci_high=float(slopes[hi]), n_pairs=nt,
-                    truncated=hi_raw > nt - 1 or lo_raw < 0)
+    return SenSlope(
+        slope=float(np.median(slopes)),
+        ci_low=float(slopes[lo]),
+        ci_high=float(slopes[hi]),
+        n_pairs=nt,
+        truncated=hi_raw > nt - 1 or lo_raw < 0,
+    )
 
 
 @dataclass(frozen=True)
@@ -439,9 +475,12 @@ def _baseline_rate(rate: np.ndarray, lam: np.ndarray, strata: np.ndarray) -> np.
     return out
 
 
-def prefill_interference(spans: Sequence[RequestSpan],
-                         contexts: dict[SpanKey, OverlapContext] | None = None, *,
-                         seed: int = 0) -> InterferenceEstimate:
+def prefill_interference(
+    spans: Sequence[RequestSpan],
+    contexts: dict[SpanKey, OverlapContext] | None = None,
+    *,
+    seed: int = 0,
+) -> InterferenceEstimate:
     """Seconds of decode per overlapping prefill token, from a robust regression over requests.
 
     Model, per request: each of its n − 1 decode steps takes c + b·(prefill tokens of others
@@ -490,17 +529,22 @@ def prefill_interference(spans: Sequence[RequestSpan],
             reason = "fewer than 2 completion tokens"
         elif sp.decode_s <= 0:
             reason = "zero decode time"
-        elif (ctx is None or ctx.decode_window_s <= 0
-              or ctx.decoding_during_decode_mean_reqs is None):
+        elif (
+            ctx is None or ctx.decode_window_s <= 0 or ctx.decoding_during_decode_mean_reqs is None
+        ):
             reason = "no overlap context (no phase windows)"
         else:
-            rows.append((sp.decode_s / (n - 1), ctx.prefill_tokens_during_decode / (n - 1),
-                         ctx.prefill_tokens_during_decode / ctx.decode_window_s,
-                         ctx.decoding_during_decode_mean_reqs))
+            rows.append(
+                (
+                    sp.decode_s / (n - 1),
+                    ctx.prefill_tokens_during_decode / (n - 1),
+                    ctx.prefill_tokens_during_decode / ctx.decode_window_s,
+                    ctx.decoding_during_decode_mean_reqs,
+                )
+            )
             continue
         skipped[reason] = skipped.get(reason, 0) + 1
-    tpot, x, lam, d = (np.array(c, dtype=float) for c in zip(*rows)) if rows else (
-        np.zeros(0),) * 4
+    tpot, x, lam, d = (np.array(c, dtype=float) for c in zip(*rows)) if rows else (np.zeros(0),) * 4
     strata = _strata(d)
     keep = _cap(strata, MAX_PER_STRATUM, seed)
     subsampled = len(keep) < len(tpot)
@@ -508,24 +552,38 @@ def prefill_interference(spans: Sequence[RequestSpan],
     n_skipped = sum(skipped.values())
     overlapped = lam > 0
     base: dict[str, Any] = dict(
-        n_used=len(tpot), n_with_overlap=int(np.sum(overlapped)), n_skipped=n_skipped,
-        skipped=skipped, subsampled=subsampled,
+        n_used=len(tpot),
+        n_with_overlap=int(np.sum(overlapped)),
+        n_skipped=n_skipped,
+        skipped=skipped,
+        subsampled=subsampled,
         decode_concurrency_mean_reqs=float(np.mean(d)) if len(d) else None,
         strata=int(len(np.unique(strata))),
-        overlap_rate_tokens_per_s=float(np.median(lam)) if len(lam) else None)
+        overlap_rate_tokens_per_s=float(np.median(lam)) if len(lam) else None,
+    )
     skip_note = f"; {n_skipped} requests skipped ({_reasons(skipped)})" if n_skipped else ""
 
     def undecided(why: str, **extra: Any) -> InterferenceEstimate:
-        return InterferenceEstimate(slope_s_per_token=None, ci_low=None, ci_high=None,
-                                    intercept_tpot_s=None, decided=False,
-                                    text=f"undecided: {why}{skip_note}", **base, **extra)
+        return InterferenceEstimate(
+            slope_s_per_token=None,
+            ci_low=None,
+            ci_high=None,
+            intercept_tpot_s=None,
+            decided=False,
+            text=f"undecided: {why}{skip_note}",
+            **base,
+            **extra,
+        )
 
     if base["n_with_overlap"] < MIN_WITH_OVERLAP:
-        return undecided(f"only {base['n_with_overlap']} of {len(tpot)} requests had another "
-                         f"request's prefill during their decode (need {MIN_WITH_OVERLAP})")
+        return undecided(
+            f"only {base['n_with_overlap']} of {len(tpot)} requests had another "
+            f"request's prefill during their decode (need {MIN_WITH_OVERLAP})"
+        )
     if np.ptp(lam) == 0:
-        return undecided("every request saw the same rate of overlapping prefill: no spread "
-                         "to fit a slope on")
+        return undecided(
+            "every request saw the same rate of overlapping prefill: no spread to fit a slope on"
+        )
     rate = 1.0 / tpot
     c_rate = _baseline_rate(rate, lam, strata)
     scaled = rate / c_rate  # c / TPOT = 1 − b·Λ in every bin
@@ -535,36 +593,50 @@ def prefill_interference(spans: Sequence[RequestSpan],
     flat = _cap(np.zeros(len(x), dtype=np.int64), MAX_PER_STRATUM, seed)
     extra = {"naive_slope_s_per_token": sen_slope(x[flat], tpot[flat]).slope}
     if est.slope is None or est.ci_low is None or est.ci_high is None:
-        return undecided("no two requests of similar decode concurrency differ in overlapping "
-                         "prefill", **extra)
+        return undecided(
+            "no two requests of similar decode concurrency differ in overlapping prefill", **extra
+        )
     if est.truncated:
-        return undecided(f"only {est.n_pairs} comparable pairs: too few for a 95 % interval",
-                         **extra)
+        return undecided(
+            f"only {est.n_pairs} comparable pairs: too few for a 95 % interval", **extra
+        )
     slope, lo, hi = -est.slope, -est.ci_high, -est.ci_low
     intercept = float(np.median(1.0 / c_rate))
-    how = (f"Theil–Sen of decode rate on overlapping prefill tokens per second over "
-           f"{len(tpot)} requests, {base['n_with_overlap']} with overlap"
-           + (f", within {base['strata']} bins of decode concurrency"
-              if base["strata"] > 1 else "")
-           + (", subsampled" if subsampled else "") + ")")
+    how = (
+        f"Theil–Sen of decode rate on overlapping prefill tokens per second over "
+        f"{len(tpot)} requests, {base['n_with_overlap']} with overlap"
+        + (f", within {base['strata']} bins of decode concurrency" if base["strata"] > 1 else "")
+        + (", subsampled" if subsampled else "")
+        + ")"
+    )
     caveat = _confounder_note(base["decode_concurrency_mean_reqs"], base["strata"], adjusted)
-    nums = dict(slope_s_per_token=slope, ci_low=lo, ci_high=hi, intercept_tpot_s=intercept,
-                **base, **extra)
+    nums = dict(
+        slope_s_per_token=slope, ci_low=lo, ci_high=hi, intercept_tpot_s=intercept, **base, **extra
+    )
     if hi < 0:
         return InterferenceEstimate(
-            decided=False, text=(f"undecided: the slope is negative ({_ms(slope)} [{_ms(lo)}, "
-                                 f"{_ms(hi)}] per token; {how}, which prefill cannot cause: "
-                                 f"something else moves with overlap{skip_note}."), **nums)
+            decided=False,
+            text=(
+                f"undecided: the slope is negative ({_ms(slope)} [{_ms(lo)}, "
+                f"{_ms(hi)}] per token; {how}, which prefill cannot cause: "
+                f"something else moves with overlap{skip_note}."
+            ),
+            **nums,
+        )
     if lo > 0:
         x_typ = float(np.median(x[overlapped]))
-        text = (f"each overlapping prefill token adds {_ms(slope)} [{_ms(lo)}, {_ms(hi)}] to a "
-                f"decoding request's decode time ({how}; at the median overlap of "
-                f"{x_typ:.3g} prefill tokens per decode step TPOT rises from "
-                f"{_ms(intercept)} to {_ms(intercept + slope * x_typ)}.{caveat}")
+        text = (
+            f"each overlapping prefill token adds {_ms(slope)} [{_ms(lo)}, {_ms(hi)}] to a "
+            f"decoding request's decode time ({how}; at the median overlap of "
+            f"{x_typ:.3g} prefill tokens per decode step TPOT rises from "
+            f"{_ms(intercept)} to {_ms(intercept + slope * x_typ)}.{caveat}"
+        )
         return InterferenceEstimate(decided=True, detected=True, text=text + skip_note, **nums)
-    text = (f"no detectable prefill interference: {_ms(slope)} [{_ms(lo)}, {_ms(hi)}] per "
-            f"overlapping prefill token contains 0 ({how}; at most {_ms(hi)} per token at 95 %; "
-            f"TPOT without overlap {_ms(intercept)}.{caveat}")
+    text = (
+        f"no detectable prefill interference: {_ms(slope)} [{_ms(lo)}, {_ms(hi)}] per "
+        f"overlapping prefill token contains 0 ({how}; at most {_ms(hi)} per token at 95 %; "
+        f"TPOT without overlap {_ms(intercept)}.{caveat}"
+    )
     return InterferenceEstimate(decided=True, detected=False, text=text + skip_note, **nums)
 
 
@@ -574,14 +646,19 @@ def _confounder_note(mean_reqs: float, strata: int, adjusted: bool) -> str:
     if not adjusted:
         return f"{head}, never varying within a bin, so the batch size cannot explain the slope."
     if strata > 1:
-        return (f"{head}; pairs were compared only within {strata} bins of that, and what "
-                "still varied with it inside a bin was taken out linearly.")
-    return (f"{head}; too few requests for bins of it, so its effect was taken out linearly "
-            "only (a curved effect could remain).")
+        return (
+            f"{head}; pairs were compared only within {strata} bins of that, and what "
+            "still varied with it inside a bin was taken out linearly."
+        )
+    return (
+        f"{head}; too few requests for bins of it, so its effect was taken out linearly "
+        "only (a curved effect could remain)."
+    )
 
 
-def _partial_out(d: np.ndarray, strata: np.ndarray, y: np.ndarray,
-                 x: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
+def _partial_out(
+    d: np.ndarray, strata: np.ndarray, y: np.ndarray, x: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, bool]:
     """y and x with what moves linearly with decode concurrency inside a bin taken out: the
     robust analogue of Frisch–Waugh–Lovell, each a within-bin Theil–Sen line on d about the
     bin's median d. Unchanged (False) where d does not vary inside any bin."""

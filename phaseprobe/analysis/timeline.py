@@ -29,42 +29,80 @@ from phaseprobe.trace_records import (
     empty_ranges,
 )
 
-__all__ = ["ACTIVITY_COLUMNS", "RANGE_COLUMNS", "CLASS_COLUMNS", "GAP_COLUMNS",
-           "RANGE_BREAKDOWN_COLUMNS", "TOP_COLUMNS", "OVERLAP_COLUMNS", "Timeline",
-           "classify_names", "empty_activities", "empty_ranges", "class_times", "idle_gaps",
-           "comm_compute_overlap", "top_kernels", "range_breakdown", "phase_summary",
-           "parse_step_name", "category_of", "PHASE_COLUMNS"]
+__all__ = [
+    "ACTIVITY_COLUMNS",
+    "RANGE_COLUMNS",
+    "CLASS_COLUMNS",
+    "GAP_COLUMNS",
+    "RANGE_BREAKDOWN_COLUMNS",
+    "TOP_COLUMNS",
+    "OVERLAP_COLUMNS",
+    "Timeline",
+    "classify_names",
+    "empty_activities",
+    "empty_ranges",
+    "class_times",
+    "idle_gaps",
+    "comm_compute_overlap",
+    "top_kernels",
+    "range_breakdown",
+    "phase_summary",
+    "parse_step_name",
+    "category_of",
+    "PHASE_COLUMNS",
+]
 
 CLASS_COLUMNS: dict[str, str] = {
-    "device": "str", "category": "str — compute | communication | memory",
+    "device": "str",
+    "category": "str — compute | communication | memory",
     "cls": "str — gemm | attention | compute_other | communication | memory",
-    "count": "int64", "time_ns": "int64 — summed durations",
+    "count": "int64",
+    "time_ns": "int64 — summed durations",
     "pct": "float64 — share of the device's summed activity time, %",
 }
 GAP_COLUMNS: dict[str, str] = {
-    "device": "str", "start_ns": "int64 — when the device went idle",
-    "end_ns": "int64", "gap_ns": "int64",
+    "device": "str",
+    "start_ns": "int64 — when the device went idle",
+    "end_ns": "int64",
+    "gap_ns": "int64",
     "prev_name": "str — the activity that ended last before the gap",
-    "prev_cls": "str", "next_name": "str — the activity that ended the gap", "next_cls": "str",
+    "prev_cls": "str",
+    "next_name": "str — the activity that ended the gap",
+    "next_cls": "str",
 }
 OVERLAP_COLUMNS: dict[str, str] = {
-    "device": "str", "busy_ns": "int64 — union of all activity", "compute_ns": "int64 — union",
-    "communication_ns": "int64 — union", "overlap_ns": "int64 — compute ∩ communication",
+    "device": "str",
+    "busy_ns": "int64 — union of all activity",
+    "compute_ns": "int64 — union",
+    "communication_ns": "int64 — union",
+    "overlap_ns": "int64 — compute ∩ communication",
     "comm_hidden_pct": "float64 — overlap / communication, % (NaN without communication)",
-    "span_ns": "int64 — first start to last end", "idle_ns": "int64 — span - busy",
+    "span_ns": "int64 — first start to last end",
+    "idle_ns": "int64 — span - busy",
 }
 TOP_COLUMNS: dict[str, str] = {
-    "name": "str", "cls": "str", "count": "int64", "time_ns": "int64",
-    "avg_ns": "float64", "max_ns": "int64", "pct": "float64 — of all activity time, %",
+    "name": "str",
+    "cls": "str",
+    "count": "int64",
+    "time_ns": "int64",
+    "avg_ns": "float64",
+    "max_ns": "int64",
+    "pct": "float64 — of all activity time, %",
 }
 RANGE_BREAKDOWN_COLUMNS: dict[str, str] = {
-    **RANGE_COLUMNS, "dur_ns": "int64",
+    **RANGE_COLUMNS,
+    "dur_ns": "int64",
     "phase": "str — prefill | decode | mixed | '' (from vLLM step names or phaseprobe NVTX)",
     "ctx_reqs": "int64 — vLLM step: requests in prefill (-1 if not a step)",
-    "ctx_tokens": "int64", "gen_reqs": "int64", "gen_tokens": "int64",
+    "ctx_tokens": "int64",
+    "gen_reqs": "int64",
+    "gen_tokens": "int64",
     "n_activities": "int64 — activities attributed to the range",
-    "compute_ns": "int64", "communication_ns": "int64", "memory_ns": "int64",
+    "compute_ns": "int64",
+    "communication_ns": "int64",
+    "memory_ns": "int64",
 }
+
 
 def _cls_codes(acts: pd.DataFrame) -> np.ndarray:
     """Index into ``CLASSES`` per activity, from the categorical's codes (no strings)."""
@@ -102,10 +140,18 @@ def class_times(acts: pd.DataFrame) -> pd.DataFrame:
     """Count and summed time per device and kernel class (see ``CLASS_COLUMNS``)."""
     if acts.empty:
         return pd.DataFrame({c: [] for c in CLASS_COLUMNS})
-    frame = pd.DataFrame({"device": acts["device"].astype("category"),
-                          "cls": acts["cls"].astype("category"), "dur": _dur(acts)})
-    g = frame.groupby(["device", "cls"], sort=True, observed=True)["dur"].agg(
-        ["count", "sum"]).reset_index()
+    frame = pd.DataFrame(
+        {
+            "device": acts["device"].astype("category"),
+            "cls": acts["cls"].astype("category"),
+            "dur": _dur(acts),
+        }
+    )
+    g = (
+        frame.groupby(["device", "cls"], sort=True, observed=True)["dur"]
+        .agg(["count", "sum"])
+        .reset_index()
+    )
     g["device"] = g["device"].astype(str)
     g["cls"] = g["cls"].astype(str)
     return class_times_from(g.rename(columns={"sum": "time_ns"}))
@@ -164,15 +210,22 @@ def comm_compute_overlap(acts: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=list(OVERLAP_COLUMNS))
 
 
-def overlap_row(device: str, busy: int, comp_ns: int, comm_ns: int, both: int,
-                span: int) -> dict[str, object]:
+def overlap_row(
+    device: str, busy: int, comp_ns: int, comm_ns: int, both: int, span: int
+) -> dict[str, object]:
     """One ``OVERLAP_COLUMNS`` row from the union lengths (``both``: compute ∪ communication)
     and the device's first-start-to-last-end span."""
     overlap = comp_ns + comm_ns - both
-    return {"device": device, "busy_ns": busy, "compute_ns": comp_ns,
-            "communication_ns": comm_ns, "overlap_ns": overlap,
-            "comm_hidden_pct": 100.0 * overlap / comm_ns if comm_ns else float("nan"),
-            "span_ns": span, "idle_ns": span - busy}
+    return {
+        "device": device,
+        "busy_ns": busy,
+        "compute_ns": comp_ns,
+        "communication_ns": comm_ns,
+        "overlap_ns": overlap,
+        "comm_hidden_pct": 100.0 * overlap / comm_ns if comm_ns else float("nan"),
+        "span_ns": span,
+        "idle_ns": span - busy,
+    }
 
 
 def idle_gaps(acts: pd.DataFrame, min_gap_ns: int = 100_000) -> pd.DataFrame:
@@ -197,10 +250,20 @@ def idle_gaps(acts: pd.DataFrame, min_gap_ns: int = 100_000) -> pd.DataFrame:
         rows = idx[np.r_[holder[hit], hit + 1]]
         names, cls = _labels(acts["name"], rows), _labels(acts["cls"], rows)
         k = hit.size
-        out.append(pd.DataFrame({
-            "device": device, "start_ns": run_max[hit], "end_ns": s[hit + 1],
-            "gap_ns": gap[hit], "prev_name": names[:k], "prev_cls": cls[:k],
-            "next_name": names[k:], "next_cls": cls[k:]}))
+        out.append(
+            pd.DataFrame(
+                {
+                    "device": device,
+                    "start_ns": run_max[hit],
+                    "end_ns": s[hit + 1],
+                    "gap_ns": gap[hit],
+                    "prev_name": names[:k],
+                    "prev_cls": cls[:k],
+                    "next_name": names[k:],
+                    "next_cls": cls[k:],
+                }
+            )
+        )
     return idle_gaps_from(out)
 
 
@@ -209,8 +272,9 @@ def idle_gaps_from(parts: list[pd.DataFrame]) -> pd.DataFrame:
     longest first, ties in that order."""
     if not parts:
         return pd.DataFrame({c: [] for c in GAP_COLUMNS})
-    return pd.concat(parts, ignore_index=True).sort_values("gap_ns", ascending=False,
-                                                           kind="stable", ignore_index=True)
+    return pd.concat(parts, ignore_index=True).sort_values(
+        "gap_ns", ascending=False, kind="stable", ignore_index=True
+    )
 
 
 def top_kernels(acts: pd.DataFrame, n: int = 15) -> pd.DataFrame:
@@ -219,11 +283,16 @@ def top_kernels(acts: pd.DataFrame, n: int = 15) -> pd.DataFrame:
         return pd.DataFrame({c: [] for c in TOP_COLUMNS})
     name_cat = acts["name"].astype("category")
     dur = _dur(acts)
-    frame = pd.DataFrame({"code": np.asarray(name_cat.cat.codes, dtype=np.int64), "dur": dur,
-                          "cls": _cls_codes(acts)})
+    frame = pd.DataFrame(
+        {
+            "code": np.asarray(name_cat.cat.codes, dtype=np.int64),
+            "dur": dur,
+            "cls": _cls_codes(acts),
+        }
+    )
     g = frame.groupby("code", sort=False).agg(
-        count=("dur", "size"), time_ns=("dur", "sum"), max_ns=("dur", "max"),
-        cls=("cls", "first"))
+        count=("dur", "size"), time_ns=("dur", "sum"), max_ns=("dur", "max"), cls=("cls", "first")
+    )
     g["name"] = np.asarray(name_cat.cat.categories.astype(str), dtype=object)[g.index]
     return top_kernels_from(g, int(dur.sum()), n)
 
@@ -253,9 +322,14 @@ def parse_step_name(name: str) -> tuple[str, int, int, int, int] | None:
     return phase, cr, ct, gr, gt
 
 
-def _attribute(act_code: np.ndarray, act_t: np.ndarray, weights: list[np.ndarray],
-               r_code: np.ndarray, r_start: np.ndarray, r_end: np.ndarray
-               ) -> tuple[np.ndarray, list[np.ndarray]]:
+def _attribute(
+    act_code: np.ndarray,
+    act_t: np.ndarray,
+    weights: list[np.ndarray],
+    r_code: np.ndarray,
+    r_start: np.ndarray,
+    r_end: np.ndarray,
+) -> tuple[np.ndarray, list[np.ndarray]]:
     """For each range (code, [start, end]) count the activities with the same code whose time
     falls inside, and sum each weight over them. Vectorised with one composite sort key
     (code * span + time) and two searchsorted calls."""
@@ -288,8 +362,9 @@ def _codes(values: np.ndarray, table: np.ndarray) -> np.ndarray:
     return np.where(table[pos] == values, pos, -1).astype(np.int64)
 
 
-def _attribution_threads(tids: np.ndarray, range_tids: np.ndarray,
-                         thread_parent: Mapping[int, int] | None) -> np.ndarray:
+def _attribution_threads(
+    tids: np.ndarray, range_tids: np.ndarray, thread_parent: Mapping[int, int] | None
+) -> np.ndarray:
     """Each activity's launching thread, or its parent where the launching thread holds no
     range and the parent does (one pass per mapped thread: threads are few)."""
     if not thread_parent:
@@ -302,8 +377,9 @@ def _attribution_threads(tids: np.ndarray, range_tids: np.ndarray,
     return out
 
 
-def range_breakdown(acts: pd.DataFrame, ranges: pd.DataFrame,
-                    thread_parent: Mapping[int, int] | None = None) -> pd.DataFrame:
+def range_breakdown(
+    acts: pd.DataFrame, ranges: pd.DataFrame, thread_parent: Mapping[int, int] | None = None
+) -> pd.DataFrame:
     """Per range: vLLM step fields, phase, and the activity time attributed to it.
 
     CPU ranges (NVTX, Kineto ``user_annotation``) take the activities *launched* from the same
@@ -325,15 +401,17 @@ def range_steps(ranges: pd.DataFrame) -> pd.DataFrame:
     r = ranges.reset_index(drop=True).copy()
     r["dur_ns"] = (r["end_ns"] - r["start_ns"]).clip(lower=0)
     steps = [parse_step_name(str(n)) for n in r["name"]]  # ranges are few (one per step)
-    r["phase"] = [s[0] if s else _NVTX_PHASE.get(str(n).lower(), "")
-                  for s, n in zip(steps, r["name"])]
+    r["phase"] = [
+        s[0] if s else _NVTX_PHASE.get(str(n).lower(), "") for s, n in zip(steps, r["name"])
+    ]
     for i, col in enumerate(("ctx_reqs", "ctx_tokens", "gen_reqs", "gen_tokens"), start=1):
         r[col] = np.asarray([s[i] if s else -1 for s in steps], dtype=np.int64)
     return r
 
 
-def range_breakdown_from(r: pd.DataFrame, count: np.ndarray, sums: list[np.ndarray]
-                         ) -> pd.DataFrame:
+def range_breakdown_from(
+    r: pd.DataFrame, count: np.ndarray, sums: list[np.ndarray]
+) -> pd.DataFrame:
     """``RANGE_BREAKDOWN_COLUMNS`` from :func:`range_steps` and the attributed activity
     count and compute / communication / memory time per range."""
     r = r.copy()
@@ -342,9 +420,9 @@ def range_breakdown_from(r: pd.DataFrame, count: np.ndarray, sums: list[np.ndarr
     return r[list(RANGE_BREAKDOWN_COLUMNS)]
 
 
-def range_attribution(acts: pd.DataFrame, r: pd.DataFrame,
-                      thread_parent: Mapping[int, int] | None = None
-                      ) -> tuple[np.ndarray, list[np.ndarray]]:
+def range_attribution(
+    acts: pd.DataFrame, r: pd.DataFrame, thread_parent: Mapping[int, int] | None = None
+) -> tuple[np.ndarray, list[np.ndarray]]:
     """Per range of ``r`` (:func:`range_steps`): how many of ``acts`` it takes and their
     compute, communication and memory time (see :func:`range_breakdown`). Each activity
     counts on its own, so the sums over disjoint parts of ``acts`` add up."""
@@ -361,37 +439,55 @@ def range_attribution(acts: pd.DataFrame, r: pd.DataFrame,
         r_end = r["end_ns"].to_numpy(np.int64)
         gpu_side = r["device"].astype(str).to_numpy() != ""
         # CPU ranges: by launching thread and launch time
-        tids = _attribution_threads(acts["tid"].to_numpy(np.int64),
-                                    r["tid"].to_numpy(np.int64)[~gpu_side], thread_parent)
+        tids = _attribution_threads(
+            acts["tid"].to_numpy(np.int64), r["tid"].to_numpy(np.int64)[~gpu_side], thread_parent
+        )
         launch = acts["launch_ns"].to_numpy(np.int64)
         known = launch >= 0
         c1, s1 = np.zeros(n, np.int64), [np.zeros(n, np.int64) for _ in weights]
         if (~gpu_side).any() and known.any():
             table = np.unique(pd.unique(tids[known]))
             r_code = np.where(gpu_side, -1, _codes(r["tid"].to_numpy(np.int64), table))
-            c1, s1 = _attribute(_codes(tids[known], table), launch[known],
-                                [w[known] for w in weights], r_code, r_start, r_end)
+            c1, s1 = _attribute(
+                _codes(tids[known], table),
+                launch[known],
+                [w[known] for w in weights],
+                r_code,
+                r_start,
+                r_end,
+            )
         # GPU-side ranges: by device and start time
         c2, s2 = np.zeros(n, np.int64), [np.zeros(n, np.int64) for _ in weights]
         dev = acts["device"].astype("category")
         dtable = np.asarray(dev.cat.categories.astype(str), dtype=object)
         lookup = {d: i for i, d in enumerate(dtable)}  # one entry per device, not per row
-        r_dcode = np.asarray([lookup.get(str(d), -1) if g else -1
-                              for d, g in zip(r["device"], gpu_side)], dtype=np.int64)
+        r_dcode = np.asarray(
+            [lookup.get(str(d), -1) if g else -1 for d, g in zip(r["device"], gpu_side)],
+            dtype=np.int64,
+        )
         if gpu_side.any():
-            c2, s2 = _attribute(np.asarray(dev.cat.codes, dtype=np.int64),
-                                acts["start_ns"].to_numpy(np.int64), weights, r_dcode,
-                                r_start, r_end)
+            c2, s2 = _attribute(
+                np.asarray(dev.cat.codes, dtype=np.int64),
+                acts["start_ns"].to_numpy(np.int64),
+                weights,
+                r_dcode,
+                r_start,
+                r_end,
+            )
         count = c1 + c2
         sums = [a + b for a, b in zip(s1, s2)]
     return count, sums
 
 
 PHASE_COLUMNS: dict[str, str] = {
-    "phase": "str — prefill | decode | mixed", "ranges": "int64 — steps or NVTX ranges",
-    "dur_ns": "int64 — summed range time", "mean_ns": "float64 — per range",
+    "phase": "str — prefill | decode | mixed",
+    "ranges": "int64 — steps or NVTX ranges",
+    "dur_ns": "int64 — summed range time",
+    "mean_ns": "float64 — per range",
     "tokens": "int64 — vLLM step tokens (ctx + gen; 0 for NVTX)",
-    "compute_ns": "int64", "communication_ns": "int64", "memory_ns": "int64",
+    "compute_ns": "int64",
+    "communication_ns": "int64",
+    "memory_ns": "int64",
 }
 
 
@@ -401,9 +497,17 @@ def phase_summary(breakdown: pd.DataFrame) -> pd.DataFrame:
     if b.empty:
         return pd.DataFrame({c: [] for c in PHASE_COLUMNS})
     b = b.assign(tokens=b["ctx_tokens"].clip(lower=0) + b["gen_tokens"].clip(lower=0))
-    g = b.groupby("phase", sort=True).agg(
-        ranges=("dur_ns", "size"), dur_ns=("dur_ns", "sum"), tokens=("tokens", "sum"),
-        compute_ns=("compute_ns", "sum"), communication_ns=("communication_ns", "sum"),
-        memory_ns=("memory_ns", "sum")).reset_index()
+    g = (
+        b.groupby("phase", sort=True)
+        .agg(
+            ranges=("dur_ns", "size"),
+            dur_ns=("dur_ns", "sum"),
+            tokens=("tokens", "sum"),
+            compute_ns=("compute_ns", "sum"),
+            communication_ns=("communication_ns", "sum"),
+            memory_ns=("memory_ns", "sum"),
+        )
+        .reset_index()
+    )
     g["mean_ns"] = g["dur_ns"] / g["ranges"]
     return g[list(PHASE_COLUMNS)]

@@ -82,8 +82,12 @@ class _Device:
 class TimelineFold:
     """Fold activity chunks (see the module docstring); ``ranges`` as on the Timeline."""
 
-    def __init__(self, ranges: pd.DataFrame, min_gap_ns: int = 100_000,
-                 thread_parent: Mapping[int, int] | None = None) -> None:
+    def __init__(
+        self,
+        ranges: pd.DataFrame,
+        min_gap_ns: int = 100_000,
+        thread_parent: Mapping[int, int] | None = None,
+    ) -> None:
         self.min_gap_ns = min_gap_ns
         self.thread_parent = thread_parent
         self.r = tla.range_steps(ranges) if not ranges.empty else None
@@ -123,20 +127,36 @@ class TimelineFold:
         self.comm_count += int((cls == _COMM).sum())
         self.total_ns += int(dur.sum())
 
-        g = pd.DataFrame({"k": dev * len(CLASSES) + cls, "d": dur}).groupby("k")["d"].agg(
-            ["count", "sum"])
+        g = (
+            pd.DataFrame({"k": dev * len(CLASSES) + cls, "d": dur})
+            .groupby("k")["d"]
+            .agg(["count", "sum"])
+        )
         for key, cnt, tot in zip(g.index.tolist(), g["count"].tolist(), g["sum"].tolist()):
-            acc = self.by_class.setdefault((dev_names[key // len(CLASSES)],
-                                            key % len(CLASSES)), [0, 0])
+            acc = self.by_class.setdefault(
+                (dev_names[key // len(CLASSES)], key % len(CLASSES)), [0, 0]
+            )
             acc[0] += cnt
             acc[1] += tot
-        g = pd.DataFrame({"k": name * len(kind_names) + kind, "d": dur, "p": pos,
-                          "c": cls}).groupby("k").agg(
-            count=("d", "size"), time=("d", "sum"), mx=("d", "max"), first=("p", "min"),
-            cls=("c", "first"))
+        g = (
+            pd.DataFrame({"k": name * len(kind_names) + kind, "d": dur, "p": pos, "c": cls})
+            .groupby("k")
+            .agg(
+                count=("d", "size"),
+                time=("d", "sum"),
+                mx=("d", "max"),
+                first=("p", "min"),
+                cls=("c", "first"),
+            )
+        )
         for key, cnt, tot, mx, first, cl in zip(
-                g.index.tolist(), g["count"].tolist(), g["time"].tolist(), g["mx"].tolist(),
-                g["first"].tolist(), g["cls"].tolist()):
+            g.index.tolist(),
+            g["count"].tolist(),
+            g["time"].tolist(),
+            g["mx"].tolist(),
+            g["first"].tolist(),
+            g["cls"].tolist(),
+        ):
             nk = (str(name_labels[key // len(kind_names)]), kind_names[key % len(kind_names)])
             _add_name_stats(self.by_name, nk, [cnt, tot, mx, first, cl])
 
@@ -144,16 +164,33 @@ class TimelineFold:
         bounds = np.flatnonzero(np.diff(dev[order])) + 1
         for idx in np.split(order, bounds):
             label = dev_names[int(dev[idx[0]])]
-            self._device(self.devices.setdefault(label, _Device()), label, s[idx], e[idx],
-                         cls[idx], name[idx], name_labels, cls_labels)
+            self._device(
+                self.devices.setdefault(label, _Device()),
+                label,
+                s[idx],
+                e[idx],
+                cls[idx],
+                name[idx],
+                name_labels,
+                cls_labels,
+            )
 
         if self.r is not None:
             count, sums = tla.range_attribution(c, self.r, self.thread_parent)
             self.r_count += count
             self.r_sums = [a + b for a, b in zip(self.r_sums, sums)]
 
-    def _device(self, d: _Device, label: str, s: np.ndarray, e: np.ndarray, cls: np.ndarray,
-                name: np.ndarray, name_labels: np.ndarray, cls_labels: np.ndarray) -> None:
+    def _device(
+        self,
+        d: _Device,
+        label: str,
+        s: np.ndarray,
+        e: np.ndarray,
+        cls: np.ndarray,
+        name: np.ndarray,
+        name_labels: np.ndarray,
+        cls_labels: np.ndarray,
+    ) -> None:
         comm = cls == _COMM
         comp = ~comm & (cls != _MEM)
         prev_max = d.unions[0].run_max
@@ -183,10 +220,20 @@ class TimelineFold:
             prev_cls = cls_labels[cls[rows]]
             prev_name[carried] = d.holder[0]
             prev_cls[carried] = d.holder[1]
-            d.gaps.append(pd.DataFrame({
-                "device": label, "start_ns": before[hit], "end_ns": s[hit],
-                "gap_ns": gap[hit], "prev_name": prev_name, "prev_cls": prev_cls,
-                "next_name": name_labels[name[hit]], "next_cls": cls_labels[cls[hit]]}))
+            d.gaps.append(
+                pd.DataFrame(
+                    {
+                        "device": label,
+                        "start_ns": before[hit],
+                        "end_ns": s[hit],
+                        "gap_ns": gap[hit],
+                        "prev_name": prev_name,
+                        "prev_cls": prev_cls,
+                        "next_name": name_labels[name[hit]],
+                        "next_cls": cls_labels[cls[hit]],
+                    }
+                )
+            )
         if holder[-1] >= 0:
             j = int(holder[-1])
             d.holder = (str(name_labels[name[j]]), str(cls_labels[cls[j]]))
@@ -196,15 +243,22 @@ class TimelineFold:
         when there was none."""
         if not self.devices:
             return None
-        return (min(int(d.first_start or 0) for d in self.devices.values()),
-                max(int(d.unions[0].run_max or 0) for d in self.devices.values()))
+        return (
+            min(int(d.first_start or 0) for d in self.devices.values()),
+            max(int(d.unions[0].run_max or 0) for d in self.devices.values()),
+        )
 
     def kernels(self) -> dict[str, int]:
         """The document's kernel counts (``trace_summary.KernelCounts``)."""
         kc = self.kind_counts
-        return {"count": kc.get("kernel", 0), "total_ns": _wrap(self.kernel_ns),
-                "memcpy_count": kc.get("memcpy", 0), "memset_count": kc.get("memset", 0),
-                "cpu_op_count": kc.get("cpu_op", 0), "communication_count": self.comm_count}
+        return {
+            "count": kc.get("kernel", 0),
+            "total_ns": _wrap(self.kernel_ns),
+            "memcpy_count": kc.get("memcpy", 0),
+            "memset_count": kc.get("memset", 0),
+            "cpu_op_count": kc.get("cpu_op", 0),
+            "communication_count": self.comm_count,
+        }
 
     def result(self, device_order: list[str], top: int = 15) -> dict[str, pd.DataFrame]:
         """``classes``, ``overlap``, ``gaps``, ``top``, ``breakdown``; ``device_order`` is
@@ -213,18 +267,25 @@ class TimelineFold:
         rank = {d: i for i, d in enumerate(device_order)}
         keys = sorted(self.by_class, key=lambda k: (rank[k[0]], k[1]))
         if keys:
-            classes = tla.class_times_from(pd.DataFrame({
-                "device": pd.Series([k[0] for k in keys]).astype(str),
-                "cls": pd.Series([CLASSES[k[1]] for k in keys]).astype(str),
-                "count": np.asarray([self.by_class[k][0] for k in keys], np.int64),
-                "time_ns": np.asarray([_wrap(self.by_class[k][1]) for k in keys], np.int64)}))
+            classes = tla.class_times_from(
+                pd.DataFrame(
+                    {
+                        "device": pd.Series([k[0] for k in keys]).astype(str),
+                        "cls": pd.Series([CLASSES[k[1]] for k in keys]).astype(str),
+                        "count": np.asarray([self.by_class[k][0] for k in keys], np.int64),
+                        "time_ns": np.asarray([_wrap(self.by_class[k][1]) for k in keys], np.int64),
+                    }
+                )
+            )
         else:
             classes = pd.DataFrame({c: [] for c in tla.CLASS_COLUMNS})
         rows = []
         for dev in order:
             busy, comp, comm, both = (u.length() for u in self.devices[dev].unions)
-            span = _wrap(int(self.devices[dev].unions[0].run_max or 0)
-                         - int(self.devices[dev].first_start or 0))
+            span = _wrap(
+                int(self.devices[dev].unions[0].run_max or 0)
+                - int(self.devices[dev].first_start or 0)
+            )
             rows.append(tla.overlap_row(dev, busy, comp, comm, both, span))
         overlap = pd.DataFrame(rows, columns=list(tla.OVERLAP_COLUMNS))
         gaps = tla.idle_gaps_from([g for dev in order for g in self.devices[dev].gaps])
@@ -233,20 +294,32 @@ class TimelineFold:
             _add_name_stats(names, nm, stats)
         if names:
             by_first = sorted(names, key=lambda nm: names[nm][3])
-            top_frame = tla.top_kernels_from(pd.DataFrame({
-                "count": np.asarray([names[n][0] for n in by_first], np.int64),
-                "time_ns": np.asarray([_wrap(names[n][1]) for n in by_first], np.int64),
-                "max_ns": np.asarray([names[n][2] for n in by_first], np.int64),
-                "cls": np.asarray([names[n][4] for n in by_first], np.int8),
-                "name": np.asarray(by_first, dtype=object)}), _wrap(self.total_ns), top)
+            top_frame = tla.top_kernels_from(
+                pd.DataFrame(
+                    {
+                        "count": np.asarray([names[n][0] for n in by_first], np.int64),
+                        "time_ns": np.asarray([_wrap(names[n][1]) for n in by_first], np.int64),
+                        "max_ns": np.asarray([names[n][2] for n in by_first], np.int64),
+                        "cls": np.asarray([names[n][4] for n in by_first], np.int8),
+                        "name": np.asarray(by_first, dtype=object),
+                    }
+                ),
+                _wrap(self.total_ns),
+                top,
+            )
         else:
             top_frame = pd.DataFrame({c: [] for c in tla.TOP_COLUMNS})
         if self.r is None:
             breakdown = pd.DataFrame({c: [] for c in tla.RANGE_BREAKDOWN_COLUMNS})
         else:
             breakdown = tla.range_breakdown_from(self.r, self.r_count, self.r_sums)
-        return {"classes": classes, "overlap": overlap, "gaps": gaps, "top": top_frame,
-                "breakdown": breakdown}
+        return {
+            "classes": classes,
+            "overlap": overlap,
+            "gaps": gaps,
+            "top": top_frame,
+            "breakdown": breakdown,
+        }
 
 
 def _add_name_stats(table: dict[Any, list[Any]], key: Any, stats: list[Any]) -> None:

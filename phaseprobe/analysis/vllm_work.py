@@ -34,13 +34,26 @@ from phaseprobe.analysis.roofline import ModelCost
 from phaseprobe.records import Run
 from phaseprobe.sources.vllm.metrics import MetricSnapshot
 
-__all__ = ["WORK_COUNTERS", "CACHE_TIERS", "WorkComparison", "self_measured_deltas",
-           "prompt_sources_of", "cached_tiers_of", "PromptSources", "prompt_sources_summary",
-           "model_work", "compare_work", "DISAGREEMENT"]
+__all__ = [
+    "WORK_COUNTERS",
+    "CACHE_TIERS",
+    "WorkComparison",
+    "self_measured_deltas",
+    "prompt_sources_of",
+    "cached_tiers_of",
+    "PromptSources",
+    "prompt_sources_summary",
+    "model_work",
+    "compare_work",
+    "DISAGREEMENT",
+]
 
 # ServerPhases.counter_deltas key → canonical counter (vllm_metrics.ALIASES)
-WORK_COUNTERS = {"vllm_flops": "estimated_flops", "vllm_read_bytes": "estimated_read_bytes",
-                 "vllm_write_bytes": "estimated_write_bytes"}
+WORK_COUNTERS = {
+    "vllm_flops": "estimated_flops",
+    "vllm_read_bytes": "estimated_read_bytes",
+    "vllm_write_bytes": "estimated_write_bytes",
+}
 CACHE_TIERS = ("device", "host", "disk", "p2p", "external_unspecified")
 _SOURCE_KEY = "prompt_tokens_by_source."
 _TIER_KEY = "prompt_tokens_cached_by_source."
@@ -48,8 +61,9 @@ _TIER_KEY = "prompt_tokens_cached_by_source."
 DISAGREEMENT = 0.20
 
 
-def self_measured_deltas(before: MetricSnapshot, after: MetricSnapshot,
-                         model: str | None) -> dict[str, float]:
+def self_measured_deltas(
+    before: MetricSnapshot, after: MetricSnapshot, model: str | None
+) -> dict[str, float]:
     """The counter deltas vLLM measures about its own work between two scrapes, as flat
     ``counter_deltas`` keys: ``vllm_flops``/``vllm_read_bytes``/``vllm_write_bytes`` (only
     where ``--enable-mfu-metrics`` made them move: an exported counter that stayed at 0
@@ -77,7 +91,7 @@ def _prefixed(run: Run, prefix: str, role: str | None) -> dict[str, float] | Non
     deltas = run.server.counter_deltas if run.server is not None else {}
     # a prefill/decode run keys each instance's deltas by its role ("prefill:…", "decode:…")
     prefix = f"{role}:{prefix}" if role else prefix
-    got = {k[len(prefix):]: v for k, v in deltas.items() if k.startswith(prefix)}
+    got = {k[len(prefix) :]: v for k, v in deltas.items() if k.startswith(prefix)}
     return got or None
 
 
@@ -94,8 +108,11 @@ def cached_tiers_of(run: Run, role: str | None = None) -> dict[str, float] | Non
     return _prefixed(run, _TIER_KEY, role)
 
 
-_SOURCE_WORDS = {"local_compute": "computed", "local_cache_hit": "local cache hit",
-                "external_kv_transfer": "external KV transfer"}
+_SOURCE_WORDS = {
+    "local_compute": "computed",
+    "local_cache_hit": "local cache hit",
+    "external_kv_transfer": "external KV transfer",
+}
 
 
 @dataclass(frozen=True)
@@ -112,20 +129,24 @@ class PromptSources:
         """The words after "prompt tokens by source": over N isolated run(s), each source
         with its share, then the cached tokens by tier."""
         total = sum(self.sources.values())
-        parts = " · ".join(f"{_SOURCE_WORDS.get(k, k)} {v:.0f}"
-                           + (f" ({v / total:.0%})" if total else "")
-                           for k, v in self.sources.items())
+        parts = " · ".join(
+            f"{_SOURCE_WORDS.get(k, k)} {v:.0f}" + (f" ({v / total:.0%})" if total else "")
+            for k, v in self.sources.items()
+        )
         cached = [f"{k} {v:.0f}" for k, v in self.tiers.items() if v]
-        return (f"over {self.runs} isolated run(s): {parts}; cached by tier: "
-                + (", ".join(cached) if cached else "none"))
+        return f"over {self.runs} isolated run(s): {parts}; cached by tier: " + (
+            ", ".join(cached) if cached else "none"
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"runs": self.runs, "sources": dict(self.sources),
-                "cached_by_tier": dict(self.tiers)}
+        return {
+            "runs": self.runs,
+            "sources": dict(self.sources),
+            "cached_by_tier": dict(self.tiers),
+        }
 
 
-def prompt_sources_summary(runs: Iterable[Run], role: str | None = None
-                           ) -> PromptSources | None:
+def prompt_sources_summary(runs: Iterable[Run], role: str | None = None) -> PromptSources | None:
     """Where the isolated runs' prompt tokens came from, summed; None when no isolated run
     has them (the server does not export them: vLLM before 0.32). ``role`` as for
     :func:`prompt_sources_of`."""
@@ -144,8 +165,9 @@ def prompt_sources_summary(runs: Iterable[Run], role: str | None = None
     return PromptSources(n, sources, tiers) if n else None
 
 
-def model_work(cost: ModelCost, prompt_tokens: int, completion_tokens: int,
-               cached_tokens: int = 0) -> tuple[float, float, float]:
+def model_work(
+    cost: ModelCost, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0
+) -> tuple[float, float, float]:
     """phaseprobe's (FLOPs, bytes read, bytes written) of one request alone on the server,
     the same model the roofline uses: a prefill of the P − cached computed tokens (the causal
     term over the whole prompt is kept: the cached tokens are attended to, not recomputed),
@@ -156,9 +178,12 @@ def model_work(cost: ModelCost, prompt_tokens: int, completion_tokens: int,
     steps = max(n - 1, 0)
     mean_ctx = p + n / 2
     body = cost.linear_flops_per_token - cost.lm_head_flops_per_token
-    flops = (body * computed + (cost.lm_head_flops_per_token if computed else 0.0)
-             + cost.attention_flops_per_position * (p * (p + 1) / 2
-                                                    - cached_tokens * (cached_tokens + 1) / 2))
+    flops = (
+        body * computed
+        + (cost.lm_head_flops_per_token if computed else 0.0)
+        + cost.attention_flops_per_position
+        * (p * (p + 1) / 2 - cached_tokens * (cached_tokens + 1) / 2)
+    )
     flops += steps * (cost.linear_flops_per_token + cost.attention_flops_per_position * mean_ctx)
     read = cost.weight_bytes * (1 + steps) + cost.kv_bytes_per_token * mean_ctx * steps
     written = cost.kv_bytes_per_token * (computed + steps)
@@ -206,9 +231,16 @@ def compare_work(run: Run, cost: ModelCost) -> WorkComparison | None:
     cached = int(s.counter_deltas.get("prefix_cache_hits", 0) or 0)
     flops, read, written = model_work(cost, c.prompt_tokens, c.completion_tokens, cached)
     return WorkComparison(
-        seq=run.seq, prompt_tokens=c.prompt_tokens, completion_tokens=c.completion_tokens,
-        vllm_flops=got["vllm_flops"], vllm_read_bytes=got["vllm_read_bytes"],
-        vllm_write_bytes=got["vllm_write_bytes"], model_flops=flops, model_read_bytes=read,
-        model_write_bytes=written, flops_ratio=_ratio(got["vllm_flops"], flops),
+        seq=run.seq,
+        prompt_tokens=c.prompt_tokens,
+        completion_tokens=c.completion_tokens,
+        vllm_flops=got["vllm_flops"],
+        vllm_read_bytes=got["vllm_read_bytes"],
+        vllm_write_bytes=got["vllm_write_bytes"],
+        model_flops=flops,
+        model_read_bytes=read,
+        model_write_bytes=written,
+        flops_ratio=_ratio(got["vllm_flops"], flops),
         read_bytes_ratio=_ratio(got["vllm_read_bytes"], read),
-        write_bytes_ratio=_ratio(got["vllm_write_bytes"], written))
+        write_bytes_ratio=_ratio(got["vllm_write_bytes"], written),
+    )

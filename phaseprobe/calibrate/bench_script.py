@@ -89,6 +89,7 @@ def _timer(torch: Any, device: str) -> Timer:
     """Seconds one call of ``fn`` takes. CUDA runs asynchronously: bracket with events and
     synchronize, or the host clock would only measure the kernel launch."""
     if device == "cuda":
+
         def timed_cuda(fn: Callable[[], object]) -> float:
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
@@ -97,12 +98,14 @@ def _timer(torch: Any, device: str) -> Timer:
             end.record()
             torch.cuda.synchronize()
             return float(start.elapsed_time(end)) / 1e3
+
         return timed_cuda
 
     def timed_cpu(fn: Callable[[], object]) -> float:
         t0 = time.perf_counter()
         fn()
         return time.perf_counter() - t0
+
     return timed_cpu
 
 
@@ -136,20 +139,32 @@ def measure_bandwidth(torch: Any, device: str, n_bytes: int) -> dict[str, Any]:
     dst = torch.empty_like(src)
     times = _repeat(_timer(torch, device), lambda: dst.copy_(src))
     moved = 2 * n * 4  # read src + write dst
-    return {"bytes_per_copy": n * 4, "bytes_moved_per_copy": moved,
-            **_summary(moved, times, 1e9, "gb_s")}
+    return {
+        "bytes_per_copy": n * 4,
+        "bytes_moved_per_copy": moved,
+        **_summary(moved, times, 1e9, "gb_s"),
+    }
 
 
 def layer_shapes(tokens: int, hidden: int, intermediate: int) -> list[tuple[int, int, int]]:
     """(M, K, N) of one decoder layer's GEMMs as vLLM fuses them: QKV (GQA, 4 query heads per
     KV head: hidden + 2·hidden/4 outputs), output, gate+up, down."""
-    return [(tokens, hidden, hidden + hidden // 2), (tokens, hidden, hidden),
-            (tokens, hidden, 2 * intermediate), (tokens, intermediate, hidden)]
+    return [
+        (tokens, hidden, hidden + hidden // 2),
+        (tokens, hidden, hidden),
+        (tokens, hidden, 2 * intermediate),
+        (tokens, intermediate, hidden),
+    ]
 
 
-def measure_matmul(torch: Any, device: str, shapes: list[tuple[int, int, int]],
-                   dtype_name: str, budget_s: float,
-                   clock: Callable[[], float] = time.monotonic) -> dict[str, Any]:
+def measure_matmul(
+    torch: Any,
+    device: str,
+    shapes: list[tuple[int, int, int]],
+    dtype_name: str,
+    budget_s: float,
+    clock: Callable[[], float] = time.monotonic,
+) -> dict[str, Any]:
     """``F.linear`` at each shape in ``dtype_name`` within ``budget_s`` for all of them."""
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype_name]
     linear = torch.nn.functional.linear
@@ -175,24 +190,33 @@ def measure_matmul(torch: Any, device: str, shapes: list[tuple[int, int, int]],
             if clock() - t0 >= share:
                 break
         flops = 2.0 * m * k * n
-        per_shape.append({"m": m, "k": k, "n": n, "flops": flops,
-                          **_summary(flops, times, 1e12, "tflop_s")})
+        per_shape.append(
+            {"m": m, "k": k, "n": n, "flops": flops, **_summary(flops, times, 1e12, "tflop_s")}
+        )
     best = max(per_shape, key=lambda r: r["best_tflop_s"])
     return {
         "kernel": "torch.nn.functional.linear",
         "shape": [best["m"], best["k"], best["n"]],
         "flops_per_matmul": best["flops"],
-        "best_tflop_s": best["best_tflop_s"], "median_tflop_s": best["median_tflop_s"],
-        "repeats": best["repeats"], "best_s": best["best_s"], "median_s": best["median_s"],
+        "best_tflop_s": best["best_tflop_s"],
+        "median_tflop_s": best["median_tflop_s"],
+        "repeats": best["repeats"],
+        "best_s": best["best_s"],
+        "median_s": best["median_s"],
         "shapes": per_shape,
-        "budget_s": budget_s, "seconds": round(clock() - started, 3),
+        "budget_s": budget_s,
+        "seconds": round(clock() - started, 3),
         "budget_exhausted": exhausted,
     }
 
 
-def run(device_arg: str, quick: bool, dtypes: tuple[str, ...] = DTYPES,
-        extra_shapes: tuple[tuple[int, int, int], ...] = (),
-        budget_s: float | None = None) -> dict[str, Any]:
+def run(
+    device_arg: str,
+    quick: bool,
+    dtypes: tuple[str, ...] = DTYPES,
+    extra_shapes: tuple[tuple[int, int, int], ...] = (),
+    budget_s: float | None = None,
+) -> dict[str, Any]:
     import torch  # type: ignore[import-not-found,unused-ignore]
 
     started = time.monotonic()
@@ -212,8 +236,7 @@ def run(device_arg: str, quick: bool, dtypes: tuple[str, ...] = DTYPES,
 
     memory = measure_bandwidth(torch, device, sizes["copy_bytes"])
     _log(f"copy: best {memory['best_gb_s']:.2f} GB/s")
-    shapes = [*extra_shapes,
-              *layer_shapes(sizes["tokens"], sizes["hidden"], sizes["intermediate"])]
+    shapes = [*extra_shapes, *layer_shapes(sizes["tokens"], sizes["hidden"], sizes["intermediate"])]
     if budget_s is None:
         budget_s = QUICK_MATMUL_BUDGET_S if quick else MATMUL_BUDGET_S
     matmul: dict[str, Any] = {}
@@ -224,9 +247,11 @@ def run(device_arg: str, quick: bool, dtypes: tuple[str, ...] = DTYPES,
             matmul[dtype_name] = {"error": str(exc).splitlines()[0]}
             continue
         matmul[dtype_name] = section
-        _log(f"F.linear {dtype_name}: best {section['best_tflop_s'] * 1e3:.2f} GFLOP/s at "
-             f"{section['shape']} ({section['seconds']:.1f} s"
-             f"{', budget spent' if section['budget_exhausted'] else ''})")
+        _log(
+            f"F.linear {dtype_name}: best {section['best_tflop_s'] * 1e3:.2f} GFLOP/s at "
+            f"{section['shape']} ({section['seconds']:.1f} s"
+            f"{', budget spent' if section['budget_exhausted'] else ''})"
+        )
     return {
         "schema": SCHEMA_VERSION,
         "device": device,
@@ -253,13 +278,25 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--quick", action="store_true", help="smaller sizes (tests)")
-    parser.add_argument("--dtypes", default=",".join(DTYPES),
-                        help="comma-separated: bf16, fp16, fp32 (default: bf16,fp32)")
-    parser.add_argument("--shape", action="append", default=[], metavar="M,K,N",
-                        help="also time F.linear of [M×K] by [K×N] (a model's own layer)")
-    parser.add_argument("--budget-s", type=float, default=None,
-                        help=f"seconds per dtype for all its GEMMs (default: "
-                             f"{MATMUL_BUDGET_S:g}, --quick {QUICK_MATMUL_BUDGET_S:g})")
+    parser.add_argument(
+        "--dtypes",
+        default=",".join(DTYPES),
+        help="comma-separated: bf16, fp16, fp32 (default: bf16,fp32)",
+    )
+    parser.add_argument(
+        "--shape",
+        action="append",
+        default=[],
+        metavar="M,K,N",
+        help="also time F.linear of [M×K] by [K×N] (a model's own layer)",
+    )
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help=f"seconds per dtype for all its GEMMs (default: "
+        f"{MATMUL_BUDGET_S:g}, --quick {QUICK_MATMUL_BUDGET_S:g})",
+    )
     args = parser.parse_args(argv)
     dtypes = tuple(d.strip() for d in args.dtypes.split(",") if d.strip())
     unknown = [d for d in dtypes if d not in ("bf16", "fp16", "fp32")]

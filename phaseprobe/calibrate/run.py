@@ -77,10 +77,16 @@ def run_subprocess(argv: Sequence[str], timeout_s: float) -> Completed:
     the timeout, SIGTERM or Ctrl-C reaching phaseprobe, any error): a worker it spawned
     would otherwise outlive the command, holding its pipes (so the wait never ends) and the
     cores the next measurement needs."""
-    proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, errors="replace", stdin=subprocess.DEVNULL,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1"),
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        list(argv),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        errors="replace",
+        stdin=subprocess.DEVNULL,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        start_new_session=True,
+    )
     try:
         stdout, stderr = proc.communicate(timeout=timeout_s)
     finally:
@@ -128,8 +134,12 @@ class Calibration:
         flops, used, why = rates.get(dtype), dtype, ""
         if flops is None and "fp32" in rates:
             flops, used = rates["fp32"], "fp32"
-        elif flops is not None and self.device == "cpu" and dtype in ("bf16", "fp16") \
-                and rates.get("fp32", 0.0) > flops:
+        elif (
+            flops is not None
+            and self.device == "cpu"
+            and dtype in ("bf16", "fp16")
+            and rates.get("fp32", 0.0) > flops
+        ):
             why = f" > {dtype}'s {flops * 1e3:.3g}, served {dtype} widened"
             flops, used = rates["fp32"], "fp32"
         when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(self.measured_at))
@@ -138,10 +148,12 @@ class Calibration:
         linear = isinstance(section, dict) and section.get("kernel") == "torch.nn.functional.linear"
         kernel = "F.linear" if linear else "matmul"
         rate = "—" if flops is None else f"{flops * 1e3:.3g} GFLOP/s"
-        return Peaks(self.mem_bandwidth_best_gb_s * 1e9,
-                     None if flops is None else flops * 1e12,
-                     f"calibrated {self.device_name}: {used} {kernel} {rate}{why}; "
-                     f"{self.mem_bandwidth_best_gb_s:.3g} GB/s; {when}")
+        return Peaks(
+            self.mem_bandwidth_best_gb_s * 1e9,
+            None if flops is None else flops * 1e12,
+            f"calibrated {self.device_name}: {used} {kernel} {rate}{why}; "
+            f"{self.mem_bandwidth_best_gb_s:.3g} GB/s; {when}",
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -152,14 +164,17 @@ class Calibration:
         string or 1e308 for ``measured_at`` would crash every later reader); a bad one is a
         CalibrationError naming the key."""
         return cls(
-            device=str(d["device"]), device_name=str(d["device_name"]),
+            device=str(d["device"]),
+            device_name=str(d["device_name"]),
             mem_bandwidth_best_gb_s=_rate(d, "mem_bandwidth_best_gb_s", "memory bandwidth"),
-            mem_bandwidth_median_gb_s=_rate(d, "mem_bandwidth_median_gb_s",
-                                            "memory bandwidth"),
+            mem_bandwidth_median_gb_s=_rate(d, "mem_bandwidth_median_gb_s", "memory bandwidth"),
             matmul_best_tflop_s=_rates(d, "matmul_best_tflop_s"),
             matmul_median_tflop_s=_rates(d, "matmul_median_tflop_s"),
-            measured_at=_when(d.get("measured_at")), torch_version=str(d["torch_version"]),
-            interpreter=str(d["interpreter"]), raw=dict(d.get("raw") or {}))
+            measured_at=_when(d.get("measured_at")),
+            torch_version=str(d["torch_version"]),
+            interpreter=str(d["interpreter"]),
+            raw=dict(d.get("raw") or {}),
+        )
 
 
 def _torch_importable() -> bool:
@@ -182,7 +197,8 @@ def find_interpreter(explicit: str | None = None, *, venv: Path | None = None) -
     raise ConfigError(
         f"calibrate needs torch: it is not importable by {sys.executable} and the local vLLM "
         f"venv ({venv}) is not installed; `pip install torch`, run `phaseprobe local install`, "
-        f"or pass --python PATH to an interpreter that has torch")
+        f"or pass --python PATH to an interpreter that has torch"
+    )
 
 
 def _tail(text: str) -> str:
@@ -192,8 +208,12 @@ def _tail(text: str) -> str:
 
 def _rate(section: Any, key: str, what: str) -> float:
     value = section.get(key) if isinstance(section, dict) else None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
-            or value <= 0:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
         raise CalibrationError(f"benchmark result has no positive {what} ({key}={value!r})")
     return float(value)
 
@@ -211,8 +231,11 @@ _EARLIEST, _LATEST = 0.0, 7258118400.0
 
 
 def _when(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) \
-            or not _EARLIEST <= value <= _LATEST:  # NaN fails both comparisons
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not _EARLIEST <= value <= _LATEST
+    ):  # NaN fails both comparisons
         raise CalibrationError(f"measured_at {value!r:.60} is not a time (unix seconds)")
     return float(value)
 
@@ -241,19 +264,32 @@ def parse_output(stdout: str, interpreter: str) -> Calibration:
     if not best:
         raise CalibrationError("benchmark result has no matmul measurement")
     return Calibration(
-        device=str(doc.get("device", "?")), device_name=str(doc.get("device_name", "?")),
+        device=str(doc.get("device", "?")),
+        device_name=str(doc.get("device_name", "?")),
         mem_bandwidth_best_gb_s=_rate(doc.get("memory"), "best_gb_s", "memory bandwidth"),
         mem_bandwidth_median_gb_s=_rate(doc.get("memory"), "median_gb_s", "memory bandwidth"),
-        matmul_best_tflop_s=best, matmul_median_tflop_s=median,
-        measured_at=_when(doc["measured_at"]) if doc.get("measured_at") is not None
+        matmul_best_tflop_s=best,
+        matmul_median_tflop_s=median,
+        measured_at=_when(doc["measured_at"])
+        if doc.get("measured_at") is not None
         else time.time(),
-        torch_version=str(doc.get("torch_version", "?")), interpreter=interpreter, raw=doc)
+        torch_version=str(doc.get("torch_version", "?")),
+        interpreter=interpreter,
+        raw=doc,
+    )
 
 
-def run_benchmark(device: str = "auto", *, interpreter: str | None = None, quick: bool = False,
-                  timeout_s: float = 300.0, runner: Runner = run_subprocess,
-                  script: Path = SCRIPT, shapes: Sequence[tuple[int, int, int]] = (),
-                  budget_s: float | None = None) -> Calibration:
+def run_benchmark(
+    device: str = "auto",
+    *,
+    interpreter: str | None = None,
+    quick: bool = False,
+    timeout_s: float = 300.0,
+    runner: Runner = run_subprocess,
+    script: Path = SCRIPT,
+    shapes: Sequence[tuple[int, int, int]] = (),
+    budget_s: float | None = None,
+) -> Calibration:
     """Run :data:`SCRIPT` on ``device`` (``auto``: CUDA when torch sees one, else CPU);
     ``shapes``: a model's own (M, K, N) GEMMs, timed beside the script's generic layer;
     ``budget_s``: seconds per dtype for all GEMMs."""
@@ -262,19 +298,28 @@ def run_benchmark(device: str = "auto", *, interpreter: str | None = None, quick
     if budget_s is not None and not budget_s > 0:
         raise ConfigError(f"--budget {budget_s:g}: must be a positive number of seconds")
     python = find_interpreter(interpreter)
-    argv = [python, str(script), "--device", device, *(["--quick"] if quick else []),
-            *[a for m, k, n in shapes for a in ("--shape", f"{m},{k},{n}")],
-            *(["--budget-s", f"{budget_s:g}"] if budget_s is not None else [])]
+    argv = [
+        python,
+        str(script),
+        "--device",
+        device,
+        *(["--quick"] if quick else []),
+        *[a for m, k, n in shapes for a in ("--shape", f"{m},{k},{n}")],
+        *(["--budget-s", f"{budget_s:g}"] if budget_s is not None else []),
+    ]
     try:
         done = runner(argv, timeout_s)
     except subprocess.TimeoutExpired:
-        raise CalibrationError(f"benchmark did not finish within {timeout_s:g} s "
-                               f"({' '.join(argv)})") from None
+        raise CalibrationError(
+            f"benchmark did not finish within {timeout_s:g} s ({' '.join(argv)})"
+        ) from None
     except OSError as exc:
         raise CalibrationError(f"cannot run {python}: {exc}") from None
     if done.returncode != 0:
-        raise CalibrationError(f"benchmark failed with exit code {done.returncode} "
-                               f"({python}); last output:\n{_tail(done.stderr or done.stdout)}")
+        raise CalibrationError(
+            f"benchmark failed with exit code {done.returncode} "
+            f"({python}); last output:\n{_tail(done.stderr or done.stdout)}"
+        )
     return parse_output(done.stdout, python)
 
 
@@ -302,6 +347,7 @@ def calibration_path() -> Path:
 def load_all(path: Path | None = None) -> dict[str, Calibration]:
     """Every stored calibration by device name ({} when none was stored yet)."""
     path = path or calibration_path()
+
     def fail(reason: str) -> ConfigError:
         return ConfigError(f"calibration file {path}: {reason}")
 
@@ -315,15 +361,15 @@ def load_all(path: Path | None = None) -> dict[str, Calibration]:
         raise ConfigError(f"calibration file {path} cannot be read ({exc}); {_REDO}") from None
     devices = doc.get("devices") if isinstance(doc, dict) else None
     if not isinstance(devices, dict):
-        raise ConfigError(f"calibration file {path} is not a phaseprobe calibration file; "
-                          f"{_REDO}")
+        raise ConfigError(f"calibration file {path} is not a phaseprobe calibration file; {_REDO}")
     try:
         return {name: Calibration.from_dict(entry) for name, entry in devices.items()}
     except CalibrationError as exc:
         raise ConfigError(f"calibration file {path} is damaged: {exc}; {_REDO}") from None
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise ConfigError(f"calibration file {path} is damaged: malformed entry ({exc!r}); "
-                          f"{_REDO}") from None
+        raise ConfigError(
+            f"calibration file {path} is damaged: malformed entry ({exc!r}); {_REDO}"
+        ) from None
 
 
 _REDO = "run `phaseprobe calibrate` to measure again (it replaces the file)"

@@ -67,9 +67,21 @@ from phaseprobe.store import Store
 if TYPE_CHECKING:  # scipy (via ab_stats) costs ~1 s to import: only at the first look
     from phaseprobe.analysis.ab.stats import MetricComparison
 
-__all__ = ["AbProgress", "NullAbProgress", "AbResult", "schedule", "run_ab", "resume_ab",
-           "launch_server", "Launcher", "start_arms", "launch_pd_pair", "PdLauncher",
-           "ArmTarget", "start_arm_targets"]
+__all__ = [
+    "AbProgress",
+    "NullAbProgress",
+    "AbResult",
+    "schedule",
+    "run_ab",
+    "resume_ab",
+    "launch_server",
+    "Launcher",
+    "start_arms",
+    "launch_pd_pair",
+    "PdLauncher",
+    "ArmTarget",
+    "start_arm_targets",
+]
 
 # Launcher: an arm → a context manager yielding the base URL of its running server.
 Launcher = Callable[[Arm], contextlib.AbstractContextManager[str]]
@@ -147,9 +159,14 @@ def launch_server(arm: Arm) -> Iterator[str]:
     if arm.model == LOCAL_MODEL and launch.command is None:
         from phaseprobe.local import LocalVllm
 
-        with LocalVllm(extra_args=launch.args, extra_env=launch.env,
-                       startup_timeout=launch.startup_timeout_s) as server, \
-                stop_with_parent(server.pid):
+        with (
+            LocalVllm(
+                extra_args=launch.args,
+                extra_env=launch.env,
+                startup_timeout=launch.startup_timeout_s,
+            ) as server,
+            stop_with_parent(server.pid),
+        ):
             yield server.base_url
         return
     from phaseprobe.local.server import build_env
@@ -162,16 +179,22 @@ def launch_server(arm: Arm) -> Iterator[str]:
     log_path = log_dir / f"{arm.name}-{time.strftime('%Y%m%d-%H%M%S')}-{port}.log"
     with open(log_path, "ab") as log:
         try:
-            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, env=build_env(launch.env),
-                                    start_new_session=True)  # its own group: stopped whole
+            proc = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=build_env(launch.env),
+                start_new_session=True,
+            )  # its own group: stopped whole
         except OSError as exc:
             raise LocalServerError(f"arm {arm.name!r}: cannot start {argv[0]}: {exc}") from None
     url = f"http://127.0.0.1:{port}"
     try:
         with stop_with_parent(proc.pid):
-            wait_healthy(url, timeout=launch.startup_timeout_s, exit_code=proc.poll,
-                         log_path=log_path)
+            wait_healthy(
+                url, timeout=launch.startup_timeout_s, exit_code=proc.poll, log_path=log_path
+            )
             yield url
     finally:
         stop_process_group(proc.pid, reap=proc.poll)
@@ -187,18 +210,27 @@ def launch_pd_pair(arm: Arm) -> Iterator[PdTopology]:
         raise LocalServerError(f"arm {arm.name!r} launches no prefill/decode pair")
     from phaseprobe.local.pd import LocalPdPair
 
-    pair = LocalPdPair(router=launch.router, extra_args=launch.args, extra_env=launch.env,
-                       served_name=arm.served_model, startup_timeout=launch.startup_timeout_s)
+    pair = LocalPdPair(
+        router=launch.router,
+        extra_args=launch.args,
+        extra_env=launch.env,
+        served_name=arm.served_model,
+        startup_timeout=launch.startup_timeout_s,
+    )
     with pair, contextlib.ExitStack() as watchdogs:
         for pid in pair.pids.values():  # each instance (and the router) is its own group
             watchdogs.enter_context(stop_with_parent(pid))
-        yield PdTopology(prefill=pair.prefill_url, decode=pair.decode_url,
-                         router=pair.router_url)
+        yield PdTopology(prefill=pair.prefill_url, decode=pair.decode_url, router=pair.router_url)
 
 
-def start_arm_targets(playbook: Playbook, stack: contextlib.ExitStack, launcher: Launcher,
-                      status: Callable[[str], None], notes: list[str],
-                      pd_launcher: PdLauncher = launch_pd_pair) -> list[ArmTarget]:
+def start_arm_targets(
+    playbook: Playbook,
+    stack: contextlib.ExitStack,
+    launcher: Launcher,
+    status: Callable[[str], None],
+    notes: list[str],
+    pd_launcher: PdLauncher = launch_pd_pair,
+) -> list[ArmTarget]:
     """Every arm's target, in arm order: its endpoint, its prefill/decode pair, or what
     ``launcher`` (a server) or ``pd_launcher`` (a pair) starts, kept up until ``stack``
     closes. Arms with identical launches share one server (or pair)."""
@@ -213,35 +245,47 @@ def start_arm_targets(playbook: Playbook, stack: contextlib.ExitStack, launcher:
         if key not in started:
             pd = arm.launch is not None and arm.launch.pd
             what = "prefill/decode pair" if pd else "server"
-            status(f"starting the {what} of arm {arm.name} (30 s to a few minutes: a "
-                   f"compiled model compiles first)…")
+            status(
+                f"starting the {what} of arm {arm.name} (30 s to a few minutes: a "
+                f"compiled model compiles first)…"
+            )
             t0 = time.monotonic()
             if pd:
                 started[key] = stack.enter_context(pd_launcher(arm))
             else:
                 started[key] = stack.enter_context(launcher(arm))
             where = started[key]
-            shown = where if isinstance(where, str) else ", ".join(
-                f"{role} {url}" for role, url in where.to_dict().items() if url)
-            status(f"arm {arm.name}: {what} up at {shown} after "
-                   f"{time.monotonic() - t0:.0f} s")
+            shown = (
+                where
+                if isinstance(where, str)
+                else ", ".join(f"{role} {url}" for role, url in where.to_dict().items() if url)
+            )
+            status(f"arm {arm.name}: {what} up at {shown} after {time.monotonic() - t0:.0f} s")
         else:
             notes.append(f"arm {arm.name} shares arm A's server (same launch)")
         out.append(started[key])
     return out
 
 
-def start_arms(playbook: Playbook, stack: contextlib.ExitStack, launcher: Launcher,
-               status: Callable[[str], None], notes: list[str]) -> list[str]:
+def start_arms(
+    playbook: Playbook,
+    stack: contextlib.ExitStack,
+    launcher: Launcher,
+    status: Callable[[str], None],
+    notes: list[str],
+) -> list[str]:
     """Every arm's base URL (arms of one server each: ``interfere --playbook``), in arm
     order; see :func:`start_arm_targets`. A prefill/decode arm is refused before anything
     starts."""
     pd = [arm.name for arm in playbook.arms if arm.is_pd]
     if pd:
-        raise ConfigError(f"arm {pd[0]} of playbook {playbook.name} is a prefill/decode pair: "
-                          f"only `phaseprobe ab` measures such an arm")
-    return [t for t in start_arm_targets(playbook, stack, launcher, status, notes)
-            if isinstance(t, str)]
+        raise ConfigError(
+            f"arm {pd[0]} of playbook {playbook.name} is a prefill/decode pair: "
+            f"only `phaseprobe ab` measures such an arm"
+        )
+    return [
+        t for t in start_arm_targets(playbook, stack, launcher, status, notes) if isinstance(t, str)
+    ]
 
 
 class _StatusNotices:
@@ -260,40 +304,79 @@ class _Arm:
     """One arm during a session: its endpoint, collector, prompts and stored runs. A
     prefill/decode arm measures with a :class:`PdCollector` (both legs, the KV verdict)."""
 
-    def __init__(self, index: int, arm: Arm, target: ArmTarget, session: Session,
-                 playbook: Playbook, runs: int, http: requests.Session,
-                 settings: ProbeSettings) -> None:
+    def __init__(
+        self,
+        index: int,
+        arm: Arm,
+        target: ArmTarget,
+        session: Session,
+        playbook: Playbook,
+        runs: int,
+        http: requests.Session,
+        settings: ProbeSettings,
+    ) -> None:
         plan = playbook.run
         url = session.endpoint
         self.index, self.arm, self.url = index, arm, url
-        self.spec = RunSpec(endpoint=url, model=arm.served_model, prompt=plan.prompt or "",
-                            max_tokens=plan.max_tokens, api=plan.api,
-                            prompt_tokens_target=plan.prompt_tokens, seed=plan.seed,
-                            ignore_eos=plan.ignore_eos,
-                            labels={"ab_playbook": playbook.name, "ab_arm": arm.name,
-                                    "ab_role": "AB"[index]})
+        self.spec = RunSpec(
+            endpoint=url,
+            model=arm.served_model,
+            prompt=plan.prompt or "",
+            max_tokens=plan.max_tokens,
+            api=plan.api,
+            prompt_tokens_target=plan.prompt_tokens,
+            seed=plan.seed,
+            ignore_eos=plan.ignore_eos,
+            labels={"ab_playbook": playbook.name, "ab_arm": arm.name, "ab_role": "AB"[index]},
+        )
         self.pd = isinstance(target, PdTopology)
         if isinstance(target, PdTopology):
-            pair = connect_pd_arm(target, self.spec, settings, session.api_key, http,
-                                  timeout_s=plan.timeout_s, deadline_s=plan.deadline_s)
+            pair = connect_pd_arm(
+                target,
+                self.spec,
+                settings,
+                session.api_key,
+                http,
+                timeout_s=plan.timeout_s,
+                deadline_s=plan.deadline_s,
+            )
             self.info, builder, notes = pair.info, pair.builder, pair.notes
             pd_collector = pair.collector
             self.measure: Callable[[int, str], Run] = pd_collector.measure
             # A warm-up is one whole request over the pair (both legs), not stored.
-            self.warm: Callable[[str], str | None] = \
-                lambda prompt: pd_collector.measure(-1, prompt).error
-            self._collector_notes: Callable[[], list[str]] = \
-                lambda: pd_collector.notes + pair.run_notes.lines()
+            self.warm: Callable[[str], str | None] = lambda prompt: (
+                pd_collector.measure(-1, prompt).error
+            )
+            self._collector_notes: Callable[[], list[str]] = lambda: (
+                pd_collector.notes + pair.run_notes.lines()
+            )
         else:
             # The session checked the model against /v1/models before any run (otherwise
             # every run would be a 404 error run); its list is handed on, not fetched again.
-            conn = connect(url, session.api_key, session=http, timeout_s=plan.timeout_s,
-                           deadline_s=plan.deadline_s, models=session.models,
-                           replicas=arm.replicas, model=arm.served_model)
-            self.info, builder, notes = conn.info, conn.prompt_builder(self.spec.model,
-                                                                       plan.seed), conn.notes
-            collector = RunCollector(self.spec, settings, conn.client, conn.scraper,
-                                     time.sleep, time.monotonic, fleet=conn.fleet)
+            conn = connect(
+                url,
+                session.api_key,
+                session=http,
+                timeout_s=plan.timeout_s,
+                deadline_s=plan.deadline_s,
+                models=session.models,
+                replicas=arm.replicas,
+                model=arm.served_model,
+            )
+            self.info, builder, notes = (
+                conn.info,
+                conn.prompt_builder(self.spec.model, plan.seed),
+                conn.notes,
+            )
+            collector = RunCollector(
+                self.spec,
+                settings,
+                conn.client,
+                conn.scraper,
+                time.sleep,
+                time.monotonic,
+                fleet=conn.fleet,
+            )
             self.measure = collector.measure
             self.warm = lambda prompt: conn.client.stream(collector.body(prompt)).error
             self._collector_notes = collector.all_notes
@@ -319,8 +402,10 @@ class _Arm:
         last ones name the arm: which server it was matters in an A/B, and both arms may say
         the same thing."""
         kv = kv_summary(self.runs) if self.pd else None
-        return self.notes + [f"arm {self.arm.name}: {note}"
-                             for note in [*self._collector_notes(), *([kv] if kv else [])]]
+        return self.notes + [
+            f"arm {self.arm.name}: {note}"
+            for note in [*self._collector_notes(), *([kv] if kv else [])]
+        ]
 
 
 def _entry(target: ArmTarget) -> str:
@@ -328,11 +413,19 @@ def _entry(target: ArmTarget) -> str:
     return target if isinstance(target, str) else target.router or target.decode
 
 
-def run_ab(playbook: Playbook, store: Store, *, runs: int | None = None,
-           progress: AbProgress | None = None, launcher: Launcher = launch_server,
-           api_key: str | None = None, settings: ProbeSettings | None = None,
-           session_id: int | None = None, plan: SequentialPlan | None = None,
-           pd_launcher: PdLauncher = launch_pd_pair) -> AbResult:
+def run_ab(
+    playbook: Playbook,
+    store: Store,
+    *,
+    runs: int | None = None,
+    progress: AbProgress | None = None,
+    launcher: Launcher = launch_server,
+    api_key: str | None = None,
+    settings: ProbeSettings | None = None,
+    session_id: int | None = None,
+    plan: SequentialPlan | None = None,
+    pd_launcher: PdLauncher = launch_pd_pair,
+) -> AbResult:
     """Run (or with ``session_id``, continue) an A/B session; returns every stored run.
     With ``plan`` (or a playbook with ``until_decided``) the session is sequential: up to
     ``plan.max_runs`` per arm, stopping once the primary metric is decided."""
@@ -341,40 +434,69 @@ def run_ab(playbook: Playbook, store: Store, *, runs: int | None = None,
         plan = playbook.run.sequential()
     n = plan.max_runs if plan is not None else (runs or playbook.run.runs)
     known: dict[str, int] = {} if session_id is None else store.ab_session(session_id)["arms"]
-    result = AbResult(session_id or 0, playbook, n, {}, {a.name: [] for a in playbook.arms},
-                      plan=plan)
+    result = AbResult(
+        session_id or 0, playbook, n, {}, {a.name: [] for a in playbook.arms}, plan=plan
+    )
     http = requests.Session()
     with contextlib.ExitStack() as stack:
-        targets = start_arm_targets(playbook, stack, launcher, progress.on_status,
-                                    result.notes, pd_launcher)
+        targets = start_arm_targets(
+            playbook, stack, launcher, progress.on_status, result.notes, pd_launcher
+        )
         notices = _StatusNotices(progress)
         # Each arm is a measurement session on its server (one wiring with probe and the
         # interplay probes); the arms share this invocation's store. A pair's session is on
         # the way in: its router, or the decode instance (which serves the answer).
-        sessions = [stack.enter_context(Session(SessionOptions(
-            store_path=str(store.path), endpoint=_entry(target), api_key=api_key,
-            model=arm.served_model, model_option=f"arm {arm.name}: model"), notices,
-            store=store)) for arm, target in zip(playbook.arms, targets)]
-        arms = [_Arm(i, arm, t, s, playbook, n, http, settings or ProbeSettings())
-                for i, (arm, t, s) in enumerate(zip(playbook.arms, targets, sessions))]
+        sessions = [
+            stack.enter_context(
+                Session(
+                    SessionOptions(
+                        store_path=str(store.path),
+                        endpoint=_entry(target),
+                        api_key=api_key,
+                        model=arm.served_model,
+                        model_option=f"arm {arm.name}: model",
+                    ),
+                    notices,
+                    store=store,
+                )
+            )
+            for arm, target in zip(playbook.arms, targets)
+        ]
+        arms = [
+            _Arm(i, arm, t, s, playbook, n, http, settings or ProbeSettings())
+            for i, (arm, t, s) in enumerate(zip(playbook.arms, targets, sessions))
+        ]
         if session_id is None:
             # Created once every server answers with the right model: a playbook that cannot
             # start leaves no empty session behind.
             stored = {"runs": n} if plan is None else {"runs": n, "sequential": plan.to_dict()}
-            session_id = store.create_ab_session(playbook.name, playbook.path,
-                                                 redacted_text(playbook), stored)
+            session_id = store.create_ab_session(
+                playbook.name, playbook.path, redacted_text(playbook), stored
+            )
             result.session_id = session_id
         # Shown before the first run: after a kill -9 this is the ID to resume.
-        progress.on_status(f"A/B session {session_id}; if stopped, continue it with "
-                           f"`phaseprobe ab --resume {session_id}`")
+        progress.on_status(
+            f"A/B session {session_id}; if stopped, continue it with "
+            f"`phaseprobe ab --resume {session_id}`"
+        )
         for a in arms:
             exp_id = known.get(a.arm.name)
             if exp_id is None:
-                a.info["ab"] = {"session_id": session_id, "arm": a.arm.name,
-                                "role": "AB"[a.index], **redacted_arm(a.arm)}
-                exp_id = store.create_experiment(Experiment(
-                    name=f"{playbook.name}:{a.arm.name}", kind="ab-arm", spec=a.spec,
-                    server_info=a.info, created_wall_ns=time.time_ns()))
+                a.info["ab"] = {
+                    "session_id": session_id,
+                    "arm": a.arm.name,
+                    "role": "AB"[a.index],
+                    **redacted_arm(a.arm),
+                }
+                exp_id = store.create_experiment(
+                    Experiment(
+                        name=f"{playbook.name}:{a.arm.name}",
+                        kind="ab-arm",
+                        spec=a.spec,
+                        server_info=a.info,
+                        created_wall_ns=time.time_ns(),
+                    )
+                )
             a.experiment_id = exp_id
             a.runs = store.runs(exp_id)
             a.done = {r.seq for r in a.runs}
@@ -390,16 +512,19 @@ def run_ab(playbook: Playbook, store: Store, *, runs: int | None = None,
 class _Sequential:
     """A sequential session's bookkeeping: when to look, what the look says, when to stop."""
 
-    def __init__(self, plan: SequentialPlan, arms: list[_Arm], pause_s: float,
-                 progress: AbProgress) -> None:
+    def __init__(
+        self, plan: SequentialPlan, arms: list[_Arm], pause_s: float, progress: AbProgress
+    ) -> None:
         self.plan, self.arms, self.progress = plan, arms, progress
         # Imported here, before the first run: scipy's ~1 s import must not land between two
         # measured runs at the first look.
         import phaseprobe.analysis.ab.stats  # noqa: F401
+
         # Measuring time of earlier invocations (a resumed session): their requests and
         # pauses; this invocation's is the wall clock of its measuring loop.
-        self.earlier_s = sum((r.client.e2e_s if r.client else 0.0) + pause_s
-                             for a in arms for r in a.runs)
+        self.earlier_s = sum(
+            (r.client.e2e_s if r.client else 0.0) + pause_s for a in arms for r in a.runs
+        )
         self.started = time.monotonic()
         self.looks = 0
 
@@ -416,38 +541,59 @@ class _Sequential:
 
         runs_a, runs_b = self.arms[0].runs, self.arms[1].runs
         metric = resolve_primary(self.plan.primary, runs_a, runs_b)
-        return compare_paired(metric_by_seq(runs_a, metric), metric_by_seq(runs_b, metric),
-                              self.plan, metric=metric)
+        return compare_paired(
+            metric_by_seq(runs_a, metric), metric_by_seq(runs_b, metric), self.plan, metric=metric
+        )
 
     def look(self) -> StopRecord | None:
         """Evaluate the primary metric; the stop record when it is decided, else None."""
         self.looks += 1
         m = self.primary()
-        shown = "—" if m.ratio is None or m.ci_low is None or m.ci_high is None else (
-            f"{(m.ratio - 1) * 100:+.1f} % [{(m.ci_low - 1) * 100:+.1f}, "
-            f"{(m.ci_high - 1) * 100:+.1f}]")
-        self.progress.on_look(f"look {self.looks} after {self.pairs()} pairs: {m.metric} B/A "
-                              f"{shown} → {m.verdict}")
+        shown = (
+            "—"
+            if m.ratio is None or m.ci_low is None or m.ci_high is None
+            else (
+                f"{(m.ratio - 1) * 100:+.1f} % [{(m.ci_low - 1) * 100:+.1f}, "
+                f"{(m.ci_high - 1) * 100:+.1f}]"
+            )
+        )
+        self.progress.on_look(
+            f"look {self.looks} after {self.pairs()} pairs: {m.metric} B/A {shown} → {m.verdict}"
+        )
         # only a verdict the interval reached stops the session; too few pairs never does
         decided = m.verdict in ("improvement", "regression", "equivalent")
         return self.record("decided", m) if decided else None
 
     def record(self, reason: str, m: MetricComparison | None = None) -> StopRecord:
         m = m or self.primary()
-        return {"reason": reason, "primary": m.metric, "verdict": m.verdict,
-                "pairs": self.pairs() if m.n_pairs is None else m.n_pairs,
-                "runs": {a.arm.name: len(a.done) for a in self.arms},
-                "minutes": round(self.minutes(), 3), "looks": self.looks,
-                "more_runs": m.more_runs}
+        return {
+            "reason": reason,
+            "primary": m.metric,
+            "verdict": m.verdict,
+            "pairs": self.pairs() if m.n_pairs is None else m.n_pairs,
+            "runs": {a.arm.name: len(a.done) for a in self.arms},
+            "minutes": round(self.minutes(), 3),
+            "looks": self.looks,
+            "more_runs": m.more_runs,
+        }
 
 
-def _measure(arms: list[_Arm], playbook: Playbook, n: int, store: Store,
-             progress: AbProgress, result: AbResult) -> None:
+def _measure(
+    arms: list[_Arm],
+    playbook: Playbook,
+    n: int,
+    store: Store,
+    progress: AbProgress,
+    result: AbResult,
+) -> None:
     order = schedule(playbook, n)
     done = sum(len(a.done) for a in arms)
     progress.on_start(len(order) + playbook.run.warmup * 2, done)
-    seq_state = None if result.plan is None else _Sequential(result.plan, arms,
-                                                             playbook.run.pause_s, progress)
+    seq_state = (
+        None
+        if result.plan is None
+        else _Sequential(result.plan, arms, playbook.run.pause_s, progress)
+    )
     try:
         if seq_state is not None and seq_state.pairs() >= seq_state.plan.min_pairs:
             # Resumed: the runs already stored may decide it (one more look costs nothing).
@@ -522,6 +668,11 @@ def resume_ab(session_id: int, store: Store, **kwargs: Any) -> AbResult:
     kwargs.pop("runs", None)
     kwargs.pop("plan", None)
     seq = stored["settings"].get("sequential")
-    return run_ab(playbook, store, runs=int(stored["settings"]["runs"]),
-                  session_id=session_id,
-                  plan=None if seq is None else SequentialPlan.from_dict(seq), **kwargs)
+    return run_ab(
+        playbook,
+        store,
+        runs=int(stored["settings"]["runs"]),
+        session_id=session_id,
+        plan=None if seq is None else SequentialPlan.from_dict(seq),
+        **kwargs,
+    )

@@ -42,24 +42,41 @@ class PdArm:
 def topology_line(topo: PdTopology) -> str:
     """How a pair is reached, in words (URLs redacted)."""
     shown = topo.to_dict()
-    way = (f"through the router {shown['router']} in P/D mode" if topo.router else
-           "phaseprobe sends the two legs itself (prefill with max_tokens=1, then the decode "
-           "leg, one X-Request-Id)")
-    return (f"prefill/decode pair: prefill {shown['prefill']}, decode {shown['decode']}; "
-            f"{way}")
+    way = (
+        f"through the router {shown['router']} in P/D mode"
+        if topo.router
+        else "phaseprobe sends the two legs itself (prefill with max_tokens=1, then the decode "
+        "leg, one X-Request-Id)"
+    )
+    return f"prefill/decode pair: prefill {shown['prefill']}, decode {shown['decode']}; {way}"
 
 
-def connect_pd_arm(topo: PdTopology, spec: RunSpec, settings: ProbeSettings,
-                   api_key: str | None, http: requests.Session, *, timeout_s: float,
-                   deadline_s: float) -> PdArm:
+def connect_pd_arm(
+    topo: PdTopology,
+    spec: RunSpec,
+    settings: ProbeSettings,
+    api_key: str | None,
+    http: requests.Session,
+    *,
+    timeout_s: float,
+    deadline_s: float,
+) -> PdArm:
     """Check and connect both instances (and the router), before any run. Raises
     EndpointUnreachable when one does not answer, ConfigError when one cannot be measured."""
-    pair = connect_pair(topo, api_key, session=http, timeout_s=timeout_s,
-                        deadline_s=deadline_s, require_metrics=True)
+    pair = connect_pair(
+        topo,
+        api_key,
+        session=http,
+        timeout_s=timeout_s,
+        deadline_s=deadline_s,
+        require_metrics=True,
+    )
     notes = [topology_line(topo), *pair.notes]
     info = pair.info
     run_notes = RunNotes()
-    collector = PdCollector(spec, settings, topo, pair.clients(), pair.scrapers,
-                            run_notes=run_notes)
-    return PdArm(collector, info, notes, pair.decode.prompt_builder(spec.model, spec.seed),
-                 run_notes)
+    collector = PdCollector(
+        spec, settings, topo, pair.clients(), pair.scrapers, run_notes=run_notes
+    )
+    return PdArm(
+        collector, info, notes, pair.decode.prompt_builder(spec.model, spec.seed), run_notes
+    )

@@ -34,8 +34,16 @@ from phaseprobe.sources.vllm.openai_stream import (
     small_json,
 )
 
-__all__ = ["AbArmInfo", "ArmOrigin", "Connection", "InterfereArmInfo", "ServerInfo", "connect",
-           "server_info", "CLIENT_ONLY"]
+__all__ = [
+    "AbArmInfo",
+    "ArmOrigin",
+    "Connection",
+    "InterfereArmInfo",
+    "ServerInfo",
+    "connect",
+    "server_info",
+    "CLIENT_ONLY",
+]
 
 # Said when /metrics cannot be used (after the scraper's own reason).
 CLIENT_ONLY = "runs are client-only (no server phases, isolation not verified)"
@@ -112,37 +120,50 @@ class Connection:
     router: bool = False  # the endpoint is a router (with or without its replicas given)
 
     def prompt_builder(self, model: str, seed: int) -> PromptBuilder:
-        return PromptBuilder(self.endpoint, model, session=self.session, headers=self.headers,
-                             seed=seed)
+        return PromptBuilder(
+            self.endpoint, model, session=self.session, headers=self.headers, seed=seed
+        )
 
     def new_client(self) -> StreamClient:
         """One more client with a session of its own, for another thread: a
         ``requests.Session`` is not thread-safe, and each stream must own its socket so its
         arrival stamps are its own."""
-        return StreamClient(self.endpoint, api_key=self.api_key,
-                            timeout_s=self.client.timeout_s, deadline_s=self.client.deadline_s,
-                            session=requests.Session())
+        return StreamClient(
+            self.endpoint,
+            api_key=self.api_key,
+            timeout_s=self.client.timeout_s,
+            deadline_s=self.client.deadline_s,
+            session=requests.Session(),
+        )
 
 
-def connect(endpoint: str, api_key: str | None, *, session: requests.Session | None = None,
-            timeout_s: float = 120.0, deadline_s: float | None = DEFAULT_DEADLINE_S,
-            models: list[dict[str, Any]] | None = None,
-            replicas: Sequence[ReplicaTarget] = (), model: str | None = None) -> Connection:
+def connect(
+    endpoint: str,
+    api_key: str | None,
+    *,
+    session: requests.Session | None = None,
+    timeout_s: float = 120.0,
+    deadline_s: float | None = DEFAULT_DEADLINE_S,
+    models: list[dict[str, Any]] | None = None,
+    replicas: Sequence[ReplicaTarget] = (),
+    model: str | None = None,
+) -> Connection:
     """Connect to ``endpoint`` (a normalised base URL). Raises EndpointUnreachable before any
     run if nothing usable answers. ``models``: ``/v1/models`` when the caller already has it
     (one call per probe). ``replicas``: the replicas behind ``endpoint`` (a router), each
     checked and scraped directly; ``model`` is the one they must all serve."""
     session = session or requests.Session()
-    client = StreamClient(endpoint, api_key=api_key, session=session, timeout_s=timeout_s,
-                          deadline_s=deadline_s)
+    client = StreamClient(
+        endpoint, api_key=api_key, session=session, timeout_s=timeout_s, deadline_s=deadline_s
+    )
     headers = {k: v for k, v in client.headers.items() if k == "Authorization"}
     if models is None:
-        models = check_endpoint(endpoint, session=session, headers=headers,
-                                timeout_s=timeout_s, deadline_s=deadline_s)
+        models = check_endpoint(
+            endpoint, session=session, headers=headers, timeout_s=timeout_s, deadline_s=deadline_s
+        )
     notes = [client.auth_note] if client.auth_note else []
     if replicas:
-        return _connect_fleet(endpoint, replicas, client, headers, models, notes, api_key,
-                              model)
+        return _connect_fleet(endpoint, replicas, client, headers, models, notes, api_key, model)
     scraper: MetricsScraper | None = MetricsScraper(endpoint, session=session, headers=headers)
     first: MetricSnapshot | None = None
     workers = router_workers(endpoint, session, headers)
@@ -152,22 +173,29 @@ def connect(endpoint: str, api_key: str | None, *, session: requests.Session | N
         notes.extend(left_out)
         if found:
             try:  # the router's own worker list: each replica read directly, like --replica
-                conn = _connect_fleet(endpoint, found, client, headers, models, list(notes),
-                                      api_key, model)
+                conn = _connect_fleet(
+                    endpoint, found, client, headers, models, list(notes), api_key, model
+                )
             except PhaseprobeError as exc:
                 why = f"its workers could not be read directly ({exc})"
             else:
-                conn.notes.insert(len(notes), (
-                    f"{redact_url(endpoint)} is a vllm-router: its replicas were taken from "
-                    f"its /list_workers ({', '.join(t.name for t in found)}) and each one's "
-                    "/metrics is read directly (--replica NAME=URL names them yourself)"))
+                conn.notes.insert(
+                    len(notes),
+                    (
+                        f"{redact_url(endpoint)} is a vllm-router: its replicas were taken from "
+                        f"its /list_workers ({', '.join(t.name for t in found)}) and each one's "
+                        "/metrics is read directly (--replica NAME=URL names them yourself)"
+                    ),
+                )
                 return conn
         else:
             why = "its /list_workers names no worker"
-        notes.append(f"{redact_url(endpoint)} is a vllm-router: its /metrics is whichever "
-                     f"replica it picks, and {why}, so {CLIENT_ONLY}; give each replica with "
-                     "--replica NAME=URL (or use spans) to tell the serving replica and verify "
-                     "isolation")
+        notes.append(
+            f"{redact_url(endpoint)} is a vllm-router: its /metrics is whichever "
+            f"replica it picks, and {why}, so {CLIENT_ONLY}; give each replica with "
+            "--replica NAME=URL (or use spans) to tell the serving replica and verify "
+            "isolation"
+        )
         scraper = None
     else:
         try:
@@ -178,13 +206,21 @@ def connect(endpoint: str, api_key: str | None, *, session: requests.Session | N
     info = server_info(endpoint, session, headers, models, first)
     if router:
         info["router"] = True
-    return Connection(endpoint, session, client, headers, models, scraper, info, notes, api_key,
-                      router=router)
+    return Connection(
+        endpoint, session, client, headers, models, scraper, info, notes, api_key, router=router
+    )
 
 
-def _connect_fleet(endpoint: str, replicas: Sequence[ReplicaTarget], client: StreamClient,
-                   headers: dict[str, str], models: list[dict[str, Any]], notes: list[str],
-                   api_key: str | None, model: str | None) -> Connection:
+def _connect_fleet(
+    endpoint: str,
+    replicas: Sequence[ReplicaTarget],
+    client: StreamClient,
+    headers: dict[str, str],
+    models: list[dict[str, Any]],
+    notes: list[str],
+    api_key: str | None,
+    model: str | None,
+) -> Connection:
     """A router's endpoint with the replicas behind it: each checked, then scraped directly."""
     session = client.session
     checked = check_fleet(endpoint, replicas, headers=headers, model=model)
@@ -199,17 +235,34 @@ def _connect_fleet(endpoint: str, replicas: Sequence[ReplicaTarget], client: Str
     info["replicas"] = {r.name: redact_url(r.url) for r in checked.up}
     if checked.down:
         info["replicas_down"] = dict(checked.down)
-    return Connection(endpoint, session, client, headers, models, None, info, notes, api_key,
-                      fleet=fleet if first else None, router=True)
+    return Connection(
+        endpoint,
+        session,
+        client,
+        headers,
+        models,
+        None,
+        info,
+        notes,
+        api_key,
+        fleet=fleet if first else None,
+        router=True,
+    )
 
 
-def server_info(base_url: str, session: requests.Session, headers: dict[str, str],
-                models: list[dict[str, Any]], snap: MetricSnapshot | None) -> ServerInfo:
+def server_info(
+    base_url: str,
+    session: requests.Session,
+    headers: dict[str, str],
+    models: list[dict[str, Any]],
+    snap: MetricSnapshot | None,
+) -> ServerInfo:
     """What the server says about itself: ``/v1/models``, ``/version`` and
     ``vllm:cache_config_info``; kept with the experiment and compared between arms."""
     info: ServerInfo = {"models": models, "vllm_version": None, "cache_config": None}
-    doc = small_json(session, "GET", base_url.rstrip("/") + "/version", headers=headers,
-                     timeout_s=5)
+    doc = small_json(
+        session, "GET", base_url.rstrip("/") + "/version", headers=headers, timeout_s=5
+    )
     version = doc.get("version") if isinstance(doc, dict) else None
     # A version string, nothing else: the answer is the server's, not ours to trust.
     if isinstance(version, str) and _VERSION.fullmatch(version):

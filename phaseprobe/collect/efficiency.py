@@ -39,11 +39,25 @@ from phaseprobe.store import Store
 if TYPE_CHECKING:  # numpy: imported with the report only
     from phaseprobe.analysis.kv_reservation import KvReservationDoc
 
-__all__ = ["BOUND_MODEL", "WorkReport", "check_against_server", "efficiency_report",
-           "roofline_report", "work_report", "fetch_server_info",
-           "kv_reservation_report", "model_config_mismatches", "model_config_path", "preflight",
-           "resolve_peaks", "served_dtype", "validate_options", "allowed_model_roots",
-           "model_root_note", "MODEL_ROOT_ENV"]
+__all__ = [
+    "BOUND_MODEL",
+    "WorkReport",
+    "check_against_server",
+    "efficiency_report",
+    "roofline_report",
+    "work_report",
+    "fetch_server_info",
+    "kv_reservation_report",
+    "model_config_mismatches",
+    "model_config_path",
+    "preflight",
+    "resolve_peaks",
+    "served_dtype",
+    "validate_options",
+    "allowed_model_roots",
+    "model_root_note",
+    "MODEL_ROOT_ENV",
+]
 
 MODEL_ROOT_ENV = "PHASEPROBE_MODEL_ROOT"
 
@@ -66,8 +80,11 @@ def allowed_model_roots(explicit: str | Path | None = None) -> list[Path]:
     if explicit:
         p = Path(explicit).expanduser()
         given.append(p if p.is_dir() else p.parent)
-    given += [Path(d).expanduser() for d in os.environ.get(MODEL_ROOT_ENV, "").split(os.pathsep)
-              if d.strip()]
+    given += [
+        Path(d).expanduser()
+        for d in os.environ.get(MODEL_ROOT_ENV, "").split(os.pathsep)
+        if d.strip()
+    ]
     roots = []
     for d in given:
         try:
@@ -81,8 +98,9 @@ def _inside(path: Path, roots: list[Path]) -> bool:
     return any(path == r or path.is_relative_to(r) for r in roots)
 
 
-def _served_root(server_info: Mapping[str, Any], explicit: str | Path | None
-                 ) -> tuple[Path | None, str | None]:
+def _served_root(
+    server_info: Mapping[str, Any], explicit: str | Path | None
+) -> tuple[Path | None, str | None]:
     """(the served model's directory, None), or (None, why a directory the server named was
     not read). The path is resolved (``..``, symlinks: the directory's and its config.json's)
     before it is compared; the server's value is never quoted (it is the server's text)."""
@@ -106,9 +124,11 @@ def _served_root(server_info: Mapping[str, Any], explicit: str | Path | None
         refused += 1
     if not refused:
         return None, None
-    return None, (f"the server's /v1/models names a model directory outside those phaseprobe "
-                  f"may read (--model-config's, the local vLLM's, ${MODEL_ROOT_ENV}): not read; "
-                  f"pass --model-config PATH, or add its parent to ${MODEL_ROOT_ENV}")
+    return None, (
+        f"the server's /v1/models names a model directory outside those phaseprobe "
+        f"may read (--model-config's, the local vLLM's, ${MODEL_ROOT_ENV}): not read; "
+        f"pass --model-config PATH, or add its parent to ${MODEL_ROOT_ENV}"
+    )
 
 
 def model_root_note(server_info: Mapping[str, Any], explicit: str | None = None) -> str | None:
@@ -119,8 +139,9 @@ def model_root_note(server_info: Mapping[str, Any], explicit: str | None = None)
 
 def _unreachable(server_info: Mapping[str, Any]) -> str:
     note = model_root_note(server_info)
-    return ("the model's config.json is not reachable from here"
-            + (f" ({note})" if note else ": pass --model-config PATH"))
+    return "the model's config.json is not reachable from here" + (
+        f" ({note})" if note else ": pass --model-config PATH"
+    )
 
 
 def resolve_peaks(choice: str | None, dtype: str = "bf16") -> Peaks | None:
@@ -152,8 +173,12 @@ def model_config_mismatches(path: Path, server_info: Mapping[str, Any]) -> list[
         served, source = model_math.load_config(root)
         if Path(source).resolve() == Path(given_source).resolve():
             return []
-    return compare_with_server(cfg, server_info, served_config=served,
-                               served_config_source=f"the server's {source}" if source else "")
+    return compare_with_server(
+        cfg,
+        server_info,
+        served_config=served,
+        served_config_source=f"the server's {source}" if source else "",
+    )
 
 
 def validate_options(peaks_choice: str | None, model_config: str | None) -> None:
@@ -166,9 +191,11 @@ def validate_options(peaks_choice: str | None, model_config: str | None) -> None
         return
     if peaks_choice == "calibrated":
         if calibrate.load() is None:
-            raise ConfigError(f"--peaks calibrated: no calibration stored in "
-                              f"{calibrate.calibration_path()}; run `phaseprobe calibrate` "
-                              f"first")
+            raise ConfigError(
+                f"--peaks calibrated: no calibration stored in "
+                f"{calibrate.calibration_path()}; run `phaseprobe calibrate` "
+                f"first"
+            )
         return
     try:
         lookup(peaks_choice)
@@ -176,8 +203,9 @@ def validate_options(peaks_choice: str | None, model_config: str | None) -> None
         raise ConfigError(f"--peaks: {exc}") from None
 
 
-def check_against_server(server_info: Mapping[str, Any], model_config: str | None, *,
-                         force: bool = False) -> list[str]:
+def check_against_server(
+    server_info: Mapping[str, Any], model_config: str | None, *, force: bool = False
+) -> list[str]:
     """``--model-config`` against the server (before the runs): ConfigError naming the
     mismatching fields, or with ``force`` the same text as a warning to print."""
     if model_config is None:
@@ -191,8 +219,9 @@ def check_against_server(server_info: Mapping[str, Any], model_config: str | Non
     return [f"{text}; used anyway (--force-model-config): the roofline is not this server's"]
 
 
-def fetch_server_info(endpoint: str, api_key: str | None,
-                      models: list[dict[str, Any]] | None = None) -> ServerInfo:
+def fetch_server_info(
+    endpoint: str, api_key: str | None, models: list[dict[str, Any]] | None = None
+) -> ServerInfo:
     """What the server says about itself before any run (``/v1/models``, ``/version`` and
     ``vllm:cache_config_info``), the same dict the probe stores as ``server_info``.
     ``models``: ``/v1/models`` when the caller already has it."""
@@ -201,9 +230,15 @@ def fetch_server_info(endpoint: str, api_key: str | None,
     return connect(endpoint, api_key, models=models).info
 
 
-def preflight(endpoint: str, api_key: str | None, peaks_choice: str | None,
-              model_config: str | None, *, force: bool = False,
-              models: list[dict[str, Any]] | None = None) -> list[str]:
+def preflight(
+    endpoint: str,
+    api_key: str | None,
+    peaks_choice: str | None,
+    model_config: str | None,
+    *,
+    force: bool = False,
+    models: list[dict[str, Any]] | None = None,
+) -> list[str]:
     """The server-side half of the checks, before any run: ``--model-config`` against what
     the server reports (ConfigError on a mismatch unless ``force``), and whether the roofline
     will be computable at all. Returns warnings to print."""
@@ -212,10 +247,13 @@ def preflight(endpoint: str, api_key: str | None, peaks_choice: str | None,
     info = fetch_server_info(endpoint, api_key, models)
     warnings = check_against_server(info, model_config, force=force)
     if peaks_choice is not None and model_config_path(info, model_config) is None:
-        warnings.append("--peaks given, but the served model's config.json is not reachable "
-                        "from here (" + (model_root_note(info) or "/v1/models names no local "
-                                         "directory") + "): pass --model-config PATH, or the "
-                        "roofline will be skipped")
+        warnings.append(
+            "--peaks given, but the served model's config.json is not reachable "
+            "from here ("
+            + (model_root_note(info) or "/v1/models names no local directory")
+            + "): pass --model-config PATH, or the "
+            "roofline will be skipped"
+        )
     return warnings
 
 
@@ -251,8 +289,10 @@ class EfficiencyReport(TypedDict, total=False):
 # The roofline's bounds come from phaseprobe's own arithmetic on config.json: vLLM's counters
 # bill per scheduled step (a batch's work, not one request's) and exist only with a flag, so
 # they are shown beside the bounds (``work``), never used for them.
-BOUND_MODEL = ("phaseprobe's model-config arithmetic (analysis/roofline.py); vLLM's own "
-               "--enable-mfu-metrics counters are beside it under 'work'")
+BOUND_MODEL = (
+    "phaseprobe's model-config arithmetic (analysis/roofline.py); vLLM's own "
+    "--enable-mfu-metrics counters are beside it under 'work'"
+)
 
 
 class WorkReport(TypedDict, total=False):
@@ -271,18 +311,23 @@ class WorkReport(TypedDict, total=False):
 
 _WORK_WHY = {
     "flops": "vLLM bills a prefill's attention over every (token, context) pair, phaseprobe "
-             "the causal half; both bill the matmuls once per token and the LM head once per "
-             "prefill and per decode step",
+    "the causal half; both bill the matmuls once per token and the LM head once per "
+    "prefill and per decode step",
     "read_bytes": "vLLM also bills each linear layer's input activations and, in prefill, "
-                  "reading back the K and V just written; phaseprobe reads the weights once "
-                  "per step and the context's KV in decode only",
+    "reading back the K and V just written; phaseprobe reads the weights once "
+    "per step and the context's KV in decode only",
     "write_bytes": "vLLM bills every layer's outputs (QKV, attention, MLP, logits) besides the "
-                   "KV cache; phaseprobe's writes are the KV cache alone",
+    "KV cache; phaseprobe's writes are the KV cache alone",
 }
 
 
-def work_report(runs: Sequence[Run], server_info: Mapping[str, Any], *,
-                model_config: str | None, force: bool = False) -> WorkReport:
+def work_report(
+    runs: Sequence[Run],
+    server_info: Mapping[str, Any],
+    *,
+    model_config: str | None,
+    force: bool = False,
+) -> WorkReport:
     """Each isolated run's FLOPs and bytes by vLLM's counters and by phaseprobe's model, or
     ``{"skipped": reason}`` (no config.json, or vLLM started without the counters)."""
     from phaseprobe.analysis.vllm_work import DISAGREEMENT, compare_work
@@ -298,8 +343,10 @@ def work_report(runs: Sequence[Run], server_info: Mapping[str, Any], *,
         return {"skipped": str(exc)}
     rows = [w for w in (compare_work(r, cost) for r in runs) if w is not None]
     if not rows:
-        return {"skipped": "no isolated run has vLLM's FLOP/byte counters: start vLLM (0.32 "
-                           "or later) with --enable-mfu-metrics"}
+        return {
+            "skipped": "no isolated run has vLLM's FLOP/byte counters: start vLLM (0.32 "
+            "or later) with --enable-mfu-metrics"
+        }
     report: WorkReport = {"model_config": str(path), "runs": [w.to_dict() for w in rows]}
     findings: list[str] = []
     for key in ("flops", "read_bytes", "write_bytes"):
@@ -309,26 +356,39 @@ def work_report(runs: Sequence[Run], server_info: Mapping[str, Any], *,
             vllm = median_or_none([getattr(w, f"vllm_{key}") for w in rows])
             mine = median_or_none([getattr(w, f"model_{key}") for w in rows])
             what = key.replace("_", " ")
-            findings.append(f"{what}: vLLM {vllm:.3g} vs phaseprobe {mine:.3g} per request "
-                            f"(×{ratio:.2f}, medians over {len(rows)} run(s)): {_WORK_WHY[key]}")
+            findings.append(
+                f"{what}: vLLM {vllm:.3g} vs phaseprobe {mine:.3g} per request "
+                f"(×{ratio:.2f}, medians over {len(rows)} run(s)): {_WORK_WHY[key]}"
+            )
     report["findings"] = findings
     return report
 
 
-def efficiency_report(runs: Sequence[Run], server_info: Mapping[str, Any], *,
-                      peaks_choice: str | None, model_config: str | None,
-                      force: bool = False) -> EfficiencyReport:
+def efficiency_report(
+    runs: Sequence[Run],
+    server_info: Mapping[str, Any],
+    *,
+    peaks_choice: str | None,
+    model_config: str | None,
+    force: bool = False,
+) -> EfficiencyReport:
     """The roofline (:func:`roofline_report`) with vLLM's own FLOPs and bytes beside
     phaseprobe's under ``work`` (:func:`work_report`), whether or not peaks were given."""
-    report = roofline_report(runs, server_info, peaks_choice=peaks_choice,
-                             model_config=model_config, force=force)
+    report = roofline_report(
+        runs, server_info, peaks_choice=peaks_choice, model_config=model_config, force=force
+    )
     report["work"] = work_report(runs, server_info, model_config=model_config, force=force)
     return report
 
 
-def roofline_report(runs: Sequence[Run], server_info: Mapping[str, Any], *,
-                    peaks_choice: str | None, model_config: str | None,
-                    force: bool = False) -> EfficiencyReport:
+def roofline_report(
+    runs: Sequence[Run],
+    server_info: Mapping[str, Any],
+    *,
+    peaks_choice: str | None,
+    model_config: str | None,
+    force: bool = False,
+) -> EfficiencyReport:
     """Per-run roofline and medians, or ``{"skipped": reason}``.
 
     A phase whose median bound / measured is above 1 (or any run of it) beat its bound: its
@@ -336,8 +396,10 @@ def roofline_report(runs: Sequence[Run], server_info: Mapping[str, Any], *,
     raw median and ``warnings`` says which peak is underestimated.
     """
     if peaks_choice is None:
-        return {"skipped": "no hardware peaks: pass --peaks GPU (e.g. h100-sxm) or run "
-                           "`phaseprobe calibrate` and pass --peaks calibrated"}
+        return {
+            "skipped": "no hardware peaks: pass --peaks GPU (e.g. h100-sxm) or run "
+            "`phaseprobe calibrate` and pass --peaks calibrated"
+        }
     warnings: list[str] = []
     try:
         path = model_config_path(server_info, model_config)
@@ -346,8 +408,10 @@ def roofline_report(runs: Sequence[Run], server_info: Mapping[str, Any], *,
         mismatches = model_config_mismatches(path, server_info)
         if mismatches:
             if not force:
-                return {"skipped": describe(mismatches, str(path)),
-                        "model_config_mismatches": [str(m) for m in mismatches]}
+                return {
+                    "skipped": describe(mismatches, str(path)),
+                    "model_config_mismatches": [str(m) for m in mismatches],
+                }
             warnings.append(f"{describe(mismatches, str(path))}; used anyway")
         dtype = served_dtype(path)
         peaks = resolve_peaks(peaks_choice, dtype)
@@ -360,8 +424,9 @@ def roofline_report(runs: Sequence[Run], server_info: Mapping[str, Any], *,
     per_run = [roofline_for_run(r, cost, peaks) for r in done]
     phases: dict[str, Any] = {}
     for phase, bound_key, meas_key, kind in (
-            ("decode", "decode_bound_s_per_token", "decode_measured_s_per_token", "memory"),
-            ("prefill", "prefill_bound_s", "prefill_measured_s", None)):
+        ("decode", "decode_bound_s_per_token", "decode_measured_s_per_token", "memory"),
+        ("prefill", "prefill_bound_s", "prefill_measured_s", None),
+    ):
         ratio = median_or_none([getattr(r, f"{phase}_bound_ratio") for r in per_run])
         beaten = is_beaten(ratio) or any(getattr(r, f"{phase}_bound_beaten") for r in per_run)
         bound = median_or_none([getattr(r, bound_key) for r in per_run])
@@ -395,8 +460,9 @@ def roofline_report(runs: Sequence[Run], server_info: Mapping[str, Any], *,
     }
 
 
-def kv_reservation_report(store: Store, result: ProbeResult, *,
-                          model_config: str | None) -> KvReservationDoc:
+def kv_reservation_report(
+    store: Store, result: ProbeResult, *, model_config: str | None
+) -> KvReservationDoc:
     """The experiment's GPU memory series beside vLLM's cache config: reservation or growth."""
     from phaseprobe.analysis.kv_reservation import analyze_kv_reservation, run_windows
 
@@ -408,6 +474,9 @@ def kv_reservation_report(store: Store, result: ProbeResult, *,
         except PhaseprobeError:
             kv_per_token = None  # the verdict does not need it; capacity in tokens does
     report = analyze_kv_reservation(
-        store.gpu_samples(result.experiment_id), run_windows=run_windows(result.runs),
-        cache=result.server_info.get("cache_config") or {}, kv_bytes_per_token=kv_per_token)
+        store.gpu_samples(result.experiment_id),
+        run_windows=run_windows(result.runs),
+        cache=result.server_info.get("cache_config") or {},
+        kv_bytes_per_token=kv_per_token,
+    )
     return report.to_dict()

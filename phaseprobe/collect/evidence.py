@@ -41,9 +41,18 @@ if TYPE_CHECKING:  # the readers themselves are imported only when their option 
     from phaseprobe.analysis.nccl.report import NcclEvidence
     from phaseprobe.analysis.trace_summary import TraceEvidence, TraceFacts
 
-__all__ = ["EvidenceOptions", "build_evidence", "prometheus_evidence", "trace_evidence",
-           "nccl_evidence", "model_layers", "server_host_names",
-           "evidence_window", "span_evidence", "SPAN_LOOKBACK_S"]
+__all__ = [
+    "EvidenceOptions",
+    "build_evidence",
+    "prometheus_evidence",
+    "trace_evidence",
+    "nccl_evidence",
+    "model_layers",
+    "server_host_names",
+    "evidence_window",
+    "span_evidence",
+    "SPAN_LOOKBACK_S",
+]
 
 _Doc = TypeVar("_Doc", bound=Mapping[str, Any])  # an evidence document (NCCL, trace)
 
@@ -75,8 +84,9 @@ class EvidenceOptions:
     notes: list[str] = field(default_factory=list)  # filled while building
 
 
-def build_evidence(store: Store, experiment_id: int, opts: EvidenceOptions
-                   ) -> tuple[Evidence, dict[str, str]]:
+def build_evidence(
+    store: Store, experiment_id: int, opts: EvidenceOptions
+) -> tuple[Evidence, dict[str, str]]:
     """The bundle for ``experiment_id`` and where each piece came from (shown in the report)."""
     exp = store.experiment(experiment_id)
     runs = tuple(store.runs(experiment_id))
@@ -91,14 +101,12 @@ def build_evidence(store: Store, experiment_id: int, opts: EvidenceOptions
     prom = None
     now_s = time.time()  # one window for Prometheus and the spans, so they can be compared
     if opts.prom_url:
-        prom = prometheus_evidence(opts.prom_url, runs, opts.prom_selector, opts.notes,
-                                   now_s=now_s)
+        prom = prometheus_evidence(opts.prom_url, runs, opts.prom_selector, opts.notes, now_s=now_s)
         sources["prom"] = opts.prom_url if prom is not None else "unavailable"
     spans, spans_source = span_evidence(store, runs, now_s=now_s)
     if spans_source:
         sources["spans"] = spans_source
-    tp = opts.tensor_parallel_size or _label_int(exp.spec.labels, "tp",
-                                                  "tensor_parallel_size")
+    tp = opts.tensor_parallel_size or _label_int(exp.spec.labels, "tp", "tensor_parallel_size")
     if tp is None and log_text is not None:
         from phaseprobe.analysis.rules.vllm_log import parse_log
 
@@ -109,23 +117,40 @@ def build_evidence(store: Store, experiment_id: int, opts: EvidenceOptions
     steps = sum(max(0, (r.client.completion_tokens or 0) - 1) for r in runs if r.client)
     if opts.nccl_logs:
         sources["nccl"] = ", ".join(opts.nccl_logs)
-        nccl = _belongs(nccl_evidence(opts.nccl_logs, steps), "NCCL log",
-                        ", ".join(opts.nccl_logs), facts, opts, sources, "nccl", not_matching)
+        nccl = _belongs(
+            nccl_evidence(opts.nccl_logs, steps),
+            "NCCL log",
+            ", ".join(opts.nccl_logs),
+            facts,
+            opts,
+            sources,
+            "nccl",
+            not_matching,
+        )
     else:  # a summary kept with `phaseprobe nccl --keep --experiment ID`
         nccl = _kept(store, experiment_id, ("nccl",), sources, "nccl")
     trace_file = opts.trace or opts.nsys
     if trace_file:
         sources["trace"] = trace_file
-        trace = _belongs(trace_evidence(trace_file, nsys=opts.trace is None), "trace",
-                         trace_file, facts, opts, sources, "trace", not_matching)
+        trace = _belongs(
+            trace_evidence(trace_file, nsys=opts.trace is None),
+            "trace",
+            trace_file,
+            facts,
+            opts,
+            sources,
+            "trace",
+            not_matching,
+        )
     else:  # `trace|nsys --keep --experiment ID`, or `probe --torch-profile`
         trace = _kept(store, experiment_id, ("trace", "nsys"), sources, "trace")
     efficiency = None
     if opts.peaks:
         from phaseprobe.collect.efficiency import efficiency_report
 
-        efficiency = efficiency_report(runs, info, peaks_choice=opts.peaks,
-                                       model_config=opts.model_config)
+        efficiency = efficiency_report(
+            runs, info, peaks_choice=opts.peaks, model_config=opts.model_config
+        )
         sources["efficiency"] = f"peaks {opts.peaks}"
     baseline = None
     unlike: list[str] = []
@@ -140,21 +165,40 @@ def build_evidence(store: Store, experiment_id: int, opts: EvidenceOptions
                 f"like (baseline vs this: {'; '.join(unlike)}): "
                 "a difference in their timings would not be the GPUs'. Compare experiments "
                 "with the same model, prompt and output shape, api and kind, or pass --force "
-                "to compare anyway")
+                "to compare anyway"
+            )
         if unlike:
-            opts.notes.append(f"--force: comparing unlike experiments (baseline vs this: "
-                              f"{'; '.join(unlike)}); differences are not only the GPUs'")
-        baseline, _ = build_evidence(store, opts.baseline_id, EvidenceOptions(
-            use_case=opts.use_case, tensor_parallel_size=opts.baseline_tp))
+            opts.notes.append(
+                f"--force: comparing unlike experiments (baseline vs this: "
+                f"{'; '.join(unlike)}); differences are not only the GPUs'"
+            )
+        baseline, _ = build_evidence(
+            store,
+            opts.baseline_id,
+            EvidenceOptions(use_case=opts.use_case, tensor_parallel_size=opts.baseline_tp),
+        )
         sources["baseline"] = f"experiment {opts.baseline_id}"
-    ev = Evidence(runs=runs, experiment_id=experiment_id, experiment_name=exp.name,
-                  server_info=info, use_case=opts.use_case,
-                  gpu_samples=None if gpu.empty else gpu, prom=prom, server_log=log_text,
-                  nccl=nccl, trace=trace, efficiency=efficiency,
-                  model_layers=model_layers(info, opts.model_config),
-                  tensor_parallel_size=tp, baseline=baseline, store_path=str(store.path),
-                  endpoint=exp.spec.endpoint, baseline_unlike=tuple(unlike),
-                  not_matching=not_matching, spans=spans)
+    ev = Evidence(
+        runs=runs,
+        experiment_id=experiment_id,
+        experiment_name=exp.name,
+        server_info=info,
+        use_case=opts.use_case,
+        gpu_samples=None if gpu.empty else gpu,
+        prom=prom,
+        server_log=log_text,
+        nccl=nccl,
+        trace=trace,
+        efficiency=efficiency,
+        model_layers=model_layers(info, opts.model_config),
+        tensor_parallel_size=tp,
+        baseline=baseline,
+        store_path=str(store.path),
+        endpoint=exp.spec.endpoint,
+        baseline_unlike=tuple(unlike),
+        not_matching=not_matching,
+        spans=spans,
+    )
     return ev, sources
 
 
@@ -171,8 +215,9 @@ def evidence_window(runs: Sequence[Any], now_s: float) -> tuple[float, float] | 
     return end - max(1, math.ceil(end - start)), end
 
 
-def span_evidence(store: Store, runs: Sequence[Any], *, now_s: float | None = None
-                  ) -> tuple[list[RequestSpan] | None, str | None]:
+def span_evidence(
+    store: Store, runs: Sequence[Any], *, now_s: float | None = None
+) -> tuple[list[RequestSpan] | None, str | None]:
     """The spans of the requests that finished in the experiment's window (every client's, as
     the engine served them together), and where they came from, in words.
 
@@ -186,18 +231,27 @@ def span_evidence(store: Store, runs: Sequence[Any], *, now_s: float | None = No
     if window is None:
         return [], "none: the experiment has no runs to take a window from"
     lo_ns, hi_ns = round(window[0] * 1e9), round(window[1] * 1e9)
-    found = [s for s in store.spans(since_ns=lo_ns - round(SPAN_LOOKBACK_S * 1e9),
-                                    until_ns=hi_ns) if lo_ns < s.end_ns <= hi_ns]
-    engines = {(r.span.service, r.span.instance) for r in runs
-               if getattr(r, "span", None) is not None}
+    found = [
+        s
+        for s in store.spans(since_ns=lo_ns - round(SPAN_LOOKBACK_S * 1e9), until_ns=hi_ns)
+        if lo_ns < s.end_ns <= hi_ns
+    ]
+    engines = {
+        (r.span.service, r.span.instance) for r in runs if getattr(r, "span", None) is not None
+    }
     where = ""
     if engines:
         found = [s for s in found if (s.service, s.instance) in engines]
-        where = " of the runs' own engine (" + ", ".join(
-            sorted(f"{svc or '?'}/{inst or '?'}" for svc, inst in engines)) + ")"
-    return found, (f"{len(found)} request spans{where} that finished in the experiment's "
-                   f"window ({window[1] - window[0]:.0f} s: first send − {WINDOW_BEFORE_S:g} s "
-                   f"to last byte + {WINDOW_AFTER_S:g} s) from the store")
+        where = (
+            " of the runs' own engine ("
+            + ", ".join(sorted(f"{svc or '?'}/{inst or '?'}" for svc, inst in engines))
+            + ")"
+        )
+    return found, (
+        f"{len(found)} request spans{where} that finished in the experiment's "
+        f"window ({window[1] - window[0]:.0f} s: first send − {WINDOW_BEFORE_S:g} s "
+        f"to last byte + {WINDOW_AFTER_S:g} s) from the store"
+    )
 
 
 def server_host_names(endpoint: str) -> set[str]:
@@ -208,8 +262,7 @@ def server_host_names(endpoint: str) -> set[str]:
     from urllib.parse import urlsplit
 
     if has_hop(endpoint) is False:  # ("localhost" is no name a log of it would give)
-        return {n for n in (socket.gethostname(), socket.getfqdn())
-                if n and n != "localhost"}
+        return {n for n in (socket.gethostname(), socket.getfqdn()) if n and n != "localhost"}
     host = urlsplit(endpoint if "//" in endpoint else "//" + endpoint).hostname
     if not host:
         return set()
@@ -220,41 +273,59 @@ def server_host_names(endpoint: str) -> set[str]:
         return {host}
 
 
-def _belongs(doc: _Doc, what: str, names: str, facts: ExperimentFacts,
-             opts: EvidenceOptions, sources: dict[str, str], key: str,
-             not_matching: dict[str, str]) -> _Doc | None:
+def _belongs(
+    doc: _Doc,
+    what: str,
+    names: str,
+    facts: ExperimentFacts,
+    opts: EvidenceOptions,
+    sources: dict[str, str],
+    key: str,
+    not_matching: dict[str, str],
+) -> _Doc | None:
     """``doc`` when the file can be this experiment's; else None (reported as not matching
     and not used), or ``doc`` with a warning under ``--force``."""
     span = doc.get("span_ns")
     ranks = [g.get("nranks") for g in doc.get("comm_groups") or [] if isinstance(g, dict)]
     world = doc.get("world_size")
     why = evidence_mismatches(
-        what, facts, span_ns=tuple(span) if isinstance(span, list | tuple) and len(span) == 2
-        else None, hosts=[h for h in (doc.get("hosts") or [doc.get("host_name")]) if h],
+        what,
+        facts,
+        span_ns=tuple(span) if isinstance(span, list | tuple) and len(span) == 2 else None,
+        hosts=[h for h in (doc.get("hosts") or [doc.get("host_name")]) if h],
         ranks=[int(r) for r in ranks if isinstance(r, int | float | str) and str(r).isdigit()],
         world_size=world if isinstance(world, int) else None,
-        vllm_version=doc.get("vllm_version"), model=doc.get("model"))
+        vllm_version=doc.get("vllm_version"),
+        model=doc.get("model"),
+    )
     if not why:
         return doc
     if opts.force:
-        opts.notes.append(f"--force: using {what} {names} although it does not match the "
-                          f"experiment ({'; '.join(why)})")
+        opts.notes.append(
+            f"--force: using {what} {names} although it does not match the "
+            f"experiment ({'; '.join(why)})"
+        )
         sources[key] = f"{names} (does not match the experiment; used with --force)"
         return doc
-    opts.notes.append(f"{what} {names} does not match the experiment, not used: "
-                      f"{'; '.join(why)} (--force uses it anyway)")
-    not_matching[key] = (f"the {what} given ({names}) does not match the experiment, not "
-                         f"used: {'; '.join(why)}")
+    opts.notes.append(
+        f"{what} {names} does not match the experiment, not used: "
+        f"{'; '.join(why)} (--force uses it anyway)"
+    )
+    not_matching[key] = (
+        f"the {what} given ({names}) does not match the experiment, not used: {'; '.join(why)}"
+    )
     sources[key] = f"not used: {names} does not match the experiment ({'; '.join(why)})"
     return None
 
 
-def _kept(store: Store, experiment_id: int, kinds: tuple[str, ...], sources: dict[str, str],
-          name: str) -> dict[str, Any] | None:
+def _kept(
+    store: Store, experiment_id: int, kinds: tuple[str, ...], sources: dict[str, str], name: str
+) -> dict[str, Any] | None:
     """The newest analysis of ``kinds`` kept with this experiment (None when there is none);
     names it in ``sources``."""
-    mine = [a for a in store.analyses() if a["kind"] in kinds
-            and a["experiment_id"] == experiment_id]
+    mine = [
+        a for a in store.analyses() if a["kind"] in kinds and a["experiment_id"] == experiment_id
+    ]
     if not mine:
         return None
     newest = mine[-1]
@@ -305,9 +376,9 @@ def model_layers(server_info: dict[str, Any], explicit: str | None) -> int | Non
     return int(layers) if isinstance(layers, int) and layers > 0 else None
 
 
-def prometheus_evidence(url: str, runs: Sequence[Any], selector: str,
-                        notes: list[str], *, now_s: float | None = None
-                        ) -> dict[str, float | None] | None:
+def prometheus_evidence(
+    url: str, runs: Sequence[Any], selector: str, notes: list[str], *, now_s: float | None = None
+) -> dict[str, float | None] | None:
     """KV-cache usage peak, preemptions, prefix-cache hit rate and finished requests (not
     aborted: those send no span) over the runs' window (:func:`evidence_window`); None and a
     note when Prometheus cannot be asked."""
@@ -337,14 +408,18 @@ def prometheus_evidence(url: str, runs: Sequence[Any], selector: str,
 
             kv = name("vllm:kv_cache_usage_perc")
             pre = name("vllm:num_preemptions_total")
-            hits, queries = name("vllm:prefix_cache_hits_total"), \
-                name("vllm:prefix_cache_queries_total")
+            hits, queries = (
+                name("vllm:prefix_cache_hits_total"),
+                name("vllm:prefix_cache_queries_total"),
+            )
             success = name("vllm:request_success_total")
             return {
                 "kv_cache_usage_max": one(f"max(max_over_time({kv}{sel}[{window}]))"),
                 "preemptions": one(f"sum(increase({pre}{sel}[{window}]))"),
-                "prefix_cache_hit_rate": one(f"sum(increase({hits}{sel}[{window}])) / "
-                                             f"sum(increase({queries}{sel}[{window}]))"),
+                "prefix_cache_hit_rate": one(
+                    f"sum(increase({hits}{sel}[{window}])) / "
+                    f"sum(increase({queries}{sel}[{window}]))"
+                ),
                 "request_success_delta": one(f"sum(increase({success}{done}[{window}]))"),
             }
     except PrometheusError as exc:
@@ -391,8 +466,9 @@ def _stamp_ns(stamp: str | None) -> int | None:
         return None
 
 
-def trace_evidence(path: str, *, nsys: bool, min_gap_ns: int = 100_000
-                   ) -> TraceEvidence | dict[str, Any]:
+def trace_evidence(
+    path: str, *, nsys: bool, min_gap_ns: int = 100_000
+) -> TraceEvidence | dict[str, Any]:
     """A ``phaseprobe trace|nsys --json``-shaped document (the keys the idle-gap rule reads):
     a saved ``.json`` summary as is (a JSON object with ``idle_gaps_total_ns``: its shape is
     not checked further), else the trace read and summarised here, with :func:`_trace_facts`."""
@@ -420,8 +496,10 @@ def trace_evidence(path: str, *, nsys: bool, min_gap_ns: int = 100_000
         out = {**summary, **_trace_facts(summary["meta"], span)}
     else:
         tl, p = trace_summary.read_torch_timeline(p)
-        out = {**trace_summary.summarize(tl, str(p), min_gap_ns),
-               **_trace_facts(tl.meta, trace_summary.activity_span(tl.activities))}
+        out = {
+            **trace_summary.summarize(tl, str(p), min_gap_ns),
+            **_trace_facts(tl.meta, trace_summary.activity_span(tl.activities)),
+        }
     return out
 
 

@@ -49,9 +49,21 @@ from phaseprobe.sources.vllm.openai_stream import (
 )
 from phaseprobe.store import Store
 
-__all__ = ["ProbeSettings", "ProbeResult", "ProgressHook", "NullProgress", "RunNotes",
-           "RunCollector", "run_probe", "poll_until", "measure_runs", "reported_path",
-           "reported_notes", "with_reported", "REPORTED_SINCE"]
+__all__ = [
+    "ProbeSettings",
+    "ProbeResult",
+    "ProgressHook",
+    "NullProgress",
+    "RunNotes",
+    "RunCollector",
+    "run_probe",
+    "poll_until",
+    "measure_runs",
+    "reported_path",
+    "reported_notes",
+    "with_reported",
+    "REPORTED_SINCE",
+]
 
 
 @dataclass(frozen=True)
@@ -114,16 +126,23 @@ class RunNotes:
             self._counts[note] = self._counts.get(note, 0) + 1
 
     def lines(self) -> list[str]:
-        return [f"{note} (in {n} of {self.runs} run{'' if self.runs == 1 else 's'})"
-                for note, n in self._counts.items()]
+        return [
+            f"{note} (in {n} of {self.runs} run{'' if self.runs == 1 else 's'})"
+            for note, n in self._counts.items()
+        ]
 
 
 _S = TypeVar("_S")
 
 
-def poll_until(scrape: Callable[[], _S | None], done: Callable[[_S], bool], timeout_s: float,
-               poll_s: float, sleep: Callable[[float], None], clock: Callable[[], float]
-               ) -> tuple[_S | None, bool]:
+def poll_until(
+    scrape: Callable[[], _S | None],
+    done: Callable[[_S], bool],
+    timeout_s: float,
+    poll_s: float,
+    sleep: Callable[[float], None],
+    clock: Callable[[], float],
+) -> tuple[_S | None, bool]:
     """Scrape until ``done`` holds for the scrape, it fails (None) or ``timeout_s`` passed:
     (the last scrape, whether ``done`` held). How every wait of a run is taken (the server
     idle, its histograms moved; a fleet's or a P/D pair's instances)."""
@@ -143,10 +162,18 @@ class RunCollector:
     """One isolated, attributed run at a time against one endpoint (``measure``); shared by the
     probe and the A/B engine so both attribute runs identically."""
 
-    def __init__(self, spec: RunSpec, settings: ProbeSettings, client: StreamClient,
-                 scraper: MetricsScraper | None, sleep: Callable[[float], None],
-                 clock: Callable[[], float], *, run_notes: RunNotes | None = None,
-                 fleet: FleetScraper | None = None) -> None:
+    def __init__(
+        self,
+        spec: RunSpec,
+        settings: ProbeSettings,
+        client: StreamClient,
+        scraper: MetricsScraper | None,
+        sleep: Callable[[float], None],
+        clock: Callable[[], float],
+        *,
+        run_notes: RunNotes | None = None,
+        fleet: FleetScraper | None = None,
+    ) -> None:
         """``fleet``: the replicas behind ``spec.endpoint`` (a router), each scraped directly;
         a run is then attributed to the replica whose counters moved, and its isolation judged
         on that replica alone (``scraper`` is None: the router's /metrics is not read)."""
@@ -174,8 +201,7 @@ class RunCollector:
             return None
         snap = self.fleet.scrape()
         if snap is None:
-            self.notes.append("no replica's /metrics answers any more: later runs are "
-                              "client-only")
+            self.notes.append("no replica's /metrics answers any more: later runs are client-only")
             self.fleet = None
         return snap
 
@@ -184,11 +210,16 @@ class RunCollector:
         known before the run, and the others' traffic is theirs: the run is judged on its own
         replica afterwards, so one idle replica is enough to go (waiting for every replica of
         a busy fleet would cost the timeout every run)."""
-        polled = poll_until(self._scrape_fleet,
-                            lambda f: any(not idle_reasons(s, self.spec.model, "before")
-                                          for s in f.by_replica.values()),
-                            self.settings.idle_timeout_s, self._fleet_poll_s(), self.sleep,
-                            self.clock)
+        polled = poll_until(
+            self._scrape_fleet,
+            lambda f: any(
+                not idle_reasons(s, self.spec.model, "before") for s in f.by_replica.values()
+            ),
+            self.settings.idle_timeout_s,
+            self._fleet_poll_s(),
+            self.sleep,
+            self.clock,
+        )
         return polled[0]
 
     def _fleet_poll_s(self) -> float:
@@ -196,29 +227,41 @@ class RunCollector:
         asked for /metrics 3,000 times a second."""
         return max(self.settings.poll_s, 0.05)
 
-    def _wait_fleet_served(self, before: FleetSnapshot, timeline: ClientTimeline
-                           ) -> tuple[FleetSnapshot | None, str | None, str]:
+    def _wait_fleet_served(
+        self, before: FleetSnapshot, timeline: ClientTimeline
+    ) -> tuple[FleetSnapshot | None, str | None, str]:
         """Poll every replica until one has observed the run (its histograms moved and its
         counters can hold the run's usage); (last scrape, replica or None, how decided).
         Another replica's traffic does not end the wait: it cannot hold the run."""
+
         def serving(after: FleetSnapshot) -> tuple[str | None, str]:
-            return FleetScraper.serving(before, after, self.spec.model, timeline.prompt_tokens,
-                                        timeline.completion_tokens)
+            return FleetScraper.serving(
+                before, after, self.spec.model, timeline.prompt_tokens, timeline.completion_tokens
+            )
 
         def observed(after: FleetSnapshot) -> bool:
             name, _ = serving(after)
             return name is not None and histograms_moved(
-                before.by_replica[name], after.by_replica[name], self.spec.model)
+                before.by_replica[name], after.by_replica[name], self.spec.model
+            )
 
-        polled = poll_until(self._scrape_fleet, observed, self.settings.metrics_timeout_s,
-                            self._fleet_poll_s(), self.sleep, self.clock)
+        polled = poll_until(
+            self._scrape_fleet,
+            observed,
+            self.settings.metrics_timeout_s,
+            self._fleet_poll_s(),
+            self.sleep,
+            self.clock,
+        )
         after, seen = polled
         if after is None:
             return None, None, "metrics lost after the request"
         name, how = serving(after)
         if not seen and name is not None:
-            how = (f"{how}, but its histograms did not observe the request within "
-                   f"{self.settings.metrics_timeout_s:g} s")
+            how = (
+                f"{how}, but its histograms did not observe the request within "
+                f"{self.settings.metrics_timeout_s:g} s"
+            )
         return after, name, how
 
     def _scrape(self) -> MetricSnapshot | None:
@@ -233,25 +276,39 @@ class RunCollector:
 
     def _wait_idle(self) -> MetricSnapshot | None:
         # not idle at the timeout: attribute() flags it
-        polled = poll_until(self._scrape,
-                            lambda x: not idle_reasons(x, self.spec.model, "before"),
-                            self.settings.idle_timeout_s, self.settings.poll_s, self.sleep,
-                            self.clock)
+        polled = poll_until(
+            self._scrape,
+            lambda x: not idle_reasons(x, self.spec.model, "before"),
+            self.settings.idle_timeout_s,
+            self.settings.poll_s,
+            self.sleep,
+            self.clock,
+        )
         return polled[0]
 
     def _wait_observed(self, before: MetricSnapshot) -> tuple[MetricSnapshot | None, bool]:
-        polled = poll_until(self._scrape,
-                            lambda a: histograms_moved(before, a, self.spec.model),
-                            self.settings.metrics_timeout_s, self.settings.poll_s, self.sleep,
-                            self.clock)
+        polled = poll_until(
+            self._scrape,
+            lambda a: histograms_moved(before, a, self.spec.model),
+            self.settings.metrics_timeout_s,
+            self.settings.poll_s,
+            self.sleep,
+            self.clock,
+        )
         return polled
 
     def body(self, prompt: str) -> dict[str, Any]:
         """The request body of one run (or warm-up) of the spec with ``prompt``."""
         spec = self.spec
-        return build_body(model=spec.model, prompt=prompt, max_tokens=spec.max_tokens,
-                          chat=spec.api == "chat", temperature=spec.temperature, seed=spec.seed,
-                          ignore_eos=spec.ignore_eos)
+        return build_body(
+            model=spec.model,
+            prompt=prompt,
+            max_tokens=spec.max_tokens,
+            chat=spec.api == "chat",
+            temperature=spec.temperature,
+            seed=spec.seed,
+            ignore_eos=spec.ignore_eos,
+        )
 
     def measure(self, seq: int, prompt: str) -> Run:
         body = self.body(prompt)
@@ -270,8 +327,9 @@ class RunCollector:
         with StallWatch() as watch, nvtx_range(f"run {seq}"), nvtx_range("request"):
             phases = NvtxPhases(chat=self.spec.api == "chat")
             try:
-                outcome = self.client.stream(body, on_events=phases.on_events,
-                                             headers=tags.headers if tags else None)
+                outcome = self.client.stream(
+                    body, on_events=phases.on_events, headers=tags.headers if tags else None
+                )
             finally:
                 phases.end()
         timeline = replace(outcome.timeline, client_stall_s=watch.max_stall_s)
@@ -286,13 +344,25 @@ class RunCollector:
             return run
         return replace(run, trace_id=tags.trace_id, request_id=tags.request_id)
 
-    def _judge(self, seq: int, prompt: str, error: str | None, timeline: ClientTimeline,
-               before: MetricSnapshot | None) -> Run:
+    def _judge(
+        self,
+        seq: int,
+        prompt: str,
+        error: str | None,
+        timeline: ClientTimeline,
+        before: MetricSnapshot | None,
+    ) -> Run:
         def unverified(reason: str) -> Run:
             """A run without server phases, its isolation unchecked for ``reason``."""
-            return Run(seq=seq, status="ok" if error is None else "error", prompt=prompt,
-                       client=timeline, server=None, error=error,
-                       isolation=Isolation(verified=False, isolated=False, reasons=(reason,)))
+            return Run(
+                seq=seq,
+                status="ok" if error is None else "error",
+                prompt=prompt,
+                client=timeline,
+                server=None,
+                error=error,
+                isolation=Isolation(verified=False, isolated=False, reasons=(reason,)),
+            )
 
         if error is not None:
             # An error run keeps its partial timeline; its server deltas would be meaningless.
@@ -304,41 +374,86 @@ class RunCollector:
             return unverified("metrics lost after the request")
         return self._attribute(seq, prompt, timeline, before, after, moved)
 
-    def _attribute(self, seq: int, prompt: str, timeline: ClientTimeline,
-                   before: MetricSnapshot, after: MetricSnapshot, moved: bool,
-                   replica: ReplicaAttribution | None = None) -> Run:
+    def _attribute(
+        self,
+        seq: int,
+        prompt: str,
+        timeline: ClientTimeline,
+        before: MetricSnapshot,
+        after: MetricSnapshot,
+        moved: bool,
+        replica: ReplicaAttribution | None = None,
+    ) -> Run:
         """The run's phases and isolation from one server's (or replica's) two scrapes."""
         why = unverifiable(before, after, self.spec.model)
         if why is not None:
             # Two processes' counters, or a restart: no delta of them is this request's.
-            return Run(seq=seq, status="ok", prompt=prompt, client=timeline, server=None,
-                       isolation=Isolation(verified=False, isolated=False, reasons=(why,)),
-                       replica=replica)
-        server, isolation = attribute(before, after, model=self.spec.model,
-                                      prompt_tokens=timeline.prompt_tokens,
-                                      completion_tokens=timeline.completion_tokens)
+            return Run(
+                seq=seq,
+                status="ok",
+                prompt=prompt,
+                client=timeline,
+                server=None,
+                isolation=Isolation(verified=False, isolated=False, reasons=(why,)),
+                replica=replica,
+            )
+        server, isolation = attribute(
+            before,
+            after,
+            model=self.spec.model,
+            prompt_tokens=timeline.prompt_tokens,
+            completion_tokens=timeline.completion_tokens,
+        )
         # vLLM's own FLOP/byte counters and prompt-token sources ride along as counter deltas
         own = self_measured_deltas(before, after, self.spec.model)
         server = replace(server, counter_deltas={**server.counter_deltas, **own})
         if not moved:
-            isolation = replace(isolation, isolated=False, reasons=isolation.reasons + (
-                f"vLLM histograms did not observe the request within "
-                f"{self.settings.metrics_timeout_s:g} s",))
+            isolation = replace(
+                isolation,
+                isolated=False,
+                reasons=isolation.reasons
+                + (
+                    f"vLLM histograms did not observe the request within "
+                    f"{self.settings.metrics_timeout_s:g} s",
+                ),
+            )
         status: RunStatus = "ok" if isolation.isolated else "isolation_failed"
         # A client timeline that contradicts the server's own phases (a stalled client, a
         # buffering hop) is kept, flagged, and left out of medians and A/B statistics.
         check = check_client(timeline, server, isolation, hop=self.hop)
-        return Run(seq=seq, status=status, prompt=prompt, client=timeline, server=server,
-                   isolation=isolation, client_check=check, replica=replica)
+        return Run(
+            seq=seq,
+            status=status,
+            prompt=prompt,
+            client=timeline,
+            server=server,
+            isolation=isolation,
+            client_check=check,
+            replica=replica,
+        )
 
-    def _judge_fleet(self, seq: int, prompt: str, error: str | None, timeline: ClientTimeline,
-                     before: FleetSnapshot) -> Run:
+    def _judge_fleet(
+        self,
+        seq: int,
+        prompt: str,
+        error: str | None,
+        timeline: ClientTimeline,
+        before: FleetSnapshot,
+    ) -> Run:
         """A run through a router: find the replica whose counters moved by the run's usage,
         then judge it on that replica's two scrapes alone (other replicas' traffic is theirs)."""
+
         def unverified(reason: str, replica: ReplicaAttribution | None) -> Run:
-            return Run(seq=seq, status="ok" if error is None else "error", prompt=prompt,
-                       client=timeline, server=None, error=error, replica=replica,
-                       isolation=Isolation(verified=False, isolated=False, reasons=(reason,)))
+            return Run(
+                seq=seq,
+                status="ok" if error is None else "error",
+                prompt=prompt,
+                client=timeline,
+                server=None,
+                error=error,
+                replica=replica,
+                isolation=Isolation(verified=False, isolated=False, reasons=(reason,)),
+            )
 
         if error is not None:
             return unverified("request failed", None)
@@ -348,8 +463,7 @@ class RunCollector:
         if name is None:
             replica = ReplicaAttribution(name=None, source=None, reason=how)
             return unverified(f"serving replica not told: {how}", replica)
-        moved = histograms_moved(before.by_replica[name], after.by_replica[name],
-                                 self.spec.model)
+        moved = histograms_moved(before.by_replica[name], after.by_replica[name], self.spec.model)
         fleet = self.fleet
         url = redact_url(fleet.urls[name]) if fleet is not None and name in fleet.urls else None
         replica = ReplicaAttribution(name=name, source="counters", url=url, reason=how)
@@ -386,30 +500,46 @@ def reported_path(mode: str, vllm_version: str | None) -> tuple[bool, str]:
     if mode == "off":
         return False, "per-request metrics in the response: not read (--response-metrics off)"
     if mode == "on":
-        return True, ("per-request metrics in the response: read (--response-metrics on; the "
-                      f"server reports vLLM {vllm_version or 'version unknown'})")
+        return True, (
+            "per-request metrics in the response: read (--response-metrics on; the "
+            f"server reports vLLM {vllm_version or 'version unknown'})"
+        )
     found = _VERSION_NUMBERS.match(vllm_version or "")
     if found is None:
-        return False, ("per-request metrics in the response: not read (the server reports no "
-                       f"vLLM version; they need vLLM {since}+: --response-metrics on to try)")
+        return False, (
+            "per-request metrics in the response: not read (the server reports no "
+            f"vLLM version; they need vLLM {since}+: --response-metrics on to try)"
+        )
     if (int(found[1]), int(found[2])) < REPORTED_SINCE:
-        return False, (f"per-request metrics in the response: not read (vLLM {vllm_version} "
-                       f"< {since}, which brought them); server timing from /metrics deltas")
-    return True, (f"per-request metrics in the response: read (vLLM {vllm_version} >= {since};"
-                  f" they come only with --enable-per-request-metrics)")
+        return False, (
+            f"per-request metrics in the response: not read (vLLM {vllm_version} "
+            f"< {since}, which brought them); server timing from /metrics deltas"
+        )
+    return True, (
+        f"per-request metrics in the response: read (vLLM {vllm_version} >= {since};"
+        f" they come only with --enable-per-request-metrics)"
+    )
 
 
 def reported_notes(runs: Sequence[Run]) -> list[str]:
     """What the responses' metrics objects gave, once the path was taken."""
     with_metrics = [r for r in runs if r.reported is not None]
     if not with_metrics:
-        return ["no response carried a per-request metrics object: start vLLM (0.33+) with "
-                "--enable-per-request-metrics"] if runs else []
+        return (
+            [
+                "no response carried a per-request metrics object: start vLLM (0.33+) with "
+                "--enable-per-request-metrics"
+            ]
+            if runs
+            else []
+        )
     by_response = sum(1 for r in runs if r.server is not None and r.server.source == "response")
     line = f"{len(with_metrics)} of {len(runs)} run(s) carried vLLM's per-request metrics"
     if by_response:
-        line += (f"; {by_response} shared the server and took their server phases from them "
-                 "(queue, prefill from scheduling, decode: no TTFT from arrival)")
+        line += (
+            f"; {by_response} shared the server and took their server phases from them "
+            "(queue, prefill from scheduling, decode: no TTFT from arrival)"
+        )
     return [line]
 
 
@@ -425,22 +555,32 @@ def router_notes(page: RouterPage, runs: Sequence[Run]) -> list[str]:
         if r.replica is not None and r.replica.name is not None:
             told[r.replica.name] = told.get(r.replica.name, 0) + 1
     sent = ", ".join(f"{w} {n:.0f}" for w, n in sorted(window.processed.items()) if n)
-    extra = "; ".join(f"{k} {v:.0f}" for k, v in window.totals.items()
-                      if k != "requests" and v)
+    extra = "; ".join(f"{k} {v:.0f}" for k, v in window.totals.items() if k != "requests" and v)
     line = f"router (its own metrics over the runs): sent {sent or 'nothing'}"
     if extra:
         line += f"; {extra}"
     if told and {k: float(v) for k, v in told.items()} != {
-            k: v for k, v in window.processed.items() if v}:
-        line += (" (the runs' replicas: " + ", ".join(f"{k} {v}" for k, v in sorted(
-            told.items())) + "; other traffic went through the router, or a replica's "
-            "name differs from its worker URL there)")
+        k: v for k, v in window.processed.items() if v
+    }:
+        line += (
+            " (the runs' replicas: "
+            + ", ".join(f"{k} {v}" for k, v in sorted(told.items()))
+            + "; other traffic went through the router, or a replica's "
+            "name differs from its worker URL there)"
+        )
     return [line]
 
 
-def measure_runs(measure: Callable[[int, str], Run], store: Store, experiment_id: int,
-                 prompts: Sequence[str], settings: ProbeSettings, runs: list[Run],
-                 progress: ProgressHook, sleep: Callable[[float], None]) -> None:
+def measure_runs(
+    measure: Callable[[int, str], Run],
+    store: Store,
+    experiment_id: int,
+    prompts: Sequence[str],
+    settings: ProbeSettings,
+    runs: list[Run],
+    progress: ProgressHook,
+    sleep: Callable[[float], None],
+) -> None:
     """The measured runs of a probe (``prompts`` after the warm-ups'), each committed to the
     store before the next starts and appended to ``runs`` as it is, so a cancelled probe still
     has every run it finished (``probe`` and the P/D probe measure this way)."""
@@ -454,18 +594,25 @@ def measure_runs(measure: Callable[[int, str], Run], store: Store, experiment_id
         progress.on_run(run)
 
 
-def run_probe(spec: RunSpec, store: Store, *, settings: ProbeSettings = ProbeSettings(),
-              api_key: str | None = None, progress: ProgressHook | None = None,
-              session: requests.Session | None = None, timeout_s: float = 120.0,
-              sleep: Callable[[float], None] = time.sleep,
-              clock: Callable[[], float] = time.monotonic,
-              before_runs: Callable[[], None] | None = None,
-              gpu_sampler: GpuSampler | None = None,
-              deadline_s: float | None = DEFAULT_DEADLINE_S,
-              models: list[dict[str, Any]] | None = None,
-              replicas: Sequence[ReplicaTarget] = (),
-              router_metrics: str | None = None,
-              span_reader: SpanReader | None = None) -> ProbeResult:
+def run_probe(
+    spec: RunSpec,
+    store: Store,
+    *,
+    settings: ProbeSettings = ProbeSettings(),
+    api_key: str | None = None,
+    progress: ProgressHook | None = None,
+    session: requests.Session | None = None,
+    timeout_s: float = 120.0,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+    before_runs: Callable[[], None] | None = None,
+    gpu_sampler: GpuSampler | None = None,
+    deadline_s: float | None = DEFAULT_DEADLINE_S,
+    models: list[dict[str, Any]] | None = None,
+    replicas: Sequence[ReplicaTarget] = (),
+    router_metrics: str | None = None,
+    span_reader: SpanReader | None = None,
+) -> ProbeResult:
     """Run one probe experiment; every completed run is in ``store`` before the next starts.
 
     Raises :class:`~phaseprobe.errors.EndpointUnreachable` before any run if nothing answers.
@@ -476,8 +623,16 @@ def run_probe(spec: RunSpec, store: Store, *, settings: ProbeSettings = ProbeSet
     already fetched it (one call per probe); else it is fetched here.
     """
     progress = progress or NullProgress()
-    conn = connect(spec.endpoint, api_key, session=session, timeout_s=timeout_s,
-                   deadline_s=deadline_s, models=models, replicas=replicas, model=spec.model)
+    conn = connect(
+        spec.endpoint,
+        api_key,
+        session=session,
+        timeout_s=timeout_s,
+        deadline_s=deadline_s,
+        models=models,
+        replicas=replicas,
+        model=spec.model,
+    )
     notes = list(conn.notes)
     info = conn.info
 
@@ -489,17 +644,27 @@ def run_probe(spec: RunSpec, store: Store, *, settings: ProbeSettings = ProbeSet
             notes.append("endpoint has no /tokenize: prompt lengths are approximate")
     else:
         prompts = [spec.prompt] * total
-        notes.append("the same prompt text is sent every run: vLLM's prefix cache may serve "
-                     "part of its prefill (see server counter_deltas.prefix_cache_hits)")
+        notes.append(
+            "the same prompt text is sent every run: vLLM's prefix cache may serve "
+            "part of its prefill (see server counter_deltas.prefix_cache_hits)"
+        )
 
-    collector = RunCollector(spec, settings, conn.client, conn.scraper, sleep, clock,
-                             fleet=conn.fleet)
-    collector.read_reported, path_note = reported_path(settings.response_metrics,
-                                                       info.get("vllm_version"))
+    collector = RunCollector(
+        spec, settings, conn.client, conn.scraper, sleep, clock, fleet=conn.fleet
+    )
+    collector.read_reported, path_note = reported_path(
+        settings.response_metrics, info.get("vllm_version")
+    )
     notes.append(path_note)
-    experiment_id = store.create_experiment(Experiment(
-        name=settings.name, kind="probe", spec=spec, server_info=info,
-        created_wall_ns=time.time_ns()))
+    experiment_id = store.create_experiment(
+        Experiment(
+            name=settings.name,
+            kind="probe",
+            spec=spec,
+            server_info=info,
+            created_wall_ns=time.time_ns(),
+        )
+    )
     runs: list[Run] = []
     if gpu_sampler is not None:
         gpu_sampler.start()
@@ -516,14 +681,22 @@ def run_probe(spec: RunSpec, store: Store, *, settings: ProbeSettings = ProbeSet
             names = {url: name for name, url in (conn.fleet.urls.items() if conn.fleet else ())}
             page = RouterPage(router_metrics, conn.session, names)
             page.start()
-        measure_runs(collector.measure, store, experiment_id, prompts, settings, runs,
-                     progress, sleep)
+        measure_runs(
+            collector.measure, store, experiment_id, prompts, settings, runs, progress, sleep
+        )
         if page is not None:
             notes.extend(router_notes(page, runs))
         if settings.span_wait_s is not None:
-            runs, span_notes = attach_spans(store, runs, wait_s=settings.span_wait_s,
-                                            hop=collector.hop, sleep=sleep, clock=clock,
-                                            fleet=conn.router, spans=span_reader)
+            runs, span_notes = attach_spans(
+                store,
+                runs,
+                wait_s=settings.span_wait_s,
+                hop=collector.hop,
+                sleep=sleep,
+                clock=clock,
+                fleet=conn.router,
+                spans=span_reader,
+            )
             notes.extend(span_notes)
     except KeyboardInterrupt:
         notes.append(f"cancelled after {len(runs)} of {settings.runs} runs")
@@ -535,8 +708,10 @@ def run_probe(spec: RunSpec, store: Store, *, settings: ProbeSettings = ProbeSet
             notes.append(f"{n} GPU samples stored ({len(info['gpus'])} GPU(s))")
             if gpu_sampler.missed or gpu_sampler.failed_reads:
                 why = f" ({gpu_sampler.error})" if gpu_sampler.error else ""
-                notes.append(f"GPU sampler: {gpu_sampler.missed} ticks missed, "
-                             f"{gpu_sampler.failed_reads} failed reads{why}")
+                notes.append(
+                    f"GPU sampler: {gpu_sampler.missed} ticks missed, "
+                    f"{gpu_sampler.failed_reads} failed reads{why}"
+                )
         notes.extend(collector.all_notes())
         if collector.read_reported:
             notes.extend(reported_notes(runs))

@@ -20,12 +20,22 @@ from phaseprobe.sources.gpu.nvml import (
 )
 from phaseprobe.sources.gpu.sampler import GpuSampler
 
-__all__ = ["COLUMNS", "DEFAULT_PERIOD_S", "MIN_PERIOD_S", "GpuImport", "GpuSampler",
-           "NvmlBackend", "open_gpu_watch", "import_dcgm_series", "read_nvidia_smi_csv"]
+__all__ = [
+    "COLUMNS",
+    "DEFAULT_PERIOD_S",
+    "MIN_PERIOD_S",
+    "GpuImport",
+    "GpuSampler",
+    "NvmlBackend",
+    "open_gpu_watch",
+    "import_dcgm_series",
+    "read_nvidia_smi_csv",
+]
 
 
-def open_gpu_watch(period_s: float, backend: NvmlBackend | None = None
-                   ) -> tuple[GpuSampler, list[str]]:
+def open_gpu_watch(
+    period_s: float, backend: NvmlBackend | None = None
+) -> tuple[GpuSampler, list[str]]:
     """A sampler (not started) over ``backend``, else the machine's NVML (raises
     NvmlUnavailable without a driver), and the name of each GPU. The sampler owns the backend:
     :meth:`GpuSampler.stop` closes it."""
@@ -35,8 +45,9 @@ def open_gpu_watch(period_s: float, backend: NvmlBackend | None = None
     return GpuSampler(backend, period_s, owns_backend=True), names
 
 
-def import_dcgm_series(prom_url: str, *, start: float, end: float, step: float | str,
-                       selector: str) -> GpuImport:
+def import_dcgm_series(
+    prom_url: str, *, start: float, end: float, step: float | str, selector: str
+) -> GpuImport:
     """The DCGM exporter's ``DCGM_FI_DEV_*`` series between ``start`` and ``end`` (unix s)
     from the Prometheus at ``prom_url``."""
     from phaseprobe.sources.prometheus import PrometheusClient

@@ -58,8 +58,7 @@ _DS_INPUT = "DS_PROMETHEUS"
 MAX_ANSWER_BYTES = DASHBOARD_CAP
 
 
-def token_from_env(var: str = DEFAULT_TOKEN_ENV,
-                   environ: Mapping[str, str] | None = None) -> str:
+def token_from_env(var: str = DEFAULT_TOKEN_ENV, environ: Mapping[str, str] | None = None) -> str:
     """The token held in ``var``; the error names the variable, never a value."""
     env = os.environ if environ is None else environ
     raw = env.get(var, "")
@@ -69,24 +68,35 @@ def token_from_env(var: str = DEFAULT_TOKEN_ENV,
     if token and problem:
         raise ConfigError(f"the Grafana token in ${var} cannot be sent: {problem}")
     if not token:
-        raise ConfigError(f"environment variable {var} is not set: put a Grafana "
-                          f"service-account token in it (or name another with --token-env)")
+        raise ConfigError(
+            f"environment variable {var} is not set: put a Grafana "
+            f"service-account token in it (or name another with --token-env)"
+        )
     return token
 
 
 class GrafanaClient:
     """The few Grafana API calls the importer needs; errors become typed exceptions."""
 
-    def __init__(self, url: str, token: str, *, session: requests.Session | None = None,
-                 timeout_s: float = 10.0, verify: bool | str = True,
-                 token_env: str = DEFAULT_TOKEN_ENV) -> None:
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        *,
+        session: requests.Session | None = None,
+        timeout_s: float = 10.0,
+        verify: bool | str = True,
+        token_env: str = DEFAULT_TOKEN_ENV,
+    ) -> None:
         self.url = check_base_url(url, "Grafana URL", f"put the token in ${token_env}")
         self.display_url = redact_url(self.url)
         if urlsplit(self.url).username is not None or urlsplit(self.url).password is not None:
             # requests turns user:password@ into Basic auth, which replaces the bearer token
-            raise ConfigError(f"Grafana URL {self.display_url!r}: user:password@ in the URL "
-                              f"would be sent as Basic auth instead of the ${token_env} bearer "
-                              f"token; drop the credentials from the URL")
+            raise ConfigError(
+                f"Grafana URL {self.display_url!r}: user:password@ in the URL "
+                f"would be sent as Basic auth instead of the ${token_env} bearer "
+                f"token; drop the credentials from the URL"
+            )
         self._session = mount_deadlines(session or requests.Session())
         register_secret(token)
         self._headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
@@ -100,23 +110,37 @@ class GrafanaClient:
     def request(self, method: str, path: str, body: Any = None) -> Any:
         where = self.display_url + path
         try:
-            resp = bounded_request(self._session, method, self.url + path, json=body,
-                                   headers=self._headers, timeout_s=self._timeout_s,
-                                   deadline_s=max(self._timeout_s, 1.0) * 3,
-                                   max_bytes=MAX_ANSWER_BYTES, what=f"{method} {where}",
-                                   verify=self._verify)
+            resp = bounded_request(
+                self._session,
+                method,
+                self.url + path,
+                json=body,
+                headers=self._headers,
+                timeout_s=self._timeout_s,
+                deadline_s=max(self._timeout_s, 1.0) * 3,
+                max_bytes=MAX_ANSWER_BYTES,
+                what=f"{method} {where}",
+                verify=self._verify,
+            )
         except requests.exceptions.SSLError:
             raise GrafanaUnreachable(where, "TLS error; check the certificate") from None
         except requests.exceptions.Timeout as exc:
             total = "(total deadline)" in str(exc)
-            raise GrafanaUnreachable(where, "no complete answer within "
-                                     f"{max(self._timeout_s, 1.0) * 3:g} s (total deadline)"
-                                     if total else f"no answer within {self._timeout_s:g} s"
-                                     ) from None
-        except (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema,
-                requests.exceptions.InvalidSchema):
-            raise ConfigError(f"not a usable Grafana URL: {self.display_url} "
-                              f"(expected http(s)://host[:port][/sub-path])") from None
+            raise GrafanaUnreachable(
+                where,
+                f"no complete answer within {max(self._timeout_s, 1.0) * 3:g} s (total deadline)"
+                if total
+                else f"no answer within {self._timeout_s:g} s",
+            ) from None
+        except (
+            requests.exceptions.InvalidURL,
+            requests.exceptions.MissingSchema,
+            requests.exceptions.InvalidSchema,
+        ):
+            raise ConfigError(
+                f"not a usable Grafana URL: {self.display_url} "
+                f"(expected http(s)://host[:port][/sub-path])"
+            ) from None
         except AnswerTooLarge as exc:
             raise GrafanaUnreachable(where, str(exc)) from None
         except requests.RequestException as exc:
@@ -126,28 +150,43 @@ class GrafanaClient:
         try:
             return resp.json()
         except RecursionError:
-            raise GrafanaApiError(where, resp.status_code, "answer nested too deeply to read",
-                                  "is this URL Grafana?") from None
+            raise GrafanaApiError(
+                where, resp.status_code, "answer nested too deeply to read", "is this URL Grafana?"
+            ) from None
         except ValueError:
-            raise GrafanaApiError(where, resp.status_code,
-                                  f"not a JSON answer: {_excerpt(resp.text)!r}",
-                                  "is this URL Grafana?") from None
+            raise GrafanaApiError(
+                where,
+                resp.status_code,
+                f"not a JSON answer: {_excerpt(resp.text)!r}",
+                "is this URL Grafana?",
+            ) from None
 
     def _error(self, where: str, resp: requests.Response) -> GrafanaError:
         status = resp.status_code
         message = _message(resp)
         if status == 401:
-            return GrafanaAuthError(where, status, message,
-                                    f"token in {self._token_env} missing, expired or wrong")
+            return GrafanaAuthError(
+                where, status, message, f"token in {self._token_env} missing, expired or wrong"
+            )
         if status == 403:
-            return GrafanaAuthError(where, status, message, "the token's role may not do this; "
-                                    "saving dashboards needs Editor on the folder")
+            return GrafanaAuthError(
+                where,
+                status,
+                message,
+                "the token's role may not do this; saving dashboards needs Editor on the folder",
+            )
         if status == 404:
-            return GrafanaNotFound(where, status, message,
-                                   "check the Grafana URL (and its sub-path), folder and uid")
+            return GrafanaNotFound(
+                where, status, message, "check the Grafana URL (and its sub-path), folder and uid"
+            )
         if status == 412:
-            return GrafanaConflict(where, status, message, "a dashboard with this uid or title "
-                                   "exists or changed; pass --overwrite to replace it")
+            return GrafanaConflict(
+                where,
+                status,
+                message,
+                "a dashboard with this uid or title "
+                "exists or changed; pass --overwrite to replace it",
+            )
         return GrafanaApiError(where, status, message)
 
     def datasources(self) -> list[dict[str, Any]]:
@@ -159,8 +198,9 @@ class GrafanaClient:
     def save_dashboard(self, payload: dict[str, Any]) -> dict[str, Any]:
         answer = self.request("POST", "/api/dashboards/db", payload)
         if not isinstance(answer, dict):
-            raise GrafanaApiError(self.display_url + "/api/dashboards/db", 200,
-                                  "answer is not a JSON object")
+            raise GrafanaApiError(
+                self.display_url + "/api/dashboards/db", 200, "answer is not a JSON object"
+            )
         return answer
 
 
@@ -174,16 +214,27 @@ class ImportResult:
     datasource: str | None  # uid of the datasource the inputs were mapped to, if any
 
     def to_dict(self) -> dict[str, Any]:
-        return {"uid": self.uid, "url": self.url, "version": self.version,
-                "status": self.status, "folder": self.folder, "datasource": self.datasource}
+        return {
+            "uid": self.uid,
+            "url": self.url,
+            "version": self.version,
+            "status": self.status,
+            "folder": self.folder,
+            "datasource": self.datasource,
+        }
 
 
 def datasource_inputs(dashboard: Mapping[str, Any]) -> list[str]:
     """Names of the Prometheus datasource inputs (``__inputs``), ``DS_PROMETHEUS`` if none."""
     inputs = dashboard.get("__inputs")
-    names = [str(i["name"]) for i in (inputs if isinstance(inputs, list) else [])
-             if isinstance(i, dict) and i.get("type") == "datasource" and i.get("name")
-             and i.get("pluginId", "prometheus") == "prometheus"]
+    names = [
+        str(i["name"])
+        for i in (inputs if isinstance(inputs, list) else [])
+        if isinstance(i, dict)
+        and i.get("type") == "datasource"
+        and i.get("name")
+        and i.get("pluginId", "prometheus") == "prometheus"
+    ]
     return names or [_DS_INPUT]
 
 
@@ -206,8 +257,9 @@ def _replace(node: Any, old: str, new: str) -> Any:
     return node
 
 
-def prepare_dashboard(dashboard: Mapping[str, Any],
-                      datasource: Mapping[str, Any] | None) -> dict[str, Any]:
+def prepare_dashboard(
+    dashboard: Mapping[str, Any], datasource: Mapping[str, Any] | None
+) -> dict[str, Any]:
     """The dashboard as ``/api/dashboards/db`` should get it (see the module docstring)."""
     dash = copy.deepcopy(dict(dashboard))
     inputs = datasource_inputs(dash)
@@ -236,20 +288,28 @@ def _pick_datasource(client: GrafanaClient, wanted: str | None) -> dict[str, Any
         proms = [d for d in sources if d.get("type") == "prometheus"]
         chosen = [d for d in proms if d.get("isDefault")] or (proms if len(proms) == 1 else [])
         if not chosen:
-            raise ConfigError(f"Grafana at {client.display_url} has "
-                              f"{len(proms)} Prometheus datasources and none is the default; "
-                              f"pick one with --datasource NAME|UID")
+            raise ConfigError(
+                f"Grafana at {client.display_url} has "
+                f"{len(proms)} Prometheus datasources and none is the default; "
+                f"pick one with --datasource NAME|UID"
+            )
         return chosen[0]
-    match = [d for d in sources if d.get("uid") == wanted] or \
-        [d for d in sources if d.get("name") == wanted] or \
-        [d for d in sources if str(d.get("name", "")).lower() == wanted.lower()]
+    match = (
+        [d for d in sources if d.get("uid") == wanted]
+        or [d for d in sources if d.get("name") == wanted]
+        or [d for d in sources if str(d.get("name", "")).lower() == wanted.lower()]
+    )
     if not match:
         names = ", ".join(sorted(str(d.get("name")) for d in sources)) or "none"
-        raise ConfigError(f"no datasource with uid or name {wanted!r} in Grafana at "
-                          f"{client.display_url} (it has: {names})")
+        raise ConfigError(
+            f"no datasource with uid or name {wanted!r} in Grafana at "
+            f"{client.display_url} (it has: {names})"
+        )
     if match[0].get("type") != "prometheus":
-        raise ConfigError(f"datasource {wanted!r} at {client.display_url} is of type "
-                          f"{match[0].get('type')!r}; the dashboard needs Prometheus")
+        raise ConfigError(
+            f"datasource {wanted!r} at {client.display_url} is of type "
+            f"{match[0].get('type')!r}; the dashboard needs Prometheus"
+        )
     return match[0]
 
 
@@ -268,19 +328,27 @@ def _folder_fields(client: GrafanaClient, folder: str | None) -> dict[str, Any]:
     return {"folderUid": folder}
 
 
-def import_dashboard(client: GrafanaClient, dashboard: Mapping[str, Any], *,
-                     folder: str | None = None, overwrite: bool = False,
-                     datasource: str | None = None,
-                     message: str = "imported by phaseprobe") -> ImportResult:
+def import_dashboard(
+    client: GrafanaClient,
+    dashboard: Mapping[str, Any],
+    *,
+    folder: str | None = None,
+    overwrite: bool = False,
+    datasource: str | None = None,
+    message: str = "imported by phaseprobe",
+) -> ImportResult:
     """Post ``dashboard``; ``datasource`` (name or uid) maps its Prometheus input(s)."""
     if not isinstance(dashboard.get("title"), str) or not dashboard.get("title"):
         raise ConfigError("the dashboard has no title; Grafana would refuse it")
     chosen: dict[str, Any] | None = None
     if datasource is not None or _needs_datasource(dashboard):
         chosen = _pick_datasource(client, datasource)
-    payload: dict[str, Any] = {"dashboard": prepare_dashboard(dashboard, chosen),
-                               "overwrite": overwrite, "message": message,
-                               **_folder_fields(client, folder)}
+    payload: dict[str, Any] = {
+        "dashboard": prepare_dashboard(dashboard, chosen),
+        "overwrite": overwrite,
+        "message": message,
+        **_folder_fields(client, folder),
+    }
     answer = client.save_dashboard(payload)
     rel = str(answer.get("url") or "")
     version = answer.get("version")
@@ -291,7 +359,8 @@ def import_dashboard(client: GrafanaClient, dashboard: Mapping[str, Any], *,
         version=int(version) if isinstance(version, int | float) else None,
         status=str(answer.get("status") or ""),
         folder=None if folder_sent is None else str(folder_sent),
-        datasource=None if chosen is None else str(chosen["uid"]))
+        datasource=None if chosen is None else str(chosen["uid"]),
+    )
 
 
 def _message(resp: requests.Response) -> str:

@@ -70,8 +70,14 @@ from phaseprobe.store import Store
 if TYPE_CHECKING:
     from phaseprobe.collect.spans.source import SpanReader
 
-__all__ = ["LiveOptions", "take_window", "snapshot_deltas", "replica_window",
-           "DEFAULT_WINDOW_S", "SPAN_LOOKBACK_S"]
+__all__ = [
+    "LiveOptions",
+    "take_window",
+    "snapshot_deltas",
+    "replica_window",
+    "DEFAULT_WINDOW_S",
+    "SPAN_LOOKBACK_S",
+]
 
 DEFAULT_WINDOW_S = 30.0
 SPAN_LOOKBACK_S = 600.0  # a span finishing in the window may have started this long before
@@ -108,14 +114,17 @@ class LiveOptions:
     clock: Callable[[], float] = time.monotonic
 
 
-def take_window(opts: LiveOptions, *, session: requests.Session | None = None
-                ) -> tuple[LiveEvidence, dict[str, str]]:
+def take_window(
+    opts: LiveOptions, *, session: requests.Session | None = None
+) -> tuple[LiveEvidence, dict[str, str]]:
     """Read one window (see the module docstring): the evidence and its sources in words."""
     if opts.window_s <= 0 or not math.isfinite(opts.window_s):
         raise ConfigError(f"--window {opts.window_s:g}: give a positive number of seconds")
     if bool(opts.endpoint) == bool(opts.prom_url):
-        raise ConfigError("check --live reads either --endpoint URL (with --replica for the "
-                          "replicas behind a router) or --prom URL, one of the two")
+        raise ConfigError(
+            "check --live reads either --endpoint URL (with --replica for the "
+            "replicas behind a router) or --prom URL, one of the two"
+        )
     if opts.replicas and not opts.endpoint:
         raise ConfigError("--replica needs --endpoint (the router the replicas are behind)")
     with ExitStack() as stack:
@@ -123,13 +132,13 @@ def take_window(opts: LiveOptions, *, session: requests.Session | None = None
         if opts.spans_from is not None:  # unreachable, no table…: said before the window
             from phaseprobe.collect.spans.source import open_spans
 
-            reader = stack.enter_context(open_spans(opts.spans_from, opts.store_path
-                                                    or Path(".")))
+            reader = stack.enter_context(open_spans(opts.spans_from, opts.store_path or Path(".")))
         return _take_window(opts, session, reader)
 
 
-def _take_window(opts: LiveOptions, session: requests.Session | None,
-                 reader: SpanReader | None) -> tuple[LiveEvidence, dict[str, str]]:
+def _take_window(
+    opts: LiveOptions, session: requests.Session | None, reader: SpanReader | None
+) -> tuple[LiveEvidence, dict[str, str]]:
     sources: dict[str, str] = {}
     spans_wanted = reader is not None or _receiving_spans(opts.store_path)
     if opts.prom_url:
@@ -138,18 +147,27 @@ def _take_window(opts: LiveOptions, session: requests.Session | None,
             opts.sleep(opts.span_grace_s)
         end_s = time.time() - (opts.span_grace_s if spans_wanted else 0.0)
         replicas, down = _prometheus_window(opts, end_s, sources)
-        window_s, target, source = opts.window_s, f"Prometheus {redact_url(opts.prom_url)}", \
-            "prometheus"
+        window_s, target, source = (
+            opts.window_s,
+            f"Prometheus {redact_url(opts.prom_url)}",
+            "prometheus",
+        )
         fleet = True
         router = None
         if opts.router_metrics_url:
-            opts.notes.append("--router-metrics is read with --endpoint (two scrapes a window "
-                              "apart), not with --prom: scrape the router with Prometheus and "
-                              "query vllm_router_* there")
+            opts.notes.append(
+                "--router-metrics is read with --endpoint (two scrapes a window "
+                "apart), not with --prom: scrape the router with Prometheus and "
+                "query vllm_router_* there"
+            )
     else:
         scraped = _scrape_window(opts, sources, session, spans_wanted)
-        replicas, down, window_s, end_s = (scraped.windows, scraped.down, scraped.window_s,
-                                           scraped.end_wall)
+        replicas, down, window_s, end_s = (
+            scraped.windows,
+            scraped.down,
+            scraped.window_s,
+            scraped.end_wall,
+        )
         target, router, fleet = scraped.target, scraped.router, scraped.fleet
         source = "scrapes"
     spans = None
@@ -157,36 +175,58 @@ def _take_window(opts: LiveOptions, session: requests.Session | None,
         spans = _reader_spans(reader, end_s - window_s, end_s, sources)
     elif spans_wanted:
         spans = _window_spans(opts.store_path, end_s - window_s, end_s, sources)
-    ev = LiveEvidence(tuple(replicas), window_s, target=target, source=source, down=down,
-                      spans=spans, use_case=opts.use_case, ttft_target_s=opts.ttft_target_s,
-                      tpot_target_s=opts.tpot_target_s, fleet=fleet, router=router)
+    ev = LiveEvidence(
+        tuple(replicas),
+        window_s,
+        target=target,
+        source=source,
+        down=down,
+        spans=spans,
+        use_case=opts.use_case,
+        ttft_target_s=opts.ttft_target_s,
+        tpot_target_s=opts.tpot_target_s,
+        fleet=fleet,
+        router=router,
+    )
     return ev, sources
 
 
 # -- scrapes ----------------------------------------------------------------------------------
 
-def _targets(opts: LiveOptions, session: requests.Session, headers: dict[str, str]
-             ) -> tuple[list[ReplicaTarget], dict[str, str], str, bool]:
+
+def _targets(
+    opts: LiveOptions, session: requests.Session, headers: dict[str, str]
+) -> tuple[list[ReplicaTarget], dict[str, str], str, bool]:
     """The replicas to scrape, those down, the target in words, and whether it is a fleet
     (replicas named by the user or by the router: spans are then grouped per replica even
     when one replica is left)."""
     endpoint = normalize_base_url(opts.endpoint or "")
     if opts.replicas:
         checked = check_fleet(endpoint, opts.replicas, headers=headers)
-        return list(checked.up), dict(checked.down), \
-            f"{len(opts.replicas)} replicas behind {redact_url(endpoint)}", True
+        return (
+            list(checked.up),
+            dict(checked.down),
+            f"{len(opts.replicas)} replicas behind {redact_url(endpoint)}",
+            True,
+        )
     workers = router_workers(endpoint, session, headers)
     if workers is not None:
         # a vllm-router names its workers: each is read on its own /metrics, as --replica
         found, left_out = discover_replicas(workers)
         opts.notes.extend(left_out)
         if not found:
-            raise ConfigError(f"{redact_url(endpoint)} is a vllm-router whose /list_workers "
-                              "names no worker phaseprobe can read: give each replica with "
-                              "--replica NAME=URL (its own /metrics is read), or --prom URL")
+            raise ConfigError(
+                f"{redact_url(endpoint)} is a vllm-router whose /list_workers "
+                "names no worker phaseprobe can read: give each replica with "
+                "--replica NAME=URL (its own /metrics is read), or --prom URL"
+            )
         checked = check_fleet(endpoint, found, headers=headers)
-        return list(checked.up), dict(checked.down), \
-            f"{len(found)} replicas behind {redact_url(endpoint)} (from its /list_workers)", True
+        return (
+            list(checked.up),
+            dict(checked.down),
+            f"{len(found)} replicas behind {redact_url(endpoint)} (from its /list_workers)",
+            True,
+        )
     return [ReplicaTarget(default_name(endpoint), endpoint)], {}, redact_url(endpoint), False
 
 
@@ -200,8 +240,9 @@ class _Scraped(NamedTuple):
     fleet: bool
 
 
-def _scrape_window(opts: LiveOptions, sources: dict[str, str],
-                   session: requests.Session | None, spans_wanted: bool) -> _Scraped:
+def _scrape_window(
+    opts: LiveOptions, sources: dict[str, str], session: requests.Session | None, spans_wanted: bool
+) -> _Scraped:
     session = session or requests.Session()
     headers = {"Authorization": f"Bearer {opts.api_key}"} if opts.api_key else {}
     targets, down, target, fleet = _targets(opts, session, headers)
@@ -215,7 +256,7 @@ def _scrape_window(opts: LiveOptions, sources: dict[str, str],
             when = "at the start of the window" if not series[name] else "during the window"
             down[name] = f"/metrics stopped answering {when}: {reader.lost[name]}"
             del series[name]
-        for name, one in (snap.by_replica.items() if snap is not None else ()):
+        for name, one in snap.by_replica.items() if snap is not None else ():
             series[name].append(one)
 
     router = _router_page(opts, session, headers, {t.url: t.name for t in targets})
@@ -223,11 +264,15 @@ def _scrape_window(opts: LiveOptions, sources: dict[str, str],
         router.start()
     scrape_all()
     if not reader.names:
-        raise MetricsUnavailable(target, "no /metrics answers (" + "; ".join(
-            f"{n}: {why}" for n, why in down.items()) + ")")
-    opts.progress(f"waiting {opts.window_s:g} s for the window ({len(reader.names)} "
-                  f"replica{'s' if len(reader.names) != 1 else ''}, /metrics every "
-                  f"{opts.sample_every_s:g} s)")
+        raise MetricsUnavailable(
+            target,
+            "no /metrics answers (" + "; ".join(f"{n}: {why}" for n, why in down.items()) + ")",
+        )
+    opts.progress(
+        f"waiting {opts.window_s:g} s for the window ({len(reader.names)} "
+        f"replica{'s' if len(reader.names) != 1 else ''}, /metrics every "
+        f"{opts.sample_every_s:g} s)"
+    )
     start = opts.clock()
     while reader.names:
         left = opts.window_s - (opts.clock() - start)
@@ -236,18 +281,18 @@ def _scrape_window(opts: LiveOptions, sources: dict[str, str],
         opts.sleep(min(opts.sample_every_s, left))
         scrape_all()
     end_wall = time.time()
-    windows = [replica_window(name, snaps) for name, snaps in series.items()
-               if len(snaps) >= 2]
+    windows = [replica_window(name, snaps) for name, snaps in series.items() if len(snaps) >= 2]
     for name, snaps in series.items():
         if len(snaps) < 2:
             down.setdefault(name, "only one /metrics scrape in the window")
     if not windows:
         raise MetricsUnavailable(target, "no replica answered /metrics twice in the window")
-    lengths = sorted((s[-1].wall_ns - s[0].wall_ns) / 1e9 for s in series.values()
-                     if len(s) >= 2)
+    lengths = sorted((s[-1].wall_ns - s[0].wall_ns) / 1e9 for s in series.values() if len(s) >= 2)
     window_s = lengths[len(lengths) // 2]
-    sources["metrics"] = (f"/metrics of {', '.join(w.name for w in windows)}: first and last "
-                          f"of {max(w.samples for w in windows)} scrapes over {window_s:.1f} s")
+    sources["metrics"] = (
+        f"/metrics of {', '.join(w.name for w in windows)}: first and last "
+        f"of {max(w.samples for w in windows)} scrapes over {window_s:.1f} s"
+    )
     if down:
         sources["down"] = "; ".join(f"{n}: {why}" for n, why in down.items())
     router_doc = _router_window(router, sources)  # its last scrape: the window's end
@@ -257,8 +302,9 @@ def _scrape_window(opts: LiveOptions, sources: dict[str, str],
     return _Scraped(windows, down, window_s, end_wall, target, router_doc, fleet)
 
 
-def _router_page(opts: LiveOptions, session: requests.Session, headers: dict[str, str],
-                 names: dict[str, str]) -> RouterPage | None:
+def _router_page(
+    opts: LiveOptions, session: requests.Session, headers: dict[str, str], names: dict[str, str]
+) -> RouterPage | None:
     """The router's own metrics page (``--router-metrics``), read at the window's edges."""
     url = opts.router_metrics_url
     return RouterPage(url, session, names, headers) if url else None
@@ -270,13 +316,15 @@ def _router_window(page: RouterPage | None, sources: dict[str, str]) -> RouterWi
     if page is None:
         return None
     window = page.window()
-    sources["router"] = (f"{page.shown_url}: scraped at the window's edges" if window
-                         else "; ".join(page.notes))
+    sources["router"] = (
+        f"{page.shown_url}: scraped at the window's edges" if window else "; ".join(page.notes)
+    )
     return window
 
 
-def snapshot_deltas(before: MetricSnapshot, after: MetricSnapshot
-                    ) -> tuple[dict[str, float], str | None]:
+def snapshot_deltas(
+    before: MetricSnapshot, after: MetricSnapshot
+) -> tuple[dict[str, float], str | None]:
     """Counter and histogram increases between two scrapes of one replica (keys as
     :class:`ReplicaWindow` documents) and why they cannot be trusted (None: they can)."""
     why = unverifiable(before, after, None)
@@ -288,37 +336,64 @@ def snapshot_deltas(before: MetricSnapshot, after: MetricSnapshot
         if a is None or b is None:
             return None
         if a < b:
-            return (f"{shown} went backwards ({b:g} -> {a:g}): another process answered "
-                    "/metrics or vLLM restarted; cannot verify")
+            return (
+                f"{shown} went backwards ({b:g} -> {a:g}): another process answered "
+                "/metrics or vLLM restarted; cannot verify"
+            )
         out[key] = a - b
         return None
 
     checks: list[str | None] = []
     for hist in DELTA_HISTOGRAMS:
         for part in ("_sum", "_count"):
-            checks.append(put(hist + part, before.value(hist, part), after.value(hist, part),
-                              hist + part))
+            checks.append(
+                put(hist + part, before.value(hist, part), after.value(hist, part), hist + part)
+            )
     for counter in DELTA_COUNTERS:
         checks.append(put(counter, before.value(counter), after.value(counter), counter))
-    checks.append(put("finished", before.value("request_success"),
-                      after.value("request_success"), "request_success"))
+    checks.append(
+        put(
+            "finished",
+            before.value("request_success"),
+            after.value("request_success"),
+            "request_success",
+        )
+    )
     b_reasons = before.by_label("request_success", "finished_reason") or {}
     a_reasons = after.by_label("request_success", "finished_reason") or {}
     for reason in sorted(set(a_reasons) | set(b_reasons)):
-        checks.append(put("finished_" + reason, b_reasons.get(reason, 0.0),
-                          a_reasons.get(reason, 0.0), f"request_success{{{reason}}}"))
+        checks.append(
+            put(
+                "finished_" + reason,
+                b_reasons.get(reason, 0.0),
+                a_reasons.get(reason, 0.0),
+                f"request_success{{{reason}}}",
+            )
+        )
     b_src = before.by_label("prompt_tokens_by_source", "source") or {}
     a_src = after.by_label("prompt_tokens_by_source", "source") or {}
     for source in sorted(set(a_src) | set(b_src)):
-        checks.append(put("prompt_source_" + source, b_src.get(source, 0.0),
-                          a_src.get(source, 0.0), f"prompt_tokens_by_source{{{source}}}"))
+        checks.append(
+            put(
+                "prompt_source_" + source,
+                b_src.get(source, 0.0),
+                a_src.get(source, 0.0),
+                f"prompt_tokens_by_source{{{source}}}",
+            )
+        )
     for key, catalog in (*NIXL_COUNTERS.items(), *NIXL_HISTOGRAMS.items()):
         parts = ("_sum", "_count") if key in NIXL_HISTOGRAMS else ("",)
         for part in parts:
             b_name, a_name = _family(before, key, part), _family(after, key, part)
             if b_name and a_name:
-                checks.append(put(key + part, before.total(b_name + part),
-                                  after.total(a_name + part), catalog + part))
+                checks.append(
+                    put(
+                        key + part,
+                        before.total(b_name + part),
+                        after.total(a_name + part),
+                        catalog + part,
+                    )
+                )
     bad = next((c for c in checks if c), None)
     return ({}, bad) if bad else (out, None)
 
@@ -338,8 +413,15 @@ def _family(snap: MetricSnapshot, key: str, part: str = "") -> str | None:
         return None
     kind, bases = CATALOG_ONLY[catalog]
     probe = part or ("_count" if kind == "histogram" else "")
-    return next((name for base in bases for name in sample_spellings(kind, base)
-                 if name + probe in snap.samples), None)
+    return next(
+        (
+            name
+            for base in bases
+            for name in sample_spellings(kind, base)
+            if name + probe in snap.samples
+        ),
+        None,
+    )
 
 
 def _buckets(snap: MetricSnapshot, family: str) -> dict[float, float]:
@@ -354,8 +436,9 @@ def _buckets(snap: MetricSnapshot, family: str) -> dict[float, float]:
     return out
 
 
-def bucket_deltas(before: MetricSnapshot, after: MetricSnapshot
-                  ) -> dict[str, tuple[tuple[float, float], ...]]:
+def bucket_deltas(
+    before: MetricSnapshot, after: MetricSnapshot
+) -> dict[str, tuple[tuple[float, float], ...]]:
     """Each of :data:`BUCKET_HISTOGRAMS`' bucket increases between two scrapes (left out when
     not exported, or when a bucket went backwards: another process answered)."""
     out: dict[str, tuple[tuple[float, float], ...]] = {}
@@ -380,11 +463,23 @@ def replica_window(name: str, snaps: list[MetricSnapshot]) -> ReplicaWindow:
         if values:
             mean[gauge] = sum(values) / len(values)
             peak[gauge] = max(values)
-    models = sorted({labels["model_name"] for labels in snaps[-1].labels_of("request_success")
-                     if "model_name" in labels})
-    return ReplicaWindow(name, deltas, mean, peak,
-                         buckets={} if why else bucket_deltas(snaps[0], snaps[-1]),
-                         samples=len(snaps), unverifiable=why, model=", ".join(models) or None)
+    models = sorted(
+        {
+            labels["model_name"]
+            for labels in snaps[-1].labels_of("request_success")
+            if "model_name" in labels
+        }
+    )
+    return ReplicaWindow(
+        name,
+        deltas,
+        mean,
+        peak,
+        buckets={} if why else bucket_deltas(snaps[0], snaps[-1]),
+        samples=len(snaps),
+        unverifiable=why,
+        model=", ".join(models) or None,
+    )
 
 
 _REASON_OF = {key: reason for reason, key in WAITING_REASONS.items()}
@@ -405,8 +500,10 @@ def _gauge(snap: MetricSnapshot, gauge: str) -> float | None:
 
 # -- Prometheus -------------------------------------------------------------------------------
 
-def _prometheus_window(opts: LiveOptions, end_s: float, sources: dict[str, str]
-                       ) -> tuple[list[ReplicaWindow], dict[str, str]]:
+
+def _prometheus_window(
+    opts: LiveOptions, end_s: float, sources: dict[str, str]
+) -> tuple[list[ReplicaWindow], dict[str, str]]:
     from phaseprobe.sources.prometheus import PrometheusClient  # its client library is heavy
 
     url = opts.prom_url or ""
@@ -425,8 +522,9 @@ def _prometheus_window(opts: LiveOptions, end_s: float, sources: dict[str, str]
         def name(newest: str) -> str:
             return names.get(newest, newest)
 
-        def by_instance(expr: str, into: dict[str, dict[str, float]], key: str,
-                        extra: str = "") -> None:
+        def by_instance(
+            expr: str, into: dict[str, dict[str, float]], key: str, extra: str = ""
+        ) -> None:
             for s in client.instant_query(expr, at=end_s):
                 inst = s.labels.get(label)
                 if inst is None or math.isnan(s.value) or (extra and not s.labels.get(extra)):
@@ -438,31 +536,46 @@ def _prometheus_window(opts: LiveOptions, end_s: float, sources: dict[str, str]
         for hist in DELTA_HISTOGRAMS:
             base = _newest(hist)
             for part in ("_sum", "_count"):
-                by_instance(f"sum by ({label}) (increase({name(base + part)}{sel}[{w}]))",
-                            deltas, hist + part)
+                by_instance(
+                    f"sum by ({label}) (increase({name(base + part)}{sel}[{w}]))",
+                    deltas,
+                    hist + part,
+                )
         for counter in DELTA_COUNTERS:
-            by_instance(f"sum by ({label}) (increase({name(_newest(counter))}{sel}[{w}]))",
-                        deltas, counter)
+            by_instance(
+                f"sum by ({label}) (increase({name(_newest(counter))}{sel}[{w}]))", deltas, counter
+            )
         success = name(_newest("request_success"))
-        by_instance(f"sum by ({label}) (increase({success}{sel}[{w}]))", deltas,
-                    "finished")
-        by_instance(f"sum by ({label}, finished_reason) (increase({success}{sel}[{w}]))",
-                    deltas, "finished_", extra="finished_reason")
+        by_instance(f"sum by ({label}) (increase({success}{sel}[{w}]))", deltas, "finished")
+        by_instance(
+            f"sum by ({label}, finished_reason) (increase({success}{sel}[{w}]))",
+            deltas,
+            "finished_",
+            extra="finished_reason",
+        )
         by_source = name(_newest("prompt_tokens_by_source"))
-        by_instance(f"sum by ({label}, source) (increase({by_source}{sel}[{w}]))",
-                    deltas, "prompt_source_", extra="source")
+        by_instance(
+            f"sum by ({label}, source) (increase({by_source}{sel}[{w}]))",
+            deltas,
+            "prompt_source_",
+            extra="source",
+        )
         for gauge in GAUGES:
             g = name(_newest(gauge))
             agg = "max" if gauge == "kv_cache_usage" else "sum"
             by_instance(f"{agg} by ({label}) (avg_over_time({g}{sel}[{w}]))", mean, gauge)
             by_instance(f"max by ({label}) (max_over_time({g}{sel}[{w}]))", peak, gauge)
         for key, catalog in NIXL_COUNTERS.items():  # no series: not exported, key left out
-            by_instance(f"sum by ({label}) (increase({name(_newest(catalog))}{sel}[{w}]))",
-                        deltas, key)
+            by_instance(
+                f"sum by ({label}) (increase({name(_newest(catalog))}{sel}[{w}]))", deltas, key
+            )
         for key, catalog in NIXL_HISTOGRAMS.items():
             for part in ("_sum", "_count"):
-                by_instance(f"sum by ({label}) (increase({name(_newest(catalog) + part)}"
-                            f"{sel}[{w}]))", deltas, key + part)
+                by_instance(
+                    f"sum by ({label}) (increase({name(_newest(catalog) + part)}{sel}[{w}]))",
+                    deltas,
+                    key + part,
+                )
         reasons = name(_newest("requests_waiting_by_reason"))
         for reason, key in WAITING_REASONS.items():
             r_sel = "{" + ",".join(filter(None, (bare, f'reason="{reason}"'))) + "}"
@@ -470,30 +583,44 @@ def _prometheus_window(opts: LiveOptions, end_s: float, sources: dict[str, str]
             by_instance(f"max by ({label}) (max_over_time({reasons}{r_sel}[{w}]))", peak, key)
         for hist in BUCKET_HISTOGRAMS:
             bucket = name(_newest(hist) + "_bucket")
-            for s in client.instant_query(f"sum by ({label}, le) (increase({bucket}{sel}"
-                                          f"[{w}]))", at=end_s):
+            for s in client.instant_query(
+                f"sum by ({label}, le) (increase({bucket}{sel}[{w}]))", at=end_s
+            ):
                 inst, le = s.labels.get(label), s.labels.get("le")
                 if inst is None or le is None or math.isnan(s.value):
                     continue
                 buckets.setdefault(inst, {}).setdefault(hist, []).append((float(le), s.value))
-        vllm = {s.labels.get(label) for s in client.instant_query(
-            f"count by ({label}) (count_over_time({success}{sel}[1h]))", at=end_s)}
+        vllm = {
+            s.labels.get(label)
+            for s in client.instant_query(
+                f"count by ({label}) (count_over_time({success}{sel}[1h]))", at=end_s
+            )
+        }
         for s in client.instant_query(f"up{sel}", at=end_s):
             inst = s.labels.get(label)
             if inst is not None and inst in vllm and s.value == 0:
                 down[inst] = "Prometheus' last scrape of it failed (up = 0)"
     instances = sorted((set(deltas) | set(mean)) - set(down))
     if not instances:
-        raise ConfigError(f"Prometheus {redact_url(url)} holds no vLLM series "
-                          f"{'matching ' + sel + ' ' if sel else ''}over the last {w}: check "
-                          "--prom-selector and that it scrapes the replicas")
-    sources["prom"] = (f"{redact_url(url)}: increase/avg_over_time over {w} by "
-                       f"{label} ({', '.join(instances)})")
-    windows = [ReplicaWindow(inst, deltas.get(inst, {}), mean.get(inst, {}),
-                             peak.get(inst, {}), samples=0,
-                             buckets={h: tuple(sorted(rows))
-                                      for h, rows in buckets.get(inst, {}).items()})
-               for inst in instances]
+        raise ConfigError(
+            f"Prometheus {redact_url(url)} holds no vLLM series "
+            f"{'matching ' + sel + ' ' if sel else ''}over the last {w}: check "
+            "--prom-selector and that it scrapes the replicas"
+        )
+    sources["prom"] = (
+        f"{redact_url(url)}: increase/avg_over_time over {w} by {label} ({', '.join(instances)})"
+    )
+    windows = [
+        ReplicaWindow(
+            inst,
+            deltas.get(inst, {}),
+            mean.get(inst, {}),
+            peak.get(inst, {}),
+            samples=0,
+            buckets={h: tuple(sorted(rows)) for h, rows in buckets.get(inst, {}).items()},
+        )
+        for inst in instances
+    ]
     return windows, down
 
 
@@ -505,6 +632,7 @@ def _newest(canonical: str) -> str:
 
 
 # -- spans ------------------------------------------------------------------------------------
+
 
 def _receiving_spans(path: Path | None) -> bool:
     """Does the store hold spans received lately (a span receiver is running beside)?"""
@@ -518,28 +646,36 @@ def _receiving_spans(path: Path | None) -> bool:
         return False
 
 
-def _window_spans(path: Path | None, lo_s: float, hi_s: float, sources: dict[str, str]
-                  ) -> list[RequestSpan] | None:
+def _window_spans(
+    path: Path | None, lo_s: float, hi_s: float, sources: dict[str, str]
+) -> list[RequestSpan] | None:
     if path is None:
         return None
     lo_ns, hi_ns = round(lo_s * 1e9), round(hi_s * 1e9)
     try:
         with Store(path, readonly=True) as store:
-            found = [s for s in store.spans(since_ns=lo_ns - round(SPAN_LOOKBACK_S * 1e9),
-                                            until_ns=hi_ns) if lo_ns < s.end_ns <= hi_ns]
+            found = [
+                s
+                for s in store.spans(since_ns=lo_ns - round(SPAN_LOOKBACK_S * 1e9), until_ns=hi_ns)
+                if lo_ns < s.end_ns <= hi_ns
+            ]
     except StoreError as exc:
         sources["spans"] = f"unavailable: {exc}"
         return None
-    sources["spans"] = (f"{len(found)} request spans that finished in the {hi_s - lo_s:.0f} s "
-                        f"window, from {path}")
+    sources["spans"] = (
+        f"{len(found)} request spans that finished in the {hi_s - lo_s:.0f} s window, from {path}"
+    )
     return found
 
 
-def _reader_spans(reader: SpanReader, lo_s: float, hi_s: float, sources: dict[str, str]
-                  ) -> list[RequestSpan]:
+def _reader_spans(
+    reader: SpanReader, lo_s: float, hi_s: float, sources: dict[str, str]
+) -> list[RequestSpan]:
     """The requests that finished in the window, from the fleet's span store (its errors are
     typed and name it: the user asked for it, so they end the check)."""
     found = reader.finished_spans(since_ns=round(lo_s * 1e9), until_ns=round(hi_s * 1e9))
-    sources["spans"] = (f"{len(found)} request spans that finished in the {hi_s - lo_s:.0f} s "
-                        f"window, from {reader.where}")
+    sources["spans"] = (
+        f"{len(found)} request spans that finished in the {hi_s - lo_s:.0f} s "
+        f"window, from {reader.where}"
+    )
     return found

@@ -34,8 +34,9 @@ def load_metrics(source: str, *, session: requests.Session | None = None) -> Met
     try:
         text = read_input_text(path, METRICS_TEXT_CAP, fail)
     except OSError as exc:
-        raise MetricsUnavailable(str(path), f"cannot read the file ({type(exc).__name__})"
-                                 ) from None
+        raise MetricsUnavailable(
+            str(path), f"cannot read the file ({type(exc).__name__})"
+        ) from None
     except UnicodeDecodeError:
         raise MetricsUnavailable(str(path), "not a text file") from None
     snapshot = parse_exposition(text, source=str(path))

@@ -18,8 +18,24 @@ import requests
 
 __all__ = ["LoadSettings", "LoadStats", "OpenLoopLoad"]
 
-_WORDS = ("time", "phase", "token", "server", "batch", "cache", "queue", "model", "prefill",
-          "decode", "memory", "compute", "latency", "request", "stream", "kernel")
+_WORDS = (
+    "time",
+    "phase",
+    "token",
+    "server",
+    "batch",
+    "cache",
+    "queue",
+    "model",
+    "prefill",
+    "decode",
+    "memory",
+    "compute",
+    "latency",
+    "request",
+    "stream",
+    "kernel",
+)
 
 
 @dataclass(frozen=True)
@@ -43,15 +59,25 @@ class LoadStats:
     errors: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, object]:
-        return {"sent": self.sent, "ok": self.ok, "failed": self.failed, "shed": self.shed,
-                "errors": self.errors[:5]}
+        return {
+            "sent": self.sent,
+            "ok": self.ok,
+            "failed": self.failed,
+            "shed": self.shed,
+            "errors": self.errors[:5],
+        }
 
 
 class OpenLoopLoad:
     """Background open-loop traffic to ``base_url`` for ``model`` until :meth:`stop`."""
 
-    def __init__(self, base_url: str, model: str, settings: LoadSettings = LoadSettings(),
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        settings: LoadSettings = LoadSettings(),
+        headers: dict[str, str] | None = None,
+    ) -> None:
         if not settings.rate_per_s > 0:
             raise ValueError("rate_per_s must be positive")
         self.url = base_url.rstrip("/") + "/v1/completions"
@@ -63,8 +89,9 @@ class OpenLoopLoad:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._in_flight = 0
-        self._pool = ThreadPoolExecutor(max_workers=settings.max_in_flight,
-                                        thread_name_prefix="load")
+        self._pool = ThreadPoolExecutor(
+            max_workers=settings.max_in_flight, thread_name_prefix="load"
+        )
         self._thread = threading.Thread(target=self._arrivals, name="load-arrivals", daemon=True)
         self._local = threading.local()  # one Session per sender thread
 
@@ -101,14 +128,20 @@ class OpenLoopLoad:
             self._pool.submit(self._send, prompt, max_tokens)
 
     def _send(self, prompt: str, max_tokens: int) -> None:
-        body: dict[str, Any] = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens,
-                "ignore_eos": True, "temperature": 0.0}
+        body: dict[str, Any] = {
+            "model": self.model,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+            "temperature": 0.0,
+        }
         try:
             session = getattr(self._local, "session", None)
             if session is None:
                 session = self._local.session = requests.Session()
-            resp = session.post(self.url, json=body, headers=self._headers,
-                                      timeout=self.settings.timeout_s)
+            resp = session.post(
+                self.url, json=body, headers=self._headers, timeout=self.settings.timeout_s
+            )
             ok, why = resp.status_code == 200, f"HTTP {resp.status_code}"
         except requests.RequestException as exc:
             ok, why = False, type(exc).__name__

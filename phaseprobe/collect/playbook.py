@@ -64,10 +64,30 @@ from phaseprobe.store import AbSessionRow
 if TYPE_CHECKING:  # the P/D collector's imports are only needed by a P/D arm
     from phaseprobe.collect.pd.collector import PdTopology
 
-__all__ = ["PlaybookError", "Launch", "Arm", "ArmLaunch", "RedactedArm", "RunPlan", "Playbook",
-           "load_playbook", "parse_playbook", "parse_effect", "session_arms", "session_plan",
-           "is_secret_name", "is_secret_value", "redact_env", "redact_args", "redacted_arm",
-           "redacted_text", "restore_secrets", "REDACTED", "LOCAL_MODEL", "shipped_playbooks"]
+__all__ = [
+    "PlaybookError",
+    "Launch",
+    "Arm",
+    "ArmLaunch",
+    "RedactedArm",
+    "RunPlan",
+    "Playbook",
+    "load_playbook",
+    "parse_playbook",
+    "parse_effect",
+    "session_arms",
+    "session_plan",
+    "is_secret_name",
+    "is_secret_value",
+    "redact_env",
+    "redact_args",
+    "redacted_arm",
+    "redacted_text",
+    "restore_secrets",
+    "REDACTED",
+    "LOCAL_MODEL",
+    "shipped_playbooks",
+]
 
 LOCAL_MODEL = "local"  # the embedded tiny model served by phaseprobe's CPU vLLM
 _TOP_KEYS = {"name", "description", "model", "run", "arm"}
@@ -81,11 +101,27 @@ def _shown(value: object) -> str:
     return text if len(text) <= 40 else text[:40] + "…"
 
 
-_RUN_KEYS = {"prompt", "prompt_tokens", "max_tokens", "runs", "warmup", "api", "order",
-             "block_size", "seed", "min_effect", "ignore_eos", "timeout_s", "deadline_s", "pause_s",
-             "until_decided", "max_runs", "max_minutes", "primary"}
-_ARM_KEYS = {"name", "description", "model", "endpoint", "launch", "replicas", "prefill",
-             "decode"}
+_RUN_KEYS = {
+    "prompt",
+    "prompt_tokens",
+    "max_tokens",
+    "runs",
+    "warmup",
+    "api",
+    "order",
+    "block_size",
+    "seed",
+    "min_effect",
+    "ignore_eos",
+    "timeout_s",
+    "deadline_s",
+    "pause_s",
+    "until_decided",
+    "max_runs",
+    "max_minutes",
+    "primary",
+}
+_ARM_KEYS = {"name", "description", "model", "endpoint", "launch", "replicas", "prefill", "decode"}
 _LAUNCH_KEYS = {"command", "args", "env", "startup_timeout_s", "pd", "router"}
 # phaseprobe chooses where a launched server listens (127.0.0.1, a free port).
 _RESERVED_ARGS = {"--host", "--port"}
@@ -97,8 +133,9 @@ class PlaybookError(ConfigError):
     """A playbook that cannot be used; ``key`` is the dotted TOML key at fault."""
 
     def __init__(self, path: str, key: str, message: str) -> None:
-        super().__init__(f"playbook {path}: {key}: {message}" if key else
-                         f"playbook {path}: {message}")
+        super().__init__(
+            f"playbook {path}: {key}: {message}" if key else f"playbook {path}: {message}"
+        )
         self.path = path
         self.key = key
 
@@ -119,8 +156,14 @@ class Launch:
 
     def key(self, model: str) -> tuple[Any, ...]:
         """Arms with equal keys share one server (an A/A on one launch starts it once)."""
-        return (model, self.command, self.args, tuple(sorted(self.env.items())), self.pd,
-                self.router)
+        return (
+            model,
+            self.command,
+            self.args,
+            tuple(sorted(self.env.items())),
+            self.pd,
+            self.router,
+        )
 
 
 @dataclass(frozen=True)
@@ -192,15 +235,21 @@ class RunPlan:
     max_minutes: float | None = None
     primary: str = "decode"
 
-    def sequential(self, *, max_runs: int | None = None, max_minutes: float | None = None,
-                   min_effect: float | None = None, primary: str | None = None
-                   ) -> SequentialPlan:
+    def sequential(
+        self,
+        *,
+        max_runs: int | None = None,
+        max_minutes: float | None = None,
+        min_effect: float | None = None,
+        primary: str | None = None,
+    ) -> SequentialPlan:
         """The sequential plan of this run table, with command-line overrides."""
         return SequentialPlan(
             min_effect=self.min_effect if min_effect is None else min_effect,
             max_runs=self.max_runs if max_runs is None else max_runs,
             max_minutes=self.max_minutes if max_minutes is None else max_minutes,
-            primary=self.primary if primary is None else primary)
+            primary=self.primary if primary is None else primary,
+        )
 
 
 @dataclass(frozen=True)
@@ -224,11 +273,13 @@ def parse_effect(value: object, where: str = "--min-effect", path: str = "") -> 
         else:
             raise ValueError
     except ValueError:
-        raise PlaybookError(path or "(command line)", where,
-                            f"{value!r} is not an effect size (e.g. \"5%\" or 0.05)") from None
+        raise PlaybookError(
+            path or "(command line)", where, f'{value!r} is not an effect size (e.g. "5%" or 0.05)'
+        ) from None
     if not 0 < number < 10:
-        raise PlaybookError(path or "(command line)", where,
-                            f"{value!r} must be a positive effect such as \"5%\"")
+        raise PlaybookError(
+            path or "(command line)", where, f'{value!r} must be a positive effect such as "5%"'
+        )
     return number
 
 
@@ -239,8 +290,11 @@ class _Reader:
         self.path, self.table, self.prefix = path, table, prefix
         unknown = sorted(set(table) - allowed)
         if unknown:
-            raise PlaybookError(path, self.key(unknown[0]),
-                                f"unknown key (allowed here: {', '.join(sorted(allowed))})")
+            raise PlaybookError(
+                path,
+                self.key(unknown[0]),
+                f"unknown key (allowed here: {', '.join(sorted(allowed))})",
+            )
 
     def key(self, name: str) -> str:
         return f"{self.prefix}{name}"
@@ -256,28 +310,38 @@ class _Reader:
             raise self.fail(name, f"must be a non-empty string, not {value!r}")
         return value
 
-    def int_(self, name: str, default: int | None, minimum: int,
-             maximum: int = _MAX_COUNT) -> int | None:
+    def int_(
+        self, name: str, default: int | None, minimum: int, maximum: int = _MAX_COUNT
+    ) -> int | None:
         value = self.table.get(name, default)
         if value is None:
             return None
-        if not isinstance(value, int) or isinstance(value, bool) or not \
-                minimum <= value <= maximum:
-            raise self.fail(name, f"must be an integer from {minimum} to {maximum}, not "
-                                  f"{_shown(value)}")
+        if not isinstance(value, int) or isinstance(value, bool) or not minimum <= value <= maximum:
+            raise self.fail(
+                name, f"must be an integer from {minimum} to {maximum}, not {_shown(value)}"
+            )
         return value
 
-    def seconds(self, name: str, default: float, *, zero_ok: bool,
-                maximum: float = _MAX_SECONDS) -> float:
+    def seconds(
+        self, name: str, default: float, *, zero_ok: bool, maximum: float = _MAX_SECONDS
+    ) -> float:
         """A finite number of seconds in (0, maximum] (or [0, maximum] with ``zero_ok``): inf,
         nan and 1e308 would reach a socket timeout or ``time.sleep``."""
         value = self.table.get(name, default)
-        ok = isinstance(value, int | float) and not isinstance(value, bool) and \
-            math.isfinite(value) and (0 <= value if zero_ok else 0 < value) and value <= maximum
+        ok = (
+            isinstance(value, int | float)
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+            and (0 <= value if zero_ok else 0 < value)
+            and value <= maximum
+        )
         if not ok:
             lowest = ">= 0" if zero_ok else "> 0"
-            raise self.fail(name, f"must be a number of seconds {lowest} and at most "
-                                  f"{maximum:g}, not {_shown(value)}")
+            raise self.fail(
+                name,
+                f"must be a number of seconds {lowest} and at most "
+                f"{maximum:g}, not {_shown(value)}",
+            )
         return float(value)
 
     def bool_(self, name: str, default: bool = False) -> bool:
@@ -291,16 +355,22 @@ class _Reader:
         if value is None:
             return None
         if isinstance(value, str):
-            raise self.fail(name, f"must be an argv list such as [\"--dtype\", \"float16\"], "
-                                  f"not a shell string ({value!r}): playbooks are never run "
-                                  f"through a shell")
+            raise self.fail(
+                name,
+                f'must be an argv list such as ["--dtype", "float16"], '
+                f"not a shell string ({value!r}): playbooks are never run "
+                f"through a shell",
+            )
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise self.fail(name, f"must be a list of strings, not {value!r}")
         for item in value:
             # "--dtype float16" as one element would reach vLLM as one unknown flag.
             if item.startswith("-") and "=" not in item and any(c.isspace() for c in item):
-                raise self.fail(name, f"element {item!r} looks like several arguments in one "
-                                      f"string; split it: {item.split()!r}")
+                raise self.fail(
+                    name,
+                    f"element {item!r} looks like several arguments in one "
+                    f"string; split it: {item.split()!r}",
+                )
         return tuple(value)
 
 
@@ -311,31 +381,47 @@ def _launch(path: str, raw: object, prefix: str) -> Launch:
     args = r.argv("args") or ()
     reserved = [a for a in args if a.split("=", 1)[0] in _RESERVED_ARGS]
     if reserved:
-        raise r.fail("args", f"{reserved[0]} is chosen by phaseprobe (servers it starts listen "
-                             f"on 127.0.0.1, on a free port)")
+        raise r.fail(
+            "args",
+            f"{reserved[0]} is chosen by phaseprobe (servers it starts listen "
+            f"on 127.0.0.1, on a free port)",
+        )
     env = raw.get("env", {})
-    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str)
-                                            for k, v in env.items()):
-        raise r.fail("env", f"must be a table of string values (NCCL_ALGO = \"Ring\"), "
-                            f"not {env!r}")
+    if not isinstance(env, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+    ):
+        raise r.fail("env", f'must be a table of string values (NCCL_ALGO = "Ring"), not {env!r}')
     timeout = r.seconds("startup_timeout_s", 600.0, zero_ok=False)
     command = r.argv("command")
     if command is not None and not command:
         raise r.fail("command", "must not be empty")
     pd, router = r.bool_("pd"), r.bool_("router")
     if router and not pd:
-        raise r.fail("router", "puts vllm-router in P/D mode in front of a launched pair: it "
-                               "needs pd = true")
+        raise r.fail(
+            "router", "puts vllm-router in P/D mode in front of a launched pair: it needs pd = true"
+        )
     if pd and command is not None:
-        raise r.fail("command", "a launched prefill/decode pair is phaseprobe's own CPU vLLM "
-                                "(no command); for other servers give the running instances "
-                                "as prefill = \"URL\" and decode = \"URL\"")
+        raise r.fail(
+            "command",
+            "a launched prefill/decode pair is phaseprobe's own CPU vLLM "
+            "(no command); for other servers give the running instances "
+            'as prefill = "URL" and decode = "URL"',
+        )
     taken = [a for a in args if a.split("=", 1)[0] in _RESERVED_PD_ARGS] if pd else []
     if taken:
-        raise r.fail("args", f"{taken[0]} is chosen by phaseprobe for a launched pair (the "
-                             f"ExampleConnector on a shared directory)")
-    return Launch(args=args, env=dict(env), command=command, startup_timeout_s=float(timeout),
-                  pd=pd, router=router)
+        raise r.fail(
+            "args",
+            f"{taken[0]} is chosen by phaseprobe for a launched pair (the "
+            f"ExampleConnector on a shared directory)",
+        )
+    return Launch(
+        args=args,
+        env=dict(env),
+        command=command,
+        startup_timeout_s=float(timeout),
+        pd=pd,
+        router=router,
+    )
 
 
 def _arm(path: str, raw: object, index: int, default_model: str | None) -> Arm:
@@ -345,37 +431,58 @@ def _arm(path: str, raw: object, index: int, default_model: str | None) -> Arm:
     r = _Reader(path, raw, prefix, _ARM_KEYS)
     name = r.str_("name")
     if name is None:
-        raise r.fail("name", "missing (each arm needs a name, e.g. \"baseline\")")
+        raise r.fail("name", 'missing (each arm needs a name, e.g. "baseline")')
     model = r.str_("model") or default_model
     if model is None:
-        raise r.fail("model", "missing: set model at the top of the playbook or in the arm "
-                              "(a model path, a served model name, or \"local\")")
+        raise r.fail(
+            "model",
+            "missing: set model at the top of the playbook or in the arm "
+            '(a model path, a served model name, or "local")',
+        )
     has_launch = "launch" in raw
     # http://host:8000/v1 (an OpenAI base_url) means http://host:8000
     endpoint, prefill, decode = _url(r, "endpoint"), _url(r, "prefill"), _url(r, "decode")
     if (prefill is None) != (decode is None):
-        raise r.fail("prefill" if prefill is None else "decode",
-                     f"arm {name!r}: a prefill/decode pair needs both prefill = \"URL\" and "
-                     f"decode = \"URL\" (each instance's own base URL)")
+        raise r.fail(
+            "prefill" if prefill is None else "decode",
+            f'arm {name!r}: a prefill/decode pair needs both prefill = "URL" and '
+            f'decode = "URL" (each instance\'s own base URL)',
+        )
     if (endpoint is None and prefill is None) == (not has_launch):
-        raise PlaybookError(path, f"arm[{index}]", f"arm {name!r} needs exactly one of "
-                            f"endpoint (a server already up), prefill and decode (a prefill/"
-                            f"decode pair already up) or launch (one phaseprobe starts)")
+        raise PlaybookError(
+            path,
+            f"arm[{index}]",
+            f"arm {name!r} needs exactly one of "
+            f"endpoint (a server already up), prefill and decode (a prefill/"
+            f"decode pair already up) or launch (one phaseprobe starts)",
+        )
     if prefill is not None and prefill == decode:
         raise r.fail("decode", f"prefill and decode name the same instance ({decode})")
     launch = _launch(path, raw["launch"], prefix + "launch.") if has_launch else None
     if launch is not None and launch.pd and model != LOCAL_MODEL:
-        raise r.fail("launch.pd", f"a launched prefill/decode pair serves phaseprobe's tiny "
-                                  f"model (model = \"{LOCAL_MODEL}\"), not {model!r}: give a "
-                                  f"pair of your model as prefill = \"URL\" and decode = "
-                                  f"\"URL\"")
+        raise r.fail(
+            "launch.pd",
+            f"a launched prefill/decode pair serves phaseprobe's tiny "
+            f'model (model = "{LOCAL_MODEL}"), not {model!r}: give a '
+            f'pair of your model as prefill = "URL" and decode = '
+            f'"URL"',
+        )
     if prefill is not None and "replicas" in raw:
-        raise r.fail("replicas", "a prefill/decode arm names its instances with prefill and "
-                                 "decode, not replicas")
+        raise r.fail(
+            "replicas",
+            "a prefill/decode arm names its instances with prefill and decode, not replicas",
+        )
     replicas = _replicas(r, raw.get("replicas"), endpoint)
-    return Arm(name=name, model=model, endpoint=endpoint, launch=launch,
-               description=r.str_("description", "") or "", replicas=replicas,
-               prefill=prefill, decode=decode)
+    return Arm(
+        name=name,
+        model=model,
+        endpoint=endpoint,
+        launch=launch,
+        description=r.str_("description", "") or "",
+        replicas=replicas,
+        prefill=prefill,
+        decode=decode,
+    )
 
 
 def _url(r: _Reader, name: str) -> str | None:
@@ -396,8 +503,9 @@ def _replicas(r: _Reader, raw: object, endpoint: str | None) -> tuple[ReplicaTar
     if endpoint is None:
         raise r.fail("replicas", "needs endpoint (the router the replicas are behind)")
     if not isinstance(raw, list) or not raw or not all(isinstance(v, str) for v in raw):
-        raise r.fail("replicas", "must be a list of \"NAME=URL\" strings, e.g. "
-                                 "[\"r1=http://10.0.0.6:8000\"]")
+        raise r.fail(
+            "replicas", 'must be a list of "NAME=URL" strings, e.g. ["r1=http://10.0.0.6:8000"]'
+        )
     try:
         return parse_replicas(raw)
     except ConfigError as exc:
@@ -411,17 +519,20 @@ def _run_plan(path: str, raw: object) -> RunPlan:
     prompt = r.str_("prompt")
     prompt_tokens = r.int_("prompt_tokens", None, 1)
     if (prompt is None) == (prompt_tokens is None):
-        raise r.fail("prompt", "set exactly one of prompt (fixed text) or prompt_tokens "
-                               "(unique prompts of that many tokens)")
+        raise r.fail(
+            "prompt",
+            "set exactly one of prompt (fixed text) or prompt_tokens "
+            "(unique prompts of that many tokens)",
+        )
     max_tokens = r.int_("max_tokens", None, 2)
     if max_tokens is None:
         raise r.fail("max_tokens", "missing (the same max_tokens is asked of every arm)")
     api = r.str_("api", "completions")
     if api not in ("completions", "chat"):
-        raise r.fail("api", f"must be \"completions\" or \"chat\", not {api!r}")
+        raise r.fail("api", f'must be "completions" or "chat", not {api!r}')
     order = r.str_("order", "interleaved")
     if order not in ("interleaved", "blocks"):
-        raise r.fail("order", f"must be \"interleaved\" or \"blocks\", not {order!r}")
+        raise r.fail("order", f'must be "interleaved" or "blocks", not {order!r}')
     ignore_eos = raw.get("ignore_eos", True)
     if not isinstance(ignore_eos, bool):
         raise r.fail("ignore_eos", f"must be true or false, not {ignore_eos!r}")
@@ -432,26 +543,39 @@ def _run_plan(path: str, raw: object) -> RunPlan:
     if not isinstance(until, bool):
         raise r.fail("until_decided", f"must be true or false, not {until!r}")
     max_minutes = raw.get("max_minutes")
-    if max_minutes is not None and (not isinstance(max_minutes, int | float)
-                                    or isinstance(max_minutes, bool) or not
-                                    0 < max_minutes <= 7 * 24 * 60):
-        raise r.fail("max_minutes", f"must be a number of minutes > 0 (at most a week), not "
-                                    f"{max_minutes!r}")
+    if max_minutes is not None and (
+        not isinstance(max_minutes, int | float)
+        or isinstance(max_minutes, bool)
+        or not 0 < max_minutes <= 7 * 24 * 60
+    ):
+        raise r.fail(
+            "max_minutes", f"must be a number of minutes > 0 (at most a week), not {max_minutes!r}"
+        )
     primary = r.str_("primary", "decode") or "decode"
     try:
         check_primary(primary)
     except ValueError as exc:
         raise r.fail("primary", str(exc)) from None
     return RunPlan(
-        until_decided=until, max_runs=r.int_("max_runs", 60, 2, MAX_RUNS) or 60,
-        max_minutes=None if max_minutes is None else float(max_minutes), primary=primary,
-        pause_s=float(pause), prompt=prompt, prompt_tokens=prompt_tokens, max_tokens=max_tokens,
-        runs=r.int_("runs", 10, 1, MAX_RUNS) or 10, warmup=r.int_("warmup", 1, 0) or 0,
+        until_decided=until,
+        max_runs=r.int_("max_runs", 60, 2, MAX_RUNS) or 60,
+        max_minutes=None if max_minutes is None else float(max_minutes),
+        primary=primary,
+        pause_s=float(pause),
+        prompt=prompt,
+        prompt_tokens=prompt_tokens,
+        max_tokens=max_tokens,
+        runs=r.int_("runs", 10, 1, MAX_RUNS) or 10,
+        warmup=r.int_("warmup", 1, 0) or 0,
         api="chat" if api == "chat" else "completions",
         order="blocks" if order == "blocks" else "interleaved",
-        block_size=r.int_("block_size", 2, 1) or 2, seed=r.int_("seed", 0, 0) or 0,
+        block_size=r.int_("block_size", 2, 1) or 2,
+        seed=r.int_("seed", 0, 0) or 0,
         min_effect=parse_effect(raw.get("min_effect", 0.05), "run.min_effect", path),
-        ignore_eos=ignore_eos, timeout_s=float(timeout), deadline_s=float(deadline))
+        ignore_eos=ignore_eos,
+        timeout_s=float(timeout),
+        deadline_s=float(deadline),
+    )
 
 
 def parse_playbook(text: str, path: str = "<playbook>") -> Playbook:
@@ -469,13 +593,22 @@ def parse_playbook(text: str, path: str = "<playbook>") -> Playbook:
     raw_arms = data.get("arm")
     if not isinstance(raw_arms, list) or len(raw_arms) != 2:
         n = len(raw_arms) if isinstance(raw_arms, list) else 0
-        raise PlaybookError(path, "arm", f"an A/B needs exactly two [[arm]] tables "
-                                         f"(A: baseline, B: variant); found {n}")
+        raise PlaybookError(
+            path,
+            "arm",
+            f"an A/B needs exactly two [[arm]] tables (A: baseline, B: variant); found {n}",
+        )
     arms = tuple(_arm(path, raw, i, model) for i, raw in enumerate(raw_arms))
     if arms[0].name == arms[1].name:
         raise PlaybookError(path, "arm[1].name", f"both arms are named {arms[0].name!r}")
-    playbook = Playbook(name=name, description=top.str_("description", "") or "", path=path,
-                        text=text, run=run, arms=(arms[0], arms[1]))
+    playbook = Playbook(
+        name=name,
+        description=top.str_("description", "") or "",
+        path=path,
+        text=text,
+        run=run,
+        arms=(arms[0], arms[1]),
+    )
     for value in _secret_values(playbook):  # a launched server's log may echo them
         register_secret(value)
     return playbook
@@ -493,6 +626,7 @@ def load_playbook(path: str | Path) -> Playbook:
         shipped = shipped_playbooks() / f"{p.name}.toml"
         if shipped.is_file():
             p = shipped
+
     def fail(reason: str) -> PlaybookError:  # a FIFO, a device, a file over the cap
         return PlaybookError(str(path), "", reason)
 
@@ -502,8 +636,11 @@ def load_playbook(path: str | Path) -> Playbook:
     except OSError as exc:
         raise PlaybookError(str(path), "", f"cannot read: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
-        raise PlaybookError(str(path), "", f"not UTF-8 text (TOML must be): byte "
-                                           f"{exc.start} is {exc.object[exc.start]:#04x}") from None
+        raise PlaybookError(
+            str(path),
+            "",
+            f"not UTF-8 text (TOML must be): byte {exc.start} is {exc.object[exc.start]:#04x}",
+        ) from None
     return parse_playbook(text, str(path))
 
 
@@ -515,14 +652,15 @@ def session_arms(session: AbSessionRow) -> tuple[Playbook, list[tuple[str, int]]
     arms = []
     for arm in playbook.arms:
         if arm.name not in session["arms"]:
-            raise ConfigError(f"A/B session {session['id']} has no experiment for arm "
-                              f"{arm.name} (it stopped before its first run)")
+            raise ConfigError(
+                f"A/B session {session['id']} has no experiment for arm "
+                f"{arm.name} (it stopped before its first run)"
+            )
         arms.append((arm.name, int(session["arms"][arm.name])))
     return playbook, arms
 
 
-def session_plan(session: AbSessionRow, min_effect: float | None = None
-                 ) -> SequentialPlan | None:
+def session_plan(session: AbSessionRow, min_effect: float | None = None) -> SequentialPlan | None:
     """A stored session's sequential plan (None: a fixed-N session), optionally re-judged
     at another ``min_effect``; its stop record, when it has one, is ``settings["stop"]``."""
     raw = session["settings"].get("sequential")
@@ -539,8 +677,11 @@ REDACTED = "<redacted>"
 # (OTEL_EXPORTER_OTLP_HEADERS, --otlp-traces-headers, --headers) carry Authorization values.
 # TOKEN is a credential (HF_TOKEN, --hf-token), TOKENS and TOKENIZER are not (MAX_TOKENS,
 # --max-num-batched-tokens, TOKENIZERS_PARALLELISM, --tokenizer).
-_SECRET_NAME = re.compile(r"TOKEN(?!S|IZ)|SECRET|PASSW|API[_-]?KEY|ACCESS[_-]?KEY|CREDENTIAL"
-                          r"|AUTH|HEADER|(^|[_-])(KEY|PASS|PWD)($|[_-])", re.IGNORECASE)
+_SECRET_NAME = re.compile(
+    r"TOKEN(?!S|IZ)|SECRET|PASSW|API[_-]?KEY|ACCESS[_-]?KEY|CREDENTIAL"
+    r"|AUTH|HEADER|(^|[_-])(KEY|PASS|PWD)($|[_-])",
+    re.IGNORECASE,
+)
 # A value that carries a credential whatever its name: an HTTP header with one
 # ("Authorization=Bearer …", '{"Authorization": "Bearer …"}', "x-api-key: …").
 _SECRET_VALUE = re.compile(r"AUTHORIZATION|BEARER\s|API[_-]?KEY\W", re.IGNORECASE)
@@ -575,8 +716,13 @@ def redact_args(args: tuple[str, ...] | list[str]) -> list[str]:
         flag, eq, value = arg.partition("=")
         if eq and flag.startswith("-") and (is_secret_name(flag) or is_secret_value(value)):
             out.append(f"{flag}={REDACTED}")
-        elif i > 0 and args[i - 1].startswith("-") and "=" not in args[i - 1] \
-                and is_secret_name(args[i - 1]) and not arg.startswith("-"):
+        elif (
+            i > 0
+            and args[i - 1].startswith("-")
+            and "=" not in args[i - 1]
+            and is_secret_name(args[i - 1])
+            and not arg.startswith("-")
+        ):
             out.append(REDACTED)
         elif is_secret_value(arg):
             out.append(REDACTED)
@@ -611,12 +757,17 @@ def redacted_arm(arm: Arm) -> RedactedArm:
     """An arm's endpoint and launch as an experiment's server info keeps them: no secrets."""
     launch: ArmLaunch | None = None
     if arm.launch is not None:
-        launch = {"command": arm.launch.command, "args": redact_args(arm.launch.args),
-                  "env": redact_env(arm.launch.env)}
+        launch = {
+            "command": arm.launch.command,
+            "args": redact_args(arm.launch.args),
+            "env": redact_env(arm.launch.env),
+        }
         if arm.launch.pd:
             launch |= {"pd": True, "router": arm.launch.router}
-    doc: RedactedArm = {"endpoint": redact_url(arm.endpoint) if arm.endpoint else None,
-                        "launch": launch}
+    doc: RedactedArm = {
+        "endpoint": redact_url(arm.endpoint) if arm.endpoint else None,
+        "launch": launch,
+    }
     if arm.replicas:
         doc["replicas"] = {t.name: t.shown_url for t in arm.replicas}
     topo = arm.pd_topology
@@ -631,9 +782,11 @@ def _secret_values(playbook: Playbook) -> set[str]:
         if arm.launch is None:
             continue
         values |= {v for k, v in arm.launch.env.items() if _secret_env(k, v) and v}
-        values |= {raw.partition("=")[2] if "=" in raw and red.endswith(REDACTED) else raw
-                   for raw, red in zip(arm.launch.args, redact_args(arm.launch.args))
-                   if raw != red}
+        values |= {
+            raw.partition("=")[2] if "=" in raw and red.endswith(REDACTED) else raw
+            for raw, red in zip(arm.launch.args, redact_args(arm.launch.args))
+            if raw != red
+        }
     return {v for v in values if v and v != REDACTED}
 
 
@@ -663,13 +816,17 @@ def restore_secrets(playbook: Playbook, environ: Mapping[str, str] | None = None
         for name, value in env.items():
             if value == REDACTED:
                 if name not in environ:
-                    raise ConfigError(f"arm {arm.name}: {name} is a secret the store does not "
-                                      f"keep: set {name} in the environment to resume")
+                    raise ConfigError(
+                        f"arm {arm.name}: {name} is a secret the store does not "
+                        f"keep: set {name} in the environment to resume"
+                    )
                 env[name] = environ[name]
                 register_secret(env[name])
         if arm.launch is not None and any(REDACTED in a for a in arm.launch.args):
-            raise ConfigError(f"arm {arm.name}: a secret launch argument is not kept in the "
-                              f"store, so this session cannot be resumed; pass secrets "
-                              f"through the launch env (e.g. VLLM_API_KEY) instead")
+            raise ConfigError(
+                f"arm {arm.name}: a secret launch argument is not kept in the "
+                f"store, so this session cannot be resumed; pass secrets "
+                f"through the launch env (e.g. VLLM_API_KEY) instead"
+            )
         arms.append(replace(arm, launch=replace(arm.launch, env=env)) if arm.launch else arm)
     return replace(playbook, arms=(arms[0], arms[1]))

@@ -25,8 +25,17 @@ from phaseprobe.sources.query_catalog import (
     spellings,
 )
 
-__all__ = ["DEFAULT_TOKEN_ENV", "NamedQueries", "NamedResult", "Query", "load_catalog",
-           "metric_names", "named_queries", "newest_name", "spellings"]
+__all__ = [
+    "DEFAULT_TOKEN_ENV",
+    "NamedQueries",
+    "NamedResult",
+    "Query",
+    "load_catalog",
+    "metric_names",
+    "named_queries",
+    "newest_name",
+    "spellings",
+]
 
 
 @dataclass(frozen=True)
@@ -41,37 +50,63 @@ class NamedQueries:
         """The server's URL as it may be shown (no credentials)."""
         return self.client.shown_url
 
-    def instant(self, queries: Sequence[Query], *, selector: str, window: str,
-                at: float | None) -> list[NamedResult | EmptyResult]:
+    def instant(
+        self, queries: Sequence[Query], *, selector: str, window: str, at: float | None
+    ) -> list[NamedResult | EmptyResult]:
         """Each query at ``at`` (unix s; None: now)."""
-        return _each(queries, lambda q: self.client.run(q, selector=selector, window=window,
-                                                        at=at, names=self.names))
+        return _each(
+            queries,
+            lambda q: self.client.run(q, selector=selector, window=window, at=at, names=self.names),
+        )
 
-    def ranged(self, queries: Sequence[Query], *, start: float, end: float,
-               step: float | str, selector: str, window: str
-               ) -> list[NamedResult | EmptyResult]:
+    def ranged(
+        self,
+        queries: Sequence[Query],
+        *,
+        start: float,
+        end: float,
+        step: float | str,
+        selector: str,
+        window: str,
+    ) -> list[NamedResult | EmptyResult]:
         """Each query from ``start`` to ``end`` (unix s) at ``step``."""
-        return _each(queries, lambda q: self.client.run_range(
-            q, start=start, end=end, step=step, selector=selector, window=window,
-            names=self.names))
+        return _each(
+            queries,
+            lambda q: self.client.run_range(
+                q,
+                start=start,
+                end=end,
+                step=step,
+                selector=selector,
+                window=window,
+                names=self.names,
+            ),
+        )
 
 
 @contextmanager
-def named_queries(url: str, *, token_env: str | None = None, insecure: bool = False,
-                  ca_bundle: str | None = None, timeout_s: float = 10.0
-                  ) -> Iterator[NamedQueries]:
+def named_queries(
+    url: str,
+    *,
+    token_env: str | None = None,
+    insecure: bool = False,
+    ca_bundle: str | None = None,
+    timeout_s: float = 10.0,
+) -> Iterator[NamedQueries]:
     """The Prometheus at ``url``, open for named queries; closed on leaving. The bearer token
     comes from ``token_env`` (it must be set), else from :data:`DEFAULT_TOKEN_ENV` when set."""
     if token_env and token_env not in os.environ:
         raise ConfigError(f"--token-env {token_env}: that environment variable is not set")
     verify: bool | str = False if insecure else (ca_bundle or True)
-    with PrometheusClient(url, token_env=token_env or DEFAULT_TOKEN_ENV, verify=verify,
-                          timeout_s=timeout_s) as client:
+    with PrometheusClient(
+        url, token_env=token_env or DEFAULT_TOKEN_ENV, verify=verify, timeout_s=timeout_s
+    ) as client:
         yield NamedQueries(client, client.names_map())
 
 
-def _each(queries: Sequence[Query], run: Callable[[Query], NamedResult]
-          ) -> list[NamedResult | EmptyResult]:
+def _each(
+    queries: Sequence[Query], run: Callable[[Query], NamedResult]
+) -> list[NamedResult | EmptyResult]:
     """Several queries: an empty one is reported beside the others. A single one: its
     EmptyResult is the command's error."""
     results: list[NamedResult | EmptyResult] = []

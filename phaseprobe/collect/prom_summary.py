@@ -19,8 +19,14 @@ from phaseprobe.errors import EmptyResult, PhaseprobeError
 from phaseprobe.records import Run, ServerPhases
 from phaseprobe.sources.prometheus import PrometheusClient, phase_means
 
-__all__ = ["PromComparison", "PromSummaryDoc", "PromSidecar", "compare_with_prometheus",
-           "direct_means", "wait_for_scrape"]
+__all__ = [
+    "PromComparison",
+    "PromSummaryDoc",
+    "PromSidecar",
+    "compare_with_prometheus",
+    "direct_means",
+    "wait_for_scrape",
+]
 
 # PromQL query name → the direct-scrape ServerPhases field it should match.
 _DIRECT_FIELD = {
@@ -57,9 +63,14 @@ class PromComparison:
     disagreements: list[str] = field(default_factory=list)
 
     def to_dict(self) -> PromSummaryDoc:
-        return {"url": self.url, "selector": self.selector, "window_s": self.window_s,
-                "prometheus": self.prometheus, "direct": self.direct,
-                "disagreements": self.disagreements}
+        return {
+            "url": self.url,
+            "selector": self.selector,
+            "window_s": self.window_s,
+            "prometheus": self.prometheus,
+            "direct": self.direct,
+            "disagreements": self.disagreements,
+        }
 
 
 def direct_means(runs: Sequence[Run]) -> dict[str, float | None]:
@@ -74,8 +85,9 @@ def direct_means(runs: Sequence[Run]) -> dict[str, float | None]:
     return out
 
 
-def _disagreements(prom: dict[str, float | None], direct: dict[str, float | None],
-                   rel_tol: float, abs_tol_s: float) -> list[str]:
+def _disagreements(
+    prom: dict[str, float | None], direct: dict[str, float | None], rel_tol: float, abs_tol_s: float
+) -> list[str]:
     notes = []
     for name, p in prom.items():
         d = direct.get(name)
@@ -92,14 +104,21 @@ def _disagreements(prom: dict[str, float | None], direct: dict[str, float | None
     return notes
 
 
-def wait_for_scrape(client: PrometheusClient, *, after: float, selector: str,
-                    wait_s: float = 60.0, now: Callable[[], float] = time.time,
-                    sleep: Callable[[float], None] = time.sleep) -> float:
+def wait_for_scrape(
+    client: PrometheusClient,
+    *,
+    after: float,
+    selector: str,
+    wait_s: float = 60.0,
+    now: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] = time.sleep,
+) -> float:
     """Block until Prometheus holds a sample of the server scraped at or after ``after`` (unix
     s); return that sample's timestamp."""
     names = client.names_map()
-    metric = names.get("vllm:e2e_request_latency_seconds_count",
-                       "vllm:e2e_request_latency_seconds_count")
+    metric = names.get(
+        "vllm:e2e_request_latency_seconds_count", "vllm:e2e_request_latency_seconds_count"
+    )
     latest = f"max(timestamp({metric}{{{selector}}}))"
     deadline = now() + wait_s
     while True:
@@ -108,15 +127,22 @@ def wait_for_scrape(client: PrometheusClient, *, after: float, selector: str,
         if stamp >= after:  # NaN compares False: keep waiting
             return stamp
         if now() >= deadline:
-            raise EmptyResult(client.shown_url,
-                              f"a scrape after the experiment within {wait_s:g} s", selector)
+            raise EmptyResult(
+                client.shown_url, f"a scrape after the experiment within {wait_s:g} s", selector
+            )
         sleep(0.5)
 
 
 def compare_with_prometheus(
-    client: PrometheusClient, runs: Sequence[Run], *, selector: str, wait_s: float = 60.0,
-    rel_tol: float = 0.02, abs_tol_s: float = 0.0005,
-    now: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
+    client: PrometheusClient,
+    runs: Sequence[Run],
+    *,
+    selector: str,
+    wait_s: float = 60.0,
+    rel_tol: float = 0.02,
+    abs_tol_s: float = 0.0005,
+    now: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> PromComparison:
     """Wait for a scrape after the experiment, then compare PromQL means with the direct ones.
 
@@ -131,13 +157,19 @@ def compare_with_prometheus(
         raise EmptyResult(client.shown_url, "a probe run to summarise", selector)
     first_sent = min(c.sent_wall_ns for c in timed) / 1e9
     # Every run's histograms were observed by the direct scrape before now().
-    stamp = wait_for_scrape(client, after=now(), selector=selector, wait_s=wait_s, now=now,
-                            sleep=sleep)
+    stamp = wait_for_scrape(
+        client, after=now(), selector=selector, wait_s=wait_s, now=now, sleep=sleep
+    )
     prom = phase_means(client, first_sent=first_sent, end=stamp, selector=selector)
     direct = direct_means(runs)
-    return PromComparison(url=client.shown_url, selector=selector, window_s=stamp - first_sent,
-                          prometheus=prom, direct=direct,
-                          disagreements=_disagreements(prom, direct, rel_tol, abs_tol_s))
+    return PromComparison(
+        url=client.shown_url,
+        selector=selector,
+        window_s=stamp - first_sent,
+        prometheus=prom,
+        direct=direct,
+        disagreements=_disagreements(prom, direct, rel_tol, abs_tol_s),
+    )
 
 
 class PromSidecar:
@@ -153,16 +185,18 @@ class PromSidecar:
     def before_runs(self) -> None:
         """After the warm-ups: wait for a scrape, so the experiment's window excludes them."""
         try:
-            wait_for_scrape(self.client, after=time.time(), selector=self.selector,
-                            wait_s=self.wait_s)
+            wait_for_scrape(
+                self.client, after=time.time(), selector=self.selector, wait_s=self.wait_s
+            )
         except PhaseprobeError as exc:
             self.error = str(exc)
 
     def finish(self, runs: Sequence[Run]) -> PromSummaryDoc:
         if self.error is None:
             try:
-                return compare_with_prometheus(self.client, runs, selector=self.selector,
-                                               wait_s=self.wait_s).to_dict()
+                return compare_with_prometheus(
+                    self.client, runs, selector=self.selector, wait_s=self.wait_s
+                ).to_dict()
             except PhaseprobeError as exc:
                 self.error = str(exc)
         return {"url": self.client.shown_url, "selector": self.selector, "error": self.error}

@@ -45,8 +45,16 @@ class BuiltPrompt:
 class PromptBuilder:
     """Builds run prompts; ``session``/``headers`` are the collector's, so auth applies."""
 
-    def __init__(self, base_url: str, model: str, *, session: requests.Session,
-                 headers: dict[str, str], seed: int = 0, timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        session: requests.Session,
+        headers: dict[str, str],
+        seed: int = 0,
+        timeout_s: float = 10.0,
+    ) -> None:
         self.url = base_url.rstrip("/") + "/tokenize"
         self.model = model
         self.session = session
@@ -58,13 +66,22 @@ class PromptBuilder:
     def _count(self, text: str) -> int | None:
         if self.tokenize_available is False:
             return None
-        doc = small_json(self.session, "POST", self.url, headers=self.headers,
-                         timeout_s=self.timeout_s, body={"model": self.model, "prompt": text})
+        doc = small_json(
+            self.session,
+            "POST",
+            self.url,
+            headers=self.headers,
+            timeout_s=self.timeout_s,
+            body={"model": self.model, "prompt": text},
+        )
         count = doc.get("count") if isinstance(doc, dict) else None
         # A token count is a whole number no larger than the text could hold (bytes + BOS):
         # "12", 1e9, true or -1 mean this is not vLLM's /tokenize.
-        if not (isinstance(count, int) and not isinstance(count, bool)
-                and 0 <= count <= len(text.encode()) + 16):
+        if not (
+            isinstance(count, int)
+            and not isinstance(count, bool)
+            and 0 <= count <= len(text.encode()) + 16
+        ):
             count = None
         self.tokenize_available = count is not None
         return count

@@ -95,8 +95,9 @@ class Session:
     ``sampler``, ``sidecar``, ``capture``, ``span_wait_s``, ``span_reader`` (``spans_from``
     opened), ``peaks_choice``, ``local``."""
 
-    def __init__(self, options: SessionOptions, notices: Notices, *,
-                 store: Store | None = None) -> None:
+    def __init__(
+        self, options: SessionOptions, notices: Notices, *, store: Store | None = None
+    ) -> None:
         """``store``: one the caller keeps open (an A/B session's arms share it); else the
         session opens ``options.store_path`` and closes it on exit."""
         self.options = options
@@ -145,20 +146,34 @@ class Session:
         span_url = self._span_receiver()
         profile_dir = o.torch_profile_dir.resolve() if o.torch_profile_dir else None
         trace_args, trace_env = tracing_launch(span_url if self.local else None)
-        self.endpoint = endpoint_or_local(o.endpoint, self._stack, self.notices,
-                                          [*profiler_args(profile_dir), *trace_args],
-                                          trace_env)
+        self.endpoint = endpoint_or_local(
+            o.endpoint,
+            self._stack,
+            self.notices,
+            [*profiler_args(profile_dir), *trace_args],
+            trace_env,
+        )
         if profile_dir is not None and not self.local:
             profile_dir = self._server_profile_dir(profile_dir)
-        self.models = endpoint_models(self.endpoint, self.api_key,  # the one /v1/models call
-                                      timeout_s=o.timeout_s, deadline_s=o.deadline_s)
-        self.model = served_model(self.endpoint, self.api_key, o.model, option=o.model_option,
-                                  models=self.models)
+        self.models = endpoint_models(
+            self.endpoint,
+            self.api_key,  # the one /v1/models call
+            timeout_s=o.timeout_s,
+            deadline_s=o.deadline_s,
+        )
+        self.model = served_model(
+            self.endpoint, self.api_key, o.model, option=o.model_option, models=self.models
+        )
         if self.peaks_choice is None and self.local:
             self.peaks_choice = self._local_peaks()
-        for warning in preflight(self.endpoint, self.api_key, self.peaks_choice,
-                                 o.model_config, force=o.force_model_config,
-                                 models=self.models):
+        for warning in preflight(
+            self.endpoint,
+            self.api_key,
+            self.peaks_choice,
+            o.model_config,
+            force=o.force_model_config,
+            models=self.models,
+        ):
             self.notices.warn(warning)
         if self._store is None:
             self._store = self._stack.enter_context(Store(o.store_path))
@@ -186,26 +201,29 @@ class Session:
         from phaseprobe.local.server import LOCAL_BSP_DELAY_MS
 
         delay = LOCAL_BSP_DELAY_MS / 1000 if self.local else DEFAULT_BSP_DELAY_S
-        self.span_wait_s = o.span_wait_s if o.span_wait_s is not None \
-            else delay + SPAN_WAIT_MARGIN_S
+        self.span_wait_s = (
+            o.span_wait_s if o.span_wait_s is not None else delay + SPAN_WAIT_MARGIN_S
+        )
         # The local vLLM exports to a port of our choosing; a user's vLLM to the fixed ones.
         grpc_addr = ("127.0.0.1", 0) if self.local else parse_listen(o.otlp_grpc, "--otlp-grpc")
         http_addr = None if self.local else parse_listen(o.otlp_http, "--otlp-http")
         sink = SpanSink(o.store_path)
         self._stack.callback(sink.close)
         try:
-            receiver = self._stack.enter_context(SpanReceiver(sink, http=http_addr,
-                                                              grpc=grpc_addr))
+            receiver = self._stack.enter_context(SpanReceiver(sink, http=http_addr, grpc=grpc_addr))
         except ConfigError as exc:
             if self.local:
                 raise
-            self.notices.detail(f"span receiver not started ({exc}): the runs' spans are read "
-                                f"from the store, written by the receiver already listening "
-                                f"there")
+            self.notices.detail(
+                f"span receiver not started ({exc}): the runs' spans are read "
+                f"from the store, written by the receiver already listening "
+                f"there"
+            )
             return None
         if not self.local:
-            self.notices.detail(f"receiving vLLM spans on {receiver.grpc_url} (gRPC) and "
-                                f"{receiver.http_url} (HTTP)")
+            self.notices.detail(
+                f"receiving vLLM spans on {receiver.grpc_url} (gRPC) and {receiver.http_url} (HTTP)"
+            )
         return receiver.grpc_url
 
     def _span_store(self) -> None:
@@ -220,15 +238,20 @@ class Session:
 
         o = self.options  # spans_from turns spans on, whatever ``spans`` says
         if self.local:
-            raise ConfigError("--spans-from reads the spans of your fleet's vLLM: give "
-                              "--endpoint (the local vLLM exports to phaseprobe's own "
-                              "receiver, no --spans-from needed)")
-        self.span_reader = self._stack.enter_context(open_spans(o.spans_from,
-                                                                Path(o.store_path)))
-        self.span_wait_s = o.span_wait_s if o.span_wait_s is not None \
+            raise ConfigError(
+                "--spans-from reads the spans of your fleet's vLLM: give "
+                "--endpoint (the local vLLM exports to phaseprobe's own "
+                "receiver, no --spans-from needed)"
+            )
+        self.span_reader = self._stack.enter_context(open_spans(o.spans_from, Path(o.store_path)))
+        self.span_wait_s = (
+            o.span_wait_s
+            if o.span_wait_s is not None
             else DEFAULT_BSP_DELAY_S + SPAN_WAIT_MARGIN_S + COLLECTOR_MARGIN_S
-        self.notices.detail(f"the runs' spans are read from {self.span_reader.where} (no "
-                            "receiver started)")
+        )
+        self.notices.detail(
+            f"the runs' spans are read from {self.span_reader.where} (no receiver started)"
+        )
 
     def _local_peaks(self) -> str | None:
         """The local vLLM runs on this machine's CPU: its measured peaks set the roofline.
@@ -240,12 +263,15 @@ class Session:
         if not self.options.calibrate_local:
             return None
         try:
-            with self.notices.waiting("measuring this machine's peaks once for the roofline "
-                                      "(cached for later probes)…"):
+            with self.notices.waiting(
+                "measuring this machine's peaks once for the roofline (cached for later probes)…"
+            ):
                 cal = calibrate.run_benchmark("cpu")
         except (calibrate.CalibrationError, ConfigError) as exc:
-            self.notices.warn(f"no roofline: measuring this machine's peaks failed ({exc}); "
-                              f"`phaseprobe calibrate` says more")
+            self.notices.warn(
+                f"no roofline: measuring this machine's peaks failed ({exc}); "
+                f"`phaseprobe calibrate` says more"
+            )
             return None
         path = calibrate.save(cal)
         self.notices.detail(f"peaks measured and cached in {path}")
@@ -259,11 +285,12 @@ class Session:
         from phaseprobe.local import detached
 
         state = detached.read_state(detached.default_state_path())
-        if state is not None and state.profile_dir and \
-                state.base_url.rstrip("/") == self.endpoint:
+        if state is not None and state.profile_dir and state.base_url.rstrip("/") == self.endpoint:
             if Path(state.profile_dir).resolve() != asked:
-                self.notices.detail(f"the local vLLM's profiler writes to {state.profile_dir}: "
-                                    f"reading its traces there")
+                self.notices.detail(
+                    f"the local vLLM's profiler writes to {state.profile_dir}: "
+                    f"reading its traces there"
+                )
             return Path(state.profile_dir).resolve()
         return asked
 
@@ -273,10 +300,8 @@ class Session:
 
         o = self.options
         assert o.prom_url is not None
-        selector = o.prom_selector if o.prom_selector is not None \
-            else f'model_name="{self.model}"'
-        client = self._stack.enter_context(PrometheusClient(o.prom_url,
-                                                            token_env=o.prom_token_env))
+        selector = o.prom_selector if o.prom_selector is not None else f'model_name="{self.model}"'
+        client = self._stack.enter_context(PrometheusClient(o.prom_url, token_env=o.prom_token_env))
         return PromSidecar(client, selector=selector, wait_s=o.prom_wait_s)
 
     def _gpu_sampler(self) -> GpuSampler | None:
@@ -323,17 +348,24 @@ class Session:
             with self.notices.waiting("waiting for Prometheus to scrape after the last run…"):
                 report.prometheus = self.sidecar.finish(result.runs)
             if "error" in report.prometheus:  # the runs are stored; only the summary is missing
-                self.notices.warn(f"Prometheus summary unavailable: "
-                                  f"{report.prometheus['error']}")
-        report.efficiency = efficiency_report(result.runs, result.server_info,
-                                              peaks_choice=self.peaks_choice,
-                                              model_config=o.model_config,
-                                              force=o.force_model_config)
-        self.store.add_analysis("efficiency", str(report.efficiency.get("peaks") or "skipped"),
-                                report.efficiency, result.experiment_id)
+                self.notices.warn(f"Prometheus summary unavailable: {report.prometheus['error']}")
+        report.efficiency = efficiency_report(
+            result.runs,
+            result.server_info,
+            peaks_choice=self.peaks_choice,
+            model_config=o.model_config,
+            force=o.force_model_config,
+        )
+        self.store.add_analysis(
+            "efficiency",
+            str(report.efficiency.get("peaks") or "skipped"),
+            report.efficiency,
+            result.experiment_id,
+        )
         if self.sampler is not None:
-            report.kv_reservation = kv_reservation_report(self.store, result,
-                                                          model_config=o.model_config)
+            report.kv_reservation = kv_reservation_report(
+                self.store, result, model_config=o.model_config
+            )
         report.shared = self._shared_context(result.runs)
         return report
 

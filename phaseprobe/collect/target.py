@@ -19,8 +19,14 @@ from phaseprobe.errors import ConfigError
 from phaseprobe.redact import header_secret_problem, redact_url, register_secret
 from phaseprobe.sources.vllm.openai_stream import normalize_base_url
 
-__all__ = ["DEFAULT_KEY_VARS", "api_key_from_env", "endpoint_or_local", "served_model",
-           "endpoint_models", "normalize_base_url"]
+__all__ = [
+    "DEFAULT_KEY_VARS",
+    "api_key_from_env",
+    "endpoint_or_local",
+    "served_model",
+    "endpoint_models",
+    "normalize_base_url",
+]
 
 # Looked at in this order when no --api-key-env is given.
 DEFAULT_KEY_VARS = ("OPENAI_API_KEY", "VLLM_API_KEY")
@@ -36,8 +42,7 @@ def api_key_from_env(var: str | None) -> str | None:
             raise ConfigError(f"--api-key-env {var}: that environment variable is not set")
         name, key = var, os.environ[var]
     else:
-        found = next(((v, os.environ[v]) for v in DEFAULT_KEY_VARS if os.environ.get(v)),
-                     None)
+        found = next(((v, os.environ[v]) for v in DEFAULT_KEY_VARS if os.environ.get(v)), None)
         if found is None:
             return None
         name, key = found
@@ -48,9 +53,13 @@ def api_key_from_env(var: str | None) -> str | None:
     return key
 
 
-def endpoint_or_local(endpoint: str | None, stack: ExitStack, notices: Notices,
-                      extra_args: Sequence[str] = (),
-                      extra_env: dict[str, str] | None = None) -> str:
+def endpoint_or_local(
+    endpoint: str | None,
+    stack: ExitStack,
+    notices: Notices,
+    extra_args: Sequence[str] = (),
+    extra_env: dict[str, str] | None = None,
+) -> str:
     """``endpoint``, or start the local CPU vLLM with the tiny model (installing it on first
     use) inside ``stack``, which stops it on exit, Ctrl-C or error."""
     if endpoint is not None:
@@ -62,15 +71,21 @@ def endpoint_or_local(endpoint: str | None, stack: ExitStack, notices: Notices,
     venv = install(progress=notices.detail)
     ensure_model(venv=venv)
     with notices.waiting("starting local vLLM (about 30 s on 2 cores)…"):
-        server = stack.enter_context(LocalVllm(venv=venv, extra_args=extra_args,
-                                               extra_env=extra_env))
+        server = stack.enter_context(
+            LocalVllm(venv=venv, extra_args=extra_args, extra_env=extra_env)
+        )
     stack.enter_context(stop_with_parent(server.pid))  # stopped even after a kill -9
     notices.info(f"local vLLM ready at {server.base_url} (log: {server.log_path})")
     return server.base_url
 
 
-def endpoint_models(endpoint: str, api_key: str | None, *, timeout_s: float | None = None,
-                    deadline_s: float | None = None) -> list[dict[str, Any]]:
+def endpoint_models(
+    endpoint: str,
+    api_key: str | None,
+    *,
+    timeout_s: float | None = None,
+    deadline_s: float | None = None,
+) -> list[dict[str, Any]]:
     """``/v1/models`` of the endpoint, validated (raises EndpointUnreachable before any run).
     A probe asks once and hands the list on, to the model check, the preflight and the run.
     ``timeout_s``/``deadline_s``: the probe's own, which shorten the preflight's limits."""
@@ -79,13 +94,22 @@ def endpoint_models(endpoint: str, api_key: str | None, *, timeout_s: float | No
     from phaseprobe.sources.vllm.openai_stream import PREFLIGHT_TIMEOUT_S, check_endpoint
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    return check_endpoint(normalize_base_url(endpoint), session=requests.Session(),
-                          headers=headers, timeout_s=timeout_s or PREFLIGHT_TIMEOUT_S,
-                          deadline_s=deadline_s)
+    return check_endpoint(
+        normalize_base_url(endpoint),
+        session=requests.Session(),
+        headers=headers,
+        timeout_s=timeout_s or PREFLIGHT_TIMEOUT_S,
+        deadline_s=deadline_s,
+    )
 
 
-def served_model(endpoint: str, api_key: str | None, model: str | None,
-                 option: str = "--model", models: list[dict[str, Any]] | None = None) -> str:
+def served_model(
+    endpoint: str,
+    api_key: str | None,
+    model: str | None,
+    option: str = "--model",
+    models: list[dict[str, Any]] | None = None,
+) -> str:
     """``model`` if the endpoint serves it, else a ConfigError listing what it serves; the
     first listed model when ``model`` is None. Checked before any run: a wrong name would
     otherwise become a whole experiment of 404 error runs. ``models``: the endpoint's
@@ -99,6 +123,8 @@ def served_model(endpoint: str, api_key: str | None, model: str | None,
     if model is None:
         return served[0]
     if model not in served:
-        raise ConfigError(f"{option} {model!r} is not served at {redact_url(endpoint)} (it "
-                          f"serves: {', '.join(served)})")
+        raise ConfigError(
+            f"{option} {model!r} is not served at {redact_url(endpoint)} (it "
+            f"serves: {', '.join(served)})"
+        )
     return model

@@ -37,8 +37,7 @@ from phaseprobe.errors import ConfigError, MetricsUnavailable
 from phaseprobe.records import RequestSpan
 from phaseprobe.redact import redact_url
 
-__all__ = ["FinishedCounter", "ReplicaCounters", "open_replica_counters",
-           "DEFAULT_MIN_INTERVAL_S"]
+__all__ = ["FinishedCounter", "ReplicaCounters", "open_replica_counters", "DEFAULT_MIN_INTERVAL_S"]
 
 DEFAULT_MIN_INTERVAL_S = 2.0  # at most one scrape per counter this often (a view refresh)
 _KEPT_PAGES = 600  # /metrics pages kept per counter for the KV path: 20 min at one per 2 s
@@ -54,13 +53,19 @@ class FinishedCounter:
     to scraping ``base_url``'s ``/metrics``, and then ``page`` (the last read's whole page, for
     the KV path) to that scrape's. ``clock_ns`` and ``monotonic`` are injectable."""
 
-    def __init__(self, base_url: str, *, replica: str | None = None,
-                 read: Callable[[], float | None] | None = None,
-                 timeout_s: float = _TIMEOUT_S, min_interval_s: float = DEFAULT_MIN_INTERVAL_S,
-                 clock_ns: Callable[[], int] = time.time_ns,
-                 monotonic: Callable[[], float] = time.monotonic,
-                 identity: Callable[[], object] | None = None,
-                 page: Callable[[], MetricSnapshot | None] | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        replica: str | None = None,
+        read: Callable[[], float | None] | None = None,
+        timeout_s: float = _TIMEOUT_S,
+        min_interval_s: float = DEFAULT_MIN_INTERVAL_S,
+        clock_ns: Callable[[], int] = time.time_ns,
+        monotonic: Callable[[], float] = time.monotonic,
+        identity: Callable[[], object] | None = None,
+        page: Callable[[], MetricSnapshot | None] | None = None,
+    ) -> None:
         self.replica = replica
         self.shown_url = redact_url(base_url)
         if read is None:
@@ -93,8 +98,9 @@ class FinishedCounter:
             self.why_unknown = f"its /metrics did not answer: {exc}"
             return None
         if value is None:
-            self.why_unknown = ("its /metrics has no vllm:request_success_total (not a vLLM "
-                                "server, or the router)")
+            self.why_unknown = (
+                "its /metrics has no vllm:request_success_total (not a vLLM server, or the router)"
+            )
             return None
         self.why_unknown = None
         return value
@@ -102,8 +108,11 @@ class FinishedCounter:
     def refresh(self, *, force: bool = False) -> None:
         """Read the counter, unless it was read less than ``min_interval_s`` ago."""
         now = self._monotonic()
-        if not force and self._last_read is not None \
-                and now - self._last_read < self._min_interval_s:
+        if (
+            not force
+            and self._last_read is not None
+            and now - self._last_read < self._min_interval_s
+        ):
             return
         self._last_read = now
         at_ns = self._clock_ns()  # before the scrape: a request ending during it has its span
@@ -117,12 +126,14 @@ class FinishedCounter:
         elif self._high is not None and value < self._high:
             self.notes.append(
                 f"{self._who()}'s finished-request counter went back from "
-                f"{self._high:.0f} to {value:.0f} (a restart): counted again from then")
+                f"{self._high:.0f} to {value:.0f} (a restart): counted again from then"
+            )
             self._restart(value, at_ns)
         elif process is not None and self._process is not None and process != self._process:
             self.notes.append(
                 f"{self._who()}'s /metrics now comes from another process (a restart): its "
-                f"counter is counted again from {value:.0f}")
+                f"counter is counted again from {value:.0f}"
+            )
             self._restart(value, at_ns)
         self._high = value
         page = self._page()
@@ -163,8 +174,11 @@ class FinishedCounter:
         if self.start_ns is None:
             return 0
         start_ns = self.start_ns
-        return sum(1 for s in spans if s.end_ns >= start_ns
-                   and (self.replica is None or span_replica(s) == self.replica))
+        return sum(
+            1
+            for s in spans
+            if s.end_ns >= start_ns and (self.replica is None or span_replica(s) == self.replica)
+        )
 
     def loss(self, spans: Sequence[RequestSpan], *, force: bool = False) -> SpanLoss:
         """Spans received against the counter's increase since the baseline (re-read first,
@@ -175,9 +189,11 @@ class FinishedCounter:
     def current_loss(self, spans: Sequence[RequestSpan]) -> SpanLoss:
         """The loss as of the latest reading (no new read)."""
         if self.start is None or self.last is None:
-            return span_loss(sum(1 for s in spans if self.replica is None
-                                 or span_replica(s) == self.replica), None,
-                             unknown_reason=self.why_unknown)
+            return span_loss(
+                sum(1 for s in spans if self.replica is None or span_replica(s) == self.replica),
+                None,
+                unknown_reason=self.why_unknown,
+            )
         return span_loss(self.received(spans), self.last - self.start)
 
 
@@ -195,8 +211,7 @@ class ReplicaCounters:
     def notes(self) -> list[str]:
         return [n for c in self.counters.values() for n in c.notes]
 
-    def losses(self, spans: Sequence[RequestSpan], *, force: bool = False
-               ) -> dict[str, SpanLoss]:
+    def losses(self, spans: Sequence[RequestSpan], *, force: bool = False) -> dict[str, SpanLoss]:
         """Replica name → its span loss (counters re-read as :meth:`FinishedCounter.loss`).
         The due counters are read side by side: replicas that hang then hold a view refresh
         one timeout, not one each in turn (each counter has its own scraper and clock)."""
@@ -214,9 +229,12 @@ class ReplicaCounters:
         return {name: c.shown_url for name, c in self.counters.items()}
 
 
-def open_replica_counters(values: Sequence[str] | None, *,
-                          session: requests.Session | None = None,
-                          timeout_s: float = _TIMEOUT_S) -> ReplicaCounters | None:
+def open_replica_counters(
+    values: Sequence[str] | None,
+    *,
+    session: requests.Session | None = None,
+    timeout_s: float = _TIMEOUT_S,
+) -> ReplicaCounters | None:
     """``--replica [NAME=]URL`` values → their counters, each read once now (None: none given).
 
     Raises ConfigError for a bad or repeated value, and for a URL that answers like a
@@ -228,8 +246,11 @@ def open_replica_counters(values: Sequence[str] | None, *,
     http = session or requests.Session()
     for t in targets:
         if is_router(t.url, http, {}):
-            raise ConfigError(f"--replica {t.name}={t.shown_url} answers like a vllm-router "
-                              "(it serves /list_workers), not a vLLM replica: give the URLs of "
-                              "the replicas behind it, each with its own /metrics")
-    return ReplicaCounters([FinishedCounter(t.url, replica=t.name, timeout_s=timeout_s)
-                            for t in targets])
+            raise ConfigError(
+                f"--replica {t.name}={t.shown_url} answers like a vllm-router "
+                "(it serves /list_workers), not a vLLM replica: give the URLs of "
+                "the replicas behind it, each with its own /metrics"
+            )
+    return ReplicaCounters(
+        [FinishedCounter(t.url, replica=t.name, timeout_s=timeout_s) for t in targets]
+    )

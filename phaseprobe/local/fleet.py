@@ -25,8 +25,16 @@ from phaseprobe.local.router import LocalRouter, require_router
 from phaseprobe.local.server import DEFAULT_SERVED_NAME, LocalVllm, tracing_launch
 from phaseprobe.local.venv import ensure_model, require_venv
 
-__all__ = ["DEFAULT_FLEET_SERVICE", "Launches", "LocalFleet", "pinned_vllm", "replica_env",
-           "replica_core", "replica_names", "stop_group"]
+__all__ = [
+    "DEFAULT_FLEET_SERVICE",
+    "Launches",
+    "LocalFleet",
+    "pinned_vllm",
+    "replica_env",
+    "replica_core",
+    "replica_names",
+    "stop_group",
+]
 
 # One service, many instances: how a real fleet reports itself (the replicas are the same
 # deployment, told apart by service.instance.id), and the name the single local vLLM uses.
@@ -101,8 +109,9 @@ def _stop_quietly(servers: Iterable[LocalVllm]) -> None:
             server.stop()
 
 
-def stop_group(launches: Launches, servers: Mapping[str, LocalVllm],
-               router: LocalRouter | None) -> list[BaseException]:
+def stop_group(
+    launches: Launches, servers: Mapping[str, LocalVllm], router: LocalRouter | None
+) -> list[BaseException]:
     """Stop a group of local vLLMs and the router in front: starts still under way in other
     threads (Ctrl-C during a start) are waited for, so none survives (no new start begins,
     each started one is stopped, which makes its start fail fast, and one whose process came
@@ -122,10 +131,19 @@ def stop_group(launches: Launches, servers: Mapping[str, LocalVllm],
     return failures
 
 
-def pinned_vllm(model_dir: Path, *, core: int | None, otlp_grpc_url: str | None,
-                identity_env: Mapping[str, str], extra_env: Mapping[str, str],
-                extra_args: Sequence[str], venv: Path | None, served_name: str,
-                log_dir: Path | None, startup_timeout: float) -> LocalVllm:
+def pinned_vllm(
+    model_dir: Path,
+    *,
+    core: int | None,
+    otlp_grpc_url: str | None,
+    identity_env: Mapping[str, str],
+    extra_env: Mapping[str, str],
+    extra_args: Sequence[str],
+    venv: Path | None,
+    served_name: str,
+    log_dir: Path | None,
+    startup_timeout: float,
+) -> LocalVllm:
     """One local vLLM of a fleet or a P/D pair: exporting its spans (when ``otlp_grpc_url``)
     with ``identity_env`` (its service.instance.id), and its CPU worker bound to ``core``
     unless the caller's ``extra_env`` binds it itself."""
@@ -264,8 +282,10 @@ class LocalFleet(Lifecycle):
         # affinity is what the replica inherits (see _start_on).
         pool = ThreadPoolExecutor(max_workers=len(servers) if self._parallel else 1)
         try:
-            futures = {name: pool.submit(self._start_on, name, server, launches)
-                       for name, server in servers.items()}
+            futures = {
+                name: pool.submit(self._start_on, name, server, launches)
+                for name, server in servers.items()
+            }
             wait(futures.values())
         finally:
             # On Ctrl-C, replicas still queued never start; stop() ends those under way.
@@ -297,4 +317,3 @@ class LocalFleet(Lifecycle):
         self.servers = {}
         if failures:
             raise failures[0]
-

@@ -250,10 +250,22 @@ if ticks(pgid) == pgid_ticks:
 def stop_with_parent(pgid: int) -> Iterator[None]:
     """While inside: process group ``pgid`` (a server phaseprobe started in its own session)
     is stopped by a watchdog if phaseprobe dies without running its cleanup (SIGKILL)."""
-    argv = [sys.executable, "-c", _WATCHDOG, str(os.getpid()),
-            str(proc_start_ticks(os.getpid())), str(pgid), str(proc_start_ticks(pgid))]
-    dog = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, start_new_session=True)
+    argv = [
+        sys.executable,
+        "-c",
+        _WATCHDOG,
+        str(os.getpid()),
+        str(proc_start_ticks(os.getpid())),
+        str(pgid),
+        str(proc_start_ticks(pgid)),
+    ]
+    dog = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         yield
     finally:

@@ -201,8 +201,11 @@ def build_router_argv(
         raise LocalServerError(
             f"unknown router policy {policy!r} (one of: {', '.join(ROUTER_POLICIES)})"
         )
-    workers = (pd_worker_args(prefill_urls, decode_urls) if pd
-               else ["--worker-urls", *(url.rstrip("/") for url in worker_urls)])
+    workers = (
+        pd_worker_args(prefill_urls, decode_urls)
+        if pd
+        else ["--worker-urls", *(url.rstrip("/") for url in worker_urls)]
+    )
     return [
         str(executable), *workers,
         "--policy", policy, "--host", host, "--port", str(port),

@@ -141,10 +141,14 @@ def tracing_launch(otlp_grpc_url: str | None) -> tuple[list[str], dict[str, str]
     default protocol) to ``otlp_grpc_url``, plain text on loopback; nothing for None."""
     if otlp_grpc_url is None:
         return [], {}
-    return (["--otlp-traces-endpoint", otlp_grpc_url],
-            {"OTEL_EXPORTER_OTLP_TRACES_INSECURE": "true",
-             "OTEL_BSP_SCHEDULE_DELAY": str(LOCAL_BSP_DELAY_MS),
-             "OTEL_SERVICE_NAME": "vllm-local"})
+    return (
+        ["--otlp-traces-endpoint", otlp_grpc_url],
+        {
+            "OTEL_EXPORTER_OTLP_TRACES_INSECURE": "true",
+            "OTEL_BSP_SCHEDULE_DELAY": str(LOCAL_BSP_DELAY_MS),
+            "OTEL_SERVICE_NAME": "vllm-local",
+        },
+    )
 
 
 def profiler_args(profile_dir: Path | None) -> list[str]:
@@ -152,8 +156,11 @@ def profiler_args(profile_dir: Path | None) -> list[str]:
     idle until ``POST /start_profile``."""
     if profile_dir is None:
         return []
-    config = {"profiler": "torch", "torch_profiler_dir": str(profile_dir),
-              "torch_profiler_with_stack": False}
+    config = {
+        "profiler": "torch",
+        "torch_profiler_dir": str(profile_dir),
+        "torch_profiler_with_stack": False,
+    }
     return ["--profiler-config", json.dumps(config)]
 
 

@@ -35,8 +35,14 @@ from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
 from phaseprobe.redact import redact_url
 
-__all__ = ["AnswerTooLarge", "Deadline", "bounded_request", "mount_deadlines", "read_capped",
-           "within"]
+__all__ = [
+    "AnswerTooLarge",
+    "Deadline",
+    "bounded_request",
+    "mount_deadlines",
+    "read_capped",
+    "within",
+]
 
 MiB = 1 << 20
 
@@ -57,13 +63,16 @@ def read_capped(raw: Any, cap: int, shown_url: str) -> bytes:
     encoding = (raw.headers.get("Content-Encoding") or "").strip().lower()
     length = raw.headers.get("Content-Length")
     if not encoding and length and length.isdigit() and int(length) > cap:
-        raise AnswerTooLarge(f"{shown_url}: the answer is {_size(int(length))} "
-                             f"(Content-Length); the limit for this answer is {_size(cap)}")
+        raise AnswerTooLarge(
+            f"{shown_url}: the answer is {_size(int(length))} "
+            f"(Content-Length); the limit for this answer is {_size(cap)}"
+        )
     try:
         data = raw.read(cap + 1, decode_content=True) or b""
     except urllib3.exceptions.DecodeError as exc:
         raise requests.exceptions.ContentDecodingError(
-            f"{shown_url}: the answer's {encoding or 'body'} does not decode") from exc
+            f"{shown_url}: the answer's {encoding or 'body'} does not decode"
+        ) from exc
     except urllib3.exceptions.ProtocolError as exc:
         raise requests.exceptions.ChunkedEncodingError(exc) from exc
     except urllib3.exceptions.ReadTimeoutError as exc:
@@ -72,11 +81,15 @@ def read_capped(raw: Any, cap: int, shown_url: str) -> bytes:
         return data
     wire = raw.tell()
     if encoding and encoding != "identity" and wire < len(data):
-        raise AnswerTooLarge(f"{shown_url}: the answer expands past {_size(cap)} when "
-                             f"decompressed ({encoding}, from {_size(wire)} sent); the limit "
-                             f"for this answer is {_size(cap)}")
-    raise AnswerTooLarge(f"{shown_url}: the answer is larger than {_size(cap)}, the limit "
-                         "for this answer")
+        raise AnswerTooLarge(
+            f"{shown_url}: the answer expands past {_size(cap)} when "
+            f"decompressed ({encoding}, from {_size(wire)} sent); the limit "
+            f"for this answer is {_size(cap)}"
+        )
+    raise AnswerTooLarge(
+        f"{shown_url}: the answer is larger than {_size(cap)}, the limit for this answer"
+    )
+
 
 _local = threading.local()
 
@@ -128,8 +141,12 @@ class _DeadlineAdapter(HTTPAdapter):
         super().init_poolmanager(*args, **kwargs)
         self.poolmanager.pool_classes_by_scheme = {"http": _Pool, "https": _TlsPool}
 
-    def send(self, request: PreparedRequest, stream: bool = False,  # type: ignore[override]
-             **kwargs: Any) -> requests.Response:
+    def send(  # type: ignore[override]
+        self,
+        request: PreparedRequest,
+        stream: bool = False,
+        **kwargs: Any,
+    ) -> requests.Response:
         """A non-streamed answer under a byte cap (``within(…, max_bytes=)``) is read here,
         capped, instead of whole by ``requests``; a streamed one is the caller's to bound."""
         cap = getattr(_local, "max_bytes", None)
@@ -146,13 +163,14 @@ class _DeadlineAdapter(HTTPAdapter):
         return resp
 
 
-def mount_deadlines(session: requests.Session, prefix: str | None = None,
-                    max_retries: Any = 0) -> requests.Session:
+def mount_deadlines(
+    session: requests.Session, prefix: str | None = None, max_retries: Any = 0
+) -> requests.Session:
     """``session`` with the adapter that lets :func:`within` reach its sockets, for every
     URL or for those under ``prefix`` (where a library mounted its own adapter; its
     ``max_retries`` kept). A session a test injects, not a real one, is returned as it is."""
     if isinstance(session, requests.Session):
-        for where in ([prefix] if prefix else ["http://", "https://"]):
+        for where in [prefix] if prefix else ["http://", "https://"]:
             session.mount(where, _DeadlineAdapter(max_retries=max_retries))
     return session
 
@@ -169,8 +187,9 @@ class Deadline:
 
 
 @contextmanager
-def within(total_s: float | None, what: str, *, max_bytes: int | None = None,
-           quiet: bool = False) -> Iterator[Deadline]:
+def within(
+    total_s: float | None, what: str, *, max_bytes: int | None = None, quiet: bool = False
+) -> Iterator[Deadline]:
     """Everything the calling thread does over a :func:`mount_deadlines` session inside
     this block ends within ``total_s`` seconds (None: no deadline), else
     ``requests.Timeout`` saying ``what`` took longer (``quiet``: nothing is raised, the
@@ -225,9 +244,17 @@ def _timed(total_s: float, what: str, deadline: Deadline, quiet: bool) -> Iterat
         raise requests.Timeout(late)
 
 
-def bounded_request(session: requests.Session, method: str, url: str, *, max_bytes: int,
-                    timeout_s: float, deadline_s: float | None, what: str | None = None,
-                    **kwargs: Any) -> requests.Response:
+def bounded_request(
+    session: requests.Session,
+    method: str,
+    url: str,
+    *,
+    max_bytes: int,
+    timeout_s: float,
+    deadline_s: float | None,
+    what: str | None = None,
+    **kwargs: Any,
+) -> requests.Response:
     """One GET/POST whose answer is complete (read, closed) within ``deadline_s`` seconds
     from the connection to the last byte, headers included, with no gap longer than
     ``timeout_s``, and at most ``max_bytes`` bytes after decompression. Raises
@@ -235,8 +262,9 @@ def bounded_request(session: requests.Session, method: str, url: str, *, max_byt
     :class:`AnswerTooLarge`, or another ``requests.RequestException``."""
     kwargs.pop("stream", None)
     if isinstance(session, requests.Session) and not isinstance(
-            session.get_adapter(url) if url.startswith(("http://", "https://")) else None,
-            _DeadlineAdapter):
+        session.get_adapter(url) if url.startswith(("http://", "https://")) else None,
+        _DeadlineAdapter,
+    ):
         mount_deadlines(session)
     with within(deadline_s, what or f"{method} {redact_url(url)}", max_bytes=max_bytes):
         # session.get/post rather than .request: a test's stand-in session often has only those

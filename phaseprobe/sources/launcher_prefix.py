@@ -43,7 +43,8 @@ _SHAPES = re.compile(
     r"|\[(?P<role>[A-Za-z_][A-Za-z_-]{0,63}?)(?P<lrank>\d{1,7})\]: ?"
     # a host name is at most 253 characters (DNS): the lookahead bounds the backtracking,
     # so a 10 MB line of name characters costs one bounded look, not a quadratic search
-    r"|(?P<host>(?=[\w.-]{1,253}: )[A-Za-z][\w.-]*\d[\w.-]*): )")
+    r"|(?P<host>(?=[\w.-]{1,253}: )[A-Za-z][\w.-]*\d[\w.-]*): )"
+)
 _HOST_MAX = 253
 _MAX_STACK = 3  # srun + torchrun + PyTorch's own [rankN]: is the deepest seen
 
@@ -178,14 +179,28 @@ def _tag_ends(arr: np.ndarray, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         # Open MPI "[job,rank]<stdout>:" (or <stderr>/<stddiag>), a blank after it with PRRTE
         j = skip_runs(arr, p + 1, _DIGIT, 12)
         r = skip_runs(arr, j + 1, _DIGIT, 12)
-        mpi = (br & (j > p + 1) & (arr[j] == 0x2C) & (r > j + 1) & (arr[r] == 0x5D)
-               & (arr[r + 1] == 0x3C) & (arr[r + 2] == 0x73) & (arr[r + 3] == 0x74)
-               & (arr[r + 4] == 0x64))
+        mpi = (
+            br
+            & (j > p + 1)
+            & (arr[j] == 0x2C)
+            & (r > j + 1)
+            & (arr[r] == 0x5D)
+            & (arr[r + 1] == 0x3C)
+            & (arr[r + 2] == 0x73)
+            & (arr[r + 3] == 0x74)
+            & (arr[r + 4] == 0x64)
+        )
         out = (arr[r + 5] == 0x6F) & (arr[r + 6] == 0x75) & (arr[r + 7] == 0x74)
         err = (arr[r + 5] == 0x65) & (arr[r + 6] == 0x72) & (arr[r + 7] == 0x72)
         three = (out | err) & (arr[r + 8] == 0x3E) & (arr[r + 9] == 0x3A)
-        diag = ((arr[r + 5] == 0x64) & (arr[r + 6] == 0x69) & (arr[r + 7] == 0x61)
-                & (arr[r + 8] == 0x67) & (arr[r + 9] == 0x3E) & (arr[r + 10] == 0x3A))
+        diag = (
+            (arr[r + 5] == 0x64)
+            & (arr[r + 6] == 0x69)
+            & (arr[r + 7] == 0x61)
+            & (arr[r + 8] == 0x67)
+            & (arr[r + 9] == 0x3E)
+            & (arr[r + 10] == 0x3A)
+        )
         at = np.where(three, r + 10, r + 11)
         at = at + (arr[at] == 0x20)
         mpi &= three | diag

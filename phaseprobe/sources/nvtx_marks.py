@@ -62,4 +62,3 @@ class NvtxPhases:
         if self._open is not None and self._nvtx is not None:
             self._nvtx.end_range(self._open)
         self._open = None
-

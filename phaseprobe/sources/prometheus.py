@@ -60,8 +60,15 @@ DEFAULT_TOKEN_ENV = "PHASEPROBE_PROM_TOKEN"
 # on a fleet Prometheus holding tens of thousands of metric names.
 _VLLM_NAMES_MATCH = '{__name__=~"vllm[:_].+"}'
 # The per-request means an experiment summary shows beside the direct-scrape attribution.
-PHASE_QUERIES = ("avg_queue_time", "avg_prefill_time", "avg_decode_time", "avg_inference_time",
-                 "ttft_mean", "e2e_mean", "decode_share")
+PHASE_QUERIES = (
+    "avg_queue_time",
+    "avg_prefill_time",
+    "avg_decode_time",
+    "avg_inference_time",
+    "ttft_mean",
+    "e2e_mean",
+    "decode_share",
+)
 _BASELINE_METRIC = "vllm:e2e_request_latency_seconds_count"
 # A range query over a fleet for a day is a few MB of JSON; an answer past this (or one that
 # expands past it: a gzip bomb from a proxy) is not read.
@@ -99,8 +106,7 @@ class Series:
     points: tuple[tuple[float, float], ...]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"labels": self.labels,
-                "points": [[t, _json_value(v)] for t, v in self.points]}
+        return {"labels": self.labels, "points": [[t, _json_value(v)] for t, v in self.points]}
 
 
 @dataclass(frozen=True)
@@ -131,9 +137,13 @@ def _samples(result: Any) -> list[Sample]:
 
 
 def _series(result: Any) -> list[Series]:
-    return [Series(labels=dict(item.get("metric", {})),
-                   points=tuple((float(t), float(v)) for t, v in item["values"]))
-            for item in result]
+    return [
+        Series(
+            labels=dict(item.get("metric", {})),
+            points=tuple((float(t), float(v)) for t, v in item["values"]),
+        )
+        for item in result
+    ]
 
 
 def check_base_url(url: str, what: str, hint: str) -> str:
@@ -152,12 +162,23 @@ def check_base_url(url: str, what: str, hint: str) -> str:
 class PrometheusClient:
     """A Prometheus HTTP API client. ``session`` and ``environ`` are injectable for tests."""
 
-    def __init__(self, url: str, *, token_env: str | None = DEFAULT_TOKEN_ENV,
-                 verify: bool | str = True, timeout_s: float = 10.0, retries: int = 1,
-                 session: requests.Session | None = None,
-                 environ: Mapping[str, str] = os.environ) -> None:
-        self.url = check_base_url(url, "Prometheus URL", "pass a bearer token through the "
-                                  f"environment (${token_env or DEFAULT_TOKEN_ENV}, --token-env)")
+    def __init__(
+        self,
+        url: str,
+        *,
+        token_env: str | None = DEFAULT_TOKEN_ENV,
+        verify: bool | str = True,
+        timeout_s: float = 10.0,
+        retries: int = 1,
+        session: requests.Session | None = None,
+        environ: Mapping[str, str] = os.environ,
+    ) -> None:
+        self.url = check_base_url(
+            url,
+            "Prometheus URL",
+            "pass a bearer token through the "
+            f"environment (${token_env or DEFAULT_TOKEN_ENV}, --token-env)",
+        )
         self.shown_url = redact_url(self.url)
         self.timeout_s = timeout_s
         self.token_env = token_env
@@ -175,14 +196,19 @@ class PrometheusClient:
         self._session.hooks["response"].append(self._remember)
         # Few, quick retries: an unreachable server should be reported in about a second, not
         # after the library's default 3 retries with a 1 s backoff.
-        retry = Retry(total=retries, backoff_factor=0.2, status_forcelist=(502, 503, 504),
-                      raise_on_status=False)
+        retry = Retry(
+            total=retries,
+            backoff_factor=0.2,
+            status_forcelist=(502, 503, 504),
+            raise_on_status=False,
+        )
         # Imported here: the library is wanted when a client is made, not when a command's
         # --help imports this module.
         from prometheus_api_client import PrometheusConnect
 
-        self._prom = PrometheusConnect(url=self.url, headers=headers, retry=retry,
-                                       session=self._session, timeout=timeout_s)
+        self._prom = PrometheusConnect(
+            url=self.url, headers=headers, retry=retry, session=self._session, timeout=timeout_s
+        )
         # the library mounted its retrying adapter for this URL: the same retries, and a
         # total deadline per call (a proxy trickling an answer must not hang a query)
         mount_deadlines(self._session, self.url, retry)
@@ -213,28 +239,34 @@ class PrometheusClient:
             with within(max(self.timeout_s, 1.0) * 3, what, max_bytes=MAX_ANSWER_BYTES):
                 return fn(*args, **kwargs)
         except RecursionError:
-            raise PrometheusUnreachable(self.shown_url, f"{what} answered JSON nested too "
-                                        "deeply to read") from None
+            raise PrometheusUnreachable(
+                self.shown_url, f"{what} answered JSON nested too deeply to read"
+            ) from None
         except requests.exceptions.SSLError as exc:
-            raise PrometheusUnreachable(self.shown_url, f"TLS failed ({_reason(exc)}); pass a CA "
-                                        "bundle or disable verification") from None
+            raise PrometheusUnreachable(
+                self.shown_url,
+                f"TLS failed ({_reason(exc)}); pass a CA bundle or disable verification",
+            ) from None
         except requests.Timeout as exc:
             total = "(total deadline)" in str(exc)
-            raise PrometheusUnreachable(self.shown_url, str(exc) if total else
-                                        f"no answer within {self.timeout_s:g} s") from None
+            raise PrometheusUnreachable(
+                self.shown_url, str(exc) if total else f"no answer within {self.timeout_s:g} s"
+            ) from None
         except AnswerTooLarge as exc:
             raise PrometheusUnreachable(self.shown_url, f"{what}: {exc}") from None
         except PrometheusApiClientException:
             raise self._http_error(what, expr) from None
         except requests.exceptions.JSONDecodeError:  # also a RequestException: test it first
-            raise PrometheusUnreachable(self.shown_url,
-                                        f"{what} did not answer with Prometheus API JSON") from None
+            raise PrometheusUnreachable(
+                self.shown_url, f"{what} did not answer with Prometheus API JSON"
+            ) from None
         except requests.RequestException as exc:
             raise PrometheusUnreachable(self.shown_url, _reason(exc)) from None
         except (ValueError, KeyError, TypeError):
             # 200 but not the API's JSON: a proxy's login page, or vLLM's URL given by mistake.
-            raise PrometheusUnreachable(self.shown_url,
-                                        f"{what} did not answer with Prometheus API JSON") from None
+            raise PrometheusUnreachable(
+                self.shown_url, f"{what} did not answer with Prometheus API JSON"
+            ) from None
 
     def _http_error(self, what: str, expr: str | None) -> Exception:
         response = self._last
@@ -251,13 +283,18 @@ class PrometheusClient:
         if status in (400, 422) and error_type in ("bad_data", "execution") and expr is not None:
             return PromQLError(self.shown_url, expr, message)
         if status in (401, 403):
-            hint = (f"the token in ${self.token_env} was refused" if self._has_token() else
-                    f"set ${self.token_env} to a bearer token" if self.token_env else
-                    "this server needs a bearer token")
+            hint = (
+                f"the token in ${self.token_env} was refused"
+                if self._has_token()
+                else f"set ${self.token_env} to a bearer token"
+                if self.token_env
+                else "this server needs a bearer token"
+            )
             return PrometheusHTTPError(self.shown_url, status, f"{message} ({hint})")
         if status == 404:
-            return PrometheusUnreachable(self.shown_url,
-                                         f"HTTP 404 for {what}: no Prometheus API at this URL")
+            return PrometheusUnreachable(
+                self.shown_url, f"HTTP 404 for {what}: no Prometheus API at this URL"
+            )
         return PrometheusHTTPError(self.shown_url, status, message)
 
     def _has_token(self) -> bool:
@@ -269,14 +306,20 @@ class PrometheusClient:
         result = self._call("/api/v1/query", expr, self._prom.custom_query, expr, params=params)
         return self._parse(result, _samples)
 
-    def range_query(self, expr: str, start: float, end: float, step: float | str
-                    ) -> list[Series]:
+    def range_query(self, expr: str, start: float, end: float, step: float | str) -> list[Series]:
         """Evaluate ``expr`` from ``start`` to ``end`` (unix seconds) every ``step``."""
         # The library rounds start/end to whole seconds; the params override keeps milliseconds.
         params = {"start": f"{start:.3f}", "end": f"{end:.3f}"}
-        result = self._call("/api/v1/query_range", expr, self._prom.custom_query_range, expr,
-                            datetime.fromtimestamp(start, UTC), datetime.fromtimestamp(end, UTC),
-                            str(step), params=params)
+        result = self._call(
+            "/api/v1/query_range",
+            expr,
+            self._prom.custom_query_range,
+            expr,
+            datetime.fromtimestamp(start, UTC),
+            datetime.fromtimestamp(end, UTC),
+            str(step),
+            params=params,
+        )
         return self._parse(result, _series)
 
     def _parse(self, result: Any, parse: Any) -> Any:
@@ -287,13 +330,19 @@ class PrometheusClient:
 
     def metric_names(self) -> set[str]:
         """The vLLM metric names the server holds (both ``vllm:`` and ``vllm_`` spellings)."""
-        values = self._call("/api/v1/label/__name__/values", None, self._prom.get_label_values,
-                            "__name__", params={"match[]": _VLLM_NAMES_MATCH})
+        values = self._call(
+            "/api/v1/label/__name__/values",
+            None,
+            self._prom.get_label_values,
+            "__name__",
+            params={"match[]": _VLLM_NAMES_MATCH},
+        )
         if values is None:
             return set()
         if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
-            raise PrometheusUnreachable(self.shown_url, "/api/v1/label/__name__/values did not "
-                                        "answer with a list of names")
+            raise PrometheusUnreachable(
+                self.shown_url, "/api/v1/label/__name__/values did not answer with a list of names"
+            )
         return set(values)
 
     def names_map(self, *, refresh: bool = False) -> dict[str, str]:
@@ -304,9 +353,16 @@ class PrometheusClient:
 
     # -- catalog queries -----------------------------------------------------------------------
 
-    def run(self, query: Query, *, selector: str = "", window: str = "5m",
-            at: float | None = None, names: Mapping[str, str] | None = None,
-            allow_empty: bool = False) -> NamedResult:
+    def run(
+        self,
+        query: Query,
+        *,
+        selector: str = "",
+        window: str = "5m",
+        at: float | None = None,
+        names: Mapping[str, str] | None = None,
+        allow_empty: bool = False,
+    ) -> NamedResult:
         """One catalog query at one instant, rendered for this server's metric names."""
         expr = query.render(selector, window, self.names_map() if names is None else names)
         samples = self.instant_query(expr, at=at)
@@ -314,10 +370,18 @@ class PrometheusClient:
             raise EmptyResult(self.shown_url, query.name, bare_selector(selector))
         return NamedResult(query.name, query.unit, expr, samples=tuple(samples))
 
-    def run_range(self, query: Query, *, start: float, end: float, step: float | str,
-                  selector: str = "", window: str = "5m",
-                  names: Mapping[str, str] | None = None,
-                  allow_empty: bool = False) -> NamedResult:
+    def run_range(
+        self,
+        query: Query,
+        *,
+        start: float,
+        end: float,
+        step: float | str,
+        selector: str = "",
+        window: str = "5m",
+        names: Mapping[str, str] | None = None,
+        allow_empty: bool = False,
+    ) -> NamedResult:
         """One catalog query over a time range."""
         expr = query.render(selector, window, self.names_map() if names is None else names)
         series = self.range_query(expr, start, end, step)
@@ -326,9 +390,15 @@ class PrometheusClient:
         return NamedResult(query.name, query.unit, expr, series=tuple(series))
 
 
-def phase_means(client: PrometheusClient, *, first_sent: float, end: float,
-                selector: str = "", queries: Sequence[str] = PHASE_QUERIES,
-                catalog: Mapping[str, Query] | None = None) -> dict[str, float | None]:
+def phase_means(
+    client: PrometheusClient,
+    *,
+    first_sent: float,
+    end: float,
+    selector: str = "",
+    queries: Sequence[str] = PHASE_QUERIES,
+    catalog: Mapping[str, Query] | None = None,
+) -> dict[str, float | None]:
     """Per-request means over an experiment, from PromQL: the seed's
     ``increase(_sum[w]) / increase(_count[w])`` evaluated at ``end`` over a window reaching back
     exactly to the last scrape before ``first_sent`` (unix s, when the first measured request
@@ -348,8 +418,9 @@ def phase_means(client: PrometheusClient, *, first_sent: float, end: float,
     window = f"{max(1, round((end - stamps[0].value) * 1000) + 1)}ms"
     means: dict[str, float | None] = {}
     for name in queries:
-        result = client.run(catalog[name], selector=bare, window=window, at=end, names=names,
-                            allow_empty=True)
+        result = client.run(
+            catalog[name], selector=bare, window=window, at=end, names=names, allow_empty=True
+        )
         value = result.samples[0].value if len(result.samples) == 1 else math.nan
         means[name] = None if math.isnan(value) else value
     return means

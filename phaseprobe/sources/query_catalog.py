@@ -41,8 +41,9 @@ __all__ = [
 ]
 
 PLACEHOLDERS = frozenset({"selector", "window"})
-UNITS = frozenset({"s", "ratio", "fraction", "tokens/s", "requests", "1/s", "bytes", "bytes/s",
-                   "flop/s"})
+UNITS = frozenset(
+    {"s", "ratio", "fraction", "tokens/s", "requests", "1/s", "bytes", "bytes/s", "flop/s"}
+)
 
 # Metrics the catalog charts but phaseprobe's own scrapes do not read, so they are not in
 # ALIASES (the table MetricSnapshot resolves): never renamed, one base name each, and none in
@@ -70,11 +71,38 @@ _IDENT = re.compile(r"(?<![\w:.$])[A-Za-z_:][\w:]*")
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`')
 _BRACED = re.compile(r"\{[^{}]*\}|\[[^\[\]]*\]")
 _LABEL_LIST = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^()]*\)")
-_KEYWORDS = frozenset({
-    "sum", "min", "max", "avg", "group", "stddev", "stdvar", "count", "count_values", "bottomk",
-    "topk", "quantile", "by", "without", "on", "ignoring", "group_left", "group_right", "bool",
-    "and", "or", "unless", "offset", "atan2", "inf", "nan", "start", "end",
-})
+_KEYWORDS = frozenset(
+    {
+        "sum",
+        "min",
+        "max",
+        "avg",
+        "group",
+        "stddev",
+        "stdvar",
+        "count",
+        "count_values",
+        "bottomk",
+        "topk",
+        "quantile",
+        "by",
+        "without",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+        "bool",
+        "and",
+        "or",
+        "unless",
+        "offset",
+        "atan2",
+        "inf",
+        "nan",
+        "start",
+        "end",
+    }
+)
 
 
 @lru_cache(maxsize=1)
@@ -136,7 +164,7 @@ def metric_names(expr: str) -> set[str]:
     names: set[str] = set()
     for match in _IDENT.finditer(text):
         word = match.group(0)
-        if word.lower() in _KEYWORDS or text[match.end():].lstrip().startswith("("):
+        if word.lower() in _KEYWORDS or text[match.end() :].lstrip().startswith("("):
             continue  # an aggregation, keyword or function call
         names.add(word)
     return names
@@ -170,8 +198,9 @@ class Query:
     def metrics(self) -> set[str]:
         return metric_names(self.template)
 
-    def render(self, selector: str = "", window: str = "5m",
-               names: Mapping[str, str] | None = None) -> str:
+    def render(
+        self, selector: str = "", window: str = "5m", names: Mapping[str, str] | None = None
+    ) -> str:
         """The PromQL to send. ``selector`` is label matchers (surrounding braces are accepted
         and dropped); ``names`` maps a newest metric name (sample- or family-level) to the
         spelling present, as :func:`resolve_names` builds it."""
@@ -185,8 +214,10 @@ class Query:
 
 # One PromQL label matcher: a label name, an operator and a quoted string (double, single or
 # backtick quotes, with backslash escapes in the first two), as Prometheus' lexer reads them.
-_MATCHER = re.compile(r"""\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"""
-                      r"""("(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*'|`[^`]*`)\s*""")
+_MATCHER = re.compile(
+    r"""\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"""
+    r"""("(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*'|`[^`]*`)\s*"""
+)
 
 
 def bare_selector(selector: str) -> str:
@@ -203,13 +234,15 @@ def bare_selector(selector: str) -> str:
         m = _MATCHER.match(s, pos)
         if m is None or (m.end() < len(s) and s[m.end()] != ","):
             at = pos if m is None else m.end()
-            raise ConfigError(f"selector {selector!r} is not PromQL label matchers "
-                              f"(name=\"value\", name=~\"regex\", name!=\"value\", comma-"
-                              f"separated): it stops being one at character {at + 1} "
-                              f"({s[at:at + 20]!r})")
+            raise ConfigError(
+                f"selector {selector!r} is not PromQL label matchers "
+                f'(name="value", name=~"regex", name!="value", comma-'
+                f"separated): it stops being one at character {at + 1} "
+                f"({s[at : at + 20]!r})"
+            )
         # rebuilt from the parsed parts, each after the separator as typed (", " or ","), so
         # a well-formed selector reads as it was given (the shipped dashboard's byte-for-byte)
-        sep = "" if not matchers else ", " if s[pos:pos + 1].isspace() else ","
+        sep = "" if not matchers else ", " if s[pos : pos + 1].isspace() else ","
         matchers.append(sep + m.group(1) + m.group(2) + m.group(3))
         pos = m.end() + 1
     return "".join(matchers)
@@ -235,10 +268,12 @@ def _parse(name: str, text: str, source: str) -> Query:
         raise ConfigError(f"{source}: no PromQL expression after the header")
     unknown = {p for p in _PLACEHOLDER.findall(template)} - PLACEHOLDERS
     if unknown:
-        raise ConfigError(f"{source}: unknown placeholder(s) {sorted(unknown)} "
-                          f"(only $selector and $window)")
-    return Query(name=name, help=" ".join(headers["help"]), unit=headers["unit"][0],
-                 template=template)
+        raise ConfigError(
+            f"{source}: unknown placeholder(s) {sorted(unknown)} (only $selector and $window)"
+        )
+    return Query(
+        name=name, help=" ".join(headers["help"]), unit=headers["unit"][0], template=template
+    )
 
 
 def _load(directory: Traversable) -> dict[str, Query]:

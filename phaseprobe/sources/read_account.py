@@ -57,11 +57,19 @@ class ReadAccount:
 
     def to_dict(self) -> ReadAccountDoc:
         doc: ReadAccountDoc = {
-            "unit": self.unit, "found": self.found, "read": self.read,
-            "attributed": self.attributed, "cut": self.cut, "salvaged": self.salvaged,
-            "unattributed": self.unattributed, "missing": self.missing[:MAX_NAMED],
-            "missing_count": len(self.missing), "notes": list(self.notes),
-            "complete": self.complete, "words": None}
+            "unit": self.unit,
+            "found": self.found,
+            "read": self.read,
+            "attributed": self.attributed,
+            "cut": self.cut,
+            "salvaged": self.salvaged,
+            "unattributed": self.unattributed,
+            "missing": self.missing[:MAX_NAMED],
+            "missing_count": len(self.missing),
+            "notes": list(self.notes),
+            "complete": self.complete,
+            "words": None,
+        }
         doc["words"] = account_words(doc)
         return doc
 
@@ -74,13 +82,15 @@ def account_words(doc: Mapping[str, Any] | None) -> str | None:
     unit = doc.get("unit", "records")
     parts = [f"read {doc.get('read', 0):,} of {doc.get('found', 0):,} {unit}"]
     if doc.get("cut"):
-        parts.append(f"{doc['cut']:,} cut by other output ({doc.get('salvaged', 0):,} "
-                     "salvaged in part)")
+        parts.append(
+            f"{doc['cut']:,} cut by other output ({doc.get('salvaged', 0):,} salvaged in part)"
+        )
     if doc.get("unattributed"):
         parts.append(f"{doc['unattributed']:,} tied to no writer")
     missing = list(doc.get("missing") or [])
     if missing:
         more = int(doc.get("missing_count", len(missing))) - len(missing)
-        parts.append("not in the result: " + "; ".join(missing)
-                     + (f"; and {more} more" if more > 0 else ""))
+        parts.append(
+            "not in the result: " + "; ".join(missing) + (f"; and {more} more" if more > 0 else "")
+        )
     return "; ".join(parts)

@@ -27,9 +27,13 @@ class StallWatch:
     ``period_s`` sleep while the block ran (0.0 when the process was always scheduled on
     time)."""
 
-    def __init__(self, period_s: float = DEFAULT_PERIOD_S, *,
-                 clock: Callable[[], float] = time.perf_counter,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self,
+        period_s: float = DEFAULT_PERIOD_S,
+        *,
+        clock: Callable[[], float] = time.perf_counter,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self.period_s = period_s
         self._clock, self._sleep = clock, sleep
         self._stop = threading.Event()
@@ -47,13 +51,18 @@ class StallWatch:
                 self.max_stall_s = late
 
     def __enter__(self) -> StallWatch:
-        self._thread = threading.Thread(target=self._loop, name="phaseprobe-stall-watch",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop, name="phaseprobe-stall-watch", daemon=True
+        )
         self._thread.start()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()

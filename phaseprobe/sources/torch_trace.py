@@ -36,20 +36,33 @@ from phaseprobe.inputs import open_stream
 from phaseprobe.sources.read_account import ReadAccount
 from phaseprobe.trace_records import Timeline, empty_activities, empty_ranges, trace_file
 
-__all__ = ["read_torch_trace", "read_torch_trace_account", "iter_trace", "COMM_COLUMNS",
-           "ProfileCapture", "capture_profile", "find_traces"]
+__all__ = [
+    "read_torch_trace",
+    "read_torch_trace_account",
+    "iter_trace",
+    "COMM_COLUMNS",
+    "ProfileCapture",
+    "capture_profile",
+    "find_traces",
+]
 
 COMM_COLUMNS: dict[str, str] = {
-    "start_ns": "int64", "dur_ns": "int64", "device": "str", "name": "str — kernel name",
+    "start_ns": "int64",
+    "dur_ns": "int64",
+    "device": "str",
+    "name": "str — kernel name",
     "collective": "str — args 'Collective name' (all_reduce, allgather...; '' if absent)",
     "in_nelems": "int64 — args 'In msg nelems' (-1 if absent)",
-    "out_nelems": "int64 — args 'Out msg nelems'", "group_size": "int64 — args 'Group size'",
-    "dtype": "str", "pg_name": "str — args 'Process Group Name'",
+    "out_nelems": "int64 — args 'Out msg nelems'",
+    "group_size": "int64 — args 'Group size'",
+    "dtype": "str",
+    "pg_name": "str — args 'Process Group Name'",
 }
 _GPU_KIND = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
 # the complete-event categories the reader turns into activities, launches and ranges
-_READ_CATS = frozenset({*_GPU_KIND, "cuda_runtime", "cuda_driver", "cpu_op", "user_annotation",
-                        "gpu_user_annotation"})
+_READ_CATS = frozenset(
+    {*_GPU_KIND, "cuda_runtime", "cuda_driver", "cpu_op", "user_annotation", "gpu_user_annotation"}
+)
 _WS = " \t\r\n"
 _DECODER = json.JSONDecoder()
 T = TypeVar("T")
@@ -72,14 +85,15 @@ class _Stream:
         again, so a long value is decoded O(log n) times, not once per MiB (quadratic)."""
         pending = len(self.buf) - self.pos
         if grow and pending >= MAX_VALUE_CHARS:
-            raise TraceError(self.path, f"one JSON value is over {MAX_VALUE_CHARS >> 20} Mi "
-                                        f"characters: not a trace event")
+            raise TraceError(
+                self.path,
+                f"one JSON value is over {MAX_VALUE_CHARS >> 20} Mi characters: not a trace event",
+            )
         try:
             chunk = self.fh.read(max(1 << 20, pending) if grow else 1 << 20)
         except (EOFError, OSError, zlib.error, UnicodeDecodeError) as exc:
-            raise TraceError(self.path, f"unreadable (truncated or corrupt gzip? {exc})"
-                             ) from None
-        self.buf = self.buf[self.pos:] + chunk
+            raise TraceError(self.path, f"unreadable (truncated or corrupt gzip? {exc})") from None
+        self.buf = self.buf[self.pos :] + chunk
         self.pos = 0
         self.eof = not chunk
 
@@ -95,8 +109,11 @@ class _Stream:
 
     def expect(self, char: str) -> None:
         if self.peek() != char:
-            raise TraceError(self.path, f"not a Chrome trace: expected {char!r} near "
-                                        f"{self.buf[self.pos:self.pos + 40]!r}")
+            raise TraceError(
+                self.path,
+                f"not a Chrome trace: expected {char!r} near "
+                f"{self.buf[self.pos : self.pos + 40]!r}",
+            )
         self.pos += 1
 
     def value(self) -> Any:
@@ -108,8 +125,9 @@ class _Stream:
                 raise TraceError(self.path, "input nested too deeply") from None
             except json.JSONDecodeError as exc:
                 if self.eof:
-                    raise TraceError(self.path, f"malformed or truncated JSON ({exc.msg})"
-                                     ) from None
+                    raise TraceError(
+                        self.path, f"malformed or truncated JSON ({exc.msg})"
+                    ) from None
                 self._fill(grow=True)
                 continue
             except ValueError as exc:  # e.g. an integer over Python's 4300-digit limit
@@ -129,9 +147,12 @@ _NSYS_REPORTS = (".nsys-rep", ".qdrep")
 
 def _open_text(path: Path) -> IO[str]:
     if path.name.endswith(_NSYS_REPORTS):
-        raise TraceError(str(path), "not a torch-profiler trace: this is an Nsight Systems "
-                                    "report; export it with `nsys export --type sqlite` and "
-                                    "use `phaseprobe nsys`")
+        raise TraceError(
+            str(path),
+            "not a torch-profiler trace: this is an Nsight Systems "
+            "report; export it with `nsys export --type sqlite` and "
+            "use `phaseprobe nsys`",
+        )
     raw, stream = open_stream(path, partial(TraceError, str(path)), by_name=False)
     try:
         head = raw.read(16)
@@ -141,14 +162,18 @@ def _open_text(path: Path) -> IO[str]:
         raise
     if head.startswith(_SQLITE_MAGIC):
         stream.close()
-        raise TraceError(str(path), "not a torch-profiler trace: this is an SQLite database "
-                                    "(an Nsight Systems export?): use `phaseprobe nsys`")
+        raise TraceError(
+            str(path),
+            "not a torch-profiler trace: this is an SQLite database "
+            "(an Nsight Systems export?): use `phaseprobe nsys`",
+        )
     # a gzip file is decompressed within the limits of phaseprobe.inputs.open_stream
     return io.TextIOWrapper(stream, encoding="utf-8")
 
 
-def iter_trace(path: str | os.PathLike[str], header: dict[str, Any],
-               not_objects: list[int] | None = None) -> Iterator[dict[str, Any]]:
+def iter_trace(
+    path: str | os.PathLike[str], header: dict[str, Any], not_objects: list[int] | None = None
+) -> Iterator[dict[str, Any]]:
     """Yield the ``traceEvents`` one by one; every other top-level key lands in ``header``.
     Elements that are not objects are skipped, counted in ``not_objects[0]`` when given."""
     p = trace_file(path)
@@ -197,8 +222,12 @@ def _ns(us: list[float]) -> np.ndarray:
 
 def _usable(v: Any, limit: float) -> bool:
     """A finite number of µs that still fits int64 once in ns (NaN, inf, 2**70 do not)."""
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) \
+    return (
+        isinstance(v, int | float)
+        and not isinstance(v, bool)
+        and math.isfinite(v)
         and abs(v) < limit
+    )
 
 
 def _int(v: Any, default: int = -1) -> int:
@@ -212,12 +241,14 @@ def _int(v: Any, default: int = -1) -> int:
 
 class _Collect:
     def __init__(self) -> None:
-        self.gpu: dict[str, list[Any]] = {k: [] for k in (
-            "ts", "dur", "device", "stream", "kind", "name", "corr", "bytes")}
+        self.gpu: dict[str, list[Any]] = {
+            k: [] for k in ("ts", "dur", "device", "stream", "kind", "name", "corr", "bytes")
+        }
         self.cpu: dict[str, list[Any]] = {k: [] for k in ("ts", "dur", "name", "pid", "tid")}
         self.rt: dict[str, list[Any]] = {k: [] for k in ("corr", "ts", "tid")}
-        self.ranges: dict[str, list[Any]] = {k: [] for k in (
-            "ts", "dur", "name", "domain", "tid", "device")}
+        self.ranges: dict[str, list[Any]] = {
+            k: [] for k in ("ts", "dur", "name", "domain", "tid", "device")
+        }
         self.comms: list[dict[str, Any]] = []
         # fwdbwd flow id → thread of its start (the forward op) / of its finish (the backward
         # op, on an autograd engine thread)
@@ -232,8 +263,9 @@ class _Collect:
         if ph in ("s", "f") and str(e.get("cat", "")).lower() == "fwdbwd":
             tid, fid = _int(e.get("tid")), e.get("id")
             if tid >= 0 and isinstance(fid, int | str):  # ids are per process
-                (self.flow_start if ph == "s" else self.flow_finish)[(
-                    _int(e.get("pid")), fid)] = tid
+                (self.flow_start if ph == "s" else self.flow_finish)[(_int(e.get("pid")), fid)] = (
+                    tid
+                )
             return
         if ph != "X":
             return
@@ -261,21 +293,32 @@ class _Collect:
             g["corr"].append(_int(args.get("correlation")))
             g["bytes"].append(_int(args.get("bytes")))
             if "Collective name" in args or name.lower().startswith("nccl"):
-                self.comms.append({
-                    "ts": ts, "dur": dur, "device": f"cuda:{dev}", "name": name,
-                    "collective": str(args.get("Collective name", "")),
-                    "in_nelems": _int(args.get("In msg nelems")),
-                    "out_nelems": _int(args.get("Out msg nelems")),
-                    "group_size": _int(args.get("Group size")),
-                    "dtype": str(args.get("dtype", "")),
-                    "pg_name": str(args.get("Process Group Name", ""))})
+                self.comms.append(
+                    {
+                        "ts": ts,
+                        "dur": dur,
+                        "device": f"cuda:{dev}",
+                        "name": name,
+                        "collective": str(args.get("Collective name", "")),
+                        "in_nelems": _int(args.get("In msg nelems")),
+                        "out_nelems": _int(args.get("Out msg nelems")),
+                        "group_size": _int(args.get("Group size")),
+                        "dtype": str(args.get("dtype", "")),
+                        "pg_name": str(args.get("Process Group Name", "")),
+                    }
+                )
         elif cat in ("cuda_runtime", "cuda_driver"):
             self.rt["corr"].append(_int(args.get("correlation")))
             self.rt["ts"].append(ts)
             self.rt["tid"].append(_int(e.get("tid")))
         elif cat == "cpu_op":
-            for k, v in (("ts", ts), ("dur", dur), ("name", name), ("pid", _int(e.get("pid"))),
-                         ("tid", _int(e.get("tid")))):
+            for k, v in (
+                ("ts", ts),
+                ("dur", dur),
+                ("name", name),
+                ("pid", _int(e.get("pid"))),
+                ("tid", _int(e.get("tid"))),
+            ):
                 self.cpu[k].append(v)
         elif cat in ("user_annotation", "gpu_user_annotation"):
             gpu = cat == "gpu_user_annotation"
@@ -296,8 +339,7 @@ class _Collect:
             if parent is not None and parent != child:
                 votes = pairs.setdefault(child, {})
                 votes[parent] = votes.get(parent, 0) + 1
-        return {child: max(votes, key=lambda p: (votes[p], -p))
-                for child, votes in pairs.items()}
+        return {child: max(votes, key=lambda p: (votes[p], -p)) for child, votes in pairs.items()}
 
     def gpu_frame(self) -> pd.DataFrame:
         g = self.gpu
@@ -315,12 +357,19 @@ class _Collect:
             pos = np.clip(np.searchsorted(r_corr, corr), 0, r_corr.size - 1)
             hit = (r_corr[pos] == corr) & (corr >= 0)
             launch, tid = np.where(hit, r_ts[pos], -1), np.where(hit, r_tid[pos], -1)
-        return pd.DataFrame({
-            "start_ns": start, "end_ns": start + _ns(g["dur"]),
-            "device": pd.Categorical([f"cuda:{d}" for d in g["device"]]),
-            "stream": np.asarray(g["stream"], np.int64), "kind": pd.Categorical(g["kind"]),
-            "name": pd.Categorical(g["name"]), "launch_ns": launch, "tid": tid,
-            "bytes": np.asarray(g["bytes"], np.int64)})
+        return pd.DataFrame(
+            {
+                "start_ns": start,
+                "end_ns": start + _ns(g["dur"]),
+                "device": pd.Categorical([f"cuda:{d}" for d in g["device"]]),
+                "stream": np.asarray(g["stream"], np.int64),
+                "kind": pd.Categorical(g["kind"]),
+                "name": pd.Categorical(g["name"]),
+                "launch_ns": launch,
+                "tid": tid,
+                "bytes": np.asarray(g["bytes"], np.int64),
+            }
+        )
 
     def cpu_frame(self) -> pd.DataFrame:
         """Outermost CPU ops (not inside another op on the same thread): on a CPU-only trace
@@ -345,20 +394,35 @@ class _Collect:
         keep = order[root]
         names = np.asarray(c["name"], dtype=object)[keep]
         tids = np.asarray(c["tid"], np.int64)[keep]
-        return pd.DataFrame({
-            "start_ns": start[keep], "end_ns": end[keep],
-            "device": pd.Categorical(["cpu"] * keep.size), "stream": tids,
-            "kind": pd.Categorical(["cpu_op"] * keep.size), "name": pd.Categorical(names),
-            "launch_ns": start[keep], "tid": tids, "bytes": np.full(keep.size, -1, np.int64)})
+        return pd.DataFrame(
+            {
+                "start_ns": start[keep],
+                "end_ns": end[keep],
+                "device": pd.Categorical(["cpu"] * keep.size),
+                "stream": tids,
+                "kind": pd.Categorical(["cpu_op"] * keep.size),
+                "name": pd.Categorical(names),
+                "launch_ns": start[keep],
+                "tid": tids,
+                "bytes": np.full(keep.size, -1, np.int64),
+            }
+        )
 
     def range_frame(self) -> pd.DataFrame:
         r = self.ranges
         if not r["ts"]:
             return empty_ranges()
         start = _ns(r["ts"])
-        return pd.DataFrame({"start_ns": start, "end_ns": start + _ns(r["dur"]),
-                             "name": r["name"], "domain": r["domain"],
-                             "tid": np.asarray(r["tid"], np.int64), "device": r["device"]})
+        return pd.DataFrame(
+            {
+                "start_ns": start,
+                "end_ns": start + _ns(r["dur"]),
+                "name": r["name"],
+                "domain": r["domain"],
+                "tid": np.asarray(r["tid"], np.int64),
+                "device": r["device"],
+            }
+        )
 
     def comm_frame(self) -> pd.DataFrame:
         if not self.comms:
@@ -375,8 +439,9 @@ def read_torch_trace(path: str | os.PathLike[str]) -> tuple[Timeline, pd.DataFra
     return timeline, comms
 
 
-def read_torch_trace_account(path: str | os.PathLike[str]
-                             ) -> tuple[Timeline, pd.DataFrame, ReadAccount]:
+def read_torch_trace_account(
+    path: str | os.PathLike[str],
+) -> tuple[Timeline, pd.DataFrame, ReadAccount]:
     """:func:`read_torch_trace` and its completeness account (``sources.read_account``) in
     trace events: the complete events of the categories read (kernels, memcpy/memset, CUDA
     runtime, CPU ops, annotations), those left out for times that are not finite µs named by
@@ -397,8 +462,11 @@ def read_torch_trace_account(path: str | os.PathLike[str]
     if n_events and acts.empty and col.range_frame().empty and not col.comms:
         # Events were there but none had the fields a summary needs (a kernel, a CPU op or a
         # range with finite times): "0 kernels" would read as an idle GPU.
-        raise TraceError(str(path), f"none of its {n_events} trace events is usable (no "
-                                    "GPU kernel, CPU op or range with valid times)")
+        raise TraceError(
+            str(path),
+            f"none of its {n_events} trace events is usable (no "
+            "GPU kernel, CPU op or range with valid times)",
+        )
     devices = {}
     props = header.get("deviceProperties")
     for d in props if isinstance(props, list) else []:
@@ -410,24 +478,42 @@ def read_torch_trace_account(path: str | os.PathLike[str]
     dist: dict[str, Any] = raw_dist if isinstance(raw_dist, dict) else {}
     wanted = ("schemaVersion", "vllm_version", "traceName", "baseTimeNanoseconds", "host_name")
     meta: dict[str, str] = {k: str(header[k]) for k in wanted if k in header}
-    meta.update({f"dist_{k}": str(v) for k, v in dist.items()
-                 if k in ("rank", "world_size", "backend", "nccl_version")})
+    meta.update(
+        {
+            f"dist_{k}": str(v)
+            for k, v in dist.items()
+            if k in ("rank", "world_size", "backend", "nccl_version")
+        }
+    )
     meta["events"] = str(n_events)
     meta["cpu_only"] = str(cpu_only).lower()
     parents = col.thread_parent()
     if parents:
         meta["backward_threads"] = ", ".join(f"{c} -> {p}" for c, p in sorted(parents.items()))
     bad = sum(col.bad_times.values())
-    acc = ReadAccount("trace events", found=col.found + odd[0], read=col.found - bad,
-                      attributed=col.found - bad)
-    acc.missing += [f"{n:,} {cat} event(s) with a time that is not a finite µs value"
-                    for cat, n in sorted(col.bad_times.items())]
+    acc = ReadAccount(
+        "trace events", found=col.found + odd[0], read=col.found - bad, attributed=col.found - bad
+    )
+    acc.missing += [
+        f"{n:,} {cat} event(s) with a time that is not a finite µs value"
+        for cat, n in sorted(col.bad_times.items())
+    ]
     if odd[0]:
         acc.missing.append(f"{odd[0]:,} traceEvents element(s) that are not objects")
     if cpu_only and not acts.empty:
         acc.notes.append("no GPU events: the outermost cpu_op events stand in for kernels")
-    return (Timeline(activities=acts, ranges=col.range_frame(), source=f"torch:{path}",
-                     devices=devices, meta=meta, thread_parent=parents), col.comm_frame(), acc)
+    return (
+        Timeline(
+            activities=acts,
+            ranges=col.range_frame(),
+            source=f"torch:{path}",
+            devices=devices,
+            meta=meta,
+            thread_parent=parents,
+        ),
+        col.comm_frame(),
+        acc,
+    )
 
 
 def find_traces(directory: str | os.PathLike[str]) -> list[Path]:
@@ -448,10 +534,16 @@ class ProfileCapture:
     :meth:`stop` waits until new files exist and their sizes stop changing.
     """
 
-    def __init__(self, base_url: str, trace_dir: str | os.PathLike[str], *,
-                 timeout_s: float = 120.0, session: Any = None,
-                 clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        trace_dir: str | os.PathLike[str],
+        *,
+        timeout_s: float = 120.0,
+        session: Any = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self.http = session or requests.Session()
         self.base = base_url.rstrip("/").removesuffix("/v1")
         self.trace_dir = trace_dir
@@ -460,8 +552,11 @@ class ProfileCapture:
         self._before: dict[Path, float] = {}
 
     def start(self) -> None:
-        self._before = {p: p.stat().st_mtime for p in find_traces(self.trace_dir)} \
-            if Path(self.trace_dir).is_dir() else {}
+        self._before = (
+            {p: p.stat().st_mtime for p in find_traces(self.trace_dir)}
+            if Path(self.trace_dir).is_dir()
+            else {}
+        )
         _post(self.http, f"{self.base}/start_profile", self.timeout_s)
         self.started = True
 
@@ -474,21 +569,26 @@ class ProfileCapture:
         deadline = self.clock() + self.timeout_s
         sizes: dict[Path, int] = {}
         while True:
-            new = [p for p in find_traces(self.trace_dir)
-                   if self._before.get(p) != p.stat().st_mtime] \
-                if Path(self.trace_dir).is_dir() else []
+            new = (
+                [p for p in find_traces(self.trace_dir) if self._before.get(p) != p.stat().st_mtime]
+                if Path(self.trace_dir).is_dir()
+                else []
+            )
             now_sizes = {p: p.stat().st_size for p in new}
             if new and now_sizes == sizes:
                 return new
             if self.clock() > deadline:
-                raise TraceError(str(self.trace_dir), "no profiler trace appeared after "
-                                 f"/stop_profile within {self.timeout_s:.0f} s")
+                raise TraceError(
+                    str(self.trace_dir),
+                    f"no profiler trace appeared after /stop_profile within {self.timeout_s:.0f} s",
+                )
             sizes = now_sizes
             self.sleep(0.5)
 
 
-def capture_profile(base_url: str, trace_dir: str | os.PathLike[str], run: Callable[[], T],
-                    **kwargs: Any) -> tuple[T, list[Path]]:
+def capture_profile(
+    base_url: str, trace_dir: str | os.PathLike[str], run: Callable[[], T], **kwargs: Any
+) -> tuple[T, list[Path]]:
     """The profiler around all of ``run()``: its result and the new trace files (keyword
     arguments as :class:`ProfileCapture`)."""
     capture = ProfileCapture(base_url, trace_dir, **kwargs)
@@ -507,7 +607,10 @@ def _post(http: Any, url: str, timeout_s: float) -> None:
     except requests.RequestException as exc:
         raise TraceError(url, f"profiler endpoint unreachable ({exc})") from None
     if resp.status_code == 404:
-        raise TraceError(url, "404: the server was not started with --profiler-config "
-                              "'{\"profiler\":\"torch\",\"torch_profiler_dir\":\"DIR\"}'")
+        raise TraceError(
+            url,
+            "404: the server was not started with --profiler-config "
+            '\'{"profiler":"torch","torch_profiler_dir":"DIR"}\'',
+        )
     if resp.status_code >= 400:
         raise TraceError(url, f"HTTP {resp.status_code}: {resp.text[:200]}")

@@ -67,9 +67,13 @@ class FakeNvmlBackend:
     ``read_delay_s`` makes each read take that long (to test a slow driver).
     :attr:`reads` counts reads per device; :attr:`closed` tells whether close() was called."""
 
-    def __init__(self, devices: Sequence[FakeDevice], *,
-                 clock: Callable[[], float] = time.monotonic, read_delay_s: float = 0.0
-                 ) -> None:
+    def __init__(
+        self,
+        devices: Sequence[FakeDevice],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        read_delay_s: float = 0.0,
+    ) -> None:
         self.devices = list(devices)
         self._clock = clock
         self._t0 = clock()
@@ -94,16 +98,20 @@ class FakeNvmlBackend:
         if any(f <= t < f + 0.05 for f in d.fail_at):
             raise RuntimeError(f"scripted failure of fake GPU {index} at t={t:.3f} s")
         return GpuReading(
-            mem_used_bytes=value_at(d.mem_used, t), mem_total_bytes=float(d.mem_total_bytes),
+            mem_used_bytes=value_at(d.mem_used, t),
+            mem_total_bytes=float(d.mem_total_bytes),
             mem_reserved_bytes=value_at(d.mem_reserved, t),
-            util_gpu_pct=value_at(d.util_gpu, t), util_mem_pct=value_at(d.util_mem, t),
-            power_w=value_at(d.power_w, t), sm_clock_mhz=value_at(d.sm_clock_mhz, t),
+            util_gpu_pct=value_at(d.util_gpu, t),
+            util_mem_pct=value_at(d.util_mem, t),
+            power_w=value_at(d.power_w, t),
+            sm_clock_mhz=value_at(d.sm_clock_mhz, t),
             mem_clock_mhz=value_at(d.mem_clock_mhz, t),
             temperature_c=value_at(d.temperature_c, t),
             pcie_rx_bytes_per_s=value_at(d.pcie_rx_bytes_per_s, t),
             pcie_tx_bytes_per_s=value_at(d.pcie_tx_bytes_per_s, t),
             nvlink_rx_bytes_per_s=value_at(d.nvlink_rx_bytes_per_s, t),
-            nvlink_tx_bytes_per_s=value_at(d.nvlink_tx_bytes_per_s, t))
+            nvlink_tx_bytes_per_s=value_at(d.nvlink_tx_bytes_per_s, t),
+        )
 
     def close(self) -> None:
         self.closed = True
@@ -130,10 +138,16 @@ def demo_devices(n: int = 2, *, startup_s: float = 2.0) -> list[FakeDevice]:
         def temperature(t: float, power: Callable[[float], float] = power) -> float:
             return 35.0 + power(t) / 20.0
 
-        devices.append(FakeDevice(
-            name=f"Fake NVIDIA H100 80GB HBM3 #{i}", mem_total_bytes=total,
-            mem_used=[(0.0, 0.5 * GiB), (startup_s * 0.4, 16 * GiB),
-                      (startup_s, 0.9 * total)],
-            util_gpu=util, util_mem=util_mem, power_w=power, temperature_c=temperature,
-            pcie_rx_bytes_per_s=[(0.0, 0.0), (0.1, 12e9), (startup_s * 0.4, 1e6)]))
+        devices.append(
+            FakeDevice(
+                name=f"Fake NVIDIA H100 80GB HBM3 #{i}",
+                mem_total_bytes=total,
+                mem_used=[(0.0, 0.5 * GiB), (startup_s * 0.4, 16 * GiB), (startup_s, 0.9 * total)],
+                util_gpu=util,
+                util_mem=util_mem,
+                power_w=power,
+                temperature_c=temperature,
+                pcie_rx_bytes_per_s=[(0.0, 0.0), (0.1, 12e9), (startup_s * 0.4, 1e6)],
+            )
+        )
     return devices

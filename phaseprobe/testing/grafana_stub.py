@@ -58,8 +58,7 @@ class _State:
     folders: list[dict[str, Any]]
     dashboards: dict[str, dict[str, Any]] = field(default_factory=dict)
     requests: list[RecordedRequest] = field(default_factory=list)
-    forced: dict[tuple[str, str], deque[_Reply]] = field(
-        default_factory=lambda: defaultdict(deque))
+    forced: dict[tuple[str, str], deque[_Reply]] = field(default_factory=lambda: defaultdict(deque))
     lock: threading.Lock = field(default_factory=threading.Lock)
     next_id: int = 1
 
@@ -90,15 +89,13 @@ class _Handler(BaseHTTPRequestHandler):
             body = None
         path = self.path.split("?", 1)[0]
         with state.lock:
-            state.requests.append(RecordedRequest(method, path, dict(self.headers.items()),
-                                                  body))
+            state.requests.append(RecordedRequest(method, path, dict(self.headers.items()), body))
             forced = state.forced.get((method, path))
             reply = forced.popleft() if forced else self._route(state, method, path, body)
         self._send(reply)
 
     def _route(self, state: _State, method: str, path: str, body: Any) -> _Reply:
-        if state.token is not None and \
-                self.headers.get("Authorization") != f"Bearer {state.token}":
+        if state.token is not None and self.headers.get("Authorization") != f"Bearer {state.token}":
             return _Reply(401, {"message": "invalid API key"})
         if method == "GET" and path == "/api/health":
             return _Reply(200, {"database": "ok", "version": "11.3.0-stub"})
@@ -121,26 +118,44 @@ class _Handler(BaseHTTPRequestHandler):
             return _Reply(400, {"message": "bad request data"})
         dash = dict(body["dashboard"])
         if not dash.get("title"):
-            return _Reply(400, {"message": "Dashboard title cannot be empty",
-                                "status": "empty-name"})
+            return _Reply(
+                400, {"message": "Dashboard title cannot be empty", "status": "empty-name"}
+            )
         folder_uid = body.get("folderUid")
         if folder_uid and all(f.get("uid") != folder_uid for f in state.folders):
             return _Reply(400, {"message": "folder not found", "status": "not-found"})
         uid = str(dash.get("uid") or f"stub{state.next_id}")
         existing = state.dashboards.get(uid)
-        if existing is not None and not body.get("overwrite") and \
-                dash.get("version") != existing["version"]:
-            return _Reply(412, {"message": "The dashboard has been changed by someone else",
-                                "status": "version-mismatch"})
+        if (
+            existing is not None
+            and not body.get("overwrite")
+            and dash.get("version") != existing["version"]
+        ):
+            return _Reply(
+                412,
+                {
+                    "message": "The dashboard has been changed by someone else",
+                    "status": "version-mismatch",
+                },
+            )
         version = 1 if existing is None else int(existing["version"]) + 1
         dash_id = state.next_id if existing is None else int(existing["id"])
         state.next_id += 1
         dash.update(uid=uid, version=version, id=dash_id)
         state.dashboards[uid] = dash
         slug = _slug(str(dash["title"]))
-        return _Reply(200, {"id": dash_id, "uid": uid, "url": f"/d/{uid}/{slug}",
-                            "status": "success", "version": version, "slug": slug,
-                            "folderUid": folder_uid or ""})
+        return _Reply(
+            200,
+            {
+                "id": dash_id,
+                "uid": uid,
+                "url": f"/d/{uid}/{slug}",
+                "status": "success",
+                "version": version,
+                "slug": slug,
+                "folderUid": folder_uid or "",
+            },
+        )
 
     def _send(self, reply: _Reply) -> None:
         if isinstance(reply.body, str):
@@ -162,14 +177,20 @@ class _Server(ThreadingHTTPServer):
 class GrafanaStub:
     """Serves the Grafana API subset on 127.0.0.1 (port 0: the OS picks a free one)."""
 
-    def __init__(self, *, token: str | None = None,
-                 datasources: list[dict[str, Any]] | None = None,
-                 folders: list[dict[str, Any]] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        token: str | None = None,
+        datasources: list[dict[str, Any]] | None = None,
+        folders: list[dict[str, Any]] | None = None,
+    ) -> None:
         self._state = _State(
             token=token,
-            datasources=[dict(d) for d in (DEFAULT_DATASOURCES if datasources is None
-                                           else datasources)],
-            folders=[dict(f) for f in (folders or [])])
+            datasources=[
+                dict(d) for d in (DEFAULT_DATASOURCES if datasources is None else datasources)
+            ],
+            folders=[dict(f) for f in (folders or [])],
+        )
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -195,15 +216,17 @@ class GrafanaStub:
         default = {"message": f"stub reply {status}"}
         with self._state.lock:
             self._state.forced[(method.upper(), path)].append(
-                _Reply(status, default if body is None else body))
+                _Reply(status, default if body is None else body)
+            )
 
     def start(self) -> Self:
         server = _Server(("127.0.0.1", 0), _Handler)
         server.state = self._state
         self._server = server
         # A short poll interval: shutdown() waits for it, and tests start many stubs.
-        self._thread = threading.Thread(target=server.serve_forever, args=(0.05,),
-                                        name="grafana-stub", daemon=True)
+        self._thread = threading.Thread(
+            target=server.serve_forever, args=(0.05,), name="grafana-stub", daemon=True
+        )
         self._thread.start()
         return self
 

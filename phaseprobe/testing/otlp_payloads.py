@@ -31,12 +31,22 @@ def _kv(key: str, value: Any) -> KeyValue:
     return KeyValue(key=key, value=AnyValue(string_value=str(value)))
 
 
-def vllm_span(*, start_ns: int, queue_s: float = 0.001, prefill_s: float = 0.010,
-              decode_s: float = 0.100, prompt_tokens: int = 32, completion_tokens: int = 16,
-              pre_engine_s: float = 0.002, request_id: str | None = None,
-              trace_id: bytes | None = None, span_id: bytes | None = None,
-              model: str = "tiny", extra: dict[str, Any] | None = None,
-              names: dict[str, str] | None = None) -> Span:
+def vllm_span(
+    *,
+    start_ns: int,
+    queue_s: float = 0.001,
+    prefill_s: float = 0.010,
+    decode_s: float = 0.100,
+    prompt_tokens: int = 32,
+    completion_tokens: int = 16,
+    pre_engine_s: float = 0.002,
+    request_id: str | None = None,
+    trace_id: bytes | None = None,
+    span_id: bytes | None = None,
+    model: str = "tiny",
+    extra: dict[str, Any] | None = None,
+    names: dict[str, str] | None = None,
+) -> Span:
     """One ``llm_request`` span: arrival at ``start_ns``, then pre-engine, queue, prefill and
     decode back to back (e2e is their sum). ``names`` renames attributes (older vLLM)."""
     ttft = pre_engine_s + queue_s + prefill_s
@@ -57,19 +67,30 @@ def vllm_span(*, start_ns: int, queue_s: float = 0.001, prefill_s: float = 0.010
     for old, new in (names or {}).items():
         attrs[new] = attrs.pop(old)
     attrs.update(extra or {})
-    return Span(trace_id=trace_id or os.urandom(16), span_id=span_id or os.urandom(8),
-                name="llm_request", kind=Span.SPAN_KIND_SERVER, start_time_unix_nano=start_ns,
-                end_time_unix_nano=start_ns + round(e2e * 1e9),
-                attributes=[_kv(k, v) for k, v in attrs.items()])
+    return Span(
+        trace_id=trace_id or os.urandom(16),
+        span_id=span_id or os.urandom(8),
+        name="llm_request",
+        kind=Span.SPAN_KIND_SERVER,
+        start_time_unix_nano=start_ns,
+        end_time_unix_nano=start_ns + round(e2e * 1e9),
+        attributes=[_kv(k, v) for k, v in attrs.items()],
+    )
 
 
 def other_span(name: str = "GET /health", start_ns: int = 1_700_000_000_000_000_000) -> Span:
-    return Span(trace_id=os.urandom(16), span_id=os.urandom(8), name=name,
-                start_time_unix_nano=start_ns, end_time_unix_nano=start_ns + 1000)
+    return Span(
+        trace_id=os.urandom(16),
+        span_id=os.urandom(8),
+        name=name,
+        start_time_unix_nano=start_ns,
+        end_time_unix_nano=start_ns + 1000,
+    )
 
 
-def export_request(spans: Sequence[Span], service: str = "vllm",
-                   instance: str | None = "host-a:8000") -> ExportTraceServiceRequest:
+def export_request(
+    spans: Sequence[Span], service: str = "vllm", instance: str | None = "host-a:8000"
+) -> ExportTraceServiceRequest:
     resource_attrs = [_kv("service.name", service)]
     if instance:
         resource_attrs.append(_kv("service.instance.id", instance))

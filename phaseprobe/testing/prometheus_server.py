@@ -32,8 +32,9 @@ DEFAULT_BINARY = "/usr/bin/prometheus"
 _HOST = "127.0.0.1"
 
 
-def scrape_config(targets: Sequence[str], interval_s: float = 1.0, job: str = "vllm"
-                  ) -> dict[str, object]:
+def scrape_config(
+    targets: Sequence[str], interval_s: float = 1.0, job: str = "vllm"
+) -> dict[str, object]:
     """A Prometheus config scraping ``targets`` (``http://host:port[/path]`` or ``host:port``).
     Targets that differ in scheme or metrics path get one scrape job each."""
     groups: dict[tuple[str, str], list[str]] = {}
@@ -44,22 +45,38 @@ def scrape_config(targets: Sequence[str], interval_s: float = 1.0, job: str = "v
         path = parts.path.rstrip("/") or "/metrics"
         groups.setdefault((parts.scheme, path), []).append(parts.netloc)
     interval = f"{max(1, round(interval_s * 1000))}ms"
-    jobs = [{"job_name": job if i == 0 else f"{job}_{i}", "scheme": scheme, "metrics_path": path,
-             "scrape_interval": interval, "scrape_timeout": interval,
-             "static_configs": [{"targets": hosts}]}
-            for i, ((scheme, path), hosts) in enumerate(sorted(groups.items()))]
-    return {"global": {"scrape_interval": interval, "evaluation_interval": interval},
-            "scrape_configs": jobs}
+    jobs = [
+        {
+            "job_name": job if i == 0 else f"{job}_{i}",
+            "scheme": scheme,
+            "metrics_path": path,
+            "scrape_interval": interval,
+            "scrape_timeout": interval,
+            "static_configs": [{"targets": hosts}],
+        }
+        for i, ((scheme, path), hosts) in enumerate(sorted(groups.items()))
+    ]
+    return {
+        "global": {"scrape_interval": interval, "evaluation_interval": interval},
+        "scrape_configs": jobs,
+    }
 
 
 class PrometheusServer:
     """One Prometheus process; ``clock``/``sleep`` are injectable, the binary path too."""
 
-    def __init__(self, targets: Sequence[str], *, binary: str | Path = DEFAULT_BINARY,
-                 scrape_interval_s: float = 1.0, workdir: Path | None = None,
-                 ready_timeout_s: float = 30.0, extra_args: Sequence[str] = (),
-                 clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self,
+        targets: Sequence[str],
+        *,
+        binary: str | Path = DEFAULT_BINARY,
+        scrape_interval_s: float = 1.0,
+        workdir: Path | None = None,
+        ready_timeout_s: float = 30.0,
+        extra_args: Sequence[str] = (),
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self.targets = list(targets)
         self.binary = Path(binary)
         self.scrape_interval_s = scrape_interval_s
@@ -87,8 +104,10 @@ class PrometheusServer:
             found = shutil.which(self.binary.name)
             if found is None:
                 raise PrometheusServerError(
-                    str(self.binary), f"no Prometheus binary at {self.binary} "
-                    "(Debian/Ubuntu: apt-get install prometheus)")
+                    str(self.binary),
+                    f"no Prometheus binary at {self.binary} "
+                    "(Debian/Ubuntu: apt-get install prometheus)",
+                )
             self.binary = Path(found)
         if self._given_workdir is None:
             self.workdir = Path(tempfile.mkdtemp(prefix="phaseprobe-prom-"))
@@ -98,18 +117,26 @@ class PrometheusServer:
             self.workdir.mkdir(parents=True, exist_ok=True)
         config = self.workdir / "prometheus.yml"
         # JSON is YAML: no YAML library needed to write the config.
-        config.write_text(json.dumps(scrape_config(self.targets, self.scrape_interval_s),
-                                     indent=2))
+        config.write_text(json.dumps(scrape_config(self.targets, self.scrape_interval_s), indent=2))
         self.log_path = self.workdir / "prometheus.log"
         self.port = free_port(_HOST)
-        argv = [str(self.binary), f"--config.file={config}",
-                f"--storage.tsdb.path={self.workdir / 'data'}",
-                f"--web.listen-address={_HOST}:{self.port}", *self.extra_args]
+        argv = [
+            str(self.binary),
+            f"--config.file={config}",
+            f"--storage.tsdb.path={self.workdir / 'data'}",
+            f"--web.listen-address={_HOST}:{self.port}",
+            *self.extra_args,
+        ]
         self._log = open(self.log_path, "ab")  # noqa: SIM115 (closed in stop())
         # Its own session: stop() signals the group, and a Ctrl-C in pytest does not reach it
         # half-way through a write.
-        self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._log,
-                                      stderr=subprocess.STDOUT, start_new_session=True)
+        self._proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self.pid = self._proc.pid
         try:
             self._wait_ready()
@@ -122,16 +149,21 @@ class PrometheusServer:
         deadline = self._clock() + self.ready_timeout_s
         while self._clock() < deadline:
             if self._proc is not None and self._proc.poll() is not None:
-                raise PrometheusServerError(self.url, f"Prometheus exited with code "
-                                            f"{self._proc.returncode}:\n{log_tail(self.log_path)}")
+                raise PrometheusServerError(
+                    self.url,
+                    f"Prometheus exited with code "
+                    f"{self._proc.returncode}:\n{log_tail(self.log_path)}",
+                )
             try:
                 if requests.get(f"{self.url}/-/ready", timeout=1.0).status_code == 200:
                     return
             except requests.RequestException:
                 pass  # not listening yet
             self._sleep(0.05)
-        raise PrometheusServerError(self.url, f"Prometheus not ready after "
-                                    f"{self.ready_timeout_s:g} s:\n{log_tail(self.log_path)}")
+        raise PrometheusServerError(
+            self.url,
+            f"Prometheus not ready after {self.ready_timeout_s:g} s:\n{log_tail(self.log_path)}",
+        )
 
     def wait_for_scrapes(self, scrapes: int = 2, timeout_s: float = 30.0) -> float:
         """Block until every target has been scraped successfully ``scrapes`` times after this
@@ -146,14 +178,17 @@ class PrometheusServer:
             if last and len(last) >= len(self.targets) and min(last) >= needed:
                 return min(last)
             self._sleep(0.1)
-        raise PrometheusServerError(self.url, f"targets not scraped {scrapes} time(s) within "
-                                    f"{timeout_s:g} s (last scrapes: {last})")
+        raise PrometheusServerError(
+            self.url,
+            f"targets not scraped {scrapes} time(s) within {timeout_s:g} s (last scrapes: {last})",
+        )
 
     def _last_scrapes(self) -> list[float]:
         """Unix time of each healthy target's last scrape, from ``timestamp(up)``."""
         try:
-            answer = requests.get(f"{self.url}/api/v1/query",
-                                  params={"query": "timestamp(up == 1)"}, timeout=2.0).json()
+            answer = requests.get(
+                f"{self.url}/api/v1/query", params={"query": "timestamp(up == 1)"}, timeout=2.0
+            ).json()
             return [float(item["value"][1]) for item in answer["data"]["result"]]
         except (requests.RequestException, ValueError, KeyError, TypeError):
             return []
@@ -163,11 +198,13 @@ class PrometheusServer:
         if self.pid is not None:
             proc = self._proc
             try:
-                stop_process_group(self.pid, timeout=10.0,
-                                   reap=proc.poll if proc is not None else None)
+                stop_process_group(
+                    self.pid, timeout=10.0, reap=proc.poll if proc is not None else None
+                )
             except Exception as exc:
-                raise PrometheusServerError(self.url, f"could not stop pid {self.pid}: {exc}"
-                                            ) from exc
+                raise PrometheusServerError(
+                    self.url, f"could not stop pid {self.pid}: {exc}"
+                ) from exc
             self.pid = None
             self._proc = None
         if self._log is not None:

@@ -84,8 +84,11 @@ def _any_value(v: Any) -> dict[str, Any]:
 
 def otlp_attributes(sp: RequestSpan) -> list[dict[str, Any]]:
     """The span's fields as vLLM names them (each field's first alias), OTLP KeyValue JSON."""
-    return [{"key": keys[0], "value": _any_value(getattr(sp, name))}
-            for name, keys in ATTRIBUTE_ALIASES.items() if getattr(sp, name) is not None]
+    return [
+        {"key": keys[0], "value": _any_value(getattr(sp, name))}
+        for name, keys in ATTRIBUTE_ALIASES.items()
+        if getattr(sp, name) is not None
+    ]
 
 
 def _resource(sp: RequestSpan) -> list[dict[str, Any]]:
@@ -102,27 +105,68 @@ def tempo_search(spans: Sequence[RequestSpan]) -> dict[str, Any]:
     id, its matching spans with the selected span and resource attributes."""
     traces: dict[str, dict[str, Any]] = {}
     for sp in spans:
-        t = traces.setdefault(sp.trace_id, {
-            "traceID": sp.trace_id.lstrip("0") or "0", "rootServiceName": sp.service or "",
-            "rootTraceName": VLLM_SPAN_NAME, "startTimeUnixNano": str(sp.start_ns),
-            "durationMs": (sp.end_ns - sp.start_ns) // 10**6,
-            "spanSets": [{"spans": [], "matched": 0}]})
+        t = traces.setdefault(
+            sp.trace_id,
+            {
+                "traceID": sp.trace_id.lstrip("0") or "0",
+                "rootServiceName": sp.service or "",
+                "rootTraceName": VLLM_SPAN_NAME,
+                "startTimeUnixNano": str(sp.start_ns),
+                "durationMs": (sp.end_ns - sp.start_ns) // 10**6,
+                "spanSets": [{"spans": [], "matched": 0}],
+            },
+        )
         ss = t["spanSets"][0]
-        ss["spans"].append({
-            "spanID": sp.span_id, "name": VLLM_SPAN_NAME,
-            "startTimeUnixNano": str(sp.start_ns), "durationNanos": str(sp.end_ns - sp.start_ns),
-            "attributes": [*otlp_attributes(sp), *({"key": f"resource.{a['key']}", **{
-                k: v for k, v in a.items() if k != "key"}} for a in _resource(sp))]})
+        ss["spans"].append(
+            {
+                "spanID": sp.span_id,
+                "name": VLLM_SPAN_NAME,
+                "startTimeUnixNano": str(sp.start_ns),
+                "durationNanos": str(sp.end_ns - sp.start_ns),
+                "attributes": [
+                    *otlp_attributes(sp),
+                    *(
+                        {
+                            "key": f"resource.{a['key']}",
+                            **{k: v for k, v in a.items() if k != "key"},
+                        }
+                        for a in _resource(sp)
+                    ),
+                ],
+            }
+        )
         ss["matched"] += 1
-    return {"traces": list(traces.values()),
-            "metrics": {"inspectedTraces": len(traces), "completedJobs": 1, "totalJobs": 1}}
+    return {
+        "traces": list(traces.values()),
+        "metrics": {"inspectedTraces": len(traces), "completedJobs": 1, "totalJobs": 1},
+    }
 
 
 def jaeger_traces(spans: Sequence[RequestSpan]) -> dict[str, Any]:
     """Jaeger's /api/v3/traces answer: OTLP TracesData JSON under ``result``."""
-    return {"result": {"resourceSpans": [{
-        "resource": {"attributes": _resource(sp)},
-        "scopeSpans": [{"scope": {"name": "vllm"}, "spans": [{
-            "traceId": sp.trace_id, "spanId": sp.span_id, "name": VLLM_SPAN_NAME, "kind": 2,
-            "startTimeUnixNano": str(sp.start_ns), "endTimeUnixNano": str(sp.end_ns),
-            "attributes": otlp_attributes(sp)}]}]} for sp in spans]}}
+    return {
+        "result": {
+            "resourceSpans": [
+                {
+                    "resource": {"attributes": _resource(sp)},
+                    "scopeSpans": [
+                        {
+                            "scope": {"name": "vllm"},
+                            "spans": [
+                                {
+                                    "traceId": sp.trace_id,
+                                    "spanId": sp.span_id,
+                                    "name": VLLM_SPAN_NAME,
+                                    "kind": 2,
+                                    "startTimeUnixNano": str(sp.start_ns),
+                                    "endTimeUnixNano": str(sp.end_ns),
+                                    "attributes": otlp_attributes(sp),
+                                }
+                            ],
+                        }
+                    ],
+                }
+                for sp in spans
+            ]
+        }
+    }

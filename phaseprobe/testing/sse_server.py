@@ -47,9 +47,14 @@ _STREAM_PATHS: Final = ("/v1/completions", "/v1/chat/completions")
 _HUGE_TEXT: Final = "x"
 _PIECE_BYTES: Final = 64 * 1024  # a huge event leaves in pieces of this size
 # The phase histograms /metrics exports (vLLM's names), observed once per finished stream.
-_PHASES: Final = ("request_queue_time_seconds", "request_prefill_time_seconds",
-                  "request_decode_time_seconds", "request_inference_time_seconds",
-                  "time_to_first_token_seconds", "e2e_request_latency_seconds")
+_PHASES: Final = (
+    "request_queue_time_seconds",
+    "request_prefill_time_seconds",
+    "request_decode_time_seconds",
+    "request_inference_time_seconds",
+    "time_to_first_token_seconds",
+    "e2e_request_latency_seconds",
+)
 # vLLM's error "type" per status (its ErrorResponse); others fall back to the HTTP phrase.
 _ERROR_TYPES: Final = {
     400: "BadRequestError",
@@ -126,8 +131,9 @@ class Script:
         if self.trickle_s is not None and self.trickle_s <= 0:
             raise ValueError(f"Script.trickle_s must be > 0 or None, got {self.trickle_s}")
         if self.huge_event_bytes is not None and self.huge_event_bytes < 1:
-            raise ValueError(f"Script.huge_event_bytes must be >= 1 or None, got "
-                             f"{self.huge_event_bytes}")
+            raise ValueError(
+                f"Script.huge_event_bytes must be >= 1 or None, got {self.huge_event_bytes}"
+            )
         if self.reset_after is not None and self.reset_after < 0:
             raise ValueError(f"Script.reset_after must be >= 0 or None, got {self.reset_after}")
         if self.cut_after is not None and self.reset_after is not None:
@@ -211,13 +217,20 @@ class _Handler(BaseHTTPRequestHandler):
         elif self.path == "/version":
             self._send_json(200, {"version": owner.version})
         elif self.path == "/v1/models":
-            model = {"id": owner.model, "object": "model", "created": owner.created,
-                     "owned_by": "sse-test", "root": owner.model, "parent": None,
-                     "max_model_len": 2048}
+            model = {
+                "id": owner.model,
+                "object": "model",
+                "created": owner.created,
+                "owned_by": "sse-test",
+                "root": owner.model,
+                "parent": None,
+                "max_model_len": 2048,
+            }
             self._send_json(200, {"object": "list", "data": [model]})
         elif self.path == "/metrics" and owner.metrics:
-            self._send(200, owner.metrics_text().encode(),
-                       "text/plain; version=0.0.4; charset=utf-8")
+            self._send(
+                200, owner.metrics_text().encode(), "text/plain; version=0.0.4; charset=utf-8"
+            )
         else:
             # /metrics included unless metrics=True: no vLLM metrics, so clients must fall
             # back to client-only runs, exactly as against an endpoint that hides them.
@@ -247,8 +260,9 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send_error(400, "the SSE test server only answers stream=true")
             elif script.status != 200 and script.error_raw:
                 # An error page as some proxies send it: the bytes as given, nothing escaped.
-                self._send(script.status, (script.error_body or "").encode(),
-                           "text/plain; charset=utf-8")
+                self._send(
+                    script.status, (script.error_body or "").encode(), "text/plain; charset=utf-8"
+                )
             elif script.status != 200:
                 self._send_error(script.status, script.error_body)
             else:
@@ -266,9 +280,13 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _record(self, raw: bytes, body: Any, script: Script | None) -> RequestRecord:
         rec = RequestRecord(
-            method=self.command, path=self.path,
+            method=self.command,
+            path=self.path,
             headers={k.lower(): v for k, v in self.headers.items()},
-            raw_body=raw, body=body, script=script, start_ns=time.perf_counter_ns(),
+            raw_body=raw,
+            body=body,
+            script=script,
+            start_ns=time.perf_counter_ns(),
         )
         self.server.owner._add_record(rec)
         if script is None:
@@ -294,13 +312,16 @@ class _Handler(BaseHTTPRequestHandler):
             phrase = HTTPStatus(status).phrase
         except ValueError:
             phrase = ""  # a status http.HTTPStatus does not name (e.g. 599)
-        self._send_json(status, {
-            "object": "error",
-            "message": message if message is not None else f"scripted error {status} {phrase}",
-            "type": _ERROR_TYPES.get(status, phrase.replace(" ", "") or "Error"),
-            "param": None,
-            "code": status,
-        })
+        self._send_json(
+            status,
+            {
+                "object": "error",
+                "message": message if message is not None else f"scripted error {status} {phrase}",
+                "type": _ERROR_TYPES.get(status, phrase.replace(" ", "") or "Error"),
+                "param": None,
+                "code": status,
+            },
+        )
 
 
 class _Stop(Exception):
@@ -310,15 +331,19 @@ class _Stop(Exception):
 class _Stream:
     """Writes one scripted SSE response; split from the handler to keep routing readable."""
 
-    def __init__(self, handler: _Handler, rec: RequestRecord, script: Script,
-                 body: dict[str, Any]) -> None:
+    def __init__(
+        self, handler: _Handler, rec: RequestRecord, script: Script, body: dict[str, Any]
+    ) -> None:
         self.h = handler
         self.rec = rec
         self.script = script
         self.chat = handler.path == "/v1/chat/completions"
         options = body.get("stream_options")
-        self.usage = bool(script.include_usage_if_asked and isinstance(options, dict)
-                          and options.get("include_usage"))
+        self.usage = bool(
+            script.include_usage_if_asked
+            and isinstance(options, dict)
+            and options.get("include_usage")
+        )
         owner = handler.server.owner
         model = body.get("model")
         self.base: dict[str, Any] = {
@@ -327,8 +352,11 @@ class _Stream:
             "created": int(time.time()),
             "model": model if isinstance(model, str) else owner.model,
         }
-        self.prompt_tokens = (script.prompt_tokens if script.prompt_tokens is not None
-                              else _count_prompt_tokens(body, self.chat))
+        self.prompt_tokens = (
+            script.prompt_tokens
+            if script.prompt_tokens is not None
+            else _count_prompt_tokens(body, self.chat)
+        )
         self.closing = owner._closing
 
     def run(self) -> None:
@@ -376,8 +404,9 @@ class _Stream:
             finish = "length" if i == n_events - 1 else None
             huge = script.huge_event_bytes if i == 0 else None
             # Built before the wait.
-            frame = self._token_frame(_TOKEN_TEXT * k if huge is None else _HUGE_TEXT * huge,
-                                      finish, raw=huge is not None)
+            frame = self._token_frame(
+                _TOKEN_TEXT * k if huge is None else _HUGE_TEXT * huge, finish, raw=huge is not None
+            )
             if not self._wait_until(start + i * gap):
                 self.h.close_connection = True  # close() was called: drop the stream
                 return
@@ -385,7 +414,7 @@ class _Stream:
             rec.tokens_sent += k
             if huge is not None:
                 for at in range(0, len(frame), _PIECE_BYTES):
-                    self._write(self._frame(frame[at:at + _PIECE_BYTES]))
+                    self._write(self._frame(frame[at : at + _PIECE_BYTES]))
             else:
                 self._write(frame)
         if script.cut_after is not None:
@@ -395,9 +424,11 @@ class _Stream:
             self._reset()
             return
         if self.usage:
-            usage = {"prompt_tokens": self.prompt_tokens,
-                     "total_tokens": self.prompt_tokens + script.n_tokens,
-                     "completion_tokens": script.n_tokens}
+            usage = {
+                "prompt_tokens": self.prompt_tokens,
+                "total_tokens": self.prompt_tokens + script.n_tokens,
+                "completion_tokens": script.n_tokens,
+            }
             if script.usage is not None:
                 usage = {**usage, **script.usage}
             final = {**self.base, "choices": [], "usage": usage}
@@ -413,14 +444,23 @@ class _Stream:
         if self.chat:
             payload = self._chat_choice({"content": text}, finish)
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish,
-                      "stop_reason": None}
+            choice = {
+                "index": 0,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": finish,
+                "stop_reason": None,
+            }
             payload = {**self.base, "choices": [choice], "usage": None}
         return self._sse(payload) if raw else self._event(payload)
 
     def _chat_choice(self, delta: dict[str, str], finish: str | None) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None,
-                                  "finish_reason": finish}
+        choice: dict[str, Any] = {
+            "index": 0,
+            "delta": delta,
+            "logprobs": None,
+            "finish_reason": finish,
+        }
         if finish is not None:
             choice["stop_reason"] = None
         return {**self.base, "choices": [choice]}
@@ -445,7 +485,7 @@ class _Stream:
             self.h.wfile.write(data)
             return
         for at in range(len(data)):
-            self.h.wfile.write(data[at:at + 1])
+            self.h.wfile.write(data[at : at + 1])
             if self.closing.wait(trickle):
                 raise _Stop
 
@@ -483,14 +523,16 @@ def _count_prompt_tokens(body: dict[str, Any], chat: bool) -> int:
         messages = body.get("messages")
         if not isinstance(messages, list):
             return 0
-        return sum(len(str(m.get("content", "")).split()) for m in messages
-                   if isinstance(m, dict))
+        return sum(len(str(m.get("content", "")).split()) for m in messages if isinstance(m, dict))
     prompt = body.get("prompt")
     if isinstance(prompt, str):
         return len(prompt.split())
     if isinstance(prompt, list):
-        return len(prompt) if all(isinstance(t, int) for t in prompt) else sum(
-            len(p.split()) if isinstance(p, str) else len(p) for p in prompt)
+        return (
+            len(prompt)
+            if all(isinstance(t, int) for t in prompt)
+            else sum(len(p.split()) if isinstance(p, str) else len(p) for p in prompt)
+        )
     return 0
 
 
@@ -512,9 +554,15 @@ class SseServer:
     ``metrics_count_delta`` makes the histograms lie about its request.
     """
 
-    def __init__(self, script: Script | None = None, *, model: str = "sse-test-model",
-                 api_key: str | None = None, metrics: bool = False,
-                 version: str = "sse-test") -> None:
+    def __init__(
+        self,
+        script: Script | None = None,
+        *,
+        model: str = "sse-test-model",
+        api_key: str | None = None,
+        metrics: bool = False,
+        version: str = "sse-test",
+    ) -> None:
         self.model = model
         self.version = version  # what /version answers (a vLLM version picks code paths)
         self.api_key = api_key
@@ -522,8 +570,7 @@ class SseServer:
         self._running = 0
         self._counts = 0.0
         self._sums = dict.fromkeys(_PHASES, 0.0)
-        self._tokens = {"prompt_tokens": 0.0, "generation_tokens": 0.0,
-                        "request_success": 0.0}
+        self._tokens = {"prompt_tokens": 0.0, "generation_tokens": 0.0, "request_success": 0.0}
         self.created = int(time.time())
         # what tells this process from another behind a router (vLLM's prometheus_client
         # exports it too): distinct per server even when two start in the same second
@@ -538,8 +585,10 @@ class SseServer:
         self._httpd = _HttpServer(("127.0.0.1", 0), _Handler)
         self._httpd.owner = self
         self._thread = threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.02},
-            name=f"sse-server-{self.port}", daemon=True,
+            target=self._httpd.serve_forever,
+            kwargs={"poll_interval": 0.02},
+            name=f"sse-server-{self.port}",
+            daemon=True,
         )
         self._thread.start()
 
@@ -596,25 +645,39 @@ class SseServer:
             tokens, running = dict(self._tokens), self._running
         for base in _PHASES:
             name = "vllm:" + base
-            lines += [f"# HELP {name} {base}", f"# TYPE {name} histogram",
-                      f'{name}_bucket{{{lab},le="+Inf"}} {counts!r}',
-                      f"{name}_sum{{{lab}}} {sums[base]!r}",
-                      f"{name}_count{{{lab}}} {counts!r}"]
+            lines += [
+                f"# HELP {name} {base}",
+                f"# TYPE {name} histogram",
+                f'{name}_bucket{{{lab},le="+Inf"}} {counts!r}',
+                f"{name}_sum{{{lab}}} {sums[base]!r}",
+                f"{name}_count{{{lab}}} {counts!r}",
+            ]
         for base, value in tokens.items():
             name = "vllm:" + base
-            lines += [f"# HELP {name} {base}", f"# TYPE {name} counter",
-                      f"{name}_total{{{lab}}} {value!r}"]
-        for base, value in (("num_requests_running", float(running)),
-                            ("num_requests_waiting", 0.0), ("kv_cache_usage_perc", 0.0)):
+            lines += [
+                f"# HELP {name} {base}",
+                f"# TYPE {name} counter",
+                f"{name}_total{{{lab}}} {value!r}",
+            ]
+        for base, value in (
+            ("num_requests_running", float(running)),
+            ("num_requests_waiting", 0.0),
+            ("kv_cache_usage_perc", 0.0),
+        ):
             name = "vllm:" + base
-            lines += [f"# HELP {name} {base}", f"# TYPE {name} gauge",
-                      f"{name}{{{lab}}} {value!r}"]
-        lines += ["# HELP process_start_time_seconds Start time of the process since unix "
-                  "epoch in seconds.", "# TYPE process_start_time_seconds gauge",
-                  f"process_start_time_seconds {self.process_start_s!r}"]
+            lines += [f"# HELP {name} {base}", f"# TYPE {name} gauge", f"{name}{{{lab}}} {value!r}"]
+        lines += [
+            "# HELP process_start_time_seconds Start time of the process since unix "
+            "epoch in seconds.",
+            "# TYPE process_start_time_seconds gauge",
+            f"process_start_time_seconds {self.process_start_s!r}",
+        ]
         info = "vllm:cache_config_info"
-        lines += [f"# HELP {info} cache config", f"# TYPE {info} gauge",
-                  f'{info}{{block_size="16",engine="0",num_gpu_blocks="1024"}} 1.0']
+        lines += [
+            f"# HELP {info} cache config",
+            f"# TYPE {info} gauge",
+            f'{info}{{block_size="16",engine="0",num_gpu_blocks="1024"}} 1.0',
+        ]
         return "\n".join(lines) + "\n"
 
     def _stream_started(self) -> None:
@@ -627,11 +690,14 @@ class SseServer:
         first = rec.send_ns[0] if rec.send_ns else end
         last = rec.send_ns[-1] if rec.send_ns else end
         prefill, decode = (first - rec.start_ns) / 1e9, (last - first) / 1e9
-        times = {"request_queue_time_seconds": 0.0, "request_prefill_time_seconds": prefill,
-                 "request_decode_time_seconds": decode,
-                 "request_inference_time_seconds": prefill + decode,
-                 "time_to_first_token_seconds": prefill,
-                 "e2e_request_latency_seconds": (end - rec.start_ns) / 1e9}
+        times = {
+            "request_queue_time_seconds": 0.0,
+            "request_prefill_time_seconds": prefill,
+            "request_decode_time_seconds": decode,
+            "request_inference_time_seconds": prefill + decode,
+            "time_to_first_token_seconds": prefill,
+            "e2e_request_latency_seconds": (end - rec.start_ns) / 1e9,
+        }
         delta = script.metrics_count_delta
         with self._lock:
             self._running -= 1

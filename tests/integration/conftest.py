@@ -104,8 +104,7 @@ def local_vllm(span_target: SpanTarget | None) -> Iterator[VllmTarget]:
     model_dir = ensure_model(progress=_progress)
     # Tracing on, as `probe` and `watch --demo` run the local vLLM: its spans go to the
     # session's receiver (vLLM's cost per span is tens of µs: research/vllm_otlp.md).
-    trace_args, trace_env = tracing_launch(span_target.receiver.grpc_url if span_target
-                                           else None)
+    trace_args, trace_env = tracing_launch(span_target.receiver.grpc_url if span_target else None)
     server = LocalVllm(model_dir, extra_args=trace_args, extra_env=trace_env)
     started = time.monotonic()
     server.start()
@@ -152,11 +151,16 @@ def local_fleet(span_target: SpanTarget | None) -> Iterator[FleetTarget]:
     install(progress=_progress)
     install_router(progress=_progress)
     model_dir = ensure_model(progress=_progress)
-    fleet = LocalFleet(2, model_dir=model_dir, policy="round_robin",
-                       otlp_grpc_url=span_target.receiver.grpc_url if span_target else None)
+    fleet = LocalFleet(
+        2,
+        model_dir=model_dir,
+        policy="round_robin",
+        otlp_grpc_url=span_target.receiver.grpc_url if span_target else None,
+    )
     fleet.start()
-    _progress(f"fleet {fleet.replicas} behind {fleet.router_url} after "
-              f"{fleet.startup_seconds:.1f} s")
+    _progress(
+        f"fleet {fleet.replicas} behind {fleet.router_url} after {fleet.startup_seconds:.1f} s"
+    )
     pids = [*fleet.replica_pids.values(), fleet.router.pid]
     try:
         yield FleetTarget(
@@ -220,12 +224,18 @@ def _pd_pair(span_target: SpanTarget | None, *, broken: bool) -> Iterator[PdTarg
     if not broken:
         install_router(progress=_progress)
     model_dir = ensure_model(progress=_progress)
-    pair = LocalPdPair(model_dir=model_dir, router=not broken, broken=broken,
-                       otlp_grpc_url=span_target.receiver.grpc_url if span_target else None)
+    pair = LocalPdPair(
+        model_dir=model_dir,
+        router=not broken,
+        broken=broken,
+        otlp_grpc_url=span_target.receiver.grpc_url if span_target else None,
+    )
     pair.start()
     what = "broken P/D pair" if broken else "P/D pair"
-    _progress(f"{what} prefill {pair.prefill_url} decode {pair.decode_url} router "
-              f"{pair.router_url} after {pair.startup_seconds:.1f} s")
+    _progress(
+        f"{what} prefill {pair.prefill_url} decode {pair.decode_url} router "
+        f"{pair.router_url} after {pair.startup_seconds:.1f} s"
+    )
     pids = pair.pids
     try:
         yield PdTarget(

@@ -73,20 +73,30 @@ decode = "{local_pd.decode_url}"
     for r in pd_runs:
         legs = r.pd
         assert legs is not None
-        assert None not in (legs.prefill_s, legs.hand_over_s, legs.decode_prompt_s,
-                            legs.decode_s), legs
+        assert None not in (
+            legs.prefill_s,
+            legs.hand_over_s,
+            legs.decode_prompt_s,
+            legs.decode_s,
+        ), legs
         assert legs.kv == "transferred", legs.kv_reason
     # the verdicts agree with the decode instance's own counters over the session, and the
     # prefill instance served exactly one leg per run
-    assert sum(r.pd.tokens_transferred or 0 for r in pd_runs if r.pd) == \
-        sources["external_kv_transfer"] > 0, sources
+    assert (
+        sum(r.pd.tokens_transferred or 0 for r in pd_runs if r.pd)
+        == sources["external_kv_transfer"]
+        > 0
+    ), sources
     assert sum(r.pd.tokens_computed or 0 for r in pd_runs if r.pd) == sources["local_compute"]
     assert prefill_requests == 3
     assert all(r.pd is None and r.status == "ok" for r in result.runs["aggregated"])
     # the stored arm describes the pair; the comparison stands (alike) with the pair's caveat
     assert exps["pd"].server_info["pd"]["router"] == local_pd.router_url
-    c = judge_pd(compare_runs(result.runs["aggregated"], pd_runs, arm_a="aggregated",
-                              arm_b="pd"), exps, result.runs)
+    c = judge_pd(
+        compare_runs(result.runs["aggregated"], pd_runs, arm_a="aggregated", arm_b="pd"),
+        exps,
+        result.runs,
+    )
     assert "not alike" not in c.phase_line, c.phase_line
     assert any(w.startswith("arm pd is a prefill/decode pair") for w in c.warnings)
     for name, m in c.metrics.items():  # the figures, for the record (not asserted)

@@ -54,12 +54,16 @@ def test_cpu_compile_playbook_shows_compiled_decodes_faster(tmp_path, capsys):
     with Store(tmp_path / "ab.sqlite") as store:
         result = run_ab(pb, store, plan=plan)
     assert result.complete and result.stop is not None
-    c = compare_runs(result.runs["eager"], result.runs["compiled"], arm_a="eager",
-                     arm_b="compiled", plan=plan)
+    c = compare_runs(
+        result.runs["eager"], result.runs["compiled"], arm_a="eager", arm_b="compiled", plan=plan
+    )
     decode = c.metrics["server_decode_s"]
-    print(f"\ncpu-compile: {c.phase_line}; decode eager {decode.median_a * 1e3:.1f} ms, compiled "
-          f"{decode.median_b * 1e3:.1f} ms; stop {result.stop}; "
-          + "; ".join(n.summary for n in c.noise), file=sys.__stderr__)
+    print(
+        f"\ncpu-compile: {c.phase_line}; decode eager {decode.median_a * 1e3:.1f} ms, compiled "
+        f"{decode.median_b * 1e3:.1f} ms; stop {result.stop}; "
+        + "; ".join(n.summary for n in c.noise),
+        file=sys.__stderr__,
+    )
     for name, runs in result.runs.items():
         assert len(runs) == result.stop["runs"][name], name
         ok = [r for r in runs if r.status == "ok" and r.isolated]
@@ -69,8 +73,9 @@ def test_cpu_compile_playbook_shows_compiled_decodes_faster(tmp_path, capsys):
     assert decode.ratio < 0.95 and decode.ci_high < 1
     assert c.phase_line.startswith("decode −")
     # The stored session reports the same through the CLI, with why it stopped.
-    doc = _cli(["report", str(result.session_id), "--json", "--store",
-                str(tmp_path / "ab.sqlite")], capsys)
+    doc = _cli(
+        ["report", str(result.session_id), "--json", "--store", str(tmp_path / "ab.sqlite")], capsys
+    )
     assert doc["finished"] is True
     assert doc["sequential"]["stop"] == result.stop
     assert doc["comparison"]["metrics"]["server_decode_s"]["verdict"] == "improvement"
@@ -78,14 +83,29 @@ def test_cpu_compile_playbook_shows_compiled_decodes_faster(tmp_path, capsys):
 
 
 def test_cpu_aa_playbook_never_shows_a_direction(tmp_path, capsys):
-    doc = _cli(["cpu-aa", "--until-decided", "--max-runs", "60", "--json", "--store",
-                str(tmp_path / "ab.sqlite")], capsys)
+    doc = _cli(
+        [
+            "cpu-aa",
+            "--until-decided",
+            "--max-runs",
+            "60",
+            "--json",
+            "--store",
+            str(tmp_path / "ab.sqlite"),
+        ],
+        capsys,
+    )
     metrics = doc["comparison"]["metrics"]
     stop = doc["sequential"]["stop"]
-    print(f"\ncpu-aa: {doc['comparison']['phase_line']}; {doc['sequential']['stop_line']}; "
-          + ", ".join(f"{k} {v['verdict']}" + (f" ({(v['ratio'] - 1) * 100:+.1f} %)"
-                                               if v["ratio"] is not None else "")
-                      for k, v in metrics.items()), file=sys.__stderr__)
+    print(
+        f"\ncpu-aa: {doc['comparison']['phase_line']}; {doc['sequential']['stop_line']}; "
+        + ", ".join(
+            f"{k} {v['verdict']}"
+            + (f" ({(v['ratio'] - 1) * 100:+.1f} %)" if v["ratio"] is not None else "")
+            for k, v in metrics.items()
+        ),
+        file=sys.__stderr__,
+    )
     assert doc["finished"] and stop["reason"] in ("decided", "max-runs")
     assert all(a["runs"] == stop["runs"][n] for n, a in doc["arms"].items())
     assert any("shares" in n for n in doc["notes"])  # one server for both arms

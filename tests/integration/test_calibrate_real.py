@@ -40,10 +40,14 @@ def test_real_cpu_figures_are_plausible(venv_py):
     # guards against a hang.
     cal = run_benchmark("cpu", interpreter=venv_py)
     elapsed = time.monotonic() - started
-    print(f"\n[calibrate] {cal.device_name}: copy best {cal.mem_bandwidth_best_gb_s:.2f} GB/s "
-          f"(median {cal.mem_bandwidth_median_gb_s:.2f}); matmul best "
-          + ", ".join(f"{k} {v * 1e3:.1f} GFLOP/s" for k, v in cal.matmul_best_tflop_s.items())
-          + f"; {elapsed:.1f} s", file=sys.__stderr__, flush=True)
+    print(
+        f"\n[calibrate] {cal.device_name}: copy best {cal.mem_bandwidth_best_gb_s:.2f} GB/s "
+        f"(median {cal.mem_bandwidth_median_gb_s:.2f}); matmul best "
+        + ", ".join(f"{k} {v * 1e3:.1f} GFLOP/s" for k, v in cal.matmul_best_tflop_s.items())
+        + f"; {elapsed:.1f} s",
+        file=sys.__stderr__,
+        flush=True,
+    )
     assert cal.device == "cpu" and cal.torch_version.startswith("2.")
     raw = cal.raw
     assert raw["device"] == "cpu" and raw["quick"] is False
@@ -56,7 +60,8 @@ def test_real_cpu_figures_are_plausible(venv_py):
     assert cal.mem_bandwidth_best_gb_s == mem["best_gb_s"]
     assert cal.mem_bandwidth_median_gb_s == mem["median_gb_s"]
     assert cal.mem_bandwidth_best_gb_s == pytest.approx(
-        mem["bytes_moved_per_copy"] / mem["best_s"] / 1e9, rel=1e-9)
+        mem["bytes_moved_per_copy"] / mem["best_s"] / 1e9, rel=1e-9
+    )
     assert 0 < mem["best_s"] <= mem["median_s"]
     assert cal.mem_bandwidth_median_gb_s <= cal.mem_bandwidth_best_gb_s
     # 10 MB/s .. 100 TB/s: no machine that runs torch copies slower or faster than that.
@@ -79,8 +84,9 @@ def test_real_cpu_figures_are_plausible(venv_py):
         assert section["best_tflop_s"] == max(s["best_tflop_s"] for s in section["shapes"])
         assert 0 < section["best_s"] <= section["median_s"]
         best, median = cal.matmul_best_tflop_s[dtype], cal.matmul_median_tflop_s[dtype]
-        assert best == pytest.approx(section["flops_per_matmul"] / section["best_s"] / 1e12,
-                                     rel=1e-9), (dtype, section)
+        assert best == pytest.approx(
+            section["flops_per_matmul"] / section["best_s"] / 1e12, rel=1e-9
+        ), (dtype, section)
         assert 0 < median <= best, (dtype, median, best)
         # 1 MFLOP/s .. 10 PFLOP/s: far outside any CPU (a 1024³ product at 1 MFLOP/s would
         # take half an hour, and no CPU reaches a petaFLOP/s).
@@ -91,8 +97,9 @@ def test_cli_stores_what_it_measured(venv_py, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PHASEPROBE_DATA_DIR", str(tmp_path))
     parser = argparse.ArgumentParser(prog="phaseprobe")
     cmd_calibrate.register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["calibrate", "--device", "cpu", "--quick", "--json",
-                              "--python", venv_py])
+    args = parser.parse_args(
+        ["calibrate", "--device", "cpu", "--quick", "--json", "--python", venv_py]
+    )
     assert cmd_calibrate.run(args, Console(), Console(stderr=True)) == 0
     doc = json.loads(capsys.readouterr().out)
     assert Path(doc["stored_in"]).parent == tmp_path

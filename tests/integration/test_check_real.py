@@ -23,13 +23,19 @@ pytestmark = pytest.mark.integration
 
 def test_check_after_a_real_probe(local_vllm, tmp_path):
     path = tmp_path / "s.sqlite"
-    spec = RunSpec(endpoint=local_vllm.base_url, model=local_vllm.model, prompt="",
-                   max_tokens=32, prompt_tokens_target=64)
+    spec = RunSpec(
+        endpoint=local_vllm.base_url,
+        model=local_vllm.model,
+        prompt="",
+        max_tokens=32,
+        prompt_tokens_target=64,
+    )
     with Store(path) as store:
         result = run_probe(spec, store, settings=ProbeSettings(runs=3, warmup=1))
         log = str(local_vllm.log_path) if local_vllm.log_path else None
-        evidence, sources = build_evidence(store, result.experiment_id,
-                                           EvidenceOptions(server_log=log))
+        evidence, sources = build_evidence(
+            store, result.experiment_id, EvidenceOptions(server_log=log)
+        )
     report = run_checklist(evidence, sources=sources)
     by = {v.rule: v for v in report.verdicts}
     assert list(by) == rule_ids()
@@ -59,8 +65,14 @@ def test_check_after_a_real_probe(local_vllm, tmp_path):
     assert by["ttft_gap"].numbers["gap_s"] == pytest.approx(summary.ttft_gap_s)
     assert by["ttft_gap"].status in ("pass", "warn", "fail")
     # the rules needing GPUs, traces, NCCL, a baseline or peaks say what they need
-    for rule in ("memory_flat", "even_gpus_slow", "idle_gaps", "collectives",
-                 "scaling_regression", "decode_efficiency"):
+    for rule in (
+        "memory_flat",
+        "even_gpus_slow",
+        "idle_gaps",
+        "collectives",
+        "scaling_regression",
+        "decode_efficiency",
+    ):
         assert by[rule].status == "skipped" and "needs" in by[rule].summary, rule
     if log:  # the local server's log states its KV budget
         assert by["kv_preallocated"].status == "pass", by["kv_preallocated"].summary
@@ -69,14 +81,16 @@ def test_check_after_a_real_probe(local_vllm, tmp_path):
     # the command end to end: one JSON document, exit 0/1 from the verdicts
     out, err = io.StringIO(), io.StringIO()
     argv = ["--latest", "--store", str(path), "--json"] + (["--server-log", log] if log else [])
-    code = cmd_check.main(argv, out=Console(file=out, width=200),
-                          err=Console(file=err, width=200))
+    code = cmd_check.main(argv, out=Console(file=out, width=200), err=Console(file=err, width=200))
     doc = json.loads(out.getvalue())
     assert code == (1 if doc["failed"] else 0)
     assert len(doc["verdicts"]) == len(rule_ids())
     text = io.StringIO()
-    cmd_check.main(["--latest", "--store", str(path)] + (["--server-log", log] if log else []),
-                   out=Console(file=text, width=200), err=Console(file=io.StringIO()))
+    cmd_check.main(
+        ["--latest", "--store", str(path)] + (["--server-log", log] if log else []),
+        out=Console(file=text, width=200),
+        err=Console(file=io.StringIO()),
+    )
     print(text.getvalue())  # shown with -s: what the real run gave
 
 
@@ -88,8 +102,13 @@ def test_check_with_a_real_prometheus(local_vllm, tmp_path):
     prom.start()
     try:
         prom.wait_for_scrapes(2)
-        spec = RunSpec(endpoint=local_vllm.base_url, model=local_vllm.model, prompt="",
-                       max_tokens=16, prompt_tokens_target=64)
+        spec = RunSpec(
+            endpoint=local_vllm.base_url,
+            model=local_vllm.model,
+            prompt="",
+            max_tokens=16,
+            prompt_tokens_target=64,
+        )
         with Store(tmp_path / "s.sqlite") as store:
             result = run_probe(spec, store, settings=ProbeSettings(runs=2, warmup=1))
             prom.wait_for_scrapes(2)  # the finished runs are in the TSDB

@@ -43,9 +43,17 @@ REQUIRE_ENV = "PHASEPROBE_REQUIRE_BROWSER"
 ARTIFACTS_ENV = "PHASEPROBE_ARTIFACTS_DIR"
 # As root, on a closed network: no sandbox, and nothing that phones home (its connections are
 # refused here and slow the start down).
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                 "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+]
 PAGES = ["Experiments", "Run timeline", "Phases", "GPU", "Checklist", "A/B", "NCCL", "Traces"]
 RUNS = 3  # measured runs in the timeline's experiment (the last one: the default selection)
 TIMEOUT_MS = 30_000  # for one element to appear: Streamlit renders asynchronously
@@ -86,23 +94,43 @@ def real_store(browser_ready, local_vllm, tmp_path_factory) -> Path:
     """Two probe experiments from the real vLLM; the second carries a fake-NVML GPU series and
     a kept NCCL summary."""
     path = tmp_path_factory.mktemp("dashboard") / "store.db"
-    spec = RunSpec(endpoint=local_vllm.base_url, model=local_vllm.model, prompt="",
-                   max_tokens=16, prompt_tokens_target=64)
+    spec = RunSpec(
+        endpoint=local_vllm.base_url,
+        model=local_vllm.model,
+        prompt="",
+        max_tokens=16,
+        prompt_tokens_target=64,
+    )
     with Store(path) as store:
         first = run_probe(spec, store, settings=ProbeSettings(runs=2, warmup=1, name="e2e-a"))
         # The fake GPUs finish "loading" (memory up to the KV plateau) during the warm-up.
         sampler = GpuSampler(FakeNvmlBackend(demo_devices(2, startup_s=0.1)), 0.05)
-        second = run_probe(replace(spec, max_tokens=24), store,
-                           settings=ProbeSettings(runs=RUNS, warmup=1, pause_s=0.2,
-                                                  name="e2e-b"),
-                           gpu_sampler=sampler)
+        second = run_probe(
+            replace(spec, max_tokens=24),
+            store,
+            settings=ProbeSettings(runs=RUNS, warmup=1, pause_s=0.2, name="e2e-b"),
+            gpu_sampler=sampler,
+        )
         assert len(store.gpu_samples(second.experiment_id)) > 0
     # An NCCL summary kept with the second experiment, as `phaseprobe nccl --keep` leaves it.
     from phaseprobe.present.cli import main
 
     log = REPO / "tests" / "data" / "nccl" / "v2_18_mpirun_ib_2node.log"
-    assert main(["nccl", str(log), "--keep", "--experiment", str(second.experiment_id),
-                 "--store", str(path), "--json"]) == 0
+    assert (
+        main(
+            [
+                "nccl",
+                str(log),
+                "--keep",
+                "--experiment",
+                str(second.experiment_id),
+                "--store",
+                str(path),
+                "--json",
+            ]
+        )
+        == 0
+    )
     for run in first.runs + second.runs:  # (an overlapping stray request only flags a run)
         assert run.status in ("ok", "isolation_failed"), (run.error, run.isolation.reasons)
     return path
@@ -117,10 +145,23 @@ def dashboard(real_store, tmp_path_factory) -> Iterator[str]:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "phaseprobe", "dashboard", "--store", str(real_store),
-             "--port", str(port)],
-            cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "phaseprobe",
+                "dashboard",
+                "--store",
+                str(real_store),
+                "--port",
+                str(port),
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -131,8 +172,7 @@ def dashboard(real_store, tmp_path_factory) -> Iterator[str]:
             except requests.RequestException:
                 pass
             if proc.poll() is not None:
-                pytest.fail(f"phaseprobe dashboard exited with {proc.returncode}:\n"
-                            f"{log_tail(log)}")
+                pytest.fail(f"phaseprobe dashboard exited with {proc.returncode}:\n{log_tail(log)}")
             if time.monotonic() > deadline:
                 pytest.fail(f"{base}/_stcore/health not ok after 60 s:\n{log_tail(log)}")
             time.sleep(0.25)
@@ -148,11 +188,17 @@ def page(dashboard) -> Iterator[Any]:
     """One Chromium page on the dashboard, with a fresh empty profile."""
     from playwright.sync_api import sync_playwright
 
-    with tempfile.TemporaryDirectory(prefix="phaseprobe-chromium-") as profile, \
-            sync_playwright() as pw:
+    with (
+        tempfile.TemporaryDirectory(prefix="phaseprobe-chromium-") as profile,
+        sync_playwright() as pw,
+    ):
         context = pw.chromium.launch_persistent_context(
-            profile, executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS,
-            viewport={"width": 1400, "height": 1000})
+            profile,
+            executable_path=str(CHROMIUM),
+            headless=True,
+            args=CHROMIUM_ARGS,
+            viewport={"width": 1400, "height": 1000},
+        )
         try:
             tab = context.pages[0] if context.pages else context.new_page()
             tab.set_default_timeout(TIMEOUT_MS)
@@ -168,14 +214,12 @@ def _wait_page(tab: Any, name: str) -> None:
     the previous page is left over (Streamlit marks those ``data-stale``)."""
     main = tab.get_by_test_id("stMain")
     main.get_by_role("heading", name=name, exact=True).wait_for()
-    tab.wait_for_function(
-        "() => document.querySelectorAll('[data-stale=\"true\"]').length === 0")
+    tab.wait_for_function("() => document.querySelectorAll('[data-stale=\"true\"]').length === 0")
     tab.wait_for_timeout(300)  # charts lay themselves out after they are mounted
 
 
 def _goto(tab: Any, name: str) -> None:
-    tab.get_by_test_id("stSidebar").get_by_test_id("stRadio").get_by_text(
-        name, exact=True).click()
+    tab.get_by_test_id("stSidebar").get_by_test_id("stRadio").get_by_text(name, exact=True).click()
     _wait_page(tab, name)
 
 
@@ -229,7 +273,8 @@ def test_run_timeline_draws_one_swimlane_per_run(page, artifacts, real_store):
                 const r = e.getBoundingClientRect();
                 return {label: e.getAttribute('aria-label'), y: r.y + r.height / 2,
                         width: r.width, height: r.height};
-            })""")
+            })"""
+        )
         by_lane: dict[str, dict[str, dict[str, float]]] = {}
         for bar in bars:
             fields = dict(kv.split(": ", 1) for kv in bar["label"].split("; "))
@@ -239,12 +284,17 @@ def test_run_timeline_draws_one_swimlane_per_run(page, artifacts, real_store):
         # width is its stored duration on that scale (within a pixel of anti-aliasing). How
         # long each phase took depends on the machine; that the chart draws it faithfully
         # does not.
-        durations_ms = {lane: {"queue": (r.server.queue_s or 0.0) * 1e3,
-                               "prefill": r.server.prefill_s * 1e3,
-                               "decode": r.server.decode_s * 1e3}
-                        for lane, r in runs.items()}
-        px_per_ms = (sum(bar["width"] for phases in by_lane.values() for bar in phases.values())
-                     / sum(sum(d.values()) for d in durations_ms.values()))
+        durations_ms = {
+            lane: {
+                "queue": (r.server.queue_s or 0.0) * 1e3,
+                "prefill": r.server.prefill_s * 1e3,
+                "decode": r.server.decode_s * 1e3,
+            }
+            for lane, r in runs.items()
+        }
+        px_per_ms = sum(
+            bar["width"] for phases in by_lane.values() for bar in phases.values()
+        ) / sum(sum(d.values()) for d in durations_ms.values())
         assert px_per_ms > 0
         for lane, phases in by_lane.items():
             assert set(phases) == {"queue", "prefill", "decode"}, (lane, sorted(phases))
@@ -252,7 +302,11 @@ def test_run_timeline_draws_one_swimlane_per_run(page, artifacts, real_store):
             for phase, bar in phases.items():
                 want = durations_ms[lane][phase] * px_per_ms
                 assert bar["width"] == pytest.approx(want, rel=0.02, abs=1.5), (
-                    lane, phase, bar, durations_ms[lane])
+                    lane,
+                    phase,
+                    bar,
+                    durations_ms[lane],
+                )
 
         # One lane per run, each on its own row: the bars of different runs do not overlap.
         rows = sorted(by_lane[lane]["decode"]["y"] for lane in lanes)
@@ -260,7 +314,8 @@ def test_run_timeline_draws_one_swimlane_per_run(page, artifacts, real_store):
         assert min(gaps) >= 8, (
             f"the swimlanes are drawn on top of each other (row centres {rows} px): the "
             "chart's plot area has collapsed (a fixed chart height smaller than its legend "
-            "and axis; alt.Step for the lane height avoids it)")
+            "and axis; alt.Step for the lane height avoids it)"
+        )
 
         # Token ticks: one per stored token event (up to 24 a run; fewer when vLLM merged
         # tokens into one event, which it does when the client lags), then the ITL series
@@ -277,8 +332,7 @@ def test_run_timeline_draws_one_swimlane_per_run(page, artifacts, real_store):
         main.get_by_test_id("stDataFrame").first.wait_for()
         main.get_by_test_id("stMetric").first.wait_for()
     finally:
-        print(f"\nscreenshot: {_screenshot(page, artifacts, 'Run timeline')}",
-              file=sys.__stderr__)
+        print(f"\nscreenshot: {_screenshot(page, artifacts, 'Run timeline')}", file=sys.__stderr__)
 
 
 def test_every_page_renders_without_an_exception(page, artifacts):
@@ -290,8 +344,9 @@ def test_every_page_renders_without_an_exception(page, artifacts):
         if name == "Experiments":  # the newest experiment is the one selected
             # The page's own timeout, not expect's 5 s: on a busy 2-core box Streamlit's rerun
             # after the navigation click can take longer (the sidebar showed a stale value).
-            expect(page.get_by_test_id("stSidebar").get_by_role("combobox", name="Experiment")
-                   ).to_have_value(re.compile(r"^#\d+ e2e-b$"), timeout=TIMEOUT_MS)
+            expect(
+                page.get_by_test_id("stSidebar").get_by_role("combobox", name="Experiment")
+            ).to_have_value(re.compile(r"^#\d+ e2e-b$"), timeout=TIMEOUT_MS)
         errors = _exceptions(page)
         if errors:
             failures[name] = errors

@@ -21,15 +21,66 @@ pytestmark = pytest.mark.integration
 def probed(local_vllm, tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("dash-real") / "store.sqlite"
     for name in ("first", "second"):
-        code = main(["probe", "--endpoint", local_vllm.base_url, "--runs", "4",
-                     "--max-tokens", "24", "--prompt-tokens", "48", "--gpu-fake",
-                     "--gpu-period", "0.05", "--name", name, "--store", str(path), "--json"])
+        code = main(
+            [
+                "probe",
+                "--endpoint",
+                local_vllm.base_url,
+                "--runs",
+                "4",
+                "--max-tokens",
+                "24",
+                "--prompt-tokens",
+                "48",
+                "--gpu-fake",
+                "--gpu-period",
+                "0.05",
+                "--name",
+                name,
+                "--store",
+                str(path),
+                "--json",
+            ]
+        )
         assert code == 0
-    assert main(["prefix", "--endpoint", local_vllm.base_url, "--prefix-tokens", "160",
-                 "--reps", "2", "--store", str(path), "--json"]) == 0
-    assert main(["interfere", "--endpoint", local_vllm.base_url, "--reps", "2",
-                 "--at-token", "16", "--a-tokens", "48", "--b-prompt-tokens", "400",
-                 "--store", str(path), "--json"]) == 0
+    assert (
+        main(
+            [
+                "prefix",
+                "--endpoint",
+                local_vllm.base_url,
+                "--prefix-tokens",
+                "160",
+                "--reps",
+                "2",
+                "--store",
+                str(path),
+                "--json",
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "interfere",
+                "--endpoint",
+                local_vllm.base_url,
+                "--reps",
+                "2",
+                "--at-token",
+                "16",
+                "--a-tokens",
+                "48",
+                "--b-prompt-tokens",
+                "400",
+                "--store",
+                str(path),
+                "--json",
+            ]
+        )
+        == 0
+    )
     return path
 
 
@@ -70,8 +121,7 @@ def test_timeline_and_phases_show_the_stored_measurements(monkeypatch, probed):
     metrics = {m.label: m.value for m in at.get("metric")}
     clean = [r for r in runs if r.isolated]
     assert metrics["Decode (median)"] == _ms(statistics.median(r.server.decode_s for r in clean))
-    assert metrics["Prefill (median)"] == _ms(
-        statistics.median(r.server.prefill_s for r in clean))
+    assert metrics["Prefill (median)"] == _ms(statistics.median(r.server.prefill_s for r in clean))
 
 
 def test_phases_against_the_bound_finds_the_local_model(monkeypatch, probed, tmp_path):
@@ -106,15 +156,18 @@ def test_checklist_and_ab_pages(monkeypatch, probed):
 
     counts = {m.label: int(m.value) for m in at.get("metric")}
     assert sum(counts.values()) == len(RULES)  # every experiment rule answers
-    rules = dict(zip(at.dataframe[0].value["rule"], at.dataframe[0].value.iloc[:, 0],
-                     strict=True))
+    rules = dict(zip(at.dataframe[0].value["rule"], at.dataframe[0].value.iloc[:, 0], strict=True))
     assert rules["isolation"] == "✅"  # every stored run was verified isolated
     goto(at, "A/B", 2)
     table = at.dataframe[0].value
     decode = table[table["metric"] == "server decode"].iloc[0]
     assert decode["n A"] == 4 and decode["n B"] == 4
-    assert decode["verdict"] in {"improvement", "regression", "no significant change",
-                                 "insufficient data"}
+    assert decode["verdict"] in {
+        "improvement",
+        "regression",
+        "no significant change",
+        "insufficient data",
+    }
     assert count_charts(at) == 1
 
 
@@ -141,8 +194,7 @@ def test_interfere_pairs_drawn_from_the_stored_runs(monkeypatch, probed):
         # arrive in a few bursts, and B then leaves right after it (the probe notes such
         # pairs). With fewer than 16 events (vLLM merges tokens when the client lags) the
         # trigger fires when A's stream ends.
-        fired = (a.event_offsets_ns[15] if len(a.event_offsets_ns) >= 16
-                 else a.end_offset_ns)
+        fired = a.event_offsets_ns[15] if len(a.event_offsets_ns) >= 16 else a.end_offset_ns
         assert b.sent_wall_ns >= a.sent_wall_ns + fired, (len(a.event_offsets_ns), fired)
     at = goto(open_app(monkeypatch, probed), "Run timeline", 4)
     assert at.selectbox(key="interfere_pair").options == [str(i) for i in found]
@@ -163,11 +215,18 @@ def test_pd_legs_drawn_from_a_real_pair(monkeypatch, local_pd, tmp_path):
     path = tmp_path / "pd.sqlite"
     topo = PdTopology(prefill=local_pd.prefill_url, decode=local_pd.decode_url)
     # a seed of its own: a prompt seen before is a prefix-cache hit, not a transfer
-    spec = RunSpec(endpoint=topo.decode, model=local_pd.model, prompt="", max_tokens=16,
-                   prompt_tokens_target=160, seed=110)
+    spec = RunSpec(
+        endpoint=topo.decode,
+        model=local_pd.model,
+        prompt="",
+        max_tokens=16,
+        prompt_tokens_target=160,
+        seed=110,
+    )
     with Store(path) as store:
-        result = run_pd_probe(spec, store, topo,
-                              settings=ProbeSettings(runs=2, warmup=0, name="pd-dash"))
+        result = run_pd_probe(
+            spec, store, topo, settings=ProbeSettings(runs=2, warmup=0, name="pd-dash")
+        )
     runs = [r for r in result.runs if r.pd is not None and r.client is not None]
     assert len(runs) == 2, [(r.status, r.error) for r in result.runs]
     at = goto(open_app(monkeypatch, path), "Run timeline", 1)
@@ -191,4 +250,5 @@ def test_pd_legs_drawn_from_a_real_pair(monkeypatch, local_pd, tmp_path):
     assert f"prefill `{local_pd.prefill_url}`" in text and f"decode `{local_pd.decode_url}`" in text
     kinds = [r.pd.kv for r in runs if r.pd]
     assert f"{kinds[0]} in {kinds.count(kinds[0])} of 2 run(s)" in text + "\n".join(
-        e.value for e in at.error)
+        e.value for e in at.error
+    )

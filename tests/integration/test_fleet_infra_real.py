@@ -37,10 +37,21 @@ DECODE_COUNT = "vllm:request_decode_time_seconds_count"
 ITL_COUNT = "vllm:inter_token_latency_seconds_count"
 
 
-def _complete(url: str, model: str, *, max_tokens: int = 8, request_id: str | None = None,
-              session: str | None = None) -> None:
-    body = {"model": model, "prompt": f"fleet {uuid.uuid4().hex} " + "word " * 30,
-            "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0}
+def _complete(
+    url: str,
+    model: str,
+    *,
+    max_tokens: int = 8,
+    request_id: str | None = None,
+    session: str | None = None,
+) -> None:
+    body = {
+        "model": model,
+        "prompt": f"fleet {uuid.uuid4().hex} " + "word " * 30,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 0,
+    }
     headers = {"X-Request-Id": request_id} if request_id else {}
     if session:
         headers["x-session-id"] = session
@@ -54,8 +65,10 @@ def _wait_moved(replicas: dict[str, str], before: dict[str, float], total: int) 
     deltas: dict[str, int] = {}
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        deltas = {name: round(_sums(url, SUCCESS)[SUCCESS] - before[name])
-                  for name, url in replicas.items()}
+        deltas = {
+            name: round(_sums(url, SUCCESS)[SUCCESS] - before[name])
+            for name, url in replicas.items()
+        }
         if sum(deltas.values()) >= total:
             break
         time.sleep(0.1)
@@ -136,9 +149,11 @@ def test_the_throttle_makes_r2_a_straggler(local_fleet):
     with Throttle(local_fleet.replica_pids["r2"], stopped_fraction=0.5) as throttle:
         slow = _decode_ms_per_token(replicas, model, 4)
     after = _decode_ms_per_token(replicas, model, 2)
-    figures = (f"decode ms/token before {base}, throttled {slow}, after {after}; "
-               f"{throttle.cycles} cycles, {throttle.measured_fraction} stopped "
-               f"({throttle.scheduling})")
+    figures = (
+        f"decode ms/token before {base}, throttled {slow}, after {after}; "
+        f"{throttle.cycles} cycles, {throttle.measured_fraction} stopped "
+        f"({throttle.scheduling})"
+    )
     print(figures)
     assert throttle.cycles > 0 and throttle.measured_fraction is not None, figures
     assert slow["r2"] >= 1.5 * base["r2"], figures  # r2 is slowed...

@@ -45,8 +45,12 @@ SUCCESS = "vllm:request_success_total"
 def _successes(base_url: str) -> float:
     """A replica's finished requests, from its own /metrics (not phaseprobe's reader)."""
     text = requests.get(f"{base_url}/metrics", timeout=10).text
-    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
-               if s.name == SUCCESS)
+    return sum(
+        s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == SUCCESS
+    )
 
 
 class CounterWitness(NullProgress):
@@ -77,8 +81,13 @@ class CounterWitness(NullProgress):
 
 
 def _spec(fleet, max_tokens: int = 16) -> RunSpec:
-    return RunSpec(endpoint=fleet.router_url, model=fleet.model, prompt="",
-                   max_tokens=max_tokens, prompt_tokens_target=64)
+    return RunSpec(
+        endpoint=fleet.router_url,
+        model=fleet.model,
+        prompt="",
+        max_tokens=max_tokens,
+        prompt_tokens_target=64,
+    )
 
 
 def _replica_args(fleet) -> list[str]:
@@ -90,11 +99,14 @@ def test_each_run_names_the_replica_whose_counter_moved_and_none_is_shared(local
     store_path = local_fleet.span_store_path
     assert store_path is not None
     with Store(store_path) as store:
-        result = run_probe(_spec(local_fleet), store, progress=witness,
-                           settings=ProbeSettings(runs=6, warmup=1, span_wait_s=SPAN_WAIT_S,
-                                                  name="fleet-probe"),
-                           replicas=parse_replicas(_replica_args(local_fleet)),
-                           router_metrics=local_fleet.router_metrics_url)
+        result = run_probe(
+            _spec(local_fleet),
+            store,
+            progress=witness,
+            settings=ProbeSettings(runs=6, warmup=1, span_wait_s=SPAN_WAIT_S, name="fleet-probe"),
+            replicas=parse_replicas(_replica_args(local_fleet)),
+            router_metrics=local_fleet.router_metrics_url,
+        )
         stored = store.runs(result.experiment_id)
     runs = result.runs
     told = [(r.replica.name if r.replica else None) for r in runs]
@@ -102,12 +114,12 @@ def test_each_run_names_the_replica_whose_counter_moved_and_none_is_shared(local
     assert [[name] for name in told] == witness.moved, (told, witness.moved)
     assert sorted(told) == ["r1", "r1", "r1", "r2", "r2", "r2"]  # round robin
     # nothing else ran: every run isolated on its replica, none "shared", no negative count
-    assert all(r.status == "ok" and r.isolated for r in runs), \
-        [(r.status, r.isolation.reasons) for r in runs]
+    assert all(r.status == "ok" and r.isolated for r in runs), [
+        (r.status, r.isolation.reasons) for r in runs
+    ]
     assert not any("shared" in n for n in result.notes), result.notes
     # the router's own page says the same split, and no retries
-    assert "router (its own metrics over the runs): sent r1 3, r2 3" in result.notes, \
-        result.notes
+    assert "router (its own metrics over the runs): sent r1 3, r2 3" in result.notes, result.notes
     # the spans name the same replicas (service.instance.id), and the store keeps them
     assert all(r.span is not None and r.span.instance == name for r, name in zip(runs, told))
     assert all(r.replica is not None and r.replica.source == "span" for r in runs)
@@ -122,11 +134,29 @@ def test_each_run_names_the_replica_whose_counter_moved_and_none_is_shared(local
         assert "the router hop: send → the replica's arrival stamp" in " ".join(text.split())
 
 
-def test_a_router_without_replicas_reads_its_workers_and_calls_nothing_shared(local_fleet,
-                                                                               tmp_path, capsys):
-    code = main(["probe", "--endpoint", local_fleet.router_url, "--runs", "4", "--warmup", "1",
-                 "--max-tokens", "8", "--prompt-tokens", "48", "--no-gpu", "--no-spans",
-                 "--store", str(tmp_path / "s.sqlite"), "--json"])
+def test_a_router_without_replicas_reads_its_workers_and_calls_nothing_shared(
+    local_fleet, tmp_path, capsys
+):
+    code = main(
+        [
+            "probe",
+            "--endpoint",
+            local_fleet.router_url,
+            "--runs",
+            "4",
+            "--warmup",
+            "1",
+            "--max-tokens",
+            "8",
+            "--prompt-tokens",
+            "48",
+            "--no-gpu",
+            "--no-spans",
+            "--store",
+            str(tmp_path / "s.sqlite"),
+            "--json",
+        ]
+    )
     out = capsys.readouterr()
     assert code == 0, out.err
     doc = json.loads(out.out)
@@ -139,17 +169,24 @@ def test_a_router_without_replicas_reads_its_workers_and_calls_nothing_shared(lo
 
 
 def test_a_slowed_replica_is_named_the_straggler_with_its_numbers(local_fleet, tmp_path):
-    with Store(tmp_path / "s.sqlite") as store, \
-            Throttle(local_fleet.replica_pids["r2"], stopped_fraction=0.5) as throttle:
+    with (
+        Store(tmp_path / "s.sqlite") as store,
+        Throttle(local_fleet.replica_pids["r2"], stopped_fraction=0.5) as throttle,
+    ):
         time.sleep(0.3)  # the throttle's helper takes ~0.1 s to start stopping
-        result = run_probe(_spec(local_fleet, max_tokens=32), store,
-                           settings=ProbeSettings(runs=16, warmup=1, name="fleet-straggler"),
-                           replicas=parse_replicas(_replica_args(local_fleet)))
+        result = run_probe(
+            _spec(local_fleet, max_tokens=32),
+            store,
+            settings=ProbeSettings(runs=16, warmup=1, name="fleet-straggler"),
+            replicas=parse_replicas(_replica_args(local_fleet)),
+        )
     assert sorted(r.replica.name for r in result.runs if r.replica) == ["r1"] * 8 + ["r2"] * 8
     report = probe_fleet_report(result.runs, result.server_info)
     assert report is not None
-    figures = (f"{report.straggler.sentence}; throttle {throttle.cycles} cycles, "
-               f"{throttle.measured_fraction} stopped ({throttle.scheduling})")
+    figures = (
+        f"{report.straggler.sentence}; throttle {throttle.cycles} cycles, "
+        f"{throttle.measured_fraction} stopped ({throttle.scheduling})"
+    )
     assert report.straggler.verdict == "straggler", figures
     assert report.straggler.replicas == ("r2",), figures
     tpot = report.comparison.get("r2", "tpot_s")
@@ -171,10 +208,18 @@ def test_uneven_routing_is_reported_by_the_live_check(local_fleet, router_factor
 
     def one_session() -> None:  # x-session-id is the router's first hash key: one replica
         while not stop.is_set():
-            body = {"model": local_fleet.model, "max_tokens": 8, "ignore_eos": True,
-                    "prompt": f"session {uuid.uuid4().hex} " + "word " * 20}
-            requests.post(f"{router.base_url}/v1/completions", json=body, timeout=60,
-                          headers={"x-session-id": "one-session"}).raise_for_status()
+            body = {
+                "model": local_fleet.model,
+                "max_tokens": 8,
+                "ignore_eos": True,
+                "prompt": f"session {uuid.uuid4().hex} " + "word " * 20,
+            }
+            requests.post(
+                f"{router.base_url}/v1/completions",
+                json=body,
+                timeout=60,
+                headers={"x-session-id": "one-session"},
+            ).raise_for_status()
             sent[0] += 1
 
     before = {name: _successes(url) for name, url in local_fleet.replicas.items()}
@@ -185,11 +230,24 @@ def test_uneven_routing_is_reported_by_the_live_check(local_fleet, router_factor
         t.start()
     try:
         time.sleep(0.5)
-        code = main(["check", "--live", "--endpoint", router.base_url,
-                     *[a for r in _replica_args(local_fleet) for a in ("--replica", r)],
-                     "--router-metrics", router.metrics_url,
-                     "--window", "8", "--span-grace", "0", "--json",
-                     "--store", str(local_fleet.span_store_path)])
+        code = main(
+            [
+                "check",
+                "--live",
+                "--endpoint",
+                router.base_url,
+                *[a for r in _replica_args(local_fleet) for a in ("--replica", r)],
+                "--router-metrics",
+                router.metrics_url,
+                "--window",
+                "8",
+                "--span-grace",
+                "0",
+                "--json",
+                "--store",
+                str(local_fleet.span_store_path),
+            ]
+        )
     finally:
         stop.set()
         for t in threads:
@@ -211,8 +269,9 @@ def test_uneven_routing_is_reported_by_the_live_check(local_fleet, router_factor
     assert traffic["verdict"] == "imbalanced", figures
     finished = imbalance["numbers"]["finished"]
     assert finished[idle] == 0 and finished[busy] >= 10, figures
-    assert f"{busy} served {finished[busy]:.0f} of {finished[busy]:.0f}" in \
-        imbalance["summary"], figures
+    assert f"{busy} served {finished[busy]:.0f} of {finished[busy]:.0f}" in imbalance["summary"], (
+        figures
+    )
     # the router's own page agrees: it sent the busy replica everything, nothing to the other
     routed = verdicts["live_router"]
     assert routed["status"] in ("pass", "warn"), routed
@@ -220,13 +279,31 @@ def test_uneven_routing_is_reported_by_the_live_check(local_fleet, router_factor
     assert by_worker.get(busy, 0) > 0 and by_worker.get(idle, 0) == 0, routed
 
 
-def test_a_replica_that_is_down_is_reported_while_the_others_are_measured(local_fleet,
-                                                                           tmp_path, capsys):
+def test_a_replica_that_is_down_is_reported_while_the_others_are_measured(
+    local_fleet, tmp_path, capsys
+):
     dead = f"r3=http://127.0.0.1:{free_port()}"
-    code = main(["probe", "--endpoint", local_fleet.router_url, "--runs", "2", "--warmup", "0",
-                 "--max-tokens", "8", "--prompt-tokens", "48", "--no-gpu", "--no-spans",
-                 *[a for r in [*_replica_args(local_fleet), dead] for a in ("--replica", r)],
-                 "--store", str(tmp_path / "s.sqlite"), "--json"])
+    code = main(
+        [
+            "probe",
+            "--endpoint",
+            local_fleet.router_url,
+            "--runs",
+            "2",
+            "--warmup",
+            "0",
+            "--max-tokens",
+            "8",
+            "--prompt-tokens",
+            "48",
+            "--no-gpu",
+            "--no-spans",
+            *[a for r in [*_replica_args(local_fleet), dead] for a in ("--replica", r)],
+            "--store",
+            str(tmp_path / "s.sqlite"),
+            "--json",
+        ]
+    )
     out = capsys.readouterr()
     assert code == 0, out.err
     doc = json.loads(out.out)

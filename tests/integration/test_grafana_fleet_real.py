@@ -21,9 +21,12 @@ from phaseprobe.sources.prometheus import PrometheusClient
 from phaseprobe.sources.query_catalog import load_catalog
 from phaseprobe.testing.prometheus_server import DEFAULT_BINARY, PrometheusServer
 
-pytestmark = [pytest.mark.integration,
-              pytest.mark.skipif(not Path(DEFAULT_BINARY).exists(),
-                                 reason="prometheus missing (apt-get install prometheus)")]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(
+        not Path(DEFAULT_BINARY).exists(), reason="prometheus missing (apt-get install prometheus)"
+    ),
+]
 
 MODEL = "tiny"
 CATALOG = load_catalog()
@@ -61,17 +64,21 @@ class _Replica:
     def page(self) -> str:
         n = self.per_s * (time.time() - self.t0)
         labels = f'engine="0",model_name="{MODEL}"'
-        lines = ["# TYPE vllm:e2e_request_latency_seconds histogram",
-                 f"vllm:e2e_request_latency_seconds_count{{{labels}}} {n}",
-                 f"vllm:e2e_request_latency_seconds_sum{{{labels}}} {n}",
-                 "# TYPE vllm:request_queue_time_seconds histogram"]
+        lines = [
+            "# TYPE vllm:e2e_request_latency_seconds histogram",
+            f"vllm:e2e_request_latency_seconds_count{{{labels}}} {n}",
+            f"vllm:e2e_request_latency_seconds_sum{{{labels}}} {n}",
+            "# TYPE vllm:request_queue_time_seconds histogram",
+        ]
         for le in ("0.1", "0.5", "1.0", "+Inf"):
             count = n if le == "+Inf" or float(le) >= float(self.le) else 0.0
             lines.append(f'vllm:request_queue_time_seconds_bucket{{{labels},le="{le}"}} {count}')
-        lines += [f"vllm:request_queue_time_seconds_count{{{labels}}} {n}",
-                  f"vllm:request_queue_time_seconds_sum{{{labels}}} 0",
-                  "# TYPE vllm:num_requests_running gauge",
-                  f"vllm:num_requests_running{{{labels}}} 0"]
+        lines += [
+            f"vllm:request_queue_time_seconds_count{{{labels}}} {n}",
+            f"vllm:request_queue_time_seconds_sum{{{labels}}} 0",
+            "# TYPE vllm:num_requests_running gauge",
+            f"vllm:num_requests_running{{{labels}}} 0",
+        ]
         return "\n".join(lines) + "\n"
 
 
@@ -117,8 +124,9 @@ def test_rates_and_shares_per_replica(fleet):
 def test_imbalance_is_busiest_over_least_busy(fleet):
     server, _ = fleet
     with PrometheusClient(server.url, environ={}) as client:
-        result = client.run(CATALOG["replica_imbalance"], selector=f'model_name="{MODEL}"',
-                            window="4s")
+        result = client.run(
+            CATALOG["replica_imbalance"], selector=f'model_name="{MODEL}"', window="4s"
+        )
     assert [s.labels for s in result.samples] == [{"model_name": MODEL}]
     assert result.samples[0].value == pytest.approx(3.0, rel=0.08)
 

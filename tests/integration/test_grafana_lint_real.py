@@ -19,8 +19,11 @@ pytestmark = pytest.mark.integration
 
 def test_shipped_dashboard_lints_clean_against_live_metrics(local_vllm, capsys):
     # One finished request, so every histogram has been observed at least once.
-    resp = requests.post(f"{local_vllm.base_url}/v1/completions", timeout=120,
-                         json={"model": local_vllm.model, "prompt": "hello", "max_tokens": 4})
+    resp = requests.post(
+        f"{local_vllm.base_url}/v1/completions",
+        timeout=120,
+        json={"model": local_vllm.model, "prompt": "hello", "max_tokens": 4},
+    )
     resp.raise_for_status()
     snapshot = load_metrics(local_vllm.base_url)
     report = lint_dashboard(build_dashboard(), file="generated", snapshot=snapshot)
@@ -29,8 +32,9 @@ def test_shipped_dashboard_lints_clean_against_live_metrics(local_vllm, capsys):
 
     parser = argparse.ArgumentParser()
     cmd_grafana.register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["grafana", "lint", "--metrics", local_vllm.base_url + "/metrics",
-                              "--json"])
+    args = parser.parse_args(
+        ["grafana", "lint", "--metrics", local_vllm.base_url + "/metrics", "--json"]
+    )
     assert cmd_grafana.run(args, Console(), Console(stderr=True)) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["ok"] and doc["dashboards"][0]["missing"] == []

@@ -110,8 +110,9 @@ def test_batch_aggregate_throughput_rises_with_concurrency(local_vllm, tmp_path)
         assert all(v < 1.1 * rates[stops] for c, v in rates.items() if c > stops and v), rates
         assert f"{rates[stops]:.1f} tok/s" in res.scaling.why[0]
     else:
-        assert all(max(v for d, v in rates.items() if d > c) >= 1.1 * rates[c]
-                   for c in (1, 2)), rates
+        assert all(max(v for d, v in rates.items() if d > c) >= 1.1 * rates[c] for c in (1, 2)), (
+            rates
+        )
 
 
 def _stall_seen(res) -> bool:
@@ -134,8 +135,13 @@ def test_interfere_long_prefill_stalls_a_decoding_stream(local_vllm, tmp_path):
     for attempt in range(3):
         with Store(tmp_path / f"s{attempt}.db") as store:
             # A decodes ~1 s, so B (timed from A's baseline) lands mid-decode on a loaded box.
-            res = run_interfere(_target(local_vllm), store, InterfereSettings(
-                a_tokens=256, b_prompt_tokens=600, trigger=Trigger("estimate", 8), reps=3))
+            res = run_interfere(
+                _target(local_vllm),
+                store,
+                InterfereSettings(
+                    a_tokens=256, b_prompt_tokens=600, trigger=Trigger("estimate", 8), reps=3
+                ),
+            )
             assert store.experiment(res.experiment_id).kind == "interfere"
             # Pairs whose B missed A's decode are kept, counted and retried (≤ 2 × reps); each
             # lengthening of A adds as many A-alone runs at the new length as the baseline.
@@ -205,8 +211,9 @@ def test_interfere_two_arms_chunked_prefill_playbook(tmp_path):
     ensure_model()
     pb = load_playbook("cpu-interfere-chunked")
     k = 16
-    settings = replace(playbook_settings(pb, InterfereSettings(trigger=Trigger("token", k))),
-                       reps=4)
+    settings = replace(
+        playbook_settings(pb, InterfereSettings(trigger=Trigger("token", k))), reps=4
+    )
     with contextlib.ExitStack() as servers, Store(tmp_path / "s.db") as store:
         urls = {arm.name: servers.enter_context(launch_server(arm)) for arm in pb.arms}
 
@@ -228,18 +235,23 @@ def test_interfere_two_arms_chunked_prefill_playbook(tmp_path):
                 # does when the client lags: how often depends on the machine and its load).
                 a_events = _a_events_per_pair(store.runs(r.experiment_id))
                 assert len(a_events) == len(r.stalls) == 4, a_events
-                assert all(s.a_tokens_before_b >= min(k, n)
-                           for s, n in zip(r.stalls, a_events, strict=True)), (
-                    a_events, r.to_dict()["stalls"])
+                assert all(
+                    s.a_tokens_before_b >= min(k, n)
+                    for s, n in zip(r.stalls, a_events, strict=True)
+                ), (a_events, r.to_dict()["stalls"])
             one, chunked = (res.arms[n].summary() for n in ("unchunked", "chunked-128"))
-            print(f"\ncpu-interfere-chunked attempt {attempt + 1}: A max ITL "
-                  f"{fmt_duration(one['max_itl_s'])} one step vs "
-                  f"{fmt_duration(chunked['max_itl_s'])} chunked; B TTFT "
-                  f"{fmt_duration(one['b_ttft_s'])} vs {fmt_duration(chunked['b_ttft_s'])}",
-                  file=sys.__stderr__)
+            print(
+                f"\ncpu-interfere-chunked attempt {attempt + 1}: A max ITL "
+                f"{fmt_duration(one['max_itl_s'])} one step vs "
+                f"{fmt_duration(chunked['max_itl_s'])} chunked; B TTFT "
+                f"{fmt_duration(one['b_ttft_s'])} vs {fmt_duration(chunked['b_ttft_s'])}",
+                file=sys.__stderr__,
+            )
             assert set(res.comparison["metrics"]) == {"max_itl_s", "extra_s", "b_ttft_s"}
-            if None not in (chunked["max_itl_s"], one["max_itl_s"]) and \
-                    chunked["max_itl_s"] < one["max_itl_s"]:
+            if (
+                None not in (chunked["max_itl_s"], one["max_itl_s"])
+                and chunked["max_itl_s"] < one["max_itl_s"]
+            ):
                 break
         else:
             pytest.fail(f"chunked prefill did not shorten A's worst gap: {res.comparison}")

@@ -73,8 +73,11 @@ def test_detached_start_status_stop_leaves_no_process(tmp_path: Path) -> None:
         assert now.state is not None and now.state.profile_dir == str(tmp_path / "profiles")
         capture = ProfileCapture(state.base_url, now.state.profile_dir, timeout_s=120)
         capture.start()
-        requests.post(f"{state.base_url}/v1/completions", timeout=60, json={
-            "model": state.served_model_name, "prompt": "hello", "max_tokens": 4})
+        requests.post(
+            f"{state.base_url}/v1/completions",
+            timeout=60,
+            json={"model": state.served_model_name, "prompt": "hello", "max_tokens": 4},
+        )
         assert capture.stop(), "no trace file after /stop_profile"
     finally:
         started = time.monotonic()

@@ -68,10 +68,14 @@ def _traceparent() -> tuple[str, str]:
     return trace_id, f"00-{trace_id}-{secrets.token_hex(8)}-01"
 
 
-def _post(url: str, model: str, prompt: str, max_tokens: int,
-          headers: dict[str, str]) -> dict:  # type: ignore[type-arg]
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
-            "temperature": 0}
+def _post(url: str, model: str, prompt: str, max_tokens: int, headers: dict[str, str]) -> dict:  # type: ignore[type-arg]
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 0,
+    }
     response = requests.post(f"{url}/v1/completions", json=body, headers=headers, timeout=60)
     response.raise_for_status()
     return response.json()  # type: ignore[no-any-return]
@@ -94,8 +98,11 @@ def _legs(span_store_path, request_id: str, since_ns: int) -> dict[str, RequestS
     deadline = time.monotonic() + SPAN_WAIT_S
     with Store(span_store_path) as store:
         while time.monotonic() < deadline and len(legs) < 2:
-            legs = {span.instance or "?": span for span in store.spans(since_ns=since_ns)
-                    if span.request_id and request_id in span.request_id}
+            legs = {
+                span.instance or "?": span
+                for span in store.spans(since_ns=since_ns)
+                if span.request_id and request_id in span.request_id
+            }
             time.sleep(0.2)
     return legs
 
@@ -107,16 +114,24 @@ def test_a_request_through_the_router_hands_its_kv_over(local_pd):
     block = int(before_d.get("block_size", 0))
     trace_id, traceparent = _traceparent()
     since_ns = time.time_ns() - 5 * 10**9
-    answer = _post(local_pd.router_url, local_pd.model, _prompt("router"), 16,
-                   {"X-Request-Id": f"pd-infra-{uuid.uuid4().hex[:8]}", "traceparent": traceparent})
+    answer = _post(
+        local_pd.router_url,
+        local_pd.model,
+        _prompt("router"),
+        16,
+        {"X-Request-Id": f"pd-infra-{uuid.uuid4().hex[:8]}", "traceparent": traceparent},
+    )
     completion_id = answer["id"]
-    assert completion_id.startswith(f"cmpl-___prefill_addr_{local_pd.prefill_url[7:]}"
-                                    f"___decode_addr_{local_pd.decode_url[7:]}_")
+    assert completion_id.startswith(
+        f"cmpl-___prefill_addr_{local_pd.prefill_url[7:]}___decode_addr_{local_pd.decode_url[7:]}_"
+    )
     assert answer["usage"]["completion_tokens"] == 16
     tokens = int(answer["usage"]["prompt_tokens"])
 
-    prefill, decode = _deltas(local_pd.prefill_url, before_p, 1), _deltas(local_pd.decode_url,
-                                                                          before_d, 1)
+    prefill, decode = (
+        _deltas(local_pd.prefill_url, before_p, 1),
+        _deltas(local_pd.decode_url, before_d, 1),
+    )
     figures = f"{tokens} prompt tokens, block {block}; prefill {prefill}; decode {decode}"
     print(figures)
     assert prefill[SUCCESS] == 1 and decode[SUCCESS] == 1, figures
@@ -164,8 +179,9 @@ def test_the_broken_pair_recomputes_the_whole_prompt(local_pd_broken):
     assert local_pd_broken.decode_kv_dir != local_pd_broken.kv_dir
     before = _counters(local_pd_broken.decode_url)
     _, traceparent = _traceparent()
-    tokens = _by_hand(local_pd_broken, _prompt("broken"), f"pd-broken-{uuid.uuid4().hex[:8]}",
-                      traceparent)
+    tokens = _by_hand(
+        local_pd_broken, _prompt("broken"), f"pd-broken-{uuid.uuid4().hex[:8]}", traceparent
+    )
     decode = _deltas(local_pd_broken.decode_url, before, 1)
     assert decode[SUCCESS] == 1, decode  # it still succeeds...
     assert decode.get(f"by_source:{TRANSFER}", 0.0) == 0, decode  # ...with nothing handed over

@@ -44,9 +44,26 @@ def test_prefix_on_the_pair_reads_the_prefill_instances_cache(local_pd, tmp_path
     """The shared prefix is cached where prompts are computed: the warm runs' hits are the
     prefill instance's, and they add up to its own counter."""
     p0 = _counters(local_pd.prefill_url, (HITS,))
-    code = main(["prefix", "--prefill", local_pd.prefill_url, "--decode", local_pd.decode_url,
-                 "--prefix-tokens", "256", "--suffix-tokens", "16", "--max-tokens", "4",
-                 "--reps", "2", "--store", str(tmp_path / "s.sqlite"), "--json"])
+    code = main(
+        [
+            "prefix",
+            "--prefill",
+            local_pd.prefill_url,
+            "--decode",
+            local_pd.decode_url,
+            "--prefix-tokens",
+            "256",
+            "--suffix-tokens",
+            "16",
+            "--max-tokens",
+            "4",
+            "--reps",
+            "2",
+            "--store",
+            str(tmp_path / "s.sqlite"),
+            "--json",
+        ]
+    )
     p1 = _counters(local_pd.prefill_url, (HITS,))
     out = capsys.readouterr()
     assert code == 0, out.err
@@ -59,13 +76,13 @@ def test_prefix_on_the_pair_reads_the_prefill_instances_cache(local_pd, tmp_path
     # cold (even) runs start fresh prefixes, warm (odd) runs reuse at least one whole block
     assert hits[0::2] == [0, 0] and all(h >= doc["block_size"] for h in hits[1::2]), hits
     assert sum(hits) == _moved(p0, p1)[HITS]  # the prefill instance's own counter
-    assert doc["summary"]["warm"]["prefix_cache_hits"] == pytest.approx(
-        sum(hits[1::2]) / 2)
+    assert doc["summary"]["warm"]["prefix_cache_hits"] == pytest.approx(sum(hits[1::2]) / 2)
     # the decode instance received the cold prompts' KV rather than computing them
     assert all(r["pd"]["tokens_transferred"] > 0 for r in runs[0::2]), [r["pd"] for r in runs]
     assert doc["verdict"]["kind"] in ("reuse", "reuse, no gain")
-    assert doc["pd_text"].startswith("on the P/D pair the prompts are computed on the prefill "
-                                     "instance")
+    assert doc["pd_text"].startswith(
+        "on the P/D pair the prompts are computed on the prefill instance"
+    )
 
 
 def test_batch_on_the_pair_decodes_on_the_decode_instance(local_pd, tmp_path, capsys):
@@ -73,11 +90,28 @@ def test_batch_on_the_pair_decodes_on_the_decode_instance(local_pd, tmp_path, ca
     of the answer on the decode instance, whose readings the levels show."""
     names = (GEN, PREFILL_COUNT)
     p0, d0 = _counters(local_pd.prefill_url, names), _counters(local_pd.decode_url, names)
-    code = main(["batch", "--prefill", local_pd.prefill_url, "--decode", local_pd.decode_url,
-                 "--concurrency", "1,2", "--prompt-tokens", "32", "--max-tokens", "24",
-                 "--store", str(tmp_path / "s.sqlite"), "--json"])
-    p, d = (_moved(p0, _counters(local_pd.prefill_url, names)),
-            _moved(d0, _counters(local_pd.decode_url, names)))
+    code = main(
+        [
+            "batch",
+            "--prefill",
+            local_pd.prefill_url,
+            "--decode",
+            local_pd.decode_url,
+            "--concurrency",
+            "1,2",
+            "--prompt-tokens",
+            "32",
+            "--max-tokens",
+            "24",
+            "--store",
+            str(tmp_path / "s.sqlite"),
+            "--json",
+        ]
+    )
+    p, d = (
+        _moved(p0, _counters(local_pd.prefill_url, names)),
+        _moved(d0, _counters(local_pd.decode_url, names)),
+    )
     out = capsys.readouterr()
     assert code == 0, out.err
     doc = json.loads(out.out)
@@ -93,16 +127,31 @@ def test_batch_on_the_pair_decodes_on_the_decode_instance(local_pd, tmp_path, ca
     assert set(doc["prefill_pressure"]) == {"1", "2"}
 
 
-def test_interfere_on_the_pair_runs_bs_prefill_on_the_prefill_instance(local_pd, tmp_path,
-                                                                       capsys):
+def test_interfere_on_the_pair_runs_bs_prefill_on_the_prefill_instance(local_pd, tmp_path, capsys):
     """Through the router: per pair, the prefill instance ran both prefill legs and the decode
     instance received B's KV; the words about the pair follow the verdict's numbers."""
     if local_pd.router_url is None:
         pytest.skip("the pair was started without a router")
-    code = main(["interfere", "--endpoint", local_pd.router_url,
-                 "--prefill", local_pd.prefill_url, "--decode", local_pd.decode_url,
-                 "--a-tokens", "96", "--b-prompt-tokens", "600", "--reps", "2",
-                 "--store", str(tmp_path / "s.sqlite"), "--json"])
+    code = main(
+        [
+            "interfere",
+            "--endpoint",
+            local_pd.router_url,
+            "--prefill",
+            local_pd.prefill_url,
+            "--decode",
+            local_pd.decode_url,
+            "--a-tokens",
+            "96",
+            "--b-prompt-tokens",
+            "600",
+            "--reps",
+            "2",
+            "--store",
+            str(tmp_path / "s.sqlite"),
+            "--json",
+        ]
+    )
     out = capsys.readouterr()
     assert code == 0, out.err
     doc = json.loads(out.out)

@@ -38,15 +38,16 @@ def _legs(pair, prompt: str) -> None:
     whole request on the decode instance, one X-Request-Id."""
     headers = {"X-Request-Id": uuid.uuid4().hex}
     body = {"model": pair.model, "prompt": prompt, "max_tokens": 1}
-    requests.post(f"{pair.prefill_url}/v1/completions", json=body, headers=headers,
-                  timeout=60).raise_for_status()
+    requests.post(
+        f"{pair.prefill_url}/v1/completions", json=body, headers=headers, timeout=60
+    ).raise_for_status()
     body |= {"max_tokens": 8, "ignore_eos": True}
-    requests.post(f"{pair.decode_url}/v1/completions", json=body, headers=headers,
-                  timeout=60).raise_for_status()
+    requests.post(
+        f"{pair.decode_url}/v1/completions", json=body, headers=headers, timeout=60
+    ).raise_for_status()
 
 
-def test_check_live_gives_the_broken_pairs_recompute_share_and_no_nixl(local_pd_broken,
-                                                                         capsys):
+def test_check_live_gives_the_broken_pairs_recompute_share_and_no_nixl(local_pd_broken, capsys):
     pair = local_pd_broken
     before = _sources(pair.decode_url)
     sent: list[float] = []
@@ -59,9 +60,23 @@ def test_check_live_gives_the_broken_pairs_recompute_share_and_no_nixl(local_pd_
 
     thread = threading.Thread(target=traffic, daemon=True)
     thread.start()
-    code = main(["check", "--live", "--endpoint", pair.decode_url, "--window", "10",
-                 "--span-grace", "0", "--rule", "live_kv_path", "--json",
-                 "--store", "/nonexistent/none.sqlite"])
+    code = main(
+        [
+            "check",
+            "--live",
+            "--endpoint",
+            pair.decode_url,
+            "--window",
+            "10",
+            "--span-grace",
+            "0",
+            "--rule",
+            "live_kv_path",
+            "--json",
+            "--store",
+            "/nonexistent/none.sqlite",
+        ]
+    )
     ended = time.monotonic()
     thread.join(60)
     assert sent and sent[0] < ended, "the two requests did not finish inside the window"
@@ -75,11 +90,16 @@ def test_check_live_gives_the_broken_pairs_recompute_share_and_no_nixl(local_pd_
     assert (numbers["computed"], numbers["transferred"]) == (comp, ext), verdict
     assert numbers["recompute_share"] == 1.0 and numbers["role"] == "decode", verdict
     summary = verdict["summary"]
-    assert (f"recompute share 100.0 % (computed {comp:.0f} of {comp + ext:.0f} prompt tokens, "
-            "0 transferred)") in summary, summary
-    assert ("failed transfers not exported, failed notifications not exported, expired KV "
-            "not exported (no nixl_* series: not the NIXL connector)") in summary, summary
-    assert "transfer time p99 not exported" in summary and "KV wait p99 not exported" \
-        in summary, summary
+    assert (
+        f"recompute share 100.0 % (computed {comp:.0f} of {comp + ext:.0f} prompt tokens, "
+        "0 transferred)"
+    ) in summary, summary
+    assert (
+        "failed transfers not exported, failed notifications not exported, expired KV "
+        "not exported (no nixl_* series: not the NIXL connector)"
+    ) in summary, summary
+    assert "transfer time p99 not exported" in summary and "KV wait p99 not exported" in summary, (
+        summary
+    )
     # nothing to judge the failures by: reported, not passed
     assert verdict["status"] == "skipped" and code == 0, verdict

@@ -35,19 +35,35 @@ def _sources(base_url: str) -> dict[str, float]:
     return out
 
 
-def _probe(pair, store_path, *, router: bool, seed: int, runs: int = 4,
-           span_wait_s: float | None = None):
-    topo = PdTopology(prefill=pair.prefill_url, decode=pair.decode_url,
-                      router=pair.router_url if router else None)
+def _probe(
+    pair, store_path, *, router: bool, seed: int, runs: int = 4, span_wait_s: float | None = None
+):
+    topo = PdTopology(
+        prefill=pair.prefill_url, decode=pair.decode_url, router=pair.router_url if router else None
+    )
     # prompts of their own per test (the seed): a prompt seen before is a prefix-cache hit on
     # the decode instance, not a transfer (research/fleet_pd.md)
-    spec = RunSpec(endpoint=topo.router or topo.decode, model=pair.model, prompt="",
-                   max_tokens=16, prompt_tokens_target=160, seed=seed)
+    spec = RunSpec(
+        endpoint=topo.router or topo.decode,
+        model=pair.model,
+        prompt="",
+        max_tokens=16,
+        prompt_tokens_target=160,
+        seed=seed,
+    )
     before = _sources(pair.decode_url)
     with Store(store_path) as store:
-        result = run_pd_probe(spec, store, topo, settings=ProbeSettings(
-            runs=runs, warmup=0, name="pd-router" if router else "pd-legs",
-            span_wait_s=span_wait_s))
+        result = run_pd_probe(
+            spec,
+            store,
+            topo,
+            settings=ProbeSettings(
+                runs=runs,
+                warmup=0,
+                name="pd-router" if router else "pd-legs",
+                span_wait_s=span_wait_s,
+            ),
+        )
     after = _sources(pair.decode_url)
     moved = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
     return result, moved
@@ -57,28 +73,37 @@ def _probe(pair, store_path, *, router: bool, seed: int, runs: int = 4,
 def test_every_run_shows_both_legs_and_its_kv_transferred(local_pd, tmp_path, router):
     if router and local_pd.router_url is None:
         pytest.skip("the pair was started without a router")
-    result, moved = _probe(local_pd, tmp_path / "s.sqlite", router=router,
-                           seed=101 if router else 100)
+    result, moved = _probe(
+        local_pd, tmp_path / "s.sqlite", router=router, seed=101 if router else 100
+    )
     runs = result.runs
-    assert [r.status for r in runs] == ["ok"] * 4, [(r.status, r.error, r.isolation.reasons)
-                                                     for r in runs]
+    assert [r.status for r in runs] == ["ok"] * 4, [
+        (r.status, r.error, r.isolation.reasons) for r in runs
+    ]
     assert all(r.isolated for r in runs), [r.isolation.reasons for r in runs]
     for r in runs:
         pd = r.pd
         assert pd is not None
-        assert None not in (pd.prefill_s, pd.hand_over_s, pd.decode_kv_wait_s,
-                            pd.decode_prompt_s, pd.decode_s), pd
+        assert None not in (
+            pd.prefill_s,
+            pd.hand_over_s,
+            pd.decode_kv_wait_s,
+            pd.decode_prompt_s,
+            pd.decode_s,
+        ), pd
         assert pd.kv == "transferred", pd.kv_reason
         assert pd.tokens_transferred and pd.tokens_transferred > 0
     # agrees with the decode instance's own counters over the whole probe
-    assert sum(r.pd.tokens_transferred or 0 for r in runs if r.pd) == \
-        moved["external_kv_transfer"], moved
+    assert (
+        sum(r.pd.tokens_transferred or 0 for r in runs if r.pd) == moved["external_kv_transfer"]
+    ), moved
     assert sum(r.pd.tokens_computed or 0 for r in runs if r.pd) == moved["local_compute"]
     assert "KV hand-over: transferred in 4 of 4 run(s)" in result.notes
 
 
-def test_a_broken_hand_over_is_recompute_on_every_run_and_the_rule_fires(local_pd_broken,
-                                                                         tmp_path, capsys):
+def test_a_broken_hand_over_is_recompute_on_every_run_and_the_rule_fires(
+    local_pd_broken, tmp_path, capsys
+):
     store = tmp_path / "s.sqlite"
     result, moved = _probe(local_pd_broken, store, router=False, seed=102)
     runs = result.runs
@@ -87,16 +112,29 @@ def test_a_broken_hand_over_is_recompute_on_every_run_and_the_rule_fires(local_p
     for r in runs:
         assert r.pd is not None and r.pd.kv == "recomputed", r.pd
         prompt = r.client.prompt_tokens if r.client else None
-        assert r.pd.kv_reason.startswith(f"computed {r.pd.tokens_computed:.0f} of {prompt} "
-                                         "prompt tokens locally: its KV never arrived"), r.pd
+        assert r.pd.kv_reason.startswith(
+            f"computed {r.pd.tokens_computed:.0f} of {prompt} "
+            "prompt tokens locally: its KV never arrived"
+        ), r.pd
         assert "found none" in r.pd.kv_reason, r.pd  # its connector looked: another path
-    code = main(["check", "--experiment", str(result.experiment_id), "--store", str(store),
-                 "--rule", "kv_recompute", "--json"])
+    code = main(
+        [
+            "check",
+            "--experiment",
+            str(result.experiment_id),
+            "--store",
+            str(store),
+            "--rule",
+            "kv_recompute",
+            "--json",
+        ]
+    )
     report = json.loads(capsys.readouterr().out)
     (verdict,) = report["verdicts"]
     assert code == 1 and verdict["status"] == "fail", verdict
     assert verdict["summary"].startswith(
-        "the decode instance recomputed the prompt in 4 of 4 runs (run 1: computed "), verdict
+        "the decode instance recomputed the prompt in 4 of 4 runs (run 1: computed "
+    ), verdict
 
 
 def test_the_live_check_reads_the_pairs_recompute_share(local_pd, capsys):
@@ -112,19 +150,40 @@ def test_the_live_check_reads_the_pairs_recompute_share(local_pd, capsys):
 
     def traffic() -> None:
         while not stop.is_set():
-            body = {"model": local_pd.model, "max_tokens": 8, "ignore_eos": True,
-                    "prompt": f"live {uuid.uuid4().hex} " + "word " * 200}
-            requests.post(f"{local_pd.router_url}/v1/completions", json=body,
-                          timeout=60).raise_for_status()
+            body = {
+                "model": local_pd.model,
+                "max_tokens": 8,
+                "ignore_eos": True,
+                "prompt": f"live {uuid.uuid4().hex} " + "word " * 200,
+            }
+            requests.post(
+                f"{local_pd.router_url}/v1/completions", json=body, timeout=60
+            ).raise_for_status()
 
     thread = threading.Thread(target=traffic, daemon=True)
     thread.start()
     try:
-        code = main(["check", "--live", "--endpoint", local_pd.router_url,
-                     "--replica", f"prefill={local_pd.prefill_url}",
-                     "--replica", f"decode={local_pd.decode_url}", "--window", "8",
-                     "--span-grace", "0", "--rule", "live_kv_recompute", "--json",
-                     "--store", "/nonexistent/none.sqlite"])
+        code = main(
+            [
+                "check",
+                "--live",
+                "--endpoint",
+                local_pd.router_url,
+                "--replica",
+                f"prefill={local_pd.prefill_url}",
+                "--replica",
+                f"decode={local_pd.decode_url}",
+                "--window",
+                "8",
+                "--span-grace",
+                "0",
+                "--rule",
+                "live_kv_recompute",
+                "--json",
+                "--store",
+                "/nonexistent/none.sqlite",
+            ]
+        )
     finally:
         stop.set()
         thread.join(60)
@@ -153,8 +212,11 @@ def test_the_two_legs_spans_join_into_one_request(local_pd, tmp_path):
     mine: list = []
     while time.monotonic() < deadline:
         with Store(local_pd.span_store_path, readonly=True) as store:
-            mine = [s for s in store.spans(since_ns=since - 10**9)
-                    if s.request_id and any(i in s.request_id for i in ids)]
+            mine = [
+                s
+                for s in store.spans(since_ns=since - 10**9)
+                if s.request_id and any(i in s.request_id for i in ids)
+            ]
         if len(mine) >= 4:
             break
         time.sleep(0.2)
@@ -173,10 +235,12 @@ def test_the_probe_joins_each_runs_leg_spans_through_the_router(local_pd):
     spans' decode-side phases are the decode instance's own histogram deltas."""
     if local_pd.span_store_path is None or local_pd.router_url is None:
         pytest.skip("no session span receiver, or no router")
-    result, _ = _probe(local_pd, local_pd.span_store_path, router=True, seed=104, runs=2,
-                       span_wait_s=15.0)
-    assert any(n.startswith("spans: both legs joined for 2 of 2 run(s)") for n in result.notes), \
+    result, _ = _probe(
+        local_pd, local_pd.span_store_path, router=True, seed=104, runs=2, span_wait_s=15.0
+    )
+    assert any(n.startswith("spans: both legs joined for 2 of 2 run(s)") for n in result.notes), (
         result.notes
+    )
     for r in result.runs:
         j = r.pd.span_join if r.pd else None
         assert j is not None, (r.pd, result.notes)
@@ -190,8 +254,9 @@ def test_the_probe_joins_each_runs_leg_spans_through_the_router(local_pd):
             assert j["decode_s"] == pytest.approx(r.pd.decode_s, abs=2e-3), j
     with Store(local_pd.span_store_path, readonly=True) as store:
         stored = store.runs(result.experiment_id)
-    assert [r.pd.span_join["decode_span_id"] for r in stored] == \
-        [r.pd.span_join["decode_span_id"] for r in result.runs]
+    assert [r.pd.span_join["decode_span_id"] for r in stored] == [
+        r.pd.span_join["decode_span_id"] for r in result.runs
+    ]
 
 
 def test_a_decode_url_that_is_an_aggregated_instance_is_said(local_pd, local_vllm, tmp_path):
@@ -201,8 +266,14 @@ def test_a_decode_url_that_is_an_aggregated_instance_is_said(local_pd, local_vll
     if local_vllm.model != local_pd.model:
         pytest.skip("the aggregated server serves another model name")
     topo = PdTopology(prefill=local_pd.prefill_url, decode=local_vllm.base_url)
-    spec = RunSpec(endpoint=topo.decode, model=local_pd.model, prompt="", max_tokens=8,
-                   prompt_tokens_target=160, seed=105)
+    spec = RunSpec(
+        endpoint=topo.decode,
+        model=local_pd.model,
+        prompt="",
+        max_tokens=8,
+        prompt_tokens_target=160,
+        seed=105,
+    )
     with Store(tmp_path / "s.sqlite") as store:
         result = run_pd_probe(spec, store, topo, settings=ProbeSettings(runs=2, warmup=0))
     for r in result.runs:

@@ -12,14 +12,28 @@ from phaseprobe.present.cli import main
 pytestmark = pytest.mark.integration
 
 
-def test_probe_shows_efficiency_against_the_calibrated_bound(local_vllm, tmp_path, capsys,
-                                                             monkeypatch):
+def test_probe_shows_efficiency_against_the_calibrated_bound(
+    local_vllm, tmp_path, capsys, monkeypatch
+):
     monkeypatch.setenv("PHASEPROBE_DATA_DIR", str(tmp_path))  # calibration lands here
     cal = calibrate.run_benchmark("cpu", quick=True)
     calibrate.save(cal)
-    code = main(["probe", "--endpoint", local_vllm.base_url, "--runs", "3", "--max-tokens",
-                 "32", "--peaks", "calibrated", "--store", str(tmp_path / "s.sqlite"),
-                 "--json"])
+    code = main(
+        [
+            "probe",
+            "--endpoint",
+            local_vllm.base_url,
+            "--runs",
+            "3",
+            "--max-tokens",
+            "32",
+            "--peaks",
+            "calibrated",
+            "--store",
+            str(tmp_path / "s.sqlite"),
+            "--json",
+        ]
+    )
     doc = json.loads(capsys.readouterr().out)
     assert code == 0
     eff = doc["efficiency"]
@@ -34,8 +48,9 @@ def test_probe_shows_efficiency_against_the_calibrated_bound(local_vllm, tmp_pat
     # ever makes it so, it is a flag with a warning, never an efficiency above 100 %.
     for phase in ("decode", "prefill"):
         e = eff[f"{phase}_efficiency"]
-        assert (e is not None and 0 < e <= 1) or (e is None and eff[f"{phase}_bound_beaten"]
-                                                  and eff["warnings"]), eff
+        assert (e is not None and 0 < e <= 1) or (
+            e is None and eff[f"{phase}_bound_beaten"] and eff["warnings"]
+        ), eff
     assert len(eff["runs"]) == 3
     # The human table carries the same line.
     main(["runs", "--latest", "--store", str(tmp_path / "s.sqlite")])
@@ -43,8 +58,20 @@ def test_probe_shows_efficiency_against_the_calibrated_bound(local_vllm, tmp_pat
 
 
 def test_probe_without_peaks_says_what_is_missing(local_vllm, tmp_path, capsys):
-    code = main(["probe", "--endpoint", local_vllm.base_url, "--runs", "1", "--max-tokens", "8",
-                 "--store", str(tmp_path / "s.sqlite"), "--json"])
+    code = main(
+        [
+            "probe",
+            "--endpoint",
+            local_vllm.base_url,
+            "--runs",
+            "1",
+            "--max-tokens",
+            "8",
+            "--store",
+            str(tmp_path / "s.sqlite"),
+            "--json",
+        ]
+    )
     doc = json.loads(capsys.readouterr().out)
     assert code == 0
     assert "--peaks" in doc["efficiency"]["skipped"]
@@ -52,11 +79,24 @@ def test_probe_without_peaks_says_what_is_missing(local_vllm, tmp_path, capsys):
 
 def test_h200_peaks_on_the_tiny_model_print_nanoseconds(local_vllm, tmp_path, capsys):
     """Issue 16: "0.000 ms/token → 0.0 %"."""
-    code = main(["probe", "--endpoint", local_vllm.base_url, "--runs", "1", "--max-tokens", "8",
-                 "--peaks", "h200", "--store", str(tmp_path / "s.sqlite")])
+    code = main(
+        [
+            "probe",
+            "--endpoint",
+            local_vllm.base_url,
+            "--runs",
+            "1",
+            "--max-tokens",
+            "8",
+            "--peaks",
+            "h200",
+            "--store",
+            str(tmp_path / "s.sqlite"),
+        ]
+    )
     out = " ".join(capsys.readouterr().out.split())
     assert code == 0
-    line = out[out.index("roofline ("):]
+    line = out[out.index("roofline (") :]
     assert "ns/token vs measured" in line
     assert "0.000 ms" not in line and "efficiency 0.0 %" not in line
 
@@ -64,13 +104,39 @@ def test_h200_peaks_on_the_tiny_model_print_nanoseconds(local_vllm, tmp_path, ca
 def test_a_70b_config_is_refused_before_any_run(local_vllm, tmp_path, capsys):
     """Issue 16: a 70B --model-config against the tiny model gave "efficiency 858 %"."""
     cfg = tmp_path / "70b.json"
-    cfg.write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 8192,
-        "intermediate_size": 28672, "num_hidden_layers": 80, "num_attention_heads": 64,
-        "num_key_value_heads": 8, "vocab_size": 32000, "max_position_embeddings": 4096}))
+    cfg.write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "hidden_size": 8192,
+                "intermediate_size": 28672,
+                "num_hidden_layers": 80,
+                "num_attention_heads": 64,
+                "num_key_value_heads": 8,
+                "vocab_size": 32000,
+                "max_position_embeddings": 4096,
+            }
+        )
+    )
     store = tmp_path / "s.sqlite"
-    code = main(["probe", "--endpoint", local_vllm.base_url, "--runs", "1", "--max-tokens",
-                 "8", "--peaks", "h100-sxm", "--model-config", str(cfg), "--store", str(store)])
+    code = main(
+        [
+            "probe",
+            "--endpoint",
+            local_vllm.base_url,
+            "--runs",
+            "1",
+            "--max-tokens",
+            "8",
+            "--peaks",
+            "h100-sxm",
+            "--model-config",
+            str(cfg),
+            "--store",
+            str(store),
+        ]
+    )
     err = " ".join(capsys.readouterr().err.split())
     assert code != 0
     assert "does not describe the served model" in err and "hidden_size 8192 vs 128" in err

@@ -21,8 +21,13 @@ pytestmark = pytest.mark.integration
 
 
 def _spec(target, **kw) -> RunSpec:
-    base = dict(endpoint=target.base_url, model=target.model, prompt="", max_tokens=32,
-                prompt_tokens_target=64)
+    base = dict(
+        endpoint=target.base_url,
+        model=target.model,
+        prompt="",
+        max_tokens=32,
+        prompt_tokens_target=64,
+    )
     base.update(kw)
     return RunSpec(**base)
 
@@ -59,9 +64,16 @@ def test_concurrent_request_is_flagged_not_isolated(local_vllm, tmp_path):
 
     def intruder() -> None:
         try:
-            requests.post(f"{local_vllm.base_url}/v1/completions", timeout=60, json={
-                "model": local_vllm.model, "prompt": "an intruding request " + str(time.time()),
-                "max_tokens": 40, "ignore_eos": True}).raise_for_status()
+            requests.post(
+                f"{local_vllm.base_url}/v1/completions",
+                timeout=60,
+                json={
+                    "model": local_vllm.model,
+                    "prompt": "an intruding request " + str(time.time()),
+                    "max_tokens": 40,
+                    "ignore_eos": True,
+                },
+            ).raise_for_status()
         except BaseException as exc:  # reported below, not swallowed
             errors.append(exc)
 
@@ -79,8 +91,12 @@ def test_concurrent_request_is_flagged_not_isolated(local_vllm, tmp_path):
             return response
 
     with Store(tmp_path / "s.sqlite") as store:
-        result = run_probe(_spec(local_vllm, max_tokens=600), store,
-                           settings=ProbeSettings(runs=1, warmup=0), session=SendsAnIntruder())
+        result = run_probe(
+            _spec(local_vllm, max_tokens=600),
+            store,
+            settings=ProbeSettings(runs=1, warmup=0),
+            session=SendsAnIntruder(),
+        )
         stored = store.runs(result.experiment_id)
     for thread in intruders:  # done before the next test shares the server
         thread.join(timeout=70)  # the intruder's own request times out after 60 s
@@ -95,16 +111,31 @@ def test_concurrent_request_is_flagged_not_isolated(local_vllm, tmp_path):
 
 def test_chat_api(local_vllm, tmp_path):
     with Store(tmp_path / "s.sqlite") as store:
-        result = run_probe(_spec(local_vllm, api="chat", max_tokens=16), store,
-                           settings=ProbeSettings(runs=2, warmup=0))
+        result = run_probe(
+            _spec(local_vllm, api="chat", max_tokens=16),
+            store,
+            settings=ProbeSettings(runs=2, warmup=0),
+        )
     for run in result.runs:
         assert run.status == "ok", (run.error, run.isolation.reasons)
         assert run.client.completion_tokens == 16 and run.server.decode_s > 0
 
 
 def test_cli_json_against_a_running_vllm(local_vllm, tmp_path, capsys):
-    code = main(["probe", "--endpoint", local_vllm.base_url, "--runs", "3", "--max-tokens",
-                 "16", "--store", str(tmp_path / "s.sqlite"), "--json"])
+    code = main(
+        [
+            "probe",
+            "--endpoint",
+            local_vllm.base_url,
+            "--runs",
+            "3",
+            "--max-tokens",
+            "16",
+            "--store",
+            str(tmp_path / "s.sqlite"),
+            "--json",
+        ]
+    )
     doc = json.loads(capsys.readouterr().out)
     assert code == 0
     summary = doc["summary"]
@@ -118,7 +149,8 @@ def test_cli_json_against_a_running_vllm(local_vllm, tmp_path, capsys):
     assert summary["server_decode_s"] > summary["server_prefill_s"] > 0
     if summary["n_clean"] == summary["n_server"]:  # else the share is over the clean runs
         assert summary["decode_share_of_e2e"] == pytest.approx(
-            summary["server_decode_s"] / summary["client_e2e_s"], rel=1e-6)
+            summary["server_decode_s"] / summary["client_e2e_s"], rel=1e-6
+        )
     if summary["n_clean"]:
         assert 0 < summary["decode_share_of_e2e"] <= 1
     for run in doc["runs"]:
@@ -134,19 +166,27 @@ def test_cli_json_against_a_running_vllm(local_vllm, tmp_path, capsys):
 def test_request_rejected_by_vllm_is_an_error_run(local_vllm, tmp_path):
     # max_tokens beyond max_model_len (1024): vLLM answers 400; the experiment goes on.
     with Store(tmp_path / "s.sqlite") as store:
-        result = run_probe(_spec(local_vllm, max_tokens=5000), store,
-                           settings=ProbeSettings(runs=2, warmup=0))
+        result = run_probe(
+            _spec(local_vllm, max_tokens=5000), store, settings=ProbeSettings(runs=2, warmup=0)
+        )
     assert [r.status for r in result.runs] == ["error", "error"]
     assert "HTTP 400" in result.runs[0].error
 
 
-@pytest.mark.skipif(bool(os.environ.get("PHASEPROBE_TEST_ENDPOINT")),
-                    reason="an external endpoint was given: the embedded default is not tested")
+@pytest.mark.skipif(
+    bool(os.environ.get("PHASEPROBE_TEST_ENDPOINT")),
+    reason="an external endpoint was given: the embedded default is not tested",
+)
 def test_embedded_default_end_to_end(local_vllm, tmp_path):
     """`phaseprobe probe --json --runs 3` with no endpoint: starts, measures, stops its vLLM."""
     env = dict(os.environ, PHASEPROBE_DATA_DIR=str(tmp_path))
-    proc = subprocess.run([sys.executable, "-m", "phaseprobe", "probe", "--json", "--runs", "3"],
-                          capture_output=True, text=True, env=env, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "phaseprobe", "probe", "--json", "--runs", "3"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(proc.stdout)
     assert [r["status"] for r in doc["runs"]] == ["ok"] * 3

@@ -60,8 +60,13 @@ def prometheus(local_vllm) -> Iterator[PrometheusServer]:
 
 @pytest.fixture(scope="module")
 def experiment(prometheus, local_vllm, tmp_path_factory) -> Window:
-    spec = RunSpec(endpoint=local_vllm.base_url, model=local_vllm.model, prompt="",
-                   max_tokens=32, prompt_tokens_target=64)
+    spec = RunSpec(
+        endpoint=local_vllm.base_url,
+        model=local_vllm.model,
+        prompt="",
+        max_tokens=32,
+        prompt_tokens_target=64,
+    )
     with Store(tmp_path_factory.mktemp("prom") / "s.sqlite") as store:
         # Warm-up requests outside the window, then a quiet stretch inside it. increase()
         # extrapolates _sum and _count by the same factor (so their ratio is exact) unless a
@@ -78,8 +83,9 @@ def experiment(prometheus, local_vllm, tmp_path_factory) -> Window:
     # Start the window half a scrape before the baseline: it holds the baseline sample and
     # not the one before it (which may predate the warm-up).
     span_ms = round((at - baseline + 0.5) * 1000)
-    return Window(prometheus.url, f'model_name="{local_vllm.model}"', at, f"{span_ms}ms",
-                  result.runs)
+    return Window(
+        prometheus.url, f'model_name="{local_vllm.model}"', at, f"{span_ms}ms", result.runs
+    )
 
 
 def _value(client: PrometheusClient, name: str, w: Window) -> float:
@@ -96,8 +102,12 @@ def test_the_probe_runs_were_clean(experiment):
 def test_current_vllm_names_are_detected(experiment):
     with PrometheusClient(experiment.prom_url, environ={}) as client:
         names = client.names_map()
-    for newest in ("vllm:kv_cache_usage_perc", "vllm:inter_token_latency_seconds_bucket",
-                   "vllm:prefix_cache_hits_total", "vllm:request_decode_time_seconds_sum"):
+    for newest in (
+        "vllm:kv_cache_usage_perc",
+        "vllm:inter_token_latency_seconds_bucket",
+        "vllm:prefix_cache_hits_total",
+        "vllm:request_decode_time_seconds_sum",
+    ):
         assert names[newest] == newest
 
 
@@ -112,24 +122,33 @@ def test_every_shipped_query_answers(experiment):
                 if who and "--kv-cache-metrics" in who:
                     # the local vLLM is started with the flag: the series exist, but a few
                     # unique prompts evict no block, so the medians may be NaN
-                    result = client.run(query, selector=selector, window=experiment.window,
-                                        at=experiment.at)
+                    result = client.run(
+                        query, selector=selector, window=experiment.window, at=experiment.at
+                    )
                     assert result.samples, (name, result.expr)
                     continue
                 if who:  # NIXL's series: the CPU build has none
                     with pytest.raises(EmptyResult):
-                        client.run(query, selector=selector, window=experiment.window,
-                                   at=experiment.at)
+                        client.run(
+                            query, selector=selector, window=experiment.window, at=experiment.at
+                        )
                     continue
-                result = client.run(query, selector=selector, window=experiment.window,
-                                    at=experiment.at)
+                result = client.run(
+                    query, selector=selector, window=experiment.window, at=experiment.at
+                )
                 assert result.samples, (name, result.expr)
                 # Every query has data here: 5 requests finished in the window, gauges and
                 # counters (preemptions: 0) exist from vLLM's start.
                 assert all(math.isfinite(s.value) for s in result.samples), (name, result)
-        reasons = {s.labels.get("finished_reason"): s.value for s in client.run(
-            catalog["request_success_by_reason"], selector=experiment.selector,
-            window=experiment.window, at=experiment.at).samples}
+        reasons = {
+            s.labels.get("finished_reason"): s.value
+            for s in client.run(
+                catalog["request_success_by_reason"],
+                selector=experiment.selector,
+                window=experiment.window,
+                at=experiment.at,
+            ).samples
+        }
         assert reasons["length"] > 0  # ignore_eos + max_tokens: every run stopped on length
         assert _value(client, "preemption_rate", experiment) == 0
         assert _value(client, "prefix_cache_hit_rate", experiment) == 0  # unique prompts
@@ -147,8 +166,7 @@ def test_promql_phase_means_agree_with_direct_attribution(experiment):
         "avg_inference_time": statistics.fmean(r.server.inference_s for r in runs),
         "ttft_mean": statistics.fmean(r.server.ttft_s for r in runs),
         "e2e_mean": statistics.fmean(r.server.e2e_s for r in runs),
-        "decode_share": sum(r.server.decode_s for r in runs) / sum(r.server.e2e_s
-                                                                  for r in runs),
+        "decode_share": sum(r.server.decode_s for r in runs) / sum(r.server.e2e_s for r in runs),
     }
     with PrometheusClient(experiment.prom_url, environ={}) as client:
         promql = {name: _value(client, name, experiment) for name in direct}
@@ -172,13 +190,16 @@ def test_phase_means_fit_the_window_to_the_experiment(experiment):
     runs = experiment.runs
     first_sent = runs[0].client.sent_wall_ns / 1e9
     with PrometheusClient(experiment.prom_url, environ={}) as client:
-        means = phase_means(client, first_sent=first_sent, end=experiment.at,
-                            selector=experiment.selector)
+        means = phase_means(
+            client, first_sent=first_sent, end=experiment.at, selector=experiment.selector
+        )
     assert set(means) == set(PHASE_QUERIES)
     assert means["avg_prefill_time"] == pytest.approx(
-        statistics.fmean(r.server.prefill_s for r in runs), rel=0.01)
+        statistics.fmean(r.server.prefill_s for r in runs), rel=0.01
+    )
     assert means["avg_decode_time"] == pytest.approx(
-        statistics.fmean(r.server.decode_s for r in runs), rel=0.01)
+        statistics.fmean(r.server.decode_s for r in runs), rel=0.01
+    )
 
 
 def test_range_query_over_the_experiment(experiment):
@@ -187,9 +208,14 @@ def test_range_query_over_the_experiment(experiment):
     first_sent = experiment.runs[0].client.sent_wall_ns / 1e9
     start = min(experiment.at - 8, first_sent)
     with PrometheusClient(experiment.prom_url, environ={}) as client:
-        result = client.run_range(load_catalog()["generation_token_throughput"],
-                                  start=start, end=experiment.at, step="1s",
-                                  selector=experiment.selector, window="5s")
+        result = client.run_range(
+            load_catalog()["generation_token_throughput"],
+            start=start,
+            end=experiment.at,
+            step="1s",
+            selector=experiment.selector,
+            window="5s",
+        )
     (series,) = result.series
     assert len(series.points) >= 4  # one a second, once rate() has two samples
     assert all(start - 1 <= t <= experiment.at + 1 for t, _ in series.points)
@@ -200,9 +226,21 @@ def test_range_query_over_the_experiment(experiment):
 def test_cli_query_all_json(experiment):
     parser = argparse.ArgumentParser(prog="phaseprobe")
     register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["query", "all", "--prom", experiment.prom_url, "--selector",
-                              "{" + experiment.selector + "}", "--window", experiment.window,
-                              "--at", f"{experiment.at:.3f}", "--json"])
+    args = parser.parse_args(
+        [
+            "query",
+            "all",
+            "--prom",
+            experiment.prom_url,
+            "--selector",
+            "{" + experiment.selector + "}",
+            "--window",
+            experiment.window,
+            "--at",
+            f"{experiment.at:.3f}",
+            "--json",
+        ]
+    )
     out = Console(record=True, width=200)
     code = cmd_query(args, out, Console(stderr=True))
     doc = json.loads(out.export_text())
@@ -217,23 +255,42 @@ def test_cli_query_all_json(experiment):
             assert q["result"], q
 
 
-def test_probe_with_prom_summarises_the_experiment_from_promql(prometheus, local_vllm,
-                                                               tmp_path, capsys):
+def test_probe_with_prom_summarises_the_experiment_from_promql(
+    prometheus, local_vllm, tmp_path, capsys
+):
     """`phaseprobe probe --prom URL`: PromQL means over the experiment window (warm-up
     excluded) agree with the direct-scrape attribution, and nothing disagrees."""
     from phaseprobe.present.cli import main
 
-    code = main(["probe", "--endpoint", local_vllm.base_url, "--prom", prometheus.url,
-                 "--runs", "3", "--warmup", "1", "--max-tokens", "24", "--prom-wait", "30",
-                 "--store", str(tmp_path / "s.sqlite"), "--json"])
+    code = main(
+        [
+            "probe",
+            "--endpoint",
+            local_vllm.base_url,
+            "--prom",
+            prometheus.url,
+            "--runs",
+            "3",
+            "--warmup",
+            "1",
+            "--max-tokens",
+            "24",
+            "--prom-wait",
+            "30",
+            "--store",
+            str(tmp_path / "s.sqlite"),
+            "--json",
+        ]
+    )
     doc = json.loads(capsys.readouterr().out)
     assert code == 0
     prom = doc["prometheus"]
     assert "error" not in prom, prom
     assert prom["disagreements"] == []
     direct = [r["server"]["decode_s"] for r in doc["runs"]]
-    assert prom["prometheus"]["avg_decode_time"] == pytest.approx(statistics.fmean(direct),
-                                                                  rel=0.02)
+    assert prom["prometheus"]["avg_decode_time"] == pytest.approx(
+        statistics.fmean(direct), rel=0.02
+    )
     assert prom["prometheus"]["avg_prefill_time"] > 0
     assert 0 < prom["prometheus"]["decode_share"] < 1
 
@@ -247,9 +304,22 @@ def test_probe_with_prometheus_down_still_measures(local_vllm, tmp_path, capsys)
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()
-    code = main(["probe", "--endpoint", local_vllm.base_url, "--prom",
-                 f"http://127.0.0.1:{port}", "--runs", "2", "--max-tokens", "8",
-                 "--store", str(tmp_path / "s.sqlite"), "--json"])
+    code = main(
+        [
+            "probe",
+            "--endpoint",
+            local_vllm.base_url,
+            "--prom",
+            f"http://127.0.0.1:{port}",
+            "--runs",
+            "2",
+            "--max-tokens",
+            "8",
+            "--store",
+            str(tmp_path / "s.sqlite"),
+            "--json",
+        ]
+    )
     captured = capsys.readouterr()
     doc = json.loads(captured.out)
     assert code == 0

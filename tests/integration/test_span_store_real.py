@@ -17,21 +17,32 @@ pytestmark = pytest.mark.integration
 pytest.importorskip("chdb")
 
 
-def test_real_vllm_spans_read_back_from_the_exporters_table(local_vllm, span_target,
-                                                             tmp_path: Path):
+def test_real_vllm_spans_read_back_from_the_exporters_table(
+    local_vllm, span_target, tmp_path: Path
+):
     if span_target is None:
         pytest.skip("an external endpoint exports its spans elsewhere")
-    spec = RunSpec(endpoint=local_vllm.base_url, model=local_vllm.model, prompt="",
-                   max_tokens=8, prompt_tokens_target=32)
+    spec = RunSpec(
+        endpoint=local_vllm.base_url,
+        model=local_vllm.model,
+        prompt="",
+        max_tokens=8,
+        prompt_tokens_target=32,
+    )
     with Store(span_target.store_path) as store:
-        result = run_probe(spec, store, settings=ProbeSettings(
-            runs=4, warmup=1, span_wait_s=15.0, name="span-store-real"))
+        result = run_probe(
+            spec,
+            store,
+            settings=ProbeSettings(runs=4, warmup=1, span_wait_s=15.0, name="span-store-real"),
+        )
     ok = [r for r in result.runs if r.status == "ok" and r.span is not None]
     assert len(ok) == 4, result.notes
     spans = [r.span for r in ok]
     assert all(s is not None and s.prefill_s is not None for s in spans)
-    with sqlite_store(tmp_path / "only.sqlite", spans) as ref, \
-            chdb_store(tmp_path / "ch", spans) as ch:
+    with (
+        sqlite_store(tmp_path / "only.sqlite", spans) as ref,
+        chdb_store(tmp_path / "ch", spans) as ch,
+    ):
         ch.check()
         want, got = ref.span_summary(), ch.span_summary()
         assert want.total.requests == got.total.requests == 4

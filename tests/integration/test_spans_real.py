@@ -44,14 +44,22 @@ def spans_on(span_target):
 
 
 def _spec(target, prompt_tokens: int = 64, max_tokens: int = 16) -> RunSpec:
-    return RunSpec(endpoint=target.base_url, model=target.model, prompt="",
-                   max_tokens=max_tokens, prompt_tokens_target=prompt_tokens)
+    return RunSpec(
+        endpoint=target.base_url,
+        model=target.model,
+        prompt="",
+        max_tokens=max_tokens,
+        prompt_tokens_target=prompt_tokens,
+    )
 
 
 def test_every_probe_request_is_matched_to_its_span_over_grpc(local_vllm, spans_on):
     with Store(spans_on.store_path) as store:
-        result = run_probe(_spec(local_vllm), store, settings=ProbeSettings(
-            runs=5, warmup=1, span_wait_s=SPAN_WAIT_S, name="spans-idle"))
+        result = run_probe(
+            _spec(local_vllm),
+            store,
+            settings=ProbeSettings(runs=5, warmup=1, span_wait_s=SPAN_WAIT_S, name="spans-idle"),
+        )
         stored = store.runs(result.experiment_id)
     ok = [r for r in result.runs if r.status == "ok"]
     assert len(ok) == 5, [r.error for r in result.runs]
@@ -113,20 +121,26 @@ class SteadyCompany:
         self.model = target.model
         self.stop = threading.Event()
         self.lock = threading.Lock()
-        self.threads = [threading.Thread(target=self._loop, args=(n,), daemon=True)
-                        for n in self.LENGTHS]
+        self.threads = [
+            threading.Thread(target=self._loop, args=(n,), daemon=True) for n in self.LENGTHS
+        ]
         self.sent = 0
 
     def _loop(self, max_tokens: int) -> None:
-        body = {"model": self.model, "prompt": f"keep the engine company {max_tokens} " * 8,
-                "max_tokens": max_tokens, "ignore_eos": True}
+        body = {
+            "model": self.model,
+            "prompt": f"keep the engine company {max_tokens} " * 8,
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+        }
         with requests.Session() as s:
             while not self.stop.is_set():
                 with self.lock:
                     self.sent += 1
                     rid = f"{self.TAG}-{self.sent}"
-                s.post(self.url, json=body, timeout=120,
-                       headers={"X-Request-Id": rid}).raise_for_status()
+                s.post(
+                    self.url, json=body, timeout=120, headers={"X-Request-Id": rid}
+                ).raise_for_status()
 
     def __enter__(self) -> SteadyCompany:
         for t in self.threads:
@@ -144,8 +158,11 @@ def test_probe_under_load_is_attributed_by_span(local_vllm, spans_on, capsys):
     their phases from their own span, count in the medians, and their overlap context shows
     what they shared the engine with."""
     settings = ProbeSettings(runs=8, warmup=1, span_wait_s=SPAN_WAIT_S, name="spans-load")
-    load = OpenLoopLoad(local_vllm.base_url, local_vllm.model,
-                        LoadSettings(rate_per_s=4.0, long_share=0.3, max_tokens=(16, 48)))
+    load = OpenLoopLoad(
+        local_vllm.base_url,
+        local_vllm.model,
+        LoadSettings(rate_per_s=4.0, long_share=0.3, max_tokens=(16, 48)),
+    )
     with Store(spans_on.store_path) as store, load, SteadyCompany(local_vllm) as company:
         time.sleep(1.0)  # the load is running before the first measured run
         result = run_probe(_spec(local_vllm), store, settings=settings)
@@ -155,11 +172,16 @@ def test_probe_under_load_is_attributed_by_span(local_vllm, spans_on, capsys):
 
     def company_spans() -> list:
         with Store(spans_on.store_path) as s:
-            return [sp for sp in s.spans(since_ns=since)
-                    if sp.request_id and SteadyCompany.TAG in sp.request_id]
+            return [
+                sp
+                for sp in s.spans(since_ns=since)
+                if sp.request_id and SteadyCompany.TAG in sp.request_id
+            ]
 
-    assert wait_for(lambda: len(company_spans()) >= company.sent, SPAN_WAIT_S), \
-        (company.sent, len(company_spans()))
+    assert wait_for(lambda: len(company_spans()) >= company.sent, SPAN_WAIT_S), (
+        company.sent,
+        len(company_spans()),
+    )
     time.sleep(1.0)  # the open loop's stragglers
     with Store(spans_on.store_path) as store:
         stored = store.runs(result.experiment_id)
@@ -183,28 +205,46 @@ def test_probe_under_load_is_attributed_by_span(local_vllm, spans_on, capsys):
         length = w.last_token_ns - w.first_token_ns
         if length <= 0:
             continue
-        known = sum(max(0, min(w.last_token_ns, cw.last_token_ns)
-                        - max(w.first_token_ns, cw.first_token_ns)) for cw in company) / length
+        known = (
+            sum(
+                max(
+                    0,
+                    min(w.last_token_ns, cw.last_token_ns)
+                    - max(w.first_token_ns, cw.first_token_ns),
+                )
+                for cw in company
+            )
+            / length
+        )
         if known > 0:
             with_company += 1
             assert c.decoding_during_decode_mean_reqs is not None
             assert c.decoding_during_decode_mean_reqs >= known - 1e-6, (known, c)
             assert c.decoding_during_decode_max_reqs >= 1, c
     with capsys.disabled():
-        print(f"\nruns with the company decoding beside their decode: {with_company} of "
-              f"{len(shared)} shared")
+        print(
+            f"\nruns with the company decoding beside their decode: {with_company} of "
+            f"{len(shared)} shared"
+        )
     assert with_company >= 1, "the company never decoded beside a run: nothing was tested"
     # The same probe on the idle server (the load stopped): under load the span-attributed
     # prefill stays within the noise of the idle one (prefill runs whole as one batch step),
     # and decode may rise (batched with the load) but never falls far below idle.
     with Store(spans_on.store_path) as store:
-        idle = run_probe(_spec(local_vllm), store, settings=ProbeSettings(
-            runs=5, warmup=1, span_wait_s=SPAN_WAIT_S, name="spans-idle-reference"))
+        idle = run_probe(
+            _spec(local_vllm),
+            store,
+            settings=ProbeSettings(
+                runs=5, warmup=1, span_wait_s=SPAN_WAIT_S, name="spans-idle-reference"
+            ),
+        )
     idle_summary = summarize(idle.runs)
     assert idle_summary.server_decode_s is not None and summary.server_decode_s is not None
-    print(f"\nunder load (by span) vs idle: prefill {summary.server_prefill_s * 1e3:.1f} vs "
-          f"{idle_summary.server_prefill_s * 1e3:.1f} ms, decode "
-          f"{summary.server_decode_s * 1e3:.1f} vs {idle_summary.server_decode_s * 1e3:.1f} ms")
+    print(
+        f"\nunder load (by span) vs idle: prefill {summary.server_prefill_s * 1e3:.1f} vs "
+        f"{idle_summary.server_prefill_s * 1e3:.1f} ms, decode "
+        f"{summary.server_decode_s * 1e3:.1f} vs {idle_summary.server_decode_s * 1e3:.1f} ms"
+    )
     assert summary.server_decode_s >= 0.5 * idle_summary.server_decode_s
     assert summary.server_prefill_s <= 20 * idle_summary.server_prefill_s
     # The checklist's span rules work on those runs: each reads the experiment's spans and
@@ -212,14 +252,29 @@ def test_probe_under_load_is_attributed_by_span(local_vllm, spans_on, capsys):
     from phaseprobe.present.cli import main
 
     capsys.readouterr()
-    main(["check", "--experiment", str(result.experiment_id), "--store",
-          str(spans_on.store_path), "--json", "--rule", "queue_dominated", "--rule",
-          "prefill_interference", "--rule", "ttft_outliers"])
+    main(
+        [
+            "check",
+            "--experiment",
+            str(result.experiment_id),
+            "--store",
+            str(spans_on.store_path),
+            "--json",
+            "--rule",
+            "queue_dominated",
+            "--rule",
+            "prefill_interference",
+            "--rule",
+            "ttft_outliers",
+        ]
+    )
     report = json.loads(capsys.readouterr().out)
     assert report["sources"].get("spans"), report["sources"]
     verdicts = {v["rule"]: v for v in report["verdicts"]}
-    print(f"span rules on the loaded experiment: "
-          f"{ {k: (v['status'], v['summary'][:90]) for k, v in verdicts.items()} }")
+    print(
+        f"span rules on the loaded experiment: "
+        f"{ {k: (v['status'], v['summary'][:90]) for k, v in verdicts.items()} }"
+    )
     for rule in ("queue_dominated", "ttft_outliers"):
         v = verdicts[rule]
         assert v["status"] in ("pass", "warn", "fail"), v
@@ -228,7 +283,8 @@ def test_probe_under_load_is_attributed_by_span(local_vllm, spans_on, capsys):
     # a short experiment may not have them, and then it says how many it had.
     v = verdicts["prefill_interference"]
     assert v["status"] in ("pass", "warn", "fail") or (
-        v["status"] == "skipped" and "need 8" in v["summary"]), v
+        v["status"] == "skipped" and "need 8" in v["summary"]
+    ), v
 
 
 @pytest.fixture(scope="module")
@@ -238,8 +294,10 @@ def one_at_a_time(tmp_path_factory) -> Iterator[tuple[str, str, SpanSink]]:
         pytest.skip("starts its own local vLLM")
     sink = SpanSink(tmp_path_factory.mktemp("spans-http") / "s.sqlite")
     with SpanReceiver(sink, http=("127.0.0.1", 0), grpc=None) as receiver:
-        env = {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
-               "OTEL_BSP_SCHEDULE_DELAY": "500"}
+        env = {
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+            "OTEL_BSP_SCHEDULE_DELAY": "500",
+        }
         args = ["--otlp-traces-endpoint", receiver.http_url or "", "--max-num-seqs", "1"]
         with LocalVllm(extra_args=args, extra_env=env) as server:
             yield server.base_url, server.model, sink
@@ -249,8 +307,11 @@ def one_at_a_time(tmp_path_factory) -> Iterator[tuple[str, str, SpanSink]]:
 def test_queue_time_matches_the_client_when_requests_run_one_at_a_time(one_at_a_time):
     base, model, sink = one_at_a_time
     session = requests.Session()
-    session.post(f"{base}/v1/completions", json={"model": model, "prompt": "warm up",
-                                                 "max_tokens": 4}, timeout=60)
+    session.post(
+        f"{base}/v1/completions",
+        json={"model": model, "prompt": "warm up", "max_tokens": 4},
+        timeout=60,
+    )
     n = 4
     sent: dict[str, int] = {}
     ended: dict[str, int] = {}
@@ -258,8 +319,12 @@ def test_queue_time_matches_the_client_when_requests_run_one_at_a_time(one_at_a_
     barrier = threading.Barrier(n)
 
     def one(i: int) -> None:
-        body = {"model": model, "prompt": f"request {i} " + "word " * 40, "max_tokens": 24,
-                "ignore_eos": True}
+        body = {
+            "model": model,
+            "prompt": f"request {i} " + "word " * 40,
+            "max_tokens": 24,
+            "ignore_eos": True,
+        }
         with requests.Session() as s:
             barrier.wait()
             sent[tags[i].trace_id] = time.time_ns()
@@ -273,8 +338,9 @@ def test_queue_time_matches_the_client_when_requests_run_one_at_a_time(one_at_a_
     for t in threads:
         t.join()
     ids = [t.trace_id for t in tags]
-    assert wait_for(lambda: len(sink.store.spans_by_trace(ids)) == n, SPAN_WAIT_S), \
+    assert wait_for(lambda: len(sink.store.spans_by_trace(ids)) == n, SPAN_WAIT_S), (
         "spans over OTLP/HTTP did not arrive"
+    )
     spans = sink.store.spans_by_trace(ids)
     # Served in order of scheduling (arrival + queue): each waited for the ones before it.
     order = sorted(ids, key=lambda i: spans[i].start_ns + spans[i].queue_s * 1e9)
@@ -294,8 +360,14 @@ def test_queue_time_matches_the_client_when_requests_run_one_at_a_time(one_at_a_
         # alone can add 200 ms of delivery; the rest must be queue.
         way_in = max(0, spans[cur].start_ns - sent[cur]) / 1e9
         delivery = max(0, ended[prev] - spans[prev].end_ns) / 1e9
-        assert queue_s >= (truth_s - way_in - delivery) * 0.75 - 0.06, \
-            (prev, cur, truth_s, queue_s, way_in, delivery)
+        assert queue_s >= (truth_s - way_in - delivery) * 0.75 - 0.06, (
+            prev,
+            cur,
+            truth_s,
+            queue_s,
+            way_in,
+            delivery,
+        )
     # The queue grows along the line: each waited for more work than the one before. That
     # holds for requests that arrived together; this VM stalls a thread 100+ ms now and then,
     # and a request that arrives after the one ahead has finished waits for nothing (one CI
@@ -306,8 +378,10 @@ def test_queue_time_matches_the_client_when_requests_run_one_at_a_time(one_at_a_
     together = [i for i in order if spans[i].start_ns - first < 5_000_000]
     queues = [spans[i].queue_s for i in together]
     assert all(b >= a - 1e-3 for a, b in zip(queues, queues[1:])), (together, queues)
-    print(f"queue − client ground truth: {[f'{e * 1e3:.1f} ms' for e in errors]}; "
-          f"median {statistics.median(errors) * 1e3:.1f} ms")
+    print(
+        f"queue − client ground truth: {[f'{e * 1e3:.1f} ms' for e in errors]}; "
+        f"median {statistics.median(errors) * 1e3:.1f} ms"
+    )
 
 
 def test_every_probe_request_is_matched_to_its_span_over_http(one_at_a_time, tmp_path):
@@ -316,8 +390,11 @@ def test_every_probe_request_is_matched_to_its_span_over_http(one_at_a_time, tmp
     base, model, sink = one_at_a_time
     spec = RunSpec(endpoint=base, model=model, prompt="", max_tokens=8, prompt_tokens_target=32)
     store = sink.store  # the receiver commits there; the probe reads its spans from it
-    result = run_probe(spec, store, settings=ProbeSettings(
-        runs=4, warmup=1, span_wait_s=SPAN_WAIT_S, name="spans-http"))
+    result = run_probe(
+        spec,
+        store,
+        settings=ProbeSettings(runs=4, warmup=1, span_wait_s=SPAN_WAIT_S, name="spans-http"),
+    )
     ok = [r for r in result.runs if r.status == "ok"]
     assert len(ok) == 4, [r.error for r in result.runs]
     assert all(r.span is not None and r.span.trace_id == r.trace_id for r in ok), result.notes
@@ -331,9 +408,28 @@ def test_watch_demo_shows_live_phases(tmp_path):
         pytest.skip("starts its own local vLLM")
     store = tmp_path / "watch.sqlite"
     proc = subprocess.run(
-        [sys.executable, "-m", "phaseprobe", "watch", "--demo", "--duration", "15", "--rate",
-         "3", "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0", "--store", str(store),
-         "--json"], capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "phaseprobe",
+            "watch",
+            "--demo",
+            "--duration",
+            "15",
+            "--rate",
+            "3",
+            "--grpc",
+            "127.0.0.1:0",
+            "--http",
+            "127.0.0.1:0",
+            "--store",
+            str(store),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(proc.stdout)
     received = doc["receiver"]["request_spans"]
@@ -347,8 +443,7 @@ def test_watch_demo_shows_live_phases(tmp_path):
         assert s.span_stats()["requests"] == received
 
 
-def test_live_interference_estimate_agrees_with_the_interfere_probe(local_vllm, spans_on,
-                                                                     tmp_path):
+def test_live_interference_estimate_agrees_with_the_interfere_probe(local_vllm, spans_on, tmp_path):
     """The live estimate (from spans of an open-loop load) and the controlled interference
     probe measure the same cost: decode time a decoding request loses per prefill token of
     another request. They must agree in sign and order of magnitude."""
@@ -364,8 +459,9 @@ def test_live_interference_estimate_agrees_with_the_interfere_probe(local_vllm, 
     # stalls every process for 100-130 ms now and then while vLLM's decode holds both
     # cores (a 10 ms sleep in another process overslept to 133 ms at p99), so B's send often
     # leaves late and most pairs miss A's decode: twelve pairs wanted, up to 24 tried.
-    settings = InterfereSettings(a_tokens=64, b_prompt_tokens=950, reps=12,
-                                 trigger=Trigger("time", 0.03))
+    settings = InterfereSettings(
+        a_tokens=64, b_prompt_tokens=950, reps=12, trigger=Trigger("time", 0.03)
+    )
     cost = None
     for attempt in range(3):  # a starved client can make pairs miss A's decode (see interplay)
         with Store(tmp_path / f"interfere-{attempt}.sqlite") as store:
@@ -396,8 +492,10 @@ def test_live_interference_estimate_agrees_with_the_interfere_probe(local_vllm, 
     assert live is not None and live.decided, live.text if live else None
     assert live.slope_s_per_token is not None and live.ci_high is not None, live.text
     long = [sp.prompt_tokens for sp in spans if (sp.prompt_tokens or 0) > 200]
-    print(f"\ninterfere probe: {cost.text}\nlive: {live.text}\nlong prompts: {len(long)}, "
-          f"median {statistics.median(long) if long else None} tokens; load {running.stats}")
+    print(
+        f"\ninterfere probe: {cost.text}\nlive: {live.text}\nlong prompts: {len(long)}, "
+        f"median {statistics.median(long) if long else None} tokens; load {running.stats}"
+    )
     # The same sign and order of magnitude, asked of the evidence rather than of two points
     # (either can miss on a busy 2-core box: the probe rests on eight pairs, the live figure on
     # a couple of minutes of Poisson load). The sign must be established by at least one of

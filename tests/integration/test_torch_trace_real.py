@@ -24,17 +24,31 @@ def test_real_vllm_cpu_trace(tmp_path: Path) -> None:
     from phaseprobe.local.process import process_group_alive
 
     install()
-    config = json.dumps({"profiler": "torch", "torch_profiler_dir": str(tmp_path),
-                         "torch_profiler_with_stack": False})
+    config = json.dumps(
+        {
+            "profiler": "torch",
+            "torch_profiler_dir": str(tmp_path),
+            "torch_profiler_with_stack": False,
+        }
+    )
     server = LocalVllm(ensure_model(), extra_args=["--profiler-config", config])
     server.start()
     pid = server.pid
     try:
+
         def run() -> int:
             for words in (5, 25):
-                r = requests.post(f"{server.base_url.rstrip('/')}/v1/completions", json={
-                    "model": server.model, "prompt": "hello world " * words, "max_tokens": 4,
-                    "temperature": 0, "ignore_eos": True}, timeout=120)
+                r = requests.post(
+                    f"{server.base_url.rstrip('/')}/v1/completions",
+                    json={
+                        "model": server.model,
+                        "prompt": "hello world " * words,
+                        "max_tokens": 4,
+                        "temperature": 0,
+                        "ignore_eos": True,
+                    },
+                    timeout=120,
+                )
                 r.raise_for_status()
             return 2
 
@@ -61,9 +75,25 @@ def test_probe_torch_profile_with_the_embedded_vllm(tmp_path):
     import sys
 
     env = dict(os.environ, PHASEPROBE_DATA_DIR=str(tmp_path / "data"))
-    proc = subprocess.run([sys.executable, "-m", "phaseprobe", "probe", "--runs", "2",
-                           "--max-tokens", "8", "--torch-profile", str(tmp_path / "prof"),
-                           "--json"], capture_output=True, text=True, env=env, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "phaseprobe",
+            "probe",
+            "--runs",
+            "2",
+            "--max-tokens",
+            "8",
+            "--torch-profile",
+            str(tmp_path / "prof"),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(proc.stdout)
     assert [r["status"] for r in doc["runs"]] == ["ok", "ok"]

@@ -41,13 +41,27 @@ def fleet_spans(n: int = 400, seed: int = 7) -> list[RequestSpan]:
         elif i % 13 == 0:
             service = "unknown_service"
         missing = i % 17 == 0  # an older vLLM without the prefill/decode split
-        out.append(RequestSpan(
-            trace_id=f"{rng.getrandbits(120):032x}", span_id=f"{rng.getrandbits(64):016x}",
-            request_id=f"cmpl-req-{i}-0", model="tiny", service=service, instance=instance,
-            start_ns=start, end_ns=start + round(e2e * 1e9), queue_s=queue,
-            prefill_s=None if missing else prefill, decode_s=None if missing else decode,
-            inference_s=prefill + decode, ttft_s=ttft, e2e_s=e2e,
-            prompt_tokens=rng.randint(8, 600), completion_tokens=completion, max_tokens=80))
+        out.append(
+            RequestSpan(
+                trace_id=f"{rng.getrandbits(120):032x}",
+                span_id=f"{rng.getrandbits(64):016x}",
+                request_id=f"cmpl-req-{i}-0",
+                model="tiny",
+                service=service,
+                instance=instance,
+                start_ns=start,
+                end_ns=start + round(e2e * 1e9),
+                queue_s=queue,
+                prefill_s=None if missing else prefill,
+                decode_s=None if missing else decode,
+                inference_s=prefill + decode,
+                ttft_s=ttft,
+                e2e_s=e2e,
+                prompt_tokens=rng.randint(8, 600),
+                completion_tokens=completion,
+                max_tokens=80,
+            )
+        )
     return out
 
 
@@ -58,8 +72,13 @@ def sqlite_store(path: Path, spans: list[RequestSpan]) -> Store:
 
 
 @contextmanager
-def chdb_store(directory: Path, spans: list[RequestSpan], *, database: str = "default",
-               table: str = "otel_traces") -> Iterator[ChdbSpans]:
+def chdb_store(
+    directory: Path,
+    spans: list[RequestSpan],
+    *,
+    database: str = "default",
+    table: str = "otel_traces",
+) -> Iterator[ChdbSpans]:
     reader = ChdbSpans(directory, database, table, create=True)
     try:
         if database != "default":

@@ -33,8 +33,10 @@ def _run(argv: list[str], capsys) -> tuple[int, str]:
 
 @pytest.fixture
 def book(tmp_path):
-    with SseServer(Script(n_tokens=8, gap_s=0.012)) as a, \
-            SseServer(Script(n_tokens=8, gap_s=0.006)) as b:
+    with (
+        SseServer(Script(n_tokens=8, gap_s=0.012)) as a,
+        SseServer(Script(n_tokens=8, gap_s=0.006)) as b,
+    ):
         path = tmp_path / "sse.toml"
         path.write_text(BOOK.format(a=a.base_url, b=b.base_url))
         yield path
@@ -67,8 +69,19 @@ def test_run_json_then_report_and_compare(book, tmp_path, capsys):
 
 def test_min_effect_above_the_change_gives_no_verdict(book, tmp_path, capsys):
     # 10 runs per arm: a run stalled by a busy machine cannot blur a 2x gap into overlap.
-    rc, out = _run([str(book), "--json", "--store", str(tmp_path / "s.sqlite"),
-                    "--min-effect", "90%", "--runs", "10"], capsys)
+    rc, out = _run(
+        [
+            str(book),
+            "--json",
+            "--store",
+            str(tmp_path / "s.sqlite"),
+            "--min-effect",
+            "90%",
+            "--runs",
+            "10",
+        ],
+        capsys,
+    )
     doc = json.loads(out)
     assert doc["comparison"]["min_effect"] == pytest.approx(0.9)
     m = doc["comparison"]["metrics"]["client_tpot_s"]
@@ -82,13 +95,16 @@ def test_list_shipped_playbooks(capsys):
     assert {"cpu-dtype", "cpu-aa", "gpu-quantization"} <= names
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["report"], "usage: phaseprobe ab report ID"),
-    (["report", "x"], "integer id"),
-    (["compare", "1"], "usage: phaseprobe ab compare"),
-    (["a.toml", "b.toml"], "one PLAYBOOK"),
-    (["nope.toml"], "cannot read"),
-])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["report"], "usage: phaseprobe ab report ID"),
+        (["report", "x"], "integer id"),
+        (["compare", "1"], "usage: phaseprobe ab compare"),
+        (["a.toml", "b.toml"], "one PLAYBOOK"),
+        (["nope.toml"], "cannot read"),
+    ],
+)
 def test_usage_errors_are_config_errors(argv, words, capsys, tmp_path):
     with pytest.raises(ConfigError, match=words):
         _run([*argv, "--store", str(tmp_path / "s.sqlite")], capsys)
@@ -116,8 +132,9 @@ def test_each_run_is_reported_as_it_comes(book, tmp_path, capsys):
 
     parser = argparse.ArgumentParser()
     cmd_ab.register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["ab", str(book), "--json", "--store", str(tmp_path / "s.sqlite"),
-                              "--runs", "3"])
+    args = parser.parse_args(
+        ["ab", str(book), "--json", "--store", str(tmp_path / "s.sqlite"), "--runs", "3"]
+    )
     assert cmd_ab.run(args, Console(width=200), Console(stderr=True, width=200)) == 0
     captured = capsys.readouterr()
     json.loads(captured.out)
@@ -141,9 +158,15 @@ def test_compare_refuses_unlike_experiments_unless_forced(book, tmp_path, capsys
     exp_a = doc["arms"]["slow"]["experiment_id"]
     with Store(store_path) as store:
         a = store.experiment(exp_a)
-        other = store.create_experiment(Experiment(
-            name="batch", kind="batch", spec=replace(a.spec, max_tokens=64),
-            server_info={}, created_wall_ns=0))
+        other = store.create_experiment(
+            Experiment(
+                name="batch",
+                kind="batch",
+                spec=replace(a.spec, max_tokens=64),
+                server_info={},
+                created_wall_ns=0,
+            )
+        )
         for r in store.runs(doc["arms"]["fast"]["experiment_id"]):
             store.add_run(other, replace(r, run_id=None, experiment_id=None))
     with pytest.raises(ConfigError) as info:
@@ -151,17 +174,19 @@ def test_compare_refuses_unlike_experiments_unless_forced(book, tmp_path, capsys
     text = str(info.value)
     assert "not alike" in text and "measurement kind: ab-arm" in text
     assert "max_tokens): 8 vs 64" in text and "--force" in text
-    rc, out = _run(["compare", str(exp_a), str(other), "--json", "--force", "--store",
-                    str(store_path)], capsys)
+    rc, out = _run(
+        ["compare", str(exp_a), str(other), "--json", "--force", "--store", str(store_path)], capsys
+    )
     forced = json.loads(out)
-    assert rc == 0 and any("not alike (--force): measurement kind" in n
-                           for n in forced["notes"])
+    assert rc == 0 and any("not alike (--force): measurement kind" in n for n in forced["notes"])
 
 
 def test_resume_of_a_finished_session_shows_its_report_and_runs_nothing(tmp_path, capsys):
     # Issue 18: `ab --resume` on a finished session ran it again.
-    with SseServer(Script(n_tokens=8, gap_s=0.004)) as a, \
-            SseServer(Script(n_tokens=8, gap_s=0.002)) as b:
+    with (
+        SseServer(Script(n_tokens=8, gap_s=0.004)) as a,
+        SseServer(Script(n_tokens=8, gap_s=0.002)) as b,
+    ):
         path = tmp_path / "sse.toml"
         path.write_text(BOOK.format(a=a.base_url, b=b.base_url))
         store = str(tmp_path / "s.sqlite")

@@ -21,8 +21,9 @@ from phaseprobe.testing.sse_server import Script, SseServer
 from tests.ab_helpers import Crash, CrashAfter
 
 
-def _playbook(url_a: str, url_b: str, runs: int = 6, order: str = "interleaved",
-              warmup: int = 1) -> str:
+def _playbook(
+    url_a: str, url_b: str, runs: int = 6, order: str = "interleaved", warmup: int = 1
+) -> str:
     return f"""
 name = "sse"
 model = "sse-test-model"
@@ -43,8 +44,10 @@ endpoint = "{url_b}"
 
 @pytest.fixture
 def servers() -> Iterator[tuple[SseServer, SseServer]]:
-    with SseServer(Script(n_tokens=8, gap_s=0.006)) as a, \
-            SseServer(Script(n_tokens=8, gap_s=0.003)) as b:
+    with (
+        SseServer(Script(n_tokens=8, gap_s=0.006)) as a,
+        SseServer(Script(n_tokens=8, gap_s=0.003)) as b,
+    ):
         yield a, b
 
 
@@ -72,8 +75,9 @@ def test_interleaved_arms_are_stored_and_compared(servers, tmp_path):
         assert all(r.status == "ok" for r in result.runs[name])
     # Interleaved: after the warm-ups, measured requests alternate between the servers in
     # counterbalanced pairs (which arm goes first alternates pair by pair).
-    sent = sorted([(r.start_ns, "A") for r in _streams(a)] +
-                  [(r.start_ns, "B") for r in _streams(b)])
+    sent = sorted(
+        [(r.start_ns, "A") for r in _streams(a)] + [(r.start_ns, "B") for r in _streams(b)]
+    )
     assert "".join(s for _, s in sent[2:]) == "ABBA" * 3
     c = compare_runs(result.runs["slow"], result.runs["fast"], arm_a="slow", arm_b="fast")
     tpot = c.metrics["client_tpot_s"]
@@ -90,7 +94,7 @@ def test_randomised_blocks_schedule_is_balanced_and_deterministic():
     order = schedule(pb, 10)
     assert order == schedule(pb, 10) and order.count(0) == order.count(1) == 10
     assert order != [i % 2 for i in range(20)]  # not plain alternation
-    assert all(order[i:i + 4].count(0) == 2 for i in range(0, 20, 4))  # balanced blocks
+    assert all(order[i : i + 4].count(0) == 2 for i in range(0, 20, 4))  # balanced blocks
 
 
 def test_resume_after_crash_neither_loses_nor_duplicates(servers, tmp_path):
@@ -126,8 +130,10 @@ with Store(sys.argv[1]) as store:
 
 
 def test_kill_9_mid_session_then_resume(tmp_path):
-    with SseServer(Script(n_tokens=8, gap_s=0.02)) as a, \
-            SseServer(Script(n_tokens=8, gap_s=0.01)) as b:
+    with (
+        SseServer(Script(n_tokens=8, gap_s=0.02)) as a,
+        SseServer(Script(n_tokens=8, gap_s=0.01)) as b,
+    ):
         book = tmp_path / "pb.toml"
         book.write_text(_playbook(a.base_url, b.base_url, runs=8, warmup=0))
         path = tmp_path / "s.sqlite"
@@ -164,7 +170,8 @@ def test_identical_launches_share_one_server_and_servers_stop_on_error(servers, 
             exited.append(arm.name)
 
     text = _playbook(a.base_url, a.base_url).replace(
-        f'endpoint = "{a.base_url}"', "launch = { args = [\"--x\"] }")
+        f'endpoint = "{a.base_url}"', 'launch = { args = ["--x"] }'
+    )
     pb = parse_playbook(text)
     with Store(tmp_path / "s.sqlite") as store:
         result = run_ab(pb, store, launcher=fake_launcher)
@@ -177,11 +184,15 @@ def test_identical_launches_share_one_server_and_servers_stop_on_error(servers, 
 
 def test_launch_that_dies_is_a_clear_error_quoting_its_log(tmp_path, monkeypatch):
     monkeypatch.setenv("PHASEPROBE_CACHE_DIR", str(tmp_path))
-    arm = Arm(name="dies", model="m", launch=Launch(
-        command=(sys.executable, "-c", "import sys; print('no GPU here'); sys.exit(3)"),
-        startup_timeout_s=30))
-    with pytest.raises(LocalServerError, match="exited with code 3") as info, \
-            launch_server(arm):
+    arm = Arm(
+        name="dies",
+        model="m",
+        launch=Launch(
+            command=(sys.executable, "-c", "import sys; print('no GPU here'); sys.exit(3)"),
+            startup_timeout_s=30,
+        ),
+    )
+    with pytest.raises(LocalServerError, match="exited with code 3") as info, launch_server(arm):
         pass
     assert "no GPU here" in str(info.value)
 
@@ -196,11 +207,13 @@ with stop_with_parent(int(sys.argv[1])):
 
 
 def test_a_server_does_not_outlive_a_kill_9(tmp_path):
-    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
-                              start_new_session=True)  # a launched server's own group
+    server = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True
+    )  # a launched server's own group
     try:
-        phaseprobe = subprocess.Popen([sys.executable, "-c", _GUARDED, str(server.pid)],
-                                      stdout=subprocess.PIPE, text=True)
+        phaseprobe = subprocess.Popen(
+            [sys.executable, "-c", _GUARDED, str(server.pid)], stdout=subprocess.PIPE, text=True
+        )
         assert phaseprobe.stdout.readline().strip() == "up"
         os.kill(phaseprobe.pid, signal.SIGKILL)
         phaseprobe.wait()
@@ -212,8 +225,9 @@ def test_a_server_does_not_outlive_a_kill_9(tmp_path):
 
 
 def test_watchdog_leaves_on_a_normal_exit():
-    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
-                              start_new_session=True)
+    server = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True
+    )
     try:
         from phaseprobe.local.process import stop_with_parent
 

@@ -38,8 +38,11 @@ def _two_modes(rng: np.random.Generator, n: int = 20) -> np.ndarray:
 
 
 def test_drift_is_found_with_its_slope_and_interval():
-    d = diagnose_noise({"eager": _runs(_drifting(np.random.default_rng(3)))},
-                       metric="client_tpot_s", label="client TPOT")
+    d = diagnose_noise(
+        {"eager": _runs(_drifting(np.random.default_rng(3)))},
+        metric="client_tpot_s",
+        label="client TPOT",
+    )
     assert [f.kind for f in d.findings] == ["drift"]
     f = d.findings[0]
     ev = f.evidence
@@ -52,9 +55,15 @@ def test_drift_is_found_with_its_slope_and_interval():
 
 
 def test_drift_is_found_in_most_sessions_of_30_runs():
-    found = sum(any(f.kind == "drift" for f in diagnose_noise(
-        {"A": _runs(_drifting(np.random.default_rng([7, i])))}, metric="m", label="m").findings)
-        for i in range(40))
+    found = sum(
+        any(
+            f.kind == "drift"
+            for f in diagnose_noise(
+                {"A": _runs(_drifting(np.random.default_rng([7, i])))}, metric="m", label="m"
+            ).findings
+        )
+        for i in range(40)
+    )
     assert found >= 32  # ≈ 94 % measured over 300 seeds
 
 
@@ -83,8 +92,9 @@ def test_outliers_without_drift_are_quoted_against_the_median():
 
 
 def test_two_modes_are_found_with_their_medians_and_counts():
-    d = diagnose_noise({"eager": _runs(_two_modes(np.random.default_rng(2)))},
-                       metric="m", label="m")
+    d = diagnose_noise(
+        {"eager": _runs(_two_modes(np.random.default_rng(2)))}, metric="m", label="m"
+    )
     assert [f.kind for f in d.findings] == ["modes"]
     f = d.findings[0]
     low, high = f.evidence["modes"]
@@ -128,15 +138,16 @@ def test_plain_lognormal_noise_rarely_gets_a_finding(n, cv):
 
 
 def test_short_arms_give_no_drift_or_modes():
-    steep = [0.1 * 1.5 ** i for i in range(5)]  # +50 %/run, but only 5 runs
+    steep = [0.1 * 1.5**i for i in range(5)]  # +50 %/run, but only 5 runs
     split = [0.1, 0.1, 0.1, 0.2, 0.2]
     d = diagnose_noise({"A": _runs(steep), "B": _runs(split)}, metric="m", label="m")
     assert not any(f.kind in ("drift", "modes") for f in d.findings)
 
 
 def test_constant_values_do_not_crash():
-    d = diagnose_noise({"A": _runs([0.1] * 12), "B": _runs([0.2] * 3), "C": []},
-                       metric="m", label="m")
+    d = diagnose_noise(
+        {"A": _runs([0.1] * 12), "B": _runs([0.2] * 3), "C": []}, metric="m", label="m"
+    )
     assert d.findings == () and d.noise == {"A": 0.0, "B": 0.0, "C": None}
     assert not d.high and d.summary == "noise A 0.0 %, B 0.0 % (low)"
 
@@ -149,8 +160,9 @@ def test_mostly_tied_values_fall_back_to_the_mean_deviation():
 
 def test_bad_values_are_left_out():
     values = list(_lognormal(np.random.default_rng(1), 10, 0.1, 0.02))
-    d = diagnose_noise({"A": _runs(values + [float("nan"), 0.0, -1.0, float("inf")])},
-                       metric="m", label="m")
+    d = diagnose_noise(
+        {"A": _runs(values + [float("nan"), 0.0, -1.0, float("inf")])}, metric="m", label="m"
+    )
     assert d.findings == () and d.noise["A"] is not None and d.noise["A"] < 0.05
 
 
@@ -165,8 +177,9 @@ def test_high_noise_without_a_pattern_says_so():
 def test_noise_threshold_and_units():
     values = _lognormal(np.random.default_rng(6), 12, 250e-6, 0.03)
     values[0] = 2e-3
-    d = diagnose_noise({"A": _runs(values)}, metric="m", label="m", high_threshold=0.10,
-                       unit_scale=1e6, unit="µs")
+    d = diagnose_noise(
+        {"A": _runs(values)}, metric="m", label="m", high_threshold=0.10, unit_scale=1e6, unit="µs"
+    )
     assert not d.high and d.summary.endswith("(low)")  # findings are kept all the same
     assert "run 1 (first after launch) 2000.0 µs vs median 2" in d.findings[0].text
 

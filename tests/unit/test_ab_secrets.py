@@ -48,30 +48,63 @@ launch = {{ args = ["--api-key", "{SECRET_ARG}"], env = {{ NCCL_ALGO = "Tree" }}
 
 
 def test_secret_names_and_values_are_redacted():
-    assert redact_env({"HF_TOKEN": "x", "OPENAI_API_KEY": "y", "AWS_SECRET_ACCESS_KEY": "z",
-                       "DB_PASSWORD": "w", "NCCL_ALGO": "Ring"}) == {
-        "HF_TOKEN": REDACTED, "OPENAI_API_KEY": REDACTED, "AWS_SECRET_ACCESS_KEY": REDACTED,
-        "DB_PASSWORD": REDACTED, "NCCL_ALGO": "Ring"}
+    assert redact_env(
+        {
+            "HF_TOKEN": "x",
+            "OPENAI_API_KEY": "y",
+            "AWS_SECRET_ACCESS_KEY": "z",
+            "DB_PASSWORD": "w",
+            "NCCL_ALGO": "Ring",
+        }
+    ) == {
+        "HF_TOKEN": REDACTED,
+        "OPENAI_API_KEY": REDACTED,
+        "AWS_SECRET_ACCESS_KEY": REDACTED,
+        "DB_PASSWORD": REDACTED,
+        "NCCL_ALGO": "Ring",
+    }
     assert redact_args(["--api-key", "k", "--dtype", "bf16", "--api-key=k2"]) == [
-        "--api-key", REDACTED, "--dtype", "bf16", f"--api-key={REDACTED}"]
+        "--api-key",
+        REDACTED,
+        "--dtype",
+        "bf16",
+        f"--api-key={REDACTED}",
+    ]
     # names with KEY or PASS as a word, and URLs with credentials under ordinary names
-    assert redact_env({"AZURE_OPENAI_KEY": "a", "DB_PASS": "b", "MY_PWD": "c",
-                       "KEYBOARD": "qwerty", "HTTPS_PROXY": "http://u:pw@proxy:3128",
-                       "MODEL_URL": "https://h/m?sig=abc&x=1"}) == {
-        "AZURE_OPENAI_KEY": REDACTED, "DB_PASS": REDACTED, "MY_PWD": REDACTED,
-        "KEYBOARD": "qwerty", "HTTPS_PROXY": "http://proxy:3128",
-        "MODEL_URL": "https://h/m?sig=<redacted>&x=1"}
+    assert redact_env(
+        {
+            "AZURE_OPENAI_KEY": "a",
+            "DB_PASS": "b",
+            "MY_PWD": "c",
+            "KEYBOARD": "qwerty",
+            "HTTPS_PROXY": "http://u:pw@proxy:3128",
+            "MODEL_URL": "https://h/m?sig=abc&x=1",
+        }
+    ) == {
+        "AZURE_OPENAI_KEY": REDACTED,
+        "DB_PASS": REDACTED,
+        "MY_PWD": REDACTED,
+        "KEYBOARD": "qwerty",
+        "HTTPS_PROXY": "http://proxy:3128",
+        "MODEL_URL": "https://h/m?sig=<redacted>&x=1",
+    }
     assert redact_args(["--hf-endpoint", "http://u:pw@mirror:8080/hub"]) == [
-        "--hf-endpoint", "http://mirror:8080/hub"]
+        "--hf-endpoint",
+        "http://mirror:8080/hub",
+    ]
 
 
 def test_urls_lose_userinfo_and_secret_query_and_fragment_values():
     from phaseprobe.redact import redact_url
 
-    assert redact_url("http://u:pw@h:8000/x?a=1&token=t#frag") == \
-        "http://h:8000/x?a=1&token=<redacted>#frag"
-    assert redact_url("https://h/cb#access_token=t&state=s") == \
-        "https://h/cb#access_token=<redacted>&state=s"
+    assert (
+        redact_url("http://u:pw@h:8000/x?a=1&token=t#frag")
+        == "http://h:8000/x?a=1&token=<redacted>#frag"
+    )
+    assert (
+        redact_url("https://h/cb#access_token=t&state=s")
+        == "https://h/cb#access_token=<redacted>&state=s"
+    )
     assert redact_url("https://h/?db_pass=p") == "https://h/?db_pass=<redacted>"
 
 
@@ -80,13 +113,17 @@ def _launcher(servers: dict[str, SseServer]) -> Iterator:
     @contextlib.contextmanager
     def launch(arm: Arm) -> Iterator[str]:
         yield servers[arm.name].base_url
+
     yield launch
 
 
 def test_store_and_output_never_hold_a_launch_secret(tmp_path, monkeypatch):
     pb = parse_playbook(BOOK)
-    with SseServer(Script(n_tokens=4)) as sa, SseServer(Script(n_tokens=4)) as sb, \
-            _launcher({"a": sa, "b": sb}) as launch:
+    with (
+        SseServer(Script(n_tokens=4)) as sa,
+        SseServer(Script(n_tokens=4)) as sb,
+        _launcher({"a": sa, "b": sb}) as launch,
+    ):
         path = tmp_path / "s.sqlite"
         with Store(path) as store, pytest.raises(Crash):
             run_ab(pb, store, launcher=launch, progress=CrashAfter(2))
@@ -105,30 +142,62 @@ def test_store_and_output_never_hold_a_launch_secret(tmp_path, monkeypatch):
         with Store(path) as store, pytest.raises(ConfigError, match="launch env"):
             resume_ab(1, store, launcher=launch)
     stored = parse_playbook(Store(path).ab_session(1)["playbook_text"])
-    restored = restore_secrets(parse_playbook(BOOK.replace(f'"{SECRET_ARG}"', '"x"')
-                                              .replace(SECRET_ENV, REDACTED)),
-                               {"HF_TOKEN": SECRET_ENV})
+    restored = restore_secrets(
+        parse_playbook(BOOK.replace(f'"{SECRET_ARG}"', '"x"').replace(SECRET_ENV, REDACTED)),
+        {"HF_TOKEN": SECRET_ENV},
+    )
     assert restored.arms[0].launch.env["HF_TOKEN"] == SECRET_ENV
     assert stored.arms[0].launch.env["HF_TOKEN"] == REDACTED
     assert json.dumps(stored.arms[1].launch.args).count(REDACTED) == 1
 
 
 def test_header_carrying_env_and_args_are_secret_and_token_counts_are_not():
-    assert redact_env({"OTEL_EXPORTER_OTLP_HEADERS": "Authorization=Bearer abc123",
-                       "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "x-api-key=k",
-                       "EXTRA": "Authorization: Basic dXNlcg==",
-                       "MAX_TOKENS": "128", "TOKENIZERS_PARALLELISM": "false"}) == {
-        "OTEL_EXPORTER_OTLP_HEADERS": REDACTED, "OTEL_EXPORTER_OTLP_TRACES_HEADERS": REDACTED,
-        "EXTRA": REDACTED, "MAX_TOKENS": "128", "TOKENIZERS_PARALLELISM": "false"}
-    assert redact_args(["--otlp-traces-headers", "Authorization=Bearer z",
-                        "--headers", '{"Authorization":"Bearer q"}',
-                        "--otlp-traces-headers=Authorization=Bearer y",
-                        "--middleware-arg=Bearer w", "Authorization: Bearer v",
-                        "--max-num-batched-tokens", "2048", "--tokenizer", "gpt2",
-                        "--hf-token", "hf_x"]) == [
-        "--otlp-traces-headers", REDACTED, "--headers", REDACTED,
-        f"--otlp-traces-headers={REDACTED}", f"--middleware-arg={REDACTED}", REDACTED,
-        "--max-num-batched-tokens", "2048", "--tokenizer", "gpt2", "--hf-token", REDACTED]
+    assert redact_env(
+        {
+            "OTEL_EXPORTER_OTLP_HEADERS": "Authorization=Bearer abc123",
+            "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "x-api-key=k",
+            "EXTRA": "Authorization: Basic dXNlcg==",
+            "MAX_TOKENS": "128",
+            "TOKENIZERS_PARALLELISM": "false",
+        }
+    ) == {
+        "OTEL_EXPORTER_OTLP_HEADERS": REDACTED,
+        "OTEL_EXPORTER_OTLP_TRACES_HEADERS": REDACTED,
+        "EXTRA": REDACTED,
+        "MAX_TOKENS": "128",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    assert redact_args(
+        [
+            "--otlp-traces-headers",
+            "Authorization=Bearer z",
+            "--headers",
+            '{"Authorization":"Bearer q"}',
+            "--otlp-traces-headers=Authorization=Bearer y",
+            "--middleware-arg=Bearer w",
+            "Authorization: Bearer v",
+            "--max-num-batched-tokens",
+            "2048",
+            "--tokenizer",
+            "gpt2",
+            "--hf-token",
+            "hf_x",
+        ]
+    ) == [
+        "--otlp-traces-headers",
+        REDACTED,
+        "--headers",
+        REDACTED,
+        f"--otlp-traces-headers={REDACTED}",
+        f"--middleware-arg={REDACTED}",
+        REDACTED,
+        "--max-num-batched-tokens",
+        "2048",
+        "--tokenizer",
+        "gpt2",
+        "--hf-token",
+        REDACTED,
+    ]
 
 
 HEADER_BOOK = """
@@ -159,14 +228,15 @@ def test_header_secrets_never_stored_and_env_ones_restored_on_resume():
     assert "abc123" not in text and "qq987" not in text, text
     assert "OTEL_EXPORTER_OTLP_HEADERS" in text and "2048" in text and '"64"' in text
     stored = parse_playbook(text)
-    assert stored.arms[0].launch.env == {"OTEL_EXPORTER_OTLP_HEADERS": REDACTED,
-                                         "MAX_TOKENS": "64"}
+    assert stored.arms[0].launch.env == {"OTEL_EXPORTER_OTLP_HEADERS": REDACTED, "MAX_TOKENS": "64"}
     assert stored.arms[0].launch.args == ("--max-num-batched-tokens", "2048")
     one_arm = replace(stored, arms=(stored.arms[0], stored.arms[0]))
-    restored = restore_secrets(one_arm, {"OTEL_EXPORTER_OTLP_HEADERS": "Authorization=Bearer "
-                                                                      "abc123"})
-    assert restored.arms[0].launch.env["OTEL_EXPORTER_OTLP_HEADERS"] == \
-        "Authorization=Bearer abc123"
+    restored = restore_secrets(
+        one_arm, {"OTEL_EXPORTER_OTLP_HEADERS": "Authorization=Bearer abc123"}
+    )
+    assert (
+        restored.arms[0].launch.env["OTEL_EXPORTER_OTLP_HEADERS"] == "Authorization=Bearer abc123"
+    )
     with pytest.raises(ConfigError, match="set OTEL_EXPORTER_OTLP_HEADERS in the environment"):
         restore_secrets(one_arm, {})
     with pytest.raises(ConfigError, match="launch env"):  # a header given as an argument

@@ -107,8 +107,8 @@ def test_batch_path_is_the_single_path():
 
 def test_compare_paired_quotes_the_numbers_that_decided():
     plan = SequentialPlan(min_effect=0.05)
-    a = {k: 0.100 * math.exp(v) for k, v in enumerate(np.random.default_rng(2).normal(0, .03, 12))}
-    b = {k: 0.070 * math.exp(v) for k, v in enumerate(np.random.default_rng(3).normal(0, .03, 12))}
+    a = {k: 0.100 * math.exp(v) for k, v in enumerate(np.random.default_rng(2).normal(0, 0.03, 12))}
+    b = {k: 0.070 * math.exp(v) for k, v in enumerate(np.random.default_rng(3).normal(0, 0.03, 12))}
     m = compare_paired(a, b, plan, metric="server_decode_s", label="server decode")
     assert m.method == "sequential" and m.n_pairs == 12 and m.verdict == "improvement"
     assert m.ci_low < m.ratio < m.ci_high < 1
@@ -120,8 +120,10 @@ def test_compare_paired_quotes_the_numbers_that_decided():
 @pytest.fixture(scope="module")
 def table():
     plan = SequentialPlan(min_effect=0.05, max_runs=60)
-    return {(r.scenario.noise, r.scenario.effect): r
-            for r in calibration_table(plan, sessions=1500, effects=(0.0, 0.10, 0.30))}
+    return {
+        (r.scenario.noise, r.scenario.effect): r
+        for r in calibration_table(plan, sessions=1500, effects=(0.0, 0.10, 0.30))
+    }
 
 
 @pytest.mark.parametrize("noise", [0.05, 0.15, 0.30])

@@ -39,9 +39,11 @@ def _book(a: str, b: str, effect: str = "10%", max_runs: int = 40) -> str:
 
 
 def test_a_clear_change_stops_early_as_an_improvement(tmp_path):
-    with SseServer(Script(n_tokens=8, gap_s=0.012)) as a, \
-            SseServer(Script(n_tokens=8, gap_s=0.004)) as b, \
-            Store(tmp_path / "s.sqlite") as store:
+    with (
+        SseServer(Script(n_tokens=8, gap_s=0.012)) as a,
+        SseServer(Script(n_tokens=8, gap_s=0.004)) as b,
+        Store(tmp_path / "s.sqlite") as store,
+    ):
         pb = parse_playbook(_book(a.base_url, b.base_url))
         looks: list[str] = []
 
@@ -75,9 +77,11 @@ def test_an_a_a_ends_equivalent(tmp_path):
 
 def test_budget_spent_is_undecided_with_runs_to_decide(tmp_path):
     # A budget of 4 runs per arm: fewer pairs than any decision needs, however clear.
-    with SseServer(Script(n_tokens=8, gap_s=0.012)) as a, \
-            SseServer(Script(n_tokens=8, gap_s=0.004)) as b, \
-            Store(tmp_path / "s.sqlite") as store:
+    with (
+        SseServer(Script(n_tokens=8, gap_s=0.012)) as a,
+        SseServer(Script(n_tokens=8, gap_s=0.004)) as b,
+        Store(tmp_path / "s.sqlite") as store,
+    ):
         pb = parse_playbook(_book(a.base_url, b.base_url, effect="5%", max_runs=4))
         result = run_ab(pb, store)
     assert result.stop is not None and result.stop["reason"] == "max-runs"
@@ -87,8 +91,10 @@ def test_budget_spent_is_undecided_with_runs_to_decide(tmp_path):
 
 def test_resume_continues_the_same_sequential_test(tmp_path):
     path = tmp_path / "s.sqlite"
-    with SseServer(Script(n_tokens=8, gap_s=0.012)) as a, \
-            SseServer(Script(n_tokens=8, gap_s=0.004)) as b:
+    with (
+        SseServer(Script(n_tokens=8, gap_s=0.012)) as a,
+        SseServer(Script(n_tokens=8, gap_s=0.004)) as b,
+    ):
         pb = parse_playbook(_book(a.base_url, b.base_url, max_runs=30))
         plan = SequentialPlan(min_effect=0.10, max_runs=30, primary="decode")
         with Store(path) as store, pytest.raises(Crash):
@@ -111,13 +117,27 @@ def _cli(argv: list[str], capsys) -> tuple[int, str]:
 
 
 def test_cli_until_decided_table_and_json_say_runs_and_why(tmp_path, capsys):
-    with SseServer(Script(n_tokens=8, gap_s=0.012)) as a, \
-            SseServer(Script(n_tokens=8, gap_s=0.004)) as b:
+    with (
+        SseServer(Script(n_tokens=8, gap_s=0.012)) as a,
+        SseServer(Script(n_tokens=8, gap_s=0.004)) as b,
+    ):
         book = tmp_path / "b.toml"
         book.write_text(_book(a.base_url, b.base_url).replace("until_decided = true", ""))
         store = str(tmp_path / "s.sqlite")
-        rc, out = _cli([str(book), "--until-decided", "--max-runs", "30", "--json",
-                        "--min-effect", "20%", "--store", store], capsys)
+        rc, out = _cli(
+            [
+                str(book),
+                "--until-decided",
+                "--max-runs",
+                "30",
+                "--json",
+                "--min-effect",
+                "20%",
+                "--store",
+                store,
+            ],
+            capsys,
+        )
         doc = json.loads(out)
         assert rc == 0 and doc["finished"]
         seq = doc["sequential"]
@@ -163,8 +183,10 @@ def test_minutes_budget_stops_the_session(tmp_path):
 
 def test_an_arm_whose_every_run_fails_reaches_no_conclusion(tmp_path, capsys):
     # Issue 18: an A/B batch in which every run failed must not reach a conclusion.
-    with SseServer(Script(n_tokens=8, gap_s=0.004)) as a, \
-            SseServer(Script(status=500, error_body="engine dead")) as b:
+    with (
+        SseServer(Script(n_tokens=8, gap_s=0.004)) as a,
+        SseServer(Script(status=500, error_body="engine dead")) as b,
+    ):
         book = tmp_path / "b.toml"
         book.write_text(_book(a.base_url, b.base_url, max_runs=30))
         rc, out = _cli([str(book), "--json", "--store", str(tmp_path / "s.sqlite")], capsys)

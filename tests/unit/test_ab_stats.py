@@ -32,8 +32,9 @@ def test_slowdown_is_a_regression_and_small_real_change_is_below_threshold():
     rng = np.random.default_rng(2)
     slow = compare_samples(_lognormal(rng, 30, 1.0, 0.02), _lognormal(rng, 30, 1.2, 0.02))
     assert slow.verdict == "regression" and slow.change == pytest.approx(0.2, abs=0.02)
-    small = compare_samples(_lognormal(rng, 60, 1.0, 0.005), _lognormal(rng, 60, 1.02, 0.005),
-                            min_effect=0.05)
+    small = compare_samples(
+        _lognormal(rng, 60, 1.0, 0.005), _lognormal(rng, 60, 1.02, 0.005), min_effect=0.05
+    )
     assert small.verdict == "no significant change"
     assert any("below --min-effect" in w for w in small.warnings)
 
@@ -42,8 +43,13 @@ def _rate(effect: float, n: int, cv: float, sims: int, seed: int) -> float:
     rng = np.random.default_rng(seed)
     called = 0
     for i in range(sims):
-        m = compare_samples(_lognormal(rng, n, 1.0, cv), _lognormal(rng, n, 1.0 + effect, cv),
-                            min_effect=0.05, n_resamples=500, seed=i)
+        m = compare_samples(
+            _lognormal(rng, n, 1.0, cv),
+            _lognormal(rng, n, 1.0 + effect, cv),
+            min_effect=0.05,
+            n_resamples=500,
+            seed=i,
+        )
         called += m.verdict != "no significant change"
     return called / sims
 
@@ -88,8 +94,7 @@ def test_three_runs_per_arm_say_insufficient_data_once_and_show_the_change():
 
 def test_noisy_n_warns_with_runs_needed():
     rng = np.random.default_rng(7)
-    m = compare_samples(_lognormal(rng, 8, 1.0, 0.3), _lognormal(rng, 8, 1.0, 0.3),
-                        min_effect=0.05)
+    m = compare_samples(_lognormal(rng, 8, 1.0, 0.3), _lognormal(rng, 8, 1.0, 0.3), min_effect=0.05)
     assert m.mde > 0.05
     assert any("use about" in w for w in m.warnings)
 
@@ -104,10 +109,12 @@ def test_degenerate_inputs():
 def test_pct_and_phase_line_format():
     assert pct(-0.523) == "−52" and pct(0.021) == "+2.1"
     rng = np.random.default_rng(8)
-    dec = compare_samples(_lognormal(rng, 20, 0.1, 0.02), _lognormal(rng, 20, 0.048, 0.02),
-                          metric="server_decode_s")
-    pre = compare_samples(_lognormal(rng, 20, 0.01, 0.02), _lognormal(rng, 20, 0.01, 0.02),
-                          metric="server_prefill_s")
+    dec = compare_samples(
+        _lognormal(rng, 20, 0.1, 0.02), _lognormal(rng, 20, 0.048, 0.02), metric="server_decode_s"
+    )
+    pre = compare_samples(
+        _lognormal(rng, 20, 0.01, 0.02), _lognormal(rng, 20, 0.01, 0.02), metric="server_prefill_s"
+    )
     line = phase_line({"server_decode_s": dec, "server_prefill_s": pre})
     assert line.startswith("decode −52 % [−") and line.endswith("] (no significant change)")
     assert ", prefill " in line and "±" not in line
@@ -117,34 +124,67 @@ def _run(seq: int, ttft: float, decode: float, ok: bool = True) -> Run:
     n = 16
     gap = int(decode / (n - 1) * 1e9)
     offsets = tuple(int(ttft * 1e9) + i * gap for i in range(n))
-    client = ClientTimeline(sent_wall_ns=0, event_offsets_ns=offsets,
-                            end_offset_ns=offsets[-1] + 1000, http_status=200, prompt_tokens=8,
-                            completion_tokens=n, finish_reason="length", complete=True)
-    server = ServerPhases(queue_s=1e-4, prefill_s=ttft * 0.8, decode_s=decode,
-                          inference_s=ttft * 0.8 + decode, ttft_s=ttft, e2e_s=ttft + decode,
-                          count_deltas={}, counter_deltas={})
-    return Run(seq=seq, status="ok" if ok else "isolation_failed", prompt="p", client=client,
-               server=server, isolation=Isolation(verified=True, isolated=ok))
+    client = ClientTimeline(
+        sent_wall_ns=0,
+        event_offsets_ns=offsets,
+        end_offset_ns=offsets[-1] + 1000,
+        http_status=200,
+        prompt_tokens=8,
+        completion_tokens=n,
+        finish_reason="length",
+        complete=True,
+    )
+    server = ServerPhases(
+        queue_s=1e-4,
+        prefill_s=ttft * 0.8,
+        decode_s=decode,
+        inference_s=ttft * 0.8 + decode,
+        ttft_s=ttft,
+        e2e_s=ttft + decode,
+        count_deltas={},
+        counter_deltas={},
+    )
+    return Run(
+        seq=seq,
+        status="ok" if ok else "isolation_failed",
+        prompt="p",
+        client=client,
+        server=server,
+        isolation=Isolation(verified=True, isolated=ok),
+    )
 
 
 def test_compare_runs_uses_every_metric_and_drops_unisolated_runs():
     rng = np.random.default_rng(9)
-    a = [_run(i, 0.02 * (1 + 0.01 * rng.normal()), 0.2 * (1 + 0.02 * rng.normal()))
-         for i in range(12)]
-    b = [_run(i, 0.02 * (1 + 0.01 * rng.normal()), 0.1 * (1 + 0.02 * rng.normal()))
-         for i in range(12)]
+    a = [
+        _run(i, 0.02 * (1 + 0.01 * rng.normal()), 0.2 * (1 + 0.02 * rng.normal()))
+        for i in range(12)
+    ]
+    b = [
+        _run(i, 0.02 * (1 + 0.01 * rng.normal()), 0.1 * (1 + 0.02 * rng.normal()))
+        for i in range(12)
+    ]
     b.append(_run(12, 5.0, 5.0, ok=False))  # an intruded run: kept in the store, not here
     c = compare_runs(a, b, arm_a="base", arm_b="fast")
-    assert set(c.metrics) == {"client_ttft_s", "client_e2e_s", "client_tpot_s",
-                              "client_itl_p50_s", "client_itl_p99_s", "server_queue_s",
-                              "server_prefill_s", "server_decode_s"}
+    assert set(c.metrics) == {
+        "client_ttft_s",
+        "client_e2e_s",
+        "client_tpot_s",
+        "client_itl_p50_s",
+        "client_itl_p99_s",
+        "server_queue_s",
+        "server_prefill_s",
+        "server_decode_s",
+    }
     assert c.metrics["server_decode_s"].verdict == "improvement"
     assert c.metrics["server_decode_s"].n_b == 12
     assert c.metrics["server_prefill_s"].verdict == "no significant change"
     assert c.metrics["client_tpot_s"].verdict == "improvement"
-    assert re.match(r"decode −5\d % \[−5\d, −\d\d\], prefill [+−]\d\.\d % \[[+−]\d\.\d, "
-                    r"[+−]\d\.\d\] \(no significant change\)$",
-                    c.phase_line), c.phase_line
+    assert re.match(
+        r"decode −5\d % \[−5\d, −\d\d\], prefill [+−]\d\.\d % \[[+−]\d\.\d, "
+        r"[+−]\d\.\d\] \(no significant change\)$",
+        c.phase_line,
+    ), c.phase_line
     assert any("1 of 13 runs left out" in w for w in c.warnings)
     assert c.to_dict()["metrics"]["server_decode_s"]["verdict"] == "improvement"
 
@@ -155,10 +195,14 @@ def test_sequential_secondary_metrics_share_one_alpha():
     from phaseprobe.analysis.ab.sequential import SequentialPlan
 
     rng = np.random.default_rng(12)
-    a = [_run(i, 0.02 * float(np.exp(rng.normal(0, .1))), 0.2 * float(np.exp(rng.normal(0, .1))))
-         for i in range(30)]
-    b = [_run(i, 0.02 * float(np.exp(rng.normal(0, .1))), 0.2 * float(np.exp(rng.normal(0, .1))))
-         for i in range(30)]
+    a = [
+        _run(i, 0.02 * float(np.exp(rng.normal(0, 0.1))), 0.2 * float(np.exp(rng.normal(0, 0.1))))
+        for i in range(30)
+    ]
+    b = [
+        _run(i, 0.02 * float(np.exp(rng.normal(0, 0.1))), 0.2 * float(np.exp(rng.normal(0, 0.1))))
+        for i in range(30)
+    ]
     c = compare_runs(a, b, plan=SequentialPlan(min_effect=0.05, max_runs=30))
     assert c.primary == "server_decode_s"
     width = {k: m.ci_high / m.ci_low for k, m in c.metrics.items()}
@@ -178,8 +222,9 @@ def test_client_metrics_whose_every_timeline_was_left_out_say_insufficient_data(
         r = _run(seq, 0.02, 0.2)
         # held back 1 s, then every token in one burst
         late = tuple(10**9 + i * 1000 for i in range(len(r.client.event_offsets_ns)))
-        return replace(r, client=replace(r.client, event_offsets_ns=late,
-                                         end_offset_ns=late[-1] + 1000))
+        return replace(
+            r, client=replace(r.client, event_offsets_ns=late, end_offset_ns=late[-1] + 1000)
+        )
 
     a, b = [starved(i) for i in range(8)], [starved(i) for i in range(8)]
     assert not any(client_consistent(r) for r in a + b)

@@ -36,16 +36,32 @@ def _dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PHASEPROBE_CACHE_DIR", str(tmp_path / "cache"))
 
 
-def result(device="cpu", name="Test CPU", bw=12.5, bf16=0.05, fp32=0.25, at=1_700_000_000.0,
-           bf16_error=None) -> dict:
-    bf16_section = {"error": bf16_error} if bf16_error else {
-        "n": 1024, "best_tflop_s": bf16, "median_tflop_s": bf16 * 0.9, "repeats": 5}
+def result(
+    device="cpu",
+    name="Test CPU",
+    bw=12.5,
+    bf16=0.05,
+    fp32=0.25,
+    at=1_700_000_000.0,
+    bf16_error=None,
+) -> dict:
+    bf16_section = (
+        {"error": bf16_error}
+        if bf16_error
+        else {"n": 1024, "best_tflop_s": bf16, "median_tflop_s": bf16 * 0.9, "repeats": 5}
+    )
     return {
-        "schema": 1, "device": device, "device_name": name, "torch_version": "2.13.0+cpu",
+        "schema": 1,
+        "device": device,
+        "device_name": name,
+        "torch_version": "2.13.0+cpu",
         "memory": {"best_gb_s": bw, "median_gb_s": bw * 0.95, "repeats": 10},
-        "matmul": {"bf16": bf16_section,
-                   "fp32": {"n": 1024, "best_tflop_s": fp32, "median_tflop_s": fp32 * 0.9}},
-        "seconds": 3.0, "measured_at": at,
+        "matmul": {
+            "bf16": bf16_section,
+            "fp32": {"n": 1024, "best_tflop_s": fp32, "median_tflop_s": fp32 * 0.9},
+        },
+        "seconds": 3.0,
+        "measured_at": at,
     }
 
 
@@ -87,8 +103,8 @@ def test_runner_gets_the_script_and_its_json_becomes_a_calibration(python):
     # generic bf16 path's 0.9 GFLOP/s set a roof the server beat 7.5 times).
     assert peaks.flops_per_s == pytest.approx(0.25e12)
     assert peaks.origin.startswith(
-        "calibrated Test CPU: fp32 matmul 250 GFLOP/s > bf16's 50, served bf16 widened; "
-        "12.5 GB/s;")
+        "calibrated Test CPU: fp32 matmul 250 GFLOP/s > bf16's 50, served bf16 widened; 12.5 GB/s;"
+    )
     gpu = parse_output(json.dumps(result("cuda", "GPU", bf16=700.0, fp32=50.0)), "py")
     assert gpu.to_peaks("bf16").flops_per_s == pytest.approx(700e12)  # tensor cores: own rate
     run_benchmark("auto", interpreter=python, runner=runner, quick=True)
@@ -102,17 +118,24 @@ def test_a_dtype_the_device_cannot_multiply_falls_back_to_fp32():
     assert cal.to_peaks("bf16").flops_per_s == pytest.approx(0.25e12)
 
 
-@pytest.mark.parametrize(("runner", "match"), [
-    (FakeRunner(rc=1, stderr="Traceback...\nRuntimeError: CUDA error: out of memory\n"),
-     "(?s)exit code 1.*out of memory"),
-    (FakeRunner(exc=subprocess.TimeoutExpired(["py"], 5)), "did not finish within 5 s"),
-    (FakeRunner(exc=FileNotFoundError(2, "No such file")), "cannot run"),
-    (FakeRunner(stdout="hello\n"), "(?s)no JSON result.*hello"),
-    (FakeRunner(stdout=json.dumps({**result(), "memory": {"best_gb_s": 0}})),
-     "memory bandwidth"),
-    (FakeRunner(stdout=json.dumps({**result(), "matmul": {}})), "no matmul"),
-    (FakeRunner(stdout=json.dumps({**result(), "memory": None})), "memory bandwidth"),
-])
+@pytest.mark.parametrize(
+    ("runner", "match"),
+    [
+        (
+            FakeRunner(rc=1, stderr="Traceback...\nRuntimeError: CUDA error: out of memory\n"),
+            "(?s)exit code 1.*out of memory",
+        ),
+        (FakeRunner(exc=subprocess.TimeoutExpired(["py"], 5)), "did not finish within 5 s"),
+        (FakeRunner(exc=FileNotFoundError(2, "No such file")), "cannot run"),
+        (FakeRunner(stdout="hello\n"), "(?s)no JSON result.*hello"),
+        (
+            FakeRunner(stdout=json.dumps({**result(), "memory": {"best_gb_s": 0}})),
+            "memory bandwidth",
+        ),
+        (FakeRunner(stdout=json.dumps({**result(), "matmul": {}})), "no matmul"),
+        (FakeRunner(stdout=json.dumps({**result(), "memory": None})), "memory bandwidth"),
+    ],
+)
 def test_failures_are_calibration_errors(python, runner, match):
     with pytest.raises(CalibrationError, match=match):
         run_benchmark("cpu", interpreter=python, runner=runner, timeout_s=5)
@@ -149,8 +172,9 @@ def test_no_torch_anywhere_says_how_to_get_it(monkeypatch):
 def test_storage_round_trip_keyed_by_device_name(tmp_path):
     assert load_all() == {} and load() is None
     cpu = parse_output(json.dumps(result(name="Test CPU", at=1000.0)), "py")
-    gpu = parse_output(json.dumps(result("cuda", "NVIDIA H100 80GB HBM3", 3000.0, 800.0,
-                                         50.0, at=2000.0)), "py")
+    gpu = parse_output(
+        json.dumps(result("cuda", "NVIDIA H100 80GB HBM3", 3000.0, 800.0, 50.0, at=2000.0)), "py"
+    )
     path = save(cpu)
     assert path == calibration_path() and path.parent.name == "data"
     save(gpu)
@@ -189,6 +213,7 @@ def _main(argv: Sequence[str]) -> int:
 def _fake_benchmark(doc: dict):
     def fake(device, *, interpreter=None, quick=False, timeout_s=300.0, **kw):
         return parse_output(json.dumps({**doc, "device": doc["device"]}), interpreter or "py")
+
     return fake
 
 

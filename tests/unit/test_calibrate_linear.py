@@ -33,15 +33,23 @@ def fake_torch(seconds_per_call: float) -> SimpleNamespace:
 
     gen = SimpleNamespace(manual_seed=lambda seed: gen)
     return SimpleNamespace(
-        bfloat16="bf16", float16="fp16", float32="fp32", calls=calls,
+        bfloat16="bf16",
+        float16="fp16",
+        float32="fp32",
+        calls=calls,
         nn=SimpleNamespace(functional=SimpleNamespace(linear=linear)),
         Generator=lambda device: gen,
-        randn=lambda *shape, device, generator: _Tensor(*shape))
+        randn=lambda *shape, device, generator: _Tensor(*shape),
+    )
 
 
 def test_layer_shapes_are_the_fused_projections():
     assert bench_script.layer_shapes(256, 1024, 2816) == [
-        (256, 1024, 1536), (256, 1024, 1024), (256, 1024, 5632), (256, 2816, 1024)]
+        (256, 1024, 1536),
+        (256, 1024, 1024),
+        (256, 1024, 5632),
+        (256, 2816, 1024),
+    ]
 
 
 def test_a_slow_path_stops_at_its_budget_and_says_so():
@@ -72,8 +80,12 @@ def test_a_fast_path_measures_every_shape_and_reports_the_best():
 def test_model_shapes_of_the_tiny_model(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(TINY))
     # QKV 128 → 4·32 + 2·2·32 = 256, output 128 → 128, gate+up 128 → 512, down 256 → 128.
-    assert model_shapes(tmp_path, 128) == [(128, 128, 256), (128, 128, 128), (128, 128, 512),
-                                           (128, 256, 128)]
+    assert model_shapes(tmp_path, 128) == [
+        (128, 128, 256),
+        (128, 128, 128),
+        (128, 128, 512),
+        (128, 256, 128),
+    ]
     with pytest.raises(ConfigError, match="--tokens"):
         model_shapes(tmp_path, 0)
 
@@ -86,9 +98,11 @@ def test_shapes_and_budget_reach_the_script(tmp_path):
     def runner(argv, timeout_s):
         seen.append(list(argv))
         return Completed(1, "", "boom")
+
     with pytest.raises(Exception, match="boom"):
-        run_benchmark("cpu", interpreter=str(exe), runner=runner,
-                      shapes=[(128, 128, 256)], budget_s=2.5)
+        run_benchmark(
+            "cpu", interpreter=str(exe), runner=runner, shapes=[(128, 128, 256)], budget_s=2.5
+        )
     assert seen[0][-4:] == ["--shape", "128,128,256", "--budget-s", "2.5"]
     with pytest.raises(ConfigError, match="--budget"):
         run_benchmark("cpu", interpreter=str(exe), runner=runner, budget_s=0)

@@ -21,13 +21,29 @@ from phaseprobe.present.cli import cmd_check
 class FakeReplica:
     """A vLLM replica's ``/metrics`` with traffic that moves by ``per_scrape`` requests."""
 
-    def __init__(self, *, per_scrape: int, running: float, waiting: float = 0.0,
-                 kv: float = 0.2, model: str = "tiny", start_s: float = 1000.0,
-                 queue_s: float = 0.005, ttft_s: float = 0.1, itl_s: float = 0.02,
-                 errors_per_scrape: int = 0, router: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        per_scrape: int,
+        running: float,
+        waiting: float = 0.0,
+        kv: float = 0.2,
+        model: str = "tiny",
+        start_s: float = 1000.0,
+        queue_s: float = 0.005,
+        ttft_s: float = 0.1,
+        itl_s: float = 0.02,
+        errors_per_scrape: int = 0,
+        router: bool = False,
+    ) -> None:
         self.per_scrape, self.running, self.waiting, self.kv = per_scrape, running, waiting, kv
-        self.model, self.start_s, self.queue_s, self.ttft_s, self.itl_s = \
-            model, start_s, queue_s, ttft_s, itl_s
+        self.model, self.start_s, self.queue_s, self.ttft_s, self.itl_s = (
+            model,
+            start_s,
+            queue_s,
+            ttft_s,
+            itl_s,
+        )
         self.errors_per_scrape, self.router = errors_per_scrape, router
         self.workers = ["http://127.0.0.1:9"]  # a router's /list_workers (nothing there)
         self.scrapes = 0
@@ -42,8 +58,9 @@ class FakeReplica:
                 if self.path == "/metrics":
                     body, kind = owner.metrics_text().encode(), "text/plain; version=0.0.4"
                 elif self.path == "/v1/models":
-                    body = json.dumps({"object": "list", "data": [
-                        {"id": owner.model, "object": "model"}]}).encode()
+                    body = json.dumps(
+                        {"object": "list", "data": [{"id": owner.model, "object": "model"}]}
+                    ).encode()
                     kind = "application/json"
                 elif self.path == "/list_workers" and owner.router:
                     body = json.dumps({"urls": owner.workers}).encode()
@@ -75,38 +92,54 @@ class FakeReplica:
             self.scrapes += 1
         lab = f'engine="0",model_name="{self.model}"'
         tokens = 20
-        hist = {"request_queue_time_seconds": (n * self.queue_s, n),
-                "request_prefill_time_seconds": (n * (self.ttft_s - self.queue_s), n),
-                "request_decode_time_seconds": (n * self.itl_s * (tokens - 1), n),
-                "request_inference_time_seconds": (n * (self.ttft_s + self.itl_s * tokens), n),
-                "time_to_first_token_seconds": (n * self.ttft_s, n),
-                "e2e_request_latency_seconds": (n * (self.ttft_s + self.itl_s * tokens), n),
-                "inter_token_latency_seconds": (n * (tokens - 1) * self.itl_s,
-                                                n * (tokens - 1))}
+        hist = {
+            "request_queue_time_seconds": (n * self.queue_s, n),
+            "request_prefill_time_seconds": (n * (self.ttft_s - self.queue_s), n),
+            "request_decode_time_seconds": (n * self.itl_s * (tokens - 1), n),
+            "request_inference_time_seconds": (n * (self.ttft_s + self.itl_s * tokens), n),
+            "time_to_first_token_seconds": (n * self.ttft_s, n),
+            "e2e_request_latency_seconds": (n * (self.ttft_s + self.itl_s * tokens), n),
+            "inter_token_latency_seconds": (n * (tokens - 1) * self.itl_s, n * (tokens - 1)),
+        }
         lines: list[str] = []
         for base, (total, count) in hist.items():
             name = "vllm:" + base
-            lines += [f"# HELP {name} h", f"# TYPE {name} histogram",
-                      f'{name}_bucket{{{lab},le="+Inf"}} {count}',
-                      f"{name}_sum{{{lab}}} {total}", f"{name}_count{{{lab}}} {count}"]
-        for base, value in (("prompt_tokens", n * 100), ("generation_tokens", n * tokens),
-                            ("num_preemptions", 0), ("prefix_cache_queries", n * 100),
-                            ("prefix_cache_hits", n * 40)):
+            lines += [
+                f"# HELP {name} h",
+                f"# TYPE {name} histogram",
+                f'{name}_bucket{{{lab},le="+Inf"}} {count}',
+                f"{name}_sum{{{lab}}} {total}",
+                f"{name}_count{{{lab}}} {count}",
+            ]
+        for base, value in (
+            ("prompt_tokens", n * 100),
+            ("generation_tokens", n * tokens),
+            ("num_preemptions", 0),
+            ("prefix_cache_queries", n * 100),
+            ("prefix_cache_hits", n * 40),
+        ):
             name = "vllm:" + base
-            lines += [f"# HELP {name} c", f"# TYPE {name} counter",
-                      f"{name}_total{{{lab}}} {value}"]
+            lines += [
+                f"# HELP {name} c",
+                f"# TYPE {name} counter",
+                f"{name}_total{{{lab}}} {value}",
+            ]
         name = "vllm:request_success"
         lines += [f"# HELP {name} c", f"# TYPE {name} counter"]
-        for reason, value in (("stop", n - errors), ("length", 0), ("abort", 0),
-                              ("error", errors)):
+        for reason, value in (("stop", n - errors), ("length", 0), ("abort", 0), ("error", errors)):
             lines.append(f'{name}_total{{{lab},finished_reason="{reason}"}} {value}')
-        for base, value in (("num_requests_running", self.running),
-                            ("num_requests_waiting", self.waiting),
-                            ("kv_cache_usage_perc", self.kv)):
+        for base, value in (
+            ("num_requests_running", self.running),
+            ("num_requests_waiting", self.waiting),
+            ("kv_cache_usage_perc", self.kv),
+        ):
             name = "vllm:" + base
             lines += [f"# HELP {name} g", f"# TYPE {name} gauge", f"{name}{{{lab}}} {value}"]
-        lines += ["# HELP process_start_time_seconds s", "# TYPE process_start_time_seconds gauge",
-                  f"process_start_time_seconds {self.start_s}"]
+        lines += [
+            "# HELP process_start_time_seconds s",
+            "# TYPE process_start_time_seconds gauge",
+            f"process_start_time_seconds {self.start_s}",
+        ]
         return "\n".join(lines) + "\n"
 
 
@@ -133,8 +166,18 @@ def verdicts(text: str) -> dict[str, dict]:
 def test_one_endpoint_runs_every_doctor_rule(replicas, tmp_path):
     busy = FakeReplica(per_scrape=30, running=4.0, waiting=6.0, kv=0.93, ttft_s=1.2)
     replicas.append(busy)
-    code, out, err = run_check(["--live", "--endpoint", busy.url, "--window", "1", "--json",
-                                "--store", str(tmp_path / "none.sqlite")])
+    code, out, err = run_check(
+        [
+            "--live",
+            "--endpoint",
+            busy.url,
+            "--window",
+            "1",
+            "--json",
+            "--store",
+            str(tmp_path / "none.sqlite"),
+        ]
+    )
     by = verdicts(out)
     assert code == 1, out  # mean TTFT 1.2 s, over twice the chat target: fail
     assert "waiting 1 s for the window" in err
@@ -165,10 +208,22 @@ def test_fleet_with_one_busy_replica_reports_the_imbalance(replicas, tmp_path):
     busy = FakeReplica(per_scrape=40, running=8.0, kv=0.7)
     idle = FakeReplica(per_scrape=2, running=0.5, kv=0.1)
     replicas.extend([router, busy, idle])
-    code, out, err = run_check(["--live", "--endpoint", router.url, "--replica",
-                                f"r1={busy.url}", "--replica", f"r2={idle.url}",
-                                "--window", "1", "--json",
-                                "--store", str(tmp_path / "none.sqlite")])
+    code, out, err = run_check(
+        [
+            "--live",
+            "--endpoint",
+            router.url,
+            "--replica",
+            f"r1={busy.url}",
+            "--replica",
+            f"r2={idle.url}",
+            "--window",
+            "1",
+            "--json",
+            "--store",
+            str(tmp_path / "none.sqlite"),
+        ]
+    )
     by = verdicts(out)
     imb = by["live_replica_imbalance"]
     assert code == 1 and imb["status"] == "fail", imb
@@ -190,9 +245,22 @@ def test_fleet_replica_down_is_reported_and_the_others_measured(replicas, tmp_pa
     router = FakeReplica(per_scrape=0, running=0, router=True)
     a = FakeReplica(per_scrape=10, running=2.0)
     replicas.extend([router, a])
-    code, out, _ = run_check(["--live", "--endpoint", router.url, "--replica", f"a={a.url}",
-                              "--replica", f"b={closed_port_url()}", "--window", "1",
-                              "--json", "--store", str(tmp_path / "none.sqlite")])
+    code, out, _ = run_check(
+        [
+            "--live",
+            "--endpoint",
+            router.url,
+            "--replica",
+            f"a={a.url}",
+            "--replica",
+            f"b={closed_port_url()}",
+            "--window",
+            "1",
+            "--json",
+            "--store",
+            str(tmp_path / "none.sqlite"),
+        ]
+    )
     by = verdicts(out)
     assert code == 0, out
     assert "b is down" in by["live_ttft"]["summary"]
@@ -216,13 +284,28 @@ def test_a_restarted_replica_is_cannot_verify_never_a_negative_rate(replicas, tm
         return original()
 
     b.metrics_text = restarted  # type: ignore[method-assign]
-    code, out, _ = run_check(["--live", "--endpoint", router.url, "--replica", f"a={a.url}",
-                              "--replica", f"b={b.url}", "--window", "1", "--json",
-                              "--store", str(tmp_path / "none.sqlite")])
+    code, out, _ = run_check(
+        [
+            "--live",
+            "--endpoint",
+            router.url,
+            "--replica",
+            f"a={a.url}",
+            "--replica",
+            f"b={b.url}",
+            "--window",
+            "1",
+            "--json",
+            "--store",
+            str(tmp_path / "none.sqlite"),
+        ]
+    )
     by = verdicts(out)
     ttft = by["live_ttft"]
-    assert "b cannot verify: the two /metrics scrapes came from different vLLM processes" \
+    assert (
+        "b cannot verify: the two /metrics scrapes came from different vLLM processes"
         in ttft["summary"]
+    )
     assert set(ttft["numbers"]["by_replica"]) == {"a"}
     assert "b" in ttft["numbers"]["cannot_verify"]
     imb = by["live_replica_imbalance"]
@@ -236,8 +319,18 @@ def test_a_router_without_replicas_reads_the_workers_it_lists(replicas, tmp_path
     b = FakeReplica(per_scrape=10, running=2.0)
     replicas.extend([router, a, b])
     router.workers = [a.url, b.url]
-    code, out, _ = run_check(["--live", "--endpoint", router.url, "--window", "1", "--json",
-                              "--store", str(tmp_path / "none.sqlite")])
+    code, out, _ = run_check(
+        [
+            "--live",
+            "--endpoint",
+            router.url,
+            "--window",
+            "1",
+            "--json",
+            "--store",
+            str(tmp_path / "none.sqlite"),
+        ]
+    )
     ttft = verdicts(out)["live_ttft"]
     names = {u.removeprefix("http://") for u in (a.url, b.url)}
     assert set(ttft["numbers"]["by_replica"]) == names
@@ -246,8 +339,17 @@ def test_a_router_without_replicas_reads_the_workers_it_lists(replicas, tmp_path
 def test_a_router_whose_workers_do_not_answer_is_refused(replicas, tmp_path):
     router = FakeReplica(per_scrape=1, running=0, router=True)
     replicas.append(router)
-    code, _, err = run_check(["--live", "--endpoint", router.url, "--window", "1",
-                              "--store", str(tmp_path / "none.sqlite")])
+    code, _, err = run_check(
+        [
+            "--live",
+            "--endpoint",
+            router.url,
+            "--window",
+            "1",
+            "--store",
+            str(tmp_path / "none.sqlite"),
+        ]
+    )
     assert code == 2
     assert "127.0.0.1:9" in err and "Traceback" not in err
 
@@ -276,11 +378,26 @@ def stored_spans(path, counts: dict[str, int], *, end_in_s: float = 0.9) -> None
     for instance, n in counts.items():
         for _ in range(n):
             i += 1
-            spans.append(RequestSpan(
-                trace_id=f"{i:032x}", span_id=f"{i:016x}", request_id=f"req-{i}",
-                model="tiny", service="vllm", instance=instance, start_ns=end - 500_000_000,
-                end_ns=end, queue_s=0.005, prefill_s=0.095, decode_s=0.38, inference_s=0.475,
-                ttft_s=0.1, e2e_s=0.5, prompt_tokens=100, completion_tokens=20))
+            spans.append(
+                RequestSpan(
+                    trace_id=f"{i:032x}",
+                    span_id=f"{i:016x}",
+                    request_id=f"req-{i}",
+                    model="tiny",
+                    service="vllm",
+                    instance=instance,
+                    start_ns=end - 500_000_000,
+                    end_ns=end,
+                    queue_s=0.005,
+                    prefill_s=0.095,
+                    decode_s=0.38,
+                    inference_s=0.475,
+                    ttft_s=0.1,
+                    e2e_s=0.5,
+                    prompt_tokens=100,
+                    completion_tokens=20,
+                )
+            )
     with Store(path) as store:
         store.add_spans(spans, [{} for _ in spans])
 
@@ -292,19 +409,40 @@ def test_fleet_with_spans_runs_the_span_rules(replicas, tmp_path):
     replicas.extend([router, busy, idle])
     store = tmp_path / "s.sqlite"
     stored_spans(store, {"r1": 40, "r2": 2})
-    code, out, err = run_check(["--live", "--endpoint", router.url, "--replica",
-                                f"r1={busy.url}", "--replica", f"r2={idle.url}",
-                                "--window", "1", "--span-grace", "0", "--json",
-                                "--store", str(store)])
+    code, out, err = run_check(
+        [
+            "--live",
+            "--endpoint",
+            router.url,
+            "--replica",
+            f"r1={busy.url}",
+            "--replica",
+            f"r2={idle.url}",
+            "--window",
+            "1",
+            "--span-grace",
+            "0",
+            "--json",
+            "--store",
+            str(store),
+        ]
+    )
     by = verdicts(out)
     assert code == 1
     traffic = by["live_replica_traffic"]
-    assert traffic["status"] == "warn" and traffic["numbers"]["replica_requests"] == \
-        {"r1": 40, "r2": 2}
+    assert traffic["status"] == "warn" and traffic["numbers"]["replica_requests"] == {
+        "r1": 40,
+        "r2": 2,
+    }
     loss = by["live_span_loss"]
     assert loss["status"] == "pass", loss
-    assert loss["numbers"]["by_replica"]["r1"] == {"received": 40, "finished": 40, "lost": 0,
-                                                   "loss_frac": 0.0, "tolerance_spans": 2}
+    assert loss["numbers"]["by_replica"]["r1"] == {
+        "received": 40,
+        "finished": 40,
+        "lost": 0,
+        "loss_frac": 0.0,
+        "tolerance_spans": 2,
+    }
     assert by["live_straggler"]["status"] == "skipped"  # r2 has 2 requests: too few
     assert "42 request spans" in json.loads(out)["sources"]["spans"]
 
@@ -336,14 +474,16 @@ class FakePrometheus:
 
         def each(f):
             return [Sample({key: inst}, at or 0.0, f(n)) for inst, n in self.per.items()]
+
         if expr.startswith("up"):
-            return [Sample({key: i}, 0.0, 1.0) for i in self.per] + [
-                Sample({key: "c:1"}, 0.0, 0.0)]
+            return [Sample({key: i}, 0.0, 1.0) for i in self.per] + [Sample({key: "c:1"}, 0.0, 0.0)]
         if "count_over_time" in expr:
             return [Sample({key: i}, 0.0, 5.0) for i in [*self.per, "c:1"]]
         if "finished_reason" in expr:
-            return [Sample({key: inst, "finished_reason": "stop"}, 0.0, n)
-                    for inst, n in self.per.items()]
+            return [
+                Sample({key: inst, "finished_reason": "stop"}, 0.0, n)
+                for inst, n in self.per.items()
+            ]
         if "num_requests_running" in expr:
             return each(lambda n: n / 6)
         if "num_requests_waiting" in expr or "num_preemptions" in expr:
@@ -363,8 +503,18 @@ def test_prometheus_window_by_instance(monkeypatch, tmp_path):
     import phaseprobe.sources.prometheus as prom
 
     monkeypatch.setattr(prom, "PrometheusClient", FakePrometheus)
-    code, out, err = run_check(["--live", "--prom", "http://prom:9090", "--window", "30",
-                                "--json", "--store", str(tmp_path / "none.sqlite")])
+    code, out, err = run_check(
+        [
+            "--live",
+            "--prom",
+            "http://prom:9090",
+            "--window",
+            "30",
+            "--json",
+            "--store",
+            str(tmp_path / "none.sqlite"),
+        ]
+    )
     by = verdicts(out)
     assert "waiting" not in err  # PromQL over the window: nothing to wait for
     imb = by["live_replica_imbalance"]
@@ -372,8 +522,10 @@ def test_prometheus_window_by_instance(monkeypatch, tmp_path):
     assert "c:1 is down (Prometheus' last scrape of it failed (up = 0))" in imb["summary"]
     ttft = by["live_ttft"]
     assert ttft["numbers"]["by_replica"]["a:1"]["ttft_mean_s"] == pytest.approx(0.1)
-    assert "increase/avg_over_time over 30s by instance (a:1, b:1)" in \
-        json.loads(out)["sources"]["prom"]
+    assert (
+        "increase/avg_over_time over 30s by instance (a:1, b:1)"
+        in json.loads(out)["sources"]["prom"]
+    )
 
 
 def test_prometheus_window_by_another_replica_label(monkeypatch, tmp_path, capsys):
@@ -385,15 +537,25 @@ def test_prometheus_window_by_another_replica_label(monkeypatch, tmp_path, capsy
         asked: list[str] = []
 
     monkeypatch.setattr(prom, "PrometheusClient", ByPod)
-    code, out, _ = run_check(["--live", "--prom", "http://prom:9090", "--window", "30",
-                              "--replica-label", "pod", "--json",
-                              "--store", str(tmp_path / "none.sqlite")])
+    code, out, _ = run_check(
+        [
+            "--live",
+            "--prom",
+            "http://prom:9090",
+            "--window",
+            "30",
+            "--replica-label",
+            "pod",
+            "--json",
+            "--store",
+            str(tmp_path / "none.sqlite"),
+        ]
+    )
     imb = verdicts(out)["live_replica_imbalance"]
     assert imb["numbers"]["finished"] == {"a:1": 60, "b:1": 6}
     assert all("instance" not in q for q in ByPod.asked if " by (" in q), ByPod.asked
     assert any("by (pod)" in q for q in ByPod.asked)
     with pytest.raises(SystemExit) as exit_:  # argparse refuses it before anything runs
-        run_check(["--live", "--prom", "http://prom:9090", "--replica-label",
-                   "pod) or vector(1"])
+        run_check(["--live", "--prom", "http://prom:9090", "--replica-label", "pod) or vector(1"])
     assert exit_.value.code == 2
     assert "not a Prometheus label name" in capsys.readouterr().err

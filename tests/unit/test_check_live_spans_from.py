@@ -40,19 +40,37 @@ def test_span_rules_read_the_window_from_chdb(replicas: list[FakeReplica], tmp_p
     idle = FakeReplica(per_scrape=2, running=0.5)
     replicas.extend([router, busy, idle])
     with chdb_store(tmp_path / "ch", []) as ch:  # the table first: chdb starts slowly
-        for sql in insert_sql("default", "otel_traces",
-                              otel_rows(_spans(tmp_path, {"r1": 40, "r2": 2}))):
+        for sql in insert_sql(
+            "default", "otel_traces", otel_rows(_spans(tmp_path, {"r1": 40, "r2": 2}))
+        ):
             ch.execute(sql)
-    code, out, err = run_check(["--live", "--endpoint", router.url, "--replica",
-                                f"r1={busy.url}", "--replica", f"r2={idle.url}",
-                                "--window", "1", "--span-grace", "0", "--json",
-                                "--store", str(tmp_path / "absent.sqlite"),
-                                "--spans-from", f"chdb:{tmp_path / 'ch'}"])
+    code, out, err = run_check(
+        [
+            "--live",
+            "--endpoint",
+            router.url,
+            "--replica",
+            f"r1={busy.url}",
+            "--replica",
+            f"r2={idle.url}",
+            "--window",
+            "1",
+            "--span-grace",
+            "0",
+            "--json",
+            "--store",
+            str(tmp_path / "absent.sqlite"),
+            "--spans-from",
+            f"chdb:{tmp_path / 'ch'}",
+        ]
+    )
     by = verdicts(out)
     assert code == 1, err
     traffic = by["live_replica_traffic"]
-    assert traffic["status"] == "warn" and traffic["numbers"]["replica_requests"] == \
-        {"r1": 40, "r2": 2}
+    assert traffic["status"] == "warn" and traffic["numbers"]["replica_requests"] == {
+        "r1": 40,
+        "r2": 2,
+    }
     loss = by["live_span_loss"]
     assert loss["status"] == "pass", loss
     assert loss["numbers"]["by_replica"]["r1"]["received"] == 40
@@ -63,8 +81,17 @@ def test_span_rules_read_the_window_from_chdb(replicas: list[FakeReplica], tmp_p
 
 def test_an_unreadable_span_store_ends_the_check_before_the_window(tmp_path: Path):
     started = time.monotonic()
-    code, _, err = run_check(["--live", "--endpoint", "http://127.0.0.1:9", "--window", "30",
-                              "--spans-from", f"chdb:{tmp_path / 'nothing'}"])
+    code, _, err = run_check(
+        [
+            "--live",
+            "--endpoint",
+            "http://127.0.0.1:9",
+            "--window",
+            "30",
+            "--spans-from",
+            f"chdb:{tmp_path / 'nothing'}",
+        ]
+    )
     assert code == 2 and "nothing" in err
     assert time.monotonic() - started < 10  # not after a 30 s window
     code, _, err = run_check(["--spans-from", "chdb:/x"])

@@ -35,13 +35,26 @@ rate: 0.0%
 def _store(tmp_path, runs, *, gpu: pd.DataFrame | None = None, labels=None) -> tuple[str, int]:
     path = tmp_path / "s.sqlite"
     with Store(path) as store:
-        spec = RunSpec(endpoint="http://127.0.0.1:8000", model="m", prompt="", max_tokens=32,
-                       labels=labels or {})
-        exp_id = store.create_experiment(Experiment(
-            name="probe", kind="probe", spec=spec,
-            server_info={"vllm_version": "0.32.0", "models": [],
-                         "cache_config": {"block_size": "16", "enable_prefix_caching": "True"}},
-            created_wall_ns=T0))
+        spec = RunSpec(
+            endpoint="http://127.0.0.1:8000",
+            model="m",
+            prompt="",
+            max_tokens=32,
+            labels=labels or {},
+        )
+        exp_id = store.create_experiment(
+            Experiment(
+                name="probe",
+                kind="probe",
+                spec=spec,
+                server_info={
+                    "vllm_version": "0.32.0",
+                    "models": [],
+                    "cache_config": {"block_size": "16", "enable_prefix_caching": "True"},
+                },
+                created_wall_ns=T0,
+            )
+        )
         for run in runs:
             store.add_run(exp_id, run)
         if gpu is not None:
@@ -52,8 +65,11 @@ def _store(tmp_path, runs, *, gpu: pd.DataFrame | None = None, labels=None) -> t
 
 def _cli(*argv: str) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
-    code = cmd_check.main(list(argv), out=Console(file=out, width=200, soft_wrap=True),
-                          err=Console(file=err, width=200))
+    code = cmd_check.main(
+        list(argv),
+        out=Console(file=out, width=200, soft_wrap=True),
+        err=Console(file=err, width=200),
+    )
     return code, out.getvalue(), err.getvalue()
 
 
@@ -84,14 +100,21 @@ def test_check_failing_rule_exits_1_and_json_is_one_document(tmp_path):
 def test_check_markdown_with_server_log_and_gpu_samples(tmp_path):
     n = 200
     mem = [1 * GiB] * 10 + [70 * GiB] * (n - 10)
-    gpu = pd.DataFrame({"t_ns": [T0 - 10_000_000_000 + i * 100_000_000 for i in range(n)],
-                        "gpu_index": 0, "mem_used_bytes": mem, "mem_total_bytes": 80 * GiB,
-                        "util_gpu_pct": 80.0})
+    gpu = pd.DataFrame(
+        {
+            "t_ns": [T0 - 10_000_000_000 + i * 100_000_000 for i in range(n)],
+            "gpu_index": 0,
+            "mem_used_bytes": mem,
+            "mem_total_bytes": 80 * GiB,
+            "util_gpu_pct": 80.0,
+        }
+    )
     store, exp_id = _store(tmp_path, [make_run(i) for i in range(3)], gpu=gpu)
     log = tmp_path / "vllm.log"
     log.write_text(CPU_LOG)
-    code, out, _ = _cli("--experiment", str(exp_id), "--store", store, "--server-log",
-                        str(log), "--markdown")
+    code, out, _ = _cli(
+        "--experiment", str(exp_id), "--store", store, "--server-log", str(log), "--markdown"
+    )
     assert code == 0, out
     assert "- [x] ✓ **Does the vLLM log show the KV cache pre-allocated?**" in out
     assert "0.25 GiB, 524,288 tokens" in out
@@ -105,15 +128,28 @@ def test_check_baseline_scaling_regression_via_store(tmp_path):
     with Store(path) as store:
         ids = []
         for tp, itl in (("1", 0.010), ("2", 0.015)):
-            spec = RunSpec(endpoint="http://h", model="m", prompt="", max_tokens=32,
-                           labels={"tp": tp})
-            eid = store.create_experiment(Experiment(name=f"tp{tp}", kind="probe", spec=spec,
-                                                     server_info={}, created_wall_ns=T0))
+            spec = RunSpec(
+                endpoint="http://h", model="m", prompt="", max_tokens=32, labels={"tp": tp}
+            )
+            eid = store.create_experiment(
+                Experiment(
+                    name=f"tp{tp}", kind="probe", spec=spec, server_info={}, created_wall_ns=T0
+                )
+            )
             for i in range(3):
                 store.add_run(eid, make_run(i, itl=itl))
             ids.append(eid)
-    code, out, _ = _cli("--experiment", str(ids[1]), "--baseline", str(ids[0]), "--store",
-                        str(path), "--rule", "scaling_regression", "--json")
+    code, out, _ = _cli(
+        "--experiment",
+        str(ids[1]),
+        "--baseline",
+        str(ids[0]),
+        "--store",
+        str(path),
+        "--rule",
+        "scaling_regression",
+        "--json",
+    )
     assert code == 1
     v = json.loads(out)["verdicts"][0]
     assert v["status"] == "fail" and v["numbers"]["gpus_more"] == 2
@@ -132,9 +168,14 @@ def test_check_expected_errors_exit_2(tmp_path):
     assert code == 2 and "unknown rule" in err
 
 
-@pytest.mark.parametrize("option", [["--model-config", "{deep}", "--peaks", "h100-sxm"],
-                                    ["--latest", "--trace", "{deep}"],
-                                    ["--latest", "--nccl", "{deep}"]])
+@pytest.mark.parametrize(
+    "option",
+    [
+        ["--model-config", "{deep}", "--peaks", "h100-sxm"],
+        ["--latest", "--trace", "{deep}"],
+        ["--latest", "--nccl", "{deep}"],
+    ],
+)
 def test_a_deeply_nested_file_is_named(tmp_path, capsys, option):
     """Issue 18: the error names the file (it once said only 'an input (file or server
     answer) is nested too deeply')."""
@@ -163,15 +204,29 @@ def test_check_list_and_unreachable_prometheus_is_a_note(tmp_path):
 def test_evidence_from_saved_documents(tmp_path):
     store, exp_id = _store(tmp_path, [make_run(i) for i in range(2)], labels={"tp": "4"})
     nccl = tmp_path / "nccl.json"
-    nccl.write_text(json.dumps({"red_flags": [], "transports": {"connections": 2,
-                                                                "by_class": {"p2p": 2}},
-                                "per_step": {"calls_per_step": 10.0}}))
+    nccl.write_text(
+        json.dumps(
+            {
+                "red_flags": [],
+                "transports": {"connections": 2, "by_class": {"p2p": 2}},
+                "per_step": {"calls_per_step": 10.0},
+            }
+        )
+    )
     trace = tmp_path / "trace.json"
-    trace.write_text(json.dumps({"devices": [{"device": "cuda:0", "span_ns": 100}],
-                                 "idle_gaps_total_ns": 50, "idle_gaps": []}))
+    trace.write_text(
+        json.dumps(
+            {
+                "devices": [{"device": "cuda:0", "span_ns": 100}],
+                "idle_gaps_total_ns": 50,
+                "idle_gaps": [],
+            }
+        )
+    )
     with Store(store) as s:
-        evd, sources = build_evidence(s, exp_id, EvidenceOptions(
-            nccl_logs=(str(nccl),), trace=str(trace)))
+        evd, sources = build_evidence(
+            s, exp_id, EvidenceOptions(nccl_logs=(str(nccl),), trace=str(trace))
+        )
     assert evd.devices == 4  # from the experiment's labels
     assert evd.nccl is not None and evd.nccl["per_step"]["calls_per_step"] == 10.0
     assert evd.trace is not None and evd.trace["idle_gaps_total_ns"] == 50
@@ -185,9 +240,15 @@ def test_evidence_from_analyses_kept_with_the_experiment(tmp_path):
     given on the command line wins; another experiment's analyses are not used."""
     store, exp_id = _store(tmp_path, [make_run(i) for i in range(2)])
     with Store(store) as s:
-        other = s.create_experiment(Experiment(name="other", kind="probe", spec=RunSpec(
-            endpoint="http://x", model="m", prompt="", max_tokens=4), server_info={},
-            created_wall_ns=T0))
+        other = s.create_experiment(
+            Experiment(
+                name="other",
+                kind="probe",
+                spec=RunSpec(endpoint="http://x", model="m", prompt="", max_tokens=4),
+                server_info={},
+                created_wall_ns=T0,
+            )
+        )
         s.add_analysis("trace", "/old/trace.json.gz", {"idle_gaps_total_ns": 1}, exp_id)
         kept = s.add_analysis("nsys", "/r/report.sqlite", {"idle_gaps_total_ns": 7}, exp_id)
         s.add_analysis("trace", "/other.json", {"idle_gaps_total_ns": 9}, other)
@@ -223,8 +284,18 @@ def test_nccl_adapter_on_a_real_log_when_the_parser_is_there(tmp_path):
     assert doc["sources"]["nccl"].startswith("not used:") and "host:" in doc["sources"]["nccl"]
     assert any("does not match the experiment, not used" in n for n in doc["notes"])
     # ... unless forced, with a warning: then the adapter's reading is what is judged.
-    code, out, _ = _cli("--store", store, "--nccl", str(log), "--rule", "collectives",
-                        "--rule", "scaling_regression", "--json", "--force")
+    code, out, _ = _cli(
+        "--store",
+        store,
+        "--nccl",
+        str(log),
+        "--rule",
+        "collectives",
+        "--rule",
+        "scaling_regression",
+        "--json",
+        "--force",
+    )
     by = {x["rule"]: x for x in json.loads(out)["verdicts"]}
     v = by["collectives"]
     assert any(n.startswith("--force: using NCCL log") for n in json.loads(out)["notes"])
@@ -238,20 +309,35 @@ def test_trace_adapter_on_a_kineto_trace_when_the_reader_is_there(tmp_path):
     """Thin adapter over the trace reader (skipped while that module is absent)."""
     pytest.importorskip("phaseprobe.sources.torch_trace")
     base = 1_700_000_000_000_000  # µs
-    events = [{"ph": "M", "name": "process_name", "pid": 0, "tid": 0,
-               "args": {"name": "GPU 0"}},
-              {"ph": "X", "cat": "kernel", "pid": 0, "tid": 7, "ts": base, "dur": 100,
-               "name": "sm90_xmma_gemm_bf16", "args": {"device": 0, "stream": 7}},
-              {"ph": "X", "cat": "kernel", "pid": 0, "tid": 7, "ts": base + 700, "dur": 100,
-               "name": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL",
-               "args": {"device": 0, "stream": 7}}]
+    events = [
+        {"ph": "M", "name": "process_name", "pid": 0, "tid": 0, "args": {"name": "GPU 0"}},
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "pid": 0,
+            "tid": 7,
+            "ts": base,
+            "dur": 100,
+            "name": "sm90_xmma_gemm_bf16",
+            "args": {"device": 0, "stream": 7},
+        },
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "pid": 0,
+            "tid": 7,
+            "ts": base + 700,
+            "dur": 100,
+            "name": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL",
+            "args": {"device": 0, "stream": 7},
+        },
+    ]
     trace = tmp_path / "x.pt.trace.json"
     trace.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
     doc = trace_evidence(str(trace), nsys=False)
     assert doc["idle_gaps_count"] == 1 and doc["idle_gaps_total_ns"] == 600_000
     store, _ = _store(tmp_path, [make_run(0)])
-    code, out, _ = _cli("--store", store, "--trace", str(trace), "--rule", "idle_gaps",
-                        "--json")
+    code, out, _ = _cli("--store", store, "--trace", str(trace), "--rule", "idle_gaps", "--json")
     v = json.loads(out)["verdicts"][0]
     assert code == 1 and v["status"] == "fail"
     assert v["numbers"]["idle_share"] == pytest.approx(0.75)
@@ -268,10 +354,12 @@ def test_vllm_log_facts_cpu_and_v0_wording():
     assert cpu.kv_usage_max == pytest.approx(0.004) and cpu.stats_lines == 1
     assert cpu.vllm_version == "0.32.0" and cpu.preemption_lines == 0
     assert [line.split(":")[0] for line in cpu.lines] == ["L3", "L4"]
-    v0 = parse_log("INFO 06-01 llm_engine.py: # GPU blocks: 27,000, # CPU blocks: 2048\n"
-                   "INFO config: preemption_mode=None tensor_parallel_size=4\n"
-                   "WARNING scheduler.py: Sequence group 12 is preempted by "
-                   "PreemptionMode.RECOMPUTE mode because there is not enough KV cache space\n")
+    v0 = parse_log(
+        "INFO 06-01 llm_engine.py: # GPU blocks: 27,000, # CPU blocks: 2048\n"
+        "INFO config: preemption_mode=None tensor_parallel_size=4\n"
+        "WARNING scheduler.py: Sequence group 12 is preempted by "
+        "PreemptionMode.RECOMPUTE mode because there is not enough KV cache space\n"
+    )
     assert v0.num_gpu_blocks == 27_000 and v0.preallocated and v0.tensor_parallel_size == 4
     assert v0.preemption_lines == 1
     assert not parse_log("").preallocated

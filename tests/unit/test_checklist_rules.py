@@ -17,39 +17,72 @@ GiB = 1024.0**3
 T0 = 1_700_000_000_000_000_000  # wall-clock ns of the first run
 
 
-def make_run(seq: int = 0, *, ttft: float = 0.030, itl: float | list[float] = 0.010,
-             n_out: int = 33, prefill: float | None = 0.020, decode: float | None = 0.320,
-             queue: float = 0.001, server_ttft: float | None = None, isolated: bool = True,
-             verified: bool = True, status: str = "ok", prompt: str | None = None,
-             prompt_tokens: int = 64, counters: dict[str, float] | None = None,
-             server: bool = True, error: str | None = None) -> Run:
+def make_run(
+    seq: int = 0,
+    *,
+    ttft: float = 0.030,
+    itl: float | list[float] = 0.010,
+    n_out: int = 33,
+    prefill: float | None = 0.020,
+    decode: float | None = 0.320,
+    queue: float = 0.001,
+    server_ttft: float | None = None,
+    isolated: bool = True,
+    verified: bool = True,
+    status: str = "ok",
+    prompt: str | None = None,
+    prompt_tokens: int = 64,
+    counters: dict[str, float] | None = None,
+    server: bool = True,
+    error: str | None = None,
+) -> Run:
     gaps = itl if isinstance(itl, list) else [itl] * (n_out - 1)
     offsets = [int(ttft * 1e9)]
     for g in gaps:
         offsets.append(offsets[-1] + int(g * 1e9))
     end = offsets[-1] + 1_000_000
-    client = ClientTimeline(sent_wall_ns=T0 + seq * 2_000_000_000,
-                            event_offsets_ns=tuple(offsets), end_offset_ns=end, http_status=200,
-                            prompt_tokens=prompt_tokens, completion_tokens=n_out,
-                            finish_reason="length", complete=True)
+    client = ClientTimeline(
+        sent_wall_ns=T0 + seq * 2_000_000_000,
+        event_offsets_ns=tuple(offsets),
+        end_offset_ns=end,
+        http_status=200,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=n_out,
+        finish_reason="length",
+        complete=True,
+    )
     phases = None
     if server:
         inference = None if prefill is None or decode is None else prefill + decode
         phases = ServerPhases(
-            queue_s=queue, prefill_s=prefill, decode_s=decode, inference_s=inference,
+            queue_s=queue,
+            prefill_s=prefill,
+            decode_s=decode,
+            inference_s=inference,
             ttft_s=server_ttft if server_ttft is not None else (prefill or 0) + queue + 0.002,
             e2e_s=(inference or 0) + queue + 0.003,
             count_deltas={"prefill_time": 1, "decode_time": 1},
-            counter_deltas=counters if counters is not None else
-            {"prompt_tokens": prompt_tokens, "generation_tokens": n_out,
-             "prefix_cache_hits": 0, "prefix_cache_queries": prompt_tokens,
-             "num_preemptions": 0})
+            counter_deltas=counters
+            if counters is not None
+            else {
+                "prompt_tokens": prompt_tokens,
+                "generation_tokens": n_out,
+                "prefix_cache_hits": 0,
+                "prefix_cache_queries": prompt_tokens,
+                "num_preemptions": 0,
+            },
+        )
     reasons = () if isolated else ("1 request(s) running before the run",)
-    return Run(seq=seq, status=status if isolated else "isolation_failed",  # type: ignore[arg-type]
-               prompt=prompt if prompt is not None else f"{chr(97 + seq)}unique prompt {seq}",
-               client=client, server=phases,
-               isolation=Isolation(verified=verified, isolated=isolated, reasons=reasons),
-               error=error, experiment_id=1)
+    return Run(
+        seq=seq,
+        status=status if isolated else "isolation_failed",  # type: ignore[arg-type]
+        prompt=prompt if prompt is not None else f"{chr(97 + seq)}unique prompt {seq}",
+        client=client,
+        server=phases,
+        isolation=Isolation(verified=verified, isolated=isolated, reasons=reasons),
+        error=error,
+        experiment_id=1,
+    )
 
 
 def ev(runs: list[Run] | None = None, **kw) -> Evidence:
@@ -67,12 +100,14 @@ def check(rule, evidence: Evidence) -> Verdict:
 
 # -- registry ----------------------------------------------------------------------------------
 
+
 def test_registry_ids_unique_and_every_rule_runs_on_empty_evidence():
     assert len(set(rule_ids())) == len(RULES) >= 15
     report = run_checklist(Evidence())
     assert [v.rule for v in report.verdicts] == rule_ids()
     assert all(v.status == "skipped" for v in report.verdicts), [
-        (v.rule, v.summary) for v in report.verdicts if v.status != "skipped"]
+        (v.rule, v.summary) for v in report.verdicts if v.status != "skipped"
+    ]
     assert all("needs" in v.summary for v in report.verdicts)
     assert report.exit_code == 0
 
@@ -94,10 +129,12 @@ def test_report_fails_and_serialises():
     doc = report.to_dict()
     assert doc["counts"]["fail"] >= 1
     import json
+
     json.dumps(doc)  # NaN/inf are turned into null, everything is plain
 
 
 # -- seed rules -------------------------------------------------------------------------------
+
 
 def test_decode_vs_prefill():
     v = check(latency.decode_vs_prefill, ev())
@@ -111,19 +148,32 @@ def test_decode_vs_prefill():
     assert check(latency.decode_vs_prefill, client_only).status == "skipped"
     # with several GPUs the next command is the NCCL analysis of this experiment
     tp = dataclasses.replace(ev(), tensor_parallel_size=2, store_path="s.db")
-    assert check(latency.decode_vs_prefill, tp).next_command == \
-        "phaseprobe nccl rank*.log --experiment 1 --store s.db"
+    assert (
+        check(latency.decode_vs_prefill, tp).next_command
+        == "phaseprobe nccl rank*.log --experiment 1 --store s.db"
+    )
 
 
-def _gpu_frame(utils: dict[int, float], mem: dict[int, list[float]] | None = None,
-               t0: int = T0 - 10_000_000_000, n: int = 200) -> pd.DataFrame:
+def _gpu_frame(
+    utils: dict[int, float],
+    mem: dict[int, list[float]] | None = None,
+    t0: int = T0 - 10_000_000_000,
+    n: int = 200,
+) -> pd.DataFrame:
     rows = []
     for i in range(n):
         t = t0 + i * 100_000_000  # 10 Hz over 20 s, covering the runs
         for gpu, u in utils.items():
             used = (mem or {}).get(gpu, [20 * GiB] * n)[i]
-            rows.append({"t_ns": t, "gpu_index": gpu, "mem_used_bytes": used,
-                         "mem_total_bytes": 80 * GiB, "util_gpu_pct": u})
+            rows.append(
+                {
+                    "t_ns": t,
+                    "gpu_index": gpu,
+                    "mem_used_bytes": used,
+                    "mem_total_bytes": 80 * GiB,
+                    "util_gpu_pct": u,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -149,8 +199,9 @@ def test_memory_flat():
     assert v.status == "pass" and "pre-reservation" in v.summary
     assert v.next_command.endswith("--server-log VLLM.log")  # confirm in the log
     log = "INFO [gpu_worker.py:298] Available KV cache memory: 54.93 GiB\n"
-    confirmed = check(memory.memory_flat, ev(gpu_samples=_gpu_frame({0: 50}, {0: flat}),
-                                             server_log=log))
+    confirmed = check(
+        memory.memory_flat, ev(gpu_samples=_gpu_frame({0: 50}, {0: flat}), server_log=log)
+    )
     assert "54.93 GiB" in confirmed.summary and confirmed.numbers["log_lines"]
     growing = flat[:100] + [70 * GiB + i * 0.1 * GiB for i in range(100)]
     g = check(memory.memory_flat, ev(gpu_samples=_gpu_frame({0: 50}, {0: growing})))
@@ -159,12 +210,30 @@ def test_memory_flat():
 
 
 def _trace(idle_ns: int, span_ns: int = 1_000_000_000, prev_cls: str = "gemm") -> dict:
-    return {"devices": [{"device": "cuda:0", "busy_ns": span_ns - idle_ns, "span_ns": span_ns,
-                         "idle_ns": idle_ns}, {"device": "cpu", "span_ns": 5 * span_ns}],
-            "idle_gaps_count": 3, "idle_gaps_total_ns": idle_ns, "idle_gap_min_ns": 100_000,
-            "idle_gaps": [{"device": "cuda:0", "gap_ns": idle_ns // 2, "prev_name": "k1",
-                           "prev_cls": prev_cls, "next_name": "ncclKernel_AllReduce",
-                           "next_cls": "communication"}]}
+    return {
+        "devices": [
+            {
+                "device": "cuda:0",
+                "busy_ns": span_ns - idle_ns,
+                "span_ns": span_ns,
+                "idle_ns": idle_ns,
+            },
+            {"device": "cpu", "span_ns": 5 * span_ns},
+        ],
+        "idle_gaps_count": 3,
+        "idle_gaps_total_ns": idle_ns,
+        "idle_gap_min_ns": 100_000,
+        "idle_gaps": [
+            {
+                "device": "cuda:0",
+                "gap_ns": idle_ns // 2,
+                "prev_name": "k1",
+                "prev_cls": prev_cls,
+                "next_name": "ncclKernel_AllReduce",
+                "next_cls": "communication",
+            }
+        ],
+    }
 
 
 def test_idle_gaps():
@@ -179,13 +248,15 @@ def test_idle_gaps():
 
 def test_scaling_regression():
     base = ev([make_run(i, itl=0.010) for i in range(3)], tensor_parallel_size=1)
-    worse = ev([make_run(i, itl=0.014) for i in range(3)], tensor_parallel_size=2,
-               baseline=base)
+    worse = ev([make_run(i, itl=0.014) for i in range(3)], tensor_parallel_size=2, baseline=base)
     v = check(latency.scaling_regression, worse)
     assert v.status == "fail" and "1 -> 2 GPUs" in v.summary
     assert v.numbers["client_tpot_s"]["change"] > 0.3
-    better = ev([make_run(i, itl=0.006, ttft=0.020) for i in range(3)], tensor_parallel_size=2,
-                baseline=base)
+    better = ev(
+        [make_run(i, itl=0.006, ttft=0.020) for i in range(3)],
+        tensor_parallel_size=2,
+        baseline=base,
+    )
     assert check(latency.scaling_regression, better).status == "pass"
     same = ev([make_run(i) for i in range(3)], tensor_parallel_size=2, baseline=base)
     assert check(latency.scaling_regression, same).status == "warn"  # bought nothing
@@ -197,6 +268,7 @@ def test_scaling_regression():
 
 
 # -- issue 8's additional rules --------------------------------------------------------------
+
 
 def test_isolation_and_run_errors():
     assert check(latency.isolation, ev()).status == "pass"
@@ -218,14 +290,15 @@ def test_ttft_gap():
     far = ev([make_run(i, ttft=0.150) for i in range(3)])
     v = check(latency.ttft_gap, far)
     assert v.status == "warn" and "127 ms outside" in v.summary
-    assert check(latency.ttft_gap, ev([make_run(i, ttft=0.5) for i in range(3)])).status == \
-        "fail"
+    assert check(latency.ttft_gap, ev([make_run(i, ttft=0.5) for i in range(3)])).status == "fail"
     # all 32 tokens arrive within 1 ms although the server decoded for 320 ms: buffered
     burst = ev([make_run(i, itl=0.00003) for i in range(3)])
     b = check(latency.ttft_gap, burst)
     assert b.status == "fail" and "burst" in b.summary
-    assert check(latency.ttft_gap, ev([make_run(i, server=False) for i in range(2)])).status \
+    assert (
+        check(latency.ttft_gap, ev([make_run(i, server=False) for i in range(2)])).status
         == "skipped"
+    )
     assert ok.numbers["client_stall_max_s"] is None  # runs not watched
 
 
@@ -258,8 +331,7 @@ def test_phase_consistency():
     m = check(latency.phase_consistency, missing)
     assert m.status == "fail" and "missing histograms: decode" in m.summary
     # isolation failures are not judged (their sums mix requests)
-    assert check(latency.phase_consistency, ev([make_run(0, isolated=False)])).status == \
-        "skipped"
+    assert check(latency.phase_consistency, ev([make_run(0, isolated=False)])).status == "skipped"
 
 
 def test_itl_jitter():
@@ -314,29 +386,47 @@ def test_prefix_cache():
     assert s.status == "warn" and "less than one KV block (16 tokens)" in s.summary
     off = {"cache_config": {"block_size": "16", "enable_prefix_caching": "False"}}
     assert "disabled" in check(memory.prefix_cache, ev(shared, server_info=off)).summary
-    hit = [make_run(i, prompt=system + f"q{i}", counters={"prefix_cache_hits": 144.0,
-                                                          "prefix_cache_queries": 150.0})
-           for i in range(3)]
+    hit = [
+        make_run(
+            i,
+            prompt=system + f"q{i}",
+            counters={"prefix_cache_hits": 144.0, "prefix_cache_queries": 150.0},
+        )
+        for i in range(3)
+    ]
     assert check(memory.prefix_cache, ev(hit, server_info=info)).status == "pass"
     assert check(memory.prefix_cache, ev([make_run(0)])).status == "skipped"
 
 
 def test_decode_efficiency():
-    eff = {"decode_efficiency": 0.12, "decode_bound_s_per_token": 0.0012,
-           "decode_measured_s_per_token": 0.010, "peaks": "h100-sxm datasheet"}
+    eff = {
+        "decode_efficiency": 0.12,
+        "decode_bound_s_per_token": 0.0012,
+        "decode_measured_s_per_token": 0.010,
+        "peaks": "h100-sxm datasheet",
+    }
     v = check(latency.decode_efficiency, ev(efficiency=eff))
     assert v.status == "fail" and "12.0 %" in v.summary and "10.0 ms" in v.summary
-    assert check(latency.decode_efficiency, ev(efficiency={**eff, "decode_efficiency": 0.4})
-                 ).status == "warn"
-    assert check(latency.decode_efficiency, ev(efficiency={**eff, "decode_efficiency": 0.8})
-                 ).status == "pass"
+    assert (
+        check(latency.decode_efficiency, ev(efficiency={**eff, "decode_efficiency": 0.4})).status
+        == "warn"
+    )
+    assert (
+        check(latency.decode_efficiency, ev(efficiency={**eff, "decode_efficiency": 0.8})).status
+        == "pass"
+    )
     assert check(latency.decode_efficiency, ev()).status == "skipped"
     s = check(latency.decode_efficiency, ev(efficiency={"skipped": "no stored calibration"}))
     assert s.status == "skipped" and "no stored calibration" in s.summary
     # A beaten bound (issue 16): no efficiency, a warning that the peaks are wrong, with both
     # times quoted — never "skipped: server decode times…".
-    beaten = {**eff, "decode_efficiency": None, "decode_bound_beaten": True,
-              "decode_bound_ratio": 8.58, "decode_bound_s_per_token": 0.0858}
+    beaten = {
+        **eff,
+        "decode_efficiency": None,
+        "decode_bound_beaten": True,
+        "decode_bound_ratio": 8.58,
+        "decode_bound_s_per_token": 0.0858,
+    }
     b = check(latency.decode_efficiency, ev(efficiency=beaten))
     assert b.status == "warn" and "underestimated" in b.summary
     assert "85.8 ms" in b.summary and "10.0 ms" in b.summary
@@ -346,10 +436,14 @@ def test_decode_efficiency():
 
 
 def _nccl(calls: float | None, flags: list[dict] | None = None) -> dict:
-    return {"transports": {"connections": 8, "by_class": {"p2p": 8}},
-            "per_step": None if calls is None else {"steps": 310, "calls_per_step": calls,
-                                                    "bytes_per_step": 1e6},
-            "red_flags": flags or [], "comm_groups": [{"nranks": 2}]}
+    return {
+        "transports": {"connections": 8, "by_class": {"p2p": 8}},
+        "per_step": None
+        if calls is None
+        else {"steps": 310, "calls_per_step": calls, "bytes_per_step": 1e6},
+        "red_flags": flags or [],
+        "comm_groups": [{"nranks": 2}],
+    }
 
 
 def test_collectives():
@@ -370,14 +464,17 @@ def test_collectives():
 
 
 def test_kv_preallocated_log():
-    log = "\n".join([
-        "INFO 11-22 [gpu_worker.py] Memory profiling takes 3.1 seconds",
-        "the current vLLM instance can use total_gpu_memory (79.19GiB) x "
-        "gpu_memory_utilization (0.90) = 71.27GiB",
-        "model weights take 14.99GiB; non_torch_memory takes 0.12GiB; the rest of the memory "
-        "reserved for KV Cache is 54.93GiB.",
-        "INFO [kv_cache_utils.py] GPU KV cache size: 449,984 tokens",
-        "INFO Maximum concurrency for 8,192 tokens per request: 54.93x"])
+    log = "\n".join(
+        [
+            "INFO 11-22 [gpu_worker.py] Memory profiling takes 3.1 seconds",
+            "the current vLLM instance can use total_gpu_memory (79.19GiB) x "
+            "gpu_memory_utilization (0.90) = 71.27GiB",
+            "model weights take 14.99GiB; non_torch_memory takes 0.12GiB; the rest of the memory "
+            "reserved for KV Cache is 54.93GiB.",
+            "INFO [kv_cache_utils.py] GPU KV cache size: 449,984 tokens",
+            "INFO Maximum concurrency for 8,192 tokens per request: 54.93x",
+        ]
+    )
     v = check(memory.kv_preallocated_log, ev(server_log=log))
     assert v.status == "pass" and "54.93 GiB" in v.summary and "449,984 tokens" in v.summary
     assert v.numbers["gpu_memory_utilization"] == 0.90
@@ -391,16 +488,21 @@ def test_kv_preallocated_log():
 def test_scaling_regression_uses_the_ab_engine_with_enough_runs():
     pytest.importorskip("phaseprobe.analysis.ab.stats")
     jitter = [0.0, 0.0002, -0.0002, 0.0001, -0.0001, 0.0003]
-    base = ev([make_run(i, itl=0.010 + j) for i, j in enumerate(jitter)],
-              tensor_parallel_size=2)
-    worse = ev([make_run(i, itl=0.015 + j) for i, j in enumerate(jitter)],
-               tensor_parallel_size=4, baseline=base)
+    base = ev([make_run(i, itl=0.010 + j) for i, j in enumerate(jitter)], tensor_parallel_size=2)
+    worse = ev(
+        [make_run(i, itl=0.015 + j) for i, j in enumerate(jitter)],
+        tensor_parallel_size=4,
+        baseline=base,
+    )
     v = check(latency.scaling_regression, worse)
     assert v.status == "fail"
     tpot = v.numbers["client_tpot_s"]
     assert tpot["ab_verdict"] == "regression" and tpot["p_value"] < 0.05
-    same = ev([make_run(i, itl=0.010 + j) for i, j in enumerate(reversed(jitter))],
-              tensor_parallel_size=4, baseline=base)
+    same = ev(
+        [make_run(i, itl=0.010 + j) for i, j in enumerate(reversed(jitter))],
+        tensor_parallel_size=4,
+        baseline=base,
+    )
     s = check(latency.scaling_regression, same)
     assert s.status == "warn"
     assert s.numbers["client_tpot_s"]["ab_verdict"] == "no significant change"

@@ -22,9 +22,24 @@ def _json(capsys):
 
 def test_probe_json_against_an_endpoint_without_vllm_metrics(store_path, capsys):
     with SseServer(Script(n_tokens=8, gap_s=0.001)) as srv:
-        code = main(["probe", "--endpoint", srv.base_url, "--runs", "3", "--warmup", "1",
-                     "--max-tokens", "8", "--prompt-tokens", "16", "--store", str(store_path),
-                     "--json"])
+        code = main(
+            [
+                "probe",
+                "--endpoint",
+                srv.base_url,
+                "--runs",
+                "3",
+                "--warmup",
+                "1",
+                "--max-tokens",
+                "8",
+                "--prompt-tokens",
+                "16",
+                "--store",
+                str(store_path),
+                "--json",
+            ]
+        )
         assert len(srv.requests) >= 4  # /v1/models etc. plus 1 warm-up + 3 runs
     assert code == 0
     doc = _json(capsys)
@@ -45,12 +60,28 @@ def test_probe_json_against_an_endpoint_without_vllm_metrics(store_path, capsys)
 
 def test_http_error_run_is_kept_and_the_experiment_goes_on(store_path, capsys):
     with SseServer(Script(n_tokens=4)) as srv:
-        srv.enqueue(Script(n_tokens=4),  # warm-up
-                    Script(n_tokens=4),
-                    Script(status=500, error_body="engine died"),
-                    Script(n_tokens=10, gap_s=0.001, cut_after=3))
-        code = main(["probe", "--endpoint", srv.base_url, "--runs", "4", "--max-tokens", "4",
-                     "--prompt", "hi", "--store", str(store_path), "--json"])
+        srv.enqueue(
+            Script(n_tokens=4),  # warm-up
+            Script(n_tokens=4),
+            Script(status=500, error_body="engine died"),
+            Script(n_tokens=10, gap_s=0.001, cut_after=3),
+        )
+        code = main(
+            [
+                "probe",
+                "--endpoint",
+                srv.base_url,
+                "--runs",
+                "4",
+                "--max-tokens",
+                "4",
+                "--prompt",
+                "hi",
+                "--store",
+                str(store_path),
+                "--json",
+            ]
+        )
     assert code == 0
     runs = _json(capsys)["runs"]
     assert [r["status"] for r in runs] == ["ok", "error", "error", "ok"]
@@ -64,8 +95,7 @@ def test_unreachable_endpoint_is_one_red_line_and_exit_2(store_path, capsys):
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()
-    code = main(["probe", "--endpoint", f"http://127.0.0.1:{port}", "--store",
-                 str(store_path)])
+    code = main(["probe", "--endpoint", f"http://127.0.0.1:{port}", "--store", str(store_path)])
     err = capsys.readouterr().err
     assert code == 2
     assert "endpoint unreachable" in err and f"127.0.0.1:{port}" in err
@@ -74,11 +104,26 @@ def test_unreachable_endpoint_is_one_red_line_and_exit_2(store_path, capsys):
 
 
 def test_api_key_comes_from_the_environment_and_is_never_printed_or_stored(
-        store_path, capsys, monkeypatch):
+    store_path, capsys, monkeypatch
+):
     monkeypatch.setenv("MY_KEY", "sk-top-secret-42")
     with SseServer(Script(n_tokens=3), api_key="sk-top-secret-42") as srv:
-        code = main(["probe", "--endpoint", srv.base_url, "--runs", "2", "--max-tokens", "3",
-                     "--api-key-env", "MY_KEY", "--store", str(store_path), "--json"])
+        code = main(
+            [
+                "probe",
+                "--endpoint",
+                srv.base_url,
+                "--runs",
+                "2",
+                "--max-tokens",
+                "3",
+                "--api-key-env",
+                "MY_KEY",
+                "--store",
+                str(store_path),
+                "--json",
+            ]
+        )
         auth = [r.headers.get("authorization") for r in srv.requests if r.method == "POST"]
     captured = capsys.readouterr()
     assert code == 0
@@ -91,15 +136,36 @@ def test_api_key_comes_from_the_environment_and_is_never_printed_or_stored(
 
 def test_missing_key_variable_is_a_clear_error(store_path, capsys, monkeypatch):
     monkeypatch.delenv("NOPE_KEY", raising=False)
-    code = main(["probe", "--endpoint", "http://127.0.0.1:9", "--api-key-env", "NOPE_KEY",
-                 "--store", str(store_path)])
+    code = main(
+        [
+            "probe",
+            "--endpoint",
+            "http://127.0.0.1:9",
+            "--api-key-env",
+            "NOPE_KEY",
+            "--store",
+            str(store_path),
+        ]
+    )
     assert code == 2 and "NOPE_KEY" in capsys.readouterr().err
 
 
 def test_runs_lists_experiments_and_shows_one(store_path, capsys):
     with SseServer(Script(n_tokens=3)) as srv:
-        main(["probe", "--endpoint", srv.base_url, "--runs", "2", "--max-tokens", "3",
-              "--store", str(store_path), "--json"])
+        main(
+            [
+                "probe",
+                "--endpoint",
+                srv.base_url,
+                "--runs",
+                "2",
+                "--max-tokens",
+                "3",
+                "--store",
+                str(store_path),
+                "--json",
+            ]
+        )
     exp_id = _json(capsys)["experiment_id"]
     assert main(["runs", "--store", str(store_path), "--json"]) == 0
     listing = _json(capsys)
@@ -134,10 +200,8 @@ def test_probe_samples_gpus_through_the_injected_backend_and_stores_them(tmp_pat
     sampler, why_not = open_sampler(0.01, backend=FakeNvmlBackend(demo_devices(2)))
     assert sampler is not None and why_not is None
     with SseServer(Script(n_tokens=20, gap_s=0.005)) as srv, Store(tmp_path / "s.sqlite") as st:
-        spec = RunSpec(endpoint=srv.base_url, model="sse-test-model", prompt="hi",
-                       max_tokens=20)
-        result = run_probe(spec, st, settings=ProbeSettings(runs=3, warmup=0),
-                           gpu_sampler=sampler)
+        spec = RunSpec(endpoint=srv.base_url, model="sse-test-model", prompt="hi", max_tokens=20)
+        result = run_probe(spec, st, settings=ProbeSettings(runs=3, warmup=0), gpu_sampler=sampler)
         samples = st.gpu_samples(result.experiment_id)
     assert result.server_info["gpus"] and len(result.server_info["gpus"]) == 2
     assert set(samples["gpu_index"]) == {0, 1}
@@ -154,8 +218,21 @@ def test_probe_without_nvml_says_so_and_goes_on(store_path, capsys):
     if sampler is not None:
         pytest.skip("this machine has a real NVIDIA driver")
     with SseServer(Script(n_tokens=3)) as srv:
-        code = main(["probe", "--endpoint", srv.base_url, "--runs", "1", "--max-tokens", "3",
-                     "--gpu", "--store", str(store_path), "--json"])
+        code = main(
+            [
+                "probe",
+                "--endpoint",
+                srv.base_url,
+                "--runs",
+                "1",
+                "--max-tokens",
+                "3",
+                "--gpu",
+                "--store",
+                str(store_path),
+                "--json",
+            ]
+        )
     captured = capsys.readouterr()
     assert code == 0
     assert "no GPU data" in captured.err and "NVML" in captured.err
@@ -164,9 +241,23 @@ def test_probe_without_nvml_says_so_and_goes_on(store_path, capsys):
 
 def test_probe_with_fake_gpus_reports_the_memory_verdict(store_path, capsys):
     with SseServer(Script(n_tokens=10, gap_s=0.005)) as srv:
-        code = main(["probe", "--endpoint", srv.base_url, "--runs", "3", "--max-tokens", "10",
-                     "--gpu-fake", "--gpu-period", "0.01", "--store", str(store_path),
-                     "--json"])
+        code = main(
+            [
+                "probe",
+                "--endpoint",
+                srv.base_url,
+                "--runs",
+                "3",
+                "--max-tokens",
+                "10",
+                "--gpu-fake",
+                "--gpu-period",
+                "0.01",
+                "--store",
+                str(store_path),
+                "--json",
+            ]
+        )
     doc = json.loads(capsys.readouterr().out)
     assert code == 0
     assert len(doc["server"]["gpus"]) == 2
@@ -179,13 +270,25 @@ def test_probe_with_fake_gpus_reports_the_memory_verdict(store_path, capsys):
 def test_runs_latest_shows_the_roofline_line_the_probe_printed(store_path, capsys):
     # Issue 16: `runs --latest` dropped the roofline line that the probe printed.
     with SseServer(Script(n_tokens=3)) as srv:
-        assert main(["probe", "--endpoint", srv.base_url, "--runs", "2", "--max-tokens", "3",
-                     "--store", str(store_path)]) == 0
-    probed = [line for line in capsys.readouterr().out.splitlines()
-              if line.startswith("roofline")]
+        assert (
+            main(
+                [
+                    "probe",
+                    "--endpoint",
+                    srv.base_url,
+                    "--runs",
+                    "2",
+                    "--max-tokens",
+                    "3",
+                    "--store",
+                    str(store_path),
+                ]
+            )
+            == 0
+        )
+    probed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("roofline")]
     assert main(["runs", "--latest", "--store", str(store_path)]) == 0
-    shown = [line for line in capsys.readouterr().out.splitlines()
-             if line.startswith("roofline")]
+    shown = [line for line in capsys.readouterr().out.splitlines() if line.startswith("roofline")]
     assert probed and shown == probed
     assert main(["runs", "--latest", "--store", str(store_path), "--json"]) == 0
     assert _json(capsys)["efficiency"] is not None
@@ -195,8 +298,23 @@ def test_runs_latest_shows_the_roofline_line_the_probe_printed(store_path, capsy
 def test_a_probe_asks_v1_models_once(store_path, capsys, extra):
     # Issue 20: the model check, the preflight and the run each fetched /v1/models.
     with SseServer(Script(n_tokens=3)) as srv:
-        code = main(["probe", "--endpoint", srv.base_url, "--runs", "2", "--warmup", "1",
-                     "--max-tokens", "3", "--store", str(store_path), "--json", *extra])
+        code = main(
+            [
+                "probe",
+                "--endpoint",
+                srv.base_url,
+                "--runs",
+                "2",
+                "--warmup",
+                "1",
+                "--max-tokens",
+                "3",
+                "--store",
+                str(store_path),
+                "--json",
+                *extra,
+            ]
+        )
         paths = [r.path for r in srv.requests]
     assert code == 0, capsys.readouterr().err
     assert paths.count("/v1/models") == 1

@@ -10,8 +10,9 @@ import pytest
 from phaseprobe.present.cli import build_parser
 
 
-def _leaves(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
-            ) -> list[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+def _leaves(
+    parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
+) -> list[tuple[tuple[str, ...], argparse.ArgumentParser]]:
     subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     if not subs:
         return [(path, parser)]
@@ -58,8 +59,12 @@ def test_a_flag_after_the_positionals_means_what_it_means_before(path, parser):
     flag = _flag(parser)
     positionals = _positional_values(parser)
     assert flag is not None and positionals
-    required = [x for a in parser._actions if a.required and a.option_strings
-                for x in (a.option_strings[0], "1")]
+    required = [
+        x
+        for a in parser._actions
+        if a.required and a.option_strings
+        for x in (a.option_strings[0], "1")
+    ]
     top = build_parser()
     path = (*path, *required)
     before = top.parse_args([*path, flag, *positionals])

@@ -18,8 +18,21 @@ REPO = Path(__file__).resolve().parents[2]
 
 # Libraries that cost tenths of a second each (or a gRPC/protobuf runtime) and that no help
 # text needs. requests and rich are not here: cheap, and rich prints the errors.
-HEAVY = ("pandas", "scipy", "numpy", "pyarrow", "torch", "streamlit", "altair", "grpc",
-         "google.protobuf", "opentelemetry.proto", "prometheus_api_client", "pynvml", "chdb")
+HEAVY = (
+    "pandas",
+    "scipy",
+    "numpy",
+    "pyarrow",
+    "torch",
+    "streamlit",
+    "altair",
+    "grpc",
+    "google.protobuf",
+    "opentelemetry.proto",
+    "prometheus_api_client",
+    "pynvml",
+    "chdb",
+)
 
 # Runs main() as the console script does and reports, on stdout, its exit status and which
 # HEAVY modules were loaded, and whether phaseprobe.collect.session (the wiring that starts
@@ -39,14 +52,21 @@ print(json.dumps({"code": code, "heavy": [m for m in heavy if m in sys.modules],
 
 
 def _run(argv: list[str]) -> dict:
-    done = subprocess.run([sys.executable, "-c", _PROBE, json.dumps([argv, list(HEAVY)])],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE, json.dumps([argv, list(HEAVY)])],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     return json.loads(done.stdout.splitlines()[-1])
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["--version"]]
-                         + [[c.name, "--help"] for c in COMMANDS],
-                         ids=lambda argv: " ".join(argv))
+@pytest.mark.parametrize(
+    "argv",
+    [["--help"], ["--version"]] + [[c.name, "--help"] for c in COMMANDS],
+    ids=lambda argv: " ".join(argv),
+)
 def test_help_loads_no_heavy_library(argv):
     got = _run(argv)
     assert got["code"] == 0

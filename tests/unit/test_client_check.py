@@ -34,23 +34,42 @@ MS = 1_000_000  # ns
 ALONE = Isolation(verified=True, isolated=True)
 
 
-def timeline(ttft_ns: int, gaps_ns: list[int], *, n_out: int | None = None,
-             stall_s: float | None = None, tail_ns: int = 0) -> ClientTimeline:
+def timeline(
+    ttft_ns: int,
+    gaps_ns: list[int],
+    *,
+    n_out: int | None = None,
+    stall_s: float | None = None,
+    tail_ns: int = 0,
+) -> ClientTimeline:
     offsets = [ttft_ns]
     for g in gaps_ns:
         offsets.append(offsets[-1] + g)
-    return ClientTimeline(sent_wall_ns=1_700_000_000_000_000_000, event_offsets_ns=tuple(offsets),
-                          end_offset_ns=offsets[-1] + tail_ns, http_status=200,
-                          prompt_tokens=128, completion_tokens=n_out or len(offsets),
-                          finish_reason="length", complete=True, client_stall_s=stall_s)
+    return ClientTimeline(
+        sent_wall_ns=1_700_000_000_000_000_000,
+        event_offsets_ns=tuple(offsets),
+        end_offset_ns=offsets[-1] + tail_ns,
+        http_status=200,
+        prompt_tokens=128,
+        completion_tokens=n_out or len(offsets),
+        finish_reason="length",
+        complete=True,
+        client_stall_s=stall_s,
+    )
 
 
 def server(ttft_s: float = 0.106, decode_s: float = 0.315) -> ServerPhases:
     prefill = ttft_s - 0.004
-    return ServerPhases(queue_s=0.0001, prefill_s=prefill, decode_s=decode_s,
-                        inference_s=prefill + decode_s, ttft_s=ttft_s,
-                        e2e_s=ttft_s + decode_s + 0.001, count_deltas={"decode_time": 1},
-                        counter_deltas={"generation_tokens": 64})
+    return ServerPhases(
+        queue_s=0.0001,
+        prefill_s=prefill,
+        decode_s=decode_s,
+        inference_s=prefill + decode_s,
+        ttft_s=ttft_s,
+        e2e_s=ttft_s + decode_s + 0.001,
+        count_deltas={"decode_time": 1},
+        counter_deltas={"generation_tokens": 64},
+    )
 
 
 def stalled_timeline(stall_s: float | None = None) -> ClientTimeline:
@@ -64,10 +83,21 @@ def paced_timeline(ttft_ms: float = 110.0, seq_jitter: int = 0) -> ClientTimelin
     return timeline(int(ttft_ms * MS), [5 * MS + seq_jitter] * 63, n_out=64)
 
 
-def run(seq: int, client: ClientTimeline, srv: ServerPhases | None = None,
-        check: ClientCheck | None = None) -> Run:
-    return Run(seq=seq, status="ok", prompt=f"p{seq}", client=client,
-               server=srv if srv is not None else server(), isolation=ALONE, client_check=check)
+def run(
+    seq: int,
+    client: ClientTimeline,
+    srv: ServerPhases | None = None,
+    check: ClientCheck | None = None,
+) -> Run:
+    return Run(
+        seq=seq,
+        status="ok",
+        prompt=f"p{seq}",
+        client=client,
+        server=srv if srv is not None else server(),
+        isolation=ALONE,
+        client_check=check,
+    )
 
 
 def test_the_issue_run_is_flagged_with_the_numbers_that_decided_it():
@@ -122,8 +152,12 @@ def test_bunched_gaps_with_a_normal_tpot_are_flagged():
 
 @pytest.fixture
 def runs() -> list[Run]:
-    return [run(0, paced_timeline(110.0)), run(1, stalled_timeline()),
-            run(2, paced_timeline(112.0, 100_000)), run(3, paced_timeline(114.0, 200_000))]
+    return [
+        run(0, paced_timeline(110.0)),
+        run(1, stalled_timeline()),
+        run(2, paced_timeline(112.0, 100_000)),
+        run(3, paced_timeline(114.0, 200_000)),
+    ]
 
 
 def test_left_out_of_the_summary_and_its_notes_say_why(runs):
@@ -154,8 +188,9 @@ def test_stored_verdict_wins_and_old_runs_are_judged_on_read(tmp_path, runs):
     path = tmp_path / "s.sqlite"
     spec = RunSpec(endpoint="http://127.0.0.1:8000", model="m", prompt="p", max_tokens=64)
     with Store(path) as store:
-        eid = store.create_experiment(Experiment(name="p", kind="probe", spec=spec,
-                                                 server_info={}, created_wall_ns=1))
+        eid = store.create_experiment(
+            Experiment(name="p", kind="probe", spec=spec, server_info={}, created_wall_ns=1)
+        )
         verdict = check_client(runs[1].client, runs[1].server, ALONE, hop=False)
         store.add_run(eid, replace(runs[1], client_check=verdict))
         store.add_run(eid, replace(runs[0], seq=5))
@@ -207,8 +242,7 @@ def test_checklist_names_the_client_and_suggests_proxies_only_over_a_hop(runs):
     slow = [run(i, paced_timeline(180.0), server(ttft_s=0.100)) for i in range(3)]
     on_box = latency.ttft_gap(_ev(slow, "http://127.0.0.1:8000"))
     assert on_box.status == "warn" and "proxy_buffering" not in on_box.recommendation
-    assert "proxy_buffering" in latency.ttft_gap(_ev(slow, "http://gpu-box:8000")
-                                                 ).recommendation
+    assert "proxy_buffering" in latency.ttft_gap(_ev(slow, "http://gpu-box:8000")).recommendation
 
 
 def test_summary_itl_is_the_median_of_each_runs_percentiles():
@@ -232,8 +266,9 @@ def test_runs_command_lists_the_left_out_run_with_its_reason(tmp_path, runs, cap
     path = tmp_path / "s.sqlite"
     spec = RunSpec(endpoint="http://127.0.0.1:8000", model="m", prompt="p", max_tokens=64)
     with Store(path) as store:
-        eid = store.create_experiment(Experiment(name="p", kind="probe", spec=spec,
-                                                 server_info={}, created_wall_ns=1))
+        eid = store.create_experiment(
+            Experiment(name="p", kind="probe", spec=spec, server_info={}, created_wall_ns=1)
+        )
         for r in runs:  # stored without a verdict, as an older phaseprobe wrote them
             store.add_run(eid, r)
     assert main(["runs", str(eid), "--store", str(path), "--json"]) == 0
@@ -241,8 +276,7 @@ def test_runs_command_lists_the_left_out_run_with_its_reason(tmp_path, runs, cap
     assert doc["summary"]["n_clean"] == 3 and doc["summary"]["n_client_inconsistent"] == 1
     left = doc["excluded_from_summary"]
     assert left["client_inconsistent"] == 1
-    assert "client TTFT 904 ms vs server TTFT 106 ms" in \
-        left["client_inconsistent_reasons"]["1"]
+    assert "client TTFT 904 ms vs server TTFT 106 ms" in left["client_inconsistent_reasons"]["1"]
     assert main(["runs", str(eid), "--store", str(path)]) == 0
     text = capsys.readouterr().out
     assert "left out: run 2: its client timeline contradicts" in " ".join(text.split())

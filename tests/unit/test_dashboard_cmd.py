@@ -48,8 +48,9 @@ def _call(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> tuple[int, dict, 
 
     monkeypatch.setattr(cmd_dashboard.subprocess, "Popen", FakePopen)
     out, err = io.StringIO(), io.StringIO()
-    code = cmd_dashboard.run(_parse(argv), Console(file=out, width=200),
-                             Console(file=err, width=200))
+    code = cmd_dashboard.run(
+        _parse(argv), Console(file=out, width=200), Console(file=err, width=200)
+    )
     return code, seen, out.getvalue(), err.getvalue()
 
 
@@ -68,8 +69,9 @@ def test_defaults_bind_loopback(monkeypatch, tmp_path):
 
 
 def test_other_address_warns(monkeypatch, tmp_path):
-    code, seen, _, err = _call(monkeypatch, ["--store", str(tmp_path / "s.db"),
-                                             "--address", "0.0.0.0", "--port", "8600"])
+    code, seen, _, err = _call(
+        monkeypatch, ["--store", str(tmp_path / "s.db"), "--address", "0.0.0.0", "--port", "8600"]
+    )
     assert code == 0
     assert "--server.address=0.0.0.0" in seen["cmd"] and "--server.port=8600" in seen["cmd"]
     assert "warning" in err and "0.0.0.0" in err
@@ -91,8 +93,11 @@ def test_bad_port(monkeypatch, tmp_path):
 def test_app_exists_and_only_presentation_imports_streamlit():
     assert cmd_dashboard.APP.is_file()
     root = Path(cmd_dashboard.__file__).resolve().parents[2]  # the package
-    offenders = [p for p in root.rglob("*.py")
-                 if "import streamlit" in p.read_text() and "present" not in p.parts]
+    offenders = [
+        p
+        for p in root.rglob("*.py")
+        if "import streamlit" in p.read_text() and "present" not in p.parts
+    ]
     assert offenders == []
 
 
@@ -103,10 +108,21 @@ def _dashboard_listening(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "phaseprobe", "dashboard", "--port",
-                             str(port), "--store", str(tmp_path / "s.db")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "phaseprobe",
+            "dashboard",
+            "--port",
+            str(port),
+            "--store",
+            str(tmp_path / "s.db"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # Streamlit is up when its port answers

@@ -19,8 +19,14 @@ from tests.dashboard_apptest import count_charts, goto, open_app, page_text
 HEADINGS = ["Replicas", "TPOT and TTFT per replica", "Straggler and imbalance"]
 
 
-def spans(counts: dict[str | None, int], end_s: float, *, slow: str | None = None,
-          seed: int = 3, first: int = 0) -> list[RequestSpan]:
+def spans(
+    counts: dict[str | None, int],
+    end_s: float,
+    *,
+    slow: str | None = None,
+    seed: int = 3,
+    first: int = 0,
+) -> list[RequestSpan]:
     """Requests spread over the 3 minutes before ``end_s``, ``counts`` per replica (None: no
     instance id); ``slow`` decodes 1.8× slower per token."""
     rng = np.random.default_rng(seed)
@@ -32,12 +38,26 @@ def spans(counts: dict[str | None, int], end_s: float, *, slow: str | None = Non
             tpot = 0.010 * (1.8 if replica == slow else 1.0) * float(np.exp(rng.normal(0, 0.1)))
             queue, prefill = 0.001, 0.03 * float(np.exp(rng.normal(0, 0.1)))
             ttft, decode = 0.002 + queue + prefill, tpot * 31
-            out.append(RequestSpan(
-                trace_id=f"{i:032x}", span_id=f"{i:016x}", request_id=f"req-{i}", model="m",
-                service="vllm", instance=replica, start_ns=round(a * 1e9),
-                end_ns=round((a + ttft + decode) * 1e9), queue_s=queue, prefill_s=prefill,
-                decode_s=decode, inference_s=prefill + decode, ttft_s=ttft, e2e_s=ttft + decode,
-                prompt_tokens=100, completion_tokens=32))
+            out.append(
+                RequestSpan(
+                    trace_id=f"{i:032x}",
+                    span_id=f"{i:016x}",
+                    request_id=f"req-{i}",
+                    model="m",
+                    service="vllm",
+                    instance=replica,
+                    start_ns=round(a * 1e9),
+                    end_ns=round((a + ttft + decode) * 1e9),
+                    queue_s=queue,
+                    prefill_s=prefill,
+                    decode_s=decode,
+                    inference_s=prefill + decode,
+                    ttft_s=ttft,
+                    e2e_s=ttft + decode,
+                    prompt_tokens=100,
+                    completion_tokens=32,
+                )
+            )
             i += 1
     return out
 
@@ -50,8 +70,10 @@ def _store(path: Path, items: list[RequestSpan]) -> Path:
 
 @pytest.fixture(scope="module")
 def straggling(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _store(tmp_path_factory.mktemp("fleet") / "store.db",
-                  spans({"r1": 20, "r2": 20, "r3": 20}, time.time(), slow="r2"))
+    return _store(
+        tmp_path_factory.mktemp("fleet") / "store.db",
+        spans({"r1": 20, "r2": 20, "r3": 20}, time.time(), slow="r2"),
+    )
 
 
 def test_a_slow_replica_is_named_with_its_numbers(monkeypatch, straggling):
@@ -81,15 +103,22 @@ def test_uneven_routing_and_spans_without_identity(monkeypatch, tmp_path):
     at = goto(open_app(monkeypatch, _store(tmp_path / "s.db", items)), "Fleet")
     assert not at.exception, at.exception
     warnings = [w.value for w in at.warning]
-    assert any(w.startswith("3 of 37 spans name no replica") and
-               "OTEL_RESOURCE_ATTRIBUTES=service.instance.id=<name>" in w for w in warnings)
-    assert any(w.startswith("imbalanced: r1 served 30 of 34 requests (88 %), r2 4 (12 %)")
-               and "an even split would be 17 each; χ² p = " in w for w in warnings)
+    assert any(
+        w.startswith("3 of 37 spans name no replica")
+        and "OTEL_RESOURCE_ATTRIBUTES=service.instance.id=<name>" in w
+        for w in warnings
+    )
+    assert any(
+        w.startswith("imbalanced: r1 served 30 of 34 requests (88 %), r2 4 (12 %)")
+        and "an even split would be 17 each; χ² p = " in w
+        for w in warnings
+    )
     # r2 has 4 requests: too few to compare (and r1's rest is r2), said rather than "no
     # straggler".
     told = at.info[0].value
-    assert told == ("too few to compare the replicas: r1 30, r2 4 requests; at least 5 a "
-                    "side are needed")
+    assert told == (
+        "too few to compare the replicas: r1 30, r2 4 requests; at least 5 a side are needed"
+    )
     assert list(at.dataframe[0].value["replica"]) == ["r1", "r2", UNKNOWN_REPLICA]
     # A replica expected but silent shows up with no requests.
     at.text_input(key="fleet_replicas").set_value("r1, r2, r3").run()

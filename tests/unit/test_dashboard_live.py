@@ -27,13 +27,26 @@ def spans(n: int, end_s: float, *, seed: int = 3, first: int = 0) -> list[Reques
     for i, a in enumerate(arrival, start=first):
         queue, prefill = float(rng.exponential(0.05)), float(rng.uniform(0.01, 0.2))
         decode, ttft = float(rng.uniform(0.2, 2.0)), 0.002 + queue + prefill
-        out.append(RequestSpan(
-            trace_id=f"{i:032x}", span_id=f"{i:016x}", request_id=f"req-{i}", model="m",
-            service="vllm", instance="a", start_ns=round(a * 1e9),
-            end_ns=round((a + ttft + decode + 0.001) * 1e9), queue_s=queue, prefill_s=prefill,
-            decode_s=decode, inference_s=prefill + decode, ttft_s=ttft,
-            e2e_s=ttft + decode + 0.001, prompt_tokens=int(rng.integers(50, 3000)),
-            completion_tokens=int(rng.integers(2, 200))))
+        out.append(
+            RequestSpan(
+                trace_id=f"{i:032x}",
+                span_id=f"{i:016x}",
+                request_id=f"req-{i}",
+                model="m",
+                service="vllm",
+                instance="a",
+                start_ns=round(a * 1e9),
+                end_ns=round((a + ttft + decode + 0.001) * 1e9),
+                queue_s=queue,
+                prefill_s=prefill,
+                decode_s=decode,
+                inference_s=prefill + decode,
+                ttft_s=ttft,
+                e2e_s=ttft + decode + 0.001,
+                prompt_tokens=int(rng.integers(50, 3000)),
+                completion_tokens=int(rng.integers(2, 200)),
+            )
+        )
     return out
 
 

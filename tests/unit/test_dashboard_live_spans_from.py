@@ -29,8 +29,11 @@ def test_live_page_from_chdb_matches_the_store(monkeypatch: pytest.MonkeyPatch, 
     from_store = _metrics(at)
     monkeypatch.setenv("PHASEPROBE_SPANS_FROM", f"chdb:{tmp_path / 'ch'}")
     at = goto(open_app(monkeypatch, tmp_path / "absent.db"), "Live")
-    assert [h.value for h in at.subheader] == ["Summary", "Slowest requests",
-                                               "Prefill interference"]
+    assert [h.value for h in at.subheader] == [
+        "Summary",
+        "Slowest requests",
+        "Prefill interference",
+    ]
     from_chdb = _metrics(at)
     assert from_chdb["Requests"] == from_store["Requests"] == "200"
     for label in ("Requests/s", "e2e p99", "TTFT p50", "TTFT p90", "TPOT p50", "TPOT p90"):

@@ -22,19 +22,43 @@ GiB = 2**30
 def _run(seq: int, *, server: bool = True, status: str = "ok", slow: float = 1.0) -> Run:
     sent = T0 + seq * 2_000_000_000
     ttft_ns = 40_000_000 + seq * 1_000_000
-    events = tuple(ttft_ns + int(slow * (i * 10_000_000 + (5_000_000 if i == 7 else 0)))
-                   + seq * 1000 for i in range(16))
-    client = ClientTimeline(sent_wall_ns=sent, event_offsets_ns=events,
-                            end_offset_ns=events[-1] + 1_000_000, http_status=200,
-                            prompt_tokens=32, completion_tokens=16, finish_reason="length",
-                            complete=True)
-    phases = ServerPhases(queue_s=0.001, prefill_s=0.030, decode_s=0.150 * slow + seq * 1e-4,
-                          inference_s=0.180,
-                          ttft_s=0.035, e2e_s=0.185, count_deltas={}, counter_deltas={}) \
-        if server else None
+    events = tuple(
+        ttft_ns + int(slow * (i * 10_000_000 + (5_000_000 if i == 7 else 0))) + seq * 1000
+        for i in range(16)
+    )
+    client = ClientTimeline(
+        sent_wall_ns=sent,
+        event_offsets_ns=events,
+        end_offset_ns=events[-1] + 1_000_000,
+        http_status=200,
+        prompt_tokens=32,
+        completion_tokens=16,
+        finish_reason="length",
+        complete=True,
+    )
+    phases = (
+        ServerPhases(
+            queue_s=0.001,
+            prefill_s=0.030,
+            decode_s=0.150 * slow + seq * 1e-4,
+            inference_s=0.180,
+            ttft_s=0.035,
+            e2e_s=0.185,
+            count_deltas={},
+            counter_deltas={},
+        )
+        if server
+        else None
+    )
     iso = Isolation(verified=server, isolated=server)
-    return Run(seq=seq, status=status, prompt=f"p{seq}", client=client, server=phases,  # type: ignore[arg-type]
-               isolation=iso)
+    return Run(
+        seq=seq,
+        status=status,
+        prompt=f"p{seq}",
+        client=client,
+        server=phases,  # type: ignore[arg-type]
+        isolation=iso,
+    )
 
 
 def _gpu_frame() -> pd.DataFrame:
@@ -43,9 +67,17 @@ def _gpu_frame() -> pd.DataFrame:
         t = T0 - 2_000_000_000 + k * 100_000_000
         for gpu in (0, 1):
             mem = min(k, 20) / 20 * 72 * GiB
-            rows.append({"t_ns": t, "gpu_index": gpu, "mem_used_bytes": mem,
-                         "mem_total_bytes": 80 * GiB, "util_gpu_pct": 90.0 if k > 20 else 0.0,
-                         "power_w": 300.0 + k, "sm_clock_mhz": 1980.0})
+            rows.append(
+                {
+                    "t_ns": t,
+                    "gpu_index": gpu,
+                    "mem_used_bytes": mem,
+                    "mem_total_bytes": 80 * GiB,
+                    "util_gpu_pct": 90.0 if k > 20 else 0.0,
+                    "power_w": 300.0 + k,
+                    "sm_clock_mhz": 1980.0,
+                }
+            )
     frame = pd.DataFrame(rows)
     for col in COLUMNS:
         if col not in frame:
@@ -54,10 +86,16 @@ def _gpu_frame() -> pd.DataFrame:
 
 
 def _experiment(store: Store, name: str, **labels: str) -> int:
-    spec = RunSpec(endpoint="http://127.0.0.1:8000", model="tiny", prompt="hi", max_tokens=16,
-                   labels=dict(labels))
-    return store.create_experiment(Experiment(name=name, kind="probe", spec=spec,
-                                              server_info={}, created_wall_ns=T0))
+    spec = RunSpec(
+        endpoint="http://127.0.0.1:8000",
+        model="tiny",
+        prompt="hi",
+        max_tokens=16,
+        labels=dict(labels),
+    )
+    return store.create_experiment(
+        Experiment(name=name, kind="probe", spec=spec, server_info={}, created_wall_ns=T0)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -73,8 +111,18 @@ def filled(tmp_path_factory: pytest.TempPathFactory) -> Path:
         store.finish_experiment(empty)
         mixed = _experiment(store, "client-only", gpu="l4")
         store.add_run(mixed, _run(0, server=False))
-        store.add_run(mixed, Run(seq=1, status="error", prompt="p", client=None, server=None,
-                                 isolation=Isolation(False, False), error="connection refused"))
+        store.add_run(
+            mixed,
+            Run(
+                seq=1,
+                status="error",
+                prompt="p",
+                client=None,
+                server=None,
+                isolation=Isolation(False, False),
+                error="connection refused",
+            ),
+        )
         store.finish_experiment(mixed)
     return path
 
@@ -130,8 +178,12 @@ def test_timeline_page(monkeypatch, filled):
     assert dict(zip(side["phase"], side["server"], strict=True))["prefill"] == "30.0 ms"
     assert dict(zip(side["phase"], side["client"], strict=True))["TTFT"] == "40.0 ms"  # run 0
     at.selectbox(key="timeline_run").set_value(2).run()
-    assert dict(zip(at.dataframe[0].value["phase"], at.dataframe[0].value["client"],
-                    strict=True))["TTFT"] == "42.0 ms"
+    assert (
+        dict(zip(at.dataframe[0].value["phase"], at.dataframe[0].value["client"], strict=True))[
+            "TTFT"
+        ]
+        == "42.0 ms"
+    )
     metric = at.get("metric")[0]
     assert metric.label == "Client − server TTFT"
 
@@ -246,14 +298,16 @@ def test_ab_page(monkeypatch, tmp_path):
     assert "two different experiments" in at.info[0].value
 
 
-def _ab_session_store(path: Path, *, b_slow: float, arms: int = 2,
-                      settings: dict | None = None) -> None:
+def _ab_session_store(
+    path: Path, *, b_slow: float, arms: int = 2, settings: dict | None = None
+) -> None:
     from phaseprobe.collect.playbook import shipped_playbooks
 
     book = shipped_playbooks() / "cpu-compile.toml"
     with Store(path) as store:
-        sid = store.create_ab_session("cpu-compile", str(book), book.read_text(),
-                                      settings or {"runs": 8})
+        sid = store.create_ab_session(
+            "cpu-compile", str(book), book.read_text(), settings or {"runs": 8}
+        )
         ids = {}
         for name, slow in (("eager", 1.0), ("compiled", b_slow))[:arms]:
             ids[name] = _experiment(store, f"cpu-compile/{name}")
@@ -283,11 +337,21 @@ def test_ab_page_shows_a_sequential_session_with_why_it_stopped(monkeypatch, tmp
     from phaseprobe.analysis.ab.sequential import SequentialPlan
 
     plan = SequentialPlan(min_effect=0.05, max_runs=8)
-    stop = {"reason": "decided", "primary": "server_decode_s", "verdict": "improvement",
-            "pairs": 8, "runs": {"eager": 8, "compiled": 8}, "minutes": 0.4, "looks": 2,
-            "more_runs": None}
-    _ab_session_store(tmp_path / "s.db", b_slow=0.7,
-                      settings={"runs": 8, "sequential": plan.to_dict(), "stop": stop})
+    stop = {
+        "reason": "decided",
+        "primary": "server_decode_s",
+        "verdict": "improvement",
+        "pairs": 8,
+        "runs": {"eager": 8, "compiled": 8},
+        "minutes": 0.4,
+        "looks": 2,
+        "more_runs": None,
+    }
+    _ab_session_store(
+        tmp_path / "s.db",
+        b_slow=0.7,
+        settings={"runs": 8, "sequential": plan.to_dict(), "stop": stop},
+    )
     at = goto(open_app(monkeypatch, tmp_path / "s.db"), "A/B")
     assert not at.exception
     text = page_text(at)
@@ -351,10 +415,24 @@ def test_nccl_and_traces_from_kept_analyses(monkeypatch, tmp_path, filled):
     store = tmp_path / "kept.db"
     shutil.copy(filled, store)
     logs = Path(__file__).parents[1] / "data" / "nccl"
-    assert main(["nccl", str(logs / "v2_18_mpirun_ib_2node.log"), "--keep",
-                 "--store", str(store)]) == 0
-    assert main(["nccl", str(logs / "v2_7_srun_socket_shm.log"), "--keep", "--experiment", "3",
-                 "--store", str(store)]) == 0
+    assert (
+        main(["nccl", str(logs / "v2_18_mpirun_ib_2node.log"), "--keep", "--store", str(store)])
+        == 0
+    )
+    assert (
+        main(
+            [
+                "nccl",
+                str(logs / "v2_7_srun_socket_shm.log"),
+                "--keep",
+                "--experiment",
+                "3",
+                "--store",
+                str(store),
+            ]
+        )
+        == 0
+    )
     trace = write(tmp_path / "rank0.1.pt.trace.json.gz", gpu_trace(), gz=True)
     assert main(["trace", str(trace), "--keep", "--experiment", "1", "--store", str(store)]) == 0
 
@@ -392,22 +470,40 @@ def test_interfere_pairs_on_one_clock(monkeypatch, tmp_path):
 
     def outcome(sent_ns: int, offsets_ms: list[float]) -> StreamOutcome:
         ev = tuple(int(t * 1e6) for t in offsets_ms)
-        return StreamOutcome(timeline=ClientTimeline(
-            sent_wall_ns=sent_ns, event_offsets_ns=ev, end_offset_ns=ev[-1] + 1_000_000,
-            http_status=200, prompt_tokens=32, completion_tokens=len(ev),
-            finish_reason="length", complete=True), error=None, text="")
+        return StreamOutcome(
+            timeline=ClientTimeline(
+                sent_wall_ns=sent_ns,
+                event_offsets_ns=ev,
+                end_offset_ns=ev[-1] + 1_000_000,
+                http_status=200,
+                prompt_tokens=32,
+                completion_tokens=len(ev),
+                finish_reason="length",
+                complete=True,
+            ),
+            error=None,
+            text="",
+        )
 
     path = tmp_path / "i.db"
     a_ms = [10.0 + 4 * k for k in range(10)] + [90.0 + 4 * k for k in range(10)]  # a 44 ms gap
     with Store(path) as store:
-        eid = store.create_experiment(Experiment(
-            name="interfere", kind="interfere", spec=RunSpec(
-                endpoint="http://127.0.0.1:8000", model="tiny", prompt="", max_tokens=20),
-            server_info={}, created_wall_ns=T0))
+        eid = store.create_experiment(
+            Experiment(
+                name="interfere",
+                kind="interfere",
+                spec=RunSpec(
+                    endpoint="http://127.0.0.1:8000", model="tiny", prompt="", max_tokens=20
+                ),
+                server_info={},
+                created_wall_ns=T0,
+            )
+        )
         store.add_run(eid, _run(0))  # an A-alone baseline: not part of a pair
         store.add_run(eid, concurrent_run(1, "a", outcome(T0, a_ms), interfere_role(0, "A")))
-        store.add_run(eid, concurrent_run(2, "b", outcome(T0 + 40_000_000, [38.0]),
-                                          interfere_role(0, "B")))
+        store.add_run(
+            eid, concurrent_run(2, "b", outcome(T0 + 40_000_000, [38.0]), interfere_role(0, "B"))
+        )
         store.add_run(eid, concurrent_run(3, "a", outcome(T0, a_ms), interfere_role(1, "A")))
         runs = store.runs(eid)
     found = pairs(runs)
@@ -419,8 +515,9 @@ def test_interfere_pairs_on_one_clock(monkeypatch, tmp_path):
     at = goto(open_app(monkeypatch, path), "Run timeline", 1)
     assert at.selectbox(key="interfere_pair").options == ["0"]
     assert count_charts(at) == 4  # all runs, the pair, A's gaps, one run's ITL
-    assert "A's largest gap after B was sent: 44.0 ms; its median gap before: 4.0 ms" \
-        in page_text(at)
+    assert "A's largest gap after B was sent: 44.0 ms; its median gap before: 4.0 ms" in page_text(
+        at
+    )
 
 
 def test_nccl_tests_table_is_plotted_busbw_against_size(monkeypatch, tmp_path, filled):

@@ -12,24 +12,30 @@ from phaseprobe.sources.vllm.openai_stream import normalize_base_url
 from phaseprobe.testing.sse_server import Script, SseServer
 
 
-@pytest.mark.parametrize("typed, meant", [
-    ("http://host:8000/v1", "http://host:8000"),  # the OpenAI client's base_url
-    ("http://host:8000/v1/", "http://host:8000"),
-    ("http://host:8000/", "http://host:8000"),
-    ("host:8000", "http://host:8000"),  # as vLLM's log prints it
-    ("127.0.0.1:8000/v1", "http://127.0.0.1:8000"),
-    ("HTTPS://gw.example/vllm/v1", "https://gw.example/vllm"),  # behind a path prefix
-    ("  http://host:8000  ", "http://host:8000"),
-])
+@pytest.mark.parametrize(
+    "typed, meant",
+    [
+        ("http://host:8000/v1", "http://host:8000"),  # the OpenAI client's base_url
+        ("http://host:8000/v1/", "http://host:8000"),
+        ("http://host:8000/", "http://host:8000"),
+        ("host:8000", "http://host:8000"),  # as vLLM's log prints it
+        ("127.0.0.1:8000/v1", "http://127.0.0.1:8000"),
+        ("HTTPS://gw.example/vllm/v1", "https://gw.example/vllm"),  # behind a path prefix
+        ("  http://host:8000  ", "http://host:8000"),
+    ],
+)
 def test_endpoints_as_typed_become_base_urls(typed, meant):
     assert normalize_base_url(typed) == meant
 
 
-@pytest.mark.parametrize("typed, says", [
-    ("ftp://host:8000", "must be http:// or https://"),
-    ("http:///v1", "names no host"),
-    ("", "names no host"),
-])
+@pytest.mark.parametrize(
+    "typed, says",
+    [
+        ("ftp://host:8000", "must be http:// or https://"),
+        ("http:///v1", "names no host"),
+        ("", "names no host"),
+    ],
+)
 def test_unusable_endpoints_say_what_to_type(typed, says):
     with pytest.raises(ConfigError, match=says) as info:
         normalize_base_url(typed)
@@ -75,8 +81,19 @@ def test_probe_with_an_unknown_model_stops_before_any_run(tmp_path, capsys):
     from phaseprobe.store import Store
 
     with SseServer(Script(n_tokens=2)) as srv:
-        code = main(["probe", "--endpoint", srv.base_url + "/v1", "--model", "llama-70b",
-                     "--runs", "2", "--store", str(tmp_path / "s.sqlite")])
+        code = main(
+            [
+                "probe",
+                "--endpoint",
+                srv.base_url + "/v1",
+                "--model",
+                "llama-70b",
+                "--runs",
+                "2",
+                "--store",
+                str(tmp_path / "s.sqlite"),
+            ]
+        )
         streamed = [r for r in srv.requests if r.path.endswith("completions")]
     err = " ".join(capsys.readouterr().err.split())
     assert code != 0 and streamed == []

@@ -33,9 +33,25 @@ ESCAPES = "engine died \x1b[2J\x1b]0;pwned\x07 \x1b[31mred"
 
 
 def _probe(srv: SseServer, store: Path, *extra: str, runs: int = 3) -> int:
-    return main(["probe", "--endpoint", srv.base_url, "--runs", str(runs), "--warmup", "0",
-                 "--max-tokens", "4", "--prompt", "hi", "--no-gpu", "--store", str(store),
-                 *extra])
+    return main(
+        [
+            "probe",
+            "--endpoint",
+            srv.base_url,
+            "--runs",
+            str(runs),
+            "--warmup",
+            "0",
+            "--max-tokens",
+            "4",
+            "--prompt",
+            "hi",
+            "--no-gpu",
+            "--store",
+            str(store),
+            *extra,
+        ]
+    )
 
 
 def _stored(store: Path) -> list[Any]:
@@ -175,8 +191,7 @@ def test_escape_codes_in_json_output_stay_escaped(tmp_path, capsys):
 
 def test_a_huge_error_page_is_read_in_part_and_quoted_short(tmp_path, capsys):
     store = tmp_path / "s.sqlite"
-    with SseServer(Script(status=503, error_raw=True, error_body="<p>busy</p>" * 200_000)) \
-            as srv:
+    with SseServer(Script(status=503, error_raw=True, error_body="<p>busy</p>" * 200_000)) as srv:
         code = _probe(srv, store, "--json", runs=1)
     captured = capsys.readouterr()
     _no_traceback(captured)
@@ -187,8 +202,8 @@ def test_a_huge_error_page_is_read_in_part_and_quoted_short(tmp_path, capsys):
 
 # --- a TCP reset mid-stream -------------------------------------------------------------------
 
-@pytest.mark.parametrize("chunked", [
-    True, False], ids=["chunked", "close-delimited"])
+
+@pytest.mark.parametrize("chunked", [True, False], ids=["chunked", "close-delimited"])
 def test_a_connection_reset_is_a_stream_cut_with_the_partial_timeline(tmp_path, capsys, chunked):
     store = tmp_path / "s.sqlite"
     with SseServer(OK) as srv:
@@ -241,8 +256,9 @@ def test_every_run_faulty_exits_1_and_keeps_every_run(tmp_path, capsys):
 def test_histograms_moving_by_2_flag_the_run_not_isolated(tmp_path, capsys):
     store = tmp_path / "s.sqlite"
     with SseServer(PACED, metrics=True) as srv:
-        srv.enqueue(PACED, Script(n_tokens=6, first_delay_s=0.02, gap_s=0.004,
-                                  metrics_count_delta=2), PACED)
+        srv.enqueue(
+            PACED, Script(n_tokens=6, first_delay_s=0.02, gap_s=0.004, metrics_count_delta=2), PACED
+        )
         code = _probe(srv, store, "--json")
     captured = capsys.readouterr()
     _no_traceback(captured)
@@ -259,14 +275,20 @@ def test_histograms_moving_by_2_flag_the_run_not_isolated(tmp_path, capsys):
 
 def _probe_with_count_delta(tmp_path, delta: int) -> tuple[ProbeResult, list[Run], float]:
     with SseServer(PACED, metrics=True) as srv, Store(tmp_path / "s.sqlite") as store:
-        srv.enqueue(PACED, Script(n_tokens=6, first_delay_s=0.02, gap_s=0.004,
-                                  metrics_count_delta=delta), PACED)
-        spec = RunSpec(endpoint=srv.base_url, model="sse-test-model", prompt="hi",
-                       max_tokens=6)
+        srv.enqueue(
+            PACED,
+            Script(n_tokens=6, first_delay_s=0.02, gap_s=0.004, metrics_count_delta=delta),
+            PACED,
+        )
+        spec = RunSpec(endpoint=srv.base_url, model="sse-test-model", prompt="hi", max_tokens=6)
         t0 = time.monotonic()
-        result = run_probe(spec, store, settings=ProbeSettings(runs=3, warmup=0,
-                                                               metrics_timeout_s=0.3),
-                           timeout_s=5, deadline_s=10)
+        result = run_probe(
+            spec,
+            store,
+            settings=ProbeSettings(runs=3, warmup=0, metrics_timeout_s=0.3),
+            timeout_s=5,
+            deadline_s=10,
+        )
         took = time.monotonic() - t0
         stored = store.runs(result.experiment_id)
     return result, stored, took
@@ -296,26 +318,37 @@ def test_histograms_going_backwards_cannot_verify(tmp_path):
     assert "went backwards" in reason and "cannot verify" in reason
     assert "moved by -1" not in reason
     assert [(r.isolated, r.isolation.verified) for r in stored] == [
-        (True, True), (False, False), (True, True)]
+        (True, True),
+        (False, False),
+        (True, True),
+    ]
 
 
-@pytest.mark.parametrize("kwargs", [
-    {"trickle_s": 0}, {"huge_event_bytes": 0}, {"reset_after": -1},
-    {"reset_after": 2, "cut_after": 2},
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"trickle_s": 0},
+        {"huge_event_bytes": 0},
+        {"reset_after": -1},
+        {"reset_after": 2, "cut_after": 2},
+    ],
+)
 def test_fault_scripts_reject_nonsense(kwargs: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match="Script"):
         Script(**kwargs)
 
 
-@pytest.mark.parametrize("usage", [
-    {"prompt_tokens": "x", "completion_tokens": "y"},
-    {"prompt_tokens": float("nan"), "completion_tokens": float("inf")},
-    {"completion_tokens": -5},
-    {"completion_tokens": 10**400},
-], ids=["strings", "nan-inf", "negative", "10e400"])
-def test_a_usage_block_that_is_not_token_counts_keeps_the_run_and_says_so(tmp_path, capsys,
-                                                                          usage):
+@pytest.mark.parametrize(
+    "usage",
+    [
+        {"prompt_tokens": "x", "completion_tokens": "y"},
+        {"prompt_tokens": float("nan"), "completion_tokens": float("inf")},
+        {"completion_tokens": -5},
+        {"completion_tokens": 10**400},
+    ],
+    ids=["strings", "nan-inf", "negative", "10e400"],
+)
+def test_a_usage_block_that_is_not_token_counts_keeps_the_run_and_says_so(tmp_path, capsys, usage):
     """The run is stored (usage missing: no TPOT), the experiment's notes name the count, and
     neither ``probe --json`` nor ``runs --latest --json`` prints NaN/Infinity."""
     store = tmp_path / "s.sqlite"
@@ -362,18 +395,43 @@ def _argv(command: str, bad: SseServer, good: SseServer, tmp_path: Path) -> list
         # Warm-ups (A, B) and the A-alone baseline answer honestly: only the pairs' streams
         # (A with B, and B) carry the bad usage block, which no collector measured.
         bad.enqueue(*[OK] * 3)
-        return ["interfere", "--endpoint", url, "--reps", "1", "--a-tokens", "4",
-                "--at-token", "2", "--b-prompt-tokens", "16"]
-    return {"probe": ["probe", "--endpoint", url, "--runs", "2", "--warmup", "0",
-                      "--max-tokens", "4", "--prompt", "hi", "--no-gpu"],
-            "prefix": ["prefix", "--endpoint", url, "--reps", "1", "--prefix-tokens", "16"],
-            "batch": ["batch", "--endpoint", url, "--concurrency", "1,2", "--max-tokens", "4"],
-            }[command]
+        return [
+            "interfere",
+            "--endpoint",
+            url,
+            "--reps",
+            "1",
+            "--a-tokens",
+            "4",
+            "--at-token",
+            "2",
+            "--b-prompt-tokens",
+            "16",
+        ]
+    return {
+        "probe": [
+            "probe",
+            "--endpoint",
+            url,
+            "--runs",
+            "2",
+            "--warmup",
+            "0",
+            "--max-tokens",
+            "4",
+            "--prompt",
+            "hi",
+            "--no-gpu",
+        ],
+        "prefix": ["prefix", "--endpoint", url, "--reps", "1", "--prefix-tokens", "16"],
+        "batch": ["batch", "--endpoint", url, "--concurrency", "1,2", "--max-tokens", "4"],
+    }[command]
 
 
 @pytest.mark.parametrize("command", ["probe", "prefix", "batch", "interfere", "ab"])
 def test_every_command_that_stores_runs_says_once_that_their_usage_was_not_counts(
-        tmp_path, capsys, command):
+    tmp_path, capsys, command
+):
     """Issue 18: the run note of a usage block that is not token counts reached ``probe``
     only; ``batch`` and ``interfere``'s pairs dropped it, ``ab`` did not say which arm. Every
     command shows it once, counted over the runs, in ``--json`` notes and in its text."""
@@ -418,18 +476,33 @@ def test_batch_without_usage_counts_does_not_report_zero_output_tokens(tmp_path,
     rate are null (not 0 and 0.0 tokens/s), and the progress line says the rate is unknown
     where the token events cannot give it either."""
     with SseServer(BAD_USAGE) as bad:
-        code = main(["batch", "--endpoint", bad.base_url, "--concurrency", "1,2",
-                     "--max-tokens", "4", "--store", str(tmp_path / "s.sqlite"), "--json"])
+        code = main(
+            [
+                "batch",
+                "--endpoint",
+                bad.base_url,
+                "--concurrency",
+                "1,2",
+                "--max-tokens",
+                "4",
+                "--store",
+                str(tmp_path / "s.sqlite"),
+                "--json",
+            ]
+        )
     captured = capsys.readouterr()
     _no_traceback(captured)
     assert code == 0, captured.err
     levels = json.loads(captured.out)["levels"]
     assert len(levels) == 2
-    assert all(lv["output_tokens"] is None and lv["span_tokens_per_s"] is None
-               for lv in levels), levels
+    assert all(lv["output_tokens"] is None and lv["span_tokens_per_s"] is None for lv in levels), (
+        levels
+    )
     assert " 0.0 tokens/s" not in captured.err
-    assert all(("tokens/s unknown" in line) == (lv["tokens_per_s"] is None)
-               for line, lv in zip(captured.err.splitlines()[-2:], levels)), captured.err
+    assert all(
+        ("tokens/s unknown" in line) == (lv["tokens_per_s"] is None)
+        for line, lv in zip(captured.err.splitlines()[-2:], levels)
+    ), captured.err
 
 
 def test_json_output_never_carries_nan_or_infinity():
@@ -454,8 +527,11 @@ def test_the_interplay_probes_and_playbooks_bound_each_request_by_their_deadline
     for command in ("prefix", "batch", "interfere"):
         args = build_parser().parse_args([command, "--deadline", "7"])
         assert args.deadline == 7.0
-    book = parse_playbook('name = "x"\nmodel = "m"\n[run]\nprompt = "hi"\nmax_tokens = 8\n'
-                          'deadline_s = 45\n'
-                          '[[arm]]\nname = "a"\nendpoint = "http://h:1"\n'
-                          '[[arm]]\nname = "b"\nendpoint = "http://h:2"\n', "pb.toml")
+    book = parse_playbook(
+        'name = "x"\nmodel = "m"\n[run]\nprompt = "hi"\nmax_tokens = 8\n'
+        "deadline_s = 45\n"
+        '[[arm]]\nname = "a"\nendpoint = "http://h:1"\n'
+        '[[arm]]\nname = "b"\nendpoint = "http://h:2"\n',
+        "pb.toml",
+    )
     assert book.run.deadline_s == 45.0

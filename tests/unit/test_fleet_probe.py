@@ -29,9 +29,25 @@ MODEL = "sse-test-model"
 
 
 def _probe(endpoint: str, store: Path, *extra: str, runs: int = 4) -> int:
-    return main(["probe", "--endpoint", endpoint, "--runs", str(runs), "--warmup", "0",
-                 "--max-tokens", "6", "--prompt", "hi", "--no-gpu", "--store", str(store),
-                 *extra])
+    return main(
+        [
+            "probe",
+            "--endpoint",
+            endpoint,
+            "--runs",
+            str(runs),
+            "--warmup",
+            "0",
+            "--max-tokens",
+            "6",
+            "--prompt",
+            "hi",
+            "--no-gpu",
+            "--store",
+            str(store),
+            *extra,
+        ]
+    )
 
 
 def _successes(srv: SseServer) -> float:
@@ -43,11 +59,22 @@ def _successes(srv: SseServer) -> float:
 
 # --- each run's replica, through a router ------------------------------------------------------
 
+
 def test_each_run_names_the_replica_whose_counters_moved(tmp_path, capsys):
-    with SseServer(PACED, metrics=True) as a, SseServer(PACED, metrics=True) as b, \
-            RoundRobinProxy([a.base_url, b.base_url]) as router:
-        code = _probe(router.base_url, tmp_path / "s.sqlite", "--json",
-                      "--replica", f"r1={a.base_url}", "--replica", f"r2={b.base_url}")
+    with (
+        SseServer(PACED, metrics=True) as a,
+        SseServer(PACED, metrics=True) as b,
+        RoundRobinProxy([a.base_url, b.base_url]) as router,
+    ):
+        code = _probe(
+            router.base_url,
+            tmp_path / "s.sqlite",
+            "--json",
+            "--replica",
+            f"r1={a.base_url}",
+            "--replica",
+            f"r2={b.base_url}",
+        )
         served_a, served_b = _successes(a), _successes(b)
         # /v1/models went through the router too: only the streams count
         streamed = [u for u in router.forwarded if u in (a.base_url, b.base_url)]
@@ -55,8 +82,9 @@ def test_each_run_names_the_replica_whose_counters_moved(tmp_path, capsys):
     assert code == 0, out.err
     doc = json.loads(out.out)
     runs = doc["runs"]
-    assert [r["replica"] for r in runs] == ["r1", "r2", "r1", "r2"] or \
-        [r["replica"] for r in runs] == ["r2", "r1", "r2", "r1"]
+    assert [r["replica"] for r in runs] == ["r1", "r2", "r1", "r2"] or [
+        r["replica"] for r in runs
+    ] == ["r2", "r1", "r2", "r1"]
     # checked against each replica's own counter
     assert sum(r["replica"] == "r1" for r in runs) == served_a
     assert sum(r["replica"] == "r2" for r in runs) == served_b
@@ -76,24 +104,33 @@ def test_each_run_names_the_replica_whose_counters_moved(tmp_path, capsys):
 def test_other_replicas_traffic_does_not_count_against_a_run(tmp_path):
     """A run is isolated when nothing else ran on *its* replica: r2 busy all along, every run
     served by r1 (the endpoint forwards to r1 only) stays isolated."""
-    with SseServer(PACED, metrics=True) as a, \
-            SseServer(Script(n_tokens=20, first_delay_s=0.01, gap_s=0.01), metrics=True) as b, \
-            RoundRobinProxy([a.base_url]) as router, Store(tmp_path / "s.sqlite") as store:
+    with (
+        SseServer(PACED, metrics=True) as a,
+        SseServer(Script(n_tokens=20, first_delay_s=0.01, gap_s=0.01), metrics=True) as b,
+        RoundRobinProxy([a.base_url]) as router,
+        Store(tmp_path / "s.sqlite") as store,
+    ):
         stop = threading.Event()
 
         def busy() -> None:
             while not stop.is_set():
-                requests.post(b.base_url + "/v1/completions", timeout=10, json={
-                    "model": MODEL, "prompt": "x", "max_tokens": 20, "stream": True}).close()
+                requests.post(
+                    b.base_url + "/v1/completions",
+                    timeout=10,
+                    json={"model": MODEL, "prompt": "x", "max_tokens": 20, "stream": True},
+                ).close()
 
         thread = threading.Thread(target=busy, daemon=True)
         thread.start()
         try:
             spec = RunSpec(endpoint=router.base_url, model=MODEL, prompt="hi", max_tokens=6)
             t0 = time.monotonic()
-            result = run_probe(spec, store, settings=ProbeSettings(runs=3, warmup=0),
-                               replicas=parse_replicas([f"r1={a.base_url}",
-                                                        f"r2={b.base_url}"]))
+            result = run_probe(
+                spec,
+                store,
+                settings=ProbeSettings(runs=3, warmup=0),
+                replicas=parse_replicas([f"r1={a.base_url}", f"r2={b.base_url}"]),
+            )
             took = time.monotonic() - t0
         finally:
             stop.set()
@@ -101,15 +138,19 @@ def test_other_replicas_traffic_does_not_count_against_a_run(tmp_path):
     # a busy other replica does not make each run wait the 10 s idle timeout: r1 is idle
     assert took < 10, took
     assert [r.replica.name for r in result.runs if r.replica] == ["r1"] * 3, [
-        (r.replica, r.isolation.reasons) for r in result.runs]
+        (r.replica, r.isolation.reasons) for r in result.runs
+    ]
     assert all(r.isolated for r in result.runs), [r.isolation.reasons for r in result.runs]
 
 
 def test_router_without_replicas_reads_its_workers_directly(tmp_path, capsys):
     """A vllm-router names its workers (/list_workers): without --replica they are taken from
     there, each read on its own /metrics, and named by host:port."""
-    with SseServer(PACED, metrics=True) as a, SseServer(PACED, metrics=True) as b, \
-            RoundRobinProxy([a.base_url, b.base_url]) as router:
+    with (
+        SseServer(PACED, metrics=True) as a,
+        SseServer(PACED, metrics=True) as b,
+        RoundRobinProxy([a.base_url, b.base_url]) as router,
+    ):
         code = _probe(router.base_url, tmp_path / "s.sqlite", "--json")
         served = {f"127.0.0.1:{a.port}": _successes(a), f"127.0.0.1:{b.port}": _successes(b)}
     out = capsys.readouterr()
@@ -128,8 +169,10 @@ def test_router_whose_workers_cannot_be_read_is_client_only(tmp_path, capsys):
     out = capsys.readouterr()
     assert code == 0, out.err
     doc = json.loads(out.out)
-    assert any("is a vllm-router" in n and "could not be read directly" in n and
-               "--replica" in n for n in doc["notes"])
+    assert any(
+        "is a vllm-router" in n and "could not be read directly" in n and "--replica" in n
+        for n in doc["notes"]
+    )
     for r in doc["runs"]:
         assert r["isolation"]["verified"] is False  # client-only: not "shared"
         assert not any("moved by -" in why for why in r["isolation"]["reasons"])
@@ -139,8 +182,11 @@ def test_scrapes_of_two_processes_are_cannot_verify_not_shared(tmp_path, capsys)
     """A forwarder that does not say it is a router: its /metrics alternates between two
     replicas. Every run is "cannot verify" (two processes' counters), never a negative or
     a "moved by 3" count presented as sharing."""
-    with SseServer(PACED, metrics=True) as a, SseServer(PACED, metrics=True) as b, \
-            RoundRobinProxy([a.base_url, b.base_url], router_api=False) as router:
+    with (
+        SseServer(PACED, metrics=True) as a,
+        SseServer(PACED, metrics=True) as b,
+        RoundRobinProxy([a.base_url, b.base_url], router_api=False) as router,
+    ):
         code = _probe(router.base_url, tmp_path / "s.sqlite", "--json", runs=4)
     out = capsys.readouterr()
     assert code == 0, out.err
@@ -153,10 +199,19 @@ def test_scrapes_of_two_processes_are_cannot_verify_not_shared(tmp_path, capsys)
 
 
 def test_text_output_has_a_replica_column_and_a_count(tmp_path, capsys):
-    with SseServer(PACED, metrics=True) as a, SseServer(PACED, metrics=True) as b, \
-            RoundRobinProxy([a.base_url, b.base_url]) as router:
-        code = _probe(router.base_url, tmp_path / "s.sqlite", "--replica", f"r1={a.base_url}",
-                      "--replica", f"r2={b.base_url}")
+    with (
+        SseServer(PACED, metrics=True) as a,
+        SseServer(PACED, metrics=True) as b,
+        RoundRobinProxy([a.base_url, b.base_url]) as router,
+    ):
+        code = _probe(
+            router.base_url,
+            tmp_path / "s.sqlite",
+            "--replica",
+            f"r1={a.base_url}",
+            "--replica",
+            f"r2={b.base_url}",
+        )
     out = capsys.readouterr()
     assert code == 0, out.err
     assert "replica" in out.out
@@ -165,13 +220,22 @@ def test_text_output_has_a_replica_column_and_a_count(tmp_path, capsys):
 
 # --- bad fleets --------------------------------------------------------------------------------
 
+
 def test_a_replica_that_is_down_is_reported_and_the_others_measured(tmp_path, capsys):
     with SseServer(PACED, metrics=True) as a, RoundRobinProxy([a.base_url]) as router:
         dead = SseServer(metrics=True)
         dead_url = dead.base_url
         dead.close()
-        code = _probe(router.base_url, tmp_path / "s.sqlite", "--json", "--replica",
-                      f"r1={a.base_url}", "--replica", f"r2={dead_url}", runs=2)
+        code = _probe(
+            router.base_url,
+            tmp_path / "s.sqlite",
+            "--json",
+            "--replica",
+            f"r1={a.base_url}",
+            "--replica",
+            f"r2={dead_url}",
+            runs=2,
+        )
     out = capsys.readouterr()
     assert code == 0, out.err
     doc = json.loads(out.out)
@@ -181,11 +245,19 @@ def test_a_replica_that_is_down_is_reported_and_the_others_measured(tmp_path, ca
 
 
 def test_replicas_serving_different_models_are_refused(tmp_path, capsys):
-    with SseServer(PACED, metrics=True) as a, \
-            SseServer(PACED, metrics=True, model="other-model") as b, \
-            RoundRobinProxy([a.base_url]) as router:
-        code = _probe(router.base_url, tmp_path / "s.sqlite", "--replica", f"r1={a.base_url}",
-                      "--replica", f"r2={b.base_url}")
+    with (
+        SseServer(PACED, metrics=True) as a,
+        SseServer(PACED, metrics=True, model="other-model") as b,
+        RoundRobinProxy([a.base_url]) as router,
+    ):
+        code = _probe(
+            router.base_url,
+            tmp_path / "s.sqlite",
+            "--replica",
+            f"r1={a.base_url}",
+            "--replica",
+            f"r2={b.base_url}",
+        )
     err = capsys.readouterr().err
     assert code == 2
     assert "different models" in err and "r2" in err and "other-model" in err
@@ -193,26 +265,38 @@ def test_replicas_serving_different_models_are_refused(tmp_path, capsys):
 
 
 def test_a_replica_that_is_the_router_is_refused(tmp_path, capsys):
-    with SseServer(PACED, metrics=True) as a, RoundRobinProxy([a.base_url]) as router, \
-            RoundRobinProxy([a.base_url]) as other_router:
-        same = _probe(router.base_url, tmp_path / "s.sqlite", "--replica",
-                      f"r1={router.base_url}")
+    with (
+        SseServer(PACED, metrics=True) as a,
+        RoundRobinProxy([a.base_url]) as router,
+        RoundRobinProxy([a.base_url]) as other_router,
+    ):
+        same = _probe(router.base_url, tmp_path / "s.sqlite", "--replica", f"r1={router.base_url}")
         err_same = capsys.readouterr().err
-        routerish = _probe(router.base_url, tmp_path / "s.sqlite", "--replica",
-                           f"r1={other_router.base_url}")
+        routerish = _probe(
+            router.base_url, tmp_path / "s.sqlite", "--replica", f"r1={other_router.base_url}"
+        )
         err_routerish = capsys.readouterr().err
     assert same == 2 and "is the endpoint itself (the router)" in err_same
     assert routerish == 2 and "answers like a vllm-router" in err_routerish
 
 
 def test_replica_needs_an_endpoint(tmp_path, capsys):
-    code = main(["probe", "--replica", "http://127.0.0.1:9", "--store",
-                 str(tmp_path / "s.sqlite"), "--no-gpu"])
+    code = main(
+        [
+            "probe",
+            "--replica",
+            "http://127.0.0.1:9",
+            "--store",
+            str(tmp_path / "s.sqlite"),
+            "--no-gpu",
+        ]
+    )
     assert code == 2
     assert "--replica needs --endpoint" in capsys.readouterr().err
 
 
 # --- the pure parts ----------------------------------------------------------------------------
+
 
 def test_parse_replica_names_and_urls():
     assert parse_replica("r1=http://10.0.0.5:8000/v1").name == "r1"
@@ -229,10 +313,12 @@ def test_parse_replica_names_and_urls():
 
 
 def _snap(success: float, prompt: float, gen: float, start: float = 1.0):
-    text = (f"process_start_time_seconds {start}\n"
-            f'vllm:request_success_total{{model_name="m"}} {success}\n'
-            f'vllm:prompt_tokens_total{{model_name="m"}} {prompt}\n'
-            f'vllm:generation_tokens_total{{model_name="m"}} {gen}\n')
+    text = (
+        f"process_start_time_seconds {start}\n"
+        f'vllm:request_success_total{{model_name="m"}} {success}\n'
+        f'vllm:prompt_tokens_total{{model_name="m"}} {prompt}\n'
+        f'vllm:generation_tokens_total{{model_name="m"}} {gen}\n'
+    )
     return parse_exposition(text)
 
 
@@ -246,8 +332,10 @@ def test_unverifiable_names_two_processes_and_backwards_counters():
 
 
 def test_serving_replica_picks_the_one_that_moved_by_the_usage():
-    pairs = {"r1": (_snap(3, 100, 50), _snap(4, 110, 56)),
-             "r2": (_snap(7, 100, 50), _snap(7, 100, 50))}
+    pairs = {
+        "r1": (_snap(3, 100, 50), _snap(4, 110, 56)),
+        "r2": (_snap(7, 100, 50), _snap(7, 100, 50)),
+    }
     assert serving_replica(pairs, "m", 10, 6)[0] == "r1"
     # other traffic on r2 that cannot hold the run (too few tokens): still r1
     pairs["r2"] = (_snap(7, 100, 50), _snap(8, 102, 51))
@@ -270,12 +358,31 @@ def test_serving_replica_picks_the_one_that_moved_by_the_usage():
 def test_prefix_through_a_router_names_each_runs_replica(tmp_path, capsys):
     """prefix's runs go through the same collector as probe's: each names its replica (the
     round-robin forwarder alternates them) and none is called shared."""
-    with SseServer(PACED, metrics=True) as a, SseServer(PACED, metrics=True) as b, \
-            RoundRobinProxy([a.base_url, b.base_url]) as router:
-        code = main(["prefix", "--endpoint", router.base_url, "--replica", f"r1={a.base_url}",
-                     "--replica", f"r2={b.base_url}", "--prefix-tokens", "32",
-                     "--suffix-tokens", "4", "--reps", "1", "--store",
-                     str(tmp_path / "s.sqlite"), "--json"])
+    with (
+        SseServer(PACED, metrics=True) as a,
+        SseServer(PACED, metrics=True) as b,
+        RoundRobinProxy([a.base_url, b.base_url]) as router,
+    ):
+        code = main(
+            [
+                "prefix",
+                "--endpoint",
+                router.base_url,
+                "--replica",
+                f"r1={a.base_url}",
+                "--replica",
+                f"r2={b.base_url}",
+                "--prefix-tokens",
+                "32",
+                "--suffix-tokens",
+                "4",
+                "--reps",
+                "1",
+                "--store",
+                str(tmp_path / "s.sqlite"),
+                "--json",
+            ]
+        )
         served = {"r1": _successes(a), "r2": _successes(b)}
     out = capsys.readouterr()
     assert code == 0, out.err
@@ -292,6 +399,7 @@ def test_prefix_through_a_router_names_each_runs_replica(tmp_path, capsys):
 
 
 # --- an A/B arm behind a router ----------------------------------------------------------------
+
 
 def _ab_playbook(router: str, replicas: list[str], direct: str) -> str:
     listed = ", ".join(f'"{r}"' for r in replicas)
@@ -317,12 +425,16 @@ def test_an_ab_arm_behind_a_router_names_each_runs_replica(tmp_path):
     from phaseprobe.collect.ab import run_ab
     from phaseprobe.collect.playbook import parse_playbook
 
-    with SseServer(PACED, metrics=True) as a, SseServer(PACED, metrics=True) as b, \
-            SseServer(PACED, metrics=True) as c, \
-            RoundRobinProxy([a.base_url, b.base_url]) as router, \
-            Store(tmp_path / "s.sqlite") as store:
-        pb = parse_playbook(_ab_playbook(router.base_url, [f"r1={a.base_url}",
-                                                           f"r2={b.base_url}"], c.base_url))
+    with (
+        SseServer(PACED, metrics=True) as a,
+        SseServer(PACED, metrics=True) as b,
+        SseServer(PACED, metrics=True) as c,
+        RoundRobinProxy([a.base_url, b.base_url]) as router,
+        Store(tmp_path / "s.sqlite") as store,
+    ):
+        pb = parse_playbook(
+            _ab_playbook(router.base_url, [f"r1={a.base_url}", f"r2={b.base_url}"], c.base_url)
+        )
         result = run_ab(pb, store)
         fleet_runs = store.runs(result.experiments["fleet"])
         single_runs = store.runs(result.experiments["single"])
@@ -339,11 +451,13 @@ def test_playbook_replicas_need_an_endpoint_and_valid_names():
     text = _ab_playbook("http://router:1", ["r1=http://h:2", "r2=http://h:3"], "http://d:4")
     arm = parse_playbook(text).arms[0]
     assert [(t.name, t.url) for t in arm.replicas] == [("r1", "http://h:2"), ("r2", "http://h:3")]
-    bad = text.replace('replicas = ["r1=http://h:2", "r2=http://h:3"]',
-                       'replicas = ["r1=http://h:2", "r1=http://h:3"]')
+    bad = text.replace(
+        'replicas = ["r1=http://h:2", "r2=http://h:3"]',
+        'replicas = ["r1=http://h:2", "r1=http://h:3"]',
+    )
     with pytest.raises(PlaybookError, match=r"arm\[0\]\.replicas.*given twice"):
         parse_playbook(bad)
-    launch = text.replace('endpoint = "http://router:1"', 'launch = { args = [] }')
+    launch = text.replace('endpoint = "http://router:1"', "launch = { args = [] }")
     with pytest.raises(PlaybookError, match="needs endpoint"):
         parse_playbook(launch)
 
@@ -352,20 +466,37 @@ def test_a_span_names_the_replica_its_counters_knew_only_by_host_port():
     from phaseprobe.collect.spans.attribution import replica_from_span
     from phaseprobe.records import ReplicaAttribution, RequestSpan
 
-    span = RequestSpan(trace_id="0" * 32, span_id="1" * 16, request_id=None, model=MODEL,
-                       service="vllm", instance="r1", start_ns=1, end_ns=2, queue_s=0.0,
-                       prefill_s=0.01, decode_s=0.02, inference_s=0.03, ttft_s=0.01,
-                       e2e_s=0.03, prompt_tokens=5, completion_tokens=6)
+    span = RequestSpan(
+        trace_id="0" * 32,
+        span_id="1" * 16,
+        request_id=None,
+        model=MODEL,
+        service="vllm",
+        instance="r1",
+        start_ns=1,
+        end_ns=2,
+        queue_s=0.0,
+        prefill_s=0.01,
+        decode_s=0.02,
+        inference_s=0.03,
+        ttft_s=0.01,
+        e2e_s=0.03,
+        prompt_tokens=5,
+        completion_tokens=6,
+    )
     by_host = ReplicaAttribution("10.0.0.5:8000", "counters", url="http://10.0.0.5:8000")
     assert replica_from_span(by_host, span) == (
-        ReplicaAttribution("r1", "span", url="http://10.0.0.5:8000"), None)
+        ReplicaAttribution("r1", "span", url="http://10.0.0.5:8000"),
+        None,
+    )
     named = ReplicaAttribution("r2", "counters", url="http://10.0.0.5:8000")
     replica, note = replica_from_span(named, span)
     assert replica is not None and replica.name == "r1" and note is not None
     assert "span says r1, counters r2" in note
     untold = ReplicaAttribution(None, None, reason="no replica's counters moved")
     assert replica_from_span(untold, span)[0] == ReplicaAttribution(
-        "r1", "span", reason="counters: no replica's counters moved")
+        "r1", "span", reason="counters: no replica's counters moved"
+    )
 
 
 def test_a_routers_workers_become_validly_named_replicas():
@@ -373,12 +504,15 @@ def test_a_routers_workers_become_validly_named_replicas():
 
     assert _worker_urls({"urls": ["http://a:1"]}) == ["http://a:1"]
     assert _worker_urls({"workers": [{"url": "http://a:1"}, "http://b:2", 7]}) == [
-        "http://a:1", "http://b:2"]
+        "http://a:1",
+        "http://b:2",
+    ]
     assert _worker_urls(["http://a:1"]) == ["http://a:1"]
     assert _worker_urls({"status": "ok"}) is None
     long_host = "vllm-" + "x" * 80 + ".svc.cluster.local"
-    found, notes = discover_replicas(["http://[::1]:8000", f"http://{long_host}:8000",
-                                      "ftp://nope", "http://u:pw@h:1"])
+    found, notes = discover_replicas(
+        ["http://[::1]:8000", f"http://{long_host}:8000", "ftp://nope", "http://u:pw@h:1"]
+    )
     names = [t.name for t in found]
     assert names[0] == "ip6-::1:8000"
     assert len(names[1]) <= 64 and names[1].endswith(".svc.cluster.local:8000")
@@ -390,7 +524,16 @@ def test_a_routers_workers_become_validly_named_replicas():
 
 
 def test_batch_refuses_replicas(tmp_path, capsys):
-    code = main(["batch", "--endpoint", "http://127.0.0.1:9", "--replica", "r1=http://h:1",
-                 "--store", str(tmp_path / "s.sqlite")])
+    code = main(
+        [
+            "batch",
+            "--endpoint",
+            "http://127.0.0.1:9",
+            "--replica",
+            "r1=http://h:1",
+            "--store",
+            str(tmp_path / "s.sqlite"),
+        ]
+    )
     assert code == 2
     assert "batch measures one server's concurrency" in capsys.readouterr().err

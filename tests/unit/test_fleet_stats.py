@@ -34,39 +34,100 @@ from phaseprobe.records import (
 )
 
 
-def span(i: int, instance: str | None, *, tpot: float = 0.01, ttft: float = 0.05,
-         queue: float = 0.002, prefill: float = 0.03, completion: int | None = 11,
-         service: str | None = "vllm") -> RequestSpan:
+def span(
+    i: int,
+    instance: str | None,
+    *,
+    tpot: float = 0.01,
+    ttft: float = 0.05,
+    queue: float = 0.002,
+    prefill: float = 0.03,
+    completion: int | None = 11,
+    service: str | None = "vllm",
+) -> RequestSpan:
     decode = tpot * ((completion or 2) - 1)
     return RequestSpan(
-        trace_id=f"{i:032x}", span_id=f"{i:016x}", request_id=f"req-{i}", model="m",
-        service=service, instance=instance, start_ns=1_000 + i, end_ns=2_000 + i,
-        queue_s=queue, prefill_s=prefill, decode_s=decode, inference_s=prefill + decode,
-        ttft_s=ttft, e2e_s=ttft + decode, prompt_tokens=100 + i, completion_tokens=completion)
+        trace_id=f"{i:032x}",
+        span_id=f"{i:016x}",
+        request_id=f"req-{i}",
+        model="m",
+        service=service,
+        instance=instance,
+        start_ns=1_000 + i,
+        end_ns=2_000 + i,
+        queue_s=queue,
+        prefill_s=prefill,
+        decode_s=decode,
+        inference_s=prefill + decode,
+        ttft_s=ttft,
+        e2e_s=ttft + decode,
+        prompt_tokens=100 + i,
+        completion_tokens=completion,
+    )
 
 
-def run(seq: int, *, decode: float = 0.2, completion: int = 21, attributed: bool = True,
-        status: RunStatus = "ok", with_span: RequestSpan | None = None) -> Run:
-    client = ClientTimeline(sent_wall_ns=5_000 + seq, event_offsets_ns=(10,), end_offset_ns=20,
-                            http_status=200, prompt_tokens=64, completion_tokens=completion,
-                            finish_reason="length", complete=True)
-    server = ServerPhases(queue_s=0.001, prefill_s=0.02, decode_s=decode, inference_s=None,
-                          ttft_s=0.03, e2e_s=0.03 + decode, count_deltas={},
-                          counter_deltas={}, source="histograms")
-    return Run(seq=seq, status=status, prompt="p", client=client, server=server,
-               isolation=Isolation(verified=True, isolated=attributed), span=with_span)
+def run(
+    seq: int,
+    *,
+    decode: float = 0.2,
+    completion: int = 21,
+    attributed: bool = True,
+    status: RunStatus = "ok",
+    with_span: RequestSpan | None = None,
+) -> Run:
+    client = ClientTimeline(
+        sent_wall_ns=5_000 + seq,
+        event_offsets_ns=(10,),
+        end_offset_ns=20,
+        http_status=200,
+        prompt_tokens=64,
+        completion_tokens=completion,
+        finish_reason="length",
+        complete=True,
+    )
+    server = ServerPhases(
+        queue_s=0.001,
+        prefill_s=0.02,
+        decode_s=decode,
+        inference_s=None,
+        ttft_s=0.03,
+        e2e_s=0.03 + decode,
+        count_deltas={},
+        counter_deltas={},
+        source="histograms",
+    )
+    return Run(
+        seq=seq,
+        status=status,
+        prompt="p",
+        client=client,
+        server=server,
+        isolation=Isolation(verified=True, isolated=attributed),
+        span=with_span,
+    )
 
 
-def seeded_frame(rng: np.random.Generator, sizes: dict[str, int], *, cv: float = 0.2,
-                 tpot_factor: dict[str, float] | None = None) -> pd.DataFrame:
+def seeded_frame(
+    rng: np.random.Generator,
+    sizes: dict[str, int],
+    *,
+    cv: float = 0.2,
+    tpot_factor: dict[str, float] | None = None,
+) -> pd.DataFrame:
     """A fleet frame of lognormal samples (median TPOT 10 ms, TTFT 50 ms)."""
     rows = []
     for name, n in sizes.items():
         f = (tpot_factor or {}).get(name, 1.0)
         for i in range(n):
-            rows.append({"replica": name, "source": "span", "start_ns": i,
-                         "tpot_s": 0.010 * f * math.exp(rng.normal(0, cv)),
-                         "ttft_s": 0.050 * math.exp(rng.normal(0, cv))})
+            rows.append(
+                {
+                    "replica": name,
+                    "source": "span",
+                    "start_ns": i,
+                    "tpot_s": 0.010 * f * math.exp(rng.normal(0, cv)),
+                    "ttft_s": 0.050 * math.exp(rng.normal(0, cv)),
+                }
+            )
     return pd.DataFrame(rows).reindex(columns=list(FLEET_COLUMNS))
 
 
@@ -74,14 +135,20 @@ def seeded_frame(rng: np.random.Generator, sizes: dict[str, int], *, cv: float =
 
 
 def test_frame_from_spans_and_runs_has_the_documented_columns_and_exact_rows():
-    spans = [span(1, "r1", tpot=0.01), span(2, "r2", tpot=0.02, completion=1),
-             span(3, None), span(4, "r1", service="unknown_service"),
-             span(5, "r2", service=None)]
+    spans = [
+        span(1, "r1", tpot=0.01),
+        span(2, "r2", tpot=0.02, completion=1),
+        span(3, None),
+        span(4, "r1", service="unknown_service"),
+        span(5, "r2", service=None),
+    ]
     own = span(6, "r1")
-    runs = [("r2", run(1, decode=0.2, completion=21)),
-            ("r2", run(2, attributed=False)),  # shared the server: its phases are not its own
-            ("r1", run(3, status="error")),
-            ("r1", run(4, with_span=own))]  # its span is in the list too: counted once
+    runs = [
+        ("r2", run(1, decode=0.2, completion=21)),
+        ("r2", run(2, attributed=False)),  # shared the server: its phases are not its own
+        ("r1", run(3, status="error")),
+        ("r1", run(4, with_span=own)),
+    ]  # its span is in the list too: counted once
     frame = fleet_frame([*spans, own], runs)
     assert list(frame.columns) == list(FLEET_COLUMNS)
     assert len(frame) == 7
@@ -147,16 +214,25 @@ def test_aa_fleet_false_alarm_rate_is_at_most_nominal():
     rng = np.random.default_rng(5)
     sims, slower = 120, 0
     for s in range(sims):
-        fleet = compare_replicas(seeded_frame(rng, {"r1": 12, "r2": 12}), metrics=("tpot_s",),
-                                 min_effect_ratio=1.0, n_resamples=300, seed=s)
+        fleet = compare_replicas(
+            seeded_frame(rng, {"r1": 12, "r2": 12}),
+            metrics=("tpot_s",),
+            min_effect_ratio=1.0,
+            n_resamples=300,
+            seed=s,
+        )
         for c in fleet.comparisons:
             assert c.verdict != "slower" or (c.ci_low_ratio or 0) > 1  # never against its numbers
         slower += find_stragglers(fleet).verdict == "straggler"
     assert slower / sims <= 0.08
     alarms = 0
     for s in range(40):
-        fleet = compare_replicas(seeded_frame(rng, {"r1": 12, "r2": 12, "r3": 12}),
-                                 metrics=("tpot_s", "ttft_s"), n_resamples=300, seed=s)
+        fleet = compare_replicas(
+            seeded_frame(rng, {"r1": 12, "r2": 12, "r3": 12}),
+            metrics=("tpot_s", "ttft_s"),
+            n_resamples=300,
+            seed=s,
+        )
         alarms += find_stragglers(fleet).verdict == "straggler"
     assert alarms <= 1
 
@@ -165,8 +241,7 @@ def test_faster_inverts_the_ratio_and_interval_in_words():
     rng = np.random.default_rng(3)
     fast = [0.005 * math.exp(rng.normal(0, 0.1)) for _ in range(15)]
     rest = [0.010 * math.exp(rng.normal(0, 0.1)) for _ in range(15)]
-    c = compare_replica("r1", fast, rest, metric="queue_s", rest_replicas=("r2",),
-                        n_resamples=500)
+    c = compare_replica("r1", fast, rest, metric="queue_s", rest_replicas=("r2",), n_resamples=500)
     assert c.verdict == "faster" and c.median_ratio is not None and c.median_ratio < 0.6
     assert c.sentence().startswith("r1 waits in the queue 2")
     assert "× shorter than r2 [" in c.sentence()
@@ -193,15 +268,18 @@ def test_large_samples_are_subsampled_for_the_interval_only():
     rng = np.random.default_rng(12)
     slow = [0.015 * math.exp(rng.normal(0, 0.2)) for _ in range(3000)]
     rest = [0.010 * math.exp(rng.normal(0, 0.2)) for _ in range(3000)]
-    c = compare_replica("r2", slow, rest, rest_replicas=("r1",), n_resamples=300,
-                        max_per_side=400)
+    c = compare_replica("r2", slow, rest, rest_replicas=("r1",), n_resamples=300, max_per_side=400)
     assert (c.n_replica, c.n_rest, c.max_per_side) == (3000, 3000, 400)
     assert c.median_ratio == pytest.approx(float(np.median(slow) / np.median(rest)))
     assert c.verdict == "slower" and c.ci_low_ratio < 1.5 < c.ci_high_ratio  # type: ignore[operator]
     assert "interval from a random 400 a side" in c.sentence()
     assert "(p < 1e-15)" in c.sentence()  # the U test's p underflows to 0: not "p = 0"
-    assert compare_replica("r2", slow[:50], rest[:50], rest_replicas=("r1",), n_resamples=300,
-                           max_per_side=400).max_per_side is None
+    assert (
+        compare_replica(
+            "r2", slow[:50], rest[:50], rest_replicas=("r1",), n_resamples=300, max_per_side=400
+        ).max_per_side
+        is None
+    )
 
 
 def test_zero_median_of_the_rest_gives_no_ratio():
@@ -211,11 +289,13 @@ def test_zero_median_of_the_rest_gives_no_ratio():
 
 def test_one_fast_replica_does_not_make_its_peers_stragglers():
     rng = np.random.default_rng(21)
-    frame = seeded_frame(rng, {"r1": 20, "r2": 20, "r3": 20}, cv=0.1,
-                         tpot_factor={"r1": 1 / 1.8})
+    frame = seeded_frame(rng, {"r1": 20, "r2": 20, "r3": 20}, cv=0.1, tpot_factor={"r1": 1 / 1.8})
     fleet = compare_replicas(frame, metrics=("tpot_s", "ttft_s"), n_resamples=500)
-    assert [c.verdict for c in fleet.comparisons if c.metric == "tpot_s"] == \
-        ["faster", "slower", "slower"]
+    assert [c.verdict for c in fleet.comparisons if c.metric == "tpot_s"] == [
+        "faster",
+        "slower",
+        "slower",
+    ]
     st = find_stragglers(fleet)
     assert st.verdict == "none" and st.replicas == ()
     assert "2 of 3 replicas are slower than the rest on TPOT" in st.sentence
@@ -232,8 +312,10 @@ def test_imbalance_found_with_its_numbers():
     assert im.even_requests == 16 and im.even_share == 0.5
     assert im.max_min_share_ratio == pytest.approx(15)
     assert im.chi2_p_value == pytest.approx(7.4e-7, rel=0.05)  # (14² + 14²)/16 = 24.5, 1 dof
-    assert im.sentence == ("imbalanced: r1 served 30 of 32 requests (94 %), r2 2 (6 %); an even "
-                           "split would be 16 each; χ² p = 7e-7, busiest/least busy 15×")
+    assert im.sentence == (
+        "imbalanced: r1 served 30 of 32 requests (94 %), r2 2 (6 %); an even "
+        "split would be 16 each; χ² p = 7e-7, busiest/least busy 15×"
+    )
 
 
 def test_even_split_and_small_skews_are_not_imbalance():
@@ -262,9 +344,13 @@ def test_imbalance_too_few_cannot_verify_and_a_replica_that_served_nothing():
 def test_even_routing_is_called_imbalanced_at_about_the_nominal_rate():
     # Random (multinomial) routing over 3 replicas, 20 requests each expected: χ² at α = 5 %.
     rng = np.random.default_rng(4)
-    called = sum(imbalance_from_counts(dict(zip(("r1", "r2", "r3"),
-                                                map(float, rng.multinomial(60, [1 / 3] * 3)))))
-                 .verdict == "imbalanced" for _ in range(300))
+    called = sum(
+        imbalance_from_counts(
+            dict(zip(("r1", "r2", "r3"), map(float, rng.multinomial(60, [1 / 3] * 3))))
+        ).verdict
+        == "imbalanced"
+        for _ in range(300)
+    )
     assert called / 300 <= 0.08
 
 
@@ -273,8 +359,7 @@ def test_even_routing_is_called_imbalanced_at_about_the_nominal_rate():
 
 def test_spans_without_identity_warn_and_are_never_a_straggler():
     rng = np.random.default_rng(9)
-    spans = [span(i, f"r{i % 2 + 1}", tpot=0.01 * math.exp(rng.normal(0, 0.1)))
-             for i in range(20)]
+    spans = [span(i, f"r{i % 2 + 1}", tpot=0.01 * math.exp(rng.normal(0, 0.1))) for i in range(20)]
     # Very slow spans without identity: they are neither compared nor part of the rest.
     spans += [span(100 + i, "host-a", tpot=0.05, service="unknown_service") for i in range(10)]
     spans += [span(200 + i, None, tpot=0.05) for i in range(5)]
@@ -294,8 +379,10 @@ def test_spans_without_identity_warn_and_are_never_a_straggler():
 
 def test_runs_only_fleet_says_runs_and_the_report_is_json():
     rng = np.random.default_rng(2)
-    pairs = [(f"r{i % 2 + 1}", run(i, decode=(0.36 if i % 2 else 0.2) * math.exp(
-        rng.normal(0, 0.05)))) for i in range(24)]
+    pairs = [
+        (f"r{i % 2 + 1}", run(i, decode=(0.36 if i % 2 else 0.2) * math.exp(rng.normal(0, 0.05))))
+        for i in range(24)
+    ]
     rep = fleet_report(runs=pairs, n_resamples=300)
     c = rep.comparison.get("r2", "tpot_s")
     assert c is not None and c.verdict == "slower" and c.noun == "runs"
@@ -306,6 +393,7 @@ def test_runs_only_fleet_says_runs_and_the_report_is_json():
     row = d["replicas"][0]
     assert {"traffic_share", "tpot_p50_s", "ttft_p99_s"} <= set(row)
     comp = d["comparison"]["comparisons"][0]
-    assert {"median_ratio", "ci_low_ratio", "ci_high_ratio", "median_rest_s",
-            "sentence"} <= set(comp)
+    assert {"median_ratio", "ci_low_ratio", "ci_high_ratio", "median_rest_s", "sentence"} <= set(
+        comp
+    )
     assert d["imbalance"]["max_min_share_ratio"] == 1.0

@@ -11,16 +11,35 @@ from hypothesis import strategies as st
 from phaseprobe import format as fmt
 
 
-@pytest.mark.parametrize(("seconds", "text"), [
-    (0.0000123, "12.3 µs"), (2.5e-9, "2.50 ns"), (0.1609, "161 ms"), (0.0009999, "1.00 ms"),
-    (12.5, "12.5 s"), (0, "0 s"), (-0.002, "-2.00 ms"), (None, "—"), (math.nan, "—")])
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (0.0000123, "12.3 µs"),
+        (2.5e-9, "2.50 ns"),
+        (0.1609, "161 ms"),
+        (0.0009999, "1.00 ms"),
+        (12.5, "12.5 s"),
+        (0, "0 s"),
+        (-0.002, "-2.00 ms"),
+        (None, "—"),
+        (math.nan, "—"),
+    ],
+)
 def test_duration(seconds, text):
     assert fmt.duration(seconds) == text
 
 
-@pytest.mark.parametrize(("seconds", "digits", "text"), [
-    (0.0123, 1, "12.3"), (0.000005, 1, "0.005"), (0.000005, 3, "0.005"), (0, 1, "0"),
-    (12.3456, 2, "12,345.60"), (None, 1, "—")])
+@pytest.mark.parametrize(
+    ("seconds", "digits", "text"),
+    [
+        (0.0123, 1, "12.3"),
+        (0.000005, 1, "0.005"),
+        (0.000005, 3, "0.005"),
+        (0, 1, "0"),
+        (12.3456, 2, "12,345.60"),
+        (None, 1, "—"),
+    ],
+)
 def test_ms_cell(seconds, digits, text):
     assert fmt.ms_cell(seconds, digits) == text
 

@@ -7,10 +7,23 @@ from phaseprobe.errors import MetricsUnavailable
 from phaseprobe.sources.vllm.metrics import parse_exposition
 from phaseprobe.sources.vllm.openai_stream import _StreamState
 
-_metric_lines = st.lists(st.sampled_from([
-    "# TYPE vllm:x histogram", "vllm:x_sum 1", 'vllm:x_count{model_name="m"} 2', "vllm:y 3",
-    "# HELP vllm:y y", "garbage {", "vllm:z{a=\"b\"} NaN", "", "vllm:q_total 1e309",
-]) | st.text(max_size=40), max_size=20)
+_metric_lines = st.lists(
+    st.sampled_from(
+        [
+            "# TYPE vllm:x histogram",
+            "vllm:x_sum 1",
+            'vllm:x_count{model_name="m"} 2',
+            "vllm:y 3",
+            "# HELP vllm:y y",
+            "garbage {",
+            'vllm:z{a="b"} NaN',
+            "",
+            "vllm:q_total 1e309",
+        ]
+    )
+    | st.text(max_size=40),
+    max_size=20,
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -33,12 +46,25 @@ def test_sse_event_parser_never_raises(raw, chat):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=5),
-                    lambda inner: st.lists(inner, max_size=3)
-                    | st.dictionaries(st.sampled_from(["choices", "usage", "text", "delta",
-                                                       "content", "finish_reason", "error"]),
-                                      inner, max_size=4), max_leaves=12), st.booleans())
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+        lambda inner: (
+            st.lists(inner, max_size=3)
+            | st.dictionaries(
+                st.sampled_from(
+                    ["choices", "usage", "text", "delta", "content", "finish_reason", "error"]
+                ),
+                inner,
+                max_size=4,
+            )
+        ),
+        max_leaves=12,
+    ),
+    st.booleans(),
+)
 def test_sse_parser_survives_wrongly_shaped_json(obj, chat):
     import json
+
     state = _StreamState()
     state.feed(b"data: " + json.dumps(obj).encode(), chat)

@@ -34,9 +34,11 @@ MiB = 1024**2
 # `nvidia-smi --query-gpu=timestamp,index,memory.used,memory.total,utilization.gpu,
 #  utilization.memory,power.draw,clocks.sm,clocks.mem,temperature.gpu --format=csv -l 1`
 # on a 2-GPU node: nvidia-smi prints clocks.sm/clocks.mem under their long names.
-HEADER = ("timestamp, index, memory.used [MiB], memory.total [MiB], utilization.gpu [%], "
-          "utilization.memory [%], power.draw [W], clocks.current.sm [MHz], "
-          "clocks.current.memory [MHz], temperature.gpu")
+HEADER = (
+    "timestamp, index, memory.used [MiB], memory.total [MiB], utilization.gpu [%], "
+    "utilization.memory [%], power.draw [W], clocks.current.sm [MHz], "
+    "clocks.current.memory [MHz], temperature.gpu"
+)
 CAPTURE = f"""{HEADER}
 2024/05/01 12:00:00.123, 0, 1234 MiB, 81559 MiB, 0 %, 0 %, 70.21 W, 345 MHz, 2619 MHz, 31
 2024/05/01 12:00:00.125, 1, 1230 MiB, 81559 MiB, 0 %, 0 %, 68.90 W, 345 MHz, 2619 MHz, 30
@@ -75,8 +77,10 @@ def test_timestamps_are_local_time_unless_a_zone_is_given():
 
 def test_repeated_and_changed_headers():
     # Two captures appended to one file, the second with another field order and `name`.
-    second = ("timestamp, name, index, memory.used [MiB], power.draw [W]\n"
-              "2024/05/01 12:00:05.000, NVIDIA H100 80GB HBM3, 0, 100 MiB, 80.00 W\n")
+    second = (
+        "timestamp, name, index, memory.used [MiB], power.draw [W]\n"
+        "2024/05/01 12:00:05.000, NVIDIA H100 80GB HBM3, 0, 100 MiB, 80.00 W\n"
+    )
     result = _parse(CAPTURE + HEADER + "\n" + CAPTURE.splitlines()[1] + "\n" + second)
     assert result.headers == 3 and result.rows == 8 and result.malformed == 0
     last = result.frame.iloc[-1]
@@ -87,15 +91,16 @@ def test_repeated_and_changed_headers():
 
 
 def test_noheader_nounits_and_nounits_with_header():
-    rows = ("2024/05/01 12:00:00.123, 0, 1234, 81559, 45, 12, 250.12, 1980, 2619, 45\n"
-            "2024/05/01 12:00:00.124, 1, 1000, 81559, 44, 11, [N/A], 1980, 2619, 44\n")
+    rows = (
+        "2024/05/01 12:00:00.123, 0, 1234, 81559, 45, 12, 250.12, 1980, 2619, 45\n"
+        "2024/05/01 12:00:00.124, 1, 1000, 81559, 44, 11, [N/A], 1980, 2619, 44\n"
+    )
     noheader = _parse(rows)  # default fields: the documented query
     assert noheader.rows == 2 and noheader.frame.mem_used_bytes[0] == 1234 * MiB
     assert noheader.frame.power_w[0] == 250.12 and math.isnan(noheader.frame.power_w[1])
     withheader = _parse(HEADER + "\n" + rows)
     assert withheader.frame.equals(noheader.frame)
-    custom = _parse("2024/05/01 12:00:00.123, 3, 2\n",
-                    fields=["timestamp", "index", "memory.used"])
+    custom = _parse("2024/05/01 12:00:00.123, 3, 2\n", fields=["timestamp", "index", "memory.used"])
     assert custom.frame.gpu_index[0] == 3 and custom.frame.mem_used_bytes[0] == 2 * MiB
     assert list(DEFAULT_FIELDS)[:2] == ["timestamp", "index"]
 
@@ -140,13 +145,33 @@ def test_malformed_lines_lenient_and_strict(tmp_path):
         read_nvidia_smi_csv(tmp_path / "missing.csv")
 
 
-_LINE_PARTS = st.sampled_from([
-    "2024/05/01 12:00:00.123", "0", "1", "1234 MiB", "45 %", "[N/A]", "250.12 W", "1980 MHz",
-    "memory.used [MiB]", "timestamp", "index", "x", "", "-1", "1e400", "²", "9999/99/99 99:99:99",
-    "0001/01/01 00:00:00.000", "12 furlongs", "[Not Supported]"])
+_LINE_PARTS = st.sampled_from(
+    [
+        "2024/05/01 12:00:00.123",
+        "0",
+        "1",
+        "1234 MiB",
+        "45 %",
+        "[N/A]",
+        "250.12 W",
+        "1980 MHz",
+        "memory.used [MiB]",
+        "timestamp",
+        "index",
+        "x",
+        "",
+        "-1",
+        "1e400",
+        "²",
+        "9999/99/99 99:99:99",
+        "0001/01/01 00:00:00.000",
+        "12 furlongs",
+        "[Not Supported]",
+    ]
+)
 _LINES = st.one_of(
-    st.text(max_size=80),
-    st.lists(_LINE_PARTS, min_size=1, max_size=12).map(", ".join))
+    st.text(max_size=80), st.lists(_LINE_PARTS, min_size=1, max_size=12).map(", ".join)
+)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -159,7 +184,7 @@ def test_fuzz_only_parse_error_escapes(lines, strict):
         assert strict
         return
     assert result.rows + result.malformed <= len(lines)
-    assert list(result.frame.columns)[:len(COLUMNS)] == list(COLUMNS)
+    assert list(result.frame.columns)[: len(COLUMNS)] == list(COLUMNS)
 
 
 # -- DCGM exporter through a stub Prometheus ---------------------------------------------------
@@ -184,12 +209,19 @@ def dcgm_stub(values: dict[str, list[list[float]]]) -> Stub:
 
     def query_range(params: dict[str, list[str]]) -> Reply:
         metric = params.get("query", [""])[0].split("{")[0]
-        result = [{"metric": {"__name__": metric, "gpu": str(g), "Hostname": "node1",
-                              "UUID": f"GPU-{g}"},
-                   "values": [[T + i, str(v)] for i, v in enumerate(per_t)]}
-                  for g, per_t in enumerate(values.get(metric, []))]
-        return Reply(body={"status": "success",
-                           "data": {"resultType": "matrix", "result": result}})
+        result = [
+            {
+                "metric": {
+                    "__name__": metric,
+                    "gpu": str(g),
+                    "Hostname": "node1",
+                    "UUID": f"GPU-{g}",
+                },
+                "values": [[T + i, str(v)] for i, v in enumerate(per_t)],
+            }
+            for g, per_t in enumerate(values.get(metric, []))
+        ]
+        return Reply(body={"status": "success", "data": {"resultType": "matrix", "result": result}})
 
     stub.routes["/api/v1/query_range"] = query_range
     return stub
@@ -204,8 +236,7 @@ def dcgm() -> Iterator[Stub]:
 
 def test_dcgm_series_become_gpu_samples(dcgm):
     with PrometheusClient(dcgm.url, environ={}, retries=0) as client:
-        result = import_dcgm(client, start=T, end=T + 2, step="1s",
-                             selector='{Hostname="node1"}')
+        result = import_dcgm(client, start=T, end=T + 2, step="1s", selector='{Hostname="node1"}')
     f = result.frame
     assert result.rows == 6 and list(f.columns) == [*COLUMNS, "host"]
     assert list(f.gpu_index) == [0, 1, 0, 1, 0, 1] and set(f.host) == {"node1"}
@@ -221,14 +252,17 @@ def test_dcgm_series_become_gpu_samples(dcgm):
 def test_dcgm_without_series_is_empty_result():
     stub = dcgm_stub({})
     try:
-        with PrometheusClient(stub.url, environ={}, retries=0) as client, \
-                pytest.raises(EmptyResult, match="DCGM"):
+        with (
+            PrometheusClient(stub.url, environ={}, retries=0) as client,
+            pytest.raises(EmptyResult, match="DCGM"),
+        ):
             import_dcgm(client, start=T, end=T + 2)
     finally:
         stub.close()
 
 
 # -- phaseprobe gpu import ---------------------------------------------------------------------
+
 
 def _args(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
@@ -254,11 +288,31 @@ def test_gpu_import_command(tmp_path, dcgm):
     assert cmd_gpu.run(_args("gpu", "import", str(path), "--tz", "+02:00"), out, err) == 0
     assert "2 samples" in out.file.getvalue() and "malformed" in err.file.getvalue()
     out, err = _consoles()
-    assert cmd_gpu.run(_args("gpu", "import", "--dcgm", "--prom", dcgm.url, "--start",
-                             str(T), "--end", str(T + 2), "--json"), out, err) == 0
+    assert (
+        cmd_gpu.run(
+            _args(
+                "gpu",
+                "import",
+                "--dcgm",
+                "--prom",
+                dcgm.url,
+                "--start",
+                str(T),
+                "--end",
+                str(T + 2),
+                "--json",
+            ),
+            out,
+            err,
+        )
+        == 0
+    )
     assert len(json.loads(out.file.getvalue())["samples"]) == 6
-    for bad in (("gpu", "import"), ("gpu", "import", "--dcgm"),
-                ("gpu", "import", str(path), "--tz", "Mars/Olympus")):
+    for bad in (
+        ("gpu", "import"),
+        ("gpu", "import", "--dcgm"),
+        ("gpu", "import", str(path), "--tz", "Mars/Olympus"),
+    ):
         with pytest.raises(ConfigError):
             cmd_gpu.run(_args(*bad), *_consoles())
 
@@ -278,7 +332,11 @@ def test_completeness_names_malformed_lines_and_a_gpu_with_nothing_read():
     acc = result.summary()["completeness"]
     assert (result.rows, result.malformed) == (2, 2)
     assert (acc["unit"], acc["found"], acc["read"], acc["complete"]) == (
-        "sample lines", 4, 2, False)
+        "sample lines",
+        4,
+        2,
+        False,
+    )
     assert acc["missing"] == ["2 malformed line(s) (line 3, 5)", "GPU 1: every line malformed"]
     whole = _parse(CAPTURE).summary()["completeness"]
     assert (whole["found"], whole["read"], whole["complete"]) == (6, 6, True)
@@ -290,8 +348,7 @@ def test_dcgm_series_without_gpu_label_are_in_the_account():
 
     def with_unlabelled(params: dict[str, list[str]]) -> Reply:
         reply = plain(params)  # the two GPUs, and a series an exporter wrote without "gpu"
-        reply.body["data"]["result"].append({"metric": {"Hostname": "node1"},
-                                             "values": [[T, "1"]]})
+        reply.body["data"]["result"].append({"metric": {"Hostname": "node1"}, "values": [[T, "1"]]})
         return reply
 
     stub.routes["/api/v1/query_range"] = with_unlabelled
@@ -302,5 +359,9 @@ def test_dcgm_series_without_gpu_label_are_in_the_account():
         stub.close()
     acc = result.summary()["completeness"]
     assert (acc["unit"], acc["read"], acc["unattributed"], acc["complete"]) == (
-        "samples", 6, len(DCGM_METRICS), False)  # one per metric queried
+        "samples",
+        6,
+        len(DCGM_METRICS),
+        False,
+    )  # one per metric queried
     assert acc["missing"] == [f"{len(DCGM_METRICS)} DCGM series without a numeric gpu label"]

@@ -68,8 +68,9 @@ def test_panel_ids_are_unique_and_the_grid_has_no_overlap(dashboard):
         assert set(g) == {"h", "w", "x", "y"}
         assert g["w"] > 0 and g["h"] > 0 and g["x"] >= 0 and g["y"] >= 0
         assert g["x"] + g["w"] <= 24, p["title"]
-        mine = {(x, y) for x in range(g["x"], g["x"] + g["w"])
-                for y in range(g["y"], g["y"] + g["h"])}
+        mine = {
+            (x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])
+        }
         assert not (cells & mine), f"panel {p['title']!r} overlaps another"
         cells |= mine
 
@@ -84,8 +85,9 @@ def test_every_target_expr_is_a_catalog_query_with_the_dashboard_selector(dashbo
         query = rendered[target["expr"]]
         assert query.name in panel["description"] and query.help in panel["description"]
         assert target["datasource"] == panel["datasource"] == gb.DATASOURCE
-    refids = [[t["refId"] for t in p["targets"]] for p in _leaf_panels(dashboard)
-              if p.get("targets")]
+    refids = [
+        [t["refId"] for t in p["targets"]] for p in _leaf_panels(dashboard) if p.get("targets")
+    ]
     assert all(len(r) == len(set(r)) for r in refids)
 
 
@@ -97,18 +99,24 @@ def test_phase_panels_use_increase_ratios_not_rate_of_sum(dashboard):
     assert any("request_decode_time_seconds_sum" in e for e in exprs)
     for expr in exprs:
         assert "increase(" in expr and "_count" in expr and "rate(" not in expr
-        assert '[$__rate_interval]' in expr
+        assert "[$__rate_interval]" in expr
         assert 'model_name=~"$model_name",instance=~"$instance"' in expr
-    for title in ("Time to first token", "Inter-token latency", "Decode share of request time",
-                  "Running / waiting requests", "KV-cache usage", "Token throughput",
-                  "Preemptions", "Queue and inference time per request"):
+    for title in (
+        "Time to first token",
+        "Inter-token latency",
+        "Decode share of request time",
+        "Running / waiting requests",
+        "KV-cache usage",
+        "Token throughput",
+        "Preemptions",
+        "Queue and inference time per request",
+    ):
         assert title in by_title
 
 
 def test_units_are_grafana_units(dashboard):
     by_title = {p["title"]: p for p in _leaf_panels(dashboard) if p["type"] != "row"}
-    assert by_title["Prefill vs decode time per request"]["fieldConfig"]["defaults"]["unit"] \
-        == "s"
+    assert by_title["Prefill vs decode time per request"]["fieldConfig"]["defaults"]["unit"] == "s"
     assert by_title["KV-cache usage"]["fieldConfig"]["defaults"]["unit"] == "percentunit"
     assert by_title["Decode share of request time"]["fieldConfig"]["defaults"]["max"] == 1
     assert {p["type"] for p in by_title.values()} == {"timeseries", "stat"}

@@ -50,8 +50,7 @@ def test_lint_shipped_dashboard_is_clean(capsys):
 
 
 def test_lint_reports_each_stale_name_with_its_replacement(stale_file, capsys):
-    code = _main(["grafana", "lint", str(SHIPPED), str(stale_file), "--metrics",
-                  str(REAL_METRICS)])
+    code = _main(["grafana", "lint", str(SHIPPED), str(stale_file), "--metrics", str(REAL_METRICS)])
     assert code == 1
     out = capsys.readouterr().out
     for old, new in EXPECTED_STALE.items():
@@ -79,8 +78,21 @@ def test_lint_errors_are_one_red_line(tmp_path, capsys):
 def test_import_through_the_cli_never_shows_the_token(monkeypatch, capsys):
     monkeypatch.setenv("GF_TOK", TOKEN)
     with GrafanaStub(token=TOKEN, folders=[{"uid": "f1", "title": "LLM"}]) as grafana:
-        code = _main(["grafana", "import", "--url", grafana.url, "--folder", "LLM",
-                      "--datasource", "Prometheus", "--token-env", "GF_TOK", "--json"])
+        code = _main(
+            [
+                "grafana",
+                "import",
+                "--url",
+                grafana.url,
+                "--folder",
+                "LLM",
+                "--datasource",
+                "Prometheus",
+                "--token-env",
+                "GF_TOK",
+                "--json",
+            ]
+        )
         assert code == 0
         doc = json.loads(capsys.readouterr().out)
         assert doc["uid"] == gb.DASHBOARD_UID and doc["folder"] == "f1"
@@ -93,8 +105,21 @@ def test_import_through_the_cli_never_shows_the_token(monkeypatch, capsys):
         assert _main(["grafana", "import", "--url", grafana.url, "--token-env", "GF_TOK"]) == 2
         captured = capsys.readouterr()
         assert "--overwrite" in captured.err and "412" in captured.err
-        assert _main(["grafana", "import", str(SHIPPED), "--url", grafana.url, "--overwrite",
-                      "--token-env", "GF_TOK"]) == 0
+        assert (
+            _main(
+                [
+                    "grafana",
+                    "import",
+                    str(SHIPPED),
+                    "--url",
+                    grafana.url,
+                    "--overwrite",
+                    "--token-env",
+                    "GF_TOK",
+                ]
+            )
+            == 0
+        )
         out = capsys.readouterr()
         assert "imported" in out.out and "version 2" in out.out
 

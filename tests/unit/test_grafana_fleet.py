@@ -38,7 +38,7 @@ def fleet_panels() -> list[dict[str, Any]]:
     start = next(i for i in rows if panels[i]["title"] == gb.FLEET_ROW)
     end = next((i for i in rows if i > start), len(panels))
     assert not panels[start]["collapsed"]
-    return panels[start + 1:end]
+    return panels[start + 1 : end]
 
 
 def test_phases_cover_the_issue():
@@ -66,8 +66,9 @@ def test_the_fleet_row_shows_every_fleet_query(fleet_panels):
     for panel in fleet_panels:
         assert panel["type"] == "timeseries", panel["title"]
         for target in panel["targets"]:
-            name = next(n for n in FLEET if CATALOG[n].render(gb.SELECTOR, gb.WINDOW)
-                        == target["expr"])
+            name = next(
+                n for n in FLEET if CATALOG[n].render(gb.SELECTOR, gb.WINDOW) == target["expr"]
+            )
             assert name in panel["description"] and CATALOG[name].help in panel["description"]
             used.add(name)
             # One series per replica (or per model for the imbalance), told apart by legend.
@@ -76,7 +77,9 @@ def test_the_fleet_row_shows_every_fleet_query(fleet_panels):
     titles = {p["title"]: p for p in fleet_panels}
     for _, title in gb.FLEET_PHASES:
         assert [t["legendFormat"] for t in titles[f"{title} per replica"]["targets"]] == [
-            "{{instance}} p50", "{{instance}} p99"]
+            "{{instance}} p50",
+            "{{instance}} p99",
+        ]
     units = {title: p["fieldConfig"]["defaults"] for title, p in titles.items()}
     share = units["Traffic share per replica"]
     assert share["unit"] == "percentunit" and share["max"] == 1
@@ -97,15 +100,21 @@ def test_every_fleet_metric_is_in_a_real_vllm_metrics_page():
 # -- values, by promtool's own PromQL evaluator ------------------------------------------------
 
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
-needs_promtool = pytest.mark.skipif(not Path(PROMTOOL).exists(),
-                                    reason="promtool missing (apt-get install prometheus)")
+needs_promtool = pytest.mark.skipif(
+    not Path(PROMTOOL).exists(), reason="promtool missing (apt-get install prometheus)"
+)
 SELECTOR = 'model_name=~"m|n|idle"'
 WINDOW = "5m"
 # (model, instance, engine) → finished requests per minute, a steady rate from t=0.
-RATES = {("m", "r1:8000", "0"): 12, ("m", "r1:8000", "1"): 6, ("m", "r2:8000", "0"): 6,
-         ("n", "r3:8000", "0"): 3,
-         ("idle", "r4:8000", "0"): 6, ("idle", "r5:8000", "0"): 0,
-         ("other", "r6:8000", "0"): 60}  # outside the selector: never counted
+RATES = {
+    ("m", "r1:8000", "0"): 12,
+    ("m", "r1:8000", "1"): 6,
+    ("m", "r2:8000", "0"): 6,
+    ("n", "r3:8000", "0"): 3,
+    ("idle", "r4:8000", "0"): 6,
+    ("idle", "r5:8000", "0"): 0,
+    ("other", "r6:8000", "0"): 60,
+}  # outside the selector: never counted
 # Histogram buckets per instance: r1's observations all at or below 0.1 s, r2's in (0.5, 1].
 BUCKETS = ("0.1", "0.5", "1.0", "+Inf")
 
@@ -116,9 +125,14 @@ def _series(name: str, labels: dict[str, str], per_min: int) -> dict[str, str]:
 
 
 def _input_series() -> list[dict[str, str]]:
-    series = [_series("vllm:e2e_request_latency_seconds_count",
-                      {"model_name": m, "instance": i, "engine": e}, n)
-              for (m, i, e), n in RATES.items()]
+    series = [
+        _series(
+            "vllm:e2e_request_latency_seconds_count",
+            {"model_name": m, "instance": i, "engine": e},
+            n,
+        )
+        for (m, i, e), n in RATES.items()
+    ]
     for name in QUANTILES[::2]:  # one family per phase
         (bucket,) = CATALOG[name].metrics
         for instance, first in (("r1:8000", 0), ("r2:8000", 2)):
@@ -134,10 +148,17 @@ def _round(expr: str) -> str:
 
 
 def _test(expr: str, samples: list[tuple[dict[str, str], float]]) -> dict[str, Any]:
-    return {"expr": _round(expr), "eval_time": "10m",
-            "exp_samples": [{"labels": "{" + ",".join(f'{k}="{v}"' for k, v in
-                                                      sorted(labels.items())) + "}",
-                             "value": value} for labels, value in samples]}
+    return {
+        "expr": _round(expr),
+        "eval_time": "10m",
+        "exp_samples": [
+            {
+                "labels": "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}",
+                "value": value,
+            }
+            for labels, value in samples
+        ],
+    }
 
 
 def _render(name: str) -> str:
@@ -151,41 +172,69 @@ def _cases() -> list[dict[str, Any]]:
     i5 = {"model_name": "idle", "instance": "r5:8000"}
     cases = [
         # r1: 18/min over two engines = 0.3/s, r2 0.1/s, r3 0.05/s, r4 0.1/s, r5 idle.
-        _test(_render("request_rate_by_replica"),
-              [(m1, 300), (m2, 100), (n3, 50), (i4, 100), (i5, 0)]),
-        _test(_render("traffic_share_by_replica"),
-              [(m1, 750), (m2, 250), (n3, 1000), (i4, 1000), (i5, 0)]),
+        _test(
+            _render("request_rate_by_replica"), [(m1, 300), (m2, 100), (n3, 50), (i4, 100), (i5, 0)]
+        ),
+        _test(
+            _render("traffic_share_by_replica"),
+            [(m1, 750), (m2, 250), (n3, 1000), (i4, 1000), (i5, 0)],
+        ),
         # Every model's replicas' shares sum to 1.
-        _test(f"sum by (model_name) ({_render('traffic_share_by_replica')})",
-              [({"model_name": "m"}, 1000), ({"model_name": "n"}, 1000),
-               ({"model_name": "idle"}, 1000)]),
+        _test(
+            f"sum by (model_name) ({_render('traffic_share_by_replica')})",
+            [
+                ({"model_name": "m"}, 1000),
+                ({"model_name": "n"}, 1000),
+                ({"model_name": "idle"}, 1000),
+            ],
+        ),
         # 0.3 / 0.1 = 3; one replica alone is even; an idle replica makes it +Inf.
-        _test(_render("replica_imbalance"),
-              [({"model_name": "m"}, 3000), ({"model_name": "n"}, 1000),
-               ({"model_name": "idle"}, float("inf"))]),
+        _test(
+            _render("replica_imbalance"),
+            [
+                ({"model_name": "m"}, 3000),
+                ({"model_name": "n"}, 1000),
+                ({"model_name": "idle"}, float("inf")),
+            ],
+        ),
         # The fleet-wide request_rate is the sum of the per-replica rates.
-        _test(f"{_render('request_rate')} - sum({_render('request_rate_by_replica')})",
-              [({}, 0)]),
+        _test(f"{_render('request_rate')} - sum({_render('request_rate_by_replica')})", [({}, 0)]),
     ]
     for name in QUANTILES:
         # Interpolated within the bucket: r1 in [0, 0.1], r2 in (0.5, 1].
         p = 0.5 if name.split("_p")[1].startswith("50") else 0.99
-        cases.append(_test(_render(name), [({"instance": "r1:8000"}, round(100 * p)),
-                                           ({"instance": "r2:8000"}, round(500 + 500 * p))]))
+        cases.append(
+            _test(
+                _render(name),
+                [
+                    ({"instance": "r1:8000"}, round(100 * p)),
+                    ({"instance": "r2:8000"}, round(500 + 500 * p)),
+                ],
+            )
+        )
     return cases
 
 
 @needs_promtool
 def test_share_imbalance_and_percentiles_on_synthetic_series(tmp_path):
     (tmp_path / "rules.yml").write_text(json.dumps({"groups": []}))
-    doc = {"rule_files": ["rules.yml"], "evaluation_interval": "1m",
-           "tests": [{"interval": "1m", "input_series": _input_series(),
-                      "promql_expr_test": _cases()}]}
+    doc = {
+        "rule_files": ["rules.yml"],
+        "evaluation_interval": "1m",
+        "tests": [
+            {"interval": "1m", "input_series": _input_series(), "promql_expr_test": _cases()}
+        ],
+    }
     # JSON is YAML, except that YAML spells infinity .inf
     text = json.dumps(doc, indent=1).replace("Infinity", ".inf")
     (tmp_path / "fleet_test.yml").write_text(text)
-    proc = subprocess.run([PROMTOOL, "test", "rules", "fleet_test.yml"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [PROMTOOL, "test", "rules", "fleet_test.yml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "SUCCESS" in proc.stdout
 
@@ -195,11 +244,18 @@ def test_the_synthetic_check_is_not_vacuous(tmp_path):
     """A wrong expectation fails the same harness."""
     (tmp_path / "rules.yml").write_text(json.dumps({"groups": []}))
     case = _test(_render("replica_imbalance"), [({"model_name": "m"}, 2000)])
-    doc = {"rule_files": ["rules.yml"], "evaluation_interval": "1m",
-           "tests": [{"interval": "1m", "input_series": _input_series(),
-                      "promql_expr_test": [case]}]}
+    doc = {
+        "rule_files": ["rules.yml"],
+        "evaluation_interval": "1m",
+        "tests": [{"interval": "1m", "input_series": _input_series(), "promql_expr_test": [case]}],
+    }
     (tmp_path / "fleet_test.yml").write_text(json.dumps(doc, indent=1))
-    proc = subprocess.run([PROMTOOL, "test", "rules", "fleet_test.yml"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [PROMTOOL, "test", "rules", "fleet_test.yml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode != 0
     assert '{model_name="m"} 3E+03' in proc.stdout + proc.stderr  # what it really is

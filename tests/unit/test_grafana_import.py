@@ -27,18 +27,36 @@ from phaseprobe.present.grafana import build as gb
 from phaseprobe.testing.grafana_stub import GrafanaStub
 
 TOKEN = "glsa_s3cr3t-t0ken-value"
-SHIPPED = json.loads((Path(gb.__file__).resolve().parents[2] / "dashboards" /
-                      gb.DASHBOARD_FILE).read_text(encoding="utf-8"))
+SHIPPED = json.loads(
+    (Path(gb.__file__).resolve().parents[2] / "dashboards" / gb.DASHBOARD_FILE).read_text(
+        encoding="utf-8"
+    )
+)
 FOLDERS = [{"id": 7, "uid": "ops-uid", "title": "Ops"}]
 # A dashboard as Grafana's UI exports it "for sharing externally": only the __inputs entry, no
 # datasource variable (vLLM's examples/observability dashboards look like this).
 UI_EXPORT = {
     "__inputs": [{"name": "DS_PROM", "type": "datasource", "pluginId": "prometheus"}],
-    "id": 12, "uid": "ui-export", "title": "exported", "version": 9, "schemaVersion": 39,
-    "panels": [{"id": 1, "type": "timeseries", "title": "x",
-                "datasource": {"type": "prometheus", "uid": "${DS_PROM}"},
-                "targets": [{"refId": "A", "expr": "vllm:num_requests_running",
-                             "datasource": {"type": "prometheus", "uid": "${DS_PROM}"}}]}],
+    "id": 12,
+    "uid": "ui-export",
+    "title": "exported",
+    "version": 9,
+    "schemaVersion": 39,
+    "panels": [
+        {
+            "id": 1,
+            "type": "timeseries",
+            "title": "x",
+            "datasource": {"type": "prometheus", "uid": "${DS_PROM}"},
+            "targets": [
+                {
+                    "refId": "A",
+                    "expr": "vllm:num_requests_running",
+                    "datasource": {"type": "prometheus", "uid": "${DS_PROM}"},
+                }
+            ],
+        }
+    ],
 }
 
 
@@ -94,8 +112,10 @@ def test_input_without_a_variable_is_replaced_by_the_datasource_uid(grafana):
 
 
 def test_datasource_by_uid_and_the_errors_for_wrong_ones(grafana):
-    assert import_dashboard(_client(grafana), UI_EXPORT, datasource="prom-main").datasource \
+    assert (
+        import_dashboard(_client(grafana), UI_EXPORT, datasource="prom-main").datasource
         == "prom-main"
+    )
     with pytest.raises(ConfigError, match=r"no datasource .*'nope'.*Loki, Prometheus"):
         import_dashboard(_client(grafana), UI_EXPORT, datasource="nope")
     with pytest.raises(ConfigError, match="type 'loki'"):
@@ -103,19 +123,24 @@ def test_datasource_by_uid_and_the_errors_for_wrong_ones(grafana):
 
 
 def test_no_default_prometheus_datasource_asks_for_one():
-    two = [{"uid": "a", "name": "A", "type": "prometheus"},
-           {"uid": "b", "name": "B", "type": "prometheus"}]
+    two = [
+        {"uid": "a", "name": "A", "type": "prometheus"},
+        {"uid": "b", "name": "B", "type": "prometheus"},
+    ]
     with GrafanaStub(token=TOKEN, datasources=two) as stub:
         with pytest.raises(ConfigError, match="--datasource"):
             import_dashboard(_client(stub), UI_EXPORT)
         assert _posts(stub) == []
 
 
-@pytest.mark.parametrize("folder, field, value", [
-    ("Ops", "folderUid", "ops-uid"),
-    ("ops-uid", "folderUid", "ops-uid"),
-    ("7", "folderId", 7),
-])
+@pytest.mark.parametrize(
+    "folder, field, value",
+    [
+        ("Ops", "folderUid", "ops-uid"),
+        ("ops-uid", "folderUid", "ops-uid"),
+        ("7", "folderId", 7),
+    ],
+)
 def test_folder_by_title_uid_or_legacy_id(grafana, folder, field, value):
     result = import_dashboard(_client(grafana), SHIPPED, folder=folder)
     body = _posts(grafana)[0].body
@@ -148,12 +173,15 @@ def test_wrong_token_is_401_naming_the_variable_not_the_value(grafana):
     assert TOKEN not in message and TOKEN not in repr(client)
 
 
-@pytest.mark.parametrize("status, error, text", [
-    (403, GrafanaAuthError, "Editor"),
-    (404, GrafanaNotFound, "check the Grafana URL"),
-    (412, GrafanaConflict, "--overwrite"),
-    (500, GrafanaApiError, "HTTP 500"),
-])
+@pytest.mark.parametrize(
+    "status, error, text",
+    [
+        (403, GrafanaAuthError, "Editor"),
+        (404, GrafanaNotFound, "check the Grafana URL"),
+        (412, GrafanaConflict, "--overwrite"),
+        (500, GrafanaApiError, "HTTP 500"),
+    ],
+)
 def test_each_error_status_is_mapped(grafana, status, error, text):
     grafana.reply("POST", "/api/dashboards/db", status, {"message": f"stub {status}"})
     with pytest.raises(error, match=text) as info:

@@ -32,24 +32,59 @@ STALE = {
     "schemaVersion": 39,
     "title": "old vLLM",
     "panels": [
-        {"id": 1, "type": "timeseries", "title": "KV cache",
-         "targets": [{"refId": "A",
-                      "expr": 'avg(vllm:gpu_cache_usage_perc{model_name="$model_name"})'}]},
-        {"id": 2, "type": "row", "title": "Cache", "collapsed": True, "panels": [
-            {"id": 3, "type": "stat", "title": "GPU KV Cache Hit Rate",
-             "targets": [{"refId": "A",
-                          "expr": "sum(rate(vllm:gpu_prefix_cache_hits_total[$__rate_interval]))"
-                                  " / sum(rate(vllm:gpu_prefix_cache_queries_total"
-                                  "[$__rate_interval]))"}]}]},
-        {"id": 4, "type": "timeseries", "title": "TPOT",
-         "targets": [{"refId": "A", "expr": "histogram_quantile(0.99, sum by(le) (rate("
-                                            "vllm:time_per_output_token_seconds_bucket"
-                                            "[$__rate_interval])))"},
-                     {"refId": "B", "expr": "vllm:avg_generation_throughput_toks_per_s"}]},
+        {
+            "id": 1,
+            "type": "timeseries",
+            "title": "KV cache",
+            "targets": [
+                {"refId": "A", "expr": 'avg(vllm:gpu_cache_usage_perc{model_name="$model_name"})'}
+            ],
+        },
+        {
+            "id": 2,
+            "type": "row",
+            "title": "Cache",
+            "collapsed": True,
+            "panels": [
+                {
+                    "id": 3,
+                    "type": "stat",
+                    "title": "GPU KV Cache Hit Rate",
+                    "targets": [
+                        {
+                            "refId": "A",
+                            "expr": "sum(rate(vllm:gpu_prefix_cache_hits_total[$__rate_interval]))"
+                            " / sum(rate(vllm:gpu_prefix_cache_queries_total"
+                            "[$__rate_interval]))",
+                        }
+                    ],
+                }
+            ],
+        },
+        {
+            "id": 4,
+            "type": "timeseries",
+            "title": "TPOT",
+            "targets": [
+                {
+                    "refId": "A",
+                    "expr": "histogram_quantile(0.99, sum by(le) (rate("
+                    "vllm:time_per_output_token_seconds_bucket"
+                    "[$__rate_interval])))",
+                },
+                {"refId": "B", "expr": "vllm:avg_generation_throughput_toks_per_s"},
+            ],
+        },
     ],
-    "templating": {"list": [{"type": "query", "name": "model_name",
-                             "query": {"query": "label_values(vllm:num_requests_running, "
-                                                "model_name)"}}]},
+    "templating": {
+        "list": [
+            {
+                "type": "query",
+                "name": "model_name",
+                "query": {"query": "label_values(vllm:num_requests_running, model_name)"},
+            }
+        ]
+    },
 }
 EXPECTED_STALE = {
     "vllm:gpu_cache_usage_perc": "vllm:kv_cache_usage_perc",
@@ -69,10 +104,14 @@ def test_shipped_dashboard_is_clean_against_a_real_vllm_metrics_text(real):
     assert report.ok, report.to_dict()
     assert report.missing == [] and report.stale == []
     names = set(report.metrics)
-    for needed in ("vllm:request_prefill_time_seconds_sum",
-                   "vllm:request_decode_time_seconds_count",
-                   "vllm:time_to_first_token_seconds_bucket", "vllm:kv_cache_usage_perc",
-                   "vllm:num_requests_waiting", "vllm:num_preemptions_total"):
+    for needed in (
+        "vllm:request_prefill_time_seconds_sum",
+        "vllm:request_decode_time_seconds_count",
+        "vllm:time_to_first_token_seconds_bucket",
+        "vllm:kv_cache_usage_perc",
+        "vllm:num_requests_waiting",
+        "vllm:num_preemptions_total",
+    ):
         assert needed in names
     # The templating query is walked too.
     assert any(w.startswith("variable ") for w in report.metrics["vllm:num_requests_running"])
@@ -89,18 +128,30 @@ def test_stale_names_are_reported_with_their_replacement(real):
     assert "vllm:generation_tokens_total" in stale["vllm:avg_generation_throughput_toks_per_s"]
     # Found inside the collapsed row.
     assert report.metrics["vllm:gpu_prefix_cache_hits_total"] == [
-        "row 'Cache' > panel 'GPU KV Cache Hit Rate' (id 3) target A"]
+        "row 'Cache' > panel 'GPU KV Cache Hit Rate' (id 3) target A"
+    ]
     assert "vllm:num_requests_running" not in report.missing
 
 
 def test_stale_bare_histogram_family_and_underscore_spelling():
-    dash = {"panels": [{"id": 1, "title": "t", "targets": [
-        {"refId": "A", "expr": "vllm:time_per_output_token_seconds"},
-        {"refId": "B", "expr": "rate(vllm_gpu_prefix_cache_hits_total[5m])"},
-        {"refId": "C", "expr": "rate(vllm_prefix_cache_hits_total[5m])"}]}]}
+    dash = {
+        "panels": [
+            {
+                "id": 1,
+                "title": "t",
+                "targets": [
+                    {"refId": "A", "expr": "vllm:time_per_output_token_seconds"},
+                    {"refId": "B", "expr": "rate(vllm_gpu_prefix_cache_hits_total[5m])"},
+                    {"refId": "C", "expr": "rate(vllm_prefix_cache_hits_total[5m])"},
+                ],
+            }
+        ]
+    }
     stale = {s.name: s.replacement for s in lint_dashboard(dash).stale}
-    assert stale == {"vllm:time_per_output_token_seconds": "vllm:inter_token_latency_seconds",
-                     "vllm_gpu_prefix_cache_hits_total": "vllm:prefix_cache_hits_total"}
+    assert stale == {
+        "vllm:time_per_output_token_seconds": "vllm:inter_token_latency_seconds",
+        "vllm_gpu_prefix_cache_hits_total": "vllm:prefix_cache_hits_total",
+    }
 
 
 def test_stale_names_are_reported_without_a_metrics_source():
@@ -111,40 +162,77 @@ def test_stale_names_are_reported_without_a_metrics_source():
 
 
 def test_missing_metric_gets_a_hint_when_only_the_spelling_differs(real):
-    dash = {"panels": [{"id": 1, "title": "e2e", "targets": [
-        {"refId": "A", "expr": "rate(vllm_e2e_request_latency_seconds_sum[5m]) + up"},
-        {"refId": "B", "expr": "vllm:made_up_metric"}]}]}
+    dash = {
+        "panels": [
+            {
+                "id": 1,
+                "title": "e2e",
+                "targets": [
+                    {"refId": "A", "expr": "rate(vllm_e2e_request_latency_seconds_sum[5m]) + up"},
+                    {"refId": "B", "expr": "vllm:made_up_metric"},
+                ],
+            }
+        ]
+    }
     report = lint_dashboard(dash, snapshot=real)
     assert set(report.missing) == {"vllm_e2e_request_latency_seconds_sum", "vllm:made_up_metric"}
-    assert report.hints == {"vllm_e2e_request_latency_seconds_sum":
-                            "vllm:e2e_request_latency_seconds_sum"}
+    assert report.hints == {
+        "vllm_e2e_request_latency_seconds_sum": "vllm:e2e_request_latency_seconds_sum"
+    }
     assert report.skipped == ["up"] and report.stale == []
 
 
 def test_old_rows_layout_api_export_wrapper_and_template_functions(tmp_path):
-    dash = {"rows": [{"title": "R", "panels": [{"id": 7, "title": "q", "targets": [
-        {"refId": "A", "expr": "vllm:num_requests_waiting"}]}]}],
-        "templating": {"list": [
-            {"type": "query", "name": "a", "query": "label_values(model_name)"},
-            {"type": "query", "name": "b",
-             "query": "query_result(topk(3, vllm:num_requests_running))"},
-            {"type": "custom", "name": "c", "query": "1,2,3"},
-            {"type": "query", "name": "d", "query": "metrics(vllm:.*)"}]}}
+    dash = {
+        "rows": [
+            {
+                "title": "R",
+                "panels": [
+                    {
+                        "id": 7,
+                        "title": "q",
+                        "targets": [{"refId": "A", "expr": "vllm:num_requests_waiting"}],
+                    }
+                ],
+            }
+        ],
+        "templating": {
+            "list": [
+                {"type": "query", "name": "a", "query": "label_values(model_name)"},
+                {
+                    "type": "query",
+                    "name": "b",
+                    "query": "query_result(topk(3, vllm:num_requests_running))",
+                },
+                {"type": "custom", "name": "c", "query": "1,2,3"},
+                {"type": "query", "name": "d", "query": "metrics(vllm:.*)"},
+            ]
+        },
+    }
     path = tmp_path / "export.json"
     path.write_text(json.dumps({"dashboard": dash, "meta": {"slug": "x"}}))
     loaded = load_dashboard(path)
     assert [r.where for r in iter_exprs(loaded)] == [
-        "row 'R' > panel 'q' (id 7) target A", "variable a", "variable b", "variable d"]
-    assert set(referenced_metrics(loaded)) == {"vllm:num_requests_waiting",
-                                               "vllm:num_requests_running"}
+        "row 'R' > panel 'q' (id 7) target A",
+        "variable a",
+        "variable b",
+        "variable d",
+    ]
+    assert set(referenced_metrics(loaded)) == {
+        "vllm:num_requests_waiting",
+        "vllm:num_requests_running",
+    }
 
 
-@pytest.mark.parametrize("content, reason", [
-    ("{not json", "not valid JSON (line 1"),
-    ("[1, 2]", "not a Grafana dashboard"),
-    ('{"title": "no panels"}', "not a Grafana dashboard"),
-    (b"\xff\xfe\x00garbage", "cannot be read"),
-])
+@pytest.mark.parametrize(
+    "content, reason",
+    [
+        ("{not json", "not valid JSON (line 1"),
+        ("[1, 2]", "not a Grafana dashboard"),
+        ('{"title": "no panels"}', "not a Grafana dashboard"),
+        (b"\xff\xfe\x00garbage", "cannot be read"),
+    ],
+)
 def test_corrupt_dashboard_files_name_the_file(tmp_path, content, reason):
     path = tmp_path / "bad.json"
     if isinstance(content, bytes):
@@ -214,11 +302,30 @@ def test_live_metrics_url_with_or_without_the_metrics_path():
 
 _json = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=20),
-    lambda children: st.lists(children, max_size=4)
-    | st.dictionaries(st.sampled_from(["panels", "rows", "targets", "expr", "templating",
-                                       "list", "query", "type", "title", "id", "refId"]),
-                      children, max_size=5),
-    max_leaves=25)
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.dictionaries(
+            st.sampled_from(
+                [
+                    "panels",
+                    "rows",
+                    "targets",
+                    "expr",
+                    "templating",
+                    "list",
+                    "query",
+                    "type",
+                    "title",
+                    "id",
+                    "refId",
+                ]
+            ),
+            children,
+            max_size=5,
+        )
+    ),
+    max_leaves=25,
+)
 
 
 @settings(max_examples=200, deadline=None)

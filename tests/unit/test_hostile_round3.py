@@ -51,16 +51,18 @@ def server() -> Iterator[CannedServer]:
     routes = {
         "bomb": {"*": Reply(200, BOMB, "text/plain", GZIP)},
         "big": {"*": Reply(200, stream_bytes(_METRICS_LINE, 3 * MiB), "text/plain")},
-        "biglen": {"*": Reply(200, stream_bytes(_METRICS_LINE, 3 * MiB), "text/plain",
-                              length=3 * MiB)},
+        "biglen": {
+            "*": Reply(200, stream_bytes(_METRICS_LINE, 3 * MiB), "text/plain", length=3 * MiB)
+        },
         "done_only": {"/v1/completions": Reply(200, _sse("[DONE]"), _SSE)},
-        "html": {"/v1/completions": Reply(200, b"<html><body>Login</body></html>",
-                                          "text/html")},
+        "html": {"/v1/completions": Reply(200, b"<html><body>Login</body></html>", "text/html")},
         "json": {"/v1/completions": Reply(200, _JSON_ANSWER, "application/json")},
-        "cr_only": {"/v1/completions": Reply(200, _sse(_TOKEN, _USAGE, "[DONE]", sep="\r\r"),
-                                             _SSE)},
-        "crlf": {"/v1/completions": Reply(200, _sse(_TOKEN, _USAGE, "[DONE]", sep="\r\n\r\n"),
-                                          _SSE)},
+        "cr_only": {
+            "/v1/completions": Reply(200, _sse(_TOKEN, _USAGE, "[DONE]", sep="\r\r"), _SSE)
+        },
+        "crlf": {
+            "/v1/completions": Reply(200, _sse(_TOKEN, _USAGE, "[DONE]", sep="\r\n\r\n"), _SSE)
+        },
         "usage_only": {"/v1/completions": Reply(200, _sse(_USAGE, "[DONE]"), _SSE)},
         "models": {"/v1/models": json_reply({"data": [{"id": "m"}]})},
     }
@@ -78,11 +80,15 @@ def _quick(call, expected, match, bound_s=5.0):
 
 # -- item 1: bytes and decompressed bytes ----------------------------------------------------
 
+
 def test_a_metrics_gzip_bomb_is_cut_at_the_cap_in_bounded_memory(server):
     tracemalloc.start()
     try:
-        exc = _quick(lambda: MetricsScraper(server.url("bomb"), max_bytes=MiB).scrape(),
-                     MetricsUnavailable, r"expands past 1 MiB when decompressed \(gzip")
+        exc = _quick(
+            lambda: MetricsScraper(server.url("bomb"), max_bytes=MiB).scrape(),
+            MetricsUnavailable,
+            r"expands past 1 MiB when decompressed \(gzip",
+        )
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -91,16 +97,24 @@ def test_a_metrics_gzip_bomb_is_cut_at_the_cap_in_bounded_memory(server):
     assert peak < 4 * MiB
 
 
-@pytest.mark.parametrize("scenario,said", [("big", r"larger than 1 MiB, the limit"),
-                                           ("biglen", r"is 3 MiB \(Content-Length\)")])
+@pytest.mark.parametrize(
+    "scenario,said",
+    [("big", r"larger than 1 MiB, the limit"), ("biglen", r"is 3 MiB \(Content-Length\)")],
+)
 def test_a_plain_huge_metrics_page_is_refused_naming_the_limit(server, scenario, said):
-    _quick(lambda: MetricsScraper(server.url(scenario), max_bytes=MiB).scrape(),
-           MetricsUnavailable, said)
+    _quick(
+        lambda: MetricsScraper(server.url(scenario), max_bytes=MiB).scrape(),
+        MetricsUnavailable,
+        said,
+    )
 
 
 def test_a_models_gzip_bomb_is_refused(server):
-    _quick(lambda: check_endpoint(server.url("bomb"), session=requests.Session(), headers={}),
-           EndpointUnreachable, r"answer over 1048576 bytes")
+    _quick(
+        lambda: check_endpoint(server.url("bomb"), session=requests.Session(), headers={}),
+        EndpointUnreachable,
+        r"answer over 1048576 bytes",
+    )
 
 
 def test_prometheus_and_grafana_gzip_bombs_are_refused(server, monkeypatch):
@@ -113,15 +127,22 @@ def test_prometheus_and_grafana_gzip_bombs_are_refused(server, monkeypatch):
     monkeypatch.setattr(grafana_api, "MAX_ANSWER_BYTES", MiB)
     with PrometheusClient(server.url("bomb"), timeout_s=2, retries=0) as prom:
         _quick(prom.metric_names, PrometheusUnreachable, r"expands past 1 MiB")
-    _quick(lambda: GrafanaClient(server.url("bomb"), "tok", timeout_s=2).datasources(),
-           GrafanaUnreachable, r"expands past 1 MiB")
+    _quick(
+        lambda: GrafanaClient(server.url("bomb"), "tok", timeout_s=2).datasources(),
+        GrafanaUnreachable,
+        r"expands past 1 MiB",
+    )
 
 
 def test_small_json_answers_past_their_cap_are_not_available(server):
     from phaseprobe.sources.vllm.openai_stream import small_json
 
-    assert small_json(requests.Session(), "GET", server.url("bomb") + "/version", headers={},
-                      timeout_s=2) is None
+    assert (
+        small_json(
+            requests.Session(), "GET", server.url("bomb") + "/version", headers={}, timeout_s=2
+        )
+        is None
+    )
 
 
 def test_the_otlp_forward_reads_a_bounded_reply(server):
@@ -140,11 +161,13 @@ def test_the_otlp_forward_reads_a_bounded_reply(server):
 
 # -- item 1: time, from the connection on ------------------------------------------------------
 
+
 @contextmanager
 def trickled_headers(gap_s: float = 0.1) -> Iterator[str]:
     """A server that answers every request with headers sent one byte every ``gap_s``."""
-    head = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n" + b"X-Pad: a\r\n" * 200
-            + b"\r\n")
+    head = (
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n" + b"X-Pad: a\r\n" * 200 + b"\r\n"
+    )
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
     srv.listen(8)
@@ -190,16 +213,23 @@ def test_the_deadline_covers_a_stream_whose_headers_trickle():
 
 def test_the_models_preflight_obeys_the_probes_deadline():
     with trickled_headers() as url:
-        _quick(lambda: check_endpoint(url, session=requests.Session(), headers={},
-                                      timeout_s=3, deadline_s=1.0),
-               EndpointUnreachable, r"within 1 s \(total deadline\)", bound_s=3.0)
+        _quick(
+            lambda: check_endpoint(
+                url, session=requests.Session(), headers={}, timeout_s=3, deadline_s=1.0
+            ),
+            EndpointUnreachable,
+            r"within 1 s \(total deadline\)",
+            bound_s=3.0,
+        )
 
 
 # -- items 7 and 8: what a stream was ----------------------------------------------------------
 
+
 def _stream(server, scenario):
     return StreamClient(server.url(scenario), timeout_s=5, deadline_s=10).stream(
-        build_body(model="m", prompt="x", max_tokens=4, chat=False))
+        build_body(model="m", prompt="x", max_tokens=4, chat=False)
+    )
 
 
 def test_a_done_only_stream_is_an_error_run_with_its_reason(server):
@@ -215,10 +245,13 @@ def test_a_usage_only_stream_is_not_called_empty(server):
     assert out.error is None and out.timeline.completion_tokens == 1
 
 
-@pytest.mark.parametrize("scenario,said", [
-    ("html", r"not an SSE stream \(text/html, starting '<html><body>Login</body></html>'\)"),
-    ("json", r"not an SSE stream \(application/json, starting '\{\"id\":\"cmpl-1\""),
-])
+@pytest.mark.parametrize(
+    "scenario,said",
+    [
+        ("html", r"not an SSE stream \(text/html, starting '<html><body>Login</body></html>'\)"),
+        ("json", r"not an SSE stream \(application/json, starting '\{\"id\":\"cmpl-1\""),
+    ],
+)
 def test_an_answer_that_is_no_stream_is_named(server, scenario, said):
     out = _stream(server, scenario)
     assert out.error is not None
@@ -259,8 +292,11 @@ def test_a_crlf_pair_split_across_chunks_is_one_line_end():
 
 # -- item 8: refused at argument time ----------------------------------------------------------
 
-@pytest.mark.parametrize("value", ["not a url", "ftp://collector:4318", "http://", "http://h:x/",
-                                   "http://u:s3cr3t@/v1/traces"])
+
+@pytest.mark.parametrize(
+    "value",
+    ["not a url", "ftp://collector:4318", "http://", "http://h:x/", "http://u:s3cr3t@/v1/traces"],
+)
 def test_a_forward_that_is_no_http_url_is_refused_by_argparse(value, capsys):
     from phaseprobe.present.cli import main
 
@@ -273,8 +309,11 @@ def test_a_forward_that_is_no_http_url_is_refused_by_argparse(value, capsys):
 
 # -- item 7: a --selector is parsed as label matchers, never spliced ----------------------------
 
-@pytest.mark.parametrize("selector", ['a="b"}) or vector(1) or (x{',
-                                      '{a="b"} or vector(1) {c="d"}', "a=b", 'a="b" c="d"'])
+
+@pytest.mark.parametrize(
+    "selector",
+    ['a="b"}) or vector(1) or (x{', '{a="b"} or vector(1) {c="d"}', "a=b", 'a="b" c="d"'],
+)
 def test_a_selector_that_is_not_label_matchers_is_refused_before_any_request(selector, capsys):
     from phaseprobe.present.cli import main
     from tests.hostile_cases import dead_url

@@ -75,9 +75,21 @@ def test_the_timeout_kills_the_benchmark_and_its_children(tmp_path):
 def test_sigterm_to_calibrate_kills_the_benchmark_and_its_children(tmp_path):
     script, pids_file = _fake(tmp_path)
     env = dict(os.environ, PHASEPROBE_DATA_DIR=str(tmp_path / "data"))
-    proc = subprocess.Popen([sys.executable, "-m", "phaseprobe", "calibrate", "--python",
-                             str(script), "--timeout", "60"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "phaseprobe",
+            "calibrate",
+            "--python",
+            str(script),
+            "--timeout",
+            "60",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         pids = _wait_for(pids_file, 30)
         proc.send_signal(signal.SIGTERM)
@@ -92,21 +104,37 @@ def test_sigterm_to_calibrate_kills_the_benchmark_and_its_children(tmp_path):
 
 # -- item 5: a damaged calibration is refused with its path and how to redo it ----------------
 
+
 def _entry(**over):
-    entry = {"device": "cpu", "device_name": "Test CPU", "mem_bandwidth_best_gb_s": 10.0,
-             "mem_bandwidth_median_gb_s": 9.0, "matmul_best_tflop_s": {"fp32": 0.5},
-             "matmul_median_tflop_s": {"fp32": 0.4}, "measured_at": 1.7e9,
-             "torch_version": "2.0", "interpreter": "python"}
+    entry = {
+        "device": "cpu",
+        "device_name": "Test CPU",
+        "mem_bandwidth_best_gb_s": 10.0,
+        "mem_bandwidth_median_gb_s": 9.0,
+        "matmul_best_tflop_s": {"fp32": 0.5},
+        "matmul_median_tflop_s": {"fp32": 0.4},
+        "measured_at": 1.7e9,
+        "torch_version": "2.0",
+        "interpreter": "python",
+    }
     return {**entry, **over}
 
 
-@pytest.mark.parametrize("bad", [{"measured_at": "yesterday"}, {"measured_at": [1]},
-                                 {"measured_at": 1e308}, {"measured_at": float("nan")},
-                                 {"mem_bandwidth_best_gb_s": 0},
-                                 {"matmul_best_tflop_s": {"fp32": "fast"}},
-                                 {"matmul_best_tflop_s": []}])
-def test_a_damaged_calibration_is_refused_then_replaced_by_a_new_one(tmp_path, monkeypatch,
-                                                                     capsys, bad):
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"measured_at": "yesterday"},
+        {"measured_at": [1]},
+        {"measured_at": 1e308},
+        {"measured_at": float("nan")},
+        {"mem_bandwidth_best_gb_s": 0},
+        {"matmul_best_tflop_s": {"fp32": "fast"}},
+        {"matmul_best_tflop_s": []},
+    ],
+)
+def test_a_damaged_calibration_is_refused_then_replaced_by_a_new_one(
+    tmp_path, monkeypatch, capsys, bad
+):
     import json
 
     from phaseprobe.calibrate.run import Calibration, calibration_path, load, save
@@ -126,17 +154,32 @@ def test_a_damaged_calibration_is_refused_then_replaced_by_a_new_one(tmp_path, m
     assert path.with_name(path.name + ".damaged").exists()
 
 
-@pytest.mark.parametrize("key,value", [("head_dim", 0), ("head_dim", -2), ("head_dim", 1.5),
-                                       ("vocab_size", 0), ("intermediate_size", 0)])
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("head_dim", 0),
+        ("head_dim", -2),
+        ("head_dim", 1.5),
+        ("vocab_size", 0),
+        ("intermediate_size", 0),
+    ],
+)
 def test_a_model_config_with_a_zero_size_is_refused_naming_file_and_key(tmp_path, key, value):
     import json
 
     from phaseprobe.analysis.model_math import load_config, parse_shape
     from phaseprobe.errors import ConfigError
 
-    cfg = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
-           "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100,
-           "intermediate_size": 128, key: value}
+    cfg = {
+        "model_type": "llama",
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 100,
+        "intermediate_size": 128,
+        key: value,
+    }
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))
     doc, source = load_config(path)

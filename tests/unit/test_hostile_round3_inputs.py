@@ -43,6 +43,7 @@ def _fail(reason: str) -> ValueError:
 
 # -- item 2: compressed inputs ------------------------------------------------------------------
 
+
 def test_a_gzip_bomb_stops_at_the_ratio_naming_the_variable(bomb: Path) -> None:
     _, stream = open_stream(bomb, _fail)
     read = 0
@@ -59,8 +60,9 @@ def test_the_ratio_limit_can_be_raised(bomb: Path, monkeypatch: pytest.MonkeyPat
         assert len(stream.read()) == 96 * MiB
 
 
-def test_the_decompressed_size_limit_names_its_variable(tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_decompressed_size_limit_names_its_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     p = tmp_path / "big.log.gz"
     p.write_bytes(gzip.compress(NCCL_LINE * 40_000))  # 2.6 MB of text
     monkeypatch.setenv(MAX_DECOMPRESSED_ENV, "1M")
@@ -71,8 +73,9 @@ def test_the_decompressed_size_limit_names_its_variable(tmp_path: Path,
 
 
 @pytest.mark.parametrize("value", ["x", "0", "-5", "1.5G", "99999999999999999999"])
-def test_a_bad_limit_in_the_environment_is_named(tmp_path: Path, value: str,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_bad_limit_in_the_environment_is_named(
+    tmp_path: Path, value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     p = tmp_path / "a.log.gz"
     p.write_bytes(gzip.compress(NCCL_LINE))
     monkeypatch.setenv(MAX_DECOMPRESSED_ENV, value)
@@ -85,8 +88,11 @@ def test_every_gzip_reader_is_bounded(bomb: Path, tmp_path: Path) -> None:
     from phaseprobe.analysis.nccl.warnings import classify_file
     from phaseprobe.sources.nccl.tests_table import parse_nccl_tests_file
 
-    for read in (lambda: parse_files([bomb]), lambda: parse_nccl_tests_file(bomb),
-                 lambda: classify_file(bomb)):
+    for read in (
+        lambda: parse_files([bomb]),
+        lambda: parse_nccl_tests_file(bomb),
+        lambda: classify_file(bomb),
+    ):
         with pytest.raises(ConfigError, match="bomb.log.gz: it expands"):
             read()
     trace = tmp_path / "rank0.pt.trace.json.gz"
@@ -123,6 +129,7 @@ def test_a_plain_file_is_not_wrapped(tmp_path: Path) -> None:
 
 # -- item 8: what a bad path is ---------------------------------------------------------------
 
+
 def _paths(tmp_path: Path) -> dict[str, tuple[str, str]]:
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
@@ -131,19 +138,23 @@ def _paths(tmp_path: Path) -> dict[str, tuple[str, str]]:
     (tmp_path / "loop2").symlink_to(loop)
     dangling = tmp_path / "dangling"
     dangling.symlink_to(tmp_path / "gone")
-    return {"directory": (str(tmp_path), "a directory"),
-            "fifo": (str(fifo), "a FIFO"),
-            "loop": (str(loop), "a symlink loop"),
-            "dangling": (str(dangling), "a dangling symlink"),
-            "device": ("/dev/zero", "a character device"),
-            "stdin": ("-", "standard input"),
-            "missing": (str(tmp_path / "nope.log"), "no such file")}
+    return {
+        "directory": (str(tmp_path), "a directory"),
+        "fifo": (str(fifo), "a FIFO"),
+        "loop": (str(loop), "a symlink loop"),
+        "dangling": (str(dangling), "a dangling symlink"),
+        "device": ("/dev/zero", "a character device"),
+        "stdin": ("-", "standard input"),
+        "missing": (str(tmp_path / "nope.log"), "no such file"),
+    }
 
 
-@pytest.mark.parametrize("case", ["directory", "fifo", "loop", "dangling", "device", "stdin",
-                                  "missing"])
-def test_nccl_says_what_the_path_is(tmp_path: Path, case: str,
-                                    capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "case", ["directory", "fifo", "loop", "dangling", "device", "stdin", "missing"]
+)
+def test_nccl_says_what_the_path_is(
+    tmp_path: Path, case: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     path, words = _paths(tmp_path)[case]
     assert words in (path_problem(path) or "")
     assert main(["nccl", path]) == 2
@@ -152,9 +163,12 @@ def test_nccl_says_what_the_path_is(tmp_path: Path, case: str,
 
 
 @pytest.mark.parametrize("content", [None, b"", b"not sqlite at all\n"])
-def test_dashboard_refuses_a_missing_or_corrupt_store(tmp_path: Path, content: bytes | None,
-                                                      monkeypatch: pytest.MonkeyPatch,
-                                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_dashboard_refuses_a_missing_or_corrupt_store(
+    tmp_path: Path,
+    content: bytes | None,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     from phaseprobe.present.cli import cmd_dashboard
 
     def no_streamlit(*a: object, **k: object) -> None:
@@ -171,9 +185,17 @@ def test_dashboard_refuses_a_missing_or_corrupt_store(tmp_path: Path, content: b
 
 # -- item 4: a server-named root --------------------------------------------------------------
 
-CONFIG = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
-          "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
-          "vocab_size": 1000, "max_position_embeddings": 1024, "torch_dtype": "bfloat16"}
+CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 128,
+    "vocab_size": 1000,
+    "max_position_embeddings": 1024,
+    "torch_dtype": "bfloat16",
+}
 SECRET = "do-not-quote-me-7f3a"
 
 
@@ -208,8 +230,9 @@ def test_a_hub_name_is_not_a_place_and_says_nothing(allowed: Path) -> None:
     assert model_root_note(info) is None
 
 
-def test_dot_dot_out_of_the_allowed_directory_is_refused(allowed: Path, tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_dot_dot_out_of_the_allowed_directory_is_refused(
+    allowed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     _model(tmp_path / "etc")
     escape = str(allowed / ".." / "etc")
     assert model_config_path(_info(escape), None) is None
@@ -217,8 +240,9 @@ def test_dot_dot_out_of_the_allowed_directory_is_refused(allowed: Path, tmp_path
     assert model_config_path(_info("../" + tmp_path.name + "/etc"), None) is None  # relative
 
 
-def test_an_absolute_directory_outside_is_refused_with_a_note(allowed: Path,
-                                                              tmp_path: Path) -> None:
+def test_an_absolute_directory_outside_is_refused_with_a_note(
+    allowed: Path, tmp_path: Path
+) -> None:
     outside = _model(tmp_path / "elsewhere")
     info = _info(str(outside))
     assert model_config_path(info, None) is None
@@ -227,8 +251,7 @@ def test_an_absolute_directory_outside_is_refused_with_a_note(allowed: Path,
     assert str(outside) not in note  # the server's text is not quoted
 
 
-def test_symlinks_escaping_the_allowed_directory_are_refused(allowed: Path,
-                                                             tmp_path: Path) -> None:
+def test_symlinks_escaping_the_allowed_directory_are_refused(allowed: Path, tmp_path: Path) -> None:
     outside = _model(tmp_path / "outside")
     (allowed / "link").symlink_to(outside)  # the directory is a link out
     assert model_config_path(_info(str(allowed / "link")), None) is None
@@ -246,8 +269,9 @@ def test_the_model_config_option_allows_its_directory(allowed: Path, tmp_path: P
     assert model_config_mismatches(mine, _info(str(mine))) == []
 
 
-def test_a_refused_root_is_never_read_nor_quoted_into_the_report(allowed: Path,
-                                                                 tmp_path: Path) -> None:
+def test_a_refused_root_is_never_read_nor_quoted_into_the_report(
+    allowed: Path, tmp_path: Path
+) -> None:
     outside = _model(tmp_path / "elsewhere")
     rep = roofline_report([], _info(str(outside)), peaks_choice="h100-sxm", model_config=None)
     text = json.dumps(rep)
@@ -256,6 +280,7 @@ def test_a_refused_root_is_never_read_nor_quoted_into_the_report(allowed: Path,
 
 # -- item 6: gpu import of many GPUs ------------------------------------------------------------
 
+
 def test_gpu_summary_is_the_per_gpu_statistics_and_the_table_stops(tmp_path: Path) -> None:
     import pandas as pd
     from rich.console import Console
@@ -263,13 +288,19 @@ def test_gpu_summary_is_the_per_gpu_statistics_and_the_table_stops(tmp_path: Pat
     from phaseprobe.present.cli import cmd_gpu
 
     n = cmd_gpu.TABLE_GPUS + 6
-    frame = pd.DataFrame({"gpu_index": [i % n for i in range(3 * n)],
-                          "t_ns": [i * 10**9 for i in range(3 * n)],
-                          "mem_used_bytes": [float(i) if i % 4 else float("nan")
-                                             for i in range(3 * n)],
-                          "mem_total_bytes": 80.0, "util_gpu_pct": float("nan"),
-                          "util_mem_pct": 5.0, "power_w": [float(i % 7) for i in range(3 * n)],
-                          "sm_clock_mhz": 1400.0, "temperature_c": 60.0})
+    frame = pd.DataFrame(
+        {
+            "gpu_index": [i % n for i in range(3 * n)],
+            "t_ns": [i * 10**9 for i in range(3 * n)],
+            "mem_used_bytes": [float(i) if i % 4 else float("nan") for i in range(3 * n)],
+            "mem_total_bytes": 80.0,
+            "util_gpu_pct": float("nan"),
+            "util_mem_pct": 5.0,
+            "power_w": [float(i % 7) for i in range(3 * n)],
+            "sm_clock_mhz": 1400.0,
+            "temperature_c": 60.0,
+        }
+    )
     rows = cmd_gpu.gpu_summary(frame)
     assert [r["gpu_index"] for r in rows] == list(range(n))
     for r in rows:  # against each GPU's own samples, NaN skipped

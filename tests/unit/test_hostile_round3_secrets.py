@@ -63,8 +63,12 @@ class _Echo(BaseHTTPRequestHandler):
         elif path == "/metrics":
             self._send(200, METRICS, "text/plain")
         elif path.startswith("/api/v1/"):  # Prometheus
-            self._send(401, json.dumps({"status": "error", "errorType": "unauthorized",
-                                        "error": f"bad token {auth}"}).encode())
+            self._send(
+                401,
+                json.dumps(
+                    {"status": "error", "errorType": "unauthorized", "error": f"bad token {auth}"}
+                ).encode(),
+            )
         elif path.startswith("/api/"):  # Grafana
             self._send(401, json.dumps({"message": f"invalid {auth} for {self.path}"}).encode())
         else:
@@ -100,8 +104,9 @@ def _leaks(data: str | bytes) -> list[str]:
 
 
 def _files_leak(root: Path) -> dict[str, list[str]]:
-    return {str(p): found for p in root.rglob("*") if p.is_file()
-            if (found := _leaks(p.read_bytes()))}
+    return {
+        str(p): found for p in root.rglob("*") if p.is_file() if (found := _leaks(p.read_bytes()))
+    }
 
 
 def _run(argv: list[str], capsys: Any) -> tuple[int, str, str]:
@@ -127,10 +132,28 @@ def test_probe_against_a_server_echoing_the_key(echo, env, tmp_path, capsys, fmt
     db = _held(store)
     endpoint = echo.replace("http://", f"http://user:{PASSWORD}@") if password else echo
     try:
-        code, out, err = _run(["probe", "--endpoint", endpoint, "--runs", "1", "--warmup", "0",
-                               "--max-tokens", "2", "--prompt", "hi", "--no-gpu",
-                               "--api-key-env", "ECHO_KEY", "--store", str(store), *fmt],
-                              capsys)
+        code, out, err = _run(
+            [
+                "probe",
+                "--endpoint",
+                endpoint,
+                "--runs",
+                "1",
+                "--warmup",
+                "0",
+                "--max-tokens",
+                "2",
+                "--prompt",
+                "hi",
+                "--no-gpu",
+                "--api-key-env",
+                "ECHO_KEY",
+                "--store",
+                str(store),
+                *fmt,
+            ],
+            capsys,
+        )
         stored = [row[0] for row in db.execute("SELECT error FROM runs")]
     finally:
         db.close()
@@ -142,29 +165,53 @@ def test_probe_against_a_server_echoing_the_key(echo, env, tmp_path, capsys, fmt
 
 
 def test_query_against_a_prometheus_echoing_the_token(echo, env, capsys):
-    code, out, err = _run(["query", "--prom", echo, "--token-env", "ECHO_PROM", "ttft_mean"],
-                          capsys)
+    code, out, err = _run(
+        ["query", "--prom", echo, "--token-env", "ECHO_PROM", "ttft_mean"], capsys
+    )
     assert code != 0 and _leaks(out + err) == [], err
 
 
 def test_grafana_import_against_a_grafana_echoing_the_token(echo, env, tmp_path, capsys):
-    code, out, err = _run(["grafana", "import", "--url", echo, "--token-env", "ECHO_GRAFANA"],
-                          capsys)
+    code, out, err = _run(
+        ["grafana", "import", "--url", echo, "--token-env", "ECHO_GRAFANA"], capsys
+    )
     assert code != 0 and "invalid" in err and MASK in err, err
     assert _leaks(out + err) == [] and _files_leak(tmp_path) == {}
 
 
-@pytest.mark.parametrize("var,argv", [
-    ("ECHO_KEY", ["probe", "--endpoint", "{echo}", "--api-key-env", "ECHO_KEY", "--no-gpu",
-                  "--runs", "1", "--warmup", "0"]),
-    ("ECHO_PROM", ["query", "--prom", "{echo}", "--token-env", "ECHO_PROM", "ttft_mean"]),
-    ("ECHO_GRAFANA", ["grafana", "import", "--url", "{echo}", "--token-env", "ECHO_GRAFANA"]),
-])
-@pytest.mark.parametrize("bad,said", [("\n", "whitespace or a newline"),
-                                      ("\u201c", "outside Latin-1"),
-                                      ("a\tb", "control character")])
-def test_a_key_that_cannot_be_a_header_is_refused_unshown(echo, monkeypatch, tmp_path, capsys,
-                                                          var, argv, bad, said):
+@pytest.mark.parametrize(
+    "var,argv",
+    [
+        (
+            "ECHO_KEY",
+            [
+                "probe",
+                "--endpoint",
+                "{echo}",
+                "--api-key-env",
+                "ECHO_KEY",
+                "--no-gpu",
+                "--runs",
+                "1",
+                "--warmup",
+                "0",
+            ],
+        ),
+        ("ECHO_PROM", ["query", "--prom", "{echo}", "--token-env", "ECHO_PROM", "ttft_mean"]),
+        ("ECHO_GRAFANA", ["grafana", "import", "--url", "{echo}", "--token-env", "ECHO_GRAFANA"]),
+    ],
+)
+@pytest.mark.parametrize(
+    "bad,said",
+    [
+        ("\n", "whitespace or a newline"),
+        ("\u201c", "outside Latin-1"),
+        ("a\tb", "control character"),
+    ],
+)
+def test_a_key_that_cannot_be_a_header_is_refused_unshown(
+    echo, monkeypatch, tmp_path, capsys, var, argv, bad, said
+):
     secret = {"ECHO_KEY": API_KEY, "ECHO_PROM": PROM_TOKEN, "ECHO_GRAFANA": GRAFANA_TOKEN}[var]
     value = secret + bad
     monkeypatch.setenv(var, value)

@@ -75,16 +75,16 @@ def test_headers_trickled_end_at_the_deadline():
 
 def test_a_prompt_answer_is_untouched_and_the_timer_is_gone():
     body = b'{"ok": true}'
-    head = (b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body))
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body)
     with trickle(head + body, gap_s=0.0) as url:
         with within(5.0, "GET /"):
             assert mount_deadlines(requests.Session()).get(url, timeout=5).json() == {"ok": True}
     time.sleep(0.05)
-    assert not [t for t in threading.enumerate() if isinstance(t, threading.Timer)
-                and t.is_alive()]
+    assert not [t for t in threading.enumerate() if isinstance(t, threading.Timer) and t.is_alive()]
 
 
 # -- every source that reads a small answer has a total deadline (issue 18) -----------------
+
 
 def _slow_json_head() -> bytes:
     return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 400\r\n\r\n"
@@ -111,13 +111,20 @@ def test_models_metrics_prometheus_and_grafana_answers_that_trickle_end():
 
     body = b'{"data": [' + b" " * 390
     with trickle(_slow_json_head(), body, gap_s=0.01) as url:
-        _ends_in_time(lambda: check_endpoint(url, session=requests.Session(), headers={},
-                                             timeout_s=0.5),
-                      EndpointUnreachable, r"v1/models.*total deadline")
-        _ends_in_time(lambda: MetricsScraper(url, timeout_s=0.5).scrape(),
-                      MetricsUnavailable, r"/metrics.*total deadline")
+        _ends_in_time(
+            lambda: check_endpoint(url, session=requests.Session(), headers={}, timeout_s=0.5),
+            EndpointUnreachable,
+            r"v1/models.*total deadline",
+        )
+        _ends_in_time(
+            lambda: MetricsScraper(url, timeout_s=0.5).scrape(),
+            MetricsUnavailable,
+            r"/metrics.*total deadline",
+        )
         with PrometheusClient(url, timeout_s=0.5, retries=0) as prom:
-            _ends_in_time(lambda: prom.metric_names(), PrometheusUnreachable,
-                          r"total deadline")
-        _ends_in_time(lambda: GrafanaClient(url, "tok", timeout_s=0.5).datasources(),
-                      GrafanaUnreachable, r"total deadline")
+            _ends_in_time(lambda: prom.metric_names(), PrometheusUnreachable, r"total deadline")
+        _ends_in_time(
+            lambda: GrafanaClient(url, "tok", timeout_s=0.5).datasources(),
+            GrafanaUnreachable,
+            r"total deadline",
+        )

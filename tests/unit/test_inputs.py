@@ -23,8 +23,9 @@ def test_regular_missing_and_special_files(tmp_path):
     assert input_problem(fifo) == "not a regular file: it is a FIFO (named pipe)"
     assert input_problem("/dev/zero") == "not a regular file: it is a character device"
     assert input_problem(tmp_path) == "not a regular file: it is a directory"
-    assert input_problem(f, cap=1) == ("too large: it is 2 bytes; the limit for this input is "
-                                       "1 bytes")
+    assert input_problem(f, cap=1) == (
+        "too large: it is 2 bytes; the limit for this input is 1 bytes"
+    )
 
 
 def test_read_input_caps_and_never_opens_a_fifo(tmp_path):

@@ -37,8 +37,9 @@ def test_a_lengthened_a_is_compared_with_a_alone_at_its_own_length():
 
 def test_the_interval_is_reproducible_and_widens_with_noise():
     assert prefill_token_cost(ALONE, WITH_B, 900) == prefill_token_cost(ALONE, WITH_B, 900)
-    noisy = prefill_token_cost({15: ALONE[15] + [0.060, 0.010]},
-                               WITH_B + [(0.020, 15), (0.090, 15)], 900)
+    noisy = prefill_token_cost(
+        {15: ALONE[15] + [0.060, 0.010]}, WITH_B + [(0.020, 15), (0.090, 15)], 900
+    )
     quiet = prefill_token_cost(ALONE, WITH_B, 900)
     assert noisy.ci_high_s - noisy.ci_low_s > quiet.ci_high_s - quiet.ci_low_s
 
@@ -78,11 +79,19 @@ def test_the_probe_result_compares_a_lengthened_a_with_a_alone_at_the_same_lengt
     inside = stall(a, a[19] - 0.001, 0.018, pace)
     assert inside.overlapped
     res = InterfereResult(
-        experiment_id=1, baseline_itl_s=pace, baseline_ttft_s=0.01, stalls=[inside] * 3,
-        swimlanes=[], runs=[], server_info={}, server_decode_with_b_s=[63 * pace + 0.02] * 3,
+        experiment_id=1,
+        baseline_itl_s=pace,
+        baseline_ttft_s=0.01,
+        stalls=[inside] * 3,
+        swimlanes=[],
+        runs=[],
+        server_info={},
+        server_decode_with_b_s=[63 * pace + 0.02] * 3,
         server_decode_alone_s=15 * pace,
         server_decode_alone_by_steps={15: [15 * pace] * 3, 63: [63 * pace] * 3},
-        a_steps_with_b=[63, 63, 63], b_prompt_tokens=700)
+        a_steps_with_b=[63, 63, 63],
+        b_prompt_tokens=700,
+    )
     summary = res.summary()
     assert math.isclose(summary["server_decode_alone_s"], 63 * pace)  # not the 16-token runs
     assert math.isclose(res.token_cost().per_token_s, 0.02 / 700)

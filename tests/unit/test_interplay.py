@@ -65,8 +65,12 @@ def _level(c: int, rate: float, **kw):
 
 
 def test_scaling_ratio_and_where_it_stops():
-    levels = [_level(1, 10.0), _level(2, 19.0), _level(4, 30.0),
-              _level(8, 31.0, max_waiting=4.0, preemptions=2.0)]
+    levels = [
+        _level(1, 10.0),
+        _level(2, 19.0),
+        _level(4, 30.0),
+        _level(8, 31.0, max_waiting=4.0, preemptions=2.0),
+    ]
     sc = scaling(levels)
     assert sc.ratios[1] == pytest.approx(1.0)
     assert sc.ratios[2] == pytest.approx(1.9, rel=0.02)
@@ -91,8 +95,7 @@ def test_prefix_block_note_and_expected_hits():
 
 def test_batch_aggregate_rises_with_concurrency_on_sse(tmp_path):
     with SseServer(Script(n_tokens=40, gap_s=0.01)) as srv, Store(tmp_path / "s.db") as store:
-        res = run_batch(Target(srv.base_url, srv.model), store, levels=(1, 2, 4),
-                        max_tokens=40)
+        res = run_batch(Target(srv.base_url, srv.model), store, levels=(1, 2, 4), max_tokens=40)
         assert [lv.concurrency for lv in res.levels] == [1, 2, 4]
         assert all(lv.streams_ok == lv.concurrency for lv in res.levels)
         # Every SSE stream runs at 100 tok/s regardless of the others: aggregate ≈ c × 100.
@@ -111,8 +114,11 @@ def test_interfere_times_b_from_the_baseline_and_keeps_swimlanes(tmp_path):
         b = Script(n_tokens=1, first_delay_s=0.05)
         # warm-up, 2 baselines, then per pair A then B (A is sent first, B later).
         srv.enqueue(a, b, a, a, a, b, a, b)  # warm-ups (A, B), 2 baselines, then 2 pairs
-        res = run_interfere(Target(srv.base_url, srv.model), store, InterfereSettings(
-            a_tokens=30, trigger=Trigger("estimate", 10), reps=2))
+        res = run_interfere(
+            Target(srv.base_url, srv.model),
+            store,
+            InterfereSettings(a_tokens=30, trigger=Trigger("estimate", 10), reps=2),
+        )
         assert res.baseline_itl_s == pytest.approx(0.01, rel=0.3)
         for st in res.stalls:
             # ≈ TTFT + 10 × 10 ms: never before that, and while A still streams (30 tokens);
@@ -151,16 +157,55 @@ def _cli(argv: list[str], capsys) -> tuple[int, str]:
 def test_cli_json_and_tables(tmp_path, capsys):
     store = str(tmp_path / "s.db")
     with SseServer(Script(n_tokens=12, gap_s=0.005)) as srv:
-        rc, out = _cli(["batch", "--endpoint", srv.base_url, "--concurrency", "1,2",
-                        "--max-tokens", "12", "--json", "--store", store], capsys)
+        rc, out = _cli(
+            [
+                "batch",
+                "--endpoint",
+                srv.base_url,
+                "--concurrency",
+                "1,2",
+                "--max-tokens",
+                "12",
+                "--json",
+                "--store",
+                store,
+            ],
+            capsys,
+        )
         doc = json.loads(out)
         assert rc == 0 and doc["kind"] == "batch" and len(doc["levels"]) == 2
         assert "scaling" in doc and "1" in doc["scaling"]["ratios"]
-        rc, out = _cli(["interfere", "--endpoint", srv.base_url, "--reps", "1",
-                        "--a-tokens", "12", "--at-token", "4", "--store", store], capsys)
+        rc, out = _cli(
+            [
+                "interfere",
+                "--endpoint",
+                srv.base_url,
+                "--reps",
+                "1",
+                "--a-tokens",
+                "12",
+                "--at-token",
+                "4",
+                "--store",
+                store,
+            ],
+            capsys,
+        )
         assert rc == 0 and "A's max ITL" in out and "verdict:" in out
-        rc, out = _cli(["prefix", "--endpoint", srv.base_url, "--reps", "1",
-                        "--prefix-tokens", "20", "--store", store], capsys)
+        rc, out = _cli(
+            [
+                "prefix",
+                "--endpoint",
+                srv.base_url,
+                "--reps",
+                "1",
+                "--prefix-tokens",
+                "20",
+                "--store",
+                store,
+            ],
+            capsys,
+        )
         assert rc == 0 and "prefix reuse" in out and "cold" in out and "warm" in out
     with pytest.raises(SystemExit):
         _cli(["batch", "--concurrency", "0,x"], capsys)

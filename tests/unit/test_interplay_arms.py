@@ -47,9 +47,11 @@ def _lv(c: int, rate: float, **kw):
 
 
 def test_merge_rounds_takes_medians_max_gauges_and_summed_preemptions():
-    rounds = [_lv(2, 10.0, max_waiting=0.0, preemptions=0.0),
-              _lv(2, 30.0, max_waiting=3.0, max_kv_usage=0.5, preemptions=2.0),
-              _lv(2, 12.0, max_waiting=1.0, preemptions=1.0)]
+    rounds = [
+        _lv(2, 10.0, max_waiting=0.0, preemptions=0.0),
+        _lv(2, 30.0, max_waiting=3.0, max_kv_usage=0.5, preemptions=2.0),
+        _lv(2, 12.0, max_waiting=1.0, preemptions=1.0),
+    ]
     lv = merge_rounds(rounds)
     assert lv.rounds == 3 and lv.concurrency == 2
     assert lv.tokens_per_s == pytest.approx(12.0, rel=0.05)  # the median, not the 30 outlier
@@ -63,8 +65,14 @@ def test_merge_rounds_takes_medians_max_gauges_and_summed_preemptions():
 
 def test_concurrent_by_design_recognises_marked_and_older_roles_only():
     def run(verified: bool, *reasons: str) -> Run:
-        return Run(seq=0, status="ok", prompt="p", client=None, server=None,
-                   isolation=Isolation(verified=verified, isolated=False, reasons=reasons))
+        return Run(
+            seq=0,
+            status="ok",
+            prompt="p",
+            client=None,
+            server=None,
+            isolation=Isolation(verified=verified, isolated=False, reasons=reasons),
+        )
 
     assert concurrent_by_design(run(False, f"{CONCURRENT_MARK}: interfere pair 0: A"))
     assert concurrent_by_design(run(False, "batch level: concurrency 4, stream 0"))  # older store
@@ -77,8 +85,10 @@ def test_compare_arms_ratios_and_verdict_from_ab_stats():
     def stalls(itl: float, ttft: float):
         # A keeps decoding at 20 ms a token after its stall, past B's first token.
         tail = [0.03 + itl + 0.02 * k for k in range(1, 5)]
-        return [stall([0.0, 0.01, 0.01 + itl + 0.001 * i, 0.03 + itl, *tail], 0.005, ttft,
-                      0.01) for i in range(6)]
+        return [
+            stall([0.0, 0.01, 0.01 + itl + 0.001 * i, 0.03 + itl, *tail], 0.005, ttft, 0.01)
+            for i in range(6)
+        ]
 
     # One more chunked pair whose A ended before B's first token: it measured nothing (its
     # tiny "max ITL" would flatter the chunked arm) and is left out, counted.
@@ -110,7 +120,8 @@ def test_stream_hook_sees_events_as_they_arrive_and_the_counter_counts_tokens(ch
     with SseServer(Script(n_tokens=5, gap_s=0.01)) as srv:
         out = StreamClient(srv.base_url).stream(
             build_body(model=srv.model, prompt="x", max_tokens=5, chat=chat),
-            on_events=lambda raw: counts.append(counter.feed(raw)))
+            on_events=lambda raw: counts.append(counter.feed(raw)),
+        )
     assert out.error is None and len(out.timeline.event_offsets_ns) == 5
     # One read per token (10 ms apart); the chat role event, usage and [DONE] count for none.
     assert counts[-1] == 5 and counts == sorted(counts) and len(counts) >= 5
@@ -120,10 +131,21 @@ def test_stream_hook_sees_events_as_they_arrive_and_the_counter_counts_tokens(ch
 
 def test_token_trigger_sends_b_right_after_as_kth_token(tmp_path):
     with SseServer(A) as srv, Store(tmp_path / "s.db") as store:
-        srv.enqueue(A, Script(n_tokens=1), A, A, A, Script(n_tokens=1, first_delay_s=0.02),
-                    A, Script(n_tokens=1, first_delay_s=0.02))
-        res = run_interfere(Target(srv.base_url, srv.model), store,
-                            InterfereSettings(a_tokens=30, trigger=Trigger("token", 10), reps=2))
+        srv.enqueue(
+            A,
+            Script(n_tokens=1),
+            A,
+            A,
+            A,
+            Script(n_tokens=1, first_delay_s=0.02),
+            A,
+            Script(n_tokens=1, first_delay_s=0.02),
+        )
+        res = run_interfere(
+            Target(srv.base_url, srv.model),
+            store,
+            InterfereSettings(a_tokens=30, trigger=Trigger("token", 10), reps=2),
+        )
     for st, lanes in zip(res.stalls, res.swimlanes):
         a_events = lanes["lanes"][0]["events_s"]
         # Sent on A's 10th token: never before it, and close after it — within 10 of A's
@@ -132,17 +154,18 @@ def test_token_trigger_sends_b_right_after_as_kth_token(tmp_path):
         # one that fired at another token count does not.
         assert 10 <= st.a_tokens_before_b < 20
         assert a_events[9] <= st.b_arrival_s < a_events[19]
-    assert res.to_dict()["trigger"] == {"kind": "token", "value": 10,
-                                        "text": "at A's token 10"}
+    assert res.to_dict()["trigger"] == {"kind": "token", "value": 10, "text": "at A's token 10"}
     # The control reads each baseline run from its own 10th token.
     assert len(res.controls) == 2 and all(c.a_tokens_before_b == 10 for c in res.controls)
 
 
 def test_time_trigger_sends_b_after_a_fixed_delay(tmp_path):
     with SseServer(A) as srv, Store(tmp_path / "s.db") as store:
-        res = run_interfere(Target(srv.base_url, srv.model), store,
-                            InterfereSettings(a_tokens=30, trigger=Trigger("time", 0.12),
-                                              reps=1))
+        res = run_interfere(
+            Target(srv.base_url, srv.model),
+            store,
+            InterfereSettings(a_tokens=30, trigger=Trigger("time", 0.12), reps=1),
+        )
     # Never early, and while A still streams. How late the sleeping thread wakes is the
     # machine's business (0.27 s seen under load): the stored value is the real send time.
     st = res.stalls[0]
@@ -165,10 +188,16 @@ def _two_servers():
 def test_two_arms_interleave_store_one_experiment_each_and_compare(tmp_path):
     stack, one, two, reps = _two_servers()
     with stack, Store(tmp_path / "s.db") as store:
-        arms = [InterfereArm("one", Target(one.base_url, one.model)),
-                InterfereArm("two", Target(two.base_url, two.model))]
-        res = run_interfere_arms(arms, store, InterfereSettings(
-            a_tokens=30, trigger=Trigger("token", 5), reps=reps), name="cmp")
+        arms = [
+            InterfereArm("one", Target(one.base_url, one.model)),
+            InterfereArm("two", Target(two.base_url, two.model)),
+        ]
+        res = run_interfere_arms(
+            arms,
+            store,
+            InterfereSettings(a_tokens=30, trigger=Trigger("token", 5), reps=reps),
+            name="cmp",
+        )
         exps = {n: store.experiment(r.experiment_id) for n, r in res.arms.items()}
         stored = {n: store.runs(r.experiment_id) for n, r in res.arms.items()}
     assert [e.name for e in exps.values()] == ["cmp:one", "cmp:two"]
@@ -192,8 +221,10 @@ def test_two_arms_interleave_store_one_experiment_each_and_compare(tmp_path):
 
 def test_two_arms_refuse_a_model_the_endpoint_does_not_serve(tmp_path):
     with SseServer(A) as srv, Store(tmp_path / "s.db") as store:
-        arms = [InterfereArm("x", Target(srv.base_url, srv.model)),
-                InterfereArm("y", Target(srv.base_url, "not-served"))]
+        arms = [
+            InterfereArm("x", Target(srv.base_url, srv.model)),
+            InterfereArm("y", Target(srv.base_url, "not-served")),
+        ]
         with pytest.raises(ConfigError, match="not-served"):
             run_interfere_arms(arms, store, InterfereSettings(reps=1))
 
@@ -283,8 +314,9 @@ def test_playbook_launch_secrets_are_kept_redacted_in_the_store_and_json(tmp_pat
 
 def test_batch_rounds_repeat_every_level_and_report_the_median(tmp_path):
     with SseServer(Script(n_tokens=20, gap_s=0.01)) as srv, Store(tmp_path / "s.db") as store:
-        res = run_batch(Target(srv.base_url, srv.model), store, levels=(1, 2), max_tokens=20,
-                        rounds=3)
+        res = run_batch(
+            Target(srv.base_url, srv.model), store, levels=(1, 2), max_tokens=20, rounds=3
+        )
         runs = store.runs(res.experiment_id)
     assert len(runs) == 3 * (1 + 2)
     assert [lv.rounds for lv in res.levels] == [3, 3]
@@ -295,8 +327,7 @@ def test_batch_rounds_repeat_every_level_and_report_the_median(tmp_path):
     levels = [r.isolation.reasons[0].split("concurrency ")[1].split(",")[0] for r in runs]
     assert levels[:4] == ["1", "2", "2", "1"]
     for lv in res.levels:
-        assert lv.tokens_per_s == pytest.approx(
-            sorted(lv.round_tokens_per_s)[1])  # type: ignore[type-var]
+        assert lv.tokens_per_s == pytest.approx(sorted(lv.round_tokens_per_s)[1])  # type: ignore[type-var]
     assert res.scaling.ratios[2] == pytest.approx(2.0, rel=0.3)
 
 
@@ -307,18 +338,49 @@ def test_cli_two_endpoints_json_and_table(tmp_path, capsys):
     stack, one, two, reps = _two_servers()
     store = str(tmp_path / "s.db")
     with stack:
-        rc = main(["interfere", "--endpoint", one.base_url, "--endpoint-b", two.base_url,
-                   "--arm-names", "fast,slow", "--a-tokens", "30", "--at-token", "5",
-                   "--reps", str(reps), "--store", store, "--json"])
+        rc = main(
+            [
+                "interfere",
+                "--endpoint",
+                one.base_url,
+                "--endpoint-b",
+                two.base_url,
+                "--arm-names",
+                "fast,slow",
+                "--a-tokens",
+                "30",
+                "--at-token",
+                "5",
+                "--reps",
+                str(reps),
+                "--store",
+                store,
+                "--json",
+            ]
+        )
         doc = json.loads(capsys.readouterr().out)
     assert rc == 0 and doc["mode"] == "arms" and list(doc["arms"]) == ["fast", "slow"]
     assert doc["comparison"]["arm_a"] == "fast"
     assert doc["arms"]["slow"]["swimlanes"][0]["lanes"][1]["lane"] == "B"
     stack, one, two, reps = _two_servers()
     with stack:
-        rc = main(["interfere", "--endpoint", one.base_url, "--endpoint-b", two.base_url,
-                   "--a-tokens", "30", "--at-time", "0.05", "--reps", str(reps),
-                   "--store", store])
+        rc = main(
+            [
+                "interfere",
+                "--endpoint",
+                one.base_url,
+                "--endpoint-b",
+                two.base_url,
+                "--a-tokens",
+                "30",
+                "--at-time",
+                "0.05",
+                "--reps",
+                str(reps),
+                "--store",
+                store,
+            ]
+        )
     out = capsys.readouterr().out
     assert rc == 0 and "interference by arm" in out and "arm b vs arm a" in out
     assert "0.05 s after A's send" in out and "B's TTFT" in out
@@ -327,19 +389,61 @@ def test_cli_two_endpoints_json_and_table(tmp_path, capsys):
 def test_cli_playbook_cannot_be_mixed_with_endpoints(tmp_path, capsys):
     book = tmp_path / "pb.toml"
     book.write_text(BOOK.format(budget=64))
-    assert main(["interfere", "--playbook", str(book), "--endpoint", "http://127.0.0.1:9",
-                 "--store", str(tmp_path / "s.db")]) == 2
+    assert (
+        main(
+            [
+                "interfere",
+                "--playbook",
+                str(book),
+                "--endpoint",
+                "http://127.0.0.1:9",
+                "--store",
+                str(tmp_path / "s.db"),
+            ]
+        )
+        == 2
+    )
     assert "brings its own arms" in capsys.readouterr().err
 
 
 def test_runs_keeps_concurrent_runs_out_of_the_medians(tmp_path, capsys):
     store = str(tmp_path / "s.db")
     with SseServer(A) as srv:
-        assert main(["interfere", "--endpoint", srv.base_url, "--a-tokens", "30", "--reps", "2",
-                     "--store", store, "--json"]) == 0
+        assert (
+            main(
+                [
+                    "interfere",
+                    "--endpoint",
+                    srv.base_url,
+                    "--a-tokens",
+                    "30",
+                    "--reps",
+                    "2",
+                    "--store",
+                    store,
+                    "--json",
+                ]
+            )
+            == 0
+        )
         exp_id = json.loads(capsys.readouterr().out)["experiment_id"]
-        assert main(["probe", "--endpoint", srv.base_url, "--runs", "2", "--max-tokens", "3",
-                     "--store", store, "--json"]) == 0
+        assert (
+            main(
+                [
+                    "probe",
+                    "--endpoint",
+                    srv.base_url,
+                    "--runs",
+                    "2",
+                    "--max-tokens",
+                    "3",
+                    "--store",
+                    store,
+                    "--json",
+                ]
+            )
+            == 0
+        )
         capsys.readouterr()
     assert main(["runs", str(exp_id), "--store", store, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)

@@ -77,8 +77,9 @@ def test_interfere_default_times_b_inside_as_decode_from_the_baseline(tmp_path):
     b = Script(n_tokens=1, first_delay_s=0.05)
     with SseServer(a) as srv, Store(tmp_path / "s.db") as store:
         srv.enqueue(a, b, a, a, *(a, b) * 4)  # warm-ups (A, B), 2 baselines, pairs (A, B)
-        res = run_interfere(Target(srv.base_url, srv.model), store,
-                            InterfereSettings(a_tokens=30, reps=2))
+        res = run_interfere(
+            Target(srv.base_url, srv.model), store, InterfereSettings(a_tokens=30, reps=2)
+        )
     assert res.trigger.kind == "auto" and res.delay_s is not None
     base = [r.client for r in res.runs[:2]]
     assert all(c is not None for c in base)
@@ -100,8 +101,9 @@ def test_interfere_b_too_late_is_retried_counted_and_never_called_no_interferenc
     b = Script(n_tokens=1, first_delay_s=1.0)
     with SseServer(a) as srv, Store(tmp_path / "s.db") as store:
         srv.enqueue(a, b, a, a, b, a, b)  # warm-ups (A, B), 1 baseline, 2 pair attempts
-        res = run_interfere(Target(srv.base_url, srv.model), store,
-                            InterfereSettings(a_tokens=30, reps=1))
+        res = run_interfere(
+            Target(srv.base_url, srv.model), store, InterfereSettings(a_tokens=30, reps=1)
+        )
         stored = store.runs(res.experiment_id)
     assert [s.overlap for s in res.stalls] == ["late", "late"]  # one retry, then give up
     assert len(stored) == 1 + 2 * 2  # discarded pairs are kept in the store
@@ -116,11 +118,24 @@ def test_interfere_b_too_late_is_retried_counted_and_never_called_no_interferenc
 
 
 def _lv(c: int, rate: float, server: float | None = None) -> LevelStats:
-    return LevelStats(concurrency=c, streams_ok=c, output_tokens=128 * c, span_s=1.0,
-                      tokens_per_s=rate, rate_basis="steady window", span_tokens_per_s=rate,
-                      server_tokens_per_s=server, steady_window_s=1.0, tpot_median_s=0.01,
-                      itl_p50_s=0.0, itl_p99_s=0.02, max_waiting=0.0, max_running=float(c),
-                      max_kv_usage=0.01, preemptions=0.0)
+    return LevelStats(
+        concurrency=c,
+        streams_ok=c,
+        output_tokens=128 * c,
+        span_s=1.0,
+        tokens_per_s=rate,
+        rate_basis="steady window",
+        span_tokens_per_s=rate,
+        server_tokens_per_s=server,
+        steady_window_s=1.0,
+        tpot_median_s=0.01,
+        itl_p50_s=0.0,
+        itl_p99_s=0.02,
+        max_waiting=0.0,
+        max_running=float(c),
+        max_kv_usage=0.01,
+        preemptions=0.0,
+    )
 
 
 def test_one_noisy_step_is_not_a_knee_when_higher_levels_keep_rising():
@@ -151,7 +166,7 @@ def test_client_and_server_knees_that_disagree_are_said_to():
 @settings(max_examples=300, deadline=None)
 @given(hst.lists(hst.one_of(hst.none(), hst.floats(1.0, 1e4)), min_size=1, max_size=7))
 def test_property_the_knee_never_contradicts_the_table(rates):
-    levels = [_lv(2 ** i, r) for i, r in enumerate(rates) if r is not None]
+    levels = [_lv(2**i, r) for i, r in enumerate(rates) if r is not None]
     table = {lv.concurrency: lv.tokens_per_s for lv in levels}
     stops, text = knee(table)
     pts = sorted(table.items())
@@ -165,20 +180,29 @@ def test_property_the_knee_never_contradicts_the_table(rates):
         assert f"{rate:.1f} tok/s" in text and f"{max(higher):.1f} tok/s" in text
     elif len(pts) >= 2:
         for i, (_, v) in enumerate(pts[:-1]):
-            assert max(w for _, w in pts[i + 1:]) >= SCALING_GAIN_MIN * v
+            assert max(w for _, w in pts[i + 1 :]) >= SCALING_GAIN_MIN * v
         assert f"{pts[-1][1]:.1f} tok/s at concurrency {pts[-1][0]}" in text
     sc = scaling(levels)
     assert sc.stops_at == stops
     if levels:
-        assert (sc.verdict.startswith("no knee") if stops is None
-                else sc.verdict.endswith(f"concurrency {stops}"))
+        assert (
+            sc.verdict.startswith("no knee")
+            if stops is None
+            else sc.verdict.endswith(f"concurrency {stops}")
+        )
 
 
 @settings(max_examples=300, deadline=None)
-@given(hst.lists(hst.tuples(hst.floats(0.0, 0.5), hst.floats(0.001, 0.5),
-                            hst.floats(0.0005, 0.4)), min_size=1, max_size=5),
-       hst.floats(0.0005, 0.05), hst.one_of(hst.none(), hst.floats(0.1, 2.0)),
-       hst.lists(hst.one_of(hst.none(), hst.floats(0.1, 3.0)), max_size=5))
+@given(
+    hst.lists(
+        hst.tuples(hst.floats(0.0, 0.5), hst.floats(0.001, 0.5), hst.floats(0.0005, 0.4)),
+        min_size=1,
+        max_size=5,
+    ),
+    hst.floats(0.0005, 0.05),
+    hst.one_of(hst.none(), hst.floats(0.1, 2.0)),
+    hst.lists(hst.one_of(hst.none(), hst.floats(0.1, 3.0)), max_size=5),
+)
 def test_property_interference_verdicts_quote_their_numbers(pairs, pace, alone, with_b):
     stalls = []
     for arrival, ttft, gap in pairs:
@@ -196,8 +220,7 @@ def test_property_interference_verdicts_quote_their_numbers(pairs, pace, alone, 
         assert fmt_duration(ev["max_itl_with_b_s"]) in v.text
         assert fmt_duration(ev["reference_max_itl_s"]) in v.text
         ratio, srv = ev["ratio"], ev["server_ratio"]
-        says = (ratio is not None and ratio >= STALL_RATIO_MIN) or (
-            srv is not None and srv >= 1.2)
+        says = (ratio is not None and ratio >= STALL_RATIO_MIN) or (srv is not None and srv >= 1.2)
         assert says == (v.kind == "interference")
         if srv is not None:
             assert f"{srv:.2f}×" in v.text
@@ -213,8 +236,10 @@ def test_property_interference_verdicts_quote_their_numbers(pairs, pace, alone, 
 def _batch_result() -> BatchResult:
     # Tokens that reach the client two by two in one read: half the gaps are ~0.
     streams = [[0.01 * (i // 2) + 1e-6 * (i % 2) for i in range(64)]]
-    lv = [level_stats(c, streams * c, [0.01] * c, 64 * c, 0.32, server_tokens_per_s=100.0 * c)
-          for c in (1, 2, 4, 8, 16, 32)]
+    lv = [
+        level_stats(c, streams * c, [0.01] * c, 64 * c, 0.32, server_tokens_per_s=100.0 * c)
+        for c in (1, 2, 4, 8, 16, 32)
+    ]
     return BatchResult(1, lv, scaling(lv), [], {}, [])
 
 
@@ -225,8 +250,14 @@ def test_batch_table_headers_are_whole_and_tiny_itl_is_not_zero():
     render_batch(out, res)
     text = out.export_text()
     assert "…" not in text  # as seen: "concur…", "effici…" at 160 and 250 columns
-    for header in ("concurrency", "client tok/s", "efficiency %", "ITL p50 ms", "preemptions",
-                   "burst gaps %"):
+    for header in (
+        "concurrency",
+        "client tok/s",
+        "efficiency %",
+        "ITL p50 ms",
+        "preemptions",
+        "burst gaps %",
+    ):
         assert header in text
     assert "0.0 " not in text.split("per-stream latency")[1].split("\n", 3)[3][:40]
     assert "0.001" in text  # a 1 µs gap in ms, not 0.0
@@ -239,14 +270,27 @@ def test_batch_table_headers_are_whole_and_tiny_itl_is_not_zero():
 def test_prefix_shorter_than_a_block_says_one_thing():
     # As seen with --prefix-tokens 64: "warm TTFT is 50 % of cold" next to "the warm pass
     # cannot be faster".
-    cold = {"runs": 3.0, "ttft_s": 0.040, "server_prefill_s": 0.020,
-            "prefix_cache_queries": 79.0, "prefix_cache_hits": 0.0}
+    cold = {
+        "runs": 3.0,
+        "ttft_s": 0.040,
+        "server_prefill_s": 0.020,
+        "prefix_cache_queries": 79.0,
+        "prefix_cache_hits": 0.0,
+    }
     warm = {**cold, "ttft_s": 0.020, "server_prefill_s": 0.018}
     v = prefix_verdict(cold, warm, 64, 128)
     assert v.kind == "no reuse possible"
     assert "20.0 ms vs cold 40.0 ms (-50 %)" in v.text and "not the cache" in v.text
-    res = PrefixResult(1, [], 128, 64, 0, {"cold": cold, "warm": warm}, {},
-                       ["the shared prefix (64 tokens) is shorter than one KV block"])
+    res = PrefixResult(
+        1,
+        [],
+        128,
+        64,
+        0,
+        {"cold": cold, "warm": warm},
+        {},
+        ["the shared prefix (64 tokens) is shorter than one KV block"],
+    )
     out = Console(width=160, record=True)
     render_prefix(out, res)
     text = out.export_text()
@@ -254,10 +298,15 @@ def test_prefix_shorter_than_a_block_says_one_thing():
     assert text.count("verdict:") == 1
 
 
-@pytest.mark.parametrize("hits, warm_ttft, kind", [(384.0, 0.01, "reuse"),
-                                                   (384.0, 0.05, "reuse, no gain"),
-                                                   (0.0, 0.01, "no reuse"),
-                                                   (None, 0.01, "unknown")])
+@pytest.mark.parametrize(
+    "hits, warm_ttft, kind",
+    [
+        (384.0, 0.01, "reuse"),
+        (384.0, 0.05, "reuse, no gain"),
+        (0.0, 0.01, "no reuse"),
+        (None, 0.01, "unknown"),
+    ],
+)
 def test_prefix_verdict_follows_the_cache_counters(hits, warm_ttft, kind):
     cold = {"ttft_s": 0.04, "server_prefill_s": 0.03, "prefix_cache_hits": 0.0}
     warm = {"ttft_s": warm_ttft, "server_prefill_s": 0.02, "prefix_cache_hits": hits}
@@ -277,13 +326,24 @@ def test_dashboard_marks_a_pair_that_the_verdict_discarded():
     from phaseprobe.records import ClientTimeline, Isolation, Run
 
     def run(lane: str, sent_ms: float, events_ms: list[float]) -> Run:
-        tl = ClientTimeline(sent_wall_ns=int(sent_ms * 1e6),
-                            event_offsets_ns=tuple(int(t * 1e6) for t in events_ms),
-                            end_offset_ns=int(events_ms[-1] * 1e6), http_status=200,
-                            prompt_tokens=8, completion_tokens=len(events_ms),
-                            finish_reason="length", complete=True)
-        return Run(seq=0 if lane == "A" else 1, status="ok", prompt="p", client=tl, server=None,
-                   isolation=Isolation(verified=False, isolated=False, reasons=()))
+        tl = ClientTimeline(
+            sent_wall_ns=int(sent_ms * 1e6),
+            event_offsets_ns=tuple(int(t * 1e6) for t in events_ms),
+            end_offset_ns=int(events_ms[-1] * 1e6),
+            http_status=200,
+            prompt_tokens=8,
+            completion_tokens=len(events_ms),
+            finish_reason="length",
+            complete=True,
+        )
+        return Run(
+            seq=0 if lane == "A" else 1,
+            status="ok",
+            prompt="p",
+            client=tl,
+            server=None,
+            isolation=Isolation(verified=False, isolated=False, reasons=()),
+        )
 
     a = [38 + 1.8 * i for i in range(40)]  # A: done at ≈ 108 ms
     assert pair_overlap({"A": run("A", 0, a), "B": run("B", 100, [100.0])}) == "late"
@@ -315,8 +375,14 @@ def test_interference_seen_only_on_vllms_clock_says_so_and_quotes_both_views():
 def test_a_client_knee_the_engine_went_past_is_not_blamed_on_a_slower_step():
     # Seen: client 695.4 tok/s at 8 then 502.6 and 448.5, while vLLM's tok/s went on to
     # 1278.2 and 1382.3: "the step itself got slower" would contradict the server column.
-    rates = {1: (77.0, 93.3), 2: (165.9, 198.8), 4: (317.1, 590.8), 8: (695.4, 745.8),
-             16: (502.6, 1278.2), 32: (448.5, 1382.3)}
+    rates = {
+        1: (77.0, 93.3),
+        2: (165.9, 198.8),
+        4: (317.1, 590.8),
+        8: (695.4, 745.8),
+        16: (502.6, 1278.2),
+        32: (448.5, 1382.3),
+    }
     sc = scaling([_lv(c, cl, sv) for c, (cl, sv) in rates.items()])
     assert sc.stops_at == 8 and sc.server_stops_at == 16
     assert "concurrency 8 gave 695.4 tok/s (×9.03 vs 1)" in sc.why[0]
@@ -345,12 +411,15 @@ def test_a_client_too_starved_to_send_b_on_time_is_named_as_the_cause(tmp_path, 
     b = Script(n_tokens=1, first_delay_s=0.05)
     with SseServer(a) as srv, Store(tmp_path / "s.db") as store:
         srv.enqueue(a, b, a, a, b, a, b)
-        res = run_interfere(Target(srv.base_url, srv.model), store,
-                            InterfereSettings(a_tokens=30, reps=1))
+        res = run_interfere(
+            Target(srv.base_url, srv.model), store, InterfereSettings(a_tokens=30, reps=1)
+        )
     assert [s.overlap for s in res.stalls] == ["late", "late"]
     assert res.verdict().kind == "no overlap"
-    assert any("later than planned" in n and "CPU load" in n and "2 pair(s) it pushed" in n
-               for n in res.notes), res.notes
+    assert any(
+        "later than planned" in n and "CPU load" in n and "2 pair(s) it pushed" in n
+        for n in res.notes
+    ), res.notes
 
 
 def test_a_stream_delivered_in_one_burst_counts_as_burst_against_vllms_pace():
@@ -376,11 +445,16 @@ def test_interfere_auto_lengthens_a_when_earlier_b_is_still_too_late(tmp_path):
     with SseServer(a) as srv, Store(tmp_path / "s.db") as store:
         # warm-ups, 2 baselines, 2 attempts, 2 alone at 60, 1 attempt, 2 alone at 120, 1
         srv.enqueue(a, b, a, a, a, b, a, b, a, a, a, b, a, a, a, b)
-        res = run_interfere(Target(srv.base_url, srv.model), store,
-                            InterfereSettings(a_tokens=30, reps=2))
-        asked = [r.body["max_tokens"] for r in srv.requests
-                 if isinstance(r.body, dict) and r.body.get("max_tokens", 0) > 1
-                 and r.body["max_tokens"] != 4]
+        res = run_interfere(
+            Target(srv.base_url, srv.model), store, InterfereSettings(a_tokens=30, reps=2)
+        )
+        asked = [
+            r.body["max_tokens"]
+            for r in srv.requests
+            if isinstance(r.body, dict)
+            and r.body.get("max_tokens", 0) > 1
+            and r.body["max_tokens"] != 4
+        ]
     assert [s.overlap for s in res.stalls] == ["late"] * 4
     # baselines at 30; pairs 1-2 at 30, then doubled after the 2nd and 3rd late pair, each new
     # length measured alone (twice: reps) before its pair
@@ -395,11 +469,18 @@ def test_an_efficiency_above_100_percent_is_explained_where_the_table_shows_one(
     """2.34× the tokens/s from 2× the streams prints as 117 %: a note says why (the lowest
     level carries each request's fixed costs alone), quoting the same rounded figure; 100.4 %
     prints as 100 and needs no note, and neither does a level without a rate."""
-    sc = Scaling(ratios={1: 1.0, 2: 2.34, 4: 4.016, 8: None},
-                 efficiency={1: 1.0, 2: 1.17, 4: 1.004, 8: None},
-                 stops_at=None, why=[])
+    sc = Scaling(
+        ratios={1: 1.0, 2: 2.34, 4: 4.016, 8: None},
+        efficiency={1: 1.0, 2: 1.17, 4: 1.004, 8: None},
+        stops_at=None,
+        why=[],
+    )
     note = superlinear_note(sc)
     assert note is not None and note.startswith("efficiency above 100 % at concurrency 2 (117 %)")
     assert "raise --max-tokens" in note
-    assert superlinear_note(Scaling(ratios={1: 1.0, 2: 1.9}, efficiency={1: 1.0, 2: 0.95},
-                                    stops_at=None, why=[])) is None
+    assert (
+        superlinear_note(
+            Scaling(ratios={1: 1.0, 2: 1.9}, efficiency={1: 1.0, 2: 0.95}, stops_at=None, why=[])
+        )
+        is None
+    )

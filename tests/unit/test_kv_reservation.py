@@ -27,9 +27,14 @@ def _series(level_at, *, gpus=1, n=100, period_s=1.0, noise=0.0, seed=0) -> pd.D
     for i in range(n):
         t = i * period_s
         for g in range(gpus):
-            rows.append({"t_ns": T0 + round(t * S), "gpu_index": g,
-                         "mem_used_bytes": level_at(t, g) + rng.normal(0.0, noise),
-                         "mem_total_bytes": float(TOTAL)})
+            rows.append(
+                {
+                    "t_ns": T0 + round(t * S),
+                    "gpu_index": g,
+                    "mem_used_bytes": level_at(t, g) + rng.normal(0.0, noise),
+                    "mem_total_bytes": float(TOTAL),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -81,8 +86,9 @@ def test_noise_is_tolerated_both_ways():
     def growing(t: float, g: int = 0) -> float:
         return _startup(t) + (max(0.0, t - 40) * 0.1 * GiB if t >= 40 else 0.0)
 
-    report = analyze_kv_reservation(_series(growing, noise=0.2 * GiB, seed=2),
-                                    server_start_ns=START, run_windows=RUNS)
+    report = analyze_kv_reservation(
+        _series(growing, noise=0.2 * GiB, seed=2), server_start_ns=START, run_windows=RUNS
+    )
     assert report.gpus[0].kind == "growth"
 
 
@@ -116,23 +122,35 @@ def test_several_gpus_and_mixed_verdicts():
     def per_gpu(t: float, g: int) -> float:
         return _startup(t) + (max(0.0, t - 40) * 0.5 * GiB if g == 1 else 0.0)
 
-    report = analyze_kv_reservation(_series(per_gpu, gpus=2), server_start_ns=START,
-                                    run_windows=RUNS)
+    report = analyze_kv_reservation(
+        _series(per_gpu, gpus=2), server_start_ns=START, run_windows=RUNS
+    )
     assert [g.kind for g in report.gpus] == ["reservation", "growth"]
     assert "GPU 0:" in report.verdict and "GPU 1:" in report.verdict
-    same = analyze_kv_reservation(_series(_startup, gpus=4), server_start_ns=START,
-                                  run_windows=RUNS)
+    same = analyze_kv_reservation(
+        _series(_startup, gpus=4), server_start_ns=START, run_windows=RUNS
+    )
     assert same.verdict == f"all 4 GPUs: {VERDICT_RESERVATION}"
 
 
 def test_capacity_from_cache_config_labels():
-    labels = {"num_gpu_blocks": "4000", "block_size": "16", "gpu_memory_utilization": "0.9",
-              "cache_dtype": "auto", "num_cpu_blocks": "None",
-              "kv_cache_memory_bytes": "None"}
+    labels = {
+        "num_gpu_blocks": "4000",
+        "block_size": "16",
+        "gpu_memory_utilization": "0.9",
+        "cache_dtype": "auto",
+        "num_cpu_blocks": "None",
+        "kv_cache_memory_bytes": "None",
+    }
     per_token = 32 * 8 * 128 * 2 * 2  # Llama-3-8B: layers x kv heads x head dim x K,V x fp16
-    report = analyze_kv_reservation(_series(_startup), server_start_ns=START, run_windows=RUNS,
-                                    cache=labels, kv_bytes_per_token=per_token,
-                                    kv_cache_usage=0.25)
+    report = analyze_kv_reservation(
+        _series(_startup),
+        server_start_ns=START,
+        run_windows=RUNS,
+        cache=labels,
+        kv_bytes_per_token=per_token,
+        kv_cache_usage=0.25,
+    )
     cap = report.capacity
     assert cap.capacity_tokens == 64_000
     assert cap.reserved_kv_bytes == 64_000 * 131_072
@@ -153,8 +171,7 @@ def test_capacity_from_kv_cache_memory_bytes_and_unknowns():
     bare = analyze_kv_reservation(_series(_startup))
     assert bare.capacity.capacity_tokens is None and bare.capacity.reserved_kv_bytes is None
     assert any("KV capacity unknown" in n for n in bare.notes)
-    assert CacheConfig.from_labels({"num_gpu_blocks": "None", "block_size": "x"}) == \
-        CacheConfig()
+    assert CacheConfig.from_labels({"num_gpu_blocks": "None", "block_size": "x"}) == CacheConfig()
 
 
 def test_no_samples_and_bad_arguments():
@@ -170,11 +187,33 @@ def test_run_windows_from_runs():
     from phaseprobe.analysis.kv_reservation import run_windows
     from phaseprobe.records import ClientTimeline, Isolation, Run
 
-    tl = ClientTimeline(sent_wall_ns=T0, event_offsets_ns=(5,), end_offset_ns=2 * S,
-                        http_status=200, prompt_tokens=1, completion_tokens=1,
-                        finish_reason="length", complete=True)
-    runs = [Run(seq=0, status="ok", prompt="p", client=tl, server=None,
-                isolation=Isolation(verified=False, isolated=False)),
-            Run(seq=1, status="error", prompt="p", client=None, server=None,
-                isolation=Isolation(verified=False, isolated=False), error="refused")]
+    tl = ClientTimeline(
+        sent_wall_ns=T0,
+        event_offsets_ns=(5,),
+        end_offset_ns=2 * S,
+        http_status=200,
+        prompt_tokens=1,
+        completion_tokens=1,
+        finish_reason="length",
+        complete=True,
+    )
+    runs = [
+        Run(
+            seq=0,
+            status="ok",
+            prompt="p",
+            client=tl,
+            server=None,
+            isolation=Isolation(verified=False, isolated=False),
+        ),
+        Run(
+            seq=1,
+            status="error",
+            prompt="p",
+            client=None,
+            server=None,
+            isolation=Isolation(verified=False, isolated=False),
+            error="refused",
+        ),
+    ]
     assert run_windows(runs) == [(T0, T0 + 2 * S)]

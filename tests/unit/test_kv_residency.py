@@ -33,8 +33,13 @@ LIFE = rows(0, 0, 0, 10, 0, 0, 0)
 
 
 def test_evicted_sooner_than_reused_fires_with_both_figures():
-    res = kv_residency({"kv_block_lifetime": LIFE, "kv_block_idle_before_evict": SHORT_IDLE,
-                        "kv_block_reuse_gap": LONG_GAP})
+    res = kv_residency(
+        {
+            "kv_block_lifetime": LIFE,
+            "kv_block_idle_before_evict": SHORT_IDLE,
+            "kv_block_reuse_gap": LONG_GAP,
+        }
+    )
     assert res.evicted_before_reuse is True
     assert res.idle_before_evict is not None and res.reuse_gap is not None
     assert res.idle_before_evict.value_s == pytest.approx(0.055)
@@ -44,11 +49,11 @@ def test_evicted_sooner_than_reused_fires_with_both_figures():
 
 
 def test_blocks_kept_past_their_reuse_gap_pass_and_thin_or_absent_data_is_not_judged():
-    kept = kv_residency({"kv_block_idle_before_evict": LONG_GAP,
-                         "kv_block_reuse_gap": SHORT_IDLE})
+    kept = kv_residency({"kv_block_idle_before_evict": LONG_GAP, "kv_block_reuse_gap": SHORT_IDLE})
     assert kept.evicted_before_reuse is False
-    few = kv_residency({"kv_block_idle_before_evict": rows(0, 0, 2, 0, 0, 0, 0),
-                        "kv_block_reuse_gap": LONG_GAP})
+    few = kv_residency(
+        {"kv_block_idle_before_evict": rows(0, 0, 2, 0, 0, 0, 0), "kv_block_reuse_gap": LONG_GAP}
+    )
     assert few.evicted_before_reuse is None and "too few" in few.reason
     absent = kv_residency({})
     assert absent.evicted_before_reuse is None and "--kv-cache-metrics" in absent.reason
@@ -63,10 +68,12 @@ def _ev(*windows: ReplicaWindow) -> LiveEvidence:
 
 
 def test_live_rule_per_replica_worst_first():
-    bad = ReplicaWindow("r1", buckets={"kv_block_idle_before_evict": SHORT_IDLE,
-                                       "kv_block_reuse_gap": LONG_GAP})
-    good = ReplicaWindow("r2", buckets={"kv_block_idle_before_evict": LONG_GAP,
-                                        "kv_block_reuse_gap": SHORT_IDLE})
+    bad = ReplicaWindow(
+        "r1", buckets={"kv_block_idle_before_evict": SHORT_IDLE, "kv_block_reuse_gap": LONG_GAP}
+    )
+    good = ReplicaWindow(
+        "r2", buckets={"kv_block_idle_before_evict": LONG_GAP, "kv_block_reuse_gap": SHORT_IDLE}
+    )
     v = evicted_before_reuse(_ev(good, bad))
     assert v.status == "fail"
     assert v.summary.startswith("r1: evicted before reuse: blocks evicted after idling p50")
@@ -81,16 +88,22 @@ def test_live_rule_per_replica_worst_first():
 
 def _page(idle: tuple, gap: tuple) -> str:
     lines = []
-    for base, data in (("kv_block_idle_before_evict_seconds", idle),
-                       ("kv_block_reuse_gap_seconds", gap),
-                       ("kv_block_lifetime_seconds", LIFE)):
+    for base, data in (
+        ("kv_block_idle_before_evict_seconds", idle),
+        ("kv_block_reuse_gap_seconds", gap),
+        ("kv_block_lifetime_seconds", LIFE),
+    ):
         lines += [f"# HELP vllm:{base} h", f"# TYPE vllm:{base} histogram"]
         for engine in ("0", "1"):  # two engines: summed
             lab = f'engine="{engine}",model_name="tiny"'
-            lines += [f'vllm:{base}_bucket{{{lab},le="{"+Inf" if le == INF else le}"}} '
-                      f'{n / 2}' for le, n in data]
-            lines += [f"vllm:{base}_sum{{{lab}}} 1.0", f"vllm:{base}_count{{{lab}}} "
-                      f"{data[-1][1] / 2}"]
+            lines += [
+                f'vllm:{base}_bucket{{{lab},le="{"+Inf" if le == INF else le}"}} {n / 2}'
+                for le, n in data
+            ]
+            lines += [
+                f"vllm:{base}_sum{{{lab}}} 1.0",
+                f"vllm:{base}_count{{{lab}}} {data[-1][1] / 2}",
+            ]
     return "\n".join(lines) + "\n"
 
 
@@ -105,10 +118,19 @@ def test_plan_metrics_reads_a_saved_page(tmp_path, capsys):
     saved = tmp_path / "metrics.txt"
     saved.write_text(_page(SHORT_IDLE, LONG_GAP))
     config = tmp_path / "config.json"
-    config.write_text(json.dumps({"model_type": "llama", "hidden_size": 128,
-                                  "intermediate_size": 256, "num_hidden_layers": 2,
-                                  "num_attention_heads": 4, "num_key_value_heads": 2,
-                                  "vocab_size": 2048}))
+    config.write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "hidden_size": 128,
+                "intermediate_size": 256,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "vocab_size": 2048,
+            }
+        )
+    )
     argv = ["plan", "--config", str(config), "--gpu-mem-gb", "8", "--metrics", str(saved)]
     assert cli.main([*argv, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)["kv_residency"]
@@ -119,9 +141,24 @@ def test_plan_metrics_reads_a_saved_page(tmp_path, capsys):
     assert "KV blocks are evicted before they are reused" in capsys.readouterr().out
     # without the histograms: said, not guessed
     empty = tmp_path / "empty.txt"
-    empty.write_text("# HELP vllm:num_requests_running g\n# TYPE vllm:num_requests_running "
-                     "gauge\nvllm:num_requests_running 0\n")
-    assert cli.main(["plan", "--config", str(config), "--gpu-mem-gb", "8", "--metrics",
-                     str(empty), "--json"]) == 0
+    empty.write_text(
+        "# HELP vllm:num_requests_running g\n# TYPE vllm:num_requests_running "
+        "gauge\nvllm:num_requests_running 0\n"
+    )
+    assert (
+        cli.main(
+            [
+                "plan",
+                "--config",
+                str(config),
+                "--gpu-mem-gb",
+                "8",
+                "--metrics",
+                str(empty),
+                "--json",
+            ]
+        )
+        == 0
+    )
     doc = json.loads(capsys.readouterr().out)["kv_residency"]
     assert doc["evicted_before_reuse"] is None and "--kv-cache-metrics" in doc["said"]

@@ -19,29 +19,55 @@ CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
 LLAMA2_70B = str(CONFIGS / "llama-2-70b.json")  # FP16, 80 layers, 8 KV heads, head dim 128
 
 # The local tiny model (phaseprobe/local/tiny_model.py): 2 layers, 2 KV heads of 32, bf16.
-TINY = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 256,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "head_dim": 32, "vocab_size": 1000, "torch_dtype": "bfloat16"}
+TINY = {
+    "model_type": "llama",
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "vocab_size": 1000,
+    "torch_dtype": "bfloat16",
+}
 
 PERCENT_OVER_100 = re.compile(r"\b(1\d\d|[2-9]\d\d|\d{4,})(\.\d+)? ?%")
 
 
 def _legs(**kw) -> PdLegs:
-    base = dict(prefill_queue_s=3e-5, prefill_s=0.0197, hand_over_s=4e-5, decode_kv_wait_s=4e-5,
-                decode_prompt_s=0.016, decode_s=0.0555, tokens_transferred=384.0,
-                tokens_computed=90.0, tokens_cached=0.0, kv="transferred",
-                kv_reason="384 of 474 prompt tokens came from the KV connector",
-                prefill_isolated=True, decode_isolated=True)
+    base = dict(
+        prefill_queue_s=3e-5,
+        prefill_s=0.0197,
+        hand_over_s=4e-5,
+        decode_kv_wait_s=4e-5,
+        decode_prompt_s=0.016,
+        decode_s=0.0555,
+        tokens_transferred=384.0,
+        tokens_computed=90.0,
+        tokens_cached=0.0,
+        kv="transferred",
+        kv_reason="384 of 474 prompt tokens came from the KV connector",
+        prefill_isolated=True,
+        decode_isolated=True,
+    )
     base.update(kw)
     return PdLegs(**base)  # type: ignore[arg-type]
 
 
 def _run(seq: int, pd: PdLegs | None, status: str = "ok") -> Run:
-    return Run(seq=seq, status=status, prompt="p",  # type: ignore[arg-type]
-               client=None, server=None, isolation=Isolation(True, True), pd=pd)
+    return Run(
+        seq=seq,
+        status=status,
+        prompt="p",  # type: ignore[arg-type]
+        client=None,
+        server=None,
+        isolation=Isolation(True, True),
+        pd=pd,
+    )
 
 
 # --- bytes ---------------------------------------------------------------------------------
+
 
 def test_tiny_model_bytes_match_the_example_connectors_files():
     per_token, how = kvt.kv_shape_bytes(TINY)
@@ -78,6 +104,7 @@ def test_negative_figures_refused():
 
 # --- links ---------------------------------------------------------------------------------
 
+
 def test_link_table_is_one_direction_in_decimal_units():
     assert kvt.link("nvlink4").bytes_per_s == 450e9  # 900 GB/s bidirectional / 2
     assert kvt.link("nvlink3").bytes_per_s == 300e9
@@ -108,6 +135,7 @@ def test_plan_transfer_over_nvlink4():
 
 
 # --- a measured run against a link --------------------------------------------------------
+
 
 def test_effective_bandwidth_against_the_calibrated_copy():
     run = kvt.kv_path_run(_legs(), 512, [kvt.copy_link(10.0, "Test CPU")], seq=1)
@@ -143,8 +171,14 @@ def test_a_time_under_the_bound_is_a_wrong_bound_not_over_100_percent():
 
 def test_runs_without_a_transfer_are_explained_not_measured():
     recomputed = kvt.kv_path_run(
-        _legs(tokens_transferred=0.0, tokens_computed=475.0, kv="recomputed",
-              kv_reason="computed 475 of 475 prompt tokens locally: its KV never arrived"), 512)
+        _legs(
+            tokens_transferred=0.0,
+            tokens_computed=475.0,
+            kv="recomputed",
+            kv_reason="computed 475 of 475 prompt tokens locally: its KV never arrived",
+        ),
+        512,
+    )
     assert recomputed.effective_bytes_per_s is None and recomputed.bytes is None
     assert "no KV crossed: recomputed" in recomputed.sentence
     busy = kvt.kv_path_run(_legs(decode_isolated=False, kv="unknown", kv_reason="pooled"), 512)
@@ -154,10 +188,14 @@ def test_runs_without_a_transfer_are_explained_not_measured():
 
 
 def test_kv_path_report_over_runs():
-    runs = [_run(1, _legs(decode_prompt_s=0.016)), _run(2, _legs(decode_prompt_s=0.020)),
-            _run(3, _legs(decode_prompt_s=0.018)),
-            _run(4, _legs(tokens_transferred=0.0, kv="recomputed", kv_reason="r")),
-            _run(5, None), _run(6, _legs(), status="error")]
+    runs = [
+        _run(1, _legs(decode_prompt_s=0.016)),
+        _run(2, _legs(decode_prompt_s=0.020)),
+        _run(3, _legs(decode_prompt_s=0.018)),
+        _run(4, _legs(tokens_transferred=0.0, kv="recomputed", kv_reason="r")),
+        _run(5, None),
+        _run(6, _legs(), status="error"),
+    ]
     rep = kvt.kv_path_report(runs, TINY, [kvt.copy_link(10.0, "Test CPU")])
     assert [r.seq for r in rep.runs] == [1, 2, 3, 4]
     assert len(rep.measured) == 3 and rep.bytes_per_token == 512
@@ -174,6 +212,7 @@ def test_kv_path_report_over_runs():
 
 
 # --- plan --kv-transfer --------------------------------------------------------------------
+
 
 def _plan(*extra: str) -> list[str]:
     return ["plan", "--config", LLAMA2_70B, "--gpu-mem-gb", "80", "--gpus", "8", *extra]
@@ -213,8 +252,9 @@ def test_plan_link_copy_uses_the_calibration(capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("PHASEPROBE_DATA_DIR", str(tmp_path))
     assert cli.main(_plan("--kv-transfer", "100", "--link", "copy")) == 2
     assert "run `phaseprobe calibrate` first" in capsys.readouterr().err
-    save(Calibration("cpu", "Test CPU", 10.0, 9.0, {"fp32": 0.1}, {"fp32": 0.1}, 0.0, "2",
-                     "python"))
+    save(
+        Calibration("cpu", "Test CPU", 10.0, 9.0, {"fp32": 0.1}, {"fp32": 0.1}, 0.0, "2", "python")
+    )
     assert cli.main(_plan("--kv-transfer", "100", "--link", "copy", "--json")) == 0
     (p,) = json.loads(capsys.readouterr().out)["kv_transfer"]["links"]
     assert p["link"]["bytes_per_s"] == 5e9

@@ -19,30 +19,43 @@ _PREFIX = "(APIServer pid=4242) INFO 11-26 10:15:{s:02d} [metrics.py:142] "
 
 
 def _nixl(s: int, n: int, avg: float, p90: float, mb: float) -> str:
-    fields = {"Num successful transfers": n, "Avg xfer time (ms)": avg,
-              "P90 xfer time (ms)": p90, "Avg post time (ms)": 0.201,
-              "P90 post time (ms)": 0.33, "Avg MB per transfer": mb,
-              "Throughput (MB/s)": round(mb / avg * 1e3, 3) if n else 0,
-              "Avg number of descriptors": 64.0 if n else 0}
-    return _PREFIX.format(s=s) + "KV Transfer metrics: " + ", ".join(
-        f"{k}={v}" for k, v in fields.items())
+    fields = {
+        "Num successful transfers": n,
+        "Avg xfer time (ms)": avg,
+        "P90 xfer time (ms)": p90,
+        "Avg post time (ms)": 0.201,
+        "P90 post time (ms)": 0.33,
+        "Avg MB per transfer": mb,
+        "Throughput (MB/s)": round(mb / avg * 1e3, 3) if n else 0,
+        "Avg number of descriptors": 64.0 if n else 0,
+    }
+    return (
+        _PREFIX.format(s=s)
+        + "KV Transfer metrics: "
+        + ", ".join(f"{k}={v}" for k, v in fields.items())
+    )
 
 
 # NIXL's reduce() when an interval had only failures: every figure 0, no failure key.
 NIXL_ZEROS = _PREFIX.format(s=40) + (
     "KV Transfer metrics: Num successful transfers=0, Avg xfer time (ms)=0, "
     "P90 xfer time (ms)=0, Avg post time (ms)=0, P90 post time (ms)=0, Avg MB per transfer=0, "
-    "Throughput (MB/s)=0, Avg number of descriptors=0")
+    "Throughput (MB/s)=0, Avg number of descriptors=0"
+)
 # Mooncake's reduce() carries failures; the MultiConnector-era wording names the connector.
 MOONCAKE = "INFO 11-26 10:16:02 [metrics.py:120] KVConnectorType: MooncakeConnector, " + (
     "KV Transfer metrics: Num successful transfers=3, Avg xfer time (ms)=2.0, "
     "P90 xfer time (ms)=2.5, Avg MB per transfer=1.5, Throughput (MB/s)=750.0, "
     "Avg number of descriptors=5.0, Num failed transfers={f}, Num failed recvs={r}, "
-    "Num KV expired reqs={e}")
-STARTUP = ("(APIServer pid=4242) INFO 11-26 10:14:40 [api_server.py:1] vLLM API server "
-           "version 0.33.0")
-NOISE = "(APIServer pid=4242) INFO 11-26 10:15:05 [loggers.py:200] Engine 000: Avg prompt " \
-        "throughput: 17.0 tokens/s, GPU KV cache usage: 1.2%, Prefix cache hit rate: 0.0%"
+    "Num KV expired reqs={e}"
+)
+STARTUP = (
+    "(APIServer pid=4242) INFO 11-26 10:14:40 [api_server.py:1] vLLM API server version 0.33.0"
+)
+NOISE = (
+    "(APIServer pid=4242) INFO 11-26 10:15:05 [loggers.py:200] Engine 000: Avg prompt "
+    "throughput: 17.0 tokens/s, GPU KV cache usage: 1.2%, Prefix cache hit rate: 0.0%"
+)
 
 
 def _ev(log: str | None) -> Evidence:
@@ -63,8 +76,10 @@ def test_nixl_lines_are_summed_with_a_weighted_mean():
 
     v = kv_transfer_log(_ev(log))
     assert v.status == "pass"
-    assert "16 successful KV transfers over 2 logged interval(s), 3 ms each on average " \
-           "(worst interval's p90 5.1 ms), 8 MB per transfer" in v.summary
+    assert (
+        "16 successful KV transfers over 2 logged interval(s), 3 ms each on average "
+        "(worst interval's p90 5.1 ms), 8 MB per transfer" in v.summary
+    )
     assert "carries no failure counts" in v.summary  # NIXL's line cannot say
     assert v.numbers["transfers"] == 16 and v.numbers["avg_xfer_ms"] == 3.0
     assert len(v.numbers["lines"]) == 2
@@ -104,11 +119,14 @@ def test_skipped_without_a_log_or_without_the_line():
     assert plain.status == "skipped" and "'KV Transfer metrics:'" in plain.summary
 
 
-@pytest.mark.parametrize("line", [
-    _PREFIX.format(s=1) + "KV Transfer metrics: ",  # empty dict
-    _PREFIX.format(s=1) + "KV Transfer metrics: Foo=1, Bar=x",  # a connector we do not know
-    _PREFIX.format(s=1) + "KV Transfer metrics: Num successful transfers=n/a",
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        _PREFIX.format(s=1) + "KV Transfer metrics: ",  # empty dict
+        _PREFIX.format(s=1) + "KV Transfer metrics: Foo=1, Bar=x",  # a connector we do not know
+        _PREFIX.format(s=1) + "KV Transfer metrics: Num successful transfers=n/a",
+    ],
+)
 def test_lines_without_a_count_are_not_counted(line):
     facts = parse_log(line)
     assert facts.kv_transfer_lines == 0 and facts.kv_transfers == 0
@@ -117,9 +135,11 @@ def test_lines_without_a_count_are_not_counted(line):
 
 def test_non_finite_figures_are_ignored():
     # Throughput is total MB / total time: inf when the times sum to 0.
-    line = _PREFIX.format(s=1) + ("KV Transfer metrics: Num successful transfers=2, "
-                                  "Avg xfer time (ms)=0.0, Avg MB per transfer=nan, "
-                                  "Throughput (MB/s)=inf")
+    line = _PREFIX.format(s=1) + (
+        "KV Transfer metrics: Num successful transfers=2, "
+        "Avg xfer time (ms)=0.0, Avg MB per transfer=nan, "
+        "Throughput (MB/s)=inf"
+    )
     facts = parse_log(line)
     assert facts.kv_transfers == 2 and facts.kv_xfer_avg_ms == 0.0
     assert facts.kv_mb_per_transfer is None

@@ -18,15 +18,23 @@ from phaseprobe.store import Store
 from tests.unit.test_checklist_rules import T0, make_run
 
 DATA = Path(__file__).parents[1] / "data" / "nccl"
-SPEC = RunSpec(endpoint="http://127.0.0.1:8000", model="tiny-llama", prompt="",
-               max_tokens=64, prompt_tokens_target=128)
+SPEC = RunSpec(
+    endpoint="http://127.0.0.1:8000",
+    model="tiny-llama",
+    prompt="",
+    max_tokens=64,
+    prompt_tokens_target=128,
+)
 
 
 def exp(kind: str = "probe", **spec) -> Experiment:
-    return Experiment(name=kind, kind=kind, spec=replace(SPEC, **spec),
-                      server_info={"vllm_version": "0.32.0",
-                                   "models": [{"id": "tiny-llama", "root": "/m/tiny"}]},
-                      created_wall_ns=T0)
+    return Experiment(
+        name=kind,
+        kind=kind,
+        spec=replace(SPEC, **spec),
+        server_info={"vllm_version": "0.32.0", "models": [{"id": "tiny-llama", "root": "/m/tiny"}]},
+        created_wall_ns=T0,
+    )
 
 
 def test_like_with_like_is_empty_and_ab_arms_measure_what_probes_do():
@@ -35,12 +43,16 @@ def test_like_with_like_is_empty_and_ab_arms_measure_what_probes_do():
 
 
 def test_every_difference_is_listed_with_both_sides():
-    diffs = unlike_fields(exp("prefix"), exp("batch", model="other", api="chat",
-                                              max_tokens=16, prompt_tokens_target=512))
+    diffs = unlike_fields(
+        exp("prefix"),
+        exp("batch", model="other", api="chat", max_tokens=16, prompt_tokens_target=512),
+    )
     text = "; ".join(diffs)
     assert "model: tiny-llama vs other" in text and "api: completions vs chat" in text
-    assert "measurement kind: prefix (prefix-cache cold/warm pairs) vs batch (concurrent " \
-           "streams)" in text
+    assert (
+        "measurement kind: prefix (prefix-cache cold/warm pairs) vs batch (concurrent "
+        "streams)" in text
+    )
     assert "output tokens (max_tokens): 64 vs 16" in text
     assert "prompt tokens asked: 128 vs 512" in text
 
@@ -69,21 +81,36 @@ def _store(tmp_path, experiments: list[tuple[Experiment, list]]) -> tuple[str, l
 
 def _cli(*argv: str) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
-    code = cmd_check.main(list(argv), out=Console(file=out, width=200, soft_wrap=True),
-                          err=Console(file=err, width=200))
+    code = cmd_check.main(
+        list(argv),
+        out=Console(file=out, width=200, soft_wrap=True),
+        err=Console(file=err, width=200),
+    )
     return code, out.getvalue(), err.getvalue()
 
 
-def test_check_baseline_with_another_prompt_length_is_refused_then_forced_with_a_warning(
-        tmp_path):
+def test_check_baseline_with_another_prompt_length_is_refused_then_forced_with_a_warning(tmp_path):
     """The issue's case: a baseline with other prompt lengths gave "TTFT +359 %" as a
     scaling regression."""
     short = [make_run(i, prompt_tokens=128, ttft=0.030) for i in range(3)]
     long = [make_run(i, prompt_tokens=1024, ttft=0.138) for i in range(3)]
-    store, ids = _store(tmp_path, [(exp(labels={"tp": "1"}), short),
-                                   (exp(labels={"tp": "2"}, prompt_tokens_target=1024), long)])
-    args = ("--experiment", str(ids[1]), "--baseline", str(ids[0]), "--store", store,
-            "--rule", "scaling_regression")
+    store, ids = _store(
+        tmp_path,
+        [
+            (exp(labels={"tp": "1"}), short),
+            (exp(labels={"tp": "2"}, prompt_tokens_target=1024), long),
+        ],
+    )
+    args = (
+        "--experiment",
+        str(ids[1]),
+        "--baseline",
+        str(ids[0]),
+        "--store",
+        store,
+        "--rule",
+        "scaling_regression",
+    )
     code, out, err = _cli(*args)
     assert code == 2 and out == ""
     said = " ".join(err.split())
@@ -98,32 +125,56 @@ def test_check_baseline_with_another_prompt_length_is_refused_then_forced_with_a
     assert any(n.startswith("--force: comparing unlike experiments") for n in doc["notes"])
 
 
-FACTS = ExperimentFacts(window_ns=(T0, T0 + 10 * 10**9), hosts=frozenset({"mew0"}),
-                        tensor_parallel_size=2, vllm_version="0.32.0",
-                        models=frozenset({"tiny-llama", "/m/tiny"}))
+FACTS = ExperimentFacts(
+    window_ns=(T0, T0 + 10 * 10**9),
+    hosts=frozenset({"mew0"}),
+    tensor_parallel_size=2,
+    vllm_version="0.32.0",
+    models=frozenset({"tiny-llama", "/m/tiny"}),
+)
 
 
 def test_evidence_mismatches_quote_both_sides():
-    assert evidence_mismatches("trace", FACTS, span_ns=(T0 + 10**9, T0 + 2 * 10**9),
-                               hosts=["mew0.cluster.local"], ranks=[2], vllm_version="0.32.0",
-                               model="/other/path/tiny-llama") == []
+    assert (
+        evidence_mismatches(
+            "trace",
+            FACTS,
+            span_ns=(T0 + 10**9, T0 + 2 * 10**9),
+            hosts=["mew0.cluster.local"],
+            ranks=[2],
+            vllm_version="0.32.0",
+            model="/other/path/tiny-llama",
+        )
+        == []
+    )
     day = 86_400 * 10**9
-    why = evidence_mismatches("NCCL log", FACTS, span_ns=(T0 - day, T0 - day + 10**9),
-                              hosts=["node01", "node02"], ranks=[8], vllm_version="0.6.0",
-                              model="llama-70b")
+    why = evidence_mismatches(
+        "NCCL log",
+        FACTS,
+        span_ns=(T0 - day, T0 - day + 10**9),
+        hosts=["node01", "node02"],
+        ranks=[8],
+        vllm_version="0.6.0",
+        model="llama-70b",
+    )
     text = "; ".join(why)
     assert "time: the NCCL log covers 2023-11-13 22:13:20 UTC" in text
     assert "the experiment ran 2023-11-14 22:13:20 UTC" in text
     assert "host: the NCCL log names node01, node02, the experiment's server is mew0" in text
-    assert "ranks: the NCCL log shows communicators of 8 rank(s), the experiment's " \
-           "tensor-parallel size is 2" in text
+    assert (
+        "ranks: the NCCL log shows communicators of 8 rank(s), the experiment's "
+        "tensor-parallel size is 2" in text
+    )
     assert "vLLM 0.6.0" in text and "model: the NCCL log is of llama-70b" in text
     assert evidence_mismatches("trace", FACTS, world_size=3) == [
-        "ranks: the trace is of a 3-rank job, the experiment's tensor-parallel size is 2"]
+        "ranks: the trace is of a 3-rank job, the experiment's tensor-parallel size is 2"
+    ]
     assert evidence_mismatches("trace", FACTS, world_size=4) == []  # TP 2 x PP 2
     # Unknown on either side: nothing held against the file.
-    assert evidence_mismatches("trace", ExperimentFacts(), span_ns=(0, 1), hosts=["x"],
-                               ranks=[8]) == []
+    assert (
+        evidence_mismatches("trace", ExperimentFacts(), span_ns=(0, 1), hosts=["x"], ranks=[8])
+        == []
+    )
 
 
 def _experiment_with_runs(tmp_path):
@@ -134,8 +185,7 @@ def test_check_does_not_use_an_unrelated_jobs_nccl_logs(tmp_path):
     """The issue's case: NCCL logs of another job were accepted and the collectives marked ✓."""
     store, ids = _experiment_with_runs(tmp_path)
     log = DATA / "v2_18_mpirun_ib_2node.log"
-    code, out, err = _cli("--store", store, "--nccl", str(log), "--rule", "collectives",
-                          "--json")
+    code, out, err = _cli("--store", store, "--nccl", str(log), "--rule", "collectives", "--json")
     doc = json.loads(out)
     v = doc["verdicts"][0]
     assert v["status"] == "skipped" and "does not match the experiment, not used" in v["summary"]
@@ -152,22 +202,45 @@ def test_an_nccl_log_from_this_machine_is_used(tmp_path):
         text = text.replace(f"{node}:", f"{here}:")
     mine = tmp_path / "rank0.log"
     mine.write_text(text)
-    code, out, err = _cli("--store", store, "--nccl", str(mine), "--rule", "collectives",
-                          "--json")
+    code, out, err = _cli("--store", store, "--nccl", str(mine), "--rule", "collectives", "--json")
     doc = json.loads(out)
     assert doc["sources"]["nccl"] == str(mine) and doc["verdicts"][0]["status"] != "skipped"
 
 
 def _trace(tmp_path, base_us: int, host: str) -> Path:
-    events = [{"ph": "X", "cat": "kernel", "pid": 0, "tid": 7, "ts": base_us, "dur": 100,
-               "name": "sm90_xmma_gemm_bf16", "args": {"device": 0, "stream": 7}},
-              {"ph": "X", "cat": "kernel", "pid": 0, "tid": 7, "ts": base_us + 700, "dur": 100,
-               "name": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL",
-               "args": {"device": 0, "stream": 7}}]
+    events = [
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "pid": 0,
+            "tid": 7,
+            "ts": base_us,
+            "dur": 100,
+            "name": "sm90_xmma_gemm_bf16",
+            "args": {"device": 0, "stream": 7},
+        },
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "pid": 0,
+            "tid": 7,
+            "ts": base_us + 700,
+            "dur": 100,
+            "name": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL",
+            "args": {"device": 0, "stream": 7},
+        },
+    ]
     p = tmp_path / f"{host}.pt.trace.json"
-    p.write_text(json.dumps({"schemaVersion": 1, "host_name": host,
-                             "distributedInfo": {"rank": 0, "world_size": 1},
-                             "traceEvents": events}))
+    p.write_text(
+        json.dumps(
+            {
+                "schemaVersion": 1,
+                "host_name": host,
+                "distributedInfo": {"rank": 0, "world_size": 1},
+                "traceEvents": events,
+            }
+        )
+    )
     return p
 
 
@@ -178,8 +251,7 @@ def test_a_trace_from_another_time_or_host_is_not_used(tmp_path):
     doc = trace_evidence(str(during), nsys=False)
     assert doc["host_name"] == here and doc["world_size"] == 1
     assert doc["span_ns"][0] == T0 + 1_000_000_000
-    code, out, _ = _cli("--store", store, "--trace", str(during), "--rule", "idle_gaps",
-                        "--json")
+    code, out, _ = _cli("--store", store, "--trace", str(during), "--rule", "idle_gaps", "--json")
     assert json.loads(out)["sources"]["trace"] == str(during)
     old = _trace(tmp_path, T0 // 1000 - 7 * 86_400 * 10**6, "gpu-node-7")
     code, out, _ = _cli("--store", store, "--trace", str(old), "--rule", "idle_gaps", "--json")

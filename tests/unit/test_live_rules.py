@@ -21,34 +21,59 @@ from phaseprobe.records import RequestSpan
 from phaseprobe.sources.vllm.metrics import parse_exposition
 
 
-def rw(name: str = "r1", *, n: float = 50, queue: float = 0.005, ttft: float = 0.1,
-       prefill: float = 0.08, itl: float = 0.02, tokens: int = 20, running: float = 4.0,
-       waiting: float = 0.0, kv: float = 0.3, kv_max: float | None = None,
-       preempt: float = 0.0, hits: float | None = 2000, queries: float | None = 5000,
-       errors: float = 0.0, aborts: float = 0.0, why: str | None = None,
-       window: float = 30.0) -> ReplicaWindow:
-    deltas = {"queue_time_sum": n * queue, "queue_time_count": n,
-              "ttft_sum": n * ttft, "ttft_count": n, "prefill_time_sum": n * prefill,
-              "prefill_time_count": n, "e2e_latency_sum": n * (ttft + itl * tokens),
-              "e2e_latency_count": n, "itl_sum": n * (tokens - 1) * itl,
-              "itl_count": n * (tokens - 1), "generation_tokens": n * tokens,
-              "prompt_tokens": n * 100, "num_preemptions": preempt, "finished": n,
-              "finished_stop": n - errors - aborts, "finished_error": errors,
-              "finished_abort": aborts}
+def rw(
+    name: str = "r1",
+    *,
+    n: float = 50,
+    queue: float = 0.005,
+    ttft: float = 0.1,
+    prefill: float = 0.08,
+    itl: float = 0.02,
+    tokens: int = 20,
+    running: float = 4.0,
+    waiting: float = 0.0,
+    kv: float = 0.3,
+    kv_max: float | None = None,
+    preempt: float = 0.0,
+    hits: float | None = 2000,
+    queries: float | None = 5000,
+    errors: float = 0.0,
+    aborts: float = 0.0,
+    why: str | None = None,
+    window: float = 30.0,
+) -> ReplicaWindow:
+    deltas = {
+        "queue_time_sum": n * queue,
+        "queue_time_count": n,
+        "ttft_sum": n * ttft,
+        "ttft_count": n,
+        "prefill_time_sum": n * prefill,
+        "prefill_time_count": n,
+        "e2e_latency_sum": n * (ttft + itl * tokens),
+        "e2e_latency_count": n,
+        "itl_sum": n * (tokens - 1) * itl,
+        "itl_count": n * (tokens - 1),
+        "generation_tokens": n * tokens,
+        "prompt_tokens": n * 100,
+        "num_preemptions": preempt,
+        "finished": n,
+        "finished_stop": n - errors - aborts,
+        "finished_error": errors,
+        "finished_abort": aborts,
+    }
     if hits is not None and queries is not None:
         deltas |= {"prefix_cache_hits": hits, "prefix_cache_queries": queries}
     gauges = {"requests_running": running, "requests_waiting": waiting, "kv_cache_usage": kv}
     peaks = dict(gauges) | {"kv_cache_usage": kv if kv_max is None else kv_max}
-    return ReplicaWindow(name, {} if why else deltas, gauges, peaks, samples=31,
-                         unverifiable=why)
+    return ReplicaWindow(name, {} if why else deltas, gauges, peaks, samples=31, unverifiable=why)
 
 
 def ev(*replicas: ReplicaWindow, fleet_: bool = False, **kw) -> LiveEvidence:
-    return LiveEvidence(tuple(replicas) or (rw(),), 30.0, fleet=fleet_ or len(replicas) > 1,
-                        **kw)
+    return LiveEvidence(tuple(replicas) or (rw(),), 30.0, fleet=fleet_ or len(replicas) > 1, **kw)
 
 
 # -- vllm-doctor's rules ---------------------------------------------------------------------
+
 
 def test_queue_pressure_pass_warn_fail_and_numbers():
     assert live.queue_pressure(ev(rw(waiting=0))).status == "pass"
@@ -78,8 +103,10 @@ def test_ttft_bottleneck_names_the_largest_part():
     assert live.ttft_bottleneck(ev(rw(ttft=0.2))).status == "pass"
     v = live.ttft_bottleneck(ev(rw(ttft=0.7, queue=0.5, prefill=0.15)))
     assert v.status == "warn" and v.numbers["largest_part"] == "queue"
-    assert "mean TTFT 700 ms over 50 requests vs target 500 ms; largest part queue (500 ms)" \
+    assert (
+        "mean TTFT 700 ms over 50 requests vs target 500 ms; largest part queue (500 ms)"
         in v.summary
+    )
     v = live.ttft_bottleneck(ev(rw(ttft=1.5, prefill=1.4)))
     assert v.status == "fail" and "largest part prefill" in v.summary
     v = live.ttft_bottleneck(ev(rw(ttft=0.3), ttft_target_s=0.1))  # explicit target wins
@@ -134,8 +161,7 @@ def test_low_throughput_per_running_request():
     v = live.low_throughput(ev(rw(n=300, tokens=20, running=10)))  # 200 tok/s, 20 each
     assert v.status == "pass" and v.numbers["tokens_per_s_per_running"] == 20.0
     v = live.low_throughput(ev(rw(n=120, tokens=20, running=10)))  # 8 each < 10
-    assert v.status == "warn" and "80.0 generated tokens/s with 10.0 requests running" \
-        in v.summary
+    assert v.status == "warn" and "80.0 generated tokens/s with 10.0 requests running" in v.summary
     assert live.low_throughput(ev(rw(n=30, tokens=20, running=10))).status == "fail"
     v = live.low_throughput(ev(rw(running=0.1)))
     assert v.status == "skipped" and "too idle to judge throughput" in v.summary
@@ -145,14 +171,16 @@ def test_error_rate():
     v = live.error_rate(ev(rw(n=100)))
     assert v.status == "pass" and v.numbers["error_or_abort_frac"] == 0.0
     v = live.error_rate(ev(rw(n=100, aborts=2)))
-    assert v.status == "warn" and "0 errors and 2 aborts of 100 finished requests (2.0 %)" \
-        in v.summary
+    assert (
+        v.status == "warn" and "0 errors and 2 aborts of 100 finished requests (2.0 %)" in v.summary
+    )
     v = live.error_rate(ev(rw(n=100, errors=6)))
     assert v.status == "fail" and v.numbers["by_reason"]["error"] == 6
     assert live.error_rate(ev(rw(n=2))).status == "skipped"
 
 
 # -- replicas ---------------------------------------------------------------------------------
+
 
 def test_the_worst_replica_decides_and_is_named_first():
     v = live.ttft_bottleneck(ev(rw("a", ttft=0.2), rw("b", ttft=1.2, prefill=1.1)))
@@ -176,22 +204,24 @@ def test_cannot_verify_and_down_replicas_are_named_never_a_negative_rate():
 
 def test_snapshot_deltas_refuse_two_processes_and_backwards_counters():
     def text(success: float, start: float, preempt: float = 0) -> str:
-        return ("# TYPE vllm:request_success counter\n"
-                f'vllm:request_success_total{{finished_reason="stop"}} {success}\n'
-                "# TYPE vllm:num_preemptions counter\n"
-                f"vllm:num_preemptions_total {preempt}\n"
-                "# TYPE vllm:num_requests_running gauge\n"
-                f"vllm:num_requests_running {success / 10}\n"
-                "# TYPE process_start_time_seconds gauge\n"
-                f"process_start_time_seconds {start}\n")
+        return (
+            "# TYPE vllm:request_success counter\n"
+            f'vllm:request_success_total{{finished_reason="stop"}} {success}\n'
+            "# TYPE vllm:num_preemptions counter\n"
+            f"vllm:num_preemptions_total {preempt}\n"
+            "# TYPE vllm:num_requests_running gauge\n"
+            f"vllm:num_requests_running {success / 10}\n"
+            "# TYPE process_start_time_seconds gauge\n"
+            f"process_start_time_seconds {start}\n"
+        )
+
     a, b = parse_exposition(text(10, 1.0)), parse_exposition(text(30, 1.0, 2))
     deltas, why = snapshot_deltas(a, b)
     assert why is None and deltas["finished"] == 20 and deltas["finished_stop"] == 20
     assert deltas["num_preemptions"] == 2
     _, why = snapshot_deltas(a, parse_exposition(text(30, 2.0)))
     assert why and "different vLLM processes" in why
-    _, why = snapshot_deltas(parse_exposition(text(10, 1.0, 5)), parse_exposition(
-        text(30, 1.0, 1)))
+    _, why = snapshot_deltas(parse_exposition(text(10, 1.0, 5)), parse_exposition(text(30, 1.0, 1)))
     assert why and "num_preemptions went backwards (5 -> 1)" in why
     w = replica_window("r1", [a, parse_exposition(text(20, 1.0)), b])
     assert w.gauge_mean["requests_running"] == 2.0 and w.gauge_max["requests_running"] == 3.0
@@ -202,12 +232,13 @@ def test_replica_imbalance_gains_confidence_with_each_signal():
     even = fleet.replica_imbalance(ev(rw("a", n=50, running=4), rw("b", n=48, running=4)))
     assert even.status == "pass" and even.numbers["signals_fired"] == 0
     assert "balanced (0 of 4 signals)" in even.summary
-    one = fleet.replica_imbalance(ev(rw("a", n=50, running=4, kv=0.9),
-                                     rw("b", n=48, running=4, kv=0.2)))
-    assert one.status == "warn" and "KV usage a 90.0 % vs b 20.0 % (gap 70 points)" \
-        in one.summary
-    many = fleet.replica_imbalance(ev(rw("a", n=90, running=9, waiting=3),
-                                      rw("b", n=10, running=1)))
+    one = fleet.replica_imbalance(
+        ev(rw("a", n=50, running=4, kv=0.9), rw("b", n=48, running=4, kv=0.2))
+    )
+    assert one.status == "warn" and "KV usage a 90.0 % vs b 20.0 % (gap 70 points)" in one.summary
+    many = fleet.replica_imbalance(
+        ev(rw("a", n=90, running=9, waiting=3), rw("b", n=10, running=1))
+    )
     assert many.status == "fail" and many.numbers["signals_fired"] == 3
     assert "a served 90 of 100 requests (90 %)" in many.summary
     assert "running a 9.0 vs b 1.0" in many.summary and "waiting a 3.0 vs b 0.0" in many.summary
@@ -227,16 +258,36 @@ def test_replica_imbalance_needs_two_replicas_and_says_cannot_verify():
 
 # -- spans ------------------------------------------------------------------------------------
 
-def span(i: int, instance: str | None, *, tpot: float = 0.01, ttft: float = 0.05,
-         completion: int = 11, t0_s: float = 100.0) -> RequestSpan:
+
+def span(
+    i: int,
+    instance: str | None,
+    *,
+    tpot: float = 0.01,
+    ttft: float = 0.05,
+    completion: int = 11,
+    t0_s: float = 100.0,
+) -> RequestSpan:
     decode = tpot * (completion - 1)
     start = round((t0_s + i * 0.01) * 1e9)
     return RequestSpan(
-        trace_id=f"{i:032x}", span_id=f"{i:016x}", request_id=f"req-{i}", model="m",
-        service="vllm", instance=instance, start_ns=start,
-        end_ns=start + round((ttft + decode) * 1e9), queue_s=0.002, prefill_s=ttft - 0.01,
-        decode_s=decode, inference_s=ttft + decode, ttft_s=ttft, e2e_s=ttft + decode,
-        prompt_tokens=100, completion_tokens=completion)
+        trace_id=f"{i:032x}",
+        span_id=f"{i:016x}",
+        request_id=f"req-{i}",
+        model="m",
+        service="vllm",
+        instance=instance,
+        start_ns=start,
+        end_ns=start + round((ttft + decode) * 1e9),
+        queue_s=0.002,
+        prefill_s=ttft - 0.01,
+        decode_s=decode,
+        inference_s=ttft + decode,
+        ttft_s=ttft,
+        e2e_s=ttft + decode,
+        prompt_tokens=100,
+        completion_tokens=completion,
+    )
 
 
 def test_straggler_named_with_its_numbers():
@@ -273,8 +324,7 @@ def test_span_loss_per_replica_against_its_own_counter():
     assert v.numbers["by_replica"]["r2"]["lost"] == 20
     assert v.numbers["by_replica"]["r1"]["lost"] == 0
     # aborted requests send no span: not counted as lost
-    v = live_spans.span_loss_per_replica(ev(rw("r1", n=50), rw("r2", n=40, aborts=20),
-                                            spans=spans))
+    v = live_spans.span_loss_per_replica(ev(rw("r1", n=50), rw("r2", n=40, aborts=20), spans=spans))
     assert v.status == "pass"
     anon = spans + [span(500 + i, None) for i in range(3)]
     v = live_spans.span_loss_per_replica(ev(rw("r1", n=50), rw("r2", n=20), spans=anon))
@@ -293,11 +343,21 @@ def test_span_rules_reuse_the_checklist_rules():
 
 # -- the registry -----------------------------------------------------------------------------
 
+
 def test_every_vllm_doctor_rule_is_covered():
     covered = {r.doctor for r in LIVE_RULES}
-    assert covered >= {"queue pressure", "queue latency", "TTFT bottleneck", "TPOT bottleneck",
-                       "KV-cache pressure", "preemption pressure", "prefix-cache efficiency",
-                       "low throughput", "error rate", "replica imbalance"}
+    assert covered >= {
+        "queue pressure",
+        "queue latency",
+        "TTFT bottleneck",
+        "TPOT bottleneck",
+        "KV-cache pressure",
+        "preemption pressure",
+        "prefix-cache efficiency",
+        "low throughput",
+        "error rate",
+        "replica imbalance",
+    }
 
 
 def test_run_live_checklist_adds_span_rules_only_with_spans():

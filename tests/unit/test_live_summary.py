@@ -11,15 +11,37 @@ from phaseprobe.analysis.live_summary import span_loss, summarize_spans
 from phaseprobe.records import RequestSpan
 
 
-def span(i: int, start_s: float, *, queue: float | None, prefill: float, decode: float,
-         e2e: float, prompt: int, completion: int, pre_engine: float = 0.05) -> RequestSpan:
+def span(
+    i: int,
+    start_s: float,
+    *,
+    queue: float | None,
+    prefill: float,
+    decode: float,
+    e2e: float,
+    prompt: int,
+    completion: int,
+    pre_engine: float = 0.05,
+) -> RequestSpan:
     ttft = pre_engine + (queue or 0.0) + prefill
     return RequestSpan(
-        trace_id=f"{i:032x}", span_id=f"{i:016x}", request_id=f"req-{i}", model="m",
-        service="vllm", instance="a", start_ns=round(start_s * 1e9),
-        end_ns=round((start_s + e2e) * 1e9), queue_s=queue, prefill_s=prefill, decode_s=decode,
-        inference_s=prefill + decode, ttft_s=ttft, e2e_s=e2e, prompt_tokens=prompt,
-        completion_tokens=completion)
+        trace_id=f"{i:032x}",
+        span_id=f"{i:016x}",
+        request_id=f"req-{i}",
+        model="m",
+        service="vllm",
+        instance="a",
+        start_ns=round(start_s * 1e9),
+        end_ns=round((start_s + e2e) * 1e9),
+        queue_s=queue,
+        prefill_s=prefill,
+        decode_s=decode,
+        inference_s=prefill + decode,
+        ttft_s=ttft,
+        e2e_s=e2e,
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+    )
 
 
 # e2e − (queue + prefill + decode) = "other": 0.1, 0.1, 0.1, 0.2 s. Ends at 1.4, 3.5, 3.2, 6.7 s.
@@ -65,8 +87,9 @@ def test_phase_share_keeps_other_out_of_prefill():
     assert share.prefill_frac == pytest.approx(1.0 / 8.8)
     assert share.decode_frac == pytest.approx(6.5 / 8.8)
     assert share.other_frac == pytest.approx(0.5 / 8.8)
-    assert (share.queue_frac + share.prefill_frac + share.decode_frac
-            + share.other_frac) == pytest.approx(1.0)
+    assert (
+        share.queue_frac + share.prefill_frac + share.decode_frac + share.other_frac
+    ) == pytest.approx(1.0)
 
 
 def test_slowest_by_e2e_with_their_split():
@@ -101,8 +124,7 @@ def test_missing_phases_and_no_data():
     assert s.slowest[1].other_s is None
     empty = summarize_spans([])
     assert empty.count == 0 and empty.requests_per_s is None
-    assert (empty.e2e.p50_s, empty.e2e.p90_s, empty.e2e.p99_s, empty.e2e.n) == (
-        None, None, None, 0)
+    assert (empty.e2e.p50_s, empty.e2e.p90_s, empty.e2e.p99_s, empty.e2e.n) == (None, None, None, 0)
     assert empty.share.n == 0 and empty.share.prefill_frac is None
     assert summarize_spans([], window_s=10.0).count == 0
 
@@ -131,8 +153,11 @@ def test_loss_says_how_much_and_what_to_raise():
     assert loss.lossy is True
     assert loss.lost_spans == 300 and loss.loss_frac == pytest.approx(0.3)
     assert "300 of 1000" in loss.text and "30.0 %" in loss.text
-    for knob in ("OTEL_BSP_MAX_QUEUE_SIZE (default 2048", "OTEL_BSP_SCHEDULE_DELAY",
-                 "OTEL_BSP_MAX_EXPORT_BATCH_SIZE"):
+    for knob in (
+        "OTEL_BSP_MAX_QUEUE_SIZE (default 2048",
+        "OTEL_BSP_SCHEDULE_DELAY",
+        "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
+    ):
         assert knob in loss.text
     assert "aborted requests" in loss.text and "no span" in loss.text
 

@@ -160,8 +160,11 @@ def test_stop_kills_the_whole_process_group(sleep_tree: subprocess.Popen[bytes])
 def test_stop_escalates_to_sigkill_when_sigterm_is_ignored() -> None:
     # the shell says when its trap is set: a fixed sleep lost the race on a busy machine (SIGTERM
     # came before the trap and the shell died of it, not of SIGKILL)
-    proc = subprocess.Popen(["sh", "-c", "trap '' TERM; echo ready; sleep 300 & wait"],
-                            start_new_session=True, stdout=subprocess.PIPE)
+    proc = subprocess.Popen(
+        ["sh", "-c", "trap '' TERM; echo ready; sleep 300 & wait"],
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+    )
     assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
     started = time.monotonic()
     stop_process_group(proc.pid, timeout=0.5, reap=proc.poll)
@@ -342,9 +345,14 @@ def test_ctrl_c_while_a_fleet_starts_leaves_no_replica_running(
 
     monkeypatch.setattr(subprocess, "Popen", ctrl_c_on_first_popen)
     monkeypatch.setattr(fleet_mod, "require_router", lambda venv: venv)
-    fleet = LocalFleet(2, model_dir=model_dir, venv=fake_venv, parallel=parallel,
-                       isolate_cores=False,
-                       extra_env={"PYTHONPATH": str(fake_venv.parent / "fakepkgs")})
+    fleet = LocalFleet(
+        2,
+        model_dir=model_dir,
+        venv=fake_venv,
+        parallel=parallel,
+        isolate_cores=False,
+        extra_env={"PYTHONPATH": str(fake_venv.parent / "fakepkgs")},
+    )
     try:
         with pytest.raises(KeyboardInterrupt):
             fleet.start()

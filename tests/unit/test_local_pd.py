@@ -85,8 +85,13 @@ def model_dir(tmp_path: Path) -> Path:
 def fake_pair(fake_venv: Path, model_dir: Path, **kw: Any) -> LocalPdPair:
     kw.setdefault("router", False)
     kw.setdefault("isolate_cores", False)
-    return LocalPdPair(model_dir=model_dir, venv=fake_venv, log_dir=fake_venv.parent / "logs",
-                       extra_env={"PYTHONPATH": str(fake_venv.parent / "fakepkgs")}, **kw)
+    return LocalPdPair(
+        model_dir=model_dir,
+        venv=fake_venv,
+        log_dir=fake_venv.parent / "logs",
+        extra_env={"PYTHONPATH": str(fake_venv.parent / "fakepkgs")},
+        **kw,
+    )
 
 
 def started_with(pair: LocalPdPair, role: str) -> tuple[list[str], dict[str, str], list[int]]:
@@ -121,8 +126,10 @@ def test_instance_env_names_the_role_only_when_spans_are_exported() -> None:
         "OTEL_SERVICE_NAME": "vllm-local",
         "OTEL_RESOURCE_ATTRIBUTES": "service.instance.id=prefill",
     }
-    assert pd_instance_env("decode", "grpc", "pd")["OTEL_RESOURCE_ATTRIBUTES"] == \
-        "service.instance.id=decode"
+    assert (
+        pd_instance_env("decode", "grpc", "pd")["OTEL_RESOURCE_ATTRIBUTES"]
+        == "service.instance.id=decode"
+    )
     assert pd_instance_env("decode", None) == {}
     with pytest.raises(LocalServerError, match="unknown prefill/decode role 'r1'"):
         pd_instance_env("r1", None)
@@ -131,12 +138,18 @@ def test_instance_env_names_the_role_only_when_spans_are_exported() -> None:
 def test_router_argv_in_pd_mode() -> None:
     assert pd_worker_args([P + "/"], [D]) == ["--vllm-pd-disaggregation", "--prefill", P,
                                               "--decode", D]  # fmt: skip
-    assert pd_worker_args([P, P + "9"], [D]) == ["--vllm-pd-disaggregation", "--prefill", P,
-                                                 "--prefill", P + "9", "--decode", D]
+    assert pd_worker_args([P, P + "9"], [D]) == [
+        "--vllm-pd-disaggregation",
+        "--prefill",
+        P,
+        "--prefill",
+        P + "9",
+        "--decode",
+        D,
+    ]
     argv = build_router_argv(Path("/r/vllm-router"), [], port=9000, metrics_port=9001,
                              prefill_urls=[P], decode_urls=[D])  # fmt: skip
-    assert argv[:6] == ["/r/vllm-router", "--vllm-pd-disaggregation", "--prefill", P,
-                        "--decode", D]
+    assert argv[:6] == ["/r/vllm-router", "--vllm-pd-disaggregation", "--prefill", P, "--decode", D]
     assert "--worker-urls" not in argv
     assert argv[argv.index("--policy") + 1] == "round_robin"
     assert argv[argv.index("--prometheus-port") + 1] == "9001"
@@ -151,8 +164,7 @@ def test_router_argv_refuses_half_a_pair_or_both_modes() -> None:
     with pytest.raises(LocalServerError, match="at least one prefill and one decode"):
         build_router_argv(Path("r"), [], port=1, metrics_port=2, decode_urls=[D])
     with pytest.raises(LocalServerError, match="either worker URLs or prefill/decode"):
-        build_router_argv(Path("r"), [P], port=1, metrics_port=2, prefill_urls=[P],
-                          decode_urls=[D])
+        build_router_argv(Path("r"), [P], port=1, metrics_port=2, prefill_urls=[P], decode_urls=[D])
     with pytest.raises(LocalServerError, match="at least one worker URL"):
         build_router_argv(Path("r"), [], port=1, metrics_port=2)
 

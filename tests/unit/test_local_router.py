@@ -42,8 +42,9 @@ def _cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 class FakeRunner:
     """Plays venv and pip: records argv lists; pip install creates the console script."""
 
-    def __init__(self, rc: Callable[[list[str]], int] = lambda argv: 0,
-                 script: bool = True) -> None:
+    def __init__(
+        self, rc: Callable[[list[str]], int] = lambda argv: 0, script: bool = True
+    ) -> None:
         self.calls: list[list[str]] = []
         self._rc = rc
         self._script = script
@@ -118,11 +119,17 @@ def test_require_router_names_the_install_command() -> None:
 
 def test_argv_names_workers_policy_ports_and_short_health_checks() -> None:
     exe = router_executable(Path("/v"))
-    argv = build_router_argv(exe, WORKERS, port=9000, metrics_port=9001,
-                             policy="consistent_hash", health_check_interval_s=3)
+    argv = build_router_argv(
+        exe,
+        WORKERS,
+        port=9000,
+        metrics_port=9001,
+        policy="consistent_hash",
+        health_check_interval_s=3,
+    )
     assert argv[0] == "/v/bin/vllm-router"
     i = argv.index("--worker-urls")
-    assert argv[i + 1:i + 3] == ["http://127.0.0.1:8001", "http://127.0.0.1:8002"]
+    assert argv[i + 1 : i + 3] == ["http://127.0.0.1:8001", "http://127.0.0.1:8002"]
     pairs = {argv[k]: argv[k + 1] for k in range(i + 3, len(argv) - 1, 2)}
     assert pairs["--policy"] == "consistent_hash"
     assert pairs["--host"] == "127.0.0.1" and pairs["--port"] == "9000"
@@ -160,12 +167,13 @@ def test_replica_names_env_and_cores() -> None:
 
 def _state(pid: int) -> str:
     raw = Path(f"/proc/{pid}/stat").read_text()
-    return raw[raw.rfind(")") + 2:].split()[0]
+    return raw[raw.rfind(")") + 2 :].split()[0]
 
 
 def test_throttle_cycles_a_process_group_and_always_leaves_it_running() -> None:
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
-                             start_new_session=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True
+    )
     try:
         with Throttle(child.pid, stopped_fraction=0.5, period_s=0.02) as throttle:
             time.sleep(0.6)
@@ -198,8 +206,9 @@ def test_throttle_of_a_vanished_group_ends_quietly_and_bad_settings_are_refused(
         Throttle(1, period_s=0)
 
 
-def test_module_entry_installs_or_prints_usage(monkeypatch: pytest.MonkeyPatch,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_module_entry_installs_or_prints_usage(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     from phaseprobe.local import router as router_mod
 
     assert router_mod.main(["frobnicate"]) == 2

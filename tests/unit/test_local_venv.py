@@ -26,8 +26,10 @@ from phaseprobe.local.venv import (
     run_streaming,
 )
 
-NOISE = ("WARNING: Location 'file:///opt/pypi-more/simple/mdurl/' is ignored: "
-         "it is neither a file nor a directory.")
+NOISE = (
+    "WARNING: Location 'file:///opt/pypi-more/simple/mdurl/' is ignored: "
+    "it is neither a file nor a directory."
+)
 
 
 @pytest.fixture(autouse=True)

@@ -88,8 +88,9 @@ def test_decode_floor_worked_example_70b_fp16_on_3_35_tbs():
     assert read == 2 * (LLAMA2_70B - 32_000 * 8192)
     assert cap.decode_floor(read, 3.35e12).step_floor_s == pytest.approx(0.042, rel=0.03)
     # KV reads at context: 4096 tokens × 327,680 B more per sequence.
-    with_kv = cap.decode_floor(read, 3.35e12, kv_token_bytes=327_680, context_tokens=4096,
-                              batch_size=4)
+    with_kv = cap.decode_floor(
+        read, 3.35e12, kv_token_bytes=327_680, context_tokens=4096, batch_size=4
+    )
     assert with_kv.kv_bytes_read == 4 * 4096 * 327_680
     assert with_kv.step_floor_s == pytest.approx((read + 4 * 4096 * 327_680) / 3.35e12)
     with pytest.raises(ConfigError):
@@ -145,15 +146,15 @@ def test_weight_bytes_per_dtype_and_quantization_config():
     fp8 = shape_of("llama-3-70b", quantization_config={"quant_method": "fp8"})
     assert mm.weight_format(fp8).name == "fp8"
     assert mm.weight_format(fp8).source == "quantization_config"
-    gptq = shape_of("llama-3-70b", quantization_config={"quant_method": "gptq", "bits": 4,
-                                                        "group_size": 128})
+    gptq = shape_of(
+        "llama-3-70b", quantization_config={"quant_method": "gptq", "bits": 4, "group_size": 128}
+    )
     fmt = mm.weight_format(gptq)
     # 4 bits + one fp16 scale and one packed 4-bit zero per 128 weights.
     assert fmt.linear_bytes_per_param == pytest.approx(0.5 + 2.5 / 128)
     assert mm.weight_format(gptq, "bf16").name == "bf16"  # --dtype wins
     with pytest.raises(ConfigError, match="llama-3-70b.json.*'mystery'"):
-        mm.weight_format(shape_of("llama-3-70b",
-                                  quantization_config={"quant_method": "mystery"}))
+        mm.weight_format(shape_of("llama-3-70b", quantization_config={"quant_method": "mystery"}))
     with pytest.raises(ConfigError, match="fp6"):
         mm.weight_format(shape, "fp6")
 
@@ -173,12 +174,12 @@ def test_flops_decode_and_prefill():
     assert mm.decode_flops_per_token(shape, p, 0) == 2 * p.matmul_active
     # QKᵀ and AV: 2 × 2 × layers × heads × head_dim per cached position.
     per_position = 4 * 32 * 32 * 128
-    assert (mm.decode_flops_per_token(shape, p, 8192)
-            == 2 * p.matmul_active + per_position * 8192)
+    assert mm.decode_flops_per_token(shape, p, 8192) == 2 * p.matmul_active + per_position * 8192
     # Prefill of P tokens = Σ decode steps at contexts 1..P (causal).
     for prompt in (1, 7, 100):
         assert mm.prefill_flops(shape, p, prompt) == sum(
-            mm.decode_flops_per_token(shape, p, i) for i in range(1, prompt + 1))
+            mm.decode_flops_per_token(shape, p, i) for i in range(1, prompt + 1)
+        )
     assert mm.prefill_flops(shape, p, 2048) == pytest.approx(2 * 8.0e9 * 2048, rel=0.05)
 
 
@@ -188,29 +189,42 @@ def test_capacity_plan_llama_3_70b_on_8_x_80_gib_32_users():
     # KV budget = 460,188,008,448 B; / 327,680 B per token = 1,404,382 tokens (floor);
     # / 32 users = 43,886 tokens each; at 8k: 171 users, at 128k: 10.
     shape = shape_of("llama-3-70b")
-    plan = cap.plan_capacity(shape, 2 * LLAMA3_70B, 327_680, gpu_mem_bytes=80 * cap.GIB, gpus=8,
-                            concurrent_users=32)
+    plan = cap.plan_capacity(
+        shape, 2 * LLAMA3_70B, 327_680, gpu_mem_bytes=80 * cap.GIB, gpus=8, concurrent_users=32
+    )
     assert plan.usable_bytes == 618_475_290_624
     assert plan.kv_budget_bytes == 460_188_008_448
     assert plan.kv_replication == 1 and plan.kv_capacity_tokens == 1_404_382
     assert plan.max_context_per_user_tokens == 43_886
     assert {u.context_tokens: u.users for u in plan.users_at_context} == {
-        2048: 685, 8192: 171, 32768: 42, 131072: 10}
+        2048: 685,
+        8192: 171,
+        32768: 42,
+        131072: 10,
+    }
     assert plan.fits and plan.model_max_context_tokens == 8192
 
 
 def test_capacity_replicates_kv_when_gpus_outnumber_kv_heads():
     shape = shape_of("llama-3-8b")  # 8 KV heads on 16 GPUs: each head held twice
-    plan = cap.plan_capacity(shape, 2 * LLAMA3_8B, 131_072, gpu_mem_bytes=80 * cap.GIB,
-                            gpus=16, concurrent_users=1, reserve_bytes_per_gpu=0)
+    plan = cap.plan_capacity(
+        shape,
+        2 * LLAMA3_8B,
+        131_072,
+        gpu_mem_bytes=80 * cap.GIB,
+        gpus=16,
+        concurrent_users=1,
+        reserve_bytes_per_gpu=0,
+    )
     assert plan.kv_replication == 2
     assert plan.kv_capacity_tokens == plan.kv_budget_bytes // (2 * 131_072)
 
 
 def test_capacity_when_weights_do_not_fit_and_bad_inputs():
     shape = shape_of("llama-3-70b")
-    plan = cap.plan_capacity(shape, 2 * LLAMA3_70B, 327_680, gpu_mem_bytes=80 * cap.GIB,
-                            gpus=1, concurrent_users=4)
+    plan = cap.plan_capacity(
+        shape, 2 * LLAMA3_70B, 327_680, gpu_mem_bytes=80 * cap.GIB, gpus=1, concurrent_users=4
+    )
     assert not plan.fits and plan.kv_capacity_tokens == 0
     assert plan.max_context_per_user_tokens == 0
     for bad in ({"gpu_memory_utilization": 1.5}, {"gpus": 0}, {"reserve_bytes_per_gpu": -1}):
@@ -247,8 +261,10 @@ def test_multimodal_text_config_is_sized():
     assert mm.count_params(mm.parse_shape(wrapped)).total == LLAMA3_8B
 
 
-@pytest.mark.skipif(not (TINY / "config.json").exists(), reason="no local tiny model "
-                    "(phaseprobe local install makes it)")
+@pytest.mark.skipif(
+    not (TINY / "config.json").exists(),
+    reason="no local tiny model (phaseprobe local install makes it)",
+)
 def test_real_tiny_model_config_matches_its_safetensors():
     cfg, source = mm.load_config(TINY)
     shape = mm.parse_shape(cfg, source)
@@ -259,7 +275,7 @@ def test_real_tiny_model_config_matches_its_safetensors():
         # safetensors: 8-byte header length, JSON header of shapes, then the raw tensors.
         blob = weights.read_bytes()
         (n,) = struct.unpack("<Q", blob[:8])
-        header = json.loads(blob[8:8 + n])
+        header = json.loads(blob[8 : 8 + n])
         elements = 0
         for name, tensor in header.items():
             if name != "__metadata__":
@@ -271,15 +287,34 @@ def test_real_tiny_model_config_matches_its_safetensors():
         assert mm.weight_bytes(p, mm.weight_format(shape)) == len(blob) - 8 - n
 
 
-@pytest.mark.parametrize("qcfg, name, per_param", [
-    ({"quant_method": "compressed-tensors", "config_groups": {"group_0": {
-        "weights": {"num_bits": 8, "type": "float", "strategy": "channel"}}}}, "fp8", 1.0),
-    ({"quant_method": "compressed-tensors", "config_groups": {"group_0": {
-        "weights": {"num_bits": 4, "type": "int", "group_size": 128}}}}, "int4", 0.5 + 2 / 128),
-    ({"quant_method": "awq", "bits": 4, "group_size": 128}, "int4", 0.5 + 2.5 / 128),
-    ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "int4", 0.5 + 4 / 64),
-    ({"quant_method": "bitsandbytes", "load_in_8bit": True}, "int8", 1.0),
-])
+@pytest.mark.parametrize(
+    "qcfg, name, per_param",
+    [
+        (
+            {
+                "quant_method": "compressed-tensors",
+                "config_groups": {
+                    "group_0": {"weights": {"num_bits": 8, "type": "float", "strategy": "channel"}}
+                },
+            },
+            "fp8",
+            1.0,
+        ),
+        (
+            {
+                "quant_method": "compressed-tensors",
+                "config_groups": {
+                    "group_0": {"weights": {"num_bits": 4, "type": "int", "group_size": 128}}
+                },
+            },
+            "int4",
+            0.5 + 2 / 128,
+        ),
+        ({"quant_method": "awq", "bits": 4, "group_size": 128}, "int4", 0.5 + 2.5 / 128),
+        ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "int4", 0.5 + 4 / 64),
+        ({"quant_method": "bitsandbytes", "load_in_8bit": True}, "int8", 1.0),
+    ],
+)
 def test_quantization_config_formats(qcfg, name, per_param):
     fmt = mm.weight_format(shape_of("llama-3-8b", quantization_config=qcfg))
     assert (fmt.name, fmt.base_dtype) == (name, "bf16")

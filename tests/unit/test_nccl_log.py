@@ -28,8 +28,10 @@ def test_v27_bare_banner_srun_prefix_shm_socket() -> None:
     assert dict(log.versions) == {("2.7.8", "11.0"): 1}
     assert log.hosts == {"node01"} and len(log.processes) == 2
     comms = _comms(log)
-    assert [(c.rank, c.nranks, c.state) for c in comms] == [(0, 2, "init_complete"),
-                                                           (1, 2, "init_complete")]
+    assert [(c.rank, c.nranks, c.state) for c in comms] == [
+        (0, 2, "init_complete"),
+        (1, 2, "init_complete"),
+    ]
     # ≤2.18.1 names the comm only at Init COMPLETE: the channel lines before it are attached.
     assert comms[0].channels["coll"] == 2 and comms[0].rings == 2 and comms[0].trees == 2
     assert dict(log.transports) == {"SHM": 4}
@@ -56,7 +58,12 @@ def test_v221_init_start_timings_coll_and_integer_tuning() -> None:
     log = _parse("v2_21_tuning_ints.log")
     c0 = log.comms[("host7", 500, "0x1000")]
     assert (c0.rank, c0.nranks, c0.nnodes, c0.local_ranks, c0.init_func) == (
-        0, 2, 1, 2, "ncclCommInitRank")
+        0,
+        2,
+        1,
+        2,
+        "ncclCommInitRank",
+    )
     assert c0.init_total_s == pytest.approx(0.51) and c0.init_timings_s["topo"] == 0.1
     assert c0.channels == {"coll": 16, "collnet": 16, "nvls": 0, "p2p": 16, "p2p_per_peer": 16}
     rows = {(r["comm"], r["op"]): r for r in log.coll_rows()}
@@ -71,10 +78,17 @@ def test_v226_warn_blocks_timestamps_error_trail_and_func() -> None:
     assert log.warn_count == 2
     w1, w2 = log.warns
     assert (w1.line_no, w1.src_file, w1.src_line, w1.timestamp) == (
-        9, "misc/socket.cc", 484, "2025-03-01 10:00:00")
+        9,
+        "misc/socket.cc",
+        484,
+        "2025-03-01 10:00:00",
+    )
     assert w1.message.startswith("socketStartConnect: Connect to 10.0.0.2<43000> failed")
     assert (w2.src_file, w2.src_line, w2.timestamp) == (
-        "transport/net_ib.cc", 1234, "2025-03-01 10:00:01.250")
+        "transport/net_ib.cc",
+        1234,
+        "2025-03-01 10:00:01.250",
+    )
     assert log.error_count == 2 and log.errors[0].code == 2
     assert log.env["NCCL_P2P_DISABLE"] == "1"
     assert log.transports == {"SHM": 2}
@@ -113,9 +127,16 @@ def test_strict_raises_with_file_and_line_number() -> None:
     assert "NCCL INFO Channel 01/0" in info.value.line
 
 
-@pytest.mark.parametrize("name", ["v2_7_srun_socket_shm.log", "v2_18_mpirun_ib_2node.log",
-                                  "v2_21_tuning_ints.log", "v2_26_warn_timestamps.log",
-                                  "v2_29_rank_prefix_tuning.log"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "v2_7_srun_socket_shm.log",
+        "v2_18_mpirun_ib_2node.log",
+        "v2_21_tuning_ints.log",
+        "v2_26_warn_timestamps.log",
+        "v2_29_rank_prefix_tuning.log",
+    ],
+)
 def test_clean_fixtures_pass_strict_and_fast_path_equals_exact_path(name: str) -> None:
     exact = _parse(name, strict=True)
     fast = _parse(name)
@@ -130,8 +151,11 @@ def test_no_nccl_output_is_an_empty_model() -> None:
 
 def test_repeated_coll_lines_are_folded_with_correct_counts() -> None:
     head = "h:1:1 [0] NCCL INFO AllReduce: opCount {op:x} sendbuff 0x{op:x} recvbuff 0x2 count "
-    lines = [head.format(op=i) + f"{1024 * (1 + i % 3)} datatype 6 op 0 root 0 comm 0xc "
-             "[nranks=4] stream 0x9" for i in range(300)]
+    lines = [
+        head.format(op=i) + f"{1024 * (1 + i % 3)} datatype 6 op 0 root 0 comm 0xc "
+        "[nranks=4] stream 0x9"
+        for i in range(300)
+    ]
     lines.append("h:1:1 [0] NCCL INFO AllReduce: opCount 1 sendbuff 0x1 recvbuff 0x2 count 1")
     log = parse_lines(lines, "mem")
     assert sum(log.coll.values()) == 300 and log.lines_malformed == 1
@@ -141,9 +165,11 @@ def test_repeated_coll_lines_are_folded_with_correct_counts() -> None:
 
 
 def test_timestamped_coll_lines_give_a_rate() -> None:
-    lines = [f"[2025-01-01 00:00:{s:02d}] h:1:1 [0] NCCL INFO Broadcast: opCount 0 sendbuff 0x1 "
-             "recvbuff 0x1 count 8 datatype 0 op 0 root 0 comm 0xc [nranks=2] stream 0x9"
-             for s in range(11)]
+    lines = [
+        f"[2025-01-01 00:00:{s:02d}] h:1:1 [0] NCCL INFO Broadcast: opCount 0 sendbuff 0x1 "
+        "recvbuff 0x1 count 8 datatype 0 op 0 root 0 comm 0xc [nranks=2] stream 0x9"
+        for s in range(11)
+    ]
     log = parse_lines(lines)
     assert log.coll_stamped == 11 and log.coll_first_ts == "2025-01-01 00:00:00"
     assert log.coll_last_ts == "2025-01-01 00:00:10"
@@ -169,7 +195,11 @@ def test_line_helpers() -> None:
     assert rec is not None
     header, stamp = parse_header(rec.pre)
     assert header is not None and (header.host, header.pid, header.tid, header.dev) == (
-        "h", 7, 8, 2)
+        "h",
+        7,
+        8,
+        2,
+    )
     assert header.launcher_rank == 3 and stamp is None
     assert split_record("plain output, NCCL mentioned") == (None, -1)
     assert transport_kind("NET/AWS Libfabric/0/GDRDMA") == "NET/AWS Libfabric"
@@ -217,7 +247,11 @@ def test_two_ranks_interleaved_and_cut_are_put_back_together() -> None:
     # 5 records cut: 4 completed; "Connected all tr…" never gets its rest (and is free text)
     assert (log.records_cut, log.records_reassembled, log.records_unattributed) == (5, 4, 1)
     assert (log.lines_total, log.lines_nccl, log.lines_skipped, log.lines_malformed) == (
-        36, 34, 1, 1)
+        36,
+        34,
+        1,
+        1,
+    )
     assert log.malformed_line_nos == [(str(DATA / "log_two_ranks_interleaved_cut.log"), 25)]
     doc = log.to_dict()["lines"]
     assert (doc["cut"], doc["reassembled"], doc["unattributed"]) == (5, 4, 1)
@@ -241,8 +275,7 @@ def test_cut_record_is_completed_only_by_a_fragment_that_makes_it_whole() -> Non
     log = parse_lines([known, head, *["x"] * 5000, rest])
     assert (log.records_reassembled, log.records_unattributed) == (0, 1)
     # a fragment glued to a record is not taken, nor is a rest for a WARN (free text)
-    log = parse_lines(["h:1:1 [0] NCCL WARN Connect to 10.0.0.2 faih:2:2 [1] NCCL INFO x",
-                       "led"])
+    log = parse_lines(["h:1:1 [0] NCCL WARN Connect to 10.0.0.2 faih:2:2 [1] NCCL INFO x", "led"])
     assert (log.records_cut, log.records_unattributed, log.lines_skipped) == (1, 1, 1)
 
 
@@ -252,13 +285,20 @@ def test_strict_still_stops_at_a_cut_record() -> None:
 
 
 def test_aws_ofi_plugin_lines_name_plugin_libfabric_and_provider() -> None:
-    lines = ["h:1:1 [0] NCCL INFO NET/OFI Initializing aws-ofi-nccl 1.18.0",
-             "h:1:1 [0] NCCL INFO NET/OFI Using Libfabric version 2.3",
-             "h:1:1 [0] NCCL INFO NET/OFI Using CUDA driver version 12080 with runtime 12080",
-             "h:1:1 [0] NCCL INFO NET/OFI Using transport protocol SENDRECV (platform set)",
-             "h:1:1 [0] NCCL INFO NET/OFI Selected provider is efa, fabric is efa (found 1 nics)"]
-    assert parse_lines(lines).net_plugin == {"ofi": "aws-ofi-nccl 1.18.0", "libfabric": "2.3",
-                                             "ofi_provider": "efa"}
-    old = ["h:1:1 [0] NCCL INFO NET/OFI Using aws-ofi-nccl 1.6.0",  # aws-ofi-nccl 1.6
-           "h:1:1 [0] NCCL INFO NET/OFI Selected Provider is cxi (found 8 nics)"]
+    lines = [
+        "h:1:1 [0] NCCL INFO NET/OFI Initializing aws-ofi-nccl 1.18.0",
+        "h:1:1 [0] NCCL INFO NET/OFI Using Libfabric version 2.3",
+        "h:1:1 [0] NCCL INFO NET/OFI Using CUDA driver version 12080 with runtime 12080",
+        "h:1:1 [0] NCCL INFO NET/OFI Using transport protocol SENDRECV (platform set)",
+        "h:1:1 [0] NCCL INFO NET/OFI Selected provider is efa, fabric is efa (found 1 nics)",
+    ]
+    assert parse_lines(lines).net_plugin == {
+        "ofi": "aws-ofi-nccl 1.18.0",
+        "libfabric": "2.3",
+        "ofi_provider": "efa",
+    }
+    old = [
+        "h:1:1 [0] NCCL INFO NET/OFI Using aws-ofi-nccl 1.6.0",  # aws-ofi-nccl 1.6
+        "h:1:1 [0] NCCL INFO NET/OFI Selected Provider is cxi (found 8 nics)",
+    ]
     assert parse_lines(old).net_plugin == {"ofi": "aws-ofi-nccl 1.6.0", "ofi_provider": "cxi"}

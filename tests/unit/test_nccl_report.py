@@ -42,12 +42,17 @@ def test_diff_leads_with_busbw_and_links_it_to_the_channel_and_network_change():
     assert why.startswith("explained by: collective channels dropped from 16 to 2")
     assert "network changed from ['IB'] to ['Socket']" in why
     assert "GPUDirect RDMA no longer used" in why
-    assert d["worse"][0] == {"severity": "high",
-                             "message": "AllReduce: avg busbw 112 → 17.5 GB/s, −84 %"}
+    assert d["worse"][0] == {
+        "severity": "high",
+        "message": "AllReduce: avg busbw 112 → 17.5 GB/s, −84 %",
+    }
     by_size = d["busbw"]["tables"][0]["by_size"]
     assert [(r["size_bytes"], r["a_busbw_GBps"], r["b_busbw_GBps"]) for r in by_size] == [
-        (1 << 20, 30.0, 9.0), (1 << 22, 80.0, 18.0), (1 << 24, 150.0, 21.0),
-        (1 << 26, 190.0, 22.0)]
+        (1 << 20, 30.0, 9.0),
+        (1 << 22, 80.0, 18.0),
+        (1 << 24, 150.0, 21.0),
+        (1 << 26, 190.0, 22.0),
+    ]
 
 
 def test_same_run_twice_reports_no_drop_and_no_explanation():
@@ -60,26 +65,33 @@ def test_a_drop_the_logs_cannot_explain_says_so(tmp_path):
     # the degraded table, but the healthy log lines: the logs hold no cause
     healthy = Path(HEALTHY).read_text().splitlines()
     degraded = Path(DEGRADED).read_text().splitlines()
-    mixed = [line for line in healthy if "NCCL INFO" in line] + \
-        [line for line in degraded if "NCCL INFO" not in line]
+    mixed = [line for line in healthy if "NCCL INFO" in line] + [
+        line for line in degraded if "NCCL INFO" not in line
+    ]
     path = tmp_path / "slow.log"
     path.write_text("\n".join(mixed) + "\n")
     d = diff_reports(build_report([HEALTHY]), build_report([str(path)]))
     assert d["headline"][0] == "AllReduce: avg busbw 112 → 17.5 GB/s, −84 %"
-    assert d["headline"][-1].startswith("the NCCL logs show no channel, transport, network or "
-                                        "algorithm change that explains it")
+    assert d["headline"][-1].startswith(
+        "the NCCL logs show no channel, transport, network or algorithm change that explains it"
+    )
     # and with no NCCL lines in the second file at all, it says which file lacks them
     bare = tmp_path / "bare.log"
     bare.write_text("\n".join(line for line in degraded if "NCCL INFO" not in line) + "\n")
     d = diff_reports(build_report([HEALTHY]), build_report([str(bare)]))
-    assert d["headline"][-1] == ("no NCCL INFO lines in the second file to explain it (run "
-                                 "with NCCL_DEBUG=INFO)")
+    assert d["headline"][-1] == (
+        "no NCCL INFO lines in the second file to explain it (run with NCCL_DEBUG=INFO)"
+    )
 
 
 def test_cli_reads_a_file_with_only_a_table(tmp_path, capsys):
     bare = tmp_path / "bare.log"
-    bare.write_text("\n".join(line for line in Path(DEGRADED).read_text().splitlines()
-                              if "NCCL INFO" not in line) + "\n")
+    bare.write_text(
+        "\n".join(
+            line for line in Path(DEGRADED).read_text().splitlines() if "NCCL INFO" not in line
+        )
+        + "\n"
+    )
     code, out, _ = _cli(capsys, "nccl", str(bare))
     assert code == 0
     assert "avg busbw 17.50 GB/s (printed)" in out and "busbw (GB/s)" in out and "█" in out

@@ -53,7 +53,7 @@ def split_all(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
 
 @pytest.fixture(params=["race", "child first"])
 def meeting(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """"child first": the parser waits for the child to be done before its first block, so
+    """ "child first": the parser waits for the child to be done before its first block, so
     they meet at the child's lowest segment; "race": wherever they do."""
     if request.param == "child first":
         real = nccl_split.Tail.reached
@@ -72,15 +72,17 @@ def _lines(path: Path) -> dict:
 
 
 @pytest.mark.parametrize("path", sorted(DATA.iterdir()), ids=lambda p: p.name)
-def test_fixtures_from_both_ends(path: Path, split_all: list[Path],
-                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fixtures_from_both_ends(
+    path: Path, split_all: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(nccl_log, "_BLOCK", 32)
     assert summarize(parse_files([path], workers=2)) == _lines(path)
 
 
 @pytest.mark.parametrize("block", [64, 4096, 1 << 18])
-def test_a_long_log_from_both_ends(tmp_path: Path, split_all: list[Path], meeting: str,
-                                   monkeypatch: pytest.MonkeyPatch, block: int) -> None:
+def test_a_long_log_from_both_ends(
+    tmp_path: Path, split_all: list[Path], meeting: str, monkeypatch: pytest.MonkeyPatch, block: int
+) -> None:
     monkeypatch.setattr(nccl_log, "_BLOCK", block)
     path = tmp_path / "long.log"
     path.write_bytes(_long_log().encode())
@@ -89,12 +91,17 @@ def test_a_long_log_from_both_ends(tmp_path: Path, split_all: list[Path], meetin
     assert got["collectives"]["calls"] == 6000 * 4 + 3 + 1 and split_all
 
 
-@pytest.mark.parametrize("where", ["cut line across the first segment's end",
-                                   "cut line ends the first segment",
-                                   "rest ends the first segment"])
-def test_a_cut_record_across_the_meeting_point(tmp_path: Path, split_all: list[Path],
-                                               monkeypatch: pytest.MonkeyPatch,
-                                               where: str) -> None:
+@pytest.mark.parametrize(
+    "where",
+    [
+        "cut line across the first segment's end",
+        "cut line ends the first segment",
+        "rest ends the first segment",
+    ],
+)
+def test_a_cut_record_across_the_meeting_point(
+    tmp_path: Path, split_all: list[Path], monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
     """Rank 1's record cut by rank 2's, its rest two lines later; the child counts every
     segment but the first (64 blocks of 64 bytes), whose end falls around them."""
     monkeypatch.setattr(nccl_log, "_BLOCK", 64)
@@ -105,13 +112,18 @@ def test_a_cut_record_across_the_meeting_point(tmp_path: Path, split_all: list[P
         return real(self, offset)
 
     monkeypatch.setattr(nccl_split.Tail, "reached", wait)
-    init = "".join(f"h:{r + 1}:{r + 1} [{r}] NCCL INFO ncclCommInitRank comm 0x5{r:03x} rank "
-                   f"{r} nranks 3 cudaDev {r} busId {r}1000 - Init START\n" for r in range(3))
+    init = "".join(
+        f"h:{r + 1}:{r + 1} [{r}] NCCL INFO ncclCommInitRank comm 0x5{r:03x} rank "
+        f"{r} nranks 3 cudaDev {r} busId {r}1000 - Init START\n"
+        for r in range(3)
+    )
     cut = _coll(7, "h", 2, 1)[:-40] + _coll(8, "h", 3, 2)
     rest = _coll(9, "h", 1, 0) + "step 1 done\n" + _coll(7, "h", 2, 1)[-40:]
-    size = {"cut line across the first segment's end": 4096 - 30,
-            "cut line ends the first segment": 4096 - 10 - len(cut),
-            "rest ends the first segment": 4096 - 10 - len(cut) - len(rest)}[where]
+    size = {
+        "cut line across the first segment's end": 4096 - 30,
+        "cut line ends the first segment": 4096 - 10 - len(cut),
+        "rest ends the first segment": 4096 - 10 - len(cut) - len(rest),
+    }[where]
     head = init
     while len(head) + 300 < size:
         head += _coll(len(head), "h", 1, 0)
@@ -124,12 +136,18 @@ def test_a_cut_record_across_the_meeting_point(tmp_path: Path, split_all: list[P
     assert got["lines"]["reassembled"] == 1 and split_all
 
 
-@settings(max_examples=60, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-@given(st.lists(st.one_of(st.sampled_from(_PIECES), st.text(max_size=10)), max_size=60),
-       st.sampled_from([1, 2, 4, 16]))
-def test_random_logs_from_both_ends(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                    pieces: list[str], block: int) -> None:
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(
+    st.lists(st.one_of(st.sampled_from(_PIECES), st.text(max_size=10)), max_size=60),
+    st.sampled_from([1, 2, 4, 16]),
+)
+def test_random_logs_from_both_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pieces: list[str], block: int
+) -> None:
     monkeypatch.setattr(nccl_split, "SPLIT_MIN", 0)
     monkeypatch.setattr(nccl_split, "_SEGMENT", 4)
     monkeypatch.setattr(nccl_log, "_BLOCK", block)
@@ -138,15 +156,21 @@ def test_random_logs_from_both_ends(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert summarize(parse_files([path], workers=2)) == _lines(path)
 
 
-def test_many_distinct_calls_and_pending_flushes(tmp_path: Path, split_all: list[Path],
-                                                 meeting: str,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_many_distinct_calls_and_pending_flushes(
+    tmp_path: Path, split_all: list[Path], meeting: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(nccl_log, "_MAX_PENDING", 100)
     monkeypatch.setattr(nccl_log, "_BLOCK", 1024)
     monkeypatch.setattr(nccl_split, "_ENTRIES", 150)  # some segments left to the parser
     path = tmp_path / "distinct.log"
-    path.write_text("".join(_coll(i, "h", 7 + i % 3, i % 3).replace(
-        f"count {1024 << (i % 4)} ", f"count {i % 700} ") for i in range(5000)))
+    path.write_text(
+        "".join(
+            _coll(i, "h", 7 + i % 3, i % 3).replace(
+                f"count {1024 << (i % 4)} ", f"count {i % 700} "
+            )
+            for i in range(5000)
+        )
+    )
     got = summarize(parse_files([path], workers=2))
     assert got == _lines(path) and got["collectives"]["calls"] == 5000
 
@@ -189,9 +213,9 @@ def _dies_later(path: Path, size: int, block: int, out: Any, shared: Any, lock: 
 
 
 @pytest.mark.parametrize("child", [_fails, _dies, _hangs, _dies_later])
-def test_the_parser_reads_on_when_the_child_fails(tmp_path: Path, split_all: list[Path],
-                                                  monkeypatch: pytest.MonkeyPatch,
-                                                  child: Any) -> None:
+def test_the_parser_reads_on_when_the_child_fails(
+    tmp_path: Path, split_all: list[Path], monkeypatch: pytest.MonkeyPatch, child: Any
+) -> None:
     monkeypatch.setattr(nccl_log, "_BLOCK", 512)
     monkeypatch.setattr(nccl_split, "_SILENCE", 2.0)
     monkeypatch.setattr(nccl_split, "_count", child)
@@ -201,10 +225,10 @@ def test_the_parser_reads_on_when_the_child_fails(tmp_path: Path, split_all: lis
 
 
 def test_small_files_strict_and_one_worker_stay_in_one_process(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     started: list[int] = []
-    monkeypatch.setattr(nccl_split.Tail, "start",
-                        classmethod(lambda cls, *a: started.append(1)))  # type: ignore[misc]
+    monkeypatch.setattr(nccl_split.Tail, "start", classmethod(lambda cls, *a: started.append(1)))  # type: ignore[misc]
     path = tmp_path / "calls.log"
     path.write_text("".join(_coll(i, "h", 1, 0) for i in range(3000)))
     parse_files([path], workers=2)  # below SPLIT_MIN

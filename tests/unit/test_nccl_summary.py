@@ -33,12 +33,22 @@ def _run(*argv: str) -> tuple[int, str, str]:
 
 def test_json_document_has_the_contract_keys() -> None:
     doc = _doc("v2_21_tuning_ints.log")
-    for key in ("nccl_versions", "communicators", "channels", "transports", "collectives",
-                "tuning", "warnings", "lines"):
+    for key in (
+        "nccl_versions",
+        "communicators",
+        "channels",
+        "transports",
+        "collectives",
+        "tuning",
+        "warnings",
+        "lines",
+    ):
         assert key in doc
     assert doc["nccl_versions"] == [{"version": "2.21.5", "cuda": "12.4", "banners": 1}]
     assert {(c["rank"], c["nranks"], c["nnodes"]) for c in doc["communicators"]} == {
-        (0, 2, 1), (1, 2, 1)}
+        (0, 2, 1),
+        (1, 2, 1),
+    }
     assert doc["collectives"]["calls"] == 6
     assert doc["collectives"]["by_op"]["AllReduce"] == {"calls": 2, "bytes": 16384}
     assert set(doc["lines"]) >= {"total", "parsed", "skipped", "malformed"}
@@ -47,8 +57,9 @@ def test_json_document_has_the_contract_keys() -> None:
 
 def test_nnodes_inferred_from_hosts_when_the_log_does_not_say() -> None:
     doc = _doc("v2_18_mpirun_ib_2node.log")
-    assert doc["comm_groups"] == [{"id": "0xabc123", "nranks": 4, "ranks_seen": 4,
-                                   "nnodes": 2, "hosts": ["gpu-a", "gpu-b"]}]
+    assert doc["comm_groups"] == [
+        {"id": "0xabc123", "nranks": 4, "ranks_seen": 4, "nnodes": 2, "hosts": ["gpu-a", "gpu-b"]}
+    ]
     assert all(c["nnodes"] == 2 for c in doc["communicators"])
     assert doc["transports"]["share"] == {"net": round(4 / 6, 4), "p2p": round(2 / 6, 4)}
 
@@ -57,8 +68,7 @@ def test_red_flags() -> None:
     codes = {f["code"] for f in _doc("v2_7_srun_socket_shm.log")["red_flags"]}
     assert {"shm_transport", "few_channels", "socket_network"} <= codes
     flags = _doc("v2_26_warn_timestamps.log")["red_flags"]
-    assert {"nccl_p2p_disable", "warnings", "errors", "shm_transport"} <= {
-        f["code"] for f in flags}
+    assert {"nccl_p2p_disable", "warnings", "errors", "shm_transport"} <= {f["code"] for f in flags}
     assert flags[0]["severity"] == "high"
     assert _doc("v2_29_rank_prefix_tuning.log")["red_flags"] == []
 
@@ -71,9 +81,12 @@ def test_per_step_counts_are_per_rank() -> None:
 
 
 def test_size_histogram_and_rate() -> None:
-    lines = [f"[2025-01-01 00:00:{s:02d}] h:1:1 [0] NCCL INFO AllReduce: opCount 0 sendbuff 0x1 "
-             f"recvbuff 0x1 count {1000 if s % 2 else 5000} datatype 7 op 0 root 0 comm 0xc "
-             "[nranks=2] stream 0x9" for s in range(11)]
+    lines = [
+        f"[2025-01-01 00:00:{s:02d}] h:1:1 [0] NCCL INFO AllReduce: opCount 0 sendbuff 0x1 "
+        f"recvbuff 0x1 count {1000 if s % 2 else 5000} datatype 7 op 0 root 0 comm 0xc "
+        "[nranks=2] stream 0x9"
+        for s in range(11)
+    ]
     doc = summarize(parse_lines(lines))
     hist = {(h["lo"], h["hi"]): h["calls"] for h in doc["collectives"]["size_histogram"]}
     assert hist == {(2048, 4096): 5, (16384, 32768): 6}
@@ -106,13 +119,20 @@ def test_cli_json_and_table() -> None:
 
 def test_cli_diff(tmp_path: Path) -> None:
     saved = tmp_path / "d.json"
-    code, out, _ = _run("diff", str(DATA / "v2_21_tuning_ints.log"),
-                        str(DATA / "v2_7_srun_socket_shm.log"), "--json", "--save", str(saved))
+    code, out, _ = _run(
+        "diff",
+        str(DATA / "v2_21_tuning_ints.log"),
+        str(DATA / "v2_7_srun_socket_shm.log"),
+        "--json",
+        "--save",
+        str(saved),
+    )
     doc = json.loads(out)
     assert code == 0 and doc["worse"][0]["severity"] == "high"
     assert json.loads(saved.read_text()) == doc
-    code, out, _ = _run("diff", str(DATA / "v2_21_tuning_ints.log"),
-                        str(DATA / "v2_7_srun_socket_shm.log"))
+    code, out, _ = _run(
+        "diff", str(DATA / "v2_21_tuning_ints.log"), str(DATA / "v2_7_srun_socket_shm.log")
+    )
     assert "collective channels dropped from 16 to 2" in out
 
 
@@ -136,32 +156,71 @@ def test_steps_from_a_stored_experiment(tmp_path: Path) -> None:
     from phaseprobe.records import ClientTimeline, Experiment, Isolation, Run, RunSpec
     from phaseprobe.store import Store
 
-    spec = RunSpec(endpoint="http://127.0.0.1:8000", model="m", prompt="", max_tokens=4,
-                   prompt_tokens_target=8)
+    spec = RunSpec(
+        endpoint="http://127.0.0.1:8000", model="m", prompt="", max_tokens=4, prompt_tokens_target=8
+    )
     path = tmp_path / "s.sqlite"
     with Store(path) as store:
-        exp = store.create_experiment(Experiment(name="p", kind="probe", spec=spec,
-                                                 server_info={}, created_wall_ns=1))
+        exp = store.create_experiment(
+            Experiment(name="p", kind="probe", spec=spec, server_info={}, created_wall_ns=1)
+        )
         for seq, n in enumerate((5, 3)):
-            tl = ClientTimeline(sent_wall_ns=1, event_offsets_ns=tuple(range(1, n + 1)),
-                                end_offset_ns=n + 1, http_status=200, prompt_tokens=8,
-                                completion_tokens=n, finish_reason="length", complete=True)
-            store.add_run(exp, Run(seq=seq, status="ok", prompt="x", client=tl, server=None,
-                                   isolation=Isolation(verified=False, isolated=False)))
-    code, out, _ = _run(str(DATA / "v2_21_tuning_ints.log"), "--experiment", str(exp),
-                        "--store", str(path), "--json")
+            tl = ClientTimeline(
+                sent_wall_ns=1,
+                event_offsets_ns=tuple(range(1, n + 1)),
+                end_offset_ns=n + 1,
+                http_status=200,
+                prompt_tokens=8,
+                completion_tokens=n,
+                finish_reason="length",
+                complete=True,
+            )
+            store.add_run(
+                exp,
+                Run(
+                    seq=seq,
+                    status="ok",
+                    prompt="x",
+                    client=tl,
+                    server=None,
+                    isolation=Isolation(verified=False, isolated=False),
+                ),
+            )
+    code, out, _ = _run(
+        str(DATA / "v2_21_tuning_ints.log"),
+        "--experiment",
+        str(exp),
+        "--store",
+        str(path),
+        "--json",
+    )
     assert code == 0 and json.loads(out)["per_step"]["steps"] == 4 + 2
     # --keep: the summary is stored, attached to the experiment, for the dashboard.
-    code, out, err = _run(str(DATA / "v2_21_tuning_ints.log"), "--experiment", str(exp),
-                          "--store", str(path), "--json", "--keep")
+    code, out, err = _run(
+        str(DATA / "v2_21_tuning_ints.log"),
+        "--experiment",
+        str(exp),
+        "--store",
+        str(path),
+        "--json",
+        "--keep",
+    )
     assert code == 0 and "kept as analysis 1 attached to experiment 1" in err
     with Store(path) as store:
         assert [(a["kind"], a["experiment_id"]) for a in store.analyses()] == [("nccl", exp)]
         assert store.analysis(1) == json.loads(out)
     # An experiment that is not there fails before the log is read, and keeps nothing.
     with pytest.raises(StoreError, match="no experiment 9"):
-        _run(str(DATA / "v2_21_tuning_ints.log"), "--store", str(path), "--keep",
-             "--experiment", "9", "--steps", "3")
+        _run(
+            str(DATA / "v2_21_tuning_ints.log"),
+            "--store",
+            str(path),
+            "--keep",
+            "--experiment",
+            "9",
+            "--steps",
+            "3",
+        )
     with Store(path) as store:
         assert len(store.analyses()) == 1
 
@@ -169,7 +228,8 @@ def test_steps_from_a_stored_experiment(tmp_path: Path) -> None:
 def test_banner_only_log_says_what_is_missing_and_how_to_get_it() -> None:
     doc = _doc("log_banner_only.log")
     assert doc["found"] and doc["nccl_versions"] == [
-        {"version": "2.21.5", "cuda": "12.4", "banners": 1}]
+        {"version": "2.21.5", "cuda": "12.4", "banners": 1}
+    ]
     assert doc["communicators"] == [] and doc["lines"]["info"] == 0
     flag = doc["red_flags"][0]
     assert (flag["severity"], flag["code"]) == ("high", "no_init_lines")
@@ -180,8 +240,7 @@ def test_banner_only_log_says_what_is_missing_and_how_to_get_it() -> None:
     assert code == 0 and "2.21.5+cuda12.4" in out
     assert "no NCCL INFO lines" in out and "NCCL_DEBUG=INFO" in out
     # logs with INFO lines do not get it
-    assert "no_init_lines" not in {f["code"] for f in _doc("v2_7_srun_socket_shm.log")[
-        "red_flags"]}
+    assert "no_init_lines" not in {f["code"] for f in _doc("v2_7_srun_socket_shm.log")["red_flags"]}
 
 
 def test_cut_lines_are_reported_and_not_a_regression_in_a_diff() -> None:

@@ -35,14 +35,30 @@ def test_plain_table_header_devices_rows_and_summary() -> None:
     assert (res.lines_total, len(res.tables), res.glued_pieces) == (48, 1, 0)
     t = res.tables[0]
     assert (t.label, t.test, t.collective, t.test_name_source) == (
-        "AllReduce", "all_reduce_perf", "AllReduce", "banner")
+        "AllReduce",
+        "all_reduce_perf",
+        "AllReduce",
+        "banner",
+    )
     assert (t.nccl_tests_version, t.nccl_library_code) == ("2.18.0", 22703)
     p = t.params
     assert p is not None
     assert (p.n_threads, p.n_gpus, p.min_bytes, p.max_bytes, p.step_factor, p.step_bytes) == (
-        1, 8, 8, 134217728, 2, None)
+        1,
+        8,
+        8,
+        134217728,
+        2,
+        None,
+    )
     assert (p.warmup_iters, p.iters, p.agg_iters, p.validation, p.graph, p.line_no) == (
-        5, 20, 1, 1, 0, 3)
+        5,
+        20,
+        1,
+        1,
+        0,
+        3,
+    )
     assert [(d.rank, d.device) for d in t.devices] == [(i, i) for i in range(8)]
     assert t.devices[3].bus_id == "0000:5d:00" and t.devices[3].host == "dgx-h100-07"
     assert t.devices[0].gpu_name == "NVIDIA H100 80GB HBM3" and t.devices[0].pid == 51200
@@ -51,18 +67,39 @@ def test_plain_table_header_devices_rows_and_summary() -> None:
     assert [r.size_bytes for r in t.rows] == [8 << i for i in range(25)]
     last = t.rows[-1]
     assert (last.size_bytes, last.count, last.dtype, last.redop, last.root) == (
-        134217728, 33554432, "float", "sum", -1)
+        134217728,
+        33554432,
+        "float",
+        "sum",
+        -1,
+    )
     assert (last.oop_time_us, last.oop_algbw_GBps, last.oop_busbw_GBps, last.oop_wrong) == (
-        397.46, 337.69, 590.96, 0)
+        397.46,
+        337.69,
+        590.96,
+        0,
+    )
     assert (last.ip_time_us, last.ip_algbw_GBps, last.ip_busbw_GBps, last.ip_wrong) == (
-        394.89, 339.89, 594.8, 0)
+        394.89,
+        339.89,
+        594.8,
+        0,
+    )
     assert (t.out_of_bounds, t.out_of_bounds_ok, t.avg_busbw_GBps_printed) == (0, True, 132.24)
     assert t.avg_busbw_GBps_recomputed == pytest.approx(132.2406)
     assert t.avg_busbw_agrees is True and t.avg_busbw_check is None
     assert (t.rows_reassembled, t.rows_dropped, t.reassembly, t.complete) == (
-        0, 0, "none needed", True)
-    assert (t.line_start, t.line_end, t.time_unit_printed, t.wrong_column) == (1, 46, "us",
-                                                                                "#wrong")
+        0,
+        0,
+        "none needed",
+        True,
+    )
+    assert (t.line_start, t.line_end, t.time_unit_printed, t.wrong_column) == (
+        1,
+        46,
+        "us",
+        "#wrong",
+    )
     assert t.busbw_by_size()[134217728] == 590.96
     assert t.busbw_by_size("in-place")[134217728] == 594.8
     assert t.busbw_by_size("both")[134217728] == pytest.approx((590.96 + 594.8) / 2)
@@ -79,8 +116,7 @@ def test_srun_labels_with_other_tasks_interleaved() -> None:
     assert {d.host for d in t.devices} == {"node041", "node042"}
     assert (t.devices[15].rank, t.devices[15].device, t.devices[15].host) == (15, 7, "node042")
     assert t.rows[0].oop_busbw_GBps == 167.11 and t.rows[-1].size_bytes == 1073741824
-    assert (t.avg_busbw_GBps_printed, t.avg_busbw_agrees, t.rows_reassembled) == (
-        284.544, True, 0)
+    assert (t.avg_busbw_GBps_printed, t.avg_busbw_agrees, t.rows_reassembled) == (284.544, True, 0)
     assert t.params is not None and t.params.n_gpus == 1
 
 
@@ -90,7 +126,9 @@ def test_open_mpi_tagged_output() -> None:
     assert [r.line_no for r in t.rows] == [23, 24, 25, 26, 27, 29, 30, 31]
     assert (t.label, t.test) == ("table1", None)  # no banner, no command line in the file
     assert [(d.rank, d.host, d.bus_id) for d in t.devices] == [
-        (0, "efa-worker-0", "0x35"), (1, "efa-worker-1", "0xf5")]
+        (0, "efa-worker-0", "0x35"),
+        (1, "efa-worker-1", "0xf5"),
+    ]
     assert t.rows[5].oop_time_us == 10230.0 and t.rows[-1].ip_busbw_GBps == 3.27
     assert (t.avg_busbw_GBps_printed, t.avg_busbw_agrees, t.complete) == (3.13587, True, True)
     assert (t.line_start, t.line_end) == (2, 35)
@@ -99,16 +137,24 @@ def test_open_mpi_tagged_output() -> None:
 def test_cut_rows_reassembled_and_the_lost_one_counted() -> None:
     res = _parse("cut")
     (t,) = res.tables
-    assert (len(t.rows), t.rows_reassembled, t.rows_dropped, t.dropped_line_nos) == (
-        5, 5, 1, (44,))
+    assert (len(t.rows), t.rows_reassembled, t.rows_dropped, t.dropped_line_nos) == (5, 5, 1, (44,))
     assert res.glued_pieces == 10
     assert [r.line_no for r in t.rows] == [16, 23, 30, 37, 49]
     assert [r.pieces for r in t.rows] == [3, 3, 3, 3, 2]
-    assert [r.size_bytes for r in t.rows] == [16777216, 33554432, 67108864, 134217728,
-                                              536870912]  # 268435456 lost a piece
+    assert [r.size_bytes for r in t.rows] == [
+        16777216,
+        33554432,
+        67108864,
+        134217728,
+        536870912,
+    ]  # 268435456 lost a piece
     first = t.rows[0]
     assert (first.oop_time_us, first.oop_busbw_GBps, first.ip_time_us, first.ip_busbw_GBps) == (
-        95.51, 175.67, 96.28, 174.26)
+        95.51,
+        175.67,
+        96.28,
+        174.26,
+    )
     assert t.reassembly == "intact rows only"
     # the printed average covers the dropped row too: they disagree, and the table says so
     assert t.avg_busbw_GBps_printed == 202.235
@@ -160,7 +206,9 @@ def test_2019_layout_without_root_and_with_error_column() -> None:
     assert all(r.oop_wrong == 0 for r in t.rows)  # printed "0e+00"
     assert t.params is not None and (t.params.agg_iters, t.params.graph) == (None, None)
     assert [(d.rank, d.pid, d.group, d.bus_id) for d in t.devices][:2] == [
-        (0, 9120, None, "0x06"), (1, 9120, None, "0x07")]
+        (0, 9120, None, "0x06"),
+        (1, 9120, None, "0x07"),
+    ]
     assert t.avg_busbw_GBps_printed == 135.581 and t.avg_busbw_agrees
 
 
@@ -200,19 +248,26 @@ def test_every_entry_point_agrees(path: Path, tmp_path: Path) -> None:
             assert other is not None and other.to_dict() == whole.to_dict()
 
 
-_HEAD = ("# nThread 1 nGpus 2 minBytes 1024 maxBytes 2048 step: 2(factor) warmup iters: 5 "
-         "iters: 20 agg iters: 1 validation: 1 graph: 0\n#\n")
-_COLS = ("#       size         count      type   redop    root     time   algbw   busbw  #wrong"
-         "     time   algbw   busbw  #wrong \n")
+_HEAD = (
+    "# nThread 1 nGpus 2 minBytes 1024 maxBytes 2048 step: 2(factor) warmup iters: 5 "
+    "iters: 20 agg iters: 1 validation: 1 graph: 0\n#\n"
+)
+_COLS = (
+    "#       size         count      type   redop    root     time   algbw   busbw  #wrong"
+    "     time   algbw   busbw  #wrong \n"
+)
 
 
 def _table(busbw: list[float], sizes: list[int], avg: float) -> str:
     rows = "".join(
         f"{s:12d}  {s // 4:12d}  {'float':>8}  {'sum':>6}  {-1:6d}  {10.0:7.2f}  {b:6.2f}  "
         f"{b:6.2f}  {0:6g}  {10.0:7.2f}  {b:6.2f}  {b:6.2f}  {0:6g}\n"
-        for s, b in zip(sizes, busbw))
-    return (f"# Collective test starting: all_reduce_perf\n{_HEAD}{_COLS}{rows}"
-            f"# Out of bounds values : 0 OK\n# Avg bus bandwidth    : {avg:g} \n#\n")
+        for s, b in zip(sizes, busbw)
+    )
+    return (
+        f"# Collective test starting: all_reduce_perf\n{_HEAD}{_COLS}{rows}"
+        f"# Out of bounds values : 0 OK\n# Avg bus bandwidth    : {avg:g} \n#\n"
+    )
 
 
 def test_diff_leads_with_the_average_and_the_worst_sizes() -> None:
@@ -222,9 +277,11 @@ def test_diff_leads_with_the_average_and_the_worst_sizes() -> None:
     assert a is not None and b is not None
     d = diff_nccl_tests(a, b)
     assert d["text"] == "AllReduce: avg busbw 150 → 40 GB/s, −73 %"
-    assert d["lines"][1:] == ["  16 MiB: busbw 200 → 10 GB/s, −95 %",
-                              "  4 MiB: busbw 150 → 20 GB/s, −87 %",
-                              "  1 MiB: busbw 100 → 90 GB/s, −10 %"]
+    assert d["lines"][1:] == [
+        "  16 MiB: busbw 200 → 10 GB/s, −95 %",
+        "  4 MiB: busbw 150 → 20 GB/s, −87 %",
+        "  1 MiB: busbw 100 → 90 GB/s, −10 %",
+    ]
     (tab,) = d["tables"]
     assert tab["avg_basis"] == "printed" and tab["avg_busbw_GBps"]["a"] == 150
     assert tab["avg_busbw_GBps"]["change_pct"] == pytest.approx(-73.333, abs=1e-3)
@@ -239,8 +296,9 @@ def test_diff_of_different_sweeps_uses_the_common_sizes() -> None:
     b = parse_nccl_tests(_table([75.0, 100.0], [1 << 22, 1 << 24], 87.5), "b")
     assert a is not None and b is not None
     d = diff_nccl_tests(a, b)
-    assert d["text"] == ("AllReduce: avg busbw 175 → 87.5 GB/s, −50 % (over the 2 sizes both "
-                         "runs measured)")
+    assert d["text"] == (
+        "AllReduce: avg busbw 175 → 87.5 GB/s, −50 % (over the 2 sizes both runs measured)"
+    )
     assert d["tables"][0]["sizes_only_in_a"] == [1 << 20]
     two = _parse("two")
     d2 = diff_nccl_tests(two, a)
@@ -252,24 +310,34 @@ def test_per_iteration_columns_timestamps_and_launcher_prefixes() -> None:
     cols = ["size", "count", "type", "redop", "root"]
     body = ["time", "algbw", "busbw", "#wrong", "i_min", "i_max", "i_p99", "i_cv%"]
     header = "[0] #  " + "  ".join(cols + body + body + ["timestamp"]) + "\n"
-    row = ("[0]      1048576        262144     float     sum      -1    20.00   52.43   91.75"
-           "       0    19.50    21.00    20.90     1.20    20.10   52.17   91.30       0    "
-           "19.40    21.30    21.10     1.50  2025-11-20 10:01:02\n")
+    row = (
+        "[0]      1048576        262144     float     sum      -1    20.00   52.43   91.75"
+        "       0    19.50    21.00    20.90     1.20    20.10   52.17   91.30       0    "
+        "19.40    21.30    21.10     1.50  2025-11-20 10:01:02\n"
+    )
     res = parse_nccl_tests(header + row + "[0] # Avg bus bandwidth    : 91.525 \n")
     assert res is not None
     (t,) = res.tables
     (r,) = t.rows
-    assert (r.oop_busbw_GBps, r.ip_busbw_GBps, r.timestamp) == (91.75, 91.3,
-                                                                 "2025-11-20 10:01:02")
-    assert dict(r.extra) == {"oop_i_min_us": 19.5, "oop_i_max_us": 21.0, "oop_i_p99_us": 20.9,
-                             "oop_i_cv_pct": 1.2, "ip_i_min_us": 19.4, "ip_i_max_us": 21.3,
-                             "ip_i_p99_us": 21.1, "ip_i_cv_pct": 1.5}
+    assert (r.oop_busbw_GBps, r.ip_busbw_GBps, r.timestamp) == (91.75, 91.3, "2025-11-20 10:01:02")
+    assert dict(r.extra) == {
+        "oop_i_min_us": 19.5,
+        "oop_i_max_us": 21.0,
+        "oop_i_p99_us": 20.9,
+        "oop_i_cv_pct": 1.2,
+        "ip_i_min_us": 19.4,
+        "ip_i_max_us": 21.3,
+        "ip_i_p99_us": 21.1,
+        "ip_i_cv_pct": 1.5,
+    }
     assert t.avg_busbw_agrees is True
 
 
 def test_rows_without_a_header_and_stderr_tagged_lines() -> None:
-    row = ("     8388608       2097152     float     sum      -1    83.33  100.66  100.66      0"
-           "    80.98  103.59  103.59      0\n")
+    row = (
+        "     8388608       2097152     float     sum      -1    83.33  100.66  100.66      0"
+        "    80.98  103.59  103.59      0\n"
+    )
     res = parse_nccl_tests("some program output\n" + row + "[1,0]<stderr>:" + row)
     assert res is not None
     (t,) = res.tables
@@ -280,10 +348,14 @@ def test_rows_without_a_header_and_stderr_tagged_lines() -> None:
 
 def test_blank_redop_of_older_alltoall() -> None:
     # nccl-tests of 2019-2021 printed an empty op name for alltoall under the "redop" header
-    cols = ("#       size         count    type   redop     time   algbw   busbw  error     time"
-            "   algbw   busbw  error\n")
-    rows = ("     1048576         32768   float            61.55   17.04   14.91    N/A    59.70"
-            "   17.56   15.37    N/A\n")
+    cols = (
+        "#       size         count    type   redop     time   algbw   busbw  error     time"
+        "   algbw   busbw  error\n"
+    )
+    rows = (
+        "     1048576         32768   float            61.55   17.04   14.91    N/A    59.70"
+        "   17.56   15.37    N/A\n"
+    )
     res = parse_nccl_tests(cols + rows + "# Avg bus bandwidth    : 15.14 \n")
     assert res is not None
     (r,) = res.tables[0].rows
@@ -314,16 +386,36 @@ def test_cut_row_glued_to_a_host_name_starting_with_digits() -> None:
 
 
 _PIECES = [
-    "#", "# ", "#  Rank  0 Group  0 Pid  1 on h device  0 [0x1] GPU", "# nThread 1 nGpus 1 ",
+    "#",
+    "# ",
+    "#  Rank  0 Group  0 Pid  1 on h device  0 [0x1] GPU",
+    "# nThread 1 nGpus 1 ",
     "#       size         count      type   redop    root     time   algbw   busbw #wrong"
-    "     time   algbw   busbw #wrong", "# Avg bus bandwidth    : 1.5",
+    "     time   algbw   busbw #wrong",
+    "# Avg bus bandwidth    : 1.5",
     "# Out of bounds values : 0 OK",
-    "     1048576        262144     float     sum      -1", "    83.33  100.66  100.66      0",
-    "  N/A", "0: ", "[1,0]<stdout>:", "[0] ", "h:1:2 [0] NCCL INFO x", "_perf", "all_reduce_perf",
-    "# Collective test starting: ", " ", "\t", "\r", "é", "-1", "1e+05", "nan", "[", "]", ">",
+    "     1048576        262144     float     sum      -1",
+    "    83.33  100.66  100.66      0",
+    "  N/A",
+    "0: ",
+    "[1,0]<stdout>:",
+    "[0] ",
+    "h:1:2 [0] NCCL INFO x",
+    "_perf",
+    "all_reduce_perf",
+    "# Collective test starting: ",
+    " ",
+    "\t",
+    "\r",
+    "é",
+    "-1",
+    "1e+05",
+    "nan",
+    "[",
+    "]",
+    ">",
 ]
-_line = st.lists(st.one_of(st.sampled_from(_PIECES), st.text(max_size=10)), max_size=6).map(
-    "".join)
+_line = st.lists(st.one_of(st.sampled_from(_PIECES), st.text(max_size=10)), max_size=6).map("".join)
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow], deadline=None)

@@ -39,10 +39,16 @@ def test_a_row_cut_for_good_and_a_garbled_row_are_named() -> None:
     assert res is not None
     acc = res.to_dict(rows=False)["completeness"]
     assert (acc["unit"], acc["found"], acc["read"], acc["cut"], acc["salvaged"]) == (
-        "nccl-tests rows", 6, 4, 1, 0)
-    assert acc["missing"] == ["AllGather: 1 cut row(s) never completed (line 14)",
-                              "AllGather: 1 line(s) inside the table that fit no row shape "
-                              "(line 16)"]
+        "nccl-tests rows",
+        6,
+        4,
+        1,
+        0,
+    )
+    assert acc["missing"] == [
+        "AllGather: 1 cut row(s) never completed (line 14)",
+        "AllGather: 1 line(s) inside the table that fit no row shape (line 16)",
+    ]
     assert acc["words"].startswith("read 4 of 6 nccl-tests rows; 1 cut by other output")
 
 
@@ -53,8 +59,7 @@ def test_checklist_warns_on_nccl_tests_rows_left_out() -> None:
     assert v.numbers[f"nccl-tests {path}"]["found"] == 6
     assert v.numbers[f"nccl-tests {path}"]["read"] == 4
     assert "never completed (line 14)" in v.summary
-    whole = read_complete(Evidence(nccl=build_report([str(DATA / "nccltests_step_label.txt")])
-                                   .doc))
+    whole = read_complete(Evidence(nccl=build_report([str(DATA / "nccltests_step_label.txt")]).doc))
     assert whole.status == "pass" and "all 5 nccl-tests rows read" in whole.summary
 
 
@@ -67,10 +72,29 @@ def _ends(lines: list[str]) -> tuple[list[int], list[bool]]:
     return [int(e - s) for e, s in zip(ends, starts)], [bool(x) for x in err]
 
 
-TAGS = [" 4: ", "17: ", "  3: ", "04: ", "P1  3: ", "0.3: ", "[1,3]<stdout>:",
-        "[1,12]<stderr>: ", "[2,0]<stddiag>:", "[rank5]:", "[default3]:", "worker-1: ",
-        "12: [default0]:[rank12]:", "", "SKIPPED: ", "[4/8] Executing", "12.5: ", "P12: ",
-        "12345678: ", "worker: ", "[1,3]<stdin>:"]
+TAGS = [
+    " 4: ",
+    "17: ",
+    "  3: ",
+    "04: ",
+    "P1  3: ",
+    "0.3: ",
+    "[1,3]<stdout>:",
+    "[1,12]<stderr>: ",
+    "[2,0]<stddiag>:",
+    "[rank5]:",
+    "[default3]:",
+    "worker-1: ",
+    "12: [default0]:[rank12]:",
+    "",
+    "SKIPPED: ",
+    "[4/8] Executing",
+    "12.5: ",
+    "P12: ",
+    "12345678: ",
+    "worker: ",
+    "[1,3]<stdin>:",
+]
 
 
 @pytest.mark.parametrize("tag", TAGS)
@@ -83,9 +107,18 @@ def test_vectorised_prefix_ends_where_read_prefix_does(tag: str) -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.lists(st.sampled_from(TAGS + ["0: ", "[x1]:", "P", "1", ".", " ", ":",
-                                                 "[", "]", "a9"]), max_size=5)
-                .map("".join).filter(lambda s: "\n" not in s), min_size=1, max_size=20))
+@given(
+    st.lists(
+        st.lists(
+            st.sampled_from(TAGS + ["0: ", "[x1]:", "P", "1", ".", " ", ":", "[", "]", "a9"]),
+            max_size=5,
+        )
+        .map("".join)
+        .filter(lambda s: "\n" not in s),
+        min_size=1,
+        max_size=20,
+    )
+)
 def test_vectorised_prefix_agrees_with_read_prefix_on_any_mix(lines: list[str]) -> None:
     ends, _ = _ends(lines)
     assert ends == [(p.end if (p := read_prefix(ln)) else 0) for ln in lines]

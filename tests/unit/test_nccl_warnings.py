@@ -111,9 +111,11 @@ def test_other_aborts_crashes_usage_and_validation() -> None:
 
 def test_existing_nccl_fixtures() -> None:
     fs = _run("v2_26_warn_timestamps.log")
-    assert _shape(fs) == [("network", 9, "nccl-warn", "ncclSystemError", 2),
-                          ("network", 13, "nccl-warn", None, 0),
-                          ("network", 15, "torch", "ncclRemoteError", 0)]
+    assert _shape(fs) == [
+        ("network", 9, "nccl-warn", "ncclSystemError", 2),
+        ("network", 13, "nccl-warn", None, 0),
+        ("network", 15, "torch", "ncclRemoteError", 0),
+    ]
     for clean in ("no_nccl.log", "v2_7_srun_socket_shm.log", "v2_21_tuning_ints.log"):
         assert _run(clean) == []
 
@@ -130,7 +132,10 @@ def test_text_input_prefixes_and_glued_records() -> None:
     )
     fs = classify_warnings(text, "t")
     assert [(f.category, f.line_no, f.kind) for f in fs] == [
-        ("network", 4, "nccl-warn"), ("other", 5, "nccl-warn"), ("timeout", 6, "torch")]
+        ("network", 4, "nccl-warn"),
+        ("other", 5, "nccl-warn"),
+        ("timeout", 6, "torch"),
+    ]
     # glued to another record: where the host name starts is ambiguous; the pid is not
     assert fs[0].pid == 11 and fs[0].host is not None and fs[0].host.endswith("gpu2")
     assert fs[1].host is None
@@ -138,11 +143,28 @@ def test_text_input_prefixes_and_glued_records() -> None:
     assert classify_warnings("") == []
 
 
-_PIECES = ["h:1:2 [0] ", "NCCL WARN ", "NCCL INFO ", "misc/socket.cc:12 -> 2", " -> ",
-           "file.cc:9 ", "Cuda failure", "Watchdog", "timed out", "MPI_ABORT was invoked",
-           "[rank0]: ", "0: ", "[1,0]<stderr>:", "ncclSystemError", "(", ")", ":", " ", "é"]
-_line = st.lists(st.one_of(st.sampled_from(_PIECES), st.text(max_size=10)), max_size=6).map(
-    "".join)
+_PIECES = [
+    "h:1:2 [0] ",
+    "NCCL WARN ",
+    "NCCL INFO ",
+    "misc/socket.cc:12 -> 2",
+    " -> ",
+    "file.cc:9 ",
+    "Cuda failure",
+    "Watchdog",
+    "timed out",
+    "MPI_ABORT was invoked",
+    "[rank0]: ",
+    "0: ",
+    "[1,0]<stderr>:",
+    "ncclSystemError",
+    "(",
+    ")",
+    ":",
+    " ",
+    "é",
+]
+_line = st.lists(st.one_of(st.sampled_from(_PIECES), st.text(max_size=10)), max_size=6).map("".join)
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow], deadline=None)
@@ -178,8 +200,9 @@ def test_classify_file_equals_line_by_line_on_every_fixture(tmp_path, monkeypatc
         gz = tmp_path / (path.name + ".gz")
         gz.write_bytes(gzip.compress(path.read_bytes().replace(b"\n", b"\r\n")))
         crlf = nw.classify_file(gz, str(path))
-        assert [(f.line_no, f.category, f.line) for f in crlf] == \
-            [(f.line_no, f.category, f.line) for f in expected], gz
+        assert [(f.line_no, f.category, f.line) for f in crlf] == [
+            (f.line_no, f.category, f.line) for f in expected
+        ], gz
     assert seen > 20  # the fixtures do hold findings
 
 

@@ -48,12 +48,17 @@ def test_silent_rank_and_whole_graphs_are_named(tmp_path: Path, chunk_rows: int 
     acc = doc["completeness"]
     # 4 kernels + 2 memcpy + 1 memset read; 3 graph executions found, not read
     assert (acc["unit"], acc["found"], acc["read"], acc["complete"]) == (
-        "GPU activities", 10, 7, False)
+        "GPU activities",
+        10,
+        7,
+        False,
+    )
     assert acc["missing"] == [
         "3 CUDA graph executions traced whole (CUPTI_ACTIVITY_KIND_GRAPH_TRACE, nsys "
         "--cuda-graph-trace=graph): their kernels are in no kernel row; capture with "
         "--cuda-graph-trace=node to see them",
-        "process 4243 (python3 rank1): CUDA streams but no GPU activity in the export"]
+        "process 4243 (python3 rank1): CUDA streams but no GPU activity in the export",
+    ]
     v = read_complete(Evidence(trace=doc))
     assert v.status == "warn" and v.numbers["trace"]["read"] == 7
     assert "process 4243 (python3 rank1)" in v.summary
@@ -61,6 +66,7 @@ def test_silent_rank_and_whole_graphs_are_named(tmp_path: Path, chunk_rows: int 
 
 def test_in_memory_path_gives_the_same_account(tmp_path: Path) -> None:
     from phaseprobe.analysis.trace_summary import _activities_account
+
     path = _export(tmp_path, SILENT_RANK)
     doc = summarize(read_nsys(path), str(path))
     assert _activities_account(path, doc, None) == summarize_nsys_export(path)["completeness"]

@@ -133,8 +133,12 @@ def test_2022_counts_names_devices_meta(export_2022: Path) -> None:
     kinds = acts["kind"].astype(str).value_counts().to_dict()
     assert kinds == {"kernel": 4, "memcpy": 2, "memset": 1}
     names = set(acts["name"].astype(str))
-    assert {"ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "[CUDA memcpy HtoD]",
-            "[CUDA memcpy DtoD]", "[CUDA memset]"} <= names
+    assert {
+        "ncclDevKernel_AllReduce_Sum_bf16_RING_LL",
+        "[CUDA memcpy HtoD]",
+        "[CUDA memcpy DtoD]",
+        "[CUDA memset]",
+    } <= names
     assert tl.devices == {"cuda:0": "NVIDIA A100-SXM4-40GB", "cuda:1": "NVIDIA A100-SXM4-40GB"}
     assert tl.meta["EXPORT_SCHEMA_VERSION"] == "2.9.1"
     assert tl.meta["session_start_utc_ns"] == "1687813257637297504"
@@ -216,8 +220,9 @@ def test_empty_export_gives_empty_frames(tmp_path: Path) -> None:
     assert tla.idle_gaps(tl.activities).empty
 
 
-@pytest.mark.parametrize("content", [b"", b"not a database at all" * 100,
-                                     b"SQLite format 3\x00" + b"\x00" * 50])
+@pytest.mark.parametrize(
+    "content", [b"", b"not a database at all" * 100, b"SQLite format 3\x00" + b"\x00" * 50]
+)
 def test_not_a_database_is_a_typed_error(tmp_path: Path, content: bytes) -> None:
     path = tmp_path / "bad.sqlite"
     path.write_bytes(content)
@@ -253,6 +258,7 @@ def test_nvtx_range_uses_the_phaseprobe_domain(monkeypatch: pytest.MonkeyPatch) 
     import types
 
     from phaseprobe.sources.nsys.export import nvtx_range
+
     seen: list[tuple[str, str]] = []
 
     @contextlib.contextmanager
@@ -272,6 +278,7 @@ def test_nvtx_range_uses_the_phaseprobe_domain(monkeypatch: pytest.MonkeyPatch) 
 @functools.lru_cache(maxsize=1)
 def _good_bytes() -> bytes:
     import tempfile
+
     with tempfile.TemporaryDirectory() as d:
         return build(Path(d) / "good.sqlite", SCHEMA_2022).read_bytes()
 
@@ -280,11 +287,12 @@ def _good_bytes() -> bytes:
 @given(st.integers(min_value=0, max_value=40_000), st.binary(min_size=1, max_size=64))
 def test_fuzz_corrupted_exports_raise_only_trace_error(offset: int, junk: bytes) -> None:
     import tempfile
+
     good = _good_bytes()
     with tempfile.TemporaryDirectory() as d:
         bad = Path(d) / "bad.sqlite"
         at = offset % len(good)
-        bad.write_bytes(good[:at] + junk + good[at + len(junk):])
+        bad.write_bytes(good[:at] + junk + good[at + len(junk) :])
         try:
             tl = read_nsys(bad)
         except TraceError:
@@ -356,8 +364,7 @@ INSERT INTO TARGET_INFO_CUDA_DEVICE VALUES (11, 0, 4242, 'b'), (13, 1, 4242, 'd'
 def _four_gpus(path: Path, layout: str) -> Path:
     # ordinal → GPU table id: 0 → 11, 1 → 13, 2 → 10, 3 → 12
     cu = {"10": "2", "11": "0", "12": "3", "13": "1"}
-    sql = FOUR_GPUS.replace("{CUDEVICE_COL}", ", cuDevice INTEGER" if layout == "cuDevice"
-                            else "")
+    sql = FOUR_GPUS.replace("{CUDEVICE_COL}", ", cuDevice INTEGER" if layout == "cuDevice" else "")
     for gid, ordinal in cu.items():
         sql = sql.replace("{CU" + gid + "}", f", {ordinal}" if layout == "cuDevice" else "")
     if layout == "cuda_device_table":
@@ -366,8 +373,9 @@ def _four_gpus(path: Path, layout: str) -> Path:
 
 
 @pytest.mark.parametrize("layout", ["cuda_device_table", "cuDevice"])
-def test_devices_are_labelled_by_ordinal_and_idle_gpus_are_said(tmp_path: Path,
-                                                                 layout: str) -> None:
+def test_devices_are_labelled_by_ordinal_and_idle_gpus_are_said(
+    tmp_path: Path, layout: str
+) -> None:
     tl = read_nsys(_four_gpus(tmp_path / f"{layout}.sqlite", layout))
     assert set(tl.activities["device"].astype(str)) == {"cuda:0", "cuda:2"}
     # ordinal 0 is table id 11 (an H100), ordinal 2 is table id 10 (also an H100)
@@ -381,31 +389,39 @@ def test_one_ordinal_on_two_gpus_in_two_processes_is_two_devices(tmp_path: Path)
     sql = FOUR_GPUS.replace("{CUDEVICE_COL}", "")
     for gid in ("10", "11", "12", "13"):
         sql = sql.replace("{CU" + gid + "}", "")
-    sql = sql.replace("(100, 250, 2, 1, 7, 3, {PID}, 1, 1)",
-                      f"(100, 250, 0, 1, 7, 3, {other}, 1, 1)")
+    sql = sql.replace(
+        "(100, 250, 2, 1, 7, 3, {PID}, 1, 1)", f"(100, 250, 0, 1, 7, 3, {other}, 1, 1)"
+    )
     sql += """CREATE TABLE TARGET_INFO_CUDA_DEVICE (gpuId INTEGER, cudaId INTEGER, pid INTEGER);
 INSERT INTO TARGET_INFO_CUDA_DEVICE VALUES (11, 0, 4242), (12, 0, 777);"""
     tl = read_nsys(build(tmp_path / "split.sqlite", sql))
     per_device = tl.activities["device"].astype(str).value_counts().to_dict()
     assert per_device == {"cuda:0 pid 4242": 2, "cuda:0 pid 777": 1}
-    assert tl.devices == {"cuda:0 pid 4242": "NVIDIA H100 80GB HBM3",
-                          "cuda:0 pid 777": "NVIDIA L40S"}
+    assert tl.devices == {
+        "cuda:0 pid 4242": "NVIDIA H100 80GB HBM3",
+        "cuda:0 pid 777": "NVIDIA L40S",
+    }
     assert tl.meta["idle_gpus"] == "GPU 10 (NVIDIA H100 80GB HBM3), GPU 13 (NVIDIA L40S)"
 
 
-def test_column_reader_equals_the_row_reader_and_falls_back_on_text(export_2022: Path,
-                                                                      tmp_path: Path) -> None:
+def test_column_reader_equals_the_row_reader_and_falls_back_on_text(
+    export_2022: Path, tmp_path: Path
+) -> None:
     from phaseprobe.sources.nsys.export import _Export, open_export
+
     exprs = ["start", '"end"', "coalesce(correlationId, -1)", "coalesce(globalTid, 0)"]
     conn = open_export(export_2022)
     ex = _Export(conn, str(export_2022))
     fast = ex.column_ints("CUPTI_ACTIVITY_KIND_RUNTIME", exprs, "correlationId > 11")
-    slow = ex.ints(f"SELECT {', '.join(exprs)} FROM CUPTI_ACTIVITY_KIND_RUNTIME "
-                   "WHERE correlationId > 11", 4)
+    slow = ex.ints(
+        f"SELECT {', '.join(exprs)} FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE correlationId > 11", 4
+    )
     conn.close()
     assert fast.shape == (5, 4) and (fast == slow).all()
     # a REAL start does not parse back as integers: the row reader takes over (as before)
-    odd = build(tmp_path / "odd.sqlite", SCHEMA_2022.replace("(100, 200, 0, 1, 7, 11,",
-                                                             "(100.5, 200, 0, 1, 7, 11,"))
+    odd = build(
+        tmp_path / "odd.sqlite",
+        SCHEMA_2022.replace("(100, 200, 0, 1, 7, 11,", "(100.5, 200, 0, 1, 7, 11,"),
+    )
     acts = read_nsys(odd).activities
     assert len(acts) == 7 and 100 in set(acts["start_ns"])

@@ -50,8 +50,10 @@ def test_new_kern_sum_with_preamble_and_quoted_names(tmp_path: Path) -> None:
     assert df["name"].iloc[2] == "void at::native::foo<int, 2>(int, float)"
 
 
-@pytest.mark.parametrize("text,report,instances", [
-    (OLD_KERN_2022, "cuda_gpu_kern_sum", 5), (OLD_KERN_2020, "cuda_gpu_kern_sum", 4)])
+@pytest.mark.parametrize(
+    "text,report,instances",
+    [(OLD_KERN_2022, "cuda_gpu_kern_sum", 5), (OLD_KERN_2020, "cuda_gpu_kern_sum", 4)],
+)
 def test_old_kernel_reports(tmp_path: Path, text: str, report: str, instances: int) -> None:
     r = read_stats_csv(write(tmp_path, "r_gpukernsum.csv", text))
     assert r.report == report and int(r.frame["instances"].sum()) == instances
@@ -88,11 +90,20 @@ def test_missing_file(tmp_path: Path) -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.sampled_from(NEW_KERN.splitlines() + MEM_TIME_2022.splitlines()
-                                + ['"unterminated', ",,,,", "None,None", "1,2"])
-                | st.text(max_size=30), max_size=12))
+@given(
+    st.lists(
+        st.sampled_from(
+            NEW_KERN.splitlines()
+            + MEM_TIME_2022.splitlines()
+            + ['"unterminated', ",,,,", "None,None", "1,2"]
+        )
+        | st.text(max_size=30),
+        max_size=12,
+    )
+)
 def test_fuzz_only_trace_error_escapes(lines: list[str]) -> None:
     import tempfile
+
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "r.csv"
         path.write_text("\n".join(lines), encoding="utf-8", errors="surrogatepass")

@@ -21,9 +21,14 @@ from phaseprobe.sources.nsys.export import read_nsys
 
 PIDS = (4242 << 24, 5151 << 24)
 TIDS = (PIDS[0] | 4243, PIDS[0] | 4250, PIDS[1] | 5152)
-KERNELS = ["ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "sm90_xmma_gemm_bf16bf16_bf16f32",
-           "flash_fwd_splitkv_kernel", "vectorized_elementwise_kernel",
-           "cross_device_reduce_1stage", "vectorized_elementwise_kernel"]  # last: same name
+KERNELS = [
+    "ncclDevKernel_AllReduce_Sum_bf16_RING_LL",
+    "sm90_xmma_gemm_bf16bf16_bf16f32",
+    "flash_fwd_splitkv_kernel",
+    "vectorized_elementwise_kernel",
+    "cross_device_reduce_1stage",
+    "vectorized_elementwise_kernel",
+]  # last: same name
 SCHEMA = """
 CREATE TABLE StringIds (id INTEGER NOT NULL PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE META_DATA_EXPORT (name TEXT NOT NULL, value TEXT);
@@ -48,8 +53,16 @@ INSERT INTO TARGET_INFO_GPU VALUES (1, 0, 'GPU zero'), (1, 1, 'GPU one'), (1, 2,
 """
 
 
-def build(path: Path, seed: int, *, shuffle: bool, split: bool, twins: bool,
-          ranges: bool = True, n: int = 120) -> Path:
+def build(
+    path: Path,
+    seed: int,
+    *,
+    shuffle: bool,
+    split: bool,
+    twins: bool,
+    ranges: bool = True,
+    n: int = 120,
+) -> Path:
     rng = np.random.default_rng(seed)
     conn = sqlite3.connect(path)
     conn.executescript(SCHEMA)
@@ -57,15 +70,20 @@ def build(path: Path, seed: int, *, shuffle: bool, split: bool, twins: bool,
     if twins:
         api.append("cudaLaunchKernel")
     strings = KERNELS + api + ["decode", "first token"]
-    conn.executemany("INSERT INTO StringIds VALUES (?, ?)",
-                     [(i + 1, s) for i, s in enumerate(strings)])
+    conn.executemany(
+        "INSERT INTO StringIds VALUES (?, ?)", [(i + 1, s) for i, s in enumerate(strings)]
+    )
     api_id = {a: len(KERNELS) + 1 + i for i, a in enumerate(api)}
     if split:  # ordinal 0 is GPU 0 in one process and GPU 1 in the other
-        conn.executemany("INSERT INTO TARGET_INFO_CUDA_DEVICE VALUES (?, ?, ?)",
-                         [(0, 0, 4242), (1, 0, 5151), (1, 1, 4242)])
+        conn.executemany(
+            "INSERT INTO TARGET_INFO_CUDA_DEVICE VALUES (?, ?, ?)",
+            [(0, 0, 4242), (1, 0, 5151), (1, 1, 4242)],
+        )
     else:
-        conn.executemany("INSERT INTO TARGET_INFO_CUDA_DEVICE VALUES (?, ?, ?)",
-                         [(0, 0, 4242), (1, 1, 4242), (0, 0, 5151), (1, 1, 5151)])
+        conn.executemany(
+            "INSERT INTO TARGET_INFO_CUDA_DEVICE VALUES (?, ?, ?)",
+            [(0, 0, 4242), (1, 1, 4242), (0, 0, 5151), (1, 1, 5151)],
+        )
 
     def ops(count: int, extra: int) -> list[tuple[int, ...]]:
         # coarse starts: many equal starts within and across tables; some negative
@@ -74,9 +92,11 @@ def build(path: Path, seed: int, *, shuffle: bool, split: bool, twins: bool,
         dur = rng.choice([-5, 0, 20, 40, 40, 100, 100, 400, 2500], count)
         dev = rng.choice([0, 0, 1, 1, 1, -1] if not split else [0, 1], count)
         pid = rng.choice(PIDS, count)
-        rows = [(int(s), int(s + d), int(dv), int(rng.integers(1, 4)), int(p))
-                + tuple(int(x) for x in rng.integers(0, 9, extra))
-                for s, d, dv, p in zip(start, dur, dev, pid)]
+        rows = [
+            (int(s), int(s + d), int(dv), int(rng.integers(1, 4)), int(p))
+            + tuple(int(x) for x in rng.integers(0, 9, extra))
+            for s, d, dv, p in zip(start, dur, dev, pid)
+        ]
         return rows if shuffle else sorted(rows, key=lambda r: r[0])
 
     corr = iter(range(1, 10_000))
@@ -114,22 +134,40 @@ def build(path: Path, seed: int, *, shuffle: bool, split: bool, twins: bool,
     if ranges:
         nvtx = [(0, None, 75, "phaseprobe", TIDS[0], None, 7)]
         for i in range(8):  # vLLM steps on the main thread, back to back
-            nvtx.append((i * 800 - 300, i * 800 + 499, 59,
-                         "execute_context_1(64)_generation_0(0)" if i % 3 == 0
-                         else "execute_context_0(0)_generation_4(4)", TIDS[0], None, 0))
-        nvtx += [(100, 2000, 59, None, TIDS[0], len(strings) - 1, 7),  # nested: decode
-                 (1500, 1400, 59, "backwards", TIDS[1], None, 0),
-                 (0, 9000, 59, None, TIDS[2], len(strings), 7),
-                 (10, 20, 34, "a mark", TIDS[0], None, 0), (5, None, 60, "open", TIDS[0],
-                                                            None, 0)]
+            nvtx.append(
+                (
+                    i * 800 - 300,
+                    i * 800 + 499,
+                    59,
+                    "execute_context_1(64)_generation_0(0)"
+                    if i % 3 == 0
+                    else "execute_context_0(0)_generation_4(4)",
+                    TIDS[0],
+                    None,
+                    0,
+                )
+            )
+        nvtx += [
+            (100, 2000, 59, None, TIDS[0], len(strings) - 1, 7),  # nested: decode
+            (1500, 1400, 59, "backwards", TIDS[1], None, 0),
+            (0, 9000, 59, None, TIDS[2], len(strings), 7),
+            (10, 20, 34, "a mark", TIDS[0], None, 0),
+            (5, None, 60, "open", TIDS[0], None, 0),
+        ]
         conn.executemany("INSERT INTO NVTX_EVENTS VALUES (?,?,?,?,?,?,?)", nvtx)
     conn.commit()
     conn.close()
     return path
 
 
-def same(path: Path, chunk_rows: int, min_gap_ns: int, top: int,
-         monkeypatch: pytest.MonkeyPatch, streamed: bool = True) -> None:
+def same(
+    path: Path,
+    chunk_rows: int,
+    min_gap_ns: int,
+    top: int,
+    monkeypatch: pytest.MonkeyPatch,
+    streamed: bool = True,
+) -> None:
     tl = read_nsys(path)
     want = trace_summary.summarize(tl, str(path), min_gap_ns, top)
     if streamed:  # the chunked reader must not hand this export to read_nsys
@@ -147,14 +185,16 @@ def same(path: Path, chunk_rows: int, min_gap_ns: int, top: int,
 def refuse_read_nsys(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*_: object, **__: object) -> None:
         raise AssertionError("fell back to read_nsys")
+
     monkeypatch.setattr(nsys_export, "read_nsys", refuse)
 
 
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("shuffle", [False, True], ids=["in-order", "shuffled"])
 @pytest.mark.parametrize("split", [False, True], ids=["ordinals", "split-pids"])
-def test_streamed_summary_equals_in_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                           seed: int, shuffle: bool, split: bool) -> None:
+def test_streamed_summary_equals_in_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int, shuffle: bool, split: bool
+) -> None:
     path = build(tmp_path / "x.sqlite", seed, shuffle=shuffle, split=split, twins=False)
     for chunk_rows, min_gap_ns, top in ((7, 1, 5), (10_000, 100, 15), (10_000, 2000, 3)):
         same(path, chunk_rows, min_gap_ns, top, monkeypatch)
@@ -165,23 +205,24 @@ def test_one_row_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     same(path, 1, 1, 15, monkeypatch)
 
 
-def test_streamed_summary_without_ranges(tmp_path: Path,
-                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    path = build(tmp_path / "x.sqlite", 9, shuffle=False, split=False, twins=False,
-                 ranges=False)
+def test_streamed_summary_without_ranges(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = build(tmp_path / "x.sqlite", 9, shuffle=False, split=False, twins=False, ranges=False)
     same(path, 5, 1, 15, monkeypatch)
 
 
 @pytest.mark.parametrize("ranges", [True, False], ids=["ranges", "no-ranges"])
-def test_versioned_twins_are_paired(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                    ranges: bool) -> None:
-    path = build(tmp_path / "x.sqlite", 3, shuffle=False, split=False, twins=True,
-                 ranges=ranges)
+def test_versioned_twins_are_paired(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ranges: bool
+) -> None:
+    path = build(tmp_path / "x.sqlite", 3, shuffle=False, split=False, twins=True, ranges=ranges)
     same(path, 7, 1, 15, monkeypatch)
     doc = trace_summary.summarize_nsys_export(path)
     assert int(doc["meta"]["api_versioned_twins"]) > 10
-    assert {a["name"] for a in doc["api"]} == {"cudaLaunchKernel", "cudaMemcpyAsync",
-                                               "cudaStreamSynchronize"}
+    assert {a["name"] for a in doc["api"]} == {
+        "cudaLaunchKernel",
+        "cudaMemcpyAsync",
+        "cudaStreamSynchronize",
+    }
 
 
 def test_chunks_are_bounded_and_in_time_order(tmp_path: Path) -> None:
@@ -206,31 +247,38 @@ def test_empty_and_odd_exports_match(tmp_path: Path, monkeypatch: pytest.MonkeyP
     same(path, 3, 100, 15, monkeypatch)
     odd = tmp_path / "odd.sqlite"  # names stored as text: read in memory
     conn = sqlite3.connect(odd)
-    conn.executescript("CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT);"
-                       "CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start, end, deviceId, "
-                       "streamId, shortName); INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES "
-                       "(1, 5, 0, 7, 'gemm'), (9, 12, 0, 7, 'nccl');")
+    conn.executescript(
+        "CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT);"
+        "CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start, end, deviceId, "
+        "streamId, shortName); INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES "
+        "(1, 5, 0, 7, 'gemm'), (9, 12, 0, 7, 'nccl');"
+    )
     conn.close()
     same(odd, 3, 1, 15, monkeypatch, streamed=False)
 
 
 @pytest.mark.parametrize("fixture", ["2022", "2024", "twins", "four_gpus", "cuDevice"])
-def test_reader_fixtures_match(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                               fixture: str) -> None:
+def test_reader_fixtures_match(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fixture: str
+) -> None:
     """The hand-written exports of test_nsys_export, through both paths."""
     from tests.unit import test_nsys_export as t
+
     path = tmp_path / f"{fixture}.sqlite"
     if fixture in ("four_gpus", "cuDevice"):
         t._four_gpus(path, "cuda_device_table" if fixture == "four_gpus" else "cuDevice")
     else:
-        t.build(path, {"2022": t.SCHEMA_2022, "2024": t.SCHEMA_2024,
-                       "twins": t.VERSIONED_TWINS}[fixture])
+        t.build(
+            path,
+            {"2022": t.SCHEMA_2022, "2024": t.SCHEMA_2024, "twins": t.VERSIONED_TWINS}[fixture],
+        )
     for chunk_rows in (1, 1000):
         same(path, chunk_rows, 1, 15, monkeypatch)
 
 
-def test_checklist_nsys_evidence_is_the_chunked_summary(tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_checklist_nsys_evidence_is_the_chunked_summary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``check --nsys`` reads the export as ``phaseprobe nsys`` does (bounded memory, never
     ``read_nsys`` for a streamable export) and still dates it: an export on the wall clock
     gets the span of its activities, as the in-memory reading gave it."""
@@ -239,8 +287,13 @@ def test_checklist_nsys_evidence_is_the_chunked_summary(tmp_path: Path,
     path = build(tmp_path / "x.sqlite", 4, shuffle=True, split=False, twins=False)
     base = 1_764_000_000 * 10**9  # 2025-11-24 in ns since the epoch
     conn = sqlite3.connect(path)
-    for table in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY",
-                  "CUPTI_ACTIVITY_KIND_MEMSET", "CUPTI_ACTIVITY_KIND_RUNTIME", "NVTX_EVENTS"):
+    for table in (
+        "CUPTI_ACTIVITY_KIND_KERNEL",
+        "CUPTI_ACTIVITY_KIND_MEMCPY",
+        "CUPTI_ACTIVITY_KIND_MEMSET",
+        "CUPTI_ACTIVITY_KIND_RUNTIME",
+        "NVTX_EVENTS",
+    ):
         conn.execute(f'UPDATE {table} SET start = start + {base}, "end" = "end" + {base}')
     conn.commit()
     conn.close()
@@ -251,4 +304,3 @@ def test_checklist_nsys_evidence_is_the_chunked_summary(tmp_path: Path,
     got = dict(trace_evidence(str(path), nsys=True))
     assert got.pop("completeness")["complete"] is True
     assert start >= base and json.dumps(got, sort_keys=True) == json.dumps(want, sort_keys=True)
-

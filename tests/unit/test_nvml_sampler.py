@@ -34,6 +34,7 @@ def _sampler_threads() -> list[threading.Thread]:
 
 # -- timing with the real clock ----------------------------------------------------------------
 
+
 def test_period_is_kept_with_the_fake_backend():
     backend = FakeNvmlBackend(demo_devices(2, startup_s=0.1))
     period, duration = 0.02, 0.6
@@ -93,6 +94,7 @@ def test_period_below_minimum_is_refused():
 
 # -- timing with an injected clock: exact ----------------------------------------------------
 
+
 class FakeClock:
     """Monotonic ns; a read costs ``read_ns``; wait(s) advances by s; stops after ``ticks``."""
 
@@ -119,8 +121,13 @@ def test_absolute_deadlines_and_missed_ticks_with_an_injected_clock():
             fc.now += next(delays) * 1_000_000
             return super().read(index)
 
-    sampler = GpuSampler(Slow([FakeDevice()], clock=lambda: fc.now / 1e9), 0.1,
-                         clock=fc.clock, wall_clock=lambda: 5_000_000_000, wait=fc.wait)
+    sampler = GpuSampler(
+        Slow([FakeDevice()], clock=lambda: fc.now / 1e9),
+        0.1,
+        clock=fc.clock,
+        wall_clock=lambda: 5_000_000_000,
+        wait=fc.wait,
+    )
     sampler.start()
     sampler._thread.join(2)  # the injected wait ends the loop after 5 ticks
     sampler.stop()
@@ -136,8 +143,9 @@ def test_absolute_deadlines_and_missed_ticks_with_an_injected_clock():
 
 def test_failed_reads_are_counted_and_sampling_goes_on():
     fc = FakeClock(ticks=6)
-    backend = FakeNvmlBackend([FakeDevice(), FakeDevice(fail_at=(0.15,))],
-                              clock=lambda: fc.now / 1e9)
+    backend = FakeNvmlBackend(
+        [FakeDevice(), FakeDevice(fail_at=(0.15,))], clock=lambda: fc.now / 1e9
+    )
     sampler = GpuSampler(backend, 0.1, clock=fc.clock, wait=fc.wait).start()
     sampler._thread.join(2)
     sampler.stop()
@@ -148,6 +156,7 @@ def test_failed_reads_are_counted_and_sampling_goes_on():
 
 # -- the fake backend ------------------------------------------------------------------------
 
+
 def test_scripts_constant_steps_and_functions():
     assert value_at(3.0, 10.0) == 3.0
     assert value_at(lambda t: 2 * t, 1.5) == 3.0
@@ -155,8 +164,9 @@ def test_scripts_constant_steps_and_functions():
     assert value_at(steps, 1.99) == 1.0 and value_at(steps, 2.0) == 5.0
     assert math.isnan(value_at([(1.0, 1.0)], 0.5))
     now = [0.0]
-    backend = FakeNvmlBackend([FakeDevice(mem_used=steps, util_gpu=lambda t: 10 * t)],
-                              clock=lambda: now[0])
+    backend = FakeNvmlBackend(
+        [FakeDevice(mem_used=steps, util_gpu=lambda t: 10 * t)], clock=lambda: now[0]
+    )
     now[0] = 2.5
     r = backend.read(0)
     assert r.mem_used_bytes == 5.0 and r.util_gpu_pct == 25.0 and r.mem_total_bytes == 80 * GiB
@@ -164,6 +174,7 @@ def test_scripts_constant_steps_and_functions():
 
 
 # -- the real backend --------------------------------------------------------------------------
+
 
 def test_real_backend_without_driver_is_a_clear_nvml_unavailable():
     pynvml = pytest.importorskip("pynvml")
@@ -188,25 +199,37 @@ class _NVMLError(Exception):
 
 def _fake_pynvml(**overrides: Any) -> SimpleNamespace:
     """Just enough of pynvml's surface: one H100-ish GPU without utilisation counters."""
+
     def unsupported(*args: Any) -> Any:
         raise _NVMLError("Not Supported")
 
     module = SimpleNamespace(
-        NVMLError=_NVMLError, NVML_CLOCK_SM=1, NVML_CLOCK_MEM=2, NVML_TEMPERATURE_GPU=0,
-        NVML_PCIE_UTIL_TX_BYTES=0, NVML_PCIE_UTIL_RX_BYTES=1, nvmlMemory_v2=33554472,
-        NVML_FI_DEV_PCIE_COUNT_RX_BYTES=1, NVML_FI_DEV_PCIE_COUNT_TX_BYTES=2,
-        NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX=3, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX=4,
-        nvmlInit=lambda: None, nvmlShutdown=lambda: None, nvmlDeviceGetCount=lambda: 1,
+        NVMLError=_NVMLError,
+        NVML_CLOCK_SM=1,
+        NVML_CLOCK_MEM=2,
+        NVML_TEMPERATURE_GPU=0,
+        NVML_PCIE_UTIL_TX_BYTES=0,
+        NVML_PCIE_UTIL_RX_BYTES=1,
+        nvmlMemory_v2=33554472,
+        NVML_FI_DEV_PCIE_COUNT_RX_BYTES=1,
+        NVML_FI_DEV_PCIE_COUNT_TX_BYTES=2,
+        NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX=3,
+        NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX=4,
+        nvmlInit=lambda: None,
+        nvmlShutdown=lambda: None,
+        nvmlDeviceGetCount=lambda: 1,
         nvmlDeviceGetHandleByIndex=lambda i: f"h{i}",
         nvmlDeviceGetName=lambda h: b"NVIDIA H100 80GB HBM3",
         nvmlDeviceGetMemoryInfo=lambda h, v=None: SimpleNamespace(
-            used=10 * GiB, total=80 * GiB, reserved=0.5 * GiB, free=69.5 * GiB),
+            used=10 * GiB, total=80 * GiB, reserved=0.5 * GiB, free=69.5 * GiB
+        ),
         nvmlDeviceGetUtilizationRates=unsupported,
         nvmlDeviceGetPowerUsage=lambda h: 250_000,
         nvmlDeviceGetClockInfo=lambda h, which: 1980 if which == 1 else 2619,
         nvmlDeviceGetTemperature=lambda h, which: 41,
         nvmlDeviceGetFieldValues=unsupported,
-        nvmlDeviceGetPcieThroughput=lambda h, which: 1000 if which == 1 else 2000)
+        nvmlDeviceGetPcieThroughput=lambda h, which: 1000 if which == 1 else 2000,
+    )
     for k, v in overrides.items():
         setattr(module, k, v)
     return module
@@ -229,9 +252,10 @@ def test_pynvml_backend_counter_rates():
 
     def fields(h: Any, ids: Any) -> list[Any]:
         ts, pcie, nvl = next(stamps)
+
         def v(value: int) -> Any:
-            return SimpleNamespace(nvmlReturn=0, timestamp=ts,
-                                   value=SimpleNamespace(ullVal=value))
+            return SimpleNamespace(nvmlReturn=0, timestamp=ts, value=SimpleNamespace(ullVal=value))
+
         return [v(pcie), v(pcie // 2), v(nvl), v(nvl)]
 
     backend = PynvmlBackend(_fake_pynvml(nvmlDeviceGetFieldValues=fields))
@@ -251,11 +275,13 @@ def test_pynvml_init_failure_and_missing_package_are_nvml_unavailable():
 
 # -- frames ------------------------------------------------------------------------------------
 
+
 def test_conform_validates_and_orders_columns():
     import pandas as pd
 
-    frame = conform(pd.DataFrame({"gpu_index": [0], "t_ns": [5], "power_w": ["12.5"],
-                                  "host": ["n1"]}))
+    frame = conform(
+        pd.DataFrame({"gpu_index": [0], "t_ns": [5], "power_w": ["12.5"], "host": ["n1"]})
+    )
     assert list(frame.columns) == [*COLUMNS, "host"]
     assert frame.power_w[0] == 12.5 and math.isnan(frame.mem_used_bytes[0])
     with pytest.raises(ConfigError, match="t_ns"):
@@ -266,6 +292,7 @@ def test_conform_validates_and_orders_columns():
 
 
 # -- gpu watch ---------------------------------------------------------------------------------
+
 
 def _parse(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
@@ -280,8 +307,22 @@ def _consoles() -> tuple[Console, Console]:
 def test_gpu_watch_fake_json():
     out, err = _consoles()
     before = set(threading.enumerate())
-    code = cmd_gpu.run(_parse("gpu", "watch", "--fake", "--fake-gpus", "3", "--duration", "0.3",
-                              "--period", "0.05", "--json"), out, err)
+    code = cmd_gpu.run(
+        _parse(
+            "gpu",
+            "watch",
+            "--fake",
+            "--fake-gpus",
+            "3",
+            "--duration",
+            "0.3",
+            "--period",
+            "0.05",
+            "--json",
+        ),
+        out,
+        err,
+    )
     assert code == 0
     doc = json.loads(out.file.getvalue())
     assert doc["backend"] == "fake" and len(doc["gpus"]) == 3

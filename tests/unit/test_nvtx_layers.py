@@ -32,8 +32,7 @@ def export(tmp_path: Path) -> Path:
 
 
 def test_labels_recorded_from_vllms_hook_code() -> None:
-    assert module_path(MARKERS["self_attn"]) == (
-        "LlamaForCausalLM.model.layers.0.self_attn", False)
+    assert module_path(MARKERS["self_attn"]) == ("LlamaForCausalLM.model.layers.0.self_attn", False)
     assert module_path(MARKERS["qkv_out"])[1] is True  # type: ignore[index]  # output marker
     assert module_path(":" + MARKERS["root"] % (5, 5)) == ("LlamaForCausalLM", False)
     assert module_path("decode") is None and module_path("{'Modules': 'x'}") is None
@@ -63,23 +62,46 @@ def test_export_time_per_layer_kind_in_prefill_and_decode(export: Path) -> None:
     # has its output marker, left out
     assert layers["ranges"] == 116 and layers["output_markers"] == 116
     assert layers["steps"] == [
-        {"phase": "prefill", "steps": 1, "tokens": 5, "min_tokens": 5, "max_tokens": 5,
-         "forward_ns": 1376},
-        {"phase": "decode", "steps": 3, "tokens": 3, "min_tokens": 1, "max_tokens": 1,
-         "forward_ns": 1323}]
+        {
+            "phase": "prefill",
+            "steps": 1,
+            "tokens": 5,
+            "min_tokens": 5,
+            "max_tokens": 5,
+            "forward_ns": 1376,
+        },
+        {
+            "phase": "decode",
+            "steps": 3,
+            "tokens": 3,
+            "min_tokens": 1,
+            "max_tokens": 1,
+            "forward_ns": 1323,
+        },
+    ]
     pre, dec = _kinds(doc, "prefill"), _kinds(doc, "decode")
     # prefill: self_attn = 2 + 80 + 20 + 200 + 60 = 362 per layer; mlp 2 + 120 + 20 + 100
     assert {k: (r["ranges"], r["layers"], r["dur_ns"]) for k, r in pre.items()} == {
-        "attention": (2, 2, 724), "mlp": (2, 2, 484), "norm": (5, 2, 100),
-        "embedding": (1, 0, 40), "lm_head": (1, 0, 20), "other": (0, 0, 8)}
+        "attention": (2, 2, 724),
+        "mlp": (2, 2, 484),
+        "norm": (5, 2, 100),
+        "embedding": (1, 0, 40),
+        "lm_head": (1, 0, 20),
+        "other": (0, 0, 8),
+    }
     assert pre["attention"]["share_pct"] == pytest.approx(100 * 724 / 1376)
     assert pre["attention"]["mean_ns"] == 362.0
     assert (pre["attention"]["gpu_ns"], pre["mlp"]["gpu_ns"]) == (200, 100)  # kernels inside
     assert pre["attention"]["gpu_share_pct"] == pytest.approx(200 / 3)
     # decode: 3 steps x 2 layers; attention 2 + 30 + 5 + 20 + 15 = 72, mlp 2 + 60 + 5 + 50 = 117
     assert {k: (r["ranges"], r["dur_ns"]) for k, r in dec.items()} == {
-        "mlp": (6, 702), "attention": (6, 432), "norm": (15, 75), "lm_head": (3, 60),
-        "embedding": (3, 30), "other": (0, 24)}
+        "mlp": (6, 702),
+        "attention": (6, 432),
+        "norm": (15, 75),
+        "lm_head": (3, 60),
+        "embedding": (3, 30),
+        "other": (0, 24),
+    }
     assert [r["kind"] for r in doc["layers"]["kinds"]][:2] == ["attention", "mlp"]  # prefill
     assert dec["mlp"]["gpu_share_pct"] == pytest.approx(100 * 150 / 210)
 
@@ -92,7 +114,8 @@ def test_streamed_and_in_memory_summaries_agree(export: Path) -> None:
 
 def test_without_phase_ranges_the_time_is_unattributed(tmp_path: Path) -> None:
     doc = trace_summary.summarize_nsys_export(
-        build_export(tmp_path / "x.sqlite", client_ranges=False))
+        build_export(tmp_path / "x.sqlite", client_ranges=False)
+    )
     assert {r["phase"] for r in doc["layers"]["kinds"]} == {"unattributed"}
     assert doc["layers"]["phase_from"].startswith("none")
     assert _kinds(doc, "unattributed")["attention"]["dur_ns"] == 724 + 432
@@ -113,6 +136,7 @@ def test_flag_off_says_not_present(tmp_path: Path) -> None:
 
 def test_cli_text_and_json(export: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from phaseprobe.present.cli.entry import main
+
     assert main(["nsys", str(export), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert _kinds(doc, "decode")["mlp"]["dur_ns"] == 702
@@ -140,7 +164,9 @@ def test_nvtx_sum_csv(tmp_path: Path) -> None:
     assert layers["present"] and layers["ranges"] == 28 and layers["output_markers"] == 8
     kinds = _kinds(doc, "all")
     assert {k: (r["ranges"], r["layers"], r["dur_ns"]) for k, r in kinds.items()} == {
-        "attention": (8, 1, 2000), "mlp": (8, 1, 2500)}
+        "attention": (8, 1, 2000),
+        "mlp": (8, 1, 2500),
+    }
     assert kinds["mlp"]["share_pct"] == pytest.approx(100 * 2500 / 4500)
 
 
@@ -151,8 +177,9 @@ def test_rule_quotes_the_dominant_kinds(export: Path) -> None:
     assert verdict.summary.startswith("prefill: attention 66.7% of kernel time (mlp 33.3%")
     assert "decode: mlp 71.4% of kernel time (attention 28.6%" in verdict.summary
     assert verdict.numbers["decode"]["mlp"] == 71.4
-    assert [v.status for v in run_checklist(Evidence(trace=doc)).verdicts
-            if v.rule == "layer_time"] == ["pass"]
+    assert [
+        v.status for v in run_checklist(Evidence(trace=doc)).verdicts if v.rule == "layer_time"
+    ] == ["pass"]
 
 
 def test_rule_warns_on_attention_bound_decode_and_prefill_growth(export: Path) -> None:

@@ -42,16 +42,22 @@ def test_every_run_marks_request_first_token_and_decode(tmp_path, monkeypatch):
         spec = RunSpec(endpoint=srv.base_url, model=srv.model, prompt="hi", max_tokens=5)
         result = run_probe(spec, store, settings=ProbeSettings(runs=2, warmup=1))
     assert [r.status for r in result.runs] == ["ok", "ok"]
-    per_run = [("push", "run 0"), ("push", "request"), ("start", "first token"),
-               ("end", "first token"), ("start", "decode"), ("end", "decode"),
-               ("pop", "request"), ("pop", "run 0")]
+    per_run = [
+        ("push", "run 0"),
+        ("push", "request"),
+        ("start", "first token"),
+        ("end", "first token"),
+        ("start", "decode"),
+        ("end", "decode"),
+        ("pop", "request"),
+        ("pop", "run 0"),
+    ]
     assert calls == per_run + [(k, n.replace("run 0", "run 1")) for k, n in per_run]
 
 
 def test_a_run_that_fails_before_any_token_closes_its_range(tmp_path, monkeypatch):
     calls = _recording_nvtx(monkeypatch)
-    with SseServer(Script(n_tokens=5, status=500)) as srv, \
-            Store(tmp_path / "s.sqlite") as store:
+    with SseServer(Script(n_tokens=5, status=500)) as srv, Store(tmp_path / "s.sqlite") as store:
         spec = RunSpec(endpoint=srv.base_url, model=srv.model, prompt="hi", max_tokens=5)
         run_probe(spec, store, settings=ProbeSettings(runs=1, warmup=0))
     assert ("start", "first token") in calls and ("end", "first token") in calls

@@ -15,8 +15,9 @@ from phaseprobe.testing.sse_server import Script, SseServer
 
 
 def _body(chat=False, max_tokens=16):
-    return build_body(model="sse-test-model", prompt="hello there", max_tokens=max_tokens,
-                      chat=chat)
+    return build_body(
+        model="sse-test-model", prompt="hello there", max_tokens=max_tokens, chat=chat
+    )
 
 
 def _timed_stream(chunked: bool, chat: bool, gap: float):
@@ -50,8 +51,10 @@ def test_token_events_are_stamped_on_arrival_within_2ms(chunked, chat):
         if paced and worst_vs_sent <= 0.002:
             return
         failures.append((round(worst_vs_sent, 6), paced))
-    pytest.fail(f"ITL off by more than 2 ms from the server's send gaps in 5 attempts "
-                f"(worst |ITL − sent gap|, instrument paced): {failures}")
+    pytest.fail(
+        f"ITL off by more than 2 ms from the server's send gaps in 5 attempts "
+        f"(worst |ITL − sent gap|, instrument paced): {failures}"
+    )
 
 
 def test_events_are_not_batched_at_high_rate():
@@ -109,6 +112,7 @@ def test_api_key_is_sent_as_bearer_and_never_in_errors():
 
 def test_unreachable_endpoint_is_one_clear_error():
     import socket
+
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
@@ -125,15 +129,19 @@ def test_request_body_is_controlled():
     assert body["messages"][0]["content"] == "hello there" and "prompt" not in body
 
 
-@pytest.mark.parametrize("usage", [
-    {"prompt_tokens": "x", "completion_tokens": "y"},
-    {"prompt_tokens": float("nan"), "completion_tokens": float("inf")},
-    {"completion_tokens": -3},
-    {"completion_tokens": 10**400},
-    {"completion_tokens": True},
-    {"completion_tokens": 12.0},
-    {"prompt_tokens": [1], "completion_tokens": {"n": 1}},
-], ids=["strings", "nan-inf", "negative", "10e400", "bool", "float", "containers"])
+@pytest.mark.parametrize(
+    "usage",
+    [
+        {"prompt_tokens": "x", "completion_tokens": "y"},
+        {"prompt_tokens": float("nan"), "completion_tokens": float("inf")},
+        {"completion_tokens": -3},
+        {"completion_tokens": 10**400},
+        {"completion_tokens": True},
+        {"completion_tokens": 12.0},
+        {"prompt_tokens": [1], "completion_tokens": {"n": 1}},
+    ],
+    ids=["strings", "nan-inf", "negative", "10e400", "bool", "float", "containers"],
+)
 def test_a_usage_block_that_is_not_token_counts_is_dropped_and_said(usage):
     """Counts are whole numbers 0 .. MAX_USAGE_TOKENS; anything else is usage missing (TPOT
     None), the stream still completes and the outcome's note names the bad count."""
@@ -150,7 +158,10 @@ def test_a_usage_block_that_is_not_token_counts_is_dropped_and_said(usage):
 def test_usage_counts_bounds():
     assert usage_counts(None) == (None, None, None)
     assert usage_counts({"prompt_tokens": 0, "completion_tokens": MAX_USAGE_TOKENS}) == (
-        0, MAX_USAGE_TOKENS, None)
+        0,
+        MAX_USAGE_TOKENS,
+        None,
+    )
     assert usage_counts({"completion_tokens": 5}) == (None, 5, None)
     p, c, note = usage_counts({"prompt_tokens": 3, "completion_tokens": MAX_USAGE_TOKENS + 1})
     assert (p, c) == (None, None) and note and "completion_tokens" in note

@@ -42,29 +42,46 @@ def _variants() -> list[tuple[str, dict]]:
         out.append((name, d))
 
     edit("kind as a number", lambda d: _span(d).update(kind=2))
-    edit("status by name", lambda d: _span(d).update(status={"code": "STATUS_CODE_ERROR",
-                                                             "message": "boom"}))
+    edit(
+        "status by name",
+        lambda d: _span(d).update(status={"code": "STATUS_CODE_ERROR", "message": "boom"}),
+    )
     edit("no resource", lambda d: d["resourceSpans"][0].pop("resource", None))
-    edit("a scope", lambda d: d["resourceSpans"][0]["scopeSpans"][0].update(
-        scope={"name": "vllm", "version": "0.32"}))
-    edit("times as numbers", lambda d: _span(d).update(startTimeUnixNano=T0,
-                                                       endTimeUnixNano=T0 + 5))
-    edit("an int value as a string", lambda d: _span(d)["attributes"].append(
-        {"key": "x", "value": {"intValue": "-42"}}))
-    edit("a double value as an integer", lambda d: _span(d)["attributes"].append(
-        {"key": "y", "value": {"doubleValue": 3}}))
+    edit(
+        "a scope",
+        lambda d: d["resourceSpans"][0]["scopeSpans"][0].update(
+            scope={"name": "vllm", "version": "0.32"}
+        ),
+    )
+    edit(
+        "times as numbers", lambda d: _span(d).update(startTimeUnixNano=T0, endTimeUnixNano=T0 + 5)
+    )
+    edit(
+        "an int value as a string",
+        lambda d: _span(d)["attributes"].append({"key": "x", "value": {"intValue": "-42"}}),
+    )
+    edit(
+        "a double value as an integer",
+        lambda d: _span(d)["attributes"].append({"key": "y", "value": {"doubleValue": 3}}),
+    )
     edit("a key without a value", lambda d: _span(d)["attributes"].append({"key": "z"}))
     edit("an empty value", lambda d: _span(d)["attributes"].append({"key": "e", "value": {}}))
     edit("no parent, empty ids", lambda d: _span(d).update(parentSpanId=""))
     # left to json_format: these must give the same answer too
     edit("events", lambda d: _span(d).update(events=[{"name": "ev", "timeUnixNano": "1"}]))
-    edit("an array value", lambda d: _span(d)["attributes"].append(
-        {"key": "a", "value": {"arrayValue": {"values": [{"stringValue": "s"}]}}}))
+    edit(
+        "an array value",
+        lambda d: _span(d)["attributes"].append(
+            {"key": "a", "value": {"arrayValue": {"values": [{"stringValue": "s"}]}}}
+        ),
+    )
     edit("base64 ids", lambda d: _span(d).update(spanId="AAECAwQFBgc="))
     edit("a short span id", lambda d: _span(d).update(spanId="0011"))
     edit("an unknown key", lambda d: _span(d).update(somethingNew=1))
-    edit("NaN as a string", lambda d: _span(d)["attributes"].append(
-        {"key": "n", "value": {"doubleValue": "NaN"}}))
+    edit(
+        "NaN as a string",
+        lambda d: _span(d)["attributes"].append({"key": "n", "value": {"doubleValue": "NaN"}}),
+    )
     return out
 
 
@@ -74,8 +91,9 @@ def test_the_fast_path_builds_what_json_format_builds_or_steps_aside(name, doc):
     slow = _slow(doc)
     if fast is not None:
         assert fast == slow, name
-        assert fast.SerializeToString(deterministic=True) == \
-            slow.SerializeToString(deterministic=True), name
+        assert fast.SerializeToString(deterministic=True) == slow.SerializeToString(
+            deterministic=True
+        ), name
     # either way, decoding gives the same records
     a, b = decode_json(json.dumps(doc), "<t>"), _slow_batch(doc)
     assert a.requests == b.requests and a.other == b.other and a.rejected == b.rejected

@@ -35,8 +35,10 @@ SKEWED_REASON = "ends before it starts"
 
 def _both(message: ExportTraceServiceRequest) -> tuple[SpanBatch, SpanBatch]:
     """The same export decoded from protobuf bytes and from OTLP/JSON (hex ids)."""
-    return (decode_protobuf(message.SerializeToString(), "pb"),
-            decode_json(to_otlp_json(message), "json"))
+    return (
+        decode_protobuf(message.SerializeToString(), "pb"),
+        decode_json(to_otlp_json(message), "json"),
+    )
 
 
 def _one(span: Span, **kw: Any) -> RequestSpan:
@@ -62,11 +64,21 @@ def _mixed_export() -> ExportTraceServiceRequest:
     child.parent_span_id = parent
     skewed = vllm_span(start_ns=T0 + 9)
     skewed.end_time_unix_nano = skewed.start_time_unix_nano - 1
-    vllm = export_request([vllm_span(start_ns=T0, request_id="cmpl-a"), child, skewed,
-                           other_span("GET /health"), other_span("GET /health"),
-                           other_span("POST /tokenize")], service="vllm", instance="gpu-0")
-    gateway = export_request([other_span("proxy"), vllm_span(start_ns=T0 + 7)],
-                             service="gateway", instance=None)
+    vllm = export_request(
+        [
+            vllm_span(start_ns=T0, request_id="cmpl-a"),
+            child,
+            skewed,
+            other_span("GET /health"),
+            other_span("GET /health"),
+            other_span("POST /tokenize"),
+        ],
+        service="vllm",
+        instance="gpu-0",
+    )
+    gateway = export_request(
+        [other_span("proxy"), vllm_span(start_ns=T0 + 7)], service="gateway", instance=None
+    )
     vllm.resource_spans.extend(gateway.resource_spans)
     return vllm
 
@@ -91,8 +103,16 @@ def test_protobuf_and_json_decode_to_identical_batches() -> None:
 
 
 def test_request_record_fields() -> None:
-    span = vllm_span(start_ns=T0, queue_s=0.25, prefill_s=0.5, decode_s=2.0, prompt_tokens=100,
-                     completion_tokens=40, request_id="cmpl-xyz", model="m-7b")
+    span = vllm_span(
+        start_ns=T0,
+        queue_s=0.25,
+        prefill_s=0.5,
+        decode_s=2.0,
+        prompt_tokens=100,
+        completion_tokens=40,
+        request_id="cmpl-xyz",
+        model="m-7b",
+    )
     span.parent_span_id = bytes(range(8))
     rec = _one(span, service="vllm-a", instance="host-1:8000")
     assert rec.trace_id == span.trace_id.hex() and len(rec.trace_id) == 32
@@ -129,10 +149,16 @@ def test_alias_table_maps_onto_record_fields() -> None:
 
 def test_v0_execute_time_becomes_inference_time() -> None:
     # vLLM V0: no prefill/decode split, "time_in_model_execute" instead of "..._inference".
-    span = vllm_span(start_ns=T0, prefill_s=0.2, decode_s=0.6, names={
-        "gen_ai.latency.time_in_model_inference": "gen_ai.latency.time_in_model_execute",
-        "gen_ai.latency.time_in_model_prefill": "legacy.prefill",
-        "gen_ai.latency.time_in_model_decode": "legacy.decode"})
+    span = vllm_span(
+        start_ns=T0,
+        prefill_s=0.2,
+        decode_s=0.6,
+        names={
+            "gen_ai.latency.time_in_model_inference": "gen_ai.latency.time_in_model_execute",
+            "gen_ai.latency.time_in_model_prefill": "legacy.prefill",
+            "gen_ai.latency.time_in_model_decode": "legacy.decode",
+        },
+    )
     rec = _one(span)
     assert rec.inference_s == pytest.approx(0.8)
     assert rec.prefill_s is None and rec.decode_s is None
@@ -141,28 +167,47 @@ def test_v0_execute_time_becomes_inference_time() -> None:
 
 def test_v0_forward_time_is_the_last_resort_for_inference_time() -> None:
     # V0 with detailed traces and no execute time: the forward passes alone (a lower bound)
-    span = vllm_span(start_ns=T0, prefill_s=0.2, decode_s=0.6, names={
-        "gen_ai.latency.time_in_model_inference": "gen_ai.latency.time_in_model_forward"})
+    span = vllm_span(
+        start_ns=T0,
+        prefill_s=0.2,
+        decode_s=0.6,
+        names={"gen_ai.latency.time_in_model_inference": "gen_ai.latency.time_in_model_forward"},
+    )
     assert _one(span).inference_s == pytest.approx(0.8)
-    both = vllm_span(start_ns=T0, prefill_s=0.2, decode_s=0.6, names={
-        "gen_ai.latency.time_in_model_inference": "gen_ai.latency.time_in_model_forward"},
-        extra={"gen_ai.latency.time_in_model_execute": 0.9})
+    both = vllm_span(
+        start_ns=T0,
+        prefill_s=0.2,
+        decode_s=0.6,
+        names={"gen_ai.latency.time_in_model_inference": "gen_ai.latency.time_in_model_forward"},
+        extra={"gen_ai.latency.time_in_model_execute": 0.9},
+    )
     assert _one(both).inference_s == pytest.approx(0.9)  # execute covers more: it wins
 
 
 def test_v1_name_wins_over_v0_alias_when_both_present() -> None:
-    span = vllm_span(start_ns=T0, prefill_s=0.1, decode_s=0.2,
-                     extra={"gen_ai.latency.time_in_model_execute": 99.0})
+    span = vllm_span(
+        start_ns=T0,
+        prefill_s=0.1,
+        decode_s=0.2,
+        extra={"gen_ai.latency.time_in_model_execute": 99.0},
+    )
     assert _one(span).inference_s == pytest.approx(0.3)
 
 
 def test_genai_semconv_token_request_and_model_names() -> None:
-    span = vllm_span(start_ns=T0, prompt_tokens=11, completion_tokens=7, request_id="resp-1",
-                     model="served", names={
-                         "gen_ai.usage.prompt_tokens": "gen_ai.usage.input_tokens",
-                         "gen_ai.usage.completion_tokens": "gen_ai.usage.output_tokens",
-                         "gen_ai.request.id": "gen_ai.response.id",
-                         "gen_ai.response.model": "gen_ai.request.model"})
+    span = vllm_span(
+        start_ns=T0,
+        prompt_tokens=11,
+        completion_tokens=7,
+        request_id="resp-1",
+        model="served",
+        names={
+            "gen_ai.usage.prompt_tokens": "gen_ai.usage.input_tokens",
+            "gen_ai.usage.completion_tokens": "gen_ai.usage.output_tokens",
+            "gen_ai.request.id": "gen_ai.response.id",
+            "gen_ai.response.model": "gen_ai.request.model",
+        },
+    )
     rec = _one(span)
     assert (rec.prompt_tokens, rec.completion_tokens) == (11, 7)
     assert (rec.request_id, rec.model) == ("resp-1", "served")
@@ -170,9 +215,14 @@ def test_genai_semconv_token_request_and_model_names() -> None:
 
 def test_what_counts_as_a_vllm_request() -> None:
     # GenAI usage attributes alone do not make a request: counted among the other spans
-    chat = Span(trace_id=os.urandom(16), span_id=os.urandom(8), name="chat",
-                start_time_unix_nano=T0, end_time_unix_nano=T0 + 10, attributes=[
-                    KeyValue(key="gen_ai.usage.input_tokens", value=AnyValue(int_value=3))])
+    chat = Span(
+        trace_id=os.urandom(16),
+        span_id=os.urandom(8),
+        name="chat",
+        start_time_unix_nano=T0,
+        end_time_unix_nano=T0 + 10,
+        attributes=[KeyValue(key="gen_ai.usage.input_tokens", value=AnyValue(int_value=3))],
+    )
     pb, js = _both(export_request([chat]))
     assert not pb.requests and not js.requests and sum(pb.other.values()) == 1
     # a renamed span that carries vLLM's latency attributes is still a request
@@ -180,8 +230,13 @@ def test_what_counts_as_a_vllm_request() -> None:
     span.name = "vllm.request"
     assert _one(span).e2e_s is not None
     # an llm_request span without any attribute is a request with every figure unknown
-    bare = Span(trace_id=os.urandom(16), span_id=os.urandom(8), name="llm_request",
-                start_time_unix_nano=T0, end_time_unix_nano=T0 + 10)
+    bare = Span(
+        trace_id=os.urandom(16),
+        span_id=os.urandom(8),
+        name="llm_request",
+        start_time_unix_nano=T0,
+        end_time_unix_nano=T0 + 10,
+    )
     rec = _one(bare)
     assert rec.e2e_s is None and rec.prompt_tokens is None and rec.request_id is None
 
@@ -191,16 +246,20 @@ def test_what_counts_as_a_vllm_request() -> None:
 
 def test_other_spans_are_counted_by_service_and_name_never_dropped() -> None:
     pb, js = _both(_mixed_export())
-    expected = {("vllm", "GET /health"): 2, ("vllm", "POST /tokenize"): 1,
-                ("gateway", "proxy"): 1}
+    expected = {("vllm", "GET /health"): 2, ("vllm", "POST /tokenize"): 1, ("gateway", "proxy"): 1}
     assert dict(pb.other) == expected == dict(js.other)
     # a request under the gateway service keeps its own service
     assert sorted(r.service or "" for r in pb.requests) == ["gateway", "vllm", "vllm"]
     # spans with neither a service nor a name are still counted, under placeholders
-    anon = Span(trace_id=os.urandom(16), span_id=os.urandom(8), start_time_unix_nano=T0,
-                end_time_unix_nano=T0 + 1)
-    message = ExportTraceServiceRequest(resource_spans=[
-        ResourceSpans(scope_spans=[ScopeSpans(spans=[anon])])])
+    anon = Span(
+        trace_id=os.urandom(16),
+        span_id=os.urandom(8),
+        start_time_unix_nano=T0,
+        end_time_unix_nano=T0 + 1,
+    )
+    message = ExportTraceServiceRequest(
+        resource_spans=[ResourceSpans(scope_spans=[ScopeSpans(spans=[anon])])]
+    )
     batch = decode_protobuf(message.SerializeToString(), "pb")
     assert dict(batch.other) == {("(no service.name)", "(unnamed)"): 1}
 
@@ -215,11 +274,14 @@ def test_spans_ending_before_they_start_are_rejected_with_the_reason() -> None:
         assert n == 1 and SKEWED_REASON in reason and "clock" in reason
 
 
-@pytest.mark.parametrize(("mutate", "reason"), [
-    (lambda s: setattr(s, "start_time_unix_nano", 0), "no start time"),
-    (lambda s: setattr(s, "span_id", b""), "trace/span id"),
-    (lambda s: setattr(s, "trace_id", b"\x01" * 8), "trace/span id"),
-])
+@pytest.mark.parametrize(
+    ("mutate", "reason"),
+    [
+        (lambda s: setattr(s, "start_time_unix_nano", 0), "no start time"),
+        (lambda s: setattr(s, "span_id", b""), "trace/span id"),
+        (lambda s: setattr(s, "trace_id", b"\x01" * 8), "trace/span id"),
+    ],
+)
 def test_unusable_request_spans_are_rejected_not_stored(mutate: Any, reason: str) -> None:
     span = vllm_span(start_ns=T0)
     mutate(span)
@@ -231,12 +293,18 @@ def test_unusable_request_spans_are_rejected_not_stored(mutate: Any, reason: str
 # -- hostile attribute values -----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("value", [-1.0, -5, math.nan, math.inf, -math.inf, True, False,
-                                   "0.5", "", b"\x00".hex()],
-                         ids=repr)
+@pytest.mark.parametrize(
+    "value",
+    [-1.0, -5, math.nan, math.inf, -math.inf, True, False, "0.5", "", b"\x00".hex()],
+    ids=repr,
+)
 def test_unusable_numeric_values_become_none(value: Any) -> None:
-    extra = {"gen_ai.latency.time_in_queue": value, "gen_ai.latency.e2e": value,
-             "gen_ai.usage.prompt_tokens": value, "gen_ai.request.max_tokens": value}
+    extra = {
+        "gen_ai.latency.time_in_queue": value,
+        "gen_ai.latency.e2e": value,
+        "gen_ai.usage.prompt_tokens": value,
+        "gen_ai.request.max_tokens": value,
+    }
     rec = _one(vllm_span(start_ns=T0, extra=extra))
     assert rec.queue_s is None and rec.e2e_s is None
     assert rec.prompt_tokens is None and rec.max_tokens is None
@@ -244,8 +312,11 @@ def test_unusable_numeric_values_become_none(value: Any) -> None:
 
 
 def test_non_string_text_values_become_none_and_long_text_is_cut() -> None:
-    rec = _one(vllm_span(start_ns=T0, extra={"gen_ai.request.id": 12345,
-                                             "gen_ai.response.model": "m" * 10_000}))
+    rec = _one(
+        vllm_span(
+            start_ns=T0, extra={"gen_ai.request.id": 12345, "gen_ai.response.model": "m" * 10_000}
+        )
+    )
     assert rec.request_id is None
     assert rec.model == "m" * 256
 
@@ -260,10 +331,24 @@ def test_raw_attributes_are_kept_but_bounded() -> None:
     extra["gen_ai.prompt"] = "x" * 5000
     span = vllm_span(start_ns=T0, extra=extra)
     span.attributes.append(KeyValue(key="aa.bytes", value=AnyValue(bytes_value=b"\x01\xff")))
-    span.attributes.append(KeyValue(key="aa.list", value=AnyValue(array_value=ArrayValue(
-        values=[AnyValue(string_value="y" * 1000), AnyValue(int_value=3)]))))
-    span.attributes.append(KeyValue(key="aa.kv", value=AnyValue(kvlist_value=KeyValueList(
-        values=[KeyValue(key="k", value=AnyValue(int_value=1))]))))
+    span.attributes.append(
+        KeyValue(
+            key="aa.list",
+            value=AnyValue(
+                array_value=ArrayValue(
+                    values=[AnyValue(string_value="y" * 1000), AnyValue(int_value=3)]
+                )
+            ),
+        )
+    )
+    span.attributes.append(
+        KeyValue(
+            key="aa.kv",
+            value=AnyValue(
+                kvlist_value=KeyValueList(values=[KeyValue(key="k", value=AnyValue(int_value=1))])
+            ),
+        )
+    )
     span.attributes.append(KeyValue(key="aa.empty", value=AnyValue()))
     pb, js = _both(export_request([span]))
     attrs = pb.attributes[0]
@@ -291,8 +376,13 @@ def test_values_beyond_sqlite_integers_are_not_passed_on(case: str) -> None:
     batch = decode_protobuf(export_request([span]).SerializeToString(), "pb")
     limit = 2**63 - 1
     for rec in batch.requests:
-        for value in (rec.prompt_tokens, rec.completion_tokens, rec.max_tokens, rec.start_ns,
-                      rec.end_ns):
+        for value in (
+            rec.prompt_tokens,
+            rec.completion_tokens,
+            rec.max_tokens,
+            rec.start_ns,
+            rec.end_ns,
+        ):
             assert value is None or value <= limit
     assert len(batch.requests) + sum(batch.rejected.values()) == 1
 
@@ -318,8 +408,10 @@ def test_uppercase_hex_ids_are_accepted() -> None:
     doc = _json_doc(message)
     js = _first_span(doc)
     js["traceId"] = js["traceId"].upper()
-    assert decode_json(json.dumps(doc), "hex").requests[0].trace_id == \
-        message.resource_spans[0].scope_spans[0].spans[0].trace_id.hex()
+    assert (
+        decode_json(json.dumps(doc), "hex").requests[0].trace_id
+        == message.resource_spans[0].scope_spans[0].spans[0].trace_id.hex()
+    )
 
 
 @pytest.mark.parametrize("key", ["traceId", "spanId", "parentSpanId"])
@@ -344,8 +436,9 @@ def test_link_ids_are_rewritten_too_and_old_collector_layout_is_read() -> None:
     link_trace, link_span = os.urandom(16), os.urandom(8)
     doc = _json_doc(export_request([vllm_span(start_ns=T0)]))
     _first_span(doc)["links"] = [{"traceId": link_trace.hex(), "spanId": link_span.hex()}]
-    doc["resourceSpans"][0]["instrumentationLibrarySpans"] = \
-        doc["resourceSpans"][0].pop("scopeSpans")
+    doc["resourceSpans"][0]["instrumentationLibrarySpans"] = doc["resourceSpans"][0].pop(
+        "scopeSpans"
+    )
     expected = decode_json(json.dumps(doc), "old")
     assert len(expected.requests) == 1
     hex_ids_to_base64(doc, "old")
@@ -365,8 +458,15 @@ def test_truncated_protobuf_is_an_otlp_error() -> None:
         assert info.value.source == "http peer"
 
 
-@pytest.mark.parametrize("payload", [b"\xff" * 64, b"\x0a\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff",
-                                     b"GET / HTTP/1.1\r\n\r\n", b"\x0f"])
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"\xff" * 64,
+        b"\x0a\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff",
+        b"GET / HTTP/1.1\r\n\r\n",
+        b"\x0f",
+    ],
+)
 def test_random_bytes_are_an_otlp_error(payload: bytes) -> None:
     with pytest.raises(OtlpError):
         decode_protobuf(payload, "pb")
@@ -407,7 +507,7 @@ def test_json_that_is_not_an_object_is_an_otlp_error(text: str) -> None:
         decode_json(text, "json")
 
 
-@pytest.mark.parametrize("text", ["{", "", "{'single': 1}", "\x00", "{\"a\": 1} trailing"])
+@pytest.mark.parametrize("text", ["{", "", "{'single': 1}", "\x00", '{"a": 1} trailing'])
 def test_invalid_json_is_an_otlp_error(text: str) -> None:
     with pytest.raises(OtlpError, match="not JSON"):
         decode_json(text, "json")
@@ -418,12 +518,15 @@ def test_non_utf8_json_bytes_are_an_otlp_error() -> None:
         decode_json(b'{"resourceSpans": "\xff\xfe"}', "json")
 
 
-@pytest.mark.parametrize("text", [
-    "[" * 100_000,
-    '{"a":' * 100_000,
-    '{"resourceSpans": ' + "[" * 100_000,
-    '{"resourceSpans": [' + '{"x": ' * 100_000,
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[" * 100_000,
+        '{"a":' * 100_000,
+        '{"resourceSpans": ' + "[" * 100_000,
+        '{"resourceSpans": [' + '{"x": ' * 100_000,
+    ],
+)
 def test_deeply_nested_json_is_an_otlp_error_not_a_recursion_error(text: str) -> None:
     with pytest.raises(OtlpError, match="nested too deeply"):
         decode_json(text, "deep.json")
@@ -440,13 +543,23 @@ def test_deep_but_parseable_attribute_nesting_is_an_otlp_error() -> None:
         decode_json(json.dumps(doc), "deep.json")
 
 
-@pytest.mark.parametrize("doc", [
-    {"resourceSpans": {"not": "a list"}},
-    {"resourceSpans": [{"scopeSpans": [{"spans": [{"startTimeUnixNano": "soon"}]}]}]},
-    {"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": 5}]}]}]},
-    {"resourceSpans": [{"scopeSpans": [{"spans": [{"attributes": [{"key": "a", "value": {
-        "intValue": "many"}}]}]}]}]},
-])
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {"resourceSpans": {"not": "a list"}},
+        {"resourceSpans": [{"scopeSpans": [{"spans": [{"startTimeUnixNano": "soon"}]}]}]},
+        {"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": 5}]}]}]},
+        {
+            "resourceSpans": [
+                {
+                    "scopeSpans": [
+                        {"spans": [{"attributes": [{"key": "a", "value": {"intValue": "many"}}]}]}
+                    ]
+                }
+            ]
+        },
+    ],
+)
 def test_wrongly_shaped_otlp_json_is_an_otlp_error(doc: dict[str, Any]) -> None:
     with pytest.raises(OtlpError, match="not an OTLP/JSON trace export"):
         decode_json(json.dumps(doc), "json")
@@ -487,10 +600,17 @@ _GOOD_PAYLOAD = _mixed_export().SerializeToString()
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(st.tuples(st.integers(0, len(_GOOD_PAYLOAD) - 1), st.integers(0, 255)),
-                min_size=1, max_size=6), st.integers(0, len(_GOOD_PAYLOAD)))
+@given(
+    st.lists(
+        st.tuples(st.integers(0, len(_GOOD_PAYLOAD) - 1), st.integers(0, 255)),
+        min_size=1,
+        max_size=6,
+    ),
+    st.integers(0, len(_GOOD_PAYLOAD)),
+)
 def test_mutated_real_payloads_decode_or_raise_otlp_error(
-        flips: list[tuple[int, int]], cut: int) -> None:
+    flips: list[tuple[int, int]], cut: int
+) -> None:
     payload = bytearray(_GOOD_PAYLOAD)
     for pos, byte in flips:
         payload[pos] = byte
@@ -507,13 +627,38 @@ def test_mutated_real_payloads_decode_or_raise_otlp_error(
 
 _json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
-        st.sampled_from(["resourceSpans", "scopeSpans", "spans", "resource", "attributes",
-                         "key", "value", "traceId", "spanId", "name", "startTimeUnixNano",
-                         "endTimeUnixNano", "stringValue", "doubleValue", "intValue",
-                         "arrayValue", "values", "links", "instrumentationLibrarySpans"]),
-        inner, max_size=4),
-    max_leaves=10)
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(
+            st.sampled_from(
+                [
+                    "resourceSpans",
+                    "scopeSpans",
+                    "spans",
+                    "resource",
+                    "attributes",
+                    "key",
+                    "value",
+                    "traceId",
+                    "spanId",
+                    "name",
+                    "startTimeUnixNano",
+                    "endTimeUnixNano",
+                    "stringValue",
+                    "doubleValue",
+                    "intValue",
+                    "arrayValue",
+                    "values",
+                    "links",
+                    "instrumentationLibrarySpans",
+                ]
+            ),
+            inner,
+            max_size=4,
+        )
+    ),
+    max_leaves=10,
+)
 
 
 @settings(max_examples=150, deadline=None)

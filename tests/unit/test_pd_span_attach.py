@@ -21,28 +21,56 @@ TRACE = "ab" * 16
 
 
 def _run(seq: int, trace: str, pd: PdLegs | None) -> Run:
-    client = ClientTimeline(sent_wall_ns=T0 - 1_000_000, event_offsets_ns=(60_000_000,),
-                            end_offset_ns=90_000_000, http_status=200, prompt_tokens=474,
-                            completion_tokens=16, finish_reason="length", complete=True)
-    return Run(seq=seq, status="ok", prompt="p", client=client, server=None,
-               isolation=Isolation(True, True, ()), trace_id=trace,
-               request_id=f"phaseprobe-{trace[:16]}", pd=pd)
+    client = ClientTimeline(
+        sent_wall_ns=T0 - 1_000_000,
+        event_offsets_ns=(60_000_000,),
+        end_offset_ns=90_000_000,
+        http_status=200,
+        prompt_tokens=474,
+        completion_tokens=16,
+        finish_reason="length",
+        complete=True,
+    )
+    return Run(
+        seq=seq,
+        status="ok",
+        prompt="p",
+        client=client,
+        server=None,
+        isolation=Isolation(True, True, ()),
+        trace_id=trace,
+        request_id=f"phaseprobe-{trace[:16]}",
+        pd=pd,
+    )
 
 
 def _counters_legs() -> PdLegs:
-    return PdLegs(prefill_queue_s=0.001, prefill_s=0.020, hand_over_s=None,
-                  decode_kv_wait_s=0.004, decode_prompt_s=0.016, decode_s=0.055,
-                  tokens_transferred=384, tokens_computed=90, tokens_cached=0,
-                  kv="transferred", kv_reason="384 of 474 prompt tokens came from the KV "
-                                               "connector")
+    return PdLegs(
+        prefill_queue_s=0.001,
+        prefill_s=0.020,
+        hand_over_s=None,
+        decode_kv_wait_s=0.004,
+        decode_prompt_s=0.016,
+        decode_s=0.055,
+        tokens_transferred=384,
+        tokens_computed=90,
+        tokens_cached=0,
+        kv="transferred",
+        kv_reason="384 of 474 prompt tokens came from the KV connector",
+    )
 
 
 def _store(tmp_path, runs, spans):
     store = Store(tmp_path / "s.sqlite")
-    exp = store.create_experiment(Experiment(
-        name="pd", kind="probe", spec=RunSpec(endpoint="http://r", model="tiny", prompt="p",
-                                              max_tokens=16),
-        server_info={}, created_wall_ns=T0))
+    exp = store.create_experiment(
+        Experiment(
+            name="pd",
+            kind="probe",
+            spec=RunSpec(endpoint="http://r", model="tiny", prompt="p", max_tokens=16),
+            server_info={},
+            created_wall_ns=T0,
+        )
+    )
     stored = [replace(r, run_id=store.add_run(exp, r), experiment_id=exp) for r in runs]
     if spans:
         store.add_spans(spans, [{}] * len(spans), {})
@@ -55,9 +83,12 @@ def test_each_runs_two_legs_are_joined_and_stored(tmp_path):
     runs = [_run(0, TRACE, _counters_legs()), _run(1, "cd" * 16, None)]
     store, exp, stored = _store(tmp_path, runs, [p, d, other_p, other_d])
     with store:
-        out, notes = attach_pd_spans(store, stored, wait_s=0.0,
-                                     topo=PdTopology("http://127.0.0.1:8061",
-                                                     "http://127.0.0.1:8062"))
+        out, notes = attach_pd_spans(
+            store,
+            stored,
+            wait_s=0.0,
+            topo=PdTopology("http://127.0.0.1:8061", "http://127.0.0.1:8062"),
+        )
         again = store.runs(exp)
     first, second = out
     j = first.pd.span_join
@@ -95,10 +126,10 @@ def test_a_run_with_one_legs_span_is_named_not_dropped(tmp_path):
     store, _, stored = _store(tmp_path, runs, [p])
     ticks = iter(range(100))
     with store:
-        out, notes = attach_pd_spans(store, stored, wait_s=0.5, sleep=lambda s: None,
-                                     clock=lambda: next(ticks) * 0.1)
+        out, notes = attach_pd_spans(
+            store, stored, wait_s=0.5, sleep=lambda s: None, clock=lambda: next(ticks) * 0.1
+        )
     assert all(r.pd is not None and r.pd.span_join is None for r in out)
     assert notes[0].startswith("spans: both legs joined for 0 of 2 run(s)")
     assert "spans: 2 run(s) not joined within 0.5 s (run 1: " in notes[1]
     assert "run 2: no span of either leg" in notes[1]
-

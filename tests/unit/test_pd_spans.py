@@ -27,33 +27,84 @@ ROUTER = f"___prefill_addr_127.0.0.1:8061___decode_addr_127.0.0.1:8062_{UUID}"
 _n = 0
 
 
-def _span(*, start_ns: int, queue_ms: float, prefill_ms: float, ttft_ms: float, decode_ms: float,
-          end_ms: float, out: int, request_id: str | None, instance: str,
-          trace: str | None = None, parent: str | None = None) -> RequestSpan:
+def _span(
+    *,
+    start_ns: int,
+    queue_ms: float,
+    prefill_ms: float,
+    ttft_ms: float,
+    decode_ms: float,
+    end_ms: float,
+    out: int,
+    request_id: str | None,
+    instance: str,
+    trace: str | None = None,
+    parent: str | None = None,
+) -> RequestSpan:
     global _n
     _n += 1
     return RequestSpan(
-        trace_id=trace or f"{_n:032x}", span_id=f"{_n:016x}", request_id=request_id, model="tiny",
-        service="vllm", instance=instance, start_ns=start_ns, end_ns=start_ns + round(end_ms * MS),
-        queue_s=queue_ms / 1e3, prefill_s=prefill_ms / 1e3, decode_s=decode_ms / 1e3,
-        inference_s=(prefill_ms + decode_ms) / 1e3, ttft_s=ttft_ms / 1e3, e2e_s=end_ms / 1e3,
-        prompt_tokens=474, completion_tokens=out, parent_span_id=parent)
+        trace_id=trace or f"{_n:032x}",
+        span_id=f"{_n:016x}",
+        request_id=request_id,
+        model="tiny",
+        service="vllm",
+        instance=instance,
+        start_ns=start_ns,
+        end_ns=start_ns + round(end_ms * MS),
+        queue_s=queue_ms / 1e3,
+        prefill_s=prefill_ms / 1e3,
+        decode_s=decode_ms / 1e3,
+        inference_s=(prefill_ms + decode_ms) / 1e3,
+        ttft_s=ttft_ms / 1e3,
+        e2e_s=end_ms / 1e3,
+        prompt_tokens=474,
+        completion_tokens=out,
+        parent_span_id=parent,
+    )
 
 
-def legs(request_id: str | None = "cmpl-abc-0", *, t0: int = T0, p_inst: str = "prefill",
-         d_inst: str = "decode", trace: str | None = None, parent: str | None = None,
-         decode_out: int = 16, d_request_id: str | None = "same"
-         ) -> tuple[RequestSpan, RequestSpan]:
+def legs(
+    request_id: str | None = "cmpl-abc-0",
+    *,
+    t0: int = T0,
+    p_inst: str = "prefill",
+    d_inst: str = "decode",
+    trace: str | None = None,
+    parent: str | None = None,
+    decode_out: int = 16,
+    d_request_id: str | None = "same",
+) -> tuple[RequestSpan, RequestSpan]:
     """A prefill leg (arrives t0, 28 ms, 1 token) and a decode leg arriving 2 ms after the
     prefill leg's end: its queue 4 ms, prefill 16 ms, TTFT 24 ms, decode 55 ms. The decode
     leg's request id is the prefill leg's unless ``d_request_id`` says otherwise."""
-    p = _span(start_ns=t0, queue_ms=1, prefill_ms=20, ttft_ms=25, decode_ms=0, end_ms=28, out=1,
-              request_id=request_id, instance=p_inst, trace=trace, parent=parent)
+    p = _span(
+        start_ns=t0,
+        queue_ms=1,
+        prefill_ms=20,
+        ttft_ms=25,
+        decode_ms=0,
+        end_ms=28,
+        out=1,
+        request_id=request_id,
+        instance=p_inst,
+        trace=trace,
+        parent=parent,
+    )
     d_decode = 55.0 if decode_out > 1 else 0.0
-    d = _span(start_ns=t0 + 30 * MS, queue_ms=4, prefill_ms=16, ttft_ms=24, decode_ms=d_decode,
-              end_ms=82, out=decode_out,
-              request_id=request_id if d_request_id == "same" else d_request_id,
-              instance=d_inst, trace=trace, parent=parent)
+    d = _span(
+        start_ns=t0 + 30 * MS,
+        queue_ms=4,
+        prefill_ms=16,
+        ttft_ms=24,
+        decode_ms=d_decode,
+        end_ms=82,
+        out=decode_out,
+        request_id=request_id if d_request_id == "same" else d_request_id,
+        instance=d_inst,
+        trace=trace,
+        parent=parent,
+    )
     return p, d
 
 
@@ -83,8 +134,7 @@ def test_joined_by_request_id_roles_from_legs_and_hand_over_by_hand() -> None:
     assert r.decode_pre_engine_s == pytest.approx(0.004)  # 24 - 16 - 4
     assert r.legs_gap_s is not None and r.decode_pre_engine_s is not None
     assert r.decode_kv_wait_s is not None and r.hand_over_s is not None
-    assert r.legs_gap_s + r.decode_pre_engine_s + r.decode_kv_wait_s == \
-        pytest.approx(r.hand_over_s)
+    assert r.legs_gap_s + r.decode_pre_engine_s + r.decode_kv_wait_s == pytest.approx(r.hand_over_s)
     wd = d.windows()
     assert wd is not None
     assert r.hand_over_s * 1e9 == pytest.approx(wd.prefill_start_ns - p.end_ns)
@@ -109,15 +159,17 @@ def test_joined_by_request_id_roles_from_legs_and_hand_over_by_hand() -> None:
 
 def test_joined_by_router_id_roles_from_its_addresses() -> None:
     # Both legs 1 token (a client asking for 1 token): only the router's addresses tell.
-    p, d = legs(f"cmpl-{ROUTER}-0", p_inst="127.0.0.1:8061", d_inst="http://127.0.0.1:8062/",
-                decode_out=1)
+    p, d = legs(
+        f"cmpl-{ROUTER}-0", p_inst="127.0.0.1:8061", d_inst="http://127.0.0.1:8062/", decode_out=1
+    )
     (r,) = join_legs([d, p]).records
     assert (r.joined_by, r.roles_from) == ("router_id", "router_id")
     assert (r.prefill_addr, r.decode_addr) == ("127.0.0.1:8061", "127.0.0.1:8062")
     assert r.prefill is p and r.decode is d
     # Another port that starts with the same digits is not the prefill instance.
-    p2, d2 = legs(f"cmpl-{ROUTER}-0", p_inst="127.0.0.1:80612", d_inst="127.0.0.1:80622",
-                  decode_out=1)
+    p2, d2 = legs(
+        f"cmpl-{ROUTER}-0", p_inst="127.0.0.1:80612", d_inst="127.0.0.1:80622", decode_out=1
+    )
     assert join_legs([p2, d2]).unknown_roles
     # Instances named otherwise (service.instance.id=prefill|decode): roles from the legs.
     p, d = legs(f"cmpl-{ROUTER}-0")
@@ -149,8 +201,11 @@ def test_roles_from_the_user() -> None:
     # Both legs look like a prefill leg: the user's names decide, one name is enough.
     p, d = legs("cmpl-x-0", p_inst="gpu-a", d_inst="gpu-b", decode_out=1)
     assert join_legs([p, d]).unknown_roles
-    for roles in ({"gpu-a": "prefill", "gpu-b": "decode"}, {"gpu-b": "decode"},
-                  {"gpu-a": "prefill"}):
+    for roles in (
+        {"gpu-a": "prefill", "gpu-b": "decode"},
+        {"gpu-b": "decode"},
+        {"gpu-a": "prefill"},
+    ):
         (r,) = join_legs([d, p], roles).records
         assert (r.roles_from, r.prefill, r.decode) == ("user", p, d)
     # The user wins over the legs (here the names say the opposite of the tokens).
@@ -178,16 +233,23 @@ def test_unjoined_counted_and_named() -> None:
     # instance).
     m1, _ = legs("cmpl-mono-0", t0=T0 + 4 * 10**9)
     m2, _ = legs("cmpl-mono-0", t0=T0 + 5 * 10**9)
-    m1, m2 = replace(m1, completion_tokens=16, decode_s=0.05), \
-        replace(m2, completion_tokens=16, decode_s=0.05)
+    m1, m2 = (
+        replace(m1, completion_tokens=16, decode_s=0.05),
+        replace(m2, completion_tokens=16, decode_s=0.05),
+    )
     nothing = replace(legs(None, t0=T0 + 6 * 10**9)[0], parent_span_id=None)
     spans = [p, d, lone, a, b, c, m1, m2, nothing]
     joined = join_legs(spans)
     assert [r.key for r in joined.records] == ["ok"]
-    assert joined.counts() == {"joined_requests": 1, "single_leg_groups": 2,
-                               "single_leg_spans": 2, "more_than_two_groups": 1,
-                               "more_than_two_spans": 3, "unknown_roles_groups": 1,
-                               "unknown_roles_spans": 2}
+    assert joined.counts() == {
+        "joined_requests": 1,
+        "single_leg_groups": 2,
+        "single_leg_spans": 2,
+        "more_than_two_groups": 1,
+        "more_than_two_spans": 3,
+        "unknown_roles_groups": 1,
+        "unknown_roles_spans": 2,
+    }
     singles = {u.key: u for u in joined.single_legs}
     assert set(singles) == {"lone", f"{nothing.trace_id}/-"}
     assert singles["lone"].request_ids == ("cmpl-lone-0",)
@@ -198,8 +260,9 @@ def test_unjoined_counted_and_named() -> None:
     (mono,) = joined.unknown_roles
     assert mono.key == "mono" and "neither has 1 output token" in mono.reason
     # Every span is accounted for.
-    named = {s for u in joined.unjoined for s in u.span_ids} | \
-        {s.span_id for r in joined.records for s in (r.prefill, r.decode)}
+    named = {s for u in joined.unjoined for s in u.span_ids} | {
+        s.span_id for r in joined.records for s in (r.prefill, r.decode)
+    }
     assert named == {s.span_id for s in spans}
 
 
@@ -238,10 +301,10 @@ def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str,
 def _fill(path: Path) -> list[RequestSpan]:
     now = time.time_ns()
     old = legs("cmpl-old-0", t0=now - 3600 * 10**9)
-    by_hand = legs("cmpl-hand-0", t0=now - 20 * 10**9, p_inst="gpu-a", d_inst="gpu-b",
-                   decode_out=1)
-    router = legs(f"cmpl-{ROUTER}-0", t0=now - 10 * 10**9, p_inst="127.0.0.1:8061",
-                  d_inst="127.0.0.1:8062")
+    by_hand = legs("cmpl-hand-0", t0=now - 20 * 10**9, p_inst="gpu-a", d_inst="gpu-b", decode_out=1)
+    router = legs(
+        f"cmpl-{ROUTER}-0", t0=now - 10 * 10**9, p_inst="127.0.0.1:8061", d_inst="127.0.0.1:8062"
+    )
     lone = legs("cmpl-lone-0", t0=now - 5 * 10**9)[1]
     spans = [*old, *by_hand, *router, lone]
     with Store(path) as store:
@@ -268,12 +331,28 @@ def test_cli_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert router["prefill_span"]["instance"] == "127.0.0.1:8061"
     assert {u["key"] for u in doc["unjoined"]} == {"hand", "lone"}
     # The user's names join the by-hand request; --since leaves the old one out.
-    code, out, _ = _cli(["spans", "pd", "--store", str(path), "--json", "--since", "600",
-                         "--prefill-instance", "gpu-a", "--decode-instance", "gpu-b"], capsys)
+    code, out, _ = _cli(
+        [
+            "spans",
+            "pd",
+            "--store",
+            str(path),
+            "--json",
+            "--since",
+            "600",
+            "--prefill-instance",
+            "gpu-a",
+            "--decode-instance",
+            "gpu-b",
+        ],
+        capsys,
+    )
     doc = json.loads(out)
     assert doc["spans"] == 5 and doc["roles"] == {"gpu-a": "prefill", "gpu-b": "decode"}
-    assert [(r["key"], r["roles_from"]) for r in doc["requests"]] == \
-        [("hand", "user"), (ROUTER, "router_id")]
+    assert [(r["key"], r["roles_from"]) for r in doc["requests"]] == [
+        ("hand", "user"),
+        (ROUTER, "router_id"),
+    ]
     assert doc["counts"]["unknown_roles_groups"] == 0
     assert [u["key"] for u in doc["unjoined"]] == ["lone"]
 
@@ -287,8 +366,10 @@ def test_cli_table_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert "hand-over" in out and "not joined:" in out
     assert "1 single legs" in out and "1 legs whose roles cannot be told" in out
     assert "lone" in out and "hand" in out
-    code, _, err = _cli(["spans", "pd", "--store", str(path), "--prefill-instance", "x",
-                         "--decode-instance", "x"], capsys)
+    code, _, err = _cli(
+        ["spans", "pd", "--store", str(path), "--prefill-instance", "x", "--decode-instance", "x"],
+        capsys,
+    )
     assert code == 2 and "both prefill and decode: x" in err
     code, out, _ = _cli(["spans", "pd", "--store", str(path), "--since", "1"], capsys)
     assert code == 0 and "no request spans" in out

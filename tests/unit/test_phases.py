@@ -5,28 +5,52 @@ from phaseprobe.records import ClientTimeline, Isolation, Run
 from phaseprobe.sources.vllm.metrics import parse_exposition
 from tests.unit.metrics_text import exposition
 
-BEFORE_SUMS = {"request_queue_time_seconds": 0.5, "request_prefill_time_seconds": 1.0,
-               "request_decode_time_seconds": 10.0, "request_inference_time_seconds": 11.0,
-               "time_to_first_token_seconds": 1.2, "e2e_request_latency_seconds": 11.5}
+BEFORE_SUMS = {
+    "request_queue_time_seconds": 0.5,
+    "request_prefill_time_seconds": 1.0,
+    "request_decode_time_seconds": 10.0,
+    "request_inference_time_seconds": 11.0,
+    "time_to_first_token_seconds": 1.2,
+    "e2e_request_latency_seconds": 11.5,
+}
 
 
 def _after(delta: dict[str, float]) -> dict[str, float]:
     return {k: v + delta.get(k, 0.0) for k, v in BEFORE_SUMS.items()}
 
 
-ONE_REQUEST = {"request_queue_time_seconds": 0.0001, "request_prefill_time_seconds": 0.012,
-               "request_decode_time_seconds": 0.178, "request_inference_time_seconds": 0.190,
-               "time_to_first_token_seconds": 0.018, "e2e_request_latency_seconds": 0.195}
+ONE_REQUEST = {
+    "request_queue_time_seconds": 0.0001,
+    "request_prefill_time_seconds": 0.012,
+    "request_decode_time_seconds": 0.178,
+    "request_inference_time_seconds": 0.190,
+    "time_to_first_token_seconds": 0.018,
+    "e2e_request_latency_seconds": 0.195,
+}
 
 
-def snaps(after_count=6, running_before=0, running_after=0, prompt_delta=150, gen_delta=64,
-          counts=None):
-    before = parse_exposition(exposition(sums=BEFORE_SUMS, count=5, prompt_tokens=1000,
-                                         generation_tokens=500, running=running_before))
-    after = parse_exposition(exposition(sums=_after(ONE_REQUEST), count=after_count,
-                                        prompt_tokens=1000 + prompt_delta,
-                                        generation_tokens=500 + gen_delta,
-                                        running=running_after, counts=counts))
+def snaps(
+    after_count=6, running_before=0, running_after=0, prompt_delta=150, gen_delta=64, counts=None
+):
+    before = parse_exposition(
+        exposition(
+            sums=BEFORE_SUMS,
+            count=5,
+            prompt_tokens=1000,
+            generation_tokens=500,
+            running=running_before,
+        )
+    )
+    after = parse_exposition(
+        exposition(
+            sums=_after(ONE_REQUEST),
+            count=after_count,
+            prompt_tokens=1000 + prompt_delta,
+            generation_tokens=500 + gen_delta,
+            running=running_after,
+            counts=counts,
+        )
+    )
     return before, after
 
 
@@ -78,11 +102,24 @@ def test_histograms_moved_waits_for_every_phase():
 
 
 def _run(seq, offsets, end, isolated=True, verified=True, status="ok"):
-    tl = ClientTimeline(sent_wall_ns=0, event_offsets_ns=tuple(offsets), end_offset_ns=end,
-                        http_status=200, prompt_tokens=10, completion_tokens=len(offsets),
-                        finish_reason="length", complete=True)
-    return Run(seq=seq, status=status, prompt="p", client=tl, server=None,
-               isolation=Isolation(verified=verified, isolated=isolated))
+    tl = ClientTimeline(
+        sent_wall_ns=0,
+        event_offsets_ns=tuple(offsets),
+        end_offset_ns=end,
+        http_status=200,
+        prompt_tokens=10,
+        completion_tokens=len(offsets),
+        finish_reason="length",
+        complete=True,
+    )
+    return Run(
+        seq=seq,
+        status=status,
+        prompt="p",
+        client=tl,
+        server=None,
+        isolation=Isolation(verified=verified, isolated=isolated),
+    )
 
 
 def test_client_timeline_definitions():
@@ -94,10 +131,11 @@ def test_client_timeline_definitions():
 
 
 def test_summary_leaves_non_isolated_runs_out_of_medians():
-    runs = [_run(0, [10_000_000, 12_000_000], 13_000_000),
-            _run(1, [30_000_000, 32_000_000], 33_000_000),
-            _run(2, [900_000_000, 902_000_000], 903_000_000, isolated=False,
-                 status="isolation_failed")]
+    runs = [
+        _run(0, [10_000_000, 12_000_000], 13_000_000),
+        _run(1, [30_000_000, 32_000_000], 33_000_000),
+        _run(2, [900_000_000, 902_000_000], 903_000_000, isolated=False, status="isolation_failed"),
+    ]
     s = summarize(runs)
     assert s.n_runs == 3 and s.n_clean == 2 and s.n_isolated == 2
     assert s.client_ttft_s == pytest.approx(0.020)
@@ -115,11 +153,24 @@ def test_server_phases_larger_than_client_bounds_are_reported():
 
     def with_server(prefill, inference):
         run = _run(0, [20_000_000, 22_000_000], 30_000_000)
-        server = ServerPhases(queue_s=0.0, prefill_s=prefill, decode_s=0.005,
-                              inference_s=inference, ttft_s=0.019, e2e_s=0.029,
-                              count_deltas={}, counter_deltas={})
-        return Run(seq=0, status="ok", prompt="p", client=run.client, server=server,
-                   isolation=run.isolation)
+        server = ServerPhases(
+            queue_s=0.0,
+            prefill_s=prefill,
+            decode_s=0.005,
+            inference_s=inference,
+            ttft_s=0.019,
+            e2e_s=0.029,
+            count_deltas={},
+            counter_deltas={},
+        )
+        return Run(
+            seq=0,
+            status="ok",
+            prompt="p",
+            client=run.client,
+            server=server,
+            isolation=run.isolation,
+        )
 
     assert consistency_notes([with_server(0.012, 0.017)]) == []
     swapped = consistency_notes([with_server(0.090, 0.017)])
@@ -132,10 +183,19 @@ def test_late_delivery_is_reported():
     from phaseprobe.records import ServerPhases
 
     base = _run(0, [210_000_000, 211_000_000], 212_000_000)  # client TTFT 210 ms
-    server = ServerPhases(queue_s=0.0, prefill_s=0.008, decode_s=0.19, inference_s=0.198,
-                          ttft_s=0.012, e2e_s=0.2, count_deltas={}, counter_deltas={})
-    late = Run(seq=0, status="ok", prompt="p", client=base.client, server=server,
-               isolation=base.isolation)
+    server = ServerPhases(
+        queue_s=0.0,
+        prefill_s=0.008,
+        decode_s=0.19,
+        inference_s=0.198,
+        ttft_s=0.012,
+        e2e_s=0.2,
+        count_deltas={},
+        counter_deltas={},
+    )
+    late = Run(
+        seq=0, status="ok", prompt="p", client=base.client, server=server, isolation=base.isolation
+    )
     notes = consistency_notes([late])
     # The server decoded for 190 ms, the client saw both tokens within 2 ms: held back, and so
     # left out of the medians (issue 16), with the numbers that decided it.
@@ -157,8 +217,9 @@ def test_late_delivery_is_reported():
     assert "stalled API server" in server_side[0] and "longest stall 3.00 ms" in server_side[0]
     # A late first token with the rest paced normally (no burst): plain latency, noted only.
     paced = _run(0, [210_000_000, 400_000_000], 401_000_000)
-    paced = Run(seq=0, status="ok", prompt="p", client=paced.client, server=server,
-                isolation=base.isolation)
+    paced = Run(
+        seq=0, status="ok", prompt="p", client=paced.client, server=server, isolation=base.isolation
+    )
     paced_notes = consistency_notes([paced])
     assert len(paced_notes) == 1 and "delivered late" in paced_notes[0]
     assert "proxy" in paced_notes[0]
@@ -175,5 +236,4 @@ def test_a_client_stall_without_late_delivery_is_noted():
     stalled = replace(run, client=replace(run.client, client_stall_s=0.120))
     notes = consistency_notes([stalled])
     assert len(notes) == 1 and "unscheduled for up to 120 ms" in notes[0]
-    assert consistency_notes([replace(run, client=replace(run.client,
-                                                          client_stall_s=0.004))]) == []
+    assert consistency_notes([replace(run, client=replace(run.client, client_stall_s=0.004))]) == []

@@ -20,20 +20,40 @@ def _main(argv: Sequence[str]) -> int:
 
 
 def _plan_json(capsys, *extra: str) -> dict:
-    code = _main(["plan", "--config", LLAMA3_70B, "--gpu-mem-gb", "80", "--gpus", "8",
-                  "--concurrent", "32", "--json", *extra])
+    code = _main(
+        [
+            "plan",
+            "--config",
+            LLAMA3_70B,
+            "--gpu-mem-gb",
+            "80",
+            "--gpus",
+            "8",
+            "--concurrent",
+            "32",
+            "--json",
+            *extra,
+        ]
+    )
     assert code == 0
     return json.loads(capsys.readouterr().out)
 
 
 def test_human_output_llama_3_70b_on_8_x_80_gib(capsys):
-    code = _main(["plan", "--config", LLAMA3_70B, "--gpu-mem-gb", "80", "--gpus", "8",
-                  "--concurrent", "32"])
+    code = _main(
+        ["plan", "--config", LLAMA3_70B, "--gpu-mem-gb", "80", "--gpus", "8", "--concurrent", "32"]
+    )
     out = capsys.readouterr().out
     assert code == 0
     # The figures of test_model_math's hand-computed capacity example.
-    for figure in ("70,553,706,496", "327,680 B", "1,404,382 tokens", "43,886 tokens",
-                   "max context per user (32 users)", "users per context length"):
+    for figure in (
+        "70,553,706,496",
+        "327,680 B",
+        "1,404,382 tokens",
+        "43,886 tokens",
+        "max context per user (32 users)",
+        "users per context length",
+    ):
         assert figure in out, figure
 
 
@@ -63,7 +83,8 @@ def test_bandwidth_adds_the_decode_floor(capsys):
     assert one["step_floor_s"] == pytest.approx((weights_read + 4096 * 327_680) / aggregate)
     assert floors[32]["kv_bytes_read"] == 32 * 4096 * 327_680
     assert floors[32]["tokens_per_s_ceiling"] == pytest.approx(
-        32 * aggregate / (weights_read + 32 * 4096 * 327_680))
+        32 * aggregate / (weights_read + 32 * 4096 * 327_680)
+    )
 
 
 def test_kv_dtype_fp8_and_dtype_fp8(capsys):
@@ -75,8 +96,21 @@ def test_kv_dtype_fp8_and_dtype_fp8(capsys):
 
 def test_moe_and_mla_configs_print(capsys):
     for name in ("mixtral-8x7b", "deepseek-v2-lite"):
-        code = _main(["plan", "--config", str(CONFIGS / f"{name}.json"), "--gpu-mem-gb", "80",
-                      "--gpus", "2", "--concurrent", "4", "--bandwidth-tbs", "2"])
+        code = _main(
+            [
+                "plan",
+                "--config",
+                str(CONFIGS / f"{name}.json"),
+                "--gpu-mem-gb",
+                "80",
+                "--gpus",
+                "2",
+                "--concurrent",
+                "4",
+                "--bandwidth-tbs",
+                "2",
+            ]
+        )
         out = capsys.readouterr().out
         assert code == 0 and "active per token" in out and "decode floor" in out
 
@@ -89,10 +123,13 @@ def test_weights_that_do_not_fit_exit_1_with_a_note(capsys):
     assert "no room for KV cache" in captured.err
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--config", "/nonexistent/config.json", "--gpu-mem-gb", "80"], "no such file"),
-    (["--config", LLAMA3_70B, "--gpu-mem-gb", "80", "--dtype", "fp6"], "fp6"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--config", "/nonexistent/config.json", "--gpu-mem-gb", "80"], "no such file"),
+        (["--config", LLAMA3_70B, "--gpu-mem-gb", "80", "--dtype", "fp6"], "fp6"),
+    ],
+)
 def test_expected_errors_are_one_red_line_exit_2(argv, message, capsys):
     assert _main(["plan", *argv]) == 2
     captured = capsys.readouterr()
@@ -101,14 +138,17 @@ def test_expected_errors_are_one_red_line_exit_2(argv, message, capsys):
     assert len(lines) == 1 and "error:" in lines[0] and message in lines[0]
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--gpu-mem-gb", "80", "--gpu-util", "1.2"], "--gpu-util: must be in (0, 1], not 1.2"),
-    (["--gpu-mem-gb", "-1"], "--gpu-mem-gb: must be in (0, 100000], not -1"),
-    (["--gpu-mem-gb", "1e308"], "--gpu-mem-gb: must be in (0, 100000], not 1e308"),
-    (["--gpu-mem-gb", "nan"], "--gpu-mem-gb: must be a finite number"),
-    (["--gpu-mem-gb", "80", "--bandwidth-tbs", "0"], "--bandwidth-tbs: must be in (0, 1000]"),
-    (["--gpu-mem-gb", "80", "--reserve-gb", "-2"], "--reserve-gb: must be in [0, 100000]"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--gpu-mem-gb", "80", "--gpu-util", "1.2"], "--gpu-util: must be in (0, 1], not 1.2"),
+        (["--gpu-mem-gb", "-1"], "--gpu-mem-gb: must be in (0, 100000], not -1"),
+        (["--gpu-mem-gb", "1e308"], "--gpu-mem-gb: must be in (0, 100000], not 1e308"),
+        (["--gpu-mem-gb", "nan"], "--gpu-mem-gb: must be a finite number"),
+        (["--gpu-mem-gb", "80", "--bandwidth-tbs", "0"], "--bandwidth-tbs: must be in (0, 1000]"),
+        (["--gpu-mem-gb", "80", "--reserve-gb", "-2"], "--reserve-gb: must be in [0, 100000]"),
+    ],
+)
 def test_out_of_range_numbers_are_refused_by_the_command_line(argv, message, capsys):
     # Issue 18: unchecked numbers reached the arithmetic (1e308 GiB, nan); argparse now
     # refuses them with its usage line and exit 2, naming the option and the range.
@@ -122,8 +162,7 @@ def test_out_of_range_numbers_are_refused_by_the_command_line(argv, message, cap
 
 def test_config_directory_is_accepted(tmp_path, capsys):
     (tmp_path / "config.json").write_text(Path(LLAMA3_70B).read_text())
-    code = _main(["plan", "--config", str(tmp_path), "--gpu-mem-gb", "80", "--gpus", "4",
-                  "--json"])
+    code = _main(["plan", "--config", str(tmp_path), "--gpu-mem-gb", "80", "--gpus", "4", "--json"])
     assert code == 0
     assert json.loads(capsys.readouterr().out)["config"] == str(tmp_path / "config.json")
 

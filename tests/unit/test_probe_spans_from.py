@@ -21,8 +21,9 @@ pytest.importorskip("chdb")
 def test_runs_find_their_spans_in_chdb_by_trace_then_request_id(tmp_path: Path):
     with Store(tmp_path / "s.sqlite") as store:
         runs = _stored_runs(store)
-        by_trace = _span(runs[0].trace_id, runs[0].request_id,
-                         runs[0].client.sent_wall_ns + 2_000_000)
+        by_trace = _span(
+            runs[0].trace_id, runs[0].request_id, runs[0].client.sent_wall_ns + 2_000_000
+        )
         # a proxy dropped traceparent: vLLM made a trace of its own, the request id survived
         by_request = _span("99" * 16, runs[1].request_id, runs[1].client.sent_wall_ns + 10**6)
         with chdb_store(tmp_path / "ch", [by_trace, by_request]) as reader:
@@ -39,8 +40,12 @@ def test_runs_find_their_spans_in_chdb_by_trace_then_request_id(tmp_path: Path):
 def test_pd_runs_join_their_legs_from_chdb(tmp_path: Path):
     with Store(tmp_path / "s.sqlite") as store:
         runs = _stored_runs(store)[:1]
-        p, d = legs("cmpl-pd-0", t0=runs[0].client.sent_wall_ns + 10**6,
-                    trace=runs[0].trace_id, parent="cd" * 8)
+        p, d = legs(
+            "cmpl-pd-0",
+            t0=runs[0].client.sent_wall_ns + 10**6,
+            trace=runs[0].trace_id,
+            parent="cd" * 8,
+        )
         with chdb_store(tmp_path / "ch", [p, d]) as reader:
             updated, notes = attach_pd_spans(store, runs, wait_s=0.2, spans=reader)
         stored = store.runs(runs[0].experiment_id)[0]

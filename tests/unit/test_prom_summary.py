@@ -5,14 +5,29 @@ from phaseprobe.records import ClientTimeline, Isolation, Run, ServerPhases
 
 
 def _run(seq, prefill, decode):
-    tl = ClientTimeline(sent_wall_ns=seq, event_offsets_ns=(1, 2), end_offset_ns=3,
-                        http_status=200, prompt_tokens=1, completion_tokens=2,
-                        finish_reason="length", complete=True)
-    server = ServerPhases(queue_s=0.0001, prefill_s=prefill, decode_s=decode,
-                          inference_s=prefill + decode, ttft_s=prefill + 0.002,
-                          e2e_s=prefill + decode + 0.003, count_deltas={}, counter_deltas={})
-    return Run(seq=seq, status="ok", prompt="p", client=tl, server=server,
-               isolation=Isolation(True, True))
+    tl = ClientTimeline(
+        sent_wall_ns=seq,
+        event_offsets_ns=(1, 2),
+        end_offset_ns=3,
+        http_status=200,
+        prompt_tokens=1,
+        completion_tokens=2,
+        finish_reason="length",
+        complete=True,
+    )
+    server = ServerPhases(
+        queue_s=0.0001,
+        prefill_s=prefill,
+        decode_s=decode,
+        inference_s=prefill + decode,
+        ttft_s=prefill + 0.002,
+        e2e_s=prefill + decode + 0.003,
+        count_deltas={},
+        counter_deltas={},
+    )
+    return Run(
+        seq=seq, status="ok", prompt="p", client=tl, server=server, isolation=Isolation(True, True)
+    )
 
 
 def test_direct_means_are_means_not_medians():

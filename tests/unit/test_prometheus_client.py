@@ -39,8 +39,15 @@ def stub() -> Iterator[Stub]:
 
 
 def _vector(*items: tuple[dict[str, str], str], t: float = 1700000000.5) -> Reply:
-    return Reply(body={"status": "success", "data": {"resultType": "vector", "result": [
-        {"metric": labels, "value": [t, value]} for labels, value in items]}})
+    return Reply(
+        body={
+            "status": "success",
+            "data": {
+                "resultType": "vector",
+                "result": [{"metric": labels, "value": [t, value]} for labels, value in items],
+            },
+        }
+    )
 
 
 def _names(*names: str) -> Callable[[dict[str, list[str]]], Reply]:
@@ -61,6 +68,7 @@ def _client(url: str, **kw: Any) -> PrometheusClient:
 
 # -- errors ------------------------------------------------------------------------------------
 
+
 def test_closed_port_is_unreachable_and_quick():
     url = f"http://127.0.0.1:{_closed_port()}"
     started = time.monotonic()
@@ -72,9 +80,9 @@ def test_closed_port_is_unreachable_and_quick():
 
 
 def test_bad_promql_quotes_the_server(stub):
-    stub.routes["/api/v1/query"] = lambda p: Reply(400, {"status": "error",
-                                                         "errorType": "bad_data",
-                                                         "error": PARSE_ERROR})
+    stub.routes["/api/v1/query"] = lambda p: Reply(
+        400, {"status": "error", "errorType": "bad_data", "error": PARSE_ERROR}
+    )
     with pytest.raises(PromQLError) as info:
         _client(stub.url).instant_query("sum(up")
     assert info.value.server_message == PARSE_ERROR
@@ -86,9 +94,14 @@ def test_bad_promql_quotes_the_server(stub):
 
 
 def test_execution_error_is_a_promql_error(stub):
-    stub.routes["/api/v1/query"] = lambda p: Reply(422, {
-        "status": "error", "errorType": "execution",
-        "error": "found duplicate series for the match group"})
+    stub.routes["/api/v1/query"] = lambda p: Reply(
+        422,
+        {
+            "status": "error",
+            "errorType": "execution",
+            "error": "found duplicate series for the match group",
+        },
+    )
     with pytest.raises(PromQLError, match="duplicate series"):
         _client(stub.url).instant_query("a / on() b")
 
@@ -108,8 +121,9 @@ def test_empty_result_shows_the_selector(stub):
 
 
 def test_token_from_env_is_sent_and_never_shown(stub):
-    stub.routes["/api/v1/query"] = lambda p: Reply(401, {"status": "error",
-                                                         "error": "unauthorized"})
+    stub.routes["/api/v1/query"] = lambda p: Reply(
+        401, {"status": "error", "error": "unauthorized"}
+    )
     client = _client(stub.url, environ={"PHASEPROBE_PROM_TOKEN": TOKEN})
     with pytest.raises(PrometheusHTTPError) as info:
         client.instant_query("up")
@@ -147,9 +161,9 @@ def test_not_a_prometheus(stub):
 
 
 def test_server_error_after_a_retry(stub):
-    stub.routes["/api/v1/query"] = lambda p: Reply(503, {"status": "error",
-                                                         "errorType": "unavailable",
-                                                         "error": "query queue full"})
+    stub.routes["/api/v1/query"] = lambda p: Reply(
+        503, {"status": "error", "errorType": "unavailable", "error": "query queue full"}
+    )
     with pytest.raises(PrometheusHTTPError, match="HTTP 503: query queue full"):
         _client(stub.url, retries=1).instant_query("up")
     assert len(stub.seen) == 2
@@ -166,7 +180,8 @@ def test_tls_failure_is_unreachable(stub):
 def test_tls_verify_option_reaches_the_session(tmp_path):
     assert _client("https://x", verify=False)._session.verify is False
     assert _client("https://x", verify=str(tmp_path / "ca.pem"))._session.verify == str(
-        tmp_path / "ca.pem")
+        tmp_path / "ca.pem"
+    )
     assert _client("https://x")._session.verify is True
 
 
@@ -177,23 +192,34 @@ def test_every_error_is_a_prometheus_error():
 
 # -- results and version detection --------------------------------------------------------------
 
+
 def test_vector_scalar_and_nan(stub):
-    stub.routes["/api/v1/query"] = lambda p: _vector(({"model_name": "m"}, "0.25"),
-                                                     ({"model_name": "n"}, "NaN"))
+    stub.routes["/api/v1/query"] = lambda p: _vector(
+        ({"model_name": "m"}, "0.25"), ({"model_name": "n"}, "NaN")
+    )
     samples = _client(stub.url).instant_query("x", at=1700000000.123)
     assert stub.seen[-1].params["time"] == ["1700000000.123"]
     assert samples[0].labels == {"model_name": "m"} and samples[0].value == 0.25
     assert math.isnan(samples[1].value) and samples[1].to_dict()["value"] is None
-    stub.routes["/api/v1/query"] = lambda p: Reply(body={"status": "success", "data": {
-        "resultType": "scalar", "result": [1700000000, "+Inf"]}})
+    stub.routes["/api/v1/query"] = lambda p: Reply(
+        body={"status": "success", "data": {"resultType": "scalar", "result": [1700000000, "+Inf"]}}
+    )
     (scalar,) = _client(stub.url).instant_query("1/0")
     assert scalar.labels == {} and scalar.to_dict()["value"] == "+Inf"
 
 
 def test_range_query_keeps_milliseconds(stub):
-    stub.routes["/api/v1/query_range"] = lambda p: Reply(body={"status": "success", "data": {
-        "resultType": "matrix", "result": [
-            {"metric": {"a": "b"}, "values": [[1700000000, "1"], [1700000001, "2"]]}]}})
+    stub.routes["/api/v1/query_range"] = lambda p: Reply(
+        body={
+            "status": "success",
+            "data": {
+                "resultType": "matrix",
+                "result": [
+                    {"metric": {"a": "b"}, "values": [[1700000000, "1"], [1700000001, "2"]]}
+                ],
+            },
+        }
+    )
     (series,) = _client(stub.url).range_query("x", 1700000000.25, 1700000010.75, "1s")
     params = stub.seen[-1].params
     assert params["start"] == ["1700000000.250"] and params["end"] == ["1700000010.750"]
@@ -203,13 +229,16 @@ def test_range_query_keeps_milliseconds(stub):
 
 def test_old_vllm_names_are_detected_and_used(stub):
     stub.routes["/api/v1/label/__name__/values"] = _names(
-        "vllm:time_per_output_token_seconds_bucket", "vllm:time_per_output_token_seconds_sum",
-        "vllm:time_per_output_token_seconds_count", "vllm:gpu_cache_usage_perc")
+        "vllm:time_per_output_token_seconds_bucket",
+        "vllm:time_per_output_token_seconds_sum",
+        "vllm:time_per_output_token_seconds_count",
+        "vllm:gpu_cache_usage_perc",
+    )
     stub.routes["/api/v1/query"] = lambda p: _vector(({}, "0.02"))
     client = _client(stub.url)
     result = client.run(load_catalog()["itl_p90"], selector='model_name="m"', window="1m")
     sent = stub.seen[-1].params["query"][0]
-    assert "vllm:time_per_output_token_seconds_bucket{model_name=\"m\"}[1m]" in sent
+    assert 'vllm:time_per_output_token_seconds_bucket{model_name="m"}[1m]' in sent
     assert result.expr == sent and result.samples[0].value == 0.02
     names_call = next(s for s in stub.seen if s.path.startswith("/api/v1/label"))
     assert names_call.params["match[]"] == ['{__name__=~"vllm[:_].+"}']
@@ -229,11 +258,13 @@ def test_phase_means_fits_the_window_to_the_baseline_scrape(stub):
         return _vector(({}, "NaN" if "queue" in q else "0.5"))
 
     stub.routes["/api/v1/query"] = answer
-    means = phase_means(_client(stub.url), first_sent=1000.9, end=1010.0,
-                        selector='{model_name="m"}')
+    means = phase_means(
+        _client(stub.url), first_sent=1000.9, end=1010.0, selector='{model_name="m"}'
+    )
     baseline = next(s for s in stub.seen if s.params.get("query", [""])[0].startswith("max("))
     assert baseline.params["query"] == [
-        'max(timestamp(vllm_e2e_request_latency_seconds_count{model_name="m"}))']
+        'max(timestamp(vllm_e2e_request_latency_seconds_count{model_name="m"}))'
+    ]
     assert baseline.params["time"] == ["1000.900"]
     sent = [s.params["query"][0] for s in stub.seen if "increase" in s.params.get("query", [""])[0]]
     assert all("[9751ms]" in q and 'model_name="m"' in q for q in sent)
@@ -245,6 +276,7 @@ def test_phase_means_fits_the_window_to_the_baseline_scrape(stub):
 
 
 # -- the CLI command -----------------------------------------------------------------------------
+
 
 def _run_cli(argv: list[str]) -> tuple[int, str, str]:
     parser = argparse.ArgumentParser(prog="phaseprobe")
@@ -271,8 +303,17 @@ def test_cli_json_instant_and_partial_empty(stub):
         return _vector(({}, "0.178")) if "decode" in q else _vector()
 
     stub.routes["/api/v1/query"] = answer
-    code, text, _ = _run_cli(["avg_decode_time", "avg_prefill_time", "--prom", stub.url,
-                              "--selector", '{model_name="m"}', "--json"])
+    code, text, _ = _run_cli(
+        [
+            "avg_decode_time",
+            "avg_prefill_time",
+            "--prom",
+            stub.url,
+            "--selector",
+            '{model_name="m"}',
+            "--json",
+        ]
+    )
     doc = json.loads(text)
     assert code == 1  # one of the two had no data
     decode, prefill = doc["queries"]
@@ -286,8 +327,9 @@ def test_cli_json_instant_and_partial_empty(stub):
 def test_cli_text_keeps_brackets_of_regex_selectors(stub):
     stub.routes["/api/v1/label/__name__/values"] = _names()
     stub.routes["/api/v1/query"] = lambda p: _vector(({"instance": "[a-z]"}, "1"))
-    code, text, _ = _run_cli(["requests_running", "--prom", stub.url, "--selector",
-                              'instance=~"[a-z]+"', "--show-expr"])
+    code, text, _ = _run_cli(
+        ["requests_running", "--prom", stub.url, "--selector", 'instance=~"[a-z]+"', "--show-expr"]
+    )
     assert code == 0
     assert 'instance=~"[a-z]+"' in text and "instance=[a-z]" in text
 
@@ -301,10 +343,18 @@ def test_cli_single_empty_query_is_an_error(stub):
 
 def test_cli_range(stub):
     stub.routes["/api/v1/label/__name__/values"] = _names()
-    stub.routes["/api/v1/query_range"] = lambda p: Reply(body={"status": "success", "data": {
-        "resultType": "matrix", "result": [{"metric": {}, "values": [[1, "0.5"], [2, "NaN"]]}]}})
-    code, text, _ = _run_cli(["decode_share", "--prom", stub.url, "--range", "now-10m", "now",
-                              "--step", "30s", "--json"])
+    stub.routes["/api/v1/query_range"] = lambda p: Reply(
+        body={
+            "status": "success",
+            "data": {
+                "resultType": "matrix",
+                "result": [{"metric": {}, "values": [[1, "0.5"], [2, "NaN"]]}],
+            },
+        }
+    )
+    code, text, _ = _run_cli(
+        ["decode_share", "--prom", stub.url, "--range", "now-10m", "now", "--step", "30s", "--json"]
+    )
     assert code == 0
     assert json.loads(text)["queries"][0]["result"][0]["points"] == [[1.0, 0.5], [2.0, None]]
     params = stub.seen[-1].params
@@ -312,15 +362,20 @@ def test_cli_range(stub):
     assert float(params["end"][0]) - float(params["start"][0]) == pytest.approx(600, abs=1)
 
 
-@pytest.mark.parametrize("argv, match", [
-    (["avg_decode_time"], "--prom"),
-    ([], "name one or more"),
-    (["nope", "--prom", "http://127.0.0.1:1"], "unknown query nope"),
-    (["ttft_p50", "--prom", "http://127.0.0.1:1", "--window", "5 minutes"], "duration"),
-    (["ttft_p50", "--prom", "http://127.0.0.1:1", "--step", "1s"], "--range"),
-    (["ttft_p50", "--prom", "http://127.0.0.1:1", "--token-env", "PHASEPROBE_NO_SUCH_VAR"],
-     "not set"),
-])
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["avg_decode_time"], "--prom"),
+        ([], "name one or more"),
+        (["nope", "--prom", "http://127.0.0.1:1"], "unknown query nope"),
+        (["ttft_p50", "--prom", "http://127.0.0.1:1", "--window", "5 minutes"], "duration"),
+        (["ttft_p50", "--prom", "http://127.0.0.1:1", "--step", "1s"], "--range"),
+        (
+            ["ttft_p50", "--prom", "http://127.0.0.1:1", "--token-env", "PHASEPROBE_NO_SUCH_VAR"],
+            "not set",
+        ),
+    ],
+)
 def test_cli_usage_errors(argv, match):
     with pytest.raises(ConfigError, match=match):
         _run_cli(argv)
@@ -338,12 +393,15 @@ def test_parse_time():
 
 # -- the test Prometheus -----------------------------------------------------------------------
 
+
 def test_scrape_config_groups_targets_by_scheme_and_path():
-    config = scrape_config(["http://127.0.0.1:8000", "127.0.0.1:8001",
-                            "https://h:9000/custom/metrics"], interval_s=0.5)
+    config = scrape_config(
+        ["http://127.0.0.1:8000", "127.0.0.1:8001", "https://h:9000/custom/metrics"], interval_s=0.5
+    )
     jobs = {(j["scheme"], j["metrics_path"]): j for j in config["scrape_configs"]}
     assert jobs[("http", "/metrics")]["static_configs"] == [
-        {"targets": ["127.0.0.1:8000", "127.0.0.1:8001"]}]
+        {"targets": ["127.0.0.1:8000", "127.0.0.1:8001"]}
+    ]
     assert jobs[("https", "/custom/metrics")]["scrape_interval"] == "500ms"
 
 
@@ -354,8 +412,10 @@ def test_missing_prometheus_binary_says_how_to_install(tmp_path):
     assert server.pid is None
 
 
-@pytest.mark.skipif(not __import__("pathlib").Path("/usr/bin/prometheus").exists(),
-                    reason="prometheus missing (apt-get install prometheus)")
+@pytest.mark.skipif(
+    not __import__("pathlib").Path("/usr/bin/prometheus").exists(),
+    reason="prometheus missing (apt-get install prometheus)",
+)
 def test_real_prometheus_starts_and_stops_cleanly():
     from phaseprobe.local.process import process_group_alive
 

@@ -25,24 +25,40 @@ from phaseprobe.sources.query_catalog import (
 ROOT = Path(__file__).resolve().parents[2]
 CATALOG = load_catalog()
 REQUIRED = {
-    "avg_prefill_time", "avg_decode_time", "avg_queue_time", "avg_inference_time",
+    "avg_prefill_time",
+    "avg_decode_time",
+    "avg_queue_time",
+    "avg_inference_time",
     *(f"{m}_{s}" for m in ("ttft", "itl", "e2e") for s in ("p50", "p90", "p99", "mean")),
-    "decode_share", "prompt_token_throughput", "generation_token_throughput",
-    "requests_running", "requests_waiting", "kv_cache_usage", "prefix_cache_hit_rate",
-    "preemption_rate", "request_success_by_reason",
+    "decode_share",
+    "prompt_token_throughput",
+    "generation_token_throughput",
+    "requests_running",
+    "requests_waiting",
+    "kv_cache_usage",
+    "prefix_cache_hit_rate",
+    "preemption_rate",
+    "request_success_by_reason",
 }
 # What an old vLLM (V0 era, before the renames) exports, once with each prefix spelling.
 OLD_COLON = {
-    "vllm:time_per_output_token_seconds_bucket", "vllm:time_per_output_token_seconds_sum",
-    "vllm:time_per_output_token_seconds_count", "vllm:gpu_cache_usage_perc",
-    "vllm:gpu_prefix_cache_hits_total", "vllm:gpu_prefix_cache_queries_total",
-    "vllm:request_decode_time_seconds_sum", "vllm:request_decode_time_seconds_count",
+    "vllm:time_per_output_token_seconds_bucket",
+    "vllm:time_per_output_token_seconds_sum",
+    "vllm:time_per_output_token_seconds_count",
+    "vllm:gpu_cache_usage_perc",
+    "vllm:gpu_prefix_cache_hits_total",
+    "vllm:gpu_prefix_cache_queries_total",
+    "vllm:request_decode_time_seconds_sum",
+    "vllm:request_decode_time_seconds_count",
 }
 OLD_UNDERSCORE = {n.replace("vllm:", "vllm_") for n in OLD_COLON}
 RENAMED = {
-    "vllm:inter_token_latency_seconds_bucket", "vllm:inter_token_latency_seconds_sum",
-    "vllm:inter_token_latency_seconds_count", "vllm:kv_cache_usage_perc",
-    "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total",
+    "vllm:inter_token_latency_seconds_bucket",
+    "vllm:inter_token_latency_seconds_sum",
+    "vllm:inter_token_latency_seconds_count",
+    "vllm:kv_cache_usage_perc",
+    "vllm:prefix_cache_hits_total",
+    "vllm:prefix_cache_queries_total",
 }
 
 
@@ -69,8 +85,9 @@ def test_every_referenced_metric_is_a_newest_vllm_name():
             assert newest_name(name) == name, (q.name, name)
 
 
-@pytest.mark.parametrize("selector", ["", 'model_name="m"', '{model_name="m"}',
-                                      ' instance=~"a.*", model_name!="x" '])
+@pytest.mark.parametrize(
+    "selector", ["", 'model_name="m"', '{model_name="m"}', ' instance=~"a.*", model_name!="x" ']
+)
 def test_render_with_and_without_selector(selector):
     inner = selector.strip().strip("{}").strip()
     for q in CATALOG.values():
@@ -87,7 +104,8 @@ def test_seed_query_renders_exactly():
     expr = CATALOG["avg_decode_time"].render('model_name="m"', "5m")
     assert " ".join(expr.split()) == (
         'sum(increase(vllm:request_decode_time_seconds_sum{model_name="m"}[5m])) / '
-        'sum(increase(vllm:request_decode_time_seconds_count{model_name="m"}[5m]))')
+        'sum(increase(vllm:request_decode_time_seconds_count{model_name="m"}[5m]))'
+    )
 
 
 @pytest.mark.parametrize("window", ["5", "5 m", "m5", "5m;drop", "", "1.5m"])
@@ -97,8 +115,9 @@ def test_bad_window_is_a_config_error(window):
 
 
 def test_dashboard_variables_are_windows():
-    assert "[$__rate_interval]" in CATALOG["ttft_p99"].render('model_name=~"$model"',
-                                                             "$__rate_interval")
+    assert "[$__rate_interval]" in CATALOG["ttft_p99"].render(
+        'model_name=~"$model"', "$__rate_interval"
+    )
 
 
 @pytest.mark.parametrize("present", [OLD_COLON, OLD_UNDERSCORE])
@@ -122,24 +141,29 @@ def test_counters_without_total_and_family_level_keys():
     names = resolve_names({"vllm_num_preemptions"})
     assert "vllm_num_preemptions{" in CATALOG["preemption_rate"].render(names=names)
     family = {"vllm:inter_token_latency_seconds": "vllm:time_per_output_token_seconds"}
-    assert "vllm:time_per_output_token_seconds_bucket{" in CATALOG["itl_p50"].render(
-        names=family)
+    assert "vllm:time_per_output_token_seconds_bucket{" in CATALOG["itl_p50"].render(names=family)
 
 
 def test_spellings_and_newest_name():
-    assert spellings("vllm:kv_cache_usage_perc")[:2] == ("vllm:kv_cache_usage_perc",
-                                                         "vllm_kv_cache_usage_perc")
+    assert spellings("vllm:kv_cache_usage_perc")[:2] == (
+        "vllm:kv_cache_usage_perc",
+        "vllm_kv_cache_usage_perc",
+    )
     assert "vllm:gpu_prefix_cache_hits_total" in spellings("vllm:prefix_cache_hits_total")
     assert newest_name("vllm_gpu_prefix_cache_hits") == "vllm:prefix_cache_hits_total"
-    assert newest_name("vllm:time_per_output_token_seconds_sum") == \
-        "vllm:inter_token_latency_seconds_sum"
+    assert (
+        newest_name("vllm:time_per_output_token_seconds_sum")
+        == "vllm:inter_token_latency_seconds_sum"
+    )
     assert newest_name("node_cpu_seconds_total") is None
 
 
 def test_metric_names_skips_labels_functions_and_variables():
-    expr = ('histogram_quantile(0.99, sum by (le, instance) (rate(vllm:a_bucket{le!="1e5", '
-            'model_name=~"$model"}[$__rate_interval]))) / on(instance) group_left(job) '
-            'max without (engine) (vllm_b{}) offset 5m and bool up # comment vllm:c')
+    expr = (
+        'histogram_quantile(0.99, sum by (le, instance) (rate(vllm:a_bucket{le!="1e5", '
+        'model_name=~"$model"}[$__rate_interval]))) / on(instance) group_left(job) '
+        "max without (engine) (vllm_b{}) offset 5m and bool up # comment vllm:c"
+    )
     assert metric_names(expr) == {"vllm:a_bucket", "vllm_b", "up"}
     assert metric_names('sum(rate(x_total{a="sum(y)"}[5m:1m])) * 1e3') == {"x_total"}
 
@@ -166,27 +190,42 @@ def test_user_directory_and_header_errors(tmp_path):
 # -- promtool: every rendered query parses as PromQL -------------------------------------------
 
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
-needs_promtool = pytest.mark.skipif(not Path(PROMTOOL).exists(),
-                                    reason="promtool missing (apt-get install prometheus)")
+needs_promtool = pytest.mark.skipif(
+    not Path(PROMTOOL).exists(), reason="promtool missing (apt-get install prometheus)"
+)
 
 
 def _check_rules(tmp_path: Path, exprs: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    rules = {"groups": [{"name": "phaseprobe", "rules": [
-        {"record": f"phaseprobe:{name}", "expr": expr} for name, expr in exprs.items()]}]}
+    rules = {
+        "groups": [
+            {
+                "name": "phaseprobe",
+                "rules": [
+                    {"record": f"phaseprobe:{name}", "expr": expr} for name, expr in exprs.items()
+                ],
+            }
+        ]
+    }
     path = tmp_path / "rules.yml"
     path.write_text(json.dumps(rules, indent=1))  # JSON is YAML
-    return subprocess.run([PROMTOOL, "check", "rules", str(path)], capture_output=True,
-                          text=True, timeout=60)
+    return subprocess.run(
+        [PROMTOOL, "check", "rules", str(path)], capture_output=True, text=True, timeout=60
+    )
 
 
 @needs_promtool
 def test_every_rendered_query_passes_promtool(tmp_path):
-    variants = {"plain": ("", "5m", None),
-                "selector": ('model_name="m", instance=~"10\\\\..*"', "30s", None),
-                "old": ('{model_name="m"}', "1h", resolve_names(OLD_COLON)),
-                "underscore": ("", "2m", resolve_names(OLD_UNDERSCORE))}
-    exprs = {f"{q.name}:{label}": q.render(sel, win, names)
-             for q in CATALOG.values() for label, (sel, win, names) in variants.items()}
+    variants = {
+        "plain": ("", "5m", None),
+        "selector": ('model_name="m", instance=~"10\\\\..*"', "30s", None),
+        "old": ('{model_name="m"}', "1h", resolve_names(OLD_COLON)),
+        "underscore": ("", "2m", resolve_names(OLD_UNDERSCORE)),
+    }
+    exprs = {
+        f"{q.name}:{label}": q.render(sel, win, names)
+        for q in CATALOG.values()
+        for label, (sel, win, names) in variants.items()
+    }
     proc = _check_rules(tmp_path, exprs)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"{len(exprs)} rules found" in proc.stdout

@@ -13,15 +13,19 @@ from phaseprobe.analysis.gpu_peaks import lookup
 from phaseprobe.present.cli import main
 from tests.prometheus_stub import Reply, Stub
 
-NAMES = ("vllm:estimated_flops_per_gpu_total", "vllm:estimated_read_bytes_per_gpu_total",
-         "vllm:estimated_write_bytes_per_gpu_total")
+NAMES = (
+    "vllm:estimated_flops_per_gpu_total",
+    "vllm:estimated_read_bytes_per_gpu_total",
+    "vllm:estimated_write_bytes_per_gpu_total",
+)
 
 
 @pytest.fixture
 def prom() -> Iterator[Stub]:
     s = Stub()
     s.routes["/api/v1/label/__name__/values"] = lambda p: Reply(
-        body={"status": "success", "data": list(NAMES)})
+        body={"status": "success", "data": list(NAMES)}
+    )
     yield s
     s.close()
 
@@ -30,8 +34,18 @@ def _answer(flops: str, nbytes: str):
     def answer(params: dict[str, list[str]]) -> Reply:
         q = params["query"][0]
         value = flops if "flops" in q else nbytes
-        return Reply(body={"status": "success", "data": {"resultType": "vector", "result": [
-            {"metric": {"instance": "gpu-node:8000"}, "value": [1700000000.0, value]}]}})
+        return Reply(
+            body={
+                "status": "success",
+                "data": {
+                    "resultType": "vector",
+                    "result": [
+                        {"metric": {"instance": "gpu-node:8000"}, "value": [1700000000.0, value]}
+                    ],
+                },
+            }
+        )
+
     return answer
 
 
@@ -40,8 +54,18 @@ def test_mfu_and_mbu_against_the_datasheet(prom, capsys):
     flops = 0.25 * h100.dense_flops_per_s("bf16")
     nbytes = 0.5 * h100.mem_bandwidth_bytes_per_s
     prom.routes["/api/v1/query"] = _answer(repr(flops), repr(nbytes))
-    code = main(["query", "achieved_flops_per_gpu", "achieved_mem_bandwidth_per_gpu",
-                 "--prom", prom.url, "--peaks", "h100-sxm", "--json"])
+    code = main(
+        [
+            "query",
+            "achieved_flops_per_gpu",
+            "achieved_mem_bandwidth_per_gpu",
+            "--prom",
+            prom.url,
+            "--peaks",
+            "h100-sxm",
+            "--json",
+        ]
+    )
     doc = json.loads(capsys.readouterr().out)
     assert code == 0
     mfu, mbu = (q["of_peak"] for q in doc["queries"])
@@ -59,8 +83,7 @@ def test_mfu_and_mbu_against_the_datasheet(prom, capsys):
 def test_a_rate_above_the_peak_says_the_bound_is_wrong(prom, capsys):
     a100 = lookup("a100-80gb-sxm")
     prom.routes["/api/v1/query"] = _answer(repr(1.5 * a100.dense_flops_per_s("bf16")), "1")
-    code = main(["query", "achieved_flops_per_gpu", "--prom", prom.url,
-                 "--peaks", "a100-80gb-sxm"])
+    code = main(["query", "achieved_flops_per_gpu", "--prom", prom.url, "--peaks", "a100-80gb-sxm"])
     out = capsys.readouterr()
     assert code == 0
     assert "beats the" in out.err and "that bound is wrong" in out.err

@@ -25,8 +25,12 @@ def test_cut_nccl_log_is_a_warning_with_its_numbers() -> None:
 def test_trace_with_a_silent_rank_names_it(tmp_path: Path) -> None:
     src = DATA / "nsys_stats" / "srun_l_padded_12_ranks_2024.txt"
     f = tmp_path / "lost.log"
-    f.write_text("\n".join(x for x in src.read_text().splitlines()
-                           if not x.startswith(" 5: ") or "Generating" in x) + "\n")
+    f.write_text(
+        "\n".join(
+            x for x in src.read_text().splitlines() if not x.startswith(" 5: ") or "Generating" in x
+        )
+        + "\n"
+    )
     v = read_complete(Evidence(trace=summarize_nsys_file(f)))
     assert v.status == "warn"
     assert v.numbers["trace"]["missing"] == ["rank 5: lines but no table"]

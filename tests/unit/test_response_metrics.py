@@ -19,8 +19,9 @@ from phaseprobe.sources.vllm.openai_stream import StreamClient, build_body, resp
 from phaseprobe.store import SCHEMA_VERSION, Store
 from phaseprobe.testing.sse_server import Script, SseServer
 
-RECORDED = json.loads((Path(__file__).resolve().parents[1] / "data"
-                       / "vllm033_per_request_metrics.json").read_text())
+RECORDED = json.loads(
+    (Path(__file__).resolve().parents[1] / "data" / "vllm033_per_request_metrics.json").read_text()
+)
 BUSY = RECORDED["completion_busy"]["metrics"]
 
 
@@ -54,8 +55,9 @@ def test_a_field_that_is_not_a_timing_drops_the_object_with_a_note(bad: Any):
 def test_the_stream_client_reads_it_from_the_final_usage_chunk():
     script = Script(n_tokens=4, response_metrics=BUSY)
     with SseServer(script) as srv:
-        out = StreamClient(srv.base_url).stream(build_body(model=srv.model, prompt="hi",
-                                                           max_tokens=4, chat=True))
+        out = StreamClient(srv.base_url).stream(
+            build_body(model=srv.model, prompt="hi", max_tokens=4, chat=True)
+        )
         bad = StreamClient(srv.base_url)
         srv.enqueue(Script(n_tokens=4, response_metrics={"queue_time_ms": "soon"}))
         hostile = bad.stream(build_body(model=srv.model, prompt="hi", max_tokens=4, chat=False))
@@ -65,14 +67,17 @@ def test_the_stream_client_reads_it_from_the_final_usage_chunk():
     assert any("queue_time_ms" in n for n in hostile.notes)
 
 
-@pytest.mark.parametrize("mode,version,read,words", [
-    ("auto", "0.33.0", True, "read (vLLM 0.33.0 >= 0.33"),
-    ("auto", "0.34.1rc2", True, "read (vLLM 0.34.1rc2"),
-    ("auto", "0.32.0", False, "not read (vLLM 0.32.0 < 0.33"),
-    ("auto", None, False, "reports no vLLM version"),
-    ("on", "0.32.0", True, "read (--response-metrics on"),
-    ("off", "0.33.0", False, "not read (--response-metrics off)"),
-])
+@pytest.mark.parametrize(
+    "mode,version,read,words",
+    [
+        ("auto", "0.33.0", True, "read (vLLM 0.33.0 >= 0.33"),
+        ("auto", "0.34.1rc2", True, "read (vLLM 0.34.1rc2"),
+        ("auto", "0.32.0", False, "not read (vLLM 0.32.0 < 0.33"),
+        ("auto", None, False, "reports no vLLM version"),
+        ("on", "0.32.0", True, "read (--response-metrics on"),
+        ("off", "0.33.0", False, "not read (--response-metrics off)"),
+    ],
+)
 def test_the_path_follows_the_reported_version_and_says_so(mode, version, read, words):
     got, note = reported_path(mode, version)
     assert got is read
@@ -80,9 +85,26 @@ def test_the_path_follows_the_reported_version_and_says_so(mode, version, read, 
 
 
 def _probe(srv: SseServer, store: Path, *extra: str) -> None:
-    code = main(["probe", "--endpoint", srv.base_url, "--runs", "3", "--warmup", "0",
-                 "--max-tokens", "4", "--prompt", "hi", "--no-gpu", "--store", str(store),
-                 "--json", *extra])
+    code = main(
+        [
+            "probe",
+            "--endpoint",
+            srv.base_url,
+            "--runs",
+            "3",
+            "--warmup",
+            "0",
+            "--max-tokens",
+            "4",
+            "--prompt",
+            "hi",
+            "--no-gpu",
+            "--store",
+            str(store),
+            "--json",
+            *extra,
+        ]
+    )
     assert code == 0
 
 
@@ -92,11 +114,12 @@ PACED = dict(n_tokens=4, first_delay_s=0.01, gap_s=0.003)
 def _busy_probe(tmp_path: Path, capsys, version: str, *extra: str) -> dict[str, Any]:
     """Three runs; the middle one shares the server (its histograms move by 2)."""
     store = tmp_path / f"{version}.sqlite"
-    with SseServer(Script(**PACED, response_metrics=BUSY), metrics=True,
-                   version=version) as srv:
-        srv.enqueue(Script(**PACED, response_metrics=BUSY),
-                    Script(**PACED, response_metrics=BUSY, metrics_count_delta=2),
-                    Script(**PACED, response_metrics=BUSY))
+    with SseServer(Script(**PACED, response_metrics=BUSY), metrics=True, version=version) as srv:
+        srv.enqueue(
+            Script(**PACED, response_metrics=BUSY),
+            Script(**PACED, response_metrics=BUSY, metrics_count_delta=2),
+            Script(**PACED, response_metrics=BUSY),
+        )
         _probe(srv, store, *extra)
     doc = json.loads(capsys.readouterr().out)
     doc["_store"] = store
@@ -119,8 +142,9 @@ def test_on_033_a_shared_run_is_attributed_by_its_response(tmp_path, capsys):
     assert runs[0]["server"]["source"] == "histograms"
     notes = doc["notes"]
     assert any("per-request metrics in the response: read (vLLM 0.33.0" in n for n in notes)
-    assert any(n.startswith("3 of 3 run(s) carried vLLM's per-request metrics; 1 shared")
-               for n in notes)
+    assert any(
+        n.startswith("3 of 3 run(s) carried vLLM's per-request metrics; 1 shared") for n in notes
+    )
     with Store(doc["_store"], readonly=True) as st:
         assert st.schema_version == SCHEMA_VERSION
         stored = st.runs(st.latest_experiment_id())
@@ -129,8 +153,7 @@ def test_on_033_a_shared_run_is_attributed_by_its_response(tmp_path, capsys):
     assert stored[1].attributed
 
 
-def test_on_032_the_same_answers_are_not_read_and_the_shared_run_stays_flagged(tmp_path,
-                                                                              capsys):
+def test_on_032_the_same_answers_are_not_read_and_the_shared_run_stays_flagged(tmp_path, capsys):
     doc = _busy_probe(tmp_path, capsys, "0.32.0")
     runs = doc["runs"]
     assert [r["status"] for r in runs] == ["ok", "isolation_failed", "ok"]
@@ -140,8 +163,9 @@ def test_on_032_the_same_answers_are_not_read_and_the_shared_run_stays_flagged(t
     (tmp_path / "on").mkdir()
     doc = _busy_probe(tmp_path / "on", capsys, "0.32.0", "--response-metrics", "on")
     assert doc["runs"][1]["attributed_by"] == "response"
-    assert any("read (--response-metrics on; the server reports vLLM 0.32.0)" in n
-               for n in doc["notes"])
+    assert any(
+        "read (--response-metrics on; the server reports vLLM 0.32.0)" in n for n in doc["notes"]
+    )
 
 
 def test_033_without_the_server_flag_says_how_to_get_them(tmp_path, capsys):
@@ -149,17 +173,37 @@ def test_033_without_the_server_flag_says_how_to_get_them(tmp_path, capsys):
     with SseServer(Script(**PACED), metrics=True, version="0.33.1") as srv:
         _probe(srv, store)
     doc = json.loads(capsys.readouterr().out)
-    assert any("no response carried a per-request metrics object: start vLLM (0.33+) with "
-               "--enable-per-request-metrics" in n for n in doc["notes"])
+    assert any(
+        "no response carried a per-request metrics object: start vLLM (0.33+) with "
+        "--enable-per-request-metrics" in n
+        for n in doc["notes"]
+    )
 
 
 def test_the_table_says_response(tmp_path, capsys):
     store = tmp_path / "t.sqlite"
-    with SseServer(Script(**PACED, response_metrics=BUSY), metrics=True,
-                   version="0.33.0") as srv:
+    with SseServer(Script(**PACED, response_metrics=BUSY), metrics=True, version="0.33.0") as srv:
         srv.enqueue(Script(**PACED, response_metrics=BUSY, metrics_count_delta=2))
-        assert main(["probe", "--endpoint", srv.base_url, "--runs", "1", "--warmup", "0",
-                     "--max-tokens", "4", "--prompt", "hi", "--no-gpu", "--store",
-                     str(store)]) == 0
+        assert (
+            main(
+                [
+                    "probe",
+                    "--endpoint",
+                    srv.base_url,
+                    "--runs",
+                    "1",
+                    "--warmup",
+                    "0",
+                    "--max-tokens",
+                    "4",
+                    "--prompt",
+                    "hi",
+                    "--no-gpu",
+                    "--store",
+                    str(store),
+                ]
+            )
+            == 0
+        )
     out = capsys.readouterr().out
     assert "response" in out.split("median")[0]

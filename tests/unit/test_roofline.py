@@ -22,8 +22,12 @@ H100 = Peaks(mem_bandwidth_bytes_per_s=3.35e12, flops_per_s=989.5e12, origin="te
 # Llama-2-70B in fp16: 140 GB of weights; KV = 2 × 80 layers × 8 KV heads × 128 × 2 bytes.
 KV_70B = 2 * 80 * 8 * 128 * 2  # 327,680 bytes ≈ 320 KB per token
 ATTN_70B = 2 * 80 * 64 * (128 + 128)  # QKᵀ + AV FLOPs per (query, position), 64 query heads
-LLAMA70B = ModelCost(weight_bytes=140e9, kv_bytes_per_token=KV_70B,
-                     linear_flops_per_token=2 * 70e9, attention_flops_per_position=ATTN_70B)
+LLAMA70B = ModelCost(
+    weight_bytes=140e9,
+    kv_bytes_per_token=KV_70B,
+    linear_flops_per_token=2 * 70e9,
+    attention_flops_per_position=ATTN_70B,
+)
 
 
 def test_seed_example_70b_fp16_on_3_35_tb_s_is_about_42_ms_per_token():
@@ -62,7 +66,8 @@ def test_prefill_of_a_long_prompt_is_compute_bound():
 def test_prefill_of_a_short_prompt_is_floored_by_reading_the_weights():
     r = roofline(4, 64, 0.1, None, LLAMA70B, H100)
     assert r.prefill_compute_bound_s == pytest.approx(
-        (2 * 70e9 * 4 + ATTN_70B * 10) / 989.5e12)  # 0.57 ms of math
+        (2 * 70e9 * 4 + ATTN_70B * 10) / 989.5e12
+    )  # 0.57 ms of math
     assert r.prefill_bound_kind == "memory"
     assert r.prefill_bound_s == pytest.approx((140e9 + 4 * KV_70B) / 3.35e12)
 
@@ -100,17 +105,37 @@ def test_missing_inputs_give_none_and_say_why():
 
 
 def _run(prompt_tokens, completion_tokens, server: ServerPhases | None, isolated=True) -> Run:
-    client = ClientTimeline(sent_wall_ns=0, event_offsets_ns=(10_000_000, 20_000_000),
-                            end_offset_ns=30_000_000, http_status=200,
-                            prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                            finish_reason="length", complete=True)
-    return Run(seq=0, status="ok", prompt="p", client=client, server=server,
-               isolation=Isolation(verified=server is not None, isolated=isolated))
+    client = ClientTimeline(
+        sent_wall_ns=0,
+        event_offsets_ns=(10_000_000, 20_000_000),
+        end_offset_ns=30_000_000,
+        http_status=200,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        finish_reason="length",
+        complete=True,
+    )
+    return Run(
+        seq=0,
+        status="ok",
+        prompt="p",
+        client=client,
+        server=server,
+        isolation=Isolation(verified=server is not None, isolated=isolated),
+    )
 
 
 def _phases(prefill_s, decode_s) -> ServerPhases:
-    return ServerPhases(queue_s=0.0, prefill_s=prefill_s, decode_s=decode_s, inference_s=None,
-                        ttft_s=None, e2e_s=None, count_deltas={}, counter_deltas={})
+    return ServerPhases(
+        queue_s=0.0,
+        prefill_s=prefill_s,
+        decode_s=decode_s,
+        inference_s=None,
+        ttft_s=None,
+        e2e_s=None,
+        count_deltas={},
+        counter_deltas={},
+    )
 
 
 def test_roofline_for_run_takes_usage_from_the_client_and_phases_from_vllm():
@@ -126,8 +151,7 @@ def test_roofline_for_run_takes_usage_from_the_client_and_phases_from_vllm():
     assert client_only.decode_bound_s_per_token is not None  # the bound itself is known
     assert "client-only run: no vLLM phase times" in client_only.notes
 
-    crowded = roofline_for_run(_run(1000, 201, _phases(0.5, 10.0), isolated=False),
-                               LLAMA70B, H100)
+    crowded = roofline_for_run(_run(1000, 201, _phases(0.5, 10.0), isolated=False), LLAMA70B, H100)
     assert any("not isolated" in n for n in crowded.notes)
 
 
@@ -138,8 +162,9 @@ def test_peaks_from_the_table_and_tensor_parallel_scaling():
     assert "H100 SXM" in p.origin
     tp4 = p.scaled(4)
     assert tp4.mem_bandwidth_bytes_per_s == pytest.approx(4 * 3.35e12)
-    assert roofline(10, 2, None, None, ModelCost(140e9, 0, 0), tp4).decode_bound_s_per_token \
-        == pytest.approx(140e9 / (4 * 3.35e12))  # 10.4 ms
+    assert roofline(
+        10, 2, None, None, ModelCost(140e9, 0, 0), tp4
+    ).decode_bound_s_per_token == pytest.approx(140e9 / (4 * 3.35e12))  # 10.4 ms
     with pytest.raises(ConfigError):
         p.scaled(0)
     no_fp8 = peaks_from_spec(lookup("A100 80GB SXM"), "fp8")
@@ -147,10 +172,18 @@ def test_peaks_from_the_table_and_tensor_parallel_scaling():
 
 
 LLAMA2_70B_CONFIG = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 8192,
-    "intermediate_size": 28672, "num_hidden_layers": 80, "num_attention_heads": 64,
-    "num_key_value_heads": 8, "vocab_size": 32000, "hidden_act": "silu",
-    "max_position_embeddings": 4096, "tie_word_embeddings": False, "torch_dtype": "float16",
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 8192,
+    "intermediate_size": 28672,
+    "num_hidden_layers": 80,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "vocab_size": 32000,
+    "hidden_act": "silu",
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float16",
 }
 
 

@@ -117,9 +117,25 @@ def _cli(argv: list[str], capsys: Any) -> tuple[int, str, str]:
 
 
 def _probe_argv(endpoint: str, store: Path, *extra: str) -> list[str]:
-    return ["probe", "--endpoint", endpoint, "--runs", "2", "--warmup", "0", "--max-tokens",
-            "4", "--prompt", "hi", "--no-gpu", "--api-key-env", KEY_VAR, "--store", str(store),
-            *extra]
+    return [
+        "probe",
+        "--endpoint",
+        endpoint,
+        "--runs",
+        "2",
+        "--warmup",
+        "0",
+        "--max-tokens",
+        "4",
+        "--prompt",
+        "hi",
+        "--no-gpu",
+        "--api-key-env",
+        KEY_VAR,
+        "--store",
+        str(store),
+        *extra,
+    ]
 
 
 # --- probe -----------------------------------------------------------------------------------
@@ -127,11 +143,21 @@ def _probe_argv(endpoint: str, store: Path, *extra: str) -> list[str]:
 
 @FORMATS
 def test_probe_keeps_password_key_and_prom_token_out_of_store_and_output(
-        held, key_env, prom, capsys, fmt):
+    held, key_env, prom, capsys, fmt
+):
     with SseServer(PACED, metrics=True) as srv:
-        code, out, err = _cli(_probe_argv(
-            _with_password(srv.base_url), held.path, "--prom",
-            _with_token_userinfo(prom.url), "--prom-wait", "0.2", *fmt), capsys)
+        code, out, err = _cli(
+            _probe_argv(
+                _with_password(srv.base_url),
+                held.path,
+                "--prom",
+                _with_token_userinfo(prom.url),
+                "--prom-wait",
+                "0.2",
+                *fmt,
+            ),
+            capsys,
+        )
         posts = [r for r in srv.requests if r.method == "POST"]
     assert code == 0 and len(posts) == 2
     assert prom.seen, "the Prometheus URL was used"
@@ -139,8 +165,9 @@ def test_probe_keeps_password_key_and_prom_token_out_of_store_and_output(
     assert "Prometheus" in (out + err)  # its failure is reported, its URL redacted
     # Basic auth from the URL replaces the Bearer key: said, not silently dropped.
     assert {r.headers.get("authorization", "")[:6] for r in posts} == {"Basic "}
-    assert "HTTP Basic auth is sent and the API key (Bearer) is not" in \
-        " ".join((out + err).split())
+    assert "HTTP Basic auth is sent and the API key (Bearer) is not" in " ".join(
+        (out + err).split()
+    )
     if fmt:
         doc = json.loads(out)
         assert doc["spec"]["endpoint"] == srv.base_url
@@ -158,11 +185,11 @@ def test_probe_sends_the_api_key_and_keeps_it_out_of_store_and_output(held, key_
 
 
 @FORMATS
-def test_an_endpoint_with_a_query_token_is_refused_without_showing_it(held, key_env, capsys,
-                                                                      fmt):
+def test_an_endpoint_with_a_query_token_is_refused_without_showing_it(held, key_env, capsys, fmt):
     with SseServer(PACED) as srv:
-        code, out, err = _cli(_probe_argv(f"{srv.base_url}/?api_key={QUERY_TOKEN}", held.path,
-                                          *fmt), capsys)
+        code, out, err = _cli(
+            _probe_argv(f"{srv.base_url}/?api_key={QUERY_TOKEN}", held.path, *fmt), capsys
+        )
     # The query does not survive the paths appended to the endpoint: refused before any
     # request (a connection error would echo the query in requests' own message).
     assert code == 2 and err.startswith("error: endpoint"), err
@@ -173,11 +200,17 @@ def test_an_endpoint_with_a_query_token_is_refused_without_showing_it(held, key_
         assert store.experiments() == []
 
 
-@pytest.mark.parametrize("endpoint", [f"http://127.0.0.1:9/?api_key={QUERY_TOKEN}",
-                                      f"http://127.0.0.1:9/#access_token={QUERY_TOKEN}",
-                                      f"ftp://u:{QUERY_TOKEN}@127.0.0.1:9"])
-def test_a_secret_in_an_unreachable_or_odd_endpoint_is_never_echoed(held, key_env, capsys,
-                                                                    endpoint):
+@pytest.mark.parametrize(
+    "endpoint",
+    [
+        f"http://127.0.0.1:9/?api_key={QUERY_TOKEN}",
+        f"http://127.0.0.1:9/#access_token={QUERY_TOKEN}",
+        f"ftp://u:{QUERY_TOKEN}@127.0.0.1:9",
+    ],
+)
+def test_a_secret_in_an_unreachable_or_odd_endpoint_is_never_echoed(
+    held, key_env, capsys, endpoint
+):
     code, out, err = _cli(_probe_argv(endpoint, held.path, "--json"), capsys)
     assert code == 2 and QUERY_TOKEN not in out + err, err
 
@@ -192,8 +225,10 @@ def test_probe_store_keeps_no_password_from_a_metrics_note(held, key_env, capsys
 
 def test_probe_store_keeps_no_password_from_a_run_error(held, key_env, capsys):
     with SseServer(Script(n_tokens=4, first_delay_s=2), metrics=True) as srv:
-        code, out, err = _cli(_probe_argv(_with_password(srv.base_url), held.path,
-                                          "--timeout", "0.3", "--json"), capsys)
+        code, out, err = _cli(
+            _probe_argv(_with_password(srv.base_url), held.path, "--timeout", "0.3", "--json"),
+            capsys,
+        )
     assert code == 1
     errors = [r["error"] for r in json.loads(out)["runs"]]
     assert all(e.startswith("timeout: no first byte from http://127.0.0.1:") for e in errors)
@@ -226,13 +261,17 @@ def _book(tmp_path: Path, endpoint: str) -> Path:
 
 @FORMATS
 def test_ab_keeps_launch_secrets_and_api_key_out_of_store_and_output(
-        tmp_path, held, key_env, monkeypatch, capsys, fmt):
-    with SseServer(PACED, metrics=True, api_key=API_KEY) as sa, \
-            SseServer(PACED, metrics=True, api_key=API_KEY) as sb, \
-            _fake_launches(monkeypatch, sb) as launched:
+    tmp_path, held, key_env, monkeypatch, capsys, fmt
+):
+    with (
+        SseServer(PACED, metrics=True, api_key=API_KEY) as sa,
+        SseServer(PACED, metrics=True, api_key=API_KEY) as sb,
+        _fake_launches(monkeypatch, sb) as launched,
+    ):
         book = _book(tmp_path, sa.base_url)
-        code, out, err = _cli(["ab", str(book), "--api-key-env", KEY_VAR, "--store",
-                               str(held.path), *fmt], capsys)
+        code, out, err = _cli(
+            ["ab", str(book), "--api-key-env", KEY_VAR, "--store", str(held.path), *fmt], capsys
+        )
         auth = {r.headers.get("authorization") for r in sa.requests + sb.requests}
     assert code == 0
     assert auth == {f"Bearer {API_KEY}"}
@@ -248,8 +287,9 @@ def test_ab_keeps_launch_secrets_and_api_key_out_of_store_and_output(
         session = 1
         assert "A/B session 1" in out
     for report_fmt in (["--json"], ["--markdown"], []):
-        code, out, err = _cli(["ab", "report", str(session), "--store", str(held.path),
-                               *report_fmt], capsys)
+        code, out, err = _cli(
+            ["ab", "report", str(session), "--store", str(held.path), *report_fmt], capsys
+        )
         assert code == 0 and _leaks(out + err) == []
     raw = held.raw()
     assert _leaks(raw) == []
@@ -257,13 +297,16 @@ def test_ab_keeps_launch_secrets_and_api_key_out_of_store_and_output(
 
 
 @FORMATS
-def test_ab_store_keeps_no_endpoint_password(tmp_path, held, key_env, monkeypatch, capsys,
-                                             fmt):
-    with SseServer(PACED, metrics=True) as sa, SseServer(PACED, metrics=True) as sb, \
-            _fake_launches(monkeypatch, sb):
+def test_ab_store_keeps_no_endpoint_password(tmp_path, held, key_env, monkeypatch, capsys, fmt):
+    with (
+        SseServer(PACED, metrics=True) as sa,
+        SseServer(PACED, metrics=True) as sb,
+        _fake_launches(monkeypatch, sb),
+    ):
         book = _book(tmp_path, _with_password(sa.base_url))
-        code, out, err = _cli(["ab", str(book), "--api-key-env", KEY_VAR, "--store",
-                               str(held.path), *fmt], capsys)
+        code, out, err = _cli(
+            ["ab", str(book), "--api-key-env", KEY_VAR, "--store", str(held.path), *fmt], capsys
+        )
     assert code == 0
     assert _leaks(out + err) == []
     assert _leaks(held.raw()) == []
@@ -283,8 +326,18 @@ def probed(held, key_env, capsys) -> Path:
 
 @FORMATS
 def test_check_with_a_prom_token_shows_no_secret(probed, held, prom, capsys, fmt):
-    code, out, err = _cli(["check", "--latest", "--store", str(probed), "--prom",
-                           _with_token_userinfo(prom.url), *fmt], capsys)
+    code, out, err = _cli(
+        [
+            "check",
+            "--latest",
+            "--store",
+            str(probed),
+            "--prom",
+            _with_token_userinfo(prom.url),
+            *fmt,
+        ],
+        capsys,
+    )
     assert code in (0, 1)  # 1: a rule failed; either way a verdict, not an error
     assert prom.seen, "the Prometheus URL was used"
     assert _leaks(out) == [] and _leaks(err) == []
@@ -294,8 +347,17 @@ def test_check_with_a_prom_token_shows_no_secret(probed, held, prom, capsys, fmt
 
 
 def test_check_refuses_a_prom_url_with_a_query_token_without_showing_it(probed, prom, capsys):
-    code, out, err = _cli(["check", "--latest", "--store", str(probed), "--prom",
-                           f"{prom.url}/?api_key={QUERY_TOKEN}"], capsys)
+    code, out, err = _cli(
+        [
+            "check",
+            "--latest",
+            "--store",
+            str(probed),
+            "--prom",
+            f"{prom.url}/?api_key={QUERY_TOKEN}",
+        ],
+        capsys,
+    )
     assert code == 2 and "takes no ?query" in err, err
     assert QUERY_TOKEN not in out + err and not prom.seen
 
@@ -305,9 +367,14 @@ def _with_token_userinfo(url: str) -> str:
     return url.replace("://", f"://prom:{QUERY_TOKEN}@", 1)
 
 
-@pytest.mark.parametrize("url", ["http://127.0.0.1:9/?access_token=SECRETQ",
-                                 "http://127.0.0.1:9#token=SECRETQ",
-                                 "http://u:SECRETQ@127.0.0.1:9/x?a=1"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:9/?access_token=SECRETQ",
+        "http://127.0.0.1:9#token=SECRETQ",
+        "http://u:SECRETQ@127.0.0.1:9/x?a=1",
+    ],
+)
 def test_a_prometheus_or_grafana_base_url_with_a_query_is_refused_unechoed(url):
     from phaseprobe.collect.grafana_api import GrafanaClient
     from phaseprobe.sources.prometheus import PrometheusClient

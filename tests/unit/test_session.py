@@ -17,18 +17,27 @@ from phaseprobe.testing.sse_server import Script, SseServer
 def test_a_session_wires_target_store_and_sampler_and_reports_after_the_runs(tmp_path):
     notices = RecordedNotices()
     with SseServer(Script(n_tokens=4)) as srv:
-        opts = SessionOptions(store_path=str(tmp_path / "s.sqlite"), endpoint=srv.base_url,
-                              gpu="on", nvml_backend=FakeNvmlBackend(demo_devices()),
-                              gpu_period_s=0.01)
+        opts = SessionOptions(
+            store_path=str(tmp_path / "s.sqlite"),
+            endpoint=srv.base_url,
+            gpu="on",
+            nvml_backend=FakeNvmlBackend(demo_devices()),
+            gpu_period_s=0.01,
+        )
         with Session(opts, notices) as s:
             assert s.endpoint == srv.base_url and s.model == srv.model
             assert [m["id"] for m in s.models] == [srv.model]
             assert s.sampler is not None and s.capture is None and s.sidecar is None
             assert s.span_wait_s is None  # spans are off unless asked for
             spec = RunSpec(endpoint=s.endpoint, model=s.model, prompt="hello", max_tokens=4)
-            result = run_probe(spec, s.store, settings=ProbeSettings(runs=2, warmup=0),
-                               before_runs=s.before_runs, gpu_sampler=s.sampler,
-                               models=s.models)
+            result = run_probe(
+                spec,
+                s.store,
+                settings=ProbeSettings(runs=2, warmup=0),
+                before_runs=s.before_runs,
+                gpu_sampler=s.sampler,
+                models=s.models,
+            )
             report = s.finish(result)
             kept = [a for a in s.store.analyses() if a["experiment_id"] == result.experiment_id]
         paths = [r.path for r in srv.requests]
@@ -42,8 +51,9 @@ def test_a_session_wires_target_store_and_sampler_and_reports_after_the_runs(tmp
 
 def test_a_wrong_model_fails_before_the_store_is_opened(tmp_path):
     with SseServer(Script(n_tokens=2)) as srv:
-        opts = SessionOptions(store_path=str(tmp_path / "s.sqlite"), endpoint=srv.base_url,
-                              model="no-such-model")
+        opts = SessionOptions(
+            store_path=str(tmp_path / "s.sqlite"), endpoint=srv.base_url, model="no-such-model"
+        )
         with pytest.raises(ConfigError, match="'no-such-model' is not served"):
             with Session(opts, RecordedNotices()):
                 pass
@@ -52,8 +62,9 @@ def test_a_wrong_model_fails_before_the_store_is_opened(tmp_path):
 
 def test_bad_peaks_fail_before_any_server_is_asked(tmp_path):
     with SseServer(Script(n_tokens=2)) as srv:
-        opts = SessionOptions(store_path=str(tmp_path / "s.sqlite"), endpoint=srv.base_url,
-                              peaks="h300")
+        opts = SessionOptions(
+            store_path=str(tmp_path / "s.sqlite"), endpoint=srv.base_url, peaks="h300"
+        )
         with pytest.raises(ConfigError, match="unknown GPU 'h300'"):
             with Session(opts, RecordedNotices()):
                 pass
@@ -63,12 +74,14 @@ def test_bad_peaks_fail_before_any_server_is_asked(tmp_path):
 def test_no_nvml_is_said_once_and_the_session_goes_on(tmp_path, monkeypatch):
     from phaseprobe.sources.gpu import sampler as gpu_sampler
 
-    monkeypatch.setattr(gpu_sampler, "open_sampler",
-                        lambda *a, **k: (None, "NVML not available (no NVIDIA driver)"))
+    monkeypatch.setattr(
+        gpu_sampler, "open_sampler", lambda *a, **k: (None, "NVML not available (no NVIDIA driver)")
+    )
     notices = RecordedNotices()
     with SseServer(Script(n_tokens=2)) as srv:
-        opts = SessionOptions(store_path=str(tmp_path / "s.sqlite"), endpoint=srv.base_url,
-                              gpu="auto")
+        opts = SessionOptions(
+            store_path=str(tmp_path / "s.sqlite"), endpoint=srv.base_url, gpu="auto"
+        )
         with Session(opts, notices) as s:
             assert s.sampler is None
     assert ("warn", "no GPU data: NVML not available (no NVIDIA driver)") in notices.lines

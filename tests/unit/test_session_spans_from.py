@@ -25,12 +25,24 @@ pytest.importorskip("chdb")
 def _span_of(headers: dict[str, str], i: int) -> RequestSpan:
     trace = headers["traceparent"].split("-")[1]
     start = time.time_ns() - 200_000_000
-    return RequestSpan(trace_id=trace, span_id=f"{i + 1:016x}",
-                       request_id=f"cmpl-{headers['x-request-id']}-0", model="m",
-                       service="vllm", instance="replica-a", start_ns=start,
-                       end_ns=start + 100_000_000, queue_s=0.001, prefill_s=0.02,
-                       decode_s=0.07, inference_s=0.09, ttft_s=0.025, e2e_s=0.1,
-                       prompt_tokens=8, completion_tokens=4)
+    return RequestSpan(
+        trace_id=trace,
+        span_id=f"{i + 1:016x}",
+        request_id=f"cmpl-{headers['x-request-id']}-0",
+        model="m",
+        service="vllm",
+        instance="replica-a",
+        start_ns=start,
+        end_ns=start + 100_000_000,
+        queue_s=0.001,
+        prefill_s=0.02,
+        decode_s=0.07,
+        inference_s=0.09,
+        ttft_s=0.025,
+        e2e_s=0.1,
+        prompt_tokens=8,
+        completion_tokens=4,
+    )
 
 
 def test_probe_runs_find_their_spans_in_the_fleets_store(tmp_path: Path):
@@ -38,8 +50,12 @@ def test_probe_runs_find_their_spans_in_the_fleets_store(tmp_path: Path):
         pass  # the exporter's table, empty: the collector has not written yet
     notices = RecordedNotices()
     with SseServer(Script(n_tokens=4)) as srv:
-        opts = SessionOptions(store_path=str(tmp_path / "s.sqlite"), endpoint=srv.base_url,
-                              spans_from=f"chdb:{tmp_path / 'ch'}", span_wait_s=5.0)
+        opts = SessionOptions(
+            store_path=str(tmp_path / "s.sqlite"),
+            endpoint=srv.base_url,
+            spans_from=f"chdb:{tmp_path / 'ch'}",
+            span_wait_s=5.0,
+        )
         with Session(opts, notices) as s:
             reader = s.span_reader
             assert reader is not None and s.span_wait_s == 5.0
@@ -55,9 +71,14 @@ def test_probe_runs_find_their_spans_in_the_fleets_store(tmp_path: Path):
                 time.sleep(seconds)
 
             spec = RunSpec(endpoint=s.endpoint, model=s.model, prompt="hi", max_tokens=4)
-            result = run_probe(spec, s.store, settings=ProbeSettings(
-                runs=3, warmup=0, span_wait_s=s.span_wait_s), sleep=sleep,
-                span_reader=reader, models=s.models)
+            result = run_probe(
+                spec,
+                s.store,
+                settings=ProbeSettings(runs=3, warmup=0, span_wait_s=s.span_wait_s),
+                sleep=sleep,
+                span_reader=reader,
+                models=s.models,
+            )
             report = s.finish(result)
             stored = s.store.runs(result.experiment_id)
     assert any("read from chdb:" in n and "no receiver" in n for _, n in notices.lines)
@@ -68,8 +89,11 @@ def test_probe_runs_find_their_spans_in_the_fleets_store(tmp_path: Path):
 
 def test_spans_from_is_checked_before_any_run(tmp_path: Path):
     with SseServer(Script(n_tokens=2)) as srv:
-        opts = SessionOptions(store_path=str(tmp_path / "s.sqlite"), endpoint=srv.base_url,
-                              spans_from=f"chdb:{tmp_path / 'nothing'}")
+        opts = SessionOptions(
+            store_path=str(tmp_path / "s.sqlite"),
+            endpoint=srv.base_url,
+            spans_from=f"chdb:{tmp_path / 'nothing'}",
+        )
         with pytest.raises(PhaseprobeError, match="nothing"):
             with Session(opts, RecordedNotices()):
                 pass

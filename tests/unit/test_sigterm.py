@@ -17,10 +17,29 @@ def test_sigterm_mid_probe_keeps_completed_runs_and_exits_143(tmp_path):
     # Each request streams for ~0.4 s: SIGTERM lands in the middle of a run.
     with SseServer(Script(n_tokens=20, gap_s=0.02)) as server:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "phaseprobe", "probe", "--endpoint", server.base_url,
-             "--prompt", "hello", "--max-tokens", "20", "--runs", "50", "--warmup", "0",
-             "--no-gpu", "--store", str(store)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            [
+                sys.executable,
+                "-m",
+                "phaseprobe",
+                "probe",
+                "--endpoint",
+                server.base_url,
+                "--prompt",
+                "hello",
+                "--max-tokens",
+                "20",
+                "--runs",
+                "50",
+                "--warmup",
+                "0",
+                "--no-gpu",
+                "--store",
+                str(store),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             deadline = time.monotonic() + 60
             while _stored_runs(store) < 2 and time.monotonic() < deadline:
@@ -47,7 +66,10 @@ def test_sigterm_ends_an_open_ended_gpu_watch_with_its_report_and_143(tmp_path):
     still reports, and exits 143 like every other command."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "phaseprobe", "gpu", "watch", "--fake", "--json"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         time.sleep(3.0)  # started and sampling
         proc.send_signal(signal.SIGTERM)

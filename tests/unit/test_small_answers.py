@@ -15,8 +15,10 @@ from phaseprobe.sources.vllm.openai_stream import MAX_SMALL_ANSWER_BYTES, small_
 from tests.hostile_cases import CannedServer, Reply, deep_json, json_reply, stream_bytes
 
 ROUTES = {
-    "ok": {"/version": json_reply({"version": "0.6.3.post1+cpu"}),
-           "/tokenize": json_reply({"count": 5, "tokens": [1, 2, 3, 4, 5]})},
+    "ok": {
+        "/version": json_reply({"version": "0.6.3.post1+cpu"}),
+        "/tokenize": json_reply({"count": 5, "tokens": [1, 2, 3, 4, 5]}),
+    },
     "list": {"*": json_reply(["0.6.3"])},
     "dict": {"*": json_reply({"version": {"major": 0}, "count": {"n": 5}})},
     "long": {"*": json_reply({"version": "9" * 5000, "count": 10**12})},
@@ -57,8 +59,11 @@ def test_odd_answers_mean_not_available(server, scenario):
 
 
 def test_small_json_reads_no_more_than_its_cap(server):
-    doc = small_json(requests.Session(), "GET", server.url("huge") + "/version", headers={},
-                     timeout_s=5)
+    doc = small_json(
+        requests.Session(), "GET", server.url("huge") + "/version", headers={}, timeout_s=5
+    )
     assert doc is None and MAX_SMALL_ANSWER_BYTES == 64 * 1024
-    assert small_json(requests.Session(), "GET", "http://127.0.0.1:9/version", headers={},
-                      timeout_s=1) is None
+    assert (
+        small_json(requests.Session(), "GET", "http://127.0.0.1:9/version", headers={}, timeout_s=1)
+        is None
+    )

@@ -20,18 +20,39 @@ from phaseprobe.records import RequestSpan
 KINDS = ("queued", "prefilling", "decoding")
 
 
-def span(i: int, arrival_s: float, *, queue: float = 0.0, prefill: float = 0.1,
-         decode: float = 1.0, prompt: int | None = 100, completion: int | None = 11,
-         pre_engine: float = 0.0, instance: str = "a") -> RequestSpan:
+def span(
+    i: int,
+    arrival_s: float,
+    *,
+    queue: float = 0.0,
+    prefill: float = 0.1,
+    decode: float = 1.0,
+    prompt: int | None = 100,
+    completion: int | None = 11,
+    pre_engine: float = 0.0,
+    instance: str = "a",
+) -> RequestSpan:
     """A span whose phases lie at: queued [arrival + pre_engine, +queue), then prefill, then
     decode (seconds on the wall clock)."""
     ttft = pre_engine + queue + prefill
     return RequestSpan(
-        trace_id=f"{i:032x}", span_id=f"{i:016x}", request_id=f"req-{i}", model="m",
-        service="vllm", instance=instance, start_ns=round(arrival_s * 1e9),
-        end_ns=round((arrival_s + ttft + decode) * 1e9), queue_s=queue, prefill_s=prefill,
-        decode_s=decode, inference_s=prefill + decode, ttft_s=ttft, e2e_s=ttft + decode,
-        prompt_tokens=prompt, completion_tokens=completion)
+        trace_id=f"{i:032x}",
+        span_id=f"{i:016x}",
+        request_id=f"req-{i}",
+        model="m",
+        service="vllm",
+        instance=instance,
+        start_ns=round(arrival_s * 1e9),
+        end_ns=round((arrival_s + ttft + decode) * 1e9),
+        queue_s=queue,
+        prefill_s=prefill,
+        decode_s=decode,
+        inference_s=prefill + decode,
+        ttft_s=ttft,
+        e2e_s=ttft + decode,
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+    )
 
 
 def key(sp: RequestSpan) -> tuple[str, str]:
@@ -96,9 +117,11 @@ def test_decoding_request_counts_weighted_prefill_tokens():
 
 def test_max_is_the_most_at_one_instant_and_mean_is_time_weighted():
     a = span(0, 0.0, prefill=0.0, decode=10.0)  # decode [0, 10)
-    others = [span(1, 1.0, prefill=2.0, decode=0.0),  # prefill [1, 3)
-              span(2, 2.0, prefill=2.0, decode=0.0),  # prefill [2, 4)
-              span(3, 5.0, prefill=1.0, decode=0.0)]  # prefill [5, 6)
+    others = [
+        span(1, 1.0, prefill=2.0, decode=0.0),  # prefill [1, 3)
+        span(2, 2.0, prefill=2.0, decode=0.0),  # prefill [2, 4)
+        span(3, 5.0, prefill=1.0, decode=0.0),
+    ]  # prefill [5, 6)
     ca = overlap_context([a, *others])[key(a)]
     assert ca.prefilling_during_decode_max_reqs == 2
     assert ca.prefilling_during_decode_mean_reqs == pytest.approx((2 + 2 + 1) / 10)
@@ -141,9 +164,13 @@ def _brute_force(spans: list[RequestSpan]) -> dict[tuple[str, str], dict[str, fl
     iv = []
     for sp in spans:
         w = sp.windows()
-        iv.append({"queued": (w.queued_ns, w.prefill_start_ns),
-                   "prefilling": (w.prefill_start_ns, w.first_token_ns),
-                   "decoding": (w.first_token_ns, w.last_token_ns)})
+        iv.append(
+            {
+                "queued": (w.queued_ns, w.prefill_start_ns),
+                "prefilling": (w.prefill_start_ns, w.first_token_ns),
+                "decoding": (w.first_token_ns, w.last_token_ns),
+            }
+        )
     out = {}
     for i, sp in enumerate(spans):
         row: dict[str, float] = {}
@@ -155,21 +182,32 @@ def _brute_force(spans: list[RequestSpan]) -> dict[tuple[str, str], dict[str, fl
                 row[f"{kind}_during_{wname}_mean_reqs"] = total / (b - a)
                 instants = {a} | {t for s, e in others for t in (s, e) if a < t < b}
                 row[f"{kind}_during_{wname}_max_reqs"] = max(
-                    sum(s <= t < e for s, e in others) for t in instants)
+                    sum(s <= t < e for s, e in others) for t in instants
+                )
         a, b = wins["decode"]
         row["prefill_tokens_during_decode"] = sum(
             spans[j].prompt_tokens * max(0, min(e, b) - max(s, a)) / (e - s)
-            for j, (s, e) in ((j, iv[j]["prefilling"]) for j in range(len(spans))) if j != i)
+            for j, (s, e) in ((j, iv[j]["prefilling"]) for j in range(len(spans)))
+            if j != i
+        )
         out[key(sp)] = row
     return out
 
 
 def test_matches_brute_force_on_a_busy_population():
     rng = np.random.default_rng(7)
-    spans = [span(i, float(rng.uniform(0, 20)), queue=float(rng.exponential(0.3)),
-                  prefill=float(rng.uniform(0.05, 1.0)), decode=float(rng.uniform(0.5, 6.0)),
-                  prompt=int(rng.integers(10, 2000)), pre_engine=float(rng.uniform(0, 0.01)))
-             for i in range(120)]
+    spans = [
+        span(
+            i,
+            float(rng.uniform(0, 20)),
+            queue=float(rng.exponential(0.3)),
+            prefill=float(rng.uniform(0.05, 1.0)),
+            decode=float(rng.uniform(0.5, 6.0)),
+            prompt=int(rng.integers(10, 2000)),
+            pre_engine=float(rng.uniform(0, 0.01)),
+        )
+        for i in range(120)
+    ]
     got = overlap_context(spans)
     want = _brute_force(spans)
     assert set(got) == set(want)
@@ -209,13 +247,29 @@ def population(b_s_per_token: float, *, n: int = 500, seed: int = 11) -> list[Re
     pe = ps + prefill
     decode = (completion - 1) * step
     for _ in range(30):
-        inside = np.clip(np.minimum(pe[None, :], (pe + decode)[:, None])
-                         - np.maximum(ps[None, :], pe[:, None]), 0, None) / prefill[None, :]
+        inside = (
+            np.clip(
+                np.minimum(pe[None, :], (pe + decode)[:, None])
+                - np.maximum(ps[None, :], pe[:, None]),
+                0,
+                None,
+            )
+            / prefill[None, :]
+        )
         np.fill_diagonal(inside, 0.0)
         decode = (completion - 1) * step + b_s_per_token * (inside @ prompt)
-    return [span(i, float(arrival[i]), queue=float(queue[i]), prefill=float(prefill[i]),
-                 decode=float(decode[i]), prompt=int(prompt[i]), completion=int(completion[i]))
-            for i in range(n)]
+    return [
+        span(
+            i,
+            float(arrival[i]),
+            queue=float(queue[i]),
+            prefill=float(prefill[i]),
+            decode=float(decode[i]),
+            prompt=int(prompt[i]),
+            completion=int(completion[i]),
+        )
+        for i in range(n)
+    ]
 
 
 def test_recovers_a_known_slope_despite_outliers():
@@ -242,15 +296,25 @@ def test_no_interference_gives_an_interval_around_zero_and_no_claim():
 
 def _ctx(sp: RequestSpan, *, tokens: float, decoders: float) -> OverlapContext:
     return OverlapContext(
-        trace_id=sp.trace_id, span_id=sp.span_id, request_id=sp.request_id,
-        prefill_window_s=sp.prefill_s, decode_window_s=sp.decode_s,
-        queued_during_prefill_mean_reqs=0.0, queued_during_prefill_max_reqs=0,
-        prefilling_during_prefill_mean_reqs=0.0, prefilling_during_prefill_max_reqs=0,
-        decoding_during_prefill_mean_reqs=decoders, decoding_during_prefill_max_reqs=0,
-        queued_during_decode_mean_reqs=0.0, queued_during_decode_max_reqs=0,
-        prefilling_during_decode_mean_reqs=0.0, prefilling_during_decode_max_reqs=0,
-        decoding_during_decode_mean_reqs=decoders, decoding_during_decode_max_reqs=0,
-        prefill_tokens_during_decode=tokens)
+        trace_id=sp.trace_id,
+        span_id=sp.span_id,
+        request_id=sp.request_id,
+        prefill_window_s=sp.prefill_s,
+        decode_window_s=sp.decode_s,
+        queued_during_prefill_mean_reqs=0.0,
+        queued_during_prefill_max_reqs=0,
+        prefilling_during_prefill_mean_reqs=0.0,
+        prefilling_during_prefill_max_reqs=0,
+        decoding_during_prefill_mean_reqs=decoders,
+        decoding_during_prefill_max_reqs=0,
+        queued_during_decode_mean_reqs=0.0,
+        queued_during_decode_max_reqs=0,
+        prefilling_during_decode_mean_reqs=0.0,
+        prefilling_during_decode_max_reqs=0,
+        decoding_during_decode_mean_reqs=decoders,
+        decoding_during_decode_max_reqs=0,
+        prefill_tokens_during_decode=tokens,
+    )
 
 
 def test_busier_batches_alone_are_not_read_as_prefill_interference():
@@ -275,7 +339,7 @@ def test_busier_batches_alone_are_not_read_as_prefill_interference():
 def test_thin_evidence_is_undecided_without_a_direction():
     spans = [span(i, 10.0 * i, decode=1.0) for i in range(30)]  # sequential: no overlap
     ctxs = overlap_context(spans)
-    for sp in spans[:MIN_WITH_OVERLAP - 1]:
+    for sp in spans[: MIN_WITH_OVERLAP - 1]:
         ctxs[key(sp)] = _ctx(sp, tokens=500.0, decoders=0.0)
     est = prefill_interference(spans, ctxs)
     assert not est.decided and not est.detected
@@ -295,14 +359,18 @@ def test_no_spread_is_undecided():
 
 
 def test_unusable_requests_are_skipped_and_counted():
-    spans = [span(1, 0.0, completion=1, decode=0.0),
-             dataclasses.replace(span(2, 0.0), decode_s=None),
-             dataclasses.replace(span(3, 0.0), completion_tokens=None),
-             span(4, 0.0)]
+    spans = [
+        span(1, 0.0, completion=1, decode=0.0),
+        dataclasses.replace(span(2, 0.0), decode_s=None),
+        dataclasses.replace(span(3, 0.0), completion_tokens=None),
+        span(4, 0.0),
+    ]
     est = prefill_interference(spans)
     assert est.n_used == 1
     assert est.n_skipped == 3
-    assert est.skipped == {"fewer than 2 completion tokens": 1,
-                           "no decode time or completion tokens": 2}
+    assert est.skipped == {
+        "fewer than 2 completion tokens": 1,
+        "no decode time or completion tokens": 2,
+    }
     assert est.text.startswith("undecided:") and "3 requests skipped" in est.text
     assert est.to_dict()["skipped"] == est.skipped

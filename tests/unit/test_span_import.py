@@ -20,10 +20,10 @@ from phaseprobe.testing.otlp_payloads import export_request, other_span, to_otlp
 T0 = 1_700_000_000_000_000_000
 
 
-def _export(n: int, start: int = T0, *, other: int = 0, skewed: int = 0
-            ) -> ExportTraceServiceRequest:
-    spans = [vllm_span(start_ns=start + i * 1000, request_id=f"req-{start}-{i}")
-             for i in range(n)]
+def _export(
+    n: int, start: int = T0, *, other: int = 0, skewed: int = 0
+) -> ExportTraceServiceRequest:
+    spans = [vllm_span(start_ns=start + i * 1000, request_id=f"req-{start}-{i}") for i in range(n)]
     for i in range(skewed):
         span = vllm_span(start_ns=start + 10**9 + i)
         span.end_time_unix_nano = span.start_time_unix_nano - 1
@@ -33,9 +33,14 @@ def _export(n: int, start: int = T0, *, other: int = 0, skewed: int = 0
 
 
 def _ids(*messages: ExportTraceServiceRequest) -> set[tuple[str, str]]:
-    return {(s.trace_id.hex(), s.span_id.hex()) for m in messages for rs in m.resource_spans
-            for ss in rs.scope_spans for s in ss.spans
-            if s.name == "llm_request" and s.end_time_unix_nano >= s.start_time_unix_nano}
+    return {
+        (s.trace_id.hex(), s.span_id.hex())
+        for m in messages
+        for rs in m.resource_spans
+        for ss in rs.scope_spans
+        for s in ss.spans
+        if s.name == "llm_request" and s.end_time_unix_nano >= s.start_time_unix_nano
+    }
 
 
 def _stored(store: Store) -> set[tuple[str, str]]:
@@ -50,10 +55,13 @@ def store(tmp_path: Path) -> Store:
 def _mixed_file(path: Path) -> list[ExportTraceServiceRequest]:
     """Lines: good, good, bad JSON, non-UTF-8, good (with other and skewed spans)."""
     good = [_export(2), _export(1, T0 + 10**10), _export(3, T0 + 2 * 10**10, other=2, skewed=1)]
-    lines = [to_otlp_json(good[0]).encode(), to_otlp_json(good[1]).encode(),
-             b'{"resourceSpans": [{"scopeSpans": [',  # cut off mid-write
-             b'{"resourceSpans": "caf\xe9"}',  # Latin-1, not UTF-8
-             to_otlp_json(good[2]).encode()]
+    lines = [
+        to_otlp_json(good[0]).encode(),
+        to_otlp_json(good[1]).encode(),
+        b'{"resourceSpans": [{"scopeSpans": [',  # cut off mid-write
+        b'{"resourceSpans": "caf\xe9"}',  # Latin-1, not UTF-8
+        to_otlp_json(good[2]).encode(),
+    ]
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "wb") as f:
         f.write(b"\n".join(lines) + b"\n")
@@ -62,7 +70,8 @@ def _mixed_file(path: Path) -> list[ExportTraceServiceRequest]:
 
 @pytest.mark.parametrize("name", ["export.jsonl", "export.jsonl.gz"])
 def test_good_lines_are_stored_and_bad_ones_named_by_file_and_line(
-        tmp_path: Path, store: Store, name: str) -> None:
+    tmp_path: Path, store: Store, name: str
+) -> None:
     path = tmp_path / name
     good = _mixed_file(path)
     result = import_otlp_json(path, store)
@@ -84,8 +93,9 @@ def test_good_lines_are_stored_and_bad_ones_named_by_file_and_line(
     acc = doc["completeness"]
     assert (acc["unit"], acc["found"], acc["read"], acc["complete"]) == ("spans", 9, 8, False)
     assert len(acc["missing"]) == 2 and acc["missing"][0].startswith("1 span(s) rejected: ")
-    assert acc["missing"][1].startswith(f"2 line(s) not decoded, their spans uncounted; "
-                                        f"first: {path}:3: ")
+    assert acc["missing"][1].startswith(
+        f"2 line(s) not decoded, their spans uncounted; first: {path}:3: "
+    )
     json.dumps(doc)
 
 
@@ -169,8 +179,9 @@ def test_lines_that_are_json_but_not_otlp_are_named(tmp_path: Path, store: Store
     path = tmp_path / "mixed.jsonl"
     doc = json.loads(to_otlp_json(_export(1)))
     doc["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["traceId"] = "zz-not-hex"
-    path.write_text("\n".join([to_otlp_json(good), "[1, 2]", json.dumps(doc),
-                               "[" * 100_000]) + "\n")
+    path.write_text(
+        "\n".join([to_otlp_json(good), "[1, 2]", json.dumps(doc), "[" * 100_000]) + "\n"
+    )
     result = import_otlp_json(path, store)
     assert _stored(store) == _ids(good)
     reasons = result.bad_lines
@@ -189,7 +200,8 @@ def test_on_line_sees_every_line(tmp_path: Path, store: Store) -> None:
 
 
 def test_an_interrupted_import_keeps_what_it_committed(
-        tmp_path: Path, store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(span_import, "COMMIT_EVERY", 2)
     messages = [_export(1, T0 + i * 10**10) for i in range(6)]
     path = tmp_path / "export.jsonl"
@@ -208,12 +220,21 @@ def test_an_interrupted_import_keeps_what_it_committed(
 
 
 def test_large_files_are_read_line_by_line(
-        tmp_path: Path, store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(span_import, "MAX_LINE_BYTES", 4096)
     messages = [_export(1, T0 + i * 10**10) for i in range(8)]
     path = tmp_path / "big.jsonl"
-    path.write_text("\n".join([*(to_otlp_json(m) for m in messages[:4]), "{bad",
-                               *(to_otlp_json(m) for m in messages[4:])]) + "\n")
+    path.write_text(
+        "\n".join(
+            [
+                *(to_otlp_json(m) for m in messages[:4]),
+                "{bad",
+                *(to_otlp_json(m) for m in messages[4:]),
+            ]
+        )
+        + "\n"
+    )
     assert path.stat().st_size > 4096
     result = import_otlp_json(path, store)
     assert _stored(store) == _ids(*messages)
@@ -235,8 +256,11 @@ def test_a_gz_name_on_a_plain_file_is_an_otlp_error(tmp_path: Path, store: Store
 
 @pytest.mark.parametrize("damage", ["truncated", "corrupt"])
 def test_a_damaged_gzip_file_is_an_otlp_error(tmp_path: Path, store: Store, damage: str) -> None:
-    data = bytearray(gzip.compress(("\n".join(to_otlp_json(_export(2, T0 + i * 10**10))
-                                              for i in range(3)) + "\n").encode()))
+    data = bytearray(
+        gzip.compress(
+            ("\n".join(to_otlp_json(_export(2, T0 + i * 10**10)) for i in range(3)) + "\n").encode()
+        )
+    )
     if damage == "truncated":
         data = data[:-20]
     else:
@@ -247,8 +271,7 @@ def test_a_damaged_gzip_file_is_an_otlp_error(tmp_path: Path, store: Store, dama
         import_otlp_json(path, store)
 
 
-def test_a_bad_first_line_does_not_cost_the_rest_of_the_file(
-        tmp_path: Path, store: Store) -> None:
+def test_a_bad_first_line_does_not_cost_the_rest_of_the_file(tmp_path: Path, store: Store) -> None:
     good = [_export(1, T0 + i * 10**10) for i in range(3)]
     path = tmp_path / "export.jsonl"
     path.write_text("\n".join(['{"resourceSpans": [', *(to_otlp_json(m) for m in good)]) + "\n")
@@ -258,12 +281,22 @@ def test_a_bad_first_line_does_not_cost_the_rest_of_the_file(
 
 
 def test_an_over_long_line_is_skipped_like_other_bad_lines(
-        tmp_path: Path, store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(span_import, "MAX_LINE_BYTES", 4096)
     good = [_export(1, T0 + i * 10**10) for i in range(3)]
     path = tmp_path / "long.jsonl"
-    path.write_text("\n".join([to_otlp_json(good[0]), to_otlp_json(good[1]),
-                               '{"x": "' + "a" * 5000 + '"}', to_otlp_json(good[2])]) + "\n")
+    path.write_text(
+        "\n".join(
+            [
+                to_otlp_json(good[0]),
+                to_otlp_json(good[1]),
+                '{"x": "' + "a" * 5000 + '"}',
+                to_otlp_json(good[2]),
+            ]
+        )
+        + "\n"
+    )
     result = import_otlp_json(path, store)
     assert _stored(store) == _ids(*good)
     assert len(result.bad_lines) == 1 and result.bad_lines[0].startswith(f"{path}:3: ")

@@ -56,8 +56,13 @@ class Answer:
     body: bytes
 
 
-def _post(port: int, body: bytes | None, headers: dict[str, str], path: str = TRACES_PATH,
-          method: str = "POST") -> Answer:
+def _post(
+    port: int,
+    body: bytes | None,
+    headers: dict[str, str],
+    path: str = TRACES_PATH,
+    method: str = "POST",
+) -> Answer:
     """One request on a fresh connection, headers exactly as given (no Content-Length unless
     given; ``body`` None sends none)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
@@ -76,8 +81,9 @@ def _post(port: int, body: bytes | None, headers: dict[str, str], path: str = TR
         conn.close()
 
 
-def _headers(body: bytes, ctype: str = PB, token: str | None = TOKEN,
-             **extra: str) -> dict[str, str]:
+def _headers(
+    body: bytes, ctype: str = PB, token: str | None = TOKEN, **extra: str
+) -> dict[str, str]:
     headers = {"Content-Type": ctype, "Content-Length": str(len(body))}
     if token is not None:
         headers["Authorization"] = f"Bearer {token}"
@@ -90,9 +96,13 @@ def _batch(n: int = 3, start: int = T0) -> ExportTraceServiceRequest:
 
 
 def _ids(message: ExportTraceServiceRequest) -> set[tuple[str, str]]:
-    return {(s.trace_id.hex(), s.span_id.hex())
-            for rs in message.resource_spans for ss in rs.scope_spans for s in ss.spans
-            if s.name == "llm_request"}
+    return {
+        (s.trace_id.hex(), s.span_id.hex())
+        for rs in message.resource_spans
+        for ss in rs.scope_spans
+        for s in ss.spans
+        if s.name == "llm_request"
+    }
 
 
 def _stored_ids(path: Path) -> set[tuple[str, str]]:
@@ -115,16 +125,18 @@ class Rig:
         assert self.receiver.http_port is not None
         return self.receiver.http_port
 
-    def http(self, message: ExportTraceServiceRequest, ctype: str = PB,
-             token: str | None = TOKEN) -> Answer:
+    def http(
+        self, message: ExportTraceServiceRequest, ctype: str = PB, token: str | None = TOKEN
+    ) -> Answer:
         body = message.SerializeToString() if ctype == PB else to_otlp_json(message).encode()
         answer = _post(self.port, body, _headers(body, ctype, token))
         if answer.status == 200:
             self.accepted |= _ids(message)
         return answer
 
-    def grpc(self, message: ExportTraceServiceRequest,
-             token: str | None = TOKEN) -> ExportTraceServiceResponse:
+    def grpc(
+        self, message: ExportTraceServiceRequest, token: str | None = TOKEN
+    ) -> ExportTraceServiceResponse:
         metadata = [("authorization", f"Bearer {token}")] if token is not None else []
         response = self.stub.Export(message, metadata=metadata, timeout=10)
         self.accepted |= _ids(message)
@@ -148,8 +160,9 @@ class Rig:
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
     path = tmp_path_factory.mktemp("receiver") / "spans.sqlite"
     sink = SpanSink(path)
-    receiver = SpanReceiver(sink, http=("127.0.0.1", 0), grpc=("127.0.0.1", 0), token=TOKEN,
-                            max_bytes=MAX_BYTES)
+    receiver = SpanReceiver(
+        sink, http=("127.0.0.1", 0), grpc=("127.0.0.1", 0), token=TOKEN, max_bytes=MAX_BYTES
+    )
     with receiver:
         channel = grpc.insecure_channel(f"127.0.0.1:{receiver.grpc_port}")
         try:
@@ -164,8 +177,11 @@ def _refused(rig: Rig) -> dict[str, int]:
 
 
 def _delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
-    return {k: after.get(k, 0) - before.get(k, 0) for k in set(before) | set(after)
-            if after.get(k, 0) != before.get(k, 0)}
+    return {
+        k: after.get(k, 0) - before.get(k, 0)
+        for k in set(before) | set(after)
+        if after.get(k, 0) != before.get(k, 0)
+    }
 
 
 # -- the good path -----------------------------------------------------------------------------
@@ -179,8 +195,7 @@ def test_urls_point_at_the_ephemeral_ports(rig: Rig) -> None:
 
 
 def test_http_protobuf_spans_are_committed_before_the_200(rig: Rig) -> None:
-    message = export_request([vllm_span(start_ns=T0 + i, request_id=f"pb-{i}")
-                              for i in range(5)])
+    message = export_request([vllm_span(start_ns=T0 + i, request_id=f"pb-{i}") for i in range(5)])
     batches = rig.sink.stats.batches
     answer = rig.http(message)
     assert answer.status == 200
@@ -195,8 +210,9 @@ def test_http_protobuf_spans_are_committed_before_the_200(rig: Rig) -> None:
         span, attrs = found
         assert span.request_id == "pb-3" and "gen_ai.request.id" not in attrs  # in its column
         expected = decode_protobuf(message.SerializeToString(), "x").requests
-        assert store.spans_by_trace([r.trace_id for r in expected]) == \
-            {r.trace_id: r for r in expected}
+        assert store.spans_by_trace([r.trace_id for r in expected]) == {
+            r.trace_id: r for r in expected
+        }
 
 
 def test_http_json_spans_are_committed_and_answered_in_json(rig: Rig) -> None:
@@ -270,15 +286,18 @@ def test_concurrent_exporters_lose_nothing(rig: Rig) -> None:
 def _counts(path: Path) -> dict[tuple[str, str, str], int]:
     with Store(path) as store:
         stats = store.span_stats()
-    return {(c["kind"], c["service"], c["name"]): c["count"]
-            for c in stats["other"] + stats["rejected"]}
+    return {
+        (c["kind"], c["service"], c["name"]): c["count"] for c in stats["other"] + stats["rejected"]
+    }
 
 
 def test_spans_without_vllm_attributes_are_counted_as_other(rig: Rig) -> None:
     before = _counts(rig.path)
     other_before = rig.sink.stats.other_spans
-    message = export_request([other_span("GET /metrics"), other_span("GET /metrics"),
-                              vllm_span(start_ns=T0)], service="edge-proxy")
+    message = export_request(
+        [other_span("GET /metrics"), other_span("GET /metrics"), vllm_span(start_ns=T0)],
+        service="edge-proxy",
+    )
     assert rig.http(message).status == 200
     rig.grpc(export_request([other_span("GET /metrics")], service="edge-proxy"))
     assert rig.sink.stats.other_spans - other_before == 3
@@ -322,8 +341,7 @@ def test_clock_skewed_spans_are_rejected_with_partial_success(rig: Rig) -> None:
     good = (_ids(message) | _ids(message_j) | _ids(message_g)) - (skewed | skewed_j | skewed_g)
     assert len(good) == 3 and good <= stored  # the good span of each batch is
     assert rig.sink.stats.rejected_spans - rejected_before == 6
-    assert sum(n for k, n in _counts(rig.path).items() if k[0] == "rejected") - \
-        counts_before == 6
+    assert sum(n for k, n in _counts(rig.path).items() if k[0] == "rejected") - counts_before == 6
     rig.still_works()
 
 
@@ -343,57 +361,158 @@ def _hostile_cases() -> list[tuple[str, Any, int, str | None, bytes]]:
     truncated = _good_pb()[:-7]
     random_bytes = bytes(range(256)) * 4
     return [
-        ("truncated protobuf", lambda p: _post(p, truncated, _headers(truncated)),
-         400, "malformed", b"not an OTLP protobuf"),
-        ("random bytes", lambda p: _post(p, random_bytes, _headers(random_bytes)),
-         400, "malformed", b""),
-        ("json array", lambda p: _post(p, b"[1]", _headers(b"[1]", JSON)),
-         400, "malformed", b"JSON object"),
-        ("json not json", lambda p: _post(p, b"{oops", _headers(b"{oops", JSON)),
-         400, "malformed", b"not JSON"),
-        ("deeply nested json", lambda p: _post(p, deep, _headers(deep, JSON)),
-         400, "malformed", b"nested too deeply"),
-        ("protobuf sent as json", lambda p: _post(p, _good_pb(), _headers(_good_pb(), JSON)),
-         400, "malformed", b""),
-        ("wrong content type", lambda p: _post(p, b"hello", _headers(b"hello", "text/plain")),
-         415, "unsupported content type", b"text/plain"),
-        ("no content type", lambda p: _post(p, b"x", {"Content-Length": "1",
-                                                    "Authorization": f"Bearer {TOKEN}"}),
-         415, "unsupported content type", b"(none)"),
-        ("no content length", lambda p: _post(p, None, {"Content-Type": PB,
-                                                      "Authorization": f"Bearer {TOKEN}"}),
-         411, "no content length", b"Content-Length"),
-        ("negative content length", lambda p: _post(p, None, {
-            "Content-Type": PB, "Content-Length": "-1", "Authorization": f"Bearer {TOKEN}"}),
-         411, "no content length", b""),
-        ("oversize", lambda p: _post(p, None, {
-            "Content-Type": PB, "Content-Length": str(MAX_BYTES + 1),
-            "Authorization": f"Bearer {TOKEN}"}),
-         413, "too large", str(MAX_BYTES).encode()),
-        ("gzip bomb", lambda p: _post(p, bomb, _headers(bomb, Content_Encoding="gzip")),
-         400, "malformed", b"decompressed body is over"),
-        ("corrupt gzip", lambda p: _post(p, not_gzip, _headers(not_gzip,
-                                                               Content_Encoding="gzip")),
-         400, "malformed", b"bad gzip body"),
-        ("unsupported encoding", lambda p: _post(p, _good_pb(), _headers(
-            _good_pb(), Content_Encoding="br")), 400, "malformed", b"not supported"),
-        ("wrong path", lambda p: _post(p, _good_pb(), _headers(_good_pb()),
-                                       path="/v1/metrics"), 404, "not found", b"/v1/traces"),
-        ("no token", lambda p: _post(p, _good_pb(), _headers(_good_pb(), token=None)),
-         401, "unauthorized", b"token"),
-        ("wrong token", lambda p: _post(p, _good_pb(), _headers(_good_pb(), token="guess")),
-         401, "unauthorized", b"token"),
-        ("token without bearer", lambda p: _post(p, _good_pb(), {
-            **_headers(_good_pb(), token=None), "Authorization": TOKEN}),
-         401, "unauthorized", b""),
+        (
+            "truncated protobuf",
+            lambda p: _post(p, truncated, _headers(truncated)),
+            400,
+            "malformed",
+            b"not an OTLP protobuf",
+        ),
+        (
+            "random bytes",
+            lambda p: _post(p, random_bytes, _headers(random_bytes)),
+            400,
+            "malformed",
+            b"",
+        ),
+        (
+            "json array",
+            lambda p: _post(p, b"[1]", _headers(b"[1]", JSON)),
+            400,
+            "malformed",
+            b"JSON object",
+        ),
+        (
+            "json not json",
+            lambda p: _post(p, b"{oops", _headers(b"{oops", JSON)),
+            400,
+            "malformed",
+            b"not JSON",
+        ),
+        (
+            "deeply nested json",
+            lambda p: _post(p, deep, _headers(deep, JSON)),
+            400,
+            "malformed",
+            b"nested too deeply",
+        ),
+        (
+            "protobuf sent as json",
+            lambda p: _post(p, _good_pb(), _headers(_good_pb(), JSON)),
+            400,
+            "malformed",
+            b"",
+        ),
+        (
+            "wrong content type",
+            lambda p: _post(p, b"hello", _headers(b"hello", "text/plain")),
+            415,
+            "unsupported content type",
+            b"text/plain",
+        ),
+        (
+            "no content type",
+            lambda p: _post(p, b"x", {"Content-Length": "1", "Authorization": f"Bearer {TOKEN}"}),
+            415,
+            "unsupported content type",
+            b"(none)",
+        ),
+        (
+            "no content length",
+            lambda p: _post(p, None, {"Content-Type": PB, "Authorization": f"Bearer {TOKEN}"}),
+            411,
+            "no content length",
+            b"Content-Length",
+        ),
+        (
+            "negative content length",
+            lambda p: _post(
+                p,
+                None,
+                {"Content-Type": PB, "Content-Length": "-1", "Authorization": f"Bearer {TOKEN}"},
+            ),
+            411,
+            "no content length",
+            b"",
+        ),
+        (
+            "oversize",
+            lambda p: _post(
+                p,
+                None,
+                {
+                    "Content-Type": PB,
+                    "Content-Length": str(MAX_BYTES + 1),
+                    "Authorization": f"Bearer {TOKEN}",
+                },
+            ),
+            413,
+            "too large",
+            str(MAX_BYTES).encode(),
+        ),
+        (
+            "gzip bomb",
+            lambda p: _post(p, bomb, _headers(bomb, Content_Encoding="gzip")),
+            400,
+            "malformed",
+            b"decompressed body is over",
+        ),
+        (
+            "corrupt gzip",
+            lambda p: _post(p, not_gzip, _headers(not_gzip, Content_Encoding="gzip")),
+            400,
+            "malformed",
+            b"bad gzip body",
+        ),
+        (
+            "unsupported encoding",
+            lambda p: _post(p, _good_pb(), _headers(_good_pb(), Content_Encoding="br")),
+            400,
+            "malformed",
+            b"not supported",
+        ),
+        (
+            "wrong path",
+            lambda p: _post(p, _good_pb(), _headers(_good_pb()), path="/v1/metrics"),
+            404,
+            "not found",
+            b"/v1/traces",
+        ),
+        (
+            "no token",
+            lambda p: _post(p, _good_pb(), _headers(_good_pb(), token=None)),
+            401,
+            "unauthorized",
+            b"token",
+        ),
+        (
+            "wrong token",
+            lambda p: _post(p, _good_pb(), _headers(_good_pb(), token="guess")),
+            401,
+            "unauthorized",
+            b"token",
+        ),
+        (
+            "token without bearer",
+            lambda p: _post(
+                p, _good_pb(), {**_headers(_good_pb(), token=None), "Authorization": TOKEN}
+            ),
+            401,
+            "unauthorized",
+            b"",
+        ),
         ("GET", lambda p: _post(p, None, {}, method="GET"), 501, None, b""),
     ]
 
 
-@pytest.mark.parametrize(("build", "status", "reason", "text"),
-                         [c[1:] for c in _hostile_cases()], ids=[c[0] for c in _hostile_cases()])
+@pytest.mark.parametrize(
+    ("build", "status", "reason", "text"),
+    [c[1:] for c in _hostile_cases()],
+    ids=[c[0] for c in _hostile_cases()],
+)
 def test_hostile_http_input_gets_its_status_and_loses_nothing(
-        rig: Rig, build: Any, status: int, reason: str | None, text: bytes) -> None:
+    rig: Rig, build: Any, status: int, reason: str | None, text: bytes
+) -> None:
     rig.still_works()  # something received before, so there is something to lose
     before = _refused(rig)
     batches = rig.sink.stats.batches
@@ -407,8 +526,11 @@ def test_hostile_http_input_gets_its_status_and_loses_nothing(
 
 
 def test_oversize_answer_closes_the_connection(rig: Rig) -> None:
-    answer = _post(rig.port, None, {"Content-Type": PB, "Content-Length": str(10**12),
-                                    "Authorization": f"Bearer {TOKEN}"})
+    answer = _post(
+        rig.port,
+        None,
+        {"Content-Type": PB, "Content-Length": str(10**12), "Authorization": f"Bearer {TOKEN}"},
+    )
     assert answer.status == 413
     assert answer.headers.get("connection", "").lower() == "close"
 
@@ -421,8 +543,9 @@ def test_grpc_bad_token_is_unauthenticated(rig: Rig, token: str | None) -> None:
     before = _refused(rig)
     message = _batch(2)
     with pytest.raises(grpc.RpcError) as info:
-        rig.stub.Export(message, metadata=[("authorization", f"Bearer {token}")]
-                        if token else [], timeout=10)
+        rig.stub.Export(
+            message, metadata=[("authorization", f"Bearer {token}")] if token else [], timeout=10
+        )
     assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
     assert _delta(before, _refused(rig)) == {"unauthorized": 1}
     assert not _ids(message) & _stored_ids(rig.path)
@@ -440,8 +563,11 @@ def test_grpc_oversize_message_is_refused(rig: Rig) -> None:
 
 
 def _raw_export(rig: Rig, payload: bytes) -> grpc.RpcError:
-    call = rig.channel.unary_unary(EXPORT_METHOD, request_serializer=lambda b: b,
-                                   response_deserializer=ExportTraceServiceResponse.FromString)
+    call = rig.channel.unary_unary(
+        EXPORT_METHOD,
+        request_serializer=lambda b: b,
+        response_deserializer=ExportTraceServiceResponse.FromString,
+    )
     with pytest.raises(grpc.RpcError) as info:
         call(payload, metadata=[("authorization", f"Bearer {TOKEN}")], timeout=10)
     return info.value
@@ -471,7 +597,8 @@ def _failing_store(monkeypatch: pytest.MonkeyPatch, rig: Rig) -> None:
 
 
 def test_store_failure_is_503_with_retry_after_then_the_retry_succeeds(
-        rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
     message = _batch(3)
     body = message.SerializeToString()
     before = _refused(rig)
@@ -491,8 +618,7 @@ def test_store_failure_is_503_with_retry_after_then_the_retry_succeeds(
     rig.still_works()
 
 
-def test_store_failure_is_unavailable_over_grpc(
-        rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_store_failure_is_unavailable_over_grpc(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
     message = _batch(3)
     _failing_store(monkeypatch, rig)
     with pytest.raises(grpc.RpcError) as info:
@@ -523,16 +649,16 @@ def test_a_failing_listener_does_not_turn_a_stored_batch_into_an_error(rig: Rig)
 
 
 @pytest.mark.parametrize("kind", ["401", "404", "415"])
-def test_a_refused_request_does_not_poison_the_kept_alive_connection(
-        rig: Rig, kind: str) -> None:
+def test_a_refused_request_does_not_poison_the_kept_alive_connection(rig: Rig, kind: str) -> None:
     good = to_otlp_json(_batch(2)).encode()
     bad_headers = _headers(good, JSON, token="guess" if kind == "401" else TOKEN)
     if kind == "415":
         bad_headers["Content-Type"] = "text/plain"
     conn = http.client.HTTPConnection("127.0.0.1", rig.port, timeout=5)
     try:
-        conn.request("POST", "/v1/logs" if kind == "404" else TRACES_PATH, body=good,
-                     headers=bad_headers)
+        conn.request(
+            "POST", "/v1/logs" if kind == "404" else TRACES_PATH, body=good, headers=bad_headers
+        )
         first = conn.getresponse()
         first.read()
         assert first.status == int(kind)
@@ -546,9 +672,12 @@ def test_a_refused_request_does_not_poison_the_kept_alive_connection(
 
 def test_a_non_ascii_digit_content_length_is_answered_411(rig: Rig) -> None:
     with socket.create_connection(("127.0.0.1", rig.port), timeout=5) as sock:
-        sock.sendall(b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                     b"application/x-protobuf\r\nAuthorization: Bearer " + TOKEN.encode()
-                     + b"\r\nContent-Length: \xb2\r\n\r\nab")
+        sock.sendall(
+            b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: "
+            b"application/x-protobuf\r\nAuthorization: Bearer "
+            + TOKEN.encode()
+            + b"\r\nContent-Length: \xb2\r\n\r\nab"
+        )
         reply = sock.recv(4096)
     assert reply.startswith(b"HTTP/1.1 411")
 
@@ -558,8 +687,9 @@ def test_out_of_range_values_do_not_wedge_the_receiver(tmp_path: Path) -> None:
     try:
         with SpanReceiver(sink, http=("127.0.0.1", 0), grpc=None) as receiver:
             assert receiver.http_port is not None
-            hostile = export_request([vllm_span(
-                start_ns=T0, extra={"gen_ai.usage.prompt_tokens": 2**63 - 1})])
+            hostile = export_request(
+                [vllm_span(start_ns=T0, extra={"gen_ai.usage.prompt_tokens": 2**63 - 1})]
+            )
             body = hostile.SerializeToString()
             first = _post(receiver.http_port, body, _headers(body, token=None))
             good = _batch(2)
@@ -598,8 +728,9 @@ def test_forwarding_sends_every_accepted_batch_to_the_users_collector(tmp_path: 
     try:
         with SpanReceiver(target_sink, http=("127.0.0.1", 0), grpc=None) as target:
             assert target.http_url is not None
-            with SpanReceiver(front_sink, http=("127.0.0.1", 0), grpc=("127.0.0.1", 0),
-                              forward=target.http_url) as front:
+            with SpanReceiver(
+                front_sink, http=("127.0.0.1", 0), grpc=("127.0.0.1", 0), forward=target.http_url
+            ) as front:
                 assert front.http_port is not None
                 sent = [_batch(3), _batch(2), _batch(4), _batch(1)]
                 sent[0].resource_spans[0].scope_spans[0].spans.append(other_span("GET /x"))
@@ -608,8 +739,12 @@ def test_forwarding_sends_every_accepted_batch_to_the_users_collector(tmp_path: 
                 body = to_otlp_json(sent[1]).encode()  # arrives as JSON, leaves as protobuf
                 assert _post(front.http_port, body, _headers(body, JSON, None)).status == 200
                 body = gzip.compress(sent[2].SerializeToString())
-                assert _post(front.http_port, body, _headers(
-                    body, token=None, Content_Encoding="gzip")).status == 200
+                assert (
+                    _post(
+                        front.http_port, body, _headers(body, token=None, Content_Encoding="gzip")
+                    ).status
+                    == 200
+                )
                 with grpc.insecure_channel(f"127.0.0.1:{front.grpc_port}") as channel:
                     TraceServiceStub(channel).Export(sent[3], timeout=10)
                 assert wait_for(lambda: front_sink.stats.forwarded == 4, 10)
@@ -617,6 +752,7 @@ def test_forwarding_sends_every_accepted_batch_to_the_users_collector(tmp_path: 
         expected = set().union(*(_ids(m) for m in sent))
         assert _stored_ids(tmp_path / "collector.sqlite") == expected
         with Store(tmp_path / "collector.sqlite") as a, Store(tmp_path / "front.sqlite") as b:
+
             def key(r: Any) -> tuple[str, str]:
                 return r.trace_id, r.span_id
 
@@ -647,8 +783,9 @@ def test_a_dead_forward_target_costs_forwarding_not_spans(tmp_path: Path) -> Non
             for message in messages:
                 body = message.SerializeToString()
                 assert _post(receiver.http_port, body, _headers(body, token=None)).status == 200
-            assert set().union(*(_ids(m) for m in messages)) <= \
-                _stored_ids(tmp_path / "spans.sqlite")
+            assert set().union(*(_ids(m) for m in messages)) <= _stored_ids(
+                tmp_path / "spans.sqlite"
+            )
             assert wait_for(lambda: sink.stats.forward_failed == 2, 10)
             assert sink.stats.forwarded == 0
             assert receiver.forwarder.errors and dead in receiver.forwarder.errors[0]
@@ -687,8 +824,7 @@ def test_a_grpc_port_already_taken_is_a_config_error(tmp_path: Path) -> None:
         sink.close()
 
 
-def test_a_grpc_port_taken_by_another_receiver_is_a_config_error(
-        rig: Rig, tmp_path: Path) -> None:
+def test_a_grpc_port_taken_by_another_receiver_is_a_config_error(rig: Rig, tmp_path: Path) -> None:
     sink = SpanSink(tmp_path / "spans.sqlite")
     try:
         second = SpanReceiver(sink, http=None, grpc=("127.0.0.1", rig.receiver.grpc_port or 0))
@@ -710,10 +846,15 @@ def test_no_listener_at_all_is_a_config_error(tmp_path: Path) -> None:
         sink.close()
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("127.0.0.1:4318", ("127.0.0.1", 4318)), (":4317", ("127.0.0.1", 4317)),
-    ("0.0.0.0:0", ("0.0.0.0", 0)), ("[::1]:4318", ("::1", 4318)),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("127.0.0.1:4318", ("127.0.0.1", 4318)),
+        (":4317", ("127.0.0.1", 4317)),
+        ("0.0.0.0:0", ("0.0.0.0", 0)),
+        ("[::1]:4318", ("::1", 4318)),
+    ],
+)
 def test_parse_listen(text: str, expected: tuple[str, int]) -> None:
     assert parse_listen(text, "--http") == expected
 

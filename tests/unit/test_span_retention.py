@@ -23,13 +23,27 @@ T0 = 1_760_000_000_000_000_000
 S = 10**9
 
 
-def _span(i: int, start_ns: int, *, trace: str | None = None,
-          request_id: str | None = None) -> RequestSpan:
-    return RequestSpan(trace_id=trace or f"{i:032x}", span_id=f"{i:016x}",
-                       request_id=request_id or f"cmpl-other-{i}-0", model="m", service="vllm",
-                       instance="r0", start_ns=start_ns, end_ns=start_ns + S // 10,
-                       queue_s=0.0, prefill_s=0.01, decode_s=0.05, inference_s=0.06,
-                       ttft_s=0.02, e2e_s=0.08, prompt_tokens=10, completion_tokens=5)
+def _span(
+    i: int, start_ns: int, *, trace: str | None = None, request_id: str | None = None
+) -> RequestSpan:
+    return RequestSpan(
+        trace_id=trace or f"{i:032x}",
+        span_id=f"{i:016x}",
+        request_id=request_id or f"cmpl-other-{i}-0",
+        model="m",
+        service="vllm",
+        instance="r0",
+        start_ns=start_ns,
+        end_ns=start_ns + S // 10,
+        queue_s=0.0,
+        prefill_s=0.01,
+        decode_s=0.05,
+        inference_s=0.06,
+        ttft_s=0.02,
+        e2e_s=0.08,
+        prompt_tokens=10,
+        completion_tokens=5,
+    )
 
 
 def _add(store: Store, spans: list[RequestSpan]) -> None:
@@ -38,14 +52,29 @@ def _add(store: Store, spans: list[RequestSpan]) -> None:
 
 def _experiment_with_runs(store: Store, ids: list[tuple[str, str]]) -> None:
     """A stored probe whose runs were sent with these (trace id, request id)."""
-    exp = store.create_experiment(Experiment(
-        name="p", kind="probe", spec=RunSpec(endpoint="http://x", model="m", prompt="hi",
-                                                        max_tokens=8),
-        server_info={}, created_wall_ns=T0))
+    exp = store.create_experiment(
+        Experiment(
+            name="p",
+            kind="probe",
+            spec=RunSpec(endpoint="http://x", model="m", prompt="hi", max_tokens=8),
+            server_info={},
+            created_wall_ns=T0,
+        )
+    )
     for seq, (trace, rid) in enumerate(ids):
-        store.add_run(exp, Run(seq=seq, status="ok", prompt="hi", client=None, server=None,
-                               isolation=Isolation(verified=False, isolated=False),
-                               trace_id=trace, request_id=rid))
+        store.add_run(
+            exp,
+            Run(
+                seq=seq,
+                status="ok",
+                prompt="hi",
+                client=None,
+                server=None,
+                isolation=Isolation(verified=False, isolated=False),
+                trace_id=trace,
+                request_id=rid,
+            ),
+        )
 
 
 def _ids(store: Store) -> set[str]:
@@ -71,9 +100,14 @@ def test_prune_by_age_and_count_keeps_experiment_spans(tmp_path: Path):
         spans[3] = _span(3, T0 + 3 * S, request_id=f"cmpl-{rid}-0")
         spans[4] = _span(4, T0 + 4 * S, request_id=f"{RUN_REQUEST_ID_PREFIX}00000000000000bb")
         _add(store, spans)
-        _experiment_with_runs(store, [("ab" * 16, f"{RUN_REQUEST_ID_PREFIX}0000000000000001"),
-                                      ("cd" * 16, rid),
-                                      ("ef" * 16, f"{RUN_REQUEST_ID_PREFIX}00000000000000bb")])
+        _experiment_with_runs(
+            store,
+            [
+                ("ab" * 16, f"{RUN_REQUEST_ID_PREFIX}0000000000000001"),
+                ("cd" * 16, rid),
+                ("ef" * 16, f"{RUN_REQUEST_ID_PREFIX}00000000000000bb"),
+            ],
+        )
         dry = store.prune_spans(before_ns=T0 + 50 * S, dry_run=True)
         assert (dry["deleted"], dry["protected"]) == (47, 3)
         assert len(_ids(store)) == 100  # a dry run deletes nothing
@@ -97,10 +131,12 @@ def test_long_watch_with_retention_stays_under_its_bound(tmp_path: Path):
     kept_traces = ["ab" * 16, "cd" * 16]
     with Store(path) as store:
         _add(store, [_span(10**9 + k, T0 + k, trace=t) for k, t in enumerate(kept_traces)])
-        _experiment_with_runs(store, [(t, f"{RUN_REQUEST_ID_PREFIX}{k:016x}")
-                                      for k, t in enumerate(kept_traces)])
-    retention = SpanRetention(path, RetentionPolicy(max_spans=5_000, every_s=30.0),
-                              clock=lambda: now[0])
+        _experiment_with_runs(
+            store, [(t, f"{RUN_REQUEST_ID_PREFIX}{k:016x}") for k, t in enumerate(kept_traces)]
+        )
+    retention = SpanRetention(
+        path, RetentionPolicy(max_spans=5_000, every_s=30.0), clock=lambda: now[0]
+    )
     sizes = []
     per_pass = 600  # 20/s over 30 s
     with Store(path) as writer:
@@ -140,8 +176,9 @@ def test_retention_by_age_with_a_receiver_writing(tmp_path: Path):
     def write() -> None:
         try:
             for b in range(50):
-                new = [_span(100_000 + b * 20 + j, T0 + 3600 * S + (b * 20 + j) * S)
-                       for j in range(20)]
+                new = [
+                    _span(100_000 + b * 20 + j, T0 + 3600 * S + (b * 20 + j) * S) for j in range(20)
+                ]
                 sink.commit(SpanBatch(requests=new, attributes=[{} for _ in new]))
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)

@@ -20,18 +20,40 @@ from tests.unit.test_checklist_rules import T0, make_run
 from tests.unit.test_span_context import population
 
 
-def span(i: int, *, queue: float = 0.001, prefill: float = 0.05, decode: float = 0.5,
-         prompt: int = 500, completion: int = 51, pre: float = 0.002,
-         at_s: float | None = None, instance: str = "a") -> RequestSpan:
+def span(
+    i: int,
+    *,
+    queue: float = 0.001,
+    prefill: float = 0.05,
+    decode: float = 0.5,
+    prompt: int = 500,
+    completion: int = 51,
+    pre: float = 0.002,
+    at_s: float | None = None,
+    instance: str = "a",
+) -> RequestSpan:
     """Request i arriving at T0 + at_s (default: i seconds, so one at a time)."""
     start = T0 + round((i if at_s is None else at_s) * 1e9)
     ttft = pre + queue + prefill
     e2e = ttft + decode + 0.001
     return RequestSpan(
-        trace_id=f"{i:032x}", span_id=f"{i:016x}", request_id=f"req-{i}", model="m",
-        service="vllm", instance=instance, start_ns=start, end_ns=start + round(e2e * 1e9),
-        queue_s=queue, prefill_s=prefill, decode_s=decode, inference_s=prefill + decode,
-        ttft_s=ttft, e2e_s=e2e, prompt_tokens=prompt, completion_tokens=completion)
+        trace_id=f"{i:032x}",
+        span_id=f"{i:016x}",
+        request_id=f"req-{i}",
+        model="m",
+        service="vllm",
+        instance=instance,
+        start_ns=start,
+        end_ns=start + round(e2e * 1e9),
+        queue_s=queue,
+        prefill_s=prefill,
+        decode_s=decode,
+        inference_s=prefill + decode,
+        ttft_s=ttft,
+        e2e_s=e2e,
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+    )
 
 
 def on(spans: list[RequestSpan] | None, **kw) -> Evidence:
@@ -45,6 +67,7 @@ def assert_skipped(v, *words: str) -> None:
 
 
 # -- registry -------------------------------------------------------------------------------------
+
 
 def test_span_rules_run_when_the_evidence_holds_spans_and_on_request():
     ids = [r.id for r in SPAN_RULES]
@@ -62,6 +85,7 @@ def test_span_rules_run_when_the_evidence_holds_spans_and_on_request():
 
 # -- queue_dominated ------------------------------------------------------------------------------
 
+
 def test_queue_dominated_passes_when_requests_barely_wait():
     v = rules.queue_dominated(on([span(i) for i in range(30)]))
     assert v.status == "pass"
@@ -70,10 +94,13 @@ def test_queue_dominated_passes_when_requests_barely_wait():
     assert ms(v.numbers["queue_p90_s"]) in v.summary
 
 
-@pytest.mark.parametrize(("queue", "status", "head"), [
-    (1.0, "fail", "queueing dominates latency (≥ 50.0 %)"),
-    (0.2, "warn", "queueing is a large part of latency (≥ 20.0 %)"),
-])
+@pytest.mark.parametrize(
+    ("queue", "status", "head"),
+    [
+        (1.0, "fail", "queueing dominates latency (≥ 50.0 %)"),
+        (0.2, "warn", "queueing is a large part of latency (≥ 20.0 %)"),
+    ],
+)
 def test_queue_dominated_fails_or_warns_with_its_numbers(queue, status, head):
     v = rules.queue_dominated(on([span(i, queue=queue) for i in range(30)]))
     assert v.status == status and v.summary.startswith(head)
@@ -88,20 +115,23 @@ def test_queue_dominated_fails_or_warns_with_its_numbers(queue, status, head):
 
 
 def test_queue_dominated_thin_or_missing_is_skipped():
-    assert_skipped(rules.queue_dominated(on([span(i, queue=5.0) for i in range(5)])),
-                   "at least 20", "(have 5)")
+    assert_skipped(
+        rules.queue_dominated(on([span(i, queue=5.0) for i in range(5)])), "at least 20", "(have 5)"
+    )
     assert_skipped(rules.queue_dominated(on(None)), "phaseprobe watch")
 
 
 # -- prefill_interference -------------------------------------------------------------------------
+
 
 def test_interference_warns_when_the_tpot_rise_is_material():
     v = rules.interference(on(population(5e-5)))
     assert v.status == "warn", v.summary
     n = v.numbers
     assert n["ci_low_s_per_token"] > 0 and n["tpot_rise_frac"] >= 0.10
-    assert n["tpot_rise_s"] == pytest.approx(n["slope_s_per_token"]
-                                             * n["median_overlap_tokens_per_step"], rel=1e-3)
+    assert n["tpot_rise_s"] == pytest.approx(
+        n["slope_s_per_token"] * n["median_overlap_tokens_per_step"], rel=1e-3
+    )
     assert ms(n["slope_s_per_token"]) in v.summary and ms(n["ci_high_s_per_token"]) in v.summary
     assert f"TPOT rises {pct(n['tpot_rise_frac'])}" in v.summary
     assert "--max-num-batched-tokens" in v.recommendation
@@ -130,6 +160,7 @@ def test_interference_thin_evidence_is_skipped_undecided():
 
 # -- ttft_outliers --------------------------------------------------------------------------------
 
+
 def _tail(n_queue: int, n_long: int, n: int = 100) -> list[RequestSpan]:
     """n requests with TTFT ≈ 53 ms; the last n_queue waited 0.5 s, the n_long before them had
     an 8x prompt (0.5 s of prefill)."""
@@ -149,8 +180,12 @@ def test_ttft_tail_of_long_prompts_passes():
 def test_ttft_tail_of_queueing_warns_with_counts():
     v = rules.ttft_outliers(on(_tail(6, 4)))
     assert v.status == "warn", v.summary
-    assert v.numbers["explained_by"] == {"queue": 6, "long_prompt": 4,
-                                         "prefill_short_prompt": 0, "pre_engine": 0}
+    assert v.numbers["explained_by"] == {
+        "queue": 6,
+        "long_prompt": 4,
+        "prefill_short_prompt": 0,
+        "pre_engine": 0,
+    }
     assert "6 queueing, 4 long prompt" in v.summary
     assert ms(v.numbers["outlier_ttft_median_s"]) in v.summary
     assert ms(v.numbers["ttft_median_s"]) in v.summary
@@ -165,6 +200,7 @@ def test_ttft_mild_tail_passes_and_thin_is_skipped():
 
 
 # -- span_loss ------------------------------------------------------------------------------------
+
 
 def test_span_loss_against_the_finished_count():
     spans = [span(i) for i in range(100)]
@@ -188,12 +224,19 @@ def test_span_loss_without_a_count_says_what_supplies_it():
 
 # -- evidence: the spans `check` reads ------------------------------------------------------------
 
+
 def _store(tmp_path, spans: list[RequestSpan], *, runs: int = 3) -> tuple[str, int]:
     path = tmp_path / "s.db"
     with Store(path) as store:
-        exp = store.create_experiment(Experiment(
-            name="probe", kind="probe", created_wall_ns=T0, server_info={},
-            spec=RunSpec(endpoint="http://127.0.0.1:8000", model="m", prompt="", max_tokens=32)))
+        exp = store.create_experiment(
+            Experiment(
+                name="probe",
+                kind="probe",
+                created_wall_ns=T0,
+                server_info={},
+                spec=RunSpec(endpoint="http://127.0.0.1:8000", model="m", prompt="", max_tokens=32),
+            )
+        )
         for i in range(runs):  # sent at T0 + 2 s·i, each about 0.4 s long
             store.add_run(exp, make_run(i))
         if spans:
@@ -243,8 +286,7 @@ def test_check_cli_lists_and_reports_the_span_rules(tmp_path):
     assert "queue_dominated" in out.getvalue() and "span_loss" in out.getvalue()
     out.truncate(0)
     out.seek(0)
-    code = cmd_check.main(["--store", path, "--json"], out=console,
-                          err=Console(file=io.StringIO()))
+    code = cmd_check.main(["--store", path, "--json"], out=console, err=Console(file=io.StringIO()))
     doc = json.loads(out.getvalue())
     by = {v["rule"]: v for v in doc["verdicts"]}
     assert by["queue_dominated"]["status"] == "fail" and code == 1

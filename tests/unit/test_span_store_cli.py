@@ -36,8 +36,7 @@ def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str,
     return code, captured.out, captured.err
 
 
-def test_list_and_show_from_chdb_match_sqlite(tmp_path: Path,
-                                              capsys: pytest.CaptureFixture[str]):
+def test_list_and_show_from_chdb_match_sqlite(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     sqlite_store(tmp_path / "s.sqlite", SPANS).close()
     with chdb_store(tmp_path / "ch", SPANS):
         pass  # written, closed: the CLI opens it itself
@@ -70,8 +69,11 @@ def test_unreachable_and_missing_directory(tmp_path: Path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # nothing listens once closed
-    for url in (f"tempo://127.0.0.1:{port}", f"jaeger://127.0.0.1:{port}",
-                f"clickhouse://default@127.0.0.1:{port}/otel"):
+    for url in (
+        f"tempo://127.0.0.1:{port}",
+        f"jaeger://127.0.0.1:{port}",
+        f"clickhouse://default@127.0.0.1:{port}/otel",
+    ):
         with pytest.raises(SpanStoreUnreachable, match=f"127.0.0.1:{port}"):
             open_span_reader(url, timeout_s=2).check()
     with pytest.raises(SpanStoreUnreachable, match="no such directory"):
@@ -90,8 +92,10 @@ def test_password_never_from_the_url():
 def test_wrong_credentials(monkeypatch: pytest.MonkeyPatch):
     # ClickHouse's HTTP interface refuses a bad password with 516 in its body and header;
     # Tempo behind an auth proxy answers 401.
-    body = ("Code: 516. DB::Exception: default: Authentication failed: password is "
-            "incorrect, or there is no user with such name. (AUTHENTICATION_FAILED)")
+    body = (
+        "Code: 516. DB::Exception: default: Authentication failed: password is "
+        "incorrect, or there is no user with such name. (AUTHENTICATION_FAILED)"
+    )
     monkeypatch.setenv("PHASEPROBE_CLICKHOUSE_PASSWORD", "s3cret-value")
     with SpanStoreStub({"/": (403, body)}) as ch, SpanStoreStub({"/api/search": (401, {})}) as t:
         with pytest.raises(SpanStoreAuthError) as e:
@@ -106,11 +110,20 @@ def test_missing_table_and_other_services(tmp_path: Path):
         reader.check()  # an empty exporter table is fine: nothing to show yet
         with pytest.raises(SpanStoreSchemaError, match="no table default.nope"):
             ClickHouseSpans(reader._run, reader.where, "default", "nope").check()
-        other = {"ts_ns": 1_760_000_000_000_000_000, "TraceId": "ab" * 16, "SpanId": "cd" * 8,
-                 "ParentSpanId": "", "SpanName": "GET /health", "SpanKind": "Server",
-                 "ServiceName": "gateway", "ResourceAttributes": {}, "ScopeName": "",
-                 "SpanAttributes": {"http.status_code": "200"}, "Duration": 1000,
-                 "StatusCode": "Unset"}
+        other = {
+            "ts_ns": 1_760_000_000_000_000_000,
+            "TraceId": "ab" * 16,
+            "SpanId": "cd" * 8,
+            "ParentSpanId": "",
+            "SpanName": "GET /health",
+            "SpanKind": "Server",
+            "ServiceName": "gateway",
+            "ResourceAttributes": {},
+            "ScopeName": "",
+            "SpanAttributes": {"http.status_code": "200"},
+            "Duration": 1000,
+            "StatusCode": "Unset",
+        }
         for sql in insert_sql("default", "otel_traces", [other]):
             reader.execute(sql)
         with pytest.raises(NoRequestSpans, match="gateway/GET /health"):
@@ -119,9 +132,11 @@ def test_missing_table_and_other_services(tmp_path: Path):
 
 def test_other_shape(tmp_path: Path):
     with chdb_store(tmp_path / "ch", []) as reader:
-        reader.execute("CREATE TABLE default.spans_v0 (Timestamp DateTime64(9), "
-                       "TraceId String, SpanAttributes String) ENGINE = MergeTree ORDER BY "
-                       "Timestamp")
+        reader.execute(
+            "CREATE TABLE default.spans_v0 (Timestamp DateTime64(9), "
+            "TraceId String, SpanAttributes String) ENGINE = MergeTree ORDER BY "
+            "Timestamp"
+        )
         shaped = ClickHouseSpans(reader._run, reader.where, "default", "spans_v0")
         with pytest.raises(SpanStoreSchemaError) as e:
             shaped.check()
@@ -130,15 +145,18 @@ def test_other_shape(tmp_path: Path):
 
 
 def test_jaeger_of_other_services_only():
-    with SpanStoreStub({"/api/v3/services": {"services": ["gateway"]},
-                        "/api/v3/operations": {"operations": [{"name": "GET /"}]}}) as j:
+    with SpanStoreStub(
+        {
+            "/api/v3/services": {"services": ["gateway"]},
+            "/api/v3/operations": {"operations": [{"name": "GET /"}]},
+        }
+    ) as j:
         with pytest.raises(NoRequestSpans, match="gateway"):
             open_span_reader(f"jaeger://127.0.0.1:{j.port}").check()
 
 
 def test_cli_error_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
-    code, out, err = _cli(["spans", "list", "--spans-from", f"chdb:{tmp_path / 'none'}"],
-                          capsys)
+    code, out, err = _cli(["spans", "list", "--spans-from", f"chdb:{tmp_path / 'none'}"], capsys)
     assert code != 0 and "no such directory" in err and "Traceback" not in err
 
 

@@ -32,18 +32,27 @@ def _doc(agg: SpanAggregate) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def readers(tmp_path_factory: pytest.TempPathFactory) -> Any:
     tmp = tmp_path_factory.mktemp("stores")
-    with SpanStoreStub({"/api/search": tempo_search(SPANS)}) as tempo, \
-            SpanStoreStub({"/api/v3/services": {"services": ["vllm", "unknown_service"]},
-                           "/api/v3/operations": {"operations": [{"name": "llm_request"}]},
-                           "/api/v3/traces": jaeger_traces(SPANS)}) as jaeger, \
-            chdb_store(tmp / "chdb", SPANS) as ch:
+    with (
+        SpanStoreStub({"/api/search": tempo_search(SPANS)}) as tempo,
+        SpanStoreStub(
+            {
+                "/api/v3/services": {"services": ["vllm", "unknown_service"]},
+                "/api/v3/operations": {"operations": [{"name": "llm_request"}]},
+                "/api/v3/traces": jaeger_traces(SPANS),
+            }
+        ) as jaeger,
+        chdb_store(tmp / "chdb", SPANS) as ch,
+    ):
         sqlite = sqlite_store(tmp / "s.sqlite", SPANS)
         # Jaeger is asked service by service: the stub answers each with every span, so
         # the spans of one service are served once.
         jaeger.routes["/api/v3/services"] = {"services": ["vllm"]}
-        yield {"sqlite": sqlite, "chdb": ch,
-               "tempo": open_span_reader(f"tempo://127.0.0.1:{tempo.port}?limit=100000"),
-               "jaeger": open_span_reader(f"jaeger://127.0.0.1:{jaeger.port}")}
+        yield {
+            "sqlite": sqlite,
+            "chdb": ch,
+            "tempo": open_span_reader(f"tempo://127.0.0.1:{tempo.port}?limit=100000"),
+            "jaeger": open_span_reader(f"jaeger://127.0.0.1:{jaeger.port}"),
+        }
         sqlite.close()
 
 
@@ -73,8 +82,9 @@ def test_same_summary(readers: Any, name: str, window: tuple[int | None, int | N
 def test_same_rows_context_and_interference(readers: Any, name: str):
     since, until = SINCE, UNTIL
     ref, other = readers["sqlite"], readers[name]
-    assert other.recent_spans(7, since_ns=since, until_ns=until) == \
-        ref.recent_spans(7, since_ns=since, until_ns=until)
+    assert other.recent_spans(7, since_ns=since, until_ns=until) == ref.recent_spans(
+        7, since_ns=since, until_ns=until
+    )
     slow = ref.slowest_spans(5, since_ns=since, until_ns=until)
     assert other.slowest_spans(5, since_ns=since, until_ns=until) == slow
     assert len(slow) == 5 and slow[0].e2e_s >= slow[-1].e2e_s
@@ -89,5 +99,6 @@ def test_same_rows_context_and_interference(readers: Any, name: str):
     found = other.span_by_request_id("req-42")
     assert found is not None and found[0] == ref.span_by_request_id("req-42")[0]
     traces = [SPANS[3].trace_id, SPANS[9].trace_id]
-    assert other.spans_of_traces(traces, since_ns=T0 - 10**9) == \
-        ref.spans_of_traces(traces, since_ns=T0 - 10**9)
+    assert other.spans_of_traces(traces, since_ns=T0 - 10**9) == ref.spans_of_traces(
+        traces, since_ns=T0 - 10**9
+    )

@@ -15,18 +15,26 @@ import requests
 
 from phaseprobe.testing.sse_server import RequestRecord, Script, SseServer
 
-COMPLETION: dict[str, Any] = {"model": "sse-test-model", "prompt": "one two three four",
-                              "stream": True}
-CHAT: dict[str, Any] = {"model": "sse-test-model", "stream": True,
-        "messages": [{"role": "user", "content": "say five words please"}]}
+COMPLETION: dict[str, Any] = {
+    "model": "sse-test-model",
+    "prompt": "one two three four",
+    "stream": True,
+}
+CHAT: dict[str, Any] = {
+    "model": "sse-test-model",
+    "stream": True,
+    "messages": [{"role": "user", "content": "say five words please"}],
+}
 WITH_USAGE: dict[str, Any] = {"stream_options": {"include_usage": True}}
 
 
 def raw_post(port: int, path: str, body: dict[str, Any]) -> tuple[str, dict[str, str], bytes]:
     """POST over a bare socket and read to EOF: status line, headers, undecoded body."""
     payload = json.dumps(body).encode()
-    head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n").encode()
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
+    ).encode()
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
         sock.sendall(head + payload)
         data = b""
@@ -47,9 +55,9 @@ def dechunk(body: bytes) -> tuple[list[bytes], bool]:
         if size == 0:
             return chunks, True
         chunks.append(body[:size])
-        if body[size:size + 2] != b"\r\n":
+        if body[size : size + 2] != b"\r\n":
             raise ValueError(f"bad chunk framing after {body[:size]!r}")
-        body = body[size + 2:]
+        body = body[size + 2 :]
     return chunks, False
 
 
@@ -59,7 +67,7 @@ def sse_data(events: list[bytes]) -> list[str]:
         text = event.decode()
         if not (text.startswith("data: ") and text.endswith("\n\n")):
             raise ValueError(f"not one SSE data event: {text!r}")
-        out.append(text[len("data: "):-2])
+        out.append(text[len("data: ") : -2])
     return out
 
 
@@ -109,7 +117,7 @@ def test_usage_chunk_only_when_asked() -> None:
     assert usage_chunk["choices"] == []
     assert usage_chunk["usage"] == {"prompt_tokens": 4, "total_tokens": 7, "completion_tokens": 3}
     assert asked[-1] == "[DONE]" and len(asked) == 5
-    assert len(not_asked) == 4 and all("usage\":{" not in p for p in not_asked)
+    assert len(not_asked) == 4 and all('usage":{' not in p for p in not_asked)
     assert len(refused) == 4
 
 
@@ -156,15 +164,21 @@ def test_error_status_answers_vllm_json() -> None:
         records = server.requests
     assert resp.status_code == 503
     assert resp.headers["content-type"] == "application/json"
-    assert resp.json() == {"object": "error", "message": "engine overloaded",
-                           "type": "ServiceUnavailableError", "param": None, "code": 503}
+    assert resp.json() == {
+        "object": "error",
+        "message": "engine overloaded",
+        "type": "ServiceUnavailableError",
+        "param": None,
+        "code": 503,
+    }
     assert default.status_code == 400
     assert default.json()["type"] == "BadRequestError" and default.json()["code"] == 400
     assert all(r.send_ns == [] for r in records)
 
 
-def timing_problems(script: Script, check: Callable[[RequestRecord, list[int]], list[str]],
-                    attempts: int = 3) -> list[str]:
+def timing_problems(
+    script: Script, check: Callable[[RequestRecord, list[int]], list[str]], attempts: int = 3
+) -> list[str]:
     """Run ``script`` up to ``attempts`` times; the problems of the last try, [] once one passes.
 
     Wall-clock tolerances meet a shared 2-core machine here: a single descheduling can make one
@@ -190,14 +204,22 @@ def test_send_times_follow_the_script() -> None:
         if len(sent) != 6 or len(arrivals) != 7:
             return [f"{len(sent)} sends, {len(arrivals)} events"]
         # Never early (the spin waits for the deadline), and late by less than 2 ms.
-        problems = [f"event {i} sent {s - rec.start_ns - d} ns after its deadline"
-                    for i, (s, d) in enumerate(zip(sent, deadlines, strict=True))
-                    if not 0 <= s - rec.start_ns - d < 2_000_000]
-        problems += [f"gap {b - a} ns" for a, b in itertools.pairwise(sent)
-                     if abs(b - a - 20_000_000) >= 2_000_000]
+        problems = [
+            f"event {i} sent {s - rec.start_ns - d} ns after its deadline"
+            for i, (s, d) in enumerate(zip(sent, deadlines, strict=True))
+            if not 0 <= s - rec.start_ns - d < 2_000_000
+        ]
+        problems += [
+            f"gap {b - a} ns"
+            for a, b in itertools.pairwise(sent)
+            if abs(b - a - 20_000_000) >= 2_000_000
+        ]
         # Same machine, same clock: each event arrives after it was sent, and soon after.
-        problems += [f"arrived {a - s} ns after send" for s, a in zip(sent, arrivals)
-                     if not 0 < a - s < 10_000_000]
+        problems += [
+            f"arrived {a - s} ns after send"
+            for s, a in zip(sent, arrivals)
+            if not 0 < a - s < 10_000_000
+        ]
         return problems
 
     assert timing_problems(script, check) == []
@@ -234,16 +256,21 @@ def test_side_endpoints() -> None:
         models = requests.get(base + "/v1/models", timeout=5).json()
         assert [m["id"] for m in models["data"]] == ["tiny-llama"]
         assert requests.get(base + "/metrics", timeout=5).status_code == 404
-        assert [r.path for r in server.requests] == ["/health", "/version", "/v1/models",
-                                                     "/metrics"]
+        assert [r.path for r in server.requests] == [
+            "/health",
+            "/version",
+            "/v1/models",
+            "/metrics",
+        ]
 
 
 def test_records_body_headers_and_api_key() -> None:
     with SseServer(Script(n_tokens=2), api_key="sekrit") as server:
         url = server.base_url + "/v1/completions"
         denied = requests.post(url, json=COMPLETION, timeout=5)
-        with requests.post(url, json=COMPLETION, stream=True, timeout=5,
-                           headers={"Authorization": "Bearer sekrit"}) as ok:
+        with requests.post(
+            url, json=COMPLETION, stream=True, timeout=5, headers={"Authorization": "Bearer sekrit"}
+        ) as ok:
             ok_body = ok.content
         denied_rec, ok_rec = server.requests
     assert denied.status_code == 401 and denied.json() == {"error": "Unauthorized"}
@@ -256,8 +283,9 @@ def test_records_body_headers_and_api_key() -> None:
 def test_script_queue_then_default() -> None:
     with SseServer(Script(n_tokens=1)) as server:
         server.enqueue(Script(n_tokens=3), Script(n_tokens=2))
-        counts = [len(stream(server.base_url + "/v1/completions", COMPLETION)[0]) - 1
-                  for _ in range(3)]
+        counts = [
+            len(stream(server.base_url + "/v1/completions", COMPLETION)[0]) - 1 for _ in range(3)
+        ]
     assert counts == [3, 2, 1]
 
 
@@ -270,15 +298,17 @@ def test_sustains_2000_tokens_per_second() -> None:
         # Absolute deadlines: the typical gap is the scripted one, not gap + write cost.
         median_gap = statistics.median(b - a for a, b in itertools.pairwise(sent))
         return ([f"{rate:.0f} tokens/s"] if rate < 1_900 else []) + (
-            [f"median gap {median_gap} ns"] if abs(median_gap - 500_000) >= 50_000 else [])
+            [f"median gap {median_gap} ns"] if abs(median_gap - 500_000) >= 50_000 else []
+        )
 
     assert timing_problems(Script(n_tokens=600, gap_s=0.0005), check) == []
 
 
 def test_close_interrupts_a_long_delay() -> None:
     server = SseServer(Script(n_tokens=2, first_delay_s=30))
-    with requests.post(server.base_url + "/v1/completions", json=COMPLETION, stream=True,
-                       timeout=5) as resp:
+    with requests.post(
+        server.base_url + "/v1/completions", json=COMPLETION, stream=True, timeout=5
+    ) as resp:
         assert resp.status_code == 200  # headers went out before the delay
         t0 = time.monotonic()
         server.close()
@@ -290,8 +320,10 @@ def test_close_interrupts_a_long_delay() -> None:
     assert server.requests[-1].done.wait(2) and server.requests[-1].send_ns == []
 
 
-@pytest.mark.parametrize("kwargs", [{"n_tokens": 0}, {"gap_s": -1.0}, {"tokens_per_event": 0},
-                                    {"cut_after": -1}, {"status": 302}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"n_tokens": 0}, {"gap_s": -1.0}, {"tokens_per_event": 0}, {"cut_after": -1}, {"status": 302}],
+)
 def test_script_rejects_nonsense(kwargs: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
         Script(**kwargs)

@@ -42,16 +42,30 @@ endpoint = "http://127.0.0.1:2"
 
 def _span(i: int) -> RequestSpan:
     start = 1_700_000_000_000_000_000 + i * 10**9
-    return RequestSpan(trace_id=f"{i:032x}", span_id=f"{i:016x}", request_id=f"req-{i}",
-                       model="m", service="vllm", instance="host", start_ns=start,
-                       end_ns=start + 120_000_000, queue_s=0.001, prefill_s=0.01,
-                       decode_s=0.1, inference_s=0.11, ttft_s=0.02, e2e_s=0.12,
-                       prompt_tokens=32, completion_tokens=4)
+    return RequestSpan(
+        trace_id=f"{i:032x}",
+        span_id=f"{i:016x}",
+        request_id=f"req-{i}",
+        model="m",
+        service="vllm",
+        instance="host",
+        start_ns=start,
+        end_ns=start + 120_000_000,
+        queue_s=0.001,
+        prefill_s=0.01,
+        decode_s=0.1,
+        inference_s=0.11,
+        ttft_s=0.02,
+        e2e_s=0.12,
+        prompt_tokens=32,
+        completion_tokens=4,
+    )
 
 
 def _experiment(store: Store, name: str, runs: int = 3) -> int:
-    exp_id = store.create_experiment(Experiment(name=name, kind="probe", spec=SPEC,
-                                                server_info={}, created_wall_ns=1))
+    exp_id = store.create_experiment(
+        Experiment(name=name, kind="probe", spec=SPEC, server_info={}, created_wall_ns=1)
+    )
     for i in range(runs):
         store.add_run(exp_id, _run(i))
     store.finish_experiment(exp_id)
@@ -95,21 +109,31 @@ def _fails(argv: list[str], capsys: pytest.CaptureFixture[str], *words: str) -> 
     return lines[0]
 
 
-READ_COMMANDS = [["runs"], ["runs", "--latest"], ["runs", "1"], ["check", "--latest"],
-                 ["check", "1"], ["ab", "report", "1"], ["ab", "compare", "1", "2"],
-                 ["spans", "list"], ["spans", "show", "req-1"]]
+READ_COMMANDS = [
+    ["runs"],
+    ["runs", "--latest"],
+    ["runs", "1"],
+    ["check", "--latest"],
+    ["check", "1"],
+    ["ab", "report", "1"],
+    ["ab", "compare", "1", "2"],
+    ["spans", "list"],
+    ["spans", "show", "req-1"],
+]
 
 
-def _all_read_commands_fail(path: Path, capsys: pytest.CaptureFixture[str],
-                            *words: str) -> None:
+def _all_read_commands_fail(path: Path, capsys: pytest.CaptureFixture[str], *words: str) -> None:
     for argv in READ_COMMANDS:
         _fails([*argv, "--store", str(path)], capsys, *words)
 
 
 def _snapshot(directory: Path) -> dict[str, tuple[bytes, int]]:
     """Every file in ``directory``: its bytes and modification time (ns)."""
-    return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(directory.iterdir())
-            if p.is_file()}
+    return {
+        p.name: (p.read_bytes(), p.stat().st_mtime_ns)
+        for p in sorted(directory.iterdir())
+        if p.is_file()
+    }
 
 
 # -- not a store -----------------------------------------------------------------------------
@@ -142,8 +166,11 @@ def test_truncated_store(tmp_path, capsys):
     _make_store(real, runs=40)
     path = tmp_path / "truncated.sqlite"
     path.write_bytes(real.read_bytes()[:4096])
-    with pytest.raises(StoreError, match=r"truncated\.sqlite: it is damaged.*the file is "
-                       r"truncated: its header counts \d+ pages of 4096 bytes"):
+    with pytest.raises(
+        StoreError,
+        match=r"truncated\.sqlite: it is damaged.*the file is "
+        r"truncated: its header counts \d+ pages of 4096 bytes",
+    ):
         Store(path, readonly=True)
     _all_read_commands_fail(path, capsys, str(path), "damaged", "truncated", ".recover")
     with pytest.raises(StoreError, match="damaged"):
@@ -158,8 +185,9 @@ def test_foreign_sqlite_database(tmp_path, capsys):
     db.commit()
     db.close()
     before = path.read_bytes()
-    _all_read_commands_fail(path, capsys, str(path), "a SQLite database but not a phaseprobe "
-                            "store", "its tables: foo")
+    _all_read_commands_fail(
+        path, capsys, str(path), "a SQLite database but not a phaseprobe store", "its tables: foo"
+    )
     # A command that writes must not turn someone else's database into a store.
     with pytest.raises(StoreError, match="not a phaseprobe store"):
         Store(path)
@@ -179,7 +207,7 @@ def test_corrupted_page(tmp_path, capsys):
     data = bytearray(path.read_bytes())
     pages = len(data) // 4096
     for page in range(pages // 3, 2 * pages // 3):  # garbage over the middle third
-        data[page * 4096:(page + 1) * 4096] = b"\xa5" * 4096
+        data[page * 4096 : (page + 1) * 4096] = b"\xa5" * 4096
     path.write_bytes(bytes(data))
     line = _fails(["runs", "--store", str(path)], capsys, str(path), "damaged", ".recover")
     assert "malformed" in line or "cannot be decoded" in line
@@ -202,8 +230,13 @@ def test_newer_schema_is_read_with_a_note_and_never_written(good, capsys):
         assert [r.seq for r in store.runs(ids["probe"])] == [0, 1, 2]
     with pytest.raises(StoreError, match=f"schema version {SCHEMA_VERSION + 1}.*upgrade"):
         Store(path)
-    _fails(["spans", "import", str(path), "--store", str(path)], capsys, str(path),
-           "schema version", "upgrade phaseprobe")
+    _fails(
+        ["spans", "import", str(path), "--store", str(path)],
+        capsys,
+        str(path),
+        "schema version",
+        "upgrade phaseprobe",
+    )
 
 
 def test_newer_schema_this_version_cannot_read_is_refused_clearly(good, capsys):
@@ -211,13 +244,21 @@ def test_newer_schema_this_version_cannot_read_is_refused_clearly(good, capsys):
     db = sqlite3.connect(path)
     db.executescript(f"DROP TABLE runs; PRAGMA user_version = {SCHEMA_VERSION + 3};")
     db.close()
-    _fails(["runs", "--store", str(path)], capsys, str(path), "no such table: runs",
-           f"schema version {SCHEMA_VERSION + 3}", "upgrade phaseprobe")
+    _fails(
+        ["runs", "--store", str(path)],
+        capsys,
+        str(path),
+        "no such table: runs",
+        f"schema version {SCHEMA_VERSION + 3}",
+        "upgrade phaseprobe",
+    )
     db = sqlite3.connect(path)
     db.execute("ALTER TABLE experiments RENAME COLUMN spec_json TO spec")
     db.close()
-    with Store(path, readonly=True) as store, \
-            pytest.raises(StoreError, match="a column this phaseprobe reads is missing"):
+    with (
+        Store(path, readonly=True) as store,
+        pytest.raises(StoreError, match="a column this phaseprobe reads is missing"),
+    ):
         store.experiment(1)
 
 
@@ -245,8 +286,9 @@ def test_a_store_named_file_colon_is_that_file_not_a_uri(tmp_path, monkeypatch, 
     monkeypatch.chdir(tmp_path)
     with Store("file:lit.sqlite") as store:
         _experiment(store, "probe")
-    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(("-wal", "-shm"))
-                  ) == ["file:lit.sqlite"]
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(("-wal", "-shm"))) == [
+        "file:lit.sqlite"
+    ]
     with Store("file:lit.sqlite", readonly=True) as store:
         assert [e["name"] for e in store.experiments()] == ["probe"]
     code, out, _ = _cli(["runs", "--store", "file:lit.sqlite"], capsys)
@@ -258,8 +300,11 @@ def test_read_commands_never_create_a_store(tmp_path, capsys):
     path = tmp_path / "missing" / "dir" / "store.sqlite"
     for argv in READ_COMMANDS:
         _fails([*argv, "--store", str(path)], capsys, "no experiment store at", str(path))
-    with pytest.raises(StoreError, match=r"no experiment store at .*\(run `phaseprobe probe` "
-                                         r"first\)"):
+    with pytest.raises(
+        StoreError,
+        match=r"no experiment store at .*\(run `phaseprobe probe` "
+        r"first\)",
+    ):
         Store(path, readonly=True)
     assert not (tmp_path / "missing").exists()
     with pytest.raises(StoreError, match="no experiment store"):
@@ -290,8 +335,9 @@ def test_read_only_store_gives_the_normal_output_and_is_not_written(good, capsys
         assert code in (0, 1) and '"verdicts"' in out
         code, out, _ = _cli(["ab", "report", str(ids["session"]), "--store", str(path)], capsys)
         assert code == 0 and f"A/B session {ids['session']}" in out and "B vs A:" in out
-        code, out, _ = _cli(["ab", "compare", str(ids["slow"]), str(ids["fast"]), "--store",
-                             str(path)], capsys)
+        code, out, _ = _cli(
+            ["ab", "compare", str(ids["slow"]), str(ids["fast"]), "--store", str(path)], capsys
+        )
         assert code == 0 and "B vs A:" in out
         code, out, _ = _cli(["spans", "list", "--store", str(path)], capsys)
         assert code == 0 and "last 2 request span(s)" in out
@@ -300,8 +346,9 @@ def test_read_only_store_gives_the_normal_output_and_is_not_written(good, capsys
         with Store(path, readonly=True) as store:
             assert store.immutable  # a WAL store nobody has open: no -shm needed
             with pytest.raises(StoreError, match="opened read-only"):
-                store.create_experiment(Experiment(name="x", kind="probe", spec=SPEC,
-                                                   server_info={}, created_wall_ns=1))
+                store.create_experiment(
+                    Experiment(name="x", kind="probe", spec=SPEC, server_info={}, created_wall_ns=1)
+                )
             # Even a raw write is refused by SQLite (mode=ro), root or not.
             with pytest.raises(sqlite3.Error, match="readonly"):
                 store._db.execute("INSERT INTO span_counts VALUES ('a', 'b', 'c', 1, 1)")
@@ -322,7 +369,9 @@ def test_dashboard_data_reads_a_read_only_store(good):
         assert list(frame["name"]) == ["probe", "slow", "fast"]
         assert len(data.runs(str(path), ids["probe"], data.stamp(path))) == 3
         assert [s.request_id for s in data.spans(str(path), None, 10, data.stamp(path))] == [
-            "req-1", "req-2"]
+            "req-1",
+            "req-2",
+        ]
     finally:
         path.chmod(0o644)
     assert _snapshot(path.parent) == before
@@ -355,8 +404,13 @@ def test_read_only_file_as_a_user_sees_it(good, capsys, monkeypatch):
         return real_access(target, mode, *args, **kwargs)
 
     monkeypatch.setattr(os, "access", access)
-    _fails(["spans", "import", str(path), "--store", str(path)], capsys, str(path),
-           "for writing: the file is read-only", "commands that only read it")
+    _fails(
+        ["spans", "import", str(path), "--store", str(path)],
+        capsys,
+        str(path),
+        "for writing: the file is read-only",
+        "commands that only read it",
+    )
     code, out, _ = _cli(["runs", "--store", str(path)], capsys)
     assert code == 0 and "probe" in out
 
@@ -387,12 +441,14 @@ def test_old_schema_is_read_without_migrating(tmp_path, capsys):
     path = tmp_path / "v1.sqlite"
     ids = _make_store(path)
     db = sqlite3.connect(path)
-    db.executescript("DROP TABLE gpu_samples; DROP TABLE ab_sessions; DROP TABLE analyses;"
-                     " DROP TABLE request_spans; DROP TABLE span_counts;"
-                     " ALTER TABLE runs DROP COLUMN client_check_json;"
-                     " ALTER TABLE runs DROP COLUMN trace_id; ALTER TABLE runs DROP COLUMN"
-                     " request_id; ALTER TABLE runs DROP COLUMN span_json;"
-                     " PRAGMA user_version = 1;")
+    db.executescript(
+        "DROP TABLE gpu_samples; DROP TABLE ab_sessions; DROP TABLE analyses;"
+        " DROP TABLE request_spans; DROP TABLE span_counts;"
+        " ALTER TABLE runs DROP COLUMN client_check_json;"
+        " ALTER TABLE runs DROP COLUMN trace_id; ALTER TABLE runs DROP COLUMN"
+        " request_id; ALTER TABLE runs DROP COLUMN span_json;"
+        " PRAGMA user_version = 1;"
+    )
     db.close()
     before = _snapshot(tmp_path)
     code, out, _ = _cli(["runs", "--store", str(path)], capsys)
@@ -417,10 +473,12 @@ def test_spans_list_on_a_schema_5_store(tmp_path, capsys):
     path = tmp_path / "v5.sqlite"
     _make_store(path)
     db = sqlite3.connect(path)
-    db.executescript("DROP TABLE request_spans; DROP TABLE span_counts;"
-                     " ALTER TABLE runs DROP COLUMN trace_id; ALTER TABLE runs DROP COLUMN"
-                     " request_id; ALTER TABLE runs DROP COLUMN span_json;"
-                     " PRAGMA user_version = 5;")
+    db.executescript(
+        "DROP TABLE request_spans; DROP TABLE span_counts;"
+        " ALTER TABLE runs DROP COLUMN trace_id; ALTER TABLE runs DROP COLUMN"
+        " request_id; ALTER TABLE runs DROP COLUMN span_json;"
+        " PRAGMA user_version = 5;"
+    )
     db.close()
     code, out, _ = _cli(["spans", "list", "--store", str(path)], capsys)
     assert code == 0 and "no request spans" in out
@@ -481,8 +539,13 @@ def test_locked_store(good, capsys, monkeypatch):
     db.execute("PRAGMA journal_mode=DELETE")
     db.execute("BEGIN EXCLUSIVE")
     try:
-        _fails(["runs", "--store", str(path)], capsys, str(path), "locked by another process",
-               "waited 0.2 s")
+        _fails(
+            ["runs", "--store", str(path)],
+            capsys,
+            str(path),
+            "locked by another process",
+            "waited 0.2 s",
+        )
     finally:
         db.execute("ROLLBACK")
         db.close()
@@ -491,8 +554,11 @@ def test_locked_store(good, capsys, monkeypatch):
         other = sqlite3.connect(path, isolation_level=None)
         other.execute("BEGIN IMMEDIATE")
         try:
-            with pytest.raises(StoreError, match=r"cannot write to experiment store .*store\."
-                                                 r"sqlite: it is locked by another process"):
+            with pytest.raises(
+                StoreError,
+                match=r"cannot write to experiment store .*store\."
+                r"sqlite: it is locked by another process",
+            ):
                 _experiment(store, "blocked")
         finally:
             other.execute("ROLLBACK")

@@ -22,16 +22,30 @@ SPEC = RunSpec(endpoint="http://127.0.0.1:8000", model="m", prompt="", max_token
 
 
 def _run(seq: int) -> Run:
-    tl = ClientTimeline(sent_wall_ns=123, event_offsets_ns=(5, 7, 9), end_offset_ns=13,
-                        http_status=200, prompt_tokens=8, completion_tokens=3,
-                        finish_reason="length", complete=True)
-    return Run(seq=seq, status="ok", prompt=f"p{seq}", client=tl, server=None,
-               isolation=Isolation(verified=True, isolated=True))
+    tl = ClientTimeline(
+        sent_wall_ns=123,
+        event_offsets_ns=(5, 7, 9),
+        end_offset_ns=13,
+        http_status=200,
+        prompt_tokens=8,
+        completion_tokens=3,
+        finish_reason="length",
+        complete=True,
+    )
+    return Run(
+        seq=seq,
+        status="ok",
+        prompt=f"p{seq}",
+        client=tl,
+        server=None,
+        isolation=Isolation(verified=True, isolated=True),
+    )
 
 
 def _experiment(store: Store) -> int:
-    return store.create_experiment(Experiment(name="probe", kind="probe", spec=SPEC,
-                                              server_info={}, created_wall_ns=1))
+    return store.create_experiment(
+        Experiment(name="probe", kind="probe", spec=SPEC, server_info={}, created_wall_ns=1)
+    )
 
 
 def _v1_store(path) -> int:
@@ -42,9 +56,11 @@ def _v1_store(path) -> int:
             store.add_run(exp_id, _run(i))
     db = sqlite3.connect(path)
     # Later migrations (3: ab_sessions, 4: analyses, 6: spans) are dropped too: truly a v1 store.
-    db.executescript("DROP TABLE gpu_samples; DROP TABLE IF EXISTS ab_sessions;"
-                     " DROP TABLE IF EXISTS analyses; DROP TABLE IF EXISTS request_spans;"
-                     " DROP TABLE IF EXISTS span_counts; PRAGMA user_version = 1;")
+    db.executescript(
+        "DROP TABLE gpu_samples; DROP TABLE IF EXISTS ab_sessions;"
+        " DROP TABLE IF EXISTS analyses; DROP TABLE IF EXISTS request_spans;"
+        " DROP TABLE IF EXISTS span_counts; PRAGMA user_version = 1;"
+    )
     db.close()
     return exp_id
 
@@ -64,8 +80,9 @@ def test_migration_from_v1_keeps_runs(tmp_path):
     exp_id = _v1_store(path)
     db = sqlite3.connect(path)
     assert db.execute("PRAGMA user_version").fetchone()[0] == 1
-    assert db.execute("SELECT name FROM sqlite_master WHERE name = 'gpu_samples'"
-                      ).fetchone() is None
+    assert (
+        db.execute("SELECT name FROM sqlite_master WHERE name = 'gpu_samples'").fetchone() is None
+    )
     db.close()
     with Store(path) as store:
         assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION >= 2
@@ -89,8 +106,7 @@ def test_round_trip(tmp_path):
         back = store.gpu_samples(a)
         assert len(store.gpu_samples(b)) == 2
         assert store.add_gpu_samples(a, frame.iloc[:0]) == 0
-    expected = frame.drop(columns=["host"]).sort_values(["t_ns", "gpu_index"],
-                                                        ignore_index=True)
+    expected = frame.drop(columns=["host"]).sort_values(["t_ns", "gpu_index"], ignore_index=True)
     pd.testing.assert_frame_equal(back, expected)
     assert math.isnan(back.power_w[0]) and back.nvlink_rx_bytes_per_s.isna().all()
 
@@ -101,8 +117,9 @@ def test_samples_need_an_experiment(tmp_path):
 
 
 def test_store_and_nvml_do_not_import_pandas():
-    code = ("import sys, phaseprobe.store, phaseprobe.sources.gpu.nvml, "
-            "phaseprobe.testing.fake_nvml; print('pandas' in sys.modules)")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          check=True)
+    code = (
+        "import sys, phaseprobe.store, phaseprobe.sources.gpu.nvml, "
+        "phaseprobe.testing.fake_nvml; print('pandas' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"

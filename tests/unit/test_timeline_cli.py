@@ -81,7 +81,9 @@ def test_keep_stores_the_summary(tmp_path: Path) -> None:
     with Store(store_path) as store:
         kept = store.analyses()
         assert [(a["kind"], a["source"], a["experiment_id"]) for a in kept] == [
-            ("trace", str(trace), None), ("nsys", str(nsys), None)]
+            ("trace", str(trace), None),
+            ("nsys", str(nsys), None),
+        ]
         assert store.analysis(1) == json.loads(out)
 
 
@@ -96,12 +98,15 @@ def test_errors_are_typed(tmp_path: Path) -> None:
 
 def test_nsys_lists_busy_devices_by_ordinal_and_says_the_idle_ones(tmp_path: Path) -> None:
     from tests.unit.test_nsys_export import _four_gpus
+
     path = _four_gpus(tmp_path / "four.sqlite", "cuda_device_table")
     code, out, _ = run(["nsys", str(path), "--json"])
     doc = json.loads(out)
     assert code == 0
     assert [(d["device"], d["name"]) for d in doc["devices"]] == [
-        ("cuda:0", "NVIDIA H100 80GB HBM3"), ("cuda:2", "NVIDIA H100 80GB HBM3")]
+        ("cuda:0", "NVIDIA H100 80GB HBM3"),
+        ("cuda:2", "NVIDIA H100 80GB HBM3"),
+    ]
     assert doc["idle_devices"] == ["GPU 12 (NVIDIA L40S)", "GPU 13 (NVIDIA L40S)"]
     code, text, _ = run(["nsys", str(path)])
     assert "no activity in this capture on: GPU 12 (NVIDIA L40S), GPU 13 (NVIDIA L40S)" in text

@@ -26,64 +26,206 @@ BASE_US = 1_700_000_000_000_000  # absolute epoch µs, as older Kineto writes
 def gpu_trace() -> dict[str, Any]:
     ev: list[dict[str, Any]] = [
         {"ph": "M", "name": "process_name", "pid": 0, "tid": 0, "args": {"name": "GPU 0"}},
-        {"ph": "X", "cat": "user_annotation", "pid": 10, "tid": 11, "ts": BASE_US,
-         "dur": 100, "name": "execute_context_1(20)_generation_0(0)"},
-        {"ph": "X", "cat": "user_annotation", "pid": 10, "tid": 11, "ts": BASE_US + 200,
-         "dur": 50, "name": "execute_context_0(0)_generation_2(2)"},
-        {"ph": "X", "cat": "gpu_user_Annotation", "pid": 0, "tid": 7, "ts": BASE_US + 300,
-         "dur": 100, "name": "gpu_step", "args": {"device": 0}},
+        {
+            "ph": "X",
+            "cat": "user_annotation",
+            "pid": 10,
+            "tid": 11,
+            "ts": BASE_US,
+            "dur": 100,
+            "name": "execute_context_1(20)_generation_0(0)",
+        },
+        {
+            "ph": "X",
+            "cat": "user_annotation",
+            "pid": 10,
+            "tid": 11,
+            "ts": BASE_US + 200,
+            "dur": 50,
+            "name": "execute_context_0(0)_generation_2(2)",
+        },
+        {
+            "ph": "X",
+            "cat": "gpu_user_Annotation",
+            "pid": 0,
+            "tid": 7,
+            "ts": BASE_US + 300,
+            "dur": 100,
+            "name": "gpu_step",
+            "args": {"device": 0},
+        },
     ]
     launches = [(1, 10.5), (2, 20), (3, 210), (4, 220)]
     for corr, at in launches:
-        ev.append({"ph": "X", "cat": "cuda_runtime", "pid": 10, "tid": 11,
-                   "ts": BASE_US + at, "dur": 2, "name": "cudaLaunchKernel",
-                   "args": {"correlation": corr, "External id": corr}})
+        ev.append(
+            {
+                "ph": "X",
+                "cat": "cuda_runtime",
+                "pid": 10,
+                "tid": 11,
+                "ts": BASE_US + at,
+                "dur": 2,
+                "name": "cudaLaunchKernel",
+                "args": {"correlation": corr, "External id": corr},
+            }
+        )
     ev += [
-        {"ph": "X", "cat": "kernel", "pid": 0, "tid": 7, "ts": BASE_US + 30, "dur": 40.25,
-         "name": "sm90_xmma_gemm_bf16bf16_bf16f32", "args": {"device": 0, "stream": 7,
-                                                             "correlation": 1}},
-        {"ph": "X", "cat": "kernel", "pid": 0, "tid": 13, "ts": BASE_US + 50, "dur": 30,
-         "name": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL",
-         "args": {"device": 0, "stream": 13, "correlation": 2,
-                  "Collective name": "allreduce", "In msg nelems": 4096,
-                  "Out msg nelems": 4096, "Group size": 2, "dtype": "BFloat16",
-                  "Process Group Name": "0"}},
-        {"ph": "X", "cat": "kernel", "pid": 0, "tid": 7, "ts": BASE_US + 310, "dur": 20,
-         "name": "void flash::flash_fwd_kernel<Flash_fwd_kernel_traits>",
-         "args": {"device": 0, "stream": 7, "correlation": 3}},
-        {"ph": "X", "cat": "gpu_memcpy", "pid": 0, "tid": 7, "ts": BASE_US + 340, "dur": 5,
-         "name": "Memcpy DtoH (Device -> Pinned)", "args": {"device": 0, "stream": 7,
-                                                           "correlation": 4, "bytes": 64}},
-        {"ph": "X", "cat": "gpu_memset", "pid": 0, "tid": 7, "ts": BASE_US + 350, "dur": 1,
-         "name": "Memset (Device)", "args": {"device": 0, "stream": 7, "bytes": 8}},
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "pid": 0,
+            "tid": 7,
+            "ts": BASE_US + 30,
+            "dur": 40.25,
+            "name": "sm90_xmma_gemm_bf16bf16_bf16f32",
+            "args": {"device": 0, "stream": 7, "correlation": 1},
+        },
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "pid": 0,
+            "tid": 13,
+            "ts": BASE_US + 50,
+            "dur": 30,
+            "name": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL",
+            "args": {
+                "device": 0,
+                "stream": 13,
+                "correlation": 2,
+                "Collective name": "allreduce",
+                "In msg nelems": 4096,
+                "Out msg nelems": 4096,
+                "Group size": 2,
+                "dtype": "BFloat16",
+                "Process Group Name": "0",
+            },
+        },
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "pid": 0,
+            "tid": 7,
+            "ts": BASE_US + 310,
+            "dur": 20,
+            "name": "void flash::flash_fwd_kernel<Flash_fwd_kernel_traits>",
+            "args": {"device": 0, "stream": 7, "correlation": 3},
+        },
+        {
+            "ph": "X",
+            "cat": "gpu_memcpy",
+            "pid": 0,
+            "tid": 7,
+            "ts": BASE_US + 340,
+            "dur": 5,
+            "name": "Memcpy DtoH (Device -> Pinned)",
+            "args": {"device": 0, "stream": 7, "correlation": 4, "bytes": 64},
+        },
+        {
+            "ph": "X",
+            "cat": "gpu_memset",
+            "pid": 0,
+            "tid": 7,
+            "ts": BASE_US + 350,
+            "dur": 1,
+            "name": "Memset (Device)",
+            "args": {"device": 0, "stream": 7, "bytes": 8},
+        },
         {"ph": "s", "cat": "ac2g", "id": 1, "pid": 10, "tid": 11, "ts": BASE_US + 10},
-        {"ph": "X", "cat": "cpu_op", "pid": 10, "tid": 11, "ts": BASE_US + 5, "dur": 3,
-         "name": "aten::mm"},
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "pid": 10,
+            "tid": 11,
+            "ts": BASE_US + 5,
+            "dur": 3,
+            "name": "aten::mm",
+        },
     ]
-    return {"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": "NVIDIA H100"}],
-            "distributedInfo": {"backend": "nccl", "rank": 0, "world_size": 2},
-            "traceEvents": ev, "traceName": "t", "vllm_version": "0.11.0"}
+    return {
+        "schemaVersion": 1,
+        "deviceProperties": [{"id": 0, "name": "NVIDIA H100"}],
+        "distributedInfo": {"backend": "nccl", "rank": 0, "world_size": 2},
+        "traceEvents": ev,
+        "traceName": "t",
+        "vllm_version": "0.11.0",
+    }
 
 
 def cpu_trace() -> dict[str, Any]:
     ev: list[dict[str, Any]] = [
-        {"ph": "X", "cat": "user_annotation", "pid": 1, "tid": 2, "ts": 0.0, "dur": 100.0,
-         "name": "execute_context_1(20)_generation_0(0)"},
-        {"ph": "X", "cat": "user_annotation", "pid": 1, "tid": 2, "ts": 300.0, "dur": 40.0,
-         "name": "execute_context_0(0)_generation_1(1)"},
+        {
+            "ph": "X",
+            "cat": "user_annotation",
+            "pid": 1,
+            "tid": 2,
+            "ts": 0.0,
+            "dur": 100.0,
+            "name": "execute_context_1(20)_generation_0(0)",
+        },
+        {
+            "ph": "X",
+            "cat": "user_annotation",
+            "pid": 1,
+            "tid": 2,
+            "ts": 300.0,
+            "dur": 40.0,
+            "name": "execute_context_0(0)_generation_1(1)",
+        },
         # roots with children: the child's time is not counted twice
-        {"ph": "X", "cat": "cpu_op", "pid": 1, "tid": 2, "ts": 10.0, "dur": 50.0,
-         "name": "_C::onednn_mm"},
-        {"ph": "X", "cat": "cpu_op", "pid": 1, "tid": 2, "ts": 11.0, "dur": 5.0,
-         "name": "aten::empty"},
-        {"ph": "X", "cat": "cpu_op", "pid": 1, "tid": 2, "ts": 70.0, "dur": 20.0,
-         "name": "vllm::unified_attention_with_output"},
-        {"ph": "X", "cat": "cpu_op", "pid": 1, "tid": 2, "ts": 71.0, "dur": 15.0,
-         "name": "_C::cpu_attention_with_kv_cache"},
-        {"ph": "X", "cat": "cpu_op", "pid": 1, "tid": 2, "ts": 310.0, "dur": 10.0,
-         "name": "_C::onednn_mm"},
-        {"ph": "X", "cat": "cpu_op", "pid": 1, "tid": 3, "ts": 12.0, "dur": 1.0,
-         "name": "aten::copy_"},
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "pid": 1,
+            "tid": 2,
+            "ts": 10.0,
+            "dur": 50.0,
+            "name": "_C::onednn_mm",
+        },
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "pid": 1,
+            "tid": 2,
+            "ts": 11.0,
+            "dur": 5.0,
+            "name": "aten::empty",
+        },
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "pid": 1,
+            "tid": 2,
+            "ts": 70.0,
+            "dur": 20.0,
+            "name": "vllm::unified_attention_with_output",
+        },
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "pid": 1,
+            "tid": 2,
+            "ts": 71.0,
+            "dur": 15.0,
+            "name": "_C::cpu_attention_with_kv_cache",
+        },
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "pid": 1,
+            "tid": 2,
+            "ts": 310.0,
+            "dur": 10.0,
+            "name": "_C::onednn_mm",
+        },
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "pid": 1,
+            "tid": 3,
+            "ts": 12.0,
+            "dur": 1.0,
+            "name": "aten::copy_",
+        },
     ]
     return {"schemaVersion": 1, "traceEvents": ev, "baseTimeNanoseconds": 1}
 
@@ -99,7 +241,10 @@ def test_gpu_trace_kernels_memops_ranges_comms(tmp_path: Path, gz: bool) -> None
     tl, comms = read_torch_trace(write(tmp_path / "rank0.1.pt.trace.json.gz", gpu_trace(), gz))
     acts = tl.activities
     assert acts["kind"].astype(str).value_counts().to_dict() == {
-        "kernel": 3, "memcpy": 1, "memset": 1}
+        "kernel": 3,
+        "memcpy": 1,
+        "memset": 1,
+    }
     cls = dict(zip(acts["name"].astype(str), acts["cls"].astype(str)))
     assert cls["ncclDevKernel_AllReduce_Sum_bf16_RING_LL"] == "communication"
     assert cls["sm90_xmma_gemm_bf16bf16_bf16f32"] == "gemm"
@@ -129,7 +274,11 @@ def test_cpu_only_trace_uses_outermost_ops(tmp_path: Path) -> None:
     acts = tl.activities
     assert comms.empty
     assert sorted(acts["name"].astype(str)) == [
-        "_C::onednn_mm", "_C::onednn_mm", "aten::copy_", "vllm::unified_attention_with_output"]
+        "_C::onednn_mm",
+        "_C::onednn_mm",
+        "aten::copy_",
+        "vllm::unified_attention_with_output",
+    ]
     assert tl.meta["cpu_only"] == "true" and set(acts["device"].astype(str)) == {"cpu"}
     phases = tla.phase_summary(tla.range_breakdown(acts, tl.ranges)).set_index("phase")
     assert phases.loc["prefill", "compute_ns"] == 70_000  # gemm 50 µs + attention 20 µs
@@ -139,8 +288,18 @@ def test_cpu_only_trace_uses_outermost_ops(tmp_path: Path) -> None:
 
 def test_streaming_across_chunk_boundaries(tmp_path: Path) -> None:
     doc = gpu_trace()
-    pad = [{"ph": "X", "cat": "cpu_op", "pid": 10, "tid": 11, "ts": BASE_US + i,
-            "dur": 0.5, "name": "aten::view" + "x" * 50} for i in range(40_000)]
+    pad = [
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "pid": 10,
+            "tid": 11,
+            "ts": BASE_US + i,
+            "dur": 0.5,
+            "name": "aten::view" + "x" * 50,
+        }
+        for i in range(40_000)
+    ]
     doc["traceEvents"] = pad + doc["traceEvents"]  # ~4 MB: several 1 MiB windows
     header: dict[str, Any] = {}
     n = sum(1 for _ in iter_trace(write(tmp_path / "big.json", doc), header))
@@ -148,9 +307,9 @@ def test_streaming_across_chunk_boundaries(tmp_path: Path) -> None:
     assert header["traceName"] == "t" and header["schemaVersion"] == 1
 
 
-
-def test_a_long_value_is_read_whole_and_an_endless_one_is_refused(tmp_path: Path,
-                                                                 monkeypatch) -> None:
+def test_a_long_value_is_read_whole_and_an_endless_one_is_refused(
+    tmp_path: Path, monkeypatch
+) -> None:
     """A value longer than the 1 MiB read window is decoded (the window grows, so a long value
     costs O(log n) decodes); one over the cap (a file of one giant string) is a typed error,
     not memory without bound."""
@@ -169,8 +328,18 @@ def test_a_long_value_is_read_whole_and_an_endless_one_is_refused(tmp_path: Path
         list(iter_trace(endless, {}))
     assert str(endless) in str(info.value)
 
-@pytest.mark.parametrize("content", [b"", b"{", b'{"traceEvents": [{"ph": "X"}, ',
-                                     b"[1, 2]", b"not json", b'{"traceEvents": [1 2]}'])
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"",
+        b"{",
+        b'{"traceEvents": [{"ph": "X"}, ',
+        b"[1, 2]",
+        b"not json",
+        b'{"traceEvents": [1 2]}',
+    ],
+)
 def test_malformed_json_is_a_typed_error(tmp_path: Path, content: bytes) -> None:
     path = tmp_path / "bad.json"
     path.write_bytes(content)
@@ -208,6 +377,7 @@ def test_an_nsight_export_given_to_trace_says_which_command_reads_it(tmp_path: P
 @given(st.integers(min_value=0, max_value=3000), st.binary(max_size=20))
 def test_fuzz_truncated_or_garbled_traces_raise_only_trace_error(cut: int, junk: bytes) -> None:
     import tempfile
+
     data = json.dumps(gpu_trace()).encode()
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "f.json"
@@ -238,23 +408,21 @@ class _Session:
 
 def test_capture_profile_posts_and_collects(tmp_path: Path) -> None:
     session = _Session(200, tmp_path)
-    result, files = capture_profile("http://127.0.0.1:1/v1", tmp_path, lambda: 42,
-                                    session=session, sleep=lambda s: None)
+    result, files = capture_profile(
+        "http://127.0.0.1:1/v1", tmp_path, lambda: 42, session=session, sleep=lambda s: None
+    )
     assert result == 42 and [f.name for f in files] == ["rank0.99.pt.trace.json.gz"]
-    assert session.calls == ["http://127.0.0.1:1/start_profile",
-                             "http://127.0.0.1:1/stop_profile"]
+    assert session.calls == ["http://127.0.0.1:1/start_profile", "http://127.0.0.1:1/stop_profile"]
 
 
 def test_profile_capture_started_late_and_stopped_after_a_failure(tmp_path: Path) -> None:
     session = _Session(200, tmp_path)
-    capture = ProfileCapture("http://127.0.0.1:1", tmp_path, session=session,
-                             sleep=lambda s: None)
+    capture = ProfileCapture("http://127.0.0.1:1", tmp_path, session=session, sleep=lambda s: None)
     assert session.calls == [] and not capture.started  # nothing until start()
     capture.start()
     assert capture.started
     assert [f.name for f in capture.stop()] == ["rank0.99.pt.trace.json.gz"]
-    assert session.calls == ["http://127.0.0.1:1/start_profile",
-                             "http://127.0.0.1:1/stop_profile"]
+    assert session.calls == ["http://127.0.0.1:1/start_profile", "http://127.0.0.1:1/stop_profile"]
 
     def boom() -> None:
         raise RuntimeError("the endpoint died")
@@ -262,32 +430,64 @@ def test_profile_capture_started_late_and_stopped_after_a_failure(tmp_path: Path
     session.calls.clear()
     with pytest.raises(RuntimeError, match="died"):  # the profiler is stopped all the same
         capture_profile("http://127.0.0.1:1", tmp_path, boom, session=session)
-    assert session.calls == ["http://127.0.0.1:1/start_profile",
-                             "http://127.0.0.1:1/stop_profile"]
+    assert session.calls == ["http://127.0.0.1:1/start_profile", "http://127.0.0.1:1/stop_profile"]
 
 
 def test_capture_profile_without_profiler_config(tmp_path: Path) -> None:
     with pytest.raises(TraceError, match="--profiler-config"):
-        capture_profile("http://127.0.0.1:1", tmp_path, lambda: 1, session=_Session(404,
-                        tmp_path), sleep=lambda s: None)
+        capture_profile(
+            "http://127.0.0.1:1",
+            tmp_path,
+            lambda: 1,
+            session=_Session(404, tmp_path),
+            sleep=lambda s: None,
+        )
 
 
-_values = st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() \
-    | st.text(max_size=6) | st.lists(st.integers(), max_size=2)
-_events = st.fixed_dictionaries({}, optional={
-    "ph": st.sampled_from(["X", "M", "s", "i"]) | _values,
-    "cat": st.sampled_from(["kernel", "gpu_memcpy", "cuda_runtime", "cpu_op",
-                            "user_annotation", "gpu_user_annotation"]) | _values,
-    "ts": _values, "dur": _values, "name": _values, "pid": _values, "tid": _values,
-    "args": st.dictionaries(st.sampled_from(["device", "stream", "correlation", "bytes",
-                                             "Collective name", "In msg nelems"]), _values)
-    | _values})
+_values = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats()
+    | st.text(max_size=6)
+    | st.lists(st.integers(), max_size=2)
+)
+_events = st.fixed_dictionaries(
+    {},
+    optional={
+        "ph": st.sampled_from(["X", "M", "s", "i"]) | _values,
+        "cat": st.sampled_from(
+            [
+                "kernel",
+                "gpu_memcpy",
+                "cuda_runtime",
+                "cpu_op",
+                "user_annotation",
+                "gpu_user_annotation",
+            ]
+        )
+        | _values,
+        "ts": _values,
+        "dur": _values,
+        "name": _values,
+        "pid": _values,
+        "tid": _values,
+        "args": st.dictionaries(
+            st.sampled_from(
+                ["device", "stream", "correlation", "bytes", "Collective name", "In msg nelems"]
+            ),
+            _values,
+        )
+        | _values,
+    },
+)
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(_events, max_size=12))
 def test_fuzz_wrongly_shaped_events(events: list[dict[str, Any]]) -> None:
     import tempfile
+
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "f.json"
         path.write_text(json.dumps({"traceEvents": events}))
@@ -307,42 +507,125 @@ def ddp_two_threads() -> dict[str, Any]:
     sits in backward(). Kineto links forward op → backward op with a fwdbwd flow."""
     pid, main, autograd = 7, 100, 200
     ev: list[dict[str, Any]] = [
-        {"ph": "X", "cat": "user_annotation", "pid": pid, "tid": main, "ts": BASE_US,
-         "dur": 1000, "name": "ProfilerStep#1"},
-        {"ph": "X", "cat": "user_annotation", "pid": pid, "tid": main, "ts": BASE_US + 10,
-         "dur": 300, "name": "forward"},
-        {"ph": "X", "cat": "user_annotation", "pid": pid, "tid": main, "ts": BASE_US + 400,
-         "dur": 550, "name": "backward"},
-        {"ph": "X", "cat": "cpu_op", "pid": pid, "tid": main, "ts": BASE_US + 20, "dur": 80,
-         "name": "aten::mm"},
-        {"ph": "s", "cat": "fwdbwd", "id": 31, "pid": pid, "tid": main, "ts": BASE_US + 20,
-         "name": "fwdbwd"},
-        {"ph": "X", "cat": "cpu_op", "pid": pid, "tid": autograd, "ts": BASE_US + 500,
-         "dur": 300, "name": "autograd::engine::evaluate_function: MmBackward0"},
-        {"ph": "f", "cat": "fwdbwd", "id": 31, "pid": pid, "tid": autograd, "ts": BASE_US + 500,
-         "bp": "e", "name": "fwdbwd"},
+        {
+            "ph": "X",
+            "cat": "user_annotation",
+            "pid": pid,
+            "tid": main,
+            "ts": BASE_US,
+            "dur": 1000,
+            "name": "ProfilerStep#1",
+        },
+        {
+            "ph": "X",
+            "cat": "user_annotation",
+            "pid": pid,
+            "tid": main,
+            "ts": BASE_US + 10,
+            "dur": 300,
+            "name": "forward",
+        },
+        {
+            "ph": "X",
+            "cat": "user_annotation",
+            "pid": pid,
+            "tid": main,
+            "ts": BASE_US + 400,
+            "dur": 550,
+            "name": "backward",
+        },
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "pid": pid,
+            "tid": main,
+            "ts": BASE_US + 20,
+            "dur": 80,
+            "name": "aten::mm",
+        },
+        {
+            "ph": "s",
+            "cat": "fwdbwd",
+            "id": 31,
+            "pid": pid,
+            "tid": main,
+            "ts": BASE_US + 20,
+            "name": "fwdbwd",
+        },
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "pid": pid,
+            "tid": autograd,
+            "ts": BASE_US + 500,
+            "dur": 300,
+            "name": "autograd::engine::evaluate_function: MmBackward0",
+        },
+        {
+            "ph": "f",
+            "cat": "fwdbwd",
+            "id": 31,
+            "pid": pid,
+            "tid": autograd,
+            "ts": BASE_US + 500,
+            "bp": "e",
+            "name": "fwdbwd",
+        },
     ]
     launches = [(1, main, 50), (2, autograd, 550), (3, autograd, 600), (4, autograd, 700)]
     for corr, tid, at in launches:
-        ev.append({"ph": "X", "cat": "cuda_runtime", "pid": pid, "tid": tid,
-                   "ts": BASE_US + at, "dur": 3, "name": "cudaLaunchKernel",
-                   "args": {"correlation": corr}})
-        ev.append({"ph": "s", "cat": "ac2g", "id": corr, "pid": pid, "tid": tid,
-                   "ts": BASE_US + at, "name": "ac2g"})
-    kernels = [(1, 60, 30, "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n"),
-               (2, 560, 40, "sm90_xmma_gemm_bf16bf16_bf16f32_f32_nt_n"),
-               (3, 610, 20, "sm90_xmma_gemm_bf16bf16_bf16f32_f32_nn_n"),
-               (4, 710, 100, "ncclDevKernel_AllReduce_Sum_bf16_RING_LL")]
+        ev.append(
+            {
+                "ph": "X",
+                "cat": "cuda_runtime",
+                "pid": pid,
+                "tid": tid,
+                "ts": BASE_US + at,
+                "dur": 3,
+                "name": "cudaLaunchKernel",
+                "args": {"correlation": corr},
+            }
+        )
+        ev.append(
+            {
+                "ph": "s",
+                "cat": "ac2g",
+                "id": corr,
+                "pid": pid,
+                "tid": tid,
+                "ts": BASE_US + at,
+                "name": "ac2g",
+            }
+        )
+    kernels = [
+        (1, 60, 30, "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n"),
+        (2, 560, 40, "sm90_xmma_gemm_bf16bf16_bf16f32_f32_nt_n"),
+        (3, 610, 20, "sm90_xmma_gemm_bf16bf16_bf16f32_f32_nn_n"),
+        (4, 710, 100, "ncclDevKernel_AllReduce_Sum_bf16_RING_LL"),
+    ]
     for corr, at, dur, name in kernels:
-        ev.append({"ph": "X", "cat": "kernel", "pid": 0, "tid": 7, "ts": BASE_US + at,
-                   "dur": dur, "name": name, "args": {"device": 0, "stream": 7,
-                                                       "correlation": corr}})
-    return {"schemaVersion": 1, "traceEvents": ev,
-            "deviceProperties": [{"id": 0, "name": "NVIDIA A100-SXM4-80GB"}]}
+        ev.append(
+            {
+                "ph": "X",
+                "cat": "kernel",
+                "pid": 0,
+                "tid": 7,
+                "ts": BASE_US + at,
+                "dur": dur,
+                "name": name,
+                "args": {"device": 0, "stream": 7, "correlation": corr},
+            }
+        )
+    return {
+        "schemaVersion": 1,
+        "traceEvents": ev,
+        "deviceProperties": [{"id": 0, "name": "NVIDIA A100-SXM4-80GB"}],
+    }
 
 
 def test_backward_kernels_launched_on_the_autograd_thread_land_in_the_backward_range(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     tl, _ = read_torch_trace(write(tmp_path / "ddp.json", ddp_two_threads()))
     assert tl.thread_parent == {200: 100}
     assert tl.meta["backward_threads"] == "200 -> 100"
@@ -353,7 +636,9 @@ def test_backward_kernels_launched_on_the_autograd_thread_land_in_the_backward_r
     assert b.loc["forward", "compute_ns"] == 30_000
     assert b.loc["backward", "n_activities"] == 3
     assert (b.loc["backward", "compute_ns"], b.loc["backward", "communication_ns"]) == (
-        60_000, 100_000)
+        60_000,
+        100_000,
+    )
     assert b.loc["ProfilerStep#1", "n_activities"] == 4
     # same-thread nesting alone (the old rule) leaves the backward range empty
     alone = tla.range_breakdown(acts, tl.ranges).set_index("name")
@@ -363,8 +648,17 @@ def test_backward_kernels_launched_on_the_autograd_thread_land_in_the_backward_r
 
 def test_a_thread_with_ranges_of_its_own_keeps_them(tmp_path: Path) -> None:
     doc = ddp_two_threads()
-    doc["traceEvents"].append({"ph": "X", "cat": "user_annotation", "pid": 7, "tid": 200,
-                               "ts": BASE_US + 540, "dur": 100, "name": "bucket_0"})
+    doc["traceEvents"].append(
+        {
+            "ph": "X",
+            "cat": "user_annotation",
+            "pid": 7,
+            "tid": 200,
+            "ts": BASE_US + 540,
+            "dur": 100,
+            "name": "bucket_0",
+        }
+    )
     tl, _ = read_torch_trace(write(tmp_path / "ddp.json", doc))
     b = tla.range_breakdown(tl.activities, tl.ranges, tl.thread_parent).set_index("name")
     assert b.loc["bucket_0", "n_activities"] == 2  # launched at 550 and 600 inside it

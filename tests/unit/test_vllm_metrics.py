@@ -7,8 +7,11 @@ from tests.unit.metrics_text import exposition
 
 
 def test_parses_histogram_parts_counters_and_gauges():
-    snap = parse_exposition(exposition(sums={"request_decode_time_seconds": 1.25}, count=3,
-                                       prompt_tokens=300, running=1))
+    snap = parse_exposition(
+        exposition(
+            sums={"request_decode_time_seconds": 1.25}, count=3, prompt_tokens=300, running=1
+        )
+    )
     assert snap.resolve("decode_time") == "vllm:request_decode_time_seconds"
     assert snap.value("decode_time", "_sum") == 1.25
     assert snap.value("decode_time", "_count") == 3
@@ -18,14 +21,26 @@ def test_parses_histogram_parts_counters_and_gauges():
     assert snap.has_vllm()
 
 
-@pytest.mark.parametrize("prefix, itl, kv, suffix", [
-    ("vllm:", "inter_token_latency_seconds", "kv_cache_usage_perc", "_total"),
-    ("vllm:", "time_per_output_token_seconds", "gpu_cache_usage_perc", "_total"),
-    ("vllm_", "inter_token_latency_seconds", "gpu_cache_usage_perc", ""),
-])
+@pytest.mark.parametrize(
+    "prefix, itl, kv, suffix",
+    [
+        ("vllm:", "inter_token_latency_seconds", "kv_cache_usage_perc", "_total"),
+        ("vllm:", "time_per_output_token_seconds", "gpu_cache_usage_perc", "_total"),
+        ("vllm_", "inter_token_latency_seconds", "gpu_cache_usage_perc", ""),
+    ],
+)
 def test_alias_table_resolves_old_and_new_spellings(prefix, itl, kv, suffix):
-    snap = parse_exposition(exposition(sums={}, count=0, prompt_tokens=7, prefix=prefix,
-                                       itl_name=itl, kv_name=kv, counter_suffix=suffix))
+    snap = parse_exposition(
+        exposition(
+            sums={},
+            count=0,
+            prompt_tokens=7,
+            prefix=prefix,
+            itl_name=itl,
+            kv_name=kv,
+            counter_suffix=suffix,
+        )
+    )
     assert snap.resolve("itl") == prefix + itl
     assert snap.resolve("kv_cache_usage") == prefix + kv
     assert snap.value("prompt_tokens") == 7
@@ -49,9 +64,11 @@ def test_model_filter_sums_only_that_models_series():
     other = exposition(sums={"request_decode_time_seconds": 5.0}, count=4, model="b")
     # Two models behind one server: keep the families once, samples of both.
     body = [ln for ln in other.splitlines() if ln.startswith("vllm:request_decode_time_seconds_")]
-    merged = text.replace('vllm:request_decode_time_seconds_count{engine="0",model_name="a"} 1',
-                          'vllm:request_decode_time_seconds_count{engine="0",model_name="a"} 1\n'
-                          + "\n".join(body[1:]))
+    merged = text.replace(
+        'vllm:request_decode_time_seconds_count{engine="0",model_name="a"} 1',
+        'vllm:request_decode_time_seconds_count{engine="0",model_name="a"} 1\n'
+        + "\n".join(body[1:]),
+    )
     snap = parse_exposition(merged)
     assert snap.value("decode_time", "_sum", model="a") == 2.0
     assert snap.value("decode_time", "_sum", model="b") == 5.0
@@ -84,9 +101,11 @@ class _Session:
 
 
 def test_scraper_errors_name_the_url():
-    for session, reason in ((_Session(exc=requests.ConnectionError("refused")), "ConnectionError"),
-                            (_Session(_Resp(404, "nope")), "HTTP 404"),
-                            (_Session(_Resp(200, "# only comments\n")), "no vllm: series")):
+    for session, reason in (
+        (_Session(exc=requests.ConnectionError("refused")), "ConnectionError"),
+        (_Session(_Resp(404, "nope")), "HTTP 404"),
+        (_Session(_Resp(200, "# only comments\n")), "no vllm: series"),
+    ):
         with pytest.raises(MetricsUnavailable) as err:
             MetricsScraper("http://h:1/", session=session).scrape()
         assert "http://h:1/metrics" in str(err.value) and reason in str(err.value)
@@ -97,7 +116,8 @@ def test_by_label_sums_per_label_value_and_says_when_not_exported():
         "# TYPE vllm:request_success_total counter\n"
         'vllm:request_success_total{engine="0",finished_reason="length",model_name="a"} 3\n'
         'vllm:request_success_total{engine="1",finished_reason="length",model_name="a"} 2\n'
-        'vllm:request_success_total{engine="0",finished_reason="abort",model_name="b"} 1\n')
+        'vllm:request_success_total{engine="0",finished_reason="abort",model_name="b"} 1\n'
+    )
     assert snap.by_label("request_success", "finished_reason") == {"length": 5.0, "abort": 1.0}
     assert snap.by_label("request_success", "finished_reason", "a") == {"length": 5.0}
     assert snap.by_label("prompt_tokens_by_source", "source") is None

@@ -51,11 +51,13 @@ class FakeReplica:
             def do_GET(self) -> None:
                 if self.path == "/metrics":
                     owner.scrapes += 1
-                    body = ("# TYPE vllm:request_success counter\n"
-                            'vllm:request_success_total{finished_reason="stop",'
-                            f'model_name="tiny"}} {owner.finished - 1!r}\n'
-                            'vllm:request_success_total{finished_reason="length",'
-                            'model_name="tiny"} 1.0\n').encode()
+                    body = (
+                        "# TYPE vllm:request_success counter\n"
+                        'vllm:request_success_total{finished_reason="stop",'
+                        f'model_name="tiny"}} {owner.finished - 1!r}\n'
+                        'vllm:request_success_total{finished_reason="length",'
+                        'model_name="tiny"} 1.0\n'
+                    ).encode()
                 elif self.path == "/list_workers" and owner.router:
                     body = json.dumps({"urls": ["http://10.0.0.5:8000"]}).encode()  # 0.1.17
                 else:
@@ -67,8 +69,9 @@ class FakeReplica:
                 self.wfile.write(body)
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.httpd.serve_forever,
-                                       kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread = threading.Thread(
+            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
         self.thread.start()
 
     @property
@@ -95,9 +98,20 @@ class Watch:
         parser = argparse.ArgumentParser()
         cmd_watch.register(parser.add_subparsers(dest="command"))
         self.args = parser.parse_args(
-            ["watch", "--http", "127.0.0.1:0", "--grpc", "off", "--duration", str(DURATION_S),
-             "--store", str(tmp_path / "watch.sqlite"), *(["--json"] if json_out else []),
-             *extra])
+            [
+                "watch",
+                "--http",
+                "127.0.0.1:0",
+                "--grpc",
+                "off",
+                "--duration",
+                str(DURATION_S),
+                "--store",
+                str(tmp_path / "watch.sqlite"),
+                *(["--json"] if json_out else []),
+                *extra,
+            ]
+        )
         self.out_buf, self.err_buf = io.StringIO(), io.StringIO()
         self.out = Console(file=self.out_buf, width=200)
         self.err = Console(file=self.err_buf, width=200)
@@ -135,15 +149,17 @@ class Watch:
         return json.loads(self.result())  # type: ignore[no-any-return]
 
 
-def post(url: str, n: int, *, instance: str | None, service: str = "vllm",
-         decode_s: float = 0.1) -> None:
+def post(
+    url: str, n: int, *, instance: str | None, service: str = "vllm", decode_s: float = 0.1
+) -> None:
     """``n`` request spans from one resource, ending now, as one OTLP/HTTP protobuf batch."""
     e2e_ns = round((0.002 + 0.001 + 0.010 + decode_s) * 1e9)  # vllm_span's phases, summed
     now = time.time_ns()
     spans = [vllm_span(start_ns=now - e2e_ns - i * 1000, decode_s=decode_s) for i in range(n)]
     body = export_request(spans, service=service, instance=instance).SerializeToString()
-    req = urllib.request.Request(url, data=body, method="POST",
-                                 headers={"Content-Type": "application/x-protobuf"})
+    req = urllib.request.Request(
+        url, data=body, method="POST", headers={"Content-Type": "application/x-protobuf"}
+    )
     with urllib.request.urlopen(req, timeout=10) as resp:
         assert resp.status == 200
 
@@ -203,8 +219,15 @@ def test_span_loss_per_replica_against_its_own_counter(tmp_path, replicas):
     down = FakeReplica()
     down_url = down.url
     down.close()  # a replica that does not answer: its loss is unknown, the others go on
-    watch = Watch(tmp_path, "--replica", f"r1={a.url}", "--replica", f"r2={b.url}",
-                  "--replica", f"r3={down_url}")
+    watch = Watch(
+        tmp_path,
+        "--replica",
+        f"r1={a.url}",
+        "--replica",
+        f"r2={b.url}",
+        "--replica",
+        f"r3={down_url}",
+    )
     url = watch.url()
     assert a.scrapes >= 1 and b.scrapes >= 1  # the baselines were read before any span came
     a.finished += 3  # r1 finished 3 requests and sent all 3 spans
@@ -228,8 +251,7 @@ def test_span_loss_per_replica_against_its_own_counter(tmp_path, replicas):
 
 def test_text_view_shows_the_replica_table_loss_and_warning(tmp_path, replicas):
     a, b = replicas
-    watch = Watch(tmp_path, "--replica", f"r1={a.url}", "--replica", f"r2={b.url}",
-                  json_out=False)
+    watch = Watch(tmp_path, "--replica", f"r1={a.url}", "--replica", f"r2={b.url}", json_out=False)
     url = watch.url()
     a.finished += 2
     b.finished += 6
@@ -272,12 +294,17 @@ def test_bad_replica_options_are_refused_before_the_receiver_starts(tmp_path):
     router = FakeReplica(router=True)
     try:
         for extra, words in (
-                (["--replica", "r1=http://127.0.0.1:9", "--metrics", "http://127.0.0.1:9"],
-                 "--metrics reads one server"),
-                (["--replica", "r1=http://127.0.0.1:9", "--demo"], "--replica and --demo"),
-                (["--replica", "r1=http://127.0.0.1:9", "--replica", "r1=http://127.0.0.1:8"],
-                 "given twice"),
-                (["--replica", f"r1={router.url}"], "answers like a vllm-router")):
+            (
+                ["--replica", "r1=http://127.0.0.1:9", "--metrics", "http://127.0.0.1:9"],
+                "--metrics reads one server",
+            ),
+            (["--replica", "r1=http://127.0.0.1:9", "--demo"], "--replica and --demo"),
+            (
+                ["--replica", "r1=http://127.0.0.1:9", "--replica", "r1=http://127.0.0.1:8"],
+                "given twice",
+            ),
+            (["--replica", f"r1={router.url}"], "answers like a vllm-router"),
+        ):
             watch = Watch(tmp_path, *extra)
             watch.thread.join(timeout=30)
             assert isinstance(watch.error, ConfigError), (extra, watch.error)
@@ -303,17 +330,35 @@ class Reads:
 def test_counter_restarts_and_late_baselines_are_never_negative_counts():
     clock = [1_000]
     mono = [0.0]
+
     def span(end_ns: int, instance: str = "r1") -> RequestSpan:
-        return RequestSpan(trace_id="t" * 32, span_id=f"{end_ns:016x}", request_id=None,
-                           model="m", service="vllm", instance=instance, start_ns=end_ns - 5,
-                           end_ns=end_ns, queue_s=None, prefill_s=None, decode_s=None,
-                           inference_s=None, ttft_s=None, e2e_s=None, prompt_tokens=None,
-                           completion_tokens=None)
+        return RequestSpan(
+            trace_id="t" * 32,
+            span_id=f"{end_ns:016x}",
+            request_id=None,
+            model="m",
+            service="vllm",
+            instance=instance,
+            start_ns=end_ns - 5,
+            end_ns=end_ns,
+            queue_s=None,
+            prefill_s=None,
+            decode_s=None,
+            inference_s=None,
+            ttft_s=None,
+            e2e_s=None,
+            prompt_tokens=None,
+            completion_tokens=None,
+        )
 
     down = MetricsUnavailable("http://r1/metrics", "ConnectionError")
-    counter = FinishedCounter("http://r1:8000", replica="r1",
-                              read=Reads(down, 50.0, 52.0, 2.0, 4.0),
-                              clock_ns=lambda: clock[0], monotonic=lambda: mono[0])
+    counter = FinishedCounter(
+        "http://r1:8000",
+        replica="r1",
+        read=Reads(down, 50.0, 52.0, 2.0, 4.0),
+        clock_ns=lambda: clock[0],
+        monotonic=lambda: mono[0],
+    )
     first = counter.loss([span(900)], force=False)  # read too soon: the failed start stands
     assert first.finished is None and "its /metrics did not answer" in first.text
     clock[0], mono[0] = 2_000, 3.0
@@ -326,8 +371,10 @@ def test_counter_restarts_and_late_baselines_are_never_negative_counts():
     clock[0], mono[0] = 4_000, 9.0
     restarted = counter.loss(spans)  # 52 → 2: a restart, counted again from 2 at t=4000
     assert restarted.finished == 0 and restarted.received == 0
-    assert counter.notes == ["replica r1's finished-request counter went back from 52 to 2 "
-                             "(a restart): counted again from then"]
+    assert counter.notes == [
+        "replica r1's finished-request counter went back from 52 to 2 "
+        "(a restart): counted again from then"
+    ]
     clock[0], mono[0] = 5_000, 12.0
     after = counter.loss([*spans, span(4_500)])
     assert (after.finished, after.received, after.lost_spans) == (2, 1, 1)
@@ -337,13 +384,20 @@ def test_a_restart_whose_count_passed_the_old_one_is_told_by_its_process():
     """A replica that restarted and finished more requests than before between two reads:
     the count went up, but the process answering is another (process_start_time_seconds)."""
     process = ["A"]
-    counter = FinishedCounter("http://r1:8000", replica="r1", read=Reads(50.0, 52.0, 60.0, 61.0),
-                              identity=lambda: process[0], min_interval_s=0)
+    counter = FinishedCounter(
+        "http://r1:8000",
+        replica="r1",
+        read=Reads(50.0, 52.0, 60.0, 61.0),
+        identity=lambda: process[0],
+        min_interval_s=0,
+    )
     counter.loss([], force=True)  # 52: the same process
     assert counter.start == 50.0
     process[0] = "B"
     counter.loss([], force=True)  # 60, from another process: counted again from 60
     assert counter.start == 60.0
-    assert counter.notes == ["replica r1's /metrics now comes from another process (a "
-                             "restart): its counter is counted again from 60"]
+    assert counter.notes == [
+        "replica r1's /metrics now comes from another process (a "
+        "restart): its counter is counted again from 60"
+    ]
     assert counter.loss([], force=True).finished == 1  # 61 − 60

@@ -21,8 +21,14 @@ import numpy as np
 
 from phaseprobe.analysis.ab.sequential import SequentialPlan, evaluate_many
 
-__all__ = ["Scenario", "ScenarioResult", "simulate", "calibration_table", "DEFAULT_NOISES",
-           "DEFAULT_EFFECTS"]
+__all__ = [
+    "Scenario",
+    "ScenarioResult",
+    "simulate",
+    "calibration_table",
+    "DEFAULT_NOISES",
+    "DEFAULT_EFFECTS",
+]
 
 DEFAULT_NOISES = (0.05, 0.15, 0.30)
 DEFAULT_EFFECTS = (0.0, 0.05, 0.10, 0.30)
@@ -50,15 +56,13 @@ class ScenarioResult:
     @property
     def false_positive(self) -> float:
         """At effect 0 any directional verdict is wrong; at a real improvement, a regression."""
-        return self.improvement + self.regression if self.scenario.effect == 0 else \
-            self.regression
+        return self.improvement + self.regression if self.scenario.effect == 0 else self.regression
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "false_positive": self.false_positive}
 
 
-def _pairs(scenario: Scenario, sessions: int, pairs: int,
-           rng: np.random.Generator) -> np.ndarray:
+def _pairs(scenario: Scenario, sessions: int, pairs: int, rng: np.random.Generator) -> np.ndarray:
     """Paired log-ratios log B − log A, shape (sessions, pairs)."""
     log_a = rng.normal(0.0, scenario.noise, (sessions, pairs))
     log_b = np.log1p(-scenario.effect) + rng.normal(0.0, scenario.noise, (sessions, pairs))
@@ -69,8 +73,9 @@ def _pairs(scenario: Scenario, sessions: int, pairs: int,
     return np.asarray(log_b - log_a)
 
 
-def simulate(scenario: Scenario, plan: SequentialPlan, *, sessions: int = 2000,
-             seed: int = 0) -> ScenarioResult:
+def simulate(
+    scenario: Scenario, plan: SequentialPlan, *, sessions: int = 2000, seed: int = 0
+) -> ScenarioResult:
     """Run ``sessions`` sequential A/Bs of ``scenario`` under ``plan``; looks as the engine
     makes them (after ``min_pairs`` pairs, then every ``look_every``)."""
     rng = np.random.default_rng(seed)
@@ -91,19 +96,37 @@ def simulate(scenario: Scenario, plan: SequentialPlan, *, sessions: int = 2000,
         runs[idx[stop]] = n
         open_[idx[stop]] = False
     counts = np.bincount(verdict, minlength=4) / sessions
-    return ScenarioResult(scenario, sessions, improvement=float(counts[1]),
-                          regression=float(counts[2]), equivalent=float(counts[3]),
-                          undecided=float(counts[0]), mean_runs=float(runs.mean()),
-                          median_runs=float(np.median(runs)))
+    return ScenarioResult(
+        scenario,
+        sessions,
+        improvement=float(counts[1]),
+        regression=float(counts[2]),
+        equivalent=float(counts[3]),
+        undecided=float(counts[0]),
+        mean_runs=float(runs.mean()),
+        median_runs=float(np.median(runs)),
+    )
 
 
-def calibration_table(plan: SequentialPlan, *, noises: Sequence[float] = DEFAULT_NOISES,
-                      effects: Sequence[float] = DEFAULT_EFFECTS, sessions: int = 2000,
-                      stall_rate: float = 0.0, seed: int = 0) -> list[ScenarioResult]:
+def calibration_table(
+    plan: SequentialPlan,
+    *,
+    noises: Sequence[float] = DEFAULT_NOISES,
+    effects: Sequence[float] = DEFAULT_EFFECTS,
+    sessions: int = 2000,
+    stall_rate: float = 0.0,
+    seed: int = 0,
+) -> list[ScenarioResult]:
     """Every (noise, effect) cell; each cell its own seed so cells are independent."""
     out = []
     for i, noise in enumerate(noises):
         for j, effect in enumerate(effects):
-            out.append(simulate(Scenario(noise, effect, stall_rate), plan, sessions=sessions,
-                                seed=seed + 1000 * i + j))
+            out.append(
+                simulate(
+                    Scenario(noise, effect, stall_rate),
+                    plan,
+                    sessions=sessions,
+                    seed=seed + 1000 * i + j,
+                )
+            )
     return out

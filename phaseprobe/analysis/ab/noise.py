@@ -63,10 +63,17 @@ class NoiseDiagnosis:
     summary: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {"metric": self.metric, "label": self.label, "noise": dict(self.noise),
-                "high": self.high, "summary": self.summary,
-                "findings": [{"kind": f.kind, "arm": f.arm, "text": f.text,
-                              "evidence": f.evidence} for f in self.findings]}
+        return {
+            "metric": self.metric,
+            "label": self.label,
+            "noise": dict(self.noise),
+            "high": self.high,
+            "summary": self.summary,
+            "findings": [
+                {"kind": f.kind, "arm": f.arm, "text": f.text, "evidence": f.evidence}
+                for f in self.findings
+            ],
+        }
 
 
 def _robust_sd(r: np.ndarray) -> float:
@@ -107,12 +114,19 @@ def _drift(arm: str, seq: np.ndarray, y: np.ndarray) -> tuple[NoiseFinding | Non
         return None, flat
     per_run, lo, hi = (math.expm1(float(s)) for s in (fit.slope, fit.low_slope, fit.high_slope))
     ev: dict[str, Any] = {
-        "slope_pct_per_run": 100 * per_run, "ci95_pct_per_run": [100 * lo, 100 * hi],
-        "gate_confidence": _DRIFT_GATE, "n": len(y), "n_fitted": len(keep),
-        "total_pct": 100 * math.expm1(total), "scatter_pct": 100 * scatter}
-    text = (f"arm {arm} drifts {_pct(per_run)} %/run over {len(y)} runs (Theil–Sen, 95 % CI "
-            f"{_pct(lo, per_run)} … {_pct(hi, per_run)} %/run): {_pct(math.expm1(total))} % "
-            f"from first to last run, against a {scatter * 100:.1f} % scatter around the trend")
+        "slope_pct_per_run": 100 * per_run,
+        "ci95_pct_per_run": [100 * lo, 100 * hi],
+        "gate_confidence": _DRIFT_GATE,
+        "n": len(y),
+        "n_fitted": len(keep),
+        "total_pct": 100 * math.expm1(total),
+        "scatter_pct": 100 * scatter,
+    }
+    text = (
+        f"arm {arm} drifts {_pct(per_run)} %/run over {len(y)} runs (Theil–Sen, 95 % CI "
+        f"{_pct(lo, per_run)} … {_pct(hi, per_run)} %/run): {_pct(math.expm1(total))} % "
+        f"from first to last run, against a {scatter * 100:.1f} % scatter around the trend"
+    )
     return NoiseFinding("drift", arm, text, ev), line
 
 
@@ -160,12 +174,13 @@ def _split(y: np.ndarray) -> tuple[np.ndarray, float] | None:
     hi_ss = (c2[-1] - c2[k - 1]) - (c1[-1] - c1[k - 1]) ** 2 / (n - k)
     cut = int(k[np.argmin(lo_ss + hi_ss)])
     lo, hi = s[:cut], s[cut:]
-    var = max(float(np.var(lo, ddof=1) + np.var(hi, ddof=1)), 2 * _TINY_LOG_SD ** 2)
+    var = max(float(np.var(lo, ddof=1) + np.var(hi, ddof=1)), 2 * _TINY_LOG_SD**2)
     return order[:cut], math.sqrt(2) * float(hi.mean() - lo.mean()) / math.sqrt(var)
 
 
-def _modes(arm: str, seq: np.ndarray, y: np.ndarray, pool: np.ndarray,
-           fmt: Callable[[float], str]) -> tuple[NoiseFinding | None, np.ndarray]:
+def _modes(
+    arm: str, seq: np.ndarray, y: np.ndarray, pool: np.ndarray, fmt: Callable[[float], str]
+) -> tuple[NoiseFinding | None, np.ndarray]:
     """The finding (or None) and the indices (into y) of the minority mode's runs."""
     split = _split(y[pool]) if len(pool) >= _MODES_MIN_N else None
     if split is None:
@@ -178,11 +193,18 @@ def _modes(arm: str, seq: np.ndarray, y: np.ndarray, pool: np.ndarray,
     high = np.setdiff1d(pool, low)
     med_lo, med_hi = (float(np.exp(np.median(y[g]))) for g in (low, high))
     ev: dict[str, Any] = {
-        "modes": [{"median_s": med, "count": len(g), "seqs": [int(seq[i]) for i in g]}
-                  for g, med in ((low, med_lo), (high, med_hi))],
-        "ashman_d": d, "threshold": threshold, "gap_pct": 100 * (med_hi / med_lo - 1)}
-    text = (f"arm {arm} has two modes: {len(low)} runs near {fmt(med_lo)}, {len(high)} runs "
-            f"near {fmt(med_hi)} ({_pct(med_hi / med_lo - 1)} %, Ashman's D {d:.1f})")
+        "modes": [
+            {"median_s": med, "count": len(g), "seqs": [int(seq[i]) for i in g]}
+            for g, med in ((low, med_lo), (high, med_hi))
+        ],
+        "ashman_d": d,
+        "threshold": threshold,
+        "gap_pct": 100 * (med_hi / med_lo - 1),
+    }
+    text = (
+        f"arm {arm} has two modes: {len(low)} runs near {fmt(med_lo)}, {len(high)} runs "
+        f"near {fmt(med_hi)} ({_pct(med_hi / med_lo - 1)} %, Ashman's D {d:.1f})"
+    )
     first, second = sorted((low, high), key=lambda g: int(seq[g[0]]))
     if seq[first[-1]] < seq[second[0]]:  # one mode entirely before the other: a step in time
         ev["level_shift_after_run"] = int(seq[first[-1]]) + 1
@@ -191,8 +213,9 @@ def _modes(arm: str, seq: np.ndarray, y: np.ndarray, pool: np.ndarray,
     return NoiseFinding("modes", arm, text, ev), minority
 
 
-def _diagnose_arm(arm: str, runs: Sequence[tuple[int, float]],
-                  fmt: Callable[[float], str]) -> list[NoiseFinding]:
+def _diagnose_arm(
+    arm: str, runs: Sequence[tuple[int, float]], fmt: Callable[[float], str]
+) -> list[NoiseFinding]:
     pairs = sorted((int(s), float(v)) for s, v in runs if math.isfinite(v) and v > 0)
     if not pairs:
         return []
@@ -215,24 +238,43 @@ def _diagnose_arm(arm: str, runs: Sequence[tuple[int, float]],
             ref = f" vs {fmt(math.exp(centre[i]))} on the trend" if detrended else ""
             items.append(f"{what} {fmt(math.exp(y[i]))}{ref}")
         tail = "" if detrended else f" vs median {fmt(math.exp(float(np.median(y))))}"
-        text = (f"arm {arm}: {len(out)} outlier run{'s' if len(out) > 1 else ''}: "
-                f"{', '.join(items)}{tail}")
+        text = (
+            f"arm {arm}: {len(out)} outlier run{'s' if len(out) > 1 else ''}: "
+            f"{', '.join(items)}{tail}"
+        )
         ev: dict[str, Any] = {
-            "runs": [{"seq": int(seq[i]), "run": int(seq[i]) + 1, "value_s": math.exp(y[i]),
-                      "centre_s": math.exp(centre[i]), "robust_z": float(z[i]),
-                      "first_after_launch": bool(seq[i] == 0)} for i in out],
-            "median_s": math.exp(float(np.median(y))), "z_cut": cut,
-            "against": "trend" if detrended else "median"}
+            "runs": [
+                {
+                    "seq": int(seq[i]),
+                    "run": int(seq[i]) + 1,
+                    "value_s": math.exp(y[i]),
+                    "centre_s": math.exp(centre[i]),
+                    "robust_z": float(z[i]),
+                    "first_after_launch": bool(seq[i] == 0),
+                }
+                for i in out
+            ],
+            "median_s": math.exp(float(np.median(y))),
+            "z_cut": cut,
+            "against": "trend" if detrended else "median",
+        }
         findings.append(NoiseFinding("outliers", arm, text, ev))
     if modes is not None:
         findings.append(modes)
     return findings
 
 
-def diagnose_noise(arms: Mapping[str, Sequence[tuple[int, float]]], *, metric: str, label: str,
-                   high_threshold: float = 0.05, unit_scale: float = 1e3,
-                   unit: str = "ms") -> NoiseDiagnosis:
+def diagnose_noise(
+    arms: Mapping[str, Sequence[tuple[int, float]]],
+    *,
+    metric: str,
+    label: str,
+    high_threshold: float = 0.05,
+    unit_scale: float = 1e3,
+    unit: str = "ms",
+) -> NoiseDiagnosis:
     """Diagnose each arm's noise; ``arms`` maps arm → [(seq, value in seconds)] in run order."""
+
     def fmt(v: float) -> str:
         x = v * unit_scale
         return f"{x:.1f} {unit}" if abs(x) >= 1 else f"{x:.3g} {unit}"

@@ -55,9 +55,11 @@ def kv_unlike(arm: str, runs: Sequence[Run]) -> list[str]:
     counts = ", ".join(f"{k} in {kinds.count(k)}" for k in dict.fromkeys(kinds))
     first = bad[0]
     reason = first.pd.kv_reason if first.pd is not None else ""
-    return [f"arm {arm} (prefill/decode pair): its KV was not handed over ({counts} of "
-            f"{len(told)} runs; run {first.seq + 1}: {reason}), so it measured a pair that "
-            f"recomputes, not a hand-over"]
+    return [
+        f"arm {arm} (prefill/decode pair): its KV was not handed over ({counts} of "
+        f"{len(told)} runs; run {first.seq + 1}: {reason}), so it measured a pair that "
+        f"recomputes, not a hand-over"
+    ]
 
 
 def pd_unlike(exps: Mapping[str, Experiment], runs: Mapping[str, Sequence[Run]]) -> list[str]:
@@ -90,31 +92,46 @@ def pd_caveats(arm: str, runs: Sequence[Run]) -> list[str]:
         parts.append(f"the hand-over (median {hand})")
     if prompt is not None:
         parts.append(f"the decode side's prompt work (median {prompt})")
-    where = (" and ".join(parts) + f" over {len(legs)} runs") if parts else \
-        "the hand-over and the decode side's prompt work"
-    out = [f"arm {arm} is a prefill/decode pair: its server prefill is the prefill instance's "
-           f"and its server decode the decode instance's; {where} show only in its client "
-           f"TTFT and e2e"]
+    where = (
+        (" and ".join(parts) + f" over {len(legs)} runs")
+        if parts
+        else "the hand-over and the decode side's prompt work"
+    )
+    out = [
+        f"arm {arm} is a prefill/decode pair: its server prefill is the prefill instance's "
+        f"and its server decode the decode instance's; {where} show only in its client "
+        f"TTFT and e2e"
+    ]
     short = [p for p in legs if p.kv == SHORT_PROMPT]
     if short:
-        out.append(f"arm {arm}: {len(short)} of {len(legs)} runs had nothing to hand over "
-                   f"({short[0].kv_reason}): for them the pair measured a local prefill on the "
-                   "decode instance, not a KV transfer")
+        out.append(
+            f"arm {arm}: {len(short)} of {len(legs)} runs had nothing to hand over "
+            f"({short[0].kv_reason}): for them the pair measured a local prefill on the "
+            "decode instance, not a KV transfer"
+        )
     unknown = [p for p in legs if p.kv == "unknown"]
     if unknown:
-        out.append(f"arm {arm}: whether the KV moved is unknown in {len(unknown)} of "
-                   f"{len(legs)} runs ({unknown[0].kv_reason}): had the decode instance "
-                   f"recomputed, the arm measured recompute, not a hand-over")
+        out.append(
+            f"arm {arm}: whether the KV moved is unknown in {len(unknown)} of "
+            f"{len(legs)} runs ({unknown[0].kv_reason}): had the decode instance "
+            f"recomputed, the arm measured recompute, not a hand-over"
+        )
     return out
 
 
-def judge_pd(c: Comparison, exps: Mapping[str, Experiment],
-             runs: Mapping[str, Sequence[Run]], *, force: bool = False) -> Comparison:
+def judge_pd(
+    c: Comparison,
+    exps: Mapping[str, Experiment],
+    runs: Mapping[str, Sequence[Run]],
+    *,
+    force: bool = False,
+) -> Comparison:
     """The comparison as it may stand: unchanged without a P/D arm; else with the pair's
     caveats, and when the arms are not alike, no verdict (every metric "insufficient data",
     the headline saying why) unless ``force``, which keeps the verdicts and warns."""
-    caveats = [w for name, exp in exps.items() if is_pd_arm(exp)
-               for w in pd_caveats(name, runs[name])]
+    caveats = [
+        w for name, exp in exps.items() if is_pd_arm(exp) for w in pd_caveats(name, runs[name])
+    ]
     unlike = pd_unlike(exps, runs)
     if not caveats and not unlike:
         return c
@@ -123,8 +140,14 @@ def judge_pd(c: Comparison, exps: Mapping[str, Experiment],
         return replace(c, warnings=(*forced, *c.warnings, *caveats))
     why = "; ".join(unlike)
     metrics = {k: replace(m, verdict="insufficient data") for k, m in c.metrics.items()}
-    line = c.phase_line if c.phase_line.startswith("no verdict:") else \
-        f"no verdict: the arms are not alike ({why}); --force compares them anyway"
-    return replace(c, metrics=metrics, phase_line=line,
-                   warnings=(f"verdicts withheld, the arms are not alike: {why}", *c.warnings,
-                             *caveats))
+    line = (
+        c.phase_line
+        if c.phase_line.startswith("no verdict:")
+        else f"no verdict: the arms are not alike ({why}); --force compares them anyway"
+    )
+    return replace(
+        c,
+        metrics=metrics,
+        phase_line=line,
+        warnings=(f"verdicts withheld, the arms are not alike: {why}", *c.warnings, *caveats),
+    )

@@ -47,10 +47,24 @@ if TYPE_CHECKING:  # imported where used: a command's --help must not load them
     import numpy as np
 
 
-__all__ = ["StopRecord", "ALPHA", "MIN_PAIRS", "PRIMARY_PHASES", "PRIMARY_METRICS",
-           "check_primary", "T_STAR", "WINSOR_K", "SeqVerdict", "SequentialPlan",
-           "SequentialEstimate", "halfwidth", "paired_log_ratios", "robust_mean_sd", "evaluate",
-           "evaluate_many"]
+__all__ = [
+    "StopRecord",
+    "ALPHA",
+    "MIN_PAIRS",
+    "PRIMARY_PHASES",
+    "PRIMARY_METRICS",
+    "check_primary",
+    "T_STAR",
+    "WINSOR_K",
+    "SeqVerdict",
+    "SequentialPlan",
+    "SequentialEstimate",
+    "halfwidth",
+    "paired_log_ratios",
+    "robust_mean_sd",
+    "evaluate",
+    "evaluate_many",
+]
 
 SeqVerdict = Literal["improvement", "regression", "equivalent", "undecided"]
 
@@ -58,10 +72,20 @@ ALPHA = 0.05
 # The primary metric of a session: a phase (vLLM's own, or the client's view of it when the
 # server exposes no phases) or one metric of ab_stats.METRICS by name (a test keeps the two
 # lists equal; this module stays free of scipy so playbooks validate fast).
-PRIMARY_PHASES = {"decode": ("server_decode_s", "client_tpot_s"),
-                  "prefill": ("server_prefill_s", "client_ttft_s")}
-PRIMARY_METRICS = ("client_ttft_s", "client_e2e_s", "client_tpot_s", "client_itl_p50_s",
-                   "client_itl_p99_s", "server_queue_s", "server_prefill_s", "server_decode_s")
+PRIMARY_PHASES = {
+    "decode": ("server_decode_s", "client_tpot_s"),
+    "prefill": ("server_prefill_s", "client_ttft_s"),
+}
+PRIMARY_METRICS = (
+    "client_ttft_s",
+    "client_e2e_s",
+    "client_tpot_s",
+    "client_itl_p50_s",
+    "client_itl_p99_s",
+    "server_queue_s",
+    "server_prefill_s",
+    "server_decode_s",
+)
 MIN_PAIRS = 6
 T_STAR = 20  # pairs at which the boundary is tightest: a typical stop on a noisy CPU box
 WINSOR_K = 3.0
@@ -132,8 +156,10 @@ def check_primary(name: str) -> str:
     """``name`` if it names a phase or a metric; ValueError listing the choices otherwise."""
     if name in PRIMARY_PHASES or name in PRIMARY_METRICS:
         return name
-    raise ValueError(f"{name!r} is not a primary metric (choose {', '.join(PRIMARY_PHASES)} "
-                     f"or one of {', '.join(PRIMARY_METRICS)})")
+    raise ValueError(
+        f"{name!r} is not a primary metric (choose {', '.join(PRIMARY_PHASES)} "
+        f"or one of {', '.join(PRIMARY_METRICS)})"
+    )
 
 
 def _rho2(alpha: float, t_star: float = T_STAR) -> float:
@@ -185,13 +211,17 @@ def paired_log_ratios(a: Mapping[int, float], b: Mapping[int, float]) -> np.ndar
     """``log b[k] − log a[k]`` for every run number ``k`` both arms have (positive values)."""
     import numpy as np
 
-    seqs = sorted(k for k in a.keys() & b.keys()
-                  if a[k] > 0 and b[k] > 0 and math.isfinite(a[k]) and math.isfinite(b[k]))
+    seqs = sorted(
+        k
+        for k in a.keys() & b.keys()
+        if a[k] > 0 and b[k] > 0 and math.isfinite(a[k]) and math.isfinite(b[k])
+    )
     return np.log([b[k] for k in seqs]) - np.log([a[k] for k in seqs])
 
 
-def _verdicts(mean: np.ndarray, half: np.ndarray, n: np.ndarray | int,
-              plan: SequentialPlan) -> np.ndarray:
+def _verdicts(
+    mean: np.ndarray, half: np.ndarray, n: np.ndarray | int, plan: SequentialPlan
+) -> np.ndarray:
     """0 undecided, 1 improvement, 2 regression, 3 equivalent (vectorised over sessions)."""
     import numpy as np
 
@@ -249,5 +279,13 @@ def evaluate(d: np.ndarray, plan: SequentialPlan) -> SequentialEstimate:
     more = None if verdict != "undecided" else _more_pairs(n, mean, sd, plan)
     if verdict == "undecided" and n < plan.min_pairs:
         more = max(more or 0, plan.min_pairs - n)
-    return SequentialEstimate(n, math.exp(mean), math.exp(mean - half), math.exp(mean + half),
-                              sd, verdict, more, int(pulled))
+    return SequentialEstimate(
+        n,
+        math.exp(mean),
+        math.exp(mean - half),
+        math.exp(mean + half),
+        sd,
+        verdict,
+        more,
+        int(pulled),
+    )

@@ -42,12 +42,28 @@ from phaseprobe.analysis.ab.sequential import (
 from phaseprobe.analysis.client_check import client_consistent
 from phaseprobe.records import Run
 
-__all__ = ["METRICS", "PHASES", "MetricComparison", "Comparison", "compare_samples",
-           "compare_runs", "compare_paired", "metric_by_seq", "phase_line",
-           "pct", "resolve_primary"]
+__all__ = [
+    "METRICS",
+    "PHASES",
+    "MetricComparison",
+    "Comparison",
+    "compare_samples",
+    "compare_runs",
+    "compare_paired",
+    "metric_by_seq",
+    "phase_line",
+    "pct",
+    "resolve_primary",
+]
 
-Verdict = Literal["improvement", "regression", "no significant change", "insufficient data",
-                  "equivalent", "undecided"]
+Verdict = Literal[
+    "improvement",
+    "regression",
+    "no significant change",
+    "insufficient data",
+    "equivalent",
+    "undecided",
+]
 
 _Z_ALPHA = 1.959964  # two-sided α = 0.05
 _Z_POWER = 0.841621  # 80 % power
@@ -72,8 +88,10 @@ METRICS: dict[str, tuple[str, Callable[[Run], float | None]]] = {
     "server_decode_s": ("server decode", lambda r: r.server.decode_s if r.server else None),
 }
 # The phase line: vLLM's own phases when the server exposed them, else the client's view.
-PHASES = (("decode", "server_decode_s", "client_tpot_s"),
-          ("prefill", "server_prefill_s", "client_ttft_s"))
+PHASES = (
+    ("decode", "server_decode_s", "client_tpot_s"),
+    ("prefill", "server_prefill_s", "client_ttft_s"),
+)
 
 
 @dataclass(frozen=True)
@@ -123,11 +141,18 @@ class Comparison:
     noise: tuple[NoiseDiagnosis, ...] = ()  # the phase metrics' noise, explained
 
     def to_dict(self) -> dict[str, Any]:
-        return {"arm_a": self.arm_a, "arm_b": self.arm_b, "min_effect": self.min_effect,
-                "confidence": self.confidence, "method": self.method, "primary": self.primary,
-                "phase_line": self.phase_line, "warnings": list(self.warnings),
-                "noise": [n.to_dict() for n in self.noise],
-                "metrics": {k: v.to_dict() for k, v in self.metrics.items()}}
+        return {
+            "arm_a": self.arm_a,
+            "arm_b": self.arm_b,
+            "min_effect": self.min_effect,
+            "confidence": self.confidence,
+            "method": self.method,
+            "primary": self.primary,
+            "phase_line": self.phase_line,
+            "warnings": list(self.warnings),
+            "noise": [n.to_dict() for n in self.noise],
+            "metrics": {k: v.to_dict() for k, v in self.metrics.items()},
+        }
 
 
 def _noise(x: np.ndarray) -> float:
@@ -140,29 +165,62 @@ def _noise(x: np.ndarray) -> float:
 def _mde(noise_a: float, noise_b: float, n_a: int, n_b: int) -> float:
     # The sample median's standard error is ≈ 1.2533·σ/√n; on the log scale σ is the relative
     # spread, so the log-ratio's SE adds the two arms' in quadrature.
-    se = 1.2533 * math.sqrt(noise_a ** 2 / n_a + noise_b ** 2 / n_b)
+    se = 1.2533 * math.sqrt(noise_a**2 / n_a + noise_b**2 / n_b)
     return math.expm1((_Z_ALPHA + _Z_POWER) * se)
 
 
-def compare_samples(a: Sequence[float], b: Sequence[float], *, metric: str = "value",
-                    label: str | None = None, min_effect: float = 0.05,
-                    confidence: float = 0.95, n_resamples: int = 2000,
-                    seed: int = 0) -> MetricComparison:
+def compare_samples(
+    a: Sequence[float],
+    b: Sequence[float],
+    *,
+    metric: str = "value",
+    label: str | None = None,
+    min_effect: float = 0.05,
+    confidence: float = 0.95,
+    n_resamples: int = 2000,
+    seed: int = 0,
+) -> MetricComparison:
     """Compare two samples of a lower-is-better quantity (B against the baseline A)."""
     xa = np.asarray([v for v in a if v is not None and math.isfinite(v)], dtype=float)
     xb = np.asarray([v for v in b if v is not None and math.isfinite(v)], dtype=float)
     label = label or metric
     if len(xa) < 2 or len(xb) < 2:
-        return MetricComparison(metric, label, len(xa), len(xb),
-                                float(np.median(xa)) if len(xa) else None,
-                                float(np.median(xb)) if len(xb) else None, None, None, None,
-                                None, None, None, None, "insufficient data",
-                                (f"{label}: fewer than 2 values in an arm",))
+        return MetricComparison(
+            metric,
+            label,
+            len(xa),
+            len(xb),
+            float(np.median(xa)) if len(xa) else None,
+            float(np.median(xb)) if len(xb) else None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            "insufficient data",
+            (f"{label}: fewer than 2 values in an arm",),
+        )
     med_a, med_b = float(np.median(xa)), float(np.median(xb))
     if med_a <= 0:
-        return MetricComparison(metric, label, len(xa), len(xb), med_a, med_b, None, None, None,
-                                None, None, None, None, "insufficient data",
-                                (f"{label}: baseline median is {med_a:g}; no ratio",))
+        return MetricComparison(
+            metric,
+            label,
+            len(xa),
+            len(xb),
+            med_a,
+            med_b,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            "insufficient data",
+            (f"{label}: baseline median is {med_a:g}; no ratio",),
+        )
     ratio = med_b / med_a
 
     def stat(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -171,9 +229,16 @@ def compare_samples(a: Sequence[float], b: Sequence[float], *, metric: str = "va
     if np.ptp(xa) == 0 and np.ptp(xb) == 0:
         lo = hi = ratio  # no spread at all: the interval is the point
     else:
-        res = stats.bootstrap((xa, xb), stat, vectorized=True, paired=False,
-                              confidence_level=confidence, n_resamples=n_resamples,
-                              method="percentile", rng=np.random.default_rng(seed))
+        res = stats.bootstrap(
+            (xa, xb),
+            stat,
+            vectorized=True,
+            paired=False,
+            confidence_level=confidence,
+            n_resamples=n_resamples,
+            method="percentile",
+            rng=np.random.default_rng(seed),
+        )
         lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
     p = float(stats.mannwhitneyu(xa, xb, alternative="two-sided").pvalue)
     noise_a, noise_b = _noise(xa), _noise(xb)
@@ -192,19 +257,40 @@ def compare_samples(a: Sequence[float], b: Sequence[float], *, metric: str = "va
         warnings.append(small_n_warning(n))
     elif mde > min_effect:
         need = math.ceil(n * (mde / min_effect) ** 2)
-        warnings.append(f"{label}: at this noise ({max(noise_a, noise_b):.1%}) N={n} per arm "
-                        f"only detects changes ≥ {mde:.1%}, above --min-effect "
-                        f"{min_effect:.1%}: use about {need} runs per arm")
+        warnings.append(
+            f"{label}: at this noise ({max(noise_a, noise_b):.1%}) N={n} per arm "
+            f"only detects changes ≥ {mde:.1%}, above --min-effect "
+            f"{min_effect:.1%}: use about {need} runs per arm"
+        )
     if significant and verdict == "no significant change":
-        warnings.append(f"{label}: {ratio - 1:+.1%} is statistically real but below "
-                        f"--min-effect {min_effect:.1%}")
-    return MetricComparison(metric, label, len(xa), len(xb), med_a, med_b, ratio, lo, hi, p,
-                            mde, noise_a, noise_b, verdict, tuple(warnings))
+        warnings.append(
+            f"{label}: {ratio - 1:+.1%} is statistically real but below "
+            f"--min-effect {min_effect:.1%}"
+        )
+    return MetricComparison(
+        metric,
+        label,
+        len(xa),
+        len(xb),
+        med_a,
+        med_b,
+        ratio,
+        lo,
+        hi,
+        p,
+        mde,
+        noise_a,
+        noise_b,
+        verdict,
+        tuple(warnings),
+    )
 
 
 def small_n_warning(n: int) -> str:
-    return (f"only {n} runs in an arm: the U test needs at least {_MIN_N} per arm to call "
-            f"a change either way, so every metric is \"insufficient data\"")
+    return (
+        f"only {n} runs in an arm: the U test needs at least {_MIN_N} per arm to call "
+        f'a change either way, so every metric is "insufficient data"'
+    )
 
 
 def usable(run: Run, metric: str | None = None) -> bool:
@@ -249,8 +335,14 @@ def resolve_primary(primary: str, runs_a: Sequence[Run], runs_b: Sequence[Run]) 
     return server if has else client
 
 
-def compare_paired(a: dict[int, float], b: dict[int, float], plan: SequentialPlan, *,
-                   metric: str = "value", label: str | None = None) -> MetricComparison:
+def compare_paired(
+    a: dict[int, float],
+    b: dict[int, float],
+    plan: SequentialPlan,
+    *,
+    metric: str = "value",
+    label: str | None = None,
+) -> MetricComparison:
     """The sequential view of one metric: runs paired by number, the anytime interval of the
     geometric-mean ratio B/A, and the four-way verdict (see :mod:`ab_sequential`)."""
     label = label or metric
@@ -272,14 +364,37 @@ def compare_paired(a: dict[int, float], b: dict[int, float], plan: SequentialPla
         # out): that is too little evidence, said as such, not "undecided" beside no number.
         warnings.append(f"{label}: fewer than 2 pairs")
         verdict = "insufficient data"
-    if est.verdict == "equivalent" and est.ci_low is not None and est.ci_high is not None \
-            and (est.ci_high < 1 or est.ci_low > 1):
-        warnings.append(f"{label}: {pct((est.ratio or 1) - 1)} % is real but inside "
-                        f"±{plan.min_effect:.0%}, the smallest change worth calling")
-    return MetricComparison(metric, label, len(xa), len(xb), med_a, med_b, est.ratio,
-                            est.ci_low, est.ci_high, None, None, noise_a, noise_b, verdict,
-                            tuple(warnings), method="sequential", n_pairs=est.n_pairs,
-                            more_runs=est.more_pairs, winsorised=est.winsorised)
+    if (
+        est.verdict == "equivalent"
+        and est.ci_low is not None
+        and est.ci_high is not None
+        and (est.ci_high < 1 or est.ci_low > 1)
+    ):
+        warnings.append(
+            f"{label}: {pct((est.ratio or 1) - 1)} % is real but inside "
+            f"±{plan.min_effect:.0%}, the smallest change worth calling"
+        )
+    return MetricComparison(
+        metric,
+        label,
+        len(xa),
+        len(xb),
+        med_a,
+        med_b,
+        est.ratio,
+        est.ci_low,
+        est.ci_high,
+        None,
+        None,
+        noise_a,
+        noise_b,
+        verdict,
+        tuple(warnings),
+        method="sequential",
+        n_pairs=est.n_pairs,
+        more_runs=est.more_pairs,
+        winsorised=est.winsorised,
+    )
 
 
 def pct(x: float) -> str:
@@ -304,15 +419,24 @@ def phase_line(metrics: dict[str, MetricComparison]) -> str:
         # insufficient data still show the estimate and its interval, so a wide interval
         # cannot hide a large median change.
         said = "" if m.verdict in ("improvement", "regression") else f" ({m.verdict})"
-        parts.append(f"{phase} {pct(m.ratio - 1)} % [{pct(m.ci_low - 1)}, "
-                     f"{pct(m.ci_high - 1)}]{said}")
+        parts.append(
+            f"{phase} {pct(m.ratio - 1)} % [{pct(m.ci_low - 1)}, {pct(m.ci_high - 1)}]{said}"
+        )
     return ", ".join(parts)
 
 
-def compare_runs(runs_a: Sequence[Run], runs_b: Sequence[Run], *, arm_a: str = "A",
-                 arm_b: str = "B", min_effect: float = 0.05, confidence: float = 0.95,
-                 n_resamples: int = 2000, seed: int = 0,
-                 plan: SequentialPlan | None = None) -> Comparison:
+def compare_runs(
+    runs_a: Sequence[Run],
+    runs_b: Sequence[Run],
+    *,
+    arm_a: str = "A",
+    arm_b: str = "B",
+    min_effect: float = 0.05,
+    confidence: float = 0.95,
+    n_resamples: int = 2000,
+    seed: int = 0,
+    plan: SequentialPlan | None = None,
+) -> Comparison:
     """Every metric of :data:`METRICS` compared; metrics absent in both arms are left out,
     except client metrics whose every timeline was left out as contradicting vLLM's phases:
     those say "insufficient data" rather than vanish from the table.
@@ -333,49 +457,82 @@ def compare_runs(runs_a: Sequence[Run], runs_b: Sequence[Run], *, arm_a: str = "
         if not sa and not sb and not _all_left_out(name, runs_a, runs_b):
             continue
         if plan is not None:
-            metrics[name] = compare_paired(sa, sb, plan if name == primary else secondary,
-                                           metric=name, label=label)
+            metrics[name] = compare_paired(
+                sa, sb, plan if name == primary else secondary, metric=name, label=label
+            )
         else:
-            metrics[name] = compare_samples(list(sa.values()), list(sb.values()), metric=name,
-                                            label=label, min_effect=min_effect,
-                                            confidence=confidence, n_resamples=n_resamples,
-                                            seed=seed)
+            metrics[name] = compare_samples(
+                list(sa.values()),
+                list(sb.values()),
+                metric=name,
+                label=label,
+                min_effect=min_effect,
+                confidence=confidence,
+                n_resamples=n_resamples,
+                seed=seed,
+            )
     warnings: list[str] = []
     for arm, runs in ((arm_a, runs_a), (arm_b, runs_b)):
         dropped = sum(1 for r in runs if not usable(r, "server_decode_s"))
         if dropped:
-            warnings.append(f"arm {arm}: {dropped} of {len(runs)} runs left out (errors or "
-                            f"not isolated)")
+            warnings.append(
+                f"arm {arm}: {dropped} of {len(runs)} runs left out (errors or not isolated)"
+            )
         stalled = sum(1 for r in runs if usable(r, "server_decode_s") and not usable(r))
         if stalled:
-            warnings.append(f"arm {arm}: {stalled} of {len(runs)} runs left out of the client "
-                            f"metrics only (their client timeline contradicts vLLM's phases: "
-                            f"see `phaseprobe runs`)")
+            warnings.append(
+                f"arm {arm}: {stalled} of {len(runs)} runs left out of the client "
+                f"metrics only (their client timeline contradicts vLLM's phases: "
+                f"see `phaseprobe runs`)"
+            )
     if not any(k.startswith("server_") for k in metrics):
         warnings.append("no server phases (no vLLM /metrics): the comparison is client-side")
-    small = sorted({w for m in metrics.values() for w in m.warnings
-                    if w.startswith("only ") and "runs in an arm" in w})
+    small = sorted(
+        {
+            w
+            for m in metrics.values()
+            for w in m.warnings
+            if w.startswith("only ") and "runs in an arm" in w
+        }
+    )
     warnings.extend(small)  # the same words for every metric: said once
     for m in metrics.values():
         warnings.extend(w for w in m.warnings if w not in small)
     pulled = [f"{m.label} {m.winsorised}/{m.n_pairs}" for m in metrics.values() if m.winsorised]
     if pulled:
-        warnings.append(f"outlier pairs (beyond 3 robust SDs of their metric) pulled in before "
-                        f"the interval: {', '.join(pulled)}")
-    noise = tuple(_diagnose(runs_a, runs_b, arm_a, arm_b, m, min_effect)
-                  for m in _phase_metrics(metrics))
+        warnings.append(
+            f"outlier pairs (beyond 3 robust SDs of their metric) pulled in before "
+            f"the interval: {', '.join(pulled)}"
+        )
+    noise = tuple(
+        _diagnose(runs_a, runs_b, arm_a, arm_b, m, min_effect) for m in _phase_metrics(metrics)
+    )
     line = phase_line(metrics)
-    failed = [(arm, runs) for arm, runs in ((arm_a, runs_a), (arm_b, runs_b))
-              if runs and not any(r.status == "ok" for r in runs)]
+    failed = [
+        (arm, runs)
+        for arm, runs in ((arm_a, runs_a), (arm_b, runs_b))
+        if runs and not any(r.status == "ok" for r in runs)
+    ]
     if failed:
         # Nothing measured in an arm: no comparison, and the headline says why.
-        why = "; ".join(f"every run of arm {arm} failed ({len(runs)} of {len(runs)}: "
-                        f"{failure_reason(runs)})" for arm, runs in failed)
+        why = "; ".join(
+            f"every run of arm {arm} failed ({len(runs)} of {len(runs)}: {failure_reason(runs)})"
+            for arm, runs in failed
+        )
         line = f"no verdict: {why}"
         warnings.insert(0, why)
-    return Comparison(arm_a, arm_b, min_effect, confidence, metrics, line,
-                      tuple(warnings), method="fixed" if plan is None else "sequential",
-                      primary=primary, noise=noise)
+    return Comparison(
+        arm_a,
+        arm_b,
+        min_effect,
+        confidence,
+        metrics,
+        line,
+        tuple(warnings),
+        method="fixed" if plan is None else "sequential",
+        primary=primary,
+        noise=noise,
+    )
 
 
 def failure_reason(runs: Sequence[Run]) -> str:
@@ -391,18 +548,29 @@ def _phase_metrics(metrics: dict[str, MetricComparison]) -> list[MetricCompariso
     """The metric the phase line shows for each phase (server's, else the client's)."""
     out = []
     for _, server, client in PHASES:
-        m = metrics.get(server) if server in metrics and metrics[server].ratio is not None \
+        m = (
+            metrics.get(server)
+            if server in metrics and metrics[server].ratio is not None
             else metrics.get(client)
+        )
         if m is not None:
             out.append(m)
     return out
 
 
-def _diagnose(runs_a: Sequence[Run], runs_b: Sequence[Run], arm_a: str, arm_b: str,
-              m: MetricComparison, min_effect: float) -> NoiseDiagnosis:
+def _diagnose(
+    runs_a: Sequence[Run],
+    runs_b: Sequence[Run],
+    arm_a: str,
+    arm_b: str,
+    m: MetricComparison,
+    min_effect: float,
+) -> NoiseDiagnosis:
     # "High" noise: more than the smallest change worth calling, per run.
     if arm_a == arm_b:  # two experiments of one name (ab compare): keep both series
         arm_a, arm_b = f"{arm_a} (A)", f"{arm_b} (B)"
-    series = {arm: sorted(metric_by_seq(runs, m.metric).items())
-              for arm, runs in ((arm_a, runs_a), (arm_b, runs_b))}
+    series = {
+        arm: sorted(metric_by_seq(runs, m.metric).items())
+        for arm, runs in ((arm_a, runs_a), (arm_b, runs_b))
+    }
     return diagnose_noise(series, metric=m.metric, label=m.label, high_threshold=min_effect)

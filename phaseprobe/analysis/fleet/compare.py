@@ -38,9 +38,17 @@ from phaseprobe.analysis.ab.stats import compare_samples
 from phaseprobe.analysis.fleet.frame import UNKNOWN_REPLICA, replicas_of
 from phaseprobe.analysis.fleet.words import p_text, ratio_text
 
-__all__ = ["MIN_PER_SIDE", "DEFAULT_MIN_EFFECT_RATIO", "COMPARED_METRICS", "ReplicaVerdict",
-           "comparison_sentence",
-           "ReplicaComparison", "FleetComparison", "compare_replica", "compare_replicas"]
+__all__ = [
+    "MIN_PER_SIDE",
+    "DEFAULT_MIN_EFFECT_RATIO",
+    "COMPARED_METRICS",
+    "ReplicaVerdict",
+    "comparison_sentence",
+    "ReplicaComparison",
+    "FleetComparison",
+    "compare_replica",
+    "compare_replicas",
+]
 
 MIN_PER_SIDE = 5  # as the A/B engine: below this the U test cannot reach p < 0.05 with room
 DEFAULT_MIN_EFFECT_RATIO = 1.2
@@ -88,8 +96,12 @@ class ReplicaComparison:
         """The interval lies inside (1/min_effect, min_effect): a difference worth calling is
         excluded, not merely undetected."""
         lo, hi = self.ci_low_ratio, self.ci_high_ratio
-        return lo is not None and hi is not None and \
-            lo > 1 / self.min_effect_ratio and hi < self.min_effect_ratio
+        return (
+            lo is not None
+            and hi is not None
+            and lo > 1 / self.min_effect_ratio
+            and hi < self.min_effect_ratio
+        )
 
     def sentence(self) -> str:
         return comparison_sentence(self)
@@ -114,13 +126,19 @@ class FleetComparison:
     note: str  # how the intervals are to be read
 
     def get(self, replica: str, metric: str) -> ReplicaComparison | None:
-        return next((c for c in self.comparisons
-                     if c.replica == replica and c.metric == metric), None)
+        return next(
+            (c for c in self.comparisons if c.replica == replica and c.metric == metric), None
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"replicas": list(self.replicas), "confidence": self.confidence,
-                "min_effect_ratio": self.min_effect_ratio, "min_per_side": self.min_per_side,
-                "note": self.note, "comparisons": [c.to_dict() for c in self.comparisons]}
+        return {
+            "replicas": list(self.replicas),
+            "confidence": self.confidence,
+            "min_effect_ratio": self.min_effect_ratio,
+            "min_per_side": self.min_per_side,
+            "note": self.note,
+            "comparisons": [c.to_dict() for c in self.comparisons],
+        }
 
 
 def _finite(values: Sequence[float]) -> np.ndarray:
@@ -128,12 +146,21 @@ def _finite(values: Sequence[float]) -> np.ndarray:
     return x[np.isfinite(x)]
 
 
-def compare_replica(replica: str, values: Sequence[float], rest: Sequence[float], *,
-                    metric: str = "tpot_s", rest_replicas: Sequence[str] = (),
-                    min_effect_ratio: float = DEFAULT_MIN_EFFECT_RATIO,
-                    min_per_side: int = MIN_PER_SIDE, confidence: float = 0.95,
-                    n_resamples: int = 2000, seed: int = 0, noun: str = "requests",
-                    max_per_side: int | None = None) -> ReplicaComparison:
+def compare_replica(
+    replica: str,
+    values: Sequence[float],
+    rest: Sequence[float],
+    *,
+    metric: str = "tpot_s",
+    rest_replicas: Sequence[str] = (),
+    min_effect_ratio: float = DEFAULT_MIN_EFFECT_RATIO,
+    min_per_side: int = MIN_PER_SIDE,
+    confidence: float = 0.95,
+    n_resamples: int = 2000,
+    seed: int = 0,
+    noun: str = "requests",
+    max_per_side: int | None = None,
+) -> ReplicaComparison:
     """One replica's values of ``metric`` against the rest's (NaN and None left out).
 
     ``max_per_side``: above this many values a side, the interval and the test are computed
@@ -146,19 +173,39 @@ def compare_replica(replica: str, values: Sequence[float], rest: Sequence[float]
     xa = _finite([math.nan if v is None else v for v in rest])
     med_b = float(np.median(xb)) if len(xb) else None
     med_a = float(np.median(xa)) if len(xa) else None
-    capped = max_per_side if max_per_side is not None and max(len(xa), len(xb)) > max_per_side \
-        else None
+    capped = (
+        max_per_side if max_per_side is not None and max(len(xa), len(xb)) > max_per_side else None
+    )
 
-    def result(verdict: ReplicaVerdict, ratio: float | None = None, lo: float | None = None,
-               hi: float | None = None, p: float | None = None,
-               reason: str | None = None) -> ReplicaComparison:
+    def result(
+        verdict: ReplicaVerdict,
+        ratio: float | None = None,
+        lo: float | None = None,
+        hi: float | None = None,
+        p: float | None = None,
+        reason: str | None = None,
+    ) -> ReplicaComparison:
         return ReplicaComparison(
-            replica=replica, metric=metric, label=label, rest_replicas=tuple(rest_replicas),
-            n_replica=len(xb), n_rest=len(xa), median_replica_s=med_b, median_rest_s=med_a,
-            median_ratio=ratio, ci_low_ratio=lo, ci_high_ratio=hi, p_value=p,
-            confidence=confidence, min_effect_ratio=min_effect_ratio,
-            min_per_side=min_per_side, verdict=verdict, reason=reason, noun=noun,
-            max_per_side=capped)
+            replica=replica,
+            metric=metric,
+            label=label,
+            rest_replicas=tuple(rest_replicas),
+            n_replica=len(xb),
+            n_rest=len(xa),
+            median_replica_s=med_b,
+            median_rest_s=med_a,
+            median_ratio=ratio,
+            ci_low_ratio=lo,
+            ci_high_ratio=hi,
+            p_value=p,
+            confidence=confidence,
+            min_effect_ratio=min_effect_ratio,
+            min_per_side=min_per_side,
+            verdict=verdict,
+            reason=reason,
+            noun=noun,
+            max_per_side=capped,
+        )
 
     if not rest_replicas and len(xa) == 0:
         return result("too_few", reason="no other replica to compare with")
@@ -173,13 +220,26 @@ def compare_replica(replica: str, values: Sequence[float], rest: Sequence[float]
         rng = np.random.default_rng(seed)
         sa = rng.choice(xa, capped, replace=False) if len(xa) > capped else xa
         sb = rng.choice(xb, capped, replace=False) if len(xb) > capped else xb
-    m = compare_samples(sa.tolist(), sb.tolist(), metric=metric, label=label,
-                        min_effect=max(min_effect_ratio - 1, 1e-6), confidence=confidence,
-                        n_resamples=n_resamples, seed=seed)
-    if m.ratio is None or m.ci_low is None or m.ci_high is None or m.p_value is None \
-            or med_a is None or med_b is None or med_a <= 0:
-        return result("too_few", reason=f"the rest's median {label} is {med_a or 0:g} s: "
-                                        f"no ratio")
+    m = compare_samples(
+        sa.tolist(),
+        sb.tolist(),
+        metric=metric,
+        label=label,
+        min_effect=max(min_effect_ratio - 1, 1e-6),
+        confidence=confidence,
+        n_resamples=n_resamples,
+        seed=seed,
+    )
+    if (
+        m.ratio is None
+        or m.ci_low is None
+        or m.ci_high is None
+        or m.p_value is None
+        or med_a is None
+        or med_b is None
+        or med_a <= 0
+    ):
+        return result("too_few", reason=f"the rest's median {label} is {med_a or 0:g} s: no ratio")
     # The point estimate over every value (the subsample's when capped would differ from the
     # medians shown); the verdict reads the same numbers it quotes.
     ratio = med_b / med_a if capped is not None else m.ratio
@@ -192,11 +252,17 @@ def compare_replica(replica: str, values: Sequence[float], rest: Sequence[float]
     return result(verdict, ratio, m.ci_low, m.ci_high, m.p_value)
 
 
-def compare_replicas(frame: pd.DataFrame, *, metrics: Sequence[str] = tuple(COMPARED_METRICS),
-                     min_effect_ratio: float = DEFAULT_MIN_EFFECT_RATIO,
-                     min_per_side: int = MIN_PER_SIDE, confidence: float = 0.95,
-                     n_resamples: int = 2000, seed: int = 0,
-                     max_per_side: int | None = None) -> FleetComparison:
+def compare_replicas(
+    frame: pd.DataFrame,
+    *,
+    metrics: Sequence[str] = tuple(COMPARED_METRICS),
+    min_effect_ratio: float = DEFAULT_MIN_EFFECT_RATIO,
+    min_per_side: int = MIN_PER_SIDE,
+    confidence: float = 0.95,
+    n_resamples: int = 2000,
+    seed: int = 0,
+    max_per_side: int | None = None,
+) -> FleetComparison:
     """Every identified replica of a :func:`~phaseprobe.analysis.fleet.frame.fleet_frame`
     against the others, on each of ``metrics`` (frame columns of :data:`COMPARED_METRICS`)."""
     known = frame[frame["replica"] != UNKNOWN_REPLICA]
@@ -211,20 +277,33 @@ def compare_replicas(frame: pd.DataFrame, *, metrics: Sequence[str] = tuple(COMP
             mine = groups[name]
             rest = known[known["replica"] != name]
             sources = set(mine["source"]) | set(rest["source"])
-            comparisons.append(compare_replica(
-                name, mine[metric].tolist(), rest[metric].tolist(), metric=metric,
-                rest_replicas=tuple(r for r in replicas if r != name),
-                min_effect_ratio=min_effect_ratio, min_per_side=min_per_side,
-                confidence=each, n_resamples=n_resamples, seed=seed + 1000 * j + i,
-                noun="runs" if sources == {"run"} else "requests", max_per_side=max_per_side))
+            comparisons.append(
+                compare_replica(
+                    name,
+                    mine[metric].tolist(),
+                    rest[metric].tolist(),
+                    metric=metric,
+                    rest_replicas=tuple(r for r in replicas if r != name),
+                    min_effect_ratio=min_effect_ratio,
+                    min_per_side=min_per_side,
+                    confidence=each,
+                    n_resamples=n_resamples,
+                    seed=seed + 1000 * j + i,
+                    noun="runs" if sources == {"run"} else "requests",
+                    max_per_side=max_per_side,
+                )
+            )
     if split > 1:
-        note = (f"each interval is at {each:.1%}, so that the {k} replicas' intervals on a "
-                f"metric hold together at {confidence:.0%} (Bonferroni)")
+        note = (
+            f"each interval is at {each:.1%}, so that the {k} replicas' intervals on a "
+            f"metric hold together at {confidence:.0%} (Bonferroni)"
+        )
     else:
         note = f"intervals at {confidence:.0%}"
     note += f"; a difference is called at {min_effect_ratio:g}× or more"
-    return FleetComparison(tuple(replicas), tuple(comparisons), confidence, min_effect_ratio,
-                           min_per_side, note)
+    return FleetComparison(
+        tuple(replicas), tuple(comparisons), confidence, min_effect_ratio, min_per_side, note
+    )
 
 
 def _rest_words(c: ReplicaComparison) -> str:
@@ -238,10 +317,12 @@ def _possessive(name: str) -> str:
 
 
 def _counts(c: ReplicaComparison) -> str:
-    sampled = (f"; interval from a random {c.max_per_side} a side"
-               if c.max_per_side is not None else "")
-    return (f"{c.n_replica + c.n_rest} {c.noun} ({c.replica} {c.n_replica}, rest "
-            f"{c.n_rest}{sampled})")
+    sampled = (
+        f"; interval from a random {c.max_per_side} a side" if c.max_per_side is not None else ""
+    )
+    return (
+        f"{c.n_replica + c.n_rest} {c.noun} ({c.replica} {c.n_replica}, rest {c.n_rest}{sampled})"
+    )
 
 
 def comparison_sentence(c: ReplicaComparison) -> str:
@@ -249,12 +330,21 @@ def comparison_sentence(c: ReplicaComparison) -> str:
     slower per token than the other replicas [1.5, 2.1] (p = 3e-6), 40 runs (r2 20, rest 20)".
     A slower/faster factor is always ≥ 1: "faster" inverts the ratio and its interval."""
     rest = _rest_words(c)
-    if c.verdict == "too_few" or c.median_ratio is None or c.ci_low_ratio is None \
-            or c.ci_high_ratio is None:
-        so_far = (f"; the medians so far give {ratio_text(c.median_ratio)}×, no verdict"
-                  if c.median_ratio is not None else "")
-        return (f"{c.replica}'s {c.label} against {rest}: too few to tell ({c.replica} "
-                f"{c.n_replica}, rest {c.n_rest}; {c.reason or 'not enough values'}){so_far}")
+    if (
+        c.verdict == "too_few"
+        or c.median_ratio is None
+        or c.ci_low_ratio is None
+        or c.ci_high_ratio is None
+    ):
+        so_far = (
+            f"; the medians so far give {ratio_text(c.median_ratio)}×, no verdict"
+            if c.median_ratio is not None
+            else ""
+        )
+        return (
+            f"{c.replica}'s {c.label} against {rest}: too few to tell ({c.replica} "
+            f"{c.n_replica}, rest {c.n_rest}; {c.reason or 'not enough values'}){so_far}"
+        )
     r, lo, hi = c.median_ratio, c.ci_low_ratio, c.ci_high_ratio
     if c.verdict in ("slower", "faster"):
         template = COMPARED_METRICS.get(c.metric, (c.label, f"{c.label} {{x}}× {{dir}}"))[1]
@@ -264,17 +354,24 @@ def comparison_sentence(c: ReplicaComparison) -> str:
             x, a, b = 1 / r, 1 / hi, 1 / lo
         direction = _QUEUE_DIRECTIONS[c.verdict] if c.metric == "queue_s" else c.verdict
         said = template.format(x=ratio_text(x), dir=direction)
-        return (f"{c.replica} {said} than {rest} [{ratio_text(a)}, {ratio_text(b)}] "
-                f"({p_text(c.p_value)}), {_counts(c)}")
-    numbers = (f"{ratio_text(r)}× [{ratio_text(lo)}, {ratio_text(hi)}] "
-               f"({p_text(c.p_value)}), {_counts(c)}")
+        return (
+            f"{c.replica} {said} than {rest} [{ratio_text(a)}, {ratio_text(b)}] "
+            f"({p_text(c.p_value)}), {_counts(c)}"
+        )
+    numbers = (
+        f"{ratio_text(r)}× [{ratio_text(lo)}, {ratio_text(hi)}] ({p_text(c.p_value)}), {_counts(c)}"
+    )
     me = ratio_text(c.min_effect_ratio)
     alpha = 1 - c.confidence
     if c.p_value is not None and c.p_value < alpha and (lo > 1 or hi < 1):
-        return (f"{c.replica}'s {c.label} is {numbers} of {_possessive(rest)}: a real "
-                f"difference, but "
-                f"under the {me}× worth calling")
+        return (
+            f"{c.replica}'s {c.label} is {numbers} of {_possessive(rest)}: a real "
+            f"difference, but "
+            f"under the {me}× worth calling"
+        )
     if c.rules_out_effect:
         return f"{c.replica}'s {c.label} is like {_possessive(rest)}: {numbers}"
-    return (f"{c.replica}'s {c.label}: no clear difference from {rest}, {numbers}; a "
-            f"difference of {me}× either way is not ruled out")
+    return (
+        f"{c.replica}'s {c.label}: no clear difference from {rest}, {numbers}; a "
+        f"difference of {me}× either way is not ruled out"
+    )

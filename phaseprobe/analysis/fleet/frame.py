@@ -19,16 +19,23 @@ import pandas as pd
 
 from phaseprobe.records import RequestSpan, Run
 
-__all__ = ["FLEET_COLUMNS", "UNKNOWN_REPLICA", "IdentityGap", "fleet_frame", "identity_gap",
-           "identity_warning", "span_replica"]
+__all__ = [
+    "FLEET_COLUMNS",
+    "UNKNOWN_REPLICA",
+    "IdentityGap",
+    "fleet_frame",
+    "identity_gap",
+    "identity_warning",
+    "span_replica",
+]
 
 # name → unit and meaning. One row per request; NaN where the source lacks the figure.
 FLEET_COLUMNS: dict[str, str] = {
     "replica": "str: the serving replica (span service.instance.id, or the run's given name); "
-               "UNKNOWN_REPLICA for spans without identity",
+    "UNKNOWN_REPLICA for spans without identity",
     "source": "str: 'span' (a RequestSpan) or 'run' (a probe Run's server phases)",
     "start_ns": "int ns since the epoch: the span's start (arrival at vLLM), or the run's "
-                "send (client sent_wall_ns) when it has no span",
+    "send (client sent_wall_ns) when it has no span",
     "queue_s": "float s: waiting in vLLM's queue",
     "prefill_s": "float s: prefill (prompt processing)",
     "decode_s": "float s: decode (first token to last)",
@@ -65,12 +72,19 @@ def _tpot(decode_s: float | None, completion: int | None) -> float:
 
 
 def _span_row(span: RequestSpan) -> dict[str, Any]:
-    return {"replica": span_replica(span), "source": "span", "start_ns": span.start_ns,
-            "queue_s": _num(span.queue_s), "prefill_s": _num(span.prefill_s),
-            "decode_s": _num(span.decode_s), "ttft_s": _num(span.ttft_s),
-            "e2e_s": _num(span.e2e_s), "tpot_s": _tpot(span.decode_s, span.completion_tokens),
-            "prompt_tokens": _num(span.prompt_tokens),
-            "completion_tokens": _num(span.completion_tokens)}
+    return {
+        "replica": span_replica(span),
+        "source": "span",
+        "start_ns": span.start_ns,
+        "queue_s": _num(span.queue_s),
+        "prefill_s": _num(span.prefill_s),
+        "decode_s": _num(span.decode_s),
+        "ttft_s": _num(span.ttft_s),
+        "e2e_s": _num(span.e2e_s),
+        "tpot_s": _tpot(span.decode_s, span.completion_tokens),
+        "prompt_tokens": _num(span.prompt_tokens),
+        "completion_tokens": _num(span.completion_tokens),
+    }
 
 
 def _run_row(replica: str, run: Run) -> dict[str, Any] | None:
@@ -85,16 +99,24 @@ def _run_row(replica: str, run: Run) -> dict[str, Any] | None:
         start_ns = client.sent_wall_ns
     else:
         return None  # no time stamp at all: not a request that happened somewhere in a window
-    return {"replica": replica, "source": "run", "start_ns": start_ns,
-            "queue_s": _num(server.queue_s), "prefill_s": _num(server.prefill_s),
-            "decode_s": _num(server.decode_s), "ttft_s": _num(server.ttft_s),
-            "e2e_s": _num(server.e2e_s), "tpot_s": _tpot(server.decode_s, completion),
-            "prompt_tokens": _num(client.prompt_tokens if client else None),
-            "completion_tokens": _num(completion)}
+    return {
+        "replica": replica,
+        "source": "run",
+        "start_ns": start_ns,
+        "queue_s": _num(server.queue_s),
+        "prefill_s": _num(server.prefill_s),
+        "decode_s": _num(server.decode_s),
+        "ttft_s": _num(server.ttft_s),
+        "e2e_s": _num(server.e2e_s),
+        "tpot_s": _tpot(server.decode_s, completion),
+        "prompt_tokens": _num(client.prompt_tokens if client else None),
+        "completion_tokens": _num(completion),
+    }
 
 
-def fleet_frame(spans: Iterable[RequestSpan] = (),
-                runs: Iterable[tuple[str, Run]] = ()) -> pd.DataFrame:
+def fleet_frame(
+    spans: Iterable[RequestSpan] = (), runs: Iterable[tuple[str, Run]] = ()
+) -> pd.DataFrame:
     """One row per request, columns :data:`FLEET_COLUMNS`, sorted by ``start_ns``.
 
     ``runs``: ``(replica, run)`` pairs; a run enters when it is ok and ``run.attributed`` (its
@@ -111,8 +133,9 @@ def fleet_frame(spans: Iterable[RequestSpan] = (),
         if row is not None:
             rows.append(row)
     frame = pd.DataFrame(rows, columns=list(FLEET_COLUMNS))
-    frame = frame.astype({c: "float64" for c in FLEET_COLUMNS
-                          if c not in ("replica", "source", "start_ns")})
+    frame = frame.astype(
+        {c: "float64" for c in FLEET_COLUMNS if c not in ("replica", "source", "start_ns")}
+    )
     frame["start_ns"] = frame["start_ns"].astype("int64")
     frame["replica"] = frame["replica"].astype(str)
     frame["source"] = frame["source"].astype(str)
@@ -135,11 +158,13 @@ def identity_warning(unknown: int, total: int) -> str | None:
     """The words for ``unknown`` of ``total`` requests without a replica (None for none)."""
     if unknown <= 0:
         return None
-    return (f"{unknown} of {total} spans name no replica (no service.instance.id, or "
-            f"service.name left at unknown_service): they are grouped as {UNKNOWN_REPLICA} and "
-            f"never compared. Start each vLLM replica with OTEL_SERVICE_NAME=vllm and "
-            f"OTEL_RESOURCE_ATTRIBUTES=service.instance.id=<name> (a name of its own, e.g. r1, "
-            f"r2) in its environment")
+    return (
+        f"{unknown} of {total} spans name no replica (no service.instance.id, or "
+        f"service.name left at unknown_service): they are grouped as {UNKNOWN_REPLICA} and "
+        f"never compared. Start each vLLM replica with OTEL_SERVICE_NAME=vllm and "
+        f"OTEL_RESOURCE_ATTRIBUTES=service.instance.id=<name> (a name of its own, e.g. r1, "
+        f"r2) in its environment"
+    )
 
 
 def identity_gap(frame: pd.DataFrame) -> IdentityGap:

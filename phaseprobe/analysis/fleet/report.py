@@ -51,31 +51,55 @@ class FleetReport:
         return [self.straggler.sentence, self.imbalance.sentence, *self.warnings]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"replicas": [r.to_dict() for r in self.table],
-                "comparison": self.comparison.to_dict(),
-                "straggler": self.straggler.to_dict(), "imbalance": self.imbalance.to_dict(),
-                "identity": self.identity.to_dict(), "warnings": list(self.warnings)}
+        return {
+            "replicas": [r.to_dict() for r in self.table],
+            "comparison": self.comparison.to_dict(),
+            "straggler": self.straggler.to_dict(),
+            "imbalance": self.imbalance.to_dict(),
+            "identity": self.identity.to_dict(),
+            "warnings": list(self.warnings),
+        }
 
 
-def report_from_frame(frame: pd.DataFrame, known: Sequence[str] = (), *,
-                      metrics: Sequence[str] = tuple(COMPARED_METRICS),
-                      min_effect_ratio: float = DEFAULT_MIN_EFFECT_RATIO,
-                      min_per_side: int = MIN_PER_SIDE, confidence: float = 0.95,
-                      n_resamples: int = 2000, seed: int = 0,
-                      max_per_side: int | None = None, alpha: float = 0.05,
-                      min_imbalance_ratio: float = DEFAULT_MIN_IMBALANCE_RATIO) -> FleetReport:
+def report_from_frame(
+    frame: pd.DataFrame,
+    known: Sequence[str] = (),
+    *,
+    metrics: Sequence[str] = tuple(COMPARED_METRICS),
+    min_effect_ratio: float = DEFAULT_MIN_EFFECT_RATIO,
+    min_per_side: int = MIN_PER_SIDE,
+    confidence: float = 0.95,
+    n_resamples: int = 2000,
+    seed: int = 0,
+    max_per_side: int | None = None,
+    alpha: float = 0.05,
+    min_imbalance_ratio: float = DEFAULT_MIN_IMBALANCE_RATIO,
+) -> FleetReport:
     """The report over a :func:`fleet_frame`; ``known``: replicas that may have served nothing."""
-    comparison = compare_replicas(frame, metrics=metrics, min_effect_ratio=min_effect_ratio,
-                                  min_per_side=min_per_side, confidence=confidence,
-                                  n_resamples=n_resamples, seed=seed,
-                                  max_per_side=max_per_side)
-    return FleetReport(replica_table(frame, known), comparison, find_stragglers(comparison),
-                       imbalance(frame, known, alpha=alpha,
-                                 min_imbalance_ratio=min_imbalance_ratio),
-                       identity_gap(frame))
+    comparison = compare_replicas(
+        frame,
+        metrics=metrics,
+        min_effect_ratio=min_effect_ratio,
+        min_per_side=min_per_side,
+        confidence=confidence,
+        n_resamples=n_resamples,
+        seed=seed,
+        max_per_side=max_per_side,
+    )
+    return FleetReport(
+        replica_table(frame, known),
+        comparison,
+        find_stragglers(comparison),
+        imbalance(frame, known, alpha=alpha, min_imbalance_ratio=min_imbalance_ratio),
+        identity_gap(frame),
+    )
 
 
-def fleet_report(spans: Iterable[RequestSpan] = (), runs: Iterable[tuple[str, Run]] = (),
-                 known: Sequence[str] = (), **options: Any) -> FleetReport:
+def fleet_report(
+    spans: Iterable[RequestSpan] = (),
+    runs: Iterable[tuple[str, Run]] = (),
+    known: Sequence[str] = (),
+    **options: Any,
+) -> FleetReport:
     """:func:`report_from_frame` over spans and ``(replica, run)`` pairs."""
     return report_from_frame(fleet_frame(spans, runs), known, **options)

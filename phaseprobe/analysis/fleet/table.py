@@ -14,8 +14,13 @@ from phaseprobe.analysis.quantiles import percentile
 __all__ = ["ReplicaRow", "TABLE_PHASES", "replica_table"]
 
 # The phases the table shows, in its order (frame column → label).
-TABLE_PHASES: dict[str, str] = {"queue_s": "queue", "prefill_s": "prefill",
-                                "decode_s": "decode", "ttft_s": "TTFT", "tpot_s": "TPOT"}
+TABLE_PHASES: dict[str, str] = {
+    "queue_s": "queue",
+    "prefill_s": "prefill",
+    "decode_s": "decode",
+    "ttft_s": "TTFT",
+    "tpot_s": "TPOT",
+}
 
 
 @dataclass(frozen=True)
@@ -48,9 +53,13 @@ def _row(replica: str, rows: pd.DataFrame, total: int) -> ReplicaRow:
         values = rows[col].tolist()
         q[f"{col[:-2]}_p50_s"] = percentile(values, 50)
         q[f"{col[:-2]}_p99_s"] = percentile(values, 99)
-    return ReplicaRow(replica=replica, identified=replica != UNKNOWN_REPLICA,
-                      requests=len(rows), traffic_share=len(rows) / total if total else None,
-                      **q)
+    return ReplicaRow(
+        replica=replica,
+        identified=replica != UNKNOWN_REPLICA,
+        requests=len(rows),
+        traffic_share=len(rows) / total if total else None,
+        **q,
+    )
 
 
 def replica_table(frame: pd.DataFrame, known: Sequence[str] = ()) -> tuple[ReplicaRow, ...]:

@@ -14,9 +14,16 @@ from phaseprobe.analysis.fleet.compare import FleetComparison, ReplicaComparison
 from phaseprobe.analysis.fleet.frame import UNKNOWN_REPLICA, replicas_of
 from phaseprobe.analysis.fleet.words import count_text, p_text, pct_text, ratio_text
 
-__all__ = ["STRAGGLER_METRICS", "Straggler", "find_stragglers", "Imbalance",
-           "DEFAULT_MIN_IMBALANCE_RATIO", "MIN_EXPECTED_PER_REPLICA", "imbalance",
-           "imbalance_from_counts"]
+__all__ = [
+    "STRAGGLER_METRICS",
+    "Straggler",
+    "find_stragglers",
+    "Imbalance",
+    "DEFAULT_MIN_IMBALANCE_RATIO",
+    "MIN_EXPECTED_PER_REPLICA",
+    "imbalance",
+    "imbalance_from_counts",
+]
 
 STRAGGLER_METRICS = ("tpot_s", "ttft_s")  # a replica slower on either is a straggler
 
@@ -41,9 +48,13 @@ class Straggler:
     sentence: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {"verdict": self.verdict, "replicas": list(self.replicas),
-                "evidence": [c.to_dict() for c in self.evidence],
-                "undecided": list(self.undecided), "sentence": self.sentence}
+        return {
+            "verdict": self.verdict,
+            "replicas": list(self.replicas),
+            "evidence": [c.to_dict() for c in self.evidence],
+            "undecided": list(self.undecided),
+            "sentence": self.sentence,
+        }
 
 
 def find_stragglers(fleet: FleetComparison) -> Straggler:
@@ -54,8 +65,11 @@ def find_stragglers(fleet: FleetComparison) -> Straggler:
     can make its normal peers read "slower". When more than half the replicas are slower than
     the rest on a metric, that metric names no straggler: the sentence names the replicas that
     are faster instead."""
-    relevant = [c for c in fleet.comparisons
-                if c.metric in STRAGGLER_METRICS and c.replica != UNKNOWN_REPLICA]
+    relevant = [
+        c
+        for c in fleet.comparisons
+        if c.metric in STRAGGLER_METRICS and c.replica != UNKNOWN_REPLICA
+    ]
     slow: list[ReplicaComparison] = []
     majority: list[str] = []
     for metric in STRAGGLER_METRICS:
@@ -63,10 +77,15 @@ def find_stragglers(fleet: FleetComparison) -> Straggler:
         if len(mine) * 2 > len(fleet.replicas):
             fast = [c.replica for c in relevant if c.metric == metric and c.verdict == "faster"]
             label = mine[0].label
-            majority.append(f"{len(mine)} of {len(fleet.replicas)} replicas are slower than the "
-                            f"rest on {label}, which is not one straggler but "
-                            + (f"{', '.join(fast)} faster than the others" if fast else
-                               "a fleet split in speed"))
+            majority.append(
+                f"{len(mine)} of {len(fleet.replicas)} replicas are slower than the "
+                f"rest on {label}, which is not one straggler but "
+                + (
+                    f"{', '.join(fast)} faster than the others"
+                    if fast
+                    else "a fleet split in speed"
+                )
+            )
         else:
             slow.extend(mine)
     names = tuple(dict.fromkeys(c.replica for c in slow))
@@ -76,30 +95,50 @@ def find_stragglers(fleet: FleetComparison) -> Straggler:
         text = "straggler: " + "; ".join(c.sentence() for c in slow) + aside
         return Straggler("straggler", names, tuple(slow), undecided, text)
     if len(fleet.replicas) < 2:
-        return Straggler("too_few", (), (), tuple(fleet.replicas),
-                         f"no straggler can be named: {len(fleet.replicas)} identified "
-                         f"replica{'s' if len(fleet.replicas) != 1 else ''}, at least 2 needed")
+        return Straggler(
+            "too_few",
+            (),
+            (),
+            tuple(fleet.replicas),
+            f"no straggler can be named: {len(fleet.replicas)} identified "
+            f"replica{'s' if len(fleet.replicas) != 1 else ''}, at least 2 needed",
+        )
     if undecided:
         few = [c for c in relevant if c.verdict == "too_few"]
         if len(undecided) == len(fleet.replicas):
             # nothing could be compared: the counts say why in one line (the per-comparison
             # sentences would repeat them once per replica and metric)
             counts = {c.replica: c.n_replica for c in few}
-            return Straggler("too_few", (), (), undecided,
-                             "too few to compare the replicas: " + ", ".join(
-                                 f"{n} {counts[n]}" for n in undecided)
-                             + f" {few[0].noun}; at least {fleet.min_per_side} a side are "
-                               f"needed{aside}")
+            return Straggler(
+                "too_few",
+                (),
+                (),
+                undecided,
+                "too few to compare the replicas: "
+                + ", ".join(f"{n} {counts[n]}" for n in undecided)
+                + f" {few[0].noun}; at least {fleet.min_per_side} a side are "
+                f"needed{aside}",
+            )
         why = "; ".join(c.sentence() for c in few)
-        return Straggler("too_few", (), (), undecided,
-                         f"no replica is slower where it could be told, but "
-                         f"{', '.join(undecided)} could not be compared: {why}{aside}")
+        return Straggler(
+            "too_few",
+            (),
+            (),
+            undecided,
+            f"no replica is slower where it could be told, but "
+            f"{', '.join(undecided)} could not be compared: {why}{aside}",
+        )
     if majority:
         return Straggler("none", (), (), (), f"no straggler{aside}")
-    return Straggler("none", (), (), (),
-                     f"no straggler: none of {', '.join(fleet.replicas)} is "
-                     f"{ratio_text(fleet.min_effect_ratio)}× or more slower than the rest on "
-                     f"TPOT or TTFT ({fleet.note})")
+    return Straggler(
+        "none",
+        (),
+        (),
+        (),
+        f"no straggler: none of {', '.join(fleet.replicas)} is "
+        f"{ratio_text(fleet.min_effect_ratio)}× or more slower than the rest on "
+        f"TPOT or TTFT ({fleet.note})",
+    )
 
 
 @dataclass(frozen=True)
@@ -132,10 +171,15 @@ class Imbalance:
         return asdict(self)
 
 
-def imbalance_from_counts(counts: Mapping[str, float | None], *, source: str = "counters",
-                          alpha: float = 0.05,
-                          min_imbalance_ratio: float = DEFAULT_MIN_IMBALANCE_RATIO,
-                          unknown_requests: int = 0, noun: str = "requests") -> Imbalance:
+def imbalance_from_counts(
+    counts: Mapping[str, float | None],
+    *,
+    source: str = "counters",
+    alpha: float = 0.05,
+    min_imbalance_ratio: float = DEFAULT_MIN_IMBALANCE_RATIO,
+    unknown_requests: int = 0,
+    noun: str = "requests",
+) -> Imbalance:
     """Imbalance from requests per replica, e.g. each replica's
     ``vllm:request_success_total`` delta over a window (None or a negative delta: that
     counter cannot be trusted, and the verdict is ``cannot_verify``)."""
@@ -144,55 +188,97 @@ def imbalance_from_counts(counts: Mapping[str, float | None], *, source: str = "
     total = sum(good.values())
     k = len(counts)
 
-    def result(verdict: ImbalanceVerdict, sentence: str, *, even: float | None = None,
-               ratio: float | None = None, p: float | None = None) -> Imbalance:
+    def result(
+        verdict: ImbalanceVerdict,
+        sentence: str,
+        *,
+        even: float | None = None,
+        ratio: float | None = None,
+        p: float | None = None,
+    ) -> Imbalance:
         shares = {n: v / total for n, v in good.items()} if total > 0 else {}
-        return Imbalance(verdict, source, dict(good), shares, total,
-                         1 / k if k else None, even, ratio, p, alpha, min_imbalance_ratio,
-                         unknown_requests, sentence)
+        return Imbalance(
+            verdict,
+            source,
+            dict(good),
+            shares,
+            total,
+            1 / k if k else None,
+            even,
+            ratio,
+            p,
+            alpha,
+            min_imbalance_ratio,
+            unknown_requests,
+            sentence,
+        )
 
     if bad:
-        said = ", ".join(f"{n} ({'no count' if v is None else count_text(v)})"
-                         for n, v in sorted(bad.items()))
-        return result("cannot_verify",
-                      f"traffic share cannot be verified: the counter of {said} went "
-                      f"backwards or is missing (a restart or another process), so its "
-                      f"requests over the window are unknown")
+        said = ", ".join(
+            f"{n} ({'no count' if v is None else count_text(v)})" for n, v in sorted(bad.items())
+        )
+        return result(
+            "cannot_verify",
+            f"traffic share cannot be verified: the counter of {said} went "
+            f"backwards or is missing (a restart or another process), so its "
+            f"requests over the window are unknown",
+        )
     if k < 2:
         return result("too_few", f"traffic share needs at least 2 replicas, {k} seen")
     expected = total / k
     ordered = sorted(good.items(), key=lambda kv: (-kv[1], kv[0]))
-    parts = [f"{n} {count_text(v)} ({pct_text(v / total)})" if total > 0 else f"{n} 0"
-             for n, v in ordered]
-    parts[0] = (f"{ordered[0][0]} served {count_text(ordered[0][1])} of {count_text(total)} "
-                f"{noun}" + (f" ({pct_text(ordered[0][1] / total)})" if total > 0 else ""))
+    parts = [
+        f"{n} {count_text(v)} ({pct_text(v / total)})" if total > 0 else f"{n} 0"
+        for n, v in ordered
+    ]
+    parts[0] = (
+        f"{ordered[0][0]} served {count_text(ordered[0][1])} of {count_text(total)} "
+        f"{noun}" + (f" ({pct_text(ordered[0][1] / total)})" if total > 0 else "")
+    )
     served = ", ".join(parts)
-    left_out = (f" ({unknown_requests} more without a replica, left out)"
-                if unknown_requests else "")
+    left_out = f" ({unknown_requests} more without a replica, left out)" if unknown_requests else ""
     if expected < MIN_EXPECTED_PER_REPLICA:
-        return result("too_few",
-                      f"{served}{left_out}; too few to judge the split: an even split would "
-                      f"be {count_text(expected)} each, and the χ² test needs at least "
-                      f"{MIN_EXPECTED_PER_REPLICA} each", even=expected)
+        return result(
+            "too_few",
+            f"{served}{left_out}; too few to judge the split: an even split would "
+            f"be {count_text(expected)} each, and the χ² test needs at least "
+            f"{MIN_EXPECTED_PER_REPLICA} each",
+            even=expected,
+        )
     observed = [v for _, v in ordered]
     p = float(stats.chisquare(observed).pvalue)
     lo, hi = min(observed), max(observed)
     ratio = hi / lo if lo > 0 else None
-    ratio_said = (f"busiest/least busy {ratio_text(ratio)}×" if ratio is not None
-                  else f"{ordered[-1][0]} served none")
-    numbers = (f"{served}{left_out}; an even split would be {count_text(expected)} each; "
-               f"χ² {p_text(p)}, {ratio_said}")
+    ratio_said = (
+        f"busiest/least busy {ratio_text(ratio)}×"
+        if ratio is not None
+        else f"{ordered[-1][0]} served none"
+    )
+    numbers = (
+        f"{served}{left_out}; an even split would be {count_text(expected)} each; "
+        f"χ² {p_text(p)}, {ratio_said}"
+    )
     if p < alpha and (ratio is None or ratio >= min_imbalance_ratio):
         return result("imbalanced", f"imbalanced: {numbers}", even=expected, ratio=ratio, p=p)
     if p < alpha:
-        return result("even", f"even enough: {numbers} (a real skew, but under the "
-                              f"{ratio_text(min_imbalance_ratio)}× worth calling)",
-                      even=expected, ratio=ratio, p=p)
+        return result(
+            "even",
+            f"even enough: {numbers} (a real skew, but under the "
+            f"{ratio_text(min_imbalance_ratio)}× worth calling)",
+            even=expected,
+            ratio=ratio,
+            p=p,
+        )
     return result("even", f"even: {numbers}", even=expected, ratio=ratio, p=p)
 
 
-def imbalance(frame: pd.DataFrame, known: Sequence[str] = (), *, alpha: float = 0.05,
-              min_imbalance_ratio: float = DEFAULT_MIN_IMBALANCE_RATIO) -> Imbalance:
+def imbalance(
+    frame: pd.DataFrame,
+    known: Sequence[str] = (),
+    *,
+    alpha: float = 0.05,
+    min_imbalance_ratio: float = DEFAULT_MIN_IMBALANCE_RATIO,
+) -> Imbalance:
     """Imbalance over a fleet frame's identified replicas; ``known`` adds replicas that may
     have served nothing (a replica with no span is otherwise invisible)."""
     names = replicas_of(frame, known)
@@ -202,6 +288,11 @@ def imbalance(frame: pd.DataFrame, known: Sequence[str] = (), *, alpha: float = 
     sources = sorted(set(frame["source"]))
     source = " and ".join(f"{s}s" for s in sources) or "spans"
     noun = "runs" if sources == ["run"] else "requests"
-    return imbalance_from_counts(per, source=source, alpha=alpha,
-                                 min_imbalance_ratio=min_imbalance_ratio,
-                                 unknown_requests=unknown, noun=noun)
+    return imbalance_from_counts(
+        per,
+        source=source,
+        alpha=alpha,
+        min_imbalance_ratio=min_imbalance_ratio,
+        unknown_requests=unknown,
+        noun=noun,
+    )

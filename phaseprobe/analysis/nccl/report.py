@@ -33,9 +33,21 @@ from phaseprobe.sources.nccl.tests_table import (
     parse_nccl_tests_file,
 )
 
-__all__ = ["NcclReport", "NcclReportDoc", "NcclEvidence", "ProblemsDoc", "NcclReportDiff",
-           "NcclSources", "SidesCounts", "SidesEvidence", "NcclTestsDiff", "build_report",
-           "diff_reports", "MAX_PROBLEMS", "BUSBW_DROP_PCT"]
+__all__ = [
+    "NcclReport",
+    "NcclReportDoc",
+    "NcclEvidence",
+    "ProblemsDoc",
+    "NcclReportDiff",
+    "NcclSources",
+    "SidesCounts",
+    "SidesEvidence",
+    "NcclTestsDiff",
+    "build_report",
+    "diff_reports",
+    "MAX_PROBLEMS",
+    "BUSBW_DROP_PCT",
+]
 
 MAX_PROBLEMS = 200  # findings kept in the document (the count covers them all)
 # A drop of average busbw beyond this (percent) leads the diff as a high-severity change; run to
@@ -111,8 +123,13 @@ class NcclReport:
         return bool(self.doc["found"] or self.tests or self.findings)
 
 
-def build_report(files: Sequence[str], *, strict: bool = False, steps: int | None = None,
-                 on_progress: Callable[[str, int, int], None] | None = None) -> NcclReport:
+def build_report(
+    files: Sequence[str],
+    *,
+    strict: bool = False,
+    steps: int | None = None,
+    on_progress: Callable[[str, int, int], None] | None = None,
+) -> NcclReport:
     """Read ``files`` three ways (NCCL log lines, nccl-tests tables, problem lines). The log
     reader reports progress; the other two search whole buffers and take a fraction of its
     time."""
@@ -121,12 +138,23 @@ def build_report(files: Sequence[str], *, strict: bool = False, steps: int | Non
     tests = tuple(r for f in files if (r := parse_nccl_tests_file(f)) is not None and r.tables)
     findings = tuple(x for f in files for x in classify_file(f))
     doc: NcclReportDoc = {
-        **summary, "nccl_tests": [r.to_dict() for r in tests],
-        "problems": {"count": len(findings), "by_category": by_category(findings),
-                     "items": [f.to_dict() for f in findings[:MAX_PROBLEMS]]},
-        "evidence": [k for k, have in (("nccl log", summary["found"]),
-                                       ("nccl-tests", bool(tests)),
-                                       ("problems", bool(findings))) if have]}
+        **summary,
+        "nccl_tests": [r.to_dict() for r in tests],
+        "problems": {
+            "count": len(findings),
+            "by_category": by_category(findings),
+            "items": [f.to_dict() for f in findings[:MAX_PROBLEMS]],
+        },
+        "evidence": [
+            k
+            for k, have in (
+                ("nccl log", summary["found"]),
+                ("nccl-tests", bool(tests)),
+                ("problems", bool(findings)),
+            )
+            if have
+        ],
+    }
     return NcclReport(doc, tests, findings, log)
 
 
@@ -136,10 +164,13 @@ def _merged(tests: tuple[NcclTestsResult, ...]) -> NcclTestsResult | None:
     if len(tests) == 1:
         return tests[0]
     first = tests[0]  # several files on one side: their tables side by side
-    return NcclTestsResult(first.source, tuple(t for r in tests for t in r.tables),
-                           sum(r.lines_total for r in tests),
-                           sum(r.lines_examined for r in tests),
-                           sum(r.glued_pieces for r in tests))
+    return NcclTestsResult(
+        first.source,
+        tuple(t for r in tests for t in r.tables),
+        sum(r.lines_total for r in tests),
+        sum(r.lines_examined for r in tests),
+        sum(r.glued_pieces for r in tests),
+    )
 
 
 def diff_reports(a: NcclReport, b: NcclReport) -> NcclReportDiff:
@@ -165,35 +196,53 @@ def diff_reports(a: NcclReport, b: NcclReport) -> NcclReportDiff:
                 worse.append({"severity": "high", "message": head})
     elif a.tests or b.tests:
         headline.append("nccl-tests table in only one of the files: no bandwidth to compare")
-    causes = [w["message"].removeprefix("new red flag: ") for w in log_worse
-              if any(word in w["message"] for word in _CAUSE_WORDS)]
+    causes = [
+        w["message"].removeprefix("new red flag: ")
+        for w in log_worse
+        if any(word in w["message"] for word in _CAUSE_WORDS)
+    ]
     if dropped:
         if causes:
             headline.append("explained by: " + "; ".join(causes))
         elif logs:
-            headline.append("the NCCL logs show no channel, transport, network or algorithm "
-                            "change that explains it: compare the hardware (link width and "
-                            "speed, GPU clocks, Xid errors) and other traffic on the fabric")
+            headline.append(
+                "the NCCL logs show no channel, transport, network or algorithm "
+                "change that explains it: compare the hardware (link width and "
+                "speed, GPU clocks, Xid errors) and other traffic on the fabric"
+            )
         else:
-            headline.append("no NCCL INFO lines in "
-                            + ("either file" if not (a.doc["found"] or b.doc["found"]) else
-                               "the first file" if not a.doc["found"] else "the second file")
-                            + " to explain it (run with NCCL_DEBUG=INFO)")
+            headline.append(
+                "no NCCL INFO lines in "
+                + (
+                    "either file"
+                    if not (a.doc["found"] or b.doc["found"])
+                    else "the first file"
+                    if not a.doc["found"]
+                    else "the second file"
+                )
+                + " to explain it (run with NCCL_DEBUG=INFO)"
+            )
     elif log_diff is not None and causes:
         headline += causes
     worse += log_worse
     pa, pb = a.doc["problems"]["by_category"], b.doc["problems"]["by_category"]
     for cat in pb:
         if pb[cat] > pa.get(cat, 0):
-            worse.append({"severity": "high", "message": f"{cat} problems {pa.get(cat, 0)} → "
-                                                         f"{pb[cat]}"})
+            worse.append(
+                {"severity": "high", "message": f"{cat} problems {pa.get(cat, 0)} → {pb[cat]}"}
+            )
     side_a: NcclDiffSide | NcclSources
     side_b: NcclDiffSide | NcclSources
     if log_diff is not None:
         side_a, side_b = log_diff["a"], log_diff["b"]
     else:
         side_a, side_b = {"sources": a.doc["sources"]}, {"sources": b.doc["sources"]}
-    return {"headline": headline, "busbw": busbw, "worse": worse,
-            "problems": {"a": pa, "b": pb},
-            "evidence": {"a": a.doc["evidence"], "b": b.doc["evidence"]}, "a": side_a,
-            "b": side_b}
+    return {
+        "headline": headline,
+        "busbw": busbw,
+        "worse": worse,
+        "problems": {"a": pa, "b": pb},
+        "evidence": {"a": a.doc["evidence"], "b": b.doc["evidence"]},
+        "a": side_a,
+        "b": side_b,
+    }

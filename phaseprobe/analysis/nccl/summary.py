@@ -14,10 +14,27 @@ from typing import Any, TypedDict
 from phaseprobe.sources.nccl.lines import transport_class
 from phaseprobe.sources.nccl.model import NcclLog, NcclLogDoc, VersionDoc
 
-__all__ = ["summarize", "diff", "decode_steps", "size_bucket", "NcclSummary", "NcclDiff",
-           "NcclDiffSide", "CommGroup", "MinMax", "PeerLink", "TransportsDoc", "OpTotals",
-           "SizeBucket", "CommOpTotals", "CollectivesDoc", "TuningDoc", "RedFlag", "PerStep",
-           "Worse"]
+__all__ = [
+    "summarize",
+    "diff",
+    "decode_steps",
+    "size_bucket",
+    "NcclSummary",
+    "NcclDiff",
+    "NcclDiffSide",
+    "CommGroup",
+    "MinMax",
+    "PeerLink",
+    "TransportsDoc",
+    "OpTotals",
+    "SizeBucket",
+    "CommOpTotals",
+    "CollectivesDoc",
+    "TuningDoc",
+    "RedFlag",
+    "PerStep",
+    "Worse",
+]
 
 _SEVERITY = {"high": 0, "medium": 1, "low": 2}
 # Red flags about how the log was written, not about the job: never "worse" in a diff.
@@ -178,36 +195,66 @@ def _collectives(log: NcclLog) -> CollectivesDoc:
 
     rows = log.coll_rows()
     if not rows:
-        return {"calls": 0, "bytes": 0, "by_op": {}, "size_histogram": [], "per_comm": [],
-                "calls_per_s": None, "sizes_rounded": log.coll_sizes_rounded}
+        return {
+            "calls": 0,
+            "bytes": 0,
+            "by_op": {},
+            "size_histogram": [],
+            "per_comm": [],
+            "calls_per_s": None,
+            "sizes_rounded": log.coll_sizes_rounded,
+        }
     df = pd.DataFrame(rows)
     df["total_bytes"] = df["bytes"] * df["calls"]
     by_op = df.groupby("op").agg(calls=("calls", "sum"), bytes=("total_bytes", "sum"))
     df["bucket_lo"] = [size_bucket(int(b))[0] for b in df["bytes"]]
     hist = df.groupby(["bucket_lo", "op"])["calls"].sum().reset_index()
     histogram: list[SizeBucket] = [
-        {"lo": int(r["bucket_lo"]), "hi": size_bucket(int(r["bucket_lo"]))[1],
-         "op": str(r["op"]), "calls": int(r["calls"])} for r in hist.to_dict("records")]
-    per_comm = df.groupby(["host", "pid", "comm", "op"]).agg(
-        calls=("calls", "sum"), bytes=("total_bytes", "sum")).reset_index()
+        {
+            "lo": int(r["bucket_lo"]),
+            "hi": size_bucket(int(r["bucket_lo"]))[1],
+            "op": str(r["op"]),
+            "calls": int(r["calls"]),
+        }
+        for r in hist.to_dict("records")
+    ]
+    per_comm = (
+        df.groupby(["host", "pid", "comm", "op"])
+        .agg(calls=("calls", "sum"), bytes=("total_bytes", "sum"))
+        .reset_index()
+    )
     calls = int(df["calls"].sum())
     rate = None
     if log.coll_stamped > 1 and log.coll_first_ts and log.coll_last_ts:
         try:
-            span = (datetime.fromisoformat(log.coll_last_ts.replace(",", "."))
-                    - datetime.fromisoformat(log.coll_first_ts.replace(",", "."))).total_seconds()
+            span = (
+                datetime.fromisoformat(log.coll_last_ts.replace(",", "."))
+                - datetime.fromisoformat(log.coll_first_ts.replace(",", "."))
+            ).total_seconds()
             rate = log.coll_stamped / span if span > 0 else None
         except ValueError:
             rate = None
     return {
-        "calls": calls, "bytes": int(df["total_bytes"].sum()),
-        "by_op": {str(r["op"]): {"calls": int(r["calls"]), "bytes": int(r["bytes"])}
-                  for r in by_op.reset_index().to_dict("records")},
+        "calls": calls,
+        "bytes": int(df["total_bytes"].sum()),
+        "by_op": {
+            str(r["op"]): {"calls": int(r["calls"]), "bytes": int(r["bytes"])}
+            for r in by_op.reset_index().to_dict("records")
+        },
         "size_histogram": histogram,
-        "per_comm": [{"host": str(r["host"]), "pid": int(r["pid"]), "comm": str(r["comm"]),
-                      "op": str(r["op"]), "calls": int(r["calls"]), "bytes": int(r["bytes"])}
-                     for r in per_comm.to_dict("records")],
-        "calls_per_s": rate, "sizes_rounded": log.coll_sizes_rounded,
+        "per_comm": [
+            {
+                "host": str(r["host"]),
+                "pid": int(r["pid"]),
+                "comm": str(r["comm"]),
+                "op": str(r["op"]),
+                "calls": int(r["calls"]),
+                "bytes": int(r["bytes"]),
+            }
+            for r in per_comm.to_dict("records")
+        ],
+        "calls_per_s": rate,
+        "sizes_rounded": log.coll_sizes_rounded,
     }
 
 
@@ -225,8 +272,15 @@ def _groups(log: NcclLog) -> list[CommGroup]:
         known = {c.nnodes for c in members if c.nnodes is not None}
         complete = nranks is not None and len({c.rank for c in members}) >= nranks
         nnodes = max(known) if known else (len(hosts) if complete else None)
-        out.append({"id": gid, "nranks": nranks, "ranks_seen": len({c.rank for c in members}),
-                    "nnodes": nnodes, "hosts": sorted(hosts)})
+        out.append(
+            {
+                "id": gid,
+                "nranks": nranks,
+                "ranks_seen": len({c.rank for c in members}),
+                "nnodes": nnodes,
+                "hosts": sorted(hosts),
+            }
+        )
         for c in members:
             if c.nnodes is None and nnodes is not None and not known:
                 c.nnodes = nnodes
@@ -248,11 +302,14 @@ def _transports(log: NcclLog) -> TransportsDoc:
     for kind, n in log.transports.items():
         classes[transport_class(kind)] += n
     return {
-        "connections": total, "by_kind": dict(log.transports.most_common()),
+        "connections": total,
+        "by_kind": dict(log.transports.most_common()),
         "by_class": dict(classes.most_common()),
         "share": {k: round(n / total, 4) for k, n in classes.items()} if total else {},
-        "gdrdma": log.gdrdma, "networks": sorted(log.networks),
-        "net_devices": sorted(log.net_devices), "net_plugin": dict(log.net_plugin),
+        "gdrdma": log.gdrdma,
+        "networks": sorted(log.networks),
+        "net_devices": sorted(log.net_devices),
+        "net_plugin": dict(log.net_plugin),
         "nvls_available": log.nvls_available.get(True, 0) > 0,
         "peers": [{"src": a, "dst": b, "kind": k} for a, b, k in peers[:_MAX_PEERS]],
         "peers_truncated": len(peers) > _MAX_PEERS,
@@ -266,12 +323,16 @@ def _tuning(log: NcclLog) -> TuningDoc:
         by[f"{op} {algo}/{proto}"] += calls
         if n is not None:
             nch[n] += calls
-    return {"decisions": sum(log.tuning.values()), "by_choice": dict(by.most_common()),
-            "channels_used": {str(k): v for k, v in sorted(nch.items())}}
+    return {
+        "decisions": sum(log.tuning.values()),
+        "by_choice": dict(by.most_common()),
+        "channels_used": {str(k): v for k, v in sorted(nch.items())},
+    }
 
 
-def _red_flags(log: NcclLog, groups: list[CommGroup], chans: dict[str, MinMax],
-               tr: TransportsDoc) -> list[RedFlag]:
+def _red_flags(
+    log: NcclLog, groups: list[CommGroup], chans: dict[str, MinMax], tr: TransportsDoc
+) -> list[RedFlag]:
     flags: list[RedFlag] = []
 
     def flag(sev: str, code: str, msg: str) -> None:
@@ -281,16 +342,26 @@ def _red_flags(log: NcclLog, groups: list[CommGroup], chans: dict[str, MinMax],
     multi_node = any((g["nnodes"] or 0) > 1 for g in groups)
     coll = chans.get("coll")
     if coll and multi_rank and coll["min"] <= 2:
-        flag("high" if coll["min"] == 1 else "medium", "few_channels",
-             f"only {coll['min']} collective channel(s) on some comm: little bandwidth per op "
-             "(topology file, NCCL_MAX_NCHANNELS, or a PCIe-only path?)")
+        flag(
+            "high" if coll["min"] == 1 else "medium",
+            "few_channels",
+            f"only {coll['min']} collective channel(s) on some comm: little bandwidth per op "
+            "(topology file, NCCL_MAX_NCHANNELS, or a PCIe-only path?)",
+        )
     by_class = tr["by_class"]
     if by_class.get("shm"):
-        flag("high", "shm_transport", f"{by_class['shm']} connection(s) over SHM: GPUs talk "
-             "through host memory where P2P/NVLink was expected (P2P disabled or unsupported?)")
+        flag(
+            "high",
+            "shm_transport",
+            f"{by_class['shm']} connection(s) over SHM: GPUs talk "
+            "through host memory where P2P/NVLink was expected (P2P disabled or unsupported?)",
+        )
     if any(k == "NET/Socket" for k in tr["by_kind"]) or "Socket" in tr["networks"]:
-        flag("high" if multi_node else "medium", "socket_network",
-             "network is NET/Socket (TCP): no IB/RoCE/EFA plugin in use")
+        flag(
+            "high" if multi_node else "medium",
+            "socket_network",
+            "network is NET/Socket (TCP): no IB/RoCE/EFA plugin in use",
+        )
     if by_class.get("net") and not multi_node and not by_class.get("p2p"):
         flag("medium", "net_within_node", "connections go over the network on a single node")
     if multi_node and by_class.get("net") and tr["gdrdma"] == 0 and "Socket" not in tr["networks"]:
@@ -298,11 +369,17 @@ def _red_flags(log: NcclLog, groups: list[CommGroup], chans: dict[str, MinMax],
     for var in ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_IB_DISABLE"):
         val = log.env.get(var)
         if val is not None and val.strip() not in ("0", ""):
-            flag("high" if var != "NCCL_SHM_DISABLE" else "medium", var.lower(),
-                 f"{var}={val} set in the environment")
+            flag(
+                "high" if var != "NCCL_SHM_DISABLE" else "medium",
+                var.lower(),
+                f"{var}={val} set in the environment",
+            )
     if log.env.get("NCCL_NET_PLUGIN") and tr["net_plugin"].get("net") == "internal":
-        flag("high", "plugin_missing", f"NCCL_NET_PLUGIN={log.env['NCCL_NET_PLUGIN']} but NCCL "
-             "used its internal network")
+        flag(
+            "high",
+            "plugin_missing",
+            f"NCCL_NET_PLUGIN={log.env['NCCL_NET_PLUGIN']} but NCCL used its internal network",
+        )
     if "no device found" in tr["net_plugin"].values() and multi_node:
         flag("high", "no_ib_device", "NET/IB found no device on a multi-node job")
     if log.warn_count:
@@ -312,21 +389,33 @@ def _red_flags(log: NcclLog, groups: list[CommGroup], chans: dict[str, MinMax],
     if log.found and not log.info_records:
         seen = ", ".join(f"{v}+cuda{c}" if c else v for v, c in sorted(log.versions))
         what = f"only the NCCL version banner ({seen})" if seen else "only NCCL WARN lines"
-        flag("high", "no_init_lines",
-             f"{what} and no NCCL INFO lines: NCCL_DEBUG was not INFO when the communicators "
-             "were created, so nothing about ranks, channels, transports or collectives can be "
-             "read. Run with NCCL_DEBUG=INFO (add NCCL_DEBUG_SUBSYS=INIT,GRAPH,ENV,COLL for "
-             "rings, trees and per-call collectives)")
+        flag(
+            "high",
+            "no_init_lines",
+            f"{what} and no NCCL INFO lines: NCCL_DEBUG was not INFO when the communicators "
+            "were created, so nothing about ranks, channels, transports or collectives can be "
+            "read. Run with NCCL_DEBUG=INFO (add NCCL_DEBUG_SUBSYS=INIT,GRAPH,ENV,COLL for "
+            "rings, trees and per-call collectives)",
+        )
     if log.records_cut:
-        flag("low", "cut_lines",
-             f"{log.records_cut} NCCL record(s) cut by another process's output: "
-             f"{log.records_reassembled} put back together from the rest found later, "
-             f"{log.records_unattributed} could not be (counted as malformed lines)"
-             + (f"; {log.records_salvaged} of those kept the fields stated before the cut"
-                if log.records_salvaged else ""))
+        flag(
+            "low",
+            "cut_lines",
+            f"{log.records_cut} NCCL record(s) cut by another process's output: "
+            f"{log.records_reassembled} put back together from the rest found later, "
+            f"{log.records_unattributed} could not be (counted as malformed lines)"
+            + (
+                f"; {log.records_salvaged} of those kept the fields stated before the cut"
+                if log.records_salvaged
+                else ""
+            ),
+        )
     if len(log.versions) > 1:
-        flag("high", "mixed_versions", "several NCCL versions in one job: "
-             + ", ".join(v for v, _ in log.versions))
+        flag(
+            "high",
+            "mixed_versions",
+            "several NCCL versions in one job: " + ", ".join(v for v, _ in log.versions),
+        )
     flags.sort(key=lambda f: _SEVERITY[f["severity"]])
     return flags
 
@@ -342,16 +431,25 @@ def summarize(log: NcclLog, steps: int | None = None) -> NcclSummary:
     if steps:
         ranks = max(1, len({(r["host"], r["pid"], r["comm"]) for r in coll["per_comm"]}))
         per_step = {
-            "steps": steps, "ranks": ranks,
+            "steps": steps,
+            "ranks": ranks,
             "calls_per_step": coll["calls"] / ranks / steps,
             "bytes_per_step": coll["bytes"] / ranks / steps,
             "by_op": {op: v["calls"] / ranks / steps for op, v in coll["by_op"].items()},
         }
-    return {**raw, "communicators": [c.to_dict() for c in log.comms.values()],
-            "comm_groups": groups, "channels": channels, "transports": transports,
-            "collectives": coll, "tuning": _tuning(log), "api_calls": dict(log.api_calls),
-            "red_flags": _red_flags(log, groups, channels, transports), "found": log.found,
-            "per_step": per_step}
+    return {
+        **raw,
+        "communicators": [c.to_dict() for c in log.comms.values()],
+        "comm_groups": groups,
+        "channels": channels,
+        "transports": transports,
+        "collectives": coll,
+        "tuning": _tuning(log),
+        "api_calls": dict(log.api_calls),
+        "red_flags": _red_flags(log, groups, channels, transports),
+        "found": log.found,
+        "per_step": per_step,
+    }
 
 
 def _share(hist: list[SizeBucket]) -> dict[str, float]:
@@ -359,8 +457,10 @@ def _share(hist: list[SizeBucket]) -> dict[str, float]:
     out: Counter[str] = Counter()
     for h in hist:
         out[f"{h['lo']}-{h['hi']}"] += h["calls"]
-    return {k: round(v / total, 4) for k, v in sorted(out.items(), key=lambda kv: int(
-        kv[0].split("-")[0]))}
+    return {
+        k: round(v / total, 4)
+        for k, v in sorted(out.items(), key=lambda kv: int(kv[0].split("-")[0]))
+    }
 
 
 def diff(a: NcclSummary, b: NcclSummary) -> NcclDiff:
@@ -376,15 +476,22 @@ def diff(a: NcclSummary, b: NcclSummary) -> NcclDiff:
     sa, sb = a["transports"]["share"], b["transports"]["share"]
     for cls, sev in (("shm", "high"), ("net", "high")):
         if sb.get(cls, 0) > sa.get(cls, 0) + 0.01:
-            note(sev, f"{cls} share of connections rose from {sa.get(cls, 0):.0%} to "
-                      f"{sb.get(cls, 0):.0%}")
+            note(
+                sev,
+                f"{cls} share of connections rose from {sa.get(cls, 0):.0%} to "
+                f"{sb.get(cls, 0):.0%}",
+            )
     if sb.get("p2p", 0) + 0.01 < sa.get("p2p", 0):
-        note("high", f"P2P share of connections fell from {sa.get('p2p', 0):.0%} to "
-                     f"{sb.get('p2p', 0):.0%}")
+        note(
+            "high",
+            f"P2P share of connections fell from {sa.get('p2p', 0):.0%} to {sb.get('p2p', 0):.0%}",
+        )
     na, nb = set(a["transports"]["networks"]), set(b["transports"]["networks"])
     if nb != na and nb:
-        note("high" if "Socket" in nb - na else "medium",
-             f"network changed from {sorted(na) or '-'} to {sorted(nb)}")
+        note(
+            "high" if "Socket" in nb - na else "medium",
+            f"network changed from {sorted(na) or '-'} to {sorted(nb)}",
+        )
     if a["transports"]["gdrdma"] and not b["transports"]["gdrdma"]:
         note("medium", "GPUDirect RDMA no longer used")
     ta, tb = a["tuning"]["by_choice"], b["tuning"]["by_choice"]
@@ -400,12 +507,17 @@ def diff(a: NcclSummary, b: NcclSummary) -> NcclDiff:
     worse.sort(key=lambda w: _SEVERITY[w["severity"]])
 
     def side(d: NcclSummary) -> NcclDiffSide:
-        return {"sources": d["sources"], "nccl_versions": d["nccl_versions"],
-                "channels": d["channels"], "transports": d["transports"]["by_kind"],
-                "transport_share": d["transports"]["share"],
-                "networks": d["transports"]["networks"], "tuning": d["tuning"]["by_choice"],
-                "size_mix": _share(d["collectives"]["size_histogram"]),
-                "collectives": {op: v["calls"] for op, v in d["collectives"]["by_op"].items()},
-                "warnings": d["warnings"]["count"]}
+        return {
+            "sources": d["sources"],
+            "nccl_versions": d["nccl_versions"],
+            "channels": d["channels"],
+            "transports": d["transports"]["by_kind"],
+            "transport_share": d["transports"]["share"],
+            "networks": d["transports"]["networks"],
+            "tuning": d["tuning"]["by_choice"],
+            "size_mix": _share(d["collectives"]["size_histogram"]),
+            "collectives": {op: v["calls"] for op, v in d["collectives"]["by_op"].items()},
+            "warnings": d["warnings"]["count"],
+        }
 
     return {"a": side(a), "b": side(b), "worse": worse}

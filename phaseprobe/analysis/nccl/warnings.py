@@ -45,17 +45,39 @@ from typing import Any
 
 from phaseprobe.sources.nccl.split import open_log, reading
 
-__all__ = ["Finding", "classify_warnings", "classify_file", "classify_numbered", "by_category",
-           "CATEGORIES", "NCCL_RESULTS"]
+__all__ = [
+    "Finding",
+    "classify_warnings",
+    "classify_file",
+    "classify_numbered",
+    "by_category",
+    "CATEGORIES",
+    "NCCL_RESULTS",
+]
 
 CATEGORIES = ("network", "timeout", "internal", "system", "cuda", "other")
 
 # src/nccl.h.in ncclResult_t
-NCCL_RESULTS = {0: "ncclSuccess", 1: "ncclUnhandledCudaError", 2: "ncclSystemError",
-                3: "ncclInternalError", 4: "ncclInvalidArgument", 5: "ncclInvalidUsage",
-                6: "ncclRemoteError", 7: "ncclInProgress", 8: "ncclTimeout"}
-_CATEGORY_BY_CODE = {1: "cuda", 2: "system", 3: "internal", 4: "other", 5: "other",
-                     6: "network", 8: "timeout"}
+NCCL_RESULTS = {
+    0: "ncclSuccess",
+    1: "ncclUnhandledCudaError",
+    2: "ncclSystemError",
+    3: "ncclInternalError",
+    4: "ncclInvalidArgument",
+    5: "ncclInvalidUsage",
+    6: "ncclRemoteError",
+    7: "ncclInProgress",
+    8: "ncclTimeout",
+}
+_CATEGORY_BY_CODE = {
+    1: "cuda",
+    2: "system",
+    3: "internal",
+    4: "other",
+    5: "other",
+    6: "network",
+    8: "timeout",
+}
 # ncclGetErrorString texts (src/init.cc) → the result they stand for
 _CODE_BY_TEXT = (
     ("unhandled cuda error", "ncclUnhandledCudaError"),
@@ -67,7 +89,8 @@ _CODE_BY_TEXT = (
 )
 _CODE_NAME = re.compile(
     r"\bncclUnhandledCudaError|ncclSystemError|ncclInternalError|ncclInvalidArgument|"
-    r"ncclInvalidUsage|ncclRemoteError|ncclTimeout\b")
+    r"ncclInvalidUsage|ncclRemoteError|ncclTimeout\b"
+)
 
 _MAX_LINE = 2000  # characters of a line kept in a finding
 _TRAIL_WINDOW = 500  # lines after which a propagation line no longer joins its process's finding
@@ -76,90 +99,179 @@ _TRAIL_WINDOW = 500  # lines after which a propagation line no longer joins its 
 _WARN = re.compile(
     r"(?:(?P<host>[^\s:\[\]]+):(?P<pid>\d+):(?P<tid>\d+)(?: \[(?P<dev>-?\d+)\])?"
     r"(?: (?:[\d.]+ )?(?P<file>[\w./+<>-]+):(?P<fline>\d+)(?: \([^)]*\))?)? )?"
-    r"NCCL WARN ?(?P<msg>.*)")
+    r"NCCL WARN ?(?P<msg>.*)"
+)
 # host:pid:tid [dev] NCCL INFO file:line -> code [ (errno text)] [ [Async thread]]  (checks.h)
 _TRAIL = re.compile(
     r"(?P<host>[^\s:\[\]]+):(?P<pid>\d+):(?P<tid>\d+)(?: \[-?\d+\])? NCCL INFO "
-    r"(?P<file>[\w./+-]+\.(?:cc|h|cu|c|cpp|hpp)):(?P<fline>\d+) -> (?P<code>\d+)")
+    r"(?P<file>[\w./+-]+\.(?:cc|h|cu|c|cpp|hpp)):(?P<fline>\d+) -> (?P<code>\d+)"
+)
 
 # Lines without "NCCL INFO" are classified only when one of these occurs (cheap prefilter).
 _KEYWORDS = re.compile(
     r"[Ee]rror|ERROR|[Ff]ail|FAIL|[Tt]ime ?out|[Tt]imed out|TIME LIMIT|[Aa]bort|ABORT|"
     r"closed by|refused|[Kk]illed|Segmentation fault|core dumped|exit code|[Ww]atchdog|"
-    r"[Ee]xited|SIG[A-Z]{3,4}|Xid|No route|unreachable|Broken pipe|out of memory")
+    r"[Ee]xited|SIG[A-Z]{3,4}|Xid|No route|unreachable|Broken pipe|out of memory"
+)
 
 # (category, kind, pattern, reason). Order matters: the first rule that matches wins, and the
 # specific causes (timeout, network) come before the generic result texts (system, internal)
 # that NCCL and PyTorch print around them.
 _RULE_TEXT: tuple[tuple[str, str | None, str, str], ...] = (
-    ("timeout", "torch", r"Watchdog caught collective operation timeout",
-     "PyTorch ProcessGroupNCCL watchdog: a collective ran past its timeout (a rank stalled, "
-     "died or never joined)"),
-    ("timeout", "torch", r"[Ww]atchdog.{0,60}(?:timed? ?out|got stuck|hang)|"
-     r"[Hh]eartbeat monitor timed out",
-     "PyTorch NCCL watchdog timed out or hung"),
-    ("timeout", "nccl-tests", r"\bTest timeout \(\d+s\)",
-     "nccl-tests gave up on a collective (-T timeout)"),
-    ("timeout", "launcher", r"DUE TO TIME LIMIT|TimeLimit|time limit exceeded",
-     "the job ran out of its time limit"),
-    ("timeout", None, r"NCCL watchdog timeout|\bncclTimeout\b|collective operation timeout|"
-     r"[Oo]peration timed out|NCCL communicator .{0,40}timed? ?out|timed out after|"
-     r"[Tt]imeout waiting",
-     "a collective or NCCL operation timed out"),
-    ("network", None, r"Connection closed by remote peer|closed by remote",
-     "a peer closed its connection (it crashed or was killed, or the link dropped)"),
-    ("network", None, r"Got completion (?:from peer \S+ )?with (?:error|status)|vendor[ _]err",
-     "InfiniBand/RoCE work completion error (link, cable, switch, or the peer went away)"),
-    ("network", None, r"Connection refused|Connection reset|No route to host|"
-     r"Network is unreachable|Connection timed out|Software caused connection abort|"
-     r"Broken pipe|Address already in use|Cannot assign requested address",
-     "a socket error between ranks (interface, firewall, address or port)"),
-    ("network", None, r"\b[Cc]onnect(?:ion)? to \S+ failed|socket\w*:.{0,80}(?:failed|error)|"
-     r"[Bb]ootstrap.{0,80}(?:failed|[Ee]rror)",
-     "a socket or bootstrap connection between ranks failed"),
-    ("network", None, r"NET/(?:IB|Socket|OFI|Plugin|MLX5|\w+)\b.{0,120}(?:[Ee]rror|failed|"
-     r"[Ff]ailure)|ibv_\w+.{0,40}failed|Call to ibv_|\bRDMA\b.{0,60}(?:error|failed)",
-     "the network transport (IB verbs, sockets or a net plugin) reported an error"),
-    ("network", None, r"ncclRemoteError|remote process exited or there was a network error|"
-     r"network error",
-     "ncclRemoteError: a remote rank exited or the network failed"),
-    ("cuda", None, r"Cuda failure|CUDA error|CUDA failure|cuda error|cudaError\w*|"
-     r"ncclUnhandledCudaError|unhandled cuda error|CUDA out of memory|"
-     r"illegal memory access|uncorrectable ECC|\bXid\b|CUBLAS_STATUS|CUDA driver",
-     "the GPU or the CUDA runtime failed"),
-    ("internal", None, r"ncclInternalError|internal error|Internal check failed",
-     "ncclInternalError: NCCL hit an internal check (often an NCCL/plugin version mismatch "
-     "or a bug)"),
-    ("system", None, r"ncclSystemError|unhandled system error|System call \(e\.g\.|"
-     r"Call to \w+ failed|Cannot allocate memory|No space left on device|Too many open files|"
-     r"Bus error|Resource temporarily unavailable|[Oo]ut of memory|/dev/shm|shm_open|"
-     r"Permission denied",
-     "a system call or host resource failed (memory, /dev/shm, file descriptors, ...)"),
-    ("other", None, r"ncclInvalidUsage|ncclInvalidArgument|invalid usage|invalid argument",
-     "NCCL was called wrongly (invalid usage or argument)"),
-    ("other", "nccl-tests", r"Out of bounds values\s*:\s*[1-9]|Out of bounds values.*FAILED",
-     "nccl-tests found wrong results (data corruption or a broken reduction)"),
-    ("other", "nccl-tests", r"Avg bus bandwidth.*FAILED",
-     "nccl-tests average bus bandwidth below NCCL_TESTS_MIN_BW"),
-    ("other", "nccl-tests", r"Test NCCL failure|Test failure \S+:\d+",
-     "an nccl-tests call failed"),
-    ("other", "mpi", r"MPI_ABORT was invoked|MPI_Abort\(|called MPI_Abort|MPICH ERROR|"
-     r"Fatal error in P?MPI_\w+|PMIX?_\w+.{0,40}(?:failed|error)",
-     "MPI abort: one rank gave up and took the job down"),
-    ("other", "launcher", r"mpirun noticed that process rank|mpirun detected that one or more "
-     r"processes exited|prterun noticed|prterun detected|Primary job\s+terminated normally, "
-     r"but|srun: error:|slurmstepd: error:|Exited with exit code [1-9]|"
-     r"exited with (?:non-zero|exit) (?:status|code)|ChildFailedError",
-     "the launcher reports a rank that exited with an error"),
-    ("other", "crash", r"Segmentation fault|core dumped|Aborted \(core|terminate called after "
-     r"throwing|signal \d+ \((?:SIG)?\w+\)|\bSIG(?:SEGV|ABRT|KILL|BUS|TERM)\b|\bKilled\b",
-     "a process crashed or was killed"),
-    ("other", "torch", r"detected by watchdog|Some NCCL operations have failed or timed out",
-     "PyTorch's watchdog found a failed or timed-out collective (the lines around it say "
-     "which)"),
-    ("other", "torch", r"DistBackendError|NCCL error in:|ProcessGroupNCCL.{0,80}(?:[Ee]rror|"
-     r"[Ee]xception)|torch\.distributed\.\w*Error",
-     "PyTorch distributed reported an NCCL error"),
+    (
+        "timeout",
+        "torch",
+        r"Watchdog caught collective operation timeout",
+        "PyTorch ProcessGroupNCCL watchdog: a collective ran past its timeout (a rank stalled, "
+        "died or never joined)",
+    ),
+    (
+        "timeout",
+        "torch",
+        r"[Ww]atchdog.{0,60}(?:timed? ?out|got stuck|hang)|"
+        r"[Hh]eartbeat monitor timed out",
+        "PyTorch NCCL watchdog timed out or hung",
+    ),
+    (
+        "timeout",
+        "nccl-tests",
+        r"\bTest timeout \(\d+s\)",
+        "nccl-tests gave up on a collective (-T timeout)",
+    ),
+    (
+        "timeout",
+        "launcher",
+        r"DUE TO TIME LIMIT|TimeLimit|time limit exceeded",
+        "the job ran out of its time limit",
+    ),
+    (
+        "timeout",
+        None,
+        r"NCCL watchdog timeout|\bncclTimeout\b|collective operation timeout|"
+        r"[Oo]peration timed out|NCCL communicator .{0,40}timed? ?out|timed out after|"
+        r"[Tt]imeout waiting",
+        "a collective or NCCL operation timed out",
+    ),
+    (
+        "network",
+        None,
+        r"Connection closed by remote peer|closed by remote",
+        "a peer closed its connection (it crashed or was killed, or the link dropped)",
+    ),
+    (
+        "network",
+        None,
+        r"Got completion (?:from peer \S+ )?with (?:error|status)|vendor[ _]err",
+        "InfiniBand/RoCE work completion error (link, cable, switch, or the peer went away)",
+    ),
+    (
+        "network",
+        None,
+        r"Connection refused|Connection reset|No route to host|"
+        r"Network is unreachable|Connection timed out|Software caused connection abort|"
+        r"Broken pipe|Address already in use|Cannot assign requested address",
+        "a socket error between ranks (interface, firewall, address or port)",
+    ),
+    (
+        "network",
+        None,
+        r"\b[Cc]onnect(?:ion)? to \S+ failed|socket\w*:.{0,80}(?:failed|error)|"
+        r"[Bb]ootstrap.{0,80}(?:failed|[Ee]rror)",
+        "a socket or bootstrap connection between ranks failed",
+    ),
+    (
+        "network",
+        None,
+        r"NET/(?:IB|Socket|OFI|Plugin|MLX5|\w+)\b.{0,120}(?:[Ee]rror|failed|"
+        r"[Ff]ailure)|ibv_\w+.{0,40}failed|Call to ibv_|\bRDMA\b.{0,60}(?:error|failed)",
+        "the network transport (IB verbs, sockets or a net plugin) reported an error",
+    ),
+    (
+        "network",
+        None,
+        r"ncclRemoteError|remote process exited or there was a network error|"
+        r"network error",
+        "ncclRemoteError: a remote rank exited or the network failed",
+    ),
+    (
+        "cuda",
+        None,
+        r"Cuda failure|CUDA error|CUDA failure|cuda error|cudaError\w*|"
+        r"ncclUnhandledCudaError|unhandled cuda error|CUDA out of memory|"
+        r"illegal memory access|uncorrectable ECC|\bXid\b|CUBLAS_STATUS|CUDA driver",
+        "the GPU or the CUDA runtime failed",
+    ),
+    (
+        "internal",
+        None,
+        r"ncclInternalError|internal error|Internal check failed",
+        "ncclInternalError: NCCL hit an internal check (often an NCCL/plugin version mismatch "
+        "or a bug)",
+    ),
+    (
+        "system",
+        None,
+        r"ncclSystemError|unhandled system error|System call \(e\.g\.|"
+        r"Call to \w+ failed|Cannot allocate memory|No space left on device|Too many open files|"
+        r"Bus error|Resource temporarily unavailable|[Oo]ut of memory|/dev/shm|shm_open|"
+        r"Permission denied",
+        "a system call or host resource failed (memory, /dev/shm, file descriptors, ...)",
+    ),
+    (
+        "other",
+        None,
+        r"ncclInvalidUsage|ncclInvalidArgument|invalid usage|invalid argument",
+        "NCCL was called wrongly (invalid usage or argument)",
+    ),
+    (
+        "other",
+        "nccl-tests",
+        r"Out of bounds values\s*:\s*[1-9]|Out of bounds values.*FAILED",
+        "nccl-tests found wrong results (data corruption or a broken reduction)",
+    ),
+    (
+        "other",
+        "nccl-tests",
+        r"Avg bus bandwidth.*FAILED",
+        "nccl-tests average bus bandwidth below NCCL_TESTS_MIN_BW",
+    ),
+    ("other", "nccl-tests", r"Test NCCL failure|Test failure \S+:\d+", "an nccl-tests call failed"),
+    (
+        "other",
+        "mpi",
+        r"MPI_ABORT was invoked|MPI_Abort\(|called MPI_Abort|MPICH ERROR|"
+        r"Fatal error in P?MPI_\w+|PMIX?_\w+.{0,40}(?:failed|error)",
+        "MPI abort: one rank gave up and took the job down",
+    ),
+    (
+        "other",
+        "launcher",
+        r"mpirun noticed that process rank|mpirun detected that one or more "
+        r"processes exited|prterun noticed|prterun detected|Primary job\s+terminated normally, "
+        r"but|srun: error:|slurmstepd: error:|Exited with exit code [1-9]|"
+        r"exited with (?:non-zero|exit) (?:status|code)|ChildFailedError",
+        "the launcher reports a rank that exited with an error",
+    ),
+    (
+        "other",
+        "crash",
+        r"Segmentation fault|core dumped|Aborted \(core|terminate called after "
+        r"throwing|signal \d+ \((?:SIG)?\w+\)|\bSIG(?:SEGV|ABRT|KILL|BUS|TERM)\b|\bKilled\b",
+        "a process crashed or was killed",
+    ),
+    (
+        "other",
+        "torch",
+        r"detected by watchdog|Some NCCL operations have failed or timed out",
+        "PyTorch's watchdog found a failed or timed-out collective (the lines around it say which)",
+    ),
+    (
+        "other",
+        "torch",
+        r"DistBackendError|NCCL error in:|ProcessGroupNCCL.{0,80}(?:[Ee]rror|"
+        r"[Ee]xception)|torch\.distributed\.\w*Error",
+        "PyTorch distributed reported an NCCL error",
+    ),
 )
 _RULES = [(c, k, re.compile(p), r) for c, k, p, r in _RULE_TEXT]
 
@@ -184,10 +296,18 @@ class Finding:
     trail_lines: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"category": self.category, "line_no": self.line_no, "line": self.line,
-                "reason": self.reason, "source": self.source, "kind": self.kind,
-                "code": self.code, "host": self.host, "pid": self.pid,
-                "trail_lines": self.trail_lines}
+        return {
+            "category": self.category,
+            "line_no": self.line_no,
+            "line": self.line,
+            "reason": self.reason,
+            "source": self.source,
+            "kind": self.kind,
+            "code": self.code,
+            "host": self.host,
+            "pid": self.pid,
+            "trail_lines": self.trail_lines,
+        }
 
 
 def _code_in(text: str) -> str | None:
@@ -220,12 +340,21 @@ def _rule(text: str) -> tuple[str, str | None, str] | None:
     return None
 
 
-_NETWORK_FILES = ("net_ib", "net_socket", "socket", "bootstrap", "ibvwrap", "transport/net",
-                  "net.cc", "ibvcore", "mlx5", "rdma")
+_NETWORK_FILES = (
+    "net_ib",
+    "net_socket",
+    "socket",
+    "bootstrap",
+    "ibvwrap",
+    "transport/net",
+    "net.cc",
+    "ibvcore",
+    "mlx5",
+    "rdma",
+)
 
 
-def _warn_finding(line: str, m: re.Match[str], line_no: int, source: str
-                  ) -> tuple[Finding, bool]:
+def _warn_finding(line: str, m: re.Match[str], line_no: int, source: str) -> tuple[Finding, bool]:
     """The finding of a WARN line, and whether its category is only a default (then the error
     code of the propagation trail that follows may say more)."""
     msg = m.group("msg").strip()
@@ -240,13 +369,25 @@ def _warn_finding(line: str, m: re.Match[str], line_no: int, source: str
     else:
         category, why, weak = "other", "an NCCL warning that names no known cause", True
     pid = m.group("pid")
-    return (Finding(category, line_no, line[:_MAX_LINE], f"NCCL WARN{where}: {why}", source,
-                    "nccl-warn", _code_in(msg), m.group("host"), int(pid) if pid else None),
-            weak)
+    return (
+        Finding(
+            category,
+            line_no,
+            line[:_MAX_LINE],
+            f"NCCL WARN{where}: {why}",
+            source,
+            "nccl-warn",
+            _code_in(msg),
+            m.group("host"),
+            int(pid) if pid else None,
+        ),
+        weak,
+    )
 
 
-def classify_warnings(lines: Iterable[str] | Iterable[bytes] | str, source: str = ""
-                      ) -> list[Finding]:
+def classify_warnings(
+    lines: Iterable[str] | Iterable[bytes] | str, source: str = ""
+) -> list[Finding]:
     """Findings in file order for ``lines`` (an iterable of lines, ``str`` or ``bytes``, with or
     without newlines, or one text). Every ``NCCL WARN`` line is a finding; other lines only when
     they match a known error or timeout shape (NCCL's own INFO lines only as propagation
@@ -306,8 +447,9 @@ def _candidates(p: Path) -> Iterator[tuple[int, bytes]]:
                 return
 
 
-def classify_numbered(numbered: Iterable[tuple[int, str | bytes]], source: str = ""
-                      ) -> list[Finding]:
+def classify_numbered(
+    numbered: Iterable[tuple[int, str | bytes]], source: str = ""
+) -> list[Finding]:
     """:func:`classify_warnings` over ``(line number, line)`` pairs: the lines may be a subset
     of the file (the candidates :func:`classify_file` picked), numbered as in the file."""
     out: list[Finding] = []
@@ -352,21 +494,37 @@ def classify_numbered(numbered: Iterable[tuple[int, str | bytes]], source: str =
                 if i in weak and code in _CATEGORY_BY_CODE:
                     weak.discard(i)
                     category = _CATEGORY_BY_CODE[code]
-                    reason = (f"{reason.split(': ', 1)[0]}: the error it raised is "
-                              f"{NCCL_RESULTS.get(code)} ({code})")
-                out[i] = replace(old, category=category, reason=reason,
-                                 code=old.code or NCCL_RESULTS.get(code),
-                                 trail_lines=old.trail_lines + 1)
+                    reason = (
+                        f"{reason.split(': ', 1)[0]}: the error it raised is "
+                        f"{NCCL_RESULTS.get(code)} ({code})"
+                    )
+                out[i] = replace(
+                    old,
+                    category=category,
+                    reason=reason,
+                    code=old.code or NCCL_RESULTS.get(code),
+                    trail_lines=old.trail_lines + 1,
+                )
                 last_of[key] = (i, line_no)
                 continue
             line = raw.rstrip("\r\n")
             name = NCCL_RESULTS.get(code, f"ncclResult {code}")
             category = _CATEGORY_BY_CODE.get(code, "other")
-            out.append(Finding(
-                category, line_no, line[:_MAX_LINE],
-                f"NCCL error propagation ({t.group('file')}:{t.group('fline')} -> {code} = "
-                f"{name}) with no WARN before it from this process", source, "nccl-trail",
-                name, key[0], key[1], 0))
+            out.append(
+                Finding(
+                    category,
+                    line_no,
+                    line[:_MAX_LINE],
+                    f"NCCL error propagation ({t.group('file')}:{t.group('fline')} -> {code} = "
+                    f"{name}) with no WARN before it from this process",
+                    source,
+                    "nccl-trail",
+                    name,
+                    key[0],
+                    key[1],
+                    0,
+                )
+            )
             last_of[key] = (len(out) - 1, line_no)
             continue
         if not _KEYWORDS.search(raw):
@@ -376,8 +534,17 @@ def classify_numbered(numbered: Iterable[tuple[int, str | bytes]], source: str =
         if hit is None:
             continue
         category, kind, why = hit
-        out.append(Finding(category, line_no, line[:_MAX_LINE], why, source,
-                           kind or _kind_of(line), _code_in(line)))
+        out.append(
+            Finding(
+                category,
+                line_no,
+                line[:_MAX_LINE],
+                why,
+                source,
+                kind or _kind_of(line),
+                _code_in(line),
+            )
+        )
     return out
 
 

@@ -52,8 +52,18 @@ from phaseprobe.records import RequestSpan, Run
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["Status", "Verdict", "Evidence", "USE_CASE_TTFT_S", "ms", "pct", "num",
-           "skipped", "clean_runs", "alone_runs"]
+__all__ = [
+    "Status",
+    "Verdict",
+    "Evidence",
+    "USE_CASE_TTFT_S",
+    "ms",
+    "pct",
+    "num",
+    "skipped",
+    "clean_runs",
+    "alone_runs",
+]
 
 Status = Literal["pass", "warn", "fail", "skipped"]
 
@@ -76,10 +86,16 @@ class Verdict:
     title: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rule": self.rule, "title": self.title, "status": self.status,
-                "summary": self.summary, "numbers": _plain(self.numbers),
-                "thresholds": _plain(self.thresholds), "recommendation": self.recommendation,
-                "next_command": self.next_command}
+        return {
+            "rule": self.rule,
+            "title": self.title,
+            "status": self.status,
+            "summary": self.summary,
+            "numbers": _plain(self.numbers),
+            "thresholds": _plain(self.thresholds),
+            "recommendation": self.recommendation,
+            "next_command": self.next_command,
+        }
 
 
 def _plain(value: Any) -> Any:
@@ -142,8 +158,7 @@ class Evidence:
     def ref(self) -> str:
         """How the next command names this experiment."""
         store = f" --store {self.store_path}" if self.store_path else ""
-        exp = f"--experiment {self.experiment_id}" if self.experiment_id is not None \
-            else "--latest"
+        exp = f"--experiment {self.experiment_id}" if self.experiment_id is not None else "--latest"
         return exp + store
 
     @property

@@ -21,6 +21,7 @@ __all__ = ["evicted_before_reuse"]
 def evicted_before_reuse(ev: LiveEvidence) -> Verdict:
     """Fail when a replica's median idle-before-evict is below its median reuse gap, quoting
     both (and the blocks' lifetime); pass when at or above it."""
+
     def judge(r: ReplicaWindow) -> Part:
         rows = {h: r.buckets[h] for h in RESIDENCY_HISTOGRAMS if h in r.buckets}
         res = kv_residency(rows)
@@ -31,14 +32,23 @@ def evicted_before_reuse(ev: LiveEvidence) -> Verdict:
         gap = res.reuse_gap.value_s if res.reuse_gap else 0.0
         if res.evicted_before_reuse:
             # worst first: the replica whose blocks go soonest relative to their reuse
-            return Part(r.name, "fail", "evicted before reuse: " + res.reason,
-                        gap / idle if idle > 0 else float("inf"), numbers)
+            return Part(
+                r.name,
+                "fail",
+                "evicted before reuse: " + res.reason,
+                gap / idle if idle > 0 else float("inf"),
+                numbers,
+            )
         return Part(r.name, "pass", res.reason, 0.0, numbers)
 
-    return per_replica(ev, judge, thresholds={"min_sampled_evictions": MIN_EVICTIONS},
-                       recommendation="the prefix cache evicts blocks before the traffic reuses "
-                                      "them: give the KV cache more memory "
-                                      "(--gpu-memory-utilization, --kv-cache-dtype fp8), "
-                                      "offload it to CPU (a KV offloading connector), or route "
-                                      "requests sharing a prefix to the same replica",
-                       next_command="phaseprobe query kv_block_residency --prom URL")
+    return per_replica(
+        ev,
+        judge,
+        thresholds={"min_sampled_evictions": MIN_EVICTIONS},
+        recommendation="the prefix cache evicts blocks before the traffic reuses "
+        "them: give the KV cache more memory "
+        "(--gpu-memory-utilization, --kv-cache-dtype fp8), "
+        "offload it to CPU (a KV offloading connector), or route "
+        "requests sharing a prefix to the same replica",
+        next_command="phaseprobe query kv_block_residency --prom URL",
+    )

@@ -24,13 +24,35 @@ from typing import Any
 from phaseprobe.analysis.rules.base import Status, Verdict, ms, num, pct
 from phaseprobe.analysis.rules.live_base import MIN_FINISHED, LiveEvidence, ReplicaWindow
 
-__all__ = ["queue_pressure", "queue_latency", "ttft_bottleneck", "tpot_bottleneck",
-           "kv_cache_pressure", "preemption_pressure", "prefix_cache_efficiency",
-           "low_throughput", "error_rate", "Part", "per_replica", "too_few", "context_notes",
-           "QUEUE_PRESSURE_WARN", "QUEUE_PRESSURE_FAIL", "QUEUE_LATENCY_WARN_FRAC",
-           "TTFT_FAIL_FACTOR", "TPOT_FAIL_FACTOR", "KV_WARN", "KV_FAIL_MEAN",
-           "PREEMPT_FAIL_PER_REQUEST", "PREFIX_HIT_LOW", "MIN_PREFIX_QUERY_TOKENS",
-           "IDLE_RUNNING", "THROUGHPUT_FAIL_FRAC", "ERROR_WARN", "ERROR_FAIL"]
+__all__ = [
+    "queue_pressure",
+    "queue_latency",
+    "ttft_bottleneck",
+    "tpot_bottleneck",
+    "kv_cache_pressure",
+    "preemption_pressure",
+    "prefix_cache_efficiency",
+    "low_throughput",
+    "error_rate",
+    "Part",
+    "per_replica",
+    "too_few",
+    "context_notes",
+    "QUEUE_PRESSURE_WARN",
+    "QUEUE_PRESSURE_FAIL",
+    "QUEUE_LATENCY_WARN_FRAC",
+    "TTFT_FAIL_FACTOR",
+    "TPOT_FAIL_FACTOR",
+    "KV_WARN",
+    "KV_FAIL_MEAN",
+    "PREEMPT_FAIL_PER_REQUEST",
+    "PREFIX_HIT_LOW",
+    "MIN_PREFIX_QUERY_TOKENS",
+    "IDLE_RUNNING",
+    "THROUGHPUT_FAIL_FRAC",
+    "ERROR_WARN",
+    "ERROR_FAIL",
+]
 
 QUEUE_PRESSURE_WARN = 0.5  # requests waiting per request running (window means)
 QUEUE_PRESSURE_FAIL = 2.0
@@ -67,22 +89,31 @@ def too_few(r: ReplicaWindow, ev: LiveEvidence, finished: float | None) -> Part:
     window: skipped with the count, not judged (two requests make no mean to act on). One
     helper so every per-replica rule words it the same way."""
     n = int(finished or 0)
-    return Part(r.name, "skipped",
-                f"{n} request{'s' if n != 1 else ''} finished in {ev.window_s:.0f} s: too few "
-                f"to judge (at least {MIN_FINISHED})", numbers={"finished": finished})
+    return Part(
+        r.name,
+        "skipped",
+        f"{n} request{'s' if n != 1 else ''} finished in {ev.window_s:.0f} s: too few "
+        f"to judge (at least {MIN_FINISHED})",
+        numbers={"finished": finished},
+    )
 
 
 def context_notes(ev: LiveEvidence, counters: bool = True) -> str:
     """What was not measured: replicas whose counters cannot be compared, replicas down."""
-    notes = [f"{r.name} cannot verify: {r.unverifiable}" for r in ev.unverified] \
-        if counters else []
+    notes = [f"{r.name} cannot verify: {r.unverifiable}" for r in ev.unverified] if counters else []
     notes += [f"{name} is down ({why})" for name, why in ev.down.items()]
     return f" [{'; '.join(notes)}]" if notes else ""
 
 
-def per_replica(ev: LiveEvidence, judge: Callable[[ReplicaWindow], Part], *,
-                counters: bool = True, thresholds: dict[str, Any] | None = None,
-                recommendation: str = "", next_command: str = "") -> Verdict:
+def per_replica(
+    ev: LiveEvidence,
+    judge: Callable[[ReplicaWindow], Part],
+    *,
+    counters: bool = True,
+    thresholds: dict[str, Any] | None = None,
+    recommendation: str = "",
+    next_command: str = "",
+) -> Verdict:
     """Judge each replica, the worst decides; ``counters``: the rule reads counter deltas, so
     replicas whose counters cannot be compared are left out (and named)."""
     pool = ev.measured if counters else list(ev.replicas)
@@ -102,8 +133,11 @@ def per_replica(ev: LiveEvidence, judge: Callable[[ReplicaWindow], Part], *,
         numbers["cannot_verify"] = {r.name: r.unverifiable for r in ev.unverified}
     if ev.down:
         numbers["down"] = dict(ev.down)
-    judged = sorted((p for p in parts if p.status != "skipped"),
-                    key=lambda p: (_RANK[p.status], p.value), reverse=True)
+    judged = sorted(
+        (p for p in parts if p.status != "skipped"),
+        key=lambda p: (_RANK[p.status], p.value),
+        reverse=True,
+    )
     named = ev.fleet or len(parts) > 1
     if not judged:
         said = "; ".join((f"{p.replica}: " if named else "") + p.said for p in parts)
@@ -122,35 +156,50 @@ def _status(value: float, warn: float, fail: float) -> Status:
 
 # -- queue ------------------------------------------------------------------------------------
 
+
 def queue_pressure(ev: LiveEvidence) -> Verdict:
     """vllm-doctor's queue pressure: requests waiting for a slot against those running (window
     means of the gauges). Waiting while few run means the scheduler cannot admit more: the KV
     cache is full or ``--max-num-seqs`` is reached."""
+
     def judge(r: ReplicaWindow) -> Part:
-        waiting, running = r.gauge_mean.get("requests_waiting"), \
-            r.gauge_mean.get("requests_running")
+        waiting, running = (
+            r.gauge_mean.get("requests_waiting"),
+            r.gauge_mean.get("requests_running"),
+        )
         if waiting is None or running is None:
             return Part(r.name, "skipped", "no num_requests_waiting/running gauges")
         peak = r.gauge_max.get("requests_waiting", waiting)
         ratio = waiting / max(running, 1.0)
-        numbers = {"waiting_mean": num(waiting, 3), "waiting_max": num(peak, 3),
-                   "running_mean": num(running, 3), "waiting_per_running": num(ratio, 3),
-                   "gauge_samples": r.samples}
-        said = (f"{waiting:.1f} waiting vs {running:.1f} running on average over "
-                f"{ev.window_s:.0f} s ({ratio:.2f} waiting per running, peak {peak:.0f} "
-                "waiting)")
-        status = _status(ratio, QUEUE_PRESSURE_WARN, QUEUE_PRESSURE_FAIL) if peak >= 1 \
-            else "pass"
+        numbers = {
+            "waiting_mean": num(waiting, 3),
+            "waiting_max": num(peak, 3),
+            "running_mean": num(running, 3),
+            "waiting_per_running": num(ratio, 3),
+            "gauge_samples": r.samples,
+        }
+        said = (
+            f"{waiting:.1f} waiting vs {running:.1f} running on average over "
+            f"{ev.window_s:.0f} s ({ratio:.2f} waiting per running, peak {peak:.0f} "
+            "waiting)"
+        )
+        status = _status(ratio, QUEUE_PRESSURE_WARN, QUEUE_PRESSURE_FAIL) if peak >= 1 else "pass"
         return Part(r.name, status, said, ratio, numbers)
 
-    return per_replica(ev, judge, counters=False,
-                       thresholds={"waiting_per_running_warn": QUEUE_PRESSURE_WARN,
-                                   "waiting_per_running_fail": QUEUE_PRESSURE_FAIL},
-                       recommendation="requests wait for a slot: add replicas, raise "
-                                      "--max-num-seqs if the KV cache has room, or give the KV "
-                                      "cache more memory (--gpu-memory-utilization, "
-                                      "--kv-cache-dtype fp8) when it is full",
-                       next_command=_WATCH)
+    return per_replica(
+        ev,
+        judge,
+        counters=False,
+        thresholds={
+            "waiting_per_running_warn": QUEUE_PRESSURE_WARN,
+            "waiting_per_running_fail": QUEUE_PRESSURE_FAIL,
+        },
+        recommendation="requests wait for a slot: add replicas, raise "
+        "--max-num-seqs if the KV cache has room, or give the KV "
+        "cache more memory (--gpu-memory-utilization, "
+        "--kv-cache-dtype fp8) when it is full",
+        next_command=_WATCH,
+    )
 
 
 def queue_latency(ev: LiveEvidence) -> Verdict:
@@ -166,22 +215,36 @@ def queue_latency(ev: LiveEvidence) -> Verdict:
             return too_few(r, ev, count)
         e2e, _ = r.mean_of("e2e_latency")
         share = mean / e2e if e2e else None
-        numbers = {"queue_mean_s": mean, "requests": count, "e2e_mean_s": e2e,
-                   "queue_share_of_e2e": num(share, 4)}
-        said = (f"mean queue {ms(mean)} over {count:.0f} requests in {ev.window_s:.0f} s "
-                f"({pct(share)} of the mean e2e {ms(e2e)})")
-        return Part(r.name, _status(mean, QUEUE_LATENCY_WARN_FRAC * target, target), said,
-                    mean, numbers)
+        numbers = {
+            "queue_mean_s": mean,
+            "requests": count,
+            "e2e_mean_s": e2e,
+            "queue_share_of_e2e": num(share, 4),
+        }
+        said = (
+            f"mean queue {ms(mean)} over {count:.0f} requests in {ev.window_s:.0f} s "
+            f"({pct(share)} of the mean e2e {ms(e2e)})"
+        )
+        return Part(
+            r.name, _status(mean, QUEUE_LATENCY_WARN_FRAC * target, target), said, mean, numbers
+        )
 
-    return per_replica(ev, judge, thresholds={
-        "queue_mean_warn_s": QUEUE_LATENCY_WARN_FRAC * target, "queue_mean_fail_s": target,
-        "use_case": ev.use_case},
+    return per_replica(
+        ev,
+        judge,
+        thresholds={
+            "queue_mean_warn_s": QUEUE_LATENCY_WARN_FRAC * target,
+            "queue_mean_fail_s": target,
+            "use_case": ev.use_case,
+        },
         recommendation="time in the queue is capacity, not speed: more replicas, a higher "
-                       "--max-num-seqs when the KV cache has room, or less load per replica",
-        next_command=_WATCH)
+        "--max-num-seqs when the KV cache has room, or less load per replica",
+        next_command=_WATCH,
+    )
 
 
 # -- latency ----------------------------------------------------------------------------------
+
 
 def ttft_bottleneck(ev: LiveEvidence) -> Verdict:
     """vllm-doctor's TTFT bottleneck: mean TTFT over the window against the use case's target,
@@ -201,22 +264,38 @@ def ttft_bottleneck(ev: LiveEvidence) -> Verdict:
             parts["before the engine"] = max(mean - queue - prefill, 0.0)
         known = {k: v for k, v in parts.items() if v is not None}
         biggest = max(known.items(), key=lambda kv: kv[1]) if known else None
-        numbers = {"ttft_mean_s": mean, "requests": count, "queue_mean_s": queue,
-                   "prefill_mean_s": prefill, "largest_part": biggest[0] if biggest else None}
+        numbers = {
+            "ttft_mean_s": mean,
+            "requests": count,
+            "queue_mean_s": queue,
+            "prefill_mean_s": prefill,
+            "largest_part": biggest[0] if biggest else None,
+        }
         said = f"mean TTFT {ms(mean)} over {count:.0f} requests vs target {ms(target)}"
         if biggest:
             said += f"; largest part {biggest[0]} ({ms(biggest[1])})"
-        return Part(r.name, _status(mean, target * (1 + 1e-12), TTFT_FAIL_FACTOR * target),
-                    said, mean / target, numbers)
+        return Part(
+            r.name,
+            _status(mean, target * (1 + 1e-12), TTFT_FAIL_FACTOR * target),
+            said,
+            mean / target,
+            numbers,
+        )
 
-    return per_replica(ev, judge, thresholds={"ttft_target_s": target,
-                                              "fail_factor": TTFT_FAIL_FACTOR,
-                                              "use_case": ev.use_case},
-                       recommendation="shorten what dominates TTFT: queueing (capacity: more "
-                                      "replicas, less load each), prefill (prefix caching, "
-                                      "chunked prefill, shorter prompts, a faster GPU), or the "
-                                      "API server before the engine",
-                       next_command=_WATCH)
+    return per_replica(
+        ev,
+        judge,
+        thresholds={
+            "ttft_target_s": target,
+            "fail_factor": TTFT_FAIL_FACTOR,
+            "use_case": ev.use_case,
+        },
+        recommendation="shorten what dominates TTFT: queueing (capacity: more "
+        "replicas, less load each), prefill (prefix caching, "
+        "chunked prefill, shorter prompts, a faster GPU), or the "
+        "API server before the engine",
+        next_command=_WATCH,
+    )
 
 
 def _tpot(r: ReplicaWindow) -> tuple[float | None, str]:
@@ -230,8 +309,9 @@ def _tpot(r: ReplicaWindow) -> tuple[float | None, str]:
         return tpot, "request_time_per_output_token_seconds"
     decode, gen, done = r.delta("decode_time_sum"), r.delta("generation_tokens"), r.finished
     if decode is not None and gen is not None and done and gen - done > 0:
-        return decode / (gen - done), ("request_decode_time_seconds / (generated tokens − "
-                                       "requests)")
+        return decode / (gen - done), (
+            "request_decode_time_seconds / (generated tokens − requests)"
+        )
     return None, ""
 
 
@@ -246,55 +326,78 @@ def tpot_bottleneck(ev: LiveEvidence) -> Verdict:
             return too_few(r, ev, done)
         tpot, how = _tpot(r)
         if tpot is None:
-            return Part(r.name, "skipped", "no inter-token latency, TPOT or decode histogram "
-                                           "moved")
-        numbers = {"tpot_mean_s": tpot, "from": how, "requests": done,
-                   "tokens_per_s_per_request": num(1 / tpot if tpot > 0 else None, 2)}
-        said = (f"mean TPOT {ms(tpot, 2)} ({1 / tpot if tpot > 0 else 0:.1f} tokens/s per "
-                f"request) over {done:.0f} requests vs target {ms(target, 2)}")
-        return Part(r.name, _status(tpot, target * (1 + 1e-12), TPOT_FAIL_FACTOR * target), said,
-                    tpot / target, numbers)
+            return Part(r.name, "skipped", "no inter-token latency, TPOT or decode histogram moved")
+        numbers = {
+            "tpot_mean_s": tpot,
+            "from": how,
+            "requests": done,
+            "tokens_per_s_per_request": num(1 / tpot if tpot > 0 else None, 2),
+        }
+        said = (
+            f"mean TPOT {ms(tpot, 2)} ({1 / tpot if tpot > 0 else 0:.1f} tokens/s per "
+            f"request) over {done:.0f} requests vs target {ms(target, 2)}"
+        )
+        return Part(
+            r.name,
+            _status(tpot, target * (1 + 1e-12), TPOT_FAIL_FACTOR * target),
+            said,
+            tpot / target,
+            numbers,
+        )
 
-    return per_replica(ev, judge, thresholds={"tpot_target_s": target,
-                                              "fail_factor": TPOT_FAIL_FACTOR,
-                                              "use_case": ev.use_case},
-                       recommendation="decode is slow per token: a large batch (lower "
-                                      "--max-num-seqs), prefills squeezed into decode steps "
-                                      "(smaller --max-num-batched-tokens), or the model/GPU "
-                                      "itself (quantization, more tensor-parallel GPUs)",
-                       next_command="phaseprobe check --live --endpoint URL (with spans: "
-                                    "prefill_interference)")
+    return per_replica(
+        ev,
+        judge,
+        thresholds={
+            "tpot_target_s": target,
+            "fail_factor": TPOT_FAIL_FACTOR,
+            "use_case": ev.use_case,
+        },
+        recommendation="decode is slow per token: a large batch (lower "
+        "--max-num-seqs), prefills squeezed into decode steps "
+        "(smaller --max-num-batched-tokens), or the model/GPU "
+        "itself (quantization, more tensor-parallel GPUs)",
+        next_command="phaseprobe check --live --endpoint URL (with spans: prefill_interference)",
+    )
 
 
 # -- memory -----------------------------------------------------------------------------------
 
+
 def kv_cache_pressure(ev: LiveEvidence) -> Verdict:
     """vllm-doctor's KV-cache pressure: ``kv_cache_usage_perc`` (a fraction) over the window;
     near full, new requests wait and running ones get preempted."""
+
     def judge(r: ReplicaWindow) -> Part:
         mean, peak = r.gauge_mean.get("kv_cache_usage"), r.gauge_max.get("kv_cache_usage")
         if mean is None or peak is None:
             return Part(r.name, "skipped", "no kv_cache_usage_perc gauge")
-        numbers = {"kv_usage_mean": num(mean, 4), "kv_usage_max": num(peak, 4),
-                   "gauge_samples": r.samples}
+        numbers = {
+            "kv_usage_mean": num(mean, 4),
+            "kv_usage_max": num(peak, 4),
+            "gauge_samples": r.samples,
+        }
         said = f"KV cache {pct(mean)} used on average, peak {pct(peak)}"
-        status: Status = "fail" if mean >= KV_FAIL_MEAN else "warn" if peak >= KV_WARN \
-            else "pass"
+        status: Status = "fail" if mean >= KV_FAIL_MEAN else "warn" if peak >= KV_WARN else "pass"
         return Part(r.name, status, said, peak, numbers)
 
-    return per_replica(ev, judge, counters=False,
-                       thresholds={"kv_usage_max_warn": KV_WARN,
-                                   "kv_usage_mean_fail": KV_FAIL_MEAN},
-                       recommendation="the KV cache is (nearly) full: raise "
-                                      "--gpu-memory-utilization, use --kv-cache-dtype fp8, "
-                                      "shorten --max-model-len, lower --max-num-seqs, or add "
-                                      "GPUs/replicas",
-                       next_command="phaseprobe query kv_cache_usage preemption_rate --prom URL")
+    return per_replica(
+        ev,
+        judge,
+        counters=False,
+        thresholds={"kv_usage_max_warn": KV_WARN, "kv_usage_mean_fail": KV_FAIL_MEAN},
+        recommendation="the KV cache is (nearly) full: raise "
+        "--gpu-memory-utilization, use --kv-cache-dtype fp8, "
+        "shorten --max-model-len, lower --max-num-seqs, or add "
+        "GPUs/replicas",
+        next_command="phaseprobe query kv_cache_usage preemption_rate --prom URL",
+    )
 
 
 def preemption_pressure(ev: LiveEvidence) -> Verdict:
     """vllm-doctor's preemption pressure: ``num_preemptions`` increase per finished request.
     Any preemption is recomputed work; many mean the KV cache is too small for the load."""
+
     def judge(r: ReplicaWindow) -> Part:
         pre, done = r.delta("num_preemptions"), r.finished
         if pre is None:
@@ -302,54 +405,79 @@ def preemption_pressure(ev: LiveEvidence) -> Verdict:
         if pre <= 0 and (done is None or done < MIN_FINISHED):
             return too_few(r, ev, done)
         per = pre / done if done else None
-        numbers = {"preemptions": pre, "finished": done,
-                   "preemptions_per_request": num(per, 4)}
-        said = (f"{pre:.0f} preemptions for {done or 0:.0f} finished requests in "
-                f"{ev.window_s:.0f} s"
-                + (f" ({per:.3f} per request)" if per is not None else ""))
+        numbers = {"preemptions": pre, "finished": done, "preemptions_per_request": num(per, 4)}
+        said = (
+            f"{pre:.0f} preemptions for {done or 0:.0f} finished requests in "
+            f"{ev.window_s:.0f} s" + (f" ({per:.3f} per request)" if per is not None else "")
+        )
         few = done is None or done < MIN_FINISHED  # preemptions, but no rate to judge
-        status: Status = "pass" if pre <= 0 else \
-            "warn" if few or per is None or per < PREEMPT_FAIL_PER_REQUEST else "fail"
+        status: Status = (
+            "pass"
+            if pre <= 0
+            else "warn"
+            if few or per is None or per < PREEMPT_FAIL_PER_REQUEST
+            else "fail"
+        )
         return Part(r.name, status, said, per if per is not None else pre, numbers)
 
-    return per_replica(ev, judge, thresholds={
-        "preemptions_warn": "any", "preemptions_per_request_fail": PREEMPT_FAIL_PER_REQUEST},
+    return per_replica(
+        ev,
+        judge,
+        thresholds={
+            "preemptions_warn": "any",
+            "preemptions_per_request_fail": PREEMPT_FAIL_PER_REQUEST,
+        },
         recommendation="requests are evicted and recomputed: give the KV cache room "
-                       "(--gpu-memory-utilization, --kv-cache-dtype fp8) or admit fewer at "
-                       "once (--max-num-seqs, --max-num-batched-tokens)",
-        next_command="phaseprobe query kv_cache_usage preemption_rate --prom URL")
+        "(--gpu-memory-utilization, --kv-cache-dtype fp8) or admit fewer at "
+        "once (--max-num-seqs, --max-num-batched-tokens)",
+        next_command="phaseprobe query kv_cache_usage preemption_rate --prom URL",
+    )
 
 
 def prefix_cache_efficiency(ev: LiveEvidence) -> Verdict:
     """vllm-doctor's prefix-cache efficiency: hit rate of the prompt tokens looked up in the
     prefix cache over the window (Δhits / Δqueries). Low is only worth a look (prompts that
     share no prefix cannot hit), never a failure."""
+
     def judge(r: ReplicaWindow) -> Part:
         hits, queries = r.delta("prefix_cache_hits"), r.delta("prefix_cache_queries")
         if hits is None or queries is None:
-            return Part(r.name, "skipped", "no prefix-cache counters (prefix caching off, or "
-                                           "an older vLLM)")
+            return Part(
+                r.name, "skipped", "no prefix-cache counters (prefix caching off, or an older vLLM)"
+            )
         if queries < MIN_PREFIX_QUERY_TOKENS:
-            return Part(r.name, "skipped",
-                        f"{queries:.0f} prompt tokens looked up in {ev.window_s:.0f} s: too few "
-                        f"to judge (at least {MIN_PREFIX_QUERY_TOKENS})",
-                        numbers={"queried_tokens": queries})
+            return Part(
+                r.name,
+                "skipped",
+                f"{queries:.0f} prompt tokens looked up in {ev.window_s:.0f} s: too few "
+                f"to judge (at least {MIN_PREFIX_QUERY_TOKENS})",
+                numbers={"queried_tokens": queries},
+            )
         rate = hits / queries
         numbers = {"hit_rate": num(rate, 4), "hit_tokens": hits, "queried_tokens": queries}
-        said = (f"prefix-cache hit rate {pct(rate)} ({hits:.0f} of {queries:.0f} prompt tokens) "
-                f"in {ev.window_s:.0f} s")
+        said = (
+            f"prefix-cache hit rate {pct(rate)} ({hits:.0f} of {queries:.0f} prompt tokens) "
+            f"in {ev.window_s:.0f} s"
+        )
         return Part(r.name, "warn" if rate < PREFIX_HIT_LOW else "pass", said, -rate, numbers)
 
-    return per_replica(ev, judge, thresholds={"hit_rate_warn_below": PREFIX_HIT_LOW,
-                                              "min_queried_tokens": MIN_PREFIX_QUERY_TOKENS},
-                       recommendation="few prompt tokens come from the cache: if prompts share "
-                                      "a prefix (system prompt, chat history), put it first "
-                                      "and keep it byte-identical, and route a session to one "
-                                      "replica (consistent hashing); unique prompts cannot hit",
-                       next_command="phaseprobe prefix --endpoint URL")
+    return per_replica(
+        ev,
+        judge,
+        thresholds={
+            "hit_rate_warn_below": PREFIX_HIT_LOW,
+            "min_queried_tokens": MIN_PREFIX_QUERY_TOKENS,
+        },
+        recommendation="few prompt tokens come from the cache: if prompts share "
+        "a prefix (system prompt, chat history), put it first "
+        "and keep it byte-identical, and route a session to one "
+        "replica (consistent hashing); unique prompts cannot hit",
+        next_command="phaseprobe prefix --endpoint URL",
+    )
 
 
 # -- throughput and errors --------------------------------------------------------------------
+
 
 def low_throughput(ev: LiveEvidence) -> Verdict:
     """vllm-doctor's low throughput: generated tokens per second over the window for the
@@ -365,57 +493,93 @@ def low_throughput(ev: LiveEvidence) -> Verdict:
             return Part(r.name, "skipped", "no generation_tokens counter or running gauge")
         rate = gen / ev.window_s if ev.window_s > 0 else 0.0
         prompt = r.delta("prompt_tokens")
-        numbers = {"generation_tokens_per_s": num(rate, 3), "running_mean": num(running, 3),
-                   "prompt_tokens_per_s": num(prompt / ev.window_s if prompt is not None
-                                              and ev.window_s > 0 else None, 3)}
+        numbers = {
+            "generation_tokens_per_s": num(rate, 3),
+            "running_mean": num(running, 3),
+            "prompt_tokens_per_s": num(
+                prompt / ev.window_s if prompt is not None and ev.window_s > 0 else None, 3
+            ),
+        }
         if running < IDLE_RUNNING:
-            return Part(r.name, "skipped",
-                        f"{running:.2f} requests running on average over {ev.window_s:.0f} s "
-                        f"({rate:.1f} tokens/s): too idle to judge throughput", numbers=numbers)
+            return Part(
+                r.name,
+                "skipped",
+                f"{running:.2f} requests running on average over {ev.window_s:.0f} s "
+                f"({rate:.1f} tokens/s): too idle to judge throughput",
+                numbers=numbers,
+            )
         per = rate / running
         numbers["tokens_per_s_per_running"] = num(per, 3)
-        said = (f"{rate:.1f} generated tokens/s with {running:.1f} requests running on average "
-                f"= {per:.1f} tokens/s each (a {ms(target, 2)} TPOT target is "
-                f"{expected:.1f})")
-        status: Status = "fail" if per < THROUGHPUT_FAIL_FRAC * expected else \
-            "warn" if per < expected else "pass"
+        said = (
+            f"{rate:.1f} generated tokens/s with {running:.1f} requests running on average "
+            f"= {per:.1f} tokens/s each (a {ms(target, 2)} TPOT target is "
+            f"{expected:.1f})"
+        )
+        status: Status = (
+            "fail"
+            if per < THROUGHPUT_FAIL_FRAC * expected
+            else "warn"
+            if per < expected
+            else "pass"
+        )
         return Part(r.name, status, said, -per, numbers)
 
-    return per_replica(ev, judge, thresholds={
-        "tokens_per_s_per_running_warn_below": num(expected, 3),
-        "tokens_per_s_per_running_fail_below": num(THROUGHPUT_FAIL_FRAC * expected, 3),
-        "idle_below_running": IDLE_RUNNING},
+    return per_replica(
+        ev,
+        judge,
+        thresholds={
+            "tokens_per_s_per_running_warn_below": num(expected, 3),
+            "tokens_per_s_per_running_fail_below": num(THROUGHPUT_FAIL_FRAC * expected, 3),
+            "idle_below_running": IDLE_RUNNING,
+        },
         recommendation="running requests get few tokens: look for prefills crowding decode "
-                       "steps, preemptions, an overloaded API server CPU, or a batch too "
-                       "large for the GPU",
-        next_command=_WATCH)
+        "steps, preemptions, an overloaded API server CPU, or a batch too "
+        "large for the GPU",
+        next_command=_WATCH,
+    )
 
 
 def error_rate(ev: LiveEvidence) -> Verdict:
     """vllm-doctor's error rate: requests that finished with ``finished_reason`` "error" or
     "abort" over all finished in the window (``request_success_total`` deltas by reason). An
     abort is also a client that hung up, so a warning names both counts."""
+
     def judge(r: ReplicaWindow) -> Part:
         done = r.delta("finished")
-        reasons = {k.removeprefix("finished_"): v for k, v in r.deltas.items()
-                   if k.startswith("finished_")} if r.verified else {}
+        reasons = (
+            {
+                k.removeprefix("finished_"): v
+                for k, v in r.deltas.items()
+                if k.startswith("finished_")
+            }
+            if r.verified
+            else {}
+        )
         if done is None or not reasons:
             return Part(r.name, "skipped", "no request_success counter by finished_reason")
         if done < MIN_FINISHED:
             return too_few(r, ev, done)
         err, abort = reasons.get("error", 0.0), reasons.get("abort", 0.0)
         frac = (err + abort) / done
-        numbers = {"finished": done, "error": err, "abort": abort,
-                   "by_reason": dict(reasons), "error_or_abort_frac": num(frac, 4)}
-        said = (f"{err:.0f} errors and {abort:.0f} aborts of {done:.0f} finished requests "
-                f"({pct(frac)})")
+        numbers = {
+            "finished": done,
+            "error": err,
+            "abort": abort,
+            "by_reason": dict(reasons),
+            "error_or_abort_frac": num(frac, 4),
+        }
+        said = (
+            f"{err:.0f} errors and {abort:.0f} aborts of {done:.0f} finished requests ({pct(frac)})"
+        )
         return Part(r.name, _status(frac, ERROR_WARN, ERROR_FAIL), said, frac, numbers)
 
-    return per_replica(ev, judge, thresholds={"error_frac_warn": ERROR_WARN,
-                                              "error_frac_fail": ERROR_FAIL},
-                       recommendation="requests end in error or are aborted: read the vLLM "
-                                      "log for the errors; aborts are clients that gave up "
-                                      "(timeouts: see the queue and TTFT rules) or requests "
-                                      "over --max-model-len",
-                       next_command="phaseprobe query request_success_by_reason --prom URL")
-
+    return per_replica(
+        ev,
+        judge,
+        thresholds={"error_frac_warn": ERROR_WARN, "error_frac_fail": ERROR_FAIL},
+        recommendation="requests end in error or are aborted: read the vLLM "
+        "log for the errors; aborts are clients that gave up "
+        "(timeouts: see the queue and TTFT rules) or requests "
+        "over --max-model-len",
+        next_command="phaseprobe query request_success_by_reason --prom URL",
+    )

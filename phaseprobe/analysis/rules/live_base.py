@@ -51,34 +51,64 @@ from phaseprobe.analysis.router_window import RouterWindow
 from phaseprobe.analysis.rules.base import USE_CASE_TTFT_S
 from phaseprobe.records import RequestSpan
 
-__all__ = ["ReplicaWindow", "LiveEvidence", "USE_CASE_TPOT_S", "MIN_FINISHED",
-           "DELTA_HISTOGRAMS", "DELTA_COUNTERS", "GAUGES", "NIXL_COUNTERS", "NIXL_HISTOGRAMS",
-           "BUCKET_HISTOGRAMS", "WAITING_REASONS"]
+__all__ = [
+    "ReplicaWindow",
+    "LiveEvidence",
+    "USE_CASE_TPOT_S",
+    "MIN_FINISHED",
+    "DELTA_HISTOGRAMS",
+    "DELTA_COUNTERS",
+    "GAUGES",
+    "NIXL_COUNTERS",
+    "NIXL_HISTOGRAMS",
+    "BUCKET_HISTOGRAMS",
+    "WAITING_REASONS",
+]
 
 # Time per output token a user of each use case reads as fluent (mean over the window): the
 # TPOT bottleneck rule's default target, overridden with --tpot-target. Voice must keep ahead
 # of speech with room for synthesis; code completion is read as it streams and wants speed;
 # chat at reading speed (~10 tokens/s); batch only cares about the whole.
-USE_CASE_TPOT_S: dict[str, float] = {"voice": 0.050, "code": 0.030, "chat": 0.100,
-                                     "batch": 0.250}
+USE_CASE_TPOT_S: dict[str, float] = {"voice": 0.050, "code": 0.030, "chat": 0.100, "batch": 0.250}
 
 # Fewer finished requests than this in the window: rates and means are not judged.
 MIN_FINISHED = 5
 
-DELTA_HISTOGRAMS = ("queue_time", "prefill_time", "decode_time", "ttft", "e2e_latency", "itl",
-                    "request_tpot")
-DELTA_COUNTERS = ("generation_tokens", "prompt_tokens", "num_preemptions", "prefix_cache_hits",
-                  "prefix_cache_queries", "external_prefix_cache_queries")
+DELTA_HISTOGRAMS = (
+    "queue_time",
+    "prefill_time",
+    "decode_time",
+    "ttft",
+    "e2e_latency",
+    "itl",
+    "request_tpot",
+)
+DELTA_COUNTERS = (
+    "generation_tokens",
+    "prompt_tokens",
+    "num_preemptions",
+    "prefix_cache_hits",
+    "prefix_cache_queries",
+    "external_prefix_cache_queries",
+)
 GAUGES = ("requests_running", "requests_waiting", "kv_cache_usage")
 # window key -> the query catalog's name (sources/query_catalog.CATALOG_ONLY): the NIXL
 # connector's pooled series, absent from any other deployment (never read as 0 there)
-NIXL_COUNTERS = {"nixl_failed_transfers": "nixl_num_failed_transfers",
-                 "nixl_failed_notifications": "nixl_num_failed_notifications",
-                 "nixl_kv_expired": "nixl_num_kv_expired_reqs"}
+NIXL_COUNTERS = {
+    "nixl_failed_transfers": "nixl_num_failed_transfers",
+    "nixl_failed_notifications": "nixl_num_failed_notifications",
+    "nixl_kv_expired": "nixl_num_kv_expired_reqs",
+}
 NIXL_HISTOGRAMS = {"nixl_xfer_time": "nixl_xfer_time"}
-BUCKET_HISTOGRAMS = ("queue_time", "prefill_time", "nixl_xfer_time",
-                     # KV residency (--kv-cache-metrics): rules/kv_residency.py
-                     "kv_block_lifetime", "kv_block_idle_before_evict", "kv_block_reuse_gap")
+BUCKET_HISTOGRAMS = (
+    "queue_time",
+    "prefill_time",
+    "nixl_xfer_time",
+    # KV residency (--kv-cache-metrics): rules/kv_residency.py
+    "kv_block_lifetime",
+    "kv_block_idle_before_evict",
+    "kv_block_reuse_gap",
+)
 # num_requests_waiting_by_reason's reasons (vLLM 0.32) -> gauge keys
 WAITING_REASONS = {"capacity": "waiting_capacity", "deferred": "waiting_deferred"}
 
@@ -142,13 +172,15 @@ class LiveEvidence:
 
     @property
     def ttft_target(self) -> float:
-        return self.ttft_target_s if self.ttft_target_s is not None \
-            else USE_CASE_TTFT_S[self.use_case]
+        return (
+            self.ttft_target_s if self.ttft_target_s is not None else USE_CASE_TTFT_S[self.use_case]
+        )
 
     @property
     def tpot_target(self) -> float:
-        return self.tpot_target_s if self.tpot_target_s is not None \
-            else USE_CASE_TPOT_S[self.use_case]
+        return (
+            self.tpot_target_s if self.tpot_target_s is not None else USE_CASE_TPOT_S[self.use_case]
+        )
 
     @property
     def measured(self) -> list[ReplicaWindow]:

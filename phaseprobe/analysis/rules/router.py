@@ -23,8 +23,11 @@ def router_health(ev: LiveEvidence) -> Verdict:
     router sent them (clients that bypass it), each with the router's numbers."""
     rw = ev.router
     if rw is None:
-        return Verdict("skipped", "skipped: needs --router-metrics URL (vllm-router's own "
-                                  "metrics page, its --prometheus-port)")
+        return Verdict(
+            "skipped",
+            "skipped: needs --router-metrics URL (vllm-router's own "
+            "metrics page, its --prometheus-port)",
+        )
     if rw.unverifiable:
         return Verdict("skipped", f"skipped: {rw.unverifiable}")
     routed = rw.totals.get("requests")
@@ -43,18 +46,22 @@ def router_health(ev: LiveEvidence) -> Verdict:
     if unhealthy or rw.breaker_open or failed:
         status = "fail"
     if unhealthy:
-        problems.append(f"the router marks {', '.join(unhealthy)} unhealthy "
-                        "(vllm_router_worker_health 0)")
+        problems.append(
+            f"the router marks {', '.join(unhealthy)} unhealthy (vllm_router_worker_health 0)"
+        )
     if rw.breaker_open:
         problems.append(f"its circuit breaker is open for {', '.join(rw.breaker_open)}")
     if failed:
-        problems.append(f"{failed:.0f} request(s) failed at the router (errors or retries "
-                        "exhausted)")
+        problems.append(
+            f"{failed:.0f} request(s) failed at the router (errors or retries exhausted)"
+        )
     if retries:
         frac = retries / routed if routed else None
-        problems.append(f"it retried {retries:.0f} request(s)"
-                        + (f" of {routed:.0f} ({pct(frac)})" if frac is not None else "")
-                        + ": a worker failed them and the clients never saw it")
+        problems.append(
+            f"it retried {retries:.0f} request(s)"
+            + (f" of {routed:.0f} ({pct(frac)})" if frac is not None else "")
+            + ": a worker failed them and the clients never saw it"
+        )
         if status == "pass":
             status = "fail" if frac is not None and frac >= RETRY_FAIL else "warn"
     if bypass:
@@ -63,18 +70,27 @@ def router_health(ev: LiveEvidence) -> Verdict:
     said = f"router sent {split or 'no requests'}"
     if routed is not None:
         said = f"router: {routed:.0f} request(s) in {ev.window_s:.0f} s; sent {split or 'none'}"
-    summary = said + ("; " + "; ".join(problems) if problems else
-                      "; no retries or errors, every worker healthy")
-    return Verdict(status, summary,  # type: ignore[arg-type]
-                   numbers={"routed": routed, "by_worker": dict(rw.processed),
-                            "retries": retries, "failed": failed, "unhealthy": unhealthy,
-                            "breaker_open": list(rw.breaker_open),
-                            "retry_frac": num(retries / routed, 4) if routed else None,
-                            "bypass": bypass},
-                   thresholds={"retry_frac_fail": RETRY_FAIL, "bypass_min": BYPASS_MIN},
-                   recommendation="an unhealthy worker or open breaker: read that replica's "
-                                  "log and /health; retries hide a failing replica from "
-                                  "clients (vllm_router_retries_total); traffic that bypasses "
-                                  "the router skews its policy's view of load",
-                   next_command="phaseprobe check --live --endpoint ROUTER --replica NAME=URL "
-                                "… --router-metrics URL")
+    summary = said + (
+        "; " + "; ".join(problems) if problems else "; no retries or errors, every worker healthy"
+    )
+    return Verdict(
+        status,  # type: ignore[arg-type]
+        summary,
+        numbers={
+            "routed": routed,
+            "by_worker": dict(rw.processed),
+            "retries": retries,
+            "failed": failed,
+            "unhealthy": unhealthy,
+            "breaker_open": list(rw.breaker_open),
+            "retry_frac": num(retries / routed, 4) if routed else None,
+            "bypass": bypass,
+        },
+        thresholds={"retry_frac_fail": RETRY_FAIL, "bypass_min": BYPASS_MIN},
+        recommendation="an unhealthy worker or open breaker: read that replica's "
+        "log and /health; retries hide a failing replica from "
+        "clients (vllm_router_retries_total); traffic that bypasses "
+        "the router skews its policy's view of load",
+        next_command="phaseprobe check --live --endpoint ROUTER --replica NAME=URL "
+        "… --router-metrics URL",
+    )

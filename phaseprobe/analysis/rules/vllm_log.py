@@ -22,18 +22,26 @@ _NUM = r"([0-9][0-9,]*(?:\.[0-9]+)?)"
 
 # Startup budget lines, newest wording first. Group 1 is always the figure that line gives.
 _KV_GIB = (
-    re.compile(r"Available KV cache memory:\s*" + _NUM + r"\s*GiB"),               # V1 GPU
-    re.compile(r"reserved for KV Cache is\s*" + _NUM + r"\s*GiB"),                  # V0 GPU
+    re.compile(r"Available KV cache memory:\s*" + _NUM + r"\s*GiB"),  # V1 GPU
+    re.compile(r"reserved for KV Cache is\s*" + _NUM + r"\s*GiB"),  # V0 GPU
 )
 # V1 CPU: "Explicitly set (0.25/10.84) GiB for KV cache" — what it took / what the node has.
 _CPU_SET = re.compile(r"Explicitly set \(" + _NUM + r"/" + _NUM + r"\)\s*GiB for KV cache")
 _KV_BYTES_ARG = re.compile(r"'kv_cache_memory_bytes':\s*([0-9]+)")
 _KV_TOKENS = re.compile(r"(?:GPU|CPU|XPU|TPU) KV cache size:\s*" + _NUM + r"\s*tokens")
-_CONCURRENCY = re.compile(r"Maximum concurrency for\s*" + _NUM + r"\s*tokens per request:\s*"
-                          + _NUM + r"x")
+_CONCURRENCY = re.compile(
+    r"Maximum concurrency for\s*" + _NUM + r"\s*tokens per request:\s*" + _NUM + r"x"
+)
 _BLOCKS = re.compile(r"#\s*(?:GPU|cuda|gpu) blocks:\s*" + _NUM)
-_BUDGET = re.compile(r"total_gpu_memory \(" + _NUM + r"\s*GiB\) x gpu_memory_utilization \("
-                     + _NUM + r"\) = " + _NUM + r"\s*GiB")
+_BUDGET = re.compile(
+    r"total_gpu_memory \("
+    + _NUM
+    + r"\s*GiB\) x gpu_memory_utilization \("
+    + _NUM
+    + r"\) = "
+    + _NUM
+    + r"\s*GiB"
+)
 _WEIGHTS = re.compile(r"model weights take\s*" + _NUM + r"\s*GiB")
 _TP = re.compile(r"tensor_parallel_size[=:]\s*'?([0-9]+)")
 _PREFIX = re.compile(r"enable_prefix_caching[=:]\s*'?(True|False)")
@@ -102,14 +110,16 @@ class LogFacts:
 
     @property
     def kv_mb_per_transfer(self) -> float | None:
-        return self.kv_mb_sum / self.kv_transfers if self.kv_transfers and self.kv_mb_known \
-            else None
+        return (
+            self.kv_mb_sum / self.kv_transfers if self.kv_transfers and self.kv_mb_known else None
+        )
 
     @property
     def preallocated(self) -> bool:
         """The log shows the KV cache sized at startup (a budget, tokens or blocks)."""
-        return any(v is not None for v in (self.kv_cache_bytes, self.kv_cache_tokens,
-                                           self.num_gpu_blocks))
+        return any(
+            v is not None for v in (self.kv_cache_bytes, self.kv_cache_tokens, self.num_gpu_blocks)
+        )
 
 
 def parse_log(text: str, max_quoted: int = 8) -> LogFacts:
@@ -178,8 +188,7 @@ def _kv_transfer_line(facts: LogFacts, n: int, line: str, max_quoted: int) -> No
         facts.kv_expired_reqs = (facts.kv_expired_reqs or 0) + int(expired)
 
 
-def _budget_line(facts: LogFacts, n: int, line: str, quote: Callable[[int, str], None]
-                 ) -> None:
+def _budget_line(facts: LogFacts, n: int, line: str, quote: Callable[[int, str], None]) -> None:
     said = False
     if (m := _CPU_SET.search(line)) is not None:
         facts.kv_cache_bytes = _f(m.group(1)) * _GIB

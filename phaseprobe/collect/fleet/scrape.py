@@ -31,8 +31,9 @@ class FleetSnapshot:
 
     def pairs(self, after: FleetSnapshot) -> dict[str, ReplicaPair]:
         """(before, after) per replica present in both scrapes."""
-        return {n: (s, after.by_replica[n]) for n, s in self.by_replica.items()
-                if n in after.by_replica}
+        return {
+            n: (s, after.by_replica[n]) for n, s in self.by_replica.items() if n in after.by_replica
+        }
 
 
 @dataclass
@@ -47,8 +48,10 @@ class FleetScraper:
     lost: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self._scrapers = {r.name: MetricsScraper(r.url, session=self.session,
-                                                 headers=self.headers) for r in self.replicas}
+        self._scrapers = {
+            r.name: MetricsScraper(r.url, session=self.session, headers=self.headers)
+            for r in self.replicas
+        }
         self.urls = {r.name: r.url for r in self.replicas}
 
     @property
@@ -62,16 +65,21 @@ class FleetScraper:
             try:
                 out[name] = scraper.scrape()
             except MetricsUnavailable as exc:
-                self.notes.append(f"replica {name}: {exc}; later runs are measured without "
-                                  "its counters")
+                self.notes.append(
+                    f"replica {name}: {exc}; later runs are measured without its counters"
+                )
                 self.lost[name] = str(exc)
                 del self._scrapers[name]
         return FleetSnapshot(out) if out else None
 
     @staticmethod
-    def serving(before: FleetSnapshot, after: FleetSnapshot, model: str | None,
-                prompt_tokens: int | None, completion_tokens: int | None
-                ) -> tuple[str | None, str]:
+    def serving(
+        before: FleetSnapshot,
+        after: FleetSnapshot,
+        model: str | None,
+        prompt_tokens: int | None,
+        completion_tokens: int | None,
+    ) -> tuple[str | None, str]:
         """The replica that served a run between the two scrapes, and how that was decided
         (:func:`~phaseprobe.analysis.replica_match.serving_replica`)."""
         return serving_replica(before.pairs(after), model, prompt_tokens, completion_tokens)
@@ -85,8 +93,13 @@ class RouterPage:
     or is not a router's, leaves ``error`` saying so, never an exception: what is measured
     does not depend on it. Used by ``probe`` and ``check --live``."""
 
-    def __init__(self, url: str, session: requests.Session, names: dict[str, str],
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        session: requests.Session,
+        names: dict[str, str],
+        headers: dict[str, str] | None = None,
+    ) -> None:
         base = url.rstrip("/").removesuffix("/metrics")
         self.scraper = MetricsScraper(base, session=session, headers=headers)
         self.names = names  # replica URL -> name
@@ -123,7 +136,9 @@ class RouterPage:
         if last is None:
             return None
         if not any(n.startswith(ROUTER_PREFIX) for n in last.samples):
-            self.error = (f"{self.shown_url} has no vllm_router_* series: is it the router's "
-                          "--prometheus-port?")
+            self.error = (
+                f"{self.shown_url} has no vllm_router_* series: is it the router's "
+                "--prometheus-port?"
+            )
             return None
         return router_window(self.first, last, self.names)

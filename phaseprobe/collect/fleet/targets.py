@@ -25,8 +25,18 @@ from phaseprobe.errors import ConfigError, EndpointUnreachable
 from phaseprobe.redact import redact_url, redact_urls_in
 from phaseprobe.sources.vllm.openai_stream import check_endpoint, normalize_base_url, small_json
 
-__all__ = ["ReplicaTarget", "CheckedFleet", "parse_replica", "parse_replicas", "check_fleet",
-           "is_router", "router_workers", "default_name", "discover_replicas", "MAX_WORKERS"]
+__all__ = [
+    "ReplicaTarget",
+    "CheckedFleet",
+    "parse_replica",
+    "parse_replicas",
+    "check_fleet",
+    "is_router",
+    "router_workers",
+    "default_name",
+    "discover_replicas",
+    "MAX_WORKERS",
+]
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
 
@@ -66,8 +76,10 @@ def parse_replica(text: str) -> ReplicaTarget:
     if not name:
         name = default_name(url)
     if not _NAME.fullmatch(name):
-        raise ConfigError(f"--replica {redact_urls_in(text)!r}: the name {name!r} must be letters, "
-                          "digits, '.', '_', ':' or '-' (at most 64), e.g. r1=http://10.0.0.5:8000")
+        raise ConfigError(
+            f"--replica {redact_urls_in(text)!r}: the name {name!r} must be letters, "
+            "digits, '.', '_', ':' or '-' (at most 64), e.g. r1=http://10.0.0.5:8000"
+        )
     return ReplicaTarget(name, url)
 
 
@@ -94,8 +106,10 @@ class CheckedFleet:
 
     def notes(self) -> list[str]:
         """One note per replica that is down (the others are measured)."""
-        return [f"replica {name} is down ({why}): measured without it"
-                for name, why in self.down.items()]
+        return [
+            f"replica {name} is down ({why}): measured without it"
+            for name, why in self.down.items()
+        ]
 
 
 def _worker_urls(doc: object) -> list[str] | None:
@@ -105,18 +119,21 @@ def _worker_urls(doc: object) -> list[str] | None:
     items = doc.get("urls", doc.get("workers")) if isinstance(doc, dict) else doc
     if not isinstance(items, list):
         return None
-    urls = [i if isinstance(i, str) else i.get("url") if isinstance(i, dict) else None
-            for i in items]
+    urls = [
+        i if isinstance(i, str) else i.get("url") if isinstance(i, dict) else None for i in items
+    ]
     return [u for u in urls if isinstance(u, str) and u]
 
 
-def router_workers(url: str, session: requests.Session,
-                   headers: dict[str, str]) -> list[str] | None:
+def router_workers(
+    url: str, session: requests.Session, headers: dict[str, str]
+) -> list[str] | None:
     """The worker URLs a router at ``url`` forwards to (its ``/list_workers``); None when
     ``url`` does not answer like a router (a vLLM answers 404 there). A router answering JSON
     of another shape there still is one: an empty list then."""
-    doc = small_json(session, "GET", url.rstrip("/") + "/list_workers", headers=headers,
-                     timeout_s=5)
+    doc = small_json(
+        session, "GET", url.rstrip("/") + "/list_workers", headers=headers, timeout_s=5
+    )
     if doc is None:
         return None
     urls = _worker_urls(doc)
@@ -145,11 +162,15 @@ def discover_replicas(urls: Sequence[str]) -> tuple[tuple[ReplicaTarget, ...], l
         found.append(ReplicaTarget(default_name(base), base))
     notes = []
     if bad:
-        notes.append(f"the router's worker list holds {len(bad)} URL(s) phaseprobe cannot read "
-                     f"({', '.join(bad[:3])}): left out")
+        notes.append(
+            f"the router's worker list holds {len(bad)} URL(s) phaseprobe cannot read "
+            f"({', '.join(bad[:3])}): left out"
+        )
     if len(found) > MAX_WORKERS:
-        notes.append(f"the router lists {len(found)} workers: the first {MAX_WORKERS} are "
-                     "read; name the ones to measure with --replica")
+        notes.append(
+            f"the router lists {len(found)} workers: the first {MAX_WORKERS} are "
+            "read; name the ones to measure with --replica"
+        )
         found = found[:MAX_WORKERS]
     return tuple(found), notes
 
@@ -158,24 +179,30 @@ def _model_ids(models: list[dict[str, Any]]) -> list[str]:
     return sorted(str(m.get("id")) for m in models)
 
 
-def check_fleet(endpoint: str, replicas: Sequence[ReplicaTarget], *,
-                headers: dict[str, str], timeout_s: float = 10.0,
-                model: str | None = None) -> CheckedFleet:
+def check_fleet(
+    endpoint: str,
+    replicas: Sequence[ReplicaTarget],
+    *,
+    headers: dict[str, str],
+    timeout_s: float = 10.0,
+    model: str | None = None,
+) -> CheckedFleet:
     """Check every replica before any run (see the module docstring). Raises ConfigError for a
     replica that is the endpoint/router itself or for replicas that serve different models,
     and EndpointUnreachable when none answers."""
     for r in replicas:
         if r.url == endpoint:
-            raise ConfigError(f"--replica {r.name}={r.shown_url} is the endpoint itself (the "
-                              "router): give each replica's own URL, which the router forwards "
-                              "to (vllm-router --worker-urls …)")
+            raise ConfigError(
+                f"--replica {r.name}={r.shown_url} is the endpoint itself (the "
+                "router): give each replica's own URL, which the router forwards "
+                "to (vllm-router --worker-urls …)"
+            )
 
     def probe(r: ReplicaTarget) -> tuple[list[dict[str, Any]] | None, str | None, bool]:
         # one session per thread (a requests.Session is not thread-safe), closed after
         with requests.Session() as own:
             try:
-                models = check_endpoint(r.url, session=own, headers=headers,
-                                        timeout_s=timeout_s)
+                models = check_endpoint(r.url, session=own, headers=headers, timeout_s=timeout_s)
             except EndpointUnreachable as exc:
                 return None, exc.reason, False
             return models, None, is_router(r.url, own, headers)
@@ -189,25 +216,32 @@ def check_fleet(endpoint: str, replicas: Sequence[ReplicaTarget], *,
             fleet.down[r.name] = down or "no answer"
             continue
         if router:
-            raise ConfigError(f"--replica {r.name}={r.shown_url} answers like a vllm-router "
-                              "(it serves /list_workers), not a vLLM replica: give the URLs of "
-                              "the replicas behind it")
+            raise ConfigError(
+                f"--replica {r.name}={r.shown_url} answers like a vllm-router "
+                "(it serves /list_workers), not a vLLM replica: give the URLs of "
+                "the replicas behind it"
+            )
         fleet.up.append(r)
         fleet.models[r.name] = _model_ids(models)
     if not fleet.up:
-        raise EndpointUnreachable(", ".join(r.shown_url for r in replicas),
-                                  "no --replica answers: " + "; ".join(
-                                      f"{n}: {w}" for n, w in fleet.down.items()))
+        raise EndpointUnreachable(
+            ", ".join(r.shown_url for r in replicas),
+            "no --replica answers: " + "; ".join(f"{n}: {w}" for n, w in fleet.down.items()),
+        )
     served = {name: ids for name, ids in fleet.models.items()}
     if model is not None:
         without = [n for n, ids in served.items() if model not in ids]
         if without:
-            raise ConfigError(f"replicas serve different models: {', '.join(without)} "
-                              f"do(es) not serve {model!r} ("
-                              + "; ".join(f"{n}: {', '.join(served[n])}" for n in without)
-                              + "): phases of different models are not compared")
+            raise ConfigError(
+                f"replicas serve different models: {', '.join(without)} "
+                f"do(es) not serve {model!r} ("
+                + "; ".join(f"{n}: {', '.join(served[n])}" for n in without)
+                + "): phases of different models are not compared"
+            )
     elif len({tuple(ids) for ids in served.values()}) > 1:
-        raise ConfigError("replicas serve different models ("
-                          + "; ".join(f"{n}: {', '.join(ids)}" for n, ids in served.items())
-                          + "): phases of different models are not compared")
+        raise ConfigError(
+            "replicas serve different models ("
+            + "; ".join(f"{n}: {', '.join(ids)}" for n, ids in served.items())
+            + "): phases of different models are not compared"
+        )
     return fleet

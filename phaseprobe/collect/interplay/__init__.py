@@ -36,7 +36,20 @@ from phaseprobe.collect.interplay.interfere import (
 )
 from phaseprobe.collect.interplay.prefix import PrefixResult, run_prefix
 
-__all__ = ["Target", "PrefixResult", "run_prefix", "BatchResult", "run_batch",
-           "InterfereResult", "InterfereSettings", "InterfereSession", "Trigger",
-           "run_interfere", "InterfereArm", "ArmsResult", "run_interfere_arms",
-           "interfere_playbook", "playbook_settings"]
+__all__ = [
+    "Target",
+    "PrefixResult",
+    "run_prefix",
+    "BatchResult",
+    "run_batch",
+    "InterfereResult",
+    "InterfereSettings",
+    "InterfereSession",
+    "Trigger",
+    "run_interfere",
+    "InterfereArm",
+    "ArmsResult",
+    "run_interfere_arms",
+    "interfere_playbook",
+    "playbook_settings",
+]

@@ -32,8 +32,13 @@ from phaseprobe.collect.interplay.interfere import (
 from phaseprobe.collect.playbook import Playbook, redacted_arm
 from phaseprobe.store import Store
 
-__all__ = ["InterfereArm", "ArmsResult", "run_interfere_arms", "interfere_playbook",
-           "playbook_settings"]
+__all__ = [
+    "InterfereArm",
+    "ArmsResult",
+    "run_interfere_arms",
+    "interfere_playbook",
+    "playbook_settings",
+]
 
 
 @dataclass(frozen=True)
@@ -55,16 +60,28 @@ class ArmsResult:
         return [r for res in self.arms.values() for r in res.runs]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"playbook": self.playbook, "notes": self.notes, "comparison": self.comparison,
-                "arms": {name: {"server": res.server_info, **res.to_dict()}
-                         for name, res in self.arms.items()}}
+        return {
+            "playbook": self.playbook,
+            "notes": self.notes,
+            "comparison": self.comparison,
+            "arms": {
+                name: {"server": res.server_info, **res.to_dict()}
+                for name, res in self.arms.items()
+            },
+        }
 
 
-def run_interfere_arms(arms: Sequence[InterfereArm], store: Store,
-                       settings: InterfereSettings, *, name: str = "interfere",
-                       pause_s: float = 0.0, min_effect: float = 0.05,
-                       progress: Progress | None = None,
-                       sleep: Callable[[float], None] = time.sleep) -> ArmsResult:
+def run_interfere_arms(
+    arms: Sequence[InterfereArm],
+    store: Store,
+    settings: InterfereSettings,
+    *,
+    name: str = "interfere",
+    pause_s: float = 0.0,
+    min_effect: float = 0.05,
+    progress: Progress | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> ArmsResult:
     """The interfere experiment on every arm, steps interleaved; arm B compared to arm A."""
     if len(arms) != 2 or arms[0].name == arms[1].name:
         raise ValueError("two arms with different names are needed")
@@ -74,12 +91,21 @@ def run_interfere_arms(arms: Sequence[InterfereArm], store: Store,
     sessions: list[InterfereSession] = []
     try:
         for arm in arms:
-            sessions.append(InterfereSession(
-                arm.target, store, settings, name=f"{name}:{arm.name}",
-                labels={"interfere_arm": arm.name, "interfere_arms": names,
-                        "interfere_group": group},
-                arm={"arm": arm.name, "group": group, **arm.info},
-                require_model=True))
+            sessions.append(
+                InterfereSession(
+                    arm.target,
+                    store,
+                    settings,
+                    name=f"{name}:{arm.name}",
+                    labels={
+                        "interfere_arm": arm.name,
+                        "interfere_arms": names,
+                        "interfere_group": group,
+                    },
+                    arm={"arm": arm.name, "group": group, **arm.info},
+                    require_model=True,
+                )
+            )
         for s in sessions:
             s.warm_up()
 
@@ -96,14 +122,19 @@ def run_interfere_arms(arms: Sequence[InterfereArm], store: Store,
                 if pause_s:
                     sleep(pause_s)
                 s.pair(i)
-            say(f"interfere pair {i + 1}/{settings.reps}: " + ", ".join(
-                f"{arm.name} A max ITL {fmt_ms(s.stalls[-1].max_itl_s)}"
-                for arm, s in zip(arms, sessions)))
+            say(
+                f"interfere pair {i + 1}/{settings.reps}: "
+                + ", ".join(
+                    f"{arm.name} A max ITL {fmt_ms(s.stalls[-1].max_itl_s)}"
+                    for arm, s in zip(arms, sessions)
+                )
+            )
     finally:
         results = {arm.name: s.finish() for arm, s in zip(arms, sessions)}
     name_a, name_b = arms[0].name, arms[1].name
-    comparison = compare_arms(name_a, results[name_a].stalls, name_b, results[name_b].stalls,
-                              min_effect=min_effect)
+    comparison = compare_arms(
+        name_a, results[name_a].stalls, name_b, results[name_b].stalls, min_effect=min_effect
+    )
     return ArmsResult(results, comparison)
 
 
@@ -112,15 +143,26 @@ def playbook_settings(playbook: Playbook, base: InterfereSettings) -> InterfereS
     (max_tokens), the repetitions (runs) and warm-ups; B and the trigger come from ``base``."""
     plan = playbook.run
     return InterfereSettings(
-        a_prompt_tokens=plan.prompt_tokens or base.a_prompt_tokens, a_tokens=plan.max_tokens,
-        b_prompt_tokens=base.b_prompt_tokens, b_tokens=base.b_tokens, trigger=base.trigger,
-        reps=plan.runs, warmup=max(1, plan.warmup))
+        a_prompt_tokens=plan.prompt_tokens or base.a_prompt_tokens,
+        a_tokens=plan.max_tokens,
+        b_prompt_tokens=base.b_prompt_tokens,
+        b_tokens=base.b_tokens,
+        trigger=base.trigger,
+        reps=plan.runs,
+        warmup=max(1, plan.warmup),
+    )
 
 
-def interfere_playbook(playbook: Playbook, store: Store, settings: InterfereSettings, *,
-                       name: str | None = None, api_key: str | None = None,
-                       launcher: Launcher = launch_server,
-                       progress: Progress | None = None) -> ArmsResult:
+def interfere_playbook(
+    playbook: Playbook,
+    store: Store,
+    settings: InterfereSettings,
+    *,
+    name: str | None = None,
+    api_key: str | None = None,
+    launcher: Launcher = launch_server,
+    progress: Progress | None = None,
+) -> ArmsResult:
     """Start the playbook's arms (or use their endpoints), run interfere on both, stop them.
 
     ``settings`` is used as given: build it with :func:`playbook_settings` to take A's sizes
@@ -130,17 +172,33 @@ def interfere_playbook(playbook: Playbook, store: Store, settings: InterfereSett
     notes: list[str] = []
     with contextlib.ExitStack() as stack:
         urls = start_arms(playbook, stack, launcher, say, notes)
-        arms = [InterfereArm(arm.name, Target(url, arm.served_model, api_key=api_key,
-                                              chat=plan.api == "chat",
-                                              timeout_s=plan.timeout_s,
-                                              deadline_s=plan.deadline_s, seed=plan.seed,
-                                              replicas=arm.replicas),
-                             # kept in the experiment: secrets redacted as A/B keeps them
-                             {"playbook": playbook.name, "role": "AB"[i], **redacted_arm(arm)})
-                for i, (arm, url) in enumerate(zip(playbook.arms, urls))]
-        result = run_interfere_arms(arms, store, settings, name=name or playbook.name,
-                                    pause_s=plan.pause_s, min_effect=plan.min_effect,
-                                    progress=say)
+        arms = [
+            InterfereArm(
+                arm.name,
+                Target(
+                    url,
+                    arm.served_model,
+                    api_key=api_key,
+                    chat=plan.api == "chat",
+                    timeout_s=plan.timeout_s,
+                    deadline_s=plan.deadline_s,
+                    seed=plan.seed,
+                    replicas=arm.replicas,
+                ),
+                # kept in the experiment: secrets redacted as A/B keeps them
+                {"playbook": playbook.name, "role": "AB"[i], **redacted_arm(arm)},
+            )
+            for i, (arm, url) in enumerate(zip(playbook.arms, urls))
+        ]
+        result = run_interfere_arms(
+            arms,
+            store,
+            settings,
+            name=name or playbook.name,
+            pause_s=plan.pause_s,
+            min_effect=plan.min_effect,
+            progress=say,
+        )
     result.notes[:0] = notes
     result.playbook = playbook.name
     return result

@@ -63,12 +63,15 @@ class BatchResult:
     prefill_pressure: dict[int, dict[str, float]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"experiment_id": self.experiment_id,
-                "prefill_pressure": {str(c): v for c, v in self.prefill_pressure.items()},
-                "levels": [lv.to_dict() for lv in self.levels],
-                "rounds": {str(c): [lv.to_dict() for lv in rs] for c, rs in self.rounds.items()},
-                "scaling": self.scaling.to_dict(), "notes": self.notes,
-                "runs": [r.to_dict() for r in self.runs]}
+        return {
+            "experiment_id": self.experiment_id,
+            "prefill_pressure": {str(c): v for c, v in self.prefill_pressure.items()},
+            "levels": [lv.to_dict() for lv in self.levels],
+            "rounds": {str(c): [lv.to_dict() for lv in rs] for c, rs in self.rounds.items()},
+            "scaling": self.scaling.to_dict(),
+            "notes": self.notes,
+            "runs": [r.to_dict() for r in self.runs],
+        }
 
 
 _GAUGES = ("requests_waiting", "requests_running", "kv_cache_usage")
@@ -93,8 +96,10 @@ class _GaugeSampler:
     def _loop(self) -> None:
         # Its own scrapers/session: the main session belongs to the main thread.
         session = requests.Session()
-        scrapers = {role: MetricsScraper(url, session=session, headers=self.ctx.headers)
-                    for role, url in self.urls.items()}
+        scrapers = {
+            role: MetricsScraper(url, session=session, headers=self.ctx.headers)
+            for role, url in self.urls.items()
+        }
         while not self._stop.is_set():
             for role, scraper in scrapers.items():
                 try:
@@ -122,8 +127,9 @@ class _GaugeSampler:
             self._thread.join(timeout=10)
 
 
-def _fan_out(ctx: ProbeContext, prompts: list[str], max_tokens: int
-             ) -> tuple[list[StreamOutcome], list[int]]:
+def _fan_out(
+    ctx: ProbeContext, prompts: list[str], max_tokens: int
+) -> tuple[list[StreamOutcome], list[int]]:
     """Send all prompts at once (released by one barrier); return outcomes and send stamps."""
     n = len(prompts)
     outcomes: list[StreamOutcome | None] = [None] * n
@@ -144,10 +150,18 @@ def _fan_out(ctx: ProbeContext, prompts: list[str], max_tokens: int
     return [o for o in outcomes if o is not None], sent_ns
 
 
-def run_batch(target: Target, store: Store, *, levels: tuple[int, ...] = (1, 2, 4, 8, 16, 32),
-              prompt_tokens: int = 32, max_tokens: int = 128, rounds: int = 1,
-              warmup: bool = True, name: str = "batch",
-              progress: Progress | None = None) -> BatchResult:
+def run_batch(
+    target: Target,
+    store: Store,
+    *,
+    levels: tuple[int, ...] = (1, 2, 4, 8, 16, 32),
+    prompt_tokens: int = 32,
+    max_tokens: int = 128,
+    rounds: int = 1,
+    warmup: bool = True,
+    name: str = "batch",
+    progress: Progress | None = None,
+) -> BatchResult:
     """Each level: ``c`` streams started together, ``rounds`` times; steady-state aggregate
     decode tokens/s, the median over the rounds.
 
@@ -160,15 +174,24 @@ def run_batch(target: Target, store: Store, *, levels: tuple[int, ...] = (1, 2, 
     ctx = ProbeContext(target)
     notes = list(ctx.notes)
     salt = time.time_ns() % 1_000_000_007
-    prompts = [ctx.builder.build(prompt_tokens, salt + i).text
-               for i in range(rounds * sum(levels) + 1)]
-    spec = ctx.spec(prompts[0], max_tokens, {"probe": "batch",
-                                             "levels": ",".join(map(str, levels)),
-                                             "rounds": str(rounds),
-                                             "prompt_tokens": str(prompt_tokens)})
-    exp_id = store.create_experiment(Experiment(
-        name=name, kind="batch", spec=spec, server_info=ctx.info,
-        created_wall_ns=time.time_ns()))
+    prompts = [
+        ctx.builder.build(prompt_tokens, salt + i).text for i in range(rounds * sum(levels) + 1)
+    ]
+    spec = ctx.spec(
+        prompts[0],
+        max_tokens,
+        {
+            "probe": "batch",
+            "levels": ",".join(map(str, levels)),
+            "rounds": str(rounds),
+            "prompt_tokens": str(prompt_tokens),
+        },
+    )
+    exp_id = store.create_experiment(
+        Experiment(
+            name=name, kind="batch", spec=spec, server_info=ctx.info, created_wall_ns=time.time_ns()
+        )
+    )
     runs: list[Run] = []
     per_level: dict[int, list[LevelStats]] = {c: [] for c in levels}
     prefill_pressure: dict[int, dict[str, float]] = {}
@@ -179,18 +202,25 @@ def run_batch(target: Target, store: Store, *, levels: tuple[int, ...] = (1, 2, 
             ctx.stream(prompts[0], 4)
         for r in range(rounds):
             for c in levels:
-                mine = prompts[used:used + c]
+                mine = prompts[used : used + c]
                 used += c
-                lv, prefill = _level(ctx, store, exp_id, runs, c, r, mine, max_tokens, notes,
-                                     run_notes)
+                lv, prefill = _level(
+                    ctx, store, exp_id, runs, c, r, mine, max_tokens, notes, run_notes
+                )
                 per_level[c].append(lv)
                 if target.pd is not None:
                     seen = prefill_pressure.setdefault(c, {})
                     for key, v in prefill.items():
                         seen[key] = max(v, seen.get(key, v))
-                say(f"batch concurrency {c}" + (f" round {r + 1}/{rounds}" if rounds > 1 else "")
-                    + (f": {lv.tokens_per_s:.1f} tokens/s" if lv.tokens_per_s is not None
-                       else ": tokens/s unknown (no usage counts, too few token events)"))
+                say(
+                    f"batch concurrency {c}"
+                    + (f" round {r + 1}/{rounds}" if rounds > 1 else "")
+                    + (
+                        f": {lv.tokens_per_s:.1f} tokens/s"
+                        if lv.tokens_per_s is not None
+                        else ": tokens/s unknown (no usage counts, too few token events)"
+                    )
+                )
     finally:
         notes.extend(run_notes.lines())
         store.finish_experiment(exp_id, notes)
@@ -198,19 +228,30 @@ def run_batch(target: Target, store: Store, *, levels: tuple[int, ...] = (1, 2, 
     sc = scaling(stats)
     spans = [str(lv.concurrency) for lv in stats if lv.rate_basis != "steady window"]
     if spans:
-        notes.append(f"concurrency {', '.join(spans)}: tokens/s over the whole span (prefill "
-                     "ramp included) in some or all rounds, not a steady window: tokens "
-                     "arrived in bursts or the streams barely overlapped; raise --max-tokens "
-                     "for steadier numbers")
+        notes.append(
+            f"concurrency {', '.join(spans)}: tokens/s over the whole span (prefill "
+            "ramp included) in some or all rounds, not a steady window: tokens "
+            "arrived in bursts or the streams barely overlapped; raise --max-tokens "
+            "for steadier numbers"
+        )
     over = superlinear_note(sc)
     if over:
         notes.append(over)
     return BatchResult(exp_id, stats, sc, runs, ctx.info, notes, per_level, prefill_pressure)
 
 
-def _level(ctx: ProbeContext, store: Store, exp_id: int, runs: list[Run], c: int, rnd: int,
-           prompts: list[str], max_tokens: int, notes: list[str],
-           run_notes: RunNotes) -> tuple[LevelStats, dict[str, float]]:
+def _level(
+    ctx: ProbeContext,
+    store: Store,
+    exp_id: int,
+    runs: list[Run],
+    c: int,
+    rnd: int,
+    prompts: list[str],
+    max_tokens: int,
+    notes: list[str],
+    run_notes: RunNotes,
+) -> tuple[LevelStats, dict[str, float]]:
     """One round of one level: send, store every stream, and read the level's figures (on a
     pair: the decode instance's), with the prefill instance's gauges on a pair."""
     model = ctx.target.model
@@ -224,8 +265,15 @@ def _level(ctx: ProbeContext, store: Store, exp_id: int, runs: list[Run], c: int
     out_tokens: int | None = 0  # None once an ok stream's usage is missing: the sum is unknown
     end = 0.0
     for i, (p, o) in enumerate(zip(prompts, outcomes)):
-        runs.append(store_run(store, exp_id, concurrent_run(
-            len(runs), p, o, f"batch level: concurrency {c}, round {rnd}, stream {i}")))
+        runs.append(
+            store_run(
+                store,
+                exp_id,
+                concurrent_run(
+                    len(runs), p, o, f"batch level: concurrency {c}, round {rnd}, stream {i}"
+                ),
+            )
+        )
         run_notes.add(o.notes)
         base = (sent[i] - t0) / 1e9  # stream i's offsets on the level's clock
         end = max(end, base + o.timeline.end_offset_ns / 1e9)
@@ -241,16 +289,23 @@ def _level(ctx: ProbeContext, store: Store, exp_id: int, runs: list[Run], c: int
     if errors:
         notes.append(f"concurrency {c}, round {rnd + 1}: {errors} stream(s) failed")
     decoding = gauges.of("decode" if ctx.target.pd is not None else "server")
-    return level_stats(c, streams, tpots, out_tokens, end,
-                       server_tokens_per_s=_server_decode_rate(before, after, model),
-                       max_waiting=decoding.get("requests_waiting"),
-                       max_running=decoding.get("requests_running"),
-                       max_kv_usage=decoding.get("kv_cache_usage"),
-                       preemptions=preempt), gauges.of("prefill")
+    return level_stats(
+        c,
+        streams,
+        tpots,
+        out_tokens,
+        end,
+        server_tokens_per_s=_server_decode_rate(before, after, model),
+        max_waiting=decoding.get("requests_waiting"),
+        max_running=decoding.get("requests_running"),
+        max_kv_usage=decoding.get("kv_cache_usage"),
+        preemptions=preempt,
+    ), gauges.of("prefill")
 
 
-def _server_decode_rate(before: MetricSnapshot | None, after: MetricSnapshot | None,
-                        model: str) -> float | None:
+def _server_decode_rate(
+    before: MetricSnapshot | None, after: MetricSnapshot | None, model: str
+) -> float | None:
     """Aggregate decode tokens/s from vLLM's own clocks: n × (tokens after the first) ÷ the
     mean decode time. vLLM stamps first and last token in the engine, so a starved API server
     (tokens reaching the client in bursts) does not skew it; it assumes the streams decoded

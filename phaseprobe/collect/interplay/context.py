@@ -59,8 +59,19 @@ from phaseprobe.sources.vllm.openai_stream import (
 )
 from phaseprobe.store import Store
 
-__all__ = ["Target", "Progress", "ProbeContext", "ProbeSender", "IsolatedCollector",
-           "concurrent_run", "store_run", "events_s", "metric_delta", "fmt_ms", "quiet"]
+__all__ = [
+    "Target",
+    "Progress",
+    "ProbeContext",
+    "ProbeSender",
+    "IsolatedCollector",
+    "concurrent_run",
+    "store_run",
+    "events_s",
+    "metric_delta",
+    "fmt_ms",
+    "quiet",
+]
 
 Progress = Callable[[str], None]
 
@@ -93,12 +104,14 @@ class ProbeSender:
     (the legs share a fresh ``X-Request-Id``/``traceparent`` per request, so their spans
     join)."""
 
-    def __init__(self, client: StreamClient, pd: PdSender | None,
-                 body: Callable[[str, int], dict[str, Any]]) -> None:
+    def __init__(
+        self, client: StreamClient, pd: PdSender | None, body: Callable[[str, int], dict[str, Any]]
+    ) -> None:
         self.client, self.pd, self.body = client, pd, body
 
-    def stream(self, prompt: str, max_tokens: int,
-               on_events: Callable[[list[bytes]], None] | None = None) -> StreamOutcome:
+    def stream(
+        self, prompt: str, max_tokens: int, on_events: Callable[[list[bytes]], None] | None = None
+    ) -> StreamOutcome:
         """What the client saw (on a pair: the legs joined on one clock); ``on_events`` sees
         the tokens the user sees."""
         if self.pd is None:
@@ -114,21 +127,39 @@ class ProbeContext:
         topo = target.pd
         self.pair: PdConnection | None = None  # a pair: both instances, read directly
         if topo is None:
-            self.conn = connect(target.endpoint, target.api_key, timeout_s=target.timeout_s,
-                                deadline_s=target.deadline_s, replicas=target.replicas,
-                                model=target.model)
+            self.conn = connect(
+                target.endpoint,
+                target.api_key,
+                timeout_s=target.timeout_s,
+                deadline_s=target.deadline_s,
+                replicas=target.replicas,
+                model=target.model,
+            )
         else:
             # each instance connected directly (its own /metrics); the decode instance is the
             # context's main connection: where decoding, and so most readings, happen. The
             # router carries the requests, never the readings.
-            self.pair = connect_pair(topo, target.api_key, timeout_s=target.timeout_s,
-                                     deadline_s=target.deadline_s, model=target.model)
+            self.pair = connect_pair(
+                topo,
+                target.api_key,
+                timeout_s=target.timeout_s,
+                deadline_s=target.deadline_s,
+                model=target.model,
+            )
             self.conn = self.pair.decode
         if require_model:  # caught before any run: otherwise every run would be a 404 error
-            served_model(target.endpoint, target.api_key, target.model, option="model",
-                         models=self.conn.models)
-        self.session, self.client, self.headers = (self.conn.session, self.conn.client,
-                                                   self.conn.headers)
+            served_model(
+                target.endpoint,
+                target.api_key,
+                target.model,
+                option="model",
+                models=self.conn.models,
+            )
+        self.session, self.client, self.headers = (
+            self.conn.session,
+            self.conn.client,
+            self.conn.headers,
+        )
         self.notes: list[str] = list(self.conn.notes)
         self.scraper = self.conn.scraper  # on a pair: the decode instance's
         self.info = self.conn.info
@@ -148,8 +179,9 @@ class ProbeContext:
         if self.pair is None:
             return ProbeSender(client, None, self.body)
         clients = self.pair.clients(fresh=fresh)
-        return ProbeSender(clients["decode"], PdSender(self.pair.topo, clients, self.body),
-                           self.body)
+        return ProbeSender(
+            clients["decode"], PdSender(self.pair.topo, clients, self.body), self.body
+        )
 
     def new_client(self) -> StreamClient:
         return self.conn.new_client()
@@ -162,24 +194,39 @@ class ProbeContext:
         """One request from the calling (main) thread: a warm-up, say."""
         return self.sender.stream(prompt, max_tokens)
 
-    def collector(self, spec: RunSpec, settings: ProbeSettings,
-                  run_notes: RunNotes | None = None) -> IsolatedCollector:
+    def collector(
+        self, spec: RunSpec, settings: ProbeSettings, run_notes: RunNotes | None = None
+    ) -> IsolatedCollector:
         """Isolated runs of ``spec``, measured and attributed as the probe's: on a pair, both
         legs from each instance's own deltas (their phases, the hand-over, the KV source)."""
         topo = self.target.pd
         if topo is None or self.pair is None:
-            return RunCollector(spec, settings, self.client, self.scraper, time.sleep,
-                                time.monotonic, run_notes=run_notes, fleet=self.conn.fleet)
+            return RunCollector(
+                spec,
+                settings,
+                self.client,
+                self.scraper,
+                time.sleep,
+                time.monotonic,
+                run_notes=run_notes,
+                fleet=self.conn.fleet,
+            )
         pd = self.sender.pd
         clients = dict(pd.clients) if pd is not None else {}
-        collector = PdCollector(spec, settings, topo, clients, dict(self.scrapers),
-                                run_notes=run_notes)
+        collector = PdCollector(
+            spec, settings, topo, clients, dict(self.scrapers), run_notes=run_notes
+        )
         collector.metrics_ok = bool(self.scrapers)
         return collector
 
     def body(self, prompt: str, max_tokens: int) -> dict[str, Any]:
-        return build_body(model=self.target.model, prompt=prompt, max_tokens=max_tokens,
-                          chat=self.target.chat, seed=self.target.seed)
+        return build_body(
+            model=self.target.model,
+            prompt=prompt,
+            max_tokens=max_tokens,
+            chat=self.target.chat,
+            seed=self.target.seed,
+        )
 
     def scrape(self, role: str | None = None) -> MetricSnapshot | None:
         """The server's /metrics (on a pair: the decode instance's, or ``role``'s)."""
@@ -198,8 +245,13 @@ class ProbeContext:
             return {"decode": topo.decode, "prefill": topo.prefill} if self.scrapers else {}
         return {"server": self.target.endpoint} if self.scraper is not None else {}
 
-    def observed(self, before: MetricSnapshot | None, n: int, timeout_s: float = 10.0,
-                 role: str | None = None) -> MetricSnapshot | None:
+    def observed(
+        self,
+        before: MetricSnapshot | None,
+        n: int,
+        timeout_s: float = 10.0,
+        role: str | None = None,
+    ) -> MetricSnapshot | None:
         """A scrape after vLLM's decode histogram has observed ``n`` more requests (it observes
         on finish, a little after the stream ends); the last scrape if it never does."""
         if before is None:
@@ -216,9 +268,15 @@ class ProbeContext:
             time.sleep(0.02)
 
     def spec(self, prompt: str, max_tokens: int, labels: dict[str, str]) -> RunSpec:
-        return RunSpec(endpoint=self.target.endpoint, model=self.target.model, prompt=prompt,
-                       max_tokens=max_tokens, api="chat" if self.target.chat else "completions",
-                       seed=self.target.seed, labels=labels)
+        return RunSpec(
+            endpoint=self.target.endpoint,
+            model=self.target.model,
+            prompt=prompt,
+            max_tokens=max_tokens,
+            api="chat" if self.target.chat else "completions",
+            seed=self.target.seed,
+            labels=labels,
+        )
 
     def block_size(self) -> int | None:
         """The KV block size; on a pair the prefill instance's: prompts are cached there."""
@@ -233,8 +291,15 @@ class ProbeContext:
 def concurrent_run(seq: int, prompt: str, outcome: StreamOutcome, role: str) -> Run:
     """A run that shared the server on purpose: client view only, flagged with its role."""
     iso = Isolation(verified=False, isolated=False, reasons=(f"{CONCURRENT_MARK}: {role}",))
-    return Run(seq=seq, status="error" if outcome.error else "ok", prompt=prompt,
-               client=outcome.timeline, server=None, isolation=iso, error=outcome.error)
+    return Run(
+        seq=seq,
+        status="error" if outcome.error else "ok",
+        prompt=prompt,
+        client=outcome.timeline,
+        server=None,
+        isolation=iso,
+        error=outcome.error,
+    )
 
 
 def store_run(store: Store, exp_id: int, run: Run) -> Run:
@@ -248,11 +313,14 @@ def events_s(run: Run | StreamOutcome) -> list[float]:
     return [t / 1e9 for t in tl.event_offsets_ns] if tl else []
 
 
-def metric_delta(before: MetricSnapshot | None, after: MetricSnapshot | None, canonical: str,
-                 part: str, model: str) -> float | None:
+def metric_delta(
+    before: MetricSnapshot | None,
+    after: MetricSnapshot | None,
+    canonical: str,
+    part: str,
+    model: str,
+) -> float | None:
     if before is None or after is None:
         return None
     b, a = before.value(canonical, part, model), after.value(canonical, part, model)
     return a - b if a is not None and b is not None else None
-
-

@@ -64,8 +64,7 @@ from phaseprobe.sources.vllm.metrics import MetricSnapshot
 from phaseprobe.sources.vllm.openai_stream import StreamOutcome, TokenEventCounter
 from phaseprobe.store import Store
 
-__all__ = ["Trigger", "InterfereSettings", "InterfereResult", "InterfereSession",
-           "run_interfere"]
+__all__ = ["Trigger", "InterfereSettings", "InterfereResult", "InterfereSession", "run_interfere"]
 
 
 # The automatic trigger sends B this far into A's measured decode: B's prefill then has the
@@ -90,10 +89,12 @@ class Trigger:
             raise ValueError(f"unknown trigger {self.kind!r}")
         if self.kind == "auto":
             if not 0 <= self.value < 1:
-                raise ValueError(f"trigger auto: share of A's decode must be in [0, 1), got "
-                                 f"{self.value!r}")
-        elif self.value < 0 or (self.kind != "time" and (self.value < 1
-                                                         or self.value != int(self.value))):
+                raise ValueError(
+                    f"trigger auto: share of A's decode must be in [0, 1), got {self.value!r}"
+                )
+        elif self.value < 0 or (
+            self.kind != "time" and (self.value < 1 or self.value != int(self.value))
+        ):
             raise ValueError(f"trigger {self.kind}: bad value {self.value!r}")
 
     def describe(self) -> str:
@@ -102,8 +103,9 @@ class Trigger:
         if self.kind == "time":
             return f"{self.value:g} s after A's send"
         if self.kind == "auto":
-            return (f"at A's first token + {self.value:.0%} of its decode (auto, from the "
-                    "A-alone runs)")
+            return (
+                f"at A's first token + {self.value:.0%} of its decode (auto, from the A-alone runs)"
+            )
         return f"when A should reach token {int(self.value)} (estimated from the baseline)"
 
 
@@ -156,8 +158,11 @@ class InterfereResult:
     def _used_server(self) -> list[tuple[float | None, int | None]]:
         """(A's decode with B, A's decode steps) for each pair that measured."""
         steps = self.a_steps_with_b + [None] * (len(self.stalls) - len(self.a_steps_with_b))
-        return [(d, n) for s, d, n in zip(self.stalls, self.server_decode_with_b_s, steps)
-                if s.overlapped]
+        return [
+            (d, n)
+            for s, d, n in zip(self.stalls, self.server_decode_with_b_s, steps)
+            if s.overlapped
+        ]
 
     def server_decode_compared(self) -> tuple[float | None, float | None]:
         """(A alone, A with B): medians of A's decode on vLLM's clock over the pairs that
@@ -168,10 +173,12 @@ class InterfereResult:
         if not self.a_steps_with_b:
             return self.server_decode_alone_s, median_or_none([d for d, _ in used])
         alone = {n: median_or_none(v) for n, v in self.server_decode_alone_by_steps.items()}
-        matched = [(alone[n], d) for d, n in used
-                   if d is not None and n is not None and alone.get(n) is not None]
-        return (median_or_none([a for a, _ in matched]),
-                median_or_none([d for _, d in matched]))
+        matched = [
+            (alone[n], d)
+            for d, n in used
+            if d is not None and n is not None and alone.get(n) is not None
+        ]
+        return (median_or_none([a for a, _ in matched]), median_or_none([d for _, d in matched]))
 
     @property
     def used(self) -> list[Stall]:
@@ -181,22 +188,27 @@ class InterfereResult:
     def summary(self) -> dict[str, float | None]:
         used = self.used
         srv_alone, srv_with_b = self.server_decode_compared()
-        return {"baseline_itl_s": self.baseline_itl_s,
-                "pairs": float(len(self.stalls)), "pairs_used": float(len(used)),
-                "max_itl_s": median_or_none([s.max_itl_s for s in used]),
-                "extra_s": median_or_none([s.extra_s for s in used]),
-                "ratio": median_or_none([s.ratio for s in used]),
-                "b_ttft_s": median_or_none([s.b_ttft_s for s in used]),
-                "b_arrival_s": median_or_none([s.b_arrival_s for s in used]),
-                "control_max_itl_s": median_or_none([s.max_itl_s for s in self.controls]),
-                "control_extra_s": median_or_none([s.extra_s for s in self.controls]),
-                "server_decode_alone_s": srv_alone, "server_decode_with_b_s": srv_with_b}
+        return {
+            "baseline_itl_s": self.baseline_itl_s,
+            "pairs": float(len(self.stalls)),
+            "pairs_used": float(len(used)),
+            "max_itl_s": median_or_none([s.max_itl_s for s in used]),
+            "extra_s": median_or_none([s.extra_s for s in used]),
+            "ratio": median_or_none([s.ratio for s in used]),
+            "b_ttft_s": median_or_none([s.b_ttft_s for s in used]),
+            "b_arrival_s": median_or_none([s.b_arrival_s for s in used]),
+            "control_max_itl_s": median_or_none([s.max_itl_s for s in self.controls]),
+            "control_extra_s": median_or_none([s.extra_s for s in self.controls]),
+            "server_decode_alone_s": srv_alone,
+            "server_decode_with_b_s": srv_with_b,
+        }
 
     def token_cost(self) -> PrefillTokenCost:
         """Seconds of A's decode (vLLM's clock) per prompt token of B, with an interval: the
         figure the live estimate from spans gives, so the two can be compared."""
-        return prefill_token_cost(self.server_decode_alone_by_steps, self._used_server(),
-                                  self.b_prompt_tokens)
+        return prefill_token_cost(
+            self.server_decode_alone_by_steps, self._used_server(), self.b_prompt_tokens
+        )
 
     def verdict(self) -> Verdict:
         srv_alone, srv_with_b = self.server_decode_compared()
@@ -205,28 +217,55 @@ class InterfereResult:
 
     def to_dict(self) -> dict[str, Any]:
         pd, verdict = self.pd_summary(), self.verdict()
-        return {"experiment_id": self.experiment_id, "summary": self.summary(),
-                "verdict": verdict.to_dict(), "token_cost": self.token_cost().to_dict(),
-                # "pd_readings": the command's "pd" names the pair itself
-                **({"pd_readings": {**pd.to_dict(), "text": pd.sentence(verdict.kind),
-                           "per_pair": self.pd_pairs, "alone": self.pd_alone}}
-                   if pd is not None else {}),
-                "discarded": discarded_pairs(self.stalls), "delay_s": self.delay_s,
-                "trigger": {"kind": self.trigger.kind, "value": self.trigger.value,
-                            "text": self.trigger.describe()},
-                "baseline_ttft_s": self.baseline_ttft_s,
-                "stalls": [s.to_dict() for s in self.stalls],
-                "controls": [s.to_dict() for s in self.controls], "swimlanes": self.swimlanes,
-                "notes": self.notes, "runs": [r.to_dict() for r in self.runs]}
+        return {
+            "experiment_id": self.experiment_id,
+            "summary": self.summary(),
+            "verdict": verdict.to_dict(),
+            "token_cost": self.token_cost().to_dict(),
+            # "pd_readings": the command's "pd" names the pair itself
+            **(
+                {
+                    "pd_readings": {
+                        **pd.to_dict(),
+                        "text": pd.sentence(verdict.kind),
+                        "per_pair": self.pd_pairs,
+                        "alone": self.pd_alone,
+                    }
+                }
+                if pd is not None
+                else {}
+            ),
+            "discarded": discarded_pairs(self.stalls),
+            "delay_s": self.delay_s,
+            "trigger": {
+                "kind": self.trigger.kind,
+                "value": self.trigger.value,
+                "text": self.trigger.describe(),
+            },
+            "baseline_ttft_s": self.baseline_ttft_s,
+            "stalls": [s.to_dict() for s in self.stalls],
+            "controls": [s.to_dict() for s in self.controls],
+            "swimlanes": self.swimlanes,
+            "notes": self.notes,
+            "runs": [r.to_dict() for r in self.runs],
+        }
 
 
 class InterfereSession:
     """One endpoint's interfere experiment, step by step: ``warm_up``, ``baseline(i)`` for
     every i, ``pair(i)`` for every i, then ``finish``. Every run is stored as it completes."""
 
-    def __init__(self, target: Target, store: Store, settings: InterfereSettings, *,
-                 name: str = "interfere", labels: dict[str, str] | None = None,
-                 arm: InterfereArmInfo | None = None, require_model: bool = False) -> None:
+    def __init__(
+        self,
+        target: Target,
+        store: Store,
+        settings: InterfereSettings,
+        *,
+        name: str = "interfere",
+        labels: dict[str, str] | None = None,
+        arm: InterfereArmInfo | None = None,
+        require_model: bool = False,
+    ) -> None:
         st = self.settings = settings
         self.store = store
         self.ctx = ctx = ProbeContext(target, require_model=require_model)
@@ -236,23 +275,41 @@ class InterfereSession:
         salt = time.time_ns() % 1_000_000_007
         # A: reps baselines, up to 2 × reps pair attempts (discarded pairs are retried), then
         # the warm-ups; B: one per pair attempt, then its warm-up.
-        self.a_prompts = [ctx.builder.build(st.a_prompt_tokens, salt + i).text
-                          for i in range(3 * st.reps + st.warmup)]
-        self.b_prompts = [ctx.builder.build(st.b_prompt_tokens, salt + 10_000 + i).text
-                          for i in range(2 * st.reps + 1)]
-        self.spec = ctx.spec(self.a_prompts[0], st.a_tokens, {
-            "probe": "interfere", "b_prompt_tokens": str(st.b_prompt_tokens),
-            "b_tokens": str(st.b_tokens), "trigger": st.trigger.kind,
-            "at": f"{st.trigger.value:g}", "order": f"{st.reps} A-alone runs, then A/B pairs",
-            **(labels or {})})
+        self.a_prompts = [
+            ctx.builder.build(st.a_prompt_tokens, salt + i).text
+            for i in range(3 * st.reps + st.warmup)
+        ]
+        self.b_prompts = [
+            ctx.builder.build(st.b_prompt_tokens, salt + 10_000 + i).text
+            for i in range(2 * st.reps + 1)
+        ]
+        self.spec = ctx.spec(
+            self.a_prompts[0],
+            st.a_tokens,
+            {
+                "probe": "interfere",
+                "b_prompt_tokens": str(st.b_prompt_tokens),
+                "b_tokens": str(st.b_tokens),
+                "trigger": st.trigger.kind,
+                "at": f"{st.trigger.value:g}",
+                "order": f"{st.reps} A-alone runs, then A/B pairs",
+                **(labels or {}),
+            },
+        )
         self.name = name
         # Every stored run's stream notes (a usage block that is not token counts), counted
         # once over the A-alone collectors and the pairs' A and B.
         self.run_notes = RunNotes()
         self.collector = self._collector(self.spec)
-        self.experiment_id = store.create_experiment(Experiment(
-            name=name, kind="interfere", spec=self.spec, server_info=ctx.info,
-            created_wall_ns=time.time_ns()))
+        self.experiment_id = store.create_experiment(
+            Experiment(
+                name=name,
+                kind="interfere",
+                spec=self.spec,
+                server_info=ctx.info,
+                created_wall_ns=time.time_ns(),
+            )
+        )
         self.runs: list[Run] = []
         self.baseline_runs: list[Run] = []
         self.stalls: list[Stall] = []
@@ -282,8 +339,11 @@ class InterfereSession:
             self.ctx.stream(self.b_prompts[-1], 1)
 
     def baseline(self, i: int) -> Run:
-        run = store_run(self.store, self.experiment_id,
-                        self.collector.measure(len(self.runs), self.a_prompts[i]))
+        run = store_run(
+            self.store,
+            self.experiment_id,
+            self.collector.measure(len(self.runs), self.a_prompts[i]),
+        )
         self.runs.append(run)
         self.baseline_runs.append(run)
         self._keep_alone(run)
@@ -292,8 +352,9 @@ class InterfereSession:
     def _collector(self, spec: RunSpec) -> IsolatedCollector:
         """A-alone runs of ``spec``, measured and attributed as the probe's runs are (on a
         pair: both legs, each on its own instance)."""
-        return self.ctx.collector(spec, ProbeSettings(runs=self.settings.reps, warmup=0,
-                                                      name=self.name), self.run_notes)
+        return self.ctx.collector(
+            spec, ProbeSettings(runs=self.settings.reps, warmup=0, name=self.name), self.run_notes
+        )
 
     def _keep_alone(self, run: Run) -> None:
         n = run.client.completion_tokens if run.client else None
@@ -305,14 +366,18 @@ class InterfereSession:
         lengthened A are compared on vLLM's clock with these, not with the shorter runs."""
         st = self.settings
         self.alone_lengths.add(a_tokens)
-        self.notes.append(f"A ran alone {st.reps} more time(s) at {a_tokens} tokens: vLLM's "
-                          "clock compares each pair with A alone of the same length")
+        self.notes.append(
+            f"A ran alone {st.reps} more time(s) at {a_tokens} tokens: vLLM's "
+            "clock compares each pair with A alone of the same length"
+        )
         collector = self._collector(replace(self.spec, max_tokens=a_tokens))
         for k in range(st.reps):
-            prompt = self.ctx.builder.build(st.a_prompt_tokens,
-                                            self.salt + 20_000 + a_tokens + k).text
-            run = store_run(self.store, self.experiment_id,
-                            collector.measure(len(self.runs), prompt))
+            prompt = self.ctx.builder.build(
+                st.a_prompt_tokens, self.salt + 20_000 + a_tokens + k
+            ).text
+            run = store_run(
+                self.store, self.experiment_id, collector.measure(len(self.runs), prompt)
+            )
             self.runs.append(run)
             self._keep_alone(run)
         self.notes.extend(collector.notes)
@@ -333,8 +398,7 @@ class InterfereSession:
         for r in self.baseline_runs:
             n_out = r.client.completion_tokens if r.client else None
             sv = r.server
-            if sv is None or sv.decode_s is None or sv.prefill_s is None or not n_out \
-                    or n_out < 2:
+            if sv is None or sv.decode_s is None or sv.prefill_s is None or not n_out or n_out < 2:
                 continue
             paces.append(sv.decode_s / (n_out - 1))
             firsts.append((sv.queue_s or 0.0) + sv.prefill_s)
@@ -349,26 +413,38 @@ class InterfereSession:
         elif trig.kind == "auto":
             # A's first token as the client saw it (A decodes from then on, whatever the
             # delivery), plus a share of A's decode: vLLM's clock when it can, else the client's.
-            decodes = [r.server.decode_s for r in self.baseline_runs
-                       if r.server is not None and r.server.decode_s is not None]
+            decodes = [
+                r.server.decode_s
+                for r in self.baseline_runs
+                if r.server is not None and r.server.decode_s is not None
+            ]
             if not decodes:
-                decodes = [r.client.e2e_s - r.client.ttft_s for r in ok if r.client
-                           and r.client.e2e_s is not None and r.client.ttft_s is not None]
+                decodes = [
+                    r.client.e2e_s - r.client.ttft_s
+                    for r in ok
+                    if r.client and r.client.e2e_s is not None and r.client.ttft_s is not None
+                ]
             self.a_first_s = self.base_ttft or 0.0
             decode = statistics.median(decodes) if decodes else 0.0
             self.delay_s = self.a_first_s + trig.value * decode
             self.notes.append(
                 f"B sent {self.delay_s * 1e3:.1f} ms after A: A's first token at "
                 f"{self.a_first_s * 1e3:.1f} ms + {trig.value:.0%} of A's "
-                f"{decode * 1e3:.1f} ms decode (medians of the A-alone runs)")
+                f"{decode * 1e3:.1f} ms decode (medians of the A-alone runs)"
+            )
         gaps = [g for r in ok if r.client for g in r.client.itl_s]
         if self.base_itl and gaps and statistics.median(gaps) < 0.1 * self.base_itl:
             self.notes.append(
                 "A's tokens reached the client in bursts (median gap "
                 f"{statistics.median(gaps) * 1e3:.2f} ms vs TPOT {self.base_itl * 1e3:.2f} ms): "
                 "the server's output delivery, not decode, sets the gaps, so the stall numbers "
-                "are coarse" + ("; --at-time auto times B from vLLM's clock instead"
-                                if trig.kind == "token" else ""))
+                "are coarse"
+                + (
+                    "; --at-time auto times B from vLLM's clock instead"
+                    if trig.kind == "token"
+                    else ""
+                )
+            )
 
     def pair(self, i: int) -> Stall:
         st, ctx = self.settings, self.ctx
@@ -378,8 +454,13 @@ class InterfereSession:
         pre_prefill = ctx.scrape("prefill")  # None but on a pair
         if st.trigger.kind != "token":
             self.planned.append(self.delay_s or 0.0)
-        a_out, b_out = _pair(ctx, (self.a_prompts[st.reps + i], self.a_tokens),
-                             (self.b_prompts[i], st.b_tokens), st.trigger, self.delay_s or 0.0)
+        a_out, b_out = _pair(
+            ctx,
+            (self.a_prompts[st.reps + i], self.a_tokens),
+            (self.b_prompts[i], st.b_tokens),
+            st.trigger,
+            self.delay_s or 0.0,
+        )
         post = ctx.observed(pre, 2)
         model = ctx.target.model
         if ctx.target.pd is not None:
@@ -393,22 +474,42 @@ class InterfereSession:
         self.server_decode.append(a_decode)
         n_a = a_out.timeline.completion_tokens
         self.a_steps.append(n_a - 1 if n_a is not None and n_a >= 2 else None)
-        for prompt, out, lane in ((self.a_prompts[st.reps + i], a_out, "A"),
-                                  (self.b_prompts[i], b_out, "B")):
-            self.runs.append(store_run(self.store, self.experiment_id, concurrent_run(
-                len(self.runs), prompt, out, interfere_role(i, lane))))
+        for prompt, out, lane in (
+            (self.a_prompts[st.reps + i], a_out, "A"),
+            (self.b_prompts[i], b_out, "B"),
+        ):
+            self.runs.append(
+                store_run(
+                    self.store,
+                    self.experiment_id,
+                    concurrent_run(len(self.runs), prompt, out, interfere_role(i, lane)),
+                )
+            )
             self.run_notes.add(out.notes)
         b_arrival = (b_out.timeline.sent_wall_ns - a_out.timeline.sent_wall_ns) / 1e9
         a_events = events_s(a_out)
         result = stall(a_events, b_arrival, b_out.timeline.ttft_s, self.base_itl)
         self.stalls.append(result)
-        self.lanes.append({"pair": i, "lanes": [
-            {"lane": "A", "sent_s": 0.0, "events_s": a_events, "error": a_out.error},
-            {"lane": "B", "sent_s": b_arrival,
-             "events_s": [b_arrival + t for t in events_s(b_out)], "error": b_out.error},
-        ]})
-        if result.overlap == "late" and st.trigger.kind == "auto" and \
-                self.delay_s is not None and self.a_first_s is not None:
+        self.lanes.append(
+            {
+                "pair": i,
+                "lanes": [
+                    {"lane": "A", "sent_s": 0.0, "events_s": a_events, "error": a_out.error},
+                    {
+                        "lane": "B",
+                        "sent_s": b_arrival,
+                        "events_s": [b_arrival + t for t in events_s(b_out)],
+                        "error": b_out.error,
+                    },
+                ],
+            }
+        )
+        if (
+            result.overlap == "late"
+            and st.trigger.kind == "auto"
+            and self.delay_s is not None
+            and self.a_first_s is not None
+        ):
             # B's prefill outlasted what was left of A: send the next B earlier in A's decode.
             self.delay_s = self.a_first_s + (self.delay_s - self.a_first_s) / 2
             self.late_pairs += 1
@@ -421,7 +522,8 @@ class InterfereSession:
                 self.notes.append(
                     f"A lengthened to {self.a_tokens} tokens from pair {i + 2} on: "
                     f"{self.late_pairs} pairs came too late (A was done before B's first "
-                    "token), even sent earlier")
+                    "token), even sent earlier"
+                )
         return result
 
     def finish(self) -> InterfereResult:
@@ -450,24 +552,50 @@ class InterfereSession:
                 self.notes.append(
                     f"B left a median {statistics.median(late) * 1e3:.0f} ms later than planned "
                     f"(worst {max(late) * 1e3:.0f} ms): this machine did not run the client in "
-                    "time (CPU load); " + (f"{missed} pair(s) it pushed past A's decode were "
-                                           "discarded" if missed else
-                                           "every pair still landed inside A's decode"))
+                    "time (CPU load); "
+                    + (
+                        f"{missed} pair(s) it pushed past A's decode were discarded"
+                        if missed
+                        else "every pair still landed inside A's decode"
+                    )
+                )
             self.notes.extend(self.collector.all_notes())  # its run notes are the session's
             self.store.finish_experiment(self.experiment_id, self.notes)
-        alone = [r.server.decode_s for r in self.baseline_runs
-                 if r.server is not None and r.server.decode_s is not None]
-        return InterfereResult(self.experiment_id, self.base_itl, self.base_ttft, self.stalls,
-                               self.lanes, self.runs, self.ctx.info, self.notes, controls,
-                               self.server_decode, median_or_none(alone), self.settings.trigger,
-                               self.delay_s, self.alone_by_steps, self.a_steps,
-                               self.settings.b_prompt_tokens, self.pd_pairs,
-                               pd_alone(self.baseline_runs) if self.pd_pairs else {})
+        alone = [
+            r.server.decode_s
+            for r in self.baseline_runs
+            if r.server is not None and r.server.decode_s is not None
+        ]
+        return InterfereResult(
+            self.experiment_id,
+            self.base_itl,
+            self.base_ttft,
+            self.stalls,
+            self.lanes,
+            self.runs,
+            self.ctx.info,
+            self.notes,
+            controls,
+            self.server_decode,
+            median_or_none(alone),
+            self.settings.trigger,
+            self.delay_s,
+            self.alone_by_steps,
+            self.a_steps,
+            self.settings.b_prompt_tokens,
+            self.pd_pairs,
+            pd_alone(self.baseline_runs) if self.pd_pairs else {},
+        )
 
 
-def run_interfere(target: Target, store: Store,
-                  settings: InterfereSettings | None = None, *, name: str = "interfere",
-                  progress: Progress | None = None) -> InterfereResult:
+def run_interfere(
+    target: Target,
+    store: Store,
+    settings: InterfereSettings | None = None,
+    *,
+    name: str = "interfere",
+    progress: Progress | None = None,
+) -> InterfereResult:
     """A decodes alone ``reps`` times (baseline), then with B arriving until ``reps`` pairs
     had B's prefill inside A's decode, at most ``2 × reps`` pairs: a pair where B came too
     late (or too early) is kept in the store but counted as discarded."""
@@ -486,34 +614,47 @@ def run_interfere(target: Target, store: Store,
                 break
             s = session.pair(i)
             used += s.overlapped
-            say(f"interfere pair {i + 1} ({used}/{st.reps} overlapped): " + (
-                f"A max ITL {fmt_ms(s.max_itl_s)}" if s.overlapped else
-                f"discarded, B sent at A's event {s.a_tokens_before_b} of {s.a_events}: "
-                f"{s.overlap}"))
+            say(
+                f"interfere pair {i + 1} ({used}/{st.reps} overlapped): "
+                + (
+                    f"A max ITL {fmt_ms(s.max_itl_s)}"
+                    if s.overlapped
+                    else f"discarded, B sent at A's event {s.a_tokens_before_b} of {s.a_events}: "
+                    f"{s.overlap}"
+                )
+            )
     finally:
         result = session.finish()
     return result
 
 
-def _pd_pair_deltas(pre_prefill: MetricSnapshot | None, post_prefill: MetricSnapshot | None,
-                    pre_decode: MetricSnapshot | None, post_decode: MetricSnapshot | None,
-                    model: str) -> dict[str, float | None]:
+def _pd_pair_deltas(
+    pre_prefill: MetricSnapshot | None,
+    post_prefill: MetricSnapshot | None,
+    pre_decode: MetricSnapshot | None,
+    post_decode: MetricSnapshot | None,
+    model: str,
+) -> dict[str, float | None]:
     """What each instance of a pair did during one A/B pair: the prefill instance's prefill
     histogram (A's and B's prefill legs) and the decode instance's prompt tokens by source
     (A's and B's decode legs); None where unread."""
     out: dict[str, float | None] = {
-        "prefill_legs": metric_delta(pre_prefill, post_prefill, "prefill_time", "_count",
-                                     model),
-        "prefill_s": metric_delta(pre_prefill, post_prefill, "prefill_time", "_sum", model)}
-    sources = (source_deltas(pre_decode, post_decode, model)
-               if pre_decode is not None and post_decode is not None else None)
+        "prefill_legs": metric_delta(pre_prefill, post_prefill, "prefill_time", "_count", model),
+        "prefill_s": metric_delta(pre_prefill, post_prefill, "prefill_time", "_sum", model),
+    }
+    sources = (
+        source_deltas(pre_decode, post_decode, model)
+        if pre_decode is not None and post_decode is not None
+        else None
+    )
     for src in SOURCES:
         out[f"decode_{src}"] = sources.get(src) if sources is not None else None
     return out
 
 
-def _pair(ctx: ProbeContext, a: tuple[str, int], b: tuple[str, int], trigger: Trigger,
-          delay_s: float) -> tuple[StreamOutcome, StreamOutcome]:
+def _pair(
+    ctx: ProbeContext, a: tuple[str, int], b: tuple[str, int], trigger: Trigger, delay_s: float
+) -> tuple[StreamOutcome, StreamOutcome]:
     """A and B (prompt, max_tokens), each on its own thread and sender; B sent when the
     trigger fires."""
     results: dict[str, StreamOutcome] = {}
@@ -545,8 +686,10 @@ def _pair(ctx: ProbeContext, a: tuple[str, int], b: tuple[str, int], trigger: Tr
             time.sleep(delay_s)
         results["b"] = b_sender.stream(*b)
 
-    threads = [threading.Thread(target=run_a, name="interfere-A"),
-               threading.Thread(target=run_b, name="interfere-B")]
+    threads = [
+        threading.Thread(target=run_a, name="interfere-A"),
+        threading.Thread(target=run_b, name="interfere-B"),
+    ]
     for t in threads:
         t.start()
     for t in threads:

@@ -68,11 +68,20 @@ from phaseprobe.records import Experiment, Run
 from phaseprobe.sources.vllm.metrics import MetricSnapshot
 from phaseprobe.store import Store
 
-__all__ = ["PrefixResult", "PrefixSources", "PrefixResidency", "prefix_sources",
-           "experiment_residency", "run_prefix"]
+__all__ = [
+    "PrefixResult",
+    "PrefixSources",
+    "PrefixResidency",
+    "prefix_sources",
+    "experiment_residency",
+    "run_prefix",
+]
 
-_INSTANCE_WORDS = {"server": "the server's", "prefill": "the prefill instance's",
-                   "decode": "the decode instance's"}
+_INSTANCE_WORDS = {
+    "server": "the server's",
+    "prefill": "the prefill instance's",
+    "decode": "the decode instance's",
+}
 
 
 @dataclass(frozen=True)
@@ -91,30 +100,50 @@ class PrefixSources:
         """The report's sentences: one per pass, or why there is none."""
         head = f"prompt tokens by source ({_INSTANCE_WORDS.get(self.instance, self.instance)})"
         if self.cold is None and self.warm is None:
-            why = ("no isolated run to read them from" if not self.isolated_runs else
-                   "not exported (vLLM 0.32 or later exports vllm:prompt_tokens_by_source)")
+            why = (
+                "no isolated run to read them from"
+                if not self.isolated_runs
+                else "not exported (vLLM 0.32 or later exports vllm:prompt_tokens_by_source)"
+            )
             return [f"{head}: {why}"]
-        return [f"{head}, {name} pass: " + (got.text() if got is not None else
-                                           "no isolated run with them")
-                for name, got in (("cold", self.cold), ("warm", self.warm))]
+        return [
+            f"{head}, {name} pass: "
+            + (got.text() if got is not None else "no isolated run with them")
+            for name, got in (("cold", self.cold), ("warm", self.warm))
+        ]
 
     def to_dict(self) -> dict[str, Any]:
         def d(p: PromptSources | None) -> dict[str, Any] | None:
             return None if p is None else p.to_dict()
-        return {"instance": self.instance, "cold": d(self.cold), "warm": d(self.warm),
-                "runs": self.per_run, "said": self.lines()}
+
+        return {
+            "instance": self.instance,
+            "cold": d(self.cold),
+            "warm": d(self.warm),
+            "runs": self.per_run,
+            "said": self.lines(),
+        }
 
 
 def prefix_sources(runs: list[Run], role: str | None = None) -> PrefixSources:
     """The prompt sources of a prefix experiment's runs (cold at even seq, warm at odd), read
     by the probe's own code; ``role``: a P/D run's instance."""
-    per_run = [{"seq": r.seq, "pass": "warm" if r.seq % 2 else "cold",
-                "sources": prompt_sources_of(r, role) if r.isolated else None,
-                "cached_by_tier": cached_tiers_of(r, role) if r.isolated else None}
-               for r in runs]
-    return PrefixSources(role or "server", prompt_sources_summary(runs[0::2], role),
-                         prompt_sources_summary(runs[1::2], role), per_run,
-                         sum(1 for r in runs if r.isolated))
+    per_run = [
+        {
+            "seq": r.seq,
+            "pass": "warm" if r.seq % 2 else "cold",
+            "sources": prompt_sources_of(r, role) if r.isolated else None,
+            "cached_by_tier": cached_tiers_of(r, role) if r.isolated else None,
+        }
+        for r in runs
+    ]
+    return PrefixSources(
+        role or "server",
+        prompt_sources_summary(runs[0::2], role),
+        prompt_sources_summary(runs[1::2], role),
+        per_run,
+        sum(1 for r in runs if r.isolated),
+    )
 
 
 @dataclass(frozen=True)
@@ -128,24 +157,35 @@ class PrefixResidency:
 
     def to_dict(self) -> dict[str, Any]:
         res = self.residency
-        return {"instance": self.instance, **(res.numbers() if res is not None else {}),
-                "evicted_before_reuse": res.evicted_before_reuse if res is not None else None,
-                "said": self.said}
+        return {
+            "instance": self.instance,
+            **(res.numbers() if res is not None else {}),
+            "evicted_before_reuse": res.evicted_before_reuse if res is not None else None,
+            "said": self.said,
+        }
 
 
-def experiment_residency(first: MetricSnapshot | None, last: MetricSnapshot | None,
-                         instance: str = "server") -> PrefixResidency:
+def experiment_residency(
+    first: MetricSnapshot | None, last: MetricSnapshot | None, instance: str = "server"
+) -> PrefixResidency:
     """The residency histograms' increases between the experiment's first and last scrape,
     judged by ``check --live``'s arithmetic; why not, when they cannot be."""
     if first is None or last is None:
-        return PrefixResidency(instance, None, "KV residency not read: no /metrics scrape at "
-                                               "the experiment's start and end")
+        return PrefixResidency(
+            instance,
+            None,
+            "KV residency not read: no /metrics scrape at the experiment's start and end",
+        )
     rows = {h: r for h, r in bucket_deltas(first, last).items() if h in RESIDENCY_HISTOGRAMS}
     if not rows and snapshot_buckets(last):
         # exported, yet no increase to read: a bucket went backwards between the two scrapes
-        return PrefixResidency(instance, None, "KV residency not judged: its histograms went "
-                                               "backwards during the experiment (a restart, "
-                                               "or another process answered)")
+        return PrefixResidency(
+            instance,
+            None,
+            "KV residency not judged: its histograms went "
+            "backwards during the experiment (a restart, "
+            "or another process answered)",
+        )
     res = kv_residency(rows)
     return PrefixResidency(instance, res, residency_line(res))
 
@@ -165,8 +205,9 @@ class PrefixResult:
     residency: PrefixResidency | None = None
 
     def verdict(self) -> Verdict:
-        return prefix_verdict(self.summary["cold"], self.summary["warm"], self.prefix_tokens,
-                              self.block_size)
+        return prefix_verdict(
+            self.summary["cold"], self.summary["warm"], self.prefix_tokens, self.block_size
+        )
 
     def pd_text(self) -> str | None:
         """On a P/D pair: where the readings come from, and what the decode instance did."""
@@ -175,20 +216,26 @@ class PrefixResult:
         return pd_prefix_text(self.summary["cold"], self.summary["warm"])
 
     def to_dict(self) -> dict[str, Any]:
-        return {"experiment_id": self.experiment_id, "block_size": self.block_size,
-                **({"pd_text": self.pd_text()} if "pd" in self.server_info else {}),
-                "prefix_tokens": self.prefix_tokens,
-                "expected_hit_tokens": self.expected_hit_tokens, "summary": self.summary,
-                "verdict": self.verdict().to_dict(),
-                "prompt_sources": [x.to_dict() for x in self.sources],
-                "kv_residency": self.residency.to_dict() if self.residency else None,
-                "notes": self.notes, "runs": [r.to_dict() for r in self.runs]}
+        return {
+            "experiment_id": self.experiment_id,
+            "block_size": self.block_size,
+            **({"pd_text": self.pd_text()} if "pd" in self.server_info else {}),
+            "prefix_tokens": self.prefix_tokens,
+            "expected_hit_tokens": self.expected_hit_tokens,
+            "summary": self.summary,
+            "verdict": self.verdict().to_dict(),
+            "prompt_sources": [x.to_dict() for x in self.sources],
+            "kv_residency": self.residency.to_dict() if self.residency else None,
+            "notes": self.notes,
+            "runs": [r.to_dict() for r in self.runs],
+        }
 
 
 def _pass_summary(runs: list[Run], pd: bool = False) -> dict[str, float | None]:
     """One pass's medians. ``pd``: P/D runs, whose counters are keyed by instance: the prefix
     cache read is the prefill instance's (where prompts are computed), and the decode
     instance's prompt sources are added (``decode_*_tokens``)."""
+
     def med(vals: list[float | None]) -> float | None:
         xs = [v for v in vals if v is not None]
         return statistics.median(xs) if xs else None
@@ -200,22 +247,32 @@ def _pass_summary(runs: list[Run], pd: bool = False) -> dict[str, float | None]:
         "runs": float(len(ok)),
         "ttft_s": med([r.client.ttft_s for r in ok if r.client]),
         "server_prefill_s": med([s.prefill_s for s in srv]),
-        "prefix_cache_queries": med([s.counter_deltas.get(f"{key}prefix_cache_queries")
-                                     for s in srv]),
-        "prefix_cache_hits": med([s.counter_deltas.get(f"{key}prefix_cache_hits")
-                                  for s in srv]),
+        "prefix_cache_queries": med(
+            [s.counter_deltas.get(f"{key}prefix_cache_queries") for s in srv]
+        ),
+        "prefix_cache_hits": med([s.counter_deltas.get(f"{key}prefix_cache_hits") for s in srv]),
     }
     if pd:
         legs = [r.pd for r in ok if r.pd is not None and r.pd.decode_isolated]
-        out |= {"decode_transferred_tokens": med([p.tokens_transferred for p in legs]),
-                "decode_cached_tokens": med([p.tokens_cached for p in legs]),
-                "decode_computed_tokens": med([p.tokens_computed for p in legs])}
+        out |= {
+            "decode_transferred_tokens": med([p.tokens_transferred for p in legs]),
+            "decode_cached_tokens": med([p.tokens_cached for p in legs]),
+            "decode_computed_tokens": med([p.tokens_computed for p in legs]),
+        }
     return out
 
 
-def run_prefix(target: Target, store: Store, *, prefix_tokens: int = 512,
-               suffix_tokens: int = 16, max_tokens: int = 4, reps: int = 3,
-               name: str = "prefix", progress: Progress | None = None) -> PrefixResult:
+def run_prefix(
+    target: Target,
+    store: Store,
+    *,
+    prefix_tokens: int = 512,
+    suffix_tokens: int = 16,
+    max_tokens: int = 4,
+    reps: int = 3,
+    name: str = "prefix",
+    progress: Progress | None = None,
+) -> PrefixResult:
     """Per repetition a fresh shared prefix: a cold request, then a warm one with another suffix.
 
     Both are isolated, attributed runs, so TTFT, server prefill and the prefix-cache counter
@@ -243,17 +300,30 @@ def run_prefix(target: Target, store: Store, *, prefix_tokens: int = 512,
     if note:
         notes.append(note)
     if block is None:
-        notes.append("block size unknown (no cache_config_info): cannot say how many prefix "
-                     "tokens can hit")
-    spec = ctx.spec(prompts[0], max_tokens, {"probe": "prefix",
-                                             "prefix_tokens": str(shared),
-                                             "suffix_tokens": str(suffix_tokens),
-                                             "order": "cold,warm per repetition"})
+        notes.append(
+            "block size unknown (no cache_config_info): cannot say how many prefix tokens can hit"
+        )
+    spec = ctx.spec(
+        prompts[0],
+        max_tokens,
+        {
+            "probe": "prefix",
+            "prefix_tokens": str(shared),
+            "suffix_tokens": str(suffix_tokens),
+            "order": "cold,warm per repetition",
+        },
+    )
     settings = ProbeSettings(runs=2 * reps, warmup=0, name=name)
     collector = ctx.collector(spec, settings)
-    exp_id = store.create_experiment(Experiment(
-        name=name, kind="prefix", spec=spec, server_info=ctx.info,
-        created_wall_ns=time.time_ns()))
+    exp_id = store.create_experiment(
+        Experiment(
+            name=name,
+            kind="prefix",
+            spec=spec,
+            server_info=ctx.info,
+            created_wall_ns=time.time_ns(),
+        )
+    )
     runs: list[Run] = []
     # KV residency is read where the prefixes are cached: on a pair, the prefill instance
     where = "prefill" if target.pd is not None else None
@@ -265,20 +335,35 @@ def run_prefix(target: Target, store: Store, *, prefix_tokens: int = 512,
         for seq, prompt in enumerate(prompts):
             run = store_run(store, exp_id, collector.measure(seq, prompt))
             runs.append(run)
-            say(f"prefix rep {seq // 2 + 1}/{reps} {'warm' if seq % 2 else 'cold'}: "
-                f"TTFT {fmt_ms(run.client.ttft_s if run.client else None)}")
+            say(
+                f"prefix rep {seq // 2 + 1}/{reps} {'warm' if seq % 2 else 'cold'}: "
+                f"TTFT {fmt_ms(run.client.ttft_s if run.client else None)}"
+            )
     finally:
         notes.extend(collector.all_notes())
         store.finish_experiment(exp_id, notes)
     residency = experiment_residency(first, ctx.scrape(where), where or "server")
     if ctx.conn.fleet is not None:
         # a router's /metrics is any replica's; each replica has a prefix cache of its own
-        residency = PrefixResidency("server", None, "KV residency not read behind a router: "
-                                    "each replica has its own prefix cache (phaseprobe check "
-                                    "--live --replica NAME=URL … judges each one's)")
+        residency = PrefixResidency(
+            "server",
+            None,
+            "KV residency not read behind a router: "
+            "each replica has its own prefix cache (phaseprobe check "
+            "--live --replica NAME=URL … judges each one's)",
+        )
     pd = target.pd is not None
     summary = {"cold": _pass_summary(runs[0::2], pd), "warm": _pass_summary(runs[1::2], pd)}
     sources = [prefix_sources(runs, role) for role in (("prefill", "decode") if pd else (None,))]
-    return PrefixResult(exp_id, runs, block, shared,
-                        expected_hit_tokens(shared, block) if block else None, summary,
-                        ctx.info, notes, sources, residency)
+    return PrefixResult(
+        exp_id,
+        runs,
+        block,
+        shared,
+        expected_hit_tokens(shared, block) if block else None,
+        summary,
+        ctx.info,
+        notes,
+        sources,
+        residency,
+    )

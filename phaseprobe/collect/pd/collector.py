@@ -44,11 +44,17 @@ __all__ = ["PdTopology", "PdCollector", "joined_timeline"]
 class PdCollector:
     """One isolated, attributed P/D run at a time (``measure``)."""
 
-    def __init__(self, spec: RunSpec, settings: ProbeSettings, topo: PdTopology,
-                 clients: dict[str, StreamClient], scrapers: dict[str, MetricsScraper],
-                 sleep: Callable[[float], None] = time.sleep,
-                 clock: Callable[[], float] = time.monotonic,
-                 run_notes: RunNotes | None = None) -> None:
+    def __init__(
+        self,
+        spec: RunSpec,
+        settings: ProbeSettings,
+        topo: PdTopology,
+        clients: dict[str, StreamClient],
+        scrapers: dict[str, MetricsScraper],
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+        run_notes: RunNotes | None = None,
+    ) -> None:
         """``clients``: "prefill", "decode" and, with a router, "router"; ``scrapers``:
         "prefill" and "decode" (each instance's own /metrics)."""
         self.spec, self.settings, self.topo = spec, settings, topo
@@ -70,20 +76,29 @@ class PdCollector:
             self.metrics_ok = False
             return None
 
-    def _wait(self, done: Callable[[dict[str, MetricSnapshot]], bool], timeout_s: float
-              ) -> tuple[dict[str, MetricSnapshot] | None, bool]:
-        return poll_until(self._scrape, done, timeout_s, self.settings.poll_s, self.sleep,
-                          self.clock)
+    def _wait(
+        self, done: Callable[[dict[str, MetricSnapshot]], bool], timeout_s: float
+    ) -> tuple[dict[str, MetricSnapshot] | None, bool]:
+        return poll_until(
+            self._scrape, done, timeout_s, self.settings.poll_s, self.sleep, self.clock
+        )
 
     def body(self, prompt: str, max_tokens: int | None = None) -> dict[str, Any]:
         """A leg's request body (``max_tokens=1``: the prefill leg)."""
         s = self.spec
-        return build_body(model=s.model, prompt=prompt, max_tokens=max_tokens or s.max_tokens,
-                          chat=s.api == "chat", temperature=s.temperature, seed=s.seed,
-                          ignore_eos=s.ignore_eos)
+        return build_body(
+            model=s.model,
+            prompt=prompt,
+            max_tokens=max_tokens or s.max_tokens,
+            chat=s.api == "chat",
+            temperature=s.temperature,
+            seed=s.seed,
+            ignore_eos=s.ignore_eos,
+        )
 
-    def send(self, prompt: str, headers: dict[str, str]
-             ) -> tuple[StreamOutcome, StreamOutcome | None, float | None]:
+    def send(
+        self, prompt: str, headers: dict[str, str]
+    ) -> tuple[StreamOutcome, StreamOutcome | None, float | None]:
         """(what the client saw, the prefill leg when sent by us, the gap between the legs):
         the spec's request over the pair (:class:`~phaseprobe.collect.pd.sender.PdSender`)."""
         sent = self.sender.stream(prompt, self.spec.max_tokens, headers)
@@ -96,56 +111,93 @@ class PdCollector:
     def measure(self, seq: int, prompt: str) -> Run:
         """Send one request over the pair and attribute both legs (see the module docstring)."""
         model = self.spec.model
-        before, _ = self._wait(lambda s: not any(idle_reasons(x, model, "before")
-                                                 for x in s.values()),
-                               self.settings.idle_timeout_s)
+        before, _ = self._wait(
+            lambda s: not any(idle_reasons(x, model, "before") for x in s.values()),
+            self.settings.idle_timeout_s,
+        )
         tags = new_tags()
         outcome, first, gap = self.send(prompt, tags.headers)
         self.run_notes.add(outcome.notes)
         timeline = outcome.timeline
-        run = Run(seq=seq, status="ok" if outcome.error is None else "error", prompt=prompt,
-                  client=timeline, server=None, error=outcome.error,
-                  isolation=Isolation(False, False, ("request failed",) if outcome.error else
-                                      ("no vLLM metrics: isolation not verified",)),
-                  trace_id=tags.trace_id, request_id=tags.request_id)
+        run = Run(
+            seq=seq,
+            status="ok" if outcome.error is None else "error",
+            prompt=prompt,
+            client=timeline,
+            server=None,
+            error=outcome.error,
+            isolation=Isolation(
+                False,
+                False,
+                ("request failed",)
+                if outcome.error
+                else ("no vLLM metrics: isolation not verified",),
+            ),
+            trace_id=tags.trace_id,
+            request_id=tags.request_id,
+        )
         if outcome.error is not None or before is None:
             return run
-        after, seen = self._wait(lambda s: all(histograms_moved(before[r], s[r], model)
-                                               for r in s), self.settings.metrics_timeout_s)
+        after, seen = self._wait(
+            lambda s: all(histograms_moved(before[r], s[r], model) for r in s),
+            self.settings.metrics_timeout_s,
+        )
         if after is None:
-            return replace(run, isolation=Isolation(False, False,
-                                                    ("metrics lost after the request",)))
+            return replace(
+                run, isolation=Isolation(False, False, ("metrics lost after the request",))
+            )
         # the prefill leg's own usage when we sent it; through a router: one token, by design
         first_tokens = first.timeline.completion_tokens if first is not None else 1
         return self._attribute(run, before, after, seen, gap, first_tokens)
 
-    def _attribute(self, run: Run, before: dict[str, MetricSnapshot],
-                   after: dict[str, MetricSnapshot], seen: bool, gap: float | None,
-                   first_tokens: int | None) -> Run:
+    def _attribute(
+        self,
+        run: Run,
+        before: dict[str, MetricSnapshot],
+        after: dict[str, MetricSnapshot],
+        seen: bool,
+        gap: float | None,
+        first_tokens: int | None,
+    ) -> Run:
         model, c = self.spec.model, run.client
         prompt_tokens = c.prompt_tokens if c else None
         legs: dict[str, tuple[ServerPhases | None, Isolation]] = {}
-        for role, completion in (("prefill", first_tokens),
-                                 ("decode", c.completion_tokens if c else None)):
+        for role, completion in (
+            ("prefill", first_tokens),
+            ("decode", c.completion_tokens if c else None),
+        ):
             why = unverifiable(before[role], after[role], model)
             if why is not None:
                 legs[role] = (None, Isolation(False, False, (f"{role} instance: {why}",)))
                 continue
             # the decode instance counts the prompt it loaded too, but only its generated
             # tokens are the run's own to check (research/fleet_pd.md)
-            leg, iso = attribute(before[role], after[role], model=model,
-                                 prompt_tokens=prompt_tokens if role == "prefill" else None,
-                                 completion_tokens=completion)
+            leg, iso = attribute(
+                before[role],
+                after[role],
+                model=model,
+                prompt_tokens=prompt_tokens if role == "prefill" else None,
+                completion_tokens=completion,
+            )
             # vLLM's own prompt sources and work counters of this leg, as a probe run keeps them
-            leg = replace(leg, counter_deltas={**leg.counter_deltas, **self_measured_deltas(
-                before[role], after[role], model)})
-            legs[role] = (leg, replace(iso, reasons=tuple(f"{role} instance: {r}"
-                                                             for r in iso.reasons)))
+            leg = replace(
+                leg,
+                counter_deltas={
+                    **leg.counter_deltas,
+                    **self_measured_deltas(before[role], after[role], model),
+                },
+            )
+            legs[role] = (
+                leg,
+                replace(iso, reasons=tuple(f"{role} instance: {r}" for r in iso.reasons)),
+            )
         (p_srv, p_iso), (d_srv, d_iso) = legs["prefill"], legs["decode"]
         reasons = p_iso.reasons + d_iso.reasons
         if not seen:
-            reasons += (f"the instances' histograms did not both observe the request within "
-                        f"{self.settings.metrics_timeout_s:g} s",)
+            reasons += (
+                f"the instances' histograms did not both observe the request within "
+                f"{self.settings.metrics_timeout_s:g} s",
+            )
         verified = p_iso.verified and d_iso.verified
         isolated = verified and not reasons
         deltas = source_deltas(before["decode"], after["decode"], model)
@@ -153,23 +205,49 @@ class PdCollector:
         p_lookups, _ = connector_deltas(before["prefill"], after["prefill"], model)
         if p_lookups is not None and p_lookups <= 0 and not self._said_prefill:
             self._said_prefill = True
-            self.notes.append("the prefill instance's KV connector made no lookup "
-                              "(vllm:external_prefix_cache_queries did not move): is it started "
-                              "with --kv-transfer-config? Without one its KV goes nowhere")
-        pd = pd_legs(p_srv, p_iso.isolated, d_srv, d_iso.isolated, deltas, prompt_tokens, gap,
-                     lookups, block_size(after["decode"]))
+            self.notes.append(
+                "the prefill instance's KV connector made no lookup "
+                "(vllm:external_prefix_cache_queries did not move): is it started "
+                "with --kv-transfer-config? Without one its KV goes nowhere"
+            )
+        pd = pd_legs(
+            p_srv,
+            p_iso.isolated,
+            d_srv,
+            d_iso.isolated,
+            deltas,
+            prompt_tokens,
+            gap,
+            lookups,
+            block_size(after["decode"]),
+        )
         # the run's phases as the user met them: queue and prefill on the prefill instance,
         # decode on the decode instance; the hand-over is in ``pd``
         server: ServerPhases | None = None
         if p_srv is not None and d_srv is not None:
             server = ServerPhases(
-                queue_s=p_srv.queue_s, prefill_s=p_srv.prefill_s, decode_s=d_srv.decode_s,
-                inference_s=None, ttft_s=None, e2e_s=None,
-                count_deltas={f"{r}:{k}": v for r, srv in (("prefill", p_srv), ("decode", d_srv))
-                              for k, v in srv.count_deltas.items()},
-                counter_deltas={f"{r}:{k}": v for r, srv in (("prefill", p_srv),
-                                                            ("decode", d_srv))
-                                for k, v in srv.counter_deltas.items()})
+                queue_s=p_srv.queue_s,
+                prefill_s=p_srv.prefill_s,
+                decode_s=d_srv.decode_s,
+                inference_s=None,
+                ttft_s=None,
+                e2e_s=None,
+                count_deltas={
+                    f"{r}:{k}": v
+                    for r, srv in (("prefill", p_srv), ("decode", d_srv))
+                    for k, v in srv.count_deltas.items()
+                },
+                counter_deltas={
+                    f"{r}:{k}": v
+                    for r, srv in (("prefill", p_srv), ("decode", d_srv))
+                    for k, v in srv.counter_deltas.items()
+                },
+            )
         status: RunStatus = "ok" if isolated or not verified else "isolation_failed"
-        return replace(run, status=status, server=server, pd=pd,
-                       isolation=Isolation(verified, isolated, reasons))
+        return replace(
+            run,
+            status=status,
+            server=server,
+            pd=pd,
+            isolation=Isolation(verified, isolated, reasons),
+        )

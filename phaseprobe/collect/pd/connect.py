@@ -34,8 +34,9 @@ class PdConnection:
 
     @property
     def notes(self) -> list[str]:
-        return ([f"prefill instance: {n}" for n in self.prefill.notes]
-                + [f"decode instance: {n}" for n in self.decode.notes])
+        return [f"prefill instance: {n}" for n in self.prefill.notes] + [
+            f"decode instance: {n}" for n in self.decode.notes
+        ]
 
     @property
     def scrapers(self) -> dict[str, MetricsScraper]:
@@ -54,43 +55,70 @@ class PdConnection:
         """The clients a :class:`~phaseprobe.collect.pd.sender.PdSender` needs: "prefill",
         "decode" and, with a router, "router". ``fresh``: new sessions, for another thread
         (a session is not thread-safe, and each stream must own its socket)."""
-        p, d = ((self.prefill.new_client(), self.decode.new_client()) if fresh
-                else (self.prefill.client, self.decode.client))
+        p, d = (
+            (self.prefill.new_client(), self.decode.new_client())
+            if fresh
+            else (self.prefill.client, self.decode.client)
+        )
         out = {"prefill": p, "decode": d}
         if self.topo.router is not None:
-            out["router"] = StreamClient(self.topo.router, api_key=self.api_key,
-                                         session=requests.Session() if fresh else d.session,
-                                         timeout_s=d.timeout_s, deadline_s=d.deadline_s)
+            out["router"] = StreamClient(
+                self.topo.router,
+                api_key=self.api_key,
+                session=requests.Session() if fresh else d.session,
+                timeout_s=d.timeout_s,
+                deadline_s=d.deadline_s,
+            )
         return out
 
 
-def _instance(role: str, url: str, api_key: str | None, session: requests.Session | None,
-              timeout_s: float, deadline_s: float | None, model: str | None,
-              require_metrics: bool) -> Connection:
-    conn = connect(url, api_key, session=session, timeout_s=timeout_s, deadline_s=deadline_s,
-                   model=model)
+def _instance(
+    role: str,
+    url: str,
+    api_key: str | None,
+    session: requests.Session | None,
+    timeout_s: float,
+    deadline_s: float | None,
+    model: str | None,
+    require_metrics: bool,
+) -> Connection:
+    conn = connect(
+        url, api_key, session=session, timeout_s=timeout_s, deadline_s=deadline_s, model=model
+    )
     if conn.router:
-        raise ConfigError(f"the {role} URL {redact_url(url)} is a vllm-router: give the "
-                          f"{role} instance's own URL (its /metrics are the run's ground truth)")
+        raise ConfigError(
+            f"the {role} URL {redact_url(url)} is a vllm-router: give the "
+            f"{role} instance's own URL (its /metrics are the run's ground truth)"
+        )
     if require_metrics and conn.scraper is None:
         why = "; ".join(conn.notes) or "no usable /metrics"
-        raise ConfigError(f"the {role} instance {redact_url(url)} has no usable /metrics ({why}): "
-                          f"each instance's own counters are needed to attribute its leg and "
-                          f"tell whether the KV moved")
+        raise ConfigError(
+            f"the {role} instance {redact_url(url)} has no usable /metrics ({why}): "
+            f"each instance's own counters are needed to attribute its leg and "
+            f"tell whether the KV moved"
+        )
     return conn
 
 
-def connect_pair(topo: PdTopology, api_key: str | None, *, timeout_s: float,
-                 deadline_s: float | None, model: str | None = None,
-                 session: requests.Session | None = None,
-                 require_metrics: bool = False) -> PdConnection:
+def connect_pair(
+    topo: PdTopology,
+    api_key: str | None,
+    *,
+    timeout_s: float,
+    deadline_s: float | None,
+    model: str | None = None,
+    session: requests.Session | None = None,
+    require_metrics: bool = False,
+) -> PdConnection:
     """Check and connect both instances and the router, before any run. Raises
     EndpointUnreachable when one does not answer, ConfigError when an instance URL is a
     router or (``require_metrics``) an instance's /metrics cannot be read."""
-    prefill = _instance("prefill", topo.prefill, api_key, session, timeout_s, deadline_s, model,
-                        require_metrics)
-    decode = _instance("decode", topo.decode, api_key, session, timeout_s, deadline_s, model,
-                       require_metrics)
+    prefill = _instance(
+        "prefill", topo.prefill, api_key, session, timeout_s, deadline_s, model, require_metrics
+    )
+    decode = _instance(
+        "decode", topo.decode, api_key, session, timeout_s, deadline_s, model, require_metrics
+    )
     if topo.router is not None:
         check_endpoint(topo.router, session=decode.session, headers=decode.headers)
     return PdConnection(topo, prefill, decode, api_key)

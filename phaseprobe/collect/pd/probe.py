@@ -36,12 +36,14 @@ def kv_summary(runs: Sequence[Run]) -> str | None:
     if not told:
         return None
     counts = {k: told.count(k) for k in dict.fromkeys(told)}
-    return ("KV hand-over: " + ", ".join(f"{k} in {n} of {len(told)} run(s)"
-                                         for k, n in counts.items()))
+    return "KV hand-over: " + ", ".join(
+        f"{k} in {n} of {len(told)} run(s)" for k, n in counts.items()
+    )
 
 
-def kv_path(runs: Sequence[Run], info: Mapping[str, Any], model_config: str | None
-            ) -> KvPathReport | str:
+def kv_path(
+    runs: Sequence[Run], info: Mapping[str, Any], model_config: str | None
+) -> KvPathReport | str:
     """The runs' KV path against its bound: the transferred tokens' KV bytes (from the served
     model's config) over hand-over + decode-side prompt work, set against this machine's
     calibrated memory copy when one is stored (a CPU pair moves its KV through memory). Or
@@ -49,8 +51,10 @@ def kv_path(runs: Sequence[Run], info: Mapping[str, Any], model_config: str | No
     try:
         path = model_config_path(info, model_config)
         if path is None:
-            return ("KV path: no model config (the server names no local model path): pass "
-                    "--model-config PATH for the KV bytes per token")
+            return (
+                "KV path: no model config (the server names no local model path): pass "
+                "--model-config PATH for the KV bytes per token"
+            )
         cfg, _ = load_config(path)
         links = [copy_link(c.mem_bandwidth_best_gb_s, name) for name, c in load_all().items()]
     except PhaseprobeError as exc:
@@ -58,13 +62,20 @@ def kv_path(runs: Sequence[Run], info: Mapping[str, Any], model_config: str | No
     return kv_path_report(runs, cfg, links[:1])
 
 
-def run_pd_probe(spec: RunSpec, store: Store, topo: PdTopology, *,
-                 settings: ProbeSettings = ProbeSettings(), api_key: str | None = None,
-                 progress: ProgressHook | None = None, timeout_s: float = 120.0,
-                 deadline_s: float | None = DEFAULT_DEADLINE_S,
-                 sleep: Callable[[float], None] = time.sleep,
-                 clock: Callable[[], float] = time.monotonic,
-                 span_reader: SpanReader | None = None) -> ProbeResult:
+def run_pd_probe(
+    spec: RunSpec,
+    store: Store,
+    topo: PdTopology,
+    *,
+    settings: ProbeSettings = ProbeSettings(),
+    api_key: str | None = None,
+    progress: ProgressHook | None = None,
+    timeout_s: float = 120.0,
+    deadline_s: float | None = DEFAULT_DEADLINE_S,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+    span_reader: SpanReader | None = None,
+) -> ProbeResult:
     """One probe experiment on the pair; raises EndpointUnreachable before any run when an
     instance (or the router) does not answer. ``settings.span_wait_s``: the legs' spans are
     awaited that long after the last run and joined onto each run (None: no spans)."""
@@ -74,26 +85,42 @@ def run_pd_probe(spec: RunSpec, store: Store, topo: PdTopology, *,
     builder = pair.decode.prompt_builder(spec.model, spec.seed)
     total = settings.warmup + settings.runs
     target = spec.prompt_tokens_target
-    prompts = ([builder.build(target, i).text for i in range(total)] if target is not None
-               else [spec.prompt] * total)
+    prompts = (
+        [builder.build(target, i).text for i in range(total)]
+        if target is not None
+        else [spec.prompt] * total
+    )
     collector = PdCollector(spec, settings, topo, clients, scrapers, sleep, clock)
     if not scrapers:
         collector.metrics_ok = False
-    experiment_id = store.create_experiment(Experiment(
-        name=settings.name, kind="probe", spec=spec, server_info=info,
-        created_wall_ns=time.time_ns()))
+    experiment_id = store.create_experiment(
+        Experiment(
+            name=settings.name,
+            kind="probe",
+            spec=spec,
+            server_info=info,
+            created_wall_ns=time.time_ns(),
+        )
+    )
     runs: list[Run] = []
     progress.on_start(settings.runs, settings.warmup)
     try:
         for i in range(settings.warmup):
             outcome, _, _ = collector.send(prompts[i], {})
             progress.on_warmup(i, outcome.error)
-        measure_runs(collector.measure, store, experiment_id, prompts, settings, runs,
-                     progress, sleep)
+        measure_runs(
+            collector.measure, store, experiment_id, prompts, settings, runs, progress, sleep
+        )
         if settings.span_wait_s is not None:
-            attached, span_notes = attach_pd_spans(store, runs, wait_s=settings.span_wait_s,
-                                                   topo=topo, sleep=sleep, clock=clock,
-                                                   spans=span_reader)
+            attached, span_notes = attach_pd_spans(
+                store,
+                runs,
+                wait_s=settings.span_wait_s,
+                topo=topo,
+                sleep=sleep,
+                clock=clock,
+                spans=span_reader,
+            )
             runs[:] = attached
             notes.extend(span_notes)
     except KeyboardInterrupt:

@@ -34,9 +34,12 @@ def joined_timeline(prefill: ClientTimeline, decode: ClientTimeline) -> ClientTi
     token when the decode leg's bytes arrived (offsets moved onto the prefill leg's clock),
     with the decode leg's usage (its prompt is the whole prompt; its tokens are the answer)."""
     shift = decode.sent_wall_ns - prefill.sent_wall_ns
-    return replace(decode, sent_wall_ns=prefill.sent_wall_ns,
-                   event_offsets_ns=tuple(shift + t for t in decode.event_offsets_ns),
-                   end_offset_ns=shift + decode.end_offset_ns)
+    return replace(
+        decode,
+        sent_wall_ns=prefill.sent_wall_ns,
+        event_offsets_ns=tuple(shift + t for t in decode.event_offsets_ns),
+        end_offset_ns=shift + decode.end_offset_ns,
+    )
 
 
 @dataclass(frozen=True)
@@ -53,28 +56,39 @@ class PdOutcome:
 class PdSender:
     """Sends requests over one pair (see the module docstring)."""
 
-    def __init__(self, topo: PdTopology, clients: Mapping[str, StreamClient],
-                 body: BodyMaker) -> None:
+    def __init__(
+        self, topo: PdTopology, clients: Mapping[str, StreamClient], body: BodyMaker
+    ) -> None:
         """``clients``: "prefill" and "decode", and "router" when ``topo`` has one."""
-        missing = [r for r in ("prefill", "decode") + (("router",) if topo.router else ())
-                   if r not in clients]
+        missing = [
+            r
+            for r in ("prefill", "decode") + (("router",) if topo.router else ())
+            if r not in clients
+        ]
         if missing:
             raise ValueError(f"no client for the {', '.join(missing)} of the pair")
         self.topo, self.clients, self.body = topo, clients, body
 
-    def stream(self, prompt: str, max_tokens: int, headers: dict[str, str] | None = None,
-               on_events: Callable[[list[bytes]], None] | None = None) -> PdOutcome:
+    def stream(
+        self,
+        prompt: str,
+        max_tokens: int,
+        headers: dict[str, str] | None = None,
+        on_events: Callable[[list[bytes]], None] | None = None,
+    ) -> PdOutcome:
         """Send one request of ``max_tokens`` tokens. ``on_events`` sees the events the user
         sees: the router's stream, or the decode leg's (never the prefill leg's one token)."""
         if self.topo.router is not None:
-            out = self.clients["router"].stream(self.body(prompt, max_tokens),
-                                                on_events=on_events, headers=headers)
+            out = self.clients["router"].stream(
+                self.body(prompt, max_tokens), on_events=on_events, headers=headers
+            )
             return PdOutcome(out, None, None)
         first = self.clients["prefill"].stream(self.body(prompt, 1), headers=headers)
         if first.error is not None:
             return PdOutcome(first, first, None)
-        second = self.clients["decode"].stream(self.body(prompt, max_tokens),
-                                               on_events=on_events, headers=headers)
+        second = self.clients["decode"].stream(
+            self.body(prompt, max_tokens), on_events=on_events, headers=headers
+        )
         p, d = first.timeline, second.timeline
         gap = (d.sent_wall_ns - (p.sent_wall_ns + p.end_offset_ns)) / 1e9
         joined = replace(second, timeline=joined_timeline(p, d))

@@ -35,11 +35,20 @@ if TYPE_CHECKING:
 __all__ = ["attach_pd_spans", "span_join", "legs_with_spans", "LEG_FIELDS"]
 
 # PdLegs fields a span record also has (same meaning: see PdLegs and PdSpanRecord)
-LEG_FIELDS = ("prefill_queue_s", "prefill_s", "hand_over_s", "decode_kv_wait_s",
-              "decode_prompt_s", "decode_s", "legs_gap_s")
+LEG_FIELDS = (
+    "prefill_queue_s",
+    "prefill_s",
+    "hand_over_s",
+    "decode_kv_wait_s",
+    "decode_prompt_s",
+    "decode_s",
+    "legs_gap_s",
+)
 
-NO_COUNTERS = ("no /metrics deltas for this run: its legs come from their spans; whether its KV "
-               "moved is told only by the decode instance's prompt_tokens_by_source")
+NO_COUNTERS = (
+    "no /metrics deltas for this run: its legs come from their spans; whether its KV "
+    "moved is told only by the decode instance's prompt_tokens_by_source"
+)
 
 
 def span_join(rec: PdSpanRecord) -> dict[str, Any]:
@@ -59,12 +68,24 @@ def legs_with_spans(pd: PdLegs | None, rec: PdSpanRecord) -> PdLegs:
     the spans (named in ``span_join["from_spans"]``); a run without counters gets its legs
     from the spans alone, its KV "unknown"."""
     if pd is None:
-        pd = PdLegs(prefill_queue_s=None, prefill_s=None, hand_over_s=None,
-                    decode_kv_wait_s=None, decode_prompt_s=None, decode_s=None,
-                    tokens_transferred=None, tokens_computed=None, tokens_cached=None,
-                    kv="unknown", kv_reason=NO_COUNTERS)
-    filled = {f: getattr(rec, f) for f in LEG_FIELDS
-              if getattr(pd, f) is None and getattr(rec, f) is not None}
+        pd = PdLegs(
+            prefill_queue_s=None,
+            prefill_s=None,
+            hand_over_s=None,
+            decode_kv_wait_s=None,
+            decode_prompt_s=None,
+            decode_s=None,
+            tokens_transferred=None,
+            tokens_computed=None,
+            tokens_cached=None,
+            kv="unknown",
+            kv_reason=NO_COUNTERS,
+        )
+    filled = {
+        f: getattr(rec, f)
+        for f in LEG_FIELDS
+        if getattr(pd, f) is None and getattr(rec, f) is not None
+    }
     join = {**span_join(rec), "from_spans": sorted(filled)}
     return replace(pd, **filled, span_join=join)
 
@@ -77,11 +98,16 @@ def _roles(topo: PdTopology | None) -> dict[str, str]:
     return {default_name(topo.prefill): "prefill", default_name(topo.decode): "decode"}
 
 
-def attach_pd_spans(store: Store, runs: Sequence[Run], *, wait_s: float,
-                    topo: PdTopology | None = None,
-                    sleep: Callable[[float], None] = time.sleep,
-                    clock: Callable[[], float] = time.monotonic,
-                    spans: SpanReader | None = None) -> tuple[list[Run], list[str]]:
+def attach_pd_spans(
+    store: Store,
+    runs: Sequence[Run],
+    *,
+    wait_s: float,
+    topo: PdTopology | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+    spans: SpanReader | None = None,
+) -> tuple[list[Run], list[str]]:
     """Wait up to ``wait_s`` for both legs' spans of every run (a receiver writes them to the
     same store; or in ``spans``, the fleet's span store: ``--spans-from``), join them, record
     the join on each stored run, and return the runs as updated with notes naming the runs
@@ -89,9 +115,15 @@ def attach_pd_spans(store: Store, runs: Sequence[Run], *, wait_s: float,
     tagged = [r for r in runs if r.trace_id and r.client is not None and r.status != "error"]
     wanted = [r.trace_id for r in tagged if r.trace_id]
     since = min((r.client.sent_wall_ns for r in tagged if r.client), default=0) - CLOCK_SKEW_NS
-    found = wait_for_traces(spans if spans is not None else store, wanted, since,
-                            lambda got: all(len(got.get(t, ())) >= 2 for t in wanted),
-                            wait_s=wait_s, sleep=sleep, clock=clock)
+    found = wait_for_traces(
+        spans if spans is not None else store,
+        wanted,
+        since,
+        lambda got: all(len(got.get(t, ())) >= 2 for t in wanted),
+        wait_s=wait_s,
+        sleep=sleep,
+        clock=clock,
+    )
     roles = _roles(topo)
     out: list[Run] = []
     unjoined: list[str] = []
@@ -107,8 +139,10 @@ def attach_pd_spans(store: Store, runs: Sequence[Run], *, wait_s: float,
             continue
         join = join_legs(legs, roles)
         if len(join.records) != 1 or join.unjoined:
-            why = "; ".join(u.reason for u in join.unjoined) or \
-                f"{len(join.records)} requests in one trace"
+            why = (
+                "; ".join(u.reason for u in join.unjoined)
+                or f"{len(join.records)} requests in one trace"
+            )
             unjoined.append(f"run {run.seq + 1}: {why}")
             out.append(run)
             continue
@@ -116,24 +150,35 @@ def attach_pd_spans(store: Store, runs: Sequence[Run], *, wait_s: float,
         joined += 1
         # the hand-over needs both clocks (through a router the client sees no gap); a leg's
         # own phases missing means its counters were not the run's own
-        from_spans += bool(set(pd.span_join["from_spans"] if pd.span_join else ())
-                           - {"hand_over_s", "legs_gap_s"})
+        from_spans += bool(
+            set(pd.span_join["from_spans"] if pd.span_join else ()) - {"hand_over_s", "legs_gap_s"}
+        )
         if run.run_id is not None:
             store.set_run_pd(run.run_id, pd)
         out.append(replace(run, pd=pd))
     notes = []
     if wanted:
-        notes.append(f"spans: both legs joined for {joined} of {len(wanted)} run(s) (hand-over "
-                     "and TTFT split on the instances' own clocks: probe --json, runs.pd)")
+        notes.append(
+            f"spans: both legs joined for {joined} of {len(wanted)} run(s) (hand-over "
+            "and TTFT split on the instances' own clocks: probe --json, runs.pd)"
+        )
     if unjoined:
-        notes.append(f"spans: {len(unjoined)} run(s) not joined within {wait_s:g} s ("
-                     + "; ".join(unjoined[:5]) + ("; …" if len(unjoined) > 5 else "")
-                     + (f"): does the fleet's collector write both instances' spans to "
-                        f"{spans.where}? (raise --span-wait)" if spans is not None else
-                        "): are both instances started with --otlp-traces-endpoint pointing at "
-                        "phaseprobe's receiver?"))
+        notes.append(
+            f"spans: {len(unjoined)} run(s) not joined within {wait_s:g} s ("
+            + "; ".join(unjoined[:5])
+            + ("; …" if len(unjoined) > 5 else "")
+            + (
+                f"): does the fleet's collector write both instances' spans to "
+                f"{spans.where}? (raise --span-wait)"
+                if spans is not None
+                else "): are both instances started with --otlp-traces-endpoint pointing at "
+                "phaseprobe's receiver?"
+            )
+        )
     if from_spans:
-        notes.append(f"spans: {from_spans} run(s) had legs the counters could not give (an "
-                     "instance busy or its /metrics unreadable): those phases come from the "
-                     "legs' spans")
+        notes.append(
+            f"spans: {from_spans} run(s) had legs the counters could not give (an "
+            "instance busy or its /metrics unreadable): those phases come from the "
+            "legs' spans"
+        )
     return out, notes

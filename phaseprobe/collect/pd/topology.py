@@ -20,5 +20,8 @@ class PdTopology:
 
     def to_dict(self) -> dict[str, str | None]:
         """As an experiment's ``server_info["pd"]`` keeps it (credentials redacted)."""
-        return {"prefill": redact_url(self.prefill), "decode": redact_url(self.decode),
-                "router": redact_url(self.router) if self.router else None}
+        return {
+            "prefill": redact_url(self.prefill),
+            "decode": redact_url(self.decode),
+            "router": redact_url(self.router) if self.router else None,
+        }

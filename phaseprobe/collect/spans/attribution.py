@@ -31,8 +31,16 @@ from phaseprobe.store import RUN_REQUEST_ID_PREFIX, Store
 if TYPE_CHECKING:
     from phaseprobe.sources.span_stores import SpanReader
 
-__all__ = ["SpanTags", "new_tags", "attach_spans", "replica_from_span", "wait_for_traces",
-           "SPAN_WAIT_MARGIN_S", "DEFAULT_BSP_DELAY_S", "COLLECTOR_MARGIN_S"]
+__all__ = [
+    "SpanTags",
+    "new_tags",
+    "attach_spans",
+    "replica_from_span",
+    "wait_for_traces",
+    "SPAN_WAIT_MARGIN_S",
+    "DEFAULT_BSP_DELAY_S",
+    "COLLECTOR_MARGIN_S",
+]
 
 DEFAULT_BSP_DELAY_S = 5.0  # the OpenTelemetry SDK's OTEL_BSP_SCHEDULE_DELAY default
 SPAN_WAIT_MARGIN_S = 5.0  # export, receive and commit after the batch delay
@@ -60,10 +68,17 @@ def new_tags() -> SpanTags:
     return SpanTags(trace_id=trace_id, request_id=f"{RUN_REQUEST_ID_PREFIX}{trace_id[:16]}")
 
 
-def attach_spans(store: Store, runs: Sequence[Run], *, wait_s: float,
-                 hop: bool | None = None, sleep: Callable[[float], None] = time.sleep,
-                 clock: Callable[[], float] = time.monotonic, fleet: bool = False,
-                 spans: SpanReader | None = None) -> tuple[list[Run], list[str]]:
+def attach_spans(
+    store: Store,
+    runs: Sequence[Run],
+    *,
+    wait_s: float,
+    hop: bool | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+    fleet: bool = False,
+    spans: SpanReader | None = None,
+) -> tuple[list[Run], list[str]]:
     """Wait up to ``wait_s`` for the runs' spans (from a receiver writing to the same store,
     or in ``spans``), attach them to the stored runs, and return the runs as updated with
     notes. ``fleet``: the endpoint is a router, so each span also names the replica that
@@ -73,13 +88,22 @@ def attach_spans(store: Store, runs: Sequence[Run], *, wait_s: float,
     # The spans start after their requests were sent (less any clock skew between this
     # machine and the server's): a range read, not a scan of every span ever received.
     since = min((r.client.sent_wall_ns for r in tagged if r.client), default=0) - CLOCK_SKEW_NS
-    found = wait_for_traces(spans if spans is not None else store, wanted, since,
-                            lambda got: len(got) == len(wanted), wait_s=wait_s, sleep=sleep,
-                            clock=clock)
+    found = wait_for_traces(
+        spans if spans is not None else store,
+        wanted,
+        since,
+        lambda got: len(got) == len(wanted),
+        wait_s=wait_s,
+        sleep=sleep,
+        clock=clock,
+    )
     last = {t: of_trace[-1] for t, of_trace in found.items()}  # a trace's last span leads
     # by request id: in a fleet's store only (the SQLite store has no index for it)
-    by_request = {} if spans is None else \
-        _by_request_id(spans, [r for r in tagged if r.trace_id not in last], since)
+    by_request = (
+        {}
+        if spans is None
+        else _by_request_id(spans, [r for r in tagged if r.trace_id not in last], since)
+    )
     out: list[Run] = []
     shared = unverified = 0
     disagree: list[str] = []
@@ -95,8 +119,9 @@ def attach_spans(store: Store, runs: Sequence[Run], *, wait_s: float,
             else:
                 unverified += 1
         if run.run_id is not None:
-            store.set_run_span(run.run_id, span, updated.server, updated.status,
-                               updated.client_check)
+            store.set_run_span(
+                run.run_id, span, updated.server, updated.status, updated.client_check
+            )
         replica, why = replica_from_span(run.replica, span) if fleet else (run.replica, None)
         if why:
             disagree.append(f"run {run.seq}: {why}")
@@ -108,37 +133,55 @@ def attach_spans(store: Store, runs: Sequence[Run], *, wait_s: float,
     notes = []
     missing = len(wanted) - len(last) - len(by_request)
     if missing and spans is not None:
-        notes.append(f"no span for {missing} of {len(wanted)} run(s) in {spans.where} within "
-                     f"{wait_s:g} s by trace or request id (does the fleet's collector export "
-                     "this vLLM's spans there? its batches add to OTEL_BSP_SCHEDULE_DELAY: "
-                     "raise --span-wait)")
+        notes.append(
+            f"no span for {missing} of {len(wanted)} run(s) in {spans.where} within "
+            f"{wait_s:g} s by trace or request id (does the fleet's collector export "
+            "this vLLM's spans there? its batches add to OTEL_BSP_SCHEDULE_DELAY: "
+            "raise --span-wait)"
+        )
     elif missing:
-        notes.append(f"no span for {missing} of {len(wanted)} run(s) within {wait_s:g} s "
-                     "(is vLLM started with --otlp-traces-endpoint pointing at phaseprobe's "
-                     "receiver? spans come up to OTEL_BSP_SCHEDULE_DELAY after a request)")
+        notes.append(
+            f"no span for {missing} of {len(wanted)} run(s) within {wait_s:g} s "
+            "(is vLLM started with --otlp-traces-endpoint pointing at phaseprobe's "
+            "receiver? spans come up to OTEL_BSP_SCHEDULE_DELAY after a request)"
+        )
     if by_request:
-        notes.append(f"{len(by_request)} run(s) found by request id, their trace holding no "
-                     "span (a proxy between phaseprobe and vLLM drops traceparent?)")
+        notes.append(
+            f"{len(by_request)} run(s) found by request id, their trace holding no "
+            "span (a proxy between phaseprobe and vLLM drops traceparent?)"
+        )
     if shared:
-        notes.append(f"{shared} run(s) shared the server with other requests: their server "
-                     "phases come from their own vLLM span (attributed by span), not from the "
-                     "/metrics deltas")
+        notes.append(
+            f"{shared} run(s) shared the server with other requests: their server "
+            "phases come from their own vLLM span (attributed by span), not from the "
+            "/metrics deltas"
+        )
     if unverified:
-        notes.append(f"{unverified} run(s) could not be checked against /metrics (no usable "
-                     "counters for their server): their server phases come from their own "
-                     "vLLM span (attributed by span)")
+        notes.append(
+            f"{unverified} run(s) could not be checked against /metrics (no usable "
+            "counters for their server): their server phases come from their own "
+            "vLLM span (attributed by span)"
+        )
     if disagree:
-        notes.append("the span and the replicas' counters name different replicas ("
-                     + "; ".join(disagree[:5]) + "): the span's is kept; name each --replica "
-                     "after its service.instance.id (--replica NAME=URL)")
+        notes.append(
+            "the span and the replicas' counters name different replicas ("
+            + "; ".join(disagree[:5])
+            + "): the span's is kept; name each --replica "
+            "after its service.instance.id (--replica NAME=URL)"
+        )
     return out, notes
 
 
-def wait_for_traces(reader: SpanReader | Store, trace_ids: list[str], since_ns: int,
-                    done: Callable[[dict[str, list[RequestSpan]]], bool], *, wait_s: float,
-                    sleep: Callable[[float], None] = time.sleep,
-                    clock: Callable[[], float] = time.monotonic
-                    ) -> dict[str, list[RequestSpan]]:
+def wait_for_traces(
+    reader: SpanReader | Store,
+    trace_ids: list[str],
+    since_ns: int,
+    done: Callable[[dict[str, list[RequestSpan]]], bool],
+    *,
+    wait_s: float,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> dict[str, list[RequestSpan]]:
     """Every span of each trace, read again every 0.1 s (spans come in the exporters'
     batches) until ``done`` says enough came or ``wait_s`` passed."""
     found: dict[str, list[RequestSpan]] = {}
@@ -151,8 +194,7 @@ def wait_for_traces(reader: SpanReader | Store, trace_ids: list[str], since_ns: 
     return found
 
 
-def _by_request_id(reader: SpanReader, runs: list[Run], since_ns: int
-                   ) -> dict[int, RequestSpan]:
+def _by_request_id(reader: SpanReader, runs: list[Run], since_ns: int) -> dict[int, RequestSpan]:
     """Runs whose trace holds no span, found by the request id they were sent with (vLLM
     prefixes it): run seq → span. A span that started before the runs is not theirs."""
     out = {}
@@ -163,8 +205,9 @@ def _by_request_id(reader: SpanReader, runs: list[Run], since_ns: int
     return out
 
 
-def replica_from_span(current: ReplicaAttribution | None, span: RequestSpan
-                      ) -> tuple[ReplicaAttribution | None, str | None]:
+def replica_from_span(
+    current: ReplicaAttribution | None, span: RequestSpan
+) -> tuple[ReplicaAttribution | None, str | None]:
     """The run's replica once its span came: the span's ``service.instance.id`` (or host)
     leads; the counters' URL is kept when they named the same replica. Second: a note when
     the two disagree. A span without an instance changes nothing."""
@@ -172,17 +215,21 @@ def replica_from_span(current: ReplicaAttribution | None, span: RequestSpan
         return current, None
     if current is None or current.name is None:
         reason = current.reason if current is not None else None
-        return ReplicaAttribution(name=span.instance, source="span",
-                                  reason=f"counters: {reason}" if reason else None), None
+        return ReplicaAttribution(
+            name=span.instance, source="span", reason=f"counters: {reason}" if reason else None
+        ), None
     if current.name == span.instance:
         return replace(current, source="span"), None
     if current.url and current.name == default_name(current.url):
         # the counters' name was only the URL's host:port (a --replica without NAME=, or the
         # router's worker list): the span's service.instance.id names the same replica
         return replace(current, name=span.instance, source="span"), None
-    return (ReplicaAttribution(name=span.instance, source="span", url=None,
-                               reason=f"counters said {current.name}"),
-            f"span says {span.instance}, counters {current.name}")
+    return (
+        ReplicaAttribution(
+            name=span.instance, source="span", url=None, reason=f"counters said {current.name}"
+        ),
+        f"span says {span.instance}, counters {current.name}",
+    )
 
 
 def _with_span(run: Run, span: RequestSpan, hop: bool | None) -> Run:

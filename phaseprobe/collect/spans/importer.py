@@ -47,31 +47,42 @@ class ImportResult:
         counted); rejected spans by reason and undecodable lines (whose spans cannot be
         counted) named."""
         read = self.request_spans + self.other_spans
-        acc = ReadAccount("spans", found=read + self.rejected_spans, read=read,
-                          attributed=read)
-        acc.missing += [f"{n:,} span(s) rejected: {reason}"
-                        for reason, n in self.rejected_by_reason.most_common()]
+        acc = ReadAccount("spans", found=read + self.rejected_spans, read=read, attributed=read)
+        acc.missing += [
+            f"{n:,} span(s) rejected: {reason}"
+            for reason, n in self.rejected_by_reason.most_common()
+        ]
         if self.bad_lines:
-            acc.missing.append(f"{len(self.bad_lines):,} line(s) not decoded, their spans "
-                               f"uncounted; first: {self.bad_lines[0]}")
+            acc.missing.append(
+                f"{len(self.bad_lines):,} line(s) not decoded, their spans "
+                f"uncounted; first: {self.bad_lines[0]}"
+            )
         return acc
 
     def to_dict(self) -> dict[str, object]:
-        return {"path": self.path, "lines": self.lines, "request_spans": self.request_spans,
-                "new_request_spans": self.new_request_spans, "other_spans": self.other_spans,
-                "rejected_spans": self.rejected_spans, "bad_lines": self.bad_lines,
-                "completeness": self.account().to_dict()}
+        return {
+            "path": self.path,
+            "lines": self.lines,
+            "request_spans": self.request_spans,
+            "new_request_spans": self.new_request_spans,
+            "other_spans": self.other_spans,
+            "rejected_spans": self.rejected_spans,
+            "bad_lines": self.bad_lines,
+            "completeness": self.account().to_dict(),
+        }
 
 
-def import_otlp_json(path: Path, store: Store,
-                     on_line: Callable[[int], None] | None = None) -> ImportResult:
+def import_otlp_json(
+    path: Path, store: Store, on_line: Callable[[int], None] | None = None
+) -> ImportResult:
     result = ImportResult(path=str(path))
     pending = SpanBatch()
 
     def commit() -> None:
         nonlocal pending
-        result.new_request_spans += store.add_spans(pending.requests, pending.attributes,
-                                                    seen=pending.seen)
+        result.new_request_spans += store.add_spans(
+            pending.requests, pending.attributes, seen=pending.seen
+        )
         result.request_spans += len(pending.requests)
         result.other_spans += sum(pending.other.values())
         result.rejected_spans += sum(pending.rejected.values())
@@ -158,5 +169,6 @@ def _reading(path: Path) -> Iterator[Any]:
         with open_stream(path, partial(OtlpError, str(path)))[1] as f:
             yield f
     except (OSError, EOFError, zlib.error) as exc:
-        raise OtlpError(str(path), f"cannot read: {getattr(exc, 'strerror', None) or exc}"
-                        ) from None
+        raise OtlpError(
+            str(path), f"cannot read: {getattr(exc, 'strerror', None) or exc}"
+        ) from None

@@ -35,8 +35,17 @@ from phaseprobe.errors import ConfigError, OtlpError, StoreError
 from phaseprobe.sources.vllm.otlp_spans import SpanBatch, decode_json, decode_protobuf
 from phaseprobe.store import Store, redact_url
 
-__all__ = ["SpanSink", "SpanReceiver", "ReceiverStats", "Forwarder", "DEFAULT_HTTP",
-           "DEFAULT_GRPC", "DEFAULT_MAX_BYTES", "TRACES_PATH", "parse_listen"]
+__all__ = [
+    "SpanSink",
+    "SpanReceiver",
+    "ReceiverStats",
+    "Forwarder",
+    "DEFAULT_HTTP",
+    "DEFAULT_GRPC",
+    "DEFAULT_MAX_BYTES",
+    "TRACES_PATH",
+    "parse_listen",
+]
 
 log = logging.getLogger(__name__)
 
@@ -76,10 +85,16 @@ class ReceiverStats:
         self.refused[reason] = self.refused.get(reason, 0) + 1
 
     def to_dict(self) -> dict[str, Any]:
-        return {"batches": self.batches, "request_spans": self.request_spans,
-                "new_request_spans": self.new_request_spans, "other_spans": self.other_spans,
-                "rejected_spans": self.rejected_spans, "refused": dict(self.refused),
-                "forwarded": self.forwarded, "forward_failed": self.forward_failed}
+        return {
+            "batches": self.batches,
+            "request_spans": self.request_spans,
+            "new_request_spans": self.new_request_spans,
+            "other_spans": self.other_spans,
+            "rejected_spans": self.rejected_spans,
+            "refused": dict(self.refused),
+            "forwarded": self.forwarded,
+            "forward_failed": self.forward_failed,
+        }
 
 
 class SpanSink:
@@ -120,8 +135,9 @@ class Forwarder:
     """Posts accepted payloads (OTLP/HTTP protobuf) to the user's collector, in order, from a
     bounded queue; when the queue is full the batch is counted as failed, not waited for."""
 
-    def __init__(self, url: str, stats: ReceiverStats, *, queue_size: int = 256,
-                 timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, url: str, stats: ReceiverStats, *, queue_size: int = 256, timeout_s: float = 10.0
+    ) -> None:
         import requests  # only when forwarding
 
         self.url = url if url.rstrip("/").endswith(TRACES_PATH) else url.rstrip("/") + TRACES_PATH
@@ -148,10 +164,16 @@ class Forwarder:
             try:
                 # the collector's reply is a few bytes: bounded in size and in time, so a
                 # hostile one neither fills memory nor holds the forwarding thread
-                resp = bounded_request(self._session, "POST", self.url, data=payload,
-                                       timeout_s=self._timeout_s, max_bytes=_FORWARD_REPLY_CAP,
-                                       deadline_s=max(self._timeout_s, 1.0) * 3,
-                                       headers={"Content-Type": _PROTOBUF_TYPES[0]})
+                resp = bounded_request(
+                    self._session,
+                    "POST",
+                    self.url,
+                    data=payload,
+                    timeout_s=self._timeout_s,
+                    max_bytes=_FORWARD_REPLY_CAP,
+                    deadline_s=max(self._timeout_s, 1.0) * 3,
+                    headers={"Content-Type": _PROTOBUF_TYPES[0]},
+                )
                 ok = 200 <= resp.status_code < 300
                 why = f"HTTP {resp.status_code}"
             except requests.RequestException as exc:
@@ -178,9 +200,16 @@ class SpanReceiver:
     Use as a context manager, or ``start()`` / ``stop()``.
     """
 
-    def __init__(self, sink: SpanSink, *, http: tuple[str, int] | None = DEFAULT_HTTP,
-                 grpc: tuple[str, int] | None = DEFAULT_GRPC, token: str | None = None,
-                 max_bytes: int = DEFAULT_MAX_BYTES, forward: str | None = None) -> None:
+    def __init__(
+        self,
+        sink: SpanSink,
+        *,
+        http: tuple[str, int] | None = DEFAULT_HTTP,
+        grpc: tuple[str, int] | None = DEFAULT_GRPC,
+        token: str | None = None,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        forward: str | None = None,
+    ) -> None:
         if http is None and grpc is None:
             raise ConfigError("the span receiver needs --http or --grpc (or both)")
         self.sink = sink
@@ -216,16 +245,19 @@ class SpanReceiver:
             if self._http_addr is not None:
                 self._http = _OtlpHttpServer(self._http_addr, _HttpHandler, self)
                 self.http_port = self._http.server_address[1]
-                self._http_thread = threading.Thread(target=self._http.serve_forever,
-                                                     name="otlp-http", daemon=True)
+                self._http_thread = threading.Thread(
+                    target=self._http.serve_forever, name="otlp-http", daemon=True
+                )
                 self._http_thread.start()
             if self._grpc_addr is not None:
                 self._grpc, self.grpc_port = _start_grpc(self, self._grpc_addr)
         except OSError as exc:
             self.stop()
-            raise ConfigError(f"cannot listen for OTLP spans: {exc} (is another collector "
-                              f"or `phaseprobe watch` using the port? pick another with "
-                              f"--http/--grpc)") from None
+            raise ConfigError(
+                f"cannot listen for OTLP spans: {exc} (is another collector "
+                f"or `phaseprobe watch` using the port? pick another with "
+                f"--http/--grpc)"
+            ) from None
         return self
 
     def stop(self) -> None:
@@ -270,8 +302,9 @@ def _url_host(host: str) -> str:
 class _OtlpHttpServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, addr: tuple[str, int], handler: type[BaseHTTPRequestHandler],
-                 receiver: SpanReceiver) -> None:
+    def __init__(
+        self, addr: tuple[str, int], handler: type[BaseHTTPRequestHandler], receiver: SpanReceiver
+    ) -> None:
         self.receiver = receiver
         super().__init__(addr, handler)
 
@@ -290,21 +323,29 @@ class _HttpHandler(BaseHTTPRequestHandler):
         if self.path.split("?", 1)[0] != TRACES_PATH:
             return self._refuse(404, "not found", f"POST spans to {TRACES_PATH}", close=True)
         if not receiver.authorized(self.headers.get("Authorization")):
-            return self._refuse(401, "unauthorized", "missing or wrong bearer token",
-                                close=True)
+            return self._refuse(401, "unauthorized", "missing or wrong bearer token", close=True)
         ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
         if ctype not in _PROTOBUF_TYPES + _JSON_TYPES:
-            return self._refuse(415, "unsupported content type",
-                                f"Content-Type {ctype or '(none)'}: send "
-                                "application/x-protobuf or application/json", close=True)
+            return self._refuse(
+                415,
+                "unsupported content type",
+                f"Content-Type {ctype or '(none)'}: send "
+                "application/x-protobuf or application/json",
+                close=True,
+            )
         length_text = self.headers.get("Content-Length")
-        if length_text is None or not (length_text.strip().isascii()
-                                       and length_text.strip().isdigit()):
+        if length_text is None or not (
+            length_text.strip().isascii() and length_text.strip().isdigit()
+        ):
             return self._refuse(411, "no content length", "Content-Length required", close=True)
         length = int(length_text)
         if length > receiver.max_bytes:
-            return self._refuse(413, "too large", f"{length} bytes is over the receiver's "
-                                f"cap of {receiver.max_bytes}", close=True)
+            return self._refuse(
+                413,
+                "too large",
+                f"{length} bytes is over the receiver's cap of {receiver.max_bytes}",
+                close=True,
+            )
         try:
             body: bytes | None = self.rfile.read(length)
         except OSError:
@@ -314,8 +355,9 @@ class _HttpHandler(BaseHTTPRequestHandler):
             receiver.sink.refuse("cut off")
             return None
         try:
-            body = _decompress(body, self.headers.get("Content-Encoding"), receiver.max_bytes,
-                               source)
+            body = _decompress(
+                body, self.headers.get("Content-Encoding"), receiver.max_bytes, source
+            )
             if ctype in _JSON_TYPES:
                 batch = decode_json(body, source)
                 raw = None
@@ -349,8 +391,9 @@ class _HttpHandler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(payload)
 
-    def _refuse(self, status: int, reason: str, detail: str, close: bool = False,
-                retry: bool = False) -> None:
+    def _refuse(
+        self, status: int, reason: str, detail: str, close: bool = False, retry: bool = False
+    ) -> None:
         self.server.receiver.sink.refuse(reason)
         text = f"{status} {reason}: {detail}\n".encode("utf-8", "replace")
         self.send_response(status)
@@ -442,10 +485,12 @@ def _start_grpc(receiver: SpanReceiver, addr: tuple[str, int]) -> tuple[Any, int
 
     handler = grpc.method_handlers_generic_handler(
         "opentelemetry.proto.collector.trace.v1.TraceService",
-        {"Export": grpc.unary_unary_rpc_method_handler(export)})
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="otlp"),
-                         options=[("grpc.max_receive_message_length", receiver.max_bytes),
-                                  ("grpc.so_reuseport", 0)])
+        {"Export": grpc.unary_unary_rpc_method_handler(export)},
+    )
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="otlp"),
+        options=[("grpc.max_receive_message_length", receiver.max_bytes), ("grpc.so_reuseport", 0)],
+    )
     server.add_generic_rpc_handlers((handler,))
     host = addr[0] if ":" not in addr[0] else f"[{addr[0]}]"
     try:
@@ -469,4 +514,3 @@ def wait_for(predicate: Callable[[], bool], timeout_s: float, poll_s: float = 0.
         if time.monotonic() >= deadline:
             return False
         time.sleep(poll_s)
-

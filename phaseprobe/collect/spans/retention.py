@@ -20,8 +20,14 @@ from typing import Any
 from phaseprobe.errors import ConfigError
 from phaseprobe.store import PruneResult, Store, StoreSize
 
-__all__ = ["RetentionPolicy", "SpanRetention", "parse_age", "prune_once", "size_text",
-           "DEFAULT_EVERY_S"]
+__all__ = [
+    "RetentionPolicy",
+    "SpanRetention",
+    "parse_age",
+    "prune_once",
+    "size_text",
+    "DEFAULT_EVERY_S",
+]
 
 DEFAULT_EVERY_S = 30.0  # how often a watch prunes (and measures the file): a COUNT is not free
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
@@ -32,8 +38,9 @@ def parse_age(text: str) -> float:
     """``7d``, ``12h``, ``30m``, ``90s``, ``2w`` or plain seconds, in seconds."""
     m = _AGE.fullmatch(text)
     if m is None or float(m.group(1)) <= 0:
-        raise ValueError(f"{text!r} is not an age: give a number and a unit, e.g. 7d, 12h, "
-                         "30m, 90s")
+        raise ValueError(
+            f"{text!r} is not an age: give a number and a unit, e.g. 7d, 12h, 30m, 90s"
+        )
     return float(m.group(1)) * _UNITS[(m.group(2) or "s").lower()]
 
 
@@ -57,23 +64,26 @@ class RetentionPolicy:
         return self.max_age_s is not None or self.max_spans is not None
 
     def text(self) -> str:
-        parts = ([f"spans younger than {_age_text(self.max_age_s)}"]
-                 if self.max_age_s is not None else []) + \
-                ([f"the newest {self.max_spans:,}"] if self.max_spans is not None else [])
+        parts = (
+            [f"spans younger than {_age_text(self.max_age_s)}"]
+            if self.max_age_s is not None
+            else []
+        ) + ([f"the newest {self.max_spans:,}"] if self.max_spans is not None else [])
         return " and ".join(parts) + ", and every stored experiment's" if parts else "all"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"max_age_s": self.max_age_s, "max_spans": self.max_spans,
-                "every_s": self.every_s}
+        return {"max_age_s": self.max_age_s, "max_spans": self.max_spans, "every_s": self.every_s}
 
 
-def prune_once(store: Store, policy: RetentionPolicy, now_ns: int, *,
-               dry_run: bool = False) -> list[PruneResult]:
+def prune_once(
+    store: Store, policy: RetentionPolicy, now_ns: int, *, dry_run: bool = False
+) -> list[PruneResult]:
     """One pass of the policy: by age, then by count (each a :class:`PruneResult`)."""
     done = []
     if policy.max_age_s is not None:
-        done.append(store.prune_spans(before_ns=now_ns - round(policy.max_age_s * 1e9),
-                                      dry_run=dry_run))
+        done.append(
+            store.prune_spans(before_ns=now_ns - round(policy.max_age_s * 1e9), dry_run=dry_run)
+        )
     if policy.max_spans is not None:
         done.append(store.prune_spans(keep=policy.max_spans, dry_run=dry_run))
     return done
@@ -84,8 +94,13 @@ class SpanRetention:
     passed, and measures its size (file bytes, span count) each time, even without a policy
     (the watch shows it). ``clock``: wall time in ns (spans' start times are wall times)."""
 
-    def __init__(self, store_path: str | Path, policy: RetentionPolicy, *,
-                 clock: Callable[[], int] = time.time_ns) -> None:
+    def __init__(
+        self,
+        store_path: str | Path,
+        policy: RetentionPolicy,
+        *,
+        clock: Callable[[], int] = time.time_ns,
+    ) -> None:
         self.store_path = Path(store_path)
         self.policy = policy
         self.clock = clock
@@ -99,8 +114,11 @@ class SpanRetention:
         """Prune and measure if due (the first tick always is; ``force``: now, e.g. at the
         watch's end); True when it did."""
         now = self.clock()
-        if not force and self._last_ns is not None and \
-                now - self._last_ns < self.policy.every_s * 1e9:
+        if (
+            not force
+            and self._last_ns is not None
+            and now - self._last_ns < self.policy.every_s * 1e9
+        ):
             return False
         self._last_ns = now
         with Store(self.store_path) as store:
@@ -117,13 +135,18 @@ class SpanRetention:
         shown = size_text(self.size) if self.size is not None else "store size not read yet"
         if not self.policy.active:
             return shown + " (no retention: --retain AGE or --retain-spans N keeps it bounded)"
-        return (f"{shown}; retention keeps {self.policy.text()}: {self.deleted:,} pruned"
-                + (f", {self.last_protected:,} old kept for experiments"
-                   if self.last_protected else ""))
+        return f"{shown}; retention keeps {self.policy.text()}: {self.deleted:,} pruned" + (
+            f", {self.last_protected:,} old kept for experiments" if self.last_protected else ""
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"policy": self.policy.to_dict(), "deleted": self.deleted, "passes": self.passes,
-                "protected": self.last_protected, "size": self.size}
+        return {
+            "policy": self.policy.to_dict(),
+            "deleted": self.deleted,
+            "passes": self.passes,
+            "protected": self.last_protected,
+            "size": self.size,
+        }
 
 
 def size_text(size: StoreSize) -> str:

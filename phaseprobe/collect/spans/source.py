@@ -27,8 +27,15 @@ from phaseprobe.sources.span_stores import (
 )
 from phaseprobe.store import Store
 
-__all__ = ["open_spans", "SPANS_FROM_HELP", "SpanReader", "SpanAggregate", "SpanFollower",
-           "FollowedWindow", "SPANS_FROM_ENV"]
+__all__ = [
+    "open_spans",
+    "SPANS_FROM_HELP",
+    "SpanReader",
+    "SpanAggregate",
+    "SpanFollower",
+    "FollowedWindow",
+    "SPANS_FROM_ENV",
+]
 
 # The dashboard's Live page reads its spans from here when the variable is set.
 SPANS_FROM_ENV = "PHASEPROBE_SPANS_FROM"
@@ -36,7 +43,8 @@ SPANS_FROM_ENV = "PHASEPROBE_SPANS_FROM"
 SPANS_FROM_HELP = (
     "read the spans where the fleet keeps them instead of the store: chdb:DIR, "
     "clickhouse://[user@]host:port/db[?table=otel_traces] (password from "
-    "PHASEPROBE_CLICKHOUSE_PASSWORD), tempo://host:3200, jaeger://host:16686")
+    "PHASEPROBE_CLICKHOUSE_PASSWORD), tempo://host:3200, jaeger://host:16686"
+)
 
 
 @contextmanager
@@ -45,14 +53,18 @@ def open_spans(spans_from: str | None, store_path: Path) -> Iterator[SpanReader]
     SQLite store at ``store_path`` opened read-only; closed on exit."""
     if spans_from is None:
         if not Path(store_path).exists():
-            raise ConfigError(f"no experiment store at {store_path} (run `phaseprobe watch` "
-                              "first, or give --spans-from)")
+            raise ConfigError(
+                f"no experiment store at {store_path} (run `phaseprobe watch` "
+                "first, or give --spans-from)"
+            )
         with Store(store_path, readonly=True) as store:
             yield store
         return
     if not is_span_store_url(spans_from):
-        raise ConfigError(f"--spans-from {spans_from.split('@')[-1]!r}: not a span store URL "
-                          f"({SPANS_FROM_HELP.split(': ', 1)[1]})")
+        raise ConfigError(
+            f"--spans-from {spans_from.split('@')[-1]!r}: not a span store URL "
+            f"({SPANS_FROM_HELP.split(': ', 1)[1]})"
+        )
     reader = open_span_reader(spans_from)
     try:
         reader.check()
@@ -78,8 +90,14 @@ class SpanFollower:
     ``slowest`` requests; :meth:`final` for the summary over the whole watch. ``clock``: wall
     time in ns (the spans' times are wall times)."""
 
-    def __init__(self, reader: SpanReader, window_s: float, *, slowest: int = 5,
-                 clock: Callable[[], int] = time.time_ns) -> None:
+    def __init__(
+        self,
+        reader: SpanReader,
+        window_s: float,
+        *,
+        slowest: int = 5,
+        clock: Callable[[], int] = time.time_ns,
+    ) -> None:
         self.reader = reader
         self.window_ns = round(window_s * 1e9)
         self.slowest = slowest
@@ -97,6 +115,9 @@ class SpanFollower:
 
     def _window(self, since: int, until: int) -> FollowedWindow:
         self.polls += 1
-        return FollowedWindow(self.reader.span_summary(since_ns=since, until_ns=until),
-                              self.reader.slowest_spans(self.slowest, since_ns=since,
-                                                        until_ns=until), since, until)
+        return FollowedWindow(
+            self.reader.span_summary(since_ns=since, until_ns=until),
+            self.reader.slowest_spans(self.slowest, since_ns=since, until_ns=until),
+            since,
+            until,
+        )

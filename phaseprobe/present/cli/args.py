@@ -9,9 +9,23 @@ from typing import Any
 
 from phaseprobe.paths import default_store_path
 
-__all__ = ["positive_int", "positive_float", "non_negative_float", "float_in", "int_in",
-           "seconds", "http_url", "store_and_json_args", "IntermixedParser", "tokens", "count",
-           "MAX_SECONDS", "MAX_TOKENS", "MAX_COUNT", "MAX_CONCURRENCY"]
+__all__ = [
+    "positive_int",
+    "positive_float",
+    "non_negative_float",
+    "float_in",
+    "int_in",
+    "seconds",
+    "http_url",
+    "store_and_json_args",
+    "IntermixedParser",
+    "tokens",
+    "count",
+    "MAX_SECONDS",
+    "MAX_TOKENS",
+    "MAX_COUNT",
+    "MAX_CONCURRENCY",
+]
 
 
 class IntermixedParser(argparse.ArgumentParser):
@@ -27,8 +41,11 @@ class IntermixedParser(argparse.ArgumentParser):
     _intermixing = False  # parse_known_intermixed_args calls parse_known_args itself
 
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
-        if self._intermixing or self._subparsers is not None or any(
-                a.nargs in (argparse.REMAINDER, argparse.PARSER) for a in self._actions):
+        if (
+            self._intermixing
+            or self._subparsers is not None
+            or any(a.nargs in (argparse.REMAINDER, argparse.PARSER) for a in self._actions)
+        ):
             return super().parse_known_args(args, namespace)
         self._intermixing = True
         try:
@@ -95,18 +112,19 @@ def non_negative_float(value: str) -> float:
 
 def float_in(lo: float, hi: float, *, lo_open: bool = False) -> Callable[[str], float]:
     """An argparse type: a finite number in [lo, hi] (or (lo, hi] with ``lo_open``)."""
+
     def check(value: str) -> float:
         x = _finite(value)
         if x > hi or x < lo or (lo_open and x == lo):
             left = "(" if lo_open else "["
             raise argparse.ArgumentTypeError(f"must be in {left}{lo:g}, {hi:g}], not {value}")
         return x
+
     check.__name__ = "number"  # argparse's "invalid number value" message
     return check
 
 
-def int_in(lo: int, hi: int, *, unit: str = "", grouped: bool = False
-           ) -> Callable[[str], int]:
+def int_in(lo: int, hi: int, *, unit: str = "", grouped: bool = False) -> Callable[[str], int]:
     """An argparse type: a whole number in [lo, hi]; the message names the bounds with
     ``unit`` after them, with thousands separators when ``grouped``."""
     shown = f"{lo:,} and {hi:,}" if grouped else f"{lo} and {hi}"
@@ -116,6 +134,7 @@ def int_in(lo: int, hi: int, *, unit: str = "", grouped: bool = False
         if not lo <= n <= hi:
             raise argparse.ArgumentTypeError(f"must be between {shown}{unit}, not {value}")
         return n
+
     check.__name__ = "whole number"
     return check
 
@@ -128,8 +147,9 @@ def seconds(value: str) -> float:
     """A duration: more than 0 and at most a week."""
     x = _finite(value)
     if not 0 < x <= MAX_SECONDS:
-        raise argparse.ArgumentTypeError(f"must be more than 0 and at most {MAX_SECONDS:g} s "
-                                         f"(a week), not {value}")
+        raise argparse.ArgumentTypeError(
+            f"must be more than 0 and at most {MAX_SECONDS:g} s (a week), not {value}"
+        )
     return x
 
 
@@ -147,14 +167,22 @@ def http_url(value: str) -> str:
         parts.port  # noqa: B018 - a port that is not a number raises here
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a URL: {shown!r}") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname or any(
-            c.isspace() for c in value.strip()):
-        raise argparse.ArgumentTypeError(f"not an http(s) URL: {shown!r} (e.g. "
-                                         "http://collector:4318)")
+    if (
+        parts.scheme not in ("http", "https")
+        or not parts.hostname
+        or any(c.isspace() for c in value.strip())
+    ):
+        raise argparse.ArgumentTypeError(
+            f"not an http(s) URL: {shown!r} (e.g. http://collector:4318)"
+        )
     return value.strip()
 
 
 def store_and_json_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--store", type=Path, default=None,
-                   help=f"experiment store (default: {default_store_path()})")
+    p.add_argument(
+        "--store",
+        type=Path,
+        default=None,
+        help=f"experiment store (default: {default_store_path()})",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON document to stdout")

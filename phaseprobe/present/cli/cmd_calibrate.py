@@ -39,31 +39,60 @@ __all__ = ["register", "run", "compare", "DatasheetComparison"]
 def register(subparsers: Any) -> None:
     """Add the ``calibrate`` command to the CLI's subparsers."""
     p = subparsers.add_parser(
-        "calibrate", help="measure this device's memory bandwidth and matmul FLOP/s (torch)",
+        "calibrate",
+        help="measure this device's memory bandwidth and matmul FLOP/s (torch)",
         description="Measure achieved memory bandwidth (large tensor copy) and matmul FLOP/s "
-                    "with torch, on CUDA when available, else the CPU, and store them as this "
-                    "machine's roofline peaks. Matmuls run the way a server computes: "
-                    "torch.nn.functional.linear (oneDNN on CPU, cuBLAS on CUDA) in bf16 (what "
-                    "vLLM serves in) and fp32, at a transformer layer's shapes (QKV, output, "
-                    "gate+up, down over a batch of tokens), each dtype within a time budget. "
-                    "torch runs in a subprocess: the current Python if it has torch, else the "
-                    "local vLLM venv.")
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                   help="device to measure (default: auto = cuda when present, else cpu)")
+        "with torch, on CUDA when available, else the CPU, and store them as this "
+        "machine's roofline peaks. Matmuls run the way a server computes: "
+        "torch.nn.functional.linear (oneDNN on CPU, cuBLAS on CUDA) in bf16 (what "
+        "vLLM serves in) and fp32, at a transformer layer's shapes (QKV, output, "
+        "gate+up, down over a batch of tokens), each dtype within a time budget. "
+        "torch runs in a subprocess: the current Python if it has torch, else the "
+        "local vLLM venv.",
+    )
+    p.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="device to measure (default: auto = cuda when present, else cpu)",
+    )
     p.add_argument("--show", action="store_true", help="show the stored calibrations and exit")
-    p.add_argument("--python", metavar="PATH", default=None,
-                   help="interpreter with torch to run the benchmark (default: this one if it "
-                        "has torch, else the local vLLM venv's)")
+    p.add_argument(
+        "--python",
+        metavar="PATH",
+        default=None,
+        help="interpreter with torch to run the benchmark (default: this one if it "
+        "has torch, else the local vLLM venv's)",
+    )
     p.add_argument("--quick", action="store_true", help="smaller sizes: faster, less accurate")
-    p.add_argument("--model-config", metavar="PATH", default=None,
-                   help="also time this model's own layer GEMMs (its config.json or directory)")
-    p.add_argument("--tokens", type=int_in(1, 1_000_000), default=128, metavar="N",
-                   help="tokens per GEMM for --model-config's shapes: the prompt length you "
-                        "probe with (default: 128, probe's default)")
-    p.add_argument("--budget", type=seconds, default=None, metavar="SECONDS",
-                   help="time per dtype for all its GEMMs (default: 5, --quick 1.5)")
-    p.add_argument("--timeout", type=seconds, default=300.0, metavar="SECONDS",
-                   help="give up after this long (default: 300)")
+    p.add_argument(
+        "--model-config",
+        metavar="PATH",
+        default=None,
+        help="also time this model's own layer GEMMs (its config.json or directory)",
+    )
+    p.add_argument(
+        "--tokens",
+        type=int_in(1, 1_000_000),
+        default=128,
+        metavar="N",
+        help="tokens per GEMM for --model-config's shapes: the prompt length you "
+        "probe with (default: 128, probe's default)",
+    )
+    p.add_argument(
+        "--budget",
+        type=seconds,
+        default=None,
+        metavar="SECONDS",
+        help="time per dtype for all its GEMMs (default: 5, --quick 1.5)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=seconds,
+        default=300.0,
+        metavar="SECONDS",
+        help="give up after this long (default: 300)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON document to stdout")
 
 
@@ -84,7 +113,8 @@ def compare(cal: Calibration, spec: GpuSpec | None) -> DatasheetComparison | Non
     if spec is None:
         return None
     out: DatasheetComparison = {
-        "gpu": spec.name, "source": spec.source,
+        "gpu": spec.name,
+        "source": spec.source,
         "datasheet_mem_bandwidth_gb_s": spec.mem_bandwidth_gb_s,
         "datasheet_bf16_dense_tflop_s": spec.bf16_dense_tflop_s,
         "mem_bandwidth_fraction": cal.mem_bandwidth_best_gb_s / spec.mem_bandwidth_gb_s,
@@ -102,24 +132,38 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     where = "the GPU" if args.device == "cuda" else "this device"
     shapes = model_shapes(args.model_config, args.tokens) if args.model_config else []
     with waiting(err, f"measuring {where} with torch (about 15-25 s)…"):
-        cal = run_benchmark(args.device, interpreter=args.python, quick=args.quick,
-                            timeout_s=args.timeout, shapes=shapes, budget_s=args.budget)
+        cal = run_benchmark(
+            args.device,
+            interpreter=args.python,
+            quick=args.quick,
+            timeout_s=args.timeout,
+            shapes=shapes,
+            budget_s=args.budget,
+        )
     path = save(cal)
     comparison = compare(cal, match_device(cal.device_name))
     if args.json:
-        doc = {"calibration": cal.to_dict(), "stored_in": str(path),
-               "datasheet_comparison": comparison}
+        doc = {
+            "calibration": cal.to_dict(),
+            "stored_in": str(path),
+            "datasheet_comparison": comparison,
+        }
         out.out(jsonout.dumps(doc), highlight=False)
         return 0
     out.print(_table([cal], f"calibration · {cal.device} · {cal.device_name}"))
     if comparison:
         _print_comparison(out, comparison)
     elif cal.device == "cpu":
-        out.print("[dim]CPU: no datasheet row; these measured figures are this machine's "
-                  "roofline peaks.", highlight=False)
+        out.print(
+            "[dim]CPU: no datasheet row; these measured figures are this machine's roofline peaks.",
+            highlight=False,
+        )
     else:
-        out.print(f"[dim]{escape(cal.device_name)} is not in the datasheet table; the measured "
-                  "figures are its roofline peaks.", highlight=False)
+        out.print(
+            f"[dim]{escape(cal.device_name)} is not in the datasheet table; the measured "
+            "figures are its roofline peaks.",
+            highlight=False,
+        )
     err.print(f"[dim]stored in {escape(str(path))}", highlight=False)
     return 0
 
@@ -145,19 +189,26 @@ def _how(c: Calibration, dtype: str) -> str:
 
 
 def _table(cals: list[Calibration], title: str) -> Table:
-    table = Table(title=escape(title), title_justify="left",
-                  caption="best of the repeats (median in brackets), best GEMM shape; "
-                          "decimal units")
+    table = Table(
+        title=escape(title),
+        title_justify="left",
+        caption="best of the repeats (median in brackets), best GEMM shape; decimal units",
+    )
     for col in ("device", "memory bandwidth", "matmul bf16", "matmul fp32", "measured"):
         table.add_column(col, justify="left" if col == "device" else "right")
     for c in cals:
-        cells = [f"{_fmt_rate(c.mem_bandwidth_best_gb_s, 'GB/s')} "
-                 f"({_fmt_rate(c.mem_bandwidth_median_gb_s, 'GB/s')})"]
+        cells = [
+            f"{_fmt_rate(c.mem_bandwidth_best_gb_s, 'GB/s')} "
+            f"({_fmt_rate(c.mem_bandwidth_median_gb_s, 'GB/s')})"
+        ]
         for dtype in ("bf16", "fp32"):
             best = c.matmul_best_tflop_s.get(dtype)
             median = c.matmul_median_tflop_s.get(dtype)
-            cells.append(f"{_fmt_rate(best, 'TFLOP/s')} ({_fmt_rate(median, 'TFLOP/s')})"
-                         f"{_how(c, dtype)}" if best is not None else "—")
+            cells.append(
+                f"{_fmt_rate(best, 'TFLOP/s')} ({_fmt_rate(median, 'TFLOP/s')}){_how(c, dtype)}"
+                if best is not None
+                else "—"
+            )
         when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(c.measured_at))
         table.add_row(escape(f"{c.device} · {c.device_name}"), *cells, when)
     return table
@@ -165,11 +216,15 @@ def _table(cals: list[Calibration], title: str) -> Table:
 
 def _print_comparison(out: Console, comp: DatasheetComparison) -> None:
     bw = comp["mem_bandwidth_fraction"]
-    line = (f"vs datasheet {escape(comp['gpu'])}: memory {bw * 100:.0f} % of "
-            f"{comp['datasheet_mem_bandwidth_gb_s']:.0f} GB/s")
+    line = (
+        f"vs datasheet {escape(comp['gpu'])}: memory {bw * 100:.0f} % of "
+        f"{comp['datasheet_mem_bandwidth_gb_s']:.0f} GB/s"
+    )
     if comp["bf16_matmul_fraction"] is not None:
-        line += (f", bf16 matmul {comp['bf16_matmul_fraction'] * 100:.0f} % of "
-                 f"{comp['datasheet_bf16_dense_tflop_s']:g} TFLOP/s dense")
+        line += (
+            f", bf16 matmul {comp['bf16_matmul_fraction'] * 100:.0f} % of "
+            f"{comp['datasheet_bf16_dense_tflop_s']:g} TFLOP/s dense"
+        )
     out.print(line, highlight=False)
     out.print(f"[dim]source: {escape(comp['source'])}", highlight=False)
 
@@ -178,14 +233,20 @@ def _show(args: argparse.Namespace, out: Console) -> int:
     path = calibration_path()
     cals = sorted(load_all(path).values(), key=lambda c: c.measured_at, reverse=True)
     if args.json:
-        doc = {"path": str(path), "calibrations": [
-            {**c.to_dict(), "datasheet_comparison": compare(c, match_device(c.device_name))}
-            for c in cals]}
+        doc = {
+            "path": str(path),
+            "calibrations": [
+                {**c.to_dict(), "datasheet_comparison": compare(c, match_device(c.device_name))}
+                for c in cals
+            ],
+        }
         out.out(jsonout.dumps(doc), highlight=False)
         return 0
     if not cals:
-        out.print(f"no calibration stored yet ({escape(str(path))}); run `phaseprobe "
-                  "calibrate`", highlight=False)
+        out.print(
+            f"no calibration stored yet ({escape(str(path))}); run `phaseprobe calibrate`",
+            highlight=False,
+        )
         return 0
     out.print(_table(cals, f"stored calibrations · {path}"))
     for c in cals:

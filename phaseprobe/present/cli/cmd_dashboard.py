@@ -35,22 +35,39 @@ STORE_ENV = "PHASEPROBE_STORE"  # read by dashboard.data.store_path
 def register(subparsers: Any) -> None:
     """Add the ``dashboard`` command to the CLI's subparsers."""
     p = subparsers.add_parser(
-        "dashboard", help="open the Streamlit dashboard on the experiment store",
+        "dashboard",
+        help="open the Streamlit dashboard on the experiment store",
         description="Start the Streamlit dashboard (experiments, run timelines, phases, GPU, "
-                    "checklist) on the experiment store. It binds to 127.0.0.1 unless "
-                    "--address says otherwise.")
-    p.add_argument("--store", type=Path, default=None,
-                   help=f"experiment store (default: {default_store_path()})")
+        "checklist) on the experiment store. It binds to 127.0.0.1 unless "
+        "--address says otherwise.",
+    )
+    p.add_argument(
+        "--store",
+        type=Path,
+        default=None,
+        help=f"experiment store (default: {default_store_path()})",
+    )
     p.add_argument("--port", type=int_in(1, 65535), default=8501, help="port (default: 8501)")
-    p.add_argument("--address", default="127.0.0.1",
-                   help="address to bind (default: 127.0.0.1; anything else exposes the "
-                        "store's contents to the network)")
+    p.add_argument(
+        "--address",
+        default="127.0.0.1",
+        help="address to bind (default: 127.0.0.1; anything else exposes the "
+        "store's contents to the network)",
+    )
 
 
 def streamlit_command(port: int, address: str) -> list[str]:
-    return [sys.executable, "-m", "streamlit", "run", str(APP),
-            "--server.headless=true", f"--server.address={address}", f"--server.port={port}",
-            "--browser.gatherUsageStats=false"]
+    return [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        str(APP),
+        "--server.headless=true",
+        f"--server.address={address}",
+        f"--server.port={port}",
+        "--browser.gatherUsageStats=false",
+    ]
 
 
 def _is_loopback(address: str) -> bool:
@@ -73,9 +90,11 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
         raise ConfigError(f"--store {store}: {problem}, not a store file")
     _check_store(store)
     if not _is_loopback(args.address):
-        err.print(f"[yellow]warning:[/] binding to {args.address}: anyone who can reach this "
-                  "host can read the experiment store (prompts included). Use 127.0.0.1 "
-                  "unless you mean it.")
+        err.print(
+            f"[yellow]warning:[/] binding to {args.address}: anyone who can reach this "
+            "host can read the experiment store (prompts included). Use 127.0.0.1 "
+            "unless you mean it."
+        )
     env = dict(os.environ)
     env[STORE_ENV] = str(store.expanduser().resolve())
     env["STREAMLIT_BROWSER_GATHER_USAGE_STATS"] = "false"
@@ -83,12 +102,13 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     root = str(Path(__file__).resolve().parents[3])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     host = f"[{args.address}]" if ":" in args.address else args.address
-    out.print(f"phaseprobe dashboard on http://{host}:{args.port} (store {store}); "
-              "Ctrl-C stops it")
+    out.print(f"phaseprobe dashboard on http://{host}:{args.port} (store {store}); Ctrl-C stops it")
     parent = os.getpid()
-    child = subprocess.Popen(streamlit_command(args.port, args.address), env=env,
-                             preexec_fn=(lambda: _die_with(parent))
-                             if sys.platform == "linux" else None)
+    child = subprocess.Popen(
+        streamlit_command(args.port, args.address),
+        env=env,
+        preexec_fn=(lambda: _die_with(parent)) if sys.platform == "linux" else None,
+    )
     try:
         return child.wait()
     except KeyboardInterrupt as exc:
@@ -130,4 +150,3 @@ def _stop(child: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
     except subprocess.TimeoutExpired:
         child.kill()
         child.wait()
-

@@ -52,55 +52,99 @@ _GiB = 1024.0**3
 
 def register(subparsers: Any) -> None:
     gpu = subparsers.add_parser(
-        "gpu", help="GPU telemetry: watch NVML, import nvidia-smi / DCGM series",
+        "gpu",
+        help="GPU telemetry: watch NVML, import nvidia-smi / DCGM series",
         description="GPU memory, utilisation, power, clocks and link throughput: sampled live "
-                    "through NVML, or imported from nvidia-smi CSV logs and DCGM-exporter "
-                    "series in Prometheus.")
+        "through NVML, or imported from nvidia-smi CSV logs and DCGM-exporter "
+        "series in Prometheus.",
+    )
     sub = gpu.add_subparsers(dest="gpu_command", required=True, metavar="ACTION")
 
-    watch = sub.add_parser("watch", help="sample every GPU through NVML",
-                           description="Sample every GPU at --period until --duration ends or "
-                                       "Ctrl-C; live values on stderr, a summary (or every "
-                                       "sample with --json) on stdout.")
-    watch.add_argument("--period", type=float_in(0.001, 3600), default=DEFAULT_PERIOD_S,
-                       metavar="S",
-                       help=f"sampling period in seconds (default: {DEFAULT_PERIOD_S}, "
-                            f"minimum {MIN_PERIOD_S})")
-    watch.add_argument("--duration", type=seconds, metavar="S",
-                       help="stop after S seconds (default: until Ctrl-C)")
-    watch.add_argument("--fake", action="store_true",
-                       help="replay scripted demo GPUs instead of NVML (no driver needed)")
-    watch.add_argument("--fake-gpus", type=int_in(1, 1024), default=2, metavar="N",
-                       help="how many demo GPUs --fake shows (default: 2)")
+    watch = sub.add_parser(
+        "watch",
+        help="sample every GPU through NVML",
+        description="Sample every GPU at --period until --duration ends or "
+        "Ctrl-C; live values on stderr, a summary (or every "
+        "sample with --json) on stdout.",
+    )
+    watch.add_argument(
+        "--period",
+        type=float_in(0.001, 3600),
+        default=DEFAULT_PERIOD_S,
+        metavar="S",
+        help=f"sampling period in seconds (default: {DEFAULT_PERIOD_S}, minimum {MIN_PERIOD_S})",
+    )
+    watch.add_argument(
+        "--duration", type=seconds, metavar="S", help="stop after S seconds (default: until Ctrl-C)"
+    )
+    watch.add_argument(
+        "--fake",
+        action="store_true",
+        help="replay scripted demo GPUs instead of NVML (no driver needed)",
+    )
+    watch.add_argument(
+        "--fake-gpus",
+        type=int_in(1, 1024),
+        default=2,
+        metavar="N",
+        help="how many demo GPUs --fake shows (default: 2)",
+    )
     watch.add_argument("--json", action="store_true", help="print one JSON document to stdout")
 
     imp = sub.add_parser(
-        "import", help="import an nvidia-smi CSV log or DCGM-exporter series",
+        "import",
+        help="import an nvidia-smi CSV log or DCGM-exporter series",
         description="Read an nvidia-smi --query-gpu ... --format=csv[,noheader][,nounits] log "
-                    "(malformed lines are counted and skipped unless --strict), or with --dcgm "
-                    "the DCGM exporter's DCGM_FI_DEV_* series from Prometheus.")
+        "(malformed lines are counted and skipped unless --strict), or with --dcgm "
+        "the DCGM exporter's DCGM_FI_DEV_* series from Prometheus.",
+    )
     imp.add_argument("file", nargs="?", type=Path, metavar="FILE", help="nvidia-smi CSV log")
-    imp.add_argument("--strict", action="store_true",
-                     help="stop at the first malformed line (file:line: reason)")
-    imp.add_argument("--fields", metavar="F1,F2,...",
-                     help="the --query-gpu fields of a log without a header (default: "
-                          "timestamp,index,memory.used,...)")
-    imp.add_argument("--tz", default="local", metavar="ZONE",
-                     help="zone of the log's timestamps: local (default), UTC, +02:00 or an "
-                          "IANA name (nvidia-smi prints local time without a zone)")
-    imp.add_argument("--interval", type=float_in(0.001, 86400), default=1.0, metavar="S",
-                     help="the -l interval, for logs without a timestamp column (default: 1)")
-    imp.add_argument("--gpus", type=int_in(1, 1024), default=1, metavar="N",
-                     help="GPUs per tick, for logs without an index column (default: 1)")
-    imp.add_argument("--dcgm", action="store_true",
-                     help="import DCGM-exporter series from Prometheus instead of a file")
+    imp.add_argument(
+        "--strict", action="store_true", help="stop at the first malformed line (file:line: reason)"
+    )
+    imp.add_argument(
+        "--fields",
+        metavar="F1,F2,...",
+        help="the --query-gpu fields of a log without a header (default: "
+        "timestamp,index,memory.used,...)",
+    )
+    imp.add_argument(
+        "--tz",
+        default="local",
+        metavar="ZONE",
+        help="zone of the log's timestamps: local (default), UTC, +02:00 or an "
+        "IANA name (nvidia-smi prints local time without a zone)",
+    )
+    imp.add_argument(
+        "--interval",
+        type=float_in(0.001, 86400),
+        default=1.0,
+        metavar="S",
+        help="the -l interval, for logs without a timestamp column (default: 1)",
+    )
+    imp.add_argument(
+        "--gpus",
+        type=int_in(1, 1024),
+        default=1,
+        metavar="N",
+        help="GPUs per tick, for logs without an index column (default: 1)",
+    )
+    imp.add_argument(
+        "--dcgm",
+        action="store_true",
+        help="import DCGM-exporter series from Prometheus instead of a file",
+    )
     imp.add_argument("--prom", metavar="URL", help="Prometheus base URL (with --dcgm)")
     imp.add_argument("--start", default="now-1h", help="range start (default: now-1h)")
     imp.add_argument("--end", default="now", help="range end (default: now)")
-    imp.add_argument("--step", default=None, help="range resolution (default: about 1000 "
-                     "points, at least 1s)")
-    imp.add_argument("--selector", default="", help="label matchers for the DCGM series, "
-                     "e.g. 'Hostname=\"node1\"'")
+    imp.add_argument(
+        "--step", default=None, help="range resolution (default: about 1000 points, at least 1s)"
+    )
+    imp.add_argument(
+        "--selector",
+        default="",
+        help="label matchers for the DCGM series, e.g. 'Hostname=\"node1\"'",
+    )
     imp.add_argument("--json", action="store_true", help="print one JSON document to stdout")
 
 
@@ -109,6 +153,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
 
 
 # -- watch -------------------------------------------------------------------------------------
+
 
 def _fake_backend(args: argparse.Namespace) -> NvmlBackend | None:
     """The scripted demo GPUs of --fake; None: the machine's NVML (NvmlUnavailable without a
@@ -128,11 +173,13 @@ def _watch(args: argparse.Namespace, out: Console, err: Console) -> int:
     started = time.monotonic()
     try:
         sampler.start()
-        with Live(_live_table(sampler, names), console=err, transient=True,
-                  refresh_per_second=4) as live:
+        with Live(
+            _live_table(sampler, names), console=err, transient=True, refresh_per_second=4
+        ) as live:
             while args.duration is None or time.monotonic() - started < args.duration:
-                left = None if args.duration is None else \
-                    args.duration - (time.monotonic() - started)
+                left = (
+                    None if args.duration is None else args.duration - (time.monotonic() - started)
+                )
                 time.sleep(0.25 if left is None else max(0.0, min(0.25, left)))
                 live.update(_live_table(sampler, names))
     except KeyboardInterrupt:
@@ -140,42 +187,67 @@ def _watch(args: argparse.Namespace, out: Console, err: Console) -> int:
     finally:
         sampler.stop()
     frame = sampler.frame()
-    doc: dict[str, Any] = {"backend": "fake" if args.fake else "nvml", "period_s": args.period,
-                           "gpus": [{"index": i, "name": n} for i, n in enumerate(names)],
-                           "ticks": sampler.ticks, "missed_ticks": sampler.missed,
-                           "failed_reads": sampler.failed_reads, "error": sampler.error,
-                           "interrupted": interrupted, "summary": gpu_summary(frame),
-                           "columns": dict(COLUMNS), "samples": frame_records(frame)}
+    doc: dict[str, Any] = {
+        "backend": "fake" if args.fake else "nvml",
+        "period_s": args.period,
+        "gpus": [{"index": i, "name": n} for i, n in enumerate(names)],
+        "ticks": sampler.ticks,
+        "missed_ticks": sampler.missed,
+        "failed_reads": sampler.failed_reads,
+        "error": sampler.error,
+        "interrupted": interrupted,
+        "summary": gpu_summary(frame),
+        "columns": dict(COLUMNS),
+        "samples": frame_records(frame),
+    }
     if args.json:
         out.out(jsonout.dumps(doc), highlight=False)
     else:
-        title = (f"{len(names)} GPU(s) · {sampler.ticks} ticks at {args.period:g} s"
-                 + (" · fake backend" if args.fake else ""))
+        title = f"{len(names)} GPU(s) · {sampler.ticks} ticks at {args.period:g} s" + (
+            " · fake backend" if args.fake else ""
+        )
         _render_summary(out, doc["summary"], title, names)
         if sampler.missed:
             err.print(f"[yellow]{sampler.missed} tick(s) missed: reads slower than the period")
         if sampler.error:
-            err.print(f"[yellow]{sampler.failed_reads} read(s) failed; first: "
-                      f"{escape(sampler.error)}")
+            err.print(
+                f"[yellow]{sampler.failed_reads} read(s) failed; first: {escape(sampler.error)}"
+            )
     return 0
 
 
 def _live_table(sampler: GpuSampler, names: list[str]) -> Table:
-    table = Table(title=f"GPUs every {sampler.period_s:g} s · Ctrl-C to stop",
-                  title_justify="left")
-    for col in ("gpu", "name", "mem used GiB", "of GiB", "util %", "mem util %", "power W",
-                "SM MHz", "temp °C"):
+    table = Table(title=f"GPUs every {sampler.period_s:g} s · Ctrl-C to stop", title_justify="left")
+    for col in (
+        "gpu",
+        "name",
+        "mem used GiB",
+        "of GiB",
+        "util %",
+        "mem util %",
+        "power W",
+        "SM MHz",
+        "temp °C",
+    ):
         table.add_column(col, justify="left" if col == "name" else "right")
     for index, row in sorted(sampler.latest().items()):
         v = dict(zip(COLUMNS, row))
-        table.add_row(str(index), escape(names[index] if index < len(names) else "?"),
-                      _f(v["mem_used_bytes"] / _GiB, 2), _f(v["mem_total_bytes"] / _GiB, 1),
-                      _f(v["util_gpu_pct"]), _f(v["util_mem_pct"]), _f(v["power_w"]),
-                      _f(v["sm_clock_mhz"]), _f(v["temperature_c"]))
+        table.add_row(
+            str(index),
+            escape(names[index] if index < len(names) else "?"),
+            _f(v["mem_used_bytes"] / _GiB, 2),
+            _f(v["mem_total_bytes"] / _GiB, 1),
+            _f(v["util_gpu_pct"]),
+            _f(v["util_mem_pct"]),
+            _f(v["power_w"]),
+            _f(v["sm_clock_mhz"]),
+            _f(v["temperature_c"]),
+        )
     return table
 
 
 # -- import ------------------------------------------------------------------------------------
+
 
 def _tz(text: str) -> tzinfo | None:
     if text.lower() == "local":
@@ -186,8 +258,9 @@ def _tz(text: str) -> tzinfo | None:
     if sign in "+-" and len(text) == 6 and text[3] == ":":
         hh, mm = text[1:3], text[4:6]
         if not (hh.isdigit() and mm.isdigit() and int(hh) < 24 and int(mm) < 60):
-            raise ConfigError(f"--tz {text!r}: use local, UTC, +HH:MM (HH below 24, MM below "
-                              "60) or an IANA name")
+            raise ConfigError(
+                f"--tz {text!r}: use local, UTC, +HH:MM (HH below 24, MM below 60) or an IANA name"
+            )
         delta = timedelta(hours=int(hh), minutes=int(mm))
         return timezone(-delta if sign == "-" else delta)
     from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -211,24 +284,34 @@ def _import(args: argparse.Namespace, out: Console, err: Console) -> int:
         if end <= start:
             raise ConfigError("--end must be after --start")
         step: float | str = args.step or f"{max(1.0, (end - start) / 1000):.0f}s"
-        result = import_dcgm_series(args.prom, start=start, end=end, step=step,
-                                    selector=args.selector)
+        result = import_dcgm_series(
+            args.prom, start=start, end=end, step=step, selector=args.selector
+        )
     else:
         if args.file is None:
             raise ConfigError("name an nvidia-smi CSV FILE, or use --dcgm --prom URL")
         fields = [f.strip() for f in args.fields.split(",")] if args.fields else None
-        result = read_nvidia_smi_csv(args.file, strict=args.strict, fields=fields,
-                                     tz=_tz(args.tz), interval_s=args.interval, gpus=args.gpus)
+        result = read_nvidia_smi_csv(
+            args.file,
+            strict=args.strict,
+            fields=fields,
+            tz=_tz(args.tz),
+            interval_s=args.interval,
+            gpus=args.gpus,
+        )
     frame = result.frame
     doc: dict[str, Any] = {"import": result.summary(), "summary": gpu_summary(frame)}
     if args.json:  # every sample: built only for the document that prints them
-        doc["columns"] = {**COLUMNS, **{str(c): "object" for c in frame.columns
-                                        if c not in COLUMNS}}
+        doc["columns"] = {
+            **COLUMNS,
+            **{str(c): "object" for c in frame.columns if c not in COLUMNS},
+        }
         doc["samples"] = frame_records(frame)
         out.out(jsonout.dumps(doc), highlight=False)
     else:
-        _render_summary(out, doc["summary"], f"{escape(result.source)} · {result.rows} samples",
-                        None)
+        _render_summary(
+            out, doc["summary"], f"{escape(result.source)} · {result.rows} samples", None
+        )
         words = doc["import"]["completeness"]["words"]
         if words:
             out.print(f"[yellow]incomplete read: {escape(words)}[/yellow]")
@@ -239,11 +322,11 @@ def _import(args: argparse.Namespace, out: Console, err: Console) -> int:
 
 # -- shared ------------------------------------------------------------------------------------
 
+
 def frame_records(frame: pd.DataFrame) -> list[dict[str, Any]]:
     """Rows as JSON-ready dicts (NaN -> None)."""
     clean = frame.astype(object).where(frame.notna(), None)
-    return [{str(k): _plain(v) for k, v in row.items()}
-            for row in clean.to_dict(orient="records")]
+    return [{str(k): _plain(v) for k, v in row.items()} for row in clean.to_dict(orient="records")]
 
 
 def _plain(v: Any) -> Any:
@@ -268,8 +351,11 @@ def gpu_summary(frame: pd.DataFrame) -> list[dict[str, Any]]:
     sizes = g.size()
     rows: list[dict[str, Any]] = []
     for index in sizes.index:
-        row: dict[str, Any] = {"gpu_index": int(str(index)), "samples": int(sizes[index]),
-                               "span_s": (int(t_max[index]) - int(t_min[index])) / 1e9}
+        row: dict[str, Any] = {
+            "gpu_index": int(str(index)),
+            "samples": int(sizes[index]),
+            "span_s": (int(t_max[index]) - int(t_min[index])) / 1e9,
+        }
         for key, series in cols.items():
             v = float(series[index])
             row[key] = None if math.isnan(v) else v
@@ -285,9 +371,11 @@ _SUMMARY_STATS = {
     "mem_total_bytes": ("mem_total_bytes", "max"),
     "util_gpu_mean_pct": ("util_gpu_pct", "mean"),
     "util_mem_mean_pct": ("util_mem_pct", "mean"),
-    "power_mean_w": ("power_w", "mean"), "power_max_w": ("power_w", "max"),
+    "power_mean_w": ("power_w", "mean"),
+    "power_max_w": ("power_w", "max"),
     "sm_clock_median_mhz": ("sm_clock_mhz", "median"),
-    "temperature_max_c": ("temperature_c", "max")}
+    "temperature_max_c": ("temperature_c", "max"),
+}
 TABLE_GPUS = 64  # GPUs drawn in a text table at most; --json keeps every one
 
 
@@ -299,23 +387,50 @@ def _gib(v: float | None) -> str:
     return _f(None if v is None else v / _GiB, 2)
 
 
-def _render_summary(out: Console, summary: list[dict[str, Any]], title: str,
-                    names: list[str] | None) -> None:
-    table = Table(title=title, title_justify="left",
-                  caption="memory in GiB; utilisation and power are means over the samples")
-    for col in ("gpu", *(("name",) if names else ()), "samples", "span s", "mem min GiB",
-                "mem median GiB", "mem max GiB", "of GiB", "util %", "mem util %", "power W",
-                "power max W", "SM MHz", "temp max °C"):
+def _render_summary(
+    out: Console, summary: list[dict[str, Any]], title: str, names: list[str] | None
+) -> None:
+    table = Table(
+        title=title,
+        title_justify="left",
+        caption="memory in GiB; utilisation and power are means over the samples",
+    )
+    for col in (
+        "gpu",
+        *(("name",) if names else ()),
+        "samples",
+        "span s",
+        "mem min GiB",
+        "mem median GiB",
+        "mem max GiB",
+        "of GiB",
+        "util %",
+        "mem util %",
+        "power W",
+        "power max W",
+        "SM MHz",
+        "temp max °C",
+    ):
         table.add_column(col, justify="left" if col == "name" else "right")
     for s in summary[:TABLE_GPUS]:
         i = s["gpu_index"]
         name = (escape(names[i] if i < len(names) else "?"),) if names else ()
-        table.add_row(str(i), *name, str(s["samples"]), f"{s['span_s']:.1f}",
-                      _gib(s["mem_used_min_bytes"]), _gib(s["mem_used_median_bytes"]),
-                      _gib(s["mem_used_max_bytes"]), _gib(s["mem_total_bytes"]),
-                      _f(s["util_gpu_mean_pct"]), _f(s["util_mem_mean_pct"]),
-                      _f(s["power_mean_w"]), _f(s["power_max_w"]),
-                      _f(s["sm_clock_median_mhz"]), _f(s["temperature_max_c"]))
+        table.add_row(
+            str(i),
+            *name,
+            str(s["samples"]),
+            f"{s['span_s']:.1f}",
+            _gib(s["mem_used_min_bytes"]),
+            _gib(s["mem_used_median_bytes"]),
+            _gib(s["mem_used_max_bytes"]),
+            _gib(s["mem_total_bytes"]),
+            _f(s["util_gpu_mean_pct"]),
+            _f(s["util_mem_mean_pct"]),
+            _f(s["power_mean_w"]),
+            _f(s["power_max_w"]),
+            _f(s["sm_clock_median_mhz"]),
+            _f(s["temperature_max_c"]),
+        )
     if not summary:
         out.print("no GPU samples")
         return
@@ -327,8 +442,11 @@ def _render_summary(out: Console, summary: list[dict[str, Any]], title: str,
 def _beyond_table(summary: list[dict[str, Any]]) -> str:
     """The GPUs past the table's first TABLE_GPUS, summarised in one line."""
     rest = summary[TABLE_GPUS:]
-    peak = max((s["mem_used_max_bytes"] for s in rest if s["mem_used_max_bytes"] is not None),
-               default=None)
-    return (f"… and {len(rest)} more GPUs (indices {rest[0]['gpu_index']}–"
-            f"{rest[-1]['gpu_index']}, {sum(s['samples'] for s in rest)} samples, memory max "
-            f"{_gib(peak)} GiB): --json lists every GPU and sample")
+    peak = max(
+        (s["mem_used_max_bytes"] for s in rest if s["mem_used_max_bytes"] is not None), default=None
+    )
+    return (
+        f"… and {len(rest)} more GPUs (indices {rest[0]['gpu_index']}–"
+        f"{rest[-1]['gpu_index']}, {sum(s['samples'] for s in rest)} samples, memory max "
+        f"{_gib(peak)} GiB): --json lists every GPU and sample"
+    )

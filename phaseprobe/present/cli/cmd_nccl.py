@@ -46,22 +46,38 @@ _SEV = {"high": "red", "medium": "yellow", "low": "cyan"}
 def register(subparsers: Any) -> None:
     """Add the ``nccl`` command to the CLI's subparsers."""
     p = subparsers.add_parser(
-        "nccl", help="analyse NCCL debug logs (channels, transports, collectives, red flags); "
-                     "'nccl diff A B' compares two",
+        "nccl",
+        help="analyse NCCL debug logs (channels, transports, collectives, red flags); "
+        "'nccl diff A B' compares two",
         description="Read NCCL_DEBUG=INFO output (any version 2.7-2.30, launcher prefixes and "
-                    "interleaved processes included) and summarise communicators, channels, "
-                    "transports, per-call collectives and tuning choices. "
-                    "'phaseprobe nccl diff A B' compares two logs.")
-    p.add_argument("files", nargs="+", metavar="FILE",
-                   help="log files (.gz allowed); or: diff A B")
-    p.add_argument("--strict", action="store_true",
-                   help="stop at the first malformed NCCL line (file:line in the error)")
-    p.add_argument("--steps", type=int_in(1, 10**9), default=None, metavar="N",
-                   help="decode steps the log covers: adds collectives per step")
-    add_keep_args(p, experiment_help="the stored experiment this log belongs to: its decode "
-                                     "steps give collectives per step; --keep attaches to it")
-    p.add_argument("--save", default=None, metavar="FILE",
-                   help="also write the JSON document to FILE (to keep beside an experiment)")
+        "interleaved processes included) and summarise communicators, channels, "
+        "transports, per-call collectives and tuning choices. "
+        "'phaseprobe nccl diff A B' compares two logs.",
+    )
+    p.add_argument("files", nargs="+", metavar="FILE", help="log files (.gz allowed); or: diff A B")
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="stop at the first malformed NCCL line (file:line in the error)",
+    )
+    p.add_argument(
+        "--steps",
+        type=int_in(1, 10**9),
+        default=None,
+        metavar="N",
+        help="decode steps the log covers: adds collectives per step",
+    )
+    add_keep_args(
+        p,
+        experiment_help="the stored experiment this log belongs to: its decode "
+        "steps give collectives per step; --keep attaches to it",
+    )
+    p.add_argument(
+        "--save",
+        default=None,
+        metavar="FILE",
+        help="also write the JSON document to FILE (to keep beside an experiment)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON document to stdout")
 
 
@@ -77,21 +93,27 @@ def _steps(args: argparse.Namespace) -> int | None:
         runs = store.runs(args.experiment)
     steps = decode_steps([r.client.completion_tokens if r.client else None for r in runs])
     if steps <= 0:
-        raise ConfigError(f"experiment {args.experiment} has no completed tokens to count "
-                          "decode steps from")
+        raise ConfigError(
+            f"experiment {args.experiment} has no completed tokens to count decode steps from"
+        )
     return steps
 
 
-def analyze(files: list[str], strict: bool, err: Console,
-            steps: int | None = None) -> NcclReport:
+def analyze(files: list[str], strict: bool, err: Console, steps: int | None = None) -> NcclReport:
     """Read ``files`` (progress bar on ``err`` for big files) into one report."""
     from phaseprobe.analysis.nccl.report import build_report
 
     size = sum(Path(f).stat().st_size for f in files if Path(f).is_file())
     if size < _BIG:
         return build_report(files, strict=strict, steps=steps)
-    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(),
-                        TimeRemainingColumn(), console=err, transient=True)
+    progress = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TimeRemainingColumn(),
+        console=err,
+        transient=True,
+    )
     tasks: dict[str, Any] = {}
 
     def tick(src: str, done: int, total: int) -> None:
@@ -104,9 +126,11 @@ def analyze(files: list[str], strict: bool, err: Console,
 
 
 def _nothing_found(files: list[str], report: NcclReport) -> ConfigError:
-    return ConfigError(f"no NCCL output found in {', '.join(files)} "
-                       f"({report.doc['lines']['total']} lines read: no NCCL lines, nccl-tests "
-                       "table or error line; run with NCCL_DEBUG=INFO)")
+    return ConfigError(
+        f"no NCCL output found in {', '.join(files)} "
+        f"({report.doc['lines']['total']} lines read: no NCCL lines, nccl-tests "
+        "table or error line; run with NCCL_DEBUG=INFO)"
+    )
 
 
 def run(args: argparse.Namespace, out: Console, err: Console) -> int:
@@ -167,8 +191,10 @@ def _render(out: Console, d: NcclReportDoc) -> None:
     for res in d.get("nccl_tests") or []:
         words = (res.get("completeness") or {}).get("words")
         if words:  # before its tables: the rows they leave out
-            out.print(f"[yellow]nccl-tests in {escape(res['source'])}, incomplete read: "
-                      f"{escape(words)}[/yellow]")
+            out.print(
+                f"[yellow]nccl-tests in {escape(res['source'])}, incomplete read: "
+                f"{escape(words)}[/yellow]"
+            )
         for t in res["tables"]:
             _render_table(out, res["source"], t)
     _render_problems(out, d["problems"])
@@ -201,30 +227,53 @@ def _render_table(out: Console, source: str, t: dict[str, Any]) -> None:
     if avg is None:
         avg, basis = t["avg_busbw_GBps_recomputed"], "recomputed from the rows"
     ranks = len(t["devices"]) or (t["params"] or {}).get("n_gpus")
-    title = (f"nccl-tests {t['label']}" + (f" ({t['test']})" if t["test"] else "")
-             + (f", {ranks} ranks" if ranks else "") + f" — {source}, avg busbw "
-             + (f"{avg:.2f} GB/s ({basis})" if avg is not None else "not available"))
+    title = (
+        f"nccl-tests {t['label']}"
+        + (f" ({t['test']})" if t["test"] else "")
+        + (f", {ranks} ranks" if ranks else "")
+        + f" — {source}, avg busbw "
+        + (f"{avg:.2f} GB/s ({basis})" if avg is not None else "not available")
+    )
     tab = Table(title=escape(title), title_justify="left")
-    for col in ("size", "count", "type", "redop", "time (µs)", "algbw (GB/s)", "busbw (GB/s)",
-                "#wrong", "in-place busbw (GB/s)", "busbw vs size"):
-        tab.add_column(col, justify="left" if col in ("type", "redop", "busbw vs size")
-                       else "right")
+    for col in (
+        "size",
+        "count",
+        "type",
+        "redop",
+        "time (µs)",
+        "algbw (GB/s)",
+        "busbw (GB/s)",
+        "#wrong",
+        "in-place busbw (GB/s)",
+        "busbw vs size",
+    ):
+        tab.add_column(
+            col, justify="left" if col in ("type", "redop", "busbw vs size") else "right"
+        )
     rows = t.get("rows") or []
     top = max((r["oop_busbw_GBps"] or r["ip_busbw_GBps"] or 0.0 for r in rows), default=0.0)
     for r in rows:
         busbw = r["oop_busbw_GBps"] if r["oop_busbw_GBps"] is not None else r["ip_busbw_GBps"]
         wrong = r["oop_wrong"]
-        tab.add_row(_size(r["size_bytes"]), f"{r['count']:,}", escape(str(r["dtype"])),
-                    escape(str(r["redop"] or "-")),
-                    "-" if r["oop_time_us"] is None else f"{r['oop_time_us']:.1f}",
-                    _gb(r["oop_algbw_GBps"]), _gb(busbw),
-                    "N/A" if wrong is None else str(wrong), _gb(r["ip_busbw_GBps"]),
-                    bar(busbw, top) + (" (cut, put back)" if r["pieces"] > 1 else ""))
+        tab.add_row(
+            _size(r["size_bytes"]),
+            f"{r['count']:,}",
+            escape(str(r["dtype"])),
+            escape(str(r["redop"] or "-")),
+            "-" if r["oop_time_us"] is None else f"{r['oop_time_us']:.1f}",
+            _gb(r["oop_algbw_GBps"]),
+            _gb(busbw),
+            "N/A" if wrong is None else str(wrong),
+            _gb(r["ip_busbw_GBps"]),
+            bar(busbw, top) + (" (cut, put back)" if r["pieces"] > 1 else ""),
+        )
     out.print(tab)
     read = f"{t['n_rows']} rows"
     if t["rows_reassembled"] or t["rows_dropped"]:
-        read += (f": {t['rows_reassembled']} put back together from cut pieces, "
-                 f"{t['rows_dropped']} left out (cut and never completed)")
+        read += (
+            f": {t['rows_reassembled']} put back together from cut pieces, "
+            f"{t['rows_dropped']} left out (cut and never completed)"
+        )
     out.print(f"[dim]{escape(read)}[/dim]")
     for note in t["notes"]:
         out.print(f"[dim]{escape(note)}[/dim]")
@@ -250,39 +299,69 @@ def _render_problems(out: Console, p: ProblemsDoc) -> None:
     tab.add_column("line")
     for f in items[:20]:
         where = Path(f["source"]).name if short else f["source"]
-        tab.add_row(f["category"], escape(f"{where}:{f['line_no']}"), escape(f["reason"]),
-                    escape(f["line"][:160]))
+        tab.add_row(
+            f["category"],
+            escape(f"{where}:{f['line_no']}"),
+            escape(f["reason"]),
+            escape(f["line"][:160]),
+        )
     out.print(tab)
     if p["count"] > 20:
         out.print(f"[dim]… {p['count'] - 20} more in --json[/dim]")
 
 
 def _render_log(out: Console, d: NcclSummary) -> None:
-    versions = ", ".join(f"{v['version']}+cuda{v['cuda']}" if v["cuda"] else v["version"]
-                         for v in d["nccl_versions"]) or "no banner"
+    versions = (
+        ", ".join(
+            f"{v['version']}+cuda{v['cuda']}" if v["cuda"] else v["version"]
+            for v in d["nccl_versions"]
+        )
+        or "no banner"
+    )
     tr = d["transports"]
     lines = d["lines"]
-    rows = [("NCCL", versions), ("hosts / processes", f"{len(d['hosts'])} / {d['processes']}"),
-            ("network", ", ".join(tr["networks"]) or "-"),
-            ("net plugin", ", ".join(f"{k}: {v}" for k, v in tr["net_plugin"].items()) or "-"),
-            ("lines", f"{lines['total']} total, {lines['parsed']} NCCL, {lines['skipped']} "
-                      f"skipped, {lines['malformed']} malformed"
-                      + (f", {lines['reassembled']} of {lines['cut']} cut records put back "
-                         f"together, {lines['unattributed']} not" if lines.get("cut") else ""))]
+    rows = [
+        ("NCCL", versions),
+        ("hosts / processes", f"{len(d['hosts'])} / {d['processes']}"),
+        ("network", ", ".join(tr["networks"]) or "-"),
+        ("net plugin", ", ".join(f"{k}: {v}" for k, v in tr["net_plugin"].items()) or "-"),
+        (
+            "lines",
+            f"{lines['total']} total, {lines['parsed']} NCCL, {lines['skipped']} "
+            f"skipped, {lines['malformed']} malformed"
+            + (
+                f", {lines['reassembled']} of {lines['cut']} cut records put back "
+                f"together, {lines['unattributed']} not"
+                if lines.get("cut")
+                else ""
+            ),
+        ),
+    ]
     if d["per_step"]:
         ps = d["per_step"]
-        rows.append(("per decode step", f"{ps['calls_per_step']:.2f} collectives, "
-                                        f"{ps['bytes_per_step'] / 1e6:.3f} MB per rank "
-                                        f"({ps['steps']} steps)"))
+        rows.append(
+            (
+                "per decode step",
+                f"{ps['calls_per_step']:.2f} collectives, "
+                f"{ps['bytes_per_step'] / 1e6:.3f} MB per rank "
+                f"({ps['steps']} steps)",
+            )
+        )
     out.print(_kv("phaseprobe nccl", rows))
     words = (d.get("completeness") or {}).get("words")
     if words:  # before any table: what the numbers below leave out
         out.print(f"[yellow]incomplete read: {escape(words)}[/yellow]")
-    marked = sorted({f"{k} from {src}" for c in d["communicators"]
-                     for k, src in (c.get("channels_from") or {}).items()})
+    marked = sorted(
+        {
+            f"{k} from {src}"
+            for c in d["communicators"]
+            for k, src in (c.get("channels_from") or {}).items()
+        }
+    )
     if marked:
-        out.print(f"[dim]channel counts not from a whole summary line: "
-                  f"{escape(', '.join(marked))}[/dim]")
+        out.print(
+            f"[dim]channel counts not from a whole summary line: {escape(', '.join(marked))}[/dim]"
+        )
     if d["comm_groups"]:  # none in a banner-only log: no empty table
         g = Table(title="communicators", title_justify="left")
         for col in ("id", "nranks", "ranks seen", "nodes", "coll ch", "p2p ch", "nvls ch"):
@@ -295,14 +374,27 @@ def _render_log(out: Console, d: NcclSummary) -> None:
 
             def rng(key: str, cs: list[dict[str, int]] = cs) -> str:
                 vals = [c[key] for c in cs if key in c]
-                return "-" if not vals else (f"{min(vals)}" if min(vals) == max(vals)
-                                             else f"{min(vals)}-{max(vals)}")
-            g.add_row(escape(grp["id"]), str(grp["nranks"]), str(grp["ranks_seen"]),
-                      str(grp["nnodes"] or "?"), rng("coll"), rng("p2p"), rng("nvls"))
+                return (
+                    "-"
+                    if not vals
+                    else (f"{min(vals)}" if min(vals) == max(vals) else f"{min(vals)}-{max(vals)}")
+                )
+
+            g.add_row(
+                escape(grp["id"]),
+                str(grp["nranks"]),
+                str(grp["ranks_seen"]),
+                str(grp["nnodes"] or "?"),
+                rng("coll"),
+                rng("p2p"),
+                rng("nvls"),
+            )
         out.print(g)
     if tr["connections"]:
-        t = Table(title=f"transports ({tr['connections']} connections, "
-                        f"{tr['gdrdma']} with GDRDMA)", title_justify="left")
+        t = Table(
+            title=f"transports ({tr['connections']} connections, {tr['gdrdma']} with GDRDMA)",
+            title_justify="left",
+        )
         t.add_column("transport")
         t.add_column("connections", justify="right")
         for k, n in tr["by_kind"].items():
@@ -310,8 +402,10 @@ def _render_log(out: Console, d: NcclSummary) -> None:
         out.print(t)
     coll = d["collectives"]
     if coll["calls"]:
-        t = Table(title=f"collectives ({coll['calls']} calls, {coll['bytes'] / 1e9:.3f} GB)",
-                  title_justify="left")
+        t = Table(
+            title=f"collectives ({coll['calls']} calls, {coll['bytes'] / 1e9:.3f} GB)",
+            title_justify="left",
+        )
         for col in ("op", "calls", "bytes"):
             t.add_column(col, justify="left" if col == "op" else "right")
         for op, v in coll["by_op"].items():
@@ -324,12 +418,17 @@ def _render_log(out: Console, d: NcclSummary) -> None:
         for col in ("size", "calls", "share"):
             hist.add_column(col, justify="right")
         for lo in sorted(sizes):
-            hist.add_row(f"{_size(lo)}–{_size(lo * 2)}", str(sizes[lo]),
-                         f"{sizes[lo] / coll['calls']:.1%}")
+            hist.add_row(
+                f"{_size(lo)}–{_size(lo * 2)}", str(sizes[lo]), f"{sizes[lo] / coll['calls']:.1%}"
+            )
         out.print(hist)
     if d["tuning"]["decisions"]:
-        out.print(_kv("tuning (algorithm/protocol choices)",
-                      [(k, str(v)) for k, v in d["tuning"]["by_choice"].items()]))
+        out.print(
+            _kv(
+                "tuning (algorithm/protocol choices)",
+                [(k, str(v)) for k, v in d["tuning"]["by_choice"].items()],
+            )
+        )
 
 
 def _size(n: int) -> str:
@@ -366,11 +465,16 @@ def _key(key: Any) -> str:
 
 
 # Row label and whether its numbers are fractions (shown as %).
-_DIFF_ROWS = (("channels", "channels (min–max per rank)", False),
-              ("transports", "connections by transport", False),
-              ("transport_share", "transport share", True), ("networks", "networks", False),
-              ("tuning", "tuning", False), ("size_mix", "share of calls by message size", True),
-              ("collectives", "collectives", False), ("warnings", "warnings", False))
+_DIFF_ROWS = (
+    ("channels", "channels (min–max per rank)", False),
+    ("transports", "connections by transport", False),
+    ("transport_share", "transport share", True),
+    ("networks", "networks", False),
+    ("tuning", "tuning", False),
+    ("size_mix", "share of calls by message size", True),
+    ("collectives", "collectives", False),
+    ("warnings", "warnings", False),
+)
 
 
 def _render_diff(out: Console, doc: NcclReportDiff) -> None:
@@ -378,14 +482,21 @@ def _render_diff(out: Console, doc: NcclReportDiff) -> None:
         out.print(("[bold]" if i == 0 else "") + escape(line), highlight=False)
     busbw = doc["busbw"]
     for t in busbw["tables"] if busbw is not None else []:
-        tab = Table(title=f"busbw by message size: {escape(t['label'])} ({t['place']})",
-                    title_justify="left")
+        tab = Table(
+            title=f"busbw by message size: {escape(t['label'])} ({t['place']})",
+            title_justify="left",
+        )
         for col in ("size", "A busbw (GB/s)", "B busbw (GB/s)", "change (GB/s)", "change"):
             tab.add_column(col, justify="right")
         for r in t["by_size"]:
             pct = r["change_pct"]
-            tab.add_row(_size(r["size_bytes"]), _gb(r["a_busbw_GBps"]), _gb(r["b_busbw_GBps"]),
-                        f"{r['change_GBps']:+.2f}", "-" if pct is None else f"{pct:+.1f} %")
+            tab.add_row(
+                _size(r["size_bytes"]),
+                _gb(r["a_busbw_GBps"]),
+                _gb(r["b_busbw_GBps"]),
+                f"{r['change_GBps']:+.2f}",
+                "-" if pct is None else f"{pct:+.1f} %",
+            )
         out.print(tab)
     a: Mapping[str, Any] = doc["a"]  # NcclDiffSide or NcclSources: read by _DIFF_ROWS' keys
     b: Mapping[str, Any] = doc["b"]
@@ -407,4 +518,3 @@ def _render_worse(out: Console, doc: NcclReportDiff) -> None:
         out.print("[green]nothing got worse")
     for w in doc["worse"]:
         out.print(f"[{_SEV[w['severity']]}]{w['severity']}[/] {escape(w['message'])}")
-

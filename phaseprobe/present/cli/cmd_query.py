@@ -66,15 +66,17 @@ def parse_time(text: str, now: float | None = None) -> float:
         try:
             moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
         except ValueError:
-            raise ConfigError(f"time {text!r}: use now, now-15m, unix seconds or ISO 8601"
-                              ) from None
+            raise ConfigError(
+                f"time {text!r}: use now, now-15m, unix seconds or ISO 8601"
+            ) from None
         if moment.tzinfo is None:
             moment = moment.replace(tzinfo=UTC)
         value = moment.timestamp()
     # Prometheus takes 1970 .. 9999; nan, inf and 1e20 would reach datetime and raise there.
     if not 0 <= value <= MAX_UNIX_S:
-        raise ConfigError(f"time {text!r}: out of range (unix seconds 0 .. {MAX_UNIX_S:.0f}, "
-                          "years 1970 .. 9999)")
+        raise ConfigError(
+            f"time {text!r}: out of range (unix seconds 0 .. {MAX_UNIX_S:.0f}, years 1970 .. 9999)"
+        )
     return value
 
 
@@ -106,49 +108,82 @@ def _step_s(text: str) -> float:
         try:
             value = _duration_s(text.strip())
         except ConfigError:
-            raise ConfigError(f"--step: {text!r} is not a duration (e.g. 15s, 1m) or seconds"
-                              ) from None
+            raise ConfigError(
+                f"--step: {text!r} is not a duration (e.g. 15s, 1m) or seconds"
+            ) from None
     if not MIN_STEP_S <= value <= MAX_UNIX_S:
-        raise ConfigError(f"--step: {text!r} is out of range (from {MIN_STEP_S:g} s to "
-                          f"{MAX_UNIX_S:.0f} s)")
+        raise ConfigError(
+            f"--step: {text!r} is out of range (from {MIN_STEP_S:g} s to {MAX_UNIX_S:.0f} s)"
+        )
     return value
 
 
 def register(subparsers: Any) -> None:
     """Add the ``query`` command to the CLI's subparsers."""
     p = subparsers.add_parser(
-        "query", help="run named PromQL queries (phase times, quantiles, throughput) against "
-                      "Prometheus",
+        "query",
+        help="run named PromQL queries (phase times, quantiles, throughput) against Prometheus",
         description="Run phaseprobe's named PromQL queries against a Prometheus server that "
-                    "scrapes vLLM. Metric names are matched to the vLLM version the server "
-                    "holds. --list shows the queries.")
-    p.add_argument("names", nargs="*", metavar="NAME", help="query names (see --list); "
-                   "'all' runs every query")
+        "scrapes vLLM. Metric names are matched to the vLLM version the server "
+        "holds. --list shows the queries.",
+    )
+    p.add_argument(
+        "names", nargs="*", metavar="NAME", help="query names (see --list); 'all' runs every query"
+    )
     p.add_argument("--list", action="store_true", help="list the named queries and exit")
     p.add_argument("--prom", metavar="URL", help="Prometheus base URL, e.g. http://127.0.0.1:9090")
-    p.add_argument("--selector", default="", help="label matchers, e.g. 'model_name=\"m\"' "
-                   "(braces optional; default: every vLLM series)")
+    p.add_argument(
+        "--selector",
+        default="",
+        help="label matchers, e.g. 'model_name=\"m\"' "
+        "(braces optional; default: every vLLM series)",
+    )
     p.add_argument("--window", default="5m", help="range for rate/increase (default: 5m)")
-    p.add_argument("--at", metavar="TIME", help="evaluate at this time instead of now "
-                   "(now-10m, unix seconds or ISO 8601)")
-    p.add_argument("--range", nargs=2, metavar=("START", "END"),
-                   help="range query from START to END (now-1h now, unix seconds, ISO 8601)")
-    p.add_argument("--step", default=None, help="range query resolution (e.g. 15s; "
-                   "default: about 250 points)")
-    p.add_argument("--token-env", metavar="VAR", default=None,
-                   help=f"environment variable holding a bearer token (default: "
-                        f"{DEFAULT_TOKEN_ENV} when set); never printed")
+    p.add_argument(
+        "--at",
+        metavar="TIME",
+        help="evaluate at this time instead of now (now-10m, unix seconds or ISO 8601)",
+    )
+    p.add_argument(
+        "--range",
+        nargs=2,
+        metavar=("START", "END"),
+        help="range query from START to END (now-1h now, unix seconds, ISO 8601)",
+    )
+    p.add_argument(
+        "--step", default=None, help="range query resolution (e.g. 15s; default: about 250 points)"
+    )
+    p.add_argument(
+        "--token-env",
+        metavar="VAR",
+        default=None,
+        help=f"environment variable holding a bearer token (default: "
+        f"{DEFAULT_TOKEN_ENV} when set); never printed",
+    )
     tls = p.add_mutually_exclusive_group()
     tls.add_argument("--insecure", action="store_true", help="do not verify TLS certificates")
     tls.add_argument("--ca-bundle", metavar="FILE", help="CA bundle to verify TLS with")
-    p.add_argument("--timeout", type=seconds, default=10.0, metavar="SECONDS",
-                   help="per-request timeout (default: 10)")
-    p.add_argument("--peaks", metavar="GPU", default=None,
-                   help="divide the per-GPU achieved FLOP/s and bytes/s (achieved_flops_per_gpu, "
-                        "achieved_mem_bandwidth_per_gpu) by this GPU's datasheet peak: MFU "
-                        "and MBU (e.g. h100-sxm; an unknown name lists the known ones)")
-    p.add_argument("--dtype", choices=("bf16", "fp16", "fp8"), default="bf16",
-                   help="which tensor peak MFU is against (default: bf16)")
+    p.add_argument(
+        "--timeout",
+        type=seconds,
+        default=10.0,
+        metavar="SECONDS",
+        help="per-request timeout (default: 10)",
+    )
+    p.add_argument(
+        "--peaks",
+        metavar="GPU",
+        default=None,
+        help="divide the per-GPU achieved FLOP/s and bytes/s (achieved_flops_per_gpu, "
+        "achieved_mem_bandwidth_per_gpu) by this GPU's datasheet peak: MFU "
+        "and MBU (e.g. h100-sxm; an unknown name lists the known ones)",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=("bf16", "fp16", "fp8"),
+        default="bf16",
+        help="which tensor peak MFU is against (default: bf16)",
+    )
     p.add_argument("--show-expr", action="store_true", help="also print the PromQL sent")
     p.add_argument("--json", action="store_true", help="print one JSON document to stdout")
 
@@ -186,13 +221,19 @@ def cmd_query(args: argparse.Namespace, out: Console, err: Console) -> int:
             _step_s(args.step)
     elif args.at is not None:
         at = _option_time("--at", args.at)
-    with named_queries(args.prom, token_env=args.token_env, insecure=args.insecure,
-                       ca_bundle=args.ca_bundle, timeout_s=args.timeout) as prom:
+    with named_queries(
+        args.prom,
+        token_env=args.token_env,
+        insecure=args.insecure,
+        ca_bundle=args.ca_bundle,
+        timeout_s=args.timeout,
+    ) as prom:
         results: list[NamedResult | EmptyResult]
         if args.range:
             step: float | str = args.step or f"{max(1.0, (end - start) / 250):.0f}s"
-            results = prom.ranged(queries, start=start, end=end, step=step,
-                                  selector=args.selector, window=window)
+            results = prom.ranged(
+                queries, start=start, end=end, step=step, selector=args.selector, window=window
+            )
         else:
             results = prom.instant(queries, selector=args.selector, window=window, at=at)
         doc = _document(prom.shown_url, args, catalog, results)
@@ -206,8 +247,14 @@ def cmd_query(args: argparse.Namespace, out: Console, err: Console) -> int:
     # `query all` on a server without a deployment's series (NIXL's) is no failure: those
     # queries say so; a query asked for by name that has no data is one
     asked_all = "all" in args.names
-    return 1 if any(isinstance(r, EmptyResult) and not (
-        asked_all and exported_only_by(catalog[r.query])) for r in results) else 0
+    return (
+        1
+        if any(
+            isinstance(r, EmptyResult) and not (asked_all and exported_only_by(catalog[r.query]))
+            for r in results
+        )
+        else 0
+    )
 
 
 def exported_only_by(query: Query) -> str | None:
@@ -253,23 +300,49 @@ class QueryDoc(TypedDict):
     queries: list[QueryEntry]
 
 
-def _document(url: str, args: argparse.Namespace, catalog: dict[str, Query],
-              results: list[NamedResult | EmptyResult]) -> QueryDoc:
+def _document(
+    url: str,
+    args: argparse.Namespace,
+    catalog: dict[str, Query],
+    results: list[NamedResult | EmptyResult],
+) -> QueryDoc:
     entries: list[QueryEntry] = []
     for r in results:
         if isinstance(r, EmptyResult):
             q = catalog[r.query]
             who = exported_only_by(q)
             why = str(r) + (f" (exported only with {who})" if who else "")
-            entries.append({"name": q.name, "unit": q.unit, "help": q.help, "expr": None,
-                            "error": why, "result": []})
+            entries.append(
+                {
+                    "name": q.name,
+                    "unit": q.unit,
+                    "help": q.help,
+                    "expr": None,
+                    "error": why,
+                    "result": [],
+                }
+            )
             continue
         q = catalog[r.name]
         rows = [s.to_dict() for s in (r.series or r.samples)]
-        entries.append({"name": r.name, "unit": r.unit, "help": q.help, "expr": r.expr,
-                        "error": None, "result": rows})
-    return {"prometheus": url, "selector": args.selector, "window": args.window,
-            "range": args.range, "step": args.step, "queries": entries}
+        entries.append(
+            {
+                "name": r.name,
+                "unit": r.unit,
+                "help": q.help,
+                "expr": r.expr,
+                "error": None,
+                "result": rows,
+            }
+        )
+    return {
+        "prometheus": url,
+        "selector": args.selector,
+        "window": args.window,
+        "range": args.range,
+        "step": args.step,
+        "queries": entries,
+    }
 
 
 # The per-GPU achieved rates and which datasheet peak each is held against.
@@ -290,21 +363,35 @@ def _against_peak(entry: QueryEntry, spec: Any, dtype: str) -> None:
     measure = _PEAK_OF.get(entry["name"])
     if measure is None or entry["error"]:
         return
-    peak = (spec.dense_flops_per_s(dtype) if measure == "MFU"
-            else spec.mem_bandwidth_bytes_per_s)
+    peak = spec.dense_flops_per_s(dtype) if measure == "MFU" else spec.mem_bandwidth_bytes_per_s
     if not peak:
         return
 
     def share(v: Any) -> Any:
         return None if v is None else v / peak
 
-    rows = [({**r, "points": [[t, share(v)] for t, v in r["points"]]} if "points" in r
-             else {**r, "value": share(r.get("value"))}) for r in entry["result"]]
-    values = [v for r in rows for v in ([p[1] for p in r["points"]] if "points" in r
-                                        else [r["value"]]) if v is not None]
-    entry["of_peak"] = {"measure": measure, "gpu": spec.name, "peak": peak,
-                        "source": spec.source, "result": rows,
-                        "beats_peak": any(v > 1 for v in values)}
+    rows = [
+        (
+            {**r, "points": [[t, share(v)] for t, v in r["points"]]}
+            if "points" in r
+            else {**r, "value": share(r.get("value"))}
+        )
+        for r in entry["result"]
+    ]
+    values = [
+        v
+        for r in rows
+        for v in ([p[1] for p in r["points"]] if "points" in r else [r["value"]])
+        if v is not None
+    ]
+    entry["of_peak"] = {
+        "measure": measure,
+        "gpu": spec.name,
+        "peak": peak,
+        "source": spec.source,
+        "result": rows,
+        "beats_peak": any(v > 1 for v in values),
+    }
 
 
 def _fmt(value: Any, unit: str) -> str:
@@ -340,21 +427,31 @@ def _render(out: Console, err: Console, doc: QueryDoc, show_expr: bool) -> None:
         for row in e["result"]:
             if ranged:
                 pts = row["points"]
-                table.add_row(e["name"], _labels(row["labels"]), str(len(pts)),
-                              _fmt(pts[-1][1], e["unit"]) if pts else "-")
+                table.add_row(
+                    e["name"],
+                    _labels(row["labels"]),
+                    str(len(pts)),
+                    _fmt(pts[-1][1], e["unit"]) if pts else "-",
+                )
             else:
                 table.add_row(e["name"], _labels(row["labels"]), _fmt(row["value"], e["unit"]))
         peak = e.get("of_peak")
         if peak is not None:
             for row in peak["result"]:
                 v = row["points"][-1][1] if "points" in row and row["points"] else row.get("value")
-                table.add_row(f"  {peak['measure']} ({peak['gpu']})", _labels(row["labels"]),
-                              *([""] if ranged else []), _fmt(v, "fraction"))
+                table.add_row(
+                    f"  {peak['measure']} ({peak['gpu']})",
+                    _labels(row["labels"]),
+                    *([""] if ranged else []),
+                    _fmt(v, "fraction"),
+                )
             if peak["beats_peak"]:
-                err.print(f"[red]{e['name']} beats the {escape(peak['gpu'])} peak "
-                          f"({peak['peak']:.4g} {e['unit']}): that bound is wrong (another GPU, "
-                          "another dtype, or vLLM's estimate counts more than the peak's "
-                          "arithmetic)")
+                err.print(
+                    f"[red]{e['name']} beats the {escape(peak['gpu'])} peak "
+                    f"({peak['peak']:.4g} {e['unit']}): that bound is wrong (another GPU, "
+                    "another dtype, or vLLM's estimate counts more than the peak's "
+                    "arithmetic)"
+                )
         if show_expr and e["expr"]:
             out.print(f"[dim]{e['name']}:[/] {escape(e['expr'])}", highlight=False, soft_wrap=True)
     out.print(table)
@@ -362,12 +459,15 @@ def _render(out: Console, err: Console, doc: QueryDoc, show_expr: bool) -> None:
 
 def _list(args: argparse.Namespace, out: Console, catalog: dict[str, Query]) -> int:
     if args.json:
-        doc = {"queries": [{"name": q.name, "unit": q.unit, "help": q.help,
-                            "template": q.template} for q in catalog.values()]}
+        doc = {
+            "queries": [
+                {"name": q.name, "unit": q.unit, "help": q.help, "template": q.template}
+                for q in catalog.values()
+            ]
+        }
         out.out(jsonout.dumps(doc), highlight=False)
         return 0
-    table = Table(title=f"{len(catalog)} named queries ($selector, $window)",
-                  title_justify="left")
+    table = Table(title=f"{len(catalog)} named queries ($selector, $window)", title_justify="left")
     table.add_column("name")
     table.add_column("unit")
     table.add_column("what")

@@ -32,21 +32,27 @@ from phaseprobe.present.cli.console import (
 
 __all__ = ["register", "run", "CONCURRENT_NOTE"]
 
-CONCURRENT_NOTE = ("batch and interfere experiments hold runs that are concurrent by design "
-                   "(batch streams, interfere A/B pairs): never isolated, so `phaseprobe runs "
-                   "ID` leaves them out of the medians; `phaseprobe batch|interfere` report "
-                   "them")
+CONCURRENT_NOTE = (
+    "batch and interfere experiments hold runs that are concurrent by design "
+    "(batch streams, interfere A/B pairs): never isolated, so `phaseprobe runs "
+    "ID` leaves them out of the medians; `phaseprobe batch|interfere` report "
+    "them"
+)
 # What the concurrent runs of each kind are, for the "left out" line.
-_ROLES = {"batch": "batch streams",
-          "interfere": "A/B pairs; the A-alone baseline runs are isolated"}
+_ROLES = {
+    "batch": "batch streams",
+    "interfere": "A/B pairs; the A-alone baseline runs are isolated",
+}
 
 
 def register(subparsers: Any) -> None:
     runs = subparsers.add_parser("runs", help="list stored experiments, or the runs of one")
-    runs.add_argument("experiment", nargs="?", type=positive_int,
-                      help="experiment id (omit to list experiments)")
-    runs.add_argument("--latest", action="store_true", help="show the runs of the latest "
-                      "experiment")
+    runs.add_argument(
+        "experiment", nargs="?", type=positive_int, help="experiment id (omit to list experiments)"
+    )
+    runs.add_argument(
+        "--latest", action="store_true", help="show the runs of the latest experiment"
+    )
     store_and_json_args(runs)
 
 
@@ -69,15 +75,26 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
             for row in rows:
                 row["concurrent_by_design"] = row["kind"] in CONCURRENT_KINDS
             if args.json:
-                out.out(jsonout.dumps({"store": str(path), "experiments": rows,
-                                       "size": size, "note": CONCURRENT_NOTE}),
-                        highlight=False)
+                out.out(
+                    jsonout.dumps(
+                        {
+                            "store": str(path),
+                            "experiments": rows,
+                            "size": size,
+                            "note": CONCURRENT_NOTE,
+                        }
+                    ),
+                    highlight=False,
+                )
             else:
                 from phaseprobe.collect.spans.retention import size_text
 
                 render_experiments(out, rows)
-                out.print(f"{escape(str(path))}: {size_text(size)} (`phaseprobe spans prune` "
-                          "or `watch --retain` keeps it bounded)", highlight=False)
+                out.print(
+                    f"{escape(str(path))}: {size_text(size)} (`phaseprobe spans prune` "
+                    "or `watch --retain` keeps it bounded)",
+                    highlight=False,
+                )
                 if any(row["concurrent_by_design"] for row in rows):
                     out.print(f"[yellow]*[/] {CONCURRENT_NOTE}")
             return 0
@@ -91,26 +108,38 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     single = [r for r in runs if not concurrent_by_design(r)]
     summary = summarize(single)
     hop = has_hop(exp.spec.endpoint)
-    inconsistent = {r.seq: "; ".join(client_verdict(r, hop).reasons)
-                    for r in medians_runs(single)[1]}
+    inconsistent = {
+        r.seq: "; ".join(client_verdict(r, hop).reasons) for r in medians_runs(single)[1]
+    }
     why = None
     if concurrent:
         roles = _ROLES.get(exp.kind, "concurrent by design")
-        why = (f"{len(concurrent)} of {len(runs)} runs of this {exp.kind} experiment shared the "
-               f"server on purpose ({roles}): they are left out of the medians, "
-               f"which cover the other {summary.n_clean} run(s)")
+        why = (
+            f"{len(concurrent)} of {len(runs)} runs of this {exp.kind} experiment shared the "
+            f"server on purpose ({roles}): they are left out of the medians, "
+            f"which cover the other {summary.n_clean} run(s)"
+        )
     if args.json:
-        doc = {"experiment_id": exp_id, "name": exp.name, "kind": exp.kind,
-               "spec": exp.spec.to_dict(), "server": exp.server_info, "notes": list(exp.notes),
-               "summary": summary.to_dict(),
-               "excluded_from_summary": {"concurrent_by_design": len(concurrent),
-                                         "seqs": [r.seq for r in concurrent], "why": why,
-                                         "client_inconsistent": len(inconsistent),
-                                         "client_inconsistent_reasons": {
-                                             str(seq): why_ for seq, why_ in
-                                             inconsistent.items()}},
-               "efficiency": efficiency,
-               "runs": [r.to_dict() for r in runs]}
+        doc = {
+            "experiment_id": exp_id,
+            "name": exp.name,
+            "kind": exp.kind,
+            "spec": exp.spec.to_dict(),
+            "server": exp.server_info,
+            "notes": list(exp.notes),
+            "summary": summary.to_dict(),
+            "excluded_from_summary": {
+                "concurrent_by_design": len(concurrent),
+                "seqs": [r.seq for r in concurrent],
+                "why": why,
+                "client_inconsistent": len(inconsistent),
+                "client_inconsistent_reasons": {
+                    str(seq): why_ for seq, why_ in inconsistent.items()
+                },
+            },
+            "efficiency": efficiency,
+            "runs": [r.to_dict() for r in runs],
+        }
         out.out(jsonout.dumps(doc), highlight=False)
     else:
         out.print(f"experiment {exp_id}: {exp.name} (kind {exp.kind})")
@@ -122,6 +151,8 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
         for seq, reason in inconsistent.items():
             # The probe's notes already say it for runs judged when they were measured.
             if not any(n.startswith(f"run {seq + 1} left out of the medians") for n in exp.notes):
-                out.print(f"[yellow]left out:[/] run {seq + 1}: its client timeline contradicts "
-                          f"the server's phases: {escape(reason)}")
+                out.print(
+                    f"[yellow]left out:[/] run {seq + 1}: its client timeline contradicts "
+                    f"the server's phases: {escape(reason)}"
+                )
     return 0

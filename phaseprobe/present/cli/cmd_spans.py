@@ -41,76 +41,121 @@ if TYPE_CHECKING:
     from phaseprobe.analysis.pd_spans import PdSpanRecord
     from phaseprobe.collect.spans.source import SpanAggregate
 
-__all__ = ["register", "run", "span_table", "pd_table", "summary_table", "age",
-           "spans_from_arg"]
+__all__ = ["register", "run", "span_table", "pd_table", "summary_table", "age", "spans_from_arg"]
 
 
 def register(subparsers: Any) -> None:
     spans = subparsers.add_parser(
-        "spans", help="vLLM request spans in the store: import, list, show",
+        "spans",
+        help="vLLM request spans in the store: import, list, show",
         description="Per-request phases from vLLM's OpenTelemetry spans (`llm_request`), as "
-                    "received by `phaseprobe watch` or `probe --spans`, or imported from OTLP "
-                    "JSON lines.")
+        "received by `phaseprobe watch` or `probe --spans`, or imported from OTLP "
+        "JSON lines.",
+    )
     sub = spans.add_subparsers(dest="spans_command", required=True, metavar="ACTION")
-    imp = sub.add_parser("import", help="read OTLP JSON lines (the OpenTelemetry Collector's "
-                         "file exporter) into the store",
-                         description="Each line one OTLP/JSON trace export; .gz files are "
-                                     "read as they are. Bad lines are reported by file and "
-                                     "line and skipped; spans already stored are not doubled.")
+    imp = sub.add_parser(
+        "import",
+        help="read OTLP JSON lines (the OpenTelemetry Collector's file exporter) into the store",
+        description="Each line one OTLP/JSON trace export; .gz files are "
+        "read as they are. Bad lines are reported by file and "
+        "line and skipped; spans already stored are not doubled.",
+    )
     imp.add_argument("files", nargs="+", type=Path, metavar="FILE")
     store_and_json_args(imp)
     lst = sub.add_parser("list", help="the most recent requests with their phase split")
-    lst.add_argument("--last", type=int_in(1, 1_000_000), default=20, metavar="N",
-                     help="how many (default: 20)")
-    lst.add_argument("--since", type=float_in(0, 1e9, lo_open=True), default=None,
-                     metavar="SECONDS", help="the summary and the list: only requests that "
-                                             "finished in the last SECONDS")
+    lst.add_argument(
+        "--last", type=int_in(1, 1_000_000), default=20, metavar="N", help="how many (default: 20)"
+    )
+    lst.add_argument(
+        "--since",
+        type=float_in(0, 1e9, lo_open=True),
+        default=None,
+        metavar="SECONDS",
+        help="the summary and the list: only requests that finished in the last SECONDS",
+    )
     spans_from_arg(lst)
     store_and_json_args(lst)
-    show = sub.add_parser("show", help="one request: phases, windows and what it shared the "
-                          "engine with")
-    show.add_argument("request_id", metavar="REQUEST_ID",
-                      help="vLLM's request id, or the X-Request-Id the client sent (vLLM may "
-                           "prefix it, e.g. cmpl-)")
+    show = sub.add_parser(
+        "show", help="one request: phases, windows and what it shared the engine with"
+    )
+    show.add_argument(
+        "request_id",
+        metavar="REQUEST_ID",
+        help="vLLM's request id, or the X-Request-Id the client sent (vLLM may "
+        "prefix it, e.g. cmpl-)",
+    )
     spans_from_arg(show)
     store_and_json_args(show)
     pd = sub.add_parser(
-        "pd", help="disaggregated prefill/decode: join each request's two legs' spans",
+        "pd",
+        help="disaggregated prefill/decode: join each request's two legs' spans",
         description="One P/D request = a prefill leg (1 output token) on the prefill instance "
-                    "and a decode leg on the decode instance. The legs are joined by the "
-                    "request id they share (cmpl-<X-Request-Id>-0), a P/D router's "
-                    "___prefill_addr_…___decode_addr_… id, or the client's trace; a leg's "
-                    "role comes from --prefill-instance/--decode-instance, the router id's "
-                    "addresses, or the legs themselves. Spans that cannot be joined are "
-                    "counted and named.")
-    pd.add_argument("--since", type=float_in(0, 1e9, lo_open=True), default=None,
-                    metavar="SECONDS", help="only spans that started in the last SECONDS "
-                                            "(default: all stored)")
-    pd.add_argument("--prefill-instance", action="append", default=[], metavar="NAME",
-                    help="a prefill instance as its spans name it (service.instance.id, or "
-                         "the service name); may repeat")
-    pd.add_argument("--decode-instance", action="append", default=[], metavar="NAME",
-                    help="a decode instance as its spans name it; may repeat")
-    pd.add_argument("--last", type=int_in(1, 1_000_000), default=30, metavar="N",
-                    help="table: the N most recent joined requests (default: 30; --json "
-                         "has all)")
+        "and a decode leg on the decode instance. The legs are joined by the "
+        "request id they share (cmpl-<X-Request-Id>-0), a P/D router's "
+        "___prefill_addr_…___decode_addr_… id, or the client's trace; a leg's "
+        "role comes from --prefill-instance/--decode-instance, the router id's "
+        "addresses, or the legs themselves. Spans that cannot be joined are "
+        "counted and named.",
+    )
+    pd.add_argument(
+        "--since",
+        type=float_in(0, 1e9, lo_open=True),
+        default=None,
+        metavar="SECONDS",
+        help="only spans that started in the last SECONDS (default: all stored)",
+    )
+    pd.add_argument(
+        "--prefill-instance",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a prefill instance as its spans name it (service.instance.id, or "
+        "the service name); may repeat",
+    )
+    pd.add_argument(
+        "--decode-instance",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a decode instance as its spans name it; may repeat",
+    )
+    pd.add_argument(
+        "--last",
+        type=int_in(1, 1_000_000),
+        default=30,
+        metavar="N",
+        help="table: the N most recent joined requests (default: 30; --json has all)",
+    )
     store_and_json_args(pd)
     prune = sub.add_parser(
-        "prune", help="delete old request spans from the store (experiments' spans are kept)",
+        "prune",
+        help="delete old request spans from the store (experiments' spans are kept)",
         description="Keep the store bounded: delete the request spans that started before "
-                    "--older-than, or all but the newest --keep. Spans whose trace id or "
-                    "request id is a stored run's are never deleted. Deletes go in short "
-                    "batches, so a `watch` receiving into the same store goes on; the file "
-                    "keeps its size and new spans reuse the space (--vacuum shrinks it, "
-                    "rewriting it under an exclusive lock: not while a watch writes to it).")
+        "--older-than, or all but the newest --keep. Spans whose trace id or "
+        "request id is a stored run's are never deleted. Deletes go in short "
+        "batches, so a `watch` receiving into the same store goes on; the file "
+        "keeps its size and new spans reuse the space (--vacuum shrinks it, "
+        "rewriting it under an exclusive lock: not while a watch writes to it).",
+    )
     how = prune.add_mutually_exclusive_group(required=True)
-    how.add_argument("--older-than", type=age, metavar="AGE",
-                     help="delete spans that started longer ago than AGE (7d, 12h, 30m, 90s)")
-    how.add_argument("--keep", type=int_in(1, 10**12), metavar="N",
-                     help="keep the newest N spans (and every experiment's)")
+    how.add_argument(
+        "--older-than",
+        type=age,
+        metavar="AGE",
+        help="delete spans that started longer ago than AGE (7d, 12h, 30m, 90s)",
+    )
+    how.add_argument(
+        "--keep",
+        type=int_in(1, 10**12),
+        metavar="N",
+        help="keep the newest N spans (and every experiment's)",
+    )
     prune.add_argument("--dry-run", action="store_true", help="count, delete nothing")
-    prune.add_argument("--vacuum", action="store_true",
-                       help="then shrink the file (VACUUM; not while a watch writes to it)")
+    prune.add_argument(
+        "--vacuum",
+        action="store_true",
+        help="then shrink the file (VACUUM; not while a watch writes to it)",
+    )
     store_and_json_args(prune)
 
 
@@ -165,14 +210,20 @@ def _list(args: argparse.Namespace, path: Path, out: Console, err: Console) -> i
         summary = reader.span_summary(since_ns=since, until_ns=until)
         where = reader.where
     if args.json:
-        doc: dict[str, Any] = {"where": where, "spans": [s.to_dict() for s in spans],
-                               "summary": summary.to_dict()}
+        doc: dict[str, Any] = {
+            "where": where,
+            "spans": [s.to_dict() for s in spans],
+            "summary": summary.to_dict(),
+        }
         if stats is not None:
             doc["stats"] = stats
         out.out(jsonout.dumps(doc), highlight=False)
     elif not spans:
-        hint = ("run `phaseprobe watch` with vLLM's --otlp-traces-endpoint pointing at it"
-                if args.spans_from is None else "none finished in the window read")
+        hint = (
+            "run `phaseprobe watch` with vLLM's --otlp-traces-endpoint pointing at it"
+            if args.spans_from is None
+            else "none finished in the window read"
+        )
         out.print(f"no request spans in {escape(where)}: {hint}")
     else:
         out.print(span_table(spans, f"last {len(spans)} request span(s)"))
@@ -215,15 +266,28 @@ def _prune(args: argparse.Namespace, path: Path, out: Console, err: Console) -> 
     deleted = sum(r["deleted"] for r in results)
     protected = max((r["protected"] for r in results), default=0)
     if args.json:
-        out.out(jsonout.dumps({"store": str(path), "policy": policy.to_dict(),
-                               "dry_run": args.dry_run, "deleted": deleted,
-                               "protected": protected, "before": before, "after": after}),
-                highlight=False)
+        out.out(
+            jsonout.dumps(
+                {
+                    "store": str(path),
+                    "policy": policy.to_dict(),
+                    "dry_run": args.dry_run,
+                    "deleted": deleted,
+                    "protected": protected,
+                    "before": before,
+                    "after": after,
+                }
+            ),
+            highlight=False,
+        )
         return 0
     verb = "would delete" if args.dry_run else "deleted"
-    out.print(f"{verb} {deleted:,} of {before['request_spans']:,} request spans (keeping "
-              f"{escape(policy.text())}); {protected:,} older kept because stored runs name "
-              "them", highlight=False)
+    out.print(
+        f"{verb} {deleted:,} of {before['request_spans']:,} request spans (keeping "
+        f"{escape(policy.text())}); {protected:,} older kept because stored runs name "
+        "them",
+        highlight=False,
+    )
     out.print(f"before: {size_text(before)}", highlight=False)
     if not args.dry_run:
         out.print(f"after:  {size_text(after)}", highlight=False)
@@ -240,24 +304,32 @@ def _import(args: argparse.Namespace, path: Path, out: Console, err: Console) ->
             with waiting(err, f"importing {file}…"):
                 results.append(import_otlp_json(file, store))
     if args.json:
-        out.out(jsonout.dumps({"store": str(path), "files": [r.to_dict() for r in results]}),
-                highlight=False)
+        out.out(
+            jsonout.dumps({"store": str(path), "files": [r.to_dict() for r in results]}),
+            highlight=False,
+        )
     else:
         for r in results:
-            out.print(f"{escape(r.path)}: {r.lines} line(s), {r.request_spans} vLLM request "
-                      f"span(s) ({r.new_request_spans} new), {r.other_spans} other span(s), "
-                      f"{r.rejected_spans} rejected", highlight=False)
+            out.print(
+                f"{escape(r.path)}: {r.lines} line(s), {r.request_spans} vLLM request "
+                f"span(s) ({r.new_request_spans} new), {r.other_spans} other span(s), "
+                f"{r.rejected_spans} rejected",
+                highlight=False,
+            )
             for bad in r.bad_lines[:10]:
                 err.print(f"[yellow]skipped[/] {escape(bad)}", highlight=False)
             if len(r.bad_lines) > 10:
                 err.print(f"[yellow]… and {len(r.bad_lines) - 10} more bad line(s)")
-    return 1 if any(r.bad_lines for r in results) or \
-        not any(r.request_spans for r in results) else 0
+    return (
+        1 if any(r.bad_lines for r in results) or not any(r.request_spans for r in results) else 0
+    )
 
 
-_UNJOINED_TITLE = {"single_leg": "single legs (only one side's span)",
-                   "more_than_two": "groups of more than two spans",
-                   "unknown_roles": "legs whose roles cannot be told"}
+_UNJOINED_TITLE = {
+    "single_leg": "single legs (only one side's span)",
+    "more_than_two": "groups of more than two spans",
+    "unknown_roles": "legs whose roles cannot be told",
+}
 
 
 def _pd(args: argparse.Namespace, path: Path, out: Console, err: Console) -> int:
@@ -267,28 +339,44 @@ def _pd(args: argparse.Namespace, path: Path, out: Console, err: Console) -> int
     both = set(args.prefill_instance) & set(args.decode_instance)
     if both:
         raise ConfigError(f"instance(s) named both prefill and decode: {', '.join(sorted(both))}")
-    roles = {**dict.fromkeys(args.prefill_instance, "prefill"),
-             **dict.fromkeys(args.decode_instance, "decode")}
+    roles = {
+        **dict.fromkeys(args.prefill_instance, "prefill"),
+        **dict.fromkeys(args.decode_instance, "decode"),
+    }
     since_ns = None if args.since is None else time.time_ns() - round(args.since * 1e9)
     with Store(path, readonly=True) as store:
         spans = store.spans(since_ns=since_ns)
         print_schema_note(store, err)
     joined = join_legs(spans, roles)
     if args.json:
-        doc = {"store": str(path), "since_s": args.since, "roles": roles, "spans": len(spans),
-               **joined.to_dict()}
+        doc = {
+            "store": str(path),
+            "since_s": args.since,
+            "roles": roles,
+            "spans": len(spans),
+            **joined.to_dict(),
+        }
         out.out(jsonout.dumps(doc), highlight=False)
         return 0
     if not spans:
-        out.print(f"no request spans in {escape(str(path))}"
-                  + (f" in the last {args.since:g} s" if args.since is not None else ""))
+        out.print(
+            f"no request spans in {escape(str(path))}"
+            + (f" in the last {args.since:g} s" if args.since is not None else "")
+        )
         return 0
-    shown = joined.records[-args.last:]
+    shown = joined.records[-args.last :]
     if shown:
-        out.print(pd_table(shown, f"{len(shown)} of {len(joined.records)} P/D request(s), "
-                                  f"from {len(spans)} span(s)"))
-        out.print(f"joined by {_tally(r.joined_by for r in joined.records)}; roles from "
-                  f"{_tally(r.roles_from for r in joined.records)}", highlight=False)
+        out.print(
+            pd_table(
+                shown,
+                f"{len(shown)} of {len(joined.records)} P/D request(s), from {len(spans)} span(s)",
+            )
+        )
+        out.print(
+            f"joined by {_tally(r.joined_by for r in joined.records)}; roles from "
+            f"{_tally(r.roles_from for r in joined.records)}",
+            highlight=False,
+        )
     else:
         out.print(f"no P/D request joined from {len(spans)} span(s)")
     for kind, title in _UNJOINED_TITLE.items():
@@ -298,9 +386,11 @@ def _pd(args: argparse.Namespace, path: Path, out: Console, err: Console) -> int
         n = sum(len(u.span_ids) for u in groups)
         out.print(f"[yellow]not joined:[/] {len(groups)} {title}, {n} span(s)")
         for u in groups[:10]:
-            out.print(f"  {escape(_short_id(u.key))} ({u.by}; instances "
-                      f"{escape(', '.join(i or '?' for i in u.instances))}): {escape(u.reason)}",
-                      highlight=False)
+            out.print(
+                f"  {escape(_short_id(u.key))} ({u.by}; instances "
+                f"{escape(', '.join(i or '?' for i in u.instances))}): {escape(u.reason)}",
+                highlight=False,
+            )
         if len(groups) > 10:
             out.print(f"  … and {len(groups) - 10} more (--json names all)")
     return 0
@@ -315,80 +405,150 @@ def _tally(values: Any) -> str:
 
 def pd_table(records: Sequence[PdSpanRecord], title: str) -> Table:
     """Joined P/D requests (PdSpanRecord): both legs, the hand-over and the TTFT split."""
-    table = Table(title=title, caption=(
-        "times in ms; TTFT = prefill leg's arrival → decode leg's first token = P other + "
-        "P queue + P prefill + hand-over + D prompt; P other = the prefill side's HTTP, "
-        "tokenization and its 1 token's return; hand-over = prefill leg's end → decode leg "
-        "scheduled (gap between the legs + decode side's HTTP + its queue = KV wait, where an "
-        "asynchronous connector such as NIXL waits); D prompt = KV load (synchronous "
-        "connectors, e.g. ExampleConnector) or the prompt recomputed"))
-    for col in ("request", "prefill → decode", "TTFT", "P other", "P queue", "P prefill",
-                "hand-over", "D KV wait", "D prompt", "decode", "e2e", "out tok"):
-        table.add_column(col, justify="left" if col in ("request", "prefill → decode")
-                         else "right", no_wrap=True)
+    table = Table(
+        title=title,
+        caption=(
+            "times in ms; TTFT = prefill leg's arrival → decode leg's first token = P other + "
+            "P queue + P prefill + hand-over + D prompt; P other = the prefill side's HTTP, "
+            "tokenization and its 1 token's return; hand-over = prefill leg's end → decode leg "
+            "scheduled (gap between the legs + decode side's HTTP + its queue = KV wait, where an "
+            "asynchronous connector such as NIXL waits); D prompt = KV load (synchronous "
+            "connectors, e.g. ExampleConnector) or the prompt recomputed"
+        ),
+    )
+    for col in (
+        "request",
+        "prefill → decode",
+        "TTFT",
+        "P other",
+        "P queue",
+        "P prefill",
+        "hand-over",
+        "D KV wait",
+        "D prompt",
+        "decode",
+        "e2e",
+        "out tok",
+    ):
+        table.add_column(
+            col, justify="left" if col in ("request", "prefill → decode") else "right", no_wrap=True
+        )
     for r in records:
-        other = (None if r.prefill_pre_engine_s is None or r.prefill_return_s is None
-                 else r.prefill_pre_engine_s + r.prefill_return_s)
-        table.add_row(escape(_short_id(r.key, 20)),
-                      escape(f"{r.prefill.instance or '?'} → {r.decode.instance or '?'}"),
-                      ms(r.ttft_s), ms(other, 2), ms(r.prefill_queue_s, 2),
-                      ms(r.prefill_s), ms(r.hand_over_s, 2), ms(r.decode_kv_wait_s, 2),
-                      ms(r.decode_prompt_s), ms(r.decode_s), ms(r.e2e_s),
-                      _count(r.decode.completion_tokens))
+        other = (
+            None
+            if r.prefill_pre_engine_s is None or r.prefill_return_s is None
+            else r.prefill_pre_engine_s + r.prefill_return_s
+        )
+        table.add_row(
+            escape(_short_id(r.key, 20)),
+            escape(f"{r.prefill.instance or '?'} → {r.decode.instance or '?'}"),
+            ms(r.ttft_s),
+            ms(other, 2),
+            ms(r.prefill_queue_s, 2),
+            ms(r.prefill_s),
+            ms(r.hand_over_s, 2),
+            ms(r.decode_kv_wait_s, 2),
+            ms(r.decode_prompt_s),
+            ms(r.decode_s),
+            ms(r.e2e_s),
+            _count(r.decode.completion_tokens),
+        )
     return table
 
 
 def span_table(spans: list[RequestSpan], title: str) -> Table:
-    table = Table(title=title, caption="times in ms; other = e2e − (queue + prefill + decode): "
-                  "HTTP, tokenization, delivery (never prefill)")
-    for col in ("request", "e2e ms", "queue ms", "prefill ms", "decode ms", "other ms", "TTFT ms",
-                "TPOT ms", "in tok", "out tok"):
+    table = Table(
+        title=title,
+        caption="times in ms; other = e2e − (queue + prefill + decode): "
+        "HTTP, tokenization, delivery (never prefill)",
+    )
+    for col in (
+        "request",
+        "e2e ms",
+        "queue ms",
+        "prefill ms",
+        "decode ms",
+        "other ms",
+        "TTFT ms",
+        "TPOT ms",
+        "in tok",
+        "out tok",
+    ):
         table.add_column(col, justify="left" if col == "request" else "right", no_wrap=True)
     for s in spans:
-        table.add_row(escape(_short_id(s.request_id)), ms(s.e2e_s), ms(s.queue_s, 2),
-                      ms(s.prefill_s), ms(s.decode_s), ms(_other_s(s)), ms(s.ttft_s),
-                      ms(s.tpot_s, 2), _count(s.prompt_tokens), _count(s.completion_tokens))
+        table.add_row(
+            escape(_short_id(s.request_id)),
+            ms(s.e2e_s),
+            ms(s.queue_s, 2),
+            ms(s.prefill_s),
+            ms(s.decode_s),
+            ms(_other_s(s)),
+            ms(s.ttft_s),
+            ms(s.tpot_s, 2),
+            _count(s.prompt_tokens),
+            _count(s.completion_tokens),
+        )
     return table
 
 
 def summary_table(summary: SpanAggregate) -> Table:
     """Per replica (then all): requests, their share and p50/p99 of each phase, as the store
     computed them."""
-    table = Table(title=f"per replica, {summary.total.requests} request(s) "
-                        f"({escape(summary.where)})",
-                  caption="p50 / p99 in ms; TPOT = decode / (output tokens − 1)")
+    table = Table(
+        title=f"per replica, {summary.total.requests} request(s) ({escape(summary.where)})",
+        caption="p50 / p99 in ms; TPOT = decode / (output tokens − 1)",
+    )
     table.add_column("replica", no_wrap=True)
     table.add_column("requests", justify="right")
     table.add_column("share", justify="right")
-    names = {"queue_s": "queue", "prefill_s": "prefill", "decode_s": "decode",
-             "ttft_s": "TTFT", "tpot_s": "TPOT", "e2e_s": "e2e"}
+    names = {
+        "queue_s": "queue",
+        "prefill_s": "prefill",
+        "decode_s": "decode",
+        "ttft_s": "TTFT",
+        "tpot_s": "TPOT",
+        "e2e_s": "e2e",
+    }
     for label in names.values():
         table.add_column(label, justify="right", no_wrap=True)
     total = summary.total.requests
     for g in (*summary.replicas, summary.total):
         share = f"{g.requests / total:.0%}" if total else "—"
-        table.add_row(escape(g.replica), str(g.requests), share,
-                      *(f"{ms(g.phases[p].p50_s, 2)} / {ms(g.phases[p].p99_s, 2)}"
-                        for p in names))
+        table.add_row(
+            escape(g.replica),
+            str(g.requests),
+            share,
+            *(f"{ms(g.phases[p].p50_s, 2)} / {ms(g.phases[p].p99_s, 2)}" for p in names),
+        )
     return table
 
 
-def _show(span: RequestSpan, attributes: dict[str, Any], neighbours: list[RequestSpan],
-          as_json: bool, out: Console) -> int:
+def _show(
+    span: RequestSpan,
+    attributes: dict[str, Any],
+    neighbours: list[RequestSpan],
+    as_json: bool,
+    out: Console,
+) -> int:
     from phaseprobe.analysis.span_context import overlap_context
 
     context = overlap_context(neighbours).get((span.trace_id, span.span_id))
     if as_json:
         windows = span.windows()
-        doc = {"span": span.to_dict(), "attributes": attributes,
-               "windows": None if windows is None else dict(windows.__dict__),
-               "context": context.to_dict() if context is not None else None}
+        doc = {
+            "span": span.to_dict(),
+            "attributes": attributes,
+            "windows": None if windows is None else dict(windows.__dict__),
+            "context": context.to_dict() if context is not None else None,
+        }
         out.out(jsonout.dumps(doc), highlight=False)
         return 0
     out.print(span_table([span], f"request {escape(span.request_id or span.span_id)}"))
-    out.print(f"trace {span.trace_id} · span {span.span_id} · service "
-              f"{escape(span.service or '?')} · instance {escape(span.instance or '?')}",
-              highlight=False)
+    out.print(
+        f"trace {span.trace_id} · span {span.span_id} · service "
+        f"{escape(span.service or '?')} · instance {escape(span.instance or '?')}",
+        highlight=False,
+    )
     if context is not None:
         out.print(f"shared the engine with: {escape(context_text(context))}", highlight=False)
     return 0
@@ -399,12 +559,16 @@ def context_text(context: Any) -> str:
     d = context.to_dict()
     parts = []
     for phase in ("prefill", "decode"):
-        q, p, dd = (d.get(f"{what}_during_{phase}_mean_reqs")
-                    for what in ("queued", "prefilling", "decoding"))
+        q, p, dd = (
+            d.get(f"{what}_during_{phase}_mean_reqs")
+            for what in ("queued", "prefilling", "decoding")
+        )
         if q is None and p is None and dd is None:
             continue
-        parts.append(f"during its {phase}, on average {_num(q)} other(s) queued, {_num(p)} "
-                     f"in prefill, {_num(dd)} decoding")
+        parts.append(
+            f"during its {phase}, on average {_num(q)} other(s) queued, {_num(p)} "
+            f"in prefill, {_num(dd)} decoding"
+        )
     tokens = d.get("prefill_tokens_during_decode")
     if tokens:
         parts.append(f"{tokens:.0f} prompt tokens of other requests prefilled during its decode")

@@ -33,19 +33,42 @@ __all__ = ["register", "run", "run_nsys", "run_trace", "render", "header"]
 def register(subparsers: Any) -> None:
     """Add the ``nsys`` and ``trace`` commands."""
     for name, what, help_text in (
-        ("nsys", "FILE", "summarise an Nsight Systems SQLite export (nsys export --type "
-                         "sqlite), an nsys stats CSV, or the console text of nsys stats "
-                         "(.txt/.log: every report of every rank in it)"),
-        ("trace", "FILE", "summarise a PyTorch profiler (Kineto) trace, e.g. vLLM's "
-                          "/start_profile output (.json or .json.gz, or its directory)")):
-        p = subparsers.add_parser(name, help=help_text, description=help_text + ". Kernel "
-                                  "classes per device, comm/compute overlap, idle gaps, top "
-                                  "kernels and prefill/decode ranges.")
+        (
+            "nsys",
+            "FILE",
+            "summarise an Nsight Systems SQLite export (nsys export --type "
+            "sqlite), an nsys stats CSV, or the console text of nsys stats "
+            "(.txt/.log: every report of every rank in it)",
+        ),
+        (
+            "trace",
+            "FILE",
+            "summarise a PyTorch profiler (Kineto) trace, e.g. vLLM's "
+            "/start_profile output (.json or .json.gz, or its directory)",
+        ),
+    ):
+        p = subparsers.add_parser(
+            name,
+            help=help_text,
+            description=help_text + ". Kernel "
+            "classes per device, comm/compute overlap, idle gaps, top "
+            "kernels and prefill/decode ranges.",
+        )
         p.add_argument("file", metavar=what)
-        p.add_argument("--gap-us", type=float_in(0, 1e9), default=100.0, metavar="US",
-                       help="report device idle gaps at least this long (default: 100 µs)")
-        p.add_argument("--top", type=int_in(1, 100_000), default=15, metavar="N",
-                       help="rows in the top-kernel and idle-gap tables (default: 15)")
+        p.add_argument(
+            "--gap-us",
+            type=float_in(0, 1e9),
+            default=100.0,
+            metavar="US",
+            help="report device idle gaps at least this long (default: 100 µs)",
+        )
+        p.add_argument(
+            "--top",
+            type=int_in(1, 100_000),
+            default=15,
+            metavar="N",
+            help="rows in the top-kernel and idle-gap tables (default: 15)",
+        )
         p.add_argument("--json", action="store_true", help="print one JSON document to stdout")
         add_keep_args(p)
         p.set_defaults(trace_kind=name)
@@ -74,8 +97,9 @@ def run_trace(args: argparse.Namespace, out: Console, err: Console) -> int:
 
     check_keep(args)
     err.print(f"[dim]reading {escape(args.file)}…[/dim]")
-    doc = trace_summary.summarize_file(args.file, nsys=False,
-                                       min_gap_ns=int(args.gap_us * 1000), top=args.top)
+    doc = trace_summary.summarize_file(
+        args.file, nsys=False, min_gap_ns=int(args.gap_us * 1000), top=args.top
+    )
     _emit(args, out, doc)
     keep(args, err, "trace", doc["file"], doc)
     return 0
@@ -91,17 +115,29 @@ def _emit(args: argparse.Namespace, out: Console, doc: Mapping[str, Any]) -> Non
 def render(out: Console, doc: Mapping[str, Any]) -> None:
     """The tables of a :mod:`phaseprobe.analysis.trace_summary` document."""
     if "reports" in doc:  # console text: one block per (rank, input, report)
-        out.print(f"[bold]{escape(doc['file'])}[/bold] ({doc['source']}): "
-                  f"{len(doc['reports'])} tables")
+        out.print(
+            f"[bold]{escape(doc['file'])}[/bold] ({doc['source']}): {len(doc['reports'])} tables"
+        )
         _incomplete(out, doc)
         for sub in doc["reports"]:
-            where = ", ".join(x for x in (
-                f"rank {sub['rank']}" if sub["rank"] is not None else "",
-                sub["input"] or "", f"line {sub['line']}") if x)
-            named = ("; named by its columns: no header above it"
-                     if sub.get("named_by") == "columns" else "")
-            out.print(f"\n[bold]{escape(sub['title'] or sub['report'])}[/bold] "
-                      f"({escape(sub['report'])}; {escape(where)}{named})")
+            where = ", ".join(
+                x
+                for x in (
+                    f"rank {sub['rank']}" if sub["rank"] is not None else "",
+                    sub["input"] or "",
+                    f"line {sub['line']}",
+                )
+                if x
+            )
+            named = (
+                "; named by its columns: no header above it"
+                if sub.get("named_by") == "columns"
+                else ""
+            )
+            out.print(
+                f"\n[bold]{escape(sub['title'] or sub['report'])}[/bold] "
+                f"({escape(sub['report'])}; {escape(where)}{named})"
+            )
             _emit_one(out, sub, heading=False)
         return
     _emit_one(out, doc, heading=True)
@@ -120,40 +156,91 @@ def _incomplete(out: Console, doc: Mapping[str, Any]) -> None:
 def _emit_one(out: Console, doc: Mapping[str, Any], heading: bool) -> None:
     k = doc.get("kernels", {})
     if heading:
-        out.print(f"[bold]{escape(doc['file'])}[/bold] ({doc['source']}): "
-                  f"{k.get('count', 0):,} kernels, {k.get('memcpy_count', 0):,} memcpy, "
-                  f"{k.get('memset_count', 0):,} memset, "
-                  f"{k.get('communication_count', 0):,} communication")
+        out.print(
+            f"[bold]{escape(doc['file'])}[/bold] ({doc['source']}): "
+            f"{k.get('count', 0):,} kernels, {k.get('memcpy_count', 0):,} memcpy, "
+            f"{k.get('memset_count', 0):,} memset, "
+            f"{k.get('communication_count', 0):,} communication"
+        )
     elif k:
-        out.print(f"{k['count']:,} kernels, {k['communication_count']:,} communication, "
-                  f"{_ms(k['total_ns'])} ms in all")
+        out.print(
+            f"{k['count']:,} kernels, {k['communication_count']:,} communication, "
+            f"{_ms(k['total_ns'])} ms in all"
+        )
     if k.get("cpu_op_count"):
         out.print(f"CPU-only trace: {k['cpu_op_count']:,} outermost CPU ops stand in for kernels")
     if doc.get("idle_devices"):
-        out.print(f"[dim]no activity in this capture on: "
-                  f"{escape(', '.join(doc['idle_devices']))}[/dim]")
-    _table(out, "device time (union of activity)", doc.get("devices", []),
-           ["device", "name", "busy_ns", "compute_ns", "communication_ns", "overlap_ns",
-            "comm_hidden_pct", "idle_ns"])
-    _table(out, "time per class (summed)", doc.get("classes", []),
-           ["device", "category", "cls", "count", "time_ns", "pct"])
+        out.print(
+            f"[dim]no activity in this capture on: {escape(', '.join(doc['idle_devices']))}[/dim]"
+        )
+    _table(
+        out,
+        "device time (union of activity)",
+        doc.get("devices", []),
+        [
+            "device",
+            "name",
+            "busy_ns",
+            "compute_ns",
+            "communication_ns",
+            "overlap_ns",
+            "comm_hidden_pct",
+            "idle_ns",
+        ],
+    )
+    _table(
+        out,
+        "time per class (summed)",
+        doc.get("classes", []),
+        ["device", "category", "cls", "count", "time_ns", "pct"],
+    )
     gaps = doc.get("idle_gaps", [])
     if "idle_gaps_count" in doc:
-        _table(out, f"idle gaps ≥ {doc['idle_gap_min_ns'] / 1000:g} µs: "
-                    f"{doc['idle_gaps_count']} totalling {_ms(doc['idle_gaps_total_ns'])} ms",
-               gaps, ["device", "gap_ns", "prev_cls", "prev_name", "next_name"])
-    _table(out, "top kernels", doc.get("top_kernels", []),
-           [c for c in ("name", "cls", "count", "instances", "time_ns", "total_time_ns", "pct")
-            if any(c in r for r in doc.get("top_kernels", []))])
+        _table(
+            out,
+            f"idle gaps ≥ {doc['idle_gap_min_ns'] / 1000:g} µs: "
+            f"{doc['idle_gaps_count']} totalling {_ms(doc['idle_gaps_total_ns'])} ms",
+            gaps,
+            ["device", "gap_ns", "prev_cls", "prev_name", "next_name"],
+        )
+    _table(
+        out,
+        "top kernels",
+        doc.get("top_kernels", []),
+        [
+            c
+            for c in ("name", "cls", "count", "instances", "time_ns", "total_time_ns", "pct")
+            if any(c in r for r in doc.get("top_kernels", []))
+        ],
+    )
     ranges = doc.get("ranges", {})
-    _table(out, "phases (vLLM steps / NVTX)", ranges.get("phases", []),
-           ["phase", "ranges", "dur_ns", "mean_ns", "tokens", "compute_ns",
-            "communication_ns", "memory_ns"])
-    _table(out, "ranges by name", ranges.get("by_name", []),
-           ["domain", "name", "count", "dur_ns", "compute_ns", "communication_ns", "memory_ns"])
+    _table(
+        out,
+        "phases (vLLM steps / NVTX)",
+        ranges.get("phases", []),
+        [
+            "phase",
+            "ranges",
+            "dur_ns",
+            "mean_ns",
+            "tokens",
+            "compute_ns",
+            "communication_ns",
+            "memory_ns",
+        ],
+    )
+    _table(
+        out,
+        "ranges by name",
+        ranges.get("by_name", []),
+        ["domain", "name", "count", "dur_ns", "compute_ns", "communication_ns", "memory_ns"],
+    )
     _layers(out, doc.get("layers"))
-    for key, title in (("comms", "collectives"), ("api", "CUDA API (CPU side)"),
-                       ("table", doc.get("report", "report"))):
+    for key, title in (
+        ("comms", "collectives"),
+        ("api", "CUDA API (CPU side)"),
+        ("table", doc.get("report", "report")),
+    ):
         if doc.get(key):
             _table(out, title, doc[key], list(doc[key][0].keys()))
 
@@ -166,19 +253,43 @@ def _layers(out: Console, layers: Mapping[str, Any] | None) -> None:
     if not layers.get("present"):
         out.print(f"[dim]vLLM layers: not present: {escape(str(layers.get('note', '')))}[/dim]")
         return
-    out.print(f"vLLM layers: {escape(str(layers.get('note', '')))}; phases from "
-              f"{escape(str(layers.get('phase_from', '')))}; shares of "
-              f"{escape(str(layers.get('share_of', '')))}")
-    _table(out, "forward passes per phase (vLLM layerwise ranges)", layers.get("steps", []),
-           ["phase", "steps", "tokens", "min_tokens", "max_tokens", "forward_ns"])
-    _table(out, "time per layer kind", layers.get("kinds", []),
-           ["phase", "kind", "ranges", "layers", "dur_ns", "share_pct", "mean_ns", "gpu_ns",
-            "gpu_share_pct"])
+    out.print(
+        f"vLLM layers: {escape(str(layers.get('note', '')))}; phases from "
+        f"{escape(str(layers.get('phase_from', '')))}; shares of "
+        f"{escape(str(layers.get('share_of', '')))}"
+    )
+    _table(
+        out,
+        "forward passes per phase (vLLM layerwise ranges)",
+        layers.get("steps", []),
+        ["phase", "steps", "tokens", "min_tokens", "max_tokens", "forward_ns"],
+    )
+    _table(
+        out,
+        "time per layer kind",
+        layers.get("kinds", []),
+        [
+            "phase",
+            "kind",
+            "ranges",
+            "layers",
+            "dur_ns",
+            "share_pct",
+            "mean_ns",
+            "gpu_ns",
+            "gpu_share_pct",
+        ],
+    )
 
 
 # column suffix → (header unit, cell scale): times are stored in ns and shown in ms
-_UNITS = (("_mb_s", " (MB/s)"), ("_ns", " (ms)"), ("_pct", " (%)"), ("_mb", " (MB)"),
-          ("_bytes", " (bytes)"))
+_UNITS = (
+    ("_mb_s", " (MB/s)"),
+    ("_ns", " (ms)"),
+    ("_pct", " (%)"),
+    ("_mb", " (MB)"),
+    ("_bytes", " (bytes)"),
+)
 
 
 def header(col: str) -> str:
@@ -196,9 +307,27 @@ def _table(out: Console, title: str, rows: list[dict[str, Any]], cols: list[str]
         return
     t = Table(title=title, title_justify="left")
     for c in cols:
-        t.add_column(header(c), justify="left" if c in ("device", "name", "cls",
-                     "category", "phase", "kind", "domain", "prev_name", "next_name", "prev_cls",
-                     "collective") else "right", overflow="fold", max_width=60)
+        t.add_column(
+            header(c),
+            justify="left"
+            if c
+            in (
+                "device",
+                "name",
+                "cls",
+                "category",
+                "phase",
+                "kind",
+                "domain",
+                "prev_name",
+                "next_name",
+                "prev_cls",
+                "collective",
+            )
+            else "right",
+            overflow="fold",
+            max_width=60,
+        )
     for r in rows:
         t.add_row(*[_cell(c, r.get(c)) for c in cols])
     out.print(t)

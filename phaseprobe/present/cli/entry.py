@@ -46,41 +46,70 @@ class Command:
 # A module with several commands (nsys and trace, prefix/batch/interfere) registers them all
 # at once: they stand together here, in the module's order.
 COMMANDS: tuple[Command, ...] = (
-    Command("probe", "cmd_probe", "measure prefill and decode of single requests (isolated, "
-            "or attributed by their own vLLM span on a busy server)"),
-    Command("ab", "cmd_ab", "A/B experiment from a playbook: interleaved arms, verdict per "
-            "phase"),
-    Command("watch", "cmd_watch", "receive vLLM's request spans (OTLP) and show live "
-            "per-request phases"),
+    Command(
+        "probe",
+        "cmd_probe",
+        "measure prefill and decode of single requests (isolated, "
+        "or attributed by their own vLLM span on a busy server)",
+    ),
+    Command("ab", "cmd_ab", "A/B experiment from a playbook: interleaved arms, verdict per phase"),
+    Command(
+        "watch", "cmd_watch", "receive vLLM's request spans (OTLP) and show live per-request phases"
+    ),
     Command("spans", "cmd_spans", "vLLM request spans in the store: import, list, show"),
     Command("runs", "cmd_runs", "list stored experiments, or the runs of one"),
-    Command("local", "cmd_local", "the embedded local CPU vLLM (install, start, stop, "
-            "status)"),
-    Command("query", "cmd_query", "run named PromQL queries (phase times, quantiles, "
-            "throughput) against Prometheus"),
+    Command("local", "cmd_local", "the embedded local CPU vLLM (install, start, stop, status)"),
+    Command(
+        "query",
+        "cmd_query",
+        "run named PromQL queries (phase times, quantiles, throughput) against Prometheus",
+    ),
     Command("grafana", "cmd_grafana", "build, lint and import the Grafana dashboard"),
-    Command("plan", "cmd_plan", "memory budget from a config.json: weights, KV per token, "
-            "max context per user, decode floor"),
-    Command("calibrate", "cmd_calibrate", "measure this device's memory bandwidth and matmul "
-            "FLOP/s (torch)"),
+    Command(
+        "plan",
+        "cmd_plan",
+        "memory budget from a config.json: weights, KV per token, "
+        "max context per user, decode floor",
+    ),
+    Command(
+        "calibrate",
+        "cmd_calibrate",
+        "measure this device's memory bandwidth and matmul FLOP/s (torch)",
+    ),
     Command("gpu", "cmd_gpu", "GPU telemetry: watch NVML, import nvidia-smi / DCGM series"),
-    Command("nccl", "cmd_nccl", "analyse NCCL debug logs (channels, transports, collectives, "
-            "red flags); 'nccl diff A B' compares two"),
-    Command("nsys", "cmd_trace", "summarise an Nsight Systems SQLite export (nsys export "
-            "--type sqlite), an nsys stats CSV, or the console text of nsys stats (.txt/.log: "
-            "every report of every rank in it)"),
-    Command("trace", "cmd_trace", "summarise a PyTorch profiler (Kineto) trace, e.g. vLLM's "
-            "/start_profile output (.json or .json.gz, or its directory)"),
-    Command("check", "cmd_check", "troubleshooting checklist over an experiment: "
-            "pass/warn/fail with evidence (exit 1 when a rule fails)"),
-    Command("dashboard", "cmd_dashboard", "open the Streamlit dashboard on the experiment "
-            "store"),
-    Command("prefix", "cmd_interplay", "measure prefix-cache reuse: the same long prefix, "
-            "cold then warm"),
-    Command("batch", "cmd_interplay", "measure decode throughput and ITL as concurrency "
-            "rises"),
-    Command("interfere", "cmd_interplay", "measure how a long prefill stalls a decoding "
-            "request"),
+    Command(
+        "nccl",
+        "cmd_nccl",
+        "analyse NCCL debug logs (channels, transports, collectives, "
+        "red flags); 'nccl diff A B' compares two",
+    ),
+    Command(
+        "nsys",
+        "cmd_trace",
+        "summarise an Nsight Systems SQLite export (nsys export "
+        "--type sqlite), an nsys stats CSV, or the console text of nsys stats (.txt/.log: "
+        "every report of every rank in it)",
+    ),
+    Command(
+        "trace",
+        "cmd_trace",
+        "summarise a PyTorch profiler (Kineto) trace, e.g. vLLM's "
+        "/start_profile output (.json or .json.gz, or its directory)",
+    ),
+    Command(
+        "check",
+        "cmd_check",
+        "troubleshooting checklist over an experiment: "
+        "pass/warn/fail with evidence (exit 1 when a rule fails)",
+    ),
+    Command("dashboard", "cmd_dashboard", "open the Streamlit dashboard on the experiment store"),
+    Command(
+        "prefix",
+        "cmd_interplay",
+        "measure prefix-cache reuse: the same long prefix, cold then warm",
+    ),
+    Command("batch", "cmd_interplay", "measure decode throughput and ITL as concurrency rises"),
+    Command("interfere", "cmd_interplay", "measure how a long prefill stalls a decoding request"),
 )
 
 
@@ -95,7 +124,8 @@ def build_parser(commands: Iterable[str] | None = None) -> argparse.ArgumentPars
     parser = IntermixedParser(
         prog="phaseprobe",
         description="Where does the time go in vLLM? Prefill vs decode, per request, with "
-                    "evidence.")
+        "evidence.",
+    )
     parser.add_argument("--version", action="version", version=f"phaseprobe {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     wanted = {c.name for c in COMMANDS} if commands is None else set(commands)
@@ -123,6 +153,7 @@ def _runner(module: str) -> Runner:
     def run(args: argparse.Namespace, out: Console, err: Console) -> int:
         result: int = _module(module).run(args, out, err)
         return result
+
     return run
 
 
@@ -174,8 +205,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RecursionError:
         # The last guard: each reader names its input; one that does not still must not end
         # in a 1000-line traceback.
-        err.print(f"[bold red]error:[/] phaseprobe {args.command}: an input (file or server "
-                  "answer) is nested too deeply to read", highlight=False)
+        err.print(
+            f"[bold red]error:[/] phaseprobe {args.command}: an input (file or server "
+            "answer) is nested too deeply to read",
+            highlight=False,
+        )
         return EXIT_EXPECTED_ERROR
     except Terminated:
         err.print("[yellow]terminated (SIGTERM)" + _kept(args.command))

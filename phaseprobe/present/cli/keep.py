@@ -21,14 +21,26 @@ __all__ = ["add_keep_args", "store_path", "check_keep", "keep"]
 
 
 def add_keep_args(p: argparse.ArgumentParser, *, experiment_help: str | None = None) -> None:
-    p.add_argument("--keep", action="store_true",
-                   help="keep the summary in the experiment store (attached to --experiment) "
-                        "for `phaseprobe dashboard`")
-    p.add_argument("--experiment", type=positive_int, default=None, metavar="ID",
-                   help=experiment_help or "the stored experiment this file belongs to "
-                                           "(with --keep)")
-    p.add_argument("--store", type=Path, default=None, metavar="PATH",
-                   help=f"experiment store (default: {default_store_path()})")
+    p.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the summary in the experiment store (attached to --experiment) "
+        "for `phaseprobe dashboard`",
+    )
+    p.add_argument(
+        "--experiment",
+        type=positive_int,
+        default=None,
+        metavar="ID",
+        help=experiment_help or "the stored experiment this file belongs to (with --keep)",
+    )
+    p.add_argument(
+        "--store",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help=f"experiment store (default: {default_store_path()})",
+    )
 
 
 def store_path(args: argparse.Namespace) -> Path:
@@ -36,8 +48,10 @@ def store_path(args: argparse.Namespace) -> Path:
     belongs beside experiments, and ``Store()`` would silently create an empty one."""
     path = Path(args.store) if args.store else default_store_path()
     if not path.is_file():
-        raise ConfigError(f"experiment store {path}: no such file (run `phaseprobe probe` "
-                          "first, or pass --store PATH)")
+        raise ConfigError(
+            f"experiment store {path}: no such file (run `phaseprobe probe` "
+            "first, or pass --store PATH)"
+        )
     return path
 
 
@@ -52,8 +66,9 @@ def check_keep(args: argparse.Namespace) -> None:
         store_path(args)
 
 
-def keep(args: argparse.Namespace, err: Console, kind: str, source: str,
-         doc: Mapping[str, Any]) -> None:
+def keep(
+    args: argparse.Namespace, err: Console, kind: str, source: str, doc: Mapping[str, Any]
+) -> None:
     """Store ``doc`` when ``--keep`` was given."""
     if not args.keep:
         return

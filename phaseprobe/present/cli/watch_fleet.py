@@ -45,32 +45,47 @@ class FleetView:
         self._verdicts_at: float | None = None
         self._verdict_lines: list[str] = []
 
-    def _fleet(self, spans: list[RequestSpan], now_ns: int | None, window_s: float | None,
-               verdicts: bool, force: bool = False) -> LiveFleet:
+    def _fleet(
+        self,
+        spans: list[RequestSpan],
+        now_ns: int | None,
+        window_s: float | None,
+        verdicts: bool,
+        force: bool = False,
+    ) -> LiveFleet:
         from phaseprobe.analysis.live_summary import live_fleet
 
         known = self.replicas.names if self.replicas is not None else ()
         losses = self.replicas.losses(spans, force=force) if self.replicas is not None else None
-        fleet = live_fleet(spans, now_ns=now_ns, window_s=window_s, known=known,
-                           losses=losses, verdicts=verdicts, **_VERDICT_OPTIONS)
+        fleet = live_fleet(
+            spans,
+            now_ns=now_ns,
+            window_s=window_s,
+            known=known,
+            losses=losses,
+            verdicts=verdicts,
+            **_VERDICT_OPTIONS,
+        )
         self.seen_fleet = self.seen_fleet or len(fleet.replicas) > 1
         return fleet
 
     def live(self, spans: list[RequestSpan], now_ns: int, window_s: float) -> list[Any]:
         """One refresh's parts over the last ``window_s``; the verdicts are the last ones
         computed, with their age, until :data:`_VERDICTS_EVERY_S` has passed."""
-        due = self._verdicts_at is None or time.monotonic() - self._verdicts_at \
-            >= _VERDICTS_EVERY_S
+        due = self._verdicts_at is None or time.monotonic() - self._verdicts_at >= _VERDICTS_EVERY_S
         fleet = self._fleet(spans, now_ns, window_s, verdicts=due and self.seen_fleet)
         if fleet.report is not None:
             self._verdicts_at = time.monotonic()
-            self._verdict_lines = [fleet.report.straggler.sentence,
-                                   fleet.report.imbalance.sentence]
+            self._verdict_lines = [fleet.report.straggler.sentence, fleet.report.imbalance.sentence]
         title = f"replicas · last {window_s:g} s"
-        return self.parts(fleet, title=title, verdict_lines=self._verdict_lines,
-                          verdicts_age_s=None if self._verdicts_at is None
-                          else time.monotonic() - self._verdicts_at) \
-            + self.kv_lines(window_s)
+        return self.parts(
+            fleet,
+            title=title,
+            verdict_lines=self._verdict_lines,
+            verdicts_age_s=None
+            if self._verdicts_at is None
+            else time.monotonic() - self._verdicts_at,
+        ) + self.kv_lines(window_s)
 
     def kv_lines(self, window_s: float | None) -> list[str]:
         """Each P/D replica's KV path over the window (None: the whole watch)."""
@@ -84,25 +99,42 @@ class FleetView:
         self.seen_fleet = seen
         return self._fleet(spans, None, None, verdicts=seen, force=True)
 
-    def parts(self, fleet: LiveFleet, *, title: str, verdict_lines: list[str] | None = None,
-              verdicts_age_s: float | None = None) -> list[Any]:
+    def parts(
+        self,
+        fleet: LiveFleet,
+        *,
+        title: str,
+        verdict_lines: list[str] | None = None,
+        verdicts_age_s: float | None = None,
+    ) -> list[Any]:
         """Renderables for a console: nothing but an identity warning until a fleet is seen,
         then the table, lossy replicas, naming hints, counter notes and verdict lines."""
         parts: list[Any] = []
         if self.seen_fleet:
             parts.append(_fleet_table(fleet, title, counters=self.replicas is not None))
-            parts += [f"replica {escape(r.replica)}: {escape(r.span_loss.text)}"
-                      for r in fleet.replicas
-                      if r.span_loss is not None and r.span_loss.lossy is not False]
+            parts += [
+                f"replica {escape(r.replica)}: {escape(r.span_loss.text)}"
+                for r in fleet.replicas
+                if r.span_loss is not None and r.span_loss.lossy is not False
+            ]
             hint = _unmatched_hint(fleet, self.replicas.names if self.replicas else [])
             if hint:
                 parts.append(f"[yellow]{escape(hint)}[/]")
             parts += [escape(n) for n in (self.replicas.notes if self.replicas else [])]
-            lines = verdict_lines if verdict_lines is not None else (
-                [fleet.report.straggler.sentence, fleet.report.imbalance.sentence]
-                if fleet.report is not None else [])
-            age = (f" (as of {verdicts_age_s:.0f} s ago)"
-                   if verdicts_age_s is not None and verdicts_age_s >= 1 else "")
+            lines = (
+                verdict_lines
+                if verdict_lines is not None
+                else (
+                    [fleet.report.straggler.sentence, fleet.report.imbalance.sentence]
+                    if fleet.report is not None
+                    else []
+                )
+            )
+            age = (
+                f" (as of {verdicts_age_s:.0f} s ago)"
+                if verdicts_age_s is not None and verdicts_age_s >= 1
+                else ""
+            )
             parts += [escape(line) + (age if i == 0 else "") for i, line in enumerate(lines)]
         if fleet.identity_warning and not self.demo:
             parts.append(f"[yellow]warning: {escape(fleet.identity_warning)}[/]")
@@ -115,13 +147,17 @@ class FleetView:
         verdicts = fleet.verdicts_dict() if self.seen_fleet else None
         doc = None
         if self.seen_fleet:
-            doc = {**(verdicts or {}),
-                   "notes": self.replicas.notes if self.replicas else [],
-                   "replica_urls": self.replicas.urls() if self.replicas else {},
-                   "hint": _unmatched_hint(fleet, self.replicas.names if self.replicas
-                                           else [])}
-        return {"replicas": [r.to_dict() for r in fleet.replicas], "fleet": doc,
-                "identity_warning": fleet.identity_warning}
+            doc = {
+                **(verdicts or {}),
+                "notes": self.replicas.notes if self.replicas else [],
+                "replica_urls": self.replicas.urls() if self.replicas else {},
+                "hint": _unmatched_hint(fleet, self.replicas.names if self.replicas else []),
+            }
+        return {
+            "replicas": [r.to_dict() for r in fleet.replicas],
+            "fleet": doc,
+            "identity_warning": fleet.identity_warning,
+        }
 
 
 def kv_path_lines(paths: dict[str, KvPathWindow | None], window_s: float | None) -> list[str]:
@@ -129,8 +165,11 @@ def kv_path_lines(paths: dict[str, KvPathWindow | None], window_s: float | None)
     (:class:`~phaseprobe.analysis.pd_window.KvPathWindow`). An aggregated instance gets none:
     its "not exported" NIXL series would only be noise in every refresh."""
     span = "the whole watch" if window_s is None else f"last {window_s:g} s"
-    return [f"KV path of {escape(name)} ({span}): {escape(kv.text)}"
-            for name, kv in paths.items() if kv is not None and (kv.role or kv.nixl)]
+    return [
+        f"KV path of {escape(name)} ({span}): {escape(kv.text)}"
+        for name, kv in paths.items()
+        if kv is not None and (kv.role or kv.nixl)
+    ]
 
 
 def kv_path_json(paths: dict[str, KvPathWindow | None]) -> dict[str, Any]:
@@ -153,8 +192,10 @@ def _unmatched_hint(fleet: LiveFleet, names: list[str]) -> str | None:
     other = sorted(served - set(names))
     if not idle or not other:
         return None
-    return (f"no span names {', '.join(idle)}, while spans name {', '.join(other)}: give each "
-            "--replica the service.instance.id its spans carry (--replica NAME=URL)")
+    return (
+        f"no span names {', '.join(idle)}, while spans name {', '.join(other)}: give each "
+        "--replica the service.instance.id its spans carry (--replica NAME=URL)"
+    )
 
 
 def _pair(a: float | None, b: float | None, digits: int) -> str:
@@ -177,9 +218,16 @@ def _loss_cell(loss: SpanLoss | None) -> str:
 
 
 def _fleet_table(fleet: LiveFleet, title: str, *, counters: bool) -> Table:
-    table = Table(title=title, caption="p50 / p99 in ms; share of every request in the window"
-                  + ("; span loss: spans received against the replica's own "
-                     "vllm:request_success_total since the watch started" if counters else ""))
+    table = Table(
+        title=title,
+        caption="p50 / p99 in ms; share of every request in the window"
+        + (
+            "; span loss: spans received against the replica's own "
+            "vllm:request_success_total since the watch started"
+            if counters
+            else ""
+        ),
+    )
     cols = ["replica", "req/s", "share", "queue", "prefill", "decode", "TTFT", "TPOT"]
     if counters:
         cols.append("span loss")
@@ -187,14 +235,16 @@ def _fleet_table(fleet: LiveFleet, title: str, *, counters: bool) -> Table:
         table.add_column(col, justify="left" if col == "replica" else "right")
     for rep in fleet.replicas:
         r = rep.row
-        cells = [escape(r.replica), f"{rep.requests_per_s:.2f}" if rep.requests_per_s
-                 is not None else "—",
-                 f"{r.traffic_share:.0%}" if r.traffic_share is not None else "—",
-                 _pair(r.queue_p50_s, r.queue_p99_s, 2),
-                 _pair(r.prefill_p50_s, r.prefill_p99_s, 1),
-                 _pair(r.decode_p50_s, r.decode_p99_s, 1),
-                 _pair(r.ttft_p50_s, r.ttft_p99_s, 1),
-                 _pair(r.tpot_p50_s, r.tpot_p99_s, 2)]
+        cells = [
+            escape(r.replica),
+            f"{rep.requests_per_s:.2f}" if rep.requests_per_s is not None else "—",
+            f"{r.traffic_share:.0%}" if r.traffic_share is not None else "—",
+            _pair(r.queue_p50_s, r.queue_p99_s, 2),
+            _pair(r.prefill_p50_s, r.prefill_p99_s, 1),
+            _pair(r.decode_p50_s, r.decode_p99_s, 1),
+            _pair(r.ttft_p50_s, r.ttft_p99_s, 1),
+            _pair(r.tpot_p50_s, r.tpot_p99_s, 2),
+        ]
         if counters:
             cells.append(_loss_cell(rep.span_loss))
         table.add_row(*cells)

@@ -64,11 +64,12 @@ def main() -> None:
         if page in STORE_PAGES:
             STORE_PAGES[page](str(path), key)
         elif selected is None:
-            st.info("The store holds no experiments yet: run `phaseprobe probe` to add one. "
-                    "vLLM's request spans received by `phaseprobe watch` are on the Live page.")
+            st.info(
+                "The store holds no experiments yet: run `phaseprobe probe` to add one. "
+                "vLLM's request spans received by `phaseprobe watch` are on the Live page."
+            )
         else:
-            PAGES[page](Context(path=str(path), key=key, experiments=frame,
-                                experiment_id=selected))
+            PAGES[page](Context(path=str(path), key=key, experiments=frame, experiment_id=selected))
     except PhaseprobeError as exc:  # an expected problem with the data: one line, no trace
         st.error(str(exc))
 
@@ -82,8 +83,10 @@ def _select_experiment(frame: pd.DataFrame) -> int | None:
     names = dict(zip(ids, frame["name"], strict=True))
     if st.session_state.get("experiment") not in ids:
         st.session_state["experiment"] = ids[-1]
-    selected = st.sidebar.selectbox("Experiment", ids, key="experiment",
-                                    format_func=lambda i: f"#{i} {names[i]}")
+    selected = st.sidebar.selectbox(
+        "Experiment", ids, key="experiment", format_func=lambda i: f"#{i} {names[i]}"
+    )
     return int(selected)
+
 
 main()

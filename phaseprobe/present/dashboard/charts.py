@@ -14,23 +14,43 @@ import pandas as pd
 from phaseprobe.present.dashboard.pd_layout import GAP, KV_WAIT, LANES, PROMPT_WORK, PdLayout
 from phaseprobe.records import Run
 
-__all__ = ["PHASE_COLORS", "pd_colors", "phase_bars", "token_ticks", "itl_frame", "swimlane",
-           "pd_chart"]
+__all__ = [
+    "PHASE_COLORS",
+    "pd_colors",
+    "phase_bars",
+    "token_ticks",
+    "itl_frame",
+    "swimlane",
+    "pd_chart",
+]
 
-_PHASES = {"queue": "#9e9e9e", "prefill": "#e4572e", "decode": "#4c78a8",
-           "waiting (client)": "#f2b701", "streaming (client)": "#72b7b2"}
+_PHASES = {
+    "queue": "#9e9e9e",
+    "prefill": "#e4572e",
+    "decode": "#4c78a8",
+    "waiting (client)": "#f2b701",
+    "streaming (client)": "#72b7b2",
+}
 PHASE_COLORS = alt.Scale(domain=list(_PHASES), range=list(_PHASES.values()))
 # A P/D request's phases: the same queue/prefill/decode colours, and the decode side's
 # prompt work coloured by what happened to the KV (a recompute in a dark red that reads as
 # a failure next to a KV load's green).
-_PD_PHASES = {"queue": _PHASES["queue"], "prefill": _PHASES["prefill"],
-              GAP: "#e0e0e0", "hand-over": "#b279a2", KV_WAIT: "#ff9da6",
-              PROMPT_WORK["transferred"]: "#54a24b", PROMPT_WORK["recomputed"]: "#9d0208",
-              PROMPT_WORK["partial"]: "#f58518", PROMPT_WORK["cached"]: "#88d27a",
-              PROMPT_WORK["short_prompt"]: "#c7c1bd", PROMPT_WORK["unknown"]: "#bab0ac",
-              "decode": _PHASES["decode"],
-              "waiting (client)": _PHASES["waiting (client)"],
-              "streaming (client)": _PHASES["streaming (client)"]}
+_PD_PHASES = {
+    "queue": _PHASES["queue"],
+    "prefill": _PHASES["prefill"],
+    GAP: "#e0e0e0",
+    "hand-over": "#b279a2",
+    KV_WAIT: "#ff9da6",
+    PROMPT_WORK["transferred"]: "#54a24b",
+    PROMPT_WORK["recomputed"]: "#9d0208",
+    PROMPT_WORK["partial"]: "#f58518",
+    PROMPT_WORK["cached"]: "#88d27a",
+    PROMPT_WORK["short_prompt"]: "#c7c1bd",
+    PROMPT_WORK["unknown"]: "#bab0ac",
+    "decode": _PHASES["decode"],
+    "waiting (client)": _PHASES["waiting (client)"],
+    "streaming (client)": _PHASES["streaming (client)"],
+}
 
 
 def pd_colors(phases: Iterable[str]) -> alt.Scale:
@@ -47,8 +67,9 @@ def _lane(run: Run, lanes: Mapping[int, tuple[str, float]] | None) -> tuple[str,
     return lanes[run.seq] if lanes is not None else (f"run {run.seq}", 0.0)
 
 
-def phase_bars(runs: Sequence[Run],
-               lanes: Mapping[int, tuple[str, float]] | None = None) -> pd.DataFrame:
+def phase_bars(
+    runs: Sequence[Run], lanes: Mapping[int, tuple[str, float]] | None = None
+) -> pd.DataFrame:
     """Bars (lane, phase, start_ms, end_ms): server phases, or the client's wait/stream split
     when a run has no server phases."""
     rows = []
@@ -57,21 +78,36 @@ def phase_bars(runs: Sequence[Run],
         s, c = r.server, r.client
         if s is not None and s.prefill_s is not None and s.decode_s is not None:
             t = t0 / 1e3
-            for name, dur in (("queue", s.queue_s or 0.0), ("prefill", s.prefill_s),
-                              ("decode", s.decode_s)):
-                rows.append({"lane": lane, "phase": name, "start_ms": t * 1e3,
-                             "end_ms": (t + dur) * 1e3})
+            for name, dur in (
+                ("queue", s.queue_s or 0.0),
+                ("prefill", s.prefill_s),
+                ("decode", s.decode_s),
+            ):
+                rows.append(
+                    {"lane": lane, "phase": name, "start_ms": t * 1e3, "end_ms": (t + dur) * 1e3}
+                )
                 t += dur
         elif c is not None and c.ttft_s is not None:
-            rows += [{"lane": lane, "phase": "waiting (client)", "start_ms": t0,
-                      "end_ms": t0 + c.ttft_s * 1e3},
-                     {"lane": lane, "phase": "streaming (client)",
-                      "start_ms": t0 + c.ttft_s * 1e3, "end_ms": t0 + c.e2e_s * 1e3}]
+            rows += [
+                {
+                    "lane": lane,
+                    "phase": "waiting (client)",
+                    "start_ms": t0,
+                    "end_ms": t0 + c.ttft_s * 1e3,
+                },
+                {
+                    "lane": lane,
+                    "phase": "streaming (client)",
+                    "start_ms": t0 + c.ttft_s * 1e3,
+                    "end_ms": t0 + c.e2e_s * 1e3,
+                },
+            ]
     return pd.DataFrame(rows, columns=["lane", "phase", "start_ms", "end_ms"])
 
 
-def token_ticks(runs: Sequence[Run],
-                lanes: Mapping[int, tuple[str, float]] | None = None) -> pd.DataFrame:
+def token_ticks(
+    runs: Sequence[Run], lanes: Mapping[int, tuple[str, float]] | None = None
+) -> pd.DataFrame:
     rows = []
     for r in runs:
         if r.client is None:
@@ -86,18 +122,35 @@ def itl_frame(run: Run) -> pd.DataFrame:
     return pd.DataFrame({"token": range(1, len(itl) + 1), "itl_ms": [g * 1e3 for g in itl]})
 
 
-def swimlane(bars: pd.DataFrame, ticks: pd.DataFrame,
-             x_title: str = "ms since the request was sent",
-             colors: alt.Scale = PHASE_COLORS) -> alt.LayerChart | alt.FacetChart:
+def swimlane(
+    bars: pd.DataFrame,
+    ticks: pd.DataFrame,
+    x_title: str = "ms since the request was sent",
+    colors: alt.Scale = PHASE_COLORS,
+) -> alt.LayerChart | alt.FacetChart:
     order = list(dict.fromkeys(bars["lane"]))
     y = alt.Y("lane:N", sort=order, title=None)
-    layer = alt.Chart(bars).mark_bar(height=14).encode(
-        x=alt.X("start_ms:Q", title=x_title), x2="end_ms:Q", y=y,
-        color=alt.Color("phase:N", scale=colors, legend=alt.Legend(labelLimit=260)),
-        tooltip=["lane", "phase", alt.Tooltip("start_ms:Q", format=".1f"),
-                 alt.Tooltip("end_ms:Q", format=".1f")])
-    tick = alt.Chart(ticks).mark_tick(color="black", thickness=1, size=18, opacity=0.6).encode(
-        x="t_ms:Q", y=y)
+    layer = (
+        alt.Chart(bars)
+        .mark_bar(height=14)
+        .encode(
+            x=alt.X("start_ms:Q", title=x_title),
+            x2="end_ms:Q",
+            y=y,
+            color=alt.Color("phase:N", scale=colors, legend=alt.Legend(labelLimit=260)),
+            tooltip=[
+                "lane",
+                "phase",
+                alt.Tooltip("start_ms:Q", format=".1f"),
+                alt.Tooltip("end_ms:Q", format=".1f"),
+            ],
+        )
+    )
+    tick = (
+        alt.Chart(ticks)
+        .mark_tick(color="black", thickness=1, size=18, opacity=0.6)
+        .encode(x="t_ms:Q", y=y)
+    )
     # A step per lane, not a fixed height: Streamlit fits the axis title and the legend into
     # a fixed height, and with few lanes that left the plot area no room (all lanes on one row).
     return alt.layer(layer, tick).properties(height=alt.Step(28))
@@ -110,23 +163,40 @@ def pd_chart(layout: PdLayout) -> alt.LayerChart | alt.FacetChart:
     :mod:`~phaseprobe.present.dashboard.pd_layout` for how the bars are placed)."""
     y = alt.Y("lane:N", sort=list(LANES), scale=alt.Scale(domain=list(LANES)), title=None)
     x = alt.X("start_ms:Q", title="ms since the request was sent (client clock)")
-    tooltip = ["lane", "phase", alt.Tooltip("start_ms:Q", format=".2f"),
-               alt.Tooltip("end_ms:Q", format=".2f"), alt.Tooltip("ms:Q", format=".2f")]
+    tooltip = [
+        "lane",
+        "phase",
+        alt.Tooltip("start_ms:Q", format=".2f"),
+        alt.Tooltip("end_ms:Q", format=".2f"),
+        alt.Tooltip("ms:Q", format=".2f"),
+    ]
     bars = layout.bars.assign(ms=layout.bars["end_ms"] - layout.bars["start_ms"])
     inner = bars["inner"].astype(bool)
-    color = alt.Color("phase:N", scale=pd_colors(bars["phase"]), title="phase",
-                      legend=alt.Legend(labelLimit=260))
-    outer_layer = alt.Chart(bars[~inner]).mark_bar(height=18).encode(
-        x=x, x2="end_ms:Q", y=y, color=color, tooltip=tooltip)
-    inner_layer = alt.Chart(bars[inner]).mark_bar(height=7).encode(
-        x=x, x2="end_ms:Q", y=y, color=color, tooltip=tooltip)
+    color = alt.Color(
+        "phase:N", scale=pd_colors(bars["phase"]), title="phase", legend=alt.Legend(labelLimit=260)
+    )
+    outer_layer = (
+        alt.Chart(bars[~inner])
+        .mark_bar(height=18)
+        .encode(x=x, x2="end_ms:Q", y=y, color=color, tooltip=tooltip)
+    )
+    inner_layer = (
+        alt.Chart(bars[inner])
+        .mark_bar(height=7)
+        .encode(x=x, x2="end_ms:Q", y=y, color=color, tooltip=tooltip)
+    )
     prompt = bars[bars["phase"] == layout.prompt_phase]
     # above its bar, from its start: the hand-over ends there, so the label has the lane gap
-    label = alt.Chart(prompt.assign(text=prompt["phase"])).mark_text(
-        align="left", baseline="bottom", dy=-10, fontWeight="bold").encode(
-        x=x, y=y, text="text:N")
-    ticks = alt.Chart(layout.ticks).mark_tick(color="black", thickness=1, size=18,
-                                              opacity=0.6).encode(
-        x="t_ms:Q", y=y, tooltip=[alt.Tooltip("t_ms:Q", title="token at ms", format=".2f")])
+    label = (
+        alt.Chart(prompt.assign(text=prompt["phase"]))
+        .mark_text(align="left", baseline="bottom", dy=-10, fontWeight="bold")
+        .encode(x=x, y=y, text="text:N")
+    )
+    ticks = (
+        alt.Chart(layout.ticks)
+        .mark_tick(color="black", thickness=1, size=18, opacity=0.6)
+        .encode(x="t_ms:Q", y=y, tooltip=[alt.Tooltip("t_ms:Q", title="token at ms", format=".2f")])
+    )
     return alt.layer(outer_layer, inner_layer, label, ticks).properties(
-        height=alt.Step(34), title=f"KV {layout.kv}")
+        height=alt.Step(34), title=f"KV {layout.kv}"
+    )

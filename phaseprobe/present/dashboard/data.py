@@ -21,9 +21,22 @@ from phaseprobe.format import ms as fmt_ms  # seconds → "12.3 ms" for a tile
 from phaseprobe.records import Experiment, RequestSpan, Run
 from phaseprobe.store import AbSessionRow, SpanStats, Store
 
-__all__ = ["STORE_ENV", "store_path", "stamp", "experiments_frame", "experiment", "runs",
-           "gpu_samples", "ab_sessions", "analyses", "analysis", "fmt_ms", "wall_time",
-           "spans", "span_stats"]
+__all__ = [
+    "STORE_ENV",
+    "store_path",
+    "stamp",
+    "experiments_frame",
+    "experiment",
+    "runs",
+    "gpu_samples",
+    "ab_sessions",
+    "analyses",
+    "analysis",
+    "fmt_ms",
+    "wall_time",
+    "spans",
+    "span_stats",
+]
 
 STORE_ENV = "PHASEPROBE_STORE"
 
@@ -62,15 +75,31 @@ def experiments_frame(path: str, key: tuple[float, ...] = ()) -> pd.DataFrame:
         for row in rows:
             spec = store.experiment(int(row["id"])).spec
             labels[int(row["id"])] = ", ".join(f"{k}={v}" for k, v in sorted(spec.labels.items()))
-    frame = pd.DataFrame(rows, columns=["id", "name", "kind", "created_wall_ns",
-                                        "finished_wall_ns", "endpoint", "model", "n_runs",
-                                        "n_ok", "n_isolated"])
+    frame = pd.DataFrame(
+        rows,
+        columns=[
+            "id",
+            "name",
+            "kind",
+            "created_wall_ns",
+            "finished_wall_ns",
+            "endpoint",
+            "model",
+            "n_runs",
+            "n_ok",
+            "n_isolated",
+        ],
+    )
     if frame.empty:
-        return frame.assign(created=pd.Series(dtype="datetime64[ns, UTC]"),
-                            labels=pd.Series(dtype=object), status=pd.Series(dtype=object),
-                            isolation=pd.Series(dtype=object))
-    frame[["n_runs", "n_ok", "n_isolated"]] = frame[["n_runs", "n_ok", "n_isolated"]] \
-        .fillna(0).astype(int)
+        return frame.assign(
+            created=pd.Series(dtype="datetime64[ns, UTC]"),
+            labels=pd.Series(dtype=object),
+            status=pd.Series(dtype=object),
+            isolation=pd.Series(dtype=object),
+        )
+    frame[["n_runs", "n_ok", "n_isolated"]] = (
+        frame[["n_runs", "n_ok", "n_isolated"]].fillna(0).astype(int)
+    )
     frame["created"] = pd.to_datetime(frame["created_wall_ns"], unit="ns", utc=True)
     frame["labels"] = frame["id"].map(labels).fillna("")
     frame["status"] = [_status_badge(r) for r in frame.itertuples()]
@@ -131,8 +160,9 @@ def analysis(path: str, analysis_id: int, key: tuple[float, ...] = ()) -> dict[s
 
 
 @st.cache_data(show_spinner=False, max_entries=8)
-def spans(path: str, since_ns: int | None, limit: int, key: tuple[float, ...] = ()
-          ) -> list[RequestSpan]:
+def spans(
+    path: str, since_ns: int | None, limit: int, key: tuple[float, ...] = ()
+) -> list[RequestSpan]:
     """The newest ``limit`` request spans that arrived at or after ``since_ns`` (None: any),
     oldest first. A live page passes a ``since_ns`` rounded to its refresh period, so reruns
     between two writes hit the cache."""

@@ -36,8 +36,10 @@ def pairs(runs: Sequence[Run]) -> dict[int, dict[str, Run]]:
 def pair_lanes(pair: dict[str, Run]) -> dict[int, tuple[str, float]]:
     """seq -> (lane name, offset in ms from A's send) for :func:`phase_bars`."""
     a_sent = pair["A"].client.sent_wall_ns if pair["A"].client else 0
-    return {r.seq: (_LANE_NAMES[lane], (r.client.sent_wall_ns - a_sent) / 1e6 if r.client
-                    else 0.0) for lane, r in pair.items()}
+    return {
+        r.seq: (_LANE_NAMES[lane], (r.client.sent_wall_ns - a_sent) / 1e6 if r.client else 0.0)
+        for lane, r in pair.items()
+    }
 
 
 def a_gaps(pair: dict[str, Run]) -> pd.DataFrame:
@@ -69,29 +71,52 @@ def render_pairs(runs: Sequence[Run]) -> None:
     pair = found[int(i)]
     overlap = pair_overlap(pair)
     if overlap != "inside":
-        st.warning(f"Pair {i} was discarded from the verdict: {OVERLAP_WHY[overlap]}. Its gaps "
-                   "say nothing about B's prefill.")
+        st.warning(
+            f"Pair {i} was discarded from the verdict: {OVERLAP_WHY[overlap]}. Its gaps "
+            "say nothing about B's prefill."
+        )
     lanes = pair_lanes(pair)
     b_sent_ms = lanes[pair["B"].seq][1]
     b_first = pair["B"].client.ttft_s if pair["B"].client else None
-    marks = pd.DataFrame([{"t_ms": b_sent_ms, "what": "B sent"}] + (
-        [{"t_ms": b_sent_ms + b_first * 1e3, "what": "B's first token"}]
-        if b_first is not None else []))
-    rule = alt.Chart(marks).mark_rule(strokeDash=[4, 3], color="#c62828").encode(
-        x="t_ms:Q", tooltip=["what", alt.Tooltip("t_ms:Q", format=".1f")])
+    marks = pd.DataFrame(
+        [{"t_ms": b_sent_ms, "what": "B sent"}]
+        + (
+            [{"t_ms": b_sent_ms + b_first * 1e3, "what": "B's first token"}]
+            if b_first is not None
+            else []
+        )
+    )
+    rule = (
+        alt.Chart(marks)
+        .mark_rule(strokeDash=[4, 3], color="#c62828")
+        .encode(x="t_ms:Q", tooltip=["what", alt.Tooltip("t_ms:Q", format=".1f")])
+    )
     both = [pair["A"], pair["B"]]
-    st.altair_chart(alt.layer(swimlane(phase_bars(both, lanes), token_ticks(both, lanes),
-                                       x_title="ms since A was sent"), rule))
+    st.altair_chart(
+        alt.layer(
+            swimlane(
+                phase_bars(both, lanes), token_ticks(both, lanes), x_title="ms since A was sent"
+            ),
+            rule,
+        )
+    )
     gaps = a_gaps(pair)
     if not gaps.empty:
-        line = alt.Chart(gaps).mark_line(point=True).encode(
-            x=alt.X("t_ms:Q", title="ms since A was sent"),
-            y=alt.Y("gap_ms:Q", title="A's gap before this token (ms)"))
+        line = (
+            alt.Chart(gaps)
+            .mark_line(point=True)
+            .encode(
+                x=alt.X("t_ms:Q", title="ms since A was sent"),
+                y=alt.Y("gap_ms:Q", title="A's gap before this token (ms)"),
+            )
+        )
         st.altair_chart(alt.layer(line, rule).properties(height=200))
         during = gaps[(gaps["t_ms"] >= b_sent_ms)]
         worst = during["gap_ms"].max() if not during.empty else None
         before = gaps[gaps["t_ms"] < b_sent_ms]["gap_ms"]
-        st.caption(f"A's largest gap after B was sent: "
-                   f"{'–' if worst is None else f'{worst:.1f} ms'}; its median gap before: "
-                   f"{'–' if before.empty else f'{before.median():.1f} ms'}. The dashed lines "
-                   "mark B's send and B's first token (its prefill lies between them).")
+        st.caption(
+            f"A's largest gap after B was sent: "
+            f"{'–' if worst is None else f'{worst:.1f} ms'}; its median gap before: "
+            f"{'–' if before.empty else f'{before.median():.1f} ms'}. The dashed lines "
+            "mark B's send and B's first token (its prefill lies between them)."
+        )

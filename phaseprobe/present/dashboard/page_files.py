@@ -77,8 +77,11 @@ def _show(doc: Mapping[str, Any], chart: tuple[str, str, str] | None) -> None:
     for name, frame in tables(doc):
         st.subheader(name)
         if chart is not None and name == chart[0] and {chart[1], chart[2]} <= set(frame):
-            st.altair_chart(alt.Chart(frame).mark_bar().encode(
-                x=alt.X(f"{chart[2]}:Q"), y=alt.Y(f"{chart[1]}:N", sort="-x", title=None)))
+            st.altair_chart(
+                alt.Chart(frame)
+                .mark_bar()
+                .encode(x=alt.X(f"{chart[2]}:Q"), y=alt.Y(f"{chart[1]}:N", sort="-x", title=None))
+            )
         st.dataframe(frame, hide_index=True)
 
 
@@ -100,8 +103,12 @@ def _kept(ctx: Context, kinds: tuple[str, ...]) -> dict[str, Any] | None:
     if not kept:
         return None
     mine = [a for a in kept if a["experiment_id"] == ctx.experiment_id]
-    source = st.radio("Source", [f"Kept in the store ({len(kept)})", "Upload a file"],
-                      horizontal=True, key=f"source_{kinds[0]}")
+    source = st.radio(
+        "Source",
+        [f"Kept in the store ({len(kept)})", "Upload a file"],
+        horizontal=True,
+        key=f"source_{kinds[0]}",
+    )
     if source == "Upload a file":
         return None
     ordered = mine + [a for a in reversed(kept) if a not in mine]
@@ -114,45 +121,70 @@ def _kept(ctx: Context, kinds: tuple[str, ...]) -> dict[str, Any] | None:
 
     chosen = st.selectbox("Analysis", list(by_id), key=f"kept_{kinds[0]}", format_func=label)
     if not mine:
-        st.caption(f"None is attached to experiment #{ctx.experiment_id} (`--keep "
-                   f"--experiment {ctx.experiment_id}` attaches one).")
+        st.caption(
+            f"None is attached to experiment #{ctx.experiment_id} (`--keep "
+            f"--experiment {ctx.experiment_id}` attaches one)."
+        )
     st.caption(f"from `{by_id[int(chosen)]['source']}`")
     return data.analysis(ctx.path, int(chosen), ctx.key)
 
 
-def _doc(ctx: Context, kinds: tuple[str, ...], label: str,
-         types: list[str] | None) -> Mapping[str, Any] | None:
+def _doc(
+    ctx: Context, kinds: tuple[str, ...], label: str, types: list[str] | None
+) -> Mapping[str, Any] | None:
     return _kept(ctx, kinds) or _upload(kinds[0], label, types)
 
 
 def render_nccl(ctx: Context) -> None:
     st.header("NCCL")
-    doc = _doc(ctx, ("nccl",), "NCCL debug log (NCCL_DEBUG=INFO) or a saved `phaseprobe nccl "
-               "--json`", None)
+    doc = _doc(
+        ctx, ("nccl",), "NCCL debug log (NCCL_DEBUG=INFO) or a saved `phaseprobe nccl --json`", None
+    )
     if doc is None:
-        st.info("Upload an NCCL log (or keep one: `phaseprobe nccl LOG --keep --experiment "
-                "ID`) to see transports, rings/trees and collectives. "
-                "Per-step counts need decode steps: `phaseprobe check --nccl LOG` uses the "
-                "experiment's.")
+        st.info(
+            "Upload an NCCL log (or keep one: `phaseprobe nccl LOG --keep --experiment "
+            "ID`) to see transports, rings/trees and collectives. "
+            "Per-step counts need decode steps: `phaseprobe check --nccl LOG` uses the "
+            "experiment's."
+        )
         return
-    busbw = [{"table": f"{t['label']} ({Path(res['source']).name})", "size_bytes": r["size_bytes"],
-              "busbw_GBps": r["oop_busbw_GBps"] if r["oop_busbw_GBps"] is not None
-              else r["ip_busbw_GBps"]}
-             for res in doc.get("nccl_tests") or [] for t in res["tables"]
-             for r in t.get("rows") or []]
+    busbw = [
+        {
+            "table": f"{t['label']} ({Path(res['source']).name})",
+            "size_bytes": r["size_bytes"],
+            "busbw_GBps": r["oop_busbw_GBps"]
+            if r["oop_busbw_GBps"] is not None
+            else r["ip_busbw_GBps"],
+        }
+        for res in doc.get("nccl_tests") or []
+        for t in res["tables"]
+        for r in t.get("rows") or []
+    ]
     if busbw:
         st.subheader("nccl-tests: bus bandwidth by message size")
         frame = pd.DataFrame(busbw).dropna()
-        st.altair_chart(alt.Chart(frame).mark_line(point=True).encode(
-            x=alt.X("size_bytes:Q", scale=alt.Scale(type="log", base=2),
-                    title="message size (bytes)"),
-            y=alt.Y("busbw_GBps:Q", title="busbw (GB/s)"), color="table:N"))
+        st.altair_chart(
+            alt.Chart(frame)
+            .mark_line(point=True)
+            .encode(
+                x=alt.X(
+                    "size_bytes:Q",
+                    scale=alt.Scale(type="log", base=2),
+                    title="message size (bytes)",
+                ),
+                y=alt.Y("busbw_GBps:Q", title="busbw (GB/s)"),
+                color="table:N",
+            )
+        )
     by_kind = (doc.get("transports") or {}).get("by_kind") or {}
     if by_kind:
         st.subheader("Transport mix")
         mix = pd.DataFrame({"transport": list(by_kind), "connections": list(by_kind.values())})
-        st.altair_chart(alt.Chart(mix).mark_bar().encode(
-            x="connections:Q", y=alt.Y("transport:N", sort="-x", title=None)))
+        st.altair_chart(
+            alt.Chart(mix)
+            .mark_bar()
+            .encode(x="connections:Q", y=alt.Y("transport:N", sort="-x", title=None))
+        )
     else:
         st.info("No transport lines in this log (NCCL_DEBUG=INFO prints them at init).")
     _show(doc, None)
@@ -160,11 +192,17 @@ def render_nccl(ctx: Context) -> None:
 
 def render_traces(ctx: Context) -> None:
     st.header("Traces")
-    doc = _doc(ctx, ("trace", "nsys"), "PyTorch / Kineto trace (.json, .json.gz) or a saved "
-               "`phaseprobe trace --json`", ["json", "gz"])
+    doc = _doc(
+        ctx,
+        ("trace", "nsys"),
+        "PyTorch / Kineto trace (.json, .json.gz) or a saved `phaseprobe trace --json`",
+        ["json", "gz"],
+    )
     if doc is None:
-        st.info("Upload a trace (`phaseprobe probe --torch-profile` writes one and keeps its "
-                "summary here) to see the kernel class breakdown and idle gaps. nsys exports: "
-                "`phaseprobe nsys FILE --keep`.")
+        st.info(
+            "Upload a trace (`phaseprobe probe --torch-profile` writes one and keeps its "
+            "summary here) to see the kernel class breakdown and idle gaps. nsys exports: "
+            "`phaseprobe nsys FILE --keep`."
+        )
         return
     _show(doc, ("classes", "cls", "time_ns"))

@@ -27,19 +27,34 @@ from phaseprobe.format import MISSING
 from phaseprobe.present.dashboard import data
 from phaseprobe.present.dashboard.data import fmt_ms
 
-__all__ = ["render", "WINDOWS_S", "table_frame", "chart_frame", "comparisons_frame",
-           "parse_replicas"]
+__all__ = [
+    "render",
+    "WINDOWS_S",
+    "table_frame",
+    "chart_frame",
+    "comparisons_frame",
+    "parse_replicas",
+]
 
-WINDOWS_S: dict[str, float | None] = {"Last 15 min": 900.0, "Last 60 min": 3600.0,
-                                      "Last 24 h": 86_400.0, "All": None}
+WINDOWS_S: dict[str, float | None] = {
+    "Last 15 min": 900.0,
+    "Last 60 min": 3600.0,
+    "Last 24 h": 86_400.0,
+    "All": None,
+}
 MAX_SPANS = 20_000  # newest spans read
 ROUND_S = 10  # the window's end is rounded to this, so reruns in between hit the cache
 LOOKBACK_S = 600.0  # a request that finished in the window arrived at most this long before it
 MAX_PER_SIDE = 1_000  # values a side the interval is computed on (a random subsample above)
 N_RESAMPLES = 1_000
 ENDPOINT = "http://127.0.0.1:4317"
-_TABLE_PHASES = (("queue", "queue"), ("prefill", "prefill"), ("decode", "decode"),
-                 ("TTFT", "ttft"), ("TPOT", "tpot"))
+_TABLE_PHASES = (
+    ("queue", "queue"),
+    ("prefill", "prefill"),
+    ("decode", "decode"),
+    ("TTFT", "ttft"),
+    ("TPOT", "tpot"),
+)
 
 
 def render(path: str, key: tuple[float, ...] = ()) -> None:
@@ -50,24 +65,32 @@ def render(path: str, key: tuple[float, ...] = ()) -> None:
         return
     cols = st.columns([2, 2, 3])
     label = cols[0].selectbox("Window", list(WINDOWS_S), key="fleet_window")
-    min_effect = cols[1].number_input("Smallest slowdown worth calling (×)", min_value=1.0,
-                                      max_value=10.0, value=1.2, step=0.05,
-                                      key="fleet_min_effect")
-    known_text = cols[2].text_input("Replicas expected (optional, comma-separated)",
-                                    key="fleet_replicas", placeholder="r1, r2, r3")
+    min_effect = cols[1].number_input(
+        "Smallest slowdown worth calling (×)",
+        min_value=1.0,
+        max_value=10.0,
+        value=1.2,
+        step=0.05,
+        key="fleet_min_effect",
+    )
+    known_text = cols[2].text_input(
+        "Replicas expected (optional, comma-separated)",
+        key="fleet_replicas",
+        placeholder="r1, r2, r3",
+    )
     key = data.stamp(Path(path))
     if not data.span_stats(path, key)["requests"]:
         _no_spans(path)
         return
     now = int(time.time() // ROUND_S * ROUND_S)
-    report, frame, n_read = _report(path, key, WINDOWS_S[label], now, float(min_effect),
-                                    tuple(parse_replicas(known_text)))
+    report, frame, n_read = _report(
+        path, key, WINDOWS_S[label], now, float(min_effect), tuple(parse_replicas(known_text))
+    )
     if frame.empty:
         st.info(f"No request finished in the window ({label.lower()}). Choose a longer one.")
         return
     if n_read == MAX_SPANS:
-        st.caption(f"Read the newest {MAX_SPANS:,} spans only; a longer window would hold "
-                   "more.")
+        st.caption(f"Read the newest {MAX_SPANS:,} spans only; a longer window would hold more.")
     _identity(report)
     _table(report)
     _chart(frame)
@@ -80,27 +103,43 @@ def parse_replicas(text: str) -> list[str]:
 
 
 def _no_spans(path: str) -> None:
-    st.info(f"No request spans in {path} yet. Start `phaseprobe watch` (it listens on "
-            f"{ENDPOINT} for OTLP/gRPC) and start each vLLM replica with "
-            f"`--otlp-traces-endpoint {ENDPOINT}` and its own name in "
-            "`OTEL_RESOURCE_ATTRIBUTES=service.instance.id=<name>` (and "
-            "`OTEL_SERVICE_NAME=vllm`): every finished request then sends its span, tagged "
-            "with its replica.")
+    st.info(
+        f"No request spans in {path} yet. Start `phaseprobe watch` (it listens on "
+        f"{ENDPOINT} for OTLP/gRPC) and start each vLLM replica with "
+        f"`--otlp-traces-endpoint {ENDPOINT}` and its own name in "
+        "`OTEL_RESOURCE_ATTRIBUTES=service.instance.id=<name>` (and "
+        "`OTEL_SERVICE_NAME=vllm`): every finished request then sends its span, tagged "
+        "with its replica."
+    )
 
 
 @st.cache_data(show_spinner="Comparing the replicas…", max_entries=8)
-def _report(path: str, key: tuple[float, ...], window_s: float | None, now_s: int,
-            min_effect: float, known: tuple[str, ...]) -> tuple[FleetReport, pd.DataFrame, int]:
+def _report(
+    path: str,
+    key: tuple[float, ...],
+    window_s: float | None,
+    now_s: int,
+    min_effect: float,
+    known: tuple[str, ...],
+) -> tuple[FleetReport, pd.DataFrame, int]:
     """The report over the spans that finished in (end − window, end]; ``end`` is ``now_s``
     or a later span end (a vLLM host clock ahead of this one)."""
     since = None if window_s is None else int((now_s - window_s - LOOKBACK_S) * 1e9)
     loaded = data.spans(path, since, MAX_SPANS, key)
     end_ns = max([now_s * 10**9, *(s.end_ns for s in loaded)])
-    spans = loaded if window_s is None else \
-        [s for s in loaded if end_ns - window_s * 1e9 < s.end_ns <= end_ns]
+    spans = (
+        loaded
+        if window_s is None
+        else [s for s in loaded if end_ns - window_s * 1e9 < s.end_ns <= end_ns]
+    )
     frame = fleet_frame(spans)
-    report = report_from_frame(frame, known, min_effect_ratio=min_effect,
-                               n_resamples=N_RESAMPLES, max_per_side=MAX_PER_SIDE)
+    report = report_from_frame(
+        frame,
+        known,
+        min_effect_ratio=min_effect,
+        n_resamples=N_RESAMPLES,
+        max_per_side=MAX_PER_SIDE,
+    )
     return report, frame, len(loaded)
 
 
@@ -114,8 +153,10 @@ def table_frame(report: FleetReport) -> pd.DataFrame:
     rows = []
     for r in report.table:
         row: dict[str, object] = {
-            "replica": r.replica, "requests": r.requests,
-            "share": MISSING if r.traffic_share is None else f"{r.traffic_share * 100:.0f} %"}
+            "replica": r.replica,
+            "requests": r.requests,
+            "share": MISSING if r.traffic_share is None else f"{r.traffic_share * 100:.0f} %",
+        }
         for label, name in _TABLE_PHASES:
             for q in ("p50", "p99"):
                 row[f"{label} {q}"] = fmt_ms(getattr(r, f"{name}_{q}_s"))
@@ -127,15 +168,18 @@ def _table(report: FleetReport) -> None:
     st.subheader("Replicas")
     st.dataframe(table_frame(report), hide_index=True)
     n = len([r for r in report.table if r.identified])
-    st.caption(f"{n} replica{'s' if n != 1 else ''} by their spans' service.instance.id; "
-               "shares are of every request in the window. Percentiles: numpy's linear "
-               "interpolation (a p99 over fewer than 100 requests is close to the slowest).")
+    st.caption(
+        f"{n} replica{'s' if n != 1 else ''} by their spans' service.instance.id; "
+        "shares are of every request in the window. Percentiles: numpy's linear "
+        "interpolation (a p99 over fewer than 100 requests is close to the slowest)."
+    )
 
 
 def chart_frame(frame: pd.DataFrame) -> pd.DataFrame:
     """(replica, metric, ms) per request: TPOT and TTFT, the straggler's two measures."""
-    long = frame.melt(id_vars=["replica"], value_vars=["tpot_s", "ttft_s"], var_name="metric",
-                      value_name="s").dropna(subset=["s"])
+    long = frame.melt(
+        id_vars=["replica"], value_vars=["tpot_s", "ttft_s"], var_name="metric", value_name="s"
+    ).dropna(subset=["s"])
     long["metric"] = long["metric"].map({"tpot_s": "TPOT", "ttft_s": "TTFT"})
     long["ms"] = long["s"] * 1e3
     return long[["replica", "metric", "ms"]].reset_index(drop=True)
@@ -145,44 +189,64 @@ def _chart(frame: pd.DataFrame) -> None:
     st.subheader("TPOT and TTFT per replica")
     points = chart_frame(frame)
     if points.empty:
-        st.info("The spans carry no TTFT and no decode with two tokens or more: nothing to "
-                "draw.")
+        st.info("The spans carry no TTFT and no decode with two tokens or more: nothing to draw.")
         return
     order = sorted(set(points["replica"]) - {UNKNOWN_REPLICA})
     if UNKNOWN_REPLICA in set(points["replica"]):
         order.append(UNKNOWN_REPLICA)
-    chart = alt.Chart(points).mark_boxplot(extent="min-max").encode(
-        x=alt.X("replica:N", sort=order, title=None), y=alt.Y("ms:Q", title="ms"),
-        color=alt.Color("replica:N", sort=order, legend=None),
-    ).properties(height=220, width=alt.Step(60)).facet(
-        column=alt.Column("metric:N", title=None)).resolve_scale(y="independent")
+    chart = (
+        alt.Chart(points)
+        .mark_boxplot(extent="min-max")
+        .encode(
+            x=alt.X("replica:N", sort=order, title=None),
+            y=alt.Y("ms:Q", title="ms"),
+            color=alt.Color("replica:N", sort=order, legend=None),
+        )
+        .properties(height=220, width=alt.Step(60))
+        .facet(column=alt.Column("metric:N", title=None))
+        .resolve_scale(y="independent")
+    )
     st.altair_chart(chart)
-    st.caption("Each box: the replica's requests' quartiles, whiskers to the fastest and "
-               "slowest.")
+    st.caption("Each box: the replica's requests' quartiles, whiskers to the fastest and slowest.")
 
 
 def comparisons_frame(report: FleetReport) -> pd.DataFrame:
     """Every replica-against-the-rest comparison: ratio, interval, p, verdict."""
+
     def row(c: ReplicaComparison) -> dict[str, object]:
-        return {"replica": c.replica, "metric": c.label, "n": c.n_replica, "rest n": c.n_rest,
-                "ratio": c.median_ratio, "low": c.ci_low_ratio, "high": c.ci_high_ratio,
-                "p": c.p_value, "verdict": c.verdict}
-    return pd.DataFrame([row(c) for c in report.comparison.comparisons],
-                        columns=["replica", "metric", "n", "rest n", "ratio", "low", "high",
-                                 "p", "verdict"])
+        return {
+            "replica": c.replica,
+            "metric": c.label,
+            "n": c.n_replica,
+            "rest n": c.n_rest,
+            "ratio": c.median_ratio,
+            "low": c.ci_low_ratio,
+            "high": c.ci_high_ratio,
+            "p": c.p_value,
+            "verdict": c.verdict,
+        }
+
+    return pd.DataFrame(
+        [row(c) for c in report.comparison.comparisons],
+        columns=["replica", "metric", "n", "rest n", "ratio", "low", "high", "p", "verdict"],
+    )
 
 
 def _verdicts(report: FleetReport) -> None:
     st.subheader("Straggler and imbalance")
     straggler, im = report.straggler, report.imbalance
     {"straggler": st.warning, "none": st.success, "too_few": st.info}[straggler.verdict](
-        straggler.sentence)
-    {"imbalanced": st.warning, "even": st.success, "too_few": st.info,
-     "cannot_verify": st.info}[im.verdict](im.sentence)
+        straggler.sentence
+    )
+    {"imbalanced": st.warning, "even": st.success, "too_few": st.info, "cannot_verify": st.info}[
+        im.verdict
+    ](im.sentence)
     with st.expander("Each replica against the rest"):
         st.dataframe(comparisons_frame(report), hide_index=True)
         for c in report.comparison.comparisons:
             st.markdown(f"- {c.sentence()}")
-        st.caption(f"Ratio = the replica's median over the other replicas'; "
-                   f"{report.comparison.note}; at least {report.comparison.min_per_side} "
-                   "requests a side, else too few to tell.")
+        st.caption(
+            f"Ratio = the replica's median over the other replicas'; "
+            f"{report.comparison.note}; at least {report.comparison.min_per_side} "
+            "requests a side, else too few to tell."
+        )

@@ -23,27 +23,40 @@ _PHASES = ("queue", "prefill", "decode")
 
 
 def per_run_phases(ctx: Context) -> pd.DataFrame:
-    rows = [{"run": f"run {r.seq}", "phase": name, "ms": value * 1e3}
-            for r in ctx.runs() if r.server is not None for name in _PHASES
-            if (value := getattr(r.server, f"{name}_s")) is not None]
+    rows = [
+        {"run": f"run {r.seq}", "phase": name, "ms": value * 1e3}
+        for r in ctx.runs()
+        if r.server is not None
+        for name in _PHASES
+        if (value := getattr(r.server, f"{name}_s")) is not None
+    ]
     return pd.DataFrame(rows, columns=["run", "phase", "ms"])
 
 
 def per_experiment_phases(ctx: Context, ids: list[int]) -> pd.DataFrame:
     summaries = {eid: summarize(data.runs(ctx.path, eid, ctx.key)) for eid in ids}
-    rows = [{"experiment": f"#{eid}", "phase": name, "ms": value * 1e3}
-            for eid, summary in summaries.items() for name in _PHASES
-            if (value := getattr(summary, f"server_{name}_s")) is not None]
+    rows = [
+        {"experiment": f"#{eid}", "phase": name, "ms": value * 1e3}
+        for eid, summary in summaries.items()
+        for name in _PHASES
+        if (value := getattr(summary, f"server_{name}_s")) is not None
+    ]
     return pd.DataFrame(rows, columns=["experiment", "phase", "ms"])
 
 
 def _stacked(frame: pd.DataFrame, y: str) -> alt.Chart:
-    return alt.Chart(frame).mark_bar().encode(
-        x=alt.X("sum(ms):Q", title="ms"), y=alt.Y(f"{y}:N", sort=None, title=None),
-        color=alt.Color("phase:N", scale=PHASE_COLORS),
-        order=alt.Order("phase_order:Q"), tooltip=[y, "phase", alt.Tooltip("ms:Q", format=".2f")],
-    ).transform_calculate(
-        phase_order="indexof(['queue','prefill','decode'], datum.phase)")
+    return (
+        alt.Chart(frame)
+        .mark_bar()
+        .encode(
+            x=alt.X("sum(ms):Q", title="ms"),
+            y=alt.Y(f"{y}:N", sort=None, title=None),
+            color=alt.Color("phase:N", scale=PHASE_COLORS),
+            order=alt.Order("phase_order:Q"),
+            tooltip=[y, "phase", alt.Tooltip("ms:Q", format=".2f")],
+        )
+        .transform_calculate(phase_order="indexof(['queue','prefill','decode'], datum.phase)")
+    )
 
 
 def render(ctx: Context) -> None:
@@ -60,8 +73,10 @@ def render(ctx: Context) -> None:
     cols[3].metric("Decode (median)", fmt_ms(summary.server_decode_s))
     share = summary.decode_share_of_e2e
     cols[4].metric("Decode share of e2e", MISSING if share is None else f"{share:.0%}")
-    st.caption(f"Medians over {summary.n_clean} clean runs of {summary.n_runs} "
-               "(isolation failures are excluded).")
+    st.caption(
+        f"Medians over {summary.n_clean} clean runs of {summary.n_runs} "
+        "(isolation failures are excluded)."
+    )
     render_pd_experiment(ctx.experiment(), runs)
 
     per_run = per_run_phases(ctx)
@@ -73,10 +88,16 @@ def render(ctx: Context) -> None:
 
     st.subheader("Per experiment (medians)")
     all_ids = [int(i) for i in ctx.experiments["id"]]
-    default = all_ids[-5:] if ctx.experiment_id in all_ids[-5:] else \
-        all_ids[-4:] + [ctx.experiment_id]
-    chosen = st.multiselect("Experiments", all_ids, default=default, key="phase_experiments",
-                            format_func=lambda i: f"#{i}")
+    default = (
+        all_ids[-5:] if ctx.experiment_id in all_ids[-5:] else all_ids[-4:] + [ctx.experiment_id]
+    )
+    chosen = st.multiselect(
+        "Experiments",
+        all_ids,
+        default=default,
+        key="phase_experiments",
+        format_func=lambda i: f"#{i}",
+    )
     per_exp = per_experiment_phases(ctx, chosen)
     if per_exp.empty:
         st.info("None of the chosen experiments has server phases.")
@@ -85,16 +106,31 @@ def render(ctx: Context) -> None:
 
     st.subheader("Distributions")
     dist = pd.DataFrame(
-        [{"metric": "TTFT", "ms": r.client.ttft_s * 1e3} for r in runs
-         if r.client and r.client.ttft_s is not None]
-        + [{"metric": "TPOT", "ms": r.client.tpot_s * 1e3} for r in runs
-           if r.client and r.client.tpot_s is not None], columns=["metric", "ms"])
+        [
+            {"metric": "TTFT", "ms": r.client.ttft_s * 1e3}
+            for r in runs
+            if r.client and r.client.ttft_s is not None
+        ]
+        + [
+            {"metric": "TPOT", "ms": r.client.tpot_s * 1e3}
+            for r in runs
+            if r.client and r.client.tpot_s is not None
+        ],
+        columns=["metric", "ms"],
+    )
     if dist.empty:
         st.info("No TTFT or TPOT measured.")
     else:
-        chart = alt.Chart(dist).mark_bar().encode(
-            x=alt.X("ms:Q", bin=alt.Bin(maxbins=30), title="ms"), y=alt.Y("count():Q"),
-        ).properties(height=180).facet(column=alt.Column("metric:N", title=None)).resolve_scale(
-            x="independent")
+        chart = (
+            alt.Chart(dist)
+            .mark_bar()
+            .encode(
+                x=alt.X("ms:Q", bin=alt.Bin(maxbins=30), title="ms"),
+                y=alt.Y("count():Q"),
+            )
+            .properties(height=180)
+            .facet(column=alt.Column("metric:N", title=None))
+            .resolve_scale(x="independent")
+        )
         st.altair_chart(chart)
     render_bound(ctx)

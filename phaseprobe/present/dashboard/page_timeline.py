@@ -40,21 +40,28 @@ def render(ctx: Context) -> None:
         return
     pd_runs = [r for r in runs if r.pd is not None]
     # a P/D experiment's failed runs (no legs measured) keep the client's wait/stream lane
-    frames = [f for f in (pd_run_bars(pd_runs), phase_bars([r for r in runs if r.pd is None]))
-              if not f.empty]
+    frames = [
+        f
+        for f in (pd_run_bars(pd_runs), phase_bars([r for r in runs if r.pd is None]))
+        if not f.empty
+    ]
     bars = pd.concat(frames, ignore_index=True) if frames else phase_bars([])
     ticks = token_ticks(runs)
     if bars.empty:
         st.info("No run received a token: no timeline to draw.")
     elif pd_runs:
-        st.caption("One lane per prefill/decode run: the prefill instance's queue and "
-                   "prefill, the hand-over, the decode instance's prompt work and decode, on "
-                   "the client's clock; each tick is a token event. A run's own chart below "
-                   "has a lane per instance.")
+        st.caption(
+            "One lane per prefill/decode run: the prefill instance's queue and "
+            "prefill, the hand-over, the decode instance's prompt work and decode, on "
+            "the client's clock; each tick is a token event. A run's own chart below "
+            "has a lane per instance."
+        )
         st.altair_chart(swimlane(bars, ticks, colors=pd_colors(bars["phase"])))
     else:
-        st.caption("One lane per run: server queue / prefill / decode (or the client's wait "
-                   "and stream when vLLM metrics were absent); each tick is a token event.")
+        st.caption(
+            "One lane per run: server queue / prefill / decode (or the client's wait "
+            "and stream when vLLM metrics were absent); each tick is a token event."
+        )
         st.altair_chart(swimlane(bars, ticks))
 
     if ctx.experiment().kind == "interfere":
@@ -77,23 +84,40 @@ def render(ctx: Context) -> None:
             p50 = percentile(list(itl["itl_ms"]), 50)
             p99 = percentile(list(itl["itl_ms"]), 99)
             rules = pd.DataFrame({"stat": ["p50", "p99"], "ms": [p50, p99]})
-            line = alt.Chart(itl).mark_line(point=True).encode(
-                x=alt.X("token:Q", title="token index"), y=alt.Y("itl_ms:Q", title="ITL (ms)"))
-            rule = alt.Chart(rules).mark_rule(strokeDash=[4, 3]).encode(
-                y="ms:Q", color=alt.Color("stat:N", title=None))
+            line = (
+                alt.Chart(itl)
+                .mark_line(point=True)
+                .encode(
+                    x=alt.X("token:Q", title="token index"), y=alt.Y("itl_ms:Q", title="ITL (ms)")
+                )
+            )
+            rule = (
+                alt.Chart(rules)
+                .mark_rule(strokeDash=[4, 3])
+                .encode(y="ms:Q", color=alt.Color("stat:N", title=None))
+            )
             st.altair_chart(alt.layer(line, rule))
             st.caption(f"p50 {p50:.2f} ms · p99 {p99:.2f} ms over {len(itl)} gaps")
     with right:
         st.subheader("Client vs server")
-        rows = [("TTFT", c.ttft_s, s.ttft_s if s else None),
-                ("end to end", c.e2e_s, s.e2e_s if s else None),
-                ("queue", None, s.queue_s if s else None),
-                ("prefill", None, s.prefill_s if s else None),
-                ("decode", (c.e2e_s - c.ttft_s) if c.ttft_s is not None else None,
-                 s.decode_s if s else None),
-                ("TPOT", c.tpot_s, None)]
-        st.dataframe(pd.DataFrame([{"phase": n, "client": fmt_ms(a), "server": fmt_ms(b)}
-                                   for n, a, b in rows]), hide_index=True)
+        rows = [
+            ("TTFT", c.ttft_s, s.ttft_s if s else None),
+            ("end to end", c.e2e_s, s.e2e_s if s else None),
+            ("queue", None, s.queue_s if s else None),
+            ("prefill", None, s.prefill_s if s else None),
+            (
+                "decode",
+                (c.e2e_s - c.ttft_s) if c.ttft_s is not None else None,
+                s.decode_s if s else None,
+            ),
+            ("TPOT", c.tpot_s, None),
+        ]
+        st.dataframe(
+            pd.DataFrame(
+                [{"phase": n, "client": fmt_ms(a), "server": fmt_ms(b)} for n, a, b in rows]
+            ),
+            hide_index=True,
+        )
         if s is None:
             st.info("No server phases for this run (client-only: vLLM /metrics unavailable).")
         elif c.ttft_s is not None and s.ttft_s is not None:

@@ -34,8 +34,17 @@ import pandas as pd
 
 from phaseprobe.records import ClientTimeline, PdLegs, Run
 
-__all__ = ["LANES", "GAP", "KV_WAIT", "PROMPT_WORK", "PdLayout", "pd_layout", "prompt_phase",
-           "pd_run_bars", "pd_topology"]
+__all__ = [
+    "LANES",
+    "GAP",
+    "KV_WAIT",
+    "PROMPT_WORK",
+    "PdLayout",
+    "pd_layout",
+    "prompt_phase",
+    "pd_run_bars",
+    "pd_topology",
+]
 
 LANES = ("prefill instance", "hand-over", "decode instance", "client")
 GAP = "not in any histogram"
@@ -50,9 +59,14 @@ PROMPT_WORK = {
     "short_prompt": "prompt computed (under one KV block: nothing to move)",
     "unknown": "prompt work (KV unknown)",
 }
-_MEASURED = (("prefill_queue_s", "prefill-side queue"), ("prefill_s", "prefill"),
-             ("hand_over_s", "hand-over"), ("decode_kv_wait_s", "decode-side KV wait"),
-             ("decode_prompt_s", "decode-side prompt work"), ("decode_s", "decode"))
+_MEASURED = (
+    ("prefill_queue_s", "prefill-side queue"),
+    ("prefill_s", "prefill"),
+    ("hand_over_s", "hand-over"),
+    ("decode_kv_wait_s", "decode-side KV wait"),
+    ("decode_prompt_s", "decode-side prompt work"),
+    ("decode_s", "decode"),
+)
 # Below this, the ends of two clocks meeting is taken as meeting (a local token's delivery).
 _TOL_S = 0.5e-3
 BAR_COLUMNS = ["lane", "phase", "start_ms", "end_ms", "inner"]
@@ -97,8 +111,7 @@ def pd_layout(legs: PdLegs, client: ClientTimeline | None) -> PdLayout:
         rows.append(_bar(LANES[0], "prefill", q or 0.0, p))
         prefill_end = (q or 0.0) + p
         if q is None:
-            notes.append("the prefill-side queue was not measured: prefill is drawn from the "
-                         "send")
+            notes.append("the prefill-side queue was not measured: prefill is drawn from the send")
 
     # decode instance: its prompt work ends at the client's first token
     ttft = client.ttft_s if client is not None else None
@@ -112,22 +125,28 @@ def pd_layout(legs: PdLegs, client: ClientTimeline | None) -> PdLayout:
     elif prefill_end is not None and before_sched is not None:
         scheduled = prefill_end + before_sched
         first_token = scheduled + dp if dp is not None else None
-        notes.append("no token reached the client: the decode side is chained after the "
-                     "hand-over instead of hung on the client's first token")
+        notes.append(
+            "no token reached the client: the decode side is chained after the "
+            "hand-over instead of hung on the client's first token"
+        )
     if dp is not None and first_token is not None:
         rows.append(_bar(LANES[2], prompt_phase(legs.kv), first_token - dp, dp))
     if d is not None and first_token is not None:
         rows.append(_bar(LANES[2], "decode", first_token, d))
     if (dp is not None or d is not None) and first_token is None:
-        notes.append("the decode side cannot be placed: no token reached the client and the "
-                     "prefill side's end or the hand-over is not known")
+        notes.append(
+            "the decode side cannot be placed: no token reached the client and the "
+            "prefill side's end or the hand-over is not known"
+        )
 
     # hand-over: ends where the decode instance scheduled the request
     if scheduled is None and prefill_end is not None and before_sched is not None:
         scheduled = prefill_end + before_sched  # the decode side's prompt work is unknown
         if ttft is not None:
-            notes.append("the decode side's prompt work was not measured: the hand-over is "
-                         "drawn right after the prefill side")
+            notes.append(
+                "the decode side's prompt work was not measured: the hand-over is "
+                "drawn right after the prefill side"
+            )
     if scheduled is not None and before_sched is not None:
         if ho is not None:
             rows.append(_bar(LANES[1], "hand-over", scheduled - ho, ho))
@@ -138,41 +157,61 @@ def pd_layout(legs: PdLegs, client: ClientTimeline | None) -> PdLayout:
             rows += gap_bar
             notes += note
     elif before_sched is not None:
-        notes.append("the hand-over cannot be placed: neither the prefill side's end nor the "
-                     "decode side's scheduling is known")
+        notes.append(
+            "the hand-over cannot be placed: neither the prefill side's end nor the "
+            "decode side's scheduling is known"
+        )
     if legs.legs_gap_s is None and ho is not None:
-        notes.append("through a router the gap between the legs is not measured: the "
-                     "hand-over is the decode-side KV wait only")
+        notes.append(
+            "through a router the gap between the legs is not measured: the "
+            "hand-over is the decode-side KV wait only"
+        )
 
-    if client is not None and d is not None and first_token is not None \
-            and client.event_offsets_ns:
+    if client is not None and d is not None and first_token is not None and client.event_offsets_ns:
         last = client.event_offsets_ns[-1] / 1e9
         off = first_token + d - last
         if abs(off) > _TOL_S:
-            notes.append(f"the decode instance's decode ({_ms(d)}) ends {_ms(abs(off))} "
-                         f"{'after' if off > 0 else 'before'} the client's last token "
-                         f"({_ms(last)})")
+            notes.append(
+                f"the decode instance's decode ({_ms(d)}) ends {_ms(abs(off))} "
+                f"{'after' if off > 0 else 'before'} the client's last token "
+                f"({_ms(last)})"
+            )
 
     if legs.span_join:
         notes += _span_note(legs.span_join)
 
-    ticks = pd.DataFrame({"lane": LANES[3], "t_ms": [t / 1e6 for t in client.event_offsets_ns]}
-                         if client is not None else {"lane": [], "t_ms": []},
-                         columns=["lane", "t_ms"])
+    ticks = pd.DataFrame(
+        {"lane": LANES[3], "t_ms": [t / 1e6 for t in client.event_offsets_ns]}
+        if client is not None
+        else {"lane": [], "t_ms": []},
+        columns=["lane", "t_ms"],
+    )
     missing = tuple(name for field, name in _MEASURED if getattr(legs, field) is None)
-    return PdLayout(bars=pd.DataFrame(rows, columns=BAR_COLUMNS), ticks=ticks,
-                    not_measured=missing, notes=tuple(notes), kv=legs.kv,
-                    kv_reason=legs.kv_reason)
+    return PdLayout(
+        bars=pd.DataFrame(rows, columns=BAR_COLUMNS),
+        ticks=ticks,
+        not_measured=missing,
+        notes=tuple(notes),
+        kv=legs.kv,
+        kv_reason=legs.kv_reason,
+    )
 
 
-def _bar(lane: str, phase: str, start_s: float, dur_s: float, inner: bool = False
-         ) -> dict[str, object]:
-    return {"lane": lane, "phase": phase, "start_ms": start_s * 1e3,
-            "end_ms": (start_s + dur_s) * 1e3, "inner": inner}
+def _bar(
+    lane: str, phase: str, start_s: float, dur_s: float, inner: bool = False
+) -> dict[str, object]:
+    return {
+        "lane": lane,
+        "phase": phase,
+        "start_ms": start_s * 1e3,
+        "end_ms": (start_s + dur_s) * 1e3,
+        "inner": inner,
+    }
 
 
-def _gap(prefill_end: float, hand_over_start: float, ttft: float | None
-         ) -> tuple[list[dict[str, object]], list[str]]:
+def _gap(
+    prefill_end: float, hand_over_start: float, ttft: float | None
+) -> tuple[list[dict[str, object]], list[str]]:
     """(the bar, the note) saying how the prefill side's end meets the hand-over's start."""
     gap = hand_over_start - prefill_end
     if gap > _TOL_S:
@@ -180,21 +219,28 @@ def _gap(prefill_end: float, hand_over_start: float, ttft: float | None
             f"{_ms(gap)} between the prefill side's end ({_ms(prefill_end)}) and the "
             "hand-over's start are in neither instance's histograms: the prefill leg's way in "
             "(HTTP, tokenization: its bars start at the send), its answer reaching the client "
-            "or router, the decode leg's HTTP and tokenization"]
+            "or router, the decode leg's HTTP and tokenization"
+        ]
     if gap < -_TOL_S:
         said = f" within the client's TTFT ({_ms(ttft)})" if ttft is not None else ""
-        return [], [f"the phases overlap by {_ms(-gap)}: the prefill side, the hand-over and "
-                    f"the decode side's prompt work do not fit{said}. Each instance's "
-                    "histograms keep their own clock; the bars are drawn where the client's "
-                    "clock puts them"]
+        return [], [
+            f"the phases overlap by {_ms(-gap)}: the prefill side, the hand-over and "
+            f"the decode side's prompt work do not fit{said}. Each instance's "
+            "histograms keep their own clock; the bars are drawn where the client's "
+            "clock puts them"
+        ]
     return [], []
 
 
 # the TTFT split on the two legs' spans (analysis.pd_spans.PdSpanRecord.ttft_parts_s), in order
-_SPAN_PARTS = (("prefill_pre_engine_s", "prefill leg pre-engine"),
-               ("prefill_queue_s", "prefill-side queue"), ("prefill_s", "prefill"),
-               ("prefill_return_s", "prefill leg's return"), ("hand_over_s", "hand-over"),
-               ("decode_prompt_s", "decode-side prompt work"))
+_SPAN_PARTS = (
+    ("prefill_pre_engine_s", "prefill leg pre-engine"),
+    ("prefill_queue_s", "prefill-side queue"),
+    ("prefill_s", "prefill"),
+    ("prefill_return_s", "prefill leg's return"),
+    ("hand_over_s", "hand-over"),
+    ("decode_prompt_s", "decode-side prompt work"),
+)
 
 
 def _span_note(join: Mapping[str, Any]) -> list[str]:
@@ -205,10 +251,15 @@ def _span_note(join: Mapping[str, Any]) -> list[str]:
     ttft = join.get("ttft_s")
     if not isinstance(parts, Mapping) or not isinstance(ttft, int | float):
         return []
-    said = [f"{name} {_ms(v)}" for key, name in _SPAN_PARTS
-            if isinstance(v := parts.get(key), int | float)]
-    return [f"on the legs' own spans (joined by {join.get('joined_by', '?')}) the TTFT of "
-            f"{_ms(ttft)} splits into " + ", ".join(said)]
+    said = [
+        f"{name} {_ms(v)}"
+        for key, name in _SPAN_PARTS
+        if isinstance(v := parts.get(key), int | float)
+    ]
+    return [
+        f"on the legs' own spans (joined by {join.get('joined_by', '?')}) the TTFT of "
+        f"{_ms(ttft)} splits into " + ", ".join(said)
+    ]
 
 
 def pd_run_bars(runs: Sequence[Run]) -> pd.DataFrame:
@@ -233,5 +284,4 @@ def pd_topology(server_info: Mapping[str, Any]) -> dict[str, str] | None:
     topo = server_info.get("pd")
     if not isinstance(topo, Mapping):
         return None
-    return {role: str(url) for role in ("prefill", "decode", "router")
-            if (url := topo.get(role))}
+    return {role: str(url) for role in ("prefill", "decode", "router") if (url := topo.get(role))}

@@ -35,11 +35,13 @@ def render_pd_run(run: Run) -> None:
         st.info("No phase of either leg was measured: no legs to draw.")
     else:
         st.altair_chart(pd_chart(layout))
-    st.caption("Bar lengths are each instance's own histogram deltas; their places on the "
-               "axis come from the client's clock: the prefill side from the send, the decode "
-               "side's prompt work ending at the client's first token, the hand-over ending "
-               "where the decode instance scheduled the request (its KV wait, the decode-side "
-               "queue, is the thin bar inside it). Ticks: the client's token arrivals.")
+    st.caption(
+        "Bar lengths are each instance's own histogram deltas; their places on the "
+        "axis come from the client's clock: the prefill side from the send, the decode "
+        "side's prompt work ending at the client's first token, the hand-over ending "
+        "where the decode instance scheduled the request (its KV wait, the decode-side "
+        "queue, is the thin bar inside it). Ticks: the client's token arrivals."
+    )
     if layout.not_measured:
         st.caption("Not measured (not drawn): " + ", ".join(layout.not_measured) + ".")
     for note in layout.notes:
@@ -53,30 +55,48 @@ def pd_runs_frame(runs: Sequence[Run]) -> pd.DataFrame:
         p = r.pd
         if p is None:
             continue
-        moved = None if p.tokens_transferred is None else \
-            f"{p.tokens_transferred:.0f} / {p.tokens_computed or 0:.0f}"
-        rows.append({"seq": r.seq, "P queue": fmt_ms(p.prefill_queue_s),
-                     "P prefill": fmt_ms(p.prefill_s), "hand-over": fmt_ms(p.hand_over_s),
-                     "D KV wait": fmt_ms(p.decode_kv_wait_s),
-                     "D prompt": fmt_ms(p.decode_prompt_s), "D decode": fmt_ms(p.decode_s),
-                     "KV": p.kv, "tokens moved / computed": moved})
+        moved = (
+            None
+            if p.tokens_transferred is None
+            else f"{p.tokens_transferred:.0f} / {p.tokens_computed or 0:.0f}"
+        )
+        rows.append(
+            {
+                "seq": r.seq,
+                "P queue": fmt_ms(p.prefill_queue_s),
+                "P prefill": fmt_ms(p.prefill_s),
+                "hand-over": fmt_ms(p.hand_over_s),
+                "D KV wait": fmt_ms(p.decode_kv_wait_s),
+                "D prompt": fmt_ms(p.decode_prompt_s),
+                "D decode": fmt_ms(p.decode_s),
+                "KV": p.kv,
+                "tokens moved / computed": moved,
+            }
+        )
     return pd.DataFrame(rows)
 
 
-def render_pd_experiment(experiment: Experiment, runs: Sequence[Run], *,
-                         table: bool = False) -> None:
+def render_pd_experiment(
+    experiment: Experiment, runs: Sequence[Run], *, table: bool = False
+) -> None:
     """A P/D experiment's topology and KV verdict counts (nothing for other experiments);
     ``table``: each run's legs too."""
     topo = pd_topology(experiment.server_info)
     if topo is None and not any(r.pd is not None for r in runs):
         return
-    st.markdown("**Disaggregated prefill/decode** · " + (" · ".join(
-        f"{role} `{url}`" for role, url in topo.items()) if topo else
-        "topology not stored with this experiment"))
+    st.markdown(
+        "**Disaggregated prefill/decode** · "
+        + (
+            " · ".join(f"{role} `{url}`" for role, url in topo.items())
+            if topo
+            else "topology not stored with this experiment"
+        )
+    )
     line = kv_summary(runs)
     if line is None:
-        st.info("No run of this experiment has its legs measured: whether the KV moved is "
-                "not known.")
+        st.info(
+            "No run of this experiment has its legs measured: whether the KV moved is not known."
+        )
     elif any(r.pd is not None and r.pd.kv == "recomputed" for r in runs):
         st.error(line)
     else:

@@ -31,11 +31,16 @@ _CALIBRATED = "calibrated"
 
 
 @st.cache_data(show_spinner=False)
-def _report(path: str, experiment_id: int, peaks: str, model_config: str | None,
-            key: tuple[float, ...] = ()) -> Mapping[str, Any]:
+def _report(
+    path: str, experiment_id: int, peaks: str, model_config: str | None, key: tuple[float, ...] = ()
+) -> Mapping[str, Any]:
     exp = data.experiment(path, experiment_id, key)
-    return efficiency_report(data.runs(path, experiment_id, key), exp.server_info,
-                             peaks_choice=peaks, model_config=model_config)
+    return efficiency_report(
+        data.runs(path, experiment_id, key),
+        exp.server_info,
+        peaks_choice=peaks,
+        model_config=model_config,
+    )
 
 
 def bound_frame(report: Mapping[str, Any]) -> pd.DataFrame:
@@ -44,16 +49,28 @@ def bound_frame(report: Mapping[str, Any]) -> pd.DataFrame:
     rows = []
     for r in report.get("runs", []):
         for phase, key, measured, bound in (
-                ("prefill", "prefill", r["prefill_measured_s"], r["prefill_bound_s"]),
-                ("decode per token", "decode", r["decode_measured_s_per_token"],
-                 r["decode_bound_s_per_token"])):
+            ("prefill", "prefill", r["prefill_measured_s"], r["prefill_bound_s"]),
+            (
+                "decode per token",
+                "decode",
+                r["decode_measured_s_per_token"],
+                r["decode_bound_s_per_token"],
+            ),
+        ):
             if measured is not None and bound is not None:
-                rows.append({"run": f"run {r['seq']}", "phase": phase,
-                             "measured ms": measured * 1e3, "bound ms": bound * 1e3,
-                             "efficiency": r.get(f"{key}_efficiency"),
-                             "bound beaten": bool(r.get(f"{key}_bound_beaten"))})
-    return pd.DataFrame(rows, columns=["run", "phase", "measured ms", "bound ms", "efficiency",
-                                       "bound beaten"])
+                rows.append(
+                    {
+                        "run": f"run {r['seq']}",
+                        "phase": phase,
+                        "measured ms": measured * 1e3,
+                        "bound ms": bound * 1e3,
+                        "efficiency": r.get(f"{key}_efficiency"),
+                        "bound beaten": bool(r.get(f"{key}_bound_beaten")),
+                    }
+                )
+    return pd.DataFrame(
+        rows, columns=["run", "phase", "measured ms", "bound ms", "efficiency", "bound beaten"]
+    )
 
 
 def _pct(report: Mapping[str, Any], phase: str) -> str:
@@ -74,18 +91,26 @@ def render_bound(ctx: Context) -> None:
     exp = ctx.experiment()
     options = [_NONE, _CALIBRATED, *known_names()]
     pick = st.columns(2)
-    peaks = pick[0].selectbox("Hardware peaks", options, index=options.index(_default_peaks()),
-                              key="bound_peaks",
-                              help="A datasheet row, or `calibrated` for this machine's "
-                                   "`phaseprobe calibrate` result")
+    peaks = pick[0].selectbox(
+        "Hardware peaks",
+        options,
+        index=options.index(_default_peaks()),
+        key="bound_peaks",
+        help="A datasheet row, or `calibrated` for this machine's `phaseprobe calibrate` result",
+    )
     found = model_config_path(exp.server_info, None)
-    typed = pick[1].text_input("Model config.json directory", value=str(found or ""),
-                               key=f"bound_config_{ctx.experiment_id}",
-                               help="Found from the served model's directory when it is on this "
-                                    "machine; for a remote server, a local copy of its config")
+    typed = pick[1].text_input(
+        "Model config.json directory",
+        value=str(found or ""),
+        key=f"bound_config_{ctx.experiment_id}",
+        help="Found from the served model's directory when it is on this "
+        "machine; for a remote server, a local copy of its config",
+    )
     if peaks == _NONE:
-        st.info("Choose the hardware peaks to set prefill and decode against their bound "
-                "(`phaseprobe calibrate` measures this machine).")
+        st.info(
+            "Choose the hardware peaks to set prefill and decode against their bound "
+            "(`phaseprobe calibrate` measures this machine)."
+        )
         return
     report = _report(ctx.path, ctx.experiment_id, str(peaks), typed.strip() or None, ctx.key)
     if "skipped" in report:
@@ -93,12 +118,18 @@ def render_bound(ctx: Context) -> None:
         return
     cols = st.columns(3)
     cols[0].metric("Decode efficiency (median)", _pct(report, "decode"))
-    cols[1].metric("Prefill efficiency (median)", _pct(report, "prefill"),
-                   help=f"bound: {report['prefill_bound_kind'] or '?'}")
+    cols[1].metric(
+        "Prefill efficiency (median)",
+        _pct(report, "prefill"),
+        help=f"bound: {report['prefill_bound_kind'] or '?'}",
+    )
     bound, measured = report["decode_bound_s_per_token"], report["decode_measured_s_per_token"]
-    cols[2].metric("Decode per token: measured / bound",
-                   MISSING if bound is None or measured is None
-                   else f"{fmt_duration(measured)} / {fmt_duration(bound)}")
+    cols[2].metric(
+        "Decode per token: measured / bound",
+        MISSING
+        if bound is None or measured is None
+        else f"{fmt_duration(measured)} / {fmt_duration(bound)}",
+    )
     # The same wording as `probe` prints: which peak is underestimated, never a 755 %.
     for warning in report.get("warnings") or []:
         st.warning(warning)
@@ -109,11 +140,22 @@ def render_bound(ctx: Context) -> None:
     base = alt.Chart(frame).encode(y=alt.Y("run:N", sort=None, title=None))
     bars = base.mark_bar(color="#90a4ae").encode(
         x=alt.X("measured ms:Q", title="ms (bar: measured, tick: physical bound)"),
-        tooltip=["run", "phase", alt.Tooltip("measured ms:Q", format=".3f"),
-                 alt.Tooltip("bound ms:Q", format=".4f"),
-                 alt.Tooltip("efficiency:Q", format=".2%"), "bound beaten"])
+        tooltip=[
+            "run",
+            "phase",
+            alt.Tooltip("measured ms:Q", format=".3f"),
+            alt.Tooltip("bound ms:Q", format=".4f"),
+            alt.Tooltip("efficiency:Q", format=".2%"),
+            "bound beaten",
+        ],
+    )
     ticks = base.mark_tick(color="#c62828", thickness=3).encode(x="bound ms:Q")
-    st.altair_chart(alt.layer(bars, ticks).facet(row=alt.Row("phase:N", title=None))
-                    .resolve_scale(x="independent"))
-    st.caption(f"Peaks: {report['peaks']}; model: `{report['model_config']}`. Efficiency = "
-               "bound / measured: 100 % means the phase ran at the hardware limit.")
+    st.altair_chart(
+        alt.layer(bars, ticks)
+        .facet(row=alt.Row("phase:N", title=None))
+        .resolve_scale(x="independent")
+    )
+    st.caption(
+        f"Peaks: {report['peaks']}; model: `{report['model_config']}`. Efficiency = "
+        "bound / measured: 100 % means the phase ran at the hardware limit."
+    )

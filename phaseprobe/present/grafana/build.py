@@ -70,8 +70,11 @@ GRID_WIDTH = 24
 FLEET_ROW = "Fleet (per replica)"
 # Phase → panel title of the fleet row's per-replica p50/p99 panels ({phase}_p50_by_replica).
 FLEET_PHASES: tuple[tuple[str, str], ...] = (
-    ("queue", "Queue time"), ("prefill", "Prefill time"), ("decode", "Decode time"),
-    ("ttft", "Time to first token"), ("tpot", "Time per output token (per request)"),
+    ("queue", "Queue time"),
+    ("prefill", "Prefill time"),
+    ("decode", "Decode time"),
+    ("ttft", "Time to first token"),
+    ("tpot", "Time per output token (per request)"),
     ("itl", "Inter-token latency"),
 )
 PD_ROW = "Prefill/decode (KV transfer)"
@@ -111,117 +114,229 @@ def _stat(title: str, query: str) -> PanelSpec:
 
 
 PANELS: tuple[Row, ...] = (
-    Row("Phases per request", (
-        _stat("Avg prefill / request", "avg_prefill_time"),
-        _stat("Avg decode / request", "avg_decode_time"),
-        _stat("Decode share of request time", "decode_share"),
-        _stat("Avg queue / request", "avg_queue_time"),
-        PanelSpec("Prefill vs decode time per request",
-                  (_t("avg_prefill_time", "prefill"), _t("avg_decode_time", "decode")),
-                  width=12),
-        PanelSpec("Queue and inference time per request",
-                  (_t("avg_queue_time", "queue"),
-                   _t("avg_inference_time", "inference (prefill + decode)"),
-                   _t("e2e_mean", "end-to-end")), width=12),
-        PanelSpec("Decode share of request time", (_t("decode_share", "decode share"),),
-                  width=24, height=6),
-    )),
+    Row(
+        "Phases per request",
+        (
+            _stat("Avg prefill / request", "avg_prefill_time"),
+            _stat("Avg decode / request", "avg_decode_time"),
+            _stat("Decode share of request time", "decode_share"),
+            _stat("Avg queue / request", "avg_queue_time"),
+            PanelSpec(
+                "Prefill vs decode time per request",
+                (_t("avg_prefill_time", "prefill"), _t("avg_decode_time", "decode")),
+                width=12,
+            ),
+            PanelSpec(
+                "Queue and inference time per request",
+                (
+                    _t("avg_queue_time", "queue"),
+                    _t("avg_inference_time", "inference (prefill + decode)"),
+                    _t("e2e_mean", "end-to-end"),
+                ),
+                width=12,
+            ),
+            PanelSpec(
+                "Decode share of request time",
+                (_t("decode_share", "decode share"),),
+                width=24,
+                height=6,
+            ),
+        ),
+    ),
     # The fleet view of what `phaseprobe watch` shows per request from vLLM's spans: the same
     # phases, from the histograms every instance exports (bucketed, so interpolated).
-    Row("Phase percentiles and shares (fleet view of `phaseprobe watch`)", (
-        PanelSpec("Queue time per request", (_t("queue_p50", "p50"), _t("queue_p90", "p90"),
-                                             _t("queue_p99", "p99"))),
-        PanelSpec("Prefill time per request", (_t("prefill_p50", "p50"),
-                                               _t("prefill_p90", "p90"),
-                                               _t("prefill_p99", "p99"))),
-        PanelSpec("Decode time per request", (_t("decode_p50", "p50"), _t("decode_p90", "p90"),
-                                              _t("decode_p99", "p99"))),
-        PanelSpec("Phase share of request time",
-                  (_t("queue_share", "queue"), _t("prefill_share", "prefill"),
-                   _t("decode_share", "decode")), width=24, height=6),
-    )),
-    Row("Latency quantiles", (
-        PanelSpec("Time to first token", (_t("ttft_p50", "p50"), _t("ttft_p90", "p90"),
-                                          _t("ttft_p99", "p99"), _t("ttft_mean", "mean"))),
-        PanelSpec("Inter-token latency", (_t("itl_p50", "p50"), _t("itl_p90", "p90"),
-                                          _t("itl_p99", "p99"), _t("itl_mean", "mean"))),
-        PanelSpec("End-to-end latency", (_t("e2e_p50", "p50"), _t("e2e_p90", "p90"),
-                                         _t("e2e_p99", "p99"), _t("e2e_mean", "mean"))),
-    )),
-    Row("Load, queue and KV cache", (
-        PanelSpec("Running / waiting requests", (_t("requests_running", "running"),
-                                                 _t("requests_waiting", "waiting"))),
-        PanelSpec("KV-cache usage", (_t("kv_cache_usage", "{{instance}}"),)),
-        PanelSpec("Preemptions", (_t("preemption_rate", "preemptions/s"),)),
-    )),
-    Row("Throughput and cache", (
-        PanelSpec("Token throughput", (_t("prompt_token_throughput", "prompt (prefill)"),
-                                       _t("generation_token_throughput", "generation (decode)"))),
-        PanelSpec("Finished requests by reason",
-                  (_t("request_success_by_reason", "{{finished_reason}}"),
-                   _t("request_rate", "all")), unit="reqps"),
-        PanelSpec("Prefix-cache hit rate", (_t("prefix_cache_hit_rate", "hit rate"),)),
-    )),
+    Row(
+        "Phase percentiles and shares (fleet view of `phaseprobe watch`)",
+        (
+            PanelSpec(
+                "Queue time per request",
+                (_t("queue_p50", "p50"), _t("queue_p90", "p90"), _t("queue_p99", "p99")),
+            ),
+            PanelSpec(
+                "Prefill time per request",
+                (_t("prefill_p50", "p50"), _t("prefill_p90", "p90"), _t("prefill_p99", "p99")),
+            ),
+            PanelSpec(
+                "Decode time per request",
+                (_t("decode_p50", "p50"), _t("decode_p90", "p90"), _t("decode_p99", "p99")),
+            ),
+            PanelSpec(
+                "Phase share of request time",
+                (
+                    _t("queue_share", "queue"),
+                    _t("prefill_share", "prefill"),
+                    _t("decode_share", "decode"),
+                ),
+                width=24,
+                height=6,
+            ),
+        ),
+    ),
+    Row(
+        "Latency quantiles",
+        (
+            PanelSpec(
+                "Time to first token",
+                (
+                    _t("ttft_p50", "p50"),
+                    _t("ttft_p90", "p90"),
+                    _t("ttft_p99", "p99"),
+                    _t("ttft_mean", "mean"),
+                ),
+            ),
+            PanelSpec(
+                "Inter-token latency",
+                (
+                    _t("itl_p50", "p50"),
+                    _t("itl_p90", "p90"),
+                    _t("itl_p99", "p99"),
+                    _t("itl_mean", "mean"),
+                ),
+            ),
+            PanelSpec(
+                "End-to-end latency",
+                (
+                    _t("e2e_p50", "p50"),
+                    _t("e2e_p90", "p90"),
+                    _t("e2e_p99", "p99"),
+                    _t("e2e_mean", "mean"),
+                ),
+            ),
+        ),
+    ),
+    Row(
+        "Load, queue and KV cache",
+        (
+            PanelSpec(
+                "Running / waiting requests",
+                (_t("requests_running", "running"), _t("requests_waiting", "waiting")),
+            ),
+            PanelSpec("KV-cache usage", (_t("kv_cache_usage", "{{instance}}"),)),
+            PanelSpec("Preemptions", (_t("preemption_rate", "preemptions/s"),)),
+        ),
+    ),
+    Row(
+        "Throughput and cache",
+        (
+            PanelSpec(
+                "Token throughput",
+                (
+                    _t("prompt_token_throughput", "prompt (prefill)"),
+                    _t("generation_token_throughput", "generation (decode)"),
+                ),
+            ),
+            PanelSpec(
+                "Finished requests by reason",
+                (_t("request_success_by_reason", "{{finished_reason}}"), _t("request_rate", "all")),
+                unit="reqps",
+            ),
+            PanelSpec("Prefix-cache hit rate", (_t("prefix_cache_hit_rate", "hit rate"),)),
+        ),
+    ),
     # One series per replica. vLLM labels its series only with model_name and engine, so the
     # replica is the scrape's `instance` label: Prometheus sets it on every target, Kubernetes
     # pods included (pod IP:port), while `pod` exists only where relabeling adds it. The
     # catalog's placeholders are $selector and $window alone, so the grouping label is fixed.
-    Row(FLEET_ROW, (
-        PanelSpec("Requests per replica", (_t("request_rate_by_replica", "{{instance}}"),),
-                  unit="reqps"),
-        PanelSpec("Traffic share per replica",
-                  (_t("traffic_share_by_replica", "{{instance}} ({{model_name}})"),)),
-        PanelSpec("Replica imbalance (busiest / least busy request rate)",
-                  (_t("replica_imbalance", "{{model_name}}"),), unit=IMBALANCE_UNIT),
-        *(PanelSpec(f"{title} per replica",
-                    (_t(f"{phase}_p50_by_replica", "{{instance}} p50"),
-                     _t(f"{phase}_p99_by_replica", "{{instance}} p99")))
-          for phase, title in FLEET_PHASES),
-    )),
+    Row(
+        FLEET_ROW,
+        (
+            PanelSpec(
+                "Requests per replica",
+                (_t("request_rate_by_replica", "{{instance}}"),),
+                unit="reqps",
+            ),
+            PanelSpec(
+                "Traffic share per replica",
+                (_t("traffic_share_by_replica", "{{instance}} ({{model_name}})"),),
+            ),
+            PanelSpec(
+                "Replica imbalance (busiest / least busy request rate)",
+                (_t("replica_imbalance", "{{model_name}}"),),
+                unit=IMBALANCE_UNIT,
+            ),
+            *(
+                PanelSpec(
+                    f"{title} per replica",
+                    (
+                        _t(f"{phase}_p50_by_replica", "{{instance}} p50"),
+                        _t(f"{phase}_p99_by_replica", "{{instance}} p99"),
+                    ),
+                )
+                for phase, title in FLEET_PHASES
+            ),
+        ),
+    ),
     # Disaggregated prefill/decode (issue 28): the KV cache's hand-over from the prefill to the
     # decode instance. The nixl_* series exist only with vLLM's NIXL connector and are pooled
     # over requests (not per request); prompt tokens by source exist on every vLLM >= 0.32 and
     # tell, on the decode instances, whether the KV arrived or the prompt was recomputed. Last,
     # so the panel ids of the rows above stay as they were.
-    Row(PD_ROW, (
-        PanelSpec("KV transfer time (NIXL)", (_t("kv_xfer_time_mean", "mean"),
-                                              _t("kv_xfer_time_p99", "p99"))),
-        PanelSpec("KV transfer post time (NIXL)", (_t("kv_post_time_mean", "mean"),
-                                                   _t("kv_post_time_p99", "p99"))),
-        PanelSpec("KV transfers and failures (NIXL)",
-                  (_t("kv_transfer_rate", "transfers/s"),
-                   _t("kv_failed_transfer_rate", "failed transfers/s"),
-                   _t("kv_failed_notification_rate", "failed notifications/s"),
-                   _t("kv_expired_rate", "KV expired before fetch (prefill side)/s"))),
-        PanelSpec("KV bytes moved (NIXL)", (_t("kv_transfer_bandwidth", "bytes/s"),)),
-        PanelSpec("KV bytes per transfer (NIXL)", (_t("kv_bytes_per_transfer", "mean"),)),
-        PanelSpec("Decode-side KV fetches by stage", (_t("kv_fetch_by_stage", "{{stage}}"),)),
-        PanelSpec("Prompt tokens by source (where the KV came from)",
-                  (_t("prompt_tokens_by_source_share", "{{source}}"),)),
-        PanelSpec("Recompute share per instance (read the decode instances)",
-                  (_t("pd_recompute_share", "{{instance}}"),)),
-        PanelSpec("Prefix-cache hit tokens by tier",
-                  (_t("prompt_tokens_cached_by_source", "{{source}}"),)),
-    )),
+    Row(
+        PD_ROW,
+        (
+            PanelSpec(
+                "KV transfer time (NIXL)",
+                (_t("kv_xfer_time_mean", "mean"), _t("kv_xfer_time_p99", "p99")),
+            ),
+            PanelSpec(
+                "KV transfer post time (NIXL)",
+                (_t("kv_post_time_mean", "mean"), _t("kv_post_time_p99", "p99")),
+            ),
+            PanelSpec(
+                "KV transfers and failures (NIXL)",
+                (
+                    _t("kv_transfer_rate", "transfers/s"),
+                    _t("kv_failed_transfer_rate", "failed transfers/s"),
+                    _t("kv_failed_notification_rate", "failed notifications/s"),
+                    _t("kv_expired_rate", "KV expired before fetch (prefill side)/s"),
+                ),
+            ),
+            PanelSpec("KV bytes moved (NIXL)", (_t("kv_transfer_bandwidth", "bytes/s"),)),
+            PanelSpec("KV bytes per transfer (NIXL)", (_t("kv_bytes_per_transfer", "mean"),)),
+            PanelSpec("Decode-side KV fetches by stage", (_t("kv_fetch_by_stage", "{{stage}}"),)),
+            PanelSpec(
+                "Prompt tokens by source (where the KV came from)",
+                (_t("prompt_tokens_by_source_share", "{{source}}"),),
+            ),
+            PanelSpec(
+                "Recompute share per instance (read the decode instances)",
+                (_t("pd_recompute_share", "{{instance}}"),),
+            ),
+            PanelSpec(
+                "Prefix-cache hit tokens by tier",
+                (_t("prompt_tokens_cached_by_source", "{{source}}"),),
+            ),
+        ),
+    ),
     # What vLLM measures about itself (issue 32): its own FLOP and byte estimate per GPU
     # (--enable-mfu-metrics), KV block residency (--kv-cache-metrics) and why requests wait.
     # Last, so the panel ids of the rows above stay as they were.
-    Row(SELF_ROW, (
-        PanelSpec("Achieved FLOP/s per GPU (vLLM's estimate; ÷ peak = MFU)",
-                  (_t("achieved_flops_per_gpu", "{{instance}}"),)),
-        PanelSpec("Achieved memory bytes/s per GPU (vLLM's estimate; ÷ bandwidth = MBU)",
-                  (_t("achieved_mem_bandwidth_per_gpu", "{{instance}}"),)),
-        PanelSpec("KV block residency (median)", (_t("kv_block_residency", "{{what}}"),)),
-        PanelSpec("Requests waiting by reason", (_t("requests_waiting_by_reason",
-                                                    "{{reason}}"),)),
-    )),
+    Row(
+        SELF_ROW,
+        (
+            PanelSpec(
+                "Achieved FLOP/s per GPU (vLLM's estimate; ÷ peak = MFU)",
+                (_t("achieved_flops_per_gpu", "{{instance}}"),),
+            ),
+            PanelSpec(
+                "Achieved memory bytes/s per GPU (vLLM's estimate; ÷ bandwidth = MBU)",
+                (_t("achieved_mem_bandwidth_per_gpu", "{{instance}}"),),
+            ),
+            PanelSpec("KV block residency (median)", (_t("kv_block_residency", "{{what}}"),)),
+            PanelSpec(
+                "Requests waiting by reason", (_t("requests_waiting_by_reason", "{{reason}}"),)
+            ),
+        ),
+    ),
 )
 
 
 def _query(catalog: Mapping[str, Query], name: str, where: str) -> Query:
     if name not in catalog:
-        raise ConfigError(f"dashboard panel {where!r} needs query {name!r}, which is not in the "
-                          f"catalog (have: {', '.join(sorted(catalog))})")
+        raise ConfigError(
+            f"dashboard panel {where!r} needs query {name!r}, which is not in the "
+            f"catalog (have: {', '.join(sorted(catalog))})"
+        )
     return catalog[name]
 
 
@@ -233,16 +348,18 @@ def _unit(spec: PanelSpec, queries: Sequence[Query]) -> str:
         raise ConfigError(f"panel {spec.title!r} mixes units {sorted(units)}: give it one")
     unit = units.pop()
     if unit not in GRAFANA_UNITS:
-        raise ConfigError(f"query unit {unit!r} (panel {spec.title!r}) has no Grafana unit in "
-                          f"GRAFANA_UNITS")
+        raise ConfigError(
+            f"query unit {unit!r} (panel {spec.title!r}) has no Grafana unit in GRAFANA_UNITS"
+        )
     return GRAFANA_UNITS[unit]
 
 
 def _description(spec: PanelSpec, queries: Sequence[Query]) -> str:
     if len(queries) == 1:
         return f"{queries[0].help} (query: {queries[0].name})"
-    return "\n".join(f"{t.legend}: {q.help} (query: {q.name})"
-                     for t, q in zip(spec.targets, queries))
+    return "\n".join(
+        f"{t.legend}: {q.help} (query: {q.name})" for t, q in zip(spec.targets, queries)
+    )
 
 
 def _field_config(kind: PanelType, unit: str) -> dict[str, Any]:
@@ -250,37 +367,68 @@ def _field_config(kind: PanelType, unit: str) -> dict[str, Any]:
     if unit == "percentunit":
         defaults["max"] = 1
     if kind == "timeseries":
-        defaults["custom"] = {"drawStyle": "line", "lineWidth": 1, "fillOpacity": 10,
-                              "showPoints": "never", "spanNulls": False}
+        defaults["custom"] = {
+            "drawStyle": "line",
+            "lineWidth": 1,
+            "fillOpacity": 10,
+            "showPoints": "never",
+            "spanNulls": False,
+        }
     else:
         defaults["color"] = {"mode": "thresholds"}
-        defaults["thresholds"] = {"mode": "absolute",
-                                  "steps": [{"color": "blue", "value": None}]}
+        defaults["thresholds"] = {"mode": "absolute", "steps": [{"color": "blue", "value": None}]}
     return {"defaults": defaults, "overrides": []}
 
 
 def _options(kind: PanelType) -> dict[str, Any]:
     if kind == "timeseries":
-        return {"legend": {"displayMode": "list", "placement": "bottom", "showLegend": True,
-                           "calcs": []},
-                "tooltip": {"mode": "multi", "sort": "none"}}
-    return {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-            "colorMode": "value", "graphMode": "area", "justifyMode": "auto",
-            "orientation": "auto", "textMode": "auto"}
+        return {
+            "legend": {
+                "displayMode": "list",
+                "placement": "bottom",
+                "showLegend": True,
+                "calcs": [],
+            },
+            "tooltip": {"mode": "multi", "sort": "none"},
+        }
+    return {
+        "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+        "colorMode": "value",
+        "graphMode": "area",
+        "justifyMode": "auto",
+        "orientation": "auto",
+        "textMode": "auto",
+    }
 
 
-def _panel(spec: PanelSpec, catalog: Mapping[str, Query], panel_id: int,
-           grid: dict[str, int]) -> dict[str, Any]:
+def _panel(
+    spec: PanelSpec, catalog: Mapping[str, Query], panel_id: int, grid: dict[str, int]
+) -> dict[str, Any]:
     queries = [_query(catalog, t.query, spec.title) for t in spec.targets]
-    targets = [{"refId": chr(ord("A") + i), "datasource": dict(DATASOURCE),
-                "editorMode": "code", "expr": q.render(selector=SELECTOR, window=WINDOW),
-                # Range queries for stats too: their sparkline needs the series.
-                "legendFormat": t.legend, "range": True, "instant": False}
-               for i, (t, q) in enumerate(zip(spec.targets, queries))]
-    return {"id": panel_id, "type": spec.kind, "title": spec.title,
-            "description": _description(spec, queries), "datasource": dict(DATASOURCE),
-            "gridPos": grid, "fieldConfig": _field_config(spec.kind, _unit(spec, queries)),
-            "options": _options(spec.kind), "targets": targets}
+    targets = [
+        {
+            "refId": chr(ord("A") + i),
+            "datasource": dict(DATASOURCE),
+            "editorMode": "code",
+            "expr": q.render(selector=SELECTOR, window=WINDOW),
+            # Range queries for stats too: their sparkline needs the series.
+            "legendFormat": t.legend,
+            "range": True,
+            "instant": False,
+        }
+        for i, (t, q) in enumerate(zip(spec.targets, queries))
+    ]
+    return {
+        "id": panel_id,
+        "type": spec.kind,
+        "title": spec.title,
+        "description": _description(spec, queries),
+        "datasource": dict(DATASOURCE),
+        "gridPos": grid,
+        "fieldConfig": _field_config(spec.kind, _unit(spec, queries)),
+        "options": _options(spec.kind),
+        "targets": targets,
+    }
 
 
 def _panels(catalog: Mapping[str, Query], rows: Sequence[Row]) -> list[dict[str, Any]]:
@@ -288,8 +436,16 @@ def _panels(catalog: Mapping[str, Query], rows: Sequence[Row]) -> list[dict[str,
     y = 0
     panel_id = 1
     for row in rows:
-        panels.append({"id": panel_id, "type": "row", "title": row.title, "collapsed": False,
-                       "gridPos": {"h": 1, "w": GRID_WIDTH, "x": 0, "y": y}, "panels": []})
+        panels.append(
+            {
+                "id": panel_id,
+                "type": "row",
+                "title": row.title,
+                "collapsed": False,
+                "gridPos": {"h": 1, "w": GRID_WIDTH, "x": 0, "y": y},
+                "panels": [],
+            }
+        )
         panel_id += 1
         y += 1
         x, line_height = 0, 0
@@ -306,45 +462,80 @@ def _panels(catalog: Mapping[str, Query], rows: Sequence[Row]) -> list[dict[str,
 
 
 def _query_variable(name: str, label: str, query: str) -> dict[str, Any]:
-    return {"type": "query", "name": name, "label": label, "datasource": dict(DATASOURCE),
-            "definition": query,
-            "query": {"query": query, "refId": "PrometheusVariableQueryEditor-VariableQuery",
-                      "qryType": 1},
-            "refresh": 2, "includeAll": True, "multi": True, "allValue": ".*",
-            "current": {}, "options": [], "regex": "", "sort": 1, "hide": 0}
+    return {
+        "type": "query",
+        "name": name,
+        "label": label,
+        "datasource": dict(DATASOURCE),
+        "definition": query,
+        "query": {
+            "query": query,
+            "refId": "PrometheusVariableQueryEditor-VariableQuery",
+            "qryType": 1,
+        },
+        "refresh": 2,
+        "includeAll": True,
+        "multi": True,
+        "allValue": ".*",
+        "current": {},
+        "options": [],
+        "regex": "",
+        "sort": 1,
+        "hide": 0,
+    }
 
 
 def _templating() -> dict[str, Any]:
-    return {"list": [
-        {"type": "datasource", "name": DS_VAR, "label": "Prometheus", "query": "prometheus",
-         "current": {}, "options": [], "regex": "", "refresh": 1, "hide": 0},
-        _query_variable("model_name", "Model",
-                        f"label_values({_VARIABLE_METRIC}, model_name)"),
-        # Chained on the model so the instance list only shows replicas serving it.
-        _query_variable("instance", "Instance",
-                        f'label_values({_VARIABLE_METRIC}{{model_name=~"$model_name"}}, '
-                        f"instance)"),
-    ]}
+    return {
+        "list": [
+            {
+                "type": "datasource",
+                "name": DS_VAR,
+                "label": "Prometheus",
+                "query": "prometheus",
+                "current": {},
+                "options": [],
+                "regex": "",
+                "refresh": 1,
+                "hide": 0,
+            },
+            _query_variable("model_name", "Model", f"label_values({_VARIABLE_METRIC}, model_name)"),
+            # Chained on the model so the instance list only shows replicas serving it.
+            _query_variable(
+                "instance",
+                "Instance",
+                f'label_values({_VARIABLE_METRIC}{{model_name=~"$model_name"}}, instance)',
+            ),
+        ]
+    }
 
 
-def build_dashboard(catalog: Mapping[str, Query] | None = None,
-                    rows: Sequence[Row] = PANELS) -> dict[str, Any]:
+def build_dashboard(
+    catalog: Mapping[str, Query] | None = None, rows: Sequence[Row] = PANELS
+) -> dict[str, Any]:
     """The dashboard as a JSON-ready dict (deterministic: same catalog, same output)."""
     catalog = load_catalog() if catalog is None else catalog
     return {
-        "__inputs": [{"name": DS_VAR, "label": "Prometheus", "description":
-                      "Prometheus scraping vLLM's /metrics", "type": "datasource",
-                      "pluginId": "prometheus", "pluginName": "Prometheus"}],
-        "__requires": [{"type": "grafana", "id": "grafana", "name": "Grafana",
-                        "version": "10.4.0"},
-                       {"type": "datasource", "id": "prometheus", "name": "Prometheus",
-                        "version": "1.0.0"}],
+        "__inputs": [
+            {
+                "name": DS_VAR,
+                "label": "Prometheus",
+                "description": "Prometheus scraping vLLM's /metrics",
+                "type": "datasource",
+                "pluginId": "prometheus",
+                "pluginName": "Prometheus",
+            }
+        ],
+        "__requires": [
+            {"type": "grafana", "id": "grafana", "name": "Grafana", "version": "10.4.0"},
+            {"type": "datasource", "id": "prometheus", "name": "Prometheus", "version": "1.0.0"},
+        ],
         "uid": DASHBOARD_UID,
         "title": "vLLM phases (phaseprobe)",
         "description": "Where the time of a vLLM request goes: queue, prefill, decode, per "
-                       "request, fleet-wide and per replica, and the KV hand-over of "
-                       "prefill/decode deployments. Generated by `phaseprobe grafana "
-                       "build` from phaseprobe's query catalog.",
+        "request, fleet-wide and per replica, and the KV hand-over of "
+        "prefill/decode deployments. Generated by `phaseprobe grafana "
+        "build` from phaseprobe's query catalog.",
         "tags": ["vllm", "phaseprobe", "latency"],
         "schemaVersion": SCHEMA_VERSION,
         "version": 1,
@@ -356,10 +547,19 @@ def build_dashboard(catalog: Mapping[str, Query] | None = None,
         "fiscalYearStartMonth": 0,
         "liveNow": False,
         "links": [],
-        "annotations": {"list": [{
-            "builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"},
-            "enable": True, "hide": True, "iconColor": "rgba(0, 211, 255, 1)",
-            "name": "Annotations & Alerts", "type": "dashboard"}]},
+        "annotations": {
+            "list": [
+                {
+                    "builtIn": 1,
+                    "datasource": {"type": "grafana", "uid": "-- Grafana --"},
+                    "enable": True,
+                    "hide": True,
+                    "iconColor": "rgba(0, 211, 255, 1)",
+                    "name": "Annotations & Alerts",
+                    "type": "dashboard",
+                }
+            ]
+        },
         "templating": _templating(),
         "panels": _panels(catalog, rows),
     }

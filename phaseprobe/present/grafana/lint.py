@@ -53,7 +53,7 @@ __all__ = [
 # keyed by base name (no prefix, no _total); the value says what to chart instead.
 REMOVED: dict[str, str] = {
     "gpu_prefix_cache_hit_rate": "increase(vllm:prefix_cache_hits_total) / "
-                                 "increase(vllm:prefix_cache_queries_total)",
+    "increase(vllm:prefix_cache_queries_total)",
     "cpu_prefix_cache_hit_rate": "nothing (CPU swap space is gone in V1)",
     "cpu_cache_usage_perc": "nothing (CPU swap space is gone in V1)",
     "num_requests_swapped": "nothing (swapping is gone in V1)",
@@ -61,14 +61,22 @@ REMOVED: dict[str, str] = {
     "avg_generation_throughput_toks_per_s": "rate(vllm:generation_tokens_total)",
     "time_in_queue_requests": "vllm:request_queue_time_seconds (histogram)",
     "model_forward_time_milliseconds": "vllm:request_prefill_time_seconds / "
-                                       "vllm:request_decode_time_seconds",
+    "vllm:request_decode_time_seconds",
     "model_execute_time_milliseconds": "vllm:request_prefill_time_seconds / "
-                                       "vllm:request_decode_time_seconds",
+    "vllm:request_decode_time_seconds",
 }
 # Series Prometheus synthesises at scrape or rule time: never in a /metrics text.
-SYNTHETIC = frozenset({"up", "scrape_duration_seconds", "scrape_samples_scraped",
-                       "scrape_samples_post_metric_relabeling", "scrape_series_added",
-                       "ALERTS", "ALERTS_FOR_STATE"})
+SYNTHETIC = frozenset(
+    {
+        "up",
+        "scrape_duration_seconds",
+        "scrape_samples_scraped",
+        "scrape_samples_post_metric_relabeling",
+        "scrape_series_added",
+        "ALERTS",
+        "ALERTS_FOR_STATE",
+    }
+)
 # Series only some vLLM deployments export, keyed by base name (no prefix, no _total, no
 # histogram suffix) → the group that exports them. The NIXL names and kinds are vLLM's source
 # (vllm/distributed/kv_transfer/kv_connector/v1/nixl/stats.py, NixlPromMetrics: histograms
@@ -80,15 +88,28 @@ SYNTHETIC = frozenset({"up", "scrape_duration_seconds", "scrape_samples_scraped"
 _NIXL = "the NIXL KV connector (--kv-transfer-config NixlConnector)"
 _KV_FETCH = "vLLM after 0.32 with a KV connector, decode side"
 DEPLOYMENT_ONLY: dict[str, str] = {
-    **{name: _NIXL for name in (
-        "nixl_xfer_time_seconds", "nixl_post_time_seconds", "nixl_bytes_transferred",
-        "nixl_num_descriptors", "nixl_num_failed_transfers", "nixl_num_failed_notifications",
-        "nixl_num_kv_expired_reqs")},
+    **{
+        name: _NIXL
+        for name in (
+            "nixl_xfer_time_seconds",
+            "nixl_post_time_seconds",
+            "nixl_bytes_transferred",
+            "nixl_num_descriptors",
+            "nixl_num_failed_transfers",
+            "nixl_num_failed_notifications",
+            "nixl_num_kv_expired_reqs",
+        )
+    },
     "num_requests_kv_fetch_by_stage": _KV_FETCH,
     # registered only when the server was started with the flag (vLLM 0.32's loggers.py)
-    **{name: "vLLM 0.32+ started with --kv-cache-metrics" for name in (
-        "kv_block_lifetime_seconds", "kv_block_idle_before_evict_seconds",
-        "kv_block_reuse_gap_seconds")},
+    **{
+        name: "vLLM 0.32+ started with --kv-cache-metrics"
+        for name in (
+            "kv_block_lifetime_seconds",
+            "kv_block_idle_before_evict_seconds",
+            "kv_block_reuse_gap_seconds",
+        )
+    },
 }
 _PREFIXES = ("vllm:", "vllm_")
 _SUFFIXES = ("_bucket", "_sum", "_count", "_total", "_created")
@@ -128,12 +149,17 @@ class LintReport:
         return not self.stale and not self.missing
 
     def to_dict(self) -> dict[str, Any]:
-        return {"file": self.file, "source": self.source, "ok": self.ok, "exprs": self.exprs,
-                "metrics": self.metrics, "stale": [asdict(s) for s in self.stale],
-                "missing": [{"name": m, "hint": self.hints.get(m)} for m in self.missing],
-                "skipped": self.skipped,
-                "not_exported": [{"name": n, "exported_by": by}
-                                 for n, by in self.not_exported.items()]}
+        return {
+            "file": self.file,
+            "source": self.source,
+            "ok": self.ok,
+            "exprs": self.exprs,
+            "metrics": self.metrics,
+            "stale": [asdict(s) for s in self.stale],
+            "missing": [{"name": m, "hint": self.hints.get(m)} for m in self.missing],
+            "skipped": self.skipped,
+            "not_exported": [{"name": n, "exported_by": by} for n, by in self.not_exported.items()],
+        }
 
 
 def load_dashboard(path: str | Path) -> dict[str, Any]:
@@ -155,8 +181,9 @@ def load_dashboard(path: str | Path) -> dict[str, Any]:
     except RecursionError:
         raise DashboardInvalid(str(p), "input nested too deeply") from None
     except json.JSONDecodeError as exc:
-        raise DashboardInvalid(str(p), f"not valid JSON (line {exc.lineno}, column "
-                                       f"{exc.colno}: {exc.msg})") from None
+        raise DashboardInvalid(
+            str(p), f"not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
+        ) from None
     if isinstance(data, dict) and isinstance(data.get("dashboard"), dict):
         data = data["dashboard"]
     if not isinstance(data, dict) or not any(k in data for k in ("panels", "rows")):
@@ -219,7 +246,7 @@ def referenced_metrics(dashboard: Mapping[str, Any]) -> dict[str, list[str]]:
 def _base(name: str) -> str:
     for prefix in _PREFIXES:
         if name.startswith(prefix):
-            name = name[len(prefix):]
+            name = name[len(prefix) :]
             break
     for suffix in _SUFFIXES:
         if name.endswith(suffix):
@@ -254,16 +281,25 @@ def _stale(name: str, available: set[str] | None) -> StaleName | None:
     return None
 
 
-def lint_dashboard(dashboard: Mapping[str, Any], *, file: str = "<dashboard>",
-                   snapshot: MetricSnapshot | None = None) -> LintReport:
+def lint_dashboard(
+    dashboard: Mapping[str, Any],
+    *,
+    file: str = "<dashboard>",
+    snapshot: MetricSnapshot | None = None,
+) -> LintReport:
     """Stale names always; missing ones when a metrics snapshot is given."""
     metrics = referenced_metrics(dashboard)
     available = None if snapshot is None else set(snapshot.samples)
-    report = LintReport(file=file, metrics=metrics, exprs=sum(1 for _ in iter_exprs(dashboard)),
-                        source=None if snapshot is None else snapshot.source)
+    report = LintReport(
+        file=file,
+        metrics=metrics,
+        exprs=sum(1 for _ in iter_exprs(dashboard)),
+        source=None if snapshot is None else snapshot.source,
+    )
     # Deployment groups the source does export something of: their absences are real.
-    present_groups = {DEPLOYMENT_ONLY[_base(n)] for n in available or ()
-                      if _base(n) in DEPLOYMENT_ONLY}
+    present_groups = {
+        DEPLOYMENT_ONLY[_base(n)] for n in available or () if _base(n) in DEPLOYMENT_ONLY
+    }
     for name in metrics:
         stale = _stale(name, available)
         if stale is not None:

@@ -50,9 +50,18 @@ __all__ = [
 ]
 
 # The field list `phaseprobe gpu import` documents for capturing with nvidia-smi.
-DEFAULT_FIELDS = ("timestamp", "index", "memory.used", "memory.total", "utilization.gpu",
-                  "utilization.memory", "power.draw", "clocks.sm", "clocks.mem",
-                  "temperature.gpu")
+DEFAULT_FIELDS = (
+    "timestamp",
+    "index",
+    "memory.used",
+    "memory.total",
+    "utilization.gpu",
+    "utilization.memory",
+    "power.draw",
+    "clocks.sm",
+    "clocks.mem",
+    "temperature.gpu",
+)
 
 # nvidia-smi field (and its aliases) -> (column, unit assumed when neither value nor header
 # carries one). nvidia-smi prints aliases under their long name (clocks.sm -> clocks.current.sm).
@@ -74,11 +83,33 @@ _FIELD_COLUMNS: dict[str, tuple[str, str]] = {
     "clocks.current.memory": ("mem_clock_mhz", "MHz"),
     "temperature.gpu": ("temperature_c", "C"),
 }
-_UNIT_SCALE = {"": 1.0, "%": 1.0, "W": 1.0, "MHz": 1.0, "C": 1.0, "B": 1.0, "KiB": 1024.0,
-               "MiB": 1024.0**2, "GiB": 1024.0**3, "KB": 1e3, "MB": 1e6, "GB": 1e9,
-               "mW": 1e-3, "kW": 1e3, "GHz": 1e3}
-_MISSING = {"[n/a]", "n/a", "[not supported]", "[unknown error]", "[insufficient permissions]",
-            "[gpu is lost]", "[requires pro version]", ""}
+_UNIT_SCALE = {
+    "": 1.0,
+    "%": 1.0,
+    "W": 1.0,
+    "MHz": 1.0,
+    "C": 1.0,
+    "B": 1.0,
+    "KiB": 1024.0,
+    "MiB": 1024.0**2,
+    "GiB": 1024.0**3,
+    "KB": 1e3,
+    "MB": 1e6,
+    "GB": 1e9,
+    "mW": 1e-3,
+    "kW": 1e3,
+    "GHz": 1e3,
+}
+_MISSING = {
+    "[n/a]",
+    "n/a",
+    "[not supported]",
+    "[unknown error]",
+    "[insufficient permissions]",
+    "[gpu is lost]",
+    "[requires pro version]",
+    "",
+}
 _HEADER_TOKEN = re.compile(r"([a-z_][a-z0-9_.]*)(?:\s*\[([^\]]*)\])?", re.IGNORECASE)
 _VALUE = re.compile(r"([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)\s*([A-Za-z%]*)")
 _TIME_FORMATS = ("%Y/%m/%d %H:%M:%S.%f", "%Y/%m/%d %H:%M:%S")
@@ -122,9 +153,12 @@ class GpuImport:
         """The completeness account (``sources.read_account``): sample lines (DCGM: series
         points kept) found and read; malformed lines by number, GPUs with no line read and
         DCGM series without a gpu label named."""
-        acc = ReadAccount("sample lines" if not self.skipped_series else "samples",
-                          found=self.rows + self.malformed, read=self.rows,
-                          attributed=self.rows)
+        acc = ReadAccount(
+            "sample lines" if not self.skipped_series else "samples",
+            found=self.rows + self.malformed,
+            read=self.rows,
+            attributed=self.rows,
+        )
         if self.malformed:
             shown = ", ".join(str(n) for n in self.malformed_lines[:8])
             more = ", …" if self.malformed > min(8, len(self.malformed_lines)) else ""
@@ -132,23 +166,28 @@ class GpuImport:
         acc.missing += [f"GPU {g}: every line malformed" for g in self.lost_gpus]
         if self.skipped_series:
             acc.unattributed = self.skipped_series
-            acc.missing.append(f"{self.skipped_series} DCGM series without a numeric gpu "
-                               "label")
+            acc.missing.append(f"{self.skipped_series} DCGM series without a numeric gpu label")
         return acc
 
     def summary(self) -> GpuImportSummary:
-        return {"source": self.source, "lines": self.lines, "rows": self.rows,
-                "headers": self.headers, "malformed": self.malformed,
-                "first_malformed": self.first_malformed,
-                "unknown_columns": list(self.unknown_columns), "notes": list(self.notes),
-                "completeness": self.account().to_dict()}
+        return {
+            "source": self.source,
+            "lines": self.lines,
+            "rows": self.rows,
+            "headers": self.headers,
+            "malformed": self.malformed,
+            "first_malformed": self.first_malformed,
+            "unknown_columns": list(self.unknown_columns),
+            "notes": list(self.notes),
+            "completeness": self.account().to_dict(),
+        }
 
 
 @dataclass(frozen=True)
 class _Column:
-    field: str            # nvidia-smi name as printed
-    column: str           # phaseprobe column, or the field name for unknown ones
-    unit: str             # unit from the header ("" when none)
+    field: str  # nvidia-smi name as printed
+    column: str  # phaseprobe column, or the field name for unknown ones
+    unit: str  # unit from the header ("" when none)
     known: bool
 
 
@@ -218,10 +257,17 @@ def _timestamp(text: str, tz: tzinfo | None) -> int:
     return ns
 
 
-def parse_nvidia_smi_csv(lines: Iterable[str], *, source: str = "<nvidia-smi csv>",
-                         strict: bool = False, fields: Iterable[str] | None = None,
-                         tz: tzinfo | None = None, interval_s: float = 1.0,
-                         start_ns: int = 0, gpus: int = 1) -> GpuImport:
+def parse_nvidia_smi_csv(
+    lines: Iterable[str],
+    *,
+    source: str = "<nvidia-smi csv>",
+    strict: bool = False,
+    fields: Iterable[str] | None = None,
+    tz: tzinfo | None = None,
+    interval_s: float = 1.0,
+    start_ns: int = 0,
+    gpus: int = 1,
+) -> GpuImport:
     """Parse nvidia-smi ``--query-gpu`` CSV lines (see the module doc).
 
     ``fields`` names the columns of a log without a header (default :data:`DEFAULT_FIELDS`).
@@ -233,8 +279,10 @@ def parse_nvidia_smi_csv(lines: Iterable[str], *, source: str = "<nvidia-smi csv
         raise ConfigError("gpus must be >= 1 and interval_s > 0")
     default = _header(list(fields or DEFAULT_FIELDS))
     if default is None:
-        raise ConfigError(f"fields {list(fields or ())}: no known nvidia-smi field "
-                          f"(known: {', '.join(_FIELD_COLUMNS)})")
+        raise ConfigError(
+            f"fields {list(fields or ())}: no known nvidia-smi field "
+            f"(known: {', '.join(_FIELD_COLUMNS)})"
+        )
     columns = default
     records: list[dict[str, Any]] = []
     n_lines = headers = malformed = 0
@@ -275,8 +323,7 @@ def parse_nvidia_smi_csv(lines: Iterable[str], *, source: str = "<nvidia-smi csv
         raw_frame = pd.DataFrame.from_records(records)
         order = range(len(raw_frame))
         if "t_ns" not in raw_frame.columns or raw_frame["t_ns"].isna().any():
-            synthetic = pd.Series([start_ns + (i // gpus) * round(interval_s * 1e9)
-                                   for i in order])
+            synthetic = pd.Series([start_ns + (i // gpus) * round(interval_s * 1e9) for i in order])
             raw_frame["t_ns"] = raw_frame.get("t_ns", synthetic).fillna(synthetic)
             notes.append(f"no timestamp column: times are start + row x {interval_s:g} s")
         if "gpu_index" not in raw_frame.columns or raw_frame["gpu_index"].isna().any():
@@ -288,11 +335,19 @@ def parse_nvidia_smi_csv(lines: Iterable[str], *, source: str = "<nvidia-smi csv
     if malformed:
         notes.append(f"{malformed} malformed line(s) skipped; first: {first_bad}")
     read_gpus = set(frame["gpu_index"].astype(int).tolist()) if len(frame) else set()
-    return GpuImport(frame=frame, source=source, lines=n_lines, rows=len(frame),
-                     headers=headers, malformed=malformed, first_malformed=first_bad,
-                     unknown_columns=tuple(unknown), notes=tuple(notes),
-                     malformed_lines=tuple(bad_lines),
-                     lost_gpus=tuple(sorted(bad_gpus - read_gpus)))
+    return GpuImport(
+        frame=frame,
+        source=source,
+        lines=n_lines,
+        rows=len(frame),
+        headers=headers,
+        malformed=malformed,
+        first_malformed=first_bad,
+        unknown_columns=tuple(unknown),
+        notes=tuple(notes),
+        malformed_lines=tuple(bad_lines),
+        lost_gpus=tuple(sorted(bad_gpus - read_gpus)),
+    )
 
 
 def _gpu_index(text: str) -> int | None:
@@ -328,8 +383,10 @@ def read_nvidia_smi_csv(path: str | Path, **kwargs: Any) -> GpuImport:
         return ConfigError(f"cannot read {p}: {reason}")
 
     try:
-        with open_input(p, fail) as raw, \
-                io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="") as fh:
+        with (
+            open_input(p, fail) as raw,
+            io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="") as fh,
+        ):
             return parse_nvidia_smi_csv(_bounded_lines(fh, str(p)), source=str(p), **kwargs)
     except OSError as exc:
         raise ConfigError(f"cannot read {p}: {exc.strerror or exc}") from None
@@ -342,8 +399,12 @@ def _bounded_lines(fh: IO[str], source: str) -> Iterator[str]:
     while line := fh.readline(LINE_CAP + 1):
         line_no += 1
         if len(line) > LINE_CAP:
-            raise ParseError(source, line_no, line[:16],
-                             f"a line longer than {LINE_CAP // MiB} MiB: not nvidia-smi CSV")
+            raise ParseError(
+                source,
+                line_no,
+                line[:16],
+                f"a line longer than {LINE_CAP // MiB} MiB: not nvidia-smi CSV",
+            )
         yield line
 
 
@@ -368,8 +429,14 @@ DCGM_METRICS: dict[str, tuple[str, float]] = {
 }
 
 
-def import_dcgm(client: PrometheusClient, *, start: float, end: float,
-                step: float | str = "1s", selector: str = "") -> GpuImport:
+def import_dcgm(
+    client: PrometheusClient,
+    *,
+    start: float,
+    end: float,
+    step: float | str = "1s",
+    selector: str = "",
+) -> GpuImport:
     """DCGM-exporter series between ``start`` and ``end`` (unix s) as a GPU sample frame.
 
     One range query per metric; points are joined on (host, ``gpu`` label, time). The host
@@ -404,20 +471,34 @@ def import_dcgm(client: PrometheusClient, *, start: float, end: float,
     if no_gpu_label:
         notes.append(f"{no_gpu_label} series without a numeric gpu label skipped")
     if not points:
-        return GpuImport(frame=empty_frame(), source=client.shown_url, notes=tuple(notes),
-                         skipped_series=no_gpu_label)
-    rows = [{"host": host, "gpu_index": gpu, "t_ns": t_ns, **values}
-            for (host, gpu, t_ns), values in sorted(points.items(), key=lambda kv: (
-                kv[0][2], kv[0][1], kv[0][0]))]
+        return GpuImport(
+            frame=empty_frame(),
+            source=client.shown_url,
+            notes=tuple(notes),
+            skipped_series=no_gpu_label,
+        )
+    rows = [
+        {"host": host, "gpu_index": gpu, "t_ns": t_ns, **values}
+        for (host, gpu, t_ns), values in sorted(
+            points.items(), key=lambda kv: (kv[0][2], kv[0][1], kv[0][0])
+        )
+    ]
     raw = pd.DataFrame.from_records(rows)
-    parts = [c for c in ("mem_used_bytes", "fb_free_bytes", "mem_reserved_bytes")
-             if c in raw.columns]
+    parts = [
+        c for c in ("mem_used_bytes", "fb_free_bytes", "mem_reserved_bytes") if c in raw.columns
+    ]
     if "mem_used_bytes" in parts and "fb_free_bytes" in parts:
         # NaN reserved (not exported) must not make the total NaN.
-        raw["mem_total_bytes"] = raw[parts].fillna({"mem_reserved_bytes": 0.0}).sum(
-            axis=1, min_count=2)
+        raw["mem_total_bytes"] = (
+            raw[parts].fillna({"mem_reserved_bytes": 0.0}).sum(axis=1, min_count=2)
+        )
     raw = raw.drop(columns=[c for c in ("fb_free_bytes",) if c in raw.columns])
     frame = conform(raw, source=client.shown_url)
     extra = [c for c in frame.columns if c not in COLUMNS]
-    return GpuImport(frame=frame[[*COLUMNS, *extra]], source=client.shown_url, rows=len(frame),
-                     notes=tuple(notes), skipped_series=no_gpu_label)
+    return GpuImport(
+        frame=frame[[*COLUMNS, *extra]],
+        source=client.shown_url,
+        rows=len(frame),
+        notes=tuple(notes),
+        skipped_series=no_gpu_label,
+    )

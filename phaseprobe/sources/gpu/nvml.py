@@ -48,13 +48,13 @@ MIN_PERIOD_S = 0.01
 # The GPU sample columns (DESIGN §3), name -> pandas dtype. Readings a device does not report
 # (NVLink on a PCIe card, power on some consumer boards, an nvidia-smi "[N/A]") are NaN.
 COLUMNS: dict[str, str] = {
-    "t_ns": "int64",                   # wall clock, ns since the epoch
-    "gpu_index": "int64",              # NVML / nvidia-smi / DCGM device index
+    "t_ns": "int64",  # wall clock, ns since the epoch
+    "gpu_index": "int64",  # NVML / nvidia-smi / DCGM device index
     "mem_used_bytes": "float64",
     "mem_total_bytes": "float64",
-    "mem_reserved_bytes": "float64",   # driver/firmware reserved (NVML memory info v2)
-    "util_gpu_pct": "float64",         # share of time a kernel ran, 0-100
-    "util_mem_pct": "float64",         # share of time device memory was read/written, 0-100
+    "mem_reserved_bytes": "float64",  # driver/firmware reserved (NVML memory info v2)
+    "util_gpu_pct": "float64",  # share of time a kernel ran, 0-100
+    "util_mem_pct": "float64",  # share of time device memory was read/written, 0-100
     "power_w": "float64",
     "sm_clock_mhz": "float64",
     "mem_clock_mhz": "float64",
@@ -132,7 +132,8 @@ class PynvmlBackend:
             except ImportError:
                 raise NvmlUnavailable(
                     "NVML unavailable: the Python package nvidia-ml-py (module pynvml) is not "
-                    "installed (pip install nvidia-ml-py); no GPU data") from None
+                    "installed (pip install nvidia-ml-py); no GPU data"
+                ) from None
         self._nvml = module
         try:
             module.nvmlInit()
@@ -142,12 +143,14 @@ class PynvmlBackend:
                 "library found (libnvidia-ml.so.1 from the NVIDIA driver); no GPU data"
             ) from None
         try:
-            self._handles = [module.nvmlDeviceGetHandleByIndex(i)
-                             for i in range(module.nvmlDeviceGetCount())]
+            self._handles = [
+                module.nvmlDeviceGetHandleByIndex(i) for i in range(module.nvmlDeviceGetCount())
+            ]
         except module.NVMLError as exc:
             module.nvmlShutdown()
-            raise NvmlUnavailable(f"NVML unavailable: cannot list GPUs ({exc}); no GPU data"
-                                  ) from None
+            raise NvmlUnavailable(
+                f"NVML unavailable: cannot list GPUs ({exc}); no GPU data"
+            ) from None
         self._counters: dict[tuple[int, str], tuple[int, float]] = {}
         self._pcie_cache: dict[int, tuple[int, float, float]] = {}
         self._closed = False
@@ -175,18 +178,32 @@ class PynvmlBackend:
         temp = self._try(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU)
         pcie_rx, pcie_tx, nvl_rx, nvl_tx = self._link_rates(index)
         return GpuReading(
-            mem_used_bytes=used, mem_total_bytes=total, mem_reserved_bytes=reserved,
+            mem_used_bytes=used,
+            mem_total_bytes=total,
+            mem_reserved_bytes=reserved,
             util_gpu_pct=_num(util.gpu if util is not None else None),
             util_mem_pct=_num(util.memory if util is not None else None),
-            power_w=_num(power_mw) / 1000.0, sm_clock_mhz=_num(sm), mem_clock_mhz=_num(memclk),
-            temperature_c=_num(temp), pcie_rx_bytes_per_s=pcie_rx, pcie_tx_bytes_per_s=pcie_tx,
-            nvlink_rx_bytes_per_s=nvl_rx, nvlink_tx_bytes_per_s=nvl_tx)
+            power_w=_num(power_mw) / 1000.0,
+            sm_clock_mhz=_num(sm),
+            mem_clock_mhz=_num(memclk),
+            temperature_c=_num(temp),
+            pcie_rx_bytes_per_s=pcie_rx,
+            pcie_tx_bytes_per_s=pcie_tx,
+            nvlink_rx_bytes_per_s=nvl_rx,
+            nvlink_tx_bytes_per_s=nvl_tx,
+        )
 
     def _link_rates(self, index: int) -> tuple[float, float, float, float]:
         nv = self._nvml
-        ids = [getattr(nv, name, None) for name in (
-            "NVML_FI_DEV_PCIE_COUNT_RX_BYTES", "NVML_FI_DEV_PCIE_COUNT_TX_BYTES",
-            "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX", "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX")]
+        ids = [
+            getattr(nv, name, None)
+            for name in (
+                "NVML_FI_DEV_PCIE_COUNT_RX_BYTES",
+                "NVML_FI_DEV_PCIE_COUNT_TX_BYTES",
+                "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX",
+                "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX",
+            )
+        ]
         if any(i is None for i in ids):
             return _NAN, _NAN, _NAN, _NAN
         request = [ids[0], ids[1], (ids[2], _UINT_MAX), (ids[3], _UINT_MAX)]
@@ -195,13 +212,15 @@ class PynvmlBackend:
         pcie_counted = False
         if values is not None:
             # PCIe counters count bytes; NVLink throughput counters count KiB.
-            for k, (key, scale) in enumerate((("pcie_rx", 1.0), ("pcie_tx", 1.0),
-                                              ("nvl_rx", 1024.0), ("nvl_tx", 1024.0))):
+            for k, (key, scale) in enumerate(
+                (("pcie_rx", 1.0), ("pcie_tx", 1.0), ("nvl_rx", 1024.0), ("nvl_tx", 1024.0))
+            ):
                 v = values[k]
                 if v.nvmlReturn == 0:
                     pcie_counted = pcie_counted or k < 2
-                    rates[k] = self._rate(index, key, int(v.timestamp) * 1000,
-                                          float(v.value.ullVal) * scale)
+                    rates[k] = self._rate(
+                        index, key, int(v.timestamp) * 1000, float(v.value.ullVal) * scale
+                    )
         if not pcie_counted:
             rates[0], rates[1] = self._pcie_fallback(index)
         return rates[0], rates[1], rates[2], rates[3]
@@ -219,10 +238,22 @@ class PynvmlBackend:
         if cached is not None and now - cached[0] < _PCIE_FALLBACK_EVERY_NS:
             return cached[1], cached[2]
         # NVML reports KB/s over a 20 ms window.
-        rx = _num(self._try(nv.nvmlDeviceGetPcieThroughput, self._handles[index],
-                            nv.NVML_PCIE_UTIL_RX_BYTES)) * 1024.0
-        tx = _num(self._try(nv.nvmlDeviceGetPcieThroughput, self._handles[index],
-                            nv.NVML_PCIE_UTIL_TX_BYTES)) * 1024.0
+        rx = (
+            _num(
+                self._try(
+                    nv.nvmlDeviceGetPcieThroughput, self._handles[index], nv.NVML_PCIE_UTIL_RX_BYTES
+                )
+            )
+            * 1024.0
+        )
+        tx = (
+            _num(
+                self._try(
+                    nv.nvmlDeviceGetPcieThroughput, self._handles[index], nv.NVML_PCIE_UTIL_TX_BYTES
+                )
+            )
+            * 1024.0
+        )
         self._pcie_cache[index] = (now, rx, tx)
         return rx, tx
 
@@ -246,6 +277,7 @@ def _num(value: Any) -> float:
 
 
 # -- frames ----------------------------------------------------------------------------------
+
 
 def empty_frame() -> pd.DataFrame:
     """A frame with the :data:`COLUMNS` and no rows."""
@@ -272,8 +304,7 @@ def conform(frame: pd.DataFrame, *, source: str = "GPU samples") -> pd.DataFrame
                 try:
                     out[name] = column.astype("int64")
                 except (TypeError, ValueError) as exc:
-                    raise ConfigError(f"{source}: column {name} is not integer: {exc}"
-                                      ) from None
+                    raise ConfigError(f"{source}: column {name} is not integer: {exc}") from None
             else:
                 out[name] = pd.to_numeric(column, errors="coerce").astype("float64")
         elif dtype == "int64":

@@ -43,14 +43,20 @@ class GpuSampler:
     sampler goes on: a flaky device must not end the experiment.
     """
 
-    def __init__(self, backend: NvmlBackend, period_s: float = DEFAULT_PERIOD_S, *,
-                 clock: Callable[[], int] = time.monotonic_ns,
-                 wall_clock: Callable[[], int] = time.time_ns,
-                 wait: Callable[[float], bool] | None = None,
-                 owns_backend: bool = False) -> None:
+    def __init__(
+        self,
+        backend: NvmlBackend,
+        period_s: float = DEFAULT_PERIOD_S,
+        *,
+        clock: Callable[[], int] = time.monotonic_ns,
+        wall_clock: Callable[[], int] = time.time_ns,
+        wait: Callable[[float], bool] | None = None,
+        owns_backend: bool = False,
+    ) -> None:
         if not period_s >= MIN_PERIOD_S:  # also rejects NaN
-            raise ConfigError(f"GPU sampling period {period_s} s is below the minimum "
-                              f"{MIN_PERIOD_S} s")
+            raise ConfigError(
+                f"GPU sampling period {period_s} s is below the minimum {MIN_PERIOD_S} s"
+            )
         self.backend = backend
         self.period_s = float(period_s)
         self._clock = clock
@@ -80,8 +86,9 @@ class GpuSampler:
         self._mono0 = self._clock()
         self._wall0 = self._wall_clock()
         # daemon: a sampler someone forgot to stop must not keep the interpreter alive.
-        self._thread = threading.Thread(target=self._loop, name="phaseprobe-gpu-sampler",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop, name="phaseprobe-gpu-sampler", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -92,8 +99,10 @@ class GpuSampler:
         if thread is not None and thread.is_alive():
             thread.join(timeout_s)
             if thread.is_alive():
-                raise RuntimeError(f"GPU sampler thread did not stop within {timeout_s} s "
-                                   "(a backend read is hanging)")
+                raise RuntimeError(
+                    f"GPU sampler thread did not stop within {timeout_s} s "
+                    "(a backend read is hanging)"
+                )
         if self._owns_backend:
             self._owns_backend = False
             self.backend.close()
@@ -101,8 +110,12 @@ class GpuSampler:
     def __enter__(self) -> GpuSampler:
         return self.start()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.stop()
 
     def _now_wall(self) -> int:
@@ -151,7 +164,7 @@ class GpuSampler:
         """The newest row per GPU index (for live displays)."""
         newest: dict[int, tuple[Any, ...]] = {}
         with self._lock:
-            for row in reversed(self._rows[-4 * max(1, self._n_devices):]):
+            for row in reversed(self._rows[-4 * max(1, self._n_devices) :]):
                 newest.setdefault(int(row[1]), row)
         return newest
 
@@ -166,8 +179,9 @@ class GpuSampler:
         return conform(pd.DataFrame.from_records(rows, columns=list(COLUMNS)))
 
 
-def open_sampler(period_s: float = DEFAULT_PERIOD_S, backend: NvmlBackend | None = None
-                 ) -> tuple[GpuSampler | None, str | None]:
+def open_sampler(
+    period_s: float = DEFAULT_PERIOD_S, backend: NvmlBackend | None = None
+) -> tuple[GpuSampler | None, str | None]:
     """A GPU sampler (not started) over ``backend`` or the real NVML, or ``(None, reason)``
     when NVML is unavailable, so an experiment goes on without GPU data and says why.
     The sampler owns a backend it opened: :meth:`GpuSampler.stop` closes it."""

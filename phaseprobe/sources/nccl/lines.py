@@ -17,10 +17,28 @@ from dataclasses import dataclass
 from phaseprobe.sources.launcher_prefix import read_prefix
 
 __all__ = [
-    "Header", "Record", "split_record", "parse_header", "DTYPE_BYTES", "DTYPE_NAMES",
-    "ALGO_BY_INT", "PROTO_BY_INT", "COLL_OPS", "transport_kind", "transport_class",
-    "LEVELS", "is_complete", "fold_key", "classify_blanked", "FoldKey", "VARY", "SAME", "SKIP",
-    "RARE", "count_block", "Fold",
+    "Header",
+    "Record",
+    "split_record",
+    "parse_header",
+    "DTYPE_BYTES",
+    "DTYPE_NAMES",
+    "ALGO_BY_INT",
+    "PROTO_BY_INT",
+    "COLL_OPS",
+    "transport_kind",
+    "transport_class",
+    "LEVELS",
+    "is_complete",
+    "fold_key",
+    "classify_blanked",
+    "FoldKey",
+    "VARY",
+    "SAME",
+    "SKIP",
+    "RARE",
+    "count_block",
+    "Fold",
 ]
 
 # The level words NCCL prints after the header. "version" is the bare banner (≤2.21 printf).
@@ -29,16 +47,48 @@ _MARK = "NCCL "
 
 # nccl.h.in ncclDataType_t: element size in bytes and the name users know it by.
 DTYPE_BYTES = {0: 1, 1: 1, 2: 4, 3: 4, 4: 8, 5: 8, 6: 2, 7: 4, 8: 8, 9: 2, 10: 1, 11: 1}
-DTYPE_NAMES = {0: "int8", 1: "uint8", 2: "int32", 3: "uint32", 4: "int64", 5: "uint64",
-               6: "float16", 7: "float32", 8: "float64", 9: "bfloat16", 10: "float8e4m3",
-               11: "float8e5m2"}
+DTYPE_NAMES = {
+    0: "int8",
+    1: "uint8",
+    2: "int32",
+    3: "uint32",
+    4: "int64",
+    5: "uint64",
+    6: "float16",
+    7: "float32",
+    8: "float64",
+    9: "bfloat16",
+    10: "float8e4m3",
+    11: "float8e5m2",
+}
 # Integer algorithm/protocol ids printed by TUNING lines in 2.21–2.23 (2.19+ enum order).
-ALGO_BY_INT = {0: "TREE", 1: "RING", 2: "COLLNET_DIRECT", 3: "COLLNET_CHAIN", 4: "NVLS",
-               5: "NVLS_TREE", 6: "PAT"}
+ALGO_BY_INT = {
+    0: "TREE",
+    1: "RING",
+    2: "COLLNET_DIRECT",
+    3: "COLLNET_CHAIN",
+    4: "NVLS",
+    5: "NVLS_TREE",
+    6: "PAT",
+}
 PROTO_BY_INT = {0: "LL", 1: "LL128", 2: "SIMPLE"}
-COLL_OPS = frozenset({"AllReduce", "Broadcast", "Reduce", "AllGather", "ReduceScatter", "Send",
-                      "Recv", "AlltoAll", "Gather", "Scatter", "PutSignal", "Signal",
-                      "WaitSignal"})
+COLL_OPS = frozenset(
+    {
+        "AllReduce",
+        "Broadcast",
+        "Reduce",
+        "AllGather",
+        "ReduceScatter",
+        "Send",
+        "Recv",
+        "AlltoAll",
+        "Gather",
+        "Scatter",
+        "PutSignal",
+        "Signal",
+        "WaitSignal",
+    }
+)
 
 # host:pid:tid [dev]  — optionally followed, on WARN/TRACE lines, by "<file>:<line> " (and
 # "(<func>) " in 2.30) or "<ms> <func>:<line> ". Searched at the *end* of what precedes the level
@@ -46,7 +96,8 @@ COLL_OPS = frozenset({"AllReduce", "Broadcast", "Reduce", "AllGather", "ReduceSc
 # the launcher's rank is read from the start of the line only (:mod:`.launcher_prefix`).
 _HEADER = re.compile(
     r"(?P<host>[^\s:\[\]]+):(?P<pid>\d+):(?P<tid>\d+)(?: \[(?P<dev>-?\d+)\])?"
-    r"(?: (?:[\d.]+ )?(?P<src>[\w./+-]+):(?P<srcline>\d+)(?: \([^)]*\))?)? ?$")
+    r"(?: (?:[\d.]+ )?(?P<src>[\w./+-]+):(?P<srcline>\d+)(?: \([^)]*\))?)? ?$"
+)
 _STAMP = re.compile(r"\[(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?)\]")
 
 
@@ -90,7 +141,7 @@ def split_record(line: str, start: int = 0) -> tuple[Record | None, int]:
             cut_at = _header_start(line, body, nxt)
             return Record(word, line[start:i], line[body:cut_at], True), cut_at
         if word == "version" and (i == start or line[i - 1] in " :>\t"):
-            return Record("version", line[start:i], line[j + 8:].rstrip("\r\n"), False), -1
+            return Record("version", line[start:i], line[j + 8 :].rstrip("\r\n"), False), -1
         i = line.find(_MARK, j)
     return None, -1
 
@@ -132,18 +183,24 @@ def parse_header(pre: str) -> tuple[Header | None, str | None]:
         m = _STAMP.search(pre)
         if m:
             stamp = m.group(1)
-            rest = pre[:m.start()] + pre[m.end():].lstrip()
+            rest = pre[: m.start()] + pre[m.end() :].lstrip()
     tag = read_prefix(rest)
     if tag is not None:
-        rest = rest[tag.end:]
+        rest = rest[tag.end :]
     h = _HEADER.search(rest)
     header = None
     if h:
         dev, srcline = h.group("dev"), h.group("srcline")
-        header = Header(h.group("host"), int(h.group("pid")), int(h.group("tid")),
-                        int(dev) if dev is not None else None,
-                        tag.rank if tag is not None else None, tag.label if tag else None,
-                        h.group("src"), int(srcline) if srcline is not None else None)
+        header = Header(
+            h.group("host"),
+            int(h.group("pid")),
+            int(h.group("tid")),
+            int(dev) if dev is not None else None,
+            tag.rank if tag is not None else None,
+            tag.label if tag else None,
+            h.group("src"),
+            int(srcline) if srcline is not None else None,
+        )
     result = (header, stamp)
     if stamp is None:  # stamped prefixes differ on every line: caching them would only grow
         if len(_cache) > 4096:
@@ -188,23 +245,31 @@ def transport_class(kind: str) -> str:
 # only when its head alone does not have one of these shapes and head + fragment does.
 # Free-text messages (WARN, "Using network X", env values) can never be proven complete.
 _PTR = r"(?:0x[0-9a-fA-F]+|\(nil\)|0)"
-_COMPLETE = re.compile("|".join((
-    r"Channel \d+(?:/\d+)? : \d+\[[0-9a-fA-F]+\] -> \d+\[[0-9a-fA-F]+\](?: \[(?:send|receive)\])?"
-    r" via (?:P2P/(?:IPC|CUMEM|MNNVL|direct pointer|indirect/\d+\[[0-9a-fA-F]+\])(?:/read|/CE)*"
-    r"|SHM(?:/(?:direct|CE))+|direct shared memory"
-    r"|NET/[^/]+/\d+(?:\(\d+\))?(?:/GDRDMA|\(PCI\)|/Shared)*|(?:COLLNET|CollNet|NVLS)\S*)",
-    r"Channel \d+/\d+ :(?: +\d+)+(?: \.\.\.)?",
-    r"\d+ coll channels(?:, \d+ (?:nvls|collnet|p2p) channels(?: per peer)?)*",
-    rf"\w+: opCount [0-9a-fA-F]+ sendbuff {_PTR} recvbuff {_PTR} count \d+ datatype \d+ op \d+"
-    rf" root -?\d+ comm {_PTR}(?: \[nranks=\d+\])? stream {_PTR}",
-    r"(?:\w+(?: \[Symmetric\])?: )?\d+ Bytes -> (?:Algo \w+ proto \w+(?: channel\{Lo\.\.Hi\}="
-    r"\{\d+\.\.\d+\}| time [\d.]+)|Kernel \S+ nchannels \d+ nthreads \d+)",
-    rf"(?:\[Rank \d+\] )?(?:ncclComm\w+ )?comm {_PTR} rank -?\d+"
-    rf"(?: \w+ (?:-?\d+|{_PTR}|[0-9a-f]+))*"
-    r"(?: - (?:Init START|Init COMPLETE|Destroy COMPLETE|Abort COMPLETE))?",
-    r"Trees(?: \[\d+\] -?\d+/-?\d+/-?\d+->-?\d+->-?\d+)+",
-    r"Init timings(?: - \w+)?: rank \d+ nranks \d+ total [\d.]+ \([\w ,.]*\)",
-)))
+_COMPLETE = re.compile(
+    "|".join(
+        (
+            r"Channel \d+(?:/\d+)? : \d+\[[0-9a-fA-F]+\] -> \d+\[[0-9a-fA-F]+\]"
+            r"(?: \[(?:send|receive)\])?"
+            r" via (?:P2P/(?:IPC|CUMEM|MNNVL|direct pointer|indirect/\d+\[[0-9a-fA-F]+\])"
+            r"(?:/read|/CE)*"
+            r"|SHM(?:/(?:direct|CE))+|direct shared memory"
+            r"|NET/[^/]+/\d+(?:\(\d+\))?(?:/GDRDMA|\(PCI\)|/Shared)*|(?:COLLNET|CollNet|NVLS)\S*)",
+            r"Channel \d+/\d+ :(?: +\d+)+(?: \.\.\.)?",
+            r"\d+ coll channels(?:, \d+ (?:nvls|collnet|p2p) channels(?: per peer)?)*",
+            rf"\w+: opCount [0-9a-fA-F]+ sendbuff {_PTR} recvbuff {_PTR} count \d+"
+            r" datatype \d+ op \d+"
+            rf" root -?\d+ comm {_PTR}(?: \[nranks=\d+\])? stream {_PTR}",
+            r"(?:\w+(?: \[Symmetric\])?: )?\d+ Bytes -> "
+            r"(?:Algo \w+ proto \w+(?: channel\{Lo\.\.Hi\}="
+            r"\{\d+\.\.\d+\}| time [\d.]+)|Kernel \S+ nchannels \d+ nthreads \d+)",
+            rf"(?:\[Rank \d+\] )?(?:ncclComm\w+ )?comm {_PTR} rank -?\d+"
+            rf"(?: \w+ (?:-?\d+|{_PTR}|[0-9a-f]+))*"
+            r"(?: - (?:Init START|Init COMPLETE|Destroy COMPLETE|Abort COMPLETE))?",
+            r"Trees(?: \[\d+\] -?\d+/-?\d+/-?\d+->-?\d+->-?\d+)+",
+            r"Init timings(?: - \w+)?: rank \d+ nranks \d+ total [\d.]+ \([\w ,.]*\)",
+        )
+    )
+)
 
 
 def is_complete(msg: str) -> bool:
@@ -262,8 +327,12 @@ def classify_blanked(raw: bytes) -> FoldKey | tuple[str]:
     return SKIP if line.find("NCCL ") < 0 else RARE
 
 
-def count_block(data: bytes | bytearray, end: int, classes: dict[bytes, FoldKey | tuple[str]],
-                known: Container[FoldKey]) -> tuple[int, int, list[Fold]] | None:
+def count_block(
+    data: bytes | bytearray,
+    end: int,
+    classes: dict[bytes, FoldKey | tuple[str]],
+    known: Container[FoldKey],
+) -> tuple[int, int, list[Fold]] | None:
     """Lines ``data[:end]`` (each ending with a newline) counted without a Python step per line:
     ``(lines, skipped, folds)``, folds in the order of their first line, with that line's index
     for the keys not in ``known`` (-1 for the others); None when a line must be read in place

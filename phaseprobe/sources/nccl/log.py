@@ -87,8 +87,9 @@ class NcclLogParser:
         self._cut_lines: dict[tuple[str, int], list[int]] = {}  # [cuts left, other bad record]
         self._classes: dict[bytes, FoldKey | tuple[str]] = {}
 
-    def feed(self, lines: Iterable[str], source: str,
-             on_progress: Callable[[int], None] | None = None) -> NcclLog:
+    def feed(
+        self, lines: Iterable[str], source: str, on_progress: Callable[[int], None] | None = None
+    ) -> NcclLog:
         """Parse ``lines`` (with or without their newlines) from ``source``.
 
         Per-call COLL lines are most of a big log and differ only in opCount and buffer
@@ -101,8 +102,9 @@ class NcclLogParser:
         self._end(source, n)
         return self.log
 
-    def feed_binary(self, stream: Any, source: str,
-                    on_progress: Callable[[], None] | None = None) -> NcclLog:
+    def feed_binary(
+        self, stream: Any, source: str, on_progress: Callable[[], None] | None = None
+    ) -> NcclLog:
         """Parse a binary stream (a file opened ``"rb"``, a ``GzipFile``: anything with
         ``readinto``) as UTF-8 text with universal newlines, exactly as :meth:`feed` reads
         the lines of ``open(path)``, but a block at a time.
@@ -118,8 +120,9 @@ class NcclLogParser:
         self._end(source, n)
         return self.log
 
-    def feed_both_ends(self, raw: Any, path: Path,
-                       on_pos: Callable[[int], None] | None = None) -> NcclLog:
+    def feed_both_ends(
+        self, raw: Any, path: Path, on_pos: Callable[[int], None] | None = None
+    ) -> NcclLog:
         """:meth:`feed_binary` over a big plain file (``raw``, opened ``"rb"``) with a forked
         child counting it from the end back (:mod:`phaseprobe.sources.nccl.split`): the same
         result, every part still applied here in file order. ``on_pos(offset)`` now and then."""
@@ -142,9 +145,16 @@ class NcclLogParser:
         return self.log
 
     # -- block reader ---------------------------------------------------------------------
-    def _read(self, stream: Any, n: int, source: str, on_progress: Callable[[], None] | None,
-              start: int = 0, limit: int | None = None,
-              reached: Callable[[int], bool] | None = None) -> tuple[int, int | None]:
+    def _read(
+        self,
+        stream: Any,
+        n: int,
+        source: str,
+        on_progress: Callable[[], None] | None,
+        start: int = 0,
+        limit: int | None = None,
+        reached: Callable[[int], bool] | None = None,
+    ) -> tuple[int, int | None]:
         """Lines of ``stream`` (at offset ``start`` of its file, ``limit`` bytes at most) a
         block at a time (:func:`read_blocks`), the first one numbered ``n + 1``: the number of
         the last one, and the offset where ``reached(offset)`` (asked after each block) said
@@ -163,15 +173,26 @@ class NcclLogParser:
                 on_progress()
         return n, None
 
-    def _apply(self, parts: Iterable[Part], raw: Any, n: int, source: str,
-               on_pos: Callable[[int], None] | None, pos: int) -> tuple[int, int]:
+    def _apply(
+        self,
+        parts: Iterable[Part],
+        raw: Any,
+        n: int,
+        source: str,
+        on_pos: Callable[[int], None] | None,
+        pos: int,
+    ) -> tuple[int, int]:
         """The child's parts from ``pos`` on, in file order: the number of the last line and
         the end of the last part. A block it could not count is read again from ``raw`` here
         line by line; its counts are read again by blocks while a cut record waits for its
         rest or when the held keys could overflow (as the single reader reads them)."""
         for kind, start, end, counted in parts:
-            if kind == COUNTED and counted is not None and not self._cuts \
-                    and len(self._pending) + len(counted[2]) < _MAX_PENDING:
+            if (
+                kind == COUNTED
+                and counted is not None
+                and not self._cuts
+                and len(self._pending) + len(counted[2]) < _MAX_PENDING
+            ):
                 lines, skipped, folds = counted
                 self.fold(folds, n, source)  # every key with its first line: always added
                 self.log.lines_skipped += skipped
@@ -234,8 +255,9 @@ class NcclLogParser:
         return self._lines(lines, n, source, None)
 
     # -- line reader ----------------------------------------------------------------------
-    def _lines(self, lines: Iterable[str], n: int, source: str,
-               on_progress: Callable[[int], None] | None) -> int:
+    def _lines(
+        self, lines: Iterable[str], n: int, source: str, on_progress: Callable[[int], None] | None
+    ) -> int:
         skipped = 0
         one = self._line
         fast = not self.strict  # strict mode must name the exact line of any error
@@ -329,8 +351,7 @@ class NcclLogParser:
             else:
                 bad = True
                 if self.strict:
-                    raise ParseError(source, line_no, line.rstrip("\r\n"),
-                                     "malformed NCCL message")
+                    raise ParseError(source, line_no, line.rstrip("\r\n"), "malformed NCCL message")
             start = nxt
         if cuts:
             self._cut_lines[(source, line_no)] = [cuts, int(bad)]
@@ -367,8 +388,13 @@ class NcclLogParser:
         if header.launcher is not None:
             log.tags_read.add(header.launcher)
 
-    def _salvage(self, level: str, msg: str, header: Header,
-                 then: tuple[tuple[str, int, str] | None, bool] | None) -> None:
+    def _salvage(
+        self,
+        level: str,
+        msg: str,
+        header: Header,
+        then: tuple[tuple[str, int, str] | None, bool] | None,
+    ) -> None:
         """A cut record that will never be whole: keep the fields it states before the cut
         (:meth:`ParseState.salvage`), attached where its head was written (``then``, the
         snapshot taken then; None: now)."""
@@ -392,15 +418,25 @@ class NcclLogParser:
         glued = parse_header(rec.pre)[0] if rec is not None else None
         if glued is None:
             return msg, nxt
-        known = [len(host) for host, pid in self.log.processes
-                 if pid == glued.pid and len(glued.host) > len(host) and glued.host.endswith(host)]
+        known = [
+            len(host)
+            for host, pid in self.log.processes
+            if pid == glued.pid and len(glued.host) > len(host) and glued.host.endswith(host)
+        ]
         if not known:
             return msg, nxt
         extra = len(glued.host) - max(known)
-        return msg + line[nxt:nxt + extra], nxt + extra
+        return msg + line[nxt : nxt + extra], nxt + extra
 
-    def _hold(self, level: str, msg: str, header: Header | None, stamp: str | None,
-              line_no: int, source: str) -> bool:
+    def _hold(
+        self,
+        level: str,
+        msg: str,
+        header: Header | None,
+        stamp: str | None,
+        line_no: int,
+        source: str,
+    ) -> bool:
         """Keep a cut INFO record until its rest turns up; False when it never can: no
         ``host:pid:tid`` to tie it to, free text (WARN) or already whole-shaped."""
         if header is None or level != "INFO" or is_complete(msg):
@@ -411,8 +447,7 @@ class NcclLogParser:
             self._unattributed(old)
         if len(self._cuts) >= _MAX_CUTS:
             self._unattributed(self._cuts.pop(next(iter(self._cuts))))
-        self._cuts[thread] = _Cut(msg, header, stamp, line_no, source,
-                                  self.state.snapshot(header))
+        self._cuts[thread] = _Cut(msg, header, stamp, line_no, source, self.state.snapshot(header))
         return True
 
     def _fragment(self, line: str, n: int) -> bool:
@@ -470,8 +505,9 @@ class NcclLogParser:
             if left[0] == 0:
                 del self._cut_lines[where]
 
-    def _record(self, level: str, msg: str, h: Header, stamp: str | None, line_no: int,
-                weight: int = 1) -> bool:
+    def _record(
+        self, level: str, msg: str, h: Header, stamp: str | None, line_no: int, weight: int = 1
+    ) -> bool:
         log = self.log
         proc = (h.host, h.pid)
         if proc not in log.processes:
@@ -488,8 +524,9 @@ class NcclLogParser:
             log.warn_count += weight
             log.kinds["warn"] += weight
             if len(log.warns) < MAX_ITEMS:
-                log.warns.append(Warn(line_no, h.host, h.pid, h.src_file, h.src_line,
-                                      msg.strip(), stamp))
+                log.warns.append(
+                    Warn(line_no, h.host, h.pid, h.src_file, h.src_line, msg.strip(), stamp)
+                )
             return True
         if level == "CALL":
             name = msg.split("(", 1)[0].strip()
@@ -517,9 +554,12 @@ def _tell(on_pos: Callable[[int], None], raw: Any) -> None:
     on_pos(raw.tell())
 
 
-def parse_files(paths: Iterable[str | Path], strict: bool = False,
-                on_progress: Callable[[str, int, int], None] | None = None,
-                workers: int | None = None) -> NcclLog:
+def parse_files(
+    paths: Iterable[str | Path],
+    strict: bool = False,
+    on_progress: Callable[[str, int, int], None] | None = None,
+    workers: int | None = None,
+) -> NcclLog:
     """Parse several files into one model. ``on_progress(source, bytes_read, bytes_total)`` is
     called now and then (for a progress bar on stderr). A plain file of ``SPLIT_MIN`` bytes or
     more is read by two processes (``workers``: 2 when there are two CPUs; 1: one process),
@@ -532,14 +572,16 @@ def parse_files(paths: Iterable[str | Path], strict: bool = False,
         with reading(path):
             size = path.stat().st_size
             raw, stream = nccl_split.open_log(path)  # progress: the compressed offset
-            on_pos = (partial(_report, on_progress, str(path), size)
-                      if on_progress is not None else None)
+            on_pos = (
+                partial(_report, on_progress, str(path), size) if on_progress is not None else None
+            )
             with raw, stream:
                 if workers > 1 and stream is raw and size >= nccl_split.SPLIT_MIN and not strict:
                     parser.feed_both_ends(raw, path, on_pos)
                 else:
-                    parser.feed_binary(stream, str(path),
-                                       partial(_tell, on_pos, raw) if on_pos else None)
+                    parser.feed_binary(
+                        stream, str(path), partial(_tell, on_pos, raw) if on_pos else None
+                    )
             if on_progress is not None:
                 on_progress(str(path), size, size)
     return parser.state.finish()

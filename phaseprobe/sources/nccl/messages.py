@@ -25,33 +25,71 @@ from phaseprobe.sources.nccl.model import MAX_ITEMS, Communicator, NcclLog, Warn
 
 __all__ = ["ParseState"]
 
-_CONN = re.compile(r"Channel (\d+)(?:/(\d+))? : (\d+)\[([0-9a-fA-F]+)\] -> (\d+)\[([0-9a-fA-F]+)\]"
-                   r"(?: \[(send|receive)\])? via (\S.*?)\s*$")
+_CONN = re.compile(
+    r"Channel (\d+)(?:/(\d+))? : (\d+)\[([0-9a-fA-F]+)\] -> (\d+)\[([0-9a-fA-F]+)\]"
+    r"(?: \[(send|receive)\])? via (\S.*?)\s*$"
+)
 _RING = re.compile(r"Channel (\d+)/(\d+) :[ \d]*(?: \.\.\.)?\s*$")
-_TUNE = re.compile(r"(?:(\w+)(?: \[Symmetric\])?: )?(\d+) Bytes -> (?:Algo (\w+) proto (\w+)"
-                   r"(?: channel\{Lo\.\.Hi\}=\{(\d+)\.\.(\d+)\}| time ([\d.]+))?"
-                   r"|Kernel (\S+) nchannels (\d+) nthreads (\d+))")
+_TUNE = re.compile(
+    r"(?:(\w+)(?: \[Symmetric\])?: )?(\d+) Bytes -> (?:Algo (\w+) proto (\w+)"
+    r"(?: channel\{Lo\.\.Hi\}=\{(\d+)\.\.(\d+)\}| time ([\d.]+))?"
+    r"|Kernel (\S+) nchannels (\d+) nthreads (\d+))"
+)
 _CHANNELS = re.compile(r"(\d+) (coll|nvls|collnet|p2p) channels( per peer)?")
 # A field of a cut channel-summary line is whole when a comma follows it (NCCL prints
 # "%d coll channels, %d nvls channels, %d p2p channels, %d p2p channels per peer") or it ends
 # the text and cannot go on ("p2p channels" at the cut may have lost its " per peer").
 _CUT_CHANNEL = re.compile(r"(\d+) (coll|nvls|collnet|p2p) channels( per peer)?(?=,|$)")
-_TIMINGS = re.compile(r"Init timings(?: - (\w+))?: rank (\d+) nranks (\d+) total ([\d.]+)"
-                      r"(?: \((.*)\))?")
+_TIMINGS = re.compile(
+    r"Init timings(?: - (\w+))?: rank (\d+) nranks (\d+) total ([\d.]+)"
+    r"(?: \((.*)\))?"
+)
 _ERR_TRAIL = re.compile(r"([\w./-]+\.(?:cc|cu|cpp|c|h)):(\d+) -> (\d+)(.*)$")
 _ENV = re.compile(r"(NCCL_\w+) set by environment to (.*?)\s*$")
 _DEVS = re.compile(r"\[\d+\]\s?(\S+)")
 _BANNER = re.compile(r"(\d+\.\d+\.\d+[\w.-]*?)(?:\+cuda(\d+\.\d+))?(?:\s|$)")
-_INT_KEYS = {"rank": "rank", "nranks": "nranks", "nRanks": "nranks", "cudaDev": "cuda_dev",
-             "nvmlDev": "nvml_dev", "nNodes": "nnodes", "localRanks": "local_ranks"}
+_INT_KEYS = {
+    "rank": "rank",
+    "nranks": "nranks",
+    "nRanks": "nranks",
+    "cudaDev": "cuda_dev",
+    "nvmlDev": "nvml_dev",
+    "nNodes": "nnodes",
+    "localRanks": "local_ranks",
+}
 _STR_KEYS = {"busId": "bus_id", "commId": "comm_id", "parent": "parent"}
-_STATES = {"Init START": "init_start", "Init COMPLETE": "init_complete",
-           "Destroy COMPLETE": "destroyed", "Abort COMPLETE": "aborted"}
-_KNOWN_OTHER = frozenset({
-    "Bootstrap", "Bootstrap:", "threadThresholds", "CC", "Launch", "Setting", "Connected",
-    "Tree", "Ring", "Pattern", "P2P", "TUNER/Plugin:", "TUNER/Plugin", "PROFILER/Plugin:",
-    "RAS", "NVLS", "DMA-BUF", "Assigned", "Initialized", "Check", "Allocated", "comm",
-})
+_STATES = {
+    "Init START": "init_start",
+    "Init COMPLETE": "init_complete",
+    "Destroy COMPLETE": "destroyed",
+    "Abort COMPLETE": "aborted",
+}
+_KNOWN_OTHER = frozenset(
+    {
+        "Bootstrap",
+        "Bootstrap:",
+        "threadThresholds",
+        "CC",
+        "Launch",
+        "Setting",
+        "Connected",
+        "Tree",
+        "Ring",
+        "Pattern",
+        "P2P",
+        "TUNER/Plugin:",
+        "TUNER/Plugin",
+        "PROFILER/Plugin:",
+        "RAS",
+        "NVLS",
+        "DMA-BUF",
+        "Assigned",
+        "Initialized",
+        "Check",
+        "Allocated",
+        "comm",
+    }
+)
 
 
 class ParseState:
@@ -66,11 +104,20 @@ class ParseState:
         # initialising when the record's head was written (see :meth:`snapshot`).
         self.replay: tuple[tuple[str, int, int], tuple[str, int, str] | None, bool] | None = None
         self._words = {
-            "NCCL": self._nccl_word, "Channel": self._channel, "comm": self._comm,
-            "Trees": self._trees, "Init": self._timings, "cudaDriverVersion": self._driver,
-            "Using": self._using, "NET/IB": self._net_devs, "NET/IB:": self._net_devs,
-            "NET/Socket": self._net_devs, "NET/Socket:": self._net_devs,
-            "NET/Plugin": self._plugin, "NET/Plugin:": self._plugin, "NET/OFI": self._ofi,
+            "NCCL": self._nccl_word,
+            "Channel": self._channel,
+            "comm": self._comm,
+            "Trees": self._trees,
+            "Init": self._timings,
+            "cudaDriverVersion": self._driver,
+            "Using": self._using,
+            "NET/IB": self._net_devs,
+            "NET/IB:": self._net_devs,
+            "NET/Socket": self._net_devs,
+            "NET/Socket:": self._net_devs,
+            "NET/Plugin": self._plugin,
+            "NET/Plugin:": self._plugin,
+            "NET/OFI": self._ofi,
             "NVLS": self._nvls,
         }
 
@@ -87,7 +134,7 @@ class ParseState:
         if word.isdigit():
             return self._digits(msg, h)
         if word.startswith("ncclComm"):
-            return self._comm(msg[sp + 1:], h, stamp, line_no, func=word)
+            return self._comm(msg[sp + 1 :], h, stamp, line_no, func=word)
         if word == "[Rank" and "] " in msg:  # 2.29+: "[Rank R] ncclCommInitRank comm …"
             return self.info(msg.split("] ", 1)[1], h, stamp, line_no)
         if word in COLL_OPS and "[Symmetric]" in msg:
@@ -98,8 +145,18 @@ class ParseState:
             self.log.error_count += 1
             kinds["error_trail"] += 1
             if len(self.log.errors) < MAX_ITEMS:
-                self.log.errors.append(Warn(line_no, h.host, h.pid, m.group(1), int(m.group(2)),
-                                            msg.strip(), stamp, int(m.group(3))))
+                self.log.errors.append(
+                    Warn(
+                        line_no,
+                        h.host,
+                        h.pid,
+                        m.group(1),
+                        int(m.group(2)),
+                        msg.strip(),
+                        stamp,
+                        int(m.group(3)),
+                    )
+                )
             return True
         kinds["known" if word in _KNOWN_OTHER else "other"] += 1
         return True
@@ -111,8 +168,12 @@ class ParseState:
             if t[7] != "count" or t[9] != "datatype" or t[15] != "comm":
                 return False
             stream_at = 17 if t[16] == "stream" else 18
-            if len(t) <= stream_at or t[stream_at] != "stream" or not t[8].isdigit() \
-                    or not t[10].isdigit():
+            if (
+                len(t) <= stream_at
+                or t[stream_at] != "stream"
+                or not t[8].isdigit()
+                or not t[10].isdigit()
+            ):
                 return False
             log = self.log
             comm = t[16]
@@ -200,8 +261,9 @@ class ParseState:
         self.log.kinds["trees"] += 1
         return True
 
-    def _comm(self, msg: str, h: Header, stamp: str | None, line_no: int,
-              func: str | None = None) -> bool:
+    def _comm(
+        self, msg: str, h: Header, stamp: str | None, line_no: int, func: str | None = None
+    ) -> bool:
         head, _, state = msg.partition(" - ")
         t = head.split()
         if len(t) < 4 or t[0] != "comm" or not (t[1].startswith("0x") or t[1] == "(nil)"):
@@ -289,8 +351,11 @@ class ParseState:
             # was named between head and rest (≤2.18.1 names it at Init COMPLETE), the head
             # belonged to that comm.
             then, was_open = self.replay[1], self.replay[2]
-            target = self.log.comms.get(then) if then is not None and was_open else (
-                comm if key != then else None)
+            target = (
+                self.log.comms.get(then)
+                if then is not None and was_open
+                else (comm if key != then else None)
+            )
             if target is not None:
                 _apply(target, what, value)
                 return
@@ -377,8 +442,12 @@ class ParseState:
         if "loaded net plugin" in low:
             name = msg.split("plugin", 1)[1].strip()
             self.log.net_plugin["net"] = name
-        elif ("no plugin found" in low or "could not find" in low or "internal" in low
-              or "returned" in low) and "net" not in self.log.net_plugin:
+        elif (
+            "no plugin found" in low
+            or "could not find" in low
+            or "internal" in low
+            or "returned" in low
+        ) and "net" not in self.log.net_plugin:
             self.log.net_plugin["net"] = "internal"
         self.log.kinds["plugin"] += 1
         return True
@@ -390,13 +459,16 @@ class ParseState:
         # 1.18 "Initializing aws-ofi-nccl 1.18.0" and "Selected provider is efa, fabric is …".
         plugin = self.log.net_plugin
         words = msg.split()
-        if len(words) > 3 and words[1] in ("Using", "Initializing") \
-                and words[2] == "aws-ofi-nccl":
+        if len(words) > 3 and words[1] in ("Using", "Initializing") and words[2] == "aws-ofi-nccl":
             plugin["ofi"] = " ".join(words[2:4])
         elif msg.startswith("NET/OFI Using Libfabric version "):
             plugin["libfabric"] = msg[32:].strip()
-        elif len(words) > 4 and words[1] == "Selected" and words[2].lower() == "provider" \
-                and words[3] == "is":
+        elif (
+            len(words) > 4
+            and words[1] == "Selected"
+            and words[2].lower() == "provider"
+            and words[3] == "is"
+        ):
             plugin["ofi_provider"] = words[4].rstrip(",")
         self.log.kinds["plugin"] += 1
         return True
@@ -411,7 +483,7 @@ class ParseState:
         """Attach what is still pending and fill per-comm streams; returns the model."""
         self.log.unglue_hosts()
         self.log.malformed_line_nos.sort()  # folded COLL lines are reported when flushed
-        for (host, pid, comm, _stream) in self.log.streams:
+        for host, pid, comm, _stream in self.log.streams:
             c = self.log.comms.get((host, pid, comm))
             if c is not None:
                 c.streams.add(_stream)

@@ -15,8 +15,20 @@ from typing import Any, TypedDict
 from phaseprobe.sources.nccl.lines import DTYPE_BYTES, DTYPE_NAMES
 from phaseprobe.sources.read_account import ReadAccount, ReadAccountDoc
 
-__all__ = ["Communicator", "Warn", "NcclLog", "CollKey", "MAX_ITEMS", "MAX_COLL_KEYS",
-           "CommunicatorDoc", "WarnDoc", "WarnsDoc", "VersionDoc", "LinesDoc", "NcclLogDoc"]
+__all__ = [
+    "Communicator",
+    "Warn",
+    "NcclLog",
+    "CollKey",
+    "MAX_ITEMS",
+    "MAX_COLL_KEYS",
+    "CommunicatorDoc",
+    "WarnDoc",
+    "WarnsDoc",
+    "VersionDoc",
+    "LinesDoc",
+    "NcclLogDoc",
+]
 
 MAX_ITEMS = 200  # WARNs, errors and malformed line numbers kept verbatim (all are counted)
 MAX_COLL_KEYS = 100_000  # distinct (comm, op, dtype, count) keys before sizes are rounded
@@ -140,14 +152,27 @@ class Communicator:
 
     def to_dict(self) -> CommunicatorDoc:
         return {
-            "host": self.host, "pid": self.pid, "comm": self.comm, "rank": self.rank,
-            "nranks": self.nranks, "nnodes": self.nnodes, "local_ranks": self.local_ranks,
-            "cuda_dev": self.cuda_dev, "nvml_dev": self.nvml_dev, "bus_id": self.bus_id,
-            "comm_id": self.comm_id, "parent": self.parent, "init_func": self.init_func,
-            "state": self.state, "init_total_s": self.init_total_s,
-            "init_timings_s": dict(self.init_timings_s), "channels": dict(self.channels),
+            "host": self.host,
+            "pid": self.pid,
+            "comm": self.comm,
+            "rank": self.rank,
+            "nranks": self.nranks,
+            "nnodes": self.nnodes,
+            "local_ranks": self.local_ranks,
+            "cuda_dev": self.cuda_dev,
+            "nvml_dev": self.nvml_dev,
+            "bus_id": self.bus_id,
+            "comm_id": self.comm_id,
+            "parent": self.parent,
+            "init_func": self.init_func,
+            "state": self.state,
+            "init_total_s": self.init_total_s,
+            "init_timings_s": dict(self.init_timings_s),
+            "channels": dict(self.channels),
             "channels_from": dict(self.channels_from),
-            "rings": self.rings, "trees": self.trees, "streams": len(self.streams),
+            "rings": self.rings,
+            "trees": self.trees,
+            "streams": len(self.streams),
         }
 
 
@@ -165,9 +190,16 @@ class Warn:
     code: int | None = None
 
     def to_dict(self) -> WarnDoc:
-        return {"line_no": self.line_no, "host": self.host, "pid": self.pid,
-                "file": self.src_file, "line": self.src_line, "message": self.message,
-                "timestamp": self.timestamp, "code": self.code}
+        return {
+            "line_no": self.line_no,
+            "host": self.host,
+            "pid": self.pid,
+            "file": self.src_file,
+            "line": self.src_line,
+            "message": self.message,
+            "timestamp": self.timestamp,
+            "code": self.code,
+        }
 
 
 @dataclass(slots=True)
@@ -288,49 +320,73 @@ class NcclLog:
 
     def coll_rows(self) -> list[dict[str, Any]]:
         """The COLL counters as rows (comm, op, dtype, count, bytes per call, calls)."""
-        return [{"host": host, "pid": pid, "comm": comm, "op": op,
-                 "dtype": DTYPE_NAMES.get(dtype, str(dtype)), "count": count,
-                 "bytes": count * DTYPE_BYTES.get(dtype, 1), "calls": calls}
-                for (host, pid, comm, op, dtype, count), calls in self.coll.items()]
+        return [
+            {
+                "host": host,
+                "pid": pid,
+                "comm": comm,
+                "op": op,
+                "dtype": DTYPE_NAMES.get(dtype, str(dtype)),
+                "count": count,
+                "bytes": count * DTYPE_BYTES.get(dtype, 1),
+                "calls": calls,
+            }
+            for (host, pid, comm, op, dtype, count), calls in self.coll.items()
+        ]
 
     def to_dict(self) -> NcclLogDoc:
         """The raw model (the CLI adds the summaries of :mod:`phaseprobe.analysis.nccl.summary`)."""
         return {
             "sources": list(self.sources),
-            "nccl_versions": [{"version": v, "cuda": c, "banners": n}
-                              for (v, c), n in sorted(self.versions.items())],
+            "nccl_versions": [
+                {"version": v, "cuda": c, "banners": n}
+                for (v, c), n in sorted(self.versions.items())
+            ],
             "cuda_drivers": sorted(self.cuda_drivers),
             "hosts": sorted(self.hosts),
             "processes": len(self.processes),
             "communicators": [c.to_dict() for c in self.comms.values()],
             "env": dict(sorted(self.env.items())),
-            "warnings": {"count": self.warn_count,
-                         "items": [w.to_dict() for w in self.warns]},
-            "errors": {"count": self.error_count,
-                       "items": [e.to_dict() for e in self.errors]},
-            "lines": {"total": self.lines_total, "parsed": self.lines_nccl,
-                      "skipped": self.lines_skipped, "malformed": self.lines_malformed,
-                      "malformed_at": [f"{s}:{n}" for s, n in self.malformed_line_nos],
-                      "cut": self.records_cut, "reassembled": self.records_reassembled,
-                      "unattributed": self.records_unattributed, "info": self.info_records,
-                      "by_kind": dict(self.kinds.most_common())},
+            "warnings": {"count": self.warn_count, "items": [w.to_dict() for w in self.warns]},
+            "errors": {"count": self.error_count, "items": [e.to_dict() for e in self.errors]},
+            "lines": {
+                "total": self.lines_total,
+                "parsed": self.lines_nccl,
+                "skipped": self.lines_skipped,
+                "malformed": self.lines_malformed,
+                "malformed_at": [f"{s}:{n}" for s, n in self.malformed_line_nos],
+                "cut": self.records_cut,
+                "reassembled": self.records_reassembled,
+                "unattributed": self.records_unattributed,
+                "info": self.info_records,
+                "by_kind": dict(self.kinds.most_common()),
+            },
             "completeness": self.account().to_dict(),
         }
 
     def account(self) -> ReadAccount:
         """What was read of the records (:mod:`phaseprobe.sources.read_account`); a launcher
         tag or a process that wrote NCCL records none of which could be read is named."""
-        missing = [f"{'rank' if tag.isdigit() else 'lines tagged'} {tag}: {n:,} NCCL "
-                   "record(s), none read"
-                   for tag, n in sorted(self.tags_seen.items(), key=lambda kv: _tag_order(kv[0]))
-                   if tag not in self.tags_read]
-        missing += [f"process {host}:{pid}: {n:,} NCCL record(s), none read"
-                    for (host, pid), n in sorted(self.procs_seen.items())
-                    if (host, pid) not in self.procs_read]
-        return ReadAccount("NCCL records", found=self.records_found, read=self.records_read,
-                           attributed=self.records_attributed, cut=self.records_cut,
-                           salvaged=self.records_salvaged,
-                           unattributed=self.records_no_writer, missing=missing)
+        missing = [
+            f"{'rank' if tag.isdigit() else 'lines tagged'} {tag}: {n:,} NCCL record(s), none read"
+            for tag, n in sorted(self.tags_seen.items(), key=lambda kv: _tag_order(kv[0]))
+            if tag not in self.tags_read
+        ]
+        missing += [
+            f"process {host}:{pid}: {n:,} NCCL record(s), none read"
+            for (host, pid), n in sorted(self.procs_seen.items())
+            if (host, pid) not in self.procs_read
+        ]
+        return ReadAccount(
+            "NCCL records",
+            found=self.records_found,
+            read=self.records_read,
+            attributed=self.records_attributed,
+            cut=self.records_cut,
+            salvaged=self.records_salvaged,
+            unattributed=self.records_no_writer,
+            missing=missing,
+        )
 
 
 def _tag_order(tag: str) -> tuple[int, str]:

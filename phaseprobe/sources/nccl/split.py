@@ -37,8 +37,18 @@ from phaseprobe.errors import ConfigError
 from phaseprobe.inputs import open_stream, path_problem
 from phaseprobe.sources.nccl.lines import Fold, FoldKey, count_block
 
-__all__ = ["read_blocks", "Tail", "Part", "SPLIT_MIN", "COUNTED", "LINES", "BLOCKS", "cpus",
-           "reading", "open_log"]
+__all__ = [
+    "read_blocks",
+    "Tail",
+    "Part",
+    "SPLIT_MIN",
+    "COUNTED",
+    "LINES",
+    "BLOCKS",
+    "cpus",
+    "reading",
+    "open_log",
+]
 
 SPLIT_MIN = 64 << 20  # files at least this big are read by two processes (when there are 2 CPUs)
 _SEGMENT = 64  # blocks per segment (16 MB with 256 kB blocks)
@@ -72,8 +82,9 @@ def open_log(path: Path) -> tuple[Any, Any]:
     return open_stream(path, lambda reason: ConfigError(f"{path}: {reason}"))
 
 
-def read_blocks(stream: Any, start: int, limit: int | None,
-                block: int) -> Iterator[tuple[bytearray, int, bool]]:
+def read_blocks(
+    stream: Any, start: int, limit: int | None, block: int
+) -> Iterator[tuple[bytearray, int, bool]]:
     """``(buf, end, whole)`` for each block of ``stream`` (at offset ``start`` of its file,
     ``limit`` bytes at most): lines ``buf[:end]``, ending with a newline when ``whole``, else
     the last line of the stream without its newline. ``buf`` is reused once the next item is
@@ -89,7 +100,7 @@ def read_blocks(stream: Any, start: int, limit: int | None,
             want = min(want, left)
         if have + want > len(buf):
             buf.extend(bytes(have + want - len(buf)))
-        with memoryview(buf) as view, view[have:have + want] as part:
+        with memoryview(buf) as view, view[have : have + want] as part:
             got = stream.readinto(part) if want else 0
         if got:
             have += got
@@ -101,7 +112,7 @@ def read_blocks(stream: Any, start: int, limit: int | None,
         cut = buf.rfind(b"\n", 0, have) + 1
         if cut:
             yield buf, cut, True
-            buf[:have - cut] = buf[cut:have]
+            buf[: have - cut] = buf[cut:have]
             have -= cut
             off += cut
         if not got:
@@ -124,8 +135,9 @@ def _boundary(fh: Any, at: int, back: int) -> int | None:
     return None
 
 
-def _segment(fh: Any, start: int, end: int, block: int,
-             classes: dict[bytes, FoldKey | tuple[str]]) -> list[tuple[int, int, int, Any]]:
+def _segment(
+    fh: Any, start: int, end: int, block: int, classes: dict[bytes, FoldKey | tuple[str]]
+) -> list[tuple[int, int, int, Any]]:
     """The parts of segment ``[start, end)``: runs of counted blocks merged (each key once,
     with its first line's index in the run), blocks that must be read line by line."""
     parts: list[tuple[int, int, int, Any]] = []
@@ -136,8 +148,14 @@ def _segment(fh: Any, start: int, end: int, block: int,
 
     def close() -> None:
         if pos > run_at:
-            parts.append((COUNTED, run_at, pos, (lines, skipped, [
-                (key, times, at) for key, (times, at) in run.items()])))
+            parts.append(
+                (
+                    COUNTED,
+                    run_at,
+                    pos,
+                    (lines, skipped, [(key, times, at) for key, (times, at) in run.items()]),
+                )
+            )
 
     fh.seek(start)
     for buf, cut, whole in read_blocks(fh, start, end - start, block):
@@ -185,10 +203,21 @@ def _count(path: Path, size: int, block: int, out: Any, shared: Any, lock: Any) 
                     shared[1] = lo
                 parts = _segment(fh, lo, hi, block, classes)
                 ids: dict[FoldKey, int] = {}
-                sent = [(kind, start, end, counted if counted is None else (
-                    counted[0], counted[1],
-                    [(ids.setdefault(key, len(ids)), t, a) for key, t, a in counted[2]]))
-                    for kind, start, end, counted in parts]
+                sent = [
+                    (
+                        kind,
+                        start,
+                        end,
+                        counted
+                        if counted is None
+                        else (
+                            counted[0],
+                            counted[1],
+                            [(ids.setdefault(key, len(ids)), t, a) for key, t, a in counted[2]],
+                        ),
+                    )
+                    for kind, start, end, counted in parts
+                ]
                 out.put((lo, hi, {i: k for k, i in ids.items()}, sent))
                 with lock:
                     shared[2] = lo
@@ -224,8 +253,9 @@ class Tail:
             out = ctx.Queue(_QUEUE)
             lock = ctx.Lock()
             shared = ctx.RawArray("q", [0, size + 1, size + 1, 0])  # nothing counted yet
-            proc = ctx.Process(target=_count, args=(path, size, block, out, shared, lock),
-                               daemon=True)
+            proc = ctx.Process(
+                target=_count, args=(path, size, block, out, shared, lock), daemon=True
+            )
             proc.start()
         except OSError:
             return None
@@ -268,8 +298,7 @@ class Tail:
             hi, keys, sent = got.pop(offset)
             for kind, start, end, counted in sent:
                 if counted is not None:
-                    counted = (counted[0], counted[1],
-                               [(keys[i], t, a) for i, t, a in counted[2]])
+                    counted = (counted[0], counted[1], [(keys[i], t, a) for i, t, a in counted[2]])
                 yield kind, start, end, counted
             offset = hi
 

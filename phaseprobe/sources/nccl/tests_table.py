@@ -60,24 +60,61 @@ from phaseprobe.sources.nccl.split import open_log, reading
 from phaseprobe.sources.read_account import MAX_NAMED, ReadAccount
 
 __all__ = [
-    "NcclTestsRow", "NcclTestsParams", "NcclTestsDevice", "NcclTestsTable", "NcclTestsResult",
-    "parse_nccl_tests", "parse_nccl_tests_file", "diff_nccl_tests", "COLLECTIVE_BY_TEST",
-    "BusbwChange", "BusbwAtSize", "NcclTestsTableDiff", "NcclTestsDiff",
+    "NcclTestsRow",
+    "NcclTestsParams",
+    "NcclTestsDevice",
+    "NcclTestsTable",
+    "NcclTestsResult",
+    "parse_nccl_tests",
+    "parse_nccl_tests_file",
+    "diff_nccl_tests",
+    "COLLECTIVE_BY_TEST",
+    "BusbwChange",
+    "BusbwAtSize",
+    "NcclTestsTableDiff",
+    "NcclTestsDiff",
 ]
 
 # nccl-tests binary (without "_perf"/"_perf_mpi") → the NCCL collective it measures.
 COLLECTIVE_BY_TEST = {
-    "all_reduce": "AllReduce", "all_gather": "AllGather", "broadcast": "Broadcast",
-    "reduce": "Reduce", "reduce_scatter": "ReduceScatter", "alltoall": "AlltoAll",
-    "alltoallv": "AlltoAllv", "scatter": "Scatter", "gather": "Gather", "sendrecv": "SendRecv",
+    "all_reduce": "AllReduce",
+    "all_gather": "AllGather",
+    "broadcast": "Broadcast",
+    "reduce": "Reduce",
+    "reduce_scatter": "ReduceScatter",
+    "alltoall": "AlltoAll",
+    "alltoallv": "AlltoAllv",
+    "scatter": "Scatter",
+    "gather": "Gather",
+    "sendrecv": "SendRecv",
     "hypercube": "HyperCube",
 }
 # test_typenames / test_opnames across versions (and rccl-tests' spellings): only used to accept
 # a row when no column header was seen, and to split a name glued to foreign text.
-_DTYPES = frozenset({
-    "int8", "uint8", "int32", "uint32", "int64", "uint64", "half", "float", "double", "bfloat16",
-    "f8e4m3", "f8e5m2", "char", "int", "bf16", "fp16", "fp32", "fp64", "fp8_e4m3", "fp8_e5m2",
-})
+_DTYPES = frozenset(
+    {
+        "int8",
+        "uint8",
+        "int32",
+        "uint32",
+        "int64",
+        "uint64",
+        "half",
+        "float",
+        "double",
+        "bfloat16",
+        "f8e4m3",
+        "f8e5m2",
+        "char",
+        "int",
+        "bf16",
+        "fp16",
+        "fp32",
+        "fp64",
+        "fp8_e4m3",
+        "fp8_e5m2",
+    }
+)
 _REDOPS = frozenset({"sum", "prod", "max", "min", "avg", "mulsum", "premulsum", "none"})
 
 _CHUNK_BYTES = 16 << 20
@@ -99,8 +136,15 @@ _WORD = r"[A-Za-z_][\w.]*"
 _NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf)"
 _POS = r"(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|-?nan|inf"  # times and bandwidths
 _WRONG = r"(?:" + _NUM + r"|N/A)\*?"
-_KIND_PAT = {"size": _INT, "count": _INT, "type": _WORD, "redop": _WORD, "root": _SINT,
-             "num": _POS, "wrong": _WRONG}
+_KIND_PAT = {
+    "size": _INT,
+    "count": _INT,
+    "type": _WORD,
+    "redop": _WORD,
+    "root": _SINT,
+    "num": _POS,
+    "wrong": _WRONG,
+}
 _KIND_RE = {k: re.compile(v) for k, v in _KIND_PAT.items()}
 
 _HDR_COLS = re.compile(r"(size|bytes)\s+(count|N)\s+type\b")
@@ -110,8 +154,16 @@ _AVG = re.compile(r"Avg bus bandwidth\s*:\s*(" + _NUM + r")\s*(OK|FAILED)?")
 _TEST_NAME = re.compile(r"(?:.*/)?(\w+?)_perf(?:_mpi)?\b")
 
 # Column-name spellings across versions → the role the parser gives the column.
-_KEY_NAMES = {"size": "size", "bytes": "size", "count": "count", "N": "count", "type": "type",
-              "redop": "redop", "op": "redop", "root": "root"}
+_KEY_NAMES = {
+    "size": "size",
+    "bytes": "size",
+    "count": "count",
+    "N": "count",
+    "type": "type",
+    "redop": "redop",
+    "op": "redop",
+    "root": "root",
+}
 _WRONG_NAMES = ("#wrong", "error", "res")
 
 
@@ -156,13 +208,21 @@ class NcclTestsRow:
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
-            "size_bytes": self.size_bytes, "count": self.count, "dtype": self.dtype,
-            "redop": self.redop, "root": self.root,
-            "oop_time_us": self.oop_time_us, "oop_algbw_GBps": self.oop_algbw_GBps,
-            "oop_busbw_GBps": self.oop_busbw_GBps, "oop_wrong": self.oop_wrong,
-            "ip_time_us": self.ip_time_us, "ip_algbw_GBps": self.ip_algbw_GBps,
-            "ip_busbw_GBps": self.ip_busbw_GBps, "ip_wrong": self.ip_wrong,
-            "line_no": self.line_no, "pieces": self.pieces,
+            "size_bytes": self.size_bytes,
+            "count": self.count,
+            "dtype": self.dtype,
+            "redop": self.redop,
+            "root": self.root,
+            "oop_time_us": self.oop_time_us,
+            "oop_algbw_GBps": self.oop_algbw_GBps,
+            "oop_busbw_GBps": self.oop_busbw_GBps,
+            "oop_wrong": self.oop_wrong,
+            "ip_time_us": self.ip_time_us,
+            "ip_algbw_GBps": self.ip_algbw_GBps,
+            "ip_busbw_GBps": self.ip_busbw_GBps,
+            "ip_wrong": self.ip_wrong,
+            "line_no": self.line_no,
+            "pieces": self.pieces,
         }
         if self.timestamp is not None:
             d["timestamp"] = self.timestamp
@@ -206,8 +266,15 @@ class NcclTestsDevice:
     pid: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rank": self.rank, "group": self.group, "pid": self.pid, "host": self.host,
-                "device": self.device, "bus_id": self.bus_id, "gpu_name": self.gpu_name}
+        return {
+            "rank": self.rank,
+            "group": self.group,
+            "pid": self.pid,
+            "host": self.host,
+            "device": self.device,
+            "bus_id": self.bus_id,
+            "gpu_name": self.gpu_name,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,8 +324,9 @@ class NcclTestsTable:
             return "intact rows only"
         return "reassembled" if self.rows_reassembled else "none needed"
 
-    def busbw_by_size(self, place: str = "out-of-place", dtype: str | None = None,
-                      redop: str | None = None) -> dict[int, float]:
+    def busbw_by_size(
+        self, place: str = "out-of-place", dtype: str | None = None, redop: str | None = None
+    ) -> dict[int, float]:
         """Size (bytes) → busbw (GB/s), in row order. Rows of one size (a ``-d all`` sweep,
         repeated sizes) are averaged unless ``dtype``/``redop`` pick one."""
         acc: dict[int, list[float]] = {}
@@ -272,24 +340,35 @@ class NcclTestsTable:
 
     def to_dict(self, rows: bool = True) -> dict[str, Any]:
         d: dict[str, Any] = {
-            "index": self.index, "label": self.label, "test": self.test,
-            "collective": self.collective, "test_name_source": self.test_name_source,
-            "columns": list(self.columns), "header_seen": self.header_seen,
-            "time_unit_printed": self.time_unit_printed, "wrong_column": self.wrong_column,
+            "index": self.index,
+            "label": self.label,
+            "test": self.test,
+            "collective": self.collective,
+            "test_name_source": self.test_name_source,
+            "columns": list(self.columns),
+            "header_seen": self.header_seen,
+            "time_unit_printed": self.time_unit_printed,
+            "wrong_column": self.wrong_column,
             "params": self.params.to_dict() if self.params else None,
             "devices": [x.to_dict() for x in self.devices],
             "nccl_tests_version": self.nccl_tests_version,
             "nccl_library_code": self.nccl_library_code,
-            "out_of_bounds": self.out_of_bounds, "out_of_bounds_ok": self.out_of_bounds_ok,
+            "out_of_bounds": self.out_of_bounds,
+            "out_of_bounds_ok": self.out_of_bounds_ok,
             "avg_busbw_GBps_printed": self.avg_busbw_GBps_printed,
             "avg_busbw_check": self.avg_busbw_check,
             "avg_busbw_GBps_recomputed": self.avg_busbw_GBps_recomputed,
             "avg_busbw_agrees": self.avg_busbw_agrees,
-            "n_rows": len(self.rows), "rows_reassembled": self.rows_reassembled,
-            "rows_dropped": self.rows_dropped, "dropped_line_nos": list(self.dropped_line_nos),
+            "n_rows": len(self.rows),
+            "rows_reassembled": self.rows_reassembled,
+            "rows_dropped": self.rows_dropped,
+            "dropped_line_nos": list(self.dropped_line_nos),
             "rows_unmatched": self.rows_unmatched,
-            "unmatched_line_nos": list(self.unmatched_line_nos), "reassembly": self.reassembly,
-            "line_start": self.line_start, "line_end": self.line_end, "complete": self.complete,
+            "unmatched_line_nos": list(self.unmatched_line_nos),
+            "reassembly": self.reassembly,
+            "line_start": self.line_start,
+            "line_end": self.line_end,
+            "complete": self.complete,
             "notes": list(self.notes),
         }
         if rows:
@@ -335,24 +414,35 @@ class NcclTestsResult:
             acc.attributed += len(t.rows)
             acc.cut += t.rows_reassembled + t.rows_dropped
             if t.rows_dropped:
-                acc.missing.append(f"{t.label}: {t.rows_dropped} cut row(s) never completed "
-                                   f"(line {_lines(list(t.dropped_line_nos))})")
+                acc.missing.append(
+                    f"{t.label}: {t.rows_dropped} cut row(s) never completed "
+                    f"(line {_lines(list(t.dropped_line_nos))})"
+                )
             if t.rows_unmatched:
-                acc.missing.append(f"{t.label}: {t.rows_unmatched} line(s) inside the table "
-                                   f"that fit no row shape (line "
-                                   f"{_lines(list(t.unmatched_line_nos))})")
+                acc.missing.append(
+                    f"{t.label}: {t.rows_unmatched} line(s) inside the table "
+                    f"that fit no row shape (line "
+                    f"{_lines(list(t.unmatched_line_nos))})"
+                )
             if not t.complete:
-                acc.notes.append(f"{t.label}: no '# Avg bus bandwidth' line after line "
-                                 f"{t.line_end}: the run may have stopped early")
+                acc.notes.append(
+                    f"{t.label}: no '# Avg bus bandwidth' line after line "
+                    f"{t.line_end}: the run may have stopped early"
+                )
         return acc
 
     def to_dict(self, rows: bool = True) -> dict[str, Any]:
-        return {"source": self.source, "lines_total": self.lines_total,
-                "lines_examined": self.lines_examined, "glued_pieces": self.glued_pieces,
-                "rows_total": self.rows_total, "rows_reassembled": self.rows_reassembled,
-                "rows_dropped": self.rows_dropped,
-                "completeness": self.account().to_dict(),
-                "tables": [t.to_dict(rows) for t in self.tables]}
+        return {
+            "source": self.source,
+            "lines_total": self.lines_total,
+            "lines_examined": self.lines_examined,
+            "glued_pieces": self.glued_pieces,
+            "rows_total": self.rows_total,
+            "rows_reassembled": self.rows_reassembled,
+            "rows_dropped": self.rows_dropped,
+            "completeness": self.account().to_dict(),
+            "tables": [t.to_dict(rows) for t in self.tables],
+        }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -376,8 +466,7 @@ class _Schema:
     n_required: int = field(init=False)
     build: Callable[[Any, int, int], NcclTestsRow | None] = field(init=False)
     # Older alltoall printed an empty op name under "redop": rows one token short.
-    build_blank_redop: Callable[[Any, int, int], NcclTestsRow | None] | None = field(
-        init=False)
+    build_blank_redop: Callable[[Any, int, int], NcclTestsRow | None] | None = field(init=False)
 
     def __post_init__(self) -> None:
         kinds = list(self.keys)
@@ -395,9 +484,15 @@ class _Schema:
         self.build_blank_redop = None
         if "redop" in self.keys:
             keys = tuple(k for k in self.keys if k != "redop")
-            self.build_blank_redop = _Schema(self.columns, keys, self.body, self.places,
-                                             self.timestamp, self.time_scale,
-                                             self.wrong_column).build
+            self.build_blank_redop = _Schema(
+                self.columns,
+                keys,
+                self.body,
+                self.places,
+                self.timestamp,
+                self.time_scale,
+                self.wrong_column,
+            ).build
 
 
 def _make_builder(s: _Schema) -> Callable[[Any, int, int], NcclTestsRow | None]:
@@ -419,10 +514,12 @@ def _make_builder(s: _Schema) -> Callable[[Any, int, int], NcclTestsRow | None]:
     ow = col(0, *_WRONG_NAMES)
     it, ia, ib = col(1, "time", "cputime"), col(1, "algbw"), col(1, "busbw")
     iw = col(1, *_WRONG_NAMES)
-    extras = [(f"{pl}_{name.rstrip('%')}{'_pct' if name.endswith('%') else '_us'}",
-               nk + i * width + j)
-              for i, pl in enumerate(s.places) for j, name in enumerate(s.body)
-              if name not in ("time", "cputime", "algbw", "busbw") and name not in _WRONG_NAMES]
+    extras = [
+        (f"{pl}_{name.rstrip('%')}{'_pct' if name.endswith('%') else '_us'}", nk + i * width + j)
+        for i, pl in enumerate(s.places)
+        for j, name in enumerate(s.body)
+        if name not in ("time", "cputime", "algbw", "busbw") and name not in _WRONG_NAMES
+    ]
     scale = s.time_scale
     n_req = s.n_required
     has_ts = s.timestamp
@@ -436,21 +533,42 @@ def _make_builder(s: _Schema) -> Callable[[Any, int, int], NcclTestsRow | None]:
         try:
             size, count, dtype = t[0], t[1], t[2]
             redop = t[ir] if ir >= 0 else None
-            if not (size.isdigit() and count.isdigit() and dtype[:1].isalpha()
-                    and (redop is None or redop[:1].isalpha())):
+            if not (
+                size.isdigit()
+                and count.isdigit()
+                and dtype[:1].isalpha()
+                and (redop is None or redop[:1].isalpha())
+            ):
                 return None
-            vals = (float(t[ot]) * scale, float(t[oa]), float(t[ob]),
-                    float(t[it]) * scale if it >= 0 else 0.0, float(t[ia]) if ia >= 0 else 0.0,
-                    float(t[ib]) if ib >= 0 else 0.0)
+            vals = (
+                float(t[ot]) * scale,
+                float(t[oa]),
+                float(t[ob]),
+                float(t[it]) * scale if it >= 0 else 0.0,
+                float(t[ia]) if ia >= 0 else 0.0,
+                float(t[ib]) if ib >= 0 else 0.0,
+            )
             if min(vals) < 0:
                 return None
             return row(
-                int(size), int(count), dtype, redop, int(t[iroot]) if iroot >= 0 else None,
-                vals[0], vals[1], vals[2], wrong(t[ow]) if ow >= 0 else None,
-                vals[3] if it >= 0 else None, vals[4] if ia >= 0 else None,
-                vals[5] if ib >= 0 else None, wrong(t[iw]) if iw >= 0 else None,
-                line_no, pieces, " ".join(t[n_req:]) if n > n_req else None,
-                tuple((k, float(t[j])) for k, j in extras) if extras else ())
+                int(size),
+                int(count),
+                dtype,
+                redop,
+                int(t[iroot]) if iroot >= 0 else None,
+                vals[0],
+                vals[1],
+                vals[2],
+                wrong(t[ow]) if ow >= 0 else None,
+                vals[3] if it >= 0 else None,
+                vals[4] if ia >= 0 else None,
+                vals[5] if ib >= 0 else None,
+                wrong(t[iw]) if iw >= 0 else None,
+                line_no,
+                pieces,
+                " ".join(t[n_req:]) if n > n_req else None,
+                tuple((k, float(t[j])) for k, j in extras) if extras else (),
+            )
         except (ValueError, IndexError, TypeError):
             return None
 
@@ -492,9 +610,16 @@ def _schema_from_header(text: str) -> _Schema | None:
     if len(starts) > 2 or len(rest) != width * len(starts) or "busbw" not in body:
         return None
     wrong = next((c for c in body if c in _WRONG_NAMES), "#wrong")
-    return _Schema(tuple(cols), tuple(keys), body, ("oop", "ip")[:len(starts)], timestamp,
-                   1000.0 if cols[0] == "bytes" else 1.0, wrong,
-                   tuple(m.end() for m in toks))
+    return _Schema(
+        tuple(cols),
+        tuple(keys),
+        body,
+        ("oop", "ip")[: len(starts)],
+        timestamp,
+        1000.0 if cols[0] == "bytes" else 1.0,
+        wrong,
+        tuple(m.end() for m in toks),
+    )
 
 
 _BODY4 = ("time", "algbw", "busbw", "#wrong")
@@ -502,8 +627,13 @@ _BODY4 = ("time", "algbw", "busbw", "#wrong")
 # root), then the older per-test layouts.
 _DEFAULT_SCHEMAS = tuple(
     _Schema(tuple(list(k) + list(_BODY4) * 2), k, _BODY4, ("oop", "ip"), False, 1.0, "#wrong")
-    for k in (("size", "count", "type", "redop", "root"), ("size", "count", "type", "redop"),
-              ("size", "count", "type", "root"), ("size", "count", "type")))
+    for k in (
+        ("size", "count", "type", "redop", "root"),
+        ("size", "count", "type", "redop"),
+        ("size", "count", "type", "root"),
+        ("size", "count", "type"),
+    )
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -524,8 +654,9 @@ class _Facts:
     notes: list[str] = field(default_factory=list)
 
     def empty(self) -> bool:
-        return (self.test is None and self.version is None and self.params is None
-                and not self.devices)
+        return (
+            self.test is None and self.version is None and self.params is None and not self.devices
+        )
 
 
 @dataclass(slots=True)
@@ -580,7 +711,7 @@ class _Machine:
         self.examined += 1
         c = line[first]
         if c == "#":
-            self._meta(line_no, line[first + 1:].strip(), line, pre)
+            self._meta(line_no, line[first + 1 :].strip(), line, pre)
         elif "0" <= c <= "9":
             self._row(line_no, line, pre)
         else:
@@ -665,8 +796,7 @@ class _Machine:
         if t is None:
             for schema in _DEFAULT_SCHEMAS:
                 r = schema.build(toks, line_no, 1)
-                if r is not None and r.dtype in _DTYPES and (r.redop is None
-                                                             or r.redop in _REDOPS):
+                if r is not None and r.dtype in _DTYPES and (r.redop is None or r.redop in _REDOPS):
                     t = self._open(line_no, schema, False)
                     break
             else:
@@ -784,10 +914,18 @@ def _params(text: str, line_no: int) -> NcclTestsParams:
 
 
 # Header words (and "warmup iters" / "agg iters") → NcclTestsParams fields.
-_PARAM_FIELDS = {"nThread": "n_threads", "nGpus": "n_gpus", "minBytes": "min_bytes",
-                 "maxBytes": "max_bytes", "warmup iters": "warmup_iters", "iters": "iters",
-                 "agg iters": "agg_iters", "validation": "validation", "graph": "graph",
-                 "unalign": "unalign"}
+_PARAM_FIELDS = {
+    "nThread": "n_threads",
+    "nGpus": "n_gpus",
+    "minBytes": "min_bytes",
+    "maxBytes": "max_bytes",
+    "warmup iters": "warmup_iters",
+    "iters": "iters",
+    "agg iters": "agg_iters",
+    "validation": "validation",
+    "graph": "graph",
+    "unalign": "unalign",
+}
 
 
 def _device(text: str) -> NcclTestsDevice | None:
@@ -804,10 +942,15 @@ def _device(text: str) -> NcclTestsDevice | None:
             if i + 1 < len(w) - 1:
                 vals[k] = w[i + 1]
     try:
-        return NcclTestsDevice(int(vals["Rank"]), vals["on"], int(vals["device"]), w[-1][1:],
-                               name.strip(),
-                               int(vals["Group"]) if "Group" in vals else None,
-                               int(vals["Pid"]) if "Pid" in vals else None)
+        return NcclTestsDevice(
+            int(vals["Rank"]),
+            vals["on"],
+            int(vals["device"]),
+            w[-1][1:],
+            name.strip(),
+            int(vals["Group"]) if "Group" in vals else None,
+            int(vals["Pid"]) if "Pid" in vals else None,
+        )
     except (KeyError, ValueError):
         return None
 
@@ -855,12 +998,20 @@ def _is_wrong(t: str) -> bool:
     return True
 
 
-_VALID = {"size": _is_uint, "count": _is_uint, "type": _is_word, "redop": _is_word,
-          "root": _is_int, "num": _is_num, "wrong": _is_wrong}
+_VALID = {
+    "size": _is_uint,
+    "count": _is_uint,
+    "type": _is_word,
+    "redop": _is_word,
+    "root": _is_int,
+    "num": _is_num,
+    "wrong": _is_wrong,
+}
 
 
-def _fragment(toks: list[str], line: str, pre: int, schema: _Schema, pos: int
-              ) -> tuple[list[str], int] | None:
+def _fragment(
+    toks: list[str], line: str, pre: int, schema: _Schema, pos: int
+) -> tuple[list[str], int] | None:
     """The tokens (``toks``: ``line[pre:]`` split) that continue a row at column ``pos``, and 1
     if foreign text was glued to the last of them; None when the line is no such piece.
 
@@ -891,7 +1042,7 @@ def _fragment(toks: list[str], line: str, pre: int, schema: _Schema, pos: int
         base = ends[pos - 1] if 0 < pos <= len(ends) else 0
         want = ends[j] - base if j < len(ends) else -1
         at = pre
-        for prev in toks[:i + 1]:
+        for prev in toks[: i + 1]:
             at = line.find(prev, at) + len(prev)
         head = _glued_head(tok, kind, at - len(tok) - pre, want)
         if head is None:
@@ -913,7 +1064,7 @@ def _glued_head(tok: str, kind: str, start: int, want: int) -> str | None:
     words = kind in ("type", "redop")
     if not words:
         m = rx.match(tok)
-        return tok[:m.end()] if m and 0 < m.end() < len(tok) else None
+        return tok[: m.end()] if m and 0 < m.end() < len(tok) else None
     vocab = _DTYPES if kind == "type" else _REDOPS
     for k in range(min(len(tok) - 1, 24), 0, -1):
         head = tok[:k]
@@ -955,24 +1106,54 @@ def _finish(machine: _Machine, source: str, lines_total: int) -> NcclTestsResult
         recomputed, agrees = _recompute(rows, b.avg)
         notes = list(f.notes)
         notes.extend(_notes(b, rows, recomputed, agrees))
-        tables.append(NcclTestsTable(
-            idx, label, test, coll, how if test else None, rows, b.schema.columns,
-            b.header_seen, "ms" if b.schema.time_scale != 1.0 else "us", b.schema.wrong_column,
-            f.params, tuple(f.devices), f.version, f.library, b.oob, b.oob_ok, b.avg,
-            b.avg_check, recomputed, agrees, b.reassembled, len(b.dropped),
-            tuple(sorted(b.dropped)), b.unmatched, tuple(b.unmatched_lines), b.line_start,
-            b.line_end, b.complete,
-            tuple(notes)))
+        tables.append(
+            NcclTestsTable(
+                idx,
+                label,
+                test,
+                coll,
+                how if test else None,
+                rows,
+                b.schema.columns,
+                b.header_seen,
+                "ms" if b.schema.time_scale != 1.0 else "us",
+                b.schema.wrong_column,
+                f.params,
+                tuple(f.devices),
+                f.version,
+                f.library,
+                b.oob,
+                b.oob_ok,
+                b.avg,
+                b.avg_check,
+                recomputed,
+                agrees,
+                b.reassembled,
+                len(b.dropped),
+                tuple(sorted(b.dropped)),
+                b.unmatched,
+                tuple(b.unmatched_lines),
+                b.line_start,
+                b.line_end,
+                b.complete,
+                tuple(notes),
+            )
+        )
     return NcclTestsResult(source, tuple(tables), lines_total, machine.examined, machine.glued)
 
 
-def _recompute(rows: tuple[NcclTestsRow, ...], printed: float | None
-               ) -> tuple[float | None, bool | None]:
+def _recompute(
+    rows: tuple[NcclTestsRow, ...], printed: float | None
+) -> tuple[float | None, bool | None]:
     """nccl-tests' average: the mean busbw over every body of every row. Agreement allows for
     the rounding of each printed value (getFloatStr: 2 decimals under 1000, then 1, then 0) and
     the 6 significant digits of the printed mean."""
-    vals = [v for r in rows for v in (r.oop_busbw_GBps, r.ip_busbw_GBps)
-            if v is not None and math.isfinite(v)]
+    vals = [
+        v
+        for r in rows
+        for v in (r.oop_busbw_GBps, r.ip_busbw_GBps)
+        if v is not None and math.isfinite(v)
+    ]
     if not vals:
         return None, None
     mean = sum(vals) / len(vals)
@@ -988,29 +1169,35 @@ def _lines(nos: list[int]) -> str:
     return s + (", …" if len(nos) > _MAX_NOTES_LINES else "")
 
 
-def _notes(b: _Building, rows: tuple[NcclTestsRow, ...], recomputed: float | None,
-           agrees: bool | None) -> list[str]:
+def _notes(
+    b: _Building, rows: tuple[NcclTestsRow, ...], recomputed: float | None, agrees: bool | None
+) -> list[str]:
     notes: list[str] = []
     if not b.header_seen:
-        notes.append("no column header seen: columns assumed to be "
-                     + " ".join(b.schema.columns))
+        notes.append("no column header seen: columns assumed to be " + " ".join(b.schema.columns))
     if b.schema.time_scale != 1.0:
         notes.append("time printed in ms (2017 nccl-tests format); converted to us")
     if b.reassembled:
-        notes.append(f"{b.reassembled} row(s) were cut by other output in the same file "
-                     "(stdout and stderr together) and were reassembled from their pieces")
+        notes.append(
+            f"{b.reassembled} row(s) were cut by other output in the same file "
+            "(stdout and stderr together) and were reassembled from their pieces"
+        )
     if b.dropped:
-        notes.append(f"{len(b.dropped)} cut row(s) could not be completed (starting at line "
-                     f"{_lines(b.dropped)}) and are left out: the table holds the intact "
-                     "rows only")
+        notes.append(
+            f"{len(b.dropped)} cut row(s) could not be completed (starting at line "
+            f"{_lines(b.dropped)}) and are left out: the table holds the intact "
+            "rows only"
+        )
     if b.unmatched:
         notes.append(f"{b.unmatched} numeric line(s) inside the table fit no row shape")
     if not b.complete:
         notes.append("no '# Avg bus bandwidth' line: the run may have stopped early")
     if recomputed is not None and b.avg is not None:
         verdict = "agree" if agrees else "DISAGREE"
-        notes.append(f"avg busbw printed {b.avg:g} GB/s, recomputed from {len(rows)} rows "
-                     f"{recomputed:.6g} GB/s: {verdict}")
+        notes.append(
+            f"avg busbw printed {b.avg:g} GB/s, recomputed from {len(rows)} rows "
+            f"{recomputed:.6g} GB/s: {verdict}"
+        )
     return notes
 
 
@@ -1025,8 +1212,7 @@ _LUT_NUMCH = _LUT_DIGIT.copy()
 _LUT_NUMCH[[ord("."), ord("e"), ord("+")]] = True
 
 
-def _select(arr: np.ndarray, starts: np.ndarray
-            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _select(arr: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Candidate lines among ``starts`` (``arr`` padded past the last line): their indices,
     where their launcher prefix ends, and their first non-blank byte after it.
 
@@ -1043,8 +1229,12 @@ def _select(arr: np.ndarray, starts: np.ndarray
     f = skip_runs(arr, pre, _LUT_BLANK, 4096)
     c = arr[f]
     c1 = arr[f + 1]
-    ok = (c == 0x23) | ((c == ord("n")) & (c1 == ord("T"))) | (
-        (c == ord("O")) & (c1 == ord("u"))) | ((c == ord("A")) & (c1 == ord("v")))
+    ok = (
+        (c == 0x23)
+        | ((c == ord("n")) & (c1 == ord("T")))
+        | ((c == ord("O")) & (c1 == ord("u")))
+        | ((c == ord("A")) & (c1 == ord("v")))
+    )
     dig = np.flatnonzero(_LUT_DIGIT[c] & ~ok)
     if dig.size:
         g = skip_runs(arr, f[dig], _LUT_NUMCH, 64)
@@ -1054,8 +1244,7 @@ def _select(arr: np.ndarray, starts: np.ndarray
     return idx, pre[idx], f[idx]
 
 
-def _scan(buf: bytes | bytearray, n: int, base: int, machine: _Machine,
-          prev: bytes = b"") -> int:
+def _scan(buf: bytes | bytearray, n: int, base: int, machine: _Machine, prev: bytes = b"") -> int:
     """Feed the candidate lines of ``buf[:n]`` (whole lines; ``buf`` holds at least ``len(_PAD)``
     more bytes, zeros past the text when it does not end with a newline) to ``machine``,
     numbered from ``base + 1``; returns the number of lines. ``prev``: the whole lines just
@@ -1063,7 +1252,7 @@ def _scan(buf: bytes | bytearray, n: int, base: int, machine: _Machine,
     if n <= 0:
         return 0
     arr = np.frombuffer(buf, dtype=np.uint8)
-    nls = [np.flatnonzero(arr[i:min(i + _BLOCK, n)] == 0x0A) + i for i in range(0, n, _BLOCK)]
+    nls = [np.flatnonzero(arr[i : min(i + _BLOCK, n)] == 0x0A) + i for i in range(0, n, _BLOCK)]
     nl = np.concatenate(nls) if len(nls) > 1 else nls[0]
     starts = np.empty(nl.size + 1, dtype=np.int64)
     starts[0] = 0
@@ -1077,8 +1266,9 @@ def _scan(buf: bytes | bytearray, n: int, base: int, machine: _Machine,
     del arr  # no export of ``buf`` outlives the call: the caller may resize it
     before = machine.unnamed
     feed = machine.feed
-    for i, s, e, pr, fi in zip(idx.tolist(), starts[idx].tolist(), ends[idx].tolist(),
-                               pre.tolist(), first.tolist()):
+    for i, s, e, pr, fi in zip(
+        idx.tolist(), starts[idx].tolist(), ends[idx].tolist(), pre.tolist(), first.tolist()
+    ):
         line = buf[s:e].decode("utf-8", "replace")
         feed(base + i + 1, line[:-1] if line.endswith("\r") else line, pr - s, fi - s)
     if machine.unnamed != before or (machine.cur is not None and machine.cur.facts.test is None):
@@ -1097,12 +1287,12 @@ def _mentions(buf: bytes | bytearray, n: int, base: int, machine: _Machine) -> N
     last = 0
     while i >= 0:
         j = i
-        while j > 0 and (buf[j - 1:j].isalnum() or buf[j - 1] == 0x5F):
+        while j > 0 and (buf[j - 1 : j].isalnum() or buf[j - 1] == 0x5F):
             j -= 1
         name = buf[j:i].decode("ascii", "replace")
         if name in COLLECTIVE_BY_TEST:
             end = i + 5
-            if buf[end:end + 4] == b"_mpi":
+            if buf[end : end + 4] == b"_mpi":
                 end += 4
             nl += buf.count(b"\n", last, i)
             last = i
@@ -1114,8 +1304,9 @@ def _scan_text(data: bytes, base: int, machine: _Machine) -> int:
     return _scan(data + _PAD, len(data), base, machine)
 
 
-def parse_nccl_tests(lines_or_text: str | bytes | Iterable[str], source: str = "<text>"
-                     ) -> NcclTestsResult | None:
+def parse_nccl_tests(
+    lines_or_text: str | bytes | Iterable[str], source: str = "<text>"
+) -> NcclTestsResult | None:
     """Every nccl-tests table in a text (``str``/``bytes``) or an iterable of lines (with or
     without their newlines); None when there is no table. Never raises on odd input: what is
     not a table is skipped, cut rows are reassembled or counted as dropped."""
@@ -1130,29 +1321,31 @@ def parse_nccl_tests(lines_or_text: str | bytes | Iterable[str], source: str = "
         for line in lines_or_text:
             batch.append(line if line.endswith("\n") else line + "\n")
             if len(batch) >= _LINES_PER_BATCH:
-                total += _scan_text("".join(batch).encode("utf-8", "surrogatepass"), total,
-                                    machine)
+                total += _scan_text("".join(batch).encode("utf-8", "surrogatepass"), total, machine)
                 batch.clear()
         if batch:
             total += _scan_text("".join(batch).encode("utf-8", "surrogatepass"), total, machine)
     return _finish(machine, source, total)
 
 
-def parse_nccl_tests_file(path: str | Path, source: str | None = None,
-                          on_progress: Callable[[int], None] | None = None,
-                          chunk_bytes: int = _CHUNK_BYTES) -> NcclTestsResult | None:
+def parse_nccl_tests_file(
+    path: str | Path,
+    source: str | None = None,
+    on_progress: Callable[[int], None] | None = None,
+    chunk_bytes: int = _CHUNK_BYTES,
+) -> NcclTestsResult | None:
     """:func:`parse_nccl_tests` on a file (``.gz`` too), read as bytes in chunks of whole lines
     into one reused buffer: memory stays at about one chunk whatever the file size (a line
     longer than a chunk grows it). ``on_progress(lines_so_far)`` after each chunk.
     ConfigError when the file is missing or cannot be read (I/O error, corrupt gzip)."""
     p = Path(path)
     with reading(p):
-        return _parse_file(p, source if source is not None else str(p), on_progress,
-                           chunk_bytes)
+        return _parse_file(p, source if source is not None else str(p), on_progress, chunk_bytes)
 
 
-def _parse_file(p: Path, source: str, on_progress: Callable[[int], None] | None,
-                chunk_bytes: int) -> NcclTestsResult | None:
+def _parse_file(
+    p: Path, source: str, on_progress: Callable[[int], None] | None, chunk_bytes: int
+) -> NcclTestsResult | None:
     machine = _Machine()
     total = 0
     size = max(int(chunk_bytes), 1 << 12)
@@ -1165,7 +1358,7 @@ def _parse_file(p: Path, source: str, on_progress: Callable[[int], None] | None,
                 got = fh.readinto(view[carry:size])
             if not got:
                 if carry:
-                    buf[carry:carry + len(_PAD)] = _PAD
+                    buf[carry : carry + len(_PAD)] = _PAD
                     total += _scan(buf, carry, total, machine, tail)
                 break
             n = carry + got
@@ -1179,12 +1372,12 @@ def _parse_file(p: Path, source: str, on_progress: Callable[[int], None] | None,
             total += _scan(buf, cut + 1, total, machine, tail)
             # the last whole lines, for a test name echoed just before the next chunk's table
             lo = max(0, cut + 1 - _TAIL_BYTES)
-            tail = (tail + bytes(buf[lo:cut + 1]) if lo == 0 else bytes(buf[lo:cut + 1]))
+            tail = tail + bytes(buf[lo : cut + 1]) if lo == 0 else bytes(buf[lo : cut + 1])
             if len(tail) > _TAIL_BYTES:
                 tail = tail[-_TAIL_BYTES:]
-            tail = tail[tail.find(b"\n") + 1:] if len(tail) == _TAIL_BYTES else tail
+            tail = tail[tail.find(b"\n") + 1 :] if len(tail) == _TAIL_BYTES else tail
             carry = n - cut - 1
-            buf[:carry] = buf[cut + 1:n]
+            buf[:carry] = buf[cut + 1 : n]
             if on_progress is not None:
                 on_progress(total)
     return _finish(machine, source, total)
@@ -1280,19 +1473,23 @@ class NcclTestsDiff(TypedDict):
     sources: list[str]  # [a's source, b's source]
 
 
-def _pair_tables(a: NcclTestsResult, b: NcclTestsResult
-                 ) -> tuple[list[tuple[NcclTestsTable, NcclTestsTable]], list[str], list[str]]:
+def _pair_tables(
+    a: NcclTestsResult, b: NcclTestsResult
+) -> tuple[list[tuple[NcclTestsTable, NcclTestsTable]], list[str], list[str]]:
     if len(a.tables) == 1 and len(b.tables) == 1:
         return [(a.tables[0], b.tables[0])], [], []
     b_by = {t.label: t for t in b.tables}  # labels are unique within a result
     a_labels = {t.label for t in a.tables}
-    return ([(t, b_by[t.label]) for t in a.tables if t.label in b_by],
-            [t.label for t in a.tables if t.label not in b_by],
-            [label for label in b_by if label not in a_labels])
+    return (
+        [(t, b_by[t.label]) for t in a.tables if t.label in b_by],
+        [t.label for t in a.tables if t.label not in b_by],
+        [label for label in b_by if label not in a_labels],
+    )
 
 
-def diff_nccl_tests(a: NcclTestsResult, b: NcclTestsResult, place: str = "out-of-place"
-                    ) -> NcclTestsDiff:
+def diff_nccl_tests(
+    a: NcclTestsResult, b: NcclTestsResult, place: str = "out-of-place"
+) -> NcclTestsDiff:
     """What changed from run ``a`` to run ``b``, busbw first: per matched table, the average
     busbw (printed when both have it, else recomputed; ``avg_basis`` says which) and busbw per
     message size (``place``, default out-of-place), with the largest drops listed first.
@@ -1313,8 +1510,7 @@ def diff_nccl_tests(a: NcclTestsResult, b: NcclTestsResult, place: str = "out-of
         if same_sizes and printed:
             va, vb, basis = ta.avg_busbw_GBps_printed, tb.avg_busbw_GBps_printed, "printed"
         elif same_sizes:
-            va, vb, basis = ta.avg_busbw_GBps_recomputed, tb.avg_busbw_GBps_recomputed, \
-                "recomputed"
+            va, vb, basis = ta.avg_busbw_GBps_recomputed, tb.avg_busbw_GBps_recomputed, "recomputed"
         else:  # different sweeps: averages over different sizes do not compare
             both = ta.busbw_by_size("both"), tb.busbw_by_size("both")
             va = sum(both[0][x] for x in sizes) / len(sizes) if sizes else None
@@ -1322,13 +1518,23 @@ def diff_nccl_tests(a: NcclTestsResult, b: NcclTestsResult, place: str = "out-of
             basis = "common sizes"
         pct = _pct(va, vb)
         per_size: list[BusbwAtSize] = [
-            {"size_bytes": s, "a_busbw_GBps": sa[s], "b_busbw_GBps": sb[s],
-             "change_GBps": sb[s] - sa[s], "change_pct": _pct(sa[s], sb[s]),
-             "a_ip_busbw_GBps": ia.get(s), "b_ip_busbw_GBps": ib.get(s)}
-            for s in sizes]
+            {
+                "size_bytes": s,
+                "a_busbw_GBps": sa[s],
+                "b_busbw_GBps": sb[s],
+                "change_GBps": sb[s] - sa[s],
+                "change_pct": _pct(sa[s], sb[s]),
+                "a_ip_busbw_GBps": ia.get(s),
+                "b_ip_busbw_GBps": ib.get(s),
+            }
+            for s in sizes
+        ]
         name = ta.label if ta.label == tb.label else f"{ta.label} vs {tb.label}"
-        head = (f"{name}: avg busbw {_num(va)} → {_num(vb)} GB/s, {_pct_text(pct)}"
-                if va is not None and vb is not None else f"{name}: avg busbw not available")
+        head = (
+            f"{name}: avg busbw {_num(va)} → {_num(vb)} GB/s, {_pct_text(pct)}"
+            if va is not None and vb is not None
+            else f"{name}: avg busbw not available"
+        )
         if basis == "recomputed" and va is not None and vb is not None:
             head += " (recomputed from rows)"
         elif basis == "common sizes" and va is not None and vb is not None:
@@ -1337,28 +1543,41 @@ def diff_nccl_tests(a: NcclTestsResult, b: NcclTestsResult, place: str = "out-of
         drops = sorted((c, x) for x in sizes if (c := _pct(sa[x], sb[x])) is not None and c < 0)
         worst = [x for _, x in drops[:3]]
         for x in worst:
-            lines.append(f"  {_size_text(x)}: busbw {_num(sa[x])} → {_num(sb[x])} GB/s, "
-                         f"{_pct_text(_pct(sa[x], sb[x]))}")
+            lines.append(
+                f"  {_size_text(x)}: busbw {_num(sa[x])} → {_num(sb[x])} GB/s, "
+                f"{_pct_text(_pct(sa[x], sb[x]))}"
+            )
         peak_a = max(sa.values()) if sa else None
         peak_b = max(sb.values()) if sb else None
-        out_tables.append({
-            "label": name, "a_label": ta.label, "b_label": tb.label,
-            "collective": ta.collective if ta.collective == tb.collective else None,
-            "avg_busbw_GBps": {"a": va, "b": vb, "change_pct": pct},
-            "avg_basis": basis if va is not None and vb is not None else None,
-            "peak_busbw_GBps": {"a": peak_a, "b": peak_b, "change_pct": _pct(peak_a, peak_b)},
-            "place": place,
-            "by_size": per_size,
-            "sizes_only_in_a": [s for s in sa if s not in sb],
-            "sizes_only_in_b": [s for s in sb if s not in sa],
-            "worst_sizes": worst,
-            "a_reassembly": ta.reassembly, "b_reassembly": tb.reassembly,
-            "a_rows": len(ta.rows), "b_rows": len(tb.rows),
-        })
+        out_tables.append(
+            {
+                "label": name,
+                "a_label": ta.label,
+                "b_label": tb.label,
+                "collective": ta.collective if ta.collective == tb.collective else None,
+                "avg_busbw_GBps": {"a": va, "b": vb, "change_pct": pct},
+                "avg_basis": basis if va is not None and vb is not None else None,
+                "peak_busbw_GBps": {"a": peak_a, "b": peak_b, "change_pct": _pct(peak_a, peak_b)},
+                "place": place,
+                "by_size": per_size,
+                "sizes_only_in_a": [s for s in sa if s not in sb],
+                "sizes_only_in_b": [s for s in sb if s not in sa],
+                "worst_sizes": worst,
+                "a_reassembly": ta.reassembly,
+                "b_reassembly": tb.reassembly,
+                "a_rows": len(ta.rows),
+                "b_rows": len(tb.rows),
+            }
+        )
     for lab in only_a:
         lines.append(f"{lab}: only in the first file")
     for lab in only_b:
         lines.append(f"{lab}: only in the second file")
-    return {"text": lines[0] if lines else "no nccl-tests table to compare",
-            "lines": lines, "tables": out_tables, "only_in_a": only_a, "only_in_b": only_b,
-            "sources": [a.source, b.source]}
+    return {
+        "text": lines[0] if lines else "no nccl-tests table to compare",
+        "lines": lines,
+        "tables": out_tables,
+        "only_in_a": only_a,
+        "only_in_b": only_b,
+        "sources": [a.source, b.source],
+    }

@@ -28,8 +28,11 @@ from phaseprobe.sources.read_account import ReadAccount
 
 __all__ = ["export_account", "ACTIVITY_TABLES", "pid_of"]
 
-ACTIVITY_TABLES = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY",
-                   "CUPTI_ACTIVITY_KIND_MEMSET")
+ACTIVITY_TABLES = (
+    "CUPTI_ACTIVITY_KIND_KERNEL",
+    "CUPTI_ACTIVITY_KIND_MEMCPY",
+    "CUPTI_ACTIVITY_KIND_MEMSET",
+)
 _GRAPH_TABLE = "CUPTI_ACTIVITY_KIND_GRAPH_TRACE"
 
 
@@ -38,8 +41,7 @@ def pid_of(global_pids: Iterable[int]) -> set[int]:
     return {(int(g) >> 24) & 0xFFFFFF for g in global_pids if int(g) >= 0}
 
 
-def export_account(path: str | Path, read: int, active_pids: set[int] | None = None
-                   ) -> ReadAccount:
+def export_account(path: str | Path, read: int, active_pids: set[int] | None = None) -> ReadAccount:
     """The account of one export whose summary holds ``read`` GPU activities.
     ``active_pids``: OS pids with GPU activity in the result, when the summary saw them."""
     conn = open_export(path)
@@ -53,7 +55,8 @@ def export_account(path: str | Path, read: int, active_pids: set[int] | None = N
             acc.missing.append(
                 f"{graphs:,} CUDA graph executions traced whole ({_GRAPH_TABLE}, nsys "
                 "--cuda-graph-trace=graph): their kernels are in no kernel row; capture with "
-                "--cuda-graph-trace=node to see them")
+                "--cuda-graph-trace=node to see them"
+            )
         if read < acc.found - graphs:  # rows the reader skipped (never expected): said
             acc.missing.append(f"{acc.found - graphs - read:,} activity rows not in the summary")
         acc.missing += _silent_processes(ex, read, active_pids)
@@ -85,8 +88,12 @@ def _rows(ex: _Export, table: str) -> int:
 def _silent_processes(ex: _Export, read: int, active: set[int] | None) -> list[str]:
     if "processId" not in ex.columns("TARGET_INFO_CUDA_STREAM"):
         return []
-    cuda = {int(r[0]) for r in ex.conn.execute(
-        "SELECT DISTINCT processId FROM TARGET_INFO_CUDA_STREAM WHERE processId IS NOT NULL")}
+    cuda = {
+        int(r[0])
+        for r in ex.conn.execute(
+            "SELECT DISTINCT processId FROM TARGET_INFO_CUDA_STREAM WHERE processId IS NOT NULL"
+        )
+    }
     if not cuda:
         return []
     if active is None:
@@ -96,12 +103,21 @@ def _silent_processes(ex: _Export, read: int, active: set[int] | None) -> list[s
             active = set()
             for t in ACTIVITY_TABLES:
                 if "globalPid" in ex.columns(t):
-                    active |= pid_of(r[0] for r in ex.conn.execute(
-                        f'SELECT DISTINCT globalPid FROM "{t}" WHERE globalPid IS NOT NULL'))
+                    active |= pid_of(
+                        r[0]
+                        for r in ex.conn.execute(
+                            f'SELECT DISTINCT globalPid FROM "{t}" WHERE globalPid IS NOT NULL'
+                        )
+                    )
     names: dict[int, str] = {}
     if {"pid", "name"} <= ex.columns("PROCESSES"):
-        names = {int(p): str(n) for p, n in ex.conn.execute(
-            "SELECT pid, name FROM PROCESSES WHERE pid IS NOT NULL")}
-    return [f"process {pid}" + (f" ({names[pid]})" if pid in names else "")
-            + ": CUDA streams but no GPU activity in the export"
-            for pid in sorted(cuda - active)]
+        names = {
+            int(p): str(n)
+            for p, n in ex.conn.execute("SELECT pid, name FROM PROCESSES WHERE pid IS NOT NULL")
+        }
+    return [
+        f"process {pid}"
+        + (f" ({names[pid]})" if pid in names else "")
+        + ": CUDA streams but no GPU activity in the export"
+        for pid in sorted(cuda - active)
+    ]

@@ -34,8 +34,9 @@ class ApiSums:
         self.twin_rows: list[np.ndarray] = []  # pos, name id, thread, correlation id, dur
         self.seen = 0
 
-    def add(self, ids: np.ndarray, durs: np.ndarray, tids: np.ndarray | None,
-            corrs: np.ndarray | None) -> None:
+    def add(
+        self, ids: np.ndarray, durs: np.ndarray, tids: np.ndarray | None, corrs: np.ndarray | None
+    ) -> None:
         """One chunk of calls in table order (threads and correlation ids are needed only
         when ``twin_ids`` is not empty)."""
         rows = np.arange(self.seen, self.seen + ids.size)
@@ -43,18 +44,27 @@ class ApiSums:
         if self.twin_ids.size and tids is not None and corrs is not None:
             sel = np.isin(ids, self.twin_ids)
             if sel.any():
-                self.twin_rows.append(np.stack([rows[sel], ids[sel], tids[sel], corrs[sel],
-                                                durs[sel]]))
+                self.twin_rows.append(
+                    np.stack([rows[sel], ids[sel], tids[sel], corrs[sel], durs[sel]])
+                )
                 ids, durs, rows = ids[~sel], durs[~sel], rows[~sel]
         self._sum(ids, durs, rows)
 
     def _sum(self, ids: np.ndarray, durs: np.ndarray, rows: np.ndarray) -> None:
-        g = pd.DataFrame({"id": ids, "dur": durs, "row": rows}).groupby(
-            "id", sort=False).agg(count=("dur", "size"), time=("dur", "sum"),
-                                  mx=("dur", "max"), first=("row", "min"))
-        for i, c, t, m, f in zip(g.index.tolist(), g["count"].to_numpy(),
-                                 g["time"].to_numpy(), g["mx"].to_numpy(),
-                                 g["first"].tolist()):
+        g = (
+            pd.DataFrame({"id": ids, "dur": durs, "row": rows})
+            .groupby("id", sort=False)
+            .agg(
+                count=("dur", "size"), time=("dur", "sum"), mx=("dur", "max"), first=("row", "min")
+            )
+        )
+        for i, c, t, m, f in zip(
+            g.index.tolist(),
+            g["count"].to_numpy(),
+            g["time"].to_numpy(),
+            g["mx"].to_numpy(),
+            g["first"].tolist(),
+        ):
             s = self.stats.get(i)
             if s is None:
                 self.stats[i] = [c, t, m, f]
@@ -82,10 +92,14 @@ class ApiSums:
             else:
                 b[0], b[1], b[2], b[3] = b[0] + c, wrap_add(b[1], t), max(b[2], m), min(b[3], f)
         order = sorted(bases, key=lambda b: bases[b][3])
-        out = pd.DataFrame({"name": order,
-                            "count": [bases[b][0] for b in order],
-                            "time_ns": [bases[b][1] for b in order],
-                            "max_ns": [bases[b][2] for b in order]})
+        out = pd.DataFrame(
+            {
+                "name": order,
+                "count": [bases[b][0] for b in order],
+                "time_ns": [bases[b][1] for b in order],
+                "max_ns": [bases[b][2] for b in order],
+            }
+        )
         out = out.astype({"count": np.int64, "time_ns": np.int64, "max_ns": np.int64})
         return out.sort_values("time_ns", ascending=False, ignore_index=True), twins
 
@@ -114,8 +128,7 @@ class ApiSums:
         if not {"id", "value"} <= self.ex.columns("StringIds"):
             return np.empty(0, np.int64)
         versioned: dict[int, str] = {}
-        for i, v in self.ex.conn.execute("SELECT id, value FROM StringIds WHERE value GLOB "
-                                      "'*_v*'"):
+        for i, v in self.ex.conn.execute("SELECT id, value FROM StringIds WHERE value GLOB '*_v*'"):
             if isinstance(v, str) and _VERSIONED.search(v):
                 versioned[int(i)] = _VERSIONED.sub("", v)
         if not versioned:
@@ -125,13 +138,19 @@ class ApiSums:
         bases = sorted(set(versioned.values()))
         plain: dict[int, str] = {}
         for k in range(0, len(bases), 900):
-            part = bases[k:k + 900]
-            plain.update((int(i), str(v)) for i, v in self.ex.conn.execute(
-                f"SELECT id, value FROM StringIds WHERE value IN ({','.join('?' * len(part))})",
-                part))
+            part = bases[k : k + 900]
+            plain.update(
+                (int(i), str(v))
+                for i, v in self.ex.conn.execute(
+                    f"SELECT id, value FROM StringIds WHERE value IN ({','.join('?' * len(part))})",
+                    part,
+                )
+            )
         both = set(plain.values())
-        return np.asarray(sorted([i for i in plain] + [i for i, b in versioned.items()
-                                                       if b in both]), dtype=np.int64)
+        return np.asarray(
+            sorted([i for i in plain] + [i for i, b in versioned.items() if b in both]),
+            dtype=np.int64,
+        )
 
 
 def wrap_add(a: Any, b: Any) -> np.int64:

@@ -32,17 +32,31 @@ from phaseprobe.errors import TraceError
 from phaseprobe.sources.nvtx_marks import NVTX_DOMAIN, nvtx_range  # re-exported
 from phaseprobe.trace_records import Timeline, empty_activities, empty_ranges, trace_file
 
-__all__ = ["read_nsys", "open_export", "API_COLUMNS", "MEMCPY_KINDS", "nvtx_range",
-           "NVTX_DOMAIN"]
+__all__ = ["read_nsys", "open_export", "API_COLUMNS", "MEMCPY_KINDS", "nvtx_range", "NVTX_DOMAIN"]
 
 API_COLUMNS: dict[str, str] = {
     "name": "str — CUDA runtime/driver call, version suffix (_v7000) stripped",
-    "count": "int64", "time_ns": "int64 — summed CPU time in the call", "max_ns": "int64",
+    "count": "int64",
+    "time_ns": "int64 — summed CPU time in the call",
+    "max_ns": "int64",
 }
 # ENUM_CUDA_MEMCPY_OPER (fixed since CUDA 10; older exports have no ENUM tables to ask)
-MEMCPY_KINDS = {0: "Unknown", 1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD",
-                7: "DtoA", 8: "DtoD", 9: "HtoH", 10: "PtoP", 11: "UVM HtoD", 12: "UVM DtoH",
-                13: "UVM DtoD"}
+MEMCPY_KINDS = {
+    0: "Unknown",
+    1: "HtoD",
+    2: "DtoH",
+    3: "HtoA",
+    4: "AtoH",
+    5: "AtoA",
+    6: "AtoD",
+    7: "DtoA",
+    8: "DtoD",
+    9: "HtoH",
+    10: "PtoP",
+    11: "UVM HtoD",
+    12: "UVM DtoH",
+    13: "UVM DtoD",
+}
 _RANGE_TYPES = (59, 60, 70, 71)  # NVTX push/pop, start/end (+ NVTXT variants)
 _DOMAIN_CREATE = 75
 _CHUNK = 500_000
@@ -64,11 +78,19 @@ def open_export(path: str | os.PathLike[str]) -> sqlite3.Connection:
     except (sqlite3.Error, UnicodeDecodeError) as exc:
         # a corrupt schema can carry invalid UTF-8 into SQLite's own error message
         raise TraceError(str(p), f"not an SQLite database ({exc})") from None
-    if not names & {"StringIds", "CUPTI_ACTIVITY_KIND_KERNEL", "NVTX_EVENTS", "TARGET_INFO_GPU",
-                    "CUPTI_ACTIVITY_KIND_RUNTIME"}:
+    if not names & {
+        "StringIds",
+        "CUPTI_ACTIVITY_KIND_KERNEL",
+        "NVTX_EVENTS",
+        "TARGET_INFO_GPU",
+        "CUPTI_ACTIVITY_KIND_RUNTIME",
+    }:
         conn.close()
-        raise TraceError(str(p), "not an Nsight Systems export (no StringIds, CUPTI or NVTX "
-                                 "tables); export with: nsys export --type sqlite REPORT")
+        raise TraceError(
+            str(p),
+            "not an Nsight Systems export (no StringIds, CUPTI or NVTX "
+            "tables); export with: nsys export --type sqlite REPORT",
+        )
     return conn
 
 
@@ -76,8 +98,10 @@ class _Export:
     def __init__(self, conn: sqlite3.Connection, path: str) -> None:
         self.conn = conn
         self.path = path
-        self.tables = {r[0] for r in conn.execute(
-            "SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
+        self.tables = {
+            r[0]
+            for r in conn.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")
+        }
         self._strings: dict[int, str] = {}
 
     def columns(self, table: str) -> set[str]:
@@ -91,8 +115,9 @@ class _Export:
         chunks = []
         while rows := cur.fetchmany(_CHUNK):
             # fromiter over the flattened rows skips numpy's per-tuple sequence inspection
-            flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64,
-                               count=len(rows) * ncols)
+            flat = np.fromiter(
+                itertools.chain.from_iterable(rows), dtype=np.int64, count=len(rows) * ncols
+            )
             chunks.append(flat.reshape(-1, ncols))
         return np.concatenate(chunks) if chunks else np.empty((0, ncols), np.int64)
 
@@ -111,7 +136,8 @@ class _Export:
         q = f'"{table}"'
         try:
             total, lo, hi = self.conn.execute(
-                f"SELECT count(*), min(rowid), max(rowid) FROM {q}").fetchone()
+                f"SELECT count(*), min(rowid), max(rowid) FROM {q}"
+            ).fetchone()
             if lo is None:
                 return np.empty((0, len(exprs)), np.int64)
             if int(hi) - int(lo) > 4 * int(total) + _GC_ROWS:
@@ -123,17 +149,20 @@ class _Export:
             for first in range(int(lo), int(hi) + 1, _GC_ROWS):
                 row = self._bytes_row(
                     f"SELECT {aggs} FROM {q} WHERE rowid >= {first} AND rowid < "
-                    f"{first + _GC_ROWS}{cond}")
+                    f"{first + _GC_ROWS}{cond}"
+                )
                 n = int(row[0])
                 for i, text in enumerate(row[1:]):
                     col = np.fromstring(text or b"", dtype=np.int64, sep=",")
                     if col.size != n:
                         raise ValueError("not integers only")
-                    out[i, n_rows:n_rows + n] = col
+                    out[i, n_rows : n_rows + n] = col
                 n_rows += n
         except (sqlite3.OperationalError, ValueError, DeprecationWarning):
-            return self.ints(f"SELECT {', '.join(exprs)} FROM {q}"
-                             + (f" WHERE {where}" if where else ""), len(exprs))
+            return self.ints(
+                f"SELECT {', '.join(exprs)} FROM {q}" + (f" WHERE {where}" if where else ""),
+                len(exprs),
+            )
         # column-major: a[:, i] is contiguous for the callers
         return out[:, :n_rows].T
 
@@ -150,21 +179,27 @@ class _Export:
         want = [int(i) for i in ids if int(i) not in self._strings]
         if want and "StringIds" in self.tables:
             for i in range(0, len(want), 900):  # SQLite's default bound-parameter limit
-                part = want[i:i + 900]
+                part = want[i : i + 900]
                 marks = ",".join("?" * len(part))
-                self._strings.update(self.conn.execute(
-                    f"SELECT id, value FROM StringIds WHERE id IN ({marks})", part).fetchall())
+                self._strings.update(
+                    self.conn.execute(
+                        f"SELECT id, value FROM StringIds WHERE id IN ({marks})", part
+                    ).fetchall()
+                )
         return {int(i): self._strings.get(int(i), f"<string {int(i)}>") for i in ids}
 
     def meta(self) -> dict[str, str]:
         out: dict[str, str] = {}
         for table in ("EXPORT_META_DATA", "META_DATA_EXPORT", "META_DATA_CAPTURE"):
             if {"name", "value"} <= self.columns(table):
-                out.update((str(k), str(v)) for k, v in self.conn.execute(
-                    f'SELECT name, value FROM "{table}"'))
+                out.update(
+                    (str(k), str(v))
+                    for k, v in self.conn.execute(f'SELECT name, value FROM "{table}"')
+                )
         if "utcEpochNs" in self.columns("TARGET_INFO_SESSION_START_TIME"):
             row = self.conn.execute(
-                "SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME LIMIT 1").fetchone()
+                "SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME LIMIT 1"
+            ).fetchone()
             if row and row[0] is not None:
                 out["session_start_utc_ns"] = str(row[0])
         return out
@@ -175,9 +210,13 @@ class _Export:
         if not {"id", "name"} <= cols:
             return {}
         cu = '"cuDevice"' if "cuDevice" in cols else "NULL"
-        return {int(i): (str(n), None if c is None else int(c)) for i, n, c in self.conn.execute(
-            f"SELECT DISTINCT id, name, {cu} FROM TARGET_INFO_GPU WHERE id IS NOT NULL "
-            "ORDER BY id")}
+        return {
+            int(i): (str(n), None if c is None else int(c))
+            for i, n, c in self.conn.execute(
+                f"SELECT DISTINCT id, name, {cu} FROM TARGET_INFO_GPU WHERE id IS NOT NULL "
+                "ORDER BY id"
+            )
+        }
 
     def ordinal_map(self) -> tuple[dict[tuple[int, int], int], dict[int, set[int]]]:
         """Which GPU table id each CUDA ordinal (what the activity tables' ``deviceId`` holds)
@@ -195,8 +234,9 @@ class _Export:
         if {"gpuId", "cudaId"} <= cols:
             pid = '"pid"' if "pid" in cols else "-1"
             for gpu, cuda, p in self.conn.execute(
-                    f"SELECT DISTINCT gpuId, cudaId, coalesce({pid}, -1) FROM "
-                    "TARGET_INFO_CUDA_DEVICE WHERE gpuId IS NOT NULL AND cudaId IS NOT NULL"):
+                f"SELECT DISTINCT gpuId, cudaId, coalesce({pid}, -1) FROM "
+                "TARGET_INFO_CUDA_DEVICE WHERE gpuId IS NOT NULL AND cudaId IS NOT NULL"
+            ):
                 per_pid[(int(p), int(cuda))] = int(gpu)
                 by_ordinal.setdefault(int(cuda), set()).add(int(gpu))
             if by_ordinal:
@@ -266,15 +306,28 @@ class _Export:
             return None
         tid = "coalesce(globalTid, 0)" if "globalTid" in cols else "0"
         corr = "coalesce(correlationId, -1)" if "correlationId" in cols else "-1"
-        a = self.column_ints("CUPTI_ACTIVITY_KIND_RUNTIME",
-                             ["coalesce(nameId, -1)", 'coalesce("end" - start, 0)', tid, corr,
-                              "coalesce(start, -1)"])
-        return {"name_id": a[:, 0], "dur": a[:, 1], "tid": a[:, 2], "corr": a[:, 3],
-                "start": a[:, 4]}
+        a = self.column_ints(
+            "CUPTI_ACTIVITY_KIND_RUNTIME",
+            [
+                "coalesce(nameId, -1)",
+                'coalesce("end" - start, 0)',
+                tid,
+                corr,
+                "coalesce(start, -1)",
+            ],
+        )
+        return {
+            "name_id": a[:, 0],
+            "dur": a[:, 1],
+            "tid": a[:, 2],
+            "corr": a[:, 3],
+            "start": a[:, 4],
+        }
 
     @staticmethod
-    def launches(rt: dict[str, np.ndarray] | None
-                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def launches(
+        rt: dict[str, np.ndarray] | None,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Runtime API calls sorted for joining: (pid, correlationId, start, globalTid)."""
         if rt is None or not (rt["corr"] >= 0).any():
             e = np.empty(0, np.int64)
@@ -285,9 +338,14 @@ class _Export:
         order = np.argsort(_pid_key(pid, corr, np.unique(pd.unique(pid))), kind="stable")
         return pid[order], corr[order], start[order], tid[order]
 
-    def gpu_ops(self, table: str, kind: str, with_launch: bool,
-                launch: tuple[np.ndarray, ...] | None,
-                split: dict[tuple[int, int], int] | None = None) -> pd.DataFrame:
+    def gpu_ops(
+        self,
+        table: str,
+        kind: str,
+        with_launch: bool,
+        launch: tuple[np.ndarray, ...] | None,
+        split: dict[tuple[int, int], int] | None = None,
+    ) -> pd.DataFrame:
         cols = self.columns(table)
         if not {"start", "end"} <= cols:
             return empty_activities()
@@ -299,12 +357,12 @@ class _Export:
             wanted += ["globalPid"]
         wanted += {"kernel": [], "memcpy": ["bytes", "copyKind"], "memset": ["bytes"]}[kind]
         select = [f'coalesce("{c}", -1)' if c in cols else "-1" for c in wanted]
-        name_col = self._named(table, ("shortName", "demangledName", "name")) \
-            if kind == "kernel" else None
+        name_col = (
+            self._named(table, ("shortName", "demangledName", "name")) if kind == "kernel" else None
+        )
         if name_col:
             # names stored as text (odd exports) are read separately by _names_for
-            select.append(f'coalesce("{name_col}", -1)' if self._is_int(table, name_col)
-                          else "0")
+            select.append(f'coalesce("{name_col}", -1)' if self._is_int(table, name_col) else "0")
         a = self.column_ints(table, select)
         if a.shape[0] == 0:
             return empty_activities()
@@ -322,13 +380,21 @@ class _Export:
         tid = np.full(a.shape[0], -1, np.int64)
         if with_launch and launch is not None and launch[0].size:
             launch_ns, tid = _join_launch(col["globalPid"], col["correlationId"], *launch)
-        return pd.DataFrame({
-            "start_ns": col["start"], "end_ns": col["end"],
-            "device": _cat(*_dev_codes(col["deviceId"], col.get("globalPid") if split
-                                       else None)), "stream": col["streamId"],
-            "kind": _cat(np.zeros(a.shape[0], np.int8), [kind]),
-            "name": names, "launch_ns": launch_ns, "tid": tid,
-            "bytes": col.get("bytes", np.full(a.shape[0], -1, np.int64))})
+        return pd.DataFrame(
+            {
+                "start_ns": col["start"],
+                "end_ns": col["end"],
+                "device": _cat(
+                    *_dev_codes(col["deviceId"], col.get("globalPid") if split else None)
+                ),
+                "stream": col["streamId"],
+                "kind": _cat(np.zeros(a.shape[0], np.int8), [kind]),
+                "name": names,
+                "launch_ns": launch_ns,
+                "tid": tid,
+                "bytes": col.get("bytes", np.full(a.shape[0], -1, np.int64)),
+            }
+        )
 
     def _is_int(self, table: str, col: str) -> bool:
         row = self.conn.execute(f'SELECT typeof("{col}") FROM "{table}" LIMIT 1').fetchone()
@@ -344,21 +410,31 @@ class _Export:
         tid = '"globalTid"' if "globalTid" in cols else "-1"
         types = ",".join(map(str, _RANGE_TYPES))
         df = pd.read_sql_query(
-            f"SELECT start AS start_ns, \"end\" AS end_ns, {text} AS text, {text_id} AS text_id,"
+            f'SELECT start AS start_ns, "end" AS end_ns, {text} AS text, {text_id} AS text_id,'
             f" coalesce({dom}, 0) AS domain_id, coalesce({tid}, -1) AS tid FROM NVTX_EVENTS "
-            f"WHERE eventType IN ({types}) AND \"end\" IS NOT NULL", self.conn)
+            f'WHERE eventType IN ({types}) AND "end" IS NOT NULL',
+            self.conn,
+        )
         if df.empty:
             return empty_ranges()
-        domains = dict(self.conn.execute(
-            f"SELECT {dom}, {text} FROM NVTX_EVENTS WHERE eventType = {_DOMAIN_CREATE}"))
+        domains = dict(
+            self.conn.execute(
+                f"SELECT {dom}, {text} FROM NVTX_EVENTS WHERE eventType = {_DOMAIN_CREATE}"
+            )
+        )
         ids = df["text_id"].dropna().astype(np.int64).unique()
         lookup = self.strings(ids.tolist())
         by_id = df["text_id"].map(lambda i: lookup.get(int(i)) if pd.notna(i) else None)
-        return pd.DataFrame({
-            "start_ns": df["start_ns"].astype(np.int64), "end_ns": df["end_ns"].astype(np.int64),
-            "name": by_id.fillna(df["text"]).fillna("").astype(str),
-            "domain": df["domain_id"].map(lambda d: domains.get(d) or "").astype(str),
-            "tid": df["tid"].astype(np.int64), "device": ""})
+        return pd.DataFrame(
+            {
+                "start_ns": df["start_ns"].astype(np.int64),
+                "end_ns": df["end_ns"].astype(np.int64),
+                "name": by_id.fillna(df["text"]).fillna("").astype(str),
+                "domain": df["domain_id"].map(lambda d: domains.get(d) or "").astype(str),
+                "tid": df["tid"].astype(np.int64),
+                "device": "",
+            }
+        )
 
     def api_summary(self, rt: dict[str, np.ndarray] | None) -> tuple[pd.DataFrame, int]:
         """Runtime API calls per base name, and how many versioned twins were left out.
@@ -385,11 +461,13 @@ class _Export:
             twin[versioned_code] = keys[versioned_code].isin(plain)
             twin &= rt["corr"] >= 0
         df = pd.DataFrame({"code": row_base[~twin], "dur": rt["dur"][~twin]})
-        out = df.groupby("code", sort=False).agg(count=("dur", "size"), time_ns=("dur", "sum"),
-                                                 max_ns=("dur", "max"))
+        out = df.groupby("code", sort=False).agg(
+            count=("dur", "size"), time_ns=("dur", "sum"), max_ns=("dur", "max")
+        )
         out.insert(0, "name", [str(base_names[int(c)]) for c in out.index])
-        out = out.reset_index(drop=True).astype({"count": np.int64, "time_ns": np.int64,
-                                                 "max_ns": np.int64})
+        out = out.reset_index(drop=True).astype(
+            {"count": np.int64, "time_ns": np.int64, "max_ns": np.int64}
+        )
         return out.sort_values("time_ns", ascending=False, ignore_index=True), int(twin.sum())
 
 
@@ -401,12 +479,12 @@ def _cat(codes: np.ndarray, categories: Sequence[str]) -> Any:
     if uniq.size != len(cats):
         codes = first[codes]
         cats = pd.Index(list(uniq), dtype=object)
-    return pd.Categorical.from_codes(np.asarray(codes, dtype=np.int32), categories=cats,
-                                     validate=False)
+    return pd.Categorical.from_codes(
+        np.asarray(codes, dtype=np.int32), categories=cats, validate=False
+    )
 
 
-def _dev_codes(dev: np.ndarray, gpid: np.ndarray | None = None
-               ) -> tuple[np.ndarray, list[str]]:
+def _dev_codes(dev: np.ndarray, gpid: np.ndarray | None = None) -> tuple[np.ndarray, list[str]]:
     """Device labels by CUDA ordinal, ``cuda:<n>``; with ``gpid`` (ordinals that mean other
     GPUs in other processes) ``cuda:<n> pid <pid>``, one device per process and ordinal."""
     if gpid is None:
@@ -414,8 +492,7 @@ def _dev_codes(dev: np.ndarray, gpid: np.ndarray | None = None
         return inv.astype(np.int32), [f"cuda:{int(d)}" if d >= 0 else "cuda:?" for d in uniq]
     pid = (gpid >> 24) & 0xFFFFFF
     inv, uniq = pd.factorize(pid * (np.int64(1) << 32) + (dev & 0xFFFFFFFF), sort=True)
-    return inv.astype(np.int32), [f"cuda:{int(k) & 0xFFFFFFFF} pid {int(k) >> 32}"
-                                  for k in uniq]
+    return inv.astype(np.int32), [f"cuda:{int(k) & 0xFFFFFFFF} pid {int(k) >> 32}" for k in uniq]
 
 
 def _pid_key(pid: np.ndarray, corr: np.ndarray, pids: np.ndarray) -> np.ndarray:
@@ -425,8 +502,14 @@ def _pid_key(pid: np.ndarray, corr: np.ndarray, pids: np.ndarray) -> np.ndarray:
     return code * (np.int64(1) << 40) + corr + 1
 
 
-def _join_launch(gpid: np.ndarray, corr: np.ndarray, r_pid: np.ndarray, r_corr: np.ndarray,
-                 r_start: np.ndarray, r_tid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _join_launch(
+    gpid: np.ndarray,
+    corr: np.ndarray,
+    r_pid: np.ndarray,
+    r_corr: np.ndarray,
+    r_start: np.ndarray,
+    r_tid: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
     """Kernel ↔ launching runtime call on (globalPid, correlationId), by binary search."""
     pids = np.unique(pd.unique(r_pid))
     r_key = _pid_key(r_pid, r_corr, pids)
@@ -452,8 +535,10 @@ def read_nsys(path: str | os.PathLike[str], *, with_launch: bool = True) -> Time
         rt = ex.runtime()
         launch = ex.launches(rt) if with_launch else None
         split = ex.pid_split()
-        parts = [ex.gpu_ops(f"CUPTI_ACTIVITY_KIND_{t.upper()}", t, with_launch, launch, split)
-                 for t in ("kernel", "memcpy", "memset")]
+        parts = [
+            ex.gpu_ops(f"CUPTI_ACTIVITY_KIND_{t.upper()}", t, with_launch, launch, split)
+            for t in ("kernel", "memcpy", "memset")
+        ]
         acts = _concat(parts)
         active = sorted(acts["device"].astype(str).unique()) if not acts.empty else []
         devices, idle = ex.devices(active)
@@ -464,8 +549,14 @@ def read_nsys(path: str | os.PathLike[str], *, with_launch: bool = True) -> Time
         del rt
         if twins:
             meta["api_versioned_twins"] = str(twins)
-        return Timeline(activities=acts, ranges=ranges, source=f"nsys:{path}",
-                        devices=devices, meta=meta, api=api)
+        return Timeline(
+            activities=acts,
+            ranges=ranges,
+            source=f"nsys:{path}",
+            devices=devices,
+            meta=meta,
+            api=api,
+        )
     except sqlite3.Error as exc:
         raise TraceError(str(path), f"unreadable Nsight export ({exc})") from None
     except (TypeError, ValueError, OverflowError) as exc:  # text or NULL in a number column
@@ -481,6 +572,7 @@ def _concat(parts: list[pd.DataFrame]) -> pd.DataFrame:
     if len(parts) == 1:
         return parts[0].reset_index(drop=True)
     from pandas.api.types import union_categoricals
+
     out: dict[str, Any] = {}
     for col in parts[0].columns:
         if isinstance(parts[0][col].dtype, pd.CategoricalDtype):

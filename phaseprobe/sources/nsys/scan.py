@@ -102,8 +102,9 @@ class NsysScan:
     def __enter__(self) -> NsysScan:
         return self
 
-    def __exit__(self, typ: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, typ: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.conn.close()
 
     # -- reading --------------------------------------------------------------------------
@@ -115,13 +116,17 @@ class NsysScan:
         q = f'"{table}"' if not table.startswith("temp.") else table
         try:
             total, lo, hi = self.conn.execute(
-                f"SELECT count(*), min(rowid), max(rowid) FROM {q}").fetchone()
+                f"SELECT count(*), min(rowid), max(rowid) FROM {q}"
+            ).fetchone()
         except sqlite3.OperationalError as exc:
             raise NotStreamable(f"{table}: {exc}") from None
         if lo is None:
             return
-        if int(lo) < 0 or int(hi) >= 1 << _POS_SHIFT or \
-                int(hi) - int(lo) > 4 * int(total) + self.chunk_rows:
+        if (
+            int(lo) < 0
+            or int(hi) >= 1 << _POS_SHIFT
+            or int(hi) - int(lo) > 4 * int(total) + self.chunk_rows
+        ):
             raise NotStreamable(f"{table}: sparse or negative rowids")
         # a rowid column asked for last is implied when the rowids have no holes (nsys
         # writes them so): one column less to format and parse
@@ -133,8 +138,10 @@ class NsysScan:
         asked = [i for i in range(len(exprs)) if i not in const]
         aggs = ", ".join(["count(*)"] + [f"group_concat({exprs[i]}, ',')" for i in asked])
         for first in range(int(lo), int(hi) + 1, self.chunk_rows):
-            row = self.ex._bytes_row(f"SELECT {aggs} FROM {q} WHERE rowid >= {first} AND "
-                                     f"rowid < {first + self.chunk_rows}")
+            row = self.ex._bytes_row(
+                f"SELECT {aggs} FROM {q} WHERE rowid >= {first} AND "
+                f"rowid < {first + self.chunk_rows}"
+            )
             n = int(row[0])
             if n == 0:
                 continue
@@ -176,8 +183,9 @@ class NsysScan:
             exprs += [tid, corr]
         if self.with_launch:
             exprs.append("coalesce(start, -1)")
-        total = int(self.conn.execute(
-            "SELECT count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME").fetchone()[0])
+        total = int(
+            self.conn.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME").fetchone()[0]
+        )
         # launch lookup, filled in place: key (process code, correlationId), start, thread
         key = np.empty(total if self.with_launch else 0, np.int64)
         start = np.empty_like(key)
@@ -192,9 +200,9 @@ class NsysScan:
                 if k > total - n_keys:
                     raise NotStreamable("runtime table grew while read")
                 pid = a[keep, 2] & np.int64(_PID_MASK)
-                key[n_keys:n_keys + k] = self._pid_keys(pid, a[keep, 3], grow=True)
-                start[n_keys:n_keys + k] = a[keep, 4]
-                tids[n_keys:n_keys + k] = self._tid_codes(a[keep, 2])
+                key[n_keys : n_keys + k] = self._pid_keys(pid, a[keep, 3], grow=True)
+                start[n_keys : n_keys + k] = a[keep, 4]
+                tids[n_keys : n_keys + k] = self._tid_codes(a[keep, 2])
                 n_keys += k
         if self.with_launch and n_keys:
             key, start, tids = key[:n_keys], start[:n_keys], tids[:n_keys]
@@ -221,8 +229,9 @@ class NsysScan:
 
     def _tid_codes(self, tid: np.ndarray) -> np.ndarray:
         uniq = pd.unique(tid)
-        codes = np.asarray([self._tids.setdefault(int(x), len(self._tids))
-                            for x in uniq.tolist()], dtype=np.int32)
+        codes = np.asarray(
+            [self._tids.setdefault(int(x), len(self._tids)) for x in uniq.tolist()], dtype=np.int32
+        )
         return codes[pd.Index(uniq).get_indexer(tid)]
 
     def _table_chunks(self, t: int) -> Iterator[dict[str, np.ndarray]]:
@@ -236,10 +245,13 @@ class NsysScan:
         wanted = ["start", "end", "deviceId", "globalPid", "correlationId"]
         # the process only splits devices or keys the launch join; the correlation id only
         # keys the join (without ranges, no join): not read when not needed
-        needed = {"globalPid": self.with_launch or bool(self.split),
-                  "correlationId": self.with_launch}
-        exprs = [f'coalesce("{c}", -1)' if c in cols and needed.get(c, True) else "-1"
-                 for c in wanted]
+        needed = {
+            "globalPid": self.with_launch or bool(self.split),
+            "correlationId": self.with_launch,
+        }
+        exprs = [
+            f'coalesce("{c}", -1)' if c in cols and needed.get(c, True) else "-1" for c in wanted
+        ]
         if kind == "kernel":
             name_col = self.ex._named(table, ("shortName", "demangledName", "name"))
             if name_col and not self.ex._is_int(table, name_col):
@@ -258,14 +270,16 @@ class NsysScan:
             self.conn.execute(
                 f"CREATE TABLE {source} AS SELECT "
                 + ", ".join(f"{e} AS c{i}" for i, e in enumerate(exprs))
-                + f' FROM "{table}" ORDER BY c0, c{len(exprs) - 1}')
+                + f' FROM "{table}" ORDER BY c0, c{len(exprs) - 1}'
+            )
             exprs = [f"c{i}" for i in range(len(exprs))]
         last = None
         try:
             for a in self._chunks(source, exprs):
                 s = a[:, 0]
-                if (s.size > 1 and not bool((s[1:] >= s[:-1]).all())) or \
-                        (last is not None and s[0] < last):
+                if (s.size > 1 and not bool((s[1:] >= s[:-1]).all())) or (
+                    last is not None and s[0] < last
+                ):
                     self.presorted.add(t)
                     raise OutOfOrder(table)
                 last = int(s[-1])
@@ -278,10 +292,16 @@ class NsysScan:
                         seen.update(pd.unique(g).tolist())
                 if int(a[:, -1].min()) < 0 or int(a[:, -1].max()) >= 1 << _POS_SHIFT:
                     raise NotStreamable(f"{table}: negative or huge rowids")
-                yield {"start": s, "end": a[:, 1], "dev": a[:, 2], "gpid": a[:, 3],
-                       "corr": a[:, 4], "name": a[:, 5],
-                       "pos": (np.int64(t) << _POS_SHIFT) | a[:, -1],
-                       "t": np.full(a.shape[0], t, np.int8)}
+                yield {
+                    "start": s,
+                    "end": a[:, 1],
+                    "dev": a[:, 2],
+                    "gpid": a[:, 3],
+                    "corr": a[:, 4],
+                    "name": a[:, 5],
+                    "pos": (np.int64(t) << _POS_SHIFT) | a[:, -1],
+                    "t": np.full(a.shape[0], t, np.int8),
+                }
         finally:
             if presort:
                 try:
@@ -321,17 +341,27 @@ class NsysScan:
             launch = np.where(hit, self._r_start[pos], -1)
             tid_of = np.asarray(list(self._tids), dtype=np.int64)
             tid = np.where(hit, tid_of[self._r_tid[pos]], -1)
-        return pd.DataFrame({
-            "start_ns": p["start"], "end_ns": p["end"],
-            "device": pd.Categorical.from_codes(dev_code, categories=list(self._dev_list),
-                                                validate=False),
-            "kind": pd.Categorical.from_codes(t.astype(np.int8), categories=list(_KINDS),
-                                              validate=False),
-            "name": pd.Categorical.from_codes(name_code, categories=pd.Index(
-                self._label_list, dtype=object), validate=False),
-            "cls": pd.Categorical.from_codes(cls_code, dtype=pd.CategoricalDtype(
-                list(CLASSES)), validate=False),
-            "launch_ns": launch, "tid": tid, "pos": p["pos"]})
+        return pd.DataFrame(
+            {
+                "start_ns": p["start"],
+                "end_ns": p["end"],
+                "device": pd.Categorical.from_codes(
+                    dev_code, categories=list(self._dev_list), validate=False
+                ),
+                "kind": pd.Categorical.from_codes(
+                    t.astype(np.int8), categories=list(_KINDS), validate=False
+                ),
+                "name": pd.Categorical.from_codes(
+                    name_code, categories=pd.Index(self._label_list, dtype=object), validate=False
+                ),
+                "cls": pd.Categorical.from_codes(
+                    cls_code, dtype=pd.CategoricalDtype(list(CLASSES)), validate=False
+                ),
+                "launch_ns": launch,
+                "tid": tid,
+                "pos": p["pos"],
+            }
+        )
 
     def _code(self, table: dict[str, int], lst: list[str], label: str) -> int:
         c = table.get(label)
@@ -343,8 +373,9 @@ class NsysScan:
     def _name_codes(self, t: int, raw: np.ndarray) -> np.ndarray:
         inv, uniq = pd.factorize(raw)
         if _KINDS[t] == "kernel":
-            if self.ex._named(f"CUPTI_ACTIVITY_KIND_{_KINDS[t].upper()}",
-                              ("shortName", "demangledName", "name")):
+            if self.ex._named(
+                f"CUPTI_ACTIVITY_KIND_{_KINDS[t].upper()}", ("shortName", "demangledName", "name")
+            ):
                 lookup = self.ex.strings(uniq.tolist())
                 labels = [lookup[int(u)] for u in uniq]
             else:
@@ -353,8 +384,9 @@ class NsysScan:
             labels = [f"[CUDA memcpy {MEMCPY_KINDS.get(int(k), str(int(k)))}]" for k in uniq]
         else:
             labels = ["[CUDA memset]"] * len(uniq)
-        codes = np.asarray([self._code(self._labels, self._label_list, str(lab))
-                            for lab in labels], dtype=np.int32)
+        codes = np.asarray(
+            [self._code(self._labels, self._label_list, str(lab)) for lab in labels], dtype=np.int32
+        )
         return codes[inv]
 
     def _dev_codes(self, t: int, dev: np.ndarray, gpid: np.ndarray) -> np.ndarray:
@@ -365,8 +397,9 @@ class NsysScan:
             keys.update(zip(pairs[:, 0].tolist(), pairs[:, 1].tolist()))
         else:
             keys.update((d, -1) for d in pd.unique(dev).tolist())
-        codes = np.asarray([self._code(self._dev_labels, self._dev_list, lab)
-                            for lab in labels], dtype=np.int32)
+        codes = np.asarray(
+            [self._code(self._dev_labels, self._dev_list, lab) for lab in labels], dtype=np.int32
+        )
         return codes[inv]
 
     def _cls_codes(self, t: int, name_code: np.ndarray) -> np.ndarray:
@@ -389,8 +422,7 @@ class NsysScan:
         for t in sorted(self._dev_keys):
             keys = np.asarray(sorted(self._dev_keys[t]), dtype=np.int64).reshape(-1, 2)
             if keys.size:
-                parts.append(_cat(*_dev_codes(keys[:, 0], keys[:, 1] if self.split
-                                              else None)))
+                parts.append(_cat(*_dev_codes(keys[:, 0], keys[:, 1] if self.split else None)))
         if not parts:
             return []
         return [str(c) for c in union_categoricals(parts).categories]
@@ -424,8 +456,7 @@ def _merge(streams: list[Iterator[dict[str, np.ndarray]]]) -> Iterator[dict[str,
         refill(i)
     while True:
         open_ = [i for i in range(len(streams)) if live[i]]
-        if len(open_) <= 1 and all(bufs[i] is None for i in range(len(streams))
-                                   if i not in open_):
+        if len(open_) <= 1 and all(bufs[i] is None for i in range(len(streams)) if i not in open_):
             # one stream left with nothing else buffered: its chunks go out as they are
             for i in open_:
                 while bufs[i] is not None:
@@ -447,8 +478,7 @@ def _merge(streams: list[Iterator[dict[str, np.ndarray]]]) -> Iterator[dict[str,
                 refill(i)
 
 
-def _take(bufs: list[dict[str, np.ndarray] | None], bound: int | None
-          ) -> dict[str, np.ndarray]:
+def _take(bufs: list[dict[str, np.ndarray] | None], bound: int | None) -> dict[str, np.ndarray]:
     """The buffered rows with start < ``bound`` (all without one), in (start, table, rowid)
     order; the rest stays buffered."""
     parts = []

@@ -23,14 +23,26 @@ import pandas as pd
 from phaseprobe.errors import TraceError
 from phaseprobe.sources.read_account import ReadAccount, ReadAccountDoc
 
-__all__ = ["StatsReport", "read_stats_csv", "normalise_column", "typed_report", "REPORTS",
-           "OLD_NAMES"]
+__all__ = [
+    "StatsReport",
+    "read_stats_csv",
+    "normalise_column",
+    "typed_report",
+    "REPORTS",
+    "OLD_NAMES",
+]
 
-OLD_NAMES = {"gpukernsum": "cuda_gpu_kern_sum", "gpumemtimesum": "cuda_gpu_mem_time_sum",
-             "gpumemsizesum": "cuda_gpu_mem_size_sum", "cudaapisum": "cuda_api_sum",
-             "nvtxsum": "nvtx_sum", "nvtxgpuproj": "nvtx_gpu_proj_trace",
-             "nvtxkernsum": "nvtx_kern_sum", "nvtxpptrace": "nvtx_pushpop_trace",
-             "gputrace": "cuda_gpu_trace"}
+OLD_NAMES = {
+    "gpukernsum": "cuda_gpu_kern_sum",
+    "gpumemtimesum": "cuda_gpu_mem_time_sum",
+    "gpumemsizesum": "cuda_gpu_mem_size_sum",
+    "cudaapisum": "cuda_api_sum",
+    "nvtxsum": "nvtx_sum",
+    "nvtxgpuproj": "nvtx_gpu_proj_trace",
+    "nvtxkernsum": "nvtx_kern_sum",
+    "nvtxpptrace": "nvtx_pushpop_trace",
+    "gputrace": "cuda_gpu_trace",
+}
 # report → columns that identify it (first match wins, so more specific ones come first)
 REPORTS: list[tuple[str, frozenset[str]]] = [
     ("nvtx_gpu_proj_sum", frozenset({"range", "total_proj_time_ns"})),
@@ -95,29 +107,36 @@ def read_stats_csv(path: str | os.PathLike[str]) -> StatsReport:
     if header_at < 0:
         stem = p.stem.rsplit("_", 1)[-1]
         hint = f" (looks like {OLD_NAMES.get(stem, stem)})" if stem else ""
-        raise TraceError(str(p), "no nsys stats CSV header found; produce one with "
-                                 f"nsys stats --format csv{hint}")
+        raise TraceError(
+            str(p),
+            f"no nsys stats CSV header found; produce one with nsys stats --format csv{hint}",
+        )
     found = _check_rows(p, lines, header_at)
     body = "\n".join(lines[header_at:])
     try:
         # index_col=False: a row longer than the header is an error, not an implicit index
-        df = pd.read_csv(io.StringIO(body), dtype=str, keep_default_na=False,
-                         skipinitialspace=True, index_col=False)
+        df = pd.read_csv(
+            io.StringIO(body),
+            dtype=str,
+            keep_default_na=False,
+            skipinitialspace=True,
+            index_col=False,
+        )
     except (pd.errors.ParserError, ValueError) as exc:
         raise TraceError(str(p), f"malformed CSV after the header ({exc})") from None
     typed = typed_report(str(p), df, report, header_at)
     acc = ReadAccount("rows", found=found, read=len(df), attributed=len(df))
     before = [ln.strip() for ln in lines[:header_at] if ln.strip()]
     if before:
-        acc.notes.append(f"{len(before)} line(s) before the header, not table rows; first: "
-                         f"{before[0][:160]!r}")
+        acc.notes.append(
+            f"{len(before)} line(s) before the header, not table rows; first: {before[0][:160]!r}"
+        )
     if len(df) < found:
         acc.missing.append(f"{found - len(df)} data row(s) after the header not in the table")
     return StatsReport(typed.report, typed.frame, acc.to_dict())
 
 
-def typed_report(source: str, df: pd.DataFrame, report: str | None,
-                 header_at: int) -> StatsReport:
+def typed_report(source: str, df: pd.DataFrame, report: str | None, header_at: int) -> StatsReport:
     """A report's cells (text, header labels as nsys prints them) as a typed frame: columns
     normalised, numbers as numbers, the identifying numbers required finite (a TraceError
     naming ``source`` and the line, counted from the header at 0-based ``header_at``).
@@ -141,8 +160,11 @@ def typed_report(source: str, df: pd.DataFrame, report: str | None,
             bad = ~np.isfinite(numbers.astype(float)) | ~present.to_numpy()
             if bad.any():
                 row = int(np.flatnonzero(bad)[0])
-                raise TraceError(source, f"line {header_at + 2 + row}: {col} "
-                                         f"{cells.iloc[row][:40]!r} is not a finite number")
+                raise TraceError(
+                    source,
+                    f"line {header_at + 2 + row}: {col} "
+                    f"{cells.iloc[row][:40]!r} is not a finite number",
+                )
         if unit_col or int(pd.notna(numbers).sum()) == int(present.sum()):
             df[col] = numbers
         if col.endswith("_ns") and scaled.get(col):
@@ -165,6 +187,8 @@ def _in_ns(cols: list[str]) -> tuple[list[str], dict[str, float]]:
             factors[c] = _TIME_SCALE[unit]
         names.append(c)
     return names, factors
+
+
 # Columns of a report's identifying set that hold text, not numbers.
 _TEXT_COLUMNS = {"name", "range", "operation", "kernel_name", "nvtx_range", "style"}
 
@@ -181,8 +205,10 @@ def _check_rows(p: Path, lines: list[str], header_at: int) -> int:
                 width = len(fields)
                 continue
             if fields and len(fields) != width:
-                raise TraceError(str(p), f"line {header_at + 1 + k}: {len(fields)} fields, "
-                                         f"the header has {width}")
+                raise TraceError(
+                    str(p),
+                    f"line {header_at + 1 + k}: {len(fields)} fields, the header has {width}",
+                )
             rows += bool(fields)
     except csv.Error as exc:
         raise TraceError(str(p), f"malformed CSV after the header ({exc})") from None

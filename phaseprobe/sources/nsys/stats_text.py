@@ -33,8 +33,13 @@ from phaseprobe.sources.launcher_prefix import read_prefix
 from phaseprobe.sources.nsys.stats_csv import OLD_NAMES, StatsReport, typed_report
 from phaseprobe.sources.read_account import ReadAccount
 
-__all__ = ["TextReport", "StatsText", "read_stats_text", "read_stats_text_account",
-           "looks_like_stats_text"]
+__all__ = [
+    "TextReport",
+    "StatsText",
+    "read_stats_text",
+    "read_stats_text_account",
+    "looks_like_stats_text",
+]
 
 _COMMENT = re.compile(r"^# ?")  # pasted into a script or a notebook as comments
 _PROCESSING = re.compile(r"^\s*Processing \[(?P<file>[^\]]+)\] with \[(?P<script>[^\]]+)\]")
@@ -105,7 +110,7 @@ def _cut(line: str, spans: list[tuple[int, int]]) -> list[str]:
     for m in re.finditer(r"\S+", line):
         end = m.end() - 1
         if end >= last_start:
-            cells[-1] = [line[m.start():].strip()]
+            cells[-1] = [line[m.start() :].strip()]
             break
         col = next((i for i, (a, b) in enumerate(spans) if a <= end < b), None)
         if col is None:  # in the gap between two columns: the one to its left
@@ -146,7 +151,7 @@ def looks_like_stats_text(path: str | os.PathLike[str]) -> bool:
                     return False
                 text = raw.rstrip("\n")
                 pre = read_prefix(text)
-                line = _COMMENT.sub("", text[pre.end:] if pre else text, count=1)
+                line = _COMMENT.sub("", text[pre.end :] if pre else text, count=1)
                 if _DASHES.match(line) and prev.strip() and "," not in prev:
                     return True
                 if line.strip():
@@ -203,7 +208,7 @@ def read_stats_text_account(path: str | os.PathLike[str]) -> StatsText:
     for no, raw in enumerate(text.splitlines(), start=1):
         pre = read_prefix(raw)
         rank = pre.label if pre is not None else None
-        line = _COMMENT.sub("", raw[pre.end:] if pre is not None else raw, count=1)
+        line = _COMMENT.sub("", raw[pre.end :] if pre is not None else raw, count=1)
         st = states.setdefault(rank, _State())
         if not line.strip():
             flush(rank, st)  # a blank line ends a table
@@ -230,8 +235,11 @@ def read_stats_text_account(path: str | os.PathLike[str]) -> StatsText:
             st.header_line, header = st.header
             st.labels = _cut(header, st.spans)
             if len(set(st.labels)) != len(st.labels) or not all(st.labels):
-                raise TraceError(str(p), f"line {st.header_line}: a table header whose "
-                                         f"columns do not line up with the dashes below it")
+                raise TraceError(
+                    str(p),
+                    f"line {st.header_line}: a table header whose "
+                    f"columns do not line up with the dashes below it",
+                )
             continue
         elif st.spans:
             st.rows.append(_cut(line, st.spans))
@@ -243,29 +251,43 @@ def read_stats_text_account(path: str | os.PathLike[str]) -> StatsText:
             lost.append(f"{where(rank)}{st.report_id} (announced line {st.announced}, no table)")
     if not out:
         why = f" ({skipped[0]})" if skipped else ""
-        raise TraceError(str(p), "no nsys stats table found (a header row, a row of dashes, "
-                                 f"then rows){why}")
+        raise TraceError(
+            str(p), f"no nsys stats table found (a header row, a row of dashes, then rows){why}"
+        )
     return StatsText(out, _account(states, out, lost, by_shape, len(skipped)))
 
 
-def _account(states: dict[str | None, _State], out: list[TextReport], lost: list[str],
-             by_shape: list[str], skipped: int) -> ReadAccount:
+def _account(
+    states: dict[str | None, _State],
+    out: list[TextReport],
+    lost: list[str],
+    by_shape: list[str],
+    skipped: int,
+) -> ReadAccount:
     """Tables found = read + announced and lost; a rank whose lines hold no table is named.
     Tables without a launcher tag in a file whose other lines have one are unattributed."""
     tagged = any(r is not None for r in states)
     silent = [r for r, st in states.items() if r is not None and st.tables == 0]
     unattributed = sum(1 for t in out if t.rank is None) if tagged else 0
     missing = [f"rank {r}: lines but no table" for r in sorted(silent, key=_rank_order)]
-    acc = ReadAccount("tables", found=len(out) + len(lost), read=len(out),
-                      attributed=len(out) - unattributed, unattributed=unattributed,
-                      missing=missing + lost)
+    acc = ReadAccount(
+        "tables",
+        found=len(out) + len(lost),
+        read=len(out),
+        attributed=len(out) - unattributed,
+        unattributed=unattributed,
+        missing=missing + lost,
+    )
     if tagged:
         acc.notes.append(f"{len(states) - (None in states)} ranks tagged by their launcher")
     if skipped:
         acc.notes.append(f"{skipped} reports SKIPPED by nsys (it printed why)")
     if by_shape:
-        acc.notes.append("named by the shape of their columns (no header above them): "
-                         + "; ".join(by_shape[:20]) + (" …" if len(by_shape) > 20 else ""))
+        acc.notes.append(
+            "named by the shape of their columns (no header above them): "
+            + "; ".join(by_shape[:20])
+            + (" …" if len(by_shape) > 20 else "")
+        )
     return acc
 
 

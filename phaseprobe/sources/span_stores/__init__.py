@@ -26,9 +26,19 @@ from phaseprobe.sources.span_stores.model import (
     aggregate_spans,
 )
 
-__all__ = ["SpanReader", "SpanAggregate", "SpanGroup", "PhaseStats", "PHASES",
-           "UNKNOWN_REPLICA", "ALL_REPLICAS", "aggregate_spans", "open_span_reader",
-           "SCHEMES", "is_span_store_url"]
+__all__ = [
+    "SpanReader",
+    "SpanAggregate",
+    "SpanGroup",
+    "PhaseStats",
+    "PHASES",
+    "UNKNOWN_REPLICA",
+    "ALL_REPLICAS",
+    "aggregate_spans",
+    "open_span_reader",
+    "SCHEMES",
+    "is_span_store_url",
+]
 
 SCHEMES = ("chdb", "clickhouse", "tempo", "jaeger")
 
@@ -43,9 +53,11 @@ def open_span_reader(url: str, *, timeout_s: float = 10.0) -> SpanReader:
     scheme, _, rest = url.partition(":")
     scheme = scheme.lower()
     if scheme not in SCHEMES or not rest:
-        raise ConfigError(f"--spans-from {url.split('@')[-1]!r}: not a span store URL "
-                          "(chdb:DIR, clickhouse://[user@]host:port/db, tempo://host:3200, "
-                          "jaeger://host:16686)")
+        raise ConfigError(
+            f"--spans-from {url.split('@')[-1]!r}: not a span store URL "
+            "(chdb:DIR, clickhouse://[user@]host:port/db, tempo://host:3200, "
+            "jaeger://host:16686)"
+        )
     if scheme == "chdb":
         from phaseprobe.sources.span_stores.chdb_store import open_chdb
 

@@ -23,17 +23,20 @@ _CODE = re.compile(r"Code: (\d+)")
 class ChdbSpans(ClickHouseSpans):
     """The ClickHouse reader over a chdb session on ``directory``."""
 
-    def __init__(self, directory: Path, database: str, table: str, *,
-                 create: bool = False) -> None:
+    def __init__(self, directory: Path, database: str, table: str, *, create: bool = False) -> None:
         try:
             from chdb import session
         except ImportError:
-            raise ConfigError("chdb: URLs need the chdb package: pip install chdb "
-                              "(or phaseprobe[spans])") from None
+            raise ConfigError(
+                "chdb: URLs need the chdb package: pip install chdb (or phaseprobe[spans])"
+            ) from None
         where = f"chdb:{directory}"
         if not create and not directory.is_dir():
-            raise SpanStoreUnreachable(where, "no such directory (a chdb data directory "
-                                       "holding the exporter's otel_traces table)")
+            raise SpanStoreUnreachable(
+                where,
+                "no such directory (a chdb data directory "
+                "holding the exporter's otel_traces table)",
+            )
         self._session = session.Session(str(directory))
         super().__init__(self._sql, where, database, table, on_close=self._session.close)
 
@@ -64,5 +67,6 @@ def open_chdb(spec: str, query: dict[str, str]) -> ChdbSpans:
     """``chdb:DIR[?database=default&table=otel_traces]``."""
     if not spec:
         raise ConfigError("chdb: needs a directory, e.g. chdb:/var/lib/otel-chdb")
-    return ChdbSpans(Path(spec).expanduser(), query.get("database", "default"),
-                     query.get("table", "otel_traces"))
+    return ChdbSpans(
+        Path(spec).expanduser(), query.get("database", "default"), query.get("table", "otel_traces")
+    )

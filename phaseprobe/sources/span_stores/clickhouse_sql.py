@@ -45,19 +45,43 @@ _INT64 = 2**63
 _MAX_DURATION_S = 1e7  # as the OTLP receiver: a longer "duration" is a broken clock
 _INT_FIELDS = ("prompt_tokens", "completion_tokens", "max_tokens")
 _TEXT_FIELDS = ("request_id", "model")
-_NUMBER_FIELDS = ("queue_s", "prefill_s", "decode_s", "inference_s", "ttft_s", "e2e_s",
-                  *_INT_FIELDS)
-_RECORD_COLUMNS = ("trace_id", "span_id", "parent_span_id", "request_id", "model", "service",
-                   "instance", "start_ns", "end_ns", "queue_s", "prefill_s", "decode_s",
-                   "inference_s", "ttft_s", "e2e_s", "prompt_tokens", "completion_tokens",
-                   "max_tokens")
+_NUMBER_FIELDS = (
+    "queue_s",
+    "prefill_s",
+    "decode_s",
+    "inference_s",
+    "ttft_s",
+    "e2e_s",
+    *_INT_FIELDS,
+)
+_RECORD_COLUMNS = (
+    "trace_id",
+    "span_id",
+    "parent_span_id",
+    "request_id",
+    "model",
+    "service",
+    "instance",
+    "start_ns",
+    "end_ns",
+    "queue_s",
+    "prefill_s",
+    "decode_s",
+    "inference_s",
+    "ttft_s",
+    "e2e_s",
+    "prompt_tokens",
+    "completion_tokens",
+    "max_tokens",
+)
 
 
 def _raw(field: str) -> str:
     """The field's attribute string: the first alias present, else NULL."""
     keys = ATTRIBUTE_ALIASES[field]
-    arms = ", ".join(f"mapContains(SpanAttributes, {quote(k)}), SpanAttributes[{quote(k)}]"
-                     for k in keys)
+    arms = ", ".join(
+        f"mapContains(SpanAttributes, {quote(k)}), SpanAttributes[{quote(k)}]" for k in keys
+    )
     return f"multiIf({arms}, NULL)"
 
 
@@ -65,8 +89,7 @@ def _number(field: str) -> str:
     top = "9223372036854775807" if field in _INT_FIELDS else repr(_MAX_DURATION_S)
     v = f"toFloat64OrNull(raw_{field})"
     ok = f"{v} >= 0 AND {v} <= {top}"
-    return (f"if({ok}, toInt64({v}), NULL)" if field in _INT_FIELDS
-            else f"if({ok}, {v}, NULL)")
+    return f"if({ok}, toInt64({v}), NULL)" if field in _INT_FIELDS else f"if({ok}, {v}, NULL)"
 
 
 def _span_select() -> str:
@@ -74,34 +97,48 @@ def _span_select() -> str:
     raws = [f"{_raw(f)} AS raw_{f}" for f in (*_NUMBER_FIELDS, *_TEXT_FIELDS)]
     fields = [f"{_number(f)} AS {f}" for f in _NUMBER_FIELDS]
     fields += [f"nullIf(leftUTF8(ifNull(raw_{f}, ''), 256), '') AS {f}" for f in _TEXT_FIELDS]
-    instance = ("nullIf(leftUTF8(if(ResourceAttributes['service.instance.id'] != '', "
-                "ResourceAttributes['service.instance.id'], ResourceAttributes['host.name']), "
-                "256), '')")
-    return ", ".join([
-        "lower(TraceId) AS trace_id", "lower(SpanId) AS span_id",
-        "nullIf(lower(ParentSpanId), '') AS parent_span_id",
-        "nullIf(leftUTF8(toString(ServiceName), 256), '') AS service",
-        f"{instance} AS instance",
-        "toUnixTimestamp64Nano(Timestamp) AS start_ns",
-        "toInt64(toUnixTimestamp64Nano(Timestamp) + Duration) AS end_ns",
-        *raws, *fields,
-        "if(completion_tokens >= 2 AND decode_s IS NOT NULL, "
-        "decode_s / (completion_tokens - 1), NULL) AS tpot_s",
-        "ifNull(e2e_s, Duration / 1e9) AS e2e_or_duration_s",
-        f"if(instance IS NULL OR service IS NULL OR startsWith(service, 'unknown_service'), "
-        f"{quote(UNKNOWN_REPLICA)}, instance) AS replica",
-    ])
+    instance = (
+        "nullIf(leftUTF8(if(ResourceAttributes['service.instance.id'] != '', "
+        "ResourceAttributes['service.instance.id'], ResourceAttributes['host.name']), "
+        "256), '')"
+    )
+    return ", ".join(
+        [
+            "lower(TraceId) AS trace_id",
+            "lower(SpanId) AS span_id",
+            "nullIf(lower(ParentSpanId), '') AS parent_span_id",
+            "nullIf(leftUTF8(toString(ServiceName), 256), '') AS service",
+            f"{instance} AS instance",
+            "toUnixTimestamp64Nano(Timestamp) AS start_ns",
+            "toInt64(toUnixTimestamp64Nano(Timestamp) + Duration) AS end_ns",
+            *raws,
+            *fields,
+            "if(completion_tokens >= 2 AND decode_s IS NOT NULL, "
+            "decode_s / (completion_tokens - 1), NULL) AS tpot_s",
+            "ifNull(e2e_s, Duration / 1e9) AS e2e_or_duration_s",
+            f"if(instance IS NULL OR service IS NULL OR startsWith(service, 'unknown_service'), "
+            f"{quote(UNKNOWN_REPLICA)}, instance) AS replica",
+        ]
+    )
 
 
-_IS_REQUEST = (f"(SpanName = {quote(VLLM_SPAN_NAME)} OR arrayExists(k -> startsWith(k, "
-               "'gen_ai.latency.'), mapKeys(SpanAttributes)))")
+_IS_REQUEST = (
+    f"(SpanName = {quote(VLLM_SPAN_NAME)} OR arrayExists(k -> startsWith(k, "
+    "'gen_ai.latency.'), mapKeys(SpanAttributes)))"
+)
 
 
 class ClickHouseSpans:
     """A :class:`~phaseprobe.sources.span_stores.model.SpanReader` over ``database.table``."""
 
-    def __init__(self, run: RunSql, where: str, database: str, table: str,
-                 on_close: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        run: RunSql,
+        where: str,
+        database: str,
+        table: str,
+        on_close: Callable[[], None] | None = None,
+    ) -> None:
         self._run = run
         self._on_close = on_close
         self._where = where
@@ -121,30 +158,47 @@ class ClickHouseSpans:
     def check(self) -> None:
         rows = self._run(
             "SELECT name, type FROM system.columns WHERE database = "
-            f"{quote(self._database)} AND table = {quote(self._table_name)}")
+            f"{quote(self._database)} AND table = {quote(self._table_name)}"
+        )
         if not rows:
-            raise SpanStoreSchemaError(self._where, (
-                f"no table {self._database}.{self._table_name} (the OpenTelemetry Collector's "
-                "ClickHouse exporter creates otel_traces in the database it is given; name "
-                "another with ?table=)"))
+            raise SpanStoreSchemaError(
+                self._where,
+                (
+                    f"no table {self._database}.{self._table_name} (the OpenTelemetry Collector's "
+                    "ClickHouse exporter creates otel_traces in the database it is given; name "
+                    "another with ?table=)"
+                ),
+            )
         types = {str(r[0]): str(r[1]) for r in rows}
-        wrong = [f"{c} ({family} expected, " + (f"is {types[c]})" if c in types else "missing)")
-                 for c, family in REQUIRED_COLUMNS.items()
-                 if family not in types.get(c, "")]
+        wrong = [
+            f"{c} ({family} expected, " + (f"is {types[c]})" if c in types else "missing)")
+            for c, family in REQUIRED_COLUMNS.items()
+            if family not in types.get(c, "")
+        ]
         if wrong:
-            raise SpanStoreSchemaError(self._where, (
-                f"{self._database}.{self._table_name} is not the exporter's otel_traces table: "
-                + "; ".join(wrong)))
+            raise SpanStoreSchemaError(
+                self._where,
+                (
+                    f"{self._database}.{self._table_name} is not the exporter's otel_traces table: "
+                    + "; ".join(wrong)
+                ),
+            )
         if self._run(f"SELECT 1 FROM {self._table} WHERE {_IS_REQUEST} LIMIT 1"):
             return
-        others = self._run(f"SELECT ServiceName, SpanName, count() AS n FROM {self._table} "
-                           "GROUP BY ServiceName, SpanName ORDER BY n DESC LIMIT 5")
+        others = self._run(
+            f"SELECT ServiceName, SpanName, count() AS n FROM {self._table} "
+            "GROUP BY ServiceName, SpanName ORDER BY n DESC LIMIT 5"
+        )
         if others:
             named = ", ".join(f"{r[0] or '(no service)'}/{r[1]} ×{int(r[2])}" for r in others)
-            raise NoRequestSpans(self._where, (
-                f"no vLLM request span ({VLLM_SPAN_NAME}) in {self._database}."
-                f"{self._table_name}, only other services' spans: {named}. Is vLLM started "
-                "with --otlp-traces-endpoint pointing at this collector?"))
+            raise NoRequestSpans(
+                self._where,
+                (
+                    f"no vLLM request span ({VLLM_SPAN_NAME}) in {self._database}."
+                    f"{self._table_name}, only other services' spans: {named}. Is vLLM started "
+                    "with --otlp-traces-endpoint pointing at this collector?"
+                ),
+            )
 
     # ---- the summary, computed by ClickHouse ------------------------------------------------
 
@@ -152,8 +206,7 @@ class ClickHouseSpans:
         """The request spans that finished in the window, as a subquery."""
         where = [_IS_REQUEST]
         if until_ns is not None:  # start ≤ end ≤ until: lets the primary key prune
-            where.append(f"Timestamp <= fromUnixTimestamp64Nano(toInt64({int(until_ns)}), "
-                         "'UTC')")
+            where.append(f"Timestamp <= fromUnixTimestamp64Nano(toInt64({int(until_ns)}), 'UTC')")
         outer = []
         if since_ns is not None:
             outer.append(f"end_ns > {int(since_ns)}")
@@ -161,25 +214,40 @@ class ClickHouseSpans:
             outer.append(f"end_ns <= {int(until_ns)}")
         if extra:
             outer.append(extra)
-        return (f"(SELECT * FROM (SELECT {_span_select()} FROM {self._table} WHERE "
-                f"{' AND '.join(where)})" + (f" WHERE {' AND '.join(outer)}" if outer else "")
-                + ")")
+        return (
+            f"(SELECT * FROM (SELECT {_span_select()} FROM {self._table} WHERE "
+            f"{' AND '.join(where)})" + (f" WHERE {' AND '.join(outer)}" if outer else "") + ")"
+        )
 
-    def span_summary(self, *, since_ns: int | None = None,
-                     until_ns: int | None = None) -> SpanAggregate:
+    def span_summary(
+        self, *, since_ns: int | None = None, until_ns: int | None = None
+    ) -> SpanAggregate:
         levels = ", ".join(repr(q) for q in QUANTILES)
-        full = "(e2e_s IS NOT NULL AND queue_s IS NOT NULL AND prefill_s IS NOT NULL " \
-               "AND decode_s IS NOT NULL)"
-        cols = ["grouping(replica)", "replica", "count()", "min(start_ns)", "max(end_ns)",
-                "sum(ifNull(prompt_tokens, 0))", "sum(ifNull(completion_tokens, 0))"]
+        full = (
+            "(e2e_s IS NOT NULL AND queue_s IS NOT NULL AND prefill_s IS NOT NULL "
+            "AND decode_s IS NOT NULL)"
+        )
+        cols = [
+            "grouping(replica)",
+            "replica",
+            "count()",
+            "min(start_ns)",
+            "max(end_ns)",
+            "sum(ifNull(prompt_tokens, 0))",
+            "sum(ifNull(completion_tokens, 0))",
+        ]
         for p in PHASES:
             cols += [f"count({p})", f"quantilesExactInclusive({levels})({p})"]
-        cols += [f"countIf({full})"] + [f"sumKahanIf(ifNull({p}, 0), {full})"
-                                       for p in ("e2e_s", "queue_s", "prefill_s", "decode_s")]
+        cols += [f"countIf({full})"] + [
+            f"sumKahanIf(ifNull({p}, 0), {full})"
+            for p in ("e2e_s", "queue_s", "prefill_s", "decode_s")
+        ]
         cols += ["countIf(instance IS NULL)"]
         cols += [f"countIf(raw_{f} IS NOT NULL AND {f} IS NULL)" for f in _NUMBER_FIELDS]
-        rows = self._run(f"SELECT {', '.join(cols)} FROM {self._spans(since_ns, until_ns)} "
-                         "GROUP BY GROUPING SETS ((replica), ())")
+        rows = self._run(
+            f"SELECT {', '.join(cols)} FROM {self._spans(since_ns, until_ns)} "
+            "GROUP BY GROUPING SETS ((replica), ())"
+        )
         total: SpanGroup | None = None
         groups: list[SpanGroup] = []
         no_instance, unconverted = 0, {}
@@ -189,21 +257,35 @@ class ClickHouseSpans:
             if is_total:
                 total = group
                 no_instance = int(row[-1 - len(_NUMBER_FIELDS)])
-                unconverted = {f: int(n) for f, n in zip(_NUMBER_FIELDS,
-                                                          row[-len(_NUMBER_FIELDS):]) if n}
+                unconverted = {
+                    f: int(n) for f, n in zip(_NUMBER_FIELDS, row[-len(_NUMBER_FIELDS) :]) if n
+                }
             elif group.requests:
                 groups.append(group)
         if total is None:
-            total = _group(ALL_REPLICAS, [0, None, None, 0, 0] + [0, []] * len(PHASES)
-                           + [0, 0.0, 0.0, 0.0, 0.0])
+            total = _group(
+                ALL_REPLICAS,
+                [0, None, None, 0, 0] + [0, []] * len(PHASES) + [0, 0.0, 0.0, 0.0, 0.0],
+            )
         groups.sort(key=lambda g: replica_order(g.replica))
         notes = instance_notes(no_instance, total.requests)
         if unconverted:
-            notes += (("attribute values that are not a usable number, read as missing: "
-                       + ", ".join(f"{f} {n}" for f, n in sorted(unconverted.items()))),)
-        return SpanAggregate(where=self._where, since_ns=since_ns, until_ns=until_ns,
-                             total=total, replicas=tuple(groups), no_instance=no_instance,
-                             unconverted=unconverted, notes=notes)
+            notes += (
+                (
+                    "attribute values that are not a usable number, read as missing: "
+                    + ", ".join(f"{f} {n}" for f, n in sorted(unconverted.items()))
+                ),
+            )
+        return SpanAggregate(
+            where=self._where,
+            since_ns=since_ns,
+            until_ns=until_ns,
+            total=total,
+            replicas=tuple(groups),
+            no_instance=no_instance,
+            unconverted=unconverted,
+            notes=notes,
+        )
 
     # ---- the rows a view shows --------------------------------------------------------------
 
@@ -213,18 +295,22 @@ class ClickHouseSpans:
             sql += f" LIMIT {int(limit)}"
         return [_record(r) for r in self._run(sql)]
 
-    def recent_spans(self, n: int, *, since_ns: int | None = None,
-                     until_ns: int | None = None) -> list[RequestSpan]:
+    def recent_spans(
+        self, n: int, *, since_ns: int | None = None, until_ns: int | None = None
+    ) -> list[RequestSpan]:
         rows = self._records(self._spans(since_ns, until_ns), "end_ns DESC, span_id DESC", n)
         return rows[::-1]
 
-    def slowest_spans(self, n: int, *, since_ns: int | None = None,
-                      until_ns: int | None = None) -> list[RequestSpan]:
-        return self._records(self._spans(since_ns, until_ns),
-                             "e2e_or_duration_s DESC, span_id DESC", n)
+    def slowest_spans(
+        self, n: int, *, since_ns: int | None = None, until_ns: int | None = None
+    ) -> list[RequestSpan]:
+        return self._records(
+            self._spans(since_ns, until_ns), "e2e_or_duration_s DESC, span_id DESC", n
+        )
 
-    def finished_spans(self, *, since_ns: int | None = None,
-                       until_ns: int | None = None) -> list[RequestSpan]:
+    def finished_spans(
+        self, *, since_ns: int | None = None, until_ns: int | None = None
+    ) -> list[RequestSpan]:
         return self._records(self._spans(since_ns, until_ns), "start_ns, span_id")
 
     def span_by_request_id(self, request_id: str) -> tuple[RequestSpan, dict[str, Any]] | None:
@@ -233,7 +319,8 @@ class ClickHouseSpans:
             f"SELECT {', '.join(_RECORD_COLUMNS)}, toJSONString(attrs) FROM (SELECT *, "
             f"SpanAttributes AS attrs FROM (SELECT {_span_select()}, SpanAttributes FROM "
             f"{self._table} WHERE {_IS_REQUEST})) WHERE position(ifNull(request_id, ''), {q}) > 0"
-            f" ORDER BY (request_id = {q}) DESC, start_ns DESC LIMIT 1")
+            f" ORDER BY (request_id = {q}) DESC, start_ns DESC LIMIT 1"
+        )
         if not rows:
             return None
         row = rows[0]
@@ -241,19 +328,23 @@ class ClickHouseSpans:
         return _record(row[:-1]), json.loads(raw) if isinstance(raw, str) else dict(raw)
 
     def spans_overlapping(self, span: RequestSpan) -> list[RequestSpan]:
-        same = (f"ifNull(service, '') = {quote(span.service or '')} AND "
-                f"ifNull(instance, '') = {quote(span.instance or '')} AND "
-                f"start_ns >= {span.start_ns - NEIGHBOUR_HORIZON_NS} AND "
-                f"start_ns <= {span.end_ns}")
+        same = (
+            f"ifNull(service, '') = {quote(span.service or '')} AND "
+            f"ifNull(instance, '') = {quote(span.instance or '')} AND "
+            f"start_ns >= {span.start_ns - NEIGHBOUR_HORIZON_NS} AND "
+            f"start_ns <= {span.end_ns}"
+        )
         return self._records(self._spans(None, None, same), "start_ns, span_id")
 
-    def spans_of_traces(self, trace_ids: list[str],
-                        since_ns: int | None = None) -> dict[str, list[RequestSpan]]:
+    def spans_of_traces(
+        self, trace_ids: list[str], since_ns: int | None = None
+    ) -> dict[str, list[RequestSpan]]:
         out: dict[str, list[RequestSpan]] = {}
         for i in range(0, len(trace_ids), 1000):
-            chunk = ", ".join(quote(t.lower()) for t in trace_ids[i:i + 1000])
+            chunk = ", ".join(quote(t.lower()) for t in trace_ids[i : i + 1000])
             cond = f"trace_id IN ({chunk})" + (
-                f" AND start_ns >= {int(since_ns)}" if since_ns is not None else "")
+                f" AND start_ns >= {int(since_ns)}" if since_ns is not None else ""
+            )
             for sp in self._records(self._spans(None, None, cond), "start_ns, span_id"):
                 out.setdefault(sp.trace_id, []).append(sp)
         return out
@@ -288,12 +379,20 @@ def _group(replica: str, v: Sequence[Any]) -> SpanGroup:
         vals = [_opt_float(q) for q in qs] if n else [None] * len(QUANTILES)
         phases[p] = PhaseStats(n, *vals)
     k = 5 + 2 * len(PHASES)
-    full, e2e, queue, prefill, decode = v[k:k + 5]
+    full, e2e, queue, prefill, decode = v[k : k + 5]
     n = int(requests)
-    return SpanGroup(replica=replica, identified=replica not in (UNKNOWN_REPLICA, ALL_REPLICAS),
-                     requests=n, first_start_ns=_opt_int(first) if n else None,
-                     last_end_ns=_opt_int(last) if n else None,
-                     prompt_tokens_sum=int(tin), completion_tokens_sum=int(tout),
-                     phases=phases, full=int(full), e2e_sum_s=float(e2e),
-                     queue_sum_s=float(queue), prefill_sum_s=float(prefill),
-                     decode_sum_s=float(decode))
+    return SpanGroup(
+        replica=replica,
+        identified=replica not in (UNKNOWN_REPLICA, ALL_REPLICAS),
+        requests=n,
+        first_start_ns=_opt_int(first) if n else None,
+        last_end_ns=_opt_int(last) if n else None,
+        prompt_tokens_sum=int(tin),
+        completion_tokens_sum=int(tout),
+        phases=phases,
+        full=int(full),
+        e2e_sum_s=float(e2e),
+        queue_sum_s=float(queue),
+        prefill_sum_s=float(prefill),
+        decode_sum_s=float(decode),
+    )

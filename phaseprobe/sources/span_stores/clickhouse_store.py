@@ -31,11 +31,14 @@ _AUTH_CODES = {"516", "192", "194", "497"}  # authentication failed, unknown use
 _SCHEMA_CODES = {"81", "60"}  # unknown database, unknown table
 
 
-def open_clickhouse(url: SplitResult, query: dict[str, str], *,
-                    timeout_s: float = 10.0) -> ClickHouseSpans:
+def open_clickhouse(
+    url: SplitResult, query: dict[str, str], *, timeout_s: float = 10.0
+) -> ClickHouseSpans:
     if url.password is not None:
-        raise ConfigError("a clickhouse:// URL must not carry a password (it would be seen in "
-                          f"shell history and process lists): set {PASSWORD_ENV} instead")
+        raise ConfigError(
+            "a clickhouse:// URL must not carry a password (it would be seen in "
+            f"shell history and process lists): set {PASSWORD_ENV} instead"
+        )
     if not url.hostname:
         raise ConfigError("clickhouse:// needs a host, e.g. clickhouse://default@ch:8123/otel")
     database = url.path.strip("/") or "default"
@@ -47,8 +50,10 @@ def open_clickhouse(url: SplitResult, query: dict[str, str], *,
         import clickhouse_connect
         from clickhouse_connect.driver import exceptions as ch_errors
     except ImportError:
-        raise ConfigError("clickhouse:// URLs need clickhouse-connect: pip install "
-                          "clickhouse-connect (or phaseprobe[spans])") from None
+        raise ConfigError(
+            "clickhouse:// URLs need clickhouse-connect: pip install "
+            "clickhouse-connect (or phaseprobe[spans])"
+        ) from None
 
     def classify(e: Exception) -> SpanStoreError:
         text = str(e)
@@ -56,8 +61,9 @@ def open_clickhouse(url: SplitResult, query: dict[str, str], *,
         first = text.strip().splitlines()[0][:300] if text.strip() else type(e).__name__
         if code and code.group(1) in _AUTH_CODES or " 401" in text or " 403" in text:
             given = "set" if os.environ.get(PASSWORD_ENV) else "not set"
-            return SpanStoreAuthError(where, f"user {user!r} was refused (password from "
-                                      f"{PASSWORD_ENV}, {given}): {first}")
+            return SpanStoreAuthError(
+                where, f"user {user!r} was refused (password from {PASSWORD_ENV}, {given}): {first}"
+            )
         if code and code.group(1) in _SCHEMA_CODES:
             return SpanStoreSchemaError(where, first)
         if isinstance(e, ch_errors.OperationalError):
@@ -66,9 +72,15 @@ def open_clickhouse(url: SplitResult, query: dict[str, str], *,
 
     try:
         client = clickhouse_connect.get_client(
-            host=url.hostname, port=port, username=user,
-            password=os.environ.get(PASSWORD_ENV, ""), database=database, secure=secure,
-            connect_timeout=timeout_s, send_receive_timeout=timeout_s)
+            host=url.hostname,
+            port=port,
+            username=user,
+            password=os.environ.get(PASSWORD_ENV, ""),
+            database=database,
+            secure=secure,
+            connect_timeout=timeout_s,
+            send_receive_timeout=timeout_s,
+        )
     except ch_errors.Error as e:
         raise classify(e) from None
 
@@ -78,5 +90,6 @@ def open_clickhouse(url: SplitResult, query: dict[str, str], *,
         except ch_errors.Error as e:
             raise classify(e) from None
 
-    return ClickHouseSpans(run, where, database, query.get("table", "otel_traces"),
-                           on_close=client.close)
+    return ClickHouseSpans(
+        run, where, database, query.get("table", "otel_traces"), on_close=client.close
+    )

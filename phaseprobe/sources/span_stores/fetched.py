@@ -22,24 +22,29 @@ __all__ = ["FetchedSpans", "get_json", "DEFAULT_LOOKBACK_S"]
 DEFAULT_LOOKBACK_S = 3600.0
 
 
-def get_json(session: requests.Session, url: str, params: dict[str, Any], where: str,
-             timeout_s: float) -> Any:
+def get_json(
+    session: requests.Session, url: str, params: dict[str, Any], where: str, timeout_s: float
+) -> Any:
     """GET ``url`` and its JSON body, or the typed error naming ``where``."""
     try:
         resp = session.get(url, params=params, timeout=timeout_s)
     except (requests.ConnectionError, requests.Timeout) as e:
         raise SpanStoreUnreachable(where, f"nothing answers ({type(e).__name__})") from None
     if resp.status_code in (401, 403):
-        raise SpanStoreAuthError(where, f"HTTP {resp.status_code}: the store refused the "
-                                 "request (credentials or permissions)")
+        raise SpanStoreAuthError(
+            where,
+            f"HTTP {resp.status_code}: the store refused the request (credentials or permissions)",
+        )
     if resp.status_code >= 400:
-        raise SpanStoreError(where, f"HTTP {resp.status_code} from {resp.url.split('?')[0]}: "
-                             f"{resp.text[:300]!r}")
+        raise SpanStoreError(
+            where, f"HTTP {resp.status_code} from {resp.url.split('?')[0]}: {resp.text[:300]!r}"
+        )
     try:
         return resp.json()
     except ValueError:
-        raise SpanStoreError(where, f"{resp.url.split('?')[0]} answered with no JSON: "
-                             f"{resp.text[:120]!r}") from None
+        raise SpanStoreError(
+            where, f"{resp.url.split('?')[0]} answered with no JSON: {resp.text[:120]!r}"
+        ) from None
 
 
 class FetchedSpans:
@@ -68,31 +73,35 @@ class FetchedSpans:
 
     def _spans(self, since_ns: int | None, until_ns: int | None) -> list[RequestSpan]:
         since, until = self._bounds(since_ns, until_ns)
-        return [sp for sp, _ in self._fetch(since, until)
-                if model.finished_in(sp, since, until)]
+        return [sp for sp, _ in self._fetch(since, until) if model.finished_in(sp, since, until)]
 
     def check(self) -> None:
         since, until = self._bounds(None, None)
         self._fetch(since, until)
 
-    def span_summary(self, *, since_ns: int | None = None,
-                     until_ns: int | None = None) -> SpanAggregate:
-        agg = model.aggregate_spans(self._spans(since_ns, until_ns), self._where,
-                                    since_ns=since_ns, until_ns=until_ns)
+    def span_summary(
+        self, *, since_ns: int | None = None, until_ns: int | None = None
+    ) -> SpanAggregate:
+        agg = model.aggregate_spans(
+            self._spans(since_ns, until_ns), self._where, since_ns=since_ns, until_ns=until_ns
+        )
         if self._notes:
             agg = SpanAggregate(**{**agg.__dict__, "notes": agg.notes + self._notes})
         return agg
 
-    def recent_spans(self, n: int, *, since_ns: int | None = None,
-                     until_ns: int | None = None) -> list[RequestSpan]:
+    def recent_spans(
+        self, n: int, *, since_ns: int | None = None, until_ns: int | None = None
+    ) -> list[RequestSpan]:
         return model.newest_finished(self._spans(since_ns, until_ns), n)
 
-    def slowest_spans(self, n: int, *, since_ns: int | None = None,
-                      until_ns: int | None = None) -> list[RequestSpan]:
+    def slowest_spans(
+        self, n: int, *, since_ns: int | None = None, until_ns: int | None = None
+    ) -> list[RequestSpan]:
         return model.slowest(self._spans(since_ns, until_ns), n)
 
-    def finished_spans(self, *, since_ns: int | None = None,
-                       until_ns: int | None = None) -> list[RequestSpan]:
+    def finished_spans(
+        self, *, since_ns: int | None = None, until_ns: int | None = None
+    ) -> list[RequestSpan]:
         return sorted(self._spans(since_ns, until_ns), key=lambda sp: (sp.start_ns, sp.span_id))
 
     def span_by_request_id(self, request_id: str) -> tuple[RequestSpan, dict[str, Any]] | None:
@@ -100,17 +109,18 @@ class FetchedSpans:
         return model.by_request_id(self._fetch(since, until), request_id)
 
     def spans_overlapping(self, span: RequestSpan) -> list[RequestSpan]:
-        fetched = self._fetch(span.start_ns - model.NEIGHBOUR_HORIZON_NS, span.end_ns
-                              + model.NEIGHBOUR_HORIZON_NS)
+        fetched = self._fetch(
+            span.start_ns - model.NEIGHBOUR_HORIZON_NS, span.end_ns + model.NEIGHBOUR_HORIZON_NS
+        )
         return model.overlapping((sp for sp, _ in fetched), span)
 
-    def spans_of_traces(self, trace_ids: list[str],
-                        since_ns: int | None = None) -> dict[str, list[RequestSpan]]:
+    def spans_of_traces(
+        self, trace_ids: list[str], since_ns: int | None = None
+    ) -> dict[str, list[RequestSpan]]:
         wanted = {t.lower() for t in trace_ids}
         since, until = self._bounds(since_ns, None)
         out: dict[str, list[RequestSpan]] = {}
-        for sp, _ in sorted(self._fetch(since, until), key=lambda f: (f[0].start_ns,
-                                                                       f[0].span_id)):
+        for sp, _ in sorted(self._fetch(since, until), key=lambda f: (f[0].start_ns, f[0].span_id)):
             if sp.trace_id in wanted and (since_ns is None or sp.start_ns >= since_ns):
                 out.setdefault(sp.trace_id, []).append(sp)
         return out

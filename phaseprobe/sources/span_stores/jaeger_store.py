@@ -32,12 +32,20 @@ def _rfc3339(ns: int) -> str:
 
 
 class JaegerSpans(FetchedSpans):
-    def __init__(self, url: SplitResult, query: dict[str, str], *,
-                 timeout_s: float = 10.0, session: requests.Session | None = None) -> None:
+    def __init__(
+        self,
+        url: SplitResult,
+        query: dict[str, str],
+        *,
+        timeout_s: float = 10.0,
+        session: requests.Session | None = None,
+    ) -> None:
         scheme = "https" if query.get("secure", "").lower() in ("1", "true") else "http"
         self._base = f"{scheme}://{url.hostname}:{url.port or 16686}"
-        super().__init__(f"jaeger://{url.hostname}:{url.port or 16686}",
-                         float(query.get("lookback_s", DEFAULT_LOOKBACK_S)))
+        super().__init__(
+            f"jaeger://{url.hostname}:{url.port or 16686}",
+            float(query.get("lookback_s", DEFAULT_LOOKBACK_S)),
+        )
         self._limit = int(query.get("limit", "100000"))
         self._timeout_s = timeout_s
         self._http = session or requests.Session()
@@ -53,10 +61,14 @@ class JaegerSpans(FetchedSpans):
             if any(o.get("name") == VLLM_SPAN_NAME for o in ops):
                 out.append(s)
         if services and not out:
-            raise NoRequestSpans(self.where, (
-                f"no service has {VLLM_SPAN_NAME} spans, only other services: "
-                f"{', '.join(sorted(services)[:10])}. Is vLLM started with "
-                "--otlp-traces-endpoint pointing at this collector?"))
+            raise NoRequestSpans(
+                self.where,
+                (
+                    f"no service has {VLLM_SPAN_NAME} spans, only other services: "
+                    f"{', '.join(sorted(services)[:10])}. Is vLLM started with "
+                    "--otlp-traces-endpoint pointing at this collector?"
+                ),
+            )
         return out
 
     def check(self) -> None:
@@ -65,12 +77,17 @@ class JaegerSpans(FetchedSpans):
     def _fetch(self, since_ns: int, until_ns: int) -> list[tuple[RequestSpan, dict[str, Any]]]:
         out: list[tuple[RequestSpan, dict[str, Any]]] = []
         for service in self._vllm_services():
-            doc = self._get("/api/v3/traces", {
-                "query.service_name": service, "query.operation_name": VLLM_SPAN_NAME,
-                # a request that finished in the window may have started a while before it
-                "query.start_time_min": _rfc3339(since_ns - NEIGHBOUR_HORIZON_NS),
-                "query.start_time_max": _rfc3339(until_ns),
-                "query.num_traces": self._limit})
+            doc = self._get(
+                "/api/v3/traces",
+                {
+                    "query.service_name": service,
+                    "query.operation_name": VLLM_SPAN_NAME,
+                    # a request that finished in the window may have started a while before it
+                    "query.start_time_min": _rfc3339(since_ns - NEIGHBOUR_HORIZON_NS),
+                    "query.start_time_max": _rfc3339(until_ns),
+                    "query.num_traces": self._limit,
+                },
+            )
             result = doc.get("result", doc) if isinstance(doc, dict) else None
             if not isinstance(result, dict):
                 raise SpanStoreError(self.where, "/api/v3/traces answered without a result")

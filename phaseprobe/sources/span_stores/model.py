@@ -24,10 +24,28 @@ from typing import Any, Protocol
 
 from phaseprobe.records import RequestSpan
 
-__all__ = ["SpanReader", "PhaseStats", "SpanGroup", "SpanAggregate", "PHASES", "QUANTILES",
-           "UNKNOWN_REPLICA", "ALL_REPLICAS", "NO_INSTANCE_NOTE", "NEIGHBOUR_HORIZON_NS",
-           "aggregate_spans", "span_replica", "finished_in", "instance_notes", "replica_order",
-           "newest_finished", "slowest", "overlapping", "by_request_id", "e2e_or_duration_s"]
+__all__ = [
+    "SpanReader",
+    "PhaseStats",
+    "SpanGroup",
+    "SpanAggregate",
+    "PHASES",
+    "QUANTILES",
+    "UNKNOWN_REPLICA",
+    "ALL_REPLICAS",
+    "NO_INSTANCE_NOTE",
+    "NEIGHBOUR_HORIZON_NS",
+    "aggregate_spans",
+    "span_replica",
+    "finished_in",
+    "instance_notes",
+    "replica_order",
+    "newest_finished",
+    "slowest",
+    "overlapping",
+    "by_request_id",
+    "e2e_or_duration_s",
+]
 
 # The durations summarized, as RequestSpan names them (tpot_s is derived: decode / (n − 1)).
 PHASES = ("queue_s", "prefill_s", "decode_s", "ttft_s", "tpot_s", "e2e_s")
@@ -43,7 +61,8 @@ NEIGHBOUR_HORIZON_NS = 600 * 10**9
 NO_INSTANCE_NOTE = (
     "{n} of {total} request spans carry no service.instance.id (nor host.name): their "
     "replica is unknown. Start each vLLM with OTEL_SERVICE_NAME=vllm and "
-    "OTEL_RESOURCE_ATTRIBUTES=service.instance.id=<name> in its environment")
+    "OTEL_RESOURCE_ATTRIBUTES=service.instance.id=<name> in its environment"
+)
 
 
 @dataclass(frozen=True)
@@ -110,11 +129,16 @@ class SpanAggregate:
     notes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"where": self.where, "since_ns": self.since_ns, "until_ns": self.until_ns,
-                "total": self.total.to_dict(),
-                "replicas": [r.to_dict() for r in self.replicas],
-                "no_instance": self.no_instance, "unconverted": dict(self.unconverted),
-                "notes": list(self.notes)}
+        return {
+            "where": self.where,
+            "since_ns": self.since_ns,
+            "until_ns": self.until_ns,
+            "total": self.total.to_dict(),
+            "replicas": [r.to_dict() for r in self.replicas],
+            "no_instance": self.no_instance,
+            "unconverted": dict(self.unconverted),
+            "notes": list(self.notes),
+        }
 
 
 class SpanReader(Protocol):
@@ -131,18 +155,21 @@ class SpanReader(Protocol):
         table or a table of another shape, only other services' spans)."""
         ...
 
-    def span_summary(self, *, since_ns: int | None = None,
-                     until_ns: int | None = None) -> SpanAggregate:
+    def span_summary(
+        self, *, since_ns: int | None = None, until_ns: int | None = None
+    ) -> SpanAggregate:
         """Counts, sums and percentiles per replica and over all, computed by the store."""
         ...
 
-    def recent_spans(self, n: int, *, since_ns: int | None = None,
-                     until_ns: int | None = None) -> list[RequestSpan]:
+    def recent_spans(
+        self, n: int, *, since_ns: int | None = None, until_ns: int | None = None
+    ) -> list[RequestSpan]:
         """The ``n`` requests that finished last in the window, oldest first."""
         ...
 
-    def slowest_spans(self, n: int, *, since_ns: int | None = None,
-                      until_ns: int | None = None) -> list[RequestSpan]:
+    def slowest_spans(
+        self, n: int, *, since_ns: int | None = None, until_ns: int | None = None
+    ) -> list[RequestSpan]:
         """The ``n`` longest requests (by e2e, else the span's duration), slowest first."""
         ...
 
@@ -157,19 +184,20 @@ class SpanReader(Protocol):
         the input of its overlap context."""
         ...
 
-    def finished_spans(self, *, since_ns: int | None = None,
-                       until_ns: int | None = None) -> list[RequestSpan]:
+    def finished_spans(
+        self, *, since_ns: int | None = None, until_ns: int | None = None
+    ) -> list[RequestSpan]:
         """Every request that finished in the window: the interference regression's input
         (it needs each request's phase windows, not an aggregate)."""
         ...
 
-    def spans_of_traces(self, trace_ids: list[str],
-                        since_ns: int | None = None) -> dict[str, list[RequestSpan]]:
+    def spans_of_traces(
+        self, trace_ids: list[str], since_ns: int | None = None
+    ) -> dict[str, list[RequestSpan]]:
         """Every request span of each trace id that has any, by start (probe --spans)."""
         ...
 
-    def close(self) -> None:
-        ...
+    def close(self) -> None: ...
 
 
 # --------------------------------------------------------------------------------------------
@@ -186,8 +214,9 @@ def span_replica(service: str | None, instance: str | None) -> str:
 
 
 def finished_in(sp: RequestSpan, since_ns: int | None, until_ns: int | None) -> bool:
-    return (since_ns is None or sp.end_ns > since_ns) and (until_ns is None
-                                                          or sp.end_ns <= until_ns)
+    return (since_ns is None or sp.end_ns > since_ns) and (
+        until_ns is None or sp.end_ns <= until_ns
+    )
 
 
 def _stats(values: Iterable[float | None]) -> PhaseStats:
@@ -203,7 +232,8 @@ def _stats(values: Iterable[float | None]) -> PhaseStats:
 def _group(replica: str, spans: Sequence[RequestSpan]) -> SpanGroup:
     full = [sp for sp in spans if None not in (sp.e2e_s, sp.queue_s, sp.prefill_s, sp.decode_s)]
     return SpanGroup(
-        replica=replica, identified=replica not in (UNKNOWN_REPLICA, ALL_REPLICAS),
+        replica=replica,
+        identified=replica not in (UNKNOWN_REPLICA, ALL_REPLICAS),
         requests=len(spans),
         first_start_ns=min((sp.start_ns for sp in spans), default=None),
         last_end_ns=max((sp.end_ns for sp in spans), default=None),
@@ -214,12 +244,18 @@ def _group(replica: str, spans: Sequence[RequestSpan]) -> SpanGroup:
         e2e_sum_s=math.fsum(sp.e2e_s or 0.0 for sp in full),
         queue_sum_s=math.fsum(sp.queue_s or 0.0 for sp in full),
         prefill_sum_s=math.fsum(sp.prefill_s or 0.0 for sp in full),
-        decode_sum_s=math.fsum(sp.decode_s or 0.0 for sp in full))
+        decode_sum_s=math.fsum(sp.decode_s or 0.0 for sp in full),
+    )
 
 
-def aggregate_spans(spans: Iterable[RequestSpan], where: str, *, since_ns: int | None = None,
-                    until_ns: int | None = None,
-                    unconverted: dict[str, int] | None = None) -> SpanAggregate:
+def aggregate_spans(
+    spans: Iterable[RequestSpan],
+    where: str,
+    *,
+    since_ns: int | None = None,
+    until_ns: int | None = None,
+    unconverted: dict[str, int] | None = None,
+) -> SpanAggregate:
     """The summary of the spans that finished in the window, in Python (records in hand)."""
     inside = [sp for sp in spans if finished_in(sp, since_ns, until_ns)]
     by: dict[str, list[RequestSpan]] = {}
@@ -227,11 +263,15 @@ def aggregate_spans(spans: Iterable[RequestSpan], where: str, *, since_ns: int |
         by.setdefault(span_replica(sp.service, sp.instance), []).append(sp)
     no_instance = sum(1 for sp in inside if not sp.instance)
     return SpanAggregate(
-        where=where, since_ns=since_ns, until_ns=until_ns,
+        where=where,
+        since_ns=since_ns,
+        until_ns=until_ns,
         total=_group(ALL_REPLICAS, inside),
         replicas=tuple(_group(r, by[r]) for r in sorted(by, key=replica_order)),
-        no_instance=no_instance, unconverted=dict(unconverted or {}),
-        notes=instance_notes(no_instance, len(inside)))
+        no_instance=no_instance,
+        unconverted=dict(unconverted or {}),
+        notes=instance_notes(no_instance, len(inside)),
+    )
 
 
 def instance_notes(no_instance: int, total: int) -> tuple[str, ...]:
@@ -252,14 +292,16 @@ def _finish_key(sp: RequestSpan) -> tuple[int, str]:
     return sp.end_ns, sp.span_id  # the span id breaks ties the same way in every store
 
 
-def newest_finished(spans: Iterable[RequestSpan], n: int, since_ns: int | None = None,
-                    until_ns: int | None = None) -> list[RequestSpan]:
+def newest_finished(
+    spans: Iterable[RequestSpan], n: int, since_ns: int | None = None, until_ns: int | None = None
+) -> list[RequestSpan]:
     inside = [sp for sp in spans if finished_in(sp, since_ns, until_ns)]
     return sorted(heapq.nlargest(max(n, 0), inside, key=_finish_key), key=_finish_key)
 
 
-def slowest(spans: Iterable[RequestSpan], n: int, since_ns: int | None = None,
-            until_ns: int | None = None) -> list[RequestSpan]:
+def slowest(
+    spans: Iterable[RequestSpan], n: int, since_ns: int | None = None, until_ns: int | None = None
+) -> list[RequestSpan]:
     inside = [sp for sp in spans if finished_in(sp, since_ns, until_ns)]
     return heapq.nlargest(max(n, 0), inside, key=lambda sp: (e2e_or_duration_s(sp), sp.span_id))
 
@@ -267,13 +309,21 @@ def slowest(spans: Iterable[RequestSpan], n: int, since_ns: int | None = None,
 def overlapping(spans: Iterable[RequestSpan], span: RequestSpan) -> list[RequestSpan]:
     """The records :meth:`SpanReader.spans_overlapping` returns, by start."""
     low = span.start_ns - NEIGHBOUR_HORIZON_NS
-    return sorted((sp for sp in spans if sp.service == span.service
-                   and sp.instance == span.instance and low <= sp.start_ns <= span.end_ns),
-                  key=lambda sp: (sp.start_ns, sp.span_id))
+    return sorted(
+        (
+            sp
+            for sp in spans
+            if sp.service == span.service
+            and sp.instance == span.instance
+            and low <= sp.start_ns <= span.end_ns
+        ),
+        key=lambda sp: (sp.start_ns, sp.span_id),
+    )
 
 
-def by_request_id(spans: Iterable[tuple[RequestSpan, dict[str, Any]]],
-                  request_id: str) -> tuple[RequestSpan, dict[str, Any]] | None:
+def by_request_id(
+    spans: Iterable[tuple[RequestSpan, dict[str, Any]]], request_id: str
+) -> tuple[RequestSpan, dict[str, Any]] | None:
     """The exact match, else the newest span whose request id contains ``request_id``."""
     found = [(sp, a) for sp, a in spans if sp.request_id and request_id in sp.request_id]
     if not found:

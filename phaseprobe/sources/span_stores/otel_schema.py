@@ -23,16 +23,30 @@ from phaseprobe.errors import ConfigError
 from phaseprobe.records import RequestSpan
 from phaseprobe.sources.vllm.otlp_spans import ATTRIBUTE_ALIASES, VLLM_SPAN_NAME
 
-__all__ = ["DDL_TEMPLATE", "REQUIRED_COLUMNS", "create_table_sql", "otel_rows", "insert_sql",
-           "ident", "quote", "DEFAULT_TABLE"]
+__all__ = [
+    "DDL_TEMPLATE",
+    "REQUIRED_COLUMNS",
+    "create_table_sql",
+    "otel_rows",
+    "insert_sql",
+    "ident",
+    "quote",
+    "DEFAULT_TABLE",
+]
 
 DEFAULT_TABLE = "otel_traces"
 # The columns phaseprobe reads, with the type family each must have (the exporter's types
 # changed over time, e.g. Duration Int64 → UInt64, Map keys LowCardinality or not).
 REQUIRED_COLUMNS: dict[str, str] = {
-    "Timestamp": "DateTime64", "TraceId": "String", "SpanId": "String",
-    "ParentSpanId": "String", "SpanName": "String", "ServiceName": "String",
-    "ResourceAttributes": "Map", "SpanAttributes": "Map", "Duration": "Int",
+    "Timestamp": "DateTime64",
+    "TraceId": "String",
+    "SpanId": "String",
+    "ParentSpanId": "String",
+    "SpanName": "String",
+    "ServiceName": "String",
+    "ResourceAttributes": "Map",
+    "SpanAttributes": "Map",
+    "Duration": "Int",
 }
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 
@@ -68,8 +82,9 @@ def ident(name: str, what: str = "name") -> str:
     """A database or table name, back-quoted; anything but a plain identifier is refused
     (it goes into SQL)."""
     if not _IDENT.fullmatch(name):
-        raise ConfigError(f"{what} {name!r} is not a plain ClickHouse identifier "
-                          "(letters, digits, _)")
+        raise ConfigError(
+            f"{what} {name!r} is not a plain ClickHouse identifier (letters, digits, _)"
+        )
     return f"`{name}`"
 
 
@@ -93,8 +108,9 @@ def _as_string(value: Any) -> str:
     return json.dumps(value)
 
 
-def otel_rows(spans: Sequence[RequestSpan],
-              attributes: Sequence[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+def otel_rows(
+    spans: Sequence[RequestSpan], attributes: Sequence[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
     """One ``otel_traces`` row per request record (``attributes``: the raw attributes no field
     holds, as the SQLite store keeps them). Each field goes back under its first alias, the
     name vLLM V1 uses."""
@@ -110,35 +126,50 @@ def otel_rows(spans: Sequence[RequestSpan],
             resource["service.name"] = sp.service
         if sp.instance:
             resource["service.instance.id"] = sp.instance
-        rows.append({"ts_ns": sp.start_ns, "TraceId": sp.trace_id, "SpanId": sp.span_id,
-                     "ParentSpanId": sp.parent_span_id or "", "SpanName": VLLM_SPAN_NAME,
-                     "SpanKind": "Server", "ServiceName": sp.service or "",
-                     "ResourceAttributes": resource, "ScopeName": "vllm.tracing",
-                     "SpanAttributes": attrs, "Duration": sp.end_ns - sp.start_ns,
-                     "StatusCode": "Unset"})
+        rows.append(
+            {
+                "ts_ns": sp.start_ns,
+                "TraceId": sp.trace_id,
+                "SpanId": sp.span_id,
+                "ParentSpanId": sp.parent_span_id or "",
+                "SpanName": VLLM_SPAN_NAME,
+                "SpanKind": "Server",
+                "ServiceName": sp.service or "",
+                "ResourceAttributes": resource,
+                "ScopeName": "vllm.tracing",
+                "SpanAttributes": attrs,
+                "Duration": sp.end_ns - sp.start_ns,
+                "StatusCode": "Unset",
+            }
+        )
     return rows
 
 
-_ROW_STRUCTURE = ("ts_ns Int64, TraceId String, SpanId String, ParentSpanId String, "
-                  "SpanName String, SpanKind String, ServiceName String, "
-                  "ResourceAttributes Map(String, String), ScopeName String, "
-                  "SpanAttributes Map(String, String), Duration UInt64, StatusCode String")
+_ROW_STRUCTURE = (
+    "ts_ns Int64, TraceId String, SpanId String, ParentSpanId String, "
+    "SpanName String, SpanKind String, ServiceName String, "
+    "ResourceAttributes Map(String, String), ScopeName String, "
+    "SpanAttributes Map(String, String), Duration UInt64, StatusCode String"
+)
 
 
-def insert_sql(database: str, table: str, rows: Sequence[dict[str, Any]],
-               chunk: int = 100) -> list[str]:
+def insert_sql(
+    database: str, table: str, rows: Sequence[dict[str, Any]], chunk: int = 100
+) -> list[str]:
     """INSERTs of ``rows`` (from :func:`otel_rows`, or other services' spans in the same
     shape) into the exporter's table, ``chunk`` rows each (a statement's text is capped by
     ClickHouse's max_query_size); the start goes in as DateTime64(9) from its ns."""
-    return [_insert(database, table, rows[i:i + chunk]) for i in range(0, len(rows), chunk)]
+    return [_insert(database, table, rows[i : i + chunk]) for i in range(0, len(rows), chunk)]
 
 
 def _insert(database: str, table: str, rows: Iterable[dict[str, Any]]) -> str:
     data = "\n".join(json.dumps(r) for r in rows)
-    return (f"INSERT INTO {ident(database, 'database')}.{ident(table, 'table')} (Timestamp, "
-            "TraceId, SpanId, ParentSpanId, SpanName, SpanKind, ServiceName, "
-            "ResourceAttributes, ScopeName, SpanAttributes, Duration, StatusCode) "
-            "SELECT fromUnixTimestamp64Nano(ts_ns, 'UTC'), TraceId, SpanId, ParentSpanId, "
-            "SpanName, SpanKind, ServiceName, ResourceAttributes, ScopeName, SpanAttributes, "
-            f"Duration, StatusCode FROM format(JSONEachRow, {quote(_ROW_STRUCTURE)}, "
-            f"{quote(data)})")
+    return (
+        f"INSERT INTO {ident(database, 'database')}.{ident(table, 'table')} (Timestamp, "
+        "TraceId, SpanId, ParentSpanId, SpanName, SpanKind, ServiceName, "
+        "ResourceAttributes, ScopeName, SpanAttributes, Duration, StatusCode) "
+        "SELECT fromUnixTimestamp64Nano(ts_ns, 'UTC'), TraceId, SpanId, ParentSpanId, "
+        "SpanName, SpanKind, ServiceName, ResourceAttributes, ScopeName, SpanAttributes, "
+        f"Duration, StatusCode FROM format(JSONEachRow, {quote(_ROW_STRUCTURE)}, "
+        f"{quote(data)})"
+    )

@@ -35,22 +35,33 @@ __all__ = ["TempoSpans", "SEARCH_QUERY", "METRIC_ATTRIBUTES"]
 
 _RESOURCE = ("service.name", "service.instance.id", "host.name")
 _SPAN_ATTRS = tuple(k for keys in ATTRIBUTE_ALIASES.values() for k in keys)
-SEARCH_QUERY = (f'{{name="{VLLM_SPAN_NAME}"}} | select('
-                + ", ".join([*(f"span.{k}" for k in _SPAN_ATTRS),
-                             *(f"resource.{k}" for k in _RESOURCE)]) + ")")
+SEARCH_QUERY = (
+    f'{{name="{VLLM_SPAN_NAME}"}} | select('
+    + ", ".join([*(f"span.{k}" for k in _SPAN_ATTRS), *(f"resource.{k}" for k in _RESOURCE)])
+    + ")"
+)
 # phase → the attribute TraceQL metrics take its quantiles of
-METRIC_ATTRIBUTES = {p: ATTRIBUTE_ALIASES[p][0] for p in
-                     ("queue_s", "prefill_s", "decode_s", "ttft_s", "e2e_s")}
+METRIC_ATTRIBUTES = {
+    p: ATTRIBUTE_ALIASES[p][0] for p in ("queue_s", "prefill_s", "decode_s", "ttft_s", "e2e_s")
+}
 _BY = "resource.service.instance.id"
 
 
 class TempoSpans(FetchedSpans):
-    def __init__(self, url: SplitResult, query: dict[str, str], *,
-                 timeout_s: float = 10.0, session: requests.Session | None = None) -> None:
+    def __init__(
+        self,
+        url: SplitResult,
+        query: dict[str, str],
+        *,
+        timeout_s: float = 10.0,
+        session: requests.Session | None = None,
+    ) -> None:
         scheme = "https" if query.get("secure", "").lower() in ("1", "true") else "http"
         self._base = f"{scheme}://{url.hostname}:{url.port or 3200}"
-        super().__init__(f"tempo://{url.hostname}:{url.port or 3200}",
-                         float(query.get("lookback_s", DEFAULT_LOOKBACK_S)))
+        super().__init__(
+            f"tempo://{url.hostname}:{url.port or 3200}",
+            float(query.get("lookback_s", DEFAULT_LOOKBACK_S)),
+        )
         self._limit = int(query.get("limit", "5000"))
         self._timeout_s = timeout_s
         self._http = session or requests.Session()
@@ -63,69 +74,119 @@ class TempoSpans(FetchedSpans):
         since, until = self._bounds(None, None)
         if self._fetch(since, until):
             return
-        doc = self._get("/api/search", {"q": "{}", "start": since // 10**9,
-                                        "end": until // 10**9 + 1, "limit": 20})
-        names = sorted({f"{t.get('rootServiceName', '?')}/{t.get('rootTraceName', '?')}"
-                        for t in doc.get("traces") or []})
+        doc = self._get(
+            "/api/search",
+            {"q": "{}", "start": since // 10**9, "end": until // 10**9 + 1, "limit": 20},
+        )
+        names = sorted(
+            {
+                f"{t.get('rootServiceName', '?')}/{t.get('rootTraceName', '?')}"
+                for t in doc.get("traces") or []
+            }
+        )
         if names:
-            raise NoRequestSpans(self.where, (
-                f"no {VLLM_SPAN_NAME} span in the last {self._lookback_s:g} s, only other "
-                f"services' traces: {', '.join(names[:10])}"))
+            raise NoRequestSpans(
+                self.where,
+                (
+                    f"no {VLLM_SPAN_NAME} span in the last {self._lookback_s:g} s, only other "
+                    f"services' traces: {', '.join(names[:10])}"
+                ),
+            )
 
     def _fetch(self, since_ns: int, until_ns: int) -> list[tuple[RequestSpan, dict[str, Any]]]:
-        doc = self._get("/api/search", {
-            "q": SEARCH_QUERY, "start": (since_ns - NEIGHBOUR_HORIZON_NS) // 10**9,
-            "end": until_ns // 10**9 + 1, "limit": self._limit, "spss": self._limit})
+        doc = self._get(
+            "/api/search",
+            {
+                "q": SEARCH_QUERY,
+                "start": (since_ns - NEIGHBOUR_HORIZON_NS) // 10**9,
+                "end": until_ns // 10**9 + 1,
+                "limit": self._limit,
+                "spss": self._limit,
+            },
+        )
         traces = doc.get("traces") if isinstance(doc, dict) else None
         if not isinstance(traces, list):
             raise SpanStoreError(self.where, "/api/search answered without a traces list")
         self._capped = len(traces) >= self._limit
-        resource_spans = [_resource_spans(t, s) for t in traces
-                          for ss in (t.get("spanSets") or [t.get("spanSet") or {}])
-                          for s in ss.get("spans") or []]
+        resource_spans = [
+            _resource_spans(t, s)
+            for t in traces
+            for ss in (t.get("spanSets") or [t.get("spanSet") or {}])
+            for s in ss.get("spans") or []
+        ]
         try:
-            batch = decode_json(json.dumps({"resourceSpans": resource_spans}),
-                                f"{self.where}/api/search")
+            batch = decode_json(
+                json.dumps({"resourceSpans": resource_spans}), f"{self.where}/api/search"
+            )
         except OtlpError as e:
             raise SpanStoreError(self.where, f"unreadable search result: {e.reason}") from None
         return list(zip(batch.requests, batch.attributes))
 
-    def span_summary(self, *, since_ns: int | None = None,
-                     until_ns: int | None = None) -> SpanAggregate:
+    def span_summary(
+        self, *, since_ns: int | None = None, until_ns: int | None = None
+    ) -> SpanAggregate:
         agg = super().span_summary(since_ns=since_ns, until_ns=until_ns)
         if not self._capped:
             return agg
         since, until = self._bounds(since_ns, until_ns)
         quantiles = self.metric_quantiles(since, until)
-        groups = tuple(replace(g, phases={**g.phases, **{
-            p: PhaseStats(g.phases[p].n, q.get(0.5), None, q.get(0.99))
-            for p, q in quantiles.get(g.replica, {}).items()}}) for g in agg.replicas)
-        return replace(agg, replicas=groups, notes=agg.notes + (
-            f"Tempo's search stopped at its limit of {self._limit} traces: counts and sums "
-            "cover those only; per-replica p50/p99 come from TraceQL metrics "
-            "(quantile_over_time, from Tempo's histogram buckets: approximate)",))
+        groups = tuple(
+            replace(
+                g,
+                phases={
+                    **g.phases,
+                    **{
+                        p: PhaseStats(g.phases[p].n, q.get(0.5), None, q.get(0.99))
+                        for p, q in quantiles.get(g.replica, {}).items()
+                    },
+                },
+            )
+            for g in agg.replicas
+        )
+        return replace(
+            agg,
+            replicas=groups,
+            notes=agg.notes
+            + (
+                f"Tempo's search stopped at its limit of {self._limit} traces: counts and sums "
+                "cover those only; per-replica p50/p99 come from TraceQL metrics "
+                "(quantile_over_time, from Tempo's histogram buckets: approximate)",
+            ),
+        )
 
-    def metric_quantiles(self, since_ns: int, until_ns: int
-                         ) -> dict[str, dict[str, dict[float, float]]]:
+    def metric_quantiles(
+        self, since_ns: int, until_ns: int
+    ) -> dict[str, dict[str, dict[float, float]]]:
         """replica → phase → {0.5: p50, 0.99: p99} over the whole window, from TraceQL
         metrics (one step spanning the window)."""
         out: dict[str, dict[str, dict[float, float]]] = {}
         step = max(1, (until_ns - since_ns) // 10**9)
         for phase, attr in METRIC_ATTRIBUTES.items():
-            q = (f'{{name="{VLLM_SPAN_NAME}"}} | quantile_over_time(span.{attr}, .5, .99) '
-                 f"by ({_BY})")
-            doc = self._get("/api/metrics/query_range", {
-                "q": q, "start": since_ns // 10**9, "end": until_ns // 10**9 + 1,
-                "step": f"{step}s"})
+            q = f'{{name="{VLLM_SPAN_NAME}"}} | quantile_over_time(span.{attr}, .5, .99) by ({_BY})'
+            doc = self._get(
+                "/api/metrics/query_range",
+                {
+                    "q": q,
+                    "start": since_ns // 10**9,
+                    "end": until_ns // 10**9 + 1,
+                    "step": f"{step}s",
+                },
+            )
             for series in doc.get("series") or []:
-                labels = {lb.get("key"): _scalar(lb.get("value") or {})
-                          for lb in series.get("labels") or []}
-                samples = [s.get("value") for s in series.get("samples") or []
-                           if s.get("value") is not None]
+                labels = {
+                    lb.get("key"): _scalar(lb.get("value") or {})
+                    for lb in series.get("labels") or []
+                }
+                samples = [
+                    s.get("value")
+                    for s in series.get("samples") or []
+                    if s.get("value") is not None
+                ]
                 if samples and labels.get("p") is not None:
                     replica = str(labels.get(_BY) or "(unknown)")
-                    out.setdefault(replica, {}).setdefault(phase, {})[
-                        float(labels["p"])] = float(samples[-1])
+                    out.setdefault(replica, {}).setdefault(phase, {})[float(labels["p"])] = float(
+                        samples[-1]
+                    )
         return out
 
 
@@ -147,9 +208,21 @@ def _resource_spans(trace: dict[str, Any], span: dict[str, Any]) -> dict[str, An
         (resource if key in _RESOURCE else attrs).append({**kv, "key": key})
     start = int(span.get("startTimeUnixNano") or 0)
     end = start + int(span.get("durationNanos") or 0)
-    return {"resource": {"attributes": resource}, "scopeSpans": [{"spans": [{
-        "traceId": str(trace.get("traceID", "")).zfill(32),
-        "spanId": str(span.get("spanID", "")).zfill(16),
-        "name": span.get("name") or VLLM_SPAN_NAME, "kind": 2,
-        "startTimeUnixNano": str(start), "endTimeUnixNano": str(end),
-        "attributes": attrs}]}]}
+    return {
+        "resource": {"attributes": resource},
+        "scopeSpans": [
+            {
+                "spans": [
+                    {
+                        "traceId": str(trace.get("traceID", "")).zfill(32),
+                        "spanId": str(span.get("spanID", "")).zfill(16),
+                        "name": span.get("name") or VLLM_SPAN_NAME,
+                        "kind": 2,
+                        "startTimeUnixNano": str(start),
+                        "endTimeUnixNano": str(end),
+                        "attributes": attrs,
+                    }
+                ]
+            }
+        ],
+    }

@@ -25,8 +25,14 @@ from phaseprobe.errors import MetricsUnavailable, UnknownMetric
 from phaseprobe.redact import redact_url
 from phaseprobe.sources.http_deadline import AnswerTooLarge, bounded_request, mount_deadlines
 
-__all__ = ["ALIASES", "KINDS", "MetricSnapshot", "MetricsScraper", "parse_exposition",
-           "sample_spellings"]
+__all__ = [
+    "ALIASES",
+    "KINDS",
+    "MetricSnapshot",
+    "MetricsScraper",
+    "parse_exposition",
+    "sample_spellings",
+]
 
 Kind = Literal["histogram", "counter", "gauge"]
 
@@ -133,8 +139,9 @@ class MetricSnapshot:
             return None
         return self.total(name + part, model)
 
-    def by_label(self, canonical: str, label: str,
-                 model: str | None = None) -> dict[str, float] | None:
+    def by_label(
+        self, canonical: str, label: str, model: str | None = None
+    ) -> dict[str, float] | None:
         """A metric's value summed per value of ``label`` (``request_success`` by
         ``finished_reason``, ``prompt_tokens_by_source`` by ``source``), over engines and
         restricted to ``model_name`` when given; None when the server does not export it."""
@@ -157,8 +164,9 @@ class MetricSnapshot:
         return [labels for labels, _ in self.samples.get(name, [])]
 
 
-def parse_exposition(text: str, *, source: str = "<text>", wall_ns: int | None = None
-                     ) -> MetricSnapshot:
+def parse_exposition(
+    text: str, *, source: str = "<text>", wall_ns: int | None = None
+) -> MetricSnapshot:
     """Parse Prometheus text exposition into a snapshot (raises MetricsUnavailable on junk)."""
     samples: dict[str, list[tuple[Labels, float]]] = {}
     try:
@@ -167,8 +175,9 @@ def parse_exposition(text: str, *, source: str = "<text>", wall_ns: int | None =
                 samples.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
     except ValueError as exc:  # the parser's way of saying "this is not exposition text"
         raise MetricsUnavailable(source, f"not Prometheus text format ({exc})") from None
-    return MetricSnapshot(samples=samples, wall_ns=wall_ns if wall_ns is not None
-                          else time.time_ns(), source=source)
+    return MetricSnapshot(
+        samples=samples, wall_ns=wall_ns if wall_ns is not None else time.time_ns(), source=source
+    )
 
 
 # vLLM's /metrics is a few hundred KB (a few MB with many LoRA adapters or engines); a page
@@ -179,10 +188,16 @@ MAX_METRICS_BYTES = 32 * 1024 * 1024
 class MetricsScraper:
     """GETs ``/metrics`` from a vLLM server; the HTTP session and wall clock are injectable."""
 
-    def __init__(self, base_url: str, *, session: requests.Session | None = None,
-                 headers: dict[str, str] | None = None, timeout_s: float = 5.0,
-                 wall_ns: Callable[[], int] = time.time_ns,
-                 max_bytes: int = MAX_METRICS_BYTES) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        session: requests.Session | None = None,
+        headers: dict[str, str] | None = None,
+        timeout_s: float = 5.0,
+        wall_ns: Callable[[], int] = time.time_ns,
+        max_bytes: int = MAX_METRICS_BYTES,
+    ) -> None:
         self.url = base_url.rstrip("/") + "/metrics"
         self.session = mount_deadlines(session or requests.Session())
         self.headers = headers or {}
@@ -193,9 +208,15 @@ class MetricsScraper:
     def scrape(self) -> MetricSnapshot:
         try:
             # a scrape that trickles on is not a scrape: three reads' worth in all
-            resp = bounded_request(self.session, "GET", self.url, headers=self.headers,
-                                   timeout_s=self.timeout_s, max_bytes=self.max_bytes,
-                                   deadline_s=max(self.timeout_s, 1.0) * 3)
+            resp = bounded_request(
+                self.session,
+                "GET",
+                self.url,
+                headers=self.headers,
+                timeout_s=self.timeout_s,
+                max_bytes=self.max_bytes,
+                deadline_s=max(self.timeout_s, 1.0) * 3,
+            )
         except requests.Timeout as exc:
             raise MetricsUnavailable(redact_url(self.url), f"Timeout ({exc})") from None
         except AnswerTooLarge as exc:

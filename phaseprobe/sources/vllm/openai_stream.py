@@ -34,9 +34,20 @@ from phaseprobe.sources.http_deadline import (
     within,
 )
 
-__all__ = ["small_json", "StreamClient", "DEFAULT_DEADLINE_S", "MAX_EVENT_BYTES", "StreamOutcome",
-           "TokenEventCounter", "check_endpoint", "normalize_base_url", "build_body",
-           "usage_counts", "MAX_USAGE_TOKENS", "response_timings"]
+__all__ = [
+    "small_json",
+    "StreamClient",
+    "DEFAULT_DEADLINE_S",
+    "MAX_EVENT_BYTES",
+    "StreamOutcome",
+    "TokenEventCounter",
+    "check_endpoint",
+    "normalize_base_url",
+    "build_body",
+    "usage_counts",
+    "MAX_USAGE_TOKENS",
+    "response_timings",
+]
 
 _ERROR_EXCERPT = 500
 # One SSE event of vLLM is a JSON chunk of a few hundred bytes (tens of KB with top logprobs):
@@ -71,11 +82,13 @@ class StreamOutcome:
 
 # The per-request metrics object's fields (vLLM 0.33, PerRequestTimingMetrics) → the
 # ResponseTimings field and the factor to its unit (ms → s)
-_REPORTED_FIELDS = {"queue_time_ms": ("queue_s", 1e-3),
-                    "time_to_first_token_ms": ("prefill_s", 1e-3),
-                    "generation_time_ms": ("decode_s", 1e-3),
-                    "mean_itl_ms": ("mean_itl_s", 1e-3),
-                    "tokens_per_second": ("tokens_per_s", 1.0)}
+_REPORTED_FIELDS = {
+    "queue_time_ms": ("queue_s", 1e-3),
+    "time_to_first_token_ms": ("prefill_s", 1e-3),
+    "generation_time_ms": ("decode_s", 1e-3),
+    "mean_itl_ms": ("mean_itl_s", 1e-3),
+    "tokens_per_second": ("tokens_per_s", 1.0),
+}
 # A request's timing in ms above this (a year) is not a timing
 _MAX_REPORTED = 3.2e10
 
@@ -86,18 +99,22 @@ def response_timings(metrics: Any) -> tuple[ResponseTimings | None, str | None]:
     it has no stamp); anything else makes the whole object ignored, and ``note`` says why.
     An object with no known field is no timings (None, no note)."""
     if not isinstance(metrics, dict):
-        return None, (f"the response's metrics is not an object ({_short(repr(metrics))}): "
-                      "ignored")
+        return None, (f"the response's metrics is not an object ({_short(repr(metrics))}): ignored")
     values: dict[str, float | None] = {}
     for key, (field_name, scale) in _REPORTED_FIELDS.items():
         value = metrics.get(key)
         if value is None:
             values[field_name] = None
             continue
-        if (isinstance(value, bool) or not isinstance(value, (int, float))
-                or not 0 <= value <= _MAX_REPORTED):  # NaN fails both comparisons
-            return None, (f"the response's metrics {key} {_short(repr(value))} is not a "
-                          f"timing: its metrics object is ignored")
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not 0 <= value <= _MAX_REPORTED
+        ):  # NaN fails both comparisons
+            return None, (
+                f"the response's metrics {key} {_short(repr(value))} is not a "
+                f"timing: its metrics object is ignored"
+            )
         values[field_name] = float(value) * scale
     if all(v is None for v in values.values()):
         return None, None
@@ -121,20 +138,35 @@ def usage_counts(usage: dict[str, Any] | None) -> tuple[int | None, int | None, 
         value = usage.get(key)
         if value is None:
             counts.append(None)
-        elif (isinstance(value, int) and not isinstance(value, bool)
-              and 0 <= value <= MAX_USAGE_TOKENS):
+        elif (
+            isinstance(value, int)
+            and not isinstance(value, bool)
+            and 0 <= value <= MAX_USAGE_TOKENS
+        ):
             counts.append(value)
         else:
             huge = isinstance(value, int) and abs(value) >= 10**30
             shown = f"a {len(str(abs(value)))}-digit number" if huge else _short(repr(value))
-            return None, None, (f"usage {key} {shown} is not a token count (0 .. "
-                                f"{MAX_USAGE_TOKENS}): the server's usage is ignored")
+            return (
+                None,
+                None,
+                (
+                    f"usage {key} {shown} is not a token count (0 .. "
+                    f"{MAX_USAGE_TOKENS}): the server's usage is ignored"
+                ),
+            )
     return counts[0], counts[1], None
 
 
 def build_body(
-    *, model: str, prompt: str, max_tokens: int, chat: bool, temperature: float = 0.0,
-    seed: int = 0, ignore_eos: bool = True,
+    *,
+    model: str,
+    prompt: str,
+    max_tokens: int,
+    chat: bool,
+    temperature: float = 0.0,
+    seed: int = 0,
+    ignore_eos: bool = True,
 ) -> dict[str, Any]:
     """The request body of a controlled run: fixed length, greedy, usage reported."""
     body: dict[str, Any] = {
@@ -166,19 +198,25 @@ def normalize_base_url(url: str) -> str:
     if not sep:
         scheme, rest = "http", text  # host:port, as vLLM's own log prints it
     if scheme.lower() not in ("http", "https"):
-        raise ConfigError(f"endpoint {shown!r}: the scheme must be http:// or https://, e.g. "
-                          f"http://127.0.0.1:8000")
+        raise ConfigError(
+            f"endpoint {shown!r}: the scheme must be http:// or https://, e.g. "
+            f"http://127.0.0.1:8000"
+        )
     if "?" in rest or "#" in rest:
         # paths are appended to the base URL: a query would end up before /v1/models, and
         # query tokens would be echoed by every connection error
-        raise ConfigError(f"endpoint {shown!r}: a base URL takes no ?query or #fragment; "
-                          f"pass an API key through the environment (--api-key-env VAR)")
+        raise ConfigError(
+            f"endpoint {shown!r}: a base URL takes no ?query or #fragment; "
+            f"pass an API key through the environment (--api-key-env VAR)"
+        )
     rest = rest.rstrip("/")
     if rest.endswith("/v1"):
         rest = rest[:-3].rstrip("/")
     if not rest or rest.startswith("/"):
-        raise ConfigError(f"endpoint {shown!r} names no host: type it as http://HOST:PORT, "
-                          f"e.g. http://127.0.0.1:8000")
+        raise ConfigError(
+            f"endpoint {shown!r} names no host: type it as http://HOST:PORT, "
+            f"e.g. http://127.0.0.1:8000"
+        )
     return f"{scheme.lower()}://{rest}"
 
 
@@ -192,9 +230,14 @@ MAX_MODELS_KEPT = 32
 _MODEL_FIELDS = ("id", "object", "owned_by", "root", "parent", "max_model_len", "created")
 
 
-def check_endpoint(base_url: str, *, session: requests.Session, headers: dict[str, str],
-                   timeout_s: float = PREFLIGHT_TIMEOUT_S,
-                   deadline_s: float | None = PREFLIGHT_DEADLINE_S) -> list[dict[str, Any]]:
+def check_endpoint(
+    base_url: str,
+    *,
+    session: requests.Session,
+    headers: dict[str, str],
+    timeout_s: float = PREFLIGHT_TIMEOUT_S,
+    deadline_s: float | None = PREFLIGHT_DEADLINE_S,
+) -> list[dict[str, Any]]:
     """Fail early and clearly if nothing usable answers; return ``/v1/models``' model list:
     validated (objects with a string ``id``), at most MAX_MODELS_KEPT entries of their small
     known fields (strings cut at 512 characters); the answer is read at most 1 MB, with no gap
@@ -204,27 +247,40 @@ def check_endpoint(base_url: str, *, session: requests.Session, headers: dict[st
     shown = redact_url(url)
     timeout_s = min(timeout_s, PREFLIGHT_TIMEOUT_S)
     # three reads' worth in all (a trickling answer ends too), never past the asked deadline
-    deadline_s = min(3 * timeout_s, PREFLIGHT_DEADLINE_S,
-                     PREFLIGHT_DEADLINE_S if deadline_s is None else deadline_s)
+    deadline_s = min(
+        3 * timeout_s,
+        PREFLIGHT_DEADLINE_S,
+        PREFLIGHT_DEADLINE_S if deadline_s is None else deadline_s,
+    )
     try:
-        resp = bounded_request(session, "GET", url, headers=headers, timeout_s=timeout_s,
-                               deadline_s=deadline_s, max_bytes=MAX_MODELS_ANSWER_BYTES)
+        resp = bounded_request(
+            session,
+            "GET",
+            url,
+            headers=headers,
+            timeout_s=timeout_s,
+            deadline_s=deadline_s,
+            max_bytes=MAX_MODELS_ANSWER_BYTES,
+        )
         body = resp.content
     except AnswerTooLarge:
-        raise EndpointUnreachable(shown, f"answer over {MAX_MODELS_ANSWER_BYTES} bytes: not an "
-                                         "OpenAI model list phaseprobe will read") from None
+        raise EndpointUnreachable(
+            shown,
+            f"answer over {MAX_MODELS_ANSWER_BYTES} bytes: not an "
+            "OpenAI model list phaseprobe will read",
+        ) from None
     except (requests.RequestException, urllib3.exceptions.HTTPError) as exc:
         raise EndpointUnreachable(shown, type(exc).__name__ + ": " + _short(str(exc))) from None
     if resp.status_code != 200:
-        raise EndpointUnreachable(shown, f"HTTP {resp.status_code}: "
-                                         f"{_short(body.decode('utf-8', 'replace'))}")
+        raise EndpointUnreachable(
+            shown, f"HTTP {resp.status_code}: {_short(body.decode('utf-8', 'replace'))}"
+        )
     try:
         doc = json.loads(body)
     except RecursionError:
         raise EndpointUnreachable(shown, "answer nested too deeply") from None
     except ValueError:
-        raise EndpointUnreachable(shown, "answer is not JSON (not an OpenAI model list)"
-                                  ) from None
+        raise EndpointUnreachable(shown, "answer is not JSON (not an OpenAI model list)") from None
     data = doc.get("data") if isinstance(doc, dict) else None
     if not isinstance(data, list):
         raise EndpointUnreachable(shown, "answer is not an OpenAI model list (no 'data' list)")
@@ -233,27 +289,48 @@ def check_endpoint(base_url: str, *, session: requests.Session, headers: dict[st
         if not isinstance(item, dict) or not isinstance(item.get("id"), str) or not item["id"]:
             raise EndpointUnreachable(shown, f"model {i} of the answer has no string 'id'")
         if len(models) < MAX_MODELS_KEPT:
-            models.append({k: (v[:512] if isinstance(v, str) else v) for k, v in item.items()
-                           if k in _MODEL_FIELDS and isinstance(v, (str, int, float))})
+            models.append(
+                {
+                    k: (v[:512] if isinstance(v, str) else v)
+                    for k, v in item.items()
+                    if k in _MODEL_FIELDS and isinstance(v, (str, int, float))
+                }
+            )
     if len(data) > MAX_MODELS_KEPT:
-        models[-1] = {**models[-1], "phaseprobe_note": f"{len(data) - MAX_MODELS_KEPT} "
-                      "more model(s) not kept"}
+        models[-1] = {
+            **models[-1],
+            "phaseprobe_note": f"{len(data) - MAX_MODELS_KEPT} more model(s) not kept",
+        }
     return models
 
 
 MAX_SMALL_ANSWER_BYTES = 64 * 1024  # /version, /tokenize: a few dozen bytes when sane
 
 
-def small_json(session: requests.Session, method: str, url: str, *, headers: dict[str, str],
-               timeout_s: float, body: Any = None) -> Any:
+def small_json(
+    session: requests.Session,
+    method: str,
+    url: str,
+    *,
+    headers: dict[str, str],
+    timeout_s: float,
+    body: Any = None,
+) -> Any:
     """A small JSON answer (``/version``, ``/tokenize``) or None: not 200, not JSON, over
     :data:`MAX_SMALL_ANSWER_BYTES`, nested too deeply, or unreachable. These answers are
     optional extras, so any of that means "not available", never a traceback; callers still
     validate the shape of what comes back."""
     try:
-        resp = bounded_request(session, method, url, headers=headers, timeout_s=timeout_s,
-                               deadline_s=max(timeout_s, 1.0) * 3, json=body,
-                               max_bytes=MAX_SMALL_ANSWER_BYTES)
+        resp = bounded_request(
+            session,
+            method,
+            url,
+            headers=headers,
+            timeout_s=timeout_s,
+            deadline_s=max(timeout_s, 1.0) * 3,
+            json=body,
+            max_bytes=MAX_SMALL_ANSWER_BYTES,
+        )
         data = resp.content
     except (requests.RequestException, urllib3.exceptions.HTTPError, OSError):
         return None
@@ -298,12 +375,17 @@ class StreamClient:
         # header, whatever it holds: say that the key is not sent (never what the secrets are).
         self.auth_note: str | None = None
         if api_key and urlsplit(self.base_url).password is not None:
-            self.auth_note = ("the endpoint URL carries user:password, so HTTP Basic auth is "
-                              "sent and the API key (Bearer) is not: drop one of the two")
+            self.auth_note = (
+                "the endpoint URL carries user:password, so HTTP Basic auth is "
+                "sent and the API key (Bearer) is not: drop one of the two"
+            )
 
-    def stream(self, body: dict[str, Any],
-               on_events: Callable[[list[bytes]], None] | None = None,
-               headers: dict[str, str] | None = None) -> StreamOutcome:
+    def stream(
+        self,
+        body: dict[str, Any],
+        on_events: Callable[[list[bytes]], None] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> StreamOutcome:
         """Send ``body`` and stamp every event. ``on_events(raw)`` is called from this thread
         with the SSE events each read completed, right after they are stamped (a
         :class:`TokenEventCounter` tells which carry tokens); it must be quick. ``headers``
@@ -324,8 +406,9 @@ class StreamClient:
         # socket shut from outside at the deadline, and the blocked read fails at once.
         with within(self.deadline_s, f"POST {shown}", quiet=True) as deadline:
             try:
-                with self.session.post(url, json=body, headers=sent, stream=True,
-                                       timeout=(connect_s, self.timeout_s)) as resp:
+                with self.session.post(
+                    url, json=body, headers=sent, stream=True, timeout=(connect_s, self.timeout_s)
+                ) as resp:
                     status = resp.status_code
                     if status >= 400:
                         error = f"HTTP {status}: {_short(_bounded_text(resp))}"
@@ -338,26 +421,35 @@ class StreamClient:
                         elif not state.done:
                             error = _unfinished(resp, events, state)
                         elif not events and state.usage is None:
-                            error = ("the stream held no token and no usage before [DONE]: "
-                                     "not a completion")
+                            error = (
+                                "the stream held no token and no usage before [DONE]: "
+                                "not a completion"
+                            )
             except (requests.RequestException, urllib3.exceptions.HTTPError) as exc:
                 if deadline.fired:
                     error = self._deadline_text()
                 elif isinstance(exc, requests.ConnectTimeout):
                     error = f"timeout: could not connect to {shown} within {connect_s:g} s"
                 elif _is_timeout(exc) and not events:
-                    error = (f"timeout: no first byte from {shown} within {self.timeout_s:g} "
-                             "s (--timeout)")
+                    error = (
+                        f"timeout: no first byte from {shown} within {self.timeout_s:g} "
+                        "s (--timeout)"
+                    )
                 elif _is_timeout(exc):
-                    error = (f"timeout: the stream stalled: no bytes for {self.timeout_s:g} s "
-                             f"after {len(events)} token events at {shown} (--timeout)")
+                    error = (
+                        f"timeout: the stream stalled: no bytes for {self.timeout_s:g} s "
+                        f"after {len(events)} token events at {shown} (--timeout)"
+                    )
                 else:
-                    error = (f"stream cut after {len(events)} token events: "
-                             f"{type(exc).__name__}: {_short(str(exc))}")
+                    error = (
+                        f"stream cut after {len(events)} token events: "
+                        f"{type(exc).__name__}: {_short(str(exc))}"
+                    )
         end = self._clock_ns() - t0
         prompt_tokens, completion_tokens, usage_note = usage_counts(state.usage)
-        reported, metrics_note = (response_timings(state.metrics) if state.metrics is not None
-                                  else (None, None))
+        reported, metrics_note = (
+            response_timings(state.metrics) if state.metrics is not None else (None, None)
+        )
         timeline = ClientTimeline(
             sent_wall_ns=wall0,
             event_offsets_ns=tuple(events),
@@ -369,16 +461,22 @@ class StreamClient:
             complete=state.done and error is None,
         )
         notes = tuple(n for n in (usage_note, metrics_note) if n)
-        return StreamOutcome(timeline=timeline, error=error, text="".join(state.text),
-                             notes=notes, reported=reported)
+        return StreamOutcome(
+            timeline=timeline, error=error, text="".join(state.text), notes=notes, reported=reported
+        )
 
     def _deadline_text(self) -> str:
-        return (f"deadline: the whole request took more than {self.deadline_s:g} s "
-                "(--deadline)")
+        return f"deadline: the whole request took more than {self.deadline_s:g} s (--deadline)"
 
-    def _read_events(self, resp: requests.Response, t0: int, chat: bool, events: list[int],
-                     state: _StreamState,
-                     on_events: Callable[[list[bytes]], None] | None = None) -> None:
+    def _read_events(
+        self,
+        resp: requests.Response,
+        t0: int,
+        chat: bool,
+        events: list[int],
+        state: _StreamState,
+        on_events: Callable[[list[bytes]], None] | None = None,
+    ) -> None:
         # Hot path: stamp, split, keep the raw event. JSON is parsed after the stream ends, so
         # the next event's stamp never waits on the previous one's parsing.
         clock = self._clock_ns
@@ -397,7 +495,7 @@ class StreamClient:
                 t = clock() - t0
                 received += len(chunk)
                 if len(state.head) < _HEAD_BYTES:
-                    state.head += chunk[:_HEAD_BYTES - len(state.head)]
+                    state.head += chunk[: _HEAD_BYTES - len(state.head)]
                 if lf_pending and chunk.startswith(b"\n"):
                     chunk = chunk[1:]
                 if b"\r" in chunk:
@@ -417,8 +515,10 @@ class StreamClient:
                     raw_events.append((t, bytes(buf[pos:i])))
                     pos = scanned = i + 2
                 if len(buf) - pos > cap:
-                    state.error = (f"an SSE event grew past {cap} bytes without ending (at "
-                                   f"byte {received} of the stream): not a token stream")
+                    state.error = (
+                        f"an SSE event grew past {cap} bytes without ending (at "
+                        f"byte {received} of the stream): not a token stream"
+                    )
                     break
                 if pos:  # drop what was consumed: once per chunk, not once per event
                     del buf[:pos]
@@ -555,7 +655,8 @@ def _unfinished(resp: requests.Response, events: list[int], state: _StreamState)
 def _is_timeout(exc: BaseException) -> bool:
     # Mid-stream, requests wraps urllib3's ReadTimeoutError in a ConnectionError.
     return isinstance(exc, requests.Timeout) or any(
-        isinstance(arg, urllib3.exceptions.TimeoutError) for arg in exc.args)
+        isinstance(arg, urllib3.exceptions.TimeoutError) for arg in exc.args
+    )
 
 
 def _short(text: str) -> str:

@@ -24,10 +24,24 @@ __all__ = ["build_request"]
 
 _U32, _U64, _I64 = 2**32, 2**64, 2**63
 _DECIMAL = re.compile(r"-?[0-9]{1,20}")
-_SPAN_KEYS = frozenset({"traceId", "spanId", "parentSpanId", "traceState", "name", "kind",
-                        "startTimeUnixNano", "endTimeUnixNano", "attributes",
-                        "droppedAttributesCount", "status", "flags", "droppedEventsCount",
-                        "droppedLinksCount"})
+_SPAN_KEYS = frozenset(
+    {
+        "traceId",
+        "spanId",
+        "parentSpanId",
+        "traceState",
+        "name",
+        "kind",
+        "startTimeUnixNano",
+        "endTimeUnixNano",
+        "attributes",
+        "droppedAttributesCount",
+        "status",
+        "flags",
+        "droppedEventsCount",
+        "droppedLinksCount",
+    }
+)
 
 
 class _Unhandled(Exception):
@@ -136,40 +150,51 @@ def build_request(doc: dict[str, Any]) -> ExportTraceServiceRequest | None:
                     present: dict[str, Any] = {}
                     if "status" in sp:
                         st = _dict(sp["status"], {"code", "message"})
-                        present["status"] = Status(code=_enum(st.get("code", 0),
-                                                              Status.StatusCode),
-                                                   message=_text(st.get("message", "")))
-                    spans.append(Span(**present,
-                        trace_id=_id(sp.get("traceId", ""), 16),
-                        span_id=_id(sp.get("spanId", ""), 8),
-                        parent_span_id=_id(sp.get("parentSpanId", ""), 8),
-                        trace_state=_text(sp.get("traceState", "")),
-                        name=_text(sp.get("name", "")),
-                        kind=_enum(sp.get("kind", 0), Span.SpanKind),
-                        start_time_unix_nano=_int(sp.get("startTimeUnixNano", 0), 0, _U64),
-                        end_time_unix_nano=_int(sp.get("endTimeUnixNano", 0), 0, _U64),
-                        attributes=_attributes(sp.get("attributes", []), KeyValue, AnyValue),
-                        dropped_attributes_count=_int(sp.get("droppedAttributesCount", 0),
-                                                      0, _U32),
-                        dropped_events_count=_int(sp.get("droppedEventsCount", 0), 0, _U32),
-                        dropped_links_count=_int(sp.get("droppedLinksCount", 0), 0, _U32),
-                        flags=_int(sp.get("flags", 0), 0, _U32)))
+                        present["status"] = Status(
+                            code=_enum(st.get("code", 0), Status.StatusCode),
+                            message=_text(st.get("message", "")),
+                        )
+                    spans.append(
+                        Span(
+                            **present,
+                            trace_id=_id(sp.get("traceId", ""), 16),
+                            span_id=_id(sp.get("spanId", ""), 8),
+                            parent_span_id=_id(sp.get("parentSpanId", ""), 8),
+                            trace_state=_text(sp.get("traceState", "")),
+                            name=_text(sp.get("name", "")),
+                            kind=_enum(sp.get("kind", 0), Span.SpanKind),
+                            start_time_unix_nano=_int(sp.get("startTimeUnixNano", 0), 0, _U64),
+                            end_time_unix_nano=_int(sp.get("endTimeUnixNano", 0), 0, _U64),
+                            attributes=_attributes(sp.get("attributes", []), KeyValue, AnyValue),
+                            dropped_attributes_count=_int(
+                                sp.get("droppedAttributesCount", 0), 0, _U32
+                            ),
+                            dropped_events_count=_int(sp.get("droppedEventsCount", 0), 0, _U32),
+                            dropped_links_count=_int(sp.get("droppedLinksCount", 0), 0, _U32),
+                            flags=_int(sp.get("flags", 0), 0, _U32),
+                        )
+                    )
                 scope: dict[str, Any] = {}
                 if "scope" in ss:
                     sc = _dict(ss["scope"], {"name", "version"})
-                    scope["scope"] = InstrumentationScope(name=_text(sc.get("name", "")),
-                                                          version=_text(sc.get("version", "")))
-                scope_spans.append(ScopeSpans(**scope, spans=spans,
-                                              schema_url=_text(ss.get("schemaUrl", ""))))
+                    scope["scope"] = InstrumentationScope(
+                        name=_text(sc.get("name", "")), version=_text(sc.get("version", ""))
+                    )
+                scope_spans.append(
+                    ScopeSpans(**scope, spans=spans, schema_url=_text(ss.get("schemaUrl", "")))
+                )
             resource: dict[str, Any] = {}
             if "resource" in rs:
                 res = _dict(rs["resource"], {"attributes", "droppedAttributesCount"})
                 resource["resource"] = Resource(
                     attributes=_attributes(res.get("attributes", []), KeyValue, AnyValue),
-                    dropped_attributes_count=_int(res.get("droppedAttributesCount", 0), 0,
-                                                  _U32))
-            resource_spans.append(ResourceSpans(**resource, scope_spans=scope_spans,
-                                                schema_url=_text(rs.get("schemaUrl", ""))))
+                    dropped_attributes_count=_int(res.get("droppedAttributesCount", 0), 0, _U32),
+                )
+            resource_spans.append(
+                ResourceSpans(
+                    **resource, scope_spans=scope_spans, schema_url=_text(rs.get("schemaUrl", ""))
+                )
+            )
         return ExportTraceServiceRequest(resource_spans=resource_spans)
     except _Unhandled:
         return None

@@ -36,8 +36,16 @@ if TYPE_CHECKING:  # protobuf and the OTLP classes load when a payload is decode
     from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
     from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-__all__ = ["ATTRIBUTE_ALIASES", "SpanBatch", "decode_protobuf", "decode_json", "decode_request",
-           "hex_ids_to_base64", "VLLM_SPAN_NAME", "MAX_ATTRIBUTES_STORED"]
+__all__ = [
+    "ATTRIBUTE_ALIASES",
+    "SpanBatch",
+    "decode_protobuf",
+    "decode_json",
+    "decode_request",
+    "hex_ids_to_base64",
+    "VLLM_SPAN_NAME",
+    "MAX_ATTRIBUTES_STORED",
+]
 
 VLLM_SPAN_NAME = "llm_request"
 
@@ -49,9 +57,11 @@ ATTRIBUTE_ALIASES: dict[str, tuple[str, ...]] = {
     # V0 had no prefill/decode split; its execute time (model execution over all steps) is the
     # nearest thing to V1's inference time (scheduled -> last token). Its forward time (the
     # forward passes alone, with --collect-detailed-traces model) comes last: a lower bound.
-    "inference_s": ("gen_ai.latency.time_in_model_inference",
-                    "gen_ai.latency.time_in_model_execute",
-                    "gen_ai.latency.time_in_model_forward"),
+    "inference_s": (
+        "gen_ai.latency.time_in_model_inference",
+        "gen_ai.latency.time_in_model_execute",
+        "gen_ai.latency.time_in_model_forward",
+    ),
     "ttft_s": ("gen_ai.latency.time_to_first_token",),
     "e2e_s": ("gen_ai.latency.e2e",),
     "prompt_tokens": ("gen_ai.usage.prompt_tokens", "gen_ai.usage.input_tokens"),
@@ -108,8 +118,9 @@ def decode_protobuf(payload: bytes, source: str) -> SpanBatch:
     try:
         message.ParseFromString(payload)
     except (DecodeError, RecursionError, ValueError) as exc:
-        raise OtlpError(source, f"not an OTLP protobuf trace export ({exc or 'truncated'})"
-                        ) from None
+        raise OtlpError(
+            source, f"not an OTLP protobuf trace export ({exc or 'truncated'})"
+        ) from None
     return decode_request(message, source)
 
 
@@ -128,8 +139,7 @@ def decode_json(text: str | bytes, source: str) -> SpanBatch:
     except (ValueError, UnicodeDecodeError) as exc:
         raise OtlpError(source, f"not JSON: {exc}") from None
     if not isinstance(doc, dict):
-        raise OtlpError(source, f"an OTLP trace export is a JSON object, not "
-                        f"{type(doc).__name__}")
+        raise OtlpError(source, f"an OTLP trace export is a JSON object, not {type(doc).__name__}")
     # the plain shapes exporters write, built directly (json_format is most of the time);
     # anything else through json_format, with its errors (sources/vllm/otlp_json_fast.py)
     message = build_request(doc)
@@ -137,8 +147,9 @@ def decode_json(text: str | bytes, source: str) -> SpanBatch:
         return decode_request(message, source)
     try:
         hex_ids_to_base64(doc, source)
-        message = json_format.ParseDict(doc, ExportTraceServiceRequest(),
-                                        ignore_unknown_fields=True)
+        message = json_format.ParseDict(
+            doc, ExportTraceServiceRequest(), ignore_unknown_fields=True
+        )
     except RecursionError:
         raise OtlpError(source, "input nested too deeply") from None
     except json_format.ParseError as exc:
@@ -176,8 +187,7 @@ def _rewrite_ids(obj: dict[str, Any], source: str) -> None:
             try:
                 raw = base64.b64decode(value, validate=True)
             except (binascii.Error, ValueError):
-                raise OtlpError(source, f"{key} {value[:40]!r} is neither hex nor base64"
-                                ) from None
+                raise OtlpError(source, f"{key} {value[:40]!r} is neither hex nor base64") from None
         obj[key] = base64.b64encode(raw).decode("ascii")
 
 
@@ -201,11 +211,18 @@ def decode_request(message: ExportTraceServiceRequest, source: str) -> SpanBatch
                     batch.rejected[problem] += 1
                     batch.seen.append(("rejected", "", problem, *_identity(span)))
                     continue
-                batch.requests.append(RequestSpan(
-                    trace_id=span.trace_id.hex(), span_id=span.span_id.hex(),
-                    parent_span_id=span.parent_span_id.hex() or None, service=service,
-                    instance=instance, start_ns=span.start_time_unix_nano,
-                    end_ns=span.end_time_unix_nano, **values))
+                batch.requests.append(
+                    RequestSpan(
+                        trace_id=span.trace_id.hex(),
+                        span_id=span.span_id.hex(),
+                        parent_span_id=span.parent_span_id.hex() or None,
+                        service=service,
+                        instance=instance,
+                        start_ns=span.start_time_unix_nano,
+                        end_ns=span.end_time_unix_nano,
+                        **values,
+                    )
+                )
                 batch.attributes.append(_bounded(extra))
     return batch
 
@@ -254,8 +271,9 @@ def _identity(span: Span) -> tuple[int, bytes]:
     start = min(span.start_time_unix_nano, _INT64 - 1)
     if len(span.trace_id) == 16 and len(span.span_id) == 8:
         return start, bytes(span.trace_id) + bytes(span.span_id)
-    return start, hashlib.blake2b(span.SerializeToString(deterministic=True),
-                                  digest_size=16).digest()
+    return start, hashlib.blake2b(
+        span.SerializeToString(deterministic=True), digest_size=16
+    ).digest()
 
 
 def _problem(span: Span) -> str | None:
@@ -272,8 +290,8 @@ def _problem(span: Span) -> str | None:
 
 # attribute name -> (field, rank): the lower rank wins when several aliases are present.
 _FIELD_OF: dict[str, tuple[str, int]] = {
-    key: (name, rank) for name, keys in ATTRIBUTE_ALIASES.items()
-    for rank, key in enumerate(keys)}
+    key: (name, rank) for name, keys in ATTRIBUTE_ALIASES.items() for rank, key in enumerate(keys)
+}
 _INT64 = 2**63  # SQLite's integers are signed 64-bit
 _MAX_DURATION_S = 1e7  # 116 days: a longer "duration" is a broken clock, not a request
 
@@ -309,9 +327,10 @@ def _value(v: AnyValue) -> Any:
 
 def _bounded(attrs: dict[str, Any]) -> dict[str, Any]:
     if len(attrs) <= MAX_ATTRIBUTES_STORED and all(
-            len(k) <= _MAX_VALUE_CHARS and (not isinstance(v, (str, list))
-                                            or len(v) <= _MAX_VALUE_CHARS)
-            for k, v in attrs.items()):
+        len(k) <= _MAX_VALUE_CHARS
+        and (not isinstance(v, (str, list)) or len(v) <= _MAX_VALUE_CHARS)
+        for k, v in attrs.items()
+    ):
         return attrs  # vLLM's ~14 short attributes: nothing to bound
     kept: dict[str, Any] = {}
     for key in sorted(attrs)[:MAX_ATTRIBUTES_STORED]:
