@@ -36,6 +36,9 @@ DEFAULT_EFFECTS = (0.0, 0.05, 0.10, 0.30)
 
 @dataclass(frozen=True)
 class Scenario:
+    """One simulated truth: the per-run noise σ of log latency, B's true relative improvement
+    (ratio B/A = 1 − effect), the fraction of runs stalled and how many times slower they are."""
+
     noise: float  # σ of log latency per run
     effect: float  # true relative improvement of B: ratio B/A = 1 − effect
     stall_rate: float = 0.0  # fraction of runs stalled
@@ -44,6 +47,9 @@ class Scenario:
 
 @dataclass(frozen=True)
 class ScenarioResult:
+    """How often each verdict came out over ``sessions`` simulated sessions (fractions of
+    sessions), and the runs per arm the sessions used (mean and median)."""
+
     scenario: Scenario
     sessions: int
     improvement: float  # rates over sessions
@@ -59,6 +65,7 @@ class ScenarioResult:
         return self.improvement + self.regression if self.scenario.effect == 0 else self.regression
 
     def to_dict(self) -> dict[str, Any]:
+        """The result as a JSON-ready dict, with ``false_positive`` (a fraction) added."""
         return {**asdict(self), "false_positive": self.false_positive}
 
 

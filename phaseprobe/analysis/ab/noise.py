@@ -47,6 +47,9 @@ _TINY_LOG_SD = 1e-6  # far below any timer's resolution: keeps Ashman's D finite
 
 @dataclass(frozen=True)
 class NoiseFinding:
+    """One kind of noise (drift, outliers or modes) found in an arm: a sentence quoting the
+    evidence and the evidence's numbers (latencies in s)."""
+
     kind: Kind
     arm: str  # arm name ("both" is reserved for findings about the pooled series)
     text: str  # one sentence quoting the evidence
@@ -55,6 +58,9 @@ class NoiseFinding:
 
 @dataclass(frozen=True)
 class NoiseDiagnosis:
+    """One metric's noise explained: each arm's robust relative spread (a fraction), whether
+    it is high, the findings and a one-line summary."""
+
     metric: str
     label: str
     noise: dict[str, float | None]  # arm → 1.4826·MAD / median (as ab_stats), None if no runs
@@ -63,6 +69,7 @@ class NoiseDiagnosis:
     summary: str
 
     def to_dict(self) -> dict[str, Any]:
+        """The diagnosis as a JSON-ready dict, findings included."""
         return {
             "metric": self.metric,
             "label": self.label,

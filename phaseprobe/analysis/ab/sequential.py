@@ -118,10 +118,13 @@ class SequentialPlan:
     primary: str = "server_decode_s"
 
     def to_dict(self) -> dict[str, Any]:
+        """The plan as a dict of its fields (stored as the session's ``sequential`` setting)."""
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> SequentialPlan:
+        """The plan from a :meth:`to_dict` dict: unknown keys are ignored and missing ones take
+        their defaults; values are not checked."""
         return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
 
     def is_look(self, pairs: int) -> bool:
@@ -146,9 +149,11 @@ class SequentialEstimate:
 
     @property
     def decided(self) -> bool:
+        """True when the verdict is anything but *undecided*."""
         return self.verdict != "undecided"
 
     def to_dict(self) -> dict[str, Any]:
+        """The estimate as a JSON-ready dict, with ``decided`` added."""
         return {**asdict(self), "decided": self.decided}
 
 

@@ -96,6 +96,10 @@ PHASES = (
 
 @dataclass(frozen=True)
 class MetricComparison:
+    """One metric of an A/B: each arm's median (the metric's unit: s for every latency),
+    the ratio B/A with its confidence interval, the U test's p-value, the MDE (a fraction)
+    and the verdict."""
+
     metric: str
     label: str
     n_a: int
@@ -118,9 +122,11 @@ class MetricComparison:
 
     @property
     def change(self) -> float | None:
+        """The relative change ratio − 1 (a fraction: −0.52 is 52 % faster); None: no ratio."""
         return None if self.ratio is None else self.ratio - 1.0
 
     def to_dict(self) -> dict[str, Any]:
+        """The comparison as a JSON-ready dict, with ``change`` added."""
         d = asdict(self)
         d["warnings"] = list(self.warnings)
         d["change"] = self.change
@@ -129,6 +135,9 @@ class MetricComparison:
 
 @dataclass(frozen=True)
 class Comparison:
+    """A whole A/B: every metric's :class:`MetricComparison` by metric name, the phase headline,
+    the warnings and the phase metrics' noise diagnoses."""
+
     arm_a: str
     arm_b: str
     min_effect: float
@@ -141,6 +150,7 @@ class Comparison:
     noise: tuple[NoiseDiagnosis, ...] = ()  # the phase metrics' noise, explained
 
     def to_dict(self) -> dict[str, Any]:
+        """The A/B as a JSON-ready dict (the ``comparison`` of ``ab --json``)."""
         return {
             "arm_a": self.arm_a,
             "arm_b": self.arm_b,
@@ -344,7 +354,8 @@ def compare_paired(
     label: str | None = None,
 ) -> MetricComparison:
     """The sequential view of one metric: runs paired by number, the anytime interval of the
-    geometric-mean ratio B/A, and the four-way verdict (see :mod:`ab_sequential`)."""
+    geometric-mean ratio B/A, and the four-way verdict (see
+    :mod:`phaseprobe.analysis.ab.sequential`)."""
     label = label or metric
     d = paired_log_ratios(a, b)
     est = evaluate(d, plan)
