@@ -104,9 +104,12 @@ class ReplicaComparison:
         )
 
     def sentence(self) -> str:
+        """The comparison in words, quoting its deciding numbers (:func:`comparison_sentence`)."""
         return comparison_sentence(self)
 
     def to_dict(self) -> dict[str, Any]:
+        """The comparison as a JSON-ready dict, with ``rules_out_effect`` and ``sentence`` added
+        (medians in s)."""
         d = asdict(self)
         d["rest_replicas"] = list(self.rest_replicas)
         d["rules_out_effect"] = self.rules_out_effect
@@ -126,11 +129,13 @@ class FleetComparison:
     note: str  # how the intervals are to be read
 
     def get(self, replica: str, metric: str) -> ReplicaComparison | None:
+        """The comparison of ``replica`` on frame column ``metric``; None: not compared."""
         return next(
             (c for c in self.comparisons if c.replica == replica and c.metric == metric), None
         )
 
     def to_dict(self) -> dict[str, Any]:
+        """The fleet comparison as a JSON-ready dict, every replica's comparison included."""
         return {
             "replicas": list(self.replicas),
             "confidence": self.confidence,

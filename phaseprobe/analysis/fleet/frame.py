@@ -151,6 +151,7 @@ class IdentityGap:
     warning: str | None  # None: every request has its replica
 
     def to_dict(self) -> dict[str, Any]:
+        """The gap as a JSON-ready dict."""
         return asdict(self)
 
 

@@ -44,6 +44,7 @@ class FleetReport:
 
     @property
     def warnings(self) -> tuple[str, ...]:
+        """The identity warning when some spans name no replica, else an empty tuple."""
         return (self.identity.warning,) if self.identity.warning else ()
 
     def lines(self) -> list[str]:
@@ -51,6 +52,8 @@ class FleetReport:
         return [self.straggler.sentence, self.imbalance.sentence, *self.warnings]
 
     def to_dict(self) -> dict[str, Any]:
+        """The report as a JSON-ready dict (latencies in s): table rows, comparison, verdicts,
+        identity and warnings."""
         return {
             "replicas": [r.to_dict() for r in self.table],
             "comparison": self.comparison.to_dict(),

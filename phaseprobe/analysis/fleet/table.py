@@ -44,6 +44,7 @@ class ReplicaRow:
     tpot_p99_s: float | None
 
     def to_dict(self) -> dict[str, Any]:
+        """The row as a JSON-ready dict (percentiles in s, ``traffic_share`` a fraction)."""
         return asdict(self)
 
 

@@ -48,6 +48,7 @@ class Straggler:
     sentence: str
 
     def to_dict(self) -> dict[str, Any]:
+        """The verdict as a JSON-ready dict, each evidence comparison included."""
         return {
             "verdict": self.verdict,
             "replicas": list(self.replicas),
@@ -168,6 +169,7 @@ class Imbalance:
     sentence: str
 
     def to_dict(self) -> dict[str, Any]:
+        """The verdict as a JSON-ready dict (shares as fractions, counts as requests or runs)."""
         return asdict(self)
 
 

@@ -31,8 +31,10 @@ def _p_value(p: float) -> str:
 
 
 def pct_text(share: float) -> str:
+    """A fraction as a whole percentage with a space before the sign: 0.42 → ``42 %``."""
     return f"{share * 100:.0f} %"
 
 
 def count_text(x: float) -> str:
+    """A count as said: a whole number bare, a fractional one (a counter delta) to 3 digits."""
     return f"{x:.0f}" if float(x).is_integer() else f"{x:.3g}"
