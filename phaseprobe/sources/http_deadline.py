@@ -183,6 +183,7 @@ class Deadline:
 
     @property
     def fired(self) -> bool:
+        """True once the deadline has passed and shut the request's sockets."""
         return self._event.is_set()
 
 

@@ -53,12 +53,15 @@ class NvtxPhases:
         return None if self._nvtx is None else self._nvtx.start_range(name, domain=NVTX_DOMAIN)
 
     def on_events(self, raw: list[bytes]) -> None:
+        """Ends the ``first token`` range and opens ``decode`` at the first token event among
+        ``raw`` (raw SSE events); later calls do nothing."""
         if not self._decoding and self._tokens.feed(raw) > 0:
             self._decoding = True
             self.end()
             self._open = self._start("decode")
 
     def end(self) -> None:
+        """Closes the open range, if any."""
         if self._open is not None and self._nvtx is not None:
             self._nvtx.end_range(self._open)
         self._open = None

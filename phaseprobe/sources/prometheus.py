@@ -95,6 +95,8 @@ class Sample:
     value: float
 
     def to_dict(self) -> dict[str, Any]:
+        """The sample as a JSON-ready dict (``t`` in unix seconds; NaN as null, infinities as
+        ``+Inf``/``-Inf``)."""
         return {"labels": self.labels, "t": self.t, "value": _json_value(self.value)}
 
 
@@ -106,6 +108,8 @@ class Series:
     points: tuple[tuple[float, float], ...]
 
     def to_dict(self) -> dict[str, Any]:
+        """The series as a JSON-ready dict: ``points`` as [unix seconds, value] pairs (NaN as null,
+        infinities as ``+Inf``/``-Inf``)."""
         return {"labels": self.labels, "points": [[t, _json_value(v)] for t, v in self.points]}
 
 
@@ -121,6 +125,7 @@ class NamedResult:
 
     @property
     def empty(self) -> bool:
+        """True when the query returned neither samples nor series."""
         return not self.samples and not self.series
 
 
@@ -221,6 +226,7 @@ class PrometheusClient:
         self._last = response
 
     def close(self) -> None:
+        """Closes the HTTP session."""
         self._session.close()
 
     def __enter__(self) -> PrometheusClient:

@@ -196,6 +196,7 @@ class Query:
 
     @property
     def metrics(self) -> set[str]:
+        """The metric names the template references."""
         return metric_names(self.template)
 
     def render(

@@ -53,9 +53,12 @@ class ReadAccount:
 
     @property
     def complete(self) -> bool:
+        """True when every record found was read, none is unattributed and no writer is missing."""
         return self.read >= self.found and not self.unattributed and not self.missing
 
     def to_dict(self) -> ReadAccountDoc:
+        """The account as a JSON-ready dict: at most MAX_NAMED missing writers named, their full
+        count, and the account in words."""
         doc: ReadAccountDoc = {
             "unit": self.unit,
             "found": self.found,

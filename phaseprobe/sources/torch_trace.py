@@ -552,6 +552,9 @@ class ProfileCapture:
         self._before: dict[Path, float] = {}
 
     def start(self) -> None:
+        """POSTs ``/start_profile`` after noting the trace files already in ``trace_dir``. Raises
+        TraceError when the endpoint is unreachable or answers 404 (the server has no profiler)
+        or another HTTP error status."""
         self._before = (
             {p: p.stat().st_mtime for p in find_traces(self.trace_dir)}
             if Path(self.trace_dir).is_dir()

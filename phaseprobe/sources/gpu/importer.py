@@ -170,6 +170,9 @@ class GpuImport:
         return acc
 
     def summary(self) -> GpuImportSummary:
+        """The import's summary as a JSON-ready dict: source, counts of lines, rows, headers and
+        malformed lines, the first malformed line, unknown columns, notes and the completeness
+        account."""
         return {
             "source": self.source,
             "lines": self.lines,

@@ -100,13 +100,18 @@ reading_values = attrgetter(*_READING_FIELDS)
 class NvmlBackend(Protocol):
     """What the sampler needs from NVML. The only injection boundary for GPU telemetry."""
 
-    def device_count(self) -> int: ...
+    def device_count(self) -> int:
+        """The number of GPUs the backend can read (0 or more)."""
 
-    def device_name(self, index: int) -> str: ...
+    def device_name(self, index: int) -> str:
+        """GPU ``index``'s name (0-based index, below :meth:`device_count`)."""
 
-    def read(self, index: int) -> GpuReading: ...
+    def read(self, index: int) -> GpuReading:
+        """One reading of GPU ``index`` now, in :class:`GpuReading`'s units (bytes, percent, W, MHz,
+        °C, bytes/s); NaN for a field the device does not report."""
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Releases the backend; called once, after the last read."""
 
 
 # -- the real backend ------------------------------------------------------------------------
@@ -156,13 +161,19 @@ class PynvmlBackend:
         self._closed = False
 
     def device_count(self) -> int:
+        """The number of GPUs NVML listed when the backend was made."""
         return len(self._handles)
 
     def device_name(self, index: int) -> str:
+        """GPU ``index``'s name as NVML reports it, ``GPU <index>`` when NVML gives none. Raises
+        IndexError for an index beyond :meth:`device_count`."""
         name = self._try(self._nvml.nvmlDeviceGetName, self._handles[index])
         return name.decode() if isinstance(name, bytes) else str(name or f"GPU {index}")
 
     def read(self, index: int) -> GpuReading:
+        """One reading of GPU ``index`` in :class:`GpuReading`'s units (bytes, percent, W, MHz, °C,
+        bytes/s); a field NVML cannot read is NaN, not an error. Raises IndexError for an index
+        beyond :meth:`device_count`."""
         nv, h = self._nvml, self._handles[index]
         used = total = reserved = _NAN
         mem = self._try(nv.nvmlDeviceGetMemoryInfo, h, getattr(nv, "nvmlMemory_v2", None))
@@ -264,6 +275,8 @@ class PynvmlBackend:
             return None
 
     def close(self) -> None:
+        """Shuts NVML down once (later calls do nothing); an NVML error while shutting down is
+        swallowed."""
         if not self._closed:
             self._closed = True
             try:

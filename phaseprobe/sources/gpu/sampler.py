@@ -77,9 +77,12 @@ class GpuSampler:
 
     @property
     def running(self) -> bool:
+        """True while the sampling thread is alive (started, and neither stopped nor dead)."""
         return self._thread is not None and self._thread.is_alive()
 
     def start(self) -> GpuSampler:
+        """This sampler, its daemon sampling thread started. Raises RuntimeError when it was started
+        before."""
         if self._thread is not None:
             raise RuntimeError("a GpuSampler can be started once")
         self._n_devices = self.backend.device_count()
@@ -157,6 +160,7 @@ class GpuSampler:
 
     @property
     def n_samples(self) -> int:
+        """The number of readings taken so far (one per GPU per tick)."""
         with self._lock:
             return len(self._rows)
 

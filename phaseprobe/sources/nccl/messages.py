@@ -123,6 +123,8 @@ class ParseState:
 
     # -- dispatch -------------------------------------------------------------------------
     def info(self, msg: str, h: Header, stamp: str | None, line_no: int) -> bool:
+        """True when the INFO message was read (its facts added to the log); False when it is cut
+        short or not of its kind's shape, which the caller counts as a malformed line."""
         sp = msg.find(" ")
         word = msg[:sp] if sp > 0 else msg.strip()
         kinds = self.log.kinds

@@ -80,11 +80,15 @@ class WarnDoc(TypedDict):
 
 
 class WarnsDoc(TypedDict):
+    """A log's WARN lines: how many in all, and the first MAX_ITEMS of them."""
+
     count: int  # all of them (``items`` keeps the first MAX_ITEMS)
     items: list[WarnDoc]
 
 
 class VersionDoc(TypedDict):
+    """The NCCL version a log's banner lines state, with the CUDA version they name."""
+
     version: str  # "2.21.5"
     cuda: str | None  # CUDA version of the banner, "12.4"
     banners: int  # banner lines that said so
@@ -151,6 +155,7 @@ class Communicator:
     streams: set[str] = field(default_factory=set)
 
     def to_dict(self) -> CommunicatorDoc:
+        """The communicator as a JSON-ready dict (init times in s, streams as a count)."""
         return {
             "host": self.host,
             "pid": self.pid,
@@ -190,6 +195,7 @@ class Warn:
     code: int | None = None
 
     def to_dict(self) -> WarnDoc:
+        """The WARN line as a JSON-ready dict (``src_file``/``src_line`` as ``file``/``line``)."""
         return {
             "line_no": self.line_no,
             "host": self.host,
@@ -262,6 +268,9 @@ class NcclLog:
     coll_nranks: dict[tuple[str, int, str], int] = field(default_factory=dict)
 
     def add_coll(self, key: CollKey, n: int = 1) -> None:
+        """Adds ``n`` collective calls under ``key`` (count in elements); past MAX_COLL_KEYS
+        distinct keys a new key's count is rounded down to a power of two, and
+        ``coll_sizes_rounded`` says so."""
         if len(self.coll) >= MAX_COLL_KEYS and key not in self.coll:
             # Bounded memory on adversarial logs: fold the count to a power of two.
             self.coll_sizes_rounded = True
@@ -316,6 +325,7 @@ class NcclLog:
 
     @property
     def found(self) -> bool:
+        """True when the file held at least one NCCL line."""
         return self.lines_nccl > 0
 
     def coll_rows(self) -> list[dict[str, Any]]:

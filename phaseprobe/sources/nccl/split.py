@@ -303,6 +303,7 @@ class Tail:
             offset = hi
 
     def close(self) -> None:
+        """Kills the child if it still runs, waits for it and closes its queue."""
         if self._proc.is_alive():
             self._proc.kill()
         self._proc.join()

@@ -207,6 +207,8 @@ class NcclTestsRow:
         raise ValueError(f"place must be out-of-place, in-place or both, not {place!r}")
 
     def to_dict(self) -> dict[str, Any]:
+        """The row as a JSON-ready dict (sizes in bytes, times in µs, bandwidths in GB/s);
+        ``timestamp`` and ``extra`` only when present."""
         d: dict[str, Any] = {
             "size_bytes": self.size_bytes,
             "count": self.count,
@@ -250,6 +252,7 @@ class NcclTestsParams:
     line_no: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        """The parameters as a dict of field name to value."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
@@ -266,6 +269,7 @@ class NcclTestsDevice:
     pid: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        """The device line as a JSON-ready dict."""
         return {
             "rank": self.rank,
             "group": self.group,
@@ -339,6 +343,8 @@ class NcclTestsTable:
         return {s: sum(v) / len(v) for s, v in acc.items()}
 
     def to_dict(self, rows: bool = True) -> dict[str, Any]:
+        """The table as a JSON-ready dict (bandwidths in GB/s); its rows included unless ``rows`` is
+        False."""
         d: dict[str, Any] = {
             "index": self.index,
             "label": self.label,
@@ -392,14 +398,17 @@ class NcclTestsResult:
 
     @property
     def rows_total(self) -> int:
+        """The number of rows in all tables."""
         return sum(len(t.rows) for t in self.tables)
 
     @property
     def rows_reassembled(self) -> int:
+        """The number of rows, in all tables, cut by other output and put back together."""
         return sum(t.rows_reassembled for t in self.tables)
 
     @property
     def rows_dropped(self) -> int:
+        """The number of rows, in all tables, cut by other output and never completed."""
         return sum(t.rows_dropped for t in self.tables)
 
     def account(self) -> ReadAccount:
@@ -432,6 +441,8 @@ class NcclTestsResult:
         return acc
 
     def to_dict(self, rows: bool = True) -> dict[str, Any]:
+        """The result as a JSON-ready dict with the completeness account; the tables' rows included
+        unless ``rows`` is False."""
         return {
             "source": self.source,
             "lines_total": self.lines_total,
@@ -1424,6 +1435,8 @@ def _size_text(n: int) -> str:
 
 
 class BusbwChange(TypedDict):
+    """One bus bandwidth in two runs (GB/s) and its change in percent."""
+
     a: float | None  # GB/s
     b: float | None  # GB/s
     change_pct: float | None  # (b − a) / a, percent; None when a is 0 or either is missing

@@ -62,6 +62,8 @@ _UNIT = {"%": "pct", "mbps": "mb_s", "mb/s": "mb_s"}
 
 @dataclass(frozen=True)
 class StatsReport:
+    """One nsys stats report read into a DataFrame (normalised column names, numbers as numbers)."""
+
     report: str  # new-style report name, or "unknown"
     frame: pd.DataFrame  # normalised columns; numbers as numbers
     # A CSV file's account (sources.read_account): data rows found after the header and read,

@@ -105,6 +105,7 @@ class MetricSnapshot:
     _resolved: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def has_vllm(self) -> bool:
+        """True when the exposition holds at least one vLLM series."""
         return any(name.startswith(_PREFIXES) for name in self.samples)
 
     def resolve(self, canonical: str, vllm_version: str | None = None) -> str:
@@ -157,6 +158,8 @@ class MetricSnapshot:
         return out
 
     def labels_of(self, canonical: str) -> list[Labels]:
+        """The label sets of every sample of the metric ``canonical``; empty when this server does
+        not export it."""
         try:
             name = self.resolve(canonical)
         except UnknownMetric:
@@ -206,6 +209,9 @@ class MetricsScraper:
         self._wall_ns = wall_ns
 
     def scrape(self) -> MetricSnapshot:
+        """A snapshot of ``/metrics`` now, its source URL without a password. Raises
+        MetricsUnavailable on a timeout, a connection error, an answer over ``max_bytes``, a status
+        other than 200, or an exposition without vLLM series."""
         try:
             # a scrape that trickles on is not a scrape: three reads' worth in all
             resp = bounded_request(

@@ -69,6 +69,9 @@ def _bounded_text(resp: requests.Response) -> str:
 
 @dataclass(frozen=True)
 class StreamOutcome:
+    """One streamed request's outcome: its client timeline, the error that ended it (None:
+    completed), the generated text and the server's own timings where it sent them."""
+
     timeline: ClientTimeline
     error: str | None  # None: the stream completed normally
     text: str  # generated text (for a human glance; never used for token counts)
@@ -555,6 +558,7 @@ class TokenEventCounter:
         self._state = _StreamState()
 
     def feed(self, raw_events: list[bytes]) -> int:
+        """The number of token events counted so far, ``raw_events`` (raw SSE events) included."""
         for raw in raw_events:
             if self._state.feed(raw, self.chat):
                 self.count += 1

@@ -97,9 +97,12 @@ class SpanBatch:
 
     @property
     def n_spans(self) -> int:
+        """The number of spans in the payload: request records, other spans and rejected ones."""
         return len(self.requests) + sum(self.other.values()) + sum(self.rejected.values())
 
     def extend(self, other: SpanBatch) -> None:
+        """Appends another batch's records, attributes and seen spans to this one and adds its
+        counts."""
         self.requests.extend(other.requests)
         self.attributes.extend(other.attributes)
         self.other.update(other.other)
