@@ -12,7 +12,7 @@ import requests
 from phaseprobe.collect.connection import server_info
 from phaseprobe.collect.prompts import PromptBuilder
 from phaseprobe.sources.vllm.openai_stream import MAX_SMALL_ANSWER_BYTES, small_json
-from tests.hostile_cases import CannedServer, Reply, deep_json, json_reply, stream_bytes
+from tests.hostile.cases import CannedServer, Reply, deep_json, json_reply, stream_bytes
 
 ROUTES = {
     "ok": {

@@ -1,4 +1,4 @@
-"""Fixture writers for the hostile-input suite (``tests/unit/test_hostile_cli.py``).
+"""Fixture writers for the hostile suite (``tests/hostile/``): servers and files made per test.
 
 - :class:`CannedServer`: one in-process HTTP server answering canned replies per scenario: a
   request for ``/SCENARIO/rest/of/path`` gets ``routes[SCENARIO][/rest/of/path]`` (or the

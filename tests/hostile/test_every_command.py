@@ -12,7 +12,7 @@ What this suite proves (issue 18, "How to prove it"): for every named adversaria
 - and creates no file beside its inputs (a reader must not make what it was asked to read).
 
 Files are written per case under ``tmp_path/in``; servers are module-scoped
-(:class:`tests.hostile_cases.CannedServer`: canned replies per scenario, a port with nothing
+(:class:`tests.hostile.cases.CannedServer`: canned replies per scenario, a port with nothing
 listening, a port held busy). Cases that reveal a bug are ``xfail(strict=True)`` with the
 reason ``BUG file:function: what — fix: how`` so they flip when the fix lands. The hypothesis
 properties over arbitrary bytes live beside each reader (test_fuzz_parsers, test_nccl_fuzz,
@@ -39,7 +39,7 @@ from typing import Any
 import pytest
 
 from phaseprobe.present.cli import main
-from tests.hostile_cases import (
+from tests.hostile.cases import (
     TARPIT,
     CannedServer,
     Reply,

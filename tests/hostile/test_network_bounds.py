@@ -27,7 +27,7 @@ from phaseprobe.errors import (
 )
 from phaseprobe.sources.vllm.metrics import MetricsScraper
 from phaseprobe.sources.vllm.openai_stream import StreamClient, build_body, check_endpoint
-from tests.hostile_cases import CannedServer, Reply, json_reply, stream_bytes
+from tests.hostile.cases import CannedServer, Reply, json_reply, stream_bytes
 
 MiB = 1 << 20
 # 8 MiB of one byte: about 8 KB gzipped (a ratio of ~1000), far past the 1 MiB caps below
@@ -316,7 +316,7 @@ def test_a_forward_that_is_no_http_url_is_refused_by_argparse(value, capsys):
 )
 def test_a_selector_that_is_not_label_matchers_is_refused_before_any_request(selector, capsys):
     from phaseprobe.present.cli import main
-    from tests.hostile_cases import dead_url
+    from tests.hostile.cases import dead_url
 
     url, _ = dead_url()  # nothing listens: a request would be "unreachable", not this error
     assert main(["query", "--prom", url, "--selector", selector, "ttft_mean"]) == 2
