@@ -44,6 +44,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal
 
 from phaseprobe.analysis.phases import Summary, medians_runs, summarize
+from phaseprobe.analysis.rules.use_cases import USE_CASE_TTFT_S
 from phaseprobe.analysis.rules.vllm_log import LogFacts, parse_log
 from phaseprobe.format import MISSING
 from phaseprobe.format import duration as ms
@@ -67,9 +68,6 @@ __all__ = [
 
 Status = Literal["pass", "warn", "fail", "skipped"]
 
-# TTFT a user perceives as immediate, per use case (issue 8; user-selectable with --use-case).
-USE_CASE_TTFT_S: dict[str, float] = {"voice": 0.150, "code": 0.200, "chat": 0.500, "batch": 2.0}
-
 
 @dataclass(frozen=True)
 class Verdict:
@@ -86,6 +84,7 @@ class Verdict:
     title: str = ""
 
     def to_dict(self) -> dict[str, Any]:
+        """The verdict as a JSON-ready dict (NaN and infinities become None)."""
         return {
             "rule": self.rule,
             "title": self.title,
@@ -114,6 +113,8 @@ def _plain(value: Any) -> Any:
 
 
 def skipped(needs: str, command: str = "") -> Verdict:
+    """A *skipped* verdict saying the rule ``needs`` an input, with the ``command`` that
+    would supply it."""
     return Verdict("skipped", f"skipped: needs {needs}", next_command=command)
 
 
@@ -148,10 +149,12 @@ class Evidence:
 
     @cached_property
     def summary(self) -> Summary:
+        """The medians and counts of :attr:`runs` (:func:`phaseprobe.analysis.phases.summarize`)."""
         return summarize(self.runs)
 
     @cached_property
     def log(self) -> LogFacts | None:
+        """What the server log states (:func:`parse_log`), or None when no log was given."""
         return parse_log(self.server_log) if self.server_log is not None else None
 
     @property
@@ -194,8 +197,10 @@ def clean_runs(ev: Evidence) -> list[Run]:
 
 
 def pct(fraction: float | None) -> str:
+    """A fraction as a percentage with one decimal (0.123 → ``12.3 %``); ``MISSING`` for None."""
     return MISSING if fraction is None else f"{fraction * 100:.1f} %"
 
 
 def num(value: float | None, digits: int = 2) -> float | None:
+    """``value`` rounded to ``digits`` decimals, or None when it is None, NaN or infinite."""
     return None if value is None or not math.isfinite(value) else round(float(value), digits)

@@ -16,6 +16,9 @@ _QUERY = "phaseprobe query pd_recompute_share --prom URL"
 
 
 def kv_transfer_log(ev: Evidence) -> Verdict:
+    """The P/D KV hand-over verdict from the log's ``KV Transfer metrics:`` lines: fail on
+    any logged failure, warn on expired requests or no successful transfer, else pass
+    (times in ms, sizes in MB); skipped without such a log."""
     log = ev.log
     if log is None:
         return skipped("the vLLM server log of a prefill or decode instance (--server-log FILE)")

@@ -118,6 +118,8 @@ def decode_vs_prefill(ev: Evidence) -> Verdict:
 
 
 def isolation(ev: Evidence) -> Verdict:
+    """The verdict on the runs being alone on the server: fail when a verified run was not,
+    warn when no run could be verified (no /metrics), else pass; skipped without runs."""
     if not ev.runs:
         return skipped("stored runs (phaseprobe probe)", "phaseprobe probe")
     verified = [r for r in ev.runs if r.isolation.verified and r.status != "error"]
@@ -160,6 +162,7 @@ def isolation(ev: Evidence) -> Verdict:
 
 
 def run_errors(ev: Evidence) -> Verdict:
+    """The verdict on failed runs: fail when any run erred or was cancelled; skipped: no runs."""
     if not ev.runs:
         return skipped("stored runs (phaseprobe probe)", "phaseprobe probe")
     bad = [r for r in ev.runs if r.status in ("error", "cancelled")]
@@ -367,6 +370,9 @@ def phase_consistency(ev: Evidence) -> Verdict:
 
 
 def itl_jitter(ev: Evidence) -> Verdict:
+    """Inter-token gap jitter, pooled over the clean runs (gaps in s): pass when ITL p99/p50
+    ≤ :data:`JITTER_WARN` with no stall; else warn on a buffered stream (ITL not measurable),
+    fail above :data:`JITTER_FAIL`, warn below; skipped under :data:`MIN_ITL_SAMPLES` gaps."""
     runs = [r for r in clean_runs(ev) if r.client and r.client.itl_s]
     gaps = [g for r in runs if r.client for g in r.client.itl_s]
     if len(gaps) < MIN_ITL_SAMPLES:
@@ -423,6 +429,9 @@ def itl_jitter(ev: Evidence) -> Verdict:
 
 
 def ttft_target(ev: Evidence) -> Verdict:
+    """Client TTFT (s) against the use case's target: pass when the p90 is within it, warn
+    when only the median is, fail when the median is over; skipped for an unknown use case or
+    without client TTFTs."""
     target = USE_CASE_TTFT_S.get(ev.use_case)
     if target is None:
         return skipped(f"a known use case (one of {', '.join(USE_CASE_TTFT_S)})")
@@ -580,6 +589,9 @@ def _significance(few: Evidence, many: Evidence, keys: list[str]) -> dict[str, d
 
 
 def decode_efficiency(ev: Evidence) -> Verdict:
+    """Decode speed as a fraction of the memory-bandwidth bound (s per token): pass at
+    ≥ :data:`EFFICIENCY_WARN`, fail under :data:`EFFICIENCY_FAIL`, warn between or when the
+    bound is beaten (wrong peaks); skipped without peaks or decode times."""
     eff = ev.efficiency
     if eff is None:
         return skipped(

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 
 from phaseprobe.analysis.bucket_quantile import BucketQuantile, bucket_quantile
 from phaseprobe.analysis.router_window import RouterWindow
-from phaseprobe.analysis.rules.base import USE_CASE_TTFT_S
+from phaseprobe.analysis.rules.use_cases import USE_CASE_TPOT_S, USE_CASE_TTFT_S
 from phaseprobe.records import RequestSpan
 
 __all__ = [
@@ -65,11 +65,6 @@ __all__ = [
     "WAITING_REASONS",
 ]
 
-# Time per output token a user of each use case reads as fluent (mean over the window): the
-# TPOT bottleneck rule's default target, overridden with --tpot-target. Voice must keep ahead
-# of speech with room for synthesis; code completion is read as it streams and wants speed;
-# chat at reading speed (~10 tokens/s); batch only cares about the whole.
-USE_CASE_TPOT_S: dict[str, float] = {"voice": 0.050, "code": 0.030, "chat": 0.100, "batch": 0.250}
 
 # Fewer finished requests than this in the window: rates and means are not judged.
 MIN_FINISHED = 5
@@ -128,9 +123,12 @@ class ReplicaWindow:
 
     @property
     def verified(self) -> bool:
+        """True when the replica's counters can be compared over the window."""
         return self.unverifiable is None
 
     def delta(self, key: str) -> float | None:
+        """The counter's increase over the window under window key ``key``; None when not
+        exported or the replica is unverifiable."""
         return None if self.unverifiable else self.deltas.get(key)
 
     def mean_of(self, hist: str) -> tuple[float | None, float]:
@@ -172,12 +170,16 @@ class LiveEvidence:
 
     @property
     def ttft_target(self) -> float:
+        """The TTFT target in s: the one given, else the use case's.
+        Raises KeyError when none was given and ``use_case`` is not in :data:`USE_CASE_TTFT_S`."""
         return (
             self.ttft_target_s if self.ttft_target_s is not None else USE_CASE_TTFT_S[self.use_case]
         )
 
     @property
     def tpot_target(self) -> float:
+        """The TPOT target in s: the one given, else the use case's.
+        Raises KeyError when none was given and ``use_case`` is not in :data:`USE_CASE_TPOT_S`."""
         return (
             self.tpot_target_s if self.tpot_target_s is not None else USE_CASE_TPOT_S[self.use_case]
         )
@@ -189,6 +191,7 @@ class LiveEvidence:
 
     @property
     def unverified(self) -> list[ReplicaWindow]:
+        """Replicas whose counters cannot be compared over the window (see ``unverifiable``)."""
         return [r for r in self.replicas if not r.verified]
 
     def total(self, key: str) -> float | None:
@@ -205,6 +208,7 @@ class LiveEvidence:
 
     @property
     def finished(self) -> float | None:
+        """Requests finished over the window, summed over the measured replicas; None: none says."""
         values = [v for r in self.measured if (v := r.finished) is not None]
         return sum(values) if values else None
 

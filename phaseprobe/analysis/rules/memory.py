@@ -105,6 +105,9 @@ def memory_flat(ev: Evidence) -> Verdict:
 
 
 def kv_pressure(ev: Evidence) -> Verdict:
+    """KV-cache pressure: the peak usage (a fraction) and the preemptions (a count), each the
+    largest its sources give; fail when near full and preempting, warn on either, else pass;
+    skipped when neither is known."""
     prom = ev.prom or {}
     usage_src = [
         (v, src)
@@ -250,6 +253,8 @@ def prefix_cache(ev: Evidence) -> Verdict:
 
 
 def kv_preallocated_log(ev: Evidence) -> Verdict:
+    """What the server log says the KV cache was given at startup (sizes in GiB): pass with
+    the budget, warn when the log has no budget lines; skipped without a log."""
     log = ev.log
     if log is None:
         return skipped("the vLLM server log (--server-log FILE)")

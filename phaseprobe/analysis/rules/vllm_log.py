@@ -110,6 +110,8 @@ class LogFacts:
 
     @property
     def kv_mb_per_transfer(self) -> float | None:
+        """Mean MB per successful transfer over the log (a line without a size counts its
+        transfers as 0 MB); None when no transfer or no line gives a size."""
         return (
             self.kv_mb_sum / self.kv_transfers if self.kv_transfers and self.kv_mb_known else None
         )
@@ -123,6 +125,8 @@ class LogFacts:
 
 
 def parse_log(text: str, max_quoted: int = 8) -> LogFacts:
+    """The facts ``text`` (a whole vLLM log) states, quoting at most ``max_quoted`` lines of
+    each kind; lines it does not know are ignored, so it never raises on odd text."""
     facts = LogFacts()
 
     def quote(n: int, line: str) -> None:
