@@ -23,10 +23,11 @@ from typing import Any
 
 import pytest
 
+from phaseprobe.collect import ab as collect_ab
 from phaseprobe.collect.ab import run_ab
 from phaseprobe.collect.playbook import Arm
 from phaseprobe.errors import ConfigError
-from phaseprobe.present.cli import cmd_ab, main
+from phaseprobe.present.cli import main
 from phaseprobe.store import Store
 from phaseprobe.testing.sse_server import Script, SseServer
 from tests.prometheus_stub import Stub
@@ -249,7 +250,8 @@ def _fake_launches(monkeypatch, server: SseServer) -> Iterator[list[Arm]]:
         launched.append(arm)
         yield server.base_url
 
-    monkeypatch.setattr(cmd_ab, "run_ab", functools.partial(run_ab, launcher=launch))
+    # cmd_ab imports the engine when it runs: patch it where it is looked up then
+    monkeypatch.setattr(collect_ab, "run_ab", functools.partial(run_ab, launcher=launch))
     yield launched
 
 

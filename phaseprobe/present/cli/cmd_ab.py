@@ -29,14 +29,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from phaseprobe.analysis.ab.pd import judge_pd
 from phaseprobe.analysis.ab.sequential import (
     PRIMARY_METRICS,
     PRIMARY_PHASES,
     SequentialPlan,
     StopRecord,
 )
-from phaseprobe.collect.ab import resume_ab, run_ab
 from phaseprobe.collect.playbook import (
     MAX_RUNS,
     RunPlan,
@@ -47,7 +45,6 @@ from phaseprobe.collect.playbook import (
     session_plan,
     shipped_playbooks,
 )
-from phaseprobe.collect.target import api_key_from_env
 from phaseprobe.errors import ConfigError
 from phaseprobe.format import ms_cell
 from phaseprobe.paths import default_store_path
@@ -57,7 +54,9 @@ from phaseprobe.present.cli.console import progress_bar
 from phaseprobe.records import Run
 from phaseprobe.store import Store
 
-if TYPE_CHECKING:  # scipy (via ab_stats) costs ~1 s to import: only when comparing
+# Loaded where used, not here: scipy (via ab.stats) costs ~1 s; the engine and the P/D judge
+# pull in requests and the metric readers, which `ab --help` and a usage error never need.
+if TYPE_CHECKING:
     from phaseprobe.analysis.ab.stats import Comparison, MetricComparison
 
 __all__ = ["register", "run", "RichAbProgress", "render_comparison", "markdown"]
@@ -392,6 +391,8 @@ def _int(text: str, what: str) -> int:
 
 
 def _report(args: argparse.Namespace, out: Console, session_id: int) -> int:
+    from phaseprobe.analysis.ab.pd import judge_pd
+
     # Only reads: a missing store is the Store's error, and a read-only one will do.
     with Store(_store_path(args, False), readonly=True) as store:
         schema_note = store.schema_note()
@@ -462,6 +463,8 @@ def _report(args: argparse.Namespace, out: Console, session_id: int) -> int:
 
 
 def _compare(args: argparse.Namespace, out: Console, exp_a: int, exp_b: int) -> int:
+    from phaseprobe.analysis.ab.pd import judge_pd
+
     with Store(_store_path(args, False), readonly=True) as store:
         schema_note = store.schema_note()
         a, b = store.experiment(exp_a), store.experiment(exp_b)
@@ -561,6 +564,10 @@ def _plan(
 
 
 def run(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from phaseprobe.analysis.ab.pd import judge_pd
+    from phaseprobe.collect.ab import resume_ab, run_ab
+    from phaseprobe.collect.target import api_key_from_env
+
     target: list[str] = args.target
     if target and target[0] == "report":
         if len(target) != 2:

@@ -38,8 +38,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.markup import escape
 
-from phaseprobe.analysis.rules.base import USE_CASE_TTFT_S
-from phaseprobe.analysis.rules.live_base import USE_CASE_TPOT_S
+from phaseprobe.analysis.rules.use_cases import USE_CASE_TPOT_S, USE_CASE_TTFT_S
 from phaseprobe.collect.fleet.targets import parse_replicas
 from phaseprobe.collect.live_window import DEFAULT_WINDOW_S, LiveOptions, take_window
 from phaseprobe.collect.target import api_key_from_env
