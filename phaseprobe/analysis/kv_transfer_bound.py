@@ -215,8 +215,9 @@ def kv_shape_bytes(
     model_config: Mapping[str, Any] | mm.ModelShape, kv_dtype: str = "auto"
 ) -> tuple[int, str]:
     """(KV bytes per token, how: the formula with its numbers) for a config dict as
-    :func:`model_math.load_config` returns it, or a parsed shape. ``kv_dtype`` ``auto``: the
-    model's activation dtype, as vLLM stores the KV cache by default."""
+    :func:`phaseprobe.sources.model_config.read_model_config` returns it, or a parsed shape.
+    ``kv_dtype`` ``auto``: the model's activation dtype, as vLLM stores the KV cache by
+    default."""
     shape = (
         model_config
         if isinstance(model_config, mm.ModelShape)
@@ -532,7 +533,7 @@ def kv_path_report(
     kv_dtype: str = "auto",
 ) -> KvPathReport:
     """The KV path of every run served by a prefill/decode pair (``run.pd`` set; failed runs
-    left out). ``model_config``: the served model's config dict (``model_math.load_config``'s
+    left out). ``model_config``: the served model's config dict (``read_model_config``'s
     first value) or its parsed shape; ``links``: what to set the KV path against (datasheet
     :func:`link` rows, :func:`copy_link` from a calibration)."""
     per_token, how = kv_shape_bytes(model_config, kv_dtype)

@@ -1,7 +1,7 @@
 """Model arithmetic from a Hugging Face ``config.json``: parameters, bytes, KV cache, FLOPs.
 
-Everything here is pure arithmetic on a config dict except :func:`load_config`, the one helper
-that reads a local file (a ``config.json`` or a model directory holding one). The formulas:
+Everything here is pure arithmetic on a config dict (read one with
+:func:`phaseprobe.sources.model_config.read_model_config`). The formulas:
 
 - KV cache bytes per token = 2 (K and V) × layers × kv_heads × head_dim × bytes; with MLA
   (DeepSeek) one compressed latent per layer: layers × (kv_lora_rank + qk_rope_head_dim) × bytes.
@@ -18,13 +18,10 @@ per user and per context length) and the memory-bandwidth floor of a decode step
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from phaseprobe.errors import ConfigError
-from phaseprobe.inputs import MODEL_CONFIG_CAP, read_input_text
 
 __all__ = [
     "DTYPE_BYTES",
@@ -33,7 +30,6 @@ __all__ = [
     "ModelShape",
     "WeightFormat",
     "ParamCount",
-    "load_config",
     "parse_shape",
     "count_params",
     "weight_format",
@@ -159,34 +155,6 @@ class ParamCount:
         but the LM head is one (even when tied to the embedding table)."""
         head = self.lm_head if self.lm_head else self.embedding
         return self.attention + self.dense_mlp + self.experts_active + self.router + head
-
-
-def load_config(path: str | Path) -> tuple[dict[str, Any], str]:
-    """Read ``config.json`` (or ``DIR/config.json``); returns the dict and the file's name."""
-    p = Path(path).expanduser()
-    file = p / "config.json" if p.is_dir() else p
-
-    def fail(reason: str) -> ConfigError:  # a FIFO, /dev/zero, a file over the cap
-        return ConfigError(f"model config {file}: {reason}")
-
-    try:
-        text = read_input_text(file, MODEL_CONFIG_CAP, fail)
-    except FileNotFoundError:
-        where = f"{p} has no config.json" if p.is_dir() else f"{file}: no such file"
-        raise ConfigError(f"model config {where}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"model config {file}: cannot read ({exc})") from None
-    try:
-        doc = json.loads(text)
-    except RecursionError:
-        raise ConfigError(f"model config {file}: input nested too deeply") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(
-            f"model config {file}: not valid JSON (line {exc.lineno}: {exc.msg})"
-        ) from None
-    if not isinstance(doc, dict):
-        raise ConfigError(f"model config {file}: expected a JSON object, got {type(doc).__name__}")
-    return doc, str(file)
 
 
 def _int(

@@ -1,7 +1,7 @@
 """The physical bound of each phase of one request, and how close the server came to it.
 
-Pure: numbers in, a :class:`PhaseRoofline` out (the one exception, :func:`model_cost_from_config`,
-reads a config.json through :func:`phaseprobe.analysis.model_math.load_config`).
+Pure: numbers in, a :class:`PhaseRoofline` out (a model's config.json is read by
+:func:`phaseprobe.collect.model_config.model_cost_from_config`, which hands the shape here).
 
 For a request with P prompt tokens and N completion tokens, single sequence (batch 1):
 
@@ -32,7 +32,6 @@ dependent fields ``None``; ``notes`` says why.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 from phaseprobe.analysis import model_math
@@ -53,7 +52,6 @@ __all__ = [
     "roofline",
     "roofline_for_run",
     "model_cost",
-    "model_cost_from_config",
 ]
 
 
@@ -308,12 +306,3 @@ def model_cost(
         attention_flops_per_position=float(per_position),
         lm_head_flops_per_token=float(2 * head),
     )
-
-
-def model_cost_from_config(
-    path: str | Path, dtype: str | None = None, kv_dtype: str = "auto"
-) -> ModelCost:
-    """:func:`model_cost` of a ``config.json`` or a model directory (for the local vLLM, the
-    ``root`` that ``/v1/models`` reports is that directory)."""
-    cfg, source = model_math.load_config(path)
-    return model_cost(model_math.parse_shape(cfg, source), dtype, kv_dtype)

@@ -327,10 +327,11 @@ def model_shapes(config: str | Path, tokens: int = 128) -> list[tuple[int, int, 
     """(M, K, N) of one decoder layer's linear layers as vLLM fuses them (QKV, output,
     gate+up, down) for a prefill of ``tokens`` tokens, from a config.json or model dir."""
     from phaseprobe.analysis import model_math
+    from phaseprobe.sources.model_config import read_model_config
 
     if tokens < 1:
         raise ConfigError(f"--tokens {tokens}: must be at least 1")
-    cfg, source = model_math.load_config(config)
+    cfg, source = read_model_config(config)
     shape = model_math.parse_shape(cfg, source)
     a, h = shape.attention, shape.hidden_size
     inter = shape.moe.expert_intermediate_size if shape.moe else shape.intermediate_size

@@ -26,14 +26,15 @@ from phaseprobe.analysis.roofline import (
     Peaks,
     bound_beaten_message,
     is_beaten,
-    model_cost_from_config,
     peaks_from_spec,
     roofline_for_run,
 )
 from phaseprobe.collect.connection import ServerInfo
 from phaseprobe.collect.experiment import ProbeResult
+from phaseprobe.collect.model_config import model_cost_from_config, model_shape_from_config
 from phaseprobe.errors import ConfigError, PhaseprobeError
 from phaseprobe.records import Run
+from phaseprobe.sources.model_config import read_model_config
 from phaseprobe.store import Store
 
 if TYPE_CHECKING:  # numpy: imported with the report only
@@ -158,19 +159,18 @@ def resolve_peaks(choice: str | None, dtype: str = "bf16") -> Peaks | None:
 def served_dtype(path: Path) -> str:
     """The activation dtype the server computes in, as the config says (fp32 checkpoints are
     served as fp16 by vLLM's ``--dtype auto``): the dtype whose peak the roofline uses."""
-    cfg, source = model_math.load_config(path)
-    return model_math.weight_format(model_math.parse_shape(cfg, source)).base_dtype
+    return model_math.weight_format(model_shape_from_config(path)[0]).base_dtype
 
 
 def model_config_mismatches(path: Path, server_info: Mapping[str, Any]) -> list[Mismatch]:
     """What the server reports that ``path``'s config contradicts. The served model's own
     config.json (``root``) is the served model by definition: nothing to check."""
-    cfg, given_source = model_math.load_config(path)
+    cfg, given_source = read_model_config(path)
     root = _served_root(server_info, path)[0]
     served: dict[str, Any] | None = None
     source = ""
     if root is not None:
-        served, source = model_math.load_config(root)
+        served, source = read_model_config(root)
         if Path(source).resolve() == Path(given_source).resolve():
             return []
     return compare_with_server(
@@ -185,8 +185,7 @@ def validate_options(peaks_choice: str | None, model_config: str | None) -> None
     """Everything about ``--peaks`` and ``--model-config`` that needs no server: checked
     before any run (ConfigError naming the option)."""
     if model_config is not None:
-        cfg, source = model_math.load_config(model_config)
-        model_math.parse_shape(cfg, source)
+        model_shape_from_config(model_config)
     if peaks_choice is None:
         return
     if peaks_choice == "calibrated":

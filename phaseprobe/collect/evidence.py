@@ -363,10 +363,10 @@ def model_layers(server_info: dict[str, Any], explicit: str | None) -> int | Non
     path = model_config_path(server_info, explicit)
     if path is None:
         return None
-    from phaseprobe.analysis.model_math import load_config
+    from phaseprobe.sources.model_config import read_model_config
 
     try:  # names the file when it is deep, a FIFO, too large, not JSON
-        cfg, _ = load_config(path)
+        cfg, _ = read_model_config(path)
     except ConfigError:
         if explicit:  # --model-config: the user's file, worth an error
             raise

@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from phaseprobe.analysis.roofline import model_cost_from_config
 from phaseprobe.analysis.vllm_work import DISAGREEMENT, model_work
+from phaseprobe.collect.model_config import model_cost_from_config
 from phaseprobe.present.cli import main
 
 pytestmark = pytest.mark.integration

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from phaseprobe.analysis import kv_transfer_bound as kvt
-from phaseprobe.analysis import model_math as mm
 from phaseprobe.errors import ConfigError
 from phaseprobe.present import cli
 from phaseprobe.records import Isolation, PdLegs, Run
+from phaseprobe.sources.model_config import read_model_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
 LLAMA2_70B = str(CONFIGS / "llama-2-70b.json")  # FP16, 80 layers, 8 KV heads, head dim 128
@@ -79,7 +79,7 @@ def test_tiny_model_bytes_match_the_example_connectors_files():
 
 
 def test_llama_70b_fp16_is_320_kib_per_token():
-    cfg, _ = mm.load_config(LLAMA2_70B)
+    cfg, _ = read_model_config(LLAMA2_70B)
     per_token, how = kvt.kv_shape_bytes(cfg)
     assert per_token == 2 * 80 * 8 * 128 * 2 == 327_680 == 320 * 1024
     assert how == "2 (K, V) × 80 layers × 8 KV heads × 128 dim × 2 B"

@@ -15,13 +15,14 @@ import pytest
 from phaseprobe.analysis import capacity as cap
 from phaseprobe.analysis import model_math as mm
 from phaseprobe.errors import ConfigError
+from phaseprobe.sources.model_config import read_model_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
 TINY = Path.home() / ".cache" / "phaseprobe" / "models" / "tiny-llama-v1"
 
 
 def shape_of(name: str, **overrides: object) -> mm.ModelShape:
-    cfg, source = mm.load_config(CONFIGS / f"{name}.json")
+    cfg, source = read_model_config(CONFIGS / f"{name}.json")
     return mm.parse_shape({**cfg, **overrides}, source)
 
 
@@ -235,18 +236,18 @@ def test_capacity_when_weights_do_not_fit_and_bad_inputs():
 
 def test_load_config_errors_name_the_file(tmp_path):
     with pytest.raises(ConfigError, match=r"nope\.json: no such file"):
-        mm.load_config(tmp_path / "nope.json")
+        read_model_config(tmp_path / "nope.json")
     with pytest.raises(ConfigError, match=f"{tmp_path} has no config.json"):
-        mm.load_config(tmp_path)
+        read_model_config(tmp_path)
     bad = tmp_path / "config.json"
     bad.write_text('{"hidden_size": 8,')
     with pytest.raises(ConfigError, match=r"config\.json: not valid JSON \(line 1"):
-        mm.load_config(tmp_path)
+        read_model_config(tmp_path)
     bad.write_text("[1, 2]")
     with pytest.raises(ConfigError, match="expected a JSON object"):
-        mm.load_config(bad)
+        read_model_config(bad)
     bad.write_text(json.dumps({"model_type": "bert-ish", "vocab_size": 10}))
-    cfg, source = mm.load_config(bad)
+    cfg, source = read_model_config(bad)
     with pytest.raises(ConfigError, match=r"config\.json: no hidden_size"):
         mm.parse_shape(cfg, source)
     with pytest.raises(ConfigError, match="cannot share 5 KV heads"):
@@ -256,7 +257,7 @@ def test_load_config_errors_name_the_file(tmp_path):
 
 
 def test_multimodal_text_config_is_sized():
-    cfg, _ = mm.load_config(CONFIGS / "llama-3-8b.json")
+    cfg, _ = read_model_config(CONFIGS / "llama-3-8b.json")
     wrapped = {"model_type": "llava", "text_config": cfg, "vision_config": {"hidden_size": 1}}
     assert mm.count_params(mm.parse_shape(wrapped)).total == LLAMA3_8B
 
@@ -266,7 +267,7 @@ def test_multimodal_text_config_is_sized():
     reason="no local tiny model (phaseprobe local install makes it)",
 )
 def test_real_tiny_model_config_matches_its_safetensors():
-    cfg, source = mm.load_config(TINY)
+    cfg, source = read_model_config(TINY)
     shape = mm.parse_shape(cfg, source)
     p = mm.count_params(shape)
     assert p.total == pytest.approx(0.82e6, rel=0.01)

@@ -10,11 +10,11 @@ from phaseprobe.analysis.gpu_peaks import lookup
 from phaseprobe.analysis.roofline import (
     ModelCost,
     Peaks,
-    model_cost_from_config,
     peaks_from_spec,
     roofline,
     roofline_for_run,
 )
+from phaseprobe.collect.model_config import model_cost_from_config
 from phaseprobe.errors import ConfigError
 from phaseprobe.records import ClientTimeline, Isolation, Run, ServerPhases
 

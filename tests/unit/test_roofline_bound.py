@@ -19,7 +19,6 @@ from phaseprobe.analysis.roofline import (
     Peaks,
     fmt_duration,
     fmt_efficiency,
-    model_cost_from_config,
     peaks_from_spec,
     roofline,
 )
@@ -30,6 +29,7 @@ from phaseprobe.collect.efficiency import (
     efficiency_report,
     validate_options,
 )
+from phaseprobe.collect.model_config import model_cost_from_config
 from phaseprobe.errors import ConfigError
 from phaseprobe.present.cli.console import render_efficiency
 from phaseprobe.records import ClientTimeline, Isolation, Run, ServerPhases

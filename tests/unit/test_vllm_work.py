@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from phaseprobe.analysis.roofline import ModelCost, model_cost_from_config
+from phaseprobe.analysis.roofline import ModelCost
 from phaseprobe.analysis.vllm_work import (
     compare_work,
     model_work,
@@ -17,6 +17,7 @@ from phaseprobe.analysis.vllm_work import (
     self_measured_deltas,
 )
 from phaseprobe.collect.efficiency import BOUND_MODEL, efficiency_report, work_report
+from phaseprobe.collect.model_config import model_cost_from_config
 from phaseprobe.present.cli.console import prompt_sources_line, render_work
 from phaseprobe.records import ClientTimeline, Isolation, Run, ServerPhases
 from phaseprobe.sources.vllm.metrics import parse_exposition

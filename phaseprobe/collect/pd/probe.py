@@ -8,7 +8,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from phaseprobe.analysis.kv_transfer_bound import KvPathReport, copy_link, kv_path_report
-from phaseprobe.analysis.model_math import load_config
 from phaseprobe.calibrate.run import load_all
 from phaseprobe.collect.efficiency import model_config_path
 from phaseprobe.collect.experiment import (
@@ -23,6 +22,7 @@ from phaseprobe.collect.pd.connect import connect_pair
 from phaseprobe.collect.pd.spans import attach_pd_spans
 from phaseprobe.errors import PhaseprobeError
 from phaseprobe.records import Experiment, Run, RunSpec
+from phaseprobe.sources.model_config import read_model_config
 from phaseprobe.sources.span_stores.model import SpanReader
 from phaseprobe.sources.vllm.openai_stream import DEFAULT_DEADLINE_S
 from phaseprobe.store import Store
@@ -55,7 +55,7 @@ def kv_path(
                 "KV path: no model config (the server names no local model path): pass "
                 "--model-config PATH for the KV bytes per token"
             )
-        cfg, _ = load_config(path)
+        cfg, _ = read_model_config(path)
         links = [copy_link(c.mem_bandwidth_best_gb_s, name) for name, c in load_all().items()]
     except PhaseprobeError as exc:
         return f"KV path: {exc}"

@@ -27,6 +27,7 @@ from rich.table import Table
 from phaseprobe.analysis import capacity as cap
 from phaseprobe.analysis import kv_transfer_bound as kvt
 from phaseprobe.analysis import model_math as mm
+from phaseprobe.collect.model_config import model_shape_from_config
 from phaseprobe.errors import ConfigError
 from phaseprobe.present.cli import jsonout
 from phaseprobe.present.cli.args import float_in, int_in
@@ -174,8 +175,7 @@ def _kv_residency(source: str | None) -> dict[str, Any] | None:
 
 def plan_document(args: argparse.Namespace) -> dict[str, Any]:
     """Every figure of the plan as a JSON-ready dict (bytes, tokens, FLOPs, seconds)."""
-    cfg, source = mm.load_config(args.config)
-    shape = mm.parse_shape(cfg, source)
+    shape, source = model_shape_from_config(args.config)
     params = mm.count_params(shape)
     fmt = mm.weight_format(shape, args.dtype)
     weights = mm.weight_bytes(params, fmt)
