@@ -42,6 +42,7 @@ class BucketQuantile:
         return f"{name} {duration(self.value_s)}"
 
     def to_dict(self) -> dict[str, object]:
+        """The quantile as a JSON-ready dict (``value_s`` in s)."""
         return {
             "q": self.q,
             "value_s": self.value_s,

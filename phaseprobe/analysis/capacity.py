@@ -29,6 +29,8 @@ PLAN_CONTEXTS = (2048, 8192, 32768, 131072)
 
 @dataclass(frozen=True)
 class UsersAtContext:
+    """How many sequences of ``context_tokens`` tokens each have their KV fit at once."""
+
     context_tokens: int
     users: int  # sequences of this length whose KV fits at once
 
@@ -55,6 +57,7 @@ class CapacityPlan:
 
     @property
     def fits(self) -> bool:
+        """True when the weights and the reserve leave a KV budget (``kv_budget_bytes`` > 0)."""
         return self.kv_budget_bytes > 0
 
 
@@ -121,6 +124,7 @@ class DecodeFloor:
 
     @property
     def tokens_per_s_ceiling(self) -> float:
+        """The most tokens per second this floor allows (batch ÷ step floor); inf: a zero floor."""
         return self.batch_size / self.step_floor_s if self.step_floor_s else math.inf
 
 

@@ -63,6 +63,9 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Rule:
+    """One checklist rule: its id, the question it asks, the check that answers it with a
+    :class:`Verdict`, and the evidence it reads."""
+
     id: str
     title: str  # the question the checklist asks
     check: Callable[[Evidence], Verdict]
@@ -405,6 +408,7 @@ LIVE_SPAN_RULES: tuple[LiveRule, ...] = (
 
 
 def live_rule_ids() -> list[str]:
+    """The ids of the live rules, the span rules last, in the order they run."""
     return [r.id for r in LIVE_RULES + LIVE_SPAN_RULES]
 
 
@@ -444,6 +448,7 @@ def run_live_checklist(
 
 
 def rule_ids() -> list[str]:
+    """The ids of :data:`RULES` (the span rules are not among them: see :func:`all_rules`)."""
     return [r.id for r in RULES]
 
 
@@ -454,6 +459,9 @@ def all_rules() -> tuple[Rule, ...]:
 
 @dataclass(frozen=True)
 class Report:
+    """A checklist's answer: every rule's verdict, with the experiment (or live window) and
+    use case it judged and the evidence sources it read."""
+
     experiment_id: int | None
     experiment_name: str
     use_case: str
@@ -463,11 +471,13 @@ class Report:
 
     @property
     def counts(self) -> dict[str, int]:
+        """How many verdicts have each status; all four statuses are keys, 0 when absent."""
         c = Counter(v.status for v in self.verdicts)
         return {s: c.get(s, 0) for s in ("pass", "warn", "fail", "skipped")}
 
     @property
     def failed(self) -> bool:
+        """True when some rule failed."""
         return any(v.status == "fail" for v in self.verdicts)
 
     @property
@@ -476,6 +486,7 @@ class Report:
         return 1 if self.failed else 0
 
     def to_dict(self) -> dict[str, Any]:
+        """The report as a JSON-ready dict (``check --json``); live: with ``kind``, ``window``."""
         doc: dict[str, Any] = {
             "experiment_id": self.experiment_id,
             "experiment": self.experiment_name,

@@ -39,6 +39,7 @@ class GpuSpec:
 
     @property
     def mem_bandwidth_bytes_per_s(self) -> float:
+        """The datasheet memory bandwidth in bytes per second (decimal: GB/s × 1e9)."""
         return self.mem_bandwidth_gb_s * 1e9
 
     def dense_flops_per_s(self, dtype: str = "bf16") -> float | None:
@@ -191,6 +192,7 @@ _INDEX = _index()
 
 
 def known_names() -> list[str]:
+    """Every listed GPU's name, in table order (aliases left out)."""
     return [spec.name for spec in GPUS]
 
 

@@ -52,6 +52,7 @@ class PrefillTokenCost:
 
     @property
     def text(self) -> str:
+        """The cost in words with its interval, or "undecided: …" saying what was missing."""
         if self.per_token_s is None:
             return (
                 f"undecided: A's decode on vLLM's clock is known for {self.n_alone} A-alone "
@@ -73,6 +74,7 @@ class PrefillTokenCost:
         )
 
     def to_dict(self) -> dict[str, Any]:
+        """The cost as a JSON-ready dict (s per token), with ``detected`` and ``text`` added."""
         return {**asdict(self), "detected": self.detected, "text": self.text}
 
 

@@ -103,9 +103,11 @@ class Stall:
 
     @property
     def overlapped(self) -> bool:
+        """True when B's prefill window lay inside A's decode (a pair that measured something)."""
         return self.overlap == "inside"
 
     def to_dict(self) -> dict[str, Any]:
+        """The stall as a JSON-ready dict (times in s)."""
         return asdict(self)
 
 
@@ -203,6 +205,7 @@ class LevelStats:
     burst_share: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        """The level as a JSON-ready dict (times in s, rates in tokens/s)."""
         d = asdict(self)
         d["round_tokens_per_s"] = list(self.round_tokens_per_s)
         return d
@@ -310,6 +313,9 @@ def merge_rounds(rounds: Sequence[LevelStats]) -> LevelStats:
 
 @dataclass(frozen=True)
 class Scaling:
+    """How throughput scaled over the concurrency levels: each level's tokens/s ratio to the
+    lowest level's and its efficiency (ratio ÷ concurrency ratio), the knee, and the verdict."""
+
     ratios: dict[int, float | None]  # concurrency → tokens/s ÷ tokens/s at the lowest level
     efficiency: dict[int, float | None]  # ratio ÷ (concurrency / lowest concurrency)
     # The knee (see knee()): the level after which no higher level added ≥ 10 % tokens/s;
@@ -322,6 +328,7 @@ class Scaling:
     verdict: str = ""  # one line, quoting the numbers of the table it comes from
 
     def to_dict(self) -> dict[str, Any]:
+        """The scaling as a JSON-ready dict (concurrency levels as string keys)."""
         return {
             "ratios": {str(k): v for k, v in self.ratios.items()},
             "server_ratios": {str(k): v for k, v in self.server_ratios.items()},
@@ -594,6 +601,7 @@ class Verdict:
     evidence: dict[str, float | int | None] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
+        """The verdict as a JSON-ready dict."""
         return asdict(self)
 
 

@@ -71,6 +71,7 @@ class PdInterfere:
     b_prompt_tokens: int  # B's prompt as asked for
 
     def to_dict(self) -> dict[str, Any]:
+        """The medians as a JSON-ready dict (times in s, prompt sources in tokens)."""
         return asdict(self)
 
     @property

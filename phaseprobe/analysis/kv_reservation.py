@@ -121,12 +121,16 @@ class KvReservationDoc(TypedDict):
 
 @dataclass(frozen=True)
 class KvReservationReport:
+    """Reservation or growth, in words, with each GPU's memory levels (bytes), the KV cache's
+    capacity and usage, and notes."""
+
     verdict: str
     gpus: tuple[GpuMemoryLevels, ...]
     capacity: KvCapacity
     notes: tuple[str, ...] = ()
 
     def to_dict(self) -> KvReservationDoc:
+        """The report as :class:`KvReservationDoc` (``probe --json``'s ``kv_reservation``)."""
         return {
             "verdict": self.verdict,
             "gpus": [asdict(g) for g in self.gpus],

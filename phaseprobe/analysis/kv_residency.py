@@ -58,6 +58,9 @@ class KvResidency:
     reason: str
 
     def numbers(self) -> dict[str, Any]:
+        """The three medians in s (to the µs; None: no observation) and the sampled evictions,
+        as a verdict quotes them."""
+
         def q(b: BucketQuantile | None) -> float | None:
             return None if b is None else round(b.value_s, 6)
 

@@ -47,6 +47,8 @@ WINDOW_SLACK_S = 60.0  # clocks of client and server hosts may differ by this mu
 
 
 def measurement_kind(kind: str) -> str:
+    """What an experiment of ``kind`` measures, in words (``probe`` → "isolated requests");
+    a kind not in :data:`MEASUREMENT_KINDS` as it is."""
     return MEASUREMENT_KINDS.get(kind, kind)
 
 

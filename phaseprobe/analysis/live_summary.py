@@ -53,6 +53,7 @@ class Percentiles:
     n: int
 
     def to_dict(self) -> dict[str, Any]:
+        """The percentiles as a JSON-ready dict (s)."""
         return asdict(self)
 
 
@@ -78,6 +79,7 @@ class PhaseShare:
     other_frac: float | None
 
     def to_dict(self) -> dict[str, Any]:
+        """The share as a JSON-ready dict (sums in s, shares as fractions of the summed e2e)."""
         return asdict(self)
 
 
@@ -96,6 +98,7 @@ class SlowRequest:
     completion_tokens: int | None
 
     def to_dict(self) -> dict[str, Any]:
+        """The request as a JSON-ready dict (times in s)."""
         return asdict(self)
 
 
@@ -121,6 +124,7 @@ class LiveSummary:
     slowest: tuple[SlowRequest, ...]
 
     def to_dict(self) -> dict[str, Any]:
+        """The summary as a JSON-ready dict (times in ns, durations in s, rates per s)."""
         d = asdict(self)
         d["slowest"] = [s.to_dict() for s in self.slowest]
         return d
@@ -267,6 +271,7 @@ class SpanLoss:
     text: str
 
     def to_dict(self) -> dict[str, Any]:
+        """The loss as a JSON-ready dict (``loss_frac`` a fraction of the finished requests)."""
         return asdict(self)
 
 
@@ -388,9 +393,11 @@ class LiveReplica:
 
     @property
     def replica(self) -> str:
+        """The replica's name."""
         return self.row.replica
 
     def to_dict(self) -> dict[str, Any]:
+        """The table row's fields plus ``requests_per_s`` and ``span_loss``, JSON-ready."""
         return {
             **self.row.to_dict(),
             "requests_per_s": self.requests_per_s,
@@ -413,6 +420,7 @@ class LiveFleet:
 
     @property
     def identity_warning(self) -> str | None:
+        """The warning about spans that name no replica; None when every span names one."""
         return self.identity.warning
 
     def verdicts_dict(self) -> dict[str, Any] | None:

@@ -158,6 +158,7 @@ def layer_kind(path: str, all_paths: set[str] | frozenset[str] = frozenset()) ->
 
 
 def not_present(note: str = NOT_PRESENT) -> LayersDoc:
+    """The ``layers`` document of a capture with no vLLM layerwise NVTX range (``note``: why)."""
     return {"present": False, "note": note, "ranges": 0, "steps": [], "kinds": []}
 
 

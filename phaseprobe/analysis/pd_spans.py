@@ -144,6 +144,8 @@ class PdSpanRecord:
         return self.hand_over_s / self.ttft_s
 
     def to_dict(self) -> dict[str, Any]:
+        """The request as a JSON-ready dict: its phases (s), both spans, the TTFT parts and the
+        hand-over share (a fraction of TTFT)."""
         d: dict[str, Any] = {
             k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("prefill", "decode")
         }
@@ -170,6 +172,7 @@ class PdUnjoined:
     reason: str
 
     def to_dict(self) -> dict[str, Any]:
+        """The group as a JSON-ready dict."""
         return {
             "kind": self.kind,
             "key": self.key,
@@ -189,18 +192,22 @@ class PdJoin:
     unjoined: tuple[PdUnjoined, ...] = field(default=())
 
     def of_kind(self, kind: str) -> tuple[PdUnjoined, ...]:
+        """The unjoined groups of ``kind`` (single_leg, more_than_two or unknown_roles)."""
         return tuple(u for u in self.unjoined if u.kind == kind)
 
     @property
     def single_legs(self) -> tuple[PdUnjoined, ...]:
+        """The groups with only one side's span."""
         return self.of_kind("single_leg")
 
     @property
     def more_than_two(self) -> tuple[PdUnjoined, ...]:
+        """The keys shared by more than two spans."""
         return self.of_kind("more_than_two")
 
     @property
     def unknown_roles(self) -> tuple[PdUnjoined, ...]:
+        """The two-leg groups whose prefill and decode cannot be told apart."""
         return self.of_kind("unknown_roles")
 
     def counts(self) -> dict[str, int]:
@@ -213,6 +220,7 @@ class PdJoin:
         return out
 
     def to_dict(self) -> dict[str, Any]:
+        """The join as a JSON-ready dict: counts, joined requests and unjoined groups."""
         return {
             "counts": self.counts(),
             "requests": [r.to_dict() for r in self.records],

@@ -137,9 +137,12 @@ class KvPathWindow:
 
     @property
     def text(self) -> str:
+        """The report's line: :attr:`parts` joined by semicolons."""
         return "; ".join(self.parts)
 
     def to_dict(self) -> dict[str, Any]:
+        """The instance's KV path as a JSON-ready dict (times in s, tokens as counts, the
+        recompute share a fraction)."""
         return {
             "name": self.name,
             "role": self.role,

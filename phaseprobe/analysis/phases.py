@@ -168,6 +168,7 @@ class Summary:
     delivery_s: float | None = None
 
     def to_dict(self) -> dict[str, float | int | None]:
+        """All fields in a dict (times in s, counts of runs, shares as fractions; None: unknown)."""
         return dict(self.__dict__)
 
 
@@ -233,6 +234,8 @@ def medians_runs(runs: Sequence[Run]) -> tuple[list[Run], list[Run]]:
 
 
 def summarize(runs: Sequence[Run]) -> Summary:
+    """The experiment's medians in s (:class:`Summary`): client ones over the clean runs,
+    server ones over the runs alone on the server."""
     ok = [r for r in runs if r.status in ("ok", "isolation_failed") and r.client is not None]
     clean, dropped = medians_runs(runs)
     client = [r.client for r in clean if r.client]

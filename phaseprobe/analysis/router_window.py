@@ -50,6 +50,7 @@ class RouterWindow:
     unverifiable: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        """The window as a JSON-ready dict (counts are increases over the window)."""
         return asdict(self)
 
 

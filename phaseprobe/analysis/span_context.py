@@ -88,6 +88,7 @@ class OverlapContext:
     prefill_tokens_during_decode: float
 
     def to_dict(self) -> dict[str, Any]:
+        """The context as a JSON-ready dict (windows in s, concurrencies in requests)."""
         return asdict(self)
 
 
@@ -439,6 +440,7 @@ class InterferenceEstimate:
     subsampled: bool = False
 
     def to_dict(self) -> dict[str, Any]:
+        """The estimate as a JSON-ready dict (slopes and TPOT in s, rates in tokens/s)."""
         return asdict(self)
 
 

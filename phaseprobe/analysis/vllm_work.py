@@ -139,6 +139,7 @@ class PromptSources:
         )
 
     def to_dict(self) -> dict[str, Any]:
+        """The sums as a JSON-ready dict (tokens), the tiers under ``cached_by_tier``."""
         return {
             "runs": self.runs,
             "sources": dict(self.sources),
@@ -209,6 +210,7 @@ class WorkComparison:
     write_bytes_ratio: float | None
 
     def to_dict(self) -> dict[str, Any]:
+        """The comparison as a JSON-ready dict (FLOPs, bytes, and ratios vLLM / phaseprobe)."""
         return asdict(self)
 
 
