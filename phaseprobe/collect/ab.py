@@ -94,25 +94,58 @@ _WARMUP_OFFSET = 500_000
 
 
 class AbProgress(Protocol):
-    def on_status(self, text: str) -> None: ...
-    def on_start(self, total: int, done: int) -> None: ...
-    def on_warmup(self, arm: str, index: int, error: str | None) -> None: ...
-    def on_run(self, arm: str, run: Run) -> None: ...
-    def on_look(self, text: str) -> None: ...
-    def on_end(self) -> None: ...
+    """What an A/B session tells its caller as it goes (the CLI draws a progress bar from it)."""
+
+    def on_status(self, text: str) -> None:
+        """A line of status: the session's set-up steps, and each look of a sequential session."""
+
+    def on_start(self, total: int, done: int) -> None:
+        """Measuring starts: ``total`` steps (runs and warm-ups), ``done`` of them stored before (a
+        resumed session)."""
+
+    def on_warmup(self, arm: str, index: int, error: str | None) -> None:
+        """Warm-up ``index`` (0-based) of arm ``arm`` ended; ``error``: why it failed, None when it
+        did not."""
+
+    def on_run(self, arm: str, run: Run) -> None:
+        """A run of arm ``arm`` was measured and stored (a failed one too: ``run.error`` says
+        why)."""
+
+    def on_look(self, text: str) -> None:
+        """A sequential session looked at the pairs so far: ``text`` is the look's verdict in one
+        line."""
+
+    def on_end(self) -> None:
+        """Measuring ended (every run done, decided, budget spent, or an error)."""
 
 
 class NullAbProgress:
-    def on_status(self, text: str) -> None: ...
-    def on_start(self, total: int, done: int) -> None: ...
-    def on_warmup(self, arm: str, index: int, error: str | None) -> None: ...
-    def on_run(self, arm: str, run: Run) -> None: ...
-    def on_look(self, text: str) -> None: ...
-    def on_end(self) -> None: ...
+    """The progress of a session nobody watches: every hook does nothing."""
+
+    def on_status(self, text: str) -> None:
+        """Does nothing."""
+
+    def on_start(self, total: int, done: int) -> None:
+        """Does nothing."""
+
+    def on_warmup(self, arm: str, index: int, error: str | None) -> None:
+        """Does nothing."""
+
+    def on_run(self, arm: str, run: Run) -> None:
+        """Does nothing."""
+
+    def on_look(self, text: str) -> None:
+        """Does nothing."""
+
+    def on_end(self) -> None:
+        """Does nothing."""
 
 
 @dataclass
 class AbResult:
+    """An A/B session's outcome: its stored id, experiments and runs per arm, the engine's overhead
+    between runs (s) and, for a sequential session, its plan and why it stopped."""
+
     session_id: int
     playbook: Playbook
     runs_per_arm: int

@@ -120,6 +120,8 @@ class Connection:
     router: bool = False  # the endpoint is a router (with or without its replicas given)
 
     def prompt_builder(self, model: str, seed: int) -> PromptBuilder:
+        """A prompt builder for ``model`` that counts tokens with this endpoint's ``/tokenize``, its
+        prompts drawn from ``seed``."""
         return PromptBuilder(
             self.endpoint, model, session=self.session, headers=self.headers, seed=seed
         )

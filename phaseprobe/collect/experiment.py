@@ -68,6 +68,10 @@ __all__ = [
 
 @dataclass(frozen=True)
 class ProbeSettings:
+    """How a probe measures: run and warm-up counts, waits (s) for the server to go idle and for its
+    histograms to observe a run, and the per-run attribution to use (spans, vLLM's per-request
+    metrics)."""
+
     runs: int = 5
     warmup: int = 1
     pause_s: float = 0.0
@@ -87,6 +91,8 @@ class ProbeSettings:
 
 @dataclass
 class ProbeResult:
+    """A probe's outcome: the stored experiment's id, its runs, the server info and notes."""
+
     experiment_id: int
     runs: list[Run]
     server_info: ServerInfo
@@ -94,17 +100,35 @@ class ProbeResult:
 
 
 class ProgressHook(Protocol):
-    def on_start(self, total: int, warmup: int) -> None: ...
-    def on_warmup(self, index: int, error: str | None) -> None: ...
-    def on_run(self, run: Run) -> None: ...
-    def on_end(self) -> None: ...
+    """What a probe tells its caller as it goes (the CLI draws a progress bar from it)."""
+
+    def on_start(self, total: int, warmup: int) -> None:
+        """Measuring starts: ``total`` measured runs after ``warmup`` warm-ups."""
+
+    def on_warmup(self, index: int, error: str | None) -> None:
+        """Warm-up ``index`` (0-based) ended; ``error``: why it failed, None when it did not."""
+
+    def on_run(self, run: Run) -> None:
+        """A run was measured and stored (a failed one too: ``run.error`` says why)."""
+
+    def on_end(self) -> None:
+        """Measuring ended (every run done, or an error)."""
 
 
 class NullProgress:
-    def on_start(self, total: int, warmup: int) -> None: ...
-    def on_warmup(self, index: int, error: str | None) -> None: ...
-    def on_run(self, run: Run) -> None: ...
-    def on_end(self) -> None: ...
+    """The progress of a probe nobody watches: every hook does nothing."""
+
+    def on_start(self, total: int, warmup: int) -> None:
+        """Does nothing."""
+
+    def on_warmup(self, index: int, error: str | None) -> None:
+        """Does nothing."""
+
+    def on_run(self, run: Run) -> None:
+        """Does nothing."""
+
+    def on_end(self) -> None:
+        """Does nothing."""
 
 
 class RunNotes:
@@ -126,6 +150,8 @@ class RunNotes:
             self._counts[note] = self._counts.get(note, 0) + 1
 
     def lines(self) -> list[str]:
+        """One line per distinct note with the number of stored runs that said it: ``"<note> (in 3
+        of 20 runs)"``."""
         return [
             f"{note} (in {n} of {self.runs} run{'' if self.runs == 1 else 's'})"
             for note, n in self._counts.items()
@@ -311,6 +337,9 @@ class RunCollector:
         )
 
     def measure(self, seq: int, prompt: str) -> Run:
+        """One measured run of ``prompt`` (``seq``: its number): streamed, timed and attributed with
+        the server's metrics around it (or its own span, or vLLM's per-request metrics). A failed
+        request is a run with status "error", not an exception."""
         body = self.body(prompt)
         # With spans, or vLLM's per-request metrics in the response, a busy server needs no
         # waiting: the run's own span or response attributes it.

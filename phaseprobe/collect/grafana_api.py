@@ -108,6 +108,10 @@ class GrafanaClient:
         return f"GrafanaClient({self.display_url!r})"
 
     def request(self, method: str, path: str, body: Any = None) -> Any:
+        """Grafana's JSON answer to ``method path`` (``body`` sent as JSON). Raises
+        GrafanaUnreachable when nothing answers in time, on a TLS error or an answer too large;
+        ConfigError for an unusable URL; a GrafanaApiError subclass (auth, not found, conflict) for
+        an error status or an answer that is not JSON."""
         where = self.display_url + path
         try:
             resp = bounded_request(
@@ -190,12 +194,19 @@ class GrafanaClient:
         return GrafanaApiError(where, status, message)
 
     def datasources(self) -> list[dict[str, Any]]:
+        """Grafana's datasources (``/api/datasources``), those that are JSON objects. Raises as
+        :meth:`request`, and GrafanaApiError when the answer is not a list."""
         return _list_of_dicts(self.request("GET", "/api/datasources"), self.display_url)
 
     def folders(self) -> list[dict[str, Any]]:
+        """Grafana's folders (``/api/folders``), those that are JSON objects. Raises as
+        :meth:`request`, and GrafanaApiError when the answer is not a list."""
         return _list_of_dicts(self.request("GET", "/api/folders"), self.display_url)
 
     def save_dashboard(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """Grafana's answer to saving ``payload`` (``/api/dashboards/db``: uid, url, version,
+        status). Raises as :meth:`request`, and GrafanaApiError when the answer is not a JSON
+        object."""
         answer = self.request("POST", "/api/dashboards/db", payload)
         if not isinstance(answer, dict):
             raise GrafanaApiError(
@@ -206,6 +217,9 @@ class GrafanaClient:
 
 @dataclass(frozen=True)
 class ImportResult:
+    """What Grafana said about one imported dashboard: its uid, absolute URL, version and status,
+    and the folder and datasource used."""
+
     uid: str
     url: str  # absolute link to the dashboard
     version: int | None
@@ -214,6 +228,7 @@ class ImportResult:
     datasource: str | None  # uid of the datasource the inputs were mapped to, if any
 
     def to_dict(self) -> dict[str, Any]:
+        """The import's outcome as a JSON-ready dict."""
         return {
             "uid": self.uid,
             "url": self.url,

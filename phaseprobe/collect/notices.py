@@ -15,6 +15,8 @@ __all__ = ["Notices", "QuietNotices", "RecordedNotices"]
 
 
 class Notices(Protocol):
+    """Where the collect layer says what it is doing (the CLI prints it, tests record it)."""
+
     def headline(self, text: str) -> None:
         """What is about to happen, said prominently (once per session)."""
 
@@ -38,19 +40,24 @@ class RecordedNotices:
         self.lines: list[tuple[str, str]] = []
 
     def headline(self, text: str) -> None:
+        """Records ``text`` as a headline."""
         self.lines.append(("headline", text))
 
     def info(self, text: str) -> None:
+        """Records ``text`` as an info line."""
         self.lines.append(("info", text))
 
     def detail(self, text: str) -> None:
+        """Records ``text`` as a detail line."""
         self.lines.append(("detail", text))
 
     def warn(self, text: str) -> None:
+        """Records ``text`` as a warning."""
         self.lines.append(("warn", text))
 
     @contextmanager
     def waiting(self, text: str) -> Iterator[None]:
+        """Records ``text`` as a wait and yields; the end of the wait is not recorded."""
         self.lines.append(("waiting", text))
         yield
 

@@ -40,6 +40,9 @@ _WORDS = (
 
 @dataclass(frozen=True)
 class LoadSettings:
+    """The background load: Poisson arrivals per s, the share of long prompts, prompt lengths
+    (words), output lengths (tokens), the most requests in flight, timeout (s) and seed."""
+
     rate_per_s: float = 2.0  # mean arrival rate (Poisson)
     long_share: float = 0.3  # fraction of requests with a long prompt
     short_words: int = 12
@@ -52,6 +55,9 @@ class LoadSettings:
 
 @dataclass
 class LoadStats:
+    """Counts of the background load's requests: sent, answered, failed and shed (over
+    ``max_in_flight``), with the first errors."""
+
     sent: int = 0
     ok: int = 0
     failed: int = 0
@@ -59,6 +65,7 @@ class LoadStats:
     errors: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, object]:
+        """The counts as a JSON-ready dict, with the first 5 errors."""
         return {
             "sent": self.sent,
             "ok": self.ok,
@@ -96,10 +103,12 @@ class OpenLoopLoad:
         self._local = threading.local()  # one Session per sender thread
 
     def start(self) -> OpenLoopLoad:
+        """This load, its arrival thread started. Raises RuntimeError when it was started before."""
         self._thread.start()
         return self
 
     def stop(self) -> None:
+        """Stops the arrivals, cancels requests not yet sent and waits for those in flight."""
         self._stop.set()
         self._thread.join()
         self._pool.shutdown(wait=True, cancel_futures=True)

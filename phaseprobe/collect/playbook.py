@@ -168,6 +168,9 @@ class Launch:
 
 @dataclass(frozen=True)
 class Arm:
+    """One arm of an A/B playbook: the model, and where it runs (an endpoint, a router with its
+    replicas, a P/D pair, or a server phaseprobe launches)."""
+
     name: str
     model: str
     endpoint: str | None = None
@@ -214,6 +217,9 @@ class Arm:
 
 @dataclass(frozen=True)
 class RunPlan:
+    """A playbook's run table: what each run asks for (tokens), how many runs and in which order,
+    the smallest effect that matters (a fraction) and, for a sequential session, its budget."""
+
     max_tokens: int
     runs: int
     warmup: int = 1
@@ -254,6 +260,9 @@ class RunPlan:
 
 @dataclass(frozen=True)
 class Playbook:
+    """An A/B playbook as read from its file: name, description, path, its text, the run table and
+    the two arms."""
+
     name: str
     description: str
     path: str
@@ -688,6 +697,9 @@ _SECRET_VALUE = re.compile(r"AUTHORIZATION|BEARER\s|API[_-]?KEY\W", re.IGNORECAS
 
 
 def is_secret_name(name: str) -> bool:
+    """True when an environment variable's or flag's name says it holds a credential: TOKEN (not
+    TOKENS or TOKENIZER), SECRET, PASSW, API_KEY, AUTH, HEADER, or KEY/PASS/PWD as a word of its
+    own."""
     return bool(_SECRET_NAME.search(name))
 
 

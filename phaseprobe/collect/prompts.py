@@ -38,6 +38,9 @@ _WORDS = (
 
 @dataclass(frozen=True)
 class BuiltPrompt:
+    """A built prompt and its length in tokens as the server's ``/tokenize`` counted it (None: not
+    available)."""
+
     text: str
     tokens: int | None  # as counted by the server's /tokenize (None: not available)
 

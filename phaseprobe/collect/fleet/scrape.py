@@ -56,6 +56,7 @@ class FleetScraper:
 
     @property
     def names(self) -> list[str]:
+        """The replicas' names, in the order given."""
         return list(self._scrapers)
 
     def scrape(self) -> FleetSnapshot | None:
@@ -108,10 +109,12 @@ class RouterPage:
 
     @property
     def shown_url(self) -> str:
+        """The router's metrics URL without a password."""
         return redact_url(self.scraper.url)
 
     @property
     def notes(self) -> list[str]:
+        """One note saying why the router's metrics gave no window; empty when they did."""
         return [f"router metrics: {self.error}"] if self.error else []
 
     def _scrape(self) -> MetricSnapshot | None:

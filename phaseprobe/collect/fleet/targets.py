@@ -50,6 +50,7 @@ class ReplicaTarget:
 
     @property
     def shown_url(self) -> str:
+        """The replica's URL without a password."""
         return redact_url(self.url)
 
 

@@ -43,6 +43,9 @@ __all__ = [
 
 @dataclass(frozen=True)
 class InterfereArm:
+    """One arm of a two-arm interfere: its name, the endpoint it measures and where that came
+    from."""
+
     name: str
     target: Target
     info: ArmOrigin = field(default_factory=ArmOrigin)  # kept in the experiment's server info
@@ -50,6 +53,8 @@ class InterfereArm:
 
 @dataclass
 class ArmsResult:
+    """A two-arm interfere's outcome: each arm's result, in arm order, and their comparison."""
+
     arms: dict[str, InterfereResult]  # arm name → its result, in arm order (A first)
     comparison: ArmsComparison
     notes: list[str] = field(default_factory=list)
@@ -57,9 +62,12 @@ class ArmsResult:
 
     @property
     def runs(self) -> list[Any]:
+        """Every stored run of every arm, arm A's first."""
         return [r for res in self.arms.values() for r in res.runs]
 
     def to_dict(self) -> dict[str, Any]:
+        """The outcome as a JSON-ready dict: playbook, notes, comparison and each arm's result with
+        its server info."""
         return {
             "playbook": self.playbook,
             "notes": self.notes,

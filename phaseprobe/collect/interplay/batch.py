@@ -52,6 +52,9 @@ __all__ = ["BatchResult", "run_batch"]
 
 @dataclass
 class BatchResult:
+    """A batch experiment's outcome: per concurrency level the median over its rounds, every round,
+    the scaling fitted over the levels, and the stored runs."""
+
     experiment_id: int
     levels: list[LevelStats]  # per level: the median over its rounds
     scaling: Scaling
@@ -63,6 +66,7 @@ class BatchResult:
     prefill_pressure: dict[int, dict[str, float]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
+        """The outcome as a JSON-ready dict (levels keyed by concurrency as strings)."""
         return {
             "experiment_id": self.experiment_id,
             "prefill_pressure": {str(c): v for c, v in self.prefill_pressure.items()},

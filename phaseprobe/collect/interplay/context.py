@@ -82,6 +82,9 @@ def quiet(_msg: str) -> None:
 
 @dataclass(frozen=True)
 class Target:
+    """The endpoint an interplay probe measures, and how: model, API, timeouts (s), prompt seed, and
+    the replicas or P/D pair behind it."""
+
     endpoint: str
     model: str
     api_key: str | None = None
@@ -184,6 +187,7 @@ class ProbeContext:
         )
 
     def new_client(self) -> StreamClient:
+        """A client with a session of its own, for another thread."""
         return self.conn.new_client()
 
     def new_sender(self) -> ProbeSender:
@@ -220,6 +224,8 @@ class ProbeContext:
         return collector
 
     def body(self, prompt: str, max_tokens: int) -> dict[str, Any]:
+        """The request body for ``prompt`` with ``max_tokens`` on this target (greedy, fixed length,
+        usage reported)."""
         return build_body(
             model=self.target.model,
             prompt=prompt,
@@ -268,6 +274,8 @@ class ProbeContext:
             time.sleep(0.02)
 
     def spec(self, prompt: str, max_tokens: int, labels: dict[str, str]) -> RunSpec:
+        """The run spec of an experiment on this target: ``prompt``, ``max_tokens`` and ``labels``
+        (what the probe varied)."""
         return RunSpec(
             endpoint=self.target.endpoint,
             model=self.target.model,
@@ -303,6 +311,8 @@ def concurrent_run(seq: int, prompt: str, outcome: StreamOutcome, role: str) -> 
 
 
 def store_run(store: Store, exp_id: int, run: Run) -> Run:
+    """``run`` with the run id and experiment id it was stored under; committed before this
+    returns."""
     run_id = store.add_run(exp_id, run)  # durable before the next run starts
     return replace(run, run_id=run_id, experiment_id=exp_id)
 
@@ -320,6 +330,9 @@ def metric_delta(
     part: str,
     model: str,
 ) -> float | None:
+    """How much metric ``canonical`` (``part``: ``_sum`` or ``_count`` of a histogram; its own unit,
+    s for the time histograms) grew for ``model`` between two scrapes; None when either scrape or
+    value is missing."""
     if before is None or after is None:
         return None
     b, a = before.value(canonical, part, model), after.value(canonical, part, model)

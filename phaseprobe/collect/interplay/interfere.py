@@ -98,6 +98,7 @@ class Trigger:
             raise ValueError(f"trigger {self.kind}: bad value {self.value!r}")
 
     def describe(self) -> str:
+        """The trigger in words ("at A's token 8", "0.5 s after A's send", ...)."""
         if self.kind == "token":
             return f"at A's token {int(self.value)}"
         if self.kind == "time":
@@ -111,6 +112,9 @@ class Trigger:
 
 @dataclass(frozen=True)
 class InterfereSettings:
+    """What an interfere experiment sends: A's and B's prompt and output lengths (tokens), when B
+    goes (the trigger), pairs (``reps``) and warm-ups."""
+
     a_prompt_tokens: int = 32
     a_tokens: int = 64
     b_prompt_tokens: int = 600
@@ -122,6 +126,9 @@ class InterfereSettings:
 
 @dataclass
 class InterfereResult:
+    """An interfere experiment's outcome: A's pace alone (s), each pair's stall and its control,
+    vLLM's decode times (s) alone and with B, swimlanes and the stored runs."""
+
     experiment_id: int
     baseline_itl_s: float | None
     baseline_ttft_s: float | None
@@ -186,6 +193,8 @@ class InterfereResult:
         return [s for s in self.stalls if s.overlapped]
 
     def summary(self) -> dict[str, float | None]:
+        """The medians over the pairs that measured, in s (``ratio``: max ITL over A's pace alone;
+        ``pairs``/``pairs_used``: counts), with the A-alone controls' and vLLM's decode times."""
         used = self.used
         srv_alone, srv_with_b = self.server_decode_compared()
         return {
@@ -211,11 +220,15 @@ class InterfereResult:
         )
 
     def verdict(self) -> Verdict:
+        """Whether B's prefill stalled A's decode, with the numbers that decided it (only the pairs
+        where B ran inside A's decode count)."""
         srv_alone, srv_with_b = self.server_decode_compared()
         with_b = [srv_with_b if s.overlapped else None for s in self.stalls]
         return interference_verdict(self.stalls, self.controls, srv_alone, with_b)
 
     def to_dict(self) -> dict[str, Any]:
+        """The outcome as a JSON-ready dict: summary, verdict, token cost, P/D readings on a pair,
+        trigger, stalls, controls, swimlanes and runs."""
         pd, verdict = self.pd_summary(), self.verdict()
         return {
             "experiment_id": self.experiment_id,
@@ -331,6 +344,8 @@ class InterfereSession:
         self._finished = False
 
     def warm_up(self) -> None:
+        """Sends the warm-ups (A's, then one long B prefill), which are not stored: a fresh server's
+        one-off costs stay out of the baseline."""
         for w in range(self.settings.warmup):  # one-off costs of a fresh server, not stored
             self.ctx.stream(self.a_prompts[3 * self.settings.reps + w], 4)
         if self.settings.warmup:
@@ -339,6 +354,7 @@ class InterfereSession:
             self.ctx.stream(self.b_prompts[-1], 1)
 
     def baseline(self, i: int) -> Run:
+        """A-alone baseline run ``i``, measured isolated and stored."""
         run = store_run(
             self.store,
             self.experiment_id,
@@ -447,6 +463,9 @@ class InterfereSession:
             )
 
     def pair(self, i: int) -> Stall:
+        """Pair ``i``'s stall: A and B sent as the trigger says, both runs stored, vLLM's decode
+        time of A read when B asks for one token; an auto trigger that came late sends the next B
+        earlier (and may lengthen A)."""
         st, ctx = self.settings, self.ctx
         if self.a_tokens not in self.alone_lengths:
             self._alone_at(self.a_tokens)  # A was lengthened: its A-alone runs first

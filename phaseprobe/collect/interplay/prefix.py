@@ -113,6 +113,9 @@ class PrefixSources:
         ]
 
     def to_dict(self) -> dict[str, Any]:
+        """The prompt sources as a JSON-ready dict: instance, cold and warm passes, per run, and the
+        report's sentences."""
+
         def d(p: PromptSources | None) -> dict[str, Any] | None:
             return None if p is None else p.to_dict()
 
@@ -156,6 +159,8 @@ class PrefixResidency:
     said: str
 
     def to_dict(self) -> dict[str, Any]:
+        """The residency as a JSON-ready dict: instance, its numbers (s), evictions before reuse and
+        what was said."""
         res = self.residency
         return {
             "instance": self.instance,
@@ -192,6 +197,9 @@ def experiment_residency(
 
 @dataclass
 class PrefixResult:
+    """A prefix-cache experiment's outcome: cold and warm medians, the prefix and block sizes
+    (tokens), vLLM's own account of the prompt tokens and KV residency, and the stored runs."""
+
     experiment_id: int
     runs: list[Run]  # per repetition: cold (even seq) then warm (odd seq)
     block_size: int | None
@@ -205,6 +213,8 @@ class PrefixResult:
     residency: PrefixResidency | None = None
 
     def verdict(self) -> Verdict:
+        """Whether the warm pass reused the prefix, with the numbers that decided it (TTFT and
+        prefill in s, cache hits in tokens)."""
         return prefix_verdict(
             self.summary["cold"], self.summary["warm"], self.prefix_tokens, self.block_size
         )
@@ -216,6 +226,8 @@ class PrefixResult:
         return pd_prefix_text(self.summary["cold"], self.summary["warm"])
 
     def to_dict(self) -> dict[str, Any]:
+        """The outcome as a JSON-ready dict: summary, verdict, prompt sources, KV residency, notes
+        and runs."""
         return {
             "experiment_id": self.experiment_id,
             "block_size": self.block_size,

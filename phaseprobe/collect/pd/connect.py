@@ -34,6 +34,7 @@ class PdConnection:
 
     @property
     def notes(self) -> list[str]:
+        """Both instances' connection notes, each prefixed with its instance."""
         return [f"prefill instance: {n}" for n in self.prefill.notes] + [
             f"decode instance: {n}" for n in self.decode.notes
         ]
@@ -47,6 +48,8 @@ class PdConnection:
 
     @property
     def info(self) -> ServerInfo:
+        """The decode instance's server info with ``pd`` set to the pair's topology (its URLs
+        redacted); the decode connection's own info dict is updated in place."""
         info = self.decode.info
         info["pd"] = self.topo.to_dict()
         return info

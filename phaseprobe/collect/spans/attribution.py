@@ -53,16 +53,23 @@ _ALONE = Isolation(verified=True, isolated=True)  # a span's phases are the requ
 
 @dataclass(frozen=True)
 class SpanTags:
+    """The ids a run sends so its own vLLM span can be found: a trace id (32 hex digits) and an
+    X-Request-Id."""
+
     trace_id: str
     request_id: str
 
     @property
     def headers(self) -> dict[str, str]:
+        """The request headers that carry the tags: a W3C ``traceparent`` (sampled, a fresh parent
+        span id each time) and ``X-Request-Id``."""
         parent = os.urandom(8).hex()
         return {"traceparent": f"00-{self.trace_id}-{parent}-01", "X-Request-Id": self.request_id}
 
 
 def new_tags() -> SpanTags:
+    """Fresh random tags for one run; the request id starts with RUN_REQUEST_ID_PREFIX so retention
+    keeps the runs' spans."""
     trace_id = os.urandom(16).hex()
     # the prefix lets retention tell the runs' spans cheaply (Store.prune_spans keeps them)
     return SpanTags(trace_id=trace_id, request_id=f"{RUN_REQUEST_ID_PREFIX}{trace_id[:16]}")

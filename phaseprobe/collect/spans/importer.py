@@ -32,6 +32,9 @@ MAX_LINE_BYTES = 64 * 1024 * 1024  # one exporter line is one batch: far below t
 
 @dataclass
 class ImportResult:
+    """What importing an OTLP/JSON file did: lines read, request spans (stored, and new to the
+    store), other and rejected spans, and the lines that could not be decoded."""
+
     path: str
     lines: int = 0
     request_spans: int = 0
@@ -60,6 +63,7 @@ class ImportResult:
         return acc
 
     def to_dict(self) -> dict[str, object]:
+        """The import as a JSON-ready dict with its completeness account."""
         return {
             "path": self.path,
             "lines": self.lines,
@@ -75,6 +79,10 @@ class ImportResult:
 def import_otlp_json(
     path: Path, store: Store, on_line: Callable[[int], None] | None = None
 ) -> ImportResult:
+    """What importing the OTLP/JSON-lines file ``path`` into ``store`` did (``on_line`` called with
+    each line number); a line that cannot be decoded is counted, not raised. Raises OtlpError when
+    the file cannot be opened or read (a FIFO or device is refused), StoreError when the store
+    cannot be written."""
     result = ImportResult(path=str(path))
     pending = SpanBatch()
 

@@ -82,9 +82,11 @@ class ReceiverStats:
     forward_failed: int = 0
 
     def refuse(self, reason: str) -> None:
+        """Counts one payload refused for ``reason``."""
         self.refused[reason] = self.refused.get(reason, 0) + 1
 
     def to_dict(self) -> dict[str, Any]:
+        """The counts as a JSON-ready dict."""
         return {
             "batches": self.batches,
             "request_spans": self.request_spans,
@@ -123,10 +125,12 @@ class SpanSink:
         return new
 
     def refuse(self, reason: str) -> None:
+        """Counts one payload refused for ``reason`` (thread-safe)."""
         with self._lock:
             self.stats.refuse(reason)
 
     def close(self) -> None:
+        """Closes the store."""
         with self._lock:
             self.store.close()
 
@@ -150,6 +154,8 @@ class Forwarder:
         self._thread.start()
 
     def submit(self, payload: bytes) -> None:
+        """Queues ``payload`` to be forwarded; when the queue is full it is counted as failed, not
+        waited for."""
         try:
             self._queue.put_nowait(payload)
         except queue.Full:
@@ -186,6 +192,8 @@ class Forwarder:
                     self.errors.append(f"forward to {redact_url(self.url)}: {why}")
 
     def close(self, drain_s: float = 5.0) -> None:
+        """Lets the queued payloads go out, waiting at most about ``drain_s`` s to queue the end and
+        ``drain_s`` s more for the thread; payloads still queued then are dropped."""
         try:
             self._queue.put(None, timeout=drain_s)
         except queue.Full:
@@ -227,12 +235,17 @@ class SpanReceiver:
     # -- what both protocols share ---------------------------------------------------------
 
     def authorized(self, header: str | None) -> bool:
+        """True when ``header`` (an Authorization value) carries the receiver's bearer token, or
+        when no token is set."""
         if self._token is None:
             return True
         expected = f"Bearer {self._token}"
         return header is not None and hmac.compare_digest(header.strip(), expected)
 
     def accept(self, batch: SpanBatch, payload: bytes) -> int:
+        """The number of request spans of ``batch`` new to the store; the raw ``payload`` is then
+        queued for forwarding. Raises StoreError when the store cannot take it (answered as "retry
+        later")."""
         new = self.sink.commit(batch)  # raises StoreError: answered as "retry later"
         if self.forwarder is not None:
             self.forwarder.submit(payload)
@@ -241,6 +254,8 @@ class SpanReceiver:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> SpanReceiver:
+        """This receiver, listening. Raises ConfigError when a port cannot be listened on (the
+        listeners already started are stopped)."""
         try:
             if self._http_addr is not None:
                 self._http = _OtlpHttpServer(self._http_addr, _HttpHandler, self)
@@ -261,6 +276,7 @@ class SpanReceiver:
         return self
 
     def stop(self) -> None:
+        """Stops the listeners and the forwarder (its queue drained for a few s)."""
         if self._grpc is not None:
             self._grpc.stop(grace=1.0).wait(2.0)
             self._grpc = None
@@ -279,12 +295,15 @@ class SpanReceiver:
 
     @property
     def http_url(self) -> str | None:
+        """The OTLP/HTTP traces URL the receiver listens on; None when HTTP is off or not
+        started."""
         if self._http_addr is None or self.http_port is None:
             return None
         return f"http://{_url_host(self._http_addr[0])}:{self.http_port}{TRACES_PATH}"
 
     @property
     def grpc_url(self) -> str | None:
+        """The OTLP/gRPC URL the receiver listens on; None when gRPC is off or not started."""
         if self._grpc_addr is None or self.grpc_port is None:
             return None
         return f"http://{_url_host(self._grpc_addr[0])}:{self.grpc_port}"

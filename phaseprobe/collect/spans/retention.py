@@ -61,9 +61,12 @@ class RetentionPolicy:
 
     @property
     def active(self) -> bool:
+        """True when the policy prunes anything (an age or a span count is set)."""
         return self.max_age_s is not None or self.max_spans is not None
 
     def text(self) -> str:
+        """What the policy keeps, in words ("spans younger than 7d and the newest 1,000, and every
+        stored experiment's"; "all" when nothing is set)."""
         parts = (
             [f"spans younger than {_age_text(self.max_age_s)}"]
             if self.max_age_s is not None
@@ -72,6 +75,7 @@ class RetentionPolicy:
         return " and ".join(parts) + ", and every stored experiment's" if parts else "all"
 
     def to_dict(self) -> dict[str, Any]:
+        """The policy as a JSON-ready dict (ages and intervals in s)."""
         return {"max_age_s": self.max_age_s, "max_spans": self.max_spans, "every_s": self.every_s}
 
 
@@ -140,6 +144,8 @@ class SpanRetention:
         )
 
     def to_dict(self) -> dict[str, Any]:
+        """What retention did as a JSON-ready dict: the policy, spans deleted, passes, spans kept
+        for experiments at the last pass, and the store's size."""
         return {
             "policy": self.policy.to_dict(),
             "deleted": self.deleted,

@@ -106,6 +106,8 @@ class SpanFollower:
         self.polls = 0
 
     def poll(self) -> FollowedWindow:
+        """The last ``window_s``'s summary and slowest requests, as the span store computes them.
+        Raises SpanStoreError (a subclass) when the store cannot answer."""
         until = self.clock()
         return self._window(until - self.window_ns, until)
 
