@@ -43,7 +43,8 @@ class GpuSpec:
         return self.mem_bandwidth_gb_s * 1e9
 
     def dense_flops_per_s(self, dtype: str = "bf16") -> float | None:
-        """Peak dense tensor FLOP/s for ``bf16``/``fp16`` or ``fp8`` (None when unknown)."""
+        """Peak dense tensor FLOP/s for ``bf16``/``fp16`` or ``fp8`` (None when unknown).
+        Raises ConfigError for any other dtype."""
         if dtype in ("bf16", "fp16"):
             tflops = self.bf16_dense_tflop_s
         elif dtype == "fp8":

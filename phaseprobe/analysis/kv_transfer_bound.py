@@ -72,9 +72,11 @@ class Link:
 
     @property
     def gb_s(self) -> float:
+        """The one-direction rate in decimal GB/s (1e9 B/s)."""
         return self.bytes_per_s / GB
 
     def to_dict(self) -> dict[str, Any]:
+        """The link as a JSON-ready dict (rates in B/s and GB/s)."""
         return {
             "key": self.key,
             "name": self.name,
@@ -178,6 +180,7 @@ LINKS: tuple[Link, ...] = (
 
 
 def link_keys() -> tuple[str, ...]:
+    """The keys of :data:`LINKS`, what :func:`link` and ``plan --link`` take."""
     return tuple(lk.key for lk in LINKS)
 
 
@@ -288,6 +291,7 @@ class TransferPlan:
 
     @property
     def sentence(self) -> str:
+        """The plan in words: tokens × bytes per token = bytes, and the time (ms) over the link."""
         return (
             f"{self.tokens:,} tokens × {self.bytes_per_token:,} B "
             f"({_bytes(self.bytes_per_token)}/token) = {self.bytes:,} B "
@@ -296,6 +300,7 @@ class TransferPlan:
         )
 
     def to_dict(self) -> dict[str, Any]:
+        """The plan as a JSON-ready dict (bytes, seconds), with the link and ``sentence``."""
         return {
             "bytes_per_token": self.bytes_per_token,
             "tokens": self.tokens,
@@ -326,6 +331,8 @@ class LinkComparison:
 
     @property
     def sentence(self) -> str:
+        """The comparison in words: the share of the link's rate, or why its bound is wrong
+        (times in ms or µs)."""
         if self.bound_wrong:
             return (
                 f"the KV path took {_ms(self.measured_s)}, less than the {_ms(self.bound_s)} "
@@ -340,6 +347,7 @@ class LinkComparison:
         )
 
     def to_dict(self) -> dict[str, Any]:
+        """The comparison as a JSON-ready dict (times in s, rates in B/s, ``share`` a fraction)."""
         return {
             "link": self.link.key,
             "link_name": self.link.name,
@@ -379,6 +387,8 @@ class KvPathRun:
 
     @property
     def sentence(self) -> str:
+        """The run's KV bytes, KV path (hand-over + decode-side prompt work) and effective rate,
+        against each link, in words; ``note`` alone when no rate was measured."""
         if self.effective_bytes_per_s is None:
             return self.note
         assert self.bytes is not None and self.kv_path_s is not None
@@ -393,6 +403,7 @@ class KvPathRun:
         return head + (f"; {tail}" if tail else "") + (f" ({self.note})" if self.note else "")
 
     def to_dict(self) -> dict[str, Any]:
+        """The run as a JSON-ready dict (bytes, times in s, rates in B/s), comparisons included."""
         return {
             "seq": self.seq,
             "kv": self.kv,
@@ -488,10 +499,13 @@ class KvPathReport:
 
     @property
     def measured(self) -> tuple[KvPathRun, ...]:
+        """The runs with an effective rate (a KV transfer and a KV path longer than 0 s)."""
         return tuple(r for r in self.runs if r.effective_bytes_per_s is not None)
 
     @property
     def sentence(self) -> str:
+        """The report in words: the KV bytes per token, the medians over the measured runs and
+        each link's share, or why no run could be measured."""
         if not self.runs:
             return "no P/D runs: nothing crossed between a prefill and a decode instance"
         done = self.measured
@@ -512,6 +526,7 @@ class KvPathReport:
         return head + (f"; {tail}" if tail else "")
 
     def to_dict(self) -> dict[str, Any]:
+        """The report as a JSON-ready dict (bytes, times in s, rates in B/s)."""
         return {
             "bytes_per_token": self.bytes_per_token,
             "how": self.how,

@@ -97,6 +97,8 @@ class Peaks:
 
 
 def peaks_from_spec(spec: GpuSpec, dtype: str = "bf16") -> Peaks:
+    """The datasheet peaks of ``spec`` for ``dtype`` (B/s and FLOP/s; FLOP/s None when not
+    published). Raises ConfigError for a dtype other than bf16, fp16 or fp8."""
     return Peaks(
         spec.mem_bandwidth_bytes_per_s,
         spec.dense_flops_per_s(dtype),
@@ -132,9 +134,11 @@ class PhaseRoofline:
 
     @property
     def bound_beaten(self) -> bool:
+        """True when a measured phase beat its bound (the peaks or the model config are wrong)."""
         return self.decode_bound_beaten or self.prefill_bound_beaten
 
     def to_dict(self) -> dict[str, Any]:
+        """The roofline as a JSON-ready dict (times in s, efficiencies as fractions)."""
         d = asdict(self)
         d["notes"] = list(self.notes)
         d["bound_beaten"] = self.bound_beaten
