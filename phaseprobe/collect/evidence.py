@@ -67,6 +67,10 @@ SPAN_LOOKBACK_S = 600.0
 
 @dataclass(frozen=True)
 class EvidenceOptions:
+    """What the user asked the checklist to use beyond the store: each evidence source is read only
+    when given here (Prometheus, server log, NCCL logs, nsys, trace, peaks, model config,
+    baseline)."""
+
     use_case: str = "chat"
     prom_url: str | None = None
     prom_selector: str = ""

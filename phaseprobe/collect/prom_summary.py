@@ -55,6 +55,9 @@ class PromSummaryDoc(TypedDict):
 
 @dataclass(frozen=True)
 class PromComparison:
+    """The experiment's per-request means from PromQL beside those of the direct scrapes (s, or a
+    share), over a window of ``window_s`` s, and where they disagree."""
+
     url: str
     selector: str
     window_s: float
@@ -63,6 +66,7 @@ class PromComparison:
     disagreements: list[str] = field(default_factory=list)
 
     def to_dict(self) -> PromSummaryDoc:
+        """The comparison as a JSON-ready dict (the URL already without a password)."""
         return {
             "url": self.url,
             "selector": self.selector,
@@ -192,6 +196,8 @@ class PromSidecar:
             self.error = str(exc)
 
     def finish(self, runs: Sequence[Run]) -> PromSummaryDoc:
+        """The experiment's PromQL summary beside the direct scrapes; on any Prometheus failure (now
+        or before the runs) only the URL, selector and the error. Never raises a PhaseprobeError."""
         if self.error is None:
             try:
                 return compare_with_prometheus(

@@ -118,6 +118,7 @@ class Session:
 
     @property
     def store(self) -> Store:
+        """The session's open store. Raises RuntimeError when the session is not open."""
         if self._store is None:
             raise RuntimeError("the session is not open")
         return self._store
