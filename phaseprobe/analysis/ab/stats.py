@@ -297,6 +297,8 @@ def compare_samples(
 
 
 def small_n_warning(n: int) -> str:
+    """The warning, in words, that ``n`` runs in an arm are too few for the U test to call a
+    change (fewer than ``_MIN_N`` per arm)."""
     return (
         f"only {n} runs in an arm: the U test needs at least {_MIN_N} per arm to call "
         f'a change either way, so every metric is "insufficient data"'
