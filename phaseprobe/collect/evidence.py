@@ -388,6 +388,7 @@ def prometheus_evidence(
     note when Prometheus cannot be asked."""
     from phaseprobe.errors import PrometheusError
     from phaseprobe.sources.prometheus import PrometheusClient
+    from phaseprobe.sources.query_catalog import bare_selector
 
     win = evidence_window(runs, time.time() if now_s is None else now_s)
     if win is None:
@@ -395,7 +396,7 @@ def prometheus_evidence(
         return None
     at = win[1]
     window = f"{round(win[1] - win[0])}s"
-    bare = selector.strip().removeprefix("{").removesuffix("}")
+    bare = bare_selector(selector)  # parsed label matchers, never spliced
     sel = f"{{{bare}}}" if bare else ""
     done = "{" + ", ".join(m for m in (bare, 'finished_reason!="abort"') if m) + "}"
     try:

@@ -58,7 +58,7 @@ from phaseprobe.collect.fleet.targets import (
 from phaseprobe.errors import ConfigError, MetricsUnavailable, StoreError, UnknownMetric
 from phaseprobe.records import RequestSpan
 from phaseprobe.redact import redact_url
-from phaseprobe.sources.query_catalog import CATALOG_ONLY
+from phaseprobe.sources.query_catalog import CATALOG_ONLY, bare_selector
 from phaseprobe.sources.vllm.metrics import (
     ALIASES,
     MetricSnapshot,
@@ -127,6 +127,7 @@ def take_window(
         )
     if opts.replicas and not opts.endpoint:
         raise ConfigError("--replica needs --endpoint (the router the replicas are behind)")
+    bare_selector(opts.prom_selector)  # a bad --prom-selector: refused before the window
     with ExitStack() as stack:
         reader = None
         if opts.spans_from is not None:  # unreachable, no table…: said before the window
@@ -509,7 +510,7 @@ def _prometheus_window(
     url = opts.prom_url or ""
     label = opts.prom_replica_label  # instance: every scrape target; pod: where relabeled
     w = f"{max(1, math.ceil(opts.window_s))}s"
-    bare = opts.prom_selector.strip().removeprefix("{").removesuffix("}")
+    bare = bare_selector(opts.prom_selector)  # parsed label matchers, like query's --selector
     sel = f"{{{bare}}}" if bare else ""
     deltas: dict[str, dict[str, float]] = {}
     mean: dict[str, dict[str, float]] = {}

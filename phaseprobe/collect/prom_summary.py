@@ -18,6 +18,7 @@ from typing import NotRequired, TypedDict
 from phaseprobe.errors import EmptyResult, PhaseprobeError
 from phaseprobe.records import Run, ServerPhases
 from phaseprobe.sources.prometheus import PrometheusClient, phase_means
+from phaseprobe.sources.query_catalog import bare_selector
 
 __all__ = [
     "PromComparison",
@@ -123,7 +124,7 @@ def wait_for_scrape(
     metric = names.get(
         "vllm:e2e_request_latency_seconds_count", "vllm:e2e_request_latency_seconds_count"
     )
-    latest = f"max(timestamp({metric}{{{selector}}}))"
+    latest = f"max(timestamp({metric}{{{bare_selector(selector)}}}))"
     deadline = now() + wait_s
     while True:
         samples = client.instant_query(latest)

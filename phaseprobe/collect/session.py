@@ -144,6 +144,10 @@ class Session:
         from phaseprobe.local.server import profiler_args, tracing_launch
 
         o = self.options
+        if o.prom_url and o.prom_selector is not None:
+            from phaseprobe.sources.query_catalog import bare_selector
+
+            bare_selector(o.prom_selector)  # a bad --prom-selector: refused before anything starts
         span_url = self._span_receiver()
         profile_dir = o.torch_profile_dir.resolve() if o.torch_profile_dir else None
         trace_args, trace_env = tracing_launch(span_url if self.local else None)
@@ -298,10 +302,15 @@ class Session:
     def _prom_sidecar(self) -> PromSidecar:
         from phaseprobe.collect.prom_summary import PromSidecar
         from phaseprobe.sources.prometheus import PrometheusClient
+        from phaseprobe.sources.query_catalog import bare_selector, promql_string
 
         o = self.options
         assert o.prom_url is not None
-        selector = o.prom_selector if o.prom_selector is not None else f'model_name="{self.model}"'
+        # parsed matchers, or the served model's name quoted as a PromQL string: never spliced
+        if o.prom_selector is not None:
+            selector = bare_selector(o.prom_selector)
+        else:
+            selector = f"model_name={promql_string(self.model)}"
         client = self._stack.enter_context(PrometheusClient(o.prom_url, token_env=o.prom_token_env))
         return PromSidecar(client, selector=selector, wait_s=o.prom_wait_s)
 
@@ -338,7 +347,7 @@ class Session:
         o = self.options
         report = SessionReport()
         if self.capture is not None:
-            from phaseprobe.analysis.trace_summary import summarize_trace_file
+            from phaseprobe.collect.trace_files import summarize_trace_file
 
             files = self.capture.stop()
             with self.notices.waiting("reading the torch-profiler trace…"):

@@ -36,6 +36,7 @@ __all__ = [
     "load_catalog",
     "metric_names",
     "newest_name",
+    "promql_string",
     "resolve_names",
     "spellings",
 ]
@@ -247,6 +248,30 @@ def bare_selector(selector: str) -> str:
         matchers.append(sep + m.group(1) + m.group(2) + m.group(3))
         pos = m.end() + 1
     return "".join(matchers)
+
+
+# Go's escapes, which PromQL's lexer reads in a double-quoted string; other control
+# characters become \xHH, so no byte of the value can end the string or the line.
+_STRING_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def promql_string(value: str) -> str:
+    """``value`` as a double-quoted PromQL string literal (str), escaped per PromQL's string
+    rules so a label value from a server (a model name with ``"``, ``\\`` or a newline) is
+    never spliced into a query. Raises ConfigError for a lone surrogate, which no UTF-8
+    query can carry."""
+    out: list[str] = []
+    for ch in value:
+        code = ord(ch)
+        if ch in _STRING_ESCAPES:
+            out.append(_STRING_ESCAPES[ch])
+        elif code < 0x20 or code == 0x7F:
+            out.append(f"\\x{code:02x}")
+        elif 0xD800 <= code <= 0xDFFF:
+            raise ConfigError(f"label value {value!r} holds a lone surrogate: not UTF-8")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
 
 
 def _parse(name: str, text: str, source: str) -> Query:

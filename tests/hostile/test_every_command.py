@@ -351,30 +351,6 @@ def busy_port() -> Iterator[tuple[int, int]]:
         yield port, port
 
 
-@pytest.fixture(scope="module")
-def experiment_store(tmp_path_factory: Any) -> str:
-    from phaseprobe.records import Experiment, RunSpec
-    from phaseprobe.store import Store
-    from tests.unit.test_checklist_rules import T0, make_run
-
-    path = tmp_path_factory.mktemp("store") / "s.sqlite"
-    with Store(path) as store:
-        spec = RunSpec(endpoint="http://127.0.0.1:8000", model="m", prompt="", max_tokens=32)
-        exp_id = store.create_experiment(
-            Experiment(
-                name="probe",
-                kind="probe",
-                spec=spec,
-                server_info={"vllm_version": "0.32.0", "models": []},
-                created_wall_ns=T0,
-            )
-        )
-        for i in range(3):
-            store.add_run(exp_id, make_run(i))
-        store.finish_experiment(exp_id)
-    return str(path)
-
-
 @pytest.fixture(autouse=True)
 def _isolated(tmp_path: Path, monkeypatch: Any) -> None:
     monkeypatch.setenv("PHASEPROBE_DATA_DIR", str(tmp_path / "data"))
