@@ -5,7 +5,7 @@
 Builds an nsys-shaped SQLite (schema 2022 generation: StringIds, CUPTI kernel + runtime
 tables, NVTX step ranges) in a temporary directory — generated inside SQLite by a recursive
 CTE, 1 M rows per batch, stopping early if the build budget runs out — then times the summary
-``phaseprobe nsys`` prints (``trace_summary.summarize_nsys_export``: the export read in
+``phaseprobe nsys`` prints (``trace_files.summarize_nsys_export``: the export read in
 chunks and folded, bounded memory), and prints rows/s and the process's peak RSS measured
 right after it. The reference is a bare ``SELECT count(*), sum(end - start)`` scan of the
 kernel table in the same run: the ratio says how much the full summary (kernel and runtime
@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from phaseprobe.analysis import timeline as tla  # noqa: E402
 from phaseprobe.analysis import trace_summary  # noqa: E402
+from phaseprobe.collect import trace_files  # noqa: E402
 from phaseprobe.sources.nsys.export import read_nsys  # noqa: E402
 
 TID = (4242 << 24) | 4243
@@ -200,7 +201,7 @@ def main() -> int:
         conn.close()
         rss0 = peak_mib()
         doc, total, cpu = timed(
-            "summarize_nsys_export", trace_summary.summarize_nsys_export, path, gap_ns, 15
+            "summarize_nsys_export", trace_files.summarize_nsys_export, path, gap_ns, 15
         )
         peak = peak_mib()
         ph = [(p["phase"], p["ranges"]) for p in doc["ranges"]["phases"]]

@@ -2,19 +2,19 @@
 ``nsys stats`` CSV or console text, or a Kineto trace. The CLI (``phaseprobe nsys|trace``),
 the probe's ``--torch-profile``, the checklist's evidence and the dashboard's Traces page all
 print or read this one document, so they cannot disagree about a trace.
+
+Pure: it takes what the readers returned (a Timeline, folded frames, an ``nsys stats``
+report); :mod:`phaseprobe.collect.trace_files` reads the files and hands them here.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict, cast
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from phaseprobe.analysis import nvtx_layers
 from phaseprobe.analysis import timeline as tla
-from phaseprobe.errors import TraceError
-from phaseprobe.inputs import input_problem
 
 if TYPE_CHECKING:  # imported where used: a command's --help must not load them
     import pandas as pd
@@ -98,82 +98,13 @@ __all__ = [
     "TraceFacts",
     "TraceEvidence",
     "summarize",
-    "summarize_file",
-    "summarize_trace_file",
-    "summarize_nsys_file",
-    "summarize_nsys_export",
-    "summarize_nsys_with_span",
+    "summarize_frames",
     "activity_span",
-    "read_torch_timeline",
-    "trace_in",
+    "comm_summary",
     "summarize_stats_csv",
     "summarize_stats_text",
     "records",
 ]
-
-
-def summarize_nsys_file(path: str | Path, min_gap_ns: int = 100_000, top: int = 15) -> TraceDoc:
-    """An Nsight Systems SQLite export, an ``nsys stats`` CSV, or the console text of
-    ``nsys stats`` (``.txt``/``.log``/``.out``: every report of every rank in it)."""
-    from phaseprobe.sources.nsys import stats_csv as nsys_stats_csv
-    from phaseprobe.sources.nsys import stats_text as nsys_stats_text
-
-    path = Path(path)
-    problem = input_problem(path)  # before the text readers open it: a FIFO would block
-    if problem is not None:
-        raise TraceError(str(path), problem)
-    suffix = path.suffix.lower()
-    # a .log/.out is console text even without a table (the reader's error says what it found)
-    if suffix in (".log", ".out") or (
-        suffix == ".txt" and nsys_stats_text.looks_like_stats_text(path)
-    ):
-        text = nsys_stats_text.read_stats_text_account(path)
-        return summarize_stats_text(text.tables, str(path), top, text.account.to_dict())
-    if suffix in (".csv", ".txt"):
-        return summarize_stats_csv(nsys_stats_csv.read_stats_csv(path), str(path), top)
-    return summarize_nsys_export(path, min_gap_ns, top)
-
-
-def summarize_file(
-    path: str | Path, *, nsys: bool, min_gap_ns: int = 100_000, top: int = 15
-) -> TraceDoc:
-    """Either kind of file; a directory of Kineto traces gives its rank-0 trace."""
-    if nsys:
-        return summarize_nsys_file(path, min_gap_ns, top)
-    return summarize_trace_file(trace_in(path), min_gap_ns, top)
-
-
-def trace_in(path: str | Path) -> Path:
-    """The Kineto trace a path names: itself, or a directory's rank-0 trace."""
-    from phaseprobe.sources import torch_trace
-
-    p = Path(path)
-    if p.is_dir():
-        found = torch_trace.find_traces(p)
-        if not found:
-            raise TraceError(str(p), "no *.pt.trace.json[.gz] file in this directory")
-        p = found[0]
-    return p
-
-
-def read_torch_timeline(path: str | Path) -> tuple[tla.Timeline, Path]:
-    """The Timeline of a Kineto trace (or of a directory's rank-0 trace), and its path."""
-    from phaseprobe.sources.torch_trace import read_torch_trace
-
-    p = trace_in(path)
-    return read_torch_trace(p)[0], p
-
-
-def summarize_trace_file(path: str | Path, min_gap_ns: int = 100_000, top: int = 15) -> TraceDoc:
-    """Read and summarise one Kineto trace (what ``probe --torch-profile`` calls after
-    :func:`phaseprobe.sources.torch_trace.capture_profile`; print it with :func:`render`)."""
-    from phaseprobe.sources import torch_trace
-
-    timeline, comms, account = torch_trace.read_torch_trace_account(path)
-    doc = summarize(timeline, str(path), min_gap_ns, top)
-    doc["comms"] = records(_comm_summary(comms))
-    doc["completeness"] = dict(account.to_dict())
-    return doc
 
 
 def _clean(value: Any) -> Any:
@@ -185,10 +116,14 @@ def _clean(value: Any) -> Any:
 
 
 def records(df: pd.DataFrame) -> list[dict[str, Any]]:
+    """The frame's rows as JSON-ready dicts (numpy scalars as Python ones, NaN/inf as None);
+    raises nothing."""
     return [{str(k): _clean(v) for k, v in row.items()} for row in df.to_dict("records")]
 
 
-def _comm_summary(comms: pd.DataFrame) -> pd.DataFrame:
+def comm_summary(comms: pd.DataFrame) -> pd.DataFrame:
+    """Kineto collectives per (collective, device): count, summed time_ns (ns) and
+    in_nelems, a frame; raises nothing (an empty frame without collectives)."""
     import pandas as pd
 
     if comms.empty:
@@ -202,7 +137,7 @@ def _comm_summary(comms: pd.DataFrame) -> pd.DataFrame:
 
 
 def summarize(tl: tla.Timeline, file: str, min_gap_ns: int = 100_000, top: int = 15) -> TraceDoc:
-    """The JSON document (and the tables' data) for one timeline."""
+    """The trace document (times ns, shares percent) of one timeline; raises nothing."""
     import pandas as pd
 
     acts = tl.activities
@@ -218,7 +153,7 @@ def summarize(tl: tla.Timeline, file: str, min_gap_ns: int = 100_000, top: int =
         "cpu_op_count": int((kinds == "cpu_op").sum()),
         "communication_count": int((cls == "communication").sum()),
     }
-    return _document(
+    return summarize_frames(
         file,
         tl.source.split(":", 1)[0],
         tl.meta,
@@ -237,84 +172,15 @@ def summarize(tl: tla.Timeline, file: str, min_gap_ns: int = 100_000, top: int =
     )
 
 
-def summarize_nsys_export(
-    path: str | Path, min_gap_ns: int = 100_000, top: int = 15, chunk_rows: int | None = None
-) -> TraceDoc:
-    """:func:`summarize` of ``read_nsys(path)``, equal to it, computed in bounded memory:
-    the export is read in chunks (``sources.nsys.scan``) folded into the same tables
-    (``analysis.timeline_stream``). An export the chunked reader cannot take exactly (or a
-    broken one, whose error the in-memory reader words) goes through ``read_nsys``."""
-    return summarize_nsys_with_span(path, min_gap_ns, top, chunk_rows)[0]
-
-
-def summarize_nsys_with_span(
-    path: str | Path, min_gap_ns: int = 100_000, top: int = 15, chunk_rows: int | None = None
-) -> tuple[TraceDoc, tuple[int, int] | None]:
-    """:func:`summarize_nsys_export` and the activities' span, (first start, last end) in ns
-    on the export's clock, None without activities: what the checklist's evidence needs to
-    tell whether a capture belongs to the runs (:func:`activity_span`)."""
-    import sqlite3
-
-    from phaseprobe.analysis.timeline_stream import TimelineFold
-    from phaseprobe.sources.nsys import scan as nsys_scan
-    from phaseprobe.sources.nsys.account import pid_of
-    from phaseprobe.sources.nsys.export import read_nsys
-
-    try:
-        with nsys_scan.NsysScan(path, chunk_rows or nsys_scan.CHUNK_ROWS) as scan:
-            for _ in range(4):  # a table out of start order: SQLite sorts it, start again
-                try:
-                    fold = TimelineFold(scan.ranges, min_gap_ns)
-                    for chunk in scan.activity_chunks():
-                        fold.add(chunk)
-                    break
-                except nsys_scan.OutOfOrder:
-                    continue
-            else:
-                raise nsys_scan.NotStreamable("tables still out of start order")
-            order = scan.device_order()
-            devices, meta = scan.finish(order)
-            frames = fold.result(order, top)
-            kernels = cast(KernelCounts, fold.kernels())
-            doc = _document(
-                str(path), "nsys", meta, devices, scan.api, kernels, frames, min_gap_ns, top
-            )
-            pids = None if scan.active_gpids is None else pid_of(scan.active_gpids)
-            doc["completeness"] = dict(_activities_account(path, doc, pids))
-            return doc, fold.span()
-    except (
-        nsys_scan.NotStreamable,
-        nsys_scan.OutOfOrder,
-        sqlite3.Error,
-        TypeError,
-        ValueError,
-        OverflowError,
-    ):
-        tl = read_nsys(path)
-        doc = summarize(tl, str(path), min_gap_ns, top)
-        doc["completeness"] = dict(_activities_account(path, doc, None))
-        return doc, activity_span(tl.activities)
-
-
-def _activities_account(
-    path: str | Path, doc: TraceDoc, pids: set[int] | None
-) -> Mapping[str, Any]:
-    """The export's completeness account (``sources.nsys.account``) for its summary."""
-    from phaseprobe.sources.nsys.account import export_account
-
-    k = doc.get("kernels", {})
-    read = k.get("count", 0) + k.get("memcpy_count", 0) + k.get("memset_count", 0)
-    return export_account(path, read, pids).to_dict()
-
-
 def activity_span(acts: pd.DataFrame) -> tuple[int, int] | None:
-    """(first start, last end) of a timeline's activities, ns; None when it has none."""
+    """(first start, last end) of a timeline's activities, ns; None when it has none.
+    Raises nothing."""
     if acts.empty:
         return None
     return int(acts["start_ns"].min()), int(acts["end_ns"].max())
 
 
-def _document(
+def summarize_frames(
     file: str,
     source: str,
     meta: dict[str, str],
@@ -325,8 +191,9 @@ def _document(
     min_gap_ns: int,
     top: int,
 ) -> TraceDoc:
-    """The document from the analysis frames (``gaps``, ``breakdown``, ``overlap``,
-    ``classes``, ``top``), whichever way they were computed."""
+    """The trace document (ns, percent) from the analysis frames (``gaps``, ``breakdown``,
+    ``overlap``, ``classes``, ``top``), whichever way they were computed (whole or folded
+    chunk by chunk); raises KeyError when a frame is missing."""
     import pandas as pd
 
     gaps, breakdown, overlap = frames["gaps"], frames["breakdown"], frames["overlap"]
@@ -382,7 +249,8 @@ def _document(
 
 
 def summarize_stats_csv(report: Any, file: str, top: int = 15) -> TraceDoc:
-    """JSON document for an ``nsys stats`` CSV (see :mod:`phaseprobe.sources.nsys.stats_csv`)."""
+    """The trace document (ns, percent) of an ``nsys stats`` report as
+    :mod:`phaseprobe.sources.nsys.stats_csv` reads it; raises nothing."""
     import pandas as pd
 
     df: pd.DataFrame = report.frame
@@ -438,9 +306,10 @@ def summarize_stats_csv(report: Any, file: str, top: int = 15) -> TraceDoc:
 def summarize_stats_text(
     tables: list[Any], file: str, top: int = 15, completeness: Mapping[str, Any] | None = None
 ) -> TraceDoc:
-    """JSON document for the console text of ``nsys stats``: one summary per table (see
-    :func:`summarize_stats_csv`), each saying which rank, input and report it came from and
-    whether a header named it (``named_by``), with the reader's account of the file."""
+    """The trace document of the console text of ``nsys stats`` (raises nothing): one
+    summary per table (see :func:`summarize_stats_csv`), each saying which rank, input and
+    report it came from and whether a header named it (``named_by``), with the reader's
+    account of the file."""
     reports = []
     for t in tables:
         sub = summarize_stats_csv(t.report, file, top)

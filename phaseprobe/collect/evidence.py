@@ -494,13 +494,14 @@ def trace_evidence(
         if isinstance(doc, dict) and "idle_gaps_total_ns" in doc:
             return doc
     from phaseprobe.analysis import trace_summary
+    from phaseprobe.collect import trace_files
 
     out: TraceEvidence
     if nsys:  # the summary `phaseprobe nsys` prints, in bounded memory at any export size
-        summary, span = trace_summary.summarize_nsys_with_span(p, min_gap_ns)
+        summary, span = trace_files.summarize_nsys_with_span(p, min_gap_ns)
         out = {**summary, **_trace_facts(summary["meta"], span)}
     else:
-        tl, p = trace_summary.read_torch_timeline(p)
+        tl, p = trace_files.read_torch_timeline(p)
         out = {
             **trace_summary.summarize(tl, str(p), min_gap_ns),
             **_trace_facts(tl.meta, trace_summary.activity_span(tl.activities)),

@@ -44,6 +44,7 @@ __all__ = [
     "ProfileCapture",
     "capture_profile",
     "find_traces",
+    "trace_in",
 ]
 
 COMM_COLUMNS: dict[str, str] = {
@@ -521,6 +522,18 @@ def find_traces(directory: str | os.PathLike[str]) -> list[Path]:
     d = Path(directory)
     found = [p for p in d.glob("*.pt.trace.json*") if p.suffix in (".json", ".gz")]
     return sorted(found, key=lambda p: (not p.name.startswith("rank"), -p.stat().st_mtime))
+
+
+def trace_in(path: str | os.PathLike[str]) -> Path:
+    """The Kineto trace a path names: itself, or a directory's rank-0 trace (see
+    :func:`find_traces`). Raises TraceError naming a directory that holds no trace."""
+    p = Path(path)
+    if p.is_dir():
+        found = find_traces(p)
+        if not found:
+            raise TraceError(str(p), "no *.pt.trace.json[.gz] file in this directory")
+        p = found[0]
+    return p
 
 
 class ProfileCapture:

@@ -11,7 +11,8 @@ import pytest
 
 from phaseprobe.analysis.rules.base import Evidence
 from phaseprobe.analysis.rules.parallel import read_complete
-from phaseprobe.analysis.trace_summary import summarize, summarize_nsys_export
+from phaseprobe.analysis.trace_summary import summarize
+from phaseprobe.collect.trace_files import summarize_nsys_export
 from phaseprobe.sources.nsys.export import read_nsys
 from tests.unit.test_nsys_export import PID, SCHEMA_2022, build
 
@@ -65,7 +66,7 @@ def test_silent_rank_and_whole_graphs_are_named(tmp_path: Path, chunk_rows: int 
 
 
 def test_in_memory_path_gives_the_same_account(tmp_path: Path) -> None:
-    from phaseprobe.analysis.trace_summary import _activities_account
+    from phaseprobe.collect.trace_files import _activities_account
 
     path = _export(tmp_path, SILENT_RANK)
     doc = summarize(read_nsys(path), str(path))

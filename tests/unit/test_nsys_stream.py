@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from phaseprobe.analysis import trace_summary
+from phaseprobe.collect import trace_files
 from phaseprobe.sources.nsys import export as nsys_export
 from phaseprobe.sources.nsys import scan as nsys_scan
 from phaseprobe.sources.nsys.export import read_nsys
@@ -172,7 +173,7 @@ def same(
     want = trace_summary.summarize(tl, str(path), min_gap_ns, top)
     if streamed:  # the chunked reader must not hand this export to read_nsys
         refuse_read_nsys(monkeypatch)
-    got, span = trace_summary.summarize_nsys_with_span(path, min_gap_ns, top, chunk_rows)
+    got, span = trace_files.summarize_nsys_with_span(path, min_gap_ns, top, chunk_rows)
     monkeypatch.undo()
     # the export's completeness account is the file's, not the timeline's: every row read
     acc = got.pop("completeness")
@@ -216,7 +217,7 @@ def test_versioned_twins_are_paired(
 ) -> None:
     path = build(tmp_path / "x.sqlite", 3, shuffle=False, split=False, twins=True, ranges=ranges)
     same(path, 7, 1, 15, monkeypatch)
-    doc = trace_summary.summarize_nsys_export(path)
+    doc = trace_files.summarize_nsys_export(path)
     assert int(doc["meta"]["api_versioned_twins"]) > 10
     assert {a["name"] for a in doc["api"]} == {
         "cudaLaunchKernel",

@@ -17,6 +17,7 @@ from phaseprobe.analysis import trace_summary
 from phaseprobe.analysis.checklist import Evidence, run_checklist
 from phaseprobe.analysis.nvtx_layers import layer_kind, module_path
 from phaseprobe.analysis.rules.layers import layer_time
+from phaseprobe.collect import trace_files
 from phaseprobe.present.cli.cmd_trace import render
 from phaseprobe.sources.nsys.export import read_nsys
 from tests.vllm_layerwise_export import MARKERS, build_export
@@ -55,7 +56,7 @@ def test_layer_kinds_count_each_module_once() -> None:
 
 
 def test_export_time_per_layer_kind_in_prefill_and_decode(export: Path) -> None:
-    doc = trace_summary.summarize_nsys_export(export)
+    doc = trace_files.summarize_nsys_export(export)
     layers = doc["layers"]
     assert layers["present"] and layers["model"] == "LlamaForCausalLM"
     # 29 module calls per step (root, model, embed, 2 x 13, norm, logits) x 4 steps; each
@@ -107,13 +108,13 @@ def test_export_time_per_layer_kind_in_prefill_and_decode(export: Path) -> None:
 
 
 def test_streamed_and_in_memory_summaries_agree(export: Path) -> None:
-    streamed = trace_summary.summarize_nsys_export(export, chunk_rows=7)["layers"]
+    streamed = trace_files.summarize_nsys_export(export, chunk_rows=7)["layers"]
     in_memory = trace_summary.summarize(read_nsys(export), str(export))["layers"]
     assert streamed == in_memory
 
 
 def test_without_phase_ranges_the_time_is_unattributed(tmp_path: Path) -> None:
-    doc = trace_summary.summarize_nsys_export(
+    doc = trace_files.summarize_nsys_export(
         build_export(tmp_path / "x.sqlite", client_ranges=False)
     )
     assert {r["phase"] for r in doc["layers"]["kinds"]} == {"unattributed"}
@@ -123,7 +124,7 @@ def test_without_phase_ranges_the_time_is_unattributed(tmp_path: Path) -> None:
 
 def test_flag_off_says_not_present(tmp_path: Path) -> None:
     path = build_export(tmp_path / "off.sqlite", layerwise=False)
-    doc = trace_summary.summarize_nsys_export(path)
+    doc = trace_files.summarize_nsys_export(path)
     assert doc["layers"]["present"] is False
     assert "--enable-layerwise-nvtx-tracing was off" in doc["layers"]["note"]
     console = Console(record=True, width=300)
@@ -159,7 +160,7 @@ Time (%),Total Time (ns),Instances,Avg (ns),Med (ns),Min (ns),Max (ns),StdDev (n
 def test_nvtx_sum_csv(tmp_path: Path) -> None:
     path = tmp_path / "nvtx_sum.csv"
     path.write_text(NVTX_SUM)
-    doc = trace_summary.summarize_nsys_file(path)
+    doc = trace_files.summarize_nsys_file(path)
     layers = doc["layers"]
     assert layers["present"] and layers["ranges"] == 28 and layers["output_markers"] == 8
     kinds = _kinds(doc, "all")
@@ -171,7 +172,7 @@ def test_nvtx_sum_csv(tmp_path: Path) -> None:
 
 
 def test_rule_quotes_the_dominant_kinds(export: Path) -> None:
-    doc = trace_summary.summarize_nsys_export(export)
+    doc = trace_files.summarize_nsys_export(export)
     verdict = layer_time(Evidence(trace=doc))
     assert verdict.status == "pass"
     assert verdict.summary.startswith("prefill: attention 66.7% of kernel time (mlp 33.3%")
@@ -183,7 +184,7 @@ def test_rule_quotes_the_dominant_kinds(export: Path) -> None:
 
 
 def test_rule_warns_on_attention_bound_decode_and_prefill_growth(export: Path) -> None:
-    doc = trace_summary.summarize_nsys_export(export)
+    doc = trace_files.summarize_nsys_export(export)
     heavy = copy.deepcopy(doc)
     for r in heavy["layers"]["kinds"]:
         if r["kind"] == "attention":

@@ -80,24 +80,24 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
 
 
 def run_nsys(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from phaseprobe.analysis import trace_summary
+    from phaseprobe.collect import trace_files
 
     check_keep(args)
     path = Path(args.file)
     if path.suffix.lower() not in (".csv", ".txt", ".log", ".out"):
         err.print(f"[dim]reading {escape(str(path))}…[/dim]")
-    doc = trace_summary.summarize_nsys_file(path, int(args.gap_us * 1000), args.top)
+    doc = trace_files.summarize_nsys_file(path, int(args.gap_us * 1000), args.top)
     _emit(args, out, doc)
     keep(args, err, "nsys", str(path), doc)
     return 0
 
 
 def run_trace(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from phaseprobe.analysis import trace_summary
+    from phaseprobe.collect import trace_files
 
     check_keep(args)
     err.print(f"[dim]reading {escape(args.file)}…[/dim]")
-    doc = trace_summary.summarize_file(
+    doc = trace_files.summarize_file(
         args.file, nsys=False, min_gap_ns=int(args.gap_us * 1000), top=args.top
     )
     _emit(args, out, doc)

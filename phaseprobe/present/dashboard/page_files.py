@@ -65,7 +65,7 @@ def _summarize(kind: str, name: str, content: bytes) -> Mapping[str, Any]:
                 doc = None
             if isinstance(doc, dict) and "idle_gaps_total_ns" in doc:
                 return doc  # a saved phaseprobe trace --json summary
-        from phaseprobe.analysis.trace_summary import summarize_trace_file
+        from phaseprobe.collect.trace_files import summarize_trace_file
 
         return summarize_trace_file(path)
 
