@@ -167,8 +167,9 @@ def test_a_damaged_calibration_is_refused_then_replaced_by_a_new_one(
 def test_a_model_config_with_a_zero_size_is_refused_naming_file_and_key(tmp_path, key, value):
     import json
 
-    from phaseprobe.analysis.model_math import load_config, parse_shape
+    from phaseprobe.analysis.model_math import parse_shape
     from phaseprobe.errors import ConfigError
+    from phaseprobe.sources.model_config import read_model_config
 
     cfg = {
         "model_type": "llama",
@@ -182,6 +183,6 @@ def test_a_model_config_with_a_zero_size_is_refused_naming_file_and_key(tmp_path
     }
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))
-    doc, source = load_config(path)
+    doc, source = read_model_config(path)
     with pytest.raises(ConfigError, match=rf"{path}.*{key}={value!r} is not a "):
         parse_shape(doc, source)
