@@ -18,8 +18,10 @@ store's error and notes text, log tails), replaces each registered value by ``**
 from __future__ import annotations
 
 import base64
+import logging
 import re
 import threading
+from collections.abc import Mapping
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 __all__ = [
@@ -30,6 +32,11 @@ __all__ = [
     "is_secret_name",
     "register_secret",
     "register_url_secrets",
+    "register_user_password",
+    "register_env_secrets",
+    "is_secret_env_name",
+    "install_log_mask",
+    "SecretMaskFilter",
     "mask_secrets",
     "forget_secrets",
     "header_secret_problem",
@@ -68,11 +75,11 @@ def register_url_secrets(url: str) -> None:
     the password away as surely as in clear)."""
     slashed = _SLASHED_USERINFO.fullmatch(url.strip())
     if slashed is not None:
-        _register_userinfo(slashed["user"], slashed["password"])
+        register_user_password(slashed["user"], slashed["password"])
         return
     try:
         parts = urlsplit(url.strip())
-        _register_userinfo(parts.username, parts.password)
+        register_user_password(parts.username, parts.password)
     except ValueError:
         return
     for k, v in parse_qsl(parts.query, keep_blank_values=True):
@@ -80,15 +87,44 @@ def register_url_secrets(url: str) -> None:
             register_secret(v)
 
 
-def _register_userinfo(user: str | None, password: str | None) -> None:
+def register_user_password(user: str | None, password: str | None) -> None:
+    """Register ``password`` (as given and percent-decoded) and the ``Basic`` credentials an
+    HTTP library builds from ``user:password``; returns None, raises nothing. No password:
+    nothing is registered."""
     if not password:
         return
     register_secret(password)
+    register_secret(unquote(password))  # a library decodes pa%2Fss before it quotes it back
     for pair in {f"{user or ''}:{password}", f"{unquote(user or '')}:{unquote(password)}"}:
         try:
             register_secret(base64.b64encode(pair.encode("latin-1")).decode())
         except UnicodeEncodeError:  # requests sends such a pair as UTF-8
             register_secret(base64.b64encode(pair.encode()).decode())
+
+
+# Environment variable names that hold a credential: TOKEN (not TOKENS or TOKENIZER), SECRET,
+# PASSW, API_KEY, ACCESS_KEY, CREDENTIAL, AUTH, HEADER, or KEY/PASS/PWD as a word of their own
+# (KEYBOARD, PASSTHROUGH and HF_HUB_DISABLE_TOKENIZERS_… are not).
+_SECRET_ENV_NAME = re.compile(
+    r"TOKEN(?!S|IZ)|SECRET|PASSW|API[_-]?KEY|ACCESS[_-]?KEY|CREDENTIAL"
+    r"|AUTH|HEADER|(^|[_-])(KEY|PASS|PWD)($|[_-])",
+    re.IGNORECASE,
+)
+
+
+def is_secret_env_name(name: str) -> bool:
+    """True when an environment variable's name says it holds a credential (``HF_TOKEN``,
+    ``OPENAI_API_KEY``, ``DB_PASSWORD``…); raises nothing."""
+    return bool(_SECRET_ENV_NAME.search(name))
+
+
+def register_env_secrets(env: Mapping[str, str]) -> None:
+    """Register the value of every variable of ``env`` whose name looks secret (a child's
+    environment: a server that logs it, or dies quoting it, is shown only masked); returns
+    None, raises nothing."""
+    for name, value in env.items():
+        if is_secret_env_name(name):
+            register_secret(value)
 
 
 def header_secret_problem(value: str) -> str | None:
@@ -208,3 +244,53 @@ def _crude(url: str) -> str:
     if "@" in authority:
         authority = authority.rsplit("@", 1)[1]
     return f"{scheme}://{authority}{slash}{tail.split('?', 1)[0]}"
+
+
+class SecretMaskFilter(logging.Filter):
+    """A ``logging`` filter that masks, in place, every registered secret and URL credential
+    in a record: its message with its arguments, its traceback and stack text. It never drops
+    a record (:meth:`filter` returns True) and raises nothing."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """True, always; the record's text is masked on the way."""
+        try:
+            text = record.getMessage()
+        except Exception:  # a bad format string: keep its parts, masked, for the handler
+            text = f"{record.msg} {record.args!r}"
+        record.msg, record.args = redact_urls_in(text), None
+        if record.exc_info and not record.exc_text:
+            # formatted here so the handler's Formatter finds it done (it formats only
+            # when exc_text is empty), a library exception quoting a header included
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redact_urls_in(record.exc_text)
+        if record.stack_info:
+            record.stack_info = redact_urls_in(record.stack_info)
+        return True
+
+
+_log_mask: SecretMaskFilter | None = None
+
+
+def install_log_mask() -> SecretMaskFilter:
+    """Mask every log record made from now on, by any logger of this process (phaseprobe's,
+    urllib3's, a span store client's), whatever handler prints it; returns the one filter
+    doing it. Raises nothing; a second call changes nothing.
+
+    The filter runs in the record factory, not on a logger or a handler: a logger's filter
+    misses what its children propagate, and a handler's misses handlers added later and
+    ``logging.lastResort`` (which prints warnings when none is configured)."""
+    global _log_mask
+    with _registry_lock:
+        if _log_mask is None:
+            mask = SecretMaskFilter()
+            make = logging.getLogRecordFactory()
+
+            def masked_record(*args: object, **kwargs: object) -> logging.LogRecord:
+                record = make(*args, **kwargs)
+                mask.filter(record)
+                return record
+
+            logging.setLogRecordFactory(masked_record)
+            _log_mask = mask
+        return _log_mask

@@ -28,6 +28,7 @@ from phaseprobe.local.process import (
 )
 from phaseprobe.local.venv import ensure_model, require_venv, venv_python
 from phaseprobe.paths import cache_dir
+from phaseprobe.redact import register_env_secrets
 
 __all__ = [
     "DEFAULT_SERVED_NAME",
@@ -90,6 +91,7 @@ def build_env(
     env["VLLM_NO_USAGE_STATS"] = "1"  # a local test target has nothing to report home
     env["PYTHONUNBUFFERED"] = "1"  # so the log tail quoted in errors is up to date
     env.update(extra_env or {})
+    register_env_secrets(env)  # its log tail, shown in errors, may quote what it inherits
     return env
 
 

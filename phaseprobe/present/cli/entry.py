@@ -186,7 +186,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from rich.markup import escape
 
     from phaseprobe.present.cli.safe_console import SafeConsole
+    from phaseprobe.redact import install_log_mask
 
+    # Log records (phaseprobe's, urllib3's, a span store client's) pass the secret mask too:
+    # the console and the store already do.
+    install_log_mask()
     # Piped output still gets the whole table (rich would assume 80 columns).
     # Safe consoles: server- and file-derived text cannot send terminal control sequences.
     out = SafeConsole(soft_wrap=True, width=None if sys.stdout.isatty() else 160)

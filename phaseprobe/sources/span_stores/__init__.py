@@ -15,6 +15,7 @@ from __future__ import annotations
 from urllib.parse import parse_qsl, urlsplit
 
 from phaseprobe.errors import ConfigError
+from phaseprobe.redact import redact_url, register_url_secrets
 from phaseprobe.sources.span_stores.model import (
     ALL_REPLICAS,
     PHASES,
@@ -49,7 +50,10 @@ def is_span_store_url(text: str) -> bool:
 
 
 def open_span_reader(url: str, *, timeout_s: float = 10.0) -> SpanReader:
-    """Open the span store ``url`` names (its password, if any, from the environment)."""
+    """The reader of the span store ``url`` names (its password, if any, from the
+    environment); raises ConfigError for a URL that is not a span store's or cannot be
+    parsed, and the store's typed errors (unreachable, auth, schema) when it opens."""
+    register_url_secrets(url)  # refused or not, a password typed in the URL is masked
     scheme, _, rest = url.partition(":")
     scheme = scheme.lower()
     if scheme not in SCHEMES or not rest:
@@ -63,7 +67,15 @@ def open_span_reader(url: str, *, timeout_s: float = 10.0) -> SpanReader:
 
         path, _, q = rest.removeprefix("//").partition("?")
         return open_chdb(path, dict(parse_qsl(q)))
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (parsed now: a bad port raises here, not in a backend)
+    except ValueError:  # a '/' or '@' in a password ends the host early
+        # the library's reason is not quoted: it quotes the password's first part as a port
+        raise ConfigError(
+            f"--spans-from {redact_url(url)!r}: not a usable URL (its port is not a number; "
+            "a '/' or '@' in a user or password must be percent-encoded)"
+        ) from None
     query = dict(parse_qsl(parts.query))
     if scheme == "clickhouse":
         from phaseprobe.sources.span_stores.clickhouse_store import open_clickhouse

@@ -20,6 +20,7 @@ from phaseprobe.errors import (
     SpanStoreSchemaError,
     SpanStoreUnreachable,
 )
+from phaseprobe.redact import register_user_password
 from phaseprobe.sources.span_stores.clickhouse_sql import ClickHouseSpans
 
 __all__ = ["open_clickhouse", "PASSWORD_ENV"]
@@ -34,6 +35,10 @@ _SCHEMA_CODES = {"81", "60"}  # unknown database, unknown table
 def open_clickhouse(
     url: SplitResult, query: dict[str, str], *, timeout_s: float = 10.0
 ) -> ClickHouseSpans:
+    """The reader of the exporter's table at ``url`` (its password from
+    :data:`PASSWORD_ENV`, registered as a secret); raises ConfigError for a URL carrying a
+    password or no host, or without clickhouse-connect, and SpanStoreAuthError,
+    SpanStoreSchemaError, SpanStoreUnreachable or SpanStoreError when the server refuses."""
     if url.password is not None:
         raise ConfigError(
             "a clickhouse:// URL must not carry a password (it would be seen in "
@@ -45,6 +50,8 @@ def open_clickhouse(
     secure = query.get("secure", "").lower() in ("1", "true", "yes")
     port = url.port or (8443 if secure else 8123)
     user = url.username or "default"
+    password = os.environ.get(PASSWORD_ENV, "")
+    register_user_password(user, password)  # a server echoing Basic … is masked
     where = f"clickhouse://{user}@{url.hostname}:{port}/{database}"
     try:
         import clickhouse_connect
@@ -75,7 +82,7 @@ def open_clickhouse(
             host=url.hostname,
             port=port,
             username=user,
-            password=os.environ.get(PASSWORD_ENV, ""),
+            password=password,
             database=database,
             secure=secure,
             connect_timeout=timeout_s,

@@ -1,0 +1,156 @@
+"""The secret mask where the sweep (tests/hostile/test_secret_sweep.py) found it missing:
+log records, the ClickHouse password and span store URLs, percent-encoded URL passwords, and
+the environment a launched server inherits (issue 33 item 3)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import logging
+from collections.abc import Iterator
+
+import pytest
+
+from phaseprobe import redact
+from phaseprobe.errors import ConfigError, SpanStoreUnreachable
+from phaseprobe.redact import (
+    MASK,
+    install_log_mask,
+    is_secret_env_name,
+    mask_secrets,
+    register_env_secrets,
+    register_secret,
+    register_user_password,
+)
+from phaseprobe.sources.span_stores import open_span_reader
+from tests.hostile.cases import dead_url
+
+SECRET = "tok-MASK-unit-5150"
+
+
+@pytest.fixture
+def fresh_log_mask() -> Iterator[None]:
+    """No log mask installed at the start (another test may have installed it: it is
+    process-wide), and the record factory put back after."""
+    factory, installed = logging.getLogRecordFactory(), redact._log_mask
+    logging.setLogRecordFactory(logging.LogRecord)
+    redact._log_mask = None
+    yield
+    logging.setLogRecordFactory(factory)
+    redact._log_mask = installed
+
+
+def _logged(emit) -> str:
+    """What a handler on a fresh logger tree prints while ``emit(child_logger)`` runs."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    parent = logging.getLogger("sweep_test_parent")
+    parent.addHandler(handler)
+    parent.propagate = False
+    try:
+        emit(logging.getLogger("sweep_test_parent.child"))  # propagated to the parent's handler
+    finally:
+        parent.removeHandler(handler)
+    return stream.getvalue()
+
+
+def _noisy(log: logging.Logger) -> None:
+    log.warning("bad key %s from %s", f"Bearer {SECRET}", "http://u:pw-in-url@h:1/x")
+    try:
+        raise ValueError(f"invalid header value {SECRET!r}")
+    except ValueError:
+        log.exception("request failed")
+    log.warning("%d tokens", f"not a number {SECRET}")  # a bad format string
+
+
+def test_without_the_mask_log_records_carry_the_secret(fresh_log_mask):
+    register_secret(SECRET)
+    assert SECRET in _logged(_noisy)  # what the mask is for
+
+
+def test_the_log_mask_masks_args_tracebacks_urls_and_bad_formats(fresh_log_mask):
+    register_secret(SECRET)
+    mask = install_log_mask()
+    assert install_log_mask() is mask  # once per process
+    text = _logged(_noisy)
+    assert SECRET not in text and "pw-in-url" not in text, text
+    assert f"bad key Bearer {MASK} from http://h:1/x" in text
+    assert f"invalid header value '{MASK}'" in text  # the traceback, masked
+    assert "ValueError" in text and "tokens" in text  # nothing dropped
+
+
+def test_the_cli_installs_the_log_mask(fresh_log_mask, tmp_path, capsys):
+    from phaseprobe.present.cli import main
+
+    assert main(["runs", "--store", str(tmp_path / "none.sqlite")]) == 2
+    capsys.readouterr()
+    register_secret(SECRET)
+    assert redact._log_mask is not None
+    assert SECRET not in _logged(_noisy)
+
+
+def test_a_percent_encoded_password_is_masked_decoded_and_as_basic():
+    register_user_password("u", "pa%2Fss%40word")
+    basic = base64.b64encode(b"u:pa/ss@word").decode()
+    assert mask_secrets(f"pa%2Fss%40word pa/ss@word Basic {basic}") == f"{MASK} {MASK} Basic {MASK}"
+    register_user_password("u", None)  # no password: nothing to do, nothing raised
+
+
+@pytest.mark.parametrize(
+    "name,secret",
+    [
+        ("HF_TOKEN", True),
+        ("OPENAI_API_KEY", True),
+        ("DB_PASSWORD", True),
+        ("PHASEPROBE_CLICKHOUSE_PASSWORD", True),
+        ("AWS_SECRET_ACCESS_KEY", True),
+        ("KEY", True),
+        ("KEYBOARD", False),
+        ("HF_HUB_DISABLE_TOKENIZERS_PARALLELISM", False),
+        ("NCCL_ALGO", False),
+        ("MAX_TOKENS", False),
+    ],
+)
+def test_secret_env_names(name, secret):
+    assert is_secret_env_name(name) is secret
+
+
+def test_env_secrets_are_registered_by_name_only():
+    register_env_secrets({"HF_TOKEN": "hf_env-secret-1", "NCCL_ALGO": "RingTreeX"})
+    assert mask_secrets("hf_env-secret-1 RingTreeX") == f"{MASK} RingTreeX"
+
+
+def test_a_launched_servers_inherited_secrets_are_registered(monkeypatch):
+    from phaseprobe.local.server import build_env
+
+    monkeypatch.setenv("SWEEP_UNIT_API_KEY", "sk-inherited-777")
+    env = build_env({"HF_TOKEN": "hf_launch-888"})
+    assert env["SWEEP_UNIT_API_KEY"] == "sk-inherited-777"  # still handed over
+    assert mask_secrets("sk-inherited-777 hf_launch-888") == f"{MASK} {MASK}"
+
+
+@pytest.mark.parametrize(
+    "url,password",
+    [
+        ("clickhouse://u:ch-url-pw-1@127.0.0.1:1/db", "ch-url-pw-1"),
+        ("tempo://u:tempo-pw-22@127.0.0.1:1", "tempo-pw-22"),
+        ("jaeger://u:jaeger-pw-3@127.0.0.1:1", "jaeger-pw-3"),
+        ("tempo://u:pa/ss@w0rd-4@127.0.0.1:1", "pa/ss@w0rd-4"),  # '/': urlsplit sees a port
+    ],
+)
+def test_a_span_store_url_password_is_refused_unshown_and_registered(url, password):
+    with pytest.raises(ConfigError) as got:
+        open_span_reader(url)
+    assert password not in str(got.value) and password[:2] + "/" not in str(got.value)
+    assert mask_secrets(password) == MASK  # anything else quoting it later is masked
+
+
+def test_the_clickhouse_password_from_the_environment_is_registered(monkeypatch):
+    pytest.importorskip("clickhouse_connect")
+    monkeypatch.setenv("PHASEPROBE_CLICKHOUSE_PASSWORD", "ch-env-pw-99")
+    with pytest.raises(SpanStoreUnreachable) as got:
+        open_span_reader(f"clickhouse://reader@{dead_url()[1]}/db", timeout_s=2)
+    assert "ch-env-pw-99" not in str(got.value)
+    basic = base64.b64encode(b"reader:ch-env-pw-99").decode()
+    assert mask_secrets(f"ch-env-pw-99 Basic {basic}") == f"{MASK} Basic {MASK}"
