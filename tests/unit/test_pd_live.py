@@ -25,7 +25,7 @@ from phaseprobe.analysis.rules.pd import (
     prefill_pool_saturated,
 )
 from phaseprobe.collect.live_window import replica_window
-from phaseprobe.collect.watch_counters import FinishedCounter, ReplicaCounters
+from phaseprobe.collect.watch.counters import FinishedCounter, ReplicaCounters
 from phaseprobe.present.cli.watch_fleet import kv_path_lines
 from phaseprobe.records import ClientTimeline, Isolation, PdLegs, Run
 from phaseprobe.sources.vllm.metrics import parse_exposition

@@ -25,7 +25,7 @@ import pytest
 from rich.console import Console
 
 from phaseprobe.analysis.fleet_stats import UNKNOWN_REPLICA
-from phaseprobe.collect.watch_counters import FinishedCounter
+from phaseprobe.collect.watch.counters import FinishedCounter
 from phaseprobe.errors import ConfigError, MetricsUnavailable
 from phaseprobe.present.cli import cmd_watch
 from phaseprobe.records import RequestSpan

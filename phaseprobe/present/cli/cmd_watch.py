@@ -19,6 +19,11 @@ straggler and imbalance verdicts (``analysis.fleet_stats``), rendered by
 :mod:`~phaseprobe.present.cli.watch_fleet`. Spans without identity earn the warning that says
 which OTEL_* variables to set.
 
+The command parses its flags into :class:`~phaseprobe.collect.watch.options.WatchOptions` and
+draws what :func:`~phaseprobe.collect.watch.session.open_watch` hands it every refresh; the
+wiring (receiver, retention, counters, ``--demo``'s server and load, ``--spans-from``'s store)
+is in :mod:`phaseprobe.collect.watch`.
+
 The store's size (file bytes, request spans) is shown as the watch goes; ``--retain AGE`` and
 ``--retain-spans N`` prune it every 30 s to the newest spans, never an experiment's
 (:mod:`~phaseprobe.collect.spans.retention`). ``--spans-from URL`` reads instead where a fleet's
@@ -29,26 +34,23 @@ refresh for the window's per-replica summary and slowest requests, both computed
 from __future__ import annotations
 
 import argparse
-import os
-import threading
-import time
-from collections import deque
-from collections.abc import Callable
-from contextlib import ExitStack
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rich.console import Console, Group
 from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from phaseprobe.collect.spans.receiver import (
+from phaseprobe.collect.watch.options import (
+    DEFAULT_GRPC,
+    DEFAULT_HTTP,
     DEFAULT_MAX_BYTES,
-    SpanReceiver,
-    SpanSink,
-    parse_listen,
+    DEFAULT_RATE_PER_S,
+    DEFAULT_REFRESH_S,
+    DEFAULT_WINDOW_S,
+    WatchOptions,
 )
-from phaseprobe.errors import ConfigError
 from phaseprobe.paths import default_store_path
 from phaseprobe.present.cli import jsonout
 from phaseprobe.present.cli.args import (
@@ -59,13 +61,16 @@ from phaseprobe.present.cli.args import (
 )
 from phaseprobe.present.cli.cmd_spans import age, span_table, spans_from_arg, summary_table
 from phaseprobe.present.cli.console import ms
-from phaseprobe.present.cli.watch_fleet import FleetView, kv_path_json, kv_path_lines
-from phaseprobe.records import RequestSpan
-from phaseprobe.redact import redact_url
+from phaseprobe.present.cli.watch_fleet import fleet_json, fleet_parts, kv_path_json, kv_path_lines
 
-__all__ = ["register", "run"]
+if TYPE_CHECKING:  # imported where used: a command's --help must not load them
+    from phaseprobe.collect.spans.source import FollowedWindow
+    from phaseprobe.collect.watch.read import ReadResult, ReadWatch
+    from phaseprobe.collect.watch.receive import ReceiveWatch, WatchResult, WatchTick
 
-_DEFAULT_WINDOW_S = 60.0
+__all__ = ["register", "run", "watch_options"]
+
+T = TypeVar("T")
 
 
 def register(subparsers: Any) -> None:
@@ -88,14 +93,14 @@ def register(subparsers: Any) -> None:
     watch.add_argument(
         "--http",
         metavar="HOST:PORT",
-        default="127.0.0.1:4318",
-        help="OTLP/HTTP listen address (default: 127.0.0.1:4318); 'off' to disable",
+        default=DEFAULT_HTTP,
+        help=f"OTLP/HTTP listen address (default: {DEFAULT_HTTP}); 'off' to disable",
     )
     watch.add_argument(
         "--grpc",
         metavar="HOST:PORT",
-        default="127.0.0.1:4317",
-        help="OTLP/gRPC listen address (default: 127.0.0.1:4317); 'off' to disable",
+        default=DEFAULT_GRPC,
+        help=f"OTLP/gRPC listen address (default: {DEFAULT_GRPC}); 'off' to disable",
     )
     watch.add_argument(
         "--duration",
@@ -113,9 +118,9 @@ def register(subparsers: Any) -> None:
     watch.add_argument(
         "--rate",
         type=positive_float,
-        default=2.0,
+        default=DEFAULT_RATE_PER_S,
         metavar="REQ_PER_S",
-        help="--demo's mean arrival rate (default: 2 requests/s)",
+        help=f"--demo's mean arrival rate (default: {DEFAULT_RATE_PER_S:g} requests/s)",
     )
     watch.add_argument(
         "--forward",
@@ -155,17 +160,17 @@ def register(subparsers: Any) -> None:
     watch.add_argument(
         "--window",
         type=positive_float,
-        default=_DEFAULT_WINDOW_S,
+        default=DEFAULT_WINDOW_S,
         metavar="SECONDS",
         help="the live view's percentiles cover this many recent seconds "
-        f"(default: {_DEFAULT_WINDOW_S:g})",
+        f"(default: {DEFAULT_WINDOW_S:g})",
     )
     watch.add_argument(
         "--refresh",
         type=positive_float,
-        default=2.0,
+        default=DEFAULT_REFRESH_S,
         metavar="SECONDS",
-        help="how often the view refreshes (default: 2)",
+        help=f"how often the view refreshes (default: {DEFAULT_REFRESH_S:g})",
     )
     watch.add_argument(
         "--max-bytes",
@@ -195,244 +200,155 @@ def register(subparsers: Any) -> None:
     store_and_json_args(watch)
 
 
-def _listen(text: str, what: str) -> tuple[str, int] | None:
-    return None if text.strip().lower() == "off" else parse_listen(text, what)
+def watch_options(args: argparse.Namespace) -> WatchOptions:
+    """The watch's flags as its options (checked, secrets registered; the wiring is in
+    collect). Raises ConfigError for a combination that cannot work, naming the flags."""
+    return WatchOptions(
+        store_path=str(args.store or default_store_path()),
+        http=args.http,
+        grpc=args.grpc,
+        duration_s=args.duration,
+        refresh_s=args.refresh,
+        window_s=args.window,
+        demo=args.demo,
+        rate_per_s=args.rate,
+        forward=args.forward,
+        metrics=args.metrics,
+        replicas=tuple(args.replica or ()),
+        token_env=args.token_env,
+        max_bytes=args.max_bytes,
+        retain_s=args.retain,
+        retain_spans=args.retain_spans,
+        spans_from=args.spans_from,
+    )
 
 
 def run(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from phaseprobe.analysis.live_summary import summarize_spans
-    from phaseprobe.analysis.span_context import prefill_interference
-    from phaseprobe.collect.watch_counters import FinishedCounter, open_replica_counters
+    from phaseprobe.collect.watch.session import open_watch
+    from phaseprobe.present.cli.waiting import ConsoleNotices
 
-    if args.spans_from is not None:
-        return _read(args, out, err)
-    from phaseprobe.collect.spans.retention import RetentionPolicy, SpanRetention
-
-    token = None
-    if args.token_env:
-        token = os.environ.get(args.token_env)
-        if not token:
-            raise ConfigError(
-                f"--token-env {args.token_env}: that environment variable is not set (or empty)"
-            )
-    if args.replica and args.demo:
-        raise ConfigError(
-            "--replica and --demo: the demo is one local server (its counter is "
-            "read already); give --replica for a fleet of your own"
-        )
-    if args.replica and args.metrics:
-        raise ConfigError(
-            "--metrics reads one server's counter; for a fleet give each replica "
-            "as --replica NAME=URL instead (its counter against its own spans)"
-        )
-    replicas = open_replica_counters(args.replica)  # read before any span can arrive
-    store_path = args.store or default_store_path()
-    sink = SpanSink(store_path)
-    retention = SpanRetention(
-        store_path, RetentionPolicy(max_age_s=args.retain, max_spans=args.retain_spans)
-    )
-    recent: deque[RequestSpan] = deque(maxlen=200_000)  # bounded: a week of spans is not kept
-    lock = threading.Lock()
-
-    def keep(batch: Any) -> None:
-        with lock:
-            recent.extend(batch.requests)
-
-    sink.listeners.append(keep)
-    receiver = SpanReceiver(
-        sink,
-        http=_listen(args.http, "--http"),
-        grpc=_listen(args.grpc, "--grpc"),
-        token=token,
-        max_bytes=args.max_bytes,
-        forward=args.forward,
-    )
-    started_ns = time.time_ns()
-    load = None
-    counter = None
-    fleet_view = FleetView(replicas, demo=args.demo)
-    interrupted = False
-    with ExitStack() as stack:
-        stack.callback(sink.close)
-        stack.enter_context(receiver)
-        err.print(
-            f"receiving vLLM spans on {receiver.grpc_url or '-'} (gRPC) and "
-            f"{receiver.http_url or '-'} (HTTP) into {escape(str(store_path))}",
-            highlight=False,
-        )
-        metrics_url = args.metrics
-        if args.demo:
-            metrics_url, load = _demo(args, receiver, stack, err)
-        else:
-            err.print(
-                f"start vLLM with: --otlp-traces-endpoint {receiver.grpc_url or receiver.http_url}",
-                highlight=False,
-            )
-        counter = FinishedCounter(metrics_url) if metrics_url else None
-        if replicas is not None:
-            err.print(
-                "replicas: "
-                + ", ".join(f"{n} ({u})" for n, u in replicas.urls().items())
-                + ": each one's counter against the spans naming it",
-                highlight=False,
-            )
-        deadline = None if args.duration is None else time.monotonic() + args.duration
-
-        def snapshot() -> list[RequestSpan]:
-            with lock:
-                return list(recent)
-
-        def view() -> Group:
-            retention.tick()  # prunes and measures every 30 s; at once the first time
-            spans = snapshot()
-            now = time.time_ns()
-            summary = summarize_spans(spans, now_ns=now, window_s=args.window)
-            parts: list[Any] = [
-                _render(
-                    summary,
-                    sink.stats.to_dict(),
-                    None if counter is None else counter.loss(spans),
-                    time.monotonic() - t0,
-                ),
-                escape(retention.text()),
-            ]
-            if counter is not None:
-                parts += kv_path_lines(
-                    {counter.shown_url: counter.kv_path(args.window)}, args.window
-                )
-            parts += fleet_view.live(spans, now, args.window)
-            return Group(*parts)
-
-        t0 = time.monotonic()
-        interrupted = _follow(args, out, view, deadline, retention.tick)
-        if load is not None:
-            load.stop()
-            # Spans of the last requests leave in the exporter's next batch.
-            from phaseprobe.collect.local_vllm import LOCAL_SPAN_FLUSH_S
-
-            time.sleep(LOCAL_SPAN_FLUSH_S)
-        spans = snapshot()
-        loss = counter.loss(spans, force=True) if counter is not None else None
-        fleet = fleet_view.final(spans)
-    retention.tick(force=True)  # the receiver is stopped: the store's size at the end
-    # the KV path of a P/D instance over the whole watch (--metrics; --replica: per replica)
-    kv_paths = (
-        {counter.shown_url: counter.kv_path(None)}
-        if counter is not None
-        else fleet_view.replicas.kv_paths(None)
-        if fleet_view.replicas is not None
-        else {}
-    )
-    summary = summarize_spans(spans, now_ns=time.time_ns(), window_s=None)
-    interference = prefill_interference(spans)
-    doc = {
-        "store": str(store_path),
-        "started_wall_ns": started_ns,
-        "receiver": {
-            **sink.stats.to_dict(),
-            "http": receiver.http_url,
-            "grpc": receiver.grpc_url,
-            "forward": redact_url(args.forward) if args.forward else None,
-            "forward_errors": receiver.forwarder.errors if receiver.forwarder else [],
-        },
-        "summary": summary.to_dict(),
-        "interference": interference.to_dict(),
-        "span_loss": loss.to_dict() if loss is not None else None,
-        **fleet_view.to_json(fleet),
-        "kv_path": kv_path_json(kv_paths),
-        "load": load.stats.to_dict() if load is not None else None,
-        "retention": retention.to_dict(),
-        "interrupted": interrupted,
-    }
-    if args.json:
-        out.out(jsonout.dumps(doc), highlight=False)
-    else:
-        out.print(
-            _render(summary, sink.stats.to_dict(), loss, None, title="summary over the whole watch")
-        )
-        for part in fleet_view.parts(fleet, title="replicas over the whole watch"):
-            out.print(part)
-        for line in kv_path_lines(kv_paths, None):
-            out.print(line, highlight=False)
-        out.print(f"prefill interference: {escape(interference.text)}", highlight=False)
-        out.print(escape(retention.text()), highlight=False)
+    view = _WatchView(out, as_json=bool(args.json))
+    options = watch_options(args)
+    with open_watch(options, ConsoleNotices(err)) as watch:
+        result = watch.finish(interrupted=view.follow(watch))
+    view.report(result)
     return 0  # Ctrl-C is how a watch without --duration ends: the summary is the result
 
 
-# Receiver-mode options that mean nothing when the spans are read from a fleet's store.
-_RECEIVER_ONLY = {
-    "demo": "--demo",
-    "forward": "--forward",
-    "metrics": "--metrics",
-    "replica": "--replica",
-    "token_env": "--token-env",
-    "retain": "--retain",
-    "retain_spans": "--retain-spans",
-}
+class _WatchView:
+    """How the command shows a watch: redrawn live on a terminal, a quiet wait for --json or
+    a pipe; the summary as one JSON document or as tables."""
+
+    def __init__(self, out: Console, *, as_json: bool) -> None:
+        self.out = out
+        self.as_json = as_json
+
+    def follow(self, watch: ReceiveWatch | ReadWatch) -> bool:
+        """Until the watch's duration ends; True when Ctrl-C ended it."""
+        from phaseprobe.collect.watch.receive import ReceiveWatch
+
+        try:
+            if self.as_json or not self.out.is_terminal:
+                watch.idle()
+            elif isinstance(watch, ReceiveWatch):
+                _live(self.out, watch.ticks(), _draw_tick)
+            else:
+                title = f"live phases · last {watch.options.window_s:g} s · {escape(watch.where)}"
+                _live(self.out, watch.ticks(), lambda window: _render_read(window, title))
+        except KeyboardInterrupt:
+            return True
+        return False
+
+    def report(self, result: WatchResult | ReadResult) -> None:
+        """The summary over the whole watch."""
+        from phaseprobe.collect.watch.receive import WatchResult
+
+        if isinstance(result, WatchResult):
+            _report(result, self.out, self.as_json)
+        else:
+            _report_read(result, self.out, self.as_json)
 
 
-def _read(args: argparse.Namespace, out: Console, err: Console) -> int:
-    """``watch --spans-from URL``: no receiver; the fleet's span store polled every refresh
-    for the window's summary and slowest requests (both computed there)."""
-    from phaseprobe.analysis.span_context import prefill_interference
-    from phaseprobe.collect.spans.source import SpanFollower, open_spans
+def _live(out: Console, ticks: Iterator[T], draw: Callable[[T], Group]) -> None:
+    """Each snapshot drawn in place of the last (rich Live), until ``ticks`` ends."""
+    with Live(draw(next(ticks)), console=out, refresh_per_second=4, transient=False) as live:
+        for tick in ticks:
+            live.update(draw(tick))
 
-    given = [flag for key, flag in _RECEIVER_ONLY.items() if getattr(args, key)]
-    if given:
-        raise ConfigError(
-            f"--spans-from reads spans where the fleet's collector keeps them "
-            f"(no receiver here): {', '.join(given)} belong(s) to the receiving "
-            "watch (retention: the store's own TTL, e.g. ClickHouse's ttl)"
-        )
-    with open_spans(args.spans_from, args.store or default_store_path()) as reader:
-        follower = SpanFollower(reader, args.window)
-        err.print(
-            f"reading vLLM spans from {escape(reader.where)} every {args.refresh:g} s "
-            "(no receiver)",
-            highlight=False,
-        )
-        deadline = None if args.duration is None else time.monotonic() + args.duration
 
-        def view() -> Group:
-            return _render_read(
-                follower.poll(), f"live phases · last {args.window:g} s · {escape(reader.where)}"
-            )
+def _draw_tick(tick: WatchTick) -> Group:
+    """One refresh of a receiving watch: the phase table, the store's size, the KV path of
+    --metrics' instance, and the fleet's rows."""
+    window_s = tick.window_s
+    parts: list[Any] = [
+        _render(tick.summary, tick.receiver, tick.span_loss, tick.elapsed_s),
+        escape(tick.retention),
+        *kv_path_lines(tick.kv_paths, window_s),
+        *fleet_parts(tick.fleet, title=f"replicas · last {window_s:g} s"),
+        *kv_path_lines(tick.fleet.kv_paths, window_s),
+    ]
+    return Group(*parts)
 
-        interrupted = _follow(args, out, view, deadline)
-        whole = follower.final()
-        # the interference regression needs each request's windows: over the last window
-        # only, so a week-long watch of a fleet does not pull every span
-        last = reader.finished_spans(
-            since_ns=whole.until_ns - follower.window_ns, until_ns=whole.until_ns
-        )
-    interference = prefill_interference(last)
-    if args.json:
-        out.out(
-            jsonout.dumps(
-                {
-                    "spans_from": whole.summary.where,
-                    "started_wall_ns": follower.started_ns,
-                    "summary": whole.summary.to_dict(),
-                    "slowest": [s.to_dict() for s in whole.slowest],
-                    "interference": interference.to_dict(),
-                    "interference_window_s": args.window,
-                    "polls": follower.polls,
-                    "interrupted": interrupted,
-                }
-            ),
-            highlight=False,
-        )
-        return 0
-    out.print(_render_read(whole, "summary over the whole watch"))
+
+def _report(result: WatchResult, out: Console, as_json: bool) -> None:
+    """The receiving watch's summary: one JSON document, or the tables over the whole watch."""
+    if as_json:
+        doc = {
+            "store": result.store,
+            "started_wall_ns": result.started_wall_ns,
+            "receiver": result.receiver,
+            "summary": result.summary.to_dict(),
+            "interference": result.interference.to_dict(),
+            "span_loss": result.span_loss.to_dict() if result.span_loss is not None else None,
+            **fleet_json(result.fleet),
+            "kv_path": kv_path_json(result.kv_paths),
+            "load": result.load,
+            "retention": result.retention,
+            "interrupted": result.interrupted,
+        }
+        out.out(jsonout.dumps(doc), highlight=False)
+        return
     out.print(
-        f"prefill interference (last {args.window:g} s, {len(last)} request(s)): "
-        f"{escape(interference.text)}",
+        _render(
+            result.summary,
+            result.receiver,
+            result.span_loss,
+            None,
+            title="summary over the whole watch",
+        )
+    )
+    for part in fleet_parts(result.fleet, title="replicas over the whole watch"):
+        out.print(part)
+    for line in kv_path_lines(result.kv_paths, None):
+        out.print(line, highlight=False)
+    out.print(f"prefill interference: {escape(result.interference.text)}", highlight=False)
+    out.print(escape(result.retention_text), highlight=False)
+
+
+def _report_read(result: ReadResult, out: Console, as_json: bool) -> None:
+    """The reading watch's summary: one JSON document, or the store's tables."""
+    if as_json:
+        doc = {
+            "spans_from": result.where,
+            "started_wall_ns": result.started_wall_ns,
+            "summary": result.whole.summary.to_dict(),
+            "slowest": [s.to_dict() for s in result.whole.slowest],
+            "interference": result.interference.to_dict(),
+            "interference_window_s": result.window_s,
+            "polls": result.polls,
+            "interrupted": result.interrupted,
+        }
+        out.out(jsonout.dumps(doc), highlight=False)
+        return
+    out.print(_render_read(result.whole, "summary over the whole watch"))
+    out.print(
+        f"prefill interference (last {result.window_s:g} s, "
+        f"{result.interference_requests} request(s)): {escape(result.interference.text)}",
         highlight=False,
     )
-    return 0
 
 
-def _render_read(window: Any, title: str) -> Group:
+def _render_read(window: FollowedWindow, title: str) -> Group:
     """A poll of a span store: the per-replica summary, the phase share, the slowest."""
     summary = window.summary
     parts: list[Any] = [title, summary_table(summary)]
@@ -460,64 +376,6 @@ def _render_read(window: Any, title: str) -> Group:
             + escape(", ".join(f"{k} {n}" for k, n in sorted(summary.unconverted.items())))
         )
     return Group(*parts)
-
-
-def _follow(
-    args: argparse.Namespace,
-    out: Console,
-    view: Callable[[], Group],
-    deadline: float | None,
-    tick: Callable[[], object] = lambda: None,
-) -> bool:
-    """The live view redrawn every ``--refresh`` until ``deadline`` (a terminal), or a quiet
-    wait (--json, a pipe); True when Ctrl-C ended it."""
-    try:
-        if args.json or not out.is_terminal:
-            _sleep_until(deadline, tick)
-        else:
-            with Live(view(), console=out, refresh_per_second=4, transient=False) as live:
-                while deadline is None or time.monotonic() < deadline:
-                    time.sleep(min(args.refresh, max(0.05, (deadline or 1e18) - time.monotonic())))
-                    live.update(view())
-    except KeyboardInterrupt:
-        return True
-    return False
-
-
-def _sleep_until(deadline: float | None, tick: Callable[[], object] = lambda: None) -> None:
-    """Wait (Ctrl-C or ``deadline``), calling ``tick`` every 0.2 s (it decides what is due)."""
-    while deadline is None or time.monotonic() < deadline:
-        tick()
-        time.sleep(0.2 if deadline is None else min(0.2, max(0.0, deadline - time.monotonic())))
-
-
-def _demo(
-    args: argparse.Namespace, receiver: SpanReceiver, stack: ExitStack, err: Console
-) -> tuple[str, Any]:
-    from phaseprobe.collect.open_loop import LoadSettings, OpenLoopLoad
-    from phaseprobe.collect.session import Session, SessionOptions
-    from phaseprobe.present.cli.waiting import ConsoleNotices
-
-    if receiver.grpc_url is None:
-        raise ConfigError("--demo exports over gRPC: do not turn --grpc off")
-    # the local vLLM, exporting its spans to this watch's receiver
-    session = stack.enter_context(
-        Session(
-            SessionOptions(
-                store_path=str(args.store or default_store_path()),
-                span_export_url=receiver.grpc_url,
-            ),
-            ConsoleNotices(err),
-        )
-    )
-    base, model = session.endpoint, session.model
-    load = OpenLoopLoad(base, model, LoadSettings(rate_per_s=args.rate)).start()
-    stack.callback(load.stop)
-    err.print(
-        f"demo load: Poisson arrivals at {args.rate:g} req/s, 30 % long prompts (Ctrl-C to stop)",
-        highlight=False,
-    )
-    return base, load
 
 
 def _render(

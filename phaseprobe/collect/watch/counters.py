@@ -205,10 +205,12 @@ class ReplicaCounters:
 
     @property
     def names(self) -> list[str]:
+        """The replicas' names, in the order given."""
         return list(self.counters)
 
     @property
     def notes(self) -> list[str]:
+        """Every counter's notes (a replica restarted), replica by replica."""
         return [n for c in self.counters.values() for n in c.notes]
 
     def losses(self, spans: Sequence[RequestSpan], *, force: bool = False) -> dict[str, SpanLoss]:

@@ -1,0 +1,243 @@
+"""A receiving watch: vLLM exports its request spans here, every span is committed to the store
+before the exporter is told it arrived, and each refresh summarizes the recent ones.
+
+Wired once, in order: the ``--replica`` counters (each read before any span can arrive), the
+span sink and receiver, the store's retention, and with ``--demo`` the local vLLM (through a
+:class:`~phaseprobe.collect.session.Session` exporting to this receiver) under an open-loop
+load; ``--metrics`` (or the demo's server) adds one server's finished-request counter. Each
+refresh is a :class:`WatchTick`; :meth:`ReceiveWatch.finish` stops the load and the receiver
+and returns the whole watch as a :class:`WatchResult`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from phaseprobe.analysis.live_summary import LiveSummary, SpanLoss, summarize_spans
+from phaseprobe.analysis.pd_window import KvPathWindow
+from phaseprobe.collect.notices import Notices
+from phaseprobe.collect.spans.receiver import SpanReceiver, SpanSink
+from phaseprobe.collect.spans.retention import RetentionPolicy, SpanRetention
+from phaseprobe.collect.watch.counters import FinishedCounter, open_replica_counters
+from phaseprobe.collect.watch.fleet import FleetState, FleetTracker
+from phaseprobe.collect.watch.options import WatchOptions
+from phaseprobe.collect.watch.session import Pace
+from phaseprobe.records import RequestSpan
+from phaseprobe.redact import redact_url
+
+if TYPE_CHECKING:
+    from phaseprobe.analysis.span_context import InterferenceEstimate
+    from phaseprobe.collect.open_loop import OpenLoopLoad
+    from phaseprobe.sources.vllm.otlp_spans import SpanBatch
+
+__all__ = ["ReceiveWatch", "WatchTick", "WatchResult"]
+
+_KEPT_SPANS = 200_000  # the recent spans held for the view: a week of spans is not kept
+
+
+@dataclass(frozen=True)
+class WatchTick:
+    """One refresh of a receiving watch, over the last ``window_s`` seconds."""
+
+    summary: LiveSummary  # percentiles, phase share and slowest requests in the window
+    receiver: dict[str, Any]  # the receiver's counts since it started (batches, refused…)
+    span_loss: SpanLoss | None  # --metrics / the demo's counter against the spans (None: none)
+    elapsed_s: float  # since the watch started following
+    retention: str  # the store's size and what retention pruned, as one line
+    kv_paths: dict[str, KvPathWindow | None]  # --metrics' instance's KV path over the window
+    fleet: FleetState  # the per-replica part
+    window_s: float
+
+
+@dataclass(frozen=True)
+class WatchResult:
+    """A receiving watch, whole: what its summary shows and ``--json`` prints."""
+
+    store: str  # the store's path
+    started_wall_ns: int
+    receiver: dict[str, Any]  # counts, listen URLs, --forward (redacted) and its errors
+    summary: LiveSummary  # over every span received
+    interference: InterferenceEstimate  # seconds of decode per overlapping prefill token
+    span_loss: SpanLoss | None
+    fleet: FleetState  # over the whole watch
+    kv_paths: dict[str, KvPathWindow | None]  # --metrics' instance, or each --replica's
+    load: dict[str, Any] | None  # --demo's load statistics
+    retention: dict[str, Any]  # the policy, what was pruned, the store's size at the end
+    retention_text: str
+    interrupted: bool  # Ctrl-C ended it (the way a watch without a duration ends)
+
+
+class ReceiveWatch:
+    """Opens everything :class:`WatchOptions` asks of a receiving watch on ``__enter__`` and
+    closes it on exit (the local server and its load stop on exit, Ctrl-C or an error).
+    Raises ConfigError on entering for a bad ``--replica`` (or a router's URL) or a listen
+    address already taken."""
+
+    def __init__(self, options: WatchOptions, notices: Notices) -> None:
+        self.options = options
+        self.notices = notices
+        self.pace = Pace(options.refresh_s, options.duration_s)
+        self._stack = ExitStack()
+        self._recent: deque[RequestSpan] = deque(maxlen=_KEPT_SPANS)
+        self._lock = threading.Lock()
+        self._t0 = time.monotonic()
+        self.load: OpenLoopLoad | None = None
+        self.counter: FinishedCounter | None = None
+
+    def __enter__(self) -> ReceiveWatch:
+        self._stack.__enter__()
+        try:
+            self._open()
+        except BaseException:
+            self._stack.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+    def _open(self) -> None:
+        o = self.options
+        replicas = open_replica_counters(o.replicas)  # read before any span can arrive
+        self.sink = SpanSink(o.store_path)
+        self._stack.callback(self.sink.close)
+        self.retention = SpanRetention(
+            o.store_path, RetentionPolicy(max_age_s=o.retain_s, max_spans=o.retain_spans)
+        )
+        self.sink.listeners.append(self._keep)
+        self.receiver = self._stack.enter_context(
+            SpanReceiver(
+                self.sink,
+                http=o.http_addr,
+                grpc=o.grpc_addr,
+                token=o.token,
+                max_bytes=o.max_bytes,
+                forward=o.forward,
+            )
+        )
+        self.started_ns = time.time_ns()
+        self.fleet = FleetTracker(replicas, demo=o.demo)
+        self.notices.info(
+            f"receiving vLLM spans on {self.receiver.grpc_url or '-'} (gRPC) and "
+            f"{self.receiver.http_url or '-'} (HTTP) into {o.store_path}"
+        )
+        metrics_url = o.metrics
+        if o.demo:
+            metrics_url = self._demo()
+        else:
+            self.notices.info(
+                "start vLLM with: --otlp-traces-endpoint "
+                f"{self.receiver.grpc_url or self.receiver.http_url}"
+            )
+        self.counter = FinishedCounter(metrics_url) if metrics_url else None
+        if replicas is not None:
+            self.notices.info(
+                "replicas: "
+                + ", ".join(f"{n} ({u})" for n, u in replicas.urls().items())
+                + ": each one's counter against the spans naming it"
+            )
+
+    def _demo(self) -> str:
+        """The local vLLM exporting to this receiver, under a Poisson load; its base URL."""
+        from phaseprobe.collect.open_loop import LoadSettings, OpenLoopLoad
+        from phaseprobe.collect.session import Session, SessionOptions
+
+        session = self._stack.enter_context(
+            Session(
+                SessionOptions(
+                    store_path=self.options.store_path, span_export_url=self.receiver.grpc_url
+                ),
+                self.notices,
+            )
+        )
+        rate = self.options.rate_per_s
+        self.load = OpenLoopLoad(session.endpoint, session.model, LoadSettings(rate_per_s=rate))
+        self.load.start()
+        self._stack.callback(self.load.stop)
+        self.notices.info(
+            f"demo load: Poisson arrivals at {rate:g} req/s, 30 % long prompts (Ctrl-C to stop)"
+        )
+        return session.endpoint
+
+    def _keep(self, batch: SpanBatch) -> None:
+        with self._lock:
+            self._recent.extend(batch.requests)
+
+    def _spans(self) -> list[RequestSpan]:
+        with self._lock:
+            return list(self._recent)
+
+    def tick(self) -> WatchTick:
+        """The last ``window_s`` summarized (retention pruning first when due, the counters
+        re-read when due)."""
+        window_s = self.options.window_s
+        self.retention.tick()  # prunes and measures every 30 s; at once the first time
+        spans = self._spans()
+        now = time.time_ns()
+        counter = self.counter
+        return WatchTick(
+            summary=summarize_spans(spans, now_ns=now, window_s=window_s),
+            receiver=self.sink.stats.to_dict(),
+            span_loss=None if counter is None else counter.loss(spans),
+            elapsed_s=time.monotonic() - self._t0,
+            retention=self.retention.text(),
+            kv_paths={} if counter is None else {counter.shown_url: counter.kv_path(window_s)},
+            fleet=self.fleet.live(spans, now, window_s),
+            window_s=window_s,
+        )
+
+    def ticks(self) -> Iterator[WatchTick]:
+        """A :class:`WatchTick` at once and every ``refresh_s`` until the duration ends."""
+        self._t0 = time.monotonic()
+        return self.pace.ticks(self.tick)
+
+    def idle(self) -> None:
+        """Waits out the duration with no view (retention still prunes when due)."""
+        self.pace.idle(self.retention.tick)
+
+    def finish(self, interrupted: bool) -> WatchResult:
+        """Stops the load (its last spans given time to arrive) and the receiver; the whole
+        watch summarized, counters read a last time."""
+        from phaseprobe.analysis.span_context import prefill_interference
+
+        if self.load is not None:
+            from phaseprobe.collect.local_vllm import LOCAL_SPAN_FLUSH_S
+
+            self.load.stop()
+            time.sleep(LOCAL_SPAN_FLUSH_S)  # the last requests' spans leave in the next batch
+        spans = self._spans()
+        counter = self.counter
+        loss = counter.loss(spans, force=True) if counter is not None else None
+        fleet = self.fleet.final(spans)
+        self._stack.close()  # the receiver stops: the store's size below is the final one
+        self.retention.tick(force=True)
+        forward = self.options.forward
+        return WatchResult(
+            store=self.options.store_path,
+            started_wall_ns=self.started_ns,
+            receiver={
+                **self.sink.stats.to_dict(),
+                "http": self.receiver.http_url,
+                "grpc": self.receiver.grpc_url,
+                "forward": redact_url(forward) if forward else None,
+                "forward_errors": self.receiver.forwarder.errors if self.receiver.forwarder else [],
+            },
+            summary=summarize_spans(spans, now_ns=time.time_ns(), window_s=None),
+            interference=prefill_interference(spans),
+            span_loss=loss,
+            fleet=fleet,
+            # the KV path of a P/D instance over the whole watch (--replica: per replica)
+            kv_paths={counter.shown_url: counter.kv_path(None)}
+            if counter is not None
+            else fleet.kv_paths,
+            load=self.load.stats.to_dict() if self.load is not None else None,
+            retention=self.retention.to_dict(),
+            retention_text=self.retention.text(),
+            interrupted=interrupted,
+        )
