@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from phaseprobe.analysis.nccl.warnings import classify_file
+from phaseprobe.collect.nccl_files import classify_file
 from phaseprobe.sources.nccl.tests_table import parse_nccl_tests_file
 
 _HEAD = """# nccl-tests version 2.18.0 nccl-headers=22703 nccl-library=22703

@@ -447,7 +447,7 @@ def nccl_evidence(paths: Sequence[str], decode_steps: int) -> NcclEvidence | dic
         if not isinstance(doc, dict):
             raise ConfigError(f"--nccl {paths[0]}: not a phaseprobe nccl --json document")
         return doc
-    from phaseprobe.analysis.nccl.report import build_report
+    from phaseprobe.collect.nccl_files import build_report
 
     report = build_report(paths, steps=decode_steps or None)
     log = report.log

@@ -85,7 +85,7 @@ def test_a_bad_limit_in_the_environment_is_named(
 
 def test_every_gzip_reader_is_bounded(bomb: Path, tmp_path: Path) -> None:
     """NCCL logs, nccl-tests output, NCCL warnings, torch traces, OTLP JSON: one helper."""
-    from phaseprobe.analysis.nccl.warnings import classify_file
+    from phaseprobe.collect.nccl_files import classify_file
     from phaseprobe.sources.nccl.tests_table import parse_nccl_tests_file
 
     for read in (

@@ -7,7 +7,8 @@ import io
 import json
 from pathlib import Path
 
-from phaseprobe.analysis.nccl.report import build_report, diff_reports
+from phaseprobe.analysis.nccl.report import diff_reports
+from phaseprobe.collect.nccl_files import build_report
 from phaseprobe.present.cli import main
 from phaseprobe.present.cli.cmd_nccl import bar
 

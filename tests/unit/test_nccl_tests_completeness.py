@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from phaseprobe.analysis.nccl.report import build_report
 from phaseprobe.analysis.rules.base import Evidence
 from phaseprobe.analysis.rules.parallel import read_complete
+from phaseprobe.collect.nccl_files import build_report
 from phaseprobe.sources.launcher_prefix import PREFIX_PAD, prefix_ends, read_prefix
 from phaseprobe.sources.nccl.tests_table import parse_nccl_tests_file
 

@@ -187,19 +187,20 @@ def _every_fixture() -> list[Path]:
 
 @pytest.mark.parametrize("chunk", [64, 4096, 16 << 20])
 def test_classify_file_equals_line_by_line_on_every_fixture(tmp_path, monkeypatch, chunk):
-    import phaseprobe.analysis.nccl.warnings as nw
+    import phaseprobe.sources.nccl.problem_lines as problem_lines
+    from phaseprobe.collect.nccl_files import classify_file
 
-    monkeypatch.setattr(nw, "_CHUNK", chunk)  # lines cut at chunk ends must still be whole
+    monkeypatch.setattr(problem_lines, "_CHUNK", chunk)  # lines cut at chunk ends stay whole
     seen = 0
     for path in _every_fixture():
         with open(path, "rb") as fh:
             expected = classify_warnings(fh, str(path))
-        got = nw.classify_file(path)
+        got = classify_file(path)
         assert got == expected, path
         seen += len(got)
         gz = tmp_path / (path.name + ".gz")
         gz.write_bytes(gzip.compress(path.read_bytes().replace(b"\n", b"\r\n")))
-        crlf = nw.classify_file(gz, str(path))
+        crlf = classify_file(gz, str(path))
         assert [(f.line_no, f.category, f.line) for f in crlf] == [
             (f.line_no, f.category, f.line) for f in expected
         ], gz
@@ -207,15 +208,15 @@ def test_classify_file_equals_line_by_line_on_every_fixture(tmp_path, monkeypatc
 
 
 def test_classify_file_errors_name_the_file(tmp_path):
-    import phaseprobe.analysis.nccl.warnings as nw
+    from phaseprobe.collect.nccl_files import classify_file
 
     with pytest.raises(ConfigError, match="nope.log: no such file"):
-        nw.classify_file(tmp_path / "nope.log")
+        classify_file(tmp_path / "nope.log")
     bad = tmp_path / "bad.log.gz"
     bad.write_bytes(gzip.compress(b"x" * 5000)[:-30] + b"\0" * 30)
     with pytest.raises(ConfigError, match="bad.log.gz: cannot read"):
-        nw.classify_file(bad)
+        classify_file(bad)
     last = tmp_path / "last.log"  # no newline at the end: the last line still counts
     last.write_bytes(b"line\nhost:1:1 [0] NCCL WARN Net : Connection closed by remote peer")
-    (f,) = nw.classify_file(last)
+    (f,) = classify_file(last)
     assert f.line_no == 2 and f.category == "network"

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from phaseprobe.analysis.nccl.report import build_report
 from phaseprobe.analysis.rules.base import Evidence
 from phaseprobe.analysis.rules.parallel import read_complete
+from phaseprobe.collect.nccl_files import build_report
 from phaseprobe.collect.trace_files import summarize_nsys_file
 
 DATA = Path(__file__).resolve().parents[1] / "data"

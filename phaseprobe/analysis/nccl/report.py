@@ -1,7 +1,7 @@
 """All the NCCL evidence in the files people have, as one document, and what changed between two.
 
-    report = build_report(["job.log"])          # NcclReport: .doc (JSON-ready), .tests, .findings
-    d = diff_reports(build_report([a]), build_report([b]))
+    report = assemble_report(log, tests, findings)   # NcclReport: .doc (JSON-ready), .tests, ...
+    d = diff_reports(report_a, report_b)
     d["headline"]   # ["AllReduce: avg busbw 150 → 40 GB/s, −73 %", "  16 MiB: ...",
                     #  "explained by: collective channels dropped from 16 to 2; ..."]
 
@@ -12,25 +12,24 @@ message size), and the lines that say what went wrong (``NCCL WARN``, timeouts, 
 Each has its own reader (:mod:`phaseprobe.sources.nccl.log`,
 :mod:`phaseprobe.sources.nccl.tests_table`, :mod:`phaseprobe.analysis.nccl.warnings`); this
 module puts them side by side so a diff can lead with the bandwidth an operator cares about and
-name the topology change that explains it.
+name the topology change that explains it. It reads nothing: the files are read by
+:func:`phaseprobe.collect.nccl_files.build_report`, which hands the three readings here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
 from phaseprobe.analysis.nccl.summary import NcclDiffSide, NcclSummary, Worse, summarize
 from phaseprobe.analysis.nccl.summary import diff as diff_logs
-from phaseprobe.analysis.nccl.warnings import Finding, by_category, classify_file
-from phaseprobe.sources.nccl.log import parse_files
+from phaseprobe.analysis.nccl.warnings import Finding, by_category
 from phaseprobe.sources.nccl.model import NcclLog
 from phaseprobe.sources.nccl.tests_table import (
     NcclTestsDiff,
     NcclTestsResult,
     diff_nccl_tests,
-    parse_nccl_tests_file,
 )
 
 __all__ = [
@@ -43,7 +42,7 @@ __all__ = [
     "SidesCounts",
     "SidesEvidence",
     "NcclTestsDiff",
-    "build_report",
+    "assemble_report",
     "diff_reports",
     "MAX_PROBLEMS",
     "BUSBW_DROP_PCT",
@@ -123,20 +122,18 @@ class NcclReport:
         return bool(self.doc["found"] or self.tests or self.findings)
 
 
-def build_report(
-    files: Sequence[str],
-    *,
-    strict: bool = False,
+def assemble_report(
+    log: NcclLog,
+    tests: Sequence[NcclTestsResult],
+    findings: Sequence[Finding],
     steps: int | None = None,
-    on_progress: Callable[[str, int, int], None] | None = None,
 ) -> NcclReport:
-    """Read ``files`` three ways (NCCL log lines, nccl-tests tables, problem lines). The log
-    reader reports progress; the other two search whole buffers and take a fraction of its
-    time."""
-    log = parse_files(files, strict=strict, on_progress=on_progress)
+    """The report (JSON document, per-call counts over ``steps`` decode steps) of the same
+    files read three ways: their NCCL log lines, their nccl-tests results (one per file that
+    held a table) and their problem lines. Raises nothing."""
     summary = summarize(log, steps)
-    tests = tuple(r for f in files if (r := parse_nccl_tests_file(f)) is not None and r.tables)
-    findings = tuple(x for f in files for x in classify_file(f))
+    tests = tuple(tests)
+    findings = tuple(findings)
     doc: NcclReportDoc = {
         **summary,
         "nccl_tests": [r.to_dict() for r in tests],

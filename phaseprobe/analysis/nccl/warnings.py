@@ -1,6 +1,6 @@
 """What went wrong, by kind: NCCL ``WARN`` lines, timeouts and the error tails around them.
 
-    findings = classify_warnings(open("run.log"), "run.log")
+    findings = classify_warnings(log_text, "run.log")  # (line_no, line) pairs: classify_numbered
     for f in findings: print(f.category, f.line_no, f.reason)
     by_category(findings)   # {"network": 3, "timeout": 1}
 
@@ -38,17 +38,14 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
-
-from phaseprobe.sources.nccl.split import open_log, reading
 
 __all__ = [
     "Finding",
     "classify_warnings",
-    "classify_file",
+    "CANDIDATE_KEYWORDS",
     "classify_numbered",
     "by_category",
     "CATEGORIES",
@@ -397,61 +394,17 @@ def classify_warnings(
     return classify_numbered(enumerate(lines, 1), source)
 
 
-# Lines classify_numbered can act on, picked from bytes before anything is decoded: a WARN, a
-# propagation trail ("file.cc:123 -> 2") on an INFO line, or a keyword on any other line.
-# (One regex of every keyword run over whole buffers was 300x slower than grep: Python's
-# engine tries each alternative at each position. Splitting into lines and testing the two
-# literals first leaves the keyword regex to the few lines that are not NCCL's.)
-_TRAIL_B = re.compile(rb"\d -> \d")
-_KEYWORDS_B = re.compile(_KEYWORDS.pattern.encode())
-_CHUNK = 16 << 20
-
-
-def classify_file(path: str | Path, source: str | None = None) -> list[Finding]:
-    """:func:`classify_warnings` over a file (``.gz`` too), in bounded memory: chunks of whole
-    lines are searched for candidate lines, and only those are classified (with their line
-    numbers). ConfigError names the file when it cannot be read."""
-    p = Path(path)
-    with reading(p):
-        return classify_numbered(_candidates(p), source if source is not None else str(p))
-
-
-def _candidates(p: Path) -> Iterator[tuple[int, bytes]]:
-    line_no = 0  # lines before the buffer
-    carry = b""
-    with open_log(p)[1] as fh:
-        while True:
-            block = fh.read(_CHUNK)
-            buf = carry + block if block else carry
-            if not buf:
-                return
-            end = buf.rfind(b"\n") + 1 if block else len(buf)
-            if end == 0:  # no newline yet: one very long line, read on
-                carry = buf
-                continue
-            lines = buf[:end].split(b"\n")
-            if block:
-                lines.pop()  # the empty piece after the last newline
-            for i, line in enumerate(lines):
-                if b"NCCL WARN" in line:
-                    pass
-                elif b"NCCL INFO" in line:
-                    if b" -> " not in line or _TRAIL_B.search(line) is None:
-                        continue
-                elif _KEYWORDS_B.search(line) is None:
-                    continue
-                yield line_no + i + 1, line
-            line_no += len(lines)
-            carry = buf[end:]
-            if not block:
-                return
+# The keywords as bytes: what a reader prefilters the lines that are not NCCL's with
+# (:func:`phaseprobe.sources.nccl.problem_lines.problem_candidates`), before decoding them.
+CANDIDATE_KEYWORDS = re.compile(_KEYWORDS.pattern.encode())
 
 
 def classify_numbered(
     numbered: Iterable[tuple[int, str | bytes]], source: str = ""
 ) -> list[Finding]:
     """:func:`classify_warnings` over ``(line number, line)`` pairs: the lines may be a subset
-    of the file (the candidates :func:`classify_file` picked), numbered as in the file."""
+    of the file (the candidates :func:`phaseprobe.sources.nccl.problem_lines.problem_candidates`
+    picked), numbered as in the file."""
     out: list[Finding] = []
     # (host, pid) → (index in out, line number of its last line): where a trail line folds
     last_of: dict[tuple[str, int], tuple[int, int]] = {}

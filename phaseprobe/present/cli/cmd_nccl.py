@@ -101,7 +101,7 @@ def _steps(args: argparse.Namespace) -> int | None:
 
 def analyze(files: list[str], strict: bool, err: Console, steps: int | None = None) -> NcclReport:
     """Read ``files`` (progress bar on ``err`` for big files) into one report."""
-    from phaseprobe.analysis.nccl.report import build_report
+    from phaseprobe.collect.nccl_files import build_report
 
     size = sum(Path(f).stat().st_size for f in files if Path(f).is_file())
     if size < _BIG:
