@@ -48,6 +48,7 @@ __all__ = [
     "read_input",
     "read_input_text",
     "path_problem",
+    "require_input",
     "open_stream",
     "BoundedGzip",
     "decompression_limits",
@@ -135,12 +136,11 @@ def output_problem(path: str | Path) -> str | None:
 
 
 def open_input(path: str | Path, fail: Fail, cap: int | None = None) -> BinaryIO:
-    """``path`` opened for reading in binary, after :func:`input_problem` (``fail(reason)`` is
-    raised). The open itself cannot block: a file swapped for a FIFO after the stat is opened
-    non-blocking and refused. OSError (missing, permission) propagates to the caller."""
-    problem = input_problem(path, cap)
-    if problem:
-        raise fail(problem)
+    """``path`` opened for reading in binary, after :func:`require_input` (``fail(reason)`` is
+    raised: missing, ``-``, a symlink loop, a FIFO, a device, a directory, over ``cap``). The
+    open itself cannot block: a file swapped for a FIFO after the stat is opened non-blocking
+    and refused. OSError from the open itself (a race with the stat) propagates."""
+    require_input(path, fail, cap)
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
         mode = os.fstat(fd).st_mode
@@ -196,6 +196,15 @@ def path_problem(path: str | Path, cap: int | None = None) -> str | None:
     except ValueError as exc:  # an embedded NUL byte
         return f"not a usable path ({exc})"
     return input_problem(path, cap)
+
+
+def require_input(path: str | Path, fail: Fail, cap: int | None = None) -> Path:
+    """``path`` as a Path when it is a readable regular file (of at most ``cap`` bytes); else
+    raises ``fail(reason)`` with :func:`path_problem`'s reason (what the path really is)."""
+    problem = path_problem(path, cap)
+    if problem:
+        raise fail(problem)
+    return Path(path)
 
 
 def _env_limit(name: str, default: int, units: bool, fail: Fail) -> int:

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from phaseprobe.errors import TraceError
-from phaseprobe.inputs import input_problem
+from phaseprobe.inputs import path_problem
 
 __all__ = [
     "ACTIVITY_COLUMNS",
@@ -138,11 +138,10 @@ class Timeline:
 
 def trace_file(path: str | os.PathLike[str]) -> Path:
     """``path`` as a trace or export the readers may open, or the :class:`TraceError` that
-    says why not: it is missing, or not a regular file (a FIFO would block the open)."""
+    says why not (:func:`~phaseprobe.inputs.path_problem`): missing, ``-``, a symlink loop, or
+    not a regular file (a FIFO would block the open)."""
     p = Path(path)
-    if not p.exists():
-        raise TraceError(str(p), "no such file")
-    problem = input_problem(p)
+    problem = path_problem(p)  # missing, '-', a symlink loop, a FIFO, a device, a directory
     if problem is not None:
         raise TraceError(str(p), problem)
     return p

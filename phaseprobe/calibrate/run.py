@@ -352,6 +352,8 @@ def load_all(path: Path | None = None) -> dict[str, Calibration]:
     def fail(reason: str) -> ConfigError:
         return ConfigError(f"calibration file {path}: {reason}")
 
+    if not os.path.lexists(path):  # nothing stored yet (a dangling link is damage: said)
+        return {}
     try:
         doc = json.loads(read_input_text(path, JSON_DOC_CAP, fail))
     except FileNotFoundError:

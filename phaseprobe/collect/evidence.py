@@ -33,7 +33,7 @@ from phaseprobe.analysis.likeness import (
 )
 from phaseprobe.analysis.rules.base import Evidence
 from phaseprobe.errors import ConfigError
-from phaseprobe.inputs import JSON_DOC_CAP, TEXT_LOG_CAP, input_problem, read_input_text
+from phaseprobe.inputs import JSON_DOC_CAP, TEXT_LOG_CAP, path_problem, read_input_text
 from phaseprobe.records import RequestSpan
 from phaseprobe.store import Store
 
@@ -343,9 +343,7 @@ def _read_text(path: str, option: str, cap: int = TEXT_LOG_CAP) -> str:
     def fail(reason: str) -> ConfigError:  # a FIFO, a device, a file over the cap
         return ConfigError(f"{option} {path}: {reason}")
 
-    if not p.exists():
-        raise ConfigError(f"{option} {path}: no such file")
-    try:  # refuses what is not a regular file or is over the cap, before reading it
+    try:  # refuses what is missing, not a regular file or over the cap, before reading it
         return read_input_text(p, cap, fail, errors="replace")
     except OSError as exc:
         raise ConfigError(f"{option} {path}: {exc.strerror}") from None
@@ -479,9 +477,7 @@ def trace_evidence(
     not checked further), else the trace read and summarised here, with :func:`_trace_facts`."""
     p = Path(path)
     option = "--nsys" if nsys else "--trace"
-    if not p.exists():
-        raise ConfigError(f"{option} {path}: no such file")
-    problem = input_problem(p)  # a FIFO would block the read forever
+    problem = path_problem(p)  # missing, '-', a loop; a FIFO would block the read forever
     if problem:
         raise ConfigError(f"{option} {path}: {problem}")
     if p.suffix == ".json" and p.stat().st_size < (64 << 20):

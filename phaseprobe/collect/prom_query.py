@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from phaseprobe.errors import ConfigError, EmptyResult
+from phaseprobe.inputs import require_input
 from phaseprobe.sources.prometheus import DEFAULT_TOKEN_ENV, NamedResult, PrometheusClient
 from phaseprobe.sources.query_catalog import (
     Query,
@@ -94,9 +95,13 @@ def named_queries(
     timeout_s: float = 10.0,
 ) -> Iterator[NamedQueries]:
     """The Prometheus at ``url``, open for named queries; closed on leaving. The bearer token
-    comes from ``token_env`` (it must be set), else from :data:`DEFAULT_TOKEN_ENV` when set."""
+    comes from ``token_env`` (it must be set), else from :data:`DEFAULT_TOKEN_ENV` when set.
+    Raises ConfigError before any request for an unset ``token_env`` or a ``ca_bundle`` that
+    is no readable file or directory (saying what it is: missing, a FIFO, a symlink loop…)."""
     if token_env and token_env not in os.environ:
         raise ConfigError(f"--token-env {token_env}: that environment variable is not set")
+    if ca_bundle is not None and not os.path.isdir(ca_bundle):  # a c_rehash'ed CA directory
+        require_input(ca_bundle, lambda why: ConfigError(f"--ca-bundle {ca_bundle}: {why}"))
     verify: bool | str = False if insecure else (ca_bundle or True)
     with PrometheusClient(
         url, token_env=token_env or DEFAULT_TOKEN_ENV, verify=verify, timeout_s=timeout_s

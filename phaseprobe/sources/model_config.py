@@ -26,7 +26,9 @@ def read_model_config(path: str | Path) -> tuple[dict[str, Any], str]:
     p = Path(path).expanduser()
     file = p / "config.json" if p.is_dir() else p
 
-    def fail(reason: str) -> ConfigError:  # a FIFO, /dev/zero, a file over the cap
+    def fail(reason: str) -> ConfigError:  # missing, '-', a loop, a FIFO, /dev/zero, over the cap
+        if file is not p and not file.is_symlink() and not file.exists():
+            return ConfigError(f"model config {p} has no config.json")
         return ConfigError(f"model config {file}: {reason}")
 
     try:

@@ -102,7 +102,7 @@ def test_list_shipped_playbooks(capsys):
         (["report", "x"], "integer id"),
         (["compare", "1"], "usage: phaseprobe ab compare"),
         (["a.toml", "b.toml"], "one PLAYBOOK"),
-        (["nope.toml"], "cannot read"),
+        (["nope.toml"], "no such file"),
     ],
 )
 def test_usage_errors_are_config_errors(argv, words, capsys, tmp_path):

@@ -41,7 +41,7 @@ def test_read_input_caps_and_never_opens_a_fifo(tmp_path):
     small = tmp_path / "s.txt"
     small.write_bytes(b"\xef\xbb\xbfa\r\nb\rc\n")
     assert read_input_text(small, 100, _fail, encoding="utf-8-sig") == "a\nb\nc\n"
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(ConfigError, match="x: no such file"):  # said like the others
         read_input(tmp_path / "missing", 10, _fail)
 
 

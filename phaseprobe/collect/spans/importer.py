@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from phaseprobe.errors import OtlpError
-from phaseprobe.inputs import input_problem, open_stream
+from phaseprobe.inputs import open_stream, path_problem
 from phaseprobe.sources.read_account import ReadAccount
 from phaseprobe.sources.vllm.otlp_spans import SpanBatch, decode_json
 from phaseprobe.store import Store
@@ -130,7 +130,7 @@ def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
     """(line number, bytes) of a JSON-lines file; a file that is one multi-line JSON document
     comes back as one line. A line longer than MAX_LINE_BYTES comes back as a marker (its
     bytes are skipped, not held). A FIFO or a device (/dev/zero) is refused unopened."""
-    problem = input_problem(path)
+    problem = path_problem(path)  # missing, '-', a loop; a FIFO or /dev/zero refused unopened
     if problem:
         raise OtlpError(str(path), problem)
     with _reading(path) as f:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Literal
 
 from phaseprobe.errors import TraceError
-from phaseprobe.inputs import input_problem
+from phaseprobe.inputs import path_problem
 
 __all__ = ["NsysFileKind", "nsys_file_kind"]
 
@@ -22,12 +22,13 @@ NsysFileKind = Literal["stats-text", "stats-csv", "export"]
 def nsys_file_kind(path: str | Path) -> NsysFileKind:
     """``stats-text``, ``stats-csv`` or ``export``: which reader ``path`` is for.
 
-    Raises TraceError naming the file when it is not a regular file (a FIFO, a device, a
-    directory); a missing file is left to the reader, whose error names it."""
+    Raises TraceError naming the file and what it really is
+    (:func:`~phaseprobe.inputs.path_problem`): missing, ``-``, a symlink loop, not a regular
+    file (a FIFO, a device, a directory)."""
     from phaseprobe.sources.nsys import stats_text  # pandas: loaded when a file is read
 
     path = Path(path)
-    problem = input_problem(path)  # before the text readers open it: a FIFO would block
+    problem = path_problem(path)  # before the text readers open it: a FIFO would block
     if problem is not None:
         raise TraceError(str(path), problem)
     suffix = path.suffix.lower()
