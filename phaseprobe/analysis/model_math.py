@@ -66,7 +66,8 @@ _QUANTIZED = ("fp8", "int8", "int4")
 
 
 def canonical_dtype(name: str) -> str:
-    """``bfloat16`` → ``bf16`` etc.; :class:`ConfigError` for a dtype this module cannot size."""
+    """The canonical dtype name (``bfloat16`` → ``bf16`` etc.); raises ConfigError for a
+    dtype this module cannot size."""
     key = name.strip().lower()
     key = _DTYPE_ALIASES.get(key, key)
     if key not in DTYPE_BYTES:
@@ -76,6 +77,8 @@ def canonical_dtype(name: str) -> str:
 
 @dataclass(frozen=True)
 class AttentionShape:
+    """The attention of one decoder layer: kind (MHA/GQA/MQA/MLA), heads, widths (elements)."""
+
     kind: str  # "mha", "gqa", "mqa" or "mla"
     num_heads: int
     num_kv_heads: int  # MLA: 1 (one shared latent per token, as vLLM treats it)
@@ -89,6 +92,9 @@ class AttentionShape:
 
 @dataclass(frozen=True)
 class MoEShape:
+    """The experts of a mixture-of-experts model: how many, how many per token, their widths
+    (elements) and how many layers have them."""
+
     num_experts: int
     experts_per_token: int
     expert_intermediate_size: int
@@ -130,6 +136,7 @@ class ParamCount:
 
     @property
     def total(self) -> int:
+        """Every parameter of the model (a count); raises nothing."""
         return (
             self.embedding
             + self.lm_head
@@ -142,17 +149,20 @@ class ParamCount:
 
     @property
     def active(self) -> int:
+        """Parameters one token touches (top-k experts only; a count); raises nothing."""
         return self.total - self.experts_total + self.experts_active
 
     @property
     def linear_total(self) -> int:
-        """Decoder linear layers: what weight quantization (fp8/int8/int4) applies to."""
+        """Parameters of the decoder linear layers (a count): what weight quantization
+        (fp8/int8/int4) applies to. Raises nothing."""
         return self.attention + self.dense_mlp + self.experts_total
 
     @property
     def matmul_active(self) -> int:
-        """Weights multiplied per token: the input embedding is a row lookup, not a matmul,
-        but the LM head is one (even when tied to the embedding table)."""
+        """Weights multiplied per token (a count; raises nothing): the input embedding is a
+        row lookup, not a matmul, but the LM head is one (even when tied to the embedding
+        table)."""
         head = self.lm_head if self.lm_head else self.embedding
         return self.attention + self.dense_mlp + self.experts_active + self.router + head
 
@@ -179,7 +189,8 @@ def _int(
 
 
 def parse_shape(cfg: dict[str, Any], source: str = "config.json") -> ModelShape:
-    """The sizing numbers of a config dict; :class:`ConfigError` naming ``source`` if absent."""
+    """The sizing numbers of a config dict (sizes in elements); raises ConfigError naming
+    ``source`` and the key when one is absent or not a usable number."""
     # Multimodal wrappers (Llava, Gemma 3, Llama 4...) keep the language model in text_config;
     # the vision tower is not sized here.
     if "hidden_size" not in cfg and isinstance(cfg.get("text_config"), dict):
@@ -301,8 +312,8 @@ def _moe(cfg: dict[str, Any], source: str, layers: int, inter: int) -> MoEShape 
 
 
 def count_params(shape: ModelShape) -> ParamCount:
-    """Parameters by role, from the shapes alone (norm weights included; biases only where
-    the config says the projections have them)."""
+    """Parameters by role (counts), from the shapes alone; raises nothing (norm weights
+    included; biases only where the config says the projections have them)."""
     h, layers, a = shape.hidden_size, shape.num_layers, shape.attention
     if a.kind == "mla":
         q = (
@@ -354,8 +365,9 @@ class WeightFormat:
 
 
 def weight_format(shape: ModelShape, dtype: str | None = None) -> WeightFormat:
-    """The weight format: ``dtype`` when given, else the config's quantization_config, else
-    the checkpoint's torch dtype."""
+    """The weight format (bytes per parameter): ``dtype`` when given, else the config's
+    quantization_config, else the checkpoint's torch dtype. Raises ConfigError naming the
+    dtype or the config's quant_method when it cannot be sized."""
     base = shape.config_dtype if shape.config_dtype not in _QUANTIZED else "bf16"
     source = "config dtype"
     if base == "fp32":  # vLLM's --dtype auto serves fp32 checkpoints in fp16
@@ -399,7 +411,8 @@ def _quantized_bytes(q: dict[str, Any], source: str) -> tuple[str, float]:
 
 
 def weight_bytes(params: ParamCount, fmt: WeightFormat, active_only: bool = False) -> int:
-    """Bytes of weights (``active_only``: the experts one token reads, not all of them)."""
+    """Bytes of weights (``active_only``: the experts one token reads, not all of them);
+    raises nothing."""
     experts = params.experts_active if active_only else params.experts_total
     linear = params.attention + params.dense_mlp + experts
     other = params.embedding + params.lm_head + params.router + params.norms
@@ -409,7 +422,7 @@ def weight_bytes(params: ParamCount, fmt: WeightFormat, active_only: bool = Fals
 def decode_weight_bytes(
     params: ParamCount, fmt: WeightFormat, shape: ModelShape, batch_size: int = 1
 ) -> int:
-    """Weight bytes one decode step must read for ``batch_size`` sequences.
+    """Weight bytes one decode step must read for ``batch_size`` sequences; raises nothing.
 
     The input embedding is a row lookup, so its table is not read (unless tied: it is the LM
     head). For MoE each sequence picks top-k of E experts; with uniform routing a layer
@@ -427,14 +440,16 @@ def decode_weight_bytes(
 
 
 def kv_dtype_bytes(kv_dtype: str, fmt: WeightFormat) -> float:
-    """``auto`` stores KV in the activation dtype (vLLM's default); else the named dtype."""
+    """Bytes per KV element: ``auto`` stores KV in the activation dtype (vLLM's default),
+    else the named dtype. Raises ConfigError for a dtype this module cannot size."""
     if kv_dtype == "auto":
         return DTYPE_BYTES[fmt.base_dtype]
     return DTYPE_BYTES[canonical_dtype(kv_dtype)]
 
 
 def kv_bytes_per_token(shape: ModelShape, bytes_per_element: float) -> int:
-    """KV cache bytes one token occupies across all layers (one copy of the model)."""
+    """KV cache bytes one token occupies across all layers (one copy of the model); raises
+    nothing."""
     a = shape.attention
     if a.kind == "mla":
         width = a.kv_lora_rank + a.qk_rope_head_dim  # one latent, shared by K and V
@@ -451,12 +466,13 @@ def _attention_flops_per_position(shape: ModelShape) -> int:
 
 
 def decode_flops_per_token(shape: ModelShape, params: ParamCount, context_tokens: int) -> int:
-    """One decode step for one sequence: 2 × active matmul weights + attention over context."""
+    """FLOPs of one decode step for one sequence: 2 × active matmul weights + attention over
+    ``context_tokens`` positions. Raises nothing."""
     return 2 * params.matmul_active + _attention_flops_per_position(shape) * context_tokens
 
 
 def prefill_flops(shape: ModelShape, params: ParamCount, prompt_tokens: int) -> int:
-    """A prefill of P tokens: 2 × weights × P plus the causal attention term (token i attends
-    to i positions, so Σ i = P(P+1)/2)."""
+    """FLOPs of a prefill of P tokens: 2 × weights × P plus the causal attention term (token
+    i attends to i positions, so Σ i = P(P+1)/2). Raises nothing."""
     p = prompt_tokens
     return 2 * params.matmul_active * p + _attention_flops_per_position(shape) * p * (p + 1) // 2

@@ -23,6 +23,8 @@ Record = dict[str, Any]  # one table row, columns as in analysis.timeline's *_CO
 
 
 class KernelCounts(TypedDict, total=False):
+    """How many GPU kernels, copies, sets and CPU ops a trace holds, and the kernels' time."""
+
     count: int  # GPU kernels
     total_ns: int  # their summed durations, ns
     memcpy_count: int
@@ -32,6 +34,8 @@ class KernelCounts(TypedDict, total=False):
 
 
 class RangesDoc(TypedDict):
+    """The NVTX or step ranges attributed: by phase and by name."""
+
     count: int  # ranges attributed
     phases: list[Record]  # PHASE_COLUMNS: prefill / decode / mixed
     by_name: list[Record]  # domain, name, count, dur_ns, compute_ns, …

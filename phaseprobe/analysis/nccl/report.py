@@ -58,6 +58,8 @@ _CAUSE_WORDS = ("channel", "share of connections", "network", "GPUDirect RDMA", 
 
 
 class ProblemsDoc(TypedDict):
+    """The problem lines of the files: how many, by category, and the first ones."""
+
     count: int  # problem lines found (``items`` keeps the first MAX_PROBLEMS)
     by_category: dict[str, int]  # category → lines, in nccl_warnings.CATEGORIES order
     items: list[dict[str, Any]]  # Finding.to_dict()
@@ -88,11 +90,15 @@ class NcclSources(TypedDict):
 
 
 class SidesCounts(TypedDict):
+    """Problem lines by category on each side of a diff."""
+
     a: dict[str, int]  # problem category → lines
     b: dict[str, int]
 
 
 class SidesEvidence(TypedDict):
+    """The kinds of evidence found on each side of a diff."""
+
     a: list[str]  # NcclReportDoc.evidence
     b: list[str]
 
@@ -111,6 +117,8 @@ class NcclReportDiff(TypedDict):
 
 @dataclass(frozen=True)
 class NcclReport:
+    """The NCCL evidence of some files: the JSON document and what it was made from."""
+
     doc: NcclReportDoc  # the JSON document (summary + nccl_tests + problems)
     tests: tuple[NcclTestsResult, ...]  # per file that held at least one table
     findings: tuple[Finding, ...]
@@ -118,7 +126,8 @@ class NcclReport:
 
     @property
     def found(self) -> bool:
-        """Any NCCL evidence at all: log lines, a result table, or an error line."""
+        """Whether there is any NCCL evidence at all (log lines, a result table, or an error
+        line); raises nothing."""
         return bool(self.doc["found"] or self.tests or self.findings)
 
 
@@ -171,10 +180,10 @@ def _merged(tests: tuple[NcclTestsResult, ...]) -> NcclTestsResult | None:
 
 
 def diff_reports(a: NcclReport, b: NcclReport) -> NcclReportDiff:
-    """A (before) against B (after). ``headline`` leads with the bandwidth change per table
-    (average, then the sizes that dropped most) and then the log changes that explain it, or
-    says that the logs explain nothing; ``worse`` lists every change for the worse, the busbw
-    drop first."""
+    """The diff document of A (before) against B (after); raises nothing. ``headline`` leads
+    with the bandwidth change per table (average, then the sizes that dropped most) and then
+    the log changes that explain it, or says that the logs explain nothing; ``worse`` lists
+    every change for the worse, the busbw drop first."""
     ta, tb = _merged(a.tests), _merged(b.tests)
     busbw = diff_nccl_tests(ta, tb) if ta is not None and tb is not None else None
     logs = a.doc["found"] and b.doc["found"]

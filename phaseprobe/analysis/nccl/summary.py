@@ -53,17 +53,23 @@ class CommGroup(TypedDict):
 
 
 class MinMax(TypedDict):
+    """Fewest and most channels of one kind per communicator."""
+
     min: int  # channels, over the communicators that logged this kind
     max: int
 
 
 class PeerLink(TypedDict):
+    """One logged connection between two ranks and its transport."""
+
     src: int  # rank
     dst: int  # rank
     kind: str  # transport as logged: "P2P/IPC", "SHM", "NET/IB", …
 
 
 class TransportsDoc(TypedDict):
+    """How the ranks are connected: connections by transport, their shares, the network."""
+
     connections: int  # connection lines logged (one per peer and channel)
     by_kind: dict[str, int]  # transport as logged → connections, the most first
     by_class: dict[str, int]  # p2p | shm | net | collnet | nvls … → connections
@@ -79,11 +85,15 @@ class TransportsDoc(TypedDict):
 
 
 class OpTotals(TypedDict):
+    """Calls of one collective and their bytes."""
+
     calls: int
     bytes: int  # summed over the calls
 
 
 class SizeBucket(TypedDict):
+    """Calls of one collective whose size (bytes per call) falls in ``[lo, hi)``."""
+
     lo: int  # bytes per call, bucket [lo, hi): powers of two
     hi: int
     op: str
@@ -91,6 +101,8 @@ class SizeBucket(TypedDict):
 
 
 class CommOpTotals(TypedDict):
+    """Calls and bytes of one collective on one communicator of one process."""
+
     host: str
     pid: int
     comm: str
@@ -112,12 +124,16 @@ class CollectivesDoc(TypedDict):
 
 
 class TuningDoc(TypedDict):
+    """NCCL's tuning choices (algorithm/protocol, channels) counted over the calls."""
+
     decisions: int  # tuning lines (calls) counted
     by_choice: dict[str, int]  # "op algo/proto" → calls, the most first
     channels_used: dict[str, int]  # channel count (as a string) → calls
 
 
 class RedFlag(TypedDict):
+    """A setting or topology known to cost bandwidth, with its severity and a stable code."""
+
     severity: str  # high | medium | low
     code: str  # few_channels, shm_transport, socket_network, … (stable, for rules)
     message: str
@@ -150,6 +166,8 @@ class NcclSummary(NcclLogDoc):
 
 
 class Worse(TypedDict):
+    """One change for the worse between two documents, with its severity."""
+
     severity: str  # high | medium | low
     message: str
 
@@ -178,7 +196,8 @@ class NcclDiff(TypedDict):
 
 
 def size_bucket(nbytes: int) -> tuple[int, int]:
-    """Power-of-two bucket ``[lo, hi)`` holding ``nbytes`` (0 → ``[0, 1)``)."""
+    """The power-of-two bucket ``[lo, hi)`` in bytes holding ``nbytes`` (0 → ``[0, 1)``);
+    raises nothing."""
     if nbytes <= 0:
         return 0, 1
     lo = 1 << (nbytes.bit_length() - 1)
@@ -186,7 +205,8 @@ def size_bucket(nbytes: int) -> tuple[int, int]:
 
 
 def decode_steps(completion_tokens: list[int | None]) -> int:
-    """Decode steps of sequential runs: every token after the first is one forward step."""
+    """Decode steps of sequential runs (a count; every token after the first is one forward
+    step, a missing count is 0); raises nothing."""
     return sum(max(0, (n or 0) - 1) for n in completion_tokens)
 
 
@@ -421,8 +441,9 @@ def _red_flags(
 
 
 def summarize(log: NcclLog, steps: int | None = None) -> NcclSummary:
-    """The full ``--json`` document for one model; ``steps`` (decode steps) adds per-step
-    collective counts (per rank: each rank logs its own COLL lines)."""
+    """The full ``--json`` document (counts, bytes, shares 0–1) for one model; raises
+    nothing. ``steps`` (decode steps) adds per-step collective counts (per rank: each rank
+    logs its own COLL lines)."""
     raw = log.to_dict()
     groups = _groups(log)  # fills in the communicators' nnodes: they are listed after it
     channels, transports = _channels(log), _transports(log)
@@ -464,7 +485,8 @@ def _share(hist: list[SizeBucket]) -> dict[str, float]:
 
 
 def diff(a: NcclSummary, b: NcclSummary) -> NcclDiff:
-    """Compare two :func:`summarize` documents (A = before, B = after)."""
+    """The comparison of two :func:`summarize` documents (A = before, B = after): each
+    side's channels, transports, sizes and calls, and what got worse; raises nothing."""
     worse: list[Worse] = []
 
     def note(sev: str, what: str) -> None:

@@ -293,6 +293,7 @@ class Finding:
     trail_lines: int = 0
 
     def to_dict(self) -> dict[str, Any]:
+        """The finding as a JSON-ready dict of every field (None where unknown); raises nothing."""
         return {
             "category": self.category,
             "line_no": self.line_no,
@@ -385,10 +386,10 @@ def _warn_finding(line: str, m: re.Match[str], line_no: int, source: str) -> tup
 def classify_warnings(
     lines: Iterable[str] | Iterable[bytes] | str, source: str = ""
 ) -> list[Finding]:
-    """Findings in file order for ``lines`` (an iterable of lines, ``str`` or ``bytes``, with or
-    without newlines, or one text). Every ``NCCL WARN`` line is a finding; other lines only when
-    they match a known error or timeout shape (NCCL's own INFO lines only as propagation
-    trails, folded as the module docstring says). Never raises on odd input."""
+    """Findings in file order for ``lines`` (an iterable of lines, ``str`` or ``bytes``, with
+    or without newlines, or one text); never raises on odd input. Every ``NCCL WARN`` line is
+    a finding; other lines only when they match a known error or timeout shape (NCCL's own
+    INFO lines only as propagation trails, folded as the module docstring says)."""
     if isinstance(lines, str):
         lines = lines.splitlines()
     return classify_numbered(enumerate(lines, 1), source)
@@ -402,9 +403,10 @@ CANDIDATE_KEYWORDS = re.compile(_KEYWORDS.pattern.encode())
 def classify_numbered(
     numbered: Iterable[tuple[int, str | bytes]], source: str = ""
 ) -> list[Finding]:
-    """:func:`classify_warnings` over ``(line number, line)`` pairs: the lines may be a subset
-    of the file (the candidates :func:`phaseprobe.sources.nccl.problem_lines.problem_candidates`
-    picked), numbered as in the file."""
+    """Findings in file order, as :func:`classify_warnings` (never raises on odd input), over
+    ``(line number, line)`` pairs: the lines may be a subset of the file (the candidates
+    :func:`phaseprobe.sources.nccl.problem_lines.problem_candidates` picked), numbered as in
+    the file."""
     out: list[Finding] = []
     # (host, pid) → (index in out, line number of its last line): where a trail line folds
     last_of: dict[tuple[str, int], tuple[int, int]] = {}
@@ -502,6 +504,7 @@ def classify_numbered(
 
 
 def by_category(findings: Iterable[Finding]) -> dict[str, int]:
-    """Finding count per category, in :data:`CATEGORIES` order (categories with none left out)."""
+    """Finding count per category, in :data:`CATEGORIES` order (categories with none left
+    out); raises nothing."""
     c = Counter(f.category for f in findings)
     return {k: c[k] for k in CATEGORIES if c[k]}
