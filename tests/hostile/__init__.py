@@ -12,7 +12,8 @@ The classes of attack, and where they live:
 - **deadlines**: headers trickled, servers that accept and never answer, ``--timeout`` and
   ``--deadline`` from the connection on (``test_network_bounds``, ``test_every_command``);
 - **secrets**: servers that echo the bearer token, URL passwords, launch-env values; the
-  console, the store and every file written are grepped for them (``test_secret_echo``);
+  console, the store and every file written are grepped for them (``test_secret_echo``,
+  ``test_secret_sweep``);
 - **server-named paths**: a ``/v1/models`` ``root`` outside the allowed model directory
   (``test_input_files``);
 - **numbers at the edge**: NaN, infinities, 1e308, int64, zero and negative options, damaged
@@ -20,7 +21,8 @@ The classes of attack, and where they live:
 - **large inputs**: many processes, many devices, deep JSON (``test_every_command``,
   ``test_input_files``);
 - **honest results**: zero-token streams, ``head_dim 0``, PromQL selectors parsed as label
-  matchers and never spliced (``test_network_bounds``, ``test_selectors``);
+  matchers and never spliced (``test_network_bounds``, ``test_selectors``; a real Prometheus
+  reads the quoted model names in ``tests/integration/test_selector_quoting_real.py``);
 - **unclear messages**: a directory, FIFO, symlink loop, ``/dev/zero``, ``-`` or a missing
   file given to every command that takes an input path is named as what it is
   (``test_input_paths``, ``test_input_files``);
