@@ -49,9 +49,7 @@ class ReadWatch:
 
     def __enter__(self) -> ReadWatch:
         o = self.options
-        with ExitStack() as opening:
-            self.reader = opening.enter_context(open_spans(o.spans_from, Path(o.store_path)))
-            self._stack = opening.pop_all()
+        self.reader = self._stack.enter_context(open_spans(o.spans_from, Path(o.store_path)))
         self.follower = SpanFollower(self.reader, o.window_s)
         self.notices.info(
             f"reading vLLM spans from {self.where} every {o.refresh_s:g} s (no receiver)"

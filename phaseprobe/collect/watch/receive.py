@@ -91,12 +91,10 @@ class ReceiveWatch:
         self.counter: FinishedCounter | None = None
 
     def __enter__(self) -> ReceiveWatch:
-        self._stack.__enter__()
-        try:
+        with ExitStack() as opening:  # what opened before a failure is closed again
+            self._stack = opening
             self._open()
-        except BaseException:
-            self._stack.close()
-            raise
+            self._stack = opening.pop_all()
         return self
 
     def __exit__(self, *exc: object) -> None:
