@@ -22,6 +22,7 @@ import logging
 import re
 import threading
 from collections.abc import Mapping
+from dataclasses import dataclass
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "redact_urls_in",
     "REDACTED",
     "MASK",
+    "PREFIX_CHARS",
     "is_secret_name",
     "register_secret",
     "register_url_secrets",
@@ -47,15 +49,58 @@ MASK = "***"  # what a known secret value becomes wherever it comes back
 # A value shorter than this is not masked: "1234" or "a" would blot out ordinary text (and is
 # no credential anyone guards)
 MIN_SECRET_CHARS = 6
+# A secret cut short (a server's body clipped to 200 characters, a line cut by the console)
+# is still masked from this many characters on: "…Basic c3dlZXBlcjpwYS9z" gives most of a
+# password away. Masking a stray word that happens to start like a secret is the safe mistake.
+PREFIX_CHARS = 8
 _registry_lock = threading.Lock()
 _secrets: set[str] = set()
-_secret_pattern: re.Pattern[str] | None = None
+
+
+@dataclass(frozen=True)
+class _Masker:
+    """The registry compiled: ``heads`` finds where a secret (or its first PREFIX_CHARS
+    characters) starts; ``by_head`` holds the secrets starting so, to extend the match over as
+    much of one as the text holds."""
+
+    heads: re.Pattern[str]
+    by_head: dict[str, tuple[str, ...]]
+
+    def mask(self, text: str) -> str:
+        """``text`` with each registered secret, whole or cut short, replaced by MASK."""
+        parts: list[str] = []
+        pos = 0
+        while (found := self.heads.search(text, pos)) is not None:
+            start = found.start()
+            candidates = (
+                secret
+                for n in range(MIN_SECRET_CHARS, PREFIX_CHARS + 1)
+                for secret in self.by_head.get(text[start : start + n], ())
+            )
+            end = start + max(_common_prefix(text, start, s) for s in candidates)
+            parts += (text[pos:start], MASK)
+            pos = end
+        return "".join(parts) + text[pos:] if parts else text
+
+
+def _common_prefix(text: str, start: int, secret: str) -> int:
+    """How many characters of ``secret`` ``text`` holds from ``start`` on."""
+    n = 0
+    for a, b in zip(secret, text[start : start + len(secret)], strict=False):
+        if a != b:
+            break
+        n += 1
+    return n
+
+
+_masker: _Masker | None = None
 
 
 def register_secret(value: str | None) -> None:
     """Remember ``value`` as a secret: from now on every text that passes a boundary has it
-    masked. Its stripped form counts too (a key read with a trailing newline)."""
-    global _secret_pattern
+    masked, also when cut short after PREFIX_CHARS characters. Its stripped form counts too
+    (a key read with a trailing newline). Returns None; raises nothing."""
+    global _masker
     if not value:
         return
     found = {v for v in (value, value.strip()) if len(v) >= MIN_SECRET_CHARS}
@@ -63,9 +108,14 @@ def register_secret(value: str | None) -> None:
         return
     with _registry_lock:
         _secrets.update(found)
-        # longest first: a secret that contains another is masked whole
-        _secret_pattern = re.compile(
-            "|".join(re.escape(v) for v in sorted(_secrets, key=len, reverse=True))
+        by_head: dict[str, list[str]] = {}
+        for secret in _secrets:
+            by_head.setdefault(secret[:PREFIX_CHARS], []).append(secret)
+        # longest first: the head of a longer secret wins over a short secret it starts with
+        heads = sorted(by_head, key=len, reverse=True)
+        _masker = _Masker(
+            re.compile("|".join(re.escape(h) for h in heads)),
+            {h: tuple(v) for h, v in by_head.items()},
         )
 
 
@@ -148,19 +198,20 @@ def header_secret_problem(value: str) -> str | None:
 
 
 def mask_secrets(text: str) -> str:
-    """``text`` with every registered secret replaced by :data:`MASK`."""
-    pattern = _secret_pattern
-    if pattern is None or not text:
+    """``text`` with every registered secret (whole, or its start when cut short) replaced by
+    :data:`MASK`; raises nothing."""
+    masker = _masker
+    if masker is None or not text:
         return text
-    return pattern.sub(MASK, text)
+    return masker.mask(text)
 
 
 def forget_secrets() -> None:
     """Empty the registry (tests; a long-lived process that is done with its secrets)."""
-    global _secret_pattern
+    global _masker
     with _registry_lock:
         _secrets.clear()
-        _secret_pattern = None
+        _masker = None
 
 
 # Query parameter names (lowercased, - and _ removed) that carry credentials.

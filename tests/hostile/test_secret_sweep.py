@@ -9,7 +9,8 @@ echoes the request's ``Authorization``, ``X-ClickHouse-*`` headers and its path 
 error body (the careless proxy), or against a port where nothing listens. Then stdout,
 stderr, every file under the test's directory (the store, its -wal, saved JSON, the default
 data and cache directories) are grepped for each secret and the Basic credential an HTTP
-library makes of a URL's user and password: none may appear.
+library makes of a URL's user and password: none may appear, not even cut short (its first
+eight characters).
 
 The one file not grepped is the launched server's own log (``cache/ab/logs``): it is what that
 server wrote (its environment, by design of this test), not what phaseprobe wrote; what
@@ -35,7 +36,7 @@ import pytest
 import requests
 
 from phaseprobe.present.cli import main
-from phaseprobe.redact import MASK, forget_secrets
+from phaseprobe.redact import MASK, PREFIX_CHARS, forget_secrets
 from tests.hostile.cases import dead_url
 
 API_KEY = "sk-SWEEP-apikey-31337"
@@ -46,6 +47,7 @@ URL_PASSWORD = "pa/ss@w0rd-SWEEP5"  # '/' and '@': urlsplit alone does not see i
 URL_PASSWORD_QUOTED = quote(URL_PASSWORD, safe="")
 CH_URL_PASSWORD = "CHurl-SWEEP-26535"
 CH_ENV_PASSWORD = "CHenv-SWEEP-89793"
+QUERY_TOKEN = "qtok-SWEEP-57721"  # a secret-named query value (?password=, ?token=)
 LAUNCH_SECRET = "hf_SWEEP-launch-17320"
 USER = "sweeper"
 INPUTS = "inputs"  # the directory of the files the commands read
@@ -66,6 +68,7 @@ SECRETS: tuple[str, ...] = (
     URL_PASSWORD_QUOTED,
     CH_URL_PASSWORD,
     CH_ENV_PASSWORD,
+    QUERY_TOKEN,
     LAUNCH_SECRET,
     _basic(USER, URL_PASSWORD),
     _basic(USER, URL_PASSWORD_QUOTED),
@@ -195,6 +198,18 @@ startup_timeout_s = 20
 env = {{ HF_TOKEN = "{LAUNCH_SECRET}", NCCL_ALGO = "Ring" }}
 """
     (tmp / "book.toml").write_text(book)
+    endpoints = (
+        book.split("[[arm]]")[0]
+        + f"""
+[[arm]]
+name = "a"
+endpoint = "http://{USER}:{URL_PASSWORD_QUOTED}@{echo}"
+[[arm]]
+name = "b"
+endpoint = "http://{USER}:{URL_PASSWORD_QUOTED}@{echo.replace("127.0.0.1", "localhost")}"
+"""
+    )
+    (tmp / "endpoints.toml").write_text(endpoints)
     return {
         "fake_server": str(tmp / "fake_server.py"),
         "config": str(tmp / "config.json"),
@@ -203,6 +218,7 @@ env = {{ HF_TOKEN = "{LAUNCH_SECRET}", NCCL_ALGO = "Ring" }}
         "spans": str(tmp / "spans.json"),
         "smi": str(tmp / "smi.csv"),
         "book": str(tmp / "book.toml"),
+        "endpoints": str(tmp / "endpoints.toml"),
     }
 
 
@@ -221,7 +237,7 @@ class Case:
 
     argv: str
     shows: str
-    before: str | None = None
+    before: tuple[str, ...] = ()
     otlp: bool = False
 
 
@@ -254,12 +270,21 @@ CASES: dict[str, Case] = {
         "probe --endpoint http://{echo} --replica r1=http://{qpw}{echo} --no-spans " + ONE_RUN,
         MASK,
     ),
+    "probe-torch-profile": Case(PROBE + " --torch-profile {tmp}/profile", MASK),
+    "probe-router-metrics": Case(
+        "probe --endpoint http://{echo} --replica r1=http://{echo_by_name} "
+        "--router-metrics http://{qpw}{echo}/metrics --no-spans " + ONE_RUN,
+        MASK,
+    ),
     "probe-pd": Case(
         "probe --prefill http://{qpw}{echo} --decode http://{qpw}{echo_by_name} " + ONE_RUN, MASK
     ),
     # query and the Prometheus-backed import
     "query": Case("query --prom http://{echo} ttft_mean", MASK),
     "query-json-password": Case("query --prom http://{qpw}{echo} --json ttft_mean", MASK),
+    "query-query-token": Case(
+        "query --prom http://{echo}/?token=" + QUERY_TOKEN + " ttft_mean", "?"
+    ),
     "query-raw-password": Case("query --prom http://{pw}{echo} ttft_mean", "unreachable"),
     "gpu-import-dcgm": Case("gpu import --dcgm --prom http://{qpw}{echo}", MASK),
     "gpu-import-file": Case("gpu import {smi} --json", '"found": 1'),
@@ -302,10 +327,13 @@ CASES: dict[str, Case] = {
     "spans-list-refused": Case("spans list " + CH + "@{dead}/db", "nothing answers"),
     "spans-list-echo": Case("spans list " + CH + "@{echo}/db --json", MASK),
     "spans-show-echo": Case("spans show abc " + CH + "@{echo}/db", MASK),
+    "spans-query-password": Case(
+        "spans list " + CH + "@{echo}/db?password=" + QUERY_TOKEN + "&table=t", MASK
+    ),
     "spans-tempo-password": Case("spans list --spans-from tempo://{pw}{dead}", "not a usable"),
     "spans-jaeger-echo": Case("spans list --spans-from jaeger://{echo}", "401"),
     "spans-import": Case("spans import {spans} --json", "request_spans"),
-    "spans-list-store": Case("spans list", "spans", before=PROBE),
+    "spans-list-store": Case("spans list", "spans", before=(PROBE,)),
     # check, offline and live
     "check-live": Case("check --live --endpoint http://{qpw}{echo} --window 1", "live_router"),
     "check-live-password": Case(
@@ -321,11 +349,27 @@ CASES: dict[str, Case] = {
     "check-live-spans-from": Case(
         "check --live --endpoint http://{echo} --window 1 " + CH + "@{echo}/db", MASK
     ),
-    "check-stored": Case("check --latest --prom http://{qpw}{echo} --json", MASK, before=PROBE),
+    "check-live-router-metrics": Case(
+        "check --live --endpoint http://{echo} --replica r1=http://{echo_by_name} --window 1 "
+        "--router-metrics http://{qpw}{echo}/metrics --markdown",
+        "outer",
+    ),
+    "check-stored-markdown": Case(
+        "check --latest --prom http://{qpw}{echo} --markdown", "#", before=(PROBE,)
+    ),
+    "check-stored": Case("check --latest --prom http://{qpw}{echo} --json", MASK, before=(PROBE,)),
     # ab: a launch-env secret in the log tail, an endpoint with a password
     "ab": Case("ab {book}", "HF_TOKEN=" + MASK),
     "ab-json": Case("ab {book} --json", "HF_TOKEN=" + MASK),
+    "ab-endpoints": Case("ab {endpoints} --force", MASK),
+    "ab-report": Case("ab report 1 --markdown", "a", before=("ab {endpoints} --force",)),
+    "ab-compare": Case("ab compare 1 2 --force --json", "experiment", before=(PROBE, PROBE)),
     # the interplay probes (their error runs are in the store, masked)
+    "interfere-endpoint-b": Case(
+        "interfere --endpoint http://{echo} --endpoint-b http://{qpw}{echo_by_name} --reps 1 "
+        "--a-tokens 4 --b-tokens 1 --at-token 2 --pause 0",
+        MASK,
+    ),
     "prefix": Case(
         "prefix --endpoint http://{qpw}{echo} --reps 1 --prefix-tokens 8 --suffix-tokens 4 "
         "--max-tokens 2",
@@ -355,8 +399,8 @@ CASES: dict[str, Case] = {
     "nccl": Case("nccl {nccl} --save {tmp}/nccl.json", "2.21.5"),
     "nsys": Case("nsys {trace}", "not an SQLite"),
     "trace": Case("trace {trace} --json", "empty trace"),
-    "runs": Case("runs --latest", "error", before=PROBE),
-    "runs-json": Case("runs --latest --json", MASK, before=PROBE),
+    "runs": Case("runs --latest", "error", before=(PROBE,)),
+    "runs-json": Case("runs --latest --json", MASK, before=(PROBE,)),
     "dashboard-refused": Case("dashboard --store {tmp}/missing.sqlite", "no experiment store"),
     "local-status": Case("local status", "local vLLM"),
 }
@@ -388,7 +432,9 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, echo: str) -> dict[st
 
 
 def _leaks(data: bytes) -> list[str]:
-    return [s for s in SECRETS if s.encode() in data]
+    """The secrets ``data`` holds, whole or cut short (a body clipped to N characters) to
+    their first PREFIX_CHARS characters."""
+    return [s for s in SECRETS if s[:PREFIX_CHARS].encode() in data]
 
 
 def _written(root: Path) -> list[Path]:
@@ -439,8 +485,8 @@ def _run(argv: str, world: dict[str, str], capsys: Any) -> tuple[int, str, str]:
 def test_no_secret_comes_back(name: str, world: dict[str, str], tmp_path: Path, capsys) -> None:
     case = CASES[name]
     shown = b""
-    if case.before:
-        _, out, err = _run(case.before, world, capsys)
+    for before in case.before:
+        _, out, err = _run(before, world, capsys)
         shown += (out + err).encode()
     answers: list[bytes] = []
     stop = threading.Event()

@@ -154,3 +154,22 @@ def test_the_clickhouse_password_from_the_environment_is_registered(monkeypatch)
     assert "ch-env-pw-99" not in str(got.value)
     basic = base64.b64encode(b"reader:ch-env-pw-99").decode()
     assert mask_secrets(f"ch-env-pw-99 Basic {basic}") == f"{MASK} Basic {MASK}"
+
+
+def test_a_secret_cut_short_is_masked_from_its_eighth_character_on():
+    basic = base64.b64encode(b"sweeper:pa/ss@w0rd-long").decode()
+    register_user_password("sweeper", "pa/ss@w0rd-long")
+    clipped = f"HTTP 401: invalid Basic {basic[:20]}"  # a body cut at 200 characters
+    assert mask_secrets(clipped) == f"HTTP 401: invalid Basic {MASK}"
+    assert mask_secrets(f"{basic[:12]}; retry") == f"{MASK}; retry"
+    # seven characters are too few to tell from ordinary text
+    register_secret("sk-abcdefghij")
+    assert mask_secrets("sk-abcd sk-abcde!") == f"sk-abcd {MASK}!"
+
+
+def test_the_longest_matching_secret_is_masked_whole_among_ones_sharing_a_start():
+    register_secret("share-123456")
+    register_secret("share-123456-longer")
+    register_secret("short7x")  # shorter than the prefix: only whole
+    text = "share-123456-longer share-123456-lo share-1234 short7 short7x"
+    assert mask_secrets(text) == f"{MASK} {MASK} {MASK} short7 {MASK}"
