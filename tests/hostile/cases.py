@@ -268,3 +268,13 @@ def big_models(n: int) -> bytes:
     return json.dumps(
         {"object": "list", "data": [{"id": f"model-{i:06d}", "object": "model"} for i in range(n)]}
     ).encode()
+
+
+def probe_argv(endpoint: str, store: str | Path, *extra: str, max_tokens: int = 2) -> list[str]:
+    """``phaseprobe probe`` at its smallest: one run, no warm-up, a two-word prompt, no GPU,
+    into ``store``; ``extra`` options follow."""
+    return [
+        *("probe", "--endpoint", endpoint, "--runs", "1", "--warmup", "0"),
+        *("--max-tokens", str(max_tokens), "--prompt", "hi", "--no-gpu", "--store", str(store)),
+        *extra,
+    ]

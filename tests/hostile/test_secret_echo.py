@@ -23,6 +23,7 @@ import pytest
 from phaseprobe.present.cli import main
 from phaseprobe.redact import MASK, forget_secrets, mask_secrets, register_secret
 from phaseprobe.store import Store
+from tests.hostile.cases import probe_argv
 
 API_KEY = "sk-echo-KEY-4711"
 PROM_TOKEN = "prom-echo-TOKEN-0815"
@@ -133,26 +134,7 @@ def test_probe_against_a_server_echoing_the_key(echo, env, tmp_path, capsys, fmt
     endpoint = echo.replace("http://", f"http://user:{PASSWORD}@") if password else echo
     try:
         code, out, err = _run(
-            [
-                "probe",
-                "--endpoint",
-                endpoint,
-                "--runs",
-                "1",
-                "--warmup",
-                "0",
-                "--max-tokens",
-                "2",
-                "--prompt",
-                "hi",
-                "--no-gpu",
-                "--api-key-env",
-                "ECHO_KEY",
-                "--store",
-                str(store),
-                *fmt,
-            ],
-            capsys,
+            probe_argv(endpoint, store, "--api-key-env", "ECHO_KEY", *fmt), capsys
         )
         stored = [row[0] for row in db.execute("SELECT error FROM runs")]
     finally:

@@ -23,6 +23,7 @@ from phaseprobe.errors import ConfigError
 from phaseprobe.present.cli import main
 from phaseprobe.sources.query_catalog import bare_selector, promql_string
 from phaseprobe.testing.sse_server import Script, SseServer
+from tests.hostile.cases import probe_argv
 from tests.prometheus_stub import Reply, Stub
 
 INJECTIONS = [
@@ -58,28 +59,6 @@ def _run(argv: list[str], capsys: Any) -> tuple[int, str, str]:
     return code, got.out, got.err
 
 
-def _probe(endpoint: str, store: Path, *extra: str) -> list[str]:
-    return [
-        "probe",
-        "--endpoint",
-        endpoint,
-        "--runs",
-        "1",
-        "--warmup",
-        "0",
-        "--max-tokens",
-        "3",
-        "--prompt",
-        "hi",
-        "--no-gpu",
-        "--store",
-        str(store),
-        "--prom-wait",
-        "0.2",
-        *extra,
-    ]
-
-
 def _refused(code: int, err: str) -> None:
     assert code == 2, err
     lines = err.strip().splitlines()
@@ -93,7 +72,9 @@ def _refused(code: int, err: str) -> None:
 @pytest.mark.parametrize("selector", INJECTIONS)
 def test_probe_refuses_a_prom_selector_before_any_request(selector, prom, tmp_path, capsys):
     with SseServer(QUICK) as srv:
-        argv = _probe(srv.base_url, tmp_path / "s.sqlite", "--prom", prom.url)
+        argv = probe_argv(
+            srv.base_url, tmp_path / "s.sqlite", "--prom-wait", "0.2", "--prom", prom.url
+        )
         code, _, err = _run([*argv, "--prom-selector", selector], capsys)
         sent = list(srv.requests)
     _refused(code, err)
@@ -155,7 +136,9 @@ def _promtool_parses(queries: list[str], tmp_path: Path) -> subprocess.Completed
 )
 def test_a_model_name_is_quoted_into_the_default_selector(model, quoted, prom, tmp_path, capsys):
     with SseServer(QUICK, model=model) as srv:
-        argv = _probe(srv.base_url, tmp_path / "s.sqlite", "--prom", prom.url, "--json")
+        argv = probe_argv(
+            srv.base_url, tmp_path / "s.sqlite", "--prom-wait", "0.2", "--prom", prom.url, "--json"
+        )
         code, _, err = _run(argv, capsys)
         posts = [r for r in srv.requests if r.method == "POST"]
     assert code == 0 and len(posts) == 1, err
