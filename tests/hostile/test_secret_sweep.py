@@ -122,14 +122,65 @@ class _Echo(BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture(scope="module")
-def echo() -> Iterator[str]:
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Echo)
+class _LoudEcho(_Echo):
+    """The echo, and worse: its successful answers quote the credentials too (the model's
+    ``root`` and ``owned_by``, a ``/metrics`` label and HELP text, ``/version``), and
+    completions stream them back as the generated text."""
+
+    def _answer(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        if length:
+            self.rfile.read(min(length, 1 << 20))
+        said = " ".join(f"{h}={self.headers.get(h)}" for h in ECHOED if self.headers.get(h))
+        path = self.path.split("?", 1)[0]
+        if path == "/v1/models":
+            model = {"id": "m", "root": f"/models/{said}", "owned_by": said, "max_model_len": 64}
+            self._send(200, json.dumps({"object": "list", "data": [model]}).encode())
+        elif path == "/metrics":
+            label = said.replace('"', "'")
+            extra = (
+                f"# HELP vllm:cache_config_info cache config of {label}\n"
+                "# TYPE vllm:cache_config_info gauge\n"
+                f'vllm:cache_config_info{{block_size="16",echo="{label}"}} 1\n'
+            )
+            self._send(200, METRICS + extra.encode(), "text/plain; version=0.0.4")
+        elif path == "/version":
+            self._send(200, json.dumps({"version": said}).encode())
+        elif path == "/v1/completions":
+            self._stream(said)
+        else:
+            super()._answer()
+
+    def _stream(self, said: str) -> None:
+        def event(doc: dict[str, Any]) -> bytes:
+            return b"data: " + json.dumps(doc).encode() + b"\n\n"
+
+        chunks = [
+            event({"id": "c", "model": "m", "choices": [{"index": 0, "text": t}]})
+            for t in (f"you sent {said}", " ok")
+        ]
+        usage = {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4}
+        body = b"".join([*chunks, event({"id": "c", "model": "m", "choices": [], "usage": usage})])
+        self._send(200, body + b"data: [DONE]\n\n", "text/event-stream")
+
+
+def _serve(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     httpd.daemon_threads = True
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     yield f"127.0.0.1:{httpd.server_address[1]}"
     httpd.shutdown()
     httpd.server_close()
+
+
+@pytest.fixture(scope="module")
+def echo() -> Iterator[str]:
+    yield from _serve(_Echo)
+
+
+@pytest.fixture(scope="module")
+def loud() -> Iterator[str]:
+    yield from _serve(_LoudEcho)
 
 
 def _free_port() -> int:
@@ -226,7 +277,8 @@ endpoint = "http://{USER}:{URL_PASSWORD_QUOTED}@{echo.replace("127.0.0.1", "loca
 class Case:
     """One command line, and what shows it got where a secret would come back.
 
-    ``argv``: ``{echo}`` (host:port of the echoing server), ``{echo_by_name}`` (the same as
+    ``argv``: ``{echo}`` (host:port of the echoing server), ``{loud}`` (one that echoes in
+    its successful answers too), ``{echo_by_name}`` (the same as
     localhost), ``{dead}`` (host:port where nothing listens), ``{pw}`` (``USER:password@`` with
     the raw password), ``{qpw}`` (the same, percent-encoded), ``{listen}`` (a free port),
     ``{tmp}`` and the input names of :func:`_files` are filled in. ``shows``: a text that must
@@ -278,6 +330,33 @@ CASES: dict[str, Case] = {
     ),
     "probe-pd": Case(
         "probe --prefill http://{qpw}{echo} --decode http://{qpw}{echo_by_name} " + ONE_RUN, MASK
+    ),
+    # a server quoting the credentials in its successful answers and generated text
+    "probe-loud": Case(
+        "probe --endpoint http://{loud} --prom http://{loud} --prom-wait 0 --no-spans " + ONE_RUN,
+        "ok",
+    ),
+    "probe-loud-json": Case(
+        "probe --endpoint http://{qpw}{loud} --no-spans --json --response-metrics on " + ONE_RUN,
+        MASK,
+    ),
+    "check-live-loud": Case(
+        "check --live --endpoint http://{qpw}{loud} --window 1 --json", '"kind": "live"'
+    ),
+    "grafana-lint-loud": Case("grafana lint --metrics http://{qpw}{loud} --json", "missing"),
+    "plan-loud": Case(
+        "plan --config {config} --gpu-mem-gb 80 --metrics http://{qpw}{loud}/metrics --json",
+        "kv",
+    ),
+    "prefix-loud": Case(
+        "prefix --endpoint http://{loud} --reps 1 --prefix-tokens 8 --suffix-tokens 4 "
+        "--max-tokens 2 --json",
+        "cold",
+    ),
+    "check-stored-loud": Case(
+        "check --latest --json",
+        "rule",
+        before=("probe --endpoint http://{qpw}{loud} --no-spans " + ONE_RUN,),
     ),
     # query and the Prometheus-backed import
     "query": Case("query --prom http://{echo} ttft_mean", MASK),
@@ -407,7 +486,7 @@ CASES: dict[str, Case] = {
 
 
 @pytest.fixture
-def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, echo: str) -> dict[str, str]:
+def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, echo: str, loud: str) -> dict[str, str]:
     forget_secrets()
     monkeypatch.setenv("OPENAI_API_KEY", API_KEY)
     monkeypatch.setenv("PHASEPROBE_PROM_TOKEN", PROM_TOKEN)
@@ -421,6 +500,7 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, echo: str) -> dict[st
     monkeypatch.chdir(tmp_path)  # a file written to the working directory is grepped too
     return {
         "echo": echo,
+        "loud": loud,
         "echo_by_name": echo.replace("127.0.0.1", "localhost"),  # the same server, another name
         "dead": dead_url()[1],
         "pw": f"{USER}:{URL_PASSWORD}@",
