@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from phaseprobe.collect.watch.options import RECEIVER_ONLY, WatchOptions
-from phaseprobe.collect.watch.session import IDLE_TICK_S, Pace
+from phaseprobe.collect.watch.pace import IDLE_TICK_S, Pace
 from phaseprobe.errors import ConfigError
 from phaseprobe.present.cli import cmd_watch
 from phaseprobe.redact import MASK, forget_secrets, mask_secrets

@@ -3,8 +3,8 @@ snapshot every refresh.
 
 - :mod:`.options`: :class:`~.options.WatchOptions`, the flags as plain values, checked (typed
   errors before anything starts) and their secrets registered for the mask;
-- :mod:`.session`: :func:`~.session.open_watch`, the one entry (receiving or reading), and the
-  pace every mode keeps;
+- :mod:`.session`: :func:`~.session.open_watch`, the one entry (receiving or reading);
+- :mod:`.pace`: when a watch refreshes and ends, for either mode;
 - :mod:`.receive`: the span receiver, the store's retention, the finished-request counters,
   ``--demo``'s local vLLM and its load; a :class:`~.receive.WatchTick` per refresh;
 - :mod:`.read`: ``--spans-from``, a fleet's span store polled (no receiver);

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from phaseprobe.collect.notices import Notices
 from phaseprobe.collect.spans.source import FollowedWindow, SpanFollower, open_spans
 from phaseprobe.collect.watch.options import WatchOptions
-from phaseprobe.collect.watch.session import Pace
+from phaseprobe.collect.watch.pace import Pace
 
 if TYPE_CHECKING:
     from phaseprobe.analysis.span_context import InterferenceEstimate

@@ -27,7 +27,7 @@ from phaseprobe.collect.spans.retention import RetentionPolicy, SpanRetention
 from phaseprobe.collect.watch.counters import FinishedCounter, open_replica_counters
 from phaseprobe.collect.watch.fleet import FleetState, FleetTracker
 from phaseprobe.collect.watch.options import WatchOptions
-from phaseprobe.collect.watch.session import Pace
+from phaseprobe.collect.watch.pace import Pace
 from phaseprobe.records import RequestSpan
 from phaseprobe.redact import redact_url
 
