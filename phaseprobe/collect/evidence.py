@@ -381,9 +381,11 @@ def model_layers(server_info: dict[str, Any], explicit: str | None) -> int | Non
 def prometheus_evidence(
     url: str, runs: Sequence[Any], selector: str, notes: list[str], *, now_s: float | None = None
 ) -> dict[str, float | None] | None:
-    """KV-cache usage peak, preemptions, prefix-cache hit rate and finished requests (not
-    aborted: those send no span) over the runs' window (:func:`evidence_window`); None and a
-    note when Prometheus cannot be asked."""
+    """{name: value or None} over the runs' window; raises ConfigError for a bad selector.
+
+    KV-cache usage peak (fraction), preemptions, prefix-cache hit rate and finished requests
+    (not aborted: those send no span) over :func:`evidence_window`; None and a note when
+    Prometheus cannot be asked. ``selector`` is parsed as PromQL label matchers, never spliced."""
     from phaseprobe.errors import PrometheusError
     from phaseprobe.sources.prometheus import PrometheusClient
     from phaseprobe.sources.query_catalog import bare_selector
@@ -472,8 +474,11 @@ def _stamp_ns(stamp: str | None) -> int | None:
 def trace_evidence(
     path: str, *, nsys: bool, min_gap_ns: int = 100_000
 ) -> TraceEvidence | dict[str, Any]:
-    """A ``phaseprobe trace|nsys --json``-shaped document (the keys the idle-gap rule reads):
-    a saved ``.json`` summary as is (a JSON object with ``idle_gaps_total_ns``: its shape is
+    """A ``trace|nsys --json``-shaped document; raises ConfigError naming a bad path.
+
+    The keys the idle-gap rule reads: a missing file, ``-``, a symlink loop, a FIFO or a device
+    is said as what it is (:func:`~phaseprobe.inputs.path_problem`); a saved ``.json`` summary
+    as is (a JSON object with ``idle_gaps_total_ns``: its shape is
     not checked further), else the trace read and summarised here, with :func:`_trace_facts`."""
     p = Path(path)
     option = "--nsys" if nsys else "--trace"

@@ -117,7 +117,11 @@ class LiveOptions:
 def take_window(
     opts: LiveOptions, *, session: requests.Session | None = None
 ) -> tuple[LiveEvidence, dict[str, str]]:
-    """Read one window (see the module docstring): the evidence and its sources in words."""
+    """(LiveEvidence, its sources in words) of one window; raises ConfigError for bad options.
+
+    See the module docstring for the two ways to read it. A bad ``--window``, endpoint/--prom
+    pair or ``--prom-selector`` (parsed as PromQL label matchers) is refused before the window
+    starts."""
     if opts.window_s <= 0 or not math.isfinite(opts.window_s):
         raise ConfigError(f"--window {opts.window_s:g}: give a positive number of seconds")
     if bool(opts.endpoint) == bool(opts.prom_url):

@@ -94,10 +94,12 @@ def named_queries(
     ca_bundle: str | None = None,
     timeout_s: float = 10.0,
 ) -> Iterator[NamedQueries]:
-    """The Prometheus at ``url``, open for named queries; closed on leaving. The bearer token
-    comes from ``token_env`` (it must be set), else from :data:`DEFAULT_TOKEN_ENV` when set.
-    Raises ConfigError before any request for an unset ``token_env`` or a ``ca_bundle`` that
-    is no readable file or directory (saying what it is: missing, a FIFO, a symlink loop…)."""
+    """NamedQueries on the Prometheus at ``url``; raises ConfigError for a bad token or CA.
+
+    Closed on leaving. The bearer token comes from ``token_env`` (it must be set), else from
+    :data:`DEFAULT_TOKEN_ENV` when set. An unset ``token_env`` or a ``ca_bundle`` that is no
+    readable file or directory (said as what it is: missing, a FIFO, a symlink loop…) is
+    refused before any request."""
     if token_env and token_env not in os.environ:
         raise ConfigError(f"--token-env {token_env}: that environment variable is not set")
     if ca_bundle is not None and not os.path.isdir(ca_bundle):  # a c_rehash'ed CA directory

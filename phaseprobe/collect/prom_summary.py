@@ -118,8 +118,10 @@ def wait_for_scrape(
     now: Callable[[], float] = time.time,
     sleep: Callable[[float], None] = time.sleep,
 ) -> float:
-    """Block until Prometheus holds a sample of the server scraped at or after ``after`` (unix
-    s); return that sample's timestamp."""
+    """The timestamp (unix s) of a scrape at or after ``after``; raises EmptyResult past wait_s.
+
+    Blocks until Prometheus holds such a sample of the server (``selector``: PromQL label
+    matchers, parsed, a ConfigError when they are not)."""
     names = client.names_map()
     metric = names.get(
         "vllm:e2e_request_latency_seconds_count", "vllm:e2e_request_latency_seconds_count"

@@ -256,10 +256,11 @@ _STRING_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\
 
 
 def promql_string(value: str) -> str:
-    """``value`` as a double-quoted PromQL string literal (str), escaped per PromQL's string
-    rules so a label value from a server (a model name with ``"``, ``\\`` or a newline) is
-    never spliced into a query. Raises ConfigError for a lone surrogate, which no UTF-8
-    query can carry."""
+    """``value`` as a double-quoted PromQL string (str); raises ConfigError for a lone surrogate.
+
+    Escaped per PromQL's string rules, so a label value from a server (a model name with
+    ``"``, ``\\`` or a newline) is never spliced into a query; a lone surrogate is refused
+    because no UTF-8 query can carry it."""
     out: list[str] = []
     for ch in value:
         code = ord(ch)

@@ -20,9 +20,9 @@ NsysFileKind = Literal["stats-text", "stats-csv", "export"]
 
 
 def nsys_file_kind(path: str | Path) -> NsysFileKind:
-    """``stats-text``, ``stats-csv`` or ``export``: which reader ``path`` is for.
+    """``stats-text``, ``stats-csv`` or ``export`` (the reader for ``path``); raises TraceError.
 
-    Raises TraceError naming the file and what it really is
+    The TraceError names the file and what it really is
     (:func:`~phaseprobe.inputs.path_problem`): missing, ``-``, a symlink loop, not a regular
     file (a FIFO, a device, a directory)."""
     from phaseprobe.sources.nsys import stats_text  # pandas: loaded when a file is read
