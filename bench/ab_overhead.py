@@ -16,8 +16,8 @@ import tempfile
 from pathlib import Path
 
 from phaseprobe.analysis.ab.sequential import SequentialPlan
-from phaseprobe.collect.ab import run_ab
-from phaseprobe.collect.playbook import parse_playbook
+from phaseprobe.collect.ab.engine import run_ab
+from phaseprobe.collect.ab.playbook import parse_playbook
 from phaseprobe.store import Store
 from phaseprobe.testing.sse_server import Script, SseServer
 

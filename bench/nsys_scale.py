@@ -30,8 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from phaseprobe.analysis import timeline as tla  # noqa: E402
-from phaseprobe.analysis import trace_summary  # noqa: E402
+from phaseprobe.analysis.trace import summary as trace_summary  # noqa: E402
+from phaseprobe.analysis.trace import timeline as tla  # noqa: E402
 from phaseprobe.collect import trace_files  # noqa: E402
 from phaseprobe.sources.nsys.export import read_nsys  # noqa: E402
 

@@ -443,7 +443,7 @@ class RequestSpan:
     Durations are seconds (vLLM's own attribute units); None where the span lacks the attribute
     (older vLLM, other engines). Under concurrency ``prefill_s`` and ``decode_s`` are the wall
     time of the batches the request was part of, shared with the other requests in them: read
-    them with the request's overlap context (phaseprobe.analysis.span_context).
+    them with the request's overlap context (phaseprobe.analysis.spans.context).
     """
 
     trace_id: str  # 32 lowercase hex digits

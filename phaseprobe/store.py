@@ -42,7 +42,7 @@ from phaseprobe.records import (
     RunSpec,
     ServerPhases,
 )
-from phaseprobe.redact import redact_url, redact_urls_in
+from phaseprobe.redact import mask_secrets, redact_url, redact_urls_in
 
 if TYPE_CHECKING:  # pandas only inside the GPU methods: `import phaseprobe` stays light
     import pandas as pd
@@ -889,6 +889,9 @@ class Store:
         return int(cur.lastrowid or 0)
 
     def _write(self, sql: str, params: tuple[Any, ...]) -> sqlite3.Cursor:
+        # every text stored masked: a server quoting a key in what it answers (a model's
+        # root, a label) or streams back reaches server_json, client_json, span_json…
+        params = tuple(mask_secrets(p) if isinstance(p, str) else p for p in params)
         with self._transaction():
             return self._db.execute(sql, params)
 

@@ -1,7 +1,7 @@
 """The records a trace reader produces: one Timeline of activities (kernels, copies, CPU ops)
 and ranges (NVTX, vLLM steps, Kineto user annotations), each activity classed by its name.
 
-A leaf below ``sources``: the nsys and Kineto readers build these, ``analysis.timeline``
+A leaf below ``sources``: the nsys and Kineto readers build these, ``analysis.trace.timeline``
 computes on them. The kernel classes are part of the record because every consumer needs the
 same answer to "is this NCCL, a GEMM, attention?" and the readers set it once.
 """

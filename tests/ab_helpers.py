@@ -8,7 +8,7 @@ from typing import Any
 
 from rich.console import Console
 
-from phaseprobe.collect.ab import NullAbProgress
+from phaseprobe.collect.ab.engine import NullAbProgress
 from phaseprobe.present.cli import cmd_ab
 
 

@@ -6,7 +6,7 @@ probe lengthens A when B keeps coming too late, and measures A alone again at th
 because A's pace per step is not the same at 16 and at 256 tokens (seen: 2.3 ms per step at 64
 tokens, 1.8 ms at 256 — extrapolating one from the other gave −125 µs per token). The median of
 that over B's prompt tokens is seconds of decode per prefill token: the unit of the live
-estimate from spans (:func:`phaseprobe.analysis.span_context.prefill_interference`), so the two
+estimate from spans (:func:`phaseprobe.analysis.spans.context.prefill_interference`), so the two
 can be set side by side. The interval is a percentile bootstrap (``scipy.stats``) over the
 A-alone runs of each length and over the pairs: with a handful of each it is coarse, and says
 so by being wide.

@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from phaseprobe.analysis.pd import source_deltas
+from phaseprobe.analysis.pd.legs import source_deltas
 from phaseprobe.analysis.roofline import ModelCost
 from phaseprobe.records import Run
 from phaseprobe.sources.vllm.metrics import MetricSnapshot

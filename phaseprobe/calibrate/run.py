@@ -33,7 +33,7 @@ from typing import Any
 
 from phaseprobe.analysis.roofline import Peaks
 from phaseprobe.errors import CalibrationError, ConfigError
-from phaseprobe.inputs import JSON_DOC_CAP, read_input_text
+from phaseprobe.inputs import JSON_DOC_CAP, path_problem, read_input_text
 from phaseprobe.local.venv import default_venv_dir, is_installed, venv_python
 from phaseprobe.paths import data_dir, write_atomic
 
@@ -186,9 +186,11 @@ def _torch_importable() -> bool:
 def find_interpreter(explicit: str | None = None, *, venv: Path | None = None) -> str:
     """The Python that will run the benchmark (see the module docstring for the order)."""
     if explicit:
-        if not Path(explicit).exists():
-            raise ConfigError(f"--python {explicit}: no such file")
-        return explicit
+        problem = path_problem(explicit)  # missing, '-', a loop, a directory, a FIFO, a device
+        if problem:
+            raise ConfigError(f"--python {explicit}: {problem}")
+        # absolute: a bare name ('dir', 'python') would be looked up on PATH, not run from here
+        return str(Path(explicit).absolute())
     if _torch_importable():
         return sys.executable
     venv = venv or default_venv_dir()

@@ -15,6 +15,7 @@ from typing import Any, NotRequired, Required, TypedDict
 
 import requests
 
+from phaseprobe.collect.ab.playbook import ArmLaunch, RedactedArm
 from phaseprobe.collect.fleet.scrape import FleetScraper
 from phaseprobe.collect.fleet.targets import (
     ReplicaTarget,
@@ -22,7 +23,6 @@ from phaseprobe.collect.fleet.targets import (
     discover_replicas,
     router_workers,
 )
-from phaseprobe.collect.playbook import ArmLaunch, RedactedArm
 from phaseprobe.collect.prompts import PromptBuilder
 from phaseprobe.errors import MetricsUnavailable, PhaseprobeError
 from phaseprobe.redact import redact_url

@@ -39,7 +39,7 @@ from phaseprobe.store import Store
 
 if TYPE_CHECKING:  # the readers themselves are imported only when their option is used
     from phaseprobe.analysis.nccl.report import NcclEvidence
-    from phaseprobe.analysis.trace_summary import TraceEvidence, TraceFacts
+    from phaseprobe.analysis.trace.summary import TraceEvidence, TraceFacts
 
 __all__ = [
     "EvidenceOptions",
@@ -494,7 +494,7 @@ def trace_evidence(
             doc = None
         if isinstance(doc, dict) and "idle_gaps_total_ns" in doc:
             return doc
-    from phaseprobe.analysis import trace_summary
+    from phaseprobe.analysis.trace import summary as trace_summary
     from phaseprobe.collect import trace_files
 
     out: TraceEvidence

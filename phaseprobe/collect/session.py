@@ -28,8 +28,8 @@ from phaseprobe.store import Store
 
 if TYPE_CHECKING:
     from phaseprobe.analysis.kv_reservation import KvReservationDoc
-    from phaseprobe.analysis.span_context import OverlapContext
-    from phaseprobe.analysis.trace_summary import TraceDoc
+    from phaseprobe.analysis.spans.context import OverlapContext
+    from phaseprobe.analysis.trace.summary import TraceDoc
     from phaseprobe.collect.experiment import ProbeResult
     from phaseprobe.collect.prom_summary import PromSidecar, PromSummaryDoc
     from phaseprobe.collect.spans.source import SpanReader
@@ -82,7 +82,7 @@ class SessionReport:
     """What a session adds to the runs, once they are done (each None when not asked for)."""
 
     efficiency: EfficiencyReport = field(default_factory=EfficiencyReport)  # the roofline
-    trace: TraceDoc | None = None  # analysis.trace_summary document of the capture
+    trace: TraceDoc | None = None  # analysis.trace.summary document of the capture
     prometheus: PromSummaryDoc | None = None  # the experiment in PromQL
     kv_reservation: KvReservationDoc | None = None  # GPU memory vs vLLM's cache config
     shared: dict[int, OverlapContext] = field(default_factory=dict)  # run seq → what it shared
@@ -386,7 +386,7 @@ class Session:
         by_span = [r for r in runs if r.span is not None and r.attributed and not r.isolated]
         if not by_span:
             return {}
-        from phaseprobe.analysis.span_context import overlap_context
+        from phaseprobe.analysis.spans.context import overlap_context
 
         if self.span_reader is not None:  # a fleet's store: each run's engine company only
             contexts = {}

@@ -1,11 +1,11 @@
 """A trace file read (``sources.nsys``, ``sources.torch_trace``) and summarised
-(``analysis.trace_summary``): the one trace document that ``phaseprobe nsys|trace``, the
+(``analysis.trace.summary``): the one trace document that ``phaseprobe nsys|trace``, the
 probe's ``--torch-profile``, the checklist's evidence and the dashboard's Files page share.
 
 An Nsight Systems export is summarised in bounded memory: the export is read in chunks
-(``sources.nsys.scan``) folded into the same tables (``analysis.timeline_stream``). An export
+(``sources.nsys.scan``) folded into the same tables (``analysis.trace.timeline_stream``). An export
 the chunked reader cannot take exactly (or a broken one, whose error the in-memory reader
-words) goes through ``read_nsys`` and :func:`~phaseprobe.analysis.trace_summary.summarize`.
+words) goes through ``read_nsys`` and :func:`~phaseprobe.analysis.trace.summary.summarize`.
 The readers are imported where used: a command's ``--help`` must not load pandas.
 """
 
@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, cast
 
-from phaseprobe.analysis import trace_summary
-from phaseprobe.analysis.trace_summary import KernelCounts, TraceDoc
+from phaseprobe.analysis.trace import summary as trace_summary
+from phaseprobe.analysis.trace.summary import KernelCounts, TraceDoc
 from phaseprobe.trace_records import Timeline
 
 __all__ = [
@@ -89,7 +89,7 @@ def summarize_trace_file(path: str | Path, min_gap_ns: int = 100_000, top: int =
 def summarize_nsys_export(
     path: str | Path, min_gap_ns: int = 100_000, top: int = 15, chunk_rows: int | None = None
 ) -> TraceDoc:
-    """:func:`~phaseprobe.analysis.trace_summary.summarize` of ``read_nsys(path)``, equal to
+    """:func:`~phaseprobe.analysis.trace.summary.summarize` of ``read_nsys(path)``, equal to
     it (ns), computed in bounded memory (see the module docstring). Raises TraceError naming
     the export when neither reader can read it."""
     return summarize_nsys_with_span(path, min_gap_ns, top, chunk_rows)[0]
@@ -101,11 +101,11 @@ def summarize_nsys_with_span(
     """:func:`summarize_nsys_export` and the activities' span, (first start, last end) in ns
     on the export's clock, None without activities: what the checklist's evidence needs to
     tell whether a capture belongs to the runs
-    (:func:`~phaseprobe.analysis.trace_summary.activity_span`). Raises TraceError naming the
+    (:func:`~phaseprobe.analysis.trace.summary.activity_span`). Raises TraceError naming the
     export when neither reader can read it."""
     import sqlite3
 
-    from phaseprobe.analysis.timeline_stream import TimelineFold
+    from phaseprobe.analysis.trace.timeline_stream import TimelineFold
     from phaseprobe.sources.nsys import scan as nsys_scan
     from phaseprobe.sources.nsys.account import pid_of
     from phaseprobe.sources.nsys.export import read_nsys

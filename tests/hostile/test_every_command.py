@@ -1351,17 +1351,17 @@ def run_field(cid: str, key: str, value: str, bug: str | None = None) -> Any:
 
 
 BUG_AB_TIMEOUT = (
-    "BUG phaseprobe/collect/playbook.py:_run_plan: run.timeout_s = inf or nan passes "
+    "BUG phaseprobe/collect/ab/playbook.py:_run_plan: run.timeout_s = inf or nan passes "
     "(`timeout <= 0` is False for both) and reaches the requests — fix: require "
     "math.isfinite(timeout) and 0 < timeout <= 7*24*3600, like present/args.seconds"
 )
 BUG_AB_PAUSE = (
-    "BUG phaseprobe/collect/playbook.py:_run_plan: run.pause_s = nan or 1e308 passes "
+    "BUG phaseprobe/collect/ab/playbook.py:_run_plan: run.pause_s = nan or 1e308 passes "
     "(`pause < 0` is False) and would reach time.sleep — fix: require math.isfinite(pause) "
     "and 0 <= pause <= 3600 (naming run.pause_s)"
 )
 BUG_AB_MAX_RUNS = (
-    "BUG phaseprobe/collect/playbook.py:_run_plan: run.max_runs has no upper bound (10**18 "
+    "BUG phaseprobe/collect/ab/playbook.py:_run_plan: run.max_runs has no upper bound (10**18 "
     "passes) although --max-runs is capped at 100000 in cmd_ab._check_numbers — fix: "
     "r.int_('max_runs', 60, 2) plus a maximum of 100000 naming run.max_runs"
 )

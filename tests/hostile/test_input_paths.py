@@ -77,6 +77,7 @@ COMMANDS = [
         ("plan", "--gpu-mem-gb", "80", "--config", "{config}", "--metrics", "{p}"),
     ),
     Command("calibrate-model-config", ("calibrate", "--model-config", "{p}"), CONFIG_DIR),
+    Command("calibrate-python", ("calibrate", "--python", "{p}", "--quick")),
     Command("ab-playbook", ("ab", "{p}", "--store", "{new_store}")),
     Command("grafana-lint", ("grafana", "lint", "{p}")),
     Command("grafana-lint-metrics", ("grafana", "lint", "--metrics", "{p}")),
@@ -198,3 +199,21 @@ def test_no_stored_calibration_is_said_not_refused(
     monkeypatch.setenv("PHASEPROBE_DATA_DIR", str(tmp_path / "data"))
     assert main(["calibrate", "--show"]) == 0
     assert "no calibration stored yet" in capsys.readouterr().out
+
+
+def test_a_python_that_is_no_interpreter_is_refused_not_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """``calibrate --python dir`` with a directory ``dir`` here once ran coreutils' ``dir``
+    (a bare name is looked up on PATH); a local file of a PATH program's name is run from here
+    (it is not executable: the error says so, where ``true`` from PATH would have passed)."""
+    monkeypatch.setenv("PHASEPROBE_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "dir").mkdir()
+    assert main(["calibrate", "--python", "dir", "--quick"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --python dir: {SAID['directory']}"), err
+    (tmp_path / "true").write_text("not a program")  # /usr/bin/true would exit 0
+    assert main(["calibrate", "--python", "true", "--quick"]) != 0
+    err = capsys.readouterr().err
+    assert str(tmp_path / "true") in err and "Permission denied" in err, err

@@ -208,7 +208,7 @@ def test_a_key_that_cannot_be_a_header_is_refused_unshown(
 
 
 def test_a_launched_servers_log_tail_is_masked(tmp_path):
-    from phaseprobe.collect.playbook import parse_playbook
+    from phaseprobe.collect.ab.playbook import parse_playbook
     from phaseprobe.local.process import log_tail
 
     parse_playbook("""

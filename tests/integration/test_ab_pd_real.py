@@ -12,8 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from phaseprobe.analysis.ab.pd import judge_pd
 from phaseprobe.analysis.ab.stats import compare_runs
-from phaseprobe.collect.ab import run_ab
-from phaseprobe.collect.playbook import parse_playbook
+from phaseprobe.collect.ab.engine import run_ab
+from phaseprobe.collect.ab.playbook import parse_playbook
 from phaseprobe.store import Store
 
 pytestmark = pytest.mark.integration

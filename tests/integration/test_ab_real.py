@@ -18,8 +18,8 @@ from rich.console import Console
 
 from phaseprobe.analysis.ab.sequential import SequentialPlan
 from phaseprobe.analysis.ab.stats import compare_runs
-from phaseprobe.collect.ab import run_ab
-from phaseprobe.collect.playbook import load_playbook
+from phaseprobe.collect.ab.engine import run_ab
+from phaseprobe.collect.ab.playbook import load_playbook
 from phaseprobe.local import ensure_model, install
 from phaseprobe.present.cli import cmd_ab
 from phaseprobe.store import Store

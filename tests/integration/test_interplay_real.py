@@ -14,7 +14,8 @@ import pytest
 import requests
 
 from phaseprobe.analysis.interplay import fmt_duration, interfere_pair_of
-from phaseprobe.collect.ab import launch_server
+from phaseprobe.collect.ab.engine import launch_server
+from phaseprobe.collect.ab.playbook import load_playbook
 from phaseprobe.collect.interplay import (
     InterfereSettings,
     Target,
@@ -25,7 +26,6 @@ from phaseprobe.collect.interplay import (
     run_interfere,
     run_prefix,
 )
-from phaseprobe.collect.playbook import load_playbook
 from phaseprobe.local import ensure_model, install
 from phaseprobe.sources.vllm.metrics import parse_exposition
 from phaseprobe.store import Store

@@ -201,7 +201,7 @@ def test_the_two_legs_spans_join_into_one_request(local_pd, tmp_path):
     hand-over and a TTFT split that add up (the spans' own clocks)."""
     import time
 
-    from phaseprobe.analysis.pd_spans import join_legs
+    from phaseprobe.analysis.pd.spans import join_legs
 
     if local_pd.span_store_path is None:
         pytest.skip("no session span receiver")

@@ -22,7 +22,7 @@ import pytest
 import requests
 
 from phaseprobe.analysis.phases import engine_edges, outside_engine, summarize
-from phaseprobe.analysis.span_context import overlap_context
+from phaseprobe.analysis.spans.context import overlap_context
 from phaseprobe.collect.experiment import ProbeSettings, run_probe
 from phaseprobe.collect.open_loop import LoadSettings, OpenLoopLoad
 from phaseprobe.collect.spans.attribution import new_tags
@@ -447,7 +447,7 @@ def test_live_interference_estimate_agrees_with_the_interfere_probe(local_vllm, 
     """The live estimate (from spans of an open-loop load) and the controlled interference
     probe measure the same cost: decode time a decoding request loses per prefill token of
     another request. They must agree in sign and order of magnitude."""
-    from phaseprobe.analysis.span_context import prefill_interference
+    from phaseprobe.analysis.spans.context import prefill_interference
     from phaseprobe.collect.interplay import Target
     from phaseprobe.collect.interplay.interfere import InterfereSettings, Trigger, run_interfere
 

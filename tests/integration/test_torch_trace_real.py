@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from phaseprobe.analysis import timeline as tla
+from phaseprobe.analysis.trace import timeline as tla
 from phaseprobe.sources.torch_trace import capture_profile, read_torch_trace
 
 pytestmark = pytest.mark.integration

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import pytest
 
 from phaseprobe.analysis.ab.stats import compare_runs
-from phaseprobe.collect.ab import launch_server, resume_ab, run_ab, schedule
-from phaseprobe.collect.playbook import Arm, Launch, parse_playbook, session_arms
+from phaseprobe.collect.ab.engine import launch_server, resume_ab, run_ab, schedule
+from phaseprobe.collect.ab.playbook import Arm, Launch, parse_playbook, session_arms
 from phaseprobe.errors import LocalServerError
 from phaseprobe.store import Store
 from phaseprobe.testing.sse_server import Script, SseServer
@@ -121,8 +121,8 @@ def test_resume_after_crash_neither_loses_nor_duplicates(servers, tmp_path):
 
 _CHILD = """
 import sys
-from phaseprobe.collect.ab import run_ab
-from phaseprobe.collect.playbook import parse_playbook
+from phaseprobe.collect.ab.engine import run_ab
+from phaseprobe.collect.ab.playbook import parse_playbook
 from phaseprobe.store import Store
 with Store(sys.argv[1]) as store:
     run_ab(parse_playbook(open(sys.argv[2]).read(), sys.argv[2]), store)

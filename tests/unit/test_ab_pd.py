@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from phaseprobe.collect.ab import run_ab, start_arms
+from phaseprobe.collect.ab.engine import run_ab, start_arms
+from phaseprobe.collect.ab.playbook import Arm, PlaybookError, parse_playbook, redacted_arm
 from phaseprobe.collect.pd.collector import PdTopology
-from phaseprobe.collect.playbook import Arm, PlaybookError, parse_playbook, redacted_arm
 from phaseprobe.errors import ConfigError
 from phaseprobe.local.server import DEFAULT_SERVED_NAME
 from phaseprobe.store import Store
@@ -360,7 +360,7 @@ def test_a_launched_pair_is_shared_by_identical_launches_and_stopped_on_every_ex
 
 
 def test_the_shipped_pd_playbooks_compare_an_aggregated_arm_with_a_pair():
-    from phaseprobe.collect.playbook import load_playbook
+    from phaseprobe.collect.ab.playbook import load_playbook
 
     cpu = load_playbook("cpu-pd-vs-aggregated")
     assert [a.is_pd for a in cpu.arms] == [False, True]

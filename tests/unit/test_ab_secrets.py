@@ -11,8 +11,8 @@ from dataclasses import replace
 
 import pytest
 
-from phaseprobe.collect.ab import resume_ab, run_ab
-from phaseprobe.collect.playbook import (
+from phaseprobe.collect.ab.engine import resume_ab, run_ab
+from phaseprobe.collect.ab.playbook import (
     REDACTED,
     Arm,
     parse_playbook,
@@ -220,7 +220,7 @@ launch = { args = ["--headers", "{\\"Authorization\\":\\"Bearer qq987\\"}"] }
 
 
 def test_header_secrets_never_stored_and_env_ones_restored_on_resume():
-    from phaseprobe.collect.playbook import redacted_text
+    from phaseprobe.collect.ab.playbook import redacted_text
 
     pb = parse_playbook(HEADER_BOOK)
     assert pb.arms[1].launch.args[1] == '{"Authorization":"Bearer qq987"}'

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from phaseprobe.analysis.ab.sequential import SequentialPlan
-from phaseprobe.collect.ab import NullAbProgress, resume_ab, run_ab
-from phaseprobe.collect.playbook import parse_playbook, session_plan
+from phaseprobe.collect.ab.engine import NullAbProgress, resume_ab, run_ab
+from phaseprobe.collect.ab.playbook import parse_playbook, session_plan
 from phaseprobe.errors import ConfigError
 from phaseprobe.store import Store
 from phaseprobe.testing.sse_server import Script, SseServer

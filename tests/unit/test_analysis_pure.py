@@ -89,7 +89,7 @@ def _modules() -> list[Path]:
 def test_the_walk_sees_every_analysis_module():
     names = {p.relative_to(ANALYSIS).as_posix() for p in _modules()}
     # the modules this issue emptied of I/O are among those checked
-    assert {"trace_summary.py", "model_math.py", "nccl/warnings.py", "nccl/report.py"} <= names
+    assert {"trace/summary.py", "model_math.py", "nccl/warnings.py", "nccl/report.py"} <= names
     assert len(names) > 40
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from phaseprobe.analysis.span_context import prefill_interference
+from phaseprobe.analysis.spans.context import prefill_interference
 from phaseprobe.present.dashboard import page_live
 from phaseprobe.records import RequestSpan
 from phaseprobe.store import Store

@@ -301,7 +301,7 @@ def test_ab_page(monkeypatch, tmp_path):
 def _ab_session_store(
     path: Path, *, b_slow: float, arms: int = 2, settings: dict | None = None
 ) -> None:
-    from phaseprobe.collect.playbook import shipped_playbooks
+    from phaseprobe.collect.ab.playbook import shipped_playbooks
 
     book = shipped_playbooks() / "cpu-compile.toml"
     with Store(path) as store:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from phaseprobe.collect.playbook import PlaybookError, parse_playbook
+from phaseprobe.collect.ab.playbook import PlaybookError, parse_playbook
 from phaseprobe.collect.target import served_model
 from phaseprobe.errors import ConfigError
 from phaseprobe.sources.vllm.openai_stream import normalize_base_url

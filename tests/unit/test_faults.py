@@ -516,8 +516,8 @@ def test_json_output_never_carries_nan_or_infinity():
 def test_the_interplay_probes_and_playbooks_bound_each_request_by_their_deadline():
     """prefix/batch/interfere take --deadline like probe; a playbook's [run] deadline_s bounds
     each A/B (and interfere --playbook) request: a trickling server cannot hold them longer."""
+    from phaseprobe.collect.ab.playbook import parse_playbook
     from phaseprobe.collect.interplay.context import ProbeContext, Target
-    from phaseprobe.collect.playbook import parse_playbook
     from phaseprobe.present.cli.entry import build_parser
 
     with SseServer(OK) as srv:

@@ -422,8 +422,8 @@ endpoint = "{direct}"
 
 
 def test_an_ab_arm_behind_a_router_names_each_runs_replica(tmp_path):
-    from phaseprobe.collect.ab import run_ab
-    from phaseprobe.collect.playbook import parse_playbook
+    from phaseprobe.collect.ab.engine import run_ab
+    from phaseprobe.collect.ab.playbook import parse_playbook
 
     with (
         SseServer(PACED, metrics=True) as a,
@@ -446,7 +446,7 @@ def test_an_ab_arm_behind_a_router_names_each_runs_replica(tmp_path):
 
 
 def test_playbook_replicas_need_an_endpoint_and_valid_names():
-    from phaseprobe.collect.playbook import PlaybookError, parse_playbook
+    from phaseprobe.collect.ab.playbook import PlaybookError, parse_playbook
 
     text = _ab_playbook("http://router:1", ["r1=http://h:2", "r2=http://h:3"], "http://d:4")
     arm = parse_playbook(text).arms[0]

@@ -16,6 +16,7 @@ from phaseprobe.analysis.interplay import (
     merge_rounds,
     stall,
 )
+from phaseprobe.collect.ab.playbook import parse_playbook
 from phaseprobe.collect.interplay import (
     InterfereArm,
     InterfereSettings,
@@ -27,7 +28,6 @@ from phaseprobe.collect.interplay import (
     run_interfere,
     run_interfere_arms,
 )
-from phaseprobe.collect.playbook import parse_playbook
 from phaseprobe.errors import ConfigError
 from phaseprobe.present.cli import main
 from phaseprobe.records import Isolation, Run

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from phaseprobe.analysis.interplay_pd import pd_interfere, pd_prefix_text
+from phaseprobe.analysis.pd.interplay import pd_interfere, pd_prefix_text
 from phaseprobe.collect.interplay import InterfereSettings, Target, Trigger, run_interfere
 from phaseprobe.collect.pd.sender import PdSender
 from phaseprobe.collect.pd.topology import PdTopology

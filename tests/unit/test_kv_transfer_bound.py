@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from phaseprobe.analysis import kv_transfer_bound as kvt
+from phaseprobe.analysis.pd import transfer_bound as kvt
 from phaseprobe.errors import ConfigError
 from phaseprobe.present import cli
 from phaseprobe.records import Isolation, PdLegs, Run

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from phaseprobe.analysis.live_summary import span_loss, summarize_spans
+from phaseprobe.analysis.spans.summary import span_loss, summarize_spans
 from phaseprobe.records import RequestSpan
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from phaseprobe.analysis.rules.base import Evidence
 from phaseprobe.analysis.rules.parallel import read_complete
-from phaseprobe.analysis.trace_summary import summarize
+from phaseprobe.analysis.trace.summary import summarize
 from phaseprobe.collect.trace_files import summarize_nsys_export
 from phaseprobe.sources.nsys.export import read_nsys
 from tests.unit.test_nsys_export import PID, SCHEMA_2022, build

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from phaseprobe.analysis import timeline as tla
+from phaseprobe.analysis.trace import timeline as tla
 from phaseprobe.errors import TraceError
 from phaseprobe.sources.nsys.export import read_nsys
 

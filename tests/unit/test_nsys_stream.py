@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from phaseprobe.analysis import trace_summary
+from phaseprobe.analysis.trace import summary as trace_summary
 from phaseprobe.collect import trace_files
 from phaseprobe.sources.nsys import export as nsys_export
 from phaseprobe.sources.nsys import scan as nsys_scan

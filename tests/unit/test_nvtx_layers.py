@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from phaseprobe.analysis import trace_summary
 from phaseprobe.analysis.checklist import Evidence, run_checklist
-from phaseprobe.analysis.nvtx_layers import layer_kind, module_path
 from phaseprobe.analysis.rules.layers import layer_time
+from phaseprobe.analysis.trace import summary as trace_summary
+from phaseprobe.analysis.trace.nvtx_layers import layer_kind, module_path
 from phaseprobe.collect import trace_files
 from phaseprobe.present.cli.cmd_trace import render
 from phaseprobe.sources.nsys.export import read_nsys

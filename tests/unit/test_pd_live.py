@@ -15,7 +15,7 @@ import math
 import pytest
 
 from phaseprobe.analysis.bucket_quantile import bucket_quantile
-from phaseprobe.analysis.pd_window import kv_path_window
+from phaseprobe.analysis.pd.window import kv_path_window
 from phaseprobe.analysis.rules import live_pd
 from phaseprobe.analysis.rules.base import Evidence
 from phaseprobe.analysis.rules.live_base import LiveEvidence, ReplicaWindow

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from phaseprobe.analysis.pd import kv_verdict, pd_legs, source_deltas
+from phaseprobe.analysis.pd.legs import kv_verdict, pd_legs, source_deltas
 from phaseprobe.collect.pd.collector import joined_timeline
 from phaseprobe.present.cli import main
 from phaseprobe.records import ClientTimeline, ServerPhases
@@ -235,7 +235,7 @@ def test_connector_lookups_are_none_where_not_exported_and_zero_where_idle():
     """A vLLM without --kv-transfer-config exports the lookup counter but it never moves (0:
     the probe says so for a prefill instance); a server without the counter gives None
     (nothing is said: the SSE test servers here)."""
-    from phaseprobe.analysis.pd import connector_deltas
+    from phaseprobe.analysis.pd.legs import connector_deltas
 
     page = (
         "# TYPE vllm:external_prefix_cache_queries_total counter\n"
@@ -249,7 +249,7 @@ def test_connector_lookups_are_none_where_not_exported_and_zero_where_idle():
 def test_a_prompt_under_one_kv_block_is_not_called_a_failed_hand_over():
     """The ExampleConnector moves whole blocks of the prompt but its last token: a prompt of
     block size or fewer tokens has nothing to move, so computing it is not a failure."""
-    from phaseprobe.analysis.pd import SHORT_PROMPT, block_size
+    from phaseprobe.analysis.pd.legs import SHORT_PROMPT, block_size
 
     sources = {"external_kv_transfer": 0, "local_compute": 32, "local_cache_hit": 0}
     kv, why = kv_verdict(sources, 32, True, 32.0, block=128)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from phaseprobe.analysis.pd_spans import PdJoin, join_legs, normalise_id, parse_router_id, pd_record
+from phaseprobe.analysis.pd.spans import PdJoin, join_legs, normalise_id, parse_router_id, pd_record
 from phaseprobe.present.cli import main
 from phaseprobe.records import RequestSpan
 from phaseprobe.store import Store

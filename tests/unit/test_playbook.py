@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from phaseprobe.collect.playbook import (
+from phaseprobe.collect.ab.playbook import (
     PlaybookError,
     load_playbook,
     parse_effect,
@@ -166,7 +166,7 @@ def test_a_fifo_or_a_device_is_refused_before_opening(tmp_path):
 
 
 def test_a_playbook_over_the_cap_is_refused_unread(tmp_path, monkeypatch):
-    import phaseprobe.collect.playbook as playbook_mod
+    import phaseprobe.collect.ab.playbook as playbook_mod
 
     path = tmp_path / "big.toml"
     with open(path, "wb") as fh:  # sparse: 20 GB of nothing, never read

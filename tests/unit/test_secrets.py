@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 
-from phaseprobe.collect import ab as collect_ab
-from phaseprobe.collect.ab import run_ab
-from phaseprobe.collect.playbook import Arm
+from phaseprobe.collect.ab import engine as collect_ab
+from phaseprobe.collect.ab.engine import run_ab
+from phaseprobe.collect.ab.playbook import Arm
 from phaseprobe.errors import ConfigError
 from phaseprobe.present.cli import main
 from phaseprobe.store import Store

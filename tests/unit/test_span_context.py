@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy.stats import theilslopes
 
-from phaseprobe.analysis.span_context import (
+from phaseprobe.analysis.spans.context import (
     MIN_WITH_OVERLAP,
     OverlapContext,
     overlap_context,

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from phaseprobe.analysis.fleet.frame import UNKNOWN_REPLICA as FLEET_UNKNOWN
-from phaseprobe.analysis.span_context import overlap_context, prefill_interference
+from phaseprobe.analysis.spans.context import overlap_context, prefill_interference
 from phaseprobe.sources.span_stores import open_span_reader
 from phaseprobe.sources.span_stores.model import UNKNOWN_REPLICA, SpanAggregate
 from phaseprobe.testing.span_store_stub import SpanStoreStub, jaeger_traces, tempo_search

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from phaseprobe.analysis import timeline as tla
+from phaseprobe.analysis.trace import timeline as tla
 
 
 def acts(rows: list[tuple[int, int, str, str, str]], tid: int = 1) -> pd.DataFrame:

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from phaseprobe.analysis import timeline as tla
+from phaseprobe.analysis.trace import timeline as tla
 from phaseprobe.errors import TraceError
 from phaseprobe.sources.torch_trace import (
     ProfileCapture,

@@ -24,7 +24,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from phaseprobe.analysis.likeness import unlike_fields
-from phaseprobe.analysis.pd import SHORT_PROMPT
+from phaseprobe.analysis.pd.legs import SHORT_PROMPT
 from phaseprobe.records import Experiment, Run
 
 if TYPE_CHECKING:  # scipy (via ab_stats) costs ~1 s to import: `ab` lists playbooks without it
@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # scipy (via ab_stats) costs ~1 s to import: `ab` lists playb
 
 __all__ = ["is_pd_arm", "kv_unlike", "pd_caveats", "pd_unlike", "judge_pd", "NOT_HANDED_OVER"]
 
-# A decode leg's KV verdicts that are not a hand-over (analysis.pd.kv_verdict).
+# A decode leg's KV verdicts that are not a hand-over (analysis.pd.legs.kv_verdict).
 NOT_HANDED_OVER = ("recomputed", "partial", "cached")
 
 

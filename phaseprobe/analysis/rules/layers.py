@@ -1,6 +1,6 @@
 """Rule on vLLM's layerwise NVTX ranges in an Nsight capture (``check --nsys``): which layer
 kind takes prefill's and decode's time (``trace["layers"]``, from
-:mod:`phaseprobe.analysis.nvtx_layers`)."""
+:mod:`phaseprobe.analysis.trace.nvtx_layers`)."""
 
 from __future__ import annotations
 

@@ -3,14 +3,14 @@ pools' saturation, and decode-side KV wait mistaken for queueing (issue 28, item
 
 Pure functions over :class:`~phaseprobe.analysis.rules.live_base.LiveEvidence`. Each instance's
 role (prefill or decode) and its KV-path figures come from
-:mod:`phaseprobe.analysis.pd_window`; an instance that is neither is left out of the pool rules
+:mod:`phaseprobe.analysis.pd.window`; an instance that is neither is left out of the pool rules
 with the reason. Thresholds are shared with the aggregated rules where they mean the same
 thing (waiting per running request, queue time against the TTFT target, KV usage near full).
 """
 
 from __future__ import annotations
 
-from phaseprobe.analysis.pd_window import kv_path_window, pd_role
+from phaseprobe.analysis.pd.window import kv_path_window, pd_role
 from phaseprobe.analysis.rules.base import Status, Verdict, ms, num, pct
 from phaseprobe.analysis.rules.live import (
     KV_WARN,
@@ -42,7 +42,7 @@ def _status(value: float, warn: float, fail: float) -> Status:
 def kv_path(ev: LiveEvidence) -> Verdict:
     """Per instance over the window: NIXL failed transfers, failed notifications, expired KV,
     the transfer time p99, the decode side's KV wait p99 and a decode instance's recompute
-    share (:func:`~phaseprobe.analysis.pd_window.kv_path_window`). Judged on the failures
+    share (:func:`~phaseprobe.analysis.pd.window.kv_path_window`). Judged on the failures
     where the NIXL series exist (any: warn; (failed transfers + expired) per finished request
     at :data:`TRANSFER_FAIL_PER_REQUEST`: fail); elsewhere the line is reported, not judged.
     vLLM counts failed notifications inside failed transfers, so they are not added twice."""

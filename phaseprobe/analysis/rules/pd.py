@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import statistics
 
-from phaseprobe.analysis.pd import SHORT_PROMPT
-from phaseprobe.analysis.pd_window import PREFILL_ROLE_MAX_TOKENS
+from phaseprobe.analysis.pd.legs import SHORT_PROMPT
+from phaseprobe.analysis.pd.window import PREFILL_ROLE_MAX_TOKENS
 from phaseprobe.analysis.rules.base import Evidence, Status, Verdict, ms, num, pct, skipped
 from phaseprobe.analysis.rules.live import Part, per_replica, too_few
 from phaseprobe.analysis.rules.live_base import MIN_FINISHED, LiveEvidence, ReplicaWindow

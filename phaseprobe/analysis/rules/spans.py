@@ -6,7 +6,7 @@ request's own queue, prefill and decode, so these rules hold on a busy server. T
 only the probe's: see :mod:`phaseprobe.collect.evidence`). With no span evidence they answer
 ``skipped`` with what supplies it; with too few spans to say anything, ``skipped`` with the
 count, never a conclusion. Percentiles and shares come from
-:func:`phaseprobe.analysis.live_summary.summarize_spans`, as ``phaseprobe watch`` shows them.
+:func:`phaseprobe.analysis.spans.summary.summarize_spans`, as ``phaseprobe watch`` shows them.
 """
 
 from __future__ import annotations
@@ -17,17 +17,17 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from phaseprobe.analysis.live_summary import (
+from phaseprobe.analysis.rules.base import Evidence, Status, Verdict, ms, num, pct, skipped
+from phaseprobe.analysis.spans.context import (
+    OverlapContext,
+    overlap_context,
+    prefill_interference,
+)
+from phaseprobe.analysis.spans.summary import (
     LOSS_TOLERANCE_FRAC,
     LOSS_TOLERANCE_MIN_SPANS,
     span_loss,
     summarize_spans,
-)
-from phaseprobe.analysis.rules.base import Evidence, Status, Verdict, ms, num, pct, skipped
-from phaseprobe.analysis.span_context import (
-    OverlapContext,
-    overlap_context,
-    prefill_interference,
 )
 from phaseprobe.records import RequestSpan
 

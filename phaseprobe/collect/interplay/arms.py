@@ -2,8 +2,9 @@
 
 The arms are two endpoints, or an A/B playbook whose arms phaseprobe launches (chunked prefill
 on/off, a small vs a large ``--max-num-batched-tokens``). Servers come from the A/B machinery
-(:func:`phaseprobe.collect.ab.start_arms` with :func:`~phaseprobe.collect.ab.launch_server`:
-127.0.0.1, a free port, health-checked, stopped on every exit path). Each arm is one stored
+(:func:`phaseprobe.collect.ab.engine.start_arms` with
+:func:`~phaseprobe.collect.ab.engine.launch_server`: 127.0.0.1, a free port, health-checked,
+stopped on every exit path). Each arm is one stored
 experiment of kind ``interfere`` named ``<name>:<arm>``; the labels ``interfere_arm`` and
 ``interfere_group`` tie the two together.
 
@@ -21,7 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from phaseprobe.analysis.interplay import ArmsComparison, compare_arms
-from phaseprobe.collect.ab import Launcher, launch_server, start_arms
+from phaseprobe.collect.ab.engine import Launcher, launch_server, start_arms
+from phaseprobe.collect.ab.playbook import Playbook, redacted_arm
 from phaseprobe.collect.connection import ArmOrigin
 from phaseprobe.collect.interplay.context import Progress, Target, fmt_ms, quiet
 from phaseprobe.collect.interplay.interfere import (
@@ -29,7 +31,6 @@ from phaseprobe.collect.interplay.interfere import (
     InterfereSession,
     InterfereSettings,
 )
-from phaseprobe.collect.playbook import Playbook, redacted_arm
 from phaseprobe.store import Store
 
 __all__ = [

@@ -43,8 +43,8 @@ from phaseprobe.analysis.interplay import (
     median_or_none,
     stall,
 )
-from phaseprobe.analysis.interplay_pd import PdInterfere, pd_alone, pd_interfere
-from phaseprobe.analysis.pd import SOURCES, source_deltas
+from phaseprobe.analysis.pd.interplay import PdInterfere, pd_alone, pd_interfere
+from phaseprobe.analysis.pd.legs import SOURCES, source_deltas
 from phaseprobe.collect.connection import InterfereArmInfo, ServerInfo
 from phaseprobe.collect.experiment import ProbeSettings, RunNotes
 from phaseprobe.collect.interplay.context import (

@@ -39,7 +39,6 @@ from phaseprobe.analysis.interplay import (
     prefix_block_note,
     prefix_verdict,
 )
-from phaseprobe.analysis.interplay_pd import pd_prefix_text
 from phaseprobe.analysis.kv_residency import (
     RESIDENCY_HISTOGRAMS,
     KvResidency,
@@ -47,6 +46,7 @@ from phaseprobe.analysis.kv_residency import (
     residency_line,
     snapshot_buckets,
 )
+from phaseprobe.analysis.pd.interplay import pd_prefix_text
 from phaseprobe.analysis.vllm_work import (
     PromptSources,
     cached_tiers_of,

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from phaseprobe.analysis.pd import block_size, connector_deltas, pd_legs, source_deltas
+from phaseprobe.analysis.pd.legs import block_size, connector_deltas, pd_legs, source_deltas
 from phaseprobe.analysis.phases import attribute, histograms_moved, idle_reasons
 from phaseprobe.analysis.replica_match import unverifiable
 from phaseprobe.analysis.vllm_work import self_measured_deltas

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from phaseprobe.analysis.kv_transfer_bound import KvPathReport, copy_link, kv_path_report
+from phaseprobe.analysis.pd.transfer_bound import KvPathReport, copy_link, kv_path_report
 from phaseprobe.calibrate.run import load_all
 from phaseprobe.collect.efficiency import model_config_path
 from phaseprobe.collect.experiment import (

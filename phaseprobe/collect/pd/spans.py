@@ -4,7 +4,7 @@ Every P/D run carries a trace id (``traceparent``) and a request id (``X-Request
 instances export an ``llm_request`` span for their leg, and both legs are in the client's trace
 (vllm-router forwards ``traceparent``, research/fleet_pd.md, though not ``X-Request-Id``). After
 the last run, like :func:`~phaseprobe.collect.spans.attribution.attach_spans`, this waits for
-each run's spans, joins the two legs of its trace (:func:`~phaseprobe.analysis.pd_spans.join_legs`)
+each run's spans, joins the two legs of its trace (:func:`~phaseprobe.analysis.pd.spans.join_legs`)
 and records the join on the run's :class:`~phaseprobe.records.PdLegs`: the hand-over, the
 decode side's KV wait and prompt work, and the client-visible TTFT split into parts that add up,
 each on its instance's own clock, beside the histogram deltas.
@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from phaseprobe.analysis.pd_spans import PdSpanRecord, join_legs
+from phaseprobe.analysis.pd.spans import PdSpanRecord, join_legs
 from phaseprobe.collect.fleet.targets import default_name
 from phaseprobe.collect.pd.collector import PdTopology
 from phaseprobe.collect.spans.attribution import CLOCK_SKEW_NS, wait_for_traces

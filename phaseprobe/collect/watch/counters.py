@@ -5,12 +5,12 @@ request, whatever the reason); ``watch --replica NAME=URL`` (repeatable) reads e
 own counter, never the router's, and compares it with the spans that replica sent (by its
 ``service.instance.id``). Each counter is read when the watch starts and again at most every
 ``min_interval_s``; the span loss is the counter's increase since then against the spans that
-ended since then (:func:`phaseprobe.analysis.live_summary.span_loss`).
+ended since then (:func:`phaseprobe.analysis.spans.summary.span_loss`).
 
 Each reading is a whole ``/metrics`` page: the pages are kept (bounded) for the instance's KV
 path over the view's window or the whole watch (:meth:`FinishedCounter.kv_path`: a P/D
 instance's NIXL failures, expired KV, transfer and KV-wait p99 and recompute share, from
-:func:`phaseprobe.analysis.pd_window.kv_path_window`; "not exported" where absent).
+:func:`phaseprobe.analysis.pd.window.kv_path_window`; "not exported" where absent).
 
 A counter that cannot be read, or is not exported, gives "span loss unknown" with the reason,
 and is read again later: a replica whose ``/metrics`` comes up after the watch started is counted
@@ -28,8 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 import requests
 
 from phaseprobe.analysis.fleet_stats import span_replica
-from phaseprobe.analysis.live_summary import SpanLoss, span_loss
-from phaseprobe.analysis.pd_window import KvPathWindow, kv_path_window
+from phaseprobe.analysis.pd.window import KvPathWindow, kv_path_window
+from phaseprobe.analysis.spans.summary import SpanLoss, span_loss
 from phaseprobe.collect.fleet.targets import ReplicaTarget, is_router, parse_replicas
 from phaseprobe.collect.live_window import replica_window
 from phaseprobe.collect.metrics_view import FinishedRequests, MetricSnapshot

@@ -3,7 +3,7 @@ each replica's span loss against its own counter, and the fleet verdicts with th
 
 The verdicts bootstrap intervals, too costly to recompute every refresh: they are recomputed
 every :data:`VERDICTS_EVERY_S` at most, and the view shows the last ones with their age. The
-numbers come from :func:`phaseprobe.analysis.live_summary.live_fleet`; each refresh hands the
+numbers come from :func:`phaseprobe.analysis.spans.summary.live_fleet`; each refresh hands the
 view a :class:`FleetState` to draw.
 """
 
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from phaseprobe.analysis.fleet_stats import span_replica
-from phaseprobe.analysis.live_summary import LiveFleet, live_fleet
-from phaseprobe.analysis.pd_window import KvPathWindow
+from phaseprobe.analysis.pd.window import KvPathWindow
+from phaseprobe.analysis.spans.summary import LiveFleet, live_fleet
 from phaseprobe.collect.watch.counters import ReplicaCounters
 from phaseprobe.records import RequestSpan
 

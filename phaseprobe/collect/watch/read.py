@@ -17,7 +17,7 @@ from phaseprobe.collect.watch.options import WatchOptions
 from phaseprobe.collect.watch.pace import Pace
 
 if TYPE_CHECKING:
-    from phaseprobe.analysis.span_context import InterferenceEstimate
+    from phaseprobe.analysis.spans.context import InterferenceEstimate
 
 __all__ = ["ReadWatch", "ReadResult"]
 
@@ -80,7 +80,7 @@ class ReadWatch:
     def finish(self, interrupted: bool) -> ReadResult:
         """The whole watch's summary, and the interference over the last window; the store
         closed. Raises SpanStoreError when the store cannot answer."""
-        from phaseprobe.analysis.span_context import prefill_interference
+        from phaseprobe.analysis.spans.context import prefill_interference
 
         with self._stack:
             whole = self.follower.final()

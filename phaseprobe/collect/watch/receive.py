@@ -19,8 +19,8 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from phaseprobe.analysis.live_summary import LiveSummary, SpanLoss, summarize_spans
-from phaseprobe.analysis.pd_window import KvPathWindow
+from phaseprobe.analysis.pd.window import KvPathWindow
+from phaseprobe.analysis.spans.summary import LiveSummary, SpanLoss, summarize_spans
 from phaseprobe.collect.notices import Notices
 from phaseprobe.collect.spans.receiver import SpanReceiver, SpanSink
 from phaseprobe.collect.spans.retention import RetentionPolicy, SpanRetention
@@ -32,7 +32,7 @@ from phaseprobe.records import RequestSpan
 from phaseprobe.redact import redact_url
 
 if TYPE_CHECKING:
-    from phaseprobe.analysis.span_context import InterferenceEstimate
+    from phaseprobe.analysis.spans.context import InterferenceEstimate
     from phaseprobe.collect.open_loop import OpenLoopLoad
     from phaseprobe.sources.vllm.otlp_spans import SpanBatch
 
@@ -202,7 +202,7 @@ class ReceiveWatch:
     def finish(self, interrupted: bool) -> WatchResult:
         """Stops the load (its last spans given time to arrive) and the receiver; the whole
         watch summarized, counters read a last time."""
-        from phaseprobe.analysis.span_context import prefill_interference
+        from phaseprobe.analysis.spans.context import prefill_interference
 
         if self.load is not None:
             from phaseprobe.collect.local_vllm import LOCAL_SPAN_FLUSH_S

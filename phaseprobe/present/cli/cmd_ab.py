@@ -35,7 +35,7 @@ from phaseprobe.analysis.ab.sequential import (
     SequentialPlan,
     StopRecord,
 )
-from phaseprobe.collect.playbook import (
+from phaseprobe.collect.ab.playbook import (
     MAX_RUNS,
     RunPlan,
     load_playbook,
@@ -565,7 +565,7 @@ def _plan(
 
 def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     from phaseprobe.analysis.ab.pd import judge_pd
-    from phaseprobe.collect.ab import resume_ab, run_ab
+    from phaseprobe.collect.ab.engine import resume_ab, run_ab
     from phaseprobe.collect.target import api_key_from_env
 
     target: list[str] = args.target

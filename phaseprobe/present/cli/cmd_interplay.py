@@ -326,7 +326,7 @@ def _at_time(text: str) -> float | str:
 def _effect(text: str) -> float:
     """--min-effect checked as ``ab`` checks it (a positive effect, "5%" or 0.05), at the
     command line: before any server is started or asked."""
-    from phaseprobe.collect.playbook import PlaybookError, parse_effect
+    from phaseprobe.collect.ab.playbook import PlaybookError, parse_effect
 
     try:
         return parse_effect(text)
@@ -503,8 +503,8 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
 def _run_playbook(
     args: argparse.Namespace, out: Console, api_key: str | None, progress: Callable[[str], None]
 ) -> int:
+    from phaseprobe.collect.ab.playbook import load_playbook
     from phaseprobe.collect.interplay import interfere_playbook, playbook_settings
-    from phaseprobe.collect.playbook import load_playbook
     from phaseprobe.store import Store
 
     if args.endpoint or args.endpoint_b:

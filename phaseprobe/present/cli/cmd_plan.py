@@ -25,8 +25,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from phaseprobe.analysis import capacity as cap
-from phaseprobe.analysis import kv_transfer_bound as kvt
 from phaseprobe.analysis import model_math as mm
+from phaseprobe.analysis.pd import transfer_bound as kvt
 from phaseprobe.collect.model_config import model_shape_from_config
 from phaseprobe.errors import ConfigError
 from phaseprobe.present.cli import jsonout

@@ -38,7 +38,7 @@ from phaseprobe.present.cli.waiting import waiting
 from phaseprobe.records import RequestSpan
 
 if TYPE_CHECKING:
-    from phaseprobe.analysis.pd_spans import PdSpanRecord
+    from phaseprobe.analysis.pd.spans import PdSpanRecord
     from phaseprobe.collect.spans.source import SpanAggregate
 
 __all__ = ["register", "run", "span_table", "pd_table", "summary_table", "age", "spans_from_arg"]
@@ -333,7 +333,7 @@ _UNJOINED_TITLE = {
 
 
 def _pd(args: argparse.Namespace, path: Path, out: Console, err: Console) -> int:
-    from phaseprobe.analysis.pd_spans import join_legs
+    from phaseprobe.analysis.pd.spans import join_legs
     from phaseprobe.store import Store
 
     both = set(args.prefill_instance) & set(args.decode_instance)
@@ -530,7 +530,7 @@ def _show(
     as_json: bool,
     out: Console,
 ) -> int:
-    from phaseprobe.analysis.span_context import overlap_context
+    from phaseprobe.analysis.spans.context import overlap_context
 
     context = overlap_context(neighbours).get((span.trace_id, span.span_id))
     if as_json:

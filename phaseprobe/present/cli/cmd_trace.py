@@ -113,7 +113,7 @@ def _emit(args: argparse.Namespace, out: Console, doc: Mapping[str, Any]) -> Non
 
 
 def render(out: Console, doc: Mapping[str, Any]) -> None:
-    """The tables of a :mod:`phaseprobe.analysis.trace_summary` document."""
+    """The tables of a :mod:`phaseprobe.analysis.trace.summary` document."""
     if "reports" in doc:  # console text: one block per (rank, input, report)
         out.print(
             f"[bold]{escape(doc['file'])}[/bold] ({doc['source']}): {len(doc['reports'])} tables"

@@ -17,8 +17,8 @@ from rich.table import Table
 from phaseprobe.present.cli.console import ms
 
 if TYPE_CHECKING:  # loaded by the command's run(): --help stays light
-    from phaseprobe.analysis.live_summary import LiveFleet, SpanLoss
-    from phaseprobe.analysis.pd_window import KvPathWindow
+    from phaseprobe.analysis.pd.window import KvPathWindow
+    from phaseprobe.analysis.spans.summary import LiveFleet, SpanLoss
     from phaseprobe.collect.watch.fleet import FleetState
 
 __all__ = ["fleet_parts", "fleet_json", "kv_path_lines", "kv_path_json"]
@@ -72,7 +72,7 @@ def fleet_json(state: FleetState) -> dict[str, Any]:
 
 def kv_path_lines(paths: dict[str, KvPathWindow | None], window_s: float | None) -> list[str]:
     """One line per P/D instance (a prefill or decode role, or NIXL series): its KV path
-    (:class:`~phaseprobe.analysis.pd_window.KvPathWindow`). An aggregated instance gets none:
+    (:class:`~phaseprobe.analysis.pd.window.KvPathWindow`). An aggregated instance gets none:
     its "not exported" NIXL series would only be noise in every refresh."""
     span = "the whole watch" if window_s is None else f"last {window_s:g} s"
     return [

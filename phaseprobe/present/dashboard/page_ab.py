@@ -12,7 +12,7 @@ import streamlit as st
 from phaseprobe.analysis.ab.pd import judge_pd
 from phaseprobe.analysis.ab.sequential import SequentialPlan
 from phaseprobe.analysis.ab.stats import Comparison, compare_runs
-from phaseprobe.collect.playbook import session_arms, session_plan
+from phaseprobe.collect.ab.playbook import session_arms, session_plan
 from phaseprobe.present.dashboard import data
 from phaseprobe.present.dashboard.context import Context
 from phaseprobe.present.dashboard.data import fmt_ms

@@ -26,8 +26,8 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from phaseprobe.analysis.live_summary import LiveSummary, span_loss, summarize_spans
-from phaseprobe.analysis.span_context import overlap_context, prefill_interference
+from phaseprobe.analysis.spans.context import overlap_context, prefill_interference
+from phaseprobe.analysis.spans.summary import LiveSummary, span_loss, summarize_spans
 from phaseprobe.collect.spans.source import SPANS_FROM_ENV, SPANS_FROM_HELP, open_spans
 from phaseprobe.errors import PhaseprobeError
 from phaseprobe.format import MISSING

@@ -232,7 +232,7 @@ def _gap(
     return [], []
 
 
-# the TTFT split on the two legs' spans (analysis.pd_spans.PdSpanRecord.ttft_parts_s), in order
+# the TTFT split on the two legs' spans (analysis.pd.spans.PdSpanRecord.ttft_parts_s), in order
 _SPAN_PARTS = (
     ("prefill_pre_engine_s", "prefill leg pre-engine"),
     ("prefill_queue_s", "prefill-side queue"),

@@ -3,7 +3,7 @@
 :func:`read_nsys` builds one Timeline of every GPU op (tens of bytes per kernel in pandas,
 several copies while it is built); :class:`NsysScan` reads the same rows in chunks of at most
 ``chunk_rows`` rowids per table, in time order, so a consumer can fold them into sums and
-running states (``analysis.timeline_stream``). Memory is a few chunks plus, when the export
+running states (``analysis.trace.timeline_stream``). Memory is a few chunks plus, when the export
 has NVTX ranges (the launch join), 20 bytes per runtime API call (200 MB per 10 M calls),
 not a frame per kernel. What it yields is what ``read_nsys`` would have put in the
 Timeline, row for row:

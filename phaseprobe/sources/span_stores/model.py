@@ -9,7 +9,7 @@ the slowest, one request and the requests it overlapped) come back as
 :class:`~phaseprobe.records.RequestSpan` records.
 
 Windows are on when a request *finished* (``since_ns < end_ns <= until_ns``, either bound
-optional), as :func:`phaseprobe.analysis.live_summary.summarize_spans` counts them. Quantiles
+optional), as :func:`phaseprobe.analysis.spans.summary.summarize_spans` counts them. Quantiles
 are numpy's linear interpolation (ClickHouse's ``quantilesExactInclusive`` is the same rule),
 so every store gives the same figures from the same spans.
 """

@@ -31,7 +31,7 @@ class) that names a kind decides, and only the range of that component counts, s
 ranges (``self_attn.qkv_proj`` inside ``self_attn``) are never counted twice. ``other`` is the
 forward time (the outermost ``<model class>`` ranges) that no kinded range covers.
 
-Phases come from the capture's phase ranges (:func:`phaseprobe.analysis.timeline.range_steps`:
+Phases come from the capture's phase ranges (:func:`phaseprobe.analysis.trace.timeline.range_steps`:
 vLLM step names, or phaseprobe's own ``first token``/``decode`` NVTX ranges): a layer range
 takes the phase of the ranges open when it starts, on any thread (the client's ranges are in
 another process), ``mixed`` when both kinds are open and ``unattributed`` when none is.
@@ -220,7 +220,7 @@ def _inside_root(
 
 def layer_summary(breakdown: pd.DataFrame) -> LayersDoc:
     """The ``layers`` document from a range breakdown (``RANGE_BREAKDOWN_COLUMNS`` of
-    :mod:`phaseprobe.analysis.timeline`: every range with its phase, thread and the kernel
+    :mod:`phaseprobe.analysis.trace.timeline`: every range with its phase, thread and the kernel
     time launched inside it)."""
     if breakdown.empty:
         return not_present()

@@ -22,7 +22,7 @@ one server: an A/A then measures the noise of one server, not of two processes' 
 An arm may be a disaggregated prefill/decode pair (``prefill``/``decode`` URLs, or a launched
 local pair): its runs are :class:`~phaseprobe.collect.pd.collector.PdCollector` runs, with both
 legs and the KV verdict, so an aggregated arm is compared with a pair on the same statistics
-(:mod:`phaseprobe.collect.ab_pd`).
+(:mod:`phaseprobe.collect.ab.pd`).
 """
 
 from __future__ import annotations
@@ -38,12 +38,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import requests
 
 from phaseprobe.analysis.ab.sequential import SequentialPlan, StopRecord
-from phaseprobe.collect.ab_pd import connect_pd_arm
-from phaseprobe.collect.connection import connect
-from phaseprobe.collect.experiment import ProbeSettings, RunCollector
-from phaseprobe.collect.pd.collector import PdTopology
-from phaseprobe.collect.pd.probe import kv_summary
-from phaseprobe.collect.playbook import (
+from phaseprobe.collect.ab.pd import connect_pd_arm
+from phaseprobe.collect.ab.playbook import (
     LOCAL_MODEL,
     Arm,
     Playbook,
@@ -52,6 +48,10 @@ from phaseprobe.collect.playbook import (
     redacted_text,
     restore_secrets,
 )
+from phaseprobe.collect.connection import connect
+from phaseprobe.collect.experiment import ProbeSettings, RunCollector
+from phaseprobe.collect.pd.collector import PdTopology
+from phaseprobe.collect.pd.probe import kv_summary
 from phaseprobe.collect.session import Session, SessionOptions
 from phaseprobe.errors import ConfigError, LocalServerError, StoreError
 from phaseprobe.local.process import (

@@ -13,13 +13,13 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from phaseprobe.analysis import nvtx_layers
-from phaseprobe.analysis import timeline as tla
+from phaseprobe.analysis.trace import nvtx_layers as nvtx_layers
+from phaseprobe.analysis.trace import timeline as tla
 
 if TYPE_CHECKING:  # imported where used: a command's --help must not load them
     import pandas as pd
 
-Record = dict[str, Any]  # one table row, columns as in analysis.timeline's *_COLUMNS
+Record = dict[str, Any]  # one table row, columns as in analysis.trace.timeline's *_COLUMNS
 
 
 class KernelCounts(TypedDict, total=False):
@@ -60,7 +60,7 @@ class TraceDoc(TypedDict, total=False):
     top_kernels: list[Record]  # TOP_COLUMNS (stats: the report's own columns)
     ranges: RangesDoc
     # nsys: vLLM's layerwise NVTX ranges, time per layer kind in prefill and decode
-    # (analysis.nvtx_layers; ``present`` false, with a note, when the capture has none)
+    # (analysis.trace.nvtx_layers; ``present`` false, with a note, when the capture has none)
     layers: nvtx_layers.LayersDoc
     api: list[Record]  # nsys: runtime API summary (name, count, time_ns)
     comms: list[Record]  # Kineto: collectives with their args

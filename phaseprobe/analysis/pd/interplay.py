@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from phaseprobe.analysis.pd import SOURCES
+from phaseprobe.analysis.pd.legs import SOURCES
 from phaseprobe.analysis.quantiles import median_or_none
 from phaseprobe.format import duration as fmt_duration
 from phaseprobe.records import Run

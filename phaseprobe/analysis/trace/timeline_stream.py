@@ -3,7 +3,7 @@
 :class:`TimelineFold` takes activity frames in ``(start, table, rowid)`` order (what
 ``sources.nsys.scan`` yields; a ``pos`` column gives each row's place in the in-memory frame)
 and keeps per-device running states and per-group sums. :meth:`TimelineFold.result` gives
-the frames ``analysis.timeline`` computes on the whole frame — ``class_times``,
+the frames ``analysis.trace.timeline`` computes on the whole frame — ``class_times``,
 ``comm_compute_overlap``, ``idle_gaps``, ``top_kernels``, ``range_breakdown`` — equal to the
 nanosecond, in the same row order (ties included), finished by the same functions.
 
@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from phaseprobe.analysis import timeline as tla
+from phaseprobe.analysis.trace import timeline as tla
 from phaseprobe.trace_records import CLASSES
 
 __all__ = ["TimelineFold"]

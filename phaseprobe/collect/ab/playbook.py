@@ -625,7 +625,7 @@ def parse_playbook(text: str, path: str = "<playbook>") -> Playbook:
 
 def shipped_playbooks() -> Path:
     """The directory of the playbooks shipped with phaseprobe (``phaseprobe/playbooks``)."""
-    return Path(__file__).resolve().parent.parent / "playbooks"
+    return Path(__file__).resolve().parents[2] / "playbooks"
 
 
 def load_playbook(path: str | Path) -> Playbook:
