@@ -212,7 +212,7 @@ def test_a_python_that_is_no_interpreter_is_refused_not_run(
     (tmp_path / "dir").mkdir()
     assert main(["calibrate", "--python", "dir", "--quick"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"error: --python dir: {SAID['directory']}"), err
+    assert err.splitlines()[-1].startswith(f"error: --python dir: {SAID['directory']}"), err
     (tmp_path / "true").write_text("not a program")  # /usr/bin/true would exit 0
     assert main(["calibrate", "--python", "true", "--quick"]) != 0
     err = capsys.readouterr().err
