@@ -38,6 +38,7 @@ import requests
 from phaseprobe.present.cli import main
 from phaseprobe.redact import MASK, PREFIX_CHARS, forget_secrets
 from tests.hostile.cases import dead_url
+from tests.hostile.test_secret_echo import _Echo as SecretEchoHandler
 
 API_KEY = "sk-SWEEP-apikey-31337"
 PROM_TOKEN = "prom-SWEEP-token-27182"
@@ -84,18 +85,9 @@ METRICS = (
 ECHOED = ("authorization", "x-clickhouse-user", "x-clickhouse-key", "x-api-key")
 
 
-class _Echo(BaseHTTPRequestHandler):
+class _Echo(SecretEchoHandler):
     """vLLM's ``/v1/models`` and ``/metrics`` answered; every other request refused with a
     401 whose body quotes the credentials headers and the path (query included) back."""
-
-    protocol_version = "HTTP/1.1"
-
-    def _send(self, status: int, body: bytes, kind: str = "application/json") -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
 
     def _answer(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
@@ -107,25 +99,30 @@ class _Echo(BaseHTTPRequestHandler):
         elif path == "/metrics":
             self._send(200, METRICS, "text/plain; version=0.0.4")
         else:
-            said = {h: self.headers.get(h) for h in ECHOED if self.headers.get(h)}
-            body = {
-                "status": "error",
-                "error": f"bad credentials {said} for {self.path}",
-                "message": f"invalid {said} for {self.path}",
-            }
-            self._send(401, json.dumps(body).encode())
+            self._refuse()
 
-    do_GET = _answer  # noqa: N815 (http.server's names)
-    do_POST = _answer  # noqa: N815
+    def _refuse(self) -> None:
+        said = {h: self.headers.get(h) for h in ECHOED if self.headers.get(h)}
+        body = {
+            "status": "error",
+            "error": f"bad credentials {said} for {self.path}",
+            "message": f"invalid {said} for {self.path}",
+        }
+        self._send(401, json.dumps(body).encode())
 
-    def log_message(self, *args: Any) -> None:
-        pass
+    def do_GET(self) -> None:  # noqa: N802 (http.server's names)
+        self._answer()
+
+    do_POST = do_GET  # noqa: N815
 
 
 class _LoudEcho(_Echo):
     """The echo, and worse: its successful answers quote the credentials too (the model's
     ``root`` and ``owned_by``, a ``/metrics`` label and HELP text, ``/version``), and
     completions stream them back as the generated text."""
+
+    served = 0  # completions streamed, for /metrics
+    lock = threading.Lock()
 
     def _answer(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
@@ -138,10 +135,16 @@ class _LoudEcho(_Echo):
             self._send(200, json.dumps({"object": "list", "data": [model]}).encode())
         elif path == "/metrics":
             label = said.replace('"', "'")
+            # the e2e histogram counts the completions served, so a probe sees its request
+            # observed at once (and does not wait out the 10 s it gives vLLM)
+            n = _LoudEcho.served
             extra = (
                 f"# HELP vllm:cache_config_info cache config of {label}\n"
                 "# TYPE vllm:cache_config_info gauge\n"
                 f'vllm:cache_config_info{{block_size="16",echo="{label}"}} 1\n'
+                "# TYPE vllm:e2e_request_latency_seconds histogram\n"
+                f'vllm:e2e_request_latency_seconds_sum{{model_name="m"}} {0.01 * n}\n'
+                f'vllm:e2e_request_latency_seconds_count{{model_name="m"}} {n}\n'
             )
             self._send(200, METRICS + extra.encode(), "text/plain; version=0.0.4")
         elif path == "/version":
@@ -149,7 +152,7 @@ class _LoudEcho(_Echo):
         elif path == "/v1/completions":
             self._stream(said)
         else:
-            super()._answer()
+            self._refuse()
 
     def _stream(self, said: str) -> None:
         def event(doc: dict[str, Any]) -> bytes:
@@ -162,11 +165,15 @@ class _LoudEcho(_Echo):
         usage = {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4}
         body = b"".join([*chunks, event({"id": "c", "model": "m", "choices": [], "usage": usage})])
         self._send(200, body + b"data: [DONE]\n\n", "text/event-stream")
+        with _LoudEcho.lock:
+            _LoudEcho.served += 1
 
 
 def _serve(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     httpd.daemon_threads = True
+    # a client that hangs up early (a cap, a deadline) is expected, not worth a trace
+    httpd.handle_error = lambda request, client_address: None  # type: ignore[method-assign]
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     yield f"127.0.0.1:{httpd.server_address[1]}"
     httpd.shutdown()
@@ -334,7 +341,7 @@ CASES: dict[str, Case] = {
     # a server quoting the credentials in its successful answers and generated text
     "probe-loud": Case(
         "probe --endpoint http://{loud} --prom http://{loud} --prom-wait 0 --no-spans " + ONE_RUN,
-        "ok",
+        "authorization=Bearer " + MASK,  # the model's root, stored masked
     ),
     "probe-loud-json": Case(
         "probe --endpoint http://{qpw}{loud} --no-spans --json --response-metrics on " + ONE_RUN,
@@ -351,11 +358,11 @@ CASES: dict[str, Case] = {
     "prefix-loud": Case(
         "prefix --endpoint http://{loud} --reps 1 --prefix-tokens 8 --suffix-tokens 4 "
         "--max-tokens 2 --json",
-        "cold",
+        "authorization=Bearer " + MASK,
     ),
     "check-stored-loud": Case(
         "check --latest --json",
-        "rule",
+        "authorization=Basic " + MASK,
         before=("probe --endpoint http://{qpw}{loud} --no-spans " + ONE_RUN,),
     ),
     # query and the Prometheus-backed import
