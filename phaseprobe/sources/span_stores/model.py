@@ -75,6 +75,7 @@ class PhaseStats:
     p99_s: float | None
 
     def to_dict(self) -> dict[str, Any]:
+        """The stats as a JSON-ready dict (``n``; ``p50_s``/``p90_s``/``p99_s`` in s or None)."""
         return asdict(self)
 
 
@@ -101,9 +102,12 @@ class SpanGroup:
 
     @property
     def other_sum_s(self) -> float:
+        """Seconds of the ``full`` requests' e2e outside queue, prefill and decode (below 0
+        where vLLM's phases add up to more than its e2e)."""
         return self.e2e_sum_s - self.queue_sum_s - self.prefill_sum_s - self.decode_sum_s
 
     def to_dict(self) -> dict[str, Any]:
+        """The group as a JSON-ready dict: its fields, ``phases`` as dicts, ``other_sum_s``."""
         d = asdict(self)
         d["phases"] = {k: v.to_dict() for k, v in self.phases.items()}
         d["other_sum_s"] = self.other_sum_s
@@ -129,6 +133,7 @@ class SpanAggregate:
     notes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
+        """The summary as a JSON-ready dict (groups as dicts, ``notes`` as a list)."""
         return {
             "where": self.where,
             "since_ns": self.since_ns,
@@ -180,8 +185,8 @@ class SpanReader(Protocol):
 
     def spans_overlapping(self, span: RequestSpan) -> list[RequestSpan]:
         """The spans of the same service and instance that could share the engine with
-        ``span`` (started up to :data:`NEIGHBOUR_HORIZON_NS` before it, and before its end):
-        the input of its overlap context."""
+        ``span`` (started from :data:`NEIGHBOUR_HORIZON_NS` before it up to its end, ``span``
+        itself included), by start: the input of its overlap context."""
         ...
 
     def finished_spans(
@@ -197,7 +202,9 @@ class SpanReader(Protocol):
         """Every request span of each trace id that has any, by start (probe --spans)."""
         ...
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Release what the reader holds open (a connection, a chdb session); returns None."""
+        ...
 
 
 # --------------------------------------------------------------------------------------------
@@ -214,6 +221,8 @@ def span_replica(service: str | None, instance: str | None) -> str:
 
 
 def finished_in(sp: RequestSpan, since_ns: int | None, until_ns: int | None) -> bool:
+    """True when ``sp`` finished in the window, ``since_ns < end_ns <= until_ns`` (ns since the
+    epoch; a None bound is open). Raises nothing."""
     return (since_ns is None or sp.end_ns > since_ns) and (
         until_ns is None or sp.end_ns <= until_ns
     )
@@ -275,6 +284,8 @@ def aggregate_spans(
 
 
 def instance_notes(no_instance: int, total: int) -> tuple[str, ...]:
+    """The note that ``no_instance`` of ``total`` request spans name no replica (and how to
+    name one), or ``()`` when ``no_instance`` is 0."""
     return (NO_INSTANCE_NOTE.format(n=no_instance, total=total),) if no_instance else ()
 
 
@@ -295,6 +306,8 @@ def _finish_key(sp: RequestSpan) -> tuple[int, str]:
 def newest_finished(
     spans: Iterable[RequestSpan], n: int, since_ns: int | None = None, until_ns: int | None = None
 ) -> list[RequestSpan]:
+    """The ``n`` spans that finished last in the window (ties: the larger span id), oldest
+    first; ``[]`` when ``n`` <= 0."""
     inside = [sp for sp in spans if finished_in(sp, since_ns, until_ns)]
     return sorted(heapq.nlargest(max(n, 0), inside, key=_finish_key), key=_finish_key)
 
@@ -302,6 +315,8 @@ def newest_finished(
 def slowest(
     spans: Iterable[RequestSpan], n: int, since_ns: int | None = None, until_ns: int | None = None
 ) -> list[RequestSpan]:
+    """The ``n`` spans of the window with the longest :func:`e2e_or_duration_s` (s), slowest
+    first (ties: the larger span id); ``[]`` when ``n`` <= 0."""
     inside = [sp for sp in spans if finished_in(sp, since_ns, until_ns)]
     return heapq.nlargest(max(n, 0), inside, key=lambda sp: (e2e_or_duration_s(sp), sp.span_id))
 
