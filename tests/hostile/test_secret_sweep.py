@@ -101,6 +101,8 @@ class _Echo(SecretEchoHandler):
         else:
             self._refuse()
 
+    status = 401  # of the refusals
+
     def _refuse(self) -> None:
         said = {h: self.headers.get(h) for h in ECHOED if self.headers.get(h)}
         body = {
@@ -108,7 +110,7 @@ class _Echo(SecretEchoHandler):
             "error": f"bad credentials {said} for {self.path}",
             "message": f"invalid {said} for {self.path}",
         }
-        self._send(401, json.dumps(body).encode())
+        self._send(self.status, json.dumps(body).encode())
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's names)
         self._answer()
@@ -121,6 +123,7 @@ class _LoudEcho(_Echo):
     ``root`` and ``owned_by``, a ``/metrics`` label and HELP text, ``/version``), and
     completions stream them back as the generated text."""
 
+    status = 500  # its refusals are server errors (retried, worded otherwise than a 401)
     served = 0  # completions streamed, for /metrics
     lock = threading.Lock()
 
@@ -365,6 +368,14 @@ CASES: dict[str, Case] = {
         "authorization=Basic " + MASK,
         before=("probe --endpoint http://{qpw}{loud} --no-spans " + ONE_RUN,),
     ),
+    "query-loud": Case("query --prom http://{loud} ttft_mean --json", MASK),
+    "gpu-import-dcgm-loud": Case("gpu import --dcgm --prom http://{qpw}{loud}", MASK),
+    "grafana-import-loud": Case("grafana import --url http://{loud}", MASK),
+    "spans-list-loud": Case("spans list " + CH + "@{loud}/db", MASK),
+    "spans-jaeger-loud": Case("spans list --spans-from jaeger://{loud} --json", "500"),
+    "probe-torch-profile-loud": Case(
+        "probe --endpoint http://{qpw}{loud} --no-spans --torch-profile {tmp}/p " + ONE_RUN, MASK
+    ),
     # query and the Prometheus-backed import
     "query": Case("query --prom http://{echo} ttft_mean", MASK),
     "query-json-password": Case("query --prom http://{qpw}{echo} --json ttft_mean", MASK),
@@ -489,6 +500,7 @@ CASES: dict[str, Case] = {
     "runs-json": Case("runs --latest --json", MASK, before=(PROBE,)),
     "dashboard-refused": Case("dashboard --store {tmp}/missing.sqlite", "no experiment store"),
     "local-status": Case("local status", "local vLLM"),
+    "local-stop": Case("local stop", "local vLLM"),
 }
 
 
