@@ -58,9 +58,11 @@ class FetchedSpans:
 
     @property
     def where(self) -> str:
+        """The store as the user named it (``tempo://host:port``, ``jaeger://host:port``)."""
         return self._where
 
     def close(self) -> None:
+        """Returns None and does nothing: the HTTP session is not closed here."""
         pass
 
     def _fetch(self, since_ns: int, until_ns: int) -> list[tuple[RequestSpan, dict[str, Any]]]:
@@ -76,12 +78,18 @@ class FetchedSpans:
         return [sp for sp, _ in self._fetch(since, until) if model.finished_in(sp, since, until)]
 
     def check(self) -> None:
+        """Returns None once the last ``lookback_s`` seconds could be fetched. Raises what the
+        fetch raises: :class:`~phaseprobe.errors.SpanStoreUnreachable`, ``SpanStoreAuthError``,
+        ``NoRequestSpans`` (Jaeger) or ``SpanStoreError`` (HTTP error, not the store's JSON)."""
         since, until = self._bounds(None, None)
         self._fetch(since, until)
 
     def span_summary(
         self, *, since_ns: int | None = None, until_ns: int | None = None
     ) -> SpanAggregate:
+        """The window's summary (counts, token sums, p50/p90/p99 in s), computed here from the
+        fetched records; a window without start reads the last ``lookback_s`` s. Raises what
+        :meth:`check` raises."""
         agg = model.aggregate_spans(
             self._spans(since_ns, until_ns), self._where, since_ns=since_ns, until_ns=until_ns
         )
@@ -92,23 +100,35 @@ class FetchedSpans:
     def recent_spans(
         self, n: int, *, since_ns: int | None = None, until_ns: int | None = None
     ) -> list[RequestSpan]:
+        """The ``n`` requests that finished last in the window, oldest first. Raises what
+        :meth:`check` raises."""
         return model.newest_finished(self._spans(since_ns, until_ns), n)
 
     def slowest_spans(
         self, n: int, *, since_ns: int | None = None, until_ns: int | None = None
     ) -> list[RequestSpan]:
+        """The ``n`` longest requests of the window (by e2e, else span duration, in s),
+        slowest first. Raises what :meth:`check` raises."""
         return model.slowest(self._spans(since_ns, until_ns), n)
 
     def finished_spans(
         self, *, since_ns: int | None = None, until_ns: int | None = None
     ) -> list[RequestSpan]:
+        """Every request that finished in the window, by start. Raises what :meth:`check`
+        raises."""
         return sorted(self._spans(since_ns, until_ns), key=lambda sp: (sp.start_ns, sp.span_id))
 
     def span_by_request_id(self, request_id: str) -> tuple[RequestSpan, dict[str, Any]] | None:
+        """The span whose request id is or contains ``request_id``, with its attributes, found
+        by the search of the last ``lookback_s`` s only; None if none. Raises what
+        :meth:`check` raises."""
         since, until = self._bounds(None, None)
         return model.by_request_id(self._fetch(since, until), request_id)
 
     def spans_overlapping(self, span: RequestSpan) -> list[RequestSpan]:
+        """The spans of ``span``'s service and instance that started from
+        :data:`~phaseprobe.sources.span_stores.model.NEIGHBOUR_HORIZON_NS` before it up to its
+        end, ``span`` included, by start. Raises what :meth:`check` raises."""
         fetched = self._fetch(
             span.start_ns - model.NEIGHBOUR_HORIZON_NS, span.end_ns + model.NEIGHBOUR_HORIZON_NS
         )
@@ -117,6 +137,9 @@ class FetchedSpans:
     def spans_of_traces(
         self, trace_ids: list[str], since_ns: int | None = None
     ) -> dict[str, list[RequestSpan]]:
+        """Trace id (lowercase hex) → its request spans by start, for the ids given that have
+        spans started from ``since_ns`` until now (without it: any the search of the last
+        ``lookback_s`` s returns). Raises what :meth:`check` raises."""
         wanted = {t.lower() for t in trace_ids}
         since, until = self._bounds(since_ns, None)
         out: dict[str, list[RequestSpan]] = {}
