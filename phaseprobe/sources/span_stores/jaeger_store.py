@@ -32,6 +32,10 @@ def _rfc3339(ns: int) -> str:
 
 
 class JaegerSpans(FetchedSpans):
+    """The span reader over Jaeger's v3 query API at ``url`` (port 16686 unless given;
+    ``?secure=1`` for https, ``?lookback_s=`` in s, ``?limit=`` traces per service). Raises
+    ValueError (not a typed error) when ``lookback_s`` or ``limit`` is not a number."""
+
     def __init__(
         self,
         url: SplitResult,
@@ -72,6 +76,9 @@ class JaegerSpans(FetchedSpans):
         return out
 
     def check(self) -> None:
+        """Returns None when some service has ``llm_request`` spans, or Jaeger knows no service.
+        Raises :class:`~phaseprobe.errors.NoRequestSpans` when it knows only other services;
+        ``SpanStoreUnreachable``, ``SpanStoreAuthError`` or ``SpanStoreError`` from HTTP."""
         self._vllm_services()
 
     def _fetch(self, since_ns: int, until_ns: int) -> list[tuple[RequestSpan, dict[str, Any]]]:

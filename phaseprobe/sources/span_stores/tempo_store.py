@@ -48,6 +48,10 @@ _BY = "resource.service.instance.id"
 
 
 class TempoSpans(FetchedSpans):
+    """The span reader over Grafana Tempo's HTTP API at ``url`` (port 3200 unless given;
+    ``?secure=1`` for https, ``?lookback_s=`` in s, ``?limit=`` the search cap, 5000). Raises
+    ValueError (not a typed error) when ``lookback_s`` or ``limit`` is not a number."""
+
     def __init__(
         self,
         url: SplitResult,
@@ -71,6 +75,10 @@ class TempoSpans(FetchedSpans):
         return get_json(self._http, self._base + path, params, self.where, self._timeout_s)
 
     def check(self) -> None:
+        """Returns None when the last ``lookback_s`` s hold an ``llm_request`` span, or no trace.
+        Raises :class:`~phaseprobe.errors.NoRequestSpans` when they hold only other services'
+        traces; ``SpanStoreUnreachable``, ``SpanStoreAuthError`` or ``SpanStoreError`` from HTTP
+        or an unreadable search result."""
         since, until = self._bounds(None, None)
         if self._fetch(since, until):
             return
@@ -125,6 +133,9 @@ class TempoSpans(FetchedSpans):
     def span_summary(
         self, *, since_ns: int | None = None, until_ns: int | None = None
     ) -> SpanAggregate:
+        """The window's summary from the searched records (counts, sums, quantiles in s); when
+        the search hit ``limit``, per-replica p50/p99 come from TraceQL metrics instead (p90
+        None) and a note says so. Raises what :meth:`check` raises."""
         agg = super().span_summary(since_ns=since_ns, until_ns=until_ns)
         if not self._capped:
             return agg
@@ -157,8 +168,9 @@ class TempoSpans(FetchedSpans):
     def metric_quantiles(
         self, since_ns: int, until_ns: int
     ) -> dict[str, dict[str, dict[float, float]]]:
-        """replica → phase → {0.5: p50, 0.99: p99} over the whole window, from TraceQL
-        metrics (one step spanning the window)."""
+        """replica → phase → {0.5: p50, 0.99: p99} in s over the whole window, from TraceQL
+        metrics (one step spanning the window). Raises ``SpanStoreUnreachable``,
+        ``SpanStoreAuthError`` or ``SpanStoreError`` from HTTP."""
         out: dict[str, dict[str, dict[float, float]]] = {}
         step = max(1, (until_ns - since_ns) // 10**9)
         for phase, attr in METRIC_ATTRIBUTES.items():
