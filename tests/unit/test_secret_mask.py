@@ -173,3 +173,43 @@ def test_the_longest_matching_secret_is_masked_whole_among_ones_sharing_a_start(
     register_secret("short7x")  # shorter than the prefix: only whole
     text = "share-123456-longer share-123456-lo share-1234 short7 short7x"
     assert mask_secrets(text) == f"{MASK} {MASK} {MASK} short7 {MASK}"
+
+
+def test_the_store_keeps_no_registered_secret_in_any_text_it_writes(tmp_path):
+    from phaseprobe.records import ClientTimeline, Experiment, Isolation, Run, RunSpec
+    from phaseprobe.store import Store
+
+    register_secret(SECRET)
+    spec = RunSpec(endpoint="http://127.0.0.1:1", model="m", prompt="", max_tokens=2)
+    quoted = {"models": [{"id": "m", "root": f"/models/Bearer {SECRET}"}]}  # a loud server
+    timeline = ClientTimeline(
+        sent_wall_ns=1,
+        event_offsets_ns=(),
+        end_offset_ns=2,
+        http_status=401,
+        prompt_tokens=None,
+        completion_tokens=None,
+        finish_reason=None,
+        complete=False,
+    )
+    path = tmp_path / "s.sqlite"
+    with Store(path) as store:
+        exp = store.create_experiment(
+            Experiment(name="p", kind="probe", spec=spec, server_info=quoted, created_wall_ns=1)
+        )
+        store.add_run(
+            exp,
+            Run(
+                seq=0,
+                status="error",
+                prompt=f"say {SECRET}",
+                client=timeline,
+                server=None,
+                isolation=Isolation(verified=False, isolated=False),
+                error="x",
+            ),
+        )
+        assert store.experiment(exp).server_info["models"][0]["root"] == f"/models/Bearer {MASK}"
+        assert store.runs(exp)[0].prompt == f"say {MASK}"
+    raw = b"".join(p.read_bytes() for p in tmp_path.iterdir())
+    assert SECRET[:8].encode() not in raw
