@@ -129,7 +129,11 @@ _IS_REQUEST = (
 
 
 class ClickHouseSpans:
-    """A :class:`~phaseprobe.sources.span_stores.model.SpanReader` over ``database.table``."""
+    """A :class:`~phaseprobe.sources.span_stores.model.SpanReader` over ``database.table``,
+    whose statements ``run`` executes. Raises :class:`~phaseprobe.errors.ConfigError` when
+    ``database`` or ``table`` is not a plain identifier. Every method raises the
+    :class:`~phaseprobe.errors.SpanStoreError` subclass ``run`` raises (unreachable, auth,
+    schema, SQL)."""
 
     def __init__(
         self,
@@ -147,15 +151,20 @@ class ClickHouseSpans:
 
     @property
     def where(self) -> str:
+        """The store as the user named it (``clickhouse://user@host:port/db``, ``chdb:DIR``)."""
         return self._where
 
     def close(self) -> None:
+        """Returns None after running ``on_close`` (the client's or chdb session's), if any."""
         if self._on_close is not None:
             self._on_close()
 
     # ---- what is there --------------------------------------------------------------------
 
     def check(self) -> None:
+        """Returns None when the table has the exporter's columns and holds a vLLM request span
+        or no span at all. Raises :class:`~phaseprobe.errors.SpanStoreSchemaError` when it is
+        missing or of another shape, ``NoRequestSpans`` when it holds only other spans."""
         rows = self._run(
             "SELECT name, type FROM system.columns WHERE database = "
             f"{quote(self._database)} AND table = {quote(self._table_name)}"
@@ -222,6 +231,9 @@ class ClickHouseSpans:
     def span_summary(
         self, *, since_ns: int | None = None, until_ns: int | None = None
     ) -> SpanAggregate:
+        """The window's summary computed by ClickHouse in one ``GROUPING SETS`` query: counts,
+        token sums, p50/p90/p99 in s per replica and over all, and notes on spans without an
+        instance or with unusable attribute values."""
         levels = ", ".join(repr(q) for q in QUANTILES)
         full = (
             "(e2e_s IS NOT NULL AND queue_s IS NOT NULL AND prefill_s IS NOT NULL "
@@ -298,12 +310,16 @@ class ClickHouseSpans:
     def recent_spans(
         self, n: int, *, since_ns: int | None = None, until_ns: int | None = None
     ) -> list[RequestSpan]:
+        """The ``n`` requests that finished last in the window (ties: the larger span id),
+        oldest first."""
         rows = self._records(self._spans(since_ns, until_ns), "end_ns DESC, span_id DESC", n)
         return rows[::-1]
 
     def slowest_spans(
         self, n: int, *, since_ns: int | None = None, until_ns: int | None = None
     ) -> list[RequestSpan]:
+        """The ``n`` longest requests of the window (by e2e, else span duration, in s), slowest
+        first (ties: the larger span id)."""
         return self._records(
             self._spans(since_ns, until_ns), "e2e_or_duration_s DESC, span_id DESC", n
         )
@@ -311,9 +327,12 @@ class ClickHouseSpans:
     def finished_spans(
         self, *, since_ns: int | None = None, until_ns: int | None = None
     ) -> list[RequestSpan]:
+        """Every request that finished in the window, by start then span id."""
         return self._records(self._spans(since_ns, until_ns), "start_ns, span_id")
 
     def span_by_request_id(self, request_id: str) -> tuple[RequestSpan, dict[str, Any]] | None:
+        """The span whose request id is or contains ``request_id`` (the exact match, then the
+        newest, wins), with its attributes as strings; None if none (the whole table is read)."""
         q = quote(request_id)
         rows = self._run(
             f"SELECT {', '.join(_RECORD_COLUMNS)}, toJSONString(attrs) FROM (SELECT *, "
@@ -328,6 +347,9 @@ class ClickHouseSpans:
         return _record(row[:-1]), json.loads(raw) if isinstance(raw, str) else dict(raw)
 
     def spans_overlapping(self, span: RequestSpan) -> list[RequestSpan]:
+        """The request spans of ``span``'s service and instance that started from
+        :data:`~phaseprobe.sources.span_stores.model.NEIGHBOUR_HORIZON_NS` before it up to its
+        end, ``span`` included, by start."""
         same = (
             f"ifNull(service, '') = {quote(span.service or '')} AND "
             f"ifNull(instance, '') = {quote(span.instance or '')} AND "
@@ -339,6 +361,8 @@ class ClickHouseSpans:
     def spans_of_traces(
         self, trace_ids: list[str], since_ns: int | None = None
     ) -> dict[str, list[RequestSpan]]:
+        """Trace id (lowercase hex) → its request spans by start, for the ids given (any case,
+        asked 1,000 at a time) that have spans started at or after ``since_ns``."""
         out: dict[str, list[RequestSpan]] = {}
         for i in range(0, len(trace_ids), 1000):
             chunk = ", ".join(quote(t.lower()) for t in trace_ids[i : i + 1000])
