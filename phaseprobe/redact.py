@@ -171,9 +171,11 @@ def is_secret_env_name(name: str) -> bool:
 def register_env_secrets(env: Mapping[str, str]) -> None:
     """Register the value of every variable of ``env`` whose name looks secret (a child's
     environment: a server that logs it, or dies quoting it, is shown only masked); returns
-    None, raises nothing."""
+    None, raises nothing. An absolute path is not registered: ``PWD``, ``SSH_AUTH_SOCK``,
+    ``XAUTHORITY`` or ``GOOGLE_APPLICATION_CREDENTIALS`` name a place, not a secret, and
+    masking them would blot out every path under the working or home directory."""
     for name, value in env.items():
-        if is_secret_env_name(name):
+        if is_secret_env_name(name) and not value.startswith(("/", "~")):
             register_secret(value)
 
 
