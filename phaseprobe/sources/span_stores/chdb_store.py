@@ -21,7 +21,10 @@ _CODE = re.compile(r"Code: (\d+)")
 
 
 class ChdbSpans(ClickHouseSpans):
-    """The ClickHouse reader over a chdb session on ``directory``."""
+    """The ClickHouse reader over a chdb session on ``directory``. Raises
+    :class:`~phaseprobe.errors.ConfigError` without the chdb package or for a name that is not
+    a plain identifier, ``SpanStoreUnreachable`` when ``directory`` is missing (unless
+    ``create``); its queries raise ``SpanStoreError`` with ClickHouse's message."""
 
     def __init__(self, directory: Path, database: str, table: str, *, create: bool = False) -> None:
         try:
@@ -52,8 +55,8 @@ class ChdbSpans(ClickHouseSpans):
         return rows
 
     def execute(self, sql: str) -> None:
-        """Run a statement that returns nothing (the tests' and the benchmark's DDL and
-        inserts)."""
+        """Returns None after running a statement that returns nothing (the tests' and the
+        benchmark's DDL and inserts). Raises ``SpanStoreError`` with ClickHouse's message."""
         self._sql(sql)
 
 
@@ -64,7 +67,9 @@ def _error(where: str, e: Exception) -> SpanStoreError:
 
 
 def open_chdb(spec: str, query: dict[str, str]) -> ChdbSpans:
-    """``chdb:DIR[?database=default&table=otel_traces]``."""
+    """The reader of ``chdb:DIR[?database=default&table=otel_traces]`` (``spec`` is DIR, ``~``
+    expanded). Raises :class:`~phaseprobe.errors.ConfigError` for an empty ``spec`` and what
+    :class:`ChdbSpans` raises."""
     if not spec:
         raise ConfigError("chdb: needs a directory, e.g. chdb:/var/lib/otel-chdb")
     return ChdbSpans(

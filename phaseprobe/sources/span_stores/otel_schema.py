@@ -94,8 +94,9 @@ def quote(value: str) -> str:
 
 
 def create_table_sql(database: str, table: str = DEFAULT_TABLE) -> str:
-    """The ``otel_traces`` table as the exporter creates it with its defaults (no ON CLUSTER,
-    ``MergeTree()``, no TTL), in ``database``."""
+    """The CREATE TABLE statement of ``otel_traces`` as the exporter creates it with its
+    defaults (no ON CLUSTER, ``MergeTree()``, no TTL), in ``database``. Raises
+    :class:`~phaseprobe.errors.ConfigError` when a name is not a plain identifier."""
     return DDL_TEMPLATE.format(table=f"{ident(database, 'database')}.{ident(table, 'table')}")
 
 
@@ -158,7 +159,8 @@ def insert_sql(
 ) -> list[str]:
     """INSERTs of ``rows`` (from :func:`otel_rows`, or other services' spans in the same
     shape) into the exporter's table, ``chunk`` rows each (a statement's text is capped by
-    ClickHouse's max_query_size); the start goes in as DateTime64(9) from its ns."""
+    ClickHouse's max_query_size); the start goes in as DateTime64(9) from its ns. Raises
+    :class:`~phaseprobe.errors.ConfigError` when a name is not a plain identifier."""
     return [_insert(database, table, rows[i : i + chunk]) for i in range(0, len(rows), chunk)]
 
 
