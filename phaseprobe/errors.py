@@ -293,7 +293,8 @@ class SpanStoreAuthError(SpanStoreError):
 
 
 class SpanStoreSchemaError(SpanStoreError):
-    """The table is missing, or its columns are not the OpenTelemetry exporter's."""
+    """The table is missing, or its columns are not the OpenTelemetry exporter's; or an HTTP
+    store's answer is not shaped as its API documents."""
 
 
 class NoRequestSpans(SpanStoreError):

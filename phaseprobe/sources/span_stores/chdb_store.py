@@ -41,7 +41,11 @@ class ChdbSpans(ClickHouseSpans):
                 "holding the exporter's otel_traces table)",
             )
         self._session = session.Session(str(directory))
-        super().__init__(self._sql, where, database, table, on_close=self._session.close)
+        try:
+            super().__init__(self._sql, where, database, table, on_close=self._session.close)
+        except BaseException:  # a refused name: chdb keeps one engine per process, free it
+            self._session.close()
+            raise
 
     def _sql(self, sql: str) -> list[list[Any]]:
         try:

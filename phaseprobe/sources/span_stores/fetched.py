@@ -6,28 +6,98 @@ error mapping, so every store words an unreachable address or refused credential
 
 from __future__ import annotations
 
+import functools
+import math
 import time
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import requests
 
-from phaseprobe.errors import SpanStoreAuthError, SpanStoreError, SpanStoreUnreachable
+from phaseprobe.errors import (
+    ConfigError,
+    PhaseprobeError,
+    SpanStoreAuthError,
+    SpanStoreError,
+    SpanStoreSchemaError,
+    SpanStoreUnreachable,
+)
 from phaseprobe.records import RequestSpan
+from phaseprobe.sources.http_deadline import AnswerTooLarge, bounded_request
 from phaseprobe.sources.span_stores import model
 from phaseprobe.sources.span_stores.model import SpanAggregate
 
-__all__ = ["FetchedSpans", "get_json", "DEFAULT_LOOKBACK_S"]
+__all__ = [
+    "FetchedSpans",
+    "get_json",
+    "query_number",
+    "shaped",
+    "DEFAULT_LOOKBACK_S",
+    "LOOKBACK_LIMIT_S",
+    "MAX_ANSWER_BYTES",
+]
 
 # A window with no start reads this far back (these stores search a time range, always).
 DEFAULT_LOOKBACK_S = 3600.0
+LOOKBACK_LIMIT_S = 30 * 86400.0  # ?lookback_s= at most: a month of spans is no window
+# One answer of a span store, decompressed: a window of 100,000 request spans in OTLP JSON is
+# about 150 MB. Past this, the store is asked for a shorter window (lookback_s) or fewer traces.
+MAX_ANSWER_BYTES = 256 << 20
+# A whole answer, from the connection to its last byte, within this many timeouts.
+_DEADLINE_TIMEOUTS = 6
+
+_T = TypeVar("_T")
+
+
+def query_number(
+    query: Mapping[str, str],
+    key: str,
+    default: float,
+    where: str,
+    *,
+    low: float,
+    high: float,
+    integer: bool = False,
+) -> float:
+    """The URL option ``?key=`` as a finite number in [low, high] (``default`` when absent).
+    Raises ConfigError naming the store and the option for anything else."""
+    text = query.get(key)
+    if text is None:
+        return default
+    try:
+        value = int(text) if integer else float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or not low <= value <= high:
+        kind = "a whole number" if integer else "a number"
+        raise ConfigError(
+            f"span store {where}: ?{key}={text[:40]!r}: give {kind} in [{low:g}, {high:g}]"
+        )
+    return value
 
 
 def get_json(
     session: requests.Session, url: str, params: dict[str, Any], where: str, timeout_s: float
-) -> Any:
-    """GET ``url`` and its JSON body, or the typed error naming ``where``."""
+) -> dict[str, Any]:
+    """GET ``url`` and its JSON object, read whole within ``_DEADLINE_TIMEOUTS`` timeouts and
+    :data:`MAX_ANSWER_BYTES`. Raises SpanStoreUnreachable (nothing answers, or too slowly),
+    SpanStoreAuthError (401/403) or SpanStoreError (another HTTP error, too large, not a JSON
+    object), each naming ``where``."""
     try:
-        resp = session.get(url, params=params, timeout=timeout_s)
+        resp = bounded_request(
+            session,
+            "GET",
+            url,
+            params=params,
+            max_bytes=MAX_ANSWER_BYTES,
+            timeout_s=timeout_s,
+            deadline_s=timeout_s * _DEADLINE_TIMEOUTS,
+            what=f"span store {where}",
+        )
+    except AnswerTooLarge as e:
+        raise SpanStoreError(
+            where, f"{e}: ask for a shorter window (?lookback_s=) or fewer traces (?limit=)"
+        ) from None
     except (requests.ConnectionError, requests.Timeout) as e:
         raise SpanStoreUnreachable(where, f"nothing answers ({type(e).__name__})") from None
     if resp.status_code in (401, 403):
@@ -40,11 +110,38 @@ def get_json(
             where, f"HTTP {resp.status_code} from {resp.url.split('?')[0]}: {resp.text[:300]!r}"
         )
     try:
-        return resp.json()
+        doc = resp.json()
     except ValueError:
         raise SpanStoreError(
             where, f"{resp.url.split('?')[0]} answered with no JSON: {resp.text[:120]!r}"
         ) from None
+    if not isinstance(doc, dict):
+        raise SpanStoreSchemaError(
+            where,
+            f"{resp.url.split('?')[0]} answered JSON that is not an object ({type(doc).__name__})",
+        )
+    return doc
+
+
+def shaped(method: Callable[..., _T]) -> Callable[..., _T]:
+    """A method that reads a store's JSON answers (``self.where`` names the store): an answer
+    of another shape than the API documents (a list where an object belongs, a number that is
+    text) raises SpanStoreSchemaError instead of a Python error from deep in the parsing."""
+
+    @functools.wraps(method)
+    def read(self: Any, *args: Any, **kwargs: Any) -> _T:
+        try:
+            return method(self, *args, **kwargs)
+        except PhaseprobeError:
+            raise
+        except (AttributeError, TypeError, KeyError, IndexError, ValueError) as e:
+            raise SpanStoreSchemaError(
+                self.where,
+                f"an answer is not shaped as the store's API documents "
+                f"({type(e).__name__}: {str(e)[:160]})",
+            ) from None
+
+    return read
 
 
 class FetchedSpans:

@@ -19,7 +19,14 @@ import requests
 
 from phaseprobe.errors import NoRequestSpans, OtlpError, SpanStoreError
 from phaseprobe.records import RequestSpan
-from phaseprobe.sources.span_stores.fetched import DEFAULT_LOOKBACK_S, FetchedSpans, get_json
+from phaseprobe.sources.span_stores.fetched import (
+    DEFAULT_LOOKBACK_S,
+    LOOKBACK_LIMIT_S,
+    FetchedSpans,
+    get_json,
+    query_number,
+    shaped,
+)
 from phaseprobe.sources.span_stores.model import NEIGHBOUR_HORIZON_NS
 from phaseprobe.sources.vllm.otlp_spans import VLLM_SPAN_NAME, decode_json
 
@@ -34,7 +41,7 @@ def _rfc3339(ns: int) -> str:
 class JaegerSpans(FetchedSpans):
     """The span reader over Jaeger's v3 query API at ``url`` (port 16686 unless given;
     ``?secure=1`` for https, ``?lookback_s=`` in s, ``?limit=`` traces per service). Raises
-    ValueError (not a typed error) when ``lookback_s`` or ``limit`` is not a number."""
+    ConfigError naming the option when ``lookback_s`` or ``limit`` is not a number in range."""
 
     def __init__(
         self,
@@ -46,17 +53,21 @@ class JaegerSpans(FetchedSpans):
     ) -> None:
         scheme = "https" if query.get("secure", "").lower() in ("1", "true") else "http"
         self._base = f"{scheme}://{url.hostname}:{url.port or 16686}"
-        super().__init__(
-            f"jaeger://{url.hostname}:{url.port or 16686}",
-            float(query.get("lookback_s", DEFAULT_LOOKBACK_S)),
+        where = f"jaeger://{url.hostname}:{url.port or 16686}"
+        lookback_s = query_number(
+            query, "lookback_s", DEFAULT_LOOKBACK_S, where, low=1, high=LOOKBACK_LIMIT_S
         )
-        self._limit = int(query.get("limit", "100000"))
+        super().__init__(where, lookback_s)
+        self._limit = int(
+            query_number(query, "limit", 100000, where, low=1, high=10**7, integer=True)
+        )
         self._timeout_s = timeout_s
         self._http = session or requests.Session()
 
     def _get(self, path: str, params: dict[str, Any]) -> Any:
         return get_json(self._http, self._base + path, params, self.where, self._timeout_s)
 
+    @shaped
     def _vllm_services(self) -> list[str]:
         services = self._get("/api/v3/services", {}).get("services") or []
         out = []
@@ -81,6 +92,7 @@ class JaegerSpans(FetchedSpans):
         ``SpanStoreUnreachable``, ``SpanStoreAuthError`` or ``SpanStoreError`` from HTTP."""
         self._vllm_services()
 
+    @shaped
     def _fetch(self, since_ns: int, until_ns: int) -> list[tuple[RequestSpan, dict[str, Any]]]:
         out: list[tuple[RequestSpan, dict[str, Any]]] = []
         for service in self._vllm_services():

@@ -23,7 +23,14 @@ import requests
 
 from phaseprobe.errors import NoRequestSpans, OtlpError, SpanStoreError
 from phaseprobe.records import RequestSpan
-from phaseprobe.sources.span_stores.fetched import DEFAULT_LOOKBACK_S, FetchedSpans, get_json
+from phaseprobe.sources.span_stores.fetched import (
+    DEFAULT_LOOKBACK_S,
+    LOOKBACK_LIMIT_S,
+    FetchedSpans,
+    get_json,
+    query_number,
+    shaped,
+)
 from phaseprobe.sources.span_stores.model import (
     NEIGHBOUR_HORIZON_NS,
     PhaseStats,
@@ -50,7 +57,7 @@ _BY = "resource.service.instance.id"
 class TempoSpans(FetchedSpans):
     """The span reader over Grafana Tempo's HTTP API at ``url`` (port 3200 unless given;
     ``?secure=1`` for https, ``?lookback_s=`` in s, ``?limit=`` the search cap, 5000). Raises
-    ValueError (not a typed error) when ``lookback_s`` or ``limit`` is not a number."""
+    ConfigError naming the option when ``lookback_s`` or ``limit`` is not a number in range."""
 
     def __init__(
         self,
@@ -62,11 +69,14 @@ class TempoSpans(FetchedSpans):
     ) -> None:
         scheme = "https" if query.get("secure", "").lower() in ("1", "true") else "http"
         self._base = f"{scheme}://{url.hostname}:{url.port or 3200}"
-        super().__init__(
-            f"tempo://{url.hostname}:{url.port or 3200}",
-            float(query.get("lookback_s", DEFAULT_LOOKBACK_S)),
+        where = f"tempo://{url.hostname}:{url.port or 3200}"
+        lookback_s = query_number(
+            query, "lookback_s", DEFAULT_LOOKBACK_S, where, low=1, high=LOOKBACK_LIMIT_S
         )
-        self._limit = int(query.get("limit", "5000"))
+        super().__init__(where, lookback_s)
+        self._limit = int(
+            query_number(query, "limit", 5000, where, low=1, high=10**7, integer=True)
+        )
         self._timeout_s = timeout_s
         self._http = session or requests.Session()
         self._capped = False
@@ -74,6 +84,7 @@ class TempoSpans(FetchedSpans):
     def _get(self, path: str, params: dict[str, Any]) -> Any:
         return get_json(self._http, self._base + path, params, self.where, self._timeout_s)
 
+    @shaped
     def check(self) -> None:
         """Returns None when the last ``lookback_s`` s hold an ``llm_request`` span, or no trace.
         Raises :class:`~phaseprobe.errors.NoRequestSpans` when they hold only other services'
@@ -101,6 +112,7 @@ class TempoSpans(FetchedSpans):
                 ),
             )
 
+    @shaped
     def _fetch(self, since_ns: int, until_ns: int) -> list[tuple[RequestSpan, dict[str, Any]]]:
         doc = self._get(
             "/api/search",
@@ -165,6 +177,7 @@ class TempoSpans(FetchedSpans):
             ),
         )
 
+    @shaped
     def metric_quantiles(
         self, since_ns: int, until_ns: int
     ) -> dict[str, dict[str, dict[float, float]]]:
