@@ -152,9 +152,11 @@ def register_user_password(user: str | None, password: str | None) -> None:
             register_secret(base64.b64encode(pair.encode()).decode())
 
 
-# Environment variable names that hold a credential: TOKEN (not TOKENS or TOKENIZER), SECRET,
-# PASSW, API_KEY, ACCESS_KEY, CREDENTIAL, AUTH, HEADER, or KEY/PASS/PWD as a word of their own
-# (KEYBOARD, PASSTHROUGH and HF_HUB_DISABLE_TOKENIZERS_… are not).
+# Environment variable and flag names that hold a credential: TOKEN (HF_TOKEN, --hf-token; not
+# TOKENS or TOKENIZER: MAX_TOKENS, --max-num-batched-tokens, --tokenizer), SECRET, PASSW,
+# API_KEY, ACCESS_KEY, CREDENTIAL, AUTH, HEADER (OTEL_EXPORTER_OTLP_HEADERS, --headers carry
+# Authorization values), or KEY/PASS/PWD as a word of their own (AZURE_OPENAI_KEY, DB_PASS;
+# not KEYBOARD or PASSTHROUGH).
 _SECRET_ENV_NAME = re.compile(
     r"TOKEN(?!S|IZ)|SECRET|PASSW|API[_-]?KEY|ACCESS[_-]?KEY|CREDENTIAL"
     r"|AUTH|HEADER|(^|[_-])(KEY|PASS|PWD)($|[_-])",

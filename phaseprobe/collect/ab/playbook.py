@@ -57,7 +57,7 @@ from phaseprobe.analysis.ab.sequential import SequentialPlan, check_primary
 from phaseprobe.collect.fleet.targets import ReplicaTarget, parse_replicas
 from phaseprobe.errors import ConfigError
 from phaseprobe.inputs import PLAYBOOK_CAP, read_input_text
-from phaseprobe.redact import redact_url, redact_urls_in, register_secret
+from phaseprobe.redact import is_secret_env_name, redact_url, redact_urls_in, register_secret
 from phaseprobe.sources.vllm.openai_stream import normalize_base_url
 from phaseprobe.store import AbSessionRow
 
@@ -682,25 +682,14 @@ def session_plan(session: AbSessionRow, min_effect: float | None = None) -> Sequ
 # Launch environments carry credentials (HF_TOKEN, *_API_KEY, …). Their values reach the
 # server phaseprobe starts and nothing else: the store and every output keep the names only.
 REDACTED = "<redacted>"
-# AZURE_OPENAI_KEY and DB_PASS too: a name with KEY or PASS as a word of its own. HEADERS
-# (OTEL_EXPORTER_OTLP_HEADERS, --otlp-traces-headers, --headers) carry Authorization values.
-# TOKEN is a credential (HF_TOKEN, --hf-token), TOKENS and TOKENIZER are not (MAX_TOKENS,
-# --max-num-batched-tokens, TOKENIZERS_PARALLELISM, --tokenizer).
-_SECRET_NAME = re.compile(
-    r"TOKEN(?!S|IZ)|SECRET|PASSW|API[_-]?KEY|ACCESS[_-]?KEY|CREDENTIAL"
-    r"|AUTH|HEADER|(^|[_-])(KEY|PASS|PWD)($|[_-])",
-    re.IGNORECASE,
-)
 # A value that carries a credential whatever its name: an HTTP header with one
 # ("Authorization=Bearer …", '{"Authorization": "Bearer …"}', "x-api-key: …").
 _SECRET_VALUE = re.compile(r"AUTHORIZATION|BEARER\s|API[_-]?KEY\W", re.IGNORECASE)
 
 
-def is_secret_name(name: str) -> bool:
-    """True when an environment variable's or flag's name says it holds a credential: TOKEN (not
-    TOKENS or TOKENIZER), SECRET, PASSW, API_KEY, AUTH, HEADER, or KEY/PASS/PWD as a word of its
-    own."""
-    return bool(_SECRET_NAME.search(name))
+# A name that says it holds a credential is told by the one rule the secret mask uses
+# (redact.is_secret_env_name): a launch flag or variable and a child's environment alike.
+is_secret_name = is_secret_env_name
 
 
 def is_secret_value(value: str) -> bool:
