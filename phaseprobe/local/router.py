@@ -56,6 +56,7 @@ from phaseprobe.local.venv import (
     venv_python,
 )
 from phaseprobe.paths import cache_dir
+from phaseprobe.redact import register_env_secrets
 
 __all__ = [
     "ROUTER_MARKER_NAME",
@@ -371,6 +372,7 @@ class LocalRouter(ProcessGroupServer):
             prefill_urls=self.prefill_urls, decode_urls=self.decode_urls,
         )  # fmt: skip
         env = dict(os.environ, NO_COLOR="1")  # (0.1.17 ignores it; _tail strips the colours)
+        register_env_secrets(env)  # its log tail, shown in errors, may quote what it inherits
         with open(log_path, "ab") as log:
             try:
                 proc = subprocess.Popen(

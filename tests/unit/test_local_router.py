@@ -222,3 +222,27 @@ def test_module_entry_installs_or_prints_usage(
     monkeypatch.setattr(router_mod, "install_router", fake_install)
     assert router_mod.main(["install", "--force"]) == 0 and calls == [True]
     assert "/v/bin/vllm-router" in capsys.readouterr().out
+
+
+def test_a_router_that_dies_quoting_its_environment_is_shown_masked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The router inherits our environment; its log tail goes into the error. A secret there
+    (a Grafana token exported in the shell) must come back masked, as vLLM's does."""
+    from phaseprobe.local import router as router_mod
+    from phaseprobe.redact import MASK, mask_secrets
+
+    secret = "glsa_router-env-secret-4711"
+    monkeypatch.setenv("GRAFANA_TOKEN", secret)
+    fake = tmp_path / "vllm-router"
+    fake.write_text('#!/bin/sh\necho "starting with GRAFANA_TOKEN=$GRAFANA_TOKEN"\nexit 3\n')
+    fake.chmod(0o755)
+    monkeypatch.setattr(router_mod, "require_router", lambda venv: tmp_path)
+    monkeypatch.setattr(router_mod, "router_executable", lambda venv: fake)
+    monkeypatch.setattr(router_mod, "router_ready", lambda *a: False)
+    router = LocalRouter(WORKERS, log_dir=tmp_path / "logs")
+    with pytest.raises(LocalServerError, match="exited with code 3") as e:
+        router.start()
+    # the log tail is masked as it is read: the error itself never holds the token
+    assert secret not in str(e.value) and f"GRAFANA_TOKEN={MASK}" in str(e.value)
+    assert mask_secrets(str(e.value)) == str(e.value)
