@@ -54,14 +54,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypedDict
 
 from phaseprobe.analysis.ab.sequential import SequentialPlan, check_primary
-from phaseprobe.collect.fleet.targets import ReplicaTarget, parse_replicas
 from phaseprobe.errors import ConfigError
 from phaseprobe.inputs import PLAYBOOK_CAP, read_input_text
 from phaseprobe.redact import is_secret_env_name, redact_url, redact_urls_in, register_secret
-from phaseprobe.sources.vllm.openai_stream import normalize_base_url
 from phaseprobe.store import AbSessionRow
 
-if TYPE_CHECKING:  # the P/D collector's imports are only needed by a P/D arm
+# Only a P/D arm needs the P/D collector; the URL and replica parsers live beside the HTTP
+# clients (requests): they load when a playbook names a URL, not for `ab --help`.
+if TYPE_CHECKING:
+    from phaseprobe.collect.fleet.targets import ReplicaTarget
     from phaseprobe.collect.pd.collector import PdTopology
 
 __all__ = [
@@ -496,6 +497,8 @@ def _arm(path: str, raw: object, index: int, default_model: str | None) -> Arm:
 
 def _url(r: _Reader, name: str) -> str | None:
     """A base URL key, normalised (http://host:8000/v1, an OpenAI base_url, is the server)."""
+    from phaseprobe.sources.vllm.openai_stream import normalize_base_url
+
     value = r.str_(name)
     if value is None:
         return None
@@ -507,6 +510,8 @@ def _url(r: _Reader, name: str) -> str | None:
 
 def _replicas(r: _Reader, raw: object, endpoint: str | None) -> tuple[ReplicaTarget, ...]:
     """An arm's ``replicas = ["NAME=URL", …]``: only beside an ``endpoint`` (a router)."""
+    from phaseprobe.collect.fleet.targets import parse_replicas
+
     if raw is None:
         return ()
     if endpoint is None:

@@ -39,9 +39,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from phaseprobe.analysis.rules.use_cases import USE_CASE_TPOT_S, USE_CASE_TTFT_S
-from phaseprobe.collect.fleet.targets import parse_replicas
-from phaseprobe.collect.live_window import DEFAULT_WINDOW_S, LiveOptions, take_window
-from phaseprobe.collect.target import api_key_from_env
+from phaseprobe.collect.live_options import DEFAULT_WINDOW_S, LiveOptions
 from phaseprobe.errors import ConfigError, PhaseprobeError
 from phaseprobe.paths import default_store_path
 from phaseprobe.present.cli import jsonout
@@ -325,6 +323,11 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
 def run_live(args: argparse.Namespace, out: Console, err: Console) -> int:
     """``check --live``: one window of a running server or fleet, no experiment."""
     from phaseprobe.analysis.checklist import LIVE_RULES, LIVE_SPAN_RULES, run_live_checklist
+
+    # the window's readers load requests and the metric readers: only a live check needs them
+    from phaseprobe.collect.fleet.targets import parse_replicas
+    from phaseprobe.collect.live_window import take_window
+    from phaseprobe.collect.target import api_key_from_env
 
     if args.list:
         for rule in LIVE_RULES + LIVE_SPAN_RULES:  # the span rules run when spans are stored

@@ -1,0 +1,51 @@
+"""What ``check --live`` is asked to read, as plain values: :class:`LiveOptions`.
+
+Kept apart from :mod:`phaseprobe.collect.live_window` (which scrapes, and so loads requests and
+the metric readers) because the command builds its argument parser from these defaults, and
+``check --help`` must not pay for a scrape it will never make.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from phaseprobe.collect.fleet.targets import ReplicaTarget
+
+__all__ = ["LiveOptions", "DEFAULT_WINDOW_S"]
+
+DEFAULT_WINDOW_S = 30.0
+
+
+@dataclass
+class LiveOptions:
+    """What :func:`take_window` reads and how: the server (``endpoint``, with ``replicas``
+    behind a router) or ``prom_url``, never both; the window and its sampling; the store
+    whose spans come along; the targets the rules judge by. ``notes`` is filled while the
+    window is taken (a router's workers left out, an option that does not apply) for the
+    command to show; ``progress``, ``sleep`` and ``clock`` are injected so tests need not
+    wait out a window."""
+
+    endpoint: str | None = None
+    replicas: tuple[ReplicaTarget, ...] = ()
+    prom_url: str | None = None
+    prom_selector: str = ""
+    prom_replica_label: str = "instance"  # the label that names a replica in Prometheus
+    window_s: float = DEFAULT_WINDOW_S
+    sample_every_s: float = 1.0
+    span_grace_s: float = 5.0
+    router_metrics_url: str | None = None  # the router's own vllm_router_* page
+    store_path: Path | None = None
+    spans_from: str | None = None  # a fleet's span store (collect.spans.source): read there
+    api_key: str | None = field(default=None, repr=False)
+    use_case: str = "chat"
+    ttft_target_s: float | None = None
+    tpot_target_s: float | None = None
+    notes: list[str] = field(default_factory=list)
+    progress: Callable[[str], None] = lambda _msg: None
+    sleep: Callable[[float], None] = time.sleep
+    clock: Callable[[], float] = time.monotonic
