@@ -18,6 +18,7 @@ store's error and notes text, log tails), replaces each registered value by ``**
 from __future__ import annotations
 
 import base64
+import json
 import logging
 import re
 import threading
@@ -99,11 +100,15 @@ _masker: _Masker | None = None
 def register_secret(value: str | None) -> None:
     """Remember ``value`` as a secret: from now on every text that passes a boundary has it
     masked, also when cut short after PREFIX_CHARS characters. Its stripped form counts too
-    (a key read with a trailing newline). Returns None; raises nothing."""
+    (a key read with a trailing newline), and so do the forms JSON writes of it (a quote,
+    a backslash or a non-ASCII character is escaped in ``--json`` output and the store's JSON
+    columns, and the escaped text would not match). Returns None; raises nothing."""
     global _masker
     if not value:
         return
-    found = {v for v in (value, value.strip()) if len(v) >= MIN_SECRET_CHARS}
+    forms = (value, value.strip())
+    forms += tuple(json.dumps(f, ensure_ascii=a)[1:-1] for f in forms for a in (True, False))
+    found = {v for v in forms if len(v) >= MIN_SECRET_CHARS}
     if not found - _secrets:
         return
     with _registry_lock:

@@ -222,3 +222,18 @@ def test_the_store_keeps_no_registered_secret_in_any_text_it_writes(tmp_path):
         assert store.runs(exp)[0].prompt == f"say {MASK}"
     raw = b"".join(p.read_bytes() for p in tmp_path.iterdir())
     assert SECRET[:8].encode() not in raw
+
+
+@pytest.mark.parametrize("secret", ['pa"ss\\word-42', "clé-secrète-2024", "tab\there-secret"])
+def test_a_secret_is_masked_in_the_json_that_quotes_it(secret: str):
+    """--json output and the store's JSON columns escape quotes, backslashes, control and
+    non-ASCII characters: the escaped text is masked as surely as the raw one."""
+    import json
+
+    register_secret(secret)
+    for ensure_ascii in (True, False):
+        doc = json.dumps({"error": f"server said: bad key {secret}"}, ensure_ascii=ensure_ascii)
+        masked = mask_secrets(doc)
+        escaped = json.dumps(secret, ensure_ascii=ensure_ascii)[1:-1]
+        assert escaped in doc and escaped not in masked and MASK in masked
+        assert json.loads(masked)["error"] == f"server said: bad key {MASK}"
