@@ -9,12 +9,18 @@ paths all start with ``/api``, which the canned server takes as its scenario.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Iterator
 
 import pytest
 
-from phaseprobe.errors import ConfigError, SpanStoreError, SpanStoreSchemaError
+from phaseprobe.errors import (
+    ConfigError,
+    SpanStoreError,
+    SpanStoreSchemaError,
+    SpanStoreUnreachable,
+)
 from phaseprobe.sources.span_stores import fetched, open_span_reader
 from tests.hostile.cases import CannedServer, Reply, json_reply
 
@@ -152,3 +158,42 @@ def test_a_refused_chdb_table_name_frees_the_engine(tmp_path):
     # (another directory) could not open
     with contextlib.closing(ChdbSpans(tmp_path / "b", "default", "otel_traces", create=True)) as r:
         assert r.where.endswith("b")
+
+
+def _fifo(p):
+    os.mkfifo(p)
+
+
+def _loop(p):
+    os.symlink(p, p)
+
+
+def _file(p):
+    p.write_text("not a directory")
+
+
+@pytest.mark.parametrize(
+    "make,said",
+    [
+        (_fifo, "FIFO"),
+        (_loop, "symlink loop"),
+        (_file, "a file, not a directory"),
+        (None, "no such directory"),
+    ],
+    ids=["fifo", "loop", "file", "missing"],
+)
+def test_a_chdb_path_that_is_no_directory_says_what_it_is(tmp_path, make, said):
+    pytest.importorskip("chdb")
+    path = tmp_path / "spans"
+    if make is not None:
+        make(path)
+    with pytest.raises(SpanStoreUnreachable, match=said) as e:
+        open_span_reader(f"chdb:{path}")
+    assert "data directory" in str(e.value)
+
+
+@pytest.mark.parametrize("spec,said", [("/dev/zero", "character device"), ("-", "standard input")])
+def test_a_chdb_device_or_dash_says_what_it_is(spec: str, said: str):
+    pytest.importorskip("chdb")
+    with pytest.raises(SpanStoreUnreachable, match=said):
+        open_span_reader(f"chdb:{spec}")
