@@ -48,6 +48,7 @@ __all__ = [
     "read_input",
     "read_input_text",
     "path_problem",
+    "SYMLINK_LOOP",
     "require_input",
     "open_stream",
     "BoundedGzip",
@@ -174,6 +175,9 @@ def read_input_text(
     return text
 
 
+SYMLINK_LOOP = "a symlink loop (following its links never reaches a file)"
+
+
 def path_problem(path: str | Path, cap: int | None = None) -> str | None:
     """Like :func:`input_problem`, but also naming what makes ``path`` unreadable before any
     ``open``: missing, a symlink loop, permission, or ``-`` (standard input is not read)."""
@@ -191,7 +195,7 @@ def path_problem(path: str | Path, cap: int | None = None) -> str | None:
         return "permission denied"
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            return "a symlink loop (following its links never reaches a file)"
+            return SYMLINK_LOOP
         return f"cannot be read ({exc.strerror or exc})"
     except ValueError as exc:  # an embedded NUL byte
         return f"not a usable path ({exc})"

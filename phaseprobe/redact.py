@@ -106,7 +106,7 @@ def register_secret(value: str | None) -> None:
     global _masker
     if not value:
         return
-    forms = (value, value.strip())
+    forms: tuple[str, ...] = (value, value.strip())
     forms += tuple(json.dumps(f, ensure_ascii=a)[1:-1] for f in forms for a in (True, False))
     found = {v for v in forms if len(v) >= MIN_SECRET_CHARS}
     if not found - _secrets:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypedDict, TypeVa
 from urllib.parse import quote
 
 from phaseprobe.errors import StoreError
-from phaseprobe.inputs import input_problem
+from phaseprobe.inputs import SYMLINK_LOOP, input_problem, path_problem
 from phaseprobe.records import (
     ClientCheck,
     ClientTimeline,
@@ -366,6 +366,10 @@ class Store:
         """The file's first 100 bytes (None: no file yet, to be created), after refusing what
         is plainly not a store: a directory, a file that is not SQLite, a missing or empty file
         to read."""
+        if str(self.path) == "-":  # not standard input: a store is a file SQLite opens
+            raise StoreError("--store '-': give the store file's path (standard input is no store)")
+        if self.path.is_symlink() and path_problem(self.path) == SYMLINK_LOOP:
+            raise StoreError(f"cannot open experiment store {self.path}: it is {SYMLINK_LOOP}")
         if self.path.is_dir():
             raise StoreError(
                 f"cannot open experiment store {self.path}: it is a directory, "

@@ -217,3 +217,30 @@ def test_a_python_that_is_no_interpreter_is_refused_not_run(
     assert main(["calibrate", "--python", "true", "--quick"]) != 0
     err = capsys.readouterr().err
     assert str(tmp_path / "true") in err and "Permission denied" in err, err
+
+
+STORE_SAID = {
+    "directory": "it is a directory",
+    "fifo": "FIFO",
+    "symlink-loop": "a symlink loop",
+    "dev-zero": "character device",
+    "dash": "standard input is no store",
+    "missing": "no experiment store at",
+}
+
+
+@pytest.mark.parametrize("kind", list(STORE_SAID))
+@pytest.mark.parametrize("command", [("runs",), ("check",), ("spans", "list")])
+def test_a_store_path_that_is_no_store_is_named(
+    command: tuple[str, ...],
+    kind: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    no_hang: None,
+) -> None:
+    """``--store`` of the commands that only read: what the path is, in words (not the OS's
+    "Too many levels of symbolic links", not "no store at -"), exit 2, no traceback."""
+    rc = main([*command, "--store", _make(kind, tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert STORE_SAID[kind] in err and "Traceback" not in err

@@ -11,6 +11,7 @@ another command is one call:
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -52,7 +53,8 @@ def open_spans(spans_from: str | None, store_path: Path) -> Iterator[SpanReader]
     """The span store ``spans_from`` names, checked (typed errors before any view), or the
     SQLite store at ``store_path`` opened read-only; closed on exit."""
     if spans_from is None:
-        if not Path(store_path).exists():
+        # lexists: a symlink loop or '-' is not "no store": Store says what it is
+        if not os.path.lexists(store_path) and str(store_path) != "-":
             raise ConfigError(
                 f"no experiment store at {store_path} (run `phaseprobe watch` "
                 "first, or give --spans-from)"

@@ -20,6 +20,7 @@ there, and only the rows shown are fetched.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -184,7 +185,8 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     if args.spans_command == "prune":
         return _prune(args, path, out, err)
     if args.spans_command == "pd":
-        if not Path(path).exists():
+        # lexists: a symlink loop or '-' is not "no store": Store says what it is
+        if not os.path.lexists(path) and str(path) != "-":
             raise ConfigError(f"no experiment store at {path} (run `phaseprobe watch` first)")
         return _pd(args, path, out, err)
     # list and show only read: never migrate or write the store (a read-only one will do).
