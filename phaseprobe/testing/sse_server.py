@@ -638,7 +638,9 @@ class SseServer:
 
     def metrics_text(self) -> str:
         """The ``/metrics`` exposition as it stands (vLLM's names, ``vllm:`` prefix)."""
-        lab = f'engine="0",model_name="{self.model}"'
+        # the exposition format's label escaping (\\, \", \n), as vLLM's client library does
+        escaped = self.model.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+        lab = f'engine="0",model_name="{escaped}"'
         lines: list[str] = []
         with self._lock:
             counts, sums = self._counts, dict(self._sums)

@@ -175,3 +175,19 @@ def test_promtool_reads_every_escape(tmp_path):
     assert checked.returncode == 0, checked.stdout + checked.stderr
     spliced = _promtool_parses(['up{model_name="a"b"}'], tmp_path)  # the check can fail
     assert spliced.returncode != 0 and "parse error" in spliced.stdout + spliced.stderr
+
+
+@pytest.mark.parametrize(
+    "model", ['a"b', "a\\b", "new\nline"], ids=["quote", "backslash", "newline"]
+)
+def test_a_quoted_model_name_is_read_back_from_metrics(model, tmp_path, capsys):
+    """The served model's name comes back in ``/metrics`` labels, escaped as the exposition
+    format says: the direct scrape reads it and attributes the run (server phases, isolation),
+    as it does for a plain name."""
+    import json
+
+    with SseServer(QUICK, model=model, metrics=True) as srv:
+        code, out, err = _run(probe_argv(srv.base_url, tmp_path / "s.sqlite", "--json"), capsys)
+    assert code == 0, err
+    run = json.loads(out)["runs"][0]
+    assert run["status"] == "ok" and run["server"] is not None, run
