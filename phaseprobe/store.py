@@ -310,6 +310,11 @@ def _primary_code(exc: BaseException) -> int | None:
     return code & 0xFF if isinstance(code, int) else None
 
 
+def _mask_text(text: str | None) -> str | None:
+    """``text`` through the secret mask; None stays None."""
+    return mask_secrets(text) if text else text
+
+
 class Store:
     """Open the store at ``path``: for writing (the default), created and migrated as needed;
     or ``readonly``, for commands that only read.
@@ -748,15 +753,18 @@ class Store:
         request spans were new."""
         now = time.time_ns()
         counts = dict(counts or {})
+        # a server may echo a key into a span (an attribute, its model or service name): the
+        # text columns pass the secret mask like every other write (nearly free with none set)
+        m = _mask_text
         rows = [
             (
                 s.trace_id,
                 s.span_id,
                 s.parent_span_id,
-                s.request_id,
-                s.model,
-                s.service,
-                s.instance,
+                m(s.request_id),
+                m(s.model),
+                m(s.service),
+                m(s.instance),
                 s.start_ns,
                 s.end_ns,
                 s.queue_s,
@@ -768,7 +776,7 @@ class Store:
                 s.prompt_tokens,
                 s.completion_tokens,
                 s.max_tokens,
-                json.dumps(a),
+                mask_secrets(json.dumps(a)),
                 now,
             )
             for s, a in zip(requests, attributes)

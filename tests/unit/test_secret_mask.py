@@ -237,3 +237,20 @@ def test_a_secret_is_masked_in_the_json_that_quotes_it(secret: str):
         escaped = json.dumps(secret, ensure_ascii=ensure_ascii)[1:-1]
         assert escaped in doc and escaped not in masked and MASK in masked
         assert json.loads(masked)["error"] == f"server said: bad key {MASK}"
+
+
+def test_spans_stored_in_bulk_pass_the_mask(tmp_path):
+    """The receiver and ``spans import`` write spans in bulk, past Store._write: a key a
+    server echoed into a span's attributes or names is masked there too."""
+    from dataclasses import replace
+
+    from phaseprobe.store import Store
+    from tests.unit.span_store_data import fleet_spans
+
+    register_secret(SECRET)
+    span = replace(fleet_spans(1)[0], model=f"m-{SECRET}", service=f"svc {SECRET}")
+    path = tmp_path / "s.sqlite"
+    with Store(path) as store:
+        assert store.add_spans([span], [{"http.header.authorization": f"Bearer {SECRET}"}]) == 1
+    raw = b"".join(p.read_bytes() for p in tmp_path.iterdir())
+    assert SECRET.encode() not in raw and MASK.encode() in raw
