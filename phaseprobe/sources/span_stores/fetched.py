@@ -11,6 +11,7 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
+from urllib.parse import SplitResult
 
 import requests
 
@@ -148,10 +149,39 @@ class FetchedSpans:
     """The :class:`~phaseprobe.sources.span_stores.model.SpanReader` methods over
     :meth:`_fetch` (the request spans that finished in a window, with their attributes)."""
 
-    def __init__(self, where: str, lookback_s: float = DEFAULT_LOOKBACK_S) -> None:
-        self._where = where
-        self._lookback_s = lookback_s
+    def __init__(
+        self,
+        scheme: str,
+        url: SplitResult,
+        query: Mapping[str, str],
+        *,
+        default_port: int,
+        default_limit: int,
+        timeout_s: float,
+        session: requests.Session | None,
+    ) -> None:
+        """A store at ``scheme://host:port`` (``url``'s, ``default_port`` unless given) read over
+        HTTP(S): ``?secure=1`` for https, ``?lookback_s=`` in s, ``?limit=`` (``default_limit``)
+        the store's own cap on what one search returns. Raises ConfigError naming the option
+        when ``lookback_s`` or ``limit`` is not a number in range."""
+        host = f"{url.hostname}:{url.port or default_port}"
+        http = "https" if query.get("secure", "").lower() in ("1", "true") else "http"
+        self._base = f"{http}://{host}"
+        self._where = f"{scheme}://{host}"
+        self._lookback_s = query_number(
+            query, "lookback_s", DEFAULT_LOOKBACK_S, self._where, low=1, high=LOOKBACK_LIMIT_S
+        )
+        self._limit = int(
+            query_number(
+                query, "limit", default_limit, self._where, low=1, high=10**7, integer=True
+            )
+        )
+        self._timeout_s = timeout_s
+        self._http = session or requests.Session()
         self._notes: tuple[str, ...] = ()
+
+    def _get(self, path: str, params: dict[str, Any]) -> dict[str, Any]:
+        return get_json(self._http, self._base + path, params, self._where, self._timeout_s)
 
     @property
     def where(self) -> str:

@@ -24,11 +24,7 @@ import requests
 from phaseprobe.errors import NoRequestSpans, OtlpError, SpanStoreError
 from phaseprobe.records import RequestSpan
 from phaseprobe.sources.span_stores.fetched import (
-    DEFAULT_LOOKBACK_S,
-    LOOKBACK_LIMIT_S,
     FetchedSpans,
-    get_json,
-    query_number,
     shaped,
 )
 from phaseprobe.sources.span_stores.model import (
@@ -67,22 +63,16 @@ class TempoSpans(FetchedSpans):
         timeout_s: float = 10.0,
         session: requests.Session | None = None,
     ) -> None:
-        scheme = "https" if query.get("secure", "").lower() in ("1", "true") else "http"
-        self._base = f"{scheme}://{url.hostname}:{url.port or 3200}"
-        where = f"tempo://{url.hostname}:{url.port or 3200}"
-        lookback_s = query_number(
-            query, "lookback_s", DEFAULT_LOOKBACK_S, where, low=1, high=LOOKBACK_LIMIT_S
+        super().__init__(
+            "tempo",
+            url,
+            query,
+            default_port=3200,
+            default_limit=5000,
+            timeout_s=timeout_s,
+            session=session,
         )
-        super().__init__(where, lookback_s)
-        self._limit = int(
-            query_number(query, "limit", 5000, where, low=1, high=10**7, integer=True)
-        )
-        self._timeout_s = timeout_s
-        self._http = session or requests.Session()
         self._capped = False
-
-    def _get(self, path: str, params: dict[str, Any]) -> Any:
-        return get_json(self._http, self._base + path, params, self.where, self._timeout_s)
 
     @shaped
     def check(self) -> None:
