@@ -122,9 +122,9 @@ def test_env_secrets_are_registered_by_name_only():
 
 
 def test_env_values_that_are_paths_are_not_secrets():
-    register_env_secrets({"PWD": "/work/main", "SSH_AUTH_SOCK": "/run/user/1/keyring/ssh"})
+    register_env_secrets({"PWD": "/srv/project", "SSH_AUTH_SOCK": "/run/user/1/keyring/ssh"})
     register_env_secrets({"XAUTHORITY": "~/.Xauthority", "OLDPWD": "/home/someone"})
-    text = "log /work/main/cache/x.log, /run/user/1/keyring/ssh, /home/someone/.Xauthority"
+    text = "log /srv/project/cache/x.log, /run/user/1/keyring/ssh, /home/someone/.Xauthority"
     assert mask_secrets(text) == text
 
 
@@ -132,11 +132,11 @@ def test_a_launched_servers_inherited_secrets_are_registered(monkeypatch):
     from phaseprobe.local.server import build_env
 
     monkeypatch.setenv("SWEEP_UNIT_API_KEY", "sk-inherited-777")
-    monkeypatch.setenv("PWD", "/work/somewhere")
+    monkeypatch.setenv("PWD", "/srv/somewhere")
     env = build_env({"HF_TOKEN": "hf_launch-888"})
     assert env["SWEEP_UNIT_API_KEY"] == "sk-inherited-777"  # still handed over
     assert mask_secrets("sk-inherited-777 hf_launch-888") == f"{MASK} {MASK}"
-    assert mask_secrets("/work/somewhere/x") == "/work/somewhere/x"  # the cwd is no secret
+    assert mask_secrets("/srv/somewhere/x") == "/srv/somewhere/x"  # the cwd is no secret
 
 
 @pytest.mark.parametrize(
