@@ -6,7 +6,8 @@ before any receiver, counter or server starts), reads the bearer token from the 
 ``--token-env`` names, and registers every secret they carry (that token, a password in
 ``--spans-from``, ``--forward``, ``--metrics`` or a ``--replica`` URL) with
 :mod:`phaseprobe.redact`, so none of them comes back in the view, the JSON or an error.
-Kept light (no receiver, no analysis): the command's ``--help`` imports it for its defaults.
+The command's ``--help`` imports it for its defaults: it starts nothing and loads no analysis;
+it reads the receiver module only for its size default and its address parser.
 """
 
 from __future__ import annotations
