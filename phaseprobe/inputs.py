@@ -48,6 +48,7 @@ __all__ = [
     "read_input",
     "read_input_text",
     "path_problem",
+    "directory_problem",
     "SYMLINK_LOOP",
     "require_input",
     "open_stream",
@@ -200,6 +201,27 @@ def path_problem(path: str | Path, cap: int | None = None) -> str | None:
     except ValueError as exc:  # an embedded NUL byte
         return f"not a usable path ({exc})"
     return input_problem(path, cap)
+
+
+def directory_problem(path: str | Path) -> str | None:
+    """Why ``path`` is not a directory to read, in the words of :func:`path_problem` (missing,
+    a symlink loop, permission, ``-``), or what it is instead (a file, a FIFO, a device…);
+    None for a directory."""
+    if str(path) == "-":
+        return "'-' (standard input) is no directory: give the directory's path"
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return (
+            "a dangling symlink (its target does not exist)"
+            if os.path.islink(path)
+            else ("no such directory")
+        )
+    except (OSError, ValueError):
+        return path_problem(path)  # a loop, permission, a NUL byte: said the same way
+    if stat.S_ISDIR(st.st_mode):
+        return None
+    return "a file, not a directory" if stat.S_ISREG(st.st_mode) else file_kind(st.st_mode)
 
 
 def require_input(path: str | Path, fail: Fail, cap: int | None = None) -> Path:

@@ -52,3 +52,20 @@ def test_output_targets(tmp_path):
     assert output_problem(tmp_path) == "not a regular file: it is a directory"
     assert output_problem(tmp_path / "new.json") is None
     assert output_problem("/dev/null") is None  # a character device never blocks a write
+
+
+def test_directory_problem_says_what_a_path_is_instead(tmp_path):
+    from phaseprobe.inputs import SYMLINK_LOOP, directory_problem
+
+    (tmp_path / "file").write_text("x")
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    assert directory_problem(tmp_path) is None
+    assert directory_problem(tmp_path / "file") == "a file, not a directory"
+    assert directory_problem(tmp_path / "fifo") == "a FIFO (named pipe)"
+    assert directory_problem("/dev/zero") == "a character device"
+    assert directory_problem(tmp_path / "loop") == SYMLINK_LOOP
+    assert directory_problem(tmp_path / "missing") == "no such directory"
+    assert "dangling symlink" in (directory_problem(tmp_path / "dangling") or "")
+    assert "standard input" in (directory_problem("-") or "")

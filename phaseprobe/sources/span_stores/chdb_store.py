@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from phaseprobe.errors import ConfigError, SpanStoreError, SpanStoreUnreachable
-from phaseprobe.inputs import path_problem
+from phaseprobe.inputs import directory_problem
 from phaseprobe.sources.span_stores.clickhouse_sql import ClickHouseSpans
 
 __all__ = ["ChdbSpans", "open_chdb"]
@@ -35,15 +35,12 @@ class ChdbSpans(ClickHouseSpans):
                 "chdb: URLs need the chdb package: pip install chdb (or phaseprobe[spans])"
             ) from None
         where = f"chdb:{directory}"
-        if not create and not directory.is_dir():
-            # say what the path is instead (a FIFO, a loop, '-', a file…): "no such directory"
-            # for a file that exists sends the user looking in the wrong place
-            what = path_problem(directory) or "a file, not a directory"
-            what = what.replace("no such file", "no such directory")
+        problem = None if create else directory_problem(directory)
+        if problem:  # said as what the path is: "no such directory" misleads for a FIFO
             raise SpanStoreUnreachable(
                 where,
-                what.replace("not a regular file: ", "")
-                + " (chdb: names a chdb data directory holding the exporter's otel_traces table)",
+                f"{problem} (chdb: names a chdb data directory holding the exporter's "
+                "otel_traces table)",
             )
         self._session = session.Session(str(directory))
         try:
