@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypedDict, TypeVa
 from urllib.parse import quote
 
 from phaseprobe.errors import StoreError
-from phaseprobe.inputs import SYMLINK_LOOP, input_problem, path_problem
+from phaseprobe.inputs import SYMLINK_LOOP, input_problem
 from phaseprobe.records import (
     ClientCheck,
     ClientTimeline,
@@ -373,8 +373,6 @@ class Store:
         to read."""
         if str(self.path) == "-":  # not standard input: a store is a file SQLite opens
             raise StoreError("--store '-': give the store file's path (standard input is no store)")
-        if self.path.is_symlink() and path_problem(self.path) == SYMLINK_LOOP:
-            raise StoreError(f"cannot open experiment store {self.path}: it is {SYMLINK_LOOP}")
         if self.path.is_dir():
             raise StoreError(
                 f"cannot open experiment store {self.path}: it is a directory, "
@@ -544,6 +542,8 @@ class Store:
         code = _primary_code(exc)
         said = str(exc) or type(exc).__name__
         if isinstance(exc, OSError):
+            if exc.errno == errno.ELOOP:  # not the OS's "Too many levels of symbolic links"
+                return f"it is {SYMLINK_LOOP}"
             said = exc.strerror or said
         if isinstance(exc, json.JSONDecodeError | UnicodeDecodeError):
             return (
