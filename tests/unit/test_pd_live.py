@@ -575,3 +575,15 @@ def test_check_live_reports_the_kv_path_per_instance(tmp_path):
     # a 0.61 s mean queue (NIXL books the KV wait there) with nobody waiting for capacity
     wait = by["live_kv_wait_as_queue"]
     assert wait["status"] == "fail" and "that queue is the wait for the KV" in wait["summary"]
+
+
+def test_an_instance_of_unknown_role_has_no_recompute_share():
+    """An aggregated server (no KV-connector lookups) computes its prompts: a "recompute share
+    100 %" beside "role unknown" reads as a broken hand-over that never was (seen through the
+    real router in front of two plain replicas)."""
+    plain = page(finished=2, gen=20, queue=[0.01] * 2, sources=(0, 640), lookups=0)
+    kv = kv_path_window(window("r1", page(finished=0, gen=0, queue=[], lookups=0), plain))
+    assert kv.role is None and kv.computed == 640
+    assert kv.recompute_share is None and kv.to_dict()["recompute_share"] is None
+    assert "recompute share: n/a (not a decode instance)" in kv.text
+    assert "100.0 %" not in kv.text

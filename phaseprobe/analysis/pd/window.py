@@ -90,9 +90,10 @@ class KvPathWindow:
 
     @property
     def recompute_share(self) -> float | None:
-        """local_compute / (local_compute + external_kv_transfer); None when not exported or
-        no prompt token was counted. Meaningful on a decode instance only."""
-        if self.transferred is None or self.computed is None:
+        """local_compute / (local_compute + external_kv_transfer); None on any instance not
+        known to be a decode instance (a prefill or an aggregated server computes its prompts:
+        that is no recompute), when not exported, or when no prompt token was counted."""
+        if self.role != "decode" or self.transferred is None or self.computed is None:
             return None
         total = self.transferred + self.computed
         return self.computed / total if total > 0 else None
@@ -123,6 +124,8 @@ class KvPathWindow:
         share = self.recompute_share
         if self.role == "prefill":
             out.append("recompute share: n/a (a prefill instance computes every prompt)")
+        elif self.role != "decode":
+            out.append("recompute share: n/a (not a decode instance)")
         elif self.transferred is None or self.computed is None:
             out.append(f"recompute share {NOT_EXPORTED} (no prompt_tokens_by_source)")
         elif share is None:
