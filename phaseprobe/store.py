@@ -43,6 +43,7 @@ from phaseprobe.records import (
     ServerPhases,
 )
 from phaseprobe.redact import mask_secrets, redact_url, redact_urls_in
+from phaseprobe.sqlite_file import hold, peek, release
 
 if TYPE_CHECKING:  # pandas only inside the GPU methods: `import phaseprobe` stays light
     import pandas as pd
@@ -357,6 +358,8 @@ class Store:
         self.schema_version = 0
         self._timeout = LOCK_TIMEOUT_S if timeout is None else timeout
         self._tables: frozenset[str] = frozenset()
+        self._peeked_live = True  # the header was read from the file (see sqlite_file.peek)
+        self._hold_key: tuple[int, int] | None = None  # this connection, announced (hold)
         header = self._check_file()
         try:
             self._db = (
@@ -385,8 +388,8 @@ class Store:
                 f"cannot open experiment store {self.path}: {problem}, not a store file"
             )
         try:
-            with self.path.open("rb") as f:
-                header = f.read(100)
+            # never open() beside a connection of this process: its close would drop their locks
+            peeked = peek(self.path)
         except (FileNotFoundError, NotADirectoryError):
             if self.readonly:  # never created by a command that only reads
                 raise StoreError(
@@ -395,6 +398,10 @@ class Store:
             return None
         except OSError as exc:
             raise self._failure("open", exc) from None
+        self._peeked_live = peeked.live
+        header = peeked.header
+        if not peeked.live:
+            return header  # a connection of this process has it open: checked or made by it
         if not header:
             if self.readonly:
                 raise StoreError(
@@ -428,6 +435,8 @@ class Store:
             check_same_thread=not threaded,
         )
         try:
+            # announced before the first statement takes a lock (sqlite_file says why)
+            self._hold_key = hold(self.path, header or b"")
             db.row_factory = sqlite3.Row
             self._inspect(db)  # a foreign or newer file is refused before anything is written
             db.execute("PRAGMA journal_mode=WAL")
@@ -437,6 +446,7 @@ class Store:
             self._inspect(db)
         except BaseException:
             db.close()
+            self._release()
             raise
         return db
 
@@ -444,7 +454,12 @@ class Store:
         assert header is not None  # _check_file refused a missing file
         wal_mode = len(header) > 19 and header[18] == 2  # file format read version 2: WAL
         # No -wal file beside a WAL store: no process has it open.
-        immutable = wal_mode and not self.path.with_name(self.path.name + "-wal").exists()
+        # (Never while a connection of this process has it open: that one keeps a -wal.)
+        immutable = (
+            wal_mode
+            and self._peeked_live
+            and not self.path.with_name(self.path.name + "-wal").exists()
+        )
         while True:
             uri = f"file:{quote(os.path.abspath(self.path))}?mode=ro" + (
                 "&immutable=1" if immutable else ""
@@ -458,6 +473,7 @@ class Store:
                     timeout=self._timeout,
                     check_same_thread=not threaded,
                 )
+                self._hold_key = hold(self.path, header)
                 db.row_factory = sqlite3.Row
                 self._inspect(db)
                 self.immutable = immutable
@@ -465,6 +481,7 @@ class Store:
             except BaseException as exc:
                 if db is not None:
                     db.close()
+                self._release()
                 # No -shm to be had (a read-only directory, a -wal left by a writer): immutable.
                 if immutable or _primary_code(exc) not in (_READONLY, _CANTOPEN):
                     raise
@@ -604,11 +621,13 @@ class Store:
         """'; the file is truncated: …' when SQLite's header counts more bytes than the file
         has ('' when it does not, or cannot be read)."""
         try:
-            with self.path.open("rb") as f:
-                header = f.read(100)
+            peeked = peek(self.path)
             size = self.path.stat().st_size
         except OSError:
             return ""
+        if not peeked.live:  # only the header read before this process's connections
+            return ""
+        header = peeked.header
         if len(header) < 100 or not header.startswith(SQLITE_HEADER):
             return ""
         page_size = int.from_bytes(header[16:18], "big")
@@ -1317,7 +1336,14 @@ class Store:
         return row[0]
 
     def close(self) -> None:
+        """Closes the connection (a second close does nothing)."""
         self._db.close()
+        self._release()
+
+    def _release(self) -> None:
+        if self._hold_key is not None:
+            release(self._hold_key)
+            self._hold_key = None
 
     def __enter__(self) -> Store:
         return self
