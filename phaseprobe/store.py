@@ -649,6 +649,13 @@ class Store:
             raise StoreError(self._newer_schema())
         for target in range(self.schema_version + 1, SCHEMA_VERSION + 1):
             self._db.execute("BEGIN IMMEDIATE")
+            # Another process may have migrated while this one waited for the write lock (two
+            # commands creating a new store at once): read the version again under the lock.
+            current = int(self._db.execute("PRAGMA user_version").fetchone()[0])
+            if current >= target:
+                self._db.execute("COMMIT")
+                self.schema_version = current
+                continue
             for statement in _MIGRATIONS[target - 1].split(";"):
                 if statement.strip() and not self._column_exists(statement):
                     self._db.execute(statement)

@@ -94,6 +94,22 @@ def span_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SpanTarget
         sink.close()
 
 
+@pytest.fixture()
+def lent_span_port(span_target: SpanTarget | None, local_vllm: VllmTarget) -> Iterator[int]:
+    """The port the session vLLM exports its spans to (gRPC), lent to a process of the test's
+    own (a ``phaseprobe watch``, as a user runs it): the session receiver stops listening for
+    the test and listens again on the same port after it (the exporter retries meanwhile)."""
+    if span_target is None or span_target.receiver.grpc_port is None:
+        pytest.skip(f"an external vLLM ({ENDPOINT_ENV}) exports its spans elsewhere")
+    receiver = span_target.receiver
+    port = receiver.grpc_port
+    receiver.stop()
+    try:
+        yield port
+    finally:
+        receiver.start()
+
+
 @pytest.fixture(scope="session")
 def local_vllm(span_target: SpanTarget | None) -> Iterator[VllmTarget]:
     endpoint = os.environ.get(ENDPOINT_ENV)

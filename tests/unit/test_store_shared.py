@@ -12,6 +12,7 @@ from __future__ import annotations
 import sqlite3
 import subprocess
 import sys
+import time
 
 from phaseprobe import sqlite_file
 from phaseprobe.store import Store
@@ -66,3 +67,31 @@ def test_the_header_is_read_once_while_a_connection_holds_the_file(tmp_path):
     assert not sqlite_file.is_held(path)
     assert sqlite_file.peek(path).live
     assert sqlite_file.peek(path).header.startswith(b"SQLite format 3\x00")
+
+
+_CREATE_AT = """
+import sys, time
+from phaseprobe.store import Store
+start = float(sys.argv[2])
+time.sleep(max(0.0, start - time.time()))
+Store(sys.argv[1]).close()
+"""
+
+
+def test_commands_creating_one_new_store_at_once_all_open_it(tmp_path):
+    # A watch and a second watch (or a probe) started together on a new store: each migrated
+    # it from version 0 and the second died of "table experiments already exists".
+    path = tmp_path / "new.sqlite"
+    start = time.time() + 2.0  # after every interpreter has started
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _CREATE_AT, str(path), repr(start)],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(6)
+    ]
+    errors = [p.communicate(timeout=60)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0] * 6, [e[-300:] for e in errors if e]
+    with Store(path, readonly=True) as store:
+        assert store.experiments() == []

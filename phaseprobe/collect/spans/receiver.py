@@ -26,14 +26,13 @@ import time
 import zlib
 from collections.abc import Callable
 from concurrent import futures
-from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
+from phaseprobe.collect.spans.sink import ReceiverStats, SpanSink
 from phaseprobe.errors import ConfigError, OtlpError, StoreError
 from phaseprobe.sources.vllm.otlp_spans import SpanBatch, decode_json, decode_protobuf
-from phaseprobe.store import Store, redact_url
+from phaseprobe.store import redact_url
 
 __all__ = [
     "SpanSink",
@@ -68,73 +67,6 @@ def parse_listen(text: str, what: str) -> tuple[str, int]:
     return (host.strip("[]") or "127.0.0.1"), int(port_text)
 
 
-@dataclass
-class ReceiverStats:
-    """What the receiver took in since it started (for the live view and its summary)."""
-
-    batches: int = 0
-    request_spans: int = 0  # vLLM request spans received (stored or already stored)
-    new_request_spans: int = 0
-    other_spans: int = 0
-    rejected_spans: int = 0
-    refused: dict[str, int] = field(default_factory=dict)  # reason -> payloads refused
-    forwarded: int = 0
-    forward_failed: int = 0
-
-    def refuse(self, reason: str) -> None:
-        """Counts one payload refused for ``reason``."""
-        self.refused[reason] = self.refused.get(reason, 0) + 1
-
-    def to_dict(self) -> dict[str, Any]:
-        """The counts as a JSON-ready dict."""
-        return {
-            "batches": self.batches,
-            "request_spans": self.request_spans,
-            "new_request_spans": self.new_request_spans,
-            "other_spans": self.other_spans,
-            "rejected_spans": self.rejected_spans,
-            "refused": dict(self.refused),
-            "forwarded": self.forwarded,
-            "forward_failed": self.forward_failed,
-        }
-
-
-class SpanSink:
-    """Commits decoded batches to one store, one batch per transaction, from any thread."""
-
-    def __init__(self, store_path: str | Path) -> None:
-        self.store = Store(store_path, threaded=True)
-        self.stats = ReceiverStats()
-        self._lock = threading.Lock()
-        self.listeners: list[Callable[[SpanBatch], None]] = []
-
-    def commit(self, batch: SpanBatch) -> int:
-        """Store the batch (raises StoreError, for the caller to answer 'retry later')."""
-        with self._lock:
-            new = self.store.add_spans(batch.requests, batch.attributes, seen=batch.seen)
-            self.stats.batches += 1
-            self.stats.request_spans += len(batch.requests)
-            self.stats.new_request_spans += new
-            self.stats.other_spans += sum(batch.other.values())
-            self.stats.rejected_spans += sum(batch.rejected.values())
-        for listener in self.listeners:
-            try:
-                listener(batch)
-            except Exception:  # a viewer's bug must not turn a stored batch into an error
-                log.exception("span listener failed")
-        return new
-
-    def refuse(self, reason: str) -> None:
-        """Counts one payload refused for ``reason`` (thread-safe)."""
-        with self._lock:
-            self.stats.refuse(reason)
-
-    def close(self) -> None:
-        """Closes the store."""
-        with self._lock:
-            self.store.close()
-
-
 class Forwarder:
     """Posts accepted payloads (OTLP/HTTP protobuf) to the user's collector, in order, from a
     bounded queue; when the queue is full the batch is counted as failed, not waited for."""
@@ -152,6 +84,11 @@ class Forwarder:
         self._queue: queue.Queue[bytes | None] = queue.Queue(queue_size)
         self._thread = threading.Thread(target=self._loop, name="otlp-forward", daemon=True)
         self._thread.start()
+
+    @property
+    def running(self) -> bool:
+        """True until :meth:`close` ended its thread."""
+        return self._thread.is_alive()
 
     def submit(self, payload: bytes) -> None:
         """Queues ``payload`` to be forwarded; when the queue is full it is counted as failed, not
@@ -225,7 +162,8 @@ class SpanReceiver:
         self._grpc_addr = grpc
         self._token = token
         self.max_bytes = max_bytes
-        self.forwarder = Forwarder(forward, sink.stats) if forward else None
+        self._forward = forward or None
+        self.forwarder: Forwarder | None = None  # started with the listeners
         self._http: ThreadingHTTPServer | None = None
         self._http_thread: threading.Thread | None = None
         self._grpc: Any = None
@@ -254,8 +192,15 @@ class SpanReceiver:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> SpanReceiver:
-        """This receiver, listening. Raises ConfigError when a port cannot be listened on (the
-        listeners already started are stopped)."""
+        """This receiver, listening. A receiver stopped before listens again on the ports it had
+        (an exporter keeps sending to the address it was given). Raises ConfigError when a port
+        cannot be listened on (the listeners already started are stopped)."""
+        if self.http_port is not None and self._http_addr is not None:
+            self._http_addr = (self._http_addr[0], self.http_port)
+        if self.grpc_port is not None and self._grpc_addr is not None:
+            self._grpc_addr = (self._grpc_addr[0], self.grpc_port)
+        if self._forward is not None and (self.forwarder is None or not self.forwarder.running):
+            self.forwarder = Forwarder(self._forward, self.sink.stats)
         try:
             if self._http_addr is not None:
                 self._http = _OtlpHttpServer(self._http_addr, _HttpHandler, self)

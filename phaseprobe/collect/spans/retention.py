@@ -11,13 +11,15 @@ start-time index, the file's free pages reused). ``spans prune`` does one pass b
 from __future__ import annotations
 
 import re
+import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from phaseprobe.errors import ConfigError
+from phaseprobe.collect.spans.sink import StoreTrouble
+from phaseprobe.errors import ConfigError, StoreError
 from phaseprobe.store import PruneResult, Store, StoreSize
 
 __all__ = [
@@ -112,6 +114,7 @@ class SpanRetention:
         self.passes = 0
         self.last_protected = 0
         self.size: StoreSize | None = None
+        self.trouble = StoreTrouble("retention")  # passes the store refused
         self._last_ns: int | None = None
 
     def tick(self, *, force: bool = False) -> bool:
@@ -125,22 +128,35 @@ class SpanRetention:
         ):
             return False
         self._last_ns = now
-        with Store(self.store_path) as store:
-            if self.policy.active:
-                for result in prune_once(store, self.policy, now):
-                    self.deleted += result["deleted"]
-                    self.last_protected = result["protected"]
-                self.passes += 1
-            self.size = store.storage_size()
+        try:
+            with Store(self.store_path) as store:
+                if self.policy.active:
+                    for result in prune_once(store, self.policy, now):
+                        self.deleted += result["deleted"]
+                        self.last_protected = result["protected"]
+                    self.passes += 1
+                self.size = store.storage_size()
+        except (StoreError, sqlite3.Error, OSError) as exc:
+            # The receiver beside must outlive whatever the store does (locked by a VACUUM,
+            # a full disk, a file made read-only): this pass is skipped, counted and said,
+            # and the next is tried in ``every_s`` as usual.
+            self.trouble.fail(exc)
+            return False
+        self.trouble.succeed(reopened=False)
         return True
 
     def text(self) -> str:
         """The store's size, and what retention did, in one line."""
         shown = size_text(self.size) if self.size is not None else "store size not read yet"
+        trouble = self.trouble.text()
+        if self.trouble.failing:
+            shown += f" (last pass refused: {self.trouble.last})"
         if not self.policy.active:
             return shown + " (no retention: --retain AGE or --retain-spans N keeps it bounded)"
-        return f"{shown}; retention keeps {self.policy.text()}: {self.deleted:,} pruned" + (
-            f", {self.last_protected:,} old kept for experiments" if self.last_protected else ""
+        return (
+            f"{shown}; retention keeps {self.policy.text()}: {self.deleted:,} pruned"
+            + (f", {self.last_protected:,} old kept for experiments" if self.last_protected else "")
+            + (f" ({self.trouble.failures:,} pass(es) refused by the store)" if trouble else "")
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -152,6 +168,7 @@ class SpanRetention:
             "passes": self.passes,
             "protected": self.last_protected,
             "size": self.size,
+            "store": self.trouble.to_dict(),
         }
 
 

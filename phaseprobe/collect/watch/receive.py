@@ -175,7 +175,7 @@ class ReceiveWatch:
         """The last ``window_s`` summarized (retention pruning first when due, the counters
         re-read when due)."""
         window_s = self.options.window_s
-        self.retention.tick()  # prunes and measures every 30 s; at once the first time
+        self._background()
         spans = self._spans()
         now = time.time_ns()
         counter = self.counter
@@ -190,6 +190,14 @@ class ReceiveWatch:
             window_s=window_s,
         )
 
+    def _background(self) -> None:
+        """Retention when due (it prunes and measures every 30 s; at once the first time), and
+        news of the store's health said once: a run of failed commits or passes, its end."""
+        self.retention.tick()
+        for news in (self.sink.news(), self.retention.trouble.news()):
+            if news is not None:
+                self.notices.warn(news)
+
     def ticks(self) -> Iterator[WatchTick]:
         """A :class:`WatchTick` at once and every ``refresh_s`` until the duration ends."""
         self._t0 = time.monotonic()
@@ -197,7 +205,7 @@ class ReceiveWatch:
 
     def idle(self) -> None:
         """Waits out the duration with no view (retention still prunes when due)."""
-        self.pace.idle(self.retention.tick)
+        self.pace.idle(self._background)
 
     def finish(self, interrupted: bool) -> WatchResult:
         """Stops the load (its last spans given time to arrive) and the receiver; the whole

@@ -378,6 +378,14 @@ def _render_read(window: FollowedWindow, title: str) -> Group:
     return Group(*parts)
 
 
+def _store_trouble(trouble: dict[str, Any] | None) -> str:
+    """' · store: …' when span commits failed (each answered "retry later"), else ''."""
+    if not trouble or not trouble["failures"]:
+        return ""
+    state = "failing now" if trouble["failing"] else f"reopened {trouble['reopened']}x, working"
+    return f" · store refused {trouble['failures']} commit(s), {state}: {trouble['last']}"
+
+
 def _render(
     summary: Any,
     stats: dict[str, Any],
@@ -392,6 +400,7 @@ def _render(
         + f" · {stats['batches']} batch(es), {stats['other_spans']} other span(s), "
         f"{stats['rejected_spans']} rejected"
         + (f" · refused {stats['refused']}" if stats["refused"] else "")
+        + _store_trouble(stats.get("store"))
         + (
             f" · forwarded {stats['forwarded']} ({stats['forward_failed']} failed)"
             if stats["forwarded"] or stats["forward_failed"]
