@@ -115,6 +115,16 @@ _PERM, _BUSY, _LOCKED, _READONLY, _IOERR, _CORRUPT, _FULL, _CANTOPEN, _AUTH, _NO
     23,
     26,
 )
+# SQLite's extended I/O codes of a failed write (the -shm that cannot grow among them).
+_IOERR_WRITES = frozenset(
+    {
+        sqlite3.SQLITE_IOERR_WRITE,
+        sqlite3.SQLITE_IOERR_FSYNC,
+        sqlite3.SQLITE_IOERR_TRUNCATE,
+        sqlite3.SQLITE_IOERR_DIR_FSYNC,
+        sqlite3.SQLITE_IOERR_SHMSIZE,
+    }
+)
 _RECOVER = (
     "restore it from a backup, or salvage what is left with `sqlite3 {path} .recover "
     "| sqlite3 NEW.sqlite`"
@@ -597,6 +607,12 @@ class Store:
         if code in (_READONLY, _CANTOPEN):
             return f"{self._access_problem()} (SQLite: {said})"
         if code == _IOERR:
+            extended = getattr(exc, "sqlite_errorcode", None)
+            if extended in _IOERR_WRITES:  # SQLite keeps errno to itself: name the usual causes
+                return (
+                    f"disk I/O error: a write to the file failed (SQLite: {said}; the disk full, "
+                    "a file-size limit, or the file or its filesystem made read-only)"
+                )
             return f"disk I/O error (SQLite: {said}){self._truncation()}"
         return said
 

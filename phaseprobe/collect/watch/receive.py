@@ -194,6 +194,9 @@ class ReceiveWatch:
         """Retention when due (it prunes and measures every 30 s; at once the first time), and
         news of the store's health said once: a run of failed commits or passes, its end."""
         self.retention.tick()
+        self._say_news()
+
+    def _say_news(self) -> None:
         for news in (self.sink.news(), self.retention.trouble.news()):
             if news is not None:
                 self.notices.warn(news)
@@ -223,6 +226,7 @@ class ReceiveWatch:
         fleet = self.fleet.final(spans)
         self._stack.close()  # the receiver stops: the store's size below is the final one
         self.retention.tick(force=True)
+        self._say_news()  # a recovery since the last refresh is said before the summary
         forward = self.options.forward
         return WatchResult(
             store=self.options.store_path,
