@@ -297,6 +297,9 @@ GPU_SAMPLE_COLUMNS = (
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 
+# Reads made without locks (immutable=1) and found racing a writer are made again this often.
+_IMMUTABLE_ATTEMPTS = 4
+
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
 
@@ -307,13 +310,30 @@ def _reads(method: Callable[Concatenate[Store, _P], _T]) -> Callable[Concatenate
 
     @functools.wraps(method)
     def read(self: Store, *args: _P.args, **kwargs: _P.kwargs) -> _T:
-        try:
-            return method(self, *args, **kwargs)
-        except (sqlite3.Error, json.JSONDecodeError, UnicodeDecodeError, IndexError) as exc:
-            # IndexError: a column a row lacks (sqlite3.Row), in a store of a newer schema.
-            raise self._failure("read", exc) from None
+        for _attempt in range(_IMMUTABLE_ATTEMPTS):
+            try:
+                result = method(self, *args, **kwargs)
+            except (sqlite3.Error, json.JSONDecodeError, UnicodeDecodeError, IndexError) as exc:
+                # IndexError: a column a row lacks (sqlite3.Row), in a store of a newer schema.
+                if not self._changed_under_immutable():
+                    raise self._failure("read", exc) from None
+            else:
+                if not self._changed_under_immutable():
+                    return result
+            # A writer came while this read took no locks (immutable=1): what it read may mix
+            # old and new pages. Read again, with the locks if the writer is still there.
+            self._reopen_readonly()
+        raise StoreError(
+            f"cannot read experiment store {self.path}: it kept changing during "
+            f"{_IMMUTABLE_ATTEMPTS} reads made without SQLite's locks (a -wal left in a "
+            "read-only directory while a writer works?)"
+        )
 
     return read
+
+
+class _Raced(Exception):
+    """A read-only open without locks saw the file change under it (handled inside Store)."""
 
 
 def _primary_code(exc: BaseException) -> int | None:
@@ -369,6 +389,8 @@ class Store:
         self._timeout = LOCK_TIMEOUT_S if timeout is None else timeout
         self._tables: frozenset[str] = frozenset()
         self._peeked_live = True  # the header was read from the file (see sqlite_file.peek)
+        self._threaded = threaded
+        self._unlocked_state: tuple[int, ...] | None = None  # see _changed_under_immutable
         self._hold_key: tuple[int, int] | None = None  # this connection, announced (hold)
         header = self._check_file()
         try:
@@ -470,11 +492,14 @@ class Store:
             and self._peeked_live
             and not self.path.with_name(self.path.name + "-wal").exists()
         )
+        attempts = 0
         while True:
             uri = f"file:{quote(os.path.abspath(self.path))}?mode=ro" + (
                 "&immutable=1" if immutable else ""
             )
             db: sqlite3.Connection | None = None
+            # what the file looked like before a read without locks (see _changed_under_immutable)
+            self._unlocked_state = self._file_state() if immutable else None
             try:
                 db = sqlite3.connect(
                     uri,
@@ -487,15 +512,53 @@ class Store:
                 db.row_factory = sqlite3.Row
                 self._inspect(db)
                 self.immutable = immutable
+                if self._changed_under_immutable() and attempts < _IMMUTABLE_ATTEMPTS:
+                    raise _Raced  # a writer came during the look at the schema: look again
                 return db
             except BaseException as exc:
                 if db is not None:
                     db.close()
                 self._release()
+                self.immutable = False
+                attempts += 1
+                if isinstance(exc, _Raced) or (
+                    immutable
+                    and attempts < _IMMUTABLE_ATTEMPTS
+                    and self._file_state() != (self._unlocked_state)
+                ):
+                    # with a -wal beside it now, the next open takes the locks
+                    immutable = not self.path.with_name(self.path.name + "-wal").exists()
+                    continue
                 # No -shm to be had (a read-only directory, a -wal left by a writer): immutable.
                 if immutable or _primary_code(exc) not in (_READONLY, _CANTOPEN):
                     raise
                 immutable = True
+
+    def _file_state(self) -> tuple[int, ...] | None:
+        """What changes when anyone writes the store: the file's inode, size and mtime, and
+        whether a -wal is beside it (None: it cannot be stat'ed)."""
+        try:
+            st = self.path.stat()
+        except OSError:
+            return None
+        wal = self.path.with_name(self.path.name + "-wal").exists()
+        return (st.st_ino, st.st_size, st.st_mtime_ns, int(wal))
+
+    def _changed_under_immutable(self) -> bool:
+        """True when this connection reads without locks and the file changed since it was
+        opened (a writer started, committed or checkpointed meanwhile)."""
+        return self.immutable and self._file_state() != self._unlocked_state
+
+    def _reopen_readonly(self) -> None:
+        """Open the read-only connection again: with SQLite's locks when a writer keeps a -wal
+        beside the store now, else without them again, from the file as it is now."""
+        self._db.close()
+        self._release()
+        try:
+            header = peek(self.path).header
+            self._db = self._open_readonly(header, self._threaded)
+        except (sqlite3.Error, OSError) as exc:
+            raise self._failure("open", exc) from None
 
     def _inspect(self, db: sqlite3.Connection) -> None:
         """Read the schema version and the tables, and refuse a file that is not a phaseprobe

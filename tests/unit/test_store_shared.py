@@ -95,3 +95,26 @@ def test_commands_creating_one_new_store_at_once_all_open_it(tmp_path):
     assert [p.returncode for p in procs] == [0] * 6, [e[-300:] for e in errors if e]
     with Store(path, readonly=True) as store:
         assert store.experiments() == []
+
+
+_WRITE_AND_CLOSE = """
+import sys
+from phaseprobe.store import Store
+with Store(sys.argv[1]) as store:
+    for i in range(300):  # past SQLite's auto-checkpoint: pages of the main file rewritten
+        store.add_analysis("nccl", f"log{i}", {"text": "x" * 3000})
+"""
+
+
+def test_a_reader_without_locks_reads_again_when_a_writer_came_meanwhile(tmp_path):
+    # A store nobody has open is read with immutable=1 (no -wal/-shm made beside it), which
+    # takes no locks: a writer that came, checkpointed and went made the reader call the store
+    # damaged ("database disk image is malformed"), or read stale pages.
+    path = tmp_path / "s.sqlite"
+    Store(path).close()
+    beside = sorted(p.name for p in tmp_path.iterdir())
+    with Store(path, readonly=True) as reader:
+        assert reader.immutable and reader.analyses() == []
+        subprocess.run([sys.executable, "-c", _WRITE_AND_CLOSE, str(path)], check=True)
+        assert len(reader.analyses()) == 300  # the store as it is now, whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == beside  # still nothing made beside it
