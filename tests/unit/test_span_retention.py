@@ -135,7 +135,10 @@ def test_long_watch_with_retention_stays_under_its_bound(tmp_path: Path):
             store, [(t, f"{RUN_REQUEST_ID_PREFIX}{k:016x}") for k, t in enumerate(kept_traces)]
         )
     retention = SpanRetention(
-        path, RetentionPolicy(max_spans=5_000, every_s=30.0), clock=lambda: now[0]
+        path,
+        RetentionPolicy(max_spans=5_000, every_s=30.0),
+        clock=lambda: now[0],
+        monotonic=lambda: (now[0] - T0) / S,
     )
     sizes = []
     per_pass = 600  # 20/s over 30 s
@@ -193,3 +196,31 @@ def test_retention_by_age_with_a_receiver_writing(tmp_path: Path):
     assert results[0]["deleted"] == 10_000  # started more than an hour before T0 + 3610 s
     with Store(path, readonly=True) as store:
         assert store.storage_size()["request_spans"] == 10_000 + 1000
+
+
+def test_a_wall_clock_stepping_forward_prunes_nothing_young(tmp_path: Path):
+    """--retain 1h, spans of the last 10 minutes, and the wall clock stepping 2 h forward
+    between two passes (30 s of monotonic time): nothing is pruned, because the age cut-off is
+    never later than the start's wall time plus the monotonic time since. Stepping back keeps
+    spans, never prunes more. A real hour later (monotonic), the old ones go."""
+    path = tmp_path / "c.sqlite"
+    wall, mono = [T0], [1000.0]
+    with Store(path) as store:
+        _add(store, [_span(i, T0 - 600 * S + i * S) for i in range(600)])  # the last 10 min
+    retention = SpanRetention(
+        path,
+        RetentionPolicy(max_age_s=3600.0, every_s=30.0),
+        clock=lambda: wall[0],
+        monotonic=lambda: mono[0],
+    )
+    assert retention.tick() and retention.deleted == 0
+    wall[0] += 2 * 3600 * S  # the step
+    mono[0] += 30.0
+    assert retention.tick() and retention.deleted == 0, "young spans pruned after a clock step"
+    wall[0] -= 4 * 3600 * S  # and back, 2 h behind the truth
+    mono[0] += 30.0
+    assert retention.tick() and retention.deleted == 0
+    wall[0] += 2 * 3600 * S + 3300 * S  # the clock right again, 55 minutes after the start
+    mono[0] += 3300.0 - 60.0
+    assert retention.tick()
+    assert retention.deleted == 300  # the first 5 of the 10 minutes are now over an hour old

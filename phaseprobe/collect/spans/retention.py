@@ -98,7 +98,13 @@ def prune_once(
 class SpanRetention:
     """Prunes the store at ``store_path`` to ``policy`` when :meth:`tick` finds ``every_s``
     passed, and measures its size (file bytes, span count) each time, even without a policy
-    (the watch shows it). ``clock``: wall time in ns (spans' start times are wall times)."""
+    (the watch shows it). ``clock``: wall time in ns (spans' start times are wall times);
+    ``monotonic``: seconds, for when a pass is due.
+
+    A wall clock that steps forward under the watch (an NTP correction, a VM resumed) must not
+    make young spans look old and prune them: the age cut-off is taken from the earlier of the
+    wall clock and the wall time at the start plus the monotonic time since, so retention never
+    deletes more than its policy asks (a backward step only keeps spans a little longer)."""
 
     def __init__(
         self,
@@ -106,28 +112,33 @@ class SpanRetention:
         policy: RetentionPolicy,
         *,
         clock: Callable[[], int] = time.time_ns,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store_path = Path(store_path)
         self.policy = policy
         self.clock = clock
+        self.monotonic = monotonic
+        self._anchor = (clock(), monotonic())  # wall ns and monotonic s, read together
         self.deleted = 0
         self.passes = 0
         self.last_protected = 0
         self.size: StoreSize | None = None
         self.trouble = StoreTrouble("retention")  # passes the store refused
-        self._last_ns: int | None = None
+        self._last_s: float | None = None  # monotonic time of the last pass
 
     def tick(self, *, force: bool = False) -> bool:
         """Prune and measure if due (the first tick always is; ``force``: now, e.g. at the
         watch's end); True when it did."""
-        now = self.clock()
+        elapsed = self.monotonic()
         if (
             not force
-            and self._last_ns is not None
-            and now - self._last_ns < self.policy.every_s * 1e9
+            and self._last_s is not None
+            and elapsed - self._last_s < self.policy.every_s
         ):
             return False
-        self._last_ns = now
+        self._last_s = elapsed
+        wall0, mono0 = self._anchor
+        now = min(self.clock(), wall0 + round((elapsed - mono0) * 1e9))
         try:
             with Store(self.store_path) as store:
                 if self.policy.active:
