@@ -130,11 +130,7 @@ class SpanRetention:
         """Prune and measure if due (the first tick always is; ``force``: now, e.g. at the
         watch's end); True when it did."""
         elapsed = self.monotonic()
-        if (
-            not force
-            and self._last_s is not None
-            and elapsed - self._last_s < self.policy.every_s
-        ):
+        if not force and self._last_s is not None and elapsed - self._last_s < self.policy.every_s:
             return False
         self._last_s = elapsed
         wall0, mono0 = self._anchor
