@@ -55,6 +55,20 @@ class FinishedRequests:
         self.identity: tuple[float, ...] | None = None
         self.snapshot: MetricSnapshot | None = None  # the last read's whole page (watch's KV path)
 
+    @property
+    def born_ns(self) -> int | None:
+        """When the counter of the last read started from 0 (wall ns): the creation stamp of
+        ``request_success`` (``*_created``), else the process's start; None if neither."""
+        snap = self.snapshot
+        if snap is None:
+            return None
+        for name in ("vllm:request_success_created", "vllm_request_success_created"):
+            rows = snap.samples.get(name)
+            if rows:
+                return round(min(v for _, v in rows) * 1e9)
+        rows = snap.samples.get("process_start_time_seconds")
+        return round(min(v for _, v in rows) * 1e9) if rows else None
+
     def read(self) -> float | None:
         """The counter now; None when the server does not export it. Raises
         MetricsUnavailable when ``/metrics`` cannot be read."""

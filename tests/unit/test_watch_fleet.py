@@ -370,14 +370,18 @@ def test_counter_restarts_and_late_baselines_are_never_negative_counts():
     assert (moved.finished, moved.received, moved.lost_spans) == (2, 2, 0)
     clock[0], mono[0] = 4_000, 9.0
     restarted = counter.loss(spans)  # 52 → 2: a restart, counted again from 2 at t=4000
-    assert restarted.finished == 0 and restarted.received == 0
+    # the first life (2 finished, its 2 spans between t=2000 and its last reading at t=3000)
+    # stays in the sum: a restart must not wipe what was already compared
+    assert (restarted.finished, restarted.received, restarted.lost_spans) == (2, 2, 0)
     assert counter.notes == [
         "replica r1's finished-request counter went back from 52 to 2 "
-        "(a restart): counted again from then"
+        "(a restart): its lives are added up, and the spans that ended between its last "
+        "reading before and the new start are left out of the comparison"
     ]
     clock[0], mono[0] = 5_000, 12.0
-    after = counter.loss([*spans, span(4_500)])
-    assert (after.finished, after.received, after.lost_spans) == (2, 1, 1)
+    gap = span(3_500)  # ended between the old life's last reading and the new one's first
+    after = counter.loss([*spans, gap, span(4_500)])
+    assert (after.finished, after.received, after.lost_spans) == (4, 3, 1)
 
 
 def test_a_restart_whose_count_passed_the_old_one_is_told_by_its_process():
@@ -398,6 +402,36 @@ def test_a_restart_whose_count_passed_the_old_one_is_told_by_its_process():
     assert counter.start == 60.0
     assert counter.notes == [
         "replica r1's /metrics now comes from another process (a "
-        "restart): its counter is counted again from 60"
+        "restart): its counter is counted from the new start and added to the earlier life's"
     ]
-    assert counter.loss([], force=True).finished == 1  # 61 − 60
+    assert counter.loss([], force=True).finished == 3  # (52 − 50) + (61 − 60)
+
+
+def test_a_restarted_server_is_counted_from_its_birth_not_from_the_first_reading():
+    """vLLM restarted and finished 5 requests before the watch's first reading of the new
+    process: its counter's creation stamp says when it started from 0, so those 5 requests and
+    their spans are compared too (issue 38: the watch reported no span for a second life)."""
+    clock, mono, born = [1_000], [0.0], [None]
+
+    def span(end_ns: int) -> RequestSpan:
+        return RequestSpan(
+            trace_id="t" * 32, span_id=f"{end_ns:016x}", request_id=None, model="m",
+            service="vllm", instance=None, start_ns=end_ns - 5, end_ns=end_ns, queue_s=None,
+            prefill_s=None, decode_s=None, inference_s=None, ttft_s=None, e2e_s=None,
+            prompt_tokens=None, completion_tokens=None,
+        )  # fmt: skip
+
+    counter = FinishedCounter(
+        "http://v:8000",
+        read=Reads(10.0, 16.0, 5.0),
+        clock_ns=lambda: clock[0],
+        monotonic=lambda: mono[0],
+        born_ns=lambda: born[0],
+    )
+    life1 = [span(1_500 + i) for i in range(6)]
+    clock[0], mono[0] = 2_000, 3.0
+    assert counter.loss(life1).finished == 6
+    clock[0], mono[0], born[0] = 9_000, 6.0, 5_000  # down from 2,000; born again at 5,000
+    life2 = [span(6_000 + i) for i in range(5)]
+    after = counter.loss([*life1, *life2])
+    assert (after.finished, after.received, after.lost_spans) == (11, 11, 0)

@@ -65,6 +65,7 @@ class FinishedCounter:
         monotonic: Callable[[], float] = time.monotonic,
         identity: Callable[[], object] | None = None,
         page: Callable[[], MetricSnapshot | None] | None = None,
+        born_ns: Callable[[], int | None] | None = None,
     ) -> None:
         self.replica = replica
         self.shown_url = redact_url(base_url)
@@ -72,6 +73,9 @@ class FinishedCounter:
             reader = FinishedRequests(base_url, timeout_s=timeout_s)
             read, identity = reader.read, (lambda: reader.identity)
             page = page or (lambda: reader.snapshot)
+            born_ns = born_ns or (lambda: reader.born_ns)
+        # when the counter last read started from 0: a restarted server's is counted whole
+        self._born_ns = born_ns or (lambda: None)
         self._page = page or (lambda: None)
         self._first_page: MetricSnapshot | None = None  # the baseline's page
         self._pages: deque[MetricSnapshot] = deque(maxlen=_KEPT_PAGES)
@@ -88,7 +92,11 @@ class FinishedCounter:
         self.last: float | None = None  # the latest good reading (None: the latest failed)
         self.why_unknown: str | None = None  # why the latest reading gave no count
         self._high: float | None = None  # the latest good reading: a counter never goes below
+        self._high_ns: int | None = None  # when it was taken (wall ns)
         self._last_read: float | None = None
+        # the server's earlier lives (before each restart): (from ns, to ns, finished), the
+        # span window each one's counter vouches for, from its baseline to its last reading
+        self._lives: list[tuple[int, int, float]] = []
         self.refresh(force=True)
 
     def _read(self) -> float | None:
@@ -126,23 +134,41 @@ class FinishedCounter:
         elif self._high is not None and value < self._high:
             self.notes.append(
                 f"{self._who()}'s finished-request counter went back from "
-                f"{self._high:.0f} to {value:.0f} (a restart): counted again from then"
+                f"{self._high:.0f} to {value:.0f} (a restart): its lives are added up, and the "
+                "spans that ended between its last reading before and the new start are "
+                "left out of the comparison"
             )
-            self._restart(value, at_ns)
+            self._reborn(value, at_ns)
         elif process is not None and self._process is not None and process != self._process:
             self.notes.append(
                 f"{self._who()}'s /metrics now comes from another process (a restart): its "
-                f"counter is counted again from {value:.0f}"
+                f"counter is counted from the new start and added to the earlier life's"
             )
-            self._restart(value, at_ns)
-        self._high = value
+            self._reborn(value, at_ns)
+        self._high, self._high_ns = value, at_ns
         page = self._page()
         if page is not None:
             self._first_page = self._first_page or page
             self._pages.append(page)
 
+    def _reborn(self, value: float, at_ns: int) -> None:
+        """A restart seen at this reading: the new process's counter started from 0 when it
+        was created (its ``*_created`` stamp, or the process start), so every request it
+        finished counts, and so do the spans that ended since; without a stamp (or one that
+        is not before this reading), from this reading's value and time."""
+        born = self._born_ns()
+        if born is not None and self._high_ns is not None and self._high_ns <= born <= at_ns:
+            self._restart(0.0, born)
+        else:
+            self._restart(value, at_ns)
+
     def _restart(self, value: float, at_ns: int) -> None:
-        """Count (and keep pages) from this reading on: the first, or after a restart."""
+        """Count (and keep pages) from this reading on: the first, or after a restart, which
+        closes the life before it: its count stays in the sum, compared with the spans that
+        ended between its baseline and its last reading (spans that ended after that last
+        reading and before this one no counter saw: they are left out of the comparison)."""
+        if self.start is not None and self.start_ns is not None and self._high is not None:
+            self._lives.append((self.start_ns, self._high_ns or at_ns, self._high - self.start))
         self.start, self.start_ns = value, at_ns
         self._first_page = None
         self._pages.clear()
@@ -173,11 +199,12 @@ class FinishedCounter:
         replica). Zero before any baseline."""
         if self.start_ns is None:
             return 0
-        start_ns = self.start_ns
+        start_ns, lives = self.start_ns, self._lives
         return sum(
             1
             for s in spans
-            if s.end_ns >= start_ns and (self.replica is None or span_replica(s) == self.replica)
+            if (self.replica is None or span_replica(s) == self.replica)
+            and (s.end_ns >= start_ns or any(lo <= s.end_ns <= hi for lo, hi, _ in lives))
         )
 
     def loss(self, spans: Sequence[RequestSpan], *, force: bool = False) -> SpanLoss:
@@ -194,7 +221,8 @@ class FinishedCounter:
                 None,
                 unknown_reason=self.why_unknown,
             )
-        return span_loss(self.received(spans), self.last - self.start)
+        earlier = sum(finished for _, _, finished in self._lives)
+        return span_loss(self.received(spans), earlier + self.last - self.start)
 
 
 class ReplicaCounters:
@@ -212,6 +240,12 @@ class ReplicaCounters:
     def notes(self) -> list[str]:
         """Every counter's notes (a replica restarted), replica by replica."""
         return [n for c in self.counters.values() for n in c.notes]
+
+    def refresh(self) -> None:
+        """Re-reads the counters that are due, side by side (a watch with no view)."""
+        counters = list(self.counters.values())
+        with ThreadPoolExecutor(max_workers=max(1, min(16, len(counters)))) as pool:
+            list(pool.map(lambda c: c.refresh(), counters))
 
     def losses(self, spans: Sequence[RequestSpan], *, force: bool = False) -> dict[str, SpanLoss]:
         """Replica name → its span loss (counters re-read as :meth:`FinishedCounter.loss`).

@@ -194,6 +194,12 @@ class ReceiveWatch:
         """Retention when due (it prunes and measures every 30 s; at once the first time), and
         news of the store's health said once: a run of failed commits or passes, its end."""
         self.retention.tick()
+        # the counters read as the view would (every 2 s at most): a restart of vLLM is seen
+        # when it happens, not at the end, where it would wipe the count of the life before
+        if self.counter is not None:
+            self.counter.refresh()
+        if self.fleet.replicas is not None:
+            self.fleet.replicas.refresh()
         self._say_news()
 
     def _say_news(self) -> None:
