@@ -19,6 +19,7 @@ from phaseprobe.collect.ab.playbook import ArmLaunch, RedactedArm
 from phaseprobe.collect.fleet.scrape import FleetScraper
 from phaseprobe.collect.fleet.targets import (
     ReplicaTarget,
+    WorkerListTooLarge,
     check_fleet,
     discover_replicas,
     router_workers,
@@ -168,9 +169,15 @@ def connect(
         return _connect_fleet(endpoint, replicas, client, headers, models, notes, api_key, model)
     scraper: MetricsScraper | None = MetricsScraper(endpoint, session=session, headers=headers)
     first: MetricSnapshot | None = None
-    workers = router_workers(endpoint, session, headers)
+    unreadable: WorkerListTooLarge | None = None
+    try:
+        workers = router_workers(endpoint, session, headers)
+    except WorkerListTooLarge as exc:  # a router all the same: its /metrics is any replica's
+        workers, unreadable = [], exc
     router = workers is not None
-    if workers is not None:
+    if unreadable is not None:
+        why = f"its /list_workers could not be read ({unreadable.detail})"
+    if workers is not None and unreadable is None:
         found, left_out = discover_replicas(workers)
         notes.extend(left_out)
         if found:
@@ -192,6 +199,7 @@ def connect(
                 return conn
         else:
             why = "its /list_workers names no worker"
+    if workers is not None:
         notes.append(
             f"{redact_url(endpoint)} is a vllm-router: its /metrics is whichever "
             f"replica it picks, and {why}, so {CLIENT_ONLY}; give each replica with "

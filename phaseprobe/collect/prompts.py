@@ -20,6 +20,8 @@ from phaseprobe.sources.vllm.openai_stream import small_json
 
 __all__ = ["PromptBuilder", "BuiltPrompt"]
 
+_TOKENIZE_BASE_BYTES = 64 * 1024  # /tokenize's answer besides its token ids
+
 # Plain, common words: tokenizers split them into few tokens, and the text stays readable.
 _WORDS = (
     "time year people way day man thing woman life child world school state family student "
@@ -76,6 +78,10 @@ class PromptBuilder:
             headers=self.headers,
             timeout_s=self.timeout_s,
             body={"model": self.model, "prompt": text},
+            # /tokenize lists every token id: at most one token per byte (+ BOS), each id at
+            # most ~8 bytes of JSON. Under a fixed 64 KiB, a prompt of ~8,000 tokens read as
+            # "no /tokenize" and its length went uncounted.
+            max_bytes=_TOKENIZE_BASE_BYTES + 8 * (len(text.encode()) + 16),
         )
         count = doc.get("count") if isinstance(doc, dict) else None
         # A token count is a whole number no larger than the text could hold (bytes + BOS):

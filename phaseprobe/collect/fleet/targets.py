@@ -12,6 +12,7 @@ would not be alike); a replica that is the router itself is refused with that sa
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -20,10 +21,12 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import requests
+import urllib3
 
 from phaseprobe.errors import ConfigError, EndpointUnreachable
 from phaseprobe.redact import redact_url, redact_urls_in
-from phaseprobe.sources.vllm.openai_stream import check_endpoint, normalize_base_url, small_json
+from phaseprobe.sources.http_deadline import AnswerTooLarge, bounded_request
+from phaseprobe.sources.vllm.openai_stream import check_endpoint, normalize_base_url
 
 __all__ = [
     "ReplicaTarget",
@@ -36,7 +39,31 @@ __all__ = [
     "default_name",
     "discover_replicas",
     "MAX_WORKERS",
+    "MAX_WORKER_LIST_BYTES",
+    "WorkerListTooLarge",
 ]
+
+# A router's /list_workers answer, read whole: 100,000 workers as objects of ~200 bytes each
+# ({"url": …, "model_id": …, "is_healthy": …}) fit; bare URLs take a third of that. A large
+# cluster's list is no "small answer": under a small answer's 64 KiB cap, a router of ~2,000
+# workers was taken for a plain server and its /metrics for one replica's.
+MAX_WORKER_LIST_BYTES = 32 << 20
+_WORKER_LIST_TIMEOUT_S = 5.0
+_WORKER_LIST_DEADLINE_S = 30.0
+
+
+class WorkerListTooLarge(ConfigError):
+    """A router's ``/list_workers`` answer is past :data:`MAX_WORKER_LIST_BYTES`: it is a
+    router (its /metrics is any replica's), but which workers it has cannot be read."""
+
+    def __init__(self, url: str, detail: str) -> None:
+        self.url = url
+        self.detail = detail
+        super().__init__(
+            f"{url}/list_workers: {detail}; this router's workers cannot be read: give "
+            "the replicas to measure with --replica NAME=URL"
+        )
+
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
 
@@ -130,21 +157,47 @@ def router_workers(
     url: str, session: requests.Session, headers: dict[str, str]
 ) -> list[str] | None:
     """The worker URLs a router at ``url`` forwards to (its ``/list_workers``); None when
-    ``url`` does not answer like a router (a vLLM answers 404 there). A router answering JSON
-    of another shape there still is one: an empty list then."""
-    doc = small_json(
-        session, "GET", url.rstrip("/") + "/list_workers", headers=headers, timeout_s=5
-    )
-    if doc is None:
+    ``url`` does not answer like a router (a vLLM answers 404 there; not JSON, unreachable). A
+    router answering JSON of another shape there still is one: an empty list then. Raises
+    :class:`WorkerListTooLarge` (naming the URL) for an answer past
+    :data:`MAX_WORKER_LIST_BYTES`: a router all the same, never to be read as a plain server."""
+    base = url.rstrip("/")
+    try:
+        resp = bounded_request(
+            session,
+            "GET",
+            base + "/list_workers",
+            headers=headers,
+            timeout_s=_WORKER_LIST_TIMEOUT_S,
+            deadline_s=_WORKER_LIST_DEADLINE_S,
+            max_bytes=MAX_WORKER_LIST_BYTES,
+        )
+        data = resp.content
+    except AnswerTooLarge as exc:
+        detail = str(exc).partition(": ")[2] or "the answer is past its cap"
+        raise WorkerListTooLarge(redact_url(base), detail) from None
+    except (requests.RequestException, urllib3.exceptions.HTTPError, OSError):
+        return None
+    if resp.status_code != 200:
+        return None
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError):
         return None
     urls = _worker_urls(doc)
     return urls if urls is not None else []
 
 
 def is_router(url: str, session: requests.Session, headers: dict[str, str]) -> bool:
-    """Does ``url`` answer like a vllm-router rather than a vLLM server?"""
-    return router_workers(url, session, headers) is not None
+    """Does ``url`` answer like a vllm-router rather than a vLLM server? (One whose worker list
+    is too large to read is one.)"""
+    try:
+        return router_workers(url, session, headers) is not None
+    except WorkerListTooLarge:
+        return True
 
+
+_DOWN_SHOWN = 3  # replicas named in "none answers"; the others are counted
 
 MAX_WORKERS = 64  # replicas read per measurement: each is scraped before and after every run
 
@@ -225,9 +278,13 @@ def check_fleet(
         fleet.up.append(r)
         fleet.models[r.name] = _model_ids(models)
     if not fleet.up:
+        # a few named, the rest counted: a router's 64 workers down made one note of 30 KB
+        shown = ", ".join(r.shown_url for r in replicas[:_DOWN_SHOWN])
+        down = "; ".join(f"{n}: {w[:300]}" for n, w in list(fleet.down.items())[:_DOWN_SHOWN])
+        more = len(replicas) - _DOWN_SHOWN
         raise EndpointUnreachable(
-            ", ".join(r.shown_url for r in replicas),
-            "no --replica answers: " + "; ".join(f"{n}: {w}" for n, w in fleet.down.items()),
+            shown + (f" and {more} more" if more > 0 else ""),
+            "no --replica answers: " + down + (f"; and {more} more" if more > 0 else ""),
         )
     served = {name: ids for name, ids in fleet.models.items()}
     if model is not None:

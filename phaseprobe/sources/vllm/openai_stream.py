@@ -318,11 +318,13 @@ def small_json(
     headers: dict[str, str],
     timeout_s: float,
     body: Any = None,
+    max_bytes: int = MAX_SMALL_ANSWER_BYTES,
 ) -> Any:
     """A small JSON answer (``/version``, ``/tokenize``) or None: not 200, not JSON, over
-    :data:`MAX_SMALL_ANSWER_BYTES`, nested too deeply, or unreachable. These answers are
-    optional extras, so any of that means "not available", never a traceback; callers still
-    validate the shape of what comes back."""
+    ``max_bytes``, nested too deeply, or unreachable. These answers are optional extras, so
+    any of that means "not available", never a traceback; callers still validate the shape of
+    what comes back. An answer that grows with its question (``/tokenize`` lists every token)
+    needs a ``max_bytes`` that grows with it: past the cap, a true answer reads as none."""
     try:
         resp = bounded_request(
             session,
@@ -332,7 +334,7 @@ def small_json(
             timeout_s=timeout_s,
             deadline_s=max(timeout_s, 1.0) * 3,
             json=body,
-            max_bytes=MAX_SMALL_ANSWER_BYTES,
+            max_bytes=max_bytes,
         )
         data = resp.content
     except (requests.RequestException, urllib3.exceptions.HTTPError, OSError):
