@@ -1,5 +1,7 @@
 """Hostile round 4 (issue 38 item 6): hangs and wrong results at scale.
 
+- A span store read (``--spans-from jaeger://`` / ``tempo://``) has one deadline for all the
+  requests it makes: a Jaeger knowing thousands of services was asked about each in turn.
 - A router that lists thousands of workers is still a router: its ``/list_workers`` answer is
   read under a cap that fits 100,000 workers' URLs, and an answer past that cap is a typed error
   naming the URL (never "not a router", which would judge runs against the router's /metrics).
@@ -7,9 +9,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
+import time
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 import requests
@@ -18,6 +24,10 @@ from phaseprobe.collect.connection import CLIENT_ONLY, connect
 from phaseprobe.collect.fleet import targets
 from phaseprobe.collect.fleet.targets import WorkerListTooLarge, is_router, router_workers
 from phaseprobe.collect.prompts import PromptBuilder
+from phaseprobe.errors import ConfigError, NoRequestSpans, SpanStoreError
+from phaseprobe.records import RequestSpan
+from phaseprobe.sources.span_stores import open_span_reader
+from phaseprobe.testing.span_store_stub import jaeger_traces, tempo_search
 from tests.hostile.cases import CannedServer, Reply, dead_url, json_reply
 
 MODELS = {"object": "list", "data": [{"id": "m", "object": "model"}]}
@@ -147,3 +157,186 @@ def test_a_long_prompt_is_still_counted_by_the_servers_tokenizer(target: int):
         assert len(built.text.split()) == target - 1
     finally:
         tok.close()
+
+
+# --- span stores: a whole read has one deadline ------------------------------------------------
+
+
+def _span(i: int, service: str) -> RequestSpan:
+    end = time.time_ns() - 5 * 10**9
+    return RequestSpan(
+        trace_id=f"{i + 1:032x}",
+        span_id=f"{i + 1:016x}",
+        request_id=f"req-{i}",
+        model="m",
+        service=service,
+        instance="r1",
+        start_ns=end - 10**9,
+        end_ns=end,
+        queue_s=0.01,
+        prefill_s=0.1,
+        decode_s=0.8,
+        inference_s=0.9,
+        ttft_s=0.12,
+        e2e_s=1.0,
+        prompt_tokens=10,
+        completion_tokens=20,
+    )
+
+
+class _Jaeger:
+    """Jaeger's v3 query API knowing ``n`` services, of which ``vllm`` have ``llm_request``
+    spans; every answer takes ``delay_s``. Records the services whose operations were asked."""
+
+    def __init__(self, n: int, vllm: set[str], delay_s: float = 0.0) -> None:
+        self.services = [f"svc-{i:04d}" for i in range(n - len(vllm))] + sorted(vllm)
+        self.asked: list[str] = []
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                parts = urlsplit(self.path)
+                q = dict(parse_qsl(parts.query))
+                time.sleep(delay_s)
+                if parts.path == "/api/v3/services":
+                    doc: dict = {"services": stub.services}
+                elif parts.path == "/api/v3/operations":
+                    stub.asked.append(q["service"])
+                    name = "llm_request" if q["service"] in vllm else "GET /health"
+                    doc = {"operations": [{"name": name, "spanKind": "server"}]}
+                elif parts.path == "/api/v3/traces":
+                    doc = jaeger_traces([_span(i, q["query.service_name"]) for i in range(3)])
+                else:
+                    doc = {}
+                data = json.dumps(doc).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                try:
+                    self.wfile.write(data)
+                except OSError:
+                    pass
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.hostport = f"127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def __enter__(self) -> _Jaeger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def _read_within(bound_s: float, read: Callable[[], object]) -> BaseException | None:
+    """What ``read`` raised (None: it returned), failing the test if it is still reading after
+    ``bound_s`` (a bound on a hang, far above what the fixed reader takes)."""
+    out: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            read()
+            out.append(None)
+        except BaseException as e:  # noqa: BLE001 (handed to the test)
+            out.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(bound_s)
+    if t.is_alive():
+        raise AssertionError(f"still reading after {bound_s:g} s")
+    return out[0]
+
+
+def _summary(url: str, timeout_s: float = 1.0) -> Callable[[], object]:
+    def read() -> object:
+        with contextlib.closing(open_span_reader(url, timeout_s=timeout_s)) as reader:
+            reader.check()
+            return reader.span_summary()
+
+    return read
+
+
+def test_a_jaeger_of_3000_slow_services_stops_at_the_reads_deadline():
+    """One request per service, one after another, each answered in 0.1 s: 3,000 services
+    took over 300 s (and 300 more for the traces). The whole read now has one deadline: a
+    SpanStoreError naming the store, within a bound far under that."""
+    with _Jaeger(3000, {f"svc-{i:04d}" for i in range(3000)}, delay_s=0.1) as jaeger:
+        url = f"jaeger://{jaeger.hostport}"
+        err = _read_within(60, _summary(url))
+    assert isinstance(err, SpanStoreError), repr(err)
+    assert url in str(err) and "deadline" in str(err)
+
+
+def test_a_jaeger_of_3000_services_searches_vllm_ones_first_and_says_what_it_left_out():
+    with _Jaeger(3000, {"serving-vllm"}) as jaeger:
+        url = f"jaeger://{jaeger.hostport}"
+        with contextlib.closing(open_span_reader(url, timeout_s=5)) as reader:
+            reader.check()
+            agg = reader.span_summary()
+        assert agg.total.requests == 3
+        assert jaeger.asked[0] == "serving-vllm"
+        assert len(jaeger.asked) < 3000  # and not asked again for the summary
+        said = " ".join(agg.notes)
+        assert "3000 services" in said and "?service=" in said
+
+
+def test_jaeger_services_named_in_the_url_are_searched_without_a_lookup():
+    with _Jaeger(3000, {"serving-vllm"}) as jaeger:
+        url = f"jaeger://{jaeger.hostport}?service=serving-vllm"
+        with contextlib.closing(open_span_reader(url, timeout_s=5)) as reader:
+            reader.check()
+            assert reader.span_summary().total.requests == 3
+        assert jaeger.asked == []
+
+
+def _slow_json(doc: object, seconds: float) -> Callable[[], Iterator[bytes]]:
+    data = json.dumps(doc).encode()
+
+    def gen() -> Iterator[bytes]:
+        for _ in range(int(seconds / 0.25)):  # a byte of whitespace every 0.25 s
+            time.sleep(0.25)
+            yield b" "
+        yield data
+
+    return gen
+
+
+def test_tempo_metric_queries_share_the_reads_deadline():
+    """Sibling: a search at its limit adds five TraceQL metric queries, each bounded alone (6
+    timeouts): five slow ones took five times that. They share the read's deadline now."""
+    routes = {
+        "api": {
+            "/search": json_reply(tempo_search([_span(0, "vllm")])),
+            "/metrics/query_range": Reply(200, _slow_json({"series": []}, 4.0)),
+        }
+    }
+    with CannedServer(routes) as server:
+        url = f"tempo://{server.hostport}?limit=1"
+        err = _read_within(60, _summary(url))
+    assert isinstance(err, SpanStoreError), repr(err)
+    assert url.split("?")[0] in str(err) and "deadline" in str(err)
+
+
+@pytest.mark.parametrize(
+    "option",
+    ["deadline_s=0", "deadline_s=nan", "deadline_s=x", "service=a,,b", "service=" + "x" * 201],
+)
+def test_a_bad_read_option_is_refused_naming_it(option: str):
+    key = option.split("=")[0]
+    with pytest.raises(ConfigError, match=rf"\?{key}="):
+        open_span_reader(f"jaeger://127.0.0.1:9?{option}")
+
+
+def test_a_jaeger_service_named_but_unknown_is_said():
+    with _Jaeger(5, {"serving-vllm"}) as jaeger:
+        url = f"jaeger://{jaeger.hostport}?service=vllm-typo"
+        with contextlib.closing(open_span_reader(url, timeout_s=5)) as reader:
+            with pytest.raises(NoRequestSpans, match="vllm-typo"):
+                reader.check()

@@ -2,14 +2,22 @@
 spans are fetched once, as records, and summarized here with the same arithmetic as the SQLite
 store (:func:`phaseprobe.sources.span_stores.model.aggregate_spans`). Their HTTP calls share one
 error mapping, so every store words an unreachable address or refused credentials the same way.
+
+One read (a public method: ``check``, ``span_summary``…) may take many requests (Jaeger asks
+each service in turn; Tempo adds TraceQL metric queries to a search at its limit). Each answer
+has its own deadline, and the whole read has one more (``?deadline_s=``, by default
+:data:`READ_TIMEOUTS` timeouts): a Jaeger knowing 3,000 services was asked about each, one after
+another, for over 300 s. Past it the read ends in a SpanStoreError naming the store.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, TypeVar
 from urllib.parse import SplitResult
 
@@ -31,6 +39,7 @@ from phaseprobe.sources.span_stores.model import SpanAggregate
 __all__ = [
     "FetchedSpans",
     "get_json",
+    "one_read",
     "query_number",
     "shaped",
     "DEFAULT_LOOKBACK_S",
@@ -46,6 +55,9 @@ LOOKBACK_LIMIT_S = 30 * 86400.0  # ?lookback_s= at most: a month of spans is no 
 MAX_ANSWER_BYTES = 256 << 20
 # A whole answer, from the connection to its last byte, within this many timeouts.
 _DEADLINE_TIMEOUTS = 6
+# A whole read (every answer one public method asks for) within this many timeouts, unless
+# ?deadline_s= says otherwise: 90 s with the 10 s timeout.
+READ_TIMEOUTS = 9
 
 _T = TypeVar("_T")
 
@@ -78,12 +90,18 @@ def query_number(
 
 
 def get_json(
-    session: requests.Session, url: str, params: dict[str, Any], where: str, timeout_s: float
+    session: requests.Session,
+    url: str,
+    params: dict[str, Any],
+    where: str,
+    timeout_s: float,
+    deadline_s: float | None = None,
 ) -> dict[str, Any]:
-    """GET ``url`` and its JSON object, read whole within ``_DEADLINE_TIMEOUTS`` timeouts and
-    :data:`MAX_ANSWER_BYTES`. Raises SpanStoreUnreachable (nothing answers, or too slowly),
-    SpanStoreAuthError (401/403) or SpanStoreError (another HTTP error, too large, not a JSON
-    object), each naming ``where``."""
+    """GET ``url`` and its JSON object, read whole within ``_DEADLINE_TIMEOUTS`` timeouts (or
+    ``deadline_s`` s, when sooner) and :data:`MAX_ANSWER_BYTES`. Raises SpanStoreUnreachable
+    (nothing answers, or too slowly), SpanStoreAuthError (401/403) or SpanStoreError (another
+    HTTP error, too large, not a JSON object), each naming ``where``."""
+    whole_s = timeout_s * _DEADLINE_TIMEOUTS
     try:
         resp = bounded_request(
             session,
@@ -92,7 +110,7 @@ def get_json(
             params=params,
             max_bytes=MAX_ANSWER_BYTES,
             timeout_s=timeout_s,
-            deadline_s=timeout_s * _DEADLINE_TIMEOUTS,
+            deadline_s=whole_s if deadline_s is None else min(whole_s, deadline_s),
             what=f"span store {where}",
         )
     except AnswerTooLarge as e:
@@ -145,6 +163,19 @@ def shaped(method: Callable[..., _T]) -> Callable[..., _T]:
     return read
 
 
+def one_read(method: Callable[..., _T]) -> Callable[..., _T]:
+    """A public method of a :class:`FetchedSpans`: every answer it asks for (through
+    ``_get``) shares one deadline, the reader's ``deadline_s`` from its start. A read inside
+    another (``span_summary`` calling ``check``'s fetch) keeps the outer one's."""
+
+    @functools.wraps(method)
+    def read(self: Any, *args: Any, **kwargs: Any) -> _T:
+        with self._one_read():
+            return method(self, *args, **kwargs)
+
+    return read
+
+
 class FetchedSpans:
     """The :class:`~phaseprobe.sources.span_stores.model.SpanReader` methods over
     :meth:`_fetch` (the request spans that finished in a window, with their attributes)."""
@@ -177,11 +208,64 @@ class FetchedSpans:
             )
         )
         self._timeout_s = timeout_s
+        self._deadline_s = query_number(
+            query,
+            "deadline_s",
+            timeout_s * READ_TIMEOUTS,
+            self._where,
+            low=1,
+            high=LOOKBACK_LIMIT_S,
+        )
         self._http = session or requests.Session()
         self._notes: tuple[str, ...] = ()
+        self._clock = time.monotonic
+        self._reading = threading.local()  # .until: the read's deadline (monotonic s)
+
+    @contextmanager
+    def _one_read(self) -> Iterator[None]:
+        if getattr(self._reading, "until", None) is not None:
+            yield
+            return
+        self._reading.until = self._clock() + self._deadline_s
+        self._reading.answers = 0
+        try:
+            yield
+        finally:
+            self._reading.until = None
+
+    def _late(self) -> SpanStoreError:
+        progress = self._progress()
+        return SpanStoreError(
+            self._where,
+            f"no complete read within {self._deadline_s:g} s (the whole read's deadline, "
+            f"after {getattr(self._reading, 'answers', 0)} answer(s)"
+            + (f"; {progress}" if progress else "")
+            + "): ask for less (a shorter ?lookback_s=, fewer traces with ?limit=), or allow "
+            "more with ?deadline_s=",
+        )
+
+    def _progress(self) -> str:
+        """What the read had done when its deadline passed, in words (none by default)."""
+        return ""
 
     def _get(self, path: str, params: dict[str, Any]) -> dict[str, Any]:
-        return get_json(self._http, self._base + path, params, self._where, self._timeout_s)
+        """One answer, within what is left of the read's deadline (when inside one)."""
+        until = getattr(self._reading, "until", None)
+        if until is None:
+            return get_json(self._http, self._base + path, params, self._where, self._timeout_s)
+        left = until - self._clock()
+        if left <= 0:
+            raise self._late()
+        try:
+            doc = get_json(
+                self._http, self._base + path, params, self._where, self._timeout_s, left
+            )
+        except SpanStoreUnreachable:
+            if self._clock() >= until - 0.05:  # the read's deadline cut this answer
+                raise self._late() from None
+            raise
+        self._reading.answers += 1
+        return doc
 
     @property
     def where(self) -> str:
@@ -204,6 +288,7 @@ class FetchedSpans:
         since, until = self._bounds(since_ns, until_ns)
         return [sp for sp, _ in self._fetch(since, until) if model.finished_in(sp, since, until)]
 
+    @one_read
     def check(self) -> None:
         """Returns None once the last ``lookback_s`` seconds could be fetched. Raises what the
         fetch raises: :class:`~phaseprobe.errors.SpanStoreUnreachable`, ``SpanStoreAuthError``,
@@ -211,6 +296,7 @@ class FetchedSpans:
         since, until = self._bounds(None, None)
         self._fetch(since, until)
 
+    @one_read
     def span_summary(
         self, *, since_ns: int | None = None, until_ns: int | None = None
     ) -> SpanAggregate:
@@ -224,6 +310,7 @@ class FetchedSpans:
             agg = SpanAggregate(**{**agg.__dict__, "notes": agg.notes + self._notes})
         return agg
 
+    @one_read
     def recent_spans(
         self, n: int, *, since_ns: int | None = None, until_ns: int | None = None
     ) -> list[RequestSpan]:
@@ -231,6 +318,7 @@ class FetchedSpans:
         :meth:`check` raises."""
         return model.newest_finished(self._spans(since_ns, until_ns), n)
 
+    @one_read
     def slowest_spans(
         self, n: int, *, since_ns: int | None = None, until_ns: int | None = None
     ) -> list[RequestSpan]:
@@ -238,6 +326,7 @@ class FetchedSpans:
         slowest first. Raises what :meth:`check` raises."""
         return model.slowest(self._spans(since_ns, until_ns), n)
 
+    @one_read
     def finished_spans(
         self, *, since_ns: int | None = None, until_ns: int | None = None
     ) -> list[RequestSpan]:
@@ -245,6 +334,7 @@ class FetchedSpans:
         raises."""
         return sorted(self._spans(since_ns, until_ns), key=lambda sp: (sp.start_ns, sp.span_id))
 
+    @one_read
     def span_by_request_id(self, request_id: str) -> tuple[RequestSpan, dict[str, Any]] | None:
         """The span whose request id is or contains ``request_id``, with its attributes, found
         by the search of the last ``lookback_s`` s only; None if none. Raises what
@@ -252,6 +342,7 @@ class FetchedSpans:
         since, until = self._bounds(None, None)
         return model.by_request_id(self._fetch(since, until), request_id)
 
+    @one_read
     def spans_overlapping(self, span: RequestSpan) -> list[RequestSpan]:
         """The spans of ``span``'s service and instance that started from
         :data:`~phaseprobe.sources.span_stores.model.NEIGHBOUR_HORIZON_NS` before it up to its
@@ -261,6 +352,7 @@ class FetchedSpans:
         )
         return model.overlapping((sp for sp, _ in fetched), span)
 
+    @one_read
     def spans_of_traces(
         self, trace_ids: list[str], since_ns: int | None = None
     ) -> dict[str, list[RequestSpan]]:

@@ -25,6 +25,7 @@ from phaseprobe.errors import NoRequestSpans, OtlpError, SpanStoreError
 from phaseprobe.records import RequestSpan
 from phaseprobe.sources.span_stores.fetched import (
     FetchedSpans,
+    one_read,
     shaped,
 )
 from phaseprobe.sources.span_stores.model import (
@@ -74,6 +75,7 @@ class TempoSpans(FetchedSpans):
         )
         self._capped = False
 
+    @one_read
     @shaped
     def check(self) -> None:
         """Returns None when the last ``lookback_s`` s hold an ``llm_request`` span, or no trace.
@@ -132,6 +134,7 @@ class TempoSpans(FetchedSpans):
             raise SpanStoreError(self.where, f"unreadable search result: {e.reason}") from None
         return list(zip(batch.requests, batch.attributes))
 
+    @one_read
     def span_summary(
         self, *, since_ns: int | None = None, until_ns: int | None = None
     ) -> SpanAggregate:
@@ -167,6 +170,7 @@ class TempoSpans(FetchedSpans):
             ),
         )
 
+    @one_read
     @shaped
     def metric_quantiles(
         self, since_ns: int, until_ns: int
