@@ -18,6 +18,7 @@ import errno
 import functools
 import json
 import os
+import random
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -457,30 +458,38 @@ class Store:
             raise StoreError(
                 f"cannot open experiment store {self.path} for writing: {self._access_problem()}"
             )
-        # isolation_level=None: we open transactions ourselves, one per run.
-        # An absolute path, never a name SQLite may take for a URI ("file:x.sqlite" would
-        # open ./x.sqlite when URI filenames are on by default in this SQLite build).
-        db = sqlite3.connect(
-            os.path.abspath(self.path),
-            isolation_level=None,
-            timeout=self._timeout,
-            check_same_thread=not threaded,
-        )
-        try:
-            # announced before the first statement takes a lock (sqlite_file says why)
-            self._hold_key = hold(self.path, header or b"")
-            db.row_factory = sqlite3.Row
-            self._inspect(db)  # a foreign or newer file is refused before anything is written
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA foreign_keys=ON")
-            self._db = db
-            self._migrate()
-            self._inspect(db)
-        except BaseException:
-            db.close()
-            self._release()
-            raise
-        return db
+        deadline = time.monotonic() + self._timeout
+        while True:
+            # isolation_level=None: we open transactions ourselves, one per run.
+            # An absolute path, never a name SQLite may take for a URI ("file:x.sqlite" would
+            # open ./x.sqlite when URI filenames are on by default in this SQLite build).
+            db = sqlite3.connect(
+                os.path.abspath(self.path),
+                isolation_level=None,
+                timeout=self._timeout,
+                check_same_thread=not threaded,
+            )
+            try:
+                # announced before the first statement takes a lock (sqlite_file says why)
+                self._hold_key = hold(self.path, header or b"")
+                db.row_factory = sqlite3.Row
+                self._inspect(db)  # a foreign or newer file is refused before any write
+                db.execute("PRAGMA journal_mode=WAL")
+                db.execute("PRAGMA foreign_keys=ON")
+                self._db = db
+                self._migrate()
+                self._inspect(db)
+                return db
+            except BaseException as exc:
+                db.close()
+                self._release()
+                # Several commands setting a new store up at once: SQLite answers some of
+                # those races (a switch to WAL, a lock upgrade that could deadlock) with BUSY
+                # at once, without its busy wait. Start again until the lock timeout.
+                busy = _primary_code(exc) in (_BUSY, _LOCKED)
+                if not busy or time.monotonic() >= deadline:
+                    raise
+                time.sleep(random.uniform(0.02, 0.1))
 
     def _open_readonly(self, header: bytes | None, threaded: bool) -> sqlite3.Connection:
         assert header is not None  # _check_file refused a missing file

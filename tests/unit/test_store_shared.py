@@ -74,7 +74,11 @@ import sys, time
 from phaseprobe.store import Store
 start = float(sys.argv[2])
 time.sleep(max(0.0, start - time.time()))
-Store(sys.argv[1]).close()
+t0 = time.monotonic()
+try:
+    Store(sys.argv[1]).close()
+except Exception as exc:
+    sys.exit(f"after {time.monotonic() - t0:.2f} s: {exc}")
 """
 
 
