@@ -24,7 +24,7 @@ from phaseprobe.collect.connection import CLIENT_ONLY, connect
 from phaseprobe.collect.fleet import targets
 from phaseprobe.collect.fleet.targets import WorkerListTooLarge, is_router, router_workers
 from phaseprobe.collect.prompts import PromptBuilder
-from phaseprobe.errors import ConfigError, NoRequestSpans, SpanStoreError
+from phaseprobe.errors import ConfigError, NoRequestSpans, SpanStoreError, SpanStoreSchemaError
 from phaseprobe.records import RequestSpan
 from phaseprobe.sources.span_stores import open_span_reader
 from phaseprobe.testing.span_store_stub import jaeger_traces, tempo_search
@@ -340,3 +340,147 @@ def test_a_jaeger_service_named_but_unknown_is_said():
         with contextlib.closing(open_span_reader(url, timeout_s=5)) as reader:
             with pytest.raises(NoRequestSpans, match="vllm-typo"):
                 reader.check()
+
+
+# --- ClickHouse: every answer whole within its deadline and under its cap ----------------------
+
+
+class _Trickle:
+    """A ClickHouse HTTP interface that answers every statement 200 and then one byte every
+    ``gap_s`` (each gap inside the read timeout), for ``total_s`` at most; or ``size`` bytes
+    of JSON padding at full speed when ``gap_s`` is 0."""
+
+    def __init__(self, gap_s: float, total_s: float = 120.0, size: int = 0) -> None:
+        stop = self.stop = threading.Event()
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json; charset=UTF-8")
+                self.send_header("X-ClickHouse-Format", "JSONCompact")
+                self.end_headers()
+                try:
+                    if not gap_s:
+                        self.wfile.write(b'{"meta": [], "data": [], "pad": "')
+                        for _ in range(size >> 16):
+                            self.wfile.write(b"x" * (1 << 16))
+                        return
+                    self.wfile.write(b'{"meta": [')
+                    end = time.monotonic() + total_s
+                    while time.monotonic() < end and not stop.wait(gap_s):
+                        self.wfile.write(b" ")
+                        self.wfile.flush()
+                except OSError:  # the reader gave up: what a deadline looks like
+                    pass
+
+            do_GET = do_POST  # noqa: N815
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.hostport = f"127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def __enter__(self) -> _Trickle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def _open_and_check(url: str, timeout_s: float) -> Callable[[], object]:
+    def read() -> object:
+        with contextlib.closing(open_span_reader(url, timeout_s=timeout_s)) as reader:
+            reader.check()
+            return reader.span_summary()
+
+    return read
+
+
+def test_a_clickhouse_that_trickles_stops_at_the_answers_deadline():
+    """A byte every 0.5 s never trips a 2 s read timeout: clickhouse-connect read on for as
+    long as the server went on (here 120 s). The answer now has a whole deadline (6
+    timeouts): a SpanStoreError naming the server, within a bound far under that."""
+    with _Trickle(gap_s=0.5) as ch:
+        url = f"clickhouse://default@{ch.hostport}/otel"
+        err = _read_within(60, _open_and_check(url, timeout_s=2))
+    assert isinstance(err, SpanStoreError), repr(err)
+    assert f"clickhouse://default@{ch.hostport}/otel" in str(err)
+    assert "deadline" in str(err) or "too slowly" in str(err)
+
+
+def test_a_clickhouse_answer_past_the_cap_is_refused_with_the_way_out(monkeypatch):
+    from phaseprobe.sources.span_stores import clickhouse_store
+
+    monkeypatch.setattr(clickhouse_store, "MAX_ANSWER_BYTES", 1 << 20)
+    with _Trickle(gap_s=0, size=8 << 20) as ch:
+        url = f"clickhouse://default@{ch.hostport}/otel"
+        err = _read_within(60, _open_and_check(url, timeout_s=5))
+    assert isinstance(err, SpanStoreError), repr(err)
+    assert f"clickhouse://default@{ch.hostport}/otel" in str(err) and "1 MiB" in str(err)
+
+
+class _ChdbOverHttp:
+    """ClickHouse's HTTP interface in front of a chdb session: each POSTed statement is run
+    and answered in the format the URL asks for (``default_format``), as a server does."""
+
+    def __init__(self, session: object) -> None:
+        lock = threading.Lock()
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                sql = self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode()
+                fmt = dict(parse_qsl(urlsplit(self.path).query)).get("default_format", "TSV")
+                try:
+                    with lock:
+                        result = session.query(sql, fmt)  # type: ignore[attr-defined]
+                    status, data = 200, result.bytes()
+                except Exception as e:  # noqa: BLE001 (ClickHouse's text, as a server sends it)
+                    status, data = 500, str(e).encode()
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.hostport = f"127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_the_clickhouse_reader_over_http_reads_as_chdb_does(tmp_path):
+    """The HTTP reader (JSONCompact through bounded_request) against ClickHouse's own engine:
+    the same summary and rows as phaseprobe's SQLite store holds."""
+    pytest.importorskip("chdb")
+    from tests.unit.span_store_data import assert_close, chdb_store, fleet_spans, sqlite_store
+
+    spans = fleet_spans()
+    ref = sqlite_store(tmp_path / "s.sqlite", spans)
+    with chdb_store(tmp_path / "ch", spans) as ch:
+        server = _ChdbOverHttp(ch._session)
+        try:
+            url = f"clickhouse://default@{server.hostport}/default"
+            with contextlib.closing(open_span_reader(url, timeout_s=10)) as reader:
+                reader.check()
+                want, got = ref.span_summary(), reader.span_summary()
+                assert want.total.requests > 100
+                assert_close({**want.to_dict(), "where": ""}, {**got.to_dict(), "where": ""})
+                assert reader.slowest_spans(5) == ref.slowest_spans(5)
+                found = reader.span_by_request_id("req-42")
+                assert found is not None and found[0] == ref.span_by_request_id("req-42")[0]
+            with pytest.raises(SpanStoreSchemaError):
+                open_span_reader(f"{url}?table=nope", timeout_s=10).check()
+        finally:
+            server.close()
+            ref.close()

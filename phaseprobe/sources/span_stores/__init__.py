@@ -6,8 +6,9 @@
     rows = reader.slowest_spans(5, since_ns=...)        # only the rows a view shows
 
 :class:`~phaseprobe.sources.span_stores.model.SpanReader` is the interface; phaseprobe's own
-SQLite store (:class:`phaseprobe.store.Store`) answers it too. Each backend's client library
-(chdb, clickhouse-connect) is imported only when a URL of its kind is opened.
+SQLite store (:class:`phaseprobe.store.Store`) answers it too. chdb is imported only when a
+``chdb:`` URL is opened; a ClickHouse server, Tempo and Jaeger are read over HTTP through
+:mod:`phaseprobe.sources.http_deadline` (each answer whole within its deadline and cap).
 """
 
 from __future__ import annotations

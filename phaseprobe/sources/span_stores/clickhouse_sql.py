@@ -1,7 +1,7 @@
 """vLLM's request spans read from the exporter's ``otel_traces`` table, in ClickHouse SQL.
 
-One reader for both ways to reach ClickHouse (a server through ``clickhouse-connect``, or
-chdb in-process): they differ only in how a statement is run (:data:`RunSql`) and how their
+One reader for both ways to reach ClickHouse (a server over its HTTP interface, or chdb
+in-process): they differ only in how a statement is run (:data:`RunSql`) and how their
 errors are worded. The summary (counts, sums, p50/p90/p99 per replica and over all) is one
 ``GROUPING SETS`` query; only the rows a view shows come back as records.
 
