@@ -1096,11 +1096,17 @@ class Store:
         there are no more than ``keep``)."""
         if not self._has("request_spans"):
             return None
+        # Only integer start times count: a row another tool wrote with a text or real one
+        # (SQLite sorts text after every number) is not a time, never the cut-off, and is
+        # never pruned (``start_ns < cutoff`` is false for text).
         if keep <= 0:
-            row = self._db.execute("SELECT MAX(start_ns) + 1 FROM request_spans").fetchone()
+            row = self._db.execute(
+                "SELECT MAX(start_ns) + 1 FROM request_spans WHERE typeof(start_ns) = 'integer'"
+            ).fetchone()
         else:
             row = self._db.execute(
-                "SELECT start_ns FROM request_spans ORDER BY start_ns DESC LIMIT 1 OFFSET ?",
+                "SELECT start_ns FROM request_spans WHERE typeof(start_ns) = 'integer'"
+                " ORDER BY start_ns DESC LIMIT 1 OFFSET ?",
                 (keep - 1,),
             ).fetchone()
         return None if row is None or row[0] is None else int(row[0])

@@ -10,6 +10,7 @@ start-time index, the file's free pages reused). ``spans prune`` does one pass b
 
 from __future__ import annotations
 
+import logging
 import re
 import sqlite3
 import time
@@ -30,6 +31,8 @@ __all__ = [
     "size_text",
     "DEFAULT_EVERY_S",
 ]
+
+log = logging.getLogger(__name__)
 
 DEFAULT_EVERY_S = 30.0  # how often a watch prunes (and measures the file): a COUNT is not free
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
@@ -148,6 +151,10 @@ class SpanRetention:
             # a full disk, a file made read-only): this pass is skipped, counted and said,
             # and the next is tried in ``every_s`` as usual.
             self.trouble.fail(exc)
+            return False
+        except Exception as exc:  # a row no phaseprobe wrote, or a bug: the same, and logged
+            log.exception("retention pass failed on %s", self.store_path)
+            self.trouble.fail(RuntimeError(f"{type(exc).__name__}: {exc}"))
             return False
         self.trouble.succeed(reopened=False)
         return True
