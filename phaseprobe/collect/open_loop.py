@@ -16,6 +16,8 @@ from typing import Any
 
 import requests
 
+from phaseprobe.sources.http_deadline import bounded_request
+
 __all__ = ["LoadSettings", "LoadStats", "OpenLoopLoad"]
 
 _WORDS = (
@@ -38,6 +40,9 @@ _WORDS = (
 )
 
 
+_MAX_ANSWER_BYTES = 1 << 20  # a completion of at most a few dozen tokens: a few KB when sane
+
+
 @dataclass(frozen=True)
 class LoadSettings:
     """The background load: Poisson arrivals per s, the share of long prompts, prompt lengths
@@ -49,7 +54,7 @@ class LoadSettings:
     long_words: int = 300
     max_tokens: tuple[int, int] = (8, 48)  # output length, uniform in this range
     max_in_flight: int = 32  # arrivals beyond this are counted as shed, not sent
-    timeout_s: float = 60.0
+    timeout_s: float = 60.0  # a whole request, connection to last byte (and each read)
     seed: int = 0
 
 
@@ -148,8 +153,17 @@ class OpenLoopLoad:
             session = getattr(self._local, "session", None)
             if session is None:
                 session = self._local.session = requests.Session()
-            resp = session.post(
-                self.url, json=body, headers=self._headers, timeout=self.settings.timeout_s
+            # whole within the timeout, not only each read: a server trickling its answer
+            # kept a sender (and stop(), which waits for them) busy for as long as it went on
+            resp = bounded_request(
+                session,
+                "POST",
+                self.url,
+                json=body,
+                headers=self._headers,
+                timeout_s=self.settings.timeout_s,
+                deadline_s=self.settings.timeout_s,
+                max_bytes=_MAX_ANSWER_BYTES,
             )
             ok, why = resp.status_code == 200, f"HTTP {resp.status_code}"
         except requests.RequestException as exc:

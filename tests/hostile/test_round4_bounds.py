@@ -23,6 +23,7 @@ import requests
 from phaseprobe.collect.connection import CLIENT_ONLY, connect
 from phaseprobe.collect.fleet import targets
 from phaseprobe.collect.fleet.targets import WorkerListTooLarge, is_router, router_workers
+from phaseprobe.collect.open_loop import LoadSettings, OpenLoopLoad
 from phaseprobe.collect.prompts import PromptBuilder
 from phaseprobe.errors import ConfigError, NoRequestSpans, SpanStoreError, SpanStoreSchemaError
 from phaseprobe.records import RequestSpan
@@ -484,3 +485,17 @@ def test_the_clickhouse_reader_over_http_reads_as_chdb_does(tmp_path):
         finally:
             server.close()
             ref.close()
+
+
+def test_open_loop_load_stops_although_its_server_trickles():
+    """Sibling (a read with only a per-read timeout): each background request is whole within
+    its timeout now. Before, a server trickling its answers kept every sender busy, and
+    ``stop()`` (which waits for them) as long as the server went on."""
+    with _Trickle(gap_s=0.5) as server:
+        settings = LoadSettings(rate_per_s=20, max_in_flight=4, timeout_s=2)
+        load = OpenLoopLoad(f"http://{server.hostport}", "m", settings).start()
+        time.sleep(0.5)
+        err = _read_within(60, load.stop)
+    assert err is None
+    assert load.stats.sent > 0 and load.stats.failed == load.stats.sent
+    assert load.stats.ok == 0 and load.stats.errors[0] == "Timeout"
