@@ -465,6 +465,13 @@ def _report(args: argparse.Namespace, out: Console, session_id: int) -> int:
 def _compare(args: argparse.Namespace, out: Console, exp_a: int, exp_b: int) -> int:
     from phaseprobe.analysis.ab.pd import judge_pd
 
+    if exp_a == exp_b:
+        # One experiment is no A/B (and the P/D judge keys its two arms by label: one id named
+        # twice made one arm, a traceback); --force compares unlike experiments, not one.
+        raise ConfigError(
+            f"ab compare {exp_a} {exp_b}: an experiment compared with itself; "
+            "name two different experiments (phaseprobe runs lists them)"
+        )
     with Store(_store_path(args, False), readonly=True) as store:
         schema_note = store.schema_note()
         a, b = store.experiment(exp_a), store.experiment(exp_b)
