@@ -63,6 +63,8 @@ _DTYPE_ALIASES = {
     "float8": "fp8",
 }
 _QUANTIZED = ("fp8", "int8", "int4")
+# The most decoder layers a config may give (the deepest served models have ~100-200).
+MAX_LAYERS = 100_000
 
 
 def canonical_dtype(name: str) -> str:
@@ -168,10 +170,16 @@ class ParamCount:
 
 
 def _int(
-    cfg: dict[str, Any], source: str, *keys: str, default: int | None = None, minimum: int = 0
+    cfg: dict[str, Any],
+    source: str,
+    *keys: str,
+    default: int | None = None,
+    minimum: int = 0,
+    maximum: int | None = None,
 ) -> int:
     """The first of ``keys`` present: a whole number of at least ``minimum`` (a size that is
-    0 would make every figure derived from it 0, "KV per token 0 B", not an answer)."""
+    0 would make every figure derived from it 0, "KV per token 0 B", not an answer) and at
+    most ``maximum`` when given."""
     for key in keys:
         value = cfg.get(key)
         if value is None:
@@ -179,6 +187,11 @@ def _int(
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             what = "a positive integer" if minimum == 1 else "a non-negative integer"
             raise ConfigError(f"model config {source}: {key}={value!r} is not {what}")
+        if maximum is not None and value > maximum:
+            raise ConfigError(
+                f"model config {source}: {key}={value!r} is more than {maximum:,}: no "
+                "decoder has that many"
+            )
         return value
     if default is None:
         raise ConfigError(
@@ -196,7 +209,8 @@ def parse_shape(cfg: dict[str, Any], source: str = "config.json") -> ModelShape:
     if "hidden_size" not in cfg and isinstance(cfg.get("text_config"), dict):
         cfg = {**cfg["text_config"], "quantization_config": cfg.get("quantization_config")}
     hidden = _int(cfg, source, "hidden_size", "n_embd", "d_model")
-    layers = _int(cfg, source, "num_hidden_layers", "n_layer", "num_layers")
+    # bounded: the MoE layer count walks the layers (10**30 of them was a hang)
+    layers = _int(cfg, source, "num_hidden_layers", "n_layer", "num_layers", maximum=MAX_LAYERS)
     heads = _int(cfg, source, "num_attention_heads", "n_head")
     vocab = _int(cfg, source, "vocab_size", minimum=1)
     if heads == 0 or hidden == 0 or layers == 0:
@@ -297,7 +311,16 @@ def _moe(cfg: dict[str, Any], source: str, layers: int, inter: int) -> MoEShape 
         )
     if cfg.get("num_experts") and cfg.get("moe_intermediate_size"):  # Qwen2/3-MoE
         step = max(1, _int(cfg, source, "decoder_sparse_step", default=1))
-        dense_only = set(cfg.get("mlp_only_layers") or [])
+        dense = cfg.get("mlp_only_layers") or []
+        # a list of layer numbers; anything else was set()'s TypeError (a traceback)
+        if not isinstance(dense, list) or not all(
+            isinstance(i, int) and not isinstance(i, bool) for i in dense
+        ):
+            raise ConfigError(
+                f"model config {source}: mlp_only_layers={dense!r:.80} is not a list of "
+                "layer numbers"
+            )
+        dense_only = set(dense)
         moe_layers = sum(1 for i in range(layers) if (i + 1) % step == 0 and i not in dense_only)
         return MoEShape(
             num_experts=_int(cfg, source, "num_experts"),
@@ -381,6 +404,35 @@ def weight_format(shape: ModelShape, dtype: str | None = None) -> WeightFormat:
     return WeightFormat(base, DTYPE_BYTES[base], base, source)
 
 
+def _quant_bits(d: dict[str, Any], source: str, key: str, default: int | None = None) -> int:
+    """``d[key]``, a weight width in bits: a whole number in 1..32 (config.json is data: a
+    "four", a null or a list there was int()'s TypeError/ValueError, a traceback)."""
+    value = d.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 32:
+        raise ConfigError(
+            f"model config {source}: quantization_config {key}={value!r} is not a "
+            "number of bits (a whole number from 1 to 32)"
+        )
+    return value
+
+
+def _group_size(d: dict[str, Any], source: str, *keys: str, default: int) -> int:
+    """The first of ``keys`` present: a quantization group size, a whole number; 0, -1 and
+    null mean per-channel (returned as -1)."""
+    for key in keys:
+        if key in d:
+            value = d[key]
+            if value is None:
+                return -1
+            if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+                raise ConfigError(
+                    f"model config {source}: quantization_config {key}={value!r} is not a "
+                    "group size (a whole number; -1 for per-channel)"
+                )
+            return value or -1
+    return default
+
+
 def _quantized_bytes(q: dict[str, Any], source: str) -> tuple[str, float]:
     method = str(q.get("quant_method", "")).lower()
     if method in ("fp8", "fbgemm_fp8"):
@@ -390,17 +442,28 @@ def _quantized_bytes(q: dict[str, Any], source: str) -> tuple[str, float]:
     if method == "bitsandbytes":  # NF4: blocks of 64 with an fp32 absmax; int8: per-row scales
         return ("int4", 0.5 + 4 / 64) if q.get("load_in_4bit") else ("int8", 1.0)
     if method == "compressed-tensors":
-        for group in (q.get("config_groups") or {}).values():
+        groups = q.get("config_groups") or {}
+        if not isinstance(groups, dict):  # checked: .values() of a list was an AttributeError
+            raise ConfigError(
+                f"model config {source}: quantization_config config_groups={groups!r:.80} "
+                "is not an object of groups"
+            )
+        for group in groups.values():
             weights = (group.get("weights") or {}) if isinstance(group, dict) else {}
+            if not isinstance(weights, dict):
+                raise ConfigError(
+                    f"model config {source}: quantization_config config_groups weights="
+                    f"{weights!r:.80} is not an object (num_bits, group_size, type)"
+                )
             if weights.get("num_bits"):
-                bits = int(weights["num_bits"])
-                size = weights.get("group_size") or 0
-                scale = 2 / size if size and size > 0 else 0.0  # one 16-bit scale per group
+                bits = _quant_bits(weights, source, "num_bits")
+                size = _group_size(weights, source, "group_size", default=-1)
+                scale = 2 / size if size > 0 else 0.0  # one 16-bit scale per group
                 kind = "fp" if weights.get("type") == "float" else "int"
                 return f"{kind}{bits}", bits / 8 + scale
     if method in ("gptq", "awq", "gptq_marlin", "awq_marlin", "marlin") or "bits" in q:
-        bits = int(q.get("bits", q.get("w_bit", 4)))
-        size = int(q.get("group_size", q.get("q_group_size", 128)) or -1)
+        bits = _quant_bits(q, source, "bits" if "bits" in q else "w_bit", default=4)
+        size = _group_size(q, source, "group_size", "q_group_size", default=128)
         # One fp16 scale and one packed zero point per group; per-channel (-1) is negligible.
         extra = (2 + bits / 8) / size if size > 0 else 0.0
         return f"int{bits}", bits / 8 + extra
