@@ -15,6 +15,7 @@ import requests
 from phaseprobe.collect.experiment import ProbeSettings, run_probe
 from phaseprobe.present.cli import main
 from phaseprobe.records import RunSpec
+from phaseprobe.sources.vllm.metrics import MetricSnapshot, MetricsScraper
 from phaseprobe.store import Store
 
 pytestmark = pytest.mark.integration
@@ -58,19 +59,28 @@ def test_probe_attributes_prefill_and_decode(local_vllm, tmp_path):
 
 
 def test_concurrent_request_is_flagged_not_isolated(local_vllm, tmp_path):
-    """Another request overlapping a measured run must be caught, the run kept and flagged."""
+    """Another request in the engine while a measured run is there must be caught, the run
+    kept and flagged. The overlap is established on vLLM's own state before the flag is
+    asked for: the intruder goes first, the measured request only once /metrics shows the
+    intruder running, and once the run is over /metrics shows the intruder still running."""
     errors: list[BaseException] = []
     intruders: list[threading.Thread] = []
+    scraper = MetricsScraper(local_vllm.base_url, timeout_s=30.0)
+    model = local_vllm.model
+    seen: dict[str, float] = {}  # e2e_count when the intruder was seen running
+    after: list[MetricSnapshot] = []  # vLLM's state as soon as the run was over
 
     def intruder() -> None:
         try:
             requests.post(
                 f"{local_vllm.base_url}/v1/completions",
-                timeout=60,
+                timeout=120,
                 json={
-                    "model": local_vllm.model,
+                    "model": model,
                     "prompt": "an intruding request " + str(time.time()),
-                    "max_tokens": 40,
+                    # ~1,000 steps against the measured run's 32: it decodes before the
+                    # measured request comes in and long after it has finished.
+                    "max_tokens": 1000,
                     "ignore_eos": True,
                 },
             ).raise_for_status()
@@ -78,30 +88,57 @@ def test_concurrent_request_is_flagged_not_isolated(local_vllm, tmp_path):
             errors.append(exc)
 
     class SendsAnIntruder(requests.Session):
-        """Starts the intruder once vLLM has answered the measured request's headers: that
-        request is in the server then, with ~600 tokens still to decode, whatever the
-        machine's pace. (Timed from a fixed sleep, the intruder could land after the run on
-        a fast machine or a starved one, which answers /metrics slowly while it streams.)"""
+        """Sends the intruder when the probe sends its measured request (the probe has taken
+        its "before" scrape on an idle server then), and the measured request only once vLLM's
+        /metrics shows the intruder running; reads vLLM's state again as soon as the run is
+        over (the probe's first /metrics read after the stream). Timed from the measured
+        request's response headers instead, the intruder could reach vLLM after the run: on
+        a starved 2-core box those headers once came 2.2 s after the send, when the whole
+        600-token decode was done, and the run was rightly found alone."""
 
         def post(self, url, *args, **kwargs):  # type: ignore[override]
-            response = super().post(url, *args, **kwargs)
-            if url.endswith("/v1/completions") and kwargs.get("stream"):
-                intruders.append(threading.Thread(target=intruder, daemon=True))
-                intruders[-1].start()
-            return response
+            if not (url.endswith("/v1/completions") and kwargs.get("stream")):
+                return super().post(url, *args, **kwargs)
+            intruders.append(threading.Thread(target=intruder, daemon=True))
+            intruders[-1].start()
+            deadline = time.monotonic() + 60
+            while True:
+                snap = scraper.scrape()
+                if (snap.value("requests_running", model=model) or 0) >= 1:
+                    seen["e2e_count"] = snap.value("e2e_latency", "_count", model) or 0.0
+                    break
+                if errors or time.monotonic() > deadline:
+                    pytest.fail(f"the intruder never showed in num_requests_running: {errors}")
+                time.sleep(0.01)
+            return super().post(url, *args, **kwargs)
+
+        def get(self, url, *args, **kwargs):  # type: ignore[override]
+            if url.endswith("/metrics") and "e2e_count" in seen and not after:
+                after.append(scraper.scrape())  # the measured stream has been read whole
+            return super().get(url, *args, **kwargs)
 
     with Store(tmp_path / "s.sqlite") as store:
         result = run_probe(
-            _spec(local_vllm, max_tokens=600),
+            _spec(local_vllm, max_tokens=32),
             store,
             settings=ProbeSettings(runs=1, warmup=0),
             session=SendsAnIntruder(),
         )
         stored = store.runs(result.experiment_id)
     for thread in intruders:  # done before the next test shares the server
-        thread.join(timeout=70)  # the intruder's own request times out after 60 s
+        thread.join(timeout=130)  # the intruder's own request times out after 120 s
     assert len(intruders) == 1 and not intruders[0].is_alive()
     assert not errors, errors
+    # The measured request is over: if vLLM has finished only one request since the
+    # intruder was seen running, and one is running still, the intruder was decoding all the
+    # while the measured request was in the engine.
+    assert after, "the probe read no /metrics after its run"
+    finished = (after[0].value("e2e_latency", "_count", model) or 0.0) - seen["e2e_count"]
+    still = after[0].value("requests_running", model=model) or 0
+    assert finished == 1 and still >= 1, (
+        f"the overlap is not established: {finished:g} request(s) finished since the "
+        f"intruder was seen running, {still:g} running when the run was over"
+    )
     run = result.runs[0]
     assert run.status == "isolation_failed", run.isolation.reasons
     assert run.isolation.verified and not run.isolated

@@ -40,7 +40,9 @@ from phaseprobe.analysis.interplay import (
     discarded_pairs,
     interfere_role,
     interference_verdict,
+    largest_gap_s,
     median_or_none,
+    overlap_on_engine,
     stall,
 )
 from phaseprobe.analysis.pd.interplay import PdInterfere, pd_alone, pd_interfere
@@ -333,6 +335,9 @@ class InterfereSession:
         # A alone's decode on vLLM's clock by its decode steps, over every A-alone run
         self.alone_by_steps: dict[int, list[float]] = {}
         self.alone_lengths = {st.a_tokens}  # A's max_tokens that A-alone runs were done at
+        # the largest gap A had on vLLM's clock over the A-alone runs read (s, its bucket's
+        # upper bound): a pair's gap above it held B's prefill (overlap_on_engine)
+        self.alone_gap_s: float | None = None
         self.salt = salt
         self.base_itl: float | None = None
         self.base_ttft: float | None = None
@@ -355,14 +360,23 @@ class InterfereSession:
 
     def baseline(self, i: int) -> Run:
         """A-alone baseline run ``i``, measured isolated and stored."""
-        run = store_run(
-            self.store,
-            self.experiment_id,
-            self.collector.measure(len(self.runs), self.a_prompts[i]),
-        )
-        self.runs.append(run)
+        run = self._measure_alone(self.collector, self.a_prompts[i])
         self.baseline_runs.append(run)
+        return run
+
+    def _measure_alone(self, collector: IsolatedCollector, prompt: str) -> Run:
+        """One A-alone run, measured isolated and stored, its decode time kept by length, and on
+        one server its largest gap on vLLM's clock (on a P/D pair the client's call stands)."""
+        pre = self.ctx.scrape() if self.ctx.target.pd is None else None
+        run = store_run(self.store, self.experiment_id, collector.measure(len(self.runs), prompt))
+        self.runs.append(run)
         self._keep_alone(run)
+        n = run.client.completion_tokens if run.client else None
+        if pre is not None and run.isolated and n and n >= 2:
+            # the collector has waited until vLLM observed the run: this scrape holds it
+            gap = largest_gap_s(pre, self.ctx.observed(pre, 1), self.ctx.target.model)
+            if gap is not None:
+                self.alone_gap_s = max(self.alone_gap_s or 0.0, gap[1])
         return run
 
     def _collector(self, spec: RunSpec) -> IsolatedCollector:
@@ -391,11 +405,7 @@ class InterfereSession:
             prompt = self.ctx.builder.build(
                 st.a_prompt_tokens, self.salt + 20_000 + a_tokens + k
             ).text
-            run = store_run(
-                self.store, self.experiment_id, collector.measure(len(self.runs), prompt)
-            )
-            self.runs.append(run)
-            self._keep_alone(run)
+            self._measure_alone(collector, prompt)
         self.notes.extend(collector.notes)
 
     def prepare(self) -> None:
@@ -492,7 +502,17 @@ class InterfereSession:
             a_decode = metric_delta(pre, post, "decode_time", "_sum", model)
         self.server_decode.append(a_decode)
         n_a = a_out.timeline.completion_tokens
-        self.a_steps.append(n_a - 1 if n_a is not None and n_a >= 2 else None)
+        a_steps = n_a - 1 if n_a is not None and n_a >= 2 else None
+        self.a_steps.append(a_steps)
+        # A's largest gap on vLLM's clock, when every gap vLLM saw over the pair was A's (B
+        # answers one token, nothing else ran): one of them held B's prefill if it was inside
+        a_gap = None
+        if (
+            a_decode is not None
+            and ctx.target.pd is None
+            and metric_delta(pre, post, "itl", "_count", model) == a_steps
+        ):
+            a_gap = largest_gap_s(pre, post, model)
         for prompt, out, lane in (
             (self.a_prompts[st.reps + i], a_out, "A"),
             (self.b_prompts[i], b_out, "B"),
@@ -508,6 +528,7 @@ class InterfereSession:
         b_arrival = (b_out.timeline.sent_wall_ns - a_out.timeline.sent_wall_ns) / 1e9
         a_events = events_s(a_out)
         result = stall(a_events, b_arrival, b_out.timeline.ttft_s, self.base_itl)
+        result = overlap_on_engine(result, a_gap, self.alone_gap_s)
         self.stalls.append(result)
         self.lanes.append(
             {
@@ -577,6 +598,13 @@ class InterfereSession:
                         if missed
                         else "every pair still landed inside A's decode"
                     )
+                )
+            by_vllm = sum(1 for s in self.stalls if s.overlap_clock == "vLLM")
+            if by_vllm:
+                self.notes.append(
+                    f"{by_vllm} pair(s) the client's clock called early or late had B's "
+                    "prefill inside A's decode on vLLM's clock (A's largest gap there lay above "
+                    f"the largest A had alone, at most {fmt_ms(self.alone_gap_s)}): counted"
                 )
             self.notes.extend(self.collector.all_notes())  # its run notes are the session's
             self.store.finish_experiment(self.experiment_id, self.notes)
