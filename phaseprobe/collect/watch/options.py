@@ -27,6 +27,10 @@ __all__ = [
     "DEFAULT_REFRESH_S",
     "DEFAULT_RATE_PER_S",
     "DEFAULT_MAX_BYTES",
+    "MAX_MAX_BYTES",
+    "MAX_DURATION_S",
+    "MIN_RATE_PER_S",
+    "MAX_RATE_PER_S",
     "RECEIVER_ONLY",
 ]
 
@@ -35,6 +39,16 @@ DEFAULT_GRPC = "127.0.0.1:4317"  # OTLP/gRPC's, where vLLM exports by default
 DEFAULT_WINDOW_S = 60.0
 DEFAULT_REFRESH_S = 2.0
 DEFAULT_RATE_PER_S = 2.0
+# The largest --max-bytes: gRPC's grpc.max_receive_message_length is a C int (3 GiB was an
+# OverflowError when the receiver started) and zlib's max_length a C ssize_t (int64's max was
+# one when a gzip request arrived). 2 GiB - 1 is past any OTLP batch an exporter sends.
+MAX_MAX_BYTES = 2**31 - 1
+# A watch's --duration: a year (time.sleep overflows past ~9.2e9 s; omit it to watch for ever)
+MAX_DURATION_S = 366 * 24 * 3600.0
+# --demo's arrival rate: one request in ~17 min at least (a gap past ~9.2e9 s overflowed
+# Event.wait in the load's thread), a thousand a second at most (the CPU vLLM serves ~10)
+MIN_RATE_PER_S = 0.001
+MAX_RATE_PER_S = 1000.0
 
 # Receiving options that mean nothing when the spans are read from a fleet's store: the
 # field, and the flag that sets it (named in the error).
@@ -87,6 +101,11 @@ class WatchOptions:
                     "watch (retention: the store's own TTL, e.g. ClickHouse's ttl)"
                 )
             return
+        if not 1 <= self.max_bytes <= MAX_MAX_BYTES:  # a C int for gRPC (see MAX_MAX_BYTES)
+            raise ConfigError(
+                f"--max-bytes {self.max_bytes}: must be between 1 and {MAX_MAX_BYTES:,} "
+                "(2 GiB - 1: gRPC takes a C int)"
+            )
         object.__setattr__(self, "http_addr", _listen(self.http, "--http"))
         object.__setattr__(self, "grpc_addr", _listen(self.grpc, "--grpc"))
         if self.token_env:

@@ -16,6 +16,8 @@ __all__ = [
     "float_in",
     "int_in",
     "seconds",
+    "seconds_up_to",
+    "non_negative_seconds",
     "http_url",
     "store_and_json_args",
     "IntermixedParser",
@@ -151,6 +153,30 @@ def seconds(value: str) -> float:
             f"must be more than 0 and at most {MAX_SECONDS:g} s (a week), not {value}"
         )
     return x
+
+
+def seconds_up_to(maximum: float, said: str, *, zero_ok: bool = False) -> Callable[[str], float]:
+    """An argparse type: a duration more than 0 (0 too with ``zero_ok``) and at most
+    ``maximum`` seconds, ``said`` naming that bound in the message ("a week"). Every duration
+    ends in a sleep, a wait or a deadline: time.sleep, Event.wait and socket timeouts raise
+    OverflowError past ~9.2e9 s (a C time_t of nanoseconds), so ``probe --pause 1e11``, which
+    positive/non_negative_float took (they allow 1e12), was a traceback after the first run."""
+    lowest = "0 or more" if zero_ok else "more than 0"
+
+    def check(value: str) -> float:
+        x = _finite(value)
+        if x > maximum or x < 0 or (x == 0 and not zero_ok):
+            raise argparse.ArgumentTypeError(
+                f"must be {lowest} and at most {maximum:g} s ({said}), not {value}"
+            )
+        return x
+
+    check.__name__ = "seconds"
+    return check
+
+
+# a pause or a wait phaseprobe makes between or after runs (0: none)
+non_negative_seconds = seconds_up_to(MAX_SECONDS, "a week", zero_ok=True)
 
 
 def http_url(value: str) -> str:

@@ -32,7 +32,7 @@ from phaseprobe.present.cli.args import (
     MAX_CONCURRENCY,
     MAX_SECONDS,
     count,
-    non_negative_float,
+    non_negative_seconds,
     seconds,
     store_and_json_args,
     tokens,
@@ -293,7 +293,7 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument(
         "--pause",
-        type=non_negative_float,
+        type=non_negative_seconds,
         default=None,
         metavar="SECONDS",
         help="quiet time before each step with two arms (default: the playbook's pause_s, else 0)",

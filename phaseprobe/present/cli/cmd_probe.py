@@ -26,7 +26,7 @@ from phaseprobe.present.cli.args import (
     count,
     float_in,
     int_in,
-    non_negative_float,
+    non_negative_seconds,
     seconds,
     store_and_json_args,
     tokens,
@@ -143,7 +143,7 @@ def register(subparsers: Any) -> None:
     )
     probe.add_argument(
         "--pause",
-        type=non_negative_float,
+        type=non_negative_seconds,
         default=0.0,
         metavar="SECONDS",
         help="pause between runs (default: 0)",
@@ -260,7 +260,7 @@ def register(subparsers: Any) -> None:
     )
     probe.add_argument(
         "--prom-wait",
-        type=non_negative_float,
+        type=non_negative_seconds,
         default=60.0,
         metavar="SECONDS",
         help="how long to wait for Prometheus to scrape after the last run (default: 60)",
@@ -312,7 +312,7 @@ def register(subparsers: Any) -> None:
     )
     spans.add_argument(
         "--span-wait",
-        type=non_negative_float,
+        type=non_negative_seconds,
         default=None,
         metavar="SECONDS",
         help="how long to wait for the runs' spans after the last run (default: "

@@ -160,14 +160,22 @@ def register(subparsers: Any) -> None:
     store_and_json_args(prune)
 
 
+# The oldest cut-off an age may set: the cut-off is now - age in ns, an SQLite INTEGER, and
+# 99999999999w was an OverflowError there ("Python int too large to convert to SQLite INTEGER")
+MAX_AGE_S = 100 * 365.25 * 24 * 3600
+
+
 def age(text: str) -> float:
-    """An argparse type: ``7d``, ``12h``, ``30m``, ``90s`` or seconds."""
+    """An argparse type: ``7d``, ``12h``, ``30m``, ``90s`` or seconds, at most 100 years."""
     from phaseprobe.collect.spans.retention import parse_age
 
     try:
-        return parse_age(text)
+        seconds = parse_age(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+    if seconds > MAX_AGE_S:
+        raise argparse.ArgumentTypeError(f"{text!r} is more than 100 years ago: give a shorter age")
+    return seconds
 
 
 def spans_from_arg(p: Any) -> None:

@@ -49,14 +49,21 @@ from phaseprobe.collect.watch.options import (
     DEFAULT_RATE_PER_S,
     DEFAULT_REFRESH_S,
     DEFAULT_WINDOW_S,
+    MAX_DURATION_S,
+    MAX_MAX_BYTES,
+    MAX_RATE_PER_S,
+    MIN_RATE_PER_S,
     WatchOptions,
 )
 from phaseprobe.paths import default_store_path
 from phaseprobe.present.cli import jsonout
 from phaseprobe.present.cli.args import (
+    float_in,
     http_url,
-    positive_float,
+    int_in,
     positive_int,
+    seconds,
+    seconds_up_to,
     store_and_json_args,
 )
 from phaseprobe.present.cli.cmd_spans import age, span_table, spans_from_arg, summary_table
@@ -104,7 +111,7 @@ def register(subparsers: Any) -> None:
     )
     watch.add_argument(
         "--duration",
-        type=positive_float,
+        type=seconds_up_to(MAX_DURATION_S, "a year; omit it to watch until Ctrl-C"),
         default=None,
         metavar="SECONDS",
         help="stop after this long and print the summary (default: until Ctrl-C)",
@@ -117,7 +124,7 @@ def register(subparsers: Any) -> None:
     )
     watch.add_argument(
         "--rate",
-        type=positive_float,
+        type=float_in(MIN_RATE_PER_S, MAX_RATE_PER_S),
         default=DEFAULT_RATE_PER_S,
         metavar="REQ_PER_S",
         help=f"--demo's mean arrival rate (default: {DEFAULT_RATE_PER_S:g} requests/s)",
@@ -159,7 +166,7 @@ def register(subparsers: Any) -> None:
     )
     watch.add_argument(
         "--window",
-        type=positive_float,
+        type=seconds,
         default=DEFAULT_WINDOW_S,
         metavar="SECONDS",
         help="the live view's percentiles cover this many recent seconds "
@@ -167,14 +174,15 @@ def register(subparsers: Any) -> None:
     )
     watch.add_argument(
         "--refresh",
-        type=positive_float,
+        type=seconds,
         default=DEFAULT_REFRESH_S,
         metavar="SECONDS",
         help=f"how often the view refreshes (default: {DEFAULT_REFRESH_S:g})",
     )
     watch.add_argument(
         "--max-bytes",
-        type=positive_int,
+        # a C int for gRPC, a C ssize_t for zlib: bounded here, said as the option
+        type=int_in(1, MAX_MAX_BYTES, unit=" bytes (2 GiB - 1: gRPC takes a C int)", grouped=True),
         default=DEFAULT_MAX_BYTES,
         metavar="BYTES",
         help="largest OTLP request accepted (default: 16 MiB)",
