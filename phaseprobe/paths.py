@@ -35,8 +35,14 @@ def default_store_path() -> Path:
 
 def write_atomic(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` (its directory created as needed) through a temporary file
-    renamed over it: readers, and a crash half-way, never see half a file."""
+    renamed over it: readers, and a crash half-way, never see half a file. Raises OSError
+    (the temporary file removed) when the disk is full or the directory not writable."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:
+        # a full disk leaves a partial .tmp: removed, so a failed write changes nothing
+        tmp.unlink(missing_ok=True)
+        raise

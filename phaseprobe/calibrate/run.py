@@ -390,11 +390,23 @@ def save(cal: Calibration, path: Path | None = None) -> Path:
             raise
         # a damaged file is what a new measurement replaces: kept aside, never a dead end
         entries = {}
-        os.replace(path, path.with_name(path.name + ".damaged"))
+        _file_op(path, lambda: os.replace(path, path.with_name(path.name + ".damaged")))
     entries[cal.device_name] = cal
     doc = {"schema": FILE_SCHEMA, "devices": {k: v.to_dict() for k, v in entries.items()}}
-    write_atomic(path, json.dumps(doc, indent=2) + "\n")
+    _file_op(path, lambda: write_atomic(path, json.dumps(doc, indent=2) + "\n"))
     return path
+
+
+def _file_op(path: Path, op: Callable[[], object]) -> None:
+    """``op()``, its OSError (a full disk, a read-only directory) a ConfigError naming the
+    calibration file: it was a traceback at the end of a 20 s measurement."""
+    try:
+        op()
+    except OSError as exc:
+        raise ConfigError(
+            f"calibration file {path}: cannot be written "
+            f"({exc.strerror or type(exc).__name__}); the measurement was not stored"
+        ) from None
 
 
 def load(device_name: str | None = None, path: Path | None = None) -> Calibration | None:

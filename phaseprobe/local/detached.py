@@ -44,7 +44,12 @@ def default_state_path() -> Path:
 
 
 def write_state(path: Path, state: ServerState) -> None:
-    write_atomic(path, state.to_json())
+    try:
+        write_atomic(path, state.to_json())
+    except OSError as exc:  # a full disk or a read-only directory: named, not a traceback
+        raise LocalServerError(
+            f"cannot write local server state {path}: {exc.strerror or type(exc).__name__}"
+        ) from None
 
 
 def read_state(path: Path) -> ServerState | None:

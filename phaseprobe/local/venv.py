@@ -117,7 +117,13 @@ class VenvInstall:
     def write_marker(self, venv: Path) -> None:
         """Mark ``venv`` complete: call it last, once everything else succeeded."""
         doc = {self.version_key: self.version, "installed_at": time.time()}
-        write_atomic(venv / self.marker_name, json.dumps(doc, indent=2))
+        try:
+            write_atomic(venv / self.marker_name, json.dumps(doc, indent=2))
+        except OSError as exc:  # a full disk at the very end of an install: named
+            raise LocalServerError(
+                f"cannot write {venv / self.marker_name}: "
+                f"{exc.strerror or type(exc).__name__} (the install is not marked complete)"
+            ) from None
 
 
 VLLM_VENV = VenvInstall(
