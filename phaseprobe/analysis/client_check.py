@@ -60,7 +60,10 @@ def has_hop(endpoint: str | None) -> bool | None:
     and server), True for any other host, None when unknown."""
     if not endpoint:
         return None
-    host = urlsplit(endpoint if "//" in endpoint else "//" + endpoint).hostname
+    try:
+        host = urlsplit(endpoint if "//" in endpoint else "//" + endpoint).hostname
+    except ValueError:  # a stored endpoint that is no URL ("[oops]" as a host): unknown
+        return None
     if host is None:
         return None
     if host == "localhost":

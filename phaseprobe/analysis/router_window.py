@@ -55,7 +55,10 @@ class RouterWindow:
 
 
 def _host_port(url: str) -> str:
-    return urlsplit(url).netloc.rpartition("@")[2] or url
+    try:
+        return urlsplit(url).netloc.rpartition("@")[2] or url
+    except ValueError:  # a worker URL that is no URL ("[oops]" as a host): shown whole
+        return url
 
 
 def _by_worker(snap: MetricSnapshot, name: str, names: Mapping[str, str]) -> dict[str, float]:

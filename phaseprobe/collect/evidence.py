@@ -267,7 +267,10 @@ def server_host_names(endpoint: str) -> set[str]:
 
     if has_hop(endpoint) is False:  # ("localhost" is no name a log of it would give)
         return {n for n in (socket.gethostname(), socket.getfqdn()) if n and n != "localhost"}
-    host = urlsplit(endpoint if "//" in endpoint else "//" + endpoint).hostname
+    try:
+        host = urlsplit(endpoint if "//" in endpoint else "//" + endpoint).hostname
+    except ValueError:  # a stored endpoint that is no URL ("[oops]" as a host): no name
+        return set()
     if not host:
         return set()
     try:

@@ -85,7 +85,11 @@ def default_name(url: str) -> str:
     """A replica's name when none is given: its URL's host:port (credentials left out), made a
     valid name: an IPv6 host loses its brackets, other characters become '-', and a name over
     64 characters (a long Kubernetes host name) keeps its end and a digest of the whole."""
-    host = urlsplit(url).netloc.rpartition("@")[2].replace("[", "").replace("]", "")
+    try:
+        netloc = urlsplit(url).netloc
+    except ValueError:  # normalize_base_url refuses these; a URL from elsewhere is kept whole
+        netloc = url.partition("://")[2].partition("/")[0]
+    host = netloc.rpartition("@")[2].replace("[", "").replace("]", "")
     name = re.sub(r"[^A-Za-z0-9._:-]", "-", host) or "replica"
     if not name[0].isalnum():  # "::1:8000": a name starts with a letter or digit
         name = "ip6-" + name

@@ -8,6 +8,8 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
+from rich.markup import escape
+
 from phaseprobe.present.cli import jsonout
 
 if TYPE_CHECKING:
@@ -43,7 +45,10 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     doc: dict[str, Any]
     if action == "install":
         t0 = time.monotonic()
-        venv, model = local_vllm.install_local(progress=lambda line: err.print(f"[dim]{line}"))
+        # pip's lines are text ("vllm[cpu]" lost its extra as a tag; "[/]" is a MarkupError)
+        venv, model = local_vllm.install_local(
+            progress=lambda line: err.print(f"[dim]{escape(line)}")
+        )
         doc = {"venv": str(venv), "model": str(model), "seconds": time.monotonic() - t0}
         text = f"local vLLM ready: venv {venv}, model {model}"
     elif action == "start":

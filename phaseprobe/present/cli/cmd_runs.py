@@ -142,12 +142,13 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
         }
         out.out(jsonout.dumps(doc), highlight=False)
     else:
-        out.print(f"experiment {exp_id}: {exp.name} (kind {exp.kind})")
+        # a stored name is the user's (--name) or a store's: text, never markup
+        out.print(f"experiment {exp_id}: {escape(exp.name)} (kind {escape(exp.kind)})")
         render_probe(out, runs, summary, exp.server_info, exp.notes, exp_id)
         if efficiency is not None:
             render_efficiency(out, efficiency)
         if why:
-            out.print(f"[yellow]left out:[/] {why}")
+            out.print(f"[yellow]left out:[/] {escape(why)}")
         for seq, reason in inconsistent.items():
             # The probe's notes already say it for runs judged when they were measured.
             if not any(n.startswith(f"run {seq + 1} left out of the medians") for n in exp.notes):

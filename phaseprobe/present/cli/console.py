@@ -231,10 +231,13 @@ def render_probe(
             "contradicts vLLM's phases (see the notes); its server phases count"
         )
     for note in notes:
-        console.print(f"[yellow]note:[/] {note}")
+        # escaped: notes quote server answers (a router's worker URL "http://[/]:8000" was
+        # a rich MarkupError, a traceback; "[oops]" vanished from the note as a tag)
+        console.print(f"[yellow]note:[/] {escape(note)}")
     bad = [r for r in runs if r.isolation.verified and not r.attributed]
     for r in bad:
-        console.print(f"[red]run {r.seq + 1} not isolated:[/] {'; '.join(r.isolation.reasons)}")
+        reasons = escape("; ".join(r.isolation.reasons))  # they quote server answers
+        console.print(f"[red]run {r.seq + 1} not isolated:[/] {reasons}")
 
 
 _KV_STYLE = {"transferred": "green", "recomputed": "red", "partial": "yellow"}
@@ -391,7 +394,8 @@ def render_experiments(console: Console, rows: Sequence[dict[str, Any]]) -> None
 def render_prom_comparison(console: Console, prom: PromSummaryDoc) -> None:
     """PromQL per-request means over the experiment window beside the direct-scrape ones."""
     if "error" in prom:
-        console.print(f"[yellow]Prometheus ({prom['url']}): {prom['error']}")
+        # escaped: the error quotes the server ("[/x]" in it was a rich MarkupError)
+        console.print(f"[yellow]Prometheus ({escape(prom['url'])}): {escape(prom['error'])}")
         return
     table = Table(
         title=f"Prometheus {prom['url']} · {{{prom['selector']}}} · "
@@ -413,7 +417,7 @@ def render_prom_comparison(console: Console, prom: PromSummaryDoc) -> None:
         table.add_row(name, fmt(p), fmt(d), diff)
     console.print(table)
     for note in prom["disagreements"]:
-        console.print(f"[red]disagreement:[/] {note}")
+        console.print(f"[red]disagreement:[/] {escape(note)}")
     if not prom["disagreements"]:
         console.print("PromQL and the direct scrape agree.")
 

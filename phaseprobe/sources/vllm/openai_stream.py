@@ -220,7 +220,22 @@ def normalize_base_url(url: str) -> str:
             f"endpoint {shown!r} names no host: type it as http://HOST:PORT, "
             f"e.g. http://127.0.0.1:8000"
         )
-    return f"{scheme.lower()}://{rest}"
+    base = f"{scheme.lower()}://{rest}"
+    try:
+        # parsed once here: a malformed IPv6 host ("[oops]") or port raised urllib's
+        # ValueError wherever the URL was split later (a replica's name: a traceback). The
+        # redacted form is parsed: a raw password holding '/' ends urlsplit's authority early
+        # (its start would be read as a port, and quoted in the message).
+        parts = urlsplit(redact_url(base))
+        parts.port  # noqa: B018 - a port that is not a number (or past 65535) raises here
+    except ValueError as exc:
+        raise ConfigError(
+            f"endpoint {shown!r}: not a URL ({exc}); type it as http://HOST:PORT, "
+            f"e.g. http://127.0.0.1:8000 or http://[::1]:8000"
+        ) from None
+    if not parts.hostname:
+        raise ConfigError(f"endpoint {shown!r} names no host: type it as http://HOST:PORT")
+    return base
 
 
 # /v1/models is kept with each experiment: a server answering megabytes (or thousands of
