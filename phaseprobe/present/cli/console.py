@@ -395,7 +395,7 @@ def render_prom_comparison(console: Console, prom: PromSummaryDoc) -> None:
     """PromQL per-request means over the experiment window beside the direct-scrape ones."""
     if "error" in prom:
         # escaped: the error quotes the server ("[/x]" in it was a rich MarkupError)
-        console.print(f"[yellow]Prometheus ({escape(prom['url'])}): {escape(prom['error'])}")
+        console.print(f"[yellow]Prometheus ({escape(prom['url'])}): {escape(str(prom['error']))}")
         return
     table = Table(
         title=f"Prometheus {prom['url']} · {{{prom['selector']}}} · "
