@@ -247,7 +247,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._record(raw, body, None)
             self._send_json(404, {"detail": "Not Found"})
             return
-        script = owner._next_script()
+        script = owner._next_script(body)
         rec = self._record(raw, body, script)
         try:
             if owner.api_key is not None and (
@@ -578,6 +578,9 @@ class SseServer:
         # The script used when the queue is empty; assign to change it between requests.
         self.script = script if script is not None else Script()
         self._queue: collections.deque[Script] = collections.deque()
+        # Scripts chosen by the request's max_tokens, before the queue: for tests whose two
+        # kinds of request may reach the server in either order on a busy machine
+        self.by_max_tokens: dict[int, Script] = {}
         self._records: list[RequestRecord] = []
         self._conns: set[socket.socket] = set()
         self._lock = threading.Lock()
@@ -710,8 +713,11 @@ class SseServer:
             self._tokens["generation_tokens"] += rec.tokens_sent
             self._tokens["request_success"] += 1
 
-    def _next_script(self) -> Script:
+    def _next_script(self, body: Any) -> Script:
+        max_tokens = body.get("max_tokens") if isinstance(body, dict) else None
         with self._lock:
+            if max_tokens in self.by_max_tokens:
+                return self.by_max_tokens[max_tokens]
             return self._queue.popleft() if self._queue else self.script
 
     def _add_record(self, rec: RequestRecord) -> None:

@@ -112,8 +112,9 @@ def test_interfere_times_b_from_the_baseline_and_keeps_swimlanes(tmp_path):
     with SseServer(Script(n_tokens=30, gap_s=0.01)) as srv, Store(tmp_path / "s.db") as store:
         a = Script(n_tokens=30, gap_s=0.01)
         b = Script(n_tokens=1, first_delay_s=0.05)
-        # warm-up, 2 baselines, then per pair A then B (A is sent first, B later).
-        srv.enqueue(a, b, a, a, a, b, a, b)  # warm-ups (A, B), 2 baselines, then 2 pairs
+        # A (30 tokens) and B (1 token) get their scripts by max_tokens, not by arrival: on a
+        # busy box B's timer can fire before A's thread has sent A (seen: B got A's script)
+        srv.by_max_tokens = {30: a, 1: b}
         res = run_interfere(
             Target(srv.base_url, srv.model),
             store,

@@ -8,6 +8,7 @@ chdb keeps one engine per process: open one :class:`ChdbSpans` at a time and clo
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -42,12 +43,33 @@ class ChdbSpans(ClickHouseSpans):
                 f"{problem} (chdb: names a chdb data directory holding the exporter's "
                 "otel_traces table)",
             )
-        self._session = session.Session(str(directory))
+        if not create and not os.access(directory, os.W_OK):
+            raise SpanStoreUnreachable(
+                where,
+                "not writable: chdb writes its status file and tmp/ in its data directory even "
+                "to read it; copy the directory somewhere writable",
+            )
+        # chdb's engine makes tmp/ in the directory it opens, even to read: removed again on
+        # close when it was not there before (a directory we were only asked to read)
+        self._made_tmp = not (directory / "tmp").exists()
+        self._directory = directory
         try:
-            super().__init__(self._sql, where, database, table, on_close=self._session.close)
+            self._session = session.Session(str(directory))
+        except Exception as e:  # RuntimeError: "Failed to create connection: ..."
+            raise _error(where, e) from None
+        try:
+            super().__init__(self._sql, where, database, table, on_close=self._close_session)
         except BaseException:  # a refused name: chdb keeps one engine per process, free it
             self._session.close()
             raise
+
+    def _close_session(self) -> None:
+        self._session.close()
+        if self._made_tmp:
+            try:
+                (self._directory / "tmp").rmdir()
+            except OSError:  # gone already, or not empty: chdb put something there
+                pass
 
     def _sql(self, sql: str) -> list[list[Any]]:
         try:
