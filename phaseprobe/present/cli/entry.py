@@ -66,6 +66,12 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command("grafana", "cmd_grafana", "build, lint and import the Grafana dashboard"),
     Command(
+        "alerts",
+        "cmd_alerts",
+        "Prometheus alert rules (SLO burn rates, stalled engine, queue, KV, P/D) "
+        "and their runbooks",
+    ),
+    Command(
         "plan",
         "cmd_plan",
         "memory budget from a config.json: weights, KV per token, "

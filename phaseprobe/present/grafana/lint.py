@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +45,7 @@ __all__ = [
     "StaleName",
     "iter_exprs",
     "lint_dashboard",
+    "lint_exprs",
     "load_dashboard",
     "referenced_metrics",
 ]
@@ -236,8 +237,12 @@ def _names(expr: str) -> set[str]:
 
 def referenced_metrics(dashboard: Mapping[str, Any]) -> dict[str, list[str]]:
     """Metric name → places referencing it, sorted by name."""
+    return _referenced(iter_exprs(dashboard))
+
+
+def _referenced(refs: Iterable[ExprRef]) -> dict[str, list[str]]:
     found: dict[str, list[str]] = {}
-    for ref in iter_exprs(dashboard):
+    for ref in refs:
         for name in _names(ref.expr):
             found.setdefault(name, []).append(ref.where)
     return dict(sorted(found.items()))
@@ -288,12 +293,19 @@ def lint_dashboard(
     snapshot: MetricSnapshot | None = None,
 ) -> LintReport:
     """Stale names always; missing ones when a metrics snapshot is given."""
-    metrics = referenced_metrics(dashboard)
+    return lint_exprs(list(iter_exprs(dashboard)), file=file, snapshot=snapshot)
+
+
+def lint_exprs(
+    refs: Sequence[ExprRef], *, file: str, snapshot: MetricSnapshot | None = None
+) -> LintReport:
+    """:func:`lint_dashboard` over expressions from anywhere (``alerts lint``'s rule files)."""
+    metrics = _referenced(refs)
     available = None if snapshot is None else set(snapshot.samples)
     report = LintReport(
         file=file,
         metrics=metrics,
-        exprs=sum(1 for _ in iter_exprs(dashboard)),
+        exprs=len(refs),
         source=None if snapshot is None else snapshot.source,
     )
     # Deployment groups the source does export something of: their absences are real.
