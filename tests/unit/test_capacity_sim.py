@@ -138,20 +138,23 @@ def test_bad_limits_are_config_errors() -> None:
         simulate([SimRequest(0.0, 0, 1)], cost, SchedulerLimits(1, 10))
 
 
-@pytest.mark.parametrize("rho", [0.5, 0.8])
-def test_one_at_a_time_is_md1_waiting_time(rho: float) -> None:
+# The mean wait of so correlated a series converges slowly: over seeds, 100 000 requests
+# spread about ±1 % at ρ = 0.5 and ±3 % at ρ = 0.8; a wrong queue (a wait counted from the
+# step start, a step too many) is off by 20 % or more.
+@pytest.mark.parametrize(("rho", "tol"), [(0.5, 0.03), (0.8, 0.05)])
+def test_one_at_a_time_is_md1_waiting_time(rho: float, tol: float) -> None:
     # max_num_seqs 1, one output token: each request is one step of D; Poisson arrivals.
     # Pollaczek-Khinchine for M/D/1: mean wait = λD² / (2(1 − λD)).
     d = 0.1
     cost = StepCost(base_s=0.04, per_prefill_token_s=0.0005, per_decode_seq_s=1.0, gap_s=0.01)
     limits = SchedulerLimits(max_num_seqs=1, max_num_batched_tokens=1000)
     lam = rho / d
-    n = 60_000  # the mean of so correlated a series converges slowly: ~2 % noise here
+    n = 100_000
     reqs = [SimRequest(t, 100, 1) for t in poisson_arrivals(lam, n, seed=7)]
     run = simulate(reqs, cost, limits)
     waits = [o.queue_s for o in run.outcomes if o.queue_s is not None]
     expected = lam * d * d / (2 * (1 - rho))
-    assert sum(waits) / len(waits) == pytest.approx(expected, rel=0.04)
+    assert sum(waits) / len(waits) == pytest.approx(expected, rel=tol)
     # and TTFT is the wait plus D for every request
     assert all(abs(o.ttft_s - o.queue_s - d) < 1e-9 for o in run.outcomes[:1000])  # type: ignore[operator]
 
