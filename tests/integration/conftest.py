@@ -41,6 +41,7 @@ from phaseprobe.local.pd import LocalPdPair
 from phaseprobe.local.process import process_group_alive
 from phaseprobe.local.router import LocalRouter, install_router
 from phaseprobe.local.server import tracing_launch
+from phaseprobe.sources.vllm.step_log import STEP_LOG_FLAG
 
 ENDPOINT_ENV = "PHASEPROBE_TEST_ENDPOINT"
 
@@ -121,7 +122,8 @@ def local_vllm(span_target: SpanTarget | None) -> Iterator[VllmTarget]:
     # Tracing on, as `probe` and `watch --demo` run the local vLLM: its spans go to the
     # session's receiver (vLLM's cost per span is tens of µs: research/vllm_otlp.md).
     trace_args, trace_env = tracing_launch(span_target.receiver.grpc_url if span_target else None)
-    server = LocalVllm(model_dir, extra_args=trace_args, extra_env=trace_env)
+    # and its step log, which `model fit` reads (one line per engine step)
+    server = LocalVllm(model_dir, extra_args=[*trace_args, STEP_LOG_FLAG], extra_env=trace_env)
     started = time.monotonic()
     server.start()
     _progress(f"vLLM healthy at {server.base_url} after {time.monotonic() - started:.1f} s")

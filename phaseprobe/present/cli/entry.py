@@ -78,6 +78,11 @@ COMMANDS: tuple[Command, ...] = (
         "max context per user, decode floor",
     ),
     Command(
+        "model",
+        "cmd_model",
+        "capacity model: fit step costs, predict the largest SLO rate, check it",
+    ),
+    Command(
         "calibrate",
         "cmd_calibrate",
         "measure this device's memory bandwidth and matmul FLOP/s (torch)",

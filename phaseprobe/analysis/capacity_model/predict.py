@@ -1,0 +1,167 @@
+"""A whole prediction for ``model predict``: percentiles at each rate asked, the saturation rate
+and what binds it, the largest SLO rate under both definitions, and what makes the answer
+weaker (a workload outside what the fit saw, a rate beyond saturation).
+
+What-ifs are answered on paper: changed scheduler limits, and N replicas behind round robin.
+Round robin hands replica k every N-th request, so one replica's arrivals are every N-th of the
+fleet's (smoother than a Poisson stream of rate/N); replicas are alike, so replica 0 is
+simulated and the rates are the fleet's (N × the replica's).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from phaseprobe.analysis.capacity_model.slo import (
+    LargestRate,
+    RatePrediction,
+    Saturation,
+    Slo,
+    largest_rate,
+    predict_rate,
+    saturation,
+)
+from phaseprobe.analysis.capacity_model.step_cost import (
+    RequestOverheads,
+    SchedulerLimits,
+    StepCost,
+)
+from phaseprobe.analysis.capacity_model.workload import (
+    Empirical,
+    Fixed,
+    Lengths,
+    SimRequest,
+    Uniform,
+    WorkloadSpec,
+)
+
+__all__ = ["Prediction", "predict_deployment", "default_rates"]
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Everything ``model predict`` says (rates are the fleet's, requests/s)."""
+
+    replicas: int
+    limits: SchedulerLimits
+    rates: tuple[RatePrediction, ...]
+    saturation: Saturation
+    largest: dict[str, LargestRate]  # "distserve", "goodput" (when an SLO is given)
+    notes: tuple[str, ...] = field(default=())
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready."""
+        n = self.replicas
+        rates = []
+        for r in self.rates:
+            d = r.to_dict()
+            d["rate"] = r.rate * n
+            d["throughput_rps"] = r.throughput_rps * n
+            d["output_tokens_per_s"] = r.output_tokens_per_s * n
+            if r.goodput_rps is not None and r.stable:
+                d["goodput_rps"] = r.goodput_rps * n
+            # the percentiles flat, for a reader who wants p50/p90/p99 by name
+            if r.metrics:
+                for name, m in r.metrics.items():
+                    d[name] = {f"p{b.percentile}": b.value_s for b in m.bands}
+            rates.append(d)
+        sat = self.saturation.to_dict()
+        sat["rate"] = self.saturation.rate * n
+        largest = {}
+        for k, lr in self.largest.items():
+            d = lr.to_dict()
+            for key in ("rate", "goodput_rps", "saturation_rate"):
+                if d.get(key) is not None:
+                    d[key] = d[key] * n
+            d["bracket"] = [b * n for b in d["bracket"]]
+            largest[k] = d
+        return {
+            "replicas": n,
+            "limits": self.limits.to_dict(),
+            "rates": rates,
+            "saturation": sat,
+            "largest_slo_rate": largest,
+            "notes": list(self.notes),
+        }
+
+
+def _largest(lengths: Lengths) -> int | None:
+    if isinstance(lengths, Fixed):
+        return lengths.n
+    if isinstance(lengths, Uniform):
+        return lengths.hi
+    if isinstance(lengths, Empirical):
+        return max(lengths.values)
+    return None
+
+
+def default_rates(saturation_rate: float) -> list[float]:
+    """A sweep when none is asked: 10 % to 120 % of the saturation rate (the last ones are
+    said unstable, which is the point of showing them)."""
+    return [float(f"{saturation_rate * f:.3g}") for f in (0.1, 0.3, 0.5, 0.7, 0.85, 1.0, 1.2)]
+
+
+def predict_deployment(
+    cost: StepCost,
+    limits: SchedulerLimits,
+    overheads: RequestOverheads,
+    spec: WorkloadSpec,
+    rates: Sequence[float] | None,
+    *,
+    slo: Slo | None = None,
+    replicas: int = 1,
+    fitted_range: dict[str, int] | None = None,
+    fitted_limits: SchedulerLimits | None = None,
+) -> Prediction:
+    """Simulate ``spec`` at each of ``rates`` (the fleet's; default: a sweep to saturation)."""
+    n = max(1, replicas)
+    big = replace(spec, n=spec.n * n)
+
+    def replica_workload(rate: float) -> list[SimRequest]:
+        return big.at(rate * n)[::n]  # replica 0's share of the fleet at rate × n
+
+    notes: list[str] = []
+    if fitted_limits is not None and fitted_limits != limits:
+        changed = [
+            f"{k} {getattr(fitted_limits, k)} → {getattr(limits, k)}"
+            for k in limits.to_dict()
+            if getattr(fitted_limits, k) != getattr(limits, k)
+        ]
+        notes.append("what-if: " + ", ".join(changed) + " (the fit's step cost is reused)")
+    rng = fitted_range or {}
+    longest_prompt, longest_output = _largest(spec.prompt), _largest(spec.output)
+    if rng and longest_prompt and longest_prompt > rng.get("max_prompt_tokens", longest_prompt):
+        notes.append(
+            f"extrapolation: prompts up to {longest_prompt} tokens, the fit saw up to "
+            f"{rng['max_prompt_tokens']}"
+        )
+    if rng and longest_output and longest_output > 2 * rng.get("max_output_tokens", longest_output):
+        notes.append(
+            f"extrapolation: outputs up to {longest_output} tokens (contexts longer than the "
+            f"fit's {rng['max_output_tokens']}-token decodes)"
+        )
+    sat = saturation(replica_workload, cost, limits, overheads)
+    asked = [r / n for r in rates] if rates else [r / n for r in default_rates(sat.rate * n)]
+    preds = tuple(
+        predict_rate(replica_workload, r, cost, limits, overheads, slo, seed=spec.seed)
+        for r in asked
+    )
+    most = max((p.mean_running for p in preds if p.stable), default=0.0)
+    if rng and most > rng.get("max_concurrency", most):
+        notes.append(
+            f"extrapolation: up to {most:.0f} requests running at once in the simulation, "
+            f"the fit probed up to {rng['max_concurrency']}"
+        )
+    largest: dict[str, LargestRate] = {}
+    if slo is not None:
+        for definition in ("distserve", "goodput"):
+            largest[definition] = largest_rate(
+                replica_workload, cost, limits, slo, overheads, definition=definition
+            )
+    if n > 1:
+        notes.append(
+            f"{n} replicas behind round robin: replica 0 simulated with every {n}th request"
+        )
+    return Prediction(n, limits, preds, sat, largest, tuple(notes))

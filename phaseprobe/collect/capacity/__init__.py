@@ -1,0 +1,1 @@
+"""``phaseprobe model``: the measurements behind the capacity model (fit) and its check."""

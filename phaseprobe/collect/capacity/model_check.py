@@ -1,0 +1,168 @@
+"""``model check`` wired: a real open-loop load at each rate, the model's prediction for the
+very arrivals the load achieved, and the comparison, stored.
+
+The server is the one given, or the local CPU vLLM started with the fit's own scheduler limits
+(a check of a model against another configuration would be no check). Either way the check's
+requests are new ones: the model is judged on runs it was not fitted on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from phaseprobe.analysis.capacity_model.check import PointCheck, compare_point
+from phaseprobe.analysis.capacity_model.simulate import simulate
+from phaseprobe.analysis.capacity_model.workload import SimRequest
+from phaseprobe.collect.capacity.check_run import LoadPoint, MeasuredLoad, run_load_point
+from phaseprobe.collect.capacity.model_fit import (
+    CapacityFit,
+    LimitsGiven,
+    fingerprint_differences,
+    load_fit,
+)
+from phaseprobe.sources.vllm.openai_stream import normalize_base_url
+from phaseprobe.store import Store
+
+__all__ = ["CHECK_KIND", "CheckResult", "check_deployment", "predicted_for"]
+
+CHECK_KIND = "capacity_check"
+
+
+@dataclass
+class CheckResult:
+    """Every load point's comparison, and what makes the comparison weaker."""
+
+    fit_id: int | None
+    points: list[PointCheck] = field(default_factory=list)
+    loads: list[MeasuredLoad] = field(default_factory=list)
+    differences: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    analysis_id: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready."""
+        return {
+            "fit_id": self.fit_id,
+            "points": [p.to_dict() for p in self.points],
+            "differences": self.differences,
+            "notes": self.notes,
+            "analysis_id": self.analysis_id,
+        }
+
+
+def predicted_for(fit: CapacityFit, load: MeasuredLoad) -> dict[str, list[float | None]]:
+    """The model's TTFT/TPOT/ITL/E2E for the requests of ``load``, at the times they left."""
+    reqs = [
+        SimRequest(arrival_s=r.sent_s, prompt_tokens=r.prompt_tokens, output_tokens=r.output_tokens)
+        for r in load.requests
+    ]
+    run = simulate(reqs, fit.cost, fit.limits, fit.overheads)
+    outcomes = sorted(run.outcomes, key=lambda o: o.arrival_s)
+    return {
+        "ttft": [o.ttft_s for o in outcomes],
+        "tpot": [o.tpot_s for o in outcomes],
+        "e2e": [o.e2e_s for o in outcomes],
+        "itl": [g for o in outcomes for g in o.itl_s],
+    }
+
+
+def _measured(load: MeasuredLoad) -> dict[str, list[float | None]]:
+    ok = load.ok
+    return {
+        "ttft": [r.ttft_s for r in ok],
+        "tpot": [r.tpot_s for r in ok],
+        "e2e": [r.e2e_s for r in ok],
+        "itl": [g for r in ok for g in r.itl_s],
+    }
+
+
+def check_deployment(
+    store_path: Path,
+    endpoint: str | None,
+    rates: list[float],
+    *,
+    requests: int,
+    prompt_tokens: int,
+    output_tokens: int,
+    slo: dict[str, float] | None = None,
+    fit_id: int | None = None,
+    model: str | None = None,
+    api_key: str | None = None,
+    seed: int = 0,
+    progress: Callable[[str], None] = lambda _: None,
+) -> CheckResult:
+    """Load the server at each rate and compare with the fit's prediction. Stores the result
+    (and every measured request) in ``store_path``."""
+    from phaseprobe.collect.capacity.model_fit import server_version
+    from phaseprobe.collect.target import served_model
+
+    with Store(store_path) as store:
+        fit = load_fit(store, fit_id)
+    result = CheckResult(fit_id=fit.analysis_id)
+    with ExitStack() as stack:
+        if endpoint is None:
+            from phaseprobe.local import LocalVllm, ensure_model, install
+            from phaseprobe.local.process import stop_with_parent
+
+            lim = fit.limits
+            given = LimitsGiven(
+                max_num_seqs=lim.max_num_seqs,
+                max_num_batched_tokens=lim.max_num_batched_tokens,
+                chunked_prefill=lim.chunked_prefill,
+                prefix_caching=lim.prefix_caching,
+            )
+            progress("starting the local CPU vLLM with the fit's limits (about 30 s)…")
+            venv = install(progress=progress)
+            ensure_model(venv=venv)
+            server = stack.enter_context(LocalVllm(venv=venv, extra_args=given.launch_args()))
+            stack.enter_context(stop_with_parent(server.pid))
+            base_url = server.base_url
+        else:
+            base_url = normalize_base_url(endpoint)
+        name = served_model(base_url, api_key, model)
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        result.differences = fingerprint_differences(fit, name, server_version(base_url, headers))
+        rng = fit.fitted_range
+        if prompt_tokens > rng.get("max_prompt_tokens", prompt_tokens):
+            result.notes.append(
+                f"prompts of {prompt_tokens} tokens: beyond the fit's longest "
+                f"({rng['max_prompt_tokens']}), an extrapolation"
+            )
+        for i, rate in enumerate(rates):
+            point = LoadPoint(rate, requests, prompt_tokens, output_tokens, seed=seed + i)
+            load = run_load_point(base_url, name, point, api_key=api_key, progress=progress)
+            result.loads.append(load)
+            failed = len(load.requests) - len(load.ok)
+            result.points.append(
+                compare_point(
+                    rate,
+                    [r.sent_s for r in load.requests],
+                    _measured(load),
+                    predicted_for(fit, load),
+                    failed,
+                    slo,
+                )
+            )
+            if load.late_s > 0.05:
+                result.notes.append(
+                    f"{rate:g} req/s: the client sent up to {load.late_s * 1e3:.0f} ms late "
+                    "(a busy client machine): the prediction uses the actual send times"
+                )
+    doc = result.to_dict()
+    doc["requests"] = {
+        f"{load.point.rate:g}": [r.to_dict() for r in load.requests] for load in result.loads
+    }
+    doc["workload"] = {
+        "requests": requests,
+        "prompt_tokens": prompt_tokens,
+        "output_tokens": output_tokens,
+        "slo": slo,
+        "seed": seed,
+    }
+    with Store(store_path) as store:
+        result.analysis_id = store.add_analysis(CHECK_KIND, base_url, doc)
+    return result

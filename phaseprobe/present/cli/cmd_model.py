@@ -1,0 +1,538 @@
+"""``phaseprobe model``: a step-cost model of one vLLM deployment, what load it serves within an
+SLO, and a check of that prediction against a real load.
+
+    phaseprobe model fit [--endpoint URL --step-log FILE] [--max-num-seqs N] [--quick]
+    phaseprobe model predict --rates 0.5,1,2 [--slo ttft=0.5,tpot=0.05] [--prompt-tokens 128]
+    phaseprobe model check --rates 1,3 [--endpoint URL] [--requests 40]
+
+``fit`` runs probes phaseprobe designs (prompt lengths, concurrencies, a mixed burst) and fits
+the engine step's cost from vLLM's step log and the client's timings; with no ``--endpoint`` it
+starts the local CPU vLLM with its step log. ``predict`` simulates vLLM's scheduler with that
+cost. ``check`` runs a real open-loop load and prints predicted against measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from phaseprobe.errors import ConfigError
+from phaseprobe.present.cli import jsonout
+from phaseprobe.present.cli.args import (
+    MAX_TOKENS,
+    float_in,
+    int_in,
+    store_and_json_args,
+)
+from phaseprobe.present.cli.waiting import ConsoleNotices
+
+__all__ = ["register", "run", "parse_slo", "parse_rates"]
+
+
+def parse_slo(text: str) -> dict[str, float]:
+    """``ttft=0.5,tpot=0.05`` (seconds; ``500ms`` also) → {"ttft": 0.5, "tpot": 0.05}."""
+    out: dict[str, float] = {}
+    for part in text.split(","):
+        key, sep, value = part.strip().partition("=")
+        key = key.strip().lower()
+        if not sep or key not in ("ttft", "tpot"):
+            raise argparse.ArgumentTypeError(
+                f"not an SLO term: {part!r} "
+                "(use ttft=SECONDS,tpot=SECONDS, e.g. ttft=0.5,tpot=0.05)"
+            )
+        v = value.strip().lower()
+        scale = 1e-3 if v.endswith("ms") else 1.0
+        v = v.removesuffix("ms").removesuffix("s")
+        try:
+            seconds = float(v) * scale
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{key}: not a time: {value!r}") from None
+        if not (0 < seconds < 3600):
+            raise argparse.ArgumentTypeError(f"{key}: must be between 0 and 3600 s, not {value!r}")
+        out[key] = seconds
+    return out
+
+
+def parse_rates(text: str) -> list[float]:
+    """``0.5,1,2`` → request rates per second (each above 0, at most 10,000)."""
+    rates = []
+    for part in text.split(","):
+        try:
+            r = float(part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a rate: {part!r}") from None
+        if not (0 < r <= 10_000):
+            raise argparse.ArgumentTypeError(
+                f"a rate is requests per second in (0, 10000]: {part!r}"
+            )
+        rates.append(r)
+    return rates
+
+
+def _workload_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--prompt-tokens",
+        type=int_in(1, MAX_TOKENS),
+        default=128,
+        metavar="N",
+        help="prompt length in tokens (default: 128)",
+    )
+    p.add_argument(
+        "--output-tokens",
+        type=int_in(1, MAX_TOKENS),
+        default=64,
+        metavar="N",
+        help="output length in tokens (default: 64)",
+    )
+    p.add_argument(
+        "--slo",
+        type=parse_slo,
+        default=None,
+        metavar="ttft=S,tpot=S",
+        help="the SLO: TTFT and/or TPOT limits in seconds (e.g. ttft=0.5,tpot=0.05)",
+    )
+    p.add_argument(
+        "--share",
+        type=float_in(0.5, 0.999),
+        default=0.9,
+        metavar="F",
+        help="DistServe's target share of requests meeting the SLO (default: 0.9)",
+    )
+    p.add_argument(
+        "--fit",
+        type=int_in(1, 2**62),
+        default=None,
+        metavar="ID",
+        help="the stored fit to use (default: the newest)",
+    )
+
+
+def _limit_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--max-num-seqs",
+        type=int_in(1, 65536),
+        default=None,
+        metavar="N",
+        help="vLLM's --max-num-seqs",
+    )
+    p.add_argument(
+        "--max-num-batched-tokens",
+        type=int_in(1, 1 << 24),
+        default=None,
+        metavar="N",
+        help="vLLM's --max-num-batched-tokens (the token budget)",
+    )
+    p.add_argument(
+        "--no-chunked-prefill", action="store_true", help="vLLM's --no-enable-chunked-prefill"
+    )
+
+
+def register(subparsers: Any) -> None:
+    model = subparsers.add_parser(
+        "model",
+        help="capacity model: fit step costs, predict the largest SLO rate, check it",
+        description="A step-cost model of one vLLM deployment fitted from phaseprobe's own "
+        "probes, a simulation of vLLM's scheduler that says what load it serves within an "
+        "SLO, and a check of that prediction against a real open-loop load.",
+    )
+    sub = model.add_subparsers(dest="model_command", required=True, metavar="ACTION")
+    fit = sub.add_parser(
+        "fit",
+        help="fit the engine step's cost from probes and vLLM's step log",
+        description="Run designed probes (prompt lengths, concurrencies, a mixed burst) and "
+        "fit the step time from vLLM's step log (--enable-logging-iteration-details) and the "
+        "client's timings. Without --endpoint, the local CPU vLLM is started with its step "
+        "log and the limits given here.",
+    )
+    fit.add_argument(
+        "--endpoint",
+        default=None,
+        metavar="URL",
+        help="a running vLLM (needs --step-log; default: start the local CPU vLLM)",
+    )
+    fit.add_argument(
+        "--step-log",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="that server's log, written with --enable-logging-iteration-details",
+    )
+    fit.add_argument("--model", default=None, help="served model name (default: the first listed)")
+    fit.add_argument(
+        "--quick",
+        action="store_true",
+        help="fewer probe points (about a third of the time; for a first look and CI)",
+    )
+    fit.add_argument(
+        "--api-key-env", metavar="VAR", help="environment variable holding the API key"
+    )
+    _limit_args(fit)
+    store_and_json_args(fit)
+
+    predict = sub.add_parser(
+        "predict",
+        help="simulate vLLM's scheduler with a stored fit: latency per rate, largest SLO rate",
+        description="Simulate vLLM's scheduler over a workload with a stored fit: TTFT, TPOT, "
+        "ITL and E2E percentiles per rate (with bootstrap bands), the saturation rate and what "
+        "binds it, and the largest rate meeting the SLO. Limits given here are a what-if.",
+    )
+    predict.add_argument(
+        "--rates",
+        type=parse_rates,
+        default=None,
+        metavar="R1,R2",
+        help="request rates per second to simulate (default: a sweep up to saturation)",
+    )
+    predict.add_argument(
+        "--requests",
+        type=int_in(50, 200_000),
+        default=1000,
+        metavar="N",
+        help="simulated requests per rate (default: 1000)",
+    )
+    predict.add_argument(
+        "--arrivals",
+        default="poisson",
+        metavar="KIND",
+        help="poisson (default), constant, or gamma:CV (bursty, e.g. gamma:2)",
+    )
+    predict.add_argument(
+        "--replicas",
+        type=int_in(1, 1024),
+        default=1,
+        metavar="N",
+        help="what-if: N replicas behind round robin",
+    )
+    _workload_args(predict)
+    _limit_args(predict)
+    store_and_json_args(predict)
+
+    check = sub.add_parser(
+        "check",
+        help="run a real open-loop load and set it against the prediction",
+        description="Send a real open-loop load at each rate (phaseprobe's own generator), "
+        "time every request, and print predicted against measured for each percentile, with "
+        "the relative error. The prediction uses the same arrival times the load achieved.",
+    )
+    check.add_argument(
+        "--endpoint",
+        default=None,
+        metavar="URL",
+        help="the server to load (default: start the local CPU vLLM with the fit's limits)",
+    )
+    check.add_argument(
+        "--model", default=None, help="served model name (default: the first listed)"
+    )
+    check.add_argument(
+        "--rates",
+        type=parse_rates,
+        required=True,
+        metavar="R1,R2",
+        help="request rates per second to run",
+    )
+    check.add_argument(
+        "--requests",
+        type=int_in(5, 100_000),
+        default=40,
+        metavar="N",
+        help="requests per rate (default: 40)",
+    )
+    check.add_argument("--seed", type=int_in(0, 2**31), default=0, metavar="N", help="arrival seed")
+    check.add_argument(
+        "--api-key-env", metavar="VAR", help="environment variable holding the API key"
+    )
+    _workload_args(check)
+    store_and_json_args(check)
+
+
+def run(args: argparse.Namespace, out: Console, err: Console) -> int:
+    if args.model_command == "fit":
+        return _fit(args, out, err)
+    if args.model_command == "predict":
+        return _predict(args, out, err)
+    return _check(args, out, err)
+
+
+def _store(args: argparse.Namespace) -> Path:
+    from phaseprobe.paths import default_store_path
+
+    return Path(args.store) if args.store else default_store_path()
+
+
+def _api_key(args: argparse.Namespace) -> str | None:
+    from phaseprobe.collect.target import api_key_from_env
+
+    return api_key_from_env(args.api_key_env)
+
+
+def _ms(v: float | None) -> str:
+    return "–" if v is None else f"{v * 1e3:.2f}"
+
+
+def _pct(v: float | None) -> str:
+    return "–" if v is None else f"{v * 100:.1f} %"
+
+
+def _fit(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from phaseprobe.collect.capacity.fit_run import DEFAULT_DESIGN, QUICK_DESIGN
+    from phaseprobe.collect.capacity.model_fit import LimitsGiven, fit_deployment
+
+    if args.step_log is not None and args.endpoint is None:
+        raise ConfigError("--step-log goes with --endpoint (the log of that server)")
+    notices = ConsoleNotices(err)
+    given = LimitsGiven(
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        chunked_prefill=False if args.no_chunked_prefill else None,
+    )
+    fit, report = fit_deployment(
+        args.endpoint,
+        args.step_log,
+        _store(args),
+        given=given,
+        design=QUICK_DESIGN if args.quick else DEFAULT_DESIGN,
+        model=args.model,
+        api_key=_api_key(args),
+        progress=notices.detail,
+    )
+    if args.json:
+        doc = {k: v for k, v in fit.doc.items() if k != "data"}
+        doc["analysis_id"] = fit.analysis_id
+        doc["steps"] = len(fit.doc["data"]["steps"])
+        doc["client_runs"] = len(fit.doc["data"]["clients"])
+        out.out(jsonout.dumps(doc), highlight=False)
+        return 0
+    c = fit.cost
+    t = Table(
+        title=f"step cost · {escape(str(fit.fingerprint.get('model')))} · fit {fit.analysis_id}"
+    )
+    t.add_column("term")
+    t.add_column("value", justify="right")
+    t.add_row("fixed per step", f"{_ms(c.base_s)} ms")
+    t.add_row("per prefill token", f"{c.per_prefill_token_s * 1e6:.2f} µs")
+    t.add_row("per decoding sequence", f"{c.per_decode_seq_s * 1e6:.1f} µs")
+    t.add_row("per KV context token", f"{c.per_context_token_s * 1e9:.2f} ns")
+    t.add_row("between steps", f"{_ms(c.gap_s)} ms")
+    t.add_row("before the engine (per request)", f"{_ms(fit.overheads.before_s)} ms")
+    out.print(t)
+    h = Table(title="held-out error (median relative, on data not fitted on)")
+    h.add_column("kind")
+    h.add_column("error", justify="right")
+    h.add_column("n", justify="right")
+    for kind, e in report.held_out_error.items():
+        h.add_row(kind, _pct(e), str(report.held_out_counts.get(kind, 0)))
+    out.print(h)
+    lim = Table(title="scheduler limits")
+    lim.add_column("limit")
+    lim.add_column("value", justify="right")
+    lim.add_column("from")
+    for k, v in fit.doc["limits"].items():
+        lim.add_row(k, escape(str(v["value"])), escape(v["source"]))
+    out.print(lim)
+    for note in report.notes:
+        err.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
+    err.print(
+        f"[dim]{report.steps_used} steps fitted, {report.steps_dropped} left out as pauses; "
+        f"stored as fit {fit.analysis_id} in {escape(str(_store(args)))}",
+        highlight=False,
+    )
+    return 0
+
+
+def _slo(args: argparse.Namespace) -> Any:
+    from phaseprobe.analysis.capacity_model.slo import Slo
+
+    if not args.slo:
+        return None
+    return Slo(ttft_s=args.slo.get("ttft"), tpot_s=args.slo.get("tpot"), share=args.share)
+
+
+def _predict(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from dataclasses import replace
+
+    from phaseprobe.analysis.capacity_model.predict import predict_deployment
+    from phaseprobe.analysis.capacity_model.workload import Fixed, WorkloadSpec
+    from phaseprobe.collect.capacity.model_fit import load_fit
+    from phaseprobe.store import Store
+
+    kind, _, cv = args.arrivals.partition(":")
+    if kind not in ("poisson", "constant", "gamma") or (kind == "gamma") != bool(cv):
+        raise ConfigError(f"--arrivals {args.arrivals}: use poisson, constant or gamma:CV")
+    try:
+        cv_value = float(cv) if cv else 1.0
+    except ValueError:
+        cv_value = -1.0
+    if not 0.05 <= cv_value <= 20:
+        raise ConfigError(f"--arrivals {args.arrivals}: gamma:CV needs a CV between 0.05 and 20")
+    store_path = _store(args)
+    if not store_path.exists():
+        raise ConfigError(f"no experiment store at {store_path}: run `phaseprobe model fit` first")
+    with Store(store_path, readonly=True) as store:
+        fit = load_fit(store, args.fit)
+    limits = fit.limits
+    if args.max_num_seqs is not None:
+        limits = replace(limits, max_num_seqs=args.max_num_seqs)
+    if args.max_num_batched_tokens is not None:
+        limits = replace(limits, max_num_batched_tokens=args.max_num_batched_tokens)
+    if args.no_chunked_prefill:
+        limits = replace(limits, chunked_prefill=False)
+    spec = WorkloadSpec(
+        prompt=Fixed(args.prompt_tokens),
+        output=Fixed(args.output_tokens),
+        n=args.requests,
+        arrivals=kind,
+        cv=cv_value,
+    )
+    with ConsoleNotices(err).waiting("simulating vLLM's scheduler…"):
+        pred = predict_deployment(
+            fit.cost,
+            limits,
+            fit.overheads,
+            spec,
+            args.rates,
+            slo=_slo(args),
+            replicas=args.replicas,
+            fitted_range=fit.fitted_range,
+            fitted_limits=fit.limits,
+        )
+    doc = pred.to_dict()
+    doc["fit_id"] = fit.analysis_id
+    doc["workload"] = spec.to_dict()
+    if args.json:
+        out.out(jsonout.dumps(doc), highlight=False)
+        return 0
+    _print_prediction(out, doc, fit.analysis_id)
+    for note in doc["notes"]:
+        err.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
+    return 0
+
+
+def _band(m: dict[str, Any] | str, p: int) -> str:
+    if not isinstance(m, dict):
+        return "unstable"
+    for b in m["percentiles"]:
+        if b["p"] == p:
+            return f"{b['value_s'] * 1e3:.1f} [{b['lo_s'] * 1e3:.1f}–{b['hi_s'] * 1e3:.1f}]"
+    return "–"
+
+
+def _print_prediction(out: Console, doc: dict[str, Any], fit_id: int | None) -> None:
+    t = Table(title=f"predicted per rate · fit {fit_id} · ms, p50 and p99 with 95 % bands")
+    for col in (
+        "req/s",
+        "TTFT p50",
+        "TTFT p99",
+        "TPOT p50",
+        "TPOT p99",
+        "E2E p99",
+        "busy",
+        "SLO met",
+    ):
+        t.add_column(col, justify="right")
+    for r in doc["rates"]:
+        m = r["metrics"]
+        ttft = m["ttft"] if isinstance(m, dict) else m
+        tpot = m["tpot"] if isinstance(m, dict) else m
+        e2e = m["e2e"] if isinstance(m, dict) else m
+        share = r["slo_share"]
+        t.add_row(
+            f"{r['rate']:g}",
+            _band(ttft, 50),
+            _band(ttft, 99),
+            _band(tpot, 50),
+            _band(tpot, 99),
+            _band(e2e, 99),
+            f"{r['utilisation'] * 100:.0f} %",
+            "–" if share is None else share if isinstance(share, str) else f"{share * 100:.0f} %",
+        )
+    out.print(t)
+    sat = doc["saturation"]
+    out.print(
+        f"saturation: [bold]{sat['rate']:.3g} req/s[/], bound by {escape(sat['binding'])} "
+        f"({escape(sat['explanation'])})",
+        highlight=False,
+    )
+    for name, lr in doc["largest_slo_rate"].items():
+        slo = lr["slo"]
+        limits = ", ".join(
+            f"{k.removesuffix('_s').upper()} ≤ {v * 1e3:g} ms"
+            for k, v in slo.items()
+            if k != "share" and v is not None
+        )
+        label = (
+            f"largest rate with {slo['share'] * 100:.0f} % meeting {limits}"
+            if name == "distserve"
+            else f"best goodput ({limits})"
+        )
+        if lr["rate"] is None:
+            out.print(f"{label}: [red]none[/] — {escape(str(lr.get('binding')))}", highlight=False)
+            for note in lr["notes"]:
+                out.print(f"  {escape(note)}", highlight=False)
+        elif name == "distserve":
+            out.print(f"{label}: [bold]{lr['rate']:.3g} req/s[/]", highlight=False)
+        else:
+            out.print(
+                f"{label}: {lr['goodput_rps']:.3g} good req/s at {lr['rate']:.3g} req/s",
+                highlight=False,
+            )
+
+
+def _check(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from phaseprobe.collect.capacity.model_check import check_deployment
+
+    notices = ConsoleNotices(err)
+    result = check_deployment(
+        _store(args),
+        args.endpoint,
+        args.rates,
+        requests=args.requests,
+        prompt_tokens=args.prompt_tokens,
+        output_tokens=args.output_tokens,
+        slo=args.slo,
+        fit_id=args.fit,
+        model=args.model,
+        api_key=_api_key(args),
+        seed=args.seed,
+        progress=notices.detail,
+    )
+    doc = result.to_dict()
+    if args.json:
+        out.out(jsonout.dumps(doc), highlight=False)
+        return 0
+    for diff in result.differences:
+        err.print(f"[yellow]unlike the fit:[/] {escape(diff)}", highlight=False)
+    t = Table(
+        title=f"predicted vs measured · fit {result.fit_id} · ms (error = (pred − meas) / meas)"
+    )
+    for col in ("req/s", "metric", "p", "predicted", "measured", "error"):
+        t.add_column(col, justify="right")
+    for p in result.points:
+        for row in p.rows:
+            t.add_row(
+                f"{p.rate:g}",
+                row.metric.upper(),
+                str(row.percentile),
+                _ms(row.predicted_s),
+                _ms(row.measured_s),
+                "–" if row.error is None else f"{row.error * 100:+.0f} %",
+            )
+        t.add_section()
+    out.print(t)
+    for p in result.points:
+        if p.slo_share_measured is not None:
+            out.print(
+                f"{p.rate:g} req/s: SLO met by {p.slo_share_measured * 100:.0f} % measured, "
+                f"{(p.slo_share_predicted or 0) * 100:.0f} % predicted",
+                highlight=False,
+            )
+        for note in p.notes:
+            err.print(f"[dim]{p.rate:g} req/s: {escape(note)}", highlight=False)
+    for note in result.notes:
+        err.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
+    err.print(f"[dim]stored as analysis {result.analysis_id}", highlight=False)
+    return 0
