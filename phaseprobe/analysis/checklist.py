@@ -27,6 +27,7 @@ from phaseprobe.analysis.rules import (
     latency,
     layers,
     live,
+    live_capacity,
     live_pd,
     live_spans,
     memory,
@@ -313,6 +314,12 @@ LIVE_RULES: tuple[LiveRule, ...] = (
         live.error_rate,
         "request_success deltas by finished_reason",
         "error rate",
+    ),
+    LiveRule(
+        "live_headroom",
+        "Request rate below the capacity model's largest SLO rate?",
+        live_capacity.headroom,
+        "request_success deltas + a stored capacity fit (phaseprobe model fit)",
     ),
     LiveRule(
         "live_replica_imbalance",

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import time
 from contextlib import ExitStack
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -45,6 +46,7 @@ from phaseprobe.analysis.rules.live_base import (
     LiveEvidence,
     ReplicaWindow,
 )
+from phaseprobe.collect.capacity.live_estimate import estimate_for_window
 from phaseprobe.collect.fleet.scrape import FleetScraper, RouterPage
 from phaseprobe.collect.fleet.targets import (
     ReplicaTarget,
@@ -159,6 +161,9 @@ def _take_window(
         fleet=fleet,
         router=router,
     )
+    # the headroom rule's input: cheap when there is no fit (a missing table), seconds of
+    # simulation when there is one
+    ev = replace(ev, capacity=estimate_for_window(ev, opts.store_path))
     return ev, sources
 
 

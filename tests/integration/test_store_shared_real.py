@@ -108,6 +108,16 @@ def _finished(base_url: str) -> float:
     )
 
 
+def _in_flight(base_url: str) -> float:
+    """Requests vLLM is running or holding in its queue, from its /metrics."""
+    text = requests.get(f"{base_url}/metrics", timeout=10).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(("vllm:num_requests_running{", "vllm:num_requests_waiting{"))
+    )
+
+
 def _count(store: Path, sql: str, *params: Any) -> int:
     db = sqlite3.connect(f"file:{store}?mode=ro", uri=True, timeout=30)
     try:
@@ -246,9 +256,13 @@ def test_one_store_shared_by_every_command_under_live_load(
             stop.set()
         finally:
             load.stop()
-        # every request has finished: the spans follow within the exporter's delay and retries
-        finished = _finished(base) - finished_before
+        # every request has finished (the load's last one, or a command's, may still be in
+        # vLLM when the threads are done: seen once, a span stored for a request finished
+        # after the count was read): the spans follow within the exporter's delay and retries
         deadline = time.monotonic() + SETTLE_S
+        while _in_flight(base) > 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        finished = _finished(base) - finished_before
         vllm_spans = "SELECT COUNT(*) FROM request_spans WHERE service = 'vllm-local'"
         while _count(store, vllm_spans) < finished and time.monotonic() < deadline:
             time.sleep(1.0)
@@ -270,9 +284,15 @@ def test_one_store_shared_by_every_command_under_live_load(
     # no process exited with a store error, and every command did what it was asked
     for done in crowd.done:
         assert not _STORE_ERROR.search(done.stderr), f"{done.name}: {done.stderr[-2000:]}"
-        # check exits 1 when a rule fails (a loaded 2-core server may well fail a latency rule)
-        ok = (0, 1) if done.args[0] == "check" else (0,)
+        # check exits 1 when a rule fails (a loaded 2-core server may well fail a latency rule);
+        # ab exits 1 with no verdict when every run shared the server with the Poisson load
+        # (they are left out, rightly: seen in 3 runs of 3 on a busy box), never otherwise
+        ok = (0, 1) if done.args[0] in ("check", "ab") else (0,)
         assert done.rc in ok, f"{done.name} exited {done.rc}: {done.stderr[-2000:]}"
+        if done.args[0] == "ab" and done.rc == 1:
+            doc = json.loads(done.stdout)
+            assert "no verdict" in json.dumps(doc), done.stdout[:2000]
+            assert "not isolated" in done.stderr, done.stderr[-2000:]
         if done.args[0] == "check":
             assert json.loads(done.stdout)["verdicts"], done.stdout[:2000]
     assert not _STORE_ERROR.search(watch_err), watch_err[-3000:]

@@ -54,6 +54,7 @@ from phaseprobe.records import RequestSpan
 __all__ = [
     "ReplicaWindow",
     "LiveEvidence",
+    "CapacityEstimate",
     "USE_CASE_TPOT_S",
     "MIN_FINISHED",
     "DELTA_HISTOGRAMS",
@@ -152,6 +153,24 @@ class ReplicaWindow:
         return done if done is not None else self.delta("e2e_latency_count")
 
 
+@dataclass(frozen=True)
+class CapacityEstimate:
+    """What the stored capacity model (``phaseprobe model fit``) predicts for the window's own
+    workload: the largest rate one instance serves with ``share`` of requests within the
+    targets, and its saturation rate. ``reason`` says why there is none (no fit, too little
+    traffic to know the workload)."""
+
+    largest_rate: float | None = None  # requests/s per instance (None: no rate meets the SLO)
+    saturation_rate: float | None = None
+    binding: str | None = None
+    prompt_tokens: float | None = None  # the window's mean, the workload simulated
+    output_tokens: float | None = None
+    fit_id: int | None = None
+    share: float = 0.9
+    reason: str | None = None  # None: estimated
+    notes: tuple[str, ...] = ()
+
+
 @dataclass(frozen=True, eq=False)
 class LiveEvidence:
     """Everything the live rules may use about one window (see the module docstring)."""
@@ -167,6 +186,7 @@ class LiveEvidence:
     tpot_target_s: float | None = None  # None: USE_CASE_TPOT_S[use_case]
     fleet: bool = False  # several replicas named (a router with --replica, or Prometheus)
     router: RouterWindow | None = None  # the router's own metrics (--router-metrics)
+    capacity: CapacityEstimate | None = None  # the capacity model's, when a fit is stored
 
     @property
     def ttft_target(self) -> float:
