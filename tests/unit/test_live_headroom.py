@@ -64,6 +64,7 @@ def _store_with_fit(path: Path) -> None:
                 "gap_s": 0.002,
             },
             "overheads": {"before_s": 0.005, "after_s": 0.0},
+            "held_out_error": {"prefill": 0.08, "decode": 0.06, "mixed": None},
         },
         "fitted_range": {"max_prompt_tokens": 800, "max_output_tokens": 48, "max_concurrency": 16},
     }

@@ -2,7 +2,7 @@
 
 The store comes from ``$PHASEPROBE_STORE``. The sidebar picks the page and the experiment; each
 page module has ``render(ctx)`` and says plainly what is missing instead of drawing nothing.
-The pages of :data:`STORE_PAGES` (Live, Fleet) read the store as a whole,
+The pages of :data:`STORE_PAGES` (Live, Fleet, Capacity) read the store as a whole,
 ``render(path, key)``: they work before any experiment exists, and even before the store does.
 """
 
@@ -14,6 +14,7 @@ import streamlit as st
 from phaseprobe.errors import PhaseprobeError
 from phaseprobe.present.dashboard import (
     page_ab,
+    page_capacity,
     page_checklist,
     page_experiments,
     page_files,
@@ -37,7 +38,11 @@ PAGES = {
     "Traces": page_files.render_traces,
 }
 # Pages over the whole store, not one experiment (vLLM's request spans from `phaseprobe watch`).
-STORE_PAGES = {"Live": page_live.render, "Fleet": page_fleet.render}
+STORE_PAGES = {
+    "Live": page_live.render,
+    "Fleet": page_fleet.render,
+    "Capacity": page_capacity.render,
+}
 
 
 def main() -> None:
