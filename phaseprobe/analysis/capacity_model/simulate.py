@@ -105,6 +105,9 @@ class SimRun:
     unfinished: int
     preemptions: int = 0
     rejected: int = 0
+    # (prefill tokens, decoding sequences) of every step, when asked (``record_steps``): what
+    # vLLM's step log writes, to compare the schedule with a recorded one
+    step_work: tuple[tuple[int, int], ...] = ()
 
     @property
     def utilisation(self) -> float:
@@ -192,6 +195,7 @@ def simulate(
     overheads: RequestOverheads = NO_OVERHEADS,
     *,
     horizon_s: float | None = None,
+    record_steps: bool = False,
 ) -> SimRun:
     """Run vLLM's scheduler over ``requests`` (see the module docstring for what is modelled).
 
@@ -221,6 +225,7 @@ def simulate(
     steps = 0
     busy = run_area = wait_area = 0.0
     preemptions = 0
+    work: list[tuple[int, int]] = []
 
     while True:
         if not running and not waiting:
@@ -319,6 +324,8 @@ def simulate(
             scheduled = {id(r) for r, _ in sched}
             context += sum(r.computed for r in running if id(r) not in scheduled)
         dur = cost.step_s(prefill, decode, context) + gap
+        if record_steps:
+            work.append((prefill, decode))
         end = t + dur
         steps += 1
         busy += dur
@@ -361,6 +368,7 @@ def simulate(
         unfinished=unfinished,
         preemptions=preemptions,
         rejected=sum(1 for s in state if s.rejected),
+        step_work=tuple(work),
     )
 
 
