@@ -5,7 +5,7 @@ For each scenario a local vLLM is started with its step log and the scenario's f
 
 1. **fit**: phaseprobe's own probes (``model fit``'s design, prompt lengths up to the
    scenario's), with the held-out step-time error;
-2. **capacity**: the measured one (a load at 1.5x the predicted saturation; completions per
+2. **capacity**: the measured one (a load at 2x the predicted saturation; completions per
    second over the middle half of the finishes, the way the model reads its own) against the
    predicted saturation rate;
 3. **latency**: loads at 0.3, 0.5 and 0.7 of the measured capacity, each repeated ``--reps``
@@ -70,7 +70,7 @@ def _design(s: Scenario) -> FitDesign:
     return FitDesign(
         prompt_lengths=tuple(n for n in lengths if n <= max(s.prompt, 128)),
         prefill_reps=3,
-        concurrencies=tuple(c for c in (1, 2, 4, 8, 16) if c <= max(4, s.max_num_seqs * 2)),
+        concurrencies=tuple(c for c in (1, 2, 4, 8, 16, 32, 64) if c <= max(4, s.max_num_seqs * 2)),
         decode_output=min(max(s.output, 32), 96),
         mixed_prompt=min(s.prompt, 512),
     )
@@ -124,8 +124,10 @@ def run_scenario(s: Scenario, reps: int, requests: int, seed: int) -> dict[str, 
         out["predict_s"] = time.monotonic() - t1
         out["predicted_capacity"] = sat.rate
         out["binding"] = sat.binding
+        # a sustained overload (twice the predicted rate, three loads' worth of requests): the
+        # finish rate once the queue has built is what the server sustains
         over = run_load_point(
-            url, model, LoadPoint(sat.rate * 1.5, requests * 2, s.prompt, s.output, seed=seed)
+            url, model, LoadPoint(sat.rate * 2, requests * 3, s.prompt, s.output, seed=seed)
         )
         cap = _finish_rate(over)
         out["measured_capacity"] = cap

@@ -41,7 +41,7 @@ class FitDesign:
     prompt_lengths: tuple[int, ...] = (16, 64, 128, 256, 512, 800)
     prefill_reps: int = 3
     prefill_output: int = 8
-    concurrencies: tuple[int, ...] = (1, 2, 4, 8, 16)
+    concurrencies: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
     decode_prompt: int = 32
     decode_output: int = 48
     decode_reps: int = 2
