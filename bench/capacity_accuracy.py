@@ -5,9 +5,8 @@ For each scenario a local vLLM is started with its step log and the scenario's f
 
 1. **fit**: phaseprobe's own probes (``model fit``'s design, prompt lengths up to the
    scenario's), with the held-out step-time error;
-2. **capacity**: the measured one (a load at 2x the predicted saturation; completions per
-   second over the middle half of the finishes, the way the model reads its own) against the
-   predicted saturation rate;
+2. **capacity**: the measured one (a load at 2x the predicted saturation; requests finished
+   per second from the first send to the last finish) against the predicted saturation rate;
 3. **latency**: loads at 0.3, 0.5 and 0.7 of the measured capacity, each repeated ``--reps``
    times; predicted (for the same send times) against measured TTFT/TPOT p50/p90 (p99 when a
    load has 100 requests), next to the measured run-to-run spread, so the model's error is read
@@ -77,9 +76,12 @@ def _design(s: Scenario) -> FitDesign:
 
 
 def _finish_rate(load: MeasuredLoad) -> float:
-    fin = sorted(r.sent_s + r.e2e_s for r in load.ok if r.e2e_s is not None)
-    a, b = len(fin) // 4, (3 * len(fin)) // 4
-    return (b - a) / (fin[b] - fin[a]) if b > a and fin[b] > fin[a] else float("nan")
+    """Requests finished per second over the whole overload: a wave of up to max_num_seqs
+    requests admitted together also finishes together, so a rate read between finishes
+    (the middle half) counts one wave's burst, not what the server sustains."""
+    fin = [r.sent_s + r.e2e_s for r in load.ok if r.e2e_s is not None]
+    span = max(fin) - min(r.sent_s for r in load.requests) if fin else 0.0
+    return len(fin) / span if span > 0 else float("nan")
 
 
 def _pct(vals: list[float | None] | list[float], q: float) -> float | None:
