@@ -71,7 +71,11 @@ def test_fit_predict_check_on_the_local_vllm(
         # On a shared 2-core box the measured side carries the client's own noise: the model
         # must still land within 3x of the median (a wrong unit or a missing term is 10-1000x)
         assert 1 / 3 < ttft["predicted_s"] / ttft["measured_s"] < 3, rows
-        tpot = rows[("tpot", 50)]
-        assert 1 / 3 < tpot["predicted_s"] / tpot["measured_s"] < 3, rows
+        # E2E, not TPOT: on a starved box the API server hands a stream's tokens to the client
+        # in bursts after a late first one (a client TPOT of 0.1 ms was seen in CI, against a
+        # 2 ms decode step), while the request's end is still the server's
+        e2e = rows[("e2e", 50)]
+        assert 1 / 3 < e2e["predicted_s"] / e2e["measured_s"] < 3, rows
+        assert rows[("tpot", 50)]["predicted_s"] is not None
         assert ("ttft", 99) not in rows  # 24 requests do not make a p99
     assert check["analysis_id"] is not None and check["fit_id"] == fit["analysis_id"]

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -17,6 +19,7 @@ from phaseprobe.present.cli import main
 from phaseprobe.records import RunSpec
 from phaseprobe.sources.vllm.metrics import MetricSnapshot, MetricsScraper
 from phaseprobe.store import Store
+from tests.integration.conftest import VllmTarget
 
 pytestmark = pytest.mark.integration
 
@@ -58,11 +61,9 @@ def test_probe_attributes_prefill_and_decode(local_vllm, tmp_path):
         assert abs(c.prompt_tokens - 64) <= 3
 
 
-def test_concurrent_request_is_flagged_not_isolated(local_vllm, tmp_path):
-    """Another request in the engine while a measured run is there must be caught, the run
-    kept and flagged. The overlap is established on vLLM's own state before the flag is
-    asked for: the intruder goes first, the measured request only once /metrics shows the
-    intruder running, and once the run is over /metrics shows the intruder still running."""
+def _probe_beside_an_intruder(local_vllm: VllmTarget, path: Path) -> tuple[Any, Any] | str:
+    """One probe run with an intruder decoding beside it: (result, stored runs) when vLLM's
+    state proves the overlap, else why it does not."""
     errors: list[BaseException] = []
     intruders: list[threading.Thread] = []
     scraper = MetricsScraper(local_vllm.base_url, timeout_s=30.0)
@@ -117,7 +118,7 @@ def test_concurrent_request_is_flagged_not_isolated(local_vllm, tmp_path):
                 after.append(scraper.scrape())  # the measured stream has been read whole
             return super().get(url, *args, **kwargs)
 
-    with Store(tmp_path / "s.sqlite") as store:
+    with Store(path) as store:
         result = run_probe(
             _spec(local_vllm, max_tokens=32),
             store,
@@ -135,10 +136,31 @@ def test_concurrent_request_is_flagged_not_isolated(local_vllm, tmp_path):
     assert after, "the probe read no /metrics after its run"
     finished = (after[0].value("e2e_latency", "_count", model) or 0.0) - seen["e2e_count"]
     still = after[0].value("requests_running", model=model) or 0
-    assert finished == 1 and still >= 1, (
-        f"the overlap is not established: {finished:g} request(s) finished since the "
-        f"intruder was seen running, {still:g} running when the run was over"
+    if finished == 1 and still >= 1:
+        return result, stored
+    return (
+        f"{finished:g} request(s) finished since the intruder was seen running, {still:g} "
+        "running when the run was over"
     )
+
+
+def test_concurrent_request_is_flagged_not_isolated(local_vllm, tmp_path):
+    """Another request in the engine while a measured run is there must be caught, the run
+    kept and flagged. The overlap is established on vLLM's own state before the flag is
+    asked for: the intruder goes first, the measured request only once /metrics shows the
+    intruder running, and once the run is over /metrics shows the intruder still running."""
+    # A starved box can let the intruder finish before the probe reads /metrics after its run
+    # (seen in CI with one core kept busy): the overlap is then unproven, and the run is tried
+    # again with a new intruder rather than judged
+    why: list[str] = []
+    for attempt in range(3):
+        got = _probe_beside_an_intruder(local_vllm, tmp_path / f"s{attempt}.sqlite")
+        if not isinstance(got, str):
+            break
+        why.append(got)
+    else:
+        pytest.fail(f"the overlap is not established in 3 attempts: {why}")
+    result, stored = got
     run = result.runs[0]
     assert run.status == "isolation_failed", run.isolation.reasons
     assert run.isolation.verified and not run.isolated
