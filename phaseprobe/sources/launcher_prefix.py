@@ -106,6 +106,12 @@ def read_prefix(line: str) -> LauncherPrefix | None:
         if rank is None:
             rank = found
         pos = m.end()
+        # A launcher does not nest inside itself with the same writer: "0:  0: " is one task
+        # labelled twice (srun labels each chunk of a line a progress bar ends with \r, not a
+        # newline), so it is one tag, not a writer "0 0" beside "0" (a 33rd of 32 ranks)
+        if len(kinds) > 1 and kinds[-1] == kinds[-2] and labels[-1] == labels[-2]:
+            kinds.pop()
+            labels.pop()
     if not kinds:
         return None
     return LauncherPrefix("+".join(kinds), rank, local, host, " ".join(labels), pos)

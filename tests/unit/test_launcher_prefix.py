@@ -4,10 +4,15 @@ at the start of the line only, never from elsewhere on it."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
 import pytest
 
-from phaseprobe.sources.launcher_prefix import read_prefix
+from phaseprobe.sources.launcher_prefix import PREFIX_PAD, prefix_ends, read_prefix
+from phaseprobe.sources.nsys.stats_text import read_stats_text_account
 
+PADDED = Path(__file__).resolve().parent.parent / "data/nsys_stats/srun_l_padded_12_ranks_2024.txt"
 HEAD = "gpu-a1:1234:1234 [0] NCCL INFO comm 0x1 rank 7 nranks 32"
 
 
@@ -65,3 +70,34 @@ def test_stacked_tags_keep_the_outermost_global_rank() -> None:
 )
 def test_lines_without_a_tag(line: str) -> None:
     assert read_prefix(line) is None
+
+
+# -- issue 43: a progress bar's line labelled twice by srun ("0:  0: ") is one writer
+
+
+@pytest.mark.parametrize("line", [" 0:  0: [1/8] [=====   50%] r.nsys-rep", "0: 0: " + HEAD])
+def test_the_same_tag_twice_is_one_writer(line: str) -> None:
+    p = read_prefix(line)
+    assert p is not None
+    assert (p.launcher, p.rank, p.label) == ("srun", 0, "0")
+    assert not line[p.end :].startswith(("0:", " 0:"))  # both tags are behind the text
+    arr = np.frombuffer(line.encode() + bytes(PREFIX_PAD), dtype=np.uint8)
+    ends, _ = prefix_ends(arr, np.array([0]))
+    assert ends.tolist() == [p.end]  # the vectorised reader skips both too
+
+
+def test_two_different_tags_of_one_launcher_stay_two() -> None:
+    p = read_prefix(" 0:  3: " + HEAD)
+    assert p is not None and (p.launcher, p.rank, p.label) == ("srun+srun", 0, "0 3")
+
+
+def test_a_stacked_progress_line_adds_no_rank_to_an_nsys_log(tmp_path: Path) -> None:
+    text = PADDED.read_text()
+    # a 12-rank log whose rank 0 progress bar was labelled twice
+    stacked = text.replace(" 0: [1/8] ", " 0:  0: [1/8] ", 1)
+    assert stacked != text
+    log = tmp_path / "stacked.txt"
+    log.write_text(stacked)
+    notes = read_stats_text_account(log).account.to_dict()["notes"]
+    assert "12 ranks tagged by their launcher" in notes
+    assert notes == read_stats_text_account(PADDED).account.to_dict()["notes"]
