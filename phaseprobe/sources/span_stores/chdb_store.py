@@ -15,7 +15,7 @@ from typing import Any
 
 from phaseprobe.errors import ConfigError, SpanStoreError, SpanStoreUnreachable
 from phaseprobe.inputs import directory_problem
-from phaseprobe.sources.span_stores.clickhouse_sql import ClickHouseSpans
+from phaseprobe.sources.span_stores.clickhouse_sql import ClickHouseSpans, query_address
 
 __all__ = ["ChdbSpans", "open_chdb"]
 
@@ -58,7 +58,14 @@ class ChdbSpans(ClickHouseSpans):
         except Exception as e:  # RuntimeError: "Failed to create connection: ..."
             raise _error(where, e) from None
         try:
-            super().__init__(self._sql, where, database, table, on_close=self._close_session)
+            super().__init__(
+                self._sql,
+                where,
+                database,
+                table,
+                on_close=self._close_session,
+                address=lambda db, t: where + query_address(db, t),
+            )
         except BaseException:  # a refused name: chdb keeps one engine per process, free it
             self._session.close()
             raise

@@ -33,13 +33,39 @@ from phaseprobe.sources.span_stores.model import (
     instance_notes,
     replica_order,
 )
-from phaseprobe.sources.span_stores.otel_schema import REQUIRED_COLUMNS, ident, quote
+from phaseprobe.sources.span_stores.otel_schema import (
+    DEFAULT_TABLE,
+    REQUIRED_COLUMNS,
+    ident,
+    quote,
+)
 from phaseprobe.sources.vllm.otlp_spans import ATTRIBUTE_ALIASES, VLLM_SPAN_NAME
 
-__all__ = ["ClickHouseSpans", "RunSql"]
+__all__ = ["ClickHouseSpans", "RunSql", "Address", "query_address"]
 
 # A statement in, its rows out (each a list of column values, NULL as None).
 RunSql = Callable[[str], list[list[Any]]]
+# (database, table) -> how the user names that table in this store's address
+Address = Callable[[str, str], str]
+
+
+def query_address(database: str, table: str) -> str:
+    """Returns ``?database=…&table=…``, the table's own name left out when it is the exporter's."""
+    return f"?database={database}" + (f"&table={table}" if table != DEFAULT_TABLE else "")
+
+
+# Tables with every column phaseprobe reads, the exporter's own name first, then the fullest:
+# ClickHouse answers from its catalogue (system.columns, system.tables), reading no spans
+_SYSTEM_DBS = "('system', 'INFORMATION_SCHEMA', 'information_schema')"
+_CANDIDATES = (
+    "SELECT c.database, c.table, any(t.total_rows) FROM system.columns AS c "
+    "LEFT JOIN system.tables AS t ON t.database = c.database AND t.name = c.table "
+    f"WHERE c.database NOT IN {_SYSTEM_DBS} AND c.name IN "
+    f"({', '.join(quote(k) for k in REQUIRED_COLUMNS)}) "
+    f"GROUP BY c.database, c.table HAVING count() = {len(REQUIRED_COLUMNS)} "
+    f"ORDER BY c.table = {quote(DEFAULT_TABLE)} DESC, any(t.total_rows) DESC, c.database, "
+    "c.table LIMIT 10"
+)
 
 _INT64 = 2**63
 _MAX_DURATION_S = 1e7  # as the OTLP receiver: a longer "duration" is a broken clock
@@ -142,9 +168,13 @@ class ClickHouseSpans:
         database: str,
         table: str,
         on_close: Callable[[], None] | None = None,
+        address: Address | None = None,
+        pick_with: str = "?database= and ?table=",
     ) -> None:
         self._run = run
         self._on_close = on_close
+        self._address = address or query_address
+        self._pick_with = pick_with  # how this store's address names a database and table
         self._where = where
         self._table = f"{ident(database, 'database')}.{ident(table, 'table')}"
         self._database, self._table_name = database, table
@@ -170,14 +200,7 @@ class ClickHouseSpans:
             f"{quote(self._database)} AND table = {quote(self._table_name)}"
         )
         if not rows:
-            raise SpanStoreSchemaError(
-                self._where,
-                (
-                    f"no table {self._database}.{self._table_name} (the OpenTelemetry Collector's "
-                    "ClickHouse exporter creates otel_traces in the database it is given; name "
-                    "another with ?table=)"
-                ),
-            )
+            raise SpanStoreSchemaError(self._where, self._missing_table())
         types = {str(r[0]): str(r[1]) for r in rows}
         wrong = [
             f"{c} ({family} expected, " + (f"is {types[c]})" if c in types else "missing)")
@@ -208,6 +231,28 @@ class ClickHouseSpans:
                     "with --otlp-traces-endpoint pointing at this collector?"
                 ),
             )
+
+    def _missing_table(self) -> str:
+        """Why ``database.table`` is not there, and the tables of the exporter's shape that
+        are (the collector's ``database:`` setting is often ``otel``, not ``default``), each
+        with the address that reads it."""
+        head = (
+            f"no table {self._database}.{self._table_name} (the OpenTelemetry Collector's "
+            "ClickHouse exporter creates otel_traces in the database it is given)"
+        )
+        found = self._run(_CANDIDATES)
+        if not found:
+            return (
+                f"{head}; no table here has the exporter's columns (is the collector writing "
+                f"to this store?); name another with {self._pick_with}"
+            )
+        named = "; ".join(
+            f"{db}.{t}"
+            + (f" ({int(n):,} rows)" if n is not None else "")
+            + f" as {self._address(str(db), str(t))}"
+            for db, t, n in found
+        )
+        return f"{head}; tables of the exporter's shape here, named with {self._pick_with}: {named}"
 
     # ---- the summary, computed by ClickHouse ------------------------------------------------
 

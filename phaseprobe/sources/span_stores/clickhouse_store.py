@@ -32,6 +32,7 @@ from phaseprobe.redact import register_user_password
 from phaseprobe.sources.http_deadline import AnswerTooLarge, bounded_request
 from phaseprobe.sources.span_stores import fetched
 from phaseprobe.sources.span_stores.clickhouse_sql import ClickHouseSpans
+from phaseprobe.sources.span_stores.otel_schema import DEFAULT_TABLE
 
 __all__ = ["open_clickhouse", "PASSWORD_ENV", "MAX_ANSWER_BYTES"]
 
@@ -93,7 +94,10 @@ def open_clickhouse(
                 http,
                 "POST",
                 endpoint,
-                params={"database": database, "default_format": "JSONCompact"},
+                # no database= parameter: every statement names database.table itself, so a
+                # database that is not there is a missing table whose candidates are listed
+                # (ClickHouse refuses an unknown database= before running anything)
+                params={"default_format": "JSONCompact"},
                 data=sql.encode(),
                 auth=(user, password),
                 max_bytes=MAX_ANSWER_BYTES,
@@ -143,6 +147,19 @@ def open_clickhouse(
         return rows
 
     run("SELECT 1")  # the server answers, and takes the credentials, before any read
+    base = f"clickhouse://{user}@{url.hostname}:{port}/"
+    keep = "secure=1" if secure else ""
+
+    def address(db: str, table: str) -> str:  # the URL that reads db.table
+        args = [a for a in (keep, f"table={table}" if table != DEFAULT_TABLE else "") if a]
+        return base + db + (f"?{'&'.join(args)}" if args else "")
+
     return ClickHouseSpans(
-        run, where, database, query.get("table", "otel_traces"), on_close=http.close
+        run,
+        where,
+        database,
+        query.get("table", DEFAULT_TABLE),
+        on_close=http.close,
+        address=address,
+        pick_with="the URL's path (/DATABASE) and ?table=",
     )
