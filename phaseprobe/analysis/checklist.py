@@ -30,6 +30,7 @@ from phaseprobe.analysis.rules import (
     live_capacity,
     live_pd,
     live_spans,
+    live_stall,
     memory,
     parallel,
     pd,
@@ -314,6 +315,13 @@ LIVE_RULES: tuple[LiveRule, ...] = (
         live.error_rate,
         "request_success deltas by finished_reason",
         "error rate",
+    ),
+    LiveRule(
+        "live_engine_stalled",
+        "Engine advancing while requests run (not alive but hung)?",
+        live_stall.engine_stalled,
+        "running gauge, token/step/finished counters, FLOP counter and KV usage, scrape by "
+        "scrape: /metrics of the endpoint or each --replica (not --prom: see alerts)",
     ),
     LiveRule(
         "live_headroom",

@@ -45,6 +45,11 @@ class LiveOptions:
     use_case: str = "chat"
     ttft_target_s: float | None = None
     tpot_target_s: float | None = None
+    # the stalled-engine detector: frozen this long with requests running (capped at 90 % of
+    # the window, so a window frozen throughout is a stall); the pid and log for its evidence
+    stall_after_s: float = 60.0
+    stall_pid: int | None = None
+    server_log: Path | None = None
     notes: list[str] = field(default_factory=list)
     progress: Callable[[str], None] = lambda _msg: None
     sleep: Callable[[float], None] = time.sleep

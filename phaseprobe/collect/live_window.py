@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import requests
 
-from phaseprobe.analysis.replica_match import unverifiable
+from phaseprobe.analysis.engine_stall import StallDetector, StallReading, progress_point
+from phaseprobe.analysis.replica_match import process_identity, unverifiable
 from phaseprobe.analysis.router_window import RouterWindow
 from phaseprobe.analysis.rules.live_base import (
     BUCKET_HISTOGRAMS,
@@ -56,6 +57,7 @@ from phaseprobe.collect.fleet.targets import (
     router_workers,
 )
 from phaseprobe.collect.live_options import LiveOptions
+from phaseprobe.collect.stall_evidence import check_vllm_pid, keep_stall_evidence
 from phaseprobe.errors import ConfigError, MetricsUnavailable, StoreError, UnknownMetric
 from phaseprobe.records import RequestSpan
 from phaseprobe.redact import redact_url
@@ -100,6 +102,8 @@ def take_window(
     if opts.replicas and not opts.endpoint:
         raise ConfigError("--replica needs --endpoint (the router the replicas are behind)")
     bare_selector(opts.prom_selector)  # a bad --prom-selector: refused before the window
+    if opts.stall_pid is not None:
+        check_vllm_pid(opts.stall_pid)  # not a vLLM process: refused before the window
     with ExitStack() as stack:
         reader = None
         if opts.spans_from is not None:  # unreachable, no table…: said before the window
@@ -127,6 +131,7 @@ def _take_window(
         )
         fleet = True
         router = None
+        stalls = {}
         if opts.router_metrics_url:
             opts.notes.append(
                 "--router-metrics is read with --endpoint (two scrapes a window "
@@ -143,6 +148,7 @@ def _take_window(
         )
         target, router, fleet = scraped.target, scraped.router, scraped.fleet
         source = "scrapes"
+        stalls = scraped.stalls
     spans = None
     if reader is not None:
         spans = _reader_spans(reader, end_s - window_s, end_s, sources)
@@ -160,6 +166,7 @@ def _take_window(
         tpot_target_s=opts.tpot_target_s,
         fleet=fleet,
         router=router,
+        stall_evidence=stalls,
     )
     # the headroom rule's input: cheap when there is no fit (a missing table), seconds of
     # simulation when there is one
@@ -214,6 +221,7 @@ class _Scraped(NamedTuple):
     target: str
     router: RouterWindow | None
     fleet: bool
+    stalls: dict[str, str]  # replica → where its stalled engine's evidence was kept
 
 
 def _scrape_window(
@@ -257,7 +265,12 @@ def _scrape_window(
         opts.sleep(min(opts.sample_every_s, left))
         scrape_all()
     end_wall = time.time()
-    windows = [replica_window(name, snaps) for name, snaps in series.items() if len(snaps) >= 2]
+    stall_after = min(opts.stall_after_s, 0.9 * opts.window_s)
+    windows = [
+        replica_window(name, snaps, stall_after)
+        for name, snaps in series.items()
+        if len(snaps) >= 2
+    ]
     for name, snaps in series.items():
         if len(snaps) < 2:
             down.setdefault(name, "only one /metrics scrape in the window")
@@ -275,7 +288,21 @@ def _scrape_window(
     if spans_wanted and opts.span_grace_s > 0:
         opts.progress(f"waiting {opts.span_grace_s:g} s for the spans' exporters")
         opts.sleep(opts.span_grace_s)
-    return _Scraped(windows, down, window_s, end_wall, target, router_doc, fleet)
+    urls = {t.name: t.url for t in targets}
+    stalls = {
+        w.name: keep_stall_evidence(
+            w.name,
+            urls[w.name],
+            w.progress,
+            series[w.name],
+            store_path=opts.store_path,
+            pid=opts.stall_pid if len(urls) == 1 else None,
+            server_log=opts.server_log if len(urls) == 1 else None,
+        )
+        for w in windows
+        if w.progress is not None and w.progress.state == "stalled"
+    }
+    return _Scraped(windows, down, window_s, end_wall, target, router_doc, fleet, stalls)
 
 
 def _router_page(
@@ -429,8 +456,11 @@ def bucket_deltas(
     return out
 
 
-def replica_window(name: str, snaps: list[MetricSnapshot]) -> ReplicaWindow:
-    """One replica's window from its scrapes (first and last for counters, all for gauges)."""
+def replica_window(
+    name: str, snaps: list[MetricSnapshot], stall_after_s: float | None = None
+) -> ReplicaWindow:
+    """One replica's window from its scrapes (first and last for counters, all for gauges);
+    with ``stall_after_s``, every scrape goes through the stalled-engine detector too."""
     deltas, why = snapshot_deltas(snaps[0], snaps[-1])
     mean: dict[str, float] = {}
     peak: dict[str, float] = {}
@@ -455,7 +485,15 @@ def replica_window(name: str, snaps: list[MetricSnapshot]) -> ReplicaWindow:
         samples=len(snaps),
         unverifiable=why,
         model=", ".join(models) or None,
+        progress=None if stall_after_s is None else _progress(snaps, stall_after_s),
     )
+
+
+def _progress(snaps: list[MetricSnapshot], stall_after_s: float) -> StallReading | None:
+    detector = StallDetector(stall_after_s)
+    for snap in snaps:
+        detector.observe(progress_point(snap, process_identity(snap)))
+    return detector.reading
 
 
 _REASON_OF = {key: reason for reason, key in WAITING_REASONS.items()}

@@ -47,6 +47,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from phaseprobe.analysis.bucket_quantile import BucketQuantile, bucket_quantile
+from phaseprobe.analysis.engine_stall import StallReading
 from phaseprobe.analysis.router_window import RouterWindow
 from phaseprobe.analysis.rules.use_cases import USE_CASE_TPOT_S, USE_CASE_TTFT_S
 from phaseprobe.records import RequestSpan
@@ -121,6 +122,8 @@ class ReplicaWindow:
     samples: int = 2  # gauge samples taken (scrapes, or Prometheus' own)
     unverifiable: str | None = None
     model: str | None = None
+    # the stalled-engine detector over the window's scrapes (None: not read, e.g. --prom)
+    progress: StallReading | None = None
 
     @property
     def verified(self) -> bool:
@@ -187,6 +190,8 @@ class LiveEvidence:
     fleet: bool = False  # several replicas named (a router with --replica, or Prometheus)
     router: RouterWindow | None = None  # the router's own metrics (--router-metrics)
     capacity: CapacityEstimate | None = None  # the capacity model's, when a fit is stored
+    # replica → where its stalled engine's evidence bundle was kept, or why it was not
+    stall_evidence: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def ttft_target(self) -> float:

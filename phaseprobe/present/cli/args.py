@@ -212,3 +212,37 @@ def store_and_json_args(p: argparse.ArgumentParser) -> None:
         help=f"experiment store (default: {default_store_path()})",
     )
     p.add_argument("--json", action="store_true", help="print one JSON document to stdout")
+
+
+def stall_args(
+    group: argparse._ArgumentGroup | argparse.ArgumentParser, *, server_log: bool = True
+) -> None:
+    """The stalled-engine detector's options (``watch`` and ``check --live``; ``server_log``
+    False where the command has its own ``--server-log`` already)."""
+    group.add_argument(
+        "--stall-after",
+        type=float_in(1, 86400),
+        default=60.0,
+        metavar="SECONDS",
+        help="an engine with requests running whose token, step and FLOP counters and KV "
+        "usage do not move this long is stalled; its evidence (metrics, log tail, "
+        "py-spy dump of the vLLM processes) is kept in the store (default: 60)",
+    )
+    group.add_argument(
+        "--pid",
+        type=positive_int,
+        default=None,
+        metavar="PID",
+        help="the vLLM server's pid, for the stalled-engine evidence's stacks (default: "
+        "found from the endpoint's port when vLLM runs on this machine)",
+    )
+    if not server_log:
+        return
+    group.add_argument(
+        "--server-log",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="vLLM's log file, whose last lines the stalled-engine evidence keeps (default: "
+        "the file the server's output goes to, when phaseprobe can read it)",
+    )

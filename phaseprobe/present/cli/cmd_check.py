@@ -43,7 +43,7 @@ from phaseprobe.collect.live_options import DEFAULT_WINDOW_S, LiveOptions
 from phaseprobe.errors import ConfigError, PhaseprobeError
 from phaseprobe.paths import default_store_path
 from phaseprobe.present.cli import jsonout
-from phaseprobe.present.cli.args import float_in, int_in, positive_int, seconds
+from phaseprobe.present.cli.args import float_in, int_in, positive_int, seconds, stall_args
 from phaseprobe.present.cli.cmd_spans import spans_from_arg
 from phaseprobe.store import Store
 
@@ -124,7 +124,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="MATCHERS",
         help="label matchers for the server's series, e.g. 'instance=\"a:8000\"'",
     )
-    p.add_argument("--server-log", metavar="FILE", help="the vLLM server's log")
+    p.add_argument(
+        "--server-log",
+        metavar="FILE",
+        help="the vLLM server's log (with --live: whose last lines a stalled engine's "
+        "evidence keeps)",
+    )
     p.add_argument(
         "--use-case",
         default="chat",
@@ -226,6 +231,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="environment variable holding the "
         "API key (default: OPENAI_API_KEY, then VLLM_API_KEY)",
     )
+    stall_args(live, server_log=False)  # check's --server-log: the log of either
     spans_from_arg(live)  # the span rules read the window's spans there, not from the store
     p.add_argument("--list", action="store_true", help="list the rules and what they need")
     fmt = p.add_mutually_exclusive_group()
@@ -241,7 +247,6 @@ _EXPERIMENT_ONLY = (
     "baseline_tp",
     "nsys",
     "trace",
-    "server_log",
     "peaks",
     "model_config",
 )
@@ -253,6 +258,7 @@ _LIVE_ONLY = (
     "tpot_target",
     "api_key_env",
     "spans_from",
+    "pid",
 )
 _LIVE_DEFAULTS = {"window": DEFAULT_WINDOW_S, "span_grace": 5.0, "replica_label": "instance"}
 _LABEL = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,99}")
@@ -365,6 +371,9 @@ def run_live(args: argparse.Namespace, out: Console, err: Console) -> int:
         use_case=args.use_case,
         ttft_target_s=args.ttft_target,
         tpot_target_s=args.tpot_target,
+        stall_after_s=args.stall_after,
+        stall_pid=args.pid,
+        server_log=Path(args.server_log) if args.server_log else None,
         progress=lambda msg: err.print(f"[dim]{escape(msg)}…[/dim]"),
     )
     evidence, sources = take_window(opts)

@@ -2,6 +2,7 @@
 
     phaseprobe runs              # every experiment, with its kind
     phaseprobe runs 12 [--json]  # the runs of experiment 12 and their medians
+    phaseprobe runs --stall [ID] # stalled-engine evidence kept by watch / check --live
 
 The medians are those of isolated requests (or requests whose isolation could not be checked).
 ``batch`` and ``interfere`` experiments also hold runs that shared the server *on purpose*
@@ -53,18 +54,49 @@ def register(subparsers: Any) -> None:
     runs.add_argument(
         "--latest", action="store_true", help="show the runs of the latest experiment"
     )
+    runs.add_argument(
+        "--stall",
+        nargs="?",
+        type=positive_int,
+        const=0,
+        default=None,
+        metavar="ID",
+        help="the stalled-engine evidence kept by watch and check --live: the list, or "
+        "one whole (its /metrics, log tail and py-spy stacks)",
+    )
     store_and_json_args(runs)
+
+
+def _stalls(store: Any, args: argparse.Namespace, out: Console) -> int:
+    from phaseprobe.present.cli.render_stall import STALL_KIND, render_stall, render_stall_list
+
+    if args.stall:
+        doc = store.analysis(args.stall)
+        if args.json:
+            out.out(jsonout.dumps({"id": args.stall, **doc}), highlight=False)
+        else:
+            render_stall(out, args.stall, doc)
+        return 0
+    rows = store.analyses(STALL_KIND)
+    if args.json:
+        out.out(jsonout.dumps({"stalls": rows}), highlight=False)
+    else:
+        render_stall_list(out, rows)
+    return 0
 
 
 def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     from phaseprobe.analysis.client_check import client_verdict, has_hop
     from phaseprobe.analysis.interplay import CONCURRENT_KINDS, concurrent_by_design
     from phaseprobe.analysis.phases import medians_runs, summarize
+    from phaseprobe.collect.stall_evidence import STALL_KIND
     from phaseprobe.store import Store
 
     path = args.store or default_store_path()
     # Only reads: never creates, migrates or writes the store (a read-only one will do).
     with Store(path, readonly=True) as store:
+        if args.stall is not None:
+            return _stalls(store, args, out)
         exp_id = args.experiment
         if exp_id is None and args.latest:
             exp_id = store.latest_experiment_id()
@@ -97,6 +129,12 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
                 )
                 if any(row["concurrent_by_design"] for row in rows):
                     out.print(f"[yellow]*[/] {CONCURRENT_NOTE}")
+                stalls = store.analyses(STALL_KIND)
+                if stalls:
+                    out.print(
+                        f"[red]{len(stalls)} stalled-engine evidence bundle(s)[/], the latest "
+                        f"#{stalls[-1]['id']}: phaseprobe runs --stall {stalls[-1]['id']}"
+                    )
             return 0
         exp = store.experiment(exp_id)
         runs = store.runs(exp_id)
