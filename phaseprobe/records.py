@@ -2,11 +2,19 @@
 
 Definitions phaseprobe uses (they differ between tools, so they are stated once, here):
 
-* ``client.ttft_s`` — request sent → arrival of the bytes of the first *content* token event
-  (a chat stream's leading role-only chunk is not a token).
-* ``client.itl_s`` — gaps between consecutive token events, stamped when their bytes arrive.
-  A streamed event can carry several tokens (vLLM merges them when the client lags), so
-  ``len(itl_s)`` can be smaller than ``completion_tokens − 1``.
+* ``client.ttft_s`` — request sent → arrival of the bytes of the first token event, reasoning
+  or answer (a chat stream's leading role-only chunk is not a token).
+* ``client.ttfa_s`` — request sent → arrival of the first event with *answer* text (``content``),
+  after any reasoning (``delta.reasoning`` / ``reasoning_content``); equal to TTFT when nothing
+  was reasoned, None when the stream ended while still reasoning.
+* ``client.itl_s`` — gaps between consecutive token *events*, stamped when their bytes arrive.
+  A streamed event can carry several tokens (vLLM merges them when the client lags, and
+  speculative decoding emits several per step), so ``len(itl_s)`` can be smaller than
+  ``completion_tokens − 1``. Stalls are judged on these gaps.
+* ``client.itl_token_s`` — the inter-token latency per *token*: an event that brought k tokens
+  after a gap g gives k values g/k (the tokens of the first event came with TTFT and give
+  none). Needs ``event_tokens`` (tokens per event, read from the stream); without it, the
+  event gaps.
 * ``client.tpot_s`` — (e2e − ttft) / (completion_tokens − 1), with ``completion_tokens`` from the
   server's usage block, not from counting chunks. (GuideLLM's TPOT includes the first token;
   llmperf's ITL includes TTFT; phaseprobe's do not.)
@@ -80,10 +88,53 @@ class ClientTimeline:
     # The longest this client process went unscheduled while stamping (StallWatch): stamps
     # can be late by up to this. None: not watched (concurrent streams, older stores).
     client_stall_s: float | None = None
+    # Tokens each token event carried (phaseprobe.sources.vllm.stream_tokens); None: the
+    # stream did not say (older stores, servers without token ids or running usage).
+    event_tokens: tuple[int, ...] | None = None
+    # Reasoning streams: the first event with reasoning text and the first with answer text
+    # (offsets like event_offsets_ns; None: there was none, or an older store), the reasoning
+    # tokens and where that count came from ("usage" or "stream").
+    first_reasoning_offset_ns: int | None = None
+    first_answer_offset_ns: int | None = None
+    reasoning_tokens: int | None = None
+    reasoning_tokens_source: str | None = None
 
     @property
     def ttft_s(self) -> float | None:
         return self.event_offsets_ns[0] / 1e9 if self.event_offsets_ns else None
+
+    @property
+    def reasoned(self) -> bool:
+        """The stream carried reasoning (shown, or counted by the server's usage)."""
+        return self.first_reasoning_offset_ns is not None or bool(self.reasoning_tokens)
+
+    @property
+    def ttfa_s(self) -> float | None:
+        """Time to the first answer token (None: no answer event, or an older store)."""
+        t = self.first_answer_offset_ns
+        return t / 1e9 if t is not None else None
+
+    @property
+    def answer_tokens(self) -> int | None:
+        """completion_tokens − reasoning_tokens (marker tokens count as answer, as vLLM's
+        usage counts them); None without both counts."""
+        n, r = self.completion_tokens, self.reasoning_tokens
+        return n - r if n is not None and r is not None and r <= n else None
+
+    @property
+    def itl_token_s(self) -> list[float]:
+        """Inter-token latency per token (module doc); the event gaps when the tokens per
+        event are unknown."""
+        k, t = self.event_tokens, self.event_offsets_ns
+        if k is None or len(k) != len(t):
+            return self.itl_s
+        out: list[float] = []
+        last = t[0] if t else 0
+        for at, n in zip(t[1:], k[1:]):
+            if n > 0:  # an event with no token (a bare finish) ends no gap
+                out.extend([(at - last) / 1e9 / n] * n)
+                last = at
+        return out
 
     @property
     def e2e_s(self) -> float:
@@ -118,6 +169,15 @@ class ClientTimeline:
             "e2e_s": self.e2e_s,
             "tpot_s": self.tpot_s,
             "itl_s": self.itl_s,
+            "event_tokens": list(self.event_tokens) if self.event_tokens is not None else None,
+            "itl_token_s": self.itl_token_s,
+            "itl_basis": "tokens" if self.event_tokens is not None else "events",
+            "first_reasoning_offset_ns": self.first_reasoning_offset_ns,
+            "first_answer_offset_ns": self.first_answer_offset_ns,
+            "ttfa_s": self.ttfa_s,
+            "reasoning_tokens": self.reasoning_tokens,
+            "reasoning_tokens_source": self.reasoning_tokens_source,
+            "answer_tokens": self.answer_tokens,
         }
 
     @classmethod
@@ -132,6 +192,11 @@ class ClientTimeline:
             finish_reason=d["finish_reason"],
             complete=d["complete"],
             client_stall_s=d.get("client_stall_s"),
+            event_tokens=(tuple(d["event_tokens"]) if d.get("event_tokens") is not None else None),
+            first_reasoning_offset_ns=d.get("first_reasoning_offset_ns"),
+            first_answer_offset_ns=d.get("first_answer_offset_ns"),
+            reasoning_tokens=d.get("reasoning_tokens"),
+            reasoning_tokens_source=d.get("reasoning_tokens_source"),
         )
 
 

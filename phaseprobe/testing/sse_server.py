@@ -37,6 +37,8 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Final, Self
 
+from phaseprobe.testing.sse_tokens import PlannedEvent, delta_of, plan_events, token_ids_of
+
 __all__ = ["RequestRecord", "Script", "SseServer"]
 
 # Sleeping is only precise to ~50-100 µs on Linux, so the last stretch before a deadline is
@@ -113,6 +115,16 @@ class Script:
     # vLLM >= 0.33's per-request metrics object, sent on the final usage chunk as vLLM does
     # (only when the usage chunk is asked for); any JSON value, recorded or hostile
     response_metrics: Any = None
+    # A reasoning stream, as vLLM's reasoning parsers send it (phaseprobe.testing.sse_tokens):
+    # the first reasoning_tokens tokens under delta.<reasoning_field> ("reasoning": vLLM >=
+    # 0.11; "reasoning_content": older), then the answer as content; with end_marker, one
+    # hidden </think> token between them (an empty-delta chunk, sent only when the request
+    # asks for return_token_ids). usage_reasoning_tokens: what the usage's
+    # completion_tokens_details.reasoning_tokens says (None: the field is not sent).
+    reasoning_tokens: int = 0
+    reasoning_field: str = "reasoning"
+    end_marker: bool = False
+    usage_reasoning_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.n_tokens < 1:
@@ -138,11 +150,40 @@ class Script:
             raise ValueError(f"Script.reset_after must be >= 0 or None, got {self.reset_after}")
         if self.cut_after is not None and self.reset_after is not None:
             raise ValueError("Script.cut_after and reset_after exclude each other")
+        if not 0 <= self.reasoning_tokens <= self.n_tokens:
+            raise ValueError(
+                f"Script.reasoning_tokens must be 0 .. n_tokens ({self.n_tokens}), got "
+                f"{self.reasoning_tokens}"
+            )
+        if self.reasoning_field not in ("reasoning", "reasoning_content"):
+            raise ValueError(
+                "Script.reasoning_field must be 'reasoning' (vLLM >= 0.11) or "
+                f"'reasoning_content' (older), got {self.reasoning_field!r}"
+            )
+        if self.end_marker and not 0 < self.reasoning_tokens < self.n_tokens - 1:
+            raise ValueError(
+                "Script.end_marker needs reasoning before it and an answer token after it: "
+                f"0 < reasoning_tokens < n_tokens - 1, got {self.reasoning_tokens} of "
+                f"{self.n_tokens}"
+            )
+        if self.usage_reasoning_tokens is not None and self.usage_reasoning_tokens < 0:
+            raise ValueError(
+                f"Script.usage_reasoning_tokens must be >= 0 or None, got "
+                f"{self.usage_reasoning_tokens}"
+            )
+
+    def events(self) -> list[PlannedEvent]:
+        """The stream's events: tokens cut by ``tokens_per_event``, reasoning first."""
+        return plan_events(
+            self.n_tokens, self.tokens_per_event, self.reasoning_tokens, self.end_marker
+        )
 
     @property
     def n_events(self) -> int:
-        """Token events in a full stream (the last one may carry fewer tokens)."""
-        return -(-self.n_tokens // self.tokens_per_event)
+        """Token events in a full stream (the last one may carry fewer tokens; a hidden
+        marker's own event shows no text and is none)."""
+        events = self.events()
+        return sum(1 for e in events[:-1] if e.visible) + 1
 
 
 @dataclass
@@ -358,6 +399,14 @@ class _Stream:
             else _count_prompt_tokens(body, self.chat)
         )
         self.closing = owner._closing
+        # vLLM's per-chunk detail, when the request asks for it
+        self.token_ids = body.get("return_token_ids") is True
+        self.running_usage = (
+            self.usage
+            and isinstance(options, dict)
+            and options.get("continuous_usage_stats") is True
+        )
+        self.sent_tokens = 0  # the running usage's count
 
     def run(self) -> None:
         h, script = self.h, self.script
@@ -390,8 +439,9 @@ class _Stream:
             self._write(role)
         start = rec.start_ns + int(script.first_delay_s * 1e9)
         gap = int(script.gap_s * 1e9)
-        n_events = script.n_events
-        for i in range(n_events):
+        planned = script.events()
+        n_events = len(planned)
+        for i, event in enumerate(planned):
             if script.cut_after is not None and i >= script.cut_after:
                 self._cut()
                 return
@@ -400,18 +450,28 @@ class _Stream:
                 if self._wait_until(start + i * gap):
                     self._reset()
                 return
-            k = min(script.tokens_per_event, script.n_tokens - i * script.tokens_per_event)
+            k = event.n_tokens
             finish = "length" if i == n_events - 1 else None
             huge = script.huge_event_bytes if i == 0 else None
+            shown = event.visible or finish is not None
+            self.sent_tokens += k
             # Built before the wait.
             frame = self._token_frame(
-                _TOKEN_TEXT * k if huge is None else _HUGE_TEXT * huge, finish, raw=huge is not None
+                event if huge is None else PlannedEvent(0, 0, 0),
+                finish,
+                raw=huge is not None,
+                huge=huge,
             )
             if not self._wait_until(start + i * gap):
                 self.h.close_connection = True  # close() was called: drop the stream
                 return
-            rec.send_ns.append(time.perf_counter_ns())
             rec.tokens_sent += k
+            if not shown:
+                # A hidden marker: vLLM sends its chunk only to list its token ids.
+                if self.token_ids and self.chat:
+                    self._write(frame)
+                continue
+            rec.send_ns.append(time.perf_counter_ns())
             if huge is not None:
                 for at in range(0, len(frame), _PIECE_BYTES):
                     self._write(self._frame(frame[at : at + _PIECE_BYTES]))
@@ -424,11 +484,11 @@ class _Stream:
             self._reset()
             return
         if self.usage:
-            usage = {
-                "prompt_tokens": self.prompt_tokens,
-                "total_tokens": self.prompt_tokens + script.n_tokens,
-                "completion_tokens": script.n_tokens,
-            }
+            usage = self._usage(script.n_tokens)
+            if script.usage_reasoning_tokens is not None:
+                usage["completion_tokens_details"] = {
+                    "reasoning_tokens": script.usage_reasoning_tokens
+                }
             if script.usage is not None:
                 usage = {**usage, **script.usage}
             final = {**self.base, "choices": [], "usage": usage}
@@ -439,22 +499,46 @@ class _Stream:
         if script.chunked:
             self._write(b"0\r\n\r\n")  # last-chunk: the body ended cleanly
 
-    def _token_frame(self, text: str, finish: str | None, raw: bool = False) -> bytes:
-        """One token event, framed; ``raw``: the SSE bytes without the HTTP chunk framing."""
+    def _token_frame(
+        self, event: PlannedEvent, finish: str | None, raw: bool = False, huge: int | None = None
+    ) -> bytes:
+        """One token event, framed; ``raw``: the SSE bytes without the HTTP chunk framing;
+        ``huge``: its text is that many bytes instead of the event's tokens."""
+        ids = token_ids_of(event) if self.token_ids else None
         if self.chat:
-            payload = self._chat_choice({"content": text}, finish)
+            delta = (
+                {"content": _HUGE_TEXT * huge}
+                if huge is not None
+                else delta_of(event, self.script.reasoning_field)
+            )
+            payload = self._chat_choice(delta, finish, ids)
         else:
-            choice = {
+            # the completions API has no reasoning parser: every token is text
+            text = _HUGE_TEXT * huge if huge is not None else _TOKEN_TEXT * event.n_tokens
+            choice: dict[str, Any] = {
                 "index": 0,
                 "text": text,
                 "logprobs": None,
                 "finish_reason": finish,
                 "stop_reason": None,
             }
+            if ids is not None:
+                choice["token_ids"] = ids
             payload = {**self.base, "choices": [choice], "usage": None}
+        if self.running_usage:
+            payload["usage"] = self._usage(self.sent_tokens)
         return self._sse(payload) if raw else self._event(payload)
 
-    def _chat_choice(self, delta: dict[str, str], finish: str | None) -> dict[str, Any]:
+    def _usage(self, completion_tokens: int) -> dict[str, Any]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "total_tokens": self.prompt_tokens + completion_tokens,
+            "completion_tokens": completion_tokens,
+        }
+
+    def _chat_choice(
+        self, delta: dict[str, str], finish: str | None, token_ids: list[int] | None = None
+    ) -> dict[str, Any]:
         choice: dict[str, Any] = {
             "index": 0,
             "delta": delta,
@@ -463,6 +547,8 @@ class _Stream:
         }
         if finish is not None:
             choice["stop_reason"] = None
+        if token_ids is not None:
+            choice["token_ids"] = token_ids
         return {**self.base, "choices": [choice]}
 
     def _event(self, payload: dict[str, Any]) -> bytes:

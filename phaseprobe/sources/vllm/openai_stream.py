@@ -33,6 +33,14 @@ from phaseprobe.sources.http_deadline import (
     mount_deadlines,
     within,
 )
+from phaseprobe.sources.vllm.stream_tokens import (
+    EventKind,
+    TokenTally,
+    listed_tokens,
+    reasoning_count,
+    reasoning_text,
+    running_total,
+)
 
 __all__ = [
     "small_json",
@@ -171,7 +179,8 @@ def build_body(
     seed: int = 0,
     ignore_eos: bool = True,
 ) -> dict[str, Any]:
-    """The request body of a controlled run: fixed length, greedy, usage reported."""
+    """The request body of a controlled run: fixed length, greedy, usage reported, and the
+    token ids of every chunk (so that an event carrying several tokens counts as several)."""
     body: dict[str, Any] = {
         "model": model,
         "max_tokens": max_tokens,
@@ -181,6 +190,9 @@ def build_body(
         # n_out comes from the server's usage, never from counting chunks.
         "stream_options": {"include_usage": True},
         "ignore_eos": ignore_eos,  # vLLM extension: decode exactly max_tokens
+        # vLLM >= 0.10.2 extension: each chunk lists its token ids, so ITL is per token when
+        # an event carries several (merged, or speculative decoding); older servers ignore it
+        "return_token_ids": True,
     }
     if chat:
         body["messages"] = [{"role": "user", "content": prompt}]
@@ -470,6 +482,15 @@ class StreamClient:
         reported, metrics_note = (
             response_timings(state.metrics) if state.metrics is not None else (None, None)
         )
+        tally = state.tally
+        event_tokens, tokens_note = tally.per_event(completion_tokens)
+        reasoning, reasoning_source, reasoning_note = reasoning_count(
+            tally, event_tokens, state.usage if usage_note is None else None
+        )
+        first_reasoning, first_answer = (
+            tally.first("reasoning", "both"),
+            tally.first("answer", "both"),
+        )
         timeline = ClientTimeline(
             sent_wall_ns=wall0,
             event_offsets_ns=tuple(events),
@@ -479,8 +500,21 @@ class StreamClient:
             completion_tokens=completion_tokens,
             finish_reason=state.finish_reason,
             complete=state.done and error is None,
+            event_tokens=event_tokens,
+            first_reasoning_offset_ns=_at(events, first_reasoning),
+            first_answer_offset_ns=_at(events, first_answer),
+            reasoning_tokens=reasoning,
+            reasoning_tokens_source=reasoning_source,
         )
-        notes = tuple(n for n in (usage_note, metrics_note) if n)
+        no_answer = (
+            f"the stream ended while still reasoning (finish reason "
+            f"{state.finish_reason or 'none'}): no answer token, so no time to first answer"
+            if first_reasoning is not None and first_answer is None and error is None
+            else None
+        )
+        notes = tuple(
+            n for n in (usage_note, metrics_note, tokens_note, reasoning_note, no_answer) if n
+        )
         return StreamOutcome(
             timeline=timeline, error=error, text="".join(state.text), notes=notes, reported=reported
         )
@@ -582,10 +616,17 @@ class TokenEventCounter:
         return self.count
 
 
-class _StreamState:
-    """Parses SSE events; ``feed`` says whether an event carried generated tokens."""
+def _at(events: list[int], index: int | None) -> int | None:
+    """The arrival offset of token event ``index`` (None: no such event was stamped)."""
+    return events[index] if index is not None and index < len(events) else None
 
-    __slots__ = ("done", "error", "usage", "metrics", "finish_reason", "text", "head")
+
+class _StreamState:
+    """Parses SSE events; ``feed`` says whether an event carried generated tokens (answer or
+    reasoning text, or the final finish reason), and ``tally`` keeps each one's tokens and
+    kind."""
+
+    __slots__ = ("done", "error", "usage", "metrics", "finish_reason", "text", "head", "tally")
 
     def __init__(self) -> None:
         self.done = False
@@ -595,6 +636,7 @@ class _StreamState:
         self.finish_reason: str | None = None
         self.text: list[str] = []
         self.head = b""  # the answer's first bytes, to say what it was when it was no stream
+        self.tally = TokenTally()
 
     def feed(self, raw: bytes, chat: bool) -> bool:
         data = b"".join(line[5:].lstrip() for line in raw.splitlines() if line.startswith(b"data:"))
@@ -626,16 +668,27 @@ class _StreamState:
         if not choices:
             return False  # the usage-only chunk
         choice = choices[0]
-        piece = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
+        if chat:
+            delta = choice.get("delta") or {}
+            piece, thought = delta.get("content"), reasoning_text(delta)
+        else:
+            piece, thought = choice.get("text"), None
         finish = choice.get("finish_reason")
         if finish:
             self.finish_reason = str(finish)
         if piece:
             self.text.append(str(piece))
-            return True
+        kind: EventKind = (
+            ("both" if thought else "answer") if piece else ("reasoning" if thought else "none")
+        )
         # A chat stream opens with a role-only chunk (content ""): not a token. A final chunk
-        # with a finish reason but no text still marks when the last token was emitted.
-        return bool(finish)
+        # with a finish reason but no text still marks when the last token was emitted. A
+        # reasoning event is a token: TTFT is the first token of either kind.
+        token_event = bool(piece or thought or finish)
+        self.tally.add(
+            token_event, kind, listed_tokens(choice, chat), running_total(obj.get("usage"))
+        )
+        return token_event
 
 
 def _chunks(resp: requests.Response) -> Iterator[bytes]:
