@@ -1328,7 +1328,7 @@ class Store:
 
     # ---- the span-store interface (phaseprobe.sources.span_stores.model.SpanReader): the same
     # views read from this file or from where a fleet keeps its spans (--spans-from). Windows
-    # are on the span's end (finished in (since, until]); the summary is computed in Python.
+    # are on the span's end (finished in (since, until]); the summary is one streamed pass.
 
     @property
     def where(self) -> str:
@@ -1387,16 +1387,20 @@ class Store:
         )
         return [_span_from_row(r) for r in rows]
 
+    @_reads
     def span_summary(
         self, *, since_ns: int | None = None, until_ns: int | None = None
     ) -> SpanAggregate:
+        """The window's summary in one streamed pass over the columns it reads, memory flat in
+        the span count (exact quantiles up to a limit, a sketch with a stated error past it:
+        :mod:`phaseprobe.sources.span_stores.sqlite_summary`)."""
         from phaseprobe.sources.span_stores.model import aggregate_spans
+        from phaseprobe.sources.span_stores.sqlite_summary import summarize_request_spans
 
-        return aggregate_spans(
-            self.finished_spans(since_ns=since_ns, until_ns=until_ns),
-            self.where,
-            since_ns=since_ns,
-            until_ns=until_ns,
+        if not self._has("request_spans"):
+            return aggregate_spans([], self.where, since_ns=since_ns, until_ns=until_ns)
+        return summarize_request_spans(
+            self._db, self.where, since_ns=since_ns, until_ns=until_ns, timed=_TIMED
         )
 
     @_reads

@@ -22,16 +22,9 @@ from typing import Any
 from phaseprobe.errors import NoRequestSpans, SpanStoreSchemaError
 from phaseprobe.records import RequestSpan
 from phaseprobe.sources.span_stores.model import (
-    ALL_REPLICAS,
     NEIGHBOUR_HORIZON_NS,
-    PHASES,
-    QUANTILES,
     UNKNOWN_REPLICA,
-    PhaseStats,
     SpanAggregate,
-    SpanGroup,
-    instance_notes,
-    replica_order,
 )
 from phaseprobe.sources.span_stores.otel_schema import (
     DEFAULT_TABLE,
@@ -277,71 +270,18 @@ class ClickHouseSpans:
         self, *, since_ns: int | None = None, until_ns: int | None = None
     ) -> SpanAggregate:
         """The window's summary computed by ClickHouse in one ``GROUPING SETS`` query: counts,
-        token sums, p50/p90/p99 in s per replica and over all, and notes on spans without an
+        token sums, p50/p90/p99 in s per replica and over all (exact for a small window, a
+        bounded sketch with its stated error past it), and notes on spans without an
         instance or with unusable attribute values."""
-        levels = ", ".join(repr(q) for q in QUANTILES)
-        full = (
-            "(e2e_s IS NOT NULL AND queue_s IS NOT NULL AND prefill_s IS NOT NULL "
-            "AND decode_s IS NOT NULL)"
-        )
-        cols = [
-            "grouping(replica)",
-            "replica",
-            "count()",
-            "min(start_ns)",
-            "max(end_ns)",
-            "sum(ifNull(prompt_tokens, 0))",
-            "sum(ifNull(completion_tokens, 0))",
-        ]
-        for p in PHASES:
-            cols += [f"count({p})", f"quantilesExactInclusive({levels})({p})"]
-        cols += [f"countIf({full})"] + [
-            f"sumKahanIf(ifNull({p}, 0), {full})"
-            for p in ("e2e_s", "queue_s", "prefill_s", "decode_s")
-        ]
-        cols += ["countIf(instance IS NULL)"]
-        cols += [f"countIf(raw_{f} IS NOT NULL AND {f} IS NULL)" for f in _NUMBER_FIELDS]
-        rows = self._run(
-            f"SELECT {', '.join(cols)} FROM {self._spans(since_ns, until_ns)} "
-            "GROUP BY GROUPING SETS ((replica), ())"
-        )
-        total: SpanGroup | None = None
-        groups: list[SpanGroup] = []
-        no_instance, unconverted = 0, {}
-        for row in rows:
-            is_total = int(row[0]) == 1
-            group = _group(ALL_REPLICAS if is_total else str(row[1]), row[2:])
-            if is_total:
-                total = group
-                no_instance = int(row[-1 - len(_NUMBER_FIELDS)])
-                unconverted = {
-                    f: int(n) for f, n in zip(_NUMBER_FIELDS, row[-len(_NUMBER_FIELDS) :]) if n
-                }
-            elif group.requests:
-                groups.append(group)
-        if total is None:
-            total = _group(
-                ALL_REPLICAS,
-                [0, None, None, 0, 0] + [0, []] * len(PHASES) + [0, 0.0, 0.0, 0.0, 0.0],
-            )
-        groups.sort(key=lambda g: replica_order(g.replica))
-        notes = instance_notes(no_instance, total.requests)
-        if unconverted:
-            notes += (
-                (
-                    "attribute values that are not a usable number, read as missing: "
-                    + ", ".join(f"{f} {n}" for f, n in sorted(unconverted.items()))
-                ),
-            )
-        return SpanAggregate(
-            where=self._where,
+        from phaseprobe.sources.span_stores.clickhouse_summary import clickhouse_span_summary
+
+        return clickhouse_span_summary(
+            self._run,
+            self._where,
+            self._spans(since_ns, until_ns),
+            _NUMBER_FIELDS,
             since_ns=since_ns,
             until_ns=until_ns,
-            total=total,
-            replicas=tuple(groups),
-            no_instance=no_instance,
-            unconverted=unconverted,
-            notes=notes,
         )
 
     # ---- the rows a view shows --------------------------------------------------------------
@@ -437,31 +377,3 @@ def _record(row: Sequence[Any]) -> RequestSpan:
     for k in ("queue_s", "prefill_s", "decode_s", "inference_s", "ttft_s", "e2e_s"):
         d[k] = _opt_float(d[k])
     return RequestSpan(**d)
-
-
-def _group(replica: str, v: Sequence[Any]) -> SpanGroup:
-    """A SpanGroup from the summary row's columns after grouping() and replica."""
-    requests, first, last, tin, tout = v[:5]
-    phases = {}
-    for i, p in enumerate(PHASES):
-        n, qs = int(v[5 + 2 * i]), v[6 + 2 * i]
-        vals = [_opt_float(q) for q in qs] if n else [None] * len(QUANTILES)
-        phases[p] = PhaseStats(n, *vals)
-    k = 5 + 2 * len(PHASES)
-    full, e2e, queue, prefill, decode = v[k : k + 5]
-    n = int(requests)
-    return SpanGroup(
-        replica=replica,
-        identified=replica not in (UNKNOWN_REPLICA, ALL_REPLICAS),
-        requests=n,
-        first_start_ns=_opt_int(first) if n else None,
-        last_end_ns=_opt_int(last) if n else None,
-        prompt_tokens_sum=int(tin),
-        completion_tokens_sum=int(tout),
-        phases=phases,
-        full=int(full),
-        e2e_sum_s=float(e2e),
-        queue_sum_s=float(queue),
-        prefill_sum_s=float(prefill),
-        decode_sum_s=float(decode),
-    )

@@ -119,8 +119,11 @@ class SpanAggregate:
     """The summary a span store computed for one window.
 
     ``unconverted``: attribute → values present that are not a usable number (ClickHouse keeps
-    attributes as strings; they count as missing). ``no_instance``: requests whose resource
-    names no instance (``service.instance.id`` or ``host.name``); ``notes`` say so in words.
+    attributes as strings; they count as missing). ``quantile_method``: "exact", or "sketch"
+    (:mod:`phaseprobe.sources.span_stores.quantile_sketch`) for a large window, whose
+    quantiles are each within ``quantile_rel_error`` of the exact ones. ``no_instance``:
+    requests whose resource names no instance (``service.instance.id`` or ``host.name``);
+    ``notes`` say so in words.
     """
 
     where: str
@@ -131,6 +134,10 @@ class SpanAggregate:
     no_instance: int
     unconverted: dict[str, int] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    # How p50/p90/p99 were had: "exact", or "sketch" past quantile_sketch.EXACT_MAX_SPANS
+    # requests, each quantile then within quantile_rel_error of the exact one (issue 42).
+    quantile_method: str = "exact"
+    quantile_rel_error: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """The summary as a JSON-ready dict (groups as dicts, ``notes`` as a list)."""
@@ -143,6 +150,8 @@ class SpanAggregate:
             "no_instance": self.no_instance,
             "unconverted": dict(self.unconverted),
             "notes": list(self.notes),
+            "quantile_method": self.quantile_method,
+            "quantile_rel_error": self.quantile_rel_error,
         }
 
 
