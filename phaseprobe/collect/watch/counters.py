@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import requests
 
+from phaseprobe.analysis.engine_stall import StallDetector, StallReading, progress_point
 from phaseprobe.analysis.fleet_stats import span_replica
 from phaseprobe.analysis.pd.window import KvPathWindow, kv_path_window
 from phaseprobe.analysis.spans.summary import SpanLoss, span_loss
@@ -66,9 +67,14 @@ class FinishedCounter:
         identity: Callable[[], object] | None = None,
         page: Callable[[], MetricSnapshot | None] | None = None,
         born_ns: Callable[[], int | None] | None = None,
+        stall_after_s: float | None = None,
     ) -> None:
         self.replica = replica
+        self.base_url = base_url  # the stall evidence finds local processes by its port
         self.shown_url = redact_url(base_url)
+        # the stalled-engine detector, fed every page read (None: not watched)
+        self.stall = StallDetector(stall_after_s) if stall_after_s is not None else None
+        self.stall_fired: list[tuple[StallReading, list[MetricSnapshot]]] = []
         if read is None:
             reader = FinishedRequests(base_url, timeout_s=timeout_s)
             read, identity = reader.read, (lambda: reader.identity)
@@ -150,6 +156,16 @@ class FinishedCounter:
         if page is not None:
             self._first_page = self._first_page or page
             self._pages.append(page)
+            self._watch_progress(page)
+
+    def _watch_progress(self, page: MetricSnapshot) -> None:
+        if self.stall is None:
+            return
+        reading = self.stall.observe(progress_point(page, self._process))
+        if reading.fired:  # the pages since progress last happened go with it as evidence
+            since = reading.frozen_since_ns or page.wall_ns
+            frozen = [p for p in self._pages if p.wall_ns >= since] or [page]
+            self.stall_fired.append((reading, frozen))
 
     def _reborn(self, value: float, at_ns: int) -> None:
         """A restart seen at this reading: the new process's counter started from 0 when it
@@ -270,6 +286,7 @@ def open_replica_counters(
     *,
     session: requests.Session | None = None,
     timeout_s: float = _TIMEOUT_S,
+    stall_after_s: float | None = None,
 ) -> ReplicaCounters | None:
     """``--replica [NAME=]URL`` values → their counters, each read once now (None: none given).
 
@@ -288,5 +305,8 @@ def open_replica_counters(
                 "the replicas behind it, each with its own /metrics"
             )
     return ReplicaCounters(
-        [FinishedCounter(t.url, replica=t.name, timeout_s=timeout_s) for t in targets]
+        [
+            FinishedCounter(t.url, replica=t.name, timeout_s=timeout_s, stall_after_s=stall_after_s)
+            for t in targets
+        ]
     )

@@ -85,6 +85,10 @@ class WatchOptions:
     retain_s: float | None = None  # prune spans older than this
     retain_spans: int | None = None  # keep only the newest N spans
     spans_from: str | None = None  # read mode: a fleet's span store, no receiver
+    # the stalled-engine detector on --metrics / each --replica (and the evidence's pid, log)
+    stall_after_s: float = 60.0
+    stall_pid: int | None = None
+    server_log: str | None = None
     token: str | None = field(init=False, default=None, repr=False)
     # the listen addresses parsed (None: off)
     http_addr: tuple[str, int] | None = field(init=False, default=None)

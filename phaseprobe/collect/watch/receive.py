@@ -16,14 +16,17 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from phaseprobe.analysis.engine_stall import StallReading
 from phaseprobe.analysis.pd.window import KvPathWindow
 from phaseprobe.analysis.spans.summary import LiveSummary, SpanLoss, summarize_spans
 from phaseprobe.collect.notices import Notices
 from phaseprobe.collect.spans.receiver import SpanReceiver, SpanSink
 from phaseprobe.collect.spans.retention import RetentionPolicy, SpanRetention
+from phaseprobe.collect.stall_evidence import check_vllm_pid, keep_stall_evidence
 from phaseprobe.collect.watch.counters import FinishedCounter, open_replica_counters
 from phaseprobe.collect.watch.fleet import FleetState, FleetTracker
 from phaseprobe.collect.watch.options import WatchOptions
@@ -53,6 +56,10 @@ class WatchTick:
     kv_paths: dict[str, KvPathWindow | None]  # --metrics' instance's KV path over the window
     fleet: FleetState  # the per-replica part
     window_s: float
+    # each watched server's stalled-engine reading (replica or URL → reading), and every
+    # stall seen so far with where its evidence went
+    progress: dict[str, StallReading] = field(default_factory=dict)
+    stalls: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -71,6 +78,7 @@ class WatchResult:
     retention: dict[str, Any]  # the policy, what was pruned, the store's size at the end
     retention_text: str
     interrupted: bool  # Ctrl-C ended it (the way a watch without a duration ends)
+    stalls: tuple[dict[str, Any], ...] = ()  # {server, said, frozen_s, evidence} per stall
 
 
 class ReceiveWatch:
@@ -89,6 +97,7 @@ class ReceiveWatch:
         self._t0 = time.monotonic()
         self.load: OpenLoopLoad | None = None
         self.counter: FinishedCounter | None = None
+        self.stalls: list[dict[str, Any]] = []
 
     def __enter__(self) -> ReceiveWatch:
         with ExitStack() as opening:  # what opened before a failure is closed again
@@ -102,7 +111,10 @@ class ReceiveWatch:
 
     def _open(self) -> None:
         o = self.options
-        replicas = open_replica_counters(o.replicas)  # read before any span can arrive
+        if o.stall_pid is not None:
+            check_vllm_pid(o.stall_pid)  # not a vLLM process: refused before anything opens
+        # read before any span can arrive
+        replicas = open_replica_counters(o.replicas, stall_after_s=o.stall_after_s)
         self.sink = SpanSink(o.store_path)
         self._stack.callback(self.sink.close)
         self.retention = SpanRetention(
@@ -133,7 +145,9 @@ class ReceiveWatch:
                 "start vLLM with: --otlp-traces-endpoint "
                 f"{self.receiver.grpc_url or self.receiver.http_url}"
             )
-        self.counter = FinishedCounter(metrics_url) if metrics_url else None
+        self.counter = (
+            FinishedCounter(metrics_url, stall_after_s=o.stall_after_s) if metrics_url else None
+        )
         if replicas is not None:
             self.notices.info(
                 "replicas: "
@@ -188,7 +202,43 @@ class ReceiveWatch:
             kv_paths={} if counter is None else {counter.shown_url: counter.kv_path(window_s)},
             fleet=self.fleet.live(spans, now, window_s),
             window_s=window_s,
+            progress={
+                c.replica or c.shown_url: c.stall.reading
+                for c in self._counters()
+                if c.stall is not None and c.stall.reading is not None
+            },
+            stalls=tuple(self.stalls),
         )
+
+    def _counters(self) -> list[FinishedCounter]:
+        counters = [self.counter] if self.counter is not None else []
+        if self.fleet.replicas is not None:
+            counters += list(self.fleet.replicas.counters.values())
+        return counters
+
+    def _keep_stalls(self) -> None:
+        """Each stall the detectors saw since the last call: its evidence gathered and kept
+        (py-spy takes a second or two per process: once per stall, not per refresh), and said."""
+        single = len(self._counters()) == 1
+        o = self.options
+        for counter in self._counters():
+            while counter.stall_fired:
+                reading, pages = counter.stall_fired.pop(0)
+                who = counter.replica or counter.shown_url
+                kept = keep_stall_evidence(
+                    who,
+                    counter.base_url,
+                    reading,
+                    pages,
+                    store_path=Path(o.store_path),
+                    pid=o.stall_pid if single else None,
+                    server_log=Path(o.server_log) if o.server_log and single else None,
+                )
+                self.stalls.append(
+                    {"server": who, "said": reading.said, "frozen_s": round(reading.frozen_s, 3),
+                     "fired_wall_ns": time.time_ns(), "evidence": kept}
+                )  # fmt: skip
+                self.notices.warn(f"engine stalled on {who}: {reading.said}; evidence: {kept}")
 
     def _background(self) -> None:
         """Retention when due (it prunes and measures every 30 s; at once the first time), and
@@ -200,6 +250,7 @@ class ReceiveWatch:
             self.counter.refresh()
         if self.fleet.replicas is not None:
             self.fleet.replicas.refresh()
+        self._keep_stalls()
         self._say_news()
 
     def _say_news(self) -> None:
@@ -230,6 +281,7 @@ class ReceiveWatch:
         counter = self.counter
         loss = counter.loss(spans, force=True) if counter is not None else None
         fleet = self.fleet.final(spans)
+        self._keep_stalls()  # one seen at the last reading is kept before the store closes
         self._stack.close()  # the receiver stops: the store's size below is the final one
         self.retention.tick(force=True)
         self._say_news()  # a recovery since the last refresh is said before the summary
@@ -256,4 +308,5 @@ class ReceiveWatch:
             retention=self.retention.to_dict(),
             retention_text=self.retention.text(),
             interrupted=interrupted,
+            stalls=tuple(self.stalls),
         )

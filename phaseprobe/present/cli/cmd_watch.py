@@ -64,10 +64,12 @@ from phaseprobe.present.cli.args import (
     positive_int,
     seconds,
     seconds_up_to,
+    stall_args,
     store_and_json_args,
 )
 from phaseprobe.present.cli.cmd_spans import age, span_table, spans_from_arg, summary_table
 from phaseprobe.present.cli.console import ms
+from phaseprobe.present.cli.render_stall import stall_lines
 from phaseprobe.present.cli.watch_fleet import fleet_json, fleet_parts, kv_path_json, kv_path_lines
 
 if TYPE_CHECKING:  # imported where used: a command's --help must not load them
@@ -187,6 +189,7 @@ def register(subparsers: Any) -> None:
         metavar="BYTES",
         help="largest OTLP request accepted (default: 16 MiB)",
     )
+    stall_args(watch.add_argument_group("stalled engine (with --metrics or --replica)"))
     keep = watch.add_argument_group("retention (the store stays bounded)")
     keep.add_argument(
         "--retain",
@@ -228,6 +231,9 @@ def watch_options(args: argparse.Namespace) -> WatchOptions:
         retain_s=args.retain,
         retain_spans=args.retain_spans,
         spans_from=args.spans_from,
+        stall_after_s=args.stall_after,
+        stall_pid=args.pid,
+        server_log=str(args.server_log) if args.server_log else None,
     )
 
 
@@ -294,6 +300,7 @@ def _draw_tick(tick: WatchTick) -> Group:
         *kv_path_lines(tick.kv_paths, window_s),
         *fleet_parts(tick.fleet, title=f"replicas · last {window_s:g} s"),
         *kv_path_lines(tick.fleet.kv_paths, window_s),
+        *stall_lines(tick.progress, tick.stalls),
     ]
     return Group(*parts)
 
@@ -312,6 +319,7 @@ def _report(result: WatchResult, out: Console, as_json: bool) -> None:
             "kv_path": kv_path_json(result.kv_paths),
             "load": result.load,
             "retention": result.retention,
+            "stalls": list(result.stalls),
             "interrupted": result.interrupted,
         }
         out.out(jsonout.dumps(doc), highlight=False)
@@ -330,6 +338,8 @@ def _report(result: WatchResult, out: Console, as_json: bool) -> None:
     for line in kv_path_lines(result.kv_paths, None):
         out.print(line, highlight=False)
     out.print(f"prefill interference: {escape(result.interference.text)}", highlight=False)
+    for line in stall_lines({}, result.stalls):
+        out.print(line)
     out.print(escape(result.retention_text), highlight=False)
 
 

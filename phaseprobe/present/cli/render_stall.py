@@ -11,9 +11,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from phaseprobe.analysis.engine_stall import StallReading
 from phaseprobe.collect.stall_evidence import STALL_KIND
 
-__all__ = ["render_stall_list", "render_stall", "STALL_KIND"]
+__all__ = ["render_stall_list", "render_stall", "stall_lines", "STALL_KIND"]
 
 # the progress marks' series, shown from each page (the rest of the page is in --json)
 _MOVING = {
@@ -79,3 +80,21 @@ def render_stall(out: Console, analysis_id: int, doc: Mapping[str, Any]) -> None
             out.print(escape(stack["dump"]), highlight=False)
         else:
             out.print(f"  [yellow]{escape(str(stack.get('error')))}[/]")
+
+
+def stall_lines(
+    progress: Mapping[str, StallReading], stalls: Sequence[Mapping[str, Any]]
+) -> list[str]:
+    """Watch's lines: each server quiet or stalled now (advancing and idle ones say nothing),
+    then every stall seen, with where its evidence went (rich markup)."""
+    lines = [
+        f"[{'red' if r.state == 'stalled' else 'yellow'}]engine {escape(name)}: {escape(r.said)}[/]"
+        for name, r in progress.items()
+        if r.state in ("stalled", "quiet") and r.frozen_s > 0
+    ]
+    lines += [
+        f"[red]stall on {escape(str(s['server']))}[/] ({_when(s.get('fired_wall_ns'))}, frozen "
+        f"{s['frozen_s']:.0f} s): evidence {escape(str(s['evidence']))}"
+        for s in stalls
+    ]
+    return lines
