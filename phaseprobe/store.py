@@ -276,6 +276,14 @@ _MIGRATIONS: list[str] = [
     """
     ALTER TABLE runs ADD COLUMN reported_json TEXT
     """,
+    # 11: reasoning streams (issue 41): the time to the first answer token and the reasoning
+    # and answer token counts, for SQL (client_json keeps the whole timeline). NULL for runs
+    # stored before, and for runs that streamed no reasoning.
+    """
+    ALTER TABLE runs ADD COLUMN client_ttfa_s REAL;
+    ALTER TABLE runs ADD COLUMN reasoning_tokens INTEGER;
+    ALTER TABLE runs ADD COLUMN answer_tokens INTEGER
+    """,
 ]
 # The gpu_samples columns, in table order (phaseprobe.sources.gpu.nvml.COLUMNS; a test keeps the
 # two equal).
@@ -792,8 +800,9 @@ class Store:
             " client_ttft_s, client_e2e_s, client_tpot_s, server_queue_s, server_prefill_s,"
             " server_decode_s, server_inference_s, server_ttft_s, server_e2e_s, prompt_tokens,"
             " completion_tokens, client_json, server_json, isolation_json, client_check_json,"
-            " trace_id, request_id, span_json, replica, replica_json, pd_json, reported_json)"
-            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            " trace_id, request_id, span_json, replica, replica_json, pd_json, reported_json,"
+            " client_ttfa_s, reasoning_tokens, answer_tokens)"
+            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (
                 experiment_id,
                 run.seq,
@@ -814,6 +823,7 @@ class Store:
                 *_replica_columns(run.replica),
                 _dumps(run.pd),
                 _dumps(run.reported),
+                *_reasoning_columns(c),
             ),
         )
         return int(cur.lastrowid or 0)
@@ -1487,6 +1497,13 @@ def _phase_columns(s: ServerPhases | None) -> tuple[float | None, ...]:
     if s is None:
         return (None,) * 6
     return (s.queue_s, s.prefill_s, s.decode_s, s.inference_s, s.ttft_s, s.e2e_s)
+
+
+def _reasoning_columns(c: ClientTimeline | None) -> tuple[float | None, int | None, int | None]:
+    """client_ttfa_s, reasoning_tokens, answer_tokens of a run that streamed reasoning."""
+    if c is None or not c.reasoned:
+        return None, None, None
+    return c.ttfa_s, c.reasoning_tokens, c.answer_tokens
 
 
 def _replica_columns(r: ReplicaAttribution | None) -> tuple[str | None, str | None]:

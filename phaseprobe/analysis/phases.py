@@ -166,6 +166,12 @@ class Summary:
     # send → vLLM's arrival stamp, and vLLM's end stamp → the client's last byte (delivery).
     way_in_s: float | None = None
     delivery_s: float | None = None
+    # Reasoning streams (issue 41): the clean runs that reasoned, and over them the medians of
+    # the time to the first answer token and of the reasoning and answer token counts.
+    n_reasoned: int = 0
+    client_ttfa_s: float | None = None
+    reasoning_tokens: float | None = None
+    answer_tokens: float | None = None
 
     def to_dict(self) -> dict[str, float | int | None]:
         """All fields in a dict (times in s, counts of runs, shares as fractions; None: unknown)."""
@@ -244,10 +250,13 @@ def summarize(runs: Sequence[Run]) -> Summary:
     # the quiet moments a loaded machine leaves). Only its client timings are not.
     alone = sorted(clean + dropped, key=lambda r: r.seq)
     server = [r.server for r in alone if r.server]
-    itl = [g for c in client for g in c.itl_s]
+    # ITL per token (ClientTimeline.itl_token_s): an event that carried k tokens counts k
+    # times its gap / k, so merged events and speculative decoding do not inflate it.
+    itl = [g for c in client for g in c.itl_token_s]
     # "ITL p50/p99, median over N runs" is what is computed: each run's percentile, then the
     # median of those, so one run with many gaps does not outweigh the others.
-    per_run = [c.itl_s for c in client if c.itl_s]
+    per_run = [g for c in client if (g := c.itl_token_s)]
+    reasoned = [c for c in client if c.reasoned]
     e2e = _median([c.e2e_s for c in client])
     decode = _median([s.decode_s for s in server])
     c_ttft = _median([c.ttft_s for c in client])
@@ -283,6 +292,10 @@ def summarize(runs: Sequence[Run]) -> Summary:
         pre_engine_s=_median([o[1] for o in outside]),
         way_in_s=_median([e[0] for e in edges]),
         delivery_s=_median([e[1] for e in edges]),
+        n_reasoned=len(reasoned),
+        client_ttfa_s=_median([c.ttfa_s for c in reasoned]),
+        reasoning_tokens=_median([c.reasoning_tokens for c in reasoned]),
+        answer_tokens=_median([c.answer_tokens for c in reasoned]),
     )
 
 

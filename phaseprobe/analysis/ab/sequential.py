@@ -78,6 +78,7 @@ PRIMARY_PHASES = {
 }
 PRIMARY_METRICS = (
     "client_ttft_s",
+    "client_ttfa_s",
     "client_e2e_s",
     "client_tpot_s",
     "client_itl_p50_s",

@@ -43,6 +43,8 @@ from phaseprobe.analysis.client_check import client_consistent
 from phaseprobe.records import Run
 
 __all__ = [
+    "ANSWER_PHASE",
+    "BOTH_ARMS_ONLY",
     "METRICS",
     "PHASES",
     "MetricComparison",
@@ -71,14 +73,24 @@ _MIN_N = 5  # below this per arm Mann–Whitney cannot reach p < 0.05 with room 
 
 
 def _itl_q(run: Run, q: float) -> float | None:
-    if run.client is None or not run.client.itl_s:
+    # per token: an event that carried k tokens after a gap g counts k times g/k
+    gaps = run.client.itl_token_s if run.client is not None else None
+    if not gaps:
         return None
-    return float(np.percentile(run.client.itl_s, q))
+    return float(np.percentile(gaps, q))
+
+
+def _ttfa(run: Run) -> float | None:
+    """Time to the first answer token, of a run that streamed reasoning (None otherwise:
+    without reasoning it is TTFT, already compared)."""
+    c = run.client
+    return c.ttfa_s if c is not None and c.reasoned else None
 
 
 # name → (label, extractor). Order is the report's.
 METRICS: dict[str, tuple[str, Callable[[Run], float | None]]] = {
     "client_ttft_s": ("client TTFT", lambda r: r.client.ttft_s if r.client else None),
+    "client_ttfa_s": ("time to first answer", _ttfa),
     "client_e2e_s": ("client e2e", lambda r: r.client.e2e_s if r.client else None),
     "client_tpot_s": ("client TPOT", lambda r: r.client.tpot_s if r.client else None),
     "client_itl_p50_s": ("ITL p50", lambda r: _itl_q(r, 50)),
@@ -92,6 +104,10 @@ PHASES = (
     ("decode", "server_decode_s", "client_tpot_s"),
     ("prefill", "server_prefill_s", "client_ttft_s"),
 )
+# Metrics compared only when both arms have them: a reasoning model's time to its answer has
+# nothing to stand against in an arm that never reasoned. Shown as a phase of its own.
+BOTH_ARMS_ONLY = ("client_ttfa_s",)
+ANSWER_PHASE = ("reasoning", "client_ttfa_s", "TTFA")
 
 
 @dataclass(frozen=True)
@@ -435,6 +451,14 @@ def phase_line(metrics: dict[str, MetricComparison]) -> str:
         parts.append(
             f"{phase} {pct(m.ratio - 1)} % [{pct(m.ci_low - 1)}, {pct(m.ci_high - 1)}]{said}"
         )
+    phase, name, short = ANSWER_PHASE
+    m = metrics.get(name)  # present only when both arms reasoned
+    if m is not None and m.ratio is not None and m.ci_low is not None and m.ci_high is not None:
+        said = "" if m.verdict in ("improvement", "regression") else f" ({m.verdict})"
+        parts.append(
+            f"{phase} ({short}) {pct(m.ratio - 1)} % [{pct(m.ci_low - 1)}, "
+            f"{pct(m.ci_high - 1)}]{said}"
+        )
     return ", ".join(parts)
 
 
@@ -457,16 +481,24 @@ def compare_runs(
     (``plan.min_effect`` then rules, and ``confidence`` is ``1 − plan.alpha``)."""
     metrics: dict[str, MetricComparison] = {}
     primary = None
+    # a both-arms-only metric one arm lacks is not compared, and says so
+    one_sided = {
+        name: (bool(metric_by_seq(runs_a, name)), bool(metric_by_seq(runs_b, name)))
+        for name in BOTH_ARMS_ONLY
+    }
+    skipped = {name for name, (a, b) in one_sided.items() if not (a and b)}
     if plan is not None:
         min_effect, confidence = plan.min_effect, 1 - plan.alpha
         primary = resolve_primary(plan.primary, runs_a, runs_b)
         # The primary metric decides the session at α. The others share another α
         # (Bonferroni): without it, seven more intervals at 95 % each would give some metric
         # of an A/A a "direction" far more often than 5 % (an A/A once showed prefill
-        # +15 % [+0.8, +31] beside an equivalent decode).
-        secondary = replace(plan, alpha=plan.alpha / (len(METRICS) - 1))
+        # +15 % [+0.8, +31] beside an equivalent decode). A metric not compared takes none.
+        secondary = replace(plan, alpha=plan.alpha / (len(METRICS) - 1 - len(skipped)))
     for name, (label, _) in METRICS.items():
         sa, sb = metric_by_seq(runs_a, name), metric_by_seq(runs_b, name)
+        if name in skipped:
+            continue
         if not sa and not sb and not _all_left_out(name, runs_a, runs_b):
             continue
         if plan is not None:
@@ -485,6 +517,13 @@ def compare_runs(
                 seed=seed,
             )
     warnings: list[str] = []
+    for name in sorted(skipped):
+        has_a, has_b = one_sided[name]
+        if has_a or has_b:
+            warnings.append(
+                f"{METRICS[name][0]} not compared: only arm {arm_a if has_a else arm_b} "
+                "streamed reasoning"
+            )
     for arm, runs in ((arm_a, runs_a), (arm_b, runs_b)):
         dropped = sum(1 for r in runs if not usable(r, "server_decode_s"))
         if dropped:

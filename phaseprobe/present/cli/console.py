@@ -101,7 +101,8 @@ def _count(n: int | None) -> str:
 def _itl(run: Run, q: float) -> float | None:
     from phaseprobe.analysis.phases import percentile
 
-    return percentile(run.client.itl_s, q) if run.client else None
+    # per token: an event that carried several tokens counts once per token (gap / tokens)
+    return percentile(run.client.itl_token_s, q) if run.client else None
 
 
 def render_probe(
@@ -131,10 +132,13 @@ def render_probe(
         caption=caption,
     )
     fleet = bool(info.get("router")) or any(r.replica is not None for r in runs)
+    # reasoning streams: time to the first answer token and the tokens of each kind
+    reasoned = any(r.client is not None and r.client.reasoned for r in runs)
     for col in (
         "run",
         "status",
         "TTFT ms",
+        *(("TTFA ms",) if reasoned else ()),
         "queue ms",
         "prefill ms",
         "decode ms",
@@ -144,6 +148,7 @@ def render_probe(
         "e2e ms",
         "in tok",
         "out tok",
+        *(("reason tok", "answer tok") if reasoned else ()),
         "isolated",
         *(("replica",) if fleet else ()),
     ):
@@ -171,6 +176,7 @@ def render_probe(
             str(r.seq + 1),
             r.status if r.status == "ok" else f"[red]{r.status}",
             ms(c.ttft_s if c else None),
+            *((ms(c.ttfa_s if c else None),) if reasoned else ()),
             ms(s.queue_s if s else None, 2),
             ms(s.prefill_s if s else None),
             ms(s.decode_s if s else None),
@@ -180,6 +186,11 @@ def render_probe(
             ms(c.e2e_s if c else None),
             _count(c.prompt_tokens if c else None),
             _count(c.completion_tokens if c else None),
+            *(
+                (_count(c.reasoning_tokens if c else None), _count(c.answer_tokens if c else None))
+                if reasoned
+                else ()
+            ),
             iso,
             *((replica_cell(r),) if fleet else ()),
         )
@@ -194,6 +205,12 @@ def render_probe(
         f"client TTFT {ms(summary.client_ttft_s)} ms · e2e {ms(summary.client_e2e_s)} ms · "
         f"TPOT {ms(summary.client_tpot_s, 2)} ms · ITL p50/p99 {ms(summary.itl_p50_s, 2)}/"
         f"{ms(summary.itl_p99_s, 2)} ms"
+        + (
+            f" · time to first answer {ms(summary.client_ttfa_s)} ms over "
+            f"{summary.n_reasoned} reasoning run(s)"
+            if summary.n_reasoned
+            else ""
+        )
     )
     basis = (
         f"{summary.n_server} run(s): {summary.n_server - summary.n_by_span} alone on it, "
