@@ -55,6 +55,7 @@ def test_build_json_names_the_bucket_and_what_is_left_out(capsys):
         (["--selector", 'job="vllm"}) or vector(1'], "not PromQL label matchers"),
         (["--metrics", str(METRICS), "--selector", 'model_name="nope"'], "matches no vLLM series"),
         (["--stall-for", "10"], "at least 30 s"),
+        (["--scrape-interval", "5", "--stall-for", "9"], "at least 10 s"),
     ],
 )
 def test_bad_input_is_one_error_line(argv, words, capsys):
@@ -122,3 +123,18 @@ def test_every_alert_has_a_runbook_with_a_command_to_run_first(alert, capsys):
     assert code == 0
     assert out.startswith(f"# {alert}")
     assert "**Run first.**" in out and "phaseprobe" in out
+
+
+def test_a_faster_scrape_allows_a_shorter_stall_and_waits_four_scrapes(capsys, tmp_path):
+    out_file = tmp_path / "rules.yml"
+    argv = ["alerts", "build", "--scrape-interval", "2", "--stall-for", "6", "--out", str(out_file)]
+    code, _, err = _run(argv, capsys)
+    assert code == 0, err
+    import yaml
+
+    rules = [r for g in yaml.safe_load(out_file.read_text())["groups"] for r in g["rules"]]
+    [stalled] = [r for r in rules if r.get("alert") == "VllmEngineStalled"]
+    assert stalled["for"] == "8s"
+    assert "increase(vllm:estimated_flops_per_gpu_total" in stalled["expr"].replace(" ", "")
+    assert "changes(vllm:kv_cache_usage_perc" in stalled["expr"].replace(" ", "")
+    assert "[6s]" in stalled["expr"]

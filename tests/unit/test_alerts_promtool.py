@@ -83,21 +83,30 @@ def _cases() -> list[dict[str, Any]]:
     stalled = {
         "interval": "15s",
         "input_series": [
-            # bad: 2 running, every counter still
+            # bad: 2 running, every counter still, KV usage and FLOPs frozen too
             _series("vllm:num_requests_running", "2x60", instance="bad"),
             _series("vllm:generation_tokens_total", flat, instance="bad"),
             _series("vllm:prompt_tokens_total", flat, instance="bad"),
             _series("vllm:iteration_tokens_total_count", flat, instance="bad"),
+            _series("vllm:estimated_flops_per_gpu_total", flat, instance="bad"),
+            _series("vllm:kv_cache_usage_perc", "0.25x60", instance="bad"),
             # decoding: generation tokens move
             _series("vllm:num_requests_running", "2x60", instance="good"),
             _series("vllm:generation_tokens_total", "0+50x60", instance="good"),
             _series("vllm:prompt_tokens_total", flat, instance="good"),
             _series("vllm:iteration_tokens_total_count", "0+10x60", instance="good"),
-            # a long prefill: no token finished, but engine steps go on
+            # a long chunked prefill as vLLM 0.32 shows it: no token and no step counted
+            # until the first token, but the FLOP counter moves every step...
             _series("vllm:num_requests_running", "1x60", instance="prefill"),
             _series("vllm:generation_tokens_total", flat, instance="prefill"),
             _series("vllm:prompt_tokens_total", flat, instance="prefill"),
-            _series("vllm:iteration_tokens_total_count", "0+1x60", instance="prefill"),
+            _series("vllm:iteration_tokens_total_count", flat, instance="prefill"),
+            _series("vllm:estimated_flops_per_gpu_total", "0+1e6x60", instance="prefill"),
+            # ...and without --enable-mfu-metrics, each chunk claims KV blocks
+            _series("vllm:num_requests_running", "1x60", instance="prefill_kv"),
+            _series("vllm:generation_tokens_total", flat, instance="prefill_kv"),
+            _series("vllm:prompt_tokens_total", flat, instance="prefill_kv"),
+            _series("vllm:kv_cache_usage_perc", "0+0.001x60", instance="prefill_kv"),
             # idle: nothing running
             _series("vllm:num_requests_running", "0x60", instance="idle"),
             _series("vllm:generation_tokens_total", flat, instance="idle"),
@@ -352,9 +361,10 @@ def test_annotations_render(rules: Path, tmp_path: Path):
     [test] = case["alert_rule_test"]
     test["exp_alerts"][0]["exp_annotations"] = {
         "summary": "bad engine 0: requests running, no token produced for 120s",
-        "description": "2 request(s) running while vLLM's prompt and generation token counters "
-        "and its engine-step count stood still for 120s (then 1m more). /health may still "
-        "answer 200: the engine core is hung.",
+        "description": "2 request(s) running while vLLM's token, engine-step, finished and "
+        "FLOP counters and its KV usage stood still for 120s (then 60s more). /health may still "
+        "answer 200: the engine core is hung (a long prefill moves the FLOP counter and KV "
+        "usage).",
         "runbook_url": "playbooks/runbooks/VllmEngineStalled.md",
     }
     _run_tests(tmp_path, rules, [case])

@@ -73,6 +73,7 @@ class AlertOptions:
     selector: str = ""
     tpot_family: str = "request_time_per_output_token_seconds"
     stall_for_s: int = 120
+    scrape_interval_s: int = 15  # Prometheus' scrape interval for vLLM (the stall's minimum)
     kv_usage_max: float = 0.9
     straggler_factor: float = 1.5
     recompute_max: float = 0.5
@@ -169,9 +170,12 @@ def build_rules(options: AlertOptions) -> RuleSet:
         )
     if options.tpot_family not in TPOT_FAMILIES:
         raise ConfigError(f"--tpot-metric: one of {', '.join(TPOT_FAMILIES)}")
-    if options.stall_for_s < 30:
+    if options.scrape_interval_s < 1:
+        raise ConfigError("--scrape-interval: at least 1 s")
+    if options.stall_for_s < 2 * options.scrape_interval_s:
         raise ConfigError(
-            "--stall-for: at least 30 s (two scrapes at Prometheus' usual 15 s are needed to "
+            f"--stall-for {options.stall_for_s} s: at least {2 * options.scrape_interval_s} s "
+            f"(two scrapes at --scrape-interval {options.scrape_interval_s} s are needed to "
             "see a counter stand still)"
         )
     x = _Exprs(options)
@@ -354,32 +358,45 @@ def _burn_alerts(options: AlertOptions, choices: list[BucketChoice]) -> list[Rul
 def _engine_alerts(x: _Exprs, options: AlertOptions) -> list[Rule]:
     by = "instance, model_name, engine"
     n = f"{options.stall_for_s}s"
+    # Progress is a token, step or finished-request counter, vLLM's FLOP counter, or the KV
+    # usage changing. Measured on vLLM 0.32: the token and step counters move only when a
+    # request emits its first token, so a long chunked prefill holds them still; its steps
+    # move estimated_flops_per_gpu (with --enable-mfu-metrics) and claim KV blocks.
     moved = " or ".join(
-        f"sum by ({by}) (increase({x.series(c)}[{n}])) > 0"
-        for c in (
-            "vllm:generation_tokens_total",
-            "vllm:prompt_tokens_total",
-            "vllm:iteration_tokens_total_count",
-        )
+        [
+            f"sum by ({by}) (increase({x.series(c)}[{n}])) > 0"
+            for c in (
+                "vllm:generation_tokens_total",
+                "vllm:prompt_tokens_total",
+                "vllm:iteration_tokens_total_count",
+                "vllm:request_success_total",
+                "vllm:estimated_flops_per_gpu_total",
+            )
+        ]
+        + [f"sum by ({by}) (changes({x.series('vllm:kv_cache_usage_perc')}[{n}])) > 0"]
     )
     running = x.series("vllm:num_requests_running")
-    # "unless ... > 0": any counter that moved clears it, and one this vLLM does not export
-    # (iteration_tokens_total before 0.7) cannot keep it from firing. min_over_time: requests
-    # were running for the whole window, not only at its end.
+    # "unless ... > 0": any mark that moved clears it, and one this vLLM does not export
+    # (iteration_tokens_total before 0.7, the FLOP counter without --enable-mfu-metrics)
+    # cannot keep it from firing. min_over_time: requests were running for the whole window,
+    # not only at its end.
     stalled = Rule(
         "VllmEngineStalled",
         f"min by ({by}) (min_over_time({running}[{n}])) > 0 unless on ({by}) ({moved})",
         alert=True,
-        for_="1m",  # a new series has one sample and no increase() yet: wait for a second
+        # a new series has one sample and no increase() yet: wait a few scrapes more (1m at
+        # Prometheus' usual 15 s)
+        for_=f"{4 * options.scrape_interval_s}s",
         labels={"severity": "critical"},
         annotations=_annotations(
             options,
             "VllmEngineStalled",
             "{{ $labels.instance }} engine {{ $labels.engine }}: requests running, no token "
             f"produced for {n}",
-            "{{ $value }} request(s) running while vLLM's prompt and generation token counters "
-            f"and its engine-step count stood still for {n} (then 1m more). /health may still "
-            "answer 200: the engine core is hung.",
+            "{{ $value }} request(s) running while vLLM's token, engine-step, finished and "
+            f"FLOP counters and its KV usage stood still for {n} (then "
+            f"{4 * options.scrape_interval_s}s more). /health may still answer 200: the "
+            "engine core is hung (a long prefill moves the FLOP counter and KV usage).",
         ),
     )
     waiting = x.series("vllm:num_requests_waiting")

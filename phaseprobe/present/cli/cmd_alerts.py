@@ -84,7 +84,15 @@ def register(subparsers: Any) -> None:
         type=seconds,
         default=120.0,
         metavar="SECONDS",
-        help="engine stalled: token counters still this long while requests run (default 120)",
+        help="engine stalled: token, step and FLOP counters and KV usage still this long "
+        "while requests run (default 120)",
+    )
+    build.add_argument(
+        "--scrape-interval",
+        type=seconds,
+        default=15.0,
+        metavar="SECONDS",
+        help="how often Prometheus scrapes vLLM (default 15): --stall-for needs two scrapes",
     )
     build.add_argument(
         "--kv-usage-max",
@@ -175,6 +183,7 @@ def _options(args: argparse.Namespace, snapshot: MetricSnapshot | None) -> Alert
         selector=args.selector,
         tpot_family=args.tpot_metric,
         stall_for_s=round(args.stall_for),
+        scrape_interval_s=max(1, round(args.scrape_interval)),
         kv_usage_max=args.kv_usage_max,
         straggler_factor=args.straggler_factor,
         recompute_max=args.recompute_max,
