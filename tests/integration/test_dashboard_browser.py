@@ -1,12 +1,15 @@
 """End to end: ``phaseprobe dashboard`` on a store of real probe runs, opened in headless Chromium.
 
 The store holds two probe experiments against the local vLLM (the second with a fake-NVML GPU
-series). ``phaseprobe dashboard`` runs as a subprocess on a free port of 127.0.0.1; Playwright
+series) and request spans of three replicas (one slow) for the Live and Fleet pages. A second
+dashboard runs as on a new machine: no experiment store, its spans from a chdb span store
+(``--spans-from``), an NCCL log uploaded on the Files page. ``phaseprobe dashboard`` runs as a
+subprocess on a free port of 127.0.0.1; Playwright
 drives Debian's ``/usr/bin/chromium`` (``executable_path``: no browser download), waits for
 Streamlit's asynchronous rendering, checks that the run timeline's swimlanes are drawn (one
 lane per run, queue/prefill/decode bars) and that no page shows an exception, and saves a
-screenshot of every page to ``$PHASEPROBE_ARTIFACTS_DIR`` (default ``artifacts/`` at the repo
-root).
+screenshot of every page of both to ``$PHASEPROBE_ARTIFACTS_DIR`` (default ``artifacts/`` at
+the repo root).
 
 Without playwright or Chromium the tests skip, or fail when ``PHASEPROBE_REQUIRE_BROWSER=1``
 (``tests/run_all.sh`` sets it and installs both).
@@ -34,6 +37,7 @@ from phaseprobe.records import RunSpec
 from phaseprobe.sources.gpu.sampler import GpuSampler
 from phaseprobe.store import Store
 from phaseprobe.testing.fake_nvml import FakeNvmlBackend, demo_devices
+from tests.unit.test_dashboard_fleet import spans as fleet_spans
 
 pytestmark = pytest.mark.integration
 
@@ -54,7 +58,22 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--disable-dev-shm-usage",
 ]
-PAGES = ["Experiments", "Run timeline", "Phases", "GPU", "Checklist", "A/B", "NCCL", "Traces"]
+# every page of the sidebar, in its order
+PAGES = [
+    "Experiments",
+    "Live",
+    "Fleet",
+    "Capacity",
+    "Run timeline",
+    "Phases",
+    "GPU",
+    "Checklist",
+    "A/B",
+    "NCCL",
+    "Traces",
+]
+EXPERIMENT_PAGES = {"Experiments", "Run timeline", "Phases", "GPU", "Checklist", "A/B"}
+NCCL_LOG = REPO / "tests" / "data" / "nccl" / "v2_18_mpirun_ib_2node.log"
 RUNS = 3  # measured runs in the timeline's experiment (the last one: the default selection)
 TIMEOUT_MS = 30_000  # for one element to appear: Streamlit renders asynchronously
 
@@ -112,10 +131,15 @@ def real_store(browser_ready, local_vllm, tmp_path_factory) -> Path:
             gpu_sampler=sampler,
         )
         assert len(store.gpu_samples(second.experiment_id)) > 0
+    # Spans of three replicas that finished over the last minutes (r2 decodes slowly), as
+    # `phaseprobe watch` stores them: the Live and Fleet pages' data.
+    with Store(path) as store:
+        items = fleet_spans({"r1": 20, "r2": 20, "r3": 20}, time.time(), slow="r2")
+        store.add_spans(items, [{}] * len(items), {})
     # An NCCL summary kept with the second experiment, as `phaseprobe nccl --keep` leaves it.
     from phaseprobe.present.cli import main
 
-    log = REPO / "tests" / "data" / "nccl" / "v2_18_mpirun_ib_2node.log"
+    log = NCCL_LOG
     assert (
         main(
             [
@@ -138,23 +162,42 @@ def real_store(browser_ready, local_vllm, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def dashboard(real_store, tmp_path_factory) -> Iterator[str]:
-    """``phaseprobe dashboard`` in its own process group, bound to 127.0.0.1; its base URL."""
+    """``phaseprobe dashboard`` on the store of real runs; its base URL."""
+    yield from _serve(["--store", str(real_store)], tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def new_machine(browser_ready, tmp_path_factory) -> Iterator[str]:
+    """``phaseprobe dashboard`` as on a new machine: no experiment store; spans of three
+    replicas in a chdb span store, database ``otel`` as the collector's example writes it."""
+    pytest.importorskip("chdb")
+    from tests.unit.span_store_data import chdb_store
+
+    where = tmp_path_factory.mktemp("new-machine")
+    items = fleet_spans({"r1": 20, "r2": 20, "r3": 20}, time.time(), slow="r2")
+    with chdb_store(where / "ch", items, database="otel"):
+        pass  # written and closed: chdb keeps one engine per process, the dashboard's now
+    argv = [
+        "--store",
+        str(where / "absent.db"),
+        "--spans-from",
+        f"chdb:{where / 'ch'}?database=otel",
+    ]
+    yield from _serve(argv, tmp_path_factory)
+    assert not (where / "absent.db").exists()
+
+
+def _serve(argv: list[str], tmp_path_factory: Any) -> Iterator[str]:
+    """``phaseprobe dashboard ARGV`` in its own process group, bound to 127.0.0.1; its base
+    URL once Streamlit answers."""
     port = free_port()
     log = tmp_path_factory.mktemp("dashboard-log") / "dashboard.log"
     env = dict(os.environ)
+    env.pop("PHASEPROBE_SPANS_FROM", None)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "phaseprobe",
-                "dashboard",
-                "--store",
-                str(real_store),
-                "--port",
-                str(port),
-            ],
+            [sys.executable, "-m", "phaseprobe", "dashboard", *argv, "--port", str(port)],
             cwd=REPO,
             env=env,
             stdout=out,
@@ -184,14 +227,28 @@ def dashboard(real_store, tmp_path_factory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def page(dashboard) -> Iterator[Any]:
-    """One Chromium page on the dashboard, with a fresh empty profile."""
+def playwright(browser_ready) -> Iterator[Any]:
+    """Playwright, once for the module: its sync API runs one instance per thread."""
     from playwright.sync_api import sync_playwright
 
-    with (
-        tempfile.TemporaryDirectory(prefix="phaseprobe-chromium-") as profile,
-        sync_playwright() as pw,
-    ):
+    with sync_playwright() as pw:
+        yield pw
+
+
+@pytest.fixture(scope="module")
+def page(playwright, dashboard) -> Iterator[Any]:
+    """One Chromium page on the dashboard, with a fresh empty profile."""
+    yield from _browse(playwright, dashboard, "Experiments")
+
+
+@pytest.fixture(scope="module")
+def new_page(playwright, new_machine) -> Iterator[Any]:
+    """One Chromium page on the new machine's dashboard (it opens on the start page)."""
+    yield from _browse(playwright, new_machine, "Getting started")
+
+
+def _browse(pw: Any, dashboard: str, first: str) -> Iterator[Any]:
+    with tempfile.TemporaryDirectory(prefix="phaseprobe-chromium-") as profile:
         context = pw.chromium.launch_persistent_context(
             profile,
             executable_path=str(CHROMIUM),
@@ -203,7 +260,7 @@ def page(dashboard) -> Iterator[Any]:
             tab = context.pages[0] if context.pages else context.new_page()
             tab.set_default_timeout(TIMEOUT_MS)
             tab.goto(dashboard, wait_until="domcontentloaded")
-            _wait_page(tab, "Experiments")
+            _wait_page(tab, first)
             yield tab
         finally:
             context.close()
@@ -218,9 +275,9 @@ def _wait_page(tab: Any, name: str) -> None:
     tab.wait_for_timeout(300)  # charts lay themselves out after they are mounted
 
 
-def _goto(tab: Any, name: str) -> None:
+def _goto(tab: Any, name: str, heading: str | None = None) -> None:
     tab.get_by_test_id("stSidebar").get_by_test_id("stRadio").get_by_text(name, exact=True).click()
-    _wait_page(tab, name)
+    _wait_page(tab, heading or name)
 
 
 def _screenshot(tab: Any, artifacts: Path, name: str) -> Path:
@@ -363,3 +420,52 @@ def test_every_page_renders_without_an_exception(page, artifacts):
     main.get_by_role("heading", name="Transport mix", exact=True).wait_for()
     main.get_by_text("v2_18_mpirun_ib_2node.log", exact=False).first.wait_for()
     assert main.get_by_test_id("stVegaLiteChart").count() == 1
+    # Live and Fleet over the spans of the store: the 60 requests, r2 named the straggler.
+    _goto(page, "Live")
+    _live_and_fleet(page, "60")
+
+
+def _live_and_fleet(tab: Any, requests: str) -> None:
+    """The Live page's summary and the Fleet page's table and verdicts, as drawn."""
+    main = tab.get_by_test_id("stMain")
+    main.get_by_role("heading", name="Summary", exact=True).wait_for()
+    tile = main.get_by_test_id("stMetric").filter(has_text="Requests").first
+    assert tile.get_by_test_id("stMetricValue").inner_text().strip() == requests
+    _goto(tab, "Fleet")
+    for heading in ("Replicas", "TPOT and TTFT per replica", "Straggler and imbalance"):
+        main.get_by_role("heading", name=heading, exact=True).wait_for()
+    main.get_by_text(re.compile(r"straggler: r2 decodes [\d.]+× slower per token")).wait_for()
+    assert main.get_by_test_id("stVegaLiteChart").count() == 1
+    assert not _exceptions(tab), _exceptions(tab)
+
+
+def test_a_new_machine_opens_every_page(new_page, artifacts):
+    """No experiment store, spans in chdb (``--spans-from``): the experiment pages give the
+    start page, Live and Fleet read the span store, the Files page reads an upload."""
+    failures = {}
+    for name in PAGES:
+        _goto(new_page, name, "Getting started" if name in EXPERIMENT_PAGES else None)
+        errors = _exceptions(new_page)
+        if errors:
+            failures[name] = errors
+        print(
+            f"\nscreenshot: {_screenshot(new_page, artifacts, 'new ' + name)}", file=sys.__stderr__
+        )
+    assert not failures, failures
+    main = new_page.get_by_test_id("stMain")
+    _goto(new_page, "Phases", "Getting started")
+    main.get_by_text("No experiment store at", exact=False).wait_for()
+    for command in ("phaseprobe probe", "phaseprobe watch --demo", "phaseprobe spans import"):
+        main.get_by_text(command, exact=False).first.wait_for()
+    _goto(new_page, "Live")
+    main.get_by_text("Computed by chdb:", exact=False).wait_for()
+    _live_and_fleet(new_page, "60")
+    _goto(new_page, "NCCL")
+    main.get_by_text("Upload an NCCL log", exact=False).wait_for()
+    upload = main.get_by_test_id("stFileUploader").locator('input[type="file"]')
+    upload.set_input_files(str(NCCL_LOG))
+    main.get_by_role("heading", name="Transport mix", exact=True).wait_for()
+    assert not _exceptions(new_page), _exceptions(new_page)
+    print(
+        f"\nscreenshot: {_screenshot(new_page, artifacts, 'new NCCL upload')}", file=sys.__stderr__
+    )

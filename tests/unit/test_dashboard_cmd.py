@@ -10,6 +10,7 @@ import io
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -19,14 +20,15 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from phaseprobe.errors import ConfigError, PhaseprobeError
 from phaseprobe.local.process import process_group_alive
 from phaseprobe.present.cli import cmd_dashboard
-from phaseprobe.store import Store
+from phaseprobe.store import SCHEMA_VERSION, Store
 
 
 @pytest.fixture(autouse=True)
 def _store(tmp_path: Path) -> None:
-    """The store the tests name (s.db) exists: the dashboard refuses a missing one."""
+    """The store the tests name (s.db) exists (a missing one opens the start page)."""
     Store(tmp_path / "s.db").close()
 
 
@@ -161,3 +163,58 @@ def test_sigterm_stops_the_streamlit_child_too(tmp_path):
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 143, proc.stderr.read().decode() if proc.stderr else ""
         assert _group_ends(proc.pid, 10), "Streamlit outlived phaseprobe dashboard"
+
+
+# -- issue 43 item 1: a missing store opens the start page; an unreadable one is refused
+
+
+def test_a_missing_store_starts_the_dashboard_and_creates_nothing(monkeypatch, tmp_path):
+    absent = tmp_path / "new" / "store.db"
+    code, seen, out, err = _call(monkeypatch, ["--store", str(absent)])
+    assert code == 0 and err == ""
+    assert "no experiment store at" in out and "start page" in out
+    assert seen["env"]["PHASEPROBE_STORE"] == str(absent.resolve())
+    assert not absent.exists() and not absent.parent.exists()
+
+
+@pytest.mark.parametrize("kind", ["garbage", "newer schema", "not a store", "a directory"])
+def test_an_unreadable_store_is_refused_before_streamlit_starts(monkeypatch, tmp_path, kind):
+    bad = tmp_path / "bad.db"
+    if kind == "garbage":
+        bad.write_bytes(b"this is not SQLite" * 100)
+    elif kind == "newer schema":
+        Store(bad).close()
+        with contextlib.closing(sqlite3.connect(bad)) as db:
+            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    elif kind == "not a store":
+        with contextlib.closing(sqlite3.connect(bad)) as db:
+            db.execute("CREATE TABLE other (x)")
+    else:
+        bad.mkdir()
+    with pytest.raises(PhaseprobeError) as e:
+        _call(monkeypatch, ["--store", str(bad)])
+    assert str(bad) in str(e.value)
+
+
+def test_spans_from_reaches_the_live_page(monkeypatch, tmp_path):
+    pytest.importorskip("chdb")
+    from tests.unit.span_store_data import chdb_store, fleet_spans
+
+    with chdb_store(tmp_path / "ch", fleet_spans(10, seed=1), database="otel"):
+        pass
+    url = f"chdb:{tmp_path / 'ch'}?database=otel"
+    code, seen, _, err = _call(
+        monkeypatch, ["--store", str(tmp_path / "none.db"), "--spans-from", url]
+    )
+    assert code == 0 and err == ""
+    assert seen["env"]["PHASEPROBE_SPANS_FROM"] == url
+    # from the environment as well; a store that cannot be read now is said, not refused
+    monkeypatch.setenv("PHASEPROBE_SPANS_FROM", f"chdb:{tmp_path / 'ch'}")
+    code, seen, _, err = _call(monkeypatch, ["--store", str(tmp_path / "none.db")])
+    assert code == 0 and "warning" in err and "?database=otel" in err
+    assert seen["env"]["PHASEPROBE_SPANS_FROM"] == f"chdb:{tmp_path / 'ch'}"
+
+
+def test_a_spans_from_that_names_no_span_store_is_refused(monkeypatch, tmp_path):
+    with pytest.raises(ConfigError, match="not a span store URL"):
+        _call(monkeypatch, ["--store", str(tmp_path / "s.db"), "--spans-from", "nope://x"])

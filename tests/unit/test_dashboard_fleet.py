@@ -163,3 +163,27 @@ def test_page_frames():
     assert chart["ms"].between(1, 100).all()
     assert len(page_fleet.comparisons_frame(report)) == 8
     assert page_fleet.parse_replicas(" r1, r2 r1,,r3 ") == ["r1", "r2", "r3"]
+
+
+def test_the_fleet_page_reads_a_span_store_with_no_experiment_store(monkeypatch, tmp_path):
+    """Issue 43: ``dashboard --spans-from`` (PHASEPROBE_SPANS_FROM) and no store: the same
+    table and verdicts as from the SQLite store on the same spans."""
+    pytest.importorskip("chdb")
+    from tests.unit.span_store_data import chdb_store
+
+    items = spans({"r1": 20, "r2": 20, "r3": 20}, time.time(), slow="r2")
+    with chdb_store(tmp_path / "ch", items, database="otel"):
+        pass
+    at = goto(open_app(monkeypatch, _store(tmp_path / "s.db", items)), "Fleet")
+    want = at.dataframe[0].value
+    monkeypatch.setenv("PHASEPROBE_SPANS_FROM", f"chdb:{tmp_path / 'ch'}?database=otel")
+    at = goto(open_app(monkeypatch, tmp_path / "absent.db"), "Fleet")
+    assert [h.value for h in at.subheader] == HEADINGS
+    got = at.dataframe[0].value
+    assert got.to_dict("records") == want.to_dict("records")
+    assert "r2" in at.warning[0].value  # the straggler named
+    assert not (tmp_path / "absent.db").exists()
+    # a span store that cannot be read is one error line naming it
+    monkeypatch.setenv("PHASEPROBE_SPANS_FROM", f"chdb:{tmp_path / 'ch'}")
+    at = goto(open_app(monkeypatch, tmp_path / "absent.db"), "Fleet")
+    assert len(at.error) == 1 and "?database=otel" in at.error[0].value

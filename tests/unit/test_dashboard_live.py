@@ -64,6 +64,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_spans_without_experiments(monkeypatch, live):
     at = open_app(monkeypatch, live)
     assert "no experiments yet" in at.info[0].value and "Live page" in at.info[0].value
+    assert "300 request spans" in at.info[0].value
     goto(at, "Live")
     assert [h.value for h in at.header] == ["Live"]
     assert [h.value for h in at.subheader] == HEADINGS

@@ -532,3 +532,59 @@ def test_nccl_tests_table_is_plotted_busbw_against_size(monkeypatch, tmp_path, f
     at = goto(open_app(monkeypatch, store), "NCCL", 3)
     assert "nccl-tests: bus bandwidth by message size" in [h.value for h in at.subheader]
     assert count_charts(at) == 2  # busbw by size, then the transport mix
+
+
+# -- issue 43 item 1: the dashboard opens anywhere
+
+
+def test_a_missing_store_opens_every_page(monkeypatch, tmp_path):
+    """No store (a new machine): the experiment pages give the start page, the file pages
+    their upload, the store pages say how spans arrive; nothing is created."""
+    absent = tmp_path / "absent.db"
+    at = open_app(monkeypatch, absent)
+    pages = at.sidebar.radio(key="page").options
+    assert {"Live", "Fleet", "NCCL", "Traces"} <= set(pages)
+    for page in pages:
+        goto(at, page)
+        text = page_text(at)
+        if page in ("Experiments", "Run timeline", "Phases", "GPU", "Checklist", "A/B"):
+            assert at.header[0].value == "Getting started", page
+            assert f"`{page}` shows an experiment" in text
+            commands = "\n".join(c.value for c in at.code)
+            for command in ("phaseprobe probe", "watch --demo", "spans import", "nccl LOG"):
+                assert command in commands, (page, command)
+        else:
+            assert at.header[0].value == page
+    goto(at, "NCCL")
+    assert "Upload an NCCL log" in at.info[0].value
+    goto(at, "Traces")
+    assert "Upload a trace" in at.info[0].value
+    assert not absent.exists()
+
+
+def test_files_pages_read_a_store_with_no_experiment(monkeypatch, tmp_path):
+    """A summary kept with no experiment (``nccl LOG --keep``) shows on a store without
+    experiments."""
+    path = tmp_path / "kept.db"
+    with Store(path) as store:
+        store.add_analysis("nccl", "/logs/rank0.log", {"transports": {"by_kind": {"P2P": 3}}})
+    at = goto(open_app(monkeypatch, path), "NCCL")
+    assert "Transport mix" in [s.value for s in at.subheader] + [h.value for h in at.header]
+    assert "/logs/rank0.log" in page_text(at)
+    goto(at, "Run timeline")
+    assert "holds no experiments yet" in at.info[0].value
+
+
+def test_the_sidebar_default_is_the_selection(monkeypatch, filled):
+    """The browser shows a selectbox's default whenever it lacks the widget's state: the
+    default must be the selected experiment, not the first (issue 43: a browser showed "#1"
+    while the newest was selected)."""
+    at = open_app(monkeypatch, filled)
+    box = at.sidebar.selectbox(key="experiment")
+    assert box.value == 3 and box.proto.default == box.options.index("#3 client-only")
+    at.selectbox(key="pick").set_value(1).run()
+    at.button(key="select_button").click().run()
+    box = at.sidebar.selectbox(key="experiment")
+    assert box.value == 1 and box.proto.default == 0
+    goto(at, "Phases")
+    assert at.sidebar.selectbox(key="experiment").proto.default == 0

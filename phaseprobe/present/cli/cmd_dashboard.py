@@ -3,9 +3,12 @@
     phaseprobe dashboard                      # the default store, http://127.0.0.1:8501
     phaseprobe dashboard --store runs.db --port 8600
     phaseprobe dashboard --address 0.0.0.0    # reachable from other hosts (warns)
+    phaseprobe dashboard --spans-from 'chdb:/var/lib/otel-chdb?database=otel'   # Live page
 
 It runs ``python -m streamlit run`` on :mod:`phaseprobe.present.dashboard.app` in the
-foreground, with usage statistics off and no browser opened, until Ctrl-C.
+foreground, with usage statistics off and no browser opened, until Ctrl-C. A store that is
+not there yet opens on the start page (a new machine has none); one that cannot be read
+(damaged, not a store, a newer schema) is refused before Streamlit starts.
 """
 
 from __future__ import annotations
@@ -20,8 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
-from phaseprobe.errors import ConfigError
+from phaseprobe.collect.spans.source import SPANS_FROM_ENV, SPANS_FROM_HELP, open_spans
+from phaseprobe.errors import ConfigError, PhaseprobeError, StoreError
 from phaseprobe.inputs import input_problem
 from phaseprobe.paths import default_store_path
 from phaseprobe.present.cli.args import int_in
@@ -38,8 +43,9 @@ def register(subparsers: Any) -> None:
         "dashboard",
         help="open the Streamlit dashboard on the experiment store",
         description="Start the Streamlit dashboard (experiments, run timelines, phases, GPU, "
-        "checklist) on the experiment store. It binds to 127.0.0.1 unless "
-        "--address says otherwise.",
+        "checklist, live spans, fleet, NCCL and trace files) on the experiment store; "
+        "with no store yet it opens on a page saying how to get data. It binds to "
+        "127.0.0.1 unless --address says otherwise.",
     )
     p.add_argument(
         "--store",
@@ -53,6 +59,12 @@ def register(subparsers: Any) -> None:
         default="127.0.0.1",
         help="address to bind (default: 127.0.0.1; anything else exposes the "
         "store's contents to the network)",
+    )
+    p.add_argument(
+        "--spans-from",
+        default=None,
+        metavar="URL",
+        help=f"the Live page's spans: {SPANS_FROM_HELP} (default: ${SPANS_FROM_ENV})",
     )
 
 
@@ -88,7 +100,13 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     problem = input_problem(store)  # a FIFO would hang every page that opens the store
     if problem:
         raise ConfigError(f"--store {store}: {problem}, not a store file")
-    _check_store(store)
+    if os.path.lexists(store):  # a symlink loop is not "no store": Store says what it is
+        _check_store(store)
+    else:
+        out.print(f"no experiment store at {store} yet: the dashboard opens on its start page")
+    spans_from = args.spans_from or os.environ.get(SPANS_FROM_ENV) or None
+    if spans_from:
+        _check_spans_from(spans_from, store, err)
     if not _is_loopback(args.address):
         err.print(
             f"[yellow]warning:[/] binding to {args.address}: anyone who can reach this "
@@ -97,6 +115,8 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
         )
     env = dict(os.environ)
     env[STORE_ENV] = str(store.expanduser().resolve())
+    if spans_from:
+        env[SPANS_FROM_ENV] = spans_from
     env["STREAMLIT_BROWSER_GATHER_USAGE_STATS"] = "false"
     # The app imports phaseprobe: make it the same phaseprobe as this process.
     root = str(Path(__file__).resolve().parents[3])
@@ -121,11 +141,31 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
 
 
 def _check_store(store: Path) -> None:
-    """Refuse a missing, empty, corrupt or newer-schema store here, as one StoreError (exit
-    2), rather than start Streamlit on it to show the error on every page."""
-    from phaseprobe.store import Store
+    """Refuse an empty, corrupt or newer-schema store here, as one StoreError (exit 2),
+    rather than start Streamlit on it to show the error on every page. A newer store is
+    refused although a one-shot read reads it as far as it understands: every page would
+    show what this version does not know as missing, for as long as the dashboard runs."""
+    from phaseprobe.store import SCHEMA_VERSION, Store
 
-    Store(store, readonly=True).close()
+    with Store(store, readonly=True) as opened:
+        if opened.schema_version > SCHEMA_VERSION:
+            raise StoreError(
+                f"{store} has schema version {opened.schema_version}; this phaseprobe knows "
+                f"up to {SCHEMA_VERSION}: upgrade phaseprobe to open the dashboard on it"
+            )
+
+
+def _check_spans_from(url: str, store: Path, err: Console) -> None:
+    """Refuse a URL that names no span store (ConfigError, exit 2); a store that does not
+    answer now, or holds no spans yet, is said and the dashboard starts anyway: the Live page
+    reads it again on every refresh."""
+    try:
+        with open_spans(url, store):
+            pass
+    except ConfigError:
+        raise
+    except PhaseprobeError as exc:
+        err.print(f"[yellow]warning:[/] {escape(str(exc))}")
 
 
 def _die_with(parent: int) -> None:

@@ -3,7 +3,10 @@
 The store comes from ``$PHASEPROBE_STORE``. The sidebar picks the page and the experiment; each
 page module has ``render(ctx)`` and says plainly what is missing instead of drawing nothing.
 The pages of :data:`STORE_PAGES` (Live, Fleet, Capacity) read the store as a whole,
-``render(path, key)``: they work before any experiment exists, and even before the store does.
+``render(path, key)``, and those of :data:`FILE_PAGES` (NCCL, Traces) uploads or what the store
+keeps, ``render(path, key, experiment_id)``: they work before any experiment exists, and even
+before the store does. An experiment page with no experiment to show gives the start page
+(how to get data); a store that cannot be read (damaged, of a newer schema) is one error line.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from phaseprobe.present.dashboard import (
     page_gpu,
     page_live,
     page_phases,
+    page_start,
     page_timeline,
 )
 from phaseprobe.present.dashboard.context import Context
@@ -34,6 +38,10 @@ PAGES = {
     "GPU": page_gpu.render,
     "Checklist": page_checklist.render,
     "A/B": page_ab.render,
+}
+# Pages of files: an upload, or a summary the store keeps (`--keep`), attached to the
+# selected experiment when there is one.
+FILE_PAGES = {
     "NCCL": page_files.render_nccl,
     "Traces": page_files.render_traces,
 }
@@ -51,12 +59,16 @@ def main() -> None:
     st.sidebar.title("phaseprobe")
     st.sidebar.caption(f"store: `{path}`")
     names = list(PAGES)
-    page = st.sidebar.radio("Page", names[:1] + list(STORE_PAGES) + names[1:], key="page")
+    page = st.sidebar.radio(
+        "Page", names[:1] + list(STORE_PAGES) + names[1:] + list(FILE_PAGES), key="page"
+    )
     if not path.exists():
         if page in STORE_PAGES:
             STORE_PAGES[page](str(path), ())
+        elif page in FILE_PAGES:
+            FILE_PAGES[page](str(path), (), None)
         else:
-            st.info(f"No experiment store at {path} yet: run `phaseprobe probe` to fill one.")
+            page_start.render(str(path), page)
         return
     key = stamp(path)
     try:
@@ -68,11 +80,10 @@ def main() -> None:
     try:
         if page in STORE_PAGES:
             STORE_PAGES[page](str(path), key)
+        elif page in FILE_PAGES:
+            FILE_PAGES[page](str(path), key, selected)
         elif selected is None:
-            st.info(
-                "The store holds no experiments yet: run `phaseprobe probe` to add one. "
-                "vLLM's request spans received by `phaseprobe watch` are on the Live page."
-            )
+            page_start.render(str(path), page)
         else:
             PAGES[page](Context(path=str(path), key=key, experiments=frame, experiment_id=selected))
     except PhaseprobeError as exc:  # an expected problem with the data: one line, no trace
@@ -86,10 +97,15 @@ def _select_experiment(frame: pd.DataFrame) -> int | None:
         return None
     ids = [int(i) for i in frame["id"]]
     names = dict(zip(ids, frame["name"], strict=True))
-    if st.session_state.get("experiment") not in ids:
-        st.session_state["experiment"] = ids[-1]
+    # The widget's default is the selection itself, never set through session state: the
+    # browser shows the default whenever it lacks the widget's state, and a value set through
+    # session state reaches it once, in one run's message. On a busy box a run superseded
+    # before that message was drawn left the box at its default, index 0 (the oldest
+    # experiment, "#1 e2e-a", while the app had selected the newest).
+    current = st.session_state.get("experiment")
+    index = ids.index(current) if current in ids else len(ids) - 1
     selected = st.sidebar.selectbox(
-        "Experiment", ids, key="experiment", format_func=lambda i: f"#{i} {names[i]}"
+        "Experiment", ids, index=index, key="experiment", format_func=lambda i: f"#{i} {names[i]}"
     )
     return int(selected)
 

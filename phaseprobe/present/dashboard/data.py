@@ -50,14 +50,18 @@ def store_path() -> Path:
 
 
 def stamp(path: Path) -> tuple[float, ...]:
-    """Modification times of the database and its WAL: the cache key part that changes when
-    anything is written."""
-    out = []
+    """Inode, size and modification time (ns) of the database and of its WAL: the cache key
+    part that changes when anything is written. The mtime alone is not enough: a file
+    system's clock ticks coarsely (a kernel tick, 4 ms), so two commits within one tick
+    leave it unchanged, while the WAL grows with each commit and a checkpoint rewrites it."""
+    out: list[float] = []
     for p in (path, path.with_name(path.name + "-wal")):
         try:
-            out.append(p.stat().st_mtime)
+            st_ = p.stat()
         except OSError:
-            out.append(0.0)
+            out += [0, 0, 0]
+        else:
+            out += [st_.st_ino, st_.st_size, st_.st_mtime_ns]
     return tuple(out)
 
 

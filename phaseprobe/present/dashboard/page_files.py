@@ -2,6 +2,7 @@
 ``probe --torch-profile``) or of an uploaded file — an NCCL debug log (or a saved
 ``phaseprobe nccl --json``) and a PyTorch/Kineto trace (``.json`` / ``.json.gz``, or a saved
 ``phaseprobe trace --json``): transport mix, collectives per step, class breakdown, idle gaps.
+Uploads need no store: the pages work with none, or with a store that holds no experiment.
 
 The same summarisers as ``phaseprobe nccl`` / ``phaseprobe trace``; the upload is written to a
 temporary file because the parsers stream from a path."""
@@ -21,7 +22,6 @@ import streamlit as st
 from phaseprobe.collect.evidence import nccl_evidence
 from phaseprobe.errors import PhaseprobeError
 from phaseprobe.present.dashboard import data
-from phaseprobe.present.dashboard.context import Context
 
 __all__ = ["render_nccl", "render_traces", "scalars", "tables"]
 
@@ -96,13 +96,17 @@ def _upload(kind: str, label: str, types: list[str] | None) -> Mapping[str, Any]
         return None
 
 
-def _kept(ctx: Context, kinds: tuple[str, ...]) -> dict[str, Any] | None:
+def _kept(
+    path: str, key: tuple[float, ...], experiment_id: int | None, kinds: tuple[str, ...]
+) -> dict[str, Any] | None:
     """A kept analysis chosen here; None when the user picks an upload instead (or nothing is
-    kept). Those attached to the selected experiment come first."""
-    kept = [a for a in data.analyses(ctx.path, ctx.key) if a["kind"] in kinds]
+    kept, or there is no store). Those attached to the selected experiment come first."""
+    if not Path(path).exists():
+        return None
+    kept = [a for a in data.analyses(path, key) if a["kind"] in kinds]
     if not kept:
         return None
-    mine = [a for a in kept if a["experiment_id"] == ctx.experiment_id]
+    mine = [a for a in kept if experiment_id is not None and a["experiment_id"] == experiment_id]
     source = st.radio(
         "Source",
         [f"Kept in the store ({len(kept)})", "Upload a file"],
@@ -120,25 +124,33 @@ def _kept(ctx: Context, kinds: tuple[str, ...]) -> dict[str, Any] | None:
         return f"#{i} {a['kind']} · {Path(a['source']).name} · {exp}"
 
     chosen = st.selectbox("Analysis", list(by_id), key=f"kept_{kinds[0]}", format_func=label)
-    if not mine:
+    if not mine and experiment_id is not None:
         st.caption(
-            f"None is attached to experiment #{ctx.experiment_id} (`--keep "
-            f"--experiment {ctx.experiment_id}` attaches one)."
+            f"None is attached to experiment #{experiment_id} (`--keep "
+            f"--experiment {experiment_id}` attaches one)."
         )
     st.caption(f"from `{by_id[int(chosen)]['source']}`")
-    return data.analysis(ctx.path, int(chosen), ctx.key)
+    return data.analysis(path, int(chosen), key)
 
 
 def _doc(
-    ctx: Context, kinds: tuple[str, ...], label: str, types: list[str] | None
+    where: tuple[str, tuple[float, ...], int | None],
+    kinds: tuple[str, ...],
+    label: str,
+    types: list[str] | None,
 ) -> Mapping[str, Any] | None:
-    return _kept(ctx, kinds) or _upload(kinds[0], label, types)
+    return _kept(*where, kinds) or _upload(kinds[0], label, types)
 
 
-def render_nccl(ctx: Context) -> None:
+def render_nccl(path: str, key: tuple[float, ...], experiment_id: int | None) -> None:
+    """The page over the store at ``path`` (which may be missing) and the selected
+    experiment (None: there is none)."""
     st.header("NCCL")
     doc = _doc(
-        ctx, ("nccl",), "NCCL debug log (NCCL_DEBUG=INFO) or a saved `phaseprobe nccl --json`", None
+        (path, key, experiment_id),
+        ("nccl",),
+        "NCCL debug log (NCCL_DEBUG=INFO) or a saved `phaseprobe nccl --json`",
+        None,
     )
     if doc is None:
         st.info(
@@ -190,10 +202,11 @@ def render_nccl(ctx: Context) -> None:
     _show(doc, None)
 
 
-def render_traces(ctx: Context) -> None:
+def render_traces(path: str, key: tuple[float, ...], experiment_id: int | None) -> None:
+    """As :func:`render_nccl`, for profiler traces and nsys exports."""
     st.header("Traces")
     doc = _doc(
-        ctx,
+        (path, key, experiment_id),
         ("trace", "nsys"),
         "PyTorch / Kineto trace (.json, .json.gz) or a saved `phaseprobe trace --json`",
         ["json", "gz"],

@@ -5,10 +5,15 @@ on one chart, and the verdicts of :mod:`phaseprobe.analysis.fleet_stats`: the st
 replica slower than the rest on TPOT or TTFT, with the A/B engine's interval) and traffic
 imbalance (χ² against an even split). A replica is the span's ``service.instance.id``; spans
 without one are counted apart, never compared, and the page says how to name the replicas.
+
+With ``PHASEPROBE_SPANS_FROM`` (``phaseprobe dashboard --spans-from URL``) the spans come from
+the fleet's span store instead, no experiment store needed: the newest :data:`MAX_SPANS`
+requests that finished in the window, judged the same way.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -23,9 +28,12 @@ from phaseprobe.analysis.fleet_stats import (
     fleet_frame,
     report_from_frame,
 )
+from phaseprobe.collect.spans.source import SPANS_FROM_ENV, open_spans
+from phaseprobe.errors import PhaseprobeError
 from phaseprobe.format import MISSING
 from phaseprobe.present.dashboard import data
 from phaseprobe.present.dashboard.data import fmt_ms
+from phaseprobe.records import RequestSpan
 
 __all__ = [
     "render",
@@ -60,7 +68,10 @@ _TABLE_PHASES = (
 def render(path: str, key: tuple[float, ...] = ()) -> None:
     """The page over the whole store (``key``: the store's stamp)."""
     st.header("Fleet")
-    if not Path(path).exists():
+    spans_from = os.environ.get(SPANS_FROM_ENV, "").strip()
+    if spans_from:
+        st.caption(f"Spans from `{spans_from}` (${SPANS_FROM_ENV}).")
+    elif not Path(path).exists():
         _no_spans(path)
         return
     cols = st.columns([2, 2, 3])
@@ -78,14 +89,22 @@ def render(path: str, key: tuple[float, ...] = ()) -> None:
         key="fleet_replicas",
         placeholder="r1, r2, r3",
     )
-    key = data.stamp(Path(path))
-    if not data.span_stats(path, key)["requests"]:
-        _no_spans(path)
-        return
     now = int(time.time() // ROUND_S * ROUND_S)
-    report, frame, n_read = _report(
-        path, key, WINDOWS_S[label], now, float(min_effect), tuple(parse_replicas(known_text))
-    )
+    known = tuple(parse_replicas(known_text))
+    if spans_from:
+        try:
+            report, frame, n_read = _report_from(
+                spans_from, path, WINDOWS_S[label], now, float(min_effect), known
+            )
+        except PhaseprobeError as exc:  # typed, naming the store (never its password)
+            st.error(str(exc))
+            return
+    else:
+        key = data.stamp(Path(path))
+        if not data.span_stats(path, key)["requests"]:
+            _no_spans(path)
+            return
+        report, frame, n_read = _report(path, key, WINDOWS_S[label], now, float(min_effect), known)
     if frame.empty:
         st.info(f"No request finished in the window ({label.lower()}). Choose a longer one.")
         return
@@ -126,6 +145,34 @@ def _report(
     or a later span end (a vLLM host clock ahead of this one)."""
     since = None if window_s is None else int((now_s - window_s - LOOKBACK_S) * 1e9)
     loaded = data.spans(path, since, MAX_SPANS, key)
+    return _judge(loaded, window_s, now_s, min_effect, known)
+
+
+@st.cache_data(show_spinner="Reading the span store and comparing the replicas…", max_entries=8)
+def _report_from(
+    spans_from: str,
+    path: str,
+    window_s: float | None,
+    now_s: int,
+    min_effect: float,
+    known: tuple[str, ...],
+) -> tuple[FleetReport, pd.DataFrame, int]:
+    """:func:`_report` over a fleet's span store: its newest requests that finished in the
+    window (the store bounds the window itself, so no look-back is read)."""
+    since = None if window_s is None else int((now_s - window_s) * 1e9)
+    with open_spans(spans_from, Path(path)) as reader:
+        loaded = reader.recent_spans(MAX_SPANS, since_ns=since)
+    return _judge(loaded, window_s, now_s, min_effect, known)
+
+
+def _judge(
+    loaded: list[RequestSpan],
+    window_s: float | None,
+    now_s: int,
+    min_effect: float,
+    known: tuple[str, ...],
+) -> tuple[FleetReport, pd.DataFrame, int]:
+    """The report, the per-request frame and how many spans were read."""
     end_ns = max([now_s * 10**9, *(s.end_ns for s in loaded)])
     spans = (
         loaded
