@@ -182,3 +182,13 @@ def test_a_reasoning_field_that_is_not_text_is_a_malformed_stream(delta: bytes) 
     with _replay(data) as url:
         out = StreamClient(url).stream(build_body(model="m", prompt="x", max_tokens=1, chat=True))
     assert out.error is not None and out.error.startswith("unexpected SSE event shape")
+
+
+def test_recorded_vllm_stream_with_speculative_decoding() -> None:
+    """n-gram speculation (``--speculative-config``): once the model repeats itself, one
+    event carries up to 4 tokens. 24 tokens in 13 events, each counted."""
+    tl = _replayed("spec_ngram_token_ids.sse").timeline
+    assert tl.event_tokens == (1, 1, 1, 1, 1, 1, 2, 1, 1, 3, 3, 4, 4)
+    assert sum(tl.event_tokens) == tl.completion_tokens == 24
+    assert len(tl.itl_token_s) == 23 and len(tl.itl_s) == 12
+    assert tl.reasoning_tokens == 6 and tl.answer_tokens == 18

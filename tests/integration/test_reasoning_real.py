@@ -1,0 +1,171 @@
+"""Reasoning streams and tokens per event on the real vLLM 0.32 (CPU build).
+
+The tiny random-weight model cannot reason, so it is made to stream the parser's shape
+(``tests/integration/reasoning_model.py``): ``<think>``/``</think>`` become tokens, the chat
+template opens the assistant's turn with ``<think>``, and vLLM runs ``--reasoning-parser
+deepseek_r1``, so everything the model writes is reasoning until ``</think>``. A request's
+``thinking_token_budget`` makes vLLM force ``</think>`` after that many tokens; without it the
+model reasons until ``max_tokens``. The same server speculates with n-grams
+(``--speculative-config``), so its events carry several tokens once the random model repeats
+itself: the real case of "an event is not a token".
+
+One server for the module, started only when a test here asks for it (about 30 s); skipped
+with PHASEPROBE_TEST_ENDPOINT (an outside endpoint cannot be given this model).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from phaseprobe.collect.experiment import ProbeSettings, run_probe
+from phaseprobe.local import LocalVllm, ensure_model, install
+from phaseprobe.local.process import process_group_alive
+from phaseprobe.local.venv import default_venv_dir, venv_python
+from phaseprobe.records import RunSpec
+from phaseprobe.sources.vllm.openai_stream import StreamClient, build_body
+from phaseprobe.store import Store
+from tests.integration.conftest import ENDPOINT_ENV, VllmTarget
+
+pytestmark = pytest.mark.integration
+
+MODEL_SCRIPT = Path(__file__).with_name("reasoning_model.py")
+NGRAM = '{"method":"ngram","num_speculative_tokens":3,"prompt_lookup_max":3,"prompt_lookup_min":1}'
+PROMPT = "hello there"
+
+
+@pytest.fixture(scope="module")
+def reasoning_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmTarget]:
+    if os.environ.get(ENDPOINT_ENV):
+        pytest.skip("starts its own vLLM with a reasoning parser and a model made here")
+    install()
+    base = ensure_model()
+    model_dir = tmp_path_factory.mktemp("reasoning") / "tiny-reasoning"
+    python = venv_python(default_venv_dir())
+    made = subprocess.run(
+        [str(python), str(MODEL_SCRIPT), str(base), str(model_dir)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert made.returncode == 0, made.stderr[-2000:]
+    assert json.loads(made.stdout.strip().splitlines()[-1]) == {"<think>": 2048, "</think>": 2049}
+    server = LocalVllm(
+        model_dir,
+        extra_args=["--reasoning-parser", "deepseek_r1", "--speculative-config", NGRAM],
+    )
+    server.start()
+    pid = server.pid
+    try:
+        yield VllmTarget(
+            base_url=server.base_url,
+            model=server.model,
+            log_path=server.log_path,
+            pid=pid,
+            startup_seconds=server.startup_seconds,
+        )
+    finally:
+        server.stop()
+    if process_group_alive(pid):
+        pytest.fail(f"processes of the reasoning vLLM (process group {pid}) survived stop()")
+
+
+def _accepted(target: VllmTarget) -> float:
+    """vLLM's accepted draft tokens so far (``vllm:spec_decode_num_accepted_tokens_total``)."""
+    text = requests.get(f"{target.base_url}/metrics", timeout=30).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("vllm:spec_decode_num_accepted_tokens_total{")
+    )
+
+
+def test_first_reasoning_and_first_answer_are_stamped_apart(reasoning_vllm: VllmTarget) -> None:
+    budget, n = 6, 24
+    body = build_body(model=reasoning_vllm.model, prompt=PROMPT, max_tokens=n, chat=True)
+    body["thinking_token_budget"] = budget
+    out = StreamClient(reasoning_vllm.base_url).stream(body)
+    tl = out.timeline
+    assert out.error is None and tl.complete, out.error
+    assert tl.completion_tokens == n
+    # TTFT is the first reasoning event, TTFA the first answer event, after the budget
+    assert tl.first_reasoning_offset_ns == tl.event_offsets_ns[0]
+    assert tl.ttft_s is not None and tl.ttfa_s is not None and tl.ttfa_s > tl.ttft_s
+    # every token is counted once, the hidden </think> included (with the first answer event)
+    assert tl.event_tokens is not None and sum(tl.event_tokens) == n
+    first_answer = tl.event_offsets_ns.index(tl.first_answer_offset_ns or -1)
+    if tl.reasoning_tokens is not None:  # no event mixed reasoning and answer
+        assert tl.reasoning_tokens == budget and tl.reasoning_tokens_source == "stream"
+        assert tl.answer_tokens == n - budget
+        assert sum(tl.event_tokens[:first_answer]) == budget
+        # vLLM's own usage counts no reasoning here (the <think> was in the prompt): said
+        assert any("counts 0 reasoning tokens" in note for note in out.notes)
+    else:  # a lagging client got the boundary inside one merged event: said, not guessed
+        assert any("carried reasoning and answer both" in note for note in out.notes)
+
+
+def test_speculative_events_count_their_tokens(reasoning_vllm: VllmTarget) -> None:
+    """n-gram speculation on a model that repeats itself: some events carry several tokens.
+    ITL per token then spreads each gap over its tokens, and adds up to the same time."""
+    before = _accepted(reasoning_vllm)
+    body = build_body(model=reasoning_vllm.model, prompt=PROMPT, max_tokens=48, chat=True)
+    body["thinking_token_budget"] = 4
+    out = StreamClient(reasoning_vllm.base_url).stream(body)
+    tl = out.timeline
+    assert out.error is None and tl.event_tokens is not None
+    assert _accepted(reasoning_vllm) > before  # vLLM accepted drafts in this request
+    assert max(tl.event_tokens) > 1 and len(tl.event_offsets_ns) < 48
+    assert sum(tl.event_tokens) == tl.completion_tokens == 48
+    assert len(tl.itl_token_s) == 48 - tl.event_tokens[0]
+    assert sum(tl.itl_token_s) == pytest.approx(sum(tl.itl_s), rel=1e-9)
+    assert sorted(tl.itl_token_s)[len(tl.itl_token_s) // 2] <= sorted(tl.itl_s)[len(tl.itl_s) // 2]
+
+
+def test_probe_of_a_model_that_never_stops_reasoning(
+    reasoning_vllm: VllmTarget, tmp_path: Path
+) -> None:
+    """The probe sends no thinking budget: the model reasons until max_tokens. Every run
+    has its TTFT (the first reasoning token), no TTFA, and all its tokens as reasoning: in the
+    runs, the summary and the store."""
+    spec = RunSpec(
+        endpoint=reasoning_vllm.base_url,
+        model=reasoning_vllm.model,
+        prompt=PROMPT,
+        max_tokens=12,
+        api="chat",
+    )
+    path = tmp_path / "s.sqlite"
+    with Store(path) as store:
+        result = run_probe(spec, store, settings=ProbeSettings(runs=3, warmup=1))
+    assert len(result.runs) == 3
+    for run in result.runs:
+        c = run.client
+        assert run.status == "ok" and c is not None, run.error
+        assert c.ttft_s is not None and c.ttfa_s is None and c.reasoned
+        assert c.reasoning_tokens == 12 and c.answer_tokens == 0
+        assert c.first_reasoning_offset_ns == c.event_offsets_ns[0]
+    rows = list(sqlite3.connect(path).execute("SELECT client_ttfa_s, reasoning_tokens FROM runs"))
+    assert rows == [(None, 12)] * 3
+    assert any("ended while still reasoning" in n and "in 3 of 3 runs" in n for n in result.notes)
+
+
+def test_the_server_answers_without_reasoning_when_the_stream_is_plain(
+    reasoning_vllm: VllmTarget,
+) -> None:
+    """The completions API has no reasoning parser: the same server's text is all answer."""
+    body = build_body(model=reasoning_vllm.model, prompt=PROMPT, max_tokens=8, chat=False)
+    started = time.monotonic()
+    out = StreamClient(reasoning_vllm.base_url).stream(body)
+    assert time.monotonic() - started < 60
+    tl = out.timeline
+    assert out.error is None and not tl.reasoned and tl.ttfa_s == tl.ttft_s
+    assert tl.event_tokens is not None and sum(tl.event_tokens) == 8
