@@ -47,8 +47,11 @@ __all__ = ["register", "run"]
 
 _DEFINITIONS = """\
 definitions (phaseprobe's; other tools differ):
-  TTFT (client)  request sent -> arrival of the first content token event
-  ITL            gap between consecutive token events, stamped on arrival
+  TTFT (client)  request sent -> arrival of the first token event (reasoning or answer)
+  TTFA           request sent -> arrival of the first answer (content) event, after any
+                 reasoning; = TTFT without reasoning
+  ITL            per token: an event of k tokens after a gap g counts k times g/k (tokens
+                 per event from the stream's token ids or running usage; else event gaps)
   TPOT           (e2e - TTFT) / (completion_tokens - 1); tokens from the server's usage
   e2e            request sent -> end of stream
   queue/prefill/decode (server)  vLLM's own per-request histograms, from the _sum delta of a
