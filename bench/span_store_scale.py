@@ -9,14 +9,20 @@ statement) with vLLM ``llm_request`` spans: attributes as strings in ``SpanAttri
 replica in ``ResourceAttributes``. Then, each in a fresh process (so its peak RSS is its own):
 
 - the summary ``spans list --spans-from chdb:DIR`` prints (``ChdbSpans.span_summary``: counts,
-  token sums, phase share and exact p50/p90/p99 of six durations per replica and over all);
+  token sums, phase share and p50/p90/p99 of six durations per replica and over all; past
+  ``EXACT_MAX_SPANS`` requests from a logarithmic sketch with a 0.5 % relative bound);
+- the old way beside it, in a process of its own: the same summary with exact quantiles forced
+  (``quantilesExactInclusive``, every value held), and the largest relative difference of the
+  sketch's quantiles from those exact ones;
 - the references, in the same process: ``SELECT count()`` (ClickHouse answers it from part
   metadata) and a scan that must read the columns the summary reads
   (``count() WHERE NOT ignore(SpanAttributes, ResourceAttributes, …)``).
 
-It prints both ratios. The SQLite store's summary (``Store.span_summary``: the spans loaded as
-records, the arithmetic in Python, as ``spans list`` does today) is timed on ``--sqlite-spans``
-(loading 10 M records takes more memory than this machine should give it: say what you ran).
+It prints both ratios. The SQLite store's summary is timed on ``--sqlite-spans``, two ways in
+one process, the new one first (peak RSS only grows): ``Store.span_summary`` (sums and counts
+in SQL, the durations streamed in chunks into exact values or the sketch), then the old way
+(every span loaded as a record, the arithmetic in Python: ``aggregate_spans``), with the
+largest relative difference between their quantiles.
 """
 
 from __future__ import annotations
@@ -29,7 +35,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from phaseprobe.sources.span_stores.model import SpanAggregate
 
 T0 = 1_760_000_000_000_000_000
 BATCH = 1_000_000
@@ -82,16 +93,36 @@ def _fill_chdb(directory: Path, n: int, replicas: int) -> float:
     return took
 
 
-def _query_chdb(directory: Path) -> dict[str, float | int]:
-    """In a fresh process: the summary, then the two references; the peak RSS of it all."""
+def _max_rel_diff(exact: SpanAggregate, other: SpanAggregate) -> float:
+    """The largest |other − exact| / exact over every group's p50/p90/p99 of every duration."""
+    worst = 0.0
+    for a, b in zip((exact.total, *exact.replicas), (other.total, *other.replicas), strict=True):
+        for p, ps in a.phases.items():
+            for k in ("p50_s", "p90_s", "p99_s"):
+                x, y = getattr(ps, k), getattr(b.phases[p], k)
+                if x:
+                    worst = max(worst, abs(y - x) / x)
+    return worst
+
+
+def _query_chdb(directory: Path, exact: bool = False) -> dict[str, float | int | str]:
+    """In a fresh process: the summary (``exact``: with exact quantiles forced, the old way),
+    then the two references; the peak RSS of it all."""
+    from phaseprobe.sources.span_stores import quantile_sketch
     from phaseprobe.sources.span_stores.chdb_store import ChdbSpans
 
+    if exact:
+        quantile_sketch.EXACT_MAX_SPANS = 2**62
     reader = ChdbSpans(directory, "default", "otel_traces")
     rss_open = _peak_mb()
     t = time.perf_counter()
     summary = reader.span_summary()
     summary_s = time.perf_counter() - t
     rss_summary = _peak_mb()
+    if not exact:  # the quantiles kept for the parent to compare with the exact run's
+        (directory.parent / "sketch.json").write_text(json.dumps(summary.to_dict()))
+    else:
+        (directory.parent / "exact.json").write_text(json.dumps(summary.to_dict()))
     t = time.perf_counter()
     count = int(reader._run("SELECT count() FROM default.otel_traces")[0][0])
     count_s = time.perf_counter() - t
@@ -114,10 +145,11 @@ def _query_chdb(directory: Path) -> dict[str, float | int]:
         "peak_rss_open_mb": rss_open,
         "peak_rss_after_summary_mb": rss_summary,
         "e2e_p99_s": summary.total.phases["e2e_s"].p99_s or 0.0,
+        "method": summary.quantile_method,
     }
 
 
-def _sqlite(path: Path, n: int, replicas: int) -> dict[str, float | int]:
+def _sqlite(path: Path, n: int, replicas: int) -> dict[str, float | int | str]:
     from phaseprobe.records import RequestSpan
     from phaseprobe.store import Store
 
@@ -151,22 +183,46 @@ def _sqlite(path: Path, n: int, replicas: int) -> dict[str, float | int]:
                 )
             store.add_spans(batch, [{}] * len(batch))
     fill_s = time.perf_counter() - start
+    return {**_sqlite_summaries(path, n), "fill_s": fill_s}
+
+
+def _sqlite_summaries(path: Path, n: int) -> dict[str, float | int | str]:
+    from phaseprobe.sources.span_stores.model import aggregate_spans
+    from phaseprobe.store import Store
+
     rss_before = _peak_mb()
     with Store(path, readonly=True) as store:
         t = time.perf_counter()
-        summary = store.span_summary()
-        summary_s = time.perf_counter() - t
-        t = time.perf_counter()
         count = store._db.execute("SELECT count(*) FROM request_spans").fetchone()[0]
         count_s = time.perf_counter() - t
-    assert summary.total.requests == count == n
+        t = time.perf_counter()
+        # The floor: SQLite reading every column the summary reads, aggregated in C with no
+        # grouping and nothing handed to Python.
+        scanned = store._db.execute(
+            "SELECT count(*), max(service), max(instance), max(start_ns), max(end_ns), "
+            "max(prompt_tokens), max(completion_tokens), max(queue_s), max(prefill_s), "
+            "max(decode_s), max(ttft_s), max(e2e_s) FROM request_spans"
+        ).fetchone()[0]
+        scan_s = time.perf_counter() - t
+        t = time.perf_counter()
+        summary = store.span_summary()
+        summary_s = time.perf_counter() - t
+        rss_new = _peak_mb()
+        t = time.perf_counter()
+        old = aggregate_spans(store.finished_spans(), store.where)
+        old_s = time.perf_counter() - t
+    assert summary.total.requests == old.total.requests == count == scanned == n
     return {
         "spans": n,
-        "fill_s": fill_s,
         "summary_s": summary_s,
+        "method": summary.quantile_method,
+        "old_s": old_s,
         "count_s": count_s,
+        "scan_s": scan_s,
+        "max_rel_diff": _max_rel_diff(old, summary),
         "peak_rss_before_mb": rss_before,
-        "peak_rss_after_summary_mb": _peak_mb(),
+        "peak_rss_after_summary_mb": rss_new,
+        "peak_rss_after_old_mb": _peak_mb(),
     }
 
 
@@ -177,44 +233,26 @@ def main() -> int:
     ap.add_argument("--sqlite-spans", type=int, default=1_000_000)
     ap.add_argument("--keep", type=Path, default=None, help="build in DIR and keep it")
     ap.add_argument("--query", type=Path, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--query-exact", type=Path, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--sqlite-only", type=Path, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.query is not None:  # the child: only the query phase, for its own peak RSS
-        print(json.dumps(_query_chdb(args.query)))
+    if args.query is not None or args.query_exact is not None:  # a child: its own peak RSS
+        print(json.dumps(_query_chdb(args.query or args.query_exact, args.query is None)))
         return 0
     if args.sqlite_only is not None:
         print(json.dumps(_sqlite(args.sqlite_only, args.sqlite_spans, args.replicas)))
         return 0
     work = args.keep or Path(tempfile.mkdtemp(prefix="span_store_scale_"))
     work.mkdir(parents=True, exist_ok=True)
-    fill_s = _fill_chdb(work / "chdb", args.spans, args.replicas)
 
-    def child(*extra: str) -> dict[str, float]:
+    def child(*extra: str) -> dict[str, Any]:
         out = subprocess.run(
             [sys.executable, __file__, *extra], check=True, capture_output=True, text=True
         ).stdout
         return dict(json.loads(out.strip().splitlines()[-1]))
 
-    ch = child("--query", str(work / "chdb"))
-    print(
-        f"chdb: {ch['spans']:,.0f} spans, {ch['replicas']:.0f} replicas, written in {fill_s:.1f} s"
-    )
-    print(
-        f"  per-replica summary (exact p50/p90/p99 of 6 durations, sums, counts): "
-        f"{ch['summary_s']:.2f} s ({ch['spans'] / ch['summary_s'] / 1e6:.1f} M spans/s)"
-    )
-    print(
-        f"  bare count(): {ch['count_s'] * 1e3:.1f} ms (from part metadata); ratio "
-        f"{ch['summary_s'] / ch['count_s']:.0f}x"
-    )
-    print(
-        f"  count() reading the summary's columns: {ch['scan_s']:.2f} s; ratio "
-        f"{ch['summary_s'] / ch['scan_s']:.1f}x (target: within 5x)"
-    )
-    print(
-        f"  peak RSS: {ch['peak_rss_open_mb']:.0f} MB with chdb loaded, "
-        f"{ch['peak_rss_after_summary_mb']:.0f} MB after the summary"
-    )
+    if args.spans:
+        _chdb(work, args.spans, args.replicas, child)
     if args.sqlite_spans:
         sq = child(
             "--sqlite-only",
@@ -226,20 +264,75 @@ def main() -> int:
         )
         print(f"SQLite store: {sq['spans']:,.0f} spans (written in {sq['fill_s']:.1f} s)")
         print(
-            f"  per-replica summary (records loaded, Python arithmetic): "
-            f"{sq['summary_s']:.2f} s ({sq['spans'] / sq['summary_s'] / 1e6:.2f} M spans/s); "
-            f"count(*): {sq['count_s'] * 1e3:.1f} ms; ratio "
-            f"{sq['summary_s'] / max(sq['count_s'], 1e-9):.0f}x"
+            f"  count(*): {sq['count_s'] * 1e3:.1f} ms; a scan reading the summary's columns: "
+            f"{sq['scan_s']:.2f} s"
         )
         print(
-            f"  peak RSS: {sq['peak_rss_before_mb']:.0f} MB before, "
-            f"{sq['peak_rss_after_summary_mb']:.0f} MB after the summary"
+            f"  new (SQL sums and counts, durations streamed; quantiles {sq['method']}): "
+            f"{sq['summary_s']:.2f} s ({sq['spans'] / sq['summary_s'] / 1e6:.2f} M spans/s, "
+            f"{sq['summary_s'] / sq['scan_s']:.1f}x the scan); peak RSS "
+            f"{sq['peak_rss_before_mb']:.0f} -> {sq['peak_rss_after_summary_mb']:.0f} MB "
+            f"(+{sq['peak_rss_after_summary_mb'] - sq['peak_rss_before_mb']:.0f} MB)"
+        )
+        print(
+            f"  old (records loaded, Python arithmetic): {sq['old_s']:.2f} s "
+            f"({sq['spans'] / sq['old_s'] / 1e6:.2f} M spans/s); peak RSS "
+            f"{sq['peak_rss_after_old_mb']:.0f} MB (+"
+            f"{sq['peak_rss_after_old_mb'] - sq['peak_rss_after_summary_mb']:.0f} MB beyond "
+            f"the new); new/old {sq['summary_s'] / sq['old_s']:.2f}x; largest quantile "
+            f"difference {sq['max_rel_diff']:.2%} (bound 0.5 % when sketched)"
         )
     if args.keep is None:
         import shutil
 
         shutil.rmtree(work, ignore_errors=True)
     return 0
+
+
+def _chdb(work: Path, spans: int, replicas: int, child: Callable[..., dict[str, Any]]) -> None:
+    from phaseprobe.sources.span_stores.model import SpanAggregate, SpanGroup
+
+    fill_s = _fill_chdb(work / "chdb", spans, replicas)
+    ch = child("--query", str(work / "chdb"))
+    ex = child("--query-exact", str(work / "chdb"))
+    sketch = json.loads((work / "sketch.json").read_text())
+    exact = json.loads((work / "exact.json").read_text())
+
+    def agg(d: dict[str, Any]) -> SpanAggregate:
+        def group(g: dict[str, Any]) -> SpanGroup:
+            from phaseprobe.sources.span_stores.model import PhaseStats
+
+            g = dict(g)
+            g.pop("other_sum_s")
+            g["phases"] = {k: PhaseStats(**v) for k, v in g["phases"].items()}
+            return SpanGroup(**g)
+
+        return SpanAggregate(
+            where="",
+            since_ns=None,
+            until_ns=None,
+            total=group(d["total"]),
+            replicas=tuple(group(g) for g in d["replicas"]),
+            no_instance=0,
+        )
+
+    worst = _max_rel_diff(agg(exact), agg(sketch))
+    print(
+        f"chdb: {ch['spans']:,.0f} spans, {ch['replicas']:.0f} replicas, written in {fill_s:.1f} s"
+    )
+    print(
+        f"  bare count(): {ch['count_s'] * 1e3:.1f} ms (from part metadata); count() reading "
+        f"the summary's columns: {ch['scan_s']:.2f} s"
+    )
+    for label, r in (("new", ch), ("old (exact quantiles forced)", ex)):
+        print(
+            f"  {label}: per-replica summary, quantiles {r['method']}: {r['summary_s']:.2f} s "
+            f"({r['spans'] / r['summary_s'] / 1e6:.1f} M spans/s); ratio to the scan "
+            f"{r['summary_s'] / r['scan_s']:.1f}x (target: within 5x); peak RSS "
+            f"{r['peak_rss_open_mb']:.0f} MB with chdb loaded, "
+            f"{r['peak_rss_after_summary_mb']:.0f} MB after the summary (target: <= 500 MB)"
+        )
+    print(f"  largest quantile difference, new against exact: {worst:.3%} (bound 0.5 %)")
 
 
 if __name__ == "__main__":

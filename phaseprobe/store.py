@@ -1399,7 +1399,7 @@ class Store:
 
     @_reads
     def span_summary(
-        self, *, since_ns: int | None = None, until_ns: int | None = None
+        self, *, since_ns: int | None = None, until_ns: int | None = None, by: str = "replica"
     ) -> SpanAggregate:
         """The window's summary in one streamed pass over the columns it reads, memory flat in
         the span count (exact quantiles up to a limit, a sketch with a stated error past it:
@@ -1408,9 +1408,9 @@ class Store:
         from phaseprobe.sources.span_stores.sqlite_summary import summarize_request_spans
 
         if not self._has("request_spans"):
-            return aggregate_spans([], self.where, since_ns=since_ns, until_ns=until_ns)
+            return aggregate_spans([], self.where, since_ns=since_ns, until_ns=until_ns, by=by)
         return summarize_request_spans(
-            self._db, self.where, since_ns=since_ns, until_ns=until_ns, timed=_TIMED
+            self._db, self.where, since_ns=since_ns, until_ns=until_ns, timed=_TIMED, by=by
         )
 
     @_reads

@@ -184,8 +184,8 @@ def test_empty_and_missing_table(tmp_path: Path):
 def test_chdb_sketch_equals_sqlite_sketch(
     store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
-    """Past the exact limit both engines bin the same values into the same buckets: the same
-    figures, not merely both within the bound."""
+    """Past the exact limit both engines bin the same values into the same buckets (SQL's
+    countResample, numpy's bincount): the same figures, not merely both within the bound."""
     pytest.importorskip("chdb")
     monkeypatch.setattr(quantile_sketch, "EXACT_MAX_SPANS", 10)
     with chdb_store(tmp_path / "chdb", SPANS) as ch:
@@ -200,3 +200,41 @@ def test_chdb_sketch_equals_sqlite_sketch(
             exact = ch.span_summary(since_ns=since, until_ns=until)
             monkeypatch.setattr(quantile_sketch, "EXACT_MAX_SPANS", 10)
             assert exact.quantile_method == "exact" and _within(exact, got) > 50
+
+
+@pytest.mark.parametrize("by", ["model", "service"])
+def test_by_model_and_service_in_every_engine(tmp_path: Path, by: str):
+    """``by`` groups by model or service the same way in SQLite, chdb and the reference,
+    spans that name none in the unknown group."""
+    from dataclasses import replace
+
+    spans = [
+        replace(sp, model=("big", "tiny", None)[i % 3] if i % 5 else "")
+        for i, sp in enumerate(SPANS)
+    ]
+    want = aggregate_spans(spans, "x", by=by)
+    names = {"model": ["big", "tiny", "(unknown)"], "service": ["unknown_service", "vllm"]}[by]
+    assert [g.replica for g in want.replicas] == names
+    with Store(tmp_path / "m.sqlite") as st:
+        st.add_spans(spans, [{}] * len(spans))
+        for got in (
+            st.span_summary(by=by),
+            summarize_request_spans(st._db, "x", by=by, exact_max=0),
+        ):
+            a, b = want.to_dict(), got.to_dict()
+            a.pop("where"), b.pop("where")
+            if got.quantile_method == "sketch":
+                assert _within(want, got) > 20
+                continue
+            assert_close(a, b)
+    pytest.importorskip("chdb")
+    with chdb_store(tmp_path / "chdb", spans) as ch:
+        got = ch.span_summary(by=by)
+        a, b = want.to_dict(), got.to_dict()
+        a.pop("where"), b.pop("where")
+        assert_close(a, b)
+
+
+def test_an_unknown_grouping_is_refused(store: Store):
+    with pytest.raises(ValueError, match="by must be one of"):
+        summarize_request_spans(store._db, store.where, by="gpu")

@@ -267,7 +267,7 @@ class ClickHouseSpans:
         )
 
     def span_summary(
-        self, *, since_ns: int | None = None, until_ns: int | None = None
+        self, *, since_ns: int | None = None, until_ns: int | None = None, by: str = "replica"
     ) -> SpanAggregate:
         """The window's summary computed by ClickHouse in one ``GROUPING SETS`` query: counts,
         token sums, p50/p90/p99 in s per replica and over all (exact for a small window, a
@@ -282,6 +282,7 @@ class ClickHouseSpans:
             _NUMBER_FIELDS,
             since_ns=since_ns,
             until_ns=until_ns,
+            by=by,
         )
 
     # ---- the rows a view shows --------------------------------------------------------------

@@ -1,18 +1,22 @@
 """The span summary in ClickHouse SQL (server or chdb), memory bounded whatever the window.
 
-One ``GROUPING SETS`` query gives per replica and over all: counts, token sums, the phase
-share's sums and, per duration, a histogram of DDSketch's logarithmic buckets
-(:mod:`~phaseprobe.sources.span_stores.quantile_sketch`: ``sumMap`` of bucket → count, at most
-a few thousand keys per duration and group). When the window holds at most
-:data:`~.quantile_sketch.EXACT_MAX_SPANS` requests a second query takes exact quantiles
-(``quantilesExactInclusive``, numpy's linear rule), so small windows answer as before and as
-SQLite does. Past it the quantiles come from the histograms, binned by the same arithmetic as
-SQLite's path, so both stores give the same sketch answer with the same stated bound.
+One ``GROUPING SETS`` query gives per group (replica, model or service) and over all: counts,
+token sums, the phase share's sums and, per duration, a histogram of DDSketch's logarithmic
+buckets (:mod:`~phaseprobe.sources.span_stores.quantile_sketch`, binned in SQL and counted by
+``countResample`` into one dense array: a few thousand counters per duration and group). When
+the window holds at most :data:`~.quantile_sketch.EXACT_MAX_SPANS` requests a second query
+takes exact quantiles (``quantilesExactInclusive``, numpy's linear rule), so small windows
+answer as before and as SQLite does. Past it the quantiles come from the histograms, binned by
+the same arithmetic as SQLite's path: both stores give the same sketch answer and bound.
 
-Why not ``quantilesTDigest`` or ``quantilesTiming``: a t-digest states no error bound, and
-quantileTiming is exact only under 1,024 ms, then rounds to 16 ms; the logarithmic buckets give
-a relative bound, merge exactly, and are the same arithmetic in every engine. Exact quantiles
-over 10 M spans held every value in memory (1.96 GB peak in ``bench/span_store_scale.py``).
+Why this sketch (measured on 2 M spans here): the counts and sums alone took 2.88 s (parsing
+the attribute strings is most of it), with the six ``countResample`` histograms 2.98 s, with
+ClickHouse's own ``quantilesDD`` 3.70 s, and bucket counts through ``sumMapIf`` or an ``ARRAY
+JOIN`` several times longer. ``quantilesDD`` at 0.5 % relative accuracy was found up to 1 % and
+more off its order statistics (1,000 lognormal values), so its bound could not be stated; a
+t-digest (``quantilesTDigest``) states none, and ``quantilesTiming`` rounds to 16 ms past
+1,024 ms. Exact quantiles over 10 M spans hold every value (2.26 GB peak in
+``bench/span_store_scale.py``).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Any
 from phaseprobe.sources.span_stores import quantile_sketch
 from phaseprobe.sources.span_stores.model import (
     ALL_REPLICAS,
+    GROUP_BY,
     PHASES,
     QUANTILES,
     UNKNOWN_REPLICA,
@@ -32,10 +37,11 @@ from phaseprobe.sources.span_stores.model import (
     instance_notes,
     replica_order,
 )
+from phaseprobe.sources.span_stores.otel_schema import quote
 from phaseprobe.sources.span_stores.quantile_sketch import (
     REL_ERROR,
     LogHistogram,
-    bucket_sql,
+    count_resample_sql,
     quantile_method_note,
 )
 
@@ -58,15 +64,6 @@ def _opt_int(v: Any) -> int | None:
     return None if v is None else int(v)
 
 
-def _histogram(v: Any) -> LogHistogram:
-    """A histogram from ``sumMap``'s answer: a (keys, counts) pair (a list in JSON)."""
-    h = LogHistogram()
-    if v:
-        keys, counts = v[0], v[1]
-        h.add_counts(zip(keys, counts, strict=True))
-    return h
-
-
 def clickhouse_span_summary(
     run: Callable[[str], list[list[Any]]],
     where: str,
@@ -76,13 +73,16 @@ def clickhouse_span_summary(
     since_ns: int | None,
     until_ns: int | None,
     exact_max: int | None = None,
+    by: str = "replica",
 ) -> SpanAggregate:
-    """The window's summary. ``spans`` is the window's request spans as a subquery (columns
-    ``replica``, ``instance``, ``start_ns``, ``end_ns``, the tokens, the six durations and
-    ``raw_<field>`` for each of ``number_fields``, whose unusable values are counted)."""
+    """The window's summary per ``by`` group (replica, model or service). ``spans`` is the
+    window's request spans as a subquery (columns ``replica``, ``model``, ``service``,
+    ``instance``, ``start_ns``, ``end_ns``, the tokens, the six durations and ``raw_<field>``
+    for each of ``number_fields``, whose unusable values are counted)."""
+    spans = _grouped(spans, by)
     cols = [
-        "grouping(replica)",
-        "replica",
+        "grouping(grp)",
+        "grp",
         "count()",
         "min(start_ns)",
         "max(end_ns)",
@@ -91,12 +91,11 @@ def clickhouse_span_summary(
         f"countIf({_FULL})",
         *(f"sumKahanIf(ifNull({p}, 0), {_FULL})" for p in _SUMS),
         *(f"count({p})" for p in PHASES),
-        # A bucket per value; the condition keeps NULLs out (count() above counts the same).
-        *(f"sumMapIf([{bucket_sql(p)}], [toUInt64(1)], {p} IS NOT NULL)" for p in PHASES),
+        *(count_resample_sql(p) for p in PHASES),
         "countIf(instance IS NULL)",
         *(f"countIf(raw_{f} IS NOT NULL AND {f} IS NULL)" for f in number_fields),
     ]
-    rows = run(f"SELECT {', '.join(cols)} FROM {spans} GROUP BY GROUPING SETS ((replica), ())")
+    rows = run(f"SELECT {', '.join(cols)} FROM {spans} GROUP BY GROUPING SETS ((grp), ())")
     k_counts = 8 + len(_SUMS)  # after the 8 leading columns and the phase-share sums
     k_hist = k_counts + len(PHASES)
     k_tail = k_hist + len(PHASES)
@@ -116,7 +115,8 @@ def clickhouse_span_summary(
         phases = {}
         for i, p in enumerate(PHASES):
             n = int(row[k_counts + i])
-            qs = _histogram(row[k_hist + i]).quantiles(QUANTILES) if n else [None] * 3
+            qs = LogHistogram.from_dense(row[k_hist + i]).quantiles(QUANTILES) if n else None
+            qs = qs or [None] * len(QUANTILES)
             phases[p] = PhaseStats(n, *qs)
         parsed[name] = (row, phases)
     limit = quantile_sketch.EXACT_MAX_SPANS if exact_max is None else exact_max
@@ -152,14 +152,23 @@ def clickhouse_span_summary(
     )
 
 
+def _grouped(spans: str, by: str) -> str:
+    """The window's spans with their group as ``grp``: the replica column as the reader names
+    it, or the model or service, the unknown group where the span names none."""
+    if by not in GROUP_BY:
+        raise ValueError(f"by must be one of {', '.join(GROUP_BY)}, not {by!r}")
+    expr = "replica" if by == "replica" else f"ifNull({by}, {quote(UNKNOWN_REPLICA)})"
+    return f"(SELECT *, {expr} AS grp FROM {spans})"
+
+
 def _exact(run: Callable[[str], list[list[Any]]], spans: str) -> dict[str, dict[str, PhaseStats]]:
     """Exact p50/p90/p99 per replica and over all (a window small enough to hold)."""
     levels = ", ".join(repr(q) for q in QUANTILES)
-    cols = ["grouping(replica)", "replica"]
+    cols = ["grouping(grp)", "grp"]
     for p in PHASES:
         cols += [f"count({p})", f"quantilesExactInclusive({levels})({p})"]
     out: dict[str, dict[str, PhaseStats]] = {}
-    for row in run(f"SELECT {', '.join(cols)} FROM {spans} GROUP BY GROUPING SETS ((replica), ())"):
+    for row in run(f"SELECT {', '.join(cols)} FROM {spans} GROUP BY GROUPING SETS ((grp), ())"):
         name = ALL_REPLICAS if int(row[0]) == 1 else str(row[1])
         phases = {}
         for i, p in enumerate(PHASES):

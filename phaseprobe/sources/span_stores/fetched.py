@@ -298,13 +298,17 @@ class FetchedSpans:
 
     @one_read
     def span_summary(
-        self, *, since_ns: int | None = None, until_ns: int | None = None
+        self, *, since_ns: int | None = None, until_ns: int | None = None, by: str = "replica"
     ) -> SpanAggregate:
-        """The window's summary (counts, token sums, p50/p90/p99 in s), computed here from the
-        fetched records; a window without start reads the last ``lookback_s`` s. Raises what
-        :meth:`check` raises."""
+        """The window's summary (counts, token sums, p50/p90/p99 in s) per ``by`` group,
+        computed here from the fetched records; a window without start reads the last
+        ``lookback_s`` s. Raises what :meth:`check` raises."""
         agg = model.aggregate_spans(
-            self._spans(since_ns, until_ns), self._where, since_ns=since_ns, until_ns=until_ns
+            self._spans(since_ns, until_ns),
+            self._where,
+            since_ns=since_ns,
+            until_ns=until_ns,
+            by=by,
         )
         if self._notes:
             agg = SpanAggregate(**{**agg.__dict__, "notes": agg.notes + self._notes})

@@ -33,6 +33,8 @@ __all__ = [
     "QUANTILES",
     "UNKNOWN_REPLICA",
     "ALL_REPLICAS",
+    "GROUP_BY",
+    "group_name",
     "NO_INSTANCE_NOTE",
     "NEIGHBOUR_HORIZON_NS",
     "aggregate_spans",
@@ -54,6 +56,8 @@ QUANTILES = (0.5, 0.9, 0.99)
 # below analysis, so the name is repeated here; test_span_store_equal holds the two equal).
 UNKNOWN_REPLICA = "(unknown)"
 ALL_REPLICAS = "(all)"
+# What a summary's groups may be (SpanReader.span_summary's ``by``); "replica" is the default.
+GROUP_BY = ("replica", "model", "service")
 _DEFAULT_SERVICE = "unknown_service"
 # A request running longer than this before another one is not looked for as its company
 # (the same horizon `spans show` has always used).
@@ -170,9 +174,10 @@ class SpanReader(Protocol):
         ...
 
     def span_summary(
-        self, *, since_ns: int | None = None, until_ns: int | None = None
+        self, *, since_ns: int | None = None, until_ns: int | None = None, by: str = "replica"
     ) -> SpanAggregate:
-        """Counts, sums and percentiles per replica and over all, computed by the store."""
+        """Counts, sums and percentiles per replica (``by``: or per model, or service; see
+        :data:`GROUP_BY`) and over all, computed by the store."""
         ...
 
     def recent_spans(
@@ -229,6 +234,16 @@ def span_replica(service: str | None, instance: str | None) -> str:
     return instance
 
 
+def group_name(sp: RequestSpan, by: str = "replica") -> str:
+    """The group ``sp`` is summarised in (:data:`GROUP_BY`): its replica, model or service,
+    :data:`UNKNOWN_REPLICA` where the span does not name it."""
+    if by == "model":
+        return sp.model or UNKNOWN_REPLICA
+    if by == "service":
+        return sp.service or UNKNOWN_REPLICA
+    return span_replica(sp.service, sp.instance)
+
+
 def finished_in(sp: RequestSpan, since_ns: int | None, until_ns: int | None) -> bool:
     """True when ``sp`` finished in the window, ``since_ns < end_ns <= until_ns`` (ns since the
     epoch; a None bound is open). Raises nothing."""
@@ -273,19 +288,21 @@ def aggregate_spans(
     since_ns: int | None = None,
     until_ns: int | None = None,
     unconverted: dict[str, int] | None = None,
+    by: str = "replica",
 ) -> SpanAggregate:
-    """The summary of the spans that finished in the window, in Python (records in hand)."""
+    """The summary of the spans that finished in the window, in Python (records in hand);
+    grouped by replica, or by model or service (``by``, :func:`group_name`)."""
     inside = [sp for sp in spans if finished_in(sp, since_ns, until_ns)]
-    by: dict[str, list[RequestSpan]] = {}
+    groups: dict[str, list[RequestSpan]] = {}
     for sp in inside:
-        by.setdefault(span_replica(sp.service, sp.instance), []).append(sp)
+        groups.setdefault(group_name(sp, by), []).append(sp)
     no_instance = sum(1 for sp in inside if not sp.instance)
     return SpanAggregate(
         where=where,
         since_ns=since_ns,
         until_ns=until_ns,
         total=_group(ALL_REPLICAS, inside),
-        replicas=tuple(_group(r, by[r]) for r in sorted(by, key=replica_order)),
+        replicas=tuple(_group(r, groups[r]) for r in sorted(groups, key=replica_order)),
         no_instance=no_instance,
         unconverted=dict(unconverted or {}),
         notes=instance_notes(no_instance, len(inside)),

@@ -8,12 +8,12 @@ bucket reads back as ``2 gamma^index / (gamma + 1)``. Every value in the bucket 
 one. The quantile takes numpy's linear interpolation between the two neighbouring ranks, as
 the exact path does: a weighted mean of two values each within ``a`` stays within ``a``.
 
-The buckets are plain counts, so the engine does the binning: SQLite's rows are binned here
-with numpy (:meth:`LogHistogram.add`), ClickHouse bins in SQL with :func:`bucket_sql` and hands
-back ``(index, count)`` pairs. Both use the same ``ln(gamma)`` literal, so the same spans fall
-in the same buckets and every store gives the same sketch answer. Histograms merge by adding
-counts: a fleet's total is its replicas' sum, with the same bound. Memory is one count per
-bucket: :data:`BUCKETS` per duration and group, whatever the number of spans.
+The buckets are plain counts, so the engine does the binning: SQLite's streamed durations are
+binned here with numpy (:meth:`LogHistogram.add`); ClickHouse bins in SQL (:func:`bucket_sql`,
+counted by ``countResample`` into one dense array) with the same ``ln(gamma)`` double, so the
+same spans fall in the same buckets and both stores give the same sketch answer. Histograms
+merge by adding counts: a fleet's total is its replicas' sum, with the same bound. Memory is
+one count per bucket: :data:`BUCKETS` per duration and group, whatever the number of spans.
 
 Durations at or under :data:`MIN_S` (1 ns) read back as 0 (the zero bucket: vLLM's queue time
 of a request scheduled at once is exactly 0.0), and over :data:`MAX_S` as :data:`MAX_S` (the
@@ -23,7 +23,7 @@ span readers already drop durations over 1e7 s as broken clocks).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -37,6 +37,7 @@ __all__ = [
     "BUCKETS",
     "LogHistogram",
     "bucket_sql",
+    "count_resample_sql",
     "quantile_method_note",
 ]
 
@@ -48,22 +49,28 @@ REL_ERROR = 0.005
 MIN_S = 1e-9
 MAX_S = 1e7
 _GAMMA = (1 + REL_ERROR) / (1 - REL_ERROR)
-# One literal for numpy and SQL alike: repr() round-trips, so both divide by the same double.
 LN_GAMMA = math.log(_GAMMA)
 _LOW = math.ceil(math.log(MIN_S) / LN_GAMMA)  # the first index above MIN_S
 _HIGH = math.ceil(math.log(MAX_S) / LN_GAMMA)
-# Where the zero bucket sits in SQL's answer (an index no positive duration can take).
+# The zero bucket's index (one no duration above MIN_S can take).
 ZERO_INDEX = _LOW - 1
 BUCKETS = _HIGH - ZERO_INDEX + 1  # ≈ 3,700: 30 KB per duration and group
 
 
 def bucket_sql(x: str) -> str:
-    """The ClickHouse expression of value ``x``'s bucket index (:data:`ZERO_INDEX` at or under
-    :data:`MIN_S`, clipped at :data:`MAX_S`'s bucket): the same arithmetic as numpy here."""
+    """The ClickHouse expression of duration ``x``'s bucket index (:data:`ZERO_INDEX` at or
+    under :data:`MIN_S`, clipped at :data:`MAX_S`'s bucket): :meth:`LogHistogram.add`'s
+    arithmetic, with the same ``ln(gamma)`` double (``repr`` round-trips it)."""
     return (
         f"if({x} <= {MIN_S!r}, {ZERO_INDEX}, "
         f"toInt32(least(ceil(log({x}) / {LN_GAMMA!r}), {_HIGH})))"
     )
+
+
+def count_resample_sql(x: str) -> str:
+    """ClickHouse's histogram of ``x`` over every bucket, as one dense array of counts
+    (``countResample``: a counter per bucket index, NULLs not counted)."""
+    return f"countResample({ZERO_INDEX}, {_HIGH + 1}, 1)({x}, {bucket_sql(x)})"
 
 
 def _values(index: np.ndarray) -> np.ndarray:
@@ -95,10 +102,15 @@ class LogHistogram:
         idx = np.where(xs <= MIN_S, ZERO_INDEX, np.minimum(idx, _HIGH)).astype(np.int64)
         self.counts += np.bincount(idx - ZERO_INDEX, minlength=BUCKETS)
 
-    def add_counts(self, pairs: Iterable[tuple[int, int]]) -> None:
-        """Add ``(bucket index, count)`` pairs as :func:`bucket_sql` numbers them."""
-        for index, count in pairs:
-            self.counts[min(max(int(index), ZERO_INDEX), _HIGH) - ZERO_INDEX] += int(count)
+    @classmethod
+    def from_dense(cls, counts: Sequence[int | str]) -> LogHistogram:
+        """A histogram from :func:`count_resample_sql`'s answer (one count per bucket, from
+        :data:`ZERO_INDEX` up; ClickHouse's JSON quotes 64-bit counts)."""
+        h = cls()
+        if len(counts) != BUCKETS:
+            raise ValueError(f"{len(counts)} bucket counts, expected {BUCKETS}")
+        h.counts = np.asarray([int(c) for c in counts], dtype=np.int64)
+        return h
 
     def merge(self, other: LogHistogram) -> None:
         """Add another histogram's counts to this one (a fleet's total from its replicas)."""

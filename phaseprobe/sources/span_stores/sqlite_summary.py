@@ -29,6 +29,7 @@ import numpy as np
 from phaseprobe.sources.span_stores import quantile_sketch
 from phaseprobe.sources.span_stores.model import (
     ALL_REPLICAS,
+    GROUP_BY,
     PHASES,
     QUANTILES,
     UNKNOWN_REPLICA,
@@ -136,39 +137,45 @@ def _numbers(rows: list[tuple[object, ...]]) -> tuple[np.ndarray, dict[str, np.n
 
 
 def _counted(
-    db: sqlite3.Connection, window: str, params: list[int]
+    db: sqlite3.Connection, window: str, params: list[int], by: str
 ) -> tuple[_Acc, dict[str, _Acc], int, str]:
-    """Step 1, in SQL: requests, first start, last end and token sums per (service, instance),
-    folded into replicas; and the SQL expression of a row's replica as its index in the
-    returned groups (a number is cheaper to hand over than two strings per row)."""
+    """Step 1, in SQL: requests, first start, last end and token sums per (service, instance)
+    (or model), folded into ``by``'s groups; and the SQL expression of a row's group as its
+    index in the returned groups (a number is cheaper to hand over than strings per row)."""
     groups: dict[str, _Acc] = {}
-    pairs: dict[str, list[str]] = {}  # replica -> its instances, for the key expression
+    names_of: dict[str, list[str]] = {}  # group -> the column values naming it
     no_instance = 0
+    keys = "model, model" if by == "model" else "service, instance"
     for row in db.execute(
-        "SELECT service, instance, count(*), min(start_ns), max(end_ns), "
-        "sum(ifnull(prompt_tokens, 0)), sum(ifnull(completion_tokens, 0)) "
-        f"{window} GROUP BY service, instance",
+        f"SELECT {keys}, count(*), min(start_ns), max(end_ns), sum(ifnull(prompt_tokens, 0)), "
+        "sum(ifnull(completion_tokens, 0)), sum(instance IS NULL OR instance = '') "
+        f"{window} GROUP BY {keys}",
         params,
     ):
-        service, instance = (v if isinstance(v, str) else None for v in row[:2])
-        replica = span_replica(service, instance)
-        groups.setdefault(replica, _Acc()).counted(row[2:7])
-        if replica != UNKNOWN_REPLICA and instance is not None:
-            pairs.setdefault(replica, []).append(instance)
-        if not instance:
-            no_instance += int(row[2])
+        a, b = (v if isinstance(v, str) else None for v in row[:2])
+        name = span_replica(a, b) if by == "replica" else a or UNKNOWN_REPLICA
+        groups.setdefault(name, _Acc()).counted(row[2:7])
+        if name != UNKNOWN_REPLICA:
+            names_of.setdefault(name, []).append(name)
+        no_instance += int(row[7] or 0)
     total = _Acc()
     for acc in groups.values():
         total.counted((acc.requests, acc.first, acc.last, acc.tokens_in, acc.tokens_out))
     names = list(groups)
-    # span_replica's rule in SQL: an unnamed service or OpenTelemetry's default (a prefix
-    # test as a range, cheaper per row than substr) is the unknown group; else the instance.
     unknown = names.index(UNKNOWN_REPLICA) if UNKNOWN_REPLICA in groups else -1
-    arms = " ".join(f"WHEN {_quote(r)} THEN {names.index(r)}" for r in pairs)
-    key = (
-        "CASE WHEN service IS NULL OR service = '' OR (service >= 'unknown_service' AND "
-        f"service < 'unknown_servicf') THEN {unknown} ELSE "
-        + (f"CASE instance {arms} ELSE {unknown} END END" if arms else f"{unknown} END")
+    arms = " ".join(f"WHEN {_quote(n)} THEN {names.index(n)}" for n in names_of)
+    if by == "replica":
+        # span_replica's rule in SQL: an unnamed service or OpenTelemetry's default (a prefix
+        # test as a range, cheaper per row than substr) is the unknown group; else the instance
+        unnamed = (
+            "service IS NULL OR service = '' OR "
+            "(service >= 'unknown_service' AND service < 'unknown_servicf')"
+        )
+        column = "instance"
+    else:
+        unnamed, column = f"{by} IS NULL OR {by} = ''", by
+    key = f"CASE WHEN {unnamed} THEN {unknown} ELSE " + (
+        f"CASE {column} {arms} ELSE {unknown} END END" if arms else f"{unknown} END"
     )
     return total, groups, no_instance, key
 
@@ -186,13 +193,18 @@ def summarize_request_spans(
     timed: str = "1",
     exact_max: int | None = None,
     chunk_rows: int = CHUNK_ROWS,
+    by: str = "replica",
 ) -> SpanAggregate:
     """The summary of the ``request_spans`` rows that finished in ``(since_ns, until_ns]``.
 
     ``timed`` is the store's filter for rows with integer times; ``exact_max``: past this many
     requests the quantiles come from the sketch (each within ``REL_ERROR``, said in a note;
     default :data:`~.quantile_sketch.EXACT_MAX_SPANS`, read when called).
-    Raises what ``db`` raises (``sqlite3.Error``): the store turns it into a StoreError."""
+    ``by``: the groups, per replica (default), model or service (:data:`~.model.GROUP_BY`).
+    Raises ValueError for another ``by``, and what ``db`` raises (``sqlite3.Error``): the
+    store turns it into a StoreError."""
+    if by not in GROUP_BY:
+        raise ValueError(f"by must be one of {', '.join(GROUP_BY)}, not {by!r}")
     clauses, params = [timed], []
     if until_ns is not None:  # start <= end <= until: a range read of the start index
         clauses += ["start_ns <= ?", "end_ns <= ?"]
@@ -205,7 +217,7 @@ def summarize_request_spans(
     if not in_txn:  # both statements read one snapshot: a receiver may commit between them
         db.execute("BEGIN")
     try:
-        total, groups, no_instance, key = _counted(db, window, params)
+        total, groups, no_instance, key = _counted(db, window, params, by)
         limit = quantile_sketch.EXACT_MAX_SPANS if exact_max is None else exact_max
         sketched = total.requests > limit
         if sketched:  # known before any duration is read: no value is kept past the limit

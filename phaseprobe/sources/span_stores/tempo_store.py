@@ -136,13 +136,13 @@ class TempoSpans(FetchedSpans):
 
     @one_read
     def span_summary(
-        self, *, since_ns: int | None = None, until_ns: int | None = None
+        self, *, since_ns: int | None = None, until_ns: int | None = None, by: str = "replica"
     ) -> SpanAggregate:
         """The window's summary from the searched records (counts, sums, quantiles in s); when
         the search hit ``limit``, per-replica p50/p99 come from TraceQL metrics instead (p90
         None) and a note says so. Raises what :meth:`check` raises."""
-        agg = super().span_summary(since_ns=since_ns, until_ns=until_ns)
-        if not self._capped:
+        agg = super().span_summary(since_ns=since_ns, until_ns=until_ns, by=by)
+        if not self._capped or by != "replica":  # TraceQL's metrics here are by replica
             return agg
         since, until = self._bounds(since_ns, until_ns)
         quantiles = self.metric_quantiles(since, until)
