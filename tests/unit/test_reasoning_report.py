@@ -149,3 +149,31 @@ def test_ab_leaves_time_to_first_answer_out_when_one_arm_never_reasoned() -> Non
     neither = compare_runs(b, b, n_resamples=200)
     assert "client_ttfa_s" not in neither.metrics
     assert not any("first answer" in w for w in neither.warnings)
+
+
+def test_ab_compare_of_two_stored_reasoning_experiments(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.ab_helpers import run_cli
+
+    path = tmp_path / "s.sqlite"
+    with Store(path) as store:
+        ids = []
+        for reason in (8, 4):
+            exp = store.create_experiment(_experiment())
+            for i in range(8):
+                store.add_run(exp, _run(i, reason=reason))
+            ids.append(exp)
+    rc, out = run_cli(["compare", str(ids[0]), str(ids[1]), "--store", str(path)], capsys)
+    assert rc == 0
+    assert "time to first answer" in out and "reasoning (TTFA) −22 %" in out
+
+
+def test_a_sequential_primary_on_ttfa_says_it_cannot_decide_without_reasoning() -> None:
+    from phaseprobe.analysis.ab.sequential import SequentialPlan
+
+    a = [_run(i, reason=8) for i in range(8)]
+    b = [_run(i) for i in range(8)]
+    cmp = compare_runs(a, b, plan=SequentialPlan(primary="client_ttfa_s"))
+    assert cmp.primary == "client_ttfa_s" and "client_ttfa_s" not in cmp.metrics
+    assert any("primary metric client_ttfa_s cannot decide" in w for w in cmp.warnings)

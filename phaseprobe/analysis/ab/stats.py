@@ -524,6 +524,11 @@ def compare_runs(
                 f"{METRICS[name][0]} not compared: only arm {arm_a if has_a else arm_b} "
                 "streamed reasoning"
             )
+        if name == primary:
+            warnings.append(
+                f"the primary metric {name} cannot decide: it needs reasoning in both arms "
+                "(a vLLM started with --reasoning-parser, and runs that reach an answer)"
+            )
     for arm, runs in ((arm_a, runs_a), (arm_b, runs_b)):
         dropped = sum(1 for r in runs if not usable(r, "server_decode_s"))
         if dropped:
