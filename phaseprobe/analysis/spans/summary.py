@@ -27,6 +27,8 @@ __all__ = [
     "SlowRequest",
     "LiveSummary",
     "summarize_spans",
+    "share_from_sums",
+    "slow_request",
     "SpanLoss",
     "span_loss",
     "LOSS_TOLERANCE_MIN_SPANS",
@@ -143,6 +145,35 @@ def _other_s(sp: RequestSpan) -> float | None:
     if e2e is None or queue is None or prefill is None or decode is None:
         return None
     return e2e - (queue + prefill + decode)
+
+
+def share_from_sums(
+    n: int, e2e_s: float, queue_s: float, prefill_s: float, decode_s: float
+) -> PhaseShare:
+    """The phase share from sums a store computed (over the ``n`` requests that report all
+    four durations): the same figures :func:`summarize_spans` gives from the records."""
+
+    def frac(v: float) -> float | None:
+        return v / e2e_s if e2e_s > 0 else None
+
+    other = e2e_s - (queue_s + prefill_s + decode_s)
+    return PhaseShare(
+        n=n,
+        e2e_sum_s=e2e_s,
+        queue_sum_s=queue_s,
+        prefill_sum_s=prefill_s,
+        decode_sum_s=decode_s,
+        other_sum_s=other,
+        queue_frac=frac(queue_s),
+        prefill_frac=frac(prefill_s),
+        decode_frac=frac(decode_s),
+        other_frac=frac(other),
+    )
+
+
+def slow_request(sp: RequestSpan) -> SlowRequest:
+    """One of the slowest requests, its e2e split as :class:`PhaseShare` splits the sums."""
+    return _slow(sp)
 
 
 def _share(spans: Sequence[RequestSpan]) -> PhaseShare:
