@@ -167,3 +167,27 @@ def test_parse_when():
 def test_request_checks_its_grouping(tmp_path: Path):
     with pytest.raises(ConfigError, match="--by"):
         StatsRequest(tmp_path, None, None, None, by="gpu")
+
+
+def test_watch_json_adds_the_last_window(stores: Any, capsys: Any):
+    """The issue's case: a one-second watch over a store holding an hour of spans reported 0
+    requests. Its JSON now has the last --window beside the whole-watch summary, the same
+    view spans stats gives, in read mode (--spans-from) and receiving (--store) alike."""
+    runs = [(["--http", "off", "--grpc", "127.0.0.1:0"], stores["sqlite"])]
+    if "chdb" in stores:
+        runs.append(([], stores["chdb"]))
+    for receive, where in runs:
+        code, out, err = _cli(
+            ["watch", "--window", "3600", "--duration", "0.3", "--json", *receive, *where],
+            capsys,
+        )
+        assert code == 0, err
+        doc = json.loads(out)
+        whole = doc["summary"]
+        assert (whole["total"]["requests"] if "total" in whole else whole["count"]) == 0
+        window = doc["window"]
+        assert window["window"]["seconds"] == pytest.approx(3600, abs=1e-6)
+        assert window["summary"]["total"]["requests"] == len(SPANS)
+        code, out, err = _cli(["spans", "stats", "--since", "1h", "--json", *where], capsys)
+        assert code == 0, err
+        assert_close(_comparable(window), _comparable(json.loads(out)))

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from phaseprobe.analysis.spans.summary import PhaseShare, share_from_sums, slow_request
+from phaseprobe.collect.notices import Notices
 from phaseprobe.collect.spans.source import open_spans
 from phaseprobe.errors import ConfigError
 from phaseprobe.records import RequestSpan
@@ -27,6 +28,7 @@ from phaseprobe.sources.span_stores.model import (
 )
 
 __all__ = [
+    "last_window",
     "StatsRequest",
     "SpanStatsView",
     "GROUP_BY",
@@ -147,6 +149,23 @@ def span_stats(request: StatsRequest) -> SpanStatsView:
         return window_stats(
             reader, request.since_ns, request.until_ns, by=request.by, slowest=request.slowest
         )
+
+
+def last_window(
+    store_path: Path | str, window_s: float, until_ns: int, notices: Notices
+) -> SpanStatsView | None:
+    """The SQLite store's last ``window_s`` up to ``until_ns`` (a receiving watch's ``--json``
+    ``window``), read-only; None, said once in ``notices``, when the store cannot be read
+    (the watch's own summary stands without it)."""
+    from phaseprobe.errors import StoreError
+    from phaseprobe.store import Store
+
+    try:
+        with Store(Path(store_path), readonly=True) as store:
+            return window_stats(store, until_ns - round(window_s * 1e9), until_ns)
+    except StoreError as exc:
+        notices.warn(f"the last window's view is left out: {exc}")
+        return None
 
 
 def parse_when(text: str, now_ns: int, option: str) -> int:

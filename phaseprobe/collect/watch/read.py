@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from phaseprobe.collect.notices import Notices
 from phaseprobe.collect.spans.source import FollowedWindow, SpanFollower, open_spans
+from phaseprobe.collect.spans.stats import SpanStatsView, window_stats
 from phaseprobe.collect.watch.options import WatchOptions
 from phaseprobe.collect.watch.pace import Pace
 
@@ -35,6 +36,7 @@ class ReadResult:
     window_s: float
     polls: int
     interrupted: bool
+    window: SpanStatsView | None = None  # the last --window, as `spans stats` gives it
 
 
 class ReadWatch:
@@ -87,6 +89,9 @@ class ReadWatch:
             last = self.reader.finished_spans(
                 since_ns=whole.until_ns - self.follower.window_ns, until_ns=whole.until_ns
             )
+            window = window_stats(
+                self.reader, whole.until_ns - self.follower.window_ns, whole.until_ns
+            )
         return ReadResult(
             where=whole.summary.where,
             started_wall_ns=self.follower.started_ns,
@@ -96,4 +101,5 @@ class ReadWatch:
             window_s=self.options.window_s,
             polls=self.follower.polls,
             interrupted=interrupted,
+            window=window,
         )

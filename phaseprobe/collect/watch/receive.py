@@ -26,6 +26,7 @@ from phaseprobe.analysis.spans.summary import LiveSummary, SpanLoss, summarize_s
 from phaseprobe.collect.notices import Notices
 from phaseprobe.collect.spans.receiver import SpanReceiver, SpanSink
 from phaseprobe.collect.spans.retention import RetentionPolicy, SpanRetention
+from phaseprobe.collect.spans.stats import SpanStatsView, last_window
 from phaseprobe.collect.stall_evidence import check_vllm_pid, keep_stall_evidence
 from phaseprobe.collect.watch.counters import FinishedCounter, open_replica_counters
 from phaseprobe.collect.watch.fleet import FleetState, FleetTracker
@@ -79,6 +80,7 @@ class WatchResult:
     retention_text: str
     interrupted: bool  # Ctrl-C ended it (the way a watch without a duration ends)
     stalls: tuple[dict[str, Any], ...] = ()  # {server, said, frozen_s, evidence} per stall
+    window: SpanStatsView | None = None  # the store's last --window, as `spans stats` gives it
 
 
 class ReceiveWatch:
@@ -309,4 +311,7 @@ class ReceiveWatch:
             retention_text=self.retention.text(),
             interrupted=interrupted,
             stalls=tuple(self.stalls),
+            window=last_window(
+                self.options.store_path, self.options.window_s, time.time_ns(), self.notices
+            ),
         )

@@ -321,6 +321,8 @@ def _report(result: WatchResult, out: Console, as_json: bool) -> None:
             "retention": result.retention,
             "stalls": list(result.stalls),
             "interrupted": result.interrupted,
+            # the store's last --window (any spans in it, not only this watch's): issue 43
+            "window": result.window.to_json() if result.window is not None else None,
         }
         out.out(jsonout.dumps(doc), highlight=False)
         return
@@ -355,6 +357,8 @@ def _report_read(result: ReadResult, out: Console, as_json: bool) -> None:
             "interference_window_s": result.window_s,
             "polls": result.polls,
             "interrupted": result.interrupted,
+            # the store's last --window, whatever this watch's own duration: issue 43
+            "window": result.window.to_json() if result.window is not None else None,
         }
         out.out(jsonout.dumps(doc), highlight=False)
         return
