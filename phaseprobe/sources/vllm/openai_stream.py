@@ -599,9 +599,10 @@ class StreamClient:
 
 class TokenEventCounter:
     """Counts the token events among raw SSE events as they arrive, by the same rule as the
-    timeline (an event with text, or the final one with a finish reason): a role-only chat
-    event, the usage chunk or an event whose text is still empty (a token that completes no
-    character yet) is not a token event."""
+    timeline (an event with answer or reasoning text, or the final one with a finish reason):
+    a role-only chat event, the usage chunk, a reasoning parser's hidden marker or an event
+    whose text is still empty (a token that completes no character yet) is not a token
+    event."""
 
     def __init__(self, chat: bool) -> None:
         self.chat = chat
