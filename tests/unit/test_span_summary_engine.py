@@ -238,3 +238,18 @@ def test_by_model_and_service_in_every_engine(tmp_path: Path, by: str):
 def test_an_unknown_grouping_is_refused(store: Store):
     with pytest.raises(ValueError, match="by must be one of"):
         summarize_request_spans(store._db, store.where, by="gpu")
+
+
+def test_histogram_from_engine_pairs():
+    """ClickHouse's answer (offset, count) pairs, 64-bit numbers quoted, reads as the same
+    histogram numpy bins; an offset outside the buckets is refused, not wrapped around."""
+    xs = np.array([0.0, 0.004, 0.004, 0.5, 3.0])
+    want = LogHistogram()
+    want.add(xs)
+    pairs = [[str(i), str(c)] for i, c in enumerate(want.counts) if c]
+    got = LogHistogram.from_pairs(pairs)
+    assert (got.counts == want.counts).all() and got.quantiles(QUANTILES) == want.quantiles(
+        QUANTILES
+    )
+    with pytest.raises(ValueError, match="outside"):
+        LogHistogram.from_pairs([[quantile_sketch.BUCKETS, 1]])

@@ -3,7 +3,8 @@
 One ``GROUPING SETS`` query gives per group (replica, model or service) and over all: counts,
 token sums, the phase share's sums and, per duration, a histogram of DDSketch's logarithmic
 buckets (:mod:`~phaseprobe.sources.span_stores.quantile_sketch`, binned in SQL and counted by
-``countResample`` into one dense array: a few thousand counters per duration and group). When
+``countResample``: a few thousand counters per duration and group, only the filled ones
+returned). When
 the window holds at most :data:`~.quantile_sketch.EXACT_MAX_SPANS` requests a second query
 takes exact quantiles (``quantilesExactInclusive``, numpy's linear rule), so small windows
 answer as before and as SQLite does. Past it the quantiles come from the histograms, binned by
@@ -115,7 +116,7 @@ def clickhouse_span_summary(
         phases = {}
         for i, p in enumerate(PHASES):
             n = int(row[k_counts + i])
-            qs = LogHistogram.from_dense(row[k_hist + i]).quantiles(QUANTILES) if n else None
+            qs = LogHistogram.from_pairs(row[k_hist + i]).quantiles(QUANTILES) if n else None
             qs = qs or [None] * len(QUANTILES)
             phases[p] = PhaseStats(n, *qs)
         parsed[name] = (row, phases)

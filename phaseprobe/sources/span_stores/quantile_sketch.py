@@ -68,9 +68,11 @@ def bucket_sql(x: str) -> str:
 
 
 def count_resample_sql(x: str) -> str:
-    """ClickHouse's histogram of ``x`` over every bucket, as one dense array of counts
-    (``countResample``: a counter per bucket index, NULLs not counted)."""
-    return f"countResample({ZERO_INDEX}, {_HIGH + 1}, 1)({x}, {bucket_sql(x)})"
+    """ClickHouse's histogram of ``x``: ``countResample`` keeps a counter per bucket index
+    (NULLs not counted); only the filled buckets come back, as ``(offset from ZERO_INDEX,
+    count)`` pairs, so a small window's answer stays small (the dense array is 3,700 long)."""
+    dense = f"countResample({ZERO_INDEX}, {_HIGH + 1}, 1)({x}, {bucket_sql(x)})"
+    return f"arrayFilter(t -> t.2 > 0, arrayZip(range({BUCKETS}), {dense}))"
 
 
 def _values(index: np.ndarray) -> np.ndarray:
@@ -103,13 +105,16 @@ class LogHistogram:
         self.counts += np.bincount(idx - ZERO_INDEX, minlength=BUCKETS)
 
     @classmethod
-    def from_dense(cls, counts: Sequence[int | str]) -> LogHistogram:
-        """A histogram from :func:`count_resample_sql`'s answer (one count per bucket, from
-        :data:`ZERO_INDEX` up; ClickHouse's JSON quotes 64-bit counts)."""
+    def from_pairs(cls, pairs: Sequence[Sequence[int | str]]) -> LogHistogram:
+        """A histogram from :func:`count_resample_sql`'s answer: ``(offset, count)`` pairs,
+        the offset from :data:`ZERO_INDEX` (ClickHouse's JSON quotes 64-bit numbers).
+        Raises ValueError for an offset outside the buckets."""
         h = cls()
-        if len(counts) != BUCKETS:
-            raise ValueError(f"{len(counts)} bucket counts, expected {BUCKETS}")
-        h.counts = np.asarray([int(c) for c in counts], dtype=np.int64)
+        for offset, count in pairs:
+            i = int(offset)
+            if not 0 <= i < BUCKETS:
+                raise ValueError(f"bucket offset {i} outside 0..{BUCKETS - 1}")
+            h.counts[i] += int(count)
         return h
 
     def merge(self, other: LogHistogram) -> None:
