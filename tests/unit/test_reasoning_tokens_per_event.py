@@ -192,3 +192,20 @@ def test_recorded_vllm_stream_with_speculative_decoding() -> None:
     assert sum(tl.event_tokens) == tl.completion_tokens == 24
     assert len(tl.itl_token_s) == 23 and len(tl.itl_s) == 12
     assert tl.reasoning_tokens == 6 and tl.answer_tokens == 18
+
+
+def test_a_hostile_running_total_cannot_blow_up_the_per_token_list() -> None:
+    """A server claiming 10**400 tokens in one event: the counts are dropped, not expanded."""
+    data = (
+        b'data: {"choices":[{"index":0,"text":"a","finish_reason":null}],'
+        b'"usage":{"completion_tokens":' + str(10**400).encode() + b"}}\n\n"
+        b'data: {"choices":[{"index":0,"text":"b","finish_reason":"length"}],'
+        b'"usage":{"completion_tokens":' + str(10**400 + 1).encode() + b"}}\n\n"
+        b"data: [DONE]\n\n"
+    )
+    with _replay(data) as url:
+        out = StreamClient(url).stream(build_body(model="m", prompt="x", max_tokens=2, chat=False))
+    tl = out.timeline
+    assert out.error is None and tl.event_tokens is None
+    assert tl.itl_token_s == tl.itl_s and len(tl.itl_s) == 1
+    assert any("more than any stream" in n for n in out.notes)

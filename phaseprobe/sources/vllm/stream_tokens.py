@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 __all__ = [
+    "MAX_STREAM_TOKENS",
     "EventKind",
     "TokenTally",
     "listed_tokens",
@@ -35,6 +36,11 @@ __all__ = [
 ]
 
 EventKind = Literal["reasoning", "answer", "both", "none"]
+
+# The most tokens the per-event counts of one stream may add up to: past any context window
+# served, and small enough that the per-token ITL list (one float per token) stays tens of MB
+# when a hostile server claims more.
+MAX_STREAM_TOKENS = 1 << 22
 
 # The field names of a chat delta's reasoning text, newest first.
 REASONING_FIELDS = ("reasoning", "reasoning_content")
@@ -129,6 +135,11 @@ class TokenTally:
         if not self.counts or any(k is None for k in self.counts):
             return None, None
         counts = tuple(k for k in self.counts if k is not None)
+        if sum(counts) > MAX_STREAM_TOKENS:
+            return None, (
+                f"tokens per event not used: the events claim {sum(counts)} tokens, more "
+                f"than any stream ({MAX_STREAM_TOKENS})"
+            )
         if completion_tokens is not None and sum(counts) != completion_tokens:
             return None, (
                 f"tokens per event not used: the events list {sum(counts)} tokens, the "
