@@ -253,3 +253,20 @@ def test_histogram_from_engine_pairs():
     )
     with pytest.raises(ValueError, match="outside"):
         LogHistogram.from_pairs([[quantile_sketch.BUCKETS, 1]])
+
+
+def test_a_text_duration_reads_as_missing(tmp_path: Path):
+    """A REAL column holding text (SQLite lets another program write one) is not a number:
+    that value counts as missing, the rest of the summary stands."""
+    with Store(tmp_path / "t.sqlite") as st:
+        st.add_spans(SPANS, [{}] * len(SPANS))
+        before = st.span_summary()
+        st._db.execute(
+            "UPDATE request_spans SET queue_s = 'soon' WHERE id = (SELECT min(id) FROM "
+            "request_spans)"
+        )
+        st._db.commit()
+        after = st.span_summary()
+    assert after.total.phases["queue_s"].n == before.total.phases["queue_s"].n - 1
+    assert after.total.requests == before.total.requests
+    assert after.total.phases["e2e_s"] == before.total.phases["e2e_s"]
