@@ -37,6 +37,7 @@ from phaseprobe.paths import default_store_path
 from phaseprobe.present.cli import jsonout
 from phaseprobe.present.cli.args import float_in, int_in, store_and_json_args
 from phaseprobe.present.cli.console import ms, print_schema_note
+from phaseprobe.present.cli.table_fit import fit_hints
 from phaseprobe.present.cli.waiting import waiting
 from phaseprobe.records import RequestSpan
 
@@ -606,7 +607,7 @@ def span_table(spans: list[RequestSpan], title: str) -> Table:
         caption="times in ms; other = e2e − (queue + prefill + decode): "
         "HTTP, tokenization, delivery (never prefill)",
     )
-    for col in (
+    columns = (
         "request",
         "e2e ms",
         "queue ms",
@@ -617,7 +618,10 @@ def span_table(spans: list[RequestSpan], title: str) -> Table:
         "TPOT ms",
         "in tok",
         "out tok",
-    ):
+    )
+    # narrow terminals: the caption says "times in ms", so the headers need not
+    fit_hints(table, short={c: c.removesuffix(" ms") for c in columns if c.endswith(" ms")})
+    for col in columns:
         table.add_column(col, justify="left" if col == "request" else "right", no_wrap=True)
     for s in spans:
         table.add_row(

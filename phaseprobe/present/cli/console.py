@@ -23,6 +23,7 @@ from rich.table import Table
 from phaseprobe.format import duration as fmt_duration
 from phaseprobe.format import efficiency as fmt_efficiency
 from phaseprobe.format import ms_cell as ms  # a table cell in ms
+from phaseprobe.present.cli.table_fit import fit_hints
 from phaseprobe.records import Run
 
 if TYPE_CHECKING:
@@ -134,7 +135,7 @@ def render_probe(
     fleet = bool(info.get("router")) or any(r.replica is not None for r in runs)
     # reasoning streams: time to the first answer token and the tokens of each kind
     reasoned = any(r.client is not None and r.client.reasoned for r in runs)
-    for col in (
+    columns = (
         "run",
         "status",
         "TTFT ms",
@@ -151,7 +152,10 @@ def render_probe(
         *(("reason tok", "answer tok") if reasoned else ()),
         "isolated",
         *(("replica",) if fleet else ()),
-    ):
+    )
+    # narrow terminals: the caption says "times in ms", so the headers need not
+    fit_hints(table, short={c: c.removesuffix(" ms") for c in columns if c.endswith(" ms")})
+    for col in columns:
         table.add_column(
             col, justify="left" if col in ("status", "replica") else "right", no_wrap=True
         )

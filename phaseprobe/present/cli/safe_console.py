@@ -13,11 +13,15 @@ applied by rich after this, so colours still work. JSON output is safe by constr
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, ConsoleOptions, RenderableType
+from rich.segment import Segment
+from rich.table import Table
 from rich.text import Text
 
+from phaseprobe.present.cli.table_fit import fit_table, fitted_for
 from phaseprobe.redact import redact_urls_in
 
 __all__ = ["SafeConsole", "visible"]
@@ -43,6 +47,16 @@ class SafeConsole(Console):
         # ("net_ib.cc:1234 (fn)") that rich would turn into pictures.
         kwargs.setdefault("emoji", False)
         super().__init__(*args, **kwargs)
+
+    def render(
+        self, renderable: RenderableType, options: ConsoleOptions | None = None
+    ) -> Iterable[Segment]:
+        # Every table, wherever it is (a group, a live display), is laid out for the width it
+        # is drawn at: no column narrower than its longest word (table_fit says how).
+        opts = options or self.options
+        if isinstance(renderable, Table) and not fitted_for(renderable, opts.max_width):
+            renderable = fit_table(renderable, self, opts)
+        return super().render(renderable, options)
 
     def render_str(self, text: str, **kwargs: Any) -> Text:
         return super().render_str(visible(redact_urls_in(text)), **kwargs)
