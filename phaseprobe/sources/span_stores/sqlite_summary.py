@@ -82,19 +82,34 @@ class _Acc:
         self.tokens_in += tin or 0
         self.tokens_out += tout or 0
 
-    def add(self, cols: dict[str, np.ndarray]) -> None:
+    def count_full(self, cols: dict[str, np.ndarray]) -> None:
+        """Add the chunk's requests that report all four phase-share durations, and their
+        sums."""
         full = ~np.isnan(cols["e2e_s"])
         for p in ("queue_s", "prefill_s", "decode_s"):
             full &= ~np.isnan(cols[p])
         self.full += int(full.sum())
         for p in _SUMS:
             self.sums[p] += float(cols[p][full].sum())
+
+    def add(self, cols: dict[str, np.ndarray]) -> None:
+        """Add the chunk's phase-share sums and its durations (kept, or binned)."""
+        self.count_full(cols)
         for p in PHASES:
             xs = cols[p][np.isfinite(cols[p])]
             if self.sketch is not None:
                 self.sketch[p].add(xs)
             elif xs.size:
                 self.kept[p].append(xs)
+
+    def take(self, group: _Acc) -> None:
+        """Hold ``group``'s durations too (the total's: the same values, not binned or kept
+        twice; histograms merge exactly, kept values are the same arrays)."""
+        for p in PHASES:
+            if self.sketch is not None and group.sketch is not None:
+                self.sketch[p].merge(group.sketch[p])
+            else:
+                self.kept[p] += group.kept[p]
 
     def to_sketch(self) -> None:
         """Count durations in histograms from now on (the window is past the exact limit)."""
@@ -239,13 +254,15 @@ def summarize_request_spans(
         cur = db.execute(f"SELECT {key}, {', '.join(_STREAMED[:-1])}, {_TPOT} {window}", params)
         while rows := cur.fetchmany(chunk_rows):
             keys, num = _numbers(rows)
-            total.add(num)
+            total.count_full(num)  # its durations: its groups', merged at the end
             for k in np.unique(keys):
                 mask = keys == k
                 groups[names[int(k)]].add({p: v[mask] for p, v in num.items()})
     finally:
         if not in_txn:
             db.execute("COMMIT")
+    for acc in groups.values():  # each duration binned or kept once, in its group
+        total.take(acc)
     notes = instance_notes(no_instance, total.requests)
     if sketched:
         notes += (quantile_method_note(total.requests),)
