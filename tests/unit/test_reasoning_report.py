@@ -137,6 +137,7 @@ def test_ab_compares_time_to_first_answer_when_both_arms_reasoned() -> None:
     assert m.median_a == pytest.approx(0.036) and m.median_b == pytest.approx(0.028)
     assert m.verdict == "improvement"
     assert "reasoning (TTFA) −22 %" in cmp.phase_line
+    assert any(w.startswith("reasoning tokens per run (median): A 8, B 4") for w in cmp.warnings)
 
 
 def test_ab_leaves_time_to_first_answer_out_when_one_arm_never_reasoned() -> None:

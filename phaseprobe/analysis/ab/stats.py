@@ -529,6 +529,14 @@ def compare_runs(
                 f"the primary metric {name} cannot decide: it needs reasoning in both arms "
                 "(a vLLM started with --reasoning-parser, and runs that reach an answer)"
             )
+    if "client_ttfa_s" in metrics:
+        # the time to the answer moves with how long each arm reasons, not only how fast
+        told = [_median_tokens(runs) for runs in (runs_a, runs_b)]
+        if None not in told:
+            warnings.append(
+                f"reasoning tokens per run (median): {arm_a} {told[0]:g}, {arm_b} "
+                f"{told[1]:g}: time to first answer moves with them as well as with decode"
+            )
     for arm, runs in ((arm_a, runs_a), (arm_b, runs_b)):
         dropped = sum(1 for r in runs if not usable(r, "server_decode_s"))
         if dropped:
@@ -590,6 +598,16 @@ def compare_runs(
         primary=primary,
         noise=noise,
     )
+
+
+def _median_tokens(runs: Sequence[Run]) -> float | None:
+    """Median reasoning tokens over the usable runs that reasoned (None: none counted)."""
+    counts = [
+        r.client.reasoning_tokens
+        for r in runs
+        if usable(r) and r.client is not None and r.client.reasoning_tokens is not None
+    ]
+    return float(np.median(counts)) if counts else None
 
 
 def failure_reason(runs: Sequence[Run]) -> str:
