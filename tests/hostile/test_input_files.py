@@ -162,13 +162,14 @@ def test_nccl_says_what_the_path_is(
     assert words in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("content", [None, b"", b"not sqlite at all\n"])
-def test_dashboard_refuses_a_missing_or_corrupt_store(
+@pytest.mark.parametrize("content", [b"", b"not sqlite at all\n"])
+def test_dashboard_refuses_a_corrupt_store(
     tmp_path: Path,
-    content: bytes | None,
+    content: bytes,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
+    """A missing store opens the start page (issue 43); one that is not a store is refused."""
     from phaseprobe.present.cli import cmd_dashboard
 
     def no_streamlit(*a: object, **k: object) -> None:
@@ -176,8 +177,7 @@ def test_dashboard_refuses_a_missing_or_corrupt_store(
 
     monkeypatch.setattr(cmd_dashboard.subprocess, "Popen", no_streamlit)
     store = tmp_path / "s.db"
-    if content is not None:
-        store.write_bytes(content)
+    store.write_bytes(content)
     assert main(["dashboard", "--store", str(store)]) == 2
     err = capsys.readouterr().err
     assert "s.db" in err and ("no experiment store" in err or "not a phaseprobe store" in err)
