@@ -11,12 +11,11 @@ from pathlib import Path
 
 import streamlit as st
 
+from phaseprobe.collect.spans.source import SPANS_FROM_ENV
 from phaseprobe.errors import PhaseprobeError
 from phaseprobe.present.dashboard import data
 
 __all__ = ["render", "WAYS"]
-
-SPANS_FROM_ENV = "PHASEPROBE_SPANS_FROM"  # collect.spans.source's name, read by the Live page
 
 # (what you have, the command, the page that shows it)
 WAYS: tuple[tuple[str, str, str], ...] = (
