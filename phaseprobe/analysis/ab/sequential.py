@@ -96,7 +96,8 @@ class StopRecord(TypedDict):
     """Why a sequential session stopped, kept in the session's settings (``"stop"``) and shown
     in the report's stop line and ``--json``."""
 
-    reason: str  # "decided", "max-runs", "max-minutes" or "failed" (every run of an arm)
+    reason: str  # "decided", "max-runs", "max-minutes", "failed" (every run of an arm) or
+    # "unmeasured" (the primary is one both arms must have, and an arm's runs never carry it)
     primary: str  # the primary metric's name
     verdict: str  # its verdict at the stop
     pairs: int  # pairs judged

@@ -55,6 +55,7 @@ __all__ = [
     "metric_by_seq",
     "phase_line",
     "pct",
+    "primary_unmeasured",
     "resolve_primary",
 ]
 
@@ -597,6 +598,19 @@ def compare_runs(
         method="fixed" if plan is None else "sequential",
         primary=primary,
         noise=noise,
+    )
+
+
+def primary_unmeasured(primary: str, runs_a: Sequence[Run], runs_b: Sequence[Run]) -> bool:
+    """True when a sequential session's primary metric is one compared only when both arms
+    have it (time to first answer) and an arm whose runs succeeded has it in none: more
+    runs cannot decide it."""
+    metric = resolve_primary(primary, runs_a, runs_b)
+    if metric not in BOTH_ARMS_ONLY:
+        return False
+    return any(
+        any(r.status == "ok" for r in runs) and not metric_by_seq(runs, metric)
+        for runs in (runs_a, runs_b)
     )
 
 

@@ -578,6 +578,12 @@ class _Sequential:
             metric_by_seq(runs_a, metric), metric_by_seq(runs_b, metric), self.plan, metric=metric
         )
 
+    def unmeasured(self) -> bool:
+        """The primary metric can never be compared (an arm's runs never carry it)."""
+        from phaseprobe.analysis.ab.stats import primary_unmeasured
+
+        return primary_unmeasured(self.plan.primary, self.arms[0].runs, self.arms[1].runs)
+
     def look(self) -> StopRecord | None:
         """Evaluate the primary metric; the stop record when it is decided, else None."""
         self.looks += 1
@@ -669,6 +675,11 @@ def _measure(
             if dead and pairs >= seq_state.plan.min_pairs:
                 # Every run of an arm failed: more runs would only fail too; nothing to decide.
                 result.stop = seq_state.record("failed")
+                break
+            if pairs >= seq_state.plan.min_pairs and seq_state.unmeasured():
+                # A primary only both arms can have (time to first answer) that one arm's
+                # runs never carry: more runs would only spend the budget.
+                result.stop = seq_state.record("unmeasured")
                 break
             if seq_state.plan.is_look(pairs):
                 result.stop = seq_state.look()

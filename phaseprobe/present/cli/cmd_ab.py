@@ -278,6 +278,8 @@ _REASONS = {
     "max-runs": "budget spent: --max-runs reached",
     "max-minutes": "budget spent: --max-minutes reached",
     "failed": "stopped: every run of an arm failed",
+    "unmeasured": "stopped: the primary metric is measured in one arm only (time to first "
+    "answer needs reasoning in both)",
 }
 
 
