@@ -128,7 +128,8 @@ def _no_spans(path: str) -> None:
         f"`--otlp-traces-endpoint {ENDPOINT}` and its own name in "
         "`OTEL_RESOURCE_ATTRIBUTES=service.instance.id=<name>` (and "
         "`OTEL_SERVICE_NAME=vllm`): every finished request then sends its span, tagged "
-        "with its replica."
+        "with its replica. Spans a collector already keeps (ClickHouse, chdb, Tempo, Jaeger): "
+        "`phaseprobe dashboard --spans-from URL`."
     )
 
 
