@@ -64,6 +64,7 @@ PAGES = [
     "Live",
     "Fleet",
     "Capacity",
+    "Stalls",
     "Run timeline",
     "Phases",
     "GPU",

@@ -2,7 +2,7 @@
 
 The store comes from ``$PHASEPROBE_STORE``. The sidebar picks the page and the experiment; each
 page module has ``render(ctx)`` and says plainly what is missing instead of drawing nothing.
-The pages of :data:`STORE_PAGES` (Live, Fleet, Capacity) read the store as a whole,
+The pages of :data:`STORE_PAGES` (Live, Fleet, Capacity, Stalls) read the store as a whole,
 ``render(path, key)``, and those of :data:`FILE_PAGES` (NCCL, Traces) uploads or what the store
 keeps, ``render(path, key, experiment_id)``: they work before any experiment exists, and even
 before the store does. An experiment page with no experiment to show gives the start page
@@ -25,6 +25,7 @@ from phaseprobe.present.dashboard import (
     page_gpu,
     page_live,
     page_phases,
+    page_stalls,
     page_start,
     page_timeline,
 )
@@ -50,6 +51,7 @@ STORE_PAGES = {
     "Live": page_live.render,
     "Fleet": page_fleet.render,
     "Capacity": page_capacity.render,
+    "Stalls": page_stalls.render,
 }
 
 
