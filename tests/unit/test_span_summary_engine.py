@@ -270,3 +270,36 @@ def test_a_text_duration_reads_as_missing(tmp_path: Path):
     assert after.total.phases["queue_s"].n == before.total.phases["queue_s"].n - 1
     assert after.total.requests == before.total.requests
     assert after.total.phases["e2e_s"] == before.total.phases["e2e_s"]
+
+
+@pytest.mark.parametrize("by", ["model", "service"])
+def test_by_in_tempo_and_jaeger(by: str):
+    """The stores that hand back records group by model or service too (aggregate_spans)."""
+    from phaseprobe.sources.span_stores import open_span_reader
+    from phaseprobe.testing.span_store_stub import SpanStoreStub, jaeger_traces, tempo_search
+
+    since, until = T0 - 10**9, T0 + 60 * 10**9  # these stores always search a range
+    want = aggregate_spans(SPANS, "x", since_ns=since, until_ns=until, by=by).to_dict()
+    with (
+        SpanStoreStub({"/api/search": tempo_search(SPANS)}) as tempo,
+        SpanStoreStub(
+            {
+                "/api/v3/services": {"services": ["vllm"]},
+                "/api/v3/operations": {"operations": [{"name": "llm_request"}]},
+                "/api/v3/traces": jaeger_traces(SPANS),
+            }
+        ) as jaeger,
+    ):
+        for url in (
+            f"tempo://127.0.0.1:{tempo.port}?limit=100000",
+            f"jaeger://127.0.0.1:{jaeger.port}",
+        ):
+            reader = open_span_reader(url)
+            try:
+                got = reader.span_summary(since_ns=since, until_ns=until, by=by).to_dict()
+            finally:
+                reader.close()
+            w = dict(want)
+            for d in (w, got):
+                d.pop("where")
+            assert_close(w, got)
