@@ -53,7 +53,8 @@ def pages_frame(doc: dict[str, Any]) -> pd.DataFrame:
 
 
 def render(path: str, key: Any) -> None:
-    st.header("Stalled engines")
+    st.header("Stalls")
+    st.caption("Engines that stopped advancing while requests ran, and what was kept.")
     none = (
         "No stalled engine recorded. `phaseprobe watch --metrics URL` (or `--replica`) and "
         "`phaseprobe check --live --endpoint URL` keep evidence here when an engine with "
