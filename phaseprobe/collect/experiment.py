@@ -20,6 +20,7 @@ import requests
 from phaseprobe.analysis.client_check import check_client, has_hop
 from phaseprobe.analysis.phases import attribute, consistency_notes, histograms_moved, idle_reasons
 from phaseprobe.analysis.replica_match import unverifiable
+from phaseprobe.analysis.spec_decode import spec_deltas
 from phaseprobe.analysis.vllm_work import self_measured_deltas
 from phaseprobe.collect.connection import ServerInfo, connect
 from phaseprobe.collect.fleet.scrape import FleetScraper, FleetSnapshot, RouterPage
@@ -435,7 +436,11 @@ class RunCollector:
         )
         # vLLM's own FLOP/byte counters and prompt-token sources ride along as counter deltas
         own = self_measured_deltas(before, after, self.spec.model)
-        server = replace(server, counter_deltas={**server.counter_deltas, **own})
+        # speculation's drafts move per step, so they are the run's own like the token counters
+        spec, spec_why = spec_deltas(before, after, self.spec.model)
+        server = replace(server, counter_deltas={**server.counter_deltas, **own, **spec})
+        if spec_why is not None:
+            isolation = replace(isolation, isolated=False, reasons=isolation.reasons + (spec_why,))
         if not moved:
             isolation = replace(
                 isolation,

@@ -415,6 +415,7 @@ def run_spec(args: argparse.Namespace, session: Session) -> RunSpec:
 def run_pd(args: argparse.Namespace, topo: PdTopology, out: Console, err: Console) -> int:
     """``probe --prefill URL --decode URL [--endpoint ROUTER]``."""
     from phaseprobe.analysis.phases import summarize
+    from phaseprobe.analysis.spec_decode import spec_report
     from phaseprobe.collect.experiment import ProbeSettings
     from phaseprobe.collect.pd.probe import kv_path, run_pd_probe
     from phaseprobe.collect.session import Session
@@ -458,6 +459,7 @@ def run_pd(args: argparse.Namespace, topo: PdTopology, out: Console, err: Consol
             "server": result.server_info,
             "notes": result.notes,
             "summary": summary.to_dict(),
+            "speculation": spec_report(result.runs).to_dict(),
             "runs": [r.to_dict() for r in result.runs],
             "kv_path": path if isinstance(path, str) else path.to_dict(),
         }
@@ -489,6 +491,7 @@ def _fake_nvml() -> Any:
 
 def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     from phaseprobe.analysis.phases import summarize
+    from phaseprobe.analysis.spec_decode import spec_report
     from phaseprobe.collect.experiment import ProbeSettings, run_probe
     from phaseprobe.collect.session import Session
     from phaseprobe.present.cli.cmd_spans import context_text
@@ -547,6 +550,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
             "server": result.server_info,
             "notes": result.notes,
             "summary": summary.to_dict(),
+            "speculation": spec_report(result.runs).to_dict(),
             "runs": [r.to_dict() for r in result.runs],
             "efficiency": report.efficiency,
             "overlap": {str(seq): ctx.to_dict() for seq, ctx in report.shared.items()},

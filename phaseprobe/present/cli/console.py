@@ -27,6 +27,7 @@ from phaseprobe.present.cli.table_fit import fit_hints
 from phaseprobe.records import Run
 
 if TYPE_CHECKING:
+    from phaseprobe.analysis.spec_decode import SpecFigures
     from phaseprobe.store import Store
 
 if TYPE_CHECKING:  # imported where used: a command's --help must not load it
@@ -106,6 +107,16 @@ def _itl(run: Run, q: float) -> float | None:
     return percentile(run.client.itl_token_s, q) if run.client else None
 
 
+def _spec_cells(f: SpecFigures | None) -> tuple[str, str]:
+    """A run's acceptance rate and mean accepted length ("—": nothing drafted or no counters)."""
+    rate = f.acceptance_rate if f else None
+    length = f.mean_accepted_length if f else None
+    return (
+        "—" if rate is None else f"{rate:.0%}",
+        "—" if length is None else f"{length:.2f}",
+    )
+
+
 def render_probe(
     console: Console,
     runs: Sequence[Run],
@@ -135,6 +146,11 @@ def render_probe(
     fleet = bool(info.get("router")) or any(r.replica is not None for r in runs)
     # reasoning streams: time to the first answer token and the tokens of each kind
     reasoned = any(r.client is not None and r.client.reasoned for r in runs)
+    # speculative decoding: each run's acceptance from its own counter deltas
+    from phaseprobe.analysis.spec_decode import spec_of_run, spec_report
+
+    specs = [spec_of_run(r) for r in runs]
+    spec_on = any(f is not None for f in specs)
     columns = (
         "run",
         "status",
@@ -150,6 +166,7 @@ def render_probe(
         "in tok",
         "out tok",
         *(("reason tok", "answer tok") if reasoned else ()),
+        *(("accepted %", "accept len") if spec_on else ()),
         "isolated",
         *(("replica",) if fleet else ()),
     )
@@ -159,7 +176,7 @@ def render_probe(
         table.add_column(
             col, justify="left" if col in ("status", "replica") else "right", no_wrap=True
         )
-    for r in runs:
+    for i, r in enumerate(runs):
         c, s = r.client, r.server
         iso = (
             "yes"
@@ -195,12 +212,15 @@ def render_probe(
                 if reasoned
                 else ()
             ),
+            *(_spec_cells(specs[i]) if spec_on else ()),
             iso,
             *((replica_cell(r),) if fleet else ()),
         )
     console.print(table)
     if fleet:
         console.print(escape(replica_line(runs)), highlight=False)
+    if spec_on:
+        console.print(escape(spec_report(runs).sentence()), highlight=False)
     if any(r.pd is not None for r in runs):
         render_pd_legs(console, runs)
     share = summary.decode_share_of_e2e

@@ -73,6 +73,15 @@ ALIASES: dict[str, tuple[Kind, tuple[str, ...]]] = {
     "kv_block_lifetime": ("histogram", ("kv_block_lifetime_seconds",)),
     "kv_block_idle_before_evict": ("histogram", ("kv_block_idle_before_evict_seconds",)),
     "kv_block_reuse_gap": ("histogram", ("kv_block_reuse_gap_seconds",)),
+    # speculative decoding (--speculative-config only: absent means not enabled), counted per
+    # engine step that verified drafts; per_pos by label position 0…k-1
+    "spec_decode_num_drafts": ("counter", ("spec_decode_num_drafts",)),
+    "spec_decode_num_draft_tokens": ("counter", ("spec_decode_num_draft_tokens",)),
+    "spec_decode_num_accepted_tokens": ("counter", ("spec_decode_num_accepted_tokens",)),
+    "spec_decode_num_accepted_tokens_per_pos": (
+        "counter",
+        ("spec_decode_num_accepted_tokens_per_pos",),
+    ),
     "requests_running": ("gauge", ("num_requests_running",)),
     "requests_waiting": ("gauge", ("num_requests_waiting",)),
     # by label reason: capacity | deferred (which includes waiting for a KV transfer; 0.32)
