@@ -26,17 +26,23 @@ import requests
 from phaseprobe.errors import PrometheusServerError
 from phaseprobe.local.process import free_port, log_tail, stop_process_group
 
-__all__ = ["DEFAULT_BINARY", "PrometheusServer", "scrape_config"]
+__all__ = ["DEFAULT_BINARY", "PrometheusServer", "scrape_config", "alerts"]
 
 DEFAULT_BINARY = "/usr/bin/prometheus"
 _HOST = "127.0.0.1"
 
 
 def scrape_config(
-    targets: Sequence[str], interval_s: float = 1.0, job: str = "vllm"
+    targets: Sequence[str],
+    interval_s: float = 1.0,
+    job: str = "vllm",
+    *,
+    rule_files: Sequence[Path] = (),
+    alertmanager: str | None = None,
 ) -> dict[str, object]:
     """A Prometheus config scraping ``targets`` (``http://host:port[/path]`` or ``host:port``).
-    Targets that differ in scheme or metrics path get one scrape job each."""
+    Targets that differ in scheme or metrics path get one scrape job each. ``rule_files`` are
+    evaluated at the scrape interval; ``alertmanager`` (``host:port``) receives the alerts."""
     groups: dict[tuple[str, str], list[str]] = {}
     for target in targets:
         parts = urlsplit(target if "://" in target else f"http://{target}")
@@ -56,10 +62,15 @@ def scrape_config(
         }
         for i, ((scheme, path), hosts) in enumerate(sorted(groups.items()))
     ]
-    return {
+    config: dict[str, object] = {
         "global": {"scrape_interval": interval, "evaluation_interval": interval},
         "scrape_configs": jobs,
     }
+    if rule_files:
+        config["rule_files"] = [str(f) for f in rule_files]
+    if alertmanager:
+        config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]}
+    return config
 
 
 class PrometheusServer:
@@ -74,6 +85,8 @@ class PrometheusServer:
         workdir: Path | None = None,
         ready_timeout_s: float = 30.0,
         extra_args: Sequence[str] = (),
+        rule_files: Sequence[Path] = (),
+        alertmanager: str | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
@@ -82,6 +95,8 @@ class PrometheusServer:
         self.scrape_interval_s = scrape_interval_s
         self.ready_timeout_s = ready_timeout_s
         self.extra_args = list(extra_args)
+        self.rule_files = list(rule_files)
+        self.alertmanager = alertmanager
         self._given_workdir = workdir
         self._clock = clock
         self._sleep = sleep
@@ -117,7 +132,17 @@ class PrometheusServer:
             self.workdir.mkdir(parents=True, exist_ok=True)
         config = self.workdir / "prometheus.yml"
         # JSON is YAML: no YAML library needed to write the config.
-        config.write_text(json.dumps(scrape_config(self.targets, self.scrape_interval_s), indent=2))
+        config.write_text(
+            json.dumps(
+                scrape_config(
+                    self.targets,
+                    self.scrape_interval_s,
+                    rule_files=self.rule_files,
+                    alertmanager=self.alertmanager,
+                ),
+                indent=2,
+            )
+        )
         self.log_path = self.workdir / "prometheus.log"
         self.port = free_port(_HOST)
         argv = [
@@ -219,3 +244,12 @@ class PrometheusServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def alerts(prom_url: str, session: requests.Session | None = None) -> list[dict[str, object]]:
+    """Prometheus' active alerts (``/api/v1/alerts``): each with labels and ``state``
+    (``pending`` or ``firing``)."""
+    http = session or requests
+    answer = http.get(f"{prom_url}/api/v1/alerts", timeout=15).json()
+    found: list[dict[str, object]] = answer["data"]["alerts"]
+    return found

@@ -43,7 +43,11 @@ def test_build_json_names_the_bucket_and_what_is_left_out(capsys):
     assert doc["buckets"][0]["used_s"] == 0.25
     assert {"VllmTtftSloBurn", "VllmEngineStalled"} <= set(doc["alerts"])
     assert "VllmTpotSloBurn" not in doc["alerts"]
-    assert {x["what"] for x in doc["left_out"]} == {"span loss", "VllmTpotSloBurn"}
+    assert {x["what"] for x in doc["left_out"]} == {
+        "span loss",
+        "VllmTpotSloBurn",
+        "VllmAboveModelCapacity",
+    }
 
 
 @pytest.mark.parametrize(
@@ -56,6 +60,10 @@ def test_build_json_names_the_bucket_and_what_is_left_out(capsys):
         (["--metrics", str(METRICS), "--selector", 'model_name="nope"'], "matches no vLLM series"),
         (["--stall-for", "10"], "at least 30 s"),
         (["--scrape-interval", "5", "--stall-for", "9"], "at least 10 s"),
+        (["--capacity-rate", "0"], "positive number of requests per second"),
+        (["--capacity", "--slo", "ttft=1"], "needs --workload PROMPT:OUTPUT"),
+        (["--capacity", "--workload", "128:x", "--slo", "ttft=1"], "two positive token counts"),
+        (["--workload", "128:64"], "--workload goes with --capacity"),
     ],
 )
 def test_bad_input_is_one_error_line(argv, words, capsys):
@@ -138,3 +146,31 @@ def test_a_faster_scrape_allows_a_shorter_stall_and_waits_four_scrapes(capsys, t
     assert "increase(vllm:estimated_flops_per_gpu_total" in stalled["expr"].replace(" ", "")
     assert "changes(vllm:kv_cache_usage_perc" in stalled["expr"].replace(" ", "")
     assert "[6s]" in stalled["expr"]
+
+
+def test_capacity_takes_the_rate_from_the_stored_fit_and_names_it(capsys, tmp_path):
+    from tests.unit.test_live_headroom import _store_with_fit
+
+    store = tmp_path / "s.sqlite"
+    argv = ["alerts", "build", "--capacity", "--workload", "128:32", "--store", str(store)]
+    code, _, err = _run([*argv, "--slo", "ttft=0.5,tpot=0.05"], capsys)
+    assert code == 2 and "no experiment store" in err  # nothing fitted yet
+    _store_with_fit(store)
+    code, _, err = _run(argv, capsys)
+    assert code == 2 and "needs --slo" in err
+    out_file = tmp_path / "rules.yml"
+    code, _, err = _run([*argv, "--slo", "ttft=0.5,tpot=0.05", "--out", str(out_file)], capsys)
+    assert code == 0, err
+    import yaml
+
+    rules = [r for g in yaml.safe_load(out_file.read_text())["groups"] for r in g["rules"]]
+    [alert] = [r for r in rules if r.get("alert") == "VllmAboveModelCapacity"]
+    rate = float(alert["expr"].rsplit(">", 1)[1])
+    assert rate > 0
+    # the description names where the threshold came from
+    assert "capacity fit #1 for 128 → 32-token requests" in alert["annotations"]["description"]
+    # the same rate as the model's own answer for that workload and SLO
+    from phaseprobe.collect.capacity.alert_rate import largest_slo_rate
+
+    expected, _ = largest_slo_rate(store, 128, 32, 0.5, 0.05)
+    assert rate == pytest.approx(expected, rel=1e-5)

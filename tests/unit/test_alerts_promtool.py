@@ -38,7 +38,18 @@ def _alert(name: str, **labels: str) -> dict[str, Any]:
 def rules(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("alerts") / "rules.yml"
     code = main(
-        ["alerts", "build", "--slo", "ttft=1,tpot=0.05", "--selector", SEL, "--out", str(out)]
+        [
+            "alerts",
+            "build",
+            "--slo",
+            "ttft=1,tpot=0.05",
+            "--selector",
+            SEL,
+            "--capacity-rate",
+            "2",
+            "--out",
+            str(out),
+        ]  # fmt: skip
     )
     assert code == 0
     return out
@@ -273,7 +284,29 @@ def _cases() -> list[dict[str, Any]]:
             },
         ],
     }
-    return [stalled, queue, kv, straggler, pd, _burn_case()]
+    # --capacity-rate 2: 3 requests/s finished (45 per 15 s scrape) is above it, 1/s is not
+    capacity = {
+        "interval": "15s",
+        "input_series": [
+            _series("vllm:request_success_total", "0+45x120", instance="busy"),
+            _series("vllm:request_success_total", "0+15x120", instance="calm"),
+        ],
+        "alert_rule_test": [
+            {
+                "eval_time": "20m",
+                "alertname": "VllmAboveModelCapacity",
+                "exp_alerts": [
+                    _alert(
+                        "VllmAboveModelCapacity",
+                        severity="warning",
+                        instance="busy",
+                        model_name="m",
+                    )  # fmt: skip
+                ],
+            }
+        ],
+    }
+    return [stalled, queue, kv, straggler, capacity, pd, _burn_case()]
 
 
 def _burn_case() -> dict[str, Any]:

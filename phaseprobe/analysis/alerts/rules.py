@@ -41,6 +41,7 @@ ALERT_NAMES = (
     "VllmWaitingNothingRunning",
     "VllmKvPressure",
     "VllmStragglerReplica",
+    "VllmAboveModelCapacity",
     "VllmPdRecomputeShareHigh",
     "VllmPdKvTransferFailures",
 )
@@ -74,6 +75,10 @@ class AlertOptions:
     tpot_family: str = "request_time_per_output_token_seconds"
     stall_for_s: int = 120
     scrape_interval_s: int = 15  # Prometheus' scrape interval for vLLM (the stall's minimum)
+    # the largest request rate one instance serves within the SLO (requests/s; None: no alert)
+    # and where it came from, in words (a capacity fit and its workload, or "given")
+    capacity_rate_per_s: float | None = None
+    capacity_source: str = "given (--capacity-rate)"
     kv_usage_max: float = 0.9
     straggler_factor: float = 1.5
     recompute_max: float = 0.5
@@ -170,6 +175,8 @@ def build_rules(options: AlertOptions) -> RuleSet:
         )
     if options.tpot_family not in TPOT_FAMILIES:
         raise ConfigError(f"--tpot-metric: one of {', '.join(TPOT_FAMILIES)}")
+    if options.capacity_rate_per_s is not None and not options.capacity_rate_per_s > 0:
+        raise ConfigError("--capacity-rate: a positive number of requests per second")
     if options.scrape_interval_s < 1:
         raise ConfigError("--scrape-interval: at least 1 s")
     if options.stall_for_s < 2 * options.scrape_interval_s:
@@ -185,6 +192,7 @@ def build_rules(options: AlertOptions) -> RuleSet:
         _burn_alerts(options, choices)
         + _engine_alerts(x, options)
         + _fleet_alerts(x, options)
+        + _capacity_alerts(x, options)
         + _pd_alerts(x, options)
     )
     left_out = [
@@ -201,10 +209,16 @@ def build_rules(options: AlertOptions) -> RuleSet:
                 (
                     f"Vllm{key.capitalize()}SloBurn",
                     f"no --slo {key}=SECONDS given",
-                    # TODO(issue 39): default the threshold to the phase model's largest SLO
-                    # rate when one is stored (phaseprobe model); not wired until it lands.
                 )
             )
+    if options.capacity_rate_per_s is None:
+        left_out.append(
+            (
+                "VllmAboveModelCapacity",
+                "no --capacity (the store's capacity fit, for --workload and --slo) or "
+                "--capacity-rate given",
+            )
+        )
     groups = (
         RuleGroup("phaseprobe-vllm-phases", "30s", tuple(_finish(x, recording))),
         RuleGroup("phaseprobe-vllm-slo", "30s", tuple(_finish(x, slis))),
@@ -473,6 +487,33 @@ def _fleet_alerts(x: _Exprs, options: AlertOptions) -> list[Rule]:
                 "Mean time per output token {{ $value | humanizeDuration }} on this replica, "
                 f"over {factor} times the median of the replicas of {{{{ $labels.model_name }}}}"
                 f"{two}.",
+            ),
+        )
+    ]
+
+
+def _capacity_alerts(x: _Exprs, options: AlertOptions) -> list[Rule]:
+    """Each instance's finished-request rate against the largest rate the capacity model
+    (``phaseprobe model fit``) says one instance serves within the SLO."""
+    rate = options.capacity_rate_per_s
+    if rate is None:
+        return []
+    done = x.series("vllm:request_success_total")
+    return [
+        Rule(
+            "VllmAboveModelCapacity",
+            f"sum by ({_BY}) (rate({done}[5m])) > {rate:.6g}",
+            alert=True,
+            for_="10m",
+            labels={"severity": "warning"},
+            annotations=_annotations(
+                options,
+                "VllmAboveModelCapacity",
+                f"{{{{ $labels.instance }}}}: above the {rate:.3g} req/s one instance serves "
+                "within the SLO",
+                "{{ $value | humanize }} requests/s finished over 5 minutes, for 10 minutes, "
+                f"above the largest rate that meets the SLO: {rate:.3g} req/s, "
+                f"{options.capacity_source}. TTFT, then TPOT, will miss their targets.",
             ),
         )
     ]

@@ -31,9 +31,11 @@ from phaseprobe.analysis.alerts import (
     rules_yaml,
     selector_problems,
 )
+from phaseprobe.collect.capacity.alert_rate import largest_slo_rate
 from phaseprobe.collect.metrics_view import MetricSnapshot, load_metrics
 from phaseprobe.errors import ConfigError
 from phaseprobe.inputs import output_problem
+from phaseprobe.paths import default_store_path
 from phaseprobe.present.alerts.rule_files import clashes, load_rule_file
 from phaseprobe.present.cli import jsonout
 from phaseprobe.present.cli.args import float_in, positive_float, seconds
@@ -86,6 +88,28 @@ def register(subparsers: Any) -> None:
         metavar="SECONDS",
         help="engine stalled: token, step and FLOP counters and KV usage still this long "
         "while requests run (default 120)",
+    )
+    build.add_argument(
+        "--capacity-rate",
+        type=float,
+        default=None,
+        metavar="REQ_PER_S",
+        help="VllmAboveModelCapacity: alert when an instance finishes more requests/s than "
+        "this (e.g. `model predict`'s largest SLO rate)",
+    )
+    build.add_argument(
+        "--capacity",
+        action="store_true",
+        help="take --capacity-rate from the store's newest capacity fit (phaseprobe model "
+        "fit): the largest rate meeting --slo for --workload's request lengths",
+    )
+    build.add_argument(
+        "--workload",
+        metavar="PROMPT:OUTPUT",
+        help="with --capacity: the requests' prompt and output lengths in tokens, e.g. 512:128",
+    )
+    build.add_argument(
+        "--store", type=Path, default=None, help="with --capacity: the experiment store"
     )
     build.add_argument(
         "--scrape-interval",
@@ -177,8 +201,20 @@ def _options(args: argparse.Namespace, snapshot: MetricSnapshot | None) -> Alert
             if found:  # the server's own bounds (--custom-histogram-buckets changes them)
                 buckets[family] = found
         names = names_from_samples(snapshot.samples)
+    slo = parse_slo(args.slo)
+    rate, source = args.capacity_rate, "given (--capacity-rate)"
+    if args.capacity:
+        if rate is not None:
+            raise ConfigError("--capacity or --capacity-rate, not both")
+        rate, source = largest_slo_rate(
+            args.store or default_store_path(), *_workload(args.workload), slo.ttft_s, slo.tpot_s
+        )
+    elif args.workload:
+        raise ConfigError("--workload goes with --capacity")
     return AlertOptions(
-        slo=parse_slo(args.slo),
+        capacity_rate_per_s=rate,
+        capacity_source=source,
+        slo=slo,
         objective=args.objective,
         selector=args.selector,
         tpot_family=args.tpot_metric,
@@ -191,6 +227,19 @@ def _options(args: argparse.Namespace, snapshot: MetricSnapshot | None) -> Alert
         buckets=buckets,
         names=names,
     )
+
+
+def _workload(text: str | None) -> tuple[int, int]:
+    if not text:
+        raise ConfigError("--capacity needs --workload PROMPT:OUTPUT (request lengths in tokens)")
+    prompt, sep, output = text.partition(":")
+    try:
+        p, o = int(prompt), int(output)
+    except ValueError:
+        p = o = 0
+    if not sep or p < 1 or o < 1:
+        raise ConfigError(f"--workload {text!r}: PROMPT:OUTPUT, two positive token counts")
+    return p, o
 
 
 def _labels(pairs: list[str]) -> dict[str, str]:

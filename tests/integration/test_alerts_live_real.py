@@ -1,0 +1,327 @@
+"""Alerts on the real thing: a CPU vLLM whose prefill runs in 8-token chunks, scraped by
+Debian's Prometheus with `phaseprobe alerts build`'s rules loaded (windows of a minute or more
+compressed 30x: tests/compressed_rules.py) and alerts sent to Debian's Alertmanager and on to a
+webhook here.
+
+* idle: nothing fires, and check --live's detector says idle;
+* a long prefill (a 700-token prompt in 16-token chunks, the server slowed by a duty-cycle
+  SIGSTOP): the token and step counters stand still for seconds, the detector calls it a
+  prefill still advancing (FLOPs and KV usage move), and VllmEngineStalled stays quiet;
+* the EngineCore process SIGSTOPped with a request running (its API server still answers):
+  check --live fails with an evidence bundle holding the EngineCore's stack, and
+  VllmEngineStalled goes pending → firing → delivered through Alertmanager to the webhook;
+* a load above what 4 sequences serve: VllmQueueGrowing fires;
+* the two-replica fleet with one replica slowed (duty-cycle SIGSTOP): VllmStragglerReplica
+  fires for that replica and not the other.
+
+One server for the module (its own: the session's has the default token budget, whose
+prefills take one step), started only when these tests run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import requests
+
+from phaseprobe.analysis.engine_stall import StallDetector, progress_point
+from phaseprobe.errors import MetricsUnavailable
+from phaseprobe.local import LocalVllm, ensure_model, install
+from phaseprobe.sources.vllm.metrics import MetricsScraper
+from phaseprobe.store import Store
+from phaseprobe.testing.alertmanager import Alertmanager, WebhookReceiver
+from phaseprobe.testing.prometheus_server import PrometheusServer, alerts
+from phaseprobe.testing.throttle import Throttle
+from tests.compressed_rules import compress_rules
+
+pytestmark = pytest.mark.integration
+
+STALL_FOR_S = 4  # the alert's window and the detector's threshold
+ALERT_WAIT_S = 4  # the alert's for: (four scrapes at --scrape-interval 1)
+CHUNK = 8  # --max-num-batched-tokens: ~125 prefill steps for the long prompt
+COMPRESS = 30  # windows of a minute or more: 10m -> 20s, 5m -> 10s
+
+
+@dataclass(frozen=True)
+class Rig:
+    url: str
+    model: str
+    pgid: int
+    prom: PrometheusServer
+    hook: WebhookReceiver
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+    if os.environ.get("PHASEPROBE_TEST_ENDPOINT"):
+        pytest.skip("starts and SIGSTOPs its own vLLM")
+    install()
+    work = tmp_path_factory.mktemp("stall")
+    rules = work / "rules.yml"
+    built = subprocess.run(
+        [sys.executable, "-m", "phaseprobe", "alerts", "build", "--scrape-interval", "1",
+         "--stall-for", str(STALL_FOR_S), "--out", str(rules)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr
+    rules = compress_rules(rules, work / "compressed.yml", COMPRESS)
+    server = LocalVllm(
+        ensure_model(),
+        extra_args=["--max-num-batched-tokens", str(CHUNK), "--max-num-seqs", "4"],
+    )
+    with server, WebhookReceiver() as hook, Alertmanager(hook.url) as am:
+        with PrometheusServer(
+            [server.base_url], rule_files=[rules], alertmanager=am.address
+        ) as prom:
+            prom.wait_for_scrapes(2)
+            yield Rig(server.base_url, server.model, server.pid, prom, hook)
+
+
+def _engine_core(pgid: int) -> int:
+    found = subprocess.run(
+        ["pgrep", "-g", str(pgid), "-f", "^VLLM::EngineCore"], capture_output=True, text=True
+    ).stdout.split()
+    assert len(found) == 1, f"one EngineCore in process group {pgid}, found {found}"
+    return int(found[0])
+
+
+def _states(prom_url: str, name: str, **labels: str) -> list[str]:
+    """The states of the active alerts called ``name`` (with these labels); none this time
+    when Prometheus is too busy to answer (a loaded 2-core box: the next poll asks again)."""
+    try:
+        active = alerts(prom_url)
+    except requests.RequestException:
+        return []
+    return [
+        str(a["state"])
+        for a in active
+        if a["labels"]["alertname"] == name  # type: ignore[index]
+        and all(a["labels"].get(k) == v for k, v in labels.items())  # type: ignore[attr-defined]
+    ]
+
+
+def _stall_alerts(rig: Rig) -> list[str]:
+    return _states(rig.prom.url, "VllmEngineStalled")
+
+
+def _check_live(rig: Rig, store: Path, window_s: float) -> tuple[int, dict]:
+    done = subprocess.run(
+        [sys.executable, "-m", "phaseprobe", "check", "--live", "--endpoint", rig.url,
+         "--window", str(window_s), "--stall-after", str(STALL_FOR_S), "--rule",
+         "live_engine_stalled", "--store", str(store), "--json"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode in (0, 1), done.stderr
+    doc = json.loads(done.stdout)
+    [verdict] = [v for v in doc["verdicts"] if v["rule"] == "live_engine_stalled"]
+    return done.returncode, verdict
+
+
+def test_an_idle_server_raises_nothing(rig: Rig, tmp_path: Path) -> None:
+    code, verdict = _check_live(rig, tmp_path / "s.db", 4)
+    assert (code, verdict["status"]) == (0, "pass"), verdict
+    assert verdict["numbers"]["state"] == "idle"
+    active = alerts(rig.prom.url)
+    assert active == [], f"an idle server raised {active}"
+
+
+def _post(rig: Rig, body: dict, out: list) -> threading.Thread:
+    return _post_to(rig.url, body, out)
+
+
+def _post_to(url: str, body: dict, out: list) -> threading.Thread:
+    def send() -> None:
+        try:
+            r = requests.post(f"{url}/v1/completions", json=body, timeout=300)
+            out.append(r.status_code)
+        except requests.RequestException as exc:
+            out.append(repr(exc))
+
+    thread = threading.Thread(target=send, daemon=True)
+    thread.start()
+    return thread
+
+
+def _long_prompt(rig: Rig, tokens: int) -> str:
+    words, tag = [], time.time_ns() % 10**6
+    while True:
+        words += [f"u{tag}w{len(words) + i}" for i in range(4)]
+        got = requests.post(
+            f"{rig.url}/tokenize", json={"model": rig.model, "prompt": " ".join(words)}, timeout=30
+        ).json()["count"]
+        if got >= tokens:
+            return " ".join(words)
+
+
+def test_a_long_prefill_advances_without_tokens_and_raises_nothing(rig: Rig) -> None:
+    scraper = MetricsScraper(rig.url, timeout_s=30)
+    before = scraper.scrape().value("prompt_tokens") or 0.0
+    detector = StallDetector(STALL_FOR_S)
+    states, seen_alerts, answered = [], [], []
+    still_at_s = 0.0  # the last scrape at which the prompt's tokens were not counted yet
+    # ~900 tokens never seen before (no prefix cache hit); ~1 s of prefill here, stretched
+    # ~15x by stopping the server 93 % of the time
+    prompt = _long_prompt(rig, 900)
+    with Throttle(rig.pgid, stopped_fraction=0.93) as throttle:
+        time.sleep(2.0)  # the cycler is a Python process of its own: let it start cycling
+        started = time.monotonic()
+        thread = _post(rig, {"model": rig.model, "prompt": prompt, "max_tokens": 2}, answered)
+        while thread.is_alive() and time.monotonic() - started < 240:
+            snap = scraper.scrape()
+            reading = detector.observe(progress_point(snap))
+            states.append((round(time.monotonic() - started, 1), reading.state, reading.moved))
+            if (snap.value("prompt_tokens") or 0) == before:
+                still_at_s = time.monotonic() - started
+            seen_alerts += _stall_alerts(rig)
+            time.sleep(0.5)
+        thread.join(5)
+    assert answered == [200], answered
+    assert throttle.measured_fraction is not None and throttle.measured_fraction > 0.5, (
+        throttle.measured_fraction,
+        throttle.scheduling,
+    )
+    # the prompt's tokens were counted only at its first token, seconds after it started:
+    # long enough that a rule on the token counters alone would have fired (window + for:)
+    counted = (scraper.scrape().value("prompt_tokens") or 0) - before
+    assert counted >= 900, counted
+    assert still_at_s > STALL_FOR_S + ALERT_WAIT_S + 1, states
+    assert any(state == "prefilling" for _, state, _ in states), states
+    assert not any(state == "stalled" for _, state, _ in states), states
+    assert seen_alerts == [], f"VllmEngineStalled during a prefill: {seen_alerts}"
+
+
+def test_a_stopped_engine_core_fires_keeps_its_stack_and_reaches_alertmanager(
+    rig: Rig, tmp_path: Path
+) -> None:
+    engine = _engine_core(rig.pgid)
+    body = {"model": rig.model, "prompt": "hi", "max_tokens": 1000, "ignore_eos": True,
+            "stream": True}  # fmt: skip
+    # streamed: the first chunks read here prove the request is running when it is stopped
+    stream = requests.post(f"{rig.url}/v1/completions", json=body, stream=True, timeout=300)
+    lines = stream.iter_lines()
+    for _ in range(3):
+        assert next(lines).startswith(b"data: "), "a streamed chunk"
+        next(lines)  # the blank line after each event
+    store = tmp_path / "s.db"
+    states: list[str] = []
+
+    def watch_alert() -> None:  # beside check --live: the pending phase lasts only its for:
+        deadline = time.monotonic() + 90
+        while "firing" not in states and time.monotonic() < deadline:
+            states.extend(_stall_alerts(rig))
+            time.sleep(0.5)
+
+    poller = threading.Thread(target=watch_alert, daemon=True)
+    os.kill(engine, signal.SIGSTOP)
+    try:
+        poller.start()
+        code, verdict = _check_live(rig, store, STALL_FOR_S + 3)
+        poller.join()
+        delivered = rig.hook.wait_for(
+            lambda a: a["labels"]["alertname"] == "VllmEngineStalled" and a["status"] == "firing",
+            timeout_s=30,
+        )
+    finally:
+        os.kill(engine, signal.SIGCONT)
+    rest = [line for line in lines if line.startswith(b"data: ")]
+    assert rest[-1] == b"data: [DONE]", rest[-3:]  # it resumes where it stopped
+    assert (code, verdict["status"]) == (1, "fail"), verdict
+    assert verdict["numbers"]["frozen_s"] >= STALL_FOR_S
+    assert "analysis #" in verdict["numbers"]["evidence"], verdict
+    # the Prometheus rule: pending first (its for:), then firing, then sent on
+    assert states and states[0] == "pending" and "firing" in states, states
+    assert delivered is not None, rig.hook.alerts
+    assert delivered["annotations"]["runbook_url"].endswith("VllmEngineStalled.md")
+    # the evidence: both pages frozen, and the EngineCore's own stack
+    with Store(store, readonly=True) as s:
+        [kept] = s.analyses("engine_stall")
+        doc = s.analysis(kept["id"])
+    assert doc["reading"]["state"] == "stalled"
+    lines = [page["lines"] for page in doc["pages"]]
+    assert len(lines) == 2 and lines[0] == lines[1] or len(lines) == 1, "frozen pages differ"
+    [core] = [st for st in doc["stacks"] if st["name"].startswith("VLLM::EngineCore")]
+    assert core["pid"] == engine
+    assert "Thread " in core["dump"] and "vllm/" in core["dump"], core
+    assert doc["log"].get("lines"), doc["log"]
+
+
+def _load(url: str, body: dict, rate_per_s: float, stop: threading.Event, out: list) -> None:
+    """Sends ``body`` at a constant rate until ``stop`` (each request in a thread of its own)."""
+    while not stop.wait(1 / rate_per_s):
+        _post_to(url, body, out)
+
+
+def test_a_load_above_capacity_fires_queue_growing(rig: Rig) -> None:
+    # 4 sequences at most, 900 tokens each: a request holds its slot for seconds, so the engine
+    # serves well under one a second while the API server has little to do (requests that are
+    # cheap for the engine would queue in the API server on 2 cores, not in vLLM's waiting
+    # queue); 3 a second keeps the waiting queue growing for as long as it lasts
+    stop, answered = threading.Event(), []
+    body = {"model": rig.model, "prompt": "hi", "max_tokens": 900, "ignore_eos": True}
+    feeder = threading.Thread(target=_load, args=(rig.url, body, 3.0, stop, answered))
+    feeder.start()
+    states: list[str] = []
+    waiting = []
+    scraper = MetricsScraper(rig.url, timeout_s=30)
+    try:
+        deadline = time.monotonic() + 120
+        while "firing" not in states and time.monotonic() < deadline:
+            states += _states(rig.prom.url, "VllmQueueGrowing")
+            try:
+                waiting.append(scraper.scrape().value("requests_waiting"))
+            except MetricsUnavailable:  # the API server too busy to answer this once
+                waiting.append(None)
+            time.sleep(1.0)
+    finally:
+        stop.set()
+        feeder.join()
+    assert "firing" in states, f"{states} {waiting} {answered[:5]} {len(answered)}"
+    assert states[0] == "pending", states
+    assert max(w or 0 for w in waiting) >= 5, waiting
+
+
+def test_a_slowed_replica_fires_the_straggler_alert_for_it_alone(
+    local_fleet, tmp_path: Path
+) -> None:
+    rules = tmp_path / "rules.yml"
+    built = subprocess.run(
+        [sys.executable, "-m", "phaseprobe", "alerts", "build", "--out", str(rules)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr
+    rules = compress_rules(rules, tmp_path / "compressed.yml", COMPRESS)
+    slow = local_fleet.replicas["r2"].removeprefix("http://")
+    fast = local_fleet.replicas["r1"].removeprefix("http://")
+    body = {"model": local_fleet.model, "prompt": "hi", "max_tokens": 24, "ignore_eos": True}
+    stop, answered = threading.Event(), []
+    states: dict[str, list[str]] = {slow: [], fast: []}
+    with (
+        PrometheusServer(list(local_fleet.replicas.values()), rule_files=[rules]) as prom,
+        Throttle(local_fleet.replica_pids["r2"], stopped_fraction=0.8) as throttle,
+    ):
+        feeder = threading.Thread(
+            target=_load, args=(local_fleet.router_url, body, 4.0, stop, answered)
+        )
+        feeder.start()
+        try:
+            deadline = time.monotonic() + 150
+            while "firing" not in states[slow] and time.monotonic() < deadline:
+                for instance in states:
+                    states[instance] += _states(prom.url, "VllmStragglerReplica", instance=instance)
+                time.sleep(1.0)
+        finally:
+            stop.set()
+            feeder.join()
+    figures = (states, throttle.measured_fraction, answered.count(200), len(answered))
+    assert "firing" in states[slow], figures
+    assert states[fast] == [], figures
