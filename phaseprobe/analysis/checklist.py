@@ -37,6 +37,7 @@ from phaseprobe.analysis.rules import (
     router,
     spans,
 )
+from phaseprobe.analysis.rules import spec as spec_rules
 from phaseprobe.analysis.rules.base import USE_CASE_TTFT_S, Evidence, Status, Verdict
 from phaseprobe.analysis.rules.live_base import USE_CASE_TPOT_S, LiveEvidence
 from phaseprobe.errors import ConfigError, PhaseprobeError
@@ -207,6 +208,13 @@ RULES: tuple[Rule, ...] = (
         pd.kv_wait_as_queue,
         "P/D runs alone on the decode instance (probe --prefill/--decode)",
     ),
+    # Issue 41: speculative decoding.
+    Rule(
+        "spec_acceptance",
+        "Speculative decoding accepted above its break-even (does it pay)?",
+        spec_rules.spec_acceptance,
+        "spec_decode counter deltas of isolated runs + their decode times",
+    ),
 )
 
 SPAN_RULES: tuple[Rule, ...] = (
@@ -328,6 +336,12 @@ LIVE_RULES: tuple[LiveRule, ...] = (
         "Request rate below the capacity model's largest SLO rate?",
         live_capacity.headroom,
         "request_success deltas + a stored capacity fit (phaseprobe model fit)",
+    ),
+    LiveRule(
+        "live_spec_acceptance",
+        "Speculative decoding accepted above its break-even (window figure)?",
+        spec_rules.live_spec_acceptance,
+        "spec_decode deltas over the window + step costs of a stored probe (--store)",
     ),
     LiveRule(
         "live_replica_imbalance",

@@ -47,6 +47,7 @@ from phaseprobe.analysis.rules.live_base import (
     LiveEvidence,
     ReplicaWindow,
 )
+from phaseprobe.analysis.spec_decode import PER_POS_CANONICAL, PER_POS_KEY, SPEC_COUNTERS
 from phaseprobe.collect.capacity.live_estimate import estimate_for_window
 from phaseprobe.collect.fleet.scrape import FleetScraper, RouterPage
 from phaseprobe.collect.fleet.targets import (
@@ -57,6 +58,7 @@ from phaseprobe.collect.fleet.targets import (
     router_workers,
 )
 from phaseprobe.collect.live_options import LiveOptions
+from phaseprobe.collect.spec_costs import stored_step_costs
 from phaseprobe.collect.stall_evidence import check_vllm_pid, keep_stall_evidence
 from phaseprobe.errors import ConfigError, MetricsUnavailable, StoreError, UnknownMetric
 from phaseprobe.records import RequestSpan
@@ -171,6 +173,10 @@ def _take_window(
     # the headroom rule's input: cheap when there is no fit (a missing table), seconds of
     # simulation when there is one
     ev = replace(ev, capacity=estimate_for_window(ev, opts.store_path))
+    if any(k in r.deltas for r in ev.replicas for k in SPEC_COUNTERS):
+        # the break-even needs step costs a live window cannot separate: the store's
+        costs, costs_from = stored_step_costs(opts.store_path)
+        ev = replace(ev, spec_costs=costs, spec_costs_from=costs_from)
     return ev, sources
 
 
@@ -384,6 +390,20 @@ def snapshot_deltas(
                 f"prompt_tokens_by_source{{{source}}}",
             )
         )
+    # speculative decoding (absent: not enabled), its per-position counter by label
+    for key, canonical in SPEC_COUNTERS.items():
+        checks.append(put(key, before.value(canonical), after.value(canonical), canonical))
+    b_pos = before.by_label(PER_POS_CANONICAL, "position") or {}
+    a_pos = after.by_label(PER_POS_CANONICAL, "position") or {}
+    for pos in sorted(set(a_pos) | set(b_pos)):
+        checks.append(
+            put(
+                PER_POS_KEY + pos,
+                b_pos.get(pos, 0.0),
+                a_pos.get(pos, 0.0),
+                f"{PER_POS_CANONICAL}{{position={pos}}}",
+            )
+        )
     for key, catalog in (*NIXL_COUNTERS.items(), *NIXL_HISTOGRAMS.items()):
         parts = ("_sum", "_count") if key in NIXL_HISTOGRAMS else ("",)
         for part in parts:
@@ -579,6 +599,17 @@ def _prometheus_window(
             agg = "max" if gauge == "kv_cache_usage" else "sum"
             by_instance(f"{agg} by ({label}) (avg_over_time({g}{sel}[{w}]))", mean, gauge)
             by_instance(f"max by ({label}) (max_over_time({g}{sel}[{w}]))", peak, gauge)
+        for key, canonical in SPEC_COUNTERS.items():  # no series: not enabled, key left out
+            by_instance(
+                f"sum by ({label}) (increase({name(_newest(canonical))}{sel}[{w}]))", deltas, key
+            )
+        per_pos = name(_newest(PER_POS_CANONICAL))
+        by_instance(
+            f"sum by ({label}, position) (increase({per_pos}{sel}[{w}]))",
+            deltas,
+            PER_POS_KEY,
+            extra="position",
+        )
         for key, catalog in NIXL_COUNTERS.items():  # no series: not exported, key left out
             by_instance(
                 f"sum by ({label}) (increase({name(_newest(catalog))}{sel}[{w}]))", deltas, key

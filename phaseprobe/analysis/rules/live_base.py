@@ -22,6 +22,8 @@ Per replica (:class:`ReplicaWindow`):
     registers them (the NIXL connector): ``nixl_failed_transfers``,
     ``nixl_failed_notifications``, ``nixl_kv_expired`` (counted on the prefill side) and the
     ``nixl_xfer_time`` histogram's ``_sum`` / ``_count``.
+    Speculative decoding, only with ``--speculative-config``: ``spec_drafts``,
+    ``spec_draft_tokens``, ``spec_accepted`` and ``spec_accepted_pos.<position>``.
 ``buckets``
     the increase of each ``_bucket`` of the histograms in :data:`BUCKET_HISTOGRAMS`
     (``queue_time``, ``prefill_time``, ``nixl_xfer_time``, and the KV block residency
@@ -50,6 +52,7 @@ from phaseprobe.analysis.bucket_quantile import BucketQuantile, bucket_quantile
 from phaseprobe.analysis.engine_stall import StallReading
 from phaseprobe.analysis.router_window import RouterWindow
 from phaseprobe.analysis.rules.use_cases import USE_CASE_TPOT_S, USE_CASE_TTFT_S
+from phaseprobe.analysis.spec_decode import StepCosts
 from phaseprobe.records import RequestSpan
 
 __all__ = [
@@ -192,6 +195,10 @@ class LiveEvidence:
     capacity: CapacityEstimate | None = None  # the capacity model's, when a fit is stored
     # replica → where its stalled engine's evidence bundle was kept, or why it was not
     stall_evidence: Mapping[str, str] = field(default_factory=dict)
+    # speculative decoding's drafted and plain step costs, measured on a stored experiment
+    # (collect/spec_costs.py), and which one or why there are none
+    spec_costs: StepCosts | None = None
+    spec_costs_from: str | None = None
 
     @property
     def ttft_target(self) -> float:
