@@ -43,7 +43,18 @@ __all__ = [
 
 PLACEHOLDERS = frozenset({"selector", "window"})
 UNITS = frozenset(
-    {"s", "ratio", "fraction", "tokens/s", "requests", "1/s", "bytes", "bytes/s", "flop/s"}
+    {
+        "s",
+        "ratio",
+        "fraction",
+        "tokens/s",
+        "tokens",
+        "requests",
+        "1/s",
+        "bytes",
+        "bytes/s",
+        "flop/s",
+    }
 )
 
 # Metrics the catalog charts but phaseprobe's own scrapes do not read, so they are not in

@@ -65,18 +65,19 @@ def _samples(family: str, kind: str) -> set[str]:
 def pd_panels() -> list[dict[str, Any]]:
     panels = json.loads(SHIPPED.read_text(encoding="utf-8"))["panels"]
     rows = [i for i, p in enumerate(panels) if p["type"] == "row"]
+    titles = [panels[i]["title"] for i in rows]
     # the row before vLLM's own measurements (issue 32), which came after it
-    assert panels[rows[-2]]["title"] == gb.PD_ROW
-    assert panels[rows[-1]]["title"] == gb.SELF_ROW
-    return panels[rows[-2] + 1 : rows[-1]]
+    at = titles.index(gb.PD_ROW)
+    assert titles[at + 1] == gb.SELF_ROW
+    return panels[rows[at] + 1 : rows[at + 1]]
 
 
 def test_the_row_is_last_so_earlier_panel_ids_keep():
     shipped = json.loads(SHIPPED.read_text(encoding="utf-8"))["panels"]
-    before = gb.build_dashboard(rows=gb.PANELS[:-2])["panels"]
+    at = [row.title for row in gb.PANELS].index(gb.PD_ROW)  # then only rows appended after it
+    before = gb.build_dashboard(rows=gb.PANELS[:at])["panels"]
     assert shipped[: len(before)] == before
-    assert gb.PANELS[-2].title == gb.PD_ROW  # then only rows appended after it
-    with_pd = gb.build_dashboard(rows=gb.PANELS[:-1])["panels"]
+    with_pd = gb.build_dashboard(rows=gb.PANELS[: at + 1])["panels"]
     assert shipped[: len(with_pd)] == with_pd
 
 
@@ -165,11 +166,17 @@ def test_lint_lists_connector_metrics_apart_unless_the_page_has_the_connector():
     residency = {
         f"vllm:kv_block_{h}_seconds_bucket" for h in ("lifetime", "idle_before_evict", "reuse_gap")
     }
+    # nor with --speculative-config: no spec_decode counters (issue 41)
+    spec = {
+        f"vllm:spec_decode_num_{c}_total"
+        for c in ("drafts", "draft_tokens", "accepted_tokens", "accepted_tokens_per_pos")
+    }
     assert (
         set(report.not_exported)
         == {m for n in PD for m in CATALOG[n].metrics if m.startswith("vllm:nixl_")}
         | {"vllm:num_requests_kv_fetch_by_stage"}
         | residency
+        | spec
     )
     assert report.to_dict()["not_exported"][0]["exported_by"]
     # A page from a NIXL deployment that lacks one of NIXL's series: that one is missing.
@@ -181,7 +188,7 @@ def test_lint_lists_connector_metrics_apart_unless_the_page_has_the_connector():
     assert not nixl.ok
     assert "vllm:nixl_xfer_time_seconds_bucket" in nixl.missing
     assert "vllm:nixl_num_failed_transfers_total" not in nixl.missing
-    assert set(nixl.not_exported) == {"vllm:num_requests_kv_fetch_by_stage"} | residency
+    assert set(nixl.not_exported) == {"vllm:num_requests_kv_fetch_by_stage"} | residency | spec
 
 
 # -- values, by promtool's own PromQL evaluator ------------------------------------------------
@@ -316,3 +323,16 @@ def test_the_synthetic_check_is_not_vacuous(tmp_path):
     proc = _promtool(tmp_path, [_test("pd_recompute_share", [({"instance": DECODE}, 750)])])
     assert proc.returncode != 0
     assert f'{{instance="{DECODE}"}} 2.5E+02' in proc.stdout + proc.stderr
+
+
+def test_the_speculation_row_lints_clean_against_a_real_speculating_vllm():
+    # a page of the real vLLM 0.32 with n-gram speculation: every spec_decode series is there
+    page = ROOT / "tests" / "data" / "vllm032_spec_ngram" / "after.txt"
+    dashboard = json.loads(SHIPPED.read_text(encoding="utf-8"))
+    report = lint_dashboard(dashboard, snapshot=load_metrics(str(page)))
+    assert report.ok and not report.missing
+    assert not [m for m in report.not_exported if "spec_decode" in m]
+    titles = [p["title"] for p in dashboard["panels"]]
+    at = titles.index(gb.SPEC_ROW)
+    exprs = [t["expr"] for p in dashboard["panels"][at + 1 :] for t in p.get("targets", [])]
+    assert len(exprs) == 3 and all("spec_decode" in e for e in exprs)

@@ -32,6 +32,7 @@ __all__ = [
     "GRAFANA_UNITS",
     "PD_ROW",
     "SELF_ROW",
+    "SPEC_ROW",
     "PANELS",
     "SCHEMA_VERSION",
     "SELECTOR",
@@ -59,6 +60,7 @@ GRAFANA_UNITS: dict[str, str] = {
     "ratio": "percentunit",
     "fraction": "percentunit",
     "tokens/s": "suffix: tok/s",
+    "tokens": "suffix: tok",
     "requests": "short",
     "1/s": "cps",
     "bytes": "bytes",
@@ -68,6 +70,7 @@ GRAFANA_UNITS: dict[str, str] = {
 
 GRID_WIDTH = 24
 FLEET_ROW = "Fleet (per replica)"
+SPEC_ROW = "Speculative decoding"
 # Phase → panel title of the fleet row's per-replica p50/p99 panels ({phase}_p50_by_replica).
 FLEET_PHASES: tuple[tuple[str, str], ...] = (
     ("queue", "Queue time"),
@@ -325,6 +328,25 @@ PANELS: tuple[Row, ...] = (
             PanelSpec("KV block residency (median)", (_t("kv_block_residency", "{{what}}"),)),
             PanelSpec(
                 "Requests waiting by reason", (_t("requests_waiting_by_reason", "{{reason}}"),)
+            ),
+        ),
+    ),
+    # Speculative decoding (issue 41): exported only with --speculative-config. Acceptance
+    # against the break-even is phaseprobe's check (it needs step costs Prometheus has not);
+    # these say whether acceptance holds or collapses. Last, so earlier panel ids stay.
+    Row(
+        SPEC_ROW,
+        (
+            PanelSpec(
+                "Acceptance rate (accepted / draft tokens)", (_t("spec_acceptance_rate", "rate"),)
+            ),
+            PanelSpec(
+                "Mean accepted length (tokens per drafted step)",
+                (_t("spec_mean_accepted_length", "mean"),),
+            ),
+            PanelSpec(
+                "Acceptance by draft position (accepted / drafts)",
+                (_t("spec_acceptance_by_position", "position {{position}}"),),
             ),
         ),
     ),

@@ -102,6 +102,16 @@ DEPLOYMENT_ONLY: dict[str, str] = {
         )
     },
     "num_requests_kv_fetch_by_stage": _KV_FETCH,
+    # registered only with a speculative config (vLLM 0.32's v1/spec_decode/metrics.py)
+    **{
+        name: "vLLM started with --speculative-config"
+        for name in (
+            "spec_decode_num_drafts",
+            "spec_decode_num_draft_tokens",
+            "spec_decode_num_accepted_tokens",
+            "spec_decode_num_accepted_tokens_per_pos",
+        )
+    },
     # registered only when the server was started with the flag (vLLM 0.32's loggers.py)
     **{
         name: "vLLM 0.32+ started with --kv-cache-metrics"
