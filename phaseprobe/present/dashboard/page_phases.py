@@ -1,6 +1,6 @@
 """Phases: queue / prefill / decode stacked per run and per experiment (medians), the decode
-share of end-to-end time, the TTFT and TPOT distributions, and each phase against its physical
-bound."""
+share of end-to-end time, the time to first answer and speculation's acceptance when the runs
+have them, the TTFT and TPOT distributions, and each phase against its physical bound."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from phaseprobe.present.dashboard import data
 from phaseprobe.present.dashboard.charts import PHASE_COLORS
 from phaseprobe.present.dashboard.context import Context
 from phaseprobe.present.dashboard.data import fmt_ms
+from phaseprobe.present.dashboard.levers_panel import render_levers
 from phaseprobe.present.dashboard.pd_panel import render_pd_experiment
 from phaseprobe.present.dashboard.phases_bound import render_bound
 
@@ -85,6 +86,8 @@ def render(ctx: Context) -> None:
         st.info("No server phases stored (client-only runs: vLLM /metrics was unavailable).")
     else:
         st.altair_chart(_stacked(per_run, "run"))
+    # reasoning (TTFA) and speculative decoding, when the runs have them (issue 41)
+    render_levers(runs)
 
     st.subheader("Per experiment (medians)")
     all_ids = [int(i) for i in ctx.experiments["id"]]
