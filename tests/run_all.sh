@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up and run the whole test suite on a fresh machine (Python >= 3.11 with pip, and apt):
 #   1. Prometheus from Debian (the integration tests start a real one; promtool checks PromQL)
+#      and its Alertmanager (the alert tests deliver one alert through it to a webhook)
 #      and Chromium with an emoji font (the dashboard's end-to-end test drives it headless
 #      through Playwright; no browser is downloaded)
 #   2. phaseprobe with its test extras (playwright among them), editable
@@ -15,6 +16,7 @@ apt_packages=()
 if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
   apt_packages+=(prometheus)
 fi
+[ -x /usr/bin/prometheus-alertmanager ] || apt_packages+=(prometheus-alertmanager)
 [ -x /usr/bin/chromium ] || apt_packages+=(chromium)
 # without it the dashboard's status emoji are empty boxes in the screenshots
 [ -e /usr/share/fonts/truetype/noto/NotoColorEmoji.ttf ] || apt_packages+=(fonts-noto-color-emoji)

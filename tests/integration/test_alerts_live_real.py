@@ -255,6 +255,38 @@ def test_a_stopped_engine_core_fires_keeps_its_stack_and_reaches_alertmanager(
     assert doc["log"].get("lines"), doc["log"]
 
 
+def test_watch_keeps_the_evidence_of_a_stall_as_it_happens(rig: Rig, tmp_path: Path) -> None:
+    store = tmp_path / "w.db"
+    watch = subprocess.Popen(
+        [sys.executable, "-m", "phaseprobe", "watch", "--metrics", rig.url, "--duration", "25",
+         "--stall-after", str(STALL_FOR_S), "--store", str(store), "--json",
+         "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    engine = _engine_core(rig.pgid)
+    body = {"model": rig.model, "prompt": "hi", "max_tokens": 1000, "ignore_eos": True,
+            "stream": True}  # fmt: skip
+    time.sleep(3)  # the watch reads its baseline first
+    stream = requests.post(f"{rig.url}/v1/completions", json=body, stream=True, timeout=300)
+    lines = stream.iter_lines()
+    for _ in range(3):
+        assert next(lines).startswith(b"data: "), "a streamed chunk"
+        next(lines)
+    os.kill(engine, signal.SIGSTOP)
+    try:
+        time.sleep(STALL_FOR_S + 6)  # the detector reads every 2 s: past the threshold
+    finally:
+        os.kill(engine, signal.SIGCONT)
+    out, err = watch.communicate(timeout=120)
+    assert watch.returncode == 0, err
+    [stall] = json.loads(out)["stalls"]  # one stall, kept once
+    assert stall["frozen_s"] >= STALL_FOR_S and "the EngineCore stack read" in stall["evidence"]
+    assert "engine stalled on" in err  # said as it happened
+    with Store(store, readonly=True) as s:
+        assert [a["kind"] for a in s.analyses("engine_stall")] == ["engine_stall"]
+    assert [line for line in lines if line.startswith(b"data: ")][-1] == b"data: [DONE]"
+
+
 def _load(url: str, body: dict, rate_per_s: float, stop: threading.Event, out: list) -> None:
     """Sends ``body`` at a constant rate until ``stop`` (each request in a thread of its own)."""
     while not stop.wait(1 / rate_per_s):
