@@ -169,3 +169,66 @@ def test_the_server_answers_without_reasoning_when_the_stream_is_plain(
     tl = out.timeline
     assert out.error is None and not tl.reasoned and tl.ttfa_s == tl.ttft_s
     assert tl.event_tokens is not None and sum(tl.event_tokens) == 8
+
+
+def _spec_totals(target: VllmTarget) -> dict[str, float]:
+    """vLLM's speculation counters so far, keyed as the runs' counter deltas."""
+    from phaseprobe.sources.vllm.metrics import parse_exposition
+
+    snap = parse_exposition(requests.get(f"{target.base_url}/metrics", timeout=30).text)
+    out = {
+        key: snap.value(canonical) or 0.0
+        for key, canonical in (
+            ("spec_drafts", "spec_decode_num_drafts"),
+            ("spec_draft_tokens", "spec_decode_num_draft_tokens"),
+            ("spec_accepted", "spec_decode_num_accepted_tokens"),
+        )
+    }
+    by_pos = snap.by_label("spec_decode_num_accepted_tokens_per_pos", "position") or {}
+    return out | {f"spec_accepted_pos.{p}": v for p, v in by_pos.items()}
+
+
+def test_probe_acceptance_agrees_with_the_counters(
+    reasoning_vllm: VllmTarget, tmp_path: Path
+) -> None:
+    """Issue 41 item 1: each isolated run's drafts, draft tokens and accepted tokens (by
+    position) are its own counter deltas; summed over the runs they are the counters' whole
+    move (no warm-up, nothing else on the server), and the store and the check rule read the
+    same figures back."""
+    from phaseprobe.analysis.rules.base import Evidence
+    from phaseprobe.analysis.rules.spec import spec_acceptance
+    from phaseprobe.analysis.spec_decode import spec_of_run, spec_report
+
+    spec = RunSpec(
+        endpoint=reasoning_vllm.base_url,
+        model=reasoning_vllm.model,
+        prompt=PROMPT,
+        max_tokens=32,
+        prompt_tokens_target=32,
+    )
+    before = _spec_totals(reasoning_vllm)
+    path = tmp_path / "s.sqlite"
+    with Store(path) as store:
+        result = run_probe(spec, store, settings=ProbeSettings(runs=4, warmup=0))
+    after = _spec_totals(reasoning_vllm)
+    moved = {k: after[k] - before.get(k, 0.0) for k in after}
+    runs = result.runs
+    assert all(r.status == "ok" and r.isolated for r in runs), [r.isolation for r in runs]
+    figs = [spec_of_run(r) for r in runs]
+    assert all(f is not None for f in figs)
+    summed = {k: sum(r.server.counter_deltas[k] for r in runs if r.server) for k in moved}
+    assert summed == moved and moved["spec_drafts"] > 0
+    for r, f in zip(runs, figs):
+        assert f is not None and r.client is not None and r.client.completion_tokens == 32
+        # every decode step emits one token plus its accepted drafts: drafts fit in the steps
+        assert f.drafts + f.accepted <= 31
+        assert sum(f.accepted_per_pos) == f.accepted
+    rep = spec_report(runs)
+    assert rep.enabled and rep.figures is not None
+    assert rep.figures.accepted == moved["spec_accepted"]
+    with Store(path, readonly=True) as store:
+        stored = store.runs(result.experiment_id)
+    assert spec_report(stored).to_dict() == rep.to_dict()
+    verdict = spec_acceptance(Evidence(runs=tuple(stored)))
+    assert "not enabled" not in verdict.summary
+    assert verdict.numbers["drafts"] == moved["spec_drafts"]
