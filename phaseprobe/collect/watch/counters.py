@@ -31,6 +31,7 @@ from phaseprobe.analysis.engine_stall import StallDetector, StallReading, progre
 from phaseprobe.analysis.fleet_stats import span_replica
 from phaseprobe.analysis.pd.window import KvPathWindow, kv_path_window
 from phaseprobe.analysis.spans.summary import SpanLoss, span_loss
+from phaseprobe.analysis.spec_decode import SpecFigures, spec_figures
 from phaseprobe.collect.fleet.targets import ReplicaTarget, is_router, parse_replicas
 from phaseprobe.collect.live_window import replica_window
 from phaseprobe.collect.metrics_view import FinishedRequests, MetricSnapshot
@@ -192,6 +193,23 @@ class FinishedCounter:
     def kv_path(self, window_s: float | None = None) -> KvPathWindow | None:
         """The instance's KV path over the last ``window_s`` of pages kept (None: since the
         baseline); None with fewer than two pages in it (nothing to compare yet)."""
+        pages = self._window_pages(window_s)
+        if pages is None:
+            return None
+        return kv_path_window(replica_window(self.replica or self.shown_url, pages))
+
+    def spec(self, window_s: float | None = None) -> SpecFigures | str | None:
+        """Speculation's acceptance over the same pages as :meth:`kv_path` (a window figure);
+        None: not enabled, or fewer than two pages; a string: why it cannot be verified."""
+        pages = self._window_pages(window_s)
+        if pages is None:
+            return None
+        w = replica_window(self.replica or self.shown_url, pages)
+        return w.unverifiable if w.unverifiable else spec_figures(w.deltas)
+
+    def _window_pages(self, window_s: float | None) -> list[MetricSnapshot] | None:
+        """The pages kept over the last ``window_s`` (None: since the baseline); None with
+        fewer than two."""
         if not self._pages:
             return None
         pages = list(self._pages)
@@ -203,9 +221,7 @@ class FinishedCounter:
             # the last page at or before the window's start opens it (a full window)
             start = max((i for i, p in enumerate(pages) if p.wall_ns <= since), default=0)
             pages = pages[start:]
-        if len(pages) < 2:
-            return None
-        return kv_path_window(replica_window(self.replica or self.shown_url, pages))
+        return pages if len(pages) >= 2 else None
 
     def _who(self) -> str:
         return f"replica {self.replica}" if self.replica is not None else self.shown_url

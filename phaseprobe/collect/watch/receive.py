@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from phaseprobe.analysis.engine_stall import StallReading
 from phaseprobe.analysis.pd.window import KvPathWindow
 from phaseprobe.analysis.spans.summary import LiveSummary, SpanLoss, summarize_spans
+from phaseprobe.analysis.spec_decode import SpecFigures
 from phaseprobe.collect.notices import Notices
 from phaseprobe.collect.spans.receiver import SpanReceiver, SpanSink
 from phaseprobe.collect.spans.retention import RetentionPolicy, SpanRetention
@@ -61,6 +62,9 @@ class WatchTick:
     # stall seen so far with where its evidence went
     progress: dict[str, StallReading] = field(default_factory=dict)
     stalls: tuple[dict[str, Any], ...] = ()
+    # speculative decoding over the window, per watched server (a window figure; a string:
+    # cannot verify; servers without speculation are left out)
+    spec: dict[str, SpecFigures | str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,7 @@ class WatchResult:
     retention_text: str
     interrupted: bool  # Ctrl-C ended it (the way a watch without a duration ends)
     stalls: tuple[dict[str, Any], ...] = ()  # {server, said, frozen_s, evidence} per stall
+    spec: dict[str, SpecFigures | str] = field(default_factory=dict)  # over the whole watch
     window: SpanStatsView | None = None  # the store's last --window, as `spans stats` gives it
 
 
@@ -210,7 +215,13 @@ class ReceiveWatch:
                 if c.stall is not None and c.stall.reading is not None
             },
             stalls=tuple(self.stalls),
+            spec=self._spec(window_s),
         )
+
+    def _spec(self, window_s: float | None) -> dict[str, SpecFigures | str]:
+        """Each watched server's speculation over the window, from the pages already read."""
+        got = {c.replica or c.shown_url: c.spec(window_s) for c in self._counters()}
+        return {name: f for name, f in got.items() if f is not None}
 
     def _counters(self) -> list[FinishedCounter]:
         counters = [self.counter] if self.counter is not None else []
@@ -311,6 +322,7 @@ class ReceiveWatch:
             retention_text=self.retention.text(),
             interrupted=interrupted,
             stalls=tuple(self.stalls),
+            spec=self._spec(None),
             window=last_window(
                 self.options.store_path, self.options.window_s, time.time_ns(), self.notices
             ),

@@ -73,6 +73,7 @@ from phaseprobe.present.cli.render_stall import stall_lines
 from phaseprobe.present.cli.watch_fleet import fleet_json, fleet_parts, kv_path_json, kv_path_lines
 
 if TYPE_CHECKING:  # imported where used: a command's --help must not load them
+    from phaseprobe.analysis.spec_decode import SpecFigures
     from phaseprobe.collect.spans.source import FollowedWindow
     from phaseprobe.collect.watch.read import ReadResult, ReadWatch
     from phaseprobe.collect.watch.receive import ReceiveWatch, WatchResult, WatchTick
@@ -301,8 +302,29 @@ def _draw_tick(tick: WatchTick) -> Group:
         *fleet_parts(tick.fleet, title=f"replicas · last {window_s:g} s"),
         *kv_path_lines(tick.fleet.kv_paths, window_s),
         *stall_lines(tick.progress, tick.stalls),
+        *_spec_lines(tick.spec, window_s),
     ]
     return Group(*parts)
+
+
+def _spec_lines(spec: dict[str, SpecFigures | str], window_s: float | None) -> list[str]:
+    """One line per watched server with speculation: its window figures, or why not."""
+    span = "the whole watch" if window_s is None else f"last {window_s:g} s"
+    out = []
+    for name, f in spec.items():
+        if isinstance(f, str):
+            out.append(f"speculative decoding of {escape(name)} ({span}): {escape(f)}")
+            continue
+        rate, length = f.acceptance_rate, f.mean_accepted_length
+        pos = " / ".join(f"{a:g}" for a in f.accepted_per_pos)
+        said = (
+            "nothing drafted"
+            if rate is None or length is None
+            else f"{f.drafts:g} drafts, {f.accepted:g} of {f.draft_tokens:g} draft tokens "
+            f"accepted ({rate:.0%}; by position {pos}), mean accepted length {length:.2f}"
+        )
+        out.append(f"speculative decoding of {escape(name)} ({span}, window figure): {said}")
+    return out
 
 
 def _report(result: WatchResult, out: Console, as_json: bool) -> None:
@@ -317,6 +339,11 @@ def _report(result: WatchResult, out: Console, as_json: bool) -> None:
             "span_loss": result.span_loss.to_dict() if result.span_loss is not None else None,
             **fleet_json(result.fleet),
             "kv_path": kv_path_json(result.kv_paths),
+            # window figures over the whole watch (a string: cannot verify)
+            "speculation": {
+                name: f if isinstance(f, str) else {"source": "window", **f.to_dict()}
+                for name, f in result.spec.items()
+            },
             "load": result.load,
             "retention": result.retention,
             "stalls": list(result.stalls),
@@ -342,6 +369,8 @@ def _report(result: WatchResult, out: Console, as_json: bool) -> None:
     out.print(f"prefill interference: {escape(result.interference.text)}", highlight=False)
     for line in stall_lines({}, result.stalls):
         out.print(line)
+    for line in _spec_lines(result.spec, None):
+        out.print(line, highlight=False)
     out.print(escape(result.retention_text), highlight=False)
 
 
