@@ -86,10 +86,11 @@ def test_a_vllm_restarted_under_watch_metrics_loses_no_span(local_vllm, tmp_path
         _until(lambda: _vllm_spans(store) >= 6, 60, "the first life's 6 spans")
         time.sleep(3.0)  # the watch reads the counter every 2 s: one reading sees all 6
         first.stop()
-        time.sleep(3.0)  # the watch reads a /metrics that does not answer meanwhile
-        assert watch.poll() is None, "the watch died when vLLM went away"
         second = server()
+        # no fixed wait: during the second life's start (tens of seconds, no /metrics answer
+        # until it is healthy) the watch reads a /metrics that does not answer, every 2 s
         second.start()
+        assert watch.poll() is None, "the watch died while vLLM was away"
         _requests(base, model, 5)
         _until(lambda: _vllm_spans(store) >= 11, 90, "the second life's 5 spans")
         time.sleep(2.5)  # a counter reading after the last span (the watch re-reads every 2 s)
