@@ -171,6 +171,9 @@ class StepCosts:
     plain_s: float | None  # c_p
     runs: int
     reason: str | None = None  # why there are no costs (None: fitted)
+    # standard errors of the two costs from the fit's residuals (None: 2 runs, no residual)
+    drafted_se_s: float | None = None
+    plain_se_s: float | None = None
     how: str = (
         "least squares of each isolated run's server decode time over its drafted and "
         "plain decode steps (vLLM's counters: drafts, accepted, completion tokens)"
@@ -224,7 +227,12 @@ def step_costs(runs: Sequence[Run]) -> StepCosts:
             f"the fit gave a non-positive step cost (drafted {cs * 1e3:.2f} ms, plain "
             f"{cp * 1e3:.2f} ms): the runs' decode times are too noisy for it",
         )
-    return StepCosts(cs, cp, len(rows))
+    se_s = se_p = None
+    if len(rows) > 2:  # residual variance σ² = RSS / (n − 2); var(ĉ) = σ² · (XᵀX)⁻¹ diagonal
+        rss = sum((y - d * cs - p * cp) ** 2 for d, p, y in rows)
+        var = rss / (len(rows) - 2)
+        se_s, se_p = math.sqrt(var * spp / det), math.sqrt(var * sdd / det)
+    return StepCosts(cs, cp, len(rows), drafted_se_s=se_s, plain_se_s=se_p)
 
 
 def break_even(drafted_s: float, plain_s: float, draft_length: float) -> float | None:
@@ -303,6 +311,8 @@ class SpecReport:
             **(self.figures.to_dict() if self.figures else {}),
             "drafted_step_s": c.drafted_s if c else None,
             "plain_step_s": c.plain_s if c else None,
+            "drafted_step_se_s": c.drafted_se_s if c else None,
+            "plain_step_se_s": c.plain_se_s if c else None,
             "step_costs_how": c.how if c and c.reason is None else None,
             "step_costs_why_not": c.reason if c else None,
             "break_even_acceptance_rate": self.break_even_rate,
@@ -337,10 +347,16 @@ class SpecReport:
             else "above it: speculation pays"
         )
         return (
-            text + f"; step costs (fitted over the runs) drafted {c.drafted_s * 1e3:.2f} ms vs "
-            f"plain {c.plain_s * 1e3:.2f} ms: break-even acceptance "
+            text + f"; step costs (fitted over the runs) drafted {c.drafted_s * 1e3:.2f}"
+            f"{_se(c.drafted_se_s)} ms vs plain {c.plain_s * 1e3:.2f}{_se(c.plain_se_s)} ms: "
+            "break-even acceptance "
             f"{'—' if be is None else f'{be:.0%}'}, {verdict}"
         )
+
+
+def _se(se_s: float | None) -> str:
+    """ " ± x" ms of a fitted cost's standard error ("" without one)."""
+    return "" if se_s is None else f" ± {se_s * 1e3:.2f}"
 
 
 def spec_report(runs: Sequence[Run]) -> SpecReport:

@@ -152,3 +152,15 @@ def test_probe_table_shows_acceptance_per_run_and_the_sentence() -> None:
     assert "17%" in text and "1.50" in text  # run 1: 2 of 12 draft tokens, 1 + 2/4
     assert "33%" in text and "2.00" in text  # run 2: 10 of 30, 1 + 10/10
     assert "break-even acceptance 33%" in text
+
+
+def test_the_fitted_costs_carry_their_standard_errors() -> None:
+    exact = [_run(0, drafts=4, accepted=2), _run(1, drafts=10, accepted=10), _run(2, drafts=6)]
+    costs = step_costs(exact)
+    assert costs.drafted_se_s == pytest.approx(0, abs=1e-12)  # decode times fit exactly
+    noisy = [*exact[:2], _run(2, drafts=6, drafted_ms=14.0)]  # one run's drafted steps dearer
+    costs = step_costs(noisy)
+    assert costs.drafted_se_s is not None and costs.drafted_se_s > 1e-4
+    assert costs.plain_se_s is not None and costs.plain_se_s > 0
+    assert " ± " in spec_report(noisy).sentence()
+    assert step_costs(exact[:2]).drafted_se_s is None  # two runs: no residual to judge by
