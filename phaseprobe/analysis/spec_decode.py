@@ -56,6 +56,7 @@ __all__ = [
     "step_costs",
     "break_even",
     "MIN_SPREAD",
+    "MAX_RELATIVE_SE",
     "NOT_ENABLED",
     "SpecReport",
     "spec_report",
@@ -74,6 +75,8 @@ PER_POS_CANONICAL = "spec_decode_num_accepted_tokens_per_pos"
 # The runs' shares of drafted steps must spread by at least this (max − min) for least squares
 # to tell a drafted step's cost from a plain one's; below it the fit divides noise by noise.
 MIN_SPREAD = 0.15
+# A fitted cost whose standard error exceeds this share of it is not used for a break-even.
+MAX_RELATIVE_SE = 0.5
 
 
 @dataclass(frozen=True)
@@ -232,7 +235,22 @@ def step_costs(runs: Sequence[Run]) -> StepCosts:
         rss = sum((y - d * cs - p * cp) ** 2 for d, p, y in rows)
         var = rss / (len(rows) - 2)
         se_s, se_p = math.sqrt(var * spp / det), math.sqrt(var * sdd / det)
-    return StepCosts(cs, cp, len(rows), drafted_se_s=se_s, plain_se_s=se_p)
+    noisy = [
+        f"{name} {c * 1e3:.2f} ± {se * 1e3:.2f} ms"
+        for name, c, se in (("drafted", cs, se_s), ("plain", cp, se_p))
+        if se is not None and se > MAX_RELATIVE_SE * c
+    ]
+    return StepCosts(
+        cs,
+        cp,
+        len(rows),
+        # a cost known to no better than half itself gives a break-even of any value
+        reason=f"the fitted step costs are too uncertain ({', '.join(noisy)}): more runs"
+        if noisy
+        else None,
+        drafted_se_s=se_s,
+        plain_se_s=se_p,
+    )
 
 
 def break_even(drafted_s: float, plain_s: float, draft_length: float) -> float | None:
@@ -336,7 +354,7 @@ class SpecReport:
             f"{f.mean_accepted_length:.2f} tokens per drafted step"
         )
         c = self.costs
-        if c is None or c.drafted_s is None or c.plain_s is None:
+        if c is None or c.reason is not None or c.drafted_s is None or c.plain_s is None:
             return text + f"; break-even unknown: {c.reason if c else 'no step costs'}"
         be = self.break_even_rate
         verdict = (
@@ -369,7 +387,7 @@ def spec_report(runs: Sequence[Run]) -> SpecReport:
     costs = step_costs(alone)
     be = None
     k = figs.draft_length if figs else None
-    if costs.drafted_s is not None and costs.plain_s is not None and k:
+    if costs.reason is None and costs.drafted_s is not None and costs.plain_s is not None and k:
         be = break_even(costs.drafted_s, costs.plain_s, k)
     n = sum(1 for r in alone if spec_of_run(r) is not None)
     return SpecReport(True, figs, n, costs, be)

@@ -164,3 +164,16 @@ def test_the_fitted_costs_carry_their_standard_errors() -> None:
     assert costs.plain_se_s is not None and costs.plain_se_s > 0
     assert " ± " in spec_report(noisy).sentence()
     assert step_costs(exact[:2]).drafted_se_s is None  # two runs: no residual to judge by
+
+
+def test_costs_known_to_no_better_than_half_give_no_break_even() -> None:
+    runs = [
+        _run(0, drafts=4, accepted=2, drafted_ms=2.0),
+        _run(1, drafts=10, accepted=10, drafted_ms=30.0),
+        _run(2, drafts=6, drafted_ms=4.0, plain_ms=12.0),
+    ]
+    costs = step_costs(runs)
+    assert costs.reason is not None and "too uncertain" in costs.reason, costs
+    rep = spec_report(runs)
+    assert rep.break_even_rate is None and rep.below_break_even is None
+    assert "break-even unknown: the fitted step costs are too uncertain" in rep.sentence()

@@ -94,7 +94,7 @@ def live_spec_acceptance(ev: LiveEvidence) -> Verdict:
             f"{f.draft_tokens:g} draft tokens, {f.accepted:g} accepted (by position {pos}): "
             f"acceptance {pct(rate)}, mean accepted length {f.mean_accepted_length:.2f}"
         )
-        if costs is None or costs.drafted_s is None or costs.plain_s is None:
+        if costs is None or costs.reason or costs.drafted_s is None or costs.plain_s is None:
             why = ev.spec_costs_from or "no stored experiment with speculation"
             return Part(
                 r.name,
