@@ -233,6 +233,9 @@ def test_one_store_shared_by_every_command_under_live_load(
     second = _watch(store, "--grpc", "off", "--http", f"127.0.0.1:{second_port}")
     try:
         _listening(http_port, watch)
+        # the watch's first retention pass runs as it starts listening, then one every 30 s
+        # (at most a second or so after this: _until_next_pass's margin covers it)
+        listening_at = time.monotonic()
         _listening(second_port, second)
         acked: set[str] = set()
         waits: list[float] = []  # the second watch's answer times (commit included)
@@ -242,7 +245,7 @@ def test_one_store_shared_by_every_command_under_live_load(
             # First the report's scenario alone: a probe --spans on the watch's store, then the
             # watch's next retention pass (every 30 s), where the old watch died.
             crowd.run(*_probe_args(base, (lent_span_port, http_port), runs=10))
-            time.sleep(DEFAULT_EVERY_S + 2.0)
+            time.sleep(_until_next_pass(listening_at, time.monotonic()))
             assert watch.poll() is None, f"watch died: {watch.communicate()[1][-3000:]}"
             threads = _start_the_crowd(
                 crowd, base, model, tmp_path, stop, (lent_span_port, http_port)
@@ -250,10 +253,13 @@ def test_one_store_shared_by_every_command_under_live_load(
             threads.append(
                 crowd.thread("exporter", lambda: _exporter(second_port, 60, acked, stop, waits))
             )
-            _dashboard_passes(monkeypatch, store, stop, crowd)
+            writers = [t for t in threads if t.name not in ("readers", "check")]
+            dashboard_passes = _dashboard_passes(monkeypatch, store, writers)
+            for t in writers:
+                t.join(timeout=400)
+            stop.set()  # the readers' last pass: nothing is written any more
             for t in threads:
                 t.join(timeout=400)
-            stop.set()
         finally:
             load.stop()
         # every request has finished (the load's last one, or a command's, may still be in
@@ -275,6 +281,7 @@ def test_one_store_shared_by_every_command_under_live_load(
                 proc.communicate()
     _print_waits(crowd, summary, second_summary, load)
     waits.sort()
+    print(f"dashboard: {dashboard_passes} passes over every page")
     print(
         f"second watch: {len(waits)} answers, p50 {waits[len(waits) // 2] * 1e3:.1f} ms, "
         f"p99 {waits[int(len(waits) * 0.99)] * 1e3:.1f} ms, max {waits[-1] * 1e3:.1f} ms"
@@ -327,6 +334,18 @@ def test_one_store_shared_by_every_command_under_live_load(
         db.close()
 
 
+def _until_next_pass(listening_at: float, now: float) -> float:
+    """Seconds from ``now`` until the watch's first retention pass after it has run.
+
+    A ``--json`` watch prunes once as it starts listening and then every ``DEFAULT_EVERY_S``
+    (it offers retention a turn every 0.2 s): the pass due after ``now`` has run a few seconds
+    past its slot, even on a busy box. Waiting for that slot instead of a whole period after
+    the probe keeps the same pass (the first after the probe's writes), not the probe's time."""
+    margin = 5.0
+    slots = int((now - listening_at) // DEFAULT_EVERY_S) + 1
+    return max(listening_at + slots * DEFAULT_EVERY_S + margin - now, 0.0)
+
+
 def _probe_args(base: str, ports: tuple[int, int], runs: int) -> list[str]:
     return [
         "probe", "--endpoint", base, "--spans", "--runs", str(runs), "--warmup", "0",
@@ -344,12 +363,15 @@ def _start_the_crowd(
     stop: threading.Event,
     ports: tuple[int, int],
 ) -> list[threading.Thread]:
-    """The writers and the command-line readers, each a thread of its own."""
-
-    def measurers() -> None:
-        crowd.run("prefix", "--endpoint", base, "--reps", "1", "--json")
-        crowd.run("ab", str(_playbook(tmp / "ab.toml", base, model)), "--runs", "2", "--json")
-        crowd.run(*_probe_args(base, ports, runs=6))
+    """The writers and the command-line readers, each a thread of its own. The three measuring
+    commands write at once (each waits up to 10 s per run for a server the load never leaves
+    idle: one after the other they took ~2.5 min of a CI run)."""
+    playbook = _playbook(tmp / "ab.toml", base, model)
+    measurers = {
+        "prefix": ("prefix", "--endpoint", base, "--reps", "1", "--json"),
+        "ab": ("ab", str(playbook), "--runs", "2", "--json"),
+        "probe": tuple(_probe_args(base, ports, runs=6)),
+    }
 
     def span_writers() -> None:
         crowd.run("spans", "import", str(_span_file(tmp / "spans.json", 200)), "--json")
@@ -360,33 +382,41 @@ def _start_the_crowd(
 
     def readers() -> None:
         seen: list[int] = []
-        crowd.run("check", "--live", "--endpoint", base, "--window", "5", "--json")
-        while not stop.is_set() and len(seen) < 20:
+        # two passes at least, then more while the writers write (stop: they are done)
+        while len(seen) < 2 or (not stop.is_set() and len(seen) < 20):
             listing = json.loads(crowd.run("runs", "--json").stdout)
             seen.append(len(json.dumps(listing)))
             crowd.run("spans", "list", "--json")
-        if len(seen) < 2:
-            raise AssertionError("the readers ran fewer than two passes")
 
     return [
-        crowd.thread("measurers", measurers),
+        *(
+            crowd.thread(f"measurer {name}", lambda argv=argv: crowd.run(*argv))
+            for name, argv in measurers.items()
+        ),
         crowd.thread("span writers", span_writers),
         crowd.thread("readers", readers),
+        # a reader too, in a thread of its own: it takes tens of seconds under the load
+        crowd.thread(
+            "check",
+            lambda: crowd.run("check", "--live", "--endpoint", base, "--window", "5", "--json"),
+        ),
     ]
 
 
 def _dashboard_passes(
-    monkeypatch: pytest.MonkeyPatch, store: Path, stop: threading.Event, crowd: Crowd
-) -> None:
-    """The dashboard reads the store while the others write: every page, a few passes."""
+    monkeypatch: pytest.MonkeyPatch, store: Path, writers: list[threading.Thread]
+) -> int:
+    """The dashboard reads the store while the others write: every page, pass after pass
+    until the writers are done (two passes at least, at most four); how many it made."""
     from tests.dashboard_apptest import goto, open_app
 
-    for _ in range(4):
+    passes = 0
+    while passes < 2 or (passes < 4 and any(t.is_alive() for t in writers)):
         at = open_app(monkeypatch, store)
         for page in at.sidebar.radio(key="page").options:
             goto(at, page)
-        if stop.is_set():
-            return
+        passes += 1
+    return passes
 
 
 def _print_waits(crowd: Crowd, summary: dict[str, Any], second: dict[str, Any], load: Any) -> None:
