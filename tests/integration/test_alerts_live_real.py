@@ -294,13 +294,20 @@ def _load(url: str, body: dict, rate_per_s: float, stop: threading.Event, out: l
 
 
 def test_a_load_above_capacity_fires_queue_growing(rig: Rig) -> None:
-    # 4 sequences at most, 900 tokens each: a request holds its slot for seconds, so the engine
-    # serves well under one a second while the API server has little to do (requests that are
-    # cheap for the engine would queue in the API server on 2 cores, not in vLLM's waiting
-    # queue); 3 a second keeps the waiting queue growing for as long as it lasts
-    stop, answered = threading.Event(), []
+    # 4 sequences at most, 900 tokens each: a request holds its slot for 900 engine steps, so
+    # the API server has little to do per engine second (requests that are cheap for the
+    # engine queue in the API server on 2 cores, not in vLLM's waiting queue). The rate is
+    # three times what this server serves, measured first: a quiet machine serves several
+    # such requests a second, a loaded one well under one.
     body = {"model": rig.model, "prompt": "hi", "max_tokens": 900, "ignore_eos": True}
-    feeder = threading.Thread(target=_load, args=(rig.url, body, 3.0, stop, answered))
+    started = time.monotonic()
+    alone = requests.post(f"{rig.url}/v1/completions", json=body, timeout=300)
+    assert alone.status_code == 200, alone.text
+    serves_per_s = 4 / (time.monotonic() - started)
+    rate = min(30.0, 3 * serves_per_s)
+    stop, opened = threading.Event(), []
+    streamed = {**body, "stream": True}  # held open, and closed at the end: vLLM aborts them
+    feeder = threading.Thread(target=_open_streams, args=(rig.url, streamed, rate, stop, opened))
     feeder.start()
     states: list[str] = []
     waiting = []
@@ -317,9 +324,30 @@ def test_a_load_above_capacity_fires_queue_growing(rig: Rig) -> None:
     finally:
         stop.set()
         feeder.join()
-    assert "firing" in states, f"{states} {waiting} {answered[:5]} {len(answered)}"
-    assert states[0] == "pending", states
-    assert max(w or 0 for w in waiting) >= 5, waiting
+        for response in list(opened):
+            response.close()  # the queue is not left to load the tests after this one
+    figures = f"{states} waiting {waiting}, rate {rate:.2f}/s, {len(opened)} opened"
+    assert "firing" in states, figures
+    assert states[0] == "pending", figures
+    assert max(w or 0 for w in waiting) >= 5, figures
+
+
+def _open_streams(
+    url: str, body: dict, rate_per_s: float, stop: threading.Event, opened: list
+) -> None:
+    """Opens a streamed request at a constant rate until ``stop``, each kept in ``opened``
+    unread (a thread of its own waits for its headers)."""
+
+    def one() -> None:
+        try:
+            opened.append(
+                requests.post(f"{url}/v1/completions", json=body, stream=True, timeout=300)
+            )
+        except requests.RequestException:
+            pass  # counted by what the server's queue shows, not here
+
+    while not stop.wait(1 / rate_per_s):
+        threading.Thread(target=one, daemon=True).start()
 
 
 def test_a_slowed_replica_fires_the_straggler_alert_for_it_alone(
