@@ -19,23 +19,32 @@ from phaseprobe.errors import ConfigError
 from phaseprobe.present.cli import main
 from tests.unit.span_store_data import T0, assert_close, chdb_store, fleet_spans, sqlite_store
 
-NOW = time.time_ns()
-# The data set moved to half an hour ago: inside --since 1h, whenever the test runs.
-SPANS = [
-    replace(
-        sp,
-        start_ns=sp.start_ns - T0 + NOW - 1800 * 10**9,
-        end_ns=sp.end_ns - T0 + NOW - 1800 * 10**9,
-    )
-    for sp in fleet_spans()
-]
-# Two and a half hours ago: outside the hour, inside --since 3h.
-OLD = [
-    replace(sp, trace_id=f"{i:032x}", span_id=f"{i:016x}", request_id=f"old-{i}",
-            start_ns=sp.start_ns - T0 + NOW - 9000 * 10**9,
-            end_ns=sp.end_ns - T0 + NOW - 9000 * 10**9)
-    for i, sp in enumerate(fleet_spans(50, seed=11))
-]  # fmt: skip
+NOW = time.time_ns()  # re-set by the fixture: the data is placed relative to when it is written
+
+
+def _placed(now: int) -> tuple[list[Any], list[Any]]:
+    """The data set half an hour before ``now`` (inside --since 1h), and 50 older spans two and
+    a half hours before it (outside the hour, inside --since 3h)."""
+    recent = [
+        replace(
+            sp,
+            start_ns=sp.start_ns - T0 + now - 1800 * 10**9,
+            end_ns=sp.end_ns - T0 + now - 1800 * 10**9,
+        )
+        for sp in fleet_spans()
+    ]
+    old = [
+        replace(sp, trace_id=f"{i:032x}", span_id=f"{i:016x}", request_id=f"old-{i}",
+                start_ns=sp.start_ns - T0 + now - 9000 * 10**9,
+                end_ns=sp.end_ns - T0 + now - 9000 * 10**9)
+        for i, sp in enumerate(fleet_spans(50, seed=11))
+    ]  # fmt: skip
+    return recent, old
+
+
+# Placed when the module is imported, and again when the stores are written: a whole suite
+# collects every module first and may run this one 40 minutes later, past the hour.
+SPANS, OLD = _placed(NOW)
 
 
 def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -46,6 +55,9 @@ def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str,
 
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
+    global NOW, SPANS, OLD
+    NOW = time.time_ns()
+    SPANS, OLD = _placed(NOW)
     tmp = tmp_path_factory.mktemp("stats")
     sqlite_store(tmp / "s.sqlite", SPANS + OLD).close()
     out = {"sqlite": ["--store", str(tmp / "s.sqlite")]}
