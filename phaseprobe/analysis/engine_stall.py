@@ -39,6 +39,7 @@ __all__ = [
     "DEFAULT_STALL_AFTER_S",
     "TOKEN_MARKS",
     "WORK_MARKS",
+    "PROGRESS_SERIES",
 ]
 
 DEFAULT_STALL_AFTER_S = 60.0
@@ -47,6 +48,14 @@ DEFAULT_STALL_AFTER_S = 60.0
 TOKEN_MARKS = ("generation_tokens", "prompt_tokens", "engine_steps", "finished")
 # marks that move while a prefill is still advancing, before its first token
 WORK_MARKS = ("estimated_flops", "kv_cache_usage")
+
+# the series behind the marks and the two gauges, as vLLM 0.32 names them (without the
+# ``vllm:`` prefix): what a kept page shows of itself, on the terminal and the dashboard
+PROGRESS_SERIES = (
+    "num_requests_running", "num_requests_waiting", "generation_tokens_total",
+    "prompt_tokens_total", "iteration_tokens_total_count", "request_success_total",
+    "estimated_flops_per_gpu_total", "kv_cache_usage_perc",
+)  # fmt: skip
 
 State = Literal["idle", "advancing", "prefilling", "quiet", "stalled", "unknown"]
 

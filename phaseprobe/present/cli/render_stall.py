@@ -11,21 +11,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from phaseprobe.analysis.engine_stall import StallReading
+from phaseprobe.analysis.engine_stall import PROGRESS_SERIES, StallReading
 from phaseprobe.collect.stall_evidence import STALL_KIND
 
 __all__ = ["render_stall_list", "render_stall", "stall_lines", "STALL_KIND"]
 
 # the progress marks' series, shown from each page (the rest of the page is in --json)
-_MOVING = {
-    f"{prefix}{name}"
-    for prefix in ("vllm:", "vllm_")
-    for name in (
-        "generation_tokens_total", "prompt_tokens_total", "iteration_tokens_total_count",
-        "estimated_flops_per_gpu_total", "kv_cache_usage_perc", "request_success_total",
-        "num_requests_running", "num_requests_waiting",
-    )
-}  # fmt: skip
+_MOVING = {prefix + name for prefix in ("vllm:", "vllm_") for name in PROGRESS_SERIES}
 
 
 def _when(ns: int | None) -> str:

@@ -16,14 +16,11 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
+from phaseprobe.analysis.engine_stall import PROGRESS_SERIES
+
 __all__ = ["render", "pages_frame"]
 
 _KIND = "engine_stall"  # collect.stall_evidence.STALL_KIND
-_SHOWN = (
-    "num_requests_running", "num_requests_waiting", "generation_tokens_total",
-    "prompt_tokens_total", "iteration_tokens_total_count", "request_success_total",
-    "estimated_flops_per_gpu_total", "kv_cache_usage_perc",
-)  # fmt: skip
 
 
 @st.cache_data(show_spinner=False)
@@ -46,7 +43,7 @@ def pages_frame(doc: dict[str, Any]) -> pd.DataFrame:
         for line in page.get("lines", []):
             series, _, value = line.rpartition(" ")
             name = series.split("{", 1)[0].split(":", 1)[-1].removeprefix("vllm_")
-            if name in _SHOWN:
+            if name in PROGRESS_SERIES:
                 values[series] = float(value)
         columns[f"{page.get('role')} ({_when(page.get('wall_ns'))})"] = values
     return pd.DataFrame(columns)
