@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 
 from phaseprobe.analysis.engine_stall import StallReading
 from phaseprobe.errors import ConfigError, StoreError
+from phaseprobe.local.process import proc_stat
 from phaseprobe.redact import mask_secrets, redact_url
 from phaseprobe.sources.vllm.metrics import MetricSnapshot
 from phaseprobe.store import Store
@@ -208,12 +209,9 @@ def check_vllm_pid(pid: int) -> None:
 
 
 def _stat(pid: int) -> tuple[int, int] | None:
-    """(ppid, pgrp) from /proc/PID/stat (the command name may hold spaces: split after ')')."""
-    text = _read(f"/proc/{pid}/stat")
-    if not text or ")" not in text:
-        return None
-    fields = text.rsplit(")", 1)[1].split()
-    return int(fields[1]), int(fields[2])
+    """(ppid, pgrp) of a process (None: gone, or not readable)."""
+    fields = proc_stat(pid)
+    return (int(fields[1]), int(fields[2])) if fields and len(fields) > 2 else None
 
 
 def _all_pids() -> list[int]:

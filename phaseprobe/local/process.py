@@ -37,6 +37,7 @@ __all__ = [
     "health_ok",
     "log_tail",
     "proc_start_ticks",
+    "proc_stat",
     "process_group_alive",
     "stop_process_group",
     "wait_healthy",
@@ -111,7 +112,7 @@ def wait_healthy(
         sleep(interval)
 
 
-def _proc_stat(pid: int) -> list[str] | None:
+def proc_stat(pid: int) -> list[str] | None:
     """Fields of /proc/PID/stat after the command name (which may contain spaces/parens)."""
     try:
         raw = Path(f"/proc/{pid}/stat").read_text()
@@ -122,7 +123,7 @@ def _proc_stat(pid: int) -> list[str] | None:
 
 def proc_start_ticks(pid: int) -> int | None:
     """When the process started (clock ticks since boot): tells a reused PID from ours."""
-    fields = _proc_stat(pid)
+    fields = proc_stat(pid)
     return int(fields[19]) if fields and len(fields) > 19 else None
 
 
@@ -132,7 +133,7 @@ def process_group_alive(pgid: int) -> bool:
     with os.scandir("/proc") as entries:
         for entry in entries:
             if entry.name.isdigit():
-                fields = _proc_stat(int(entry.name))
+                fields = proc_stat(int(entry.name))
                 if fields and len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
                     return True
     return False
