@@ -35,6 +35,7 @@ _CYCLER = """
 import os, signal, sys, time
 pgid, fraction = int(sys.argv[1]), float(sys.argv[2])
 period, parent = float(sys.argv[3]), int(sys.argv[4])
+signal_target = os.killpg if sys.argv[5] == "group" else os.kill
 done = []
 signal.signal(signal.SIGTERM, lambda *_: done.append(1))
 mode = "fifo"
@@ -48,7 +49,7 @@ except OSError:
         mode = "normal"
 def send(sig):
     try:
-        os.killpg(pgid, sig)
+        signal_target(pgid, sig)
         return True
     except ProcessLookupError:
         return False
@@ -75,14 +76,24 @@ finally:
 
 
 class Throttle:
-    """Duty-cycles SIGSTOP/SIGCONT on process group ``pgid`` from a helper process."""
+    """Duty-cycles SIGSTOP/SIGCONT on process group ``pgid`` from a helper process; with
+    ``one_process``, on that one process alone (an EngineCore slowed while its API server
+    keeps up, so that requests queue in the engine rather than in front of it)."""
 
-    def __init__(self, pgid: int, *, stopped_fraction: float = 0.5, period_s: float = 0.02) -> None:
+    def __init__(
+        self,
+        pgid: int,
+        *,
+        stopped_fraction: float = 0.5,
+        period_s: float = 0.02,
+        one_process: bool = False,
+    ) -> None:
         if not 0.0 < stopped_fraction < 1.0:
             raise ValueError(f"stopped_fraction must be in (0, 1), not {stopped_fraction}")
         if period_s <= 0:
             raise ValueError(f"period_s must be positive, not {period_s}")
         self.pgid = pgid
+        self.one_process = one_process
         self.period_s = period_s
         self.stopped_fraction = stopped_fraction
         self._proc: subprocess.Popen[str] | None = None
@@ -97,7 +108,8 @@ class Throttle:
         if self._proc is not None:
             raise RuntimeError("throttle already started")
         argv = [sys.executable, "-c", _CYCLER, str(self.pgid), str(self.stopped_fraction),
-                str(self.period_s), str(os.getpid())]  # fmt: skip
+                str(self.period_s), str(os.getpid()),
+                "process" if self.one_process else "group"]  # fmt: skip
         self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                       text=True)  # fmt: skip
 
@@ -114,7 +126,7 @@ class Throttle:
             self._read_report(out)
         # Again from here: even if the cycler died mid-stop, nothing stays frozen.
         try:
-            os.killpg(self.pgid, signal.SIGCONT)
+            (os.kill if self.one_process else os.killpg)(self.pgid, signal.SIGCONT)
         except ProcessLookupError:
             pass
 

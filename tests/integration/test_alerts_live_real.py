@@ -294,38 +294,43 @@ def _load(url: str, body: dict, rate_per_s: float, stop: threading.Event, out: l
 
 
 def test_a_load_above_capacity_fires_queue_growing(rig: Rig) -> None:
-    # 4 sequences at most, 900 tokens each: a request holds its slot for 900 engine steps, so
-    # the API server has little to do per engine second (requests that are cheap for the
-    # engine queue in the API server on 2 cores, not in vLLM's waiting queue). The rate is
-    # three times what this server serves, measured first: a quiet machine serves several
-    # such requests a second, a loaded one well under one.
+    # 4 sequences at most, 900 tokens each, the EngineCore alone held stopped 80 % of the
+    # time: a request holds its slot for seconds and the API server, with a fifth of the
+    # tokens to stream, keeps up, so arrivals queue in vLLM's waiting queue. (Unthrottled on
+    # 2 cores, the API server was the bottleneck: requests queued in front of the engine and
+    # vLLM's waiting count went up and down to 0, resetting the alert's for:.) The rate is
+    # three times what the throttled server serves, measured first with one request.
     body = {"model": rig.model, "prompt": "hi", "max_tokens": 900, "ignore_eos": True}
-    started = time.monotonic()
-    alone = requests.post(f"{rig.url}/v1/completions", json=body, timeout=300)
-    assert alone.status_code == 200, alone.text
-    serves_per_s = 4 / (time.monotonic() - started)
-    rate = min(30.0, 3 * serves_per_s)
     stop, opened = threading.Event(), []
-    streamed = {**body, "stream": True}  # held open, and closed at the end: vLLM aborts them
-    feeder = threading.Thread(target=_open_streams, args=(rig.url, streamed, rate, stop, opened))
-    feeder.start()
     states: list[str] = []
     waiting = []
     scraper = MetricsScraper(rig.url, timeout_s=30)
-    try:
-        deadline = time.monotonic() + 120
-        while "firing" not in states and time.monotonic() < deadline:
-            states += _states(rig.prom.url, "VllmQueueGrowing")
-            try:
-                waiting.append(scraper.scrape().value("requests_waiting"))
-            except MetricsUnavailable:  # the API server too busy to answer this once
-                waiting.append(None)
-            time.sleep(1.0)
-    finally:
-        stop.set()
-        feeder.join()
-        for response in list(opened):
-            response.close()  # the queue is not left to load the tests after this one
+    with Throttle(_engine_core(rig.pgid), stopped_fraction=0.8, one_process=True):
+        time.sleep(1.0)  # the cycler is a process of its own: let it start cycling
+        started = time.monotonic()
+        alone = requests.post(f"{rig.url}/v1/completions", json=body, timeout=300)
+        assert alone.status_code == 200, alone.text
+        serves_per_s = 4 / (time.monotonic() - started)
+        rate = min(8.0, max(1.0, 3 * serves_per_s))
+        streamed = {**body, "stream": True}  # held open, and closed at the end: vLLM aborts them
+        feeder = threading.Thread(
+            target=_open_streams, args=(rig.url, streamed, rate, stop, opened)
+        )
+        feeder.start()
+        try:
+            deadline = time.monotonic() + 120
+            while "firing" not in states and time.monotonic() < deadline:
+                states += _states(rig.prom.url, "VllmQueueGrowing")
+                try:
+                    waiting.append(scraper.scrape().value("requests_waiting"))
+                except MetricsUnavailable:  # the API server too busy to answer this once
+                    waiting.append(None)
+                time.sleep(1.0)
+        finally:
+            stop.set()
+            feeder.join()
+    for response in list(opened):
+        response.close()  # the queue is not left to load the tests after this one
     figures = f"{states} waiting {waiting}, rate {rate:.2f}/s, {len(opened)} opened"
     assert "firing" in states, figures
     assert states[0] == "pending", figures
