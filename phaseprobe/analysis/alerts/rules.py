@@ -311,6 +311,28 @@ def _annotations(
     }
 
 
+def _alert(
+    options: AlertOptions,
+    name: str,
+    expr: str,
+    summary: str,
+    description: str,
+    *,
+    for_: str,
+    severity: str,
+    **labels: str,
+) -> Rule:
+    """An alert: its name given once, for the rule and its runbook's address."""
+    return Rule(
+        name,
+        expr,
+        alert=True,
+        for_=for_,
+        labels={"severity": severity, **labels},
+        annotations=_annotations(options, name, summary, description),
+    )
+
+
 def _burn_alerts(options: AlertOptions, choices: list[BucketChoice]) -> list[Rule]:
     budget = 1.0 - options.objective
     slis: list[tuple[str, str, str, BucketChoice]] = []
@@ -327,43 +349,39 @@ def _burn_alerts(options: AlertOptions, choices: list[BucketChoice]) -> list[Rul
         for long_w, short_w, burn, hold, severity in _BURNS:
             limit = _ratio_text(burn * budget)
             rules.append(
-                Rule(
+                _alert(
+                    options,
                     alert,
                     f"{_sli_name(sli, long_w)} > {limit} and {_sli_name(sli, short_w)} > {limit}",
-                    alert=True,
+                    f"{{{{ $labels.model_name }}}}: {words} SLO burning its error budget "
+                    f"{burn:g}x too fast ({long_w} and {short_w})",
+                    f"{{{{ $value | humanizePercentage }}}} of requests over the last "
+                    f"{long_w} missed {words} <= {choice.asked_s:g} s (allowed: "
+                    f"{budget:.3g} of them, objective {options.objective:g}). Counted "
+                    f"against bucket {choice.text}.",
                     for_=hold,
-                    labels={"severity": severity, "slo": sli, "window": f"{long_w}/{short_w}"},
-                    annotations=_annotations(
-                        options,
-                        alert,
-                        f"{{{{ $labels.model_name }}}}: {words} SLO burning its error budget "
-                        f"{burn:g}x too fast ({long_w} and {short_w})",
-                        f"{{{{ $value | humanizePercentage }}}} of requests over the last "
-                        f"{long_w} missed {words} <= {choice.asked_s:g} s (allowed: "
-                        f"{budget:.3g} of them, objective {options.objective:g}). Counted "
-                        f"against bucket {choice.text}.",
-                    ),
+                    severity=severity,
+                    slo=sli,
+                    window=f"{long_w}/{short_w}",
                 )
             )
     for long_w, short_w, burn, hold, severity in _BURNS:
         limit = _ratio_text(burn * budget)
         rules.append(
-            Rule(
+            _alert(
+                options,
                 "VllmErrorSloBurn",
                 f"{_sli_name('error', long_w)} > {limit} and "
                 f"{_sli_name('error', short_w)} > {limit}",
-                alert=True,
+                f"{{{{ $labels.model_name }}}}: request errors burning the error budget "
+                f"{burn:g}x too fast ({long_w} and {short_w})",
+                f"{{{{ $value | humanizePercentage }}}} of requests finished with "
+                f'finished_reason="error" over the last {long_w} (allowed: {budget:.3g}, '
+                f"objective {options.objective:g}).",
                 for_=hold,
-                labels={"severity": severity, "slo": "error", "window": f"{long_w}/{short_w}"},
-                annotations=_annotations(
-                    options,
-                    "VllmErrorSloBurn",
-                    f"{{{{ $labels.model_name }}}}: request errors burning the error budget "
-                    f"{burn:g}x too fast ({long_w} and {short_w})",
-                    f"{{{{ $value | humanizePercentage }}}} of requests finished with "
-                    f'finished_reason="error" over the last {long_w} (allowed: {budget:.3g}, '
-                    f"objective {options.objective:g}).",
-                ),
+                severity=severity,
+                slo="error",
+                window=f"{long_w}/{short_w}",
             )
         )
     return rules
@@ -394,72 +412,56 @@ def _engine_alerts(x: _Exprs, options: AlertOptions) -> list[Rule]:
     # (iteration_tokens_total before 0.7, the FLOP counter without --enable-mfu-metrics)
     # cannot keep it from firing. min_over_time: requests were running for the whole window,
     # not only at its end.
-    stalled = Rule(
+    stalled = _alert(
+        options,
         "VllmEngineStalled",
         f"min by ({by}) (min_over_time({running}[{n}])) > 0 unless on ({by}) ({moved})",
-        alert=True,
+        "{{ $labels.instance }} engine {{ $labels.engine }}: requests running, no token "
+        f"produced for {n}",
+        "{{ $value }} request(s) running while vLLM's token, engine-step, finished and "
+        f"FLOP counters and its KV usage stood still for {n} (then "
+        f"{4 * options.scrape_interval_s}s more). /health may still answer 200: the "
+        "engine core is hung (a long prefill moves the FLOP counter and KV usage).",
         # a new series has one sample and no increase() yet: wait a few scrapes more (1m at
         # Prometheus' usual 15 s)
         for_=f"{4 * options.scrape_interval_s}s",
-        labels={"severity": "critical"},
-        annotations=_annotations(
-            options,
-            "VllmEngineStalled",
-            "{{ $labels.instance }} engine {{ $labels.engine }}: requests running, no token "
-            f"produced for {n}",
-            "{{ $value }} request(s) running while vLLM's token, engine-step, finished and "
-            f"FLOP counters and its KV usage stood still for {n} (then "
-            f"{4 * options.scrape_interval_s}s more). /health may still answer 200: the "
-            "engine core is hung (a long prefill moves the FLOP counter and KV usage).",
-        ),
+        severity="critical",
     )
     waiting = x.series("vllm:num_requests_waiting")
-    growing = Rule(
+    growing = _alert(
+        options,
         "VllmQueueGrowing",
         f"sum by ({_BY}) ({waiting}) > 0 and sum by ({_BY}) (deriv({waiting}[10m])) > 0",
-        alert=True,
+        "{{ $labels.instance }}: the waiting queue has grown for 10 minutes",
+        "{{ $value }} request(s) waiting and still growing: arrivals exceed what the "
+        "engine finishes (queue time, then TTFT, will follow).",
         for_="10m",
-        labels={"severity": "warning"},
-        annotations=_annotations(
-            options,
-            "VllmQueueGrowing",
-            "{{ $labels.instance }}: the waiting queue has grown for 10 minutes",
-            "{{ $value }} request(s) waiting and still growing: arrivals exceed what the "
-            "engine finishes (queue time, then TTFT, will follow).",
-        ),
+        severity="warning",
     )
-    nothing = Rule(
+    nothing = _alert(
+        options,
         "VllmWaitingNothingRunning",
         f"sum by ({_BY}) ({waiting}) > 0 and on ({_BY}) sum by ({_BY}) ({running}) == 0",
-        alert=True,
+        "{{ $labels.instance }}: requests waiting and none running",
+        "{{ $value }} request(s) waiting for 2 minutes with nothing scheduled: the "
+        "scheduler admits nothing (KV cache held, a request too large, a stalled KV "
+        "transfer).",
         for_="2m",
-        labels={"severity": "critical"},
-        annotations=_annotations(
-            options,
-            "VllmWaitingNothingRunning",
-            "{{ $labels.instance }}: requests waiting and none running",
-            "{{ $value }} request(s) waiting for 2 minutes with nothing scheduled: the "
-            "scheduler admits nothing (KV cache held, a request too large, a stalled KV "
-            "transfer).",
-        ),
+        severity="critical",
     )
     usage = x.series("vllm:kv_cache_usage_perc")
     preempt = x.series("vllm:num_preemptions_total")
-    kv = Rule(
+    kv = _alert(
+        options,
         "VllmKvPressure",
         f"max by ({_BY}) (avg_over_time({usage}[5m])) > {options.kv_usage_max:g} and on ({_BY}) "
         f"sum by ({_BY}) (rate({preempt}[5m])) > 0",
-        alert=True,
+        "{{ $labels.instance }}: KV cache full and requests preempted",
+        f"KV-cache usage {{{{ $value | humanizePercentage }}}} (over "
+        f"{options.kv_usage_max:g}) with preemptions in the last 5 minutes: running "
+        "requests are evicted and their prefill recomputed.",
         for_="5m",
-        labels={"severity": "warning"},
-        annotations=_annotations(
-            options,
-            "VllmKvPressure",
-            "{{ $labels.instance }}: KV cache full and requests preempted",
-            f"KV-cache usage {{{{ $value | humanizePercentage }}}} (over "
-            f"{options.kv_usage_max:g}) with preemptions in the last 5 minutes: running "
-            "requests are evicted and their prefill recomputed.",
-        ),
+        severity="warning",
     )
     return [stalled, growing, nothing, kv]
 
@@ -473,21 +475,17 @@ def _fleet_alerts(x: _Exprs, options: AlertOptions) -> list[Rule]:
         two = f" (with two replicas the median is their mean: the slow one must be {ratio:.3g}x"
         two += " the other)"
     return [
-        Rule(
+        _alert(
+            options,
             "VllmStragglerReplica",
             f"{mean} > on (model_name) group_left () ({factor} * quantile by (model_name) "
             f"(0.5, {mean})) and on (model_name) count by (model_name) ({mean}) >= 2",
-            alert=True,
+            f"{{{{ $labels.instance }}}}: decode per token over {factor}x the fleet median",
+            "Mean time per output token {{ $value | humanizeDuration }} on this replica, "
+            f"over {factor} times the median of the replicas of {{{{ $labels.model_name }}}}"
+            f"{two}.",
             for_="10m",
-            labels={"severity": "warning"},
-            annotations=_annotations(
-                options,
-                "VllmStragglerReplica",
-                f"{{{{ $labels.instance }}}}: decode per token over {factor}x the fleet median",
-                "Mean time per output token {{ $value | humanizeDuration }} on this replica, "
-                f"over {factor} times the median of the replicas of {{{{ $labels.model_name }}}}"
-                f"{two}.",
-            ),
+            severity="warning",
         )
     ]
 
@@ -500,21 +498,17 @@ def _capacity_alerts(x: _Exprs, options: AlertOptions) -> list[Rule]:
         return []
     done = x.series("vllm:request_success_total")
     return [
-        Rule(
+        _alert(
+            options,
             "VllmAboveModelCapacity",
             f"sum by ({_BY}) (rate({done}[5m])) > {rate:.6g}",
-            alert=True,
+            f"{{{{ $labels.instance }}}}: above the {rate:.3g} req/s one instance serves "
+            "within the SLO",
+            "{{ $value | humanize }} requests/s finished over 5 minutes, for 10 minutes, "
+            f"above the largest rate that meets the SLO: {rate:.3g} req/s, "
+            f"{options.capacity_source}. TTFT, then TPOT, will miss their targets.",
             for_="10m",
-            labels={"severity": "warning"},
-            annotations=_annotations(
-                options,
-                "VllmAboveModelCapacity",
-                f"{{{{ $labels.instance }}}}: above the {rate:.3g} req/s one instance serves "
-                "within the SLO",
-                "{{ $value | humanize }} requests/s finished over 5 minutes, for 10 minutes, "
-                f"above the largest rate that meets the SLO: {rate:.3g} req/s, "
-                f"{options.capacity_source}. TTFT, then TPOT, will miss their targets.",
-            ),
+            severity="warning",
         )
     ]
 
@@ -524,38 +518,30 @@ def _pd_alerts(x: _Exprs, options: AlertOptions) -> list[Rule]:
     limit = f"{options.recompute_max:g}"
     local = x.series(source, 'source="local_compute"')
     external = x.series(source, 'source="external_kv_transfer"')
-    recompute = Rule(
+    recompute = _alert(
+        options,
         "VllmPdRecomputeShareHigh",
         f"(sum by ({_BY}) (rate({local}[15m])) / "
         f"sum by ({_BY}) (rate({x.series(source)}[15m]))) > {limit} and on ({_BY}) "
         f"sum by ({_BY}) (increase({external}[1h]))"
         " > 0",
-        alert=True,
+        "{{ $labels.instance }}: decode instance recomputing its prompts",
+        "{{ $value | humanizePercentage }} of prompt tokens computed locally on an instance "
+        "that receives KV from a prefill instance (external_kv_transfer in the last hour): "
+        "the transfers are failing or missing and prefill is done twice.",
         for_="15m",
-        labels={"severity": "warning"},
-        annotations=_annotations(
-            options,
-            "VllmPdRecomputeShareHigh",
-            "{{ $labels.instance }}: decode instance recomputing its prompts",
-            "{{ $value | humanizePercentage }} of prompt tokens computed locally on an instance "
-            "that receives KV from a prefill instance (external_kv_transfer in the last hour): "
-            "the transfers are failing or missing and prefill is done twice.",
-        ),
+        severity="warning",
     )
     failed = x.series("vllm:nixl_num_failed_transfers_total")
-    transfers = Rule(
+    transfers = _alert(
+        options,
         "VllmPdKvTransferFailures",
         f"sum by ({_BY}) (rate({failed}[5m])) > 0",
-        alert=True,
+        "{{ $labels.instance }}: NIXL KV transfers failing",
+        "{{ $value }} failed KV transfers per second (NIXL connector; vLLM 0.32 exports "
+        "this only with --kv-transfer-config NixlConnector). Each failed request is "
+        "recomputed on the decode side: it succeeds, slower.",
         for_="5m",
-        labels={"severity": "warning"},
-        annotations=_annotations(
-            options,
-            "VllmPdKvTransferFailures",
-            "{{ $labels.instance }}: NIXL KV transfers failing",
-            "{{ $value }} failed KV transfers per second (NIXL connector; vLLM 0.32 exports "
-            "this only with --kv-transfer-config NixlConnector). Each failed request is "
-            "recomputed on the decode side: it succeeds, slower.",
-        ),
+        severity="warning",
     )
     return [recompute, transfers]
