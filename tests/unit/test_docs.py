@@ -24,7 +24,7 @@ from phaseprobe.present.cli.entry import build_parser
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
-PAGES = [README, ROOT / "CONTRIBUTING.md", *sorted(DOCS.glob("*.md"))]
+PAGES = [README, ROOT / "CONTRIBUTING.md", ROOT / "ARCHITECTURE.md", *sorted(DOCS.glob("*.md"))]
 README_LIMIT_BYTES = 15 * 1024
 
 
