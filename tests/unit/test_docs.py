@@ -212,3 +212,26 @@ def test_every_command_names_real_options(page: str, line: str):
 )
 def test_the_command_check_itself(line: str, ok: bool):
     assert (not _check_command(line)) is ok
+
+
+# -- Python examples -----------------------------------------------------------------------
+
+
+def _python_blocks() -> list[tuple[str, str]]:
+    out = []
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        out += [(_rel(page), b) for b in re.findall(r"^```python\n(.*?)^```", text, re.M | re.S)]
+    return out
+
+
+def test_there_is_a_python_example():
+    assert _python_blocks()
+
+
+@pytest.mark.parametrize("page,code", _python_blocks())
+def test_python_examples_run(page: str, code: str, tmp_path, monkeypatch, capsys):
+    """Each Python example runs as shown (it brings its own server: the shipped SSE one)."""
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, f"{page} (example)", "exec"), {"__name__": "__doc_example__"})
+    assert capsys.readouterr().out, f"{page}: the example printed nothing"
