@@ -81,8 +81,8 @@ def register(subparsers: Any) -> None:
     seq = p.add_argument_group(
         "sequential mode",
         "run A B B A blocks until the primary metric is decided on an "
-        "anytime-valid 95 %% interval (valid however often it is looked at), or the budget "
-        "ends; see README § A/B statistics",
+        "anytime-valid 95 % interval (valid however often it is looked at), or the budget "
+        "ends; see docs/ab.md, A/B statistics",
     )
     seq.add_argument(
         "--until-decided",
