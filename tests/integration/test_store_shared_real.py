@@ -16,7 +16,8 @@ fix of issue 38 the watch died of "disk I/O error" about half a minute in and th
 damaged. The watch is ended (Ctrl-C, as a user ends it) once vLLM's counter and the stored spans
 agree, not after a fixed time: on a busy machine spans arrive late, not never.
 
-Each command's wall time is printed (``-s``): the waits documented in the README come from here.
+Each command's wall time is printed (``-s``): the waits documented in docs/live-traffic.md
+come from here.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ repeatedly at an ordinary 95 % interval would inflate the false-positive rate fa
 (one look in twenty crosses by chance), so the interval here is a **confidence sequence**:
 an interval that covers the true value at *every* look at once with probability ≥ 1 − α.
 
-Method (documented in the README's statistics section):
+Method (documented in docs/ab.md, "A/B statistics"):
 
 * Data: the paired log-ratios ``d_k = log B_k − log A_k`` of the k-th run of each arm (runs are
   interleaved A B B A …, so a pair is two neighbouring runs and slow drift cancels inside it).
