@@ -9,7 +9,7 @@ external_unspecified). For an isolated run the deltas of these counters are the 
 
 Pure: two snapshots, or a run and a :class:`~phaseprobe.analysis.roofline.ModelCost`, in;
 plain numbers out. The two FLOP/byte models count different things, so their ratio is a
-finding, not an error (see :func:`compare_work` and docs/benchmarks.md, "two FLOP/byte models"):
+finding, not an error (see :func:`compare_work`; docs/gpu-nccl-traces.md on vLLM's counters):
 
 * **attention** — vLLM bills a prefill of P tokens P × P query-key pairs (``attn_qk`` and
   ``attn_av`` over ``num_tokens × context_len``: no causal half); phaseprobe bills the causal
