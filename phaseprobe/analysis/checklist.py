@@ -29,6 +29,7 @@ from phaseprobe.analysis.rules import (
     live,
     live_capacity,
     live_pd,
+    live_preemption,
     live_spans,
     live_stall,
     memory,
@@ -299,8 +300,8 @@ LIVE_RULES: tuple[LiveRule, ...] = (
     LiveRule(
         "live_preemptions",
         "Requests preempted (KV cache too small for the load)?",
-        live.preemption_pressure,
-        "num_preemptions and request_success deltas",
+        live_preemption.preemption_pressure,
+        "num_preemptions and request_success deltas, kv_cache_usage_perc around them",
         "preemption pressure",
     ),
     LiveRule(

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import requests
 
 from phaseprobe.analysis.engine_stall import StallDetector, StallReading, progress_point
+from phaseprobe.analysis.preemption import kv_at_preemptions
 from phaseprobe.analysis.replica_match import process_identity, unverifiable
 from phaseprobe.analysis.router_window import RouterWindow
 from phaseprobe.analysis.rules.live_base import (
@@ -506,6 +507,11 @@ def replica_window(
         unverifiable=why,
         model=", ".join(models) or None,
         progress=None if stall_after_s is None else _progress(snaps, stall_after_s),
+        preemption_kv=()
+        if why
+        else kv_at_preemptions(
+            [(s.value("num_preemptions"), _gauge(s, "kv_cache_usage")) for s in snaps]
+        ),
     )
 
 

@@ -135,17 +135,6 @@ def test_kv_cache_pressure():
     assert live.kv_cache_pressure(ev(rw(kv=0.97, kv_max=1.0))).status == "fail"
 
 
-def test_preemption_pressure():
-    v = live.preemption_pressure(ev(rw(preempt=0)))
-    assert v.status == "pass" and v.numbers["preemptions"] == 0
-    v = live.preemption_pressure(ev(rw(preempt=2)))
-    assert v.status == "warn" and "2 preemptions for 50 finished requests" in v.summary
-    v = live.preemption_pressure(ev(rw(preempt=10)))
-    assert v.status == "fail" and v.numbers["preemptions_per_request"] == 0.2
-    assert live.preemption_pressure(ev(rw(n=1, preempt=0))).status == "skipped"
-    assert live.preemption_pressure(ev(rw(n=1, preempt=3))).status == "warn"  # few but real
-
-
 def test_prefix_cache_efficiency_warns_never_fails():
     v = live.prefix_cache_efficiency(ev(rw(hits=2000, queries=5000)))
     assert v.status == "pass" and v.numbers["hit_rate"] == 0.4

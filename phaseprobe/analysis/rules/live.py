@@ -4,8 +4,10 @@ Each rule is a pure function over :class:`~phaseprobe.analysis.rules.live_base.L
 and covers one of the diagnoses ``vllm-doctor`` makes on live gauges and counters (queue
 pressure, queue latency, TTFT and TPOT bottlenecks, KV-cache and preemption pressure,
 prefix-cache efficiency, low throughput, error rate); the replica rules are in
-:mod:`phaseprobe.analysis.rules.fleet`. Unlike a single reading of the gauges, the counters are
-read as increases over the window, so a mean is over the requests that finished in it.
+:mod:`phaseprobe.analysis.rules.fleet`, preemption pressure in
+:mod:`phaseprobe.analysis.rules.live_preemption`. Unlike a single reading of the gauges, the
+counters are read as increases over the window, so a mean is over the requests that finished
+in it.
 
 Every rule judges each measured replica on its own (a fleet's busy replica is not averaged
 away by an idle one); the worst replica decides and is named first, the others follow with
@@ -30,7 +32,6 @@ __all__ = [
     "ttft_bottleneck",
     "tpot_bottleneck",
     "kv_cache_pressure",
-    "preemption_pressure",
     "prefix_cache_efficiency",
     "low_throughput",
     "error_rate",
@@ -45,7 +46,6 @@ __all__ = [
     "TPOT_FAIL_FACTOR",
     "KV_WARN",
     "KV_FAIL_MEAN",
-    "PREEMPT_FAIL_PER_REQUEST",
     "PREFIX_HIT_LOW",
     "MIN_PREFIX_QUERY_TOKENS",
     "IDLE_RUNNING",
@@ -61,7 +61,6 @@ TTFT_FAIL_FACTOR = 2.0  # mean TTFT over this × the target: fail (over the targ
 TPOT_FAIL_FACTOR = 2.0
 KV_WARN = 0.90  # KV-cache usage peak in the window
 KV_FAIL_MEAN = 0.95  # full for the whole window
-PREEMPT_FAIL_PER_REQUEST = 0.10  # preemptions per finished request (any preemption: warn)
 PREFIX_HIT_LOW = 0.10  # prefix-cache hit rate (of queried prompt tokens) below this: warn
 MIN_PREFIX_QUERY_TOKENS = 1000  # fewer prompt tokens looked up: no hit rate judged
 IDLE_RUNNING = 0.5  # fewer requests running on average: nothing to judge throughput by
@@ -390,46 +389,6 @@ def kv_cache_pressure(ev: LiveEvidence) -> Verdict:
         "--gpu-memory-utilization, use --kv-cache-dtype fp8, "
         "shorten --max-model-len, lower --max-num-seqs, or add "
         "GPUs/replicas",
-        next_command="phaseprobe query kv_cache_usage preemption_rate --prom URL",
-    )
-
-
-def preemption_pressure(ev: LiveEvidence) -> Verdict:
-    """vllm-doctor's preemption pressure: ``num_preemptions`` increase per finished request.
-    Any preemption is recomputed work; many mean the KV cache is too small for the load."""
-
-    def judge(r: ReplicaWindow) -> Part:
-        pre, done = r.delta("num_preemptions"), r.finished
-        if pre is None:
-            return Part(r.name, "skipped", "no num_preemptions counter")
-        if pre <= 0 and (done is None or done < MIN_FINISHED):
-            return too_few(r, ev, done)
-        per = pre / done if done else None
-        numbers = {"preemptions": pre, "finished": done, "preemptions_per_request": num(per, 4)}
-        said = (
-            f"{pre:.0f} preemptions for {done or 0:.0f} finished requests in "
-            f"{ev.window_s:.0f} s" + (f" ({per:.3f} per request)" if per is not None else "")
-        )
-        few = done is None or done < MIN_FINISHED  # preemptions, but no rate to judge
-        status: Status = (
-            "pass"
-            if pre <= 0
-            else "warn"
-            if few or per is None or per < PREEMPT_FAIL_PER_REQUEST
-            else "fail"
-        )
-        return Part(r.name, status, said, per if per is not None else pre, numbers)
-
-    return per_replica(
-        ev,
-        judge,
-        thresholds={
-            "preemptions_warn": "any",
-            "preemptions_per_request_fail": PREEMPT_FAIL_PER_REQUEST,
-        },
-        recommendation="requests are evicted and recomputed: give the KV cache room "
-        "(--gpu-memory-utilization, --kv-cache-dtype fp8) or admit fewer at "
-        "once (--max-num-seqs, --max-num-batched-tokens)",
         next_command="phaseprobe query kv_cache_usage preemption_rate --prom URL",
     )
 

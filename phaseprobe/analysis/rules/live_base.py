@@ -35,6 +35,9 @@ Per replica (:class:`ReplicaWindow`):
     ``waiting_capacity`` / ``waiting_deferred`` (``num_requests_waiting_by_reason``: waiting
     for a slot, or deferred, which includes waiting for a KV transfer) over the window's
     samples.
+``preemption_kv``
+    the KV usage (fraction) around each interval between two scrapes in which
+    ``num_preemptions`` rose: the fuller of the two readings (empty from Prometheus).
 ``unverifiable``
     why the replica's counters cannot be compared over the window (two processes answered, or
     a counter went backwards): its ``deltas`` are then empty and every rule says "cannot
@@ -127,6 +130,9 @@ class ReplicaWindow:
     model: str | None = None
     # the stalled-engine detector over the window's scrapes (None: not read, e.g. --prom)
     progress: StallReading | None = None
+    # the KV usage around each scrape interval in which num_preemptions rose (the fuller of
+    # the two readings: analysis/preemption.kv_at_preemptions); empty with --prom
+    preemption_kv: tuple[float, ...] = ()
 
     @property
     def verified(self) -> bool:

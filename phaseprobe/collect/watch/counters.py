@@ -30,6 +30,7 @@ import requests
 from phaseprobe.analysis.engine_stall import StallDetector, StallReading, progress_point
 from phaseprobe.analysis.fleet_stats import span_replica
 from phaseprobe.analysis.pd.window import KvPathWindow, kv_path_window
+from phaseprobe.analysis.preemption import PreemptionWindow, preemption_window
 from phaseprobe.analysis.spans.summary import SpanLoss, span_loss
 from phaseprobe.analysis.spec_decode import SpecFigures, spec_figures
 from phaseprobe.collect.fleet.targets import ReplicaTarget, is_router, parse_replicas
@@ -206,6 +207,18 @@ class FinishedCounter:
             return None
         w = replica_window(self.replica or self.shown_url, pages)
         return w.unverifiable if w.unverifiable else spec_figures(w.deltas)
+
+    def preemption(self, window_s: float | None = None) -> PreemptionWindow | str | None:
+        """Preemptions over the same pages as :meth:`kv_path` (a window figure, with the KV
+        usage around them); None: fewer than two pages; a string: why they cannot be
+        counted (the counters cannot be compared)."""
+        pages = self._window_pages(window_s)
+        if pages is None:
+            return None
+        w = replica_window(self.replica or self.shown_url, pages)
+        if w.unverifiable:
+            return w.unverifiable
+        return preemption_window(w, (pages[-1].wall_ns - pages[0].wall_ns) / 1e9)
 
     def _window_pages(self, window_s: float | None) -> list[MetricSnapshot] | None:
         """The pages kept over the last ``window_s`` (None: since the baseline); None with

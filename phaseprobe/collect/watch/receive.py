@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from phaseprobe.analysis.engine_stall import StallReading
 from phaseprobe.analysis.pd.window import KvPathWindow
+from phaseprobe.analysis.preemption import PreemptionWindow
 from phaseprobe.analysis.spans.summary import LiveSummary, SpanLoss, summarize_spans
 from phaseprobe.analysis.spec_decode import SpecFigures
 from phaseprobe.collect.notices import Notices
@@ -65,6 +66,9 @@ class WatchTick:
     # speculative decoding over the window, per watched server (a window figure; a string:
     # cannot verify; servers without speculation are left out)
     spec: dict[str, SpecFigures | str] = field(default_factory=dict)
+    # preemptions over the window per watched server, with the KV usage around them (a
+    # string: cannot be counted)
+    preemption: dict[str, PreemptionWindow | str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,7 @@ class WatchResult:
     interrupted: bool  # Ctrl-C ended it (the way a watch without a duration ends)
     stalls: tuple[dict[str, Any], ...] = ()  # {server, said, frozen_s, evidence} per stall
     spec: dict[str, SpecFigures | str] = field(default_factory=dict)  # over the whole watch
+    preemption: dict[str, PreemptionWindow | str] = field(default_factory=dict)  # whole watch
     window: SpanStatsView | None = None  # the store's last --window, as `spans stats` gives it
 
 
@@ -216,11 +221,17 @@ class ReceiveWatch:
             },
             stalls=tuple(self.stalls),
             spec=self._spec(window_s),
+            preemption=self._preemption(window_s),
         )
 
     def _spec(self, window_s: float | None) -> dict[str, SpecFigures | str]:
         """Each watched server's speculation over the window, from the pages already read."""
         got = {c.replica or c.shown_url: c.spec(window_s) for c in self._counters()}
+        return {name: f for name, f in got.items() if f is not None}
+
+    def _preemption(self, window_s: float | None) -> dict[str, PreemptionWindow | str]:
+        """Each watched server's preemptions over the window, from the pages already read."""
+        got = {c.replica or c.shown_url: c.preemption(window_s) for c in self._counters()}
         return {name: f for name, f in got.items() if f is not None}
 
     def _counters(self) -> list[FinishedCounter]:
@@ -323,6 +334,7 @@ class ReceiveWatch:
             interrupted=interrupted,
             stalls=tuple(self.stalls),
             spec=self._spec(None),
+            preemption=self._preemption(None),
             window=last_window(
                 self.options.store_path, self.options.window_s, time.time_ns(), self.notices
             ),

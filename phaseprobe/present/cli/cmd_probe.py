@@ -31,6 +31,7 @@ from phaseprobe.present.cli.args import (
     store_and_json_args,
     tokens,
 )
+from phaseprobe.present.cli.render_preemption import probe_preemption_json, probe_preemption_line
 from phaseprobe.redact import redact_url
 
 if TYPE_CHECKING:  # imported where used: a command's --help must not load it
@@ -460,6 +461,7 @@ def run_pd(args: argparse.Namespace, topo: PdTopology, out: Console, err: Consol
             "notes": result.notes,
             "summary": summary.to_dict(),
             "speculation": spec_report(result.runs).to_dict(),
+            "preemption": probe_preemption_json(result.runs),
             "runs": [r.to_dict() for r in result.runs],
             "kv_path": path if isinstance(path, str) else path.to_dict(),
         }
@@ -468,6 +470,7 @@ def run_pd(args: argparse.Namespace, topo: PdTopology, out: Console, err: Consol
         render_probe(
             out, result.runs, summary, result.server_info, result.notes, result.experiment_id
         )
+        out.print(probe_preemption_line(result.runs), highlight=False)
         out.print(escape(path if isinstance(path, str) else path.sentence), highlight=False)
     return 0 if any(r.status == "ok" for r in result.runs) else 1
 
@@ -551,6 +554,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
             "notes": result.notes,
             "summary": summary.to_dict(),
             "speculation": spec_report(result.runs).to_dict(),
+            "preemption": probe_preemption_json(result.runs),
             "runs": [r.to_dict() for r in result.runs],
             "efficiency": report.efficiency,
             "overlap": {str(seq): ctx.to_dict() for seq, ctx in report.shared.items()},
@@ -570,6 +574,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
         render_probe(
             out, result.runs, summary, result.server_info, result.notes, result.experiment_id
         )
+        out.print(probe_preemption_line(result.runs), highlight=False)
         if fleet is not None:
             for line in fleet.lines():
                 out.print(f"fleet: {escape(line)}", highlight=False)

@@ -69,6 +69,8 @@ from phaseprobe.present.cli.args import (
 )
 from phaseprobe.present.cli.cmd_spans import age, span_table, spans_from_arg, summary_table
 from phaseprobe.present.cli.console import ms
+from phaseprobe.present.cli.render_preemption import watch_json as preemption_json
+from phaseprobe.present.cli.render_preemption import watch_lines as preemption_lines
 from phaseprobe.present.cli.render_stall import stall_lines
 from phaseprobe.present.cli.watch_fleet import fleet_json, fleet_parts, kv_path_json, kv_path_lines
 
@@ -303,6 +305,7 @@ def _draw_tick(tick: WatchTick) -> Group:
         *kv_path_lines(tick.fleet.kv_paths, window_s),
         *stall_lines(tick.progress, tick.stalls),
         *_spec_lines(tick.spec, window_s),
+        *preemption_lines(tick.preemption, window_s),
     ]
     return Group(*parts)
 
@@ -344,6 +347,8 @@ def _report(result: WatchResult, out: Console, as_json: bool) -> None:
                 name: f if isinstance(f, str) else {"source": "window", **f.to_dict()}
                 for name, f in result.spec.items()
             },
+            # preemptions over the whole watch, with the KV usage around them (window figures)
+            "preemption": preemption_json(result.preemption),
             "load": result.load,
             "retention": result.retention,
             "stalls": list(result.stalls),
@@ -370,6 +375,8 @@ def _report(result: WatchResult, out: Console, as_json: bool) -> None:
     for line in stall_lines({}, result.stalls):
         out.print(line)
     for line in _spec_lines(result.spec, None):
+        out.print(line, highlight=False)
+    for line in preemption_lines(result.preemption, None):
         out.print(line, highlight=False)
     out.print(escape(result.retention_text), highlight=False)
 
