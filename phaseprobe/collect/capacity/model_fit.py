@@ -41,13 +41,15 @@ __all__ = [
     "load_fit",
     "fingerprint_differences",
     "server_version",
+    "fit_from_doc",
+    "PLATFORM_DEFAULTS",
 ]
 
 FIT_KIND = "capacity_fit"
 # vLLM 0.32's defaults for its OpenAI server (vllm/engine/arg_utils.py,
 # _set_default_max_num_seqs_and_batched_tokens_args): on CPU 128 sequences and 2048 tokens
 # per step; on GPUs with less than 70 GiB 256 and 2048.
-_DEFAULTS = {"cpu": (128, 2048), "gpu": (256, 2048)}
+PLATFORM_DEFAULTS = {"cpu": (128, 2048), "gpu": (256, 2048)}
 
 
 @dataclass(frozen=True)
@@ -117,7 +119,7 @@ def _hardware() -> str:
 def _limits(
     given: LimitsGiven, data: FitData, launched: bool, platform_kind: str
 ) -> tuple[SchedulerLimits, dict[str, str]]:
-    seqs_default, tokens_default = _DEFAULTS[platform_kind]
+    seqs_default, tokens_default = PLATFORM_DEFAULTS[platform_kind]
     where = "launch" if launched else "option"
     assumed = (
         "vLLM 0.32's default on CPU (launched without it; read from vLLM's source)"
@@ -220,10 +222,11 @@ def fit_deployment(
     }
     with Store(store_path) as store:
         analysis_id = store.add_analysis(FIT_KIND, source, doc)
-    return _from_doc(doc, analysis_id), report
+    return fit_from_doc(doc, analysis_id), report
 
 
-def _from_doc(doc: dict[str, Any], analysis_id: int | None) -> CapacityFit:
+def fit_from_doc(doc: dict[str, Any], analysis_id: int | None) -> CapacityFit:
+    """The :class:`CapacityFit` a stored document describes (KeyError/TypeError when damaged)."""
     c, o = doc["fit"]["cost"], doc["fit"]["overheads"]
     lim = {k: v["value"] for k, v in doc["limits"].items()}
     return CapacityFit(
@@ -253,7 +256,7 @@ def load_fit(store: Store, analysis_id: int | None = None) -> CapacityFit:
     if analysis_id not in kinds:
         raise ConfigError(f"analysis {analysis_id} in {store.path} is not a capacity fit")
     try:
-        return _from_doc(doc, analysis_id)
+        return fit_from_doc(doc, analysis_id)
     except (KeyError, TypeError, ValueError) as e:
         raise ConfigError(f"capacity fit {analysis_id} in {store.path} is damaged ({e})") from None
 

@@ -2,6 +2,7 @@
 SLO, and a check of that prediction against a real load.
 
     phaseprobe model fit [--endpoint URL --step-log FILE] [--max-num-seqs N] [--quick]
+    phaseprobe model fit --from-spans --window 15m [--spans-from URL] [--fit ID]
     phaseprobe model predict --rates 0.5,1,2 [--slo ttft=0.5,tpot=0.05] [--prompt-tokens 128]
     phaseprobe model check --rates 1,3 [--endpoint URL] [--requests 40]
 
@@ -9,6 +10,8 @@ SLO, and a check of that prediction against a real load.
 the engine step's cost from vLLM's step log and the client's timings; with no ``--endpoint`` it
 starts the local CPU vLLM with its step log. ``predict`` simulates vLLM's scheduler with that
 cost. ``check`` runs a real open-loop load and prints predicted against measured.
+``fit --from-spans`` refits the step cost of a server already busy from its request spans in
+a window (no probe, no step log), keeping a base fit's scheduler limits.
 """
 
 from __future__ import annotations
@@ -171,6 +174,42 @@ def register(subparsers: Any) -> None:
     fit.add_argument(
         "--api-key-env", metavar="VAR", help="environment variable holding the API key"
     )
+    spans = fit.add_argument_group(
+        "refit from spans (a server already busy: no probe, no step log)"
+    )
+    spans.add_argument(
+        "--from-spans",
+        action="store_true",
+        help="fit from the request spans that finished in --window instead of probes",
+    )
+    spans.add_argument(
+        "--window",
+        type=_age,
+        default=900.0,
+        metavar="AGE",
+        help="the spans that finished this long ago until now (e.g. 15m, 2h; default: 15m)",
+    )
+    spans.add_argument(
+        "--spans-from",
+        default=None,
+        metavar="URL",
+        help="a fleet's span store (chdb:DIR, clickhouse://…, tempo://…, jaeger://…) "
+        "instead of phaseprobe's store",
+    )
+    spans.add_argument(
+        "--spans-store",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="the phaseprobe store `watch` fills with spans (default: --store)",
+    )
+    spans.add_argument(
+        "--fit",
+        type=int_in(1, 2**62),
+        default=None,
+        metavar="ID",
+        help="the base fit whose limits the refit keeps (default: the store's newest, if any)",
+    )
     _limit_args(fit)
     store_and_json_args(fit)
 
@@ -250,7 +289,21 @@ def register(subparsers: Any) -> None:
     store_and_json_args(check)
 
 
+def _age(text: str) -> float:
+    from phaseprobe.collect.spans.retention import parse_age
+
+    try:
+        seconds = parse_age(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if seconds > 366 * 86400:
+        raise argparse.ArgumentTypeError(f"{text!r}: a window of at most a year")
+    return seconds
+
+
 def run(args: argparse.Namespace, out: Console, err: Console) -> int:
+    if args.model_command == "fit" and args.from_spans:
+        return _fit_spans(args, out, err)
     if args.model_command == "fit":
         return _fit(args, out, err)
     if args.model_command == "predict":
@@ -284,6 +337,13 @@ def _fit(args: argparse.Namespace, out: Console, err: Console) -> int:
 
     if args.step_log is not None and args.endpoint is None:
         raise ConfigError("--step-log goes with --endpoint (the log of that server)")
+    for given, name in (
+        (args.spans_from, "--spans-from"),
+        (args.spans_store, "--spans-store"),
+        (args.fit, "--fit"),
+    ):
+        if given is not None:
+            raise ConfigError(f"{name} goes with --from-spans")
     notices = ConsoleNotices(err)
     given = LimitsGiven(
         max_num_seqs=args.max_num_seqs,
@@ -307,6 +367,54 @@ def _fit(args: argparse.Namespace, out: Console, err: Console) -> int:
         doc["client_runs"] = len(fit.doc["data"]["clients"])
         out.out(jsonout.dumps(doc), highlight=False)
         return 0
+    _print_fit(out, err, fit, report, _store(args))
+    return 0
+
+
+def _fit_spans(args: argparse.Namespace, out: Console, err: Console) -> int:
+    import time
+
+    from phaseprobe.collect.capacity.model_fit import LimitsGiven
+    from phaseprobe.collect.capacity.span_refit import SpanWindow, refit_from_spans
+
+    for given, name in (
+        (args.endpoint, "--endpoint"),
+        (args.step_log, "--step-log"),
+        (args.quick or None, "--quick"),
+    ):
+        if given is not None:
+            raise ConfigError(f"{name} does not go with --from-spans (no probe is run)")
+    until = time.time_ns()
+    window = SpanWindow(
+        spans_from=args.spans_from,
+        spans_store=args.spans_store or _store(args),
+        since_ns=until - round(args.window * 1e9),
+        until_ns=until,
+    )
+    given = LimitsGiven(
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        chunked_prefill=False if args.no_chunked_prefill else None,
+    )
+    fit, report, rng = refit_from_spans(
+        window, _store(args), base_fit_id=args.fit, given=given, model=args.model
+    )
+    if args.json:
+        doc = {k: v for k, v in fit.doc.items() if k != "data"}
+        doc["analysis_id"] = fit.analysis_id
+        doc["span_equations"] = len(fit.doc["data"]["span_equations"])
+        out.out(jsonout.dumps(doc), highlight=False)
+        return 0
+    err.print(
+        f"[dim]{rng.used} of {rng.spans} spans used ({rng.engines} engine(s)), window "
+        f"{args.window:g} s",
+        highlight=False,
+    )
+    _print_fit(out, err, fit, report, _store(args))
+    return 0
+
+
+def _print_fit(out: Console, err: Console, fit: Any, report: Any, store: Path) -> None:
     c = fit.cost
     t = Table(
         title=f"step cost · {escape(str(fit.fingerprint.get('model')))} · fit {fit.analysis_id}"
@@ -336,12 +444,12 @@ def _fit(args: argparse.Namespace, out: Console, err: Console) -> int:
     out.print(lim)
     for note in report.notes:
         err.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
+    unit = "span windows" if fit.doc.get("source") == "spans" else "steps"
     err.print(
-        f"[dim]{report.steps_used} steps fitted, {report.steps_dropped} left out as pauses; "
-        f"stored as fit {fit.analysis_id} in {escape(str(_store(args)))}",
+        f"[dim]{report.steps_used} {unit} fitted, {report.steps_dropped} left out as pauses; "
+        f"stored as fit {fit.analysis_id} in {escape(str(store))}",
         highlight=False,
     )
-    return 0
 
 
 def _slo(args: argparse.Namespace) -> Any:
