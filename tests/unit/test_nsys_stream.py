@@ -16,6 +16,7 @@ import pytest
 
 from phaseprobe.analysis.trace import summary as trace_summary
 from phaseprobe.collect import trace_files
+from phaseprobe.sources.nsys import arrow_read
 from phaseprobe.sources.nsys import export as nsys_export
 from phaseprobe.sources.nsys import scan as nsys_scan
 from phaseprobe.sources.nsys.export import read_nsys
@@ -275,6 +276,40 @@ def test_reader_fixtures_match(
         )
     for chunk_rows in (1, 1000):
         same(path, chunk_rows, 1, 15, monkeypatch)
+
+
+@pytest.mark.parametrize("arrow", [True, False], ids=["arrow", "group_concat"])
+def test_both_column_readers_give_the_summary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, arrow: bool
+) -> None:
+    """The Arrow-native read (adbc-driver-sqlite, the default) and the group_concat text
+    read it replaced give the same summary, with awkward exports and small batches."""
+    assert arrow_read.available()  # declared dependency: the default way is the Arrow one
+    monkeypatch.setattr(arrow_read, "ENABLED", arrow)
+    path = build(tmp_path / "x.sqlite", 2, shuffle=True, split=True, twins=True)
+    for chunk_rows in (1, 7, 10_000):
+        same(path, chunk_rows, 1, 15, monkeypatch)
+        monkeypatch.setattr(arrow_read, "ENABLED", arrow)  # same() undoes the patches
+
+
+@pytest.mark.parametrize("where", ["first", "mid"])
+@pytest.mark.parametrize("column", ["start", "correlationId"])
+def test_a_non_integer_value_goes_to_read_nsys(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str, column: str
+) -> None:
+    """A REAL value in a kernel column (in the first batch Arrow infers another type; later
+    the driver stops mid-way) is not streamed: read_nsys reads it, to the same summary."""
+    path = build(tmp_path / "x.sqlite", 6, shuffle=False, split=False, twins=False)
+    conn = sqlite3.connect(path)
+    rowid = 1 if where == "first" else 30
+    conn.execute(
+        f"UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET {column} = {column} + 0.5 WHERE rowid = {rowid}"
+    )
+    conn.commit()
+    conn.close()
+    with nsys_scan.NsysScan(path, chunk_rows=7) as scan, pytest.raises(nsys_scan.NotStreamable):
+        list(scan.activity_chunks())
+    same(path, 7, 1, 15, monkeypatch, streamed=False)
 
 
 def test_checklist_nsys_evidence_is_the_chunked_summary(

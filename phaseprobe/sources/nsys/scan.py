@@ -20,10 +20,12 @@ Timeline, row for row:
   before the first chunk: per-name sums (``sources.nsys.api``), and a compact lookup of
   (process, correlation id) → launch start and thread, searched per chunk.
 
-Why not SQL aggregates: SQLite's GROUP BY sorts every row (10x a bare scan of the table for
-one grouping of 2 M kernels) and a window function over devices 13x; moving the integer
-columns out with ``group_concat`` costs most of a bare scan per column, and that — eleven
-columns over the kernel and runtime tables — is most of this reader's time.
+How the columns come out: Arrow-native (``sources.nsys.arrow_read``, adbc-driver-sqlite),
+the next batch read by a thread while this one is folded; without that package, as
+``group_concat`` text parsed by numpy (about twice the CPU). Why not SQL aggregates:
+SQLite's GROUP BY sorts every row: one GROUP BY name of the 10 M-kernel benchmark export
+costs more than reading all six kernel columns out (``bench/nsys_scale.py`` prints both),
+and the unions, idle gaps and range attribution need the rows in time order anyway.
 
 An export this reader cannot stream exactly (a view, sparse rowids, text or REAL in a number
 column, text kernel names, API names that are not UTF-8) raises :class:`NotStreamable`:
@@ -37,12 +39,15 @@ import sqlite3
 import warnings
 from collections.abc import Iterator
 from types import TracebackType
+from typing import Any
 
 import numpy as np
 import pandas as pd
 from pandas.api.types import union_categoricals
 
+from phaseprobe.sources.nsys import arrow_read
 from phaseprobe.sources.nsys.api import ApiSums, NonUtf8Names
+from phaseprobe.sources.nsys.arrow_read import ArrowColumns, NotIntegers
 from phaseprobe.sources.nsys.export import (
     _PID_MASK,
     API_COLUMNS,
@@ -78,6 +83,9 @@ class NsysScan:
         self.chunk_rows = max(int(chunk_rows), 1)
         self.conn = open_export(path)
         self.ex = _Export(self.conn, self.path)
+        self._arrow = ArrowColumns(self.path) if arrow_read.available() else None
+        # (count, min rowid, max rowid) per table, asked once: the export is read-only
+        self._extents: dict[str, tuple[int, Any, Any]] = {}
         self._labels: dict[str, int] = {}  # name label -> code, shared by every chunk
         self._label_list: list[str] = []
         self._dev_labels: dict[str, int] = {}
@@ -96,7 +104,7 @@ class NsysScan:
             self.split = self.ex.pid_split()
             self.api, self.twins = self._runtime_pass()
         except BaseException:
-            self.conn.close()
+            self.close()
             raise
 
     def __enter__(self) -> NsysScan:
@@ -105,7 +113,13 @@ class NsysScan:
     def __exit__(
         self, typ: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close both connections (the sqlite3 one and the Arrow reader's)."""
         self.conn.close()
+        if self._arrow is not None:
+            self._arrow.close()
 
     # -- reading --------------------------------------------------------------------------
 
@@ -115,9 +129,7 @@ class NsysScan:
         (a view, sparse rowids, text, REAL) is :class:`NotStreamable`."""
         q = f'"{table}"' if not table.startswith("temp.") else table
         try:
-            total, lo, hi = self.conn.execute(
-                f"SELECT count(*), min(rowid), max(rowid) FROM {q}"
-            ).fetchone()
+            total, lo, hi = self._extent(q)
         except sqlite3.OperationalError as exc:
             raise NotStreamable(f"{table}: {exc}") from None
         if lo is None:
@@ -136,6 +148,9 @@ class NsysScan:
         # constant columns (a column the table lacks, or one not needed) are filled here
         const = {i: int(e) for i, e in enumerate(exprs) if e.lstrip("-").isdigit()}
         asked = [i for i in range(len(exprs)) if i not in const]
+        if self._arrow is not None and asked and not table.startswith("temp."):
+            yield from self._arrow_chunks(self._arrow, q, exprs, asked, const, implied, int(lo))
+            return
         aggs = ", ".join(["count(*)"] + [f"group_concat({exprs[i]}, ',')" for i in asked])
         for first in range(int(lo), int(hi) + 1, self.chunk_rows):
             row = self.ex._bytes_row(
@@ -163,6 +178,50 @@ class NsysScan:
             del row
             yield out
 
+    def _extent(self, q: str) -> tuple[int, Any, Any]:
+        """count(*), min(rowid) and max(rowid) of a table, each its own statement: asked
+        together, SQLite reads every row of the table (1.5 s per 10 M rows) where min and
+        max alone are one index look-up each, and count(*) alone counts pages (0.3 s)."""
+        got = self._extents.get(q)
+        if got is None:
+            total = int(self.conn.execute(f"SELECT count(*) FROM {q}").fetchone()[0])
+            lo = self.conn.execute(f"SELECT min(rowid) FROM {q}").fetchone()[0]
+            hi = self.conn.execute(f"SELECT max(rowid) FROM {q}").fetchone()[0]
+            got = (total, lo, hi)
+            if not q.startswith("temp."):  # a sorted copy is made anew per pass
+                self._extents[q] = got
+        return got
+
+    def _arrow_chunks(
+        self,
+        arrow: ArrowColumns,
+        q: str,
+        exprs: list[str],
+        asked: list[int],
+        const: dict[int, int],
+        implied: bool,
+        lo: int,
+    ) -> Iterator[np.ndarray]:
+        """What ``_chunks`` yields, read Arrow-native (``sources.nsys.arrow_read``): the
+        whole table in one statement, ``chunk_rows`` rows per batch."""
+        first = lo
+        try:
+            for got in arrow.batches(q, [exprs[i] for i in asked], self.chunk_rows):
+                n = got.shape[0]
+                if not const and not implied:
+                    out = got
+                else:
+                    out = np.empty((len(exprs) + implied, n), np.int64).T
+                    out[:, asked] = got
+                    for i, v in const.items():
+                        out[:, i] = v
+                    if implied:
+                        out[:, -1] = np.arange(first, first + n)
+                first += n
+                yield out
+        except NotIntegers as exc:
+            raise NotStreamable(str(exc)) from None
+
     def _runtime_pass(self) -> tuple[pd.DataFrame, int]:
         """API summary (``API_COLUMNS``) and, with ranges, the launch lookup, in one pass."""
         empty = pd.DataFrame({c: [] for c in API_COLUMNS})
@@ -183,9 +242,7 @@ class NsysScan:
             exprs += [tid, corr]
         if self.with_launch:
             exprs.append("coalesce(start, -1)")
-        total = int(
-            self.conn.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME").fetchone()[0]
-        )
+        total = self._extent('"CUPTI_ACTIVITY_KIND_RUNTIME"')[0]
         # launch lookup, filled in place: key (process code, correlationId), start, thread
         key = np.empty(total if self.with_launch else 0, np.int64)
         start = np.empty_like(key)
