@@ -2,10 +2,13 @@
 and what binds it, the largest SLO rate under both definitions, and what makes the answer
 weaker (a workload outside what the fit saw, a rate beyond saturation).
 
-What-ifs are answered on paper: changed scheduler limits, and N replicas behind round robin.
-Round robin hands replica k every N-th request, so one replica's arrivals are every N-th of the
-fleet's (smoother than a Poisson stream of rate/N); replicas are alike, so replica 0 is
-simulated and the rates are the fleet's (N × the replica's).
+What-ifs are answered on paper: changed scheduler limits, N replicas behind round robin, and
+a prefill/decode split (:mod:`.pd_split`). Round robin hands replica k every N-th request, so
+one replica's arrivals are every N-th of the fleet's (smoother than a Poisson stream of
+rate/N); replicas are alike, so replica 0 is simulated and the rates are the fleet's (N × the
+replica's). A split is simulated whole (every instance of both pools); beside it, each pool's
+own saturation says which pool binds, and the same P + D engines aggregated behind round robin
+are predicted too, so the split is judged against what the engines would do without it.
 """
 
 from __future__ import annotations
@@ -14,10 +17,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from phaseprobe.analysis.capacity_model.pd_split import PdSplit, simulate_pd
+from phaseprobe.analysis.capacity_model.simulate import SimRun
 from phaseprobe.analysis.capacity_model.slo import (
     LargestRate,
     RatePrediction,
     Saturation,
+    Simulator,
     Slo,
     largest_rate,
     predict_rate,
@@ -36,6 +42,7 @@ from phaseprobe.analysis.capacity_model.workload import (
     Uniform,
     WorkloadSpec,
 )
+from phaseprobe.errors import ConfigError
 
 __all__ = ["Prediction", "predict_deployment", "default_rates"]
 
@@ -50,6 +57,9 @@ class Prediction:
     saturation: Saturation
     largest: dict[str, LargestRate]  # "distserve", "goodput" (when an SLO is given)
     notes: tuple[str, ...] = field(default=())
+    # a prefill/decode split: the split, each pool's saturation (req/s) and which binds, and the
+    # same engines aggregated (saturation and largest SLO rate, req/s) for comparison
+    pd: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready."""
@@ -84,6 +94,7 @@ class Prediction:
             "saturation": sat,
             "largest_slo_rate": largest,
             "notes": list(self.notes),
+            "pd": self.pd,
         }
 
 
@@ -114,9 +125,22 @@ def predict_deployment(
     replicas: int = 1,
     fitted_range: dict[str, int] | None = None,
     fitted_limits: SchedulerLimits | None = None,
+    pd: PdSplit | None = None,
 ) -> Prediction:
-    """Simulate ``spec`` at each of ``rates`` (the fleet's; default: a sweep to saturation)."""
+    """Simulate ``spec`` at each of ``rates`` (the fleet's; default: a sweep to saturation).
+    With ``pd`` the whole split is simulated (``replicas`` must then be 1)."""
+    if pd is not None and replicas != 1:
+        raise ConfigError(
+            f"--replicas {replicas} with a prefill/decode split: the split's own counts "
+            f"({pd.prefill}:{pd.decode}) are the fleet"
+        )
     n = max(1, replicas)
+    sim: Simulator | None = None
+    if pd is not None:
+
+        def sim(reqs: Sequence[SimRequest]) -> SimRun:
+            return simulate_pd(reqs, cost, limits, overheads, pd)
+
     big = replace(spec, n=spec.n * n)
 
     def replica_workload(rate: float) -> list[SimRequest]:
@@ -142,10 +166,10 @@ def predict_deployment(
             f"extrapolation: outputs up to {longest_output} tokens (contexts longer than the "
             f"fit's {rng['max_output_tokens']}-token decodes)"
         )
-    sat = saturation(replica_workload, cost, limits, overheads)
+    sat = saturation(replica_workload, cost, limits, overheads, sim=sim)
     asked = [r / n for r in rates] if rates else [r / n for r in default_rates(sat.rate * n)]
     preds = tuple(
-        predict_rate(replica_workload, r, cost, limits, overheads, slo, seed=spec.seed)
+        predict_rate(replica_workload, r, cost, limits, overheads, slo, seed=spec.seed, sim=sim)
         for r in asked
     )
     most = max((p.mean_running for p in preds if p.stable), default=0.0)
@@ -158,10 +182,62 @@ def predict_deployment(
     if slo is not None:
         for definition in ("distserve", "goodput"):
             largest[definition] = largest_rate(
-                replica_workload, cost, limits, slo, overheads, definition=definition
+                replica_workload, cost, limits, slo, overheads, definition=definition, sim=sim
             )
+    pd_doc = None
+    if pd is not None:
+        pd_doc, pd_notes = _pd_sides(cost, limits, overheads, spec, slo, pd, sat)
+        notes += pd_notes
     if n > 1:
         notes.append(
             f"{n} replicas behind round robin: replica 0 simulated with every {n}th request"
         )
-    return Prediction(n, limits, preds, sat, largest, tuple(notes))
+    return Prediction(n, limits, preds, sat, largest, tuple(notes), pd_doc)
+
+
+def _pd_sides(
+    cost: StepCost,
+    limits: SchedulerLimits,
+    overheads: RequestOverheads,
+    spec: WorkloadSpec,
+    slo: Slo | None,
+    pd: PdSplit,
+    whole: Saturation,
+) -> tuple[dict[str, Any], list[str]]:
+    """Each pool's saturation (its legs alone on one instance, × its count), which binds, and
+    the same P + D engines aggregated behind round robin."""
+    p_legs = replace(spec, output=Fixed(1))
+    pre = saturation(p_legs.at, cost, limits, overheads).rate * pd.prefill
+
+    def decode_legs(rate: float) -> list[SimRequest]:
+        return [replace(r, cached_prompt_tokens=r.prompt_tokens) for r in spec.at(rate)]
+
+    dec = saturation(decode_legs, cost, replace(limits, prefix_caching=True), overheads)
+    dec_rate = dec.rate * pd.decode
+    binds = "prefill" if pre < dec_rate else "decode"
+    total = pd.prefill + pd.decode
+    big = replace(spec, n=spec.n * total)
+
+    def aggregated(rate: float) -> list[SimRequest]:
+        return big.at(rate * total)[::total]
+
+    agg_sat = saturation(aggregated, cost, limits, overheads).rate * total
+    agg_rate = None
+    if slo is not None:
+        found = largest_rate(aggregated, cost, limits, slo, overheads).rate
+        agg_rate = None if found is None else found * total
+    doc = {
+        "split": pd.to_dict(),
+        "prefill_pool_saturation_rps": pre,
+        "decode_pool_saturation_rps": dec_rate,
+        "binding_pool": binds,
+        "aggregated": {"instances": total, "saturation_rps": agg_sat, "largest_slo_rps": agg_rate},
+    }
+    notes = [
+        f"prefill/decode split {pd.prefill}:{pd.decode}, hand-over {pd.hand_over_s * 1e3:.1f} ms "
+        f"({pd.hand_over_source}): the prefill pool saturates at {pre:.3g} req/s, the decode "
+        f"pool at {dec_rate:.3g} req/s: the {binds} pool binds (whole split: {whole.rate:.3g})",
+        f"the same {total} engines aggregated behind round robin: saturation {agg_sat:.3g} req/s"
+        + ("" if agg_rate is None else f", largest SLO rate {agg_rate:.3g} req/s"),
+    ]
+    return doc, notes

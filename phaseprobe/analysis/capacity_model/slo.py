@@ -48,6 +48,7 @@ __all__ = [
     "Saturation",
     "LargestRate",
     "Workload",
+    "Simulator",
     "summarize",
     "slo_share",
     "stability",
@@ -71,6 +72,17 @@ _BOOT_WORK = 4_000_000  # resampled values held at once (memory)
 _BOOT_MAX_N = 5_000  # more values than this: the order-statistic band instead
 
 Workload = Callable[[float], Sequence[SimRequest]]
+# What runs a workload's requests: by default one engine (:func:`simulate` with the fit's cost,
+# limits and overheads); a what-if passes another topology (a prefill/decode split).
+Simulator = Callable[[Sequence[SimRequest]], SimRun]
+
+
+def _engine(
+    cost: StepCost, limits: SchedulerLimits, overheads: RequestOverheads, sim: Simulator | None
+) -> Simulator:
+    if sim is not None:
+        return sim
+    return lambda reqs: simulate(reqs, cost, limits, overheads)
 
 
 @dataclass(frozen=True)
@@ -288,10 +300,12 @@ def predict_rate(
     *,
     seed: int = 0,
     run: SimRun | None = None,
+    sim: Simulator | None = None,
 ) -> RatePrediction:
-    """Simulate ``workload(rate)`` (or summarise ``run``, already simulated at ``rate``)."""
+    """Simulate ``workload(rate)`` (or summarise ``run``, already simulated at ``rate``) on
+    one engine, or with ``sim``."""
     if run is None:
-        run = simulate(workload(rate), cost, limits, overheads)
+        run = _engine(cost, limits, overheads, sim)(workload(rate))
     stab = stability(run)
     done = [o for o in run.outcomes if o.e2e_s is not None]
     metrics = None
@@ -353,10 +367,12 @@ def saturation(
     cost: StepCost,
     limits: SchedulerLimits,
     overheads: RequestOverheads = NO_OVERHEADS,
+    *,
+    sim: Simulator | None = None,
 ) -> Saturation:
     """Run the workload with every request at once and read the completion rate over the middle
     half of the finishes (the ramp-up and the drain are left out)."""
-    run = simulate(workload(_OVERLOAD_RATE), cost, limits, overheads)
+    run = _engine(cost, limits, overheads, sim)(workload(_OVERLOAD_RATE))
     fin = sorted(o.arrival_s + o.e2e_s for o in run.outcomes if o.e2e_s is not None)
     if len(fin) < 4:
         raise ConfigError("too few requests finished to find the saturation rate")
@@ -427,6 +443,7 @@ class _Evaluator:
         limits: SchedulerLimits,
         overheads: RequestOverheads,
         slo: Slo,
+        sim: Simulator | None = None,
     ) -> None:
         self.workload, self.cost, self.limits, self.overheads, self.slo = (
             workload,
@@ -435,12 +452,13 @@ class _Evaluator:
             overheads,
             slo,
         )
+        self.sim = _engine(cost, limits, overheads, sim)
         self.runs: dict[float, tuple[SimRun, bool, float]] = {}
 
     def __call__(self, rate: float) -> tuple[SimRun, bool, float]:
         """(run, stable, SLO share) at ``rate``."""
         if rate not in self.runs:
-            run = simulate(self.workload(rate), self.cost, self.limits, self.overheads)
+            run = self.sim(self.workload(rate))
             self.runs[rate] = (run, stability(run).stable, slo_share(run, self.slo))
         return self.runs[rate]
 
@@ -462,7 +480,7 @@ def _why_not(ev: _Evaluator, rate: float) -> str:
     q = round(slo.share * 100)
     done = [o for o in run.outcomes if o.e2e_s is not None]
     first = ev.workload(rate)[0]
-    alone = simulate([first], ev.cost, ev.limits, ev.overheads).outcomes[0]
+    alone = ev.sim([first]).outcomes[0]
     parts = []
     if slo.ttft_s is not None:
         ttft = [o.ttft_s for o in done if o.ttft_s is not None]
@@ -500,6 +518,7 @@ def largest_rate(
     hi: float | None = None,
     rel_tol: float = 0.01,
     max_evaluations: int = 40,
+    sim: Simulator | None = None,
 ) -> LargestRate:
     """The largest SLO rate (requests/s).
 
@@ -512,12 +531,12 @@ def largest_rate(
     """
     if definition not in ("distserve", "goodput"):
         raise ConfigError(f"the SLO definition is distserve or goodput, not {definition!r}")
-    sat = saturation(workload, cost, limits, overheads).rate
+    sat = saturation(workload, cost, limits, overheads, sim=sim).rate
     top = hi if hi is not None else sat
     bottom = lo if lo is not None else top * 0.01
     if not 0 < bottom < top or not math.isfinite(top):
         raise ConfigError(f"cannot search rates between {bottom!r} and {top!r} requests/s")
-    ev = _Evaluator(workload, cost, limits, overheads, slo)
+    ev = _Evaluator(workload, cost, limits, overheads, slo, sim)
     bracket = (bottom, top)
 
     def result(rate: float | None, binding: str | None = None, *notes: str) -> LargestRate:

@@ -96,8 +96,13 @@ def refit_from_spans(
         spans = reader.finished_spans(since_ns=window.since_ns, until_ns=window.until_ns)
         where = reader.where
     models = Counter(s.model for s in spans if s.model)
-    if model is not None:
+    named: list[str] = []
+    if model is not None and model in models:
         spans = [s for s in spans if s.model == model]
+    elif model is not None and len(models) == 1:
+        # vLLM's spans may name the model by its path where clients use the served name
+        (seen,) = models
+        named.append(f"the spans name the model {seen!r}: taken as {model!r} (--model)")
     elif len(models) > 1:
         listed = ", ".join(f"{m!r} ({n})" for m, n in models.most_common())
         raise ConfigError(
@@ -109,7 +114,8 @@ def refit_from_spans(
         raise ConfigError(
             f"the spans are of model {name!r}, the base fit {base.analysis_id} of "
             f"{base.fingerprint.get('model')!r}: a refit describes the same deployment (give "
-            "--fit ID of a fit of this model, or a store without fits for a fit from scratch)"
+            "--fit ID of a fit of this model, a store without fits for a fit from scratch, or "
+            "--model NAME when the two names are one model's, e.g. its path and served name)"
         )
     dropped = max(0, len(spans) - _MAX_SPANS)
     spans = sorted(spans, key=lambda s: s.end_ns)[-_MAX_SPANS:]
@@ -120,7 +126,7 @@ def refit_from_spans(
         chunked=limits.chunked_prefill,
         base=base.cost if base is not None else None,
     )
-    notes = list(report.notes)
+    notes = named + list(report.notes)
     if dropped:
         notes.append(
             f"the newest {_MAX_SPANS} spans of the window fitted, {dropped} older left out"
@@ -136,6 +142,7 @@ def refit_from_spans(
     )
     fingerprint = {
         "model": name,
+        "spans_model": models.most_common(1)[0][0] if models else None,
         "vllm_version": base.fingerprint.get("vllm_version") if base else None,
         "hardware": base.fingerprint.get("hardware") if base else "the spans' server (unknown)",
         "limits": {k: getattr(limits, k) for k in sources},

@@ -34,7 +34,7 @@ from phaseprobe.present.cli.args import (
 )
 from phaseprobe.present.cli.waiting import ConsoleNotices
 
-__all__ = ["register", "run", "parse_slo", "parse_rates"]
+__all__ = ["register", "run", "parse_slo", "parse_rates", "parse_split"]
 
 
 def parse_slo(text: str) -> dict[str, float]:
@@ -75,6 +75,20 @@ def parse_rates(text: str) -> list[float]:
             )
         rates.append(r)
     return rates
+
+
+def parse_split(text: str) -> tuple[int, int]:
+    """``2:3`` → (2 prefill instances, 3 decode instances), each 1 to 1024."""
+    p, sep, d = text.partition(":")
+    try:
+        counts = (int(p), int(d)) if sep else None
+    except ValueError:
+        counts = None
+    if counts is None or not all(1 <= c <= 1024 for c in counts):
+        raise argparse.ArgumentTypeError(
+            f"not a prefill:decode split: {text!r} (e.g. 1:2, each count 1 to 1024)"
+        )
+    return counts
 
 
 def _workload_args(p: argparse.ArgumentParser) -> None:
@@ -246,6 +260,22 @@ def register(subparsers: Any) -> None:
         default=1,
         metavar="N",
         help="what-if: N replicas behind round robin",
+    )
+    predict.add_argument(
+        "--pd",
+        type=parse_split,
+        default=None,
+        metavar="P:D",
+        help="what-if: P prefill and D decode instances (disaggregated), each pool behind "
+        "round robin; compared with the same P+D instances aggregated",
+    )
+    predict.add_argument(
+        "--hand-over-ms",
+        type=float_in(0, 600_000),
+        default=None,
+        metavar="MS",
+        help="with --pd: the hand-over from the prefill leg's end to the decode instance's "
+        "scheduling (default: the median measured by `probe --prefill --decode` in the store)",
     )
     _workload_args(predict)
     _limit_args(predict)
@@ -496,6 +526,18 @@ def _predict(args: argparse.Namespace, out: Console, err: Console) -> int:
         arrivals=kind,
         cv=cv_value,
     )
+    split = None
+    if args.pd is None and args.hand_over_ms is not None:
+        raise ConfigError("--hand-over-ms goes with --pd P:D")
+    if args.pd is not None:
+        from phaseprobe.analysis.capacity_model.pd_split import PdSplit
+        from phaseprobe.collect.capacity.hand_over import measured_hand_over
+
+        if args.hand_over_ms is not None:
+            hand_over, source = args.hand_over_ms / 1e3, "given"
+        else:
+            hand_over, source = measured_hand_over(store_path)
+        split = PdSplit(args.pd[0], args.pd[1], hand_over, source)
     with ConsoleNotices(err).waiting("simulating vLLM's scheduler…"):
         pred = predict_deployment(
             fit.cost,
@@ -507,6 +549,7 @@ def _predict(args: argparse.Namespace, out: Console, err: Console) -> int:
             replicas=args.replicas,
             fitted_range=fit.fitted_range,
             fitted_limits=fit.limits,
+            pd=split,
         )
     doc = pred.to_dict()
     doc["fit_id"] = fit.analysis_id
