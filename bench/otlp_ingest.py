@@ -9,18 +9,26 @@ default export batch) shaped like vLLM's (phaseprobe.testing.otlp_payloads), eve
   client is a subprocess by default (it takes no CPU from the receiver; ``--client thread``
   keeps it in this process). Figures: spans/s over the client's wall time (after a few
   warm-up batches), the batch round trip (p50/p99), and spans per CPU-second of the receiver
-  process. With two or more CPUs the receiver is pinned to one core and the client to
-  another (``--no-pin`` to leave scheduling alone), so the rate is one core's;
-- decode only: ``decode_protobuf`` of the same payloads, no store;
-- store only: ``SpanSink.commit`` of decoded batches, one transaction per batch;
+  process (the goal: >= 50,000). With two or more CPUs the receiver is pinned to one core and
+  the client to another (``--no-pin`` to leave scheduling alone), so the rate is one core's;
+- in the process, in CPU time (``time.process_time``: a busy machine stretches wall time),
+  rounds interleaved so drift hits each alike: the decode (``decode_protobuf``) beside the
+  ordinary message path it replaced (``decode_request`` of a parsed message, the reference)
+  and beside upb's parse alone (the floor); the store (``SpanSink.commit``, one transaction
+  per batch) beside SQLite's insert of the same rows alone (its floor);
+- where the receiver's CPU goes, per span: upb's parse, reading the spans, the store's rows
+  and mask, SQLite's insert and commit, and the rest (HTTP/gRPC and the socket: end to end
+  minus decode and store);
 - memory: the receiver process's peak RSS (``resource.getrusage``) before the first batch,
   after the warm-up batches and after the last (and the current RSS, on Linux), so memory
   that grows with the number of batches shows as growth.
 
-Target: >= 20,000 spans/s on one core. Prints figures only; nothing is asserted.
+Exits 1 when an answer is wrong (a span not stored, a failed send, the decode disagreeing
+with the message path); timings are printed, never asserted (CI runs a small size).
 
     python bench/otlp_ingest.py [--batches 200] [--spans 512] [--seconds 60]
                                 [--protocols http,grpc] [--client process|thread] [--no-pin]
+                                [--rounds 3]
 """
 
 from __future__ import annotations
@@ -36,16 +44,27 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from phaseprobe.collect.spans import receiver as receiver_module
 from phaseprobe.collect.spans.receiver import SpanReceiver, SpanSink
-from phaseprobe.sources.vllm.otlp_spans import SpanBatch, decode_protobuf
+from phaseprobe.sources.vllm.otlp_proto_fast import view_request_class
+from phaseprobe.sources.vllm.otlp_spans import SpanBatch, decode_protobuf, decode_request
+from phaseprobe.store import Store
 from phaseprobe.testing.otlp_payloads import export_request, vllm_span
 
 T0 = 1_700_000_000_000_000_000
 EXPORT_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 TARGET_SPANS_PER_S = 20_000
+GOAL_SPANS_PER_CPU_S = 50_000  # issue 42 item 3
+INSERT_SQL = (
+    "INSERT OR IGNORE INTO request_spans (trace_id, span_id, parent_span_id, request_id,"
+    " model, service, instance, start_ns, end_ns, queue_s, prefill_s, decode_s, inference_s,"
+    " ttft_s, e2e_s, prompt_tokens, completion_tokens, max_tokens, attributes_json,"
+    " received_wall_ns) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+)
 
 
 def make_payloads(n_batches: int, n_spans: int, tag: str) -> list[bytes]:
@@ -180,7 +199,9 @@ def end_to_end(
     tmp: Path,
     receiver_cpu: int | None,
     client_cpu: int | None,
-) -> None:
+) -> dict[str, Any]:
+    """Runs one protocol end to end and prints its figures; returns the receiver's CPU per
+    span and whether every span sent was stored."""
     sink = SpanSink(tmp / f"{protocol}.sqlite")
     rss: dict[str, tuple[float, float | None]] = {}
     warmup = args.warmup
@@ -191,6 +212,27 @@ def end_to_end(
 
     sink.listeners.append(checkpoint)
     listen = ("127.0.0.1", 0)
+    # the handler threads' CPU inside the decode and the commit, to split the receiver's
+    # CPU by what it did (thread_time around each batch's call: a few µs a batch)
+    spent = {"decode": 0.0, "store": 0.0}
+    commit = sink.commit
+
+    def timed_decode(payload: bytes, source: str) -> SpanBatch:
+        t = time.thread_time()
+        try:
+            return decode_protobuf(payload, source)
+        finally:
+            spent["decode"] += time.thread_time() - t
+
+    def timed_commit(batch: SpanBatch) -> int:
+        t = time.thread_time()
+        try:
+            return commit(batch)
+        finally:
+            spent["store"] += time.thread_time() - t
+
+    sink.commit = timed_commit  # type: ignore[method-assign]
+    receiver_module.decode_protobuf = timed_decode  # type: ignore[assignment]
     with SpanReceiver(
         sink,
         http=listen if protocol == "http" else None,
@@ -259,10 +301,12 @@ def end_to_end(
         print(
             f"  batch round trip: p50 {statistics.median(rtt) * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms"
         )
+    per_cpu_s = all_spans / cpu if cpu else 0.0
     if args.client == "process":
         print(
-            f"  receiver CPU {cpu:.2f} s for {all_spans:,} spans = "
-            f"{all_spans / cpu if cpu else 0:,.0f} spans per CPU-second"
+            f"  receiver CPU {cpu:.2f} s for {all_spans:,} spans = {per_cpu_s:,.0f} spans per "
+            f"CPU-second (goal >= {GOAL_SPANS_PER_CPU_S:,}: "
+            f"{'yes' if per_cpu_s >= GOAL_SPANS_PER_CPU_S else 'NO'})"
         )
     print(
         f"  stored {stats.new_request_spans:,} new of {stats.request_spans:,} received in "
@@ -276,32 +320,172 @@ def end_to_end(
         f"-> peak growth over the last {result['sent_batches'] - warmup} batches "
         f"{rss['end'][0] - warm[0]:+.1f} MiB"
     )
+    receiver_module.decode_protobuf = decode_protobuf
+    ok = not result["failed"] and stats.new_request_spans == all_spans
+    return {
+        "name": name,
+        "us_per_span": cpu / all_spans * 1e6 if args.client == "process" and all_spans else None,
+        "decode_us": spent["decode"] / all_spans * 1e6 if all_spans else 0.0,
+        "store_us": spent["store"] / all_spans * 1e6 if all_spans else 0.0,
+        "ok": ok,
+    }
 
 
-def decode_and_store(args: argparse.Namespace, tmp: Path) -> None:
-    n = min(args.batches, args.decode_batches)
-    payloads = make_payloads(n, args.spans, "decode")
-    size = sum(map(len, payloads)) / n
-    t = time.perf_counter()
-    batches = [decode_protobuf(p, "bench") for p in payloads]
-    decode_s = time.perf_counter() - t
-    spans = n * args.spans
-    print(
-        f"decode only (decode_protobuf, {n} batches of {size / 1024:.0f} KiB, "
-        f"{size / args.spans:.0f} B/span): {spans / decode_s:,.0f} spans/s "
-        f"({decode_s / n * 1e3:.1f} ms per batch)"
+def _cpu(fn: Callable[[], object]) -> float:
+    t = time.process_time()
+    fn()
+    return time.process_time() - t
+
+
+def _parse_all(view: Any, payloads: list[bytes]) -> None:
+    for p in payloads:
+        view.FromString(p)
+
+
+def _message_path(payloads: list[bytes], out: list[SpanBatch]) -> None:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
     )
-    sink = SpanSink(tmp / "store-only.sqlite")
-    t = time.perf_counter()
+
+    for p in payloads:
+        out.append(decode_request(ExportTraceServiceRequest.FromString(p), "bench"))
+
+
+def _decode_all(payloads: list[bytes], out: list[SpanBatch]) -> None:
+    for p in payloads:
+        out.append(decode_protobuf(p, "bench"))
+
+
+def _commit_all(sink: SpanSink, batches: list[SpanBatch]) -> None:
     for batch in batches:
         sink.commit(batch)
-    store_s = time.perf_counter() - t
-    sink.close()
-    print(
-        f"store only (SpanSink.commit, one transaction per batch): {spans / store_s:,.0f} "
-        f"spans/s ({store_s / n * 1e3:.1f} ms per batch)"
+
+
+def _same_batches(a: SpanBatch, b: SpanBatch) -> bool:
+    return (
+        a.requests == b.requests
+        and repr(a.attributes) == repr(b.attributes)
+        and a.other == b.other
+        and a.rejected == b.rejected
+        and a.seen == b.seen
     )
-    print(f"decode + store, no network: {spans / (decode_s + store_s):,.0f} spans/s")
+
+
+def in_process(args: argparse.Namespace, tmp: Path) -> dict[str, float] | None:
+    """Decode and store in CPU time, each beside its reference, rounds interleaved; prints
+    the figures and returns CPU µs per span of each part (None: an answer was wrong)."""
+    n = min(args.batches, args.decode_batches)
+    rounds = max(1, args.rounds)
+    payloads = make_payloads(n * rounds, args.spans, "decode")
+    size = sum(map(len, payloads)) / len(payloads)
+    spans = n * args.spans
+    view = view_request_class()
+    times: dict[str, list[float]] = {}
+    stores = {what: Store(tmp / f"{what}.sqlite", threaded=True) for what in ("floor", "sink")}
+    sink = SpanSink(tmp / "sink-only.sqlite")
+    ok = True
+    for r in range(rounds):
+        part = payloads[r * n : (r + 1) * n]
+        before: list[SpanBatch] = []
+        now: list[SpanBatch] = []
+        times.setdefault("parse", []).append(_cpu(partial(_parse_all, view, part)))
+        times.setdefault("before", []).append(_cpu(partial(_message_path, part, before)))
+        times.setdefault("decode", []).append(_cpu(partial(_decode_all, part, now)))
+        ok = ok and all(_same_batches(a, b) for a, b in zip(before, now))
+        rows = [
+            [
+                (
+                    s.trace_id,
+                    s.span_id,
+                    s.parent_span_id,
+                    s.request_id,
+                    s.model,
+                    s.service,
+                    s.instance,
+                    s.start_ns,
+                    s.end_ns,
+                    s.queue_s,
+                    s.prefill_s,
+                    s.decode_s,
+                    s.inference_s,
+                    s.ttft_s,
+                    s.e2e_s,
+                    s.prompt_tokens,
+                    s.completion_tokens,
+                    s.max_tokens,
+                    "{}",
+                    0,
+                )
+                for s in b.requests
+            ]
+            for b in before
+        ]
+
+        def floor(rows: list[list[tuple[Any, ...]]] = rows) -> None:
+            store = stores["floor"]
+            for batch_rows in rows:
+                with store._transaction():
+                    store._db.executemany(INSERT_SQL, batch_rows)
+
+        times.setdefault("sqlite", []).append(_cpu(floor))
+        stored = sink.stats.new_request_spans
+        times.setdefault("store", []).append(_cpu(partial(_commit_all, sink, now)))
+        ok = ok and sink.stats.new_request_spans - stored == spans
+    sink.close()
+    for store in stores.values():
+        store.close()
+    us = {k: statistics.median(v) / spans * 1e6 for k, v in times.items()}
+    spread = {k: (min(v) / spans * 1e6, max(v) / spans * 1e6) for k, v in times.items()}
+
+    def fig(key: str) -> str:
+        lo, hi = spread[key]
+        return f"{us[key]:.2f} µs/span ({1e6 / us[key]:,.0f}/CPU-s; {lo:.2f}-{hi:.2f})"
+
+    print(
+        f"in the process, CPU time, median of {rounds} interleaved rounds of {n} batches "
+        f"({size / 1024:.0f} KiB, {size / args.spans:.0f} B/span):"
+    )
+    print(
+        f"  decode_protobuf     {fig('decode')}: {us['before'] / us['decode']:.2f}x the "
+        f"message path, {us['decode'] / us['parse']:.1f}x upb's parse alone"
+    )
+    print(f"  message path (ref.) {fig('before')}")
+    print(f"  upb parse (floor)   {fig('parse')}")
+    print(
+        f"  SpanSink.commit     {fig('store')}: {us['store'] / us['sqlite']:.2f}x SQLite's "
+        f"insert of the same rows alone"
+    )
+    print(f"  SQLite insert (floor) {fig('sqlite')}")
+    print(
+        f"  decode + store: {us['decode'] + us['store']:.2f} µs/span = "
+        f"{1e6 / (us['decode'] + us['store']):,.0f} spans per CPU-second; the same answers as "
+        f"the message path: {'yes' if ok else 'NO'}"
+    )
+    return us if ok else None
+
+
+def where_it_goes(e2e: list[dict[str, Any]], us: dict[str, float]) -> None:
+    """The receiver's CPU per span by what it did: the decode and the commit as timed in its
+    handler threads (each split by the in-process ratio of its floor), and the rest."""
+    for run in e2e:
+        total = run["us_per_span"]
+        if not total:
+            continue
+        decode, store = run["decode_us"], run["store_us"]
+        parse = decode * us["parse"] / us["decode"]
+        sqlite = store * min(1.0, us["sqlite"] / us["store"])
+        parts = [
+            ("upb parse", parse),
+            ("reading spans and attributes (Python)", decode - parse),
+            ("SQLite insert and commit", sqlite),
+            ("store rows, json, mask, counts", store - sqlite),
+            ("transport (HTTP/gRPC, threads, socket)", total - decode - store),
+        ]
+        print(
+            f"where the receiver's CPU goes, {run['name']} ({total:.1f} µs/span, "
+            f"{1e6 / total:,.0f} spans per CPU-second): "
+            + "; ".join(f"{what} {v:.1f} µs ({v / total:.0%})" for what, v in parts)
+        )
 
 
 def main() -> None:
@@ -322,9 +506,10 @@ def main() -> None:
     ap.add_argument(
         "--decode-batches",
         type=int,
-        default=100,
-        help="batches for the decode-only and store-only figures",
+        default=40,
+        help="batches per round for the in-process figures",
     )
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved in-process rounds")
     # internal: this script as the client subprocess
     ap.add_argument("--client-of", choices=("http", "grpc"), help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -345,12 +530,19 @@ def main() -> None:
     )
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
-        for protocol in [p.strip() for p in args.protocols.split(",") if p.strip()]:
+        e2e = [
             end_to_end(
                 protocol, args, tmp, receiver_cpu, client_cpu if args.client == "process" else None
             )
-        decode_and_store(args, tmp)
+            for protocol in [p.strip() for p in args.protocols.split(",") if p.strip()]
+        ]
+        us = in_process(args, tmp)
+    if us is not None:
+        where_it_goes(e2e, us)
     print(f"peak RSS of this process at the end: {_rss_mib()[0]:.0f} MiB")
+    if us is None or not all(run["ok"] for run in e2e):
+        print("WRONG ANSWERS: see above", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":
