@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 __all__ = [
+    "AdapterUse",
     "CountedSpan",
     "PdLegs",
     "ReplicaAttribution",
@@ -395,6 +396,35 @@ class ReplicaAttribution:
 
 
 @dataclass(frozen=True)
+class AdapterUse:
+    """The LoRA adapter one run asked for (issue 41): the served name in the request's
+    ``model``, its base model (``/v1/models``' ``parent``: vLLM's metrics carry the base's
+    ``model_name``, never the adapter's), vLLM's ``max_lora`` (``vllm:lora_requests_info``
+    after the run; None: not exported), and the adapters of the requests phaseprobe sent
+    before it, most recent first, distinct, warm-ups included (base-model requests take no
+    adapter slot and are skipped). Whether the run had to load its adapter is told from
+    these (:mod:`phaseprobe.analysis.lora`)."""
+
+    name: str
+    base: str | None = None
+    max_loras: int | None = None
+    recent: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "recent": list(self.recent)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> AdapterUse:
+        m = d.get("max_loras")
+        return cls(
+            name=str(d.get("name")),
+            base=d.get("base"),
+            max_loras=int(m) if isinstance(m, (int, float)) else None,
+            recent=tuple(str(x) for x in d.get("recent") or ()),
+        )
+
+
+@dataclass(frozen=True)
 class Run:
     """One measured request: the spec's prompt as sent, what the client saw, what vLLM said."""
 
@@ -423,6 +453,8 @@ class Run:
     # vLLM's per-request metrics object from the response (vLLM ≥ 0.33; None: not read, or
     # the server sent none)
     reported: ResponseTimings | None = None
+    # The LoRA adapter the request asked for (None: the base model, or a store written before)
+    adapter: AdapterUse | None = None
 
     @property
     def isolated(self) -> bool:
@@ -460,6 +492,7 @@ class Run:
             "replica_attribution": self.replica.to_dict() if self.replica else None,
             **({"pd": self.pd.to_dict()} if self.pd is not None else {}),
             **({"reported": self.reported.to_dict()} if self.reported is not None else {}),
+            **({"adapter": self.adapter.to_dict()} if self.adapter is not None else {}),
         }
 
 

@@ -30,6 +30,7 @@ from urllib.parse import quote
 from phaseprobe.errors import StoreError
 from phaseprobe.inputs import SYMLINK_LOOP, input_problem
 from phaseprobe.records import (
+    AdapterUse,
     ClientCheck,
     ClientTimeline,
     CountedSpan,
@@ -283,6 +284,13 @@ _MIGRATIONS: list[str] = [
     ALTER TABLE runs ADD COLUMN client_ttfa_s REAL;
     ALTER TABLE runs ADD COLUMN reasoning_tokens INTEGER;
     ALTER TABLE runs ADD COLUMN answer_tokens INTEGER
+    """,
+    # 12: the LoRA adapter a run asked for (issue 41): its served name for SQL, and the
+    # AdapterUse record (base model, max_lora, the adapters asked for before it). NULL: the
+    # base model, or a run stored before.
+    """
+    ALTER TABLE runs ADD COLUMN adapter TEXT;
+    ALTER TABLE runs ADD COLUMN adapter_json TEXT
     """,
 ]
 # The gpu_samples columns, in table order (phaseprobe.sources.gpu.nvml.COLUMNS; a test keeps the
@@ -801,8 +809,8 @@ class Store:
             " server_decode_s, server_inference_s, server_ttft_s, server_e2e_s, prompt_tokens,"
             " completion_tokens, client_json, server_json, isolation_json, client_check_json,"
             " trace_id, request_id, span_json, replica, replica_json, pd_json, reported_json,"
-            " client_ttfa_s, reasoning_tokens, answer_tokens)"
-            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            " client_ttfa_s, reasoning_tokens, answer_tokens, adapter, adapter_json)"
+            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (
                 experiment_id,
                 run.seq,
@@ -824,6 +832,8 @@ class Store:
                 _dumps(run.pd),
                 _dumps(run.reported),
                 *_reasoning_columns(c),
+                run.adapter.name if run.adapter else None,
+                _dumps(run.adapter),
             ),
         )
         return int(cur.lastrowid or 0)
@@ -1537,6 +1547,7 @@ def _run_from_row(row: sqlite3.Row) -> Run:
     replica = row["replica_json"] if "replica_json" in keys else None
     pd = row["pd_json"] if "pd_json" in keys else None
     reported = row["reported_json"] if "reported_json" in keys else None
+    adapter = row["adapter_json"] if "adapter_json" in keys else None
     return Run(
         seq=row["seq"],
         status=row["status"],
@@ -1554,6 +1565,7 @@ def _run_from_row(row: sqlite3.Row) -> Run:
         replica=ReplicaAttribution.from_dict(json.loads(replica)) if replica else None,
         pd=PdLegs.from_dict(json.loads(pd)) if pd else None,
         reported=ResponseTimings.from_dict(json.loads(reported)) if reported else None,
+        adapter=AdapterUse.from_dict(json.loads(adapter)) if adapter else None,
     )
 
 

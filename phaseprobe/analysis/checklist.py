@@ -38,6 +38,7 @@ from phaseprobe.analysis.rules import (
     router,
     spans,
 )
+from phaseprobe.analysis.rules import lora as lora_rules
 from phaseprobe.analysis.rules import spec as spec_rules
 from phaseprobe.analysis.rules.base import USE_CASE_TTFT_S, Evidence, Status, Verdict
 from phaseprobe.analysis.rules.live_base import USE_CASE_TPOT_S, LiveEvidence
@@ -215,6 +216,13 @@ RULES: tuple[Rule, ...] = (
         "Speculative decoding accepted above its break-even (does it pay)?",
         spec_rules.spec_acceptance,
         "spec_decode counter deltas of isolated runs + their decode times",
+    ),
+    # Issue 41: LoRA adapters.
+    Rule(
+        "adapter_thrash",
+        "LoRA adapter loads not inflating TTFT (no adapter thrash)?",
+        lora_rules.adapter_thrash,
+        "runs that asked for LoRA adapters (probe --adapters) + vllm:lora_requests_info",
     ),
 )
 

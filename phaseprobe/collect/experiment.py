@@ -18,6 +18,13 @@ from typing import Any, Protocol, TypeVar
 import requests
 
 from phaseprobe.analysis.client_check import check_client, has_hop
+from phaseprobe.analysis.lora import (
+    adapter_use,
+    check_adapters,
+    lora_state,
+    schedule,
+    served_adapters,
+)
 from phaseprobe.analysis.phases import attribute, consistency_notes, histograms_moved, idle_reasons
 from phaseprobe.analysis.replica_match import unverifiable
 from phaseprobe.analysis.spec_decode import spec_deltas
@@ -88,6 +95,10 @@ class ProbeSettings:
     # (the user asked), "off" never. Read, it is kept with each run and attributes a run that
     # shared the server (no tracing needed).
     response_metrics: str = "auto"
+    # LoRA adapters to cycle the requests over (warm-ups included), ``adapter_block`` in a row
+    # of each (phaseprobe.analysis.lora.schedule); empty: every request asks for spec.model
+    adapters: tuple[str, ...] = ()
+    adapter_block: int = 2
 
 
 @dataclass
@@ -217,6 +228,18 @@ class RunCollector:
         self.fleet = fleet
         # read each response's per-request metrics object (run_probe decides: reported_path)
         self.read_reported = False
+        # vLLM labels an adapter's metrics with its base model: the label every scrape is read
+        # with (run_probe sets the base when spec.model or the cycle is of LoRA adapters)
+        self.metrics_model = spec.model
+        self.bases: dict[str, str | None] = {}  # served LoRA adapter -> its base model
+        self.cycle: list[str] = []  # the model of each request (warm-ups first); empty: spec's
+        self.asked: list[str] = []  # the model of every request sent so far (warm-ups too)
+        self.max_lora: int | None = None  # vllm:lora_requests_info's max_lora, last seen
+
+    def model_for(self, index: int) -> str:
+        """The model request ``index`` asks for (warm-ups count first): the cycle's, else the
+        spec's."""
+        return self.cycle[index] if index < len(self.cycle) else self.spec.model
 
     def all_notes(self) -> list[str]:
         """Its own notes, then the runs' stream notes, counted (see :class:`RunNotes`)."""
@@ -240,7 +263,7 @@ class RunCollector:
         polled = poll_until(
             self._scrape_fleet,
             lambda f: any(
-                not idle_reasons(s, self.spec.model, "before") for s in f.by_replica.values()
+                not idle_reasons(s, self.metrics_model, "before") for s in f.by_replica.values()
             ),
             self.settings.idle_timeout_s,
             self._fleet_poll_s(),
@@ -263,13 +286,17 @@ class RunCollector:
 
         def serving(after: FleetSnapshot) -> tuple[str | None, str]:
             return FleetScraper.serving(
-                before, after, self.spec.model, timeline.prompt_tokens, timeline.completion_tokens
+                before,
+                after,
+                self.metrics_model,
+                timeline.prompt_tokens,
+                timeline.completion_tokens,
             )
 
         def observed(after: FleetSnapshot) -> bool:
             name, _ = serving(after)
             return name is not None and histograms_moved(
-                before.by_replica[name], after.by_replica[name], self.spec.model
+                before.by_replica[name], after.by_replica[name], self.metrics_model
             )
 
         polled = poll_until(
@@ -295,17 +322,22 @@ class RunCollector:
         if self.scraper is None:
             return None
         try:
-            return self.scraper.scrape()
+            snap = self.scraper.scrape()
         except MetricsUnavailable as exc:
             self.notes.append(f"{exc}; later runs are client-only")
             self.scraper = None
             return None
+        if self.bases:  # a LoRA server: its adapter slots, as vLLM last said them
+            state = lora_state(snap)
+            if state is not None and state.max_lora is not None:
+                self.max_lora = state.max_lora
+        return snap
 
     def _wait_idle(self) -> MetricSnapshot | None:
         # not idle at the timeout: attribute() flags it
         polled = poll_until(
             self._scrape,
-            lambda x: not idle_reasons(x, self.spec.model, "before"),
+            lambda x: not idle_reasons(x, self.metrics_model, "before"),
             self.settings.idle_timeout_s,
             self.settings.poll_s,
             self.sleep,
@@ -316,7 +348,7 @@ class RunCollector:
     def _wait_observed(self, before: MetricSnapshot) -> tuple[MetricSnapshot | None, bool]:
         polled = poll_until(
             self._scrape,
-            lambda a: histograms_moved(before, a, self.spec.model),
+            lambda a: histograms_moved(before, a, self.metrics_model),
             self.settings.metrics_timeout_s,
             self.settings.poll_s,
             self.sleep,
@@ -324,11 +356,12 @@ class RunCollector:
         )
         return polled
 
-    def body(self, prompt: str) -> dict[str, Any]:
-        """The request body of one run (or warm-up) of the spec with ``prompt``."""
+    def body(self, prompt: str, model: str | None = None) -> dict[str, Any]:
+        """The request body of one run (or warm-up) of the spec with ``prompt`` (``model``:
+        instead of the spec's, a LoRA adapter of the cycle)."""
         spec = self.spec
         return build_body(
-            model=spec.model,
+            model=model or spec.model,
             prompt=prompt,
             max_tokens=spec.max_tokens,
             chat=spec.api == "chat",
@@ -341,7 +374,23 @@ class RunCollector:
         """One measured run of ``prompt`` (``seq``: its number): streamed, timed and attributed with
         the server's metrics around it (or its own span, or vLLM's per-request metrics). A failed
         request is a run with status "error", not an exception."""
-        body = self.body(prompt)
+        model = self.model_for(self.settings.warmup + seq)
+        run = self._measure(seq, prompt, model)
+        if model in self.bases:  # a LoRA adapter: which, and what was asked for before it
+            use = adapter_use(model, self.bases[model], self.asked, self.max_lora)
+            run = replace(run, adapter=use)
+        self.asked.append(model)
+        return run
+
+    def warm_up(self, index: int, prompt: str) -> str | None:
+        """Warm-up ``index`` (not measured, not stored): why it failed, None when it did not."""
+        model = self.model_for(index)
+        out = self.client.stream(self.body(prompt, model))
+        self.asked.append(model)
+        return out.error
+
+    def _measure(self, seq: int, prompt: str, model: str) -> Run:
+        body = self.body(prompt, model)
         # With spans, or vLLM's per-request metrics in the response, a busy server needs no
         # waiting: the run's own span or response attributes it.
         spans = self.settings.span_wait_s is not None or self.read_reported
@@ -415,7 +464,7 @@ class RunCollector:
         replica: ReplicaAttribution | None = None,
     ) -> Run:
         """The run's phases and isolation from one server's (or replica's) two scrapes."""
-        why = unverifiable(before, after, self.spec.model)
+        why = unverifiable(before, after, self.metrics_model)
         if why is not None:
             # Two processes' counters, or a restart: no delta of them is this request's.
             return Run(
@@ -430,14 +479,14 @@ class RunCollector:
         server, isolation = attribute(
             before,
             after,
-            model=self.spec.model,
+            model=self.metrics_model,
             prompt_tokens=timeline.prompt_tokens,
             completion_tokens=timeline.completion_tokens,
         )
         # vLLM's own FLOP/byte counters and prompt-token sources ride along as counter deltas
-        own = self_measured_deltas(before, after, self.spec.model)
+        own = self_measured_deltas(before, after, self.metrics_model)
         # speculation's drafts move per step, so they are the run's own like the token counters
-        spec, spec_why = spec_deltas(before, after, self.spec.model)
+        spec, spec_why = spec_deltas(before, after, self.metrics_model)
         server = replace(server, counter_deltas={**server.counter_deltas, **own, **spec})
         if spec_why is not None:
             isolation = replace(isolation, isolated=False, reasons=isolation.reasons + (spec_why,))
@@ -497,7 +546,9 @@ class RunCollector:
         if name is None:
             replica = ReplicaAttribution(name=None, source=None, reason=how)
             return unverified(f"serving replica not told: {how}", replica)
-        moved = histograms_moved(before.by_replica[name], after.by_replica[name], self.spec.model)
+        moved = histograms_moved(
+            before.by_replica[name], after.by_replica[name], self.metrics_model
+        )
         fleet = self.fleet
         url = redact_url(fleet.urls[name]) if fleet is not None and name in fleet.urls else None
         replica = ReplicaAttribution(name=name, source="counters", url=url, reason=how)
@@ -686,6 +737,18 @@ def run_probe(
     collector = RunCollector(
         spec, settings, conn.client, conn.scraper, sleep, clock, fleet=conn.fleet
     )
+    collector.bases = served_adapters(conn.models)
+    if settings.adapters:  # UnknownAdapter (naming the served ones) before any request
+        bases = check_adapters(settings.adapters, conn.models, redact_url(spec.endpoint))
+        collector.cycle = schedule(settings.adapters, settings.adapter_block, total)
+        collector.metrics_model = next(iter(bases.values())) or spec.model
+        notes.append(
+            "LoRA adapters cycled " + ", ".join(settings.adapters) + f", {settings.adapter_block} "
+            "request(s) in a row of each (warm-ups included); vLLM labels their metrics "
+            f"model_name={collector.metrics_model}"
+        )
+    elif collector.bases.get(spec.model):
+        collector.metrics_model = collector.bases[spec.model] or spec.model
     collector.read_reported, path_note = reported_path(
         settings.response_metrics, info.get("vllm_version")
     )
@@ -706,8 +769,7 @@ def run_probe(
     progress.on_start(settings.runs, settings.warmup)
     try:
         for i in range(settings.warmup):
-            warm = collector.client.stream(collector.body(prompts[i]))
-            progress.on_warmup(i, warm.error)
+            progress.on_warmup(i, collector.warm_up(i, prompts[i]))
         if before_runs is not None:
             before_runs()
         page = None

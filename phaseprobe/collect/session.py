@@ -309,8 +309,10 @@ class Session:
         # parsed matchers, or the served model's name quoted as a PromQL string: never spliced
         if o.prom_selector is not None:
             selector = bare_selector(o.prom_selector)
-        else:
-            selector = f"model_name={promql_string(self.model)}"
+        else:  # a LoRA adapter's series carry its base model's name
+            from phaseprobe.analysis.lora import metrics_model
+
+            selector = f"model_name={promql_string(metrics_model(self.model, self.models))}"
         client = self._stack.enter_context(PrometheusClient(o.prom_url, token_env=o.prom_token_env))
         return PromSidecar(client, selector=selector, wait_s=o.prom_wait_s)
 

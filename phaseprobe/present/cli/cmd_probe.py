@@ -123,6 +123,23 @@ def register(subparsers: Any) -> None:
     probe.add_argument(
         "--model", help="model name to request (default: the first model the endpoint lists)"
     )
+    probe.add_argument(
+        "--adapters",
+        type=adapter_names,
+        default=(),
+        metavar="NAME,NAME,...",
+        help="LoRA adapters the server serves (--lora-modules): cycle the requests over "
+        "them, --adapter-block in a row of each, to measure each adapter's phases and what "
+        "loading one costs (a run whose adapter was not among the last max_loras asked for "
+        "loads it; its TTFT and prefill are compared with the warm runs')",
+    )
+    probe.add_argument(
+        "--adapter-block",
+        type=int_in(1, MAX_COUNT),
+        default=2,
+        metavar="K",
+        help="requests in a row of each adapter of --adapters (default: 2: one load, one warm)",
+    )
     group = probe.add_mutually_exclusive_group()
     group.add_argument("--prompt", help="exact prompt text, sent unchanged every run")
     group.add_argument(
@@ -492,7 +509,16 @@ def _fake_nvml() -> Any:
     return FakeNvmlBackend(demo_devices())
 
 
+def adapter_names(text: str) -> tuple[str, ...]:
+    """``--adapters a,b,c``: distinct non-empty names, in order."""
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    if not names:
+        raise argparse.ArgumentTypeError("name at least one LoRA adapter")
+    return names
+
+
 def run(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from phaseprobe.analysis.lora import lora_report
     from phaseprobe.analysis.phases import summarize
     from phaseprobe.analysis.spec_decode import spec_report
     from phaseprobe.collect.experiment import ProbeSettings, run_probe
@@ -523,6 +549,8 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
             name=args.name,
             span_wait_s=session.span_wait_s,
             response_metrics=args.response_metrics,
+            adapters=args.adapters,
+            adapter_block=args.adapter_block,
         )
         try:
             result = run_probe(
@@ -555,6 +583,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
             "summary": summary.to_dict(),
             "speculation": spec_report(result.runs).to_dict(),
             "preemption": probe_preemption_json(result.runs),
+            "lora": lora_report(result.runs).to_dict(),
             "runs": [r.to_dict() for r in result.runs],
             "efficiency": report.efficiency,
             "overlap": {str(seq): ctx.to_dict() for seq, ctx in report.shared.items()},

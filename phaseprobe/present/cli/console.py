@@ -117,6 +117,16 @@ def _spec_cells(f: SpecFigures | None) -> tuple[str, str]:
     )
 
 
+def _adapter_cells(run: Run) -> tuple[str, str]:
+    """The adapter a run asked for and whether it loaded it ("—": the base model; "?": vLLM
+    did not say its max_lora)."""
+    from phaseprobe.analysis.lora import load_kind
+
+    if run.adapter is None:
+        return "—", "—"
+    return escape(run.adapter.name), load_kind(run.adapter) or "?"
+
+
 def render_probe(
     console: Console,
     runs: Sequence[Run],
@@ -151,8 +161,10 @@ def render_probe(
 
     specs = [spec_of_run(r) for r in runs]
     spec_on = any(f is not None for f in specs)
+    lora = any(r.adapter is not None for r in runs)  # the LoRA adapter each run asked for
     columns = (
         "run",
+        *(("adapter", "load") if lora else ()),
         "status",
         "TTFT ms",
         *(("TTFA ms",) if reasoned else ()),
@@ -174,7 +186,9 @@ def render_probe(
     fit_hints(table, short={c: c.removesuffix(" ms") for c in columns if c.endswith(" ms")})
     for col in columns:
         table.add_column(
-            col, justify="left" if col in ("status", "replica") else "right", no_wrap=True
+            col,
+            justify="left" if col in ("status", "replica", "adapter", "load") else "right",
+            no_wrap=True,
         )
     for i, r in enumerate(runs):
         c, s = r.client, r.server
@@ -195,6 +209,7 @@ def render_probe(
             iso += " [yellow]†"  # alone on the server, but its client stamps are not valid
         table.add_row(
             str(r.seq + 1),
+            *(_adapter_cells(r) if lora else ()),
             r.status if r.status == "ok" else f"[red]{r.status}",
             ms(c.ttft_s if c else None),
             *((ms(c.ttfa_s if c else None),) if reasoned else ()),
@@ -221,6 +236,11 @@ def render_probe(
         console.print(escape(replica_line(runs)), highlight=False)
     if spec_on:
         console.print(escape(spec_report(runs).sentence()), highlight=False)
+    if lora:
+        from phaseprobe.analysis.lora import lora_report
+
+        for line in lora_report(runs).lines():
+            console.print(escape(line), highlight=False)
     if any(r.pd is not None for r in runs):
         render_pd_legs(console, runs)
     share = summary.decode_share_of_e2e
