@@ -544,12 +544,15 @@ class StreamClient:
         received = 0
         cap = self.max_event_bytes
         lf_pending = False  # the last chunk ended in CR: a LF opening the next one is its pair
+        deadline_ns = None if self.deadline_s is None else self.deadline_s * 1e9
+        head_open = True  # state.head still shorter than _HEAD_BYTES
         try:
             for chunk in _chunks(resp):
                 t = clock() - t0
                 received += len(chunk)
-                if len(state.head) < _HEAD_BYTES:
+                if head_open:
                     state.head += chunk[: _HEAD_BYTES - len(state.head)]
+                    head_open = len(state.head) < _HEAD_BYTES
                 if lf_pending and chunk.startswith(b"\n"):
                     chunk = chunk[1:]
                 if b"\r" in chunk:
@@ -559,6 +562,19 @@ class StreamClient:
                     chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
                 else:
                     lf_pending = False
+                if not buf and chunk.endswith(b"\n\n") and chunk.find(b"\n\n") == len(chunk) - 2:
+                    # The usual chunk: one whole event (vLLM writes one per chunk), nothing
+                    # held over: kept as it is, without passing through the buffer.
+                    raw = chunk[:-2]
+                    raw_events.append((t, raw))
+                    if on_events is not None:
+                        on_events([raw])
+                    if raw.endswith(b"[DONE]"):
+                        break
+                    if deadline_ns is not None and t > deadline_ns:
+                        state.error = self._deadline_text()
+                        break
+                    continue
                 n_before = len(raw_events)
                 buf += chunk
                 while True:
@@ -582,7 +598,7 @@ class StreamClient:
                     on_events([raw for _, raw in raw_events[n_before:]])
                 if raw_events and raw_events[-1][1].endswith(b"[DONE]"):
                     break
-                if self.deadline_s is not None and t > self.deadline_s * 1e9:
+                if deadline_ns is not None and t > deadline_ns:
                     state.error = self._deadline_text()
                     break
         finally:
@@ -640,14 +656,19 @@ class _StreamState:
         self.tally = TokenTally()
 
     def feed(self, raw: bytes, chat: bool) -> bool:
-        data = b"".join(line[5:].lstrip() for line in raw.splitlines() if line.startswith(b"data:"))
+        if b"\n" not in raw:  # one line (vLLM's every event): no split, no join
+            data = raw[5:].lstrip() if raw.startswith(b"data:") else b""
+        else:
+            data = b"".join(
+                line[5:].lstrip() for line in raw.splitlines() if line.startswith(b"data:")
+            )
         if not data:
             return False  # comment / keep-alive
         if data == b"[DONE]":
             self.done = True
             return False
         try:
-            obj = json.loads(data)
+            obj = _json_object(data)
         except ValueError:
             self.error = f"malformed SSE event: {_short(data.decode('utf-8', 'replace'))}"
             return False
@@ -661,8 +682,9 @@ class _StreamState:
         if "error" in obj and "choices" not in obj:  # vLLM reports mid-stream failures so
             self.error = "server error mid-stream: " + _short(json.dumps(obj["error"]))
             return False
-        if isinstance(obj.get("usage"), dict):
-            self.usage = obj["usage"]
+        usage = obj.get("usage")
+        if isinstance(usage, dict):
+            self.usage = usage
         if obj.get("metrics") is not None:  # vLLM >= 0.33: on the final usage chunk
             self.metrics = obj["metrics"]
         choices = obj.get("choices") or ()
@@ -686,17 +708,44 @@ class _StreamState:
         # with a finish reason but no text still marks when the last token was emitted. A
         # reasoning event is a token: TTFT is the first token of either kind.
         token_event = bool(piece or thought or finish)
+        ids = choice.get("token_ids")  # the usual list first, without the helpers' calls
         self.tally.add(
-            token_event, kind, listed_tokens(choice, chat), running_total(obj.get("usage"))
+            token_event,
+            kind,
+            len(ids) if type(ids) is list else listed_tokens(choice, chat),
+            None if usage is None else running_total(usage),
         )
         return token_event
+
+
+# json.loads' own C scanner, configured as json.loads' (typeshed does not list it)
+_SCAN: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+
+
+def _json_object(data: bytes) -> Any:
+    """``json.loads(data)``, for the usual event (a UTF-8 JSON object) without its detour
+    through detecting the encoding and matching whitespace: the same object; anything else,
+    and any error, goes through json.loads itself (raises ValueError as it does)."""
+    if data[:1] == b"{" and data[-1:] == b"}":
+        try:
+            text = data.decode()
+            obj, end = _SCAN(text, 0)
+        except (ValueError, StopIteration):
+            return json.loads(data)
+        if end == len(text):
+            return obj
+    return json.loads(data)
 
 
 def _chunks(resp: requests.Response) -> Iterator[bytes]:
     raw = resp.raw
     if getattr(raw, "chunked", False):
-        yield from resp.iter_content(chunk_size=None)
-        return
+        # requests' own iterator, not wrapped in a generator: one frame less per chunk
+        return iter(resp.iter_content(chunk_size=None))
+    return _read1_chunks(raw)
+
+
+def _read1_chunks(raw: Any) -> Iterator[bytes]:
     # Close-delimited body: iter_content(None) would read to EOF in one go; read1 returns
     # whatever has arrived.
     while True:
