@@ -26,6 +26,7 @@ __all__ = [
     "gamma_arrivals",
     "constant_arrivals",
     "make_workload",
+    "replayed",
     "WorkloadSpec",
 ]
 
@@ -148,10 +149,33 @@ def make_workload(
     return out
 
 
+def replayed(times: Sequence[float], n: int, rate: float) -> list[float]:
+    """``n`` send times from a recorded trace's ``times`` (s, any origin), rescaled so that
+    they come at ``rate`` requests/s: the trace's pattern (its bursts and lulls) kept, its
+    pace changed. More than the trace holds: the trace again after itself, one mean gap
+    later (a replica's round robin needs ``N ×`` the requests)."""
+    _check_rate(rate, n)
+    if len(times) < 2:
+        raise ConfigError(f"a replayed trace needs at least 2 requests, not {len(times)}")
+    t = sorted(times)
+    span = t[-1] - t[0]
+    if span <= 0:
+        raise ConfigError("a replayed trace's requests were all sent at the same time")
+    recorded = (len(t) - 1) / span
+    period = span + span / (len(t) - 1)
+    scale = recorded / rate
+    return [((t[i % len(t)] - t[0]) + (i // len(t)) * period) * scale for i in range(n)]
+
+
 @dataclass(frozen=True)
 class WorkloadSpec:
-    """A workload at any rate: how requests arrive (``poisson``, ``gamma`` with ``cv``, or
-    ``constant``), how many, their lengths and the seed. :meth:`at` makes the requests."""
+    """A workload at any rate: how requests arrive (``poisson``, ``gamma`` with ``cv``,
+    ``constant``, or ``replay`` of a recorded ``trace``), how many, their lengths and the seed.
+    :meth:`at` makes the requests.
+
+    ``trace`` (``replay`` only): each recorded request's (send time s, prompt tokens, output
+    tokens); the requests keep their own lengths, in send order, and the send times are the
+    trace's rescaled to the rate asked (:func:`replayed`). :attr:`recorded_rate` is its own."""
 
     prompt: Lengths
     output: Lengths
@@ -160,15 +184,50 @@ class WorkloadSpec:
     cv: float = 1.0
     seed: int = 0
     shared_prefix_tokens: int = 0
+    trace: tuple[tuple[float, int, int], ...] = ()
 
     def __post_init__(self) -> None:
-        if self.arrivals not in ("poisson", "gamma", "constant"):
-            raise ConfigError(f"arrivals must be poisson, gamma or constant, not {self.arrivals!r}")
+        if self.arrivals not in ("poisson", "gamma", "constant", "replay"):
+            raise ConfigError(
+                f"arrivals must be poisson, gamma, constant or replay, not {self.arrivals!r}"
+            )
         if self.n < 1:
             raise ConfigError(f"a workload needs at least one request, not {self.n}")
+        if (self.arrivals == "replay") != bool(self.trace):
+            raise ConfigError("a trace goes with replayed arrivals, and replay needs a trace")
+
+    @classmethod
+    def replay(cls, trace: Sequence[tuple[float, int, int]], n: int | None = None) -> WorkloadSpec:
+        """The workload of a recorded trace (see the class docstring); ``n`` defaults to its
+        length."""
+        rows = tuple(sorted((float(t), int(p), int(o)) for t, p, o in trace))
+        if len(rows) < 2:
+            raise ConfigError(f"a replayed trace needs at least 2 requests, not {len(rows)}")
+        return cls(
+            prompt=Empirical([r[1] for r in rows]),
+            output=Empirical([r[2] for r in rows]),
+            n=n or len(rows),
+            arrivals="replay",
+            trace=rows,
+        )
+
+    @property
+    def recorded_rate(self) -> float | None:
+        """The trace's own rate (requests/s over its send times); None without a trace."""
+        if not self.trace:
+            return None
+        span = self.trace[-1][0] - self.trace[0][0]
+        return (len(self.trace) - 1) / span if span > 0 else None
 
     def at(self, rate: float) -> list[SimRequest]:
         """The requests at ``rate`` requests/s (the same seed at every rate)."""
+        if self.arrivals == "replay":
+            times = replayed([r[0] for r in self.trace], self.n, rate)
+            m = len(self.trace)
+            return [
+                SimRequest(t, max(1, self.trace[i % m][1]), max(1, self.trace[i % m][2]))
+                for i, t in enumerate(times)
+            ]
         if self.arrivals == "poisson":
             times = poisson_arrivals(rate, self.n, self.seed)
         elif self.arrivals == "gamma":
@@ -188,6 +247,8 @@ class WorkloadSpec:
             "cv": self.cv,
             "seed": self.seed,
             "shared_prefix_tokens": self.shared_prefix_tokens,
-            "prompt": repr(self.prompt),
-            "output": repr(self.output),
+            "prompt": repr(self.prompt) if not self.trace else "replayed",
+            "output": repr(self.output) if not self.trace else "replayed",
+            "trace_requests": len(self.trace) or None,
+            "recorded_rate": self.recorded_rate,
         }

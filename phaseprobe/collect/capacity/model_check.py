@@ -27,7 +27,7 @@ from phaseprobe.collect.capacity.model_fit import (
 from phaseprobe.sources.vllm.openai_stream import normalize_base_url
 from phaseprobe.store import Store
 
-__all__ = ["CHECK_KIND", "CheckResult", "check_deployment", "predicted_for"]
+__all__ = ["CHECK_KIND", "CheckResult", "check_deployment", "predicted_for", "check_bench"]
 
 CHECK_KIND = "capacity_check"
 
@@ -165,4 +165,61 @@ def check_deployment(
     }
     with Store(store_path) as store:
         result.analysis_id = store.add_analysis(CHECK_KIND, base_url, doc)
+    return result
+
+
+def check_bench(
+    store_path: Path,
+    bench_path: Path,
+    *,
+    slo: dict[str, float] | None = None,
+    fit_id: int | None = None,
+) -> CheckResult:
+    """Set the fit's prediction against a ``vllm bench serve --save-detailed`` run: the model
+    replays the run's own send times and lengths, the file's per-request timings are the
+    measured side. No load is sent. Stored like a check."""
+    from phaseprobe.collect.capacity.replay import read_bench_detailed
+
+    rec = read_bench_detailed(bench_path)
+    with Store(store_path) as store:
+        fit = load_fit(store, fit_id)
+    result = CheckResult(fit_id=fit.analysis_id)
+    model = rec.info.get("model_id")
+    if isinstance(model, str):
+        result.differences = fingerprint_differences(fit, model, None)
+    reqs = [SimRequest(t, p, o) for t, p, o in rec.trace]
+    run = simulate(reqs, fit.cost, fit.limits, fit.overheads)
+    sent = [t for t, _, _ in rec.trace]
+    span = sent[-1] - sent[0]
+    rate = (len(sent) - 1) / span if span > 0 else float("nan")
+    predicted: dict[str, list[float | None]] = {
+        "ttft": [o.ttft_s for o in run.outcomes],
+        "tpot": [o.tpot_s for o in run.outcomes],
+        "e2e": [o.e2e_s for o in run.outcomes],
+        "itl": [g for o in run.outcomes for g in o.itl_s],
+    }
+    measured: dict[str, list[float | None]] = {
+        "ttft": list(rec.ttft_s),
+        "tpot": list(rec.tpot_s),
+        "e2e": list(rec.e2e_s),
+        "itl": list(rec.itl_s),
+    }
+    result.points.append(compare_point(rate, sent, measured, predicted, rec.failed, slo))
+    rng = fit.fitted_range
+    longest = max(p for _, p, _ in rec.trace)
+    if longest > rng.get("max_prompt_tokens", longest):
+        result.notes.append(
+            f"prompts up to {longest} tokens: beyond the fit's longest "
+            f"({rng['max_prompt_tokens']}), an extrapolation"
+        )
+    result.notes.append(
+        f"measured side: {bench_path} ({len(rec.trace)} requests"
+        + (f", {rec.failed} failed" if rec.failed else "")
+        + "); vllm bench's TTFT is from its own send, as phaseprobe's"
+    )
+    doc = result.to_dict()
+    doc["bench"] = {"path": str(bench_path), "info": rec.info, "requests": len(rec.trace)}
+    doc["workload"] = {"replayed": str(bench_path), "slo": slo}
+    with Store(store_path) as store:
+        result.analysis_id = store.add_analysis(CHECK_KIND, f"bench: {bench_path}", doc)
     return result

@@ -244,9 +244,36 @@ def register(subparsers: Any) -> None:
     predict.add_argument(
         "--requests",
         type=int_in(50, 200_000),
-        default=1000,
+        default=None,
         metavar="N",
-        help="simulated requests per rate (default: 1000)",
+        help="simulated requests per rate (default: 1000, or a replayed trace's length)",
+    )
+    replay = predict.add_mutually_exclusive_group()
+    replay.add_argument(
+        "--replay",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="replay a `vllm bench serve --save-result --save-detailed` file: its send "
+        "pattern (rescaled to each rate) and its requests' lengths (default rate: its own)",
+    )
+    replay.add_argument(
+        "--replay-spans",
+        type=_age,
+        default=None,
+        metavar="AGE",
+        help="replay the requests whose spans finished this long ago until now (e.g. 15m), "
+        "from --spans-from or --spans-store",
+    )
+    predict.add_argument(
+        "--spans-from", default=None, metavar="URL", help="with --replay-spans: a span store URL"
+    )
+    predict.add_argument(
+        "--spans-store",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="with --replay-spans: the phaseprobe store holding the spans (default: --store)",
     )
     predict.add_argument(
         "--arrivals",
@@ -300,9 +327,17 @@ def register(subparsers: Any) -> None:
     check.add_argument(
         "--rates",
         type=parse_rates,
-        required=True,
+        default=None,
         metavar="R1,R2",
-        help="request rates per second to run",
+        help="request rates per second to run (required unless --from-bench)",
+    )
+    check.add_argument(
+        "--from-bench",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="no load: set the prediction against a `vllm bench serve --save-result "
+        "--save-detailed` file, replaying its send times and lengths",
     )
     check.add_argument(
         "--requests",
@@ -519,13 +554,15 @@ def _predict(args: argparse.Namespace, out: Console, err: Console) -> int:
         limits = replace(limits, max_num_batched_tokens=args.max_num_batched_tokens)
     if args.no_chunked_prefill:
         limits = replace(limits, chunked_prefill=False)
-    spec = WorkloadSpec(
-        prompt=Fixed(args.prompt_tokens),
-        output=Fixed(args.output_tokens),
-        n=args.requests,
-        arrivals=kind,
-        cv=cv_value,
-    )
+    spec, rates, replay_note = _replay_spec(args, store_path)
+    if spec is None:
+        spec = WorkloadSpec(
+            prompt=Fixed(args.prompt_tokens),
+            output=Fixed(args.output_tokens),
+            n=args.requests or 1000,
+            arrivals=kind,
+            cv=cv_value,
+        )
     split = None
     if args.pd is None and args.hand_over_ms is not None:
         raise ConfigError("--hand-over-ms goes with --pd P:D")
@@ -544,7 +581,7 @@ def _predict(args: argparse.Namespace, out: Console, err: Console) -> int:
             limits,
             fit.overheads,
             spec,
-            args.rates,
+            rates,
             slo=_slo(args),
             replicas=args.replicas,
             fitted_range=fit.fitted_range,
@@ -554,6 +591,8 @@ def _predict(args: argparse.Namespace, out: Console, err: Console) -> int:
     doc = pred.to_dict()
     doc["fit_id"] = fit.analysis_id
     doc["workload"] = spec.to_dict()
+    if replay_note:
+        doc["notes"].insert(0, replay_note)
     if args.json:
         out.out(jsonout.dumps(doc), highlight=False)
         return 0
@@ -561,6 +600,44 @@ def _predict(args: argparse.Namespace, out: Console, err: Console) -> int:
     for note in doc["notes"]:
         err.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
     return 0
+
+
+def _replay_spec(args: argparse.Namespace, store_path: Path) -> tuple[Any, Any, str | None]:
+    """(workload, rates, note) for --replay / --replay-spans; (None, --rates, None) without."""
+    import time
+
+    from phaseprobe.analysis.capacity_model.workload import WorkloadSpec
+
+    if args.replay is None and args.replay_spans is None:
+        for given, name in ((args.spans_from, "--spans-from"), (args.spans_store, "--spans-store")):
+            if given is not None:
+                raise ConfigError(f"{name} goes with --replay-spans")
+        return None, args.rates, None
+    if args.arrivals != "poisson":
+        raise ConfigError("--arrivals does not go with a replay: the trace's own pattern is used")
+    if args.replay is not None:
+        from phaseprobe.collect.capacity.replay import read_bench_detailed
+
+        rec = read_bench_detailed(args.replay)
+        trace, where = rec.trace, f"{args.replay} ({rec.failed} failed requests left out)"
+    else:
+        from phaseprobe.collect.capacity.replay import span_trace
+
+        until = time.time_ns()
+        trace, where = span_trace(
+            args.spans_from,
+            args.spans_store or store_path,
+            until - round(args.replay_spans * 1e9),
+            until,
+        )
+    spec = WorkloadSpec.replay(trace, args.requests)
+    recorded = spec.recorded_rate
+    rates = args.rates or ([recorded] if recorded else None)
+    note = (
+        f"replayed: {len(trace)} requests from {where}, recorded at "
+        f"{recorded or float('nan'):.3g} req/s; each rate rescales their send times"
+    )
+    return spec, rates, note
 
 
 def _band(m: dict[str, Any] | str, p: int) -> str:
@@ -634,10 +711,24 @@ def _print_prediction(out: Console, doc: dict[str, Any], fit_id: int | None) -> 
 
 
 def _check(args: argparse.Namespace, out: Console, err: Console) -> int:
+    if args.from_bench is not None:
+        if args.rates is not None or args.endpoint is not None:
+            raise ConfigError("--from-bench sends no load: --rates and --endpoint go without it")
+        from phaseprobe.collect.capacity.model_check import check_bench
+
+        result = check_bench(_store(args), args.from_bench, slo=args.slo, fit_id=args.fit)
+    elif args.rates is None:
+        raise ConfigError("model check needs --rates R1,R2 (or --from-bench FILE)")
+    else:
+        result = _check_load(args, err)
+    return _print_check(args, result, out, err)
+
+
+def _check_load(args: argparse.Namespace, err: Console) -> Any:
     from phaseprobe.collect.capacity.model_check import check_deployment
 
     notices = ConsoleNotices(err)
-    result = check_deployment(
+    return check_deployment(
         _store(args),
         args.endpoint,
         args.rates,
@@ -651,6 +742,9 @@ def _check(args: argparse.Namespace, out: Console, err: Console) -> int:
         seed=args.seed,
         progress=notices.detail,
     )
+
+
+def _print_check(args: argparse.Namespace, result: Any, out: Console, err: Console) -> int:
     doc = result.to_dict()
     if args.json:
         out.out(jsonout.dumps(doc), highlight=False)
