@@ -131,6 +131,8 @@ def test_vllm_and_mixed_payloads_decode_as_the_message_path() -> None:
         _kv("gen_ai.usage.prompt_tokens", double_value=12.9),
         _kv("gen_ai.usage.prompt_tokens", double_value=1e300),
         _kv("gen_ai.usage.prompt_tokens", int_value=2**63 - 1),
+        *(_kv("gen_ai.usage.prompt_tokens", int_value=n) for n in (0, 127, 128, 16383, 16384)),
+        _kv("gen_ai.request.n", int_value=300),  # a count with no field: kept raw
         _kv("gen_ai.usage.prompt_tokens", bool_value=True),
         _kv("gen_ai.request.id", int_value=5),
         _kv("gen_ai.request.id", string_value=""),
@@ -198,6 +200,8 @@ def _raw_attribute(kv: bytes) -> bytes:
         _field(1, 2, b"k") + _field(2, 2, _field(3, 0, b"\x05") + _field(3, 0, b"\x06")),
         _field(1, 2, b"k") + _field(2, 2, _field(2, 0, b"\x02")),  # bool written as 2
         _field(1, 2, b"k") + _field(2, 2, _field(3, 0, b"\x85\x00")),  # non-minimal varint
+        _field(1, 2, b"gen_ai.usage.prompt_tokens") + _field(2, 2, _field(3, 0, b"\x80\x00")),
+        _field(1, 2, b"gen_ai.usage.prompt_tokens") + _field(2, 2, _field(3, 0, b"\xff\xff\x01")),
         _field(1, 2, b"k") + _field(2, 2, _field(3, 0, b"\x05")) + _field(7, 0, b"\x01"),
     ],
 )
@@ -212,6 +216,7 @@ def test_unusual_but_valid_encodings_decode_as_the_message_path(kv: bytes) -> No
         _field(1, 2, b"\xff\xfe") + _field(2, 2, _field(4, 1, struct.pack("<d", 1.0))),
         _field(1, 2, b"k") + _field(2, 2, _field(1, 2, b"\xed\xa0\x80")),  # a surrogate
         _field(1, 2, b"k") + _field(2, 2, _field(4, 1, b"\x00" * 4)),  # a double cut short
+        _field(1, 2, b"k") + _field(2, 2, _field(3, 0, b"\xff\x80")),  # a varint unended
     ],
 )
 def test_malformed_attributes_are_refused_as_before(kv: bytes) -> None:

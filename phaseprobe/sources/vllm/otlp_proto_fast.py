@@ -208,7 +208,7 @@ def _decode(message: Any) -> SpanBatch:
     requests, attributes, seen = batch.requests, batch.attributes, batch.seen
     heads, head_of, scalar, record = _HEADS, _head, _scalar, _record
     text_fields, int_fields, top, int64 = _TEXT_FIELDS, _INT_FIELDS, _MAX_DURATION_S, _INT64
-    double, double_tag = _DOUBLE, _DOUBLE_TAG
+    double, double_tag, int_tag = _DOUBLE, _DOUBLE_TAG, _INT
     as_extra, as_seconds, as_count = _AS_EXTRA, _AS_SECONDS, _AS_COUNT
     for rs in message.resource_spans:
         resource = _attributes(rs.resource.attributes)
@@ -236,7 +236,14 @@ def _decode(message: Any) -> SpanBatch:
                     key, field, rank, latency, tag, size, how = head
                     if len(kv) != size:
                         raise _Unhandled
-                    raw = double(kv, start)[0] if tag == double_tag else scalar(kv, tag, start)
+                    if tag == double_tag:
+                        raw = double(kv, start)[0]
+                    elif tag == int_tag and size - start == 1 and kv[start] < 0x80:
+                        raw = kv[start]  # a count under 128
+                    elif tag == int_tag and size - start == 2 and kv[start] >= 0x80 > kv[start + 1]:
+                        raw = kv[start] - 0x80 | kv[start + 1] << 7  # under 16384
+                    else:
+                        raw = scalar(kv, tag, start)
                     if latency:
                         is_request = True
                     if how == as_extra:
