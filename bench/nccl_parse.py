@@ -18,6 +18,8 @@ line by line and checks that the summaries are all identical.
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
 import random
 import resource
 import shutil
@@ -80,6 +82,50 @@ def generate(path: Path, n_lines: int, seed: int = 0) -> int:
                 chunk.clear()
         fh.write("".join(chunk))
     return written
+
+
+# what a cProfile of the one-process parse shows, by the C calls that take the time
+_PARTS = (
+    ("<method 'sub' of 're.Pattern' objects>", "regex pass blanking opCount and pointers"),
+    ("<method 'split' of 'bytes' objects>", "split of each block into line objects"),
+    ("<built-in method _collections._count_elements>", "counting equal lines (C loop)"),
+    ("<method 'readinto' of '_io.BufferedReader' objects>", "reading the file"),
+)
+
+
+def python_floor(path: Path) -> float:
+    """CPU seconds of the least a Python reader of lines does: the file read a block at a
+    time, split into line objects and the equal ones counted (no blanking, no parse)."""
+    from collections import Counter
+
+    c0 = time.process_time()
+    with open(path, "rb") as fh:
+        rest = b""
+        while block := fh.read(1 << 18):
+            block = rest + block
+            cut = block.rfind(b"\n") + 1
+            rest = block[cut:]
+            Counter(block[:cut].split(b"\n"))
+    return time.process_time() - c0
+
+
+def profile_parse(path: Path) -> list[tuple[str, float]]:
+    """Shares of the one-process parse's time, by cProfile (its own run)."""
+    prof = cProfile.Profile()
+    prof.enable()
+    parse_files([path], workers=1)
+    prof.disable()
+    st = pstats.Stats(prof)
+    total = sum(v[2] for v in st.stats.values())  # type: ignore[attr-defined]
+    got = dict.fromkeys([label for _, label in _PARTS], 0.0)
+    for (_, _, name), v in st.stats.items():  # type: ignore[attr-defined]
+        for fn, label in _PARTS:
+            if name == fn:
+                got[label] += v[2]
+    rest = total - sum(got.values())
+    return [(k, v / total) for k, v in got.items()] + [
+        ("the rest (per-block Python: classes, folds, the model)", rest / total)
+    ]
 
 
 def _by_lines(path: Path) -> NcclLog:
@@ -157,6 +203,15 @@ def main(argv: list[str] | None = None) -> int:
             elif got != doc:
                 print("  DIFFERENT summary from the one-process run")
                 return 1
+        if grep_cpu and not args.lines_path:
+            floor = python_floor(path)
+            print(
+                f"Python's floor (blocks split into line objects, equal ones counted, no "
+                f"parse): CPU {floor:.2f} s = {floor / grep_cpu:.1f}x grep -c"
+            )
+            print("where the one-process parse's time goes (cProfile, its own run):")
+            for label, share in profile_parse(path):
+                print(f"  {label:<56} {100 * share:4.0f} %")
         rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
         print(

@@ -10,11 +10,20 @@ parser calls :func:`split_record` once per line, so the common case must be a co
 from __future__ import annotations
 
 import re
-from collections import Counter
 from collections.abc import Container
 from dataclasses import dataclass
 
 from phaseprobe.sources.launcher_prefix import read_prefix
+
+try:  # the C loop behind Counter.update (CPython); Counter(lines) also checks for a Mapping
+    from collections import _count_elements  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - other Pythons
+
+    def _count_elements(mapping: dict[bytes, int], iterable: list[bytes]) -> None:
+        get = mapping.get
+        for x in iterable:
+            mapping[x] = get(x, 0) + 1
+
 
 __all__ = [
     "Header",
@@ -340,7 +349,7 @@ def count_block(
     of each distinct blanked line between blocks.
 
     The varying fields are blanked by one regex pass over the block, the lines split and
-    counted by ``Counter`` (C loops), and each distinct line classified once (cached)."""
+    counted by ``Counter``'s C loop, and each distinct line classified once (cached)."""
     if data.find(b"\x00", 0, end) >= 0:  # the blanked span's mark: read such a block in place
         return None
     if data.find(b"\r", 0, end) >= 0:  # CRLF files: one newline each, as open() reads them
@@ -352,7 +361,8 @@ def count_block(
         with memoryview(data) as view, view[:end] as part:
             lines = VARY.sub(_SHORT, part).split(b"\n")
     lines.pop()  # after the last newline: nothing
-    counts = Counter(lines)
+    counts: dict[bytes, int] = {}
+    _count_elements(counts, lines)  # Counter's own C loop, without its per-call checks
     folds: list[Fold] = []
     news: list[tuple[int, bytes]] = []  # (index in folds, line) of the keys not in known
     skipped = 0
