@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import requests
 
 from phaseprobe.analysis.ab.sequential import SequentialPlan, StopRecord
+from phaseprobe.analysis.lora import metrics_model
 from phaseprobe.collect.ab.pd import connect_pd_arm
 from phaseprobe.collect.ab.playbook import (
     LOCAL_MODEL,
@@ -410,6 +411,8 @@ class _Arm:
                 time.monotonic,
                 fleet=conn.fleet,
             )
+            # an arm asking for a LoRA adapter reads its metrics under the base model's name
+            collector.metrics_model = metrics_model(self.spec.model, conn.models)
             self.measure = collector.measure
             self.warm = lambda prompt: conn.client.stream(collector.body(prompt)).error
             self._collector_notes = collector.all_notes
