@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import os
 import statistics
 import time
 from collections.abc import Iterator
@@ -184,7 +185,8 @@ def main() -> None:
     rate = 1e3 / args.gap_ms
     print(
         f"{args.trials} interleaved trials x {args.events} token events at {rate:,.0f}/s "
-        "from the SSE test server (separate process)"
+        f"from the SSE test server (separate process); {os.cpu_count()} CPUs, load average "
+        f"{os.getloadavg()[0]:.1f}"
     )
     for k, _ in arms:
         print(

@@ -48,6 +48,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from google.protobuf.internal import api_implementation
+
 from phaseprobe.collect.spans import receiver as receiver_module
 from phaseprobe.collect.spans.receiver import SpanReceiver, SpanSink
 from phaseprobe.sources.vllm.otlp_proto_fast import view_request_class
@@ -525,8 +527,9 @@ def main() -> None:
         receiver_cpu, client_cpu = cpus[0], cpus[1]
         os.sched_setaffinity(0, {receiver_cpu})
     print(
-        f"{args.spans} vLLM spans per batch; Python {sys.version.split()[0]}, "
-        f"{len(cpus) or '?'} CPUs available"
+        f"{args.spans} vLLM spans per batch; Python {sys.version.split()[0]}, protobuf "
+        f"backend {api_implementation.Type()}, {len(cpus) or '?'} CPUs available, load "
+        f"average {os.getloadavg()[0]:.1f}"
     )
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
