@@ -208,13 +208,13 @@ class PreemptionWindow:
         if self.preemptions <= 0:
             return f"no preemption in {self.window_s:.0f} s" + (f" ({kv})" if kv else "")
         rate, per = self.rate_per_s, self.per_request
-        said = f"{self.preemptions:g} preemption(s) in {self.window_s:.0f} s"
-        said += f" ({rate:.2f}/s" if rate is not None else " ("
-        said += (
-            f"; {per:.3f} per finished request, {self.finished:g} finished)"
+        figures = [f"{rate:.2f}/s"] if rate is not None else []
+        figures.append(
+            f"{per:.3f} per finished request, {self.finished:g} finished"
             if per is not None
-            else "; no request finished)"
+            else "no request finished"
         )
+        said = f"{self.preemptions:g} preemption(s) in {self.window_s:.0f} s ({'; '.join(figures)})"
         at = self.kv_at_max
         if at is not None:
             said += (

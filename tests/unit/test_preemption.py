@@ -87,6 +87,8 @@ def test_window_figures_rate_per_request_and_kv():
     quiet = preemption_window(ReplicaWindow("r1", {"num_preemptions": 0.0}), 10.0)
     assert quiet.sentence() == "no preemption in 10 s"
     assert preemption_window(ReplicaWindow("r1", {}), 10.0).preemptions is None
+    lone = preemption_window(ReplicaWindow("r1", {"num_preemptions": 1.0}), 0.0)
+    assert lone.sentence() == "1 preemption(s) in 0 s (no request finished)"
 
 
 def _page(preempt: float, kv: float, finished: float, t_s: float):
