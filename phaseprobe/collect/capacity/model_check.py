@@ -97,7 +97,7 @@ def check_deployment(
 ) -> CheckResult:
     """Load the server at each rate and compare with the fit's prediction. Stores the result
     (and every measured request) in ``store_path``."""
-    from phaseprobe.collect.capacity.model_fit import server_version
+    from phaseprobe.collect.capacity.model_fit import server_cache_limits, server_version
     from phaseprobe.collect.target import served_model
 
     with Store(store_path) as store:
@@ -125,7 +125,9 @@ def check_deployment(
             base_url = normalize_base_url(endpoint)
         name = served_model(base_url, api_key, model)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        result.differences = fingerprint_differences(fit, name, server_version(base_url, headers))
+        result.differences = fingerprint_differences(
+            fit, name, server_version(base_url, headers), server_cache_limits(base_url)
+        )
         rng = fit.fitted_range
         if prompt_tokens > rng.get("max_prompt_tokens", prompt_tokens):
             result.notes.append(

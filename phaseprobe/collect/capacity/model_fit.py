@@ -27,7 +27,9 @@ from phaseprobe.analysis.capacity_model.step_cost import (
     SchedulerLimits,
     StepCost,
 )
+from phaseprobe.analysis.roofline import ModelCost, Peaks
 from phaseprobe.collect.capacity.fit_run import DEFAULT_DESIGN, FitData, FitDesign, run_fit_probes
+from phaseprobe.collect.model_config import model_cost_from_config
 from phaseprobe.errors import ConfigError
 from phaseprobe.sources.vllm.openai_stream import normalize_base_url, small_json
 from phaseprobe.sources.vllm.step_log import STEP_LOG_FLAG
@@ -43,9 +45,14 @@ __all__ = [
     "server_version",
     "fit_from_doc",
     "PLATFORM_DEFAULTS",
+    "REFUSED_KIND",
+    "store_fit",
+    "server_cache_limits",
 ]
 
 FIT_KIND = "capacity_fit"
+# A fit the roofline refused: kept with its data (nothing lost), never used by predict.
+REFUSED_KIND = "capacity_fit_refused"
 # vLLM 0.32's defaults for its OpenAI server (vllm/engine/arg_utils.py,
 # _set_default_max_num_seqs_and_batched_tokens_args): on CPU 128 sequences and 2048 tokens
 # per step; on GPUs with less than 70 GiB 256 and 2048.
@@ -157,12 +164,22 @@ def fit_deployment(
     model: str | None = None,
     api_key: str | None = None,
     progress: Callable[[str], None] = lambda _: None,
+    peaks: Peaks | None = None,
+    model_config: Path | None = None,
 ) -> tuple[CapacityFit, FitReport]:
     """Fit the deployment at ``endpoint`` (its step log at ``step_log``), or, with neither, the
     local CPU vLLM started for the fit with the step log and ``given``'s limits. Stores the
     fit in ``store_path`` and returns it. Raises ConfigError for an endpoint without a step log
-    and what the probes and the fit raise."""
+    and what the probes and the fit raise. With ``peaks``, a fit faster than the hardware can
+    go (``model_config``'s FLOPs and bytes; the local model's own when phaseprobe starts it) is
+    refused: stored as a refused fit, and a ConfigError says why."""
     from phaseprobe.collect.target import served_model
+
+    if peaks is not None and model_config is None and endpoint is not None:
+        raise ConfigError("--peaks with --endpoint needs --model-config PATH (its config.json)")
+    model_cost = None
+    if peaks is not None and model_config is not None:
+        model_cost = model_cost_from_config(model_config)
 
     with ExitStack() as stack:
         launched = endpoint is None
@@ -172,7 +189,9 @@ def fit_deployment(
 
             progress("starting the local CPU vLLM with its step log (about 30 s)…")
             venv = install(progress=progress)
-            ensure_model(venv=venv)
+            model_dir = ensure_model(venv=venv)
+            if peaks is not None and model_cost is None:
+                model_cost = model_cost_from_config(model_dir)
             server = stack.enter_context(
                 LocalVllm(venv=venv, extra_args=[STEP_LOG_FLAG, *given.launch_args()])
             )
@@ -220,9 +239,37 @@ def fit_deployment(
             "failed": data.failed[:20],
         },
     }
+    return store_fit(store_path, source, doc, report.cost, peaks, model_cost), report
+
+
+def store_fit(
+    store_path: Path,
+    source: str,
+    doc: dict[str, Any],
+    cost: StepCost,
+    peaks: Peaks | None,
+    model_cost: ModelCost | None,
+) -> CapacityFit:
+    """Store ``doc`` as a fit and return it; or, when ``cost`` is faster than ``peaks`` allow
+    for ``model_cost``, store it as refused (its data kept) and raise ConfigError saying why."""
+    from phaseprobe.analysis.capacity_model.bound import faster_than_hardware
+
+    too_fast = faster_than_hardware(cost, model_cost, peaks) if peaks and model_cost else []
+    if too_fast:
+        doc = {**doc, "refused": too_fast}
+        with Store(store_path) as store:
+            refused_id = store.add_analysis(REFUSED_KIND, source, doc)
+        raise ConfigError(
+            "fit refused, faster than the hardware can go: "
+            + "; ".join(too_fast)
+            + f" (kept with its data as analysis {refused_id} in {store_path}; check the "
+            "peaks, the model config and that the step log is this server's)"
+        )
+    if peaks is not None and model_cost is not None:
+        doc = {**doc, "roofline": f"within the bounds of {peaks.origin}"}
     with Store(store_path) as store:
         analysis_id = store.add_analysis(FIT_KIND, source, doc)
-    return fit_from_doc(doc, analysis_id), report
+    return fit_from_doc(doc, analysis_id)
 
 
 def fit_from_doc(doc: dict[str, Any], analysis_id: int | None) -> CapacityFit:
@@ -261,10 +308,39 @@ def load_fit(store: Store, analysis_id: int | None = None) -> CapacityFit:
         raise ConfigError(f"capacity fit {analysis_id} in {store.path} is damaged ({e})") from None
 
 
+def server_cache_limits(base_url: str) -> dict[str, Any]:
+    """What the server's ``vllm:cache_config_info`` says of the limits a fit carries
+    (``kv_capacity_tokens``, ``block_size``, ``prefix_caching``); empty when it says nothing
+    (no /metrics, another engine)."""
+    from phaseprobe.sources.vllm.metrics import MetricsScraper
+
+    try:
+        labels = MetricsScraper(base_url).scrape().labels_of("cache_config_info")
+    except Exception:  # no /metrics: nothing to compare, which is not an error of the check
+        return {}
+    if not labels:
+        return {}
+    got: dict[str, Any] = {}
+    blocks, size = labels[0].get("num_gpu_blocks"), labels[0].get("block_size")
+    if size and size.isdigit():
+        got["block_size"] = int(size)
+        if blocks and blocks.isdigit():
+            got["kv_capacity_tokens"] = int(blocks) * int(size)
+    caching = labels[0].get("enable_prefix_caching")
+    if caching in ("True", "False"):
+        got["prefix_caching"] = caching == "True"
+    return got
+
+
 def fingerprint_differences(
-    fit: CapacityFit, model: str | None, vllm_version: str | None
+    fit: CapacityFit,
+    model: str | None,
+    vllm_version: str | None,
+    server_limits: dict[str, Any] | None = None,
 ) -> list[str]:
-    """What differs between the fitted deployment and the one at hand (empty: alike)."""
+    """What differs between the fitted deployment and the one at hand (empty: alike):
+    the model, the vLLM version, and the limits the server exports (``server_limits``, from
+    :func:`server_cache_limits`) against the fit's."""
     out = []
     fp = fit.fingerprint
     if model is not None and fp.get("model") != model:
@@ -273,4 +349,8 @@ def fingerprint_differences(
         out.append(
             f"vLLM version: fitted on {fp.get('vllm_version')}, this server runs {vllm_version}"
         )
+    for name, value in (server_limits or {}).items():
+        fitted = getattr(fit.limits, name, None)
+        if fitted is not None and fitted != value:
+            out.append(f"{name}: fitted with {fitted}, this server has {value}")
     return out

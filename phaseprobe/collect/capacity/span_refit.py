@@ -20,14 +20,16 @@ from typing import Any
 from phaseprobe.analysis.capacity_model.fit import FitReport
 from phaseprobe.analysis.capacity_model.span_fit import SpanRange, fit_from_spans
 from phaseprobe.analysis.capacity_model.step_cost import SchedulerLimits
+from phaseprobe.analysis.roofline import Peaks
 from phaseprobe.collect.capacity.model_fit import (
     FIT_KIND,
     PLATFORM_DEFAULTS,
     CapacityFit,
     LimitsGiven,
-    fit_from_doc,
     load_fit,
+    store_fit,
 )
+from phaseprobe.collect.model_config import model_cost_from_config
 from phaseprobe.collect.spans.source import open_spans
 from phaseprobe.errors import ConfigError
 from phaseprobe.store import Store
@@ -81,10 +83,16 @@ def refit_from_spans(
     base_fit_id: int | None = None,
     given: LimitsGiven | None = None,
     model: str | None = None,
+    peaks: Peaks | None = None,
+    model_config: Path | None = None,
 ) -> tuple[CapacityFit, FitReport, SpanRange]:
     """Fit from the spans of ``window``, store it in ``store_path``, return it. Raises
     ConfigError for too few spans, spans of several models (without ``model``), or of another
-    model than the base fit's."""
+    model than the base fit's; with ``peaks`` and ``model_config``, a refit faster than the
+    hardware can go is refused (stored as refused)."""
+    if (peaks is None) != (model_config is None):
+        raise ConfigError("the roofline check needs both --peaks and --model-config PATH")
+    model_cost = model_cost_from_config(model_config) if model_config is not None else None
     base: CapacityFit | None = None
     if store_path.is_file():
         with Store(store_path, readonly=True) as store:
@@ -176,6 +184,5 @@ def refit_from_spans(
         },
         "fitted_at_ns": time.time_ns(),
     }
-    with Store(store_path) as store:
-        analysis_id = store.add_analysis(FIT_KIND, f"spans: {where}", doc)
-    return fit_from_doc(doc, analysis_id), report, rng
+    fit = store_fit(store_path, f"spans: {where}", doc, report.cost, peaks, model_cost)
+    return fit, report, rng

@@ -224,6 +224,21 @@ def register(subparsers: Any) -> None:
         metavar="ID",
         help="the base fit whose limits the refit keeps (default: the store's newest, if any)",
     )
+    bound = fit.add_argument_group("roofline check (a fit faster than the hardware is refused)")
+    bound.add_argument(
+        "--peaks",
+        default=None,
+        metavar="GPU|calibrated",
+        help="hardware peaks: a GPU from the datasheet table, or `calibrated` (this machine's "
+        "`phaseprobe calibrate`)",
+    )
+    bound.add_argument(
+        "--model-config",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="the served model's config.json or directory (default for the local vLLM: its own)",
+    )
     _limit_args(fit)
     store_and_json_args(fit)
 
@@ -396,6 +411,17 @@ def _pct(v: float | None) -> str:
     return "–" if v is None else f"{v * 100:.1f} %"
 
 
+def _peaks(args: argparse.Namespace) -> Any:
+    from phaseprobe.collect.efficiency import resolve_peaks, validate_options
+
+    if args.peaks is None:
+        if args.model_config is not None:
+            raise ConfigError("--model-config goes with --peaks (the roofline check)")
+        return None
+    validate_options(args.peaks, None)
+    return resolve_peaks(args.peaks)
+
+
 def _fit(args: argparse.Namespace, out: Console, err: Console) -> int:
     from phaseprobe.collect.capacity.fit_run import DEFAULT_DESIGN, QUICK_DESIGN
     from phaseprobe.collect.capacity.model_fit import LimitsGiven, fit_deployment
@@ -424,6 +450,8 @@ def _fit(args: argparse.Namespace, out: Console, err: Console) -> int:
         model=args.model,
         api_key=_api_key(args),
         progress=notices.detail,
+        peaks=_peaks(args),
+        model_config=args.model_config,
     )
     if args.json:
         doc = {k: v for k, v in fit.doc.items() if k != "data"}
@@ -461,8 +489,17 @@ def _fit_spans(args: argparse.Namespace, out: Console, err: Console) -> int:
         max_num_batched_tokens=args.max_num_batched_tokens,
         chunked_prefill=False if args.no_chunked_prefill else None,
     )
+    peaks = _peaks(args)
+    if peaks is not None and args.model_config is None:
+        raise ConfigError("--peaks with --from-spans needs --model-config PATH (its config.json)")
     fit, report, rng = refit_from_spans(
-        window, _store(args), base_fit_id=args.fit, given=given, model=args.model
+        window,
+        _store(args),
+        base_fit_id=args.fit,
+        given=given,
+        model=args.model,
+        peaks=peaks,
+        model_config=args.model_config if peaks is not None else None,
     )
     if args.json:
         doc = {k: v for k, v in fit.doc.items() if k != "data"}
