@@ -30,6 +30,7 @@ from phaseprobe.analysis.rules.base import Evidence
 from phaseprobe.analysis.rules.lora import adapter_thrash
 from phaseprobe.errors import ConfigError, LocalServerError
 from phaseprobe.local.tiny_lora import ATTENTION, MLP, lora_modules_args, make_adapters
+from phaseprobe.present.cli import main
 from phaseprobe.present.cli.cmd_probe import adapter_names
 from phaseprobe.records import (
     AdapterUse,
@@ -284,7 +285,11 @@ def test_the_tiny_adapter_is_peft_safetensors_of_the_models_shapes(tmp_path: Pat
         make_adapters(model, tmp_path / "bad", ["z"], targets=("lm_head",))
 
 
-def test_the_probe_option_names_distinct_adapters() -> None:
+def test_the_probe_option_names_distinct_adapters(capsys: pytest.CaptureFixture[str]) -> None:
     assert adapter_names("a, b,a,,c") == ("a", "b", "c")
     with pytest.raises(argparse.ArgumentTypeError):
         adapter_names(" , ")
+    # a P/D probe sends its legs itself: refused at once, not ignored
+    argv = ["probe", "--prefill", "http://127.0.0.1:9", "--decode", "http://127.0.0.1:10"]
+    assert main([*argv, "--adapters", "a"]) == 2
+    assert "--adapters cannot be combined with --prefill/--decode" in capsys.readouterr().err

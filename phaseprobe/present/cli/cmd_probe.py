@@ -537,6 +537,8 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
 
     topo = pd_topology(args)
     if topo is not None:
+        if args.adapters:  # the P/D probe sends each leg itself: no adapter cycle there
+            raise ConfigError("--adapters cannot be combined with --prefill/--decode")
         return run_pd(args, topo, out, err)
     options = session_options(args)
     replicas = replica_targets(args)
