@@ -59,6 +59,7 @@ def test_the_pool_that_binds_is_the_one_the_work_loads(
     spec = WorkloadSpec(Fixed(prompt), Fixed(output), n=300)
     pred = predict_deployment(COST, LIMITS, OVER, spec, [1.0], pd=PdSplit(1, 1, 0.01, "test"))
     assert pred.pd is not None and pred.pd["binding_pool"] == binds
+    assert pred.saturation.binding == f"{binds} pool"
     pools = (pred.pd["prefill_pool_saturation_rps"], pred.pd["decode_pool_saturation_rps"])
     # the whole split cannot serve more than its tighter pool (5 % for the simulation's noise)
     assert pred.saturation.rate <= min(pools) * 1.05

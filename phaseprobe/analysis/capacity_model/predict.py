@@ -188,6 +188,12 @@ def predict_deployment(
     if pd is not None:
         pd_doc, pd_notes = _pd_sides(cost, limits, overheads, spec, slo, pd, sat)
         notes += pd_notes
+        # the whole split's steps mix two pools: what binds it is the tighter pool
+        sat = replace(
+            sat,
+            binding=f"{pd_doc['binding_pool']} pool",
+            explanation=pd_notes[0].split(": ", 1)[1],
+        )
     if n > 1:
         notes.append(
             f"{n} replicas behind round robin: replica 0 simulated with every {n}th request"
