@@ -110,3 +110,30 @@ def test_predict_pd_takes_the_hand_over_given_or_says_where_to_measure_it(
     with pytest.raises(SystemExit):  # argparse's own exit, as for every bad option value
         main([*argv[:-1], "3"])
     assert "not a prefill:decode split" in capsys.readouterr().err
+
+
+def test_the_hand_over_is_the_median_of_the_stores_transferred_p_d_runs(tmp_path: Path) -> None:
+    from phaseprobe.collect.capacity.hand_over import measured_hand_over
+    from phaseprobe.records import Experiment, Isolation, PdLegs, Run, RunSpec
+    from phaseprobe.store import Store
+
+    def legs(hand_over: float, kv: str) -> PdLegs:
+        return PdLegs(None, None, hand_over, None, None, None, None, None, None, kv, "test")
+
+    store = tmp_path / "s.sqlite"
+    with pytest.raises(ConfigError, match="no experiment store"):
+        measured_hand_over(store)
+    with Store(store) as s:
+        spec = RunSpec(endpoint="http://r", model="m", prompt="p", max_tokens=8)
+        exp = s.create_experiment(Experiment("pd probe", "probe", spec, {}, 0))
+        # a recomputed prompt's hand-over is no transfer: left out of the median
+        for seq, (h, kv) in enumerate(
+            [(0.010, "transferred"), (0.030, "transferred"), (0.020, "transferred"),
+             (0.500, "recomputed")]
+        ):  # fmt: skip
+            run = Run(seq=seq, status="ok", prompt="p", client=None, server=None,
+                      isolation=Isolation(True, True), pd=legs(h, kv))  # fmt: skip
+            s.add_run(exp, run)
+    value, source = measured_hand_over(store)
+    assert value == pytest.approx(0.020)
+    assert source.startswith(f"median of 3 measured in experiment {exp} (pd probe")
