@@ -4,14 +4,18 @@ SLO, and a check of that prediction against a real load.
     phaseprobe model fit [--endpoint URL --step-log FILE] [--max-num-seqs N] [--quick]
     phaseprobe model fit --from-spans --window 15m [--spans-from URL] [--fit ID]
     phaseprobe model predict --rates 0.5,1,2 [--slo ttft=0.5,tpot=0.05] [--prompt-tokens 128]
+    phaseprobe model predict --pd 1:2 [--hand-over-ms 20]   # a prefill/decode split, on paper
+    phaseprobe model predict --replay bench.json | --replay-spans 15m
     phaseprobe model check --rates 1,3 [--endpoint URL] [--requests 40]
+    phaseprobe model check --from-bench bench.json          # vllm bench's own run as the truth
 
 ``fit`` runs probes phaseprobe designs (prompt lengths, concurrencies, a mixed burst) and fits
 the engine step's cost from vLLM's step log and the client's timings; with no ``--endpoint`` it
 starts the local CPU vLLM with its step log. ``predict`` simulates vLLM's scheduler with that
 cost. ``check`` runs a real open-loop load and prints predicted against measured.
 ``fit --from-spans`` refits the step cost of a server already busy from its request spans in
-a window (no probe, no step log), keeping a base fit's scheduler limits.
+a window (no probe, no step log), keeping a base fit's scheduler limits. ``fit --peaks`` refuses
+a cost faster than the hardware can go.
 """
 
 from __future__ import annotations
