@@ -79,10 +79,13 @@ class ArrowColumns:
                 if n == 0:
                     continue
                 out = np.empty((len(exprs), n), np.int64).T  # columns contiguous
-                for i, col in enumerate(batch.columns):
-                    if str(col.type) != "int64" or col.null_count:
-                        raise NotIntegers(f"{table}: {exprs[i]} is {col.type}")
-                    out[:, i] = col.to_numpy()
+                cols = batch.columns
+                del batch  # the Arrow copy goes once copied, not when the next one comes
+                for i in range(len(cols)):
+                    if str(cols[i].type) != "int64" or cols[i].null_count:
+                        raise NotIntegers(f"{table}: {exprs[i]} is {cols[i].type}")
+                    out[:, i] = cols[i].to_numpy()
+                del cols
                 yield out
         except (_adbc.Error, OSError) as exc:  # the driver's type mismatch mid-way
             raise NotIntegers(f"{table}: {exc}") from None
@@ -111,13 +114,15 @@ def _prefetched(reader: Any) -> Generator[Any, None, None]:
                     item: tuple[str, Any] = ("batch", reader.read_next_batch())
                 except StopIteration:
                     item = ("end", None)
+                end = item[0] == "end"
                 while not stop.is_set():
                     try:
                         box.put(item, timeout=0.1)
                         break
                     except queue.Full:
                         continue
-                if item[0] == "end":
+                del item  # not held while the next batch is read
+                if end:
                     return
         except BaseException as exc:  # handed to the caller, raised there
             box.put(("error", exc))
@@ -126,12 +131,13 @@ def _prefetched(reader: Any) -> Generator[Any, None, None]:
     th.start()
     try:
         while True:
-            kind, value = box.get()
+            slot = [box.get()]
+            kind = slot[0][0]
             if kind == "end":
                 return
             if kind == "error":
-                raise value
-            yield value
+                raise slot[0][1]
+            yield slot.pop()[1]  # no name here keeps the batch alive while the caller works
     finally:
         stop.set()
         while th.is_alive():
