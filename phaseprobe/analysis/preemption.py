@@ -19,10 +19,12 @@ a non-zero count means the KV cache could not hold that one request as it grew. 
 shared the server counts everyone's preemptions over its time, not its own.
 
 Per window (:func:`preemption_window`): the counter's increase over the window, its rate, the
-preemptions per finished request, and the KV usage (``kv_cache_usage_perc``, a fraction)
-around them: :func:`kv_at_preemptions` takes, for each interval between two scrapes in which
-the counter moved, the fuller of the two readings. A scrape sees the cache between engine steps
-and a preemption frees blocks at once, so the true peak can be higher than any reading.
+preemptions per finished request, the finished requests preempted twice or more (from the
+histogram's buckets: :func:`repeated_preemptions`), and the KV usage (``kv_cache_usage_perc``,
+a fraction) around them: :func:`kv_at_preemptions` takes, for each interval between two
+scrapes in which the counter moved, the fuller of the two readings. A scrape sees the cache
+between engine steps and a preemption frees blocks at once, so the true peak can be higher
+than any reading.
 
 Pure: runs, a :class:`~phaseprobe.analysis.rules.live_base.ReplicaWindow` and plain numbers in,
 figures and sentences out.
@@ -48,6 +50,7 @@ __all__ = [
     "probe_preemption",
     "kv_at_preemptions",
     "preemption_window",
+    "repeated_preemptions",
 ]
 
 COUNTER = "num_preemptions"  # the canonical counter (sources.vllm.metrics.ALIASES)
@@ -180,6 +183,8 @@ class PreemptionWindow:
     kv_mean: float | None  # kv_cache_usage_perc over the window's scrapes (fraction)
     kv_max: float | None
     kv_at: tuple[float, ...] = ()  # per interval where the counter moved (kv_at_preemptions)
+    # finished requests preempted twice or more (request_num_preemptions; None: not exported)
+    repeated: float | None = None
 
     @property
     def rate_per_s(self) -> float | None:
@@ -216,6 +221,8 @@ class PreemptionWindow:
         )
         said = f"{self.preemptions:g} preemption(s) in {self.window_s:.0f} s ({'; '.join(figures)})"
         at = self.kv_at_max
+        if self.repeated:
+            said += f", {self.repeated:g} finished request(s) preempted twice or more"
         if at is not None:
             said += (
                 f", KV cache at {pct(at)} around them ({len(self.kv_at)} scrape interval(s) "
@@ -236,6 +243,7 @@ class PreemptionWindow:
             "kv_usage_max": _round(self.kv_max, 4),
             "kv_usage_at_preemptions": _round(self.kv_at_max, 4),
             "intervals_with_preemptions": len(self.kv_at),
+            "requests_preempted_twice_or_more": self.repeated,
             "reason": None,
             "reason_note": REASON_NOTE,
             "said": self.sentence(),
@@ -253,7 +261,21 @@ def preemption_window(w: ReplicaWindow, window_s: float) -> PreemptionWindow:
         kv_mean=w.gauge_mean.get("kv_cache_usage"),
         kv_max=w.gauge_max.get("kv_cache_usage"),
         kv_at=w.preemption_kv,
+        repeated=repeated_preemptions(w.buckets.get("request_num_preemptions")),
     )
+
+
+def repeated_preemptions(rows: Sequence[tuple[float, float]] | None) -> float | None:
+    """Finished requests preempted twice or more, from ``request_num_preemptions``' bucket
+    increases (cumulative ``(le, count)``): all of them less those in ``le=1``, which holds the
+    never and the once preempted together. None when the histogram is not there."""
+    if not rows:
+        return None
+    by_le = dict(rows)
+    total = by_le.get(float("inf"))
+    if total is None or 1.0 not in by_le:
+        return None
+    return max(0.0, total - by_le[1.0])
 
 
 def _kv_words(mean: float | None, peak: float | None) -> str:

@@ -54,10 +54,17 @@ def server() -> Iterator[Server]:
         yield Server(vllm.base_url, vllm.model, vllm.log_path)
 
 
-def _preemptions(url: str) -> float:
-    value = MetricsScraper(url).scrape().value("num_preemptions")
+def _preemptions(url: str) -> tuple[float, float]:
+    """vLLM's own counter, and its finished requests preempted twice or more (the per-request
+    histogram: all observed less its le=1 bucket)."""
+    snap = MetricsScraper(url).scrape()
+    value = snap.value("num_preemptions")
     assert value is not None, "vLLM 0.32 exports vllm:num_preemptions_total"
-    return value
+    name = snap.resolve("request_num_preemptions")
+    once = sum(v for labels, v in snap.samples[name + "_bucket"] if labels["le"] == "1.0")
+    total = snap.value("request_num_preemptions", "_count")
+    assert total is not None
+    return value, total - once
 
 
 def _scrapes_logged(log: Path) -> int:
@@ -119,11 +126,11 @@ def test_watch_and_check_live_count_vllms_own_preemptions(server: Server, tmp_pa
             line = check.stderr.readline()
             assert line, f"check --live ended before its window: {started}"
             started += line
-        before = _preemptions(server.url)
+        before, rep_before = _preemptions(server.url)
         t0 = time.monotonic()
         usages = _burst(server)
         burst_s = time.monotonic() - t0
-        after = _preemptions(server.url)
+        after, rep_after = _preemptions(server.url)
         time.sleep(2.5)  # a watch reading after the burst (it re-reads every 2 s)
         watch.send_signal(signal.SIGINT)
         w_out, w_err = watch.communicate(timeout=120)
@@ -136,7 +143,10 @@ def test_watch_and_check_live_count_vllms_own_preemptions(server: Server, tmp_pa
     assert [u["completion_tokens"] for u in usages] == [MAX_TOKENS] * BURST
     assert burst_s < WINDOW_S, f"the burst took {burst_s:.1f} s, longer than the window"
     vllm_count = after - before
-    print(f"\nburst of {BURST} in {burst_s:.1f} s: vLLM counted {vllm_count:g} preemptions")
+    print(
+        f"\nburst of {BURST} in {burst_s:.1f} s: vLLM counted {vllm_count:g} preemptions, "
+        f"{rep_after - rep_before:g} requests preempted twice or more"
+    )
     assert vllm_count >= 1, "the 2,048-token cache should have forced preemptions"
 
     assert watch.returncode == 0, w_err[-3000:]
@@ -146,6 +156,7 @@ def test_watch_and_check_live_count_vllms_own_preemptions(server: Server, tmp_pa
     assert w["reason"] is None and "no preemption reason" in w["reason_note"]
     assert w["kv_usage_max"] > 0.5 and w["intervals_with_preemptions"] >= 1
     assert w["kv_usage_at_preemptions"] is not None
+    assert w["requests_preempted_twice_or_more"] == rep_after - rep_before
 
     assert check.returncode in (0, 1), c_err[-3000:]
     [v] = [v for v in json.loads(c_out)["verdicts"] if v["rule"] == "live_preemptions"]
@@ -156,17 +167,18 @@ def test_watch_and_check_live_count_vllms_own_preemptions(server: Server, tmp_pa
     assert re.search(rf"^{vllm_count:g} preemption\(s\) in \d+ s \(", v["summary"])
     assert "--max-num-seqs" in v["recommendation"]
     assert v["numbers"]["preemptions_per_s"] > 0
+    assert v["numbers"]["requests_preempted_twice_or_more"] == rep_after - rep_before
 
 
 def test_isolated_probe_runs_count_zero(server: Server, tmp_path: Path):
-    before = _preemptions(server.url)
+    before, _ = _preemptions(server.url)
     done = subprocess.run(
         [sys.executable, "-m", "phaseprobe", "probe", "--endpoint", server.url, "--runs", "2",
          "--warmup", "0", "--max-tokens", "16", "--store", str(tmp_path / "p.sqlite"), "--json"],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    after = _preemptions(server.url)
+    after, _ = _preemptions(server.url)
     doc = json.loads(done.stdout)["preemption"]
     print("\nprobe:", doc["said"])
     alone = [r for r in doc["runs"] if r["alone"]]

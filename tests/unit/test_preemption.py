@@ -11,6 +11,7 @@ from phaseprobe.analysis.preemption import (
     kv_at_preemptions,
     preemption_window,
     probe_preemption,
+    repeated_preemptions,
     run_preemptions,
 )
 from phaseprobe.analysis.rules.live_base import ReplicaWindow
@@ -89,6 +90,20 @@ def test_window_figures_rate_per_request_and_kv():
     assert preemption_window(ReplicaWindow("r1", {}), 10.0).preemptions is None
     lone = preemption_window(ReplicaWindow("r1", {"num_preemptions": 1.0}), 0.0)
     assert lone.sentence() == "1 preemption(s) in 0 s (no request finished)"
+
+
+def test_repeated_preemptions_from_the_histograms_buckets():
+    inf = float("inf")
+    # 10 finished: 7 never or once (le=1), 2 twice, 1 five times
+    rows = ((1.0, 7.0), (2.0, 9.0), (5.0, 10.0), (inf, 10.0))
+    assert repeated_preemptions(rows) == 3.0
+    assert repeated_preemptions(None) is None and repeated_preemptions(((inf, 4.0),)) is None
+    w = ReplicaWindow(
+        "r1", {"num_preemptions": 12.0, "finished": 10.0}, buckets={"request_num_preemptions": rows}
+    )
+    f = preemption_window(w, 10.0)
+    assert f.repeated == 3.0 and f.to_dict()["requests_preempted_twice_or_more"] == 3.0
+    assert "3 finished request(s) preempted twice or more" in f.sentence()
 
 
 def _page(preempt: float, kv: float, finished: float, t_s: float):

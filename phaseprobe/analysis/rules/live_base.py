@@ -28,8 +28,8 @@ Per replica (:class:`ReplicaWindow`):
     the increase of each ``_bucket`` of the histograms in :data:`BUCKET_HISTOGRAMS`
     (``queue_time``, ``prefill_time``, ``nixl_xfer_time``, and the KV block residency
     histograms ``kv_block_lifetime``, ``kv_block_idle_before_evict``, ``kv_block_reuse_gap``
-    with ``--kv-cache-metrics``): cumulative ``(le, count)`` pairs,
-    summed over engines, for a window quantile (:meth:`ReplicaWindow.quantile`).
+    with ``--kv-cache-metrics``, and ``request_num_preemptions``): cumulative ``(le, count)``
+    pairs, summed over engines, for a window quantile (:meth:`ReplicaWindow.quantile`).
 ``gauge_mean`` / ``gauge_max``
     ``requests_running``, ``requests_waiting``, ``kv_cache_usage`` (a fraction, 0–1), and
     ``waiting_capacity`` / ``waiting_deferred`` (``num_requests_waiting_by_reason``: waiting
@@ -111,6 +111,8 @@ BUCKET_HISTOGRAMS = (
     "kv_block_lifetime",
     "kv_block_idle_before_evict",
     "kv_block_reuse_gap",
+    # preemptions per finished request: requests preempted twice or more (preemption.py)
+    "request_num_preemptions",
 )
 # num_requests_waiting_by_reason's reasons (vLLM 0.32) -> gauge keys
 WAITING_REASONS = {"capacity": "waiting_capacity", "deferred": "waiting_deferred"}

@@ -64,6 +64,7 @@ def preemption_pressure(ev: LiveEvidence) -> Verdict:
             "kv_usage_mean": num(f.kv_mean, 4),
             "kv_usage_max": num(f.kv_max, 4),
             "kv_usage_at_preemptions": num(f.kv_at_max, 4),
+            "requests_preempted_twice_or_more": f.repeated,
             "reason": None,
         }
         if pre <= 0 and (done is None or done < MIN_FINISHED):

@@ -73,6 +73,9 @@ ALIASES: dict[str, tuple[Kind, tuple[str, ...]]] = {
     "kv_block_lifetime": ("histogram", ("kv_block_lifetime_seconds",)),
     "kv_block_idle_before_evict": ("histogram", ("kv_block_idle_before_evict_seconds",)),
     "kv_block_reuse_gap": ("histogram", ("kv_block_reuse_gap_seconds",)),
+    # preemptions of each finished request, observed when it finishes (0.32); its first
+    # bucket (le=1) holds the never and the once preempted together
+    "request_num_preemptions": ("histogram", ("request_num_preemptions",)),
     # speculative decoding (--speculative-config only: absent means not enabled), counted per
     # engine step that verified drafts; per_pos by label position 0…k-1
     "spec_decode_num_drafts": ("counter", ("spec_decode_num_drafts",)),
