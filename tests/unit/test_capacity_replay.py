@@ -40,7 +40,7 @@ def test_a_trace_is_rescaled_to_the_rate_and_repeated_after_itself() -> None:
     # 4th and 5th are the trace again one mean gap (1.5 s) after its end
     got = replayed([10.0, 11.0, 13.0], 5, 1.0)
     assert got == pytest.approx([0, 2 / 3, 2, 4.5 * 2 / 3, 5.5 * 2 / 3])
-    spec = WorkloadSpec.replay([(0.0, 10, 3), (2.0, 20, 4), (1.0, 30, 5)])
+    spec = WorkloadSpec.replay([(0.0, 10, 3), (2.0, 20, 4), (1.0, 30, 5)], 3)
     assert spec.recorded_rate == pytest.approx(1.0)
     reqs = spec.at(1.0)
     assert [(r.arrival_s, r.prompt_tokens, r.output_tokens) for r in reqs] == [
@@ -147,7 +147,10 @@ def test_predict_replays_a_bench_file_at_its_own_rate_unless_told(
     trace = read_bench_detailed(bench).trace
     assert rate["rate"] == pytest.approx(148 / (trace[-1][0] - trace[0][0]))
     assert doc["workload"]["arrivals"] == "replay" and doc["workload"]["trace_requests"] == 149
+    # repeated to 1,000: a trace shorter than the saturation search needs is not taken alone
+    assert doc["workload"]["n"] == 1000
     assert doc["notes"][0].startswith("replayed: 149 requests")
+    assert doc["notes"][0].endswith("repeats them to 1000 requests")
     doc = _json([*argv, "--rates", "1,2"], capsys)
     assert [r["rate"] for r in doc["rates"]] == [1.0, 2.0]
     rc = main([*argv, "--arrivals", "gamma:2"])
@@ -176,4 +179,5 @@ def test_predict_replays_the_spans_of_a_window(
         capsys,
     )
     assert doc["workload"]["trace_requests"] == 40 and doc["workload"]["n"] == 80
+    assert any("saturation from 80 requests" in n for n in doc["notes"])
     assert doc["rates"][0]["rate"] == pytest.approx(1.0)  # one a second, as recorded

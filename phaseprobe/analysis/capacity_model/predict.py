@@ -167,6 +167,12 @@ def predict_deployment(
             f"fit's {rng['max_output_tokens']}-token decodes)"
         )
     sat = saturation(replica_workload, cost, limits, overheads, sim=sim)
+    if spec.n < 2 * limits.max_num_seqs:
+        notes.append(
+            f"saturation from {spec.n} requests, under 2 × max_num_seqs ({limits.max_num_seqs}):"
+            " requests admitted in one wave finish together, which can read several times "
+            "too high (give more --requests)"
+        )
     asked = [r / n for r in rates] if rates else [r / n for r in default_rates(sat.rate * n)]
     preds = tuple(
         predict_rate(replica_workload, r, cost, limits, overheads, slo, seed=spec.seed, sim=sim)

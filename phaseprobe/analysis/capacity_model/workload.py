@@ -199,14 +199,16 @@ class WorkloadSpec:
     @classmethod
     def replay(cls, trace: Sequence[tuple[float, int, int]], n: int | None = None) -> WorkloadSpec:
         """The workload of a recorded trace (see the class docstring); ``n`` defaults to its
-        length."""
+        length, and at least 1,000 (the trace again after itself): the saturation search sends
+        every request at once, and a short trace admitted in one wave would finish together,
+        which reads as a rate many times too high."""
         rows = tuple(sorted((float(t), int(p), int(o)) for t, p, o in trace))
         if len(rows) < 2:
             raise ConfigError(f"a replayed trace needs at least 2 requests, not {len(rows)}")
         return cls(
             prompt=Empirical([r[1] for r in rows]),
             output=Empirical([r[2] for r in rows]),
-            n=n or len(rows),
+            n=n or max(len(rows), 1000),
             arrivals="replay",
             trace=rows,
         )

@@ -265,7 +265,7 @@ def register(subparsers: Any) -> None:
         type=int_in(50, 200_000),
         default=None,
         metavar="N",
-        help="simulated requests per rate (default: 1000, or a replayed trace's length)",
+        help="simulated requests per rate (default: 1000, or a replayed trace's length if more)",
     )
     replay = predict.add_mutually_exclusive_group()
     replay.add_argument(
@@ -677,6 +677,7 @@ def _replay_spec(args: argparse.Namespace, store_path: Path) -> tuple[Any, Any, 
     note = (
         f"replayed: {len(trace)} requests from {where}, recorded at "
         f"{recorded or float('nan'):.3g} req/s; each rate rescales their send times"
+        + (f", and repeats them to {spec.n} requests" if spec.n > len(trace) else "")
     )
     return spec, rates, note
 
