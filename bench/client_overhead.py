@@ -31,15 +31,24 @@ import argparse
 import multiprocessing as mp
 import os
 import statistics
+import sys
 import time
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
+from pathlib import Path
 
 import requests
 
-from phaseprobe.sources.stall_watch import StallWatch
-from phaseprobe.sources.vllm.openai_stream import StreamClient, _StreamState, build_body
-from phaseprobe.testing.sse_server import Script, SseServer
+# this checkout's phaseprobe, not an installed copy (the script's directory is bench/)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from phaseprobe.sources.stall_watch import StallWatch  # noqa: E402
+from phaseprobe.sources.vllm.openai_stream import (  # noqa: E402
+    StreamClient,
+    _StreamState,
+    build_body,
+)
+from phaseprobe.testing.sse_server import Script, SseServer  # noqa: E402
 
 GOAL_EXTRA_CPU_US = 5.0  # issue 42 item 5
 

@@ -48,14 +48,17 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+# this checkout's phaseprobe, not an installed copy (the script's directory is bench/)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from google.protobuf.internal import api_implementation
 
-from phaseprobe.collect.spans import receiver as receiver_module
-from phaseprobe.collect.spans.receiver import SpanReceiver, SpanSink
-from phaseprobe.sources.vllm.otlp_proto_fast import view_request_class
-from phaseprobe.sources.vllm.otlp_spans import SpanBatch, decode_protobuf, decode_request
-from phaseprobe.store import Store
-from phaseprobe.testing.otlp_payloads import export_request, vllm_span
+from phaseprobe.collect.spans import receiver as receiver_module  # noqa: E402
+from phaseprobe.collect.spans.receiver import SpanReceiver, SpanSink  # noqa: E402
+from phaseprobe.sources.vllm.otlp_proto_fast import view_request_class  # noqa: E402
+from phaseprobe.sources.vllm.otlp_spans import SpanBatch, decode_protobuf, decode_request  # noqa: E402
+from phaseprobe.store import Store  # noqa: E402
+from phaseprobe.testing.otlp_payloads import export_request, vllm_span  # noqa: E402
 
 T0 = 1_700_000_000_000_000_000
 EXPORT_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
