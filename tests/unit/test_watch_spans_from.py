@@ -34,8 +34,16 @@ def test_watch_reads_a_chdb_store_with_the_sqlite_summary(
 ):
     pytest.importorskip("chdb")
     spans = fleet_spans(60, seed=5)
-    # the spans finish while the watch runs (its summary covers what finished during it)
-    shift = time.time_ns() + S // 2 - min(s.end_ns for s in spans)
+    # The spans finish while the watch runs (its summary covers what finished during it), so
+    # the first must end after both stores are written and the watch has started. A first
+    # chdb store alone took 0.6 s here (a fixed 0.5 s lead lost 17 of 60 spans): the stores
+    # are written once to warm up, and the lead is three times that, plus a second.
+    started = time.monotonic()
+    sqlite_store(tmp_path / "warm.sqlite", spans).close()
+    with chdb_store(tmp_path / "warm-ch", spans):
+        pass
+    lead_ns = int((1.0 + 3 * (time.monotonic() - started)) * S)
+    shift = time.time_ns() + lead_ns - min(s.end_ns for s in spans)
     spans = [replace(s, start_ns=s.start_ns + shift, end_ns=s.end_ns + shift) for s in spans]
     duration = (max(s.end_ns for s in spans) - time.time_ns()) / 1e9 + 0.5
     sqlite_store(tmp_path / "s.sqlite", spans).close()
