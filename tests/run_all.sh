@@ -8,8 +8,10 @@
 #   3. the local CPU vLLM and tiny model (~2.5 min and ~2.5 GB the first time, then cached),
 #      and the real vllm-router in a venv of its own (~20 s and ~130 MB the first time) for
 #      the fleet tests
-#   4. pytest: unit tests and the integration tests against the real vLLM; the dashboard's
-#      screenshots go to $PHASEPROBE_ARTIFACTS_DIR (default: artifacts/ at the repo root)
+#   4. pytest, twice: the tests not marked integration on two processes (pytest-xdist), then
+#      the integration tests against the real vLLM in one process (their servers are started
+#      once per session); the dashboard's screenshots go to $PHASEPROBE_ARTIFACTS_DIR (default:
+#      artifacts/ at the repo root)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 apt_packages=()
@@ -39,4 +41,17 @@ ruff check phaseprobe tests bench
 ruff format --check phaseprobe tests bench
 # A missing browser fails the dashboard's browser test here instead of skipping it.
 export PHASEPROBE_REQUIRE_BROWSER=1
-exec python3 -m pytest -m "integration or not integration" "$@"
+# Arguments go to both runs. Either run failing fails the script with its exit code, and so
+# does exit 5 ("no tests collected"), except when arguments were given and the other run
+# collected tests (`bash tests/run_all.sh tests/unit/test_store.py` has no integration test).
+set +e
+python3 -m pytest -n 2 -m "not integration" "$@"
+unit=$?
+if [ "$unit" -ne 0 ] && [ "$unit" -ne 5 ]; then exit "$unit"; fi
+python3 -m pytest -m integration "$@"
+integration=$?
+if [ "$integration" -ne 0 ] && [ "$integration" -ne 5 ]; then exit "$integration"; fi
+# each run passed (0) or collected nothing (5) here
+if [ "$unit" -eq 0 ] && [ "$integration" -eq 0 ]; then exit 0; fi
+if [ "$#" -gt 0 ] && [ "$unit" -ne "$integration" ]; then exit 0; fi
+exit 5
