@@ -300,6 +300,21 @@ def test_fuzz_corrupted_exports_raise_only_trace_error(offset: int, junk: bytes)
         tla.range_breakdown(tl.activities, tl.ranges)
 
 
+def test_a_malformed_page_under_the_nvtx_read_is_a_trace_error(tmp_path: Path) -> None:
+    # Found by the fuzz test above: pandas' read_sql wraps SQLite's "database disk image is
+    # malformed" in its own DatabaseError, which escaped read_nsys as it is not sqlite3.Error.
+    good = _good_bytes()
+    at = 36864 if len(good) > 36872 else len(good) - 16  # the NVTX table's page here
+    bad = tmp_path / "bad.sqlite"
+    bad.write_bytes(good[:at] + b"\x00" * 8 + good[at + 8 :])
+    try:
+        tl = read_nsys(bad)
+    except TraceError as exc:
+        assert str(bad) in str(exc)
+    else:
+        tla.range_breakdown(tl.activities, tl.ranges)
+
+
 # Older exports record one runtime call twice, as cudaX and cudaX_vNNNN with the same
 # correlation id on the same thread. Here: 3 launches recorded twice, 1 recorded only in its
 # versioned spelling, 1 versioned row whose twin is on another thread (a call of its own).

@@ -557,7 +557,9 @@ def read_nsys(path: str | os.PathLike[str], *, with_launch: bool = True) -> Time
             meta=meta,
             api=api,
         )
-    except sqlite3.Error as exc:
+    except (sqlite3.Error, pd.errors.DatabaseError) as exc:
+        # pandas' read_sql wraps SQLite's own error ("database disk image is malformed") in
+        # its DatabaseError, which is not a sqlite3.Error
         raise TraceError(str(path), f"unreadable Nsight export ({exc})") from None
     except (TypeError, ValueError, OverflowError) as exc:  # text or NULL in a number column
         # (a UnicodeDecodeError from SQLite's error message on a corrupt file is a ValueError)
