@@ -39,6 +39,7 @@ from phaseprobe.sources.vllm.otlp_spans import (
     _attributes,
     _bounded,
     _text,
+    _timestamp_problem,
 )
 
 __all__ = ["decode_view", "view_request_class"]
@@ -275,13 +276,7 @@ def _decode(message: Any) -> SpanBatch:
                     seen.append(("other", *counted, min(start_ns, int64 - 1), trace_id + span_id))
                     continue
                 if start_ns == 0 or start_ns >= int64 or end_ns >= int64 or end_ns < start_ns:
-                    problem = (
-                        "no start time"
-                        if start_ns == 0
-                        else "timestamp out of range"
-                        if start_ns >= int64 or end_ns >= int64
-                        else "ends before it starts (clock skew between the exporter's timestamps)"
-                    )
+                    problem = _timestamp_problem(start_ns, end_ns) or "timestamp out of range"
                     batch.rejected[problem] += 1
                     key_bytes = trace_id + span_id
                     seen.append(("rejected", "", problem, min(start_ns, int64 - 1), key_bytes))

@@ -323,11 +323,19 @@ def _identity(span: Span) -> tuple[int, bytes]:
 def _problem(span: Span) -> str | None:
     if len(span.trace_id) != 16 or len(span.span_id) != 8:
         return "missing or malformed trace/span id"
-    if span.start_time_unix_nano == 0:
+    return _timestamp_problem(span.start_time_unix_nano, span.end_time_unix_nano)
+
+
+def _timestamp_problem(start_ns: int, end_ns: int) -> str | None:
+    """Why a span's start and end (unsigned ns from OTLP) cannot be stored, or None.
+
+    The one wording of the three rejections: the fast decoders guard with the same test
+    inline and call this only for a span that fails it (no call per good span)."""
+    if start_ns == 0:
         return "no start time"
-    if span.start_time_unix_nano >= _INT64 or span.end_time_unix_nano >= _INT64:
+    if start_ns >= _INT64 or end_ns >= _INT64:
         return "timestamp out of range"
-    if span.end_time_unix_nano < span.start_time_unix_nano:
+    if end_ns < start_ns:
         return "ends before it starts (clock skew between the exporter's timestamps)"
     return None
 
@@ -612,13 +620,7 @@ def _decode_plain(doc: dict[str, Any]) -> SpanBatch:
                     seen.append(("other", *counted, min(start, int64 - 1), trace_id + span_id))
                     continue
                 if start == 0 or start >= int64 or end >= int64 or end < start:
-                    problem = (
-                        "no start time"
-                        if start == 0
-                        else "timestamp out of range"
-                        if start >= int64 or end >= int64
-                        else "ends before it starts (clock skew between the exporter's timestamps)"
-                    )
+                    problem = _timestamp_problem(start, end) or "timestamp out of range"
                     batch.rejected[problem] += 1
                     key_bytes = trace_id + span_id
                     seen.append(("rejected", "", problem, min(start, int64 - 1), key_bytes))
