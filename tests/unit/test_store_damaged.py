@@ -533,7 +533,7 @@ def test_readonly_falls_back_to_immutable_when_the_wal_cannot_be_used(good, monk
 
 def test_locked_store(good, capsys, monkeypatch):
     path, _ = good
-    monkeypatch.setattr("phaseprobe.store.LOCK_TIMEOUT_S", 0.2)
+    monkeypatch.setattr("phaseprobe.store.db.LOCK_TIMEOUT_S", 0.2)
     # A rollback-journal database (e.g. switched by hand) under another's exclusive lock.
     db = sqlite3.connect(path, isolation_level=None)
     db.execute("PRAGMA journal_mode=DELETE")
