@@ -29,10 +29,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NotRequired, Required, TypedDict
 
 __all__ = [
+    "AbArmInfo",
     "AdapterUse",
+    "ArmLaunch",
+    "ArmOrigin",
     "CountedSpan",
     "PdLegs",
     "ReplicaAttribution",
@@ -45,7 +48,10 @@ __all__ = [
     "ClientCheck",
     "Run",
     "Experiment",
+    "InterfereArmInfo",
+    "RedactedArm",
     "RequestSpan",
+    "ServerInfo",
     "SpanWindows",
 ]
 
@@ -496,6 +502,84 @@ class Run:
         }
 
 
+# What an experiment keeps about its server (``Experiment.server_info``): written by
+# collect.connection's ``server_info`` and the commands that add their arm or pair to it;
+# shown by probe and runs, compared between A/B arms. Plain JSON shapes, so they live here
+# with the records that carry them, below every room that writes or reads them.
+
+
+class ArmLaunch(TypedDict):
+    """How phaseprobe starts an arm's server (a playbook's
+    :class:`~phaseprobe.collect.ab.playbook.Launch`), secrets redacted."""
+
+    command: tuple[str, ...] | None  # argv prefix; None: ``vllm serve`` or the local CPU vLLM
+    args: list[str]  # the launch arguments, secret values replaced by <redacted>
+    env: dict[str, str]  # the launch environment, secret values replaced by <redacted>
+    pd: NotRequired[bool]  # a local prefill/decode pair (only said when true)
+    router: NotRequired[bool]  # ... with vllm-router in P/D mode in front
+
+
+class RedactedArm(TypedDict):
+    """An A/B arm's endpoint and launch as the store keeps them (in the experiment's server
+    info): no secrets, no URL credentials."""
+
+    endpoint: str | None  # the arm's URL without credentials; None: phaseprobe launches it
+    launch: ArmLaunch | None  # None: the arm is an endpoint already serving
+    replicas: NotRequired[dict[str, str]]  # behind a router: replica name → URL (redacted)
+    # a prefill/decode pair already up: "prefill", "decode" and "router" (None: phaseprobe
+    # sends the two legs itself) URLs, redacted
+    pd: NotRequired[dict[str, str | None]]
+
+
+class AbArmInfo(RedactedArm):
+    """Which A/B session and arm an ``ab-arm`` experiment measured (its ``server_info["ab"]``),
+    with the arm's endpoint and launch as the store keeps them (no secrets)."""
+
+    session_id: int  # the store's A/B session id
+    arm: str  # the playbook's arm name
+    role: str  # "A" or "B"
+
+
+class ArmOrigin(TypedDict, total=False):
+    """Where an interfere arm's server came from: an endpoint given on the command line
+    (``endpoint`` alone), or a playbook's arm (all four, secrets redacted)."""
+
+    playbook: str  # the playbook's name
+    role: str  # "A" or "B"
+    endpoint: str | None  # the URL without credentials; None: the playbook launched it
+    launch: ArmLaunch | None
+    replicas: dict[str, str]  # behind a router: replica name → URL (redacted)
+    pd: dict[str, str | None]  # a prefill/decode pair: its instances' and router's URLs
+
+
+class InterfereArmInfo(ArmOrigin, total=False):
+    """Which arm of a two-arm interfere an experiment measured (its
+    ``server_info["interfere_arm"]``)."""
+
+    arm: Required[str]  # the arm's name
+    group: Required[str]  # "<name>-<wall ns>": the experiments of one two-arm run share it
+
+
+class ServerInfo(TypedDict):
+    """What the server says about itself before any run, as an experiment's ``server_info``
+    is written (kept with the experiment, shown by `probe` and `runs`, compared between
+    arms). Read back, a stored one is any JSON object: older stores hold other shapes."""
+
+    models: list[dict[str, Any]]  # /v1/models' ``data`` entries, as the server sent them
+    vllm_version: str | None  # /version when it is a plain version string ("0.6.3.post1")
+    # vllm:cache_config_info's labels, all strings (block counts, bytes, a 0–1 fraction for
+    # gpu_memory_utilization); None: no /metrics or no such metric
+    cache_config: dict[str, str] | None
+    metrics_families: NotRequired[list[str]]  # the vllm* metric names /metrics exposes
+    gpus: NotRequired[list[str]]  # a probe sampling GPUs: the device names, by index
+    ab: NotRequired[AbArmInfo]  # an A/B arm's experiment
+    interfere_arm: NotRequired[InterfereArmInfo]  # a two-arm interfere's experiment
+    pd: NotRequired[dict[str, str | None]]  # a P/D pair: prefill, decode, router URLs
+    router: NotRequired[bool]  # the endpoint is a router: runs name the replica that served them
+    replicas: NotRequired[dict[str, str]]  # behind a router: replica name → its URL (redacted)
+    replicas_down: NotRequired[dict[str, str]]  # replica name → why it did not answer
+
+
 @dataclass(frozen=True)
 class Experiment:
     """A named set of runs with the server as it was observed when they were taken."""
@@ -503,9 +587,9 @@ class Experiment:
     name: str
     kind: str  # "probe" for now; later "ab-arm", ...
     spec: RunSpec
-    # vLLM version, /v1/models, cache_config_info labels: written as collect.connection's
-    # ServerInfo; read back, any JSON object (older stores hold other shapes)
-    server_info: Mapping[str, Any]
+    # as written (connection.server_info and the arm or pair a command adds); read back from
+    # a store an older phaseprobe wrote, a key may be missing, so readers use .get
+    server_info: ServerInfo
     created_wall_ns: int
     experiment_id: int | None = None
     notes: tuple[str, ...] = ()

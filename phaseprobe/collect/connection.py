@@ -11,11 +11,10 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, NotRequired, Required, TypedDict
+from typing import Any
 
 import requests
 
-from phaseprobe.collect.ab.playbook import ArmLaunch, RedactedArm
 from phaseprobe.collect.fleet.scrape import FleetScraper
 from phaseprobe.collect.fleet.targets import (
     ReplicaTarget,
@@ -26,6 +25,7 @@ from phaseprobe.collect.fleet.targets import (
 )
 from phaseprobe.collect.prompts import PromptBuilder
 from phaseprobe.errors import MetricsUnavailable, PhaseprobeError
+from phaseprobe.records import ServerInfo
 from phaseprobe.redact import redact_url
 from phaseprobe.sources.vllm.metrics import MetricSnapshot, MetricsScraper
 from phaseprobe.sources.vllm.openai_stream import (
@@ -36,11 +36,7 @@ from phaseprobe.sources.vllm.openai_stream import (
 )
 
 __all__ = [
-    "AbArmInfo",
-    "ArmOrigin",
     "Connection",
-    "InterfereArmInfo",
-    "ServerInfo",
     "connect",
     "server_info",
     "CLIENT_ONLY",
@@ -50,55 +46,6 @@ __all__ = [
 CLIENT_ONLY = "runs are client-only (no server phases, isolation not verified)"
 
 _VERSION = re.compile(r"[0-9A-Za-z][0-9A-Za-z.+_-]{0,63}")  # "0.32.0", "0.6.3.post1+cpu"
-
-
-class AbArmInfo(RedactedArm):
-    """Which A/B session and arm an ``ab-arm`` experiment measured (its ``server_info["ab"]``),
-    with the arm's endpoint and launch as the store keeps them (no secrets)."""
-
-    session_id: int  # the store's A/B session id
-    arm: str  # the playbook's arm name
-    role: str  # "A" or "B"
-
-
-class ArmOrigin(TypedDict, total=False):
-    """Where an interfere arm's server came from: an endpoint given on the command line
-    (``endpoint`` alone), or a playbook's arm (all four, secrets redacted)."""
-
-    playbook: str  # the playbook's name
-    role: str  # "A" or "B"
-    endpoint: str | None  # the URL without credentials; None: the playbook launched it
-    launch: ArmLaunch | None
-    replicas: dict[str, str]  # behind a router: replica name → URL (redacted)
-    pd: dict[str, str | None]  # a prefill/decode pair: its instances' and router's URLs
-
-
-class InterfereArmInfo(ArmOrigin, total=False):
-    """Which arm of a two-arm interfere an experiment measured (its
-    ``server_info["interfere_arm"]``)."""
-
-    arm: Required[str]  # the arm's name
-    group: Required[str]  # "<name>-<wall ns>": the experiments of one two-arm run share it
-
-
-class ServerInfo(TypedDict):
-    """What the server says about itself before any run, as an experiment's ``server_info``
-    is written (kept with the experiment, shown by `probe` and `runs`, compared between
-    arms). Read back, a stored one is any JSON object: older stores hold other shapes."""
-
-    models: list[dict[str, Any]]  # /v1/models' ``data`` entries, as the server sent them
-    vllm_version: str | None  # /version when it is a plain version string ("0.6.3.post1")
-    # vllm:cache_config_info's labels, all strings (block counts, bytes, a 0–1 fraction for
-    # gpu_memory_utilization); None: no /metrics or no such metric
-    cache_config: dict[str, str] | None
-    metrics_families: NotRequired[list[str]]  # the vllm* metric names /metrics exposes
-    gpus: NotRequired[list[str]]  # a probe sampling GPUs: the device names, by index
-    ab: NotRequired[AbArmInfo]  # an A/B arm's experiment
-    interfere_arm: NotRequired[InterfereArmInfo]  # a two-arm interfere's experiment
-    pd: NotRequired[dict[str, str | None]]  # a P/D pair: prefill, decode, router URLs
-    router: NotRequired[bool]  # the endpoint is a router: runs name the replica that served them
-    replicas: NotRequired[dict[str, str]]  # behind a router: replica name → its URL (redacted)
-    replicas_down: NotRequired[dict[str, str]]  # replica name → why it did not answer
 
 
 @dataclass

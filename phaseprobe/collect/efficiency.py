@@ -29,11 +29,10 @@ from phaseprobe.analysis.roofline import (
     peaks_from_spec,
     roofline_for_run,
 )
-from phaseprobe.collect.connection import ServerInfo
 from phaseprobe.collect.experiment import ProbeResult
 from phaseprobe.collect.model_config import model_cost_from_config, model_shape_from_config
 from phaseprobe.errors import ConfigError, PhaseprobeError
-from phaseprobe.records import Run
+from phaseprobe.records import Run, ServerInfo
 from phaseprobe.sources.model_config import read_model_config
 from phaseprobe.store import Store
 

@@ -29,7 +29,7 @@ from phaseprobe.analysis.phases import attribute, consistency_notes, histograms_
 from phaseprobe.analysis.replica_match import unverifiable
 from phaseprobe.analysis.spec_decode import spec_deltas
 from phaseprobe.analysis.vllm_work import self_measured_deltas
-from phaseprobe.collect.connection import ServerInfo, connect
+from phaseprobe.collect.connection import connect
 from phaseprobe.collect.fleet.scrape import FleetScraper, FleetSnapshot, RouterPage
 from phaseprobe.collect.fleet.targets import ReplicaTarget
 from phaseprobe.collect.spans.attribution import attach_spans, new_tags
@@ -43,6 +43,7 @@ from phaseprobe.records import (
     Run,
     RunSpec,
     RunStatus,
+    ServerInfo,
 )
 from phaseprobe.redact import redact_url
 from phaseprobe.sources.gpu.sampler import GpuSampler

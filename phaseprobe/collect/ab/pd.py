@@ -17,12 +17,11 @@ from dataclasses import dataclass
 
 import requests
 
-from phaseprobe.collect.connection import ServerInfo
 from phaseprobe.collect.experiment import ProbeSettings, RunNotes
 from phaseprobe.collect.pd.collector import PdCollector, PdTopology
 from phaseprobe.collect.pd.connect import connect_pair
 from phaseprobe.collect.prompts import PromptBuilder
-from phaseprobe.records import RunSpec
+from phaseprobe.records import RunSpec, ServerInfo
 
 __all__ = ["PdArm", "connect_pd_arm", "topology_line"]
 

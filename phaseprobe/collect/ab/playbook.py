@@ -51,11 +51,12 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypedDict
+from typing import TYPE_CHECKING, Any, Literal
 
 from phaseprobe.analysis.ab.sequential import SequentialPlan, check_primary
 from phaseprobe.errors import ConfigError
 from phaseprobe.inputs import PLAYBOOK_CAP, read_input_text
+from phaseprobe.records import ArmLaunch, RedactedArm
 from phaseprobe.redact import is_secret_env_name, redact_url, redact_urls_in, register_secret
 from phaseprobe.store import AbSessionRow
 
@@ -69,8 +70,6 @@ __all__ = [
     "PlaybookError",
     "Launch",
     "Arm",
-    "ArmLaunch",
-    "RedactedArm",
     "RunPlan",
     "Playbook",
     "load_playbook",
@@ -735,28 +734,6 @@ def redact_args(args: tuple[str, ...] | list[str]) -> list[str]:
         else:
             out.append(redact_urls_in(arg))  # --hf-endpoint http://u:pw@host
     return out
-
-
-class ArmLaunch(TypedDict):
-    """How phaseprobe starts an arm's server (:class:`Launch`), secrets redacted."""
-
-    command: tuple[str, ...] | None  # argv prefix; None: ``vllm serve`` or the local CPU vLLM
-    args: list[str]  # the launch arguments, secret values replaced by <redacted>
-    env: dict[str, str]  # the launch environment, secret values replaced by <redacted>
-    pd: NotRequired[bool]  # a local prefill/decode pair (only said when true)
-    router: NotRequired[bool]  # ... with vllm-router in P/D mode in front
-
-
-class RedactedArm(TypedDict):
-    """An A/B arm's endpoint and launch as the store keeps them (in the experiment's server
-    info): no secrets, no URL credentials."""
-
-    endpoint: str | None  # the arm's URL without credentials; None: phaseprobe launches it
-    launch: ArmLaunch | None  # None: the arm is an endpoint already serving
-    replicas: NotRequired[dict[str, str]]  # behind a router: replica name → URL (redacted)
-    # a prefill/decode pair already up: "prefill", "decode" and "router" (None: phaseprobe
-    # sends the two legs itself) URLs, redacted
-    pd: NotRequired[dict[str, str | None]]
 
 
 def redacted_arm(arm: Arm) -> RedactedArm:

@@ -24,13 +24,13 @@ from typing import Any
 from phaseprobe.analysis.interplay import ArmsComparison, compare_arms
 from phaseprobe.collect.ab.engine import Launcher, launch_server, start_arms
 from phaseprobe.collect.ab.playbook import Playbook, redacted_arm
-from phaseprobe.collect.connection import ArmOrigin
 from phaseprobe.collect.interplay.context import Progress, Target, fmt_ms, quiet
 from phaseprobe.collect.interplay.interfere import (
     InterfereResult,
     InterfereSession,
     InterfereSettings,
 )
+from phaseprobe.records import ArmOrigin
 from phaseprobe.store import Store
 
 __all__ = [

@@ -29,7 +29,6 @@ from phaseprobe.analysis.interplay import (
     scaling,
     superlinear_note,
 )
-from phaseprobe.collect.connection import ServerInfo
 from phaseprobe.collect.experiment import RunNotes
 from phaseprobe.collect.interplay.context import (
     ProbeContext,
@@ -42,7 +41,7 @@ from phaseprobe.collect.interplay.context import (
     store_run,
 )
 from phaseprobe.errors import MetricsUnavailable
-from phaseprobe.records import Experiment, Run
+from phaseprobe.records import Experiment, Run, ServerInfo
 from phaseprobe.sources.vllm.metrics import MetricSnapshot, MetricsScraper
 from phaseprobe.sources.vllm.openai_stream import StreamOutcome
 from phaseprobe.store import Store

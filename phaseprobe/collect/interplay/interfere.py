@@ -47,7 +47,6 @@ from phaseprobe.analysis.interplay import (
 )
 from phaseprobe.analysis.pd.interplay import PdInterfere, pd_alone, pd_interfere
 from phaseprobe.analysis.pd.legs import SOURCES, source_deltas
-from phaseprobe.collect.connection import InterfereArmInfo, ServerInfo
 from phaseprobe.collect.experiment import ProbeSettings, RunNotes
 from phaseprobe.collect.interplay.context import (
     IsolatedCollector,
@@ -61,7 +60,7 @@ from phaseprobe.collect.interplay.context import (
     quiet,
     store_run,
 )
-from phaseprobe.records import Experiment, Run, RunSpec
+from phaseprobe.records import Experiment, InterfereArmInfo, Run, RunSpec, ServerInfo
 from phaseprobe.sources.vllm.metrics import MetricSnapshot
 from phaseprobe.sources.vllm.openai_stream import StreamOutcome, TokenEventCounter
 from phaseprobe.store import Store

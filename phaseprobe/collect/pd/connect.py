@@ -13,9 +13,10 @@ from dataclasses import dataclass
 
 import requests
 
-from phaseprobe.collect.connection import Connection, ServerInfo, connect
+from phaseprobe.collect.connection import Connection, connect
 from phaseprobe.collect.pd.topology import PdTopology
 from phaseprobe.errors import ConfigError
+from phaseprobe.records import ServerInfo
 from phaseprobe.redact import redact_url
 from phaseprobe.sources.vllm.metrics import MetricsScraper
 from phaseprobe.sources.vllm.openai_stream import StreamClient, check_endpoint
