@@ -25,11 +25,11 @@ size; the watch's RSS (/proc/PID/status VmRSS); the POST round trip p50/p99 (all
     python bench/soak_receiver.py [--minutes 60] [--every 5] [--rate 50] [--retain-spans 5000]
                                   [--keep 3000] [--report-every 60] [--store PATH]
 
-The watch holds the newest 200,000 received spans in memory for its view (``_KEPT_SPANS`` in
-phaseprobe/collect/watch/receive.py, about 0.9 KiB each): its RSS grows with every span until
-then and is flat after. At 50 spans/s that takes 67 minutes, so the hour's "memory flat" compares
-two points on that ramp; ``--rate 1500 --retain-spans 50000 --keep 30000`` reaches the plateau
-in about 2 minutes.
+The watch holds only the spans that ended in the last max(--window, 5 min), at most 50,000
+(phaseprobe/collect/watch/held.py); older ones are folded into running totals and the span-loss
+counts as they leave. At 50 spans/s that is 15,000 spans, held after 5 minutes: RSS is flat from
+then on, so the second interval against the last is a fair "memory flat". (Before, the newest
+200,000 were held: RSS ramped for 67 minutes at 50 spans/s.)
 
 Prints figures and verdicts; nothing is asserted (tests/integration/test_soak_short.py runs the
 short form and asserts).

@@ -105,6 +105,10 @@ class FinishedCounter:
         # the server's earlier lives (before each restart): (from ns, to ns, finished), the
         # span window each one's counter vouches for, from its baseline to its last reading
         self._lives: list[tuple[int, int, float]] = []
+        # the spans the watch no longer holds (it holds a recent window), counted when they
+        # left: all of this counter's, and those the comparison counts (see :meth:`settle`)
+        self._settled_all = 0
+        self._settled = 0
         self.refresh(force=True)
 
     def _read(self) -> float | None:
@@ -239,18 +243,33 @@ class FinishedCounter:
     def _who(self) -> str:
         return f"replica {self.replica}" if self.replica is not None else self.shown_url
 
-    def received(self, spans: Sequence[RequestSpan]) -> int:
-        """The spans that ended since the baseline, from this counter's replica (all: no
-        replica). Zero before any baseline."""
-        if self.start_ns is None:
-            return 0
-        start_ns, lives = self.start_ns, self._lives
+    def settle(self, spans: Sequence[RequestSpan]) -> None:
+        """Count ``spans`` for good: the watch no longer holds them (each handed over once).
+
+        A span that left is counted as :meth:`received` would count it now. That stays right:
+        a restart only adds boundaries at or after the last good reading, and spans leave a
+        few minutes after they ended. (A counter unreadable for longer than that, then
+        restarted, may count a left span that ended in the gap a recount would leave out.)"""
+        mine = [s for s in spans if self.replica is None or span_replica(s) == self.replica]
+        self._settled_all += len(mine)
+        if self.start_ns is not None:
+            self._settled += self._counted(mine, self.start_ns)
+
+    def _counted(self, spans: Sequence[RequestSpan], start_ns: int) -> int:
+        lives = self._lives
         return sum(
             1
             for s in spans
             if (self.replica is None or span_replica(s) == self.replica)
             and (s.end_ns >= start_ns or any(lo <= s.end_ns <= hi for lo, hi, _ in lives))
         )
+
+    def received(self, spans: Sequence[RequestSpan]) -> int:
+        """The spans that ended since the baseline, from this counter's replica (all: no
+        replica), those given and those settled. Zero before any baseline."""
+        if self.start_ns is None:
+            return 0
+        return self._settled + self._counted(spans, self.start_ns)
 
     def loss(self, spans: Sequence[RequestSpan], *, force: bool = False) -> SpanLoss:
         """Spans received against the counter's increase since the baseline (re-read first,
@@ -262,7 +281,8 @@ class FinishedCounter:
         """The loss as of the latest reading (no new read)."""
         if self.start is None or self.last is None:
             return span_loss(
-                sum(1 for s in spans if self.replica is None or span_replica(s) == self.replica),
+                self._settled_all
+                + sum(1 for s in spans if self.replica is None or span_replica(s) == self.replica),
                 None,
                 unknown_reason=self.why_unknown,
             )
@@ -285,6 +305,11 @@ class ReplicaCounters:
     def notes(self) -> list[str]:
         """Every counter's notes (a replica restarted), replica by replica."""
         return [n for c in self.counters.values() for n in c.notes]
+
+    def settle(self, spans: Sequence[RequestSpan]) -> None:
+        """Spans the watch no longer holds, counted for good by each replica's counter."""
+        for c in self.counters.values():
+            c.settle(spans)
 
     def refresh(self) -> None:
         """Re-reads the counters that are due, side by side (a watch with no view)."""

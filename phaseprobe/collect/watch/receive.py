@@ -11,9 +11,7 @@ and returns the whole watch as a :class:`WatchResult`.
 
 from __future__ import annotations
 
-import threading
 import time
-from collections import deque
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -32,8 +30,10 @@ from phaseprobe.collect.spans.stats import SpanStatsView, last_window
 from phaseprobe.collect.stall_evidence import check_vllm_pid, keep_stall_evidence
 from phaseprobe.collect.watch.counters import FinishedCounter, open_replica_counters
 from phaseprobe.collect.watch.fleet import FleetState, FleetTracker
+from phaseprobe.collect.watch.held import HELD_MIN_S, HeldSpans
 from phaseprobe.collect.watch.options import WatchOptions
 from phaseprobe.collect.watch.pace import Pace
+from phaseprobe.collect.watch.totals import WatchTotals
 from phaseprobe.records import RequestSpan
 from phaseprobe.redact import redact_url
 
@@ -43,8 +43,6 @@ if TYPE_CHECKING:
     from phaseprobe.sources.vllm.otlp_spans import SpanBatch
 
 __all__ = ["ReceiveWatch", "WatchTick", "WatchResult"]
-
-_KEPT_SPANS = 200_000  # the recent spans held for the view: a week of spans is not kept
 
 
 @dataclass(frozen=True)
@@ -78,10 +76,13 @@ class WatchResult:
     store: str  # the store's path
     started_wall_ns: int
     receiver: dict[str, Any]  # counts, listen URLs, --forward (redacted) and its errors
-    summary: LiveSummary  # over every span received
-    interference: InterferenceEstimate  # seconds of decode per overlapping prefill token
-    span_loss: SpanLoss | None
-    fleet: FleetState  # over the whole watch
+    # over every span received (once spans have left memory, percentiles from a sketch within
+    # 0.5 %: ``covers`` says so)
+    summary: LiveSummary
+    # seconds of decode per overlapping prefill token, over the spans held (``covers``)
+    interference: InterferenceEstimate
+    span_loss: SpanLoss | None  # over the whole watch
+    fleet: FleetState  # span loss over the whole watch; rows and verdicts over the spans held
     kv_paths: dict[str, KvPathWindow | None]  # --metrics' instance, or each --replica's
     load: dict[str, Any] | None  # --demo's load statistics
     retention: dict[str, Any]  # the policy, what was pruned, the store's size at the end
@@ -91,6 +92,8 @@ class WatchResult:
     spec: dict[str, SpecFigures | str] = field(default_factory=dict)  # over the whole watch
     preemption: dict[str, PreemptionWindow | str] = field(default_factory=dict)  # whole watch
     window: SpanStatsView | None = None  # the store's last --window, as `spans stats` gives it
+    # what the figures above cover, when not every span was still held at the end (else None)
+    covers: str | None = None
 
 
 class ReceiveWatch:
@@ -104,8 +107,10 @@ class ReceiveWatch:
         self.notices = notices
         self.pace = Pace(options.refresh_s, options.duration_s)
         self._stack = ExitStack()
-        self._recent: deque[RequestSpan] = deque(maxlen=_KEPT_SPANS)
-        self._lock = threading.Lock()
+        # the spans of the last few minutes; older ones are folded into the totals and the
+        # counters' settled counts as they leave (memory bounded by the horizon's traffic)
+        self._held = HeldSpans(max(options.window_s, HELD_MIN_S))
+        self.totals = WatchTotals()
         self._t0 = time.monotonic()
         self.load: OpenLoopLoad | None = None
         self.counter: FinishedCounter | None = None
@@ -190,12 +195,24 @@ class ReceiveWatch:
         return session.endpoint
 
     def _keep(self, batch: SpanBatch) -> None:
-        with self._lock:
-            self._recent.extend(batch.requests)
+        self._held.add(batch.requests)
 
     def _spans(self) -> list[RequestSpan]:
-        with self._lock:
-            return list(self._recent)
+        """The spans held now; those that left since the last call are settled first."""
+        held, left = self._held.take()
+        self._settle(left)
+        return held
+
+    def _settle(self, left: list[RequestSpan]) -> None:
+        """Spans no longer held, folded into the whole-watch totals and counted for good
+        by every span-loss counter."""
+        if not left:
+            return
+        self.totals.add(left)
+        if self.counter is not None:
+            self.counter.settle(left)
+        if self.fleet.replicas is not None:
+            self.fleet.replicas.settle(left)
 
     def tick(self) -> WatchTick:
         """The last ``window_s`` summarized (retention pruning first when due, the counters
@@ -268,6 +285,7 @@ class ReceiveWatch:
         """Retention when due (it prunes and measures every 30 s; at once the first time), and
         news of the store's health said once: a run of failed commits or passes, its end."""
         self.retention.tick()
+        self._spans()  # spans past the horizon leave memory even with no view
         # the counters read as the view would (every 2 s at most): a restart of vLLM is seen
         # when it happens, not at the end, where it would wipe the count of the life before
         if self.counter is not None:
@@ -302,6 +320,7 @@ class ReceiveWatch:
             self.load.stop()
             time.sleep(LOCAL_SPAN_FLUSH_S)  # the last requests' spans leave in the next batch
         spans = self._spans()
+        summary, covers = self._whole(spans)
         counter = self.counter
         loss = counter.loss(spans, force=True) if counter is not None else None
         fleet = self.fleet.final(spans)
@@ -320,7 +339,7 @@ class ReceiveWatch:
                 "forward": redact_url(forward) if forward else None,
                 "forward_errors": self.receiver.forwarder.errors if self.receiver.forwarder else [],
             },
-            summary=summarize_spans(spans, now_ns=time.time_ns(), window_s=None),
+            summary=summary,
             interference=prefill_interference(spans),
             span_loss=loss,
             fleet=fleet,
@@ -338,4 +357,23 @@ class ReceiveWatch:
             window=last_window(
                 self.options.store_path, self.options.window_s, time.time_ns(), self.notices
             ),
+            covers=covers,
         )
+
+    def _whole(self, held: list[RequestSpan]) -> tuple[LiveSummary, str | None]:
+        """The whole watch's summary, and what the final figures cover when spans have left
+        memory (said as a notice too; None: every span is still held, all figures exact)."""
+        if not self.totals.count:
+            return summarize_spans(held, now_ns=time.time_ns(), window_s=None), None
+        left = self.totals.count
+        self.totals.add(held)
+        first = min((sp.end_ns for sp in held), default=None)
+        since = f"the last {(time.time_ns() - first) / 1e9:.0f} s" if first is not None else "none"
+        covers = (
+            WatchTotals.method_note(self.totals.count)
+            + f"; the prefill interference and the fleet's rows and verdicts are over the "
+            f"{len(held):,} spans still held ({since}; {left:,} earlier spans left memory); "
+            "the span loss counts every span"
+        )
+        self.notices.info(covers)
+        return self.totals.summary(), covers

@@ -338,6 +338,8 @@ def _report(result: WatchResult, out: Console, as_json: bool) -> None:
             "started_wall_ns": result.started_wall_ns,
             "receiver": result.receiver,
             "summary": result.summary.to_dict(),
+            # what summary, interference and fleet cover once spans left memory (None: all)
+            "covers": result.covers,
             "interference": result.interference.to_dict(),
             "span_loss": result.span_loss.to_dict() if result.span_loss is not None else None,
             **fleet_json(result.fleet),
