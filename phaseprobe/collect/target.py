@@ -3,7 +3,7 @@ and the models it serves.
 
 Shared by every command that measures (through :class:`phaseprobe.collect.session.Session`),
 so they agree on where keys come from, on how an endpoint URL is normalised
-(:func:`normalize_base_url`), on how the local server is started and always stopped, and on
+(:func:`endpoint_url`), on how the local server is started and always stopped, and on
 checking a model name before any run.
 """
 
@@ -25,7 +25,7 @@ __all__ = [
     "endpoint_or_local",
     "served_model",
     "endpoint_models",
-    "normalize_base_url",
+    "endpoint_url",
 ]
 
 # Looked at in this order when no --api-key-env is given.
@@ -53,6 +53,15 @@ def api_key_from_env(var: str | None) -> str | None:
     return key
 
 
+def endpoint_url(given: str) -> str:
+    """An endpoint URL as the user typed it, as every measurement connects to it: the base
+    URL phaseprobe appends paths to (``host:8000/v1/`` is ``http://host:8000``), a password in
+    it registered as a secret; ConfigError naming it otherwise. The commands normalise what
+    they are given here: they open no reader themselves (the rule is the stream client's,
+    :func:`~phaseprobe.sources.vllm.openai_stream.normalize_base_url`)."""
+    return normalize_base_url(given)
+
+
 def endpoint_or_local(
     endpoint: str | None,
     stack: ExitStack,
@@ -63,7 +72,7 @@ def endpoint_or_local(
     """``endpoint``, or start the local CPU vLLM with the tiny model (installing it on first
     use) inside ``stack``, which stops it on exit, Ctrl-C or error."""
     if endpoint is not None:
-        return normalize_base_url(endpoint)
+        return endpoint_url(endpoint)
     from phaseprobe.local import LocalVllm, ensure_model, install
     from phaseprobe.local.process import stop_with_parent
 
@@ -95,7 +104,7 @@ def endpoint_models(
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     return check_endpoint(
-        normalize_base_url(endpoint),
+        endpoint_url(endpoint),
         session=requests.Session(),
         headers=headers,
         timeout_s=timeout_s or PREFLIGHT_TIMEOUT_S,
@@ -114,7 +123,7 @@ def served_model(
     first listed model when ``model`` is None. Checked before any run: a wrong name would
     otherwise become a whole experiment of 404 error runs. ``models``: the endpoint's
     ``/v1/models`` list when already fetched."""
-    endpoint = normalize_base_url(endpoint)
+    endpoint = endpoint_url(endpoint)
     if models is None:
         models = endpoint_models(endpoint, api_key)
     served = [str(m["id"]) for m in models if isinstance(m, dict) and "id" in m]

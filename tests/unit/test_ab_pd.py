@@ -16,7 +16,7 @@ import pytest
 
 from phaseprobe.collect.ab.engine import run_ab, start_arms
 from phaseprobe.collect.ab.playbook import Arm, PlaybookError, parse_playbook, redacted_arm
-from phaseprobe.collect.pd.collector import PdTopology
+from phaseprobe.collect.pd.topology import PdTopology
 from phaseprobe.errors import ConfigError
 from phaseprobe.local.server import DEFAULT_SERVED_NAME
 from phaseprobe.store import Store

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from phaseprobe.analysis.pd.legs import kv_verdict, pd_legs, source_deltas
-from phaseprobe.collect.pd.collector import joined_timeline
+from phaseprobe.collect.pd.sender import joined_timeline
 from phaseprobe.present.cli import main
 from phaseprobe.records import ClientTimeline, ServerPhases
 from phaseprobe.sources.vllm.metrics import parse_exposition

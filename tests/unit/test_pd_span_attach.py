@@ -10,8 +10,8 @@ from dataclasses import replace
 import pytest
 from rich.console import Console
 
-from phaseprobe.collect.pd.collector import PdTopology
 from phaseprobe.collect.pd.spans import attach_pd_spans
+from phaseprobe.collect.pd.topology import PdTopology
 from phaseprobe.present.cli.console import render_pd_legs
 from phaseprobe.records import ClientTimeline, Experiment, Isolation, PdLegs, Run, RunSpec
 from phaseprobe.store import Store

@@ -51,8 +51,8 @@ from phaseprobe.collect.ab.playbook import (
 )
 from phaseprobe.collect.connection import connect
 from phaseprobe.collect.experiment import ProbeSettings, RunCollector
-from phaseprobe.collect.pd.collector import PdTopology
 from phaseprobe.collect.pd.probe import kv_summary
+from phaseprobe.collect.pd.topology import PdTopology
 from phaseprobe.collect.session import Session, SessionOptions
 from phaseprobe.errors import ConfigError, LocalServerError, StoreError
 from phaseprobe.local.process import (

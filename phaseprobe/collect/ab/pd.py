@@ -18,8 +18,9 @@ from dataclasses import dataclass
 import requests
 
 from phaseprobe.collect.experiment import ProbeSettings, RunNotes
-from phaseprobe.collect.pd.collector import PdCollector, PdTopology
+from phaseprobe.collect.pd.collector import PdCollector
 from phaseprobe.collect.pd.connect import connect_pair
+from phaseprobe.collect.pd.topology import PdTopology
 from phaseprobe.collect.prompts import PromptBuilder
 from phaseprobe.records import RunSpec, ServerInfo
 

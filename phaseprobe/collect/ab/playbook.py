@@ -60,11 +60,11 @@ from phaseprobe.records import ArmLaunch, RedactedArm
 from phaseprobe.redact import is_secret_env_name, redact_url, redact_urls_in, register_secret
 from phaseprobe.store import AbSessionRow
 
-# Only a P/D arm needs the P/D collector; the URL and replica parsers live beside the HTTP
+# Only a P/D arm needs its pair's topology; the URL and replica parsers live beside the HTTP
 # clients (requests): they load when a playbook names a URL, not for `ab --help`.
 if TYPE_CHECKING:
     from phaseprobe.collect.fleet.targets import ReplicaTarget
-    from phaseprobe.collect.pd.collector import PdTopology
+    from phaseprobe.collect.pd.topology import PdTopology
 
 __all__ = [
     "PlaybookError",
@@ -193,7 +193,7 @@ class Arm:
         launched pair's URLs are known once it is up)."""
         if self.prefill is None or self.decode is None:
             return None
-        from phaseprobe.collect.pd.collector import PdTopology
+        from phaseprobe.collect.pd.topology import PdTopology
 
         return PdTopology(prefill=self.prefill, decode=self.decode, router=self.endpoint)
 

@@ -23,7 +23,7 @@ from phaseprobe.analysis.phases import attribute, histograms_moved, idle_reasons
 from phaseprobe.analysis.replica_match import unverifiable
 from phaseprobe.analysis.vllm_work import self_measured_deltas
 from phaseprobe.collect.experiment import ProbeSettings, RunNotes, poll_until
-from phaseprobe.collect.pd.sender import PdSender, joined_timeline
+from phaseprobe.collect.pd.sender import PdSender
 from phaseprobe.collect.pd.topology import PdTopology
 from phaseprobe.collect.spans.attribution import new_tags
 from phaseprobe.errors import MetricsUnavailable
@@ -37,8 +37,7 @@ from phaseprobe.records import (
 from phaseprobe.sources.vllm.metrics import MetricSnapshot, MetricsScraper
 from phaseprobe.sources.vllm.openai_stream import StreamClient, StreamOutcome, build_body
 
-# PdTopology and joined_timeline are re-exported: callers import them from here
-__all__ = ["PdTopology", "PdCollector", "joined_timeline"]
+__all__ = ["PdCollector"]
 
 
 class PdCollector:

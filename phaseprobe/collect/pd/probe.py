@@ -17,9 +17,10 @@ from phaseprobe.collect.experiment import (
     ProgressHook,
     measure_runs,
 )
-from phaseprobe.collect.pd.collector import PdCollector, PdTopology
+from phaseprobe.collect.pd.collector import PdCollector
 from phaseprobe.collect.pd.connect import connect_pair
 from phaseprobe.collect.pd.spans import attach_pd_spans
+from phaseprobe.collect.pd.topology import PdTopology
 from phaseprobe.errors import PhaseprobeError
 from phaseprobe.records import Experiment, Run, RunSpec
 from phaseprobe.sources.model_config import read_model_config

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from phaseprobe.analysis.pd.spans import PdSpanRecord, join_legs
 from phaseprobe.collect.fleet.targets import default_name
-from phaseprobe.collect.pd.collector import PdTopology
+from phaseprobe.collect.pd.topology import PdTopology
 from phaseprobe.collect.spans.attribution import CLOCK_SKEW_NS, wait_for_traces
 from phaseprobe.records import PdLegs, RequestSpan, Run
 from phaseprobe.store import Store

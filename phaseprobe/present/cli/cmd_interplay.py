@@ -380,7 +380,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     from phaseprobe.collect.session import Session, SessionOptions
     from phaseprobe.collect.target import (
         api_key_from_env,
-        normalize_base_url,
+        endpoint_url,
         served_model,
     )
     from phaseprobe.present.cli.cmd_probe import pd_topology
@@ -458,7 +458,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
                 progress=progress,
             )
         elif args.endpoint_b:
-            endpoint_b = normalize_base_url(args.endpoint_b)
+            endpoint_b = endpoint_url(args.endpoint_b)
             model_b = served_model(endpoint_b, api_key, args.model_b, "--model-b")
             target_b = replace(target, endpoint=endpoint_b, model=model_b)
             arms = [
@@ -479,7 +479,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
                 target, store, _interfere_settings(args), name=args.name, progress=progress
             )
     if isinstance(result, ArmsResult):
-        endpoints = [redact_url(endpoint), redact_url(normalize_base_url(args.endpoint_b))]
+        endpoints = [redact_url(endpoint), redact_url(endpoint_url(args.endpoint_b))]
         return _emit_arms(args, out, result, {"endpoints": endpoints})
     if args.json:
         doc = {

@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # imported where used: a command's --help must not load it
 
 if TYPE_CHECKING:  # imported where used: a command's --help must not load it
     from phaseprobe.collect.fleet.targets import ReplicaTarget
-    from phaseprobe.collect.pd.collector import PdTopology
+    from phaseprobe.collect.pd.topology import PdTopology
     from phaseprobe.collect.session import Session, SessionOptions
     from phaseprobe.records import Run, RunSpec
 
@@ -394,8 +394,8 @@ def probe_fleet_report(runs: Sequence[Run], info: Mapping[str, Any]) -> FleetRep
 
 def pd_topology(args: argparse.Namespace) -> PdTopology | None:
     """``--prefill``/``--decode`` (both or neither), checked before anything starts."""
-    from phaseprobe.collect.pd.collector import PdTopology
-    from phaseprobe.collect.target import normalize_base_url
+    from phaseprobe.collect.pd.topology import PdTopology
+    from phaseprobe.collect.target import endpoint_url
 
     if args.prefill is None and args.decode is None:
         return None
@@ -406,8 +406,8 @@ def pd_topology(args: argparse.Namespace) -> PdTopology | None:
             "--replica and --prefill/--decode: name the pair's two instances "
             "with --prefill and --decode"
         )
-    prefill, decode = normalize_base_url(args.prefill), normalize_base_url(args.decode)
-    router = normalize_base_url(args.endpoint) if args.endpoint else None
+    prefill, decode = endpoint_url(args.prefill), endpoint_url(args.decode)
+    router = endpoint_url(args.endpoint) if args.endpoint else None
     if prefill == decode:
         raise ConfigError("--prefill and --decode name the same instance")
     return PdTopology(prefill=prefill, decode=decode, router=router)
