@@ -1,0 +1,897 @@
+"""The store's front: :class:`Store`, the one class callers open, made of the store's areas.
+
+Each area is a subclass of :class:`~phaseprobe.store.db.Db` in its own module, and ``Store``
+inherits them all rather than holding one object per area. So every area reads and writes
+through the same ``_db``, ``_transaction``, ``_write`` and :func:`~phaseprobe.store.db.reads`
+(whose re-read replaces the connection of a read-only store: an area object holding the old
+connection would read a closed one), mypy types ``self`` in each area as the ``Db`` it is, and
+the front keeps every method and signature the single class had with no forwarding method to
+keep in step. Areas do not call each other, except that an analysis attached to an experiment
+checks the experiment exists (``AnalysisStore`` extends ``ExperimentStore``).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypedDict
+
+from phaseprobe.errors import StoreError
+from phaseprobe.records import (
+    AdapterUse,
+    ClientCheck,
+    ClientTimeline,
+    CountedSpan,
+    Experiment,
+    Isolation,
+    PdLegs,
+    ReplicaAttribution,
+    RequestSpan,
+    ResponseTimings,
+    Run,
+    RunSpec,
+    ServerPhases,
+)
+from phaseprobe.redact import mask_secrets, redact_url, redact_urls_in
+from phaseprobe.store.db import Db, reads
+
+if TYPE_CHECKING:  # pandas only inside the GPU methods: `import phaseprobe` stays light
+    import pandas as pd
+
+    from phaseprobe.sources.span_stores.model import SpanAggregate
+
+
+class AbSessionRow(TypedDict):
+    """One stored A/B session (:meth:`Store.ab_session`)."""
+
+    id: int
+    name: str
+    created_wall_ns: int
+    finished_wall_ns: int | None  # None: not finished (``ab --resume`` continues it)
+    playbook_path: str
+    playbook_text: str  # the playbook as run, secrets redacted
+    settings: dict[str, Any]  # runs, sequential plan, stop record (the JSON it was saved as)
+    arms: dict[str, int]  # arm name → experiment id
+
+
+class SpanCount(TypedDict):
+    kind: str  # "other" (spans that are not vLLM request spans) or "rejected"
+    service: str
+    name: str
+    count: int
+
+
+class SpanStats(TypedDict):
+    """What the span tables hold (:meth:`Store.span_stats`); times in ns since the epoch."""
+
+    requests: int
+    first_start_ns: int | None
+    last_end_ns: int | None
+    last_received_wall_ns: int | None
+    other: list[SpanCount]
+    rejected: list[SpanCount]
+
+
+# The gpu_samples columns, in table order (phaseprobe.sources.gpu.nvml.COLUMNS; a test keeps the
+# two equal).
+GPU_SAMPLE_COLUMNS = (
+    "t_ns",
+    "gpu_index",
+    "mem_used_bytes",
+    "mem_total_bytes",
+    "mem_reserved_bytes",
+    "util_gpu_pct",
+    "util_mem_pct",
+    "power_w",
+    "sm_clock_mhz",
+    "mem_clock_mhz",
+    "temperature_c",
+    "pcie_rx_bytes_per_s",
+    "pcie_tx_bytes_per_s",
+    "nvlink_rx_bytes_per_s",
+    "nvlink_tx_bytes_per_s",
+)
+
+
+class Store(Db):
+    """The experiment store: ``Store(path, readonly=False, threaded=False, timeout=None)``
+    opens it as :class:`~phaseprobe.store.db.Db` says, with every area's methods over that
+    one connection: experiments and their runs (``ExperimentStore``), request spans and
+    their retention (``SpanStore``), the A/B ledger (``AbStore``), kept analyses
+    (``AnalysisStore``) and GPU samples (``GpuStore``)."""
+
+    def create_experiment(self, exp: Experiment) -> int:
+        spec = exp.spec.to_dict()
+        spec["endpoint"] = redact_url(spec["endpoint"])
+        cur = self._write(
+            "INSERT INTO experiments (name, kind, created_wall_ns, endpoint, model, spec_json,"
+            " server_json, notes_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                exp.name,
+                exp.kind,
+                exp.created_wall_ns,
+                spec["endpoint"],
+                exp.spec.model,
+                json.dumps(spec),
+                json.dumps(exp.server_info),
+                json.dumps([redact_urls_in(n) for n in exp.notes]),
+            ),
+        )
+        return int(cur.lastrowid or 0)
+
+    def add_run(self, experiment_id: int, run: Run) -> int:
+        """Commit one run durably (its own transaction) and return its id."""
+        c = run.client
+        cur = self._write(
+            "INSERT INTO runs (experiment_id, seq, status, isolated, error, prompt, sent_wall_ns,"
+            " client_ttft_s, client_e2e_s, client_tpot_s, server_queue_s, server_prefill_s,"
+            " server_decode_s, server_inference_s, server_ttft_s, server_e2e_s, prompt_tokens,"
+            " completion_tokens, client_json, server_json, isolation_json, client_check_json,"
+            " trace_id, request_id, span_json, replica, replica_json, pd_json, reported_json,"
+            " client_ttfa_s, reasoning_tokens, answer_tokens, adapter, adapter_json)"
+            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (
+                experiment_id,
+                run.seq,
+                run.status,
+                int(run.isolated),
+                redact_urls_in(run.error) if run.error else None,
+                run.prompt,
+                *((c.sent_wall_ns, c.ttft_s, c.e2e_s, c.tpot_s) if c else (None,) * 4),
+                *_phase_columns(run.server),
+                *((c.prompt_tokens, c.completion_tokens) if c else (None,) * 2),
+                _dumps(c),
+                _dumps(run.server),
+                _dumps(run.isolation),
+                _dumps(run.client_check),
+                run.trace_id,
+                run.request_id,
+                _dumps(run.span),
+                *_replica_columns(run.replica),
+                _dumps(run.pd),
+                _dumps(run.reported),
+                *_reasoning_columns(c),
+                run.adapter.name if run.adapter else None,
+                _dumps(run.adapter),
+            ),
+        )
+        return int(cur.lastrowid or 0)
+
+    def set_run_pd(self, run_id: int, pd: PdLegs) -> None:
+        """Record a P/D run's legs once its two spans were joined (they come after it)."""
+        self._write("UPDATE runs SET pd_json = ? WHERE id = ?", (_dumps(pd), run_id))
+
+    def set_run_replica(self, run_id: int, replica: ReplicaAttribution) -> None:
+        """Record which replica served a run once it is known (its span came after it)."""
+        self._write(
+            "UPDATE runs SET replica = ?, replica_json = ? WHERE id = ?",
+            (*_replica_columns(replica), run_id),
+        )
+
+    def set_run_span(
+        self,
+        run_id: int,
+        span: RequestSpan,
+        server: ServerPhases | None,
+        status: str,
+        client_check: ClientCheck | None,
+    ) -> None:
+        """Attach a run's own span once it arrived (spans come seconds after the request); the
+        run's server phases become the span's when the histogram deltas were not its own."""
+        self._write(
+            "UPDATE runs SET span_json = ?, server_json = ?, status = ?, client_check_json = ?,"
+            " server_queue_s = ?, server_prefill_s = ?, server_decode_s = ?,"
+            " server_inference_s = ?, server_ttft_s = ?, server_e2e_s = ? WHERE id = ?",
+            (
+                _dumps(span),
+                _dumps(server),
+                status,
+                _dumps(client_check),
+                *_phase_columns(server),
+                run_id,
+            ),
+        )
+
+    def add_spans(
+        self,
+        requests: list[RequestSpan],
+        attributes: list[dict[str, Any]],
+        counts: dict[tuple[str, str, str], int] | None = None,
+        seen: list[CountedSpan] | None = None,
+    ) -> int:
+        """Commit one received batch in one transaction: the request spans (a span already
+        stored, e.g. an exporter's retry, is ignored) and the (kind, service, name) counts of
+        other and rejected spans: ``seen`` lists each such span with its key, and only spans
+        not counted before add to the counts (``counts`` adds as given). Returns how many
+        request spans were new."""
+        now = time.time_ns()
+        counts = dict(counts or {})
+        rows: list[tuple[Any, ...]] = [
+            (
+                s.trace_id,
+                s.span_id,
+                s.parent_span_id,
+                s.request_id,
+                s.model,
+                s.service,
+                s.instance,
+                s.start_ns,
+                s.end_ns,
+                s.queue_s,
+                s.prefill_s,
+                s.decode_s,
+                s.inference_s,
+                s.ttft_s,
+                s.e2e_s,
+                s.prompt_tokens,
+                s.completion_tokens,
+                s.max_tokens,
+                "{}" if not a else json.dumps(a),  # vLLM's usual span: no attribute left over
+                now,
+            )
+            for s, a in zip(requests, attributes)
+        ]
+        # a server may echo a key into a span (an attribute, its model or service name): the
+        # text columns pass the secret mask like every other write, over the whole batch at
+        # once first; only a batch where it finds something is masked column by column
+        texts = "\x00".join([t for r in rows for t in (r[3], r[4], r[5], r[6], r[18]) if t])
+        if mask_secrets(texts) != texts:
+            m = _mask_text
+            rows = [
+                (*r[:3], m(r[3]), m(r[4]), m(r[5]), m(r[6]), *r[7:18], m(r[18]), r[19])
+                for r in rows
+            ]
+        with self._transaction():
+            before = self._db.total_changes
+            self._db.executemany(
+                "INSERT OR IGNORE INTO request_spans (trace_id, span_id, parent_span_id,"
+                " request_id, model, service, instance, start_ns, end_ns, queue_s, prefill_s,"
+                " decode_s, inference_s, ttft_s, e2e_s, prompt_tokens, completion_tokens,"
+                " max_tokens, attributes_json, received_wall_ns)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                rows,
+            )
+            new = self._db.total_changes - before
+            for kind, service, name, start_ns, key in seen or ():
+                mark = self._db.total_changes
+                self._db.execute(
+                    "INSERT OR IGNORE INTO counted_spans (start_ns, key) VALUES (?, ?)",
+                    (start_ns, key),
+                )
+                if self._db.total_changes > mark:
+                    counts[(kind, service, name)] = counts.get((kind, service, name), 0) + 1
+            self._db.executemany(
+                "INSERT INTO span_counts (kind, service, name, count, last_wall_ns)"
+                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (kind, service, name) DO UPDATE SET"
+                " count = count + excluded.count, last_wall_ns = excluded.last_wall_ns",
+                [(*key, n, now) for key, n in counts.items()],
+            )
+        return new
+
+    def finish_experiment(self, experiment_id: int, notes: list[str] | None = None) -> None:
+        """Mark it finished; ``notes`` (when given) replace its notes."""
+        notes_json = None if notes is None else json.dumps([redact_urls_in(n) for n in notes])
+        self._write(
+            "UPDATE experiments SET finished_wall_ns = ?,"
+            " notes_json = COALESCE(?, notes_json) WHERE id = ?",
+            (time.time_ns(), notes_json, experiment_id),
+        )
+
+    def add_gpu_samples(self, experiment_id: int, samples: pd.DataFrame) -> int:
+        """Store GPU samples (a frame with :data:`phaseprobe.sources.gpu.nvml.COLUMNS`; other
+        columns are not stored) in one transaction; returns the number of rows. NaN is NULL."""
+        from phaseprobe.sources.gpu.nvml import conform
+
+        frame = conform(samples, source="GPU samples to store")
+        if frame.empty:
+            return 0
+        table = frame[list(GPU_SAMPLE_COLUMNS)].astype(object)
+        rows = [
+            (experiment_id, *row)
+            for row in table.where(table.notna(), None).itertuples(index=False, name=None)
+        ]
+        sql = (
+            f"INSERT INTO gpu_samples (experiment_id, {', '.join(GPU_SAMPLE_COLUMNS)})"
+            f" VALUES ({', '.join('?' * (len(GPU_SAMPLE_COLUMNS) + 1))})"
+        )
+        with self._transaction():
+            self._db.executemany(sql, rows)
+        return len(rows)
+
+    def create_ab_session(
+        self, name: str, playbook_path: str, playbook_text: str, settings: dict[str, Any]
+    ) -> int:
+        cur = self._write(
+            "INSERT INTO ab_sessions (name, created_wall_ns, playbook_path, playbook_text,"
+            " settings_json) VALUES (?, ?, ?, ?, ?)",
+            (name, time.time_ns(), playbook_path, playbook_text, json.dumps(settings)),
+        )
+        return int(cur.lastrowid or 0)
+
+    def set_ab_arms(self, session_id: int, arms: dict[str, int]) -> None:
+        """Record arm name -> experiment id (committed before any run of the session)."""
+        self._write(
+            "UPDATE ab_sessions SET arms_json = ? WHERE id = ?", (json.dumps(arms), session_id)
+        )
+
+    def update_ab_settings(self, session_id: int, changes: dict[str, Any]) -> None:
+        """Merge ``changes`` into a session's settings (a sequential session's stop record)."""
+        settings = self.ab_session(session_id)["settings"]
+        self._write(
+            "UPDATE ab_sessions SET settings_json = ? WHERE id = ?",
+            (json.dumps({**settings, **changes}), session_id),
+        )
+
+    def finish_ab_session(self, session_id: int) -> None:
+        self._write(
+            "UPDATE ab_sessions SET finished_wall_ns = ? WHERE id = ?", (time.time_ns(), session_id)
+        )
+
+    def add_analysis(
+        self, kind: str, source: str, doc: Mapping[str, Any], experiment_id: int | None = None
+    ) -> int:
+        """Keep a file's summary (``kind``: nccl, trace, nsys), attached to an experiment or
+        not; the experiment must exist."""
+        if experiment_id is not None:
+            self.experiment(experiment_id)  # a typed error naming the missing experiment
+        cur = self._write(
+            "INSERT INTO analyses (experiment_id, kind, source, created_wall_ns, doc_json)"
+            " VALUES (?, ?, ?, ?, ?)",
+            (experiment_id, kind, source, time.time_ns(), json.dumps(doc)),
+        )
+        return int(cur.lastrowid or 0)
+
+    # -- retention (issue 29 item 5): the span tables kept bounded --------------------------
+    # A receiver may be committing batches while this prunes (another connection, or the same
+    # process's SpanSink): SQLite serialises writers with its lock, so each batch is its own
+    # short BEGIN IMMEDIATE transaction (a range of at most ``batch`` spans on the start-time
+    # index) and a receiver's commit waits milliseconds, never the whole prune. Freed pages go
+    # to SQLite's free list and new spans reuse them, so a pruned file stops growing; it does
+    # not shrink, because VACUUM rewrites the whole file under an exclusive lock (seconds to
+    # minutes for a large store, every receiver commit refused meanwhile) and incremental
+    # vacuum needs auto_vacuum set before the tables existed (itself a full VACUUM on an
+    # existing store). :meth:`compact` is that VACUUM, for `spans prune --vacuum` by hand.
+
+    def prune_spans(
+        self,
+        *,
+        before_ns: int | None = None,
+        keep: int | None = None,
+        dry_run: bool = False,
+        batch: int | None = None,
+    ) -> PruneResult:
+        """Delete the request spans that started before ``before_ns``, or all but the newest
+        ``keep`` (spans starting in the same nanosecond as the ``keep``-th newest stay too),
+        never a span of a stored run (:data:`PROTECTED_SPAN`). The other/rejected spans'
+        de-duplication keys (``counted_spans``) go by the same start-time cutoff; their counts
+        stay. ``dry_run``: count only. ``batch``: spans per transaction (:data:`PRUNE_BATCH`)."""
+        batch = PRUNE_BATCH if batch is None else batch
+        if (before_ns is None) == (keep is None):
+            raise ValueError("prune_spans: give before_ns or keep, one of the two")
+        if batch < 1:
+            raise ValueError(f"prune_spans: batch {batch} < 1")
+        try:
+            cutoff = before_ns if keep is None else self._keep_cutoff(keep)
+            result = PruneResult(cutoff_start_ns=cutoff, deleted=0, protected=0, dry_run=dry_run)
+            if cutoff is None or not self._has("request_spans"):
+                return result
+            result["protected"] = self._db.execute(
+                f"SELECT COUNT(*) FROM request_spans WHERE start_ns < ? AND {PROTECTED_SPAN}",
+                (cutoff,),
+            ).fetchone()[0]
+            if dry_run:
+                result["deleted"] = (
+                    self._db.execute(
+                        "SELECT COUNT(*) FROM request_spans WHERE start_ns < ?", (cutoff,)
+                    ).fetchone()[0]
+                    - result["protected"]
+                )
+                return result
+        except sqlite3.Error as exc:
+            raise self._failure("read", exc) from None
+        lo = -(2**63)
+        while lo < cutoff:
+            with self._transaction():
+                # this batch's range on the start index: [lo, hi), about ``batch`` spans
+                row = self._db.execute(
+                    "SELECT start_ns FROM request_spans WHERE start_ns >= ? AND start_ns < ?"
+                    " ORDER BY start_ns LIMIT 1 OFFSET ?",
+                    (lo, cutoff, batch - 1),
+                ).fetchone()
+                hi = cutoff if row is None else min(cutoff, row[0] + 1)
+                result["deleted"] += self._db.execute(
+                    "DELETE FROM request_spans WHERE start_ns >= ? AND start_ns < ? AND NOT "
+                    f"{PROTECTED_SPAN}",
+                    (lo, hi),
+                ).rowcount
+                if self._has("counted_spans"):
+                    self._db.execute(
+                        "DELETE FROM counted_spans WHERE start_ns >= ? AND start_ns < ?", (lo, hi)
+                    )
+            lo = hi
+        return result
+
+    def _keep_cutoff(self, keep: int) -> int | None:
+        """The start time before which spans go so that the newest ``keep`` stay (None:
+        there are no more than ``keep``)."""
+        if not self._has("request_spans"):
+            return None
+        # Only integer start times count: a row another tool wrote with a text or real one
+        # (SQLite sorts text after every number) is not a time, never the cut-off, and is
+        # never pruned (``start_ns < cutoff`` is false for text).
+        if keep <= 0:
+            row = self._db.execute(
+                "SELECT MAX(start_ns) + 1 FROM request_spans WHERE typeof(start_ns) = 'integer'"
+            ).fetchone()
+        else:
+            row = self._db.execute(
+                "SELECT start_ns FROM request_spans WHERE typeof(start_ns) = 'integer'"
+                " ORDER BY start_ns DESC LIMIT 1 OFFSET ?",
+                (keep - 1,),
+            ).fetchone()
+        return None if row is None or row[0] is None else int(row[0])
+
+    @reads
+    def storage_size(self) -> StoreSize:
+        """The file's size on disk (with its WAL), the free pages inside it that new rows will
+        reuse, and how many request spans it holds (a count of the start index)."""
+        page = self._db.execute("PRAGMA page_size").fetchone()[0]
+        free = self._db.execute("PRAGMA freelist_count").fetchone()[0]
+        wal = self.path.with_name(self.path.name + "-wal")
+        spans = (
+            self._db.execute("SELECT COUNT(*) FROM request_spans").fetchone()[0]
+            if self._has("request_spans")
+            else 0
+        )
+        return StoreSize(
+            file_bytes=_file_size(self.path),
+            wal_bytes=_file_size(wal),
+            free_bytes=int(page) * int(free),
+            request_spans=int(spans),
+        )
+
+    def compact(self) -> None:
+        """Shrink the file to what it holds (VACUUM: rewrites it under an exclusive lock, so
+        not while a receiver writes to it), and truncate the WAL."""
+        if self.readonly:
+            raise StoreError(f"cannot compact experiment store {self.path}: opened read-only")
+        try:
+            self._db.execute("VACUUM")
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except sqlite3.Error as exc:
+            raise self._failure("compact", exc) from None
+
+    @reads
+    def experiments(self) -> list[dict[str, Any]]:
+        rows = self._db.execute(
+            "SELECT e.id, e.name, e.kind, e.created_wall_ns, e.finished_wall_ns, e.endpoint,"
+            " e.model, COUNT(r.id) AS n_runs, SUM(r.status = 'ok') AS n_ok,"
+            " SUM(r.isolated) AS n_isolated FROM experiments e LEFT JOIN runs r"
+            " ON r.experiment_id = e.id GROUP BY e.id ORDER BY e.id"
+        ).fetchall()
+        return [dict(row) for row in rows]
+
+    @reads
+    def experiment(self, experiment_id: int) -> Experiment:
+        row = self._db.execute(
+            "SELECT * FROM experiments WHERE id = ?", (experiment_id,)
+        ).fetchone()
+        if row is None:
+            raise StoreError(f"no experiment {experiment_id} in {self.path}")
+        spec = json.loads(row["spec_json"])
+        # Specs written by other phaseprobe versions may carry fields this one lacks.
+        known = {k: v for k, v in spec.items() if k in RunSpec.__dataclass_fields__}
+        return Experiment(
+            name=row["name"],
+            kind=row["kind"],
+            spec=RunSpec(**known),
+            server_info=json.loads(row["server_json"]),
+            created_wall_ns=row["created_wall_ns"],
+            experiment_id=row["id"],
+            notes=tuple(json.loads(row["notes_json"])),
+        )
+
+    @reads
+    def runs(self, experiment_id: int) -> list[Run]:
+        rows = self._db.execute(
+            "SELECT * FROM runs WHERE experiment_id = ? ORDER BY seq", (experiment_id,)
+        ).fetchall()
+        return [_run_from_row(row) for row in rows]
+
+    @reads
+    def gpu_samples(self, experiment_id: int) -> pd.DataFrame:
+        """The experiment's GPU samples ordered by time then GPU (an empty frame when none)."""
+        import pandas as pd
+
+        from phaseprobe.sources.gpu.nvml import conform
+
+        rows = (
+            self._db.execute(
+                f"SELECT {', '.join(GPU_SAMPLE_COLUMNS)} FROM gpu_samples WHERE experiment_id = ?"
+                " ORDER BY t_ns, gpu_index",
+                (experiment_id,),
+            ).fetchall()
+            if self._has("gpu_samples")
+            else []
+        )
+        frame = pd.DataFrame.from_records(
+            [tuple(r) for r in rows], columns=list(GPU_SAMPLE_COLUMNS)
+        )
+        return conform(frame, source=f"{self.path} gpu_samples")
+
+    @reads
+    def ab_session(self, session_id: int) -> AbSessionRow:
+        """One A/B session: its playbook text, settings and ``arms`` (name -> experiment id)."""
+        row = (
+            self._db.execute("SELECT * FROM ab_sessions WHERE id = ?", (session_id,)).fetchone()
+            if self._has("ab_sessions")
+            else None
+        )
+        if row is None:
+            raise StoreError(f"no A/B session {session_id} in {self.path}")
+        return {
+            "id": row["id"],
+            "name": row["name"],
+            "created_wall_ns": row["created_wall_ns"],
+            "finished_wall_ns": row["finished_wall_ns"],
+            "playbook_path": row["playbook_path"],
+            "playbook_text": row["playbook_text"],
+            "settings": json.loads(row["settings_json"]),
+            "arms": json.loads(row["arms_json"]),
+        }
+
+    @reads
+    def ab_sessions(self) -> list[AbSessionRow]:
+        """Every A/B session, oldest first, as :meth:`ab_session` gives it."""
+        if not self._has("ab_sessions"):
+            return []
+        ids = [row[0] for row in self._db.execute("SELECT id FROM ab_sessions ORDER BY id")]
+        return [self.ab_session(i) for i in ids]
+
+    @reads
+    def analyses(self, kind: str | None = None) -> list[dict[str, Any]]:
+        """Kept analyses (without their documents), oldest first, optionally of one kind."""
+        if not self._has("analyses"):
+            return []
+        sql = "SELECT id, experiment_id, kind, source, created_wall_ns FROM analyses"
+        rows = self._db.execute(
+            sql + (" WHERE kind = ? ORDER BY id" if kind else " ORDER BY id"),
+            (kind,) if kind else (),
+        ).fetchall()
+        return [dict(row) for row in rows]
+
+    @reads
+    def analysis(self, analysis_id: int) -> dict[str, Any]:
+        """One kept analysis's summary document."""
+        row = (
+            self._db.execute(
+                "SELECT doc_json FROM analyses WHERE id = ?", (analysis_id,)
+            ).fetchone()
+            if self._has("analyses")
+            else None
+        )
+        if row is None:
+            raise StoreError(f"no analysis {analysis_id} in {self.path}")
+        doc: dict[str, Any] = json.loads(row["doc_json"])
+        return doc
+
+    @reads
+    def spans(
+        self,
+        *,
+        since_ns: int | None = None,
+        until_ns: int | None = None,
+        received_since_ns: int | None = None,
+        limit: int | None = None,
+        newest: bool = False,
+    ) -> list[RequestSpan]:
+        """Stored request spans by start time (``since``/``until`` on the span's start,
+        ``received_since`` on when phaseprobe received it), oldest first; ``newest`` with
+        ``limit`` takes the most recent ``limit`` instead of the first."""
+        if not self._has("request_spans"):
+            return []
+        where, params = _span_filter(since_ns, until_ns, received_since_ns)
+        order = "DESC" if newest else "ASC"
+        sql = f"SELECT * FROM request_spans{where} ORDER BY start_ns {order}"
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+        rows = [_span_from_row(r) for r in self._db.execute(sql, params)]
+        return rows[::-1] if newest else rows
+
+    def spans_by_trace(
+        self, trace_ids: list[str], since_ns: int | None = None
+    ) -> dict[str, RequestSpan]:
+        """The request span of each trace id that has one (the last stored, when a trace holds
+        several). ``since_ns``: as :meth:`spans_of_traces`."""
+        return {t: spans[-1] for t, spans in self.spans_of_traces(trace_ids, since_ns).items()}
+
+    @reads
+    def spans_of_traces(
+        self, trace_ids: list[str], since_ns: int | None = None
+    ) -> dict[str, list[RequestSpan]]:
+        """Every request span of each trace id that has any, by start: one request can be
+        served by several vLLM instances (a disaggregated request's prefill and decode legs
+        share the client's trace). ``since_ns`` (a lower bound on the spans' start, e.g. the
+        first request's send time minus clock skew) turns the lookup into a range read of the
+        time index; without it the table is scanned."""
+        out: dict[str, list[RequestSpan]] = {}
+        if not self._has("request_spans"):
+            return out
+        for i in range(0, len(trace_ids), 500):
+            chunk = trace_ids[i : i + 500]
+            where = f"trace_id IN ({', '.join('?' * len(chunk))}) AND {_TIMED}"
+            params: list[Any] = list(chunk)
+            if since_ns is not None:
+                where = f"start_ns >= ? AND {where}"
+                params.insert(0, int(since_ns))
+            sql = f"SELECT * FROM request_spans WHERE {where} ORDER BY start_ns, id"
+            for row in self._db.execute(sql, params):
+                out.setdefault(row["trace_id"], []).append(_span_from_row(row))
+        return out
+
+    @reads
+    def span_by_request_id(self, request_id: str) -> tuple[RequestSpan, dict[str, Any]] | None:
+        """The span whose vLLM request id is ``request_id`` or contains it (vLLM may prefix the
+        client's X-Request-Id, e.g. ``cmpl-``), with its raw attributes; the newest wins."""
+        if not self._has("request_spans"):
+            return None
+        row = self._db.execute(
+            "SELECT * FROM request_spans WHERE (request_id = ? OR instr(request_id, ?) > 0)"
+            f" AND {_TIMED} ORDER BY (request_id = ?) DESC, start_ns DESC LIMIT 1",
+            (request_id, request_id, request_id),
+        ).fetchone()
+        if row is None:
+            return None
+        return _span_from_row(row), json.loads(row["attributes_json"])
+
+    # ---- the span-store interface (phaseprobe.sources.span_stores.model.SpanReader): the same
+    # views read from this file or from where a fleet keeps its spans (--spans-from). Windows
+    # are on the span's end (finished in (since, until]); the summary is one streamed pass.
+
+    @property
+    def where(self) -> str:
+        return str(self.path)
+
+    def check(self) -> None:
+        """Nothing to check beyond opening the file (done)."""
+
+    @reads
+    def finished_spans(
+        self, *, since_ns: int | None = None, until_ns: int | None = None
+    ) -> list[RequestSpan]:
+        return self._finished("start_ns, span_id", since_ns, until_ns)
+
+    def _finished(
+        self, order: str, since_ns: int | None, until_ns: int | None, limit: int | None = None
+    ) -> list[RequestSpan]:
+        if not self._has("request_spans"):
+            return []
+        clauses, params = [_TIMED], []
+        if until_ns is not None:  # start <= end <= until: a range read of the start index
+            clauses += ["start_ns <= ?", "end_ns <= ?"]
+            params += [int(until_ns), int(until_ns)]
+        if since_ns is not None:
+            clauses.append("end_ns > ?")
+            params.append(int(since_ns))
+        sql = f"SELECT * FROM request_spans WHERE {' AND '.join(clauses)} ORDER BY {order}"
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+        return [_span_from_row(r) for r in self._db.execute(sql, params)]
+
+    @reads
+    def recent_spans(
+        self, n: int, *, since_ns: int | None = None, until_ns: int | None = None
+    ) -> list[RequestSpan]:
+        return self._finished("end_ns DESC, span_id DESC", since_ns, until_ns, n)[::-1]
+
+    @reads
+    def slowest_spans(
+        self, n: int, *, since_ns: int | None = None, until_ns: int | None = None
+    ) -> list[RequestSpan]:
+        return self._finished(
+            "COALESCE(e2e_s, (end_ns - start_ns) / 1e9) DESC, span_id DESC", since_ns, until_ns, n
+        )
+
+    @reads
+    def spans_overlapping(self, span: RequestSpan) -> list[RequestSpan]:
+        from phaseprobe.sources.span_stores.model import NEIGHBOUR_HORIZON_NS
+
+        if not self._has("request_spans"):
+            return []
+        rows = self._db.execute(
+            "SELECT * FROM request_spans WHERE start_ns >= ? AND start_ns <= ? AND service IS ?"
+            f" AND instance IS ? AND {_TIMED} ORDER BY start_ns, span_id",
+            (span.start_ns - NEIGHBOUR_HORIZON_NS, span.end_ns, span.service, span.instance),
+        )
+        return [_span_from_row(r) for r in rows]
+
+    @reads
+    def span_summary(
+        self, *, since_ns: int | None = None, until_ns: int | None = None, by: str = "replica"
+    ) -> SpanAggregate:
+        """The window's summary in one streamed pass over the columns it reads, memory flat in
+        the span count (exact quantiles up to a limit, a sketch with a stated error past it:
+        :mod:`phaseprobe.sources.span_stores.sqlite_summary`)."""
+        from phaseprobe.sources.span_stores.model import aggregate_spans
+        from phaseprobe.sources.span_stores.sqlite_summary import summarize_request_spans
+
+        if not self._has("request_spans"):
+            return aggregate_spans([], self.where, since_ns=since_ns, until_ns=until_ns, by=by)
+        return summarize_request_spans(
+            self._db, self.where, since_ns=since_ns, until_ns=until_ns, timed=_TIMED, by=by
+        )
+
+    @reads
+    def span_stats(self) -> SpanStats:
+        """How many request spans are stored (and over what time), and the other/rejected
+        span counts."""
+        row = (
+            self._db.execute(
+                "SELECT COUNT(*), MIN(start_ns), MAX(end_ns),"
+                " MAX(received_wall_ns) FROM request_spans"
+            ).fetchone()
+            if self._has("request_spans")
+            else (0, None, None, None)
+        )
+        counts = (
+            [
+                SpanCount(kind=r[0], service=r[1], name=r[2], count=r[3])
+                for r in self._db.execute(
+                    "SELECT kind, service, name, count FROM span_counts ORDER BY kind, count DESC"
+                )
+            ]
+            if self._has("span_counts")
+            else []
+        )
+        return {
+            "requests": row[0],
+            "first_start_ns": row[1],
+            "last_end_ns": row[2],
+            "last_received_wall_ns": row[3],
+            "other": [c for c in counts if c["kind"] == "other"],
+            "rejected": [c for c in counts if c["kind"] == "rejected"],
+        }
+
+    @reads
+    def latest_experiment_id(self) -> int | None:
+        row = self._db.execute("SELECT MAX(id) FROM experiments").fetchone()
+        return row[0]
+
+
+def _mask_text(text: str | None) -> str | None:
+    """``text`` through the secret mask; None stays None."""
+    return mask_secrets(text) if text else text
+
+
+# Spans are read only with integer times: a row another program wrote with a text start_ns
+# would otherwise meet integers in min()/sorting downstream (a traceback in spans list, check,
+# watch). The prune ignores such rows the same way.
+_TIMED = "typeof(start_ns) = 'integer' AND typeof(end_ns) = 'integer'"
+
+
+def _span_filter(
+    since_ns: int | None, until_ns: int | None, received_since_ns: int | None
+) -> tuple[str, tuple[int, ...]]:
+    clauses, params = [_TIMED], []
+    for clause, value in (
+        ("start_ns >= ?", since_ns),
+        ("start_ns <= ?", until_ns),
+        ("received_wall_ns >= ?", received_since_ns),
+    ):
+        if value is not None:
+            clauses.append(clause)
+            params.append(int(value))
+    return " WHERE " + " AND ".join(clauses), tuple(params)
+
+
+def _dumps(record: Any) -> str | None:
+    """A record's JSON column (None stays NULL)."""
+    return None if record is None else json.dumps(record.to_dict())
+
+
+def _phase_columns(s: ServerPhases | None) -> tuple[float | None, ...]:
+    """The server_queue_s … server_e2e_s columns of a run."""
+    if s is None:
+        return (None,) * 6
+    return (s.queue_s, s.prefill_s, s.decode_s, s.inference_s, s.ttft_s, s.e2e_s)
+
+
+def _reasoning_columns(c: ClientTimeline | None) -> tuple[float | None, int | None, int | None]:
+    """client_ttfa_s, reasoning_tokens, answer_tokens of a run that streamed reasoning."""
+    if c is None or not c.reasoned:
+        return None, None, None
+    return c.ttfa_s, c.reasoning_tokens, c.answer_tokens
+
+
+def _replica_columns(r: ReplicaAttribution | None) -> tuple[str | None, str | None]:
+    """The replica and replica_json columns of a run (a replica URL without credentials)."""
+    if r is None:
+        return None, None
+    if r.url:
+        r = replace(r, url=redact_url(r.url))
+    return r.name, _dumps(r)
+
+
+def _span_from_row(row: sqlite3.Row) -> RequestSpan:
+    return RequestSpan(**{k: row[k] for k in RequestSpan.__dataclass_fields__})
+
+
+def _run_from_row(row: sqlite3.Row) -> Run:
+    client = (
+        ClientTimeline.from_dict(json.loads(row["client_json"])) if row["client_json"] else None
+    )
+    server = ServerPhases.from_dict(json.loads(row["server_json"])) if row["server_json"] else None
+    keys = row.keys()
+    check = row["client_check_json"] if "client_check_json" in keys else None
+    span = row["span_json"] if "span_json" in keys else None
+    replica = row["replica_json"] if "replica_json" in keys else None
+    pd = row["pd_json"] if "pd_json" in keys else None
+    reported = row["reported_json"] if "reported_json" in keys else None
+    adapter = row["adapter_json"] if "adapter_json" in keys else None
+    return Run(
+        seq=row["seq"],
+        status=row["status"],
+        prompt=row["prompt"],
+        client=client,
+        server=server,
+        isolation=Isolation.from_dict(json.loads(row["isolation_json"])),
+        error=row["error"],
+        experiment_id=row["experiment_id"],
+        run_id=row["id"],
+        client_check=ClientCheck.from_dict(json.loads(check)) if check else None,
+        trace_id=row["trace_id"] if "trace_id" in keys else None,
+        request_id=row["request_id"] if "request_id" in keys else None,
+        span=RequestSpan.from_dict(json.loads(span)) if span else None,
+        replica=ReplicaAttribution.from_dict(json.loads(replica)) if replica else None,
+        pd=PdLegs.from_dict(json.loads(pd)) if pd else None,
+        reported=ResponseTimings.from_dict(json.loads(reported)) if reported else None,
+        adapter=AdapterUse.from_dict(json.loads(adapter)) if adapter else None,
+    )
+
+
+# -- retention -------------------------------------------------------------------------------
+
+# Spans are pruned in transactions of this many at most: a receiver writing meanwhile waits
+# for one of them (milliseconds), not for the whole prune.
+PRUNE_BATCH = 5_000
+# The request ids phaseprobe sends (collect.spans.attribution.new_tags): vLLM prefixes and
+# suffixes them (cmpl-<id>-0), so a span whose id holds this prefix is compared with every
+# run's request id; other spans are never (that test costs one pass over the runs).
+RUN_REQUEST_ID_PREFIX = "phaseprobe-"
+# A span that belongs to a stored experiment: its trace id or request id is a run's. Never
+# pruned (a P/D run's two legs share its trace). The IN subqueries are read once per statement.
+PROTECTED_SPAN = (
+    "(trace_id IN (SELECT trace_id FROM runs WHERE trace_id IS NOT NULL)"
+    " OR request_id IN (SELECT request_id FROM runs WHERE request_id IS NOT NULL)"
+    f" OR (instr(request_id, '{RUN_REQUEST_ID_PREFIX}') > 0 AND EXISTS (SELECT 1 FROM runs r"
+    " WHERE r.request_id IS NOT NULL AND instr(request_spans.request_id, r.request_id) > 0)))"
+)
+
+
+class PruneResult(TypedDict):
+    """What :meth:`Store.prune_spans` did (or, ``dry_run``, would do)."""
+
+    cutoff_start_ns: int | None  # spans that started before it went (None: nothing to prune)
+    deleted: int
+    protected: int  # spans before the cutoff kept because a stored run's ids name them
+    dry_run: bool
+
+
+class StoreSize(TypedDict):
+    """:meth:`Store.storage_size`."""
+
+    file_bytes: int
+    wal_bytes: int
+    free_bytes: int  # free pages inside the file: reused by new rows before it grows
+    request_spans: int
+
+
+def _file_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
