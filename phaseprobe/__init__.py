@@ -33,7 +33,7 @@ _LAZY = {
     "attribute": "phaseprobe.analysis.phases",
     "summarize": "phaseprobe.analysis.phases",
     "ProbeResult": "phaseprobe.collect.experiment",
-    "ProbeSettings": "phaseprobe.collect.experiment",
+    "ProbeSettings": "phaseprobe.collect.run_loop",
     "run_probe": "phaseprobe.collect.experiment",
     "ClientTimeline": "phaseprobe.records",
     "Experiment": "phaseprobe.records",
@@ -52,7 +52,8 @@ _LAZY = {
 
 if TYPE_CHECKING:  # what the names are, for type checkers and editors
     from phaseprobe.analysis.phases import Summary, attribute, summarize
-    from phaseprobe.collect.experiment import ProbeResult, ProbeSettings, run_probe
+    from phaseprobe.collect.experiment import ProbeResult, run_probe
+    from phaseprobe.collect.run_loop import ProbeSettings
     from phaseprobe.records import (
         ClientTimeline,
         Experiment,

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
 import requests
 
@@ -32,6 +32,14 @@ from phaseprobe.analysis.vllm_work import self_measured_deltas
 from phaseprobe.collect.connection import connect
 from phaseprobe.collect.fleet.scrape import FleetScraper, FleetSnapshot, RouterPage
 from phaseprobe.collect.fleet.targets import ReplicaTarget
+from phaseprobe.collect.run_loop import (
+    NullProgress,
+    ProbeSettings,
+    ProgressHook,
+    RunNotes,
+    measure_runs,
+    poll_until,
+)
 from phaseprobe.collect.spans.attribution import attach_spans, new_tags
 from phaseprobe.errors import MetricsUnavailable
 from phaseprobe.records import (
@@ -59,47 +67,14 @@ from phaseprobe.sources.vllm.openai_stream import (
 from phaseprobe.store import Store
 
 __all__ = [
-    "ProbeSettings",
     "ProbeResult",
-    "ProgressHook",
-    "NullProgress",
-    "RunNotes",
     "RunCollector",
     "run_probe",
-    "poll_until",
-    "measure_runs",
     "reported_path",
     "reported_notes",
     "with_reported",
     "REPORTED_SINCE",
 ]
-
-
-@dataclass(frozen=True)
-class ProbeSettings:
-    """How a probe measures: run and warm-up counts, waits (s) for the server to go idle and for its
-    histograms to observe a run, and the per-run attribution to use (spans, vLLM's per-request
-    metrics)."""
-
-    runs: int = 5
-    warmup: int = 1
-    pause_s: float = 0.0
-    idle_timeout_s: float = 10.0  # how long to wait for the server to go idle before a run
-    metrics_timeout_s: float = 10.0  # how long to wait for the histograms to observe the run
-    poll_s: float = 0.02
-    name: str = "probe"
-    # Attribute runs by their own vLLM span (OpenTelemetry): every request carries a trace id,
-    # and the runs' spans are awaited this long after the last run. None: no spans.
-    span_wait_s: float | None = None
-    # vLLM >= 0.33's per-request metrics object in each response (--enable-per-request-metrics):
-    # "auto" reads it when the server reports vLLM 0.33 or later, "on" whatever it reports
-    # (the user asked), "off" never. Read, it is kept with each run and attributes a run that
-    # shared the server (no tracing needed).
-    response_metrics: str = "auto"
-    # LoRA adapters to cycle the requests over (warm-ups included), ``adapter_block`` in a row
-    # of each (phaseprobe.analysis.lora.schedule); empty: every request asks for spec.model
-    adapters: tuple[str, ...] = ()
-    adapter_block: int = 2
 
 
 @dataclass
@@ -110,91 +85,6 @@ class ProbeResult:
     runs: list[Run]
     server_info: ServerInfo
     notes: list[str] = field(default_factory=list)
-
-
-class ProgressHook(Protocol):
-    """What a probe tells its caller as it goes (the CLI draws a progress bar from it)."""
-
-    def on_start(self, total: int, warmup: int) -> None:
-        """Measuring starts: ``total`` measured runs after ``warmup`` warm-ups."""
-
-    def on_warmup(self, index: int, error: str | None) -> None:
-        """Warm-up ``index`` (0-based) ended; ``error``: why it failed, None when it did not."""
-
-    def on_run(self, run: Run) -> None:
-        """A run was measured and stored (a failed one too: ``run.error`` says why)."""
-
-    def on_end(self) -> None:
-        """Measuring ended (every run done, or an error)."""
-
-
-class NullProgress:
-    """The progress of a probe nobody watches: every hook does nothing."""
-
-    def on_start(self, total: int, warmup: int) -> None:
-        """Does nothing."""
-
-    def on_warmup(self, index: int, error: str | None) -> None:
-        """Does nothing."""
-
-    def on_run(self, run: Run) -> None:
-        """Does nothing."""
-
-    def on_end(self) -> None:
-        """Does nothing."""
-
-
-class RunNotes:
-    """What the streams of stored runs noted (a usage block that is not token counts), one
-    line per distinct note however many runs said it: ``"<note> (in 20 of 20 runs)"``.
-
-    Every command that stores runs feeds each run's :attr:`StreamOutcome.notes` here (the
-    collector's measured runs, and the streams that share the server on purpose) and shows
-    :meth:`lines` with its notes; warm-ups are not stored, so they are not counted."""
-
-    def __init__(self) -> None:
-        self.runs = 0
-        self._counts: dict[str, int] = {}
-
-    def add(self, notes: Iterable[str]) -> None:
-        """One stored run's stream notes (none for most runs: it still counts as a run)."""
-        self.runs += 1
-        for note in dict.fromkeys(notes):
-            self._counts[note] = self._counts.get(note, 0) + 1
-
-    def lines(self) -> list[str]:
-        """One line per distinct note with the number of stored runs that said it: ``"<note> (in 3
-        of 20 runs)"``."""
-        return [
-            f"{note} (in {n} of {self.runs} run{'' if self.runs == 1 else 's'})"
-            for note, n in self._counts.items()
-        ]
-
-
-_S = TypeVar("_S")
-
-
-def poll_until(
-    scrape: Callable[[], _S | None],
-    done: Callable[[_S], bool],
-    timeout_s: float,
-    poll_s: float,
-    sleep: Callable[[float], None],
-    clock: Callable[[], float],
-) -> tuple[_S | None, bool]:
-    """Scrape until ``done`` holds for the scrape, it fails (None) or ``timeout_s`` passed:
-    (the last scrape, whether ``done`` held). How every wait of a run is taken (the server
-    idle, its histograms moved; a fleet's or a P/D pair's instances)."""
-    deadline = clock() + timeout_s
-    while True:
-        snap = scrape()
-        if snap is None:
-            return None, False
-        if done(snap):
-            return snap, True
-        if clock() >= deadline:
-            return snap, False
-        sleep(poll_s)
 
 
 class RunCollector:
@@ -655,29 +545,6 @@ def router_notes(page: RouterPage, runs: Sequence[Run]) -> list[str]:
             "name differs from its worker URL there)"
         )
     return [line]
-
-
-def measure_runs(
-    measure: Callable[[int, str], Run],
-    store: Store,
-    experiment_id: int,
-    prompts: Sequence[str],
-    settings: ProbeSettings,
-    runs: list[Run],
-    progress: ProgressHook,
-    sleep: Callable[[float], None],
-) -> None:
-    """The measured runs of a probe (``prompts`` after the warm-ups'), each committed to the
-    store before the next starts and appended to ``runs`` as it is, so a cancelled probe still
-    has every run it finished (``probe`` and the P/D probe measure this way)."""
-    for seq in range(settings.runs):
-        if seq and settings.pause_s:
-            sleep(settings.pause_s)
-        run = measure(seq, prompts[settings.warmup + seq])
-        run_id = store.add_run(experiment_id, run)  # durable before the next run starts
-        run = replace(run, run_id=run_id, experiment_id=experiment_id)
-        runs.append(run)
-        progress.on_run(run)
 
 
 def run_probe(

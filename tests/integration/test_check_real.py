@@ -12,7 +12,8 @@ from rich.console import Console
 from phaseprobe.analysis.checklist import rule_ids, run_checklist
 from phaseprobe.analysis.phases import summarize
 from phaseprobe.collect.evidence import EvidenceOptions, build_evidence
-from phaseprobe.collect.experiment import ProbeSettings, run_probe
+from phaseprobe.collect.experiment import run_probe
+from phaseprobe.collect.run_loop import ProbeSettings
 from phaseprobe.format import duration
 from phaseprobe.present.cli import cmd_check
 from phaseprobe.records import RunSpec

@@ -31,7 +31,8 @@ from typing import Any
 import pytest
 import requests
 
-from phaseprobe.collect.experiment import ProbeSettings, run_probe
+from phaseprobe.collect.experiment import run_probe
+from phaseprobe.collect.run_loop import ProbeSettings
 from phaseprobe.local.process import free_port, log_tail, process_group_alive, stop_process_group
 from phaseprobe.records import RunSpec
 from phaseprobe.sources.gpu.sampler import GpuSampler

@@ -206,9 +206,9 @@ def test_pd_legs_drawn_from_a_real_pair(monkeypatch, local_pd, tmp_path):
     """Two real runs on the local prefill/decode pair (phaseprobe sends the legs): the timeline
     draws each run's stored legs where pd_layout puts them, with its real KV verdict; the
     experiment pages show the pair's topology and the verdict counts."""
-    from phaseprobe.collect.experiment import ProbeSettings
     from phaseprobe.collect.pd.probe import run_pd_probe
     from phaseprobe.collect.pd.topology import PdTopology
+    from phaseprobe.collect.run_loop import ProbeSettings
     from phaseprobe.present.dashboard.pd_layout import pd_layout
     from phaseprobe.records import RunSpec
 

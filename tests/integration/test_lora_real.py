@@ -31,7 +31,8 @@ import requests
 from phaseprobe.analysis.lora import UnknownAdapter, load_kind, lora_report, lora_state, schedule
 from phaseprobe.analysis.rules.base import Evidence
 from phaseprobe.analysis.rules.lora import adapter_thrash
-from phaseprobe.collect.experiment import ProbeSettings, run_probe
+from phaseprobe.collect.experiment import run_probe
+from phaseprobe.collect.run_loop import ProbeSettings
 from phaseprobe.local import LocalVllm, ensure_model, install
 from phaseprobe.local.process import process_group_alive
 from phaseprobe.local.tiny_lora import lora_modules_args, make_adapters

@@ -12,9 +12,9 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from phaseprobe.collect.experiment import ProbeSettings
 from phaseprobe.collect.pd.probe import run_pd_probe
 from phaseprobe.collect.pd.topology import PdTopology
+from phaseprobe.collect.run_loop import ProbeSettings
 from phaseprobe.present.cli import main
 from phaseprobe.records import RunSpec
 from phaseprobe.store import Store

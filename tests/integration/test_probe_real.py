@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 import requests
 
-from phaseprobe.collect.experiment import ProbeSettings, run_probe
+from phaseprobe.collect.experiment import run_probe
+from phaseprobe.collect.run_loop import ProbeSettings
 from phaseprobe.present.cli import main
 from phaseprobe.records import RunSpec
 from phaseprobe.store import Store

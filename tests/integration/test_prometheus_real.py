@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import pytest
 from rich.console import Console
 
-from phaseprobe.collect.experiment import ProbeSettings, run_probe
+from phaseprobe.collect.experiment import run_probe
+from phaseprobe.collect.run_loop import ProbeSettings
 from phaseprobe.errors import EmptyResult
 from phaseprobe.local.process import process_group_alive
 from phaseprobe.present.cli.cmd_query import cmd_query, register

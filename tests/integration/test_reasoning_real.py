@@ -26,7 +26,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from phaseprobe.collect.experiment import ProbeSettings, run_probe
+from phaseprobe.collect.experiment import run_probe
+from phaseprobe.collect.run_loop import ProbeSettings
 from phaseprobe.local import LocalVllm, ensure_model, install
 from phaseprobe.local.process import process_group_alive
 from phaseprobe.local.venv import default_venv_dir, venv_python

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from phaseprobe.collect.experiment import ProbeSettings, run_probe
+from phaseprobe.collect.experiment import run_probe
+from phaseprobe.collect.run_loop import ProbeSettings
 from phaseprobe.records import RunSpec
 from phaseprobe.store import Store
 from tests.unit.span_store_data import assert_close, chdb_store, sqlite_store

@@ -24,8 +24,9 @@ import requests
 
 from phaseprobe.analysis.phases import engine_edges, outside_engine, summarize
 from phaseprobe.analysis.spans.context import overlap_context
-from phaseprobe.collect.experiment import ProbeSettings, run_probe
+from phaseprobe.collect.experiment import run_probe
 from phaseprobe.collect.open_loop import LoadSettings, OpenLoopLoad
+from phaseprobe.collect.run_loop import ProbeSettings
 from phaseprobe.collect.spans.attribution import new_tags
 from phaseprobe.collect.spans.receiver import SpanReceiver, SpanSink, wait_for
 from phaseprobe.local import LocalVllm

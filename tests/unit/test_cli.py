@@ -192,7 +192,8 @@ def test_help_states_the_definitions(capsys):
 
 def test_probe_samples_gpus_through_the_injected_backend_and_stores_them(tmp_path):
     """The fake NVML backend stands in at the one boundary; samples land with the experiment."""
-    from phaseprobe.collect.experiment import ProbeSettings, run_probe
+    from phaseprobe.collect.experiment import run_probe
+    from phaseprobe.collect.run_loop import ProbeSettings
     from phaseprobe.records import RunSpec
     from phaseprobe.sources.gpu.sampler import open_sampler
     from phaseprobe.testing.fake_nvml import FakeNvmlBackend, demo_devices

@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from phaseprobe.collect.experiment import ProbeResult, ProbeSettings, run_probe
+from phaseprobe.collect.experiment import ProbeResult, run_probe
+from phaseprobe.collect.run_loop import ProbeSettings
 from phaseprobe.present.cli import main
 from phaseprobe.records import Run, RunSpec
 from phaseprobe.sources.vllm.openai_stream import MAX_EVENT_BYTES

@@ -14,8 +14,9 @@ import pytest
 import requests
 
 from phaseprobe.analysis.replica_match import process_identity, serving_replica, unverifiable
-from phaseprobe.collect.experiment import ProbeSettings, run_probe
+from phaseprobe.collect.experiment import run_probe
 from phaseprobe.collect.fleet.targets import parse_replica, parse_replicas
+from phaseprobe.collect.run_loop import ProbeSettings
 from phaseprobe.errors import ConfigError
 from phaseprobe.present.cli import main
 from phaseprobe.records import RunSpec

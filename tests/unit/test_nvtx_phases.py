@@ -8,7 +8,8 @@ import sys
 import types
 from contextlib import contextmanager
 
-from phaseprobe.collect.experiment import ProbeSettings, run_probe
+from phaseprobe.collect.experiment import run_probe
+from phaseprobe.collect.run_loop import ProbeSettings
 from phaseprobe.records import RunSpec
 from phaseprobe.store import Store
 from phaseprobe.testing.sse_server import Script, SseServer

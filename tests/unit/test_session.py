@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from phaseprobe.collect.experiment import ProbeSettings, run_probe
+from phaseprobe.collect.experiment import run_probe
 from phaseprobe.collect.notices import RecordedNotices
+from phaseprobe.collect.run_loop import ProbeSettings
 from phaseprobe.collect.session import Session, SessionOptions
 from phaseprobe.errors import ConfigError
 from phaseprobe.records import RunSpec

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from phaseprobe.collect.experiment import ProbeSettings, run_probe
+from phaseprobe.collect.experiment import run_probe
 from phaseprobe.collect.notices import RecordedNotices
+from phaseprobe.collect.run_loop import ProbeSettings
 from phaseprobe.collect.session import Session, SessionOptions
 from phaseprobe.errors import ConfigError, PhaseprobeError
 from phaseprobe.records import RequestSpan, RunSpec

@@ -50,9 +50,10 @@ from phaseprobe.collect.ab.playbook import (
     restore_secrets,
 )
 from phaseprobe.collect.connection import connect
-from phaseprobe.collect.experiment import ProbeSettings, RunCollector
+from phaseprobe.collect.experiment import RunCollector
 from phaseprobe.collect.pd.probe import kv_summary
 from phaseprobe.collect.pd.topology import PdTopology
+from phaseprobe.collect.run_loop import ProbeSettings
 from phaseprobe.collect.session import Session, SessionOptions
 from phaseprobe.errors import ConfigError, LocalServerError, StoreError
 from phaseprobe.local.process import (

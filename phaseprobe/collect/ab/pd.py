@@ -17,11 +17,11 @@ from dataclasses import dataclass
 
 import requests
 
-from phaseprobe.collect.experiment import ProbeSettings, RunNotes
 from phaseprobe.collect.pd.collector import PdCollector
 from phaseprobe.collect.pd.connect import connect_pair
 from phaseprobe.collect.pd.topology import PdTopology
 from phaseprobe.collect.prompts import PromptBuilder
+from phaseprobe.collect.run_loop import ProbeSettings, RunNotes
 from phaseprobe.records import RunSpec, ServerInfo
 
 __all__ = ["PdArm", "connect_pd_arm", "topology_line"]

@@ -29,7 +29,6 @@ from phaseprobe.analysis.interplay import (
     scaling,
     superlinear_note,
 )
-from phaseprobe.collect.experiment import RunNotes
 from phaseprobe.collect.interplay.context import (
     ProbeContext,
     Progress,
@@ -40,6 +39,7 @@ from phaseprobe.collect.interplay.context import (
     quiet,
     store_run,
 )
+from phaseprobe.collect.run_loop import RunNotes
 from phaseprobe.errors import MetricsUnavailable
 from phaseprobe.records import Experiment, Run, ServerInfo
 from phaseprobe.sources.vllm.metrics import MetricSnapshot, MetricsScraper

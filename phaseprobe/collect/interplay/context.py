@@ -39,12 +39,13 @@ from typing import Any
 
 from phaseprobe.analysis.interplay import CONCURRENT_MARK
 from phaseprobe.collect.connection import connect
-from phaseprobe.collect.experiment import ProbeSettings, RunCollector, RunNotes
+from phaseprobe.collect.experiment import RunCollector
 from phaseprobe.collect.fleet.targets import ReplicaTarget
 from phaseprobe.collect.pd.collector import PdCollector
 from phaseprobe.collect.pd.connect import PdConnection, connect_pair
 from phaseprobe.collect.pd.sender import PdSender
 from phaseprobe.collect.pd.topology import PdTopology
+from phaseprobe.collect.run_loop import ProbeSettings, RunNotes
 from phaseprobe.collect.spans.attribution import new_tags
 from phaseprobe.collect.target import served_model
 from phaseprobe.errors import MetricsUnavailable

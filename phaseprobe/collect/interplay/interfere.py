@@ -47,7 +47,6 @@ from phaseprobe.analysis.interplay import (
 )
 from phaseprobe.analysis.pd.interplay import PdInterfere, pd_alone, pd_interfere
 from phaseprobe.analysis.pd.legs import SOURCES, source_deltas
-from phaseprobe.collect.experiment import ProbeSettings, RunNotes
 from phaseprobe.collect.interplay.context import (
     IsolatedCollector,
     ProbeContext,
@@ -60,6 +59,7 @@ from phaseprobe.collect.interplay.context import (
     quiet,
     store_run,
 )
+from phaseprobe.collect.run_loop import ProbeSettings, RunNotes
 from phaseprobe.records import Experiment, InterfereArmInfo, Run, RunSpec, ServerInfo
 from phaseprobe.sources.vllm.metrics import MetricSnapshot
 from phaseprobe.sources.vllm.openai_stream import StreamOutcome, TokenEventCounter

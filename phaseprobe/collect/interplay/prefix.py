@@ -53,7 +53,6 @@ from phaseprobe.analysis.vllm_work import (
     prompt_sources_of,
     prompt_sources_summary,
 )
-from phaseprobe.collect.experiment import ProbeSettings
 from phaseprobe.collect.interplay.context import (
     ProbeContext,
     Progress,
@@ -63,6 +62,7 @@ from phaseprobe.collect.interplay.context import (
     store_run,
 )
 from phaseprobe.collect.live_window import bucket_deltas
+from phaseprobe.collect.run_loop import ProbeSettings
 from phaseprobe.records import Experiment, Run, ServerInfo
 from phaseprobe.sources.vllm.metrics import MetricSnapshot
 from phaseprobe.store import Store

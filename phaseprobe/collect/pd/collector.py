@@ -22,9 +22,9 @@ from phaseprobe.analysis.pd.legs import block_size, connector_deltas, pd_legs, s
 from phaseprobe.analysis.phases import attribute, histograms_moved, idle_reasons
 from phaseprobe.analysis.replica_match import unverifiable
 from phaseprobe.analysis.vllm_work import self_measured_deltas
-from phaseprobe.collect.experiment import ProbeSettings, RunNotes, poll_until
 from phaseprobe.collect.pd.sender import PdSender
 from phaseprobe.collect.pd.topology import PdTopology
+from phaseprobe.collect.run_loop import ProbeSettings, RunNotes, poll_until
 from phaseprobe.collect.spans.attribution import new_tags
 from phaseprobe.errors import MetricsUnavailable
 from phaseprobe.records import (

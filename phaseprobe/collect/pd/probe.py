@@ -10,17 +10,12 @@ from typing import Any
 from phaseprobe.analysis.pd.transfer_bound import KvPathReport, copy_link, kv_path_report
 from phaseprobe.calibrate.run import load_all
 from phaseprobe.collect.efficiency import model_config_path
-from phaseprobe.collect.experiment import (
-    NullProgress,
-    ProbeResult,
-    ProbeSettings,
-    ProgressHook,
-    measure_runs,
-)
+from phaseprobe.collect.experiment import ProbeResult
 from phaseprobe.collect.pd.collector import PdCollector
 from phaseprobe.collect.pd.connect import connect_pair
 from phaseprobe.collect.pd.spans import attach_pd_spans
 from phaseprobe.collect.pd.topology import PdTopology
+from phaseprobe.collect.run_loop import NullProgress, ProbeSettings, ProgressHook, measure_runs
 from phaseprobe.errors import PhaseprobeError
 from phaseprobe.records import Experiment, Run, RunSpec
 from phaseprobe.sources.model_config import read_model_config

@@ -434,8 +434,8 @@ def run_pd(args: argparse.Namespace, topo: PdTopology, out: Console, err: Consol
     """``probe --prefill URL --decode URL [--endpoint ROUTER]``."""
     from phaseprobe.analysis.phases import summarize
     from phaseprobe.analysis.spec_decode import spec_report
-    from phaseprobe.collect.experiment import ProbeSettings
     from phaseprobe.collect.pd.probe import kv_path, run_pd_probe
+    from phaseprobe.collect.run_loop import ProbeSettings
     from phaseprobe.collect.session import Session
     from phaseprobe.present.cli.console import RichProgress, render_probe
     from phaseprobe.present.cli.waiting import ConsoleNotices
@@ -521,7 +521,8 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     from phaseprobe.analysis.lora import lora_report
     from phaseprobe.analysis.phases import summarize
     from phaseprobe.analysis.spec_decode import spec_report
-    from phaseprobe.collect.experiment import ProbeSettings, run_probe
+    from phaseprobe.collect.experiment import run_probe
+    from phaseprobe.collect.run_loop import ProbeSettings
     from phaseprobe.collect.session import Session
     from phaseprobe.present.cli.cmd_spans import context_text
     from phaseprobe.present.cli.cmd_trace import render as render_trace
