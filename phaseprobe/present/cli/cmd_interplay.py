@@ -377,13 +377,13 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
         run_interfere_arms,
         run_prefix,
     )
+    from phaseprobe.collect.pd.topology import pd_pair
     from phaseprobe.collect.session import Session, SessionOptions
     from phaseprobe.collect.target import (
         api_key_from_env,
         endpoint_url,
         served_model,
     )
-    from phaseprobe.present.cli.cmd_probe import pd_topology
     from phaseprobe.present.cli.render_interplay import (
         render_batch,
         render_interfere,
@@ -397,7 +397,8 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     def progress(line: str) -> None:
         err.print(f"[dim]{escape(line)}")
 
-    topo = pd_topology(args)  # both or neither, never with --replica: before anything starts
+    # both or neither, never with --replica: before anything starts
+    topo = pd_pair(args.prefill, args.decode, args.endpoint, replicas=bool(args.replica))
     if topo is not None and kind == "interfere" and (args.playbook or args.endpoint_b):
         raise ConfigError("--prefill/--decode measure one pair: drop --endpoint-b/--playbook")
     if kind == "interfere" and args.playbook:

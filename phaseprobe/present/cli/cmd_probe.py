@@ -392,27 +392,6 @@ def probe_fleet_report(runs: Sequence[Run], info: Mapping[str, Any]) -> FleetRep
     return fleet_report(runs=pairs, known=known)
 
 
-def pd_topology(args: argparse.Namespace) -> PdTopology | None:
-    """``--prefill``/``--decode`` (both or neither), checked before anything starts."""
-    from phaseprobe.collect.pd.topology import PdTopology
-    from phaseprobe.collect.target import endpoint_url
-
-    if args.prefill is None and args.decode is None:
-        return None
-    if args.prefill is None or args.decode is None:
-        raise ConfigError("a prefill/decode pair needs both --prefill URL and --decode URL")
-    if args.replica:
-        raise ConfigError(
-            "--replica and --prefill/--decode: name the pair's two instances "
-            "with --prefill and --decode"
-        )
-    prefill, decode = endpoint_url(args.prefill), endpoint_url(args.decode)
-    router = endpoint_url(args.endpoint) if args.endpoint else None
-    if prefill == decode:
-        raise ConfigError("--prefill and --decode name the same instance")
-    return PdTopology(prefill=prefill, decode=decode, router=router)
-
-
 def run_spec(args: argparse.Namespace, session: Session) -> RunSpec:
     """What every run of the probe asks of the server (the session knows the endpoint and
     model; --prompt, or a unique prompt of --prompt-tokens per run)."""
@@ -522,6 +501,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     from phaseprobe.analysis.phases import summarize
     from phaseprobe.analysis.spec_decode import spec_report
     from phaseprobe.collect.experiment import run_probe
+    from phaseprobe.collect.pd.topology import pd_pair
     from phaseprobe.collect.run_loop import ProbeSettings
     from phaseprobe.collect.session import Session
     from phaseprobe.present.cli.cmd_spans import context_text
@@ -536,7 +516,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     )
     from phaseprobe.present.cli.waiting import ConsoleNotices
 
-    topo = pd_topology(args)
+    topo = pd_pair(args.prefill, args.decode, args.endpoint, replicas=bool(args.replica))
     if topo is not None:
         if args.adapters:  # the P/D probe sends each leg itself: no adapter cycle there
             raise ConfigError("--adapters cannot be combined with --prefill/--decode")
