@@ -21,19 +21,17 @@ from __future__ import annotations
 
 from phaseprobe.redact import redact_url
 from phaseprobe.store.db import LOCK_TIMEOUT_S, SQLITE_HEADER
-from phaseprobe.store.front import (
-    GPU_SAMPLE_COLUMNS,
+from phaseprobe.store.front import GPU_SAMPLE_COLUMNS, AbSessionRow, Store
+from phaseprobe.store.schema import _MIGRATIONS as _MIGRATIONS  # tests rebuild old schemas from it
+from phaseprobe.store.schema import SCHEMA_VERSION
+from phaseprobe.store.spans import (
     PRUNE_BATCH,
     RUN_REQUEST_ID_PREFIX,
-    AbSessionRow,
     PruneResult,
     SpanCount,
     SpanStats,
-    Store,
     StoreSize,
 )
-from phaseprobe.store.schema import _MIGRATIONS as _MIGRATIONS  # tests rebuild old schemas from it
-from phaseprobe.store.schema import SCHEMA_VERSION
 
 __all__ = [
     "Store",
