@@ -133,6 +133,8 @@ def pd_pools(
         unfinished=sum(1 for o in outcomes if o.e2e_s is None),
         preemptions=sum(r.preemptions for r in runs),
         rejected=sum(r.rejected for r in runs),
+        max_decode_batch=max((r.max_decode_batch for r in runs), default=0),
+        max_context_tokens=max((r.max_context_tokens for r in runs), default=0),
     )
     return PdPools(tuple(prefill_runs), tuple(decode_runs), total)
 

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from phaseprobe.analysis.capacity_model.extrapolation import Extrapolation, extrapolations
 from phaseprobe.analysis.capacity_model.pd_split import PdSplit, simulate_pd
 from phaseprobe.analysis.capacity_model.simulate import SimRun
 from phaseprobe.analysis.capacity_model.slo import (
@@ -60,6 +61,8 @@ class Prediction:
     # a prefill/decode split: the split, each pool's saturation (req/s) and which binds, and the
     # same engines aggregated (saturation and largest SLO rate, req/s) for comparison
     pd: dict[str, Any] | None = None
+    # what lies beyond the fit's range (each also a note)
+    extrapolation: tuple[Extrapolation, ...] = field(default=())
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready."""
@@ -95,6 +98,7 @@ class Prediction:
             "largest_slo_rate": largest,
             "notes": list(self.notes),
             "pd": self.pd,
+            "extrapolation": [e.to_dict() for e in self.extrapolation],
         }
 
 
@@ -154,18 +158,6 @@ def predict_deployment(
             if getattr(fitted_limits, k) != getattr(limits, k)
         ]
         notes.append("what-if: " + ", ".join(changed) + " (the fit's step cost is reused)")
-    rng = fitted_range or {}
-    longest_prompt, longest_output = _largest(spec.prompt), _largest(spec.output)
-    if rng and longest_prompt and longest_prompt > rng.get("max_prompt_tokens", longest_prompt):
-        notes.append(
-            f"extrapolation: prompts up to {longest_prompt} tokens, the fit saw up to "
-            f"{rng['max_prompt_tokens']}"
-        )
-    if rng and longest_output and longest_output > 2 * rng.get("max_output_tokens", longest_output):
-        notes.append(
-            f"extrapolation: outputs up to {longest_output} tokens (contexts longer than the "
-            f"fit's {rng['max_output_tokens']}-token decodes)"
-        )
     sat = saturation(replica_workload, cost, limits, overheads, sim=sim)
     if spec.n < 2 * limits.max_num_seqs:
         notes.append(
@@ -178,18 +170,29 @@ def predict_deployment(
         predict_rate(replica_workload, r, cost, limits, overheads, slo, seed=spec.seed, sim=sim)
         for r in asked
     )
-    most = max((p.mean_running for p in preds if p.stable), default=0.0)
-    if rng and most > rng.get("max_concurrency", most):
-        notes.append(
-            f"extrapolation: up to {most:.0f} requests running at once in the simulation, "
-            f"the fit probed up to {rng['max_concurrency']}"
-        )
     largest: dict[str, LargestRate] = {}
+    shared: dict[float, Any] = {}  # both searches start from the same bracket ends
     if slo is not None:
         for definition in ("distserve", "goodput"):
             largest[definition] = largest_rate(
-                replica_workload, cost, limits, slo, overheads, definition=definition, sim=sim
-            )
+                replica_workload, cost, limits, slo, overheads, definition=definition, sim=sim,
+                saturation_rate=sat.rate, runs=shared,
+            )  # fmt: skip
+    # the busiest step at each stable rate asked, and at each largest SLO rate found
+    busiest = [(p.rate * n, p.max_decode_batch, p.max_context_tokens) for p in preds if p.stable]
+    for lr in largest.values():
+        if lr.rate is not None and lr.rate in shared and shared[lr.rate][1]:
+            run = shared[lr.rate][0]
+            busiest.append((lr.rate * n, run.max_decode_batch, run.max_context_tokens))
+    extra = extrapolations(
+        fitted_range or {},
+        longest_prompt=_largest(spec.prompt),
+        longest_output=_largest(spec.output),
+        busiest=busiest,
+    )
+    notes += [f"extrapolation: {e.text}" for e in extra]
+    if fitted_range and not fitted_range.get("max_context_tokens"):
+        notes.append("the fit stored no step's KV context: the context held is not checked")
     pd_doc = None
     if pd is not None:
         pd_doc, pd_notes = _pd_sides(cost, limits, overheads, spec, slo, pd, sat)
@@ -204,7 +207,7 @@ def predict_deployment(
         notes.append(
             f"{n} replicas behind round robin: replica 0 simulated with every {n}th request"
         )
-    return Prediction(n, limits, preds, sat, largest, tuple(notes), pd_doc)
+    return Prediction(n, limits, preds, sat, largest, tuple(notes), pd_doc, tuple(extra))
 
 
 def _pd_sides(
@@ -233,10 +236,11 @@ def _pd_sides(
     def aggregated(rate: float) -> list[SimRequest]:
         return big.at(rate * total)[::total]
 
-    agg_sat = saturation(aggregated, cost, limits, overheads).rate * total
+    agg_one = saturation(aggregated, cost, limits, overheads).rate
+    agg_sat = agg_one * total
     agg_rate = None
     if slo is not None:
-        found = largest_rate(aggregated, cost, limits, slo, overheads).rate
+        found = largest_rate(aggregated, cost, limits, slo, overheads, saturation_rate=agg_one).rate
         agg_rate = None if found is None else found * total
     doc = {
         "split": pd.to_dict(),

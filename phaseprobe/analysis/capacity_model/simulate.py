@@ -34,10 +34,14 @@ budget with chunked prefill off) is rejected: no TTFT, counted as unfinished.
 
 from __future__ import annotations
 
+import math
+import operator
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from phaseprobe.analysis.capacity_model.step_cost import (
     RequestOverheads,
@@ -52,6 +56,9 @@ __all__ = ["RequestOutcome", "SimRun", "simulate", "LIMITS", "NO_OVERHEADS"]
 # The limits a step can be bound by (keys of SimRun.limit_hits).
 LIMITS = ("max_num_seqs", "token_budget", "kv_memory")
 NO_OVERHEADS = RequestOverheads()
+# A run of pure decode steps at least this long is stepped with numpy; shorter ones one by one
+# (numpy's per-call cost is worth it only over many steps).
+_VECTOR_STEPS = 16
 
 
 @dataclass(frozen=True)
@@ -108,6 +115,10 @@ class SimRun:
     # (prefill tokens, decoding sequences) of every step, when asked (``record_steps``): what
     # vLLM's step log writes, to compare the schedule with a recorded one
     step_work: tuple[tuple[int, int], ...] = ()
+    # the most sequences one step decoded, and the most KV context one step held (tokens): what
+    # a prediction sets against the range the fit saw
+    max_decode_batch: int = 0
+    max_context_tokens: int = 0
 
     @property
     def utilisation(self) -> float:
@@ -128,6 +139,8 @@ class SimRun:
             "unfinished": self.unfinished,
             "preemptions": self.preemptions,
             "rejected": self.rejected,
+            "max_decode_batch": self.max_decode_batch,
+            "max_context_tokens": self.max_context_tokens,
         }
 
 
@@ -226,6 +239,8 @@ def simulate(
     busy = run_area = wait_area = 0.0
     preemptions = 0
     work: list[tuple[int, int]] = []
+    decoding = False  # every running request is decoding (see the end of a step)
+    most_decoding = most_context = 0
 
     while True:
         if not running and not waiting:
@@ -237,6 +252,65 @@ def simulate(
                 nxt += 1
         if horizon_s is not None and t >= horizon_s:
             break
+        if decoding and running:
+            k = _decode_run_length(running, waiting, max_seqs, budget_max, free, bs)
+            if k:
+                # a run of pure decode steps, stepped without touching each request (below)
+                n_run = len(running)
+                held: str | None = None  # the limit that keeps the queue waiting
+                if waiting:
+                    held = "token_budget" if n_run == budget_max else "max_num_seqs"
+                admit_after_arrival = not waiting  # an arrival would be admitted next step
+                context = sum(r.computed for r in running) + n_run
+                ends: list[float] = []
+                while len(ends) < k:
+                    if ends and horizon_s is not None and t >= horizon_s:
+                        break
+                    next_s = pending[nxt].engine_s if nxt < n else math.inf
+                    first = cost.step_s(0, n_run, context) + gap
+                    # steps before the next arrival (durations only grow with the context)
+                    clear = min(k - len(ends), (next_s - t) // first + 1)
+                    if clear >= _VECTOR_STEPS:
+                        m, t, acc = _decode_chunk(
+                            cost, n_run, context, int(clear), t, (busy, run_area, wait_area),
+                            len(waiting), next_s, horizon_s, ends,
+                        )  # fmt: skip
+                        if m:
+                            busy, run_area, wait_area = acc
+                            steps += m
+                            context += n_run * m
+                            if record_steps:
+                                work.extend([(0, n_run)] * m)
+                            if held is not None:
+                                hits[held] += m
+                            continue
+                    # the same arithmetic, in the same order, as a step below: identical floats
+                    dur = cost.step_s(0, n_run, context) + gap
+                    if record_steps:
+                        work.append((0, n_run))
+                    end = t + dur
+                    steps += 1
+                    busy += dur
+                    run_area += n_run * dur
+                    wait_area += len(waiting) * dur
+                    if held is not None:
+                        hits[held] += 1
+                    ends.append(end)
+                    arrived = False
+                    while nxt < n and pending[nxt].engine_s <= end:
+                        wait_area += end - pending[nxt].engine_s
+                        waiting.append(pending[nxt])
+                        nxt += 1
+                        arrived = True
+                    t = end
+                    context += n_run
+                    if arrived and admit_after_arrival:
+                        break
+                most_decoding = max(most_decoding, n_run)
+                most_context = max(most_context, context - n_run)  # the block's last step
+                free = _advance_decoders(running, ends, free, bs)
+                running = [r for r in running if r.generated < r.output]
+                continue
 
         # --- schedule: running requests first ---
         budget = budget_max
@@ -324,6 +398,8 @@ def simulate(
             scheduled = {id(r) for r, _ in sched}
             context += sum(r.computed for r in running if id(r) not in scheduled)
         dur = cost.step_s(prefill, decode, context) + gap
+        most_decoding = max(most_decoding, decode)
+        most_context = max(most_context, context)
         if record_steps:
             work.append((prefill, decode))
         end = t + dur
@@ -335,6 +411,9 @@ def simulate(
             hits[bound] += 1
 
         finished = False
+        # every running request sampled a token (none is mid-prompt, none was skipped or
+        # preempted): the next steps are pure decode until an arrival or a finish
+        decoding = not preempted and len(sched) == len(running)
         for r, new in sched:
             r.computed += new
             if r.computed >= r.prompt + r.generated:
@@ -345,6 +424,8 @@ def simulate(
                         free += r.blocks
                     r.blocks = 0
                     finished = True
+            else:
+                decoding = False
         if finished:
             running = [r for r in running if r.generated < r.output]
         # arrivals during the step wait from their arrival to its end
@@ -369,7 +450,103 @@ def simulate(
         preemptions=preemptions,
         rejected=sum(1 for s in state if s.rejected),
         step_work=tuple(work),
+        max_decode_batch=most_decoding,
+        max_context_tokens=most_context,
     )
+
+
+def _decode_run_length(
+    running: list[_Req],
+    waiting: deque[_Req],
+    max_seqs: int,
+    budget_max: int,
+    free: int | None,
+    bs: int,
+) -> int:
+    """How many steps from now, every running request decoding, are pure decode steps that the
+    scheduler would plan alike (0: take the general path): each running request gets its one
+    token, no waiting request can be admitted (none waits, or ``max_num_seqs`` or the token
+    budget is full), no request finishes before the last of them, and the KV blocks they add
+    fit in what is free (so none is preempted). Arrivals are the caller's to stop at."""
+    n_run = len(running)
+    if n_run > budget_max or (waiting and n_run < max_seqs and n_run < budget_max):
+        return 0
+    k = min(r.output - r.generated for r in running)
+    # each request grows into at most k // bs + 1 new blocks over k steps: count them only
+    # when that bound does not fit
+    if free is not None and n_run * (k // bs + 1) > free:
+
+        def blocks_for(steps: int) -> int:
+            return sum(-(-(r.computed + steps) // bs) - r.blocks for r in running)
+
+        if blocks_for(k) > free:
+            lo, hi = 0, k  # blocks_for(lo) fits, blocks_for(hi) does not
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if blocks_for(mid) <= free:
+                    lo = mid
+                else:
+                    hi = mid
+            k = lo
+    return k
+
+
+def _decode_chunk(
+    cost: StepCost,
+    n_run: int,
+    context: int,
+    most: int,
+    t: float,
+    acc: tuple[float, float, float],
+    n_waiting: int,
+    next_arrival_s: float,
+    horizon_s: float | None,
+    ends: list[float],
+) -> tuple[int, float, tuple[float, float, float]]:
+    """Up to ``most`` pure decode steps of ``n_run`` sequences from ``t`` at once (numpy), as
+    many as end before the next arrival and start before the horizon. Appends their ends to
+    ``ends``; returns how many, the new time, and the (busy, running-area, waiting-area)
+    accumulators. Every sum runs in the order the one-step loop adds, so the floats are the
+    same bits (``cumsum`` accumulates left to right)."""
+    durs = cost.decode_steps_s(n_run, context + n_run * np.arange(most)) + cost.gap_s
+    stops = np.cumsum(np.concatenate(([t], durs)))  # t, then each step's end
+    m = int(np.searchsorted(stops[1:], next_arrival_s, "left"))  # ends before the arrival
+    if horizon_s is not None:
+        m = min(m, int(np.searchsorted(stops[:-1], horizon_s, "left")))  # starts before it
+    if m == 0:
+        return 0, t, acc
+    d = durs[:m]
+    busy, run_area, wait_area = acc
+    out = (
+        float(np.cumsum(np.concatenate(([busy], d)))[-1]),
+        float(np.cumsum(np.concatenate(([run_area], n_run * d)))[-1]),
+        float(np.cumsum(np.concatenate(([wait_area], n_waiting * d)))[-1]),
+    )
+    ends.extend(stops[1 : m + 1].tolist())
+    return m, ends[-1], out
+
+
+def _advance_decoders(
+    running: list[_Req], ends: list[float], free: int | None, bs: int
+) -> int | None:
+    """Apply ``len(ends)`` pure decode steps ending at ``ends`` to every running request: one
+    token each per step, the KV blocks it grew into, and a finished request's blocks freed.
+    Returns the free blocks left."""
+    k = len(ends)
+    for r in running:
+        r.computed += k
+        r.generated += k
+        r.times.extend(ends)
+        if free is not None:
+            want = -(-r.computed // bs) - r.blocks
+            free -= want
+            r.blocks += want
+            if r.generated >= r.output:
+                free += r.blocks
+                r.blocks = 0
+        elif r.generated >= r.output:
+            r.blocks = 0
+    return free
 
 
 def _outcome(s: _Req, overheads: RequestOverheads) -> RequestOutcome:
@@ -382,7 +559,7 @@ def _outcome(s: _Req, overheads: RequestOverheads) -> RequestOutcome:
     tpot = None
     if e2e is not None and ttft is not None and s.output > 1:
         tpot = (e2e - ttft) / (s.output - 1)
-    itl = tuple(b - a for a, b in zip(times, times[1:]))
+    itl = tuple(map(operator.sub, times[1:], times))
     return RequestOutcome(
         arrival_s=src.arrival_s,
         ttft_s=ttft,

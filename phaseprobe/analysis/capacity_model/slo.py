@@ -253,6 +253,8 @@ class RatePrediction:
     unfinished: int
     slo_share: float | None = None
     goodput_rps: float | None = None
+    max_decode_batch: int = 0  # the most sequences one step decoded
+    max_context_tokens: int = 0  # the most KV context one step held
 
     @property
     def stable(self) -> bool:
@@ -280,6 +282,8 @@ class RatePrediction:
             "unfinished": self.unfinished,
             "slo_share": self.slo_share if self.stable else unstable,
             "goodput_rps": self.goodput_rps if self.stable else unstable,
+            "max_decode_batch": self.max_decode_batch,
+            "max_context_tokens": self.max_context_tokens,
         }
 
 
@@ -333,6 +337,8 @@ def predict_rate(
         unfinished=run.unfinished,
         slo_share=share,
         goodput_rps=rate * share if share is not None and stab.stable else None,
+        max_decode_batch=run.max_decode_batch,
+        max_context_tokens=run.max_context_tokens,
     )
 
 
@@ -444,6 +450,7 @@ class _Evaluator:
         overheads: RequestOverheads,
         slo: Slo,
         sim: Simulator | None = None,
+        runs: dict[float, tuple[SimRun, bool, float]] | None = None,
     ) -> None:
         self.workload, self.cost, self.limits, self.overheads, self.slo = (
             workload,
@@ -453,10 +460,14 @@ class _Evaluator:
             slo,
         )
         self.sim = _engine(cost, limits, overheads, sim)
-        self.runs: dict[float, tuple[SimRun, bool, float]] = {}
+        self.runs: dict[float, tuple[SimRun, bool, float]] = {} if runs is None else runs
+        # the rates this search looked at, in order (a shared cache may hold others' too)
+        self.visited: list[float] = []
 
     def __call__(self, rate: float) -> tuple[SimRun, bool, float]:
         """(run, stable, SLO share) at ``rate``."""
+        if rate not in self.visited:
+            self.visited.append(rate)
         if rate not in self.runs:
             run = self.sim(self.workload(rate))
             self.runs[rate] = (run, stability(run).stable, slo_share(run, self.slo))
@@ -519,6 +530,8 @@ def largest_rate(
     rel_tol: float = 0.01,
     max_evaluations: int = 40,
     sim: Simulator | None = None,
+    saturation_rate: float | None = None,
+    runs: dict[float, tuple[SimRun, bool, float]] | None = None,
 ) -> LargestRate:
     """The largest SLO rate (requests/s).
 
@@ -527,24 +540,32 @@ def largest_rate(
     rate; a rate beyond saturation is unstable, so never an answer), until the bracket is
     narrower than ``rel_tol`` of its top. ``goodput``: golden-section search for the stable
     rate maximising ``rate × share meeting`` over the same bracket (it assumes one peak).
+    ``saturation_rate`` (already found for this workload) and ``runs`` (a cache shared by
+    searches of the same workload, engine and SLO: the two definitions visit the same bracket
+    ends) save simulations; the answer is the same with or without them.
     Raises :class:`ConfigError` on an unknown definition or an empty bracket.
     """
     if definition not in ("distserve", "goodput"):
         raise ConfigError(f"the SLO definition is distserve or goodput, not {definition!r}")
-    sat = saturation(workload, cost, limits, overheads, sim=sim).rate
+    sat = (
+        saturation_rate
+        if saturation_rate is not None
+        else saturation(workload, cost, limits, overheads, sim=sim).rate
+    )
     top = hi if hi is not None else sat
     bottom = lo if lo is not None else top * 0.01
     if not 0 < bottom < top or not math.isfinite(top):
         raise ConfigError(f"cannot search rates between {bottom!r} and {top!r} requests/s")
-    ev = _Evaluator(workload, cost, limits, overheads, slo, sim)
+    ev = _Evaluator(workload, cost, limits, overheads, slo, sim, runs)
     bracket = (bottom, top)
 
     def result(rate: float | None, binding: str | None = None, *notes: str) -> LargestRate:
         share = ev(rate)[2] if rate is not None else None
         good = ev.goodput(rate) if rate is not None else None
         return LargestRate(
-            definition, slo, rate, share, good, bracket, rel_tol, len(ev.runs), sat, binding, notes
-        )
+            definition, slo, rate, share, good, bracket, rel_tol, len(ev.visited), sat,
+            binding, notes,
+        )  # fmt: skip
 
     if definition == "distserve":
         if not ev.meets(bottom):
@@ -552,7 +573,7 @@ def largest_rate(
         if ev.meets(top):
             return result(top, None, "the SLO holds up to the top of the bracket")
         a, b = bottom, top
-        while b - a > rel_tol * b and len(ev.runs) < max_evaluations:
+        while b - a > rel_tol * b and len(ev.visited) < max_evaluations:
             mid = (a + b) / 2
             if ev.meets(mid):
                 a = mid
@@ -566,12 +587,12 @@ def largest_rate(
     g = (math.sqrt(5) - 1) / 2
     a, b = bottom, top
     c, d = b - g * (b - a), a + g * (b - a)
-    while b - a > rel_tol * b and len(ev.runs) < max_evaluations:
+    while b - a > rel_tol * b and len(ev.visited) < max_evaluations:
         if ev.goodput(c) >= ev.goodput(d):
             b, d = d, c
             c = b - g * (b - a)
         else:
             a, c = c, d
             d = a + g * (b - a)
-    best = max(ev.runs, key=ev.goodput)
+    best = max(ev.visited, key=ev.goodput)
     return result(best)

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
+
 __all__ = ["StepCost", "SchedulerLimits", "RequestOverheads"]
 
 
@@ -31,6 +33,13 @@ class StepCost:
             + self.per_decode_seq_s * decode_seqs
             + self.per_context_token_s * context_tokens
         )
+
+    def decode_steps_s(self, decode_seqs: int, context_tokens: np.ndarray) -> np.ndarray:
+        """:meth:`step_s` of pure decode steps, one per entry of ``context_tokens``: the same
+        operations in the same order, so the values are identical to ``step_s(0, decode_seqs,
+        c)`` (the simulator relies on it to step many decode steps at once)."""
+        fixed = self.base_s + self.per_prefill_token_s * 0 + self.per_decode_seq_s * decode_seqs
+        return fixed + self.per_context_token_s * context_tokens
 
     def to_dict(self) -> dict[str, Any]:
         """The fields by name (s), JSON-ready."""

@@ -21,6 +21,7 @@ from typing import Any
 
 import requests
 
+from phaseprobe.analysis.capacity_model.extrapolation import fitted_max_context
 from phaseprobe.analysis.capacity_model.fit import FitReport, fit_step_cost
 from phaseprobe.analysis.capacity_model.step_cost import (
     RequestOverheads,
@@ -225,6 +226,12 @@ def fit_deployment(
         "max_output_tokens": max(design.decode_output, design.prefill_output),
         "max_concurrency": max(design.concurrencies + (design.mixed_streams,)),
     }
+    fitted_range["max_context_tokens"] = fitted_max_context(
+        fitted_range,
+        [{"kv_usage": s.kv_usage} for s in data.steps],
+        [c.__dict__ for c in data.clients],
+        limits.kv_capacity_tokens,
+    )
     source = "local CPU vLLM (started for the fit)" if launched else base_url
     doc: dict[str, Any] = {
         "fingerprint": fingerprint,
@@ -276,6 +283,13 @@ def fit_from_doc(doc: dict[str, Any], analysis_id: int | None) -> CapacityFit:
     """The :class:`CapacityFit` a stored document describes (KeyError/TypeError when damaged)."""
     c, o = doc["fit"]["cost"], doc["fit"]["overheads"]
     lim = {k: v["value"] for k, v in doc["limits"].items()}
+    data = doc.get("data") or {}
+    fitted_range = dict(doc["fitted_range"])
+    if fitted_range:  # fits stored before max_context_tokens: read it from their data
+        fitted_range["max_context_tokens"] = fitted_max_context(
+            fitted_range, data.get("steps") or (), data.get("clients") or (),
+            lim.get("kv_capacity_tokens"),
+        )  # fmt: skip
     return CapacityFit(
         analysis_id=analysis_id,
         cost=StepCost(**c),
@@ -284,7 +298,7 @@ def fit_from_doc(doc: dict[str, Any], analysis_id: int | None) -> CapacityFit:
         limit_sources={k: v["source"] for k, v in doc["limits"].items()},
         fingerprint=doc["fingerprint"],
         report=doc["fit"],
-        fitted_range=doc["fitted_range"],
+        fitted_range=fitted_range,
         doc=doc,
     )
 

@@ -639,7 +639,8 @@ def _predict(args: argparse.Namespace, out: Console, err: Console) -> int:
         return 0
     _print_prediction(out, doc, fit.analysis_id)
     for note in doc["notes"]:
-        err.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
+        if not note.startswith("extrapolation: "):  # printed with the prediction
+            err.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
     return 0
 
 
@@ -750,6 +751,8 @@ def _print_prediction(out: Console, doc: dict[str, Any], fit_id: int | None) -> 
                 f"{label}: {lr['goodput_rps']:.3g} good req/s at {lr['rate']:.3g} req/s",
                 highlight=False,
             )
+    for e in doc.get("extrapolation") or ():
+        out.print(f"[yellow]extrapolation:[/] {escape(e['text'])}", highlight=False)
 
 
 def _check(args: argparse.Namespace, out: Console, err: Console) -> int:
