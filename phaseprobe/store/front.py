@@ -15,28 +15,16 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any
 
 from phaseprobe.errors import StoreError
+from phaseprobe.store.ab import AbStore
 from phaseprobe.store.db import Db, reads
 from phaseprobe.store.experiments import ExperimentStore
 from phaseprobe.store.spans import SpanStore
 
 if TYPE_CHECKING:  # pandas only inside the GPU methods: `import phaseprobe` stays light
     import pandas as pd
-
-
-class AbSessionRow(TypedDict):
-    """One stored A/B session (:meth:`Store.ab_session`)."""
-
-    id: int
-    name: str
-    created_wall_ns: int
-    finished_wall_ns: int | None  # None: not finished (``ab --resume`` continues it)
-    playbook_path: str
-    playbook_text: str  # the playbook as run, secrets redacted
-    settings: dict[str, Any]  # runs, sequential plan, stop record (the JSON it was saved as)
-    arms: dict[str, int]  # arm name → experiment id
 
 
 # The gpu_samples columns, in table order (phaseprobe.sources.gpu.nvml.COLUMNS; a test keeps the
@@ -60,7 +48,7 @@ GPU_SAMPLE_COLUMNS = (
 )
 
 
-class Store(ExperimentStore, SpanStore, Db):
+class Store(ExperimentStore, SpanStore, AbStore, Db):
     """The experiment store: ``Store(path, readonly=False, threaded=False, timeout=None)``
     opens it as :class:`~phaseprobe.store.db.Db` says, with every area's methods over that
     one connection: experiments and their runs (``ExperimentStore``), request spans and
@@ -87,35 +75,6 @@ class Store(ExperimentStore, SpanStore, Db):
         with self._transaction():
             self._db.executemany(sql, rows)
         return len(rows)
-
-    def create_ab_session(
-        self, name: str, playbook_path: str, playbook_text: str, settings: dict[str, Any]
-    ) -> int:
-        cur = self._write(
-            "INSERT INTO ab_sessions (name, created_wall_ns, playbook_path, playbook_text,"
-            " settings_json) VALUES (?, ?, ?, ?, ?)",
-            (name, time.time_ns(), playbook_path, playbook_text, json.dumps(settings)),
-        )
-        return int(cur.lastrowid or 0)
-
-    def set_ab_arms(self, session_id: int, arms: dict[str, int]) -> None:
-        """Record arm name -> experiment id (committed before any run of the session)."""
-        self._write(
-            "UPDATE ab_sessions SET arms_json = ? WHERE id = ?", (json.dumps(arms), session_id)
-        )
-
-    def update_ab_settings(self, session_id: int, changes: dict[str, Any]) -> None:
-        """Merge ``changes`` into a session's settings (a sequential session's stop record)."""
-        settings = self.ab_session(session_id)["settings"]
-        self._write(
-            "UPDATE ab_sessions SET settings_json = ? WHERE id = ?",
-            (json.dumps({**settings, **changes}), session_id),
-        )
-
-    def finish_ab_session(self, session_id: int) -> None:
-        self._write(
-            "UPDATE ab_sessions SET finished_wall_ns = ? WHERE id = ?", (time.time_ns(), session_id)
-        )
 
     def add_analysis(
         self, kind: str, source: str, doc: Mapping[str, Any], experiment_id: int | None = None
@@ -151,35 +110,6 @@ class Store(ExperimentStore, SpanStore, Db):
             [tuple(r) for r in rows], columns=list(GPU_SAMPLE_COLUMNS)
         )
         return conform(frame, source=f"{self.path} gpu_samples")
-
-    @reads
-    def ab_session(self, session_id: int) -> AbSessionRow:
-        """One A/B session: its playbook text, settings and ``arms`` (name -> experiment id)."""
-        row = (
-            self._db.execute("SELECT * FROM ab_sessions WHERE id = ?", (session_id,)).fetchone()
-            if self._has("ab_sessions")
-            else None
-        )
-        if row is None:
-            raise StoreError(f"no A/B session {session_id} in {self.path}")
-        return {
-            "id": row["id"],
-            "name": row["name"],
-            "created_wall_ns": row["created_wall_ns"],
-            "finished_wall_ns": row["finished_wall_ns"],
-            "playbook_path": row["playbook_path"],
-            "playbook_text": row["playbook_text"],
-            "settings": json.loads(row["settings_json"]),
-            "arms": json.loads(row["arms_json"]),
-        }
-
-    @reads
-    def ab_sessions(self) -> list[AbSessionRow]:
-        """Every A/B session, oldest first, as :meth:`ab_session` gives it."""
-        if not self._has("ab_sessions"):
-            return []
-        ids = [row[0] for row in self._db.execute("SELECT id FROM ab_sessions ORDER BY id")]
-        return [self.ab_session(i) for i in ids]
 
     @reads
     def analyses(self, kind: str | None = None) -> list[dict[str, Any]]:
