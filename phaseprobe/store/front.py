@@ -12,13 +12,10 @@ checks the experiment exists (``AnalysisStore`` extends ``ExperimentStore``).
 
 from __future__ import annotations
 
-import json
-import time
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from phaseprobe.errors import StoreError
 from phaseprobe.store.ab import AbStore
+from phaseprobe.store.analyses import AnalysisStore
 from phaseprobe.store.db import Db, reads
 from phaseprobe.store.experiments import ExperimentStore
 from phaseprobe.store.spans import SpanStore
@@ -48,7 +45,7 @@ GPU_SAMPLE_COLUMNS = (
 )
 
 
-class Store(ExperimentStore, SpanStore, AbStore, Db):
+class Store(AnalysisStore, ExperimentStore, SpanStore, AbStore, Db):
     """The experiment store: ``Store(path, readonly=False, threaded=False, timeout=None)``
     opens it as :class:`~phaseprobe.store.db.Db` says, with every area's methods over that
     one connection: experiments and their runs (``ExperimentStore``), request spans and
@@ -76,20 +73,6 @@ class Store(ExperimentStore, SpanStore, AbStore, Db):
             self._db.executemany(sql, rows)
         return len(rows)
 
-    def add_analysis(
-        self, kind: str, source: str, doc: Mapping[str, Any], experiment_id: int | None = None
-    ) -> int:
-        """Keep a file's summary (``kind``: nccl, trace, nsys), attached to an experiment or
-        not; the experiment must exist."""
-        if experiment_id is not None:
-            self.experiment(experiment_id)  # a typed error naming the missing experiment
-        cur = self._write(
-            "INSERT INTO analyses (experiment_id, kind, source, created_wall_ns, doc_json)"
-            " VALUES (?, ?, ?, ?, ?)",
-            (experiment_id, kind, source, time.time_ns(), json.dumps(doc)),
-        )
-        return int(cur.lastrowid or 0)
-
     @reads
     def gpu_samples(self, experiment_id: int) -> pd.DataFrame:
         """The experiment's GPU samples ordered by time then GPU (an empty frame when none)."""
@@ -110,30 +93,3 @@ class Store(ExperimentStore, SpanStore, AbStore, Db):
             [tuple(r) for r in rows], columns=list(GPU_SAMPLE_COLUMNS)
         )
         return conform(frame, source=f"{self.path} gpu_samples")
-
-    @reads
-    def analyses(self, kind: str | None = None) -> list[dict[str, Any]]:
-        """Kept analyses (without their documents), oldest first, optionally of one kind."""
-        if not self._has("analyses"):
-            return []
-        sql = "SELECT id, experiment_id, kind, source, created_wall_ns FROM analyses"
-        rows = self._db.execute(
-            sql + (" WHERE kind = ? ORDER BY id" if kind else " ORDER BY id"),
-            (kind,) if kind else (),
-        ).fetchall()
-        return [dict(row) for row in rows]
-
-    @reads
-    def analysis(self, analysis_id: int) -> dict[str, Any]:
-        """One kept analysis's summary document."""
-        row = (
-            self._db.execute(
-                "SELECT doc_json FROM analyses WHERE id = ?", (analysis_id,)
-            ).fetchone()
-            if self._has("analyses")
-            else None
-        )
-        if row is None:
-            raise StoreError(f"no analysis {analysis_id} in {self.path}")
-        doc: dict[str, Any] = json.loads(row["doc_json"])
-        return doc
