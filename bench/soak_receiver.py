@@ -19,7 +19,8 @@ Printed every ``--report-every`` s (a minute) and at the end: spans produced, se
 acknowledged, read back, lost, retried and dropped; the rows in the store and its file + WAL
 size; the watch's RSS (/proc/PID/status VmRSS); the POST round trip p50/p99 (all answers, and
 "quiet" ones: no probe or prune running); what each probe and prune did. Verdicts: memory flat
-(the last interval's RSS within 10 % of the second's), store bounded, 0 spans lost, p99 steady
+(the last interval's RSS within 10 % of the first one's after the held spans are full,
+5 min; the second's in a shorter soak), store bounded, 0 spans lost, p99 steady
 (the last interval's quiet p99 within 2x of the first's), and every process's exit.
 
     python bench/soak_receiver.py [--minutes 60] [--every 5] [--rate 50] [--retain-spans 5000]
@@ -28,8 +29,8 @@ size; the watch's RSS (/proc/PID/status VmRSS); the POST round trip p50/p99 (all
 The watch holds only the spans that ended in the last max(--window, 5 min), at most 50,000
 (phaseprobe/collect/watch/held.py); older ones are folded into running totals and the span-loss
 counts as they leave. At 50 spans/s that is 15,000 spans, held after 5 minutes: RSS is flat from
-then on, so the second interval against the last is a fair "memory flat". (Before, the newest
-200,000 were held: RSS ramped for 67 minutes at 50 spans/s.)
+then on, so "memory flat" compares the last interval with the first after those 5 minutes.
+(Before, the newest 200,000 were held: RSS ramped for 67 minutes at 50 spans/s.)
 
 Prints figures and verdicts; nothing is asserted (tests/integration/test_soak_short.py runs the
 short form and asserts).
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -51,6 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from phaseprobe.collect.watch.held import HELD_MIN_S
 from phaseprobe.local.process import free_port
 from phaseprobe.testing.sse_server import Script, SseServer
 
@@ -451,17 +454,24 @@ def judge(result: SoakResult) -> list[tuple[str, bool, str]]:
         return statistics.fmean(v) if v else float("nan")
 
     first, second, last = rss_in(0), rss_in(min(1, n - 1)), rss_in(n - 1)
+    # the watch's held spans fill for HELD_MIN_S (its default --window is shorter): memory is
+    # judged from the first interval after that, or from interval 2 in a shorter soak
+    full = math.ceil(HELD_MIN_S / r)
+    base_i = full if full < n - 1 else min(1, n - 1)
+    base = rss_in(base_i)
     slope = _slope_per_hour(
-        [(s.t_s, s.rss_mib) for s in result.samples if s.t_s >= r and s.rss_mib]
+        [(s.t_s, s.rss_mib) for s in result.samples if s.t_s >= base_i * r and s.rss_mib]
     )
-    growth = (last - second) / second if second else float("nan")
+    growth = (last - base) / base if base else float("nan")
     verdicts.append(
         (
             "memory flat",
             abs(growth) <= 0.10,
-            f"watch RSS {first:.1f} MiB in interval 1, {second:.1f} in interval 2, {last:.1f} in "
-            f"interval {n} ({growth:+.1%} vs interval 2; within 10 %?); slope after interval 1 "
-            f"{slope:+.1f} MiB/h = {slope * 1024 / (cfg.rate * 3600):+.2f} KiB per span received",
+            f"watch RSS {first:.1f} MiB in interval 1, {second:.1f} in interval 2, {base:.1f} in "
+            f"interval {base_i + 1} (held spans full after {HELD_MIN_S:g} s), {last:.1f} in "
+            f"interval {n} ({growth:+.1%} vs interval {base_i + 1}; within 10 %?); slope from "
+            f"interval {base_i + 1} {slope:+.1f} MiB/h = "
+            f"{slope * 1024 / (cfg.rate * 3600):+.2f} KiB per span received",
         )
     )
     half = cfg.seconds / 2
