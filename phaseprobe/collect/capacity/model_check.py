@@ -8,15 +8,23 @@ requests are new ones: the model is judged on runs it was not fitted on.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from phaseprobe.analysis.capacity_model.check import PointCheck, compare_point
+from phaseprobe.analysis.capacity_model.check import PointCheck, compare_point, share_meeting
 from phaseprobe.analysis.capacity_model.simulate import simulate
-from phaseprobe.analysis.capacity_model.workload import SimRequest
+from phaseprobe.analysis.capacity_model.slo import Slo, largest_rate
+from phaseprobe.analysis.capacity_model.slo_search import (
+    MeasuredSloRate,
+    SearchBounds,
+    SearchPoint,
+    search_slo_rate,
+)
+from phaseprobe.analysis.capacity_model.workload import Fixed, SimRequest, WorkloadSpec
 from phaseprobe.collect.capacity.check_run import LoadPoint, MeasuredLoad, run_load_point
 from phaseprobe.collect.capacity.model_fit import (
     CapacityFit,
@@ -24,6 +32,7 @@ from phaseprobe.collect.capacity.model_fit import (
     fingerprint_differences,
     load_fit,
 )
+from phaseprobe.errors import ConfigError
 from phaseprobe.sources.vllm.openai_stream import normalize_base_url
 from phaseprobe.store import Store
 
@@ -42,6 +51,8 @@ class CheckResult:
     differences: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     analysis_id: int | None = None
+    slo_search: MeasuredSloRate | None = None  # with --search-slo
+    search_loads: list[MeasuredLoad] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready."""
@@ -51,6 +62,7 @@ class CheckResult:
             "differences": self.differences,
             "notes": self.notes,
             "analysis_id": self.analysis_id,
+            "slo_search": None if self.slo_search is None else self.slo_search.to_dict(),
         }
 
 
@@ -94,9 +106,15 @@ def check_deployment(
     api_key: str | None = None,
     seed: int = 0,
     progress: Callable[[str], None] = lambda _: None,
+    share: float = 0.9,
+    search: SearchBounds | None = None,
 ) -> CheckResult:
-    """Load the server at each rate and compare with the fit's prediction. Stores the result
-    (and every measured request) in ``store_path``."""
+    """Load the server at each rate and compare with the fit's prediction; with ``search``
+    (and an SLO), then bisect for the measured largest SLO rate (``share`` of requests meeting
+    ``slo``) and set it against the predicted one. Stores the result (and every measured
+    request) in ``store_path``."""
+    if search is not None and not slo:
+        raise ConfigError("--search-slo needs an SLO to search for (--slo ttft=S,tpot=S)")
     from phaseprobe.collect.capacity.model_fit import server_cache_limits, server_version
     from phaseprobe.collect.target import served_model
 
@@ -154,20 +172,82 @@ def check_deployment(
                     f"{rate:g} req/s: the client sent up to {load.late_s * 1e3:.0f} ms late "
                     "(a busy client machine): the prediction uses the actual send times"
                 )
+        if search is not None and slo:
+            result.slo_search = _search(
+                fit, result, base_url, name, search, slo, share,
+                LoadPoint(1.0, requests, prompt_tokens, output_tokens, seed=seed + 1000),
+                api_key, progress,
+            )  # fmt: skip
     doc = result.to_dict()
     doc["requests"] = {
         f"{load.point.rate:g}": [r.to_dict() for r in load.requests] for load in result.loads
     }
+    for load in result.search_loads:
+        doc["requests"][f"search {load.point.rate:.6g}"] = [r.to_dict() for r in load.requests]
     doc["workload"] = {
         "requests": requests,
         "prompt_tokens": prompt_tokens,
         "output_tokens": output_tokens,
         "slo": slo,
+        "share": share,
         "seed": seed,
     }
     with Store(store_path) as store:
         result.analysis_id = store.add_analysis(CHECK_KIND, base_url, doc)
     return result
+
+
+def _load_point(
+    load: MeasuredLoad, slo: dict[str, float], share: float, secs: float
+) -> SearchPoint:
+    """A load as a search point: a failed request counts as missing the SLO."""
+    reqs = load.requests
+    ttft = [r.ttft_s if r.error is None else None for r in reqs]
+    met = share_meeting(ttft, [r.tpot_s for r in reqs], slo) or 0.0
+    failed = len(reqs) - len(load.ok)
+    return SearchPoint(load.point.rate, met, met >= share, len(reqs), failed, secs)
+
+
+def _search(
+    fit: CapacityFit,
+    result: CheckResult,
+    base_url: str,
+    name: str,
+    bounds: SearchBounds,
+    slo: dict[str, float],
+    share: float,
+    like: LoadPoint,
+    api_key: str | None,
+    progress: Callable[[str], None],
+) -> MeasuredSloRate:
+    """The measured largest SLO rate by bisection over real loads like ``like`` (its rate
+    replaced), beside the model's for the same workload (1,000 Poisson requests, as
+    ``model predict`` gives it)."""
+    spec = WorkloadSpec(
+        Fixed(like.prompt_tokens), Fixed(like.output_tokens), n=1000, seed=like.seed
+    )
+    target = Slo(ttft_s=slo.get("ttft"), tpot_s=slo.get("tpot"), share=share)
+    progress("SLO search: the model's largest SLO rate for this workload…")
+    predicted = largest_rate(spec.at, fit.cost, fit.limits, target, fit.overheads).rate
+    known = [replace(_load_point(load, slo, share, 0.0), from_check=True) for load in result.loads]
+
+    def measure(rate: float) -> SearchPoint:
+        t0 = time.monotonic()
+        point = replace(like, rate=rate, seed=like.seed + len(result.search_loads))
+        load = run_load_point(base_url, name, point, api_key=api_key, progress=progress)
+        result.search_loads.append(load)
+        return _load_point(load, slo, share, time.monotonic() - t0)
+
+    return search_slo_rate(
+        measure,
+        known=known,
+        predicted_rate=predicted,
+        share=share,
+        slo=slo,
+        requests=like.requests,
+        bounds=bounds,
+        progress=progress,
+    )
 
 
 def check_bench(

@@ -7,6 +7,7 @@ SLO, and a check of that prediction against a real load.
     phaseprobe model predict --pd 1:2 [--hand-over-ms 20]   # a prefill/decode split, on paper
     phaseprobe model predict --replay bench.json | --replay-spans 15m
     phaseprobe model check --rates 1,3 [--endpoint URL] [--requests 40]
+    phaseprobe model check --rates 1,3 --slo ttft=0.5 --search-slo [--search-rates 4]
     phaseprobe model check --from-bench bench.json          # vllm bench's own run as the truth
 
 ``fit`` runs probes phaseprobe designs (prompt lengths, concurrencies, a mixed burst) and fits
@@ -366,6 +367,49 @@ def register(subparsers: Any) -> None:
         help="requests per rate (default: 40)",
     )
     check.add_argument("--seed", type=int_in(0, 2**31), default=0, metavar="N", help="arrival seed")
+    search = check.add_argument_group(
+        "measured largest SLO rate (a bisection over real loads of --requests each, after the "
+        "--rates, set against the predicted one)"
+    )
+    search.add_argument(
+        "--search-slo", action="store_true", help="search for the measured largest SLO rate"
+    )
+    search.add_argument(
+        "--search-lo",
+        type=float_in(0.001, 10_000),
+        default=None,
+        metavar="R",
+        help="first rate to try when no --rates point meets the SLO (default: half the "
+        "predicted largest SLO rate)",
+    )
+    search.add_argument(
+        "--search-hi",
+        type=float_in(0.001, 10_000),
+        default=None,
+        metavar="R",
+        help="first rate to try when every --rates point meets it (default: 1.5 x predicted)",
+    )
+    search.add_argument(
+        "--search-rates",
+        type=int_in(1, 20),
+        default=4,
+        metavar="N",
+        help="most loads the search sends (default: 4)",
+    )
+    search.add_argument(
+        "--search-budget",
+        type=float_in(1, 86_400),
+        default=300.0,
+        metavar="S",
+        help="seconds the search may take; a load that would end later is not sent (default: 300)",
+    )
+    search.add_argument(
+        "--search-tol",
+        type=float_in(0.01, 0.9),
+        default=0.1,
+        metavar="F",
+        help="stop when the bracket is narrower than this share of its top (default: 0.1)",
+    )
     check.add_argument(
         "--api-key-env", metavar="VAR", help="environment variable holding the API key"
     )
@@ -759,6 +803,8 @@ def _check(args: argparse.Namespace, out: Console, err: Console) -> int:
     if args.from_bench is not None:
         if args.rates is not None or args.endpoint is not None:
             raise ConfigError("--from-bench sends no load: --rates and --endpoint go without it")
+        if args.search_slo:
+            raise ConfigError("--from-bench sends no load: --search-slo needs real loads")
         from phaseprobe.collect.capacity.model_check import check_bench
 
         result = check_bench(_store(args), args.from_bench, slo=args.slo, fit_id=args.fit)
@@ -770,8 +816,22 @@ def _check(args: argparse.Namespace, out: Console, err: Console) -> int:
 
 
 def _check_load(args: argparse.Namespace, err: Console) -> Any:
+    from phaseprobe.analysis.capacity_model.slo_search import SearchBounds
     from phaseprobe.collect.capacity.model_check import check_deployment
 
+    search = None
+    if args.search_slo:
+        search = SearchBounds(
+            lo=args.search_lo,
+            hi=args.search_hi,
+            max_rates=args.search_rates,
+            budget_s=args.search_budget,
+            rel_tol=args.search_tol,
+        )
+    elif any(
+        getattr(args, k) is not None for k in ("search_lo", "search_hi")
+    ):  # the bounds without the search would be ignored silently
+        raise ConfigError("--search-lo/--search-hi go with --search-slo")
     notices = ConsoleNotices(err)
     return check_deployment(
         _store(args),
@@ -786,6 +846,8 @@ def _check_load(args: argparse.Namespace, err: Console) -> Any:
         api_key=_api_key(args),
         seed=args.seed,
         progress=notices.detail,
+        share=args.share,
+        search=search,
     )
 
 
@@ -822,7 +884,37 @@ def _print_check(args: argparse.Namespace, result: Any, out: Console, err: Conso
             )
         for note in p.notes:
             err.print(f"[dim]{p.rate:g} req/s: {escape(note)}", highlight=False)
+    if result.slo_search is not None:
+        _print_search(out, result.slo_search)
     for note in result.notes:
         err.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
     err.print(f"[dim]stored as analysis {result.analysis_id}", highlight=False)
     return 0
+
+
+def _print_search(out: Console, found: Any) -> None:
+    """The measured largest SLO rate beside the predicted one, with the relative error."""
+    lo, hi = found.bracket
+    measured = "none" if found.rate is None else f"{found.rate:.3g} req/s"
+    if found.rate is not None and lo is not None and hi is not None:
+        measured += f" (between {lo:.3g} and {hi:.3g})"
+    elif found.rate is not None:
+        measured += " (at least: the SLO was never missed)"
+    pred = found.predicted_rate
+    line = (
+        f"largest rate with {found.share * 100:.0f} % meeting the SLO: measured "
+        f"[bold]{measured}[/], predicted "
+        + ("none" if pred is None else f"[bold]{pred:.3g} req/s[/]")
+    )
+    if found.error is not None:
+        line += f", error {found.error * 100:+.0f} %"
+        if found.predicted_in_bracket:
+            line += " (inside the measured bracket)"
+    out.print(line, highlight=False)
+    own = [p for p in found.points if not p.from_check]
+    out.print(
+        f"  {len(own)} search load(s) in {found.seconds:.0f} s: "
+        + ", ".join(f"{p.rate:.3g} req/s {p.share * 100:.0f} % met" for p in own)
+        + f"; stopped: {escape(found.stopped)}",
+        highlight=False,
+    )
