@@ -22,7 +22,8 @@ from __future__ import annotations
 from phaseprobe.redact import redact_url
 from phaseprobe.store.ab import AbSessionRow
 from phaseprobe.store.db import LOCK_TIMEOUT_S, SQLITE_HEADER
-from phaseprobe.store.front import GPU_SAMPLE_COLUMNS, Store
+from phaseprobe.store.front import Store
+from phaseprobe.store.gpu import GPU_SAMPLE_COLUMNS
 from phaseprobe.store.schema import _MIGRATIONS as _MIGRATIONS  # tests rebuild old schemas from it
 from phaseprobe.store.schema import SCHEMA_VERSION
 from phaseprobe.store.spans import (
