@@ -28,10 +28,10 @@ from phaseprobe.analysis.fleet.words import ratio_text
 from phaseprobe.analysis.phases import summarize
 from phaseprobe.collect.experiment import run_probe
 from phaseprobe.collect.fleet.targets import parse_replicas
+from phaseprobe.collect.probe import probe_fleet_report
 from phaseprobe.collect.run_loop import NullProgress, ProbeSettings
 from phaseprobe.local.process import free_port
 from phaseprobe.present.cli import main
-from phaseprobe.present.cli.cmd_probe import probe_fleet_report
 from phaseprobe.present.cli.console import render_probe
 from phaseprobe.records import Run, RunSpec
 from phaseprobe.store import Store

@@ -1,16 +1,17 @@
 """``phaseprobe probe``: controlled single-request experiments, shown as the phase table.
 
-The command parses its flags into :class:`~phaseprobe.collect.session.SessionOptions` and
-renders what the session and :func:`~phaseprobe.collect.experiment.run_probe` return; the
-wiring (local vLLM, span receiver, GPU sampler, torch profiler, Prometheus sidecar, roofline,
-KV-memory report) is the session's.
+The command parses its flags into a :class:`~phaseprobe.collect.probe.ProbeRequest`
+(:func:`probe_request`), makes one call (:func:`phaseprobe.collect.probe.run`) and renders the
+:class:`~phaseprobe.collect.probe.ProbeOutcome`: its ``to_json()`` with ``--json``, else the
+phase table and the sections under it. The wiring (local vLLM, span receiver, GPU sampler,
+torch profiler, Prometheus sidecar, roofline, KV-memory report, one server or a
+prefill/decode pair) is collect's.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +19,6 @@ from rich.console import Console
 from rich.markup import escape
 
 from phaseprobe.collect.gpu_telemetry import MIN_PERIOD_S
-from phaseprobe.errors import ConfigError
 from phaseprobe.paths import default_store_path
 from phaseprobe.present.cli import jsonout
 from phaseprobe.present.cli.args import (
@@ -31,17 +31,12 @@ from phaseprobe.present.cli.args import (
     store_and_json_args,
     tokens,
 )
-from phaseprobe.present.cli.render_preemption import probe_preemption_json, probe_preemption_line
-from phaseprobe.redact import redact_url
+from phaseprobe.present.cli.render_preemption import probe_preemption_line
 
 if TYPE_CHECKING:  # imported where used: a command's --help must not load it
-    from phaseprobe.analysis.fleet_stats import FleetReport
-
-if TYPE_CHECKING:  # imported where used: a command's --help must not load it
-    from phaseprobe.collect.fleet.targets import ReplicaTarget
-    from phaseprobe.collect.pd.topology import PdTopology
-    from phaseprobe.collect.session import Session, SessionOptions
-    from phaseprobe.records import Run, RunSpec
+    from phaseprobe.collect.probe import ProbeOutcome, ProbeRequest
+    from phaseprobe.collect.session import SessionReport
+    from phaseprobe.records import Run
 
 __all__ = ["register", "run"]
 
@@ -344,144 +339,6 @@ def register(subparsers: Any) -> None:
     store_and_json_args(probe)
 
 
-def session_options(args: argparse.Namespace) -> SessionOptions:
-    """The probe's flags as the session's options (the wiring itself is in collect)."""
-    from phaseprobe.collect.session import SessionOptions
-    from phaseprobe.collect.target import api_key_from_env
-
-    return SessionOptions(
-        store_path=str(args.store or default_store_path()),
-        endpoint=args.endpoint,
-        api_key=api_key_from_env(args.api_key_env),
-        model=args.model,
-        spans=args.spans,
-        span_wait_s=args.span_wait,
-        otlp_grpc=args.otlp_grpc,
-        otlp_http=args.otlp_http,
-        spans_from=args.spans_from,
-        torch_profile_dir=Path(args.torch_profile) if args.torch_profile else None,
-        peaks=args.peaks,
-        model_config=args.model_config,
-        force_model_config=args.force_model_config,
-        prom_url=args.prom,
-        prom_selector=args.prom_selector,
-        prom_token_env=args.prom_token_env,
-        prom_wait_s=args.prom_wait,
-        gpu=args.gpu,
-        gpu_period_s=args.gpu_period,
-        nvml_backend=_fake_nvml() if args.gpu == "fake" else None,
-        calibrate_local=True,
-        timeout_s=args.timeout,
-        deadline_s=args.deadline,
-    )
-
-
-def probe_fleet_report(runs: Sequence[Run], info: Mapping[str, Any]) -> FleetReport | None:
-    """Through a router: each replica's runs against the others' (straggler) and the traffic
-    split (imbalance), over the runs whose replica and phases are known. None: one server."""
-    from phaseprobe.analysis.fleet_stats import fleet_report
-
-    if not info.get("router"):
-        return None
-    pairs = [
-        (r.replica.name, r)
-        for r in runs
-        if r.replica is not None and r.replica.name is not None and r.attributed
-    ]
-    known = list(info.get("replicas") or {})
-    return fleet_report(runs=pairs, known=known)
-
-
-def run_spec(args: argparse.Namespace, session: Session) -> RunSpec:
-    """What every run of the probe asks of the server (the session knows the endpoint and
-    model; --prompt, or a unique prompt of --prompt-tokens per run)."""
-    from phaseprobe.records import RunSpec
-
-    target = None if args.prompt is not None else (args.prompt_tokens or 128)
-    return RunSpec(
-        endpoint=session.endpoint,
-        model=session.model,
-        prompt=args.prompt or "",
-        max_tokens=args.max_tokens,
-        api="chat" if args.chat else "completions",
-        prompt_tokens_target=target,
-        ignore_eos=not args.no_ignore_eos,
-    )
-
-
-def run_pd(args: argparse.Namespace, topo: PdTopology, out: Console, err: Console) -> int:
-    """``probe --prefill URL --decode URL [--endpoint ROUTER]``."""
-    from phaseprobe.analysis.phases import summarize
-    from phaseprobe.analysis.spec_decode import spec_report
-    from phaseprobe.collect.pd.probe import kv_path, run_pd_probe
-    from phaseprobe.collect.run_loop import ProbeSettings
-    from phaseprobe.collect.session import Session
-    from phaseprobe.present.cli.console import RichProgress, render_probe
-    from phaseprobe.present.cli.waiting import ConsoleNotices
-
-    # spans only when asked (--spans): the instances must be started exporting to the
-    # receiver; then each run's two leg spans are joined (the hand-over on their clocks)
-    options = replace(
-        session_options(args),
-        endpoint=topo.router or topo.decode,
-        spans=bool(args.spans or args.spans_from),
-        gpu="off" if args.gpu == "auto" else args.gpu,
-    )
-    with Session(options, ConsoleNotices(err)) as session:
-        spec = run_spec(args, session)
-        settings = ProbeSettings(
-            runs=args.runs,
-            warmup=args.warmup,
-            pause_s=args.pause,
-            name=args.name,
-            span_wait_s=session.span_wait_s,
-        )
-        result = run_pd_probe(
-            spec,
-            session.store,
-            topo,
-            settings=settings,
-            api_key=session.api_key,
-            progress=RichProgress(err),
-            timeout_s=args.timeout,
-            deadline_s=args.deadline,
-            span_reader=session.span_reader,
-        )
-    summary = summarize(result.runs)
-    path = kv_path(result.runs, result.server_info, args.model_config)
-    if args.json:
-        doc = {
-            "experiment_id": result.experiment_id,
-            "spec": {**spec.to_dict(), "endpoint": redact_url(spec.endpoint)},
-            "server": result.server_info,
-            "notes": result.notes,
-            "summary": summary.to_dict(),
-            "speculation": spec_report(result.runs).to_dict(),
-            "preemption": probe_preemption_json(result.runs),
-            "runs": [r.to_dict() for r in result.runs],
-            "kv_path": path if isinstance(path, str) else path.to_dict(),
-        }
-        out.out(jsonout.dumps(doc), highlight=False)
-    else:
-        render_probe(
-            out, result.runs, summary, result.server_info, result.notes, result.experiment_id
-        )
-        out.print(probe_preemption_line(result.runs), highlight=False)
-        out.print(escape(path if isinstance(path, str) else path.sentence), highlight=False)
-    return 0 if any(r.status == "ok" for r in result.runs) else 1
-
-
-def replica_targets(args: argparse.Namespace) -> tuple[ReplicaTarget, ...]:
-    """``--replica`` values, checked before anything starts (they need an --endpoint: the
-    local default is one server)."""
-    from phaseprobe.collect.fleet.targets import parse_replicas
-
-    replicas = parse_replicas(args.replica)
-    if replicas and not args.endpoint:
-        raise ConfigError("--replica needs --endpoint (the router the replicas are behind)")
-    return replicas
-
-
 def _fake_nvml() -> Any:
     from phaseprobe.testing.fake_nvml import FakeNvmlBackend, demo_devices
 
@@ -496,115 +353,111 @@ def adapter_names(text: str) -> tuple[str, ...]:
     return names
 
 
+def probe_request(args: argparse.Namespace) -> ProbeRequest:
+    """The probe's flags as its request (checked, secrets registered; the wiring is in
+    collect). Raises ConfigError for a combination that cannot work, naming the flags."""
+    from phaseprobe.collect.probe import ProbeRequest
+
+    return ProbeRequest(
+        store_path=str(args.store or default_store_path()),
+        endpoint=args.endpoint,
+        replicas=tuple(args.replica or ()),
+        prefill=args.prefill,
+        decode=args.decode,
+        router_metrics=args.router_metrics,
+        model=args.model,
+        adapters=args.adapters,
+        adapter_block=args.adapter_block,
+        prompt=args.prompt,
+        prompt_tokens=args.prompt_tokens,
+        max_tokens=args.max_tokens,
+        runs=args.runs,
+        warmup=args.warmup,
+        pause_s=args.pause,
+        chat=args.chat,
+        ignore_eos=not args.no_ignore_eos,
+        timeout_s=args.timeout,
+        deadline_s=args.deadline,
+        api_key_env=args.api_key_env,
+        name=args.name,
+        gpu=args.gpu,
+        gpu_period_s=args.gpu_period,
+        nvml_backend=_fake_nvml() if args.gpu == "fake" else None,
+        peaks=args.peaks,
+        model_config=args.model_config,
+        force_model_config=args.force_model_config,
+        torch_profile_dir=Path(args.torch_profile) if args.torch_profile else None,
+        prom_url=args.prom,
+        prom_selector=args.prom_selector,
+        prom_token_env=args.prom_token_env,
+        prom_wait_s=args.prom_wait,
+        response_metrics=args.response_metrics,
+        spans=args.spans,
+        otlp_grpc=args.otlp_grpc,
+        otlp_http=args.otlp_http,
+        span_wait_s=args.span_wait,
+        spans_from=args.spans_from,
+    )
+
+
 def run(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from phaseprobe.analysis.lora import lora_report
-    from phaseprobe.analysis.phases import summarize
-    from phaseprobe.analysis.spec_decode import spec_report
-    from phaseprobe.collect.experiment import run_probe
-    from phaseprobe.collect.pd.topology import pd_pair
-    from phaseprobe.collect.run_loop import ProbeSettings
-    from phaseprobe.collect.session import Session
+    from phaseprobe.collect import probe
+    from phaseprobe.present.cli.console import RichProgress
+    from phaseprobe.present.cli.waiting import ConsoleNotices
+
+    as_json = bool(args.json)
+    outcome = probe.run(probe_request(args), ConsoleNotices(err), RichProgress(err))
+    if as_json:
+        out.out(jsonout.dumps(outcome.to_json()), highlight=False)  # plain: no markup, no wrapping
+    else:
+        _render(out, outcome)
+    return 0 if outcome.ok else 1
+
+
+def _render(out: Console, outcome: ProbeOutcome) -> None:
+    """The phase table and the sections under it: each one the outcome holds (a pair's KV
+    path; one server's fleet, shared runs, roofline, trace, memory and Prometheus)."""
+    from phaseprobe.present.cli.console import render_probe
+
+    result = outcome.result
+    render_probe(
+        out, result.runs, outcome.summary, result.server_info, result.notes, result.experiment_id
+    )
+    out.print(probe_preemption_line(result.runs), highlight=False)
+    if outcome.fleet is not None:
+        for line in outcome.fleet.lines():
+            out.print(f"fleet: {escape(line)}", highlight=False)
+    if outcome.report is not None:
+        _render_report(out, outcome.report, result.runs)
+    if outcome.kv_path is not None:
+        path = outcome.kv_path
+        out.print(escape(path if isinstance(path, str) else path.sentence), highlight=False)
+
+
+def _render_report(out: Console, report: SessionReport, runs: Sequence[Run]) -> None:
+    """What the session measured beside one server's runs."""
     from phaseprobe.present.cli.cmd_spans import context_text
     from phaseprobe.present.cli.cmd_trace import render as render_trace
     from phaseprobe.present.cli.console import (
-        RichProgress,
         prompt_sources_line,
         render_efficiency,
-        render_probe,
         render_prom_comparison,
         render_work,
     )
-    from phaseprobe.present.cli.waiting import ConsoleNotices
 
-    topo = pd_pair(args.prefill, args.decode, args.endpoint, replicas=bool(args.replica))
-    if topo is not None:
-        if args.adapters:  # the P/D probe sends each leg itself: no adapter cycle there
-            raise ConfigError("--adapters cannot be combined with --prefill/--decode")
-        return run_pd(args, topo, out, err)
-    options = session_options(args)
-    replicas = replica_targets(args)
-    with Session(options, ConsoleNotices(err)) as session:
-        spec = run_spec(args, session)
-        settings = ProbeSettings(
-            runs=args.runs,
-            warmup=args.warmup,
-            pause_s=args.pause,
-            name=args.name,
-            span_wait_s=session.span_wait_s,
-            response_metrics=args.response_metrics,
-            adapters=args.adapters,
-            adapter_block=args.adapter_block,
+    for seq, ctx in report.shared.items():
+        out.print(
+            f"run {seq + 1} shared the engine (attributed by span): {escape(context_text(ctx))}",
+            highlight=False,
         )
-        try:
-            result = run_probe(
-                spec,
-                session.store,
-                settings=settings,
-                api_key=session.api_key,
-                progress=RichProgress(err),
-                timeout_s=args.timeout,
-                deadline_s=args.deadline,
-                before_runs=session.before_runs,
-                gpu_sampler=session.sampler,
-                models=session.models,
-                replicas=replicas,
-                router_metrics=args.router_metrics,
-                span_reader=session.span_reader,
-            )
-        except BaseException:
-            session.abort()
-            raise
-        report = session.finish(result)
-    summary = summarize(result.runs)
-    fleet = probe_fleet_report(result.runs, result.server_info)
-    if args.json:
-        doc = {
-            "experiment_id": result.experiment_id,
-            "spec": {**spec.to_dict(), "endpoint": redact_url(spec.endpoint)},
-            "server": result.server_info,
-            "notes": result.notes,
-            "summary": summary.to_dict(),
-            "speculation": spec_report(result.runs).to_dict(),
-            "preemption": probe_preemption_json(result.runs),
-            "lora": lora_report(result.runs).to_dict(),
-            "runs": [r.to_dict() for r in result.runs],
-            "efficiency": report.efficiency,
-            "overlap": {str(seq): ctx.to_dict() for seq, ctx in report.shared.items()},
-            **{
-                key: value
-                for key, value in (
-                    ("trace", report.trace),
-                    ("kv_reservation", report.kv_reservation),
-                    ("prometheus", report.prometheus),
-                )
-                if value is not None
-            },
-            **({"fleet": fleet.to_dict()} if fleet is not None else {}),
-        }
-        out.out(jsonout.dumps(doc), highlight=False)  # plain: no markup, no wrapping
-    else:
-        render_probe(
-            out, result.runs, summary, result.server_info, result.notes, result.experiment_id
-        )
-        out.print(probe_preemption_line(result.runs), highlight=False)
-        if fleet is not None:
-            for line in fleet.lines():
-                out.print(f"fleet: {escape(line)}", highlight=False)
-        for seq, ctx in report.shared.items():
-            out.print(
-                f"run {seq + 1} shared the engine (attributed by span): "
-                f"{escape(context_text(ctx))}",
-                highlight=False,
-            )
-        render_efficiency(out, report.efficiency)
-        render_work(out, report.efficiency.get("work"))
-        sources = prompt_sources_line(result.runs)
-        if sources is not None:
-            out.print(escape(sources), highlight=False)
-        if report.trace is not None:
-            render_trace(out, report.trace)
-        if report.kv_reservation is not None:
-            out.print(f"GPU memory: {escape(str(report.kv_reservation['verdict']))}")
-        if report.prometheus is not None:
-            render_prom_comparison(out, report.prometheus)
-    return 0 if any(r.status == "ok" for r in result.runs) else 1
+    render_efficiency(out, report.efficiency)
+    render_work(out, report.efficiency.get("work"))
+    sources = prompt_sources_line(runs)
+    if sources is not None:
+        out.print(escape(sources), highlight=False)
+    if report.trace is not None:
+        render_trace(out, report.trace)
+    if report.kv_reservation is not None:
+        out.print(f"GPU memory: {escape(str(report.kv_reservation['verdict']))}")
+    if report.prometheus is not None:
+        render_prom_comparison(out, report.prometheus)

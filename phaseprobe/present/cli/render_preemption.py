@@ -1,4 +1,5 @@
-"""Preemptions as ``probe`` and ``watch`` show them (one line each, and their ``--json`` part).
+"""Preemptions as ``probe`` and ``watch`` show them (one line each, and watch's ``--json`` part;
+probe's is in :meth:`phaseprobe.collect.probe.ProbeOutcome.to_json`).
 
 The figures come from :mod:`phaseprobe.analysis.preemption`: per run, the counter's delta over
 the run; per watched server, the window's count, rate and KV usage around the preemptions (a
@@ -16,7 +17,7 @@ if TYPE_CHECKING:
     from phaseprobe.analysis.preemption import PreemptionWindow
     from phaseprobe.records import Run
 
-__all__ = ["probe_preemption_line", "probe_preemption_json", "watch_lines", "watch_json"]
+__all__ = ["probe_preemption_line", "watch_lines", "watch_json"]
 
 
 def probe_preemption_line(runs: Sequence[Run]) -> str:
@@ -26,13 +27,6 @@ def probe_preemption_line(runs: Sequence[Run]) -> str:
     report = probe_preemption(runs)
     line = escape(report.sentence())
     return f"[yellow]{line}[/]" if report.alone_preempted else line
-
-
-def probe_preemption_json(runs: Sequence[Run]) -> dict[str, Any]:
-    """The probe's ``preemption`` part of ``--json``."""
-    from phaseprobe.analysis.preemption import probe_preemption
-
-    return probe_preemption(runs).to_dict()
 
 
 def watch_lines(windows: Mapping[str, PreemptionWindow | str], window_s: float | None) -> list[str]:
