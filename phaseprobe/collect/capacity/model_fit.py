@@ -23,6 +23,7 @@ import requests
 
 from phaseprobe.analysis.capacity_model.extrapolation import fitted_max_context
 from phaseprobe.analysis.capacity_model.fit import FitReport, fit_step_cost
+from phaseprobe.analysis.capacity_model.infer_limits import infer_batch_limits
 from phaseprobe.analysis.capacity_model.step_cost import (
     RequestOverheads,
     SchedulerLimits,
@@ -144,15 +145,56 @@ def _limits(
         else "unknown: KV memory not modelled",
         "block_size": "server (cache_config_info)" if data.block_size else "vLLM default (16)",
     }
+    seqs, tokens = given.max_num_seqs, given.max_num_batched_tokens
+    if not launched:  # an endpoint's config is not seen: read what the steps show
+        seqs, tokens = _inferred(given, data, sources, seqs_default, tokens_default)
     limits = SchedulerLimits(
-        max_num_seqs=given.max_num_seqs or seqs_default,
-        max_num_batched_tokens=given.max_num_batched_tokens or tokens_default,
+        max_num_seqs=seqs or seqs_default,
+        max_num_batched_tokens=tokens or tokens_default,
         chunked_prefill=True if given.chunked_prefill is None else given.chunked_prefill,
         kv_capacity_tokens=data.kv_capacity_tokens,
         block_size=data.block_size or 16,
         prefix_caching=True if given.prefix_caching is None else given.prefix_caching,
     )
     return limits, sources
+
+
+def _inferred(
+    given: LimitsGiven,
+    data: FitData,
+    sources: dict[str, str],
+    seqs_default: int,
+    tokens_default: int,
+) -> tuple[int | None, int | None]:
+    """The batch limits not given, from the plateau of the probes' steps (see
+    :mod:`.infer_limits`); where none shows, the default stays, raised to the most seen if
+    the steps went past it. Updates ``sources``."""
+    seqs, tokens = given.max_num_seqs, given.max_num_batched_tokens
+    streams = max((c.concurrency for c in data.clients), default=0)
+    prompt = max((c.prompt_tokens for c in data.clients), default=0)
+    found = infer_batch_limits(data.steps, most_streams=streams, longest_prompt=prompt)
+    if given.chunked_prefill is False:  # an unchunked prompt over the budget is refused, not split
+        found.pop("max_num_batched_tokens", None)
+    alone = " (if nothing else ran on the server during the probes)"
+    for name, default in (
+        ("max_num_seqs", seqs_default),
+        ("max_num_batched_tokens", tokens_default),
+    ):
+        inf = found.get(name)
+        if inf is None or getattr(given, name) is not None:
+            continue
+        if inf.value is not None:
+            value, source = inf.value, inf.source + alone
+        elif inf.most_seen > default:
+            value, source = inf.most_seen, inf.source + ", over the default " + str(default)
+        else:
+            value, source = default, sources[name] + "; " + inf.source
+        sources[name] = source
+        if name == "max_num_seqs":
+            seqs = value
+        else:
+            tokens = value
+    return seqs, tokens
 
 
 def fit_deployment(

@@ -1,0 +1,80 @@
+"""An endpoint's batch limits read off the plateau of the probes' own steps, each saying where
+it came from (issue 39: limits "inferred (a throughput plateau)")."""
+
+from __future__ import annotations
+
+from phaseprobe.analysis.capacity_model.fit import ClientSample
+from phaseprobe.analysis.capacity_model.infer_limits import infer_batch_limits
+from phaseprobe.collect.capacity.fit_run import FitData
+from phaseprobe.collect.capacity.model_fit import LimitsGiven, _limits
+from phaseprobe.sources.vllm.step_log import EngineStep
+
+
+def _step(i: int, pre_req: int, pre_tok: int, dec: int) -> EngineStep:
+    return EngineStep(0, i, pre_req, pre_tok, dec, dec, 0.01, 0.0)
+
+
+# a 768-token prompt chunked at a 512-token budget, then 12 streams of which only 8 ran at once
+CAPPED = [
+    _step(0, 1, 512, 0),
+    _step(1, 1, 256, 0),
+    _step(2, 4, 448, 4),  # 448 prompt tokens + 4 decodes: 452
+    _step(3, 1, 505, 7),  # a step filled to the budget: 505 + 7, 8 requests
+    *(_step(4 + i, 0, 0, 8) for i in range(20)),
+]
+CLIENTS = [
+    ClientSample(768, 8, 1, 0.5, 0.02),
+    ClientSample(32, 32, 12, 0.3, 0.05),
+]
+
+
+def test_a_plateau_below_what_the_probes_sent_is_the_limit() -> None:
+    got = infer_batch_limits(CAPPED, most_streams=12, longest_prompt=768)
+    seqs, budget = got["max_num_seqs"], got["max_num_batched_tokens"]
+    assert (seqs.value, seqs.most_seen) == (8, 8)
+    assert "plateaued at 8 requests while the probes had 12 in flight" in seqs.source
+    assert budget.value == 512 and "split into steps of at most 512 tokens" in budget.source
+
+
+def test_limits_the_probes_never_reached_are_only_lower_bounds() -> None:
+    steps = [_step(0, 1, 300, 0), *(_step(1 + i, 0, 0, 4) for i in range(5))]
+    got = infer_batch_limits(steps, most_streams=4, longest_prompt=300)
+    assert got["max_num_seqs"].value is None and got["max_num_seqs"].most_seen == 4
+    assert got["max_num_batched_tokens"].value is None
+    assert "at least 300" in got["max_num_batched_tokens"].source
+    # one step at the top is no plateau: a prompt longer than it may simply have been alone
+    one = infer_batch_limits([_step(0, 1, 700, 0)], most_streams=1, longest_prompt=768)
+    assert one["max_num_batched_tokens"].value is None
+    assert infer_batch_limits([], most_streams=4, longest_prompt=10) == {}
+
+
+def test_an_endpoint_fit_takes_the_inferred_limits_and_says_so() -> None:
+    data = FitData(steps=CAPPED, clients=CLIENTS)
+    limits, sources = _limits(LimitsGiven(), data, launched=False, platform_kind="gpu")
+    assert (limits.max_num_seqs, limits.max_num_batched_tokens) == (8, 512)
+    assert sources["max_num_seqs"].startswith("inferred: the step log's batch plateaued at 8")
+    assert "if nothing else ran on the server" in sources["max_num_batched_tokens"]
+    # given options win; a launched server's own limits are known, nothing is inferred
+    given = LimitsGiven(max_num_seqs=6)
+    limits, sources = _limits(given, data, launched=False, platform_kind="gpu")
+    assert limits.max_num_seqs == 6 and sources["max_num_seqs"] == "option"
+    limits, sources = _limits(LimitsGiven(), data, launched=True, platform_kind="cpu")
+    assert (limits.max_num_seqs, limits.max_num_batched_tokens) == (128, 2048)
+    # unchunked prefill refuses a prompt over the budget rather than splitting it
+    unchunked = LimitsGiven(chunked_prefill=False)
+    limits, sources = _limits(unchunked, data, launched=False, platform_kind="gpu")
+    assert limits.max_num_batched_tokens == 2048 and "assumed" in sources["max_num_batched_tokens"]
+
+
+def test_without_a_plateau_the_default_stays_with_the_bound_seen() -> None:
+    steps = [_step(0, 1, 300, 0), *(_step(1 + i, 0, 0, 4) for i in range(5))]
+    data = FitData(steps=steps, clients=[ClientSample(300, 8, 4, 0.2, 0.02)])
+    limits, sources = _limits(LimitsGiven(), data, launched=False, platform_kind="gpu")
+    assert (limits.max_num_seqs, limits.max_num_batched_tokens) == (256, 2048)
+    assert "assumed: not exported" in sources["max_num_seqs"]
+    assert "at least 4" in sources["max_num_seqs"]
+    # steps past the default: the default cannot be the limit
+    many = [*(_step(i, 0, 0, 300) for i in range(3))]
+    data = FitData(steps=many, clients=[ClientSample(32, 8, 300, 0.2, 0.02)])
+    limits, sources = _limits(LimitsGiven(), data, launched=False, platform_kind="gpu")
+    assert limits.max_num_seqs == 300 and "over the default 256" in sources["max_num_seqs"]
