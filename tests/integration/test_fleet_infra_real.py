@@ -148,7 +148,7 @@ def test_the_throttle_makes_r2_a_straggler(local_fleet):
     base = _decode_ms_per_token(replicas, model, 4)
     with Throttle(local_fleet.replica_pids["r2"], stopped_fraction=0.5) as throttle:
         slow = _decode_ms_per_token(replicas, model, 4)
-    after = _decode_ms_per_token(replicas, model, 2)
+    after = _decode_ms_per_token(replicas, model, 4)
     figures = (
         f"decode ms/token before {base}, throttled {slow}, after {after}; "
         f"{throttle.cycles} cycles, {throttle.measured_fraction} stopped "
@@ -158,4 +158,7 @@ def test_the_throttle_makes_r2_a_straggler(local_fleet):
     assert throttle.cycles > 0 and throttle.measured_fraction is not None, figures
     assert slow["r2"] >= 1.5 * base["r2"], figures  # r2 is slowed...
     assert slow["r2"] >= 1.5 * slow["r1"], figures  # ...and a straggler against r1
-    assert after["r2"] < 0.75 * slow["r2"], figures  # and runs freely again after
+    # ...and runs freely again after: judged against r1 measured at the same moments, as the
+    # straggler was, not against its own earlier figure (on a box whose load rose meanwhile r2
+    # alone read 27.5 ms throttled and 22.1 after, while its ratio to r1 fell from 2.9 to 1.1)
+    assert after["r2"] / after["r1"] < 0.75 * slow["r2"] / slow["r1"], figures
