@@ -25,7 +25,7 @@ from typing import Any, Self
 from urllib.parse import parse_qsl, urlsplit
 
 from phaseprobe.records import RequestSpan
-from phaseprobe.sources.vllm.otlp_spans import ATTRIBUTE_ALIASES, VLLM_SPAN_NAME
+from phaseprobe.sources.vllm.otlp_fields import ATTRIBUTE_ALIASES, VLLM_SPAN_NAME
 
 __all__ = ["SpanStoreStub", "tempo_search", "jaeger_traces", "otlp_attributes"]
 

@@ -13,8 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from phaseprobe.errors import OtlpError
+from phaseprobe.sources.vllm.otlp_fields import SpanBatch
 from phaseprobe.sources.vllm.otlp_json_fast import build_request
-from phaseprobe.sources.vllm.otlp_spans import SpanBatch, decode_json, decode_plain, decode_request
+from phaseprobe.sources.vllm.otlp_spans import decode_json, decode_plain, decode_request
 from tests.unit.test_otlp_json_fast import T0, _doc, _span, _variants
 
 

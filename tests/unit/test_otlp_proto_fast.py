@@ -17,8 +17,9 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyVa
 
 from phaseprobe.errors import OtlpError
 from phaseprobe.records import RequestSpan
+from phaseprobe.sources.vllm.otlp_fields import SpanBatch
 from phaseprobe.sources.vllm.otlp_proto_fast import decode_view
-from phaseprobe.sources.vllm.otlp_spans import SpanBatch, decode_protobuf, decode_request
+from phaseprobe.sources.vllm.otlp_spans import decode_protobuf, decode_request
 from phaseprobe.testing.otlp_payloads import export_request, other_span, vllm_span
 
 T0 = 1_700_000_000_000_000_000

@@ -19,14 +19,8 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Sp
 
 from phaseprobe.errors import OtlpError
 from phaseprobe.records import RequestSpan
-from phaseprobe.sources.vllm.otlp_spans import (
-    ATTRIBUTE_ALIASES,
-    MAX_ATTRIBUTES_STORED,
-    SpanBatch,
-    decode_json,
-    decode_protobuf,
-    hex_ids_to_base64,
-)
+from phaseprobe.sources.vllm.otlp_fields import ATTRIBUTE_ALIASES, MAX_ATTRIBUTES_STORED, SpanBatch
+from phaseprobe.sources.vllm.otlp_spans import decode_json, decode_protobuf, hex_ids_to_base64
 from phaseprobe.testing.otlp_payloads import export_request, other_span, to_otlp_json, vllm_span
 
 T0 = 1_700_000_000_000_000_000

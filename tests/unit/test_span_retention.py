@@ -166,7 +166,7 @@ def test_long_watch_with_retention_stays_under_its_bound(tmp_path: Path):
 def test_retention_by_age_with_a_receiver_writing(tmp_path: Path):
     """A SpanSink (the receiver's writer) commits batches from a thread while retention prunes
     by age in batches: every batch lands, none is refused, and only old spans go."""
-    from phaseprobe.sources.vllm.otlp_spans import SpanBatch  # the receiver's decoded batch
+    from phaseprobe.sources.vllm.otlp_fields import SpanBatch  # the receiver's decoded batch
 
     path = tmp_path / "r.sqlite"
     with Store(path) as store:

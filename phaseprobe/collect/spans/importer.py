@@ -21,7 +21,8 @@ from typing import Any
 from phaseprobe.errors import OtlpError
 from phaseprobe.inputs import open_stream, path_problem
 from phaseprobe.sources.read_account import ReadAccount
-from phaseprobe.sources.vllm.otlp_spans import SpanBatch, decode_json
+from phaseprobe.sources.vllm.otlp_fields import SpanBatch
+from phaseprobe.sources.vllm.otlp_spans import decode_json
 from phaseprobe.store import Store
 
 __all__ = ["ImportResult", "import_otlp_json", "MAX_LINE_BYTES"]

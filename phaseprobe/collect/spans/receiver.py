@@ -31,7 +31,8 @@ from typing import Any
 
 from phaseprobe.collect.spans.sink import ReceiverStats, SpanSink
 from phaseprobe.errors import ConfigError, OtlpError, StoreError
-from phaseprobe.sources.vllm.otlp_spans import SpanBatch, decode_json, decode_protobuf
+from phaseprobe.sources.vllm.otlp_fields import SpanBatch
+from phaseprobe.sources.vllm.otlp_spans import decode_json, decode_protobuf
 from phaseprobe.store import redact_url
 
 __all__ = [

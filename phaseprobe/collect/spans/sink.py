@@ -25,7 +25,7 @@ from phaseprobe.errors import StoreError
 from phaseprobe.store import Store
 
 if TYPE_CHECKING:
-    from phaseprobe.sources.vllm.otlp_spans import SpanBatch
+    from phaseprobe.sources.vllm.otlp_fields import SpanBatch
 
 __all__ = ["SpanSink", "ReceiverStats", "StoreTrouble"]
 

@@ -6,7 +6,7 @@ errors are worded. The summary (counts, sums, p50/p90/p99 per replica and over a
 ``GROUPING SETS`` query; only the rows a view shows come back as records.
 
 Attribute values are strings in this table. Each field is read through the same alias table
-as the OTLP receiver (:data:`phaseprobe.sources.vllm.otlp_spans.ATTRIBUTE_ALIASES`: the first alias
+as the OTLP receiver (:data:`phaseprobe.sources.vllm.otlp_fields.ATTRIBUTE_ALIASES`: the first alias
 present wins) and converted with ``toFloat64OrNull``; a value that is not a usable number
 (not numeric, negative, a duration over 1e7 s) reads as missing and is counted per field in
 :attr:`SpanAggregate.unconverted`.
@@ -32,7 +32,7 @@ from phaseprobe.sources.span_stores.otel_schema import (
     ident,
     quote,
 )
-from phaseprobe.sources.vllm.otlp_spans import ATTRIBUTE_ALIASES, VLLM_SPAN_NAME
+from phaseprobe.sources.vllm.otlp_fields import ATTRIBUTE_ALIASES, VLLM_SPAN_NAME
 
 __all__ = ["ClickHouseSpans", "RunSql", "Address", "query_address"]
 

@@ -37,7 +37,8 @@ from phaseprobe.sources.span_stores.fetched import (
     shaped,
 )
 from phaseprobe.sources.span_stores.model import NEIGHBOUR_HORIZON_NS
-from phaseprobe.sources.vllm.otlp_spans import VLLM_SPAN_NAME, decode_json
+from phaseprobe.sources.vllm.otlp_fields import VLLM_SPAN_NAME
+from phaseprobe.sources.vllm.otlp_spans import decode_json
 
 __all__ = ["JaegerSpans", "MAX_SERVICES_LOOKED_UP", "SERVICES_KEPT_S"]
 

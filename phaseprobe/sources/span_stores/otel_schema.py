@@ -21,7 +21,7 @@ from typing import Any
 
 from phaseprobe.errors import ConfigError
 from phaseprobe.records import RequestSpan
-from phaseprobe.sources.vllm.otlp_spans import ATTRIBUTE_ALIASES, VLLM_SPAN_NAME
+from phaseprobe.sources.vllm.otlp_fields import ATTRIBUTE_ALIASES, VLLM_SPAN_NAME
 
 __all__ = [
     "DDL_TEMPLATE",

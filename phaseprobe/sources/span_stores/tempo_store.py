@@ -33,7 +33,8 @@ from phaseprobe.sources.span_stores.model import (
     PhaseStats,
     SpanAggregate,
 )
-from phaseprobe.sources.vllm.otlp_spans import ATTRIBUTE_ALIASES, VLLM_SPAN_NAME, decode_json
+from phaseprobe.sources.vllm.otlp_fields import ATTRIBUTE_ALIASES, VLLM_SPAN_NAME
+from phaseprobe.sources.vllm.otlp_spans import decode_json
 
 __all__ = ["TempoSpans", "SEARCH_QUERY", "METRIC_ATTRIBUTES"]
 

@@ -27,7 +27,7 @@ from functools import cache
 from typing import Any
 
 from phaseprobe.records import RequestSpan
-from phaseprobe.sources.vllm.otlp_spans import (
+from phaseprobe.sources.vllm.otlp_fields import (
     _FIELD_OF,
     _INT64,
     _INT_FIELDS,
