@@ -11,7 +11,17 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["MISSING", "duration", "ms", "ms_cell", "ns_cell", "percent", "efficiency", "bandwidth"]
+__all__ = [
+    "MISSING",
+    "duration",
+    "ms",
+    "ms_cell",
+    "ns_cell",
+    "percent",
+    "pct",
+    "efficiency",
+    "bandwidth",
+]
 
 MISSING = "—"  # not measured / not applicable: one marker in every table and sentence
 
@@ -73,6 +83,11 @@ def ns_cell(ns: float | None, digits: int = 3) -> str:
 def percent(value: float | None, digits: int = 1) -> str:
     """A value already in percent (``12.3 %``)."""
     return MISSING if _missing(value) else f"{value:.{digits}f} %"
+
+
+def pct(fraction: float | None) -> str:
+    """A fraction as a percentage with one decimal (0.123 → ``12.3 %``); ``MISSING`` for None."""
+    return MISSING if fraction is None else f"{fraction * 100:.1f} %"
 
 
 def efficiency(ratio: float | None) -> str:

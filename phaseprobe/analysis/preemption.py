@@ -26,7 +26,7 @@ scrapes in which the counter moved, the fuller of the two readings. A scrape see
 between engine steps and a preemption frees blocks at once, so the true peak can be higher
 than any reading.
 
-Pure: runs, a :class:`~phaseprobe.analysis.rules.live_base.ReplicaWindow` and plain numbers in,
+Pure: runs, a :class:`~phaseprobe.analysis.replica_window.ReplicaWindow` and plain numbers in,
 figures and sentences out.
 """
 
@@ -36,8 +36,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from phaseprobe.analysis.rules.base import pct
-from phaseprobe.analysis.rules.live_base import ReplicaWindow
+from phaseprobe.analysis.replica_window import ReplicaWindow
+from phaseprobe.format import pct
 from phaseprobe.records import Run
 
 __all__ = [

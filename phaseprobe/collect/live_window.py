@@ -36,8 +36,7 @@ import requests
 from phaseprobe.analysis.engine_stall import StallDetector, StallReading, progress_point
 from phaseprobe.analysis.preemption import kv_at_preemptions
 from phaseprobe.analysis.replica_match import process_identity, unverifiable
-from phaseprobe.analysis.router_window import RouterWindow
-from phaseprobe.analysis.rules.live_base import (
+from phaseprobe.analysis.replica_window import (
     BUCKET_HISTOGRAMS,
     DELTA_COUNTERS,
     DELTA_HISTOGRAMS,
@@ -45,9 +44,10 @@ from phaseprobe.analysis.rules.live_base import (
     NIXL_COUNTERS,
     NIXL_HISTOGRAMS,
     WAITING_REASONS,
-    LiveEvidence,
     ReplicaWindow,
 )
+from phaseprobe.analysis.router_window import RouterWindow
+from phaseprobe.analysis.rules.live_base import LiveEvidence
 from phaseprobe.analysis.spec_decode import PER_POS_CANONICAL, PER_POS_KEY, SPEC_COUNTERS
 from phaseprobe.collect.capacity.live_estimate import estimate_for_window
 from phaseprobe.collect.fleet.scrape import FleetScraper, RouterPage

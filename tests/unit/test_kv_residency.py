@@ -9,8 +9,9 @@ import pytest
 
 from phaseprobe.analysis.checklist import run_live_checklist
 from phaseprobe.analysis.kv_residency import kv_residency, snapshot_buckets
+from phaseprobe.analysis.replica_window import ReplicaWindow
 from phaseprobe.analysis.rules.kv_residency import evicted_before_reuse
-from phaseprobe.analysis.rules.live_base import LiveEvidence, ReplicaWindow
+from phaseprobe.analysis.rules.live_base import LiveEvidence
 from phaseprobe.present import cli
 from phaseprobe.sources.vllm.metrics import parse_exposition
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from phaseprobe.analysis.capacity_model.step_cost import SchedulerLimits
-from phaseprobe.analysis.rules.live_base import CapacityEstimate, LiveEvidence, ReplicaWindow
+from phaseprobe.analysis.replica_window import ReplicaWindow
+from phaseprobe.analysis.rules.live_base import CapacityEstimate, LiveEvidence
 from phaseprobe.analysis.rules.live_capacity import headroom
 from phaseprobe.collect.capacity.live_estimate import estimate_for_window
 from phaseprobe.collect.capacity.model_fit import FIT_KIND

@@ -13,8 +13,9 @@ from phaseprobe.analysis.checklist import (
     live_rule_ids,
     run_live_checklist,
 )
+from phaseprobe.analysis.replica_window import ReplicaWindow
 from phaseprobe.analysis.rules import fleet, live, live_spans
-from phaseprobe.analysis.rules.live_base import LiveEvidence, ReplicaWindow
+from phaseprobe.analysis.rules.live_base import LiveEvidence
 from phaseprobe.collect.live_window import replica_window, snapshot_deltas
 from phaseprobe.errors import ConfigError
 from phaseprobe.records import RequestSpan

@@ -16,9 +16,10 @@ import pytest
 
 from phaseprobe.analysis.bucket_quantile import bucket_quantile
 from phaseprobe.analysis.pd.window import kv_path_window
+from phaseprobe.analysis.replica_window import ReplicaWindow
 from phaseprobe.analysis.rules import live_pd
 from phaseprobe.analysis.rules.base import Evidence
-from phaseprobe.analysis.rules.live_base import LiveEvidence, ReplicaWindow
+from phaseprobe.analysis.rules.live_base import LiveEvidence
 from phaseprobe.analysis.rules.pd import (
     decode_pool_saturated,
     kv_wait_as_queue,

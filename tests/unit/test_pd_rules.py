@@ -86,7 +86,7 @@ def test_the_hand_over_share_of_ttft():
 def _window(
     name: str, *, ext: float, comp: float, lookups: float, finished: float = 10, gen: float = 160
 ):
-    from phaseprobe.analysis.rules.live_base import ReplicaWindow
+    from phaseprobe.analysis.replica_window import ReplicaWindow
 
     return ReplicaWindow(
         name,

@@ -14,7 +14,7 @@ from phaseprobe.analysis.preemption import (
     repeated_preemptions,
     run_preemptions,
 )
-from phaseprobe.analysis.rules.live_base import ReplicaWindow
+from phaseprobe.analysis.replica_window import ReplicaWindow
 from phaseprobe.collect.live_window import replica_window
 from phaseprobe.present.cli.render_preemption import (
     probe_preemption_line,

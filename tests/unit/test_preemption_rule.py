@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from phaseprobe.analysis.checklist import LIVE_RULES
 from phaseprobe.analysis.preemption import REASON_NOTE
-from phaseprobe.analysis.rules.live_base import LiveEvidence, ReplicaWindow
+from phaseprobe.analysis.replica_window import ReplicaWindow
+from phaseprobe.analysis.rules.live_base import LiveEvidence
 from phaseprobe.analysis.rules.live_preemption import (
     ADVICE_FULL,
     ADVICE_NOT_FULL,

@@ -3,8 +3,9 @@ read at the window's edges (analysis.router_window), judged by analysis.rules.ro
 
 from __future__ import annotations
 
+from phaseprobe.analysis.replica_window import ReplicaWindow
 from phaseprobe.analysis.router_window import router_window
-from phaseprobe.analysis.rules.live_base import LiveEvidence, ReplicaWindow
+from phaseprobe.analysis.rules.live_base import LiveEvidence
 from phaseprobe.analysis.rules.router import router_health
 from phaseprobe.sources.vllm.metrics import parse_exposition
 

@@ -11,8 +11,9 @@ from rich.console import Console
 
 from phaseprobe.analysis.checklist import RULES, SPAN_RULES, all_rules, rule_ids, run_checklist
 from phaseprobe.analysis.rules import spans as rules
-from phaseprobe.analysis.rules.base import Evidence, ms, pct
+from phaseprobe.analysis.rules.base import Evidence, ms
 from phaseprobe.collect.evidence import EvidenceOptions, build_evidence, span_evidence
+from phaseprobe.format import pct
 from phaseprobe.present.cli import cmd_check
 from phaseprobe.records import Experiment, RequestSpan, RunSpec
 from phaseprobe.store import Store

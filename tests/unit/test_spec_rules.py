@@ -8,8 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from phaseprobe.analysis.checklist import live_rule_ids, rule_ids
+from phaseprobe.analysis.replica_window import ReplicaWindow
 from phaseprobe.analysis.rules.base import Evidence
-from phaseprobe.analysis.rules.live_base import LiveEvidence, ReplicaWindow
+from phaseprobe.analysis.rules.live_base import LiveEvidence
 from phaseprobe.analysis.rules.spec import MIN_DRAFTS, live_spec_acceptance, spec_acceptance
 from phaseprobe.analysis.spec_decode import StepCosts
 from phaseprobe.collect.live_window import replica_window

@@ -1,7 +1,7 @@
 """A prefill/decode instance's KV path over a window of live traffic: what ``watch`` and
 ``check --live`` report per instance.
 
-Pure: one :class:`~phaseprobe.analysis.rules.live_base.ReplicaWindow` in (``/metrics``
+Pure: one :class:`~phaseprobe.analysis.replica_window.ReplicaWindow` in (``/metrics``
 scraped twice, or PromQL), a :class:`KvPathWindow` out. Per instance: the NIXL connector's
 failed transfers, failed notifications, expired KV (counted on the prefill side) and transfer
 time p99; the decode side's KV wait p99; and a decode instance's recompute share
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from phaseprobe.analysis.bucket_quantile import BucketQuantile
-from phaseprobe.analysis.rules.live_base import NIXL_COUNTERS, ReplicaWindow
+from phaseprobe.analysis.replica_window import NIXL_COUNTERS, ReplicaWindow
 
 __all__ = ["KvPathWindow", "kv_path_window", "pd_role", "PREFILL_ROLE_MAX_TOKENS", "NOT_EXPORTED"]
 

@@ -46,7 +46,6 @@ from typing import TYPE_CHECKING, Any, Literal
 from phaseprobe.analysis.phases import Summary, medians_runs, summarize
 from phaseprobe.analysis.rules.use_cases import USE_CASE_TTFT_S
 from phaseprobe.analysis.rules.vllm_log import LogFacts, parse_log
-from phaseprobe.format import MISSING
 from phaseprobe.format import duration as ms
 from phaseprobe.records import RequestSpan, Run
 
@@ -59,7 +58,6 @@ __all__ = [
     "Evidence",
     "USE_CASE_TTFT_S",
     "ms",
-    "pct",
     "num",
     "skipped",
     "clean_runs",
@@ -194,11 +192,6 @@ def clean_runs(ev: Evidence) -> list[Run]:
     """The runs medians are taken over (as :func:`summarize` does): reached the server, alone
     on it or not checkable, and with a client timeline consistent with the server's phases."""
     return medians_runs(ev.runs)[0]
-
-
-def pct(fraction: float | None) -> str:
-    """A fraction as a percentage with one decimal (0.123 → ``12.3 %``); ``MISSING`` for None."""
-    return MISSING if fraction is None else f"{fraction * 100:.1f} %"
 
 
 def num(value: float | None, digits: int = 2) -> float | None:

@@ -26,9 +26,10 @@ from phaseprobe.analysis.fleet_stats import (
     imbalance,
     imbalance_from_counts,
 )
-from phaseprobe.analysis.rules.base import Status, Verdict, num, pct, skipped
+from phaseprobe.analysis.rules.base import Status, Verdict, num, skipped
 from phaseprobe.analysis.rules.live import context_notes
 from phaseprobe.analysis.rules.live_base import LiveEvidence
+from phaseprobe.format import pct
 from phaseprobe.records import RequestSpan
 
 __all__ = [

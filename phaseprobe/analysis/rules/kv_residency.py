@@ -11,9 +11,10 @@ were evicted in the window.
 from __future__ import annotations
 
 from phaseprobe.analysis.kv_residency import MIN_EVICTIONS, RESIDENCY_HISTOGRAMS, kv_residency
+from phaseprobe.analysis.replica_window import ReplicaWindow
 from phaseprobe.analysis.rules.base import Verdict
 from phaseprobe.analysis.rules.live import Part, per_replica
-from phaseprobe.analysis.rules.live_base import LiveEvidence, ReplicaWindow
+from phaseprobe.analysis.rules.live_base import LiveEvidence
 
 __all__ = ["evicted_before_reuse"]
 

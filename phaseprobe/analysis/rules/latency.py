@@ -32,11 +32,11 @@ from phaseprobe.analysis.rules.base import (
     clean_runs,
     ms,
     num,
-    pct,
     skipped,
 )
 from phaseprobe.format import duration as fmt_duration
 from phaseprobe.format import efficiency as fmt_efficiency
+from phaseprobe.format import pct
 from phaseprobe.records import Run
 
 __all__ = [

@@ -23,8 +23,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from phaseprobe.analysis.rules.base import Status, Verdict, ms, num, pct
-from phaseprobe.analysis.rules.live_base import MIN_FINISHED, LiveEvidence, ReplicaWindow
+from phaseprobe.analysis.replica_window import ReplicaWindow
+from phaseprobe.analysis.rules.base import Status, Verdict, ms, num
+from phaseprobe.analysis.rules.live_base import MIN_FINISHED, LiveEvidence
+from phaseprobe.format import pct
 
 __all__ = [
     "queue_pressure",

@@ -10,9 +10,10 @@ fit, or with too little traffic to know the lengths, it is skipped and says why.
 
 from __future__ import annotations
 
+from phaseprobe.analysis.replica_window import ReplicaWindow
 from phaseprobe.analysis.rules.base import Verdict, num
 from phaseprobe.analysis.rules.live import Part, per_replica, too_few
-from phaseprobe.analysis.rules.live_base import MIN_FINISHED, LiveEvidence, ReplicaWindow
+from phaseprobe.analysis.rules.live_base import MIN_FINISHED, LiveEvidence
 
 __all__ = ["headroom", "HEADROOM_WARN"]
 

@@ -11,7 +11,8 @@ thing (waiting per running request, queue time against the TTFT target, KV usage
 from __future__ import annotations
 
 from phaseprobe.analysis.pd.window import kv_path_window, pd_role
-from phaseprobe.analysis.rules.base import Status, Verdict, ms, num, pct
+from phaseprobe.analysis.replica_window import ReplicaWindow
+from phaseprobe.analysis.rules.base import Status, Verdict, ms, num
 from phaseprobe.analysis.rules.live import (
     KV_WARN,
     QUEUE_LATENCY_WARN_FRAC,
@@ -21,7 +22,8 @@ from phaseprobe.analysis.rules.live import (
     per_replica,
     too_few,
 )
-from phaseprobe.analysis.rules.live_base import MIN_FINISHED, LiveEvidence, ReplicaWindow
+from phaseprobe.analysis.rules.live_base import MIN_FINISHED, LiveEvidence
+from phaseprobe.format import pct
 
 __all__ = [
     "kv_path",

@@ -21,9 +21,11 @@ vLLM 0.32 gives no reason (:data:`phaseprobe.analysis.preemption.REASON_NOTE`).
 from __future__ import annotations
 
 from phaseprobe.analysis.preemption import REASON_NOTE, preemption_window
-from phaseprobe.analysis.rules.base import Status, Verdict, num, pct
+from phaseprobe.analysis.replica_window import ReplicaWindow
+from phaseprobe.analysis.rules.base import Status, Verdict, num
 from phaseprobe.analysis.rules.live import KV_WARN, Part, per_replica
-from phaseprobe.analysis.rules.live_base import MIN_FINISHED, LiveEvidence, ReplicaWindow
+from phaseprobe.analysis.rules.live_base import MIN_FINISHED, LiveEvidence
+from phaseprobe.format import pct
 
 __all__ = ["preemption_pressure", "PREEMPT_FAIL_PER_REQUEST", "ADVICE_FULL", "ADVICE_NOT_FULL"]
 

@@ -12,10 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from phaseprobe.analysis.fleet_stats import UNKNOWN_REPLICA, identity_warning, span_replica
+from phaseprobe.analysis.replica_window import ReplicaWindow
 from phaseprobe.analysis.rules import spans as span_rules
 from phaseprobe.analysis.rules.base import Evidence, Verdict, num, skipped
 from phaseprobe.analysis.rules.live import Part, per_replica
-from phaseprobe.analysis.rules.live_base import LiveEvidence, ReplicaWindow
+from phaseprobe.analysis.rules.live_base import LiveEvidence
 from phaseprobe.analysis.spans.summary import (
     LOSS_TOLERANCE_FRAC,
     LOSS_TOLERANCE_MIN_SPANS,

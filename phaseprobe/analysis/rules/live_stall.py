@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from phaseprobe.analysis.replica_window import ReplicaWindow
 from phaseprobe.analysis.rules.base import Verdict, num
 from phaseprobe.analysis.rules.live import Part, per_replica
-from phaseprobe.analysis.rules.live_base import LiveEvidence, ReplicaWindow
+from phaseprobe.analysis.rules.live_base import LiveEvidence
 
 __all__ = ["engine_stalled"]
 

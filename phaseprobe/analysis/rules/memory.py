@@ -9,7 +9,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from phaseprobe.analysis.kv_reservation import GiB, analyze_kv_reservation, run_windows
-from phaseprobe.analysis.rules.base import Evidence, Verdict, alone_runs, pct, skipped
+from phaseprobe.analysis.rules.base import Evidence, Verdict, alone_runs, skipped
+from phaseprobe.format import pct
 
 __all__ = ["memory_flat", "kv_pressure", "prefix_cache", "kv_preallocated_log"]
 

@@ -12,9 +12,11 @@ import statistics
 
 from phaseprobe.analysis.pd.legs import SHORT_PROMPT
 from phaseprobe.analysis.pd.window import PREFILL_ROLE_MAX_TOKENS
-from phaseprobe.analysis.rules.base import Evidence, Status, Verdict, ms, num, pct, skipped
+from phaseprobe.analysis.replica_window import ReplicaWindow
+from phaseprobe.analysis.rules.base import Evidence, Status, Verdict, ms, num, skipped
 from phaseprobe.analysis.rules.live import Part, per_replica, too_few
-from phaseprobe.analysis.rules.live_base import MIN_FINISHED, LiveEvidence, ReplicaWindow
+from phaseprobe.analysis.rules.live_base import MIN_FINISHED, LiveEvidence
+from phaseprobe.format import pct
 from phaseprobe.records import PdLegs
 
 __all__ = [

@@ -8,8 +8,9 @@ replica an error), and traffic that reaches a replica without going through it. 
 
 from __future__ import annotations
 
-from phaseprobe.analysis.rules.base import Verdict, num, pct
+from phaseprobe.analysis.rules.base import Verdict, num
 from phaseprobe.analysis.rules.live_base import LiveEvidence
+from phaseprobe.format import pct
 
 __all__ = ["router_health", "RETRY_FAIL", "BYPASS_MIN"]
 

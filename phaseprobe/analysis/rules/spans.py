@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from phaseprobe.analysis.rules.base import Evidence, Status, Verdict, ms, num, pct, skipped
+from phaseprobe.analysis.rules.base import Evidence, Status, Verdict, ms, num, skipped
 from phaseprobe.analysis.spans.context import (
     OverlapContext,
     overlap_context,
@@ -29,6 +29,7 @@ from phaseprobe.analysis.spans.summary import (
     span_loss,
     summarize_spans,
 )
+from phaseprobe.format import pct
 from phaseprobe.records import RequestSpan
 
 __all__ = [

@@ -11,9 +11,10 @@ verdict; without one the window's figures are given and nothing is judged.
 
 from __future__ import annotations
 
-from phaseprobe.analysis.rules.base import Evidence, Verdict, num, pct, skipped
+from phaseprobe.analysis.replica_window import ReplicaWindow
+from phaseprobe.analysis.rules.base import Evidence, Verdict, num, skipped
 from phaseprobe.analysis.rules.live import Part, per_replica
-from phaseprobe.analysis.rules.live_base import LiveEvidence, ReplicaWindow
+from phaseprobe.analysis.rules.live_base import LiveEvidence
 from phaseprobe.analysis.spec_decode import (
     NOT_ENABLED,
     PER_POS_KEY,
@@ -22,6 +23,7 @@ from phaseprobe.analysis.spec_decode import (
     spec_figures,
     spec_report,
 )
+from phaseprobe.format import pct
 
 __all__ = ["spec_acceptance", "live_spec_acceptance", "MIN_DRAFTS"]
 
