@@ -15,7 +15,7 @@ from rich.console import Group
 from rich.table import Table
 
 from phaseprobe.collect.watch.fleet import FleetTracker
-from phaseprobe.present.cli.cmd_spans import span_table, summary_table
+from phaseprobe.present.cli.render_spans import span_table, summary_table
 from phaseprobe.present.cli.safe_console import SafeConsole
 from phaseprobe.present.cli.table_fit import fit_hints
 from phaseprobe.present.cli.watch_fleet import fleet_parts

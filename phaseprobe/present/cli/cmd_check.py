@@ -44,7 +44,7 @@ from phaseprobe.errors import ConfigError, PhaseprobeError
 from phaseprobe.paths import default_store_path
 from phaseprobe.present.cli import jsonout
 from phaseprobe.present.cli.args import float_in, int_in, positive_int, seconds, stall_args
-from phaseprobe.present.cli.cmd_spans import spans_from_arg
+from phaseprobe.present.cli.span_args import spans_from_arg
 from phaseprobe.store import Store
 
 if TYPE_CHECKING:  # imported where used: a command's --help must not load it

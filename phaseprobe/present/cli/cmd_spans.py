@@ -37,25 +37,27 @@ from phaseprobe.paths import default_store_path
 from phaseprobe.present.cli import jsonout
 from phaseprobe.present.cli.args import float_in, int_in, store_and_json_args
 from phaseprobe.present.cli.console import ms, print_schema_note
-from phaseprobe.present.cli.table_fit import fit_hints
+from phaseprobe.present.cli.render_spans import (
+    _count,
+    _short_id,
+    context_text,
+    span_table,
+    summary_table,
+)
+from phaseprobe.present.cli.span_args import age, spans_from_arg
 from phaseprobe.present.cli.waiting import waiting
 from phaseprobe.records import RequestSpan
 
 if TYPE_CHECKING:
     from phaseprobe.analysis.pd.spans import PdSpanRecord
-    from phaseprobe.collect.spans.source import SpanAggregate
     from phaseprobe.collect.spans.stats import SpanStatsView, StatsRequest
 
 __all__ = [
     "register",
     "run",
-    "span_table",
     "pd_table",
-    "summary_table",
     "stats_parts",
     "stats_request",
-    "age",
-    "spans_from_arg",
 ]
 
 
@@ -173,32 +175,6 @@ def register(subparsers: Any) -> None:
         help="then shrink the file (VACUUM; not while a watch writes to it)",
     )
     store_and_json_args(prune)
-
-
-# The oldest cut-off an age may set: the cut-off is now - age in ns, an SQLite INTEGER, and
-# 99999999999w was an OverflowError there ("Python int too large to convert to SQLite INTEGER")
-MAX_AGE_S = 100 * 365.25 * 24 * 3600
-
-
-def age(text: str) -> float:
-    """An argparse type: ``7d``, ``12h``, ``30m``, ``90s`` or seconds, at most 100 years."""
-    from phaseprobe.collect.spans.retention import parse_age
-
-    try:
-        seconds = parse_age(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if seconds > MAX_AGE_S:
-        raise argparse.ArgumentTypeError(f"{text!r} is more than 100 years ago: give a shorter age")
-    return seconds
-
-
-def spans_from_arg(p: Any) -> None:
-    """``--spans-from URL`` on a parser or group (every command that reads spans takes it
-    the same way)."""
-    from phaseprobe.collect.spans.source import SPANS_FROM_HELP
-
-    p.add_argument("--spans-from", default=None, metavar="URL", help=SPANS_FROM_HELP)
 
 
 def run(args: argparse.Namespace, out: Console, err: Console) -> int:
@@ -601,81 +577,6 @@ def pd_table(records: Sequence[PdSpanRecord], title: str) -> Table:
     return table
 
 
-def span_table(spans: list[RequestSpan], title: str) -> Table:
-    table = Table(
-        title=title,
-        caption="times in ms; other = e2e − (queue + prefill + decode): "
-        "HTTP, tokenization, delivery (never prefill)",
-    )
-    columns = (
-        "request",
-        "e2e ms",
-        "queue ms",
-        "prefill ms",
-        "decode ms",
-        "other ms",
-        "TTFT ms",
-        "TPOT ms",
-        "in tok",
-        "out tok",
-    )
-    # narrow terminals: the caption says "times in ms", so the headers need not
-    fit_hints(table, short={c: c.removesuffix(" ms") for c in columns if c.endswith(" ms")})
-    for col in columns:
-        table.add_column(col, justify="left" if col == "request" else "right", no_wrap=True)
-    for s in spans:
-        table.add_row(
-            escape(_short_id(s.request_id)),
-            ms(s.e2e_s),
-            ms(s.queue_s, 2),
-            ms(s.prefill_s),
-            ms(s.decode_s),
-            ms(_other_s(s)),
-            ms(s.ttft_s),
-            ms(s.tpot_s, 2),
-            _count(s.prompt_tokens),
-            _count(s.completion_tokens),
-        )
-    return table
-
-
-def summary_table(summary: SpanAggregate, by: str = "replica") -> Table:
-    """Per replica (or per model or service: ``by``; then all): requests, their share and
-    p50/p99 of each phase, as the store computed them."""
-    table = Table(
-        title=f"per {by}, {summary.total.requests} request(s) ({escape(summary.where)})",
-        caption="p50 / p99 in ms; TPOT = decode / (output tokens − 1)"
-        + (
-            " · quantiles from a sketch (see the note)"
-            if summary.quantile_method != "exact"
-            else ""
-        ),
-    )
-    table.add_column(by, no_wrap=True)
-    table.add_column("requests", justify="right")
-    table.add_column("share", justify="right")
-    names = {
-        "queue_s": "queue",
-        "prefill_s": "prefill",
-        "decode_s": "decode",
-        "ttft_s": "TTFT",
-        "tpot_s": "TPOT",
-        "e2e_s": "e2e",
-    }
-    for label in names.values():
-        table.add_column(label, justify="right", no_wrap=True)
-    total = summary.total.requests
-    for g in (*summary.replicas, summary.total):
-        share = f"{g.requests / total:.0%}" if total else "—"
-        table.add_row(
-            escape(g.replica),
-            str(g.requests),
-            share,
-            *(f"{ms(g.phases[p].p50_s, 2)} / {ms(g.phases[p].p99_s, 2)}" for p in names),
-        )
-    return table
-
-
 def _show(
     span: RequestSpan,
     attributes: dict[str, Any],
@@ -705,45 +606,3 @@ def _show(
     if context is not None:
         out.print(f"shared the engine with: {escape(context_text(context))}", highlight=False)
     return 0
-
-
-def context_text(context: Any) -> str:
-    """One line on what a request shared the engine with (an OverlapContext)."""
-    d = context.to_dict()
-    parts = []
-    for phase in ("prefill", "decode"):
-        q, p, dd = (
-            d.get(f"{what}_during_{phase}_mean_reqs")
-            for what in ("queued", "prefilling", "decoding")
-        )
-        if q is None and p is None and dd is None:
-            continue
-        parts.append(
-            f"during its {phase}, on average {_num(q)} other(s) queued, {_num(p)} "
-            f"in prefill, {_num(dd)} decoding"
-        )
-    tokens = d.get("prefill_tokens_during_decode")
-    if tokens:
-        parts.append(f"{tokens:.0f} prompt tokens of other requests prefilled during its decode")
-    return "; ".join(parts) or "nothing (no phase windows)"
-
-
-def _other_s(s: RequestSpan) -> float | None:
-    if s.e2e_s is None or None in (s.queue_s, s.prefill_s, s.decode_s):
-        return None
-    return max(0.0, s.e2e_s - (s.queue_s or 0) - (s.prefill_s or 0) - (s.decode_s or 0))
-
-
-def _short_id(rid: str | None, width: int = 28) -> str:
-    if rid is None:
-        return "—"
-    half = (width - 4) // 2
-    return rid if len(rid) <= width else rid[:half] + "…" + rid[-half:]
-
-
-def _count(v: int | None) -> str:
-    return "—" if v is None else str(v)
-
-
-def _num(v: float | None) -> str:
-    return "—" if v is None else f"{v:.1f}"

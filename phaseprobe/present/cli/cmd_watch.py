@@ -67,11 +67,12 @@ from phaseprobe.present.cli.args import (
     stall_args,
     store_and_json_args,
 )
-from phaseprobe.present.cli.cmd_spans import age, span_table, spans_from_arg, summary_table
 from phaseprobe.present.cli.console import ms
 from phaseprobe.present.cli.render_preemption import watch_json as preemption_json
 from phaseprobe.present.cli.render_preemption import watch_lines as preemption_lines
+from phaseprobe.present.cli.render_spans import span_table, summary_table
 from phaseprobe.present.cli.render_stall import stall_lines
+from phaseprobe.present.cli.span_args import age, spans_from_arg
 from phaseprobe.present.cli.watch_fleet import fleet_json, fleet_parts, kv_path_json, kv_path_lines
 
 if TYPE_CHECKING:  # imported where used: a command's --help must not load them
