@@ -21,7 +21,8 @@ from phaseprobe.errors import (
     PrometheusUnreachable,
     PromQLError,
 )
-from phaseprobe.present.cli.cmd_query import cmd_query, parse_time, register
+from phaseprobe.present.cli.cmd_query import cmd_query, register
+from phaseprobe.present.cli.time_arg import parse_time
 from phaseprobe.sources.prometheus import PHASE_QUERIES, PrometheusClient, phase_means
 from phaseprobe.sources.query_catalog import load_catalog
 from phaseprobe.testing.prometheus_server import PrometheusServer, scrape_config

@@ -278,7 +278,7 @@ def _import(args: argparse.Namespace, out: Console, err: Console) -> int:
             raise ConfigError("give either FILE or --dcgm, not both")
         if not args.prom:
             raise ConfigError("--dcgm needs --prom URL")
-        from phaseprobe.present.cli.cmd_query import parse_time
+        from phaseprobe.present.cli.time_arg import parse_time
 
         start, end = parse_time(args.start), parse_time(args.end)
         if end <= start:
