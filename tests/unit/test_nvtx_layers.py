@@ -18,7 +18,7 @@ from phaseprobe.analysis.rules.layers import layer_time
 from phaseprobe.analysis.trace import summary as trace_summary
 from phaseprobe.analysis.trace.nvtx_layers import layer_kind, module_path
 from phaseprobe.collect import trace_files
-from phaseprobe.present.cli.cmd_trace import render
+from phaseprobe.present.cli.render_trace import render
 from phaseprobe.sources.nsys.export import read_nsys
 from tests.vllm_layerwise_export import MARKERS, build_export
 

@@ -436,7 +436,6 @@ def _render(out: Console, outcome: ProbeOutcome) -> None:
 
 def _render_report(out: Console, report: SessionReport, runs: Sequence[Run]) -> None:
     """What the session measured beside one server's runs."""
-    from phaseprobe.present.cli.cmd_trace import render as render_trace
     from phaseprobe.present.cli.console import (
         prompt_sources_line,
         render_efficiency,
@@ -444,6 +443,7 @@ def _render_report(out: Console, report: SessionReport, runs: Sequence[Run]) -> 
         render_work,
     )
     from phaseprobe.present.cli.render_spans import context_text
+    from phaseprobe.present.cli.render_trace import render as render_trace
 
     for seq, ctx in report.shared.items():
         out.print(
