@@ -33,7 +33,7 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from rich.console import Console
 from rich.markup import escape
@@ -322,7 +322,11 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
                 raise ConfigError(f"{path} holds no experiment (run `phaseprobe probe` first)")
         evidence, sources = build_evidence(store, exp_id, opts)
     return _emit(
-        lambda: run_checklist(evidence, only=args.rule, sources=sources), opts.notes, args, out, err
+        lambda: run_checklist(evidence, only=args.rule, sources=sources),
+        opts.notes,
+        output_choice(args),
+        out,
+        err,
     )
 
 
@@ -380,16 +384,30 @@ def run_live(args: argparse.Namespace, out: Console, err: Console) -> int:
     return _emit(
         lambda: run_live_checklist(evidence, only=args.rule, sources=sources),
         opts.notes,
-        args,
+        output_choice(args),
         out,
         err,
     )
 
 
+# How the report is printed: chosen from the flags once, in the command, and passed down (the
+# renderer used to reread the flags: issue 43 item 6).
+Output = Literal["text", "json", "markdown"]
+
+
+def output_choice(args: argparse.Namespace) -> Output:
+    """``--json`` or ``--markdown`` (one group: at most one is given), else text."""
+    if args.json:
+        return "json"
+    if args.markdown:
+        return "markdown"
+    return "text"
+
+
 def _emit(
     run_rules: Callable[[], Report],
     notes: list[str],
-    args: argparse.Namespace,
+    output: Output,
     out: Console,
     err: Console,
 ) -> int:
@@ -399,11 +417,11 @@ def _emit(
     for note in notes:
         err.print(f"[yellow]note:[/yellow] {escape(note)}")
     report = run_rules()
-    if args.json:
+    if output == "json":
         doc = report.to_dict()
         doc["notes"] = list(notes)
         out.out(jsonout.dumps(doc), highlight=False)
-    elif args.markdown:
+    elif output == "markdown":
         out.out(render_markdown(report), highlight=False)
     else:
         render_text(out, report)
