@@ -36,6 +36,23 @@ def test_a_plateau_below_what_the_probes_sent_is_the_limit() -> None:
     assert budget.value == 512 and "split into steps of at most 512 tokens" in budget.source
 
 
+def test_a_batch_that_only_touches_its_most_is_no_ceiling() -> None:
+    # as on the real CPU vLLM at load 20 (limit 128): 12 streams reached the engine at most 9
+    # at a time, the batch wandering below; read as a ceiling, the fit's limit was 9
+    wandering = [_step(i, 0, 0, (6, 7, 8, 9, 8, 7, 9, 8)[i % 8]) for i in range(200)]
+    got = infer_batch_limits(wandering, most_streams=12, longest_prompt=32)["max_num_seqs"]
+    assert (got.value, got.most_seen) == (None, 9)
+    assert "at least 9" in got.source and "not pinned there: 1 steps in a row" in got.source
+    # pinned, but only briefly: a short run at the top is no plateau either
+    brief = [*(_step(i, 0, 0, 6) for i in range(40)), *(_step(40 + i, 0, 0, 8) for i in range(5))]
+    assert (
+        infer_batch_limits(brief, most_streams=12, longest_prompt=32)["max_num_seqs"].value is None
+    )
+    data = FitData(steps=wandering, clients=CLIENTS)
+    limits, sources = _limits(LimitsGiven(), data, launched=False, platform_kind="cpu")
+    assert limits.max_num_seqs == 128 and "assumed" in sources["max_num_seqs"]
+
+
 def test_limits_the_probes_never_reached_are_only_lower_bounds() -> None:
     steps = [_step(0, 1, 300, 0), *(_step(1 + i, 0, 0, 4) for i in range(5))]
     got = infer_batch_limits(steps, most_streams=4, longest_prompt=300)

@@ -6,8 +6,12 @@ it came from).
 every engine step from vLLM's step log. The scheduler's two batch limits show as ceilings there:
 
 - **max_num_seqs**: the most requests one step ran (prefilling + decoding). When the probes had
-  more streams in flight than that at once, the batch plateaued: the limit *is* that number.
-  When they never had more, it is only a lower bound (the probes did not reach the limit).
+  more streams in flight than that, and the batch sat *pinned* at that number (a long run of
+  consecutive steps at exactly it, and most of the busy steps at it), the limit *is* that
+  number: requests waited for a slot. A batch that only touched its most now and then is no
+  ceiling: on a starved 2-core box the API server fed 12 streams to the engine at most 9 at a
+  time against a limit of 128, and it is only a lower bound then, as when the probes never
+  sent more.
 - **max_num_batched_tokens** (the token budget): the most tokens one step scheduled. When a
   prompt longer than that was sent, chunked prefill split it at the budget: the limit is that
   number (it was reached at least twice, or it is not called a plateau). Otherwise a lower bound.
@@ -23,7 +27,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-__all__ = ["InferredLimit", "infer_batch_limits"]
+__all__ = ["InferredLimit", "infer_batch_limits", "PINNED_STEPS"]
+
+# A scheduler ceiling holds the batch at exactly the limit step after step while requests wait
+# (a finished request's slot is refilled in the same step); these many consecutive steps at the
+# most seen, with at least PINNED_SHARE of the busy steps (a batch of half the most or more) at
+# it, tell a ceiling from the peak of a batch that wanders below the streams sent.
+PINNED_STEPS = 20
+PINNED_SHARE = 0.5
 
 
 class _Step(Protocol):
@@ -66,13 +77,31 @@ def infer_batch_limits(
     tokens = [s.prefill_tokens + s.decode_tokens for s in steps]
     most_seqs, most_tokens = max(seqs), max(tokens)
     out: dict[str, InferredLimit] = {}
-    if most_seqs < most_streams:
+    run = longest = 0
+    for n in seqs:
+        run = run + 1 if n == most_seqs else 0
+        longest = max(longest, run)
+    busy = [n for n in seqs if 2 * n >= most_seqs]
+    share = sum(1 for n in busy if n == most_seqs) / len(busy)
+    pinned = longest >= PINNED_STEPS and share >= PINNED_SHARE
+    if most_seqs < most_streams and pinned:
         out["max_num_seqs"] = InferredLimit(
             "max_num_seqs",
             most_seqs,
             most_seqs,
             f"inferred: the step log's batch plateaued at {most_seqs} requests while the "
-            f"probes had {most_streams} in flight",
+            f"probes had {most_streams} in flight ({longest} steps in a row at it, "
+            f"{share:.0%} of the busy steps)",
+        )
+    elif most_seqs < most_streams:
+        out["max_num_seqs"] = InferredLimit(
+            "max_num_seqs",
+            None,
+            most_seqs,
+            f"at least {most_seqs} (the most one step ran while the probes had {most_streams} "
+            f"in flight, but not pinned there: {longest} steps in a row at it, {share:.0%} of "
+            f"the busy steps; a slow client or API server, not a scheduler ceiling, can keep a "
+            "batch below the streams sent)",
         )
     else:
         out["max_num_seqs"] = InferredLimit(
