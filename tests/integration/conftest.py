@@ -27,7 +27,8 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +45,29 @@ from phaseprobe.local.server import tracing_launch
 from phaseprobe.sources.vllm.step_log import STEP_LOG_FLAG
 
 ENDPOINT_ENV = "PHASEPROBE_TEST_ENDPOINT"
+
+# The servers this conftest starts once per session. A module none of whose tests asks for one
+# starts only servers of its own; it is marked ``own_servers``, and tests/run_all.sh runs those
+# modules in a second pytest process beside the first (one process per module set, so a
+# module's own server is started once and the session's servers are never started twice).
+SESSION_SERVERS = frozenset(
+    {"local_vllm", "local_fleet", "local_pd", "local_pd_broken", "span_target",
+     "lent_span_port", "router_factory"}
+)  # fmt: skip
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    shared: dict[Path, bool] = {}
+    for item in items:
+        module = Path(str(item.path))
+        if module.parent != here:
+            continue
+        uses = SESSION_SERVERS.intersection(getattr(item, "fixturenames", ()))
+        shared[module] = shared.get(module, False) or bool(uses)
+    for item in items:
+        if shared.get(Path(str(item.path))) is False:
+            item.add_marker(pytest.mark.own_servers)
 
 
 @dataclass(frozen=True)
@@ -111,22 +135,18 @@ def lent_span_port(span_target: SpanTarget | None, local_vllm: VllmTarget) -> It
         receiver.start()
 
 
-@pytest.fixture(scope="session")
-def local_vllm(span_target: SpanTarget | None) -> Iterator[VllmTarget]:
-    endpoint = os.environ.get(ENDPOINT_ENV)
-    if endpoint:
-        yield _external(endpoint)
-        return
-    install(progress=_progress)
-    model_dir = ensure_model(progress=_progress)
-    # Tracing on, as `probe` and `watch --demo` run the local vLLM: its spans go to the
-    # session's receiver (vLLM's cost per span is tens of µs: research/vllm_otlp.md).
-    trace_args, trace_env = tracing_launch(span_target.receiver.grpc_url if span_target else None)
-    # and its step log, which `model fit` reads (one line per engine step)
-    server = LocalVllm(model_dir, extra_args=[*trace_args, STEP_LOG_FLAG], extra_env=trace_env)
-    started = time.monotonic()
+@contextmanager
+def own_vllm(
+    model_dir: Path,
+    what: str,
+    extra_args: Sequence[str] = (),
+    extra_env: Mapping[str, str] | None = None,
+) -> Iterator[VllmTarget]:
+    """A local vLLM started for a fixture, handed out as a :class:`VllmTarget`, stopped at the
+    end, and then checked: a process of its group still alive fails the test run (a server
+    left behind would take the next one's memory and cores)."""
+    server = LocalVllm(model_dir, extra_args=extra_args, extra_env=extra_env)
     server.start()
-    _progress(f"vLLM healthy at {server.base_url} after {time.monotonic() - started:.1f} s")
     pid = server.pid
     try:
         yield VllmTarget(
@@ -139,7 +159,25 @@ def local_vllm(span_target: SpanTarget | None) -> Iterator[VllmTarget]:
     finally:
         server.stop()
     if process_group_alive(pid):
-        pytest.fail(f"processes of vLLM (process group {pid}) survived stop()")
+        pytest.fail(f"processes of {what} (process group {pid}) survived stop()")
+
+
+@pytest.fixture(scope="session")
+def local_vllm(span_target: SpanTarget | None) -> Iterator[VllmTarget]:
+    endpoint = os.environ.get(ENDPOINT_ENV)
+    if endpoint:
+        yield _external(endpoint)
+        return
+    install(progress=_progress)
+    model_dir = ensure_model(progress=_progress)
+    # Tracing on, as `probe` and `watch --demo` run the local vLLM: its spans go to the
+    # session's receiver (vLLM's cost per span is tens of µs: research/vllm_otlp.md).
+    trace_args, trace_env = tracing_launch(span_target.receiver.grpc_url if span_target else None)
+    # and its step log, which `model fit` reads (one line per engine step)
+    started = time.monotonic()
+    with own_vllm(model_dir, "vLLM", [*trace_args, STEP_LOG_FLAG], trace_env) as target:
+        _progress(f"vLLM healthy at {target.base_url} after {time.monotonic() - started:.1f} s")
+        yield target
 
 
 @dataclass(frozen=True)

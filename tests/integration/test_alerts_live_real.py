@@ -10,9 +10,10 @@ webhook here.
 * the EngineCore process SIGSTOPped with a request running (its API server still answers):
   check --live fails with an evidence bundle holding the EngineCore's stack, and
   VllmEngineStalled goes pending → firing → delivered through Alertmanager to the webhook;
-* a load above what 4 sequences serve: VllmQueueGrowing fires;
-* the two-replica fleet with one replica slowed (duty-cycle SIGSTOP): VllmStragglerReplica
-  fires for that replica and not the other.
+* a load above what 4 sequences serve: VllmQueueGrowing fires.
+
+The straggler alert, on the session's two-replica fleet, is in test_alerts_fleet_real.py: this
+module starts only its own server, so tests/run_all.sh runs it beside the session's modules.
 
 One server for the module (its own: the session's has the default token budget, whose
 prefills take one step), started only when these tests run.
@@ -353,40 +354,3 @@ def _open_streams(
 
     while not stop.wait(1 / rate_per_s):
         threading.Thread(target=one, daemon=True).start()
-
-
-def test_a_slowed_replica_fires_the_straggler_alert_for_it_alone(
-    local_fleet, tmp_path: Path
-) -> None:
-    rules = tmp_path / "rules.yml"
-    built = subprocess.run(
-        [sys.executable, "-m", "phaseprobe", "alerts", "build", "--out", str(rules)],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert built.returncode == 0, built.stderr
-    rules = compress_rules(rules, tmp_path / "compressed.yml", COMPRESS)
-    slow = local_fleet.replicas["r2"].removeprefix("http://")
-    fast = local_fleet.replicas["r1"].removeprefix("http://")
-    body = {"model": local_fleet.model, "prompt": "hi", "max_tokens": 24, "ignore_eos": True}
-    stop, answered = threading.Event(), []
-    states: dict[str, list[str]] = {slow: [], fast: []}
-    with (
-        PrometheusServer(list(local_fleet.replicas.values()), rule_files=[rules]) as prom,
-        Throttle(local_fleet.replica_pids["r2"], stopped_fraction=0.8) as throttle,
-    ):
-        feeder = threading.Thread(
-            target=_load, args=(local_fleet.router_url, body, 4.0, stop, answered)
-        )
-        feeder.start()
-        try:
-            deadline = time.monotonic() + 150
-            while "firing" not in states[slow] and time.monotonic() < deadline:
-                for instance in states:
-                    states[instance] += _states(prom.url, "VllmStragglerReplica", instance=instance)
-                time.sleep(1.0)
-        finally:
-            stop.set()
-            feeder.join()
-    figures = (states, throttle.measured_fraction, answered.count(200), len(answered))
-    assert "firing" in states[slow], figures
-    assert states[fast] == [], figures

@@ -33,15 +33,14 @@ from phaseprobe.analysis.rules.base import Evidence
 from phaseprobe.analysis.rules.lora import adapter_thrash
 from phaseprobe.collect.experiment import run_probe
 from phaseprobe.collect.run_loop import ProbeSettings
-from phaseprobe.local import LocalVllm, ensure_model, install
-from phaseprobe.local.process import process_group_alive
+from phaseprobe.local import ensure_model, install
 from phaseprobe.local.tiny_lora import lora_modules_args, make_adapters
 from phaseprobe.present.cli import main
 from phaseprobe.records import RunSpec
 from phaseprobe.sources.vllm.metrics import parse_exposition
 from phaseprobe.sources.vllm.openai_stream import StreamClient, build_body
 from phaseprobe.store import Store
-from tests.integration.conftest import ENDPOINT_ENV, VllmTarget
+from tests.integration.conftest import ENDPOINT_ENV, VllmTarget, own_vllm
 
 pytestmark = pytest.mark.integration
 
@@ -55,21 +54,8 @@ def lora_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmTarget]:
     install()
     base = ensure_model()
     made = make_adapters(base, tmp_path_factory.mktemp("lora"), ADAPTERS)
-    server = LocalVllm(base, extra_args=lora_modules_args(made, max_loras=1))
-    server.start()
-    pid = server.pid
-    try:
-        yield VllmTarget(
-            base_url=server.base_url,
-            model=server.model,
-            log_path=server.log_path,
-            pid=pid,
-            startup_seconds=server.startup_seconds,
-        )
-    finally:
-        server.stop()
-    if process_group_alive(pid):
-        pytest.fail(f"processes of the LoRA vLLM (process group {pid}) survived stop()")
+    with own_vllm(base, "the LoRA vLLM", lora_modules_args(made, max_loras=1)) as target:
+        yield target
 
 
 def _spec(target: VllmTarget) -> RunSpec:

@@ -23,9 +23,10 @@ from pathlib import Path
 import pytest
 import requests
 
-from phaseprobe.local import LocalVllm, ensure_model, install
+from phaseprobe.local import ensure_model, install
 from phaseprobe.local.process import free_port
 from phaseprobe.sources.vllm.metrics import MetricsScraper
+from tests.integration.conftest import own_vllm
 
 pytestmark = pytest.mark.integration
 
@@ -45,12 +46,10 @@ class Server:
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
     install()
-    vllm = LocalVllm(
-        ensure_model(),
-        extra_args=["--kv-cache-memory-bytes", KV_BYTES, "--max-model-len", "512",
-                    "--max-num-seqs", str(BURST)],
-    )  # fmt: skip
-    with vllm:
+    small_kv = ["--kv-cache-memory-bytes", KV_BYTES, "--max-model-len", "512",
+                "--max-num-seqs", str(BURST)]  # fmt: skip
+    with own_vllm(ensure_model(), "the small-KV vLLM", small_kv) as vllm:
+        assert vllm.log_path is not None
         yield Server(vllm.base_url, vllm.model, vllm.log_path)
 
 
@@ -154,8 +153,12 @@ def test_watch_and_check_live_count_vllms_own_preemptions(server: Server, tmp_pa
     print("watch:", w["said"])
     assert w["preemptions"] == vllm_count and w["finished"] == BURST
     assert w["reason"] is None and "no preemption reason" in w["reason_note"]
-    assert w["kv_usage_max"] > 0.5 and w["intervals_with_preemptions"] >= 1
+    assert w["intervals_with_preemptions"] >= 1
+    # KV usage as the watch's scrapes read it around the preemptions and over the window: in
+    # use, a fraction. No fixed floor: a preemption frees the preempted request's blocks, and a
+    # scrape seconds later read 46.7 % on a busy box
     assert w["kv_usage_at_preemptions"] is not None
+    assert 0.0 < w["kv_usage_at_preemptions"] <= 1.0 and 0.0 < w["kv_usage_max"] <= 1.0, w
     assert w["requests_preempted_twice_or_more"] == rep_after - rep_before
 
     assert check.returncode in (0, 1), c_err[-3000:]

@@ -28,13 +28,12 @@ import requests
 
 from phaseprobe.collect.experiment import run_probe
 from phaseprobe.collect.run_loop import ProbeSettings
-from phaseprobe.local import LocalVllm, ensure_model, install
-from phaseprobe.local.process import process_group_alive
+from phaseprobe.local import ensure_model, install
 from phaseprobe.local.venv import default_venv_dir, venv_python
 from phaseprobe.records import RunSpec
 from phaseprobe.sources.vllm.openai_stream import StreamClient, build_body
 from phaseprobe.store import Store
-from tests.integration.conftest import ENDPOINT_ENV, VllmTarget
+from tests.integration.conftest import ENDPOINT_ENV, VllmTarget, own_vllm
 
 pytestmark = pytest.mark.integration
 
@@ -60,24 +59,9 @@ def reasoning_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmTar
     )
     assert made.returncode == 0, made.stderr[-2000:]
     assert json.loads(made.stdout.strip().splitlines()[-1]) == {"<think>": 2048, "</think>": 2049}
-    server = LocalVllm(
-        model_dir,
-        extra_args=["--reasoning-parser", "deepseek_r1", "--speculative-config", NGRAM],
-    )
-    server.start()
-    pid = server.pid
-    try:
-        yield VllmTarget(
-            base_url=server.base_url,
-            model=server.model,
-            log_path=server.log_path,
-            pid=pid,
-            startup_seconds=server.startup_seconds,
-        )
-    finally:
-        server.stop()
-    if process_group_alive(pid):
-        pytest.fail(f"processes of the reasoning vLLM (process group {pid}) survived stop()")
+    reasoning_args = ["--reasoning-parser", "deepseek_r1", "--speculative-config", NGRAM]
+    with own_vllm(model_dir, "the reasoning vLLM", reasoning_args) as target:
+        yield target
 
 
 def _accepted(target: VllmTarget) -> float:
