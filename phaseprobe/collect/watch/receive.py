@@ -40,7 +40,7 @@ from phaseprobe.redact import redact_url
 if TYPE_CHECKING:
     from phaseprobe.analysis.spans.context import InterferenceEstimate
     from phaseprobe.collect.open_loop import OpenLoopLoad
-    from phaseprobe.sources.vllm.otlp_spans import SpanBatch
+    from phaseprobe.sources.vllm.otlp_fields import SpanBatch
 
 __all__ = ["ReceiveWatch", "WatchTick", "WatchResult"]
 
