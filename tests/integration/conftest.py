@@ -47,9 +47,9 @@ from phaseprobe.sources.vllm.step_log import STEP_LOG_FLAG
 ENDPOINT_ENV = "PHASEPROBE_TEST_ENDPOINT"
 
 # The servers this conftest starts once per session. A module none of whose tests asks for one
-# starts only servers of its own; it is marked ``own_servers``, and tests/run_all.sh runs those
-# modules in a second pytest process beside the first (one process per module set, so a
-# module's own server is started once and the session's servers are never started twice).
+# starts only servers of its own; it is marked ``own_servers``, so those modules can run in a
+# second pytest process beside the others without a server started twice (CONTRIBUTING.md says
+# why tests/run_all.sh does not do so yet).
 SESSION_SERVERS = frozenset(
     {"local_vllm", "local_fleet", "local_pd", "local_pd_broken", "span_target",
      "lent_span_port", "router_factory"}
