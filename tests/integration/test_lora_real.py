@@ -162,11 +162,12 @@ def test_probe_cli_json_gives_phases_per_adapter_and_the_load_cost(
 
 def _at_once(
     target: VllmTarget, models: list[str], max_tokens: int
-) -> tuple[list[tuple[int, int]], list[tuple[tuple[str, ...], float]]]:
+) -> tuple[list[tuple[int, int]], list[tuple[tuple[str, ...], float, float]]]:
     """Send one request per model at the same moment; each one's first and last token event
     (wall ns, as the client stamped them), and what vLLM said meanwhile: the adapters in flight
-    (``vllm:lora_requests_info``) and the requests deferred
-    (``num_requests_waiting_by_reason{reason="deferred"}``), per scrape."""
+    (``vllm:lora_requests_info``), the requests deferred
+    (``num_requests_waiting_by_reason{reason="deferred"}``) and the requests running, per
+    scrape."""
     spans: list[tuple[int, int] | None] = [None] * len(models)
     bodies = [
         build_body(model=m, prompt=f"{i} {time.time_ns()} " * 20, max_tokens=max_tokens,
@@ -188,13 +189,14 @@ def _at_once(
     for t in threads:
         t.start()
     start.wait()
-    seen: list[tuple[tuple[str, ...], float]] = []
+    seen: list[tuple[tuple[str, ...], float, float]] = []
     deadline = time.monotonic() + 120
     while any(t.is_alive() for t in threads) and time.monotonic() < deadline:
         snap = parse_exposition(requests.get(f"{target.base_url}/metrics", timeout=30).text)
         state = lora_state(snap)
         waiting = snap.by_label("requests_waiting_by_reason", "reason") or {}
-        seen.append((state.in_flight if state else (), waiting.get("deferred", 0.0)))
+        running = snap.value("requests_running") or 0.0
+        seen.append((state.in_flight if state else (), waiting.get("deferred", 0.0), running))
         time.sleep(0.02)
     for t in threads:
         t.join(timeout=5)
@@ -203,23 +205,29 @@ def _at_once(
 
 
 def test_more_adapters_at_once_than_slots_wait_for_the_slot(lora_vllm: VllmTarget) -> None:
-    """Three requests at once on three adapters with one slot run one adapter at a time: each
-    one's first token comes after the one before's last, so its TTFT holds their decode. The
-    same three on one adapter share a batch: they decode together. Judged on the order of the
-    token stamps, not on durations, so this shared machine's load cannot turn it around."""
+    """Three requests at once on three adapters with one slot run one adapter at a time: vLLM
+    defers the others and never runs two at once. The same three on one adapter share a batch:
+    vLLM runs them together (at least two at once: a starved client thread may send its request
+    late) and defers none. Judged on vLLM's own gauges scraped during
+    each burst, not on the client's token stamps: on a loaded machine a starved client thread
+    reads a whole stream from its socket at once (one CI run stamped 64 events within 0.3 ms,
+    850 ms after vLLM sent the first), so stamps can show an overlap that did not happen, or
+    hide one that did."""
     same, seen_same = _at_once(lora_vllm, ["ad-a"] * 3, 64)
     mixed, seen_mixed = _at_once(lora_vllm, list(ADAPTERS), 64)
     t0 = min(s[0] for s in mixed)
     print("mixed burst, first/last token ms after the first:", [
         (round((a - t0) / 1e6), round((b - t0) / 1e6)) for a, b in mixed
     ])  # fmt: skip
-    # one adapter: every request decodes while the others do
-    assert max(a for a, _ in same) < min(b for _, b in same), same
-    # three adapters, one slot: no overlap (50 ms for the client threads' stamping order)
-    for (_, last), (first, _) in zip(mixed, mixed[1:]):
-        assert first > last - 50_000_000, mixed
-    # vLLM deferred requests for want of the slot, and only then; its LoRA gauge showed one
-    # adapter in flight at a time: the deferred ones are not tracked until scheduled
-    assert max(d for _, d in seen_mixed) >= 1 and max(d for _, d in seen_same) == 0
-    assert max(len(a) for a, _ in seen_mixed) <= 1, seen_mixed
-    assert {a for names, _ in seen_mixed for a in names} <= set(ADAPTERS)
+    print("scrapes (in flight, deferred, running): same", seen_same[:: max(1, len(seen_same) // 8)])
+    print("mixed", seen_mixed[:: max(1, len(seen_mixed) // 8)])
+    # one adapter: vLLM ran them together, and deferred none
+    assert max(r for _, _, r in seen_same) >= 2, seen_same
+    assert max(d for _, d, _ in seen_same) == 0, seen_same
+    # three adapters, one slot: vLLM deferred requests for want of the slot and never ran two
+    # at once; its LoRA gauge showed one adapter in flight at a time (the deferred ones are not
+    # tracked until scheduled)
+    assert max(d for _, d, _ in seen_mixed) >= 1, seen_mixed
+    assert max(r for _, _, r in seen_mixed) == 1, seen_mixed
+    assert max(len(a) for a, _, _ in seen_mixed) <= 1, seen_mixed
+    assert {a for names, _, _ in seen_mixed for a in names} <= set(ADAPTERS)
