@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -51,6 +52,75 @@ def test_within_the_range_nothing_is_flagged_and_an_unknown_context_is_not_check
     assert inside == []
     no_ctx = {k: v for k, v in RANGE.items() if k != "max_context_tokens"}
     assert extrapolations(no_ctx, longest_prompt=1, longest_output=1, busiest=[(1, 1, 10**9)]) == []
+
+
+# Each check's whole output pinned (issue 43 item 4 turned the four checks into one table:
+# these held before and after): each quantity alone and all four, the lowest rate first,
+# at or below the range, a range without a key or with a string, no lengths, no rates.
+_CTX_TEXT = (
+    "from {} req/s a step holds up to {} tokens of KV context, the fit's steps held up to {}"
+)
+PINNED = [
+    (
+        (RANGE, 1024, 256, [(3.0, 40, 9000), (1.0, 13, 1400), (2.0, 20, 1600)]),
+        [
+            ("prompt_tokens", 1024, 768, None, "prompts up to 1024 tokens, the fit saw up to 768"),
+            (
+                "output_tokens",
+                256,
+                32,
+                None,
+                "outputs up to 256 tokens, the fit's decodes ran to 32",
+            ),
+            (
+                "decode_batch",
+                13,
+                12,
+                1.0,
+                "from 1 req/s steps decode up to 13 sequences at once, the fit probed up to 12",
+            ),
+            ("kv_context_tokens", 1600, 1500, 2.0, _CTX_TEXT.format(2, 1600, 1500)),
+        ],
+    ),
+    (
+        (RANGE, 769, 32, [(0.5, 12, 1499)]),
+        [("prompt_tokens", 769, 768, None, "prompts up to 769 tokens, the fit saw up to 768")],
+    ),
+    (
+        (RANGE, None, 33, [(1 / 3, 11, 1501), (0.25, 2, 100)]),
+        [
+            ("output_tokens", 33, 32, None, "outputs up to 33 tokens, the fit's decodes ran to 32"),
+            ("kv_context_tokens", 1501, 1500, 1 / 3, _CTX_TEXT.format(0.333, 1501, 1500)),
+        ],
+    ),
+    (
+        (
+            {"max_concurrency": "12", "max_prompt_tokens": None},
+            10**6,
+            0,
+            [(2, 13, 10**9), (1, 12, 10**9)],
+        ),
+        [
+            (
+                "decode_batch",
+                13,
+                12,
+                2,
+                "from 2 req/s steps decode up to 13 sequences at once, the fit probed up to 12",
+            )
+        ],
+    ),
+    (({}, 10**6, 10**6, [(1.0, 10**6, 10**9)]), []),
+    ((RANGE, 0, None, []), []),
+]
+
+
+@pytest.mark.parametrize(("given", "expected"), PINNED)
+def test_every_check_says_the_same_as_before(given: tuple[Any, ...], expected: list[Any]) -> None:
+    fitted, prompt, output, busiest = given
+    got = extrapolations(fitted, longest_prompt=prompt, longest_output=output, busiest=busiest)
+    keys = ("what", "value", "fitted_max", "at_rate", "text")
+    assert [e.to_dict() for e in got] == [dict(zip(keys, row, strict=True)) for row in expected]
 
 
 def test_the_fitted_context_comes_from_the_range_the_step_log_or_the_probes() -> None:
