@@ -71,6 +71,35 @@ def fitted_max_context(
     return max(logged, probed)
 
 
+# Each check: what it names, the fit's key it is held against, and its sentence ({value}: the
+# predicted, {fitted}: the fit's largest, {rate}: where it was reached). The first two are the
+# workload's own lengths; the last two are per simulated step, read at each rate.
+_CHECKS = (
+    (
+        "prompt_tokens",
+        "max_prompt_tokens",
+        "prompts up to {value} tokens, the fit saw up to {fitted}",
+    ),
+    (
+        "output_tokens",
+        "max_output_tokens",
+        "outputs up to {value} tokens, the fit's decodes ran to {fitted}",
+    ),
+    (
+        "decode_batch",
+        "max_concurrency",
+        "from {rate:.3g} req/s steps decode up to {value} sequences at once, the fit "
+        "probed up to {fitted}",
+    ),
+    (
+        "kv_context_tokens",
+        "max_context_tokens",
+        "from {rate:.3g} req/s a step holds up to {value} tokens of KV context, the "
+        "fit's steps held up to {fitted}",
+    ),
+)
+
+
 def extrapolations(
     fitted_range: Mapping[str, Any],
     *,
@@ -81,56 +110,21 @@ def extrapolations(
     """What in a prediction lies beyond ``fitted_range``. ``busiest``: for each rate simulated
     (the fleet's rate, req/s), the most sequences one step decoded and the most KV context one
     step held; each quantity is reported once, at the lowest rate that leaves the range."""
-    out: list[Extrapolation] = []
-    probed_prompt = int(fitted_range.get("max_prompt_tokens") or 0)
-    if longest_prompt and probed_prompt and longest_prompt > probed_prompt:
-        out.append(
-            Extrapolation(
-                "prompt_tokens",
-                longest_prompt,
-                probed_prompt,
-                None,
-                f"prompts up to {longest_prompt} tokens, the fit saw up to {probed_prompt}",
-            )
-        )
-    probed_output = int(fitted_range.get("max_output_tokens") or 0)
-    if longest_output and probed_output and longest_output > probed_output:
-        out.append(
-            Extrapolation(
-                "output_tokens",
-                longest_output,
-                probed_output,
-                None,
-                f"outputs up to {longest_output} tokens, the fit's decodes ran to {probed_output}",
-            )
-        )
     rows = sorted(busiest)
-    probed_batch = int(fitted_range.get("max_concurrency") or 0)
-    over = [(r, b) for r, b, _ in rows if probed_batch and b > probed_batch]
-    if over:
-        rate, batch = over[0]
-        out.append(
-            Extrapolation(
-                "decode_batch",
-                batch,
-                probed_batch,
-                rate,
-                f"from {rate:.3g} req/s steps decode up to {batch} sequences at once, the fit "
-                f"probed up to {probed_batch}",
-            )
-        )
-    probed_ctx = int(fitted_range.get("max_context_tokens") or 0)
-    over_ctx = [(r, c) for r, _, c in rows if probed_ctx and c > probed_ctx]
-    if over_ctx:
-        rate, ctx = over_ctx[0]
-        out.append(
-            Extrapolation(
-                "kv_context_tokens",
-                ctx,
-                probed_ctx,
-                rate,
-                f"from {rate:.3g} req/s a step holds up to {ctx} tokens of KV context, the "
-                f"fit's steps held up to {probed_ctx}",
-            )
-        )
+    # (rate, value) pairs of each quantity, lowest rate first (None: not per rate; a length
+    # not given or 0 is not checked)
+    seen: dict[str, list[tuple[float | None, int]]] = {
+        "prompt_tokens": [(None, longest_prompt)] if longest_prompt else [],
+        "output_tokens": [(None, longest_output)] if longest_output else [],
+        "decode_batch": [(r, b) for r, b, _ in rows],
+        "kv_context_tokens": [(r, c) for r, _, c in rows],
+    }
+    out: list[Extrapolation] = []
+    for what, key, text in _CHECKS:
+        fitted = int(fitted_range.get(key) or 0)  # 0: the fit does not say, nothing to check
+        over = [(rate, value) for rate, value in seen[what] if fitted and value > fitted]
+        if over:
+            rate, value = over[0]
+            said = text.format(value=value, fitted=fitted, rate=rate)
+            out.append(Extrapolation(what, value, fitted, rate, said))
     return out
