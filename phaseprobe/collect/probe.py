@@ -138,6 +138,21 @@ class ProbeRequest:
             deadline_s=self.deadline_s,
         )
 
+    def settings(self, span_wait_s: float | None) -> ProbeSettings:
+        """How the runs are measured, once the session knows how long to await the spans
+        (``span_wait_s``, None: no spans). A pair's probe reads the same settings; it has no
+        adapters (refused with a pair) and reads no per-request metrics object."""
+        return ProbeSettings(
+            runs=self.runs,
+            warmup=self.warmup,
+            pause_s=self.pause_s,
+            name=self.name,
+            span_wait_s=span_wait_s,
+            response_metrics=self.response_metrics,
+            adapters=self.adapters,
+            adapter_block=self.adapter_block,
+        )
+
     def run_spec(self, endpoint: str, model: str) -> RunSpec:
         """What every run asks of the server, once the session knows the endpoint and model
         (``prompt``, or a unique prompt of ``prompt_tokens`` per run)."""
@@ -227,21 +242,11 @@ def _run_one(request: ProbeRequest, notices: Notices, progress: ProgressHook) ->
 
     with Session(request.session_options(), notices) as session:
         spec = request.run_spec(session.endpoint, session.model)
-        settings = ProbeSettings(
-            runs=request.runs,
-            warmup=request.warmup,
-            pause_s=request.pause_s,
-            name=request.name,
-            span_wait_s=session.span_wait_s,
-            response_metrics=request.response_metrics,
-            adapters=request.adapters,
-            adapter_block=request.adapter_block,
-        )
         try:
             result = run_probe(
                 spec,
                 session.store,
-                settings=settings,
+                settings=request.settings(session.span_wait_s),
                 api_key=session.api_key,
                 progress=progress,
                 timeout_s=request.timeout_s,
@@ -285,18 +290,11 @@ def _run_pair(
     )
     with Session(options, notices) as session:
         spec = request.run_spec(session.endpoint, session.model)
-        settings = ProbeSettings(
-            runs=request.runs,
-            warmup=request.warmup,
-            pause_s=request.pause_s,
-            name=request.name,
-            span_wait_s=session.span_wait_s,
-        )
         result = run_pd_probe(
             spec,
             session.store,
             pair,
-            settings=settings,
+            settings=request.settings(session.span_wait_s),
             api_key=session.api_key,
             progress=progress,
             timeout_s=request.timeout_s,

@@ -10,6 +10,7 @@ from phaseprobe.analysis.phases import summarize
 from phaseprobe.collect.experiment import ProbeResult
 from phaseprobe.collect.pd.topology import PdTopology
 from phaseprobe.collect.probe import ProbeOutcome, ProbeRequest
+from phaseprobe.collect.run_loop import ProbeSettings
 from phaseprobe.collect.session import SessionReport
 from phaseprobe.errors import ConfigError
 from phaseprobe.present.cli.cmd_probe import probe_request
@@ -158,6 +159,34 @@ def test_the_run_spec_asks_for_a_unique_prompt_unless_one_is_given(tmp_path):
     assert sized.prompt_tokens_target == 16
     fixed = ProbeRequest(store_path=store, prompt="hi").run_spec("http://h:1", "m")
     assert fixed.prompt_tokens_target is None and fixed.prompt == "hi"
+
+
+def test_the_settings_are_the_requests_with_the_sessions_span_wait(tmp_path):
+    """One place builds the runs' settings, for one server and for a pair (issue 43 item 1)."""
+    request = ProbeRequest(
+        store_path=str(tmp_path / "s.sqlite"),
+        endpoint="http://h:1",
+        runs=3,
+        warmup=2,
+        pause_s=0.5,
+        name="n",
+        response_metrics="on",
+        adapters=("a", "b"),
+        adapter_block=4,
+    )
+    assert request.settings(7.5) == ProbeSettings(
+        runs=3,
+        warmup=2,
+        pause_s=0.5,
+        name="n",
+        span_wait_s=7.5,
+        response_metrics="on",
+        adapters=("a", "b"),
+        adapter_block=4,
+    )
+    assert request.settings(None).span_wait_s is None
+    # what the settings do not take from the request keeps ProbeSettings' defaults
+    assert ProbeRequest(store_path=str(tmp_path / "s.sqlite")).settings(None) == ProbeSettings()
 
 
 def _outcome(**kwargs):
