@@ -45,8 +45,8 @@ endpoint = "{url_b}"
 @pytest.fixture
 def servers() -> Iterator[tuple[SseServer, SseServer]]:
     with (
-        SseServer(Script(n_tokens=8, gap_s=0.006)) as a,
-        SseServer(Script(n_tokens=8, gap_s=0.003)) as b,
+        SseServer(Script(n_tokens=8, gap_s=0.03)) as a,
+        SseServer(Script(n_tokens=8, gap_s=0.015)) as b,
     ):
         yield a, b
 

@@ -365,16 +365,17 @@ def test_live_options_are_checked(tmp_path):
     assert code == 0 and "vllm-doctor: replica imbalance" in out
 
 
-def stored_spans(path, counts: dict[str, int], *, end_in_s: float = 0.9) -> None:
+def stored_spans(path, counts: dict[str, int], *, end_in_s: float = 0.9, first_id: int = 0) -> None:
     """Spans that end ``end_in_s`` from now: inside a 1 s window that starts after at most
-    that much setup (the window ends at least 1 s after it starts)."""
+    that much setup (the window ends at least 1 s after it starts). Their ids count from
+    ``first_id`` + 1."""
     import time
 
     from phaseprobe.records import RequestSpan
     from phaseprobe.store import Store
 
     end = time.time_ns() + round(end_in_s * 1e9)
-    spans, i = [], 0
+    spans, i = [], first_id
     for instance, n in counts.items():
         for _ in range(n):
             i += 1
@@ -402,13 +403,30 @@ def stored_spans(path, counts: dict[str, int], *, end_in_s: float = 0.9) -> None
         store.add_spans(spans, [{} for _ in spans])
 
 
+def _spans_once_scraped(replica: FakeReplica, store, counts: dict[str, int]) -> None:
+    """Store spans ending 0.2 s after ``replica``'s first scrape (the window's start)."""
+    import time
+
+    deadline = time.monotonic() + 30
+    while replica.scrapes < 1 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    stored_spans(store, counts, end_in_s=0.2)
+
+
 def test_fleet_with_spans_runs_the_span_rules(replicas, tmp_path):
     router = FakeReplica(per_scrape=0, running=0, router=True)
     busy = FakeReplica(per_scrape=40, running=8.0)
     idle = FakeReplica(per_scrape=2, running=0.5)
     replicas.extend([router, busy, idle])
     store = tmp_path / "s.sqlite"
-    stored_spans(store, {"r1": 40, "r2": 2})
+    # A receiver is at work (the check reads spans when one received lately): one span of r1,
+    # received now, that ended a minute before the window
+    stored_spans(store, {"r1": 1}, end_in_s=-60, first_id=1000)
+    # The spans are written once the window has begun (the busy replica's first scrape), so
+    # they end inside it however long the check took to start: written beforehand to end
+    # 0.9 s later, they fell before the window on a loaded machine.
+    writer = threading.Thread(target=_spans_once_scraped, args=(busy, store, {"r1": 40, "r2": 2}))
+    writer.start()
     code, out, err = run_check(
         [
             "--live",
@@ -427,6 +445,7 @@ def test_fleet_with_spans_runs_the_span_rules(replicas, tmp_path):
             str(store),
         ]
     )
+    writer.join()
     by = verdicts(out)
     assert code == 1
     traffic = by["live_replica_traffic"]

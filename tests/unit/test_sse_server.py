@@ -177,13 +177,14 @@ def test_error_status_answers_vllm_json() -> None:
 
 
 def timing_problems(
-    script: Script, check: Callable[[RequestRecord, list[int]], list[str]], attempts: int = 3
+    script: Script, check: Callable[[RequestRecord, list[int]], list[str]], attempts: int = 8
 ) -> list[str]:
     """Run ``script`` up to ``attempts`` times; the problems of the last try, [] once one passes.
 
     Wall-clock tolerances meet a shared 2-core machine here: a single descheduling can make one
-    stream miss by milliseconds. A real fault (drift, a fixed offset, slow writes) fails every
-    attempt, so retrying keeps the bound tight without making the test flaky.
+    stream miss by milliseconds, and beside the integration servers at load 20+ three tries in a
+    row did. A real fault (drift, a fixed offset, slow writes) fails every attempt, so retrying
+    keeps the bound tight without making the test flaky; a passing try costs under 0.5 s.
     """
     problems: list[str] = []
     for _ in range(attempts):
