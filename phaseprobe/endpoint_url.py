@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from urllib.parse import SplitResult, urlsplit, urlunsplit
+from urllib.parse import SplitResult, parse_qsl, urlencode, urlsplit, urlunsplit
 
 from phaseprobe.errors import ConfigError
-from phaseprobe.redact import redact_url, register_url_secrets
+from phaseprobe.redact import REDACTED, redact_url, register_url_secrets
 
 __all__ = ["EndpointUrl", "UrlError", "SCHEMES", "EXAMPLE", "host_of", "host_port_of"]
 
@@ -75,9 +75,7 @@ class EndpointUrl:
                 shown,
             )
         if "?" in rest or "#" in rest:
-            # shown without its query and fragment: a value whose name does not look secret
-            # may be one all the same
-            bare = _without_query(text)
+            bare = _values_hidden(text)
             raise UrlError(
                 f"{what} {bare!r}: a base URL takes no ?query or #fragment; {query_hint}", bare
             )
@@ -144,13 +142,28 @@ class EndpointUrl:
         return parts.username is not None or parts.password is not None
 
 
-def _without_query(text: str) -> str:
-    """``text`` redacted, without its query and fragment (and the ``?`` or ``#``)."""
+def _values_hidden(text: str) -> str:
+    """``text`` redacted, every query and fragment value shown as ``<redacted>`` whatever its
+    name (a token under a harmless name is a token all the same); the names stay, to say
+    which part to move out of the URL."""
     try:
         parts = urlsplit(text)
-        return redact_url(urlunsplit((parts.scheme, parts.netloc, parts.path, "", "")))
+        hidden = urlunsplit(
+            (parts.scheme, parts.netloc, parts.path, _hide(parts.query), _hide(parts.fragment))
+        )
     except ValueError:
-        return redact_url(text.split("?", 1)[0].split("#", 1)[0])
+        hidden = text.split("?", 1)[0].split("#", 1)[0]
+    return redact_url(hidden)
+
+
+def _hide(pairs: str) -> str:
+    """A query or fragment with every value replaced by REDACTED (one REDACTED when it is no
+    list of name=value pairs)."""
+    if "=" not in pairs:
+        return REDACTED if pairs else ""
+    return urlencode(
+        [(k, REDACTED) for k, _ in parse_qsl(pairs, keep_blank_values=True)], safe="<>"
+    )
 
 
 def host_of(endpoint: str) -> str | None:

@@ -24,9 +24,10 @@ from urllib.parse import urlsplit
 import requests
 import urllib3
 
-from phaseprobe.errors import ConfigError, EndpointUnreachable
+from phaseprobe.endpoint_url import EndpointUrl
+from phaseprobe.errors import EndpointUnreachable
 from phaseprobe.records import ClientTimeline, ResponseTimings
-from phaseprobe.redact import redact_url, register_secret, register_url_secrets
+from phaseprobe.redact import redact_url, register_secret
 from phaseprobe.sources.http_deadline import (
     AnswerTooLarge,
     bounded_request,
@@ -205,49 +206,16 @@ def normalize_base_url(url: str) -> str:
     """The server's base URL as phaseprobe appends paths to it: ``host:8000`` and
     ``http://host:8000/v1/`` both become ``http://host:8000``. What newcomers type (the
     OpenAI client's ``base_url`` ends in ``/v1``; a bare host has no scheme) would otherwise
-    end in ``…/v1/v1/models (HTTP 404)`` or requests' "No connection adapters"."""
-    text = url.strip()
-    register_url_secrets(text)  # a password echoed back by a server is masked too
-    shown = redact_url(text)  # messages never echo a credential typed into the URL
-    scheme, sep, rest = text.partition("://")
-    if not sep:
-        scheme, rest = "http", text  # host:port, as vLLM's own log prints it
-    if scheme.lower() not in ("http", "https"):
-        raise ConfigError(
-            f"endpoint {shown!r}: the scheme must be http:// or https://, e.g. "
-            f"http://127.0.0.1:8000"
+    end in ``…/v1/v1/models (HTTP 404)`` or requests' "No connection adapters". The rules are
+    :meth:`EndpointUrl.parse`'s; a refusal is its UrlError (a ConfigError)."""
+    return str(
+        EndpointUrl.parse(
+            url,
+            what="endpoint",
+            query_hint="pass an API key through the environment (--api-key-env VAR)",
+            drop_suffix="/v1",
         )
-    if "?" in rest or "#" in rest:
-        # paths are appended to the base URL: a query would end up before /v1/models, and
-        # query tokens would be echoed by every connection error
-        raise ConfigError(
-            f"endpoint {shown!r}: a base URL takes no ?query or #fragment; "
-            f"pass an API key through the environment (--api-key-env VAR)"
-        )
-    rest = rest.rstrip("/")
-    if rest.endswith("/v1"):
-        rest = rest[:-3].rstrip("/")
-    if not rest or rest.startswith("/"):
-        raise ConfigError(
-            f"endpoint {shown!r} names no host: type it as http://HOST:PORT, "
-            f"e.g. http://127.0.0.1:8000"
-        )
-    base = f"{scheme.lower()}://{rest}"
-    try:
-        # parsed once here: a malformed IPv6 host ("[oops]") or port raised urllib's
-        # ValueError wherever the URL was split later (a replica's name: a traceback). The
-        # redacted form is parsed: a raw password holding '/' ends urlsplit's authority early
-        # (its start would be read as a port, and quoted in the message).
-        parts = urlsplit(redact_url(base))
-        parts.port  # noqa: B018 - a port that is not a number (or past 65535) raises here
-    except ValueError as exc:
-        raise ConfigError(
-            f"endpoint {shown!r}: not a URL ({exc}); type it as http://HOST:PORT, "
-            f"e.g. http://127.0.0.1:8000 or http://[::1]:8000"
-        ) from None
-    if not parts.hostname:
-        raise ConfigError(f"endpoint {shown!r} names no host: type it as http://HOST:PORT")
-    return base
+    )
 
 
 # /v1/models is kept with each experiment: a server answering megabytes (or thousands of
