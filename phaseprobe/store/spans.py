@@ -327,16 +327,12 @@ class SpanStore(Db):
     def _finished(
         self, order: str, since_ns: int | None, until_ns: int | None, limit: int | None = None
     ) -> list[RequestSpan]:
+        from phaseprobe.sources.span_stores.sqlite_window import finished_window
+
         if not self._has("request_spans"):
             return []
-        clauses, params = [_TIMED], []
-        if until_ns is not None:  # start <= end <= until: a range read of the start index
-            clauses += ["start_ns <= ?", "end_ns <= ?"]
-            params += [int(until_ns), int(until_ns)]
-        if since_ns is not None:
-            clauses.append("end_ns > ?")
-            params.append(int(since_ns))
-        sql = f"SELECT * FROM request_spans WHERE {' AND '.join(clauses)} ORDER BY {order}"
+        where, params = finished_window(_TIMED, since_ns, until_ns)
+        sql = f"SELECT * FROM request_spans WHERE {where} ORDER BY {order}"
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
         return [_span_from_row(r) for r in self._db.execute(sql, params)]

@@ -45,6 +45,7 @@ from phaseprobe.sources.span_stores.quantile_sketch import (
     LogHistogram,
     quantile_method_note,
 )
+from phaseprobe.sources.span_stores.sqlite_window import finished_window
 
 __all__ = ["summarize_request_spans", "CHUNK_ROWS"]
 
@@ -232,14 +233,8 @@ def summarize_request_spans(
     store turns it into a StoreError."""
     if by not in GROUP_BY:
         raise ValueError(f"by must be one of {', '.join(GROUP_BY)}, not {by!r}")
-    clauses, params = [timed], []
-    if until_ns is not None:  # start <= end <= until: a range read of the start index
-        clauses += ["start_ns <= ?", "end_ns <= ?"]
-        params += [int(until_ns), int(until_ns)]
-    if since_ns is not None:
-        clauses.append("end_ns > ?")
-        params.append(int(since_ns))
-    window = f"FROM request_spans WHERE {' AND '.join(clauses)}"
+    condition, params = finished_window(timed, since_ns, until_ns)
+    window = f"FROM request_spans WHERE {condition}"
     in_txn = db.in_transaction
     if not in_txn:  # both statements read one snapshot: a receiver may commit between them
         db.execute("BEGIN")
