@@ -30,7 +30,7 @@ from phaseprobe.collect.prom_query import (
 from phaseprobe.errors import ConfigError, EmptyResult
 from phaseprobe.present.cli import jsonout
 from phaseprobe.present.cli.args import seconds
-from phaseprobe.present.cli.time_arg import MAX_UNIX_S, _duration_s, _number, parse_time
+from phaseprobe.present.cli.time_arg import MAX_UNIX_S, duration_s, number, parse_time
 from phaseprobe.present.grafana.lint import deployment_group
 
 __all__ = ["register", "cmd_query", "run"]
@@ -51,10 +51,10 @@ def _step_s(text: str) -> float:
     """A range query's step (a duration such as 15s or 1m, or seconds) in seconds: finite,
     at least a millisecond, at most the span Prometheus can hold; checked before any request
     (0, -1, nan or 1e400 would otherwise be sent as they are)."""
-    value = _number(text)
+    value = number(text)
     if value is None:
         try:
-            value = _duration_s(text.strip())
+            value = duration_s(text.strip())
         except ConfigError:
             raise ConfigError(
                 f"--step: {text!r} is not a duration (e.g. 15s, 1m) or seconds"

@@ -38,9 +38,9 @@ from phaseprobe.present.cli import jsonout
 from phaseprobe.present.cli.args import float_in, int_in, store_and_json_args
 from phaseprobe.present.cli.console import ms, print_schema_note
 from phaseprobe.present.cli.render_spans import (
-    _count,
-    _short_id,
     context_text,
+    count,
+    short_id,
     span_table,
     summary_table,
 )
@@ -508,7 +508,7 @@ def _pd(args: argparse.Namespace, path: Path, out: Console, err: Console) -> int
         out.print(f"[yellow]not joined:[/] {len(groups)} {title}, {n} span(s)")
         for u in groups[:10]:
             out.print(
-                f"  {escape(_short_id(u.key))} ({u.by}; instances "
+                f"  {escape(short_id(u.key))} ({u.by}; instances "
                 f"{escape(', '.join(i or '?' for i in u.instances))}): {escape(u.reason)}",
                 highlight=False,
             )
@@ -561,7 +561,7 @@ def pd_table(records: Sequence[PdSpanRecord], title: str) -> Table:
             else r.prefill_pre_engine_s + r.prefill_return_s
         )
         table.add_row(
-            escape(_short_id(r.key, 20)),
+            escape(short_id(r.key, 20)),
             escape(f"{r.prefill.instance or '?'} → {r.decode.instance or '?'}"),
             ms(r.ttft_s),
             ms(other, 2),
@@ -572,7 +572,7 @@ def pd_table(records: Sequence[PdSpanRecord], title: str) -> Table:
             ms(r.decode_prompt_s),
             ms(r.decode_s),
             ms(r.e2e_s),
-            _count(r.decode.completion_tokens),
+            count(r.decode.completion_tokens),
         )
     return table
 

@@ -17,7 +17,7 @@ from phaseprobe.records import RequestSpan
 if TYPE_CHECKING:
     from phaseprobe.collect.spans.source import SpanAggregate
 
-__all__ = ["span_table", "summary_table", "context_text"]
+__all__ = ["span_table", "summary_table", "context_text", "count", "short_id"]
 
 
 def span_table(spans: list[RequestSpan], title: str) -> Table:
@@ -44,7 +44,7 @@ def span_table(spans: list[RequestSpan], title: str) -> Table:
         table.add_column(col, justify="left" if col == "request" else "right", no_wrap=True)
     for s in spans:
         table.add_row(
-            escape(_short_id(s.request_id)),
+            escape(short_id(s.request_id)),
             ms(s.e2e_s),
             ms(s.queue_s, 2),
             ms(s.prefill_s),
@@ -52,8 +52,8 @@ def span_table(spans: list[RequestSpan], title: str) -> Table:
             ms(_other_s(s)),
             ms(s.ttft_s),
             ms(s.tpot_s, 2),
-            _count(s.prompt_tokens),
-            _count(s.completion_tokens),
+            count(s.prompt_tokens),
+            count(s.completion_tokens),
         )
     return table
 
@@ -122,14 +122,16 @@ def _other_s(s: RequestSpan) -> float | None:
     return max(0.0, s.e2e_s - (s.queue_s or 0) - (s.prefill_s or 0) - (s.decode_s or 0))
 
 
-def _short_id(rid: str | None, width: int = 28) -> str:
+def short_id(rid: str | None, width: int = 28) -> str:
+    """A request id cut to ``width`` characters around an ellipsis (``—`` for none)."""
     if rid is None:
         return "—"
     half = (width - 4) // 2
     return rid if len(rid) <= width else rid[:half] + "…" + rid[-half:]
 
 
-def _count(v: int | None) -> str:
+def count(v: int | None) -> str:
+    """A token count as a cell (``—`` for none)."""
     return "—" if v is None else str(v)
 
 

@@ -11,14 +11,16 @@ from datetime import UTC, datetime
 
 from phaseprobe.errors import ConfigError
 
-__all__ = ["MAX_UNIX_S", "parse_time"]
+__all__ = ["MAX_UNIX_S", "duration_s", "number", "parse_time"]
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
 _SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 _RELATIVE = re.compile(r"now(?:([-+])((?:\d+(?:\.\d+)?(?:ms|s|m|h|d|w))+))?")
 
 
-def _duration_s(text: str) -> float:
+def duration_s(text: str) -> float:
+    """Seconds in a Prometheus duration such as ``30s``, ``5m`` or ``1h30m``; raises
+    ConfigError for anything else."""
     if not re.fullmatch(r"(?:\d+(?:\.\d+)?(?:ms|s|m|h|d|w))+", text):
         raise ConfigError(f"{text!r} is not a duration (e.g. 30s, 5m, 1h30m)")
     return sum(float(n) * _SECONDS[u] for n, u in _DURATION.findall(text))
@@ -35,9 +37,9 @@ def parse_time(text: str, now: float | None = None) -> float:
     relative = _RELATIVE.fullmatch(text)
     if relative:
         sign, span = relative.groups()
-        offset = _duration_s(span) if span else 0.0
+        offset = duration_s(span) if span else 0.0
         return now - offset if sign == "-" else now + offset
-    value = _number(text)
+    value = number(text)
     if value is None:
         try:
             moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
@@ -56,7 +58,7 @@ def parse_time(text: str, now: float | None = None) -> float:
     return value
 
 
-def _number(text: str) -> float | None:
+def number(text: str) -> float | None:
     """``text`` as a plain number (unix seconds, or seconds), or None: it is something else."""
     try:
         return float(text)

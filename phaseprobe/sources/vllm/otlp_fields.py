@@ -20,7 +20,13 @@ from phaseprobe.records import CountedSpan, RequestSpan
 if TYPE_CHECKING:  # protobuf and the OTLP classes load when a payload is decoded, not before
     from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
-__all__ = ["ATTRIBUTE_ALIASES", "MAX_ATTRIBUTES_STORED", "SpanBatch", "VLLM_SPAN_NAME"]
+__all__ = [
+    "ATTRIBUTE_ALIASES",
+    "FIELD_OF",
+    "MAX_ATTRIBUTES_STORED",
+    "SpanBatch",
+    "VLLM_SPAN_NAME",
+]
 
 VLLM_SPAN_NAME = "llm_request"
 
@@ -98,7 +104,7 @@ def _timestamp_problem(start_ns: int, end_ns: int) -> str | None:
 
 
 # attribute name -> (field, rank): the lower rank wins when several aliases are present.
-_FIELD_OF: dict[str, tuple[str, int]] = {
+FIELD_OF: dict[str, tuple[str, int]] = {
     key: (name, rank) for name, keys in ATTRIBUTE_ALIASES.items() for rank, key in enumerate(keys)
 }
 _INT64 = 2**63  # SQLite's integers are signed 64-bit

@@ -28,12 +28,12 @@ from typing import Any
 
 from phaseprobe.records import RequestSpan
 from phaseprobe.sources.vllm.otlp_fields import (
-    _FIELD_OF,
     _INT64,
     _INT_FIELDS,
     _LATENCY_PREFIX,
     _MAX_DURATION_S,
     _TEXT_FIELDS,
+    FIELD_OF,
     VLLM_SPAN_NAME,
     SpanBatch,
     _attributes,
@@ -125,7 +125,7 @@ def _head(kv: bytes) -> tuple[_Head, int]:
         key = kv[pos:key_end].decode()
     except UnicodeDecodeError:
         raise _Unhandled from None
-    field, rank = _FIELD_OF.get(key, ("", 0))
+    field, rank = FIELD_OF.get(key, ("", 0))
     if not field:
         how = _AS_EXTRA
     elif tag == _DOUBLE_TAG and field not in _INT_FIELDS and field not in _TEXT_FIELDS:

@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Any
 from phaseprobe.errors import OtlpError
 from phaseprobe.records import RequestSpan
 from phaseprobe.sources.vllm.otlp_fields import (
-    _FIELD_OF,
     _INT64,
     _INT_FIELDS,
     _LATENCY_PREFIX,
@@ -37,6 +36,7 @@ from phaseprobe.sources.vllm.otlp_fields import (
     _SCALARS,
     _TEXT_FIELDS,
     ATTRIBUTE_ALIASES,
+    FIELD_OF,
     VLLM_SPAN_NAME,
     SpanBatch,
     _attributes,
@@ -237,7 +237,7 @@ def _read_attributes(span: Span) -> tuple[dict[str, Any], dict[str, Any], bool]:
         raw = getattr(v, kind) if kind in _SCALARS else _value(v)
         if not is_request and key.startswith(_LATENCY_PREFIX):
             is_request = True
-        hit = _FIELD_OF.get(key)
+        hit = FIELD_OF.get(key)
         if hit is None:
             extra[key] = raw
             continue
@@ -405,7 +405,7 @@ def decode_plain(doc: dict[str, Any]) -> SpanBatch | None:
 def _decode_plain(doc: dict[str, Any]) -> SpanBatch:
     batch = SpanBatch()
     requests, attributes, seen = batch.requests, batch.attributes, batch.seen
-    field_of, latency, span_name = _FIELD_OF, _LATENCY_PREFIX, VLLM_SPAN_NAME
+    field_of, latency, span_name = FIELD_OF, _LATENCY_PREFIX, VLLM_SPAN_NAME
     text_fields, int_fields, top, int64 = _TEXT_FIELDS, _INT_FIELDS, _MAX_DURATION_S, _INT64
     empty = dict.fromkeys(ATTRIBUTE_ALIASES)
     for rs in _plain_list(_plain_dict(doc, frozenset(("resourceSpans",))).get("resourceSpans", [])):
