@@ -26,7 +26,7 @@ from phaseprobe.redact import REDACTED, redact_url, register_url_secrets
 __all__ = ["EndpointUrl", "UrlError", "SCHEMES", "EXAMPLE", "host_of", "host_port_of"]
 
 SCHEMES = ("http", "https")
-EXAMPLE = "http://127.0.0.1:8000"  # what every refusal suggests typing
+EXAMPLE = "http://127.0.0.1:8000"  # what a refusal suggests typing (vLLM's port)
 _QUERY_HINT = "pass a credential through the environment"
 
 
@@ -57,11 +57,13 @@ class EndpointUrl:
         what: str = "endpoint",
         query_hint: str = _QUERY_HINT,
         drop_suffix: str | None = None,
+        example: str = EXAMPLE,
     ) -> EndpointUrl:
         """``text`` as a base URL: stripped, the scheme lowercased (http when none is typed),
         no trailing ``/`` (nor ``drop_suffix``, e.g. ``/v1``, the OpenAI client's base URL
         ends in it). ``what`` names the URL in the refusal (``endpoint``, ``Prometheus
-        URL``), ``query_hint`` says how to pass the credential a query would carry. Raises
+        URL``), ``query_hint`` says how to pass the credential a query would carry, ``example``
+        is what a refusal suggests typing (the server's usual port). Raises
         UrlError (a ConfigError) when a rule of the module's docstring is broken."""
         text = text.strip()
         register_url_secrets(text)  # a password echoed back by a server is masked too
@@ -71,7 +73,7 @@ class EndpointUrl:
             scheme, rest = "http", text
         if scheme.lower() not in SCHEMES:
             raise UrlError(
-                f"{what} {shown!r}: the scheme must be http:// or https://, e.g. {EXAMPLE}",
+                f"{what} {shown!r}: the scheme must be http:// or https://, e.g. {example}",
                 shown,
             )
         if "?" in rest or "#" in rest:
@@ -84,7 +86,7 @@ class EndpointUrl:
             rest = rest[: -len(drop_suffix)].rstrip("/")
         if not rest or rest.startswith("/"):
             raise UrlError(
-                f"{what} {shown!r} names no host: type it as http://HOST:PORT, e.g. {EXAMPLE}",
+                f"{what} {shown!r} names no host: type it as http://HOST:PORT, e.g. {example}",
                 shown,
             )
         url = f"{scheme.lower()}://{rest}"
@@ -99,7 +101,7 @@ class EndpointUrl:
         except ValueError as exc:
             raise UrlError(
                 f"{what} {shown!r}: not a URL ({exc}); type it as http://HOST:PORT, "
-                f"e.g. {EXAMPLE} or http://[::1]:8000",
+                f"e.g. {example} (an IPv6 address in brackets: http://[::1]:PORT)",
                 shown,
             ) from None
         if not parts.hostname:

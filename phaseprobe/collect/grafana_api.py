@@ -22,10 +22,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 import requests
 
+from phaseprobe.endpoint_url import EndpointUrl
 from phaseprobe.errors import (
     ConfigError,
     GrafanaApiError,
@@ -36,9 +36,8 @@ from phaseprobe.errors import (
     GrafanaUnreachable,
 )
 from phaseprobe.inputs import DASHBOARD_CAP
-from phaseprobe.redact import header_secret_problem, redact_url, register_secret
+from phaseprobe.redact import header_secret_problem, register_secret
 from phaseprobe.sources.http_deadline import AnswerTooLarge, bounded_request, mount_deadlines
-from phaseprobe.sources.prometheus import check_base_url
 
 __all__ = [
     "DEFAULT_TOKEN_ENV",
@@ -88,9 +87,15 @@ class GrafanaClient:
         verify: bool | str = True,
         token_env: str = DEFAULT_TOKEN_ENV,
     ) -> None:
-        self.url = check_base_url(url, "Grafana URL", f"put the token in ${token_env}")
-        self.display_url = redact_url(self.url)
-        if urlsplit(self.url).username is not None or urlsplit(self.url).password is not None:
+        base = EndpointUrl.parse(
+            url,
+            what="Grafana URL",
+            query_hint=f"put the token in ${token_env}",
+            example="http://127.0.0.1:3000",
+        )
+        self.url = str(base)
+        self.display_url = base.redacted
+        if base.has_userinfo:
             # requests turns user:password@ into Basic auth, which replaces the bearer token
             raise ConfigError(
                 f"Grafana URL {self.display_url!r}: user:password@ in the URL "

@@ -23,11 +23,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import requests
 from urllib3.util.retry import Retry
 
+from phaseprobe.endpoint_url import EndpointUrl
 from phaseprobe.errors import (
     ConfigError,
     EmptyResult,
@@ -37,16 +37,13 @@ from phaseprobe.errors import (
 )
 from phaseprobe.redact import (
     header_secret_problem,
-    redact_url,
     register_secret,
-    register_url_secrets,
 )
 from phaseprobe.sources.http_deadline import AnswerTooLarge, mount_deadlines, within
 from phaseprobe.sources.query_catalog import Query, bare_selector, load_catalog, resolve_names
 
 __all__ = [
     "DEFAULT_TOKEN_ENV",
-    "check_base_url",
     "PHASE_QUERIES",
     "NamedResult",
     "PrometheusClient",
@@ -151,19 +148,6 @@ def _series(result: Any) -> list[Series]:
     ]
 
 
-def check_base_url(url: str, what: str, hint: str) -> str:
-    """``url`` (without a trailing /) when it is a base URL paths can be appended to: no
-    ``?query`` or ``#fragment`` (``/?access_token=T`` + ``/api/v1/…`` is a broken path, and the
-    query would be echoed by every error). The message shows the URL without its query,
-    fragment or credentials; ``hint`` says how to pass a credential instead."""
-    register_url_secrets(url)
-    parts = urlsplit(url.strip())
-    if parts.query or parts.fragment or "?" in url or "#" in url:
-        shown = redact_url(urlunsplit((parts.scheme, parts.netloc, parts.path, "", "")))
-        raise ConfigError(f"{what} {shown!r}: a base URL takes no ?query or #fragment; {hint}")
-    return url.strip().rstrip("/")
-
-
 class PrometheusClient:
     """A Prometheus HTTP API client. ``session`` and ``environ`` are injectable for tests."""
 
@@ -178,13 +162,15 @@ class PrometheusClient:
         session: requests.Session | None = None,
         environ: Mapping[str, str] = os.environ,
     ) -> None:
-        self.url = check_base_url(
+        base = EndpointUrl.parse(
             url,
-            "Prometheus URL",
-            "pass a bearer token through the "
+            what="Prometheus URL",
+            query_hint="pass a bearer token through the "
             f"environment (${token_env or DEFAULT_TOKEN_ENV}, --token-env)",
+            example="http://127.0.0.1:9090",
         )
-        self.shown_url = redact_url(self.url)
+        self.url = str(base)
+        self.shown_url = base.redacted
         self.timeout_s = timeout_s
         self.token_env = token_env
         token = environ.get(token_env) if token_env else None

@@ -217,10 +217,20 @@ def test_connection_refused_names_the_url_without_credentials():
     assert TOKEN not in message
 
 
-@pytest.mark.parametrize("url", ["grafana:3000", "ftp://grafana", "http://"])
-def test_unusable_url_is_a_config_error(url):
-    with pytest.raises(ConfigError, match="not a usable Grafana URL"):
-        import_dashboard(GrafanaClient(url, TOKEN), SHIPPED)
+@pytest.mark.parametrize(
+    "url, says",
+    [("ftp://grafana", "the scheme must be http:// or https://"), ("http://", "names no host")],
+)
+def test_unusable_url_is_a_config_error_before_any_request(url, says):
+    # Issue 43 item 9: the endpoint's rules (EndpointUrl), when the client is made; these
+    # were refused at the first request before ("not a usable Grafana URL")
+    with pytest.raises(ConfigError, match=f"^Grafana URL {url!r}:? {says}.*127.0.0.1:3000"):
+        GrafanaClient(url, TOKEN)
+
+
+def test_a_bare_host_and_port_is_read_as_http():
+    # as the endpoint's: grafana:3000 is what people type (it was an unusable URL)
+    assert GrafanaClient("grafana:3000/", TOKEN).url == "http://grafana:3000"
 
 
 def test_token_comes_from_the_environment_only_by_name():
