@@ -23,9 +23,20 @@ if TYPE_CHECKING:  # protobuf and the OTLP classes load when a payload is decode
 __all__ = [
     "ATTRIBUTE_ALIASES",
     "FIELD_OF",
+    "INT64",
+    "INT_FIELDS",
+    "LATENCY_PREFIX",
     "MAX_ATTRIBUTES_STORED",
+    "MAX_DURATION_S",
+    "SCALARS",
+    "TEXT_FIELDS",
     "SpanBatch",
     "VLLM_SPAN_NAME",
+    "attribute_dict",
+    "attribute_value",
+    "bounded_attributes",
+    "capped_text",
+    "timestamp_problem",
 ]
 
 VLLM_SPAN_NAME = "llm_request"
@@ -51,9 +62,9 @@ ATTRIBUTE_ALIASES: dict[str, tuple[str, ...]] = {
     "model": ("gen_ai.response.model", "gen_ai.request.model"),
     "max_tokens": ("gen_ai.request.max_tokens",),
 }
-_LATENCY_PREFIX = "gen_ai.latency."
-_INT_FIELDS = ("prompt_tokens", "completion_tokens", "max_tokens")
-_TEXT_FIELDS = ("request_id", "model")
+LATENCY_PREFIX = "gen_ai.latency."
+INT_FIELDS = ("prompt_tokens", "completion_tokens", "max_tokens")
+TEXT_FIELDS = ("request_id", "model")
 # Raw attributes kept per span (the alias table's view is the record; these are for `spans
 # show` and for attributes a later version may want): bounded so a hostile span cannot bloat
 # the store.
@@ -89,14 +100,14 @@ class SpanBatch:
         self.seen.extend(other.seen)
 
 
-def _timestamp_problem(start_ns: int, end_ns: int) -> str | None:
+def timestamp_problem(start_ns: int, end_ns: int) -> str | None:
     """Why a span's start and end (unsigned ns from OTLP) cannot be stored, or None.
 
     The one wording of the three rejections: the fast decoders guard with the same test
     inline and call this only for a span that fails it (no call per good span)."""
     if start_ns == 0:
         return "no start time"
-    if start_ns >= _INT64 or end_ns >= _INT64:
+    if start_ns >= INT64 or end_ns >= INT64:
         return "timestamp out of range"
     if end_ns < start_ns:
         return "ends before it starts (clock skew between the exporter's timestamps)"
@@ -107,40 +118,46 @@ def _timestamp_problem(start_ns: int, end_ns: int) -> str | None:
 FIELD_OF: dict[str, tuple[str, int]] = {
     key: (name, rank) for name, keys in ATTRIBUTE_ALIASES.items() for rank, key in enumerate(keys)
 }
-_INT64 = 2**63  # SQLite's integers are signed 64-bit
-_MAX_DURATION_S = 1e7  # 116 days: a longer "duration" is a broken clock, not a request
+INT64 = 2**63  # SQLite's integers are signed 64-bit
+MAX_DURATION_S = 1e7  # 116 days: a longer "duration" is a broken clock, not a request
 
 
-def _text(raw: Any) -> str | None:
+def capped_text(raw: Any) -> str | None:
+    """A non-empty string cut to the stored length, or None for anything else."""
     return raw[:_MAX_VALUE_CHARS] if isinstance(raw, str) and raw else None
 
 
-def _attributes(kvs: Iterable[KeyValue]) -> dict[str, Any]:
+def attribute_dict(kvs: Iterable[KeyValue]) -> dict[str, Any]:
+    """OTLP key-values as a dict of plain values (:func:`attribute_value`)."""
     out: dict[str, Any] = {}
     for kv in kvs:  # the scalar case inline: ~14 of them per span on the hot path
         v = kv.value
         kind = v.WhichOneof("value")
-        out[kv.key] = getattr(v, kind) if kind in _SCALARS else _value(v)
+        out[kv.key] = getattr(v, kind) if kind in SCALARS else attribute_value(v)
     return out
 
 
-_SCALARS = frozenset(("string_value", "bool_value", "int_value", "double_value"))
+SCALARS = frozenset(("string_value", "bool_value", "int_value", "double_value"))
 
 
-def _value(v: AnyValue) -> Any:
+def attribute_value(v: AnyValue) -> Any:
+    """One OTLP AnyValue as a plain value: scalars as they are, bytes in hex, arrays as lists
+    (bounded), a key-value list as a placeholder."""
     kind = v.WhichOneof("value")
-    if kind in _SCALARS:
+    if kind in SCALARS:
         return getattr(v, kind)
     if kind == "bytes_value":
         return v.bytes_value.hex()
     if kind == "array_value":
-        return [_value(x) for x in v.array_value.values[:MAX_ATTRIBUTES_STORED]]
+        return [attribute_value(x) for x in v.array_value.values[:MAX_ATTRIBUTES_STORED]]
     if kind == "kvlist_value":
         return "(key-value list)"
     return None
 
 
-def _bounded(attrs: dict[str, Any]) -> dict[str, Any]:
+def bounded_attributes(attrs: dict[str, Any]) -> dict[str, Any]:
+    """``attrs`` as stored: at most MAX_ATTRIBUTES_STORED keys, keys and texts cut to the
+    stored length (the same dict when nothing needs cutting)."""
     if len(attrs) <= MAX_ATTRIBUTES_STORED and all(
         len(k) <= _MAX_VALUE_CHARS
         and (not isinstance(v, (str, list)) or len(v) <= _MAX_VALUE_CHARS)

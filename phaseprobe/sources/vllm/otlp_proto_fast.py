@@ -28,18 +28,18 @@ from typing import Any
 
 from phaseprobe.records import RequestSpan
 from phaseprobe.sources.vllm.otlp_fields import (
-    _INT64,
-    _INT_FIELDS,
-    _LATENCY_PREFIX,
-    _MAX_DURATION_S,
-    _TEXT_FIELDS,
     FIELD_OF,
+    INT64,
+    INT_FIELDS,
+    LATENCY_PREFIX,
+    MAX_DURATION_S,
+    TEXT_FIELDS,
     VLLM_SPAN_NAME,
     SpanBatch,
-    _attributes,
-    _bounded,
-    _text,
-    _timestamp_problem,
+    attribute_dict,
+    bounded_attributes,
+    capped_text,
+    timestamp_problem,
 )
 
 __all__ = ["decode_view", "view_request_class"]
@@ -128,13 +128,13 @@ def _head(kv: bytes) -> tuple[_Head, int]:
     field, rank = FIELD_OF.get(key, ("", 0))
     if not field:
         how = _AS_EXTRA
-    elif tag == _DOUBLE_TAG and field not in _INT_FIELDS and field not in _TEXT_FIELDS:
+    elif tag == _DOUBLE_TAG and field not in INT_FIELDS and field not in TEXT_FIELDS:
         how = _AS_SECONDS
-    elif tag == _INT and field in _INT_FIELDS:
+    elif tag == _INT and field in INT_FIELDS:
         how = _AS_COUNT
     else:
         how = _AS_OTHER
-    head = (key, field, rank, key.startswith(_LATENCY_PREFIX), tag, len(kv), how)
+    head = (key, field, rank, key.startswith(LATENCY_PREFIX), tag, len(kv), how)
     if key_size < 0x80 and size < 0x80 and len(_HEADS) < _MAX_HEADS:
         _HEADS[kv[: at + 1]] = head  # = kv[: kv[1] + 5], the loop's look-up
     return head, at + 1
@@ -208,13 +208,13 @@ def _decode(message: Any) -> SpanBatch:
     batch = SpanBatch()
     requests, attributes, seen = batch.requests, batch.attributes, batch.seen
     heads, head_of, scalar, record = _HEADS, _head, _scalar, _record
-    text_fields, int_fields, top, int64 = _TEXT_FIELDS, _INT_FIELDS, _MAX_DURATION_S, _INT64
+    text_fields, int_fields, top, int64 = TEXT_FIELDS, INT_FIELDS, MAX_DURATION_S, INT64
     double, double_tag, int_tag = _DOUBLE, _DOUBLE_TAG, _INT
     as_extra, as_seconds, as_count = _AS_EXTRA, _AS_SECONDS, _AS_COUNT
     for rs in message.resource_spans:
-        resource = _attributes(rs.resource.attributes)
-        service = _text(resource.get("service.name"))
-        instance = _text(resource.get("service.instance.id") or resource.get("host.name"))
+        resource = attribute_dict(rs.resource.attributes)
+        service = capped_text(resource.get("service.name"))
+        instance = capped_text(resource.get("service.instance.id") or resource.get("host.name"))
         template = dict.fromkeys(_FIELDS)
         template["service"] = service
         template["instance"] = instance
@@ -254,12 +254,12 @@ def _decode(message: Any) -> SpanBatch:
                         extra[key] = raw  # a lower-ranked alias of a field already set
                         continue
                     ranks[field] = rank
-                    if how == as_seconds:  # a double: finite, 0 to _MAX_DURATION_S (NaN fails)
+                    if how == as_seconds:  # a double: finite, 0 to MAX_DURATION_S (NaN fails)
                         values[field] = raw if 0.0 <= raw <= top else None
                     elif how == as_count:  # an int of 9 bytes at most: 0 to 2**63 - 1
                         values[field] = raw
                     elif field in text_fields:
-                        values[field] = _text(raw)
+                        values[field] = capped_text(raw)
                     else:  # as _read_attributes: a finite, non-negative number (bool is not)
                         number = raw if type(raw) in (int, float) else None
                         if number is None or not 0 <= number < int64:
@@ -276,7 +276,7 @@ def _decode(message: Any) -> SpanBatch:
                     seen.append(("other", *counted, min(start_ns, int64 - 1), trace_id + span_id))
                     continue
                 if start_ns == 0 or start_ns >= int64 or end_ns >= int64 or end_ns < start_ns:
-                    problem = _timestamp_problem(start_ns, end_ns) or "timestamp out of range"
+                    problem = timestamp_problem(start_ns, end_ns) or "timestamp out of range"
                     batch.rejected[problem] += 1
                     key_bytes = trace_id + span_id
                     seen.append(("rejected", "", problem, min(start_ns, int64 - 1), key_bytes))
@@ -287,5 +287,5 @@ def _decode(message: Any) -> SpanBatch:
                 values["start_ns"] = start_ns
                 values["end_ns"] = end_ns
                 requests.append(record(values))
-                attributes.append(_bounded(extra) if extra else extra)
+                attributes.append(bounded_attributes(extra) if extra else extra)
     return batch

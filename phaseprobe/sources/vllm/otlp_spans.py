@@ -29,21 +29,21 @@ from typing import TYPE_CHECKING, Any
 from phaseprobe.errors import OtlpError
 from phaseprobe.records import RequestSpan
 from phaseprobe.sources.vllm.otlp_fields import (
-    _INT64,
-    _INT_FIELDS,
-    _LATENCY_PREFIX,
-    _MAX_DURATION_S,
-    _SCALARS,
-    _TEXT_FIELDS,
     ATTRIBUTE_ALIASES,
     FIELD_OF,
+    INT64,
+    INT_FIELDS,
+    LATENCY_PREFIX,
+    MAX_DURATION_S,
+    SCALARS,
+    TEXT_FIELDS,
     VLLM_SPAN_NAME,
     SpanBatch,
-    _attributes,
-    _bounded,
-    _text,
-    _timestamp_problem,
-    _value,
+    attribute_dict,
+    attribute_value,
+    bounded_attributes,
+    capped_text,
+    timestamp_problem,
 )
 from phaseprobe.sources.vllm.otlp_json_fast import (
     _DECIMAL,
@@ -190,9 +190,9 @@ def decode_request(message: ExportTraceServiceRequest, source: str) -> SpanBatch
     """Turn a parsed export request into records, counts and rejections."""
     batch = SpanBatch()
     for rs in message.resource_spans:
-        resource = _attributes(rs.resource.attributes)
-        service = _text(resource.get("service.name"))
-        instance = _text(resource.get("service.instance.id") or resource.get("host.name"))
+        resource = attribute_dict(rs.resource.attributes)
+        service = capped_text(resource.get("service.name"))
+        instance = capped_text(resource.get("service.instance.id") or resource.get("host.name"))
         for ss in rs.scope_spans:
             for span in ss.spans:
                 values, extra, is_request = _read_attributes(span)
@@ -218,7 +218,7 @@ def decode_request(message: ExportTraceServiceRequest, source: str) -> SpanBatch
                         **values,
                     )
                 )
-                batch.attributes.append(_bounded(extra))
+                batch.attributes.append(bounded_attributes(extra))
     return batch
 
 
@@ -234,8 +234,8 @@ def _read_attributes(span: Span) -> tuple[dict[str, Any], dict[str, Any], bool]:
         key = kv.key
         v = kv.value
         kind = v.WhichOneof("value")
-        raw = getattr(v, kind) if kind in _SCALARS else _value(v)
-        if not is_request and key.startswith(_LATENCY_PREFIX):
+        raw = getattr(v, kind) if kind in SCALARS else attribute_value(v)
+        if not is_request and key.startswith(LATENCY_PREFIX):
             is_request = True
         hit = FIELD_OF.get(key)
         if hit is None:
@@ -246,24 +246,24 @@ def _read_attributes(span: Span) -> tuple[dict[str, Any], dict[str, Any], bool]:
             extra[key] = raw  # a lower-ranked alias of a field already set: kept raw
             continue
         ranks[name] = rank
-        if name in _TEXT_FIELDS:
-            values[name] = _text(raw)
+        if name in TEXT_FIELDS:
+            values[name] = capped_text(raw)
             continue
         # A finite, non-negative number (bool is an int to Python, not a count or a time).
         number = raw if type(raw) in (int, float) else None
-        if number is None or not 0 <= number < _INT64:  # NaN and inf fail this too
+        if number is None or not 0 <= number < INT64:  # NaN and inf fail this too
             values[name] = None
-        elif name in _INT_FIELDS:
+        elif name in INT_FIELDS:
             values[name] = int(number)
         else:
-            values[name] = float(number) if number <= _MAX_DURATION_S else None
+            values[name] = float(number) if number <= MAX_DURATION_S else None
     return values, extra, is_request
 
 
 def _identity(span: Span) -> tuple[int, bytes]:
     """(start ns within SQLite's int64, key) of a counted span: its trace and span id, or a
     digest of its bytes when the ids are unusable (a re-sent span has the same bytes)."""
-    start = min(span.start_time_unix_nano, _INT64 - 1)
+    start = min(span.start_time_unix_nano, INT64 - 1)
     if len(span.trace_id) == 16 and len(span.span_id) == 8:
         return start, bytes(span.trace_id) + bytes(span.span_id)
     return start, hashlib.blake2b(
@@ -274,7 +274,7 @@ def _identity(span: Span) -> tuple[int, bytes]:
 def _problem(span: Span) -> str | None:
     if len(span.trace_id) != 16 or len(span.span_id) != 8:
         return "missing or malformed trace/span id"
-    return _timestamp_problem(span.start_time_unix_nano, span.end_time_unix_nano)
+    return timestamp_problem(span.start_time_unix_nano, span.end_time_unix_nano)
 
 
 # ---- OTLP/JSON read straight from the parsed dict ----------------------------------------------
@@ -296,7 +296,7 @@ _RES_KEYS = frozenset(("attributes", "droppedAttributesCount"))
 _SS_KEYS = frozenset(("scope", "spans", "schemaUrl"))
 _SCOPE_KEYS = frozenset(("name", "version"))
 _STATUS_KEYS = frozenset(("code", "message"))
-_I64_LO = -_INT64
+_I64_LO = -INT64
 _FLOAT_INT = 2**1023  # an integer JSON number past this does not fit a double
 
 
@@ -321,7 +321,7 @@ def _plain_value(kv: Any) -> tuple[str, Any]:
             raise _Unhandled
         return key, raw
     if kind == "intValue":
-        return key, _int(raw, _I64_LO, _INT64)
+        return key, _int(raw, _I64_LO, INT64)
     if kind == "doubleValue":
         if type(raw) is float:
             return key, raw
@@ -405,8 +405,8 @@ def decode_plain(doc: dict[str, Any]) -> SpanBatch | None:
 def _decode_plain(doc: dict[str, Any]) -> SpanBatch:
     batch = SpanBatch()
     requests, attributes, seen = batch.requests, batch.attributes, batch.seen
-    field_of, latency, span_name = FIELD_OF, _LATENCY_PREFIX, VLLM_SPAN_NAME
-    text_fields, int_fields, top, int64 = _TEXT_FIELDS, _INT_FIELDS, _MAX_DURATION_S, _INT64
+    field_of, latency, span_name = FIELD_OF, LATENCY_PREFIX, VLLM_SPAN_NAME
+    text_fields, int_fields, top, int64 = TEXT_FIELDS, INT_FIELDS, MAX_DURATION_S, INT64
     empty = dict.fromkeys(ATTRIBUTE_ALIASES)
     for rs in _plain_list(_plain_dict(doc, frozenset(("resourceSpans",))).get("resourceSpans", [])):
         rs = _plain_dict(rs, _RS_KEYS)
@@ -419,8 +419,8 @@ def _decode_plain(doc: dict[str, Any]) -> SpanBatch:
             for kv in _plain_list(res.get("attributes", [])):
                 key, value = _plain_value(kv)
                 resource[key] = value
-        service = _text(resource.get("service.name"))
-        instance = _text(resource.get("service.instance.id") or resource.get("host.name"))
+        service = capped_text(resource.get("service.name"))
+        instance = capped_text(resource.get("service.instance.id") or resource.get("host.name"))
         for ss in _plain_list(rs.get("scopeSpans", [])):
             ss = _plain_dict(ss, _SS_KEYS)
             _plain_text(ss.get("schemaUrl", ""))
@@ -487,7 +487,7 @@ def _decode_plain(doc: dict[str, Any]) -> SpanBatch:
                         continue
                     ranks[field] = rank
                     if field in text_fields:
-                        values[field] = _text(raw)
+                        values[field] = capped_text(raw)
                         continue
                     number = raw if type(raw) in (int, float) else None
                     if number is None or not 0 <= number < int64:
@@ -502,7 +502,7 @@ def _decode_plain(doc: dict[str, Any]) -> SpanBatch:
                     seen.append(("other", *counted, min(start, int64 - 1), trace_id + span_id))
                     continue
                 if start == 0 or start >= int64 or end >= int64 or end < start:
-                    problem = _timestamp_problem(start, end) or "timestamp out of range"
+                    problem = timestamp_problem(start, end) or "timestamp out of range"
                     batch.rejected[problem] += 1
                     key_bytes = trace_id + span_id
                     seen.append(("rejected", "", problem, min(start, int64 - 1), key_bytes))
@@ -519,7 +519,7 @@ def _decode_plain(doc: dict[str, Any]) -> SpanBatch:
                         **values,
                     )
                 )
-                attributes.append(_bounded(extra))
+                attributes.append(bounded_attributes(extra))
     return batch
 
 
