@@ -3,12 +3,12 @@ once, joined by path.
 
 A base URL is something paths are appended to (``/v1/models``, ``/metrics``, ``/api/v1/query``),
 so one set of rules holds for every server: the scheme is http or https (none typed: http, as
-vLLM's own log prints ``host:port``), there is a host, the port is a number, and there is no
-``?query`` or ``#fragment`` (it would end up before the appended path, and a query token would
-be echoed by every error). A URL that breaks a rule is one :class:`UrlError` naming the URL
-redacted and saying what to type. The password and secret-named query values are registered
-with the process-wide mask (:mod:`phaseprobe.redact`) when the URL is read, so a server echoing
-them back is masked too.
+vLLM's own log prints ``host:port``), there is a host, the port is a number, no space or control
+character is in it, and there is no ``?query`` or ``#fragment`` (it would end up before the
+appended path, and a query token would be echoed by every error). A URL that breaks a rule is
+one :class:`UrlError` naming the URL redacted and saying what to type. The password and
+secret-named query values are registered with the process-wide mask (:mod:`phaseprobe.redact`)
+when the URL is read, so a server echoing them back is masked too.
 
 ``str()`` of an :class:`EndpointUrl` is the normalised URL (credentials included: it is what is
 sent); :attr:`EndpointUrl.redacted` is what is shown, logged and stored.
@@ -68,6 +68,13 @@ class EndpointUrl:
         text = text.strip()
         register_url_secrets(text)  # a password echoed back by a server is masked too
         shown = redact_url(text)  # refusals never echo a credential typed into the URL
+        if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in text):
+            # urllib splits "http://my host" without a word, and requests sends it as typed
+            raise UrlError(
+                f"{what} {shown!r}: not a URL (it holds a space or a control character); "
+                f"type it as http://HOST:PORT, e.g. {example}",
+                shown,
+            )
         scheme, sep, rest = text.partition("://")
         if not sep:
             scheme, rest = "http", text

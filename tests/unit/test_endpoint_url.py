@@ -60,6 +60,9 @@ def test_a_suffix_the_caller_names_is_dropped(typed, url):
         ("http://host:99999", "not a URL"),
         ("http://[oops", "not a URL"),
         ("http://:8000", "names no host"),
+        ("not a url", "not a URL [(]it holds a space"),
+        ("http://my host:8000", "not a URL [(]it holds a space"),
+        ("http://host:8000/a\tb", "not a URL [(]it holds a space or a control character"),
     ],
 )
 def test_unusable_urls_are_one_typed_error_saying_what_to_type(typed, says):

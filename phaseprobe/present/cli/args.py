@@ -180,28 +180,22 @@ non_negative_seconds = seconds_up_to(MAX_SECONDS, "a week", zero_ok=True)
 
 
 def http_url(value: str) -> str:
-    """A URL phaseprobe will send to: http(s)://HOST[:PORT][/path], refused at the command
-    line otherwise (``--forward 'not a url'`` would fail on every batch, quietly). The message
-    shows the value without its credentials."""
-    from urllib.parse import urlsplit
+    """A base URL phaseprobe will send to, as :meth:`EndpointUrl.parse` reads it (http when no
+    scheme is typed), refused at the command line otherwise (``--forward 'not a url'`` would
+    fail on every batch, quietly). The message shows the value without its credentials."""
+    from phaseprobe.endpoint_url import EndpointUrl, UrlError
 
-    from phaseprobe.redact import redact_url
-
-    shown = redact_url(value)
     try:
-        parts = urlsplit(value.strip())
-        parts.port  # noqa: B018 - a port that is not a number raises here
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a URL: {shown!r}") from None
-    if (
-        parts.scheme not in ("http", "https")
-        or not parts.hostname
-        or any(c.isspace() for c in value.strip())
-    ):
-        raise argparse.ArgumentTypeError(
-            f"not an http(s) URL: {shown!r} (e.g. http://collector:4318)"
+        return str(
+            EndpointUrl.parse(
+                value,
+                what="URL",
+                query_hint="give the collector's OTLP/HTTP address, e.g. http://collector:4318",
+                example="http://collector:4318",
+            )
         )
-    return value.strip()
+    except UrlError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def store_and_json_args(p: argparse.ArgumentParser) -> None:
