@@ -17,7 +17,6 @@ from phaseprobe.analysis.replica_match import ReplicaPair, serving_replica
 from phaseprobe.analysis.router_window import ROUTER_PREFIX, RouterWindow, router_window
 from phaseprobe.collect.fleet.targets import ReplicaTarget
 from phaseprobe.errors import MetricsUnavailable
-from phaseprobe.redact import redact_url
 from phaseprobe.sources.vllm.metrics import MetricSnapshot, MetricsScraper
 
 __all__ = ["FleetSnapshot", "FleetScraper", "RouterPage"]
@@ -110,7 +109,7 @@ class RouterPage:
     @property
     def shown_url(self) -> str:
         """The router's metrics URL without a password."""
-        return redact_url(self.scraper.url)
+        return self.scraper.shown_url
 
     @property
     def notes(self) -> list[str]:

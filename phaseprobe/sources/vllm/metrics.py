@@ -214,6 +214,9 @@ class MetricsScraper:
         max_bytes: int = MAX_METRICS_BYTES,
     ) -> None:
         self.url = base_url.rstrip("/") + "/metrics"
+        # the URL goes wherever a snapshot or an error goes (reports, --json, the store):
+        # redacted once, here
+        self.shown_url = redact_url(self.url)
         self.session = mount_deadlines(session or requests.Session())
         self.headers = headers or {}
         self.timeout_s = timeout_s
@@ -236,15 +239,14 @@ class MetricsScraper:
                 deadline_s=max(self.timeout_s, 1.0) * 3,
             )
         except requests.Timeout as exc:
-            raise MetricsUnavailable(redact_url(self.url), f"Timeout ({exc})") from None
+            raise MetricsUnavailable(self.shown_url, f"Timeout ({exc})") from None
         except AnswerTooLarge as exc:
-            raise MetricsUnavailable(redact_url(self.url), str(exc)) from None
+            raise MetricsUnavailable(self.shown_url, str(exc)) from None
         except requests.RequestException as exc:
-            raise MetricsUnavailable(redact_url(self.url), type(exc).__name__) from None
+            raise MetricsUnavailable(self.shown_url, type(exc).__name__) from None
         if resp.status_code != 200:
-            raise MetricsUnavailable(redact_url(self.url), f"HTTP {resp.status_code}")
-        # the URL goes wherever the snapshot goes (reports, --json, the store): no password
-        snap = parse_exposition(resp.text, source=redact_url(self.url), wall_ns=self._wall_ns())
+            raise MetricsUnavailable(self.shown_url, f"HTTP {resp.status_code}")
+        snap = parse_exposition(resp.text, source=self.shown_url, wall_ns=self._wall_ns())
         if not snap.has_vllm():
-            raise MetricsUnavailable(redact_url(self.url), "no vllm: series in the exposition")
+            raise MetricsUnavailable(self.shown_url, "no vllm: series in the exposition")
         return snap
