@@ -185,11 +185,12 @@ def host_of(endpoint: str) -> str | None:
         return None
 
 
-def host_port_of(url: str) -> str:
+def host_port_of(url: str) -> str | None:
     """``host:port`` of ``url`` as written (credentials left out), for a name or a table cell;
-    a URL urllib cannot split gives its authority as typed, less any ``user@``."""
+    None when urllib cannot split it (``http://[::1:8000``) or it names no authority (the
+    caller shows what it has: the URL whole, a default name)."""
     try:
         netloc = urlsplit(url).netloc
     except ValueError:
-        netloc = url.partition("://")[2].partition("/")[0]
-    return netloc.rpartition("@")[2]
+        return None
+    return netloc.rpartition("@")[2] or None

@@ -26,8 +26,8 @@ proxy between them), else ``hop`` (a proxy, the network, or the API server).
 from __future__ import annotations
 
 import ipaddress
-from urllib.parse import urlsplit
 
+from phaseprobe.endpoint_url import host_of
 from phaseprobe.format import duration as _ms
 from phaseprobe.records import ClientCheck, ClientTimeline, Isolation, Run, ServerPhases
 
@@ -60,10 +60,7 @@ def has_hop(endpoint: str | None) -> bool | None:
     and server), True for any other host, None when unknown."""
     if not endpoint:
         return None
-    try:
-        host = urlsplit(endpoint if "//" in endpoint else "//" + endpoint).hostname
-    except ValueError:  # a stored endpoint that is no URL ("[oops]" as a host): unknown
-        return None
+    host = host_of(endpoint)  # None for a stored endpoint that is no URL ("[oops]" as a host)
     if host is None:
         return None
     if host == "localhost":

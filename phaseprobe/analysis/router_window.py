@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
+from phaseprobe.endpoint_url import host_port_of
 from phaseprobe.sources.vllm.metrics import MetricSnapshot
 
 __all__ = ["RouterWindow", "router_window", "ROUTER_PREFIX"]
@@ -55,10 +55,8 @@ class RouterWindow:
 
 
 def _host_port(url: str) -> str:
-    try:
-        return urlsplit(url).netloc.rpartition("@")[2] or url
-    except ValueError:  # a worker URL that is no URL ("[oops]" as a host): shown whole
-        return url
+    # a worker URL that is no URL ("[oops]" as a host) is shown whole
+    return host_port_of(url) or url
 
 
 def _by_worker(snap: MetricSnapshot, name: str, names: Mapping[str, str]) -> dict[str, float]:

@@ -32,6 +32,7 @@ from phaseprobe.analysis.likeness import (
     unlike_fields,
 )
 from phaseprobe.analysis.rules.base import Evidence
+from phaseprobe.endpoint_url import host_of
 from phaseprobe.errors import ConfigError
 from phaseprobe.inputs import JSON_DOC_CAP, TEXT_LOG_CAP, path_problem, read_input_text
 from phaseprobe.records import RequestSpan
@@ -263,14 +264,10 @@ def server_host_names(endpoint: str) -> set[str]:
     machine's host name for a loopback endpoint, the URL's host name otherwise (an IP address
     of another machine cannot be named here: empty)."""
     import ipaddress
-    from urllib.parse import urlsplit
 
     if has_hop(endpoint) is False:  # ("localhost" is no name a log of it would give)
         return {n for n in (socket.gethostname(), socket.getfqdn()) if n and n != "localhost"}
-    try:
-        host = urlsplit(endpoint if "//" in endpoint else "//" + endpoint).hostname
-    except ValueError:  # a stored endpoint that is no URL ("[oops]" as a host): no name
-        return set()
+    host = host_of(endpoint)  # None for a stored endpoint that is no URL ("[oops]" as a host)
     if not host:
         return set()
     try:

@@ -145,8 +145,10 @@ def test_host_of_a_stored_endpoint_is_read_leniently(stored, host):
     [
         ("http://u:p@host:8000/x", "host:8000"),
         ("http://[::1]:8000", "[::1]:8000"),
-        ("http://[oops/x", "[oops"),
-        ("no url", ""),
+        ("http://[oops/x", None),
+        ("http://[::1:8000", None),
+        ("no url", None),
+        ("[oops]:8000", None),
     ],
 )
 def test_host_port_leaves_the_credentials_out(url, shown):

@@ -18,11 +18,11 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 import requests
 import urllib3
 
+from phaseprobe.endpoint_url import host_port_of
 from phaseprobe.errors import ConfigError, EndpointUnreachable
 from phaseprobe.redact import redact_url, redact_urls_in
 from phaseprobe.sources.http_deadline import AnswerTooLarge, bounded_request
@@ -85,11 +85,9 @@ def default_name(url: str) -> str:
     """A replica's name when none is given: its URL's host:port (credentials left out), made a
     valid name: an IPv6 host loses its brackets, other characters become '-', and a name over
     64 characters (a long Kubernetes host name) keeps its end and a digest of the whole."""
-    try:
-        netloc = urlsplit(url).netloc
-    except ValueError:  # normalize_base_url refuses these; a URL from elsewhere is kept whole
-        netloc = url.partition("://")[2].partition("/")[0]
-    host = netloc.rpartition("@")[2].replace("[", "").replace("]", "")
+    # normalize_base_url refuses a URL urllib cannot split; one from elsewhere is read as typed
+    netloc = host_port_of(url) or url.partition("://")[2].partition("/")[0].rpartition("@")[2]
+    host = netloc.replace("[", "").replace("]", "")
     name = re.sub(r"[^A-Za-z0-9._:-]", "-", host) or "replica"
     if not name[0].isalnum():  # "::1:8000": a name starts with a letter or digit
         name = "ip6-" + name
