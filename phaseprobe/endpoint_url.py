@@ -115,6 +115,15 @@ class EndpointUrl:
             raise UrlError(f"{what} {shown!r} names no host: type it as http://HOST:PORT", shown)
         return cls(url, redacted)
 
+    @classmethod
+    def known(cls, url: str) -> EndpointUrl:
+        """A URL already read by :meth:`parse` and handed on as a ``str`` (a stored endpoint,
+        what ``normalize_base_url`` returned): kept as it is, less a trailing ``/``, and
+        redacted once. No rule is checked again: the callers still passing a ``str`` meet the
+        type here."""
+        url = url.rstrip("/")
+        return cls(url, redact_url(url))
+
     def join(self, path: str) -> EndpointUrl:
         """This URL with ``path`` appended (``/v1/models``; one ``/`` between them whichever
         side has it), its redacted form beside it."""
@@ -149,6 +158,15 @@ class EndpointUrl:
         except ValueError:
             return False
         return parts.username is not None or parts.password is not None
+
+    @property
+    def sends_basic_auth(self) -> bool:
+        """True when requests will send Basic auth for this URL, in place of any
+        ``Authorization`` header given: a password is written (``user@`` alone sends none)."""
+        try:
+            return urlsplit(self.url).password is not None
+        except ValueError:
+            return False
 
 
 def _values_hidden(text: str) -> str:

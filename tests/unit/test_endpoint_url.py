@@ -96,7 +96,9 @@ def test_credentials_are_sent_but_shown_redacted_and_registered():
     parsed = EndpointUrl.parse("http://user:SECRETPW@host:8000/")
     assert str(parsed) == "http://user:SECRETPW@host:8000"  # what the HTTP library sends
     assert parsed.redacted == "http://host:8000"
-    assert parsed.has_userinfo
+    assert parsed.has_userinfo and parsed.sends_basic_auth
+    user_only = EndpointUrl.parse("http://user@host:8000")
+    assert user_only.has_userinfo and not user_only.sends_basic_auth  # requests sends none
     # registered when read: a server echoing the password back is masked wherever it goes
     assert "SECRETPW" not in redact_urls_in("bad password SECRETPW")
     # a raw '/' in the password ends urllib's authority early: still parsed and redacted
@@ -117,11 +119,17 @@ def test_join_appends_a_path_with_its_redacted_form():
     assert "T0KENVALUE" not in query.redacted and "query=up" in query.redacted
 
 
+def test_a_known_url_is_kept_and_redacted_once():
+    known = EndpointUrl.known("http://u:SECRETPW@host:8000/")
+    assert str(known) == "http://u:SECRETPW@host:8000" and known.redacted == "http://host:8000"
+    assert known.join("/v1/completions").redacted == "http://host:8000/v1/completions"
+
+
 def test_parts_are_read_once_from_the_redacted_form():
     parsed = EndpointUrl.parse("https://[::1]/x")
     assert (parsed.scheme, parsed.host, parsed.port) == ("https", "::1", 443)
     assert EndpointUrl.parse("host").port == 80
-    assert not parsed.has_userinfo
+    assert not parsed.has_userinfo and not parsed.sends_basic_auth
     with pytest.raises(AttributeError):
         parsed.url = "http://elsewhere"  # type: ignore[misc]  # immutable
 

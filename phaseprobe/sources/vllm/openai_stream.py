@@ -19,7 +19,6 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 import requests
 import urllib3
@@ -357,7 +356,8 @@ class StreamClient:
         clock_ns: Callable[[], int] = time.perf_counter_ns,
         wall_ns: Callable[[], int] = time.time_ns,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
+        self._base = EndpointUrl.known(base_url)  # redacted once, for every message
+        self.base_url = str(self._base)
         self.timeout_s = timeout_s  # connect, and each read (no byte for this long)
         self.deadline_s = deadline_s  # the whole request, first byte to last (None: none)
         self.max_event_bytes = max_event_bytes
@@ -374,7 +374,7 @@ class StreamClient:
         # requests sends a URL's user:password as Basic auth in place of our Authorization
         # header, whatever it holds: say that the key is not sent (never what the secrets are).
         self.auth_note: str | None = None
-        if api_key and urlsplit(self.base_url).password is not None:
+        if api_key and self._base.sends_basic_auth:
             self.auth_note = (
                 "the endpoint URL carries user:password, so HTTP Basic auth is "
                 "sent and the API key (Bearer) is not: drop one of the two"
@@ -391,8 +391,8 @@ class StreamClient:
         :class:`TokenEventCounter` tells which carry tokens); it must be quick. ``headers``
         are added to this request's (e.g. a trace's ``traceparent``)."""
         chat = "messages" in body
-        url = self.base_url + ("/v1/chat/completions" if chat else "/v1/completions")
-        shown = redact_url(url)  # what messages quote: never the URL's credentials
+        target = self._base.join("/v1/chat/completions" if chat else "/v1/completions")
+        url, shown = str(target), target.redacted  # messages quote shown: no credentials
         events: list[int] = []
         state = _StreamState()
         status: int | None = None
