@@ -26,9 +26,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from phaseprobe.analysis.engine_stall import StallReading
+from phaseprobe.endpoint_url import EndpointUrl
 from phaseprobe.errors import ConfigError, StoreError
 from phaseprobe.local.process import proc_stat
 from phaseprobe.redact import mask_secrets, redact_url
@@ -242,13 +242,13 @@ def _listening_inodes(port: int) -> set[str]:
 def local_vllm_pids(base_url: str) -> list[tuple[int, str]] | str:
     """The vLLM processes serving ``base_url`` on this machine (the listener, then the rest
     of its process group), or why they cannot be found."""
-    parts = urlsplit(base_url)
-    if parts.hostname not in _LOOPBACK:
+    base = EndpointUrl.known(base_url)
+    if base.host not in _LOOPBACK:
         return (
-            f"the server ({redact_url(base_url)}) is not on this machine's loopback: "
+            f"the server ({base.redacted}) is not on this machine's loopback: "
             "give --pid on the server's host to keep its stacks"
         )
-    port = parts.port or (443 if parts.scheme == "https" else 80)
+    port = base.port
     inodes = _listening_inodes(port)
     owner = None
     for pid in _all_pids():
