@@ -132,7 +132,9 @@ class EndpointUrl:
 
     @functools.cached_property
     def _parts(self) -> SplitResult:
-        return urlsplit(self.redacted)  # parse() parsed it: no ValueError here
+        # parse() checked it; a known() URL urllib cannot split raises ValueError here, as
+        # splitting it anywhere else would
+        return urlsplit(self.redacted)
 
     @property
     def scheme(self) -> str:

@@ -21,8 +21,8 @@ from typing import Literal
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from phaseprobe.endpoint_url import EndpointUrl
 from phaseprobe.errors import MetricsUnavailable, UnknownMetric
-from phaseprobe.redact import redact_url
 from phaseprobe.sources.http_deadline import AnswerTooLarge, bounded_request, mount_deadlines
 
 __all__ = [
@@ -213,10 +213,10 @@ class MetricsScraper:
         wall_ns: Callable[[], int] = time.time_ns,
         max_bytes: int = MAX_METRICS_BYTES,
     ) -> None:
-        self.url = base_url.rstrip("/") + "/metrics"
+        target = EndpointUrl.known(base_url).join("/metrics")
         # the URL goes wherever a snapshot or an error goes (reports, --json, the store):
         # redacted once, here
-        self.shown_url = redact_url(self.url)
+        self.url, self.shown_url = str(target), target.redacted
         self.session = mount_deadlines(session or requests.Session())
         self.headers = headers or {}
         self.timeout_s = timeout_s

@@ -26,7 +26,7 @@ import urllib3
 from phaseprobe.endpoint_url import EndpointUrl
 from phaseprobe.errors import EndpointUnreachable
 from phaseprobe.records import ClientTimeline, ResponseTimings
-from phaseprobe.redact import redact_url, register_secret
+from phaseprobe.redact import register_secret
 from phaseprobe.sources.http_deadline import (
     AnswerTooLarge,
     bounded_request,
@@ -240,8 +240,8 @@ def check_endpoint(
     known fields (strings cut at 512 characters); the answer is read at most 1 MB, with no gap
     over ``timeout_s`` and within ``deadline_s`` (and three gaps) in all: a probe's
     --timeout/--deadline shorten the preflight's own 10 s and 30 s, never lengthen them."""
-    url = base_url.rstrip("/") + "/v1/models"
-    shown = redact_url(url)
+    target = EndpointUrl.known(base_url).join("/v1/models")
+    url, shown = str(target), target.redacted
     timeout_s = min(timeout_s, PREFLIGHT_TIMEOUT_S)
     # three reads' worth in all (a trickling answer ends too), never past the asked deadline
     deadline_s = min(
