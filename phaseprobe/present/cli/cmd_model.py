@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -38,6 +38,9 @@ from phaseprobe.present.cli.args import (
     store_and_json_args,
 )
 from phaseprobe.present.cli.waiting import ConsoleNotices
+
+if TYPE_CHECKING:
+    from phaseprobe.collect.capacity.model_fit import LimitsGiven
 
 __all__ = ["register", "run", "parse_slo", "parse_rates", "parse_split"]
 
@@ -451,6 +454,26 @@ def _api_key(args: argparse.Namespace) -> str | None:
     return api_key_from_env(args.api_key_env)
 
 
+def _limits_given(args: argparse.Namespace) -> LimitsGiven:
+    """The scheduler limits given by _limit_args' flags (None: not given): what a fit starts
+    the local vLLM with and records, and what a prediction changes in its fit's limits."""
+    from phaseprobe.collect.capacity.model_fit import LimitsGiven
+
+    return LimitsGiven(
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        chunked_prefill=False if args.no_chunked_prefill else None,
+    )
+
+
+def _refuse_given(flags: tuple[tuple[Any, str], ...], message: str) -> None:
+    """Raises ConfigError with ``message`` (``{flag}``: its name) for the first of ``flags``
+    (value, name) that was given (not None): a flag that does not go with the others."""
+    for given, name in flags:
+        if given is not None:
+            raise ConfigError(message.format(flag=name))
+
+
 def _ms(v: float | None) -> str:
     return "–" if v is None else f"{v * 1e3:.2f}"
 
@@ -472,28 +495,24 @@ def _peaks(args: argparse.Namespace) -> Any:
 
 def _fit(args: argparse.Namespace, out: Console, err: Console) -> int:
     from phaseprobe.collect.capacity.fit_run import DEFAULT_DESIGN, QUICK_DESIGN
-    from phaseprobe.collect.capacity.model_fit import LimitsGiven, fit_deployment
+    from phaseprobe.collect.capacity.model_fit import fit_deployment
 
     if args.step_log is not None and args.endpoint is None:
         raise ConfigError("--step-log goes with --endpoint (the log of that server)")
-    for given, name in (
-        (args.spans_from, "--spans-from"),
-        (args.spans_store, "--spans-store"),
-        (args.fit, "--fit"),
-    ):
-        if given is not None:
-            raise ConfigError(f"{name} goes with --from-spans")
-    notices = ConsoleNotices(err)
-    given = LimitsGiven(
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        chunked_prefill=False if args.no_chunked_prefill else None,
+    _refuse_given(
+        (
+            (args.spans_from, "--spans-from"),
+            (args.spans_store, "--spans-store"),
+            (args.fit, "--fit"),
+        ),
+        "{flag} goes with --from-spans",
     )
+    notices = ConsoleNotices(err)
     fit, report = fit_deployment(
         args.endpoint,
         args.step_log,
         _store(args),
-        given=given,
+        given=_limits_given(args),
         design=QUICK_DESIGN if args.quick else DEFAULT_DESIGN,
         model=args.model,
         api_key=_api_key(args),
@@ -515,27 +534,22 @@ def _fit(args: argparse.Namespace, out: Console, err: Console) -> int:
 def _fit_spans(args: argparse.Namespace, out: Console, err: Console) -> int:
     import time
 
-    from phaseprobe.collect.capacity.model_fit import LimitsGiven
     from phaseprobe.collect.capacity.span_refit import SpanWindow, refit_from_spans
 
-    for given, name in (
-        (args.endpoint, "--endpoint"),
-        (args.step_log, "--step-log"),
-        (args.quick or None, "--quick"),
-    ):
-        if given is not None:
-            raise ConfigError(f"{name} does not go with --from-spans (no probe is run)")
+    _refuse_given(
+        (
+            (args.endpoint, "--endpoint"),
+            (args.step_log, "--step-log"),
+            (args.quick or None, "--quick"),
+        ),
+        "{flag} does not go with --from-spans (no probe is run)",
+    )
     until = time.time_ns()
     window = SpanWindow(
         spans_from=args.spans_from,
         spans_store=args.spans_store or _store(args),
         since_ns=until - round(args.window * 1e9),
         until_ns=until,
-    )
-    given = LimitsGiven(
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        chunked_prefill=False if args.no_chunked_prefill else None,
     )
     peaks = _peaks(args)
     if peaks is not None and args.model_config is None:
@@ -544,7 +558,7 @@ def _fit_spans(args: argparse.Namespace, out: Console, err: Console) -> int:
         window,
         _store(args),
         base_fit_id=args.fit,
-        given=given,
+        given=_limits_given(args),
         model=args.model,
         peaks=peaks,
         model_config=args.model_config if peaks is not None else None,
@@ -611,7 +625,7 @@ def _slo(args: argparse.Namespace) -> Any:
 
 
 def _predict(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from dataclasses import replace
+    from dataclasses import asdict, replace
 
     from phaseprobe.analysis.capacity_model.predict import predict_deployment
     from phaseprobe.analysis.capacity_model.workload import Fixed, WorkloadSpec
@@ -632,13 +646,9 @@ def _predict(args: argparse.Namespace, out: Console, err: Console) -> int:
         raise ConfigError(f"no experiment store at {store_path}: run `phaseprobe model fit` first")
     with Store(store_path, readonly=True) as store:
         fit = load_fit(store, args.fit)
-    limits = fit.limits
-    if args.max_num_seqs is not None:
-        limits = replace(limits, max_num_seqs=args.max_num_seqs)
-    if args.max_num_batched_tokens is not None:
-        limits = replace(limits, max_num_batched_tokens=args.max_num_batched_tokens)
-    if args.no_chunked_prefill:
-        limits = replace(limits, chunked_prefill=False)
+    # the limits given are a what-if over the fit's own
+    what_if = {k: v for k, v in asdict(_limits_given(args)).items() if v is not None}
+    limits = replace(fit.limits, **what_if) if what_if else fit.limits
     spec, rates, replay_note = _replay_spec(args, store_path)
     if spec is None:
         spec = WorkloadSpec(
@@ -695,9 +705,10 @@ def _replay_spec(args: argparse.Namespace, store_path: Path) -> tuple[Any, Any, 
     from phaseprobe.analysis.capacity_model.workload import WorkloadSpec
 
     if args.replay is None and args.replay_spans is None:
-        for given, name in ((args.spans_from, "--spans-from"), (args.spans_store, "--spans-store")):
-            if given is not None:
-                raise ConfigError(f"{name} goes with --replay-spans")
+        _refuse_given(
+            ((args.spans_from, "--spans-from"), (args.spans_store, "--spans-store")),
+            "{flag} goes with --replay-spans",
+        )
         return None, args.rates, None
     if args.arrivals != "poisson":
         raise ConfigError("--arrivals does not go with a replay: the trace's own pattern is used")
