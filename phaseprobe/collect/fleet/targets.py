@@ -11,6 +11,7 @@ would not be alike); a replica that is the router itself is refused with that sa
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -75,9 +76,9 @@ class ReplicaTarget:
     name: str  # what outputs show; ideally the replica's service.instance.id
     url: str  # its own base URL (normalised, may carry credentials: show redact_url(url))
 
-    @property
+    @functools.cached_property
     def shown_url(self) -> str:
-        """The replica's URL without a password."""
+        """The replica's URL without a password (redacted once, on first use)."""
         return redact_url(self.url)
 
 
