@@ -17,7 +17,7 @@ sent); :attr:`EndpointUrl.redacted` is what is shown, logged and stored.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import SplitResult, parse_qsl, urlencode, urlsplit, urlunsplit
 
 from phaseprobe.errors import ConfigError
@@ -43,7 +43,7 @@ class EndpointUrl:
     """A normalised base URL: ``url`` is sent, ``redacted`` is shown. Build one with
     :meth:`parse`; :meth:`join` appends a path."""
 
-    url: str
+    url: str = field(repr=False)  # a repr (a traceback's locals, a log) shows no password
     redacted: str
 
     def __str__(self) -> str:
@@ -153,8 +153,8 @@ class EndpointUrl:
 
     @property
     def has_userinfo(self) -> bool:
-        """True when ``user[:password]@`` is written in the URL as urllib splits it (an HTTP
-        library sends it as Basic auth)."""
+        """True when ``user[:password]@`` is written in the URL as urllib splits it (a raw
+        '/' in the password hides it: that URL fails at its first request instead)."""
         try:
             parts = urlsplit(self.url)
         except ValueError:

@@ -96,6 +96,7 @@ def test_credentials_are_sent_but_shown_redacted_and_registered():
     parsed = EndpointUrl.parse("http://user:SECRETPW@host:8000/")
     assert str(parsed) == "http://user:SECRETPW@host:8000"  # what the HTTP library sends
     assert parsed.redacted == "http://host:8000"
+    assert "SECRETPW" not in repr(parsed)  # a traceback's locals, a log line
     assert parsed.has_userinfo and parsed.sends_basic_auth
     user_only = EndpointUrl.parse("http://user@host:8000")
     assert user_only.has_userinfo and not user_only.sends_basic_auth  # requests sends none
