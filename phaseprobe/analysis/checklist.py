@@ -28,6 +28,7 @@ from phaseprobe.analysis.rules import (
     layers,
     live,
     live_capacity,
+    live_lora,
     live_pd,
     live_preemption,
     live_spans,
@@ -311,6 +312,12 @@ LIVE_RULES: tuple[LiveRule, ...] = (
         live_preemption.preemption_pressure,
         "num_preemptions and request_success deltas, kv_cache_usage_perc around them",
         "preemption pressure",
+    ),
+    LiveRule(
+        "live_lora_slots",
+        "Requests waiting for a LoRA adapter slot?",
+        live_lora.adapter_slots,
+        "lora_requests_info (max_lora, adapters in flight) and the deferred-requests gauge",
     ),
     LiveRule(
         "live_prefix_cache",

@@ -32,15 +32,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from phaseprobe.analysis.ab.stats import MetricComparison, compare_samples
+from phaseprobe.analysis.lora_gauge import LORA_INFO, LoraState, LoraWindow, lora_state, lora_window
 from phaseprobe.analysis.phases import summarize
 from phaseprobe.errors import ConfigError
 from phaseprobe.records import AdapterUse, Run
-
-if TYPE_CHECKING:  # annotations only
-    from phaseprobe.sources.vllm.metrics import MetricSnapshot
 
 __all__ = [
     "LORA_INFO",
@@ -48,6 +46,8 @@ __all__ = [
     "MIN_EFFECT",
     "UnknownAdapter",
     "LoraState",
+    "LoraWindow",
+    "lora_window",
     "AdapterPhases",
     "SwapCost",
     "LoraReport",
@@ -61,7 +61,6 @@ __all__ = [
     "lora_report",
 ]
 
-LORA_INFO = "vllm:lora_requests_info"
 MIN_RUNS = 5  # loads and warm runs each: below it the comparison is too thin to conclude
 MIN_EFFECT = 0.10  # a load slower than warm runs by less than this is not called a cost
 
@@ -111,51 +110,6 @@ def check_adapters(
     if len(bases) > 1:
         raise ConfigError(f"the adapters {', '.join(names)} have different base models")
     return {n: served[n] for n in names}
-
-
-@dataclass(frozen=True)
-class LoraState:
-    """``vllm:lora_requests_info`` read from one scrape: its newest label set."""
-
-    max_lora: int | None
-    running: tuple[str, ...]
-    waiting: tuple[str, ...]
-    seen_at_s: float  # the gauge's value: when vLLM last saw this state (Unix s)
-
-    @property
-    def in_flight(self) -> tuple[str, ...]:
-        """The adapters with a request vLLM's frontend tracks (0.32 lists the same ones as
-        running and as waiting; see the module docstring)."""
-        return tuple(dict.fromkeys((*self.running, *self.waiting)))
-
-    def to_dict(self) -> dict[str, Any]:
-        """For --json."""
-        return {
-            "max_lora": self.max_lora,
-            "running_adapters": list(self.running),
-            "waiting_adapters": list(self.waiting),
-            "seen_at_s": self.seen_at_s,
-        }
-
-
-def _names(value: str | None) -> tuple[str, ...]:
-    return tuple(x for x in (value or "").split(",") if x)
-
-
-def lora_state(snapshot: MetricSnapshot) -> LoraState | None:
-    """The newest state in ``vllm:lora_requests_info`` (None: no series: LoRA off, or no
-    adapter request seen yet)."""
-    rows = snapshot.samples.get(LORA_INFO) or []
-    if not rows:
-        return None
-    labels, value = max(rows, key=lambda row: row[1])
-    raw = labels.get("max_lora")
-    return LoraState(
-        max_lora=int(raw) if raw is not None and raw.isdigit() else None,
-        running=_names(labels.get("running_lora_adapters")),
-        waiting=_names(labels.get("waiting_lora_adapters")),
-        seen_at_s=value,
-    )
 
 
 def schedule(adapters: Sequence[str], block: int, n: int) -> list[str]:

@@ -37,6 +37,10 @@ Per replica (:class:`ReplicaWindow`):
 ``preemption_kv``
     the KV usage (fraction) around each interval between two scrapes in which
     ``num_preemptions`` rose: the fuller of the two readings (empty from Prometheus).
+``lora``
+    ``vllm:lora_requests_info`` over the window's scrapes
+    (:class:`~phaseprobe.analysis.lora.LoraWindow`: ``max_lora``, the adapters seen in flight);
+    None when the server has no LoRA series, or from Prometheus.
 ``unverifiable``
     why the replica's counters cannot be compared over the window (two processes answered, or
     a counter went backwards): its ``deltas`` are then empty and every rule says "cannot
@@ -47,9 +51,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from phaseprobe.analysis.bucket_quantile import BucketQuantile, bucket_quantile
 from phaseprobe.analysis.engine_stall import StallReading
+
+if TYPE_CHECKING:  # annotations only
+    from phaseprobe.analysis.lora_gauge import LoraWindow
 
 __all__ = [
     "ReplicaWindow",
@@ -120,6 +128,8 @@ class ReplicaWindow:
     # the KV usage around each scrape interval in which num_preemptions rose (the fuller of
     # the two readings: analysis/preemption.kv_at_preemptions); empty with --prom
     preemption_kv: tuple[float, ...] = ()
+    # vllm:lora_requests_info over the scrapes (None: no LoRA series, or from Prometheus)
+    lora: LoraWindow | None = None
 
     @property
     def verified(self) -> bool:

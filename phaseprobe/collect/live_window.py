@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import requests
 
 from phaseprobe.analysis.engine_stall import StallDetector, StallReading, progress_point
+from phaseprobe.analysis.lora_gauge import lora_window
 from phaseprobe.analysis.preemption import kv_at_preemptions
 from phaseprobe.analysis.replica_match import process_identity, unverifiable
 from phaseprobe.analysis.replica_window import (
@@ -512,6 +513,7 @@ def replica_window(
         else kv_at_preemptions(
             [(s.value("num_preemptions"), _gauge(s, "kv_cache_usage")) for s in snaps]
         ),
+        lora=lora_window(snaps),
     )
 
 

@@ -231,3 +231,68 @@ def test_more_adapters_at_once_than_slots_wait_for_the_slot(lora_vllm: VllmTarge
     assert max(r for _, _, r in seen_mixed) == 1, seen_mixed
     assert max(len(a) for a, _, _ in seen_mixed) <= 1, seen_mixed
     assert {a for names, _, _ in seen_mixed for a in names} <= set(ADAPTERS)
+
+
+def _adapter_load(url: str, models: list[str], stop: threading.Event, sent: list[str]) -> None:
+    """One stream per model, each sending its next request as the last one ends, until
+    ``stop``: as many requests in flight as models, all the time."""
+
+    def loop(model: str) -> None:
+        client = StreamClient(url)
+        i = 0
+        while not stop.is_set():
+            i += 1
+            body = build_body(model=model, prompt=f"{model} {i} {time.time_ns()} " * 8,
+                              max_tokens=48, chat=False, ignore_eos=True)  # fmt: skip
+            out = client.stream(body)
+            sent.append(model if out.error is None else f"error: {out.error}")
+
+    threads = [threading.Thread(target=loop, args=(m,), daemon=True) for m in models]
+    for t in threads:
+        t.start()
+    stop.wait()
+    for t in threads:
+        t.join(timeout=120)
+
+
+def _live_slots(target: VllmTarget, models: list[str], capsys) -> tuple[dict, list[str]]:
+    """check --live's live_lora_slots verdict over a 4 s window of a steady load on
+    ``models`` (one stream each), and what the load sent."""
+    stop, sent = threading.Event(), []
+    load = threading.Thread(
+        target=_adapter_load, args=(target.base_url, models, stop, sent), daemon=True
+    )
+    load.start()
+    try:
+        time.sleep(1.5)  # every stream has a request in flight
+        capsys.readouterr()
+        code = main(["check", "--live", "--endpoint", target.base_url, "--window", "4",
+                     "--rule", "live_lora_slots", "--json"])  # fmt: skip
+        doc = json.loads(capsys.readouterr().out)
+    finally:
+        stop.set()
+        load.join(timeout=150)
+    assert code in (0, 1), doc
+    return doc["verdicts"][0], sent
+
+
+def test_the_live_check_sees_requests_waiting_for_an_adapter_slot(
+    lora_vllm: VllmTarget, capsys
+) -> None:
+    """Three streams on three adapters with one slot: vLLM defers two of them most of the
+    time, and live_lora_slots fails on it with its numbers. Three streams on one adapter: none
+    deferred, it passes. vLLM's own gauges decide, so a slow machine slows both alike."""
+    mixed, sent = _live_slots(lora_vllm, list(ADAPTERS), capsys)
+    print("three adapters:", mixed["summary"])
+    assert not [s for s in sent if s.startswith("error")], sent
+    n = mixed["numbers"]
+    assert n["lora"]["max_lora"] == 1 and set(n["lora"]["adapters"]) <= set(ADAPTERS)
+    assert n["deferred_max"] >= 1, n
+    assert mixed["status"] == "fail", mixed
+    assert n["deferred_per_running"] >= 0.5 and "requests deferred on average" in mixed["summary"]
+    same, sent = _live_slots(lora_vllm, ["ad-a"] * 3, capsys)
+    print("one adapter:", same["summary"])
+    assert not [s for s in sent if s.startswith("error")], sent
+    assert same["status"] == "pass", same
+    assert same["numbers"]["lora"]["adapters"] == ["ad-a"]
+    assert "no request deferred" in same["summary"]

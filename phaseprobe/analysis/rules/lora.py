@@ -19,13 +19,13 @@ from __future__ import annotations
 from phaseprobe.analysis.lora import MIN_EFFECT, MIN_RUNS, lora_report
 from phaseprobe.analysis.rules.base import Evidence, Verdict, num, skipped
 
-__all__ = ["adapter_thrash", "THRASH_SHARE", "MAX_MDE"]
+__all__ = ["adapter_thrash", "ADVICE", "THRASH_SHARE", "MAX_MDE"]
 
 THRASH_SHARE = 0.25  # a quarter of the adapter requests loading their adapter is thrash
 # "no load cost" is said only when a cost of this share of the warm TTFT could have been seen
 MAX_MDE = 0.5
 
-_ADVICE = (
+ADVICE = (
     "more adapters are in rotation than vLLM keeps: raise --max-loras (GPU slots; each costs "
     "max_lora_rank-sized buffers) and --max-cpu-loras (adapters kept in host memory, so a swap "
     "skips the disk read), or route each adapter to fewer replicas so each keeps its own warm"
@@ -93,6 +93,6 @@ def adapter_thrash(ev: Evidence) -> Verdict:
     head = f"{rep.loads} of {rep.loads + rep.warm} adapter runs loaded their adapter ({share:.0%})"
     if share >= THRASH_SHARE:
         return Verdict(
-            "fail", f"adapter thrash: {head}; {said}", numbers, th, _ADVICE, ev.runs_command
+            "fail", f"adapter thrash: {head}; {said}", numbers, th, ADVICE, ev.runs_command
         )
-    return Verdict("warn", f"{head}; {said}", numbers, th, _ADVICE)
+    return Verdict("warn", f"{head}; {said}", numbers, th, ADVICE)
