@@ -4,7 +4,7 @@ A run is committed before the next one starts, so a crash or Ctrl-C loses at mos
 flight. Scalar columns (``client_ttft_s``, ``server_decode_s``, …) are there for SQL and
 dashboards; the ``*_json`` columns keep the full record (every token arrival time).
 The schema version lives in ``PRAGMA user_version`` and migrates forward in
-:data:`~phaseprobe.store.schema._MIGRATIONS`.
+:data:`~phaseprobe.store.schema.MIGRATIONS`.
 Nothing secret is stored: run specs carry no API key, and URLs lose any ``user:pass@``.
 Commands that only read open it ``Store(path, readonly=True)``: never created, migrated or
 written, usable on a read-only file or directory. A file that is not a usable store (not
@@ -24,7 +24,6 @@ from phaseprobe.store.ab import AbSessionRow
 from phaseprobe.store.db import LOCK_TIMEOUT_S, SQLITE_HEADER
 from phaseprobe.store.front import Store
 from phaseprobe.store.gpu import GPU_SAMPLE_COLUMNS
-from phaseprobe.store.schema import _MIGRATIONS as _MIGRATIONS  # tests rebuild old schemas from it
 from phaseprobe.store.schema import SCHEMA_VERSION
 from phaseprobe.store.spans import (
     PRUNE_BATCH,

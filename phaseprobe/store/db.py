@@ -28,7 +28,7 @@ from phaseprobe.errors import StoreError
 from phaseprobe.inputs import SYMLINK_LOOP, input_problem
 from phaseprobe.redact import mask_secrets
 from phaseprobe.sqlite_file import hold, peek, release
-from phaseprobe.store.schema import _MIGRATIONS, SCHEMA_VERSION
+from phaseprobe.store.schema import MIGRATIONS, SCHEMA_VERSION
 
 # How long an operation waits for another process's lock before it is a StoreError.
 LOCK_TIMEOUT_S = 10.0
@@ -504,7 +504,7 @@ class Db:
                 self._db.execute("COMMIT")
                 self.schema_version = current
                 continue
-            for statement in _MIGRATIONS[target - 1].split(";"):
+            for statement in MIGRATIONS[target - 1].split(";"):
                 if statement.strip() and not self._column_exists(statement):
                     self._db.execute(statement)
             self._db.execute(f"PRAGMA user_version = {target}")

@@ -1,4 +1,4 @@
-"""The store's schema as the migrations that build it: :data:`_MIGRATIONS` holds one SQL
+"""The store's schema as the migrations that build it: :data:`MIGRATIONS` holds one SQL
 script per version, applied in order by :class:`~phaseprobe.store.db.Db` when it opens a store
 to write; the version a file has is its ``PRAGMA user_version``. A migration is written out
 literally and never changed once released (stores made by it migrate on from it): a change
@@ -7,7 +7,9 @@ to the schema is a new migration at the end.
 
 from __future__ import annotations
 
-_MIGRATIONS: list[str] = [
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION"]
+
+MIGRATIONS: list[str] = [
     # 1: experiments and runs
     """
     CREATE TABLE experiments (
@@ -168,4 +170,4 @@ _MIGRATIONS: list[str] = [
     ALTER TABLE runs ADD COLUMN adapter_json TEXT
     """,
 ]
-SCHEMA_VERSION = len(_MIGRATIONS)
+SCHEMA_VERSION = len(MIGRATIONS)

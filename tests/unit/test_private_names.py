@@ -10,12 +10,8 @@ import phaseprobe
 
 ROOT = Path(phaseprobe.__file__).parent
 # Still crossing, each left to its module's owner (issue 43 item 5 made the rest public):
-# the Nsight export's readers, the OTLP/JSON reader's helpers, the store's migrations.
-KNOWN = {
-    "phaseprobe.sources.nsys.export",
-    "phaseprobe.sources.vllm.otlp_json_fast",
-    "phaseprobe.store.schema",
-}
+# the Nsight export's readers and the OTLP/JSON reader's helpers.
+KNOWN = {"phaseprobe.sources.nsys.export", "phaseprobe.sources.vllm.otlp_json_fast"}
 
 
 def _private_imports() -> list[str]:

@@ -13,7 +13,8 @@ from phaseprobe.analysis.ab.stats import compare_runs
 from phaseprobe.analysis.phases import summarize
 from phaseprobe.present.cli.console import render_probe
 from phaseprobe.records import ClientTimeline, Experiment, Isolation, Run, RunSpec, ServerPhases
-from phaseprobe.store import _MIGRATIONS, SCHEMA_VERSION, Store
+from phaseprobe.store import SCHEMA_VERSION, Store
+from phaseprobe.store.schema import MIGRATIONS
 
 MS = 1_000_000
 
@@ -117,7 +118,7 @@ def test_the_store_keeps_reasoning_columns_and_the_whole_timeline(tmp_path: Path
 def test_a_store_of_schema_10_migrates_and_its_runs_still_read(tmp_path: Path) -> None:
     path = tmp_path / "old.sqlite"
     db = sqlite3.connect(path)
-    for script in _MIGRATIONS[:10]:
+    for script in MIGRATIONS[:10]:
         db.executescript(script)
     db.execute("PRAGMA user_version = 10")
     db.commit()
