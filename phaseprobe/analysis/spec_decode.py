@@ -60,6 +60,8 @@ __all__ = [
     "NOT_ENABLED",
     "SpecReport",
     "spec_report",
+    "plain_step_of",
+    "ab_speculation_note",
 ]
 
 # counter_deltas / window key → canonical counter (sources.vllm.metrics.ALIASES)
@@ -391,3 +393,67 @@ def spec_report(runs: Sequence[Run]) -> SpecReport:
         be = break_even(costs.drafted_s, costs.plain_s, k)
     n = sum(1 for r in alone if spec_of_run(r) is not None)
     return SpecReport(True, figs, n, costs, be)
+
+
+def plain_step_of(runs: Sequence[Run]) -> float | None:
+    """A server without speculation's decode step: the median over its isolated runs of server
+    decode time per decode step (completion tokens − 1); None with no such run."""
+    steps: list[float] = []
+    for r in runs:
+        s, c = r.server, r.client
+        if r.status != "ok" or not r.isolation.isolated or s is None or s.decode_s is None:
+            continue
+        if c is not None and c.completion_tokens is not None and c.completion_tokens > 1:
+            steps.append(s.decode_s / (c.completion_tokens - 1))
+    steps.sort()
+    if not steps:
+        return None
+    mid = len(steps) // 2
+    return steps[mid] if len(steps) % 2 else (steps[mid - 1] + steps[mid]) / 2
+
+
+def ab_speculation_note(
+    runs_a: Sequence[Run], runs_b: Sequence[Run], arm_a: str, arm_b: str
+) -> str | None:
+    """When exactly one arm of an A/B speculated: its acceptance, and the break-even set
+    against the other arm's plain decode step as well as against its own non-drafted steps.
+    The speculating server's own "plain" steps carry the proposer's work (n-gram lookup runs
+    on every step), so the single-server α* understates what speculation must win back; the
+    plain arm's step is the honest baseline (docs/levers.md). None otherwise."""
+    figs = {arm_a: spec_of_runs(runs_a), arm_b: spec_of_runs(runs_b)}
+    drafting = [arm for arm, f in figs.items() if f is not None and f.drafts > 0]
+    if len(drafting) != 1:
+        return None
+    spec_arm = drafting[0]
+    spec_runs, plain_runs = (runs_a, runs_b) if spec_arm == arm_a else (runs_b, runs_a)
+    plain_arm = arm_b if spec_arm == arm_a else arm_a
+    fig = figs[spec_arm]
+    assert fig is not None and fig.acceptance_rate is not None  # drafts > 0
+    said = (
+        f"speculation (arm {spec_arm}): acceptance {fig.acceptance_rate:.0%}, mean accepted "
+        f"length {fig.mean_accepted_length:.2f} over {fig.drafts:.0f} drafts"
+    )
+    costs, k = step_costs(spec_runs), fig.draft_length or 0.0
+    if costs.drafted_s is None or costs.reason is not None:
+        return f"{said}; no break-even: {costs.reason}"
+    plain_step = plain_step_of(plain_runs)
+    own = break_even(costs.drafted_s, costs.plain_s or 0.0, k)
+    own_said = (
+        f"{own:.0%} against its own non-drafted steps ({costs.plain_s * 1e3:.2f} ms)"
+        if own is not None and costs.plain_s is not None
+        else "none against its own steps"
+    )
+    if plain_step is None:
+        return (
+            f"{said}; break-even {own_said}; arm {plain_arm} has no isolated decode to set "
+            "it against"
+        )
+    vs_plain = break_even(costs.drafted_s, plain_step, k)
+    if vs_plain is None:
+        return f"{said}; break-even {own_said}"
+    pays = "pays" if fig.acceptance_rate > vs_plain else "does not pay"
+    return (
+        f"{said}; a drafted step {costs.drafted_s * 1e3:.2f} ms against arm {plain_arm}'s "
+        f"decode step {plain_step * 1e3:.2f} ms: break-even {vs_plain:.0%} ({pays} by the "
+        f"counters; the phase verdicts above are what was measured), {own_said}"
+    )

@@ -13,7 +13,9 @@ from rich.console import Console
 from phaseprobe.analysis.phases import summarize
 from phaseprobe.analysis.spec_decode import (
     NOT_ENABLED,
+    ab_speculation_note,
     break_even,
+    plain_step_of,
     spec_deltas,
     spec_figures,
     spec_report,
@@ -177,3 +179,26 @@ def test_costs_known_to_no_better_than_half_give_no_break_even() -> None:
     rep = spec_report(runs)
     assert rep.break_even_rate is None and rep.below_break_even is None
     assert "break-even unknown: the fitted step costs are too uncertain" in rep.sentence()
+
+
+def test_an_ab_with_one_speculating_arm_sets_the_break_even_against_the_plain_arm() -> None:
+    # the speculating server's non-drafted steps cost 8 ms (its proposer runs on every step);
+    # the plain server's steps 5 ms: α* = (12 / 5 − 1) / 3 = 47 % against the plain arm,
+    # (12 / 8 − 1) / 3 = 17 % against itself; 24 of 42 drafted tokens accepted (57 %)
+    spec = [
+        _run(0, drafts=4, accepted=6, k=3, drafted_ms=12.0, plain_ms=8.0),
+        _run(1, drafts=10, accepted=18, k=3, drafted_ms=12.0, plain_ms=8.0),
+    ]
+    plain = [_run(i, drafts=None, plain_ms=5.0) for i in range(3)]
+    assert plain_step_of(plain) == pytest.approx(0.005)
+    note = ab_speculation_note(plain, spec, "plain", "ngram")
+    assert note is not None
+    assert (
+        "speculation (arm ngram): acceptance 57%, mean accepted length 2.71 over 14 drafts" in note
+    )
+    assert "a drafted step 12.00 ms against arm plain's decode step 5.00 ms: break-even 47%" in note
+    assert "(pays by the counters" in note
+    assert "17% against its own non-drafted steps (8.00 ms)" in note
+    # both arms plain, or both speculating: nothing to set against
+    assert ab_speculation_note(plain, plain, "a", "b") is None
+    assert ab_speculation_note(spec, spec, "a", "b") is None

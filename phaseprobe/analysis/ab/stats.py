@@ -40,6 +40,7 @@ from phaseprobe.analysis.ab.sequential import (
     paired_log_ratios,
 )
 from phaseprobe.analysis.client_check import client_consistent
+from phaseprobe.analysis.spec_decode import ab_speculation_note
 from phaseprobe.records import Run
 
 __all__ = [
@@ -538,6 +539,9 @@ def compare_runs(
                 f"reasoning tokens per run (median): {arm_a} {told[0]:g}, {arm_b} "
                 f"{told[1]:g}: time to first answer moves with them as well as with decode"
             )
+    spec = ab_speculation_note(runs_a, runs_b, arm_a, arm_b)
+    if spec is not None:
+        warnings.append(spec)
     for arm, runs in ((arm_a, runs_a), (arm_b, runs_b)):
         dropped = sum(1 for r in runs if not usable(r, "server_decode_s"))
         if dropped:
