@@ -198,7 +198,12 @@ def test_a_long_prefill_advances_without_tokens_and_raises_nothing(rig: Rig) -> 
     assert still_at_s > STALL_FOR_S + ALERT_WAIT_S + 1, states
     assert any(state == "prefilling" for _, state, _ in states), states
     assert not any(state == "stalled" for _, state, _ in states), states
-    assert seen_alerts == [], f"VllmEngineStalled during a prefill: {seen_alerts}"
+    # Never firing. A pending spell is allowed: on a loaded box the 93 %-stopped engine can
+    # make no progress for the alert's whole window between two prefill chunks (the split CI
+    # beside a busy core saw 17 pending evaluations, never firing); the for: that follows is
+    # what keeps such a spell from paging, and a rule blind to the prefill's FLOPs and KV
+    # would fire here, as the token counters stand still far longer (still_at_s above).
+    assert "firing" not in seen_alerts, f"VllmEngineStalled fired during a prefill: {seen_alerts}"
 
 
 def test_a_stopped_engine_core_fires_keeps_its_stack_and_reaches_alertmanager(
