@@ -44,8 +44,9 @@ SUCCESS = "vllm:request_success_total"
 
 
 def _successes(base_url: str) -> float:
-    """A replica's finished requests, from its own /metrics (not phaseprobe's reader)."""
-    text = requests.get(f"{base_url}/metrics", timeout=10).text
+    """A replica's finished requests, from its own /metrics (not phaseprobe's reader). 30 s:
+    beside a busy core a replica's API server once took over 10 s to answer."""
+    text = requests.get(f"{base_url}/metrics", timeout=30).text
     return sum(
         s.value
         for f in text_string_to_metric_families(text)
