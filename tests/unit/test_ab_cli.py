@@ -34,8 +34,8 @@ def _run(argv: list[str], capsys) -> tuple[int, str]:
 @pytest.fixture
 def book(tmp_path):
     with (
-        SseServer(Script(n_tokens=8, gap_s=0.012)) as a,
-        SseServer(Script(n_tokens=8, gap_s=0.006)) as b,
+        SseServer(Script(n_tokens=8, gap_s=0.03)) as a,  # 12 vs 6 ms drowned in load
+        SseServer(Script(n_tokens=8, gap_s=0.015)) as b,
     ):
         path = tmp_path / "sse.toml"
         path.write_text(BOOK.format(a=a.base_url, b=b.base_url))
