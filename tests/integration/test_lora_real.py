@@ -213,8 +213,11 @@ def test_more_adapters_at_once_than_slots_wait_for_the_slot(lora_vllm: VllmTarge
     reads a whole stream from its socket at once (one CI run stamped 64 events within 0.3 ms,
     850 ms after vLLM sent the first), so stamps can show an overlap that did not happen, or
     hide one that did."""
-    same, seen_same = _at_once(lora_vllm, ["ad-a"] * 3, 64)
-    mixed, seen_mixed = _at_once(lora_vllm, list(ADAPTERS), 64)
+    # 192 tokens: the three decode together for a second or more, so the scrapes (one per
+    # 100-150 ms when the box is busy) see it; with 64, a CI run's burst ended after 4 scrapes,
+    # the first of them before vLLM's gauge counted the burst
+    same, seen_same = _at_once(lora_vllm, ["ad-a"] * 3, 192)
+    mixed, seen_mixed = _at_once(lora_vllm, list(ADAPTERS), 192)
     t0 = min(s[0] for s in mixed)
     print("mixed burst, first/last token ms after the first:", [
         (round((a - t0) / 1e6), round((b - t0) / 1e6)) for a, b in mixed
