@@ -48,6 +48,16 @@ def test_a_batch_that_only_touches_its_most_is_no_ceiling() -> None:
     assert (
         infer_batch_limits(brief, most_streams=12, longest_prompt=32)["max_num_seqs"].value is None
     )
+    # the clean-clone CI at load 23: the batch sat at 4 for 31 steps in a row, 55 % of the
+    # busy steps, while 12 streams were in flight (limit 128): a starved API server, held
+    # to a lower bound; half the busy steps was not enough to call it a ceiling
+    starved = [
+        *(_step(i, 0, 0, (2, 3)[i % 2]) for i in range(25)),
+        *(_step(25 + i, 0, 0, 4) for i in range(31)),
+    ]
+    got = infer_batch_limits(starved, most_streams=12, longest_prompt=32)["max_num_seqs"]
+    assert (got.value, got.most_seen) == (None, 4), got
+    assert "55% of the busy steps" in got.source
     data = FitData(steps=wandering, clients=CLIENTS)
     limits, sources = _limits(LimitsGiven(), data, launched=False, platform_kind="cpu")
     assert limits.max_num_seqs == 128 and "assumed" in sources["max_num_seqs"]
