@@ -35,6 +35,7 @@ separable from these runs and nothing is claimed (:attr:`StepCosts.reason`).
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -405,11 +406,7 @@ def plain_step_of(runs: Sequence[Run]) -> float | None:
             continue
         if c is not None and c.completion_tokens is not None and c.completion_tokens > 1:
             steps.append(s.decode_s / (c.completion_tokens - 1))
-    steps.sort()
-    if not steps:
-        return None
-    mid = len(steps) // 2
-    return steps[mid] if len(steps) % 2 else (steps[mid - 1] + steps[mid]) / 2
+    return statistics.median(steps) if steps else None
 
 
 def ab_speculation_note(

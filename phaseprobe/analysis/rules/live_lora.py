@@ -8,7 +8,7 @@ while three requests on three adapters with one slot waited 0.5, 3.7 and 7.5 s f
 token. That wait is what this rule sees, live.
 
 Judged per replica from its ``/metrics`` scrapes over the window
-(:class:`~phaseprobe.analysis.lora.LoraWindow` and the ``waiting_deferred`` gauge,
+(:class:`~phaseprobe.analysis.lora_gauge.LoraWindow` and the ``waiting_deferred`` gauge,
 ``vllm:num_requests_waiting_by_reason{reason="deferred"}``):
 
 * no ``vllm:lora_requests_info`` series (LoRA off, or Prometheus, which this rule does not
