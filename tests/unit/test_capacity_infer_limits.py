@@ -22,6 +22,8 @@ CAPPED = [
     _step(3, 1, 505, 7),  # a step filled to the budget: 505 + 7, 8 requests
     *(_step(4 + i, 0, 0, 8) for i in range(20)),
 ]
+# vLLM's num_requests_waiting while the 12 streams ran: four held back, then none
+HELD_BACK = [4.0, 4.0, 4.0, 0.0, 0.0]
 CLIENTS = [
     ClientSample(768, 8, 1, 0.5, 0.02),
     ClientSample(32, 32, 12, 0.3, 0.05),
@@ -29,10 +31,11 @@ CLIENTS = [
 
 
 def test_a_plateau_below_what_the_probes_sent_is_the_limit() -> None:
-    got = infer_batch_limits(CAPPED, most_streams=12, longest_prompt=768)
+    got = infer_batch_limits(CAPPED, most_streams=12, longest_prompt=768, waiting=HELD_BACK)
     seqs, budget = got["max_num_seqs"], got["max_num_batched_tokens"]
     assert (seqs.value, seqs.most_seen) == (8, 8)
     assert "plateaued at 8 requests while the probes had 12 in flight" in seqs.source
+    assert "held back in 3 of 5 readings" in seqs.source
     assert budget.value == 512 and "split into steps of at most 512 tokens" in budget.source
 
 
@@ -58,9 +61,36 @@ def test_a_batch_that_only_touches_its_most_is_no_ceiling() -> None:
     got = infer_batch_limits(starved, most_streams=12, longest_prompt=32)["max_num_seqs"]
     assert (got.value, got.most_seen) == (None, 4), got
     assert "55% of the busy steps" in got.source
-    data = FitData(steps=wandering, clients=CLIENTS)
+    data = FitData(steps=wandering, clients=CLIENTS, waiting={12: HELD_BACK})
     limits, sources = _limits(LimitsGiven(), data, launched=False, platform_kind="cpu")
     assert limits.max_num_seqs == 128 and "assumed" in sources["max_num_seqs"]
+
+
+def test_a_pinned_batch_is_a_ceiling_only_if_the_scheduler_held_requests_back() -> None:
+    # the clean-clone CI at load 23 (limit 128): 12 streams, the batch at 11 for 27 steps in a
+    # row, 84 % of the busy steps: one request late in a starved API server, never waiting in
+    # the scheduler. Read off the steps alone, the fit's limit was 11
+    late = [
+        *(_step(i, 1, 32, 10) for i in range(1)),
+        *(_step(1 + i, 0, 0, 11) for i in range(27)),
+        *(_step(28 + i, 0, 0, (3, 5)[i % 2]) for i in range(5)),
+    ]
+    got = infer_batch_limits(late, most_streams=12, longest_prompt=32, waiting=[0.0] * 9)
+    seqs = got["max_num_seqs"]
+    assert (seqs.value, seqs.most_seen) == (None, 11), seqs
+    assert "at least 11" in seqs.source and "held back in 0 of 9 readings" in seqs.source
+    # one reading is a token budget's single step, not a ceiling
+    once = infer_batch_limits(late, most_streams=12, longest_prompt=32, waiting=[1.0, 0.0, 0.0])
+    assert once["max_num_seqs"].value is None
+    # the same steps with requests held back: the ceiling
+    held = infer_batch_limits(late, most_streams=12, longest_prompt=32, waiting=[1.0, 1.0, 0.0])
+    assert held["max_num_seqs"].value == 11
+    # no readings (no /metrics): a lower bound that says why
+    blind = infer_batch_limits(CAPPED, most_streams=12, longest_prompt=768)["max_num_seqs"]
+    assert blind.value is None and "could not be read" in blind.source
+    data = FitData(steps=late, clients=CLIENTS, waiting={12: [0.0] * 9, 4: [1.0, 1.0]})
+    limits, sources = _limits(LimitsGiven(), data, launched=False, platform_kind="cpu")
+    assert limits.max_num_seqs == 128 and "assumed" in sources["max_num_seqs"], sources
 
 
 def test_limits_the_probes_never_reached_are_only_lower_bounds() -> None:
@@ -76,7 +106,7 @@ def test_limits_the_probes_never_reached_are_only_lower_bounds() -> None:
 
 
 def test_an_endpoint_fit_takes_the_inferred_limits_and_says_so() -> None:
-    data = FitData(steps=CAPPED, clients=CLIENTS)
+    data = FitData(steps=CAPPED, clients=CLIENTS, waiting={12: HELD_BACK})
     limits, sources = _limits(LimitsGiven(), data, launched=False, platform_kind="gpu")
     assert (limits.max_num_seqs, limits.max_num_batched_tokens) == (8, 512)
     assert sources["max_num_seqs"].startswith("inferred: the step log's batch plateaued at 8")

@@ -75,6 +75,9 @@ class FitData:
     kv_capacity_tokens: int | None = None
     block_size: int | None = None
     failed: list[str] = field(default_factory=list)  # requests that did not complete, why
+    # vLLM's num_requests_waiting read while each decode probe ran, by its streams (none: the
+    # gauge could not be read); the evidence that a batch plateau is a scheduler ceiling
+    waiting: dict[int, list[float]] = field(default_factory=dict)
 
     def step_samples(self) -> list[StepSample]:
         """The steps with their KV context in tokens (usage × capacity; 0 when unknown)."""
@@ -101,6 +104,40 @@ def read_steps(log: Path, offset: int) -> list[EngineStep]:
         raise ConfigError(f"step log {log}: cannot be read ({e.strerror or e})") from None
     first = 1  # line numbers count from the offset: say so in the source name
     return list(parse_step_lines(text.splitlines(), f"{log} (from byte {offset})", first))
+
+
+class _WaitingWatch:
+    """Reads vLLM's ``num_requests_waiting`` every ``every_s`` while a probe runs. The
+    scheduler's gauge counts requests it holds back after a step (its batch limits), not those
+    still in the API server: a starved API server that keeps the batch below the streams sent
+    leaves it at 0, a ``max_num_seqs`` ceiling does not."""
+
+    def __init__(self, base_url: str, api_key: str | None, every_s: float = 0.2) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._scraper = MetricsScraper(base_url, headers=headers, timeout_s=2.0)
+        self._every_s = every_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.readings: list[float] = []
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._every_s):
+            try:
+                v = self._scraper.scrape().value("requests_waiting")
+            except Exception:  # a missed reading is no evidence either way
+                continue
+            if v is not None:
+                self.readings.append(v)
+
+    def __enter__(self) -> _WaitingWatch:
+        self._thread = threading.Thread(target=self._run, name="fit-waiting", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
 
 
 def _tpots(outcomes: Sequence[StreamOutcome]) -> list[float]:
@@ -225,7 +262,11 @@ def run_fit_probes(
         for c in design.concurrencies:
             progress(f"decode at concurrency {c} (rep {rep + 1}/{design.decode_reps})")
             bodies = [p.body(design.decode_prompt, design.decode_output) for _ in range(c)]
-            take(p.streams(bodies), c, design.decode_prompt, design.decode_output)
+            with _WaitingWatch(base_url, api_key) as watch:
+                outcomes = p.streams(bodies)
+            if watch.readings:
+                data.waiting.setdefault(c, []).extend(watch.readings)
+            take(outcomes, c, design.decode_prompt, design.decode_output)
     progress(f"mixed: {design.mixed_streams} streams {design.mixed_stagger_s * 1e3:.0f} ms apart")
     bodies = [
         p.body(design.mixed_prompt, design.decode_output) for _ in range(design.mixed_streams)

@@ -172,7 +172,9 @@ def _inferred(
     seqs, tokens = given.max_num_seqs, given.max_num_batched_tokens
     streams = max((c.concurrency for c in data.clients), default=0)
     prompt = max((c.prompt_tokens for c in data.clients), default=0)
-    found = infer_batch_limits(data.steps, most_streams=streams, longest_prompt=prompt)
+    found = infer_batch_limits(
+        data.steps, most_streams=streams, longest_prompt=prompt, waiting=data.waiting.get(streams)
+    )
     if given.chunked_prefill is False:  # an unchunked prompt over the budget is refused, not split
         found.pop("max_num_batched_tokens", None)
     alone = " (if nothing else ran on the server during the probes)"
