@@ -62,7 +62,10 @@ _ATTENTION = re.compile(
     re.I,
 )
 _GEMM = re.compile(
+    # weight_packed_linear: vLLM CPU's linear on prepacked weights, which this machine's CPU
+    # gets where the CI's got onednn_mm (the ISA decides)
     r"gemm|gemv|matmul|cublas|cutlass|xmma|wgmma|nvjet|marlin|machete|scaled_mm|onednn_mm"
+    r"|weight_packed_linear"
     r"|^aten::(mm|addmm|bmm|linear|baddbmm)$|splitk|_mm_|dot_product",
     re.I,
 )

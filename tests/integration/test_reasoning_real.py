@@ -85,13 +85,19 @@ def test_first_reasoning_and_first_answer_are_stamped_apart(reasoning_vllm: Vllm
     # TTFT is the first reasoning event, TTFA the first answer event, after the budget
     assert tl.first_reasoning_offset_ns == tl.event_offsets_ns[0]
     assert tl.ttft_s is not None and tl.ttfa_s is not None and tl.ttfa_s > tl.ttft_s
-    # every token is counted once, the hidden </think> included (with the first answer event)
+    # every token is counted once, the hidden </think> included: with the first answer event,
+    # or with the last reasoning one when a step accepted it beside the last reasoning token
+    # (this server speculates) or a lagging client got the two merged (seen: 7 of budget 6)
     assert tl.event_tokens is not None and sum(tl.event_tokens) == n
     first_answer = tl.event_offsets_ns.index(tl.first_answer_offset_ns or -1)
     if tl.reasoning_tokens is not None:  # no event mixed reasoning and answer
-        assert tl.reasoning_tokens == budget and tl.reasoning_tokens_source == "stream"
-        assert tl.answer_tokens == n - budget
-        assert sum(tl.event_tokens[:first_answer]) == budget
+        assert tl.reasoning_tokens in (budget, budget + 1), tl.event_tokens
+        if tl.reasoning_tokens == budget + 1:  # the </think> rode on the last reasoning event
+            assert tl.event_tokens[first_answer - 1] >= 2, tl.event_tokens
+            assert any("may hold the hidden </think>" in note for note in out.notes), out.notes
+        assert tl.reasoning_tokens_source == "stream"
+        assert tl.answer_tokens == n - tl.reasoning_tokens
+        assert sum(tl.event_tokens[:first_answer]) == tl.reasoning_tokens
         # vLLM's own usage counts no reasoning here (the <think> was in the prompt): said
         assert any("counts 0 reasoning tokens" in note for note in out.notes)
     else:  # a lagging client got the boundary inside one merged event: said, not guessed

@@ -15,7 +15,7 @@ import pytest
 
 from phaseprobe.records import ClientTimeline
 from phaseprobe.sources.vllm.openai_stream import StreamClient, StreamOutcome, build_body
-from phaseprobe.sources.vllm.stream_tokens import TokenTally
+from phaseprobe.sources.vllm.stream_tokens import TokenTally, reasoning_count
 from phaseprobe.testing.sse_server import Script, SseServer
 
 RECORDED = Path(__file__).parents[1] / "data" / "vllm032_reasoning"
@@ -209,3 +209,22 @@ def test_a_hostile_running_total_cannot_blow_up_the_per_token_list() -> None:
     assert out.error is None and tl.event_tokens is None
     assert tl.itl_token_s == tl.itl_s and len(tl.itl_s) == 1
     assert any("more than any stream" in n for n in out.notes)
+
+
+def test_a_last_reasoning_event_of_several_tokens_may_hold_the_hidden_end_of_thinking() -> None:
+    # the real reasoning vLLM with n-gram speculation (integration, load 22): budget 6, and the
+    # step that took the 6th reasoning token also took </think>: the stream counts 7
+    tally = TokenTally()
+    for kind, k in (("reasoning", 1), ("reasoning", 3), ("reasoning", 3), ("answer", 2)):
+        tally.add(True, kind, k, None)
+    counts, _ = tally.per_event(9)
+    own, source, note = reasoning_count(tally, counts, {"completion_tokens": 9})
+    assert (own, source) == (7, "stream")
+    assert note is not None and "last reasoning event carried 3 tokens" in note
+    assert "may hold the hidden </think>" in note
+    # a one-token last reasoning event: the </think> came with the answer, nothing to say
+    single = TokenTally()
+    for kind, k in (("reasoning", 3), ("reasoning", 1), ("answer", 2)):
+        single.add(True, kind, k, None)
+    counts, _ = single.per_event(6)
+    assert reasoning_count(single, counts, {"completion_tokens": 6}) == (4, "stream", None)

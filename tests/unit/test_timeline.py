@@ -53,6 +53,7 @@ def acts(rows: list[tuple[int, int, str, str, str]], tid: int = 1) -> pd.DataFra
         ("nvjet_tst_64x8_64x16_4x1_v_bz_splitK_TNT", "kernel", "gemm"),
         ("Marlin<256, 1, 8, 8>", "kernel", "gemm"),
         ("_C::onednn_mm", "cpu_op", "gemm"),
+        ("_C::weight_packed_linear", "cpu_op", "gemm"),
         ("void flash_fwd_splitkv_combine_kernel<>", "kernel", "attention"),
         ("void vllm::reshape_and_cache_flash_kernel<>", "kernel", "attention"),
         ("BatchPrefillWithPagedKVCacheKernel", "kernel", "attention"),

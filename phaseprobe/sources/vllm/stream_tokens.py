@@ -195,4 +195,14 @@ def reasoning_count(
         if said == 0
         else None
     )
+    # The hidden </think> is an answer token (as in vLLM's usage) when it comes with the first
+    # answer event; a step that also took the last reasoning token (speculation) or a lagging
+    # client merges it into the last reasoning event, whose count then holds it
+    last = max((i for i, k in enumerate(tally.kinds) if k == "reasoning"), default=None)
+    if last is not None and counts is not None and counts[last] >= 2 and "answer" in tally.kinds:
+        merged = (
+            f"the last reasoning event carried {counts[last]} tokens: the reasoning count may "
+            "hold the hidden </think> (one too many)"
+        )
+        note = merged if note is None else f"{note}; {merged}"
     return own, "stream", note
