@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from itertools import chain, repeat
+from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -56,35 +58,18 @@ class SpanStore(Db):
         request spans were new."""
         now = time.time_ns()
         counts = dict(counts or {})
-        rows: list[tuple[Any, ...]] = [
-            (
-                s.trace_id,
-                s.span_id,
-                s.parent_span_id,
-                s.request_id,
-                s.model,
-                s.service,
-                s.instance,
-                s.start_ns,
-                s.end_ns,
-                s.queue_s,
-                s.prefill_s,
-                s.decode_s,
-                s.inference_s,
-                s.ttft_s,
-                s.e2e_s,
-                s.prompt_tokens,
-                s.completion_tokens,
-                s.max_tokens,
-                "{}" if not a else json.dumps(a),  # vLLM's usual span: no attribute left over
-                now,
-            )
-            for s, a in zip(requests, attributes)
-        ]
+        # the record's columns read in C (attrgetter), the batch's two more added to each;
+        # vLLM's usual span has no attribute left over: "{}"
+        columns = map(_SPAN_COLUMNS, requests)
+        if any(attributes):
+            tails = [("{}" if not a else json.dumps(a), now) for a in attributes]
+            rows: list[tuple[Any, ...]] = list(map(tuple.__add__, columns, tails))
+        else:
+            rows = list(map(tuple.__add__, columns, repeat(("{}", now), len(attributes))))
         # a server may echo a key into a span (an attribute, its model or service name): the
         # text columns pass the secret mask like every other write, over the whole batch at
         # once first; only a batch where it finds something is masked column by column
-        texts = "\x00".join([t for r in rows for t in (r[3], r[4], r[5], r[6], r[18]) if t])
+        texts = "\x00".join(filter(None, chain.from_iterable(map(_TEXT_COLUMNS, rows))))
         if mask_secrets(texts) != texts:
             m = _mask_text
             rows = [
@@ -410,6 +395,31 @@ class SpanStore(Db):
             "other": [c for c in counts if c["kind"] == "other"],
             "rejected": [c for c in counts if c["kind"] == "rejected"],
         }
+
+
+# add_spans' row: the record's columns in the INSERT's order, then attributes_json and
+# received_wall_ns; its text columns (request_id, model, service, instance, attributes_json)
+_SPAN_COLUMNS = attrgetter(
+    "trace_id",
+    "span_id",
+    "parent_span_id",
+    "request_id",
+    "model",
+    "service",
+    "instance",
+    "start_ns",
+    "end_ns",
+    "queue_s",
+    "prefill_s",
+    "decode_s",
+    "inference_s",
+    "ttft_s",
+    "e2e_s",
+    "prompt_tokens",
+    "completion_tokens",
+    "max_tokens",
+)
+_TEXT_COLUMNS = itemgetter(3, 4, 5, 6, 18)
 
 
 def _mask_text(text: str | None) -> str | None:
