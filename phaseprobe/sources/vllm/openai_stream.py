@@ -15,6 +15,7 @@ all" is raised, by :func:`check_endpoint`, before any run starts.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -635,6 +636,11 @@ class _StreamState:
         if data == b"[DONE]":
             self.done = True
             return False
+        plain = _PLAIN_EVENT(data)
+        if plain is not None and (data.isascii() or _utf8(data)):
+            taken = self._take_plain(plain, chat)
+            if taken is not None:
+                return taken
         try:
             obj = _json_object(data)
         except ValueError:
@@ -664,7 +670,20 @@ class _StreamState:
             piece, thought = delta.get("content"), reasoning_text(delta)
         else:
             piece, thought = choice.get("text"), None
-        finish = choice.get("finish_reason")
+        ids = choice.get("token_ids")  # the usual list first, without the helpers' calls
+        return self._count(
+            piece,
+            thought,
+            choice.get("finish_reason"),
+            len(ids) if type(ids) is list else listed_tokens(choice, chat),
+            None if usage is None else running_total(usage),
+        )
+
+    def _count(
+        self, piece: Any, thought: str | None, finish: Any, listed: int | None, total: int | None
+    ) -> bool:
+        """One chunk's text, reasoning, finish reason, listed tokens and running usage total
+        into the state and the tally; whether it was a token event."""
         if finish:
             self.finish_reason = str(finish)
         if piece:
@@ -676,14 +695,74 @@ class _StreamState:
         # with a finish reason but no text still marks when the last token was emitted. A
         # reasoning event is a token: TTFT is the first token of either kind.
         token_event = bool(piece or thought or finish)
-        ids = choice.get("token_ids")  # the usual list first, without the helpers' calls
-        self.tally.add(
-            token_event,
-            kind,
-            len(ids) if type(ids) is list else listed_tokens(choice, chat),
+        self.tally.add(token_event, kind, listed, total)
+        return token_event
+
+    def _take_plain(self, m: re.Match[bytes], chat: bool) -> bool | None:
+        """:meth:`_take` of an event :data:`_PLAIN_EVENT` matched, read from the match (see
+        there); None when its usage is not one JSON object (the caller parses it whole)."""
+        text, key, value, finish, ids, usage_raw = m.groups()
+        usage: Any = None
+        if usage_raw is not None:
+            try:
+                usage = _json_object(usage_raw)
+            except ValueError:
+                return None
+            if isinstance(usage, dict):
+                self.usage = usage
+        piece: str | None = None
+        thought: str | None = None
+        if not chat:
+            piece = None if text is None else text.decode()
+        elif key == b"content":
+            piece = value.decode()
+        elif key is not None:  # reasoning or reasoning_content, the delta's only field
+            thought = value.decode() or None
+        return self._count(
+            piece,
+            thought,
+            None if finish is None else finish.decode(),
+            None if ids is None else ids.count(b",") + 1 if ids else 0,
             None if usage is None else running_total(usage),
         )
-        return token_event
+
+
+# The token event vLLM streams most (one a token), read without building its JSON: an object
+# of exactly these members in this order, written without spaces, every string without an
+# escape or a control character, the numbers JSON integers. The completions API's chunk:
+#   {"id":"…","object":"text_completion","created":N,"model":"…","choices":[{"index":0,
+#    "text":"…","logprobs":null,"finish_reason":null,"stop_reason":null,
+#    ["prompt_token_ids":null,]"token_ids":[N,…]}][,"usage":null|{…}]}
+# and the chat API's, whose delta holds one of content, reasoning, reasoning_content:
+#   {…,"choices":[{"index":0,"delta":{"content":"…"},"logprobs":null,"finish_reason":null,
+#    "token_ids":[N,…]}][,"usage":…]}
+# (finish_reason may be a string, stop_reason present or not, token_ids null or absent). Each
+# is valid JSON whose value json.loads gives is fixed by the groups, so what _take reads from
+# that value is read from them (tests/unit/test_client_speed_plain.py holds the two equal);
+# the usage object, when there is one, is parsed as JSON. Anything else is parsed whole.
+_STR = rb'[^"\\\x00-\x1f]*'
+_INT = rb"(?:0|[1-9][0-9]*)"
+_PLAIN_EVENT: Callable[[bytes], re.Match[bytes] | None] = re.compile(
+    rb'\{"id":"' + _STR + rb'","object":"(?:text_completion|chat\.completion\.chunk)",'
+    rb'"created":' + _INT + rb',"model":"' + _STR + rb'","choices":\[\{"index":0,'
+    rb'(?:"text":"(' + _STR + rb')"'
+    rb'|"delta":\{"(content|reasoning|reasoning_content)":"(' + _STR + rb')"\})'
+    rb',"logprobs":null,"finish_reason":(?:null|"(' + _STR + rb')")(?:,"stop_reason":null)?'
+    rb'(?:,"prompt_token_ids":null)?'
+    rb'(?:,"token_ids":(?:null|\[(' + _INT + rb"(?:," + _INT + rb")*|)\]))?\}\]"
+    rb'(?:,"usage":(?:null|(\{.*\})))?\}',
+    re.DOTALL,
+).fullmatch
+
+
+def _utf8(data: bytes) -> bool:
+    """Whether ``data`` is UTF-8 (json.loads reads bytes as UTF-8, surrogates let through:
+    an event that is not strict UTF-8 is parsed the general way)."""
+    try:
+        data.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 # json.loads' own C scanner, configured as json.loads' (typeshed does not list it)
