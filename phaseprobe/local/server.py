@@ -90,6 +90,11 @@ def build_env(
     env["VLLM_HOST_IP"] = "127.0.0.1"  # keep vLLM's internal message queue on loopback
     env["VLLM_NO_USAGE_STATS"] = "1"  # a local test target has nothing to report home
     env["PYTHONUNBUFFERED"] = "1"  # so the log tail quoted in errors is up to date
+    # first on the path: a start-up hook that asks Linux for AMX before vLLM uses it (without,
+    # a first prompt of 2-4 tokens kills the worker on an AMX CPU: amx_startup/sitecustomize.py)
+    hook = str(Path(__file__).with_name("amx_startup"))
+    path = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = hook if not path else hook + os.pathsep + path
     env.update(extra_env or {})
     register_env_secrets(env)  # its log tail, shown in errors, may quote what it inherits
     return env
