@@ -146,14 +146,17 @@ class Stages:
     def __init__(self) -> None:
         self.spent = {label: 0.0 for _, _, label, _ in self.PARTS}
         self.spent[self.OTHER] = 0.0
+        self.cpu = dict.fromkeys(self.spent, 0.0)  # the main thread's CPU time in each
         self.saved: list[tuple[object, str, object]] = []
         self.cur = self.OTHER
         self.last = time.perf_counter()
+        self.last_cpu = time.thread_time()
 
     def _switch(self, label: str) -> str:
-        now = time.perf_counter()
+        now, cpu = time.perf_counter(), time.thread_time()
         self.spent[self.cur] += now - self.last
-        prev, self.cur, self.last = self.cur, label, now
+        self.cpu[self.cur] += cpu - self.last_cpu
+        prev, self.cur, self.last, self.last_cpu = self.cur, label, now, cpu
         return prev
 
     def __enter__(self) -> Stages:
@@ -198,9 +201,15 @@ class Stages:
         return call
 
     def report(self, total: float) -> None:
-        print("where the Arrow-native summary's wall time goes (main thread, same run):")
+        print(
+            "where the Arrow-native summary's wall time goes (main thread, same run; its CPU "
+            "time beside, which other work on the machine stretches less):"
+        )
         for label, t in sorted(self.spent.items(), key=lambda kv: -kv[1]):
-            print(f"  {label:<52} {t:7.2f} s  {100 * t / total:4.0f} %")
+            print(
+                f"  {label:<52} {t:7.2f} s  {100 * t / total:4.0f} %   "
+                f"(cpu {self.cpu[label]:.2f} s)"
+            )
 
 
 def timed(label: str, fn, *args, **kwargs):  # type: ignore[no-untyped-def]

@@ -57,9 +57,12 @@ class ArrowColumns:
         self.path = path
         self._conn: Any = None
 
-    def batches(self, table: str, exprs: list[str], batch_rows: int) -> Iterator[np.ndarray]:
-        """``(n, len(exprs))`` int64 arrays (columns contiguous) of ``SELECT exprs FROM
-        table`` in table (rowid) order, ``batch_rows`` rows at most each. Raises
+    def batches(
+        self, table: str, exprs: list[str], batch_rows: int, where: str = ""
+    ) -> Iterator[list[np.ndarray]]:
+        """One int64 array per expression of ``SELECT exprs FROM table [WHERE where]`` in
+        table (rowid) order, ``batch_rows`` rows at most each: read-only views of the Arrow
+        batch's own buffers (no copy; the batch lives as long as they do). Raises
         :class:`NotIntegers` when a value is not an integer or NULL is met."""
         if _adbc is None:
             raise NotIntegers("adbc-driver-sqlite is not installed")
@@ -71,22 +74,21 @@ class ArrowColumns:
         stack.callback(cur.close)
         try:
             cur.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": str(batch_rows)})
-            cur.execute(f"SELECT {', '.join(exprs)} FROM {table}")
+            cur.execute(
+                f"SELECT {', '.join(exprs)} FROM {table}" + (f" WHERE {where}" if where else "")
+            )
             stream = _prefetched(cur.fetch_record_batch())
             stack.callback(stream.close)  # its thread ends before the cursor closes
             for batch in stream:
-                n = batch.num_rows
-                if n == 0:
+                if batch.num_rows == 0:
                     continue
-                out = np.empty((len(exprs), n), np.int64).T  # columns contiguous
                 cols = batch.columns
-                del batch  # the Arrow copy goes once copied, not when the next one comes
-                for i in range(len(cols)):
-                    if str(cols[i].type) != "int64" or cols[i].null_count:
-                        raise NotIntegers(f"{table}: {exprs[i]} is {cols[i].type}")
-                    out[:, i] = cols[i].to_numpy()
+                del batch  # held by its columns' arrays only, not past them
+                for i, col in enumerate(cols):
+                    if str(col.type) != "int64" or col.null_count:
+                        raise NotIntegers(f"{table}: {exprs[i]} is {col.type}")
+                yield [col.to_numpy(zero_copy_only=True) for col in cols]
                 del cols
-                yield out
         except (_adbc.Error, OSError) as exc:  # the driver's type mismatch mid-way
             raise NotIntegers(f"{table}: {exc}") from None
         finally:

@@ -4,9 +4,10 @@
 several copies while it is built); :class:`NsysScan` reads the same rows in chunks of at most
 ``chunk_rows`` rowids per table, in time order, so a consumer can fold them into sums and
 running states (``analysis.trace.timeline_stream``). Memory is a few chunks plus, when the export
-has NVTX ranges (the launch join), 20 bytes per runtime API call (200 MB per 10 M calls),
-not a frame per kernel. What it yields is what ``read_nsys`` would have put in the
-Timeline, row for row:
+has NVTX ranges (the launch join), 20 bytes per runtime API call (200 MB per 10 M calls; 12
+when one process's correlation ids run 1, 2, ... without a gap, as nsys writes them: the keys
+are then implied), not a frame per kernel. What it yields is what ``read_nsys`` would have
+put in the Timeline, row for row:
 
 - each chunk is an activity frame (``ACTIVITY_COLUMNS`` + ``cls``, without ``stream`` and
   ``bytes``, which no summary reads) plus ``pos``, the row's place in ``read_nsys``'s frame
@@ -18,11 +19,14 @@ Timeline, row for row:
   sorted by SQLite (on disk, bounded memory);
 - the runtime API summary and the launch join come from one pass over the runtime table
   before the first chunk: per-name sums (``sources.nsys.api``), and a compact lookup of
-  (process, correlation id) → launch start and thread, searched per chunk.
+  (process, correlation id) → launch start and thread, searched per chunk. Nothing else
+  waits on that pass, so its two halves are read at once on two connections.
 
 How the columns come out: Arrow-native (``sources.nsys.arrow_read``, adbc-driver-sqlite),
-the next batch read by a thread while this one is folded; without that package, as
-``group_concat`` text parsed by numpy (about twice the CPU). Why not SQL aggregates:
+each column a view of the driver's own buffer, the next batch read by a thread while this
+one is folded; without that package, as ``group_concat`` text parsed by numpy (about twice
+the CPU). Names, devices and classes are coded through lookup tables indexed by id (one
+gather per chunk), not hashed per chunk. Why not SQL aggregates:
 SQLite's GROUP BY sorts every row: one GROUP BY name of the 10 M-kernel benchmark export
 costs more than reading all six kernel columns out (``bench/nsys_scale.py`` prints both),
 and the unions, idle gaps and range attribution need the rows in time order anyway.
@@ -84,6 +88,7 @@ class NsysScan:
         self.conn = open_export(path)
         self.ex = _Export(self.conn, self.path)
         self._arrow = ArrowColumns(self.path) if arrow_read.available() else None
+        self._arrow_b: ArrowColumns | None = None  # the second reader of the runtime table
         # (count, min rowid, max rowid) per table, asked once: the export is read-only
         self._extents: dict[str, tuple[int, Any, Any]] = {}
         self._labels: dict[str, int] = {}  # name label -> code, shared by every chunk
@@ -91,6 +96,10 @@ class NsysScan:
         self._dev_labels: dict[str, int] = {}
         self._dev_list: list[str] = []
         self._cls_of: dict[tuple[int, str], int] = {}
+        # id -> code lookup tables per table (``_through``): name ids, ordinals, classes
+        self._name_luts: dict[int, np.ndarray] = {t: _empty_lut() for t in range(len(_KINDS))}
+        self._dev_luts: dict[int, np.ndarray] = {}
+        self._cls_luts: dict[int, np.ndarray] = {}
         self._dev_keys: dict[int, set[tuple[int, int]]] = {}
         self._pid_code: dict[int, int] = {}
         self.presorted: set[int] = set()  # tables found out of start order
@@ -118,15 +127,26 @@ class NsysScan:
     def close(self) -> None:
         """Close both connections (the sqlite3 one and the Arrow reader's)."""
         self.conn.close()
-        if self._arrow is not None:
-            self._arrow.close()
+        for arrow in (self._arrow, self._arrow_b):
+            if arrow is not None:
+                arrow.close()
 
     # -- reading --------------------------------------------------------------------------
 
-    def _chunks(self, table: str, exprs: list[str]) -> Iterator[np.ndarray]:
-        """(n, len(exprs)) int64 arrays per window of ``chunk_rows`` rowids, via
-        ``group_concat`` (see ``_Export.column_ints``); anything else than integers only
-        (a view, sparse rowids, text, REAL) is :class:`NotStreamable`."""
+    def _chunks(
+        self,
+        table: str,
+        exprs: list[str],
+        rows: tuple[int, int] | None = None,
+        arrow: ArrowColumns | None = None,
+    ) -> Iterator[list[np.ndarray]]:
+        """One int64 array per expression (``len(exprs)`` of them, each ``n`` long) per
+        window of ``chunk_rows`` rowids, via ``group_concat`` (see ``_Export.column_ints``);
+        anything else than integers only (a view, sparse rowids, text, REAL) is
+        :class:`NotStreamable`. Columns, not one 2-D array: the Arrow reader's come out
+        without a copy (a chunk's values are read where the driver wrote them). ``rows``:
+        only the rowids from the first to before the second (dense rowids), read through
+        ``arrow`` (another connection than the scan's own) when given."""
         q = f'"{table}"' if not table.startswith("temp.") else table
         try:
             total, lo, hi = self._extent(q)
@@ -148,24 +168,24 @@ class NsysScan:
         # constant columns (a column the table lacks, or one not needed) are filled here
         const = {i: int(e) for i, e in enumerate(exprs) if e.lstrip("-").isdigit()}
         asked = [i for i in range(len(exprs)) if i not in const]
+        begin, end = (int(lo), int(hi) + 1) if rows is None else rows
         if self._arrow is not None and asked and not table.startswith("temp."):
-            yield from self._arrow_chunks(self._arrow, q, exprs, asked, const, implied, int(lo))
+            where = "" if rows is None else f"rowid >= {begin} AND rowid < {end}"
+            yield from self._arrow_chunks(
+                arrow or self._arrow, q, exprs, asked, const, implied, begin, where
+            )
             return
         aggs = ", ".join(["count(*)"] + [f"group_concat({exprs[i]}, ',')" for i in asked])
-        for first in range(int(lo), int(hi) + 1, self.chunk_rows):
+        for first in range(begin, end, self.chunk_rows):
             row = self.ex._bytes_row(
                 f"SELECT {aggs} FROM {q} WHERE rowid >= {first} AND "
-                f"rowid < {first + self.chunk_rows}"
+                f"rowid < {min(first + self.chunk_rows, end)}"
             )
             n = int(row[0])
             if n == 0:
                 continue
-            out = np.empty((len(exprs) + implied, n), np.int64).T  # columns contiguous
-            if implied:
-                out[:, -1] = np.arange(first, first + n)
-            for i, v in const.items():
-                out[:, i] = v
-            for i, text in zip(asked, row[1:]):
+            got = []
+            for text in row[1:]:
                 try:
                     with warnings.catch_warnings():
                         warnings.simplefilter("error", DeprecationWarning)
@@ -174,9 +194,9 @@ class NsysScan:
                     raise NotStreamable(f"{table}: not integers only") from None
                 if col.size != n:
                     raise NotStreamable(f"{table}: not integers only")
-                out[:, i] = col
+                got.append(col)
             del row
-            yield out
+            yield _columns(got, len(exprs), asked, const, first if implied else None)
 
     def _extent(self, q: str) -> tuple[int, Any, Any]:
         """count(*), min(rowid) and max(rowid) of a table, each its own statement: asked
@@ -201,24 +221,16 @@ class NsysScan:
         const: dict[int, int],
         implied: bool,
         lo: int,
-    ) -> Iterator[np.ndarray]:
+        where: str = "",
+    ) -> Iterator[list[np.ndarray]]:
         """What ``_chunks`` yields, read Arrow-native (``sources.nsys.arrow_read``): the
-        whole table in one statement, ``chunk_rows`` rows per batch."""
+        whole table (or its rows ``where`` says) in one statement, ``chunk_rows`` rows per
+        batch."""
         first = lo
         try:
-            for got in arrow.batches(q, [exprs[i] for i in asked], self.chunk_rows):
-                n = got.shape[0]
-                if not const and not implied:
-                    out = got
-                else:
-                    out = np.empty((len(exprs) + implied, n), np.int64).T
-                    out[:, asked] = got
-                    for i, v in const.items():
-                        out[:, i] = v
-                    if implied:
-                        out[:, -1] = np.arange(first, first + n)
-                first += n
-                yield out
+            for got in arrow.batches(q, [exprs[i] for i in asked], self.chunk_rows, where):
+                yield _columns(got, len(exprs), asked, const, first if implied else None)
+                first += got[0].size
         except NotIntegers as exc:
             raise NotStreamable(str(exc)) from None
 
@@ -227,6 +239,8 @@ class NsysScan:
         empty = pd.DataFrame({c: [] for c in API_COLUMNS})
         e = np.empty(0, np.int64)
         self._r_key, self._r_start, self._r_tid = e, e, np.empty(0, np.int32)
+        self._r_n = 0  # calls in the launch lookup
+        self._r_base: int | None = None  # their keys are base, base + 1, ...: none is kept
         self._tids: dict[int, int] = {}
         cols = self.ex.columns("CUPTI_ACTIVITY_KIND_RUNTIME")
         if not {"start", "end", "nameId"} <= cols:
@@ -247,31 +261,111 @@ class NsysScan:
         key = np.empty(total if self.with_launch else 0, np.int64)
         start = np.empty_like(key)
         tids = np.empty(key.size, np.int32)  # thread codes: threads are few
-        n_keys = 0
-        for a in self._chunks("CUPTI_ACTIVITY_KIND_RUNTIME", exprs):
-            twin_cols = (a[:, 2], a[:, 3]) if a.shape[1] > 2 else (None, None)
-            api.add(a[:, 0], a[:, 1], *twin_cols)
+        # each part's next row in table order and next place in the lookup; the second
+        # part's calls are put after the most the first can have, and moved down at the end
+        split = self._runtime_split()
+        row = [0, split]
+        fill = [0, split]
+        room = [split or total, total]
+        for part, a in self._runtime_chunks(exprs, split):
+            twin_cols = (a[2], a[3]) if len(a) > 2 else (None, None)
+            api.add(a[0], a[1], twin_cols[0], twin_cols[1], row0=row[part])
+            row[part] += a[0].size
             if self.with_launch:
-                keep = a[:, 3] >= 0
-                k = int(keep.sum())
-                if k > total - n_keys:
+                thread, call, began = a[2], a[3], a[4]
+                if int(call.min()) < 0:  # calls without a correlation id launch nothing
+                    keep = call >= 0
+                    thread, call, began = thread[keep], call[keep], began[keep]
+                k, at = call.size, fill[part]
+                if k > room[part] - at:
                     raise NotStreamable("runtime table grew while read")
-                pid = a[keep, 2] & np.int64(_PID_MASK)
-                key[n_keys : n_keys + k] = self._pid_keys(pid, a[keep, 3], grow=True)
-                start[n_keys : n_keys + k] = a[keep, 4]
-                tids[n_keys : n_keys + k] = self._tid_codes(a[keep, 2])
-                n_keys += k
+                pid = thread & np.int64(_PID_MASK)
+                key[at : at + k] = self._pid_keys(pid, call, grow=True)
+                start[at : at + k] = began
+                tids[at : at + k] = self._tid_codes(thread)
+                fill[part] += k
+        n_keys = fill[0]
+        if split and self.with_launch and n_keys < split:  # calls without an id left a hole
+            n_b = fill[1] - split
+            for arr in (key, start, tids):  # forward, a chunk at a time: no copy of it all
+                for i in range(0, n_b, self.chunk_rows):
+                    c = min(self.chunk_rows, n_b - i)
+                    arr[n_keys + i : n_keys + i + c] = arr[split + i : split + i + c]
+            n_keys += n_b
+        elif split and self.with_launch:
+            n_keys = fill[1]
         if self.with_launch and n_keys:
             key, start, tids = key[:n_keys], start[:n_keys], tids[:n_keys]
             if not bool((key[1:] >= key[:-1]).all()):  # nsys writes them in order: no sort
                 order = np.argsort(key, kind="stable")
                 key, start, tids = key[order], start[order], tids[order]
             self._r_key, self._r_start, self._r_tid = key, start, tids
+            self._r_n = n_keys
+            # one process's calls with every correlation id (nsys numbers them 1, 2, ...): a
+            # key's place is key - first, so the keys need not be kept (8 bytes a call) nor
+            # searched
+            if int(key[-1]) - int(key[0]) + 1 == n_keys and bool((key[1:] > key[:-1]).all()):
+                self._r_base = int(key[0])
+                self._r_key = np.empty(0, np.int64)
         return api.frame()
+
+    def _runtime_split(self) -> int:
+        """Where the runtime table is cut in two parts read at once (rows before it in the
+        first), 0 for one part: only Arrow-native, with dense rowids, and 2 chunks or more.
+        The API sums need nothing from the kernel table, so while this pass runs the main
+        thread only waits for rows; two readers on two connections read it in about half
+        the time on two CPUs."""
+        if self._arrow is None:
+            return 0
+        try:
+            total, lo, hi = self._extent('"CUPTI_ACTIVITY_KIND_RUNTIME"')
+        except sqlite3.OperationalError:
+            return 0
+        if lo is None or total < 2 * self.chunk_rows or int(hi) - int(lo) + 1 != total:
+            return 0
+        return total // 2
+
+    def _runtime_chunks(
+        self, exprs: list[str], split: int
+    ) -> Iterator[tuple[int, list[np.ndarray]]]:
+        """``(part, columns)`` of the runtime table: part 0 alone in table order, or both
+        parts' chunks in turn (``split``: rows in part 0)."""
+        table = "CUPTI_ACTIVITY_KIND_RUNTIME"
+        if not split:
+            for a in self._chunks(table, exprs):
+                yield 0, a
+            return
+        total, lo, _ = self._extent(f'"{table}"')
+        if self._arrow_b is None:
+            self._arrow_b = ArrowColumns(self.path)
+        parts = [
+            self._chunks(table, exprs, (int(lo), int(lo) + split)),
+            self._chunks(table, exprs, (int(lo) + split, int(lo) + total), self._arrow_b),
+        ]
+        try:
+            live = [0, 1]
+            while live:
+                for i in list(live):
+                    try:
+                        a = next(parts[i])
+                    except StopIteration:
+                        live.remove(i)
+                        continue
+                    yield i, a
+        finally:
+            for g in parts:
+                g.close()  # type: ignore[attr-defined]
 
     def _pid_keys(self, pid: np.ndarray, corr: np.ndarray, grow: bool) -> np.ndarray:
         """One int64 per (process, correlationId), like ``nsys_export._pid_key`` but with
         process codes given as they appear (an unknown process never matches)."""
+        if pid.size and int(pid.min()) == int(pid.max()):  # one process: the usual case
+            c = self._pid_code.get(int(pid[0]))
+            if c is None and grow:
+                c = self._pid_code[int(pid[0])] = len(self._pid_code)
+            if c is None:
+                return np.full(pid.size, -1, np.int64)
+            return corr + (c * (1 << 40) + 1)
         uniq = pd.unique(pid)
         codes = np.empty(uniq.size, np.int64)
         for j, p in enumerate(uniq.tolist()):
@@ -285,6 +379,8 @@ class NsysScan:
         return np.where(code >= 0, code * (np.int64(1) << 40) + corr + 1, -1)
 
     def _tid_codes(self, tid: np.ndarray) -> np.ndarray:
+        if tid.size and int(tid.min()) == int(tid.max()):  # one thread launches them all
+            return np.full(tid.size, self._tids.setdefault(int(tid[0]), len(self._tids)), np.int32)
         uniq = pd.unique(tid)
         codes = np.asarray(
             [self._tids.setdefault(int(x), len(self._tids)) for x in uniq.tolist()], dtype=np.int32
@@ -333,7 +429,7 @@ class NsysScan:
         last = None
         try:
             for a in self._chunks(source, exprs):
-                s = a[:, 0]
+                s = a[0]
                 if (s.size > 1 and not bool((s[1:] >= s[:-1]).all())) or (
                     last is not None and s[0] < last
                 ):
@@ -341,23 +437,23 @@ class NsysScan:
                     raise OutOfOrder(table)
                 last = int(s[-1])
                 if needed["globalPid"] and "globalPid" in cols:
-                    g = a[:, 3]
+                    g = a[3]
                     seen = self.active_gpids = self.active_gpids or set()
                     if bool((g == g[0]).all()):  # one process per chunk is the usual case
                         seen.add(int(g[0]))
                     else:
                         seen.update(pd.unique(g).tolist())
-                if int(a[:, -1].min()) < 0 or int(a[:, -1].max()) >= 1 << _POS_SHIFT:
+                if int(a[-1].min()) < 0 or int(a[-1].max()) >= 1 << _POS_SHIFT:
                     raise NotStreamable(f"{table}: negative or huge rowids")
                 yield {
                     "start": s,
-                    "end": a[:, 1],
-                    "dev": a[:, 2],
-                    "gpid": a[:, 3],
-                    "corr": a[:, 4],
-                    "name": a[:, 5],
-                    "pos": (np.int64(t) << _POS_SHIFT) | a[:, -1],
-                    "t": np.full(a.shape[0], t, np.int8),
+                    "end": a[1],
+                    "dev": a[2],
+                    "gpid": a[3],
+                    "corr": a[4],
+                    "name": a[5],
+                    "pos": (np.int64(t) << _POS_SHIFT) | a[-1],
+                    "t": np.full(s.size, t, np.int8),
                 }
         finally:
             if presort:
@@ -369,6 +465,7 @@ class NsysScan:
     def activity_chunks(self) -> Iterator[pd.DataFrame]:
         """Activity frames in (start, table, rowid) order (see the module docstring)."""
         self._dev_keys = {}
+        self._dev_luts = {}  # a device counts for device_order once seen in this pass
         streams = [self._table_chunks(t) for t in range(len(_KINDS))]
         try:
             for part in _merge(streams):
@@ -381,23 +478,37 @@ class NsysScan:
     def _frame(self, p: dict[str, np.ndarray]) -> pd.DataFrame:
         n = p["start"].size
         t = p["t"]
-        name_code = np.empty(n, np.int32)
-        dev_code = np.empty(n, np.int32)
-        cls_code = np.empty(n, np.int8)
-        for k in np.unique(t).tolist():
-            rows = np.flatnonzero(t == k)
-            name_code[rows] = self._name_codes(k, p["name"][rows])
-            dev_code[rows] = self._dev_codes(k, p["dev"][rows], p["gpid"][rows])
-            cls_code[rows] = self._cls_codes(k, name_code[rows])
+        if int(t.min()) == int(t.max()):  # one table in the chunk, the usual case: no selection
+            k = int(t[0])
+            name_code = self._name_codes(k, p["name"])
+            dev_code = self._dev_codes(k, p["dev"], p["gpid"])
+            cls_code = self._cls_codes(k, name_code)
+        else:
+            name_code = np.empty(n, np.int32)
+            dev_code = np.empty(n, np.int32)
+            cls_code = np.empty(n, np.int8)
+            for k in np.unique(t).tolist():
+                rows = np.flatnonzero(t == k)
+                name_code[rows] = self._name_codes(k, p["name"][rows])
+                dev_code[rows] = self._dev_codes(k, p["dev"][rows], p["gpid"][rows])
+                cls_code[rows] = self._cls_codes(k, name_code[rows])
         launch = np.full(n, -1, np.int64)
         tid = np.full(n, -1, np.int64)
-        if self.with_launch and self._r_key.size:
+        if self.with_launch and self._r_n:
             k_key = self._pid_keys(p["gpid"], p["corr"], grow=False)
-            pos = np.clip(np.searchsorted(self._r_key, k_key), 0, self._r_key.size - 1)
-            hit = (self._r_key[pos] == k_key) & (p["corr"] >= 0) & (k_key >= 0)
+            if self._r_base is not None:
+                pos = k_key - self._r_base
+                inside = (pos >= 0) & (pos < self._r_n)
+                pos = np.where(inside, pos, 0)
+                hit = inside & (p["corr"] >= 0) & (k_key >= 0)
+            else:
+                pos = _search(self._r_key, k_key)
+                hit = (self._r_key[pos] == k_key) & (p["corr"] >= 0) & (k_key >= 0)
             launch = np.where(hit, self._r_start[pos], -1)
             tid_of = np.asarray(list(self._tids), dtype=np.int64)
             tid = np.where(hit, tid_of[self._r_tid[pos]], -1)
+        # copy=False: the columns stay apart (pandas would otherwise copy the five int64
+        # ones into one block per chunk); nothing downstream writes into them
         return pd.DataFrame(
             {
                 "start_ns": p["start"],
@@ -417,7 +528,8 @@ class NsysScan:
                 "launch_ns": launch,
                 "tid": tid,
                 "pos": p["pos"],
-            }
+            },
+            copy=False,
         )
 
     def _code(self, table: dict[str, int], lst: list[str], label: str) -> int:
@@ -428,7 +540,20 @@ class NsysScan:
         return c
 
     def _name_codes(self, t: int, raw: np.ndarray) -> np.ndarray:
+        """Name label codes of a table's name ids (kernel names, memcpy kinds). Small ids
+        (StringIds', copy kinds) through a lookup table, one gather per chunk; the ids new
+        to it labelled in the order they appear, as the hashing path labels them."""
+        lut = self._name_luts.get(t)
+        if lut is not None:
+            got = _through(lut, raw, lambda new: self._label_codes(t, new))
+            if got is not None:
+                self._name_luts[t] = got[1]
+                return got[0]
         inv, uniq = pd.factorize(raw)
+        return self._label_codes(t, uniq)[inv]
+
+    def _label_codes(self, t: int, uniq: np.ndarray) -> np.ndarray:
+        """Label codes of distinct name ids, new labels numbered in the order given."""
         if _KINDS[t] == "kernel":
             if self.ex._named(
                 f"CUPTI_ACTIVITY_KIND_{_KINDS[t].upper()}", ("shortName", "demangledName", "name")
@@ -441,12 +566,20 @@ class NsysScan:
             labels = [f"[CUDA memcpy {MEMCPY_KINDS.get(int(k), str(int(k)))}]" for k in uniq]
         else:
             labels = ["[CUDA memset]"] * len(uniq)
-        codes = np.asarray(
+        return np.asarray(
             [self._code(self._labels, self._label_list, str(lab)) for lab in labels], dtype=np.int32
         )
-        return codes[inv]
 
     def _dev_codes(self, t: int, dev: np.ndarray, gpid: np.ndarray) -> np.ndarray:
+        if not self.split:  # labels by ordinal alone: a lookup table (reset with _dev_keys)
+            keys = self._dev_keys.setdefault(t, set())
+            lut = self._dev_luts.get(t)
+            if lut is None:
+                lut = self._dev_luts[t] = _empty_lut()
+            got = _through(lut, dev, lambda new: self._ordinal_codes(keys, new), sort=True)
+            if got is not None:
+                self._dev_luts[t] = got[1]
+                return got[0]
         inv, labels = _dev_codes(dev, gpid if self.split else None)
         keys = self._dev_keys.setdefault(t, set())
         if self.split:
@@ -459,16 +592,36 @@ class NsysScan:
         )
         return codes[inv]
 
+    def _ordinal_codes(self, keys: set[tuple[int, int]], new: np.ndarray) -> np.ndarray:
+        """Device label codes of ordinals new to this pass (sorted, as ``_dev_codes``)."""
+        inv, labels = _dev_codes(new)
+        keys.update((d, -1) for d in new.tolist())
+        codes = np.asarray(
+            [self._code(self._dev_labels, self._dev_list, lab) for lab in labels], dtype=np.int32
+        )
+        return codes[inv]
+
     def _cls_codes(self, t: int, name_code: np.ndarray) -> np.ndarray:
         kind = _KINDS[t]
+        lut = self._cls_luts.get(t)
+        if lut is None:
+            lut = self._cls_luts[t] = _empty_lut()
+        got = _through(lut, name_code, lambda new: self._classes(kind, new))
+        if got is not None:
+            self._cls_luts[t] = got[1]
+            return got[0].astype(np.int8)
         uniq = pd.unique(name_code)
-        new = [int(c) for c in uniq if (int(c), kind) not in self._cls_of]
+        lut8 = self._classes(kind, uniq).astype(np.int8)
+        return lut8[pd.Index(uniq).get_indexer(name_code)]
+
+    def _classes(self, kind: str, codes: np.ndarray) -> np.ndarray:
+        """Class codes (``CLASSES``) of name label codes, each classified once."""
+        new = [int(c) for c in codes if (int(c), kind) not in self._cls_of]
         if new:
             frame = pd.DataFrame({"name": [self._label_list[c] for c in new], "kind": kind})
             for c, lab in zip(new, classify_names(frame).astype(str)):
                 self._cls_of[(c, kind)] = CLASSES.index(lab)
-        lut = np.asarray([self._cls_of[(int(c), kind)] for c in uniq], dtype=np.int8)
-        return lut[pd.Index(uniq).get_indexer(name_code)]
+        return np.asarray([self._cls_of[(int(c), kind)] for c in codes], dtype=np.int32)
 
     # -- after the chunks -----------------------------------------------------------------
 
@@ -493,6 +646,63 @@ class NsysScan:
         if self.twins:
             meta["api_versioned_twins"] = str(self.twins)
         return devices, meta
+
+
+_LUT_MAX = 1 << 22  # ids at most this big go through a lookup table (16 MB at most)
+
+
+def _empty_lut() -> np.ndarray:
+    return np.full(0, -1, np.int32)
+
+
+def _through(
+    lut: np.ndarray, ids: np.ndarray, codes_of: Any, sort: bool = False
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(codes, lut)``: codes of ``ids`` (all >= -1 and < ``_LUT_MAX``) through ``lut``
+    (index id + 1, -1 for an id not seen yet), the ids not in it given to ``codes_of`` (in
+    the order they first appear, or sorted) and added; the table is grown when needed.
+    None when an id is out of range (the caller hashes them instead)."""
+    if ids.size == 0:
+        return np.empty(0, np.int32), lut
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < -1 or hi >= _LUT_MAX:
+        return None
+    if hi + 2 > lut.size:
+        lut = np.concatenate([lut, np.full(hi + 2 - lut.size, -1, np.int32)])
+    at = ids + 1
+    codes = lut[at]
+    if int(codes.min()) < 0:
+        new = ids[codes < 0]
+        new = np.unique(new) if sort else pd.unique(new)
+        lut[new + 1] = codes_of(new)
+        codes = lut[at]
+    return codes, lut
+
+
+def _search(keys: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """``np.searchsorted(keys, wanted)`` clipped to ``keys``' last index, searched in the run
+    of ``keys`` that ``wanted``'s range covers: a chunk's kernels were launched by a short run
+    of calls, so each search stays in a few MB instead of the whole table's lookup."""
+    lo = int(np.searchsorted(keys, wanted.min(), "left"))
+    hi = int(np.searchsorted(keys, wanted.max(), "right"))
+    pos = np.searchsorted(keys[lo:hi], wanted) + lo
+    return np.clip(pos, 0, keys.size - 1)
+
+
+def _columns(
+    got: list[np.ndarray], width: int, asked: list[int], const: dict[int, int], first: int | None
+) -> list[np.ndarray]:
+    """A chunk's columns in expression order: the ``asked`` ones as read, constants filled,
+    and the rowids (from ``first`` on) last when they are implied."""
+    n = got[0].size
+    cols: list[np.ndarray] = [np.empty(0, np.int64)] * width
+    for i, col in zip(asked, got):
+        cols[i] = col
+    for i, v in const.items():
+        cols[i] = np.full(n, v, np.int64)
+    if first is not None:
+        cols.append(np.arange(first, first + n, dtype=np.int64))
+    return cols
 
 
 def _merge(streams: list[Iterator[dict[str, np.ndarray]]]) -> Iterator[dict[str, np.ndarray]]:
