@@ -141,6 +141,12 @@ class ServerState:
 # Spans of the local server leave in 0.5 s batches instead of the SDK's 5 s, so a probe waits
 # for its runs' spans about a second, not six.
 LOCAL_BSP_DELAY_MS = 500
+# An export and all its retries must end within the exporter's timeout (10 s by default), and a
+# receiver's commit may wait 10 s for a store another process holds: its "retry later" came
+# too late, and the batch was dropped (2 of 328 spans, vLLM logging DEADLINE_EXCEEDED, with a
+# vacuum, an import and probes on the store at load 22). 30 s leaves room for the answer and
+# two retries. Seconds: vLLM 0.32's OpenTelemetry SDK reads this variable as seconds.
+LOCAL_EXPORT_TIMEOUT_S = 30
 
 
 def tracing_launch(otlp_grpc_url: str | None) -> tuple[list[str], dict[str, str]]:
@@ -153,6 +159,7 @@ def tracing_launch(otlp_grpc_url: str | None) -> tuple[list[str], dict[str, str]
         {
             "OTEL_EXPORTER_OTLP_TRACES_INSECURE": "true",
             "OTEL_BSP_SCHEDULE_DELAY": str(LOCAL_BSP_DELAY_MS),
+            "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": str(LOCAL_EXPORT_TIMEOUT_S),
             "OTEL_SERVICE_NAME": "vllm-local",
         },
     )

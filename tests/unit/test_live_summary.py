@@ -157,6 +157,7 @@ def test_loss_says_how_much_and_what_to_raise():
         "OTEL_BSP_MAX_QUEUE_SIZE (default 2048",
         "OTEL_BSP_SCHEDULE_DELAY",
         "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
+        "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT (10 s by default",
     ):
         assert knob in loss.text
     assert "aborted requests" in loss.text and "no span" in loss.text

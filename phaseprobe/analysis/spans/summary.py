@@ -309,7 +309,9 @@ class SpanLoss:
 _RAISE = (
     "raise OTEL_BSP_MAX_QUEUE_SIZE (default 2048; spans beyond a full queue are "
     "dropped) and/or export more often: lower OTEL_BSP_SCHEDULE_DELAY (default 5000 ms) or "
-    "raise OTEL_BSP_MAX_EXPORT_BATCH_SIZE (default 512)"
+    "raise OTEL_BSP_MAX_EXPORT_BATCH_SIZE (default 512); an export whose retries outlast "
+    "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT (10 s by default; vLLM logs DEADLINE_EXCEEDED) is "
+    "dropped too: raise it past the receiver's store wait (10 s)"
 )
 _ABORTED = (
     "aborted requests (client gone, cancelled) produce no span: if the counter's "
