@@ -207,6 +207,16 @@ def main() -> None:
         f"(median lag), CPU ratio {cpu_med['phaseprobe'] / cpu_med['bare']:.2f}x the bare loop "
         f"(+{cpu_med['phaseprobe'] - cpu_med['bare']:.1f} µs/event)"
     )
+    # Each round's two trials run back to back, so the load they meet is alike: the median of
+    # the rounds' differences is steadier than the difference of the medians when the bare
+    # loop's own CPU per event swings by more than the overhead (as it does on a busy machine).
+    paired = sorted((p - b) / 1e3 for p, b in zip(cpu["phaseprobe"], cpu["bare"]))
+    print(
+        f"paired by round (the same round's bare trial subtracted): median "
+        f"{statistics.median(paired):+.1f} µs/event over {len(paired)} rounds (from "
+        f"{paired[0]:+.1f} to {paired[-1]:+.1f}); the bare loop's own CPU ranged "
+        f"{min(cpu['bare']) / 1e3:.1f}-{max(cpu['bare']) / 1e3:.1f} µs/event"
+    )
     split = where_it_goes_result
     extra = cpu_med["phaseprobe"] - cpu_med["bare"]
     print(
