@@ -143,7 +143,7 @@ def _post(rig: Rig, body: dict, out: list) -> threading.Thread:
 def _post_to(url: str, body: dict, out: list) -> threading.Thread:
     def send() -> None:
         try:
-            r = requests.post(f"{url}/v1/completions", json=body, timeout=300)
+            r = requests.post(f"{url}/v1/completions", json=body, timeout=540)
             out.append(r.status_code)
         except requests.RequestException as exc:
             out.append(repr(exc))
@@ -177,7 +177,9 @@ def test_a_long_prefill_advances_without_tokens_and_raises_nothing(rig: Rig) -> 
         time.sleep(2.0)  # the cycler is a Python process of its own: let it start cycling
         started = time.monotonic()
         thread = _post(rig, {"model": rig.model, "prompt": prompt, "max_tokens": 2}, answered)
-        while thread.is_alive() and time.monotonic() - started < 240:
+        # 480 s: in the clean-clone CI at load 15 (six other vLLMs of the session alive) the
+        # 93 %-stopped prefill had not ended after 240 s
+        while thread.is_alive() and time.monotonic() - started < 480:
             snap = scraper.scrape()
             reading = detector.observe(progress_point(snap))
             states.append((round(time.monotonic() - started, 1), reading.state, reading.moved))
