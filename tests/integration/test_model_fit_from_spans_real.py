@@ -74,14 +74,12 @@ def test_a_refit_from_a_busy_servers_spans_predicts_its_load(
 
     with Store(store, readonly=True) as s:
         fit = load_fit(s)
-    ratios = []
     for load in loads:
         pred = predicted_for(fit, load)
         ttft = [r.ttft_s for r in load.ok]
         e2e = [r.e2e_s for r in load.ok]
         ratio_ttft = _median(pred["ttft"]) / _median(ttft)
         ratio_e2e = _median(pred["e2e"]) / _median(e2e)
-        ratios.append((ratio_ttft, ratio_e2e))
         print(
             f"prompt {load.point.prompt_tokens}: TTFT p50 predicted/measured {ratio_ttft:.2f}, "
             f"E2E p50 {ratio_e2e:.2f}; held-out {held}"
@@ -90,7 +88,6 @@ def test_a_refit_from_a_busy_servers_spans_predicts_its_load(
         # TTFT the clean-clone CI measured 3.4x the refit's at load 15): each point within
         # 10x (a wrong unit is 100-1000x), the request's end, the server's, within 3x
         assert 1 / 10 < ratio_ttft < 10 and 1 / 3 < ratio_e2e < 3, (ratio_ttft, ratio_e2e)
-    # and what the refit claims beyond the machine, how TTFT grows from a 48- to a 320-token
-    # prompt, within 3x of what was measured
-    (short, _), (long, _) = ratios
-    assert 1 / 3 < long / short < 3, ratios
+    # Not asserted: how TTFT grows from the 48- to the 320-token prompt. The client's share
+    # is a constant the spans do not hold, so the ratios move apart with the load (0.15 and
+    # 0.34 at load 3 here): neither their quotient nor their difference is the refit's own.
