@@ -18,6 +18,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,8 +76,9 @@ class FitData:
     kv_capacity_tokens: int | None = None
     block_size: int | None = None
     failed: list[str] = field(default_factory=list)  # requests that did not complete, why
-    # vLLM's num_requests_waiting read while each decode probe ran, by its streams (none: the
-    # gauge could not be read); the evidence that a batch plateau is a scheduler ceiling
+    # vLLM's num_requests_waiting read while the decode probes of the most streams ran, by
+    # those streams (none: the gauge could not be read); the evidence that a batch plateau is
+    # a scheduler ceiling
     waiting: dict[int, list[float]] = field(default_factory=dict)
 
     def step_samples(self) -> list[StepSample]:
@@ -258,13 +260,17 @@ def run_fit_probes(
         for i, n in enumerate(design.prompt_lengths):
             progress(f"prefill {n} tokens ({rep * len(design.prompt_lengths) + i + 1}/{total})")
             take(p.streams([p.body(n, design.prefill_output)]), 1, n, design.prefill_output)
+    most = max(design.concurrencies)
     for rep in range(design.decode_reps):
         for c in design.concurrencies:
             progress(f"decode at concurrency {c} (rep {rep + 1}/{design.decode_reps})")
             bodies = [p.body(design.decode_prompt, design.decode_output) for _ in range(c)]
-            with _WaitingWatch(base_url, api_key) as watch:
+            # the waiting gauge is read at the most streams only, the one concurrency the limit
+            # inference asks about: elsewhere its scrapes would only load the server being fitted
+            watch = _WaitingWatch(base_url, api_key) if c == most else None
+            with watch or nullcontext():
                 outcomes = p.streams(bodies)
-            if watch.readings:
+            if watch is not None and watch.readings:
                 data.waiting.setdefault(c, []).extend(watch.readings)
             take(outcomes, c, design.decode_prompt, design.decode_output)
     progress(f"mixed: {design.mixed_streams} streams {design.mixed_stagger_s * 1e3:.0f} ms apart")
