@@ -190,7 +190,13 @@ def overlap_on_engine(
     token, so every gap the ITL histogram saw is A's); ``alone_gap_s``: the largest gap A
     had in any A-alone run (the upper bound of its bucket). A pair the client's clock
     discarded is inside when its largest gap lies above every gap A had alone; otherwise the
-    client's call stands (it never takes a pair out)."""
+    client's call stands (it never takes a pair out).
+
+    Causality bounds it: when A's last token had reached the client before B was even sent,
+    A's decode was over before B existed, and a large gap of A's (a starved box: the CI at
+    load 30 saw one) cannot have been B's prefill. Such a pair stays late."""
+    if result.a_events and result.a_tokens_before_b >= result.a_events:
+        return result
     if (
         result.overlap in ("early", "late")
         and pair_gap_s is not None

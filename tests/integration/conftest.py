@@ -56,8 +56,32 @@ SESSION_SERVERS = frozenset(
 )  # fmt: skip
 
 
+# The session servers that a few modules need, in the order their modules run (below): each is
+# stopped right after the last test that uses it, not at the session's end. Alive until then,
+# these six vLLM processes and two routers ran beside every other test (load 15-30 on the
+# clean-clone CI's 2 cores), and the timing tests of the rest failed under them.
+RELEASED_EARLY = ("local_pd_broken", "local_pd", "local_fleet")
+_release: dict[str, Callable[[], None]] = {}  # fixture name -> stop it now (set while alive)
+_last_user: dict[str, list[str]] = {}  # test node id -> the fixtures to stop after it
+
+
+def _module_rank(uses: set[str]) -> int:
+    """Modules needing a released-early server run first, grouped by that server."""
+    for rank, name in enumerate(RELEASED_EARLY):
+        if name in uses:
+            return rank
+    return len(RELEASED_EARLY)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     here = Path(__file__).parent
+    # Whole modules move (their module-scoped fixtures are set up once); the order within a
+    # module, and between modules of one rank, is kept.
+    uses_by_module: dict[str, set[str]] = {}
+    for item in items:
+        uses_by_module.setdefault(str(item.path), set()).update(getattr(item, "fixturenames", ()))
+    order = {m: i for i, m in enumerate(uses_by_module)}
+    items.sort(key=lambda it: (_module_rank(uses_by_module[str(it.path)]), order[str(it.path)]))
     shared: dict[Path, bool] = {}
     for item in items:
         module = Path(str(item.path))
@@ -68,6 +92,40 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if shared.get(Path(str(item.path))) is False:
             item.add_marker(pytest.mark.own_servers)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    # after deselection (-m, -k): the last test that runs with each released-early server
+    _last_user.clear()
+    for name in RELEASED_EARLY:
+        users = [it for it in session.items if name in getattr(it, "fixturenames", ())]
+        if users:
+            _last_user.setdefault(users[-1].nodeid, []).append(name)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    # trylast: after pytest's own teardown of the test's fixtures (a router_factory's routers
+    # stop before the fleet under them). A survivor fails this test's teardown.
+    for name in _last_user.get(item.nodeid, ()):
+        release = _release.pop(name, None)
+        if release is not None:
+            release()
+
+
+def _releasable(name: str, stop: Callable[[], None]) -> Callable[[], None]:
+    """``stop`` made callable once, registered so the last test using ``name`` stops it."""
+    done = False
+
+    def release() -> None:
+        nonlocal done
+        if not done:
+            done = True
+            _release.pop(name, None)
+            stop()
+
+    _release[name] = release
+    return release
 
 
 @dataclass(frozen=True)
@@ -218,6 +276,14 @@ def local_fleet(span_target: SpanTarget | None) -> Iterator[FleetTarget]:
         f"fleet {fleet.replicas} behind {fleet.router_url} after {fleet.startup_seconds:.1f} s"
     )
     pids = [*fleet.replica_pids.values(), fleet.router.pid]
+
+    def stop() -> None:
+        fleet.stop()
+        survivors = [pid for pid in pids if process_group_alive(pid)]
+        if survivors:
+            pytest.fail(f"processes of the fleet (process groups {survivors}) survived stop()")
+
+    release = _releasable("local_fleet", stop)
     try:
         yield FleetTarget(
             router_url=fleet.router_url,
@@ -228,10 +294,7 @@ def local_fleet(span_target: SpanTarget | None) -> Iterator[FleetTarget]:
             span_store_path=span_target.store_path if span_target else None,
         )
     finally:
-        fleet.stop()
-    survivors = [pid for pid in pids if process_group_alive(pid)]
-    if survivors:
-        pytest.fail(f"processes of the fleet (process groups {survivors}) survived stop()")
+        release()
 
 
 @pytest.fixture()
@@ -293,6 +356,14 @@ def _pd_pair(span_target: SpanTarget | None, *, broken: bool) -> Iterator[PdTarg
         f"{pair.router_url} after {pair.startup_seconds:.1f} s"
     )
     pids = pair.pids
+
+    def stop() -> None:
+        pair.stop()
+        survivors = [pid for pid in pids.values() if process_group_alive(pid)]
+        if survivors:
+            pytest.fail(f"processes of the {what} (process groups {survivors}) survived stop()")
+
+    release = _releasable("local_pd_broken" if broken else "local_pd", stop)
     try:
         yield PdTarget(
             prefill_url=pair.prefill_url,
@@ -307,10 +378,7 @@ def _pd_pair(span_target: SpanTarget | None, *, broken: bool) -> Iterator[PdTarg
             broken=broken,
         )
     finally:
-        pair.stop()
-    survivors = [pid for pid in pids.values() if process_group_alive(pid)]
-    if survivors:
-        pytest.fail(f"processes of the {what} (process groups {survivors}) survived stop()")
+        release()
 
 
 @pytest.fixture(scope="session")

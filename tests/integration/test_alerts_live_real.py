@@ -199,13 +199,26 @@ def test_a_long_prefill_advances_without_tokens_and_raises_nothing(rig: Rig) -> 
     assert counted >= 900, counted
     assert still_at_s > STALL_FOR_S + ALERT_WAIT_S + 1, states
     assert any(state == "prefilling" for _, state, _ in states), states
-    assert not any(state == "stalled" for _, state, _ in states), states
-    # Never firing. A pending spell is allowed: on a loaded box the 93 %-stopped engine can
-    # make no progress for the alert's whole window between two prefill chunks (the split CI
-    # beside a busy core saw 17 pending evaluations, never firing); the for: that follows is
-    # what keeps such a spell from paging, and a rule blind to the prefill's FLOPs and KV
-    # would fire here, as the token counters stand still far longer (still_at_s above).
-    assert "firing" not in seen_alerts, f"VllmEngineStalled fired during a prefill: {seen_alerts}"
+    # "stalled" only where the engine truly made no step for the threshold, on the test's own
+    # clock: on a loaded box the 93 %-stopped engine can get no CPU in its running slices (the
+    # clean-clone CI at load 30 saw such a spell). A reading that follows a move by less than
+    # the threshold (less a scrape's slack) must not be called stalled.
+    moves = [t for t, state, moved in states if moved or state == "idle"]
+    for t, state, _ in states:
+        if state == "stalled":
+            last_move = max((m for m in moves if m <= t), default=None)
+            assert last_move is None or t - last_move >= STALL_FOR_S - 1.0, (t, last_move, states)
+    longest = max((b - a for a, b in zip(moves, moves[1:])), default=0.0)
+    # Never firing while the prefill moved often enough. A pending spell is allowed: on a
+    # loaded box the engine can make no progress for the alert's whole window between two
+    # prefill chunks; the for: that follows keeps such a spell from paging, and a rule blind to
+    # the prefill's FLOPs and KV would fire here, as the token counters stand still far longer
+    # (still_at_s above). Only a spell without a move for window + for: may fire.
+    if longest < STALL_FOR_S + ALERT_WAIT_S - 1.0:
+        assert "firing" not in seen_alerts, (
+            f"VllmEngineStalled fired during a prefill that moved every {longest:.1f} s at most:"
+            f" {seen_alerts}"
+        )
 
 
 def test_a_stopped_engine_core_fires_keeps_its_stack_and_reaches_alertmanager(

@@ -87,3 +87,16 @@ def test_the_clients_call_stands_without_a_gap_above_what_a_had_alone():
     assert overlap_on_engine(inside, (0.0, 0.01), 0.01).overlap_clock == "client"
     failed = _pair([], 0.03, 0.15)
     assert overlap_on_engine(failed, (0.1, 0.15), 0.01).overlap == "failed"
+
+
+def test_a_pair_whose_b_left_after_as_last_token_stays_late_whatever_vllm_saw():
+    # The CI at load 30: all 62 of A's events had reached the client (last at 0.2098 s) before
+    # B was sent (0.21 s); a gap of A's above every A-alone gap was the starved box, not B.
+    late = _pair([0.0838 + 0.002 * i for i in range(62)], 0.21, 0.027)
+    assert late.overlap == "late" and late.a_tokens_before_b == late.a_events == 62
+    judged = overlap_on_engine(late, (0.1, 0.15), 0.01)
+    assert judged.overlap == "late" and judged.overlap_clock == "client"
+    # one event of A's still to come when B left: vLLM's clock may judge it
+    almost = _pair([0.0838 + 0.002 * i for i in range(61)] + [0.215], 0.21, 0.027)
+    assert almost.overlap == "late" and almost.a_tokens_before_b == 61
+    assert overlap_on_engine(almost, (0.1, 0.15), 0.01).overlap_clock == "vLLM"
