@@ -83,3 +83,13 @@ def test_fit_predict_check_on_the_local_vllm(
     for ratio_ttft, ratio_e2e in ratios:
         assert 1 / 30 < ratio_ttft < 30 and 1 / 30 < ratio_e2e < 30, ratios
     assert check["analysis_id"] is not None and check["fit_id"] == fit["analysis_id"]
+    # the three requests sent alone first: measured, predicted, and said when 2x apart
+    alone = check["alone"]
+    assert (alone["requests"], alone["answered"]) == (3, 3), alone
+    unlike = [d for d in check["differences"] if d.startswith("a request alone now takes")]
+    for metric in ("ttft", "tpot"):
+        assert alone["measured_s"][metric] > 0 and alone["predicted_s"][metric] > 0, alone
+        far = not 0.5 <= alone["ratio"][metric] <= 2.0
+        assert far == any(
+            d.startswith(f"a request alone now takes {metric.upper()}") for d in unlike
+        )

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from phaseprobe.analysis.capacity_model.alike import AloneCheck, alone_check
 from phaseprobe.analysis.capacity_model.check import PointCheck, compare_point, share_meeting
 from phaseprobe.analysis.capacity_model.simulate import simulate
 from phaseprobe.analysis.capacity_model.slo import Slo, largest_rate
@@ -53,6 +54,8 @@ class CheckResult:
     analysis_id: int | None = None
     slo_search: MeasuredSloRate | None = None  # with --search-slo
     search_loads: list[MeasuredLoad] = field(default_factory=list)
+    alone: AloneCheck | None = None  # the requests sent alone before the load
+    alone_loads: list[MeasuredLoad] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready."""
@@ -63,6 +66,7 @@ class CheckResult:
             "notes": self.notes,
             "analysis_id": self.analysis_id,
             "slo_search": None if self.slo_search is None else self.slo_search.to_dict(),
+            "alone": None if self.alone is None else self.alone.to_dict(),
         }
 
 
@@ -108,8 +112,12 @@ def check_deployment(
     progress: Callable[[str], None] = lambda _: None,
     share: float = 0.9,
     search: SearchBounds | None = None,
+    alone_requests: int = 3,
 ) -> CheckResult:
-    """Load the server at each rate and compare with the fit's prediction; with ``search``
+    """First send ``alone_requests`` requests one after the other and compare them with the
+    model's cost for a request alone (is the machine as it was at fit time? see
+    :mod:`~phaseprobe.analysis.capacity_model.alike`). Then load the server at each rate and
+    compare with the fit's prediction; with ``search``
     (and an SLO), then bisect for the measured largest SLO rate (``share`` of requests meeting
     ``slo``) and set it against the predicted one. Stores the result (and every measured
     request) in ``store_path``."""
@@ -146,6 +154,12 @@ def check_deployment(
         result.differences = fingerprint_differences(
             fit, name, server_version(base_url, headers), server_cache_limits(base_url)
         )
+        if alone_requests > 0:
+            result.alone, result.alone_loads = _alone(
+                fit, base_url, name, alone_requests, prompt_tokens, output_tokens,
+                api_key, seed, progress,
+            )  # fmt: skip
+            result.differences += result.alone.differences()
         rng = fit.fitted_range
         if prompt_tokens > rng.get("max_prompt_tokens", prompt_tokens):
             result.notes.append(
@@ -184,6 +198,7 @@ def check_deployment(
     }
     for load in result.search_loads:
         doc["requests"][f"search {load.point.rate:.6g}"] = [r.to_dict() for r in load.requests]
+    doc["requests"]["alone"] = [r.to_dict() for load in result.alone_loads for r in load.requests]
     doc["workload"] = {
         "requests": requests,
         "prompt_tokens": prompt_tokens,
@@ -195,6 +210,36 @@ def check_deployment(
     with Store(store_path) as store:
         result.analysis_id = store.add_analysis(CHECK_KIND, base_url, doc)
     return result
+
+
+def _alone(
+    fit: CapacityFit,
+    base_url: str,
+    model: str,
+    n: int,
+    prompt_tokens: int,
+    output_tokens: int,
+    api_key: str | None,
+    seed: int,
+    progress: Callable[[str], None],
+) -> tuple[AloneCheck, list[MeasuredLoad]]:
+    """``n`` requests, each sent when the one before has ended (truly alone, however slow the
+    machine now is), measured and predicted one by one."""
+    progress(f"{n} requests alone first: is the server as it was when the model was fitted?")
+    measured: dict[str, list[float | None]] = {"ttft": [], "tpot": []}
+    predicted: dict[str, list[float | None]] = {"ttft": [], "tpot": []}
+    loads = []
+    for i in range(n):
+        point = LoadPoint(1.0, 1, prompt_tokens, output_tokens, seed=seed + 2000 + i)
+        load = run_load_point(base_url, model, point, api_key=api_key)
+        loads.append(load)
+        if not load.ok:
+            continue
+        got, want = _measured(load), predicted_for(fit, load)
+        for metric in measured:
+            measured[metric] += got[metric]
+            predicted[metric] += want[metric]
+    return alone_check(measured, predicted, n), loads
 
 
 def _load_point(

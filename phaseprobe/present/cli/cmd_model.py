@@ -370,6 +370,15 @@ def register(subparsers: Any) -> None:
         help="requests per rate (default: 40)",
     )
     check.add_argument("--seed", type=int_in(0, 2**31), default=0, metavar="N", help="arrival seed")
+    check.add_argument(
+        "--alone",
+        type=int_in(0, 100),
+        default=3,
+        metavar="N",
+        help="requests sent one by one before the load, set against the model's cost for a "
+        "request alone: a machine slower or faster than at fit time (2x or more) is said, "
+        "not blamed on the model; 0 skips it (default: 3)",
+    )
     search = check.add_argument_group(
         "measured largest SLO rate (a bisection over real loads of --requests each, after the "
         "--rates, set against the predicted one)"
@@ -859,6 +868,7 @@ def _check_load(args: argparse.Namespace, err: Console) -> Any:
         progress=notices.detail,
         share=args.share,
         search=search,
+        alone_requests=args.alone,
     )
 
 
@@ -867,6 +877,16 @@ def _print_check(args: argparse.Namespace, result: Any, out: Console, err: Conso
     if args.json:
         out.out(jsonout.dumps(doc), highlight=False)
         return 0
+    if result.alone is not None and result.alone.answered:
+        a = result.alone
+        err.print(
+            f"alone first ({a.answered} of {a.requests}): "
+            + ", ".join(
+                f"{m.upper()} {_ms(a.measured[m])} ms (model {_ms(a.predicted[m])})"
+                for m in ("ttft", "tpot")
+            ),
+            highlight=False,
+        )
     for diff in result.differences:
         err.print(f"[yellow]unlike the fit:[/] {escape(diff)}", highlight=False)
     t = Table(
