@@ -612,6 +612,30 @@ class SpanWindows:
     end_ns: int
 
 
+# RequestSpan's fields in the order every span store keeps them: the embedded store's
+# request_spans columns (its INSERT), and the columns read back from ClickHouse. One tuple, so
+# a field added to the record is added to both or to neither.
+REQUEST_SPAN_COLUMNS = (
+    "trace_id",
+    "span_id",
+    "parent_span_id",
+    "request_id",
+    "model",
+    "service",
+    "instance",
+    "start_ns",
+    "end_ns",
+    "queue_s",
+    "prefill_s",
+    "decode_s",
+    "inference_s",
+    "ttft_s",
+    "e2e_s",
+    "prompt_tokens",
+    "completion_tokens",
+    "max_tokens",
+)
+
 # An OTLP span that is not a vLLM request ("other") or cannot be used ("rejected"), as counted
 # in the store: (kind, service, span name or reason, start time in ns, key: trace + span id,
 # or a digest of the span's bytes when it has none). The key lets a re-sent span count once.

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from phaseprobe.errors import StoreError
-from phaseprobe.records import CountedSpan, RequestSpan
+from phaseprobe.records import REQUEST_SPAN_COLUMNS, CountedSpan, RequestSpan
 from phaseprobe.redact import mask_secrets
 from phaseprobe.store.db import Db, reads
 
@@ -78,14 +78,7 @@ class SpanStore(Db):
             ]
         with self._transaction():
             before = self._db.total_changes
-            self._db.executemany(
-                "INSERT OR IGNORE INTO request_spans (trace_id, span_id, parent_span_id,"
-                " request_id, model, service, instance, start_ns, end_ns, queue_s, prefill_s,"
-                " decode_s, inference_s, ttft_s, e2e_s, prompt_tokens, completion_tokens,"
-                " max_tokens, attributes_json, received_wall_ns)"
-                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                rows,
-            )
+            self._db.executemany(_INSERT_SPAN, rows)
             new = self._db.total_changes - before
             for kind, service, name, start_ns, key in seen or ():
                 mark = self._db.total_changes
@@ -399,27 +392,18 @@ class SpanStore(Db):
 
 # add_spans' row: the record's columns in the INSERT's order, then attributes_json and
 # received_wall_ns; its text columns (request_id, model, service, instance, attributes_json)
-_SPAN_COLUMNS = attrgetter(
-    "trace_id",
-    "span_id",
-    "parent_span_id",
-    "request_id",
-    "model",
-    "service",
-    "instance",
-    "start_ns",
-    "end_ns",
-    "queue_s",
-    "prefill_s",
-    "decode_s",
-    "inference_s",
-    "ttft_s",
-    "e2e_s",
-    "prompt_tokens",
-    "completion_tokens",
-    "max_tokens",
+_SPAN_COLUMNS = attrgetter(*REQUEST_SPAN_COLUMNS)
+_ROW_COLUMNS = (*REQUEST_SPAN_COLUMNS, "attributes_json", "received_wall_ns")
+_INSERT_SPAN = (
+    f"INSERT OR IGNORE INTO request_spans ({', '.join(_ROW_COLUMNS)})"
+    f" VALUES ({','.join('?' * len(_ROW_COLUMNS))})"
 )
-_TEXT_COLUMNS = itemgetter(3, 4, 5, 6, 18)
+_TEXT_COLUMNS = itemgetter(
+    *(
+        _ROW_COLUMNS.index(c)
+        for c in ("request_id", "model", "service", "instance", "attributes_json")
+    )
+)  # 3, 4, 5, 6, 18: add_spans masks these positions
 
 
 def _mask_text(text: str | None) -> str | None:

@@ -179,7 +179,9 @@ def test_model_check_search_slo_is_stored_and_printed_beside_the_prediction(
                 "3", "--store", str(store)]  # fmt: skip
         assert main(argv) == 0
     out, err = capsys.readouterr()
-    assert sent == [4.0, 40.0, 22.0, 13.0, 8.5]  # the check's rates, then the bisection
+    # three requests alone first (one per load), the check's rates, then the bisection
+    assert sent == [1.0, 1.0, 1.0, 4.0, 40.0, 22.0, 13.0, 8.5]
+    assert "alone first (3 of 3): TTFT 100.00 ms (model " in err
     assert "largest rate with 90 % meeting the SLO: measured 10.8 req/s (between 8.5 and 13)" in out
     assert "predicted" in out and "error" in out
     assert "stopped: the most rates to measure (3)" in out
@@ -193,6 +195,8 @@ def test_model_check_search_slo_is_stored_and_printed_beside_the_prediction(
     assert found["bracket"] == [8.5, 13.0] and found["predicted_rate"] > 0
     assert found["error"] == pytest.approx((found["predicted_rate"] - 10.75) / 10.75)
     assert {"search 22", "search 13", "search 8.5"} <= set(doc["requests"])
+    assert doc["alone"]["answered"] == 3 and doc["alone"]["measured_s"]["ttft"] == 0.1
+    assert len(doc["requests"]["alone"]) == 3
 
 
 def test_search_slo_needs_an_slo_and_real_loads(
@@ -226,4 +230,6 @@ def test_the_search_sends_real_loads_to_a_streaming_server(
     assert [p["rate"] for p in found["points"]] == [20, 40]
     assert all(p["share"] == 1.0 and p["failed"] == 0 for p in found["points"])
     assert found["rate"] == 40 and "holds up to the top" in found["stopped"]
-    assert len(posts) == 10  # 5 for the check's rate, 5 for the search's
+    # 3 sent alone first, 5 for the check's rate, 5 for the search's
+    assert len(posts) == 13
+    assert doc["alone"]["answered"] == 3 and doc["alone"]["measured_s"]["ttft"] > 0

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from phaseprobe.errors import NoRequestSpans, SpanStoreSchemaError
-from phaseprobe.records import RequestSpan
+from phaseprobe.records import REQUEST_SPAN_COLUMNS, RequestSpan
 from phaseprobe.sources.span_stores.model import (
     NEIGHBOUR_HORIZON_NS,
     UNKNOWN_REPLICA,
@@ -32,7 +32,13 @@ from phaseprobe.sources.span_stores.otel_schema import (
     ident,
     quote,
 )
-from phaseprobe.sources.vllm.otlp_fields import ATTRIBUTE_ALIASES, VLLM_SPAN_NAME
+from phaseprobe.sources.vllm.otlp_fields import (
+    ATTRIBUTE_ALIASES,
+    INT_FIELDS,
+    MAX_DURATION_S,
+    TEXT_FIELDS,
+    VLLM_SPAN_NAME,
+)
 
 __all__ = ["ClickHouseSpans", "RunSql", "Address", "query_address"]
 
@@ -61,9 +67,6 @@ _CANDIDATES = (
 )
 
 _INT64 = 2**63
-_MAX_DURATION_S = 1e7  # as the OTLP receiver: a longer "duration" is a broken clock
-_INT_FIELDS = ("prompt_tokens", "completion_tokens", "max_tokens")
-_TEXT_FIELDS = ("request_id", "model")
 _NUMBER_FIELDS = (
     "queue_s",
     "prefill_s",
@@ -71,27 +74,7 @@ _NUMBER_FIELDS = (
     "inference_s",
     "ttft_s",
     "e2e_s",
-    *_INT_FIELDS,
-)
-_RECORD_COLUMNS = (
-    "trace_id",
-    "span_id",
-    "parent_span_id",
-    "request_id",
-    "model",
-    "service",
-    "instance",
-    "start_ns",
-    "end_ns",
-    "queue_s",
-    "prefill_s",
-    "decode_s",
-    "inference_s",
-    "ttft_s",
-    "e2e_s",
-    "prompt_tokens",
-    "completion_tokens",
-    "max_tokens",
+    *INT_FIELDS,
 )
 
 
@@ -105,17 +88,17 @@ def _raw(field: str) -> str:
 
 
 def _number(field: str) -> str:
-    top = "9223372036854775807" if field in _INT_FIELDS else repr(_MAX_DURATION_S)
+    top = "9223372036854775807" if field in INT_FIELDS else repr(MAX_DURATION_S)
     v = f"toFloat64OrNull(raw_{field})"
     ok = f"{v} >= 0 AND {v} <= {top}"
-    return f"if({ok}, toInt64({v}), NULL)" if field in _INT_FIELDS else f"if({ok}, {v}, NULL)"
+    return f"if({ok}, toInt64({v}), NULL)" if field in INT_FIELDS else f"if({ok}, {v}, NULL)"
 
 
 def _span_select() -> str:
     """The request records' columns over the exporter's table (inner SELECT list)."""
-    raws = [f"{_raw(f)} AS raw_{f}" for f in (*_NUMBER_FIELDS, *_TEXT_FIELDS)]
+    raws = [f"{_raw(f)} AS raw_{f}" for f in (*_NUMBER_FIELDS, *TEXT_FIELDS)]
     fields = [f"{_number(f)} AS {f}" for f in _NUMBER_FIELDS]
-    fields += [f"nullIf(leftUTF8(ifNull(raw_{f}, ''), 256), '') AS {f}" for f in _TEXT_FIELDS]
+    fields += [f"nullIf(leftUTF8(ifNull(raw_{f}, ''), 256), '') AS {f}" for f in TEXT_FIELDS]
     instance = (
         "nullIf(leftUTF8(if(ResourceAttributes['service.instance.id'] != '', "
         "ResourceAttributes['service.instance.id'], ResourceAttributes['host.name']), "
@@ -288,7 +271,7 @@ class ClickHouseSpans:
     # ---- the rows a view shows --------------------------------------------------------------
 
     def _records(self, source: str, order: str, limit: int | None = None) -> list[RequestSpan]:
-        sql = f"SELECT {', '.join(_RECORD_COLUMNS)} FROM {source} ORDER BY {order}"
+        sql = f"SELECT {', '.join(REQUEST_SPAN_COLUMNS)} FROM {source} ORDER BY {order}"
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
         return [_record(r) for r in self._run(sql)]
@@ -321,7 +304,7 @@ class ClickHouseSpans:
         newest, wins), with its attributes as strings; None if none (the whole table is read)."""
         q = quote(request_id)
         rows = self._run(
-            f"SELECT {', '.join(_RECORD_COLUMNS)}, toJSONString(attrs) FROM (SELECT *, "
+            f"SELECT {', '.join(REQUEST_SPAN_COLUMNS)}, toJSONString(attrs) FROM (SELECT *, "
             f"SpanAttributes AS attrs FROM (SELECT {_span_select()}, SpanAttributes FROM "
             f"{self._table} WHERE {_IS_REQUEST})) WHERE position(ifNull(request_id, ''), {q}) > 0"
             f" ORDER BY (request_id = {q}) DESC, start_ns DESC LIMIT 1"
@@ -372,8 +355,8 @@ def _opt_int(v: Any) -> int | None:
 
 
 def _record(row: Sequence[Any]) -> RequestSpan:
-    d = dict(zip(_RECORD_COLUMNS, row))
-    for k in ("start_ns", "end_ns", *_INT_FIELDS):
+    d = dict(zip(REQUEST_SPAN_COLUMNS, row))
+    for k in ("start_ns", "end_ns", *INT_FIELDS):
         d[k] = _opt_int(d[k])
     for k in ("queue_s", "prefill_s", "decode_s", "inference_s", "ttft_s", "e2e_s"):
         d[k] = _opt_float(d[k])
