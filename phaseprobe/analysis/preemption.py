@@ -223,12 +223,29 @@ class PreemptionWindow:
         at = self.kv_at_max
         if self.repeated:
             said += f", {self.repeated:g} finished request(s) preempted twice or more"
-        if at is not None:
+        if at is not None and at <= 0:
+            # vLLM preempts only when the KV cache is full: a 0 around them is scrapes that
+            # missed the burst (a starved watch), never a preemption with the cache empty
+            said += (
+                f", KV cache never seen in use around them ({len(self.kv_at)} scrape "
+                "interval(s) with preemptions: the scrapes missed the full cache a preemption "
+                "needs)"
+            )
+        elif at is not None:
             said += (
                 f", KV cache at {pct(at)} around them ({len(self.kv_at)} scrape interval(s) "
                 "with preemptions)"
             )
+        if self.kv_seen_in_use is False:
+            return said
         return said + (f"; {kv}" if kv else "")
+
+    @property
+    def kv_seen_in_use(self) -> bool | None:
+        """Did any scrape of the window read the KV cache in use? None: no KV gauge."""
+        if self.kv_max is None:
+            return None
+        return self.kv_max > 0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready window figures (``reason`` null: vLLM 0.32 exports none)."""
@@ -242,6 +259,7 @@ class PreemptionWindow:
             "kv_usage_mean": _round(self.kv_mean, 4),
             "kv_usage_max": _round(self.kv_max, 4),
             "kv_usage_at_preemptions": _round(self.kv_at_max, 4),
+            "kv_seen_in_use": self.kv_seen_in_use,
             "intervals_with_preemptions": len(self.kv_at),
             "requests_preempted_twice_or_more": self.repeated,
             "reason": None,

@@ -161,6 +161,10 @@ def test_watch_and_check_live_count_vllms_own_preemptions(server: Server, tmp_pa
     # In use when a scrape caught it; a loaded box (the clean-clone CI at load 30) can starve
     # the watch's scrapes through the whole burst, and every one read 0
     assert 0.0 <= w["kv_usage_at_preemptions"] <= 1.0 and 0.0 <= w["kv_usage_max"] <= 1.0, w
+    # and such a watch says it never saw the cache in use, not "0.0 %"
+    assert w["kv_seen_in_use"] is (w["kv_usage_max"] > 0), w
+    if w["kv_usage_at_preemptions"] == 0:
+        assert "KV cache never seen in use around them" in w["said"], w["said"]
     assert w["requests_preempted_twice_or_more"] == rep_after - rep_before
 
     assert check.returncode in (0, 1), c_err[-3000:]

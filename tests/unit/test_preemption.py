@@ -92,6 +92,32 @@ def test_window_figures_rate_per_request_and_kv():
     assert lone.sentence() == "1 preemption(s) in 0 s (no request finished)"
 
 
+def test_a_kv_never_seen_in_use_is_said_so_not_as_zero_per_cent():
+    # the clean-clone CI at load 30: the watch's scrapes missed the whole burst, every one read
+    # 0; vLLM preempts only with the cache full, so "KV at 0.0 %" would be a false figure
+    w = ReplicaWindow(
+        "r1",
+        {"num_preemptions": 8.0, "finished": 16.0},
+        {"kv_cache_usage": 0.0},
+        {"kv_cache_usage": 0.0},
+        preemption_kv=(0.0,),
+    )
+    f = preemption_window(w, 20.0)
+    said = f.sentence()
+    assert "KV cache never seen in use around them (1 scrape interval(s)" in said
+    assert "0.0 %" not in said
+    doc = f.to_dict()
+    assert doc["kv_seen_in_use"] is False and doc["kv_usage_at_preemptions"] == 0.0
+    seen = preemption_window(
+        ReplicaWindow("r1", {"num_preemptions": 1.0}, {"kv_cache_usage": 0.2},
+                      {"kv_cache_usage": 0.9}, preemption_kv=(0.9,)), 5.0
+    )  # fmt: skip
+    assert seen.to_dict()["kv_seen_in_use"] is True and "peak 90.0 %" in seen.sentence()
+    assert (
+        preemption_window(ReplicaWindow("r1", {"num_preemptions": 1.0}), 5.0).kv_seen_in_use is None
+    )
+
+
 def test_repeated_preemptions_from_the_histograms_buckets():
     inf = float("inf")
     # 10 finished: 7 never or once (le=1), 2 twice, 1 five times
