@@ -56,7 +56,7 @@ from google.protobuf.internal import api_implementation
 from phaseprobe.collect.spans import receiver as receiver_module  # noqa: E402
 from phaseprobe.collect.spans.receiver import SpanReceiver, SpanSink  # noqa: E402
 from phaseprobe.sources.vllm.otlp_fields import SpanBatch  # noqa: E402
-from phaseprobe.sources.vllm.otlp_proto_fast import view_request_class  # noqa: E402
+from phaseprobe.sources.vllm.otlp_proto_read import view_request_class  # noqa: E402
 from phaseprobe.sources.vllm.otlp_spans import decode_protobuf, decode_request  # noqa: E402
 from phaseprobe.store import Store  # noqa: E402
 from phaseprobe.testing.otlp_payloads import export_request, vllm_span  # noqa: E402

@@ -19,7 +19,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from phaseprobe.errors import OtlpError
-from phaseprobe.sources.vllm import otlp_proto_fast
+from phaseprobe.sources.vllm import otlp_proto_fast, otlp_proto_layouts
 from phaseprobe.sources.vllm.otlp_fields import SpanBatch
 from phaseprobe.sources.vllm.otlp_proto_fast import decode_view
 from phaseprobe.sources.vllm.otlp_spans import decode_protobuf, decode_request
@@ -31,9 +31,9 @@ T0 = 1_700_000_000_000_000_000
 @pytest.fixture(autouse=True)
 def fresh_layouts(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Each test learns its own layouts (none left from another test)."""
-    monkeypatch.setattr(otlp_proto_fast, "_LAYOUTS", {})
-    monkeypatch.setattr(otlp_proto_fast, "_TRIED", {})
-    monkeypatch.setattr(otlp_proto_fast, "_TRIED_ALL", [0])
+    monkeypatch.setattr(otlp_proto_layouts, "_LAYOUTS", {})
+    monkeypatch.setattr(otlp_proto_layouts, "_TRIED", {})
+    monkeypatch.setattr(otlp_proto_layouts, "_TRIED_ALL", [0])
     yield
 
 
@@ -48,6 +48,7 @@ class _Count:
             self.n += 1
             read(*args)
 
+        # patched where it is called (otlp_proto_fast's _read_new), not where it is defined
         monkeypatch.setattr(otlp_proto_fast, "_read_span", counted)
 
 
@@ -93,7 +94,7 @@ def test_vllm_spans_are_read_through_their_layout_as_the_message_path_reads_them
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     _both(export_request([_span(i) for i in range(5)]).SerializeToString())  # learnt here
-    assert otlp_proto_fast._LAYOUTS
+    assert otlp_proto_layouts._LAYOUTS
     general = _Count(monkeypatch)
     view = _both(export_request([_span(i) for i in range(5, 400)]).SerializeToString())
     assert len(view.requests) == 395
@@ -244,9 +245,9 @@ def test_a_span_nested_past_upbs_limit_in_the_export_is_refused_as_before() -> N
 def test_when_no_layout_may_be_learnt_spans_are_read_the_general_way(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(otlp_proto_fast, "_MAX_TRIES", 0)
+    monkeypatch.setattr(otlp_proto_layouts, "_MAX_TRIES", 0)
     _both(export_request([_span(i) for i in range(20)]).SerializeToString())
-    assert not otlp_proto_fast._LAYOUTS
+    assert not otlp_proto_layouts._LAYOUTS
 
 
 def _learnt_payload() -> bytes:
