@@ -279,11 +279,26 @@ def test_a_stopped_engine_core_fires_keeps_its_stack_and_reaches_alertmanager(
 def test_watch_keeps_the_evidence_of_a_stall_as_it_happens(rig: Rig, tmp_path: Path) -> None:
     store = tmp_path / "w.db"
     watch = subprocess.Popen(
-        [sys.executable, "-m", "phaseprobe", "watch", "--metrics", rig.url, "--duration", "25",
+        [sys.executable, "-m", "phaseprobe", "watch", "--metrics", rig.url, "--duration", "180",
          "--stall-after", str(STALL_FOR_S), "--store", str(store), "--json",
          "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
+    # stderr read as it comes: the engine stays stopped until the watch *says* it saw the
+    # stall (on the watch's state, not a clock: the clean-clone CI at load 8 started the watch
+    # so late that a fixed 10 s stop ended before it had been frozen 4 s in its eyes)
+    err_lines: list[str] = []
+    said = threading.Event()
+
+    def read_err() -> None:
+        assert watch.stderr is not None
+        for line in watch.stderr:
+            err_lines.append(line)
+            if "engine stalled on" in line:
+                said.set()
+
+    reader = threading.Thread(target=read_err, daemon=True)
+    reader.start()
     engine = _engine_core(rig.pgid)
     body = {"model": rig.model, "prompt": "hi", "max_tokens": 1000, "ignore_eos": True,
             "stream": True}  # fmt: skip
@@ -294,15 +309,23 @@ def test_watch_keeps_the_evidence_of_a_stall_as_it_happens(rig: Rig, tmp_path: P
         assert next(lines).startswith(b"data: "), "a streamed chunk"
         next(lines)
     os.kill(engine, signal.SIGSTOP)
+    stopped = time.monotonic()
     try:
-        time.sleep(STALL_FOR_S + 6)  # the detector reads every 2 s: past the threshold
+        seen = said.wait(120)  # the detector reads every 2 s: 4 s frozen, and its start-up
     finally:
         os.kill(engine, signal.SIGCONT)
-    out, err = watch.communicate(timeout=120)
+    held_s = time.monotonic() - stopped
+    assert seen, f"no stall said after {held_s:.0f} s stopped: {''.join(err_lines)[-3000:]}"
+    assert held_s >= STALL_FOR_S  # said no sooner than the threshold
+    watch.send_signal(signal.SIGINT)  # Ctrl-C: the watch ends with its summary
+    out, _ = watch.communicate(timeout=120)
+    reader.join(10)
+    err = "".join(err_lines)
     assert watch.returncode == 0, err
-    [stall] = json.loads(out)["stalls"]  # one stall, kept once
+    doc = json.loads(out)
+    assert doc["interrupted"] is True
+    [stall] = doc["stalls"]  # one stall, kept once
     assert stall["frozen_s"] >= STALL_FOR_S and "the EngineCore stack read" in stall["evidence"]
-    assert "engine stalled on" in err  # said as it happened
     with Store(store, readonly=True) as s:
         assert [a["kind"] for a in s.analyses("engine_stall")] == ["engine_stall"]
     assert [line for line in lines if line.startswith(b"data: ")][-1] == b"data: [DONE]"

@@ -189,19 +189,41 @@ def _at_once(
     for t in threads:
         t.start()
     start.wait()
-    seen: list[tuple[tuple[str, ...], float, float]] = []
+    # The pages are kept as text and parsed after the burst: parsed as they came (in Python,
+    # against the three streaming threads for the GIL) they were read 2-6 times in a 1.4-3.3 s
+    # burst on an idle box, once in the CI's; fetched only, about every 30 ms.
+    pages: list[str] = []
     deadline = time.monotonic() + 120
     while any(t.is_alive() for t in threads) and time.monotonic() < deadline:
-        snap = parse_exposition(requests.get(f"{target.base_url}/metrics", timeout=30).text)
+        pages.append(requests.get(f"{target.base_url}/metrics", timeout=30).text)
+        time.sleep(0.02)
+    for t in threads:
+        t.join(timeout=5)
+    seen: list[tuple[tuple[str, ...], float, float]] = []
+    for page in pages:
+        snap = parse_exposition(page)
         state = lora_state(snap)
         waiting = snap.by_label("requests_waiting_by_reason", "reason") or {}
         running = snap.value("requests_running") or 0.0
         seen.append((state.in_flight if state else (), waiting.get("deferred", 0.0), running))
-        time.sleep(0.02)
-    for t in threads:
-        t.join(timeout=5)
     assert None not in spans, spans
     return sorted(s for s in spans if s is not None), seen
+
+
+MIN_SCRAPES = 4  # a burst seen by fewer scrapes says nothing either way
+
+
+def _scraped_burst(target: VllmTarget, models: list[str]) -> tuple[list, list]:
+    """:func:`_at_once` with 192 tokens, sent again (up to three bursts) while vLLM's page was
+    read fewer than :data:`MIN_SCRAPES` times during it: the clean-clone CI at load 8 read it
+    once in a 2.6 s burst, and one reading, taken before anything was scheduled, is no
+    evidence of what ran."""
+    for _ in range(3):
+        spans, seen = _at_once(target, models, 192)
+        if len(seen) >= MIN_SCRAPES:
+            return spans, seen
+        print(f"{models}: {len(seen)} scrape(s) during the burst, sent again")
+    pytest.fail(f"vLLM's page was read {len(seen)} time(s) during each of three bursts: {seen}")
 
 
 def test_more_adapters_at_once_than_slots_wait_for_the_slot(lora_vllm: VllmTarget) -> None:
@@ -216,8 +238,8 @@ def test_more_adapters_at_once_than_slots_wait_for_the_slot(lora_vllm: VllmTarge
     # 192 tokens: the three decode together for a second or more, so the scrapes (one per
     # 100-150 ms when the box is busy) see it; with 64, a CI run's burst ended after 4 scrapes,
     # the first of them before vLLM's gauge counted the burst
-    same, seen_same = _at_once(lora_vllm, ["ad-a"] * 3, 192)
-    mixed, seen_mixed = _at_once(lora_vllm, list(ADAPTERS), 192)
+    same, seen_same = _scraped_burst(lora_vllm, ["ad-a"] * 3)
+    mixed, seen_mixed = _scraped_burst(lora_vllm, list(ADAPTERS))
     t0 = min(s[0] for s in mixed)
     print("mixed burst, first/last token ms after the first:", [
         (round((a - t0) / 1e6), round((b - t0) / 1e6)) for a, b in mixed
