@@ -31,7 +31,7 @@ T0 = 1_700_000_000_000_000_000
 @pytest.fixture(autouse=True)
 def fresh_layouts(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Each test learns its own layouts (none left from another test)."""
-    monkeypatch.setattr(otlp_proto_layouts, "_LAYOUTS", {})
+    monkeypatch.setattr(otlp_proto_layouts, "LAYOUTS", {})
     monkeypatch.setattr(otlp_proto_layouts, "_TRIED", {})
     monkeypatch.setattr(otlp_proto_layouts, "_TRIED_ALL", [0])
     yield
@@ -42,14 +42,14 @@ class _Count:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.n = 0
-        read = otlp_proto_fast._read_span
+        read = otlp_proto_fast.read_span
 
         def counted(*args: Any) -> None:
             self.n += 1
             read(*args)
 
         # patched where it is called (otlp_proto_fast's _read_new), not where it is defined
-        monkeypatch.setattr(otlp_proto_fast, "_read_span", counted)
+        monkeypatch.setattr(otlp_proto_fast, "read_span", counted)
 
 
 def _message_path(payload: bytes) -> SpanBatch:
@@ -94,7 +94,7 @@ def test_vllm_spans_are_read_through_their_layout_as_the_message_path_reads_them
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     _both(export_request([_span(i) for i in range(5)]).SerializeToString())  # learnt here
-    assert otlp_proto_layouts._LAYOUTS
+    assert otlp_proto_layouts.LAYOUTS
     general = _Count(monkeypatch)
     view = _both(export_request([_span(i) for i in range(5, 400)]).SerializeToString())
     assert len(view.requests) == 395
@@ -247,7 +247,7 @@ def test_when_no_layout_may_be_learnt_spans_are_read_the_general_way(
 ) -> None:
     monkeypatch.setattr(otlp_proto_layouts, "_MAX_TRIES", 0)
     _both(export_request([_span(i) for i in range(20)]).SerializeToString())
-    assert not otlp_proto_layouts._LAYOUTS
+    assert not otlp_proto_layouts.LAYOUTS
 
 
 def _learnt_payload() -> bytes:

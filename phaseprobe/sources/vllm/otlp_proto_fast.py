@@ -12,7 +12,7 @@ view that parses the export), and is read one of two ways: through a *layout* le
 earlier span of the same shape (one mask comparison, one struct unpack, one compiled function
 per shape: :mod:`~phaseprobe.sources.vllm.otlp_proto_layouts`; the decode took 2.3-2.9x less
 CPU in bench/otlp_ingest.py), or the general way, attribute by attribute, parsed as the view's
-Span where it sits in the export (:func:`~phaseprobe.sources.vllm.otlp_proto_read._read_span`).
+Span where it sits in the export (:func:`~phaseprobe.sources.vllm.otlp_proto_read.read_span`).
 
 Anything else (an array or map value, a negative integer, a field out of order or repeated, a
 span without well-formed ids, bytes the view cannot parse) returns None, and the caller decodes
@@ -30,12 +30,12 @@ from typing import Any
 
 from phaseprobe.sources.vllm import otlp_proto_layouts
 from phaseprobe.sources.vllm.otlp_fields import SpanBatch, attribute_dict, capped_text
-from phaseprobe.sources.vllm.otlp_proto_layouts import _learn, _may_learn
+from phaseprobe.sources.vllm.otlp_proto_layouts import learn_layout, may_learn
 from phaseprobe.sources.vllm.otlp_proto_read import (
-    _FIELDS,
-    _read_span,
-    _span_message,
-    _Unhandled,
+    RECORD_FIELDS,
+    Unhandled,
+    read_span,
+    span_message,
     view_request_class,
 )
 
@@ -53,19 +53,19 @@ def decode_view(payload: bytes) -> SpanBatch | None:
         return None  # the ordinary parse says what is wrong
     try:
         return _decode(message)
-    except (_Unhandled, IndexError):  # IndexError: a KeyValue cut short, read the ordinary way
+    except (Unhandled, IndexError):  # IndexError: a KeyValue cut short, read the ordinary way
         return None
 
 
 def _decode(message: Any) -> SpanBatch:
     batch = SpanBatch()
-    # looked up in its module (not imported by name): always the table _learn adds to
-    layouts, find = otlp_proto_layouts._LAYOUTS, int.from_bytes
+    # looked up in its module (not imported by name): always the table learn_layout adds to
+    layouts, find = otlp_proto_layouts.LAYOUTS, int.from_bytes
     for rs in message.resource_spans:
         resource = attribute_dict(rs.resource.attributes)
         service = capped_text(resource.get("service.name"))
         instance = capped_text(resource.get("service.instance.id") or resource.get("host.name"))
-        template = dict.fromkeys(_FIELDS)
+        template = dict.fromkeys(RECORD_FIELDS)
         template["service"] = service
         template["instance"] = instance
         for ss in rs.scope_spans:
@@ -86,11 +86,11 @@ def _decode(message: Any) -> SpanBatch:
 
 def _read_new(raw: bytes, template: dict[str, Any], batch: SpanBatch) -> None:
     """A span no layout took, read the general way; its layout learnt while there is room."""
-    span = _span_message(raw)
-    if not _may_learn(len(raw)):
-        _read_span(span, template, batch)
+    span = span_message(raw)
+    if not may_learn(len(raw)):
+        read_span(span, template, batch)
         return
     one = SpanBatch()
-    _read_span(span, template, one)
-    _learn(raw, span, template, one)
+    read_span(span, template, one)
+    learn_layout(raw, span, template, one)
     batch.extend(one)

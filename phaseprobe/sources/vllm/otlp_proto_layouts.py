@@ -14,7 +14,7 @@ ordinary decode, as before). Bounded: a hostile exporter's endless new shapes ar
 general way, not remembered.
 
 The general read is :mod:`~phaseprobe.sources.vllm.otlp_proto_read`'s; which way each span is
-read, and handing a span read the general way to :func:`_learn`, is
+read, and handing a span read the general way to :func:`learn_layout`, is
 :mod:`~phaseprobe.sources.vllm.otlp_proto_fast`'s.
 """
 
@@ -36,28 +36,28 @@ from phaseprobe.sources.vllm.otlp_fields import (
     bounded_attributes,
 )
 from phaseprobe.sources.vllm.otlp_proto_read import (
-    _BOOL,
-    _DOUBLE_TAG,
-    _FIELDS,
-    _INT,
-    _STRING,
-    _add,
-    _head,
-    _length,
-    _record,
-    _Unhandled,
+    BOOL_TAG,
+    DOUBLE_TAG,
+    INT_TAG,
+    RECORD_FIELDS,
+    STRING_TAG,
+    Unhandled,
+    add_read_span,
+    make_record,
+    read_head,
+    read_length,
 )
 
 __all__: list[str] = []  # read by otlp_proto_fast only
 
 _MAX_PER_LENGTH = 8  # layouts tried for one span length
 _MAX_TRIES = 8192  # and in all (each costs about ten spans' general read)
-_LAYOUTS: dict[int, list[_Layout]] = {}  # span length -> its layouts
+LAYOUTS: dict[int, list[_Layout]] = {}  # span length -> its layouts
 _TRIED: dict[int, int] = {}
 _TRIED_ALL = [0]
 
 
-def _may_learn(length: int) -> bool:
+def may_learn(length: int) -> bool:
     """Whether a span of ``length`` bytes that no layout took may have its layout learnt (and
     if so, it counts against the bounds above)."""
     tried = _TRIED.get(length, 0)
@@ -106,7 +106,7 @@ class _Layout:
 
     def compile(self, n_values: int) -> None:
         """Write :attr:`read` (``read(raw, template, batch)``: the span ``raw``, of this
-        layout, into ``batch`` as :func:`_read_span` reads it) from the steps: one function
+        layout, into ``batch`` as :func:`read_span` reads it) from the steps: one function
         per layout, its values unpacked into locals, each step a line. Its source holds only
         this module's names, value numbers and field names from the alias table; a key or a
         name from the wire is a constant it is given, never source."""
@@ -143,7 +143,7 @@ class _Layout:
         src.append("    extra = {" + ", ".join(items) + "}")
         trace, span, parent, start, end = self.ids
         parent_id = "None" if parent is None else f"v{parent}.hex() or None"
-        if self.is_request:  # a request with good times: _add's last lines, inline
+        if self.is_request:  # a request with good times: add_read_span's last lines, inline
             src += [
                 f"    if 0 < v{start} < INT64 and v{start} <= v{end} < INT64:",
                 f"        values['trace_id'] = v{trace}.hex()",
@@ -162,11 +162,11 @@ class _Layout:
         )
         namespace = {
             "unpack": self.unpack,
-            "Unhandled": _Unhandled,
+            "Unhandled": Unhandled,
             "TOP": MAX_DURATION_S,
             "int_value": _int_value,
-            "add": _add,
-            "record": _record,
+            "add": add_read_span,
+            "record": make_record,
             "bounded": bounded_attributes,
             "INT64": INT64,
             "keys": tuple(key for key, _, _ in self.extras),
@@ -178,8 +178,8 @@ class _Layout:
 
 def _name(field: str) -> str:
     """A record field's name as source: only the record's own names are written."""
-    if field not in _FIELDS:
-        raise _Unhandled
+    if field not in RECORD_FIELDS:
+        raise Unhandled
     return repr(field)
 
 
@@ -193,7 +193,7 @@ def _int_source(i: int, size: int) -> str:
 
 
 def _unread(raw: bytes, template: dict[str, Any], batch: SpanBatch) -> None:
-    raise _Unhandled  # a layout not compiled yet
+    raise Unhandled  # a layout not compiled yet
 
 
 _MAX_TEXT = 256  # capped_text's cut (a text of more bytes than this may have more characters)
@@ -213,24 +213,24 @@ def _int_value(x: Any, size: int) -> int:
     return value
 
 
-def _learn(raw: bytes, span: Any, template: dict[str, Any], one: SpanBatch) -> None:
-    """Learn ``raw``'s layout (the span read by :func:`_read_span` into ``one``) and keep it
+def learn_layout(raw: bytes, span: Any, template: dict[str, Any], one: SpanBatch) -> None:
+    """Learn ``raw``'s layout (the span read by :func:`read_span` into ``one``) and keep it
     when reading ``raw`` through it gives the same (else nothing is kept)."""
     try:
         layout = _layout_of(raw, span)
-    except (_Unhandled, IndexError, struct.error):
+    except (Unhandled, IndexError, struct.error):
         return
     if layout is None:
         return
     check = SpanBatch()
     try:
         layout.read(raw, template, check)
-    except _Unhandled:
+    except Unhandled:
         return
     if not _same(one, check):
         return
     # a new list, not appended to: another thread may be reading the old one
-    _LAYOUTS[len(raw)] = [*_LAYOUTS.get(len(raw), []), layout]
+    LAYOUTS[len(raw)] = [*LAYOUTS.get(len(raw), []), layout]
 
 
 def _same(a: SpanBatch, b: SpanBatch) -> bool:
@@ -272,7 +272,7 @@ def _layout_of(raw: bytes, span: Any) -> _Layout | None:
 
     pos, end = 0, len(raw)
     while pos < end:
-        tag, pos = _length(raw, pos)
+        tag, pos = read_length(raw, pos)
         number, wire = tag >> 3, tag & 7
         if number in _READ_FIELDS and number in where:
             return None  # repeated: the last one counts; not worth a layout
@@ -293,7 +293,7 @@ def _layout_of(raw: bytes, span: Any) -> _Layout | None:
                 return None
             pos += 4
         elif wire == _LENGTH:
-            size, pos = _length(raw, pos)
+            size, pos = read_length(raw, pos)
             if number in (1, 2, 4):
                 where[number] = free(pos, size, f"{size}s")
             elif number == 5:
@@ -301,7 +301,7 @@ def _layout_of(raw: bytes, span: Any) -> _Layout | None:
             elif number == 9:
                 kv = raw[pos : pos + size]
                 kvs.append(kv)
-                head, at = _head(kv)
+                head, at = read_head(kv)
                 ops.append(
                     (
                         head[4],
@@ -347,28 +347,28 @@ def _value_part(
     mask (a varint's continuation bits and a bool's upper bits kept)."""
     at, end = kv_at + value_at, kv_at + kv_size
     size = end - at
-    if tag == _DOUBLE_TAG:
+    if tag == DOUBLE_TAG:
         return free(at, 8, "d"), 8, _AS_IS
-    if tag == _INT:
+    if tag == INT_TAG:
         if not 0 < size < 10:
-            raise _Unhandled
+            raise Unhandled
         code = "B" if size == 1 else "H" if size == _WIDE_INT else f"{size}s"
         index = free(at, size, code)
         for i in range(at, end):  # continuation bits: on in every byte but the last
             mask[i] = 0x80
             expected[i] = 0x80 if i < end - 1 else 0
         return index, size, size
-    if tag == _BOOL:
+    if tag == BOOL_TAG:
         index = free(at, 1, "B")
         mask[at] = 0xFE  # 0 or 1
         return index, 1, _AS_BOOL
     # a string: its length stays, its bytes are free
-    length, start = _length(raw, at)
+    length, start = read_length(raw, at)
     return free(start, length, f"{length}s"), length, _AS_TEXT
 
 
 def _plan(layout: _Layout, ops: list[tuple[int, str, int, int, int]]) -> bool:
-    """What :func:`_read_span` does with each attribute, as the layout's steps; False when an
+    """What :func:`read_span` does with each attribute, as the layout's steps; False when an
     attribute's conversion has no step (an int for a duration, a double for a count)."""
     ranks: dict[str, int] = {}
     final: dict[str, tuple[int, int, int]] = {}  # field -> (tag, index, size)
@@ -387,14 +387,14 @@ def _plan(layout: _Layout, ops: list[tuple[int, str, int, int, int]]) -> bool:
         final[field] = (tag, index, size)
     for field, (tag, index, size) in final.items():
         if field in TEXT_FIELDS:
-            if tag == _STRING and size:  # else None: capped_text of no text, or no string
+            if tag == STRING_TAG and size:  # else None: capped_text of no text, or no string
                 layout.texts.append((field, index, size > _MAX_TEXT))
                 strings.discard(index)
-        elif tag == _DOUBLE_TAG and field not in INT_FIELDS:
+        elif tag == DOUBLE_TAG and field not in INT_FIELDS:
             layout.secs.append((field, index))
-        elif tag == _INT and field in INT_FIELDS:
+        elif tag == INT_TAG and field in INT_FIELDS:
             layout.ints.append((field, index, size))
-        elif tag not in (_BOOL, _STRING):  # (those: None, not a number)
+        elif tag not in (BOOL_TAG, STRING_TAG):  # (those: None, not a number)
             return False
     layout.checks = sorted(strings)
     return True

@@ -6,12 +6,12 @@ everything else as it does for the real schema (the span's name and ids, events,
 the resource), and hands each attribute over as the KeyValue's own bytes, which are read here
 when they hold the plain shape an SDK writes: a UTF-8 key, then one scalar value (string, bool,
 int64 0 … 2**63-1, double) or none, each field once, in that order. Any other shape raises
-:class:`_Unhandled` (or IndexError, for bytes cut short), and
+:class:`Unhandled` (or IndexError, for bytes cut short), and
 :mod:`~phaseprobe.sources.vllm.otlp_proto_fast` leaves the payload to the ordinary decode.
 
-:func:`_read_span` is the read a span takes when no layout
-(:mod:`~phaseprobe.sources.vllm.otlp_proto_layouts`) took it; :func:`_add` and :func:`_record`
-end both reads, so a span gives the same record whichever way it was read.
+:func:`read_span` is the read a span takes when no layout
+(:mod:`~phaseprobe.sources.vllm.otlp_proto_layouts`) took it; :func:`add_read_span` and
+:func:`make_record` end both reads, so a span gives the same record whichever way it was read.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def view_request_class(*, spans_as_bytes: bool = False) -> Any:
     return message_factory.GetMessageClass(pool.FindMessageTypeByName(_REQUEST))
 
 
-class _Unhandled(Exception):
+class Unhandled(Exception):
     """A shape this path leaves to the ordinary decode."""
 
 
@@ -86,11 +86,11 @@ class _Unhandled(Exception):
 _Head = tuple[str, str, int, bool, int, int, int]
 _HEADS: dict[bytes, _Head] = {}
 _MAX_HEADS = 4096
-_STRING, _BOOL, _INT, _DOUBLE_TAG = 0x0A, 0x10, 0x18, 0x21  # AnyValue's scalar fields
+STRING_TAG, BOOL_TAG, INT_TAG, DOUBLE_TAG = 0x0A, 0x10, 0x18, 0x21  # AnyValue's scalar fields
 _AS_EXTRA, _AS_SECONDS, _AS_COUNT, _AS_OTHER = 0, 1, 2, 3  # no field; double; int; the rest
 
 
-def _length(data: bytes, pos: int) -> tuple[int, int]:
+def read_length(data: bytes, pos: int) -> tuple[int, int]:
     """A length (a varint of at most 4 bytes: under 256 MiB) at ``pos``, and where it ends."""
     value = shift = 0
     while shift < 28:
@@ -100,37 +100,37 @@ def _length(data: bytes, pos: int) -> tuple[int, int]:
         if byte < 0x80:
             return value, pos
         shift += 7
-    raise _Unhandled
+    raise Unhandled
 
 
-def _head(kv: bytes) -> tuple[_Head, int]:
+def read_head(kv: bytes) -> tuple[_Head, int]:
     """The head of ``kv`` read the long way (and remembered when its lengths are one byte
-    each), and where the value's payload starts; raises _Unhandled for any other shape than
+    each), and where the value's payload starts; raises Unhandled for any other shape than
     a key, then a value holding one scalar field."""
     if kv[0] != 0x0A:
-        raise _Unhandled  # no key first
-    key_size, pos = _length(kv, 1)
+        raise Unhandled  # no key first
+    key_size, pos = read_length(kv, 1)
     key_end = pos + key_size
     if key_end + 2 > len(kv) or kv[key_end] != 0x12:
-        raise _Unhandled  # no value after the key (or something else there)
-    size, at = _length(kv, key_end + 1)  # the AnyValue's length
+        raise Unhandled  # no value after the key (or something else there)
+    size, at = read_length(kv, key_end + 1)  # the AnyValue's length
     if size == 0 or at + size != len(kv):
-        raise _Unhandled
+        raise Unhandled
     tag = kv[at]  # its field's tag
-    if tag not in (_STRING, _BOOL, _INT, _DOUBLE_TAG):
-        raise _Unhandled
-    if (tag == _DOUBLE_TAG and size != 9) or (tag == _BOOL and size != 2):
-        raise _Unhandled
+    if tag not in (STRING_TAG, BOOL_TAG, INT_TAG, DOUBLE_TAG):
+        raise Unhandled
+    if (tag == DOUBLE_TAG and size != 9) or (tag == BOOL_TAG and size != 2):
+        raise Unhandled
     try:
         key = kv[pos:key_end].decode()
     except UnicodeDecodeError:
-        raise _Unhandled from None
+        raise Unhandled from None
     field, rank = FIELD_OF.get(key, ("", 0))
     if not field:
         how = _AS_EXTRA
-    elif tag == _DOUBLE_TAG and field not in INT_FIELDS and field not in TEXT_FIELDS:
+    elif tag == DOUBLE_TAG and field not in INT_FIELDS and field not in TEXT_FIELDS:
         how = _AS_SECONDS
-    elif tag == _INT and field in INT_FIELDS:
+    elif tag == INT_TAG and field in INT_FIELDS:
         how = _AS_COUNT
     else:
         how = _AS_OTHER
@@ -152,36 +152,36 @@ def _varint(data: bytes, pos: int, end: int) -> int:
                 break
             return value
         shift += 7
-    raise _Unhandled  # cut short, followed by more, or past 2**63 (negative: upb reads it)
+    raise Unhandled  # cut short, followed by more, or past 2**63 (negative: upb reads it)
 
 
 def _scalar(kv: bytes, tag: int, pos: int) -> Any:
     """The AnyValue field ``tag`` (not a double: the caller reads those) whose payload runs
     from ``pos`` to the end of ``kv``."""
     end = len(kv)
-    if tag == _STRING:
-        size, start = (kv[pos], pos + 1) if kv[pos] < 0x80 else _length(kv, pos)
+    if tag == STRING_TAG:
+        size, start = (kv[pos], pos + 1) if kv[pos] < 0x80 else read_length(kv, pos)
         if start + size != end:
-            raise _Unhandled
+            raise Unhandled
         try:
             return kv[start:end].decode()
         except UnicodeDecodeError:
-            raise _Unhandled from None
-    if tag == _INT:
+            raise Unhandled from None
+    if tag == INT_TAG:
         return _varint(kv, pos, end)
     if kv[pos] > 1:  # bool: 0 or 1 (upb reads any other varint)
-        raise _Unhandled
+        raise Unhandled
     return kv[pos] == 1
 
 
 # A frozen dataclass's __init__ sets each field with object.__setattr__: 18 calls, a third of
 # the decode. Its __dict__ written at once gives an equal record (a test holds them equal); a
 # record class with slots or a __post_init__ is built by its constructor.
-_FIELDS = tuple(f.name for f in dataclasses.fields(RequestSpan))
+RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(RequestSpan))
 _BY_DICT = "__slots__" not in vars(RequestSpan) and not hasattr(RequestSpan, "__post_init__")
 
 
-def _record(values: dict[str, Any]) -> RequestSpan:
+def make_record(values: dict[str, Any]) -> RequestSpan:
     if not _BY_DICT:
         return RequestSpan(**values)
     record: RequestSpan = object.__new__(RequestSpan)
@@ -189,7 +189,7 @@ def _record(values: dict[str, Any]) -> RequestSpan:
     return record
 
 
-def _span_message(raw: bytes) -> Any:
+def span_message(raw: bytes) -> Any:
     """The span ``raw`` as the view's Span message, parsed where it sits in an export (three
     messages deep: upb's nesting limit counts from the export, as in the whole parse)."""
     from google.protobuf.message import DecodeError
@@ -200,7 +200,7 @@ def _span_message(raw: bytes) -> Any:
     try:
         message = view_request_class().FromString(export)
     except (DecodeError, RecursionError, ValueError):
-        raise _Unhandled from None  # the ordinary parse says what is wrong
+        raise Unhandled from None  # the ordinary parse says what is wrong
     return message.resource_spans[0].scope_spans[0].spans[0]
 
 
@@ -213,17 +213,17 @@ def _size(n: int) -> bytes:
     return bytes(out)
 
 
-def _read_span(span: Any, template: dict[str, Any], batch: SpanBatch) -> None:
+def read_span(span: Any, template: dict[str, Any], batch: SpanBatch) -> None:
     """One span (a view Span message) into ``batch``: the general read, attribute by
     attribute."""
-    heads, head_of, scalar = _HEADS, _head, _scalar
+    heads, head_of, scalar = _HEADS, read_head, _scalar
     text_fields, int_fields, top, int64 = TEXT_FIELDS, INT_FIELDS, MAX_DURATION_S, INT64
-    double, double_tag, int_tag = _DOUBLE, _DOUBLE_TAG, _INT
+    double, double_tag, int_tag = _DOUBLE, DOUBLE_TAG, INT_TAG
     as_extra, as_seconds, as_count = _AS_EXTRA, _AS_SECONDS, _AS_COUNT
     trace_id = span.trace_id
     span_id = span.span_id
     if len(trace_id) != 16 or len(span_id) != 8:
-        raise _Unhandled  # rejected and keyed by a digest of the real message
+        raise Unhandled  # rejected and keyed by a digest of the real message
     name = span.name
     values = template.copy()
     ranks: dict[str, int] = {}
@@ -236,7 +236,7 @@ def _read_span(span: Any, template: dict[str, Any], batch: SpanBatch) -> None:
             head, start = head_of(kv)
         key, field, rank, latency, tag, size, how = head
         if len(kv) != size:
-            raise _Unhandled
+            raise Unhandled
         if tag == double_tag:
             raw = double(kv, start)[0]
         elif tag == int_tag and size - start == 1 and kv[start] < 0x80:
@@ -268,7 +268,7 @@ def _read_span(span: Any, template: dict[str, Any], batch: SpanBatch) -> None:
                 values[field] = int(number)
             else:
                 values[field] = float(number) if number <= top else None
-    _add(
+    add_read_span(
         batch,
         is_request,
         name,
@@ -283,7 +283,7 @@ def _read_span(span: Any, template: dict[str, Any], batch: SpanBatch) -> None:
     )
 
 
-def _add(
+def add_read_span(
     batch: SpanBatch,
     is_request: bool,
     name: str,
@@ -314,5 +314,5 @@ def _add(
     values["parent_span_id"] = parent_span_id.hex() or None
     values["start_ns"] = start_ns
     values["end_ns"] = end_ns
-    batch.requests.append(_record(values))
+    batch.requests.append(make_record(values))
     batch.attributes.append(bounded_attributes(extra) if extra else extra)
