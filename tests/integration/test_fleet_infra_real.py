@@ -75,9 +75,24 @@ def _wait_moved(replicas: dict[str, str], before: dict[str, float], total: int) 
     return deltas
 
 
+def _idle(replicas: dict[str, str], timeout_s: float = 120) -> None:
+    """Until no replica runs or holds a request: the counts below start from a quiet fleet. The
+    clean-clone CI beside a busy core counted two requests on r2 that an earlier module (its
+    straggler, throttled) had left still finishing there (r1 2, r2 4)."""
+    busy = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = {name: sum(_sums(url, *busy).values()) for name, url in replicas.items()}
+        if not any(left.values()):
+            return
+        assert time.monotonic() < deadline, f"requests still in the fleet: {left}"
+        time.sleep(0.2)
+
+
 def test_round_robin_puts_two_of_four_requests_on_each_replica(local_fleet):
     replicas = local_fleet.replicas
     assert set(replicas) == {"r1", "r2"}
+    _idle(replicas)
     before = {name: _sums(url, SUCCESS)[SUCCESS] for name, url in replicas.items()}
     for _ in range(4):
         _complete(local_fleet.router_url, local_fleet.model)
@@ -95,6 +110,7 @@ def test_a_consistent_hash_router_sends_one_session_to_one_replica(local_fleet, 
     router = router_factory("consistent_hash")
     assert router.base_url != local_fleet.router_url
     replicas = local_fleet.replicas
+    _idle(replicas)
     before = {name: _sums(url, SUCCESS)[SUCCESS] for name, url in replicas.items()}
     for _ in range(4):  # x-session-id is the router's first hash key (research/fleet_pd.md)
         _complete(router.base_url, local_fleet.model, session="one-session")
