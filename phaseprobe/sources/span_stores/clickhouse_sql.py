@@ -66,7 +66,6 @@ _CANDIDATES = (
     "c.table LIMIT 10"
 )
 
-_INT64 = 2**63
 _NUMBER_FIELDS = (
     "queue_s",
     "prefill_s",
