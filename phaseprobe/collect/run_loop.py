@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol, TypeVar
 
+from phaseprobe.notes import Notes
 from phaseprobe.records import Run
 from phaseprobe.store import Store
 
@@ -96,20 +97,19 @@ class RunNotes:
 
     def __init__(self) -> None:
         self.runs = 0
-        self._counts: dict[str, int] = {}
+        self._notes = Notes()  # counted once per run that said a note, however often it did
 
     def add(self, notes: Iterable[str]) -> None:
         """One stored run's stream notes (none for most runs: it still counts as a run)."""
         self.runs += 1
-        for note in dict.fromkeys(notes):
-            self._counts[note] = self._counts.get(note, 0) + 1
+        self._notes.extend(dict.fromkeys(notes))  # a note said twice in one run counts once
 
     def lines(self) -> list[str]:
         """One line per distinct note with the number of stored runs that said it: ``"<note> (in 3
         of 20 runs)"``."""
         return [
             f"{note} (in {n} of {self.runs} run{'' if self.runs == 1 else 's'})"
-            for note, n in self._counts.items()
+            for note, n in self._notes.counted()
         ]
 
 
