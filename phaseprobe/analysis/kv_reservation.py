@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 import numpy as np
 
 from phaseprobe.errors import ConfigError
+from phaseprobe.notes import Notes
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -315,8 +316,8 @@ def _capacity(
     gpus: list[GpuMemoryLevels],
     kv_bytes_per_token: float | None,
     usage: float | None,
-) -> tuple[KvCapacity, list[str]]:
-    notes: list[str] = []
+) -> tuple[KvCapacity, Notes]:
+    notes = Notes()
     blocks, block_size = config.num_gpu_blocks, config.block_size
     tokens = blocks * block_size if blocks and block_size else None
     reserved: float | None = None
@@ -329,9 +330,9 @@ def _capacity(
     if tokens is None and reserved and kv_bytes_per_token:
         tokens = int(reserved // kv_bytes_per_token)
     if tokens is None:
-        notes.append("KV capacity unknown: cache_config_info has no num_gpu_blocks/block_size")
+        notes.add("KV capacity unknown: cache_config_info has no num_gpu_blocks/block_size")
     elif reserved is None:
-        notes.append("reserved KV bytes unknown: give the model's KV bytes per token")
+        notes.add("reserved KV bytes unknown: give the model's KV bytes per token")
     totals = [g.total_bytes for g in gpus if g.total_bytes]
     budget = (
         config.gpu_memory_utilization * totals[0]
@@ -342,7 +343,7 @@ def _capacity(
         if budget is not None and g.plateau_bytes is not None and g.tolerance_bytes:
             gap = g.plateau_bytes - budget
             close = abs(gap) <= 2 * g.tolerance_bytes
-            notes.append(
+            notes.add(
                 f"GPU {g.gpu_index}: plateau {g.plateau_bytes / GiB:.2f} GiB vs "
                 f"gpu_memory_utilization budget {budget / GiB:.2f} GiB"
                 + (": vLLM took its budget at startup" if close else f" ({gap / GiB:+.2f} GiB)")
@@ -350,7 +351,7 @@ def _capacity(
         if reserved and g.plateau_bytes is not None:
             taken = g.plateau_bytes - (g.baseline_bytes or 0.0)
             if taken > 0:
-                notes.append(
+                notes.add(
                     f"GPU {g.gpu_index}: reserved KV is {reserved / taken:.0%} of the "
                     f"{taken / GiB:.2f} GiB taken at startup"
                 )

@@ -39,6 +39,7 @@ from phaseprobe.analysis.gpu_peaks import GpuSpec
 from phaseprobe.errors import ConfigError
 from phaseprobe.format import duration as fmt_duration
 from phaseprobe.format import efficiency as fmt_efficiency
+from phaseprobe.notes import Notes
 from phaseprobe.records import Run
 
 __all__ = [
@@ -186,17 +187,17 @@ def roofline(
     peaks: Peaks,
 ) -> PhaseRoofline:
     """The roofline of one request from plain numbers; see the module docstring."""
-    notes: list[str] = []
+    notes = Notes()
     p, n = prompt_tokens, completion_tokens
     bw, fl = peaks.mem_bandwidth_bytes_per_s, peaks.flops_per_s
     if cost is None:
-        notes.append("no model cost (config.json unknown): bounds not computable")
+        notes.add("no model cost (config.json unknown): bounds not computable")
     if p is None or n is None:
-        notes.append("token counts unknown (no usage from the server)")
+        notes.add("token counts unknown (no usage from the server)")
     if bw is None:
-        notes.append(f"no memory bandwidth in {peaks.origin}")
+        notes.add(f"no memory bandwidth in {peaks.origin}")
     if fl is None:
-        notes.append(f"no peak FLOP/s in {peaks.origin}: prefill bound is the memory floor")
+        notes.add(f"no peak FLOP/s in {peaks.origin}: prefill bound is the memory floor")
 
     # Decode.
     mean_ctx = bytes_tok = d_bound = d_meas = None
@@ -209,9 +210,9 @@ def roofline(
             if bw is not None and bw > 0:
                 d_bound = bytes_tok / bw
     elif n is not None:
-        notes.append(f"{n} completion token(s): no decode step to bound")
+        notes.add(f"{n} completion token(s): no decode step to bound")
     if decode_s is None:
-        notes.append("server decode time unknown")
+        notes.add("server decode time unknown")
 
     # Prefill: compute bound, floored by streaming the weights in and the KV out once.
     flops = c_bound = m_bound = p_bound = None
@@ -227,13 +228,13 @@ def roofline(
         elif m_bound is not None:
             p_bound, kind = m_bound, "memory"
     if prefill_s is None:
-        notes.append("server prefill time unknown")
+        notes.add("server prefill time unknown")
     d_ratio, p_ratio = _ratio(d_bound, d_meas), _ratio(p_bound, prefill_s)
     d_beaten, p_beaten = is_beaten(d_ratio), is_beaten(p_ratio)
     if d_beaten:
-        notes.append(bound_beaten_message("decode", d_bound, d_meas, "memory", peaks.origin))
+        notes.add(bound_beaten_message("decode", d_bound, d_meas, "memory", peaks.origin))
     if p_beaten:
-        notes.append(bound_beaten_message("prefill", p_bound, prefill_s, kind, peaks.origin))
+        notes.add(bound_beaten_message("prefill", p_bound, prefill_s, kind, peaks.origin))
     d_eff = None if d_beaten else d_ratio
     p_eff = None if p_beaten else p_ratio
 

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from phaseprobe.notes import Notes
+
 __all__ = [
     "PERCENTILES",
     "MIN_FOR_P99",
@@ -122,7 +124,7 @@ def compare_point(
     """``measured``/``predicted``: per metric (ttft, tpot, e2e, itl) the values of each request
     (itl: of each gap). Rows for each metric and percentile both sides can give."""
     rows = []
-    notes = []
+    notes = Notes()
     for metric in ("ttft", "tpot", "itl", "e2e"):
         m = [v for v in measured.get(metric, ()) if v is not None]
         p = [v for v in predicted.get(metric, ()) if v is not None]
@@ -133,11 +135,11 @@ def compare_point(
             rows.append(Compared(metric, q, pv, mv))
     n = len(sent_s)
     if n < MIN_FOR_P99:
-        notes.append(
+        notes.add(
             f"{n} requests: p99 is not compared (it needs {MIN_FOR_P99}), p90 needs {MIN_FOR_P90}"
         )
     if failed:
-        notes.append(f"{failed} of {n} requests failed: their latency is not in the measured side")
+        notes.add(f"{failed} of {n} requests failed: their latency is not in the measured side")
     span = (max(sent_s) - min(sent_s)) if n > 1 else 0.0
     achieved = (n - 1) / span if span > 0 else float("nan")
     slo = slo or {}

@@ -38,6 +38,7 @@ from scipy.optimize import nnls
 
 from phaseprobe.analysis.capacity_model.step_cost import RequestOverheads, StepCost
 from phaseprobe.errors import ConfigError
+from phaseprobe.notes import Notes
 
 __all__ = [
     "StepSample",
@@ -177,9 +178,9 @@ def fit_step_cost(steps: Sequence[StepSample], clients: Sequence[ClientSample]) 
         kept = trimmed
         coef = _nnls_relative(kept)
     dropped = len(fit_steps) - len(kept)
-    notes: list[str] = []
+    notes = Notes()
     if not any(s.context_tokens for s in fit_steps):
-        notes.append("KV context per step unknown (no KV usage or capacity): its term is 0")
+        notes.add("KV context per step unknown (no KV usage or capacity): its term is 0")
 
     def forward(prefill: int, seqs: int, context: int) -> float:
         return _predict(coef, StepSample(prefill, seqs, context, 1.0))
@@ -196,7 +197,7 @@ def fit_step_cost(steps: Sequence[StepSample], clients: Sequence[ClientSample]) 
     ]
     g0, g1 = _line([g[0] for g in gaps], [g[1] for g in gaps])
     if g0 < 0:
-        notes.append(f"client ITL below the logged step time by {-g0 * 1e3:.2f} ms: gap set to 0")
+        notes.add(f"client ITL below the logged step time by {-g0 * 1e3:.2f} ms: gap set to 0")
         g0 = 0.0
     g1 = max(g1, 0.0)
     cost = StepCost(

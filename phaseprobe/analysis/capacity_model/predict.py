@@ -44,6 +44,7 @@ from phaseprobe.analysis.capacity_model.workload import (
     WorkloadSpec,
 )
 from phaseprobe.errors import ConfigError
+from phaseprobe.notes import Notes
 
 __all__ = ["Prediction", "predict_deployment", "default_rates"]
 
@@ -150,17 +151,17 @@ def predict_deployment(
     def replica_workload(rate: float) -> list[SimRequest]:
         return big.at(rate * n)[::n]  # replica 0's share of the fleet at rate × n
 
-    notes: list[str] = []
+    notes = Notes()
     if fitted_limits is not None and fitted_limits != limits:
         changed = [
             f"{k} {getattr(fitted_limits, k)} → {getattr(limits, k)}"
             for k in limits.to_dict()
             if getattr(fitted_limits, k) != getattr(limits, k)
         ]
-        notes.append("what-if: " + ", ".join(changed) + " (the fit's step cost is reused)")
+        notes.add("what-if: " + ", ".join(changed) + " (the fit's step cost is reused)")
     sat = saturation(replica_workload, cost, limits, overheads, sim=sim)
     if spec.n < 2 * limits.max_num_seqs:
-        notes.append(
+        notes.add(
             f"saturation from {spec.n} requests, under 2 × max_num_seqs ({limits.max_num_seqs}):"
             " requests admitted in one wave finish together, which can read several times "
             "too high (give more --requests)"
@@ -190,13 +191,13 @@ def predict_deployment(
         longest_output=_largest(spec.output),
         busiest=busiest,
     )
-    notes += [f"extrapolation: {e.text}" for e in extra]
+    notes.extend(f"extrapolation: {e.text}" for e in extra)
     if fitted_range and not fitted_range.get("max_context_tokens"):
-        notes.append("the fit stored no step's KV context: the context held is not checked")
+        notes.add("the fit stored no step's KV context: the context held is not checked")
     pd_doc = None
     if pd is not None:
         pd_doc, pd_notes = _pd_sides(cost, limits, overheads, spec, slo, pd, sat)
-        notes += pd_notes
+        notes.extend(pd_notes)
         # the whole split's steps mix two pools: what binds it is the tighter pool
         sat = replace(
             sat,
@@ -204,9 +205,7 @@ def predict_deployment(
             explanation=pd_notes[0].split(": ", 1)[1],
         )
     if n > 1:
-        notes.append(
-            f"{n} replicas behind round robin: replica 0 simulated with every {n}th request"
-        )
+        notes.add(f"{n} replicas behind round robin: replica 0 simulated with every {n}th request")
     return Prediction(n, limits, preds, sat, largest, tuple(notes), pd_doc, tuple(extra))
 
 

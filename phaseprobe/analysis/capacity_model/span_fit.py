@@ -41,6 +41,7 @@ from scipy.optimize import nnls
 from phaseprobe.analysis.capacity_model.fit import FitReport
 from phaseprobe.analysis.capacity_model.step_cost import RequestOverheads, StepCost
 from phaseprobe.errors import ConfigError
+from phaseprobe.notes import Notes
 from phaseprobe.records import RequestSpan
 
 __all__ = ["SpanEquation", "span_equations", "fit_from_spans", "MIN_SPANS", "SpanRange"]
@@ -246,10 +247,12 @@ def fit_from_spans(
             f"(of {len(spans)} read; {MIN_SPANS} fitted + every {_HELD_OUT_EVERY}rd held out "
             f"are needed): about {more} more finished requests (a longer window)"
         )
-    notes: list[str] = [
-        "spans cannot tell a step's fixed cost from the time between steps: both are in the "
-        "fixed cost per step, and gap_s is 0"
-    ]
+    notes = Notes(
+        [
+            "spans cannot tell a step's fixed cost from the time between steps: both are in the "
+            "fixed cost per step, and gap_s is 0"
+        ]
+    )
     fixed: dict[int, float] = {}
     names = {1: "per_prefill_token_s", 2: "per_decode_seq_s", 3: "per_context_token_s"}
     dec = [e for e in fit_eqs if e.kind == "decode"]
@@ -276,7 +279,7 @@ def fit_from_spans(
         )
     for col in blind if base is not None else ():
         fixed[col] = float(getattr(base, names[col]))
-        notes.append(
+        notes.add(
             f"{names[col]} held at the base fit's {fixed[col]:.3g} s: the spans barely vary it"
         )
     coef = _nnls(fit_eqs, fixed)
@@ -304,7 +307,7 @@ def fit_from_spans(
         if i in fit_ids and s.ttft_s is not None
     ]
     overheads = RequestOverheads(before_s=max(median(before), 0.0) if before else 0.0)
-    notes.append(
+    notes.add(
         "before the engine: the server's own arrival → queue time and the first token's way "
         "back (TTFT − queue − prefill of each span); the network to the client is not in a span"
     )
@@ -317,7 +320,7 @@ def fit_from_spans(
             median(abs(_pred(coef, e) - e.elapsed_s) / e.elapsed_s for e in mine) if mine else None
         )
     if rng.engines > 1:
-        notes.append(f"spans of {rng.engines} engines fitted together: one cost for replicas alike")
+        notes.add(f"spans of {rng.engines} engines fitted together: one cost for replicas alike")
     report = FitReport(
         cost=cost,
         overheads=overheads,
