@@ -93,39 +93,49 @@ _PARTS = (
 )
 
 
-def python_floor(path: Path) -> float:
-    """CPU seconds of the least a Python reader of lines does: the file read a block at a
-    time, split into line objects and the equal ones counted (no blanking, no parse)."""
-    from collections import Counter
-
-    c0 = time.process_time()
-    with open(path, "rb") as fh:
-        rest = b""
-        while block := fh.read(1 << 18):
-            block = rest + block
-            cut = block.rfind(b"\n") + 1
-            rest = block[cut:]
-            Counter(block[:cut].split(b"\n"))
-    return time.process_time() - c0
+# the timed phases of the block reader's C passes, in the order each block goes through them
+_PHASES = (
+    ("read", "reading the file a block at a time"),
+    ("blank", "regex pass blanking opCount and pointers"),
+    ("split", "split of each block into line objects"),
+    ("count", "counting equal lines (Counter's C loop)"),
+)
 
 
-def blanked_floor(path: Path) -> float:
-    """CPU seconds of the floor plus the one regex pass that blanks the per-call values
-    (``lines.VARY``) before the split: the least the block reader does (no classes, no folds,
-    no model), so what stands between it and ``grep -c`` beside the parse itself."""
-    from collections import Counter
+def phases(path: Path) -> dict[str, float]:
+    """CPU seconds of each C pass the block reader makes over ``path``, timed around each call
+    in one pass of its own: the parser's block reader (``read_blocks``), the regex pass
+    blanking the per-call values (``lines.VARY``, as ``count_block`` runs it), the split into
+    line objects and the count of equal ones. Their sum is the least this design costs (no
+    classes, no folds, no model); Python's floor is the same without the regex pass."""
+    from collections import _count_elements  # type: ignore[attr-defined]  # Counter's C loop
 
     from phaseprobe.sources.nccl.lines import VARY
+    from phaseprobe.sources.nccl.split import read_blocks
 
-    c0 = time.process_time()
+    clock = time.process_time
+    got = dict.fromkeys([key for key, _ in _PHASES], 0.0)
     with open(path, "rb") as fh:
-        rest = b""
-        while block := fh.read(1 << 18):
-            block = rest + block
-            cut = block.rfind(b"\n") + 1
-            rest = block[cut:]
-            Counter(VARY.sub(b"Count \x00", block[:cut]).split(b"\n"))
-    return time.process_time() - c0
+        blocks = read_blocks(fh, 0, None, 1 << 18)  # the parser's block size
+        while True:
+            t0 = clock()
+            item = next(blocks, None)
+            t1 = clock()
+            got["read"] += t1 - t0
+            if item is None:
+                break
+            buf, end, _ = item
+            with memoryview(buf) as view, view[:end] as part:
+                blanked = VARY.sub(b"Count \x00", part)  # what count_block puts there
+            t2 = clock()
+            lines = blanked.split(b"\n")
+            t3 = clock()
+            _count_elements({}, lines)
+            t4 = clock()
+            got["blank"] += t2 - t1
+            got["split"] += t3 - t2
+            got["count"] += t4 - t3
+    return got
 
 
 def profile_parse(path: Path) -> list[tuple[str, float]]:
@@ -145,6 +155,44 @@ def profile_parse(path: Path) -> list[tuple[str, float]]:
     return [(k, v / total) for k, v in got.items()] + [
         ("the rest (per-block Python: classes, folds, the model)", rest / total)
     ]
+
+
+def print_breakdown(path: Path, one_cpu: float, grep_cpu: float) -> None:
+    """Where the one-process parse's CPU goes, each part as a multiple of ``grep -c``'s CPU:
+    the C passes timed in a pass of their own (:func:`phases`), the rest (the parse's CPU
+    less their sum: per-block Python, classes, folds, the model), and cProfile's shares."""
+    got = phases(path)
+    x = 1 / grep_cpu
+    print(
+        f"where the one-process parse's time goes (CPU {one_cpu:.2f} s = {one_cpu * x:.1f}x "
+        f"grep -c), by timed phases of its C passes over the same file:"
+    )
+    for key, label in _PHASES:
+        print(f"  {label:<56} {got[key]:5.2f} s {got[key] * x:5.1f}x")
+    passes = sum(got.values())
+    floor = passes - got["blank"]
+    rest = one_cpu - passes
+    print(
+        f"  {'the rest (per-block Python: classes, folds, the model)':<56} {rest:5.2f} s "
+        f"{rest * x:5.1f}x"
+    )
+    print(
+        f"Python's floor (blocks read, split into line objects, equal ones counted, no "
+        f"parse): CPU {floor:.2f} s = {floor * x:.1f}x grep -c"
+    )
+    print(
+        f"  with the regex pass blanking the per-call values first (the block reader's "
+        f"least): CPU {passes:.2f} s = {passes * x:.1f}x grep -c"
+    )
+    if one_cpu * x > 5:
+        print(
+            f"  within 5x of grep -c by CPU needs <= {5 * grep_cpu:.2f} s: the regex pass "
+            f"alone is {got['blank'] * x:.1f}x, and the three C passes "
+            f"{passes * x:.1f}x before any parsing"
+        )
+    print("cProfile of the one-process parse (its own run), shares of its time:")
+    for label, share in profile_parse(path):
+        print(f"  {label:<56} {100 * share:4.0f} %")
 
 
 def _by_lines(path: Path) -> NcclLog:
@@ -191,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"(CPU {grep_cpu:.2f} s)"
             )
         doc = None
+        one_cpu = None  # the one-process parse's CPU seconds
         runs = [("line by line", 0)] if args.lines_path else [("one process", 1)]
         if not args.lines_path and size >= SPLIT_MIN:
             runs.append(("two processes", 2))
@@ -198,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
             t0, c0 = time.perf_counter(), time.process_time()
             log = _by_lines(path) if workers == 0 else parse_files([path], workers=workers)
             parse_s, cpu_s = time.perf_counter() - t0, time.process_time() - c0
+            if workers == 1:
+                one_cpu = cpu_s
             got = summarize(log)
             total_s = time.perf_counter() - t0
             print(
@@ -222,20 +273,8 @@ def main(argv: list[str] | None = None) -> int:
             elif got != doc:
                 print("  DIFFERENT summary from the one-process run")
                 return 1
-        if grep_cpu and not args.lines_path:
-            floor = python_floor(path)
-            print(
-                f"Python's floor (blocks split into line objects, equal ones counted, no "
-                f"parse): CPU {floor:.2f} s = {floor / grep_cpu:.1f}x grep -c"
-            )
-            blanked = blanked_floor(path)
-            print(
-                f"  with the regex pass blanking the per-call values first (the block "
-                f"reader's least): CPU {blanked:.2f} s = {blanked / grep_cpu:.1f}x grep -c"
-            )
-            print("where the one-process parse's time goes (cProfile, its own run):")
-            for label, share in profile_parse(path):
-                print(f"  {label:<56} {100 * share:4.0f} %")
+        if grep_cpu and one_cpu is not None:
+            print_breakdown(path, one_cpu, grep_cpu)
         rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
         print(
