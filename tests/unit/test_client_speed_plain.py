@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from phaseprobe.sources.vllm.openai_stream import _PLAIN_EVENT, _StreamState
@@ -142,6 +142,9 @@ def test_plain_events_read_as_the_general_path_reads_them(events: list[bytes], c
     st.lists(st.tuples(st.integers(0, 400), st.integers(0, 255)), min_size=1, max_size=3),
     st.booleans(),
 )
+# Found by this test: a bare CR in a one-line event (SSE ends a line there too) was read as one
+# line by the fast path and as two by the general one.
+@example(event=_completion("", "", "null", ""), flips=[(0, 13)], chat=False)
 def test_events_with_bytes_flipped_read_as_the_general_path_reads_them(
     event: bytes, flips: list[tuple[int, int]], chat: bool
 ) -> None:

@@ -625,7 +625,9 @@ class _StreamState:
         self.tally = TokenTally()
 
     def feed(self, raw: bytes, chat: bool) -> bool:
-        if b"\n" not in raw:  # one line (vLLM's every event): no split, no join
+        # One line (vLLM's every event): no split, no join. A bare CR ends a line too in SSE
+        # (and in splitlines below): an event holding one is read line by line.
+        if b"\n" not in raw and b"\r" not in raw:
             if raw.startswith(b"data: {"):  # vLLM's usual token event, read in place
                 plain = _PLAIN_EVENT(raw, 6)
                 if plain is not None and (raw.isascii() or _utf8(raw)):
