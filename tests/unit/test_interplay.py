@@ -131,7 +131,8 @@ def test_interfere_times_b_from_the_baseline_and_keeps_swimlanes(tmp_path):
         lanes = res.swimlanes[0]["lanes"]
         assert [ln["lane"] for ln in lanes] == ["A", "B"] and len(lanes[0]["events_s"]) == 30
         assert store.experiment(res.experiment_id).kind == "interfere"
-        assert len(store.runs(res.experiment_id)) == 2 + 2 * 2
+        # two A-alone runs, two pairs (A and B), and A alone again after each pair
+        assert len(store.runs(res.experiment_id)) == 2 + 2 * 2 + 2
 
 
 def test_prefix_orders_cold_then_warm_and_says_when_blocks_are_unknown(tmp_path):

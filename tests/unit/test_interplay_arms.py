@@ -131,6 +131,7 @@ def test_stream_hook_sees_events_as_they_arrive_and_the_counter_counts_tokens(ch
 
 def test_token_trigger_sends_b_right_after_as_kth_token(tmp_path):
     with SseServer(A) as srv, Store(tmp_path / "s.db") as store:
+        # warm-ups (A, B), two A-alone runs, then each pair (A, B) and the A-alone run after it
         srv.enqueue(
             A,
             Script(n_tokens=1),
@@ -139,7 +140,9 @@ def test_token_trigger_sends_b_right_after_as_kth_token(tmp_path):
             A,
             Script(n_tokens=1, first_delay_s=0.02),
             A,
+            A,
             Script(n_tokens=1, first_delay_s=0.02),
+            A,
         )
         res = run_interfere(
             Target(srv.base_url, srv.model),
@@ -179,9 +182,9 @@ def _two_servers():
     one = stack.enter_context(SseServer(A, model="m1"))
     two = stack.enter_context(SseServer(A, model="m2"))
     reps = 5
-    # warm-ups (A, then B), baselines, then pairs
-    one.enqueue(A, fast_b, *[A] * reps, *[A, fast_b] * reps)
-    two.enqueue(A, slow_b, *[A] * reps, *[A, slow_b] * reps)
+    # warm-ups (A, then B), baselines, then pairs, each followed by A alone
+    one.enqueue(A, fast_b, *[A] * reps, *[A, fast_b, A] * reps)
+    two.enqueue(A, slow_b, *[A] * reps, *[A, slow_b, A] * reps)
     return stack, one, two, reps
 
 
@@ -205,7 +208,7 @@ def test_two_arms_interleave_store_one_experiment_each_and_compare(tmp_path):
     labels = [e.spec.labels for e in exps.values()]
     assert [lb["interfere_arm"] for lb in labels] == ["one", "two"]
     assert labels[0]["interfere_group"] == labels[1]["interfere_group"]
-    assert all(len(rs) == 3 * reps for rs in stored.values())
+    assert all(len(rs) == 4 * reps for rs in stored.values())  # A alone after each pair too
     # Interleaved: arm one's baseline i, then arm two's baseline i, then one's baseline i + 1.
     sent = [stored[n][i].client.sent_wall_ns for i in range(2) for n in ("one", "two")]
     assert sent == sorted(sent)
@@ -449,10 +452,14 @@ def test_runs_keeps_concurrent_runs_out_of_the_medians(tmp_path, capsys):
     doc = json.loads(capsys.readouterr().out)
     assert doc["kind"] == "interfere"
     assert doc["excluded_from_summary"]["concurrent_by_design"] == 4  # two A/B pairs
-    assert doc["summary"]["n_clean"] == 2  # the two A-alone baselines
-    # The medians are those of the baselines only: A's 30-token runs, not B's 1-token ones.
-    base_e2e = sorted(r["client"]["end_offset_ns"] for r in doc["runs"][:2])
-    assert doc["summary"]["client_e2e_s"] * 1e9 == pytest.approx(sum(base_e2e) / 2, rel=1e-6)
+    # the two A-alone baselines and the A-alone run after each pair
+    assert doc["summary"]["n_clean"] == 4
+    # The medians are those of the A-alone runs only: A's 30-token runs, not B's 1-token ones.
+    # stored in the order they ran: baselines 0-1, pair 0 (A, B), A alone, pair 1 (A, B), A alone
+    base_e2e = sorted(doc["runs"][i]["client"]["end_offset_ns"] for i in (0, 1, 4, 7))
+    assert doc["summary"]["client_e2e_s"] * 1e9 == pytest.approx(
+        (base_e2e[1] + base_e2e[2]) / 2, rel=1e-6
+    )
     assert main(["runs", str(exp_id), "--store", store]) == 0
     text = capsys.readouterr().out
     assert "concurrent" in text and "left out" in text and "kind interfere" in text

@@ -100,13 +100,14 @@ def test_interfere_b_too_late_is_retried_counted_and_never_called_no_interferenc
     a = Script(n_tokens=30, gap_s=0.01)
     b = Script(n_tokens=1, first_delay_s=1.0)
     with SseServer(a) as srv, Store(tmp_path / "s.db") as store:
-        srv.enqueue(a, b, a, a, b, a, b)  # warm-ups (A, B), 1 baseline, 2 pair attempts
+        # warm-ups (A, B), 1 baseline, 2 pair attempts, each followed by A alone
+        srv.enqueue(a, b, a, a, b, a, a, b, a)
         res = run_interfere(
             Target(srv.base_url, srv.model), store, InterfereSettings(a_tokens=30, reps=1)
         )
         stored = store.runs(res.experiment_id)
     assert [s.overlap for s in res.stalls] == ["late", "late"]  # one retry, then give up
-    assert len(stored) == 1 + 2 * 2  # discarded pairs are kept in the store
+    assert len(stored) == 1 + 2 * 2 + 2  # discarded pairs are kept in the store
     # The retry sent B earlier in A's decode (half-way back to A's first token).
     assert res.stalls[1].b_arrival_s < res.stalls[0].b_arrival_s
     v = res.verdict()
@@ -443,8 +444,9 @@ def test_interfere_auto_lengthens_a_when_earlier_b_is_still_too_late(tmp_path):
     a = Script(n_tokens=30, gap_s=0.01)
     b = Script(n_tokens=1, first_delay_s=1.0)
     with SseServer(a) as srv, Store(tmp_path / "s.db") as store:
-        # warm-ups, 2 baselines, 2 attempts, 2 alone at 60, 1 attempt, 2 alone at 120, 1
-        srv.enqueue(a, b, a, a, a, b, a, b, a, a, a, b, a, a, a, b)
+        # warm-ups, 2 baselines, 2 attempts, 2 alone at 60, 1 attempt, 2 alone at 120, 1;
+        # each attempt followed by A alone at its length
+        srv.enqueue(a, b, a, a, a, b, a, a, b, a, a, a, a, b, a, a, a, a, b, a)
         res = run_interfere(
             Target(srv.base_url, srv.model), store, InterfereSettings(a_tokens=30, reps=2)
         )
@@ -457,8 +459,9 @@ def test_interfere_auto_lengthens_a_when_earlier_b_is_still_too_late(tmp_path):
         ]
     assert [s.overlap for s in res.stalls] == ["late"] * 4
     # baselines at 30; pairs 1-2 at 30, then doubled after the 2nd and 3rd late pair, each new
-    # length measured alone (twice: reps) before its pair
-    assert asked == [30, 30, 30, 30, 60, 60, 60, 120, 120, 120], asked
+    # length measured alone (twice: reps) before its pair, and every pair followed by A alone at
+    # the pair's length
+    assert asked == [30, 30, 30, 30, 30, 30, 60, 60, 60, 60, 120, 120, 120, 120], asked
     assert sum(n.startswith("A ran alone 2 more time(s)") for n in res.notes) == 2, res.notes
     assert any("A lengthened to 60 tokens from pair 3 on" in n for n in res.notes), res.notes
     assert any("A lengthened to 120 tokens from pair 4 on" in n for n in res.notes)

@@ -1,7 +1,10 @@
 """``phaseprobe interfere`` on one endpoint: what a long prefill does to a decoding request.
 
 Stream A decodes alone ``reps`` times (isolated, attributed baseline runs), then ``reps`` times
-while request B with a long prompt arrives mid-decode. When B is sent is a :class:`Trigger`:
+while request B with a long prompt arrives mid-decode, each pair followed by one more A-alone run:
+the pairs' cost is read against the A-alone runs beside them, so a machine whose load drifts
+during the experiment does not pass its drift off as B's cost. When B is sent is a
+:class:`Trigger`:
 
 * ``token``: the moment A's k-th token event reaches the client (counted as the timeline
   counts them). A's thread sets a ``threading.Event`` from the stream's event hook; B's thread
@@ -33,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from phaseprobe.analysis.interfere_cost import PrefillTokenCost, prefill_token_cost
+from phaseprobe.analysis.interfere_cost import PrefillTokenCost, alone_beside, prefill_token_cost
 from phaseprobe.analysis.interplay import (
     Stall,
     Verdict,
@@ -154,6 +157,9 @@ class InterfereResult:
     # (see :func:`_pd_pair_deltas`); and A alone's, medians over the A-alone P/D runs
     pd_pairs: list[dict[str, float | None]] = field(default_factory=list)
     pd_alone: dict[str, float | None] = field(default_factory=dict)
+    # per pair, aligned with ``stalls``: the A-alone runs of its length timed right before and
+    # after it, as (run position, decode s on vLLM's clock): the paired token cost's reference
+    a_alone_beside: list[tuple[tuple[int, float], ...]] = field(default_factory=list)
 
     def pd_summary(self) -> PdInterfere | None:
         """On a P/D pair: what each instance did during the pairs that measured (None on one
@@ -171,6 +177,11 @@ class InterfereResult:
             for s, d, n in zip(self.stalls, self.server_decode_with_b_s, steps)
             if s.overlapped
         ]
+
+    def _used_beside(self) -> list[tuple[tuple[int, float], ...]]:
+        """The A-alone runs beside each pair that measured (aligned with :meth:`_used_server`)."""
+        beside = self.a_alone_beside + [()] * (len(self.stalls) - len(self.a_alone_beside))
+        return [near for s, near in zip(self.stalls, beside) if s.overlapped]
 
     def server_decode_compared(self) -> tuple[float | None, float | None]:
         """(A alone, A with B): medians of A's decode on vLLM's clock over the pairs that
@@ -217,7 +228,10 @@ class InterfereResult:
         """Seconds of A's decode (vLLM's clock) per prompt token of B, with an interval: the
         figure the live estimate from spans gives, so the two can be compared."""
         return prefill_token_cost(
-            self.server_decode_alone_by_steps, self._used_server(), self.b_prompt_tokens
+            self.server_decode_alone_by_steps,
+            self._used_server(),
+            self.b_prompt_tokens,
+            beside=self._used_beside(),
         )
 
     def verdict(self) -> Verdict:
@@ -306,7 +320,7 @@ class InterfereSession:
                 "b_tokens": str(st.b_tokens),
                 "trigger": st.trigger.kind,
                 "at": f"{st.trigger.value:g}",
-                "order": f"{st.reps} A-alone runs, then A/B pairs",
+                "order": f"{st.reps} A-alone runs, then A/B pairs, each followed by A alone",
                 **(labels or {}),
             },
         )
@@ -331,6 +345,11 @@ class InterfereSession:
         self.server_decode: list[float | None] = []  # A's server decode time with B, per pair
         self.pd_pairs: list[dict[str, float | None]] = []  # on a pair: each instance's deltas
         self.a_steps: list[int | None] = []  # A's decode steps (tokens − 1), per pair
+        # every A-alone run and pair in the order they ran: (kind, A's decode steps, A's decode
+        # on vLLM's clock), for the A-alone runs beside each pair
+        self.sequence: list[tuple[str, int | None, float | None]] = []
+        # A-alone collectors of lengths other than the spec's (A lengthened), by max_tokens
+        self.collectors: dict[int, IsolatedCollector] = {}
         # A alone's decode on vLLM's clock by its decode steps, over every A-alone run
         self.alone_by_steps: dict[int, list[float]] = {}
         self.alone_lengths = {st.a_tokens}  # A's max_tokens that A-alone runs were done at
@@ -389,6 +408,23 @@ class InterfereSession:
         n = run.client.completion_tokens if run.client else None
         if run.server is not None and run.server.decode_s is not None and n and n >= 2:
             self.alone_by_steps.setdefault(n - 1, []).append(run.server.decode_s)
+            self.sequence.append(("alone", n - 1, run.server.decode_s))
+        else:  # still a run between pairs: it breaks their adjacency
+            self.sequence.append(("alone", None, None))
+
+    def _alone_after_pair(self, i: int) -> None:
+        """One more A-alone run right after pair ``i``, at A's current length: the reference
+        for this pair and the next one, timed under the load they had."""
+        st = self.settings
+        collector = (
+            self.collector if self.a_tokens == st.a_tokens else self.collectors[self.a_tokens]
+        )
+        prompt = self.ctx.builder.build(st.a_prompt_tokens, self.salt + 30_000 + i).text
+        self._measure_alone(collector, prompt)
+
+    def beside(self) -> list[tuple[tuple[int, float], ...]]:
+        """Per pair, in order: the A-alone runs of its length just before and after it."""
+        return alone_beside(self.sequence)
 
     def _alone_at(self, a_tokens: int) -> None:
         """A alone again at a new length, as many runs as the baseline: the pairs with the
@@ -399,13 +435,14 @@ class InterfereSession:
             f"A ran alone {st.reps} more time(s) at {a_tokens} tokens: vLLM's "
             "clock compares each pair with A alone of the same length"
         )
-        collector = self._collector(replace(self.spec, max_tokens=a_tokens))
+        collector = self.collectors[a_tokens] = self._collector(
+            replace(self.spec, max_tokens=a_tokens)
+        )
         for k in range(st.reps):
             prompt = self.ctx.builder.build(
                 st.a_prompt_tokens, self.salt + 20_000 + a_tokens + k
             ).text
             self._measure_alone(collector, prompt)
-        self.notes.extend(collector.notes)
 
     def prepare(self) -> None:
         """A's pace from the baseline, and B's send delay for the time-based triggers."""
@@ -529,6 +566,7 @@ class InterfereSession:
         result = stall(a_events, b_arrival, b_out.timeline.ttft_s, self.base_itl)
         result = overlap_on_engine(result, a_gap, self.alone_gap_s)
         self.stalls.append(result)
+        self.sequence.append(("pair", a_steps, a_decode))
         self.lanes.append(
             {
                 "pair": i,
@@ -543,6 +581,7 @@ class InterfereSession:
                 ],
             }
         )
+        self._alone_after_pair(i)  # at this pair's length, before A may be lengthened
         if (
             result.overlap == "late"
             and st.trigger.kind == "auto"
@@ -606,6 +645,8 @@ class InterfereSession:
                     f"the largest A had alone, at most {fmt_ms(self.alone_gap_s)}): counted"
                 )
             self.notes.extend(self.collector.all_notes())  # its run notes are the session's
+            for collector in self.collectors.values():  # A alone at a lengthened A
+                self.notes.extend(collector.notes)
             self.store.finish_experiment(self.experiment_id, self.notes)
         alone = [
             r.server.decode_s
@@ -631,6 +672,7 @@ class InterfereSession:
             self.settings.b_prompt_tokens,
             self.pd_pairs,
             pd_alone(self.baseline_runs) if self.pd_pairs else {},
+            self.beside(),
         )
 
 
