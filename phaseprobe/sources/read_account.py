@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
+from phaseprobe.notes import Notes
+
 __all__ = ["ReadAccount", "ReadAccountDoc", "account_words", "MAX_NAMED"]
 
 MAX_NAMED = 50  # missing writers named one by one (the count covers them all)
@@ -49,7 +51,7 @@ class ReadAccount:
     salvaged: int = 0
     unattributed: int = 0
     missing: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
+    notes: Notes = field(default_factory=Notes)
 
     @property
     def complete(self) -> bool:
@@ -69,7 +71,7 @@ class ReadAccount:
             "unattributed": self.unattributed,
             "missing": self.missing[:MAX_NAMED],
             "missing_count": len(self.missing),
-            "notes": list(self.notes),
+            "notes": self.notes.to_list(),
             "complete": self.complete,
             "words": None,
         }

@@ -502,7 +502,7 @@ def read_torch_trace_account(
     if odd[0]:
         acc.missing.append(f"{odd[0]:,} traceEvents element(s) that are not objects")
     if cpu_only and not acts.empty:
-        acc.notes.append("no GPU events: the outermost cpu_op events stand in for kernels")
+        acc.notes.add("no GPU events: the outermost cpu_op events stand in for kernels")
     return (
         Timeline(
             activities=acts,

@@ -31,6 +31,7 @@ from typing import IO, TYPE_CHECKING, Any, TypedDict
 
 from phaseprobe.errors import ConfigError, EmptyResult, ParseError
 from phaseprobe.inputs import LINE_CAP, MiB, open_input
+from phaseprobe.notes import Notes
 from phaseprobe.sources.gpu.nvml import COLUMNS, conform, empty_frame
 from phaseprobe.sources.read_account import MAX_NAMED, ReadAccount, ReadAccountDoc
 
@@ -319,7 +320,7 @@ def parse_nvidia_smi_csv(
             if at is not None and at < len(parts) and _gpu_index(parts[at]) is not None:
                 bad_gpus.add(int(parts[at]))  # the GPU the skipped line was about
     unknown.update((c.field, None) for c in default if not c.known and headers == 0)
-    notes: list[str] = []
+    notes = Notes()
     if not records:
         frame = empty_frame()
     else:
@@ -328,15 +329,15 @@ def parse_nvidia_smi_csv(
         if "t_ns" not in raw_frame.columns or raw_frame["t_ns"].isna().any():
             synthetic = pd.Series([start_ns + (i // gpus) * round(interval_s * 1e9) for i in order])
             raw_frame["t_ns"] = raw_frame.get("t_ns", synthetic).fillna(synthetic)
-            notes.append(f"no timestamp column: times are start + row x {interval_s:g} s")
+            notes.add(f"no timestamp column: times are start + row x {interval_s:g} s")
         if "gpu_index" not in raw_frame.columns or raw_frame["gpu_index"].isna().any():
             synthetic = pd.Series([i % gpus for i in order])
             raw_frame["gpu_index"] = raw_frame.get("gpu_index", synthetic).fillna(synthetic)
-            notes.append(f"no index column: rows assigned to {gpus} GPU(s) in turn")
+            notes.add(f"no index column: rows assigned to {gpus} GPU(s) in turn")
         frame = conform(raw_frame, source=source)
         frame = frame.sort_values(["t_ns", "gpu_index"], kind="stable").reset_index(drop=True)
     if malformed:
-        notes.append(f"{malformed} malformed line(s) skipped; first: {first_bad}")
+        notes.add(f"{malformed} malformed line(s) skipped; first: {first_bad}")
     read_gpus = set(frame["gpu_index"].astype(int).tolist()) if len(frame) else set()
     return GpuImport(
         frame=frame,
@@ -470,9 +471,9 @@ def import_dcgm(
                 points.setdefault(key, {})[column] = v * scale
     if not found:
         raise EmptyResult(client.shown_url, "DCGM_FI_DEV_* (DCGM exporter)", bare)
-    notes = [f"DCGM metrics found: {', '.join(found)}"]
+    notes = Notes([f"DCGM metrics found: {', '.join(found)}"])
     if no_gpu_label:
-        notes.append(f"{no_gpu_label} series without a numeric gpu label skipped")
+        notes.add(f"{no_gpu_label} series without a numeric gpu label skipped")
     if not points:
         return GpuImport(
             frame=empty_frame(),

@@ -55,6 +55,7 @@ from typing import Any, TypedDict
 import numpy as np
 
 from phaseprobe.format import MISSING
+from phaseprobe.notes import Notes
 from phaseprobe.sources.launcher_prefix import PREFIX_PAD, prefix_ends, skip_runs
 from phaseprobe.sources.nccl.split import open_log, reading
 from phaseprobe.sources.read_account import MAX_NAMED, ReadAccount
@@ -434,7 +435,7 @@ class NcclTestsResult:
                     f"{_lines(list(t.unmatched_line_nos))})"
                 )
             if not t.complete:
-                acc.notes.append(
+                acc.notes.add(
                     f"{t.label}: no '# Avg bus bandwidth' line after line "
                     f"{t.line_end}: the run may have stopped early"
                 )
@@ -662,7 +663,7 @@ class _Facts:
     params: NcclTestsParams | None = None
     devices: list[NcclTestsDevice] = field(default_factory=list)
     first_line: int | None = None
-    notes: list[str] = field(default_factory=list)
+    notes: Notes = field(default_factory=Notes)
 
     def empty(self) -> bool:
         return (
@@ -795,10 +796,10 @@ class _Machine:
                 t.line_end = max(t.line_end, line_no)
             return
         if text.startswith("Reducing maxBytes"):
-            f.notes.append(f"line {line_no}: {text}")
+            f.notes.add(f"line {line_no}: {text}")
             return
         if text.startswith("error:") and t is not None:
-            t.facts.notes.append(f"line {line_no}: nccl-tests reported {text}")
+            t.facts.notes.add(f"line {line_no}: nccl-tests reported {text}")
 
     # -- rows -----------------------------------------------------------------------------------
     def _row(self, line_no: int, line: str, pre: int) -> None:
@@ -1115,7 +1116,7 @@ def _finish(machine: _Machine, source: str, lines_total: int) -> NcclTestsResult
             label = f"{label}#{labels[label]}"
         rows = tuple(b.rows)
         recomputed, agrees = _recompute(rows, b.avg)
-        notes = list(f.notes)
+        notes = Notes(f.notes)
         notes.extend(_notes(b, rows, recomputed, agrees))
         tables.append(
             NcclTestsTable(
@@ -1182,30 +1183,30 @@ def _lines(nos: list[int]) -> str:
 
 def _notes(
     b: _Building, rows: tuple[NcclTestsRow, ...], recomputed: float | None, agrees: bool | None
-) -> list[str]:
-    notes: list[str] = []
+) -> Notes:
+    notes = Notes()
     if not b.header_seen:
-        notes.append("no column header seen: columns assumed to be " + " ".join(b.schema.columns))
+        notes.add("no column header seen: columns assumed to be " + " ".join(b.schema.columns))
     if b.schema.time_scale != 1.0:
-        notes.append("time printed in ms (2017 nccl-tests format); converted to us")
+        notes.add("time printed in ms (2017 nccl-tests format); converted to us")
     if b.reassembled:
-        notes.append(
+        notes.add(
             f"{b.reassembled} row(s) were cut by other output in the same file "
             "(stdout and stderr together) and were reassembled from their pieces"
         )
     if b.dropped:
-        notes.append(
+        notes.add(
             f"{len(b.dropped)} cut row(s) could not be completed (starting at line "
             f"{_lines(b.dropped)}) and are left out: the table holds the intact "
             "rows only"
         )
     if b.unmatched:
-        notes.append(f"{b.unmatched} numeric line(s) inside the table fit no row shape")
+        notes.add(f"{b.unmatched} numeric line(s) inside the table fit no row shape")
     if not b.complete:
-        notes.append("no '# Avg bus bandwidth' line: the run may have stopped early")
+        notes.add("no '# Avg bus bandwidth' line: the run may have stopped early")
     if recomputed is not None and b.avg is not None:
         verdict = "agree" if agrees else "DISAGREE"
-        notes.append(
+        notes.add(
             f"avg busbw printed {b.avg:g} GB/s, recomputed from {len(rows)} rows "
             f"{recomputed:.6g} GB/s: {verdict}"
         )

@@ -63,7 +63,7 @@ def export_account(path: str | Path, read: int, active_pids: set[int] | None = N
         return acc
     except sqlite3.Error as exc:
         acc = ReadAccount("GPU activities", found=read, read=read, attributed=read)
-        acc.notes.append(f"the export's process and graph tables could not be read ({exc})")
+        acc.notes.add(f"the export's process and graph tables could not be read ({exc})")
         return acc
     finally:
         conn.close()

@@ -130,7 +130,7 @@ def read_stats_csv(path: str | os.PathLike[str]) -> StatsReport:
     acc = ReadAccount("rows", found=found, read=len(df), attributed=len(df))
     before = [ln.strip() for ln in lines[:header_at] if ln.strip()]
     if before:
-        acc.notes.append(
+        acc.notes.add(
             f"{len(before)} line(s) before the header, not table rows; first: {before[0][:160]!r}"
         )
     if len(df) < found:

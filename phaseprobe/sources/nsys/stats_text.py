@@ -279,11 +279,11 @@ def _account(
         missing=missing + lost,
     )
     if tagged:
-        acc.notes.append(f"{len(states) - (None in states)} ranks tagged by their launcher")
+        acc.notes.add(f"{len(states) - (None in states)} ranks tagged by their launcher")
     if skipped:
-        acc.notes.append(f"{skipped} reports SKIPPED by nsys (it printed why)")
+        acc.notes.add(f"{skipped} reports SKIPPED by nsys (it printed why)")
     if by_shape:
-        acc.notes.append(
+        acc.notes.add(
             "named by the shape of their columns (no header above them): "
             + "; ".join(by_shape[:20])
             + (" …" if len(by_shape) > 20 else "")
