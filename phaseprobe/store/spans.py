@@ -71,9 +71,8 @@ class SpanStore(Db):
         # once first; only a batch where it finds something is masked column by column
         texts = "\x00".join(filter(None, chain.from_iterable(map(_TEXT_COLUMNS, rows))))
         if mask_secrets(texts) != texts:
-            m = _mask_text
             rows = [
-                (*r[:3], m(r[3]), m(r[4]), m(r[5]), m(r[6]), *r[7:18], m(r[18]), r[19])
+                tuple(_mask_text(v) if i in _TEXT_POSITIONS else v for i, v in enumerate(r))
                 for r in rows
             ]
         with self._transaction():
@@ -398,12 +397,11 @@ _INSERT_SPAN = (
     f"INSERT OR IGNORE INTO request_spans ({', '.join(_ROW_COLUMNS)})"
     f" VALUES ({','.join('?' * len(_ROW_COLUMNS))})"
 )
-_TEXT_COLUMNS = itemgetter(
-    *(
-        _ROW_COLUMNS.index(c)
-        for c in ("request_id", "model", "service", "instance", "attributes_json")
-    )
-)  # 3, 4, 5, 6, 18: add_spans masks these positions
+# the text columns a server may echo a key into: add_spans masks them (by position in a row)
+_TEXT_POSITIONS = frozenset(
+    _ROW_COLUMNS.index(c) for c in ("request_id", "model", "service", "instance", "attributes_json")
+)
+_TEXT_COLUMNS = itemgetter(*sorted(_TEXT_POSITIONS))
 
 
 def _mask_text(text: str | None) -> str | None:

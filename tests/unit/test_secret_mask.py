@@ -248,7 +248,14 @@ def test_spans_stored_in_bulk_pass_the_mask(tmp_path):
     from tests.unit.span_store_data import fleet_spans
 
     register_secret(SECRET)
-    span = replace(fleet_spans(1)[0], model=f"m-{SECRET}", service=f"svc {SECRET}")
+    # every text column a server may echo a key into
+    span = replace(
+        fleet_spans(1)[0],
+        model=f"m-{SECRET}",
+        service=f"svc {SECRET}",
+        request_id=f"r-{SECRET}",
+        instance=f"i-{SECRET}",
+    )
     path = tmp_path / "s.sqlite"
     with Store(path) as store:
         assert store.add_spans([span], [{"http.header.authorization": f"Bearer {SECRET}"}]) == 1
