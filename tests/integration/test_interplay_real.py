@@ -143,10 +143,11 @@ def test_interfere_long_prefill_stalls_a_decoding_stream(local_vllm, tmp_path):
                 ),
             )
             assert store.experiment(res.experiment_id).kind == "interfere"
-            # Pairs whose B missed A's decode are kept, counted and retried (≤ 2 × reps); each
-            # lengthening of A adds as many A-alone runs at the new length as the baseline.
+            # Pairs whose B missed A's decode are kept, counted and retried (≤ 2 × reps), each
+            # pair (A and B) followed by one A-alone run; each lengthening of A adds as many
+            # A-alone runs at the new length as the baseline.
             longer = sum(note.startswith("A ran alone") for note in res.notes)
-            assert len(store.runs(res.experiment_id)) == 3 + 2 * len(res.stalls) + 3 * longer
+            assert len(store.runs(res.experiment_id)) == 3 + 3 * len(res.stalls) + 3 * longer
         assert 3 <= len(res.stalls) <= 6
         assert res.baseline_itl_s is not None and res.baseline_ttft_s is not None
         assert all(st.b_ttft_s is not None for st in res.stalls)
@@ -231,7 +232,8 @@ def test_interfere_two_arms_chunked_prefill_playbook(tmp_path):
             for name, r in res.arms.items():
                 exp = store.experiment(r.experiment_id)
                 assert exp.kind == "interfere" and exp.spec.labels["interfere_arm"] == name
-                assert len(store.runs(r.experiment_id)) == 3 * 4
+                # 4 A-alone runs, then 4 pairs (A and B), each followed by A alone
+                assert len(store.runs(r.experiment_id)) == 4 + 3 * 4
                 assert len(r.swimlanes) == 4 and all(s.b_ttft_s is not None for s in r.stalls)
                 # B left on A's k-th token event (at least k had arrived when it was sent),
                 # or at A's end when vLLM merged A's 192 tokens into fewer than k events (it

@@ -71,9 +71,13 @@ def test_merged_events_give_itl_per_token() -> None:
     tl = out.timeline
     assert tl.event_tokens == (3, 3, 3, 3)
     assert len(tl.itl_s) == 3 and len(tl.itl_token_s) == 9
-    sent = [(b - a) / 1e9 for a, b in zip(rec.send_ns, rec.send_ns[1:])]
-    for gap, per_token in zip(sent, tl.itl_token_s[::3]):
-        assert per_token == pytest.approx(gap / 3, abs=0.002)
+    # each event's gap shared by its 3 tokens (the gaps as the client received them: on a
+    # loaded box they drift from the server's 20 ms sends by more than a token's share, seen
+    # at load 8, so the sends only bound their sum)
+    for i, gap in enumerate(tl.itl_s):
+        assert tl.itl_token_s[3 * i : 3 * i + 3] == pytest.approx([gap / 3] * 3)
+    sent = (rec.send_ns[-1] - rec.send_ns[0]) / 1e9
+    assert sum(tl.itl_s) == pytest.approx(sent, abs=0.25)
     assert sum(tl.itl_token_s) == pytest.approx(sum(tl.itl_s))
     assert tl.tpot_s == pytest.approx((tl.e2e_s - (tl.ttft_s or 0)) / 11)
     assert tl.to_dict()["itl_basis"] == "tokens"
