@@ -82,15 +82,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         uses_by_module.setdefault(str(item.path), set()).update(getattr(item, "fixturenames", ()))
     order = {m: i for i, m in enumerate(uses_by_module)}
     items.sort(key=lambda it: (_module_rank(uses_by_module[str(it.path)]), order[str(it.path)]))
-    shared: dict[Path, bool] = {}
+    # a module of this directory none of whose tests uses a session server starts its own
     for item in items:
-        module = Path(str(item.path))
-        if module.parent != here:
-            continue
-        uses = SESSION_SERVERS.intersection(getattr(item, "fixturenames", ()))
-        shared[module] = shared.get(module, False) or bool(uses)
-    for item in items:
-        if shared.get(Path(str(item.path))) is False:
+        own = not SESSION_SERVERS.intersection(uses_by_module[str(item.path)])
+        if own and Path(str(item.path)).parent == here:
             item.add_marker(pytest.mark.own_servers)
 
 
