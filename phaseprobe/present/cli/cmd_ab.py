@@ -47,6 +47,7 @@ from phaseprobe.collect.ab.playbook import (
 )
 from phaseprobe.errors import ConfigError
 from phaseprobe.format import ms_cell
+from phaseprobe.notes import Notes
 from phaseprobe.paths import default_store_path
 from phaseprobe.present.cli import jsonout
 from phaseprobe.present.cli.args import float_in, int_in, positive_int
@@ -416,17 +417,15 @@ def _report(args: argparse.Namespace, out: Console, session_id: int) -> int:
     )
     plan = session_plan(session, min_effect)
     stop = session["settings"].get("stop")
-    notes = (
-        []
-        if stored_plan is None or min_effect == stored_plan.min_effect
-        else [
+    notes = Notes()
+    if stored_plan is not None and min_effect != stored_plan.min_effect:
+        notes.add(
             f"re-judged at ±{min_effect:.0%}; the session stopped on its own plan's "
             f"±{stored_plan.min_effect:.0%}"
-        ]
-    )
-    notes += dict.fromkeys(arm_notes)
+        )
+    notes.extend(arm_notes)  # each arm's note once, as the live session showed it
     if schema_note:
-        notes.append(schema_note)
+        notes.add(schema_note)
     from phaseprobe.analysis.ab.stats import compare_runs
 
     c = judge_pd(
@@ -457,7 +456,7 @@ def _report(args: argparse.Namespace, out: Console, session_id: int) -> int:
             "finished": session["finished_wall_ns"] is not None,
             "arms": {n: {"experiment_id": session["arms"][n], "runs": len(runs[n])} for n in names},
             "sequential": _sequential_doc(plan, stop),
-            "notes": notes,
+            "notes": notes.to_list(),
         },
         stop_line(stop, plan),
     )

@@ -35,6 +35,7 @@ from phaseprobe.collect.capacity.alert_rate import largest_slo_rate
 from phaseprobe.collect.metrics_view import MetricSnapshot, load_metrics
 from phaseprobe.errors import ConfigError
 from phaseprobe.inputs import output_problem
+from phaseprobe.notes import Notes
 from phaseprobe.paths import default_store_path
 from phaseprobe.present.alerts.rule_files import clashes, load_rule_file
 from phaseprobe.present.cli import jsonout
@@ -255,13 +256,13 @@ def _labels(pairs: list[str]) -> dict[str, str]:
 def _build(args: argparse.Namespace, out: Console, err: Console) -> int:
     snapshot = load_metrics(args.metrics) if args.metrics else None
     rule_set = build_rules(_options(args, snapshot))
-    notes: list[str] = []
+    notes = Notes()
     if snapshot is not None:
         problems, unchecked = selector_problems(args.selector, snapshot.samples)
         if problems:
             raise ConfigError(problems[0])
         if unchecked:
-            notes.append(
+            notes.add(
                 f"--selector labels {', '.join(unchecked)} are added by Prometheus, not in "
                 "/metrics: not checked"
             )
@@ -297,7 +298,7 @@ def _write(path: Path, text: str) -> None:
         raise ConfigError(f"cannot write {path}: {exc.strerror or type(exc).__name__}") from None
 
 
-def _summary(args: argparse.Namespace, rule_set: RuleSet, notes: list[str]) -> dict[str, Any]:
+def _summary(args: argparse.Namespace, rule_set: RuleSet, notes: Notes) -> dict[str, Any]:
     return {
         "format": args.format,
         "out": str(args.out) if args.out else None,
@@ -305,13 +306,11 @@ def _summary(args: argparse.Namespace, rule_set: RuleSet, notes: list[str]) -> d
         "records": rule_set.records,
         "buckets": [{**asdict(c), "exact": c.exact, "text": c.text} for c in rule_set.buckets],
         "left_out": [{"what": what, "why": why} for what, why in rule_set.left_out],
-        "notes": notes,
+        "notes": notes.to_list(),
     }
 
 
-def _render_notes(
-    err: Console, args: argparse.Namespace, rule_set: RuleSet, notes: list[str]
-) -> None:
+def _render_notes(err: Console, args: argparse.Namespace, rule_set: RuleSet, notes: Notes) -> None:
     where = f"wrote {escape(str(args.out))}: " if args.out else ""
     err.print(
         f"{where}{len(rule_set.alerts)} alerts, {len(rule_set.records)} recording rules",

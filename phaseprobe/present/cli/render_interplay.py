@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from rich.console import Console
@@ -20,7 +20,7 @@ def _num(v: float | None, fmt: str = "{:g}") -> str:
     return "—" if v is None else fmt.format(v)
 
 
-def _notes(out: Console, notes: list[str]) -> None:
+def _notes(out: Console, notes: Iterable[str]) -> None:
     for note in notes:
         out.print(f"[yellow]note:[/] {escape(note)}")
 

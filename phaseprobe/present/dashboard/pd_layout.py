@@ -32,6 +32,7 @@ from typing import Any
 
 import pandas as pd
 
+from phaseprobe.notes import Notes
 from phaseprobe.records import ClientTimeline, PdLegs, Run
 
 __all__ = [
@@ -101,7 +102,7 @@ def _ms(s: float) -> str:
 def pd_layout(legs: PdLegs, client: ClientTimeline | None) -> PdLayout:
     """The bars of one P/D request (see the module docstring for how they are placed)."""
     rows: list[dict[str, object]] = []
-    notes: list[str] = []
+    notes = Notes()
     # prefill instance: from the send
     q, p = legs.prefill_queue_s, legs.prefill_s
     if q is not None:
@@ -111,7 +112,7 @@ def pd_layout(legs: PdLegs, client: ClientTimeline | None) -> PdLayout:
         rows.append(_bar(LANES[0], "prefill", q or 0.0, p))
         prefill_end = (q or 0.0) + p
         if q is None:
-            notes.append("the prefill-side queue was not measured: prefill is drawn from the send")
+            notes.add("the prefill-side queue was not measured: prefill is drawn from the send")
 
     # decode instance: its prompt work ends at the client's first token
     ttft = client.ttft_s if client is not None else None
@@ -125,7 +126,7 @@ def pd_layout(legs: PdLegs, client: ClientTimeline | None) -> PdLayout:
     elif prefill_end is not None and before_sched is not None:
         scheduled = prefill_end + before_sched
         first_token = scheduled + dp if dp is not None else None
-        notes.append(
+        notes.add(
             "no token reached the client: the decode side is chained after the "
             "hand-over instead of hung on the client's first token"
         )
@@ -134,7 +135,7 @@ def pd_layout(legs: PdLegs, client: ClientTimeline | None) -> PdLayout:
     if d is not None and first_token is not None:
         rows.append(_bar(LANES[2], "decode", first_token, d))
     if (dp is not None or d is not None) and first_token is None:
-        notes.append(
+        notes.add(
             "the decode side cannot be placed: no token reached the client and the "
             "prefill side's end or the hand-over is not known"
         )
@@ -143,7 +144,7 @@ def pd_layout(legs: PdLegs, client: ClientTimeline | None) -> PdLayout:
     if scheduled is None and prefill_end is not None and before_sched is not None:
         scheduled = prefill_end + before_sched  # the decode side's prompt work is unknown
         if ttft is not None:
-            notes.append(
+            notes.add(
                 "the decode side's prompt work was not measured: the hand-over is "
                 "drawn right after the prefill side"
             )
@@ -155,14 +156,14 @@ def pd_layout(legs: PdLegs, client: ClientTimeline | None) -> PdLayout:
         if prefill_end is not None:
             gap_bar, note = _gap(prefill_end, scheduled - before_sched, ttft)
             rows += gap_bar
-            notes += note
+            notes.extend(note)
     elif before_sched is not None:
-        notes.append(
+        notes.add(
             "the hand-over cannot be placed: neither the prefill side's end nor the "
             "decode side's scheduling is known"
         )
     if legs.legs_gap_s is None and ho is not None:
-        notes.append(
+        notes.add(
             "through a router the gap between the legs is not measured: the "
             "hand-over is the decode-side KV wait only"
         )
@@ -171,14 +172,14 @@ def pd_layout(legs: PdLegs, client: ClientTimeline | None) -> PdLayout:
         last = client.event_offsets_ns[-1] / 1e9
         off = first_token + d - last
         if abs(off) > _TOL_S:
-            notes.append(
+            notes.add(
                 f"the decode instance's decode ({_ms(d)}) ends {_ms(abs(off))} "
                 f"{'after' if off > 0 else 'before'} the client's last token "
                 f"({_ms(last)})"
             )
 
     if legs.span_join:
-        notes += _span_note(legs.span_join)
+        notes.extend(_span_note(legs.span_join))
 
     ticks = pd.DataFrame(
         {"lane": LANES[3], "t_ms": [t / 1e6 for t in client.event_offsets_ns]}
