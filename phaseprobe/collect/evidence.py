@@ -35,6 +35,7 @@ from phaseprobe.analysis.rules.base import Evidence
 from phaseprobe.endpoint_url import host_of
 from phaseprobe.errors import ConfigError
 from phaseprobe.inputs import JSON_DOC_CAP, TEXT_LOG_CAP, path_problem, read_input_text
+from phaseprobe.notes import Notes
 from phaseprobe.records import RequestSpan
 from phaseprobe.store import Store
 
@@ -86,7 +87,7 @@ class EvidenceOptions:
     baseline_tp: int | None = None
     # Compare unlike experiments and use evidence files that do not match, with a warning.
     force: bool = False
-    notes: list[str] = field(default_factory=list)  # filled while building
+    notes: Notes = field(default_factory=Notes)  # filled while building
 
 
 def build_evidence(
@@ -173,7 +174,7 @@ def build_evidence(
                 "to compare anyway"
             )
         if unlike:
-            opts.notes.append(
+            opts.notes.add(
                 f"--force: comparing unlike experiments (baseline vs this: "
                 f"{'; '.join(unlike)}); differences are not only the GPUs'"
             )
@@ -305,13 +306,13 @@ def _belongs(
     if not why:
         return doc
     if opts.force:
-        opts.notes.append(
+        opts.notes.add(
             f"--force: using {what} {names} although it does not match the "
             f"experiment ({'; '.join(why)})"
         )
         sources[key] = f"{names} (does not match the experiment; used with --force)"
         return doc
-    opts.notes.append(
+    opts.notes.add(
         f"{what} {names} does not match the experiment, not used: "
         f"{'; '.join(why)} (--force uses it anyway)"
     )
@@ -379,7 +380,7 @@ def model_layers(server_info: dict[str, Any], explicit: str | None) -> int | Non
 
 
 def prometheus_evidence(
-    url: str, runs: Sequence[Any], selector: str, notes: list[str], *, now_s: float | None = None
+    url: str, runs: Sequence[Any], selector: str, notes: Notes, *, now_s: float | None = None
 ) -> dict[str, float | None] | None:
     """{name: value or None} over the runs' window; raises ConfigError for a bad selector.
 
@@ -392,7 +393,7 @@ def prometheus_evidence(
 
     win = evidence_window(runs, time.time() if now_s is None else now_s)
     if win is None:
-        notes.append("Prometheus: the experiment has no runs to take a window from")
+        notes.add("Prometheus: the experiment has no runs to take a window from")
         return None
     at = win[1]
     window = f"{round(win[1] - win[0])}s"
@@ -428,7 +429,7 @@ def prometheus_evidence(
                 "request_success_delta": one(f"sum(increase({success}{done}[{window}]))"),
             }
     except PrometheusError as exc:
-        notes.append(f"Prometheus: {exc}")
+        notes.add(f"Prometheus: {exc}")
         return None
 
 

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from phaseprobe.notes import Notes
+
 if TYPE_CHECKING:
     from phaseprobe.collect.fleet.targets import ReplicaTarget
 
@@ -50,7 +52,7 @@ class LiveOptions:
     stall_after_s: float = 60.0
     stall_pid: int | None = None
     server_log: Path | None = None
-    notes: list[str] = field(default_factory=list)
+    notes: Notes = field(default_factory=Notes)
     progress: Callable[[str], None] = lambda _msg: None
     sleep: Callable[[float], None] = time.sleep
     clock: Callable[[], float] = time.monotonic

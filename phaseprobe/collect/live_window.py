@@ -137,7 +137,7 @@ def _take_window(
         router = None
         stalls = {}
         if opts.router_metrics_url:
-            opts.notes.append(
+            opts.notes.add(
                 "--router-metrics is read with --endpoint (two scrapes a window "
                 "apart), not with --prom: scrape the router with Prometheus and "
                 "query vllm_router_* there"

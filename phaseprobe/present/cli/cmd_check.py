@@ -41,6 +41,7 @@ from rich.markup import escape
 from phaseprobe.analysis.rules.use_cases import USE_CASE_TPOT_S, USE_CASE_TTFT_S
 from phaseprobe.collect.live_options import DEFAULT_WINDOW_S, LiveOptions
 from phaseprobe.errors import ConfigError, PhaseprobeError
+from phaseprobe.notes import Notes
 from phaseprobe.paths import default_store_path
 from phaseprobe.present.cli import jsonout
 from phaseprobe.present.cli.args import float_in, int_in, positive_int, seconds, stall_args
@@ -314,7 +315,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
     with Store(path, readonly=True) as store:
         note = store.schema_note()
         if note:
-            opts.notes.append(note)
+            opts.notes.add(note)
         exp_id = args.experiment if args.experiment is not None else args.experiment_pos
         if exp_id is None:
             exp_id = store.latest_experiment_id()
@@ -406,7 +407,7 @@ def output_choice(args: argparse.Namespace) -> Output:
 
 def _emit(
     run_rules: Callable[[], Report],
-    notes: list[str],
+    notes: Notes,
     output: Output,
     out: Console,
     err: Console,
@@ -419,7 +420,7 @@ def _emit(
     report = run_rules()
     if output == "json":
         doc = report.to_dict()
-        doc["notes"] = list(notes)
+        doc["notes"] = notes.to_list()
         out.out(jsonout.dumps(doc), highlight=False)
     elif output == "markdown":
         out.out(render_markdown(report), highlight=False)
