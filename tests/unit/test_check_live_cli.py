@@ -16,6 +16,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from rich.console import Console
 
+# The check imports its rules on first use (scipy under fleet_stats: 2.5-3.7 s here), before
+# its window opens; spans made by stored_spans end 0.9 s after they are made, so the import is
+# done here, first (test_span_rules_read_the_window_from_chdb failed when run alone).
+import phaseprobe.analysis.checklist  # noqa: F401
 from phaseprobe.present.cli import cmd_check
 
 
