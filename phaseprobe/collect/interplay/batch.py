@@ -41,6 +41,7 @@ from phaseprobe.collect.interplay.context import (
 )
 from phaseprobe.collect.run_loop import RunNotes
 from phaseprobe.errors import MetricsUnavailable
+from phaseprobe.notes import Notes
 from phaseprobe.records import Experiment, Run, ServerInfo
 from phaseprobe.sources.vllm.metrics import MetricSnapshot, MetricsScraper
 from phaseprobe.sources.vllm.openai_stream import StreamOutcome
@@ -59,7 +60,7 @@ class BatchResult:
     scaling: Scaling
     runs: list[Run]
     server_info: ServerInfo
-    notes: list[str] = field(default_factory=list)
+    notes: Notes = field(default_factory=Notes)
     rounds: dict[int, list[LevelStats]] = field(default_factory=dict)  # level → every round
     # on a P/D pair: level → the prefill instance's most waiting/running requests (any round)
     prefill_pressure: dict[int, dict[str, float]] = field(default_factory=dict)
@@ -72,7 +73,7 @@ class BatchResult:
             "levels": [lv.to_dict() for lv in self.levels],
             "rounds": {str(c): [lv.to_dict() for lv in rs] for c, rs in self.rounds.items()},
             "scaling": self.scaling.to_dict(),
-            "notes": self.notes,
+            "notes": self.notes.to_list(),
             "runs": [r.to_dict() for r in self.runs],
         }
 
@@ -175,7 +176,7 @@ def run_batch(
         raise ValueError("rounds must be at least 1")
     say = progress or quiet
     ctx = ProbeContext(target)
-    notes = list(ctx.notes)
+    notes = Notes(ctx.notes)
     salt = time.time_ns() % 1_000_000_007
     prompts = [
         ctx.builder.build(prompt_tokens, salt + i).text for i in range(rounds * sum(levels) + 1)
@@ -226,12 +227,12 @@ def run_batch(
                 )
     finally:
         notes.extend(run_notes.lines())
-        store.finish_experiment(exp_id, notes)
+        store.finish_experiment(exp_id, notes.to_list())
     stats = [merge_rounds(rs) for rs in per_level.values() if rs]
     sc = scaling(stats)
     spans = [str(lv.concurrency) for lv in stats if lv.rate_basis != "steady window"]
     if spans:
-        notes.append(
+        notes.add(
             f"concurrency {', '.join(spans)}: tokens/s over the whole span (prefill "
             "ramp included) in some or all rounds, not a steady window: tokens "
             "arrived in bursts or the streams barely overlapped; raise --max-tokens "
@@ -239,7 +240,7 @@ def run_batch(
         )
     over = superlinear_note(sc)
     if over:
-        notes.append(over)
+        notes.add(over)
     return BatchResult(exp_id, stats, sc, runs, ctx.info, notes, per_level, prefill_pressure)
 
 
@@ -252,7 +253,7 @@ def _level(
     rnd: int,
     prompts: list[str],
     max_tokens: int,
-    notes: list[str],
+    notes: Notes,
     run_notes: RunNotes,
 ) -> tuple[LevelStats, dict[str, float]]:
     """One round of one level: send, store every stream, and read the level's figures (on a
@@ -290,7 +291,7 @@ def _level(
     preempt = metric_delta(before, after, "num_preemptions", "", model)
     errors = c - len(streams)
     if errors:
-        notes.append(f"concurrency {c}, round {rnd + 1}: {errors} stream(s) failed")
+        notes.add(f"concurrency {c}, round {rnd + 1}: {errors} stream(s) failed")
     decoding = gauges.of("decode" if ctx.target.pd is not None else "server")
     return level_stats(
         c,

@@ -50,6 +50,7 @@ from phaseprobe.collect.spans.attribution import new_tags
 from phaseprobe.collect.target import served_model
 from phaseprobe.errors import MetricsUnavailable
 from phaseprobe.format import ms as fmt_ms
+from phaseprobe.notes import Notes
 from phaseprobe.records import Isolation, Run, RunSpec
 from phaseprobe.sources.vllm.metrics import MetricSnapshot, MetricsScraper
 from phaseprobe.sources.vllm.openai_stream import (
@@ -164,12 +165,12 @@ class ProbeContext:
             self.conn.client,
             self.conn.headers,
         )
-        self.notes: list[str] = list(self.conn.notes)
+        self.notes = Notes(self.conn.notes)  # the connection's (on a pair: both instances')
         self.scraper = self.conn.scraper  # on a pair: the decode instance's
         self.info = self.conn.info
         self.scrapers: dict[str, MetricsScraper] = {}  # on a pair: each instance's, by role
         if self.pair is not None:
-            self.notes = self.pair.notes
+            self.notes = Notes(self.pair.notes)
             self.scrapers = self.pair.scrapers
             if not self.scrapers:  # a leg unread is a pair unread
                 self.scraper = None

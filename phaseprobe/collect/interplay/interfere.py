@@ -63,6 +63,7 @@ from phaseprobe.collect.interplay.context import (
     store_run,
 )
 from phaseprobe.collect.run_loop import ProbeSettings, RunNotes
+from phaseprobe.notes import Notes
 from phaseprobe.records import Experiment, InterfereArmInfo, Run, RunSpec, ServerInfo
 from phaseprobe.sources.vllm.metrics import MetricSnapshot
 from phaseprobe.sources.vllm.openai_stream import StreamOutcome, TokenEventCounter
@@ -140,7 +141,7 @@ class InterfereResult:
     swimlanes: list[dict[str, Any]]  # per pair: lanes A and B with send and token times
     runs: list[Run]
     server_info: ServerInfo
-    notes: list[str] = field(default_factory=list)
+    notes: Notes = field(default_factory=Notes)
     controls: list[Stall] = field(default_factory=list)  # A alone, same window, no B
     # A's decode time on vLLM's clock per pair, aligned with ``stalls`` (None: unknown)
     server_decode_with_b_s: list[float | None] = field(default_factory=list)
@@ -274,7 +275,7 @@ class InterfereResult:
             "stalls": [s.to_dict() for s in self.stalls],
             "controls": [s.to_dict() for s in self.controls],
             "swimlanes": self.swimlanes,
-            "notes": self.notes,
+            "notes": self.notes.to_list(),
             "runs": [r.to_dict() for r in self.runs],
         }
 
@@ -297,7 +298,7 @@ class InterfereSession:
         st = self.settings = settings
         self.store = store
         self.ctx = ctx = ProbeContext(target, require_model=require_model)
-        self.notes = list(ctx.notes)
+        self.notes = Notes(ctx.notes)
         if arm is not None:  # one arm of a two-arm interfere
             ctx.info["interfere_arm"] = arm
         salt = time.time_ns() % 1_000_000_007
@@ -431,7 +432,7 @@ class InterfereSession:
         lengthened A are compared on vLLM's clock with these, not with the shorter runs."""
         st = self.settings
         self.alone_lengths.add(a_tokens)
-        self.notes.append(
+        self.notes.add(
             f"A ran alone {st.reps} more time(s) at {a_tokens} tokens: vLLM's "
             "clock compares each pair with A alone of the same length"
         )
@@ -489,14 +490,14 @@ class InterfereSession:
             self.a_first_s = self.base_ttft or 0.0
             decode = statistics.median(decodes) if decodes else 0.0
             self.delay_s = self.a_first_s + trig.value * decode
-            self.notes.append(
+            self.notes.add(
                 f"B sent {self.delay_s * 1e3:.1f} ms after A: A's first token at "
                 f"{self.a_first_s * 1e3:.1f} ms + {trig.value:.0%} of A's "
                 f"{decode * 1e3:.1f} ms decode (medians of the A-alone runs)"
             )
         gaps = [g for r in ok if r.client for g in r.client.itl_s]
         if self.base_itl and gaps and statistics.median(gaps) < 0.1 * self.base_itl:
-            self.notes.append(
+            self.notes.add(
                 "A's tokens reached the client in bursts (median gap "
                 f"{statistics.median(gaps) * 1e3:.2f} ms vs TPOT {self.base_itl * 1e3:.2f} ms): "
                 "the server's output delivery, not decode, sets the gaps, so the stall numbers "
@@ -597,7 +598,7 @@ class InterfereSession:
                 # The client's stall is read against A's pace per token; vLLM's decode times
                 # are compared at equal length, so A runs alone at the new length too.
                 self.a_tokens *= 2
-                self.notes.append(
+                self.notes.add(
                     f"A lengthened to {self.a_tokens} tokens from pair {i + 2} on: "
                     f"{self.late_pairs} pairs came too late (A was done before B's first "
                     "token), even sent earlier"
@@ -627,7 +628,7 @@ class InterfereSession:
             if late and statistics.median(late) > 0.05:
                 # A starved client process wakes B's thread late: say so, it explains misses.
                 missed = sum(1 for s in self.stalls if s.overlap == "late")
-                self.notes.append(
+                self.notes.add(
                     f"B left a median {statistics.median(late) * 1e3:.0f} ms later than planned "
                     f"(worst {max(late) * 1e3:.0f} ms): this machine did not run the client in "
                     "time (CPU load); "
@@ -639,7 +640,7 @@ class InterfereSession:
                 )
             by_vllm = sum(1 for s in self.stalls if s.overlap_clock == "vLLM")
             if by_vllm:
-                self.notes.append(
+                self.notes.add(
                     f"{by_vllm} pair(s) the client's clock called early or late had B's "
                     "prefill inside A's decode on vLLM's clock (A's largest gap there lay above "
                     f"the largest A had alone, at most {fmt_ms(self.alone_gap_s)}): counted"
@@ -647,7 +648,7 @@ class InterfereSession:
             self.notes.extend(self.collector.all_notes())  # its run notes are the session's
             for collector in self.collectors.values():  # A alone at a lengthened A
                 self.notes.extend(collector.notes)
-            self.store.finish_experiment(self.experiment_id, self.notes)
+            self.store.finish_experiment(self.experiment_id, self.notes.to_list())
         alone = [
             r.server.decode_s
             for r in self.baseline_runs

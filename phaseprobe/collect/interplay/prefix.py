@@ -63,6 +63,7 @@ from phaseprobe.collect.interplay.context import (
 )
 from phaseprobe.collect.live_window import bucket_deltas
 from phaseprobe.collect.run_loop import ProbeSettings
+from phaseprobe.notes import Notes
 from phaseprobe.records import Experiment, Run, ServerInfo
 from phaseprobe.sources.vllm.metrics import MetricSnapshot
 from phaseprobe.store import Store
@@ -206,7 +207,7 @@ class PrefixResult:
     expected_hit_tokens: int | None
     summary: dict[str, dict[str, float | None]]  # "cold"/"warm" → medians
     server_info: ServerInfo
-    notes: list[str] = field(default_factory=list)
+    notes: Notes = field(default_factory=Notes)
     # vLLM's own account: per instance read (one server, or a pair's prefill then decode)
     sources: list[PrefixSources] = field(default_factory=list)
     residency: PrefixResidency | None = None
@@ -237,7 +238,7 @@ class PrefixResult:
             "verdict": self.verdict().to_dict(),
             "prompt_sources": [x.to_dict() for x in self.sources],
             "kv_residency": self.residency.to_dict() if self.residency else None,
-            "notes": self.notes,
+            "notes": self.notes.to_list(),
             "runs": [r.to_dict() for r in self.runs],
         }
 
@@ -292,7 +293,7 @@ def run_prefix(
     """
     say = progress or quiet
     ctx = ProbeContext(target)
-    notes = list(ctx.notes)
+    notes = Notes(ctx.notes)
     block = ctx.block_size()
     salt = time.time_ns() % 1_000_000_007  # fresh prefixes per invocation: cold means cold
     prompts: list[str] = []
@@ -305,13 +306,13 @@ def run_prefix(
             # The suffix's BOS is not sent twice: the text is joined, the server tokenizes it.
             prompts.append(pre.text + " " + suf.text)
     if ctx.builder.tokenize_available is False:
-        notes.append("endpoint has no /tokenize: prefix length is approximate")
+        notes.add("endpoint has no /tokenize: prefix length is approximate")
     shared = measured_prefix if measured_prefix is not None else prefix_tokens
     note = prefix_block_note(shared, block)
     if note:
-        notes.append(note)
+        notes.add(note)
     if block is None:
-        notes.append(
+        notes.add(
             "block size unknown (no cache_config_info): cannot say how many prefix tokens can hit"
         )
     spec = ctx.spec(
@@ -352,7 +353,7 @@ def run_prefix(
             )
     finally:
         notes.extend(collector.all_notes())
-        store.finish_experiment(exp_id, notes)
+        store.finish_experiment(exp_id, notes.to_list())
     residency = experiment_residency(first, ctx.scrape(where), where or "server")
     if ctx.conn.fleet is not None:
         # a router's /metrics is any replica's; each replica has a prefix cache of its own
