@@ -142,8 +142,15 @@ def check_client(
     if stall is not None and stall >= STALL_SHARE * delay:
         cause: str | None = "client"
         reasons.append(
-            f"this client process was unscheduled for up to {_ms(stall)}: a "
-            "loaded client machine, not the server"
+            f"this client process was unscheduled for up to {_ms(stall)}: "
+            + (
+                # one loaded machine starves the API server as much as the client (seen: a
+                # separate plain client got the same bursts from a local vLLM at load 6)
+                "this machine is loaded, and the endpoint is on it too: its API server is held "
+                "up alike, not the engine"
+                if hop is False
+                else "a loaded client machine, not the server"
+            )
         )
     else:
         on_time = (

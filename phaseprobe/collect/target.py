@@ -76,7 +76,7 @@ def endpoint_or_local(
     from phaseprobe.local import LocalVllm, ensure_model, install
     from phaseprobe.local.process import stop_with_parent
 
-    notices.headline("no --endpoint: using the local CPU vLLM with the tiny model")
+    notices.headline("no endpoint given: using the local CPU vLLM with the tiny model")
     venv = install(progress=notices.detail)
     ensure_model(venv=venv)
     with notices.waiting("starting local vLLM (about 30 s on 2 cores)…"):

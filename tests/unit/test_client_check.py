@@ -116,6 +116,10 @@ def test_the_issue_run_is_flagged_with_the_numbers_that_decided_it():
 def test_the_cause_is_named_client_on_loopback_or_hop():
     watched = check_client(stalled_timeline(stall_s=0.790), server(), ALONE, hop=False)
     assert watched.cause == "client" and "unscheduled for up to 790 ms" in watched.reasons[-1]
+    # the endpoint on this machine too: the load holds its API server up alike, said so
+    assert "the endpoint is on it too" in watched.reasons[-1]
+    remote = check_client(stalled_timeline(stall_s=0.790), server(), ALONE, hop=True)
+    assert remote.cause == "client" and "a loaded client machine" in remote.reasons[-1]
     local = check_client(stalled_timeline(stall_s=0.004), server(), ALONE, hop=False)
     assert local.cause == "api_server" and "no proxy" in local.reasons[-1]
     remote = check_client(stalled_timeline(), server(), ALONE, hop=True)

@@ -216,8 +216,8 @@ class SpanReceiver:
             self.stop()
             raise ConfigError(
                 f"cannot listen for OTLP spans: {exc} (is another collector "
-                f"or `phaseprobe watch` using the port? pick another with "
-                f"--http/--grpc)"
+                f"or `phaseprobe watch` using the port? pick another: watch's --http/--grpc, "
+                f"probe's --otlp-http/--otlp-grpc)"
             ) from None
         return self
 

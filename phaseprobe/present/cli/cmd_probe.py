@@ -316,15 +316,15 @@ def register(subparsers: Any) -> None:
         "--otlp-grpc",
         metavar="HOST:PORT",
         default="127.0.0.1:4317",
-        help="where the receiver listens for vLLM's OTLP/gRPC spans while the "
-        "probe runs (default: 127.0.0.1:4317; taken by a running `watch`: "
-        "its spans are read from the store)",
+        help="with --endpoint: where the receiver listens for vLLM's OTLP/gRPC spans while "
+        "the probe runs (default: 127.0.0.1:4317; taken by a running `watch`: its spans are "
+        "read from the store). The local default's vLLM exports to a port of the probe's own",
     )
     spans.add_argument(
         "--otlp-http",
         metavar="HOST:PORT",
         default="127.0.0.1:4318",
-        help="the same for OTLP/HTTP (default: 127.0.0.1:4318)",
+        help="the same for OTLP/HTTP, with --endpoint (default: 127.0.0.1:4318)",
     )
     spans.add_argument(
         "--span-wait",

@@ -86,6 +86,6 @@ def render(path: str, page: str) -> None:
         st.markdown(f"- **{have}** → *{pages}*")
         st.code(command, language="bash")
     st.caption(
-        "Another store: `phaseprobe dashboard --store PATH` (or $PHASEPROBE_STORE). "
+        "Another store: `phaseprobe dashboard --store PATH`. "
         "`phaseprobe --help` lists every command."
     )
