@@ -45,3 +45,15 @@ def test_no_answer_or_no_prediction():
     # a one-token output has no TPOT: that metric is not judged, TTFT still is
     c = alone_check({"ttft": [0.1], "tpot": [None]}, {"ttft": [0.01], "tpot": [None]}, 1)
     assert c.ratio("tpot") is None and len(c.differences()) == 1
+
+
+def test_a_burst_is_said_as_delivery_not_as_a_faster_decode():
+    # a new user's check at load 8: the whole answer at ~150 ms, TPOT 0.01 ms (fit 26.2, 3.45)
+    c = _check([0.1505, 0.149, 0.152], [0.00001, 0.00001, 0.00002], 0.0262, 0.00345)
+    [said] = c.differences()
+    assert said.startswith("the answers sent alone reached the client in a burst: TTFT 150.5 ms")
+    assert "(5.74x)" in said and "TPOT 0.01 ms against 3.45 ms" in said
+    assert "not vLLM's decode" in said
+    # a late first token with a steady pace is no burst: TTFT alone is said
+    [late] = _check([0.2] * 3, [0.004] * 3).differences()
+    assert late.startswith("a request alone now takes TTFT")

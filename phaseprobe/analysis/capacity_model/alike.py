@@ -53,6 +53,28 @@ class AloneCheck:
                 f"none of the {self.requests} requests sent alone before the load answered: "
                 "the server's state at check time is unknown"
             ]
+        late, bunched = self.ratio("ttft"), self.ratio("tpot")
+        if (
+            late is not None
+            and bunched is not None
+            and late > ALIKE_FACTOR
+            and bunched < 1 / ALIKE_FACTOR
+        ):
+            # The first token late and the rest packed together: the answer reached the
+            # client in a burst (seen at load 8: TTFT 150.5 ms against 26.2, TPOT 0.01 ms
+            # against 3.45). That is delivery, not a faster decode: one sentence, not two.
+            ttft, tpot = self.measured["ttft"], self.measured["tpot"]
+            fit_ttft, fit_tpot = self.predicted["ttft"], self.predicted["tpot"]
+            assert ttft is not None and tpot is not None  # ratio() is not None
+            assert fit_ttft is not None and fit_tpot is not None
+            return [
+                f"the answers sent alone reached the client in a burst: TTFT {ttft * 1e3:.1f} ms "
+                f"against the fit's {fit_ttft * 1e3:.1f} ms ({late:.2f}x), then "
+                f"TPOT {tpot * 1e3:.2f} ms against {fit_tpot * 1e3:.2f} ms "
+                f"(median of {self.answered}): a starved API server or client held the tokens "
+                "back, so this machine is loaded now, and the client's TPOT and ITL below "
+                "measure its delivery, not vLLM's decode"
+            ]
         out = []
         for metric in ALONE_METRICS:
             r = self.ratio(metric)
