@@ -442,10 +442,20 @@ def _render_report(out: Console, report: SessionReport, runs: Sequence[Run]) -> 
         render_prom_comparison,
         render_work,
     )
-    from phaseprobe.present.cli.render_spans import context_text
+    from phaseprobe.present.cli.render_spans import context_text, overlapped_nothing
     from phaseprobe.present.cli.render_trace import render as render_trace
 
     for seq, ctx in report.shared.items():
+        if overlapped_nothing(ctx):
+            # the run was not isolated (vLLM was busy around it), yet no stored span shares
+            # its windows: "shared the engine" beside all zeros would contradict itself
+            out.print(
+                f"run {seq + 1} was attributed by its span (the server was not idle around it), "
+                "but no other request's span stored so far overlaps it (still in an exporter's "
+                "batch, or from a server exporting elsewhere)",
+                highlight=False,
+            )
+            continue
         out.print(
             f"run {seq + 1} shared the engine (attributed by span): {escape(context_text(ctx))}",
             highlight=False,

@@ -17,7 +17,7 @@ from phaseprobe.records import RequestSpan
 if TYPE_CHECKING:
     from phaseprobe.collect.spans.source import SpanAggregate
 
-__all__ = ["span_table", "summary_table", "context_text", "count", "short_id"]
+__all__ = ["span_table", "summary_table", "context_text", "overlapped_nothing", "count", "short_id"]
 
 
 def span_table(spans: list[RequestSpan], title: str) -> Table:
@@ -114,6 +114,18 @@ def context_text(context: Any) -> str:
     if tokens:
         parts.append(f"{tokens:.0f} prompt tokens of other requests prefilled during its decode")
     return "; ".join(parts) or "nothing (no phase windows)"
+
+
+def overlapped_nothing(context: Any) -> bool:
+    """True when an OverlapContext holds no other request in any phase and no prompt tokens
+    prefilled during the decode: nothing shared, whatever the run's isolation said."""
+    d = context.to_dict()
+    means = [
+        d.get(f"{what}_during_{phase}_mean_reqs")
+        for phase in ("prefill", "decode")
+        for what in ("queued", "prefilling", "decoding")
+    ]
+    return not any(means) and not d.get("prefill_tokens_during_decode")
 
 
 def _other_s(s: RequestSpan) -> float | None:
