@@ -182,6 +182,10 @@ def test_model_check_search_slo_is_stored_and_printed_beside_the_prediction(
     # three requests alone first (one per load), the check's rates, then the bisection
     assert sent == [1.0, 1.0, 1.0, 4.0, 40.0, 22.0, 13.0, 8.5]
     assert "alone first (3 of 3): TTFT 100.00 ms (model " in err
+    # unlike the fit (100 ms alone against the model's few ms): said on stderr before the first
+    # load, not only in the report after every load
+    said = "a request alone now takes TTFT 100.0 ms"
+    assert said in err and err.index(said) < err.index("SLO search, load 1")
     assert "largest rate with 90 % meeting the SLO: measured 10.8 req/s (between 8.5 and 13)" in out
     assert "predicted" in out and "error" in out
     assert "stopped: the most rates to measure (3)" in out

@@ -159,7 +159,10 @@ def check_deployment(
                 fit, base_url, name, alone_requests, prompt_tokens, output_tokens,
                 api_key, seed, progress,
             )  # fmt: skip
-            result.differences += result.alone.differences()
+            said = result.alone.differences()
+            result.differences += said
+            for sentence in said:  # now, not after every load has run: it colours all of them
+                progress(sentence)
         rng = fit.fitted_range
         if prompt_tokens > rng.get("max_prompt_tokens", prompt_tokens):
             result.notes.append(
