@@ -54,8 +54,11 @@ def test_a_trace_is_rescaled_to_the_rate_and_repeated_after_itself() -> None:
         replayed([1.0, 1.0], 2, 1.0)
 
 
-def _bench_file(path: Path, *, detailed: bool = True, fail_one: bool = True) -> list[SimRequest]:
-    """A bench result whose per-request timings are the model's own (so a check is exact)."""
+def _bench_file(
+    path: Path, *, detailed: bool = True, fail_one: bool = True, burst: bool = False
+) -> list[SimRequest]:
+    """A bench result whose per-request timings are the model's own (so a check is exact);
+    ``burst``: every answer's tokens after the first delivered together (10 µs apart)."""
     reqs = WorkloadSpec(Uniform(32, 256), Uniform(4, 24), n=150, seed=5).at(6.0)
     run = simulate(reqs, COST, LIMITS, OVER)
     doc: dict[str, Any] = {"model_id": "m", "request_rate": 6.0, "completed": len(reqs)}
@@ -66,8 +69,10 @@ def _bench_file(path: Path, *, detailed: bool = True, fail_one: bool = True) -> 
             "input_lens": [r.prompt_tokens for r in reqs],
             "output_lens": [r.output_tokens for r in reqs],
             "ttfts": [o.ttft_s for o in outs],
-            "itls": [list(o.itl_s) for o in outs],
-            "latencies": [o.e2e_s for o in outs],
+            "itls": [[1e-5] * len(o.itl_s) if burst else list(o.itl_s) for o in outs],
+            "latencies": [
+                o.ttft_s + 1e-5 * len(o.itl_s) if burst else o.e2e_s for o in outs
+            ],
             "errors": [""] * len(reqs),
         }
         if fail_one:
@@ -133,6 +138,25 @@ def test_check_from_bench_replays_its_sends_and_compares_with_its_timings(
     assert rc != 0 and "--from-bench sends no load" in capsys.readouterr().err
     assert main(["model", "check", "--store", str(store)]) != 0
     assert "needs --rates" in capsys.readouterr().err
+
+
+def test_check_withholds_tpot_and_itl_of_answers_delivered_in_a_burst(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store, bench = tmp_path / "s.sqlite", tmp_path / "bench.json"
+    _store_with_fit(store)
+    _bench_file(bench, fail_one=False, burst=True)
+    doc = _json(["model", "check", "--from-bench", str(bench), "--store", str(store)], capsys)
+    (point,) = doc["points"]
+    rows = {(r["metric"], r["percentile"]): r for r in point["rows"]}
+    assert rows[("tpot", 50)]["withheld"] == "burst" and rows[("tpot", 50)]["error"] is None
+    assert rows[("itl", 90)]["withheld"] == "burst"
+    assert rows[("ttft", 50)]["error"] == pytest.approx(0.0, abs=1e-9)  # still compared
+    # the fastest step: 4 + 0.3 ms, plus the 1 ms gap = 5.30 ms; a burst is under half that
+    assert any("reached the client in a burst" in n and "5.30 ms" in n for n in point["notes"])
+    assert main(["model", "check", "--from-bench", str(bench), "--store", str(store)]) == 0
+    out = capsys.readouterr()
+    assert "burst" in out.out and "reached the client in a burst" in out.err
 
 
 def test_predict_replays_a_bench_file_at_its_own_rate_unless_told(

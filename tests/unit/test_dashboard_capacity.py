@@ -60,3 +60,11 @@ def test_measured_points_keep_ttft_and_tpot_only() -> None:
     frame = measured_frame([{"id": 7, "doc": CHECK}])
     assert sorted(frame["metric"]) == ["TPOT", "TTFT"]
     assert frame["measured ms"].tolist() == pytest.approx([38.0, 5.9])
+
+
+def test_rows_withheld_as_a_burst_are_not_drawn_against_the_bands() -> None:
+    burst = {"metric": "tpot", "percentile": 90, "predicted_s": 0.006, "measured_s": 1e-5,
+             "error": None, "withheld": "burst"}  # fmt: skip
+    doc = {**CHECK, "points": [{"rate": 8.0, "rows": [*CHECK["points"][0]["rows"], burst]}]}
+    frame = measured_frame([{"id": 8, "doc": doc}])
+    assert frame["percentile"].tolist() == ["p50", "p50"]  # the p90 burst row is left out

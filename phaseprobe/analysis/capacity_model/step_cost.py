@@ -34,6 +34,11 @@ class StepCost:
             + self.per_context_token_s * context_tokens
         )
 
+    def fastest_decode_s(self) -> float:
+        """The shortest time between two tokens of one sequence the model allows: a step
+        decoding that sequence alone, no context, plus :attr:`gap_s`."""
+        return self.step_s(0, 1, 0) + self.gap_s
+
     def decode_steps_s(self, decode_seqs: int, context_tokens: np.ndarray) -> np.ndarray:
         """:meth:`step_s` of pure decode steps, one per entry of ``context_tokens``: the same
         operations in the same order, so the values are identical to ``step_s(0, decode_seqs,

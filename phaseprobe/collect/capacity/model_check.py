@@ -182,6 +182,7 @@ def check_deployment(
                     predicted_for(fit, load),
                     failed,
                     slo,
+                    fit.cost.fastest_decode_s(),
                 )
             )
             if load.late_s > 0.05:
@@ -336,7 +337,9 @@ def check_bench(
     }
     # failed requests are not in the trace (their lengths are unknown): said in the notes,
     # not as failures among the compared requests
-    result.points.append(compare_point(rate, sent, measured, predicted, 0, slo))
+    result.points.append(
+        compare_point(rate, sent, measured, predicted, 0, slo, fit.cost.fastest_decode_s())
+    )
     rng = fit.fitted_range
     longest = max(p for _, p, _ in rec.trace)
     if longest > rng.get("max_prompt_tokens", longest):

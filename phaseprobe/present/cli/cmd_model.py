@@ -590,7 +590,8 @@ def _fit_spans(args: argparse.Namespace, out: Console, err: Console) -> int:
 def _print_fit(out: Console, err: Console, fit: Any, report: Any, store: Path) -> None:
     c = fit.cost
     t = Table(
-        title=f"step cost · {escape(str(fit.fingerprint.get('model')))} · fit {fit.analysis_id}"
+        title=f"step cost · {escape(str(fit.fingerprint.get('model')))} "
+        f"· fit: analysis {fit.analysis_id}"
     )
     t.add_column("term")
     t.add_column("value", justify="right")
@@ -620,7 +621,8 @@ def _print_fit(out: Console, err: Console, fit: Any, report: Any, store: Path) -
     unit = "span windows" if fit.doc.get("source") == "spans" else "steps"
     err.print(
         f"[dim]{report.steps_used} {unit} fitted, {report.steps_dropped} left out as pauses; "
-        f"stored as fit {fit.analysis_id} in {escape(str(store))}",
+        f"stored as analysis {fit.analysis_id} in {escape(str(store))} "
+        f"(model predict/check --fit {fit.analysis_id} name it; they take the newest fit unasked)",
         highlight=False,
     )
 
@@ -757,7 +759,9 @@ def _band(m: dict[str, Any] | str, p: int) -> str:
 
 
 def _print_prediction(out: Console, doc: dict[str, Any], fit_id: int | None) -> None:
-    t = Table(title=f"predicted per rate · fit {fit_id} · ms, p50 and p99 with 95 % bands")
+    t = Table(
+        title=f"predicted per rate · fit: analysis {fit_id} · ms, p50 and p99 with 95 % bands"
+    )
     for col in (
         "req/s",
         "TTFT p50",
@@ -890,7 +894,8 @@ def _print_check(args: argparse.Namespace, result: Any, out: Console, err: Conso
     for diff in result.differences:
         err.print(f"[yellow]unlike the fit:[/] {escape(diff)}", highlight=False)
     t = Table(
-        title=f"predicted vs measured · fit {result.fit_id} · ms (error = (pred − meas) / meas)"
+        title=f"predicted vs measured · fit: analysis {result.fit_id} "
+        "· ms (error = (pred − meas) / meas)"
     )
     for col in ("req/s", "metric", "p", "predicted", "measured", "error"):
         t.add_column(col, justify="right")
@@ -902,7 +907,7 @@ def _print_check(args: argparse.Namespace, result: Any, out: Console, err: Conso
                 str(row.percentile),
                 _ms(row.predicted_s),
                 _ms(row.measured_s),
-                "–" if row.error is None else f"{row.error * 100:+.0f} %",
+                row.withheld or ("–" if row.error is None else f"{row.error * 100:+.0f} %"),
             )
         t.add_section()
     out.print(t)

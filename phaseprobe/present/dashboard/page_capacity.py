@@ -79,12 +79,15 @@ def prediction_frame(doc: dict[str, Any]) -> pd.DataFrame:
 
 def measured_frame(checks: list[dict[str, Any]]) -> pd.DataFrame:
     """Every checked point's measured and predicted percentiles (ms), one row per check,
-    rate, metric and percentile."""
+    rate, metric and percentile. Rows the check withheld (answers delivered in a burst: the
+    client's delivery, not vLLM's decode) are not drawn against the model's bands."""
     rows = []
     for c in checks:
         for p in c["doc"].get("points", []):
             for row in p["rows"]:
                 if row["metric"] not in ("ttft", "tpot") or row["measured_s"] is None:
+                    continue
+                if row.get("withheld"):  # absent in checks stored before it existed
                     continue
                 rows.append(
                     {
