@@ -287,15 +287,22 @@ def test_watch_keeps_the_evidence_of_a_stall_as_it_happens(rig: Rig, tmp_path: P
     # stderr read as it comes: the engine stays stopped until the watch *says* it saw the
     # stall (on the watch's state, not a clock: the clean-clone CI at load 8 started the watch
     # so late that a fixed 10 s stop ended before it had been frozen 4 s in its eyes)
+    # The stall is said at once, then its evidence once gathered (py-spy reads each vLLM
+    # process's stack: up to 40 s each on a loaded box); the engine stays stopped until the
+    # evidence is said, so the stacks are those of the stall.
     err_lines: list[str] = []
-    said = threading.Event()
+    said, kept = threading.Event(), threading.Event()
+    said_after: list[float] = []
 
     def read_err() -> None:
         assert watch.stderr is not None
         for line in watch.stderr:
             err_lines.append(line)
-            if "engine stalled on" in line:
+            if "engine stalled on" in line and not said.is_set():
+                said_after.append(time.monotonic())
                 said.set()
+            if "engine stall on" in line and "evidence" in line:
+                kept.set()
 
     reader = threading.Thread(target=read_err, daemon=True)
     reader.start()
@@ -312,11 +319,13 @@ def test_watch_keeps_the_evidence_of_a_stall_as_it_happens(rig: Rig, tmp_path: P
     stopped = time.monotonic()
     try:
         seen = said.wait(120)  # the detector reads every 2 s: 4 s frozen, and its start-up
+        gathered = seen and kept.wait(240)
     finally:
         os.kill(engine, signal.SIGCONT)
     held_s = time.monotonic() - stopped
     assert seen, f"no stall said after {held_s:.0f} s stopped: {''.join(err_lines)[-3000:]}"
-    assert held_s >= STALL_FOR_S  # said no sooner than the threshold
+    assert gathered, f"no evidence said after {held_s:.0f} s: {''.join(err_lines)[-3000:]}"
+    assert said_after[0] - stopped >= STALL_FOR_S  # said no sooner than the threshold
     watch.send_signal(signal.SIGINT)  # Ctrl-C: the watch ends with its summary
     out, _ = watch.communicate(timeout=120)
     reader.join(10)

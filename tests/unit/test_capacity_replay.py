@@ -70,9 +70,7 @@ def _bench_file(
             "output_lens": [r.output_tokens for r in reqs],
             "ttfts": [o.ttft_s for o in outs],
             "itls": [[1e-5] * len(o.itl_s) if burst else list(o.itl_s) for o in outs],
-            "latencies": [
-                o.ttft_s + 1e-5 * len(o.itl_s) if burst else o.e2e_s for o in outs
-            ],
+            "latencies": [o.ttft_s + 1e-5 * len(o.itl_s) if burst else o.e2e_s for o in outs],
             "errors": [""] * len(reqs),
         }
         if fail_one:

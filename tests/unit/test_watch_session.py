@@ -115,3 +115,40 @@ def test_the_fleet_verdicts_are_recomputed_only_every_few_seconds_and_show_their
     assert whole.fleet.report is not None and whole.verdicts_age_s is None
     assert whole.window_s is None and whole.hint is None and whole.warn_identity
     assert whole.fleet.identity_warning  # fleet_spans has spans without service.instance.id
+
+
+def test_a_stall_is_said_before_its_evidence_is_gathered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Beside a busy core the clean-clone CI heard nothing for 120 s after a stall: the stall
+    # was said only with its evidence, and reading stacks takes py-spy up to 40 s a process.
+    from types import SimpleNamespace
+
+    import phaseprobe.collect.watch.receive as receive
+    from phaseprobe.analysis.engine_stall import StallReading
+
+    notices = RecordedNotices()
+    said_before: list[list[str]] = []
+
+    def slow_evidence(*_args: object, **_kw: object) -> str:
+        said_before.append([t for _, t in notices.lines])
+        return "kept as analysis #3 in w.sqlite; the EngineCore stack read"
+
+    monkeypatch.setattr(receive, "keep_stall_evidence", slow_evidence)
+    options = WatchOptions(store_path=str(tmp_path / "w.sqlite"), http="off", grpc="off")
+    watch = ReceiveWatch(options, notices)
+    reading = StallReading("stalled", "nothing moved for 4.1 s with 1 running", 4.1, 1.0)
+    watch.counter = SimpleNamespace(  # type: ignore[assignment]
+        stall_fired=[(reading, [])], replica=None, shown_url="http://127.0.0.1:8000",
+        base_url="http://127.0.0.1:8000",
+    )  # fmt: skip
+    watch.fleet = SimpleNamespace(replicas=None)  # type: ignore[assignment]
+    watch._keep_stalls()
+    [before] = said_before
+    assert len(before) == 1 and before[0].startswith("engine stalled on http://127.0.0.1:8000:")
+    assert "nothing moved for 4.1 s" in before[0] and "gathering its evidence" in before[0]
+    said = [t for _, t in notices.lines]
+    assert len(said) == 2 and said[1].startswith("engine stall on http://127.0.0.1:8000: evidence")
+    assert "kept as analysis #3" in said[1] and re.search(r"gathered in \d+\.\d s", said[1])
+    [stall] = watch.stalls
+    assert stall["frozen_s"] == 4.1 and "analysis #3" in stall["evidence"]

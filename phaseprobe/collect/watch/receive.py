@@ -266,6 +266,14 @@ class ReceiveWatch:
             while counter.stall_fired:
                 reading, pages = counter.stall_fired.pop(0)
                 who = counter.replica or counter.shown_url
+                # Said at once, before the evidence: reading the stacks takes py-spy up to
+                # 40 s a process on a loaded box (paused, then not), and an operator should
+                # not learn of a stall that late. The evidence follows on its own line.
+                self.notices.warn(
+                    f"engine stalled on {who}: {reading.said}; gathering its evidence "
+                    "(the vLLM processes' stacks, the server's log, the frozen pages)"
+                )
+                gathering = time.monotonic()
                 kept = keep_stall_evidence(
                     who,
                     counter.base_url,
@@ -279,7 +287,10 @@ class ReceiveWatch:
                     {"server": who, "said": reading.said, "frozen_s": round(reading.frozen_s, 3),
                      "fired_wall_ns": time.time_ns(), "evidence": kept}
                 )  # fmt: skip
-                self.notices.warn(f"engine stalled on {who}: {reading.said}; evidence: {kept}")
+                self.notices.warn(
+                    f"engine stall on {who}: evidence {kept} "
+                    f"(gathered in {time.monotonic() - gathering:.1f} s)"
+                )
 
     def _background(self) -> None:
         """Retention when due (it prunes and measures every 30 s; at once the first time), and
