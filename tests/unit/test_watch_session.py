@@ -152,3 +152,30 @@ def test_a_stall_is_said_before_its_evidence_is_gathered(
     assert "kept as analysis #3" in said[1] and re.search(r"gathered in \d+\.\d s", said[1])
     [stall] = watch.stalls
     assert stall["frozen_s"] == 4.1 and "analysis #3" in stall["evidence"]
+
+
+def test_a_stall_interrupted_while_its_evidence_is_read_stays_in_the_summary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Ctrl-C while py-spy reads the stacks (seen in an integration run: the stall was popped
+    # from the detector's queue, the gathering interrupted, and the summary held no stall).
+    from types import SimpleNamespace
+
+    import phaseprobe.collect.watch.receive as receive
+    from phaseprobe.analysis.engine_stall import StallReading
+
+    def interrupted(*_args: object, **_kw: object) -> str:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(receive, "keep_stall_evidence", interrupted)
+    options = WatchOptions(store_path=str(tmp_path / "w.sqlite"), http="off", grpc="off")
+    watch = ReceiveWatch(options, RecordedNotices())
+    reading = StallReading("stalled", "nothing moved for 4.1 s with 1 running", 4.1, 1.0)
+    watch.counter = SimpleNamespace(  # type: ignore[assignment]
+        stall_fired=[(reading, [])], replica=None, shown_url="u", base_url="http://x",
+    )  # fmt: skip
+    watch.fleet = SimpleNamespace(replicas=None)  # type: ignore[assignment]
+    with pytest.raises(KeyboardInterrupt):
+        watch._keep_stalls()
+    [stall] = watch.stalls
+    assert stall["frozen_s"] == 4.1 and "interrupted while reading it" in stall["evidence"]

@@ -268,13 +268,21 @@ class ReceiveWatch:
                 who = counter.replica or counter.shown_url
                 # Said at once, before the evidence: reading the stacks takes py-spy up to
                 # 40 s a process on a loaded box (paused, then not), and an operator should
-                # not learn of a stall that late. The evidence follows on its own line.
+                # not learn of a stall that late. The evidence follows on its own line. The
+                # stall is recorded first, so a Ctrl-C while its stacks are read (the engine
+                # resumed, the operator done) still leaves it in the summary.
+                stall = {
+                    "server": who, "said": reading.said, "frozen_s": round(reading.frozen_s, 3),
+                    "fired_wall_ns": time.time_ns(),
+                    "evidence": "not gathered: the watch was interrupted while reading it",
+                }  # fmt: skip
+                self.stalls.append(stall)
                 self.notices.warn(
                     f"engine stalled on {who}: {reading.said}; gathering its evidence "
                     "(the vLLM processes' stacks, the server's log, the frozen pages)"
                 )
                 gathering = time.monotonic()
-                kept = keep_stall_evidence(
+                stall["evidence"] = keep_stall_evidence(
                     who,
                     counter.base_url,
                     reading,
@@ -283,12 +291,8 @@ class ReceiveWatch:
                     pid=o.stall_pid if single else None,
                     server_log=Path(o.server_log) if o.server_log and single else None,
                 )
-                self.stalls.append(
-                    {"server": who, "said": reading.said, "frozen_s": round(reading.frozen_s, 3),
-                     "fired_wall_ns": time.time_ns(), "evidence": kept}
-                )  # fmt: skip
                 self.notices.warn(
-                    f"engine stall on {who}: evidence {kept} "
+                    f"engine stall on {who}: evidence {stall['evidence']} "
                     f"(gathered in {time.monotonic() - gathering:.1f} s)"
                 )
 
