@@ -25,6 +25,7 @@ from phaseprobe.collect.fleet.targets import (
 )
 from phaseprobe.collect.prompts import PromptBuilder
 from phaseprobe.errors import MetricsUnavailable, PhaseprobeError
+from phaseprobe.notes import Notes
 from phaseprobe.records import ServerInfo
 from phaseprobe.redact import redact_url
 from phaseprobe.sources.vllm.metrics import MetricSnapshot, MetricsScraper
@@ -60,7 +61,7 @@ class Connection:
     models: list[dict[str, Any]]  # /v1/models, validated (fetched once)
     scraper: MetricsScraper | None
     info: ServerInfo  # server_info: models, vLLM version, cache config, metric families
-    notes: list[str] = field(default_factory=list)
+    notes: Notes = field(default_factory=Notes)
     api_key: str | None = field(default=None, repr=False)  # for new_client; never shown
     # Behind a router: every replica's own /metrics (``scraper`` is then None: the router's
     # /metrics is any replica's). None: one server.
@@ -111,7 +112,7 @@ def connect(
         models = check_endpoint(
             endpoint, session=session, headers=headers, timeout_s=timeout_s, deadline_s=deadline_s
         )
-    notes = [client.auth_note] if client.auth_note else []
+    notes = Notes([client.auth_note] if client.auth_note else [])
     if replicas:
         return _connect_fleet(endpoint, replicas, client, headers, models, notes, api_key, model)
     scraper: MetricsScraper | None = MetricsScraper(endpoint, session=session, headers=headers)
@@ -128,26 +129,23 @@ def connect(
         found, left_out = discover_replicas(workers)
         notes.extend(left_out)
         if found:
+            # said before the replicas' own notes; kept only if they can be read
+            taken = Notes(notes)
+            taken.add(
+                f"{redact_url(endpoint)} is a vllm-router: its replicas were taken from "
+                f"its /list_workers ({', '.join(t.name for t in found)}) and each one's "
+                "/metrics is read directly (--replica NAME=URL names them yourself)"
+            )
             try:  # the router's own worker list: each replica read directly, like --replica
-                conn = _connect_fleet(
-                    endpoint, found, client, headers, models, list(notes), api_key, model
+                return _connect_fleet(
+                    endpoint, found, client, headers, models, taken, api_key, model
                 )
             except PhaseprobeError as exc:
                 why = f"its workers could not be read directly ({exc})"
-            else:
-                conn.notes.insert(
-                    len(notes),
-                    (
-                        f"{redact_url(endpoint)} is a vllm-router: its replicas were taken from "
-                        f"its /list_workers ({', '.join(t.name for t in found)}) and each one's "
-                        "/metrics is read directly (--replica NAME=URL names them yourself)"
-                    ),
-                )
-                return conn
         else:
             why = "its /list_workers names no worker"
     if workers is not None:
-        notes.append(
+        notes.add(
             f"{redact_url(endpoint)} is a vllm-router: its /metrics is whichever "
             f"replica it picks, and {why}, so {CLIENT_ONLY}; give each replica with "
             "--replica NAME=URL (or use spans) to tell the serving replica and verify "
@@ -158,7 +156,7 @@ def connect(
         try:
             first = scraper.scrape()  # type: ignore[union-attr]
         except MetricsUnavailable as exc:
-            notes.append(f"{exc}: {CLIENT_ONLY}")
+            notes.add(f"{exc}: {CLIENT_ONLY}")
             scraper = None
     info = server_info(endpoint, session, headers, models, first)
     if router:
@@ -174,18 +172,19 @@ def _connect_fleet(
     client: StreamClient,
     headers: dict[str, str],
     models: list[dict[str, Any]],
-    notes: list[str],
+    notes: Notes,
     api_key: str | None,
     model: str | None,
 ) -> Connection:
-    """A router's endpoint with the replicas behind it: each checked, then scraped directly."""
+    """A router's endpoint with the replicas behind it: each checked, then scraped directly.
+    ``notes``: the connection's so far, added to (and kept as its notes)."""
     session = client.session
     checked = check_fleet(endpoint, replicas, headers=headers, model=model)
     notes.extend(checked.notes())
     fleet = FleetScraper(checked.up, session, headers)
     first = fleet.scrape()
-    notes.extend(fleet.notes)
-    fleet.notes.clear()
+    notes.extend(fleet.notes)  # the replicas lost at the first scrape: the connection's
+    fleet.notes = Notes()  # the later ones are the runs' (RunCollector.all_notes)
     snap = next(iter(first.by_replica.values())) if first else None
     info = server_info(endpoint, session, headers, models, snap)
     info["router"] = True

@@ -42,6 +42,7 @@ from phaseprobe.collect.run_loop import (
 )
 from phaseprobe.collect.spans.attribution import attach_spans, new_tags
 from phaseprobe.errors import MetricsUnavailable
+from phaseprobe.notes import Notes
 from phaseprobe.records import (
     ClientTimeline,
     Experiment,
@@ -84,7 +85,7 @@ class ProbeResult:
     experiment_id: int
     runs: list[Run]
     server_info: ServerInfo
-    notes: list[str] = field(default_factory=list)
+    notes: Notes = field(default_factory=Notes)
 
 
 class RunCollector:
@@ -112,7 +113,7 @@ class RunCollector:
         self.scraper = scraper
         self.sleep = sleep
         self.clock = clock
-        self.notes: list[str] = []  # the collector's own (metrics lost)
+        self.notes = Notes()  # the collector's own (metrics lost)
         # the runs' stream notes, counted; ``run_notes`` shares one tally between collectors
         self.run_notes = run_notes if run_notes is not None else RunNotes()
         self.hop = has_hop(spec.endpoint)
@@ -132,17 +133,21 @@ class RunCollector:
         spec's."""
         return self.cycle[index] if index < len(self.cycle) else self.spec.model
 
-    def all_notes(self) -> list[str]:
-        """Its own notes, then the runs' stream notes, counted (see :class:`RunNotes`)."""
-        fleet_notes = self.fleet.notes if self.fleet is not None else []
-        return self.notes + fleet_notes + self.run_notes.lines()
+    def all_notes(self) -> Notes:
+        """Its own notes, the replicas lost since the connection, then the runs' stream notes,
+        counted (see :class:`RunNotes`)."""
+        notes = Notes(self.notes)
+        if self.fleet is not None:
+            notes.extend(self.fleet.notes)
+        notes.extend(self.run_notes.lines())
+        return notes
 
     def _scrape_fleet(self) -> FleetSnapshot | None:
         if self.fleet is None:
             return None
         snap = self.fleet.scrape()
         if snap is None:
-            self.notes.append("no replica's /metrics answers any more: later runs are client-only")
+            self.notes.add("no replica's /metrics answers any more: later runs are client-only")
             self.fleet = None
         return snap
 
@@ -215,7 +220,7 @@ class RunCollector:
         try:
             snap = self.scraper.scrape()
         except MetricsUnavailable as exc:
-            self.notes.append(f"{exc}; later runs are client-only")
+            self.notes.add(f"{exc}; later runs are client-only")
             self.scraper = None
             return None
         if self.bases:  # a LoRA server: its adapter slots, as vLLM last said them
@@ -586,7 +591,7 @@ def run_probe(
         replicas=replicas,
         model=spec.model,
     )
-    notes = list(conn.notes)
+    notes = Notes(conn.notes)
     info = conn.info
 
     builder = conn.prompt_builder(spec.model, spec.seed)
@@ -594,10 +599,10 @@ def run_probe(
     if spec.prompt_tokens_target is not None:
         prompts = [builder.build(spec.prompt_tokens_target, i).text for i in range(total)]
         if builder.tokenize_available is False:
-            notes.append("endpoint has no /tokenize: prompt lengths are approximate")
+            notes.add("endpoint has no /tokenize: prompt lengths are approximate")
     else:
         prompts = [spec.prompt] * total
-        notes.append(
+        notes.add(
             "the same prompt text is sent every run: vLLM's prefix cache may serve "
             "part of its prefill (see server counter_deltas.prefix_cache_hits)"
         )
@@ -610,7 +615,7 @@ def run_probe(
         bases = check_adapters(settings.adapters, conn.models, redact_url(spec.endpoint))
         collector.cycle = schedule(settings.adapters, settings.adapter_block, total)
         collector.metrics_model = next(iter(bases.values())) or spec.model
-        notes.append(
+        notes.add(
             "LoRA adapters cycled " + ", ".join(settings.adapters) + f", {settings.adapter_block} "
             "request(s) in a row of each (warm-ups included); vLLM labels their metrics "
             f"model_name={collector.metrics_model}"
@@ -620,7 +625,7 @@ def run_probe(
     collector.read_reported, path_note = reported_path(
         settings.response_metrics, info.get("vllm_version")
     )
-    notes.append(path_note)
+    notes.add(path_note)
     experiment_id = store.create_experiment(
         Experiment(
             name=settings.name,
@@ -663,16 +668,16 @@ def run_probe(
             )
             notes.extend(span_notes)
     except KeyboardInterrupt:
-        notes.append(f"cancelled after {len(runs)} of {settings.runs} runs")
+        notes.add(f"cancelled after {len(runs)} of {settings.runs} runs")
         raise
     finally:
         if gpu_sampler is not None:
             gpu_sampler.stop()  # joins the thread
             n = store.add_gpu_samples(experiment_id, gpu_sampler.frame())
-            notes.append(f"{n} GPU samples stored ({len(info['gpus'])} GPU(s))")
+            notes.add(f"{n} GPU samples stored ({len(info['gpus'])} GPU(s))")
             if gpu_sampler.missed or gpu_sampler.failed_reads:
                 why = f" ({gpu_sampler.error})" if gpu_sampler.error else ""
-                notes.append(
+                notes.add(
                     f"GPU sampler: {gpu_sampler.missed} ticks missed, "
                     f"{gpu_sampler.failed_reads} failed reads{why}"
                 )

@@ -198,7 +198,7 @@ class ProbeOutcome:
             "experiment_id": self.result.experiment_id,
             "spec": {**self.spec.to_dict(), "endpoint": redact_url(self.spec.endpoint)},
             "server": self.result.server_info,
-            "notes": self.result.notes,
+            "notes": self.result.notes.to_list(),
             "summary": self.summary.to_dict(),
             "speculation": spec_report(runs).to_dict(),
             "preemption": probe_preemption(runs).to_dict(),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -127,8 +128,9 @@ class ExperimentStore(Db):
             ),
         )
 
-    def finish_experiment(self, experiment_id: int, notes: list[str] | None = None) -> None:
-        """Mark it finished; ``notes`` (when given) replace its notes."""
+    def finish_experiment(self, experiment_id: int, notes: Iterable[str] | None = None) -> None:
+        """Mark it finished; ``notes`` (when given: a list, a
+        :class:`~phaseprobe.notes.Notes`) replace its notes, stored as a JSON list."""
         notes_json = None if notes is None else json.dumps([redact_urls_in(n) for n in notes])
         self._write(
             "UPDATE experiments SET finished_wall_ns = ?,"

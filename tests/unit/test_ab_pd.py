@@ -19,6 +19,7 @@ from phaseprobe.collect.ab.playbook import Arm, PlaybookError, parse_playbook, r
 from phaseprobe.collect.pd.topology import PdTopology
 from phaseprobe.errors import ConfigError
 from phaseprobe.local.server import DEFAULT_SERVED_NAME
+from phaseprobe.notes import Notes
 from phaseprobe.store import Store
 from phaseprobe.testing.sse_server import RequestRecord, Script, SseServer
 from tests.ab_helpers import Crash, CrashAfter, run_cli
@@ -199,7 +200,7 @@ def test_interfere_refuses_a_pd_arm_before_starting_anything():
         raise AssertionError("nothing may start")
 
     with contextlib.ExitStack() as stack, pytest.raises(ConfigError, match="prefill/decode"):
-        start_arms(pb, stack, launcher, lambda _: None, [])
+        start_arms(pb, stack, launcher, lambda _: None, Notes())
     assert started == []
 
 

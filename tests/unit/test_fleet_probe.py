@@ -538,3 +538,18 @@ def test_batch_refuses_replicas(tmp_path, capsys):
     )
     assert code == 2
     assert "batch measures one server's concurrency" in capsys.readouterr().err
+
+
+def test_a_routers_notes_keep_their_order():
+    """The connection's notes on a router with workers of its own: what its worker list left out,
+    that the replicas were taken from it, then each replica found down (in that order)."""
+    from phaseprobe.collect.connection import connect
+
+    with SseServer(PACED, metrics=True) as a, RoundRobinProxy([a.base_url]) as router:
+        router.backends = [a.base_url, "http://127.0.0.1:9", "ftp://nope"]
+        conn = connect(router.base_url, None, timeout_s=5.0)
+    left_out, taken, down = conn.notes
+    assert "ftp://nope" in left_out and "left out" in left_out
+    assert "is a vllm-router" in taken and "taken from its /list_workers" in taken
+    assert down.startswith("replica 127.0.0.1:9 is down") and "measured without it" in down
+    assert conn.fleet is not None and conn.fleet.names == [f"127.0.0.1:{a.port}"]

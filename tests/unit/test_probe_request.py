@@ -13,6 +13,7 @@ from phaseprobe.collect.probe import ProbeOutcome, ProbeRequest
 from phaseprobe.collect.run_loop import ProbeSettings
 from phaseprobe.collect.session import SessionReport
 from phaseprobe.errors import ConfigError
+from phaseprobe.notes import Notes
 from phaseprobe.present.cli.cmd_probe import probe_request
 from phaseprobe.present.cli.entry import build_parser
 from phaseprobe.records import RunSpec
@@ -192,7 +193,7 @@ def test_the_settings_are_the_requests_with_the_sessions_span_wait(tmp_path):
 def _outcome(**kwargs):
     spec = RunSpec(endpoint="http://user:pw@h:1", model="m", prompt="hi", max_tokens=4)
     info = {"models": [], "vllm_version": None, "cache_config": None}
-    result = ProbeResult(experiment_id=7, runs=[], server_info=info, notes=["n"])
+    result = ProbeResult(experiment_id=7, runs=[], server_info=info, notes=Notes(["n"]))
     return ProbeOutcome(spec=spec, result=result, summary=summarize([]), **kwargs)
 
 

@@ -62,6 +62,7 @@ from phaseprobe.local.process import (
     stop_with_parent,
     wait_healthy,
 )
+from phaseprobe.notes import Notes
 from phaseprobe.paths import cache_dir
 from phaseprobe.records import Experiment, Run, RunSpec
 from phaseprobe.store import Store
@@ -153,7 +154,7 @@ class AbResult:
     runs_per_arm: int
     experiments: dict[str, int]  # arm name → experiment id
     runs: dict[str, list[Run]]  # every stored run of each arm (resumed ones included)
-    notes: list[str] = field(default_factory=list)
+    notes: Notes = field(default_factory=Notes)
     # The engine's time between two runs (store commit, bookkeeping, progress): wall clock,
     # and this thread's CPU time (the engine's own cost: on a busy 2-core machine the wall
     # clock also counts time the OS gave to the servers still winding down).
@@ -263,7 +264,7 @@ def start_arm_targets(
     stack: contextlib.ExitStack,
     launcher: Launcher,
     status: Callable[[str], None],
-    notes: list[str],
+    notes: Notes,
     pd_launcher: PdLauncher = launch_pd_pair,
 ) -> list[ArmTarget]:
     """Every arm's target, in arm order: its endpoint, its prefill/decode pair, or what
@@ -297,7 +298,7 @@ def start_arm_targets(
             )
             status(f"arm {arm.name}: {what} up at {shown} after {time.monotonic() - t0:.0f} s")
         else:
-            notes.append(f"arm {arm.name} shares arm A's server (same launch)")
+            notes.add(f"arm {arm.name} shares arm A's server (same launch)")
         out.append(started[key])
     return out
 
@@ -307,7 +308,7 @@ def start_arms(
     stack: contextlib.ExitStack,
     launcher: Launcher,
     status: Callable[[str], None],
-    notes: list[str],
+    notes: Notes,
 ) -> list[str]:
     """Every arm's base URL (arms of one server each: ``interfere --playbook``), in arm
     order; see :func:`start_arm_targets`. A prefill/decode arm is refused before anything
@@ -382,9 +383,8 @@ class _Arm:
             self.warm: Callable[[str], str | None] = lambda prompt: (
                 pd_collector.measure(-1, prompt).error
             )
-            self._collector_notes: Callable[[], list[str]] = lambda: (
-                pd_collector.notes + pair.run_notes.lines()
-            )
+            # its own notes, then the runs' stream notes (its run_notes are pair.run_notes)
+            self._collector_notes: Callable[[], Notes] = pd_collector.all_notes
         else:
             # The session checked the model against /v1/models before any run (otherwise
             # every run would be a 404 error run); its list is handed on, not fetched again.
@@ -417,7 +417,7 @@ class _Arm:
             self.measure = collector.measure
             self.warm = lambda prompt: conn.client.stream(collector.body(prompt)).error
             self._collector_notes = collector.all_notes
-        self.notes = [f"arm {arm.name}: {note}" for note in notes]
+        self.notes = Notes(f"arm {arm.name}: {note}" for note in notes)
 
         def prompt(i: int) -> str:
             if plan.prompt_tokens is None:
@@ -428,21 +428,23 @@ class _Arm:
         self.warmups = [prompt(_WARMUP_OFFSET + i) for i in range(plan.warmup)]
         self.prompts = [prompt(i) for i in range(runs)]
         if plan.prompt_tokens is not None and builder.tokenize_available is False:
-            self.notes.append(f"arm {arm.name}: no /tokenize; prompt lengths are approximate")
+            self.notes.add(f"arm {arm.name}: no /tokenize; prompt lengths are approximate")
         self.experiment_id = 0
         self.done: set[int] = set()
         self.runs: list[Run] = []  # stored runs, in order (earlier invocations' first)
 
-    def all_notes(self) -> list[str]:
+    def all_notes(self) -> Notes:
         """The arm's notes, its collector's (metrics lost), then its runs' stream notes counted
         (a usage block that is not token counts), and for a pair how many runs' KV moved; the
         last ones name the arm: which server it was matters in an A/B, and both arms may say
         the same thing."""
         kv = kv_summary(self.runs) if self.pd else None
-        return self.notes + [
+        notes = Notes(self.notes)
+        notes.extend(
             f"arm {self.arm.name}: {note}"
             for note in [*self._collector_notes(), *([kv] if kv else [])]
-        ]
+        )
+        return notes
 
 
 def _entry(target: ArmTarget) -> str:

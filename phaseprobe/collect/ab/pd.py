@@ -22,6 +22,7 @@ from phaseprobe.collect.pd.connect import connect_pair
 from phaseprobe.collect.pd.topology import PdTopology
 from phaseprobe.collect.prompts import PromptBuilder
 from phaseprobe.collect.run_loop import ProbeSettings, RunNotes
+from phaseprobe.notes import Notes
 from phaseprobe.records import RunSpec, ServerInfo
 
 __all__ = ["PdArm", "connect_pd_arm", "topology_line"]
@@ -34,7 +35,7 @@ class PdArm:
 
     collector: PdCollector
     info: ServerInfo
-    notes: list[str]
+    notes: Notes
     builder: PromptBuilder
     run_notes: RunNotes
 
@@ -71,7 +72,7 @@ def connect_pd_arm(
         deadline_s=deadline_s,
         require_metrics=True,
     )
-    notes = [topology_line(topo), *pair.notes]
+    notes = Notes([topology_line(topo), *pair.notes])
     info = pair.info
     run_notes = RunNotes()
     collector = PdCollector(

@@ -17,6 +17,7 @@ from phaseprobe.analysis.replica_match import ReplicaPair, serving_replica
 from phaseprobe.analysis.router_window import ROUTER_PREFIX, RouterWindow, router_window
 from phaseprobe.collect.fleet.targets import ReplicaTarget
 from phaseprobe.errors import MetricsUnavailable
+from phaseprobe.notes import Notes
 from phaseprobe.sources.vllm.metrics import MetricSnapshot, MetricsScraper
 
 __all__ = ["FleetSnapshot", "FleetScraper", "RouterPage"]
@@ -43,7 +44,7 @@ class FleetScraper:
     replicas: Sequence[ReplicaTarget]
     session: requests.Session
     headers: dict[str, str]
-    notes: list[str] = field(default_factory=list)
+    notes: Notes = field(default_factory=Notes)
     lost: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -65,7 +66,7 @@ class FleetScraper:
             try:
                 out[name] = scraper.scrape()
             except MetricsUnavailable as exc:
-                self.notes.append(
+                self.notes.add(
                     f"replica {name}: {exc}; later runs are measured without its counters"
                 )
                 self.lost[name] = str(exc)

@@ -30,6 +30,7 @@ from phaseprobe.collect.interplay.interfere import (
     InterfereSession,
     InterfereSettings,
 )
+from phaseprobe.notes import Notes
 from phaseprobe.records import ArmOrigin
 from phaseprobe.store import Store
 
@@ -58,7 +59,7 @@ class ArmsResult:
 
     arms: dict[str, InterfereResult]  # arm name → its result, in arm order (A first)
     comparison: ArmsComparison
-    notes: list[str] = field(default_factory=list)
+    notes: Notes = field(default_factory=Notes)
     playbook: str | None = None
 
     @property
@@ -71,7 +72,7 @@ class ArmsResult:
         its server info."""
         return {
             "playbook": self.playbook,
-            "notes": self.notes,
+            "notes": self.notes.to_list(),
             "comparison": self.comparison,
             "arms": {
                 name: {"server": res.server_info, **res.to_dict()}
@@ -178,7 +179,7 @@ def interfere_playbook(
     and the repetitions from the playbook."""
     say = progress or quiet
     plan = playbook.run
-    notes: list[str] = []
+    notes = Notes()  # the arms' starting (an arm sharing A's server)
     with contextlib.ExitStack() as stack:
         urls = start_arms(playbook, stack, launcher, say, notes)
         arms = [
@@ -208,6 +209,7 @@ def interfere_playbook(
             min_effect=plan.min_effect,
             progress=say,
         )
-    result.notes[:0] = notes
+    notes.extend(result.notes)  # the starting notes first
+    result.notes = notes
     result.playbook = playbook.name
     return result

@@ -27,6 +27,7 @@ from phaseprobe.collect.pd.topology import PdTopology
 from phaseprobe.collect.run_loop import ProbeSettings, RunNotes, poll_until
 from phaseprobe.collect.spans.attribution import new_tags
 from phaseprobe.errors import MetricsUnavailable
+from phaseprobe.notes import Notes
 from phaseprobe.records import (
     Isolation,
     Run,
@@ -60,7 +61,7 @@ class PdCollector:
         self.clients, self.scrapers = clients, scrapers
         self.sender = PdSender(topo, clients, self.body)
         self.sleep, self.clock = sleep, clock
-        self.notes: list[str] = []
+        self.notes = Notes()  # its own (metrics lost, the prefill connector)
         self.run_notes = run_notes if run_notes is not None else RunNotes()
         self.metrics_ok = True
         self._said_prefill = False  # the prefill instance's missing connector, said once
@@ -71,7 +72,7 @@ class PdCollector:
         try:
             return {role: s.scrape() for role, s in self.scrapers.items()}
         except MetricsUnavailable as exc:
-            self.notes.append(f"{exc}; later runs are client-only")
+            self.notes.add(f"{exc}; later runs are client-only")
             self.metrics_ok = False
             return None
 
@@ -103,9 +104,11 @@ class PdCollector:
         sent = self.sender.stream(prompt, self.spec.max_tokens, headers)
         return sent.outcome, sent.prefill_leg, sent.gap_s
 
-    def all_notes(self) -> list[str]:
+    def all_notes(self) -> Notes:
         """Its own notes, then the runs' stream notes, counted (as RunCollector's)."""
-        return self.notes + self.run_notes.lines()
+        notes = Notes(self.notes)
+        notes.extend(self.run_notes.lines())
+        return notes
 
     def measure(self, seq: int, prompt: str) -> Run:
         """Send one request over the pair and attribute both legs (see the module docstring)."""
@@ -204,7 +207,7 @@ class PdCollector:
         p_lookups, _ = connector_deltas(before["prefill"], after["prefill"], model)
         if p_lookups is not None and p_lookups <= 0 and not self._said_prefill:
             self._said_prefill = True
-            self.notes.append(
+            self.notes.add(
                 "the prefill instance's KV connector made no lookup "
                 "(vllm:external_prefix_cache_queries did not move): is it started "
                 "with --kv-transfer-config? Without one its KV goes nowhere"

@@ -17,6 +17,7 @@ from phaseprobe.collect.pd.spans import attach_pd_spans
 from phaseprobe.collect.pd.topology import PdTopology
 from phaseprobe.collect.run_loop import NullProgress, ProbeSettings, ProgressHook, measure_runs
 from phaseprobe.errors import PhaseprobeError
+from phaseprobe.notes import Notes
 from phaseprobe.records import Experiment, Run, RunSpec
 from phaseprobe.sources.model_config import read_model_config
 from phaseprobe.sources.span_stores.model import SpanReader
@@ -77,7 +78,7 @@ def run_pd_probe(
     awaited that long after the last run and joined onto each run (None: no spans)."""
     progress = progress or NullProgress()
     pair = connect_pair(topo, api_key, timeout_s=timeout_s, deadline_s=deadline_s)
-    clients, scrapers, notes, info = pair.clients(), pair.scrapers, pair.notes, pair.info
+    clients, scrapers, notes, info = pair.clients(), pair.scrapers, Notes(pair.notes), pair.info
     builder = pair.decode.prompt_builder(spec.model, spec.seed)
     total = settings.warmup + settings.runs
     target = spec.prompt_tokens_target
@@ -120,13 +121,13 @@ def run_pd_probe(
             runs[:] = attached
             notes.extend(span_notes)
     except KeyboardInterrupt:
-        notes.append(f"cancelled after {len(runs)} of {settings.runs} runs")
+        notes.add(f"cancelled after {len(runs)} of {settings.runs} runs")
         raise
     finally:
-        notes.extend(collector.notes + collector.run_notes.lines())
+        notes.extend(collector.all_notes())
         line = kv_summary(runs)
         if line:
-            notes.append(line)
+            notes.add(line)
         store.finish_experiment(experiment_id, notes)
         progress.on_end()
     return ProbeResult(experiment_id=experiment_id, runs=runs, server_info=info, notes=notes)

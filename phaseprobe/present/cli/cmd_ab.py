@@ -661,7 +661,7 @@ def run(args: argparse.Namespace, out: Console, err: Console) -> int:
             "cpu_max": max(cpu) * 1e3,
         },
         "sequential": _sequential_doc(result.plan, result.stop),
-        "notes": result.notes,
+        "notes": result.notes.to_list(),
     }
     title = f"A/B session {result.session_id} · {pb.name} · {names[0]} (A) vs {names[1]} (B)"
     _emit(args, out, c, title, extra, stop_line(result.stop, result.plan))

@@ -5,7 +5,7 @@ Only this layer knows about rich. Progress goes to stderr so ``--json`` stdout s
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -132,7 +132,7 @@ def render_probe(
     runs: Sequence[Run],
     summary: Summary,
     info: Mapping[str, Any],
-    notes: Sequence[str],
+    notes: Iterable[str],
     experiment_id: int,
 ) -> None:
     from phaseprobe.analysis.client_check import client_consistent

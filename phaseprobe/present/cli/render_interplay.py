@@ -335,4 +335,4 @@ def render_arms(out: Console, r: ArmsResult) -> None:
         )
         warnings.extend(m["warnings"])
     out.print(t)
-    _notes(out, r.notes + warnings)
+    _notes(out, [*r.notes, *warnings])
