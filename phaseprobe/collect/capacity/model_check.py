@@ -34,6 +34,7 @@ from phaseprobe.collect.capacity.model_fit import (
     load_fit,
 )
 from phaseprobe.errors import ConfigError
+from phaseprobe.notes import Notes
 from phaseprobe.sources.vllm.openai_stream import normalize_base_url
 from phaseprobe.store import Store
 
@@ -50,7 +51,7 @@ class CheckResult:
     points: list[PointCheck] = field(default_factory=list)
     loads: list[MeasuredLoad] = field(default_factory=list)
     differences: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
+    notes: Notes = field(default_factory=Notes)
     analysis_id: int | None = None
     slo_search: MeasuredSloRate | None = None  # with --search-slo
     search_loads: list[MeasuredLoad] = field(default_factory=list)
@@ -63,7 +64,7 @@ class CheckResult:
             "fit_id": self.fit_id,
             "points": [p.to_dict() for p in self.points],
             "differences": self.differences,
-            "notes": self.notes,
+            "notes": self.notes.to_list(),
             "analysis_id": self.analysis_id,
             "slo_search": None if self.slo_search is None else self.slo_search.to_dict(),
             "alone": None if self.alone is None else self.alone.to_dict(),
@@ -165,7 +166,7 @@ def check_deployment(
                 progress(sentence)
         rng = fit.fitted_range
         if prompt_tokens > rng.get("max_prompt_tokens", prompt_tokens):
-            result.notes.append(
+            result.notes.add(
                 f"prompts of {prompt_tokens} tokens: beyond the fit's longest "
                 f"({rng['max_prompt_tokens']}), an extrapolation"
             )
@@ -186,7 +187,7 @@ def check_deployment(
                 )
             )
             if load.late_s > 0.05:
-                result.notes.append(
+                result.notes.add(
                     f"{rate:g} req/s: the client sent up to {load.late_s * 1e3:.0f} ms late "
                     "(a busy client machine): the prediction uses the actual send times"
                 )
@@ -343,11 +344,11 @@ def check_bench(
     rng = fit.fitted_range
     longest = max(p for _, p, _ in rec.trace)
     if longest > rng.get("max_prompt_tokens", longest):
-        result.notes.append(
+        result.notes.add(
             f"prompts up to {longest} tokens: beyond the fit's longest "
             f"({rng['max_prompt_tokens']}), an extrapolation"
         )
-    result.notes.append(
+    result.notes.add(
         f"measured side: {bench_path} ({len(rec.trace)} requests"
         + (f"; {rec.failed} failed ones left out of both sides" if rec.failed else "")
         + "); vllm bench's TTFT is from its own send, as phaseprobe's"
