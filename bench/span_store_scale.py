@@ -3,6 +3,8 @@
     python bench/span_store_scale.py [--spans 10000000] [--replicas 8]
                                      [--sqlite-spans 1000000] [--keep DIR]
 
+``--spans 0`` leaves chdb out (the SQLite store only), ``--sqlite-spans 0`` the SQLite store.
+
 Builds the OpenTelemetry Collector exporter's ``otel_traces`` table (its own DDL) in a chdb
 directory, filled by ClickHouse itself (``INSERT … SELECT FROM numbers()``, 1 M rows per
 statement) with vLLM ``llm_request`` spans: attributes as strings in ``SpanAttributes``, the
@@ -18,11 +20,14 @@ replica in ``ResourceAttributes``. Then, each in a fresh process (so its peak RS
   metadata) and a scan that must read the columns the summary reads
   (``count() WHERE NOT ignore(SpanAttributes, ResourceAttributes, …)``).
 
-It prints both ratios. The SQLite store's summary is timed on ``--sqlite-spans``, two ways in
-one process, the new one first (peak RSS only grows): ``Store.span_summary`` (sums and counts
-in SQL, the durations streamed in chunks into exact values or the sketch), then the old way
-(every span loaded as a record, the arithmetic in Python: ``aggregate_spans``), with the
-largest relative difference between their quantiles.
+It prints both ratios. The SQLite store's summary is timed on ``--sqlite-spans``, three ways
+in one process, the new one first (peak RSS only grows): ``Store.span_summary`` (counts and
+sums in SQL; past the exact limit SQLite bins the durations itself, one string of code points
+per rowid chunk, counted by numpy), then the way before it (the durations streamed to Python
+as rows, binned by numpy), then the old way (every span loaded as a record, the arithmetic in
+Python: ``aggregate_spans``), with the largest relative difference between their quantiles.
+Each is timed in wall and CPU seconds (the CPU figure swings less on a busy machine), with
+its ratio to the others and to a scan of the same columns.
 """
 
 from __future__ import annotations
@@ -208,14 +213,16 @@ def _sqlite(path: Path, n: int, replicas: int) -> dict[str, float | int | str]:
 
 def _sqlite_summaries(path: Path, n: int) -> dict[str, float | int | str]:
     from phaseprobe.sources.span_stores.model import aggregate_spans
+    from phaseprobe.sources.span_stores.sqlite_summary import summarize_request_spans
     from phaseprobe.store import Store
+    from phaseprobe.store.spans import _TIMED
 
     rss_before = _peak_mb()
     with Store(path, readonly=True) as store:
         t = time.perf_counter()
         count = store._db.execute("SELECT count(*) FROM request_spans").fetchone()[0]
         count_s = time.perf_counter() - t
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         # The floor: SQLite reading every column the summary reads, aggregated in C with no
         # grouping and nothing handed to Python.
         scanned = store._db.execute(
@@ -223,46 +230,77 @@ def _sqlite_summaries(path: Path, n: int) -> dict[str, float | int | str]:
             "max(prompt_tokens), max(completion_tokens), max(queue_s), max(prefill_s), "
             "max(decode_s), max(ttft_s), max(e2e_s) FROM request_spans"
         ).fetchone()[0]
-        scan_s = time.perf_counter() - t
-        t = time.perf_counter()
+        scan_s, scan_cpu = time.perf_counter() - t, time.process_time() - c
+        t, c = time.perf_counter(), time.process_time()
         summary = store.span_summary()
-        summary_s = time.perf_counter() - t
+        summary_s, summary_cpu = time.perf_counter() - t, time.process_time() - c
         rss_new = _peak_mb()
         parts = _sqlite_profile(store)
+        t, c = time.perf_counter(), time.process_time()
+        streamed = summarize_request_spans(store._db, store.where, timed=_TIMED, sql_bins=False)
+        streamed_s, streamed_cpu = time.perf_counter() - t, time.process_time() - c
+        rss_streamed = _peak_mb()
         t = time.perf_counter()
         old = aggregate_spans(store.finished_spans(), store.where)
         old_s = time.perf_counter() - t
     assert summary.total.requests == old.total.requests == count == scanned == n
+    # the same buckets, so the very same quantiles (the sums differ in their last bits)
+    assert [g.phases for g in (summary.total, *summary.replicas)] == [
+        g.phases for g in (streamed.total, *streamed.replicas)
+    ]
     return {
         "spans": n,
         "summary_s": summary_s,
+        "summary_cpu_s": summary_cpu,
         "method": summary.quantile_method,
+        "streamed_s": streamed_s,
+        "streamed_cpu_s": streamed_cpu,
         "old_s": old_s,
         "count_s": count_s,
         "scan_s": scan_s,
+        "scan_cpu_s": scan_cpu,
         "max_rel_diff": _max_rel_diff(old, summary),
         "peak_rss_before_mb": rss_before,
         "peak_rss_after_summary_mb": rss_new,
+        "peak_rss_after_streamed_mb": rss_streamed,
         "peak_rss_after_old_mb": _peak_mb(),
         **parts,
     }
 
 
 def _sqlite_profile(store: Any) -> dict[str, float]:
-    """Where the new summary's time goes: SQL's GROUP BY (SQLite sorts every row on the
-    group key: it has no hash aggregate), then handing the durations to Python (one object
-    per value), then numpy."""
+    """Where the new summary's time goes, in CPU seconds (steadier than wall beside other
+    work): its statements run alone, rows fetched and dropped, a rowid chunk at a time as the
+    summary reads them: the whole statement (``GROUP BY`` per (service, instance) with the
+    counts, sums and the string of buckets), then its two halves alone (the counts and sums
+    grouped: SQLite sorts every row on the group key, having no hash aggregate; the buckets
+    with no grouping), and the scan of the same rows; what the summary takes beyond the whole
+    statement is Python and numpy."""
     from phaseprobe.sources.span_stores import sqlite_summary as ss
+    from phaseprobe.sources.span_stores.quantile_sketch import LN_GAMMA, MIN_S
+    from phaseprobe.store.spans import _TIMED
 
-    db, window = store._db, "FROM request_spans WHERE 1"
-    t = time.perf_counter()
-    *_, key = ss._counted(db, window, [], "replica")
-    group_s = time.perf_counter() - t
-    t = time.perf_counter()
-    cur = db.execute(f"SELECT {key}, {', '.join(ss._STREAMED[:-1])}, {ss._TPOT} {window}")
-    while cur.fetchmany(ss.CHUNK_ROWS):
-        pass
-    return {"group_by_s": group_s, "stream_s": time.perf_counter() - t}
+    db = store._db
+    lo, hi = db.execute("SELECT min(id), max(id) FROM request_spans").fetchone()
+    whole = ss.binned_sql("replica", _TIMED)
+    rows = f"FROM request_spans NOT INDEXED WHERE id >= ?3 AND id < ?4 AND {_TIMED}"
+    chars = whole[whole.index("group_concat(") : whole.index(" FROM request_spans")]
+    statements = {
+        "statement_cpu_s": whole,
+        "counts_cpu_s": f"SELECT service, instance, {ss._counts_sql()}, ?1, ?2 {rows} "
+        "GROUP BY service, instance",
+        "buckets_cpu_s": f"SELECT {chars} {rows}",
+        "rows_scan_cpu_s": f"SELECT count(*), max(service), max(instance), max(start_ns), "
+        "max(end_ns), max(prompt_tokens), max(completion_tokens), max(queue_s), "
+        f"max(prefill_s), max(decode_s), max(ttft_s), max(e2e_s), ?1, ?2 {rows}",
+    }
+    out = {}
+    for name, sql in statements.items():
+        c = time.process_time()
+        for start in range(lo, hi + 1, ss.CHUNK_IDS):
+            db.execute(sql, [LN_GAMMA, MIN_S, start, start + ss.CHUNK_IDS]).fetchall()
+        out[name] = time.process_time() - c
+    return out
 
 
 def main() -> int:
@@ -307,11 +345,21 @@ def main() -> int:
             f"{sq['scan_s']:.2f} s"
         )
         print(
-            f"  new (SQL sums and counts, durations streamed; quantiles {sq['method']}): "
-            f"{sq['summary_s']:.2f} s ({sq['spans'] / sq['summary_s'] / 1e6:.2f} M spans/s, "
-            f"{sq['summary_s'] / sq['scan_s']:.1f}x the scan); peak RSS "
+            f"  new (counts and sums in SQL, durations binned by SQLite; quantiles "
+            f"{sq['method']}): {sq['summary_s']:.2f} s, {sq['summary_cpu_s']:.2f} s CPU "
+            f"({sq['spans'] / sq['summary_s'] / 1e6:.2f} M spans/s; "
+            f"{sq['summary_s'] / sq['scan_s']:.1f}x the scan's {sq['scan_s']:.2f} s, "
+            f"{sq['summary_cpu_s'] / max(sq['scan_cpu_s'], 1e-9):.1f}x its CPU); peak RSS "
             f"{sq['peak_rss_before_mb']:.0f} -> {sq['peak_rss_after_summary_mb']:.0f} MB "
             f"(+{sq['peak_rss_after_summary_mb'] - sq['peak_rss_before_mb']:.0f} MB)"
+        )
+        print(
+            f"  before (durations streamed to Python as rows, numpy binning): "
+            f"{sq['streamed_s']:.2f} s, {sq['streamed_cpu_s']:.2f} s CPU "
+            f"({sq['spans'] / sq['streamed_s'] / 1e6:.2f} M spans/s); new/before "
+            f"{sq['summary_s'] / sq['streamed_s']:.2f}x wall, "
+            f"{sq['summary_cpu_s'] / sq['streamed_cpu_s']:.2f}x CPU; peak RSS "
+            f"{sq['peak_rss_after_streamed_mb']:.0f} MB; the same answers"
         )
         print(
             f"  old (records loaded, Python arithmetic): {sq['old_s']:.2f} s "
@@ -321,11 +369,14 @@ def main() -> int:
             f"the new); new/old {sq['summary_s'] / sq['old_s']:.2f}x; largest quantile "
             f"difference {sq['max_rel_diff']:.2%} (bound 0.5 % when sketched)"
         )
-        rest = sq["summary_s"] - sq["group_by_s"] - sq["stream_s"]
         print(
-            f"  where the new one's time goes: SQL GROUP BY per (service, instance) "
-            f"{sq['group_by_s']:.2f} s (a sort of every row), handing 7 values a row to Python "
-            f"{sq['stream_s']:.2f} s, numpy binning {max(rest, 0.0):.2f} s"
+            f"  where the new one's CPU goes (its statement alone, a rowid chunk at a time): "
+            f"the statement {sq['statement_cpu_s']:.2f} s, Python and numpy the other "
+            f"{max(sq['summary_cpu_s'] - sq['statement_cpu_s'], 0.0):.2f} s. Of the statement's, "
+            f"its halves alone: counts and sums GROUP BY (service, instance) "
+            f"{sq['counts_cpu_s']:.2f} s (SQLite sorts every row on the group: no hash "
+            f"aggregate), the six buckets as code points {sq['buckets_cpu_s']:.2f} s; a scan "
+            f"of the same rows {sq['rows_scan_cpu_s']:.2f} s"
         )
     if args.keep is None:
         import shutil

@@ -303,3 +303,88 @@ def test_by_in_tempo_and_jaeger(by: str):
             for d in (w, got):
                 d.pop("where")
             assert_close(w, got)
+
+
+@pytest.mark.parametrize("window", WINDOWS)
+def test_sql_binning_is_numpy_binning(store: Store, window: tuple[int | None, int | None]):
+    """Past the exact limit SQLite bins the durations itself (ln, ceil, one string of code
+    points per group and rowid chunk): the very histograms numpy's binning of the streamed
+    values gives, whatever the chunk; counts and sums as in one pass."""
+    since, until = window
+    by_numpy = summarize_request_spans(
+        store._db, store.where, since_ns=since, until_ns=until, exact_max=10, sql_bins=False
+    )
+    for chunk_ids in (1, 7, 10**6):
+        in_sql = summarize_request_spans(
+            store._db,
+            store.where,
+            since_ns=since,
+            until_ns=until,
+            exact_max=10,
+            sql_bins=True,
+            chunk_ids=chunk_ids,
+        )
+        assert in_sql.quantile_method == "sketch"
+        assert_close(by_numpy.to_dict(), in_sql.to_dict())  # sums: summed by chunk
+        for want, got in zip(
+            (by_numpy.total, *by_numpy.replicas), (in_sql.total, *in_sql.replicas), strict=True
+        ):
+            assert got.phases == want.phases  # the same buckets: the very same doubles
+
+
+def test_sql_binning_of_odd_values(tmp_path: Path):
+    """Zero, negative, sub-nanosecond, exactly MIN_S, over MAX_S, infinite, missing and text
+    durations fall in numpy's buckets (or none) when SQLite bins them."""
+    odd = [0.0, -1.0, 1e-12, quantile_sketch.MIN_S, 1.0000001e-9, 3e-9, 0.5, 2e7, 1e300]
+    odd += [math.inf, -math.inf, None]
+    spans = []
+    for i, x in enumerate(odd * 3):
+        s = T0 + i * 10**7
+        sp = RequestSpan(
+            f"{i:032x}", f"{i:016x}", f"req-{i}", "m", "vllm", f"r{i % 2}", s, s + 10**8,
+            x, x, x, None, x, x, 5, 3,
+        )  # fmt: skip
+        spans.append(sp)
+    with Store(tmp_path / "odd.sqlite") as st:
+        st.add_spans(spans, [{}] * len(spans))
+        st._db.execute("UPDATE request_spans SET queue_s = 'soon' WHERE id % 5 = 0")
+        st._db.commit()
+        rows = st._db.execute(
+            "SELECT instance, queue_s, prefill_s, decode_s, ttft_s, e2e_s, completion_tokens "
+            "FROM request_spans"
+        ).fetchall()
+        want: dict[str, dict[str, LogHistogram]] = {}
+        for inst, q, pf, d, tt, e, ct in rows:
+            tpot = d / (ct - 1) if isinstance(d, float) else None
+            values = dict(
+                zip(("queue_s", "prefill_s", "decode_s", "ttft_s", "e2e_s"), (q, pf, d, tt, e))
+            )
+            values["tpot_s"] = tpot
+            for name in (inst, "(all)"):
+                hs = want.setdefault(name, {p: LogHistogram() for p in values})
+                for p, v in values.items():
+                    hs[p].add(np.array([v if isinstance(v, float) else np.nan]))
+        for sql_bins in (True, False):
+            got = summarize_request_spans(st._db, st.where, exact_max=0, sql_bins=sql_bins)
+            for g in (got.total, *got.replicas):
+                for p, ps in g.phases.items():
+                    h = want[g.replica][p]
+                    assert (ps.n, ps.p50_s, ps.p90_s, ps.p99_s) == (h.n, *h.quantiles(QUANTILES)), (
+                        sql_bins,
+                        g.replica,
+                        p,
+                    )
+        assert got.total.phases["queue_s"].n < got.total.phases["e2e_s"].n  # the texts left out
+
+
+def test_sql_can_bin_says_when_sqlite_has_no_ln():
+    import sqlite3
+
+    from phaseprobe.sources.span_stores.sqlite_summary import sql_can_bin
+
+    class NoMath:
+        def execute(self, sql: str) -> Any:
+            raise sqlite3.OperationalError("no such function: ln")
+
+    assert sql_can_bin(sqlite3.connect(":memory:"))
+    assert not sql_can_bin(NoMath())  # type: ignore[arg-type]

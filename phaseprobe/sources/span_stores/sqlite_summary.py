@@ -1,21 +1,27 @@
-"""The span summary of phaseprobe's own SQLite store, in one pass with bounded memory.
+"""The span summary of phaseprobe's own SQLite store, in SQLite, with bounded memory.
 
 :meth:`phaseprobe.store.Store.span_summary` used to load every span of the window as a
 :class:`~phaseprobe.records.RequestSpan` and do the arithmetic in Python: 15.9 s and +930 MB
-for 1 M spans. Here SQLite filters the window and hands over only the eleven columns the
-summary reads, in chunks of :data:`CHUNK_ROWS`; numpy adds each chunk into per-replica
-accumulators (counts, token and phase sums, first start, last end) and drops it. Quantiles
-are exact (every duration kept) up to :data:`~.quantile_sketch.EXACT_MAX_SPANS` requests in
-the window; past that, the kept values go into a logarithmic sketch with a stated relative
-error and the pass goes on in it, so memory stays flat whatever the span count.
+for 1 M spans. Now two statements read one snapshot:
 
-Why not ``GROUP BY`` in SQL: SQLite has no hash aggregate, so it sorts every row of the
-window on the group key. Measured on 1 M spans here: the per-replica sums alone took 2.0 s
-against 0.66 s for the same sums without grouping, and a per-replica histogram of one
-duration 1.5 s (six of them: 9 s). One streamed scan carrying the columns is cheaper than
-any of them. The answers equal :func:`~.model.aggregate_spans` (the reference every store is
-held to); only the floating sums differ, in their last bits (numpy's pairwise sum against
-``math.fsum``).
+1. ``GROUP BY service, instance`` (or model): requests, first start, last end, token sums,
+   the requests with all four phase-share durations and their sums, the window's rowid range.
+2. The quantiles. Up to :data:`~.quantile_sketch.EXACT_MAX_SPANS` requests they are exact:
+   the six durations are streamed in chunks of :data:`CHUNK_ROWS` and every value kept. Past
+   that, SQLite bins them itself: each row's group and the sketch bucket of each duration
+   (``ceil(ln(x) / ln(gamma))``, :mod:`.quantile_sketch`'s arithmetic, ``ln(gamma)`` bound as
+   the same double) come back as the code points of one string per rowid chunk
+   (``group_concat(char(…))``: seven characters a row instead of seven Python objects), which
+   numpy reads as integers and counts (``bincount``). Nothing per row reaches Python, and
+   memory stays flat whatever the span count. Where SQLite has no ``ln`` (built without its
+   math functions), the durations are streamed and binned by numpy, as in the exact case.
+
+Why not ``GROUP BY`` the buckets in SQL: SQLite has no hash aggregate, so it sorts every row of
+the window on the group key (1.5 s per duration for 1 M spans here, six durations 9 s); the
+one aggregate over a string is a single unsorted pass. Step 1's sort of every row remains, for
+the exact per-group sums. The answers equal :func:`~.model.aggregate_spans` (the reference
+every store is held to); only the floating sums differ, in their last bits (SQLite's running
+sum against ``math.fsum``).
 """
 
 from __future__ import annotations
@@ -41,20 +47,35 @@ from phaseprobe.sources.span_stores.model import (
     span_replica,
 )
 from phaseprobe.sources.span_stores.quantile_sketch import (
+    BUCKETS,
+    LN_GAMMA,
+    MIN_S,
     REL_ERROR,
+    ZERO_INDEX,
     LogHistogram,
     quantile_method_note,
 )
 from phaseprobe.sources.span_stores.sqlite_window import finished_window
 
-__all__ = ["summarize_request_spans", "CHUNK_ROWS"]
+__all__ = ["summarize_request_spans", "CHUNK_ROWS", "CHUNK_IDS", "sql_can_bin", "binned_sql"]
 
 # Rows per fetch: a few MB of Python objects at a time, whatever the window holds.
 CHUNK_ROWS = 50_000
+# Rowids per binned chunk (SQLite bins in SQL): 7 characters a row, about 4 MB per string.
+CHUNK_IDS = 1 << 17
 # The durations streamed, tpot as RequestSpan.tpot_s computes it (a REAL over an INTEGER).
 _STREAMED = ("queue_s", "prefill_s", "decode_s", "ttft_s", "e2e_s", "tpot_s")
 _TPOT = "CASE WHEN completion_tokens >= 2 THEN decode_s / (completion_tokens - 1) END"
 _SUMS = ("e2e_s", "queue_s", "prefill_s", "decode_s")
+# A request with all four phase-share durations, each a number: a comparison is NULL for NULL
+# and false for a text (text sorts above numbers) or +inf (9e999 reads as +inf in SQLite).
+# Comparisons in a CASE, not typeof(max(…)) in iif(): no function call (0.2 s per 1 M rows).
+_FULL = " AND ".join(f"{p} < 9e999" for p in _SUMS)
+# Code points of the binned string: every one in 0x10000..0x10FFFF (four UTF-8 bytes; no
+# surrogates): the group index and each bucket index plus _CODE. A finite duration over MIN_S
+# takes an index in ln(MIN_S)/ln(gamma) .. ln(DBL_MAX)/ln(gamma), about -2,100 .. 71,000.
+_CODE = 0x10000 + 3_000
+_MISSING = 75_000  # NULL or not a number (a text): not a duration
 
 
 @dataclass
@@ -73,8 +94,9 @@ class _Acc:
     sketch: dict[str, LogHistogram] | None = None
 
     def counted(self, row: tuple[Any, ...]) -> None:
-        """Add SQL's row: requests, first start, last end, prompt and completion tokens."""
-        n, first, last, tin, tout = (int(v) if v is not None else None for v in row)
+        """Add SQL's row: requests, first start, last end, prompt and completion tokens, the
+        requests with all four phase-share durations, then those durations' sums."""
+        n, first, last, tin, tout, full = (int(v) if v is not None else None for v in row[:6])
         self.requests += n or 0
         if first is not None:
             self.first = first if self.first is None else min(self.first, first)
@@ -82,20 +104,12 @@ class _Acc:
             self.last = last if self.last is None else max(self.last, last)
         self.tokens_in += tin or 0
         self.tokens_out += tout or 0
-
-    def count_full(self, cols: dict[str, np.ndarray]) -> None:
-        """Add the chunk's requests that report all four phase-share durations, and their
-        sums."""
-        full = ~np.isnan(cols["e2e_s"])
-        for p in ("queue_s", "prefill_s", "decode_s"):
-            full &= ~np.isnan(cols[p])
-        self.full += int(full.sum())
-        for p in _SUMS:
-            self.sums[p] += float(cols[p][full].sum())
+        self.full += full or 0
+        for p, v in zip(_SUMS, row[6:], strict=True):
+            self.sums[p] += float(v or 0.0)
 
     def add(self, cols: dict[str, np.ndarray]) -> None:
-        """Add the chunk's phase-share sums and its durations (kept, or binned)."""
-        self.count_full(cols)
+        """Add the chunk's durations (kept, or binned)."""
         for p in PHASES:
             xs = cols[p][np.isfinite(cols[p])]
             if self.sketch is not None:
@@ -164,31 +178,57 @@ def _number(v: object) -> float:
     return float("nan")
 
 
+def _keys(by: str) -> str:
+    """The columns step 1 groups by (a pair: ``span_replica`` takes service and instance)."""
+    return "model, model" if by == "model" else "service, instance"
+
+
+def _counts_sql() -> str:
+    """Step 1's aggregates of a (service, instance) group, :meth:`_Acc.counted`'s order, then
+    the requests naming no instance."""
+    sums = ", ".join(f"total(CASE WHEN {_FULL} THEN {p} END)" for p in _SUMS)
+    return (
+        "count(*), min(start_ns), max(end_ns), sum(prompt_tokens), sum(completion_tokens), "
+        f"count(CASE WHEN {_FULL} THEN 1 END), {sums}, sum(instance IS NULL OR instance = '')"
+    )
+
+
+_COUNTED = 10  # the columns _Acc.counted reads
+
+
+def _group_name(row: tuple[Any, ...], by: str) -> str:
+    a, b = (v if isinstance(v, str) else None for v in row[:2])
+    return span_replica(a, b) if by == "replica" else a or UNKNOWN_REPLICA
+
+
+def _total(groups: dict[str, _Acc]) -> _Acc:
+    """The groups' counts and sums added up (their durations are taken at the end)."""
+    total = _Acc()
+    for acc in groups.values():
+        total.counted(
+            (acc.requests, acc.first, acc.last, acc.tokens_in, acc.tokens_out, acc.full)
+            + tuple(acc.sums[p] for p in _SUMS)
+        )
+    return total
+
+
 def _counted(
     db: sqlite3.Connection, window: str, params: list[int], by: str
 ) -> tuple[_Acc, dict[str, _Acc], int, str]:
-    """Step 1, in SQL: requests, first start, last end and token sums per (service, instance)
-    (or model), folded into ``by``'s groups; and the SQL expression of a row's group as its
-    index in the returned groups (a number is cheaper to hand over than strings per row)."""
+    """Step 1, in SQL: requests, first start, last end, token sums, the requests with all four
+    phase-share durations and their sums per (service, instance) (or model), folded into
+    ``by``'s groups; and the SQL expression of a row's group as its index in the returned
+    groups (a number is cheaper to hand over than strings per row)."""
     groups: dict[str, _Acc] = {}
     names_of: dict[str, list[str]] = {}  # group -> the column values naming it
     no_instance = 0
-    keys = "model, model" if by == "model" else "service, instance"
-    for row in db.execute(
-        f"SELECT {keys}, count(*), min(start_ns), max(end_ns), sum(ifnull(prompt_tokens, 0)), "
-        "sum(ifnull(completion_tokens, 0)), sum(instance IS NULL OR instance = '') "
-        f"{window} GROUP BY {keys}",
-        params,
-    ):
-        a, b = (v if isinstance(v, str) else None for v in row[:2])
-        name = span_replica(a, b) if by == "replica" else a or UNKNOWN_REPLICA
-        groups.setdefault(name, _Acc()).counted(row[2:7])
+    keys = _keys(by)
+    for row in db.execute(f"SELECT {keys}, {_counts_sql()} {window} GROUP BY {keys}", params):
+        name = _group_name(row, by)
+        groups.setdefault(name, _Acc()).counted(row[2 : 2 + _COUNTED])
         if name != UNKNOWN_REPLICA:
             names_of.setdefault(name, []).append(name)
-        no_instance += int(row[7] or 0)
-    total = _Acc()
-    for acc in groups.values():
-        total.counted((acc.requests, acc.first, acc.last, acc.tokens_in, acc.tokens_out))
+        no_instance += int(row[2 + _COUNTED] or 0)
     names = list(groups)
     unknown = names.index(UNKNOWN_REPLICA) if UNKNOWN_REPLICA in groups else -1
     arms = " ".join(f"WHEN {_quote(n)} THEN {names.index(n)}" for n in names_of)
@@ -205,7 +245,90 @@ def _counted(
     key = f"CASE WHEN {unnamed} THEN {unknown} ELSE " + (
         f"CASE {column} {arms} ELSE {unknown} END END" if arms else f"{unknown} END"
     )
-    return total, groups, no_instance, key
+    return _total(groups), groups, no_instance, key
+
+
+def sql_can_bin(db: sqlite3.Connection) -> bool:
+    """Whether this SQLite has the math functions the binning in SQL needs (``ln``, ``ceil``:
+    built in by default since 3.35, but a build may leave them out)."""
+    try:
+        db.execute("SELECT ceil(ln(2.0))").fetchone()
+    except sqlite3.OperationalError:
+        return False
+    return True
+
+
+def _bucket_sql(x: str) -> str:
+    """SQL of duration ``x``'s sketch bucket index plus :data:`_CODE`: ``ceil(ln(x) / ?1)``
+    over :data:`~.quantile_sketch.MIN_S` (``?2``), :data:`~.quantile_sketch.ZERO_INDEX` at or
+    under it, :data:`_MISSING` when ``x`` is NULL, a text or infinite (not a duration, as in
+    :meth:`~.quantile_sketch.LogHistogram.add`; ``9e999`` reads as +inf in SQLite, and text
+    sorts above numbers). The index is not clipped at :data:`~.quantile_sketch.MAX_S`'s here:
+    numpy does it, one function call a value fewer."""
+    return (
+        f"CASE WHEN {x} > ?2 AND {x} < 9e999 THEN {_CODE} + ceil(ln({x}) / ?1) "
+        f"WHEN {x} <= ?2 AND {x} > -9e999 THEN {_CODE + quantile_sketch.ZERO_INDEX} "
+        f"ELSE {_CODE + _MISSING} END"
+    )
+
+
+def binned_sql(by: str, condition: str) -> str:
+    """Step 1 and 2 in one statement past the exact limit, for the rows in rowid ``[?3, ?4)``
+    that pass ``condition`` (its parameters from ``?5``): per (service, instance) (or model),
+    :func:`_counts_sql`'s figures and one string of six code points a row, the six buckets
+    (``?1`` is ``ln(gamma)``, ``?2`` ``MIN_S``)."""
+    keys = _keys(by)
+    chars = ", ".join([*(_bucket_sql(p) for p in _STREAMED[:-1]), _bucket_sql(f"({_TPOT})")])
+    # NOT INDEXED: the rowid range, never the start index, bounds each chunk's read
+    return (
+        f"SELECT {keys}, {_counts_sql()}, group_concat(char({chars}), '') "
+        f"FROM request_spans NOT INDEXED WHERE id >= ?3 AND id < ?4 AND {condition} "
+        f"GROUP BY {keys}"
+    )
+
+
+def _bin_codes(acc: _Acc, text: str | None) -> None:
+    """Count a group's string of bucket code points (six a row) into its histograms."""
+    if not text or acc.sketch is None:
+        return
+    codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+    codes = codes.reshape(-1, len(_STREAMED)).astype(np.int64)
+    for i, p in enumerate(_STREAMED):
+        raw = codes[:, i]
+        raw = raw[(raw >= 0x10000) & (raw != _CODE + _MISSING)] - _CODE
+        index = np.clip(raw, ZERO_INDEX, ZERO_INDEX + BUCKETS - 1) - ZERO_INDEX
+        acc.sketch[p].counts += np.bincount(index, minlength=BUCKETS)
+
+
+def _binned(
+    db: sqlite3.Connection,
+    condition: str,
+    params: list[int],
+    by: str,
+    ids: tuple[int, int],
+    chunk_ids: int,
+) -> tuple[_Acc, dict[str, _Acc], int]:
+    """Past the exact limit, SQLite does it all, a rowid chunk at a time: the counts and sums
+    per group, and every duration binned into one string of code points per group, which
+    numpy reads and counts (:func:`binned_sql`). Each chunk's ``GROUP BY`` sorts only its
+    own rows, once; nothing per row reaches Python."""
+    groups: dict[str, _Acc] = {}
+    no_instance = 0
+    sql = binned_sql(by, condition)
+    lo, hi = ids
+    for start in range(lo, hi + 1, chunk_ids):
+        end = min(start + chunk_ids, hi + 1)
+        for row in db.execute(sql, [LN_GAMMA, MIN_S, start, end, *params]):
+            acc = groups.get(name := _group_name(row, by))
+            if acc is None:
+                acc = groups[name] = _Acc()
+                acc.to_sketch()
+            acc.counted(row[2 : 2 + _COUNTED])
+            no_instance += int(row[2 + _COUNTED] or 0)
+            _bin_codes(acc, row[3 + _COUNTED])
+    total = _total(groups)
+    total.to_sketch()
+    return total, groups, no_instance
 
 
 def _quote(text: str) -> str:
@@ -221,7 +344,9 @@ def summarize_request_spans(
     timed: str = "1",
     exact_max: int | None = None,
     chunk_rows: int = CHUNK_ROWS,
+    chunk_ids: int = CHUNK_IDS,
     by: str = "replica",
+    sql_bins: bool | None = None,
 ) -> SpanAggregate:
     """The summary of the ``request_spans`` rows that finished in ``(since_ns, until_ns]``.
 
@@ -229,30 +354,38 @@ def summarize_request_spans(
     requests the quantiles come from the sketch (each within ``REL_ERROR``, said in a note;
     default :data:`~.quantile_sketch.EXACT_MAX_SPANS`, read when called).
     ``by``: the groups, per replica (default), model or service (:data:`~.model.GROUP_BY`).
+    ``sql_bins``: past the limit, SQLite bins the durations in rowid chunks of ``chunk_ids``
+    (True), or they are streamed in chunks of ``chunk_rows`` rows and numpy bins them (False);
+    default: in SQLite when it has ``ln`` (:func:`sql_can_bin`). Both give the same buckets.
     Raises ValueError for another ``by``, and what ``db`` raises (``sqlite3.Error``): the
     store turns it into a StoreError."""
     if by not in GROUP_BY:
         raise ValueError(f"by must be one of {', '.join(GROUP_BY)}, not {by!r}")
     condition, params = finished_window(timed, since_ns, until_ns)
     window = f"FROM request_spans WHERE {condition}"
+    limit = quantile_sketch.EXACT_MAX_SPANS if exact_max is None else exact_max
     in_txn = db.in_transaction
-    if not in_txn:  # both statements read one snapshot: a receiver may commit between them
+    if not in_txn:  # the statements read one snapshot: a receiver may commit between them
         db.execute("BEGIN")
     try:
-        total, groups, no_instance, key = _counted(db, window, params, by)
-        limit = quantile_sketch.EXACT_MAX_SPANS if exact_max is None else exact_max
-        sketched = total.requests > limit
-        if sketched:  # known before any duration is read: no value is kept past the limit
-            for acc in (total, *groups.values()):
-                acc.to_sketch()
-        names = list(groups)
-        cur = db.execute(f"SELECT {key}, {', '.join(_STREAMED[:-1])}, {_TPOT} {window}", params)
-        while rows := cur.fetchmany(chunk_rows):
-            keys, num = _numbers(rows)
-            total.count_full(num)  # its durations: its groups', merged at the end
-            for k in np.unique(keys):
-                mask = keys == k
-                groups[names[int(k)]].add({p: v[mask] for p, v in num.items()})
+        n, lo, hi = db.execute(f"SELECT count(*), min(id), max(id) {window}", params).fetchone()
+        sketched = n > limit  # known before any duration is read: none kept past the limit
+        if sketched and (sql_bins if sql_bins is not None else sql_can_bin(db)):
+            total, groups, no_instance = _binned(
+                db, condition, params, by, (int(lo), int(hi)), chunk_ids
+            )
+        else:
+            total, groups, no_instance, key = _counted(db, window, params, by)
+            if sketched:
+                for acc in (total, *groups.values()):
+                    acc.to_sketch()
+            names = list(groups)
+            cur = db.execute(f"SELECT {key}, {', '.join(_STREAMED[:-1])}, {_TPOT} {window}", params)
+            while rows := cur.fetchmany(chunk_rows):
+                keys, num = _numbers(rows)
+                for k in np.unique(keys):
+                    mask = keys == k
+                    groups[names[int(k)]].add({p: v[mask] for p, v in num.items()})
     finally:
         if not in_txn:
             db.execute("COMMIT")
