@@ -2,26 +2,29 @@
 
 :meth:`phaseprobe.store.Store.span_summary` used to load every span of the window as a
 :class:`~phaseprobe.records.RequestSpan` and do the arithmetic in Python: 15.9 s and +930 MB
-for 1 M spans. Now two statements read one snapshot:
+for 1 M spans. Now the statements read one snapshot, first the window's count and rowid range:
 
-1. ``GROUP BY service, instance`` (or model): requests, first start, last end, token sums,
-   the requests with all four phase-share durations and their sums, the window's rowid range.
-2. The quantiles. Up to :data:`~.quantile_sketch.EXACT_MAX_SPANS` requests they are exact:
-   the six durations are streamed in chunks of :data:`CHUNK_ROWS` and every value kept. Past
-   that, SQLite bins them itself: each row's group and the sketch bucket of each duration
-   (``ceil(ln(x) / ln(gamma))``, :mod:`.quantile_sketch`'s arithmetic, ``ln(gamma)`` bound as
-   the same double) come back as the code points of one string per rowid chunk
-   (``group_concat(char(…))``: seven characters a row instead of seven Python objects), which
-   numpy reads as integers and counts (``bincount``). Nothing per row reaches Python, and
-   memory stays flat whatever the span count. Where SQLite has no ``ln`` (built without its
-   math functions), the durations are streamed and binned by numpy, as in the exact case.
+- Up to :data:`~.quantile_sketch.EXACT_MAX_SPANS` requests the quantiles are exact: SQL's
+  ``GROUP BY service, instance`` (or model) gives requests, first start, last end and token
+  sums; the six durations are streamed in chunks of :data:`CHUNK_ROWS` rows, every value
+  kept, numpy summing the four phase-share durations of the requests that have all four.
+- Past that, SQLite does it all, a rowid chunk (:data:`CHUNK_IDS`) at a time, in one
+  statement: ``GROUP BY service, instance`` with the counts and the phase-share sums, and each
+  duration's sketch bucket (``ceil(ln(x) / ln(gamma))``, :mod:`.quantile_sketch`'s arithmetic,
+  ``ln(gamma)`` bound as the same double) as the code points of one string per group
+  (``group_concat(char(…))``: six characters a row instead of six Python objects), which
+  numpy reads as integers and counts (``bincount``). Nothing per row reaches Python, and
+  memory stays flat whatever the span count. The buckets are numpy's (the same quantiles to
+  the last bit); where SQLite has no ``ln`` (built without its math functions), the
+  durations are streamed and numpy bins them.
 
 Why not ``GROUP BY`` the buckets in SQL: SQLite has no hash aggregate, so it sorts every row of
 the window on the group key (1.5 s per duration for 1 M spans here, six durations 9 s); the
-one aggregate over a string is a single unsorted pass. Step 1's sort of every row remains, for
-the exact per-group sums. The answers equal :func:`~.model.aggregate_spans` (the reference
-every store is held to); only the floating sums differ, in their last bits (SQLite's running
-sum against ``math.fsum``).
+one aggregate over a string needs no sort of its own. The sort of every row on its group
+remains, for the exact per-group sums: it and the aggregates are most of the time left
+(``bench/span_store_scale.py`` prints the split). The answers equal
+:func:`~.model.aggregate_spans` (the reference every store is held to); only the floating sums
+differ, in their last bits (numpy's pairwise or SQLite's running sum against ``math.fsum``).
 """
 
 from __future__ import annotations
@@ -61,7 +64,7 @@ __all__ = ["summarize_request_spans", "CHUNK_ROWS", "CHUNK_IDS", "sql_can_bin", 
 
 # Rows per fetch: a few MB of Python objects at a time, whatever the window holds.
 CHUNK_ROWS = 50_000
-# Rowids per binned chunk (SQLite bins in SQL): 7 characters a row, about 4 MB per string.
+# Rowids per binned chunk (SQLite bins in SQL): 6 characters a row, about 3 MB of strings.
 CHUNK_IDS = 1 << 17
 # The durations streamed, tpot as RequestSpan.tpot_s computes it (a REAL over an INTEGER).
 _STREAMED = ("queue_s", "prefill_s", "decode_s", "ttft_s", "e2e_s", "tpot_s")
@@ -72,7 +75,7 @@ _SUMS = ("e2e_s", "queue_s", "prefill_s", "decode_s")
 # Comparisons in a CASE, not typeof(max(…)) in iif(): no function call (0.2 s per 1 M rows).
 _FULL = " AND ".join(f"{p} < 9e999" for p in _SUMS)
 # Code points of the binned string: every one in 0x10000..0x10FFFF (four UTF-8 bytes; no
-# surrogates): the group index and each bucket index plus _CODE. A finite duration over MIN_S
+# surrogates): each bucket index plus _CODE. A finite duration over MIN_S
 # takes an index in ln(MIN_S)/ln(gamma) .. ln(DBL_MAX)/ln(gamma), about -2,100 .. 71,000.
 _CODE = 0x10000 + 3_000
 _MISSING = 75_000  # NULL or not a number (a text): not a duration
@@ -94,9 +97,8 @@ class _Acc:
     sketch: dict[str, LogHistogram] | None = None
 
     def counted(self, row: tuple[Any, ...]) -> None:
-        """Add SQL's row: requests, first start, last end, prompt and completion tokens, the
-        requests with all four phase-share durations, then those durations' sums."""
-        n, first, last, tin, tout, full = (int(v) if v is not None else None for v in row[:6])
+        """Add SQL's row: requests, first start, last end, prompt and completion tokens."""
+        n, first, last, tin, tout = (int(v) if v is not None else None for v in row)
         self.requests += n or 0
         if first is not None:
             self.first = first if self.first is None else min(self.first, first)
@@ -104,12 +106,26 @@ class _Acc:
             self.last = last if self.last is None else max(self.last, last)
         self.tokens_in += tin or 0
         self.tokens_out += tout or 0
-        self.full += full or 0
-        for p, v in zip(_SUMS, row[6:], strict=True):
+
+    def summed(self, row: tuple[Any, ...]) -> None:
+        """Add SQL's row: the requests with all four phase-share durations, and their sums."""
+        self.full += int(row[0] or 0)
+        for p, v in zip(_SUMS, row[1:], strict=True):
             self.sums[p] += float(v or 0.0)
 
+    def count_full(self, cols: dict[str, np.ndarray]) -> None:
+        """Add the chunk's requests that report all four phase-share durations, and their
+        sums (the durations streamed: numpy sums them)."""
+        full = ~np.isnan(cols["e2e_s"])
+        for p in ("queue_s", "prefill_s", "decode_s"):
+            full &= ~np.isnan(cols[p])
+        self.full += int(full.sum())
+        for p in _SUMS:
+            self.sums[p] += float(cols[p][full].sum())
+
     def add(self, cols: dict[str, np.ndarray]) -> None:
-        """Add the chunk's durations (kept, or binned)."""
+        """Add the chunk's phase-share sums and its durations (kept, or binned)."""
+        self.count_full(cols)
         for p in PHASES:
             xs = cols[p][np.isfinite(cols[p])]
             if self.sketch is not None:
@@ -183,17 +199,17 @@ def _keys(by: str) -> str:
     return "model, model" if by == "model" else "service, instance"
 
 
-def _counts_sql() -> str:
-    """Step 1's aggregates of a (service, instance) group, :meth:`_Acc.counted`'s order, then
-    the requests naming no instance."""
-    sums = ", ".join(f"total(CASE WHEN {_FULL} THEN {p} END)" for p in _SUMS)
-    return (
-        "count(*), min(start_ns), max(end_ns), sum(prompt_tokens), sum(completion_tokens), "
-        f"count(CASE WHEN {_FULL} THEN 1 END), {sums}, sum(instance IS NULL OR instance = '')"
-    )
-
-
-_COUNTED = 10  # the columns _Acc.counted reads
+def _counts_sql(sums: bool) -> str:
+    """Step 1's aggregates of a (service, instance) group: requests, first start, last end,
+    token sums (:meth:`_Acc.counted`), then with ``sums`` the requests with all four
+    phase-share durations and their sums (:meth:`_Acc.summed`), then the requests naming no
+    instance."""
+    counts = "count(*), min(start_ns), max(end_ns), sum(prompt_tokens), sum(completion_tokens)"
+    if sums:
+        counts += f", count(CASE WHEN {_FULL} THEN 1 END), " + ", ".join(
+            f"total(CASE WHEN {_FULL} THEN {p} END)" for p in _SUMS
+        )
+    return f"{counts}, sum(instance IS NULL OR instance = '')"
 
 
 def _group_name(row: tuple[Any, ...], by: str) -> str:
@@ -201,14 +217,14 @@ def _group_name(row: tuple[Any, ...], by: str) -> str:
     return span_replica(a, b) if by == "replica" else a or UNKNOWN_REPLICA
 
 
-def _total(groups: dict[str, _Acc]) -> _Acc:
-    """The groups' counts and sums added up (their durations are taken at the end)."""
+def _total(groups: dict[str, _Acc], sums: bool) -> _Acc:
+    """The groups' counts (and with ``sums`` their phase-share sums) added up; their
+    durations are taken at the end."""
     total = _Acc()
     for acc in groups.values():
-        total.counted(
-            (acc.requests, acc.first, acc.last, acc.tokens_in, acc.tokens_out, acc.full)
-            + tuple(acc.sums[p] for p in _SUMS)
-        )
+        total.counted((acc.requests, acc.first, acc.last, acc.tokens_in, acc.tokens_out))
+        if sums:
+            total.summed((acc.full, *(acc.sums[p] for p in _SUMS)))
     return total
 
 
@@ -223,12 +239,12 @@ def _counted(
     names_of: dict[str, list[str]] = {}  # group -> the column values naming it
     no_instance = 0
     keys = _keys(by)
-    for row in db.execute(f"SELECT {keys}, {_counts_sql()} {window} GROUP BY {keys}", params):
+    for row in db.execute(f"SELECT {keys}, {_counts_sql(False)} {window} GROUP BY {keys}", params):
         name = _group_name(row, by)
-        groups.setdefault(name, _Acc()).counted(row[2 : 2 + _COUNTED])
+        groups.setdefault(name, _Acc()).counted(row[2:7])
         if name != UNKNOWN_REPLICA:
             names_of.setdefault(name, []).append(name)
-        no_instance += int(row[2 + _COUNTED] or 0)
+        no_instance += int(row[7] or 0)
     names = list(groups)
     unknown = names.index(UNKNOWN_REPLICA) if UNKNOWN_REPLICA in groups else -1
     arms = " ".join(f"WHEN {_quote(n)} THEN {names.index(n)}" for n in names_of)
@@ -245,7 +261,7 @@ def _counted(
     key = f"CASE WHEN {unnamed} THEN {unknown} ELSE " + (
         f"CASE {column} {arms} ELSE {unknown} END END" if arms else f"{unknown} END"
     )
-    return _total(groups), groups, no_instance, key
+    return _total(groups, sums=False), groups, no_instance, key
 
 
 def sql_can_bin(db: sqlite3.Connection) -> bool:
@@ -281,7 +297,7 @@ def binned_sql(by: str, condition: str) -> str:
     chars = ", ".join([*(_bucket_sql(p) for p in _STREAMED[:-1]), _bucket_sql(f"({_TPOT})")])
     # NOT INDEXED: the rowid range, never the start index, bounds each chunk's read
     return (
-        f"SELECT {keys}, {_counts_sql()}, group_concat(char({chars}), '') "
+        f"SELECT {keys}, {_counts_sql(True)}, group_concat(char({chars}), '') "
         f"FROM request_spans NOT INDEXED WHERE id >= ?3 AND id < ?4 AND {condition} "
         f"GROUP BY {keys}"
     )
@@ -323,10 +339,11 @@ def _binned(
             if acc is None:
                 acc = groups[name] = _Acc()
                 acc.to_sketch()
-            acc.counted(row[2 : 2 + _COUNTED])
-            no_instance += int(row[2 + _COUNTED] or 0)
-            _bin_codes(acc, row[3 + _COUNTED])
-    total = _total(groups)
+            acc.counted(row[2:7])
+            acc.summed(row[7:12])
+            no_instance += int(row[12] or 0)
+            _bin_codes(acc, row[13])
+    total = _total(groups, sums=True)
     total.to_sketch()
     return total, groups, no_instance
 
@@ -383,6 +400,7 @@ def summarize_request_spans(
             cur = db.execute(f"SELECT {key}, {', '.join(_STREAMED[:-1])}, {_TPOT} {window}", params)
             while rows := cur.fetchmany(chunk_rows):
                 keys, num = _numbers(rows)
+                total.count_full(num)  # its durations: its groups', merged at the end
                 for k in np.unique(keys):
                     mask = keys == k
                     groups[names[int(k)]].add({p: v[mask] for p, v in num.items()})
