@@ -287,8 +287,7 @@ def _sqlite_profile(store: Any) -> dict[str, float]:
     chars = whole[whole.index("group_concat(") : whole.index(" FROM request_spans")]
     statements = {
         "statement_cpu_s": whole,
-        "counts_cpu_s": f"SELECT service, instance, {ss._counts_sql(True)}, ?1, ?2 {rows} "
-        "GROUP BY service, instance",
+        "counts_cpu_s": ss.binned_sql("replica", _TIMED, buckets=False),
         "buckets_cpu_s": f"SELECT {chars} {rows}",
         "rows_scan_cpu_s": f"SELECT count(*), max(service), max(instance), max(start_ns), "
         "max(end_ns), max(prompt_tokens), max(completion_tokens), max(queue_s), "

@@ -332,6 +332,7 @@ def test_sql_binning_is_numpy_binning(store: Store, window: tuple[int | None, in
             assert got.phases == want.phases  # the same buckets: the very same doubles
 
 
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # inf + -inf sums
 def test_sql_binning_of_odd_values(tmp_path: Path):
     """Zero, negative, sub-nanosecond, exactly MIN_S, over MAX_S, infinite, missing and text
     durations fall in numpy's buckets (or none) when SQLite bins them."""

@@ -72,7 +72,7 @@ _TPOT = "CASE WHEN completion_tokens >= 2 THEN decode_s / (completion_tokens - 1
 _SUMS = ("e2e_s", "queue_s", "prefill_s", "decode_s")
 # A request with all four phase-share durations, each a number: a comparison is NULL for NULL
 # and false for a text (text sorts above numbers) or +inf (9e999 reads as +inf in SQLite).
-# Comparisons in a CASE, not typeof(max(…)) in iif(): no function call (0.2 s per 1 M rows).
+# Comparisons, not typeof(max(…)): no function call.
 _FULL = " AND ".join(f"{p} < 9e999" for p in _SUMS)
 # Code points of the binned string: every one in 0x10000..0x10FFFF (four UTF-8 bytes; no
 # surrogates): each bucket index plus _CODE. A finite duration over MIN_S
@@ -199,17 +199,13 @@ def _keys(by: str) -> str:
     return "model, model" if by == "model" else "service, instance"
 
 
-def _counts_sql(sums: bool) -> str:
-    """Step 1's aggregates of a (service, instance) group: requests, first start, last end,
-    token sums (:meth:`_Acc.counted`), then with ``sums`` the requests with all four
-    phase-share durations and their sums (:meth:`_Acc.summed`), then the requests naming no
-    instance."""
-    counts = "count(*), min(start_ns), max(end_ns), sum(prompt_tokens), sum(completion_tokens)"
-    if sums:
-        counts += f", count(CASE WHEN {_FULL} THEN 1 END), " + ", ".join(
-            f"total(CASE WHEN {_FULL} THEN {p} END)" for p in _SUMS
-        )
-    return f"{counts}, sum(instance IS NULL OR instance = '')"
+def _counts_sql() -> str:
+    """The aggregates of a (service, instance) group: requests, first start, last end, token
+    sums (:meth:`_Acc.counted`), then the requests naming no instance."""
+    return (
+        "count(*), min(start_ns), max(end_ns), sum(prompt_tokens), sum(completion_tokens), "
+        "sum(instance IS NULL OR instance = '')"
+    )
 
 
 def _group_name(row: tuple[Any, ...], by: str) -> str:
@@ -239,7 +235,7 @@ def _counted(
     names_of: dict[str, list[str]] = {}  # group -> the column values naming it
     no_instance = 0
     keys = _keys(by)
-    for row in db.execute(f"SELECT {keys}, {_counts_sql(False)} {window} GROUP BY {keys}", params):
+    for row in db.execute(f"SELECT {keys}, {_counts_sql()} {window} GROUP BY {keys}", params):
         name = _group_name(row, by)
         groups.setdefault(name, _Acc()).counted(row[2:7])
         if name != UNKNOWN_REPLICA:
@@ -277,29 +273,38 @@ def sql_can_bin(db: sqlite3.Connection) -> bool:
 def _bucket_sql(x: str) -> str:
     """SQL of duration ``x``'s sketch bucket index plus :data:`_CODE`: ``ceil(ln(x) / ?1)``
     over :data:`~.quantile_sketch.MIN_S` (``?2``), :data:`~.quantile_sketch.ZERO_INDEX` at or
-    under it, :data:`_MISSING` when ``x`` is NULL, a text or infinite (not a duration, as in
-    :meth:`~.quantile_sketch.LogHistogram.add`; ``9e999`` reads as +inf in SQLite, and text
-    sorts above numbers). The index is not clipped at :data:`~.quantile_sketch.MAX_S`'s here:
-    numpy does it, one function call a value fewer."""
+    under it (``-9e999`` reads as -inf in SQLite), else :data:`_MISSING` (NULL, -inf). The
+    index is not clipped at :data:`~.quantile_sketch.MAX_S`'s here (numpy does it), and what
+    is not a duration needs no test of its own, as it comes back under U+10000: a text (it
+    sorts above numbers) has no ``ln`` (NULL: ``char`` makes it U+0000), +inf's index is out
+    of ``char``'s range (U+FFFD). Each test costs its share of a row's time."""
     return (
-        f"CASE WHEN {x} > ?2 AND {x} < 9e999 THEN {_CODE} + ceil(ln({x}) / ?1) "
+        f"CASE WHEN {x} > ?2 THEN {_CODE} + ceil(ln({x}) / ?1) "
         f"WHEN {x} <= ?2 AND {x} > -9e999 THEN {_CODE + quantile_sketch.ZERO_INDEX} "
         f"ELSE {_CODE + _MISSING} END"
     )
 
 
-def binned_sql(by: str, condition: str) -> str:
-    """Step 1 and 2 in one statement past the exact limit, for the rows in rowid ``[?3, ?4)``
-    that pass ``condition`` (its parameters from ``?5``): per (service, instance) (or model),
-    :func:`_counts_sql`'s figures and one string of six code points a row, the six buckets
-    (``?1`` is ``ln(gamma)``, ``?2`` ``MIN_S``)."""
+def binned_sql(by: str, condition: str, buckets: bool = True) -> str:
+    """The one statement past the exact limit, for the rows in rowid ``[?3, ?4)`` that pass
+    ``condition`` (its parameters from ``?5``): per (service, instance) (or model) and
+    whether a row has all four phase-share durations (:data:`_FULL`: 1, else 0 or NULL),
+    :func:`_counts_sql`'s figures before the no-instance count, the four durations' sums (of
+    use where the row has all four), the no-instance count, then (``buckets``) one string of
+    six code points a row, the six buckets (``?1`` is ``ln(gamma)``, ``?2`` ``MIN_S``).
+    Grouping on :data:`_FULL` makes the sums plain ones: it is evaluated once a row, not once
+    a sum (10 % of the statement's time)."""
     keys = _keys(by)
     chars = ", ".join([*(_bucket_sql(p) for p in _STREAMED[:-1]), _bucket_sql(f"({_TPOT})")])
+    sums = ", ".join(f"total({p})" for p in _SUMS)
+    strings = f", group_concat(char({chars}), '')" if buckets else ", ?1, ?2"
     # NOT INDEXED: the rowid range, never the start index, bounds each chunk's read
     return (
-        f"SELECT {keys}, {_counts_sql(True)}, group_concat(char({chars}), '') "
+        f"SELECT {keys}, {_FULL} AS full, count(*), min(start_ns), max(end_ns), "
+        f"sum(prompt_tokens), sum(completion_tokens), {sums}, "
+        f"sum(instance IS NULL OR instance = ''){strings} "
         f"FROM request_spans NOT INDEXED WHERE id >= ?3 AND id < ?4 AND {condition} "
-        f"GROUP BY {keys}"
+        f"GROUP BY {keys}, full"
     )
 
 
@@ -339,8 +344,9 @@ def _binned(
             if acc is None:
                 acc = groups[name] = _Acc()
                 acc.to_sketch()
-            acc.counted(row[2:7])
-            acc.summed(row[7:12])
+            acc.counted(row[3:8])
+            if row[2] == 1:  # the rows with all four durations: their count and sums
+                acc.summed((row[3], *row[8:12]))
             no_instance += int(row[12] or 0)
             _bin_codes(acc, row[13])
     total = _total(groups, sums=True)
