@@ -164,16 +164,22 @@ def _long_prompt(rig: Rig, tokens: int) -> str:
             return " ".join(words)
 
 
-def test_a_long_prefill_advances_without_tokens_and_raises_nothing(rig: Rig) -> None:
+def _throttled_prefill(
+    rig: Rig, stopped_fraction: float
+) -> tuple[list, list, list, float, float, Throttle]:
+    """One ~900-token prompt sent to the server stopped ``stopped_fraction`` of the time,
+    scraped every 0.5 s until it
+    answers: the detector's readings, the alerts seen, the answer, the last time (s from the
+    send) the prompt's tokens were not counted yet, and how many were counted."""
     scraper = MetricsScraper(rig.url, timeout_s=30)
     before = scraper.scrape().value("prompt_tokens") or 0.0
     detector = StallDetector(STALL_FOR_S)
     states, seen_alerts, answered = [], [], []
     still_at_s = 0.0  # the last scrape at which the prompt's tokens were not counted yet
-    # ~900 tokens never seen before (no prefix cache hit); ~1 s of prefill here, stretched
+    # ~900 tokens never seen before (no prefix cache hit); ~0.5-1 s of prefill here, stretched
     # ~15x by stopping the server 93 % of the time
     prompt = _long_prompt(rig, 900)
-    with Throttle(rig.pgid, stopped_fraction=0.93) as throttle:
+    with Throttle(rig.pgid, stopped_fraction=stopped_fraction) as throttle:
         time.sleep(2.0)  # the cycler is a Python process of its own: let it start cycling
         started = time.monotonic()
         thread = _post(rig, {"model": rig.model, "prompt": prompt, "max_tokens": 2}, answered)
@@ -188,14 +194,30 @@ def test_a_long_prefill_advances_without_tokens_and_raises_nothing(rig: Rig) -> 
             seen_alerts += _stall_alerts(rig)
             time.sleep(0.5)
         thread.join(5)
-    assert answered == [200], answered
+    counted = (scraper.scrape().value("prompt_tokens") or 0) - before
+    return states, seen_alerts, answered, still_at_s, counted, throttle
+
+
+def test_a_long_prefill_advances_without_tokens_and_raises_nothing(rig: Rig) -> None:
+    # The prefill must outlast the alert's window and for: (else it proves nothing about a
+    # rule on the token counters alone): up to three prompts, each stopped longer, until one
+    # does. On a quiet machine three prompts at 93 % were counted after 6.4 s (a 0.45 s
+    # prefill), and beside a busy core one after 7 s; at load 15 one had not ended in 240 s,
+    # so the first try stays at 93 %.
+    for fraction in (0.93, 0.96, 0.98):
+        states, seen_alerts, answered, still_at_s, counted, throttle = _throttled_prefill(
+            rig, fraction
+        )
+        assert answered == [200], answered
+        if still_at_s > STALL_FOR_S + ALERT_WAIT_S + 1:
+            break
+        print(f"the prefill was counted after {still_at_s:.1f} s only: another prompt")
     assert throttle.measured_fraction is not None and throttle.measured_fraction > 0.5, (
         throttle.measured_fraction,
         throttle.scheduling,
     )
     # the prompt's tokens were counted only at its first token, seconds after it started:
     # long enough that a rule on the token counters alone would have fired (window + for:)
-    counted = (scraper.scrape().value("prompt_tokens") or 0) - before
     assert counted >= 900, counted
     assert still_at_s > STALL_FOR_S + ALERT_WAIT_S + 1, states
     assert any(state == "prefilling" for _, state, _ in states), states

@@ -462,7 +462,8 @@ def test_live_interference_estimate_agrees_with_the_interfere_probe(local_vllm, 
     # Beside a process keeping one core busy neither trigger holds: 30 ms after A's send put
     # 1 pair of 24 inside (8 late, 15 early); A's first token reaching the client (vLLM then
     # decodes A) put 2 of 24 inside in the clean-clone CI (22 late: the starved API server
-    # delivered all of A at once, so B left after A). Open: issue 38 item 7.
+    # delivered all of A at once, so B left after A). There, when vLLM's clock shows too few
+    # pairs inside in every attempt, the test says so and skips (issue 38 item 7).
     settings = InterfereSettings(
         a_tokens=64, b_prompt_tokens=950, reps=12, trigger=Trigger("time", 0.03)
     )
@@ -481,6 +482,16 @@ def test_live_interference_estimate_agrees_with_the_interfere_probe(local_vllm, 
             cost = got
         if got.detected and got.n_with_b >= settings.reps // 2:
             break  # decided, on at least half the pairs asked for (3 of 24 decided once)
+    if (cost is None or cost.per_token_s is None) and os.getloadavg()[0] > (os.cpu_count() or 1):
+        # The probe's own account (the pairs' overlap classes on vLLM's clock, the decodes it
+        # knows) says why it has no figure: on a machine running more than it has cores the
+        # starved API server hands B on early or late whatever the trigger, so B's prefill
+        # seldom lands inside A's decode. The precondition did not happen: said with the
+        # probe's account, not concluded either way.
+        pytest.skip(
+            f"the probe has no cost to compare at load {os.getloadavg()[0]:.1f} on "
+            f"{os.cpu_count()} cores: {said}"
+        )
     assert cost is not None and cost.per_token_s is not None, said
     assert cost.ci_low_s is not None and cost.ci_high_s is not None
     live = None
