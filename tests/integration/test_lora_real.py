@@ -310,8 +310,14 @@ def test_the_live_check_sees_requests_waiting_for_an_adapter_slot(
     """Three streams on three adapters with one slot: vLLM defers two of them most of the
     time, and live_lora_slots fails on it with its numbers. Three streams on one adapter: none
     deferred, it passes. vLLM's own gauges decide, so a slow machine slows both alike."""
-    mixed, sent = _live_slots(lora_vllm, list(ADAPTERS), capsys)
-    print("three adapters:", mixed["summary"])
+    # The window must hold adapters in flight on vLLM's own gauge, else the rule has nothing
+    # to judge and skips: the clean-clone CI once read none in a 4 s window of three busy
+    # streams. Up to three windows until vLLM's page shows them.
+    for _ in range(3):
+        mixed, sent = _live_slots(lora_vllm, list(ADAPTERS), capsys)
+        print("three adapters:", mixed["summary"])
+        if mixed["status"] != "skipped":
+            break
     assert not [s for s in sent if s.startswith("error")], sent
     n = mixed["numbers"]
     assert n["lora"]["max_lora"] == 1 and set(n["lora"]["adapters"]) <= set(ADAPTERS)
