@@ -324,8 +324,11 @@ def test_the_live_check_sees_requests_waiting_for_an_adapter_slot(
     assert n["deferred_max"] >= 1, n
     assert mixed["status"] == "fail", mixed
     assert n["deferred_per_running"] >= 0.5 and "requests deferred on average" in mixed["summary"]
-    same, sent = _live_slots(lora_vllm, ["ad-a"] * 3, capsys)
-    print("one adapter:", same["summary"])
+    for _ in range(3):  # as above: a window with the adapter in flight on vLLM's gauge
+        same, sent = _live_slots(lora_vllm, ["ad-a"] * 3, capsys)
+        print("one adapter:", same["summary"])
+        if same["status"] != "skipped":
+            break
     assert not [s for s in sent if s.startswith("error")], sent
     assert same["status"] == "pass", same
     assert same["numbers"]["lora"]["adapters"] == ["ad-a"]
